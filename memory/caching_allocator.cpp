@@ -1,0 +1,747 @@
+#include "memory/caching_allocator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+
+#include "memory/summary.h"
+
+namespace tally::memory {
+namespace detail {
+
+struct Segment {
+  uintptr_t base = 0;
+  size_t size = 0;
+  StreamId stream = 0;
+  bool small = false;
+  AllocTag tag;
+  Block* head = nullptr;
+};
+
+struct Block {
+  void* ptr = nullptr;
+  size_t size = 0;
+  size_t requested = 0;
+  StreamId stream = 0;
+  BlockPool* pool = nullptr;
+  Segment* segment = nullptr;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  bool allocated = false;
+  int event_count = 0;
+  int gc_count = 0;
+  AllocTag tag;
+  std::vector<StreamId> stream_uses;
+
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+  uintptr_t addr() const { return reinterpret_cast<uintptr_t>(ptr); }
+};
+
+// Ordered by (stream, size, address): lower_bound gives the best fit on a stream.
+struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return a->stream < b->stream;
+    if (a->size != b->size) return a->size < b->size;
+    return a->addr() < b->addr();
+  }
+};
+
+struct BlockPool {
+  explicit BlockPool(bool small) : small(small) {}
+  std::set<Block*, BlockLess> blocks;
+  const bool small;
+};
+
+}  // namespace detail
+
+using detail::Block;
+using detail::BlockPool;
+using detail::Segment;
+
+struct CachingAllocator::AllocParams {
+  size_t requested = 0;   // what the caller asked for
+  size_t size = 0;        // rounded block size
+  size_t alloc_size = 0;  // segment size if a new segment is needed
+  StreamId stream = 0;
+  BlockPool* pool = nullptr;
+  Block* block = nullptr;
+};
+
+CachingAllocator::CachingAllocator(std::unique_ptr<MemoryProvider> provider,
+                                   AllocatorConfig config)
+    : provider_(std::move(provider)),
+      config_(std::move(config)),
+      device_(provider_->device_index()),
+      small_pool_(std::make_unique<BlockPool>(true)),
+      large_pool_(std::make_unique<BlockPool>(false)) {
+  stats_.max_split_size =
+      config_.max_split_size_set() ? static_cast<int64_t>(config_.max_split_size) : -1;
+}
+
+CachingAllocator::~CachingAllocator() {
+  // Give every segment back, live blocks included: the process is done with this device.
+  std::lock_guard lock(mu_);
+  for (auto& [base, seg] : segments_) {
+    Block* b = seg->head;
+    while (b) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
+    provider_->deallocate(reinterpret_cast<void*>(seg->base), seg->size);
+    delete seg;
+  }
+  for (auto& [ev, block] : outstanding_events_) provider_->destroy_event(ev);
+}
+
+void CachingAllocator::set_config(AllocatorConfig config) {
+  std::lock_guard lock(mu_);
+  config_ = std::move(config);
+  stats_.max_split_size =
+      config_.max_split_size_set() ? static_cast<int64_t>(config_.max_split_size) : -1;
+}
+
+size_t CachingAllocator::round_size(size_t bytes) const {
+  if (bytes < kMinBlockSize) return kMinBlockSize;
+  const size_t divisions = config_.divisions_for(bytes);
+  if (divisions > 1 && bytes > kMinBlockSize * divisions && !std::has_single_bit(bytes)) {
+    const size_t floor2 = std::bit_floor(bytes);
+    const size_t step = floor2 / divisions;
+    if (step == 0) return floor2 << 1;
+    const size_t down = bytes & ~(step - 1);
+    return down == bytes ? bytes : down + step;
+  }
+  return kMinBlockSize * ((bytes + kMinBlockSize - 1) / kMinBlockSize);
+}
+
+size_t CachingAllocator::segment_size_for(size_t rounded) {
+  if (rounded <= kSmallSize) return kSmallBuffer;
+  if (rounded < kMinLargeAlloc) return 20 * kMiB;
+  return kRoundLarge * ((rounded + kRoundLarge - 1) / kRoundLarge);
+}
+
+void CachingAllocator::record(TraceAction action, uint64_t addr, size_t size, StreamId stream,
+                              const AllocTag& tag) {
+  if (!recording_) return;
+  TraceEntry e;
+  e.action = action;
+  e.addr = addr;
+  e.size = size;
+  e.stream = stream;
+  e.time_us = now_us();
+  e.tag = tag;
+  ring_.push(e);
+}
+
+void* CachingAllocator::allocate(size_t bytes, StreamId stream, std::source_location loc) {
+  if (bytes == 0) return nullptr;
+  AllocTag tag = current_tag();
+  tag.loc = SourceLoc::from(loc);
+
+  std::unique_lock lock(mu_);
+  process_events();
+
+  AllocParams p;
+  p.requested = bytes;
+  p.size = round_size(bytes);
+  p.stream = stream;
+  p.pool = p.size <= kSmallSize ? small_pool_.get() : large_pool_.get();
+  if (p.pool->small) {
+    p.alloc_size = kSmallBuffer;
+  } else {
+    p.alloc_size = kRoundLarge * ((p.size + kRoundLarge - 1) / kRoundLarge);
+    // Mid-size requests share a large segment (20 MiB unless large_segment_size_mb says).
+    if (p.size < kMinLargeAlloc) p.alloc_size = std::max(p.alloc_size, config_.large_segment_size);
+  }
+
+  bool found = get_free_block(p);
+  if (!found) {
+    if (memory_fraction_ > 0 && config_.garbage_collection_threshold > 0)
+      garbage_collect_cached_blocks();
+    found = alloc_segment(p, false) ||
+            (release_available_cached_blocks(p) && alloc_segment(p, false)) ||
+            (release_cached_blocks() && alloc_segment(p, true));
+  }
+  if (!found) raise_oom(p, lock);
+  return alloc_found_block(p, tag);
+}
+
+bool CachingAllocator::get_free_block(AllocParams& p) {
+  BlockPool& pool = *p.pool;
+  if (memory_fraction_ > 0 && config_.garbage_collection_threshold > 0) {
+    for (Block* b : pool.blocks) ++b->gc_count;
+  }
+  Block key;
+  key.stream = p.stream;
+  key.size = p.size;
+  key.ptr = nullptr;
+  auto it = pool.blocks.lower_bound(&key);
+  if (it == pool.blocks.end() || (*it)->stream != p.stream) return false;
+  const size_t max_split = config_.max_split_size;
+  // Never hand an oversize block to a small request, nor a far larger one to a large one.
+  if (p.size < max_split && (*it)->size >= max_split) return false;
+  if (p.size >= max_split && (*it)->size >= p.size + config_.max_non_split_rounding) return false;
+  p.block = *it;
+  p.block->gc_count = 0;
+  pool.blocks.erase(it);
+  return true;
+}
+
+bool CachingAllocator::alloc_segment(AllocParams& p, bool is_retry) {
+  if (is_retry) ++stats_.num_alloc_retries;
+  const size_t size = p.alloc_size;
+  if (memory_fraction_ > 0 && total_reserved_ + size > allowed_maximum_) return false;
+  void* ptr = provider_->allocate(size);
+  if (!ptr) return false;
+  ++stats_.num_device_alloc;
+  total_reserved_ += size;
+
+  auto* seg = new Segment();
+  seg->base = reinterpret_cast<uintptr_t>(ptr);
+  seg->size = size;
+  seg->stream = p.stream;
+  seg->small = p.pool->small;
+  seg->tag = current_tag();
+  auto* block = new Block();
+  block->ptr = ptr;
+  block->size = size;
+  block->stream = p.stream;
+  block->pool = p.pool;
+  block->segment = seg;
+  seg->head = block;
+  segments_.emplace(seg->base, seg);
+  p.block = block;
+
+  stat_increase(stats_.segment, seg->small, 1);
+  stat_increase(stats_.reserved_bytes, seg->small, static_cast<int64_t>(size));
+  if (size >= config_.max_split_size) stats_.oversize_segments.increase(1);
+  AllocTag seg_tag;  // a segment belongs to no category
+  seg_tag.loc = seg->tag.loc;
+  record(TraceAction::segment_alloc, seg->base, size, p.stream, seg_tag);
+  return true;
+}
+
+bool CachingAllocator::should_split(const Block* block, size_t size) const {
+  const size_t remaining = block->size - size;
+  if (block->pool->small) return remaining >= kMinBlockSize;
+  return size < config_.max_split_size && remaining > kSmallSize;
+}
+
+void* CachingAllocator::alloc_found_block(AllocParams& p, const AllocTag& tag) {
+  Block* block = p.block;
+  BlockPool* pool = p.pool;
+  const bool small = pool->small;
+  const bool already_split = block->is_split();
+  if (should_split(block, p.size)) {
+    Block* remaining = block;
+    block = new Block();
+    block->ptr = remaining->ptr;
+    block->size = p.size;
+    block->stream = p.stream;
+    block->pool = pool;
+    block->segment = remaining->segment;
+    block->prev = remaining->prev;
+    if (block->prev) block->prev->next = block;
+    else block->segment->head = block;
+    block->next = remaining;
+    remaining->prev = block;
+    remaining->ptr = static_cast<char*>(remaining->ptr) + p.size;
+    remaining->size -= p.size;
+    pool->blocks.insert(remaining);
+    if (already_split) {
+      stat_decrease(stats_.inactive_split_bytes, small, static_cast<int64_t>(block->size));
+    } else {
+      stat_increase(stats_.inactive_split_bytes, small, static_cast<int64_t>(remaining->size));
+      stat_increase(stats_.inactive_split, small, 1);
+    }
+  } else if (already_split) {
+    stat_decrease(stats_.inactive_split_bytes, small, static_cast<int64_t>(block->size));
+    stat_decrease(stats_.inactive_split, small, 1);
+  }
+
+  block->allocated = true;
+  block->requested = p.requested;
+  block->tag = tag;
+  active_.emplace(block->ptr, block);
+
+  const auto size = static_cast<int64_t>(block->size);
+  stat_increase(stats_.allocation, small, 1);
+  stat_increase(stats_.allocated_bytes, small, size);
+  stat_increase(stats_.active, small, 1);
+  stat_increase(stats_.active_bytes, small, size);
+  stat_increase(stats_.requested_bytes, small, static_cast<int64_t>(p.requested));
+  if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
+  stats_.cat_bytes(tag.category).increase(size);
+  stats_.category_blocks[static_cast<size_t>(tag.category)].increase(1);
+  record(TraceAction::alloc, block->addr(), p.requested, p.stream, tag);
+  return block->ptr;
+}
+
+Block* CachingAllocator::find_active(const void* ptr) const {
+  auto it = active_.find(ptr);
+  return it == active_.end() ? nullptr : it->second;
+}
+
+void CachingAllocator::deallocate(void* ptr, std::source_location loc) {
+  if (!ptr) return;
+  std::lock_guard lock(mu_);
+  Block* block = find_active(ptr);
+  if (!block || !block->allocated) {
+    throw std::invalid_argument(fmt::format(
+        "CachingAllocator::deallocate on {}: pointer {} was not allocated by this allocator "
+        "(or was already freed)",
+        provider_->device_name(), ptr));
+  }
+  const bool small = block->pool->small;
+  const auto size = static_cast<int64_t>(block->size);
+  block->allocated = false;
+  stat_decrease(stats_.allocation, small, 1);
+  stat_decrease(stats_.allocated_bytes, small, size);
+  if (block->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
+  stats_.cat_bytes(block->tag.category).decrease(size);
+  stats_.category_blocks[static_cast<size_t>(block->tag.category)].decrease(1);
+  AllocTag tag = block->tag;
+  tag.loc = SourceLoc::from(loc);
+  record(TraceAction::free_requested, block->addr(), block->requested, block->stream, tag);
+  if (!block->stream_uses.empty()) {
+    insert_events(block);
+  } else {
+    free_block(block);
+  }
+}
+
+void CachingAllocator::free_block(Block* block) {
+  BlockPool& pool = *block->pool;
+  const bool small = pool.small;
+  const auto original_size = static_cast<int64_t>(block->size);
+  const auto requested = static_cast<int64_t>(block->requested);
+  record(TraceAction::free_completed, block->addr(), block->requested, block->stream, block->tag);
+  active_.erase(block->ptr);
+
+  int64_t net_split_blocks = 0;
+  int64_t net_split_bytes = 0;
+  for (Block* candidate : {block->prev, block->next}) {
+    if (!candidate || candidate->allocated || candidate->event_count > 0 ||
+        !candidate->stream_uses.empty())
+      continue;
+    if (block->prev == candidate) {
+      block->ptr = candidate->ptr;
+      block->prev = candidate->prev;
+      if (block->prev) block->prev->next = block;
+      else block->segment->head = block;
+    } else {
+      block->next = candidate->next;
+      if (block->next) block->next->prev = block;
+    }
+    block->size += candidate->size;
+    pool.blocks.erase(candidate);
+    net_split_blocks -= 1;
+    net_split_bytes -= static_cast<int64_t>(candidate->size);
+    delete candidate;
+  }
+  block->requested = 0;
+  block->tag = AllocTag{};
+  block->stream_uses.clear();
+  pool.blocks.insert(block);
+  if (block->is_split()) {
+    net_split_blocks += 1;
+    net_split_bytes += static_cast<int64_t>(block->size);
+  }
+  if (net_split_blocks > 0) stat_increase(stats_.inactive_split, small, net_split_blocks);
+  if (net_split_blocks < 0) stat_decrease(stats_.inactive_split, small, -net_split_blocks);
+  if (net_split_bytes > 0) stat_increase(stats_.inactive_split_bytes, small, net_split_bytes);
+  if (net_split_bytes < 0) stat_decrease(stats_.inactive_split_bytes, small, -net_split_bytes);
+  stat_decrease(stats_.active, small, 1);
+  stat_decrease(stats_.active_bytes, small, original_size);
+  stat_decrease(stats_.requested_bytes, small, requested);
+}
+
+void CachingAllocator::record_stream(void* ptr, StreamId stream) {
+  std::lock_guard lock(mu_);
+  Block* block = find_active(ptr);
+  if (!block || !block->allocated)
+    throw std::invalid_argument(
+        fmt::format("CachingAllocator::record_stream: unknown pointer {}", ptr));
+  if (stream == block->stream) return;
+  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
+      block->stream_uses.end())
+    block->stream_uses.push_back(stream);
+}
+
+void CachingAllocator::insert_events(Block* block) {
+  std::vector<StreamId> streams;
+  streams.swap(block->stream_uses);
+  for (StreamId s : streams) {
+    outstanding_events_.emplace_back(provider_->record_event(s), block);
+    ++block->event_count;
+  }
+}
+
+void CachingAllocator::process_events() {
+  if (outstanding_events_.empty()) return;
+  std::vector<std::pair<EventId, Block*>> still;
+  for (auto& [ev, block] : outstanding_events_) {
+    if (!provider_->query_event(ev)) {
+      still.emplace_back(ev, block);
+      continue;
+    }
+    provider_->destroy_event(ev);
+    if (--block->event_count == 0) free_block(block);
+  }
+  outstanding_events_.swap(still);
+}
+
+void CachingAllocator::synchronize_and_free_events() {
+  if (outstanding_events_.empty()) return;
+  provider_->synchronize();
+  ++stats_.num_sync_all_streams;
+  auto events = std::move(outstanding_events_);
+  outstanding_events_.clear();
+  for (auto& [ev, block] : events) {
+    provider_->destroy_event(ev);
+    if (--block->event_count == 0) free_block(block);
+  }
+}
+
+void CachingAllocator::release_block(Block* block) {
+  Segment* seg = block->segment;
+  const bool small = seg->small;
+  provider_->deallocate(block->ptr, block->size);
+  ++stats_.num_device_free;
+  total_reserved_ -= block->size;
+  block->pool->blocks.erase(block);
+  stat_decrease(stats_.segment, small, 1);
+  stat_decrease(stats_.reserved_bytes, small, static_cast<int64_t>(block->size));
+  if (block->size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
+  AllocTag tag;
+  tag.loc = seg->tag.loc;
+  record(TraceAction::segment_free, block->addr(), block->size, block->stream, tag);
+  segments_.erase(seg->base);
+  delete seg;
+  delete block;
+}
+
+void CachingAllocator::release_pool(BlockPool& pool) {
+  for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
+    Block* b = *it;
+    ++it;
+    if (!b->is_split()) release_block(b);
+  }
+}
+
+bool CachingAllocator::release_cached_blocks() {
+  synchronize_and_free_events();
+  provider_->synchronize();
+  release_pool(*large_pool_);
+  release_pool(*small_pool_);
+  return true;
+}
+
+bool CachingAllocator::release_available_cached_blocks(const AllocParams& p) {
+  if (!config_.max_split_size_set()) return false;
+  BlockPool& pool = *p.pool;
+  Block key;
+  key.stream = p.stream;
+  key.size = p.size < config_.max_split_size ? config_.max_split_size : p.size;
+  auto it = pool.blocks.lower_bound(&key);
+  if (it != pool.blocks.end() && (*it)->stream == p.stream && !(*it)->is_split()) {
+    release_block(*it);
+    return true;
+  }
+  // No single oversize block is enough: release oversize blocks, largest first.
+  if (it == pool.blocks.begin()) return false;
+  size_t released = 0;
+  --it;
+  while (released < key.size && (*it)->size >= config_.max_split_size &&
+         (*it)->stream == p.stream) {
+    auto cur = it;
+    const bool first = cur == pool.blocks.begin();
+    if (!first) --it;
+    if (!(*cur)->is_split()) {
+      released += (*cur)->size;
+      release_block(*cur);
+    }
+    if (first) break;
+  }
+  return released >= key.size;
+}
+
+void CachingAllocator::garbage_collect_cached_blocks() {
+  const auto threshold =
+      static_cast<size_t>(config_.garbage_collection_threshold * static_cast<double>(allowed_maximum_));
+  if (total_reserved_ <= threshold) return;
+  const size_t target = total_reserved_ - threshold;
+  size_t reclaimed = 0;
+  double total_age = 0;
+  int freeable = 0;
+  for (Block* b : large_pool_->blocks) {
+    if (!b->is_split()) {
+      total_age += b->gc_count;
+      ++freeable;
+    }
+  }
+  bool freed = true;
+  while (reclaimed < target && freed && freeable > 0) {
+    const double age_threshold = total_age / freeable;
+    freed = false;
+    for (auto it = large_pool_->blocks.begin(); it != large_pool_->blocks.end();) {
+      Block* b = *it;
+      ++it;
+      if (!b->is_split() && b->gc_count >= age_threshold) {
+        freed = true;
+        reclaimed += b->size;
+        total_age -= b->gc_count;
+        --freeable;
+        release_block(b);
+      }
+    }
+  }
+}
+
+static std::string fmt_bytes(size_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.2f} {}", v, units[u]);
+}
+
+void CachingAllocator::raise_oom(const AllocParams& p, std::unique_lock<std::mutex>& lock) {
+  const size_t device_free = provider_->free_memory();
+  const size_t device_total = provider_->total_memory();
+  ++stats_.num_ooms;
+  if (recording_) {
+    TraceEntry e;
+    e.action = TraceAction::oom;
+    e.size = p.size;
+    e.stream = p.stream;
+    e.time_us = now_us();
+    e.tag = current_tag();
+    e.device_free = device_free;
+    ring_.push(e);
+  }
+  size_t largest_cached = 0;
+  size_t cached = 0;
+  for (BlockPool* pool : {small_pool_.get(), large_pool_.get()}) {
+    for (Block* b : pool->blocks) {
+      largest_cached = std::max(largest_cached, b->size);
+      cached += b->size;
+    }
+  }
+  std::vector<std::pair<int64_t, Category>> cats;
+  for (Category c : kAllCategories) {
+    const int64_t cur = stats_.cat_bytes(c).current;
+    if (cur > 0) cats.emplace_back(cur, c);
+  }
+  std::sort(cats.rbegin(), cats.rend());
+  std::string top;
+  for (size_t i = 0; i < cats.size() && i < 4; ++i) {
+    top += fmt::format("{}{} {}", i ? ", " : "", category_name(cats[i].second),
+                       fmt_bytes(static_cast<size_t>(cats[i].first)));
+  }
+  if (top.empty()) top = "none";
+  const AllocTag tag = current_tag();
+  std::string where;
+  if (tag.module) where += fmt::format(" module '{}'", interned(tag.module));
+  if (tag.op) where += fmt::format(" op '{}'", interned(tag.op));
+  std::string msg = fmt::format(
+      "Tally out of memory on {}: tried to allocate {} (request {} bytes, block {} bytes, "
+      "{} pool) as {}{}. Device total {}, free {}. Allocated {}, reserved {} (cached free {}, "
+      "largest cached block {}). Top categories: {}.",
+      provider_->device_name(), fmt_bytes(p.requested), p.requested, p.size,
+      p.pool->small ? "small" : "large", category_name(tag.category), where,
+      fmt_bytes(device_total), fmt_bytes(device_free),
+      fmt_bytes(static_cast<size_t>(stats_.allocated_bytes[kAllPools].current)),
+      fmt_bytes(total_reserved_), fmt_bytes(cached), fmt_bytes(largest_cached), top);
+  if (memory_fraction_ > 0)
+    msg += fmt::format(" Memory fraction {} caps reserved memory at {}.", memory_fraction_,
+                       fmt_bytes(allowed_maximum_));
+  std::string path = config_.oom_snapshot_path;
+  SnapshotData snap;
+  const bool dump = recording_ && !path.empty();
+  if (dump) snap = snapshot_locked();
+  lock.unlock();
+  if (dump) {
+    try {
+      write_snapshot_file(snap, path);
+      msg += fmt::format(" Snapshot written to {}.", path);
+    } catch (const std::exception& e) {
+      msg += fmt::format(" Writing the snapshot failed: {}", e.what());
+    }
+  }
+  throw OutOfMemoryError(msg, p.requested);
+}
+
+void CachingAllocator::retag(void* ptr, Category category, std::source_location loc) {
+  std::lock_guard lock(mu_);
+  Block* block = find_active(ptr);
+  if (!block || !block->allocated)
+    throw std::invalid_argument(fmt::format(
+        "CachingAllocator::retag to {}: pointer {} is not a live block",
+        category_name(category), ptr));
+  const Category old = block->tag.category;
+  if (old == category) return;
+  const auto size = static_cast<int64_t>(block->size);
+  stats_.cat_bytes(old).decrease(size);
+  stats_.category_blocks[static_cast<size_t>(old)].decrease(1);
+  stats_.cat_bytes(category).increase(size);
+  stats_.category_blocks[static_cast<size_t>(category)].increase(1);
+  block->tag.category = category;
+  if (recording_) {
+    TraceEntry e;
+    e.action = TraceAction::retag;
+    e.addr = block->addr();
+    e.size = block->requested;
+    e.stream = block->stream;
+    e.time_us = now_us();
+    e.tag = block->tag;
+    e.tag.loc = SourceLoc::from(loc);
+    e.old_category = old;
+    ring_.push(e);
+  }
+}
+
+size_t CachingAllocator::block_size(const void* ptr) const {
+  std::lock_guard lock(mu_);
+  Block* b = find_active(ptr);
+  if (!b) throw std::invalid_argument(fmt::format("block_size: unknown pointer {}", ptr));
+  return b->size;
+}
+
+AllocTag CachingAllocator::block_tag(const void* ptr) const {
+  std::lock_guard lock(mu_);
+  Block* b = find_active(ptr);
+  if (!b) throw std::invalid_argument(fmt::format("block_tag: unknown pointer {}", ptr));
+  return b->tag;
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard lock(mu_);
+  release_cached_blocks();
+}
+
+void CachingAllocator::set_memory_fraction(double fraction) {
+  if (!(fraction > 0.0 && fraction <= 1.0))
+    throw std::invalid_argument(
+        fmt::format("set_memory_fraction: fraction {} is not in (0, 1]", fraction));
+  std::lock_guard lock(mu_);
+  memory_fraction_ = fraction;
+  allowed_maximum_ =
+      static_cast<size_t>(fraction * static_cast<double>(provider_->total_memory()));
+}
+
+DeviceStats CachingAllocator::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+size_t CachingAllocator::memory_allocated() const {
+  std::lock_guard lock(mu_);
+  return static_cast<size_t>(stats_.allocated_bytes[kAllPools].current);
+}
+size_t CachingAllocator::max_memory_allocated() const {
+  std::lock_guard lock(mu_);
+  return static_cast<size_t>(stats_.allocated_bytes[kAllPools].peak);
+}
+size_t CachingAllocator::memory_reserved() const {
+  std::lock_guard lock(mu_);
+  return static_cast<size_t>(stats_.reserved_bytes[kAllPools].current);
+}
+size_t CachingAllocator::max_memory_reserved() const {
+  std::lock_guard lock(mu_);
+  return static_cast<size_t>(stats_.reserved_bytes[kAllPools].peak);
+}
+void CachingAllocator::reset_peak_memory_stats() {
+  std::lock_guard lock(mu_);
+  stats_.reset_peak();
+}
+void CachingAllocator::reset_accumulated_memory_stats() {
+  std::lock_guard lock(mu_);
+  stats_.reset_accumulated();
+}
+
+std::string CachingAllocator::memory_summary(bool abbreviated) const {
+  return format_memory_summary(stats(), device_, provider_->device_name(), abbreviated);
+}
+
+void CachingAllocator::record_memory_history(bool enabled, size_t max_entries) {
+  std::lock_guard lock(mu_);
+  recording_ = enabled;
+  if (enabled) {
+    if (ring_.capacity() != max_entries) ring_.set_capacity(max_entries);
+  } else {
+    ring_.clear();
+    ring_.set_capacity(0);
+  }
+}
+
+bool CachingAllocator::history_enabled() const {
+  std::lock_guard lock(mu_);
+  return recording_;
+}
+
+std::vector<TraceEntry> CachingAllocator::history() const {
+  std::lock_guard lock(mu_);
+  return ring_.entries();
+}
+
+SnapshotData CachingAllocator::snapshot_locked() const {
+  SnapshotData snap;
+  snap.config = config_;
+  for (const auto& [base, seg] : segments_) {
+    SegmentInfo s;
+    s.device = device_;
+    s.address = seg->base;
+    s.total_size = seg->size;
+    s.stream = seg->stream;
+    s.small = seg->small;
+    s.tag = seg->tag;
+    for (const Block* b = seg->head; b; b = b->next) {
+      BlockInfo bi;
+      bi.address = b->addr();
+      bi.size = b->size;
+      bi.requested_size = b->requested;
+      if (b->allocated) {
+        bi.state = BlockState::active_allocated;
+        bi.tag = b->tag;
+        s.allocated_size += b->size;
+        s.active_size += b->size;
+        s.requested_size += b->requested;
+      } else if (b->event_count > 0) {
+        bi.state = BlockState::active_pending_free;
+        bi.tag = b->tag;
+        s.active_size += b->size;
+        s.requested_size += b->requested;
+      } else {
+        bi.state = BlockState::inactive;
+      }
+      s.blocks.push_back(bi);
+    }
+    snap.segments.push_back(std::move(s));
+  }
+  snap.device_traces.resize(static_cast<size_t>(device_) + 1);
+  snap.device_traces[static_cast<size_t>(device_)] = ring_.entries();
+  return snap;
+}
+
+SnapshotData CachingAllocator::snapshot() {
+  std::lock_guard lock(mu_);
+  SnapshotData snap = snapshot_locked();
+  if (recording_) {
+    TraceEntry e;
+    e.action = TraceAction::snapshot;
+    e.size = static_cast<size_t>(stats_.active_bytes[kAllPools].current);
+    e.time_us = now_us();
+    ring_.push(e);
+  }
+  return snap;
+}
+
+void CachingAllocator::dump_snapshot(const std::string& path) {
+  write_snapshot_file(snapshot(), path);
+}
+
+}  // namespace tally::memory

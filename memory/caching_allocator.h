@@ -1,0 +1,161 @@
+// The caching allocator: PyTorch's CUDA caching policy (c10 CUDACachingAllocator) as
+// plain C++ over a MemoryProvider, instrumented so that every block carries the
+// allocation context (category, module, op, phase, C++ call site) it was made under.
+//
+// Policy, with PyTorch's numbers (docs/memory-formats.md §4):
+// - requests round up to 512 B (or to a power-of-two division, roundup_power2_divisions);
+// - rounded sizes <= 1 MiB use the small pool (2 MiB segments), larger ones the large pool
+//   (20 MiB segments below 10 MiB, else the size rounded up to 2 MiB);
+// - best fit among cached free blocks of the same pool and stream; split the remainder
+//   (small: >= 512 B; large: > 1 MiB and the request < max_split_size); merge free
+//   neighbours on free;
+// - on device OOM: free oversize cached blocks (when max_split_size is set), then all
+//   unsplit cached segments, retry; then raise OutOfMemoryError with a full account.
+// Stats, history and snapshot live in their own files; this file is the policy.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <source_location>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "memory/alloc_config.h"
+#include "memory/context.h"
+#include "memory/history.h"
+#include "memory/provider.h"
+#include "memory/snapshot.h"
+#include "memory/stats.h"
+
+namespace tally::memory {
+
+inline constexpr size_t kMinBlockSize = 512;
+inline constexpr size_t kSmallSize = 1 * kMiB;
+inline constexpr size_t kSmallBuffer = 2 * kMiB;
+inline constexpr size_t kMinLargeAlloc = 10 * kMiB;
+inline constexpr size_t kRoundLarge = 2 * kMiB;
+
+// Raised when the device cannot satisfy a request even after freeing the cache. The
+// allocator is consistent afterwards; the caller may retry with less.
+class OutOfMemoryError : public std::runtime_error {
+ public:
+  OutOfMemoryError(const std::string& what, size_t requested)
+      : std::runtime_error(what), requested_(requested) {}
+  size_t requested() const { return requested_; }
+
+ private:
+  size_t requested_;
+};
+
+namespace detail {
+struct Block;
+struct Segment;
+struct BlockPool;
+}  // namespace detail
+
+class CachingAllocator {
+ public:
+  explicit CachingAllocator(std::unique_ptr<MemoryProvider> provider,
+                            AllocatorConfig config = AllocatorConfig::from_env());
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Hand out at least `bytes` on `stream`, tagged with the current allocation context.
+  // bytes == 0 returns nullptr. Throws OutOfMemoryError.
+  void* allocate(size_t bytes, StreamId stream = 0,
+                 std::source_location loc = std::source_location::current());
+  // Return a block from allocate(). nullptr is ignored; an unknown pointer throws.
+  void deallocate(void* ptr, std::source_location loc = std::source_location::current());
+  // Change the category of a live block (e.g. autograd saving it -> activation).
+  void retag(void* ptr, Category category,
+             std::source_location loc = std::source_location::current());
+  // The block will be used on `stream` too: its memory is reused only once the work
+  // queued there before the free has completed.
+  void record_stream(void* ptr, StreamId stream);
+
+  // The rounded size and tag of a live block; throw for an unknown pointer.
+  size_t block_size(const void* ptr) const;
+  AllocTag block_tag(const void* ptr) const;
+
+  // Release all unused cached segments to the device.
+  void empty_cache();
+  // Cap reserved memory at fraction * device total (enables garbage_collection_threshold).
+  void set_memory_fraction(double fraction);
+
+  DeviceStats stats() const;
+  std::map<std::string, int64_t> memory_stats() const { return stats().to_map(); }
+  size_t memory_allocated() const;
+  size_t max_memory_allocated() const;
+  size_t memory_reserved() const;
+  size_t max_memory_reserved() const;
+  void reset_peak_memory_stats();
+  void reset_accumulated_memory_stats();
+  std::string memory_summary(bool abbreviated = false) const;
+
+  // Keep the last `max_entries` trace entries (enabled) or stop recording and drop them.
+  void record_memory_history(bool enabled, size_t max_entries = 100000);
+  bool history_enabled() const;
+  // Tally's own history (includes re-tags), oldest first.
+  std::vector<TraceEntry> history() const;
+
+  // Segments, blocks and trace; records a `snapshot` trace entry after capturing.
+  SnapshotData snapshot();
+  void dump_snapshot(const std::string& path);
+
+  const AllocatorConfig& config() const { return config_; }
+  // Replace the settings (e.g. in tests); cached blocks stay.
+  void set_config(AllocatorConfig config);
+  MemoryProvider& provider() { return *provider_; }
+  const MemoryProvider& provider() const { return *provider_; }
+  int device_index() const { return device_; }
+
+  // Size policy, exposed for tests.
+  size_t round_size(size_t bytes) const;
+  static size_t segment_size_for(size_t rounded);
+
+ private:
+  struct AllocParams;
+
+  bool get_free_block(AllocParams& p);
+  bool alloc_segment(AllocParams& p, bool is_retry);
+  void* alloc_found_block(AllocParams& p, const AllocTag& tag);
+  void free_block(detail::Block* block);
+  void insert_events(detail::Block* block);
+  void process_events();
+  void synchronize_and_free_events();
+  bool release_available_cached_blocks(const AllocParams& p);
+  bool release_cached_blocks();
+  void release_pool(detail::BlockPool& pool);
+  void release_block(detail::Block* block);
+  void garbage_collect_cached_blocks();
+  bool should_split(const detail::Block* block, size_t size) const;
+  detail::Block* find_active(const void* ptr) const;
+  [[noreturn]] void raise_oom(const AllocParams& p, std::unique_lock<std::mutex>& lock);
+  void record(TraceAction action, uint64_t addr, size_t size, StreamId stream,
+              const AllocTag& tag);
+  SnapshotData snapshot_locked() const;
+
+  std::unique_ptr<MemoryProvider> provider_;
+  AllocatorConfig config_;
+  int device_;
+  mutable std::mutex mu_;
+  std::unique_ptr<detail::BlockPool> small_pool_;
+  std::unique_ptr<detail::BlockPool> large_pool_;
+  std::unordered_map<const void*, detail::Block*> active_;
+  std::map<uintptr_t, detail::Segment*> segments_;
+  std::vector<std::pair<EventId, detail::Block*>> outstanding_events_;
+  DeviceStats stats_;
+  size_t total_reserved_ = 0;
+  double memory_fraction_ = 0.0;
+  size_t allowed_maximum_ = 0;
+  bool recording_ = false;
+  TraceRing ring_;
+};
+
+}  // namespace tally::memory

@@ -1,0 +1,110 @@
+// The allocation context: a thread-local stack of (category, module path, op, phase)
+// that RAII scopes push and pop. The allocator copies the top of the stack into each
+// block it hands out, so every allocation is attributed without unwinding any stack.
+//
+// Strings (module paths, op names, phases) are interned once when a scope is opened;
+// the hot path copies four small integers.
+#pragma once
+
+#include <cstdint>
+#include <source_location>
+#include <string>
+#include <string_view>
+
+#include "memory/category.h"
+
+namespace tally::memory {
+
+// Interned string id. 0 is the empty string.
+using StrId = uint32_t;
+
+StrId intern(std::string_view s);
+// Stable for the life of the process.
+const std::string& interned(StrId id);
+
+// Where in C++ a public allocator call came from (std::source_location, flattened).
+struct SourceLoc {
+  const char* file = "";
+  const char* function = "";
+  uint32_t line = 0;
+
+  static SourceLoc from(const std::source_location& l) {
+    return SourceLoc{l.file_name(), l.function_name(), static_cast<uint32_t>(l.line())};
+  }
+};
+
+// The logical stack an allocation carries: what it is, who asked, in which op and phase.
+struct AllocTag {
+  Category category = Category::unknown;
+  StrId module = 0;  // dotted module path, e.g. "layer3.1.conv2"
+  StrId op = 0;      // op name, e.g. "conv2d"
+  StrId phase = 0;   // "forward", "backward", "optimizer", "recompute", ...
+  SourceLoc loc;
+};
+
+// The current top of this thread's context stack.
+AllocTag current_tag();
+
+// RAII: allocations inside are tagged with `category`.
+class CategoryScope {
+ public:
+  explicit CategoryScope(Category c);
+  ~CategoryScope();
+  CategoryScope(const CategoryScope&) = delete;
+  CategoryScope& operator=(const CategoryScope&) = delete;
+
+ private:
+  Category saved_;
+};
+
+// RAII: appends `name` to the module path ("" + "layer1" -> "layer1", then "layer1.0").
+class ModuleScope {
+ public:
+  explicit ModuleScope(std::string_view name);
+  ~ModuleScope();
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+
+ private:
+  StrId saved_;
+};
+
+// RAII: sets the op name for everything the op allocates.
+class OpScope {
+ public:
+  explicit OpScope(std::string_view op);
+  explicit OpScope(StrId op);
+  ~OpScope();
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  StrId saved_;
+};
+
+// RAII: sets the training phase ("forward", "backward", "optimizer", ...).
+class PhaseScope {
+ public:
+  explicit PhaseScope(std::string_view phase);
+  ~PhaseScope();
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  StrId saved_;
+};
+
+// RAII: all four at once (category required, the rest optional/empty keeps the current).
+class AllocContextScope {
+ public:
+  AllocContextScope(Category c, std::string_view module = {}, std::string_view op = {},
+                    std::string_view phase = {});
+  ~AllocContextScope();
+  AllocContextScope(const AllocContextScope&) = delete;
+  AllocContextScope& operator=(const AllocContextScope&) = delete;
+
+ private:
+  AllocTag saved_;
+};
+
+}  // namespace tally::memory

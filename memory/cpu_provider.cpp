@@ -1,0 +1,37 @@
+#include "memory/cpu_provider.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+namespace tally::memory {
+
+static size_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page)
+                               : (size_t{1} << 34);
+}
+
+CpuProvider::CpuProvider(size_t capacity)
+    : capacity_(capacity ? capacity : physical_memory()) {}
+
+void* CpuProvider::allocate(size_t bytes) {
+  size_t used = used_.load();
+  do {
+    if (bytes > capacity_ - used) return nullptr;
+  } while (!used_.compare_exchange_weak(used, used + bytes));
+  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  if (!p) used_ -= bytes;
+  return p;
+}
+
+void CpuProvider::deallocate(void* ptr, size_t bytes) {
+  std::free(ptr);
+  used_ -= bytes;
+}
+
+size_t CpuProvider::free_memory() const { return capacity_ - used_.load(); }
+
+}  // namespace tally::memory

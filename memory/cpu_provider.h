@@ -1,0 +1,31 @@
+// Aligned host memory as a device, with an optional capacity so that out-of-memory
+// behaviour can be exercised on a machine without a GPU.
+#pragma once
+
+#include <atomic>
+
+#include "memory/provider.h"
+
+namespace tally::memory {
+
+class CpuProvider final : public MemoryProvider {
+ public:
+  // capacity 0 = the machine's physical memory.
+  explicit CpuProvider(size_t capacity = 0);
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) override;
+  size_t total_memory() const override { return capacity_; }
+  size_t free_memory() const override;
+  DeviceType device_type() const override { return DeviceType::cpu; }
+  int device_index() const override { return 0; }
+  std::string device_name() const override { return "cpu"; }
+
+  static constexpr size_t kAlignment = 4096;
+
+ private:
+  size_t capacity_;
+  std::atomic<size_t> used_{0};
+};
+
+}  // namespace tally::memory

@@ -1,0 +1,60 @@
+#include "memory/history.h"
+
+#include <chrono>
+
+namespace tally::memory {
+
+const char* trace_action_name(TraceAction a) {
+  switch (a) {
+    case TraceAction::alloc: return "alloc";
+    case TraceAction::free_requested: return "free_requested";
+    case TraceAction::free_completed: return "free_completed";
+    case TraceAction::segment_alloc: return "segment_alloc";
+    case TraceAction::segment_free: return "segment_free";
+    case TraceAction::snapshot: return "snapshot";
+    case TraceAction::oom: return "oom";
+    case TraceAction::retag: return "retag";
+  }
+  return "?";
+}
+
+int64_t now_us() {
+  using namespace std::chrono;
+  return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+void TraceRing::set_capacity(size_t max_entries) {
+  std::vector<TraceEntry> old = entries();
+  capacity_ = max_entries;
+  buf_.assign(capacity_, TraceEntry{});
+  head_ = count_ = 0;
+  const size_t keep = old.size() > capacity_ ? capacity_ : old.size();
+  for (size_t i = old.size() - keep; i < old.size(); ++i) {
+    buf_[head_] = old[i];
+    head_ = (head_ + 1) % (capacity_ ? capacity_ : 1);
+    ++count_;
+  }
+}
+
+void TraceRing::clear() {
+  head_ = count_ = 0;
+  pushed_ = 0;
+}
+
+void TraceRing::push(const TraceEntry& e) {
+  ++pushed_;
+  if (capacity_ == 0) return;
+  buf_[head_] = e;
+  head_ = head_ + 1 == capacity_ ? 0 : head_ + 1;
+  if (count_ < capacity_) ++count_;
+}
+
+std::vector<TraceEntry> TraceRing::entries() const {
+  std::vector<TraceEntry> out;
+  out.reserve(count_);
+  const size_t start = (head_ + capacity_ - count_) % (capacity_ ? capacity_ : 1);
+  for (size_t i = 0; i < count_; ++i) out.push_back(buf_[(start + i) % capacity_]);
+  return out;
+}
+
+}  // namespace tally::memory

@@ -1,0 +1,46 @@
+// The process-wide allocators, one per device, and PyTorch-named functions over them
+// (torch.cuda.memory_allocated, memory_summary, record_memory_history, ...). Everything
+// Tally allocates for tensor data or library workspace goes through get_allocator().
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "memory/caching_allocator.h"
+
+namespace tally::memory {
+
+struct Device {
+  DeviceType type = DeviceType::cpu;
+  int index = 0;
+
+  static Device cpu() { return {DeviceType::cpu, 0}; }
+  static Device cuda(int index = 0) { return {DeviceType::cuda, index}; }
+  std::string str() const;
+  bool operator==(const Device&) const = default;
+};
+
+// Whether this build has the CUDA backend and a device is present.
+bool cuda_available();
+int cuda_device_count();
+// cuda:0 when available, else cpu.
+Device default_device();
+
+// The allocator for `device`, created on first use with TALLY_ALLOC_CONF's settings.
+// Throws std::invalid_argument for a device that does not exist.
+CachingAllocator& get_allocator(Device device = default_device());
+
+size_t memory_allocated(Device device = default_device());
+size_t max_memory_allocated(Device device = default_device());
+size_t memory_reserved(Device device = default_device());
+size_t max_memory_reserved(Device device = default_device());
+void reset_peak_memory_stats(Device device = default_device());
+void empty_cache(Device device = default_device());
+void set_per_process_memory_fraction(double fraction, Device device = default_device());
+std::map<std::string, int64_t> memory_stats(Device device = default_device());
+std::string memory_summary(Device device = default_device(), bool abbreviated = false);
+void record_memory_history(bool enabled, size_t max_entries = 100000,
+                           Device device = default_device());
+void dump_snapshot(const std::string& path, Device device = default_device());
+
+}  // namespace tally::memory

@@ -1,0 +1,332 @@
+// Snapshot export: SnapshotData as the pickle PyTorch's memory tools read
+// (docs/memory-formats.md §1, Tally's choices in §7).
+//
+// Frames. Tally records a logical stack, not a native one; it is written as up to three
+// frames, innermost first, so the viewer (which prints `filename:line:name`) shows e.g.
+//
+//   nn/linear.cpp:42:linear                     the op and the C++ call site
+//   module:0:layer3.1.fc                        the module path (omitted when empty)
+//   category=activation:0:phase forward         the category and the training phase
+//
+// An op-less tag names the C++ function of the call site instead ("<no op>" if unknown);
+// an empty phase is written "phase none". Entries with the same tag share one frames list
+// (a memo reference), as PyTorch's snapshots do.
+//
+// Categories. Every trace entry carries `category` and `user_metadata`
+// ("category=… module=… op=… phase=…"). Segment events belong to no category: they are
+// written as `unknown`, their frames still showing which request made the segment. The
+// viewer breaks when entries have categories but none is `unknown` (§7 pitfall 1); if a
+// snapshot has trace entries and none of them is `unknown`, a `snapshot` entry (addr 0,
+// size = the device's active bytes, category `unknown`) is appended to the first
+// non-empty device trace, at its last entry's time: the timelines ignore `snapshot`
+// entries, so nothing else changes.
+//
+// Re-tags are written as a `free_completed` (old category) + `alloc` (new tag) pair, see
+// snapshot.h.
+#include "memory/snapshot.h"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <string_view>
+
+#include "memory/pickle.h"
+
+namespace tally::memory {
+
+const char* block_state_name(BlockState s) {
+  switch (s) {
+    case BlockState::active_allocated: return "active_allocated";
+    case BlockState::active_pending_free: return "active_pending_free";
+    case BlockState::inactive: return "inactive";
+  }
+  return "inactive";
+}
+
+namespace {
+
+// The last two components of a source path ("/src/tally/nn/linear.cpp" -> "nn/linear.cpp"):
+// enough to find the file, short enough to read in the viewer.
+std::string_view short_source_path(const char* file) {
+  std::string_view p = file ? file : "";
+  if (p.empty()) return "??";
+  const size_t last = p.rfind('/');
+  if (last == std::string_view::npos || last == 0) return p;
+  const size_t prev = p.rfind('/', last - 1);
+  return prev == std::string_view::npos ? p : p.substr(prev + 1);
+}
+
+class SnapshotPickler {
+ public:
+  explicit SnapshotPickler(std::ostream& out) : w_(out) {}
+
+  void write(const SnapshotData& snap) {
+    w_.begin_dict();
+    w_.key("segments");
+    w_.begin_list();
+    for (const SegmentInfo& seg : snap.segments) segment(seg);
+    w_.end_list();
+
+    w_.key("device_traces");
+    const int filler_device = unknown_filler_device(snap);
+    w_.begin_list();
+    for (size_t d = 0; d < snap.device_traces.size(); ++d) {
+      const std::vector<TraceEntry>& trace = snap.device_traces[d];
+      w_.begin_list();
+      for (const TraceEntry& e : trace) trace_entry(e);
+      if (static_cast<int>(d) == filler_device) {
+        unknown_snapshot_entry(trace.back().time_us, active_bytes(snap, static_cast<int>(d)));
+      }
+      w_.end_list();
+    }
+    w_.end_list();
+
+    w_.key("allocator_settings");
+    allocator_settings(snap.config);
+
+    w_.key("external_annotations");
+    w_.begin_list();
+    w_.end_list();
+    w_.end_dict();
+    w_.finish();
+  }
+
+ private:
+  // The category a trace entry is written with.
+  static Category entry_category(const TraceEntry& e) {
+    switch (e.action) {
+      case TraceAction::segment_alloc:
+      case TraceAction::segment_free: return Category::unknown;
+      default: return e.tag.category;
+    }
+  }
+
+  // The device whose trace gets the `unknown` snapshot entry, or -1 if none is needed.
+  static int unknown_filler_device(const SnapshotData& snap) {
+    int first_nonempty = -1;
+    for (size_t d = 0; d < snap.device_traces.size(); ++d) {
+      for (const TraceEntry& e : snap.device_traces[d]) {
+        if (e.action == TraceAction::retag && e.old_category == Category::unknown) return -1;
+        if (entry_category(e) == Category::unknown) return -1;
+      }
+      if (first_nonempty < 0 && !snap.device_traces[d].empty()) first_nonempty = static_cast<int>(d);
+    }
+    return first_nonempty;
+  }
+
+  static size_t active_bytes(const SnapshotData& snap, int device) {
+    size_t total = 0;
+    for (const SegmentInfo& s : snap.segments) {
+      if (s.device == device) total += s.active_size;
+    }
+    return total;
+  }
+
+  void frames(const AllocTag& tag) {
+    const std::string_view file = short_source_path(tag.loc.file);
+    std::string_view name = interned(tag.op);
+    if (name.empty()) {
+      name = tag.loc.function && *tag.loc.function ? tag.loc.function : "<no op>";
+    }
+    const std::string_view phase = tag.phase != 0 ? interned(tag.phase) : "none";
+    // The key is what the frames show, so equal lists are always shared.
+    const std::string memo =
+        fmt::format("frames\x1f{}\x1f{}\x1f{}\x1f{}\x1f{}\x1f{}", static_cast<int>(tag.category), tag.module,
+                    phase, tag.loc.line, file, name);
+    if (w_.write_ref(memo)) return;
+
+    w_.begin_list(memo);
+    frame(name, file, tag.loc.line);
+    if (tag.module != 0) frame(interned(tag.module), "module", 0);
+    frame(fmt::format("phase {}", phase), fmt::format("category={}", category_name(tag.category)),
+          0);
+    w_.end_list();
+  }
+
+  void frame(std::string_view name, std::string_view filename, uint32_t line) {
+    w_.begin_dict();
+    w_.key("name");
+    w_.memo_string(name);
+    w_.key("filename");
+    w_.memo_string(filename);
+    w_.key("line");
+    w_.integer(line);
+    w_.end_dict();
+  }
+
+  void user_metadata(const AllocTag& tag, Category category) {
+    w_.memo_string(fmt::format("category={} module={} op={} phase={}", category_name(category),
+                               interned(tag.module), interned(tag.op), interned(tag.phase)));
+  }
+
+  void segment(const SegmentInfo& s) {
+    w_.begin_dict();
+    w_.key("device");
+    w_.integer(s.device);
+    w_.key("address");
+    w_.integer(s.address);
+    w_.key("total_size");
+    w_.integer(s.total_size);
+    w_.key("allocated_size");
+    w_.integer(s.allocated_size);
+    w_.key("active_size");
+    w_.integer(s.active_size);
+    w_.key("requested_size");
+    w_.integer(s.requested_size);
+    w_.key("stream");
+    w_.integer(static_cast<int64_t>(s.stream));
+    w_.key("segment_type");
+    w_.memo_string(s.small ? "small" : "large");
+    w_.key("segment_pool_id");
+    w_.begin_tuple();
+    w_.integer(0);
+    w_.integer(0);
+    w_.end_tuple();
+    w_.key("is_expandable");
+    w_.boolean(false);
+    w_.key("frames");
+    frames(s.tag);
+    w_.key("blocks");
+    w_.begin_list();
+    for (const BlockInfo& b : s.blocks) block(b);
+    w_.end_list();
+    w_.end_dict();
+  }
+
+  void block(const BlockInfo& b) {
+    w_.begin_dict();
+    w_.key("address");
+    w_.integer(b.address);
+    w_.key("size");
+    w_.integer(b.size);
+    w_.key("requested_size");
+    w_.integer(b.requested_size);
+    w_.key("state");
+    w_.memo_string(block_state_name(b.state));
+    w_.key("frames");
+    if (b.state == BlockState::inactive) {
+      w_.begin_list();
+      w_.end_list();
+    } else {
+      frames(b.tag);
+    }
+    w_.end_dict();
+  }
+
+  void trace_entry(const TraceEntry& e) {
+    if (e.action == TraceAction::retag) {
+      AllocTag old_tag = e.tag;
+      old_tag.category = e.old_category;
+      trace_entry_as(e, TraceAction::free_completed, old_tag, e.old_category);
+      trace_entry_as(e, TraceAction::alloc, e.tag, e.tag.category);
+      return;
+    }
+    trace_entry_as(e, e.action, e.tag, entry_category(e));
+  }
+
+  // One trace entry dict, keys in PyTorch's order plus `category`.
+  void trace_entry_as(const TraceEntry& e, TraceAction action, const AllocTag& frames_tag,
+                      Category category) {
+    w_.begin_dict();
+    w_.key("action");
+    w_.memo_string(trace_action_name(action));
+    if (action == TraceAction::oom) {
+      w_.key("device_free");
+      w_.integer(e.device_free);
+    } else {
+      w_.key("addr");
+      w_.integer(action == TraceAction::snapshot ? uint64_t{0} : e.addr);
+    }
+    w_.key("size");
+    w_.integer(e.size);
+    w_.key("stream");
+    w_.integer(static_cast<int64_t>(e.stream));
+    w_.key("time_us");
+    w_.integer(e.time_us);
+    w_.key("compile_context");
+    w_.memo_string("N/A");
+    w_.key("user_metadata");
+    user_metadata(frames_tag, category);
+    w_.key("frames");
+    frames(frames_tag);
+    w_.key("category");
+    w_.memo_string(category_name(category));
+    w_.end_dict();
+  }
+
+  void unknown_snapshot_entry(int64_t time_us, size_t size) {
+    w_.begin_dict();
+    w_.key("action");
+    w_.memo_string(trace_action_name(TraceAction::snapshot));
+    w_.key("addr");
+    w_.integer(0);
+    w_.key("size");
+    w_.integer(size);
+    w_.key("stream");
+    w_.integer(0);
+    w_.key("time_us");
+    w_.integer(time_us);
+    w_.key("compile_context");
+    w_.memo_string("N/A");
+    w_.key("user_metadata");
+    user_metadata(AllocTag{}, Category::unknown);
+    w_.key("frames");
+    w_.begin_list();
+    w_.end_list();
+    w_.key("category");
+    w_.memo_string(category_name(Category::unknown));
+    w_.end_dict();
+  }
+
+  void allocator_settings(const AllocatorConfig& c) {
+    w_.begin_dict();
+    w_.key("PYTORCH_CUDA_ALLOC_CONF");
+    w_.string(c.settings);
+    w_.key("max_split_size");
+    w_.integer(c.max_split_size_set() ? static_cast<int64_t>(c.max_split_size) : int64_t{-1});
+    w_.key("garbage_collection_threshold");
+    w_.floating(c.garbage_collection_threshold);
+    w_.key("expandable_segments");
+    w_.boolean(false);
+    w_.key("pinned_num_register_threads");
+    w_.integer(1);
+    w_.key("release_lock_on_cudamalloc");
+    w_.boolean(false);
+    w_.key("pinned_use_cuda_host_register");
+    w_.boolean(false);
+    w_.key("graph_capture_record_stream_reuse");
+    w_.boolean(false);
+    w_.key("roundup_power2_divisions");
+    w_.begin_dict();
+    for (size_t i = 0; i < kRoundupIntervals; ++i) {
+      w_.key(fmt::format("{}", size_t{1} << i));  // interval start in MiB
+      w_.integer(c.roundup_power2_divisions[i]);
+    }
+    w_.end_dict();
+    w_.end_dict();
+  }
+
+  PickleWriter w_;
+};
+
+}  // namespace
+
+void write_snapshot_pickle(const SnapshotData& snap, std::ostream& out) {
+  SnapshotPickler(out).write(snap);
+}
+
+void write_snapshot_file(const SnapshotData& snap, const std::string& path) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) {
+    throw std::runtime_error(
+        fmt::format("cannot open snapshot file '{}' for writing: {}", path, std::strerror(errno)));
+  }
+  write_snapshot_pickle(snap, out);
+  out.close();
+  if (!out) throw std::runtime_error(fmt::format("error writing snapshot file '{}'", path));
+}
+
+}  // namespace tally::memory

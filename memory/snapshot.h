@@ -1,0 +1,57 @@
+// A memory snapshot: the allocator's segments and blocks plus its trace history, and its
+// export as the pickle PyTorch's memory_viz reads unchanged (see docs/memory-formats.md).
+//
+// Re-tags: Tally's history records a live block changing category (TraceAction::retag).
+// In the pickle a re-tag is written as a `free_completed` + `alloc` pair at the same
+// address, size and time, the alloc carrying the new category, so PyTorch's viewer ends
+// the old category's interval and starts the new one; the live state it replays is the
+// same as without re-tags.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "memory/alloc_config.h"
+#include "memory/history.h"
+
+namespace tally::memory {
+
+enum class BlockState : uint8_t { active_allocated, active_pending_free, inactive };
+const char* block_state_name(BlockState s);
+
+struct BlockInfo {
+  uint64_t address = 0;
+  size_t size = 0;
+  size_t requested_size = 0;
+  BlockState state = BlockState::inactive;
+  AllocTag tag;  // meaningful for active blocks
+};
+
+struct SegmentInfo {
+  int device = 0;
+  uint64_t address = 0;
+  size_t total_size = 0;
+  size_t allocated_size = 0;
+  size_t active_size = 0;
+  size_t requested_size = 0;
+  StreamId stream = 0;
+  bool small = false;  // segment_type "small" / "large"
+  AllocTag tag;        // context at segment creation
+  std::vector<BlockInfo> blocks;  // address order, tiling the segment
+};
+
+struct SnapshotData {
+  std::vector<SegmentInfo> segments;
+  // Index = device ordinal; oldest first.
+  std::vector<std::vector<TraceEntry>> device_traces;
+  AllocatorConfig config;
+};
+
+// Encode as a protocol-2 pickle of dicts/lists (memoized strings and frame lists).
+void write_snapshot_pickle(const SnapshotData& snap, std::ostream& out);
+// Write to `path`; throws std::runtime_error naming the path on I/O failure.
+void write_snapshot_file(const SnapshotData& snap, const std::string& path);
+
+}  // namespace tally::memory

@@ -1,0 +1,192 @@
+// memory_summary(): a byte-compatible rendering of torch.cuda.memory_summary() (PyTorch's
+// torch/cuda/memory.py) followed by Tally's per-category table.
+//
+// Layout rules (PyTorch's, see docs memory-formats.md §3):
+//   * every line is '|' + 75 characters + '|'; the text ends with a newline;
+//   * a metric row is " " + name (left, 21) + " | " + four 10-character cells joined by
+//     " | " + " ";
+//   * byte cells: "{:6d} {unit}" with unit B/KiB/MiB/GiB/TiB/PiB; the value is floor-divided by
+//     1024 while the *reference* value (the `all` row of the same column) is >= 768 KiB in the
+//     current unit. Pool rows therefore share the unit of their `all` row;
+//   * count cells: "{:7d} {unit} " with unit ' '/K/M; divided by 1000 while the reference is
+//     >= 750 000 in the current unit;
+//   * oversize rows have no pool rows and each cell is its own reference.
+// The only deliberate difference from PyTorch is the title line, which names Tally and the
+// device label. Tally's own table reuses the same row grammar and byte formatter.
+#include "memory/summary.h"
+
+#include <fmt/format.h>
+
+#include <string_view>
+#include <vector>
+
+namespace tally::memory {
+namespace {
+
+constexpr size_t kInnerWidth = 75;  // characters between the two '|'
+
+// Python's `a // b` (rounds towards negative infinity), for b > 0.
+int64_t floor_div(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  if (a % b != 0 && a < 0) --q;
+  return q;
+}
+
+// PyTorch's _format_size: the unit is chosen from `ref` (the column's `all` value). `ref` is
+// tracked as a double after the first division, exactly like Python's `pref_sz /= 1024`.
+std::string format_size(int64_t value, int64_t ref) {
+  static constexpr std::string_view kUnits[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  std::string_view unit = kUnits[0];
+  double pref = static_cast<double>(ref);
+  for (size_t i = 1; i < std::size(kUnits); ++i) {
+    if (pref < 768.0 * 1024.0) break;
+    unit = kUnits[i];
+    value = floor_div(value, 1024);
+    pref /= 1024.0;
+  }
+  return fmt::format("{:6d} {}", value, unit);
+}
+
+// PyTorch's _format_count.
+std::string format_count(int64_t value, int64_t ref) {
+  static constexpr std::string_view kUnits[] = {" ", "K", "M"};
+  std::string_view unit = kUnits[0];
+  double pref = static_cast<double>(ref);
+  for (size_t i = 1; i < std::size(kUnits); ++i) {
+    if (pref < 750.0 * 1000.0) break;
+    unit = kUnits[i];
+    value = floor_div(value, 1000);
+    pref /= 1000.0;
+  }
+  return fmt::format("{:7d} {} ", value, unit);
+}
+
+using Formatter = std::string (*)(int64_t, int64_t);
+
+// Pads (or, for Tally's own free-text lines, cuts) `s` to the inner width.
+std::string fit(std::string s) {
+  if (s.size() > kInnerWidth) s.resize(kInnerWidth);
+  s.resize(kInnerWidth, ' ');
+  return s;
+}
+
+// Centres `text` in the inner width, the odd space going to the left. For a one-digit device
+// ID this reproduces PyTorch's " {_:16} PyTorch CUDA memory summary, device ID {device:<17d} "
+// byte for byte (18 spaces left, 17 right).
+std::string centered(std::string_view text) {
+  constexpr size_t kMaxText = kInnerWidth - 2;  // keep at least one space on each side
+  std::string t(text);
+  if (t.size() > kMaxText) t = t.substr(0, kMaxText - 3) + "...";
+  const size_t left = (kInnerWidth - t.size() + 1) / 2;
+  return fit(std::string(left, ' ') + t);
+}
+
+std::string metric_row(std::string_view name, Formatter f, const Stat& s, const Stat& ref) {
+  return fmt::format(" {:<21} | {} | {} | {} | {} ", name, f(s.current, ref.current),
+                     f(s.peak, ref.peak), f(s.allocated, ref.allocated), f(s.freed, ref.freed));
+}
+
+struct PooledMetric {
+  const StatArray DeviceStats::*stat;
+  std::string_view name;
+  Formatter format;
+};
+
+constexpr PooledMetric kPooledMetrics[] = {
+    {&DeviceStats::allocated_bytes, "Allocated memory", format_size},
+    {&DeviceStats::active_bytes, "Active memory", format_size},
+    {&DeviceStats::requested_bytes, "Requested memory", format_size},
+    {&DeviceStats::reserved_bytes, "GPU reserved memory", format_size},
+    {&DeviceStats::inactive_split_bytes, "Non-releasable memory", format_size},
+    {&DeviceStats::allocation, "Allocations", format_count},
+    {&DeviceStats::active, "Active allocs", format_count},
+    {&DeviceStats::segment, "GPU reserved segments", format_count},
+    {&DeviceStats::inactive_split, "Non-releasable allocs", format_count},
+};
+
+void append_pytorch_table(std::vector<std::string>& lines, const DeviceStats& stats, int device_id,
+                          const std::string& device_label, bool abbreviated) {
+  lines.emplace_back(kInnerWidth, '=');
+  lines.push_back(
+      centered(fmt::format("Tally memory summary, device ID {} ({})", device_id, device_label)));
+  lines.emplace_back(kInnerWidth, '-');
+  lines.push_back(fmt::format("  {:9} CUDA OOMs: {:<12d} | {:6} cudaMalloc retries: {:<8d}  ", "",
+                              stats.num_ooms, "", stats.num_alloc_retries));
+  lines.emplace_back(kInnerWidth, '=');
+  lines.emplace_back("        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ");
+
+  for (const PooledMetric& m : kPooledMetrics) {
+    const StatArray& arr = stats.*(m.stat);
+    const Stat& all = arr[kAllPools];
+    lines.emplace_back(kInnerWidth, '-');
+    lines.push_back(metric_row(m.name, m.format, all, all));
+    if (!abbreviated) {
+      lines.push_back(metric_row("      from large pool", m.format, arr[kLargePool], all));
+      lines.push_back(metric_row("      from small pool", m.format, arr[kSmallPool], all));
+    }
+  }
+
+  const std::pair<std::string_view, const Stat*> oversize[] = {
+      {"Oversize allocations", &stats.oversize_allocations},
+      {"Oversize GPU segments", &stats.oversize_segments},
+  };
+  for (const auto& [name, stat] : oversize) {
+    lines.emplace_back(kInnerWidth, '-');
+    lines.push_back(metric_row(name, format_count, *stat, *stat));
+  }
+  lines.emplace_back(kInnerWidth, '=');
+}
+
+// Category's peak as a share of the allocated peak (" 41.3%"), "-" when nothing was allocated.
+std::string share_of_peak(int64_t category_peak, int64_t allocated_peak) {
+  if (allocated_peak <= 0) return "-";
+  return fmt::format(
+      "{:5.1f}%", 100.0 * static_cast<double>(category_peak) / static_cast<double>(allocated_peak));
+}
+
+void append_category_table(std::vector<std::string>& lines, const DeviceStats& stats) {
+  lines.push_back(centered("Memory by category"));
+  lines.emplace_back(kInnerWidth, '=');
+  lines.push_back(fit("        Category       | Cur Usage  | Peak Usage | Share of peak"));
+  lines.emplace_back(kInnerWidth, '-');
+  const int64_t allocated_peak = stats.allocated_bytes[kAllPools].peak;
+  for (Category c : kAllCategories) {
+    const Stat& s = stats.cat_bytes(c);
+    lines.push_back(fit(fmt::format(" {:<21} | {} | {} | {:>13}", category_name(c),
+                                    format_size(s.current, s.current), format_size(s.peak, s.peak),
+                                    share_of_peak(s.peak, allocated_peak))));
+  }
+  lines.emplace_back(kInnerWidth, '-');
+
+  const int64_t frag =
+      stats.reserved_bytes[kAllPools].current - stats.allocated_bytes[kAllPools].current;
+  const int64_t peak_frag =
+      stats.reserved_bytes[kAllPools].peak - stats.allocated_bytes[kAllPools].peak;
+  // The sentence does not fit in 75 characters, so it wraps; the two values line up.
+  lines.push_back(
+      fit(fmt::format(" Fragmentation (reserved - allocated): {}", format_size(frag, frag))));
+  lines.push_back(fit(fmt::format("   (peak reserved - peak allocated:    {})",
+                                  format_size(peak_frag, peak_frag))));
+  lines.emplace_back(kInnerWidth, '=');
+}
+
+}  // namespace
+
+std::string format_memory_summary(const DeviceStats& stats, int device_id,
+                                  const std::string& device_label, bool abbreviated) {
+  std::vector<std::string> lines;
+  lines.reserve(72);
+  append_pytorch_table(lines, stats, device_id, device_label, abbreviated);
+  append_category_table(lines, stats);
+
+  std::string out;
+  out.reserve(lines.size() * (kInnerWidth + 3));
+  for (const std::string& line : lines) {
+    out += '|';
+    out += line;
+    out += "|\n";
+  }
+  return out;
+}
+
+}  // namespace tally::memory

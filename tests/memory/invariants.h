@@ -1,0 +1,68 @@
+// Cross-checks between the allocator's running statistics and its structure (snapshot):
+// what the stats say must be what the segments and blocks show.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include "memory/caching_allocator.h"
+
+namespace tally::memory::testing {
+
+inline void expect_consistent(CachingAllocator& alloc) {
+  const DeviceStats s = alloc.stats();
+  const SnapshotData snap = alloc.snapshot();
+  int64_t reserved = 0, allocated = 0, active = 0, requested = 0, segments = 0;
+  int64_t split_blocks = 0, split_bytes = 0, allocations = 0;
+  for (const SegmentInfo& seg : snap.segments) {
+    ++segments;
+    reserved += static_cast<int64_t>(seg.total_size);
+    uint64_t next = seg.address;
+    size_t sum = 0;
+    for (const BlockInfo& b : seg.blocks) {
+      EXPECT_EQ(b.address, next) << "blocks must tile the segment";
+      EXPECT_EQ(b.size % 512, 0u);
+      next += b.size;
+      sum += b.size;
+      if (b.state == BlockState::active_allocated) {
+        allocated += static_cast<int64_t>(b.size);
+        ++allocations;
+      }
+      if (b.state != BlockState::inactive) {
+        active += static_cast<int64_t>(b.size);
+        requested += static_cast<int64_t>(b.requested_size);
+      }
+      if (b.state == BlockState::inactive && seg.blocks.size() > 1) {
+        ++split_blocks;
+        split_bytes += static_cast<int64_t>(b.size);
+      }
+    }
+    EXPECT_EQ(sum, seg.total_size);
+  }
+  EXPECT_EQ(s.reserved_bytes[kAllPools].current, reserved);
+  EXPECT_EQ(s.segment[kAllPools].current, segments);
+  EXPECT_EQ(s.allocated_bytes[kAllPools].current, allocated);
+  EXPECT_EQ(s.allocation[kAllPools].current, allocations);
+  EXPECT_EQ(s.active_bytes[kAllPools].current, active);
+  EXPECT_EQ(s.requested_bytes[kAllPools].current, requested);
+  EXPECT_EQ(s.inactive_split[kAllPools].current, split_blocks);
+  EXPECT_EQ(s.inactive_split_bytes[kAllPools].current, split_bytes);
+  int64_t by_category = 0;
+  for (Category c : kAllCategories) {
+    by_category += s.cat_bytes(c).current;
+    EXPECT_GE(s.cat_bytes(c).peak, s.cat_bytes(c).current);
+    EXPECT_GE(s.cat_bytes(c).current, 0);
+  }
+  EXPECT_EQ(by_category, s.allocated_bytes[kAllPools].current) << "categories sum to allocated";
+  EXPECT_LE(s.allocated_bytes[kAllPools].current, s.reserved_bytes[kAllPools].current);
+  for (const StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
+                             &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
+                             &s.inactive_split_bytes, &s.requested_bytes}) {
+    for (const Stat& st : *a) {
+      EXPECT_GE(st.peak, st.current);
+      EXPECT_GE(st.current, 0);
+    }
+    EXPECT_EQ((*a)[kAllPools].current, (*a)[kSmallPool].current + (*a)[kLargePool].current);
+  }
+}
+
+}  // namespace tally::memory::testing

@@ -1,0 +1,73 @@
+// TALLY_ALLOC_CONF parsing: PyTorch's syntax, clear errors naming the key.
+#include "memory/alloc_config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace tally::memory {
+namespace {
+
+std::string error_of(const std::string& conf) {
+  try {
+    AllocatorConfig::parse(conf);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(AllocConfig, Defaults) {
+  const AllocatorConfig c = AllocatorConfig::parse("");
+  EXPECT_FALSE(c.max_split_size_set());
+  EXPECT_EQ(c.garbage_collection_threshold, 0.0);
+  for (size_t d : c.roundup_power2_divisions) EXPECT_EQ(d, 0u);
+}
+
+TEST(AllocConfig, ParsesPyTorchSyntax) {
+  const AllocatorConfig c = AllocatorConfig::parse(
+      "max_split_size_mb:128, roundup_power2_divisions:4,garbage_collection_threshold:0.6");
+  EXPECT_EQ(c.max_split_size, 128 * kMiB);
+  EXPECT_DOUBLE_EQ(c.garbage_collection_threshold, 0.6);
+  for (size_t d : c.roundup_power2_divisions) EXPECT_EQ(d, 4u);
+  EXPECT_EQ(AllocatorConfig::parse("max_split_size_mb:5").max_split_size, 20 * kMiB);  // min 20
+}
+
+TEST(AllocConfig, DivisionsPerInterval) {
+  const AllocatorConfig c = AllocatorConfig::parse("roundup_power2_divisions:[64:8,256:4,>:1]");
+  EXPECT_EQ(c.roundup_power2_divisions[0], 8u);  // below the first key gets its value
+  EXPECT_EQ(c.roundup_power2_divisions[6], 8u);  // 64 MiB = 2^6
+  EXPECT_EQ(c.roundup_power2_divisions[7], 0u);
+  EXPECT_EQ(c.roundup_power2_divisions[8], 4u);  // 256 MiB
+  EXPECT_EQ(c.roundup_power2_divisions[9], 1u);
+  EXPECT_EQ(c.roundup_power2_divisions[15], 1u);
+  EXPECT_EQ(c.divisions_for(100 * kMiB), 8u);  // [64, 128) MiB is index 6
+  EXPECT_EQ(c.divisions_for(200 * kMiB), 0u);  // [128, 256) MiB was not given
+  EXPECT_EQ(c.divisions_for(65 * kMiB), 8u);
+  EXPECT_EQ(c.divisions_for(300 * kMiB), 4u);
+}
+
+TEST(AllocConfig, ErrorsNameTheKey) {
+  EXPECT_NE(error_of("max_split_size_mb:abc").find("max_split_size_mb"), std::string::npos);
+  EXPECT_NE(error_of("roundup_power2_divisions:3").find("roundup_power2_divisions"),
+            std::string::npos);
+  EXPECT_NE(error_of("roundup_power2_divisions:[63:2]").find("power of 2"), std::string::npos);
+  EXPECT_NE(error_of("garbage_collection_threshold:1.5").find("garbage_collection_threshold"),
+            std::string::npos);
+  EXPECT_NE(error_of("no_such_key:1").find("unknown key 'no_such_key'"), std::string::npos);
+  EXPECT_NE(error_of("max_split_size_mb").find("key:value"), std::string::npos);
+  EXPECT_NE(error_of("expandable_segments:True").find("expandable_segments"), std::string::npos);
+  EXPECT_EQ(error_of("expandable_segments:False,backend:native"), "");
+}
+
+TEST(AllocConfig, FromEnvironment) {
+  setenv("TALLY_ALLOC_CONF", "max_split_size_mb:64", 1);
+  EXPECT_EQ(AllocatorConfig::from_env().max_split_size, 64 * kMiB);
+  EXPECT_EQ(AllocatorConfig::from_env().settings, "max_split_size_mb:64");
+  setenv("TALLY_ALLOC_CONF", "max_split_size_mb:x", 1);
+  EXPECT_THROW(AllocatorConfig::from_env(), std::invalid_argument);
+  unsetenv("TALLY_ALLOC_CONF");
+}
+
+}  // namespace
+}  // namespace tally::memory
