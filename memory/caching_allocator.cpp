@@ -19,6 +19,15 @@ struct Segment {
   Block* head = nullptr;
 };
 
+struct Block;
+
+// Ordered by (stream, size, address): lower_bound gives the best fit on a stream.
+struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const;
+};
+using PoolSet = std::set<Block*, BlockLess>;
+using ActiveMap = std::unordered_map<const void*, Block*>;
+
 struct Block {
   void* ptr = nullptr;
   size_t size = 0;
@@ -33,24 +42,34 @@ struct Block {
   int gc_count = 0;
   AllocTag tag;
   std::vector<StreamId> stream_uses;
+  // Container nodes kept while the block is out of the pool / active map, so that a
+  // cache hit moves nodes instead of allocating them.
+  PoolSet::node_type pool_node;
+  ActiveMap::node_type active_node;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
   uintptr_t addr() const { return reinterpret_cast<uintptr_t>(ptr); }
 };
 
-// Ordered by (stream, size, address): lower_bound gives the best fit on a stream.
-struct BlockLess {
-  bool operator()(const Block* a, const Block* b) const {
-    if (a->stream != b->stream) return a->stream < b->stream;
-    if (a->size != b->size) return a->size < b->size;
-    return a->addr() < b->addr();
-  }
-};
+inline bool BlockLess::operator()(const Block* a, const Block* b) const {
+  if (a->stream != b->stream) return a->stream < b->stream;
+  if (a->size != b->size) return a->size < b->size;
+  return a->addr() < b->addr();
+}
 
 struct BlockPool {
   explicit BlockPool(bool small) : small(small) {}
-  std::set<Block*, BlockLess> blocks;
+  PoolSet blocks;
   const bool small;
+
+  void insert(Block* b) {
+    if (b->pool_node) {
+      b->pool_node.value() = b;
+      blocks.insert(std::move(b->pool_node));
+    } else {
+      blocks.insert(b);
+    }
+  }
 };
 
 }  // namespace detail
@@ -184,7 +203,7 @@ bool CachingAllocator::get_free_block(AllocParams& p) {
   if (p.size >= max_split && (*it)->size >= p.size + config_.max_non_split_rounding) return false;
   p.block = *it;
   p.block->gc_count = 0;
-  pool.blocks.erase(it);
+  p.block->pool_node = pool.blocks.extract(it);
   return true;
 }
 
@@ -248,7 +267,7 @@ void* CachingAllocator::alloc_found_block(AllocParams& p, const AllocTag& tag) {
     remaining->prev = block;
     remaining->ptr = static_cast<char*>(remaining->ptr) + p.size;
     remaining->size -= p.size;
-    pool->blocks.insert(remaining);
+    pool->insert(remaining);
     if (already_split) {
       stat_decrease(stats_.inactive_split_bytes, small, static_cast<int64_t>(block->size));
     } else {
@@ -263,7 +282,13 @@ void* CachingAllocator::alloc_found_block(AllocParams& p, const AllocTag& tag) {
   block->allocated = true;
   block->requested = p.requested;
   block->tag = tag;
-  active_.emplace(block->ptr, block);
+  if (block->active_node) {
+    block->active_node.key() = block->ptr;
+    block->active_node.mapped() = block;
+    active_.insert(std::move(block->active_node));
+  } else {
+    active_.emplace(block->ptr, block);
+  }
 
   const auto size = static_cast<int64_t>(block->size);
   stat_increase(stats_.allocation, small, 1);
@@ -274,6 +299,7 @@ void* CachingAllocator::alloc_found_block(AllocParams& p, const AllocTag& tag) {
   if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
   stats_.cat_bytes(tag.category).increase(size);
   stats_.category_blocks[static_cast<size_t>(tag.category)].increase(1);
+  stats_.note_peak();
   record(TraceAction::alloc, block->addr(), p.requested, p.stream, tag);
   return block->ptr;
 }
@@ -317,7 +343,7 @@ void CachingAllocator::free_block(Block* block) {
   const auto original_size = static_cast<int64_t>(block->size);
   const auto requested = static_cast<int64_t>(block->requested);
   record(TraceAction::free_completed, block->addr(), block->requested, block->stream, block->tag);
-  active_.erase(block->ptr);
+  block->active_node = active_.extract(block->ptr);
 
   int64_t net_split_blocks = 0;
   int64_t net_split_bytes = 0;
@@ -343,7 +369,7 @@ void CachingAllocator::free_block(Block* block) {
   block->requested = 0;
   block->tag = AllocTag{};
   block->stream_uses.clear();
-  pool.blocks.insert(block);
+  pool.insert(block);
   if (block->is_split()) {
     net_split_blocks += 1;
     net_split_bytes += static_cast<int64_t>(block->size);

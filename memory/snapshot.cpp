@@ -131,7 +131,8 @@ class SnapshotPickler {
     if (name.empty()) {
       name = tag.loc.function && *tag.loc.function ? tag.loc.function : "<no op>";
     }
-    const std::string_view phase = tag.phase != 0 ? interned(tag.phase) : "none";
+    const std::string_view phase =
+        tag.phase != 0 ? std::string_view(interned(tag.phase)) : std::string_view("none");
     // The key is what the frames show, so equal lists are always shared.
     const std::string memo =
         fmt::format("frames\x1f{}\x1f{}\x1f{}\x1f{}\x1f{}\x1f{}", static_cast<int>(tag.category), tag.module,

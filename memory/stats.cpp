@@ -29,6 +29,8 @@ void put_stat(std::map<std::string, int64_t>& m, const std::string& prefix, cons
 
 void DeviceStats::reset_peak() {
   for_each_array(*this, [](Stat& s) { s.reset_peak(); });
+  for (size_t i = 0; i < category_at_peak.size(); ++i)
+    category_at_peak[i] = category_bytes[i].current;
 }
 
 void DeviceStats::reset_accumulated() {
@@ -66,6 +68,8 @@ std::map<std::string, int64_t> DeviceStats::to_map() const {
     const Stat& s = category_bytes[static_cast<size_t>(c)];
     m[fmt::format("category.{}.current", category_name(c))] = s.current;
     m[fmt::format("category.{}.peak", category_name(c))] = s.peak;
+    m[fmt::format("category.{}.at_peak", category_name(c))] =
+        category_at_peak[static_cast<size_t>(c)];
   }
   return m;
 }

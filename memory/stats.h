@@ -61,6 +61,8 @@ struct DeviceStats {
   // Tally: allocated (rounded) bytes and block counts by category.
   std::array<Stat, kNumCategories> category_bytes;
   std::array<Stat, kNumCategories> category_blocks;
+  // Bytes per category at the moment allocated_bytes.all reached its peak.
+  std::array<int64_t, kNumCategories> category_at_peak{};
 
   Stat& cat_bytes(Category c) { return category_bytes[static_cast<size_t>(c)]; }
   const Stat& cat_bytes(Category c) const { return category_bytes[static_cast<size_t>(c)]; }
@@ -68,8 +70,15 @@ struct DeviceStats {
   void reset_peak();
   void reset_accumulated();
 
+  // Call after an allocation: remembers the category split when a new peak is reached.
+  void note_peak() {
+    if (allocated_bytes[0].current == allocated_bytes[0].peak)
+      for (size_t i = 0; i < category_at_peak.size(); ++i)
+        category_at_peak[i] = category_bytes[i].current;
+  }
+
   // Flat dict sorted by key, PyTorch's key names ("allocated_bytes.all.current", ...),
-  // followed by Tally's "category.<name>.{current,peak}" keys.
+  // followed by Tally's "category.<name>.{current,peak,at_peak}" keys.
   std::map<std::string, int64_t> to_map() const;
 };
 

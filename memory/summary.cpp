@@ -137,24 +137,28 @@ void append_pytorch_table(std::vector<std::string>& lines, const DeviceStats& st
   lines.emplace_back(kInnerWidth, '=');
 }
 
-// Category's peak as a share of the allocated peak (" 41.3%"), "-" when nothing was allocated.
-std::string share_of_peak(int64_t category_peak, int64_t allocated_peak) {
+// A share of the allocated peak (" 41.3%"), "-" when nothing was allocated.
+std::string share_of_peak(int64_t bytes, int64_t allocated_peak) {
   if (allocated_peak <= 0) return "-";
   return fmt::format(
-      "{:5.1f}%", 100.0 * static_cast<double>(category_peak) / static_cast<double>(allocated_peak));
+      "{:5.1f}%", 100.0 * static_cast<double>(bytes) / static_cast<double>(allocated_peak));
 }
 
+// Per category: current, own peak, bytes held at the moment of the allocated peak, and
+// that as a share of the peak (the "At peak" column sums to the allocated peak).
 void append_category_table(std::vector<std::string>& lines, const DeviceStats& stats) {
   lines.push_back(centered("Memory by category"));
   lines.emplace_back(kInnerWidth, '=');
-  lines.push_back(fit("        Category       | Cur Usage  | Peak Usage | Share of peak"));
+  lines.push_back(fit("        Category       | Cur Usage  | Peak Usage |  At peak   |  Share"));
   lines.emplace_back(kInnerWidth, '-');
   const int64_t allocated_peak = stats.allocated_bytes[kAllPools].peak;
   for (Category c : kAllCategories) {
     const Stat& s = stats.cat_bytes(c);
-    lines.push_back(fit(fmt::format(" {:<21} | {} | {} | {:>13}", category_name(c),
+    const int64_t at_peak = stats.category_at_peak[static_cast<size_t>(c)];
+    lines.push_back(fit(fmt::format(" {:<21} | {} | {} | {} | {:>7}", category_name(c),
                                     format_size(s.current, s.current), format_size(s.peak, s.peak),
-                                    share_of_peak(s.peak, allocated_peak))));
+                                    format_size(at_peak, at_peak),
+                                    share_of_peak(at_peak, allocated_peak))));
   }
   lines.emplace_back(kInnerWidth, '-');
 

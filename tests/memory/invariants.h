@@ -53,6 +53,9 @@ inline void expect_consistent(CachingAllocator& alloc) {
     EXPECT_GE(s.cat_bytes(c).current, 0);
   }
   EXPECT_EQ(by_category, s.allocated_bytes[kAllPools].current) << "categories sum to allocated";
+  int64_t at_peak = 0;
+  for (int64_t b : s.category_at_peak) at_peak += b;
+  EXPECT_EQ(at_peak, s.allocated_bytes[kAllPools].peak) << "the split at the peak sums to it";
   EXPECT_LE(s.allocated_bytes[kAllPools].current, s.reserved_bytes[kAllPools].current);
   for (const StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
                              &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,

@@ -398,8 +398,8 @@ TEST(CachingAllocator, StatsHavePyTorchKeys) {
         "max_split_size", "category.activation.peak"}) {
     EXPECT_TRUE(m.count(k)) << k;
   }
-  // PyTorch's 122 keys, plus 2 per Tally category.
-  EXPECT_EQ(m.size(), 122u + 2u * kNumCategories);
+  // PyTorch's 122 keys, plus 3 per Tally category.
+  EXPECT_EQ(m.size(), 122u + 3u * kNumCategories);
 }
 
 }  // namespace

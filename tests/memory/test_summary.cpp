@@ -193,6 +193,9 @@ TEST(MemorySummary, CategoryTable) {
   s.cat_bytes(Category::activation) = Stat{100 * MiB, 413 * MiB, 0, 0};
   s.cat_bytes(Category::temporary) = Stat{123, 1000 * MiB, 0, 0};
   s.cat_bytes(Category::workspace) = Stat{244537 * KiB, 244537 * KiB, 0, 0};
+  s.category_at_peak[static_cast<size_t>(Category::parameter)] = 400 * MiB;
+  s.category_at_peak[static_cast<size_t>(Category::activation)] = 413 * MiB;
+  s.category_at_peak[static_cast<size_t>(Category::temporary)] = 187 * MiB;
   const auto lines = split_lines(format_memory_summary(s, 0, "cuda:0"));
   const size_t t = kPyTorchLines;  // first line of Tally's table
   const std::string eq = "|" + std::string(75, '=') + "|";
@@ -201,19 +204,19 @@ TEST(MemorySummary, CategoryTable) {
             "|                             Memory by category                            |");
   EXPECT_EQ(lines[t + 1], eq);
   EXPECT_EQ(lines[t + 2],
-            "|        Category       | Cur Usage  | Peak Usage | Share of peak           |");
+            "|        Category       | Cur Usage  | Peak Usage |  At peak   |  Share     |");
   EXPECT_EQ(lines[t + 3], dash);
   const std::vector<std::string> rows = {
-      "| parameter             | 409600 KiB | 409600 KiB |         40.0%           |",
-      "| gradient              |      0 B   |      0 B   |          0.0%           |",
-      "| optimizer_state       |      0 B   |      0 B   |          0.0%           |",
-      "| activation            | 102400 KiB | 422912 KiB |         41.3%           |",
-      "| input                 |      0 B   |      0 B   |          0.0%           |",
-      "| temporary             |    123 B   |   1000 MiB |        100.0%           |",
-      "| workspace             | 244537 KiB | 244537 KiB |         23.9%           |",
-      "| autocast_cache        |      0 B   |      0 B   |          0.0%           |",
-      "| communication         |      0 B   |      0 B   |          0.0%           |",
-      "| unknown               |      0 B   |      0 B   |          0.0%           |",
+      "| parameter             | 409600 KiB | 409600 KiB | 409600 KiB |   40.0%    |",
+      "| gradient              |      0 B   |      0 B   |      0 B   |    0.0%    |",
+      "| optimizer_state       |      0 B   |      0 B   |      0 B   |    0.0%    |",
+      "| activation            | 102400 KiB | 422912 KiB | 422912 KiB |   41.3%    |",
+      "| input                 |      0 B   |      0 B   |      0 B   |    0.0%    |",
+      "| temporary             |    123 B   |   1000 MiB | 191488 KiB |   18.7%    |",
+      "| workspace             | 244537 KiB | 244537 KiB |      0 B   |    0.0%    |",
+      "| autocast_cache        |      0 B   |      0 B   |      0 B   |    0.0%    |",
+      "| communication         |      0 B   |      0 B   |      0 B   |    0.0%    |",
+      "| unknown               |      0 B   |      0 B   |      0 B   |    0.0%    |",
   };
   for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(lines[t + 4 + i], rows[i]) << i;
   EXPECT_EQ(lines[t + 14], dash);
@@ -222,7 +225,7 @@ TEST(MemorySummary, CategoryTable) {
 TEST(MemorySummary, CategoryShareWithoutAllocations) {
   const auto lines = split_lines(format_memory_summary(DeviceStats{}, 0, "cpu"));
   EXPECT_EQ(lines[kPyTorchLines + 4],
-            "| parameter             |      0 B   |      0 B   |             -           |");
+            "| parameter             |      0 B   |      0 B   |      0 B   |       -    |");
 }
 
 TEST(MemorySummary, FragmentationLines) {
