@@ -316,9 +316,14 @@ void PickleWriter::begin_tuple() {
 void PickleWriter::end_tuple(std::string_view memo_key) {
   expect_open(Kind::tuple, "end_tuple()");
   switch (stack_.back().items) {
-    case 0: put(kEmptyTuple); break;
-    case 2: put(kTuple2); break;
-    default: throw std::logic_error("PickleWriter: only tuples of 0 or 2 items are supported");
+    case 0:
+      put(kEmptyTuple);
+      break;
+    case 2:
+      put(kTuple2);
+      break;
+    default:
+      throw std::logic_error("PickleWriter: only tuples of 0 or 2 items are supported");
   }
   if (!memo_key.empty()) ref_memo_.insert_or_assign(std::string(memo_key), write_memo_put());
   stack_.pop_back();

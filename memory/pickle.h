@@ -61,7 +61,6 @@ class PickleWriter {
   // Any integer type that fits in int64 (unsigned values above INT64_MAX throw
   // std::out_of_range; cast to int64_t first to get PyTorch's "SIZE_MAX is -1").
   template <std::integral T>
-    requires(!std::same_as<T, bool>)
   void integer(T v) {
     if constexpr (std::is_unsigned_v<T>) {
       if (static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -70,6 +69,7 @@ class PickleWriter {
     }
     write_int(static_cast<int64_t>(v));
   }
+  void integer(bool) = delete;  // use boolean()
   void floating(double v);
   // UTF-8 text; invalid UTF-8 is replaced by U+FFFD so the pickle always loads.
   void string(std::string_view s);

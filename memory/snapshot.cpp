@@ -39,9 +39,12 @@ namespace tally::memory {
 
 const char* block_state_name(BlockState s) {
   switch (s) {
-    case BlockState::active_allocated: return "active_allocated";
-    case BlockState::active_pending_free: return "active_pending_free";
-    case BlockState::inactive: return "inactive";
+    case BlockState::active_allocated:
+      return "active_allocated";
+    case BlockState::active_pending_free:
+      return "active_pending_free";
+    case BlockState::inactive:
+      return "inactive";
   }
   return "inactive";
 }
@@ -99,8 +102,10 @@ class SnapshotPickler {
   static Category entry_category(const TraceEntry& e) {
     switch (e.action) {
       case TraceAction::segment_alloc:
-      case TraceAction::segment_free: return Category::unknown;
-      default: return e.tag.category;
+      case TraceAction::segment_free:
+        return Category::unknown;
+      default:
+        return e.tag.category;
     }
   }
 
@@ -112,7 +117,8 @@ class SnapshotPickler {
         if (e.action == TraceAction::retag && e.old_category == Category::unknown) return -1;
         if (entry_category(e) == Category::unknown) return -1;
       }
-      if (first_nonempty < 0 && !snap.device_traces[d].empty()) first_nonempty = static_cast<int>(d);
+      if (first_nonempty < 0 && !snap.device_traces[d].empty())
+        first_nonempty = static_cast<int>(d);
     }
     return first_nonempty;
   }
@@ -135,8 +141,8 @@ class SnapshotPickler {
         tag.phase != 0 ? std::string_view(interned(tag.phase)) : std::string_view("none");
     // The key is what the frames show, so equal lists are always shared.
     const std::string memo =
-        fmt::format("frames\x1f{}\x1f{}\x1f{}\x1f{}\x1f{}\x1f{}", static_cast<int>(tag.category), tag.module,
-                    phase, tag.loc.line, file, name);
+        fmt::format("frames\x1f{}\x1f{}\x1f{}\x1f{}\x1f{}\x1f{}", static_cast<int>(tag.category),
+                    tag.module, phase, tag.loc.line, file, name);
     if (w_.write_ref(memo)) return;
 
     w_.begin_list(memo);

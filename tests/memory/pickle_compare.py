@@ -21,6 +21,7 @@ import os
 import pickle
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_snapshot  # noqa: E402
 
