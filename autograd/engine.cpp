@@ -1,0 +1,168 @@
+#include "autograd/engine.h"
+
+#include <fmt/format.h>
+
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "tensor/ops.h"
+
+namespace tally::autograd {
+namespace {
+
+struct NodeTask {
+  Node* node;
+  bool operator<(const NodeTask& o) const {  // latest op first, as PyTorch does
+    return node->sequence_nr < o.node->sequence_nr;
+  }
+};
+
+Tensor materialize(const OutputMeta& m) { return ops::zeros(m.shape, m.dtype, m.device); }
+
+void accumulate(Tensor& slot, const Tensor& g) {
+  if (!g.defined()) return;
+  if (!slot.defined()) {
+    slot = g;
+  } else {
+    slot = ops::add(slot, g);
+  }
+}
+
+// Runs the graph. With `capture` non-null, gradients arriving at the given edges are
+// stored there instead of being propagated to AccumulateGrad.
+void run(const std::vector<Edge>& roots, const TensorList& root_grads, bool retain_graph,
+         const std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>>* capture,
+         TensorList* captured) {
+  // Dependencies: how many edges point at each node.
+  std::unordered_map<Node*, int> deps;
+  std::unordered_map<Node*, std::shared_ptr<Node>> keep;  // keep nodes alive while running
+  std::vector<Node*> stack;
+  std::unordered_set<Node*> seen;
+  for (const Edge& e : roots) {
+    if (e.fn && seen.insert(e.fn.get()).second) {
+      stack.push_back(e.fn.get());
+      keep[e.fn.get()] = e.fn;
+    }
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges) {
+      if (!e.fn) continue;
+      ++deps[e.fn.get()];
+      if (seen.insert(e.fn.get()).second) {
+        stack.push_back(e.fn.get());
+        keep[e.fn.get()] = e.fn;
+      }
+    }
+  }
+
+  std::unordered_map<Node*, TensorList> buffers;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Edge& e = roots[i];
+    if (!e.fn) continue;
+    TensorList& buf = buffers[e.fn.get()];
+    buf.resize(e.fn->outputs.size());
+    accumulate(buf[e.input_nr], root_grads[i]);
+  }
+  std::priority_queue<NodeTask> ready;
+  for (const Edge& e : roots)
+    if (e.fn && deps[e.fn.get()] == 0) ready.push({e.fn.get()});
+  std::unordered_set<Node*> queued;
+
+  memory::PhaseScope phase("backward");
+  while (!ready.empty()) {
+    Node* n = ready.top().node;
+    ready.pop();
+    if (!queued.insert(n).second) continue;
+    TensorList grads = std::move(buffers[n]);
+    buffers.erase(n);
+    grads.resize(n->outputs.size());
+    for (size_t i = 0; i < grads.size(); ++i) {
+      for (const Hook& h : n->output_hooks[i]) {
+        if (!grads[i].defined()) continue;
+        Tensor r = h(grads[i]);
+        if (r.defined()) grads[i] = r;
+      }
+    }
+    if (capture) {
+      auto it = capture->find(n);
+      if (it != capture->end()) {
+        for (auto [input_nr, slot] : it->second) accumulate((*captured)[slot], grads[input_nr]);
+      }
+      if (dynamic_cast<AccumulateGrad*>(n)) continue;  // autograd.grad leaves .grad alone
+    }
+    TensorList out;
+    bool any = false;
+    for (const Tensor& g : grads) any = any || g.defined();
+    if (any) {
+      for (size_t i = 0; i < grads.size(); ++i)
+        if (!grads[i].defined()) grads[i] = materialize(n->outputs[i]);
+      out = n->apply(grads);
+    } else {
+      out.resize(n->next_edges.size());
+    }
+    if (!retain_graph) n->release_saved();
+    for (size_t i = 0; i < n->next_edges.size(); ++i) {
+      const Edge& e = n->next_edges[i];
+      if (!e.fn) continue;
+      TensorList& buf = buffers[e.fn.get()];
+      buf.resize(e.fn->outputs.size());
+      if (i < out.size()) accumulate(buf[e.input_nr], out[i]);
+      if (--deps[e.fn.get()] == 0) ready.push({e.fn.get()});
+    }
+  }
+}
+
+std::vector<Edge> root_edges(const TensorList& roots, const TensorList& grad_roots,
+                             TensorList& grads, const char* what) {
+  std::vector<Edge> edges;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    if (!r.requires_grad())
+      throw std::runtime_error(fmt::format(
+          "{}: element {} of tensors does not require grad and does not have a grad_fn", what, i));
+    Tensor g = i < grad_roots.size() ? grad_roots[i] : Tensor();
+    if (!g.defined()) {
+      if (r.numel() != 1)
+        throw std::runtime_error(fmt::format(
+            "{}: grad can be implicitly created only for scalar outputs (got shape {})", what,
+            r.shape_string()));
+      g = ops::ones(r.sizes(), r.dtype(), r.device());
+    } else if (g.sizes() != r.sizes()) {
+      throw std::invalid_argument(fmt::format("{}: gradient of shape {} for a tensor of shape {}",
+                                              what, g.shape_string(), r.shape_string()));
+    }
+    grads.push_back(g);
+    edges.push_back(gradient_edge(r));
+  }
+  return edges;
+}
+
+}  // namespace
+
+void backward(const TensorList& roots, const TensorList& grad_roots, bool retain_graph) {
+  TensorList grads;
+  const std::vector<Edge> edges = root_edges(roots, grad_roots, grads, "backward");
+  run(edges, grads, retain_graph, nullptr, nullptr);
+}
+
+TensorList grad(const TensorList& outputs, const TensorList& inputs,
+                const TensorList& grad_outputs, bool retain_graph) {
+  TensorList grads;
+  const std::vector<Edge> edges = root_edges(outputs, grad_outputs, grads, "autograd::grad");
+  std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> capture;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Edge e = gradient_edge(inputs[i]);
+    if (!e.fn)
+      throw std::runtime_error(
+          fmt::format("autograd::grad: input {} does not require grad", i));
+    capture[e.fn.get()].push_back({e.input_nr, i});
+  }
+  TensorList result(inputs.size());
+  run(edges, grads, retain_graph, &capture, &result);
+  return result;
+}
+
+}  // namespace tally::autograd

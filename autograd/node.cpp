@@ -1,0 +1,120 @@
+#include "autograd/node.h"
+
+#include <atomic>
+
+#include "tensor/ops.h"
+
+namespace tally::autograd {
+
+namespace {
+thread_local bool tls_grad_enabled = true;
+std::atomic<uint64_t> g_sequence{0};
+}  // namespace
+
+uint64_t next_sequence_nr() { return g_sequence.fetch_add(1); }
+
+TensorList FunctionNode::apply(const TensorList& grad_outputs) {
+  BackwardContext ctx(*this);
+  TensorList grads = fn_(ctx, grad_outputs);
+  if (grads.size() != next_edges.size())
+    throw std::logic_error(name_ + ": backward returned " + std::to_string(grads.size()) +
+                           " gradients for " + std::to_string(next_edges.size()) + " inputs");
+  return grads;
+}
+
+void FunctionNode::release_saved() {
+  for (SavedTensor& s : saved) s.release();
+}
+
+std::vector<const SavedTensor*> FunctionNode::saved_tensors() const {
+  std::vector<const SavedTensor*> out;
+  for (const SavedTensor& s : saved) out.push_back(&s);
+  return out;
+}
+
+TensorList AccumulateGrad::apply(const TensorList& grad_outputs) {
+  Tensor g = grad_outputs.at(0);
+  AutogradMeta* meta = variable_.autograd_meta();
+  if (!g.defined() || !meta) return {};
+  for (const Hook& h : meta->hooks) {
+    Tensor r = h(g);
+    if (r.defined()) g = r;
+  }
+  memory::CategoryScope cat(memory::Category::gradient);
+  if (!meta->grad.defined()) {
+    // Steal the incoming buffer when nothing else holds it; else copy it.
+    if (g.storage().use_count() == 1 && g.is_contiguous() && g.sizes() == variable_.sizes() &&
+        g.dtype() == variable_.dtype()) {
+      if (g.storage().category() != memory::Category::gradient)
+        g.storage().retag(memory::Category::gradient);
+      meta->grad = g;
+    } else {
+      meta->grad = ops::to(ops::expand(g, variable_.sizes()), variable_.device(),
+                           variable_.dtype(), /*copy=*/true);
+    }
+  } else {
+    ops::add_(meta->grad, g);
+  }
+  return {};
+}
+
+bool needs_grad(std::initializer_list<Tensor> tensors) {
+  if (!GradMode::is_enabled()) return false;
+  for (const Tensor& t : tensors)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+bool needs_grad(const TensorList& tensors) {
+  if (!GradMode::is_enabled()) return false;
+  for (const Tensor& t : tensors)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  AutogradMeta* meta = t.autograd_meta();
+  if (!meta || !meta->requires_grad) return {};
+  if (meta->grad_fn) return {meta->grad_fn, meta->output_nr};
+  std::shared_ptr<Node> acc = meta->grad_accumulator.lock();
+  if (!acc) {
+    // The accumulator refers to the leaf tensor itself (shares its impl).
+    acc = std::make_shared<AccumulateGrad>(t);
+    acc->outputs.push_back({t.sizes(), t.dtype(), t.device()});
+    acc->output_hooks.resize(1);
+    meta->grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+std::shared_ptr<FunctionNode> record(const char* name, const TensorList& inputs,
+                                     const TensorList& outputs, const TensorList& saved,
+                                     BackwardFn fn) {
+  if (!needs_grad(inputs)) return nullptr;
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  node->sequence_nr = next_sequence_nr();
+  for (const Tensor& in : inputs) {
+    const bool req = in.defined() && in.requires_grad();
+    node->needs_input_grad.push_back(req);
+    node->next_edges.push_back(req ? gradient_edge(in) : Edge{});
+  }
+  for (const Tensor& s : saved) node->saved.emplace_back(s, name);
+  uint32_t nr = 0;
+  for (const Tensor& out : outputs) {
+    node->outputs.push_back({out.sizes(), out.dtype(), out.device()});
+    node->output_hooks.emplace_back();
+    auto& meta = out.autograd_meta_ptr();
+    if (!meta) meta = std::make_shared<AutogradMeta>();
+    meta->requires_grad = is_floating(out.dtype());
+    meta->grad_fn = meta->requires_grad ? node : nullptr;
+    meta->output_nr = nr++;
+  }
+  return node;
+}
+
+}  // namespace tally::autograd
+
+namespace tally {
+bool GradMode::is_enabled() { return autograd::tls_grad_enabled; }
+void GradMode::set_enabled(bool enabled) { autograd::tls_grad_enabled = enabled; }
+}  // namespace tally

@@ -1,0 +1,90 @@
+// The differentiable API (namespace tally): what users and layers call. Each function
+// computes its result with ops:: kernels and, when grad is needed, records its backward
+// and what it saves, in one place (autograd/functions/*.cpp).
+#pragma once
+
+#include <optional>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "tensor/ops.h"
+
+namespace tally {
+
+// ---- factories (requires_grad from options) ----
+Tensor empty(const Shape& shape, TensorOptions opts = {});
+Tensor zeros(const Shape& shape, TensorOptions opts = {});
+Tensor ones(const Shape& shape, TensorOptions opts = {});
+Tensor full(const Shape& shape, double value, TensorOptions opts = {});
+Tensor arange(double end, TensorOptions opts = TensorOptions{}.with_dtype(DType::int64));
+Tensor arange(double start, double end, double step = 1.0,
+              TensorOptions opts = TensorOptions{}.with_dtype(DType::int64));
+Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);
+Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);
+Tensor randint(int64_t low, int64_t high, const Shape& shape,
+               TensorOptions opts = TensorOptions{}.with_dtype(DType::int64), Generator* gen = nullptr);
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts = {});
+Tensor from_blob(void* data, const Shape& shape, TensorOptions opts = {});
+Tensor tensor(std::initializer_list<double> values, TensorOptions opts = {});  // 1-D
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+
+// ---- elementwise ----
+Tensor add(const Tensor& a, const Tensor& b, double alpha = 1.0);
+Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1.0);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor div(const Tensor& a, double b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor pow(const Tensor& a, const Tensor& exponent);
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor square(const Tensor& a);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor clamp(const Tensor& a, std::optional<double> min, std::optional<double> max);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);
+// comparisons (bool results, no gradient)
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+
+// ---- activations ----
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x, const std::string& approximate = "none");  // "none" | "tanh"
+Tensor silu(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor tanh(const Tensor& x);
+// Inverted dropout: zero with probability p, scale the rest by 1/(1-p); identity if !train.
+Tensor dropout(const Tensor& x, double p, bool train = true, Generator* gen = nullptr);
+
+// ---- reductions ----
+Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+
+// ---- operators ----
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator+(double a, const Tensor& b);
+Tensor operator-(double a, const Tensor& b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator/(double a, const Tensor& b);
+
+}  // namespace tally

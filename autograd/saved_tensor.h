@@ -1,0 +1,64 @@
+// SavedTensor: the one way autograd keeps a tensor for backward. Saving is where
+// activation memory is decided, so it is also where it is accounted: a saved block that
+// was a temporary is re-tagged `activation` while anything saves it, and back when the
+// last saved reference is released.
+//
+// Pack/unpack hooks (thread-local, stackable, like torch.autograd.graph.saved_tensors_hooks)
+// replace what is kept: checkpointing keeps nothing and recomputes; CPU offload keeps a
+// host copy.
+#pragma once
+
+#include <any>
+#include <functional>
+#include <memory>
+
+#include "tensor/tensor.h"
+
+namespace tally {
+
+struct SavedTensorHooks {
+  std::function<std::any(const Tensor&)> pack;
+  std::function<Tensor(const std::any&)> unpack;
+};
+
+// RAII: hooks for every tensor saved inside the scope on this thread.
+class SavedTensorHooksScope {
+ public:
+  explicit SavedTensorHooksScope(SavedTensorHooks hooks);
+  ~SavedTensorHooksScope();
+  SavedTensorHooksScope(const SavedTensorHooksScope&) = delete;
+  SavedTensorHooksScope& operator=(const SavedTensorHooksScope&) = delete;
+};
+
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  // Save `t` (undefined is allowed and unpacks to undefined). `what` names the op for
+  // errors.
+  SavedTensor(const Tensor& t, const char* what);
+  ~SavedTensor();
+  SavedTensor(SavedTensor&&) noexcept;
+  SavedTensor& operator=(SavedTensor&&) noexcept;
+  SavedTensor(const SavedTensor&) = delete;
+  SavedTensor& operator=(const SavedTensor&) = delete;
+
+  // The saved tensor (detached). Throws if released, or if it was modified in place since.
+  Tensor unpack() const;
+  void release();
+  bool defined() const { return state_ != State::empty; }
+  bool released() const { return state_ == State::released; }
+  // The storage held (for memory accounting); undefined when packed by hooks.
+  const Tensor& held() const { return data_; }
+
+ private:
+  enum class State { empty, held, packed, released };
+  State state_ = State::empty;
+  Tensor data_;
+  std::any packed_;
+  std::shared_ptr<SavedTensorHooks> hooks_;
+  uint64_t version_ = 0;
+  const char* what_ = "";
+  bool counted_ = false;
+};
+
+}  // namespace tally

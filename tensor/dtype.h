@@ -1,0 +1,102 @@
+// Element types: the seven dtypes Tally tensors hold, the 16-bit float storage types,
+// and the switch that turns a runtime dtype into a C++ type for a kernel.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace tally {
+
+enum class DType : uint8_t { float32, float16, bfloat16, float64, int32, int64, bool_ };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);  // "float32", ...
+inline bool is_floating(DType t) {
+  return t == DType::float32 || t == DType::float16 || t == DType::bfloat16 || t == DType::float64;
+}
+// The dtype of an op over a and b (PyTorch's promotion among these types).
+DType promote_types(DType a, DType b);
+
+// IEEE binary16, stored; arithmetic happens in float.
+struct Half {
+  uint16_t bits = 0;
+  Half() = default;
+  Half(float f);  // round to nearest even
+  operator float() const;
+};
+
+// bfloat16, stored; arithmetic happens in float.
+struct BFloat16 {
+  uint16_t bits = 0;
+  BFloat16() = default;
+  BFloat16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      bits = static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+    } else {
+      u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+      bits = static_cast<uint16_t>(u >> 16);
+    }
+  }
+  operator float() const {
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+
+// The type arithmetic runs in for storage type T (float for the 16-bit floats).
+template <typename T> struct acc_type { using type = T; };
+template <> struct acc_type<Half> { using type = float; };
+template <> struct acc_type<BFloat16> { using type = float; };
+template <> struct acc_type<bool> { using type = bool; };
+template <typename T> using acc_t = typename acc_type<T>::type;
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::float32; }
+template <> constexpr DType dtype_of<double>() { return DType::float64; }
+template <> constexpr DType dtype_of<Half>() { return DType::float16; }
+template <> constexpr DType dtype_of<BFloat16>() { return DType::bfloat16; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::int32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::int64; }
+template <> constexpr DType dtype_of<bool>() { return DType::bool_; }
+
+[[noreturn]] void unsupported_dtype(const char* op, DType t);
+
+}  // namespace tally
+
+// Run BODY with `scalar_t` bound to the C++ type of DTYPE. The _FLOAT form covers the four
+// floating types; the _ALL form all seven.
+#define TALLY_DISPATCH_CASE(ENUM, TYPE, ...) \
+  case ::tally::DType::ENUM: {               \
+    using scalar_t = TYPE;                   \
+    __VA_ARGS__();                           \
+    break;                                   \
+  }
+#define TALLY_DISPATCH_FLOAT(DTYPE, OPNAME, ...)                            \
+  [&] {                                                                     \
+    switch (DTYPE) {                                                        \
+      TALLY_DISPATCH_CASE(float32, float, __VA_ARGS__)                      \
+      TALLY_DISPATCH_CASE(float64, double, __VA_ARGS__)                     \
+      TALLY_DISPATCH_CASE(float16, ::tally::Half, __VA_ARGS__)              \
+      TALLY_DISPATCH_CASE(bfloat16, ::tally::BFloat16, __VA_ARGS__)         \
+      default: ::tally::unsupported_dtype(OPNAME, DTYPE);                   \
+    }                                                                       \
+  }()
+#define TALLY_DISPATCH_ALL(DTYPE, OPNAME, ...)                              \
+  [&] {                                                                     \
+    switch (DTYPE) {                                                        \
+      TALLY_DISPATCH_CASE(float32, float, __VA_ARGS__)                      \
+      TALLY_DISPATCH_CASE(float64, double, __VA_ARGS__)                     \
+      TALLY_DISPATCH_CASE(float16, ::tally::Half, __VA_ARGS__)              \
+      TALLY_DISPATCH_CASE(bfloat16, ::tally::BFloat16, __VA_ARGS__)         \
+      TALLY_DISPATCH_CASE(int32, int32_t, __VA_ARGS__)                      \
+      TALLY_DISPATCH_CASE(int64, int64_t, __VA_ARGS__)                      \
+      TALLY_DISPATCH_CASE(bool_, bool, __VA_ARGS__)                         \
+      default: ::tally::unsupported_dtype(OPNAME, DTYPE);                   \
+    }                                                                       \
+  }()

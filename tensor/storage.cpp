@@ -1,0 +1,45 @@
+#include "tensor/storage.h"
+
+namespace tally {
+
+Storage::Impl::~Impl() {
+  if (allocator && data) allocator->deallocate(data);
+}
+
+Storage Storage::allocate(size_t nbytes, Device device) {
+  Storage s;
+  s.impl_ = std::make_shared<Impl>();
+  s.impl_->device = device;
+  s.impl_->nbytes = nbytes;
+  if (nbytes > 0) {
+    memory::CachingAllocator& alloc = memory::get_allocator(device);
+    s.impl_->data = alloc.allocate(nbytes);
+    s.impl_->allocator = &alloc;
+  }
+  return s;
+}
+
+Storage Storage::borrow(void* data, size_t nbytes, Device device) {
+  Storage s;
+  s.impl_ = std::make_shared<Impl>();
+  s.impl_->data = data;
+  s.impl_->nbytes = nbytes;
+  s.impl_->device = device;
+  return s;
+}
+
+void Storage::retag(memory::Category c) const {
+  if (owned() && impl_->data) impl_->allocator->retag(impl_->data, c);
+}
+
+size_t Storage::block_bytes() const {
+  if (!owned() || !impl_->data) return 0;
+  return impl_->allocator->block_size(impl_->data);
+}
+
+memory::Category Storage::category() const {
+  if (!owned() || !impl_->data) return memory::Category::unknown;
+  return impl_->allocator->block_tag(impl_->data).category;
+}
+
+}  // namespace tally

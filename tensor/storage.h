@@ -1,0 +1,63 @@
+// Storage: a ref-counted block of device memory from the caching allocator. Tensors are
+// layouts over a Storage; views share it, so a block lives as long as any view of it.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "memory/memory.h"
+
+namespace tally {
+
+using memory::Device;
+using memory::DeviceType;
+
+class Storage {
+ public:
+  Storage() = default;
+  // nbytes from the device's caching allocator, under the current allocation context.
+  static Storage allocate(size_t nbytes, Device device);
+  // Memory Tally does not own (from_blob): never freed by Tally.
+  static Storage borrow(void* data, size_t nbytes, Device device);
+
+  void* data() const { return impl_ ? impl_->data : nullptr; }
+  size_t nbytes() const { return impl_ ? impl_->nbytes : 0; }
+  Device device() const { return impl_ ? impl_->device : Device::cpu(); }
+  bool defined() const { return impl_ != nullptr; }
+  bool owned() const { return impl_ && impl_->allocator != nullptr; }
+  long use_count() const { return impl_.use_count(); }
+  // Same underlying block.
+  bool is_same(const Storage& o) const { return impl_ == o.impl_; }
+  const void* key() const { return impl_.get(); }
+
+  // In-place modifications bump the version; saved tensors check it at unpack.
+  uint64_t version() const { return impl_ ? impl_->version : 0; }
+  void bump_version() const {
+    if (impl_) ++impl_->version;
+  }
+
+  // Re-tag the block's category (autograd: saved -> activation; .grad -> gradient).
+  void retag(memory::Category c) const;
+  memory::Category category() const;
+  // Block size as the allocator rounded it (0 for borrowed memory).
+  size_t block_bytes() const;
+
+  // How many saved-for-backward references hold this storage (autograd's accounting).
+  int saved_refs() const { return impl_ ? impl_->saved_refs : 0; }
+  int add_saved_ref() const { return impl_ ? ++impl_->saved_refs : 0; }
+  int drop_saved_ref() const { return impl_ ? --impl_->saved_refs : 0; }
+
+ private:
+  struct Impl {
+    void* data = nullptr;
+    size_t nbytes = 0;
+    Device device;
+    memory::CachingAllocator* allocator = nullptr;  // null: borrowed
+    uint64_t version = 0;
+    int saved_refs = 0;
+    ~Impl();
+  };
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace tally

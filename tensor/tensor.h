@@ -1,0 +1,134 @@
+// Tensor: a layout (sizes, strides, offset, dtype) over a shared Storage. Views share the
+// storage and never allocate; contiguous() allocates only when the layout needs it.
+//
+// This header declares the whole user-facing Tensor surface. Layout accessors and
+// printing are defined in tensor/; the methods that record the autograd graph (views,
+// to(), backward(), grad(), ...) are defined in autograd/tensor_methods.cpp, so that the
+// tensor layer itself knows nothing about the graph (it only carries an opaque pointer).
+#pragma once
+
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tensor/dtype.h"
+#include "tensor/storage.h"
+
+namespace tally {
+
+namespace autograd {
+struct AutogradMeta;
+}
+
+using Shape = std::vector<int64_t>;
+
+std::string shape_str(const Shape& s);  // "[2, 3]"
+int64_t shape_numel(const Shape& s);
+Shape contiguous_strides(const Shape& sizes);
+
+struct TensorOptions {
+  DType dtype = DType::float32;
+  Device device = Device::cpu();
+  bool requires_grad = false;
+
+  TensorOptions& with_dtype(DType d) { dtype = d; return *this; }
+  TensorOptions& with_device(Device d) { device = d; return *this; }
+  TensorOptions& with_requires_grad(bool r = true) { requires_grad = r; return *this; }
+};
+
+class Tensor;
+using TensorList = std::vector<Tensor>;
+
+struct TensorImpl {
+  Storage storage;
+  Shape sizes;
+  Shape strides;
+  int64_t offset = 0;  // in elements
+  DType dtype = DType::float32;
+  std::shared_ptr<autograd::AutogradMeta> autograd;  // null: no autograd state
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // A tensor over `storage` with the given layout (no copy, no checks beyond bounds).
+  static Tensor make(Storage storage, Shape sizes, Shape strides, int64_t offset, DType dtype);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& sizes() const { return impl().sizes; }
+  const Shape& strides() const { return impl().strides; }
+  Shape shape() const { return impl().sizes; }
+  int64_t dim() const { return static_cast<int64_t>(impl().sizes.size()); }
+  int64_t size(int64_t d) const;    // negative d counts from the end
+  int64_t stride(int64_t d) const;
+  int64_t numel() const { return shape_numel(impl().sizes); }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage.device(); }
+  bool is_cuda() const { return device().type == DeviceType::cuda; }
+  const Storage& storage() const { return impl().storage; }
+  int64_t storage_offset() const { return impl().offset; }
+  size_t element_size() const { return dtype_size(impl().dtype); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
+  bool is_contiguous() const;
+  void* data_ptr() const;
+  template <typename T> T* data() const { return static_cast<T*>(data_ptr()); }
+  // Same TensorImpl (the same tensor object, not just the same storage).
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+  TensorImpl* unsafe_impl() const { return impl_.get(); }
+
+  std::string str() const;  // PyTorch-style "tensor([...], dtype=...)"
+  std::string shape_string() const { return shape_str(sizes()); }
+
+  // ---- autograd state (tensor layer: storage only) ----
+  autograd::AutogradMeta* autograd_meta() const { return impl().autograd.get(); }
+  std::shared_ptr<autograd::AutogradMeta>& autograd_meta_ptr() const { return impl().autograd; }
+
+  // ---- defined in autograd/tensor_methods.cpp: differentiable ----
+  Tensor view(const Shape& shape) const;
+  Tensor reshape(const Shape& shape) const;
+  Tensor permute(const Shape& dims) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor t() const;  // 2-D transpose
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
+  Tensor select(int64_t dim, int64_t index) const;
+  Tensor expand(const Shape& shape) const;
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor contiguous() const;
+  Tensor to(Device device) const;
+  Tensor to(DType dtype) const;
+  Tensor to(Device device, DType dtype) const;
+  Tensor clone() const;
+  Tensor detach() const;  // shares storage, no graph
+
+  double item() const;  // reads one element back (a host synchronisation on CUDA)
+  template <typename T> T item() const { return static_cast<T>(item()); }
+  std::vector<double> tolist() const;  // all elements, row-major, as double
+
+  bool requires_grad() const;
+  Tensor& requires_grad_(bool requires_grad = true);
+  bool is_leaf() const;
+  Tensor grad() const;
+  void set_grad(const Tensor& g) const;
+  // Backpropagate from this tensor (a scalar unless `gradient` is given).
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  // Hook on the gradient flowing into this tensor; may return a replacement (or undefined).
+  void register_hook(std::function<Tensor(const Tensor&)> hook) const;
+
+  Tensor sum() const;
+  Tensor mean() const;
+
+ private:
+  TensorImpl& impl() const;
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+}  // namespace tally

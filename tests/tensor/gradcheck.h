@@ -1,0 +1,114 @@
+// The op-test harness: float64 finite-difference gradient checks and value checks. One
+// line per op case; the CUDA issue runs the same cases on the GPU against the CPU.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "autograd/ops.h"
+
+namespace tally::testing {
+
+using Fn = std::function<Tensor(const TensorList&)>;
+
+// A float64 leaf of `shape` with values in [lo, hi), requiring grad.
+inline Tensor rand_input(const Shape& shape, double lo = -1.0, double hi = 1.0, uint64_t seed = 1) {
+  Generator g(seed);
+  Tensor t = ops::affine(ops::rand(shape, DType::float64, Device::cpu(), &g), hi - lo, lo);
+  t.requires_grad_(true);
+  return t;
+}
+
+// A float64 leaf whose *layout* is non-contiguous (a transposed copy), requiring grad.
+inline Tensor rand_input_noncontig(const Shape& shape, uint64_t seed = 1) {
+  Shape rev(shape.rbegin(), shape.rend());
+  Generator g(seed);
+  Tensor base = ops::affine(ops::rand(rev, DType::float64, Device::cpu(), &g), 2.0, -1.0);
+  Shape perm;
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) perm.push_back(i);
+  Tensor t = ops::permute(base, perm);  // shares base's storage, non-contiguous
+  t.requires_grad_(true);
+  return t;
+}
+
+// Checks d(sum(fn(inputs) * w))/d(inputs) against central differences in float64.
+// Every floating input that requires grad is checked, element by element.
+inline ::testing::AssertionResult gradcheck(const Fn& fn, const TensorList& inputs,
+                                            double eps = 1e-6, double atol = 1e-6,
+                                            double rtol = 1e-4) {
+  Tensor out = fn(inputs);
+  if (!out.requires_grad()) return ::testing::AssertionFailure() << "output does not require grad";
+  Generator g(99);
+  const Tensor w = ops::randn(out.sizes(), DType::float64, Device::cpu(), &g);
+  for (const Tensor& in : inputs)
+    if (in.defined() && in.requires_grad()) in.set_grad(Tensor());
+  tally::sum(tally::mul(out.to(DType::float64), w)).backward();
+
+  auto f = [&]() {
+    NoGradGuard ng;
+    const Tensor o = ops::to(fn(inputs), DType::float64);
+    return ops::item(ops::sum(ops::mul(o, w)));
+  };
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const Tensor& in = inputs[k];
+    if (!in.defined() || !in.requires_grad()) continue;
+    const Tensor grad = in.grad();
+    if (!grad.defined()) return ::testing::AssertionFailure() << "input " << k << " got no gradient";
+    if (grad.sizes() != in.sizes())
+      return ::testing::AssertionFailure() << "input " << k << " gradient shape " << grad.shape_string()
+                                           << " != " << in.shape_string();
+    const std::vector<double> analytic = ops::to_vector(grad);
+    // Walk the elements through the input's own layout.
+    const Tensor flat_idx = ops::reshape(ops::arange(0, static_cast<double>(in.numel()), 1, DType::int64), in.sizes());
+    double* base = static_cast<double*>(in.storage().data());
+    std::vector<int64_t> offsets;
+    {
+      // element offset of each logical element (row-major order)
+      std::vector<int64_t> idx(static_cast<size_t>(in.dim()), 0);
+      for (int64_t e = 0; e < in.numel(); ++e) {
+        int64_t off = in.storage_offset();
+        for (size_t d = 0; d < idx.size(); ++d) off += idx[d] * in.strides()[d];
+        offsets.push_back(off);
+        for (size_t d = idx.size(); d-- > 0;) {
+          if (++idx[d] < in.sizes()[d]) break;
+          idx[d] = 0;
+        }
+      }
+    }
+    for (int64_t e = 0; e < in.numel(); ++e) {
+      double& x = base[offsets[static_cast<size_t>(e)]];
+      const double saved = x;
+      x = saved + eps;
+      const double fp = f();
+      x = saved - eps;
+      const double fm = f();
+      x = saved;
+      const double numeric = (fp - fm) / (2 * eps);
+      const double a = analytic[static_cast<size_t>(e)];
+      if (!(std::abs(a - numeric) <= atol + rtol * std::abs(numeric)))
+        return ::testing::AssertionFailure()
+               << "input " << k << " element " << e << ": analytic " << a << " vs numeric " << numeric;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Values of t equal `expected` (row-major) within tol.
+inline ::testing::AssertionResult values_near(const Tensor& t, const std::vector<double>& expected,
+                                              double tol = 1e-6) {
+  const std::vector<double> v = ops::to_vector(t);
+  if (v.size() != expected.size())
+    return ::testing::AssertionFailure() << v.size() << " values, expected " << expected.size();
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] == expected[i]) continue;  // also infinities
+    if (std::isnan(expected[i]) ? !std::isnan(v[i]) : !(std::abs(v[i] - expected[i]) <= tol))
+      return ::testing::AssertionFailure() << "element " << i << ": " << v[i] << " vs " << expected[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace tally::testing
