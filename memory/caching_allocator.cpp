@@ -312,7 +312,8 @@ Block* CachingAllocator::find_active(const void* ptr) const {
 void CachingAllocator::deallocate(void* ptr, std::source_location loc) {
   if (!ptr) return;
   std::lock_guard lock(mu_);
-  Block* block = find_active(ptr);
+  auto it = active_.find(ptr);
+  Block* block = it == active_.end() ? nullptr : it->second;
   if (!block || !block->allocated) {
     throw std::invalid_argument(fmt::format(
         "CachingAllocator::deallocate on {}: pointer {} was not allocated by this allocator "
@@ -331,8 +332,9 @@ void CachingAllocator::deallocate(void* ptr, std::source_location loc) {
   tag.loc = SourceLoc::from(loc);
   record(TraceAction::free_requested, block->addr(), block->requested, block->stream, tag);
   if (!block->stream_uses.empty()) {
-    insert_events(block);
+    insert_events(block);  // stays in active_ until its events complete
   } else {
+    block->active_node = active_.extract(it);
     free_block(block);
   }
 }
@@ -343,7 +345,7 @@ void CachingAllocator::free_block(Block* block) {
   const auto original_size = static_cast<int64_t>(block->size);
   const auto requested = static_cast<int64_t>(block->requested);
   record(TraceAction::free_completed, block->addr(), block->requested, block->stream, block->tag);
-  block->active_node = active_.extract(block->ptr);
+  // Callers take the block out of active_ (keeping its node) before freeing it.
 
   int64_t net_split_blocks = 0;
   int64_t net_split_bytes = 0;
@@ -413,7 +415,10 @@ void CachingAllocator::process_events() {
       continue;
     }
     provider_->destroy_event(ev);
-    if (--block->event_count == 0) free_block(block);
+    if (--block->event_count == 0) {
+      block->active_node = active_.extract(block->ptr);
+      free_block(block);
+    }
   }
   outstanding_events_.swap(still);
 }
@@ -426,7 +431,10 @@ void CachingAllocator::synchronize_and_free_events() {
   outstanding_events_.clear();
   for (auto& [ev, block] : events) {
     provider_->destroy_event(ev);
-    if (--block->event_count == 0) free_block(block);
+    if (--block->event_count == 0) {
+      block->active_node = active_.extract(block->ptr);
+      free_block(block);
+    }
   }
 }
 
