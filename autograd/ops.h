@@ -88,3 +88,4 @@ Tensor operator*(double a, const Tensor& b);
 Tensor operator/(double a, const Tensor& b);
 
 }  // namespace tally
+#include "autograd/norm.h"

@@ -233,9 +233,20 @@ def replay(snapshot, device):
     phase = ""
     ev_index = -1  # index into `events` of the entry being replayed
     skip_next = False
+    retag_at = set()  # indices of free_completed entries that begin a re-tag
     for t, e in enumerate(trace):
         action = e["action"]
         if action == "free_requested":
+            # A re-tag as Tally writes it: free_requested + free_completed + alloc at the
+            # same address, size and time. Replayed as one step (no dip).
+            if (e.get("addr") in live and t + 2 < len(trace)
+                    and trace[t + 1]["action"] == "free_completed"
+                    and trace[t + 2]["action"] == "alloc"
+                    and all(trace[t + k].get("addr") == e.get("addr")
+                            and trace[t + k].get("size") == e.get("size")
+                            and trace[t + k].get("time_us") == e.get("time_us") for k in (1, 2))):
+                retag_at.add(t + 1)
+                continue
             requested.add(e.get("addr"))
             continue
         if action not in ("alloc", "free_completed"):
@@ -247,8 +258,8 @@ def replay(snapshot, device):
         group = [(ev_index, e)]
         # A re-tag: a free_completed that no free_requested announced, followed at once by
         # an alloc at the same address, size and time. Replayed as one step.
-        if action == "free_completed" and e["addr"] in live and e["addr"] not in requested \
-                and t + 1 < len(trace):
+        if action == "free_completed" and e["addr"] in live \
+                and (e["addr"] not in requested or t in retag_at) and t + 1 < len(trace):
             nxt = trace[t + 1]
             if (nxt["action"] == "alloc" and nxt["addr"] == e["addr"] and nxt["size"] == e["size"]
                     and nxt.get("time_us") == e.get("time_us")):

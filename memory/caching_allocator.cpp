@@ -85,6 +85,7 @@ struct CachingAllocator::AllocParams {
   StreamId stream = 0;
   BlockPool* pool = nullptr;
   Block* block = nullptr;
+  AllocTag tag;  // the request's context and call site
 };
 
 CachingAllocator::CachingAllocator(std::unique_ptr<MemoryProvider> provider,
@@ -163,6 +164,7 @@ void* CachingAllocator::allocate(size_t bytes, StreamId stream, std::source_loca
 
   AllocParams p;
   p.requested = bytes;
+  p.tag = tag;
   p.size = round_size(bytes);
   p.stream = stream;
   p.pool = p.size <= kSmallSize ? small_pool_.get() : large_pool_.get();
@@ -221,7 +223,7 @@ bool CachingAllocator::alloc_segment(AllocParams& p, bool is_retry) {
   seg->size = size;
   seg->stream = p.stream;
   seg->small = p.pool->small;
-  seg->tag = current_tag();
+  seg->tag = p.tag;
   auto* block = new Block();
   block->ptr = ptr;
   block->size = size;

@@ -227,6 +227,7 @@ class SnapshotPickler {
     if (e.action == TraceAction::retag) {
       AllocTag old_tag = e.tag;
       old_tag.category = e.old_category;
+      trace_entry_as(e, TraceAction::free_requested, old_tag, e.old_category);
       trace_entry_as(e, TraceAction::free_completed, old_tag, e.old_category);
       trace_entry_as(e, TraceAction::alloc, e.tag, e.tag.category);
       return;

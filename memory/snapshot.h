@@ -2,10 +2,11 @@
 // export as the pickle PyTorch's memory_viz reads unchanged (see docs/memory-formats.md).
 //
 // Re-tags: Tally's history records a live block changing category (TraceAction::retag).
-// In the pickle a re-tag is written as a `free_completed` + `alloc` pair at the same
-// address, size and time, the alloc carrying the new category, so PyTorch's viewer ends
-// the old category's interval and starts the new one; the live state it replays is the
-// same as without re-tags.
+// In the pickle a re-tag is written as `free_requested` + `free_completed` + `alloc` at the
+// same address, size and time, the alloc carrying the new category: PyTorch's viewer ends
+// the old category's interval and starts the new one, and its Allocator State History
+// (which replays backwards from the segments) never sees a completed free without its
+// request. The live state it replays is the same as without re-tags.
 #pragma once
 
 #include <cstdint>

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 namespace tally {
@@ -13,11 +14,46 @@ struct PhiloxState {
   uint64_t offset = 0;  // counters consumed so far (in 4-value blocks)
 };
 
-// Philox-4x32-10 on a 128-bit counter with a 64-bit key.
-std::array<uint32_t, 4> philox4x32(uint64_t counter_lo, uint64_t counter_hi, uint64_t key);
+#if defined(__CUDACC__)
+#define TALLY_HOST_DEVICE __host__ __device__
+#else
+#define TALLY_HOST_DEVICE
+#endif
 
-// Uniform float in [0, 1) from 24 random bits; a standard normal from two uniforms.
-inline float uniform_from_bits(uint32_t x) { return static_cast<float>(x >> 8) * (1.0f / 16777216.0f); }
+struct Philox4 {
+  uint32_t v[4];
+  TALLY_HOST_DEVICE uint32_t operator[](size_t i) const { return v[i]; }
+};
+
+// Philox-4x32-10 on a 128-bit counter with a 64-bit key; the same code runs on the host
+// and in CUDA kernels, so both produce the same stream.
+TALLY_HOST_DEVICE inline Philox4 philox4x32(uint64_t counter_lo, uint64_t counter_hi, uint64_t key) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  uint32_t c0 = static_cast<uint32_t>(counter_lo), c1 = static_cast<uint32_t>(counter_lo >> 32);
+  uint32_t c2 = static_cast<uint32_t>(counter_hi), c3 = static_cast<uint32_t>(counter_hi >> 32);
+  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = static_cast<uint64_t>(kM0) * c0;
+    const uint64_t p1 = static_cast<uint64_t>(kM1) * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    const uint32_t n1 = static_cast<uint32_t>(p1);
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    const uint32_t n3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
+    k0 += kW0;
+    k1 += kW1;
+  }
+  return Philox4{{c0, c1, c2, c3}};
+}
+
+// Uniform float in [0, 1) from 24 random bits.
+TALLY_HOST_DEVICE inline float uniform_from_bits(uint32_t x) {
+  return static_cast<float>(x >> 8) * (1.0f / 16777216.0f);
+}
 
 class Generator {
  public:

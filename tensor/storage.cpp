@@ -1,5 +1,9 @@
 #include "tensor/storage.h"
 
+#ifdef TALLY_WITH_CUDA
+#include "tensor/cuda/runtime.h"
+#endif
+
 namespace tally {
 
 Storage::Impl::~Impl() {
@@ -13,7 +17,11 @@ Storage Storage::allocate(size_t nbytes, Device device) {
   s.impl_->nbytes = nbytes;
   if (nbytes > 0) {
     memory::CachingAllocator& alloc = memory::get_allocator(device);
-    s.impl_->data = alloc.allocate(nbytes);
+    memory::StreamId stream = 0;
+#ifdef TALLY_WITH_CUDA
+    if (device.type == DeviceType::cuda) stream = cuda::stream_id(device.index);
+#endif
+    s.impl_->data = alloc.allocate(nbytes, stream);
     s.impl_->allocator = &alloc;
   }
   return s;

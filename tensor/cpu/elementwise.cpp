@@ -86,14 +86,14 @@ void philox_fill(const Tensor& dst, PhiloxState state, F f) {
 }  // namespace
 
 void rand_uniform(const Tensor& dst, PhiloxState state) {
-  philox_fill(dst, state, [](const std::array<uint32_t, 4>& r, int j) {
+  philox_fill(dst, state, [](const Philox4& r, int j) {
     return static_cast<double>(uniform_from_bits(r[static_cast<size_t>(j)]));
   });
 }
 
 void rand_normal(const Tensor& dst, PhiloxState state) {
   // Box-Muller on lanes (0,1) and (2,3): element j uses its pair, cos for even, sin for odd.
-  philox_fill(dst, state, [](const std::array<uint32_t, 4>& r, int j) {
+  philox_fill(dst, state, [](const Philox4& r, int j) {
     const size_t p = static_cast<size_t>(j & 2);
     const double u1 = 1.0 - static_cast<double>(uniform_from_bits(r[p]));  // (0, 1]
     const double u2 = static_cast<double>(uniform_from_bits(r[p + 1]));
@@ -105,7 +105,7 @@ void rand_normal(const Tensor& dst, PhiloxState state) {
 
 void rand_int(const Tensor& dst, int64_t low, int64_t high, PhiloxState state) {
   const auto span = static_cast<uint64_t>(high - low);
-  philox_fill(dst, state, [&](const std::array<uint32_t, 4>& r, int j) {
+  philox_fill(dst, state, [&](const Philox4& r, int j) {
     return static_cast<double>(low + static_cast<int64_t>(r[static_cast<size_t>(j)] % span));
   });
 }

@@ -616,10 +616,12 @@ def main(argv=None):
 
     # Flame-graph lines, through a formatter that writes them instead of running flamegraph.pl.
     for fn_name, per_segment in (("segments", True), ("memory", False)):
-        folded = {}
+        path = out / f"{fn_name}.folded"
+        path.unlink(missing_ok=True)
 
-        def formatter(lines, flamegraph_script=None, _store=folded):
-            _store["text"] = lines
+        def formatter(lines, flamegraph_script=None, _path=path):
+            """format_flamegraph's signature; writes the folded lines, returns them."""
+            _path.write_text(lines)
             return lines
 
         def run(fn_name=fn_name, formatter=formatter):
@@ -628,11 +630,15 @@ def main(argv=None):
 
         result = step(fn_name, run)
         if result is not None:
-            if result != folded.get("text"):
+            if not path.exists():
+                rep.fail(f"{fn_name}: the formatter was not called")
+                continue
+            text = path.read_text()
+            if result != text:
                 rep.fail(f"{fn_name}: did not return what the formatter returned")
-            write(f"{fn_name}.folded", folded.get("text", ""),
-                  f"{fn_name}(data, format_flamegraph=<writer>)")
-            check_folded(rep, f"{fn_name}.folded", folded.get("text", ""), data, per_segment)
+            if rep.output(path, f"{fn_name}(data, format_flamegraph=<writer>)") <= 0:
+                rep.fail(f"{path.name}: empty output")
+            check_folded(rep, path.name, text, data, per_segment)
 
     # compare() takes segment lists (a dict snapshot breaks it): the snapshot against itself.
     folded = {}

@@ -669,7 +669,8 @@ assert len(tr) == 1
 acts = [e['action'] for e in tr[0]]
 assert acts == ['free_completed', 'alloc', 'alloc', 'segment_alloc', 'alloc', 'segment_alloc',
                 'alloc', 'free_requested', 'free_completed', 'segment_free',
-                'free_completed', 'alloc', 'free_completed', 'alloc',
+                'free_requested', 'free_completed', 'alloc',
+                'free_requested', 'free_completed', 'alloc',
                 'free_requested', 'oom', 'snapshot'], acts
 e = tr[0][1]
 assert list(e) == ['action', 'addr', 'size', 'stream', 'time_us', 'compile_context',
@@ -682,16 +683,18 @@ sa = tr[0][3]
 assert sa['category'] == 'unknown' and sa['stream'] == 817153472
 assert sa['user_metadata'] == 'category=unknown module= op=add phase='
 assert sa['frames'][-1]['filename'] == 'category=temporary'
-# Re-tags: free_completed (old category) + alloc (new tag), same addr, size and time.
-fc, al = tr[0][12], tr[0][13]
-assert fc['addr'] == al['addr'] == 0x7f3a00000000 + (2 << 20) + 768 * 1024
-assert fc['size'] == al['size'] == 200000 and fc['time_us'] == al['time_us']
-assert fc['category'] == 'activation' and al['category'] == 'optimizer_state'
+# Re-tags: free_requested + free_completed (old category) + alloc (new tag), same addr,
+# size and time.
+fr, fc, al = tr[0][13], tr[0][14], tr[0][15]
+assert fr['addr'] == fc['addr'] == al['addr'] == 0x7f3a00000000 + (2 << 20) + 768 * 1024
+assert fr['size'] == fc['size'] == al['size'] == 200000
+assert fr['time_us'] == fc['time_us'] == al['time_us']
+assert fr['category'] == fc['category'] == 'activation' and al['category'] == 'optimizer_state'
 assert al['frames'] is seg0['blocks'][4]['frames']
-oom = tr[0][15]
+oom = tr[0][17]
 assert 'addr' not in oom and oom['device_free'] == 149148532736 and oom['size'] == 1 << 42
 assert list(oom)[:3] == ['action', 'device_free', 'size']
-snap = tr[0][16]
+snap = tr[0][18]
 assert snap['addr'] == 0 and snap['frames'][-1]['filename'] == 'category=unknown'
 
 st = s['allocator_settings']

@@ -8,7 +8,7 @@ its snapshot and checks the SVG: it parses with xml.etree; it holds exactly one
 <polygon>/<path> per category that ever holds bytes, each filled with the colour of its
 legend swatch; the legend names exactly those categories; the title's peak matches an
 independent replay of the trace. Then checks a small hand-made snapshot (a block live
-before the trace, a free with no alloc, a re-tag written as free_completed + alloc) and
+before the trace, a free with no alloc, a re-tag written as free_requested + free_completed + alloc) and
 that bad input (not a pickle, a missing key) exits 2 with a message naming the file.
 
 Exit 0 when all checks pass, 1 on a failure, 2 on bad usage. Stdlib only.
@@ -145,7 +145,9 @@ def check_synthetic(tmp):
     a, b = 0x10100000, 0x10300000
     trace = [
         entry("alloc", a, 2 * mib, 100, "temporary", "forward"),
-        # Re-tag temporary -> activation: free_completed + alloc, same address/size/time.
+        # Re-tag temporary -> activation: free_requested + free_completed + alloc, same
+        # address/size/time.
+        entry("free_requested", a, 2 * mib, 200, "temporary", "forward"),
         entry("free_completed", a, 2 * mib, 200, "temporary", "forward"),
         entry("alloc", a, 2 * mib, 200, "activation", "forward"),
         # A block allocated before the trace window: its free has no alloc.

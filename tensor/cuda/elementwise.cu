@@ -1,0 +1,508 @@
+// CUDA elementwise kernels: copies with dtype conversion (and host<->device transfers),
+// fills, Philox random fills (the same numbers as the CPU), binary/unary maps, where,
+// clamp, and the sum reduction.
+#include <cmath>
+
+#include "tensor/cpu/kernels.h"
+#include "tensor/cuda/device_types.cuh"
+#include "tensor/cuda/kernels.h"
+#include "tensor/cuda/runtime.h"
+
+namespace tally::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+inline int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 65535 * 8 ? (b > 0 ? b : 1) : 65535 * 8);
+}
+
+template <int N, typename Op>
+__global__ void elementwise_kernel(int64_t n, Indexer<N> ix, Op op) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t off[N];
+    ix.get(i, off);
+    op(off, i);
+  }
+}
+
+template <int N, typename Op>
+void launch(const char* name, const Tensor& out, const std::vector<const Tensor*>& operands, Op op) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  NvtxRange range(name);
+  DeviceGuard g(out.device().index);
+  std::vector<const Shape*> strides;
+  std::vector<int64_t> offsets;
+  for (const Tensor* t : operands) {
+    strides.push_back(&t->strides());
+    offsets.push_back(t->storage_offset());
+  }
+  const Indexer<N> ix = make_indexer<N>(out.sizes(), strides, offsets);
+  elementwise_kernel<N><<<blocks_for(n), kThreads, 0, stream(out.device().index)>>>(n, ix, op);
+  check_launch(name);
+}
+
+// ------------------------------------------------------------------ copy / fill
+
+template <typename D, typename S>
+struct CopyOp {
+  D* dst;
+  const S* src;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    if constexpr (std::is_same_v<D, S>) dst[o[0]] = src[o[1]];
+    else dst[o[0]] = store<D>(load(src[o[1]]));
+  }
+};
+
+void copy_device(const Tensor& dst, const Tensor& src) {
+  TALLY_DISPATCH_ALL(dst.dtype(), "copy_", [&] {
+    using D = dev_t<scalar_t>;
+    TALLY_DISPATCH_ALL(src.dtype(), "copy_", [&] {
+      using S = dev_t<scalar_t>;
+      launch<2>("copy_", dst, {&dst, &src}, CopyOp<D, S>{static_cast<D*>(dst.storage().data()),
+                                                         static_cast<const S*>(src.storage().data())});
+    });
+  });
+}
+
+template <typename T>
+struct FillOp {
+  T* dst;
+  T value;
+  __device__ void operator()(const int64_t* o, int64_t) const { dst[o[0]] = value; }
+};
+
+}  // namespace
+
+void copy(const Tensor& dst, const Tensor& src) {
+  const bool dcuda = dst.is_cuda(), scuda = src.is_cuda();
+  if (dcuda && scuda) {
+    if (dst.device().index != src.device().index) {
+      // Peer copy through a contiguous buffer on the destination device.
+      Tensor tmp = ops::empty(src.sizes(), src.dtype(), dst.device());
+      Tensor s = ops::contiguous(src);
+      check(cudaMemcpyPeerAsync(tmp.data_ptr(), dst.device().index, s.data_ptr(), src.device().index,
+                                s.nbytes(), stream(dst.device().index)),
+            "copy_ (peer)");
+      copy_device(dst, tmp);
+      return;
+    }
+    copy_device(dst, src);
+    return;
+  }
+  if (dcuda) {  // host -> device
+    NvtxRange range("copy_ (H2D)");
+    // Convert on the host into a contiguous buffer of the destination dtype.
+    Tensor host = ops::empty(dst.sizes(), dst.dtype(), Device::cpu());
+    cpu::copy(host, src);
+    const bool direct = dst.is_contiguous();
+    Tensor target = direct ? dst : ops::empty(dst.sizes(), dst.dtype(), dst.device());
+    DeviceGuard g(dst.device().index);
+    // From pageable memory the call returns once the host buffer has been staged.
+    check(cudaMemcpyAsync(target.data_ptr(), host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice,
+                          stream(dst.device().index)),
+          "copy_ (H2D)");
+    if (!direct) copy_device(dst, target);
+    return;
+  }
+  // device -> host: the caller reads the host memory next, so this waits for the stream.
+  NvtxRange range("copy_ (D2H)");
+  Tensor s = src;
+  if (!s.is_contiguous()) {
+    s = ops::empty(src.sizes(), src.dtype(), src.device());
+    copy_device(s, src);
+  }
+  Tensor host = ops::empty(src.sizes(), src.dtype(), Device::cpu());
+  DeviceGuard g(src.device().index);
+  check(cudaMemcpyAsync(host.data_ptr(), s.data_ptr(), s.nbytes(), cudaMemcpyDeviceToHost,
+                        stream(src.device().index)),
+        "copy_ (D2H)");
+  synchronize(src.device().index);
+  cpu::copy(dst, host);
+}
+
+void fill(const Tensor& dst, double value) {
+  TALLY_DISPATCH_ALL(dst.dtype(), "fill_", [&] {
+    using T = dev_t<scalar_t>;
+    T v;
+    const scalar_t hv = [&] {
+      if constexpr (std::is_same_v<scalar_t, bool>) return value != 0.0;
+      else if constexpr (std::is_same_v<scalar_t, Half> || std::is_same_v<scalar_t, BFloat16>)
+        return scalar_t(static_cast<float>(value));
+      else return static_cast<scalar_t>(value);
+    }();
+    std::memcpy(static_cast<void*>(&v), &hv, sizeof(T));
+    launch<1>("fill_", dst, {&dst}, FillOp<T>{static_cast<T*>(dst.storage().data()), v});
+  });
+}
+
+// ------------------------------------------------------------------ random
+
+namespace {
+
+enum class RandKind { uniform, normal, integer };
+
+template <typename T>
+struct RandOp {
+  T* dst;
+  PhiloxState state;
+  RandKind kind;
+  int64_t low;
+  uint64_t span;
+  __device__ void operator()(const int64_t* o, int64_t i) const {
+    const Philox4 r = philox4x32(state.offset + static_cast<uint64_t>(i / 4), 0, state.seed);
+    const int j = static_cast<int>(i % 4);
+    double v;
+    if (kind == RandKind::uniform) {
+      v = static_cast<double>(uniform_from_bits(r[j]));
+    } else if (kind == RandKind::normal) {
+      const int p = j & 2;
+      const double u1 = 1.0 - static_cast<double>(uniform_from_bits(r[p]));
+      const double u2 = static_cast<double>(uniform_from_bits(r[p + 1]));
+      const double rad = sqrt(-2.0 * log(u1));
+      const double th = 2.0 * M_PI * u2;
+      v = (j & 1) ? rad * sin(th) : rad * cos(th);
+    } else {
+      v = static_cast<double>(low + static_cast<int64_t>(r[j] % span));
+    }
+    dst[o[0]] = store<T>(v);
+  }
+};
+
+void rand_fill(const Tensor& dst, PhiloxState state, RandKind kind, int64_t low, int64_t high) {
+  TALLY_DISPATCH_ALL(dst.dtype(), "random", [&] {
+    using T = dev_t<scalar_t>;
+    launch<1>("random", dst, {&dst},
+              RandOp<T>{static_cast<T*>(dst.storage().data()), state, kind, low,
+                        static_cast<uint64_t>(high - low)});
+  });
+}
+
+}  // namespace
+
+void rand_uniform(const Tensor& dst, PhiloxState s) { rand_fill(dst, s, RandKind::uniform, 0, 1); }
+void rand_normal(const Tensor& dst, PhiloxState s) { rand_fill(dst, s, RandKind::normal, 0, 1); }
+void rand_int(const Tensor& dst, int64_t low, int64_t high, PhiloxState s) {
+  rand_fill(dst, s, RandKind::integer, low, high);
+}
+
+// ------------------------------------------------------------------ binary / unary
+
+namespace {
+
+template <typename A>
+__device__ __forceinline__ A apply_binary(ops::BinaryOp op, A x, A y) {
+  using ops::BinaryOp;
+  if constexpr (std::is_same_v<A, bool>) {
+    switch (op) {
+      case BinaryOp::add: case BinaryOp::maximum: return x || y;
+      case BinaryOp::mul: case BinaryOp::minimum: return x && y;
+      case BinaryOp::sub: return x != y;
+      case BinaryOp::pow: return x || !y;
+      default: return x && y;
+    }
+  } else {
+    switch (op) {
+      case BinaryOp::add: return x + y;
+      case BinaryOp::sub: return x - y;
+      case BinaryOp::mul: return x * y;
+      case BinaryOp::div:
+        if constexpr (std::is_integral_v<A>) return y == 0 ? A(0) : static_cast<A>(x / y);
+        else return x / y;
+      case BinaryOp::pow: return static_cast<A>(pow(static_cast<double>(x), static_cast<double>(y)));
+      case BinaryOp::maximum:
+        if constexpr (std::is_floating_point_v<A>) { if (isnan(x) || isnan(y)) return x + y; }
+        return x > y ? x : y;
+      case BinaryOp::minimum:
+        if constexpr (std::is_floating_point_v<A>) { if (isnan(x) || isnan(y)) return x + y; }
+        return x < y ? x : y;
+      default: return A{};
+    }
+  }
+}
+
+__device__ __forceinline__ bool apply_compare(ops::BinaryOp op, double x, double y) {
+  using ops::BinaryOp;
+  switch (op) {
+    case BinaryOp::eq: return x == y;
+    case BinaryOp::ne: return x != y;
+    case BinaryOp::lt: return x < y;
+    case BinaryOp::le: return x <= y;
+    case BinaryOp::gt: return x > y;
+    case BinaryOp::ge: return x >= y;
+    default: return false;
+  }
+}
+
+template <typename T>
+struct BinaryKernelOp {
+  ops::BinaryOp op;
+  T* out;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    out[o[0]] = store<T>(apply_binary<dacc_t<T>>(op, load(a[o[1]]), load(b[o[2]])));
+  }
+};
+
+template <typename T>
+struct CompareOp {
+  ops::BinaryOp op;
+  bool* out;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    out[o[0]] = apply_compare(op, static_cast<double>(load(a[o[1]])), static_cast<double>(load(b[o[2]])));
+  }
+};
+
+template <typename T>
+struct ScalarOp {
+  ops::BinaryOp op;
+  T* out;
+  const T* a;
+  double s;
+  bool reverse;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    using A = std::conditional_t<std::is_floating_point_v<dacc_t<T>>, dacc_t<T>, double>;
+    const A x = static_cast<A>(load(a[o[1]]));
+    const A y = static_cast<A>(s);
+    out[o[0]] = store<T>(reverse ? apply_binary<A>(op, y, x) : apply_binary<A>(op, x, y));
+  }
+};
+
+template <typename T>
+struct ScalarCompareOp {
+  ops::BinaryOp op;
+  bool* out;
+  const T* a;
+  double s;
+  bool reverse;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    const double x = static_cast<double>(load(a[o[1]]));
+    out[o[0]] = reverse ? apply_compare(op, s, x) : apply_compare(op, x, s);
+  }
+};
+
+template <typename A>
+__device__ __forceinline__ A apply_unary(ops::UnaryOp op, A x) {
+  using ops::UnaryOp;
+  const A kSqrt2OverPi = static_cast<A>(0.7978845608028654);
+  switch (op) {
+    case UnaryOp::neg: return -x;
+    case UnaryOp::exp: return exp(x);
+    case UnaryOp::log: return log(x);
+    case UnaryOp::sqrt: return sqrt(x);
+    case UnaryOp::rsqrt: return A(1) / sqrt(x);
+    case UnaryOp::abs: return fabs(x);
+    case UnaryOp::sign: return static_cast<A>((x > A(0)) - (x < A(0)));
+    case UnaryOp::relu: return x > A(0) ? x : (isnan(x) ? x : A(0));
+    case UnaryOp::sigmoid: return A(1) / (A(1) + exp(-x));
+    case UnaryOp::tanh: return tanh(x);
+    case UnaryOp::silu: return x / (A(1) + exp(-x));
+    case UnaryOp::gelu: return A(0.5) * x * (A(1) + erf(x * static_cast<A>(M_SQRT1_2)));
+    case UnaryOp::gelu_tanh:
+      return A(0.5) * x * (A(1) + tanh(kSqrt2OverPi * (x + A(0.044715) * x * x * x)));
+    case UnaryOp::reciprocal: return A(1) / x;
+    case UnaryOp::square: return x * x;
+    case UnaryOp::sin: return sin(x);
+    case UnaryOp::cos: return cos(x);
+    case UnaryOp::log1p: return log1p(x);
+    case UnaryOp::expm1: return expm1(x);
+    case UnaryOp::erf: return erf(x);
+  }
+  return x;
+}
+
+template <typename T>
+struct UnaryKernelOp {
+  ops::UnaryOp op;
+  T* out;
+  const T* a;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    out[o[0]] = store<T>(apply_unary<dacc_t<T>>(op, load(a[o[1]])));
+  }
+};
+
+template <typename T>
+struct AffineOp {
+  T* out;
+  const T* x;
+  double a, b;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    using A = dacc_t<T>;
+    out[o[0]] = store<T>(load(x[o[1]]) * static_cast<A>(a) + static_cast<A>(b));
+  }
+};
+
+template <typename T>
+struct ClampOp {
+  T* out;
+  const T* a;
+  bool has_lo, has_hi;
+  double lo, hi;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    using A = std::conditional_t<std::is_floating_point_v<dacc_t<T>>, dacc_t<T>, double>;
+    A v = static_cast<A>(load(a[o[1]]));
+    if constexpr (std::is_floating_point_v<A>) {
+      if (isnan(v)) { out[o[0]] = a[o[1]]; return; }
+    }
+    if (has_lo && v < static_cast<A>(lo)) v = static_cast<A>(lo);
+    if (has_hi && v > static_cast<A>(hi)) v = static_cast<A>(hi);
+    out[o[0]] = store<T>(v);
+  }
+};
+
+template <typename T>
+struct WhereOp {
+  T* out;
+  const bool* c;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t* o, int64_t) const { out[o[0]] = c[o[1]] ? a[o[2]] : b[o[3]]; }
+};
+
+bool is_compare(ops::BinaryOp op) { return op >= ops::BinaryOp::eq; }
+
+}  // namespace
+
+void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
+    using T = dev_t<scalar_t>;
+    if (is_compare(op)) {
+      launch<3>(ops::binary_op_name(op), out, {&out, &a, &b},
+                CompareOp<T>{op, static_cast<bool*>(out.storage().data()), dptr<scalar_t>(a), dptr<scalar_t>(b)});
+    } else {
+      launch<3>(ops::binary_op_name(op), out, {&out, &a, &b},
+                BinaryKernelOp<T>{op, dptr<scalar_t>(out), dptr<scalar_t>(a), dptr<scalar_t>(b)});
+    }
+  });
+}
+
+void binary_scalar(ops::BinaryOp op, const Tensor& out, const Tensor& a, double b, bool reverse) {
+  TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
+    using T = dev_t<scalar_t>;
+    if (is_compare(op)) {
+      launch<2>(ops::binary_op_name(op), out, {&out, &a},
+                ScalarCompareOp<T>{op, static_cast<bool*>(out.storage().data()), dptr<scalar_t>(a), b, reverse});
+    } else {
+      launch<2>(ops::binary_op_name(op), out, {&out, &a},
+                ScalarOp<T>{op, dptr<scalar_t>(out), dptr<scalar_t>(a), b, reverse});
+    }
+  });
+}
+
+void unary(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
+  TALLY_DISPATCH_FLOAT(a.dtype(), ops::unary_op_name(op), [&] {
+    using T = dev_t<scalar_t>;
+    launch<2>(ops::unary_op_name(op), out, {&out, &a}, UnaryKernelOp<T>{op, dptr<scalar_t>(out), dptr<scalar_t>(a)});
+  });
+}
+
+void affine(const Tensor& out, const Tensor& x, double a, double b) {
+  TALLY_DISPATCH_FLOAT(x.dtype(), "affine", [&] {
+    using T = dev_t<scalar_t>;
+    launch<2>("affine", out, {&out, &x}, AffineOp<T>{dptr<scalar_t>(out), dptr<scalar_t>(x), a, b});
+  });
+}
+
+void clamp(const Tensor& out, const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
+  TALLY_DISPATCH_ALL(a.dtype(), "clamp", [&] {
+    using T = dev_t<scalar_t>;
+    launch<2>("clamp", out, {&out, &a},
+              ClampOp<T>{dptr<scalar_t>(out), dptr<scalar_t>(a), lo.has_value(), hi.has_value(),
+                         lo.value_or(0.0), hi.value_or(0.0)});
+  });
+}
+
+void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  TALLY_DISPATCH_ALL(out.dtype(), "where", [&] {
+    using T = dev_t<scalar_t>;
+    launch<4>("where", out, {&out, &cond, &a, &b},
+              WhereOp<T>{dptr<scalar_t>(out), static_cast<const bool*>(cond.storage().data()),
+                         dptr<scalar_t>(a), dptr<scalar_t>(b)});
+  });
+}
+
+// ------------------------------------------------------------------ sum
+
+namespace {
+
+// Reduces `rsize` elements per output: block (k, split) sums its share of output k's
+// elements (input offset = kept offset + reduced offset) and adds it atomically.
+template <typename T, typename Acc>
+__global__ void sum_kernel(const T* in, Acc* acc, int64_t ksize, int64_t rsize, Indexer<1> kept,
+                           Indexer<1> red, int splits) {
+  __shared__ Acc shared[kThreads / 32];
+  for (int64_t k = blockIdx.x; k < ksize; k += gridDim.x) {
+    int64_t koff;
+    kept.get(k, &koff);
+    Acc local = 0;
+    for (int64_t r = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rsize;
+         r += static_cast<int64_t>(splits) * blockDim.x) {
+      int64_t roff;
+      red.get(r, &roff);
+      local += static_cast<Acc>(load(in[koff + roff]));
+    }
+    for (int s = 16; s > 0; s >>= 1) local += __shfl_down_sync(0xffffffffu, local, s);
+    if ((threadIdx.x & 31) == 0) shared[threadIdx.x / 32] = local;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      Acc v = threadIdx.x < kThreads / 32 ? shared[threadIdx.x] : Acc(0);
+      for (int s = 16; s > 0; s >>= 1) v += __shfl_down_sync(0xffffffffu, v, s);
+      if (threadIdx.x == 0) {
+        if constexpr (std::is_same_v<Acc, long long>)
+          atomicAdd(reinterpret_cast<unsigned long long*>(acc + k), static_cast<unsigned long long>(v));
+        else
+          atomicAdd(acc + k, v);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+void sum(const Tensor& out, const Tensor& t) {
+  NvtxRange range("sum");
+  DeviceGuard g(t.device().index);
+  const bool integral = !is_floating(t.dtype());
+  // Split the input's dims into kept (size > 1 in out) and reduced.
+  Shape ksz, kst, rsz, rst;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const auto ud = static_cast<size_t>(d);
+    if (out.sizes()[ud] == 1 && t.sizes()[ud] != 1) {
+      rsz.push_back(t.sizes()[ud]);
+      rst.push_back(t.strides()[ud]);
+    } else {
+      ksz.push_back(t.sizes()[ud]);
+      kst.push_back(t.strides()[ud]);
+    }
+  }
+  const int64_t ksize = shape_numel(ksz), rsize = shape_numel(rsz);
+  const Indexer<1> kept = make_indexer<1>(ksz, {&kst}, {t.storage_offset()});
+  const Indexer<1> red = make_indexer<1>(rsz, {&rst}, {0});
+  Tensor acc = ops::zeros({ksize}, integral ? DType::int64 : DType::float64, out.device());
+  const int64_t want = (rsize + kThreads * 4 - 1) / (kThreads * 4);
+  const int splits = static_cast<int>(want < 1 ? 1 : (want > 1024 ? 1024 : want));
+  const dim3 grid(static_cast<unsigned>(ksize < 65535 ? (ksize > 0 ? ksize : 1) : 65535), static_cast<unsigned>(splits));
+  if (ksize > 0 && rsize > 0) {
+    TALLY_DISPATCH_ALL(t.dtype(), "sum", [&] {
+      using T = dev_t<scalar_t>;
+      if (integral) {
+        sum_kernel<T, long long><<<grid, kThreads, 0, stream(t.device().index)>>>(
+            dptr<scalar_t>(t), static_cast<long long*>(acc.data_ptr()), ksize, rsize, kept, red, splits);
+      } else {
+        sum_kernel<T, double><<<grid, kThreads, 0, stream(t.device().index)>>>(
+            dptr<scalar_t>(t), static_cast<double*>(acc.data_ptr()), ksize, rsize, kept, red, splits);
+      }
+    });
+    check_launch("sum");
+  }
+  copy_device(out, ops::view(acc, out.sizes()));
+}
+
+}  // namespace tally::cuda

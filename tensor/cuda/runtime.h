@@ -1,0 +1,48 @@
+// The CUDA runtime side of the tensor layer: one non-default stream per device (every op
+// enqueues there and returns: no hidden synchronisation), error checks that name the
+// op, and the NVTX range every launcher opens.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <cstdint>
+
+#include "memory/provider.h"
+
+namespace tally::cuda {
+
+// The stream Tally's ops use on `device` (created on first use, non-blocking).
+cudaStream_t stream(int device);
+inline memory::StreamId stream_id(int device) {
+  return reinterpret_cast<memory::StreamId>(stream(device));
+}
+// Sets the current device for the scope.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+// Throws std::runtime_error naming `what` when err is not cudaSuccess.
+void check(cudaError_t err, const char* what);
+// After a launch: the launch error, named.
+void check_launch(const char* what);
+// Wait for Tally's stream on `device` (an explicit measurement/readback point).
+void synchronize(int device);
+
+// An NVTX range for the lifetime of the scope.
+class NvtxRange {
+ public:
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
+
+}  // namespace tally::cuda

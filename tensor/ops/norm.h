@@ -1,0 +1,77 @@
+// Raw normalization ops (namespace tally::ops, no autograd): layer_norm, rms_norm and
+// batch_norm, forward and backward, as PyTorch's native_layer_norm / native_batch_norm.
+// The forwards also return the per-row (per-channel) statistics the backwards take, so the
+// differentiable ops save x and these small vectors, never the normalized output.
+//
+// Statistics (mean, rstd, invstd) are float32 for 16-bit inputs and the input's dtype
+// otherwise (PyTorch's acc type); out and dx keep the input's dtype; the backwards return
+// dweight and dbias in the statistics dtype (the caller converts them to the parameters'
+// dtypes). weight and bias may be undefined tensors (no affine); weight may be any floating
+// dtype (it is read in the statistics dtype).
+//
+// The backwards compute an entry of {dx, dweight, dbias} exactly where output_mask asks
+// (undefined otherwise); their `weight` argument only scales dx and may be left undefined
+// when dx is not asked for, even for an affine op.
+#pragma once
+
+#include <array>
+#include <optional>
+#include <tuple>
+
+#include "tensor/tensor.h"
+
+namespace tally::ops {
+
+// The dtype normalization statistics are kept in for inputs of `dtype`.
+DType norm_stat_dtype(DType dtype);
+
+// ---- layer_norm: normalizes over the trailing dims given by normalized_shape ----
+// x [*, normalized_shape...]; weight, bias: normalized_shape or undefined.
+// Returns {out (x's shape), mean, rstd}, mean and rstd of shape [*, 1, ..., 1] (x's
+// leading dims, then one 1 per normalized dim), rstd = 1 / sqrt(biased var + eps).
+std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Shape& normalized_shape,
+                                              const Tensor& weight = {}, const Tensor& bias = {},
+                                              double eps = 1e-5);
+
+// Gradients of layer_norm w.r.t. {x, weight, bias}, all in one pass over the rows. mean
+// and rstd are layer_norm's.
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                                       const Shape& normalized_shape,
+                                                       const Tensor& mean, const Tensor& rstd,
+                                                       const Tensor& weight,
+                                                       std::array<bool, 3> output_mask);
+
+// ---- rms_norm: x * rsqrt(mean(x^2) + eps) * weight over the trailing dims ----
+// eps defaults (nullopt) to the machine epsilon of x's dtype, as PyTorch.
+// Returns {out, rstd}; rstd of shape [*, 1, ..., 1] as in layer_norm.
+std::tuple<Tensor, Tensor> rms_norm(const Tensor& x, const Shape& normalized_shape,
+                                    const Tensor& weight = {},
+                                    std::optional<double> eps = std::nullopt);
+
+// Gradients of rms_norm w.r.t. {x, weight}.
+std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                             const Shape& normalized_shape, const Tensor& rstd,
+                                             const Tensor& weight, std::array<bool, 2> output_mask);
+
+// ---- batch_norm: per channel (dim 1) of x [N, C] or [N, C, *] ----
+// training: normalizes with the batch's mean and biased variance, and, when running_mean
+// and running_var are defined, updates them in place (not a graph operation):
+//   running_mean = (1 - momentum) * running_mean + momentum * mean
+//   running_var  = (1 - momentum) * running_var  + momentum * unbiased var.
+// eval: normalizes with running_mean and running_var (both required).
+// Returns {out, mean, invstd}, [C] each: the statistics used (batch or running), with
+// invstd = 1 / sqrt(var + eps). weight, bias, running stats: [C] or undefined.
+std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& running_mean,
+                                              const Tensor& running_var, const Tensor& weight,
+                                              const Tensor& bias, bool training,
+                                              double momentum = 0.1, double eps = 1e-5);
+
+// Gradients of batch_norm w.r.t. {x, weight, bias}. mean and invstd are batch_norm's;
+// `training` says whether they were batch statistics (their dependence on x is then part
+// of dx) or running statistics (constants).
+std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                                       const Tensor& mean, const Tensor& invstd,
+                                                       const Tensor& weight, bool training,
+                                                       std::array<bool, 3> output_mask);
+
+}  // namespace tally::ops
