@@ -567,7 +567,10 @@ Tensor sum(const Tensor& t, const Shape& dims, bool keepdim) {
   static const OpInfo info("sum");
   DispatchScope scope(info, t.device());
   std::vector<bool> reduce(static_cast<size_t>(t.dim()), dims.empty());
-  for (int64_t d : dims) reduce[static_cast<size_t>(wrap_dim(d, t.dim(), "sum"))] = true;
+  for (int64_t d : dims) {
+    const int64_t w = wrap_dim(d, t.dim(), "sum");  // a 0-D tensor takes dim 0 / -1 (itself)
+    if (t.dim() > 0) reduce[static_cast<size_t>(w)] = true;
+  }
   Shape kept, squeezed;
   for (int64_t i = 0; i < t.dim(); ++i) {
     const auto ui = static_cast<size_t>(i);
@@ -585,7 +588,10 @@ Tensor mean(const Tensor& t, const Shape& dims, bool keepdim) {
   if (dims.empty()) {
     count = t.numel();
   } else {
-    for (int64_t d : dims) count *= t.sizes()[static_cast<size_t>(wrap_dim(d, t.dim(), "mean"))];
+    for (int64_t d : dims) {
+      const int64_t w = wrap_dim(d, t.dim(), "mean");
+      if (t.dim() > 0) count *= t.sizes()[static_cast<size_t>(w)];
+    }
   }
   const Tensor s = sum(is_floating(t.dtype()) ? t : to(t, DType::float32), dims, keepdim);
   return binary_scalar(BinaryOp::mul, s, count ? 1.0 / static_cast<double>(count) : NAN);

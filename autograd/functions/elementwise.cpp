@@ -372,7 +372,7 @@ Tensor unreduce(const Tensor& g, const Shape& shape, const Shape& dims, bool kee
   Tensor r = g;
   if (!keepdim) {
     const auto rank = static_cast<int64_t>(shape.size());
-    if (dims.empty()) {
+    if (dims.empty() || rank == 0) {
       r = o::reshape(g, Shape(shape.size(), 1));
     } else {
       std::vector<int64_t> ds;
@@ -399,7 +399,7 @@ Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
   if (dims.empty()) {
     count = x.numel();
   } else {
-    for (int64_t d : dims) count *= x.size(d);
+    for (int64_t d : dims) count *= x.dim() == 0 ? 1 : x.size(d);
   }
   record("MeanBackward", {x}, {out}, {}, [shape = x.sizes(), dims, keepdim, count](BackwardContext&, const TensorList& g) -> TensorList {
     return {o::mul(unreduce(g[0], shape, dims, keepdim), 1.0 / static_cast<double>(count))};
