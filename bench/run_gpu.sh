@@ -12,7 +12,7 @@ for a in "$@"; do
 done
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-log "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+log "commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
 B=build-gpu
 t0=$(date +%s)
@@ -30,7 +30,8 @@ if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null; then
   fails=0
   for t in $B/tests/test_cuda_allocator $B/tests/test_*_cuda; do
     [ -x "$t" ] || continue
-    compute-sanitizer --tool memcheck --error-exitcode 3 "$t" > "$OUT/memcheck_$(basename $t).log" 2>&1 || fails=$((fails+1))
+    # API errors are off: the OOM tests make cudaMalloc fail on purpose.
+    compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 "$t" >> "$OUT/memcheck.log" 2>&1 || fails=$((fails+1))
   done
   log "compute-sanitizer memcheck: $fails binaries with errors"
 fi
@@ -55,5 +56,8 @@ if [ $BENCH = 1 ]; then
 fi
 # keep only a few files for the way back
 tar czf "$OUT/memviz_outputs.tgz" -C "$OUT" $(cd "$OUT" && ls -d memviz_*/ 2>/dev/null) 2>/dev/null
-rm -rf "$OUT"/memviz_*/
-cat "$OUT/summary.txt"
+rm -rf "$OUT"/memviz_*/ "$OUT"/*.pickle
+# at most 8 files come back: fold the logs into one
+for f in configure.log build.log memviz_*.log gpu.txt; do
+  [ -f "$OUT/$f" ] && { echo "##### $f"; cat "$OUT/$f"; } >> "$OUT/logs.txt" && rm -f "$OUT/$f"
+done
