@@ -89,3 +89,5 @@ Tensor operator/(double a, const Tensor& b);
 
 }  // namespace tally
 #include "autograd/norm.h"
+#include "autograd/linalg.h"
+#include "autograd/shape.h"
