@@ -91,3 +91,6 @@ Tensor operator/(double a, const Tensor& b);
 #include "autograd/norm.h"
 #include "autograd/linalg.h"
 #include "autograd/shape.h"
+#include "autograd/attention.h"
+#include "autograd/softmax.h"
+#include "autograd/reduce.h"
