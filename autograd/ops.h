@@ -94,3 +94,5 @@ Tensor operator/(double a, const Tensor& b);
 #include "autograd/attention.h"
 #include "autograd/softmax.h"
 #include "autograd/reduce.h"
+#include "autograd/conv.h"
+#include "autograd/pool.h"

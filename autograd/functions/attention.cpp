@@ -1,0 +1,49 @@
+// scaled_dot_product_attention as a composite of differentiable ops (the CPU reference and
+// the plain path).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/attention.h"
+#include "autograd/softmax.h"
+
+namespace tally {
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale, Generator* gen) {
+  if (q.dim() < 2 || k.dim() < 2 || v.dim() < 2)
+    throw std::invalid_argument(fmt::format(
+        "scaled_dot_product_attention: q, k, v need at least 2 dims, got {}, {}, {}",
+        q.shape_string(), k.shape_string(), v.shape_string()));
+  const int64_t L = q.size(-2), E = q.size(-1), S = k.size(-2);
+  if (k.size(-1) != E || v.size(-2) != S)
+    throw std::invalid_argument(fmt::format(
+        "scaled_dot_product_attention: shapes q {}, k {}, v {} do not agree (need k [..., S, E] "
+        "and v [..., S, Ev] for q [..., L, E])",
+        q.shape_string(), k.shape_string(), v.shape_string()));
+  if (is_causal && attn_mask.defined())
+    throw std::invalid_argument(
+        "scaled_dot_product_attention: is_causal cannot be combined with an explicit attn_mask");
+  const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
+  Tensor scores = mul(matmul(q, k.transpose(-2, -1)), s);
+  const double ninf = -std::numeric_limits<double>::infinity();
+  if (is_causal) {
+    // keep j <= i: mask out j > i
+    const Tensor rows = ops::reshape(ops::arange(0, static_cast<double>(L), 1, DType::int64, q.device()), {L, 1});
+    const Tensor cols = ops::reshape(ops::arange(0, static_cast<double>(S), 1, DType::int64, q.device()), {1, S});
+    scores = masked_fill(scores, ops::binary(ops::BinaryOp::gt, cols, rows), ninf);
+  } else if (attn_mask.defined()) {
+    if (attn_mask.dtype() == DType::bool_) {
+      scores = masked_fill(scores, ops::binary_scalar(ops::BinaryOp::eq, attn_mask, 0.0), ninf);
+    } else {
+      scores = add(scores, attn_mask.to(scores.dtype()));
+    }
+  }
+  Tensor attn = softmax(scores, -1);
+  if (dropout_p > 0.0) attn = dropout(attn, dropout_p, true, gen);
+  return matmul(attn, v);
+}
+
+}  // namespace tally
