@@ -47,12 +47,12 @@ for snap in "$OUT/memory_demo_cuda.pickle" "$OUT/tally_cuda_snapshot.pickle"; do
 done
 
 if [ $BENCH = 1 ]; then
-  for b in $B/bench/bench_*; do
+  for b in $B/bench/bench_allocator $B/bench/bench_cpu_ops; do
     [ -x "$b" ] || continue
     "$b" --benchmark_min_time=0.5 > "$OUT/$(basename $b).txt" 2>&1
     log "$(basename $b): exit $?"
   done
-  [ -f bench/ops_gpu.py ] && python3 bench/ops_gpu.py $B > "$OUT/ops_gpu.txt" 2>&1
+  [ -f bench/ops_gpu.py ] && python3 bench/ops_gpu.py $B > "$OUT/ops_gpu.txt" 2>&1; log "ops_gpu: exit $?"; grep -v "^JSON" "$OUT/ops_gpu.txt" | tee -a "$OUT/summary.txt"
 fi
 # keep only a few files for the way back
 tar czf "$OUT/memviz_outputs.tgz" -C "$OUT" $(cd "$OUT" && ls -d memviz_*/ 2>/dev/null) 2>/dev/null

@@ -51,6 +51,11 @@ struct Indexer {
   int64_t base[N];
 
   __device__ __forceinline__ void get(int64_t linear, int64_t* off) const {
+    if (ndim <= 1) {  // contiguous-like: no divisions
+#pragma unroll
+      for (int k = 0; k < N; ++k) off[k] = base[k] + (ndim ? linear * strides[k][0] : 0);
+      return;
+    }
 #pragma unroll
     for (int k = 0; k < N; ++k) off[k] = base[k];
     for (int d = ndim - 1; d >= 0; --d) {

@@ -246,3 +246,54 @@ TEST(Random, SameSeedSameNumbers) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+TEST(SavedTensorHooks, PackAndUnpackReplaceWhatIsKept) {
+  // Offload-style hooks: pack keeps a float64 host copy, unpack returns it. Nothing is
+  // tagged activation, and backward still gets the right values.
+  int packed = 0, unpacked = 0;
+  const Tensor x = testing::rand_input({32, 32}, -1, 1, 21);
+  auto& alloc = memory::get_allocator(Device::cpu());
+  const int64_t act0 = alloc.stats().cat_bytes(memory::Category::activation).current;
+  Tensor y;
+  {
+    SavedTensorHooksScope hooks({[&](const Tensor& t) -> std::any {
+                                   ++packed;
+                                   return ops::clone(t);
+                                 },
+                                 [&](const std::any& a) -> Tensor {
+                                   ++unpacked;
+                                   return std::any_cast<Tensor>(a);
+                                 }});
+    y = tanh(x * 3.0).sum();  // tanh saves its output through the hooks
+  }
+  EXPECT_EQ(packed, 1);
+  EXPECT_EQ(alloc.stats().cat_bytes(memory::Category::activation).current, act0);
+  y.backward();
+  EXPECT_EQ(unpacked, 1);
+  const Tensor ref = testing::rand_input({32, 32}, -1, 1, 21);
+  tanh(ref * 3.0).sum().backward();
+  EXPECT_TRUE(testing::values_near(x.grad(), ref.grad().tolist(), 1e-12));
+}
+
+TEST(SavedTensorHooks, NestedScopesUseTheInnermost) {
+  int outer = 0, inner = 0;
+  auto make = [](int& n) {
+    return SavedTensorHooks{[&n](const Tensor& t) -> std::any { ++n; return t; },
+                            [](const std::any& a) { return std::any_cast<Tensor>(a); }};
+  };
+  const Tensor x = testing::rand_input({4}, -1, 1, 22);
+  SavedTensorHooksScope a(make(outer));
+  {
+    SavedTensorHooksScope b(make(inner));
+    (void)exp(x);
+  }
+  (void)exp(x);
+  EXPECT_EQ(inner, 1);
+  EXPECT_EQ(outer, 1);
+}
+
+}  // namespace
+}  // namespace tally

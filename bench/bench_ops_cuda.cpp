@@ -1,0 +1,136 @@
+// Per-op GPU timings at ResNet-50 (batch 64, 224x224) and GPT-2 124M (B=16, T=1024, bf16)
+// shapes, timed with CUDA events (median of 20 after 5 warm-ups). Prints one JSON line per
+// case; bench/ops_gpu.py runs PyTorch on the same cases and prints the ratio table.
+//   bench_ops_cuda [filter]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#ifdef TALLY_WITH_CUDA
+#include "tensor/cuda/runtime.h"
+#endif
+
+using namespace tally;
+
+#ifdef TALLY_WITH_CUDA
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+double time_ms(const std::function<void()>& fn) {
+  cudaStream_t s = cuda::stream(0);
+  for (int i = 0; i < 5; ++i) fn();
+  std::vector<float> ts;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 20; ++i) {
+    cudaEventRecord(a, s);
+    fn();
+    cudaEventRecord(b, s);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    ts.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+Tensor rnd(const Shape& s, DType d) { return ops::to(ops::randn(s, DType::float32, kGpu), d); }
+
+struct Case {
+  std::string name, shape, dtype;
+  double bytes;  // minimum bytes moved (each input read once, output written once)
+  double flops;
+  std::function<void()> fn;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string filter = argc > 1 ? argv[1] : "";
+  std::vector<Case> cases;
+  // --- elementwise, memory bound
+  {
+    const Tensor a = rnd({64, 256, 56, 56}, DType::float32), b = rnd({64, 256, 56, 56}, DType::float32);
+    const double n = static_cast<double>(a.numel());
+    cases.push_back({"add", "[64,256,56,56]", "float32", 12 * n, n, [=] { (void)ops::add(a, b); }});
+    cases.push_back({"relu", "[64,256,56,56]", "float32", 8 * n, n, [=] { (void)relu(a); }});
+    cases.push_back({"copy", "[64,256,56,56]", "float32", 8 * n, 0, [=] { (void)ops::clone(a); }});
+  }
+  {
+    const Tensor x = rnd({16, 1024, 3072}, DType::bfloat16);
+    const double n = static_cast<double>(x.numel());
+    cases.push_back({"gelu_tanh", "[16,1024,3072]", "bfloat16", 4 * n, 8 * n, [=] { (void)gelu(x, "tanh"); }});
+    const Tensor r = rnd({16, 1024, 768}, DType::bfloat16), s = rnd({16, 1024, 768}, DType::bfloat16);
+    const double m = static_cast<double>(r.numel());
+    cases.push_back({"add", "[16,1024,768]", "bfloat16", 6 * m, m, [=] { (void)ops::add(r, s); }});
+    cases.push_back({"sum", "[16,1024,768]", "bfloat16", 2 * m, m, [=] { (void)ops::sum(r); }});
+  }
+  // --- heavier ops: run when their CUDA kernels exist
+  {
+    const Tensor x = rnd({16384, 768}, DType::bfloat16), w = rnd({2304, 768}, DType::bfloat16);
+    cases.push_back({"linear", "[16384,768]x[2304,768]^T", "bfloat16", 2.0 * (x.numel() + w.numel() + 16384.0 * 2304),
+                     2.0 * 16384 * 768 * 2304, [=] { (void)linear(x, w); }});
+    const Tensor w2 = rnd({768, 768}, DType::float32), x2 = rnd({16384, 768}, DType::float32);
+    cases.push_back({"linear", "[16384,768]x[768,768]^T", "float32", 4.0 * (x2.numel() * 2 + w2.numel()),
+                     2.0 * 16384 * 768 * 768, [=] { (void)linear(x2, w2); }});
+  }
+  {
+    const Tensor x = rnd({16384, 768}, DType::bfloat16), g = rnd({768}, DType::float32), b = rnd({768}, DType::float32);
+    cases.push_back({"layer_norm", "[16384,768]", "bfloat16", 4.0 * x.numel(), 8.0 * x.numel(),
+                     [=] { (void)layer_norm(x, {768}, g, b); }});
+  }
+  {
+    const Tensor logits = rnd({16384, 50257}, DType::bfloat16);
+    const Tensor y = ops::randint(0, 50257, {16384}, DType::int64, kGpu);
+    cases.push_back({"cross_entropy", "[16384,50257]", "bfloat16", 2.0 * logits.numel(), 4.0 * logits.numel(),
+                     [=] { (void)cross_entropy(logits, y); }});
+  }
+  {
+    const Tensor x = rnd({64, 64, 56, 56}, DType::float32), w = rnd({64, 64, 3, 3}, DType::float32);
+    cases.push_back({"conv2d", "[64,64,56,56]*[64,64,3,3]", "float32", 4.0 * (2 * x.numel() + w.numel()),
+                     2.0 * 64 * 64 * 56 * 56 * 64 * 9, [=] { (void)conv2d(x, w, {}, 1, 1); }});
+    const Tensor bn = rnd({64, 256, 56, 56}, DType::float32);
+    Tensor rm = ops::zeros({256}, DType::float32, kGpu), rv = ops::ones({256}, DType::float32, kGpu);
+    const Tensor gw = rnd({256}, DType::float32), gb = rnd({256}, DType::float32);
+    cases.push_back({"batch_norm", "[64,256,56,56]", "float32", 12.0 * bn.numel(), 8.0 * bn.numel(),
+                     [=] { (void)batch_norm(bn, rm, rv, gw, gb, true); }});
+    const Tensor mp = rnd({64, 64, 112, 112}, DType::float32);
+    cases.push_back({"max_pool2d", "[64,64,112,112] k3 s2", "float32", 4.0 * mp.numel() * 1.25, 9.0 * mp.numel() / 4,
+                     [=] { (void)max_pool2d(mp, 3, 2, 1); }});
+  }
+  {
+    const Tensor q = rnd({16, 12, 1024, 64}, DType::bfloat16), k = rnd({16, 12, 1024, 64}, DType::bfloat16),
+                 v = rnd({16, 12, 1024, 64}, DType::bfloat16);
+    cases.push_back({"sdpa_causal", "[16,12,1024,64]", "bfloat16", 2.0 * 4 * q.numel(), 4.0 * 16 * 12 * 1024 * 1024 * 64 / 2,
+                     [=] { (void)scaled_dot_product_attention(q, k, v, {}, 0.0, true); }});
+  }
+  for (const Case& c : cases) {
+    if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
+    try {
+      const double ms = time_ms(c.fn);
+      const double floor_ms = std::max(c.bytes / 4.3e12, c.flops / (c.dtype == "float32" ? 60e12 : 790e12)) * 1e3;
+      fmt::print("{{\"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"tally_ms\": {:.4f}, \"floor_ms\": {:.4f}, "
+                 "\"gbps\": {:.1f}}}\n", c.name, c.shape, c.dtype, ms, floor_ms, c.bytes / ms / 1e6);
+    } catch (const std::exception& e) {
+      fmt::print("{{\"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"error\": \"{}\"}}\n", c.name, c.shape,
+                 c.dtype, std::string(e.what()).substr(0, 120));
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+#else
+int main() {
+  fmt::print("bench_ops_cuda: built without CUDA\n");
+  return 0;
+}
+#endif

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Per-op GPU comparison: Tally (bench_ops_cuda, CUDA events) against PyTorch eager on the
+same shapes and dtypes, in one call on the GPU machine. Prints a table: Tally ms, PyTorch
+ms, speed ratio (PyTorch time / Tally time: >= 1 means Tally is as fast or faster), and
+the floor (bytes over 4.3 TB/s, FLOPs over 790 TFLOP/s bf16).
+
+    python3 bench/ops_gpu.py BUILD_DIR [filter]
+"""
+import json
+import statistics
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+dev = "cuda"
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+
+def t_ms(fn):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(20):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def rnd(*s, dtype=torch.float32):
+    return torch.randn(*s, device=dev).to(dtype)
+
+
+bf = torch.bfloat16
+TORCH = {}
+
+
+def case(op, shape, dtype):
+    def deco(fn):
+        TORCH[(op, shape, dtype)] = fn
+        return fn
+    return deco
+
+
+def torch_cases():
+    a, b = rnd(64, 256, 56, 56), rnd(64, 256, 56, 56)
+    TORCH[("add", "[64,256,56,56]", "float32")] = lambda: a + b
+    TORCH[("relu", "[64,256,56,56]", "float32")] = lambda: F.relu(a)
+    TORCH[("copy", "[64,256,56,56]", "float32")] = lambda: a.clone()
+    x = rnd(16, 1024, 3072, dtype=bf)
+    TORCH[("gelu_tanh", "[16,1024,3072]", "bfloat16")] = lambda: F.gelu(x, approximate="tanh")
+    r, s = rnd(16, 1024, 768, dtype=bf), rnd(16, 1024, 768, dtype=bf)
+    TORCH[("add", "[16,1024,768]", "bfloat16")] = lambda: r + s
+    TORCH[("sum", "[16,1024,768]", "bfloat16")] = lambda: r.sum()
+    xl, wl = rnd(16384, 768, dtype=bf), rnd(2304, 768, dtype=bf)
+    TORCH[("linear", "[16384,768]x[2304,768]^T", "bfloat16")] = lambda: F.linear(xl, wl)
+    x2, w2 = rnd(16384, 768), rnd(768, 768)
+    TORCH[("linear", "[16384,768]x[768,768]^T", "float32")] = lambda: F.linear(x2, w2)
+    xn, g, bb = rnd(16384, 768, dtype=bf), rnd(768), rnd(768)
+    TORCH[("layer_norm", "[16384,768]", "bfloat16")] = lambda: F.layer_norm(xn, (768,), g.to(bf), bb.to(bf))
+    logits = rnd(16384, 50257, dtype=bf)
+    y = torch.randint(0, 50257, (16384,), device=dev)
+    TORCH[("cross_entropy", "[16384,50257]", "bfloat16")] = lambda: F.cross_entropy(logits, y)
+    xc, wc = rnd(64, 64, 56, 56), rnd(64, 64, 3, 3)
+    TORCH[("conv2d", "[64,64,56,56]*[64,64,3,3]", "float32")] = lambda: F.conv2d(xc, wc, padding=1)
+    bn = rnd(64, 256, 56, 56)
+    rm, rv, gw, gb = torch.zeros(256, device=dev), torch.ones(256, device=dev), rnd(256), rnd(256)
+    TORCH[("batch_norm", "[64,256,56,56]", "float32")] = lambda: F.batch_norm(bn, rm, rv, gw, gb, training=True)
+    mp = rnd(64, 64, 112, 112)
+    TORCH[("max_pool2d", "[64,64,112,112] k3 s2", "float32")] = lambda: F.max_pool2d(mp, 3, 2, 1)
+    q, k, v = (rnd(16, 12, 1024, 64, dtype=bf) for _ in range(3))
+    TORCH[("sdpa_causal", "[16,12,1024,64]", "bfloat16")] = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def main():
+    build = sys.argv[1] if len(sys.argv) > 1 else "build"
+    filt = sys.argv[2] if len(sys.argv) > 2 else ""
+    out = subprocess.run([f"{build}/bench/bench_ops_cuda", filt], capture_output=True, text=True)
+    rows = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+    if out.returncode != 0:
+        print(out.stderr[-2000:])
+    torch_cases()
+    print(f"{'op':<14} {'shape':<28} {'dtype':<9} {'tally ms':>9} {'torch ms':>9} {'ratio':>6} {'floor ms':>9} {'GB/s':>7}")
+    for r in rows:
+        key = (r["op"], r["shape"], r["dtype"])
+        tms = t_ms(TORCH[key]) if key in TORCH else float("nan")
+        if "error" in r:
+            print(f"{r['op']:<14} {r['shape']:<28} {r['dtype']:<9} {'-':>9} {tms:9.3f}   (tally: {r['error'][:60]})")
+            continue
+        print(f"{r['op']:<14} {r['shape']:<28} {r['dtype']:<9} {r['tally_ms']:9.3f} {tms:9.3f} "
+              f"{tms / r['tally_ms']:6.2f} {r['floor_ms']:9.3f} {r['gbps']:7.0f}")
+        r["torch_ms"] = tms
+    print("JSON", json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
