@@ -1,14 +1,20 @@
 // The op-test harness: float64 finite-difference gradient checks and value checks. One
-// line per op case; the CUDA issue runs the same cases on the GPU against the CPU.
+// line per op case; the CUDA issue runs the same cases on the GPU against the CPU. Also
+// the small helpers the op tests share: dtype options, error-message checks and what a
+// node saved for backward.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <exception>
 #include <functional>
+#include <initializer_list>
 #include <random>
 #include <string>
+#include <vector>
 
+#include "autograd/node.h"
 #include "autograd/ops.h"
 
 namespace tally::testing {
@@ -109,6 +115,56 @@ inline ::testing::AssertionResult values_near(const Tensor& t, const std::vector
       return ::testing::AssertionFailure() << "element " << i << ": " << v[i] << " vs " << expected[i];
   }
   return ::testing::AssertionSuccess();
+}
+
+// Options for float64 and int64 tensors, and float64 leaves that require grad.
+inline const TensorOptions f64 = TensorOptions{}.with_dtype(DType::float64);
+inline const TensorOptions i64 = TensorOptions{}.with_dtype(DType::int64);
+inline const TensorOptions f64_grad =
+    TensorOptions{}.with_dtype(DType::float64).with_requires_grad();
+
+// start, start + 1, ..., start + n - 1.
+inline std::vector<double> iota_values(int64_t n, double start = 0) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = start + static_cast<double>(i);
+  return v;
+}
+
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// The message of the E that `f` throws, or "<no exception>" when it throws none.
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+// Expects `f` to throw E whose message contains every one of `parts`.
+template <typename E, typename F>
+void expect_error(F&& f, std::initializer_list<const char*> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception";
+  } catch (const E& e) {
+    for (const char* p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+  }
+}
+
+// The defined tensors the node that produced `out` saved for backward.
+inline std::vector<Tensor> saved_by(const Tensor& out) {
+  std::vector<Tensor> r;
+  for (const SavedTensor* s : out.autograd_meta()->grad_fn->saved_tensors())
+    if (s->defined()) r.push_back(s->held());
+  return r;
 }
 
 }  // namespace tally::testing

@@ -7,9 +7,7 @@
 namespace tally {
 namespace {
 
-using testing::gradcheck;
-using testing::rand_input;
-using testing::values_near;
+using namespace testing;
 
 TEST(Attention, MatchesTheDefinition) {
   const Tensor q = rand_input({2, 3, 4}, -1, 1, 1), k = rand_input({2, 5, 4}, -1, 1, 2),

@@ -14,30 +14,7 @@
 namespace tally {
 namespace {
 
-using testing::gradcheck;
-using testing::rand_input;
-using testing::rand_input_noncontig;
-using testing::values_near;
-
-const TensorOptions f64 = TensorOptions{}.with_dtype(DType::float64);
-
-template <typename F>
-std::string invalid_argument_message(F fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-std::vector<double> iota_values(int64_t n, double start = 0) {
-  std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = start + static_cast<double>(i);
-  return v;
-}
+using namespace testing;
 
 // The obviously-right definition, for comparing the im2col + GEMM path against.
 std::vector<double> naive_conv2d(const Tensor& x_, const Tensor& w_, const Tensor& b_, Int2 s, Int2 p,
@@ -262,40 +239,42 @@ TEST(Conv2d, Im2colWorkspaceIsAccounted) {
 
 TEST(Conv2d, ErrorsNameOpAndShapes) {
   const Tensor x = zeros({2, 3, 8, 8});
-  std::string m = invalid_argument_message([&] { conv2d(x, zeros({4, 5, 3, 3})); });
+  std::string m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 5, 3, 3})); });
   EXPECT_TRUE(contains(m, "conv2d: input [2, 3, 8, 8] has 3 channels but weight [4, 5, 3, 3] expects 5")) << m;
-  m = invalid_argument_message([&] { conv2d(zeros({2, 4, 8, 8}), zeros({4, 1, 3, 3}), {}, 1, 0, 1, 3); });
+  m = error_of<std::invalid_argument>([&] { conv2d(zeros({2, 4, 8, 8}), zeros({4, 1, 3, 3}), {}, 1, 0, 1, 3); });
   EXPECT_TRUE(contains(m, "conv2d: groups 3 does not divide the 4 input channels of input [2, 4, 8, 8]")) << m;
-  m = invalid_argument_message([&] { conv2d(zeros({2, 4, 8, 8}), zeros({3, 2, 3, 3}), {}, 1, 0, 1, 2); });
+  m = error_of<std::invalid_argument>([&] { conv2d(zeros({2, 4, 8, 8}), zeros({3, 2, 3, 3}), {}, 1, 0, 1, 2); });
   EXPECT_TRUE(contains(m, "groups 2 does not divide the 3 output channels of weight [3, 2, 3, 3]")) << m;
-  m = invalid_argument_message([&] { conv2d(zeros({2, 4, 8, 8}), zeros({4, 1, 3, 3}), {}, 1, 0, 1, 2); });
+  m = error_of<std::invalid_argument>([&] { conv2d(zeros({2, 4, 8, 8}), zeros({4, 1, 3, 3}), {}, 1, 0, 1, 2); });
   EXPECT_TRUE(contains(m, "expects 2 (1 per group x 2 groups)")) << m;
-  m = invalid_argument_message([&] { conv2d(zeros({1, 3, 4, 4}), zeros({2, 3, 5, 5})); });
+  m = error_of<std::invalid_argument>([&] { conv2d(zeros({1, 3, 4, 4}), zeros({2, 3, 5, 5})); });
   EXPECT_TRUE(contains(m, "conv2d: kernel 5x5 (dilated to 5x5) is larger than the padded input 4x4")) << m;
   EXPECT_TRUE(contains(m, "input [1, 3, 4, 4], weight [2, 3, 5, 5]")) << m;
-  m = invalid_argument_message([&] { conv2d(zeros({1, 3, 4, 4}), zeros({2, 3, 2, 2}), {}, 1, 0, 4); });
+  m = error_of<std::invalid_argument>([&] { conv2d(zeros({1, 3, 4, 4}), zeros({2, 3, 2, 2}), {}, 1, 0, 4); });
   EXPECT_TRUE(contains(m, "kernel 2x2 (dilated to 5x5) is larger than the padded input 4x4")) << m;
-  m = invalid_argument_message([&] { conv2d(x, zeros({4, 3, 3, 3}), zeros({5})); });
+  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3, 3}), zeros({5})); });
   EXPECT_TRUE(contains(m, "conv2d: bias [5] does not match the 4 output channels of weight [4, 3, 3, 3]")) << m;
-  m = invalid_argument_message([&] { conv2d(zeros({3, 8}), zeros({4, 3, 3, 3})); });
+  m = error_of<std::invalid_argument>([&] { conv2d(zeros({3, 8}), zeros({4, 3, 3, 3})); });
   EXPECT_TRUE(contains(m, "conv2d: input must be 3-D [C, H, W] or 4-D [N, C, H, W], got [3, 8]")) << m;
-  m = invalid_argument_message([&] { conv2d(x, zeros({4, 3, 3})); });
+  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3})); });
   EXPECT_TRUE(contains(m, "conv2d: weight must be 4-D")) << m;
-  m = invalid_argument_message([&] { conv2d(x, zeros({4, 3, 3, 3}), {}, 0); });
+  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3, 3}), {}, 0); });
   EXPECT_TRUE(contains(m, "conv2d: stride must be positive, got [0, 0]")) << m;
-  m = invalid_argument_message([&] { conv2d(x, zeros({4, 3, 3, 3}), {}, 1, -1); });
+  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3, 3}), {}, 1, -1); });
   EXPECT_TRUE(contains(m, "conv2d: padding must be non-negative")) << m;
-  m = invalid_argument_message([&] { conv2d(x, zeros({4, 3, 3, 3}), {}, 1, 0, 0); });
+  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3, 3}), {}, 1, 0, 0); });
   EXPECT_TRUE(contains(m, "conv2d: dilation must be positive")) << m;
-  m = invalid_argument_message([&] { conv2d(x, zeros({4, 3, 3, 3}), {}, 1, 0, 1, 0); });
+  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3, 3}), {}, 1, 0, 1, 0); });
   EXPECT_TRUE(contains(m, "conv2d: groups must be positive")) << m;
-  m = invalid_argument_message([&] { conv2d(x, zeros({4, 3, 3, 3}, f64)); });
+  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3, 3}, f64)); });
   EXPECT_TRUE(contains(m, "conv2d: input [2, 3, 8, 8] is float32 but weight [4, 3, 3, 3] is float64")) << m;
-  m = invalid_argument_message([&] { conv2d(zeros({2, 3, 8, 8}, TensorOptions{}.with_dtype(DType::int64)),
-                                            zeros({4, 3, 3, 3}, TensorOptions{}.with_dtype(DType::int64))); });
+  m = error_of<std::invalid_argument>([&] {
+    conv2d(zeros({2, 3, 8, 8}, TensorOptions{}.with_dtype(DType::int64)),
+           zeros({4, 3, 3, 3}, TensorOptions{}.with_dtype(DType::int64)));
+  });
   EXPECT_TRUE(contains(m, "conv2d: input must be a floating tensor")) << m;
   // The backward ops check grad_output against the geometry.
-  m = invalid_argument_message([&] {
+  m = error_of<std::invalid_argument>([&] {
     ops::conv2d_backward_input(zeros({2, 4, 5, 5}), zeros({4, 3, 3, 3}), {2, 3, 8, 8}, 1, 0, 1, 1);
   });
   EXPECT_TRUE(contains(m, "conv2d_backward_input: grad_output [2, 4, 5, 5] does not match the output "

@@ -5,10 +5,7 @@
 namespace tally {
 namespace {
 
-using testing::gradcheck;
-using testing::rand_input;
-using testing::rand_input_noncontig;
-using testing::values_near;
+using namespace testing;
 
 TEST(Elementwise, BroadcastValues) {
   const Tensor a = from_vector({1, 2, 3, 4, 5, 6}, {2, 3});

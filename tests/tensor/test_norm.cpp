@@ -9,36 +9,7 @@
 namespace tally {
 namespace {
 
-using testing::gradcheck;
-using testing::rand_input;
-using testing::rand_input_noncontig;
-using testing::values_near;
-
-const TensorOptions f64 = TensorOptions{}.with_dtype(DType::float64);
-TensorOptions f64_grad() { return TensorOptions{}.with_dtype(DType::float64).with_requires_grad(); }
-
-// The message of the std::invalid_argument fn throws ("" when it does not).
-template <typename F>
-std::string invalid_argument_message(F fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-// The defined tensors the node that produced `out` saved for backward.
-std::vector<Tensor> saved_by(const Tensor& out) {
-  std::vector<Tensor> r;
-  for (const SavedTensor* s : out.autograd_meta()->grad_fn->saved_tensors())
-    if (s->defined()) r.push_back(s->held());
-  return r;
-}
+using namespace testing;
 
 // ---------------------------------------------------------------- layer_norm
 
@@ -81,9 +52,9 @@ TEST(LayerNorm, Values) {
 
 TEST(LayerNorm, SimpleGradients) {
   // sum(layer_norm(x)) does not depend on x; dbias counts the rows; dweight sums xhat.
-  const Tensor x = from_vector({1, 2, 3, 2, 4, 8}, {2, 3}, f64_grad());
-  const Tensor w = from_vector({1, 1, 1}, {3}, f64_grad());
-  const Tensor b = from_vector({0, 0, 0}, {3}, f64_grad());
+  const Tensor x = from_vector({1, 2, 3, 2, 4, 8}, {2, 3}, f64_grad);
+  const Tensor w = from_vector({1, 1, 1}, {3}, f64_grad);
+  const Tensor b = from_vector({0, 0, 0}, {3}, f64_grad);
   sum(layer_norm(x, {3}, w, b, 0.0)).backward();
   EXPECT_TRUE(values_near(x.grad(), {0, 0, 0, 0, 0, 0}, 1e-12));
   EXPECT_TRUE(values_near(b.grad(), {2, 2, 2}, 1e-12));
@@ -175,25 +146,25 @@ TEST(LayerNorm, Dtypes) {
 
 TEST(LayerNorm, Errors) {
   const Tensor x = zeros({2, 3});
-  std::string m = invalid_argument_message([&] { layer_norm(x, {4}); });
+  std::string m = error_of<std::invalid_argument>([&] { layer_norm(x, {4}); });
   EXPECT_TRUE(contains(m, "layer_norm") && contains(m, "[4]") && contains(m, "[2, 3]")) << m;
-  m = invalid_argument_message([&] { layer_norm(x, {2, 3, 1}); });
+  m = error_of<std::invalid_argument>([&] { layer_norm(x, {2, 3, 1}); });
   EXPECT_TRUE(contains(m, "layer_norm") && contains(m, "[2, 3, 1]")) << m;
-  m = invalid_argument_message([&] { layer_norm(x, {}); });
+  m = error_of<std::invalid_argument>([&] { layer_norm(x, {}); });
   EXPECT_TRUE(contains(m, "layer_norm") && contains(m, "at least one dimension")) << m;
-  m = invalid_argument_message([&] { layer_norm(x, {3}, zeros({4})); });
+  m = error_of<std::invalid_argument>([&] { layer_norm(x, {3}, zeros({4})); });
   EXPECT_TRUE(contains(m, "layer_norm: weight of shape [4]") && contains(m, "[3]")) << m;
-  m = invalid_argument_message([&] { layer_norm(x, {3}, {}, zeros({2, 3})); });
+  m = error_of<std::invalid_argument>([&] { layer_norm(x, {3}, {}, zeros({2, 3})); });
   EXPECT_TRUE(contains(m, "layer_norm: bias of shape [2, 3]")) << m;
-  m = invalid_argument_message([&] { layer_norm(zeros({2, 3}, TensorOptions{}.with_dtype(DType::int64)), {3}); });
+  m = error_of<std::invalid_argument>([&] { layer_norm(zeros({2, 3}, TensorOptions{}.with_dtype(DType::int64)), {3}); });
   EXPECT_TRUE(contains(m, "layer_norm") && contains(m, "int64")) << m;
-  m = invalid_argument_message([&] { rms_norm(x, {2}); });
+  m = error_of<std::invalid_argument>([&] { rms_norm(x, {2}); });
   EXPECT_TRUE(contains(m, "rms_norm") && contains(m, "[2]") && contains(m, "[2, 3]")) << m;
 }
 
 TEST(LayerNorm, EmptyInput) {
-  const Tensor x = zeros({0, 4}, f64_grad());
-  const Tensor w = ones({4}, f64_grad());
+  const Tensor x = zeros({0, 4}, f64_grad);
+  const Tensor w = ones({4}, f64_grad);
   const Tensor out = layer_norm(x, {4}, w);
   EXPECT_EQ(out.sizes(), (Shape{0, 4}));
   sum(out).backward();
@@ -308,7 +279,7 @@ TEST(BatchNorm, EvalUsesRunningStats) {
   EXPECT_TRUE(values_near(rv, {4, 9}));
 
   // Eval backward: dx = dy * weight * invstd; only invstd and weight saved for it.
-  const Tensor xg = from_vector({1, 2, 3, 5}, {2, 2}, f64_grad());
+  const Tensor xg = from_vector({1, 2, 3, 5}, {2, 2}, f64_grad);
   const Tensor out = batch_norm(xg, rm, rv, w, b, false, 0.1, 0.0);
   EXPECT_EQ(saved_by(out).size(), 2u);
   sum(out).backward();
@@ -370,31 +341,31 @@ TEST(BatchNorm, Dtypes) {
 
 TEST(BatchNorm, Errors) {
   const Tensor x = zeros({2, 3, 5});
-  std::string m = invalid_argument_message([&] { batch_norm(x, zeros({4}), ones({4}), {}, {}, true); });
+  std::string m = error_of<std::invalid_argument>([&] { batch_norm(x, zeros({4}), ones({4}), {}, {}, true); });
   EXPECT_TRUE(contains(m, "batch_norm: running_mean of shape [4]") && contains(m, "3 channels") &&
               contains(m, "[2, 3, 5]")) << m;
-  m = invalid_argument_message([&] { batch_norm(x, zeros({3}), ones({3}), ones({2}), {}, true); });
+  m = error_of<std::invalid_argument>([&] { batch_norm(x, zeros({3}), ones({3}), ones({2}), {}, true); });
   EXPECT_TRUE(contains(m, "batch_norm: weight of shape [2]") && contains(m, "[2, 3, 5]")) << m;
-  m = invalid_argument_message([&] { batch_norm(x, {}, {}, {}, zeros({3, 1}), true); });
+  m = error_of<std::invalid_argument>([&] { batch_norm(x, {}, {}, {}, zeros({3, 1}), true); });
   EXPECT_TRUE(contains(m, "batch_norm: bias of shape [3, 1]")) << m;
-  m = invalid_argument_message([&] { batch_norm(zeros({1, 3}), zeros({3}), ones({3}), {}, {}, true); });
+  m = error_of<std::invalid_argument>([&] { batch_norm(zeros({1, 3}), zeros({3}), ones({3}), {}, {}, true); });
   EXPECT_TRUE(contains(m, "batch_norm: Expected more than 1 value per channel when training") &&
               contains(m, "[1, 3]")) << m;
-  m = invalid_argument_message([&] { batch_norm(zeros({1, 3, 1, 1}), {}, {}, {}, {}, true); });
+  m = error_of<std::invalid_argument>([&] { batch_norm(zeros({1, 3, 1, 1}), {}, {}, {}, {}, true); });
   EXPECT_TRUE(contains(m, "Expected more than 1 value per channel when training") &&
               contains(m, "[1, 3, 1, 1]")) << m;
   EXPECT_NO_THROW(batch_norm(zeros({1, 3, 2}), {}, {}, {}, {}, true));  // 2 values per channel
-  m = invalid_argument_message([&] { batch_norm(x, {}, {}, {}, {}, false); });
+  m = error_of<std::invalid_argument>([&] { batch_norm(x, {}, {}, {}, {}, false); });
   EXPECT_TRUE(contains(m, "batch_norm") && contains(m, "evaluation mode")) << m;
-  m = invalid_argument_message([&] { batch_norm(x, zeros({3}), {}, {}, {}, true); });
+  m = error_of<std::invalid_argument>([&] { batch_norm(x, zeros({3}), {}, {}, {}, true); });
   EXPECT_TRUE(contains(m, "batch_norm") && contains(m, "running_var")) << m;
-  m = invalid_argument_message([&] { batch_norm(zeros({3}), {}, {}, {}, {}, true); });
+  m = error_of<std::invalid_argument>([&] { batch_norm(zeros({3}), {}, {}, {}, {}, true); });
   EXPECT_TRUE(contains(m, "batch_norm") && contains(m, "[N, C]") && contains(m, "[3]")) << m;
 }
 
 TEST(BatchNorm, EmptyBatch) {
-  const Tensor x = zeros({0, 3}, f64_grad());
-  const Tensor w = ones({3}, f64_grad());
+  const Tensor x = zeros({0, 3}, f64_grad);
+  const Tensor w = ones({3}, f64_grad);
   const Tensor rm = zeros({3}, f64), rv = ones({3}, f64);
   const Tensor out = batch_norm(x, rm, rv, w, {}, true);
   EXPECT_EQ(out.sizes(), (Shape{0, 3}));

@@ -10,43 +10,12 @@
 namespace tally {
 namespace {
 
-using testing::gradcheck;
-using testing::rand_input;
-using testing::rand_input_noncontig;
-using testing::values_near;
-
-const TensorOptions f64 = TensorOptions{}.with_dtype(DType::float64);
-TensorOptions f64_grad() { return TensorOptions{}.with_dtype(DType::float64).with_requires_grad(); }
-
-template <typename F>
-std::string invalid_argument_message(F fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-std::vector<Tensor> saved_by(const Tensor& out) {
-  std::vector<Tensor> r;
-  for (const SavedTensor* s : out.autograd_meta()->grad_fn->saved_tensors())
-    if (s->defined()) r.push_back(s->held());
-  return r;
-}
+using namespace testing;
 
 // (i * 7) % n for i < n: a permutation of 0..n-1 (n coprime to 7), so no ties.
 std::vector<double> perm_values(int n) {
   std::vector<double> v;
   for (int i = 0; i < n; ++i) v.push_back((i * 7) % n);
-  return v;
-}
-
-std::vector<double> iota_values(int n) {
-  std::vector<double> v;
-  for (int i = 0; i < n; ++i) v.push_back(i);
   return v;
 }
 
@@ -97,7 +66,7 @@ TEST(MaxPool2d, NanPropagates) {
 }
 
 TEST(MaxPool2d, BackwardRoutesToArgmaxAndSavesOnlyIndices) {
-  const Tensor x = x4(f64_grad());
+  const Tensor x = x4(f64_grad);
   const Tensor y = max_pool2d(x, 3, 2, 1, 1, true);
   const auto s = saved_by(y);
   ASSERT_EQ(s.size(), 1u);
@@ -147,7 +116,7 @@ TEST(AvgPool2d, Values) {
 }
 
 TEST(AvgPool2d, BackwardSavesNothing) {
-  const Tensor x = x4(f64_grad());
+  const Tensor x = x4(f64_grad);
   const Tensor y = avg_pool2d(x, 2, 1);
   EXPECT_TRUE(saved_by(y).empty());
   y.sum().backward();
@@ -217,37 +186,37 @@ TEST(Pool2d, LowPrecisionDtypes) {
 
 TEST(Pool2d, ErrorsNameOpAndShapes) {
   const Tensor x = zeros({2, 3, 4, 4});
-  std::string m = invalid_argument_message([&] { max_pool2d(x, 5); });
+  std::string m = error_of<std::invalid_argument>([&] { max_pool2d(x, 5); });
   EXPECT_TRUE(contains(m, "max_pool2d: kernel [5, 5] (dilated [5, 5]) is larger than the padded input 4x4 "
                           "(input [2, 3, 4, 4]")) << m;
-  m = invalid_argument_message([&] { max_pool2d(x, 2, 2, 2); });
+  m = error_of<std::invalid_argument>([&] { max_pool2d(x, 2, 2, 2); });
   EXPECT_TRUE(contains(m, "max_pool2d: padding [2, 2] should be at most half of the kernel size [2, 2] (input [2, 3, 4, 4])")) << m;
   // The undilated kernel bounds the padding, as in PyTorch.
-  m = invalid_argument_message([&] { max_pool2d(x, 2, 1, {0, 2}, 3); });
+  m = error_of<std::invalid_argument>([&] { max_pool2d(x, 2, 1, {0, 2}, 3); });
   EXPECT_TRUE(contains(m, "max_pool2d: padding [0, 2] should be at most half of the kernel size [2, 2]")) << m;
-  m = invalid_argument_message([&] { avg_pool2d(x, 3, 1, 2); });
+  m = error_of<std::invalid_argument>([&] { avg_pool2d(x, 3, 1, 2); });
   EXPECT_TRUE(contains(m, "avg_pool2d: padding [2, 2] should be at most half of the kernel size")) << m;
-  m = invalid_argument_message([&] { max_pool2d(x, 0); });
+  m = error_of<std::invalid_argument>([&] { max_pool2d(x, 0); });
   EXPECT_TRUE(contains(m, "max_pool2d: kernel_size must be positive, got [0, 0]")) << m;
-  m = invalid_argument_message([&] { avg_pool2d(x, 2, {0, 1}); });
+  m = error_of<std::invalid_argument>([&] { avg_pool2d(x, 2, {0, 1}); });
   EXPECT_TRUE(contains(m, "avg_pool2d: stride must be positive, got [0, 1]")) << m;
-  m = invalid_argument_message([&] { max_pool2d(x, 2, 1, 0, 0); });
+  m = error_of<std::invalid_argument>([&] { max_pool2d(x, 2, 1, 0, 0); });
   EXPECT_TRUE(contains(m, "max_pool2d: dilation must be positive")) << m;
-  m = invalid_argument_message([&] { max_pool2d(zeros({4, 4}), 2); });
+  m = error_of<std::invalid_argument>([&] { max_pool2d(zeros({4, 4}), 2); });
   EXPECT_TRUE(contains(m, "max_pool2d: input must be 3-D [C, H, W] or 4-D [N, C, H, W], got [4, 4]")) << m;
-  m = invalid_argument_message([&] { avg_pool2d(zeros({1, 3, 0, 4}), 1); });
+  m = error_of<std::invalid_argument>([&] { avg_pool2d(zeros({1, 3, 0, 4}), 1); });
   EXPECT_TRUE(contains(m, "avg_pool2d: input [1, 3, 0, 4] has an empty spatial dimension")) << m;
-  m = invalid_argument_message([&] { adaptive_avg_pool2d(x, {0, 2}); });
+  m = error_of<std::invalid_argument>([&] { adaptive_avg_pool2d(x, {0, 2}); });
   EXPECT_TRUE(contains(m, "adaptive_avg_pool2d: output_size must be positive, got [0, 2] (input [2, 3, 4, 4])")) << m;
-  m = invalid_argument_message([&] { avg_pool2d(x, 2, 2, 0, false, true, 0); });
+  m = error_of<std::invalid_argument>([&] { avg_pool2d(x, 2, 2, 0, false, true, 0); });
   EXPECT_TRUE(contains(m, "avg_pool2d: divisor_override must not be zero")) << m;
-  m = invalid_argument_message([&] { max_pool2d(zeros({1, 1, 4, 4}, TensorOptions{}.with_dtype(DType::int64)), 2); });
+  m = error_of<std::invalid_argument>([&] { max_pool2d(zeros({1, 1, 4, 4}, TensorOptions{}.with_dtype(DType::int64)), 2); });
   EXPECT_TRUE(contains(m, "max_pool2d: expected a floating tensor, got int64 [1, 1, 4, 4]")) << m;
   // Backward ops check what they are given.
-  m = invalid_argument_message([&] { ops::avg_pool2d_backward(zeros({2, 3, 3, 3}), {2, 3, 4, 4}, 2); });
+  m = error_of<std::invalid_argument>([&] { ops::avg_pool2d_backward(zeros({2, 3, 3, 3}), {2, 3, 4, 4}, 2); });
   EXPECT_TRUE(contains(m, "avg_pool2d_backward: grad_output [2, 3, 3, 3] does not match the output "
                           "[2, 3, 2, 2] for input [2, 3, 4, 4]")) << m;
-  m = invalid_argument_message([&] {
+  m = error_of<std::invalid_argument>([&] {
     ops::max_pool2d_backward(zeros({2, 3, 2, 2}), zeros({2, 3, 2, 2}), {2, 3, 4, 4});
   });
   EXPECT_TRUE(contains(m, "max_pool2d_backward: indices must be int64")) << m;

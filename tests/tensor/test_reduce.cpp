@@ -11,30 +11,7 @@
 namespace tally {
 namespace {
 
-using testing::gradcheck;
-using testing::rand_input;
-using testing::rand_input_noncontig;
-using testing::values_near;
-
-TensorOptions f64() {
-  return TensorOptions{}.with_dtype(DType::float64);
-}
-TensorOptions i64() {
-  return TensorOptions{}.with_dtype(DType::int64);
-}
-
-template <typename E, typename F>
-void expect_error(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const E& e) {
-    for (const char* p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
-}
+using namespace testing;
 
 // ---------------------------------------------------------------- selections
 
@@ -70,7 +47,7 @@ TEST(Reduce, MaxMinAlongDim) {
   EXPECT_TRUE(values_near(argmin(n), {1}));
   EXPECT_TRUE(std::isnan(amax(n).item()));
   // Integer and bool inputs keep their dtype.
-  const Tensor xi = from_vector({4, -2, 9, 9}, {2, 2}, i64());
+  const Tensor xi = from_vector({4, -2, 9, 9}, {2, 2}, i64);
   EXPECT_EQ(max(xi, 1).values.dtype(), DType::int64);
   EXPECT_TRUE(values_near(max(xi, 1).values, {4, 9}));
   EXPECT_TRUE(values_near(max(xi, 1).indices, {0, 0}));
@@ -100,22 +77,22 @@ TEST(Reduce, AmaxAmin) {
 // ---------------------------------------------------------------- statistics
 
 TEST(Reduce, VarStd) {
-  const Tensor x = from_vector({1, 2, 3, 4}, {1, 4}, f64());
+  const Tensor x = from_vector({1, 2, 3, 4}, {1, 4}, f64);
   EXPECT_TRUE(values_near(var(x, {1}), {1.6666666667}, 1e-9));
   EXPECT_TRUE(values_near(var(x, {1}, 0.0), {1.25}, 1e-12));
   EXPECT_TRUE(values_near(std(x, {1}), {1.2909944487}, 1e-9));
   EXPECT_TRUE(values_near(std(x, {}, 0.0), {std::sqrt(1.25)}, 1e-12));
   EXPECT_EQ(var(x, {1}, 1.0, true).sizes(), (Shape{1, 1}));
-  const Tensor m = from_vector({1, 2, 4, 8}, {2, 2}, f64());
+  const Tensor m = from_vector({1, 2, 4, 8}, {2, 2}, f64);
   EXPECT_TRUE(values_near(var(m), {9.5833333333}, 1e-9));
   EXPECT_TRUE(values_near(var(m, {0}), {4.5, 18}, 1e-12));
   EXPECT_TRUE(values_near(var(m, {0, 1}), {9.5833333333}, 1e-9));
   EXPECT_TRUE(values_near(var(m.t(), {1}), {4.5, 18}, 1e-12));        // non-contiguous
   EXPECT_TRUE(values_near(var(m, {-1}, 2.0), {INFINITY, INFINITY}));  // divisor max(0, 2 - 2) = 0
-  EXPECT_TRUE(std::isnan(var(from_vector({3}, {1}, f64())).item()));  // one element: 0 / 0
+  EXPECT_TRUE(std::isnan(var(from_vector({3}, {1}, f64)).item()));    // one element: 0 / 0
   EXPECT_TRUE(std::isnan(var(zeros({0})).item()));
   // Large offset: the two-pass algorithm keeps the variance exact.
-  EXPECT_TRUE(values_near(var(from_vector({1e9 + 1, 1e9 + 2, 1e9 + 3}, {3}, f64())), {1.0}, 1e-6));
+  EXPECT_TRUE(values_near(var(from_vector({1e9 + 1, 1e9 + 2, 1e9 + 3}, {3}, f64)), {1.0}, 1e-6));
   for (DType d : {DType::float32, DType::float16, DType::bfloat16}) {
     const Tensor xd = x.to(d);
     EXPECT_EQ(var(xd).dtype(), d);
@@ -125,23 +102,23 @@ TEST(Reduce, VarStd) {
 }
 
 TEST(Reduce, Logsumexp) {
-  const Tensor x = from_vector({1, 2, 3}, {3}, f64());
+  const Tensor x = from_vector({1, 2, 3}, {3}, f64);
   EXPECT_TRUE(values_near(logsumexp(x, 0), {3.4076059644}, 1e-9));
   EXPECT_TRUE(
       values_near(logsumexp(from_vector({1000, 1001, 1002}, {3}), 0), {1002.4076059644}, 1e-3));
-  const Tensor m = from_vector({1, 2, 3, -INFINITY}, {2, 2}, f64());
+  const Tensor m = from_vector({1, 2, 3, -INFINITY}, {2, 2}, f64);
   EXPECT_TRUE(values_near(logsumexp(m, 1), {2.3132616875, 3.0}, 1e-9));
   EXPECT_EQ(logsumexp(m, -1, true).sizes(), (Shape{2, 1}));
-  EXPECT_TRUE(values_near(logsumexp(from_vector({1, 2, 3, 4}, {2, 2}, f64()), {0, 1}),
+  EXPECT_TRUE(values_near(logsumexp(from_vector({1, 2, 3, 4}, {2, 2}, f64), {0, 1}),
                           {4.4401896986}, 1e-9));
-  EXPECT_TRUE(values_near(logsumexp(from_vector({1, 2, 3, 4}, {2, 2}, f64()), Shape{}),
+  EXPECT_TRUE(values_near(logsumexp(from_vector({1, 2, 3, 4}, {2, 2}, f64), Shape{}),
                           {4.4401896986}, 1e-9));
   // All -inf gives -inf, a +inf gives +inf, an empty reduction -inf.
-  const Tensor inf = from_vector({-INFINITY, -INFINITY, 1, INFINITY}, {2, 2}, f64());
+  const Tensor inf = from_vector({-INFINITY, -INFINITY, 1, INFINITY}, {2, 2}, f64);
   EXPECT_TRUE(values_near(logsumexp(inf, 1), {-INFINITY, INFINITY}));
   EXPECT_TRUE(values_near(logsumexp(zeros({2, 0}), 1), {-INFINITY, -INFINITY}));
   // Integers compute in float32.
-  EXPECT_EQ(logsumexp(from_vector({1, 2, 3}, {3}, i64()), 0).dtype(), DType::float32);
+  EXPECT_EQ(logsumexp(from_vector({1, 2, 3}, {3}, i64), 0).dtype(), DType::float32);
   for (DType d : {DType::float16, DType::bfloat16})
     EXPECT_TRUE(values_near(logsumexp(x.to(d), 0), {3.4076059644}, 2e-2)) << dtype_name(d);
 }
@@ -175,25 +152,25 @@ TEST(Reduce, Gradients) {
 
 TEST(Reduce, TieGradients) {
   // max along a dim: all of the gradient to the first index among ties.
-  const Tensor x = from_vector({1, 3, 3}, {3}, f64().with_requires_grad());
+  const Tensor x = from_vector({1, 3, 3}, {3}, f64_grad);
   max(x, 0).values.backward();
   EXPECT_TRUE(values_near(x.grad(), {0, 1, 0}));
   // max over everything and amax: split evenly among ties (PyTorch's rule).
-  const Tensor y = from_vector({1, 3, 3}, {3}, f64().with_requires_grad());
+  const Tensor y = from_vector({1, 3, 3}, {3}, f64_grad);
   max(y).backward();
   EXPECT_TRUE(values_near(y.grad(), {0, 0.5, 0.5}));
-  const Tensor z = from_vector({1, 3, 3, 2, 2, 0}, {2, 3}, f64().with_requires_grad());
-  sum(amax(z, {1}) * from_vector({1, 10}, {2}, f64())).backward();
+  const Tensor z = from_vector({1, 3, 3, 2, 2, 0}, {2, 3}, f64_grad);
+  sum(amax(z, {1}) * from_vector({1, 10}, {2}, f64)).backward();
   EXPECT_TRUE(values_near(z.grad(), {0, 0.5, 0.5, 5, 5, 0}));
-  const Tensor w = from_vector({2, 1, 1}, {3}, f64().with_requires_grad());
+  const Tensor w = from_vector({2, 1, 1}, {3}, f64_grad);
   min(w).backward();
   EXPECT_TRUE(values_near(w.grad(), {0, 0.5, 0.5}));
   // std of constant values: gradient 0, not NaN.
-  const Tensor k = from_vector({2, 2, 2}, {3}, f64().with_requires_grad());
+  const Tensor k = from_vector({2, 2, 2}, {3}, f64_grad);
   std(k).backward();
   EXPECT_TRUE(values_near(k.grad(), {0, 0, 0}));
   // var: 2 (x - mean) / (N - 1) = (x - 2.5) * 2 / 3.
-  const Tensor v = from_vector({1, 2, 3, 4}, {4}, f64().with_requires_grad());
+  const Tensor v = from_vector({1, 2, 3, 4}, {4}, f64_grad);
   var(v).backward();
   EXPECT_TRUE(values_near(v.grad(), {-1.0, -1.0 / 3, 1.0 / 3, 1.0}, 1e-12));
 }
@@ -218,7 +195,7 @@ TEST(Reduce, SavedForBackward) {
 // Regression (core tensor/ops.cpp, autograd/functions/elementwise.cpp): sum/mean of a 0-D
 // tensor over dim 0 or -1 wrote out of bounds, and its backward failed to expand.
 TEST(Reduce, CoreSumMeanOfZeroDimOverDimZero) {
-  const Tensor s = full({}, 2.0, f64().with_requires_grad());
+  const Tensor s = full({}, 2.0, f64_grad);
   EXPECT_TRUE(values_near(sum(s, {0}), {2.0}));
   EXPECT_EQ(sum(s, {-1}).dim(), 0);
   EXPECT_TRUE(values_near(mean(s, {0}, true), {2.0}));
@@ -245,13 +222,13 @@ TEST(Reduce, Errors) {
       {"var", "dim 1", "multiple times"});
   expect_error<std::invalid_argument>(
       [&] {
-        (void)std(from_vector({1, 2}, {2}, i64()));
+        (void)std(from_vector({1, 2}, {2}, i64));
       },
       {"std", "int64"});
   expect_error<std::out_of_range>([&] { (void)logsumexp(y, 5); }, {"logsumexp", "dimension 5"});
   expect_error<std::invalid_argument>(
       [&] {
-        (void)ops::value_selecting_reduction_backward(zeros({3}), zeros({3}, i64()), {2, 3}, 1,
+        (void)ops::value_selecting_reduction_backward(zeros({3}), zeros({3}, i64), {2, 3}, 1,
                                                       false);
       },
       {"value_selecting_reduction_backward", "[3]", "[2, 3]"});

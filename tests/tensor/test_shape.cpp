@@ -8,29 +8,7 @@
 namespace tally {
 namespace {
 
-using testing::gradcheck;
-using testing::rand_input;
-using testing::rand_input_noncontig;
-using testing::values_near;
-
-const TensorOptions f64 = TensorOptions{}.with_dtype(DType::float64);
-const TensorOptions i64 = TensorOptions{}.with_dtype(DType::int64);
-
-template <typename E, typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "<no exception>";
-}
-
-#define EXPECT_MSG(type, expr, text)                                              \
-  do {                                                                            \
-    const std::string msg = error_of<type>([&] { (void)(expr); });                \
-    EXPECT_NE(msg.find(text), std::string::npos) << "message: " << msg;           \
-  } while (0)
+using namespace testing;
 
 Tensor seq(double start, const Shape& shape, TensorOptions opts = {}) {
   return ops::reshape(arange(start, start + static_cast<double>(shape_numel(shape)), 1,
@@ -193,23 +171,38 @@ TEST(Shape, Gradients) {
 
 TEST(Shape, Errors) {
   const Tensor a = zeros({2, 3}), b = zeros({2, 4});
-  EXPECT_MSG(std::invalid_argument, cat({}, 0), "cat: expected a non-empty list of tensors");
-  EXPECT_MSG(std::invalid_argument, cat({a, b}, 0),
-             "cat: sizes of tensors must match except in dimension 0: tensor 1 has shape [2, 4] but tensor 0 has shape [2, 3]");
-  EXPECT_MSG(std::invalid_argument, cat({a, zeros({2, 3, 1})}, 1), "tensor 1 has shape [2, 3, 1]");
-  EXPECT_MSG(std::invalid_argument, cat({zeros({}), zeros({})}), "cat: zero-dimensional tensor (at position 0) cannot be concatenated");
-  EXPECT_MSG(std::out_of_range, cat({a, a}, 2), "cat: dimension 2 out of range for a 2-D tensor");
-  EXPECT_MSG(std::invalid_argument, stack({a, b}), "stack: expects each tensor to be equal size, but got [2, 3] at entry 0 and [2, 4] at entry 1");
-  EXPECT_MSG(std::out_of_range, stack({a, a}, 3), "stack: dimension 3 out of range");
-  EXPECT_MSG(std::invalid_argument, stack({}), "stack: expected a non-empty list");
-  EXPECT_MSG(std::invalid_argument, split(a, 0, 1), "split: split_size must be positive");
-  EXPECT_MSG(std::invalid_argument, split(a, -1, 1), "got -1 for dimension 1 of shape [2, 3]");
-  EXPECT_MSG(std::invalid_argument, split(a, std::vector<int64_t>{1, 1}, 1), "split: split sizes [1, 1] sum to 2 but dimension 1 of shape [2, 3] has size 3");
-  EXPECT_MSG(std::invalid_argument, split(a, std::vector<int64_t>{4, -1}, 1), "split: split sizes must be non-negative");
-  EXPECT_MSG(std::invalid_argument, split(zeros({}), 1), "split: cannot split a 0-D tensor");
-  EXPECT_MSG(std::out_of_range, split(a, 1, 2), "split: dimension 2 out of range");
-  EXPECT_MSG(std::invalid_argument, chunk(a, 0), "chunk: number of chunks must be greater than 0, got 0");
-  EXPECT_MSG(std::out_of_range, chunk(a, 2, -3), "chunk: dimension -3 out of range");
+  expect_error<std::invalid_argument>([&] { (void)cat({}, 0); },
+                                      {"cat: expected a non-empty list of tensors"});
+  expect_error<std::invalid_argument>([&] { (void)cat({a, b}, 0); },
+                                      {"cat: sizes of tensors must match except in dimension 0: tensor 1 has shape [2, 4] but tensor 0 has shape [2, 3]"});
+  expect_error<std::invalid_argument>([&] { (void)cat({a, zeros({2, 3, 1})}, 1); },
+                                      {"tensor 1 has shape [2, 3, 1]"});
+  expect_error<std::invalid_argument>([&] { (void)cat({zeros({}), zeros({})}); },
+                                      {"cat: zero-dimensional tensor (at position 0) cannot be concatenated"});
+  expect_error<std::out_of_range>([&] { (void)cat({a, a}, 2); },
+                                  {"cat: dimension 2 out of range for a 2-D tensor"});
+  expect_error<std::invalid_argument>([&] { (void)stack({a, b}); },
+                                      {"stack: expects each tensor to be equal size, but got [2, 3] at entry 0 and [2, 4] at entry 1"});
+  expect_error<std::out_of_range>([&] { (void)stack({a, a}, 3); },
+                                  {"stack: dimension 3 out of range"});
+  expect_error<std::invalid_argument>([&] { (void)stack({}); },
+                                      {"stack: expected a non-empty list"});
+  expect_error<std::invalid_argument>([&] { (void)split(a, 0, 1); },
+                                      {"split: split_size must be positive"});
+  expect_error<std::invalid_argument>([&] { (void)split(a, -1, 1); },
+                                      {"got -1 for dimension 1 of shape [2, 3]"});
+  expect_error<std::invalid_argument>([&] { (void)split(a, std::vector<int64_t>{1, 1}, 1); },
+                                      {"split: split sizes [1, 1] sum to 2 but dimension 1 of shape [2, 3] has size 3"});
+  expect_error<std::invalid_argument>([&] { (void)split(a, std::vector<int64_t>{4, -1}, 1); },
+                                      {"split: split sizes must be non-negative"});
+  expect_error<std::invalid_argument>([&] { (void)split(zeros({}), 1); },
+                                      {"split: cannot split a 0-D tensor"});
+  expect_error<std::out_of_range>([&] { (void)split(a, 1, 2); },
+                                  {"split: dimension 2 out of range"});
+  expect_error<std::invalid_argument>([&] { (void)chunk(a, 0); },
+                                      {"chunk: number of chunks must be greater than 0, got 0"});
+  expect_error<std::out_of_range>([&] { (void)chunk(a, 2, -3); },
+                                  {"chunk: dimension -3 out of range"});
 }
 
 }  // namespace

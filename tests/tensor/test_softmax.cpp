@@ -11,19 +11,10 @@
 namespace tally {
 namespace {
 
-using testing::gradcheck;
-using testing::rand_input;
-using testing::rand_input_noncontig;
-using testing::values_near;
+using namespace testing;
 
-TensorOptions f64() {
-  return TensorOptions{}.with_dtype(DType::float64);
-}
-TensorOptions i64() {
-  return TensorOptions{}.with_dtype(DType::int64);
-}
 Tensor targets(std::initializer_list<double> v, const Shape& shape) {
-  return from_vector(std::vector<double>(v), shape, i64());
+  return from_vector(std::vector<double>(v), shape, i64);
 }
 
 // The tensors a result's grad_fn holds for backward.
@@ -31,24 +22,10 @@ std::vector<const SavedTensor*> saved_of(const Tensor& out) {
   return out.autograd_meta()->grad_fn->saved_tensors();
 }
 
-// Expects `f` to throw E whose message contains every one of `parts`.
-template <typename E, typename F>
-void expect_error(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const E& e) {
-    for (const char* p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
-}
-
 // ---------------------------------------------------------------- softmax values
 
 TEST(Softmax, HandValues) {
-  const Tensor x = from_vector({1, 2, 3}, {3}, f64());
+  const Tensor x = from_vector({1, 2, 3}, {3}, f64);
   EXPECT_TRUE(values_near(softmax(x, 0), {0.0900305732, 0.2447284711, 0.6652409558}, 1e-9));
   EXPECT_TRUE(values_near(softmax(x, -1), {0.0900305732, 0.2447284711, 0.6652409558}, 1e-9));
   EXPECT_TRUE(values_near(log_softmax(x, 0), {-2.4076059644, -1.4076059644, -0.4076059644}, 1e-9));
@@ -128,8 +105,8 @@ TEST(Softmax, BackwardSavesOnlyTheOutput) {
     EXPECT_TRUE(saved[0]->held().storage().is_same(y.storage()));
   }
   // Hand gradient: d(sum(softmax(x) * w))/dx = y * (w - sum(w * y)).
-  const Tensor v = from_vector({1, 2, 3}, {3}, f64().with_requires_grad());
-  const Tensor w = from_vector({1, 0, 0}, {3}, f64());
+  const Tensor v = from_vector({1, 2, 3}, {3}, f64_grad);
+  const Tensor w = from_vector({1, 0, 0}, {3}, f64);
   sum(softmax(v, 0) * w).backward();
   // y0 * (1 - y0), -y0 * y1, -y0 * y2
   EXPECT_TRUE(values_near(v.grad(), {0.0819250691, -0.0220330445, -0.0598920245}, 1e-9));
@@ -138,7 +115,7 @@ TEST(Softmax, BackwardSavesOnlyTheOutput) {
 // ---------------------------------------------------------------- cross_entropy values
 
 TEST(CrossEntropy, HandValues) {
-  const Tensor logits = from_vector({1, 2, 3, 1, 2, 3}, {2, 3}, f64());
+  const Tensor logits = from_vector({1, 2, 3, 1, 2, 3}, {2, 3}, f64);
   const Tensor t = targets({2, 0}, {2});
   // Per row: lse(1, 2, 3) - x[t] = 3.4076059644 - 3 and - 1.
   EXPECT_TRUE(values_near(cross_entropy(logits, t), {1.4076059644}, 1e-9));
@@ -166,11 +143,11 @@ TEST(CrossEntropy, HandValues) {
   EXPECT_TRUE(values_near(cross_entropy(logits, ti, -100, 0.1, "none"), {0.5076059644, 0.0}, 1e-9));
   EXPECT_TRUE(values_near(cross_entropy(logits, ti, -100, 0.1), {0.5076059644}, 1e-9));
   // Unbatched: input [C], target 0-D.
-  const Tensor row = from_vector({1, 2, 3}, {3}, f64());
+  const Tensor row = from_vector({1, 2, 3}, {3}, f64);
   EXPECT_TRUE(values_near(cross_entropy(row, targets({0}, {})), {2.4076059644}, 1e-9));
-  EXPECT_EQ(cross_entropy(row, full({}, 1.0, i64()), -100, 0.0, "none").dim(), 0);
+  EXPECT_EQ(cross_entropy(row, full({}, 1.0, i64), -100, 0.0, "none").dim(), 0);
   // Spatial [N, C, d]: x[0, :, 0] = (0.5, -1, 2) with target 2, x[0, :, 1] = (1, 1, 0) with 0.
-  const Tensor sp = from_vector({0.5, 1, -1, 1, 2, 0}, {1, 3, 2}, f64());
+  const Tensor sp = from_vector({0.5, 1, -1, 1, 2, 0}, {1, 3, 2}, f64);
   const Tensor st = targets({2, 0}, {1, 2});
   EXPECT_TRUE(
       values_near(cross_entropy(sp, st, -100, 0.0, "none"), {0.2413112967, 0.8619948041}, 1e-9));
@@ -182,7 +159,7 @@ TEST(CrossEntropy, HandValues) {
 }
 
 TEST(CrossEntropy, HandGradient) {
-  const Tensor logits = from_vector({1, 2, 3, 1, 2, 3}, {2, 3}, f64().with_requires_grad());
+  const Tensor logits = from_vector({1, 2, 3, 1, 2, 3}, {2, 3}, f64_grad);
   cross_entropy(logits, targets({2, 0}, {2})).backward();
   // (softmax - one_hot) / 2 per row.
   EXPECT_TRUE(values_near(
@@ -190,14 +167,14 @@ TEST(CrossEntropy, HandGradient) {
       {0.0450152866, 0.1223642355, -0.1673795221, -0.4549847134, 0.1223642355, 0.3326204779},
       1e-9));
   // Label smoothing 0.1, mean over both rows (values from PyTorch 2.11).
-  const Tensor l1 = from_vector({1, 2, 3, 1, 2, 3}, {2, 3}, f64().with_requires_grad());
+  const Tensor l1 = from_vector({1, 2, 3, 1, 2, 3}, {2, 3}, f64_grad);
   cross_entropy(l1, targets({2, 0}, {2}), -100, 0.1).backward();
   EXPECT_TRUE(values_near(
       l1.grad(),
       {0.0283486199, 0.1056975689, -0.1340461888, -0.4216513801, 0.1056975689, 0.3159538112},
       1e-9));
   // Label smoothing 0.1 and an ignored row: (softmax - (0.9 one_hot + 0.1 / 3)) / 1, and 0.
-  const Tensor l2 = from_vector({1, 2, 3, 1, 2, 3}, {2, 3}, f64().with_requires_grad());
+  const Tensor l2 = from_vector({1, 2, 3, 1, 2, 3}, {2, 3}, f64_grad);
   cross_entropy(l2, targets({2, -100}, {2}), -100, 0.1).backward();
   EXPECT_TRUE(values_near(l2.grad(), {0.0566972398, 0.2113951377, -0.2680923776, 0, 0, 0}, 1e-9));
 }
@@ -292,7 +269,7 @@ TEST(CrossEntropy, Gradients) {
   // Unbatched.
   const Tensor xu = rand_input({5}, -2, 2, 35);
   EXPECT_TRUE(gradcheck(
-      [&](const TensorList& in) { return cross_entropy(in[0], full({}, 3.0, i64()), -100, 0.1); },
+      [&](const TensorList& in) { return cross_entropy(in[0], full({}, 3.0, i64), -100, 0.1); },
       {xu}));
   // The loss feeding more graph (the gradient is not 1).
   EXPECT_TRUE(gradcheck(
@@ -301,7 +278,7 @@ TEST(CrossEntropy, Gradients) {
 }
 
 TEST(NllLoss, ValuesAndGradients) {
-  const Tensor lp = from_vector({-1, -2, -3, -0.5, -4, -6}, {2, 3}, f64());
+  const Tensor lp = from_vector({-1, -2, -3, -0.5, -4, -6}, {2, 3}, f64);
   EXPECT_TRUE(values_near(nll_loss(lp, targets({2, 0}, {2})), {1.75}));
   EXPECT_TRUE(values_near(nll_loss(lp, targets({2, 0}, {2}), -100, "sum"), {3.5}));
   EXPECT_TRUE(values_near(nll_loss(lp, targets({2, -100}, {2}), -100, "none"), {3.0, 0.0}));
@@ -367,7 +344,7 @@ TEST(CrossEntropy, Errors) {
       },
       {"cross_entropy", "label_smoothing", "1.5"});
   expect_error<std::invalid_argument>(
-      [&] { (void)cross_entropy(full({}, 1.0), full({}, 0.0, i64())); }, {"cross_entropy"});
+      [&] { (void)cross_entropy(full({}, 1.0), full({}, 0.0, i64)); }, {"cross_entropy"});
   expect_error<std::invalid_argument>(
       [&] {
         (void)softmax(targets({1, 2}, {2}), 0);
