@@ -1,6 +1,6 @@
 // Raw conv2d ops: argument checks (every message names the op and the shapes), output
-// allocation, the float16/bfloat16 -> float32 round trip the BLAS path needs, and the
-// dispatch into the device's kernel.
+// allocation, the float16/bfloat16 -> float32 round trip the CPU BLAS path needs (cuDNN
+// takes 16-bit tensors as they are), and the dispatch into the device's kernel.
 #include "tensor/ops/conv.h"
 
 #include <fmt/format.h>
@@ -8,6 +8,13 @@
 #include "tensor/cpu/conv.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops.h"
+
+#if defined(TALLY_WITH_CUDA)
+#include "tensor/cuda/conv.h"
+#define TALLY_CONV_CUDA(fn) (&cuda::fn)
+#else
+#define TALLY_CONV_CUDA(fn) nullptr
+#endif
 
 namespace tally {
 
@@ -23,12 +30,13 @@ using ConvForwardFn = void(const Tensor&, const Tensor&, const Tensor&, const Te
                            const Conv2dParams&);
 using ConvBackwardFn = void(const Tensor&, const Tensor&, const Tensor&, const Conv2dParams&);
 
-// CUDA kernels plug into the .cuda slots.
-const KernelTable<ConvForwardFn> kConvForward{.cpu = &cpu::conv2d_forward, .cuda = nullptr};
+// CUDA kernels (cuDNN) plug into the .cuda slots.
+const KernelTable<ConvForwardFn> kConvForward{.cpu = &cpu::conv2d_forward,
+                                              .cuda = TALLY_CONV_CUDA(conv2d_forward)};
 const KernelTable<ConvBackwardFn> kConvBackwardInput{.cpu = &cpu::conv2d_backward_input,
-                                                     .cuda = nullptr};
+                                                     .cuda = TALLY_CONV_CUDA(conv2d_backward_input)};
 const KernelTable<ConvBackwardFn> kConvBackwardWeight{.cpu = &cpu::conv2d_backward_weight,
-                                                      .cuda = nullptr};
+                                                      .cuda = TALLY_CONV_CUDA(conv2d_backward_weight)};
 
 // A new contiguous tensor under the current op's allocation context.
 Tensor alloc(const Shape& shape, DType dtype, Device device) {
@@ -36,9 +44,13 @@ Tensor alloc(const Shape& shape, DType dtype, Device device) {
   return Tensor::make(Storage::allocate(bytes, device), shape, contiguous_strides(shape), 0, dtype);
 }
 
-// The dtype kernels compute in: BLAS has float32 and float64; the 16-bit floats go
-// through float32.
-DType compute_dtype(DType d) { return d == DType::float64 ? DType::float64 : DType::float32; }
+// The dtype kernels compute in: on the CPU, BLAS has float32 and float64 and the 16-bit
+// floats go through float32; cuDNN takes all four floating dtypes as they are (16-bit
+// with float accumulation).
+DType compute_dtype(DType d, Device device) {
+  if (device.type == DeviceType::cuda) return d;
+  return d == DType::float64 ? DType::float64 : DType::float32;
+}
 
 // `t` as a contiguous tensor of dtype `dt` (itself when it already is one).
 Tensor prepare(const Tensor& t, DType dt) { return contiguous(to(t, dt)); }
@@ -149,7 +161,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
                                               dtype_name(input.dtype()), bias.shape_string(),
                                               dtype_name(bias.dtype())));
   }
-  const DType ct = compute_dtype(input.dtype());
+  const DType ct = compute_dtype(input.dtype(), input.device());
   const Tensor x = prepare(as_batched(input), ct);
   const Tensor w = prepare(weight, ct);
   const Tensor b = bias.defined() ? prepare(bias, ct) : Tensor();
@@ -174,7 +186,7 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, co
                                             "and weight {}", info.name, grad_output.shape_string(),
                                             shape_str(out_shape), shape_str(input_sizes),
                                             weight.shape_string()));
-  const DType ct = compute_dtype(grad_output.dtype());
+  const DType ct = compute_dtype(grad_output.dtype(), grad_output.device());
   const Tensor gy = prepare(as_batched(grad_output), ct);
   const Tensor w = prepare(weight, ct);
   Tensor gx = alloc(in4, ct, grad_output.device());
@@ -198,7 +210,7 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, co
                                             "and weight {}", info.name, grad_output.shape_string(),
                                             shape_str(out_shape), input.shape_string(),
                                             shape_str(weight_sizes)));
-  const DType ct = compute_dtype(grad_output.dtype());
+  const DType ct = compute_dtype(grad_output.dtype(), grad_output.device());
   const Tensor gy = prepare(as_batched(grad_output), ct);
   const Tensor x = prepare(as_batched(input), ct);
   Tensor gw = alloc(weight_sizes, ct, grad_output.device());

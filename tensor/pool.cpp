@@ -9,6 +9,13 @@
 #include "tensor/dispatch.h"
 #include "tensor/ops.h"
 
+#if defined(TALLY_WITH_CUDA)
+#include "tensor/cuda/pool.h"
+#define TALLY_POOL_CUDA(fn) (&cuda::fn)
+#else
+#define TALLY_POOL_CUDA(fn) nullptr
+#endif
+
 namespace tally::ops {
 
 namespace {
@@ -19,14 +26,18 @@ using AvgFn = void(const Tensor&, const Tensor&, const Pool2dParams&);
 using AdaptiveFn = void(const Tensor&, const Tensor&);
 
 // CUDA kernels plug into the .cuda slots.
-const KernelTable<MaxForwardFn> kMaxForward{.cpu = &cpu::max_pool2d_forward, .cuda = nullptr};
-const KernelTable<MaxBackwardFn> kMaxBackward{.cpu = &cpu::max_pool2d_backward, .cuda = nullptr};
-const KernelTable<AvgFn> kAvgForward{.cpu = &cpu::avg_pool2d_forward, .cuda = nullptr};
-const KernelTable<AvgFn> kAvgBackward{.cpu = &cpu::avg_pool2d_backward, .cuda = nullptr};
+const KernelTable<MaxForwardFn> kMaxForward{.cpu = &cpu::max_pool2d_forward,
+                                            .cuda = TALLY_POOL_CUDA(max_pool2d_forward)};
+const KernelTable<MaxBackwardFn> kMaxBackward{.cpu = &cpu::max_pool2d_backward,
+                                              .cuda = TALLY_POOL_CUDA(max_pool2d_backward)};
+const KernelTable<AvgFn> kAvgForward{.cpu = &cpu::avg_pool2d_forward,
+                                     .cuda = TALLY_POOL_CUDA(avg_pool2d_forward)};
+const KernelTable<AvgFn> kAvgBackward{.cpu = &cpu::avg_pool2d_backward,
+                                      .cuda = TALLY_POOL_CUDA(avg_pool2d_backward)};
 const KernelTable<AdaptiveFn> kAdaptiveForward{.cpu = &cpu::adaptive_avg_pool2d_forward,
-                                               .cuda = nullptr};
+                                               .cuda = TALLY_POOL_CUDA(adaptive_avg_pool2d_forward)};
 const KernelTable<AdaptiveFn> kAdaptiveBackward{.cpu = &cpu::adaptive_avg_pool2d_backward,
-                                                .cuda = nullptr};
+                                                .cuda = TALLY_POOL_CUDA(adaptive_avg_pool2d_backward)};
 
 // A new contiguous tensor under the current op's allocation context.
 Tensor alloc(const Shape& shape, DType dtype, Device device) {

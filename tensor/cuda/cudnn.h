@@ -1,0 +1,77 @@
+// cuDNN plumbing shared by the CUDA kernels that call it: the calling thread's handle per
+// device (bound to Tally's stream), status checks that name the call, RAII descriptors,
+// Tally dtype -> cuDNN dtype, and the `benchmark` switch (torch.backends.cudnn.benchmark).
+#pragma once
+
+#include <cudnn.h>
+
+#include <string>
+
+#include "tensor/dtype.h"
+
+namespace tally::cuda {
+
+// When on, convolutions time every algorithm once per (shapes, dtype, params) key with
+// cudnnFind*AlgorithmEx (a host-blocking measurement, done once per key) and keep the
+// fastest; when off (the default), cuDNN's heuristics (cudnnGet*Algorithm_v7) choose.
+void set_cudnn_benchmark(bool enabled);
+bool cudnn_benchmark();
+
+// Throws std::runtime_error "`call`: <cuDNN's message> (<context>)" unless status is success.
+void check_cudnn(cudnnStatus_t status, const char* call, const std::string& context = {});
+
+// The calling thread's cuDNN handle for `device`, with its stream set to Tally's stream
+// for that device. Created on first use (with `device` current) and kept for the life of
+// the process (handles are intentionally never destroyed: tearing them down during
+// static destruction can outlive the CUDA context).
+cudnnHandle_t cudnn_handle(int device);
+
+// float32 -> CUDNN_DATA_FLOAT, float64 -> DOUBLE, float16 -> HALF, bfloat16 -> BFLOAT16.
+cudnnDataType_t cudnn_data_type(DType dtype);
+
+// RAII owners of cuDNN descriptors.
+class TensorDescriptor {
+ public:
+  TensorDescriptor();
+  ~TensorDescriptor();
+  TensorDescriptor(const TensorDescriptor&) = delete;
+  TensorDescriptor& operator=(const TensorDescriptor&) = delete;
+  // 4-D with explicit strides (cudnnSetTensor4dDescriptorEx).
+  void set(cudnnDataType_t dt, const int dims[4], const int strides[4]);
+  cudnnTensorDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnTensorDescriptor_t desc_ = nullptr;
+};
+
+class FilterDescriptor {
+ public:
+  FilterDescriptor();
+  ~FilterDescriptor();
+  FilterDescriptor(const FilterDescriptor&) = delete;
+  FilterDescriptor& operator=(const FilterDescriptor&) = delete;
+  // [out, in / groups, kH, kW], NCHW.
+  void set(cudnnDataType_t dt, const int dims[4]);
+  cudnnFilterDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnFilterDescriptor_t desc_ = nullptr;
+};
+
+class ConvolutionDescriptor {
+ public:
+  ConvolutionDescriptor();
+  ~ConvolutionDescriptor();
+  ConvolutionDescriptor(const ConvolutionDescriptor&) = delete;
+  ConvolutionDescriptor& operator=(const ConvolutionDescriptor&) = delete;
+  // Cross-correlation (PyTorch's conv2d) with `groups` and the given compute type.
+  void set(const int pad[2], const int stride[2], const int dilation[2], int groups,
+           cudnnDataType_t compute_type, cudnnMathType_t math);
+  void set_math(cudnnMathType_t math);
+  cudnnConvolutionDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnConvolutionDescriptor_t desc_ = nullptr;
+};
+
+}  // namespace tally::cuda
