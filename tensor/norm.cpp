@@ -1,5 +1,7 @@
 // Raw normalization ops: argument checks, output allocation and the dispatch into the
-// layer_norm / rms_norm / batch_norm kernels (tensor/cpu/norm.cpp; CUDA slots to fill).
+// layer_norm / rms_norm / batch_norm kernels (tensor/cpu/norm.cpp, tensor/cuda/norm.cu).
+// Device-generic: everything outside the kernels (conversions, the running-stat update,
+// eval statistics) is ops on tensors of x's device; nothing reads device memory back.
 #include "tensor/ops/norm.h"
 
 #include <fmt/format.h>
@@ -9,6 +11,12 @@
 #include "tensor/cpu/norm.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops.h"
+#if defined(TALLY_WITH_CUDA)
+#include "tensor/cuda/norm.h"
+#define TALLY_NORM_CUDA(fn) (&cuda::fn)
+#else
+#define TALLY_NORM_CUDA(fn) nullptr
+#endif
 
 namespace tally::ops {
 
@@ -25,13 +33,16 @@ using BatchNormElemtFn = void(const Tensor&, const Tensor&, const Tensor&, const
 using BatchNormBackwardFn = void(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                  const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool);
 
-const KernelTable<RowNormFn> kLayerNorm{.cpu = &cpu::layer_norm, .cuda = nullptr};
-const KernelTable<RowNormBackwardFn> kLayerNormBackward{.cpu = &cpu::layer_norm_backward,
-                                                        .cuda = nullptr};
-const KernelTable<BatchNormStatsFn> kBatchNormStats{.cpu = &cpu::batch_norm_stats, .cuda = nullptr};
-const KernelTable<BatchNormElemtFn> kBatchNormElemt{.cpu = &cpu::batch_norm_elemt, .cuda = nullptr};
-const KernelTable<BatchNormBackwardFn> kBatchNormBackward{.cpu = &cpu::batch_norm_backward,
-                                                          .cuda = nullptr};
+const KernelTable<RowNormFn> kLayerNorm{.cpu = &cpu::layer_norm,
+                                        .cuda = TALLY_NORM_CUDA(layer_norm)};
+const KernelTable<RowNormBackwardFn> kLayerNormBackward{
+    .cpu = &cpu::layer_norm_backward, .cuda = TALLY_NORM_CUDA(layer_norm_backward)};
+const KernelTable<BatchNormStatsFn> kBatchNormStats{.cpu = &cpu::batch_norm_stats,
+                                                    .cuda = TALLY_NORM_CUDA(batch_norm_stats)};
+const KernelTable<BatchNormElemtFn> kBatchNormElemt{.cpu = &cpu::batch_norm_elemt,
+                                                    .cuda = TALLY_NORM_CUDA(batch_norm_elemt)};
+const KernelTable<BatchNormBackwardFn> kBatchNormBackward{
+    .cpu = &cpu::batch_norm_backward, .cuda = TALLY_NORM_CUDA(batch_norm_backward)};
 
 // A contiguous tensor allocated under the current op's context (no nested "empty" scope).
 Tensor alloc(const Shape& shape, DType dtype, Device device) {
