@@ -10,6 +10,12 @@
 
 #include "tensor/cpu/linalg.h"
 #include "tensor/dispatch.h"
+#if defined(TALLY_WITH_CUDA)
+#include "tensor/cuda/linalg.h"
+#define TALLY_LINALG_CUDA(fn) (&fn)
+#else
+#define TALLY_LINALG_CUDA(fn) nullptr
+#endif
 
 namespace tally::ops {
 
@@ -23,11 +29,22 @@ Tensor alloc(const Shape& shape, DType dtype, Device device) {
 using MatmulFn = void(const Tensor&, const Tensor&, const Tensor&, bool);
 using EmbeddingFn = void(const Tensor&, const Tensor&, const Tensor&);
 using EmbeddingBackwardFn = void(const Tensor&, const Tensor&, const Tensor&, int64_t);
+// out [rows, N] = x [rows, K] @ wt [K, N] + bias [N] (broadcast over rows).
+using LinearBiasFn = void(const Tensor&, const Tensor&, const Tensor&, const Tensor&);
 
-const KernelTable<MatmulFn> kMatmul{.cpu = &cpu::matmul, .cuda = nullptr};
-const KernelTable<EmbeddingFn> kEmbedding{.cpu = &cpu::embedding, .cuda = nullptr};
-const KernelTable<EmbeddingBackwardFn> kEmbeddingBackward{.cpu = &cpu::embedding_backward,
-                                                          .cuda = nullptr};
+// The CPU linear with bias: the bias broadcast into out, then the GEMM accumulates x W^T.
+void cpu_linear_bias(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& bias) {
+  copy_(out, bias);
+  cpu::matmul(out, x, wt, /*accumulate=*/true);
+}
+
+const KernelTable<MatmulFn> kMatmul{.cpu = &cpu::matmul, .cuda = TALLY_LINALG_CUDA(cuda::matmul)};
+const KernelTable<LinearBiasFn> kLinearBias{.cpu = &cpu_linear_bias,
+                                            .cuda = TALLY_LINALG_CUDA(cuda::linear)};
+const KernelTable<EmbeddingFn> kEmbedding{.cpu = &cpu::embedding,
+                                          .cuda = TALLY_LINALG_CUDA(cuda::embedding)};
+const KernelTable<EmbeddingBackwardFn> kEmbeddingBackward{
+    .cpu = &cpu::embedding_backward, .cuda = TALLY_LINALG_CUDA(cuda::embedding_backward)};
 
 Shape batch_of(const Tensor& t) { return Shape(t.sizes().begin(), t.sizes().end() - 2); }
 
@@ -166,9 +183,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const int64_t rows = shape_numel(shape);
   const Tensor x2 = x.dim() == 2 ? x : reshape(x, {rows, in});  // a view unless x forbids it
   Tensor out = alloc({rows, out_f}, x.dtype(), x.device());
-  if (bias.defined()) copy_(out, bias);  // broadcast over rows; the GEMM adds x W^T
-  kMatmul.get(info, x.device())(out, blas_ready(x2), blas_ready(transpose(weight, 0, 1)),
-                                bias.defined());
+  if (bias.defined())
+    kLinearBias.get(info, x.device())(out, blas_ready(x2), blas_ready(transpose(weight, 0, 1)),
+                                      bias);
+  else
+    kMatmul.get(info, x.device())(out, blas_ready(x2), blas_ready(transpose(weight, 0, 1)), false);
   shape.push_back(out_f);
   return view(out, shape);
 }

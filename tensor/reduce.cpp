@@ -1,11 +1,17 @@
 // Raw ops of the reduce family: argument checks, output allocation and the dispatch into
-// the kernels of tensor/cpu/reduce.cpp (CUDA slots empty until the CUDA kernels land).
+// the kernels of tensor/cpu/reduce.cpp and tensor/cuda/reduce.cu.
 #include "tensor/ops/reduce.h"
 
 #include <fmt/format.h>
 
 #include "tensor/cpu/reduce.h"
 #include "tensor/dispatch.h"
+#if defined(TALLY_WITH_CUDA)
+#include "tensor/cuda/reduce.h"
+#define TALLY_CUDA_KERNEL(fn) (&fn)
+#else
+#define TALLY_CUDA_KERNEL(fn) nullptr
+#endif
 
 namespace tally::ops {
 
@@ -22,14 +28,18 @@ using MaskReduceFn = void(const Tensor&, const Tensor&, const std::vector<bool>&
 using VarFn = void(const Tensor&, const Tensor&, const std::vector<bool>&, double, bool);
 using ScatterFn = void(const Tensor&, const Tensor&, const Tensor&, int64_t);
 
-const KernelTable<SelectDimFn> kMaxDim{&cpu::max_dim, nullptr};
-const KernelTable<SelectDimFn> kMinDim{&cpu::min_dim, nullptr};
-const KernelTable<MaskReduceFn> kAmax{&cpu::amax, nullptr};
-const KernelTable<MaskReduceFn> kAmin{&cpu::amin, nullptr};
-const KernelTable<VarFn> kVar{&cpu::var, nullptr};
-const KernelTable<MaskReduceFn> kLogsumexp{&cpu::logsumexp, nullptr};
-const KernelTable<ScatterFn> kValueSelectingBackward{&cpu::value_selecting_reduction_backward,
-                                                     nullptr};
+const KernelTable<SelectDimFn> kMaxDim{.cpu = &cpu::max_dim,
+                                       .cuda = TALLY_CUDA_KERNEL(cuda::max_dim)};
+const KernelTable<SelectDimFn> kMinDim{.cpu = &cpu::min_dim,
+                                       .cuda = TALLY_CUDA_KERNEL(cuda::min_dim)};
+const KernelTable<MaskReduceFn> kAmax{.cpu = &cpu::amax, .cuda = TALLY_CUDA_KERNEL(cuda::amax)};
+const KernelTable<MaskReduceFn> kAmin{.cpu = &cpu::amin, .cuda = TALLY_CUDA_KERNEL(cuda::amin)};
+const KernelTable<VarFn> kVar{.cpu = &cpu::var, .cuda = TALLY_CUDA_KERNEL(cuda::var)};
+const KernelTable<MaskReduceFn> kLogsumexp{.cpu = &cpu::logsumexp,
+                                           .cuda = TALLY_CUDA_KERNEL(cuda::logsumexp)};
+const KernelTable<ScatterFn> kValueSelectingBackward{
+    .cpu = &cpu::value_selecting_reduction_backward,
+    .cuda = TALLY_CUDA_KERNEL(cuda::value_selecting_reduction_backward)};
 
 // A reduction's layout: the input as the kernel sees it (a 0-D input viewed as [1]), the
 // reduced dims, the kernel's output shape (keepdim form) and the shape returned.

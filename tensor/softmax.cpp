@@ -1,12 +1,18 @@
 // Raw ops of the softmax family: argument checks, layout normalisation (0-D as [1], the
 // loss shapes as [N, C, S...] with target [N, 1, S...]), output allocation and the dispatch
-// into the kernels of tensor/cpu/softmax.cpp (CUDA slots empty until the CUDA kernels land).
+// into the kernels of tensor/cpu/softmax.cpp and tensor/cuda/softmax.cu.
 #include "tensor/ops/softmax.h"
 
 #include <fmt/format.h>
 
 #include "tensor/cpu/softmax.h"
 #include "tensor/dispatch.h"
+#if defined(TALLY_WITH_CUDA)
+#include "tensor/cuda/softmax.h"
+#define TALLY_CUDA_KERNEL(fn) (&fn)
+#else
+#define TALLY_CUDA_KERNEL(fn) nullptr
+#endif
 
 namespace tally::ops {
 
@@ -27,13 +33,18 @@ using CrossEntropyBackwardFn = void(const Tensor&, const Tensor&, const Tensor&,
 using NllLossFn = void(const Tensor&, const Tensor&, const Tensor&, int64_t, LossReduction);
 using NllLossBackwardFn = void(const Tensor&, const Tensor&, const Tensor&, int64_t, LossReduction);
 
-const KernelTable<SoftmaxFn> kSoftmax{&cpu::softmax, nullptr};
-const KernelTable<SoftmaxBackwardFn> kSoftmaxBackward{&cpu::softmax_backward, nullptr};
-const KernelTable<CrossEntropyFn> kCrossEntropy{&cpu::cross_entropy, nullptr};
-const KernelTable<CrossEntropyBackwardFn> kCrossEntropyBackward{&cpu::cross_entropy_backward,
-                                                                nullptr};
-const KernelTable<NllLossFn> kNllLoss{&cpu::nll_loss, nullptr};
-const KernelTable<NllLossBackwardFn> kNllLossBackward{&cpu::nll_loss_backward, nullptr};
+const KernelTable<SoftmaxFn> kSoftmax{.cpu = &cpu::softmax,
+                                      .cuda = TALLY_CUDA_KERNEL(cuda::softmax)};
+const KernelTable<SoftmaxBackwardFn> kSoftmaxBackward{
+    .cpu = &cpu::softmax_backward, .cuda = TALLY_CUDA_KERNEL(cuda::softmax_backward)};
+const KernelTable<CrossEntropyFn> kCrossEntropy{.cpu = &cpu::cross_entropy,
+                                                .cuda = TALLY_CUDA_KERNEL(cuda::cross_entropy)};
+const KernelTable<CrossEntropyBackwardFn> kCrossEntropyBackward{
+    .cpu = &cpu::cross_entropy_backward, .cuda = TALLY_CUDA_KERNEL(cuda::cross_entropy_backward)};
+const KernelTable<NllLossFn> kNllLoss{.cpu = &cpu::nll_loss,
+                                      .cuda = TALLY_CUDA_KERNEL(cuda::nll_loss)};
+const KernelTable<NllLossBackwardFn> kNllLossBackward{
+    .cpu = &cpu::nll_loss_backward, .cuda = TALLY_CUDA_KERNEL(cuda::nll_loss_backward)};
 
 void check_floating(const char* op, const Tensor& x) {
   if (!is_floating(x.dtype()))

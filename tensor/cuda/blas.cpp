@@ -1,0 +1,408 @@
+// cuBLASLt handles, the algorithm (plan) cache and the one GEMM entry point. See blas.h.
+#include "tensor/cuda/blas.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <climits>
+#include <compare>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "tensor/cuda/linalg.h"
+#include "tensor/cuda/runtime.h"
+
+namespace tally::cuda {
+
+namespace {
+std::atomic<bool> g_allow_tf32{false};
+
+size_t default_workspace_bytes() {
+  // PyTorch's CUBLASLT_WORKSPACE_SIZE, in KiB; 32 MiB otherwise (PyTorch's default on Hopper).
+  if (const char* env = std::getenv("CUBLASLT_WORKSPACE_SIZE")) {
+    char* end = nullptr;
+    const unsigned long long kib = std::strtoull(env, &end, 10);
+    if (end != env) return static_cast<size_t>(kib) * 1024;
+  }
+  return size_t{32} << 20;
+}
+std::atomic<size_t> g_workspace_bytes{default_workspace_bytes()};
+}  // namespace
+
+void set_allow_tf32(bool allow) {
+  g_allow_tf32.store(allow);
+}
+bool allow_tf32() {
+  return g_allow_tf32.load();
+}
+void set_matmul_workspace_bytes(size_t bytes) {
+  g_workspace_bytes.store(bytes);
+}
+size_t matmul_workspace_bytes() {
+  return g_workspace_bytes.load();
+}
+
+namespace blas {
+
+namespace {
+
+std::atomic<uint64_t> g_lt_calls{0}, g_heuristic_queries{0}, g_bias_calls{0}, g_classic_calls{0};
+std::atomic<bool> g_force_fallback{false};
+
+[[noreturn]] void fail(cublasStatus_t s, const char* call, const char* op, const Gemm& g) {
+  throw std::runtime_error(fmt::format("{}: {} failed: {} ({}) for {}", op, call,
+                                       cublasLtGetStatusName(s), cublasLtGetStatusString(s),
+                                       describe(g)));
+}
+
+#define TALLY_LT_CHECK(expr)                                           \
+  do {                                                                 \
+    const cublasStatus_t status_ = (expr);                             \
+    if (status_ != CUBLAS_STATUS_SUCCESS) fail(status_, #expr, op, g); \
+  } while (0)
+
+cudaDataType data_type(DType d) {
+  switch (d) {
+    case DType::float32:
+      return CUDA_R_32F;
+    case DType::float64:
+      return CUDA_R_64F;
+    case DType::float16:
+      return CUDA_R_16F;
+    case DType::bfloat16:
+      return CUDA_R_16BF;
+    default:
+      unsupported_dtype("matmul (cuBLASLt)", d);
+  }
+}
+
+cublasComputeType_t compute_type(DType d, bool tf32) {
+  if (d == DType::float64) return CUBLAS_COMPUTE_64F;
+  if (d == DType::float32 && tf32) return CUBLAS_COMPUTE_32F_FAST_TF32;
+  return CUBLAS_COMPUTE_32F;  // float32 exactly; float16/bfloat16 accumulate in float32
+}
+
+// The largest power of two (<= 256) dividing the address of every matrix of the batch.
+uint32_t alignment(const void* p, int64_t stride_elems, size_t esize, int64_t batch) {
+  uint64_t v = reinterpret_cast<uintptr_t>(p);
+  if (batch > 1 && stride_elems != 0) v |= static_cast<uint64_t>(stride_elems) * esize;
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+// RAII owners of the cuBLASLt descriptors.
+struct MatmulDesc {
+  cublasLtMatmulDesc_t h = nullptr;
+  ~MatmulDesc() {
+    if (h) cublasLtMatmulDescDestroy(h);
+  }
+};
+struct Layout {
+  cublasLtMatrixLayout_t h = nullptr;
+  ~Layout() {
+    if (h) cublasLtMatrixLayoutDestroy(h);
+  }
+};
+struct Preference {
+  cublasLtMatmulPreference_t h = nullptr;
+  ~Preference() {
+    if (h) cublasLtMatmulPreferenceDestroy(h);
+  }
+};
+
+struct PlanKey {
+  int device = 0;
+  int dtype = 0;
+  int compute = 0;
+  bool trans_a = false, trans_b = false, accumulate = false, bias = false;
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0;
+  int64_t stride_a = 0, stride_b = 0, stride_d = 0, batch = 0;
+  uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
+  uint64_t workspace = 0;
+  auto operator<=>(const PlanKey&) const = default;
+};
+
+struct Plan {
+  cublasStatus_t status = CUBLAS_STATUS_NOT_SUPPORTED;  // SUCCESS: `algo` is usable
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+};
+
+std::mutex g_plan_mu;
+std::map<PlanKey, Plan>& plan_cache() {
+  static auto* cache = new std::map<PlanKey, Plan>();  // never destroyed: used until exit
+  return *cache;
+}
+
+// Asks the heuristic for the best algorithm; `mask_output_reduction` excludes split-K
+// reductions in the (16-bit) output type.
+cublasStatus_t query(cublasLtHandle_t lt, const MatmulDesc& desc, const Layout& la,
+                     const Layout& lb, const Layout& ld, const PlanKey& key,
+                     bool mask_output_reduction, cublasLtMatmulHeuristicResult_t* result,
+                     const char* op, const Gemm& g) {
+  ++g_heuristic_queries;
+  Preference pref;
+  TALLY_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref.h));
+  const uint64_t ws = key.workspace;
+  TALLY_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t aligns[4] = {key.align_a, key.align_b, key.align_d, key.align_d};
+  const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i)
+    TALLY_LT_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref.h, attrs[i], &aligns[i], sizeof(uint32_t)));
+  if (mask_output_reduction) {
+    const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_MASK & ~CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    TALLY_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.h, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask)));
+  }
+  int returned = 0;
+  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt, desc.h, la.h, lb.h, ld.h, ld.h,
+                                                          pref.h, 1, result, &returned);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) return s;
+  TALLY_LT_CHECK(s);
+  if (returned < 1) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return result->state;
+}
+
+}  // namespace
+
+cublasLtHandle_t handle(int device) {
+  static std::mutex mu;
+  static auto* handles = new std::vector<cublasLtHandle_t>();  // never destroyed
+  std::lock_guard lock(mu);
+  if (device < 0) throw std::invalid_argument("cuBLASLt handle: negative device");
+  if (handles->size() <= static_cast<size_t>(device))
+    handles->resize(static_cast<size_t>(device) + 1, nullptr);
+  cublasLtHandle_t& h = (*handles)[static_cast<size_t>(device)];
+  if (!h) {
+    DeviceGuard guard(device);
+    const cublasStatus_t s = cublasLtCreate(&h);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      h = nullptr;
+      throw std::runtime_error(fmt::format("cublasLtCreate on cuda:{} failed: {} ({})", device,
+                                           cublasLtGetStatusName(s), cublasLtGetStatusString(s)));
+    }
+  }
+  return h;
+}
+
+std::string describe(const Gemm& g) {
+  return fmt::format(
+      "{} m={} n={} k={} opA={} lda={} strideA={} opB={} ldb={} strideB={} ldd={} strideD={} "
+      "batch={} accumulate={} bias={} tf32={}",
+      dtype_name(g.dtype), g.m, g.n, g.k, g.trans_a ? "T" : "N", g.lda, g.stride_a,
+      g.trans_b ? "T" : "N", g.ldb, g.stride_b, g.ldd, g.stride_d, g.batch, g.accumulate,
+      g.bias != nullptr, g.dtype == DType::float32 && allow_tf32());
+}
+
+cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace_bytes,
+                    const char* op) {
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0)
+    throw std::logic_error(
+        fmt::format("{}: degenerate GEMM reached cuBLASLt: {}", op, describe(g)));
+  if (g.bias && g.batch != 1)
+    throw std::logic_error(fmt::format("{}: bias epilogue with a batch: {}", op, describe(g)));
+  if (g.batch > INT32_MAX)
+    throw std::invalid_argument(
+        fmt::format("{}: batch too large for cuBLASLt: {}", op, describe(g)));
+  if (g_force_fallback.load()) return CUBLAS_STATUS_NOT_SUPPORTED;
+  DeviceGuard guard(device);
+  cublasLtHandle_t lt = handle(device);
+  const cudaDataType type = data_type(g.dtype);
+  const bool tf32 = g.dtype == DType::float32 && allow_tf32();
+  const cublasComputeType_t compute = compute_type(g.dtype, tf32);
+  const cudaDataType scale = g.dtype == DType::float64 ? CUDA_R_64F : CUDA_R_32F;
+  const size_t esize = dtype_size(g.dtype);
+
+  MatmulDesc desc;
+  TALLY_LT_CHECK(cublasLtMatmulDescCreate(&desc.h, compute, scale));
+  const cublasOperation_t opa = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TALLY_LT_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  TALLY_LT_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  if (g.bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    TALLY_LT_CHECK(
+        cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    TALLY_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                  &g.bias, sizeof(g.bias)));
+  }
+
+  auto make_layout = [&](Layout& l, int64_t rows, int64_t cols, int64_t ld, int64_t stride) {
+    TALLY_LT_CHECK(cublasLtMatrixLayoutCreate(&l.h, type, static_cast<uint64_t>(rows),
+                                              static_cast<uint64_t>(cols), ld));
+    if (g.batch > 1) {
+      const int32_t count = static_cast<int32_t>(g.batch);
+      TALLY_LT_CHECK(cublasLtMatrixLayoutSetAttribute(l.h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                      &count, sizeof(count)));
+      TALLY_LT_CHECK(cublasLtMatrixLayoutSetAttribute(
+          l.h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    }
+  };
+  Layout la, lb, ld;
+  make_layout(la, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.stride_a);
+  make_layout(lb, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.stride_b);
+  make_layout(ld, g.m, g.n, g.ldd, g.stride_d);
+
+  PlanKey key;
+  key.device = device;
+  key.dtype = static_cast<int>(g.dtype);
+  key.compute = static_cast<int>(compute);
+  key.trans_a = g.trans_a;
+  key.trans_b = g.trans_b;
+  key.accumulate = g.accumulate;
+  key.bias = g.bias != nullptr;
+  key.m = g.m;
+  key.n = g.n;
+  key.k = g.k;
+  key.lda = g.lda;
+  key.ldb = g.ldb;
+  key.ldd = g.ldd;
+  key.batch = g.batch;
+  key.stride_a = g.batch > 1 ? g.stride_a : 0;
+  key.stride_b = g.batch > 1 ? g.stride_b : 0;
+  key.stride_d = g.batch > 1 ? g.stride_d : 0;
+  key.align_a = alignment(g.a, g.stride_a, esize, g.batch);
+  key.align_b = alignment(g.b, g.stride_b, esize, g.batch);
+  key.align_d = alignment(g.d, g.stride_d, esize, g.batch);
+  key.align_bias = g.bias ? alignment(g.bias, 0, esize, 1) : 0;
+  key.workspace = workspace ? workspace_bytes : 0;
+
+  Plan plan;
+  bool cached = false;
+  {
+    std::lock_guard lock(g_plan_mu);
+    auto it = plan_cache().find(key);
+    if (it != plan_cache().end()) {
+      plan = it->second;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    cublasLtMatmulHeuristicResult_t result{};
+    const bool sixteen = g.dtype == DType::float16 || g.dtype == DType::bfloat16;
+    // 16-bit outputs: keep split-K partial sums in float32 when an algorithm allows it.
+    plan.status = query(lt, desc, la, lb, ld, key, sixteen, &result, op, g);
+    if (plan.status != CUBLAS_STATUS_SUCCESS && sixteen)
+      plan.status = query(lt, desc, la, lb, ld, key, false, &result, op, g);
+    if (plan.status == CUBLAS_STATUS_SUCCESS) {
+      plan.algo = result.algo;
+      plan.workspace = result.workspaceSize;
+    }
+    std::lock_guard lock(g_plan_mu);
+    plan_cache().emplace(key, plan);
+  }
+  if (plan.status != CUBLAS_STATUS_SUCCESS) return plan.status;
+  if (plan.workspace > key.workspace)
+    throw std::logic_error(
+        fmt::format("{}: cuBLASLt algorithm wants {} bytes of workspace, {} "
+                    "given, for {}",
+                    op, plan.workspace, key.workspace, describe(g)));
+
+  const float alpha_f = 1.0f, beta_f = g.accumulate ? 1.0f : 0.0f;
+  const double alpha_d = 1.0, beta_d = g.accumulate ? 1.0 : 0.0;
+  const void* alpha = g.dtype == DType::float64 ? static_cast<const void*>(&alpha_d)
+                                                : static_cast<const void*>(&alpha_f);
+  const void* beta = g.dtype == DType::float64 ? static_cast<const void*>(&beta_d)
+                                               : static_cast<const void*>(&beta_f);
+  TALLY_LT_CHECK(cublasLtMatmul(lt, desc.h, alpha, g.a, la.h, g.b, lb.h, beta, g.d, ld.h, g.d, ld.h,
+                                &plan.algo, key.workspace ? workspace : nullptr, key.workspace,
+                                stream(device)));
+  ++g_lt_calls;
+  if (g.bias) ++g_bias_calls;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+cublasHandle_t classic_handle(int device) {
+  static std::mutex mu;
+  static auto* handles = new std::vector<cublasHandle_t>();  // never destroyed
+  std::lock_guard lock(mu);
+  if (handles->size() <= static_cast<size_t>(device))
+    handles->resize(static_cast<size_t>(device) + 1, nullptr);
+  cublasHandle_t& h = (*handles)[static_cast<size_t>(device)];
+  if (!h) {
+    DeviceGuard guard(device);
+    const cublasStatus_t s = cublasCreate(&h);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      h = nullptr;
+      throw std::runtime_error(fmt::format("cublasCreate on cuda:{} failed: {} ({})", device,
+                                           cublasGetStatusName(s), cublasGetStatusString(s)));
+    }
+  }
+  return h;
+}
+}  // namespace
+
+void gemm_classic(int device, const Gemm& g, void* workspace, size_t workspace_bytes,
+                  const char* op) {
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0 || g.bias)
+    throw std::logic_error(fmt::format("{}: unsupported classic GEMM: {}", op, describe(g)));
+  for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.batch})
+    if (v > INT32_MAX)
+      throw std::invalid_argument(
+          fmt::format("{}: GEMM too large for cuBLAS: {}", op, describe(g)));
+  DeviceGuard guard(device);
+  cublasHandle_t h = classic_handle(device);
+  auto ok = [&](cublasStatus_t s, const char* call) {
+    if (s != CUBLAS_STATUS_SUCCESS)
+      throw std::runtime_error(fmt::format("{}: {} failed: {} ({}) for {}", op, call,
+                                           cublasGetStatusName(s), cublasGetStatusString(s),
+                                           describe(g)));
+  };
+  // Tally's stream, our workspace (so cuBLAS never touches its own pool), and float32
+  // partial sums for 16-bit types.
+  ok(cublasSetStream(h, stream(device)), "cublasSetStream");
+  ok(cublasSetWorkspace(h, workspace, workspace ? workspace_bytes : 0), "cublasSetWorkspace");
+  const bool sixteen = g.dtype == DType::float16 || g.dtype == DType::bfloat16;
+  ok(cublasSetMathMode(
+         h, sixteen ? CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION : CUBLAS_DEFAULT_MATH),
+     "cublasSetMathMode");
+  const cudaDataType type = data_type(g.dtype);
+  const cublasComputeType_t compute =
+      compute_type(g.dtype, g.dtype == DType::float32 && allow_tf32());
+  const float alpha_f = 1.0f, beta_f = g.accumulate ? 1.0f : 0.0f;
+  const double alpha_d = 1.0, beta_d = g.accumulate ? 1.0 : 0.0;
+  const bool f64 = g.dtype == DType::float64;
+  const void* alpha = f64 ? static_cast<const void*>(&alpha_d) : static_cast<const void*>(&alpha_f);
+  const void* beta = f64 ? static_cast<const void*>(&beta_d) : static_cast<const void*>(&beta_f);
+  const bool batched = g.batch > 1;
+  ok(cublasGemmStridedBatchedEx(
+         h, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+         static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), alpha, g.a, type,
+         static_cast<int>(g.lda), batched ? g.stride_a : 0, g.b, type, static_cast<int>(g.ldb),
+         batched ? g.stride_b : 0, beta, g.d, type, static_cast<int>(g.ldd),
+         batched ? g.stride_d : g.m * g.n, static_cast<int>(g.batch), compute, CUBLAS_GEMM_DEFAULT),
+     "cublasGemmStridedBatchedEx");
+  ++g_classic_calls;
+}
+
+void set_force_fallback(bool force) {
+  g_force_fallback.store(force);
+}
+
+uint64_t classic_calls() {
+  return g_classic_calls.load();
+}
+uint64_t lt_calls() {
+  return g_lt_calls.load();
+}
+uint64_t heuristic_queries() {
+  return g_heuristic_queries.load();
+}
+uint64_t bias_epilogue_calls() {
+  return g_bias_calls.load();
+}
+
+}  // namespace blas
+}  // namespace tally::cuda

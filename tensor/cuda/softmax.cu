@@ -1,0 +1,563 @@
+// CUDA kernels of the softmax family. softmax/log_softmax and their backwards are row
+// reductions (tensor/cuda/reduce.cuh): a thread, a warp, a block or a column tile per row,
+// a max pass and a sum pass accumulating in float (double for float64), then the write pass.
+//
+// cross_entropy is llm.c's fused classifier: one kernel computes each row's max,
+// log-sum-exp and loss straight from the logits; its backward recomputes the softmax from
+// the logits and writes (softmax - target distribution) * g in the same pass, so no
+// probabilities are ever stored. Reductions "sum"/"mean" write the row losses (and whether
+// each row counted) into a scratch buffer that a second kernel adds up in double, in a fixed
+// order (deterministic: chunks a block, then one block over the chunks); the backward's
+// "mean" counts the non-ignored targets on the device. Nothing is read back to the host.
+#include "tensor/cuda/softmax.h"
+
+#include "memory/context.h"
+#include "tensor/cuda/device_types.cuh"
+#include "tensor/cuda/reduce.cuh"
+#include "tensor/cuda/runtime.h"
+
+namespace tally::cuda {
+namespace {
+
+using rows::Mode;
+using rows::RowIter;
+using rows::Walk;
+
+// Scratch memory of the current op, tagged temporary (freed when the launcher returns; the
+// caching allocator only hands it out again to later work on the same stream).
+Tensor scratch(int64_t numel, DType dtype, Device device) {
+  memory::CategoryScope category(memory::Category::temporary);
+  const Shape shape{numel};
+  return Tensor::make(Storage::allocate(static_cast<size_t>(numel) * dtype_size(dtype), device),
+                      shape, contiguous_strides(shape), 0, dtype);
+}
+
+template <typename A>
+__device__ __forceinline__ A neg_inf() {
+  return -std::numeric_limits<A>::infinity();
+}
+template <typename A>
+__device__ __forceinline__ A quiet_nan() {
+  return std::numeric_limits<A>::quiet_NaN();
+}
+// exp/log in the accumulation type (float or double), never through the other.
+template <typename A>
+__device__ __forceinline__ A exp_(A v) {
+  if constexpr (std::is_same_v<A, float>) return expf(v);
+  else return exp(v);
+}
+template <typename A>
+__device__ __forceinline__ A log_(A v) {
+  if constexpr (std::is_same_v<A, float>) return logf(v);
+  else return log(v);
+}
+
+// The row's max and sum(exp(x - max)) over n elements of stride s (n = 0 for a lane group
+// with no row: every lane of a block must still come here). Every lane gets both.
+template <Mode M, typename T, typename A = dacc_t<T>>
+__device__ __forceinline__ void row_stats(const T* p, int64_t n, int64_t s, A& max, A& sum) {
+  constexpr int G = Walk<M>::kLanes;
+  const int lane = Walk<M>::lane();
+  A m = neg_inf<A>();
+  for (int64_t i = lane; i < n; i += G) {
+    const A v = load(p[i * s]);
+    if (v > m) m = v;
+  }
+  m = rows::group_reduce<M>(m, rows::MaxOp{});
+  A e = 0;
+  for (int64_t i = lane; i < n; i += G) e += exp_(load(p[i * s]) - m);
+  sum = rows::group_reduce<M>(e, rows::SumOp{});
+  max = m;
+}
+
+// ------------------------------------------------------------------ softmax
+
+template <typename T, Mode M>
+__global__ void softmax_kernel(T* out, const T* x, int64_t nrows, int64_t n, int64_t xs,
+                               int64_t os, Indexer<2> kept, bool take_log) {
+  using A = dacc_t<T>;
+  constexpr int G = Walk<M>::kLanes;
+  const int lane = Walk<M>::lane();
+  for (RowIter<M> it(nrows); it.more(); it.next()) {
+    int64_t o[2] = {0, 0};
+    if (it.active) kept.get(it.row, o);
+    const int64_t len = it.active ? n : 0;
+    const T* px = x + o[0];
+    T* po = out + o[1];
+    A m, s;
+    row_stats<M>(px, len, xs, m, s);
+    if (take_log) {
+      // (x - max) - log(sum): accurate for large logits, as the CPU.
+      const A log_sum = log_(s);
+      for (int64_t i = lane; i < len; i += G)
+        po[i * os] = store<T>((load(px[i * xs]) - m) - log_sum);
+    } else {
+      const A inv = A(1) / s;
+      for (int64_t i = lane; i < len; i += G) po[i * os] = store<T>(exp_(load(px[i * xs]) - m) * inv);
+    }
+  }
+}
+
+template <typename T, Mode M>
+__global__ void softmax_backward_kernel(T* grad_input, const T* grad, const T* y, int64_t nrows,
+                                        int64_t n, int64_t gis, int64_t gs, int64_t ys,
+                                        Indexer<3> kept, bool take_log) {
+  using A = dacc_t<T>;
+  constexpr int G = Walk<M>::kLanes;
+  const int lane = Walk<M>::lane();
+  for (RowIter<M> it(nrows); it.more(); it.next()) {
+    int64_t o[3] = {0, 0, 0};
+    if (it.active) kept.get(it.row, o);
+    const int64_t len = it.active ? n : 0;
+    T* pgi = grad_input + o[0];
+    const T* pg = grad + o[1];
+    const T* py = y + o[2];
+    A acc = 0;  // sum(g) (log) or sum(g * y)
+    for (int64_t i = lane; i < len; i += G) {
+      const A g = load(pg[i * gs]);
+      acc += take_log ? g : g * load(py[i * ys]);
+    }
+    acc = rows::group_reduce<M>(acc, rows::SumOp{});
+    for (int64_t i = lane; i < len; i += G) {
+      const A g = load(pg[i * gs]), yv = load(py[i * ys]);
+      pgi[i * gis] = store<T>(take_log ? g - exp_(yv) * acc : yv * (g - acc));
+    }
+  }
+}
+
+// ------------------------------------------------------------------ losses
+
+// Per row: the loss into out (reduction none: out offsets from kept operand 2) or into
+// partial[r] with partial[nrows + r] = 1 when the row counts (sum/mean; out is null).
+// kept operands: input, target, out.
+template <typename T, Mode M>
+__global__ void cross_entropy_kernel(T* out, double* partial, const T* x, const int64_t* target,
+                                     int64_t nrows, int64_t C, int64_t cs, Indexer<3> kept,
+                                     int64_t ignore_index, dacc_t<T> eps, dacc_t<T> uniform,
+                                     bool smoothing) {
+  using A = dacc_t<T>;
+  constexpr int G = Walk<M>::kLanes;
+  const int lane = Walk<M>::lane();
+  for (RowIter<M> it(nrows); it.more(); it.next()) {
+    int64_t o[3] = {0, 0, 0};
+    if (it.active) kept.get(it.row, o);
+    const int64_t t = it.active ? target[o[1]] : ignore_index;
+    const bool counted = t != ignore_index;
+    const bool valid = counted && t >= 0 && t < C;
+    const int64_t len = valid ? C : 0;  // the reductions run in every lane, over nothing here
+    const T* px = x + o[0];
+    A m = neg_inf<A>();
+    for (int64_t c = lane; c < len; c += G) {
+      const A v = load(px[c * cs]);
+      if (v > m) m = v;
+    }
+    m = rows::group_reduce<M>(m, rows::MaxOp{});
+    A e = 0, gap = 0;  // sum(exp(x - max)), sum(max - x)
+    for (int64_t c = lane; c < len; c += G) {
+      const A v = load(px[c * cs]);
+      e += exp_(v - m);
+      gap += m - v;
+    }
+    e = rows::group_reduce<M>(e, rows::SumOp{});
+    if (smoothing) gap = rows::group_reduce<M>(gap, rows::SumOp{});
+    A loss = 0;
+    if (valid) {
+      const A log_sum = log_(e);
+      // -log_softmax_t = (max - x_t) + log(sum): no cancellation against a large max.
+      loss = (m - load(px[t * cs])) + log_sum;
+      // sum_c -log_softmax_c = sum_c (max - x_c) + C * log(sum), both terms >= 0.
+      if (smoothing) loss = (A(1) - eps) * loss + uniform * (gap + static_cast<A>(C) * log_sum);
+    } else if (counted) {
+      loss = quiet_nan<A>();  // out of bounds: cannot throw from the device
+    }
+    if (it.active && lane == 0) {
+      if (out) {
+        out[o[2]] = store<T>(loss);
+      } else {
+        partial[it.row] = static_cast<double>(loss);
+        partial[nrows + it.row] = counted ? 1.0 : 0.0;
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void nll_loss_kernel(T* out, double* partial, const T* x, const int64_t* target,
+                                int64_t nrows, int64_t C, int64_t cs, Indexer<3> kept,
+                                int64_t ignore_index) {
+  using A = dacc_t<T>;
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < nrows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t o[3];
+    kept.get(r, o);
+    const int64_t t = target[o[1]];
+    const bool counted = t != ignore_index;
+    A loss = 0;
+    if (counted) loss = (t < 0 || t >= C) ? quiet_nan<A>() : -load(x[o[0] + t * cs]);
+    if (out) {
+      out[o[2]] = store<T>(loss);
+    } else {
+      partial[r] = static_cast<double>(loss);
+      partial[nrows + r] = counted ? 1.0 : 0.0;
+    }
+  }
+}
+
+constexpr int kSumThreads = 512;
+constexpr int64_t kSumChunk = 8192;  // rows a block of the first summing level
+constexpr int kCountThreads = 256;
+
+// in holds n values then n counts; block b adds up its chunk [b * chunk, (b + 1) * chunk)
+// of each into out[b] and out[gridDim.x + b].
+__global__ void partial_sums_kernel(double* out, const double* in, int64_t n, int64_t chunk) {
+  const int64_t lo = blockIdx.x * chunk, hi = lo + chunk < n ? lo + chunk : n;
+  double total = 0.0, count = 0.0;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += kSumThreads) {
+    total += in[i];
+    count += in[n + i];
+  }
+  total = rows::block_sum<kSumThreads>(total);
+  count = rows::block_sum<kSumThreads>(count);
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = total;
+    out[gridDim.x + blockIdx.x] = count;
+  }
+}
+
+// One block: out[0] <- the sum of the n values (sum) or that sum / the sum of the n counts
+// (mean; 0 / 0 = NaN when every row was ignored, as the CPU).
+template <typename T>
+__global__ void loss_total_kernel(T* out, const double* in, int64_t n, bool mean) {
+  using A = dacc_t<T>;
+  double total = 0.0, count = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += kSumThreads) {
+    total += in[i];
+    count += in[n + i];
+  }
+  total = rows::block_sum<kSumThreads>(total);
+  count = rows::block_sum<kSumThreads>(count);
+  if (threadIdx.x == 0) out[0] = store<T>(static_cast<A>(mean ? total / count : total));
+}
+
+// *count (zeroed first) += the number of rows whose target is not ignore_index.
+__global__ void count_targets_kernel(unsigned long long* count, const int64_t* target,
+                                     int64_t nrows, Indexer<1> ix, int64_t ignore_index) {
+  long long c = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kCountThreads) + threadIdx.x; i < nrows;
+       i += static_cast<int64_t>(gridDim.x) * kCountThreads) {
+    int64_t off;
+    ix.get(i, &off);
+    c += target[off] != ignore_index ? 1 : 0;
+  }
+  c = rows::block_sum<kCountThreads>(c);
+  if (threadIdx.x == 0 && c != 0) atomicAdd(count, static_cast<unsigned long long>(c));
+}
+
+// kept operands: input, target, grad (zero strides unless reduction none), grad_input.
+template <typename T, Mode M>
+__global__ void cross_entropy_backward_kernel(T* grad_input, const T* grad, const T* x,
+                                              const int64_t* target, const int64_t* count,
+                                              int64_t nrows, int64_t C, int64_t cs, int64_t gcs,
+                                              Indexer<4> kept, int64_t grad_offset, bool none,
+                                              int64_t ignore_index, dacc_t<T> eps,
+                                              dacc_t<T> uniform) {
+  using A = dacc_t<T>;
+  constexpr int G = Walk<M>::kLanes;
+  const int lane = Walk<M>::lane();
+  A g_all = 0;
+  if (!none) {
+    g_all = load(grad[grad_offset]);
+    if (count) g_all = g_all / static_cast<A>(*count);
+  }
+  for (RowIter<M> it(nrows); it.more(); it.next()) {
+    int64_t o[4] = {0, 0, 0, 0};
+    if (it.active) kept.get(it.row, o);
+    const int64_t t = it.active ? target[o[1]] : ignore_index;
+    const bool ignored = t == ignore_index;
+    const bool valid = !ignored && t >= 0 && t < C;
+    const T* px = x + o[0];
+    T* pgi = grad_input + o[3];
+    A m, s;
+    row_stats<M>(px, valid ? C : 0, cs, m, s);  // every lane of a block comes here
+    if (!it.active) continue;
+    if (!valid) {
+      const A fill = ignored ? A(0) : quiet_nan<A>();  // NaN: target out of bounds
+      for (int64_t c = lane; c < C; c += G) pgi[c * gcs] = store<T>(fill);
+      continue;
+    }
+    const A g = none ? load(grad[o[2]]) : g_all;
+    const A inv = A(1) / s;
+    for (int64_t c = lane; c < C; c += G) {
+      const A p = exp_(load(px[c * cs]) - m) * inv;
+      const A q = (c == t ? A(1) - eps : A(0)) + uniform;
+      pgi[c * gcs] = store<T>((p - q) * g);
+    }
+  }
+}
+
+// grad_input is zero-filled by the caller. kept operands: grad_input, target, grad.
+template <typename T>
+__global__ void nll_loss_backward_kernel(T* grad_input, const T* grad, const int64_t* target,
+                                         const int64_t* count, int64_t nrows, int64_t C,
+                                         int64_t gcs, Indexer<3> kept, int64_t grad_offset,
+                                         bool none, int64_t ignore_index) {
+  using A = dacc_t<T>;
+  A g_all = 0;
+  if (!none) {
+    g_all = load(grad[grad_offset]);
+    if (count) g_all = g_all / static_cast<A>(*count);
+  }
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < nrows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t o[3];
+    kept.get(r, o);
+    const int64_t t = target[o[1]];
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= C) {
+      for (int64_t c = 0; c < C; ++c) grad_input[o[0] + c * gcs] = store<T>(quiet_nan<A>());
+      continue;
+    }
+    const A g = none ? load(grad[o[2]]) : g_all;
+    grad_input[o[0] + t * gcs] = store<T>(-g);
+  }
+}
+
+// ------------------------------------------------------------------ host helpers
+
+// The loss rows: input's sizes with the class dim (1) set to 1.
+Shape loss_rows(const Tensor& input) {
+  Shape kept = input.sizes();
+  kept[1] = 1;
+  return kept;
+}
+
+unsigned grid_for(int64_t n, int threads, int64_t max_blocks = rows::kMaxGrid) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, max_blocks));
+}
+
+// out[0] (a T) <- the sum or mean of the per-row partials (2 * nrows doubles), in two levels
+// when there are many rows, in a fixed order.
+template <typename T>
+void sum_partials(T* out, const double* partial, int64_t nrows, bool mean, const Device& device,
+                  const char* name) {
+  const int dev = device.index;
+  if (nrows <= kSumChunk) {
+    loss_total_kernel<T><<<1, kSumThreads, 0, stream(dev)>>>(out, partial, nrows, mean);
+    check_launch(name);
+    return;
+  }
+  const int64_t blocks = (nrows + kSumChunk - 1) / kSumChunk;
+  Tensor second = scratch(2 * blocks, DType::float64, device);
+  auto* ps = static_cast<double*>(second.data_ptr());
+  partial_sums_kernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream(dev)>>>(
+      ps, partial, nrows, kSumChunk);
+  check_launch(name);
+  loss_total_kernel<T><<<1, kSumThreads, 0, stream(dev)>>>(out, ps, blocks, mean);
+  check_launch(name);
+}
+
+// A device int64 holding the number of rows whose target is not ignore_index.
+Tensor count_targets(const Tensor& target, const Shape& kept, int64_t nrows, int64_t ignore_index,
+                     int dev, const char* name) {
+  Tensor count = scratch(1, DType::int64, target.device());
+  check(cudaMemsetAsync(count.data_ptr(), 0, sizeof(int64_t), stream(dev)), name);
+  const Indexer<1> ix = make_indexer<1>(kept, {&target.strides()}, {target.storage_offset()});
+  count_targets_kernel<<<grid_for(nrows, kCountThreads * 16, 1024), kCountThreads, 0,
+                         stream(dev)>>>(static_cast<unsigned long long*>(count.data_ptr()),
+                                        static_cast<const int64_t*>(target.storage().data()),
+                                        nrows, ix, ignore_index);
+  check_launch(name);
+  return count;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ entry points
+
+void softmax(const Tensor& out, const Tensor& x, int64_t dim, bool log) {
+  const char* name = log ? "log_softmax" : "softmax";
+  const auto d = static_cast<size_t>(dim);
+  Shape kept = x.sizes();
+  kept[d] = 1;
+  const int64_t nrows = shape_numel(kept), n = x.sizes()[d];
+  if (nrows == 0 || n == 0) return;
+  NvtxRange range(name);
+  const int dev = x.device().index;
+  DeviceGuard guard(dev);
+  const Indexer<2> ix = make_indexer<2>(kept, {&x.strides(), &out.strides()},
+                                        {x.storage_offset(), out.storage_offset()});
+  const int64_t xs = x.strides()[d], os = out.strides()[d];
+  const Mode mode = rows::choose(nrows, n, xs == 1);
+  TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
+    using T = dev_t<scalar_t>;
+    rows::launch_rows(mode, nrows, [&](auto mode_c, unsigned grid) {
+      constexpr Mode M = decltype(mode_c)::value;
+      softmax_kernel<T, M><<<grid, Walk<M>::kThreads, 0, stream(dev)>>>(
+          dptr<scalar_t>(out), dptr<scalar_t>(x), nrows, n, xs, os, ix, log);
+    });
+  });
+  check_launch(name);
+}
+
+void softmax_backward(const Tensor& grad_input, const Tensor& grad, const Tensor& y, int64_t dim,
+                      bool log) {
+  const char* name = log ? "log_softmax_backward" : "softmax_backward";
+  const auto d = static_cast<size_t>(dim);
+  Shape kept = y.sizes();
+  kept[d] = 1;
+  const int64_t nrows = shape_numel(kept), n = y.sizes()[d];
+  if (nrows == 0 || n == 0) return;
+  NvtxRange range(name);
+  const int dev = y.device().index;
+  DeviceGuard guard(dev);
+  const Indexer<3> ix = make_indexer<3>(
+      kept, {&grad_input.strides(), &grad.strides(), &y.strides()},
+      {grad_input.storage_offset(), grad.storage_offset(), y.storage_offset()});
+  const int64_t gis = grad_input.strides()[d], gs = grad.strides()[d], ys = y.strides()[d];
+  const Mode mode = rows::choose(nrows, n, ys == 1 && gs == 1);
+  TALLY_DISPATCH_FLOAT(y.dtype(), name, [&] {
+    using T = dev_t<scalar_t>;
+    rows::launch_rows(mode, nrows, [&](auto mode_c, unsigned grid) {
+      constexpr Mode M = decltype(mode_c)::value;
+      softmax_backward_kernel<T, M><<<grid, Walk<M>::kThreads, 0, stream(dev)>>>(
+          dptr<scalar_t>(grad_input), dptr<scalar_t>(grad), dptr<scalar_t>(y), nrows, n, gis, gs,
+          ys, ix, log);
+    });
+  });
+  check_launch(name);
+}
+
+void cross_entropy(const Tensor& out, const Tensor& input, const Tensor& target,
+                   int64_t ignore_index, double label_smoothing, ops::LossReduction reduction) {
+  const bool none = reduction == ops::LossReduction::none;
+  const Shape kept = loss_rows(input);
+  const int64_t nrows = shape_numel(kept), C = input.sizes()[1], cs = input.strides()[1];
+  NvtxRange range("cross_entropy");
+  const int dev = input.device().index;
+  DeviceGuard guard(dev);
+  const Shape zero(static_cast<size_t>(input.dim()), 0);
+  const Indexer<3> ix = make_indexer<3>(
+      kept, {&input.strides(), &target.strides(), none ? &out.strides() : &zero},
+      {input.storage_offset(), target.storage_offset(), none ? out.storage_offset() : 0});
+  Tensor partial = none ? Tensor() : scratch(2 * nrows, DType::float64, input.device());
+  double* pp = none ? nullptr : static_cast<double*>(partial.data_ptr());
+  const Mode mode = rows::choose(nrows, C, cs == 1);
+  TALLY_DISPATCH_FLOAT(input.dtype(), "cross_entropy", [&] {
+    using T = dev_t<scalar_t>;
+    using A = acc_t<scalar_t>;
+    const A eps = static_cast<A>(label_smoothing);
+    const A uniform = C > 0 ? eps / static_cast<A>(C) : A(0);
+    if (nrows > 0) {
+      rows::launch_rows(mode, nrows, [&](auto mode_c, unsigned grid) {
+        constexpr Mode M = decltype(mode_c)::value;
+        cross_entropy_kernel<T, M><<<grid, Walk<M>::kThreads, 0, stream(dev)>>>(
+            none ? dptr<scalar_t>(out) : nullptr, pp, dptr<scalar_t>(input),
+            static_cast<const int64_t*>(target.storage().data()), nrows, C, cs, ix, ignore_index,
+            eps, uniform, label_smoothing > 0.0);
+      });
+      check_launch("cross_entropy");
+    }
+    if (!none)
+      sum_partials<T>(dptr<scalar_t>(out) + out.storage_offset(), pp, nrows,
+                      reduction == ops::LossReduction::mean, input.device(),
+                      "cross_entropy (total)");
+  });
+}
+
+void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const Tensor& input,
+                            const Tensor& target, int64_t ignore_index, double label_smoothing,
+                            ops::LossReduction reduction) {
+  const bool none = reduction == ops::LossReduction::none;
+  const Shape kept = loss_rows(input);
+  const int64_t nrows = shape_numel(kept), C = input.sizes()[1], cs = input.strides()[1];
+  const int64_t gcs = grad_input.strides()[1];
+  if (nrows == 0) return;
+  NvtxRange range("cross_entropy_backward");
+  const int dev = input.device().index;
+  DeviceGuard guard(dev);
+  const Tensor count = reduction == ops::LossReduction::mean
+                           ? count_targets(target, kept, nrows, ignore_index, dev,
+                                           "cross_entropy_backward (count)")
+                           : Tensor();
+  const int64_t* pc = count.defined() ? static_cast<const int64_t*>(count.data_ptr()) : nullptr;
+  const Shape zero(static_cast<size_t>(input.dim()), 0);
+  const Indexer<4> ix = make_indexer<4>(
+      kept, {&input.strides(), &target.strides(), none ? &grad.strides() : &zero,
+             &grad_input.strides()},
+      {input.storage_offset(), target.storage_offset(), none ? grad.storage_offset() : 0,
+       grad_input.storage_offset()});
+  const Mode mode = rows::choose(nrows, C, cs == 1);
+  TALLY_DISPATCH_FLOAT(input.dtype(), "cross_entropy_backward", [&] {
+    using T = dev_t<scalar_t>;
+    using A = acc_t<scalar_t>;
+    const A eps = static_cast<A>(label_smoothing);
+    const A uniform = C > 0 ? eps / static_cast<A>(C) : A(0);
+    rows::launch_rows(mode, nrows, [&](auto mode_c, unsigned grid) {
+      constexpr Mode M = decltype(mode_c)::value;
+      cross_entropy_backward_kernel<T, M><<<grid, Walk<M>::kThreads, 0, stream(dev)>>>(
+          dptr<scalar_t>(grad_input), dptr<scalar_t>(grad), dptr<scalar_t>(input),
+          static_cast<const int64_t*>(target.storage().data()), pc, nrows, C, cs, gcs, ix,
+          grad.storage_offset(), none, ignore_index, eps, uniform);
+    });
+  });
+  check_launch("cross_entropy_backward");
+}
+
+void nll_loss(const Tensor& out, const Tensor& input, const Tensor& target, int64_t ignore_index,
+              ops::LossReduction reduction) {
+  const bool none = reduction == ops::LossReduction::none;
+  const Shape kept = loss_rows(input);
+  const int64_t nrows = shape_numel(kept), C = input.sizes()[1], cs = input.strides()[1];
+  NvtxRange range("nll_loss");
+  const int dev = input.device().index;
+  DeviceGuard guard(dev);
+  const Shape zero(static_cast<size_t>(input.dim()), 0);
+  const Indexer<3> ix = make_indexer<3>(
+      kept, {&input.strides(), &target.strides(), none ? &out.strides() : &zero},
+      {input.storage_offset(), target.storage_offset(), none ? out.storage_offset() : 0});
+  Tensor partial = none ? Tensor() : scratch(2 * nrows, DType::float64, input.device());
+  double* pp = none ? nullptr : static_cast<double*>(partial.data_ptr());
+  TALLY_DISPATCH_FLOAT(input.dtype(), "nll_loss", [&] {
+    using T = dev_t<scalar_t>;
+    if (nrows > 0) {
+      nll_loss_kernel<T><<<grid_for(nrows, 256), 256, 0, stream(dev)>>>(
+          none ? dptr<scalar_t>(out) : nullptr, pp, dptr<scalar_t>(input),
+          static_cast<const int64_t*>(target.storage().data()), nrows, C, cs, ix, ignore_index);
+      check_launch("nll_loss");
+    }
+    if (!none)
+      sum_partials<T>(dptr<scalar_t>(out) + out.storage_offset(), pp, nrows,
+                      reduction == ops::LossReduction::mean, input.device(), "nll_loss (total)");
+  });
+}
+
+void nll_loss_backward(const Tensor& grad_input, const Tensor& grad, const Tensor& target,
+                       int64_t ignore_index, ops::LossReduction reduction) {
+  const bool none = reduction == ops::LossReduction::none;
+  const Shape kept = loss_rows(grad_input);
+  const int64_t nrows = shape_numel(kept), C = grad_input.sizes()[1];
+  const int64_t gcs = grad_input.strides()[1];
+  if (nrows == 0) return;
+  NvtxRange range("nll_loss_backward");
+  const int dev = grad_input.device().index;
+  DeviceGuard guard(dev);
+  const Tensor count = reduction == ops::LossReduction::mean
+                           ? count_targets(target, kept, nrows, ignore_index, dev,
+                                           "nll_loss_backward (count)")
+                           : Tensor();
+  const int64_t* pc = count.defined() ? static_cast<const int64_t*>(count.data_ptr()) : nullptr;
+  const Shape zero(static_cast<size_t>(grad_input.dim()), 0);
+  const Indexer<3> ix = make_indexer<3>(
+      kept, {&grad_input.strides(), &target.strides(), none ? &grad.strides() : &zero},
+      {grad_input.storage_offset(), target.storage_offset(), none ? grad.storage_offset() : 0});
+  TALLY_DISPATCH_FLOAT(grad_input.dtype(), "nll_loss_backward", [&] {
+    using T = dev_t<scalar_t>;
+    nll_loss_backward_kernel<T><<<grid_for(nrows, 256), 256, 0, stream(dev)>>>(
+        dptr<scalar_t>(grad_input), dptr<scalar_t>(grad),
+        static_cast<const int64_t*>(target.storage().data()), pc, nrows, C, gcs, ix,
+        grad.storage_offset(), none, ignore_index);
+  });
+  check_launch("nll_loss_backward");
+}
+
+}  // namespace tally::cuda
