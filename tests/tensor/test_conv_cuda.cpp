@@ -14,7 +14,7 @@
 #include <tuple>
 
 #include "autograd/conv.h"
-#include "gradcheck.h"
+#include "cuda_testing.h"
 #include "memory/caching_allocator.h"
 #include "memory/memory.h"
 #include "tensor/ops/conv.h"
@@ -27,57 +27,13 @@
 namespace tally {
 namespace {
 
-#define REQUIRE_GPU()                                                        \
-  do {                                                                       \
-    if (!memory::cuda_available()) GTEST_SKIP() << "no CUDA device present"; \
-  } while (0)
-
-const Device kGpu = Device::cuda(0);
-const Device kCpu = Device::cpu();
-
-// Uniform values in [lo, hi), made in float64 and rounded to `d` (so CPU and GPU see the
-// very same numbers).
-Tensor rnd(const Shape& s, DType d, uint64_t seed, double lo = -1, double hi = 1) {
-  Generator g(seed);
-  return ops::to(ops::affine(ops::rand(s, DType::float64, kCpu, &g), hi - lo, lo), d);
-}
-
-Tensor gpu(const Tensor& t) { return ops::to(t, kGpu, t.dtype()); }
-
-// max |got - ref| / max |ref|, with where it happens, for the failure message.
-struct Diff {
-  double rel = 0, ref_max = 0, got = 0, want = 0;
-  size_t at = 0, n = 0;
-  bool shape_ok = true;
-  std::string str() const {
-    std::ostringstream o;
-    if (!shape_ok) return "shape mismatch";
-    o << "max |diff| / max |ref| = " << rel << " (worst at flat index " << at << " of " << n << ": got " << got
-      << ", want " << want << "; max |ref| = " << ref_max << ")";
-    return o.str();
-  }
-};
-
-Diff compare(const Tensor& got, const Tensor& ref) {
-  Diff d;
-  if (got.sizes() != ref.sizes()) {
-    d.shape_ok = false;
-    d.rel = INFINITY;
-    return d;
-  }
-  const std::vector<double> a = ops::to_vector(got), b = ops::to_vector(ref);
-  d.n = a.size();
-  double worst = -1;
-  for (size_t i = 0; i < b.size(); ++i) d.ref_max = std::max(d.ref_max, std::abs(b[i]));
-  for (size_t i = 0; i < a.size(); ++i) {
-    double e = std::abs(a[i] - b[i]);
-    if (std::isnan(a[i]) != std::isnan(b[i])) e = INFINITY;
-    else if (std::isnan(a[i])) e = 0;
-    if (e > worst) worst = e, d.at = i, d.got = a[i], d.want = b[i];
-  }
-  d.rel = worst <= 0 ? 0 : worst / std::max(d.ref_max, 1e-30);
-  return d;
-}
+using testing::Diff;
+using testing::diff_scaled;
+using testing::kCpu;
+using testing::kFloatDtypes;
+using testing::kGpu;
+using testing::rand_tensor;
+using testing::to_gpu;
 
 // Relative to max |ref|: float32 differs from the CPU only by summation order (FMA math, no
 // TF32); 16-bit rounds inputs-times-weights differently and the output once more.
@@ -117,8 +73,6 @@ const std::vector<ConvCase>& cases() {
   return c;
 }
 
-const std::vector<DType> kDtypes = {DType::float32, DType::float64, DType::float16, DType::bfloat16};
-
 std::string label(const ConvCase& c, DType d, const char* what) {
   return std::string(c.name) + " " + dtype_name(d) + " " + what;
 }
@@ -131,38 +85,38 @@ std::map<std::string, double>& worst_seen() {
 
 void note(DType d, const char* what, const Diff& e) {
   double& w = worst_seen()[std::string(dtype_name(d)) + " " + what];
-  w = std::max(w, e.rel);
+  w = std::max(w, e.err);
 }
 
 // Runs the three raw ops on CPU and GPU for one case and dtype and checks each.
 void check_case(const ConvCase& c, DType d, uint64_t seed) {
-  const Tensor x = rnd(c.x, d, seed), w = rnd(c.w, d, seed + 1);
-  const Tensor b = c.bias ? rnd({c.w[0]}, d, seed + 2) : Tensor();
+  const Tensor x = rand_tensor(c.x, d, seed, -1, 1), w = rand_tensor(c.w, d, seed + 1, -1, 1);
+  const Tensor b = c.bias ? rand_tensor({c.w[0]}, d, seed + 2, -1, 1) : Tensor();
   const Tensor y = ops::conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
-  const Tensor yg = ops::conv2d(gpu(x), gpu(w), c.bias ? gpu(b) : Tensor(), c.stride, c.padding, c.dilation,
+  const Tensor yg = ops::conv2d(to_gpu(x), to_gpu(w), c.bias ? to_gpu(b) : Tensor(), c.stride, c.padding, c.dilation,
                                 c.groups);
   EXPECT_EQ(yg.device(), kGpu);
   EXPECT_EQ(yg.dtype(), d);
-  Diff e = compare(yg, y);
+  Diff e = diff_scaled(yg, y);
   note(d, "forward", e);
-  EXPECT_LE(e.rel, tol(d)) << label(c, d, "forward") << ": " << e.str();
+  EXPECT_LE(e.err, tol(d)) << label(c, d, "forward") << ": " << e.str();
 
-  const Tensor gy = rnd(y.sizes(), d, seed + 3);
+  const Tensor gy = rand_tensor(y.sizes(), d, seed + 3, -1, 1);
   const Tensor gx = ops::conv2d_backward_input(gy, w, c.x, c.stride, c.padding, c.dilation, c.groups);
   const Tensor gxg =
-      ops::conv2d_backward_input(gpu(gy), gpu(w), c.x, c.stride, c.padding, c.dilation, c.groups);
+      ops::conv2d_backward_input(to_gpu(gy), to_gpu(w), c.x, c.stride, c.padding, c.dilation, c.groups);
   EXPECT_EQ(gxg.dtype(), d);
-  e = compare(gxg, gx);
+  e = diff_scaled(gxg, gx);
   note(d, "backward input", e);
-  EXPECT_LE(e.rel, tol(d)) << label(c, d, "backward input") << ": " << e.str();
+  EXPECT_LE(e.err, tol(d)) << label(c, d, "backward input") << ": " << e.str();
 
   const Tensor gw = ops::conv2d_backward_weight(gy, x, c.w, c.stride, c.padding, c.dilation, c.groups);
   const Tensor gwg =
-      ops::conv2d_backward_weight(gpu(gy), gpu(x), c.w, c.stride, c.padding, c.dilation, c.groups);
+      ops::conv2d_backward_weight(to_gpu(gy), to_gpu(x), c.w, c.stride, c.padding, c.dilation, c.groups);
   EXPECT_EQ(gwg.dtype(), d);
-  e = compare(gwg, gw);
+  e = diff_scaled(gwg, gw);
   note(d, "backward weight", e);
-  EXPECT_LE(e.rel, tol(d)) << label(c, d, "backward weight") << ": " << e.str();
+  EXPECT_LE(e.err, tol(d)) << label(c, d, "backward weight") << ": " << e.str();
 }
 
 #if defined(TALLY_WITH_CUDA)
@@ -178,7 +132,7 @@ TEST(CudaConv2d, ForwardAndBackwardsMatchTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 100;
   for (const ConvCase& c : cases())
-    for (DType d : kDtypes) {
+    for (DType d : kFloatDtypes) {
       SCOPED_TRACE(label(c, d, ""));
       check_case(c, d, seed += 10);
     }
@@ -191,47 +145,47 @@ TEST(CudaConv2d, NonContiguousUnbatchedAndEmptyInputs) {
   for (DType d : {DType::float32, DType::bfloat16}) {
     SCOPED_TRACE(dtype_name(d));
     // Channels-last input and a transposed weight, both viewed as NCHW / OIHW.
-    const Tensor x_nhwc = rnd({2, 9, 11, 5}, d, 1), w_iokk = rnd({5, 6, 3, 3}, d, 2);
+    const Tensor x_nhwc = rand_tensor({2, 9, 11, 5}, d, 1, -1, 1), w_iokk = rand_tensor({5, 6, 3, 3}, d, 2, -1, 1);
     const Tensor x = ops::permute(x_nhwc, {0, 3, 1, 2}), w = ops::transpose(w_iokk, 0, 1);
-    const Tensor xg = ops::permute(gpu(x_nhwc), {0, 3, 1, 2}), wg = ops::transpose(gpu(w_iokk), 0, 1);
+    const Tensor xg = ops::permute(to_gpu(x_nhwc), {0, 3, 1, 2}), wg = ops::transpose(to_gpu(w_iokk), 0, 1);
     ASSERT_FALSE(xg.is_contiguous());
     ASSERT_FALSE(wg.is_contiguous());
     const Tensor y = ops::conv2d(x, w, {}, 2, 1);
-    Diff e = compare(ops::conv2d(xg, wg, {}, 2, 1), y);
-    EXPECT_LE(e.rel, tol(d)) << "non-contiguous forward: " << e.str();
+    Diff e = diff_scaled(ops::conv2d(xg, wg, {}, 2, 1), y);
+    EXPECT_LE(e.err, tol(d)) << "non-contiguous forward: " << e.str();
     // A strided grad_output (every other column of a wider tensor).
     const Shape ys = y.sizes();
-    const Tensor wide = rnd({ys[0], ys[1], ys[2], 2 * ys[3]}, d, 3);
-    const Tensor gy = ops::slice(wide, 3, 0, 2 * ys[3], 2), gyg = ops::slice(gpu(wide), 3, 0, 2 * ys[3], 2);
+    const Tensor wide = rand_tensor({ys[0], ys[1], ys[2], 2 * ys[3]}, d, 3, -1, 1);
+    const Tensor gy = ops::slice(wide, 3, 0, 2 * ys[3], 2), gyg = ops::slice(to_gpu(wide), 3, 0, 2 * ys[3], 2);
     ASSERT_FALSE(gyg.is_contiguous());
-    e = compare(ops::conv2d_backward_input(gyg, wg, x.sizes(), 2, 1, 1, 1),
+    e = diff_scaled(ops::conv2d_backward_input(gyg, wg, x.sizes(), 2, 1, 1, 1),
                 ops::conv2d_backward_input(gy, w, x.sizes(), 2, 1, 1, 1));
-    EXPECT_LE(e.rel, tol(d)) << "non-contiguous backward input: " << e.str();
-    e = compare(ops::conv2d_backward_weight(gyg, xg, w.sizes(), 2, 1, 1, 1),
+    EXPECT_LE(e.err, tol(d)) << "non-contiguous backward input: " << e.str();
+    e = diff_scaled(ops::conv2d_backward_weight(gyg, xg, w.sizes(), 2, 1, 1, 1),
                 ops::conv2d_backward_weight(gy, x, w.sizes(), 2, 1, 1, 1));
-    EXPECT_LE(e.rel, tol(d)) << "non-contiguous backward weight: " << e.str();
+    EXPECT_LE(e.err, tol(d)) << "non-contiguous backward weight: " << e.str();
   }
   // Unbatched [C, H, W].
-  const Tensor x3 = rnd({3, 10, 7}, DType::float32, 4), w = rnd({4, 3, 3, 3}, DType::float32, 5);
-  const Tensor b = rnd({4}, DType::float32, 6);
-  const Tensor y3 = ops::conv2d(gpu(x3), gpu(w), gpu(b), 1, 1);
+  const Tensor x3 = rand_tensor({3, 10, 7}, DType::float32, 4, -1, 1), w = rand_tensor({4, 3, 3, 3}, DType::float32, 5, -1, 1);
+  const Tensor b = rand_tensor({4}, DType::float32, 6, -1, 1);
+  const Tensor y3 = ops::conv2d(to_gpu(x3), to_gpu(w), to_gpu(b), 1, 1);
   EXPECT_EQ(y3.sizes(), (Shape{4, 10, 7}));
-  Diff e = compare(y3, ops::conv2d(x3, w, b, 1, 1));
-  EXPECT_LE(e.rel, 1e-4) << "unbatched: " << e.str();
-  const Tensor gy3 = rnd({4, 10, 7}, DType::float32, 7);
-  e = compare(ops::conv2d_backward_input(gpu(gy3), gpu(w), x3.sizes(), 1, 1, 1, 1),
+  Diff e = diff_scaled(y3, ops::conv2d(x3, w, b, 1, 1));
+  EXPECT_LE(e.err, 1e-4) << "unbatched: " << e.str();
+  const Tensor gy3 = rand_tensor({4, 10, 7}, DType::float32, 7, -1, 1);
+  e = diff_scaled(ops::conv2d_backward_input(to_gpu(gy3), to_gpu(w), x3.sizes(), 1, 1, 1, 1),
               ops::conv2d_backward_input(gy3, w, x3.sizes(), 1, 1, 1, 1));
-  EXPECT_LE(e.rel, 1e-4) << "unbatched backward input: " << e.str();
-  e = compare(ops::conv2d_backward_weight(gpu(gy3), gpu(x3), w.sizes(), 1, 1, 1, 1),
+  EXPECT_LE(e.err, 1e-4) << "unbatched backward input: " << e.str();
+  e = diff_scaled(ops::conv2d_backward_weight(to_gpu(gy3), to_gpu(x3), w.sizes(), 1, 1, 1, 1),
               ops::conv2d_backward_weight(gy3, x3, w.sizes(), 1, 1, 1, 1));
-  EXPECT_LE(e.rel, 1e-4) << "unbatched backward weight: " << e.str();
+  EXPECT_LE(e.err, 1e-4) << "unbatched backward weight: " << e.str();
 
   // An empty batch: empty output and input gradient, a zero weight gradient.
   const Tensor x0 = ops::zeros({0, 3, 8, 8}, DType::float32, kGpu);
-  const Tensor y0 = ops::conv2d(x0, gpu(w), gpu(b), 1, 1);
+  const Tensor y0 = ops::conv2d(x0, to_gpu(w), to_gpu(b), 1, 1);
   EXPECT_EQ(y0.sizes(), (Shape{0, 4, 8, 8}));
   const Tensor gy0 = ops::zeros({0, 4, 8, 8}, DType::float32, kGpu);
-  EXPECT_EQ(ops::conv2d_backward_input(gy0, gpu(w), x0.sizes(), 1, 1, 1, 1).sizes(), x0.sizes());
+  EXPECT_EQ(ops::conv2d_backward_input(gy0, to_gpu(w), x0.sizes(), 1, 1, 1, 1).sizes(), x0.sizes());
   // Fill the cache with non-zero garbage first so a missing zero-fill would show.
   { const Tensor junk = ops::full({4096}, 7.0, DType::float32, kGpu); }
   const Tensor gw0 = ops::conv2d_backward_weight(gy0, x0, w.sizes(), 1, 1, 1, 1);
@@ -241,24 +195,24 @@ TEST(CudaConv2d, NonContiguousUnbatchedAndEmptyInputs) {
 
 TEST(CudaConv2d, AutogradMatchesTheCpu) {
   REQUIRE_GPU();
-  const Tensor xc = rnd({3, 4, 12, 11}, DType::float32, 20), wc = rnd({6, 2, 3, 3}, DType::float32, 21);
-  const Tensor bc = rnd({6}, DType::float32, 22), gyc = rnd({3, 6, 6, 6}, DType::float32, 23);
+  const Tensor xc = rand_tensor({3, 4, 12, 11}, DType::float32, 20, -1, 1), wc = rand_tensor({6, 2, 3, 3}, DType::float32, 21, -1, 1);
+  const Tensor bc = rand_tensor({6}, DType::float32, 22, -1, 1), gyc = rand_tensor({3, 6, 6, 6}, DType::float32, 23, -1, 1);
   Tensor x = xc.detach(), w = wc.detach(), b = bc.detach();
   x.requires_grad_(), w.requires_grad_(), b.requires_grad_();
-  Tensor xg = gpu(xc), wg = gpu(wc), bg = gpu(bc);
+  Tensor xg = to_gpu(xc), wg = to_gpu(wc), bg = to_gpu(bc);
   xg.requires_grad_(), wg.requires_grad_(), bg.requires_grad_();
   const Tensor y = conv2d(x, w, b, 2, 1, 1, 2), yg = conv2d(xg, wg, bg, 2, 1, 1, 2);
   ASSERT_EQ(y.sizes(), gyc.sizes());
-  Diff e = compare(yg, y);
-  EXPECT_LE(e.rel, 1e-4) << "forward: " << e.str();
+  Diff e = diff_scaled(yg, y);
+  EXPECT_LE(e.err, 1e-4) << "forward: " << e.str();
   sum(mul(y, gyc)).backward();
-  sum(mul(yg, gpu(gyc))).backward();
+  sum(mul(yg, to_gpu(gyc))).backward();
   for (auto [name, gc, gg] : {std::tuple{"x", x.grad(), xg.grad()}, std::tuple{"w", w.grad(), wg.grad()},
                               std::tuple{"b", b.grad(), bg.grad()}}) {
     ASSERT_TRUE(gg.defined()) << name;
     EXPECT_EQ(gg.device(), kGpu) << name;
-    e = compare(gg, gc);
-    EXPECT_LE(e.rel, 1e-4) << "grad " << name << ": " << e.str();
+    e = diff_scaled(gg, gc);
+    EXPECT_LE(e.err, 1e-4) << "grad " << name << ": " << e.str();
   }
 }
 
@@ -278,9 +232,9 @@ TEST(CudaConv2d, WorkspaceIsTaggedInTheAllocatorHistory) {
     alloc.record_memory_history(true);
     for (DType d : {DType::float32, DType::float16})
       for (const ConvCase& c : {cases()[9], cases()[11], cases()[12]}) {
-        const Tensor x = gpu(rnd(c.x, d, 1)), w = gpu(rnd(c.w, d, 2));
+        const Tensor x = to_gpu(rand_tensor(c.x, d, 1, -1, 1)), w = to_gpu(rand_tensor(c.w, d, 2, -1, 1));
         const Tensor y = ops::conv2d(x, w, {}, c.stride, c.padding, c.dilation, c.groups);
-        const Tensor gy = gpu(rnd(y.sizes(), d, 3));
+        const Tensor gy = to_gpu(rand_tensor(y.sizes(), d, 3, -1, 1));
         ops::conv2d_backward_input(gy, w, c.x, c.stride, c.padding, c.dilation, c.groups);
         ops::conv2d_backward_weight(gy, x, c.w, c.stride, c.padding, c.dilation, c.groups);
       }
@@ -322,9 +276,9 @@ TEST(CudaConv2d, BenchmarkSwitchTimesOncePerKeyAndMatches) {
     BenchmarkScope bs(false);
     EXPECT_FALSE(cuda::cudnn_benchmark());
     for (const ConvCase& c : picked) {
-      const Tensor x = gpu(rnd(c.x, DType::float32, 1)), w = gpu(rnd(c.w, DType::float32, 2));
+      const Tensor x = to_gpu(rand_tensor(c.x, DType::float32, 1, -1, 1)), w = to_gpu(rand_tensor(c.w, DType::float32, 2, -1, 1));
       const Tensor y = ops::conv2d(x, w, {}, c.stride, c.padding, c.dilation, c.groups);
-      const Tensor gy = gpu(rnd(y.sizes(), DType::float32, 3));
+      const Tensor gy = to_gpu(rand_tensor(y.sizes(), DType::float32, 3, -1, 1));
       heuristic.push_back({y, ops::conv2d_backward_input(gy, w, c.x, c.stride, c.padding, c.dilation, c.groups),
                            ops::conv2d_backward_weight(gy, x, c.w, c.stride, c.padding, c.dilation, c.groups)});
     }
@@ -339,14 +293,14 @@ TEST(CudaConv2d, BenchmarkSwitchTimesOncePerKeyAndMatches) {
         SCOPED_TRACE(label(c, d, round == 0 ? "(first run)" : "(cached)"));
         check_case(c, d, 300 + i);
         if (d == DType::float32) {
-          const Tensor x = gpu(rnd(c.x, d, 1)), w = gpu(rnd(c.w, d, 2));
+          const Tensor x = to_gpu(rand_tensor(c.x, d, 1, -1, 1)), w = to_gpu(rand_tensor(c.w, d, 2, -1, 1));
           const Tensor y = ops::conv2d(x, w, {}, c.stride, c.padding, c.dilation, c.groups);
-          const Tensor gy = gpu(rnd(y.sizes(), d, 3));
+          const Tensor gy = to_gpu(rand_tensor(y.sizes(), d, 3, -1, 1));
           const Tensor gx = ops::conv2d_backward_input(gy, w, c.x, c.stride, c.padding, c.dilation, c.groups);
           const Tensor gw = ops::conv2d_backward_weight(gy, x, c.w, c.stride, c.padding, c.dilation, c.groups);
-          EXPECT_LE(compare(y, heuristic[i][0]).rel, 1e-4) << "forward vs heuristics";
-          EXPECT_LE(compare(gx, heuristic[i][1]).rel, 1e-4) << "backward input vs heuristics";
-          EXPECT_LE(compare(gw, heuristic[i][2]).rel, 1e-4) << "backward weight vs heuristics";
+          EXPECT_LE(diff_scaled(y, heuristic[i][0]).err, 1e-4) << "forward vs heuristics";
+          EXPECT_LE(diff_scaled(gx, heuristic[i][1]).err, 1e-4) << "backward input vs heuristics";
+          EXPECT_LE(diff_scaled(gw, heuristic[i][2]).err, 1e-4) << "backward weight vs heuristics";
         }
       }
       // One key per direction per geometry (the cases differ in geometry).
@@ -378,7 +332,7 @@ TEST(CudaConv2d, BatchSplitMatchesTheCpu) {
   cuda::set_conv_max_call_elements(100);
   std::string m = "<no exception>";
   try {
-    ops::conv2d(gpu(rnd(c.x, DType::float32, 1)), gpu(rnd(c.w, DType::float32, 2)), {}, 1, 1);
+    ops::conv2d(to_gpu(rand_tensor(c.x, DType::float32, 1, -1, 1)), to_gpu(rand_tensor(c.w, DType::float32, 2, -1, 1)), {}, 1, 1);
   } catch (const std::invalid_argument& e) {
     m = e.what();
   }

@@ -1,37 +1,15 @@
 // The core ops on CUDA against the CPU reference (label gpu: skipped without a device).
 #include <cmath>
 
-#include "gradcheck.h"
+#include "cuda_testing.h"
 
 namespace tally {
 namespace {
 
-#define REQUIRE_GPU()                                                           \
-  do {                                                                          \
-    if (!memory::cuda_available()) GTEST_SKIP() << "no CUDA device present";    \
-  } while (0)
-
-const Device kGpu = Device::cuda(0);
-
-// max |a - b| / max(1, |b|) over all elements, after moving both to float64 on the CPU.
-double rel_err(const Tensor& gpu, const Tensor& cpu) {
-  const std::vector<double> a = ops::to_vector(gpu), b = ops::to_vector(cpu);
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
-    if (a[i] == b[i]) continue;
-    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(1.0, std::abs(b[i])));
-  }
-  return worst;
-}
-
-double tol(DType d) { return d == DType::float32 ? 1e-5 : d == DType::float64 ? 1e-12 : 1e-2; }
-
-Tensor rnd(const Shape& s, DType d, uint64_t seed, double lo = -2, double hi = 2) {
-  Generator g(seed);
-  return ops::to(ops::affine(ops::rand(s, DType::float64, Device::cpu(), &g), hi - lo, lo), d);
-}
+using testing::kGpu;
+using testing::max_pointwise_error_lenient;
+using testing::pointwise_tol;
+using testing::rand_tensor;
 
 TEST(CudaElementwise, RandomNumbersMatchTheCpu) {
   REQUIRE_GPU();
@@ -43,26 +21,26 @@ TEST(CudaElementwise, RandomNumbersMatchTheCpu) {
     const Tensor d = kind == 0 ? ops::rand({1003}, DType::float32, kGpu, &g2)
                    : kind == 1 ? ops::randn({1003}, DType::float32, kGpu, &g2)
                                : ops::randint(-5, 100, {1003}, DType::int64, kGpu, &g2);
-    EXPECT_LT(rel_err(d, c), 1e-6) << kind;
+    EXPECT_LT(max_pointwise_error_lenient(d, c), 1e-6) << kind;
   }
 }
 
 TEST(CudaElementwise, CopiesRoundTripAllDtypesAndLayouts) {
   REQUIRE_GPU();
-  const Tensor src = rnd({3, 4, 5}, DType::float64, 1);
+  const Tensor src = rand_tensor({3, 4, 5}, DType::float64, 1);
   for (DType d : {DType::float32, DType::float16, DType::bfloat16, DType::float64, DType::int32,
                   DType::int64, DType::bool_}) {
     const Tensor c = ops::to(src, d);
     const Tensor g = ops::to(c, kGpu, d);
-    EXPECT_EQ(rel_err(g, c), 0.0) << dtype_name(d);
+    EXPECT_EQ(max_pointwise_error_lenient(g, c), 0.0) << dtype_name(d);
     // strided device-side copy with a dtype change
     const Tensor gt = ops::contiguous(ops::permute(g, {2, 0, 1}));
-    EXPECT_EQ(rel_err(gt, ops::contiguous(ops::permute(c, {2, 0, 1}))), 0.0) << dtype_name(d);
+    EXPECT_EQ(max_pointwise_error_lenient(gt, ops::contiguous(ops::permute(c, {2, 0, 1}))), 0.0) << dtype_name(d);
   }
   // host -> device into a non-contiguous destination
   Tensor dst = ops::zeros({5, 4}, DType::float32, kGpu);
-  ops::copy_(ops::transpose(dst, 0, 1), ops::to(rnd({4, 5}, DType::float64, 2), DType::float32));
-  EXPECT_EQ(rel_err(ops::transpose(dst, 0, 1), ops::to(rnd({4, 5}, DType::float64, 2), DType::float32)), 0.0);
+  ops::copy_(ops::transpose(dst, 0, 1), ops::to(rand_tensor({4, 5}, DType::float64, 2), DType::float32));
+  EXPECT_EQ(max_pointwise_error_lenient(ops::transpose(dst, 0, 1), ops::to(rand_tensor({4, 5}, DType::float64, 2), DType::float32)), 0.0);
 }
 
 TEST(CudaElementwise, BinaryUnaryMatchTheCpu) {
@@ -70,59 +48,59 @@ TEST(CudaElementwise, BinaryUnaryMatchTheCpu) {
   using ops::BinaryOp;
   using ops::UnaryOp;
   for (DType d : {DType::float32, DType::float16, DType::bfloat16, DType::float64}) {
-    const Tensor a = rnd({4, 1, 33}, d, 3), b = rnd({5, 33}, d, 4, 0.5, 2);
+    const Tensor a = rand_tensor({4, 1, 33}, d, 3), b = rand_tensor({5, 33}, d, 4, 0.5, 2);
     const Tensor ga = ops::to(a, kGpu, d), gb = ops::to(b, kGpu, d);
     for (auto op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum,
                     BinaryOp::minimum, BinaryOp::lt, BinaryOp::eq}) {
-      EXPECT_LT(rel_err(ops::binary(op, ga, gb), ops::binary(op, a, b)), tol(d))
+      EXPECT_LT(max_pointwise_error_lenient(ops::binary(op, ga, gb), ops::binary(op, a, b)), pointwise_tol(d))
           << dtype_name(d) << " " << ops::binary_op_name(op);
     }
-    EXPECT_LT(rel_err(ops::binary(BinaryOp::pow, ops::to(b, kGpu, d), ga), ops::binary(BinaryOp::pow, b, a)), tol(d) * 10);
+    EXPECT_LT(max_pointwise_error_lenient(ops::binary(BinaryOp::pow, ops::to(b, kGpu, d), ga), ops::binary(BinaryOp::pow, b, a)), pointwise_tol(d) * 10);
     for (auto op : {UnaryOp::neg, UnaryOp::exp, UnaryOp::abs, UnaryOp::relu, UnaryOp::sigmoid, UnaryOp::tanh,
                     UnaryOp::silu, UnaryOp::gelu, UnaryOp::gelu_tanh, UnaryOp::square, UnaryOp::erf}) {
-      EXPECT_LT(rel_err(ops::unary(op, ga), ops::unary(op, a)), tol(d)) << dtype_name(d) << " " << ops::unary_op_name(op);
+      EXPECT_LT(max_pointwise_error_lenient(ops::unary(op, ga), ops::unary(op, a)), pointwise_tol(d)) << dtype_name(d) << " " << ops::unary_op_name(op);
     }
     for (auto op : {UnaryOp::log, UnaryOp::sqrt, UnaryOp::rsqrt}) {
-      EXPECT_LT(rel_err(ops::unary(op, gb), ops::unary(op, b)), tol(d)) << dtype_name(d) << " " << ops::unary_op_name(op);
+      EXPECT_LT(max_pointwise_error_lenient(ops::unary(op, gb), ops::unary(op, b)), pointwise_tol(d)) << dtype_name(d) << " " << ops::unary_op_name(op);
     }
-    EXPECT_LT(rel_err(ops::binary_scalar(BinaryOp::mul, ga, 3.5), ops::binary_scalar(BinaryOp::mul, a, 3.5)), tol(d));
-    EXPECT_LT(rel_err(ops::scalar_binary(BinaryOp::sub, 1.0, ga), ops::scalar_binary(BinaryOp::sub, 1.0, a)), tol(d));
-    EXPECT_LT(rel_err(ops::affine(ga, 2.0, -1.0), ops::affine(a, 2.0, -1.0)), tol(d));
-    EXPECT_LT(rel_err(ops::clamp(ga, -0.5, 0.7), ops::clamp(a, -0.5, 0.7)), tol(d));
+    EXPECT_LT(max_pointwise_error_lenient(ops::binary_scalar(BinaryOp::mul, ga, 3.5), ops::binary_scalar(BinaryOp::mul, a, 3.5)), pointwise_tol(d));
+    EXPECT_LT(max_pointwise_error_lenient(ops::scalar_binary(BinaryOp::sub, 1.0, ga), ops::scalar_binary(BinaryOp::sub, 1.0, a)), pointwise_tol(d));
+    EXPECT_LT(max_pointwise_error_lenient(ops::affine(ga, 2.0, -1.0), ops::affine(a, 2.0, -1.0)), pointwise_tol(d));
+    EXPECT_LT(max_pointwise_error_lenient(ops::clamp(ga, -0.5, 0.7), ops::clamp(a, -0.5, 0.7)), pointwise_tol(d));
     const Tensor cond = ops::binary_scalar(BinaryOp::gt, a, 0.0);
-    EXPECT_LT(rel_err(ops::where(ops::to(cond, kGpu, DType::bool_), ga, gb), ops::where(cond, a, b)), tol(d));
+    EXPECT_LT(max_pointwise_error_lenient(ops::where(ops::to(cond, kGpu, DType::bool_), ga, gb), ops::where(cond, a, b)), pointwise_tol(d));
     // non-contiguous operand
-    EXPECT_LT(rel_err(ops::mul(ops::transpose(gb, 0, 1), 2.0), ops::mul(ops::transpose(b, 0, 1), 2.0)), tol(d));
+    EXPECT_LT(max_pointwise_error_lenient(ops::mul(ops::transpose(gb, 0, 1), 2.0), ops::mul(ops::transpose(b, 0, 1), 2.0)), pointwise_tol(d));
   }
 }
 
 TEST(CudaElementwise, SumMatchesTheCpu) {
   REQUIRE_GPU();
   for (DType d : {DType::float32, DType::bfloat16, DType::float64, DType::int64}) {
-    const Tensor a = d == DType::int64 ? ops::randint(-50, 50, {6, 7, 300}) : rnd({6, 7, 300}, d, 9);
+    const Tensor a = d == DType::int64 ? ops::randint(-50, 50, {6, 7, 300}) : rand_tensor({6, 7, 300}, d, 9);
     const Tensor g = ops::to(a, kGpu, a.dtype());
     const double t = d == DType::bfloat16 ? 2e-2 : 1e-5;
-    EXPECT_LT(rel_err(ops::sum(g), ops::sum(a)), t) << dtype_name(d);
-    EXPECT_LT(rel_err(ops::sum(g, {2}), ops::sum(a, {2})), t) << dtype_name(d);
-    EXPECT_LT(rel_err(ops::sum(g, {0, 2}, true), ops::sum(a, {0, 2}, true)), t) << dtype_name(d);
-    EXPECT_LT(rel_err(ops::sum(ops::transpose(g, 0, 2), {1}), ops::sum(ops::transpose(a, 0, 2), {1})), t);
+    EXPECT_LT(max_pointwise_error_lenient(ops::sum(g), ops::sum(a)), t) << dtype_name(d);
+    EXPECT_LT(max_pointwise_error_lenient(ops::sum(g, {2}), ops::sum(a, {2})), t) << dtype_name(d);
+    EXPECT_LT(max_pointwise_error_lenient(ops::sum(g, {0, 2}, true), ops::sum(a, {0, 2}, true)), t) << dtype_name(d);
+    EXPECT_LT(max_pointwise_error_lenient(ops::sum(ops::transpose(g, 0, 2), {1}), ops::sum(ops::transpose(a, 0, 2), {1})), t);
   }
   // A large full reduction (many blocks per output).
-  const Tensor big = rnd({1 << 22}, DType::float32, 11);
-  EXPECT_LT(rel_err(ops::sum(ops::to(big, kGpu, DType::float32)), ops::sum(big)), 1e-5);
+  const Tensor big = rand_tensor({1 << 22}, DType::float32, 11);
+  EXPECT_LT(max_pointwise_error_lenient(ops::sum(ops::to(big, kGpu, DType::float32)), ops::sum(big)), 1e-5);
 }
 
 TEST(CudaAutograd, GradientsMatchTheCpu) {
   REQUIRE_GPU();
   auto f = [](const Tensor& x, const Tensor& w) { return sum(mul(gelu(mul(x, w)), tanh(x)) / 3.0); };
-  Tensor xc = rnd({8, 16}, DType::float32, 12), wc = rnd({16}, DType::float32, 13);
+  Tensor xc = rand_tensor({8, 16}, DType::float32, 12), wc = rand_tensor({16}, DType::float32, 13);
   xc.requires_grad_(); wc.requires_grad_();
   Tensor xg = ops::to(xc, kGpu, DType::float32), wg = ops::to(wc, kGpu, DType::float32);
   xg.requires_grad_(); wg.requires_grad_();
   f(xc, wc).backward();
   f(xg, wg).backward();
-  EXPECT_LT(rel_err(xg.grad(), xc.grad()), 1e-5);
-  EXPECT_LT(rel_err(wg.grad(), wc.grad()), 1e-5);
+  EXPECT_LT(max_pointwise_error_lenient(xg.grad(), xc.grad()), 1e-5);
+  EXPECT_LT(max_pointwise_error_lenient(wg.grad(), wc.grad()), 1e-5);
   EXPECT_EQ(xg.grad().device(), kGpu);
   // Everything stayed on the device's allocator, tagged.
   const auto& stats = memory::get_allocator(kGpu).stats();

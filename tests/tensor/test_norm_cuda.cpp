@@ -14,18 +14,17 @@
 #include <sstream>
 
 #include "autograd/norm.h"
-#include "gradcheck.h"
+#include "cuda_testing.h"
 #include "tensor/ops/norm.h"
 
 namespace tally {
 namespace {
 
-#define REQUIRE_GPU()                                                           \
-  do {                                                                          \
-    if (!memory::cuda_available()) GTEST_SKIP() << "no CUDA device present";    \
-  } while (0)
-
-const Device kGpu = Device::cuda(0);
+using testing::both;
+using testing::kFloatDtypes;
+using testing::kGpu;
+using testing::Pair;
+using testing::rand_tensor;
 
 // Tolerances relative to max |reference|: elementwise-ish results (out, dx, per-row or
 // per-channel statistics) and reductions over many rows (layer_norm's dweight, dbias).
@@ -90,30 +89,6 @@ double max_abs(const Tensor& t) {
          << what << ": relative error " << rel << " > " << tol << " (" << shape_dtype(cpu)
          << ", max|ref| " << max_ref << ", floor " << floor << ", worst at flat index " << worst << ": gpu "
          << a[worst] << " vs cpu " << b[worst] << ")";
-}
-
-// Uniform random values in [lo, hi) of dtype d on the CPU (drawn in float64).
-Tensor rnd(const Shape& s, DType d, uint64_t seed, double lo = -2, double hi = 2) {
-  Generator g(seed);
-  return ops::to(ops::affine(ops::rand(s, DType::float64, Device::cpu(), &g), hi - lo, lo), d);
-}
-
-// The same random tensor on the CPU and the GPU; noncontig: both are permuted views
-// (reversed dims) of a contiguous base of the reversed shape, so neither is contiguous.
-struct Pair {
-  Tensor cpu, gpu;
-};
-Pair both(const Shape& s, DType d, uint64_t seed, bool noncontig = false, double lo = -2,
-          double hi = 2) {
-  if (!noncontig) {
-    Tensor c = rnd(s, d, seed, lo, hi);
-    return {c, ops::to(c, kGpu, d)};
-  }
-  const Shape rev(s.rbegin(), s.rend());
-  Shape perm;
-  for (int64_t i = static_cast<int64_t>(s.size()) - 1; i >= 0; --i) perm.push_back(i);
-  const Tensor base = rnd(rev, d, seed, lo, hi);
-  return {ops::permute(base, perm), ops::permute(ops::to(base, kGpu, d), perm)};
 }
 
 Pair undefined_both() { return {Tensor(), Tensor()}; }
@@ -184,12 +159,10 @@ void check_row_norm(bool rms, const Shape& xs, size_t k, DType d, bool affine, b
   }
 }
 
-const DType kAllDtypes[] = {DType::float32, DType::float64, DType::float16, DType::bfloat16};
-
 TEST(CudaLayerNorm, MatchesTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 100;
-  for (DType d : kAllDtypes) {
+  for (DType d : kFloatDtypes) {
     // GPT-2 rows, odd row lengths, one row, several normalized dims
     check_row_norm(false, {4, 16, 768}, 1, d, true, true, false, seed += 10);
     check_row_norm(false, {37, 50}, 1, d, true, true, false, seed += 10);
@@ -221,7 +194,7 @@ TEST(CudaLayerNorm, ManyRowsAndLongRows) {
 TEST(CudaRmsNorm, MatchesTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 500;
-  for (DType d : kAllDtypes) {
+  for (DType d : kFloatDtypes) {
     check_row_norm(true, {4, 16, 768}, 1, d, true, false, false, seed += 10);
     check_row_norm(true, {37, 50}, 1, d, true, false, false, seed += 10);
     check_row_norm(true, {29, 3}, 1, d, true, false, false, seed += 10);
@@ -238,7 +211,7 @@ TEST(CudaLayerNorm, EmptyInputs) {
   REQUIRE_GPU();
   // No rows: empty out and statistics, zero dweight/dbias.
   const Tensor x = ops::zeros({0, 8}, DType::float32, kGpu);
-  const Tensor w = ops::to(rnd({8}, DType::float32, 1, 0.5, 1.5), kGpu, DType::float32);
+  const Tensor w = ops::to(rand_tensor({8}, DType::float32, 1, 0.5, 1.5), kGpu, DType::float32);
   auto [out, mean, rstd] = ops::layer_norm(x, {8}, w, w);
   EXPECT_EQ(out.sizes(), (Shape{0, 8}));
   EXPECT_EQ(mean.sizes(), (Shape{0, 1}));
@@ -333,7 +306,7 @@ void check_batch_norm(const Shape& xs, DType d, bool affine, bool noncontig, uin
 TEST(CudaBatchNorm, MatchesTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 1000;
-  for (DType d : kAllDtypes) {
+  for (DType d : kFloatDtypes) {
     check_batch_norm({37, 5}, d, true, false, seed += 10);          // 2-D
     check_batch_norm({64, 130}, d, true, false, seed += 10);        // 2-D, many channels
     check_batch_norm({5, 6, 33}, d, true, false, seed += 10);       // 3-D
@@ -353,7 +326,7 @@ TEST(CudaBatchNorm, LargeChannels) {
   check_batch_norm({16, 64, 28, 28}, DType::float32, true, false, 4);
   check_batch_norm({4096, 3}, DType::float32, true, false, 5);
   // A channel whose values sit far from zero (the one-pass variance is shifted).
-  const Tensor xc = ops::add(rnd({6, 4, 17, 19}, DType::float32, 6), 1000.0);
+  const Tensor xc = ops::add(rand_tensor({6, 4, 17, 19}, DType::float32, 6), 1000.0);
   const Tensor xg = ops::to(xc, kGpu, DType::float32);
   auto [oc, mc, ic] = ops::batch_norm(xc, {}, {}, {}, {}, true);
   auto [og, mg, ig] = ops::batch_norm(xg, {}, {}, {}, {}, true);
@@ -367,8 +340,8 @@ TEST(CudaBatchNorm, EmptyBatch) {
   for (const Shape& s : {Shape{0, 3}, Shape{0, 3, 4, 4}}) {
     SCOPED_TRACE(shape_str(s));
     const Tensor x = ops::zeros(s, DType::float32, kGpu);
-    const Tensor rm = ops::to(rnd({3}, DType::float32, 1), kGpu, DType::float32);
-    const Tensor rv = ops::to(rnd({3}, DType::float32, 2, 0.5, 1.5), kGpu, DType::float32);
+    const Tensor rm = ops::to(rand_tensor({3}, DType::float32, 1), kGpu, DType::float32);
+    const Tensor rv = ops::to(rand_tensor({3}, DType::float32, 2, 0.5, 1.5), kGpu, DType::float32);
     const std::vector<double> rm0 = ops::to_vector(rm), rv0 = ops::to_vector(rv);
     const Tensor w = ops::ones({3}, DType::float32, kGpu);
     auto [out, mean, invstd] = ops::batch_norm(x, rm, rv, w, {}, true);
@@ -390,9 +363,9 @@ TEST(CudaBatchNorm, EmptyBatch) {
 TEST(CudaNorm, AutogradMatchesTheCpu) {
   REQUIRE_GPU();
   // layer_norm -> batch_norm over a [N, C, L] view, through the differentiable ops.
-  const Tensor xc0 = rnd({6, 5, 40}, DType::float32, 1);
-  const Tensor wc0 = rnd({40}, DType::float32, 2, 0.5, 1.5), bc0 = rnd({40}, DType::float32, 3);
-  const Tensor gc0 = rnd({5}, DType::float32, 4, 0.5, 1.5), hc0 = rnd({5}, DType::float32, 5);
+  const Tensor xc0 = rand_tensor({6, 5, 40}, DType::float32, 1);
+  const Tensor wc0 = rand_tensor({40}, DType::float32, 2, 0.5, 1.5), bc0 = rand_tensor({40}, DType::float32, 3);
+  const Tensor gc0 = rand_tensor({5}, DType::float32, 4, 0.5, 1.5), hc0 = rand_tensor({5}, DType::float32, 5);
   auto run = [&](Device dev) {
     auto leaf = [&](const Tensor& t) {
       Tensor l = ops::to(t, dev, t.dtype(), /*copy=*/true);
@@ -414,10 +387,10 @@ TEST(CudaNorm, AutogradMatchesTheCpu) {
 TEST(CudaNorm, ScratchIsTemporaryUnderTheOpAndFreed) {
   REQUIRE_GPU();
   memory::CachingAllocator& alloc = memory::get_allocator(kGpu);
-  const Tensor x = ops::to(rnd({64, 768}, DType::float32, 1), kGpu, DType::float32);
-  const Tensor w = ops::to(rnd({768}, DType::float32, 2, 0.5, 1.5), kGpu, DType::float32);
-  const Tensor xb = ops::to(rnd({8, 16, 9, 9}, DType::float32, 3), kGpu, DType::float32);
-  const Tensor wb = ops::to(rnd({16}, DType::float32, 4, 0.5, 1.5), kGpu, DType::float32);
+  const Tensor x = ops::to(rand_tensor({64, 768}, DType::float32, 1), kGpu, DType::float32);
+  const Tensor w = ops::to(rand_tensor({768}, DType::float32, 2, 0.5, 1.5), kGpu, DType::float32);
+  const Tensor xb = ops::to(rand_tensor({8, 16, 9, 9}, DType::float32, 3), kGpu, DType::float32);
+  const Tensor wb = ops::to(rand_tensor({16}, DType::float32, 4, 0.5, 1.5), kGpu, DType::float32);
   const Tensor rm = ops::zeros({16}, DType::float32, kGpu), rv = ops::ones({16}, DType::float32, kGpu);
   const int64_t temp0 = alloc.stats().cat_bytes(memory::Category::temporary).current;
   alloc.record_memory_history(true);
@@ -474,8 +447,8 @@ TEST(CudaNorm, DISABLED_Throughput) {
   };
   for (DType d : {DType::float32, DType::bfloat16}) {
     const Shape xs{16 * 1024, 768};
-    const Tensor x = ops::to(rnd(xs, d, 1), kGpu, d), dy = ops::to(rnd(xs, d, 2), kGpu, d);
-    const Tensor w = ops::to(rnd({768}, DType::float32, 3), kGpu, DType::float32);
+    const Tensor x = ops::to(rand_tensor(xs, d, 1), kGpu, d), dy = ops::to(rand_tensor(xs, d, 2), kGpu, d);
+    const Tensor w = ops::to(rand_tensor({768}, DType::float32, 3), kGpu, DType::float32);
     const double bytes = static_cast<double>(x.nbytes());
     auto [o, m, r] = ops::layer_norm(x, {768}, w, w);
     (void)o;
@@ -484,8 +457,8 @@ TEST(CudaNorm, DISABLED_Throughput) {
     std::printf("layer_norm %s [16384, 768]: fwd %.3f ms (%.0f GB/s), bwd %.3f ms (%.0f GB/s)\n",
                 dtype_name(d), f, 2 * bytes / f / 1e6, b, 3 * bytes / b / 1e6);
     const Shape bs{64, 256, 56, 56};
-    const Tensor bx = ops::to(rnd(bs, d, 4), kGpu, d), bdy = ops::to(rnd(bs, d, 5), kGpu, d);
-    const Tensor bw = ops::to(rnd({256}, DType::float32, 6), kGpu, DType::float32);
+    const Tensor bx = ops::to(rand_tensor(bs, d, 4), kGpu, d), bdy = ops::to(rand_tensor(bs, d, 5), kGpu, d);
+    const Tensor bw = ops::to(rand_tensor({256}, DType::float32, 6), kGpu, DType::float32);
     const Tensor rm = ops::zeros({256}, DType::float32, kGpu), rv = ops::ones({256}, DType::float32, kGpu);
     const double bbytes = static_cast<double>(bx.nbytes());
     auto [bo, bm, bi] = ops::batch_norm(bx, rm, rv, bw, bw, true);

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "autograd/pool.h"
-#include "gradcheck.h"
+#include "cuda_testing.h"
 #include "memory/caching_allocator.h"
 #include "memory/memory.h"
 #include "tensor/ops/pool.h"
@@ -18,58 +18,13 @@
 namespace tally {
 namespace {
 
-#define REQUIRE_GPU()                                                        \
-  do {                                                                       \
-    if (!memory::cuda_available()) GTEST_SKIP() << "no CUDA device present"; \
-  } while (0)
-
-const Device kGpu = Device::cuda(0);
-const Device kCpu = Device::cpu();
-
-const std::vector<DType> kDtypes = {DType::float32, DType::float64, DType::float16, DType::bfloat16};
-
-Tensor rnd(const Shape& s, DType d, uint64_t seed, double lo = -2, double hi = 2) {
-  Generator g(seed);
-  return ops::to(ops::affine(ops::rand(s, DType::float64, kCpu, &g), hi - lo, lo), d);
-}
-
-Tensor gpu(const Tensor& t) { return ops::to(t, kGpu, t.dtype()); }
-
-// Largest |got - ref| / max(1, |ref|); NaN must meet NaN. Reports the worst element.
-struct Diff {
-  double err = 0, got = 0, want = 0;
-  size_t at = 0, n = 0, mismatches = 0;
-  bool shape_ok = true;
-  std::string str() const {
-    if (!shape_ok) return "shape mismatch";
-    std::ostringstream o;
-    o << "max rel err " << err << " at flat index " << at << " of " << n << " (got " << got << ", want " << want
-      << "); " << mismatches << " elements differ";
-    return o.str();
-  }
-};
-
-Diff compare(const Tensor& got, const Tensor& ref) {
-  Diff d;
-  if (got.sizes() != ref.sizes()) {
-    d.shape_ok = false;
-    d.err = INFINITY;
-    return d;
-  }
-  const std::vector<double> a = ops::to_vector(got), b = ops::to_vector(ref);
-  d.n = a.size();
-  double worst = -1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double e;
-    if (std::isnan(a[i]) || std::isnan(b[i])) e = std::isnan(a[i]) && std::isnan(b[i]) ? 0 : INFINITY;
-    else if (a[i] == b[i]) e = 0;  // also equal infinities
-    else e = std::abs(a[i] - b[i]) / std::max(1.0, std::abs(b[i]));
-    if (e != 0) ++d.mismatches;
-    if (e > worst) worst = e, d.at = i, d.got = a[i], d.want = b[i];
-  }
-  d.err = std::max(worst, 0.0);
-  return d;
-}
+using testing::Diff;
+using testing::diff_pointwise;
+using testing::kCpu;
+using testing::kFloatDtypes;
+using testing::kGpu;
+using testing::rand_tensor;
+using testing::to_gpu;
 
 // Exact equality of two int64 index tensors, with the first difference.
 ::testing::AssertionResult same_indices(const Tensor& got, const Tensor& ref) {
@@ -114,21 +69,21 @@ void check_max(const PoolCase& c, const Tensor& x, uint64_t seed) {
   const DType d = x.dtype();
   const auto [y, idx] = ops::max_pool2d_with_indices(x, c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
   const auto [yg, idxg] =
-      ops::max_pool2d_with_indices(gpu(x), c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+      ops::max_pool2d_with_indices(to_gpu(x), c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
   EXPECT_EQ(yg.device(), kGpu);
   EXPECT_EQ(idxg.device(), kGpu);
-  const Diff e = compare(yg, y);
+  const Diff e = diff_pointwise(yg, y);
   EXPECT_EQ(e.err, 0.0) << label(c.name, d, "max_pool2d values") << ": " << e.str();
   EXPECT_TRUE(same_indices(idxg, idx)) << label(c.name, d, "max_pool2d indices");
 
-  const Tensor gy = rnd(y.sizes(), d, seed);
+  const Tensor gy = rand_tensor(y.sizes(), d, seed);
   const Tensor gx = ops::max_pool2d_backward(gy, idx, x.sizes());
-  const Tensor gxg = ops::max_pool2d_backward(gpu(gy), idxg, x.sizes());
+  const Tensor gxg = ops::max_pool2d_backward(to_gpu(gy), idxg, x.sizes());
   EXPECT_EQ(gxg.dtype(), d);
   // Overlapping windows add in atomicAdd order: float32 rounding apart; 16-bit may round
   // the (float) sum to a neighbouring value.
   const double t = d == DType::float64 ? 1e-12 : d == DType::float32 ? 1e-6 : 1e-2;
-  const Diff eb = compare(gxg, gx);
+  const Diff eb = diff_pointwise(gxg, gx);
   EXPECT_LE(eb.err, t) << label(c.name, d, "max_pool2d backward") << ": " << eb.str();
 }
 
@@ -136,22 +91,22 @@ TEST(CudaMaxPool2d, ValuesIndicesAndBackwardMatchTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 10;
   for (const PoolCase& c : max_cases())
-    for (DType d : kDtypes) {
+    for (DType d : kFloatDtypes) {
       seed += 3;
-      check_max(c, rnd(c.x, d, seed), seed + 1);
+      check_max(c, rand_tensor(c.x, d, seed), seed + 1);
     }
 }
 
 TEST(CudaMaxPool2d, TiesNanAndInfinityLikeTheCpu) {
   REQUIRE_GPU();
-  for (DType d : kDtypes) {
+  for (DType d : kFloatDtypes) {
     for (const PoolCase& c : max_cases()) {
       // Ties: values from {0, 1, 2}; the first maximum in window order wins.
-      std::vector<double> t = ops::to_vector(rnd(c.x, DType::float64, 7, 0, 3));
+      std::vector<double> t = ops::to_vector(rand_tensor(c.x, DType::float64, 7, 0, 3));
       for (double& v : t) v = std::floor(v);
       check_max(c, ops::from_vector(t, c.x, d), 8);
       // NaN: a sprinkling of NaNs propagates, with the last NaN's index.
-      std::vector<double> v = ops::to_vector(rnd(c.x, DType::float64, 9));
+      std::vector<double> v = ops::to_vector(rand_tensor(c.x, DType::float64, 9));
       for (size_t i = 0; i < v.size(); i += 7) v[i] = std::numeric_limits<double>::quiet_NaN();
       check_max(c, ops::from_vector(v, c.x, d), 10);
       // All -inf: the value is -inf and the index the window's first in-bounds element.
@@ -185,21 +140,21 @@ TEST(CudaAvgPool2d, EveryDivisorRuleMatchesTheCpuExactly) {
   };
   uint64_t seed = 40;
   for (const AvgCase& c : cases)
-    for (DType d : kDtypes) {
-      const Tensor x = rnd(c.x, d, seed += 3);
+    for (DType d : kFloatDtypes) {
+      const Tensor x = rand_tensor(c.x, d, seed += 3);
       const Tensor y = ops::avg_pool2d(x, c.kernel, c.stride, c.padding, c.ceil_mode, c.count_include_pad, c.divisor);
       const Tensor yg =
-          ops::avg_pool2d(gpu(x), c.kernel, c.stride, c.padding, c.ceil_mode, c.count_include_pad, c.divisor);
+          ops::avg_pool2d(to_gpu(x), c.kernel, c.stride, c.padding, c.ceil_mode, c.count_include_pad, c.divisor);
       // Same window, same order, same rounding: bit for bit.
-      Diff e = compare(yg, y);
+      Diff e = diff_pointwise(yg, y);
       EXPECT_EQ(e.err, 0.0) << label(c.name, d, "avg_pool2d") << ": " << e.str();
-      const Tensor gy = rnd(y.sizes(), d, seed + 1);
+      const Tensor gy = rand_tensor(y.sizes(), d, seed + 1);
       const Tensor gx = ops::avg_pool2d_backward(gy, x.sizes(), c.kernel, c.stride, c.padding, c.ceil_mode,
                                                  c.count_include_pad, c.divisor);
-      const Tensor gxg = ops::avg_pool2d_backward(gpu(gy), x.sizes(), c.kernel, c.stride, c.padding, c.ceil_mode,
+      const Tensor gxg = ops::avg_pool2d_backward(to_gpu(gy), x.sizes(), c.kernel, c.stride, c.padding, c.ceil_mode,
                                                   c.count_include_pad, c.divisor);
       EXPECT_EQ(gxg.dtype(), d);
-      e = compare(gxg, gx);
+      e = diff_pointwise(gxg, gx);
       EXPECT_EQ(e.err, 0.0) << label(c.name, d, "avg_pool2d backward") << ": " << e.str();
     }
 }
@@ -216,14 +171,14 @@ TEST(CudaAdaptiveAvgPool2d, ShrinkingAndGrowingMatchTheCpuExactly) {
   };
   uint64_t seed = 70;
   for (const Case& c : cases)
-    for (DType d : kDtypes) {
+    for (DType d : kFloatDtypes) {
       const std::string name = shape_str(c.x) + " -> " + c.out.str();
-      const Tensor x = rnd(c.x, d, seed += 3);
+      const Tensor x = rand_tensor(c.x, d, seed += 3);
       const Tensor y = ops::adaptive_avg_pool2d(x, c.out);
-      Diff e = compare(ops::adaptive_avg_pool2d(gpu(x), c.out), y);
+      Diff e = diff_pointwise(ops::adaptive_avg_pool2d(to_gpu(x), c.out), y);
       EXPECT_EQ(e.err, 0.0) << label(name.c_str(), d, "adaptive_avg_pool2d") << ": " << e.str();
-      const Tensor gy = rnd(y.sizes(), d, seed + 1);
-      e = compare(ops::adaptive_avg_pool2d_backward(gpu(gy), x.sizes()),
+      const Tensor gy = rand_tensor(y.sizes(), d, seed + 1);
+      e = diff_pointwise(ops::adaptive_avg_pool2d_backward(to_gpu(gy), x.sizes()),
                   ops::adaptive_avg_pool2d_backward(gy, x.sizes()));
       EXPECT_EQ(e.err, 0.0) << label(name.c_str(), d, "adaptive_avg_pool2d backward") << ": " << e.str();
     }
@@ -232,42 +187,42 @@ TEST(CudaAdaptiveAvgPool2d, ShrinkingAndGrowingMatchTheCpuExactly) {
 TEST(CudaPool2d, NonContiguousUnbatchedAndResNetShapes) {
   REQUIRE_GPU();
   // Channels-last storage viewed as NCHW.
-  const Tensor nhwc = rnd({2, 13, 11, 5}, DType::float32, 90);
-  const Tensor x = ops::permute(nhwc, {0, 3, 1, 2}), xg = ops::permute(gpu(nhwc), {0, 3, 1, 2});
+  const Tensor nhwc = rand_tensor({2, 13, 11, 5}, DType::float32, 90);
+  const Tensor x = ops::permute(nhwc, {0, 3, 1, 2}), xg = ops::permute(to_gpu(nhwc), {0, 3, 1, 2});
   ASSERT_FALSE(xg.is_contiguous());
   const auto [y, idx] = ops::max_pool2d_with_indices(x, 3, 2, 1);
   const auto [yg, idxg] = ops::max_pool2d_with_indices(xg, 3, 2, 1);
-  EXPECT_EQ(compare(yg, y).err, 0.0);
+  EXPECT_EQ(diff_pointwise(yg, y).err, 0.0);
   EXPECT_TRUE(same_indices(idxg, idx));
-  EXPECT_EQ(compare(ops::avg_pool2d(xg, 3, 2, 1, true, false), ops::avg_pool2d(x, 3, 2, 1, true, false)).err, 0.0);
-  EXPECT_EQ(compare(ops::adaptive_avg_pool2d(xg, {3, 2}), ops::adaptive_avg_pool2d(x, {3, 2})).err, 0.0);
+  EXPECT_EQ(diff_pointwise(ops::avg_pool2d(xg, 3, 2, 1, true, false), ops::avg_pool2d(x, 3, 2, 1, true, false)).err, 0.0);
+  EXPECT_EQ(diff_pointwise(ops::adaptive_avg_pool2d(xg, {3, 2}), ops::adaptive_avg_pool2d(x, {3, 2})).err, 0.0);
   // A non-contiguous grad_output.
-  const Tensor wide = rnd({2, 5, 7, 12}, DType::float32, 91);
-  const Tensor gy = ops::slice(wide, 3, 0, 12, 2), gyg = ops::slice(gpu(wide), 3, 0, 12, 2);
+  const Tensor wide = rand_tensor({2, 5, 7, 12}, DType::float32, 91);
+  const Tensor gy = ops::slice(wide, 3, 0, 12, 2), gyg = ops::slice(to_gpu(wide), 3, 0, 12, 2);
   ASSERT_EQ(gy.sizes(), y.sizes());
-  EXPECT_LE(compare(ops::max_pool2d_backward(gyg, idxg, x.sizes()), ops::max_pool2d_backward(gy, idx, x.sizes())).err,
+  EXPECT_LE(diff_pointwise(ops::max_pool2d_backward(gyg, idxg, x.sizes()), ops::max_pool2d_backward(gy, idx, x.sizes())).err,
             1e-6);
-  EXPECT_EQ(compare(ops::avg_pool2d_backward(gyg, x.sizes(), 3, 2, 1), ops::avg_pool2d_backward(gy, x.sizes(), 3, 2, 1))
+  EXPECT_EQ(diff_pointwise(ops::avg_pool2d_backward(gyg, x.sizes(), 3, 2, 1), ops::avg_pool2d_backward(gy, x.sizes(), 3, 2, 1))
                 .err,
             0.0);
 
   // Unbatched [C, H, W].
-  const Tensor x3 = rnd({4, 9, 10}, DType::float32, 92);
+  const Tensor x3 = rand_tensor({4, 9, 10}, DType::float32, 92);
   const auto [y3, i3] = ops::max_pool2d_with_indices(x3, 2);
-  const auto [y3g, i3g] = ops::max_pool2d_with_indices(gpu(x3), 2);
+  const auto [y3g, i3g] = ops::max_pool2d_with_indices(to_gpu(x3), 2);
   EXPECT_EQ(y3g.sizes(), (Shape{4, 4, 5}));
-  EXPECT_EQ(compare(y3g, y3).err, 0.0);
+  EXPECT_EQ(diff_pointwise(y3g, y3).err, 0.0);
   EXPECT_TRUE(same_indices(i3g, i3));
-  EXPECT_EQ(compare(ops::adaptive_avg_pool2d(gpu(x3), 3), ops::adaptive_avg_pool2d(x3, 3)).err, 0.0);
+  EXPECT_EQ(diff_pointwise(ops::adaptive_avg_pool2d(to_gpu(x3), 3), ops::adaptive_avg_pool2d(x3, 3)).err, 0.0);
 
   // ResNet: the stem's 3x3/2 max pool on [8, 64, 56, 56] and the head's global average.
-  const Tensor stem = rnd({8, 64, 56, 56}, DType::float32, 93);
+  const Tensor stem = rand_tensor({8, 64, 56, 56}, DType::float32, 93);
   const PoolCase resnet{"ResNet stem", stem.sizes(), 3, 2, 1, 1, false};
   check_max(resnet, stem, 94);
-  const Tensor head = rnd({8, 512, 7, 7}, DType::float32, 95);
-  EXPECT_EQ(compare(ops::adaptive_avg_pool2d(gpu(head), 1), ops::adaptive_avg_pool2d(head, 1)).err, 0.0);
-  const Tensor ghead = rnd({8, 512, 1, 1}, DType::float32, 96);
-  EXPECT_EQ(compare(ops::adaptive_avg_pool2d_backward(gpu(ghead), head.sizes()),
+  const Tensor head = rand_tensor({8, 512, 7, 7}, DType::float32, 95);
+  EXPECT_EQ(diff_pointwise(ops::adaptive_avg_pool2d(to_gpu(head), 1), ops::adaptive_avg_pool2d(head, 1)).err, 0.0);
+  const Tensor ghead = rand_tensor({8, 512, 1, 1}, DType::float32, 96);
+  EXPECT_EQ(diff_pointwise(ops::adaptive_avg_pool2d_backward(to_gpu(ghead), head.sizes()),
                     ops::adaptive_avg_pool2d_backward(ghead, head.sizes()))
                 .err,
             0.0);
@@ -275,20 +230,20 @@ TEST(CudaPool2d, NonContiguousUnbatchedAndResNetShapes) {
 
 TEST(CudaPool2d, AutogradMatchesTheCpu) {
   REQUIRE_GPU();
-  const Tensor xc = rnd({2, 3, 11, 10}, DType::float32, 100);
-  Tensor x = xc.detach(), xg = gpu(xc);
+  const Tensor xc = rand_tensor({2, 3, 11, 10}, DType::float32, 100);
+  Tensor x = xc.detach(), xg = to_gpu(xc);
   x.requires_grad_(), xg.requires_grad_();
   auto f = [](const Tensor& t) {
     return add(add(sum(mul(max_pool2d(t, 3, 2, 1), 1.5)), sum(avg_pool2d(t, 2, 2, 0, true, false))),
                sum(mul(adaptive_avg_pool2d(t, {3, 4}), 0.5)));
   };
   const Tensor l = f(x), lg = f(xg);
-  EXPECT_LE(compare(lg, l).err, 1e-5);
+  EXPECT_LE(diff_pointwise(lg, l).err, 1e-5);
   l.backward();
   lg.backward();
   ASSERT_TRUE(xg.grad().defined());
   EXPECT_EQ(xg.grad().device(), kGpu);
-  const Diff e = compare(xg.grad(), x.grad());
+  const Diff e = diff_pointwise(xg.grad(), x.grad());
   EXPECT_LE(e.err, 1e-6) << e.str();
 }
 
@@ -298,7 +253,7 @@ TEST(CudaPool2d, AllocationsLandInTheGpuAllocator) {
   REQUIRE_GPU();
   memory::CachingAllocator& alloc = memory::get_allocator(kGpu);
   alloc.record_memory_history(true);
-  const Tensor x = gpu(rnd({2, 4, 12, 12}, DType::bfloat16, 110));
+  const Tensor x = to_gpu(rand_tensor({2, 4, 12, 12}, DType::bfloat16, 110));
   const auto [y, idx] = ops::max_pool2d_with_indices(x, 2);
   const Tensor gx = ops::max_pool2d_backward(ops::ones_like(y), idx, x.sizes());
   const Tensor a = ops::avg_pool2d(x, 3, 1, 1);

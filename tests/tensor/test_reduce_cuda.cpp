@@ -9,64 +9,17 @@
 #include <set>
 #include <sstream>
 
-#include "gradcheck.h"
+#include "cuda_testing.h"
 
 namespace tally {
 namespace {
 
-#define REQUIRE_GPU()                                                        \
-  do {                                                                       \
-    if (!memory::cuda_available()) GTEST_SKIP() << "no CUDA device present"; \
-  } while (0)
-
-const Device kGpu = Device::cuda(0);
-
-double tol(DType d) { return d == DType::float32 ? 1e-5 : d == DType::float64 ? 1e-12 : 1e-2; }
-
-// Whether gpu and cpu hold the same shape, dtype and, element by element,
-// |a - b| / max(1, |b|) <= tol (NaN only against NaN, an infinity only against the same
-// infinity). On failure: the worst element, its index and both values.
-::testing::AssertionResult close(const Tensor& gpu, const Tensor& cpu, double tol) {
-  if (gpu.sizes() != cpu.sizes())
-    return ::testing::AssertionFailure()
-           << "shape " << gpu.shape_string() << " (gpu) vs " << cpu.shape_string() << " (cpu)";
-  if (gpu.dtype() != cpu.dtype())
-    return ::testing::AssertionFailure() << "dtype " << dtype_name(gpu.dtype()) << " (gpu) vs "
-                                         << dtype_name(cpu.dtype()) << " (cpu)";
-  if (!gpu.is_cuda()) return ::testing::AssertionFailure() << "result is not on the GPU";
-  const std::vector<double> a = ops::to_vector(gpu), b = ops::to_vector(cpu);
-  double worst = 0;
-  size_t at = 0;
-  size_t bad = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double e = 0;
-    if (std::isnan(a[i]) || std::isnan(b[i])) {
-      e = std::isnan(a[i]) && std::isnan(b[i]) ? 0 : std::numeric_limits<double>::infinity();
-    } else if (a[i] != b[i]) {
-      e = (std::isinf(a[i]) || std::isinf(b[i]))
-              ? std::numeric_limits<double>::infinity()
-              : std::abs(a[i] - b[i]) / std::max(1.0, std::abs(b[i]));
-    }
-    if (e > tol) ++bad;
-    if (e > worst) {
-      worst = e;
-      at = i;
-    }
-  }
-  if (worst <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << bad << " of " << a.size() << " elements off; worst at flat index " << at << ": gpu "
-         << a[at] << " vs cpu " << b[at] << " (error " << worst << " > tol " << tol << ", shape "
-         << cpu.shape_string() << ", " << dtype_name(cpu.dtype()) << ")";
-}
-
-Tensor gpu(const Tensor& t) { return ops::to(t, kGpu, t.dtype()); }
-
-// Uniform values in [lo, hi) of dtype d (drawn in float64, then rounded), on the CPU.
-Tensor rnd(const Shape& s, DType d, uint64_t seed, double lo = -2, double hi = 2) {
-  Generator g(seed);
-  return ops::to(ops::affine(ops::rand(s, DType::float64, Device::cpu(), &g), hi - lo, lo), d);
-}
+using testing::close_pointwise;
+using testing::kFloatDtypes;
+using testing::kGpu;
+using testing::pointwise_tol;
+using testing::rand_tensor;
+using testing::to_gpu;
 
 // Values with many ties: 9 levels in [-2, 2] (floats), [-4, 4] (int32/int64), or 0/1 (bool),
 // exactly representable in every dtype; with NaNs at about `nan_frac` of the elements.
@@ -86,7 +39,6 @@ Tensor tied(const Shape& s, DType d, uint64_t seed, double nan_frac = 0.0) {
 
 const DType kAll[] = {DType::float32, DType::float64, DType::float16, DType::bfloat16,
                       DType::int32,   DType::int64,   DType::bool_};
-const DType kFloats[] = {DType::float32, DType::float64, DType::float16, DType::bfloat16};
 
 // A layout: the input is made as `base` (host and device alike) and viewed through `view`.
 struct Layout {
@@ -126,7 +78,7 @@ TEST(CudaReduce, MaxMinAlongADimMatchTheCpu) {
   for (const Layout& l : layouts()) {
     for (DType d : kAll) {
       const Tensor base = tied(l.base, d, ++seed);
-      const Tensor xc = l.view(base), xg = l.view(gpu(base));
+      const Tensor xc = l.view(base), xg = l.view(to_gpu(base));
       const int64_t rank = xc.dim();
       for (int64_t dim = rank == 0 ? 0 : -rank; dim < std::max<int64_t>(rank, 1); ++dim) {
         for (bool keepdim : {false, true}) {
@@ -136,11 +88,11 @@ TEST(CudaReduce, MaxMinAlongADimMatchTheCpu) {
             const ValuesIndices c = is_max ? ops::max(xc, dim, keepdim) : ops::min(xc, dim, keepdim);
             const ValuesIndices g = is_max ? ops::max(xg, dim, keepdim) : ops::min(xg, dim, keepdim);
             const char* name = is_max ? "max " : "min ";
-            EXPECT_TRUE(close(g.values, c.values, 0.0)) << name << what.str();
-            EXPECT_TRUE(close(g.indices, c.indices, 0.0)) << name << "indices " << what.str();
+            EXPECT_TRUE(close_pointwise(g.values, c.values, 0.0)) << name << what.str();
+            EXPECT_TRUE(close_pointwise(g.indices, c.indices, 0.0)) << name << "indices " << what.str();
             const Tensor ac = is_max ? ops::argmax(xc, dim, keepdim) : ops::argmin(xc, dim, keepdim);
             const Tensor ag = is_max ? ops::argmax(xg, dim, keepdim) : ops::argmin(xg, dim, keepdim);
-            EXPECT_TRUE(close(ag, ac, 0.0)) << (is_max ? "argmax " : "argmin ") << what.str();
+            EXPECT_TRUE(close_pointwise(ag, ac, 0.0)) << (is_max ? "argmax " : "argmin ") << what.str();
           }
         }
       }
@@ -152,31 +104,31 @@ TEST(CudaReduce, NaNsWinWithTheirFirstIndex) {
   REQUIRE_GPU();
   uint64_t seed = 50;
   for (const Layout& l : layouts()) {
-    for (DType d : kFloats) {
+    for (DType d : kFloatDtypes) {
       const Tensor base = tied(l.base, d, ++seed, 0.02);
-      const Tensor xc = l.view(base), xg = l.view(gpu(base));
+      const Tensor xc = l.view(base), xg = l.view(to_gpu(base));
       for (int64_t dim = 0; dim < std::max<int64_t>(xc.dim(), 1); ++dim) {
         std::ostringstream what;
         what << l.what << " " << dtype_name(d) << " dim " << dim;
         const ValuesIndices c = ops::max(xc, dim), g = ops::max(xg, dim);
-        EXPECT_TRUE(close(g.values, c.values, 0.0)) << "max " << what.str();
-        EXPECT_TRUE(close(g.indices, c.indices, 0.0)) << "max indices " << what.str();
+        EXPECT_TRUE(close_pointwise(g.values, c.values, 0.0)) << "max " << what.str();
+        EXPECT_TRUE(close_pointwise(g.indices, c.indices, 0.0)) << "max indices " << what.str();
         const ValuesIndices cm = ops::min(xc, dim), gm = ops::min(xg, dim);
-        EXPECT_TRUE(close(gm.indices, cm.indices, 0.0)) << "min indices " << what.str();
-        EXPECT_TRUE(close(ops::amax(xg, {dim}), ops::amax(xc, {dim}), 0.0)) << "amax " << what.str();
+        EXPECT_TRUE(close_pointwise(gm.indices, cm.indices, 0.0)) << "min indices " << what.str();
+        EXPECT_TRUE(close_pointwise(ops::amax(xg, {dim}), ops::amax(xc, {dim}), 0.0)) << "amax " << what.str();
       }
-      EXPECT_TRUE(close(ops::argmax(xg), ops::argmax(xc), 0.0)) << l.what << " " << dtype_name(d);
-      EXPECT_TRUE(close(ops::max(xg), ops::max(xc), 0.0)) << l.what << " " << dtype_name(d);
+      EXPECT_TRUE(close_pointwise(ops::argmax(xg), ops::argmax(xc), 0.0)) << l.what << " " << dtype_name(d);
+      EXPECT_TRUE(close_pointwise(ops::max(xg), ops::max(xc), 0.0)) << l.what << " " << dtype_name(d);
     }
   }
   // A row of NaNs only, and signed zeros (equal: the first is kept, bit for bit).
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const Tensor x = ops::from_vector({nan, nan, nan, 0.0, -0.0, 0.0, -0.0, 0.0, -1.0}, {3, 3});
   for (int64_t dim : {0, 1}) {
-    const ValuesIndices c = ops::max(x, dim), g = ops::max(gpu(x), dim);
-    EXPECT_TRUE(close(g.indices, c.indices, 0.0)) << dim;
-    const ValuesIndices cm = ops::min(x, dim), gm = ops::min(gpu(x), dim);
-    EXPECT_TRUE(close(gm.indices, cm.indices, 0.0)) << dim;
+    const ValuesIndices c = ops::max(x, dim), g = ops::max(to_gpu(x), dim);
+    EXPECT_TRUE(close_pointwise(g.indices, c.indices, 0.0)) << dim;
+    const ValuesIndices cm = ops::min(x, dim), gm = ops::min(to_gpu(x), dim);
+    EXPECT_TRUE(close_pointwise(gm.indices, cm.indices, 0.0)) << dim;
     const std::vector<double> v = ops::to_vector(gm.values), w = ops::to_vector(cm.values);
     for (size_t i = 0; i < v.size(); ++i)
       if (!std::isnan(w[i])) {
@@ -191,13 +143,13 @@ TEST(CudaReduce, FlatArgmaxAndFullMaxMatchTheCpu) {
   for (const Layout& l : layouts()) {
     for (DType d : kAll) {
       const Tensor base = tied(l.base, d, ++seed);
-      const Tensor xc = l.view(base), xg = l.view(gpu(base));
+      const Tensor xc = l.view(base), xg = l.view(to_gpu(base));
       std::ostringstream what;
       what << l.what << " " << dtype_name(d);
-      EXPECT_TRUE(close(ops::argmax(xg), ops::argmax(xc), 0.0)) << "argmax " << what.str();
-      EXPECT_TRUE(close(ops::argmin(xg), ops::argmin(xc), 0.0)) << "argmin " << what.str();
-      EXPECT_TRUE(close(ops::max(xg), ops::max(xc), 0.0)) << "max " << what.str();
-      EXPECT_TRUE(close(ops::min(xg), ops::min(xc), 0.0)) << "min " << what.str();
+      EXPECT_TRUE(close_pointwise(ops::argmax(xg), ops::argmax(xc), 0.0)) << "argmax " << what.str();
+      EXPECT_TRUE(close_pointwise(ops::argmin(xg), ops::argmin(xc), 0.0)) << "argmin " << what.str();
+      EXPECT_TRUE(close_pointwise(ops::max(xg), ops::max(xc), 0.0)) << "max " << what.str();
+      EXPECT_TRUE(close_pointwise(ops::min(xg), ops::min(xc), 0.0)) << "min " << what.str();
     }
   }
 }
@@ -224,15 +176,15 @@ TEST(CudaReduce, AmaxAminMatchTheCpu) {
   for (const Layout& l : layouts()) {
     for (DType d : kAll) {
       const Tensor base = tied(l.base, d, ++seed);
-      const Tensor xc = l.view(base), xg = l.view(gpu(base));
+      const Tensor xc = l.view(base), xg = l.view(to_gpu(base));
       for (const Shape& dims : dim_lists(xc.dim())) {
         for (bool keepdim : {false, true}) {
           std::ostringstream what;
           what << l.what << " " << dtype_name(d) << " dims " << dims_str(dims) << " keepdim "
                << keepdim;
-          EXPECT_TRUE(close(ops::amax(xg, dims, keepdim), ops::amax(xc, dims, keepdim), 0.0))
+          EXPECT_TRUE(close_pointwise(ops::amax(xg, dims, keepdim), ops::amax(xc, dims, keepdim), 0.0))
               << "amax " << what.str();
-          EXPECT_TRUE(close(ops::amin(xg, dims, keepdim), ops::amin(xc, dims, keepdim), 0.0))
+          EXPECT_TRUE(close_pointwise(ops::amin(xg, dims, keepdim), ops::amin(xc, dims, keepdim), 0.0))
               << "amin " << what.str();
         }
       }
@@ -246,20 +198,20 @@ TEST(CudaReduce, VarStdMatchTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 300;
   for (const Layout& l : layouts()) {
-    for (DType d : kFloats) {
-      const Tensor base = rnd(l.base, d, ++seed, -3, 5);
-      const Tensor xc = l.view(base), xg = l.view(gpu(base));
+    for (DType d : kFloatDtypes) {
+      const Tensor base = rand_tensor(l.base, d, ++seed, -3, 5);
+      const Tensor xc = l.view(base), xg = l.view(to_gpu(base));
       for (const Shape& dims : dim_lists(xc.dim())) {
         for (double correction : {1.0, 0.0, 2.5}) {
           for (bool keepdim : {false, true}) {
             std::ostringstream what;
             what << l.what << " " << dtype_name(d) << " dims " << dims_str(dims) << " correction "
                  << correction << " keepdim " << keepdim;
-            EXPECT_TRUE(close(ops::var(xg, dims, correction, keepdim),
-                              ops::var(xc, dims, correction, keepdim), tol(d)))
+            EXPECT_TRUE(close_pointwise(ops::var(xg, dims, correction, keepdim),
+                              ops::var(xc, dims, correction, keepdim), pointwise_tol(d)))
                 << "var " << what.str();
-            EXPECT_TRUE(close(ops::std(xg, dims, correction, keepdim),
-                              ops::std(xc, dims, correction, keepdim), tol(d)))
+            EXPECT_TRUE(close_pointwise(ops::std(xg, dims, correction, keepdim),
+                              ops::std(xc, dims, correction, keepdim), pointwise_tol(d)))
                 << "std " << what.str();
           }
         }
@@ -268,27 +220,27 @@ TEST(CudaReduce, VarStdMatchTheCpu) {
   }
   // Divisor 0 (inf or NaN, as the CPU), and an offset mean (two passes stay accurate).
   const Tensor one = ops::from_vector({3.0, 4.0}, {2, 1});
-  EXPECT_TRUE(close(ops::var(gpu(one), {1}), ops::var(one, {1}), 0.0));
-  EXPECT_TRUE(close(ops::var(gpu(one), {0}, 2.0), ops::var(one, {0}, 2.0), 0.0));
-  const Tensor offset = ops::to(ops::affine(rnd({4, 999}, DType::float64, 333), 1.0, 1e4),
+  EXPECT_TRUE(close_pointwise(ops::var(to_gpu(one), {1}), ops::var(one, {1}), 0.0));
+  EXPECT_TRUE(close_pointwise(ops::var(to_gpu(one), {0}, 2.0), ops::var(one, {0}, 2.0), 0.0));
+  const Tensor offset = ops::to(ops::affine(rand_tensor({4, 999}, DType::float64, 333), 1.0, 1e4),
                                 DType::float32);
-  EXPECT_TRUE(close(ops::var(gpu(offset), {1}), ops::var(offset, {1}), 1e-5));
+  EXPECT_TRUE(close_pointwise(ops::var(to_gpu(offset), {1}), ops::var(offset, {1}), 1e-5));
 }
 
 TEST(CudaReduce, LogsumexpMatchesTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 400;
   for (const Layout& l : layouts()) {
-    for (DType d : kFloats) {
-      const Tensor base = rnd(l.base, d, ++seed, -10, 10);
-      const Tensor xc = l.view(base), xg = l.view(gpu(base));
+    for (DType d : kFloatDtypes) {
+      const Tensor base = rand_tensor(l.base, d, ++seed, -10, 10);
+      const Tensor xc = l.view(base), xg = l.view(to_gpu(base));
       for (const Shape& dims : dim_lists(xc.dim())) {
         for (bool keepdim : {false, true}) {
           std::ostringstream what;
           what << l.what << " " << dtype_name(d) << " dims " << dims_str(dims) << " keepdim "
                << keepdim;
-          EXPECT_TRUE(close(ops::logsumexp(xg, dims, keepdim), ops::logsumexp(xc, dims, keepdim),
-                            tol(d)))
+          EXPECT_TRUE(close_pointwise(ops::logsumexp(xg, dims, keepdim), ops::logsumexp(xc, dims, keepdim),
+                            pointwise_tol(d)))
               << "logsumexp " << what.str();
         }
       }
@@ -299,11 +251,11 @@ TEST(CudaReduce, LogsumexpMatchesTheCpu) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const Tensor x = ops::from_vector(
       {-inf, -inf, -inf, 1000, 1001, -inf, inf, 1, 2, nan, 1, 2}, {4, 3}, DType::float32);
-  EXPECT_TRUE(close(ops::logsumexp(gpu(x), {1}), ops::logsumexp(x, {1}), 1e-5));
+  EXPECT_TRUE(close_pointwise(ops::logsumexp(to_gpu(x), {1}), ops::logsumexp(x, {1}), 1e-5));
   const Tensor empty = ops::zeros({3, 0}, DType::float32);
-  EXPECT_TRUE(close(ops::logsumexp(gpu(empty), {1}), ops::logsumexp(empty, {1}), 0.0));
+  EXPECT_TRUE(close_pointwise(ops::logsumexp(to_gpu(empty), {1}), ops::logsumexp(empty, {1}), 0.0));
   const Tensor ints = tied({5, 9}, DType::int64, 444);
-  EXPECT_TRUE(close(ops::logsumexp(gpu(ints), {1}), ops::logsumexp(ints, {1}), 1e-5));
+  EXPECT_TRUE(close_pointwise(ops::logsumexp(to_gpu(ints), {1}), ops::logsumexp(ints, {1}), 1e-5));
 }
 
 // ------------------------------------------------------------------ backward
@@ -312,18 +264,18 @@ TEST(CudaReduce, ValueSelectingBackwardMatchesTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 500;
   for (const Layout& l : layouts()) {
-    for (DType d : kFloats) {
+    for (DType d : kFloatDtypes) {
       const Tensor xc = l.view(tied(l.base, d, ++seed));
       for (int64_t dim = 0; dim < std::max<int64_t>(xc.dim(), 1); ++dim) {
         for (bool keepdim : {false, true}) {
           std::ostringstream what;
           what << l.what << " " << dtype_name(d) << " dim " << dim << " keepdim " << keepdim;
           const Tensor idx = ops::max(xc, dim, keepdim).indices;
-          const Tensor g = rnd(idx.sizes(), d, ++seed);
+          const Tensor g = rand_tensor(idx.sizes(), d, ++seed);
           const Tensor rc = ops::value_selecting_reduction_backward(g, idx, xc.sizes(), dim, keepdim);
           const Tensor rg =
-              ops::value_selecting_reduction_backward(gpu(g), gpu(idx), xc.sizes(), dim, keepdim);
-          EXPECT_TRUE(close(rg, rc, 0.0)) << what.str();
+              ops::value_selecting_reduction_backward(to_gpu(g), to_gpu(idx), xc.sizes(), dim, keepdim);
+          EXPECT_TRUE(close_pointwise(rg, rc, 0.0)) << what.str();
         }
       }
     }
@@ -331,10 +283,10 @@ TEST(CudaReduce, ValueSelectingBackwardMatchesTheCpu) {
   // A non-contiguous grad and indices (transposed views).
   const Tensor x = tied({9, 6, 5}, DType::float32, 555);
   const Tensor idx = ops::contiguous(ops::transpose(ops::argmax(x, 1, true), 0, 2));  // [5, 1, 9]
-  const Tensor g = rnd({5, 1, 9}, DType::float32, 556);
+  const Tensor g = rand_tensor({5, 1, 9}, DType::float32, 556);
   const Tensor it = ops::transpose(idx, 0, 2), gt = ops::transpose(g, 0, 2);  // [9, 1, 5]
-  EXPECT_TRUE(close(ops::value_selecting_reduction_backward(
-                        ops::transpose(gpu(g), 0, 2), ops::transpose(gpu(idx), 0, 2), {9, 6, 5}, 1, true),
+  EXPECT_TRUE(close_pointwise(ops::value_selecting_reduction_backward(
+                        ops::transpose(to_gpu(g), 0, 2), ops::transpose(to_gpu(idx), 0, 2), {9, 6, 5}, 1, true),
                     ops::value_selecting_reduction_backward(gt, it, {9, 6, 5}, 1, true), 0.0));
 }
 
@@ -342,8 +294,8 @@ TEST(CudaReduce, ValueSelectingBackwardMatchesTheCpu) {
 // skipped (its gradient stays 0).
 TEST(CudaReduce, OutOfRangeIndexIsSkippedOnTheDevice) {
   REQUIRE_GPU();
-  const Tensor idx = gpu(ops::from_vector({0, 7, 2}, {3}, DType::int64));
-  const Tensor g = gpu(ops::from_vector({1, 2, 3}, {3}, DType::float32));
+  const Tensor idx = to_gpu(ops::from_vector({0, 7, 2}, {3}, DType::int64));
+  const Tensor g = to_gpu(ops::from_vector({1, 2, 3}, {3}, DType::float32));
   const std::vector<double> r =
       ops::to_vector(ops::value_selecting_reduction_backward(g, idx, {3, 4}, 1, false));
   const std::vector<double> want = {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0};
@@ -357,11 +309,11 @@ TEST(CudaAutograd, ReductionGradientsMatchTheCpu) {
   uint64_t seed = 600;
   for (DType d : {DType::float32, DType::float64}) {
     for (int which = 0; which < 7; ++which) {
-      Tensor xc = which < 3 ? tied({7, 130}, d, ++seed) : rnd({7, 130}, d, ++seed);
-      Tensor xg = gpu(xc);
+      Tensor xc = which < 3 ? tied({7, 130}, d, ++seed) : rand_tensor({7, 130}, d, ++seed);
+      Tensor xg = to_gpu(xc);
       xc.requires_grad_();
       xg.requires_grad_();
-      const Tensor wc = rnd({130}, d, ++seed), wg = gpu(wc);
+      const Tensor wc = rand_tensor({130}, d, ++seed), wg = to_gpu(wc);
       auto f = [which](const Tensor& x, const Tensor& w) -> Tensor {
         switch (which) {
           case 0: return tally::sum(tally::max(x, 1).values);
@@ -374,11 +326,11 @@ TEST(CudaAutograd, ReductionGradientsMatchTheCpu) {
         }
       };
       const Tensor lc = f(xc, wc), lg = f(xg, wg);
-      EXPECT_TRUE(close(lg, lc, tol(d))) << which << " " << dtype_name(d);
+      EXPECT_TRUE(close_pointwise(lg, lc, pointwise_tol(d))) << which << " " << dtype_name(d);
       lc.backward();
       lg.backward();
       ASSERT_TRUE(xg.grad().defined()) << which;
-      EXPECT_TRUE(close(xg.grad(), xc.grad(), tol(d))) << which << " " << dtype_name(d);
+      EXPECT_TRUE(close_pointwise(xg.grad(), xc.grad(), pointwise_tol(d))) << which << " " << dtype_name(d);
     }
   }
 }
@@ -386,7 +338,7 @@ TEST(CudaAutograd, ReductionGradientsMatchTheCpu) {
 TEST(CudaReduce, OutputsAreTaggedNeverUnknown) {
   REQUIRE_GPU();
   memory::CachingAllocator& alloc = memory::get_allocator(kGpu);
-  const Tensor x = gpu(rnd({64, 300}, DType::float32, 700));
+  const Tensor x = to_gpu(rand_tensor({64, 300}, DType::float32, 700));
   const size_t before = memory::memory_allocated(kGpu);
   alloc.record_memory_history(true);
   {

@@ -9,65 +9,19 @@
 #include <set>
 #include <sstream>
 
-#include "gradcheck.h"
+#include "cuda_testing.h"
 
 namespace tally {
 namespace {
 
-#define REQUIRE_GPU()                                                        \
-  do {                                                                       \
-    if (!memory::cuda_available()) GTEST_SKIP() << "no CUDA device present"; \
-  } while (0)
+using testing::close_pointwise;
+using testing::kFloatDtypes;
+using testing::kGpu;
+using testing::pointwise_tol;
+using testing::rand_tensor;
+using testing::to_gpu;
 
-const Device kGpu = Device::cuda(0);
 using ops::LossReduction;
-
-double tol(DType d) { return d == DType::float32 ? 1e-5 : d == DType::float64 ? 1e-12 : 1e-2; }
-
-// Whether gpu and cpu hold the same shape and, element by element, |a - b| / max(1, |b|)
-// <= tol (NaN only against NaN, an infinity only against the same infinity). On failure:
-// the worst element, its index and both values.
-::testing::AssertionResult close(const Tensor& gpu, const Tensor& cpu, double tol) {
-  if (gpu.sizes() != cpu.sizes())
-    return ::testing::AssertionFailure()
-           << "shape " << gpu.shape_string() << " (gpu) vs " << cpu.shape_string() << " (cpu)";
-  if (gpu.dtype() != cpu.dtype())
-    return ::testing::AssertionFailure() << "dtype " << dtype_name(gpu.dtype()) << " (gpu) vs "
-                                         << dtype_name(cpu.dtype()) << " (cpu)";
-  if (!gpu.is_cuda()) return ::testing::AssertionFailure() << "result is not on the GPU";
-  const std::vector<double> a = ops::to_vector(gpu), b = ops::to_vector(cpu);
-  double worst = 0;
-  size_t at = 0;
-  size_t bad = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double e = 0;
-    if (std::isnan(a[i]) || std::isnan(b[i])) {
-      e = std::isnan(a[i]) && std::isnan(b[i]) ? 0 : std::numeric_limits<double>::infinity();
-    } else if (a[i] != b[i]) {
-      e = (std::isinf(a[i]) || std::isinf(b[i]))
-              ? std::numeric_limits<double>::infinity()
-              : std::abs(a[i] - b[i]) / std::max(1.0, std::abs(b[i]));
-    }
-    if (e > tol) ++bad;
-    if (e > worst) {
-      worst = e;
-      at = i;
-    }
-  }
-  if (worst <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << bad << " of " << a.size() << " elements off; worst at flat index " << at << ": gpu "
-         << a[at] << " vs cpu " << b[at] << " (error " << worst << " > tol " << tol << ", shape "
-         << cpu.shape_string() << ", " << dtype_name(cpu.dtype()) << ")";
-}
-
-// Uniform values in [lo, hi) of dtype d (drawn in float64, then rounded), on the CPU.
-Tensor rnd(const Shape& s, DType d, uint64_t seed, double lo = -2, double hi = 2) {
-  Generator g(seed);
-  return ops::to(ops::affine(ops::rand(s, DType::float64, Device::cpu(), &g), hi - lo, lo), d);
-}
-
-Tensor gpu(const Tensor& t) { return ops::to(t, kGpu, t.dtype()); }
 
 // int64 class indices in [0, C) of shape s; about `ignore_frac` of them set to ignore_index.
 Tensor targets(const Shape& s, int64_t C, uint64_t seed, double ignore_frac = 0.0,
@@ -80,8 +34,6 @@ Tensor targets(const Shape& s, int64_t C, uint64_t seed, double ignore_frac = 0.
                              : static_cast<double>(rng() % static_cast<uint64_t>(C));
   return ops::from_vector(v, s, DType::int64);
 }
-
-const DType kFloats[] = {DType::float32, DType::float64, DType::float16, DType::bfloat16};
 
 std::string red_name(LossReduction r) { return ops::loss_reduction_name(r); }
 
@@ -128,13 +80,13 @@ TEST(CudaSoftmax, ForwardMatchesTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 1;
   for (const SoftmaxCase& c : softmax_cases()) {
-    for (DType d : kFloats) {
-      const Tensor base = rnd(c.base, d, ++seed, -4, 4);
-      const Tensor xc = c.view(base), xg = c.view(gpu(base));
+    for (DType d : kFloatDtypes) {
+      const Tensor base = rand_tensor(c.base, d, ++seed, -4, 4);
+      const Tensor xc = c.view(base), xg = c.view(to_gpu(base));
       for (bool log : {false, true}) {
         const Tensor yc = log ? ops::log_softmax(xc, c.dim) : ops::softmax(xc, c.dim);
         const Tensor yg = log ? ops::log_softmax(xg, c.dim) : ops::softmax(xg, c.dim);
-        EXPECT_TRUE(close(yg, yc, tol(d)))
+        EXPECT_TRUE(close_pointwise(yg, yc, pointwise_tol(d)))
             << (log ? "log_softmax " : "softmax ") << c.what << " " << dtype_name(d);
       }
     }
@@ -145,18 +97,18 @@ TEST(CudaSoftmax, BackwardMatchesTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 100;
   for (const SoftmaxCase& c : softmax_cases()) {
-    for (DType d : kFloats) {
-      const Tensor xc = c.view(rnd(c.base, d, ++seed, -4, 4));
-      const Tensor gbase = rnd(c.base, d, ++seed);
-      const Tensor gc = c.view(gbase), gg = c.view(gpu(gbase));  // grad in the view's layout
+    for (DType d : kFloatDtypes) {
+      const Tensor xc = c.view(rand_tensor(c.base, d, ++seed, -4, 4));
+      const Tensor gbase = rand_tensor(c.base, d, ++seed);
+      const Tensor gc = c.view(gbase), gg = c.view(to_gpu(gbase));  // grad in the view's layout
       for (bool log : {false, true}) {
         const Tensor yc = log ? ops::log_softmax(xc, c.dim) : ops::softmax(xc, c.dim);
-        const Tensor yg = gpu(yc);  // the same forward output on both sides
+        const Tensor yg = to_gpu(yc);  // the same forward output on both sides
         const Tensor rc = log ? ops::log_softmax_backward(gc, yc, c.dim)
                               : ops::softmax_backward(gc, yc, c.dim);
         const Tensor rg = log ? ops::log_softmax_backward(gg, yg, c.dim)
                               : ops::softmax_backward(gg, yg, c.dim);
-        EXPECT_TRUE(close(rg, rc, tol(d)))
+        EXPECT_TRUE(close_pointwise(rg, rc, pointwise_tol(d)))
             << (log ? "log_softmax_backward " : "softmax_backward ") << c.what << " "
             << dtype_name(d);
       }
@@ -177,8 +129,8 @@ TEST(CudaSoftmax, ExtremeValuesMatchTheCpu) {
                                     {5, 4}, DType::float32);
   for (bool log : {false, true}) {
     const Tensor yc = log ? ops::log_softmax(x, 1) : ops::softmax(x, 1);
-    const Tensor yg = log ? ops::log_softmax(gpu(x), 1) : ops::softmax(gpu(x), 1);
-    EXPECT_TRUE(close(yg, yc, 1e-5)) << (log ? "log_softmax" : "softmax");
+    const Tensor yg = log ? ops::log_softmax(to_gpu(x), 1) : ops::softmax(to_gpu(x), 1);
+    EXPECT_TRUE(close_pointwise(yg, yc, 1e-5)) << (log ? "log_softmax" : "softmax");
   }
 }
 
@@ -218,7 +170,7 @@ const LossReduction kReductions[] = {LossReduction::none, LossReduction::sum,
 
 // The gradient a loss's backward takes: the target's shape (none) or 0-D.
 Tensor loss_grad(const LossCase& c, LossReduction r, DType d, uint64_t seed) {
-  if (r == LossReduction::none) return rnd(c.target, d, seed, -1.5, 1.5);
+  if (r == LossReduction::none) return rand_tensor(c.target, d, seed, -1.5, 1.5);
   return ops::full({}, 0.75, d);
 }
 
@@ -226,13 +178,13 @@ TEST(CudaCrossEntropy, ForwardAndBackwardMatchTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 200;
   for (const LossCase& c : loss_cases()) {
-    for (DType d : kFloats) {
-      const Tensor base = rnd(c.base, d, ++seed, -5, 5);
-      const Tensor xc = c.view(base), xg = c.view(gpu(base));
+    for (DType d : kFloatDtypes) {
+      const Tensor base = rand_tensor(c.base, d, ++seed, -5, 5);
+      const Tensor xc = c.view(base), xg = c.view(to_gpu(base));
       // ignore_index -100 on ~25% of the rows, or a valid class (2) used as ignore_index.
       for (int64_t ignore : {int64_t{-100}, int64_t{2}}) {
         const Tensor tc = targets(c.target, c.classes, ++seed, ignore == -100 ? 0.25 : 0.0, ignore);
-        const Tensor tg = gpu(tc);
+        const Tensor tg = to_gpu(tc);
         for (double eps : {0.0, 0.1}) {
           for (LossReduction r : kReductions) {
             std::ostringstream what;
@@ -240,11 +192,11 @@ TEST(CudaCrossEntropy, ForwardAndBackwardMatchTheCpu) {
                  << " label_smoothing " << eps << " reduction " << red_name(r);
             const Tensor lc = ops::cross_entropy(xc, tc, ignore, eps, r);
             const Tensor lg = ops::cross_entropy(xg, tg, ignore, eps, r);
-            EXPECT_TRUE(close(lg, lc, tol(d))) << "cross_entropy " << what.str();
+            EXPECT_TRUE(close_pointwise(lg, lc, pointwise_tol(d))) << "cross_entropy " << what.str();
             const Tensor g = loss_grad(c, r, d, ++seed);
             const Tensor bc = ops::cross_entropy_backward(g, xc, tc, ignore, eps, r);
-            const Tensor bg = ops::cross_entropy_backward(gpu(g), xg, tg, ignore, eps, r);
-            EXPECT_TRUE(close(bg, bc, tol(d))) << "cross_entropy_backward " << what.str();
+            const Tensor bg = ops::cross_entropy_backward(to_gpu(g), xg, tg, ignore, eps, r);
+            EXPECT_TRUE(close_pointwise(bg, bc, pointwise_tol(d))) << "cross_entropy_backward " << what.str();
           }
         }
       }
@@ -255,29 +207,29 @@ TEST(CudaCrossEntropy, ForwardAndBackwardMatchTheCpu) {
 TEST(CudaCrossEntropy, AllTargetsIgnored) {
   REQUIRE_GPU();
   for (DType d : {DType::float32, DType::bfloat16}) {
-    const Tensor x = rnd({8, 50}, d, 300);
+    const Tensor x = rand_tensor({8, 50}, d, 300);
     const Tensor t = ops::full({8}, -100, DType::int64);
-    const Tensor xg = gpu(x), tg = gpu(t);
+    const Tensor xg = to_gpu(x), tg = to_gpu(t);
     for (double eps : {0.0, 0.2}) {
       // mean: 0 / 0 = NaN, as the CPU (and PyTorch).
       const Tensor mg = ops::cross_entropy(xg, tg, -100, eps, LossReduction::mean);
       EXPECT_TRUE(std::isnan(ops::item(mg))) << ops::item(mg) << " " << dtype_name(d);
       EXPECT_TRUE(std::isnan(ops::item(ops::cross_entropy(x, t, -100, eps, LossReduction::mean))));
       EXPECT_EQ(ops::item(ops::cross_entropy(xg, tg, -100, eps, LossReduction::sum)), 0.0);
-      EXPECT_TRUE(close(ops::cross_entropy(xg, tg, -100, eps, LossReduction::none),
+      EXPECT_TRUE(close_pointwise(ops::cross_entropy(xg, tg, -100, eps, LossReduction::none),
                         ops::cross_entropy(x, t, -100, eps, LossReduction::none), 0.0));
       // The gradients are all zero (no NaN from the 0 count).
       for (LossReduction r : kReductions) {
         const Tensor g = r == LossReduction::none ? ops::ones({8}, d) : ops::full({}, 1.0, d);
-        const Tensor bg = ops::cross_entropy_backward(gpu(g), xg, tg, -100, eps, r);
-        EXPECT_TRUE(close(bg, ops::zeros({8, 50}, d), 0.0)) << red_name(r);
-        EXPECT_TRUE(close(bg, ops::cross_entropy_backward(g, x, t, -100, eps, r), 0.0));
+        const Tensor bg = ops::cross_entropy_backward(to_gpu(g), xg, tg, -100, eps, r);
+        EXPECT_TRUE(close_pointwise(bg, ops::zeros({8, 50}, d), 0.0)) << red_name(r);
+        EXPECT_TRUE(close_pointwise(bg, ops::cross_entropy_backward(g, x, t, -100, eps, r), 0.0));
       }
       const Tensor nm = ops::nll_loss(xg, tg, -100, LossReduction::mean);
       EXPECT_TRUE(std::isnan(ops::item(nm)));
       const Tensor nb =
-          ops::nll_loss_backward(gpu(ops::full({}, 1.0, d)), {8, 50}, tg, -100, LossReduction::mean);
-      EXPECT_TRUE(close(nb, ops::zeros({8, 50}, d), 0.0));
+          ops::nll_loss_backward(to_gpu(ops::full({}, 1.0, d)), {8, 50}, tg, -100, LossReduction::mean);
+      EXPECT_TRUE(close_pointwise(nb, ops::zeros({8, 50}, d), 0.0));
     }
   }
 }
@@ -299,8 +251,8 @@ TEST(CudaCrossEntropy, EmptyBatch) {
 // (the mean with it), and its gradient row is NaN.
 TEST(CudaCrossEntropy, OutOfRangeTargetGivesNaNOnTheDevice) {
   REQUIRE_GPU();
-  const Tensor x = gpu(rnd({3, 6}, DType::float32, 310));
-  const Tensor t = gpu(ops::from_vector({1, 6, 2}, {3}, DType::int64));
+  const Tensor x = to_gpu(rand_tensor({3, 6}, DType::float32, 310));
+  const Tensor t = to_gpu(ops::from_vector({1, 6, 2}, {3}, DType::int64));
   const std::vector<double> none =
       ops::to_vector(ops::cross_entropy(x, t, -100, 0.0, LossReduction::none));
   EXPECT_FALSE(std::isnan(none[0]));
@@ -317,22 +269,22 @@ TEST(CudaNllLoss, ForwardAndBackwardMatchTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 400;
   for (const LossCase& c : loss_cases()) {
-    for (DType d : kFloats) {
-      const Tensor base = rnd(c.base, d, ++seed, -5, 0);
-      const Tensor xc = c.view(base), xg = c.view(gpu(base));
+    for (DType d : kFloatDtypes) {
+      const Tensor base = rand_tensor(c.base, d, ++seed, -5, 0);
+      const Tensor xc = c.view(base), xg = c.view(to_gpu(base));
       for (int64_t ignore : {int64_t{-100}, int64_t{1}}) {
         const Tensor tc = targets(c.target, c.classes, ++seed, ignore == -100 ? 0.3 : 0.0, ignore);
-        const Tensor tg = gpu(tc);
+        const Tensor tg = to_gpu(tc);
         for (LossReduction r : kReductions) {
           std::ostringstream what;
           what << c.what << " " << dtype_name(d) << " ignore_index " << ignore << " reduction "
                << red_name(r);
-          EXPECT_TRUE(close(ops::nll_loss(xg, tg, ignore, r), ops::nll_loss(xc, tc, ignore, r),
-                            tol(d)))
+          EXPECT_TRUE(close_pointwise(ops::nll_loss(xg, tg, ignore, r), ops::nll_loss(xc, tc, ignore, r),
+                            pointwise_tol(d)))
               << "nll_loss " << what.str();
           const Tensor g = loss_grad(c, r, d, ++seed);
-          EXPECT_TRUE(close(ops::nll_loss_backward(gpu(g), xc.sizes(), tg, ignore, r),
-                            ops::nll_loss_backward(g, xc.sizes(), tc, ignore, r), tol(d)))
+          EXPECT_TRUE(close_pointwise(ops::nll_loss_backward(to_gpu(g), xc.sizes(), tg, ignore, r),
+                            ops::nll_loss_backward(g, xc.sizes(), tc, ignore, r), pointwise_tol(d)))
               << "nll_loss_backward " << what.str();
         }
       }
@@ -344,8 +296,8 @@ TEST(CudaNllLoss, ForwardAndBackwardMatchTheCpu) {
 
 // Leaves on both devices holding the same values.
 std::pair<Tensor, Tensor> leaves(const Shape& s, DType d, uint64_t seed, double lo, double hi) {
-  Tensor c = rnd(s, d, seed, lo, hi);
-  Tensor g = gpu(c);
+  Tensor c = rand_tensor(s, d, seed, lo, hi);
+  Tensor g = to_gpu(c);
   c.requires_grad_();
   g.requires_grad_();
   return {c, g};
@@ -370,10 +322,10 @@ TEST(CudaAutograd, CrossEntropyBackwardMatchesTheCpu) {
   for (const Case& c : cases) {
     for (DType d : {DType::float32, DType::bfloat16}) {
       auto [xc, xg] = leaves(c.x, d, ++seed, -3, 3);
-      const Tensor tc = targets(c.t, c.C, ++seed, 0.2), tg = gpu(tc);
+      const Tensor tc = targets(c.t, c.C, ++seed, 0.2), tg = to_gpu(tc);
       Tensor lc = tally::cross_entropy(xc, tc, -100, c.eps, c.reduction);
       Tensor lg = tally::cross_entropy(xg, tg, -100, c.eps, c.reduction);
-      EXPECT_TRUE(close(lg, lc, tol(d))) << c.reduction << " " << dtype_name(d);
+      EXPECT_TRUE(close_pointwise(lg, lc, pointwise_tol(d))) << c.reduction << " " << dtype_name(d);
       if (std::string(c.reduction) == "none") {
         lc = tally::sum(lc);
         lg = tally::sum(lg);
@@ -382,7 +334,7 @@ TEST(CudaAutograd, CrossEntropyBackwardMatchesTheCpu) {
       lg.backward();
       ASSERT_TRUE(xg.grad().defined());
       EXPECT_EQ(xg.grad().device(), kGpu);
-      EXPECT_TRUE(close(xg.grad(), xc.grad(), tol(d))) << c.reduction << " " << dtype_name(d);
+      EXPECT_TRUE(close_pointwise(xg.grad(), xc.grad(), pointwise_tol(d))) << c.reduction << " " << dtype_name(d);
     }
   }
 }
@@ -392,18 +344,18 @@ TEST(CudaAutograd, SoftmaxLogSoftmaxNllBackwardMatchesTheCpu) {
   uint64_t seed = 600;
   for (DType d : {DType::float32, DType::float64}) {
     auto [xc, xg] = leaves({12, 130}, d, ++seed, -3, 3);
-    const Tensor wc = rnd({12, 130}, d, ++seed), wg = gpu(wc);
-    const Tensor tc = targets({12}, 130, ++seed, 0.2), tg = gpu(tc);
+    const Tensor wc = rand_tensor({12, 130}, d, ++seed), wg = to_gpu(wc);
+    const Tensor tc = targets({12}, 130, ++seed, 0.2), tg = to_gpu(tc);
     auto f = [](const Tensor& x, const Tensor& w, const Tensor& t) {
       const Tensor a = tally::sum(tally::mul(tally::softmax(x, 0), w));
       const Tensor b = tally::nll_loss(tally::log_softmax(x, 1), t);
       return tally::add(a, b);
     };
     const Tensor lc = f(xc, wc, tc), lg = f(xg, wg, tg);
-    EXPECT_TRUE(close(lg, lc, tol(d))) << dtype_name(d);
+    EXPECT_TRUE(close_pointwise(lg, lc, pointwise_tol(d))) << dtype_name(d);
     lc.backward();
     lg.backward();
-    EXPECT_TRUE(close(xg.grad(), xc.grad(), tol(d))) << dtype_name(d);
+    EXPECT_TRUE(close_pointwise(xg.grad(), xc.grad(), pointwise_tol(d))) << dtype_name(d);
   }
 }
 
@@ -413,12 +365,12 @@ TEST(CudaCrossEntropy, ScratchIsTaggedAndReleased) {
   REQUIRE_GPU();
   memory::CachingAllocator& alloc = memory::get_allocator(kGpu);
   const int64_t rows = 4096, C = 100;
-  const Tensor x = gpu(rnd({rows, C}, DType::float32, 700));
-  const Tensor t = gpu(targets({rows}, C, 701, 0.1));
+  const Tensor x = to_gpu(rand_tensor({rows, C}, DType::float32, 700));
+  const Tensor t = to_gpu(targets({rows}, C, 701, 0.1));
   const Tensor one = ops::full({}, 1.0, DType::float32, kGpu);
   // Many rows: the loss sum takes two levels (a second scratch buffer).
-  const Tensor xs = gpu(rnd({4, 3, 4000}, DType::float32, 702));
-  const Tensor ts = gpu(targets({4, 4000}, 3, 703, 0.1));
+  const Tensor xs = to_gpu(rand_tensor({4, 3, 4000}, DType::float32, 702));
+  const Tensor ts = to_gpu(targets({4, 4000}, 3, 703, 0.1));
   const size_t before = memory::memory_allocated(kGpu);
   alloc.record_memory_history(true);
   {
