@@ -67,6 +67,11 @@ size_t max_memory_allocated(Device d) { return get_allocator(d).max_memory_alloc
 size_t memory_reserved(Device d) { return get_allocator(d).memory_reserved(); }
 size_t max_memory_reserved(Device d) { return get_allocator(d).max_memory_reserved(); }
 void reset_peak_memory_stats(Device d) { get_allocator(d).reset_peak_memory_stats(); }
+void synchronize(Device device) {
+  if (device.type == DeviceType::cpu) return;
+  get_allocator(device).provider().synchronize();
+}
+
 void empty_cache(Device d) { get_allocator(d).empty_cache(); }
 void set_per_process_memory_fraction(double f, Device d) { get_allocator(d).set_memory_fraction(f); }
 std::map<std::string, int64_t> memory_stats(Device d) { return get_allocator(d).memory_stats(); }

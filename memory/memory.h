@@ -36,6 +36,9 @@ size_t memory_reserved(Device device = default_device());
 size_t max_memory_reserved(Device device = default_device());
 void reset_peak_memory_stats(Device device = default_device());
 void empty_cache(Device device = default_device());
+// Waits until all work queued on the device has finished (torch.cuda.synchronize); a no-op
+// on the CPU.
+void synchronize(Device device = default_device());
 void set_per_process_memory_fraction(double fraction, Device device = default_device());
 std::map<std::string, int64_t> memory_stats(Device device = default_device());
 std::string memory_summary(Device device = default_device(), bool abbreviated = false);

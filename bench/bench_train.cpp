@@ -1,0 +1,173 @@
+// bench_train: Tally's side of bench/train.py. The same workloads and configurations as
+// PyTorch's reference runs (../shared/bench/torch_baseline.py): ResNet-50 (batch 64,
+// 224x224, SGD momentum 0.9) and GPT-2 124M (vocabulary 50304, B=16, T=1024, AdamW), fp32
+// with TF32 off, with checkpointing and mixed precision. One JSON line per configuration
+// with the baseline's keys: model, cfg, step_ms (median), step_ms_min, peak_alloc_mib,
+// peak_reserved_mib (peaks over the timed steps, after warm-up, like the baseline).
+//
+//   bench_train [--resnet] [--gpt] [--configs baseline-fp32,ckpt4,...] [--steps N]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "autograd/autocast.h"
+#include "autograd/ops.h"
+#include "memory/memory.h"
+#include "nn/checkpoint.h"
+#include "nn/models/gpt.h"
+#include "nn/models/resnet.h"
+#include "optim/adam.h"
+#include "optim/grad_scaler.h"
+#include "optim/sgd.h"
+
+using namespace tally;
+
+namespace {
+
+struct Result {
+  double median_ms, min_ms;
+};
+
+Result timed(const std::function<void()>& step, Device dev, int warm, int n) {
+  for (int i = 0; i < warm; ++i) step();
+  memory::synchronize(dev);
+  memory::reset_peak_memory_stats(dev);
+  std::vector<double> ts;
+  for (int i = 0; i < n; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    memory::synchronize(dev);
+    ts.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ts.begin(), ts.end());
+  return {ts[ts.size() / 2], ts.front()};
+}
+
+void report(const std::string& model, const std::string& cfg, Result r, Device dev, int64_t tokens = 0) {
+  const double mib = 1024.0 * 1024.0;
+  std::string extra;
+  if (tokens) extra = fmt::format(", \"tok_per_s\": {:.0f}", tokens / (r.median_ms / 1000.0));
+  fmt::print("{{\"model\": \"{}\", \"cfg\": \"{}\", \"step_ms\": {:.2f}, \"step_ms_min\": {:.2f}{}, "
+             "\"peak_alloc_mib\": {:.1f}, \"peak_reserved_mib\": {:.1f}}}\n",
+             model, cfg, r.median_ms, r.min_ms, extra, memory::max_memory_allocated(dev) / mib,
+             memory::max_memory_reserved(dev) / mib);
+  std::fflush(stdout);
+}
+
+std::optional<DType> amp_of(const std::string& cfg) {
+  if (cfg.find("fp16") != std::string::npos) return DType::float16;
+  if (cfg.find("bf16") != std::string::npos) return DType::bfloat16;
+  return std::nullopt;
+}
+
+void resnet_cfg(const std::string& cfg, Device dev, int steps) {
+  manual_seed(0);
+  auto model = nn::resnet50({.num_classes = 10});
+  model->to(dev);
+  model->train();
+  if (cfg.find("ckpt4") != std::string::npos) nn::enable_checkpointing(*model, nn::parse_checkpoint_spec("4-segments"));
+  optim::SGD opt(model->parameters(), {.lr = 1e-3, .momentum = 0.9});
+  const Tensor x = randn({64, 3, 224, 224}, TensorOptions{}.with_device(dev));
+  const Tensor y = randint(0, 10, {64}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
+  const auto amp = amp_of(cfg);
+  optim::GradScaler scaler({.enabled = amp && *amp == DType::float16});
+  auto step = [&] {
+    opt.zero_grad(true);
+    Tensor loss;
+    {
+      memory::PhaseScope phase("forward");
+      AutocastGuard ac(dev.type, amp.value_or(DType::bfloat16), amp.has_value());
+      loss = cross_entropy((*model)(x), y);
+    }
+    {
+      memory::PhaseScope phase("backward");
+      scaler.scale(loss).backward();
+    }
+    scaler.step(opt);
+    scaler.update();
+  };
+  memory::empty_cache(dev);
+  report("resnet50-bs64", cfg, timed(step, dev, 3, steps), dev);
+}
+
+void gpt_cfg(const std::string& cfg, Device dev, int steps) {
+  manual_seed(0);
+  nn::GPTConfig c = nn::GPTConfig::preset("gpt2");
+  c.vocab_size = 50304;  // the baseline's padded vocabulary
+  auto model = std::make_shared<nn::GPT>(c);
+  model->to(dev);
+  model->train();
+  if (cfg.find("ckpt") != std::string::npos) nn::enable_checkpointing(*model, nn::parse_checkpoint_spec("blocks"));
+  optim::AdamW opt(model->parameters(), {.lr = 3e-4});
+  const int64_t B = 16, T = 1024;
+  const Tensor idx = randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
+  const Tensor tgt = randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
+  const auto amp = amp_of(cfg);
+  optim::GradScaler scaler({.enabled = amp && *amp == DType::float16});
+  auto step = [&] {
+    opt.zero_grad(true);
+    Tensor loss;
+    {
+      memory::PhaseScope phase("forward");
+      AutocastGuard ac(dev.type, amp.value_or(DType::bfloat16), amp.has_value());
+      loss = (*model)(idx, tgt).second;
+    }
+    {
+      memory::PhaseScope phase("backward");
+      scaler.scale(loss).backward();
+    }
+    scaler.step(opt);
+    scaler.update();
+  };
+  memory::empty_cache(dev);
+  report("gpt2-124M-B16T1024", cfg, timed(step, dev, 2, steps), dev, B * T);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool resnet = false, gpt = false;
+  int steps = 10;
+  std::vector<std::string> configs;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--resnet") resnet = true;
+    else if (a == "--gpt") gpt = true;
+    else if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
+    else if (a == "--configs" && i + 1 < argc) {
+      std::stringstream ss(argv[++i]);
+      for (std::string c; std::getline(ss, c, ',');) configs.push_back(c);
+    } else {
+      fmt::print(stderr, "usage: bench_train [--resnet] [--gpt] [--configs a,b] [--steps N]\n");
+      return 2;
+    }
+  }
+  if (!resnet && !gpt) resnet = gpt = true;
+  if (!memory::cuda_available()) {
+    fmt::print("bench_train: no GPU, nothing to measure\n");
+    return 0;
+  }
+  const Device dev = Device::cuda(0);
+  auto want = [&](const std::string& c) {
+    return configs.empty() || std::find(configs.begin(), configs.end(), c) != configs.end();
+  };
+  try {
+    if (resnet)
+      for (const char* c : {"baseline-fp32", "ckpt4", "amp-fp16", "amp-bf16", "amp-fp16+ckpt4"})
+        if (want(c)) resnet_cfg(c, dev, steps);
+    if (gpt)
+      for (const char* c : {"baseline-fp32", "ckpt-per-block", "amp-bf16", "amp-bf16+ckpt"})
+        if (want(c)) gpt_cfg(c, dev, std::max(steps - 2, 3));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_train: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

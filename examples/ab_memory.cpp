@@ -1,0 +1,274 @@
+// ab_memory: the A/B memory runner. Runs a matrix of configurations (checkpointing x
+// precision) on a ResNet or a GPT with the same seed and data, N steps each, and prints one
+// table: peak allocated and reserved, bytes per category at the peak, median step time,
+// final loss, and each column's change against the first configuration (the baseline).
+// Writes, per configuration, a memory_viz snapshot and a memory-timeline JSON (PyTorch's
+// layout) of the last step, and one self-contained HTML report (report.html) with the
+// stacked memory-by-category of one training step per configuration on the same scale, the
+// forward staircase labelled by module, and the table.
+//
+//   ab_memory --model resnet --arch tiny --steps 4 --out ab_report
+//   ab_memory --model gpt --preset gpt2 --batch 8 --seq 1024 --device cuda \
+//             --checkpoint none,blocks --amp off,bf16
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "examples/ab_report.h"
+#include "examples/train_common.h"
+#include "memory/timeline.h"
+#include "nn/checkpoint.h"
+#include "nn/data/mnist.h"
+#include "nn/data/synthetic.h"
+#include "nn/data/text.h"
+#include "nn/models/gpt.h"
+#include "nn/models/resnet.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+#include "tensor/pinned.h"
+
+using namespace tally;
+namespace ex = tally::examples;
+
+namespace {
+
+struct Args {
+  std::string model = "resnet";
+  std::string arch = "tiny";
+  std::string preset = "tiny";
+  std::string dataset = "synthetic";
+  std::string device = "cpu";
+  int64_t batch = 32;
+  int64_t image_size = 0;
+  int64_t seq = 0;
+  int64_t steps = 4;
+  uint64_t seed = 0;
+  std::string checkpoints = "none,blocks";
+  std::string amps = "off,bf16";
+  std::string out = "ab_report";
+  double lr = 0.01;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');)
+    if (!x.empty()) v.push_back(x);
+  return v;
+}
+
+// The batches every configuration sees: the same tensors, built once on the CPU.
+struct Batches {
+  std::vector<data::Example> items;
+};
+
+Batches make_batches(const Args& a, int64_t& classes_or_vocab, int64_t& channels, int64_t& seq) {
+  Batches b;
+  if (a.model == "resnet") {
+    classes_or_vocab = 10;
+    if (a.dataset == "fashion-mnist") {
+      data::FashionMNIST ds(data::FashionMNIST::kDefaultRoot, true);
+      channels = 1;
+      Generator gen(a.seed);
+      for (int64_t s = 0; s < a.steps; ++s) {
+        std::vector<int64_t> idx(static_cast<size_t>(a.batch));
+        for (auto& i : idx) i = static_cast<int64_t>(rand({1}, {}, &gen).item() * ds.size()) % ds.size();
+        b.items.push_back(ds.get_batch(idx));
+      }
+    } else if (a.dataset == "synthetic") {
+      channels = 3;
+      const int64_t s = a.image_size ? a.image_size : 32;
+      data::SyntheticImages ds(a.batch * a.steps, {3, s, s}, classes_or_vocab, a.seed);
+      for (int64_t k = 0; k < a.steps; ++k) {
+        std::vector<int64_t> idx;
+        for (int64_t i = 0; i < a.batch; ++i) idx.push_back(k * a.batch + i);
+        b.items.push_back(ds.get_batch(idx));
+      }
+    } else {
+      throw std::invalid_argument(fmt::format("--dataset: expected synthetic or fashion-mnist, got '{}'", a.dataset));
+    }
+  } else if (a.model == "gpt") {
+    const nn::GPTConfig cfg = nn::GPTConfig::preset(a.preset);
+    seq = a.seq > 0 ? a.seq : cfg.block_size;
+    classes_or_vocab = cfg.vocab_size;
+    Generator gen(a.seed);
+    if (a.dataset == "text" || a.dataset == "fortunes") {
+      data::TextCorpus corpus;
+      for (int64_t k = 0; k < a.steps; ++k) b.items.push_back(corpus.get_batch(a.batch, seq, gen));
+    } else {
+      data::SyntheticTokens ds(a.batch * a.steps, cfg.vocab_size, {seq}, a.seed);
+      for (int64_t k = 0; k < a.steps; ++k) {
+        std::vector<int64_t> idx;
+        for (int64_t i = 0; i < a.batch; ++i) idx.push_back(k * a.batch + i);
+        b.items.push_back(ds.get_batch(idx));
+      }
+    }
+  } else {
+    throw std::invalid_argument(fmt::format("--model: expected resnet or gpt, got '{}'", a.model));
+  }
+  return b;
+}
+
+std::string safe_name(std::string s) {
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"A/B memory runner: checkpointing x precision, one table, one HTML report."};
+  app.add_option("--model", a.model, "resnet | gpt")->capture_default_str();
+  app.add_option("--arch", a.arch, "ResNet: tiny | resnet18 | resnet34 | resnet50")->capture_default_str();
+  app.add_option("--preset", a.preset, "GPT: tiny | small | gpt2")->capture_default_str();
+  app.add_option("--dataset", a.dataset, "synthetic | fashion-mnist (ResNet) | text (GPT)")->capture_default_str();
+  app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
+  app.add_option("--batch", a.batch, "batch size")->capture_default_str();
+  app.add_option("--image-size", a.image_size, "synthetic image size (default 32)");
+  app.add_option("--seq", a.seq, "GPT sequence length (default: the preset's block size)");
+  app.add_option("--steps", a.steps, "steps per configuration (the last one is recorded)")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed")->capture_default_str();
+  app.add_option("--checkpoint", a.checkpoints, "comma list of none | blocks | N-segments | selective")
+      ->capture_default_str();
+  app.add_option("--amp", a.amps, "comma list of off | fp16 | bf16")->capture_default_str();
+  app.add_option("--lr", a.lr, "learning rate")->capture_default_str();
+  app.add_option("--out", a.out, "output folder (snapshots, timelines, report.html)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const Device dev = ex::parse_device(a.device);
+    if (a.steps < 2) throw std::invalid_argument("--steps must be at least 2 (the last step is recorded)");
+    std::filesystem::create_directories(a.out);
+    int64_t classes = 10, channels = 3, seq = 0;
+    const Batches batches = make_batches(a, classes, channels, seq);
+
+    std::vector<ex::ConfigResult> results;
+    for (const std::string& ck : split_list(a.checkpoints)) {
+      for (const std::string& am : split_list(a.amps)) {
+        const auto amp = ex::parse_amp(am);
+        const nn::CheckpointSpec spec = nn::parse_checkpoint_spec(ck);
+        ex::ConfigResult r;
+        r.name = fmt::format("ckpt={} amp={}", ck, am == "none" ? "off" : am);
+        fmt::print("== {}\n", r.name);
+        std::fflush(stdout);
+
+        memory::empty_cache(dev);
+        memory::reset_peak_memory_stats(dev);
+        manual_seed(a.seed);
+        std::shared_ptr<nn::Module> model;
+        std::shared_ptr<nn::GPT> gpt;
+        if (a.model == "resnet") {
+          nn::ResNetOptions o;
+          o.num_classes = classes;
+          o.in_channels = channels;
+          if (a.arch == "tiny") model = nn::resnet_tiny(o);
+          else if (a.arch == "resnet18") model = nn::resnet18(o);
+          else if (a.arch == "resnet34") model = nn::resnet34(o);
+          else if (a.arch == "resnet50") model = nn::resnet50(o);
+          else throw std::invalid_argument(fmt::format("--arch: unknown '{}'", a.arch));
+        } else {
+          gpt = std::make_shared<nn::GPT>(nn::GPTConfig::preset(a.preset));
+          model = gpt;
+        }
+        model->to(dev);
+        model->train();
+        nn::enable_checkpointing(*model, spec);
+        std::unique_ptr<optim::Optimizer> opt;
+        if (gpt) opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = a.lr});
+        else opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = a.lr, .momentum = 0.9});
+        ex::Precision prec(amp, dev);
+
+        std::vector<double> times;
+        double loss_value = 0;
+        for (int64_t s = 0; s < a.steps; ++s) {
+          const bool last = s == a.steps - 1;
+          if (last) memory::record_memory_history(true, 2000000, dev);
+          memory::synchronize(dev);
+          ex::Stopwatch sw;
+          data::Example batch;
+          {
+            memory::CategoryScope input(memory::Category::input);
+            const auto& b = batches.items[static_cast<size_t>(s)];
+            batch = {to_device_async(b.input, dev), to_device_async(b.target, dev)};
+          }
+          opt->zero_grad(true);
+          Tensor loss;
+          {
+            memory::PhaseScope phase("forward");
+            auto guard = prec.autocast();
+            loss = gpt ? (*gpt)(batch.input, batch.target).second : cross_entropy((*model)(batch.input), batch.target);
+          }
+          prec.backward_and_step(loss, *opt);
+          loss_value = loss.item();
+          batch = {};
+          loss = Tensor();
+          memory::synchronize(dev);
+          times.push_back(sw.ms());
+        }
+        std::sort(times.begin(), times.end());
+        r.median_ms = times[times.size() / 2];
+        r.final_loss = loss_value;
+
+        auto& alloc = memory::get_allocator(dev);
+        const memory::DeviceStats st = alloc.stats();
+        r.peak_allocated = st.allocated_bytes[0].peak;
+        r.peak_reserved = st.reserved_bytes[0].peak;
+        r.at_peak = st.category_at_peak;
+        memory::CategoryBytes now{};
+        for (size_t c = 0; c < now.size(); ++c) now[c] = st.category_bytes[c].current;
+        const auto history = alloc.history();
+        r.timeline = memory::timeline_from_history(history, &now);
+        const std::string stem = a.out + "/" + safe_name(r.name);
+        r.snapshot_path = stem + ".pickle";
+        r.timeline_path = stem + ".timeline.json";
+        memory::dump_snapshot(r.snapshot_path, dev);
+        memory::write_timeline_json(r.timeline, r.timeline_path);
+        memory::record_memory_history(false, 0, dev);
+        results.push_back(std::move(r));
+        opt.reset();
+        model.reset();
+        gpt.reset();
+      }
+    }
+
+    const std::string title =
+        a.model == "resnet"
+            ? fmt::format("{} on {} (batch {}, {} steps, {})", a.arch, a.dataset, a.batch, a.steps, dev.str())
+            : fmt::format("GPT {} (batch {} x {} tokens, {} steps, {})", a.preset, a.batch, seq, a.steps, dev.str());
+    std::cout << ex::format_table(results) << std::flush;
+    {
+      // results.json: the table's numbers for scripts (bytes; categories by Tally's names).
+      std::string j = "[";
+      for (size_t i = 0; i < results.size(); ++i) {
+        const auto& r = results[i];
+        j += fmt::format("{}{{\"name\": \"{}\", \"peak_allocated\": {}, \"peak_reserved\": {}, "
+                         "\"median_ms\": {:.3f}, \"final_loss\": {:.6f}, \"at_peak\": {{",
+                         i ? ", " : "", r.name, r.peak_allocated, r.peak_reserved, r.median_ms, r.final_loss);
+        for (size_t c = 0; c < memory::kNumCategories; ++c)
+          j += fmt::format("{}\"{}\": {}", c ? ", " : "", memory::category_name(memory::kAllCategories[c]),
+                           r.at_peak[c]);
+        j += fmt::format("}}, \"snapshot\": \"{}\", \"timeline\": \"{}\"}}", r.snapshot_path, r.timeline_path);
+      }
+      j += "]\n";
+      std::FILE* f = std::fopen((a.out + "/results.json").c_str(), "wb");
+      if (!f) throw std::runtime_error(fmt::format("cannot write {}/results.json", a.out));
+      std::fwrite(j.data(), 1, j.size(), f);
+      std::fclose(f);
+    }
+    const std::string report = a.out + "/report.html";
+    ex::write_report(report, title, results);
+    fmt::print("report: {}\nper configuration: *.pickle (open at https://pytorch.org/memory_viz), "
+               "*.timeline.json (PyTorch's memory-timeline layout)\n", report);
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "ab_memory: error: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,232 @@
+// train_gpt: trains a GPT (GPT-2's structure, tied embeddings) on a byte-level text corpus
+// (default: Debian's fortunes) or synthetic tokens, with a progress bar (loss, tokens/s,
+// step time, peak memory), a validation loss at the end, an optional text sample, and
+// optionally a memory snapshot and memory summary.
+//
+//   train_gpt --preset tiny --steps 200 --sample 200
+//   train_gpt --preset gpt2 --data synthetic --batch 16 --seq 1024 --steps 20 --device cuda --amp bf16
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+
+#include "examples/train_common.h"
+#include "nn/checkpoint.h"
+#include "nn/data/synthetic.h"
+#include "nn/data/text.h"
+#include "nn/models/gpt.h"
+#include "optim/adam.h"
+#include "optim/clip_grad.h"
+#include "optim/lr_scheduler.h"
+#include "tensor/pinned.h"
+
+using namespace tally;
+namespace ex = tally::examples;
+
+namespace {
+
+struct Args {
+  std::string preset = "tiny";
+  std::string data = data::TextCorpus::kDefaultPath;
+  int64_t seq = 0;  // 0: the preset's block size
+  int64_t batch = 16;
+  int64_t steps = 200;
+  double lr = 1e-3;
+  double weight_decay = 0.1;
+  double clip = 1.0;
+  std::string device = "cpu";
+  std::string snapshot;
+  bool summary = false;
+  uint64_t seed = 0;
+  std::string checkpoint = "none";
+  std::string amp = "off";
+  int64_t sample = 0;
+  int64_t eval_batches = 8;
+  int64_t log_every = 10;
+  int64_t vocab = 0;  // synthetic data: the vocabulary (0: the preset's)
+};
+
+// Greedy-with-temperature sampling of `n` bytes after `prompt`.
+std::string sample_text(nn::GPT& model, const std::string& prompt, int64_t n, Device dev, Generator& gen) {
+  NoGradGuard ng;
+  model.eval();
+  std::string text = prompt;
+  const int64_t T = model.config.block_size;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string ctx = text.size() > static_cast<size_t>(T) ? text.substr(text.size() - T) : text;
+    const Tensor idx = data::TextCorpus::encode(ctx).reshape({1, static_cast<int64_t>(ctx.size())}).to(dev);
+    const Tensor logits = model(idx).first.select(1, static_cast<int64_t>(ctx.size()) - 1);  // [1, V]
+    const Tensor probs = softmax(div(logits.to(DType::float32), 0.8), -1).to(Device::cpu());
+    const std::vector<double> p = probs.tolist();
+    const double u = rand({1}, {}, &gen).item();
+    double c = 0;
+    size_t tok = p.size() - 1;
+    for (size_t k = 0; k < p.size(); ++k) {
+      c += p[k];
+      if (u < c) {
+        tok = k;
+        break;
+      }
+    }
+    text.push_back(static_cast<char>(tok));
+  }
+  model.train();
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"Train a GPT with Tally and see where its memory goes."};
+  app.add_option("--preset", a.preset, "tiny | small | gpt2 | gpt2-medium")->capture_default_str();
+  app.add_option("--data", a.data, "a text file (byte-level tokens) or 'synthetic'")->capture_default_str();
+  app.add_option("--seq", a.seq, "sequence length (0: the preset's block size)");
+  app.add_option("--batch", a.batch, "batch size")->capture_default_str();
+  app.add_option("--steps", a.steps, "training steps")->capture_default_str();
+  app.add_option("--lr", a.lr, "peak learning rate (linear warm-up, cosine decay)")->capture_default_str();
+  app.add_option("--weight-decay", a.weight_decay, "AdamW weight decay")->capture_default_str();
+  app.add_option("--clip", a.clip, "gradient clipping norm (0: off)")->capture_default_str();
+  app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
+  app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
+  app.add_flag("--summary", a.summary, "print memory_summary() at the end");
+  app.add_option("--seed", a.seed, "seed")->capture_default_str();
+  app.add_option("--checkpoint", a.checkpoint, "none | blocks | N-segments | selective")->capture_default_str();
+  app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
+  app.add_option("--sample", a.sample, "print a sample of this many bytes at the end");
+  app.add_option("--eval-batches", a.eval_batches, "validation batches")->capture_default_str();
+  app.add_option("--log-every", a.log_every, "progress update interval in steps")->capture_default_str();
+  app.add_option("--vocab", a.vocab, "vocabulary of synthetic data (0: the preset's)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const Device dev = ex::parse_device(a.device);
+    const auto amp = ex::parse_amp(a.amp);
+    const nn::CheckpointSpec ckpt = nn::parse_checkpoint_spec(a.checkpoint);
+    manual_seed(a.seed);
+    if (!a.snapshot.empty()) memory::record_memory_history(true, 1000000, dev);
+
+    nn::GPTConfig cfg = nn::GPTConfig::preset(a.preset);
+    const bool synthetic = a.data == "synthetic";
+    std::unique_ptr<data::TextCorpus> corpus;
+    if (!synthetic) {
+      corpus = std::make_unique<data::TextCorpus>(a.data);
+      if (cfg.vocab_size < data::TextCorpus::kVocabSize)
+        throw std::invalid_argument(fmt::format("--preset {}: vocabulary {} is smaller than the byte vocabulary 256",
+                                                a.preset, cfg.vocab_size));
+    } else if (a.vocab > 0) {
+      cfg.vocab_size = a.vocab;
+    }
+    const int64_t T = a.seq > 0 ? a.seq : cfg.block_size;
+    if (T > cfg.block_size)
+      throw std::invalid_argument(fmt::format("--seq {} exceeds the preset's block size {}", T, cfg.block_size));
+
+    auto model = std::make_shared<nn::GPT>(cfg);
+    model->to(dev);
+    nn::enable_checkpointing(*model, ckpt);
+    optim::AdamW opt(model->parameters(), optim::AdamOptions{.lr = a.lr, .beta1 = 0.9, .beta2 = 0.95,
+                                                              .eps = 1e-8, .weight_decay = a.weight_decay});
+    optim::WarmupCosineLR sched(opt, std::max<int64_t>(1, a.steps / 10), a.steps, a.lr * 0.1);
+    ex::Precision prec(amp, dev);
+    Generator gen(a.seed + 17);
+    data::SyntheticTokens synth(1 << 20, cfg.vocab_size, {T}, a.seed);
+
+    auto next_batch = [&](data::Split split) -> data::Example {
+      data::Example b;
+      if (synthetic) {
+        std::vector<int64_t> idx(static_cast<size_t>(a.batch));
+        for (auto& i : idx) i = static_cast<int64_t>(rand({1}, {}, &gen).item() * synth.size()) % synth.size();
+        b = synth.get_batch(idx, dev.type == DeviceType::cuda);
+      } else {
+        b = corpus->get_batch(a.batch, T, gen, split, dev.type == DeviceType::cuda);
+      }
+      memory::CategoryScope input(memory::Category::input);
+      return {to_device_async(b.input, dev), to_device_async(b.target, dev)};
+    };
+
+    fmt::print("Tally train_gpt: preset {} ({:.2f} M parameters), data {}{}, device {}, batch {} x {} tokens, "
+               "{} steps, AdamW lr {}, checkpoint {}, amp {}\n",
+               a.preset, model->num_parameters() / 1e6, synthetic ? "synthetic" : a.data,
+               synthetic ? "" : fmt::format(" ({} tokens)", corpus->num_tokens()), dev.str(), a.batch, T,
+               a.steps, a.lr, a.checkpoint, prec.name());
+
+    model->train();
+    ex::Progress bar(a.steps, isatty(fileno(stdout)));
+    ex::Stopwatch clock;
+    Tensor loss_acc = zeros({}, TensorOptions{}.with_device(dev));
+    int64_t window = 0;
+    double first_loss = -1, last_loss = 0;
+    for (int64_t step = 1; step <= a.steps; ++step) {
+      const data::Example batch = next_batch(data::Split::train);
+      opt.zero_grad(true);
+      Tensor loss;
+      {
+        memory::PhaseScope phase("forward");
+        auto guard = prec.autocast();
+        loss = (*model)(batch.input, batch.target).second;
+      }
+      {
+        memory::PhaseScope phase("backward");
+        prec.scaler().scale(loss).backward();
+      }
+      if (a.clip > 0) {
+        prec.scaler().unscale_(opt);
+        optim::clip_grad_norm_(model->parameters(), a.clip);
+      }
+      prec.scaler().step(opt);
+      prec.scaler().update();
+      sched.step();
+      {
+        NoGradGuard ng;
+        loss_acc = add(loss_acc, loss.detach().to(DType::float32));
+      }
+      ++window;
+      if (step % a.log_every == 0 || step == a.steps) {
+        last_loss = loss_acc.item() / static_cast<double>(window);
+        if (first_loss < 0) first_loss = last_loss;
+        memory::synchronize(dev);
+        const double ms = clock.ms() / static_cast<double>(window);
+        clock.reset();
+        bar.update(step, fmt::format("loss {:.4f} | {:.0f} tok/s | {:.1f} ms/step | lr {:.2e} | peak {}", last_loss,
+                                     static_cast<double>(a.batch * T) / (ms / 1000.0), ms, opt.get_lr(),
+                                     ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev)))));
+        loss_acc = zeros({}, TensorOptions{}.with_device(dev));
+        window = 0;
+      }
+    }
+    bar.done();
+
+    // ---- validation ----
+    double val = 0;
+    {
+      NoGradGuard ng;
+      model->eval();
+      for (int64_t i = 0; i < a.eval_batches; ++i) {
+        const data::Example b = next_batch(data::Split::val);
+        auto guard = prec.autocast();
+        val += (*model)(b.input, b.target).second.item();
+      }
+      model->train();
+    }
+    val /= static_cast<double>(std::max<int64_t>(a.eval_batches, 1));
+    fmt::print("val loss {:.4f} (chance: ln {} = {:.4f}), train loss {:.4f} -> {:.4f}, peak allocated {}, "
+               "peak reserved {}\n",
+               val, cfg.vocab_size, std::log(static_cast<double>(cfg.vocab_size)), first_loss, last_loss,
+               ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
+               ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
+    if (a.sample > 0 && !synthetic) {
+      Generator sgen(a.seed + 99);
+      fmt::print("--- sample ---\n{}\n--------------\n", sample_text(*model, "Q:", a.sample, dev, sgen));
+    }
+    if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
+    if (!a.snapshot.empty()) {
+      memory::dump_snapshot(a.snapshot, dev);
+      fmt::print("snapshot written to {} (open it at https://pytorch.org/memory_viz)\n", a.snapshot);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "train_gpt: error: {}\n", e.what());
+    return 1;
+  }
+}

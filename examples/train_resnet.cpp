@@ -1,0 +1,252 @@
+// train_resnet: trains a ResNet (torchvision's structure) on Fashion-MNIST, CIFAR-10 or
+// synthetic images, with a progress bar (loss, accuracy, step time, peak memory), an
+// evaluation at the end, and optionally a memory snapshot and memory summary.
+//
+//   train_resnet --arch tiny --dataset fashion-mnist --epochs 1 --summary
+//   train_resnet --arch resnet18 --device cuda --epochs 2 --snapshot resnet18.pickle
+//   train_resnet --arch resnet50 --dataset synthetic --image-size 224 --batch 64 --steps 20 \
+//                --device cuda --checkpoint 4-segments --amp fp16
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+
+#include "examples/train_common.h"
+#include "nn/checkpoint.h"
+#include "nn/data/cifar.h"
+#include "nn/data/dataloader.h"
+#include "nn/data/mnist.h"
+#include "nn/data/synthetic.h"
+#include "nn/models/resnet.h"
+#include "optim/adam.h"
+#include "optim/lr_scheduler.h"
+#include "optim/sgd.h"
+
+using namespace tally;
+namespace ex = tally::examples;
+
+namespace {
+
+struct Args {
+  std::string arch = "tiny";
+  std::string dataset = "fashion-mnist";
+  std::string data_root;
+  int64_t batch = 128;
+  int64_t epochs = 1;
+  int64_t steps = 0;  // > 0: stop after this many steps
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  std::string optimizer = "sgd";
+  std::string device = "cpu";
+  int64_t image_size = 0;  // 0: the dataset's own
+  std::string snapshot;
+  bool summary = false;
+  uint64_t seed = 0;
+  std::string checkpoint = "none";
+  std::string amp = "off";
+  int64_t eval_batches = 0;  // 0: the whole test set
+  int64_t log_every = 10;
+};
+
+std::shared_ptr<nn::Module> make_model(const Args& a, int64_t classes, int64_t channels) {
+  nn::ResNetOptions o;
+  o.num_classes = classes;
+  o.in_channels = channels;
+  if (a.arch == "tiny") return nn::resnet_tiny(o);
+  if (a.arch == "resnet18") return nn::resnet18(o);
+  if (a.arch == "resnet34") return nn::resnet34(o);
+  if (a.arch == "resnet50") return nn::resnet50(o);
+  throw std::invalid_argument(
+      fmt::format("--arch: expected tiny, resnet18, resnet34 or resnet50, got '{}'", a.arch));
+}
+
+// Nearest-neighbour upscaling by an integer factor (28 -> 224 for Fashion-MNIST at 224).
+Tensor resize(const Tensor& x, int64_t size) {
+  const int64_t h = x.size(2), w = x.size(3);
+  if (size == 0 || size == h) return x;
+  if (size % h != 0 || h != w)
+    throw std::invalid_argument(fmt::format(
+        "--image-size {}: the images are {}x{}; only integer multiples are supported", size, h, w));
+  const int64_t k = size / h;
+  const int64_t B = x.size(0), C = x.size(1);
+  return x.reshape({B, C, h, 1, w, 1}).expand({B, C, h, k, w, k}).reshape({B, C, size, size});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"Train a ResNet with Tally and see where its memory goes."};
+  app.add_option("--arch", a.arch, "tiny | resnet18 | resnet34 | resnet50")->capture_default_str();
+  app.add_option("--dataset", a.dataset, "fashion-mnist | mnist | cifar10 | synthetic")->capture_default_str();
+  app.add_option("--data-root", a.data_root, "dataset folder (default: the dataset's usual place)");
+  app.add_option("--batch", a.batch, "batch size")->capture_default_str();
+  app.add_option("--epochs", a.epochs, "epochs")->capture_default_str();
+  app.add_option("--steps", a.steps, "stop after this many steps (0: run the epochs)");
+  app.add_option("--lr", a.lr, "learning rate (cosine schedule with warm-up)")->capture_default_str();
+  app.add_option("--momentum", a.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--weight-decay", a.weight_decay, "weight decay")->capture_default_str();
+  app.add_option("--optimizer", a.optimizer, "sgd | adam | adamw")->capture_default_str();
+  app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
+  app.add_option("--image-size", a.image_size, "resize images to this size (integer multiple)");
+  app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
+  app.add_flag("--summary", a.summary, "print memory_summary() at the end");
+  app.add_option("--seed", a.seed, "seed of weights, data order and dropout")->capture_default_str();
+  app.add_option("--checkpoint", a.checkpoint, "none | blocks | N-segments | selective")->capture_default_str();
+  app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
+  app.add_option("--eval-batches", a.eval_batches, "test batches to evaluate (0: all)");
+  app.add_option("--log-every", a.log_every, "progress update interval in steps")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const Device dev = ex::parse_device(a.device);
+    const auto amp = ex::parse_amp(a.amp);
+    const nn::CheckpointSpec ckpt = nn::parse_checkpoint_spec(a.checkpoint);
+    manual_seed(a.seed);
+    if (!a.snapshot.empty()) memory::record_memory_history(true, 1000000, dev);
+
+    // ---- data ----
+    std::unique_ptr<data::Dataset> train, test;
+    int64_t classes = 10, channels = 1;
+    if (a.dataset == "fashion-mnist" || a.dataset == "mnist") {
+      const std::string root = a.data_root.empty() ? data::FashionMNIST::kDefaultRoot : a.data_root;
+      if (a.dataset == "mnist") {
+        train = std::make_unique<data::MNIST>(root, true);
+        test = std::make_unique<data::MNIST>(root, false);
+      } else {
+        train = std::make_unique<data::FashionMNIST>(root, true);
+        test = std::make_unique<data::FashionMNIST>(root, false);
+      }
+    } else if (a.dataset == "cifar10") {
+      if (a.data_root.empty())
+        throw std::invalid_argument("--dataset cifar10 needs --data-root (the cifar-10-batches-bin folder)");
+      train = std::make_unique<data::CIFAR10>(a.data_root, true);
+      test = std::make_unique<data::CIFAR10>(a.data_root, false);
+      channels = 3;
+    } else if (a.dataset == "synthetic") {
+      const int64_t s = a.image_size ? a.image_size : 32;
+      const int64_t n = std::max<int64_t>(a.batch * std::max<int64_t>(a.steps, 8), 1024);
+      train = std::make_unique<data::SyntheticImages>(n, Shape{3, s, s}, classes, a.seed);
+      test = std::make_unique<data::SyntheticImages>(std::max<int64_t>(a.batch * 4, 256), Shape{3, s, s},
+                                                     classes, a.seed + 1);
+      channels = 3;
+    } else {
+      throw std::invalid_argument(fmt::format(
+          "--dataset: expected fashion-mnist, mnist, cifar10 or synthetic, got '{}'", a.dataset));
+    }
+    const int64_t image_size = a.dataset == "synthetic" ? 0 : a.image_size;
+    data::DataLoader loader(*train, {.batch_size = a.batch, .shuffle = true, .seed = a.seed,
+                                     .drop_last = true, .device = dev});
+    data::DataLoader test_loader(*test, {.batch_size = a.batch, .shuffle = false, .seed = a.seed,
+                                         .drop_last = false, .device = dev});
+
+    // ---- model and optimizer ----
+    auto model = make_model(a, classes, channels);
+    model->to(dev);
+    nn::enable_checkpointing(*model, ckpt);
+    std::unique_ptr<optim::Optimizer> opt;
+    if (a.optimizer == "sgd") {
+      opt = std::make_unique<optim::SGD>(model->parameters(),
+                                         optim::SGDOptions{.lr = a.lr, .momentum = a.momentum,
+                                                           .weight_decay = a.weight_decay});
+    } else if (a.optimizer == "adam" || a.optimizer == "adamw") {
+      optim::AdamOptions o{.lr = a.lr, .weight_decay = a.weight_decay};
+      if (a.optimizer == "adam") opt = std::make_unique<optim::Adam>(model->parameters(), o);
+      else opt = std::make_unique<optim::AdamW>(model->parameters(), o);
+    } else {
+      throw std::invalid_argument(fmt::format("--optimizer: expected sgd, adam or adamw, got '{}'", a.optimizer));
+    }
+    const int64_t per_epoch = loader.len();
+    const int64_t total = a.steps > 0 ? a.steps : per_epoch * a.epochs;
+    optim::WarmupCosineLR sched(*opt, std::max<int64_t>(1, total / 20), total, a.lr * 0.01);
+    ex::Precision prec(amp, dev);
+
+    fmt::print("Tally train_resnet: {} ({:.2f} M parameters) on {} ({} train / {} test), device {}, "
+               "batch {}, {} steps, {} {}, checkpoint {}, amp {}\n",
+               a.arch, model->num_parameters() / 1e6, a.dataset, train->size(), test->size(), dev.str(),
+               a.batch, total, a.optimizer, a.lr, a.checkpoint, prec.name());
+
+    // ---- train ----
+    model->train();
+    ex::Progress bar(total, isatty(fileno(stdout)));
+    ex::Stopwatch clock;
+    int64_t step = 0;
+    double loss_sum = 0, window_ms = 0;
+    int64_t correct = 0, seen = 0, window_steps = 0;
+    Tensor loss_acc = zeros({}, TensorOptions{}.with_device(dev));
+    Tensor correct_acc = zeros({}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
+    while (step < total) {
+      for (const data::Example& batch : loader) {
+        if (step >= total) break;
+        ex::Stopwatch st;
+        const Tensor x = resize(batch.input, image_size);
+        opt->zero_grad(true);
+        Tensor logits, loss;
+        {
+          memory::PhaseScope phase("forward");
+          auto guard = prec.autocast();
+          logits = (*model)(x);
+          loss = cross_entropy(logits, batch.target);
+        }
+        prec.backward_and_step(loss, *opt);
+        sched.step();
+        {
+          NoGradGuard ng;
+          loss_acc = add(loss_acc, loss.detach().to(DType::float32));
+          correct_acc = add(correct_acc, sum(eq(argmax(logits.detach(), 1), batch.target)).to(DType::int64));
+        }
+        seen += x.size(0);
+        ++step;
+        ++window_steps;
+        window_ms += st.ms();
+        if (step % a.log_every == 0 || step == total) {
+          loss_sum = loss_acc.item() / static_cast<double>(window_steps);  // one sync per update
+          correct = correct_acc.item<int64_t>();
+          memory::synchronize(dev);
+          const double ms = clock.ms() / static_cast<double>(window_steps);
+          clock.reset();
+          bar.update(step, fmt::format("loss {:.4f} acc {:.1f}% | {:.1f} ms/step | lr {:.4f} | peak {}",
+                                       loss_sum, 100.0 * static_cast<double>(correct) / static_cast<double>(seen),
+                                       ms, opt->get_lr(),
+                                       ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev)))));
+          loss_acc = zeros({}, TensorOptions{}.with_device(dev));
+          correct_acc = zeros({}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
+          seen = 0;
+          window_steps = 0;
+          window_ms = 0;
+        }
+      }
+    }
+    bar.done();
+
+    // ---- evaluate ----
+    model->eval();
+    int64_t right = 0, count = 0, nb = 0;
+    {
+      NoGradGuard ng;
+      for (const data::Example& batch : test_loader) {
+        if (a.eval_batches > 0 && nb >= a.eval_batches) break;
+        auto guard = prec.autocast();
+        const Tensor logits = (*model)(resize(batch.input, image_size));
+        right += sum(eq(argmax(logits, 1), batch.target)).item<int64_t>();
+        count += batch.input.size(0);
+        ++nb;
+      }
+    }
+    fmt::print("test accuracy {:.2f}% ({} / {}), peak allocated {}, peak reserved {}\n",
+               100.0 * static_cast<double>(right) / static_cast<double>(std::max<int64_t>(count, 1)), right, count,
+               ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
+               ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
+    if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
+    if (!a.snapshot.empty()) {
+      memory::dump_snapshot(a.snapshot, dev);
+      fmt::print("snapshot written to {} (open it at https://pytorch.org/memory_viz)\n", a.snapshot);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "train_resnet: error: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,123 @@
+#include "memory/timeline.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <stdexcept>
+
+namespace tally::memory {
+
+int timeline_column(Category c) {
+  switch (c) {
+    case Category::parameter: return 1;
+    case Category::optimizer_state: return 2;
+    case Category::input: return 3;
+    case Category::temporary: return 4;
+    case Category::activation: return 5;
+    case Category::gradient: return 6;
+    case Category::unknown: return 8;
+    case Category::workspace: return 9;
+    case Category::autocast_cache: return 10;
+    case Category::communication: return 11;
+  }
+  return 8;
+}
+
+int64_t MemoryTimeline::total(size_t i) const {
+  int64_t s = 0;
+  for (int64_t b : bytes[i]) s += b;
+  return s;
+}
+
+size_t MemoryTimeline::peak_index() const {
+  size_t best = 0;
+  int64_t best_total = -1;
+  for (size_t i = 0; i < size(); ++i) {
+    const int64_t t = total(i);
+    if (t > best_total) {
+      best_total = t;
+      best = i;
+    }
+  }
+  return best;
+}
+
+namespace {
+size_t idx(Category c) { return static_cast<size_t>(c); }
+}  // namespace
+
+MemoryTimeline timeline_from_history(const std::vector<TraceEntry>& history,
+                                     const CategoryBytes* final_bytes) {
+  // Pass 1: the net change per category, to solve for the starting state.
+  CategoryBytes net{};
+  for (const TraceEntry& e : history) {
+    const int64_t n = static_cast<int64_t>(e.size);
+    switch (e.action) {
+      case TraceAction::alloc: net[idx(e.tag.category)] += n; break;
+      case TraceAction::free_completed: net[idx(e.tag.category)] -= n; break;
+      case TraceAction::retag:
+        net[idx(e.old_category)] -= n;
+        net[idx(e.tag.category)] += n;
+        break;
+      default: break;
+    }
+  }
+  CategoryBytes cur{};
+  if (final_bytes)
+    for (size_t c = 0; c < cur.size(); ++c) cur[c] = (*final_bytes)[c] - net[c];
+
+  MemoryTimeline t;
+  auto sample = [&](const TraceEntry& e) {
+    t.times_us.push_back(e.time_us);
+    t.bytes.push_back(cur);
+    t.phase.push_back(e.tag.phase);
+    t.module.push_back(e.tag.module);
+    t.op.push_back(e.tag.op);
+  };
+  if (!history.empty()) {
+    TraceEntry first = history.front();
+    first.tag = AllocTag{};
+    sample(first);  // the starting state
+  }
+  for (const TraceEntry& e : history) {
+    const int64_t n = static_cast<int64_t>(e.size);
+    switch (e.action) {
+      case TraceAction::alloc: cur[idx(e.tag.category)] += n; break;
+      case TraceAction::free_completed: cur[idx(e.tag.category)] -= n; break;
+      case TraceAction::retag:
+        cur[idx(e.old_category)] -= n;
+        cur[idx(e.tag.category)] += n;
+        break;
+      default: continue;
+    }
+    sample(e);
+  }
+  return t;
+}
+
+void write_timeline_json(const MemoryTimeline& t, const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) throw std::runtime_error(fmt::format("write_timeline_json: cannot open '{}' for writing", path));
+  std::string out = "[[";
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(t.times_us[i]);
+  }
+  out += "], [";
+  for (size_t i = 0; i < t.size(); ++i) {
+    std::array<int64_t, kTimelineColumns> row{};
+    for (Category c : kAllCategories) row[static_cast<size_t>(timeline_column(c))] += t.bytes[i][idx(c)];
+    out += i ? ", [" : "[";
+    for (size_t k = 0; k < row.size(); ++k) {
+      if (k) out += ", ";
+      out += std::to_string(row[k]);
+    }
+    out += "]";
+  }
+  out += "]]";
+  const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  if (std::fclose(f) != 0 || !ok)
+    throw std::runtime_error(fmt::format("write_timeline_json: writing '{}' failed", path));
+}
+
+}  // namespace tally::memory
