@@ -1,0 +1,138 @@
+// equivalence_dump: one fp32 training step of a Tally model, written out for PyTorch to
+// replay (tests/nn/check_torch_equivalence.py). Builds the model with a fixed seed, saves
+// its state_dict (before the step) to DIR/weights.safetensors, a fixed batch to
+// DIR/batch.safetensors (input, target), runs forward + cross-entropy + backward in train
+// mode with TF32 off, and saves the loss and every parameter's gradient (named like the
+// parameter) to DIR/grads.safetensors. The metadata of weights.safetensors says which
+// model and configuration to build on the PyTorch side.
+//
+//   equivalence_dump --model resnet18|resnet_tiny|gpt-small|gpt-tiny [--device cpu|cuda]
+//                    --out DIR [--seed N] [--batch N]
+#include <fmt/format.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "nn/models/gpt.h"
+#include "nn/models/resnet.h"
+#include "nn/serialize.h"
+#ifdef TALLY_WITH_CUDA
+#include "tensor/cuda/linalg.h"
+#endif
+
+using namespace tally;
+
+namespace {
+[[noreturn]] void usage(const std::string& why) {
+  fmt::print(stderr,
+             "equivalence_dump: {}\nusage: equivalence_dump --model resnet18|resnet_tiny|gpt-small|gpt-tiny "
+             "[--device cpu|cuda] --out DIR [--seed N] [--batch N]\n",
+             why);
+  std::exit(2);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_name, device_name = "cpu", out;
+  uint64_t seed = 1234;
+  int64_t batch = 4;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) usage("missing value for " + a);
+      return argv[++i];
+    };
+    if (a == "--model") model_name = next();
+    else if (a == "--device") device_name = next();
+    else if (a == "--out") out = next();
+    else if (a == "--seed") seed = std::stoull(next());
+    else if (a == "--batch") batch = std::stoll(next());
+    else usage("unknown argument " + a);
+  }
+  if (model_name.empty() || out.empty()) usage("--model and --out are required");
+  Device device = Device::cpu();
+  if (device_name == "cuda") {
+    if (!memory::cuda_available()) usage("no CUDA device");
+    device = Device::cuda(0);
+  } else if (device_name != "cpu") {
+    usage("bad --device " + device_name);
+  }
+#ifdef TALLY_WITH_CUDA
+  cuda::set_allow_tf32(false);  // fp32 products in fp32, like torch with allow_tf32=False
+#endif
+  try {
+    std::filesystem::create_directories(out);
+    manual_seed(seed);
+    Generator data_gen(seed + 1);
+    std::map<std::string, std::string> meta{{"model", model_name}, {"seed", std::to_string(seed)},
+                                            {"device", device_name}, {"format", "pt"}};
+    std::shared_ptr<nn::Module> model;
+    std::shared_ptr<nn::GPT> gpt;
+    Tensor input, target;
+    {
+      memory::CategoryScope cat(memory::Category::input);
+      if (model_name == "resnet18" || model_name == "resnet_tiny") {
+        const int64_t classes = 10;
+        const bool tiny = model_name == "resnet_tiny";
+        const int64_t channels = tiny ? 1 : 3, hw = tiny ? 28 : 64;
+        if (tiny) model = nn::resnet_tiny({.num_classes = classes, .in_channels = channels});
+        else model = nn::resnet18({.num_classes = classes, .in_channels = channels});
+        meta["num_classes"] = std::to_string(classes);
+        meta["in_channels"] = std::to_string(channels);
+        input = ops::randn({batch, channels, hw, hw}, DType::float32, Device::cpu(), &data_gen);
+        target = ops::randint(0, classes, {batch}, DType::int64, Device::cpu(), &data_gen);
+      } else if (model_name == "gpt-small" || model_name == "gpt-tiny") {
+        nn::GPTConfig cfg = nn::GPTConfig::preset(model_name == "gpt-small" ? "small" : "tiny");
+        gpt = std::make_shared<nn::GPT>(cfg);
+        model = gpt;
+        for (auto [k, v] : std::map<std::string, int64_t>{{"vocab_size", cfg.vocab_size},
+                                                          {"block_size", cfg.block_size},
+                                                          {"n_layer", cfg.n_layer},
+                                                          {"n_head", cfg.n_head},
+                                                          {"n_embd", cfg.n_embd},
+                                                          {"bias", cfg.bias}})
+          meta[k] = std::to_string(v);
+        const int64_t T = cfg.block_size / 2;
+        input = ops::randint(0, cfg.vocab_size, {batch, T}, DType::int64, Device::cpu(), &data_gen);
+        target = ops::randint(0, cfg.vocab_size, {batch, T}, DType::int64, Device::cpu(), &data_gen);
+      } else {
+        usage("unknown --model " + model_name);
+      }
+    }
+    model->train();
+    nn::save_safetensors(out + "/weights.safetensors", model->state_dict(), meta);
+    nn::save_safetensors(out + "/batch.safetensors", {{"input", input}, {"target", target}}, meta);
+
+    model->to(device);
+    Tensor x, y;
+    {
+      memory::CategoryScope cat(memory::Category::input);
+      x = ops::to(input, device, input.dtype());
+      y = ops::to(target, device, target.dtype());
+    }
+    Tensor loss;
+    {
+      memory::PhaseScope phase("forward");
+      if (gpt) loss = (*gpt)(x, y).second;
+      else loss = cross_entropy((*model)(x), y);
+    }
+    {
+      memory::PhaseScope phase("backward");
+      loss.backward();
+    }
+    nn::NamedTensors grads{{"loss", loss.detach()}};
+    for (const auto& [name, p] : model->named_parameters()) {
+      if (!p.grad().defined()) throw std::runtime_error("parameter " + name + " got no gradient");
+      grads.emplace_back(name, p.grad());
+    }
+    nn::save_safetensors(out + "/grads.safetensors", grads, meta);
+    fmt::print("{} on {}: loss {:.6f}, {} gradients written to {}\n", model_name, device_name, loss.item(),
+               grads.size() - 1, out);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "equivalence_dump: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,123 @@
+// The basic layers (torch.nn): Linear, Conv2d, Embedding, Dropout, ReLU, GELU, MaxPool2d,
+// AdaptiveAvgPool2d, Flatten, Identity, with PyTorch's constructor arguments, parameter
+// names and default initialisations (drawn from tally's default Generator, or `gen`).
+// Normalisation layers are in nn/norm.h, containers in nn/container.h, losses in nn/loss.h.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "nn/module.h"
+
+namespace tally::nn {
+
+// A new parameter tensor (float32, CPU, uninitialised), allocated under Category::parameter.
+Tensor make_parameter(const Shape& shape, DType dtype = DType::float32);
+
+// y = x W^T + b; weight [out, in] kaiming_uniform(a=sqrt(5)), bias U(-1/sqrt(in), 1/sqrt(in)).
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters(Generator* gen = nullptr);
+  std::string extra_repr() const override;
+
+  int64_t in_features, out_features;
+  Tensor weight, bias;
+};
+
+struct Conv2dOptions {
+  Int2 stride = 1, padding = 0, dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+};
+
+// weight [out, in/groups, kH, kW] kaiming_uniform(a=sqrt(5)), bias U(+-1/sqrt(fan_in)).
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, Int2 kernel_size, Conv2dOptions opts = {},
+         Generator* gen = nullptr);
+  // The torchvision spelling: Conv2d(in, out, k, stride, padding, bias).
+  Conv2d(int64_t in_channels, int64_t out_channels, Int2 kernel_size, Int2 stride, Int2 padding,
+         bool bias = true, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters(Generator* gen = nullptr);
+  std::string extra_repr() const override;
+
+  int64_t in_channels, out_channels;
+  Int2 kernel_size;
+  Conv2dOptions options;
+  Tensor weight, bias;
+};
+
+// Rows of weight [num_embeddings, embedding_dim] ~ N(0, 1) (padding_idx row zero).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim,
+            std::optional<int64_t> padding_idx = std::nullopt, Generator* gen = nullptr);
+  Tensor forward(const Tensor& indices) override;
+  void reset_parameters(Generator* gen = nullptr);
+  std::string extra_repr() const override;
+
+  int64_t num_embeddings, embedding_dim;
+  int64_t padding_idx = -1;
+  Tensor weight;
+};
+
+// Inverted dropout while training; identity in eval. `gen` null: the default generator.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  double p;
+  Generator* gen;
+};
+
+class ReLU : public Module {
+ public:
+  ReLU() : Module("ReLU") {}
+  Tensor forward(const Tensor& x) override;
+};
+
+// approximate "none" (erf) | "tanh".
+class GELU : public Module {
+ public:
+  explicit GELU(std::string approximate = "none");
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  std::string approximate;
+};
+
+class MaxPool2d : public Module {
+ public:
+  MaxPool2d(Int2 kernel_size, Int2 stride = {}, Int2 padding = 0, Int2 dilation = 1,
+            bool ceil_mode = false);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  Int2 kernel_size, stride, padding, dilation;
+  bool ceil_mode;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Int2 output_size);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  Int2 output_size;
+};
+
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1);
+  Tensor forward(const Tensor& x) override;
+  int64_t start_dim, end_dim;
+};
+
+class Identity : public Module {
+ public:
+  Identity() : Module("Identity") {}
+  Tensor forward(const Tensor& x) override { return x; }
+};
+
+}  // namespace tally::nn

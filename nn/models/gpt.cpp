@@ -1,0 +1,148 @@
+// GPT-2 (nanoGPT's structure and names) over nn layers and scaled_dot_product_attention.
+#include "nn/models/gpt.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "nn/init.h"
+
+namespace tally::nn {
+
+GPTConfig GPTConfig::preset(const std::string& name) {
+  GPTConfig c;
+  if (name == "gpt2") return c;
+  if (name == "gpt2-medium") {
+    c.n_layer = 24, c.n_head = 16, c.n_embd = 1024;
+    return c;
+  }
+  if (name == "tiny") {
+    c.vocab_size = 256, c.block_size = 64, c.n_layer = 2, c.n_head = 2, c.n_embd = 64;
+    return c;
+  }
+  if (name == "small") {
+    c.vocab_size = 256, c.block_size = 128, c.n_layer = 4, c.n_head = 4, c.n_embd = 128;
+    return c;
+  }
+  throw std::invalid_argument(fmt::format(
+      "GPTConfig::preset: unknown preset '{}' (gpt2, gpt2-medium, tiny, small)", name));
+}
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg)
+    : Module("CausalSelfAttention"), n_head(cfg.n_head), n_embd(cfg.n_embd), dropout(cfg.dropout) {
+  if (cfg.n_embd % cfg.n_head != 0)
+    throw std::invalid_argument(fmt::format("CausalSelfAttention: n_embd {} is not divisible by n_head {}",
+                                            cfg.n_embd, cfg.n_head));
+  c_attn = register_module("c_attn", std::make_shared<Linear>(cfg.n_embd, 3 * cfg.n_embd, cfg.bias));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(cfg.n_embd, cfg.n_embd, cfg.bias));
+  resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(cfg.dropout));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  if (x.dim() != 3 || x.size(2) != n_embd)
+    throw std::invalid_argument(fmt::format("CausalSelfAttention: expected [B, T, {}], got {}", n_embd,
+                                            x.shape_string()));
+  const int64_t B = x.size(0), T = x.size(1), C = n_embd, hs = C / n_head;
+  TensorList qkv = split((*c_attn)(x), C, 2);
+  auto heads = [&](const Tensor& t) { return t.reshape({B, T, n_head, hs}).transpose(1, 2); };
+  const Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  Tensor y = scaled_dot_product_attention(q, k, v, Tensor(), is_training() ? dropout : 0.0, true);
+  y = y.transpose(1, 2).contiguous().view({B, T, C});
+  return (*resid_dropout)((*c_proj)(y));
+}
+
+MLP::MLP(const GPTConfig& cfg) : Module("MLP") {
+  c_fc = register_module("c_fc", std::make_shared<Linear>(cfg.n_embd, 4 * cfg.n_embd, cfg.bias));
+  gelu = register_module("gelu", std::make_shared<GELU>("tanh"));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(4 * cfg.n_embd, cfg.n_embd, cfg.bias));
+  dropout = register_module("dropout", std::make_shared<Dropout>(cfg.dropout));
+}
+
+Tensor MLP::forward(const Tensor& x) { return (*dropout)((*c_proj)((*gelu)((*c_fc)(x)))); }
+
+Block::Block(const GPTConfig& cfg) : Module("Block") {
+  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(cfg.n_embd, 1e-5, true, cfg.bias));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(cfg));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(cfg.n_embd, 1e-5, true, cfg.bias));
+  mlp = register_module("mlp", std::make_shared<MLP>(cfg));
+}
+
+Tensor Block::forward(const Tensor& x) {
+  Tensor y = add(x, (*attn)((*ln_1)(x)));
+  return add(y, (*mlp)((*ln_2)(y)));
+}
+
+GPTTransformer::GPTTransformer(const GPTConfig& cfg) : Module("ModuleDict"), config(cfg) {
+  wte = register_module("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.n_embd));
+  wpe = register_module("wpe", std::make_shared<Embedding>(cfg.block_size, cfg.n_embd));
+  drop = register_module("drop", std::make_shared<Dropout>(cfg.dropout));
+  h = register_module("h", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < cfg.n_layer; ++i) h->push_back(std::make_shared<Block>(cfg));
+  ln_f = register_module("ln_f", std::make_shared<LayerNorm>(cfg.n_embd, 1e-5, true, cfg.bias));
+}
+
+Tensor GPTTransformer::forward(const Tensor& idx) {
+  if (idx.dim() != 2)
+    throw std::invalid_argument(fmt::format("GPT: expected idx [B, T], got {}", idx.shape_string()));
+  const int64_t T = idx.size(1);
+  if (T > config.block_size)
+    throw std::invalid_argument(fmt::format(
+        "GPT: cannot forward sequence of length {}, block size is only {}", T, config.block_size));
+  Tensor pos;
+  {
+    memory::CategoryScope cat(memory::Category::input);
+    pos = ops::arange(0, static_cast<double>(T), 1, DType::int64, idx.device());
+  }
+  Tensor x = (*drop)(add((*wte)(idx), (*wpe)(pos)));
+  for (const auto& block : *h) x = (*block)(x);
+  return (*ln_f)(x);
+}
+
+GPT::GPT(const GPTConfig& cfg, Generator* gen) : Module("GPT"), config(cfg) {
+  {
+    SkipInitGuard skip;  // init_weights() below initialises every weight once
+    transformer = register_module("transformer", std::make_shared<GPTTransformer>(cfg));
+    lm_head = register_module("lm_head", std::make_shared<Linear>(cfg.n_embd, cfg.vocab_size, false));
+  }
+  // Weight tying: lm_head.weight is the token embedding (the same Tensor); its own fresh
+  // allocation is released here.
+  lm_head->weight = transformer->wte->weight;
+  lm_head->register_parameter("weight", lm_head->weight);
+  init_weights(gen);
+}
+
+void GPT::init_weights(Generator* gen) {
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  for (const auto& [name, m] : named_modules()) {
+    if (auto* lin = dynamic_cast<Linear*>(m)) {
+      if (lin == lm_head.get()) continue;  // tied to wte, initialised there
+      const bool is_c_proj = name.size() >= 6 && name.compare(name.size() - 6, 6, "c_proj") == 0;
+      init::normal_(lin->weight, 0.0, is_c_proj ? proj_std : 0.02, gen);
+      if (lin->bias.defined()) init::zeros_(lin->bias);
+    } else if (auto* emb = dynamic_cast<Embedding*>(m)) {
+      init::normal_(emb->weight, 0.0, 0.02, gen);
+    }
+  }
+}
+
+int64_t GPT::get_num_params(bool non_embedding) const {
+  int64_t n = num_parameters();
+  if (non_embedding) n -= transformer->wpe->weight.numel();
+  return n;
+}
+
+std::pair<Tensor, Tensor> GPT::forward(const Tensor& idx, const Tensor& targets) {
+  Tensor x = (*transformer)(idx);
+  Tensor logits = (*lm_head)(x);
+  Tensor loss;
+  if (targets.defined()) {
+    if (targets.sizes() != idx.sizes())
+      throw std::invalid_argument(fmt::format("GPT: targets {} do not match idx {}",
+                                              targets.shape_string(), idx.shape_string()));
+    loss = cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), -1);
+  }
+  return {logits, loss};
+}
+
+}  // namespace tally::nn

@@ -1,0 +1,91 @@
+// GPT (nanoGPT's GPT-2): token and position embeddings, n_layer pre-LayerNorm blocks of
+// causal self-attention and a GELU(tanh) MLP, a final LayerNorm and an lm_head whose weight
+// IS the token embedding's (one Tensor, listed once by named_parameters). Parameter names
+// follow nanoGPT / HuggingFace GPT-2 (transformer.h.0.attn.c_attn.weight, ...), weights in
+// nn.Linear layout [out, in]. GPT-2 initialisation: N(0, 0.02) for Linear and Embedding
+// weights, zero biases, c_proj weights N(0, 0.02 / sqrt(2 * n_layer)).
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "nn/container.h"
+#include "nn/layers.h"
+#include "nn/norm.h"
+
+namespace tally::nn {
+
+struct GPTConfig {
+  int64_t vocab_size = 50257;
+  int64_t block_size = 1024;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_embd = 768;
+  double dropout = 0.0;
+  bool bias = true;  // biases in Linear layers and LayerNorms
+
+  // "gpt2" (124M), "gpt2-medium", "tiny" (byte-level vocab 256, block 64, 2 layers, 2
+  // heads, 64 dims), "small" (byte-level, block 128, 4 layers, 4 heads, 128 dims).
+  static GPTConfig preset(const std::string& name);
+};
+
+class CausalSelfAttention : public Module {
+ public:
+  explicit CausalSelfAttention(const GPTConfig& cfg);
+  Tensor forward(const Tensor& x) override;  // x [B, T, C]
+  int64_t n_head, n_embd;
+  double dropout;
+  std::shared_ptr<Linear> c_attn, c_proj;
+  std::shared_ptr<Dropout> resid_dropout;
+};
+
+class MLP : public Module {
+ public:
+  explicit MLP(const GPTConfig& cfg);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Linear> c_fc, c_proj;
+  std::shared_ptr<GELU> gelu;
+  std::shared_ptr<Dropout> dropout;
+};
+
+class Block : public Module {
+ public:
+  explicit Block(const GPTConfig& cfg);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<LayerNorm> ln_1, ln_2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<MLP> mlp;
+};
+
+// nanoGPT's `transformer` ModuleDict: idx [B, T] -> final hidden states [B, T, C].
+class GPTTransformer : public Module {
+ public:
+  explicit GPTTransformer(const GPTConfig& cfg);
+  Tensor forward(const Tensor& idx) override;
+  GPTConfig config;
+  std::shared_ptr<Embedding> wte, wpe;
+  std::shared_ptr<Dropout> drop;
+  std::shared_ptr<ModuleList> h;
+  std::shared_ptr<LayerNorm> ln_f;
+};
+
+class GPT : public Module {
+ public:
+  // `gen`: the generator for the initialisation (null: the default generator).
+  explicit GPT(const GPTConfig& cfg, Generator* gen = nullptr);
+  // logits [B, T, vocab] and, when targets [B, T] (int64) are given, the mean
+  // cross-entropy over the targets that are not -1 (undefined otherwise).
+  std::pair<Tensor, Tensor> forward(const Tensor& idx, const Tensor& targets = Tensor());
+  std::pair<Tensor, Tensor> operator()(const Tensor& idx, const Tensor& targets = Tensor()) {
+    return call([&] { return forward(idx, targets); });
+  }
+  void init_weights(Generator* gen = nullptr);
+  // Parameters, minus the position embeddings when non_embedding (nanoGPT's get_num_params).
+  int64_t get_num_params(bool non_embedding = true) const;
+
+  GPTConfig config;
+  std::shared_ptr<GPTTransformer> transformer;
+  std::shared_ptr<Linear> lm_head;
+};
+
+}  // namespace tally::nn

@@ -1,0 +1,352 @@
+// Module: registration, PyTorch-ordered introspection, in-place device/dtype moves, state
+// dicts and the error context of a forward.
+#include "nn/module.h"
+
+#include <fmt/format.h>
+
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "memory/caching_allocator.h"
+
+namespace tally::nn {
+
+namespace {
+thread_local bool tls_skip_init = false;
+
+class ModuleOutOfMemoryError : public memory::OutOfMemoryError, public ModuleErrorMarker {
+ public:
+  using memory::OutOfMemoryError::OutOfMemoryError;
+};
+}  // namespace
+
+SkipInitGuard::SkipInitGuard() : prev_(tls_skip_init) { tls_skip_init = true; }
+SkipInitGuard::~SkipInitGuard() { tls_skip_init = prev_; }
+bool SkipInitGuard::active() { return tls_skip_init; }
+
+Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+
+Tensor Module::forward(const Tensor&) {
+  throw std::logic_error(fmt::format("{} has no single-tensor forward", type_name_));
+}
+
+void Module::rethrow_with_context() const {
+  const std::string& path = memory::interned(memory::current_tag().module);
+  auto msg = [&](const std::exception& e) {
+    if (path.empty()) return fmt::format("{}: {}", type_name_, e.what());
+    return fmt::format("{} ({}): {}", path, type_name_, e.what());
+  };
+  try {
+    throw;
+  } catch (const ModuleErrorMarker&) {
+    throw;  // already carries the innermost module's path
+  } catch (const memory::OutOfMemoryError& e) {
+    throw ModuleOutOfMemoryError(msg(e), e.requested());
+  } catch (const std::out_of_range& e) {
+    throw ModuleError<std::out_of_range>(msg(e));
+  } catch (const std::invalid_argument& e) {
+    throw ModuleError<std::invalid_argument>(msg(e));
+  } catch (const std::domain_error& e) {
+    throw ModuleError<std::domain_error>(msg(e));
+  } catch (const std::logic_error& e) {
+    throw ModuleError<std::logic_error>(msg(e));
+  } catch (const std::exception& e) {
+    throw ModuleError<std::runtime_error>(msg(e));
+  }
+}
+
+Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requires_grad) {
+  if (name.empty() || name.find('.') != std::string::npos)
+    throw std::invalid_argument(fmt::format("{}: bad parameter name '{}'", type_name_, name));
+  if (t.defined() && requires_grad && !t.requires_grad()) t.requires_grad_(true);
+  for (auto& [n, p] : params_)
+    if (n == name) {
+      p = std::move(t);
+      return p;
+    }
+  params_.emplace_back(name, std::move(t));
+  return params_.back().second;
+}
+
+Tensor& Module::register_buffer(const std::string& name, Tensor t) {
+  if (name.empty() || name.find('.') != std::string::npos)
+    throw std::invalid_argument(fmt::format("{}: bad buffer name '{}'", type_name_, name));
+  for (auto& [n, b] : buffers_)
+    if (n == name) {
+      b = std::move(t);
+      return b;
+    }
+  buffers_.emplace_back(name, std::move(t));
+  return buffers_.back().second;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
+  if (!m) throw std::invalid_argument(fmt::format("{}: register_module('{}') with null", type_name_, name));
+  if (name.empty() || name.find('.') != std::string::npos)
+    throw std::invalid_argument(fmt::format("{}: bad module name '{}'", type_name_, name));
+  m->name_ = name;
+  for (auto& [n, c] : children_)
+    if (n == name) {
+      c = std::move(m);
+      return;
+    }
+  children_.emplace_back(name, std::move(m));
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() const {
+  std::vector<std::pair<std::string, Module*>> out;
+  std::unordered_set<const Module*> seen;
+  std::function<void(const std::string&, const Module*)> walk = [&](const std::string& prefix,
+                                                                     const Module* m) {
+    if (!seen.insert(m).second) return;
+    out.emplace_back(prefix, const_cast<Module*>(m));
+    for (const auto& [n, c] : m->children_) walk(prefix.empty() ? n : prefix + "." + n, c.get());
+  };
+  walk("", this);
+  return out;
+}
+
+NamedTensors Module::named_parameters(bool recurse) const {
+  NamedTensors out;
+  std::unordered_set<const TensorImpl*> seen;
+  auto add = [&](const std::string& prefix, const Module* m) {
+    for (const auto& [n, p] : m->params_) {
+      if (!p.defined() || !seen.insert(p.unsafe_impl()).second) continue;
+      out.emplace_back(prefix.empty() ? n : prefix + "." + n, p);
+    }
+  };
+  if (!recurse) {
+    add("", this);
+    return out;
+  }
+  for (const auto& [prefix, m] : named_modules()) add(prefix, m);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, p] : named_parameters(recurse)) out.push_back(p);
+  return out;
+}
+
+NamedTensors Module::named_buffers(bool recurse) const {
+  NamedTensors out;
+  std::unordered_set<const TensorImpl*> seen;
+  auto add = [&](const std::string& prefix, const Module* m) {
+    for (const auto& [n, b] : m->buffers_) {
+      if (!b.defined() || !seen.insert(b.unsafe_impl()).second) continue;
+      out.emplace_back(prefix.empty() ? n : prefix + "." + n, b);
+    }
+  };
+  if (!recurse) {
+    add("", this);
+    return out;
+  }
+  for (const auto& [prefix, m] : named_modules()) add(prefix, m);
+  return out;
+}
+
+std::vector<Tensor> Module::buffers(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, b] : named_buffers(recurse)) out.push_back(b);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
+  return children_;
+}
+
+std::vector<std::shared_ptr<Module>> Module::children() const {
+  std::vector<std::shared_ptr<Module>> out;
+  for (const auto& [n, c] : children_) out.push_back(c);
+  return out;
+}
+
+int64_t Module::num_parameters(bool trainable_only) const {
+  int64_t n = 0;
+  for (const auto& [name, p] : named_parameters())
+    if (!trainable_only || p.requires_grad()) n += p.numel();
+  return n;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, c] : children_) c->train(on);
+}
+
+// Replace the layout and storage of `t`'s TensorImpl by those of `n` (param.data = n).
+static void swap_data(const Tensor& t, const Tensor& n) {
+  if (n.is_same(t)) return;
+  TensorImpl* impl = t.unsafe_impl();
+  impl->storage = n.storage();
+  impl->sizes = n.sizes();
+  impl->strides = n.strides();
+  impl->offset = n.storage_offset();
+  impl->dtype = n.dtype();
+}
+
+void Module::apply_to_tensors(const std::function<Tensor(const Tensor&)>& convert) {
+  NoGradGuard ng;
+  std::unordered_set<const TensorImpl*> seen;
+  for (const auto& [prefix, m] : named_modules()) {
+    for (auto* list : {&m->params_, &m->buffers_}) {
+      for (auto& [n, t] : *list) {
+        if (!t.defined() || !seen.insert(t.unsafe_impl()).second) continue;
+        Tensor converted;
+        {
+          memory::CategoryScope cat(memory::Category::parameter);
+          converted = convert(t);
+        }
+        Tensor g = t.grad();
+        swap_data(t, converted);
+        if (g.defined()) {
+          memory::CategoryScope cat(memory::Category::gradient);
+          Tensor ng2 = convert(g);
+          if (!ng2.is_same(g)) {
+            t.set_grad(Tensor());
+            t.set_grad(ng2);
+          }
+        }
+      }
+    }
+  }
+}
+
+Module& Module::to(Device device) {
+  apply_to_tensors([&](const Tensor& t) { return ops::to(t, device, t.dtype()); });
+  return *this;
+}
+
+Module& Module::to(DType dtype) {
+  if (!is_floating(dtype))
+    throw std::invalid_argument(fmt::format("{}.to: dtype must be floating, got {}", type_name_,
+                                            dtype_name(dtype)));
+  apply_to_tensors([&](const Tensor& t) {
+    return is_floating(t.dtype()) ? ops::to(t, t.device(), dtype) : t;
+  });
+  return *this;
+}
+
+Module& Module::to(Device device, DType dtype) {
+  to(device);
+  return to(dtype);
+}
+
+void Module::zero_grad(bool set_to_none) {
+  NoGradGuard ng;
+  for (const Tensor& p : parameters()) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (set_to_none)
+      p.set_grad(Tensor());
+    else
+      ops::zero_(g);
+  }
+}
+
+void Module::collect_state(const std::string& prefix, NamedTensors& out) const {
+  for (const auto& [n, p] : params_)
+    if (p.defined()) out.emplace_back(prefix + n, p.detach());
+  for (const auto& [n, b] : buffers_)
+    if (b.defined()) out.emplace_back(prefix + n, b.detach());
+  for (const auto& [n, c] : children_) c->collect_state(prefix + n + ".", out);
+}
+
+NamedTensors Module::state_dict() const {
+  NamedTensors out;
+  collect_state("", out);
+  return out;
+}
+
+void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
+  NamedTensors v(state.begin(), state.end());
+  load_state_dict(v, strict);
+}
+
+void Module::load_state_dict(const NamedTensors& state, bool strict) {
+  // Our tensors by name (the live ones, not detached copies).
+  NamedTensors own;
+  std::function<void(const std::string&, const Module*)> walk = [&](const std::string& prefix,
+                                                                     const Module* m) {
+    for (const auto& [n, p] : m->params_)
+      if (p.defined()) own.emplace_back(prefix + n, p);
+    for (const auto& [n, b] : m->buffers_)
+      if (b.defined()) own.emplace_back(prefix + n, b);
+    for (const auto& [n, c] : m->children_) walk(prefix + n + ".", c.get());
+  };
+  walk("", this);
+  std::map<std::string, Tensor> by_name(own.begin(), own.end());
+
+  std::vector<std::string> unexpected, mismatched;
+  std::set<std::string> provided;
+  std::unordered_set<const TensorImpl*> loaded;
+  for (const auto& [name, src] : state) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      unexpected.push_back(name);
+      continue;
+    }
+    const Tensor& dst = it->second;
+    if (!src.defined() || src.sizes() != dst.sizes()) {
+      mismatched.push_back(fmt::format(
+          "size mismatch for {}: copying a param with shape {} from checkpoint, the shape in "
+          "current model is {}.",
+          name, src.defined() ? src.shape_string() : std::string("<undefined>"), dst.shape_string()));
+      continue;
+    }
+    provided.insert(name);
+  }
+  std::vector<std::string> missing;
+  if (mismatched.empty() && (!strict || unexpected.empty())) {
+    NoGradGuard ng;
+    for (const auto& [name, src] : state) {
+      if (!provided.count(name)) continue;
+      const Tensor& dst = by_name[name];
+      ops::copy_(dst, src);
+      loaded.insert(dst.unsafe_impl());
+    }
+  } else {
+    for (const auto& [name, src] : state)
+      if (provided.count(name)) loaded.insert(by_name[name].unsafe_impl());
+  }
+  for (const auto& [name, t] : own)
+    if (!provided.count(name) && !loaded.count(t.unsafe_impl())) missing.push_back(name);
+
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", \"" : "\"") + v[i] + "\"";
+    return s;
+  };
+  std::string err;
+  if (strict && !missing.empty()) err += fmt::format("\n\tMissing key(s) in state_dict: {}.", join(missing));
+  if (strict && !unexpected.empty())
+    err += fmt::format("\n\tUnexpected key(s) in state_dict: {}.", join(unexpected));
+  for (const auto& m : mismatched) err += "\n\t" + m;
+  if (!err.empty())
+    throw std::runtime_error(fmt::format("Error(s) in loading state_dict for {}:{}", type_name_, err));
+}
+
+std::string Module::repr() const {
+  std::ostringstream os;
+  os << type_name_ << "(" << extra_repr();
+  if (!children_.empty()) {
+    os << "\n";
+    for (const auto& [n, c] : children_) {
+      std::string child = c->repr();
+      std::string indented;
+      for (char ch : child) {
+        indented += ch;
+        if (ch == '\n') indented += "  ";
+      }
+      os << "  (" << n << "): " << indented << "\n";
+    }
+  }
+  os << ")";
+  return os.str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Module& m) { return os << m.repr(); }
+
+}  // namespace tally::nn

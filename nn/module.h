@@ -1,0 +1,150 @@
+// Module: the base of every layer and model (torch.nn.Module). It owns named parameters,
+// buffers and child modules in registration order, gives them PyTorch's dotted names
+// ("layer3.1.conv2.weight"), moves them between devices and dtypes in place, saves and
+// loads state dicts, and, when called, opens a memory::ModuleScope with its registered
+// name so every byte its forward allocates carries its full module path. An exception
+// escaping a forward is rethrown once with that path prepended:
+//   "layer3.1.conv2 (Conv2d): conv2d: ..."
+//
+// Memory categories: parameters AND buffers (BatchNorm's running statistics) are allocated
+// under Category::parameter — buffers are model state that lives as long as the model,
+// like parameters, and PyTorch's reports count them with the parameters too. Gradients
+// are tagged `gradient` by autograd when they are accumulated.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "memory/context.h"
+
+namespace tally::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// While alive (thread-local), layer constructors allocate their parameters without
+// initialising them; a model that re-initialises everything anyway (GPT-2's and ResNet's
+// schemes) builds under it so that no weight is initialised twice.
+class SkipInitGuard {
+ public:
+  SkipInitGuard();
+  ~SkipInitGuard();
+  SkipInitGuard(const SkipInitGuard&) = delete;
+  SkipInitGuard& operator=(const SkipInitGuard&) = delete;
+  static bool active();
+
+ private:
+  bool prev_;
+};
+
+// The error a forward rethrows, with the module path prepended; the nesting levels above
+// rethrow it unchanged. Derives from the original's standard base where it can (Base).
+struct ModuleErrorMarker {
+  virtual ~ModuleErrorMarker() = default;
+};
+template <typename Base>
+class ModuleError : public Base, public ModuleErrorMarker {
+ public:
+  explicit ModuleError(const std::string& what) : Base(what) {}
+};
+
+class Module {
+ public:
+  explicit Module(std::string type_name = "Module");
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // ---- the forward ----
+  // Single-tensor forward; modules with other signatures add their own call operator and
+  // wrap it with call().
+  virtual Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) {
+    return call([&] { return forward(x); });
+  }
+  // Runs `fn` under this module's ModuleScope and error context.
+  template <typename Fn>
+  auto call(Fn&& fn) -> decltype(fn()) {
+    memory::ModuleScope scope(name_);
+    try {
+      return fn();
+    } catch (...) {
+      rethrow_with_context();
+    }
+  }
+
+  // ---- registration ----
+  // A parameter leaf (requires_grad set unless `requires_grad` is false). Registering
+  // a name again replaces the tensor (weight tying: lm_head.weight = wte.weight).
+  Tensor& register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
+  Tensor& register_buffer(const std::string& name, Tensor t);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    add_child(name, m);
+    return m;
+  }
+
+  // ---- introspection (PyTorch's order: this module first, then children depth-first) ----
+  // Parameters, each tensor once (a tied weight under its first name, as PyTorch dedups).
+  NamedTensors named_parameters(bool recurse = true) const;
+  std::vector<Tensor> parameters(bool recurse = true) const;  // the leaves themselves
+  NamedTensors named_buffers(bool recurse = true) const;
+  std::vector<Tensor> buffers(bool recurse = true) const;
+  // ("", this), ("layer1", ...), ("layer1.0", ...), ...; each module once.
+  std::vector<std::pair<std::string, Module*>> named_modules() const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
+  std::vector<std::shared_ptr<Module>> children() const;
+  int64_t num_parameters(bool trainable_only = false) const;
+
+  // The name this module was registered under in its parent ("" for a root) and its type.
+  const std::string& name() const { return name_; }
+  const std::string& type_name() const { return type_name_; }
+
+  // ---- modes and placement ----
+  virtual void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // Move / convert every parameter, buffer (and existing gradient) in place: the Tensor
+  // handles stay the same, like PyTorch's `param.data = ...`. to(DType) converts only
+  // floating tensors (num_batches_tracked stays int64).
+  Module& to(Device device);
+  Module& to(DType dtype);
+  Module& to(Device device, DType dtype);
+  void zero_grad(bool set_to_none = true);
+
+  // ---- state dict ----
+  // Parameters and buffers, every name (tied weights under each of their names), detached
+  // handles sharing the module's storage.
+  NamedTensors state_dict() const;
+  // Copies values in (converting dtype and device). strict: missing or unexpected keys are
+  // errors (a tied weight present under any of its names counts for all). A shape
+  // mismatch is always an error. One exception lists every problem.
+  void load_state_dict(const NamedTensors& state, bool strict = true);
+  void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
+
+  // "Conv2d(3, 64, kernel_size=(7, 7), ...)" for the repr; the tree printer uses it.
+  virtual std::string extra_repr() const { return {}; }
+  std::string repr() const;
+
+ protected:
+  void add_child(const std::string& name, std::shared_ptr<Module> m);
+  [[noreturn]] void rethrow_with_context() const;
+
+ private:
+  void collect_state(const std::string& prefix, NamedTensors& out) const;
+  void apply_to_tensors(const std::function<Tensor(const Tensor&)>& convert);
+
+  std::string type_name_;
+  std::string name_;
+  bool training_ = true;
+  NamedTensors params_;
+  NamedTensors buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Module& m);
+
+}  // namespace tally::nn

@@ -1,0 +1,47 @@
+// Normalisation layers (torch.nn.BatchNorm2d, torch.nn.LayerNorm): weight ones, bias
+// zeros; BatchNorm2d's buffers running_mean (zeros), running_var (ones) and
+// num_batches_tracked (int64, 0-D), allocated under Category::parameter like the weights.
+#pragma once
+
+#include <optional>
+
+#include "nn/module.h"
+
+namespace tally::nn {
+
+// Training: batch statistics, running stats updated with `momentum` (nullopt: cumulative
+// average over num_batches_tracked, as PyTorch's momentum=None); eval: running stats.
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t num_features, double eps = 1e-5,
+                       std::optional<double> momentum = 0.1, bool affine = true,
+                       bool track_running_stats = true);
+  Tensor forward(const Tensor& x) override;
+  void reset_running_stats();
+  void reset_parameters();
+  std::string extra_repr() const override;
+
+  int64_t num_features;
+  double eps;
+  std::optional<double> momentum;
+  bool affine, track_running_stats;
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true,
+                     bool bias = true);
+  explicit LayerNorm(int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true,
+                     bool bias = true)
+      : LayerNorm(Shape{normalized_size}, eps, elementwise_affine, bias) {}
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();
+  std::string extra_repr() const override;
+
+  Shape normalized_shape;
+  double eps;
+  Tensor weight, bias;
+};
+
+}  // namespace tally::nn

@@ -1,0 +1,128 @@
+// ResNet and GPT: torchvision / nanoGPT parameter names and exact counts, forward shapes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "nn/models/gpt.h"
+#include "nn/models/resnet.h"
+#include "tensor/gradcheck.h"
+
+using namespace tally;
+using namespace tally::nn;
+
+namespace {
+std::map<std::string, Shape> shapes_of(const NamedTensors& v) {
+  std::map<std::string, Shape> r;
+  for (const auto& [n, t] : v) r[n] = t.sizes();
+  return r;
+}
+}  // namespace
+
+TEST(ResNet, Resnet18NamesAndCount) {
+  auto m = resnet18();
+  EXPECT_EQ(m->num_parameters(), 11689512);
+  auto p = shapes_of(m->named_parameters());
+  EXPECT_EQ(p.size(), 62u);  // torchvision: len(list(resnet18().parameters())) == 62
+  EXPECT_EQ(p.at("conv1.weight"), (Shape{64, 3, 7, 7}));
+  EXPECT_EQ(p.at("layer1.0.conv1.weight"), (Shape{64, 64, 3, 3}));
+  EXPECT_EQ(p.at("layer2.0.downsample.0.weight"), (Shape{128, 64, 1, 1}));
+  EXPECT_EQ(p.at("layer2.0.downsample.1.bias"), (Shape{128}));
+  EXPECT_EQ(p.at("layer4.1.bn2.weight"), (Shape{512}));
+  EXPECT_EQ(p.at("fc.weight"), (Shape{1000, 512}));
+  EXPECT_EQ(p.count("layer1.0.downsample.0.weight"), 0u);
+  auto sd = shapes_of(m->state_dict());
+  EXPECT_EQ(sd.size(), 122u);  // torchvision resnet18 state_dict has 122 entries
+  EXPECT_EQ(sd.at("layer3.1.bn1.num_batches_tracked"), Shape{});
+  EXPECT_EQ(m->state_dict().front().first, "conv1.weight");
+  EXPECT_EQ(m->state_dict().back().first, "fc.bias");
+}
+
+TEST(ResNet, Resnet50NamesAndCounts) {
+  EXPECT_EQ(resnet50({.num_classes = 10})->num_parameters(), 23528522);
+  auto m = resnet50();
+  EXPECT_EQ(m->num_parameters(), 25557032);
+  auto p = shapes_of(m->named_parameters());
+  EXPECT_EQ(p.size(), 161u);
+  EXPECT_EQ(p.at("layer1.0.conv3.weight"), (Shape{256, 64, 1, 1}));
+  EXPECT_EQ(p.at("layer1.0.downsample.0.weight"), (Shape{256, 64, 1, 1}));
+  EXPECT_EQ(p.at("layer3.5.bn3.weight"), (Shape{1024}));
+  EXPECT_EQ(p.at("fc.weight"), (Shape{1000, 2048}));
+  // v1.5: the stride sits on conv2 (3x3) -> checked through the forward shape below.
+  auto* conv2 = dynamic_cast<Bottleneck*>((*m->layer2)[0].get())->conv2.get();
+  EXPECT_EQ(conv2->options.stride.h, 2);
+  EXPECT_EQ(dynamic_cast<Bottleneck*>((*m->layer2)[0].get())->conv1->options.stride.h, 1);
+  EXPECT_EQ(resnet34()->num_parameters(), 21797672);
+}
+
+TEST(ResNet, ForwardShapesAndInit) {
+  manual_seed(0);
+  auto m = resnet18({.num_classes = 7, .in_channels = 1});
+  EXPECT_EQ(m->conv1->weight.sizes(), (Shape{64, 1, 7, 7}));
+  Tensor y = (*m)(ops::randn({2, 1, 32, 32}));
+  EXPECT_EQ(y.sizes(), (Shape{2, 7}));
+  // kaiming_normal_(fan_out, relu) on layer4 convs: std sqrt(2 / (512 * 9))
+  const auto v = m->layer4->named_parameters()[0].second.tolist();
+  double ss = 0;
+  for (double x : v) ss += x * x;
+  EXPECT_NEAR(std::sqrt(ss / v.size()), std::sqrt(2.0 / (512 * 9)), 0.002);
+  auto tiny = resnet_tiny({.num_classes = 10, .in_channels = 1});
+  EXPECT_EQ((*tiny)(ops::randn({3, 1, 28, 28})).sizes(), (Shape{3, 10}));
+  EXPECT_LT(tiny->num_parameters(), 200000);
+}
+
+TEST(GPT, Gpt2ParameterCountAndNames) {
+  GPT gpt(GPTConfig::preset("gpt2"));
+  EXPECT_EQ(gpt.num_parameters(), 124439808);
+  EXPECT_EQ(gpt.get_num_params(), 124439808 - 1024 * 768);
+  auto p = shapes_of(gpt.named_parameters());
+  EXPECT_EQ(p.at("transformer.wte.weight"), (Shape{50257, 768}));
+  EXPECT_EQ(p.at("transformer.wpe.weight"), (Shape{1024, 768}));
+  EXPECT_EQ(p.at("transformer.h.0.ln_1.weight"), (Shape{768}));
+  EXPECT_EQ(p.at("transformer.h.0.attn.c_attn.weight"), (Shape{2304, 768}));
+  EXPECT_EQ(p.at("transformer.h.0.attn.c_attn.bias"), (Shape{2304}));
+  EXPECT_EQ(p.at("transformer.h.11.attn.c_proj.weight"), (Shape{768, 768}));
+  EXPECT_EQ(p.at("transformer.h.5.mlp.c_fc.weight"), (Shape{3072, 768}));
+  EXPECT_EQ(p.at("transformer.h.5.mlp.c_proj.weight"), (Shape{768, 3072}));
+  EXPECT_EQ(p.at("transformer.ln_f.bias"), (Shape{768}));
+  EXPECT_EQ(p.count("lm_head.weight"), 0u);  // tied: listed once, under wte
+  EXPECT_EQ(p.size(), 148u);
+}
+
+TEST(GPT, TinyForwardLossAndInit) {
+  manual_seed(1);
+  GPT gpt(GPTConfig::preset("tiny"));
+  Generator g(2);
+  Tensor idx = ops::randint(0, 256, {2, 16}, DType::int64, Device::cpu(), &g);
+  Tensor tgt = ops::randint(0, 256, {2, 16}, DType::int64, Device::cpu(), &g);
+  auto [logits, loss] = gpt(idx, tgt);
+  EXPECT_EQ(logits.sizes(), (Shape{2, 16, 256}));
+  EXPECT_NEAR(loss.item(), std::log(256.0), 0.1);
+  auto [l2, none] = gpt(idx);
+  EXPECT_FALSE(none.defined());
+  loss.backward();
+  EXPECT_TRUE(gpt.transformer->wte->weight.grad().defined());
+  EXPECT_TRUE(gpt.transformer->h->operator[](1)->named_parameters()[0].second.grad().defined());
+  // GPT-2 init: c_proj std 0.02 / sqrt(2 * n_layer), others 0.02
+  auto sd = gpt.named_parameters();
+  auto stdev = [&](const std::string& name) {
+    for (auto& [n, t] : sd)
+      if (n == name) {
+        double ss = 0;
+        for (double v : t.tolist()) ss += v * v;
+        return std::sqrt(ss / t.numel());
+      }
+    return -1.0;
+  };
+  EXPECT_NEAR(stdev("transformer.h.0.attn.c_attn.weight"), 0.02, 0.002);
+  EXPECT_NEAR(stdev("transformer.h.0.mlp.c_proj.weight"), 0.01, 0.001);
+  EXPECT_EQ(stdev("transformer.h.0.attn.c_attn.bias"), 0.0);
+  // causality: changing a later token leaves earlier logits unchanged
+  Tensor idx2 = ops::clone(idx);
+  ops::fill_(ops::select(ops::select(idx2, 0, 0), 0, 15), 3.0);
+  auto [l3, n3] = gpt(idx2);
+  EXPECT_TRUE(tally::testing::values_near(ops::select(ops::select(l3, 0, 0), 0, 3),
+                                          ops::to_vector(ops::select(ops::select(logits, 0, 0), 0, 3)), 1e-5));
+  tally::testing::expect_error<std::invalid_argument>([&] { gpt(ops::zeros({1, 65}, DType::int64)); },
+                                                {"block size is only 64"});
+}

@@ -1,0 +1,163 @@
+// safetensors: round trips of state dicts and every dtype, tied weights, the Python
+// stdlib reader (tests/nn/check_safetensors.py) on our files, and clear errors on corrupt
+// files.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "nn/models/gpt.h"
+#include "nn/models/resnet.h"
+#include "nn/serialize.h"
+#include "tensor/gradcheck.h"
+
+using namespace tally;
+using namespace tally::nn;
+using tally::testing::contains;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path temp_dir() {
+  fs::path d = fs::temp_directory_path() / ("tally_nn_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+void spit(const fs::path& p, const std::string& s) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << s;
+}
+std::string load_error(const fs::path& p) {
+  return tally::testing::error_of<std::runtime_error>([&] { load_safetensors(p.string()); });
+}
+}  // namespace
+
+TEST(Safetensors, StateDictRoundTrip) {
+  const fs::path file = temp_dir() / "tiny.safetensors";
+  auto a = resnet_tiny({.num_classes = 10, .in_channels = 1});
+  (*a)(ops::randn({4, 1, 28, 28}));  // move the BN running stats away from 0/1
+  save_safetensors(file.string(), a->state_dict(), {{"format", "pt"}, {"model", "resnet_tiny"}});
+  std::map<std::string, std::string> meta;
+  NamedTensors loaded = load_safetensors(file.string(), &meta);
+  EXPECT_EQ(meta.at("format"), "pt");
+  EXPECT_EQ(meta.at("model"), "resnet_tiny");
+  NamedTensors sd = a->state_dict();
+  ASSERT_EQ(loaded.size(), sd.size());
+  for (size_t i = 0; i < sd.size(); ++i) {
+    EXPECT_EQ(loaded[i].first, sd[i].first);
+    EXPECT_EQ(loaded[i].second.dtype(), sd[i].second.dtype()) << sd[i].first;
+    EXPECT_EQ(loaded[i].second.sizes(), sd[i].second.sizes());
+    EXPECT_EQ(loaded[i].second.tolist(), sd[i].second.tolist()) << sd[i].first;
+  }
+  auto b = resnet_tiny({.num_classes = 10, .in_channels = 1});
+  b->load_state_dict(loaded);
+  a->eval();
+  b->eval();
+  Tensor x = ops::randn({2, 1, 28, 28});
+  EXPECT_EQ((*a)(x).tolist(), (*b)(x).tolist());
+  // The data section starts 8-byte aligned.
+  const std::string raw = slurp(file);
+  uint64_t n;
+  std::memcpy(&n, raw.data(), 8);
+  EXPECT_EQ(n % 8, 0u);
+  EXPECT_EQ(raw[8], '{');
+}
+
+TEST(Safetensors, AllDtypesAndPythonReader) {
+  const fs::path dir = temp_dir();
+  const fs::path file = dir / "dtypes.safetensors";
+  NamedTensors ts;
+  const std::vector<double> v{1.5, -2.0, 0.25, 3.0, 0.0, 7.0};
+  for (DType d : {DType::float32, DType::float16, DType::bfloat16, DType::float64, DType::int32,
+                  DType::int64, DType::bool_})
+    ts.emplace_back(std::string("t_") + dtype_name(d), ops::from_vector(v, {2, 3}, d));
+  ts.emplace_back("scalar", ops::full({}, 42.0, DType::int64));
+  ts.emplace_back("empty", ops::zeros({0, 4}));
+  ts.emplace_back("noncontig", ops::transpose(ops::from_vector(v, {2, 3}), 0, 1));
+  save_safetensors(file.string(), ts, {{"note", "quote\" and \\ and \xc3\xa9"}});
+  std::map<std::string, std::string> meta;
+  NamedTensors back = load_safetensors(file.string(), &meta);
+  EXPECT_EQ(meta.at("note"), "quote\" and \\ and \xc3\xa9");
+  ASSERT_EQ(back.size(), ts.size());
+  std::ofstream manifest(dir / "manifest.json");
+  manifest << "{";
+  for (size_t i = 0; i < ts.size(); ++i) {
+    EXPECT_EQ(back[i].first, ts[i].first);
+    EXPECT_EQ(back[i].second.dtype(), ts[i].second.dtype());
+    EXPECT_EQ(back[i].second.tolist(), ts[i].second.tolist()) << ts[i].first;
+    double sum = 0;
+    for (double x : ts[i].second.tolist()) sum += x;
+    manifest << (i ? "," : "") << "\"" << ts[i].first << "\":{\"shape\":" << shape_str(ts[i].second.sizes())
+             << ",\"sum\":" << sum << ",\"first\":" << (ts[i].second.numel() ? ts[i].second.tolist()[0] : 0.0) << "}";
+  }
+  manifest << "}";
+  manifest.close();
+  const std::string cmd = std::string(TALLY_PYTHON) + " " + TALLY_SOURCE_DIR + "/tests/nn/check_safetensors.py " +
+                          file.string() + " --expect " + (dir / "manifest.json").string();
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+TEST(Safetensors, TiedWeightsSavedUnderBothNames) {
+  const fs::path file = temp_dir() / "gpt.safetensors";
+  GPT gpt(GPTConfig::preset("tiny"));
+  save_safetensors(file.string(), gpt.state_dict());
+  NamedTensors back = load_safetensors(file.string());
+  int found = 0;
+  for (auto& [n, t] : back) found += (n == "lm_head.weight" || n == "transformer.wte.weight");
+  EXPECT_EQ(found, 2);
+  GPT other(GPTConfig::preset("tiny"));
+  other.load_state_dict(back);
+  EXPECT_EQ(other.lm_head->weight.tolist(), gpt.lm_head->weight.tolist());
+  EXPECT_TRUE(other.lm_head->weight.is_same(other.transformer->wte->weight));
+}
+
+TEST(Safetensors, CorruptFilesNameFileAndOffset) {
+  const fs::path dir = temp_dir();
+  const fs::path good = dir / "good.safetensors";
+  save_safetensors(good.string(), {{"a", ops::ones({4})}, {"b", ops::ones({2, 2}, DType::int64)}});
+  const std::string raw = slurp(good);
+  uint64_t n;
+  std::memcpy(&n, raw.data(), 8);
+
+  const fs::path p = dir / "bad.safetensors";
+  spit(p, raw.substr(0, 5));
+  std::string e = load_error(p);
+  EXPECT_TRUE(contains(e, p.string()) && contains(e, "shorter than the 8-byte")) << e;
+
+  spit(p, raw.substr(0, raw.size() - 3));
+  e = load_error(p);
+  EXPECT_TRUE(contains(e, p.string()) && contains(e, "tensor 'b'") && contains(e, "truncated")) << e;
+
+  std::string big = raw;
+  const uint64_t huge = 1ull << 40;
+  std::memcpy(big.data(), &huge, 8);
+  spit(p, big);
+  e = load_error(p);
+  EXPECT_TRUE(contains(e, "header length") && contains(e, "at byte 0")) << e;
+
+  std::string garbled = raw;
+  garbled[8 + 5] = '#';
+  spit(p, garbled);
+  e = load_error(p);
+  EXPECT_TRUE(contains(e, "corrupt header at byte 13")) << e;
+
+  std::string wrong_dtype = raw;
+  const size_t pos = wrong_dtype.find("\"F32\"");
+  wrong_dtype.replace(pos, 5, "\"Q32\"");
+  spit(p, wrong_dtype);
+  e = load_error(p);
+  EXPECT_TRUE(contains(e, "unsupported dtype 'Q32'") && contains(e, "byte " + std::to_string(pos))) << e;
+
+  std::string wrong_shape = raw;
+  const size_t sp = wrong_shape.find("[4]");
+  wrong_shape.replace(sp, 3, "[5]");
+  spit(p, wrong_shape);
+  e = load_error(p);
+  EXPECT_TRUE(contains(e, "tensor 'a'") && contains(e, "need 20")) << e;
+
+  EXPECT_TRUE(contains(load_error(dir / "does_not_exist.safetensors"), "cannot open"));
+}
