@@ -56,11 +56,13 @@ void Optimizer::add_param_group(ParamGroup group) {
   for (size_t j = 0; j < group.params.size(); ++j) {
     const Tensor& p = group.params[j];
     check_param(p, state_.size() + j, name());
+    bool repeated = false;
     for (const ParamGroup& g : groups_)
-      for (const Tensor& q : g.params)
-        if (q.is_same(p))
-          throw std::invalid_argument(fmt::format("{}: parameter {} (shape {}) appears in more than one group",
-                                                  name(), state_.size() + j, p.shape_string()));
+      for (const Tensor& q : g.params) repeated = repeated || q.is_same(p);
+    for (size_t k = 0; k < j; ++k) repeated = repeated || group.params[k].is_same(p);
+    if (repeated)
+      throw std::invalid_argument(fmt::format("{}: parameter {} (shape {}) appears more than once", name(),
+                                              state_.size() + j, p.shape_string()));
   }
   const size_t g = groups_.size();
   for (size_t j = 0; j < group.params.size(); ++j) {

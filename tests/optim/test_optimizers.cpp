@@ -270,7 +270,7 @@ TEST(Optimizer, RejectsBadParametersNamingTheIndex) {
   Tensor a = param({1, 2}), b = param({1, 2, 3});
   Tensor i = ops::from_vector({1, 2}, {2}, DType::int64);
   testing::expect_error<std::invalid_argument>([&] { SGD({a, i}, SGDOptions{}); }, {"parameter 1", "int64"});
-  testing::expect_error<std::invalid_argument>([&] { SGD({a, a}, SGDOptions{}); }, {"parameter 1", "more than one"});
+  testing::expect_error<std::invalid_argument>([&] { SGD({a, a}, SGDOptions{}); }, {"parameter 1", "more than once"});
   SGD opt({a, b}, SGDOptions{});
   b.set_grad(ops::zeros({3}, DType::float64));
   testing::expect_error<std::invalid_argument>([&] { opt.step(); }, {"parameter 1", "float64", "[3]"});
