@@ -1,0 +1,268 @@
+// Fused multi-tensor optimizer kernels (see cuda_multi_tensor.h): one table upload and one
+// launch per call, however many tensors the list holds.
+#include "optim/cuda_multi_tensor.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "memory/context.h"
+#include "optim/update_math.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/ops.h"
+
+namespace tally::optim::cuda {
+namespace {
+
+using tally::cuda::check;
+using tally::cuda::check_launch;
+using tally::cuda::DeviceGuard;
+using tally::cuda::NvtxRange;
+using tally::cuda::stream;
+
+constexpr int64_t kChunkSize = 65536;  // elements per thread block
+constexpr int kThreads = 512;
+
+struct Entry {
+  void* ptr[kMaxListDepth];
+  int64_t numel;
+};
+struct Chunk {
+  int32_t tensor;
+  int32_t chunk;
+};
+
+// The table on the device; the block returns to the allocator when this goes out of scope
+// (the caching allocator reuses it only in stream order, after the launch).
+struct DeviceTable {
+  Storage storage;
+  const Entry* entries = nullptr;
+  const Chunk* chunks = nullptr;
+  int64_t num_chunks = 0;
+};
+
+DeviceTable upload(const TensorLists& l, const char* op) {
+  if (l.device.type != DeviceType::cuda)
+    throw std::invalid_argument(std::string(op) + ": fused CUDA kernel called with tensors on " + l.device.str());
+  DeviceTable t;
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < l.size(); ++i) {
+    const int64_t n = (l.numels[i] + kChunkSize - 1) / kChunkSize;
+    if (n > INT32_MAX) throw std::invalid_argument(std::string(op) + ": tensor too large for the chunk table");
+    for (int64_t c = 0; c < n; ++c) chunks.push_back({static_cast<int32_t>(i), static_cast<int32_t>(c)});
+  }
+  t.num_chunks = static_cast<int64_t>(chunks.size());
+  if (t.num_chunks == 0) return t;
+  if (t.num_chunks > INT32_MAX) throw std::invalid_argument(std::string(op) + ": too many chunks for one launch");
+  const size_t entry_bytes = l.size() * sizeof(Entry);
+  const size_t bytes = entry_bytes + chunks.size() * sizeof(Chunk);
+  std::vector<unsigned char> host(bytes);
+  for (size_t i = 0; i < l.size(); ++i) {
+    Entry e{};
+    for (int k = 0; k < kMaxListDepth; ++k) e.ptr[k] = l.ptrs[i][k];
+    e.numel = l.numels[i];
+    std::memcpy(host.data() + i * sizeof(Entry), &e, sizeof(Entry));
+  }
+  std::memcpy(host.data() + entry_bytes, chunks.data(), chunks.size() * sizeof(Chunk));
+  {
+    memory::CategoryScope category(memory::Category::temporary);
+    t.storage = Storage::allocate(bytes, l.device);
+  }
+  // From pageable memory: returns once the bytes are staged, so `host` may go.
+  check(cudaMemcpyAsync(t.storage.data(), host.data(), bytes, cudaMemcpyHostToDevice, stream(l.device.index)),
+        op);
+  t.entries = static_cast<const Entry*>(t.storage.data());
+  t.chunks = reinterpret_cast<const Chunk*>(static_cast<const unsigned char*>(t.storage.data()) + entry_bytes);
+  return t;
+}
+
+struct Range {
+  int64_t begin, end;
+};
+__device__ __forceinline__ Range chunk_range(const Entry& e, const Chunk& c) {
+  const int64_t b = static_cast<int64_t>(c.chunk) * kChunkSize;
+  const int64_t end = b + kChunkSize < e.numel ? b + kChunkSize : e.numel;
+  return {b, end};
+}
+
+template <typename T>
+__global__ void sgd_kernel(const Entry* entries, const Chunk* chunks, detail::SGDScalars<T> s, bool has_buf) {
+  const Chunk c = chunks[blockIdx.x];
+  const Entry& e = entries[c.tensor];
+  const Range r = chunk_range(e, c);
+  T* p = static_cast<T*>(e.ptr[0]);
+  const T* g = static_cast<const T*>(e.ptr[1]);
+  T* buf = has_buf ? static_cast<T*>(e.ptr[2]) : nullptr;
+  for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x)
+    detail::sgd_element(s, p[i], g[i], buf ? buf + i : nullptr);
+}
+
+template <typename T>
+__global__ void adam_kernel(const Entry* entries, const Chunk* chunks, detail::AdamScalars<T> s, bool has_max) {
+  const Chunk c = chunks[blockIdx.x];
+  const Entry& e = entries[c.tensor];
+  const Range r = chunk_range(e, c);
+  T* p = static_cast<T*>(e.ptr[0]);
+  const T* g = static_cast<const T*>(e.ptr[1]);
+  T* m = static_cast<T*>(e.ptr[2]);
+  T* v = static_cast<T*>(e.ptr[3]);
+  T* vmax = has_max ? static_cast<T*>(e.ptr[4]) : nullptr;
+  for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x)
+    detail::adam_element(s, p[i], g[i], m[i], v[i], vmax ? vmax + i : nullptr);
+}
+
+// Combines a value into the block's accumulator: sum, or NaN-propagating max (p = inf).
+__device__ __forceinline__ double combine(double a, double b, bool is_max) {
+  return is_max ? detail::nan_max(a, b) : a + b;
+}
+
+__device__ double block_reduce(double v, bool is_max) {
+  __shared__ double sh[kThreads];
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) sh[threadIdx.x] = combine(sh[threadIdx.x], sh[threadIdx.x + w], is_max);
+    __syncthreads();
+  }
+  return sh[0];
+}
+
+template <typename T>
+__global__ void norm_partial_kernel(const Entry* entries, const Chunk* chunks, double p, double* partials) {
+  const Chunk c = chunks[blockIdx.x];
+  const Entry& e = entries[c.tensor];
+  const Range r = chunk_range(e, c);
+  const bool is_max = isinf(p);
+  const T* x = static_cast<const T*>(e.ptr[0]);
+  double acc = 0;
+  for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x)
+    acc = combine(acc, detail::norm_term(static_cast<double>(x[i]), p), is_max);
+  acc = block_reduce(acc, is_max);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+template <typename T>
+__global__ void norm_finish_kernel(const double* partials, int64_t n, double p, T* out) {
+  const bool is_max = isinf(p);
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc = combine(acc, partials[i], is_max);
+  acc = block_reduce(acc, is_max);
+  if (threadIdx.x == 0) *out = static_cast<T>(detail::finish_norm(acc, p));
+}
+
+template <typename T>
+__global__ void clip_scale_kernel(const Entry* entries, const Chunk* chunks, const T* total, T max_norm) {
+  const Chunk c = chunks[blockIdx.x];
+  const Entry& e = entries[c.tensor];
+  const Range r = chunk_range(e, c);
+  const T coef = detail::clip_coef(*total, max_norm);
+  T* x = static_cast<T*>(e.ptr[0]);
+  for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) x[i] *= coef;
+}
+
+template <typename T>
+__global__ void unscale_kernel(const Entry* entries, const Chunk* chunks, T inv_scale, float* found_inf) {
+  const Chunk c = chunks[blockIdx.x];
+  const Entry& e = entries[c.tensor];
+  const Range r = chunk_range(e, c);
+  T* x = static_cast<T*>(e.ptr[0]);
+  bool bad = false;
+  for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
+    const T v = x[i];
+    if (!isfinite(v)) bad = true;
+    x[i] = v * inv_scale;
+  }
+  if (bad) *found_inf = 1.0f;  // every writer writes the same value
+}
+
+template <typename F>
+void for_dtype(DType d, const char* op, F f) {
+  if (d == DType::float32) f(float{});
+  else if (d == DType::float64) f(double{});
+  else throw std::invalid_argument(std::string(op) + ": parameters and gradients must be float32 or float64, got " +
+                                   dtype_name(d));
+}
+
+unsigned grid(const DeviceTable& t) { return static_cast<unsigned>(t.num_chunks); }
+
+}  // namespace
+
+void sgd_(const TensorLists& l, const SGDHyper& h) {
+  NvtxRange range("optim::sgd (multi-tensor)");
+  DeviceGuard guard(l.device.index);
+  const DeviceTable t = upload(l, "SGD.step");
+  if (t.num_chunks == 0) return;
+  for_dtype(l.dtype, "SGD.step", [&](auto zero) {
+    using T = decltype(zero);
+    sgd_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks, detail::SGDScalars<T>(h),
+                                                                     l.depth > 2);
+  });
+  check_launch("SGD.step (multi-tensor)");
+}
+
+void adam_(const TensorLists& l, const AdamHyper& h) {
+  NvtxRange range("optim::adam (multi-tensor)");
+  DeviceGuard guard(l.device.index);
+  const DeviceTable t = upload(l, "Adam.step");
+  if (t.num_chunks == 0) return;
+  for_dtype(l.dtype, "Adam.step", [&](auto zero) {
+    using T = decltype(zero);
+    adam_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks,
+                                                                      detail::AdamScalars<T>(h), l.depth > 4);
+  });
+  check_launch("Adam.step (multi-tensor)");
+}
+
+Tensor total_norm(const TensorLists& l, double norm_type) {
+  NvtxRange range("optim::total_norm (multi-tensor)");
+  DeviceGuard guard(l.device.index);
+  memory::CategoryScope category(memory::Category::temporary);
+  Tensor out = ops::zeros({}, l.dtype, l.device);
+  const DeviceTable t = upload(l, "clip_grad_norm_");
+  if (t.num_chunks == 0) return out;
+  Tensor partials = ops::empty({t.num_chunks}, DType::float64, l.device);
+  for_dtype(l.dtype, "clip_grad_norm_", [&](auto zero) {
+    using T = decltype(zero);
+    norm_partial_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks, norm_type,
+                                                                             partials.data<double>());
+    check_launch("clip_grad_norm_ (partial norms)");
+    norm_finish_kernel<T><<<1, kThreads, 0, stream(l.device.index)>>>(partials.data<double>(), t.num_chunks,
+                                                                      norm_type, out.data<T>());
+    check_launch("clip_grad_norm_ (total norm)");
+  });
+  return out;
+}
+
+void clip_scale_(const TensorLists& l, const Tensor& total_norm, double max_norm) {
+  NvtxRange range("optim::clip_scale (multi-tensor)");
+  DeviceGuard guard(l.device.index);
+  if (total_norm.dtype() != l.dtype || !(total_norm.device() == l.device))
+    throw std::invalid_argument("clip_grad_norm_: the total norm must have the gradients' dtype and device");
+  const DeviceTable t = upload(l, "clip_grad_norm_");
+  if (t.num_chunks == 0) return;
+  for_dtype(l.dtype, "clip_grad_norm_", [&](auto zero) {
+    using T = decltype(zero);
+    clip_scale_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks, total_norm.data<T>(),
+                                                                           static_cast<T>(max_norm));
+  });
+  check_launch("clip_grad_norm_ (scale)");
+}
+
+void unscale_(const TensorLists& l, float inv_scale, const Tensor& found_inf) {
+  NvtxRange range("optim::unscale (multi-tensor)");
+  DeviceGuard guard(l.device.index);
+  if (found_inf.dtype() != DType::float32 || found_inf.numel() != 1 || !(found_inf.device() == l.device))
+    throw std::invalid_argument("GradScaler.unscale_: found_inf must be one float32 on the gradients' device");
+  const DeviceTable t = upload(l, "GradScaler.unscale_");
+  if (t.num_chunks == 0) return;
+  for_dtype(l.dtype, "GradScaler.unscale_", [&](auto zero) {
+    using T = decltype(zero);
+    unscale_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks,
+                                                                         static_cast<T>(inv_scale),
+                                                                         found_inf.data<float>());
+  });
+  check_launch("GradScaler.unscale_ (multi-tensor)");
+}
+
+}  // namespace tally::optim::cuda

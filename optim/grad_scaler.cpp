@@ -1,0 +1,168 @@
+// GradScaler (see grad_scaler.h).
+#include "optim/grad_scaler.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "memory/context.h"
+#include "optim/multi_tensor.h"
+#include "tensor/ops.h"
+#ifdef TALLY_WITH_CUDA
+#include "optim/cuda_multi_tensor.h"
+#endif
+
+namespace tally::optim {
+
+GradScaler::GradScaler(GradScalerOptions options)
+    : opts_(options), enabled_(options.enabled), scale_(static_cast<float>(options.init_scale)) {
+  if (!(options.init_scale > 0)) throw std::invalid_argument(fmt::format("GradScaler: init_scale {} must be positive", options.init_scale));
+  if (!(options.growth_factor > 1.0))
+    throw std::invalid_argument(fmt::format("GradScaler: growth_factor {} must be > 1", options.growth_factor));
+  if (!(options.backoff_factor < 1.0 && options.backoff_factor > 0))
+    throw std::invalid_argument(fmt::format("GradScaler: backoff_factor {} must be in (0, 1)", options.backoff_factor));
+  if (options.growth_interval <= 0)
+    throw std::invalid_argument(fmt::format("GradScaler: growth_interval {} must be positive", options.growth_interval));
+}
+
+Tensor GradScaler::scale_tensor(Device device) {
+  for (const Tensor& t : scale_tensors_)
+    if (t.device() == device) return t;
+  memory::CategoryScope category(memory::Category::optimizer_state);
+  Tensor t = ops::full({}, scale_, DType::float32, device);
+  scale_tensors_.push_back(t);
+  return t;
+}
+
+void GradScaler::set_scale(float s) {
+  scale_ = s;
+  NoGradGuard no_grad;
+  for (const Tensor& t : scale_tensors_) ops::fill_(t, s);  // enqueued, no host wait
+}
+
+Tensor GradScaler::scale(const Tensor& loss) {
+  if (!enabled_) return loss;
+  return tally::mul(loss, scale_tensor(loss.device()));
+}
+
+void GradScaler::unscale_(Optimizer& optimizer) {
+  if (!enabled_) return;
+  PerOptimizer& st = per_opt_[&optimizer];
+  if (st.unscaled) return;
+  if (st.stepped) throw std::logic_error("GradScaler.unscale_: called after step() and before update()");
+  NoGradGuard no_grad;
+  memory::PhaseScope phase("optimizer");
+  memory::CategoryScope category(memory::Category::temporary);
+  const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
+  // Bucket the gradients by (device, dtype).
+  std::vector<TensorLists> lists;
+  std::vector<Tensor> touched;
+  size_t index = 0;
+  for (const ParamGroup& group : optimizer.param_groups())
+    for (const Tensor& p : group.params) {
+      const Tensor g = p.grad();
+      if (g.defined()) {
+        check_grad(p, g, index, "GradScaler.unscale_");
+        size_t b = 0;
+        while (b < lists.size() && !(lists[b].device == g.device() && lists[b].dtype == g.dtype())) ++b;
+        if (b == lists.size()) lists.emplace_back(g.device(), g.dtype(), 1);
+        lists[b].add({g.data_ptr()}, g.numel());
+        touched.push_back(g);
+      }
+      ++index;
+    }
+  for (const TensorLists& l : lists) {
+    Tensor flag;
+    for (const Tensor& f : st.found_inf)
+      if (f.device() == l.device) flag = f;
+    if (!flag.defined()) {
+      flag = ops::zeros({1}, DType::float32, l.device);
+      st.found_inf.push_back(flag);
+    }
+    if (l.device.type == DeviceType::cuda) {
+#ifdef TALLY_WITH_CUDA
+      cuda::unscale_(l, inv_scale, flag);
+#else
+      throw std::runtime_error("GradScaler.unscale_: CUDA gradients in a build without CUDA");
+#endif
+    } else if (cpu::unscale_(l, inv_scale)) {
+      ops::fill_(flag, 1.0);
+    }
+  }
+  for (const Tensor& g : touched) g.storage().bump_version();
+  st.unscaled = true;
+}
+
+bool GradScaler::read_found_inf(PerOptimizer& st) {
+  if (st.found < 0) {
+    bool any = false;
+    for (const Tensor& f : st.found_inf) any = any || ops::item(f) != 0.0;  // the step's host read
+    st.found = any ? 1 : 0;
+  }
+  return st.found == 1;
+}
+
+bool GradScaler::step(Optimizer& optimizer) {
+  if (!enabled_) {
+    optimizer.step();
+    return true;
+  }
+  PerOptimizer& st = per_opt_[&optimizer];
+  if (st.stepped) throw std::logic_error("GradScaler.step: step() has already been called since the last update()");
+  unscale_(optimizer);
+  const bool skip = read_found_inf(st);
+  if (!skip) optimizer.step();
+  st.stepped = true;
+  return !skip;
+}
+
+void GradScaler::update() {
+  if (!enabled_) return;
+  if (per_opt_.empty()) throw std::logic_error("GradScaler.update: no inf checks were recorded prior to update()");
+  bool found = false;
+  for (auto& [opt, st] : per_opt_) found = read_found_inf(st) || found;
+  per_opt_.clear();
+  // torch's _amp_update_scale_, in float32 like the scale tensor.
+  if (found) {
+    growth_tracker_ = 0;
+    set_scale(scale_ * static_cast<float>(opts_.backoff_factor));
+    return;
+  }
+  if (++growth_tracker_ == opts_.growth_interval) {
+    growth_tracker_ = 0;
+    const float grown = scale_ * static_cast<float>(opts_.growth_factor);
+    if (std::isfinite(grown)) set_scale(grown);
+  }
+}
+
+void GradScaler::update(double new_scale) {
+  if (!enabled_) return;
+  per_opt_.clear();
+  set_scale(static_cast<float>(new_scale));
+}
+
+std::map<std::string, double> GradScaler::state_dict() const {
+  if (!enabled_) return {};
+  return {{"scale", scale_},
+          {"growth_factor", opts_.growth_factor},
+          {"backoff_factor", opts_.backoff_factor},
+          {"growth_interval", static_cast<double>(opts_.growth_interval)},
+          {"_growth_tracker", static_cast<double>(growth_tracker_)}};
+}
+
+void GradScaler::load_state_dict(const std::map<std::string, double>& sd) {
+  if (!enabled_) return;
+  if (sd.empty()) throw std::invalid_argument("GradScaler.load_state_dict: the state dict is empty (from a disabled scaler?)");
+  for (const char* k : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
+    if (!sd.count(k)) throw std::invalid_argument(fmt::format("GradScaler.load_state_dict: missing key '{}'", k));
+  opts_.growth_factor = sd.at("growth_factor");
+  opts_.backoff_factor = sd.at("backoff_factor");
+  opts_.growth_interval = static_cast<int64_t>(sd.at("growth_interval"));
+  growth_tracker_ = static_cast<int64_t>(sd.at("_growth_tracker"));
+  set_scale(static_cast<float>(sd.at("scale")));
+}
+
+}  // namespace tally::optim

@@ -1,0 +1,79 @@
+// GradScaler: dynamic loss scaling for mixed precision (torch.amp.GradScaler).
+//
+//   scaler.scale(loss).backward();
+//   scaler.unscale_(opt);              // optional, e.g. before clip_grad_norm_
+//   scaler.step(opt);                  // skips opt.step() when a gradient was inf/NaN
+//   scaler.update();                   // backoff on inf, growth after growth_interval clean steps
+//
+// The scale lives in a float32 0-dim tensor per device (scale(loss) multiplies by it on the
+// loss's device); a host copy of the same float is kept, since every change to it is decided
+// on the host from the one found-inf read per step, so get_scale() does not synchronise.
+// unscale_ is one fused multi-tensor launch per (device, dtype) over all gradients: multiply
+// by 1/scale and raise a found_inf flag on the device. step() reads that flag once.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "optim/optimizer.h"
+
+namespace tally::optim {
+
+struct GradScalerOptions {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  bool enabled = true;
+};
+
+class GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions options = {});
+
+  // loss * scale (differentiable); the loss itself when disabled.
+  Tensor scale(const Tensor& loss);
+  // Divides the optimizer's gradients by the scale in place and records found_inf. Once
+  // per optimizer per update(): a second call before update() does nothing.
+  void unscale_(Optimizer& optimizer);
+  // Unscales if not done yet, reads found_inf (the one host read of the step) and runs
+  // optimizer.step() unless a gradient was inf or NaN. Returns whether it stepped.
+  bool step(Optimizer& optimizer);
+  // The next scale: scale * backoff_factor if any optimizer found inf/NaN since the last
+  // update, else scale * growth_factor after growth_interval consecutive clean steps.
+  void update();
+  // Sets the scale explicitly (torch: update(new_scale)).
+  void update(double new_scale);
+
+  double get_scale() const { return enabled_ ? static_cast<double>(scale_) : 1.0; }
+  int64_t get_growth_tracker() const { return growth_tracker_; }
+  bool is_enabled() const { return enabled_; }
+  const GradScalerOptions& options() const { return opts_; }
+  // The scale tensor on `device` (created on first use).
+  Tensor scale_tensor(Device device);
+
+  // PyTorch's keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker.
+  std::map<std::string, double> state_dict() const;
+  void load_state_dict(const std::map<std::string, double>& sd);
+
+ private:
+  struct PerOptimizer {
+    bool unscaled = false;
+    bool stepped = false;
+    std::vector<Tensor> found_inf;  // one float32 flag per device the gradients are on
+    int found = -1;                 // host value once read: 0 or 1
+  };
+  bool read_found_inf(PerOptimizer& st);
+  void set_scale(float s);
+
+  GradScalerOptions opts_;
+  bool enabled_;
+  float scale_;
+  int64_t growth_tracker_ = 0;
+  std::vector<Tensor> scale_tensors_;  // one per device used
+  std::map<const Optimizer*, PerOptimizer> per_opt_;
+};
+
+}  // namespace tally::optim

@@ -1,0 +1,111 @@
+// CPU kernels of the fused optimizer updates: the reference the CUDA kernels are checked
+// against. The arithmetic follows PyTorch's single-tensor float32 paths operation by operation.
+#include "optim/multi_tensor.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "optim/update_math.h"
+
+namespace tally::optim {
+
+void TensorLists::add(std::initializer_list<void*> p, int64_t numel) {
+  if (static_cast<int>(p.size()) != depth)
+    throw std::logic_error(fmt::format("TensorLists::add: {} pointers for a list of depth {}", p.size(), depth));
+  std::array<void*, kMaxListDepth> a{};
+  std::copy(p.begin(), p.end(), a.begin());
+  ptrs.push_back(a);
+  numels.push_back(numel);
+}
+
+namespace cpu {
+namespace {
+
+template <typename F>
+void for_dtype(const TensorLists& l, const char* op, F f) {
+  if (l.dtype == DType::float32) f(float{});
+  else if (l.dtype == DType::float64) f(double{});
+  else
+    throw std::invalid_argument(fmt::format("{}: parameters and gradients must be float32 or float64, got {}", op,
+                                            dtype_name(l.dtype)));
+}
+
+}  // namespace
+
+void sgd_(const TensorLists& l, const SGDHyper& h) {
+  for_dtype(l, "SGD", [&](auto zero) {
+    using T = decltype(zero);
+    const detail::SGDScalars<T> s(h);
+    for (size_t t = 0; t < l.size(); ++t) {
+      T* p = static_cast<T*>(l.ptrs[t][0]);
+      const T* g = static_cast<const T*>(l.ptrs[t][1]);
+      T* buf = l.depth > 2 ? static_cast<T*>(l.ptrs[t][2]) : nullptr;
+      for (int64_t i = 0; i < l.numels[t]; ++i) detail::sgd_element(s, p[i], g[i], buf ? &buf[i] : nullptr);
+    }
+  });
+}
+
+void adam_(const TensorLists& l, const AdamHyper& h) {
+  for_dtype(l, "Adam", [&](auto zero) {
+    using T = decltype(zero);
+    const detail::AdamScalars<T> s(h);
+    for (size_t t = 0; t < l.size(); ++t) {
+      T* p = static_cast<T*>(l.ptrs[t][0]);
+      const T* g = static_cast<const T*>(l.ptrs[t][1]);
+      T* m = static_cast<T*>(l.ptrs[t][2]);
+      T* v = static_cast<T*>(l.ptrs[t][3]);
+      T* vmax = l.depth > 4 ? static_cast<T*>(l.ptrs[t][4]) : nullptr;
+      for (int64_t i = 0; i < l.numels[t]; ++i)
+        detail::adam_element(s, p[i], g[i], m[i], v[i], vmax ? &vmax[i] : nullptr);
+    }
+  });
+}
+
+double norm_power_sum(const TensorLists& l, double norm_type) {
+  double acc = 0;
+  for_dtype(l, "clip_grad_norm_", [&](auto zero) {
+    using T = decltype(zero);
+    for (size_t t = 0; t < l.size(); ++t) {
+      const T* x = static_cast<const T*>(l.ptrs[t][0]);
+      for (int64_t i = 0; i < l.numels[t]; ++i) {
+        const double v = detail::norm_term(static_cast<double>(x[i]), norm_type);
+        acc = std::isinf(norm_type) ? detail::nan_max(acc, v) : acc + v;
+      }
+    }
+  });
+  return acc;
+}
+
+void clip_scale_(const TensorLists& l, double total_norm, double max_norm) {
+  for_dtype(l, "clip_grad_norm_", [&](auto zero) {
+    using T = decltype(zero);
+    const T c = detail::clip_coef(static_cast<T>(total_norm), static_cast<T>(max_norm));
+    for (size_t t = 0; t < l.size(); ++t) {
+      T* x = static_cast<T*>(l.ptrs[t][0]);
+      for (int64_t i = 0; i < l.numels[t]; ++i) x[i] *= c;
+    }
+  });
+}
+
+bool unscale_(const TensorLists& l, float inv_scale) {
+  bool found = false;
+  for_dtype(l, "GradScaler.unscale_", [&](auto zero) {
+    using T = decltype(zero);
+    const T c = static_cast<T>(inv_scale);
+    for (size_t t = 0; t < l.size(); ++t) {
+      T* x = static_cast<T*>(l.ptrs[t][0]);
+      for (int64_t i = 0; i < l.numels[t]; ++i) {
+        if (!std::isfinite(x[i])) found = true;
+        x[i] *= c;
+      }
+    }
+  });
+  return found;
+}
+
+}  // namespace cpu
+}  // namespace tally::optim

@@ -1,0 +1,192 @@
+// Optimizer base: groups, lazily created state, zero_grad, state_dict (see optimizer.h).
+#include "optim/optimizer.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "autograd/grad_mode.h"
+#include "memory/context.h"
+#include "tensor/ops.h"
+
+namespace tally::optim {
+
+double ParamGroup::get(const std::string& key) const {
+  auto it = options.find(key);
+  if (it == options.end()) throw std::out_of_range(fmt::format("param group has no option '{}'", key));
+  return it->second;
+}
+
+void check_param(const Tensor& p, size_t index, const char* what) {
+  if (!p.defined()) throw std::invalid_argument(fmt::format("{}: parameter {} is an undefined tensor", what, index));
+  if (p.dtype() != DType::float32 && p.dtype() != DType::float64)
+    throw std::invalid_argument(fmt::format("{}: parameter {} (shape {}) has dtype {}; float32 or float64 expected",
+                                            what, index, p.shape_string(), dtype_name(p.dtype())));
+  if (!p.is_leaf())
+    throw std::invalid_argument(
+        fmt::format("{}: parameter {} (shape {}) is not a leaf tensor", what, index, p.shape_string()));
+  if (!p.is_contiguous())
+    throw std::invalid_argument(
+        fmt::format("{}: parameter {} (shape {}) is not contiguous", what, index, p.shape_string()));
+}
+
+void check_grad(const Tensor& p, const Tensor& g, size_t index, const char* what) {
+  if (g.sizes() != p.sizes())
+    throw std::invalid_argument(fmt::format("{}: gradient of parameter {} has shape {}, the parameter {}", what,
+                                            index, g.shape_string(), p.shape_string()));
+  if (g.dtype() != p.dtype())
+    throw std::invalid_argument(fmt::format("{}: gradient of parameter {} (shape {}) has dtype {}, the parameter {}",
+                                            what, index, p.shape_string(), dtype_name(g.dtype()),
+                                            dtype_name(p.dtype())));
+  if (!(g.device() == p.device()))
+    throw std::invalid_argument(fmt::format("{}: gradient of parameter {} (shape {}) is on {}, the parameter on {}",
+                                            what, index, p.shape_string(), g.device().str(), p.device().str()));
+  if (!g.is_contiguous())
+    throw std::invalid_argument(
+        fmt::format("{}: gradient of parameter {} (shape {}) is not contiguous", what, index, p.shape_string()));
+}
+
+void Optimizer::add_param_group(ParamGroup group) {
+  for (const auto& [k, v] : defaults_) group.options.try_emplace(k, v);
+  for (const auto& [k, v] : group.options)
+    if (!defaults_.count(k))
+      throw std::invalid_argument(fmt::format("{}: unknown param group option '{}'", name(), k));
+  check_options(group.options);
+  for (size_t j = 0; j < group.params.size(); ++j) {
+    const Tensor& p = group.params[j];
+    check_param(p, state_.size() + j, name());
+    bool repeated = false;
+    for (const ParamGroup& g : groups_)
+      for (const Tensor& q : g.params) repeated = repeated || q.is_same(p);
+    for (size_t k = 0; k < j; ++k) repeated = repeated || group.params[k].is_same(p);
+    if (repeated)
+      throw std::invalid_argument(fmt::format("{}: parameter {} (shape {}) appears more than once", name(),
+                                              state_.size() + j, p.shape_string()));
+  }
+  const size_t g = groups_.size();
+  for (size_t j = 0; j < group.params.size(); ++j) {
+    where_.emplace_back(g, j);
+    state_.emplace_back();
+  }
+  groups_.push_back(std::move(group));
+}
+
+Tensor& Optimizer::param_at(size_t i) {
+  const auto [g, j] = where_.at(i);
+  return groups_[g].params[j];
+}
+
+ParamState& Optimizer::state(size_t i) {
+  if (i >= state_.size())
+    throw std::out_of_range(fmt::format("{}: parameter index {} of {}", name(), i, state_.size()));
+  return state_[i];
+}
+const ParamState& Optimizer::state(size_t i) const { return const_cast<Optimizer*>(this)->state(i); }
+
+double Optimizer::get_lr(size_t group) const {
+  if (group >= groups_.size())
+    throw std::out_of_range(fmt::format("{}: param group {} of {}", name(), group, groups_.size()));
+  return groups_[group].get("lr");
+}
+
+void Optimizer::set_lr(double lr, size_t group) {
+  if (group >= groups_.size())
+    throw std::out_of_range(fmt::format("{}: param group {} of {}", name(), group, groups_.size()));
+  groups_[group].options["lr"] = lr;
+}
+
+Tensor Optimizer::make_state(const Tensor& param) {
+  memory::CategoryScope category(memory::Category::optimizer_state);
+  return ops::zeros(param.sizes(), param.dtype(), param.device());
+}
+
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  memory::PhaseScope phase("optimizer");
+  memory::CategoryScope category(memory::Category::temporary);
+  size_t base = 0;
+  for (const ParamGroup& group : groups_) {
+    std::vector<size_t> with_grad;
+    for (size_t j = 0; j < group.params.size(); ++j) {
+      const Tensor& p = group.params[j];
+      const Tensor g = p.grad();
+      if (!g.defined()) continue;
+      check_grad(p, g, base + j, name());
+      with_grad.push_back(base + j);
+    }
+    if (!with_grad.empty()) update_group(group, with_grad);
+    for (size_t i : with_grad) param_at(i).storage().bump_version();
+    base += group.params.size();
+  }
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
+  for (ParamGroup& group : groups_)
+    for (Tensor& p : group.params) {
+      const Tensor g = p.grad();
+      if (!g.defined()) continue;
+      if (set_to_none) p.set_grad(Tensor());
+      else ops::zero_(g);
+    }
+}
+
+OptimizerStateDict Optimizer::state_dict() const {
+  OptimizerStateDict sd;
+  for (size_t i = 0; i < state_.size(); ++i) {
+    const ParamState& s = state_[i];
+    if (!s.initialized()) continue;
+    sd.scalars[fmt::format("state.{}.step", i)] = static_cast<double>(s.step);
+    for (const auto& [k, t] : s.tensors) sd.tensors[fmt::format("state.{}.{}", i, k)] = t;
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    sd.scalars[fmt::format("param_groups.{}.num_params", g)] = static_cast<double>(groups_[g].params.size());
+    for (const auto& [k, v] : groups_[g].options) sd.scalars[fmt::format("param_groups.{}.{}", g, k)] = v;
+  }
+  return sd;
+}
+
+void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
+  // Check everything before changing anything.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    auto it = sd.scalars.find(fmt::format("param_groups.{}.num_params", g));
+    if (it == sd.scalars.end() || static_cast<size_t>(it->second) != groups_[g].params.size())
+      throw std::invalid_argument(
+          fmt::format("{}.load_state_dict: param group {} has {} parameters, the state dict {}", name(), g,
+                      groups_[g].params.size(), it == sd.scalars.end() ? std::string("none") : fmt::format("{}", it->second)));
+  }
+  std::vector<ParamState> fresh(state_.size());
+  for (const auto& [key, v] : sd.scalars) {
+    size_t i = 0;
+    char rest[64] = {0};
+    if (std::sscanf(key.c_str(), "state.%zu.%63s", &i, rest) == 2 && std::string(rest) == "step") {
+      if (i >= fresh.size())
+        throw std::invalid_argument(fmt::format("{}.load_state_dict: '{}' names parameter {} of {}", name(), key, i,
+                                                fresh.size()));
+      fresh[i].step = static_cast<int64_t>(v);
+    }
+  }
+  for (const auto& [key, t] : sd.tensors) {
+    size_t i = 0;
+    char rest[64] = {0};
+    if (std::sscanf(key.c_str(), "state.%zu.%63s", &i, rest) != 2 || i >= fresh.size())
+      throw std::invalid_argument(fmt::format("{}.load_state_dict: unexpected tensor '{}' ({} parameters)", name(),
+                                              key, fresh.size()));
+    const Tensor& p = param_at(i);
+    if (t.sizes() != p.sizes())
+      throw std::invalid_argument(fmt::format("{}.load_state_dict: '{}' has shape {}, parameter {} has shape {}",
+                                              name(), key, t.shape_string(), i, p.shape_string()));
+    Tensor s = make_state(p);
+    ops::copy_(s, t);
+    fresh[i].tensors[rest] = s;
+  }
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (auto& [k, v] : groups_[g].options) {
+      auto it = sd.scalars.find(fmt::format("param_groups.{}.{}", g, k));
+      if (it != sd.scalars.end()) v = it->second;
+    }
+  state_ = std::move(fresh);
+}
+
+}  // namespace tally::optim

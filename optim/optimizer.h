@@ -1,0 +1,126 @@
+// Optimizer: the base of SGD, Adam and AdamW (torch.optim.Optimizer). It owns the parameter
+// groups (each with its own hyperparameters, PyTorch's names: "lr", "momentum", "betas" as
+// "beta1"/"beta2", ...), the per-parameter state (created lazily at the first step under
+// the `optimizer_state` category), zero_grad, and the flat state_dict.
+//
+// A step runs under PhaseScope("optimizer") and NoGradGuard, updates the parameters'
+// storage in place (bumping their version counters) and groups the parameters by (device,
+// dtype, step count) so that on CUDA each group is ONE fused multi-tensor launch.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace tally::optim {
+
+// Hyperparameters of a group by PyTorch's names; booleans are 0 or 1.
+using GroupOptions = std::map<std::string, double>;
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  GroupOptions options;  // missing keys are filled from the optimizer's defaults
+
+  double get(const std::string& key) const;  // throws naming the key when absent
+  bool flag(const std::string& key) const { return get(key) != 0.0; }
+};
+
+// A parameter's state: named tensors (exp_avg, momentum_buffer, ...) and its step count.
+struct ParamState {
+  int64_t step = 0;
+  std::map<std::string, Tensor> tensors;
+  bool initialized() const { return !tensors.empty() || step > 0; }
+};
+
+// The optimizer's state as flat names (params indexed 0.. across groups in order, as
+// PyTorch's state_dict): tensors "state.<i>.<name>", and scalars "state.<i>.step" and
+// "param_groups.<g>.<option>". Ready for safetensors (tensors) + metadata (scalars).
+struct OptimizerStateDict {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, double> scalars;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient.
+  void step();
+  // Drops the gradients (set_to_none) or zeroes them in place.
+  void zero_grad(bool set_to_none = true);
+
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  // A new group; missing options come from the defaults. Its parameters are checked.
+  void add_param_group(ParamGroup group);
+
+  double get_lr(size_t group = 0) const;
+  void set_lr(double lr, size_t group = 0);
+  const GroupOptions& defaults() const { return defaults_; }
+
+  // State of the i-th parameter counted across groups in order.
+  ParamState& state(size_t param_index);
+  const ParamState& state(size_t param_index) const;
+  size_t num_params() const { return state_.size(); }
+
+  OptimizerStateDict state_dict() const;
+  // Restores state and group options; shapes, devices and group sizes must match.
+  void load_state_dict(const OptimizerStateDict& sd);
+
+  virtual const char* name() const = 0;
+
+ protected:
+  explicit Optimizer(GroupOptions defaults) : defaults_(std::move(defaults)) {}
+  // Called once per step per group with the global indices of its parameters that have a
+  // gradient (checked); the state is still as the previous step left it.
+  virtual void update_group(const ParamGroup& group, const std::vector<size_t>& indices) = 0;
+  // Splits indices into buckets of one device, one dtype and one `key` (e.g. the step count):
+  // each bucket is one fused launch.
+  template <typename Key>
+  std::vector<std::vector<size_t>> buckets(const std::vector<size_t>& indices, Key key);
+  // Checks a group's options (ranges), throwing std::invalid_argument.
+  virtual void check_options(const GroupOptions&) const {}
+  // A zero state tensor like `param`, under the optimizer_state category.
+  static Tensor make_state(const Tensor& param);
+
+  Tensor& param_at(size_t global_index);
+
+ private:
+  std::vector<ParamGroup> groups_;
+  std::vector<ParamState> state_;
+  std::vector<std::pair<size_t, size_t>> where_;  // global index -> (group, position)
+  GroupOptions defaults_;
+};
+
+// The parameters' validation shared by optimizers and clip_grad_norm_: defined, leaf,
+// float32/float64, contiguous; the gradient (when present) of the same shape, dtype, device
+// and contiguous. `what` names the caller in the error; `index` is the parameter's position.
+void check_param(const Tensor& p, size_t index, const char* what);
+void check_grad(const Tensor& p, const Tensor& g, size_t index, const char* what);
+
+template <typename Key>
+std::vector<std::vector<size_t>> Optimizer::buckets(const std::vector<size_t>& indices, Key key) {
+  std::vector<std::vector<size_t>> out;
+  std::vector<std::tuple<int, int, DType, int64_t>> keys;
+  for (size_t i : indices) {
+    const Tensor& p = param_at(i);
+    const auto k = std::make_tuple(static_cast<int>(p.device().type), p.device().index, p.dtype(),
+                                   static_cast<int64_t>(key(i)));
+    size_t b = 0;
+    while (b < keys.size() && keys[b] != k) ++b;
+    if (b == keys.size()) {
+      keys.push_back(k);
+      out.emplace_back();
+    }
+    out[b].push_back(i);
+  }
+  return out;
+}
+
+}  // namespace tally::optim

@@ -1,0 +1,128 @@
+// The per-element update equations shared by the CPU loops (optim/multi_tensor.cpp) and the
+// CUDA kernels (optim/cuda_multi_tensor.cu), so both devices compute the very same
+// expressions. They follow PyTorch's single-tensor paths (torch/optim/sgd.py, adam.py):
+// scalars are prepared in double on the host and rounded to the element type, the element
+// math runs in the element type, in PyTorch's operation order.
+#pragma once
+
+#include <cmath>
+#include <limits>
+
+#include "optim/multi_tensor.h"
+
+#if defined(__CUDACC__)
+#define TALLY_OPTIM_HD __host__ __device__ __forceinline__
+#else
+#define TALLY_OPTIM_HD inline
+#endif
+
+namespace tally::optim::detail {
+
+template <typename T>
+struct SGDScalars {
+  T lr_neg, momentum, one_minus_dampening, weight_decay;
+  bool nesterov, maximize, first_step;
+  explicit SGDScalars(const SGDHyper& h)
+      : lr_neg(static_cast<T>(-h.lr)),
+        momentum(static_cast<T>(h.momentum)),
+        one_minus_dampening(static_cast<T>(1.0 - h.dampening)),
+        weight_decay(static_cast<T>(h.weight_decay)),
+        nesterov(h.nesterov),
+        maximize(h.maximize),
+        first_step(h.first_step) {}
+};
+
+// grad = -grad if maximize; grad += wd * param; buf = grad (first) or buf * momentum +
+// (1 - dampening) * grad; grad = grad + momentum * buf (nesterov) or buf; param -= lr * grad.
+template <typename T>
+TALLY_OPTIM_HD void sgd_element(const SGDScalars<T>& s, T& p, T g, T* buf) {
+  T d = s.maximize ? -g : g;
+  if (s.weight_decay != T(0)) d = d + s.weight_decay * p;
+  if (buf) {
+    T b = s.first_step ? d : *buf * s.momentum + s.one_minus_dampening * d;
+    *buf = b;
+    d = s.nesterov ? d + s.momentum * b : b;
+  }
+  p = p + s.lr_neg * d;
+}
+
+template <typename T>
+struct AdamScalars {
+  T weight_decay, decay_factor, lerp_weight, beta2, one_minus_beta2, eps, step_size_neg, bias_correction2_sqrt;
+  bool decoupled, amsgrad, maximize;
+  explicit AdamScalars(const AdamHyper& h)
+      : weight_decay(static_cast<T>(h.weight_decay)),
+        decay_factor(static_cast<T>(1.0 - h.lr * h.weight_decay)),
+        lerp_weight(static_cast<T>(1.0 - h.beta1)),
+        beta2(static_cast<T>(h.beta2)),
+        one_minus_beta2(static_cast<T>(1.0 - h.beta2)),
+        eps(static_cast<T>(h.eps)),
+        decoupled(h.decoupled),
+        amsgrad(h.amsgrad),
+        maximize(h.maximize) {
+    const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
+    const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
+    step_size_neg = static_cast<T>(-(h.lr / bc1));
+    bias_correction2_sqrt = static_cast<T>(std::sqrt(bc2));
+  }
+};
+
+// torch.lerp's formula (exact at both ends).
+template <typename T>
+TALLY_OPTIM_HD T lerp(T self, T end, T w) {
+  return (w < T(0.5) && w > T(-0.5)) ? self + w * (end - self) : end - (end - self) * (T(1) - w);
+}
+
+// Adam:  grad += wd * param.       AdamW: param *= 1 - lr * wd.
+// exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad;
+// denom = sqrt(exp_avg_sq or its running max) / sqrt(bias_correction2) + eps;
+// param += -(lr / bias_correction1) * exp_avg / denom.
+template <typename T>
+TALLY_OPTIM_HD void adam_element(const AdamScalars<T>& s, T& p, T g, T& m, T& v, T* vmax) {
+  T gr = s.maximize ? -g : g;
+  if (s.weight_decay != T(0)) {
+    if (s.decoupled) p = p * s.decay_factor;
+    else gr = gr + s.weight_decay * p;
+  }
+  m = lerp(m, gr, s.lerp_weight);
+  v = v * s.beta2 + s.one_minus_beta2 * gr * gr;
+  T vv = v;
+  if (vmax) {
+    const T mx = *vmax;
+    vv = (mx != mx || mx > v) ? mx : v;  // torch.maximum propagates NaN
+    *vmax = vv;
+  }
+  const T denom = std::sqrt(vv) / s.bias_correction2_sqrt + s.eps;
+  p = p + s.step_size_neg * m / denom;
+}
+
+// One element's contribution to sum |x|^p (p = inf: |x|, combined with nan_max; p = 0: x != 0).
+TALLY_OPTIM_HD double norm_term(double x, double p) {
+  const double a = x < 0 ? -x : x;
+  if (p == 2.0) return x * x;
+  if (p == 1.0 || p == std::numeric_limits<double>::infinity()) return a;
+  if (p == 0.0) return x != 0 ? 1.0 : 0.0;
+  return std::pow(a, p);
+}
+
+TALLY_OPTIM_HD double nan_max(double a, double b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return a > b ? a : b;
+}
+
+// The total norm from the combined power sum: sum^(1/p) (p = inf or 0: the sum itself).
+TALLY_OPTIM_HD double finish_norm(double s, double p) {
+  if (p == 2.0) return std::sqrt(s);
+  if (p == 1.0 || p == 0.0 || p == std::numeric_limits<double>::infinity()) return s;
+  return std::pow(s, 1.0 / p);
+}
+
+// min(1, max_norm / (total + 1e-6)) in the element type, NaN propagating (torch.clamp(max=1)).
+template <typename T>
+TALLY_OPTIM_HD T clip_coef(T total, T max_norm) {
+  const T c = max_norm / (total + T(1e-6));
+  return c > T(1) ? T(1) : c;
+}
+
+}  // namespace tally::optim::detail

@@ -1,0 +1,182 @@
+// The fused CUDA multi-tensor optimizer kernels against the CPU loops (label gpu: skipped
+// without a device): SGD, Adam, AdamW, clip_grad_norm_ and GradScaler over > 100 tensors of
+// odd sizes (1, 3, 1000, 65537 elements), so the table holds many tensors and chunks.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+
+#include "memory/memory.h"
+#include "optim/adam.h"
+#include "optim/clip_grad.h"
+#include "optim/grad_scaler.h"
+#include "optim/sgd.h"
+#include "tensor/cuda_testing.h"
+
+namespace tally {
+namespace {
+
+using testing::close_pointwise;
+using testing::kGpu;
+using testing::rand_tensor;
+
+constexpr double kTol = 1e-6;
+const int64_t kSizes[] = {1, 3, 1000, 65537, 7, 130};
+
+// The same parameters on both devices.
+struct Params {
+  std::vector<Tensor> cpu, gpu;
+  explicit Params(int n = 104, uint64_t seed = 1) {
+    for (int i = 0; i < n; ++i) {
+      const Tensor c = rand_tensor({kSizes[i % 6]}, DType::float32, seed + i);
+      Tensor g = ops::to(c, kGpu, DType::float32);
+      Tensor cc = ops::clone(c);
+      cc.requires_grad_(true);
+      g.requires_grad_(true);
+      cpu.push_back(cc);
+      gpu.push_back(g);
+    }
+  }
+  // Fresh random gradients (the same on both devices); every 7th parameter gets none.
+  void grads(uint64_t seed, double lo = -1, double hi = 1) {
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      if (i % 7 == 6) {
+        cpu[i].set_grad(Tensor());
+        gpu[i].set_grad(Tensor());
+        continue;
+      }
+      const Tensor g = rand_tensor(cpu[i].sizes(), DType::float32, seed * 1000 + i, lo, hi);
+      cpu[i].set_grad(g);
+      gpu[i].set_grad(ops::to(g, kGpu, DType::float32));
+    }
+  }
+  void expect_equal(const char* what) {
+    for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(close_pointwise(gpu[i], cpu[i], kTol)) << what << " param " << i;
+  }
+};
+
+using Factory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+
+void run_both(const Factory& make, const char* what, int steps = 4) {
+  Params p;
+  auto oc = make(p.cpu);
+  auto og = make(p.gpu);
+  for (int s = 0; s < steps; ++s) {
+    p.grads(s + 1);
+    oc->step();
+    og->step();
+  }
+  p.expect_equal(what);
+  for (size_t i = 0; i < p.cpu.size(); ++i)
+    for (const auto& [name, t] : oc->state(i).tensors) {
+      const Tensor& tg = og->state(i).tensors.at(name);
+      EXPECT_TRUE(tg.is_cuda());
+      EXPECT_EQ(tg.storage().category(), memory::Category::optimizer_state);
+      EXPECT_TRUE(close_pointwise(tg, t, kTol)) << what << " state " << name << " of param " << i;
+    }
+}
+
+TEST(CudaOptim, SGDVariantsMatchTheCpu) {
+  REQUIRE_GPU();
+  for (int v = 0; v < 4; ++v) {
+    optim::SGDOptions o;
+    o.lr = 0.05;
+    o.momentum = v == 0 ? 0.0 : 0.9;
+    o.dampening = v == 2 ? 0.2 : 0.0;
+    o.nesterov = v == 3;
+    o.weight_decay = v >= 2 ? 0.01 : 0.0;
+    o.maximize = v == 1;
+    run_both([&](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(std::move(ps), o); }, "SGD");
+  }
+}
+
+TEST(CudaOptim, AdamAndAdamWMatchTheCpu) {
+  REQUIRE_GPU();
+  for (int v = 0; v < 4; ++v) {
+    optim::AdamOptions o;
+    o.lr = 0.01;
+    o.weight_decay = v == 0 ? 0.0 : 0.05;
+    o.amsgrad = v == 3;
+    o.maximize = v == 2;
+    if (v == 1 || v == 3)
+      run_both([&](std::vector<Tensor> ps) { return std::make_unique<optim::AdamW>(std::move(ps), o); }, "AdamW");
+    else
+      run_both([&](std::vector<Tensor> ps) { return std::make_unique<optim::Adam>(std::move(ps), o); }, "Adam");
+  }
+}
+
+TEST(CudaOptim, StepLeavesNoTemporaries) {
+  REQUIRE_GPU();
+  Params p;
+  optim::Adam opt(p.gpu);
+  p.grads(1);
+  auto& alloc = memory::get_allocator(kGpu);
+  const int64_t before = alloc.stats().cat_bytes(memory::Category::temporary).current;
+  opt.step();
+  EXPECT_EQ(alloc.stats().cat_bytes(memory::Category::temporary).current, before);
+  EXPECT_GT(alloc.stats().cat_bytes(memory::Category::optimizer_state).current, 0);
+}
+
+TEST(CudaOptim, ClipGradNormMatchesTheCpu) {
+  REQUIRE_GPU();
+  for (double norm_type : {2.0, 1.0, 3.0, optim::kInfNorm}) {
+    for (double max_norm : {0.5, 1e6}) {
+      Params p;
+      p.grads(3);
+      const Tensor nc = optim::clip_grad_norm_(p.cpu, max_norm, norm_type);
+      const Tensor ng = optim::clip_grad_norm_(p.gpu, max_norm, norm_type);
+      EXPECT_TRUE(ng.is_cuda());
+      EXPECT_EQ(ng.dim(), 0);
+      EXPECT_NEAR(ng.item(), nc.item(), kTol * std::abs(nc.item())) << "norm " << norm_type;
+      for (size_t i = 0; i < p.cpu.size(); ++i) {
+        if (p.cpu[i].grad().defined()) {
+          EXPECT_TRUE(close_pointwise(p.gpu[i].grad(), p.cpu[i].grad(), kTol)) << "norm " << norm_type << " grad " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaOptim, GradScalerMatchesTheCpuAndSkipsOnInf) {
+  REQUIRE_GPU();
+  Params p;
+  optim::SGDOptions o;
+  o.lr = 0.1;
+  optim::SGD oc(p.cpu, o), og(p.gpu, o);
+  optim::GradScalerOptions so;
+  so.init_scale = 1024;
+  so.growth_interval = 2;
+  optim::GradScaler sc(so), sg(so);
+  for (int s = 0; s < 3; ++s) {
+    p.grads(s + 10, -1000, 1000);
+    if (s == 1) {  // an inf deep in the list (a late chunk of a big tensor)
+      const size_t k = 99;  // 65537 elements
+      ASSERT_EQ(p.cpu[k].numel(), 65537);
+      Tensor gc = ops::clone(p.cpu[k].grad());
+      ops::fill_(ops::narrow(gc, 0, 65536, 1), INFINITY);
+      p.cpu[k].set_grad(gc);
+      p.gpu[k].set_grad(ops::to(gc, kGpu, DType::float32));
+    }
+    EXPECT_EQ(sc.step(oc), s != 1);
+    EXPECT_EQ(sg.step(og), s != 1);
+    for (size_t i = 0; i < p.cpu.size(); ++i) {
+      if (p.cpu[i].grad().defined()) {
+        EXPECT_TRUE(close_pointwise(p.gpu[i].grad(), p.cpu[i].grad(), kTol)) << "step " << s << " grad " << i;
+      }
+    }
+    sc.update();
+    sg.update();
+    EXPECT_EQ(sg.get_scale(), sc.get_scale());
+    EXPECT_EQ(sg.scale_tensor(kGpu).item(), sc.get_scale());
+  }
+  EXPECT_EQ(sc.get_scale(), 512.0);  // 1024, backoff at step 1, one clean step since
+  p.expect_equal("SGD under GradScaler");
+  // scale(loss) on the GPU
+  const Tensor loss = ops::full({}, 3.0, DType::float32, kGpu);
+  const Tensor scaled = sg.scale(loss);
+  EXPECT_TRUE(scaled.is_cuda());
+  EXPECT_EQ(scaled.item(), 3.0 * 512);
+}
+
+}  // namespace
+}  // namespace tally
