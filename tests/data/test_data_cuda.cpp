@@ -24,7 +24,7 @@ using tally::testing::kGpu;
 namespace {
 void sync_gpu() {
 #if defined(TALLY_WITH_CUDA)
-  sync_gpu();
+  cuda::synchronize(0);
 #endif
 }
 }  // namespace

@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <numeric>
 #include <set>
+#include <thread>
 
 #include "memory/memory.h"
 #include "nn/data/dataloader.h"
@@ -146,6 +148,10 @@ TEST(DataLoader, DestroyMidEpochDoesNotHangOrLeak) {
       EXPECT_EQ(b.input.size(0), 32);
       if (++k == 3) break;
     }
+    // The worker goes on preparing batches ahead (poll: it runs on its own schedule).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (memory::memory_allocated(Device::cpu()) == baseline && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     EXPECT_GT(memory::memory_allocated(Device::cpu()), baseline);  // prefetched batches
     // Restarting mid-epoch stops the first worker too.
     auto it = loader.begin();

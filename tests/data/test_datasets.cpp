@@ -17,6 +17,7 @@
 using namespace tally;
 using namespace tally::data;
 using tally::testing::TempDir;
+namespace dt = tally::testing;
 
 namespace {
 
@@ -37,8 +38,8 @@ void write_small_mnist(const TempDir& dir, const std::string& prefix = "train") 
   std::vector<uint8_t> px;
   for (int n = 0; n < 3; ++n)
     for (int k = 0; k < 8; ++k) px.push_back(static_cast<uint8_t>(10 * n + k));
-  testing::write_gzip(dir.file(prefix + "-images-idx3-ubyte.gz"), testing::idx_bytes({3, 2, 4}, px));
-  testing::write_gzip(dir.file(prefix + "-labels-idx1-ubyte.gz"), testing::idx_bytes({3}, {2, 0, 9}));
+  dt::write_gzip(dir.file(prefix + "-images-idx3-ubyte.gz"), dt::idx_bytes({3, 2, 4}, px));
+  dt::write_gzip(dir.file(prefix + "-labels-idx1-ubyte.gz"), dt::idx_bytes({3}, {2, 0, 9}));
 }
 
 }  // namespace
@@ -58,7 +59,7 @@ TEST(Idx, ReadsShapeAndBytes) {
 
 TEST(Idx, UncompressedFileToo) {
   TempDir dir;
-  testing::write_bytes(dir.file("x-labels"), testing::idx_bytes({4}, {1, 2, 3, 4}));
+  dt::write_bytes(dir.file("x-labels"), dt::idx_bytes({4}, {1, 2, 3, 4}));
   const ByteArray a = read_idx(dir.file("x-labels"));
   EXPECT_EQ(a.shape, (Shape{4}));
   EXPECT_EQ(a.data()[3], 4);
@@ -120,14 +121,14 @@ TEST(Mnist, RealFashionMnist) {
 TEST(MnistErrors, BadMagic) {
   TempDir dir;
   const std::string f = dir.file("bad-images.gz");
-  testing::write_gzip(f, testing::idx_bytes({1, 1, 1}, {0}, 0x00000903u));
+  dt::write_gzip(f, dt::idx_bytes({1, 1, 1}, {0}, 0x00000903u));
   expect_error([&] { read_idx(f); }, {f, "bad magic number 0x00000903", "byte offset 0"});
 }
 
 TEST(MnistErrors, TruncatedData) {
   TempDir dir;
   const std::string f = dir.file("short-images.gz");
-  testing::write_gzip(f, testing::idx_bytes({3, 2, 4}, std::vector<uint8_t>(20, 7)));
+  dt::write_gzip(f, dt::idx_bytes({3, 2, 4}, std::vector<uint8_t>(20, 7)));
   // Header 16 bytes, 24 data bytes expected, 20 present.
   expect_error([&] { read_idx(f); }, {f, "truncated at byte offset 36", "expected 24 bytes", "got 20"});
 }
@@ -135,14 +136,14 @@ TEST(MnistErrors, TruncatedData) {
 TEST(MnistErrors, TruncatedHeader) {
   TempDir dir;
   const std::string f = dir.file("h.gz");
-  testing::write_gzip(f, {0, 0, 8, 3, 0, 0});
+  dt::write_gzip(f, {0, 0, 8, 3, 0, 0});
   expect_error([&] { read_idx(f); }, {f, "truncated at byte offset 6", "header"});
 }
 
 TEST(MnistErrors, NotGzip) {
   TempDir dir;
   const std::string f = dir.file("plain.gz");
-  testing::write_bytes(f, testing::idx_bytes({1}, {1}));
+  dt::write_bytes(f, dt::idx_bytes({1}, {1}));
   expect_error([&] { read_idx(f); }, {f, "not a gzip file", "0x00 0x00"});
 }
 
@@ -151,11 +152,11 @@ TEST(MnistErrors, CorruptGzipStream) {
   const std::string f = dir.file("corrupt.gz");
   std::vector<uint8_t> px(4000);
   for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>((i * 7919) % 251);
-  testing::write_gzip(f, testing::idx_bytes({1000, 2, 2}, px));
-  std::vector<uint8_t> bytes = testing::read_bytes(f);
+  dt::write_gzip(f, dt::idx_bytes({1000, 2, 2}, px));
+  std::vector<uint8_t> bytes = dt::read_bytes(f);
   ASSERT_GT(bytes.size(), 100u);
   for (size_t i = 20; i < 60; ++i) bytes[i] ^= 0x5a;  // wreck the deflate stream
-  testing::write_bytes(f, bytes);
+  dt::write_bytes(f, bytes);
   expect_error([&] { read_idx(f); }, {f, "gzip error"});
 }
 
@@ -163,11 +164,11 @@ TEST(MnistErrors, MissingFilesAndLabels) {
   TempDir dir;
   expect_error([&] { MNIST(dir.file("nope")); }, {dir.file("nope"), "does not exist"});
   expect_error([&] { MNIST m(dir.str()); }, {dir.str(), "train-images-idx3-ubyte"});
-  testing::write_gzip(dir.file("train-images-idx3-ubyte.gz"), testing::idx_bytes({2, 1, 1}, {0, 0}));
-  testing::write_gzip(dir.file("train-labels-idx1-ubyte.gz"), testing::idx_bytes({2}, {3, 10}));
+  dt::write_gzip(dir.file("train-images-idx3-ubyte.gz"), dt::idx_bytes({2, 1, 1}, {0, 0}));
+  dt::write_gzip(dir.file("train-labels-idx1-ubyte.gz"), dt::idx_bytes({2}, {3, 10}));
   expect_error([&] { MNIST m(dir.str()); }, {"train-labels-idx1-ubyte.gz", "label 10 of example 1",
                                              "byte offset 9", "out of range [0, 10)"});
-  testing::write_gzip(dir.file("train-labels-idx1-ubyte.gz"), testing::idx_bytes({3}, {1, 2, 3}));
+  dt::write_gzip(dir.file("train-labels-idx1-ubyte.gz"), dt::idx_bytes({3}, {1, 2, 3}));
   expect_error([&] { MNIST m(dir.str()); }, {"labels of shape [3]", "expected [2]"});
 }
 
@@ -189,8 +190,8 @@ std::vector<uint8_t> cifar_records(int count, int first_label, int salt) {
 TEST(Cifar10, TinyBinaryFiles) {
   TempDir dir;
   for (int i = 1; i <= 5; ++i)
-    testing::write_bytes(dir.file("data_batch_" + std::to_string(i) + ".bin"), cifar_records(2, i, i));
-  testing::write_bytes(dir.file("test_batch.bin"), cifar_records(3, 7, 0));
+    dt::write_bytes(dir.file("data_batch_" + std::to_string(i) + ".bin"), cifar_records(2, i, i));
+  dt::write_bytes(dir.file("test_batch.bin"), cifar_records(3, 7, 0));
   CIFAR10 train(dir.str(), true);
   ASSERT_EQ(train.size(), 10);
   CIFAR10 test(dir.str(), false);
@@ -217,12 +218,12 @@ TEST(Cifar10, Errors) {
   expect_error([&] { CIFAR10 c(dir.str()); }, {"data_batch_1.bin", "does not exist"});
   std::vector<uint8_t> rec = cifar_records(2, 0, 0);
   rec.resize(rec.size() + 100, 0);
-  testing::write_bytes(dir.file("test_batch.bin"), rec);
+  dt::write_bytes(dir.file("test_batch.bin"), rec);
   expect_error([&] { CIFAR10 c(dir.str(), false); },
                {"test_batch.bin", "truncated at byte offset 6146", "expects 3073 bytes", "100 left"});
   rec = cifar_records(2, 0, 0);
   rec[3073] = 11;
-  testing::write_bytes(dir.file("test_batch.bin"), rec);
+  dt::write_bytes(dir.file("test_batch.bin"), rec);
   expect_error([&] { CIFAR10 c(dir.str(), false); },
                {"test_batch.bin", "label 11 of record 1", "byte offset 3073", "out of range"});
 }
@@ -235,7 +236,7 @@ std::string write_ramp(const TempDir& dir, int n) {
   std::vector<uint8_t> v(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<uint8_t>(i % 251);
   const std::string f = dir.file("ramp.txt");
-  testing::write_bytes(f, v);
+  dt::write_bytes(f, v);
   return f;
 }
 }  // namespace
