@@ -7,6 +7,7 @@
 
 #include "memory/cpu_provider.h"
 #ifdef TALLY_WITH_CUDA
+#include "memory/cuda_pinned_provider.h"
 #include "memory/cuda_provider.h"
 #endif
 
@@ -32,6 +33,7 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::unique_ptr<CachingAllocator> cpu;
+  std::unique_ptr<CachingAllocator> pinned;
   std::vector<std::unique_ptr<CachingAllocator>> cuda;
 };
 Registry& registry() {
@@ -59,6 +61,20 @@ CachingAllocator& get_allocator(Device device) {
   return *slot;
 #else
   throw std::invalid_argument("get_allocator: Tally was built without CUDA");
+#endif
+}
+
+bool pinned_memory_available() { return cuda_available(); }
+
+CachingAllocator& get_pinned_allocator() {
+  if (!pinned_memory_available()) return get_allocator(Device::cpu());
+#ifdef TALLY_WITH_CUDA
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  if (!r.pinned) r.pinned = std::make_unique<CachingAllocator>(std::make_unique<CudaPinnedProvider>());
+  return *r.pinned;
+#else
+  return get_allocator(Device::cpu());
 #endif
 }
 

@@ -46,4 +46,13 @@ void record_memory_history(bool enabled, size_t max_entries = 100000,
                            Device device = default_device());
 void dump_snapshot(const std::string& path, Device device = default_device());
 
+// Page-locked host memory (cudaHostAlloc) for fast asynchronous host-to-device copies:
+// a process-wide caching allocator of its own, so its stats, summary and snapshot are
+// separate from the CPU allocator's (its provider is named "cpu (pinned)"). Its blocks are
+// CPU-device memory. Without CUDA or without a GPU there is nothing to pin: this returns
+// the ordinary CPU allocator, so code that asks for pinned buffers runs everywhere.
+CachingAllocator& get_pinned_allocator();
+// Whether get_pinned_allocator() hands out real page-locked memory.
+bool pinned_memory_available();
+
 }  // namespace tally::memory

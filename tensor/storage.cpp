@@ -27,6 +27,23 @@ Storage Storage::allocate(size_t nbytes, Device device) {
   return s;
 }
 
+Storage Storage::allocate(size_t nbytes, Device device, memory::CachingAllocator& allocator,
+                          memory::StreamId stream) {
+  Storage s;
+  s.impl_ = std::make_shared<Impl>();
+  s.impl_->device = device;
+  s.impl_->nbytes = nbytes;
+  if (nbytes > 0) {
+    s.impl_->data = allocator.allocate(nbytes, stream);
+    s.impl_->allocator = &allocator;
+  }
+  return s;
+}
+
+void Storage::record_stream(memory::StreamId stream) const {
+  if (owned() && impl_->data) impl_->allocator->record_stream(impl_->data, stream);
+}
+
 Storage Storage::borrow(void* data, size_t nbytes, Device device) {
   Storage s;
   s.impl_ = std::make_shared<Impl>();

@@ -17,6 +17,10 @@ class Storage {
   Storage() = default;
   // nbytes from the device's caching allocator, under the current allocation context.
   static Storage allocate(size_t nbytes, Device device);
+  // nbytes from a given allocator whose blocks are `device` memory (the pinned host
+  // allocator: memory::get_pinned_allocator(), device cpu), on `stream`.
+  static Storage allocate(size_t nbytes, Device device, memory::CachingAllocator& allocator,
+                          memory::StreamId stream = 0);
   // Memory Tally does not own (from_blob): never freed by Tally.
   static Storage borrow(void* data, size_t nbytes, Device device);
 
@@ -35,6 +39,12 @@ class Storage {
   void bump_version() const {
     if (impl_) ++impl_->version;
   }
+
+  // The allocator that owns the block; null for borrowed memory.
+  memory::CachingAllocator* allocator() const { return impl_ ? impl_->allocator : nullptr; }
+  // Work queued on `stream` uses the block: once freed, it is reused only after that work
+  // completes (CachingAllocator::record_stream). No-op for borrowed memory.
+  void record_stream(memory::StreamId stream) const;
 
   // Re-tag the block's category (autograd: saved -> activation; .grad -> gradient).
   void retag(memory::Category c) const;
