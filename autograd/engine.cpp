@@ -97,8 +97,15 @@ void run(const std::vector<Edge>& roots, const TensorList& root_grads, bool reta
     bool any = false;
     for (const Tensor& g : grads) any = any || g.defined();
     if (any) {
-      for (size_t i = 0; i < grads.size(); ++i)
-        if (!grads[i].defined()) grads[i] = materialize(n->outputs[i]);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (!grads[i].defined()) {
+          grads[i] = materialize(n->outputs[i]);
+        } else if (grads[i].dtype() != n->outputs[i].dtype) {
+          // As PyTorch's validate_outputs: a gradient arrives in its tensor's dtype (with
+          // autocast, gradients summed from float32 and 16-bit consumers promote).
+          grads[i] = ops::to(grads[i], n->outputs[i].dtype);
+        }
+      }
       out = n->apply(grads);
     } else {
       out.resize(n->next_edges.size());

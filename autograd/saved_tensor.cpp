@@ -14,10 +14,12 @@ SavedTensorHooksScope::SavedTensorHooksScope(SavedTensorHooks hooks) {
 }
 SavedTensorHooksScope::~SavedTensorHooksScope() { tls_hooks.pop_back(); }
 
-SavedTensor::SavedTensor(const Tensor& t, const char* what) : what_(what) {
+SavedTensor::SavedTensor(const Tensor& t, const char* what) : SavedTensor(t, what, true) {}
+
+SavedTensor::SavedTensor(const Tensor& t, const char* what, bool apply_hooks) : what_(what) {
   if (!t.defined()) return;
   version_ = t.storage().version();
-  if (!tls_hooks.empty()) {
+  if (apply_hooks && !tls_hooks.empty()) {
     hooks_ = tls_hooks.back();
     packed_ = hooks_->pack(t.detach());
     state_ = State::packed;

@@ -36,6 +36,10 @@ class SavedTensor {
   // Save `t` (undefined is allowed and unpacks to undefined). `what` names the op for
   // errors.
   SavedTensor(const Tensor& t, const char* what);
+  // With apply_hooks false the tensor is held as is, whatever hooks are installed (a hook
+  // that keeps some tensors, e.g. checkpointing's, stores them this way so that they are
+  // accounted as `activation` like any saved tensor).
+  SavedTensor(const Tensor& t, const char* what, bool apply_hooks);
   ~SavedTensor();
   SavedTensor(SavedTensor&&) noexcept;
   SavedTensor& operator=(SavedTensor&&) noexcept;

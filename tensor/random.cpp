@@ -8,5 +8,7 @@ Generator& default_generator() {
 }
 
 void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+PhiloxState get_rng_state() { return default_generator().state(); }
+void set_rng_state(PhiloxState state) { default_generator().set_state(state); }
 
 }  // namespace tally

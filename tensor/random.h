@@ -75,5 +75,8 @@ class Generator {
 // The default generator (torch.manual_seed).
 Generator& default_generator();
 void manual_seed(uint64_t seed);
+// torch.get_rng_state / set_rng_state for the default generator (it serves CPU and CUDA).
+PhiloxState get_rng_state();
+void set_rng_state(PhiloxState state);
 
 }  // namespace tally

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "autograd/attention.h"
+#include "autograd/autocast.h"
 #include "autograd/softmax.h"
 
 namespace tally {
@@ -13,6 +14,11 @@ namespace tally {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& attn_mask, double dropout_p, bool is_causal,
                                     std::optional<double> scale, Generator* gen) {
+  if (autocast::is_active(q.device())) {  // cast once here; the body runs in that dtype
+    const auto [q2, k2, v2, m2] = autocast::lower("scaled_dot_product_attention", q, k, v, attn_mask);
+    autocast::ExcludeScope exclude;
+    return scaled_dot_product_attention(q2, k2, v2, m2, dropout_p, is_causal, scale, gen);
+  }
   if (q.dim() < 2 || k.dim() < 2 || v.dim() < 2)
     throw std::invalid_argument(fmt::format(
         "scaled_dot_product_attention: q, k, v need at least 2 dims, got {}, {}, {}",

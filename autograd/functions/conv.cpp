@@ -1,6 +1,7 @@
 // Differentiable conv2d: forward, what is saved, and backward in one function.
 #include "autograd/conv.h"
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 
 namespace tally {
@@ -9,8 +10,9 @@ using autograd::BackwardContext;
 using autograd::record;
 namespace o = ops;
 
-Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int2 stride, Int2 padding,
-              Int2 dilation, int64_t groups) {
+Tensor conv2d(const Tensor& input_, const Tensor& weight_, const Tensor& bias_, Int2 stride,
+              Int2 padding, Int2 dilation, int64_t groups) {
+  const auto [input, weight, bias] = autocast::lower("conv2d", input_, weight_, bias_);
   Tensor out = o::conv2d(input, weight, bias, stride, padding, dilation, groups);
   // d/d(input) needs the weight; d/d(weight) needs the input; d/d(bias) needs neither.
   const bool input_grad = input.requires_grad(), weight_grad = weight.requires_grad();

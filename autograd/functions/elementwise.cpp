@@ -2,6 +2,7 @@
 // saved, and backward, one function each.
 #include <cmath>
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
 
@@ -134,7 +135,8 @@ Tensor mul(const Tensor& a, double b) {
 
 Tensor div(const Tensor& a, double b) { return mul(a, 1.0 / b); }
 
-Tensor pow(const Tensor& a, double e) {
+Tensor pow(const Tensor& a_, double e) {
+  const auto [a] = autocast::fp32("pow", a_);
   Tensor out = o::binary_scalar(o::BinaryOp::pow, a, e);
   record("PowBackward", {a}, {out}, {a}, [e](BackwardContext& ctx, const TensorList& g) -> TensorList {
     if (e == 0.0) return {o::zeros_like(g[0])};
@@ -144,7 +146,8 @@ Tensor pow(const Tensor& a, double e) {
   return out;
 }
 
-Tensor pow(const Tensor& a, const Tensor& e) {
+Tensor pow(const Tensor& a_, const Tensor& e_) {
+  const auto [a, e] = autocast::fp32("pow", a_, e_);
   Tensor out = o::binary(o::BinaryOp::pow, a, e);
   record("PowBackward", {a, e}, {out}, {a, e, out},
          [sa = a.sizes(), se = e.sizes(), da = a.dtype(), de = e.dtype()](
@@ -167,7 +170,8 @@ Tensor neg(const Tensor& a) {
   return out;
 }
 
-Tensor exp(const Tensor& a) {
+Tensor exp(const Tensor& a_) {
+  const auto [a] = autocast::fp32("exp", a_);
   Tensor out = o::unary(o::UnaryOp::exp, a);
   record("ExpBackward", {a}, {out}, {out}, [](BackwardContext& ctx, const TensorList& g) -> TensorList {
     return {o::mul(g[0], ctx.saved(0))};
@@ -175,7 +179,8 @@ Tensor exp(const Tensor& a) {
   return out;
 }
 
-Tensor log(const Tensor& a) {
+Tensor log(const Tensor& a_) {
+  const auto [a] = autocast::fp32("log", a_);
   Tensor out = o::unary(o::UnaryOp::log, a);
   record("LogBackward", {a}, {out}, {a}, [](BackwardContext& ctx, const TensorList& g) -> TensorList {
     return {o::div(g[0], ctx.saved(0))};
@@ -191,7 +196,8 @@ Tensor sqrt(const Tensor& a) {
   return out;
 }
 
-Tensor rsqrt(const Tensor& a) {
+Tensor rsqrt(const Tensor& a_) {
+  const auto [a] = autocast::fp32("rsqrt", a_);
   Tensor out = o::unary(o::UnaryOp::rsqrt, a);
   record("RsqrtBackward", {a}, {out}, {out}, [](BackwardContext& ctx, const TensorList& g) -> TensorList {
     const Tensor r = ctx.saved(0);
@@ -385,7 +391,8 @@ Tensor unreduce(const Tensor& g, const Shape& shape, const Shape& dims, bool kee
 }
 }  // namespace
 
-Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
+Tensor sum(const Tensor& x_, const Shape& dims, bool keepdim) {
+  const auto [x] = autocast::fp32("sum", x_);  // fp32_set_opt_dtype: a float32 result
   Tensor out = o::sum(x, dims, keepdim);
   record("SumBackward", {x}, {out}, {}, [shape = x.sizes(), dims, keepdim](BackwardContext&, const TensorList& g) -> TensorList {
     return {o::contiguous(unreduce(g[0], shape, dims, keepdim))};

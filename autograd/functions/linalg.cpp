@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 
 namespace tally {
@@ -60,17 +61,23 @@ Tensor record_product(const char* name, const Tensor& a, const Tensor& b, const 
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_, const Tensor& b_) {
+  const auto [a, b] = autocast::lower("matmul", a_, b_);
   return record_product("MatmulBackward", a, b, o::matmul(a, b));
 }
 
-Tensor mm(const Tensor& a, const Tensor& b) { return record_product("MmBackward", a, b, o::mm(a, b)); }
+Tensor mm(const Tensor& a_, const Tensor& b_) {
+  const auto [a, b] = autocast::lower("mm", a_, b_);
+  return record_product("MmBackward", a, b, o::mm(a, b));
+}
 
-Tensor bmm(const Tensor& a, const Tensor& b) {
+Tensor bmm(const Tensor& a_, const Tensor& b_) {
+  const auto [a, b] = autocast::lower("bmm", a_, b_);
   return record_product("BmmBackward", a, b, o::bmm(a, b));
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_) {
+  const auto [x, weight, bias] = autocast::lower("linear", x_, weight_, bias_);
   Tensor out = o::linear(x, weight, bias);
   const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
   record("LinearBackward", {x, weight, bias}, {out}, {need_w ? x : Tensor(), need_x ? weight : Tensor()},

@@ -4,6 +4,7 @@
 // for dx), never the normalized output.
 #include "autograd/norm.h"
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 
 namespace tally {
@@ -27,8 +28,9 @@ DType dtype_or(const Tensor& t, DType fallback) { return t.defined() ? t.dtype()
 
 // ---------------------------------------------------------------- layer_norm
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
-                  const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor& weight_,
+                  const Tensor& bias_, double eps) {
+  const auto [x, weight, bias] = autocast::fp32("layer_norm", x_, weight_, bias_);
   auto [out, mean, rstd] = o::layer_norm(x, normalized_shape, weight, bias, eps);
   const bool need_dx = x.requires_grad();
   const bool need_dw = weight.defined() && weight.requires_grad();
@@ -52,8 +54,9 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 
 // ---------------------------------------------------------------- rms_norm
 
-Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+Tensor rms_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor& weight_,
                 std::optional<double> eps) {
+  const auto [x, weight] = autocast::fp32("rms_norm", x_, weight_);
   auto [out, rstd] = o::rms_norm(x, normalized_shape, weight, eps);
   const bool need_dx = x.requires_grad();
   record("RmsNormBackward", {x, weight}, {out}, {x, rstd, defined_if(need_dx, weight)},

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 
 namespace tally {
@@ -154,7 +155,8 @@ Tensor std(const Tensor& x, const Shape& dims, double correction, bool keepdim) 
   return out;
 }
 
-Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
+Tensor logsumexp(const Tensor& x_, const Shape& dims, bool keepdim) {
+  const auto [x] = autocast::fp32("logsumexp", x_);
   Tensor out = o::logsumexp(x, dims, keepdim);
   record("LogsumexpBackward", {x}, {out}, {x, out},
          [dims = wrapped_dims(dims, x.dim(), "logsumexp"), keepdim](

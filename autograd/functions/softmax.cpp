@@ -4,6 +4,7 @@
 // nll_loss saves the targets only.
 #include "autograd/softmax.h"
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 
 namespace tally {
@@ -12,7 +13,8 @@ using autograd::BackwardContext;
 using autograd::record;
 namespace o = ops;
 
-Tensor softmax(const Tensor& x, int64_t dim) {
+Tensor softmax(const Tensor& x_, int64_t dim) {
+  const auto [x] = autocast::fp32("softmax", x_);
   Tensor out = o::softmax(x, dim);
   record("SoftmaxBackward", {x}, {out}, {out},
          [dim](BackwardContext& ctx, const TensorList& g) -> TensorList {
@@ -21,7 +23,8 @@ Tensor softmax(const Tensor& x, int64_t dim) {
   return out;
 }
 
-Tensor log_softmax(const Tensor& x, int64_t dim) {
+Tensor log_softmax(const Tensor& x_, int64_t dim) {
+  const auto [x] = autocast::fp32("log_softmax", x_);
   Tensor out = o::log_softmax(x, dim);
   record("LogSoftmaxBackward", {x}, {out}, {out},
          [dim](BackwardContext& ctx, const TensorList& g) -> TensorList {
@@ -30,8 +33,9 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   return out;
 }
 
-Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index,
+Tensor cross_entropy(const Tensor& input_, const Tensor& target, int64_t ignore_index,
                      double label_smoothing, const std::string& reduction) {
+  const auto [input] = autocast::fp32("cross_entropy", input_);
   const o::LossReduction red = o::parse_loss_reduction(reduction, "cross_entropy");
   Tensor out = o::cross_entropy(input, target, ignore_index, label_smoothing, red);
   record("CrossEntropyBackward", {input}, {out}, {input, target},
@@ -48,8 +52,9 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
   return cross_entropy(input, target, ignore_index, label_smoothing, reduction);
 }
 
-Tensor nll_loss(const Tensor& input, const Tensor& target, int64_t ignore_index,
+Tensor nll_loss(const Tensor& input_, const Tensor& target, int64_t ignore_index,
                 const std::string& reduction) {
+  const auto [input] = autocast::fp32("nll_loss", input_);
   const o::LossReduction red = o::parse_loss_reduction(reduction, "nll_loss");
   Tensor out = o::nll_loss(input, target, ignore_index, red);
   record("NllLossBackward", {input}, {out}, {target},

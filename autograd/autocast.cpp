@@ -1,0 +1,139 @@
+// Autocast state (thread-local), the cast policies and the weight-cast cache.
+#include "autograd/autocast.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <unordered_map>
+
+#include "autograd/node.h"
+#include "memory/context.h"
+
+namespace tally {
+namespace {
+
+struct CacheEntry {
+  Tensor source;     // keeps the key's TensorImpl alive (and its address unique)
+  uint64_t version;  // the source's storage version when cast
+  Tensor cast;
+};
+
+struct ThreadState {
+  autocast::State state;
+  int nesting = 0;  // live autocast regions (guards and state scopes) on this thread
+  // key: (source impl, target dtype)
+  std::unordered_map<const TensorImpl*, CacheEntry> cache[2];  // by target: float16, bfloat16
+};
+
+thread_local ThreadState tls;
+
+int device_slot(DeviceType d) { return d == DeviceType::cuda ? 1 : 0; }
+int dtype_slot(DType d) { return d == DType::bfloat16 ? 1 : 0; }
+
+void check_dtype(DType dtype) {
+  if (dtype != DType::float16 && dtype != DType::bfloat16)
+    throw std::invalid_argument(fmt::format(
+        "autocast: dtype must be float16 or bfloat16, got {}", dtype_name(dtype)));
+}
+
+void enter_region() { ++tls.nesting; }
+void exit_region() {
+  if (--tls.nesting == 0) clear_autocast_cache();
+}
+
+// A leaf float32 tensor that requires grad, cast to the region's dtype (PyTorch's
+// can_try_cache).
+bool cacheable(const Tensor& t, DType target) {
+  return tls.state.cache_enabled && t.dtype() == DType::float32 && t.requires_grad() &&
+         t.is_leaf() && (target == DType::float16 || target == DType::bfloat16);
+}
+
+Tensor cached_cast(const Tensor& t, DType target) {
+  auto& cache = tls.cache[dtype_slot(target)];
+  const uint64_t version = t.storage().version();
+  auto it = cache.find(t.unsafe_impl());
+  // A cast made under no_grad has no graph; reuse it only while grad mode is off too.
+  if (it != cache.end() && it->second.version == version &&
+      (!GradMode::is_enabled() || it->second.cast.requires_grad()))
+    return it->second.cast;
+  Tensor out;
+  {
+    memory::CategoryScope category(memory::Category::autocast_cache);
+    out = t.to(target);
+  }
+  cache[t.unsafe_impl()] = CacheEntry{t, version, out};
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- guard
+
+AutocastGuard::AutocastGuard(DeviceType device, DType dtype, bool enabled, bool cache_enabled)
+    : device_(device) {
+  check_dtype(dtype);
+  const int s = device_slot(device);
+  prev_enabled_ = tls.state.enabled[s];
+  prev_dtype_ = tls.state.dtype[s];
+  prev_cache_enabled_ = tls.state.cache_enabled;
+  tls.state.enabled[s] = enabled;
+  tls.state.dtype[s] = dtype;
+  tls.state.cache_enabled = cache_enabled;
+  enter_region();
+}
+
+AutocastGuard::AutocastGuard(DeviceType device, bool enabled)
+    : AutocastGuard(device, device == DeviceType::cuda ? DType::float16 : DType::bfloat16,
+                    enabled) {}
+
+AutocastGuard::~AutocastGuard() {
+  const int s = device_slot(device_);
+  tls.state.enabled[s] = prev_enabled_;
+  tls.state.dtype[s] = prev_dtype_;
+  tls.state.cache_enabled = prev_cache_enabled_;
+  exit_region();
+}
+
+bool is_autocast_enabled(DeviceType device) { return tls.state.enabled[device_slot(device)]; }
+DType autocast_dtype(DeviceType device) { return tls.state.dtype[device_slot(device)]; }
+bool is_autocast_cache_enabled() { return tls.state.cache_enabled; }
+
+void clear_autocast_cache() {
+  for (auto& c : tls.cache) c.clear();
+}
+
+size_t autocast_cache_size() { return tls.cache[0].size() + tls.cache[1].size(); }
+
+namespace autocast {
+
+State current_state() { return tls.state; }
+
+StateScope::StateScope(const State& state) : saved_(tls.state) {
+  tls.state = state;
+  enter_region();
+}
+
+StateScope::~StateScope() {
+  tls.state = saved_;
+  exit_region();
+}
+
+ExcludeScope::ExcludeScope() : saved_(tls.state.excluded) { tls.state.excluded = true; }
+ExcludeScope::~ExcludeScope() { tls.state.excluded = saved_; }
+
+bool is_active(Device device) {
+  return !tls.state.excluded && tls.state.enabled[device_slot(device.type)];
+}
+
+Tensor cast(const char* /*op*/, const Tensor& t, CastPolicy policy, Device device) {
+  if (!t.defined() || !is_floating(t.dtype()) || t.dtype() == DType::float64) return t;
+  const DType target =
+      policy == CastPolicy::fp32 ? DType::float32 : tls.state.dtype[device_slot(device.type)];
+  if (t.dtype() == target) return t;
+  if (policy == CastPolicy::lower_precision_fp && cacheable(t, target))
+    return cached_cast(t, target);
+  return t.to(target);
+}
+
+}  // namespace autocast
+}  // namespace tally

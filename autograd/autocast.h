@@ -1,0 +1,148 @@
+// Autocast (mixed precision), PyTorch's torch.autocast: inside an AutocastGuard region the
+// differentiable ops that profit from 16-bit math (matmul, mm, bmm, linear, conv2d,
+// scaled_dot_product_attention) cast their floating inputs to the region's dtype, and the
+// ops that need range or precision (softmax, log_softmax, cross_entropy, nll_loss,
+// layer_norm, rms_norm, exp, log, pow, rsqrt, logsumexp, sum) cast them to float32.
+//
+// How it hooks in: one call at the top of each affected wrapper in autograd/functions/,
+//
+//   Tensor linear(const Tensor& x_, const Tensor& w_, const Tensor& b_) {
+//     const auto [x, weight, bias] = autocast::lower("linear", x_, w_, b_);
+//     ...
+//
+// The casts are ordinary differentiable Tensor::to() calls, so backward hands each input
+// its gradient in its own dtype (a float32 parameter gets a float32 .grad), and every
+// backward formula runs in the dtype its forward ran in (the saved tensors carry it).
+//
+// Policies (PyTorch's CUDA op lists, used for both CPU and CUDA so that a CPU run is a
+// faithful reference of a CUDA run; note PyTorch's own CPU lists are narrower: there
+// softmax and layer_norm stay in bfloat16):
+// - lower_precision_fp: floating inputs except float64 -> the region's dtype.
+// - fp32: floating inputs except float64 -> float32. `sum` is PyTorch's
+//   fp32_set_opt_dtype op: a 16-bit input is summed into a float32 result.
+// - not listed (runs in the input dtype): everything else. batch_norm is not listed
+//   (PyTorch runs it in the input dtype through cuDNN with float32 weight and statistics);
+//   Tally follows that: bfloat16 in, bfloat16 out, float32 statistics and parameters.
+// - promote (add, sub, mul, div, where, cat, stack of mixed dtypes): the raw ops already
+//   promote to the widest input type (PyTorch's type promotion), so they need no hook.
+//
+// Weight cache: a cast of a leaf float32 tensor that requires grad (a parameter) to the
+// lower-precision dtype is cached for the outermost autocast region (key: the tensor's
+// identity and storage version, so an in-place update misses), allocated under category
+// `autocast_cache`, and dropped when the outermost AutocastGuard exits. Two uses of one
+// weight in a region therefore cast it once.
+#pragma once
+
+#include <array>
+#include <cstddef>
+
+#include "tensor/tensor.h"
+
+namespace tally {
+
+// RAII, like `with torch.autocast(device_type, dtype, enabled, cache_enabled)`: nestable
+// and thread-local; restores the previous settings on exit. dtype must be float16 or
+// bfloat16.
+class AutocastGuard {
+ public:
+  AutocastGuard(DeviceType device, DType dtype, bool enabled = true, bool cache_enabled = true);
+  // The device's default dtype (float16 for CUDA, bfloat16 for CPU, as PyTorch).
+  explicit AutocastGuard(DeviceType device, bool enabled = true);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  DeviceType device_;
+  bool prev_enabled_;
+  DType prev_dtype_;
+  bool prev_cache_enabled_;
+};
+
+bool is_autocast_enabled(DeviceType device);
+DType autocast_dtype(DeviceType device);
+bool is_autocast_cache_enabled();
+// torch.clear_autocast_cache(): drop the cached weight casts now.
+void clear_autocast_cache();
+// Number of cached weight casts (tests, reports).
+size_t autocast_cache_size();
+
+namespace autocast {
+
+// This thread's whole autocast state, to replay a region later (checkpoint recompute).
+struct State {
+  bool enabled[2] = {false, false};  // by DeviceType (cpu, cuda)
+  DType dtype[2] = {DType::bfloat16, DType::float16};
+  bool cache_enabled = true;
+  bool excluded = false;
+};
+State current_state();
+
+// RAII: this thread's autocast state set to `state`; the previous state restored on exit.
+// Counts as an autocast region for the cache (cleared when the outermost one exits).
+class StateScope {
+ public:
+  explicit StateScope(const State& state);
+  ~StateScope();
+  StateScope(const StateScope&) = delete;
+  StateScope& operator=(const StateScope&) = delete;
+
+ private:
+  State saved_;
+};
+
+// RAII: autocast off for the ops inside (PyTorch excludes the Autocast dispatch key while
+// an autocast wrapper runs). A composite op that made its own casts wraps its body in one,
+// so its inner ops run in the dtype it chose.
+class ExcludeScope {
+ public:
+  ExcludeScope();
+  ~ExcludeScope();
+  ExcludeScope(const ExcludeScope&) = delete;
+  ExcludeScope& operator=(const ExcludeScope&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// Whether ops on `device` are autocast now (enabled and not excluded).
+bool is_active(Device device);
+
+enum class CastPolicy { lower_precision_fp, fp32 };
+
+// `t` as the policy wants it for an op on `device` (t itself when nothing changes).
+Tensor cast(const char* op, const Tensor& t, CastPolicy policy, Device device);
+
+namespace detail {
+template <typename... Ts>
+Device first_device(const Ts&... ts) {
+  Device d = Device::cpu();
+  bool found = false;
+  ((found || !ts.defined() ? void() : (d = ts.device(), found = true, void())), ...);
+  return d;
+}
+
+template <typename... Ts>
+std::array<Tensor, sizeof...(Ts)> apply(const char* op, CastPolicy policy, const Ts&... ts) {
+  const Device d = first_device(ts...);
+  if (!is_active(d)) return {ts...};
+  return {cast(op, ts, policy, d)...};
+}
+}  // namespace detail
+
+// The inputs of a lower-precision op (matmul, linear, conv2d, ...), cast for the region.
+// Undefined tensors stay undefined; non-floating and float64 tensors are left alone.
+template <typename... Ts>
+std::array<Tensor, sizeof...(Ts)> lower(const char* op, const Ts&... ts) {
+  return detail::apply(op, CastPolicy::lower_precision_fp, ts...);
+}
+
+// The inputs of a float32 op (softmax, layer_norm, cross_entropy, ...), cast to float32
+// inside an autocast region.
+template <typename... Ts>
+std::array<Tensor, sizeof...(Ts)> fp32(const char* op, const Ts&... ts) {
+  return detail::apply(op, CastPolicy::fp32, ts...);
+}
+
+}  // namespace autocast
+}  // namespace tally

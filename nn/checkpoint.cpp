@@ -1,0 +1,253 @@
+// checkpoint / checkpoint_sequential: the segment frame, its pack/unpack hooks and the
+// recompute.
+#include "nn/checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+
+#include "autograd/autocast.h"
+#include "autograd/saved_tensor.h"
+#include "memory/context.h"
+#include "memory/memory.h"
+#include "tensor/random.h"
+
+namespace tally::nn {
+namespace {
+
+thread_local CheckpointStats tls_stats;
+
+// One checkpointed segment: what is needed to run it again, and what the recompute found.
+struct Frame {
+  std::function<Tensor(const TensorList&)> fn;
+  std::vector<SavedTensor> inputs;
+  std::vector<bool> input_requires_grad;
+  bool preserve_rng = true;
+  PhiloxState rng;
+  autocast::State autocast_state;
+  CheckpointPolicy policy;
+
+  // By order of saving in forward: shape/dtype (to check the recompute), whether a
+  // handle still waits for the tensor, and the recomputed tensor.
+  struct Slot {
+    Shape shape;
+    DType dtype = DType::float32;
+    bool waiting = false;
+    std::unique_ptr<SavedTensor> recomputed;
+  };
+  std::vector<Slot> slots;
+  bool recomputed = false;
+  bool recomputing = false;
+
+  void recompute();
+};
+
+// What a saved tensor's handle holds: the frame and its index, or the kept tensor.
+struct Holder {
+  std::shared_ptr<Frame> frame;
+  size_t index = 0;
+  std::unique_ptr<SavedTensor> kept;
+
+  ~Holder() {
+    if (frame && index < frame->slots.size()) {
+      frame->slots[index].waiting = false;
+      frame->slots[index].recomputed.reset();
+    }
+  }
+};
+
+std::string_view producing_op(const Tensor& t) {
+  const Storage& s = t.storage();
+  if (!s.owned() || s.data() == nullptr) return {};
+  return memory::interned(memory::get_allocator(t.device()).block_tag(s.data()).op);
+}
+
+// RAII: the default generator's state put back on exit.
+class RngRestore {
+ public:
+  RngRestore() : state_(get_rng_state()) {}
+  ~RngRestore() { set_rng_state(state_); }
+
+ private:
+  PhiloxState state_;
+};
+
+void Frame::recompute() {
+  if (recomputing)
+    throw std::logic_error(
+        "checkpoint: a saved tensor of a segment was unpacked while that segment was being "
+        "recomputed");
+  recomputing = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{recomputing};
+
+  memory::PhaseScope phase("recompute");
+  EnableGradGuard grad;
+  autocast::StateScope autocast_scope(autocast_state);
+  RngRestore rng_restore;
+  if (preserve_rng) set_rng_state(rng);
+
+  TensorList args;
+  args.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Tensor t = inputs[i].unpack();
+    if (t.defined()) {
+      t = t.detach();
+      if (input_requires_grad[i]) t.requires_grad_(true);
+    }
+    args.push_back(t);
+  }
+
+  size_t next = 0;
+  SavedTensorHooks hooks;
+  hooks.pack = [this, &next](const Tensor& t) -> std::any {
+    const size_t i = next++;
+    if (i >= slots.size())
+      throw std::runtime_error(fmt::format(
+          "checkpoint: the recomputed segment saves more tensors for backward than its "
+          "forward did ({}); the function must compute the same ops when run again",
+          slots.size()));
+    Slot& slot = slots[i];
+    if (t.sizes() != slot.shape || t.dtype() != slot.dtype)
+      throw std::runtime_error(fmt::format(
+          "checkpoint: recomputed tensor {} is {} {} but the forward saved {} {}; the function "
+          "must compute the same ops when run again",
+          i, dtype_name(t.dtype()), t.shape_string(), dtype_name(slot.dtype),
+          shape_str(slot.shape)));
+    if (slot.waiting && !slot.recomputed) {
+      slot.recomputed = std::make_unique<SavedTensor>(t, "checkpoint (recomputed)", false);
+      ++tls_stats.tensors_recomputed;
+    }
+    return {};
+  };
+  hooks.unpack = [](const std::any&) -> Tensor {
+    throw std::logic_error("checkpoint: a tensor saved during a recompute was unpacked");
+  };
+  {
+    SavedTensorHooksScope scope(std::move(hooks));
+    fn(args);
+  }
+  if (next != slots.size())
+    throw std::runtime_error(fmt::format(
+        "checkpoint: the recomputed segment saved {} tensors for backward, its forward saved "
+        "{}; the function must compute the same ops when run again",
+        next, slots.size()));
+  recomputed = true;
+  ++tls_stats.recomputations;
+}
+
+Tensor unpack_holder(const std::any& packed) {
+  const auto& holder = std::any_cast<const std::shared_ptr<Holder>&>(packed);
+  if (holder->kept) return holder->kept->unpack();
+  Frame& frame = *holder->frame;
+  Frame::Slot& slot = frame.slots.at(holder->index);
+  if (!slot.recomputed) {
+    if (frame.recomputed)
+      throw std::runtime_error(fmt::format(
+          "checkpoint: saved tensor {} of the segment is no longer available (its recompute "
+          "already ran and released it)",
+          holder->index));
+    frame.recompute();
+  }
+  return slot.recomputed->unpack();
+}
+
+}  // namespace
+
+CheckpointPolicy save_ops(std::vector<std::string> ops) {
+  return [ops = std::move(ops)](const SavedTensorInfo& info) {
+    return std::find(ops.begin(), ops.end(), info.op) != ops.end();
+  };
+}
+
+Tensor checkpoint(std::function<Tensor(const TensorList&)> fn, const TensorList& inputs,
+                  CheckpointOptions options) {
+  if (!fn) throw std::invalid_argument("checkpoint: fn is empty");
+  if (!GradMode::is_enabled()) return fn(inputs);
+
+  auto frame = std::make_shared<Frame>();
+  frame->fn = fn;
+  frame->preserve_rng = options.preserve_rng_state;
+  frame->rng = get_rng_state();
+  frame->autocast_state = autocast::current_state();
+  frame->policy = std::move(options.policy);
+  // Saved under the hooks of an enclosing checkpoint, if any: nested segments drop their
+  // inputs too.
+  frame->inputs.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    frame->inputs.emplace_back(t, "checkpoint (input)");
+    frame->input_requires_grad.push_back(t.defined() && t.requires_grad());
+  }
+  ++tls_stats.segments;
+
+  std::weak_ptr<Frame> weak = frame;
+  SavedTensorHooks hooks;
+  hooks.pack = [weak](const Tensor& t) -> std::any {
+    std::shared_ptr<Frame> f = weak.lock();
+    auto holder = std::make_shared<Holder>();
+    holder->index = f->slots.size();
+    Frame::Slot slot;
+    slot.shape = t.sizes();
+    slot.dtype = t.dtype();
+    if (f->policy) {
+      // The op whose allocation context made the storage: the op that produced it.
+      SavedTensorInfo info{producing_op(t), t.sizes(), t.dtype(), t.nbytes()};
+      if (f->policy(info)) {
+        holder->kept = std::make_unique<SavedTensor>(t, "checkpoint (kept)", false);
+        ++tls_stats.tensors_kept;
+        f->slots.push_back(std::move(slot));
+        return holder;  // no frame: a kept tensor never triggers a recompute
+      }
+    }
+    slot.waiting = true;
+    f->slots.push_back(std::move(slot));
+    holder->frame = f;
+    ++tls_stats.tensors_dropped;
+    return holder;
+  };
+  hooks.unpack = unpack_holder;
+  SavedTensorHooksScope scope(std::move(hooks));
+  return fn(inputs);
+}
+
+Tensor checkpoint(std::function<Tensor(const Tensor&)> fn, const Tensor& input,
+                  CheckpointOptions options) {
+  if (!fn) throw std::invalid_argument("checkpoint: fn is empty");
+  return checkpoint([fn = std::move(fn)](const TensorList& in) { return fn(in[0]); },
+                    TensorList{input}, std::move(options));
+}
+
+Tensor checkpoint_sequential(std::vector<std::function<Tensor(const Tensor&)>> stages,
+                             int segments, Tensor input, CheckpointOptions options) {
+  const int n = static_cast<int>(stages.size());
+  if (segments < 1 || segments > n)
+    throw std::invalid_argument(fmt::format(
+        "checkpoint_sequential: segments must be in [1, {}] (the number of stages), got {}", n,
+        segments));
+  // The runs outlive this call (a recompute runs them again in backward): share the stages.
+  auto shared = std::make_shared<std::vector<std::function<Tensor(const Tensor&)>>>(
+      std::move(stages));
+  auto run = [shared](int start, int end) {  // stages [start, end]
+    return std::function<Tensor(const Tensor&)>([shared, start, end](const Tensor& x) {
+      Tensor y = x;
+      for (int i = start; i <= end; ++i) y = (*shared)[static_cast<size_t>(i)](y);
+      return y;
+    });
+  };
+  const int size = n / segments;
+  int end = -1;
+  for (int start = 0; start < size * (segments - 1); start += size) {
+    end = start + size - 1;
+    input = checkpoint(run(start, end), input, options);
+  }
+  return run(end + 1, n - 1)(input);
+}
+
+CheckpointStats checkpoint_stats() { return tls_stats; }
+void reset_checkpoint_stats() { tls_stats = CheckpointStats{}; }
+
+}  // namespace tally::nn

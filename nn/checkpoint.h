@@ -1,0 +1,85 @@
+// Recompute-based activation checkpointing, PyTorch's torch.utils.checkpoint in its
+// non-reentrant form: checkpoint, checkpoint_sequential and selective checkpointing.
+//
+// How it works. checkpoint(fn, inputs) runs fn with saved-tensor hooks
+// (autograd/saved_tensor.h) that keep nothing: every tensor an op inside saves for
+// backward is replaced by a small handle numbered in the order of saving. The segment's
+// inputs (as saved tensors, so they count as `activation`, or are themselves dropped by an
+// enclosing checkpoint), the default generator's state (tensor/random.h: one Philox
+// generator serves CPU and CUDA) and the autocast state are remembered. When backward first
+// unpacks one of the handles, the segment is run again once, with grad enabled, the
+// recorded RNG and autocast state, under memory::PhaseScope("recompute"); the tensors its
+// ops save are collected by order of saving (held as saved tensors, so tagged
+// `activation`) and each handle returns its recomputed tensor. A handle's tensor is freed
+// when the node holding the handle releases it after its backward. The RNG is restored
+// after the recompute, so checkpointing never shifts the random stream.
+//
+// Nesting works (an inner checkpoint's inputs are saved through the outer checkpoint's
+// hooks, so they are dropped and recomputed too) and the segment's output may have any
+// number of consumers: the graph is the ordinary one; only what it saved is recomputed.
+//
+// Selective checkpointing: a CheckpointPolicy decides, for each tensor the segment saves,
+// whether to keep it (true) or drop it and recompute (false), like PyTorch's
+// create_selective_checkpoint_contexts. It sees the op that produced the tensor: the op
+// under which its storage was allocated (the allocator's block tag, e.g. "linear",
+// "matmul", "conv2d", "relu"), its shape, dtype and size. Limitation: a recompute
+// re-runs the whole segment (Tally has no op-level output replay yet), so a policy buys
+// memory (kept tensors are not dropped) and skips recomputes entirely when backward needs
+// only kept tensors, but once a dropped tensor is needed the segment's ops all run again.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "autograd/ops.h"
+
+namespace tally::nn {
+
+// What a selective-checkpoint policy sees about a tensor being saved.
+struct SavedTensorInfo {
+  std::string_view op;  // the op that allocated its storage ("linear", "relu", ...)
+  Shape shape;
+  DType dtype = DType::float32;
+  size_t nbytes = 0;
+};
+
+// true: keep the tensor (PyTorch's MUST_SAVE); false: drop it and recompute.
+using CheckpointPolicy = std::function<bool(const SavedTensorInfo&)>;
+
+// Keep the tensors produced by any of `ops` (e.g. {"linear", "matmul", "mm", "bmm",
+// "conv2d"}): the usual "save the matmuls, recompute the cheap elementwise and norms".
+CheckpointPolicy save_ops(std::vector<std::string> ops);
+
+struct CheckpointOptions {
+  bool preserve_rng_state = true;
+  CheckpointPolicy policy;  // empty: keep nothing (plain checkpointing)
+};
+
+// Runs fn(inputs) without keeping what its ops save for backward; backward recomputes it.
+// Under no_grad it simply runs fn.
+Tensor checkpoint(std::function<Tensor(const TensorList&)> fn, const TensorList& inputs,
+                  CheckpointOptions options = {});
+Tensor checkpoint(std::function<Tensor(const Tensor&)> fn, const Tensor& input,
+                  CheckpointOptions options = {});
+
+// torch.utils.checkpoint.checkpoint_sequential: the stages split into `segments` runs of
+// stages.size() / segments stages; all but the last run are checkpointed, the last run
+// (with the remaining stages) is not. 1 <= segments <= stages.size().
+Tensor checkpoint_sequential(std::vector<std::function<Tensor(const Tensor&)>> stages,
+                             int segments, Tensor input, CheckpointOptions options = {});
+
+// Counters on this thread since the last reset (tests, reports).
+struct CheckpointStats {
+  int64_t segments = 0;            // checkpointed forwards
+  int64_t recomputations = 0;      // segments recomputed in backward
+  int64_t tensors_dropped = 0;     // saved tensors replaced by a handle in forward
+  int64_t tensors_kept = 0;        // saved tensors a policy kept
+  int64_t tensors_recomputed = 0;  // dropped tensors restored by a recompute
+};
+CheckpointStats checkpoint_stats();
+void reset_checkpoint_stats();
+
+}  // namespace tally::nn

@@ -1,0 +1,285 @@
+// Autocast on the CPU with bfloat16: which ops run in bfloat16 and which in float32, the
+// dtypes gradients come back in, the weight-cast cache (one autocast_cache block per
+// weight per region, freed at exit), nesting, and a small MLP that trains under autocast
+// and stays close to its float32 twin.
+#include <cmath>
+
+#include "autograd/autocast.h"
+#include "autograd/ops.h"
+#include "tensor/gradcheck.h"
+#include "memory/memory.h"
+
+namespace tally {
+namespace {
+
+using memory::Category;
+
+const Device kCpu = Device::cpu();
+
+Tensor param(const Shape& shape, double scale, uint64_t seed) {
+  Generator g(seed);
+  Tensor t = ops::mul(ops::randn(shape, DType::float32, kCpu, &g), scale);
+  t.requires_grad_(true);
+  return t;
+}
+
+Tensor data(const Shape& shape, uint64_t seed) {
+  Generator g(seed);
+  return ops::randn(shape, DType::float32, kCpu, &g);
+}
+
+int64_t cat_bytes(Category c) {
+  return memory::get_allocator(kCpu).stats().cat_bytes(c).current;
+}
+int64_t cat_blocks_allocated(Category c) {
+  return memory::get_allocator(kCpu).stats().category_blocks[static_cast<size_t>(c)].allocated;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> va = ops::to_vector(a), vb = ops::to_vector(b);
+  double m = 0;
+  for (size_t i = 0; i < va.size(); ++i) m = std::max(m, std::abs(va[i] - vb[i]));
+  return m;
+}
+double max_abs(const Tensor& a) {
+  double m = 0;
+  for (double v : ops::to_vector(a)) m = std::max(m, std::abs(v));
+  return m;
+}
+
+TEST(Autocast, GuardStateNestsAndRestores) {
+  EXPECT_FALSE(is_autocast_enabled(DeviceType::cpu));
+  {
+    AutocastGuard outer(DeviceType::cpu, DType::bfloat16);
+    EXPECT_TRUE(is_autocast_enabled(DeviceType::cpu));
+    EXPECT_FALSE(is_autocast_enabled(DeviceType::cuda));
+    EXPECT_EQ(autocast_dtype(DeviceType::cpu), DType::bfloat16);
+    {
+      AutocastGuard inner(DeviceType::cpu, DType::float16, /*enabled=*/false);
+      EXPECT_FALSE(is_autocast_enabled(DeviceType::cpu));
+      const Tensor y = linear(data({2, 3}, 1), param({4, 3}, 1.0, 2));
+      EXPECT_EQ(y.dtype(), DType::float32);  // disabled inside
+      {
+        AutocastGuard inner2(DeviceType::cpu, DType::float16);
+        EXPECT_EQ(linear(data({2, 3}, 1), param({4, 3}, 1.0, 2)).dtype(), DType::float16);
+      }
+    }
+    EXPECT_TRUE(is_autocast_enabled(DeviceType::cpu));
+    EXPECT_EQ(autocast_dtype(DeviceType::cpu), DType::bfloat16);
+  }
+  EXPECT_FALSE(is_autocast_enabled(DeviceType::cpu));
+  // The default dtypes: bfloat16 on the CPU, float16 on CUDA (PyTorch's).
+  {
+    AutocastGuard g(DeviceType::cpu);
+    EXPECT_EQ(autocast_dtype(DeviceType::cpu), DType::bfloat16);
+  }
+  EXPECT_THROW({ AutocastGuard bad(DeviceType::cpu, DType::float32); }, std::invalid_argument);
+  EXPECT_FALSE(is_autocast_enabled(DeviceType::cpu));
+}
+
+TEST(Autocast, LowerPrecisionOpsRunInBfloat16) {
+  const Tensor x = data({4, 8}, 1), w = param({6, 8}, 0.3, 2), b = param({6}, 0.1, 3);
+  const Tensor img = data({2, 3, 6, 6}, 4), kw = param({5, 3, 3, 3}, 0.2, 5);
+  const Tensor q = data({2, 5, 8}, 6), k = data({2, 7, 8}, 7), v = data({2, 7, 4}, 8);
+  AutocastGuard guard(DeviceType::cpu, DType::bfloat16);
+  EXPECT_EQ(linear(x, w, b).dtype(), DType::bfloat16);
+  EXPECT_EQ(matmul(x, w.t()).dtype(), DType::bfloat16);
+  EXPECT_EQ(mm(x, w.t()).dtype(), DType::bfloat16);
+  EXPECT_EQ(bmm(q, k.transpose(1, 2)).dtype(), DType::bfloat16);
+  EXPECT_EQ(conv2d(img, kw, Tensor(), {1, 1}, {1, 1}).dtype(), DType::bfloat16);
+  EXPECT_EQ(scaled_dot_product_attention(q, k, v).dtype(), DType::bfloat16);
+  // float64 is never lowered (PyTorch's eligibility rule).
+  const Tensor x64 = ops::to(x, DType::float64);
+  EXPECT_EQ(matmul(x64, ops::to(w, DType::float64).t()).dtype(), DType::float64);
+}
+
+TEST(Autocast, Float32OpsRunInFloat32) {
+  AutocastGuard guard(DeviceType::cpu, DType::bfloat16);
+  const Tensor h = linear(data({4, 8}, 1), param({6, 8}, 0.3, 2));  // bfloat16
+  ASSERT_EQ(h.dtype(), DType::bfloat16);
+  const Tensor target = from_vector({0, 1, 2, 5}, {4}, TensorOptions{}.with_dtype(DType::int64));
+  EXPECT_EQ(softmax(h, -1).dtype(), DType::float32);
+  EXPECT_EQ(log_softmax(h, -1).dtype(), DType::float32);
+  EXPECT_EQ(layer_norm(h, {6}, param({6}, 1.0, 3), param({6}, 0.1, 4)).dtype(), DType::float32);
+  EXPECT_EQ(rms_norm(h, {6}, param({6}, 1.0, 3)).dtype(), DType::float32);
+  EXPECT_EQ(cross_entropy(h, target).dtype(), DType::float32);
+  EXPECT_EQ(nll_loss(log_softmax(h, -1), target).dtype(), DType::float32);
+  EXPECT_EQ(exp(h).dtype(), DType::float32);
+  EXPECT_EQ(log(abs(h)).dtype(), DType::float32);
+  EXPECT_EQ(pow(h, 2.0).dtype(), DType::float32);
+  EXPECT_EQ(logsumexp(h, 1).dtype(), DType::float32);
+  EXPECT_EQ(sum(h).dtype(), DType::float32);  // fp32_set_opt_dtype
+  // Not listed: run in the input dtype.
+  EXPECT_EQ(mean(h).dtype(), DType::bfloat16);
+  EXPECT_EQ(relu(h).dtype(), DType::bfloat16);
+  const Tensor rm = zeros({6}), rv = ones({6});
+  EXPECT_EQ(batch_norm(h, rm, rv, param({6}, 1.0, 5), Tensor(), true).dtype(), DType::bfloat16);
+  // Promote: mixed inputs run in the widest type.
+  const Tensor f = data({4, 6}, 9);
+  EXPECT_EQ(add(h, f).dtype(), DType::float32);
+  EXPECT_EQ(mul(h, f).dtype(), DType::float32);
+  EXPECT_EQ(cat({h, f}, 0).dtype(), DType::float32);
+  EXPECT_EQ(stack({h, f}, 0).dtype(), DType::float32);
+}
+
+TEST(Autocast, GradientsComeBackInTheParametersDtype) {
+  Tensor x = data({5, 8}, 1);
+  x.requires_grad_(true);
+  const Tensor w1 = param({16, 8}, 0.3, 2), b1 = param({16}, 0.1, 3);
+  const Tensor g = param({16}, 1.0, 4), w2 = param({3, 16}, 0.3, 5);
+  const Tensor target = from_vector({0, 1, 2, 1, 0}, {5}, TensorOptions{}.with_dtype(DType::int64));
+  Tensor loss;
+  {
+    AutocastGuard guard(DeviceType::cpu, DType::bfloat16);
+    loss = cross_entropy(linear(layer_norm(relu(linear(x, w1, b1)), {16}, g), w2), target);
+  }
+  EXPECT_EQ(loss.dtype(), DType::float32);
+  loss.backward();
+  for (const Tensor& p : {x, w1, b1, g, w2}) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.grad().dtype(), DType::float32);
+    EXPECT_GT(max_abs(p.grad()), 0.0);
+  }
+}
+
+TEST(Autocast, BackwardRunsInTheForwardDtype) {
+  const Tensor x = data({4, 8}, 1), w = param({6, 8}, 0.3, 2);
+  Tensor y;
+  {
+    AutocastGuard guard(DeviceType::cpu, DType::bfloat16);
+    y = linear(x, w);
+  }
+  // LinearBackward saved the bfloat16 input (for dW).
+  const std::vector<Tensor> saved = testing::saved_by(y);
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(saved[0].dtype(), DType::bfloat16);
+  // The weight's gradient was computed in bfloat16, then widened: every value is a
+  // bfloat16 number, and it matches the float32 product to bfloat16 precision.
+  sum(mul(y, 1.0)).backward();
+  const Tensor gw = w.grad();
+  ASSERT_EQ(gw.dtype(), DType::float32);
+  EXPECT_EQ(max_abs_diff(gw, ops::to(ops::to(gw, DType::bfloat16), DType::float32)), 0.0);
+  const Tensor expect = ops::mm(ops::ones({6, 4}), x);
+  EXPECT_LT(max_abs_diff(gw, expect), 1e-2 * max_abs(expect));
+}
+
+TEST(Autocast, WeightCastIsCachedOncePerRegionAndFreedAtExit) {
+  const Tensor w = param({64, 64}, 0.1, 2);  // 64*64*2 bytes in bfloat16: one block
+  const Tensor x = data({4, 64}, 1);
+  ASSERT_EQ(cat_bytes(Category::autocast_cache), 0);
+  const int64_t blocks_before = cat_blocks_allocated(Category::autocast_cache);
+  {
+    AutocastGuard guard(DeviceType::cpu, DType::bfloat16);
+    Tensor a = linear(x, w);
+    Tensor b = linear(relu(a), w);  // the same weight again
+    EXPECT_EQ(autocast_cache_size(), 1u);
+    EXPECT_EQ(cat_blocks_allocated(Category::autocast_cache) - blocks_before, 1);
+    EXPECT_GE(cat_bytes(Category::autocast_cache), 64 * 64 * 2);
+    {
+      AutocastGuard nested(DeviceType::cpu, DType::bfloat16);  // still the same region
+      Tensor c = linear(x, w);
+    }
+    EXPECT_EQ(autocast_cache_size(), 1u);
+    EXPECT_EQ(cat_blocks_allocated(Category::autocast_cache) - blocks_before, 1);
+    // An in-place update bumps the version: the next use casts again.
+    {
+      NoGradGuard ng;
+      ops::mul_(w, 1.0);
+    }
+    Tensor d = linear(x, w);
+    EXPECT_EQ(cat_blocks_allocated(Category::autocast_cache) - blocks_before, 2);
+    // Activations (not leaves) are cast each time, never cached.
+    EXPECT_EQ(autocast_cache_size(), 1u);
+  }
+  EXPECT_EQ(autocast_cache_size(), 0u);
+  EXPECT_EQ(cat_bytes(Category::autocast_cache), 0);
+}
+
+TEST(Autocast, CacheCanBeDisabled) {
+  const Tensor w = param({8, 8}, 0.1, 2);
+  AutocastGuard guard(DeviceType::cpu, DType::bfloat16, true, /*cache_enabled=*/false);
+  Tensor a = linear(data({2, 8}, 1), w);
+  EXPECT_EQ(autocast_cache_size(), 0u);
+}
+
+// A three-layer MLP on a fixed classification problem, trained with plain SGD.
+struct Mlp {
+  TensorList params;
+  explicit Mlp(uint64_t seed) {
+    params = {param({32, 8}, 0.35, seed), param({32}, 0.0, seed + 1),
+              param({32, 32}, 0.18, seed + 2), param({32}, 0.0, seed + 3),
+              param({4, 32}, 0.18, seed + 4), param({4}, 0.0, seed + 5)};
+  }
+  Tensor forward(const Tensor& x) const {
+    // tanh, not relu: a smooth network, so bfloat16 rounding cannot flip a unit on or off
+    // and the gradients stay comparable element by element.
+    Tensor h = tanh(linear(x, params[0], params[1]));
+    h = tanh(linear(h, params[2], params[3]));
+    return linear(h, params[4], params[5]);
+  }
+};
+
+TEST(Autocast, MlpTrainsUnderBfloat16AndStaysCloseToFloat32) {
+  const Tensor x = data({64, 8}, 11);
+  // Labels from a fixed random linear map, so the problem is learnable.
+  const Tensor teacher = data({4, 8}, 12);
+  const Tensor y = ops::argmax(ops::matmul(x, ops::transpose(teacher, 0, 1)), 1);
+
+  Mlp amp(100), ref(100);
+  // One forward: autocast vs float32, same parameters.
+  {
+    NoGradGuard ng;
+    const Tensor out32 = ref.forward(x);
+    Tensor out16;
+    {
+      AutocastGuard guard(DeviceType::cpu, DType::bfloat16);
+      out16 = amp.forward(x);
+    }
+    EXPECT_EQ(out16.dtype(), DType::bfloat16);
+    EXPECT_LT(max_abs_diff(out16, out32), 1e-2 * std::max(1.0, max_abs(out32)));
+  }
+  auto step = [&](Mlp& m, bool autocast) {
+    for (Tensor& p : m.params) p.set_grad(Tensor());
+    Tensor loss;
+    {
+      AutocastGuard guard(DeviceType::cpu, DType::bfloat16, autocast);
+      loss = cross_entropy(m.forward(x), y);
+    }
+    loss.backward();
+    NoGradGuard ng;
+    for (Tensor& p : m.params) {
+      EXPECT_EQ(p.grad().dtype(), DType::float32);
+      ops::add_(p, p.grad(), -0.5);
+    }
+    return loss.item();
+  };
+  // The first step's gradients (same parameters): float32, and close to float32's.
+  const double first = step(amp, true);
+  step(ref, false);
+  // (step already applied the update; the gradients are still there)
+  for (size_t i = 0; i < amp.params.size(); ++i) {
+    EXPECT_EQ(amp.params[i].grad().dtype(), DType::float32);
+    EXPECT_LT(max_abs_diff(amp.params[i].grad(), ref.params[i].grad()),
+              2e-2 * max_abs(ref.params[i].grad()))
+        << "parameter " << i;
+  }
+  double last_amp = first, last_ref = 0;
+  for (int i = 0; i < 30; ++i) {
+    last_amp = step(amp, true);
+    last_ref = step(ref, false);
+  }
+  EXPECT_LT(last_amp, 0.8 * first);
+  EXPECT_NEAR(last_amp, last_ref, 0.05 * last_ref + 1e-2);
+  for (const Tensor& p : amp.params) EXPECT_EQ(p.dtype(), DType::float32);
+}
+
+TEST(Autocast, ExcludeScopeTurnsItOff) {
+  AutocastGuard guard(DeviceType::cpu, DType::bfloat16);
+  EXPECT_TRUE(autocast::is_active(kCpu));
+  autocast::ExcludeScope exclude;
+  EXPECT_FALSE(autocast::is_active(kCpu));
+  EXPECT_EQ(linear(data({2, 3}, 1), param({4, 3}, 1.0, 2)).dtype(), DType::float32);
+}
+
+}  // namespace
+}  // namespace tally
