@@ -82,4 +82,28 @@ struct CheckpointStats {
 CheckpointStats checkpoint_stats();
 void reset_checkpoint_stats();
 
+
+// ---- checkpointing a model from the command line (--checkpoint) ----
+class Module;
+
+// "none" | "blocks" (every residual block / transformer block) | "N-segments"
+// (checkpoint_sequential over the model's stages: ResNet's layer1..layer4 when N <= 4, its
+// blocks otherwise; GPT's blocks) | "selective" (every block, keeping the outputs of the
+// matrix products and convolutions: selective_policy()).
+struct CheckpointSpec {
+  enum class Kind { none, blocks, segments, selective };
+  Kind kind = Kind::none;
+  int segments = 0;
+  std::string str() const;
+};
+// Throws std::invalid_argument naming the accepted spellings.
+CheckpointSpec parse_checkpoint_spec(const std::string& s);
+// The selective policy of --checkpoint selective: keep what linear, matmul, mm, bmm,
+// conv2d and attention produced; recompute norms, activations and elementwise ops.
+CheckpointPolicy selective_policy();
+// Applies `spec` to a ResNet, ResNetTiny or GPT (and any model whose blocks are BasicBlock,
+// Bottleneck or GPT Block modules); replaces what an earlier call set. Throws for
+// "N-segments" on a model without a stage list.
+void enable_checkpointing(Module& model, const CheckpointSpec& spec);
+
 }  // namespace tally::nn

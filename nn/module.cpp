@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "memory/caching_allocator.h"
+#include "nn/checkpoint.h"
 
 namespace tally::nn {
 
@@ -27,6 +28,16 @@ SkipInitGuard::~SkipInitGuard() { tls_skip_init = prev_; }
 bool SkipInitGuard::active() { return tls_skip_init; }
 
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+
+void Module::set_checkpoint(bool enabled, std::function<bool(const SavedTensorInfo&)> policy) {
+  checkpoint_ = enabled ? std::make_shared<std::function<bool(const SavedTensorInfo&)>>(std::move(policy)) : nullptr;
+}
+
+Tensor Module::checkpointed_forward(const Tensor& x) {
+  CheckpointOptions o;
+  o.policy = *checkpoint_;
+  return checkpoint([this](const Tensor& in) { return forward(in); }, x, o);
+}
 
 Tensor Module::forward(const Tensor&) {
   throw std::logic_error(fmt::format("{} has no single-tensor forward", type_name_));

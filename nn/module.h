@@ -12,6 +12,7 @@
 // are tagged `gradient` by autograd when they are accumulated.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +23,8 @@
 #include "memory/context.h"
 
 namespace tally::nn {
+
+struct SavedTensorInfo;  // nn/checkpoint.h
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
@@ -62,9 +65,15 @@ class Module {
   // Single-tensor forward; modules with other signatures add their own call operator and
   // wrap it with call().
   virtual Tensor forward(const Tensor& x);
+  // With set_checkpoint, the forward runs under nn::checkpoint (its activations are
+  // recomputed in backward instead of kept).
   Tensor operator()(const Tensor& x) {
-    return call([&] { return forward(x); });
+    return call([&] { return checkpoint_ ? checkpointed_forward(x) : forward(x); });
   }
+  // Checkpoint this module's single-tensor forward (policy: selective; empty: keep nothing),
+  // or stop checkpointing it (enabled = false).
+  void set_checkpoint(bool enabled, std::function<bool(const SavedTensorInfo&)> policy = {});
+  bool is_checkpointed() const { return checkpoint_ != nullptr; }
   // Runs `fn` under this module's ModuleScope and error context.
   template <typename Fn>
   auto call(Fn&& fn) -> decltype(fn()) {
@@ -137,6 +146,9 @@ class Module {
   void collect_state(const std::string& prefix, NamedTensors& out) const;
   void apply_to_tensors(const std::function<Tensor(const Tensor&)>& convert);
 
+  Tensor checkpointed_forward(const Tensor& x);
+
+  std::shared_ptr<std::function<bool(const SavedTensorInfo&)>> checkpoint_;
   std::string type_name_;
   std::string name_;
   bool training_ = true;

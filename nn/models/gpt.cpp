@@ -1,6 +1,11 @@
 // GPT-2 (nanoGPT's structure and names) over nn layers and scaled_dot_product_attention.
 #include "nn/models/gpt.h"
 
+#include <algorithm>
+#include <functional>
+
+#include "nn/checkpoint.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -95,7 +100,14 @@ Tensor GPTTransformer::forward(const Tensor& idx) {
     pos = ops::arange(0, static_cast<double>(T), 1, DType::int64, idx.device());
   }
   Tensor x = (*drop)(add((*wte)(idx), (*wpe)(pos)));
-  for (const auto& block : *h) x = (*block)(x);
+  if (checkpoint_segments > 0) {
+    std::vector<std::function<Tensor(const Tensor&)>> fns;
+    for (const auto& block : *h)
+      fns.push_back([this, block](const Tensor& in) { return h->call([&] { return (*block)(in); }); });
+    x = checkpoint_sequential(fns, std::min<int>(checkpoint_segments, static_cast<int>(fns.size())), x);
+  } else {
+    for (const auto& block : *h) x = (*block)(x);
+  }
   return (*ln_f)(x);
 }
 

@@ -67,6 +67,8 @@ class GPTTransformer : public Module {
   std::shared_ptr<Dropout> drop;
   std::shared_ptr<ModuleList> h;
   std::shared_ptr<LayerNorm> ln_f;
+  // > 0: the blocks run under checkpoint_sequential with this many segments.
+  int checkpoint_segments = 0;
 };
 
 class GPT : public Module {

@@ -1,6 +1,11 @@
 // ResNet-18/34/50/101 as torchvision builds them, and resnet_tiny.
 #include "nn/models/resnet.h"
 
+#include <algorithm>
+#include <functional>
+
+#include "nn/checkpoint.h"
+
 #include <fmt/format.h>
 
 #include "nn/init.h"
@@ -115,9 +120,31 @@ std::shared_ptr<Sequential> ResNet::make_layer(BlockKind block, int64_t planes, 
   return layer;
 }
 
+namespace {
+// checkpoint_sequential over the stages (when segments <= stages) or over their blocks.
+Tensor run_stages_checkpointed(const std::vector<std::shared_ptr<Sequential>>& stages, int segments, const Tensor& x) {
+  std::vector<std::function<Tensor(const Tensor&)>> fns;
+  if (segments <= static_cast<int>(stages.size())) {
+    for (const auto& s : stages) fns.push_back([s](const Tensor& in) { return (*s)(in); });
+  } else {
+    for (const auto& s : stages)
+      for (const auto& [name, block] : s->named_children()) {
+        // Each block runs under its stage's module path, as without checkpointing.
+        fns.push_back([s, block = block](const Tensor& in) {
+          return s->call([&] { return (*block)(in); });
+        });
+      }
+  }
+  return checkpoint_sequential(fns, std::min<int>(segments, static_cast<int>(fns.size())), x);
+}
+}  // namespace
+
 Tensor ResNet::forward(const Tensor& x) {
   Tensor y = (*maxpool)((*relu)((*bn1)((*conv1)(x))));
-  y = (*layer4)((*layer3)((*layer2)((*layer1)(y))));
+  if (checkpoint_segments > 0)
+    y = run_stages_checkpointed({layer1, layer2, layer3, layer4}, checkpoint_segments, y);
+  else
+    y = (*layer4)((*layer3)((*layer2)((*layer1)(y))));
   y = (*avgpool)(y).flatten(1);
   return (*fc)(y);
 }
@@ -153,7 +180,10 @@ ResNetTiny::ResNetTiny(ResNetOptions opts) : Module("ResNetTiny") {
 
 Tensor ResNetTiny::forward(const Tensor& x) {
   Tensor y = (*relu)((*bn1)((*conv1)(x)));
-  y = (*layer3)((*layer2)((*layer1)(y)));
+  if (checkpoint_segments > 0)
+    y = run_stages_checkpointed({layer1, layer2, layer3}, checkpoint_segments, y);
+  else
+    y = (*layer3)((*layer2)((*layer1)(y)));
   return (*fc)((*avgpool)(y).flatten(1));
 }
 

@@ -59,6 +59,9 @@ class ResNet : public Module {
   std::shared_ptr<Sequential> layer1, layer2, layer3, layer4;
   std::shared_ptr<AdaptiveAvgPool2d> avgpool;
   std::shared_ptr<Linear> fc;
+  // > 0: the stages run under checkpoint_sequential with this many segments
+  // (nn::enable_checkpointing sets it; layer1..layer4 when <= 4, else the blocks).
+  int checkpoint_segments = 0;
 
  private:
   std::shared_ptr<Sequential> make_layer(BlockKind block, int64_t planes, int64_t blocks, int64_t stride);
@@ -83,6 +86,7 @@ class ResNetTiny : public Module {
   std::shared_ptr<Sequential> layer1, layer2, layer3;
   std::shared_ptr<AdaptiveAvgPool2d> avgpool;
   std::shared_ptr<Linear> fc;
+  int checkpoint_segments = 0;  // as ResNet's (layer1..layer3 when <= 3, else the blocks)
 };
 
 std::shared_ptr<ResNetTiny> resnet_tiny(ResNetOptions opts = {});

@@ -1,0 +1,99 @@
+// --checkpoint for the models: parse the spec and mark the blocks (or set the segment count)
+// of a ResNet, ResNetTiny or GPT.
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "nn/checkpoint.h"
+#include "nn/models/gpt.h"
+#include "nn/models/resnet.h"
+
+namespace tally::nn {
+
+std::string CheckpointSpec::str() const {
+  switch (kind) {
+    case Kind::none: return "none";
+    case Kind::blocks: return "blocks";
+    case Kind::segments: return fmt::format("{}-segments", segments);
+    case Kind::selective: return "selective";
+  }
+  return "none";
+}
+
+CheckpointSpec parse_checkpoint_spec(const std::string& s) {
+  CheckpointSpec spec;
+  if (s == "none" || s == "off" || s.empty()) return spec;
+  if (s == "blocks") {
+    spec.kind = CheckpointSpec::Kind::blocks;
+    return spec;
+  }
+  if (s == "selective") {
+    spec.kind = CheckpointSpec::Kind::selective;
+    return spec;
+  }
+  const std::string suffix = "-segments";
+  if (s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    const std::string n = s.substr(0, s.size() - suffix.size());
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(n, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == n.size() && v >= 1) {
+      spec.kind = CheckpointSpec::Kind::segments;
+      spec.segments = v;
+      return spec;
+    }
+  }
+  throw std::invalid_argument(fmt::format(
+      "--checkpoint: expected none, blocks, N-segments (e.g. 4-segments) or selective, got '{}'", s));
+}
+
+CheckpointPolicy selective_policy() {
+  return save_ops({"linear", "matmul", "mm", "bmm", "conv2d", "scaled_dot_product_attention",
+                   "flash_attention_forward"});
+}
+
+namespace {
+bool is_block(Module* m) {
+  return dynamic_cast<BasicBlock*>(m) || dynamic_cast<Bottleneck*>(m) || dynamic_cast<Block*>(m);
+}
+}  // namespace
+
+void enable_checkpointing(Module& model, const CheckpointSpec& spec) {
+  // Reset what an earlier call set.
+  for (auto& [name, m] : model.named_modules()) {
+    if (m->is_checkpointed()) m->set_checkpoint(false);
+    if (auto* r = dynamic_cast<ResNet*>(m)) r->checkpoint_segments = 0;
+    if (auto* r = dynamic_cast<ResNetTiny*>(m)) r->checkpoint_segments = 0;
+    if (auto* g = dynamic_cast<GPTTransformer*>(m)) g->checkpoint_segments = 0;
+  }
+  using Kind = CheckpointSpec::Kind;
+  if (spec.kind == Kind::none) return;
+  if (spec.kind == Kind::blocks || spec.kind == Kind::selective) {
+    int n = 0;
+    for (auto& [name, m] : model.named_modules())
+      if (is_block(m)) {
+        m->set_checkpoint(true, spec.kind == Kind::selective ? selective_policy() : CheckpointPolicy{});
+        ++n;
+      }
+    if (n == 0)
+      throw std::invalid_argument(fmt::format(
+          "enable_checkpointing({}): the model ({}) has no residual or transformer blocks", spec.str(),
+          model.type_name()));
+    return;
+  }
+  int n = 0;
+  for (auto& [name, m] : model.named_modules()) {
+    if (auto* r = dynamic_cast<ResNet*>(m)) r->checkpoint_segments = spec.segments, ++n;
+    if (auto* r = dynamic_cast<ResNetTiny*>(m)) r->checkpoint_segments = spec.segments, ++n;
+    if (auto* g = dynamic_cast<GPTTransformer*>(m)) g->checkpoint_segments = spec.segments, ++n;
+  }
+  if (n == 0)
+    throw std::invalid_argument(fmt::format("enable_checkpointing({}): {} has no stage list to segment",
+                                            spec.str(), model.type_name()));
+}
+
+}  // namespace tally::nn
