@@ -28,9 +28,11 @@ struct SavedTensorInfo;  // nn/checkpoint.h
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
-// While alive (thread-local), layer constructors allocate their parameters without
-// initialising them; a model that re-initialises everything anyway (GPT-2's and ResNet's
-// schemes) builds under it so that no weight is initialised twice.
+// While alive (thread-local), layer and model constructors allocate their parameters
+// without initialising them (the cheap path to count or shape a model, or to load a
+// checkpoint into); a model that re-initialises everything anyway (GPT-2's and ResNet's
+// schemes) builds its layers under it so that no weight is initialised twice.
+// Normalisation layers still set their ones/zeros (cheap, no generator).
 class SkipInitGuard {
  public:
   SkipInitGuard();

@@ -112,6 +112,7 @@ Tensor GPTTransformer::forward(const Tensor& idx) {
 }
 
 GPT::GPT(const GPTConfig& cfg, Generator* gen) : Module("GPT"), config(cfg) {
+  const bool skip_init = SkipInitGuard::active();  // the caller wants uninitialised weights
   {
     SkipInitGuard skip;  // init_weights() below initialises every weight once
     transformer = register_module("transformer", std::make_shared<GPTTransformer>(cfg));
@@ -121,7 +122,7 @@ GPT::GPT(const GPTConfig& cfg, Generator* gen) : Module("GPT"), config(cfg) {
   // allocation is released here.
   lm_head->weight = transformer->wte->weight;
   lm_head->register_parameter("weight", lm_head->weight);
-  init_weights(gen);
+  if (!skip_init) init_weights(gen);
 }
 
 void GPT::init_weights(Generator* gen) {

@@ -24,6 +24,7 @@ std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride = 1) {
 // their constructors), Linear keeps its default init; optionally zero the last BN of each
 // residual branch.
 void init_resnet(Module& model, bool zero_init_residual, Generator* gen) {
+  if (SkipInitGuard::active()) return;  // the caller wants uninitialised weights
   for (const auto& [name, m] : model.named_modules()) {
     if (auto* conv = dynamic_cast<Conv2d*>(m)) {
       init::kaiming_normal_(conv->weight, 0.0, "fan_out", "relu", gen);

@@ -75,7 +75,7 @@ std::shared_ptr<ResNet> resnet101(ResNetOptions opts = {});
 
 // A small ResNet-style net for CPU CI (28x28 inputs such as Fashion-MNIST): a 3x3
 // conv-bn-relu stem of 16 channels, layer1 = BasicBlock(16), layer2 = BasicBlock(16->32,
-// stride 2), layer3 = BasicBlock(32->64, stride 2), avgpool, fc. ~0.17M parameters.
+// stride 2), layer3 = BasicBlock(32->64, stride 2), avgpool, fc. ~78K parameters.
 class ResNetTiny : public Module {
  public:
   explicit ResNetTiny(ResNetOptions opts = {});
