@@ -2,7 +2,10 @@
 // CUDA kernels (optim/cuda_multi_tensor.cu), so both devices compute the very same
 // expressions. They follow PyTorch's single-tensor paths (torch/optim/sgd.py, adam.py):
 // scalars are prepared in double on the host and rounded to the element type, the element
-// math runs in the element type, in PyTorch's operation order.
+// math runs in the element type, in PyTorch's operation order. Products and sums go through
+// mul/add, which on the device are the round-to-nearest intrinsics nvcc never fuses into an
+// FMA: the GPU then rounds exactly like the CPU (x86-64 has no FMA contraction here), and
+// the CUDA results equal the CPU reference bit for bit.
 #pragma once
 
 #include <cmath>
@@ -17,6 +20,26 @@
 #endif
 
 namespace tally::optim::detail {
+
+template <typename T>
+TALLY_OPTIM_HD T mul(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 4) return __fmul_rn(a, b);
+  else return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+template <typename T>
+TALLY_OPTIM_HD T add(T a, T b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 4) return __fadd_rn(a, b);
+  else return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
 
 template <typename T>
 struct SGDScalars {
@@ -37,13 +60,13 @@ struct SGDScalars {
 template <typename T>
 TALLY_OPTIM_HD void sgd_element(const SGDScalars<T>& s, T& p, T g, T* buf) {
   T d = s.maximize ? -g : g;
-  if (s.weight_decay != T(0)) d = d + s.weight_decay * p;
+  if (s.weight_decay != T(0)) d = add(d, mul(s.weight_decay, p));
   if (buf) {
-    T b = s.first_step ? d : *buf * s.momentum + s.one_minus_dampening * d;
+    const T b = s.first_step ? d : add(mul(*buf, s.momentum), mul(s.one_minus_dampening, d));
     *buf = b;
-    d = s.nesterov ? d + s.momentum * b : b;
+    d = s.nesterov ? add(d, mul(s.momentum, b)) : b;
   }
-  p = p + s.lr_neg * d;
+  p = add(p, mul(s.lr_neg, d));
 }
 
 template <typename T>
@@ -70,7 +93,7 @@ struct AdamScalars {
 // torch.lerp's formula (exact at both ends).
 template <typename T>
 TALLY_OPTIM_HD T lerp(T self, T end, T w) {
-  return (w < T(0.5) && w > T(-0.5)) ? self + w * (end - self) : end - (end - self) * (T(1) - w);
+  return (w < T(0.5) && w > T(-0.5)) ? add(self, mul(w, end - self)) : end - mul(end - self, T(1) - w);
 }
 
 // Adam:  grad += wd * param.       AdamW: param *= 1 - lr * wd.
@@ -81,19 +104,19 @@ template <typename T>
 TALLY_OPTIM_HD void adam_element(const AdamScalars<T>& s, T& p, T g, T& m, T& v, T* vmax) {
   T gr = s.maximize ? -g : g;
   if (s.weight_decay != T(0)) {
-    if (s.decoupled) p = p * s.decay_factor;
-    else gr = gr + s.weight_decay * p;
+    if (s.decoupled) p = mul(p, s.decay_factor);
+    else gr = add(gr, mul(s.weight_decay, p));
   }
   m = lerp(m, gr, s.lerp_weight);
-  v = v * s.beta2 + s.one_minus_beta2 * gr * gr;
+  v = add(mul(v, s.beta2), mul(mul(s.one_minus_beta2, gr), gr));
   T vv = v;
   if (vmax) {
     const T mx = *vmax;
     vv = (mx != mx || mx > v) ? mx : v;  // torch.maximum propagates NaN
     *vmax = vv;
   }
-  const T denom = std::sqrt(vv) / s.bias_correction2_sqrt + s.eps;
-  p = p + s.step_size_neg * m / denom;
+  const T denom = add(std::sqrt(vv) / s.bias_correction2_sqrt, s.eps);
+  p = add(p, mul(s.step_size_neg, m) / denom);
 }
 
 // One element's contribution to sum |x|^p (p = inf: |x|, combined with nan_max; p = 0: x != 0).

@@ -202,6 +202,38 @@ TEST(Adam, Float64ParametersFollowTheReferenceClosely) {
   EXPECT_TRUE(near_rel(a, pa, 1e-13));
 }
 
+TEST(Adam, MixedDtypesAndStepCountsBucketSeparately) {
+  // b misses the first step, so at step 2 a and b have different bias corrections; c is
+  // float64: three buckets, each following its own reference.
+  Tensor a = param({0.5}), b = param({-0.5}), c = param({2.0}, DType::float64);
+  AdamOptions o;
+  o.lr = 0.05;
+  Adam opt({a, b, c}, o);
+  testing::RefAdam ra, rb, rc;
+  ra.lr = rb.lr = rc.lr = 0.05;
+  std::vector<double> pa = {0.5}, pb = {-0.5}, pc = {2.0};
+  set_grad(a, {0.3});
+  set_grad(c, {-0.2});
+  opt.step();
+  ra.step(pa, {0.3});
+  rc.step(pc, {-0.2});
+  for (int s = 0; s < 2; ++s) {
+    set_grad(a, {0.1 - s});
+    set_grad(b, {0.7 + s});
+    set_grad(c, {0.4});
+    opt.step();
+    ra.step(pa, {0.1 - s});
+    rb.step(pb, {0.7 + s});
+    rc.step(pc, {0.4});
+  }
+  EXPECT_EQ(opt.state(0).step, 3);
+  EXPECT_EQ(opt.state(1).step, 2);
+  EXPECT_TRUE(near_rel(a, pa, 1e-6));
+  EXPECT_TRUE(near_rel(b, pb, 1e-6));
+  EXPECT_TRUE(near_rel(c, pc, 1e-13));
+  EXPECT_EQ(opt.state(2).tensors.at("exp_avg").dtype(), DType::float64);
+}
+
 TEST(Optimizer, ParamGroupsHaveTheirOwnOptions) {
   Tensor a = param({1.0}), b = param({1.0});
   SGDOptions d;
