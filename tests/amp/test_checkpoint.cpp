@@ -312,6 +312,20 @@ TEST(Checkpoint, SequentialEqualsPlain) {
                                                {"checkpoint_sequential", "[1, 5]"});
 }
 
+TEST(Checkpoint, GradcheckThroughANestedSegment) {
+  const Tensor x = testing::rand_input({3, 4}, -1, 1, 1), w = testing::rand_input({4, 4}, -1, 1, 2);
+  EXPECT_TRUE(testing::gradcheck(
+      [](const TensorList& in) {
+        return checkpoint(
+            [](const TensorList& a) {
+              const Tensor h = tanh(linear(a[0], a[1]));
+              return checkpoint([&](const Tensor& u) { return mul(gelu(u), u); }, h);
+            },
+            in);
+      },
+      {x, w}));
+}
+
 TEST(Checkpoint, NoGradJustRunsTheFunction) {
   const Mlp m(2);
   const Tensor x = data({8, 32}, 1);
