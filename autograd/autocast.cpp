@@ -27,16 +27,22 @@ struct ThreadState {
 
 thread_local ThreadState tls;
 
-int device_slot(DeviceType d) { return d == DeviceType::cuda ? 1 : 0; }
-int dtype_slot(DType d) { return d == DType::bfloat16 ? 1 : 0; }
+int device_slot(DeviceType d) {
+  return d == DeviceType::cuda ? 1 : 0;
+}
+int dtype_slot(DType d) {
+  return d == DType::bfloat16 ? 1 : 0;
+}
 
 void check_dtype(DType dtype) {
   if (dtype != DType::float16 && dtype != DType::bfloat16)
-    throw std::invalid_argument(fmt::format(
-        "autocast: dtype must be float16 or bfloat16, got {}", dtype_name(dtype)));
+    throw std::invalid_argument(
+        fmt::format("autocast: dtype must be float16 or bfloat16, got {}", dtype_name(dtype)));
 }
 
-void enter_region() { ++tls.nesting; }
+void enter_region() {
+  ++tls.nesting;
+}
 void exit_region() {
   if (--tls.nesting == 0) clear_autocast_cache();
 }
@@ -94,19 +100,29 @@ AutocastGuard::~AutocastGuard() {
   exit_region();
 }
 
-bool is_autocast_enabled(DeviceType device) { return tls.state.enabled[device_slot(device)]; }
-DType autocast_dtype(DeviceType device) { return tls.state.dtype[device_slot(device)]; }
-bool is_autocast_cache_enabled() { return tls.state.cache_enabled; }
+bool is_autocast_enabled(DeviceType device) {
+  return tls.state.enabled[device_slot(device)];
+}
+DType autocast_dtype(DeviceType device) {
+  return tls.state.dtype[device_slot(device)];
+}
+bool is_autocast_cache_enabled() {
+  return tls.state.cache_enabled;
+}
 
 void clear_autocast_cache() {
   for (auto& c : tls.cache) c.clear();
 }
 
-size_t autocast_cache_size() { return tls.cache[0].size() + tls.cache[1].size(); }
+size_t autocast_cache_size() {
+  return tls.cache[0].size() + tls.cache[1].size();
+}
 
 namespace autocast {
 
-State current_state() { return tls.state; }
+State current_state() {
+  return tls.state;
+}
 
 StateScope::StateScope(const State& state) : saved_(tls.state) {
   tls.state = state;
@@ -118,8 +134,12 @@ StateScope::~StateScope() {
   exit_region();
 }
 
-ExcludeScope::ExcludeScope() : saved_(tls.state.excluded) { tls.state.excluded = true; }
-ExcludeScope::~ExcludeScope() { tls.state.excluded = saved_; }
+ExcludeScope::ExcludeScope() : saved_(tls.state.excluded) {
+  tls.state.excluded = true;
+}
+ExcludeScope::~ExcludeScope() {
+  tls.state.excluded = saved_;
+}
 
 bool is_active(Device device) {
   return !tls.state.excluded && tls.state.enabled[device_slot(device.type)];

@@ -107,10 +107,10 @@ void Frame::recompute() {
   hooks.pack = [this, &next](const Tensor& t) -> std::any {
     const size_t i = next++;
     if (i >= slots.size())
-      throw std::runtime_error(fmt::format(
-          "checkpoint: the recomputed segment saves more tensors for backward than its "
-          "forward did ({}); the function must compute the same ops when run again",
-          slots.size()));
+      throw std::runtime_error(
+          fmt::format("checkpoint: the recomputed segment saves more tensors for backward than its "
+                      "forward did ({}); the function must compute the same ops when run again",
+                      slots.size()));
     Slot& slot = slots[i];
     if (t.sizes() != slot.shape || t.dtype() != slot.dtype)
       throw std::runtime_error(fmt::format(
@@ -221,16 +221,16 @@ Tensor checkpoint(std::function<Tensor(const Tensor&)> fn, const Tensor& input,
                     TensorList{input}, std::move(options));
 }
 
-Tensor checkpoint_sequential(std::vector<std::function<Tensor(const Tensor&)>> stages,
-                             int segments, Tensor input, CheckpointOptions options) {
+Tensor checkpoint_sequential(std::vector<std::function<Tensor(const Tensor&)>> stages, int segments,
+                             Tensor input, CheckpointOptions options) {
   const int n = static_cast<int>(stages.size());
   if (segments < 1 || segments > n)
     throw std::invalid_argument(fmt::format(
         "checkpoint_sequential: segments must be in [1, {}] (the number of stages), got {}", n,
         segments));
   // The runs outlive this call (a recompute runs them again in backward): share the stages.
-  auto shared = std::make_shared<std::vector<std::function<Tensor(const Tensor&)>>>(
-      std::move(stages));
+  auto shared =
+      std::make_shared<std::vector<std::function<Tensor(const Tensor&)>>>(std::move(stages));
   auto run = [shared](int start, int end) {  // stages [start, end]
     return std::function<Tensor(const Tensor&)>([shared, start, end](const Tensor& x) {
       Tensor y = x;
@@ -247,7 +247,11 @@ Tensor checkpoint_sequential(std::vector<std::function<Tensor(const Tensor&)>> s
   return run(end + 1, n - 1)(input);
 }
 
-CheckpointStats checkpoint_stats() { return tls_stats; }
-void reset_checkpoint_stats() { tls_stats = CheckpointStats{}; }
+CheckpointStats checkpoint_stats() {
+  return tls_stats;
+}
+void reset_checkpoint_stats() {
+  tls_stats = CheckpointStats{};
+}
 
 }  // namespace tally::nn

@@ -68,8 +68,8 @@ Tensor checkpoint(std::function<Tensor(const Tensor&)> fn, const Tensor& input,
 // torch.utils.checkpoint.checkpoint_sequential: the stages split into `segments` runs of
 // stages.size() / segments stages; all but the last run are checkpointed, the last run
 // (with the remaining stages) is not. 1 <= segments <= stages.size().
-Tensor checkpoint_sequential(std::vector<std::function<Tensor(const Tensor&)>> stages,
-                             int segments, Tensor input, CheckpointOptions options = {});
+Tensor checkpoint_sequential(std::vector<std::function<Tensor(const Tensor&)>> stages, int segments,
+                             Tensor input, CheckpointOptions options = {});
 
 // Counters on this thread since the last reset (tests, reports).
 struct CheckpointStats {

@@ -15,7 +15,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     const Tensor& attn_mask, double dropout_p, bool is_causal,
                                     std::optional<double> scale, Generator* gen) {
   if (autocast::is_active(q.device())) {  // cast once here; the body runs in that dtype
-    const auto [q2, k2, v2, m2] = autocast::lower("scaled_dot_product_attention", q, k, v, attn_mask);
+    const auto [q2, k2, v2, m2] =
+        autocast::lower("scaled_dot_product_attention", q, k, v, attn_mask);
     autocast::ExcludeScope exclude;
     return scaled_dot_product_attention(q2, k2, v2, m2, dropout_p, is_causal, scale, gen);
   }

@@ -6,8 +6,8 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
-#include "tensor/gradcheck.h"
 #include "memory/memory.h"
+#include "tensor/gradcheck.h"
 
 namespace tally {
 namespace {
@@ -206,9 +206,9 @@ TEST(Autocast, CacheCanBeDisabled) {
 struct Mlp {
   TensorList params;
   explicit Mlp(uint64_t seed) {
-    params = {param({32, 8}, 0.35, seed), param({32}, 0.0, seed + 1),
+    params = {param({32, 8}, 0.35, seed),      param({32}, 0.0, seed + 1),
               param({32, 32}, 0.18, seed + 2), param({32}, 0.0, seed + 3),
-              param({4, 32}, 0.18, seed + 4), param({4}, 0.0, seed + 5)};
+              param({4, 32}, 0.18, seed + 4),  param({4}, 0.0, seed + 5)};
   }
   Tensor forward(const Tensor& x) const {
     // tanh, not relu: a smooth network, so bfloat16 rounding cannot flip a unit on or off

@@ -23,8 +23,8 @@ constexpr DType kAmpDtypes[] = {DType::float16, DType::bfloat16};
 
 Tensor rnd(const Shape& s, double scale, uint64_t seed, Device d, bool grad = false) {
   Generator g(seed);
-  Tensor t = ops::to(ops::mul(ops::randn(s, DType::float32, Device::cpu(), &g), scale), d,
-                     DType::float32);
+  Tensor t =
+      ops::to(ops::mul(ops::randn(s, DType::float32, Device::cpu(), &g), scale), d, DType::float32);
   if (grad) t.requires_grad_(true);
   return t;
 }
@@ -42,8 +42,8 @@ struct Net {
     return layer_norm(h.flatten(1), {6 * 4 * 4});
   }
   Tensor loss(const Tensor& x, const Tensor& y, bool ckpt = false) const {
-    Tensor h = ckpt ? nn::checkpoint([this](const Tensor& t) { return features(t); }, x)
-                    : features(x);
+    Tensor h =
+        ckpt ? nn::checkpoint([this](const Tensor& t) { return features(t); }, x) : features(x);
     h = gelu(linear(h, ps[3], ps[4]));
     return cross_entropy(linear(h, ps[5]), y);
   }
@@ -67,16 +67,18 @@ TEST(AutocastCuda, OpDtypes) {
     EXPECT_EQ(layer_norm(h, {6}).dtype(), DType::float32);
     EXPECT_EQ(sum(h).dtype(), DType::float32);
     // CPU tensors are not affected by a CUDA region.
-    EXPECT_EQ(linear(ops::to(x, Device::cpu(), DType::float32),
-                     ops::to(w, Device::cpu(), DType::float32)).dtype(),
-              DType::float32);
+    EXPECT_EQ(
+        linear(ops::to(x, Device::cpu(), DType::float32), ops::to(w, Device::cpu(), DType::float32))
+            .dtype(),
+        DType::float32);
   }
 }
 
 TEST(AutocastCuda, GpuMatchesCpuUnderTheSameAutocast) {
   REQUIRE_GPU();
   const Tensor xc = rnd({8, 3, 8, 8}, 1.0, 10, Device::cpu());
-  const Tensor yc = from_vector({0, 1, 2, 3, 4, 0, 1, 2}, {8}, TensorOptions{}.with_dtype(DType::int64));
+  const Tensor yc =
+      from_vector({0, 1, 2, 3, 4, 0, 1, 2}, {8}, TensorOptions{}.with_dtype(DType::int64));
   for (DType dt : kAmpDtypes) {
     SCOPED_TRACE(dtype_name(dt));
     Net cpu(Device::cpu()), gpu(kGpu), ref(Device::cpu());
@@ -108,11 +110,14 @@ TEST(AutocastCuda, WeightCacheInTheCudaAllocator) {
   REQUIRE_GPU();
   memory::CachingAllocator& a = memory::get_allocator(kGpu);
   const Tensor w = rnd({256, 256}, 0.05, 1, kGpu, true), x = rnd({4, 256}, 1.0, 2, kGpu);
-  const int64_t before = a.stats().category_blocks[static_cast<size_t>(Category::autocast_cache)].allocated;
+  const int64_t before =
+      a.stats().category_blocks[static_cast<size_t>(Category::autocast_cache)].allocated;
   {
     AutocastGuard guard(DeviceType::cuda, DType::float16);
     Tensor h = linear(relu(linear(x, w)), w);
-    EXPECT_EQ(a.stats().category_blocks[static_cast<size_t>(Category::autocast_cache)].allocated - before, 1);
+    EXPECT_EQ(
+        a.stats().category_blocks[static_cast<size_t>(Category::autocast_cache)].allocated - before,
+        1);
     EXPECT_GE(a.stats().cat_bytes(Category::autocast_cache).current, 256 * 256 * 2);
   }
   EXPECT_EQ(a.stats().cat_bytes(Category::autocast_cache).current, 0);
@@ -121,8 +126,8 @@ TEST(AutocastCuda, WeightCacheInTheCudaAllocator) {
 TEST(AutocastCuda, CheckpointMatchesPlainUnderAutocast) {
   REQUIRE_GPU();
   const Tensor x = rnd({8, 3, 8, 8}, 1.0, 10, kGpu);
-  const Tensor y = testing::to_gpu(from_vector({0, 1, 2, 3, 4, 0, 1, 2}, {8},
-                                               TensorOptions{}.with_dtype(DType::int64)));
+  const Tensor y = testing::to_gpu(
+      from_vector({0, 1, 2, 3, 4, 0, 1, 2}, {8}, TensorOptions{}.with_dtype(DType::int64)));
   for (DType dt : kAmpDtypes) {
     Net net(kGpu);
     TensorList grads[2];

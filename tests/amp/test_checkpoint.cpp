@@ -6,9 +6,9 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
-#include "tensor/gradcheck.h"
 #include "memory/memory.h"
 #include "nn/checkpoint.h"
+#include "tensor/gradcheck.h"
 
 namespace tally {
 namespace {
@@ -51,7 +51,8 @@ struct Mlp {
   int layers;
   explicit Mlp(int layers_, int64_t width = 32, uint64_t seed = 10) : layers(layers_) {
     for (int i = 0; i < layers; ++i) {
-      ps.push_back(param({width, width}, 1.0 / std::sqrt(static_cast<double>(width)), seed + 2 * i));
+      ps.push_back(
+          param({width, width}, 1.0 / std::sqrt(static_cast<double>(width)), seed + 2 * i));
       ps.push_back(param({width}, 0.1, seed + 2 * i + 1));
     }
   }
@@ -93,7 +94,9 @@ TEST(Checkpoint, WithoutPreservedRngDropoutDiffers) {
   CheckpointOptions opts;
   opts.preserve_rng_state = false;
   const auto ckpt = run(
-      [&] { return sum(checkpoint([&](const Tensor& t) { return m.block(t, 0, 2, 0.5); }, x, opts)); },
+      [&] {
+        return sum(checkpoint([&](const Tensor& t) { return m.block(t, 0, 2, 0.5); }, x, opts));
+      },
       m.ps);
   EXPECT_EQ(plain[0], ckpt[0]);  // the forward is the same
   EXPECT_NE(plain, ckpt);        // the recompute drew different masks
@@ -145,7 +148,7 @@ TEST(Checkpoint, LowersPeakActivationMemory) {
       h = checkpoint([&, s](const Tensor& t) { return m.block(t, 2 * s, 2 * s + 2); }, h);
     return sum(h);
   });
-  const int64_t act = 64 * 128 * 4;  // one activation tensor
+  const int64_t act = 64 * 128 * 4;           // one activation tensor
   EXPECT_GT(plain.peak_activation, 8 * act);  // every layer keeps its activations
   EXPECT_LT(ckpt.peak_activation, plain.peak_activation / 3);
   // What stays saved: the segment inputs (plus dropout masks of nothing: all recomputed).
@@ -236,9 +239,9 @@ TEST(Checkpoint, SeveralConsumersAndNesting) {
   const Tensor x = data({8, 32}, 1);
   auto loss_of = [](const Tensor& y) { return add(sum(mul(y, y)), sum(mul(y, 3.0))); };
   const auto plain = run([&] { return loss_of(m.block(x, 0, 4)); }, m.ps);
-  const auto several = run(
-      [&] { return loss_of(checkpoint([&](const Tensor& t) { return m.block(t, 0, 4); }, x)); },
-      m.ps);
+  const auto several =
+      run([&] { return loss_of(checkpoint([&](const Tensor& t) { return m.block(t, 0, 4); }, x)); },
+          m.ps);
   EXPECT_EQ(plain, several);
   nn::reset_checkpoint_stats();
   const auto nested = run(
@@ -277,8 +280,8 @@ TEST(Checkpoint, AutocastStateIsReplayed) {
   const Tensor x = data({8, 32}, 1);
   auto loss = [&](bool ckpt) {
     AutocastGuard guard(DeviceType::cpu, DType::bfloat16);
-    Tensor h = ckpt ? checkpoint([&](const Tensor& t) { return m.block(t, 0, 3); }, x)
-                    : m.block(x, 0, 3);
+    Tensor h =
+        ckpt ? checkpoint([&](const Tensor& t) { return m.block(t, 0, 3); }, x) : m.block(x, 0, 3);
     EXPECT_EQ(h.dtype(), DType::bfloat16);
     return sum(h);  // float32 under autocast
   };
@@ -292,7 +295,8 @@ TEST(Checkpoint, SequentialEqualsPlain) {
   const Mlp m(5);
   const Tensor x = data({8, 32}, 1);
   std::vector<std::function<Tensor(const Tensor&)>> stages;
-  for (int i = 0; i < 5; ++i) stages.push_back([&m, i](const Tensor& t) { return m.block(t, i, i + 1); });
+  for (int i = 0; i < 5; ++i)
+    stages.push_back([&m, i](const Tensor& t) { return m.block(t, i, i + 1); });
   const auto plain = run([&] { return sum(m.block(x, 0, 5)); }, m.ps);
   nn::reset_checkpoint_stats();
   const auto seq = run([&] { return sum(nn::checkpoint_sequential(stages, 2, x)); }, m.ps);
@@ -306,6 +310,20 @@ TEST(Checkpoint, SequentialEqualsPlain) {
                                                {"checkpoint_sequential", "segments"});
   testing::expect_error<std::invalid_argument>([&] { nn::checkpoint_sequential(stages, 6, x); },
                                                {"checkpoint_sequential", "[1, 5]"});
+}
+
+TEST(Checkpoint, GradcheckThroughANestedSegment) {
+  const Tensor x = testing::rand_input({3, 4}, -1, 1, 1), w = testing::rand_input({4, 4}, -1, 1, 2);
+  EXPECT_TRUE(testing::gradcheck(
+      [](const TensorList& in) {
+        return checkpoint(
+            [](const TensorList& a) {
+              const Tensor h = tanh(linear(a[0], a[1]));
+              return checkpoint([&](const Tensor& u) { return mul(gelu(u), u); }, h);
+            },
+            in);
+      },
+      {x, w}));
 }
 
 TEST(Checkpoint, NoGradJustRunsTheFunction) {
@@ -329,8 +347,7 @@ TEST(Checkpoint, ARecomputeThatSavesDifferentlyThrows) {
         return h;
       },
       x));
-  testing::expect_error<std::runtime_error>([&] { loss.backward(); },
-                                            {"checkpoint", "same ops"});
+  testing::expect_error<std::runtime_error>([&] { loss.backward(); }, {"checkpoint", "same ops"});
 }
 
 TEST(Checkpoint, SecondBackwardWithoutRetainGraphThrows) {
