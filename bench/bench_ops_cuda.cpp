@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
     // forward + backward: the backward recomputes S (2 more matmuls) and computes dV, dP, dQ,
     // dK: 2.5x the forward's FLOPs (FlashAttention's count). Bytes: q, k, v, out, dout read,
     // dq, dk, dv written, out written.
-    Tensor qg = q, kg = k, vg = v;
+    Tensor qg = ops::clone(q), kg = ops::clone(k), vg = ops::clone(v);  // leaves of their own
     qg.requires_grad_();
     kg.requires_grad_();
     vg.requires_grad_();

@@ -20,7 +20,8 @@ TEST(CudaVectorized, MapsMatchTheCpuAcrossSizesAndAlignments) {
   REQUIRE_GPU();
   uint64_t seed = 10;
   for (const DType d : testing::kFloatDtypes) {
-    for (const int64_t n : {1, 7, 8, 9, 17, 1000003, (int64_t{3} << 20) + 5}) {
+    for (const int64_t n :
+         std::initializer_list<int64_t>{1, 7, 8, 9, 17, 1000003, (int64_t{3} << 20) + 5}) {
       for (const bool misaligned : {false, true}) {
         const Tensor a0 = rand_tensor({n + 1}, d, ++seed, 0.1, 2),
                      b0 = rand_tensor({n + 1}, d, ++seed, 0.1, 2);
