@@ -1,7 +1,8 @@
 // scaled_dot_product_attention, PyTorch's semantics. This is the plain path: it builds the
 // L x S score matrix and keeps the softmax for backward (that matrix is the attention
-// activation memory). The CUDA backend adds a fused, memory-efficient path for causal
-// bf16/fp16 attention that keeps only the output and the log-sum-exp.
+// activation memory). On CUDA, float16/bfloat16 attention without mask or dropout takes the
+// fused, memory-efficient path (flash_attention) that keeps only the output and the
+// log-sum-exp.
 #pragma once
 
 #include <optional>
@@ -19,5 +20,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     bool is_causal = false,
                                     std::optional<double> scale = std::nullopt,
                                     Generator* gen = nullptr);
+
+// The fused, memory-efficient attention (tensor/ops/attention.h) as a differentiable op:
+// softmax(scale * q k^T [causal]) v without mask or dropout, saving only q, k, v, the output
+// and the per-row log-sum-exp (no L x S matrix); the backward recomputes the probabilities.
+// q, k, v share their leading dims. scaled_dot_product_attention takes this path on CUDA for
+// float16/bfloat16 without mask or dropout when ops::flash_attention_supported holds.
+Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal = false,
+                       std::optional<double> scale = std::nullopt);
 
 }  // namespace tally

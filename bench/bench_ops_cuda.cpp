@@ -1,6 +1,8 @@
 // Per-op GPU timings at ResNet-50 (batch 64, 224x224) and GPT-2 124M (B=16, T=1024, bf16)
 // shapes, timed with CUDA events (median of 20 after 5 warm-ups). Prints one JSON line per
-// case; bench/ops_gpu.py runs PyTorch on the same cases and prints the ratio table.
+// case; bench/ops_gpu.py runs PyTorch on the same cases and prints the ratio table. Cases
+// named *_fwd_bwd time the forward and the autograd backward together (the leaves' .grad
+// reset to none first, so nothing accumulates).
 //   bench_ops_cuda [filter]
 #include <fmt/format.h>
 
@@ -66,6 +68,18 @@ int main(int argc, char** argv) {
     cases.push_back({"copy", "[64,256,56,56]", "float32", 8 * n, 0, [=] { (void)ops::clone(a); }});
   }
   {
+    // 64M elements: the bandwidth targets of the vectorised fast path
+    const Tensor a = rnd({64 << 20}, DType::float32), b = rnd({64 << 20}, DType::float32);
+    const Tensor h = rnd({64 << 20}, DType::bfloat16), k = rnd({64 << 20}, DType::bfloat16);
+    const double n = static_cast<double>(a.numel());
+    cases.push_back({"add", "[67108864]", "float32", 12 * n, n, [=] { (void)ops::add(a, b); }});
+    cases.push_back({"mul", "[67108864]", "float32", 12 * n, n, [=] { (void)ops::mul(a, b); }});
+    cases.push_back({"relu", "[67108864]", "float32", 8 * n, n, [=] { (void)relu(a); }});
+    cases.push_back({"gelu", "[67108864]", "float32", 8 * n, 8 * n, [=] { (void)gelu(a); }});
+    cases.push_back({"add", "[67108864]", "bfloat16", 6 * n, n, [=] { (void)ops::add(h, k); }});
+    cases.push_back({"gelu", "[67108864]", "bfloat16", 4 * n, 8 * n, [=] { (void)gelu(h); }});
+  }
+  {
     const Tensor x = rnd({16, 1024, 3072}, DType::bfloat16);
     const double n = static_cast<double>(x.numel());
     cases.push_back({"gelu_tanh", "[16,1024,3072]", "bfloat16", 4 * n, 8 * n, [=] { (void)gelu(x, "tanh"); }});
@@ -110,16 +124,72 @@ int main(int argc, char** argv) {
   {
     const Tensor q = rnd({16, 12, 1024, 64}, DType::bfloat16), k = rnd({16, 12, 1024, 64}, DType::bfloat16),
                  v = rnd({16, 12, 1024, 64}, DType::bfloat16);
-    cases.push_back({"sdpa_causal", "[16,12,1024,64]", "bfloat16", 2.0 * 4 * q.numel(), 4.0 * 16 * 12 * 1024 * 1024 * 64 / 2,
+    const double fwd_flops = 4.0 * 16 * 12 * 1024 * 1024 * 64 / 2;  // causal: half the scores
+    cases.push_back({"sdpa_causal", "[16,12,1024,64]", "bfloat16", 2.0 * 4 * q.numel(), fwd_flops,
                      [=] { (void)scaled_dot_product_attention(q, k, v, {}, 0.0, true); }});
+    cases.push_back({"sdpa", "[16,12,1024,64]", "bfloat16", 2.0 * 4 * q.numel(), 2 * fwd_flops,
+                     [=] { (void)scaled_dot_product_attention(q, k, v); }});
+    // forward + backward: the backward recomputes S (2 more matmuls) and computes dV, dP, dQ,
+    // dK: 2.5x the forward's FLOPs (FlashAttention's count). Bytes: q, k, v, out, dout read,
+    // dq, dk, dv written, out written.
+    Tensor qg = ops::clone(q), kg = ops::clone(k), vg = ops::clone(v);  // leaves of their own
+    qg.requires_grad_();
+    kg.requires_grad_();
+    vg.requires_grad_();
+    const Tensor g = rnd({16, 12, 1024, 64}, DType::bfloat16);
+    cases.push_back({"sdpa_causal_fwd_bwd", "[16,12,1024,64]", "bfloat16", 2.0 * 10 * q.numel(), 3.5 * fwd_flops,
+                     [=] {
+                       qg.set_grad(Tensor());
+                       kg.set_grad(Tensor());
+                       vg.set_grad(Tensor());
+                       scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true).backward(g);
+                     }});
+  }
+  // --- backward: forward + backward of the matrix products (3x the forward's FLOPs)
+  {
+    Tensor x = rnd({16384, 768}, DType::bfloat16), w = rnd({2304, 768}, DType::bfloat16);
+    x.requires_grad_();
+    w.requires_grad_();
+    const Tensor g = rnd({16384, 2304}, DType::bfloat16);
+    cases.push_back({"linear_fwd_bwd", "[16384,768]x[2304,768]^T", "bfloat16",
+                     2.0 * 3 * (x.numel() + w.numel() + 16384.0 * 2304), 3 * 2.0 * 16384 * 768 * 2304, [=] {
+                       x.set_grad(Tensor());
+                       w.set_grad(Tensor());
+                       linear(x, w).backward(g);
+                     }});
+    Tensor a = rnd({16, 12, 1024, 64}, DType::bfloat16), b = rnd({16, 12, 64, 1024}, DType::bfloat16);
+    a.requires_grad_();
+    b.requires_grad_();
+    const Tensor gm = rnd({16, 12, 1024, 1024}, DType::bfloat16);
+    cases.push_back({"matmul_fwd_bwd", "[16,12,1024,64]x[16,12,64,1024]", "bfloat16",
+                     2.0 * 3 * (a.numel() + b.numel() + gm.numel()), 3 * 2.0 * 192 * 1024 * 1024 * 64, [=] {
+                       a.set_grad(Tensor());
+                       b.set_grad(Tensor());
+                       matmul(a, b).backward(gm);
+                     }});
+  }
+  {
+    Tensor x = rnd({64, 64, 56, 56}, DType::float32), w = rnd({64, 64, 3, 3}, DType::float32);
+    x.requires_grad_();
+    w.requires_grad_();
+    const Tensor g = rnd({64, 64, 56, 56}, DType::float32);
+    cases.push_back({"conv2d_fwd_bwd", "[64,64,56,56]*[64,64,3,3]", "float32", 4.0 * 3 * (2 * x.numel() + w.numel()),
+                     3 * 2.0 * 64 * 64 * 56 * 56 * 64 * 9, [=] {
+                       x.set_grad(Tensor());
+                       w.set_grad(Tensor());
+                       conv2d(x, w, {}, 1, 1).backward(g);
+                     }});
   }
   for (const Case& c : cases) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
     try {
       const double ms = time_ms(c.fn);
-      const double floor_ms = std::max(c.bytes / 4.3e12, c.flops / (c.dtype == "float32" ? 60e12 : 790e12)) * 1e3;
+      const double peak = c.dtype == "float32" ? 60e12 : 790e12;
+      const double floor_ms = std::max(c.bytes / 4.3e12, c.flops / peak) * 1e3;
+      const bool compute_bound = c.flops / peak > c.bytes / 4.3e12;
       fmt::print("{{\"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"tally_ms\": {:.4f}, \"floor_ms\": {:.4f}, "
-                 "\"gbps\": {:.1f}}}\n", c.name, c.shape, c.dtype, ms, floor_ms, c.bytes / ms / 1e6);
+                 "\"gbps\": {:.1f}, \"tflops\": {:.1f}, \"bound\": \"{}\"}}\n", c.name, c.shape, c.dtype, ms, floor_ms,
+                 c.bytes / ms / 1e6, c.flops / ms / 1e9, compute_bound ? "compute" : "memory");
     } catch (const std::exception& e) {
       fmt::print("{{\"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"error\": \"{}\"}}\n", c.name, c.shape,
                  c.dtype, std::string(e.what()).substr(0, 120));

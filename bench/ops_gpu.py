@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Per-op GPU comparison: Tally (bench_ops_cuda, CUDA events) against PyTorch eager on the
 same shapes and dtypes, in one call on the GPU machine. Prints a table: Tally ms, PyTorch
-ms, speed ratio (PyTorch time / Tally time: >= 1 means Tally is as fast or faster), and
-the floor (bytes over 4.3 TB/s, FLOPs over 790 TFLOP/s bf16).
+ms, speed ratio (PyTorch time / Tally time: >= 1 means Tally is as fast or faster), the
+floor (max of bytes over 4.3 TB/s and FLOPs over 790 TFLOP/s bf16 / ~60 TFLOP/s fp32) and
+Tally's throughput (GB/s for memory-bound rows, TFLOP/s for compute-bound ones). Rows
+named *_fwd_bwd time forward + autograd backward on both sides (.grad set to None first).
 
     python3 bench/ops_gpu.py BUILD_DIR [filter]
 """
@@ -78,6 +80,40 @@ def torch_cases():
     TORCH[("max_pool2d", "[64,64,112,112] k3 s2", "float32")] = lambda: F.max_pool2d(mp, 3, 2, 1)
     q, k, v = (rnd(16, 12, 1024, 64, dtype=bf) for _ in range(3))
     TORCH[("sdpa_causal", "[16,12,1024,64]", "bfloat16")] = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    TORCH[("sdpa", "[16,12,1024,64]", "bfloat16")] = lambda: F.scaled_dot_product_attention(q, k, v)
+    n = 64 << 20
+    a64, b64 = rnd(n), rnd(n)
+    h64, k64 = rnd(n, dtype=bf), rnd(n, dtype=bf)
+    TORCH[("add", "[67108864]", "float32")] = lambda: a64 + b64
+    TORCH[("mul", "[67108864]", "float32")] = lambda: a64 * b64
+    TORCH[("relu", "[67108864]", "float32")] = lambda: F.relu(a64)
+    TORCH[("gelu", "[67108864]", "float32")] = lambda: F.gelu(a64)
+    TORCH[("add", "[67108864]", "bfloat16")] = lambda: h64 + k64
+    TORCH[("gelu", "[67108864]", "bfloat16")] = lambda: F.gelu(h64)
+
+    def fwd_bwd(fn, leaves, grad):
+        def run():
+            for t in leaves:
+                t.grad = None
+            fn().backward(grad)
+        return run
+
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    gq = rnd(16, 12, 1024, 64, dtype=bf)
+    TORCH[("sdpa_causal_fwd_bwd", "[16,12,1024,64]", "bfloat16")] = fwd_bwd(
+        lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True), (qg, kg, vg), gq)
+    xlg, wlg = xl.detach().clone().requires_grad_(), wl.detach().clone().requires_grad_()
+    gl = rnd(16384, 2304, dtype=bf)
+    TORCH[("linear_fwd_bwd", "[16384,768]x[2304,768]^T", "bfloat16")] = fwd_bwd(
+        lambda: F.linear(xlg, wlg), (xlg, wlg), gl)
+    ma, mb = rnd(16, 12, 1024, 64, dtype=bf).requires_grad_(), rnd(16, 12, 64, 1024, dtype=bf).requires_grad_()
+    gm = rnd(16, 12, 1024, 1024, dtype=bf)
+    TORCH[("matmul_fwd_bwd", "[16,12,1024,64]x[16,12,64,1024]", "bfloat16")] = fwd_bwd(
+        lambda: ma @ mb, (ma, mb), gm)
+    xcg, wcg = xc.detach().clone().requires_grad_(), wc.detach().clone().requires_grad_()
+    gc = rnd(64, 64, 56, 56)
+    TORCH[("conv2d_fwd_bwd", "[64,64,56,56]*[64,64,3,3]", "float32")] = fwd_bwd(
+        lambda: F.conv2d(xcg, wcg, padding=1), (xcg, wcg), gc)
 
 
 def main():
@@ -88,15 +124,17 @@ def main():
     if out.returncode != 0:
         print(out.stderr[-2000:])
     torch_cases()
-    print(f"{'op':<14} {'shape':<28} {'dtype':<9} {'tally ms':>9} {'torch ms':>9} {'ratio':>6} {'floor ms':>9} {'GB/s':>7}")
+    print(f"{'op':<20} {'shape':<32} {'dtype':<9} {'tally ms':>9} {'torch ms':>9} {'ratio':>6} {'floor ms':>9} "
+          f"{'GB/s|TF/s':>10}")
     for r in rows:
         key = (r["op"], r["shape"], r["dtype"])
         tms = t_ms(TORCH[key]) if key in TORCH else float("nan")
         if "error" in r:
-            print(f"{r['op']:<14} {r['shape']:<28} {r['dtype']:<9} {'-':>9} {tms:9.3f}   (tally: {r['error'][:60]})")
+            print(f"{r['op']:<20} {r['shape']:<32} {r['dtype']:<9} {'-':>9} {tms:9.3f}   (tally: {r['error'][:60]})")
             continue
-        print(f"{r['op']:<14} {r['shape']:<28} {r['dtype']:<9} {r['tally_ms']:9.3f} {tms:9.3f} "
-              f"{tms / r['tally_ms']:6.2f} {r['floor_ms']:9.3f} {r['gbps']:7.0f}")
+        rate = f"{r['tflops']:6.1f} TF" if r.get("bound") == "compute" else f"{r['gbps']:7.0f} GB"
+        print(f"{r['op']:<20} {r['shape']:<32} {r['dtype']:<9} {r['tally_ms']:9.3f} {tms:9.3f} "
+              f"{tms / r['tally_ms']:6.2f} {r['floor_ms']:9.3f} {rate:>10}")
         r["torch_ms"] = tms
     print("JSON", json.dumps(rows))
 

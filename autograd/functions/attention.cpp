@@ -1,5 +1,5 @@
 // scaled_dot_product_attention as a composite of differentiable ops (the CPU reference and
-// the plain path).
+// the plain path), with a branch to the fused flash_attention on CUDA when it applies.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -7,7 +7,9 @@
 
 #include "autograd/attention.h"
 #include "autograd/autocast.h"
+#include "autograd/node.h"
 #include "autograd/softmax.h"
+#include "tensor/ops/attention.h"
 
 namespace tally {
 
@@ -34,6 +36,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     throw std::invalid_argument(
         "scaled_dot_product_attention: is_causal cannot be combined with an explicit attn_mask");
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
+  if (q.is_cuda() && !attn_mask.defined() && dropout_p == 0.0 &&
+      (q.dtype() == DType::bfloat16 || q.dtype() == DType::float16) &&
+      ops::flash_attention_supported(q, k, v))
+    return flash_attention(q, k, v, is_causal, s);
   Tensor scores = mul(matmul(q, k.transpose(-2, -1)), s);
   const double ninf = -std::numeric_limits<double>::infinity();
   if (is_causal) {
@@ -51,6 +57,20 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   Tensor attn = softmax(scores, -1);
   if (dropout_p > 0.0) attn = dropout(attn, dropout_p, true, gen);
   return matmul(attn, v);
+}
+
+Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
+                       std::optional<double> scale) {
+  const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  ops::FlashAttentionOutput r = ops::flash_attention_forward(q, k, v, is_causal, s);
+  autograd::record("FlashAttentionBackward", {q, k, v}, {r.out}, {q, k, v, r.out, r.lse},
+                   [is_causal, s](autograd::BackwardContext& ctx, const TensorList& g) -> TensorList {
+                     ops::FlashAttentionGrads d = ops::flash_attention_backward(
+                         g[0], ctx.saved(0), ctx.saved(1), ctx.saved(2), ctx.saved(3), ctx.saved(4),
+                         is_causal, s);
+                     return {d.dq, d.dk, d.dv};
+                   });
+  return r.out;
 }
 
 }  // namespace tally

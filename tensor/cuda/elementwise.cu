@@ -1,12 +1,15 @@
 // CUDA elementwise kernels: copies with dtype conversion (and host<->device transfers),
 // fills, Philox random fills (the same numbers as the CPU), binary/unary maps, where,
-// clamp, and the sum reduction.
+// clamp, and the sum reduction. Floating binary/unary maps and same-dtype copies over
+// contiguous operands take the vectorised fast path (tensor/cuda/vectorized.cuh, the op a
+// template parameter); everything else the strided general path.
 #include <cmath>
 
 #include "tensor/cpu/kernels.h"
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/cuda/vectorized.cuh"
 
 namespace tally::cuda {
 namespace {
@@ -58,6 +61,16 @@ struct CopyOp {
 };
 
 void copy_device(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype() && dst.sizes() == src.sizes() && dst.is_contiguous() &&
+      src.is_contiguous() && dst.device() == src.device()) {
+    if (dst.numel() == 0) return;
+    NvtxRange range("copy_");
+    DeviceGuard g(dst.device().index);
+    check(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice,
+                          stream(dst.device().index)),
+          "copy_");
+    return;
+  }
   TALLY_DISPATCH_ALL(dst.dtype(), "copy_", [&] {
     using D = dev_t<scalar_t>;
     TALLY_DISPATCH_ALL(src.dtype(), "copy_", [&] {
@@ -367,11 +380,131 @@ struct WhereOp {
 
 bool is_compare(ops::BinaryOp op) { return op >= ops::BinaryOp::eq; }
 
+// ---- the contiguous fast path: the op as a template parameter
+
+template <ops::BinaryOp OP>
+struct BinaryF {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x, A y) const {
+    return apply_binary<A>(OP, x, y);
+  }
+};
+
+template <ops::BinaryOp OP>
+struct ScalarF {
+  double s;
+  bool reverse;
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x) const {
+    const A y = static_cast<A>(s);
+    return reverse ? apply_binary<A>(OP, y, x) : apply_binary<A>(OP, x, y);
+  }
+};
+
+template <ops::UnaryOp OP>
+struct UnaryF {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x) const {
+    return apply_unary<A>(OP, x);
+  }
+};
+
+template <typename T>
+struct AffineF {
+  double a, b;
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x) const {
+    return x * static_cast<A>(a) + static_cast<A>(b);
+  }
+};
+
+#define TALLY_ARITH_OPS(X) X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum)
+
+template <typename T>
+bool binary_fast(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  if constexpr (!std::is_floating_point_v<dacc_t<T>>) {
+    return false;
+  } else {
+    const char* name = ops::binary_op_name(op);
+    switch (op) {
+#define TALLY_CASE(OP)                                                     \
+  case ops::BinaryOp::OP:                                                  \
+    vec::launch_map<T, 2>(name, out, a, &b, BinaryF<ops::BinaryOp::OP>{}); \
+    return true;
+      TALLY_ARITH_OPS(TALLY_CASE)
+#undef TALLY_CASE
+      default:
+        return false;
+    }
+  }
+}
+
+template <typename T>
+bool scalar_fast(ops::BinaryOp op, const Tensor& out, const Tensor& a, double s, bool reverse) {
+  if constexpr (!std::is_floating_point_v<dacc_t<T>>) {
+    return false;
+  } else {
+    const char* name = ops::binary_op_name(op);
+    switch (op) {
+#define TALLY_CASE(OP)                                                                    \
+  case ops::BinaryOp::OP:                                                                 \
+    vec::launch_map<T, 1>(name, out, a, nullptr, ScalarF<ops::BinaryOp::OP>{s, reverse}); \
+    return true;
+      TALLY_ARITH_OPS(TALLY_CASE)
+#undef TALLY_CASE
+      default:
+        return false;
+    }
+  }
+}
+
+#define TALLY_UNARY_OPS(X)                                                                 \
+  X(neg)                                                                                   \
+  X(exp) X(log) X(sqrt) X(rsqrt) X(abs) X(sign) X(relu) X(sigmoid) X(tanh) X(silu) X(gelu) \
+      X(gelu_tanh) X(reciprocal) X(square) X(sin) X(cos) X(log1p) X(expm1) X(erf)
+
+template <typename T>
+bool unary_fast(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
+  const char* name = ops::unary_op_name(op);
+  switch (op) {
+#define TALLY_CASE(OP)                                                        \
+  case ops::UnaryOp::OP:                                                      \
+    vec::launch_map<T, 1>(name, out, a, nullptr, UnaryF<ops::UnaryOp::OP>{}); \
+    return true;
+    TALLY_UNARY_OPS(TALLY_CASE)
+#undef TALLY_CASE
+  }
+  return false;
+}
+
 }  // namespace
+
+namespace vec {
+
+int grid_for(int64_t packs, int device) {
+  static int sms[64] = {};
+  int& n = sms[device & 63];
+  if (n == 0)
+    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "device attribute");
+  const int64_t want = (packs + kThreads - 1) / kThreads;
+  const int64_t cap = static_cast<int64_t>(n) * 8;
+  return static_cast<int>(want < 1 ? 1 : (want < cap ? want : cap));
+}
+
+bool applies(const Tensor& out, const Tensor& a, const Tensor* b) {
+  auto ok = [&](const Tensor& t) {
+    return t.dtype() == out.dtype() && t.sizes() == out.sizes() && t.is_contiguous() &&
+           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  return is_floating(out.dtype()) && ok(out) && ok(a) && (!b || ok(*b));
+}
+
+}  // namespace vec
 
 void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
     using T = dev_t<scalar_t>;
+    if (!is_compare(op) && vec::applies(out, a, &b) && binary_fast<T>(op, out, a, b)) return;
     if (is_compare(op)) {
       launch<3>(ops::binary_op_name(op), out, {&out, &a, &b},
                 CompareOp<T>{op, static_cast<bool*>(out.storage().data()), dptr<scalar_t>(a), dptr<scalar_t>(b)});
@@ -385,6 +518,7 @@ void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& 
 void binary_scalar(ops::BinaryOp op, const Tensor& out, const Tensor& a, double b, bool reverse) {
   TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
     using T = dev_t<scalar_t>;
+    if (!is_compare(op) && vec::applies(out, a) && scalar_fast<T>(op, out, a, b, reverse)) return;
     if (is_compare(op)) {
       launch<2>(ops::binary_op_name(op), out, {&out, &a},
                 ScalarCompareOp<T>{op, static_cast<bool*>(out.storage().data()), dptr<scalar_t>(a), b, reverse});
@@ -398,6 +532,7 @@ void binary_scalar(ops::BinaryOp op, const Tensor& out, const Tensor& a, double 
 void unary(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
   TALLY_DISPATCH_FLOAT(a.dtype(), ops::unary_op_name(op), [&] {
     using T = dev_t<scalar_t>;
+    if (vec::applies(out, a) && unary_fast<T>(op, out, a)) return;
     launch<2>(ops::unary_op_name(op), out, {&out, &a}, UnaryKernelOp<T>{op, dptr<scalar_t>(out), dptr<scalar_t>(a)});
   });
 }
@@ -405,6 +540,10 @@ void unary(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
 void affine(const Tensor& out, const Tensor& x, double a, double b) {
   TALLY_DISPATCH_FLOAT(x.dtype(), "affine", [&] {
     using T = dev_t<scalar_t>;
+    if (vec::applies(out, x)) {
+      vec::launch_map<T, 1>("affine", out, x, nullptr, AffineF<T>{a, b});
+      return;
+    }
     launch<2>("affine", out, {&out, &x}, AffineOp<T>{dptr<scalar_t>(out), dptr<scalar_t>(x), a, b});
   });
 }

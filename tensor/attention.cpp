@@ -1,0 +1,154 @@
+// The fused attention op: argument checks, the [B, H, T, D] layout both kernels take
+// (leading dims kept as two strided dims when there are exactly two, so GPT's split-head
+// views are read in place; otherwise reshaped), output allocation and the dispatch into
+// tensor/cpu/attention.cpp and tensor/cuda/attention.cu.
+#include "tensor/ops/attention.h"
+
+#include <fmt/format.h>
+
+#include "tensor/cpu/attention.h"
+#include "tensor/dispatch.h"
+#if defined(TALLY_WITH_CUDA)
+#include "tensor/cuda/attention.h"
+#define TALLY_CUDA_KERNEL(fn) (&fn)
+#else
+#define TALLY_CUDA_KERNEL(fn) nullptr
+#endif
+
+namespace tally::ops {
+
+namespace {
+
+using ForwardFn = void(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                       bool, double);
+using BackwardFn = void(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double);
+
+const KernelTable<ForwardFn> kForward{.cpu = &cpu::flash_attention_forward,
+                                      .cuda = TALLY_CUDA_KERNEL(cuda::flash_attention_forward)};
+const KernelTable<BackwardFn> kBackward{.cpu = &cpu::flash_attention_backward,
+                                        .cuda = TALLY_CUDA_KERNEL(cuda::flash_attention_backward)};
+
+Tensor alloc(const Shape& shape, DType dtype, Device device) {
+  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  return Tensor::make(Storage::allocate(bytes, device), shape, contiguous_strides(shape), 0, dtype);
+}
+
+Shape leading(const Tensor& t) {
+  return Shape(t.sizes().begin(), t.sizes().end() - 2);
+}
+
+// t [..., T, D] as [B, H, T, D]. On CUDA the last dim must be dense and the other strides
+// and the offset multiples of 8 elements (16-byte vector loads); otherwise a contiguous copy.
+Tensor as4d(const Tensor& t) {
+  Tensor r;
+  if (t.dim() == 4)
+    r = t;
+  else if (t.dim() == 3)
+    r = unsqueeze(t, 0);
+  else
+    r = reshape(t, {1, -1, t.size(-2), t.size(-1)});
+  if (r.is_cuda()) {
+    bool ok = r.strides()[3] == 1 && r.storage_offset() % 8 == 0;
+    for (int d = 0; d < 3; ++d)
+      ok = ok &&
+           (r.strides()[static_cast<size_t>(d)] % 8 == 0 || r.sizes()[static_cast<size_t>(d)] == 1);
+    if (!ok) r = contiguous(r);
+  }
+  return r;
+}
+
+void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_same_device(op, q.device(), k.device());
+  check_same_device(op, q.device(), v.device());
+  if (q.dim() < 2 || k.dim() < 2 || v.dim() < 2 || q.dim() != k.dim() || q.dim() != v.dim())
+    throw std::invalid_argument(fmt::format("{}: q, k, v need the same rank >= 2, got {}, {}, {}",
+                                            op, q.shape_string(), k.shape_string(),
+                                            v.shape_string()));
+  if (leading(q) != leading(k) || leading(q) != leading(v) || k.size(-1) != q.size(-1) ||
+      v.size(-2) != k.size(-2))
+    throw std::invalid_argument(fmt::format(
+        "{}: shapes q {}, k {}, v {} do not agree (need k [..., S, E] and v [..., S, Ev] for q "
+        "[..., L, E], same leading dims)",
+        op, q.shape_string(), k.shape_string(), v.shape_string()));
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || !is_floating(q.dtype()))
+    throw std::invalid_argument(fmt::format("{}: q, k, v need one floating dtype, got {}, {}, {}",
+                                            op, dtype_name(q.dtype()), dtype_name(k.dtype()),
+                                            dtype_name(v.dtype())));
+  if (q.is_cuda() && !flash_attention_supported(q, k, v))
+    throw std::invalid_argument(fmt::format(
+        "{}: the CUDA kernel takes float16/bfloat16 with head dim E == Ev <= 128 and a multiple of "
+        "8, got {} q {}, v {}",
+        op, dtype_name(q.dtype()), q.shape_string(), v.shape_string()));
+}
+
+}  // namespace
+
+bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim()) return false;
+  if (q.device() != k.device() || q.device() != v.device()) return false;
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || !is_floating(q.dtype())) return false;
+  if (leading(q) != leading(k) || leading(q) != leading(v) || k.size(-1) != q.size(-1) ||
+      v.size(-2) != k.size(-2))
+    return false;
+  if (!q.is_cuda()) return true;
+  const int64_t E = q.size(-1);
+  return (q.dtype() == DType::float16 || q.dtype() == DType::bfloat16) && v.size(-1) == E &&
+         E <= 128 && E % 8 == 0 && E > 0;
+}
+
+FlashAttentionOutput flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             bool causal, double scale) {
+  static const OpInfo info("flash_attention_forward");
+  DispatchScope scope(info, q.device());
+  check_inputs(info.name, q, k, v);
+  const Tensor q4 = as4d(q), k4 = as4d(k), v4 = as4d(v);
+  const int64_t B = q4.size(0), H = q4.size(1), L = q4.size(2), Ev = v4.size(3);
+  FlashAttentionOutput r;
+  r.out = alloc({B, H, L, Ev}, q.dtype(), q.device());
+  r.lse =
+      alloc({B, H, L}, q.dtype() == DType::float64 ? DType::float64 : DType::float32, q.device());
+  kForward.get(info, q.device())(r.out, r.lse, q4, k4, v4, causal, scale);
+  Shape os = leading(q), ls = leading(q);
+  os.push_back(L);
+  os.push_back(Ev);
+  ls.push_back(L);
+  r.out = view(r.out, os);
+  r.lse = view(r.lse, ls);
+  return r;
+}
+
+FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                             const Tensor& v, const Tensor& out, const Tensor& lse,
+                                             bool causal, double scale) {
+  static const OpInfo info("flash_attention_backward");
+  DispatchScope scope(info, q.device());
+  check_inputs(info.name, q, k, v);
+  check_same_device(info.name, q.device(), dout.device());
+  check_same_device(info.name, q.device(), out.device());
+  check_same_device(info.name, q.device(), lse.device());
+  Shape os = leading(q), ls = leading(q);
+  os.push_back(q.size(-2));
+  os.push_back(v.size(-1));
+  ls.push_back(q.size(-2));
+  if (dout.sizes() != os || out.sizes() != os || lse.sizes() != ls)
+    throw std::invalid_argument(
+        fmt::format("{}: dout {}, out {}, lse {} do not match q {}, v {} (need out {} and lse {})",
+                    info.name, dout.shape_string(), out.shape_string(), lse.shape_string(),
+                    q.shape_string(), v.shape_string(), shape_str(os), shape_str(ls)));
+  const DType lse_dtype = q.dtype() == DType::float64 ? DType::float64 : DType::float32;
+  const Tensor q4 = as4d(q), k4 = as4d(k), v4 = as4d(v);
+  const Tensor o4 = as4d(to(out, q.dtype())), do4 = as4d(to(dout, q.dtype()));
+  const Tensor lse3 = contiguous(to(lse, lse_dtype));
+  FlashAttentionGrads g;
+  g.dq = alloc(q4.sizes(), q.dtype(), q.device());
+  g.dk = alloc(k4.sizes(), q.dtype(), q.device());
+  g.dv = alloc(v4.sizes(), q.dtype(), q.device());
+  kBackward.get(info, q.device())(g.dq, g.dk, g.dv, do4, q4, k4, v4, o4, lse3, causal, scale);
+  g.dq = view(g.dq, q.sizes());
+  g.dk = view(g.dk, k.sizes());
+  g.dv = view(g.dv, v.sizes());
+  return g;
+}
+
+}  // namespace tally::ops

@@ -1,0 +1,40 @@
+// The fused, memory-efficient attention op (namespace tally::ops, no autograd), after
+// FlashAttention-2: softmax(scale * q k^T [causal mask]) v computed tile by tile, keeping
+// only the output and the per-row log-sum-exp; the backward recomputes the probabilities
+// from the log-sum-exp, so no L x S matrix is ever allocated. The CPU kernel is the plain
+// reference (any floating dtype, double math); the CUDA kernel (tensor cores) takes
+// float16/bfloat16 with head dim <= 128 and a multiple of 8. The differentiable wrapper is
+// tally::flash_attention (autograd/attention.h); scaled_dot_product_attention routes there
+// on CUDA when flash_attention_supported() holds.
+#pragma once
+
+#include "tensor/ops.h"
+
+namespace tally::ops {
+
+struct FlashAttentionOutput {
+  Tensor out;  // [..., L, Ev], q's dtype, contiguous
+  Tensor lse;  // [..., L]: log(sum_j exp(scale * q_i . k_j)) over allowed j; float32
+               // (float64 for float64 inputs)
+};
+
+struct FlashAttentionGrads {
+  Tensor dq, dk, dv;  // the inputs' shapes and dtype, contiguous
+};
+
+// q [..., L, E], k [..., S, E], v [..., S, Ev], the same leading dims and dtype on one
+// device. causal masks key j > query i (top-left aligned, PyTorch's is_causal). A row with
+// no allowed key (S == 0) gets out 0 and lse -inf.
+FlashAttentionOutput flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             bool causal, double scale);
+// The gradients w.r.t. q, k, v from dout (out's shape) and what the forward returned.
+FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                             const Tensor& v, const Tensor& out, const Tensor& lse,
+                                             bool causal, double scale);
+
+// Whether the fused kernel exists for these inputs on their device: CPU always (for
+// floating inputs of matching shapes); CUDA for float16/bfloat16 with E == Ev, E <= 128,
+// E % 8 == 0.
+bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v);
+
+}  // namespace tally::ops

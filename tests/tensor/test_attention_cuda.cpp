@@ -1,0 +1,184 @@
+// The fused (flash) attention on CUDA against the CPU reference kernel (label gpu: skipped
+// without a device): forward output and log-sum-exp, backward dQ, dK, dV, in bfloat16 and
+// float16 (compared in float32 against the reference run in float32 on the same rounded
+// values), causal and not, sequence lengths that are not multiples of the 64-row tile,
+// L != S, head dims 64, 128 and a padded 40, many (batch, head) pairs, GPT's strided
+// split-head views; scaled_dot_product_attention's routing to the fused path; and the
+// memory: no T x T matrix during a causal forward + backward.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "autograd/attention.h"
+#include "cuda_testing.h"
+#include "tensor/ops/attention.h"
+
+namespace tally {
+namespace {
+
+using testing::close_scaled;
+using testing::kCpu;
+using testing::kGpu;
+using testing::rand_tensor;
+using testing::saved_by;
+using testing::to_gpu;
+
+struct Case {
+  int64_t B, H, L, S, E;
+  bool causal;
+};
+
+const Case kCases[] = {
+    {2, 3, 64, 64, 64, false},    // one tile
+    {2, 3, 130, 130, 64, true},   // T not a multiple of 64
+    {1, 2, 77, 77, 128, false},   // head dim 128, partial tile
+    {1, 2, 200, 200, 128, true},  // causal, head dim 128
+    {2, 2, 50, 190, 64, false},   // L != S
+    {1, 3, 100, 100, 40, true},   // head dim padded to 64
+    {8, 24, 64, 64, 64, true},    // B * H many
+    {1, 1, 1, 1, 64, true},       // a single row
+};
+
+// Low-precision inputs on the GPU and the same values in float32 on the CPU.
+struct Inputs {
+  Tensor q, k, v, qf, kf, vf;
+};
+
+Inputs make_inputs(const Case& c, DType d, uint64_t seed) {
+  Inputs in;
+  const Tensor q = rand_tensor({c.B, c.H, c.L, c.E}, d, seed, -2, 2);
+  const Tensor k = rand_tensor({c.B, c.H, c.S, c.E}, d, seed + 1, -2, 2);
+  const Tensor v = rand_tensor({c.B, c.H, c.S, c.E}, d, seed + 2, -2, 2);
+  in.q = to_gpu(q);
+  in.k = to_gpu(k);
+  in.v = to_gpu(v);
+  in.qf = ops::to(q, DType::float32);
+  in.kf = ops::to(k, DType::float32);
+  in.vf = ops::to(v, DType::float32);
+  return in;
+}
+
+std::string describe(const Case& c, DType d) {
+  return fmt::format("[{}, {}, {}/{}, {}] causal {} {}", c.B, c.H, c.L, c.S, c.E, c.causal,
+                     dtype_name(d));
+}
+
+Tensor f32_cpu(const Tensor& t) {
+  return ops::to(t, kCpu, DType::float32);
+}
+
+TEST(CudaFlashAttention, ForwardMatchesTheCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 100;
+  for (const Case& c : kCases) {
+    for (const DType d : {DType::bfloat16, DType::float16}) {
+      const Inputs in = make_inputs(c, d, seed += 3);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.E));
+      const ops::FlashAttentionOutput g =
+          ops::flash_attention_forward(in.q, in.k, in.v, c.causal, scale);
+      const ops::FlashAttentionOutput r =
+          ops::flash_attention_forward(in.qf, in.kf, in.vf, c.causal, scale);
+      EXPECT_EQ(g.out.device(), kGpu);
+      EXPECT_EQ(g.out.dtype(), d);
+      EXPECT_EQ(g.out.sizes(), r.out.sizes());
+      EXPECT_EQ(g.lse.dtype(), DType::float32);
+      EXPECT_TRUE(close_scaled(f32_cpu(g.out), r.out, 1e-2)) << describe(c, d);
+      // lse is a float32 sum of exponentials of scores from 16-bit inputs: 1e-3 relative.
+      EXPECT_TRUE(close_scaled(f32_cpu(g.lse), r.lse, 1e-3)) << describe(c, d);
+    }
+  }
+}
+
+TEST(CudaFlashAttention, BackwardMatchesTheCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 200;
+  for (const Case& c : kCases) {
+    for (const DType d : {DType::bfloat16, DType::float16}) {
+      const Inputs in = make_inputs(c, d, seed += 4);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.E));
+      const Tensor dout = rand_tensor({c.B, c.H, c.L, c.E}, d, seed + 3, -1, 1);
+      const ops::FlashAttentionOutput g =
+          ops::flash_attention_forward(in.q, in.k, in.v, c.causal, scale);
+      // The reference backward from the GPU's own (rounded) output and lse, so that only the
+      // backward kernel is under test.
+      const ops::FlashAttentionGrads gg = ops::flash_attention_backward(
+          to_gpu(dout), in.q, in.k, in.v, g.out, g.lse, c.causal, scale);
+      const ops::FlashAttentionGrads rr =
+          ops::flash_attention_backward(ops::to(dout, DType::float32), in.qf, in.kf, in.vf,
+                                        f32_cpu(g.out), f32_cpu(g.lse), c.causal, scale);
+      EXPECT_EQ(gg.dq.dtype(), d);
+      EXPECT_TRUE(close_scaled(f32_cpu(gg.dq), rr.dq, 2e-2)) << "dq " << describe(c, d);
+      EXPECT_TRUE(close_scaled(f32_cpu(gg.dk), rr.dk, 2e-2)) << "dk " << describe(c, d);
+      EXPECT_TRUE(close_scaled(f32_cpu(gg.dv), rr.dv, 2e-2)) << "dv " << describe(c, d);
+    }
+  }
+}
+
+TEST(CudaFlashAttention, SplitHeadViewsAndSdpaRouting) {
+  REQUIRE_GPU();
+  // GPT's layout: [B, T, H, D] viewed as [B, H, T, D], read in place through the strides.
+  const int64_t B = 2, T = 100, H = 4, D = 64;
+  const DType d = DType::bfloat16;
+  const Tensor qb = rand_tensor({B, T, H, D}, d, 301), kb = rand_tensor({B, T, H, D}, d, 302),
+               vb = rand_tensor({B, T, H, D}, d, 303);
+  Tensor qg = ops::transpose(to_gpu(qb), 1, 2), kg = ops::transpose(to_gpu(kb), 1, 2),
+         vg = ops::transpose(to_gpu(vb), 1, 2);
+  ASSERT_FALSE(qg.is_contiguous());
+  qg.requires_grad_();
+  kg.requires_grad_();
+  vg.requires_grad_();
+  const Tensor out = scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true);
+  // The fused path saves q, k, v, out and the float32 lse only.
+  const std::vector<Tensor> saved = saved_by(out);
+  ASSERT_EQ(saved.size(), 5u);
+  EXPECT_EQ(saved[4].dtype(), DType::float32);
+  EXPECT_EQ(saved[4].sizes(), (Shape{B, H, T}));
+  // Against the float32 composite on the CPU, gradients included.
+  Tensor qc = ops::to(ops::transpose(qb, 1, 2), DType::float32),
+         kc = ops::to(ops::transpose(kb, 1, 2), DType::float32),
+         vc = ops::to(ops::transpose(vb, 1, 2), DType::float32);
+  qc.requires_grad_();
+  kc.requires_grad_();
+  vc.requires_grad_();
+  const Tensor ref = scaled_dot_product_attention(qc, kc, vc, {}, 0.0, true);
+  EXPECT_TRUE(close_scaled(f32_cpu(out), ref, 1e-2));
+  const Tensor w = rand_tensor({B, H, T, D}, DType::float32, 304, -1, 1);
+  tally::sum(tally::mul(out.to(DType::float32), to_gpu(w))).backward();
+  tally::sum(tally::mul(ref, w)).backward();
+  EXPECT_TRUE(close_scaled(f32_cpu(qg.grad()), qc.grad(), 2e-2));
+  EXPECT_TRUE(close_scaled(f32_cpu(kg.grad()), kc.grad(), 2e-2));
+  EXPECT_TRUE(close_scaled(f32_cpu(vg.grad()), vc.grad(), 2e-2));
+  // With a mask, dropout or float32 it stays on the composite (which saves more).
+  const Tensor plain = scaled_dot_product_attention(qg.to(DType::float32), kg.to(DType::float32),
+                                                    vg.to(DType::float32), {}, 0.0, true);
+  EXPECT_NE(saved_by(plain).size(), 5u);
+}
+
+TEST(CudaFlashAttention, NoTxTMatrixDuringForwardAndBackward) {
+  REQUIRE_GPU();
+  const int64_t B = 4, H = 8, T = 1024, D = 64;
+  const DType d = DType::bfloat16;
+  Tensor q = ops::to(ops::randn({B, H, T, D}, DType::float32, kGpu), d);
+  Tensor k = ops::to(ops::randn({B, H, T, D}, DType::float32, kGpu), d);
+  Tensor v = ops::to(ops::randn({B, H, T, D}, DType::float32, kGpu), d);
+  const Tensor dout = ops::to(ops::randn({B, H, T, D}, DType::float32, kGpu), d);
+  q.requires_grad_();
+  k.requires_grad_();
+  v.requires_grad_();
+  const size_t before = memory::memory_allocated(kGpu);
+  memory::reset_peak_memory_stats(kGpu);
+  {
+    const Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+    out.backward(dout);
+  }
+  const size_t peak = memory::max_memory_allocated(kGpu) - before;
+  const double txt = static_cast<double>(B * H * T * T * 2);
+  // Above the inputs: out, lse, the float32 dQ accumulator and the three gradients,
+  // about 12 bytes per element of q (0.4 MB per head here) against 2 MB per head for one
+  // bfloat16 T x T matrix.
+  EXPECT_LT(static_cast<double>(peak), 0.6 * txt) << "peak " << peak << " bytes";
+  EXPECT_TRUE(q.grad().defined() && k.grad().defined() && v.grad().defined());
+}
+
+}  // namespace
+}  // namespace tally
