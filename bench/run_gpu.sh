@@ -1,63 +1,123 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: configure and build, run the gpu-labelled tests (plain and
-# under compute-sanitizer memcheck), the CUDA memory demo, PyTorch's _memory_viz on the
-# snapshots, and the benchmarks. Logs land in $OUT (or ./gpu-out).
-#   bash bench/run_gpu.sh [--no-sanitizer] [--no-bench]
+# One call on the GPU machine: configure and build, then the chosen stages. Logs land in
+# $OUT (or ./gpu-out), folded into a few files for the way back.
+#   bash bench/run_gpu.sh [STAGE...]      (default: tests sanitizer demo equiv train ops trainbench)
+# Stages:
+#   tests       ctest -L gpu
+#   sanitizer   compute-sanitizer memcheck over the gpu test binaries (+ racecheck on attention)
+#   demo        memory_demo on CUDA, _memory_viz and check_snapshot on the snapshots
+#   equiv       equivalence_dump (resnet18, gpt-small; cpu and cuda) vs PyTorch 2.11
+#   train       train_resnet resnet18 on Fashion-MNIST (the >= 92% bar) and train_gpt on fortunes
+#   ops         bench/ops_gpu.py: per-op Tally vs PyTorch
+#   trainbench  bench/train.py: ResNet-50 and GPT-2 124M steps vs PyTorch (needs .ref/torch_baseline.py)
+#   ab          ab_memory on ResNet-50 and GPT-2 (report + snapshots)
+#   profile     profiler on ResNet-50 / GPT-2 (overhead, kernel time vs step time)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-SAN=1; BENCH=1
-for a in "$@"; do
-  case $a in --no-sanitizer) SAN=0 ;; --no-bench) BENCH=0 ;; esac
-done
+STAGES="$*"
+[ -z "$STAGES" ] && STAGES="tests sanitizer demo equiv train ops trainbench"
+has() { [[ " $STAGES " == *" $1 "* ]]; }
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-log "commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+log "commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown); stages: $STAGES"
 
 B=build-gpu
 t0=$(date +%s)
 cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DTALLY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   > "$OUT/configure.log" 2>&1 || { log "configure FAILED"; tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build $B -j 16 > "$OUT/build.log" 2>&1 || { log "build FAILED"; grep -E "error" "$OUT/build.log" | head -30; exit 1; }
-log "build ok in $(( $(date +%s) - t0 )) s"
-
+cmake --build $B -j 16 -- -k 0 > "$OUT/build.log" 2>&1 || { log "build FAILED"; grep -E "error" "$OUT/build.log" | head -40; }
+log "build done in $(( $(date +%s) - t0 )) s"
 export TALLY_SNAPSHOT_DIR=$OUT
-ctest --test-dir $B -L gpu --output-on-failure > "$OUT/ctest_gpu.log" 2>&1
-log "gpu tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log")"
-grep -E "\*\*\*Failed|Skipped" "$OUT/ctest_gpu.log" | head -20 | tee -a "$OUT/summary.txt"
 
-if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null; then
+if has tests; then
+  t0=$(date +%s)
+  ctest --test-dir $B -L gpu --output-on-failure --timeout 300 > "$OUT/ctest_gpu.log" 2>&1
+  log "gpu tests ($(( $(date +%s) - t0 )) s): $(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log")"
+  grep -E "\*\*\*Failed|\*\*\*Timeout|Skipped|\(Failed\)" "$OUT/ctest_gpu.log" | head -30 | tee -a "$OUT/summary.txt"
+fi
+
+if has sanitizer && command -v compute-sanitizer >/dev/null; then
+  t0=$(date +%s)
   fails=0
   for t in $B/tests/test_cuda_allocator $B/tests/test_*_cuda; do
     [ -x "$t" ] || continue
     # API errors are off: the OOM tests make cudaMalloc fail on purpose.
-    compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 "$t" >> "$OUT/memcheck.log" 2>&1 || fails=$((fails+1))
+    timeout 240 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 "$t" >> "$OUT/memcheck.log" 2>&1 \
+      || { fails=$((fails+1)); echo "memcheck: $t failed" | tee -a "$OUT/summary.txt"; }
   done
-  log "compute-sanitizer memcheck: $fails binaries with errors"
+  timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/tests/test_attention_cuda --gtest_filter='*Forward*:*Backward*' \
+    >> "$OUT/memcheck.log" 2>&1 || { fails=$((fails+1)); echo "racecheck attention failed" | tee -a "$OUT/summary.txt"; }
+  log "compute-sanitizer ($(( $(date +%s) - t0 )) s): $fails binaries with errors"
 fi
 
-./$B/examples/memory_demo --device cuda --snapshot "$OUT/memory_demo_cuda.pickle" > "$OUT/memory_demo.txt" 2>&1
-log "memory_demo --device cuda: exit $?"
-for snap in "$OUT/memory_demo_cuda.pickle" "$OUT/tally_cuda_snapshot.pickle"; do
-  [ -f "$snap" ] || { log "missing $snap"; continue; }
-  name=$(basename "$snap" .pickle)
-  python3 tests/memory/check_memviz.py "$snap" "$OUT/memviz_$name" > "$OUT/memviz_$name.log" 2>&1
-  log "_memory_viz on $name: exit $? ($(tail -1 "$OUT/memviz_$name.log"))"
-  python3 tests/memory/check_snapshot.py "$snap" > /dev/null 2>&1; log "check_snapshot $name: exit $?"
-done
-
-if [ $BENCH = 1 ]; then
-  for b in $B/bench/bench_allocator $B/bench/bench_cpu_ops; do
-    [ -x "$b" ] || continue
-    "$b" --benchmark_min_time=0.5 > "$OUT/$(basename $b).txt" 2>&1
-    log "$(basename $b): exit $?"
+if has demo; then
+  ./$B/examples/memory_demo --device cuda --snapshot "$OUT/memory_demo_cuda.pickle" > "$OUT/memory_demo.txt" 2>&1
+  log "memory_demo --device cuda: exit $?"
+  for snap in "$OUT/memory_demo_cuda.pickle" "$OUT/tally_cuda_snapshot.pickle"; do
+    [ -f "$snap" ] || { log "missing $snap"; continue; }
+    name=$(basename "$snap" .pickle)
+    python3 tests/memory/check_memviz.py "$snap" "$OUT/memviz_$name" > "$OUT/memviz_$name.log" 2>&1
+    log "_memory_viz on $name: exit $? ($(tail -1 "$OUT/memviz_$name.log"))"
+    python3 tests/memory/check_snapshot.py "$snap" > /dev/null 2>&1; log "check_snapshot $name: exit $?"
   done
-  [ -f bench/ops_gpu.py ] && python3 bench/ops_gpu.py $B > "$OUT/ops_gpu.txt" 2>&1; log "ops_gpu: exit $?"; grep -v "^JSON" "$OUT/ops_gpu.txt" | tee -a "$OUT/summary.txt"
 fi
+
+if has equiv; then
+  t0=$(date +%s)
+  for m in resnet18 gpt-small; do
+    for d in cpu cuda; do
+      ./$B/examples/equivalence_dump --model $m --device $d --out /tmp/eq/$m-$d >> "$OUT/equiv.log" 2>&1 || log "equivalence_dump $m $d failed"
+    done
+  done
+  python3 tests/nn/check_torch_equivalence.py /tmp/eq/* >> "$OUT/equiv.log" 2>&1
+  log "equivalence with PyTorch ($(( $(date +%s) - t0 )) s): exit $?"
+  tail -40 "$OUT/equiv.log" >> "$OUT/summary.txt"
+fi
+
+if has train; then
+  t0=$(date +%s)
+  ./$B/examples/train_resnet --arch resnet18 --dataset fashion-mnist --device cuda --epochs 4 --batch 128 --lr 0.1 \
+    --log-every 100 --summary > "$OUT/train_resnet18.txt" 2>&1
+  log "train_resnet resnet18 fashion-mnist ($(( $(date +%s) - t0 )) s): exit $? $(grep 'test accuracy' "$OUT/train_resnet18.txt")"
+  t0=$(date +%s)
+  ./$B/examples/train_gpt --preset small --device cuda --steps 300 --batch 32 --lr 2e-3 --log-every 50 --sample 200 \
+    > "$OUT/train_gpt.txt" 2>&1
+  log "train_gpt small fortunes ($(( $(date +%s) - t0 )) s): exit $? $(grep 'val loss' "$OUT/train_gpt.txt")"
+fi
+
+if has ops && [ -f bench/ops_gpu.py ]; then
+  python3 bench/ops_gpu.py $B > "$OUT/ops_gpu.txt" 2>&1; log "ops_gpu: exit $?"
+  grep -v "^JSON" "$OUT/ops_gpu.txt" | tee -a "$OUT/summary.txt"
+fi
+
+if has trainbench; then
+  python3 bench/train.py $B > "$OUT/train_bench.txt" 2>&1; log "bench/train.py: exit $?"
+  grep -v "^JSON" "$OUT/train_bench.txt" | tail -30 | tee -a "$OUT/summary.txt"
+fi
+
+if has ab; then
+  ./$B/examples/ab_memory --model resnet --arch resnet50 --dataset synthetic --image-size 224 --batch 64 --steps 3 \
+    --device cuda --checkpoint none,4-segments --amp off,fp16 --out "$OUT/ab_resnet50" > "$OUT/ab.txt" 2>&1
+  log "ab_memory resnet50: exit $?"
+  ./$B/examples/ab_memory --model gpt --preset gpt2 --batch 8 --seq 1024 --steps 3 --lr 3e-4 \
+    --device cuda --checkpoint none,blocks --amp off,bf16 --out "$OUT/ab_gpt2" >> "$OUT/ab.txt" 2>&1
+  log "ab_memory gpt2: exit $?"
+  cat "$OUT/ab.txt" >> "$OUT/summary.txt"
+  tar czf "$OUT/ab_reports.tgz" -C "$OUT" ab_resnet50/report.html ab_gpt2/report.html ab_resnet50/results.json ab_gpt2/results.json 2>/dev/null
+  rm -rf "$OUT/ab_resnet50" "$OUT/ab_gpt2"
+fi
+
+if has profile && [ -x $B/examples/profile_models ]; then
+  ./$B/examples/profile_models --device cuda --out "$OUT/profile" > "$OUT/profile.txt" 2>&1
+  log "profile_models: exit $?"
+  cat "$OUT/profile.txt" >> "$OUT/summary.txt"
+  tar czf "$OUT/profile.tgz" -C "$OUT" profile 2>/dev/null; rm -rf "$OUT/profile"
+fi
+
 # keep only a few files for the way back
 tar czf "$OUT/memviz_outputs.tgz" -C "$OUT" $(cd "$OUT" && ls -d memviz_*/ 2>/dev/null) 2>/dev/null
 rm -rf "$OUT"/memviz_*/ "$OUT"/*.pickle
-# at most 8 files come back: fold the logs into one
-for f in configure.log build.log memviz_*.log gpu.txt; do
+for f in configure.log build.log memviz_*.log gpu.txt memory_demo.txt equiv.log train_resnet18.txt train_gpt.txt ab.txt; do
   [ -f "$OUT/$f" ] && { echo "##### $f"; cat "$OUT/$f"; } >> "$OUT/logs.txt" && rm -f "$OUT/$f"
 done

@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
           {
             memory::CategoryScope input(memory::Category::input);
             const auto& b = batches.items[static_cast<size_t>(s)];
-            batch = {to_device_async(b.input, dev), to_device_async(b.target, dev)};
+            batch = {ops::to_device_async(b.input, dev), ops::to_device_async(b.target, dev)};
           }
           opt->zero_grad(true);
           Tensor loss;

@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
         b = corpus->get_batch(a.batch, T, gen, split, dev.type == DeviceType::cuda);
       }
       memory::CategoryScope input(memory::Category::input);
-      return {to_device_async(b.input, dev), to_device_async(b.target, dev)};
+      return {ops::to_device_async(b.input, dev), ops::to_device_async(b.target, dev)};
     };
 
     fmt::print("Tally train_gpt: preset {} ({:.2f} M parameters), data {}{}, device {}, batch {} x {} tokens, "
