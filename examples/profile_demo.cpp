@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
     fmt::print("{}\n", p.key_averages().table("self_cpu_time_total", 15));
     fmt::print("{}\n", p.key_averages_by_module().table("cpu_time_total", 10));
     fmt::print("wrote {0}.trace.json, {0}.timeline.json, {0}.timeline.html, {0}.pickle "
-               "(steps {})\n",
+               "(steps {1})\n",
                out, fmt::join(p.data().steps, ", "));
   };
   profiler::Profiler prof(opts);

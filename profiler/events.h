@@ -54,7 +54,8 @@ struct MemoryEvent {
   memory::Category old_category = memory::Category::unknown;  // re-tags
   bool retag = false;
   memory::Device device;
-  std::string module, op, phase;
+  std::string module, op, phase;  // the block's tag (for a free: where it was allocated)
+  std::string scope_module;        // module open on the thread when the event happened
   std::string file;  // C++ call site of the allocation (with_stack)
   uint32_t line = 0;
   uint64_t tid = 0;

@@ -327,7 +327,7 @@ EventList build_module_averages(const ProfileData& data) {
   for (const MemoryEvent& m : data.memory) {
     if (m.retag) continue;
     const bool cuda = m.device.type == memory::DeviceType::cuda;
-    for_prefixes(m.module, [&](FunctionEventAvg& r, bool self) {
+    for_prefixes(m.scope_module, [&](FunctionEventAvg& r, bool self) {
       (cuda ? r.cuda_memory_usage : r.cpu_memory_usage) += m.bytes;
       if (self) (cuda ? r.self_cuda_memory_usage : r.self_cpu_memory_usage) += m.bytes;
     });

@@ -60,7 +60,9 @@ class EventList {
 
 // Group op and user spans by name (and shapes).
 EventList build_key_averages(const ProfileData& data, bool group_by_input_shape);
-// Group module spans by module path; memory and CUDA time by the module that was open.
+// Group module spans by module path; CUDA time by the module of the launching op, memory
+// by the module open when the allocator event happened (a module's Self CPU Mem is what
+// its forward left allocated: its activations and outputs).
 EventList build_module_averages(const ProfileData& data);
 
 // PyTorch's cell formats: "12.345us" / "1.234ms" / "1.234s", "12.34 KB" / "-512 B".

@@ -98,6 +98,7 @@ struct RawMem {
   int64_t time;
   uint64_t seq;
   uint64_t op_id;
+  memory::StrId scope_module;
   memory::AllocationEvent e;
 };
 
@@ -227,6 +228,7 @@ class Collector final : public DispatchObserver,
     m.time = steady_ns() - origin;
     m.seq = mem_seq.fetch_add(1, std::memory_order_relaxed);
     m.op_id = innermost_op(b);
+    m.scope_module = memory::current_tag().module;
     m.e = e;
     b.mem.push_back(m);
   }
@@ -442,6 +444,7 @@ std::vector<MemoryEvent> merge_memory(Collector& c, bool with_stack) {
       m.module = memory::interned(r.e.tag.module);
       m.op = memory::interned(r.e.tag.op);
       m.phase = memory::interned(r.e.tag.phase);
+      m.scope_module = memory::interned(r.scope_module);
       if (with_stack && r.e.tag.loc.file) {
         m.file = r.e.tag.loc.file;
         m.line = r.e.tag.loc.line;

@@ -7,9 +7,10 @@
 //   opts.schedule = schedule(/*wait=*/1, /*warmup=*/1, /*active=*/2);
 //   opts.on_trace_ready = [](Profiler& p) { p.export_chrome_trace("step.trace.json"); };
 //   Profiler prof(opts);
-//   prof.start();
-//   for (...) { { record_function r("## Forward Pass ##"); ... } prof.step(); }
-//   prof.stop();
+//   {
+//     ProfilerGuard guard(prof);  // or prof.start() ... prof.stop()
+//     for (...) { { record_function r("## Forward Pass ##"); ... } prof.step(); }
+//   }
 //   std::cout << prof.key_averages().table("self_cpu_time_total", 10);
 //
 // Sources of events: ops from the one dispatch point (tensor/dispatch.h), modules and
@@ -105,6 +106,24 @@ class Profiler {
   std::unique_ptr<ProfileData> last_;
   struct Session;
   std::unique_ptr<Session> session_;
+};
+
+// RAII window, as `with profile(...) as prof:`: starts `prof` now, stops it at scope exit
+// (on_trace_ready runs then when the last step was active).
+class ProfilerGuard {
+ public:
+  explicit ProfilerGuard(Profiler& prof) : prof_(prof) { prof_.start(); }
+  ~ProfilerGuard() {
+    try {
+      prof_.stop();
+    } catch (...) {
+    }
+  }
+  ProfilerGuard(const ProfilerGuard&) = delete;
+  ProfilerGuard& operator=(const ProfilerGuard&) = delete;
+
+ private:
+  Profiler& prof_;
 };
 
 // RAII user range (torch.profiler.record_function). Nothing is recorded when no profiler

@@ -241,12 +241,14 @@ TEST(Profiler, ScheduleRecordsOnlyActiveSteps) {
     }));
   };
   Profiler prof(o);
-  prof.start();
-  for (int i = 0; i < 8; ++i) {
-    net.train_step();
-    prof.step();
+  {
+    profiler::ProfilerGuard guard(prof);
+    for (int i = 0; i < 8; ++i) {
+      net.train_step();
+      prof.step();
+    }
   }
-  prof.stop();
+  EXPECT_FALSE(prof.running());
   ASSERT_EQ(ready_at.size(), 1u);
   EXPECT_EQ(ready_at[0], 5);  // as PyTorch 2.11 (docs/memory-formats.md §5.4)
   EXPECT_EQ(steps[0], (std::vector<int>{3, 4}));
@@ -303,7 +305,9 @@ TEST(Profiler, MemoryTimelineJsonRoundTripsAndSumsToAllocated) {
     EXPECT_EQ(t.sizes[i][8], 0) << "unknown bytes at row " << i;
     const int64_t sum = std::accumulate(t.sizes[i].begin(), t.sizes[i].end(), int64_t{0});
     EXPECT_EQ(sum, static_cast<int64_t>(t.allocated[i])) << "row " << i;
-    if (i) EXPECT_GE(t.times_us[i], t.times_us[i - 1]);
+    if (i) {
+      EXPECT_GE(t.times_us[i], t.times_us[i - 1]);
+    }
   }
   EXPECT_EQ(t.allocated.back(), p.allocated_after);
   EXPECT_GT(t.sizes.back()[1], 0);  // parameters

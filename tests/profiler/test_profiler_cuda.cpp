@@ -3,6 +3,7 @@
 // each attributed (external correlation id) to the op that launched it, with launch ->
 // kernel flows; key_averages has CUDA time and CUDA memory columns; the CUDA op's
 // kernel time is the row's Self CUDA; the memory timeline picks the GPU.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
