@@ -143,7 +143,7 @@ constexpr const char* kScript = R"JS(
       var xa = x(d.t[i]), xb = x(i + 1 < n ? d.t[i + 1] : t1);
       var lo = base[i], hi = base[i] + Math.max(0, d.sizes[i][c]);
       top.push(xa.toFixed(2) + ',' + y(hi).toFixed(2), xb.toFixed(2) + ',' + y(hi).toFixed(2));
-      bottom.unshift(xa.toFixed(2) + ',' + y(lo).toFixed(2), xb.toFixed(2) + ',' + y(lo).toFixed(2));
+      bottom.unshift(xb.toFixed(2) + ',' + y(lo).toFixed(2), xa.toFixed(2) + ',' + y(lo).toFixed(2));
       base[i] = hi;
     }
     var p = el('path', {d: 'M' + top.join(' L') + ' L' + bottom.join(' L') + ' Z',
