@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 
 #include "memory/summary.h"
@@ -73,6 +74,30 @@ struct BlockPool {
 };
 
 }  // namespace detail
+
+namespace {
+std::atomic<AllocationObserver*> g_allocation_observer{nullptr};
+}
+
+void set_allocation_observer(AllocationObserver* observer) { g_allocation_observer.store(observer); }
+AllocationObserver* allocation_observer() {
+  return g_allocation_observer.load(std::memory_order_relaxed);
+}
+
+void CachingAllocator::notify(AllocationObserver* o, uint64_t addr, int64_t bytes,
+                              const AllocTag& tag, bool retag, Category old_category) const {
+  AllocationEvent e;
+  e.addr = addr;
+  e.bytes = bytes;
+  e.total_allocated = static_cast<size_t>(stats_.allocated_bytes[kAllPools].current);
+  e.total_reserved = total_reserved_;
+  e.tag = tag;
+  e.retag = retag;
+  e.old_category = old_category;
+  e.device_type = provider_->device_type();
+  e.device_index = device_;
+  o->on_allocation_event(e);
+}
 
 using detail::Block;
 using detail::BlockPool;
@@ -303,6 +328,8 @@ void* CachingAllocator::alloc_found_block(AllocParams& p, const AllocTag& tag) {
   stats_.category_blocks[static_cast<size_t>(tag.category)].increase(1);
   stats_.note_peak();
   record(TraceAction::alloc, block->addr(), p.requested, p.stream, tag);
+  if (AllocationObserver* o = allocation_observer())
+    notify(o, block->addr(), static_cast<int64_t>(block->size), tag, false, tag.category);
   return block->ptr;
 }
 
@@ -333,6 +360,8 @@ void CachingAllocator::deallocate(void* ptr, std::source_location loc) {
   AllocTag tag = block->tag;
   tag.loc = SourceLoc::from(loc);
   record(TraceAction::free_requested, block->addr(), block->requested, block->stream, tag);
+  if (AllocationObserver* o = allocation_observer())
+    notify(o, block->addr(), -size, tag, false, tag.category);
   if (!block->stream_uses.empty()) {
     insert_events(block);  // stays in active_ until its events complete
   } else {
@@ -627,6 +656,11 @@ void CachingAllocator::retag(void* ptr, Category category, std::source_location 
   stats_.cat_bytes(category).increase(size);
   stats_.category_blocks[static_cast<size_t>(category)].increase(1);
   block->tag.category = category;
+  if (AllocationObserver* o = allocation_observer()) {
+    AllocTag t = block->tag;
+    t.loc = SourceLoc::from(loc);
+    notify(o, block->addr(), size, t, true, old);
+  }
   if (recording_) {
     TraceEntry e;
     e.action = TraceAction::retag;

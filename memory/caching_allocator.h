@@ -52,6 +52,31 @@ class OutOfMemoryError : public std::runtime_error {
   size_t requested_;
 };
 
+// One allocator event as the profiler sees it: a block handed out (bytes > 0), freed
+// (bytes < 0) or re-tagged (`retag`, bytes = its size, `old_category` set), with the
+// allocator's totals after the event.
+struct AllocationEvent {
+  uint64_t addr = 0;
+  int64_t bytes = 0;            // rounded block size: + alloc, - free, + re-tag
+  size_t total_allocated = 0;   // memory_allocated() after the event
+  size_t total_reserved = 0;    // memory_reserved() after the event
+  AllocTag tag;                 // category (new one for a re-tag), module, op, phase, call site
+  Category old_category = Category::unknown;  // re-tags only
+  bool retag = false;
+  DeviceType device_type = DeviceType::cpu;
+  int device_index = 0;
+};
+
+// Observer of every allocator's alloc/free/re-tag (the profiler). Called with the
+// allocator's lock held: it must not call back into the allocator. When none is installed
+// an allocation pays one pointer check.
+struct AllocationObserver {
+  virtual ~AllocationObserver() = default;
+  virtual void on_allocation_event(const AllocationEvent& e) = 0;
+};
+void set_allocation_observer(AllocationObserver* observer);
+AllocationObserver* allocation_observer();
+
 namespace detail {
 struct Block;
 struct Segment;
@@ -139,6 +164,8 @@ class CachingAllocator {
   [[noreturn]] void raise_oom(const AllocParams& p, std::unique_lock<std::mutex>& lock);
   void record(TraceAction action, uint64_t addr, size_t size, StreamId stream,
               const AllocTag& tag);
+  void notify(AllocationObserver* o, uint64_t addr, int64_t bytes, const AllocTag& tag,
+              bool retag, Category old_category) const;
   SnapshotData snapshot_locked() const;
 
   std::unique_ptr<MemoryProvider> provider_;

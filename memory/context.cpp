@@ -1,5 +1,6 @@
 #include "memory/context.h"
 
+#include <atomic>
 #include <deque>
 #include <mutex>
 #include <shared_mutex>
@@ -29,7 +30,12 @@ struct ThreadContext {
 
 thread_local ThreadContext tls;
 
+std::atomic<ContextObserver*> g_context_observer{nullptr};
+
 }  // namespace
+
+void set_context_observer(ContextObserver* observer) { g_context_observer.store(observer); }
+ContextObserver* context_observer() { return g_context_observer.load(std::memory_order_relaxed); }
 
 StrId intern(std::string_view s) {
   if (s.empty()) return 0;
@@ -76,15 +82,26 @@ ModuleScope::ModuleScope(std::string_view name) : saved_(tls.module) {
     path += name;
     tls.module = intern(path);
   }
+  if (ContextObserver* o = context_observer()) o->on_module_enter(tls.module);
 }
-ModuleScope::~ModuleScope() { tls.module = saved_; }
+ModuleScope::~ModuleScope() {
+  if (tls.module != saved_)
+    if (ContextObserver* o = context_observer()) o->on_module_exit(tls.module);
+  tls.module = saved_;
+}
 
 OpScope::OpScope(std::string_view op) : saved_(tls.op) { tls.op = intern(op); }
 OpScope::OpScope(StrId op) : saved_(tls.op) { tls.op = op; }
 OpScope::~OpScope() { tls.op = saved_; }
 
-PhaseScope::PhaseScope(std::string_view phase) : saved_(tls.phase) { tls.phase = intern(phase); }
-PhaseScope::~PhaseScope() { tls.phase = saved_; }
+PhaseScope::PhaseScope(std::string_view phase) : saved_(tls.phase) {
+  tls.phase = intern(phase);
+  if (ContextObserver* o = context_observer()) o->on_phase_enter(tls.phase);
+}
+PhaseScope::~PhaseScope() {
+  if (ContextObserver* o = context_observer()) o->on_phase_exit(tls.phase);
+  tls.phase = saved_;
+}
 
 AllocContextScope::AllocContextScope(Category c, std::string_view module, std::string_view op,
                                      std::string_view phase)

@@ -45,6 +45,20 @@ struct AllocTag {
 // The current top of this thread's context stack.
 AllocTag current_tag();
 
+// Observer of module and phase scopes (the profiler): told the full module path / phase
+// when a ModuleScope or PhaseScope opens and closes on the calling thread. When none is
+// installed a scope pays one pointer check. Exits may arrive without their enter (the
+// observer was installed inside the scope); observers ignore those.
+struct ContextObserver {
+  virtual ~ContextObserver() = default;
+  virtual void on_module_enter(StrId path) = 0;
+  virtual void on_module_exit(StrId path) = 0;
+  virtual void on_phase_enter(StrId phase) = 0;
+  virtual void on_phase_exit(StrId phase) = 0;
+};
+void set_context_observer(ContextObserver* observer);
+ContextObserver* context_observer();
+
 // RAII: allocations inside are tagged with `category`.
 class CategoryScope {
  public:

@@ -142,7 +142,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
   static const OpInfo info("conv2d");
   check_same_device(info.name, input.device(), weight.device());
   if (bias.defined()) check_same_device(info.name, input.device(), bias.device());
-  DispatchScope scope(info, input.device());
+  DispatchScope scope(info, input, weight, bias);
   const Conv2dParams p{stride, padding, dilation, groups};
   const Shape in4 = batched(info.name, input.sizes());
   const Shape out_shape = conv_output_shape(info.name, in4, weight.sizes(), p);
@@ -175,7 +175,7 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, co
                              Int2 stride, Int2 padding, Int2 dilation, int64_t groups) {
   static const OpInfo info("conv2d_backward_input");
   check_same_device(info.name, grad_output.device(), weight.device());
-  DispatchScope scope(info, grad_output.device());
+  DispatchScope scope(info, grad_output, weight);
   const Conv2dParams p{stride, padding, dilation, groups};
   const Shape in4 = batched(info.name, input_sizes);
   const Shape out_shape = conv_output_shape(info.name, in4, weight.sizes(), p);
@@ -199,7 +199,7 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, co
                               Int2 stride, Int2 padding, Int2 dilation, int64_t groups) {
   static const OpInfo info("conv2d_backward_weight");
   check_same_device(info.name, grad_output.device(), input.device());
-  DispatchScope scope(info, grad_output.device());
+  DispatchScope scope(info, grad_output, input);
   const Conv2dParams p{stride, padding, dilation, groups};
   const Shape in4 = batched(info.name, input.sizes());
   const Shape out_shape = conv_output_shape(info.name, in4, weight_sizes, p);

@@ -12,7 +12,7 @@ DispatchObserver* dispatch_observer() { return g_observer.load(std::memory_order
 
 // An op's output with no more specific category is a temporary until autograd saves it
 // (activation) or accumulates it into .grad (gradient): never `unknown`.
-static memory::Category op_category() {
+memory::Category detail::dispatch_op_category() {
   const memory::Category c = memory::current_tag().category;
   return c == memory::Category::unknown ? memory::Category::temporary : c;
 }
@@ -21,9 +21,9 @@ DispatchScope::DispatchScope(const OpInfo& op, Device device)
     : op_(op),
       device_(device),
       op_scope_(op.id),
-      category_scope_(op_category()),
+      category_scope_(detail::dispatch_op_category()),
       observer_(dispatch_observer()) {
-  if (observer_) observer_->on_enter(op_, device_);
+  if (observer_) observer_->on_enter(op_, device_, nullptr);
 }
 
 DispatchScope::~DispatchScope() {

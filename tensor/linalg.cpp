@@ -123,7 +123,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     throw std::invalid_argument(fmt::format("matmul: both arguments need to be at least 1-D, got "
                                             "shapes {} and {}", a.shape_string(), b.shape_string()));
   check_pair(info.name, a, b);
-  DispatchScope scope(info, a.device());
+  DispatchScope scope(info, a, b);
   const Tensor ap = a.dim() == 1 ? unsqueeze(a, 0) : a;
   const Tensor bp = b.dim() == 1 ? unsqueeze(b, 1) : b;
   const Tensor out = product(info, ap, bp, a.sizes(), b.sizes());
@@ -141,7 +141,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
     throw std::invalid_argument(fmt::format("mm: expected two 2-D tensors, got shapes {} and {}",
                                             a.shape_string(), b.shape_string()));
   check_pair(info.name, a, b);
-  DispatchScope scope(info, a.device());
+  DispatchScope scope(info, a, b);
   return product(info, a, b, a.sizes(), b.sizes());
 }
 
@@ -155,7 +155,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
                                             "not broadcast; use matmul)", a.shape_string(),
                                             b.shape_string()));
   check_pair(info.name, a, b);
-  DispatchScope scope(info, a.device());
+  DispatchScope scope(info, a, b);
   return product(info, a, b, a.sizes(), b.sizes());
 }
 
@@ -178,7 +178,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                                               bias.shape_string()));
     check_pair(info.name, x, bias);
   }
-  DispatchScope scope(info, x.device());
+  DispatchScope scope(info, x, weight, bias);
   Shape shape(x.sizes().begin(), x.sizes().end() - 1);  // leading dims
   const int64_t rows = shape_numel(shape);
   const Tensor x2 = x.dim() == 2 ? x : reshape(x, {rows, in});  // a view unless x forbids it
@@ -202,7 +202,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
                                             "(shape {})", dtype_name(indices.dtype()),
                                             indices.shape_string()));
   check_same_device(info.name, weight.device(), indices.device());
-  DispatchScope scope(info, weight.device());
+  DispatchScope scope(info, weight, indices);
   Shape shape = indices.sizes();
   shape.push_back(weight.size(1));
   Tensor out = alloc(shape, weight.dtype(), weight.device());
@@ -227,7 +227,7 @@ Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num
     throw std::invalid_argument(fmt::format("embedding_backward: padding_idx {} must be -1 (none) "
                                             "or in [0, {})", padding_idx, num_weights));
   check_same_device(info.name, grad.device(), indices.device());
-  DispatchScope scope(info, grad.device());
+  DispatchScope scope(info, grad, indices);
   const int64_t D = grad.size(-1);
   // 16-bit gradients accumulate in float32 (repeated indices sum many rows).
   const DType acc = grad.dtype() == DType::float64 ? DType::float64 : DType::float32;

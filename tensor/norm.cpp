@@ -173,7 +173,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Shape& norm
                                               const Tensor& weight, const Tensor& bias,
                                               double eps) {
   static const OpInfo info("layer_norm");
-  DispatchScope scope(info, x.device());
+  DispatchScope scope(info, x);
   check_floating(info.name, "input", x);
   const RowShape rs = row_shape(info.name, x, normalized_shape);
   check_affine(info.name, "weight", weight, x, normalized_shape);
@@ -194,7 +194,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
                                                        const Tensor& weight,
                                                        std::array<bool, 3> output_mask) {
   static const OpInfo info("layer_norm_backward");
-  DispatchScope scope(info, x.device());
+  DispatchScope scope(info, x);
   check_floating(info.name, "input", x);
   check_grad_out(info.name, grad_out, x);
   const RowShape rs = row_shape(info.name, x, normalized_shape);
@@ -217,7 +217,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
 std::tuple<Tensor, Tensor> rms_norm(const Tensor& x, const Shape& normalized_shape,
                                     const Tensor& weight, std::optional<double> eps) {
   static const OpInfo info("rms_norm");
-  DispatchScope scope(info, x.device());
+  DispatchScope scope(info, x);
   check_floating(info.name, "input", x);
   const RowShape rs = row_shape(info.name, x, normalized_shape);
   check_affine(info.name, "weight", weight, x, normalized_shape);
@@ -234,7 +234,7 @@ std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tenso
                                              const Shape& normalized_shape, const Tensor& rstd,
                                              const Tensor& weight, std::array<bool, 2> output_mask) {
   static const OpInfo info("rms_norm_backward");
-  DispatchScope scope(info, x.device());
+  DispatchScope scope(info, x);
   check_floating(info.name, "input", x);
   check_grad_out(info.name, grad_out, x);
   const RowShape rs = row_shape(info.name, x, normalized_shape);
@@ -257,7 +257,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& run
                                               const Tensor& bias, bool training, double momentum,
                                               double eps) {
   static const OpInfo info("batch_norm");
-  DispatchScope scope(info, x.device());
+  DispatchScope scope(info, x);
   check_batch_input(info.name, x);
   check_channels(info.name, "weight", weight, x);
   check_channels(info.name, "bias", bias, x);
@@ -308,7 +308,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, c
                                                        const Tensor& weight, bool training,
                                                        std::array<bool, 3> output_mask) {
   static const OpInfo info("batch_norm_backward");
-  DispatchScope scope(info, grad_out.device());
+  DispatchScope scope(info, grad_out);
   check_batch_input(info.name, grad_out);
   const bool need_x = output_mask[1] || (output_mask[0] && training);
   if (need_x && !x.defined())

@@ -144,7 +144,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
   static const OpInfo info("copy_");
   Tensor s = src.sizes() == dst.sizes() ? src : expand(src, dst.sizes());
   if (dst.device() == s.device()) {
-    DispatchScope scope(info, dst.device());
+    DispatchScope scope(info, dst);
     kCopy.get(info, dst.device())(dst, s);
   } else {
     // Across devices: the CUDA kernel handles host<->device (through a staging copy).
@@ -156,7 +156,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
 
 void fill_(const Tensor& dst, double value) {
   static const OpInfo info("fill_");
-  DispatchScope scope(info, dst.device());
+  DispatchScope scope(info, dst);
   kFill.get(info, dst.device())(dst, value);
   dst.storage().bump_version();
 }
@@ -167,7 +167,7 @@ Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
 
 Tensor clone(const Tensor& t) {
   static const OpInfo info("clone");
-  DispatchScope scope(info, t.device());
+  DispatchScope scope(info, t);
   Tensor out = alloc(t.sizes(), t.dtype(), t.device());
   copy_(out, t);
   return out;
@@ -451,7 +451,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
                            OpInfo("ne"), OpInfo("lt"), OpInfo("le"), OpInfo("gt"), OpInfo("ge")};
   const OpInfo& info = infos[static_cast<int>(op)];
   check_same_device(info.name, a.device(), b.device());
-  DispatchScope scope(info, a.device());
+  DispatchScope scope(info, a, b);
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), info.name);
   DType dt = promote_types(a.dtype(), b.dtype());
   if (op == BinaryOp::div && !is_floating(dt)) dt = DType::float32;
@@ -467,7 +467,7 @@ static Tensor binary_scalar_impl(BinaryOp op, const Tensor& a, double b, bool re
                            OpInfo("pow"), OpInfo("maximum"), OpInfo("minimum"), OpInfo("eq"),
                            OpInfo("ne"), OpInfo("lt"), OpInfo("le"), OpInfo("gt"), OpInfo("ge")};
   const OpInfo& info = infos[static_cast<int>(op)];
-  DispatchScope scope(info, a.device());
+  DispatchScope scope(info, a);
   DType dt = a.dtype();
   // A non-integral scalar with an integer tensor (or any division) computes in float32.
   if (!is_floating(dt) && !is_compare(op) && (op == BinaryOp::div || b != std::floor(b))) dt = DType::float32;
@@ -488,7 +488,7 @@ Tensor unary(UnaryOp op, const Tensor& a) {
                            OpInfo("sin"), OpInfo("cos"), OpInfo("log1p"), OpInfo("expm1"),
                            OpInfo("erf")};
   const OpInfo& info = infos[static_cast<int>(op)];
-  DispatchScope scope(info, a.device());
+  DispatchScope scope(info, a);
   // Integer inputs: neg/abs/sign/relu/square keep their dtype via float32 math.
   const Tensor ca = is_floating(a.dtype()) ? a : to(a, DType::float32);
   Tensor out = alloc(a.sizes(), ca.dtype(), a.device());
@@ -502,7 +502,7 @@ Tensor unary(UnaryOp op, const Tensor& a) {
 void add_(const Tensor& a, const Tensor& b, double alpha) {
   static const OpInfo info("add_");
   check_same_device(info.name, a.device(), b.device());
-  DispatchScope scope(info, a.device());
+  DispatchScope scope(info, a, b);
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), info.name);
   if (shape != a.sizes())
     throw std::invalid_argument(fmt::format("add_: cannot add shape {} into shape {} in place",
@@ -515,14 +515,14 @@ void add_(const Tensor& a, const Tensor& b, double alpha) {
 
 void mul_(const Tensor& a, double b) {
   static const OpInfo info("mul_");
-  DispatchScope scope(info, a.device());
+  DispatchScope scope(info, a);
   kBinaryScalar.get(info, a.device())(BinaryOp::mul, a, a, b, false);
   a.storage().bump_version();
 }
 
 Tensor affine(const Tensor& x, double a, double b) {
   static const OpInfo info("affine");
-  DispatchScope scope(info, x.device());
+  DispatchScope scope(info, x);
   const Tensor cx = is_floating(x.dtype()) ? x : to(x, DType::float32);
   Tensor out = alloc(x.sizes(), cx.dtype(), x.device());
   kAffine.get(info, x.device())(out, cx, a, b);
@@ -531,7 +531,7 @@ Tensor affine(const Tensor& x, double a, double b) {
 
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
   static const OpInfo info("clamp");
-  DispatchScope scope(info, a.device());
+  DispatchScope scope(info, a);
   Tensor out = alloc(a.sizes(), a.dtype(), a.device());
   kClamp.get(info, a.device())(out, a, lo, hi);
   return out;
@@ -541,7 +541,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   static const OpInfo info("where");
   check_same_device(info.name, a.device(), b.device());
   check_same_device(info.name, a.device(), cond.device());
-  DispatchScope scope(info, a.device());
+  DispatchScope scope(info, cond, a, b);
   if (cond.dtype() != DType::bool_)
     throw std::invalid_argument(fmt::format("where: condition must be bool, got {}", dtype_name(cond.dtype())));
   const Shape shape = broadcast_shapes(broadcast_shapes(cond.sizes(), a.sizes(), "where"), b.sizes(), "where");
@@ -553,7 +553,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 
 Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
   static const OpInfo info("masked_fill");
-  DispatchScope scope(info, a.device());
+  DispatchScope scope(info, a, mask);
   const Shape shape = broadcast_shapes(a.sizes(), mask.sizes(), "masked_fill");
   if (shape != a.sizes())
     throw std::invalid_argument(fmt::format("masked_fill: mask of shape {} does not broadcast to {}",
@@ -565,7 +565,7 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
 
 Tensor sum(const Tensor& t, const Shape& dims, bool keepdim) {
   static const OpInfo info("sum");
-  DispatchScope scope(info, t.device());
+  DispatchScope scope(info, t);
   std::vector<bool> reduce(static_cast<size_t>(t.dim()), dims.empty());
   for (int64_t d : dims) {
     const int64_t w = wrap_dim(d, t.dim(), "sum");  // a 0-D tensor takes dim 0 / -1 (itself)

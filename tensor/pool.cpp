@@ -136,7 +136,7 @@ Shape grad_output_batched(const char* op, const Tensor& grad_output, const Shape
 std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, Int2 kernel_size, Int2 stride,
                                                   Int2 padding, Int2 dilation, bool ceil_mode) {
   static const OpInfo info("max_pool2d");
-  DispatchScope scope(info, input.device());
+  DispatchScope scope(info, input);
   const Shape in4 = batched(info.name, input.sizes());
   check_floating(info.name, input);
   Pool2dParams p;
@@ -152,7 +152,7 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, Int2 kern
 Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, const Shape& input_sizes) {
   static const OpInfo info("max_pool2d_backward");
   check_same_device(info.name, grad_output.device(), indices.device());
-  DispatchScope scope(info, grad_output.device());
+  DispatchScope scope(info, grad_output, indices);
   const Shape in4 = batched(info.name, input_sizes);
   if (indices.dtype() != DType::int64 || indices.sizes() != grad_output.sizes())
     throw std::invalid_argument(fmt::format("{}: indices must be int64 of grad_output's shape {}, got {} {}",
@@ -169,7 +169,7 @@ Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices, con
 Tensor avg_pool2d(const Tensor& input, Int2 kernel_size, Int2 stride, Int2 padding, bool ceil_mode,
                   bool count_include_pad, std::optional<int64_t> divisor_override) {
   static const OpInfo info("avg_pool2d");
-  DispatchScope scope(info, input.device());
+  DispatchScope scope(info, input);
   const Shape in4 = batched(info.name, input.sizes());
   check_floating(info.name, input);
   Pool2dParams p = avg_params(info.name, count_include_pad, divisor_override);
@@ -184,7 +184,7 @@ Tensor avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes, 
                            Int2 padding, bool ceil_mode, bool count_include_pad,
                            std::optional<int64_t> divisor_override) {
   static const OpInfo info("avg_pool2d_backward");
-  DispatchScope scope(info, grad_output.device());
+  DispatchScope scope(info, grad_output);
   const Shape in4 = batched(info.name, input_sizes);
   Pool2dParams p = avg_params(info.name, count_include_pad, divisor_override);
   const Shape out4 = pool_output_shape(info.name, in4, kernel_size, stride, padding, 1, ceil_mode, p);
@@ -197,7 +197,7 @@ Tensor avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes, 
 
 Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size) {
   static const OpInfo info("adaptive_avg_pool2d");
-  DispatchScope scope(info, input.device());
+  DispatchScope scope(info, input);
   const Shape in4 = batched(info.name, input.sizes());
   check_floating(info.name, input);
   if (!output_size.set || output_size.h <= 0 || output_size.w <= 0)
@@ -211,7 +211,7 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size) {
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes) {
   static const OpInfo info("adaptive_avg_pool2d_backward");
-  DispatchScope scope(info, grad_output.device());
+  DispatchScope scope(info, grad_output);
   const Shape in4 = batched(info.name, input_sizes);
   grad_output_batched(info.name, grad_output, input_sizes, in4);
   const Tensor gy = contiguous(as_batched(grad_output));

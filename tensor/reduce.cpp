@@ -85,7 +85,7 @@ void check_nonempty_reduction(const Plan& p, const Tensor& x, const char* op) {
 
 ValuesIndices select_dim(const OpInfo& info, const KernelTable<SelectDimFn>& table, const Tensor& x,
                          int64_t dim, bool keepdim, bool want_values) {
-  DispatchScope scope(info, x.device());
+  DispatchScope scope(info, x);
   const Plan p = plan(x, {dim}, keepdim, info.name);
   check_nonempty_reduction(p, x, info.name);
   const int64_t d = x.dim() == 0 ? 0 : wrap_dim(dim, x.dim(), info.name);
@@ -102,7 +102,7 @@ ValuesIndices select_dim(const OpInfo& info, const KernelTable<SelectDimFn>& tab
 
 Tensor extreme(const OpInfo& info, const KernelTable<MaskReduceFn>& table, const Tensor& x,
                const Shape& dims, bool keepdim) {
-  DispatchScope scope(info, x.device());
+  DispatchScope scope(info, x);
   const Plan p = plan(x, dims, keepdim, info.name);
   check_nonempty_reduction(p, x, info.name);
   Tensor out = alloc(p.kept, x.dtype(), x.device());
@@ -116,7 +116,7 @@ Tensor flat(const Tensor& x) {
 
 Tensor var_std(const OpInfo& info, const Tensor& x, const Shape& dims, double correction,
                bool keepdim, bool take_sqrt) {
-  DispatchScope scope(info, x.device());
+  DispatchScope scope(info, x);
   if (!is_floating(x.dtype()))
     throw std::invalid_argument(
         fmt::format("{}: only floating dtypes are supported, got {} (input {})", info.name,
@@ -207,7 +207,7 @@ Tensor std(const Tensor& x, const Shape& dims, double correction, bool keepdim) 
 
 Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
   static const OpInfo info("logsumexp");
-  DispatchScope scope(info, x.device());
+  DispatchScope scope(info, x);
   const Tensor xf = is_floating(x.dtype()) ? x : to(x, DType::float32);
   const Plan p = plan(xf, dims, keepdim, info.name);
   Tensor out = alloc(p.kept, xf.dtype(), x.device());
@@ -221,7 +221,7 @@ Tensor value_selecting_reduction_backward(const Tensor& grad, const Tensor& indi
                                           const Shape& input_sizes, int64_t dim, bool keepdim) {
   static const OpInfo info("value_selecting_reduction_backward");
   check_same_device(info.name, grad.device(), indices.device());
-  DispatchScope scope(info, grad.device());
+  DispatchScope scope(info, grad);
   if (indices.dtype() != DType::int64)
     throw std::invalid_argument(
         fmt::format("{}: indices must be int64, got {}", info.name, dtype_name(indices.dtype())));

@@ -97,7 +97,7 @@ Tensor stack(const TensorList& tensors, int64_t dim) {
                                               "{} at entry 0 and {} at entry {}",
                                               first.shape_string(), tensors[i].shape_string(), i));
   const int64_t d = wrap_dim(dim, first.dim() + 1, "stack");
-  DispatchScope scope(info, first.device());
+  DispatchScope scope(info, first);
   TensorList parts;
   parts.reserve(tensors.size());
   for (const Tensor& t : tensors) parts.push_back(unsqueeze(t, d));

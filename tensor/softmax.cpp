@@ -58,7 +58,7 @@ Tensor as_1d(const Tensor& t) {
 }
 
 Tensor softmax_impl(const OpInfo& info, const Tensor& x, int64_t dim, bool log) {
-  DispatchScope scope(info, x.device());
+  DispatchScope scope(info, x);
   check_floating(info.name, x);
   const int64_t d = wrap_dim(dim, x.dim(), info.name);
   const Tensor xv = as_1d(x);
@@ -70,7 +70,7 @@ Tensor softmax_impl(const OpInfo& info, const Tensor& x, int64_t dim, bool log) 
 Tensor softmax_backward_impl(const OpInfo& info, const Tensor& grad, const Tensor& y, int64_t dim,
                              bool log) {
   check_same_device(info.name, grad.device(), y.device());
-  DispatchScope scope(info, y.device());
+  DispatchScope scope(info, y);
   check_floating(info.name, y);
   if (grad.sizes() != y.sizes())
     throw std::invalid_argument(fmt::format("{}: grad {} does not match output {}", info.name,
@@ -214,7 +214,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
                      double label_smoothing, LossReduction reduction) {
   static const OpInfo info("cross_entropy");
   check_same_device(info.name, input.device(), target.device());
-  DispatchScope scope(info, input.device());
+  DispatchScope scope(info, input, target);
   check_floating(info.name, input);
   check_label_smoothing(info.name, label_smoothing);
   const LossLayout l = loss_layout(info.name, input.sizes(), target);
@@ -234,7 +234,7 @@ Tensor cross_entropy_backward(const Tensor& grad, const Tensor& input, const Ten
   static const OpInfo info("cross_entropy_backward");
   check_same_device(info.name, input.device(), target.device());
   check_same_device(info.name, input.device(), grad.device());
-  DispatchScope scope(info, input.device());
+  DispatchScope scope(info, input, grad, target);
   check_floating(info.name, input);
   check_label_smoothing(info.name, label_smoothing);
   const LossLayout l = loss_layout(info.name, input.sizes(), target);
@@ -252,7 +252,7 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, int64_t ignore_index,
                 LossReduction reduction) {
   static const OpInfo info("nll_loss");
   check_same_device(info.name, input.device(), target.device());
-  DispatchScope scope(info, input.device());
+  DispatchScope scope(info, input, target);
   check_floating(info.name, input);
   const LossLayout l = loss_layout(info.name, input.sizes(), target);
   const Tensor x = batched(input);
@@ -268,7 +268,7 @@ Tensor nll_loss_backward(const Tensor& grad, const Shape& input_sizes, const Ten
                          int64_t ignore_index, LossReduction reduction) {
   static const OpInfo info("nll_loss_backward");
   check_same_device(info.name, grad.device(), target.device());
-  DispatchScope scope(info, grad.device());
+  DispatchScope scope(info, grad);
   check_floating(info.name, grad);
   const LossLayout l = loss_layout(info.name, input_sizes, target);
   const Tensor g = loss_grad(info.name, grad, l, reduction, grad.dtype());

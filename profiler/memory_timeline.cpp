@@ -1,0 +1,244 @@
+// Memory timeline: per-category live bytes over the window, as PyTorch-layout JSON and as a
+// self-contained HTML page (see memory_timeline.h).
+#include "profiler/memory_timeline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+
+#include "profiler/chrome_trace.h"
+#include "profiler/profiler.h"
+
+namespace tally::profiler {
+
+int timeline_column(memory::Category c) {
+  using memory::Category;
+  switch (c) {
+    case Category::parameter: return 1;
+    case Category::optimizer_state: return 2;
+    case Category::input: return 3;
+    case Category::temporary: return 4;
+    case Category::activation: return 5;
+    case Category::gradient: return 6;
+    case Category::unknown: return 8;
+    case Category::workspace: return 9;
+    case Category::autocast_cache: return 10;
+    case Category::communication: return 11;
+  }
+  return 8;
+}
+
+const std::array<const char*, kTimelineColumns>& timeline_column_names() {
+  static const std::array<const char*, kTimelineColumns> names = {
+      "",           "parameter", "optimizer_state", "input",          "temporary",    "activation",
+      "gradient",   "autograd_detail", "unknown",   "workspace", "autocast_cache", "communication"};
+  return names;
+}
+
+MemoryTimeline build_memory_timeline(const ProfileData& data, memory::Device device) {
+  MemoryTimeline t;
+  t.device = device;
+  const int64_t base_us = data.base_time_ns / 1000;
+  std::array<int64_t, kTimelineColumns> row{};
+  size_t allocated = 0, reserved = 0;
+  for (const InitialMemory& im : data.initial) {
+    if (!(im.device == device)) continue;
+    for (memory::Category c : memory::kAllCategories)
+      row[static_cast<size_t>(timeline_column(c))] += im.category_bytes[static_cast<int>(c)];
+    allocated = im.total_allocated;
+    reserved = im.total_reserved;
+  }
+  auto emit = [&](int64_t time_us) {
+    t.times_us.push_back(time_us);
+    t.sizes.push_back(row);
+    t.allocated.push_back(allocated);
+    t.reserved.push_back(reserved);
+  };
+  emit(base_us);
+  for (const MemoryEvent& m : data.memory) {
+    if (!(m.device == device)) continue;
+    if (m.retag) {
+      row[static_cast<size_t>(timeline_column(m.old_category))] -= m.bytes;
+      row[static_cast<size_t>(timeline_column(m.category))] += m.bytes;
+    } else {
+      row[static_cast<size_t>(timeline_column(m.category))] += m.bytes;
+    }
+    allocated = m.total_allocated;
+    reserved = m.total_reserved;
+    emit(base_us + m.time_ns / 1000);
+  }
+  // Outermost phase spans, per thread.
+  std::map<uint64_t, int64_t> covered_until;
+  for (const CpuSpan& s : data.spans) {
+    if (s.kind != SpanKind::phase) continue;
+    auto [it, fresh] = covered_until.try_emplace(s.tid, -1);
+    if (s.start_ns < it->second) continue;  // nested in the previous outer phase
+    it->second = s.end_ns;
+    t.phases.push_back({s.name, base_us + s.start_ns / 1000, base_us + s.end_ns / 1000});
+  }
+  return t;
+}
+
+void write_memory_timeline_json(const MemoryTimeline& t, std::ostream& out) {
+  out << "[[";
+  for (size_t i = 0; i < t.times_us.size(); ++i) out << (i ? ", " : "") << t.times_us[i];
+  out << "], [";
+  for (size_t i = 0; i < t.sizes.size(); ++i)
+    out << (i ? ", " : "") << "[" << fmt::format("{}", fmt::join(t.sizes[i], ", ")) << "]";
+  out << "]]";
+}
+
+namespace {
+
+constexpr const char* kColors[kTimelineColumns] = {
+    "white",     "darkgreen", "goldenrod", "black",      "mediumpurple", "red",
+    "mediumblue", "royalblue", "grey",      "darkorange", "teal",         "hotpink"};
+
+// The page's drawing script. It reads the JSON in <script id="data">, draws a step-wise
+// stacked area per non-empty category into <svg id="chart">, phase bands behind it, axes
+// and a legend, then marks the body with data-rendered / data-paths.
+constexpr const char* kScript = R"JS(
+(function () {
+  var d = JSON.parse(document.getElementById('data').textContent);
+  var svg = document.getElementById('chart');
+  var NS = svg.namespaceURI;
+  var W = 1200, H = 560, L = 80, R = 20, T = 20, B = 50;
+  function el(name, attrs, parent) {
+    var e = document.createElementNS(NS, name);
+    for (var k in attrs) e.setAttribute(k, attrs[k]);
+    (parent || svg).appendChild(e);
+    return e;
+  }
+  var n = d.t.length;
+  var t0 = d.t[0], t1 = Math.max(d.t[n - 1], t0 + 1);
+  if (d.phases.length) t1 = Math.max(t1, d.phases[d.phases.length - 1].end);
+  var ymax = 1;
+  for (var i = 0; i < n; i++) {
+    var s = 0;
+    for (var c = 1; c < d.sizes[i].length; c++) s += Math.max(0, d.sizes[i][c]);
+    ymax = Math.max(ymax, s, d.reserved[i]);
+  }
+  var units = [['B', 1], ['KiB', 1024], ['MiB', 1048576], ['GiB', 1073741824]];
+  var u = units[0];
+  for (var k = 0; k < units.length; k++) if (ymax >= units[k][1]) u = units[k];
+  function x(tu) { return L + (tu - t0) / (t1 - t0) * (W - L - R); }
+  function y(b) { return H - B - b / ymax * (H - T - B); }
+  var bandColors = {forward: '#dbe9f6', backward: '#f6e3db', optimizer: '#e3f6db'};
+  d.phases.forEach(function (p) {
+    el('rect', {x: x(p.start), y: T, width: Math.max(1, x(p.end) - x(p.start)), height: H - T - B,
+                fill: bandColors[p.name] || '#eeeeee', 'class': 'phase'});
+    var lab = el('text', {x: x(p.start) + 3, y: T + 12, 'font-size': 11, fill: '#555'});
+    lab.textContent = p.name;
+  });
+  var base = new Array(n).fill(0), paths = 0;
+  for (var c = 1; c < d.names.length; c++) {
+    var any = false;
+    for (var i = 0; i < n; i++) if (d.sizes[i][c] !== 0) any = true;
+    if (!any) continue;
+    var top = [], bottom = [];
+    for (var i = 0; i < n; i++) {
+      var xa = x(d.t[i]), xb = x(i + 1 < n ? d.t[i + 1] : t1);
+      var lo = base[i], hi = base[i] + Math.max(0, d.sizes[i][c]);
+      top.push(xa.toFixed(2) + ',' + y(hi).toFixed(2), xb.toFixed(2) + ',' + y(hi).toFixed(2));
+      bottom.unshift(xb.toFixed(2) + ',' + y(lo).toFixed(2), xa.toFixed(2) + ',' + y(lo).toFixed(2));
+      base[i] = hi;
+    }
+    var p = el('path', {d: 'M' + top.join(' L') + ' L' + bottom.join(' L') + ' Z',
+                        fill: d.colors[c], 'fill-opacity': 0.85, 'class': 'area',
+                        'data-category': d.names[c]});
+    var tip = el('title', {}, p); tip.textContent = d.names[c];
+    paths++;
+    var item = document.createElement('span');
+    item.className = 'item';
+    item.innerHTML = '<span class="sw" style="background:' + d.colors[c] + '"></span>' + d.names[c];
+    document.getElementById('legend').appendChild(item);
+  }
+  var rs = [];
+  for (var i = 0; i < n; i++) {
+    var xb = x(i + 1 < n ? d.t[i + 1] : t1);
+    rs.push(x(d.t[i]).toFixed(2) + ',' + y(d.reserved[i]).toFixed(2), xb.toFixed(2) + ',' + y(d.reserved[i]).toFixed(2));
+  }
+  el('path', {d: 'M' + rs.join(' L'), fill: 'none', stroke: '#333', 'stroke-dasharray': '4 3', 'class': 'reserved'});
+  el('line', {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: '#000'});
+  el('line', {x1: L, y1: T, x2: L, y2: H - B, stroke: '#000'});
+  for (var k = 0; k <= 5; k++) {
+    var b = ymax * k / 5, tx = el('text', {x: L - 6, y: y(b) + 4, 'text-anchor': 'end', 'font-size': 11});
+    tx.textContent = (b / u[1]).toFixed(1);
+    var tm = t0 + (t1 - t0) * k / 5, tt = el('text', {x: x(tm), y: H - B + 16, 'text-anchor': 'middle', 'font-size': 11});
+    tt.textContent = ((tm - t0) / 1000).toFixed(2);
+  }
+  var xl = el('text', {x: (L + W - R) / 2, y: H - 8, 'text-anchor': 'middle', 'font-size': 13});
+  xl.textContent = 'Time (ms)';
+  var yl = el('text', {x: 16, y: (T + H - B) / 2, 'font-size': 13, transform: 'rotate(-90 16 ' + (T + H - B) / 2 + ')', 'text-anchor': 'middle'});
+  yl.textContent = 'Memory (' + u[0] + ')';
+  var item = document.createElement('span');
+  item.className = 'item';
+  item.innerHTML = '<span class="sw" style="border:1px dashed #333"></span>reserved';
+  document.getElementById('legend').appendChild(item);
+  document.body.setAttribute('data-paths', String(paths));
+  document.body.setAttribute('data-rendered', '1');
+})();
+)JS";
+
+std::string human(size_t b) {
+  const double v = static_cast<double>(b);
+  if (v >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", v / (1024.0 * 1024 * 1024));
+  if (v >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", v / (1024.0 * 1024));
+  if (v >= 1024.0) return fmt::format("{:.2f} KiB", v / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+}  // namespace
+
+void write_memory_timeline_html(const MemoryTimeline& t, std::ostream& out) {
+  size_t max_alloc = 0, max_res = 0;
+  for (size_t a : t.allocated) max_alloc = std::max(max_alloc, a);
+  for (size_t r : t.reserved) max_res = std::max(max_res, r);
+  std::string data = "{\"t\": [";
+  for (size_t i = 0; i < t.times_us.size(); ++i) data += fmt::format("{}{}", i ? ", " : "", t.times_us[i]);
+  data += "], \"sizes\": [";
+  for (size_t i = 0; i < t.sizes.size(); ++i)
+    data += fmt::format("{}[{}]", i ? ", " : "", fmt::join(t.sizes[i], ", "));
+  data += "], \"reserved\": [";
+  for (size_t i = 0; i < t.reserved.size(); ++i) data += fmt::format("{}{}", i ? ", " : "", t.reserved[i]);
+  data += "], \"phases\": [";
+  for (size_t i = 0; i < t.phases.size(); ++i)
+    data += fmt::format("{}{{\"name\": {}, \"start\": {}, \"end\": {}}}", i ? ", " : "",
+                        json_string(t.phases[i].phase), t.phases[i].start_us, t.phases[i].end_us);
+  data += "], \"names\": [";
+  for (int c = 0; c < kTimelineColumns; ++c)
+    data += fmt::format("{}\"{}\"", c ? ", " : "", timeline_column_names()[static_cast<size_t>(c)]);
+  data += "], \"colors\": [";
+  for (int c = 0; c < kTimelineColumns; ++c) data += fmt::format("{}\"{}\"", c ? ", " : "", kColors[c]);
+  data += "]}";
+  out << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\" /><title>Tally Memory Timeline ("
+      << t.device.str() << ")</title>\n<style>body{font-family:sans-serif;margin:16px}"
+      << ".item{margin-right:14px;display:inline-block}.sw{display:inline-block;width:12px;"
+         "height:12px;margin-right:4px;vertical-align:middle}</style></head>\n<body>\n";
+  out << fmt::format("<h3>Max memory allocated/reserved: {} / {} ({})</h3>\n", human(max_alloc),
+                     human(max_res), t.device.str());
+  out << "<svg id=\"chart\" width=\"1200\" height=\"560\" viewBox=\"0 0 1200 560\"></svg>\n";
+  out << "<div id=\"legend\"></div>\n";
+  out << "<script type=\"application/json\" id=\"data\">" << data << "</script>\n";
+  out << "<script>" << kScript << "</script>\n</body></html>\n";
+}
+
+void Profiler::export_memory_timeline(const std::string& path, memory::Device device) const {
+  const ProfileData& d = data();
+  if (!d.profile_memory)
+    throw std::logic_error(fmt::format(
+        "Profiler::export_memory_timeline({}): needs ProfilerOptions::profile_memory", path));
+  const MemoryTimeline t = build_memory_timeline(d, device);
+  std::ofstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(fmt::format("export_memory_timeline: cannot open '{}'", path));
+  const bool html = path.size() >= 5 && path.compare(path.size() - 5, 5, ".html") == 0;
+  if (html) write_memory_timeline_html(t, f);
+  else write_memory_timeline_json(t, f);
+  f.flush();
+  if (!f) throw std::runtime_error(fmt::format("export_memory_timeline: write to '{}' failed", path));
+}
+
+}  // namespace tally::profiler

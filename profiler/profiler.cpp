@@ -1,0 +1,564 @@
+// The profiler's collector (observers of dispatch, context scopes and the allocator,
+// writing into per-thread buffers), the schedule state machine and record_function.
+#include "profiler/profiler.h"
+
+#include <fmt/format.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
+
+#include "profiler/gpu_tracer.h"
+#include "tensor/dispatch.h"
+
+namespace tally::profiler {
+
+const char* span_kind_name(SpanKind k) {
+  switch (k) {
+    case SpanKind::op: return "cpu_op";
+    case SpanKind::module: return "module";
+    case SpanKind::user: return "user_annotation";
+    case SpanKind::phase: return "phase";
+  }
+  return "?";
+}
+
+const char* gpu_kind_name(GpuKind k) {
+  switch (k) {
+    case GpuKind::kernel: return "kernel";
+    case GpuKind::memcpy: return "gpu_memcpy";
+    case GpuKind::memset: return "gpu_memset";
+    case GpuKind::runtime: return "cuda_runtime";
+    case GpuKind::driver: return "cuda_driver";
+  }
+  return "?";
+}
+
+const char* action_name(ProfilerAction a) {
+  switch (a) {
+    case ProfilerAction::none: return "NONE";
+    case ProfilerAction::warmup: return "WARMUP";
+    case ProfilerAction::record: return "RECORD";
+    case ProfilerAction::record_and_save: return "RECORD_AND_SAVE";
+  }
+  return "?";
+}
+
+Schedule schedule(int wait, int warmup, int active, int repeat, int skip_first) {
+  if (active <= 0 || wait < 0 || warmup < 0 || repeat < 0 || skip_first < 0)
+    throw std::invalid_argument(fmt::format(
+        "profiler::schedule(wait={}, warmup={}, active={}, repeat={}, skip_first={}): active "
+        "must be > 0 and the others >= 0",
+        wait, warmup, active, repeat, skip_first));
+  return [=](int step) {
+    if (step < skip_first) return ProfilerAction::none;
+    step -= skip_first;
+    const int cycle = wait + warmup + active;
+    if (repeat > 0 && step / cycle >= repeat) return ProfilerAction::none;
+    const int m = step % cycle;
+    if (m < wait) return ProfilerAction::none;
+    if (m < wait + warmup) return ProfilerAction::warmup;
+    return m < cycle - 1 ? ProfilerAction::record : ProfilerAction::record_and_save;
+  };
+}
+
+namespace {
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t os_tid() { return static_cast<uint64_t>(::syscall(SYS_gettid)); }
+
+// A span as recorded on the hot path: interned ids and a slice of the thread's shape pool.
+struct RawSpan {
+  SpanKind kind;
+  memory::StrId name;
+  memory::StrId module;
+  memory::StrId phase;
+  int depth;
+  int64_t start;
+  int64_t end;  // -1 while open
+  uint64_t id;
+  uint64_t parent;
+  uint64_t parent_op;
+  memory::Device device;
+  int32_t shapes_at;  // index into shape_pool, -1: none
+  const char* file;
+  uint32_t line;
+};
+
+struct RawMem {
+  int64_t time;
+  uint64_t seq;
+  uint64_t op_id;
+  memory::StrId scope_module;
+  memory::AllocationEvent e;
+};
+
+constexpr size_t kReserveSpans = 1 << 15;
+constexpr size_t kReserveMem = 1 << 15;
+
+struct ThreadBuffer {
+  uint64_t tid = 0;
+  uint64_t index = 0;
+  uint64_t next = 1;  // per-thread id counter
+  std::vector<RawSpan> spans;
+  std::vector<RawMem> mem;
+  // Shapes: [n_inputs, then per input: dtype, ndim, dims...]
+  std::vector<int64_t> shape_pool;
+  std::vector<uint32_t> open;  // indices into spans, innermost last
+};
+
+class Collector final : public DispatchObserver,
+                        public memory::ContextObserver,
+                        public memory::AllocationObserver {
+ public:
+  std::atomic<uint64_t> generation{0};
+  std::atomic<bool> active{false};
+  std::atomic<uint64_t> mem_seq{0};
+  int64_t origin = 0;
+  bool record_shapes = false, profile_memory = false, with_stack = false, cuda = false;
+  std::mutex mu;
+  std::vector<std::unique_ptr<ThreadBuffer>> buffers;
+
+  ThreadBuffer* buffer() {
+    thread_local uint64_t gen = 0;
+    thread_local ThreadBuffer* buf = nullptr;
+    const uint64_t g = generation.load(std::memory_order_acquire);
+    if (gen != g) {
+      auto b = std::make_unique<ThreadBuffer>();
+      b->tid = os_tid();
+      b->spans.reserve(kReserveSpans);
+      b->mem.reserve(kReserveMem);
+      b->shape_pool.reserve(kReserveSpans * 4);
+      b->open.reserve(64);
+      std::lock_guard lock(mu);
+      b->index = buffers.size() + 1;
+      buf = b.get();
+      buffers.push_back(std::move(b));
+      gen = g;
+    }
+    return buf;
+  }
+
+  uint64_t innermost_op(const ThreadBuffer& b) const {
+    for (auto it = b.open.rbegin(); it != b.open.rend(); ++it) {
+      const RawSpan& s = b.spans[*it];
+      if (s.kind == SpanKind::op || s.kind == SpanKind::user) return s.id;
+    }
+    return 0;
+  }
+
+  RawSpan& push(SpanKind kind, memory::StrId name, memory::Device device) {
+    ThreadBuffer& b = *buffer();
+    const memory::AllocTag tag = memory::current_tag();
+    RawSpan s{};
+    s.kind = kind;
+    s.name = name;
+    s.module = tag.module;
+    s.phase = tag.phase;
+    s.depth = static_cast<int>(b.open.size());
+    s.end = -1;
+    s.id = (b.index << 40) | b.next++;
+    s.parent = b.open.empty() ? 0 : b.spans[b.open.back()].id;
+    s.parent_op = innermost_op(b);
+    s.device = device;
+    s.shapes_at = -1;
+    s.file = nullptr;
+    s.line = 0;
+    b.open.push_back(static_cast<uint32_t>(b.spans.size()));
+    b.spans.push_back(s);
+    b.spans.back().start = steady_ns() - origin;
+    return b.spans.back();
+  }
+
+  // Close the innermost open span of `kind` (with `name` unless 0) and anything opened
+  // inside it. Returns false when there is none (its start preceded the window).
+  bool pop(SpanKind kind, memory::StrId name) {
+    const int64_t t = steady_ns() - origin;
+    ThreadBuffer& b = *buffer();
+    for (size_t i = b.open.size(); i-- > 0;) {
+      RawSpan& s = b.spans[b.open[i]];
+      if (s.kind != kind || (name != 0 && s.name != name)) continue;
+      for (size_t j = i; j < b.open.size(); ++j) b.spans[b.open[j]].end = t;
+      b.open.resize(i);
+      return true;
+    }
+    return false;
+  }
+
+  void on_enter(const OpInfo& op, Device device, const OpInputs* inputs) override {
+    RawSpan& s = push(SpanKind::op, op.id, device);
+    if (record_shapes && inputs) {
+      ThreadBuffer& b = *buffer();
+      s.shapes_at = static_cast<int32_t>(b.shape_pool.size());
+      b.shape_pool.push_back(inputs->count);
+      for (int i = 0; i < inputs->count; ++i) {
+        b.shape_pool.push_back(static_cast<int64_t>(inputs->dtypes[i]));
+        b.shape_pool.push_back(static_cast<int64_t>(inputs->sizes[i]->size()));
+        b.shape_pool.insert(b.shape_pool.end(), inputs->sizes[i]->begin(),
+                            inputs->sizes[i]->end());
+      }
+    }
+    if (cuda && device.type == DeviceType::cuda) gpu_tracer::push_external_id(s.id);
+  }
+  void on_exit(const OpInfo& op, Device device) override {
+    if (pop(SpanKind::op, op.id) && cuda && device.type == DeviceType::cuda)
+      gpu_tracer::pop_external_id();
+  }
+  void on_module_enter(memory::StrId path) override {
+    push(SpanKind::module, path, memory::Device::cpu());
+  }
+  void on_module_exit(memory::StrId path) override { pop(SpanKind::module, path); }
+  void on_phase_enter(memory::StrId phase) override {
+    push(SpanKind::phase, phase, memory::Device::cpu());
+  }
+  void on_phase_exit(memory::StrId phase) override { pop(SpanKind::phase, phase); }
+
+  void on_allocation_event(const memory::AllocationEvent& e) override {
+    ThreadBuffer& b = *buffer();
+    RawMem m;
+    m.time = steady_ns() - origin;
+    m.seq = mem_seq.fetch_add(1, std::memory_order_relaxed);
+    m.op_id = innermost_op(b);
+    m.scope_module = memory::current_tag().module;
+    m.e = e;
+    b.mem.push_back(m);
+  }
+
+  void install() {
+    active.store(true);
+    set_dispatch_observer(this);
+    memory::set_context_observer(this);
+    if (profile_memory) memory::set_allocation_observer(this);
+  }
+  void uninstall() {
+    set_dispatch_observer(nullptr);
+    memory::set_context_observer(nullptr);
+    memory::set_allocation_observer(nullptr);
+    active.store(false);
+  }
+};
+
+Collector& collector() {
+  static Collector* c = new Collector();  // never destroyed: observers outlive statics
+  return *c;
+}
+
+std::atomic<Profiler*> g_running{nullptr};
+
+std::vector<memory::Device> allocator_devices() {
+  std::vector<memory::Device> d{memory::Device::cpu()};
+  for (int i = 0; i < memory::cuda_device_count(); ++i) d.push_back(memory::Device::cuda(i));
+  return d;
+}
+
+}  // namespace
+
+struct Profiler::Session {
+  int64_t origin = 0;
+  int64_t base_epoch_ns = 0;
+  bool warmup = false;
+  bool gpu = false;
+  std::vector<memory::Device> history_turned_on;
+  std::vector<InitialMemory> initial;
+  std::vector<int> steps;
+  memory::StrId step_span = 0;  // the open "ProfilerStep#N"
+};
+
+Profiler::Profiler(ProfilerOptions options) : options_(std::move(options)) {}
+
+Profiler::~Profiler() {
+  if (!running_) return;
+  try {
+    stop();
+  } catch (...) {
+  }
+}
+
+void Profiler::start() {
+  if (running_) throw std::logic_error("Profiler::start: already started");
+  Profiler* expected = nullptr;
+  if (!g_running.compare_exchange_strong(expected, this))
+    throw std::logic_error("Profiler::start: another profiler is running (one at a time)");
+  running_ = true;
+  step_num_ = 0;
+  action_ = options_.schedule ? options_.schedule(0) : ProfilerAction::record;
+  transition(ProfilerAction::none, action_);
+}
+
+void Profiler::stop() {
+  if (!running_) return;
+  const ProfilerAction a = action_;
+  action_ = ProfilerAction::none;
+  running_ = false;
+  g_running.store(nullptr);
+  if (collecting_) end_window(a == ProfilerAction::record || a == ProfilerAction::record_and_save);
+}
+
+void Profiler::step() {
+  if (!running_) throw std::logic_error("Profiler::step: the profiler is not running");
+  const ProfilerAction prev = action_;
+  ++step_num_;
+  action_ = options_.schedule ? options_.schedule(step_num_) : ProfilerAction::record;
+  transition(prev, action_);
+}
+
+void Profiler::transition(ProfilerAction from, ProfilerAction to) {
+  using A = ProfilerAction;
+  const bool rec_to = to == A::record || to == A::record_and_save;
+  Collector& c = collector();
+  if (from == A::record) {
+    if (rec_to) {  // continue: next step span
+      c.pop(SpanKind::user, session_->step_span);
+      session_->step_span = memory::intern(fmt::format("ProfilerStep#{}", step_num_));
+      c.push(SpanKind::user, session_->step_span, memory::Device::cpu());
+      session_->steps.push_back(step_num_);
+      return;
+    }
+    end_window(true);
+  } else if (from == A::record_and_save) {
+    end_window(true);
+  } else if (from == A::warmup) {
+    end_window(false);
+  }
+  if (to == A::warmup) begin_window(true);
+  if (rec_to) begin_window(false);
+}
+
+void Profiler::begin_window(bool warmup) {
+  Collector& c = collector();
+  session_ = std::make_unique<Session>();
+  session_->warmup = warmup;
+  c.record_shapes = options_.record_shapes;
+  c.profile_memory = options_.profile_memory;
+  c.with_stack = options_.with_stack;
+  c.cuda = options_.activities.count(ProfilerActivity::cuda) > 0 && gpu_tracer::available();
+  c.buffers.clear();
+  c.mem_seq.store(0);
+  c.generation.fetch_add(1, std::memory_order_acq_rel);
+  if (options_.profile_memory) {
+    for (memory::Device d : allocator_devices()) {
+      memory::CachingAllocator& a = memory::get_allocator(d);
+      if (!warmup && !a.history_enabled()) {
+        a.record_memory_history(true);
+        session_->history_turned_on.push_back(d);
+      }
+      const memory::DeviceStats st = a.stats();
+      InitialMemory im;
+      im.device = d;
+      for (memory::Category cat : memory::kAllCategories)
+        im.category_bytes[static_cast<int>(cat)] = st.cat_bytes(cat).current;
+      im.total_allocated = a.memory_allocated();
+      im.total_reserved = a.memory_reserved();
+      session_->initial.push_back(im);
+    }
+  }
+  session_->base_epoch_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+  session_->origin = steady_ns();
+  c.origin = session_->origin;
+  if (c.cuda) {
+    gpu_tracer::start(session_->origin);
+    session_->gpu = true;
+  }
+  collecting_ = true;
+  c.install();
+  if (!warmup) {
+    session_->step_span = memory::intern(fmt::format("ProfilerStep#{}", step_num_));
+    c.push(SpanKind::user, session_->step_span, memory::Device::cpu());
+    session_->steps.push_back(step_num_);
+  }
+}
+
+namespace {
+
+std::vector<CpuSpan> merge_spans(Collector& c, int64_t end, bool with_stack) {
+  std::vector<CpuSpan> out;
+  for (auto& bp : c.buffers) {
+    ThreadBuffer& b = *bp;
+    for (const RawSpan& r : b.spans) {
+      CpuSpan s;
+      s.kind = r.kind;
+      s.name = memory::interned(r.name);
+      s.module = memory::interned(r.module);
+      s.phase = memory::interned(r.phase);
+      s.start_ns = r.start;
+      s.end_ns = r.end < 0 ? end : r.end;
+      s.id = r.id;
+      s.parent = r.parent;
+      s.parent_op = r.parent_op;
+      s.depth = r.depth;
+      s.tid = b.tid;
+      s.device = r.device;
+      if (with_stack && r.file) {
+        s.file = r.file;
+        s.line = r.line;
+      }
+      if (r.shapes_at >= 0) {
+        size_t i = static_cast<size_t>(r.shapes_at);
+        const int64_t n = b.shape_pool[i++];
+        for (int64_t k = 0; k < n; ++k) {
+          const auto dt = static_cast<DType>(b.shape_pool[i++]);
+          const int64_t nd = b.shape_pool[i++];
+          s.input_shapes.emplace_back(b.shape_pool.begin() + static_cast<std::ptrdiff_t>(i),
+                                      b.shape_pool.begin() + static_cast<std::ptrdiff_t>(i + nd));
+          s.input_types.emplace_back(dtype_name(dt));
+          i += static_cast<size_t>(nd);
+        }
+      }
+      out.push_back(std::move(s));
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const CpuSpan& a, const CpuSpan& b) {
+    if (a.start_ns != b.start_ns) return a.start_ns < b.start_ns;
+    if (a.tid != b.tid) return a.tid < b.tid;
+    return a.depth < b.depth;
+  });
+  return out;
+}
+
+std::vector<MemoryEvent> merge_memory(Collector& c, bool with_stack) {
+  std::vector<MemoryEvent> out;
+  for (auto& bp : c.buffers) {
+    for (const RawMem& r : bp->mem) {
+      MemoryEvent m;
+      m.time_ns = r.time;
+      m.seq = r.seq;
+      m.addr = r.e.addr;
+      m.bytes = r.e.bytes;
+      m.total_allocated = r.e.total_allocated;
+      m.total_reserved = r.e.total_reserved;
+      m.category = r.e.tag.category;
+      m.old_category = r.e.old_category;
+      m.retag = r.e.retag;
+      m.device = memory::Device{r.e.device_type, r.e.device_index};
+      m.module = memory::interned(r.e.tag.module);
+      m.op = memory::interned(r.e.tag.op);
+      m.phase = memory::interned(r.e.tag.phase);
+      m.scope_module = memory::interned(r.scope_module);
+      if (with_stack && r.e.tag.loc.file) {
+        m.file = r.e.tag.loc.file;
+        m.line = r.e.tag.loc.line;
+      }
+      m.tid = bp->tid;
+      m.op_id = r.op_id;
+      out.push_back(std::move(m));
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const MemoryEvent& a, const MemoryEvent& b) { return a.seq < b.seq; });
+  // Times follow the allocator's order (a later event never has an earlier time).
+  for (size_t i = 1; i < out.size(); ++i)
+    out[i].time_ns = std::max(out[i].time_ns, out[i - 1].time_ns);
+  return out;
+}
+
+}  // namespace
+
+void Profiler::end_window(bool save) {
+  Collector& c = collector();
+  const int64_t end = steady_ns() - session_->origin;
+  c.uninstall();
+  collecting_ = false;
+  std::vector<GpuEvent> gpu;
+  if (session_->gpu) gpu_tracer::stop(gpu);
+  auto data = std::make_unique<ProfileData>();
+  if (save && !session_->warmup) {
+    data->base_time_ns = session_->base_epoch_ns;
+    data->duration_ns = end;
+    data->pid = static_cast<int64_t>(::getpid());
+    data->profile_memory = options_.profile_memory;
+    data->record_shapes = options_.record_shapes;
+    data->with_stack = options_.with_stack;
+    data->spans = merge_spans(c, end, options_.with_stack);
+    data->memory = merge_memory(c, options_.with_stack);
+    std::sort(gpu.begin(), gpu.end(),
+              [](const GpuEvent& a, const GpuEvent& b) { return a.start_ns < b.start_ns; });
+    data->gpu = std::move(gpu);
+    data->initial = session_->initial;
+    data->steps = session_->steps;
+    if (options_.profile_memory)
+      for (memory::Device d : allocator_devices())
+        data->snapshots.emplace_back(d, memory::get_allocator(d).snapshot());
+  }
+  for (memory::Device d : session_->history_turned_on)
+    memory::get_allocator(d).record_memory_history(false);
+  c.buffers.clear();
+  session_.reset();
+  if (save && data->base_time_ns != 0) {
+    last_ = std::move(data);
+    if (options_.on_trace_ready) options_.on_trace_ready(*this);
+  }
+}
+
+const ProfileData& Profiler::data() const {
+  if (!last_)
+    throw std::logic_error(
+        "Profiler: no recorded window yet (call stop(), or read results in on_trace_ready)");
+  return *last_;
+}
+
+EventList Profiler::key_averages(bool group_by_input_shape) const {
+  return build_key_averages(data(), group_by_input_shape);
+}
+
+EventList Profiler::key_averages_by_module() const { return build_module_averages(data()); }
+
+memory::Device Profiler::timeline_device() const {
+  const ProfileData& d = data();
+  for (const InitialMemory& im : d.initial)
+    if (im.device.type == memory::DeviceType::cuda) {
+      // Prefer the GPU when it saw traffic in the window.
+      for (const MemoryEvent& m : d.memory)
+        if (m.device == im.device) return im.device;
+    }
+  return memory::Device::cpu();
+}
+
+void Profiler::export_memory_timeline(const std::string& path) const {
+  export_memory_timeline(path, timeline_device());
+}
+
+void Profiler::export_memory_snapshot(const std::string& path) const {
+  export_memory_snapshot(path, timeline_device());
+}
+
+void Profiler::export_memory_snapshot(const std::string& path, memory::Device device) const {
+  const ProfileData& d = data();
+  for (const auto& [dev, snap] : d.snapshots)
+    if (dev == device) return memory::write_snapshot_file(snap, path);
+  throw std::logic_error(fmt::format(
+      "Profiler::export_memory_snapshot({}): no snapshot for {} (profile_memory was {})", path,
+      device.str(), d.profile_memory ? "on" : "off"));
+}
+
+record_function::record_function(std::string_view name, std::source_location loc) {
+  Collector& c = collector();
+  if (!c.active.load(std::memory_order_relaxed)) return;
+  name_ = memory::intern(name);
+  RawSpan& s = c.push(SpanKind::user, name_, memory::Device::cpu());
+  s.file = loc.file_name();
+  s.line = static_cast<uint32_t>(loc.line());
+  generation_ = c.generation.load(std::memory_order_relaxed);
+  active_ = true;
+}
+
+record_function::~record_function() {
+  if (!active_) return;
+  Collector& c = collector();
+  // Only in the window that opened it (a schedule may have moved on since).
+  if (c.active.load(std::memory_order_relaxed) &&
+      c.generation.load(std::memory_order_relaxed) == generation_)
+    c.pop(SpanKind::user, name_);
+}
+
+}  // namespace tally::profiler
