@@ -33,13 +33,13 @@ struct Net {
   TensorList ps;
   Net(Device d) {
     ps = {rnd({6, 3, 3, 3}, 0.3, 1, d, true), rnd({6}, 0.1, 2, d, true),
-          rnd({6}, 1.0, 3, d, true),          rnd({32, 6 * 4 * 4}, 0.1, 4, d, true),
+          rnd({6 * 4 * 4}, 1.0, 3, d, true),  rnd({32, 6 * 4 * 4}, 0.1, 4, d, true),
           rnd({32}, 0.1, 5, d, true),         rnd({5, 32}, 0.2, 6, d, true)};
   }
   Tensor features(const Tensor& x) const {
     Tensor h = relu(conv2d(x, ps[0], ps[1], {1, 1}, {1, 1}));
     h = max_pool2d(h, {2, 2});
-    return layer_norm(h.flatten(1), {6 * 4 * 4});
+    return layer_norm(h.flatten(1), {6 * 4 * 4}, ps[2]);  // every parameter gets a gradient
   }
   Tensor loss(const Tensor& x, const Tensor& y, bool ckpt = false) const {
     Tensor h =
