@@ -19,6 +19,7 @@ Then runs `profile_models --device cpu --small` when its path is given (second a
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -126,4 +127,7 @@ if len(sys.argv) > 2:
 if fails:
     print(f"{len(fails)} check(s) failed")
     sys.exit(1)
+shutil.rmtree(out, ignore_errors=True)
+if len(sys.argv) > 2:
+    shutil.rmtree(pout, ignore_errors=True)
 print("all memory_patterns checks passed")
