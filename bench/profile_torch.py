@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""torch.profiler's overhead on the models of examples/profile_models, printed next to
+Tally's: ResNet-50 (torchvision, batch 64, 224x224, SGD momentum 0.9) and a GPT-2 124M
+(B x 1024 tokens, AdamW). For each model: the median step time without the profiler, with
+torch.profiler (CPU+CUDA activities, profile_memory, record_shapes, with_stack) and the
+overhead in %, and the sum of the CUDA kernel times per step against the synchronised step
+time. Runs BUILD_DIR/examples/profile_models first (same models, same settings) and prints
+one table with both frameworks. Needs a GPU and torch + torchvision (the GPU machine).
+
+    python3 bench/profile_torch.py BUILD_DIR [--out DIR] [--steps 8] [--gpt-batch 8]
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("build")
+ap.add_argument("--out", default="profile_models_out")
+ap.add_argument("--steps", type=int, default=8)
+ap.add_argument("--warmup", type=int, default=3)
+ap.add_argument("--resnet-batch", type=int, default=64)
+ap.add_argument("--gpt-batch", type=int, default=8)
+ap.add_argument("--models", default="resnet,gpt")
+ap.add_argument("--skip-tally", action="store_true", help="only torch")
+args = ap.parse_args()
+os.makedirs(args.out, exist_ok=True)
+
+# ---- Tally
+tally = []
+if not args.skip_tally:
+    exe = os.path.join(args.build, "examples", "profile_models")
+    cmd = [exe, "--device", "cuda", "--out", args.out, "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--resnet-batch", str(args.resnet_batch), "--gpt-batch", str(args.gpt_batch), "--models", args.models]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    tally = json.load(open(os.path.join(args.out, "profile_models.json")))
+
+import torch  # noqa: E402  (after Tally's run: the GPU is free for it)
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import torchvision  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function, schedule  # noqa: E402
+
+dev = "cuda"
+torch.backends.cudnn.benchmark = False
+
+
+class Block(nn.Module):
+    """GPT-2 block: pre-LayerNorm causal self-attention and a GELU(tanh) MLP."""
+
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.attn_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.attn_proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, V=50257, T=1024, L=12, d=768, h=12):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, d), nn.Embedding(T, d)
+        self.h = nn.ModuleList(Block(d, h) for _ in range(L))
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, V, bias=False)
+        self.lm_head.weight = self.wte.weight
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for b in self.h:
+            x = b(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def make(which):
+    torch.manual_seed(0)
+    if which == "resnet":
+        m = torchvision.models.resnet50(num_classes=1000).to(dev).train()
+        opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+        x = torch.randn(args.resnet_batch, 3, 224, 224, device=dev)
+        y = torch.randint(0, 1000, (args.resnet_batch,), device=dev)
+        desc = f"ResNet-50 batch {args.resnet_batch} 224x224"
+        loss_fn = lambda: F.cross_entropy(m(x), y)  # noqa: E731
+    else:
+        m = GPT().to(dev).train()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+        x = torch.randint(0, 50257, (args.gpt_batch, 1024), device=dev)
+        y = torch.randint(0, 50257, (args.gpt_batch, 1024), device=dev)
+        desc = f"GPT gpt2 (124M) B={args.gpt_batch} T=1024"
+        loss_fn = lambda: m(x, y)  # noqa: E731
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with record_function("## Forward Pass ##"):
+            loss = loss_fn()
+        with record_function("## Backward Pass ##"):
+            loss.backward()
+        with record_function("## Optimizer ##"):
+            opt.step()
+
+    return desc, step
+
+
+def timed(step):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+torch_rows = []
+for which in [m for m in args.models.split(",") if m]:
+    desc, step = make(which)
+    print(f"== torch: {desc}", flush=True)
+    for _ in range(args.warmup):
+        timed(step)
+    plain = statistics.median(timed(step) for _ in range(args.steps))
+    profiled = []
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True,
+                 record_shapes=True, with_stack=True,
+                 schedule=schedule(wait=1, warmup=1, active=args.steps, repeat=1)) as prof:
+        for i in range(args.steps + 2):
+            ms = timed(step)
+            if i >= 2:
+                profiled.append(ms)
+            prof.step()
+    prof.export_chrome_trace(os.path.join(args.out, f"torch_{which}.trace.json"))
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernel_ms = sum(e.device_time for e in kernels) / 1e3 / args.steps
+    med = statistics.median(profiled)
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12))
+    row = {"model": which, "desc": desc, "median_ms": plain, "median_ms_profiled": med,
+           "overhead_pct": 100 * (med - plain) / plain, "kernel_ms_per_step": kernel_ms}
+    print(f"torch {desc}: median step {plain:.2f} ms, profiled {med:.2f} ms, overhead {row['overhead_pct']:+.1f}%, "
+          f"kernels {kernel_ms:.2f} ms/step ({100 * kernel_ms / plain:.1f}% of the step)", flush=True)
+    torch_rows.append(row)
+    del step
+    torch.cuda.empty_cache()
+
+json.dump(torch_rows, open(os.path.join(args.out, "profile_torch.json"), "w"), indent=1)
+print()
+print(f"{'framework':<8} {'model':<32} {'step ms':>9} {'profiled':>9} {'overhead':>9} {'kernels ms/step':>16} "
+      f"{'kernels/step':>13}")
+for fw, rows in (("tally", tally), ("torch", torch_rows)):
+    for r in rows:
+        ratio = 100 * r["kernel_ms_per_step"] / r["median_ms"] if r["median_ms"] else math.nan
+        print(f"{fw:<8} {r['desc']:<32} {r['median_ms']:>9.2f} {r['median_ms_profiled']:>9.2f} "
+              f"{r['overhead_pct']:>8.1f}% {r['kernel_ms_per_step']:>16.2f} {ratio:>12.1f}%")
+sys.exit(0)

@@ -1,0 +1,250 @@
+// profile_models: what the profiler costs and whether its GPU times add up, on ResNet-50
+// (batch 64, 224x224, SGD with momentum) and GPT-2 124M (B x 1024 tokens, AdamW). For each
+// model: the median step time without the profiler, the median with it (CPU+CUDA
+// activities, profile_memory, record_shapes, with_stack) and the overhead in %, and per
+// step the sum of the GPU kernel times and the GPU busy time (union of kernel intervals)
+// next to the step time measured with device synchronisation. Writes the Chrome trace,
+// the memory timeline html and the key_averages tables (by op, by module) to --out, and
+// the numbers to --out/profile_models.json (bench/profile_torch.py prints them next to
+// torch.profiler's).
+//
+//   profile_models --device cuda --out prof_out            # the GPU machine
+//   profile_models --device cpu --small --out prof_out     # tiny models, CI
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "examples/train_common.h"
+#include "nn/models/gpt.h"
+#include "nn/models/resnet.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+#include "profiler/profiler.h"
+
+using namespace tally;
+namespace ex = tally::examples;
+
+namespace {
+
+struct Args {
+  std::string device = memory::cuda_available() ? "cuda" : "cpu";
+  std::string models = "resnet,gpt";
+  std::string out = "profile_models_out";
+  bool small = false;
+  int steps = 8;   // timed steps per measurement
+  int warmup = 3;  // untimed steps first
+  int64_t resnet_batch = 64;
+  int64_t gpt_batch = 8;
+};
+
+struct Result {
+  std::string model, desc, trace, timeline;
+  double median_ms = 0, median_ms_profiled = 0, overhead_pct = 0;
+  double kernel_ms_per_step = 0, gpu_busy_ms_per_step = 0, step_ms_in_window = 0;
+  size_t kernels = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Sum and union of the kernel intervals of the recorded window.
+void gpu_times(const profiler::ProfileData& d, double& sum_ms, double& busy_ms, size_t& n) {
+  std::vector<std::pair<int64_t, int64_t>> iv;
+  sum_ms = busy_ms = 0;
+  for (const auto& g : d.gpu) {
+    if (g.kind != profiler::GpuKind::kernel && g.kind != profiler::GpuKind::memcpy &&
+        g.kind != profiler::GpuKind::memset)
+      continue;
+    if (g.kind == profiler::GpuKind::kernel) {
+      sum_ms += g.duration_ns() / 1e6;
+      ++n;
+    }
+    iv.emplace_back(g.start_ns, g.end_ns);
+  }
+  std::sort(iv.begin(), iv.end());
+  int64_t cur_s = 0, cur_e = -1;
+  for (auto [s, e] : iv) {
+    if (s > cur_e) {
+      if (cur_e > cur_s) busy_ms += (cur_e - cur_s) / 1e6;
+      cur_s = s;
+      cur_e = e;
+    } else {
+      cur_e = std::max(cur_e, e);
+    }
+  }
+  if (cur_e > cur_s) busy_ms += (cur_e - cur_s) / 1e6;
+}
+
+Result profile_model(const Args& a, const std::string& which, Device dev) {
+  Result r;
+  r.model = which;
+  manual_seed(0);
+  std::shared_ptr<nn::Module> model;
+  std::shared_ptr<nn::GPT> gpt;
+  std::unique_ptr<optim::Optimizer> opt;
+  Tensor x, y;
+  if (which == "resnet") {
+    nn::ResNetOptions o;
+    const int64_t b = a.small ? 8 : a.resnet_batch, s = a.small ? 32 : 224;
+    o.num_classes = a.small ? 10 : 1000;
+    model = a.small ? std::shared_ptr<nn::Module>(nn::resnet_tiny(o)) : nn::resnet50(o);
+    r.desc = a.small ? fmt::format("resnet_tiny batch {} {}x{}", b, s, s)
+                     : fmt::format("ResNet-50 batch {} {}x{}", b, s, s);
+    memory::CategoryScope in(memory::Category::input);
+    x = randn({b, 3, s, s}).to(dev);
+    y = randint(0, o.num_classes, {b}).to(dev);
+  } else if (which == "gpt") {
+    nn::GPTConfig c = nn::GPTConfig::preset(a.small ? "tiny" : "gpt2");
+    const int64_t b = a.small ? 4 : a.gpt_batch, t = c.block_size;
+    gpt = std::make_shared<nn::GPT>(c);
+    model = gpt;
+    r.desc = fmt::format("GPT {} B={} T={}", a.small ? "tiny" : "gpt2 (124M)", b, t);
+    memory::CategoryScope in(memory::Category::input);
+    x = randint(0, c.vocab_size, {b, t}).to(dev);
+    y = randint(0, c.vocab_size, {b, t}).to(dev);
+  } else {
+    throw std::invalid_argument(fmt::format("--models: expected resnet or gpt, got '{}'", which));
+  }
+  model->to(dev);
+  model->train();
+  if (gpt) opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = 1e-4});
+  else opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+
+  auto step = [&] {
+    opt->zero_grad(true);
+    Tensor loss;
+    {
+      profiler::record_function rf("## Forward Pass ##");
+      memory::PhaseScope phase("forward");
+      loss = gpt ? (*gpt)(x, y).second : cross_entropy((*model)(x), y);
+    }
+    {
+      profiler::record_function rf("## Backward Pass ##");
+      memory::PhaseScope phase("backward");
+      loss.backward();
+    }
+    profiler::record_function rf("## Optimizer ##");
+    memory::PhaseScope phase("optimizer");
+    opt->step();
+  };
+  auto timed_step = [&] {
+    memory::synchronize(dev);
+    ex::Stopwatch sw;
+    step();
+    memory::synchronize(dev);
+    return sw.ms();
+  };
+
+  fmt::print("== {} on {}\n", r.desc, dev.str());
+  std::fflush(stdout);
+  for (int i = 0; i < a.warmup; ++i) timed_step();
+  std::vector<double> plain;
+  for (int i = 0; i < a.steps; ++i) plain.push_back(timed_step());
+  r.median_ms = median(plain);
+
+  // Profiled: wait 1, warmup 1, then `steps` recorded steps.
+  const std::string stem = a.out + "/" + which;
+  profiler::ProfilerOptions po;
+  po.profile_memory = po.record_shapes = po.with_stack = true;
+  po.schedule = profiler::schedule(/*wait=*/1, /*warmup=*/1, /*active=*/a.steps, /*repeat=*/1);
+  std::vector<double> profiled;
+  bool saved = false;
+  po.on_trace_ready = [&](profiler::Profiler& p) {
+    saved = true;
+    r.trace = which + ".trace.json";
+    r.timeline = which + ".timeline.html";
+    p.export_chrome_trace(stem + ".trace.json");
+    p.export_memory_timeline(stem + ".timeline.html", dev);
+    const bool cuda = dev.type == DeviceType::cuda;
+    std::ofstream t(stem + ".key_averages.txt");
+    t << p.key_averages().table(cuda ? "self_cuda_time_total" : "self_cpu_time_total", 30) << "\n"
+      << p.key_averages(true).table(cuda ? "cuda_time_total" : "cpu_time_total", 20) << "\n"
+      << p.key_averages_by_module().table(cuda ? "self_cuda_memory_usage" : "self_cpu_memory_usage", 20)
+      << "\n";
+    fmt::print("{}\n", p.key_averages().table(cuda ? "self_cuda_time_total" : "self_cpu_time_total", 12));
+    double sum = 0, busy = 0;
+    gpu_times(p.data(), sum, busy, r.kernels);
+    const double n = static_cast<double>(std::max<size_t>(1, p.data().steps.size()));
+    r.kernel_ms_per_step = sum / n;
+    r.gpu_busy_ms_per_step = busy / n;
+  };
+  {
+    profiler::Profiler prof(po);
+    profiler::ProfilerGuard guard(prof);
+    for (int i = 0; i < a.steps + 2; ++i) {
+      const double ms = timed_step();
+      if (i >= 2) profiled.push_back(ms);
+      prof.step();
+    }
+  }
+  if (!saved) throw std::logic_error("profile_models: the profiler's window never closed");
+  r.median_ms_profiled = median(profiled);
+  r.step_ms_in_window = r.median_ms_profiled;
+  r.overhead_pct = 100.0 * (r.median_ms_profiled - r.median_ms) / r.median_ms;
+  fmt::print("{}: median step {:.2f} ms without the profiler, {:.2f} ms with it: overhead {:+.1f}%\n", r.desc,
+             r.median_ms, r.median_ms_profiled, r.overhead_pct);
+  if (dev.type == DeviceType::cuda) {
+    fmt::print(
+        "{}: per step: GPU kernels {:.2f} ms summed ({} kernels in the window), GPU busy {:.2f} ms, step "
+        "time (synchronised, profiled) {:.2f} ms, unprofiled {:.2f} ms: kernels/step time = {:.1f}% "
+        "(|diff| {:.1f}% of the unprofiled step)\n",
+        r.desc, r.kernel_ms_per_step, r.kernels, r.gpu_busy_ms_per_step, r.median_ms_profiled, r.median_ms,
+        100.0 * r.kernel_ms_per_step / r.median_ms_profiled,
+        100.0 * std::abs(r.kernel_ms_per_step - r.median_ms) / r.median_ms);
+  }
+  fmt::print("wrote {0}.trace.json, {0}.timeline.html, {0}.key_averages.txt\n\n", stem);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"Profiler overhead and GPU time accounting on ResNet-50 and GPT-2."};
+  app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
+  app.add_option("--models", a.models, "comma list of resnet, gpt")->capture_default_str();
+  app.add_option("--out", a.out, "output folder")->capture_default_str();
+  app.add_flag("--small", a.small, "tiny models (resnet_tiny, GPT tiny) for a CPU");
+  app.add_option("--steps", a.steps, "timed steps per measurement")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str();
+  app.add_option("--resnet-batch", a.resnet_batch, "ResNet-50 batch")->capture_default_str();
+  app.add_option("--gpt-batch", a.gpt_batch, "GPT-2 batch (x 1024 tokens)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const Device dev = ex::parse_device(a.device);
+    if (a.steps < 1) throw std::invalid_argument("--steps must be at least 1");
+    std::filesystem::create_directories(a.out);
+    std::vector<Result> rs;
+    std::stringstream ss(a.models);
+    for (std::string m; std::getline(ss, m, ',');)
+      if (!m.empty()) rs.push_back(profile_model(a, m, dev));
+    fmt::print("{:<32} {:>12} {:>14} {:>10} {:>14} {:>12}\n", "model", "step ms", "profiled ms", "overhead",
+               "kernels ms/st", "GPU busy ms");
+    std::string j = "[";
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const Result& r = rs[i];
+      fmt::print("{:<32} {:>12.2f} {:>14.2f} {:>9.1f}% {:>14.2f} {:>12.2f}\n", r.desc, r.median_ms,
+                 r.median_ms_profiled, r.overhead_pct, r.kernel_ms_per_step, r.gpu_busy_ms_per_step);
+      j += fmt::format(
+          R"({}{{"model": "{}", "desc": "{}", "device": "{}", "median_ms": {}, "median_ms_profiled": {}, )"
+          R"("overhead_pct": {}, "kernel_ms_per_step": {}, "gpu_busy_ms_per_step": {}, "kernels": {}, )"
+          R"("trace": "{}", "timeline": "{}"}})",
+          i ? ", " : "", r.model, r.desc, dev.str(), r.median_ms, r.median_ms_profiled, r.overhead_pct,
+          r.kernel_ms_per_step, r.gpu_busy_ms_per_step, r.kernels, r.trace, r.timeline);
+    }
+    std::ofstream f(a.out + "/profile_models.json");
+    f << j << "]\n";
+    if (!f) throw std::runtime_error("cannot write " + a.out + "/profile_models.json");
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "profile_models: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""End-to-end test of examples/memory_patterns (docs/patterns.md) on the CPU: runs
+`memory_patterns --pattern all --out TMP` and checks the diagnosis numerically from
+TMP/patterns.json, then that every file it wrote parses:
+- staircase: checkpointing the blocks lowers the activation bytes at the peak and the peak;
+  without it the forward's activations rise in many steps (at least one per block).
+- leak: allocated grows every step in the leaky run, about linearly (each step's increase
+  within 25% of the mean increase), and the growth is `activation` bytes; the fixed run
+  (loss.item()) stays flat after the first step.
+- fragmentation: with random lengths reserved ends well above the largest step's
+  allocation; padding to one length leaves a smaller reserved-minus-allocated gap than the
+  default, and max_split_size_mb's run is reported (see docs/patterns.md for what it does).
+- files: chrome traces and timelines are JSON ([times, sizes] with 12 columns), snapshots
+  load with pickle, the timeline html exists.
+Then runs `profile_models --device cpu --small` when its path is given (second argument).
+
+    test_memory_patterns.py MEMORY_PATTERNS_EXE [PROFILE_MODELS_EXE]
+"""
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+
+exe = sys.argv[1]
+out = tempfile.mkdtemp(prefix="memory_patterns_")
+fails = []
+
+
+def check(cond, msg):
+    if not cond:
+        fails.append(msg)
+        print("FAIL:", msg)
+
+
+p = subprocess.run([exe, "--pattern", "all", "--device", "cpu", "--out", out],
+                   capture_output=True, text=True, timeout=500)
+print(p.stdout)
+print(p.stderr, file=sys.stderr)
+if p.returncode != 0:
+    print("memory_patterns failed with exit", p.returncode)
+    sys.exit(1)
+res = json.load(open(os.path.join(out, "patterns.json")))
+check(res["device"] == "cpu", f"device {res['device']}")
+for word in ("diagnosis: the forward keeps", "diagnosis: with history.push_back(loss)", "fragmentation"):
+    check(word in p.stdout, f"stdout lacks '{word}'")
+
+# ---- staircase
+st = res["staircase"]
+none, ck = st["no_checkpoint"], st["checkpoint_blocks"]
+check(ck["peak_activation"] < 0.75 * none["peak_activation"],
+      f"checkpointing should lower the activation bytes at the peak: {ck['peak_activation']} vs "
+      f"{none['peak_activation']}")
+check(ck["peak_allocated"] < none["peak_allocated"],
+      f"checkpointing should lower the peak: {ck['peak_allocated']} vs {none['peak_allocated']}")
+check(none["forward_rises"] >= st["layers"],
+      f"the staircase should rise at least once per block: {none['forward_rises']} rises, {st['layers']} blocks")
+check(none["forward_activation"] > ck["forward_activation"],
+      f"the forward's activation rise should be smaller with checkpointing: {ck['forward_activation']} vs "
+      f"{none['forward_activation']}")
+
+# ---- leak
+bad, good = res["leak"]["leaky"], res["leak"]["fixed"]
+a, act = bad["allocated"], bad["activation"]
+incs = [a[i + 1] - a[i] for i in range(len(a) - 1)]
+check(len(incs) >= 3 and all(d > 0 for d in incs), f"leaky allocated should grow every step: {a}")
+if incs:
+    mean = sum(incs) / len(incs)
+    check(all(abs(d - mean) <= 0.25 * mean for d in incs), f"leaky growth should be ~linear: increases {incs}")
+    act_growth = act[-1] - act[0]
+    check(act_growth >= 0.8 * (a[-1] - a[0]),
+          f"the growth should be activation bytes: activation +{act_growth} of allocated +{a[-1] - a[0]}")
+g = good["allocated"]
+check(max(g[1:]) - min(g[1:]) <= 0.02 * max(g), f"the fixed run should stay flat: {g}")
+check(max(good["activation"]) == 0, f"the fixed run should keep no activation between steps: {good['activation']}")
+check(a[-1] - a[0] > 10 * (g[-1] - g[0]) + 1, "the leaky run should grow far more than the fixed one")
+
+# ---- fragmentation
+fr = res["fragmentation"]
+names = list(fr)
+check(len(names) == 3, f"three fragmentation variants expected: {names}")
+default, split, padded = (fr[n] for n in names)
+check(default["peak_reserved"] > 1.15 * default["peak_allocated"],
+      f"random lengths should leave reserved well above allocated: {default['peak_reserved']} vs "
+      f"{default['peak_allocated']}")
+gap = lambda v: v["peak_reserved"] - v["peak_allocated"]
+check(gap(padded) < gap(default), f"padding should shrink the reserved-allocated gap: {gap(padded)} vs {gap(default)}")
+check(split["conf"].startswith("max_split_size_mb:"), f"second variant conf {split['conf']}")
+check(all(r >= s for r, s in zip(split["reserved"], split["step_peak_allocated"])), "reserved < allocated?")
+
+# ---- files
+for stem in ("staircase", "staircase_ckpt", "leak"):
+    tr = json.load(open(os.path.join(out, stem + ".trace.json")))
+    evs = tr["traceEvents"] if isinstance(tr, dict) else tr
+    check(len(evs) > 10, f"{stem}.trace.json has {len(evs)} events")
+    tl = json.load(open(os.path.join(out, stem + ".timeline.json")))
+    check(len(tl) == 2 and len(tl[0]) == len(tl[1]) and len(tl[0]) > 5, f"{stem}.timeline.json layout")
+    check(all(len(row) == 12 for row in tl[1]), f"{stem}.timeline.json rows should have 12 columns")
+    html = open(os.path.join(out, stem + ".timeline.html")).read()
+    check("<html" in html.lower() and len(html) > 1000, f"{stem}.timeline.html looks empty")
+for name in ("staircase.pickle", "staircase_ckpt.pickle", "leak.pickle", "fragmentation_0.pickle",
+             "fragmentation_1.pickle", "fragmentation_2.pickle"):
+    snap = pickle.load(open(os.path.join(out, name), "rb"))
+    check("segments" in snap and "device_traces" in snap, f"{name}: keys {list(snap)}")
+leak_snap = pickle.load(open(os.path.join(out, "leak.pickle"), "rb"))
+check(any(len(t) > 0 for t in leak_snap["device_traces"]), "leak.pickle has no trace entries")
+
+# ---- profile_models, small CPU path
+if len(sys.argv) > 2:
+    pout = tempfile.mkdtemp(prefix="profile_models_")
+    q = subprocess.run([sys.argv[2], "--device", "cpu", "--small", "--steps", "3", "--out", pout],
+                       capture_output=True, text=True, timeout=300)
+    print(q.stdout)
+    print(q.stderr, file=sys.stderr)
+    check(q.returncode == 0, f"profile_models exited {q.returncode}")
+    if q.returncode == 0:
+        rows = json.load(open(os.path.join(pout, "profile_models.json")))
+        check({r["model"] for r in rows} == {"resnet", "gpt"}, f"models {[r['model'] for r in rows]}")
+        for r in rows:
+            check(r["median_ms"] > 0 and r["median_ms_profiled"] > 0, f"{r['model']}: times {r}")
+            for f in ("trace", "timeline"):
+                check(os.path.getsize(os.path.join(pout, r[f])) > 100, f"{r['model']}: {f} file empty")
+            json.load(open(os.path.join(pout, r["trace"])))
+
+if fails:
+    print(f"{len(fails)} check(s) failed")
+    sys.exit(1)
+shutil.rmtree(out, ignore_errors=True)
+if len(sys.argv) > 2:
+    shutil.rmtree(pout, ignore_errors=True)
+print("all memory_patterns checks passed")
