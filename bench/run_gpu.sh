@@ -76,13 +76,18 @@ if has equiv; then
 fi
 
 if has train; then
+  # Fashion-MNIST and fortunes travel in .data/ (the GPU machine has no Debian datasets).
+  FM=/usr/share/datasets/fashion-mnist; [ -d .data/fashion-mnist ] && FM=.data/fashion-mnist
+  TXT=/usr/share/games/fortunes/fortunes; [ -f .data/fortunes ] && TXT=.data/fortunes
+  for amp in off fp16 bf16; do
+    t0=$(date +%s)
+    ./$B/examples/train_resnet --arch resnet18 --dataset fashion-mnist --data-root $FM --device cuda --epochs 4 \
+      --batch 128 --lr 0.1 --log-every 100 --amp $amp --summary > "$OUT/train_resnet18_$amp.txt" 2>&1
+    log "train_resnet resnet18 fashion-mnist amp=$amp ($(( $(date +%s) - t0 )) s): exit $? $(grep 'test accuracy' "$OUT/train_resnet18_$amp.txt")"
+  done
   t0=$(date +%s)
-  ./$B/examples/train_resnet --arch resnet18 --dataset fashion-mnist --device cuda --epochs 4 --batch 128 --lr 0.1 \
-    --log-every 100 --summary > "$OUT/train_resnet18.txt" 2>&1
-  log "train_resnet resnet18 fashion-mnist ($(( $(date +%s) - t0 )) s): exit $? $(grep 'test accuracy' "$OUT/train_resnet18.txt")"
-  t0=$(date +%s)
-  ./$B/examples/train_gpt --preset small --device cuda --steps 300 --batch 32 --lr 2e-3 --log-every 50 --sample 200 \
-    > "$OUT/train_gpt.txt" 2>&1
+  ./$B/examples/train_gpt --preset small --data $TXT --device cuda --steps 300 --batch 32 --lr 2e-3 --log-every 50 \
+    --sample 200 > "$OUT/train_gpt.txt" 2>&1
   log "train_gpt small fortunes ($(( $(date +%s) - t0 )) s): exit $? $(grep 'val loss' "$OUT/train_gpt.txt")"
 fi
 
@@ -108,16 +113,16 @@ if has ab; then
   rm -rf "$OUT/ab_resnet50" "$OUT/ab_gpt2"
 fi
 
-if has profile && [ -x $B/examples/profile_models ]; then
-  ./$B/examples/profile_models --device cuda --out "$OUT/profile" > "$OUT/profile.txt" 2>&1
-  log "profile_models: exit $?"
-  cat "$OUT/profile.txt" >> "$OUT/summary.txt"
+if has profile; then
+  python3 bench/profile_torch.py $B --out "$OUT/profile" > "$OUT/profile.txt" 2>&1
+  log "profile (Tally profiler vs torch.profiler): exit $?"
+  tail -30 "$OUT/profile.txt" >> "$OUT/summary.txt"
   tar czf "$OUT/profile.tgz" -C "$OUT" profile 2>/dev/null; rm -rf "$OUT/profile"
 fi
 
 # keep only a few files for the way back
 tar czf "$OUT/memviz_outputs.tgz" -C "$OUT" $(cd "$OUT" && ls -d memviz_*/ 2>/dev/null) 2>/dev/null
 rm -rf "$OUT"/memviz_*/ "$OUT"/*.pickle
-for f in configure.log build.log memviz_*.log gpu.txt memory_demo.txt equiv.log train_resnet18.txt train_gpt.txt ab.txt; do
+for f in configure.log build.log memviz_*.log gpu.txt memory_demo.txt equiv.log train_resnet18_off.txt train_resnet18_fp16.txt train_resnet18_bf16.txt train_gpt.txt ab.txt profile.txt; do
   [ -f "$OUT/$f" ] && { echo "##### $f"; cat "$OUT/$f"; } >> "$OUT/logs.txt" && rm -f "$OUT/$f"
 done
