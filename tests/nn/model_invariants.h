@@ -188,6 +188,7 @@ struct HistoryScan {
   int64_t forward_root = 0;                   // of which by the root's own ops (root_ops)
   std::set<std::string> forward_modules;      // module paths of allocations in forward
   std::set<std::string> recompute_modules;    // module paths of allocations in the recompute phase
+  int64_t recompute_casts = 0;  // autocast_cache allocations in the recompute phase
   int64_t workspace_allocs = 0;
   int64_t workspace_frees = 0;
   std::set<std::string> workspace_ops;
@@ -216,7 +217,10 @@ inline HistoryScan scan_history(Device d, const std::set<std::string>& root) {
         else s.forward_unscoped.push_back(describe(e));
       }
       if (phase == "forward" && e.tag.module != 0) s.forward_modules.insert(memory::interned(e.tag.module));
-      if (phase == "recompute") s.recompute_modules.insert(memory::interned(e.tag.module));
+      if (phase == "recompute") {
+        s.recompute_modules.insert(memory::interned(e.tag.module));
+        if (e.tag.category == Category::autocast_cache) ++s.recompute_casts;
+      }
       if (e.tag.category == Category::workspace) {
         ++s.workspace_allocs;
         live_workspace.insert(e.addr);
@@ -506,6 +510,11 @@ inline void checkpoint_comparison(const Case& c, optim::Optimizer& opt, const st
   EXPECT_LE(ckpt.allocated_peak, plain.allocated_peak);
   EXPECT_GT(ckpt.history.allocs_by_phase["recompute"], 0) << "the recompute phase appears in the history";
   EXPECT_FALSE(ckpt.history.recompute_modules.empty());
+  if (o.autocast) {
+    EXPECT_GT(ckpt.history.recompute_casts, 0) << "the recompute runs under the forward's autocast state";
+  } else {
+    EXPECT_EQ(ckpt.history.recompute_casts, 0);
+  }
   for (const std::string& m : ckpt.history.recompute_modules)
     EXPECT_EQ(m.rfind(block_prefix, 0), 0u) << "a recompute allocation under module '" << m
                                             << "', expected inside a block (" << block_prefix << "...)";

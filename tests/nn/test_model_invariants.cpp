@@ -65,5 +65,19 @@ TEST(ModelInvariants, GptTinyCheckpointBlocks) {
   checkpoint_comparison(c, *opt, "transformer.h.", kDev);
 }
 
+// Both at once: the recompute replays the autocast state (its casts are made again, tagged
+// autocast_cache, and released with the recomputed tensors).
+TEST(ModelInvariants, GptTinyCheckpointBlocksUnderAutocastBf16) {
+  const Case c = gpt_case(kDev);
+  auto opt = make_adamw(*c.model);
+  checkpoint_comparison(c, *opt, "transformer.h.", kDev, {.autocast = true, .autocast_dtype = DType::bfloat16});
+}
+
+TEST(ModelInvariants, ResnetTinyCheckpointBlocksUnderAutocastBf16) {
+  const Case c = resnet_case(kDev);
+  auto opt = make_sgd(*c.model);
+  checkpoint_comparison(c, *opt, "layer", kDev, {.autocast = true, .autocast_dtype = DType::bfloat16});
+}
+
 }  // namespace
 }  // namespace tally
