@@ -174,9 +174,10 @@ inline std::set<std::string> root_ops(bool autocast) {
 }
 
 // Restart the allocator's history (dropping what it had) with room for a whole step.
+inline constexpr size_t kHistoryEntries = 200'000;
 inline void restart_history(Device d) {
   allocator_of(d).record_memory_history(false);
-  allocator_of(d).record_memory_history(true, 2'000'000);
+  allocator_of(d).record_memory_history(true, kHistoryEntries);
 }
 
 // What the history says about the step.
@@ -204,7 +205,9 @@ inline std::string describe(const memory::TraceEntry& e) {
 inline HistoryScan scan_history(Device d, const std::set<std::string>& root) {
   HistoryScan s;
   std::unordered_set<uint64_t> live_workspace;
-  for (const memory::TraceEntry& e : allocator_of(d).history()) {
+  const std::vector<memory::TraceEntry> history = allocator_of(d).history();
+  EXPECT_LT(history.size(), kHistoryEntries) << "the history ring filled up: the step is not all there";
+  for (const memory::TraceEntry& e : history) {
     const std::string phase = memory::interned(e.tag.phase);
     if (e.action == memory::TraceAction::alloc || e.action == memory::TraceAction::retag) {
       if (e.tag.category == Category::unknown) s.unknown.push_back(describe(e));

@@ -71,7 +71,7 @@ int64_t block_bytes(const TensorList& ts) {
 
 void restart_history() {
   gpu_alloc().record_memory_history(false);
-  gpu_alloc().record_memory_history(true, 1'000'000);
+  gpu_alloc().record_memory_history(true, 100'000);
 }
 
 // Allocations in the history tagged `category` (and, for workspaces, returned by the end).
@@ -180,7 +180,8 @@ TEST(MemoryInvariantsCuda, Cnn) {
 TEST(MemoryInvariantsCuda, LinearWorkspaceFromAllocator) {
   REQUIRE_GPU();
   const Tensor w = param({256, 128}, 21, 0.1), b = param({256}, 22, 0.1);
-  const Tensor x = input(testing::rand_tensor({64, 128}, DType::float32, 23));
+  Tensor x = input(testing::rand_tensor({64, 128}, DType::float32, 23));
+  x.requires_grad_(true);  // so backward makes both products (grad input, grad weight)
   const size_t ws = cuda::matmul_workspace_bytes();
   ASSERT_GT(ws, 0u) << "the default cuBLASLt workspace is 32 MiB (CUBLASLT_WORKSPACE_SIZE unset)";
   memory::synchronize(kGpu);
@@ -194,6 +195,7 @@ TEST(MemoryInvariantsCuda, LinearWorkspaceFromAllocator) {
   memory::synchronize(kGpu);
   const Scan h = scan();
   EXPECT_GE(h.workspace_allocs, 3) << "forward, grad input and grad weight each take one";
+  EXPECT_TRUE(has_op_prefix(h.workspace_ops, "mm")) << "backward's products (mm) take one too";
   EXPECT_EQ(h.workspace_frees, h.workspace_allocs);
   EXPECT_EQ(h.workspace_max, gpu_alloc().round_size(ws)) << "the configured workspace size";
   EXPECT_TRUE(has_op_prefix(h.workspace_ops, "linear")) << "tagged with the op that used it";
