@@ -18,7 +18,13 @@ const Device kDev = Device::cpu();
 TEST(ModelInvariants, ResnetTinySgdMomentum) {
   const Case c = resnet_case(kDev);
   auto opt = make_sgd(*c.model);
-  two_steps(c, *opt, {}, kDev);
+  for (const StepReport& r : two_steps(c, *opt, {}, kDev)) {
+    // The CPU convolution's im2col buffers are `workspace`, taken and returned by the op.
+    EXPECT_GT(r.history.workspace_allocs, 0);
+    EXPECT_EQ(r.history.workspace_frees, r.history.workspace_allocs);
+    for (const std::string& op : r.history.workspace_ops)
+      EXPECT_EQ(op.rfind("conv2d", 0), 0u) << "a workspace under op '" << op << "'";
+  }
 }
 
 TEST(ModelInvariants, ResnetTinyAdamW) {
