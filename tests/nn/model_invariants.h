@@ -433,9 +433,12 @@ inline Case resnet_case(Device d) {
   return c;
 }
 
-inline Case gpt_case(Device d) {
+// GPT "tiny" (dropout 0 as the preset has it, or `dropout` in every Dropout and the attention).
+inline Case gpt_case(Device d, double dropout = 0.0) {
   manual_seed(12);
-  auto m = std::make_shared<nn::GPT>(nn::GPTConfig::preset("tiny"));
+  nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
+  cfg.dropout = dropout;
+  auto m = std::make_shared<nn::GPT>(cfg);
   m->to(d);
   Case c;
   Tensor idx, targets;

@@ -45,6 +45,19 @@ TEST(ModelInvariants, GptTinyAdamW) {
   two_steps(c, *opt, {}, kDev);
 }
 
+// With dropout (embeddings, attention, residuals, MLP): the masks are activations too.
+TEST(ModelInvariants, GptTinyDropoutAdamW) {
+  const Case c = gpt_case(kDev, 0.1);
+  auto opt = make_adamw(*c.model);
+  two_steps(c, *opt, {}, kDev);
+}
+
+TEST(ModelInvariants, GptTinyDropoutCheckpointBlocks) {
+  const Case c = gpt_case(kDev, 0.1);
+  auto opt = make_adamw(*c.model);
+  checkpoint_comparison(c, *opt, "transformer.h.", kDev);
+}
+
 // bf16 autocast: the forward runs in the region; inside it autocast_cache holds exactly one
 // cast of each Linear / Conv2d parameter, after it only the casts backward still needs.
 TEST(ModelInvariants, ResnetTinyAutocastBf16) {

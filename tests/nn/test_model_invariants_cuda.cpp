@@ -60,6 +60,13 @@ TEST(ModelInvariantsCuda, GptTinyAdamW) {
   for (const StepReport& r : reports) expect_workspaces(r, {"linear", "matmul", "mm", "bmm"});
 }
 
+TEST(ModelInvariantsCuda, GptTinyDropoutAdamW) {
+  REQUIRE_GPU();
+  const Case c = gpt_case(kGpu, 0.1);
+  auto opt = make_adamw(*c.model);
+  two_steps(c, *opt, {}, kGpu);
+}
+
 // CUDA's autocast dtype is float16 (PyTorch's default there); bf16 too.
 TEST(ModelInvariantsCuda, ResnetTinyAutocastFp16) {
   REQUIRE_GPU();
