@@ -27,6 +27,7 @@ struct Frame {
   bool preserve_rng = true;
   PhiloxState rng;
   autocast::State autocast_state;
+  memory::StrId module = 0;  // the module path the segment ran under in forward
   CheckpointPolicy policy;
 
   // By order of saving in forward: shape/dtype (to check the recompute), whether a
@@ -86,6 +87,9 @@ void Frame::recompute() {
   } reset{recomputing};
 
   memory::PhaseScope phase("recompute");
+  // The segment runs again under the module path it had in forward (backward runs outside
+  // any module), so a recomputed block's allocations carry "layer1.0.conv1", not "conv1".
+  memory::AllocContextScope context(memory::current_tag().category, memory::interned(module));
   EnableGradGuard grad;
   autocast::StateScope autocast_scope(autocast_state);
   RngRestore rng_restore;
@@ -174,6 +178,7 @@ Tensor checkpoint(std::function<Tensor(const TensorList&)> fn, const TensorList&
   frame->preserve_rng = options.preserve_rng_state;
   frame->rng = get_rng_state();
   frame->autocast_state = autocast::current_state();
+  frame->module = memory::current_tag().module;
   frame->policy = std::move(options.policy);
   // Saved under the hooks of an enclosing checkpoint, if any: nested segments drop their
   // inputs too.

@@ -106,7 +106,9 @@ Tensor GPTTransformer::forward(const Tensor& idx) {
       fns.push_back([this, block](const Tensor& in) { return h->call([&] { return (*block)(in); }); });
     x = checkpoint_sequential(fns, std::min<int>(checkpoint_segments, static_cast<int>(fns.size())), x);
   } else {
-    for (const auto& block : *h) x = (*block)(x);
+    // Under h's scope, so the blocks' allocations carry "transformer.h.0...", their names
+    // in named_modules(), as in the checkpointed path above.
+    for (const auto& block : *h) x = h->call([&] { return (*block)(x); });
   }
   return (*ln_f)(x);
 }
