@@ -81,7 +81,7 @@ if has train; then
   TXT=/usr/share/games/fortunes/fortunes; [ -f .data/fortunes ] && TXT=.data/fortunes
   for amp in off fp16 bf16; do
     t0=$(date +%s)
-    ./$B/examples/train_resnet --arch resnet18 --dataset fashion-mnist --data-root $FM --device cuda --epochs 4 \
+    ./$B/examples/train_resnet --arch resnet18 --dataset fashion-mnist --data-root $FM --device cuda --epochs 10 \
       --batch 128 --lr 0.1 --log-every 100 --amp $amp --summary > "$OUT/train_resnet18_$amp.txt" 2>&1
     log "train_resnet resnet18 fashion-mnist amp=$amp ($(( $(date +%s) - t0 )) s): exit $? $(grep 'test accuracy' "$OUT/train_resnet18_$amp.txt")"
   done

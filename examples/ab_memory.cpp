@@ -147,7 +147,11 @@ int main(int argc, char** argv) {
     if (a.steps < 2) throw std::invalid_argument("--steps must be at least 2 (the last step is recorded)");
     std::filesystem::create_directories(a.out);
     int64_t classes = 10, channels = 3, seq = 0;
-    const Batches batches = make_batches(a, classes, channels, seq);
+    Batches batches;
+    {
+      memory::CategoryScope input(memory::Category::input);  // the batches live through every run
+      batches = make_batches(a, classes, channels, seq);
+    }
 
     std::vector<ex::ConfigResult> results;
     for (const std::string& ck : split_list(a.checkpoints)) {
