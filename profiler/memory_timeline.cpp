@@ -9,27 +9,13 @@
 #include <map>
 #include <stdexcept>
 
+#include "memory/timeline.h"
 #include "profiler/chrome_trace.h"
 #include "profiler/profiler.h"
 
 namespace tally::profiler {
 
-int timeline_column(memory::Category c) {
-  using memory::Category;
-  switch (c) {
-    case Category::parameter: return 1;
-    case Category::optimizer_state: return 2;
-    case Category::input: return 3;
-    case Category::temporary: return 4;
-    case Category::activation: return 5;
-    case Category::gradient: return 6;
-    case Category::unknown: return 8;
-    case Category::workspace: return 9;
-    case Category::autocast_cache: return 10;
-    case Category::communication: return 11;
-  }
-  return 8;
-}
+int timeline_column(memory::Category c) { return memory::timeline_column(c); }
 
 const std::array<const char*, kTimelineColumns>& timeline_column_names() {
   static const std::array<const char*, kTimelineColumns> names = {

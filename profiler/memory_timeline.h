@@ -19,11 +19,12 @@
 #include <string>
 #include <vector>
 
+#include "memory/timeline.h"
 #include "profiler/events.h"
 
 namespace tally::profiler {
 
-inline constexpr int kTimelineColumns = 12;
+inline constexpr int kTimelineColumns = memory::kTimelineColumns;  // memory/timeline.h
 
 // The column of a Tally category in the timeline rows.
 int timeline_column(memory::Category c);
