@@ -15,8 +15,6 @@
 
 namespace tally::profiler {
 
-int timeline_column(memory::Category c) { return memory::timeline_column(c); }
-
 const std::array<const char*, kTimelineColumns>& timeline_column_names() {
   static const std::array<const char*, kTimelineColumns> names = {
       "",           "parameter", "optimizer_state", "input",          "temporary",    "activation",

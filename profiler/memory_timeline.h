@@ -27,7 +27,7 @@ namespace tally::profiler {
 inline constexpr int kTimelineColumns = memory::kTimelineColumns;  // memory/timeline.h
 
 // The column of a Tally category in the timeline rows.
-int timeline_column(memory::Category c);
+using memory::timeline_column;  // the JSON column of a category (memory/timeline.h)
 // Names of columns 1..11 as the legend shows them ("parameter", ..., "communication").
 const std::array<const char*, kTimelineColumns>& timeline_column_names();
 
