@@ -40,7 +40,7 @@ fi
 if has sanitizer && command -v compute-sanitizer >/dev/null; then
   t0=$(date +%s)
   fails=0
-  for t in $B/tests/test_cuda_allocator $B/tests/test_*_cuda; do
+  for t in ${SAN_TESTS:-$B/tests/test_cuda_allocator $B/tests/test_*_cuda}; do
     [ -x "$t" ] || continue
     # API errors are off: the OOM tests make cudaMalloc fail on purpose.
     timeout 240 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 "$t" >> "$OUT/memcheck.log" 2>&1 \
