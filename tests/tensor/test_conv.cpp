@@ -10,6 +10,7 @@
 #include "gradcheck.h"
 #include "memory/caching_allocator.h"
 #include "memory/memory.h"
+#include "nn/models/resnet.h"
 
 namespace tally {
 namespace {
@@ -288,6 +289,135 @@ TEST(Conv2d, OutputSizeFormula) {
   EXPECT_EQ(ops::conv_output_size(5, 2, 2, 0, 1, /*ceil_mode=*/true), 3);
   EXPECT_EQ(ops::conv_output_size(4, 3, 2, 1, 1, /*ceil_mode=*/true), 3);
   EXPECT_EQ(ops::conv_output_size(5, 2, 2, 1, 1, /*ceil_mode=*/true), 3);  // a 4th window would start in padding
+}
+
+}  // namespace
+}  // namespace tally
+
+// ---------------------------------------------------------------- ResNet-18 layer4 regression
+// On the H200 host the CPU gradients of resnet18 from layer4.0.bn2 backwards differed from
+// PyTorch by ~1.5e-2 (fp32), i.e. the gradient flowing out of layer4.1 (3x3 pad-1 convs,
+// 512 channels at 2x2, train-mode batch_norm over 16 values, relu, residual add). These pin
+// every piece of that path on the CPU.
+namespace tally {
+namespace {
+using namespace testing;
+
+// d(conv2d)/d(input) by the definition (stride 1, square kernel, padding p).
+std::vector<double> naive_conv2d_grad_input(const Tensor& gy_, const Tensor& w_, int64_t H, int64_t W,
+                                            int64_t p) {
+  const std::vector<double> gy = ops::to_vector(gy_), w = ops::to_vector(w_);
+  const int64_t N = gy_.size(0), O = gy_.size(1), OH = gy_.size(2), OW = gy_.size(3);
+  const int64_t C = w_.size(1), k = w_.size(2);
+  std::vector<double> gx(static_cast<size_t>(N * C * H * W), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow)
+          for (int64_t c = 0; c < C; ++c)
+            for (int64_t kh = 0; kh < k; ++kh)
+              for (int64_t kw = 0; kw < k; ++kw) {
+                const int64_t ih = oh - p + kh, iw = ow - p + kw;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                gx[static_cast<size_t>(((n * C + c) * H + ih) * W + iw)] +=
+                    gy[static_cast<size_t>(((n * O + o) * OH + oh) * OW + ow)] *
+                    w[static_cast<size_t>(((o * C + c) * k + kh) * k + kw)];
+              }
+  return gx;
+}
+
+// The backward-data GEMM (weight^T @ grad_output, then col2im) with many channels and an
+// output no larger than the padding, in both BLAS precisions.
+TEST(Conv2d, BackwardInputManyChannelsTinySpatial) {
+  for (DType dt : {DType::float64, DType::float32})
+    for (int64_t C : {8, 64, 512})
+      for (int64_t S : {1, 2, 4}) {
+        Generator g(5);
+        const Tensor gy = ops::randn({4, C, S, S}, dt, Device::cpu(), &g);
+        const Tensor w = ops::randn({C, C, 3, 3}, dt, Device::cpu(), &g);
+        const std::vector<double> got =
+            ops::to_vector(ops::conv2d_backward_input(gy, w, {4, C, S, S}, 1, 1, 1, 1));
+        const std::vector<double> ref = naive_conv2d_grad_input(gy, w, S, S, 1);
+        double maxerr = 0, maxref = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          maxerr = std::max(maxerr, std::abs(got[i] - ref[i]));
+          maxref = std::max(maxref, std::abs(ref[i]));
+        }
+        EXPECT_LT(maxerr, (dt == DType::float64 ? 1e-12 : 1e-5) * maxref)
+            << dtype_name(dt) << " C=" << C << " S=" << S;
+      }
+}
+
+// A whole BasicBlock (conv-bn-relu-conv-bn + identity, relu) against finite differences,
+// at spatial sizes 1, 2 and 4 with padding 1.
+TEST(Conv2d, BasicBlockGradientsTinySpatial) {
+  for (int64_t C : {8, 16})
+    for (int64_t S : {1, 2, 4}) {
+      const Tensor x = rand_input({2, C, S, S}, -1, 1, 31);
+      const Tensor w1 = rand_input({C, C, 3, 3}, -1, 1, 32);
+      const Tensor w2 = rand_input({C, C, 3, 3}, -1, 1, 33);
+      const Tensor bw = rand_input({C}, 0.5, 1.5, 34);
+      const Tensor bb = rand_input({C}, -1, 1, 35);
+      EXPECT_TRUE(gradcheck(
+          [](const TensorList& t) {
+            const Tensor in = relu(t[0]);
+            const Tensor h = relu(batch_norm(conv2d(in, t[1], {}, 1, 1), {}, {}, t[3], t[4], true));
+            return relu(add(batch_norm(conv2d(h, t[2], {}, 1, 1), {}, {}, {}, {}, true), in));
+          },
+          {x, w1, w2, bw, bb}))
+          << "C=" << C << " S=" << S;
+    }
+}
+
+// The reported case itself: resnet18, batch 4, 3x64x64, 10 classes. In float64 the
+// gradients of layer4.0.bn2, layer4.0.downsample.1 and layer4.1.bn2 match central
+// differences of the loss; in float32 every layer3/layer4/fc gradient matches float64.
+TEST(Conv2d, Resnet18Layer4GradientsOnCpu) {
+  std::vector<nn::NamedTensors> grads;
+  std::shared_ptr<nn::ResNet> m64;
+  Tensor x64, y;
+  for (DType dt : {DType::float64, DType::float32}) {
+    Generator g(1234);
+    auto model = nn::resnet18({.num_classes = 10, .in_channels = 3, .gen = &g});
+    model->to(dt);
+    model->train();
+    Generator dg(7);
+    const Tensor x = ops::randn({4, 3, 64, 64}, DType::float64, Device::cpu(), &dg);
+    y = ops::randint(0, 10, {4}, DType::int64, Device::cpu(), &dg);
+    cross_entropy((*model)(ops::to(x, dt)), y).backward();
+    nn::NamedTensors gs;
+    for (auto& [n, p] : model->named_parameters()) gs.push_back({n, p.grad()});
+    grads.push_back(gs);
+    if (dt == DType::float64) m64 = model, x64 = x;
+  }
+  for (auto& [n, p] : m64->named_parameters()) {
+    if (n != "layer4.1.bn2.weight" && n != "layer4.0.bn2.weight" && n != "layer4.0.downsample.1.weight")
+      continue;
+    const std::vector<double> analytic = ops::to_vector(p.grad());
+    double* d = static_cast<double*>(p.storage().data()) + p.storage_offset();
+    for (size_t k = 0; k < 2; ++k) {
+      const double saved = d[k], eps = 1e-5;
+      NoGradGuard ng;
+      d[k] = saved + eps;
+      const double lp = ops::item(cross_entropy((*m64)(x64), y));
+      d[k] = saved - eps;
+      const double lm = ops::item(cross_entropy((*m64)(x64), y));
+      d[k] = saved;
+      const double numeric = (lp - lm) / (2 * eps);
+      EXPECT_NEAR(analytic[k], numeric, 1e-7 + 1e-5 * std::abs(numeric)) << n << "[" << k << "]";
+    }
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    const std::string& n = grads[0][i].first;
+    if (n.rfind("layer3", 0) != 0 && n.rfind("layer4", 0) != 0 && n.rfind("fc", 0) != 0) continue;
+    const auto a = ops::to_vector(grads[0][i].second), b = ops::to_vector(grads[1][i].second);
+    double num = 0, den = 0;
+    for (size_t k = 0; k < a.size(); ++k) {
+      num += (a[k] - b[k]) * (a[k] - b[k]);
+      den += a[k] * a[k];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-4) << n << " float32 vs float64";
+  }
 }
 
 }  // namespace
