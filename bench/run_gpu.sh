@@ -91,6 +91,18 @@ if has train; then
   log "train_gpt small fortunes ($(( $(date +%s) - t0 )) s): exit $? $(grep 'val loss' "$OUT/train_gpt.txt")"
 fi
 
+if has cpucheck; then
+  # The CPU reference on this host's OpenBLAS (AVX-512): resnet18's CPU gradients against finite
+  # differences, then the equivalence dump under each OpenBLAS setting.
+  for env in "" "OPENBLAS_CORETYPE=Haswell" "OPENBLAS_NUM_THREADS=1"; do
+    env $env ./$B/tests/test_conv --gtest_filter='*TinySpatial*:*Resnet18*' > "$OUT/cpucheck.txt" 2>&1
+    log "test_conv tiny-spatial/resnet18 on the host CPU [${env:-default}]: exit $? $(grep -E 'PASSED|FAILED' "$OUT/cpucheck.txt" | head -3 | tr '\n' ' ')"
+    rm -rf /tmp/eqc && env $env ./$B/examples/equivalence_dump --model resnet18 --device cpu --out /tmp/eqc/resnet18-cpu > /dev/null 2>&1
+    python3 tests/nn/check_torch_equivalence.py /tmp/eqc/resnet18-cpu > "$OUT/cpucheck_eq.txt" 2>&1
+    log "equivalence resnet18 cpu [${env:-default}]: exit $? $(grep -E 'PASS|FAIL:' "$OUT/cpucheck_eq.txt" | tail -1)"
+  done
+fi
+
 if has ops && [ -f bench/ops_gpu.py ]; then
   python3 bench/ops_gpu.py $B > "$OUT/ops_gpu.txt" 2>&1; log "ops_gpu: exit $?"
   grep -v "^JSON" "$OUT/ops_gpu.txt" | tee -a "$OUT/summary.txt"
