@@ -173,14 +173,13 @@ int main(int argc, char** argv) {
     ex::Progress bar(total, isatty(fileno(stdout)));
     ex::Stopwatch clock;
     int64_t step = 0;
-    double loss_sum = 0, window_ms = 0;
+    double loss_sum = 0;
     int64_t correct = 0, seen = 0, window_steps = 0;
     Tensor loss_acc = zeros({}, TensorOptions{}.with_device(dev));
     Tensor correct_acc = zeros({}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
     while (step < total) {
       for (const data::Example& batch : loader) {
         if (step >= total) break;
-        ex::Stopwatch st;
         const Tensor x = resize(batch.input, image_size);
         opt->zero_grad(true);
         Tensor logits, loss;
@@ -200,7 +199,6 @@ int main(int argc, char** argv) {
         seen += x.size(0);
         ++step;
         ++window_steps;
-        window_ms += st.ms();
         if (step % a.log_every == 0 || step == total) {
           loss_sum = loss_acc.item() / static_cast<double>(window_steps);  // one sync per update
           correct = correct_acc.item<int64_t>();
@@ -215,7 +213,6 @@ int main(int argc, char** argv) {
           correct_acc = zeros({}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
           seen = 0;
           window_steps = 0;
-          window_ms = 0;
         }
       }
     }
