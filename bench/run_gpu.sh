@@ -73,6 +73,11 @@ if has equiv; then
   python3 tests/nn/check_torch_equivalence.py /tmp/eq/* >> "$OUT/equiv.log" 2>&1
   log "equivalence with PyTorch ($(( $(date +%s) - t0 )) s): exit $?"
   tail -40 "$OUT/equiv.log" >> "$OUT/summary.txt"
+  # The same dumps against PyTorch on the CPU: which side moves when the device changes.
+  python3 tests/nn/check_torch_equivalence.py --device cpu /tmp/eq/resnet18-cpu /tmp/eq/resnet18-cuda \
+    > "$OUT/equiv_torch_cpu.log" 2>&1
+  log "resnet18 dumps vs PyTorch on the CPU: exit $? ($(grep -cE 'PASS|FAIL' "$OUT/equiv_torch_cpu.log") verdicts)"
+  grep -E "PASS|FAIL:|^==|layer4.0.bn2|layer4.1.conv1|conv1.weight" "$OUT/equiv_torch_cpu.log" | head -30 >> "$OUT/summary.txt"
 fi
 
 if has train; then
@@ -129,12 +134,16 @@ if has profile; then
   python3 bench/profile_torch.py $B --out "$OUT/profile" > "$OUT/profile.txt" 2>&1
   log "profile (Tally profiler vs torch.profiler): exit $?"
   tail -30 "$OUT/profile.txt" >> "$OUT/summary.txt"
+  # Where a bf16 GPT-2 step goes (Tally's kernel table; PyTorch's step time is in trainbench).
+  ./$B/examples/profile_models --models gpt --amp bf16 --gpt-batch 16 --steps 4 --out "$OUT/profile/bf16" \
+    > "$OUT/profile_bf16.txt" 2>&1
+  log "profile GPT-2 bf16 B16: exit $?"
   tar czf "$OUT/profile.tgz" -C "$OUT" profile 2>/dev/null; rm -rf "$OUT/profile"
 fi
 
 # keep only a few files for the way back
 tar czf "$OUT/memviz_outputs.tgz" -C "$OUT" $(cd "$OUT" && ls -d memviz_*/ 2>/dev/null) 2>/dev/null
 rm -rf "$OUT"/memviz_*/ "$OUT"/*.pickle
-for f in configure.log build.log memviz_*.log gpu.txt memory_demo.txt equiv.log train_resnet18_off.txt train_resnet18_fp16.txt train_resnet18_bf16.txt train_gpt.txt ab.txt profile.txt; do
+for f in configure.log build.log memviz_*.log gpu.txt memory_demo.txt equiv.log train_resnet18_off.txt train_resnet18_fp16.txt train_resnet18_bf16.txt train_gpt.txt ab.txt profile.txt profile_bf16.txt equiv_torch_cpu.log; do
   [ -f "$OUT/$f" ] && { echo "##### $f"; cat "$OUT/$f"; } >> "$OUT/logs.txt" && rm -f "$OUT/$f"
 done

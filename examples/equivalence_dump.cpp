@@ -19,6 +19,7 @@
 #include "nn/models/resnet.h"
 #include "nn/serialize.h"
 #ifdef TALLY_WITH_CUDA
+#include "tensor/cuda/cudnn.h"
 #include "tensor/cuda/linalg.h"
 #endif
 
@@ -60,7 +61,8 @@ int main(int argc, char** argv) {
     usage("bad --device " + device_name);
   }
 #ifdef TALLY_WITH_CUDA
-  cuda::set_allow_tf32(false);  // fp32 products in fp32, like torch with allow_tf32=False
+  cuda::set_allow_tf32(false);        // fp32 products in fp32, like torch with allow_tf32=False
+  cuda::set_cudnn_allow_tf32(false);  // and fp32 convolutions (torch.backends.cudnn.allow_tf32=False)
 #endif
   try {
     std::filesystem::create_directories(out);

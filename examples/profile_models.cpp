@@ -19,6 +19,7 @@
 #include <memory>
 #include <sstream>
 
+#include "autograd/autocast.h"
 #include "examples/train_common.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
@@ -40,6 +41,7 @@ struct Args {
   int warmup = 3;  // untimed steps first
   int64_t resnet_batch = 64;
   int64_t gpt_batch = 8;
+  std::string amp = "off";  // off | fp16 | bf16: the forward under autocast
 };
 
 struct Result {
@@ -123,6 +125,8 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
     {
       profiler::record_function rf("## Forward Pass ##");
       memory::PhaseScope phase("forward");
+      const std::optional<DType> amp = ex::parse_amp(a.amp);
+      AutocastGuard autocast(dev.type, amp.value_or(DType::float16), amp.has_value());
       loss = gpt ? (*gpt)(x, y).second : cross_entropy((*model)(x), y);
     }
     {
@@ -216,9 +220,12 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str();
   app.add_option("--resnet-batch", a.resnet_batch, "ResNet-50 batch")->capture_default_str();
   app.add_option("--gpt-batch", a.gpt_batch, "GPT-2 batch (x 1024 tokens)")->capture_default_str();
+  app.add_option("--amp", a.amp, "off | fp16 | bf16 (forward under autocast; fp16 without a GradScaler)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     const Device dev = ex::parse_device(a.device);
+    ex::parse_amp(a.amp);  // a bad --amp fails here, before any model is built
     if (a.steps < 1) throw std::invalid_argument("--steps must be at least 1");
     std::filesystem::create_directories(a.out);
     std::vector<Result> rs;

@@ -431,8 +431,12 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 // ---------------------------------------------------------------- elementwise
 
 const char* binary_op_name(BinaryOp op) {
-  static const char* names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
+  static const char* names[] = {"add",           "sub",           "mul",
+                                "div",           "pow",           "maximum",
+                                "minimum",       "threshold_backward", "gelu_backward",
+                                "gelu_backward", "eq",            "ne",
+                                "lt",            "le",            "gt",
+                                "ge"};
   return names[static_cast<int>(op)];
 }
 
@@ -446,9 +450,12 @@ const char* unary_op_name(UnaryOp op) {
 static bool is_compare(BinaryOp op) { return op >= BinaryOp::eq; }
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
-  static OpInfo infos[] = {OpInfo("add"), OpInfo("sub"), OpInfo("mul"), OpInfo("div"),
-                           OpInfo("pow"), OpInfo("maximum"), OpInfo("minimum"), OpInfo("eq"),
-                           OpInfo("ne"), OpInfo("lt"), OpInfo("le"), OpInfo("gt"), OpInfo("ge")};
+  static OpInfo infos[] = {OpInfo("add"),           OpInfo("sub"),  OpInfo("mul"),
+                           OpInfo("div"),           OpInfo("pow"),  OpInfo("maximum"),
+                           OpInfo("minimum"),       OpInfo("threshold_backward"), OpInfo("gelu_backward"),
+                           OpInfo("gelu_backward"), OpInfo("eq"),   OpInfo("ne"),
+                           OpInfo("lt"),            OpInfo("le"),   OpInfo("gt"),
+                           OpInfo("ge")};
   const OpInfo& info = infos[static_cast<int>(op)];
   check_same_device(info.name, a.device(), b.device());
   DispatchScope scope(info, a, b);
@@ -463,9 +470,12 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 }
 
 static Tensor binary_scalar_impl(BinaryOp op, const Tensor& a, double b, bool reverse) {
-  static OpInfo infos[] = {OpInfo("add"), OpInfo("sub"), OpInfo("mul"), OpInfo("div"),
-                           OpInfo("pow"), OpInfo("maximum"), OpInfo("minimum"), OpInfo("eq"),
-                           OpInfo("ne"), OpInfo("lt"), OpInfo("le"), OpInfo("gt"), OpInfo("ge")};
+  static OpInfo infos[] = {OpInfo("add"),           OpInfo("sub"),  OpInfo("mul"),
+                           OpInfo("div"),           OpInfo("pow"),  OpInfo("maximum"),
+                           OpInfo("minimum"),       OpInfo("threshold_backward"), OpInfo("gelu_backward"),
+                           OpInfo("gelu_backward"), OpInfo("eq"),   OpInfo("ne"),
+                           OpInfo("lt"),            OpInfo("le"),   OpInfo("gt"),
+                           OpInfo("ge")};
   const OpInfo& info = infos[static_cast<int>(op)];
   DispatchScope scope(info, a);
   DType dt = a.dtype();

@@ -71,7 +71,14 @@ int64_t wrap_dim(int64_t dim, int64_t rank, const char* op);
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
 // ---- elementwise (broadcasting, type promotion) ----
-enum class BinaryOp : uint8_t { add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge };
+// The *_backward ops are activation gradients fused into one pass, a = the incoming
+// gradient, b = what the forward saved: relu_backward(g, y) = y > 0 ? g : 0 (PyTorch's
+// threshold_backward on the output), gelu_backward(g, x) = g * gelu'(x) (erf form),
+// gelu_tanh_backward(g, x) = g * gelu'(x) (tanh approximation).
+enum class BinaryOp : uint8_t {
+  add, sub, mul, div, pow, maximum, minimum, relu_backward, gelu_backward, gelu_tanh_backward,
+  eq, ne, lt, le, gt, ge,  // comparisons last (is_compare: op >= eq)
+};
 enum class UnaryOp : uint8_t {
   neg, exp, log, sqrt, rsqrt, abs, sign, relu, sigmoid, tanh, silu, gelu, gelu_tanh,
   reciprocal, square, sin, cos, log1p, expm1, erf,

@@ -293,7 +293,7 @@ Tensor ge(const Tensor& a, const Tensor& b) { return o::binary(o::BinaryOp::ge, 
 Tensor relu(const Tensor& x) {
   Tensor out = o::unary(o::UnaryOp::relu, x);
   record("ReluBackward", {x}, {out}, {out}, [](BackwardContext& ctx, const TensorList& g) -> TensorList {
-    return {o::mul(g[0], as_dtype(o::binary_scalar(o::BinaryOp::gt, ctx.saved(0), 0.0), g[0].dtype()))};
+    return {o::binary(o::BinaryOp::relu_backward, g[0], ctx.saved(0))};  // one fused pass
   });
   return out;
 }
@@ -304,24 +304,9 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
   const bool tanh_approx = approximate == "tanh";
   Tensor out = o::unary(tanh_approx ? o::UnaryOp::gelu_tanh : o::UnaryOp::gelu, x);
   record("GeluBackward", {x}, {out}, {x}, [tanh_approx](BackwardContext& ctx, const TensorList& g) -> TensorList {
-    const Tensor x_ = ctx.saved(0);
-    Tensor d;
-    if (!tanh_approx) {
-      // Phi(x) + x * phi(x)
-      const Tensor cdf = o::affine(o::unary(o::UnaryOp::erf, o::mul(x_, M_SQRT1_2)), 0.5, 0.5);
-      const Tensor pdf = o::mul(o::unary(o::UnaryOp::exp, o::mul(o::unary(o::UnaryOp::square, x_), -0.5)),
-                                1.0 / std::sqrt(2.0 * M_PI));
-      d = o::add(cdf, o::mul(x_, pdf));
-    } else {
-      const double k = std::sqrt(2.0 / M_PI);
-      const Tensor x2 = o::unary(o::UnaryOp::square, x_);
-      const Tensor inner = o::mul(o::mul(x_, o::affine(x2, 0.044715, 1.0)), k);
-      const Tensor t = o::unary(o::UnaryOp::tanh, inner);
-      const Tensor dinner = o::affine(x2, 3.0 * 0.044715 * k, k);
-      const Tensor sech2 = o::affine(o::unary(o::UnaryOp::square, t), -1.0, 1.0);
-      d = o::add(o::affine(t, 0.5, 0.5), o::mul(o::mul(o::mul(x_, sech2), dinner), 0.5));
-    }
-    return {o::mul(g[0], d)};
+    // g * gelu'(x) in one fused pass (the formulas: tensor/ops.h, BinaryOp).
+    return {o::binary(tanh_approx ? o::BinaryOp::gelu_tanh_backward : o::BinaryOp::gelu_backward, g[0],
+                      ctx.saved(0))};
   });
   return out;
 }

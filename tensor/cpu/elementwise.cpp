@@ -140,6 +140,24 @@ A apply_binary(ops::BinaryOp op, A x, A y) {
     case BinaryOp::minimum:
       if constexpr (std::is_floating_point_v<A>) { if (std::isnan(x) || std::isnan(y)) return NAN; }
       return x < y ? x : y;
+    case BinaryOp::relu_backward: return y <= A(0) ? A(0) : x;
+    case BinaryOp::gelu_backward:
+      if constexpr (std::is_floating_point_v<A>) {
+        const A cdf = A(0.5) * (A(1) + std::erf(y * A(M_SQRT1_2)));
+        const A pdf = std::exp(A(-0.5) * y * y) * A(0.3989422804014327);  // 1 / sqrt(2 pi)
+        return x * (cdf + y * pdf);
+      } else {
+        return A{};
+      }
+    case BinaryOp::gelu_tanh_backward:
+      if constexpr (std::is_floating_point_v<A>) {
+        const A k = A(0.7978845608028654), c = A(0.044715);  // sqrt(2 / pi)
+        const A y2 = y * y;
+        const A t = std::tanh(k * y * (A(1) + c * y2));
+        return x * (A(0.5) * (A(1) + t) + A(0.5) * y * (A(1) - t * t) * k * (A(1) + A(3) * c * y2));
+      } else {
+        return A{};
+      }
     default: return A{};
   }
   }

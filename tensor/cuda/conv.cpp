@@ -17,7 +17,9 @@
 // accounting; they return to the allocator's cache when the call has been enqueued (the
 // allocator is stream-ordered, so a later block on the same stream is safe to reuse).
 //
-// Precision. float32: CUDNN_FMA_MATH (no TF32: results match the CPU to float32 rounding);
+// Precision. float32: with cudnn_allow_tf32() on (the default, like PyTorch's
+// torch.backends.cudnn.allow_tf32) CUDNN_DEFAULT_MATH, so cuDNN may run TF32 tensor cores;
+// with it off CUDNN_FMA_MATH (results match the CPU to float32 rounding; the tests run so);
 // float16/bfloat16: tensor-op math with float accumulation (compute type float);
 // float64: double throughout.
 #include <fmt/format.h>
@@ -66,29 +68,30 @@ struct Problem {
   int x[4] = {}, xs[4] = {}, w[4] = {}, y[4] = {}, ys[4] = {};
   int pad[2] = {}, stride[2] = {}, dilation[2] = {};
   int groups = 1;
+  bool tf32 = false;  // float32 may use TF32 (cudnn_allow_tf32() when the call was made)
 
   std::string str() const {
     return fmt::format(
         "conv2d {} {}: input [{}, {}, {}, {}] strides [{}, {}, {}, {}], weight [{}, {}, {}, {}], output "
         "[{}, {}, {}, {}] strides [{}, {}, {}, {}], padding [{}, {}], stride [{}, {}], dilation [{}, {}], "
-        "groups {}",
+        "groups {}{}",
         kind_name(kind), dtype_name(dtype), x[0], x[1], x[2], x[3], xs[0], xs[1], xs[2], xs[3], w[0], w[1], w[2],
         w[3], y[0], y[1], y[2], y[3], ys[0], ys[1], ys[2], ys[3], pad[0], pad[1], stride[0], stride[1],
-        dilation[0], dilation[1], groups);
+        dilation[0], dilation[1], groups, tf32 ? ", tf32 allowed" : "");
   }
 
   std::vector<int64_t> key(bool benchmark) const {
     std::vector<int64_t> k{static_cast<int64_t>(kind), device, static_cast<int64_t>(dtype), groups,
-                           benchmark ? 1 : 0};
+                           benchmark ? 1 : 0, tf32 ? 1 : 0};
     for (const int* a : {x, xs, w, y, ys}) k.insert(k.end(), a, a + 4);
     for (const int* a : {pad, stride, dilation}) k.insert(k.end(), a, a + 2);
     return k;
   }
 };
 
-// The math type a dtype asks for (see the file comment).
-cudnnMathType_t default_math(DType dt) {
-  if (dt == DType::float32) return CUDNN_FMA_MATH;
+// The math type a call asks for (see the file comment).
+cudnnMathType_t default_math(DType dt, bool tf32) {
+  if (dt == DType::float32) return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   if (dt == DType::float64) return CUDNN_DEFAULT_MATH;
   return CUDNN_TENSOR_OP_MATH;
 }
@@ -107,7 +110,7 @@ struct Descriptors {
     x.set(dt, pb.x, pb.xs);
     y.set(dt, pb.y, pb.ys);
     w.set(dt, pb.w);
-    conv.set(pb.pad, pb.stride, pb.dilation, pb.groups, compute_type(pb.dtype), default_math(pb.dtype));
+    conv.set(pb.pad, pb.stride, pb.dilation, pb.groups, compute_type(pb.dtype), default_math(pb.dtype, pb.tf32));
   }
 };
 
@@ -309,7 +312,7 @@ std::vector<Candidate> choose(const Problem& pb, cudnnHandle_t h, Descriptors& d
                                        ow, pb.str()));
 
   const std::vector<Ranked> ranked = benchmark ? rank_by_timing(pb, h, d, p) : rank_by_heuristics(pb, h, d);
-  const bool fp32 = pb.dtype == DType::float32;
+  const bool fp32 = pb.dtype == DType::float32 && !pb.tf32;  // exact float32: FMA math only
   bool any_fma = false;
   for (const Ranked& r : ranked) any_fma |= r.status == CUDNN_STATUS_SUCCESS && r.math == CUDNN_FMA_MATH;
   std::vector<Candidate> out;
@@ -326,7 +329,7 @@ std::vector<Candidate> choose(const Problem& pb, cudnnHandle_t h, Descriptors& d
     if (workspace_size(pb.kind, h, d, r.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
     out.push_back({r.algo, math, bytes});
   }
-  d.conv.set_math(default_math(pb.dtype));
+  d.conv.set_math(default_math(pb.dtype, pb.tf32));
   if (out.empty())
     throw std::runtime_error(fmt::format("conv2d (cuDNN): no algorithm supports {} ({} ranked by {})", pb.str(),
                                          ranked.size(), benchmark ? "timing" : "heuristics"));
@@ -445,6 +448,7 @@ void run(Kind kind, const Tensor& x, const Tensor& w, const Tensor& y, const ops
   pb.kind = kind;
   pb.device = x.device().index;
   pb.dtype = x.dtype();
+  pb.tf32 = pb.dtype == DType::float32 && cudnn_allow_tf32();
   for (int i = 1; i < 4; ++i) {
     pb.x[i] = to_int(x.size(i), "an input dimension");
     pb.y[i] = to_int(y.size(i), "an output dimension");

@@ -3,7 +3,8 @@
 // dtype (float32, float64, float16, bfloat16: on CUDA the raw op does not widen 16-bit
 // inputs), shapes already checked by tensor/conv.cpp.
 //
-// Precision: float32 runs with CUDNN_FMA_MATH (no TF32), float16/bfloat16 with tensor
+// Precision: float32 runs with TF32 allowed when cudnn_allow_tf32() (the default, like
+// PyTorch), with CUDNN_FMA_MATH (exact float32) when not; float16/bfloat16 with tensor
 // cores and float accumulation, float64 in double. The algorithm is chosen once per
 // (direction, device, dtype, shapes, strides, stride/padding/dilation/groups) key: by
 // cuDNN's heuristics, or by timing them all when cudnn_benchmark() is on. Its workspace
@@ -13,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "tensor/cuda/cudnn.h"  // set_cudnn_benchmark / cudnn_benchmark
+#include "tensor/cuda/cudnn.h"  // set_cudnn_benchmark, set_cudnn_allow_tf32
 #include "tensor/ops/conv.h"
 
 namespace tally::cuda {

@@ -12,7 +12,11 @@ namespace tally::cuda {
 
 namespace {
 std::atomic<bool> g_benchmark{false};
+std::atomic<bool> g_allow_tf32{true};
 }  // namespace
+
+void set_cudnn_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
+bool cudnn_allow_tf32() { return g_allow_tf32.load(); }
 
 void set_cudnn_benchmark(bool enabled) { g_benchmark.store(enabled); }
 bool cudnn_benchmark() { return g_benchmark.load(); }

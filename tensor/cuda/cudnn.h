@@ -17,6 +17,13 @@ namespace tally::cuda {
 void set_cudnn_benchmark(bool enabled);
 bool cudnn_benchmark();
 
+// PyTorch's torch.backends.cudnn.allow_tf32: whether float32 convolutions may run on TF32
+// tensor cores (CUDNN_DEFAULT_MATH) instead of exact FMA math (CUDNN_FMA_MATH). On by
+// default, as in PyTorch (unlike matmul's allow_tf32, which is off): ~2x faster fp32
+// convolutions at TF32's 10-bit mantissa. The test suite and equivalence_dump turn it off.
+void set_cudnn_allow_tf32(bool allow);
+bool cudnn_allow_tf32();
+
 // Throws std::runtime_error "`call`: <cuDNN's message> (<context>)" unless status is success.
 void check_cudnn(cudnnStatus_t status, const char* call, const std::string& context = {});
 

@@ -3,8 +3,10 @@
 // clamp, and the sum reduction. Floating binary/unary maps and same-dtype copies over
 // contiguous operands take the vectorised fast path (tensor/cuda/vectorized.cuh, the op a
 // template parameter); everything else the strided general path.
+#include <algorithm>
 #include <cmath>
 
+#include "memory/context.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/kernels.h"
@@ -232,6 +234,24 @@ __device__ __forceinline__ A apply_binary(ops::BinaryOp op, A x, A y) {
       case BinaryOp::minimum:
         if constexpr (std::is_floating_point_v<A>) { if (isnan(x) || isnan(y)) return x + y; }
         return x < y ? x : y;
+      case BinaryOp::relu_backward: return y <= A(0) ? A(0) : x;
+      case BinaryOp::gelu_backward:
+        if constexpr (std::is_floating_point_v<A>) {
+          const A cdf = A(0.5) * (A(1) + erf(y * static_cast<A>(M_SQRT1_2)));
+          const A pdf = exp(A(-0.5) * y * y) * static_cast<A>(0.3989422804014327);  // 1 / sqrt(2 pi)
+          return x * (cdf + y * pdf);
+        } else {
+          return A{};
+        }
+      case BinaryOp::gelu_tanh_backward:
+        if constexpr (std::is_floating_point_v<A>) {
+          const A k = static_cast<A>(0.7978845608028654), c = static_cast<A>(0.044715);  // sqrt(2 / pi)
+          const A y2 = y * y;
+          const A t = tanh(k * y * (A(1) + c * y2));
+          return x * (A(0.5) * (A(1) + t) + A(0.5) * y * (A(1) - t * t) * k * (A(1) + A(3) * c * y2));
+        } else {
+          return A{};
+        }
       default: return A{};
     }
   }
@@ -418,7 +438,8 @@ struct AffineF {
   }
 };
 
-#define TALLY_ARITH_OPS(X) X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum)
+#define TALLY_ARITH_OPS(X) \
+  X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum) X(relu_backward) X(gelu_backward) X(gelu_tanh_backward)
 
 template <typename T>
 bool binary_fast(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
@@ -603,11 +624,132 @@ __global__ void sum_kernel(const T* in, Acc* acc, int64_t ksize, int64_t rsize, 
   }
 }
 
+
+// ---- the fast paths of a contiguous input viewed as [R, K]: the reduced dims are the
+// outer R (column sums: a Linear's bias gradient, sum_to over batch and time) or, with
+// K == 1, everything (a full sum). Block (column tile, split) adds rows split, split +
+// splits, ... of its kSumCols columns in double (threads along x read neighbouring columns,
+// so every load coalesces; 16-byte loads when 4 columns are aligned), reduces over y in
+// shared memory and writes one partial per column; sum_partials_kernel adds the splits
+// per column in a fixed order. Deterministic, no atomics.
+constexpr int kSumCols = 32, kSumRows = 8;  // block: 32 columns x 8 row lanes
+
+template <typename T>
+__global__ void __launch_bounds__(kSumCols * kSumRows)
+column_sum_kernel(const T* __restrict__ in, double* __restrict__ part, int64_t R, int64_t K, int splits) {
+  __shared__ double red[kSumRows][kSumCols];
+  const int64_t col = blockIdx.x * static_cast<int64_t>(kSumCols) + threadIdx.x;
+  double acc = 0;
+  if (col < K) {
+    const T* p = in + col;
+    for (int64_t r = blockIdx.y * static_cast<int64_t>(kSumRows) + threadIdx.y; r < R;
+         r += static_cast<int64_t>(splits) * kSumRows)
+      acc += static_cast<double>(load(p[r * K]));
+  }
+  red[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < K) {
+    double v = 0;
+    for (int y = 0; y < kSumRows; ++y) v += red[y][threadIdx.x];
+    part[blockIdx.y * K + col] = v;
+  }
+}
+
+// A full sum of n contiguous elements: block b adds elements b * 256 + t, + grid * 256,
+// ... (4 at a time when aligned) in double; one partial per block.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) flat_sum_kernel(const T* __restrict__ in, double* __restrict__ part,
+                                                            int64_t n) {
+  __shared__ double red[kThreads / 32];
+  double acc = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n; i += stride)
+    acc += static_cast<double>(load(in[i]));
+  for (int s = 16; s > 0; s >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, s);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    double v = threadIdx.x < kThreads / 32 ? red[threadIdx.x] : 0.0;
+    for (int s = 16; s > 0; s >>= 1) v += __shfl_down_sync(0xffffffffu, v, s);
+    if (threadIdx.x == 0) part[blockIdx.x] = v;
+  }
+}
+
+// out[k] = sum over s of part[s * K + k], s in order (out contiguous, K elements).
+template <typename T>
+__global__ void sum_partials_kernel(T* __restrict__ out, const double* __restrict__ part, int64_t K, int splits) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < K;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double v = 0;
+    for (int s = 0; s < splits; ++s) v += part[static_cast<int64_t>(s) * K + k];
+    out[k] = store<T>(v);
+  }
+}
+
+// The [R, K] view of `t` when it is contiguous and out keeps exactly its innermost dims
+// (K = their product; K = 1 for a full sum). False otherwise.
+bool outer_sum_shape(const Tensor& out, const Tensor& t, int64_t& R, int64_t& K) {
+  if (out.dim() != t.dim() || !t.is_contiguous() || !out.is_contiguous() || t.numel() == 0) return false;
+  int64_t d = t.dim();
+  K = 1;
+  while (d > 0 && out.sizes()[static_cast<size_t>(d - 1)] == t.sizes()[static_cast<size_t>(d - 1)]) {
+    K *= t.sizes()[static_cast<size_t>(d - 1)];
+    --d;
+  }
+  for (int64_t i = 0; i < d; ++i)  // the rest must all be reduced (size 1 in out)
+    if (out.sizes()[static_cast<size_t>(i)] != 1 && t.sizes()[static_cast<size_t>(i)] != 1) return false;
+  R = t.numel() / K;
+  return R > 1 || K == 1;
+}
+
+// The fast paths above; false when they do not apply (the general kernel runs).
+bool sum_fast(const Tensor& out, const Tensor& t) {
+  int64_t R = 0, K = 0;
+  if (!is_floating(t.dtype()) || !outer_sum_shape(out, t, R, K)) return false;
+  const int dev = t.device().index;
+  static int sms[64] = {};
+  int& nsm = sms[dev & 63];
+  if (nsm == 0) check(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev), "device attribute");
+  const int64_t want_blocks = static_cast<int64_t>(nsm) * 4;
+  const bool flat = K == 1;
+  const int64_t col_tiles = flat ? 1 : (K + kSumCols - 1) / kSumCols;
+  if (col_tiles > 65535) return false;
+  int64_t splits;
+  if (flat) {
+    splits = std::clamp<int64_t>((R + kThreads * 8 - 1) / (kThreads * 8), 1, want_blocks);
+  } else {
+    splits = std::clamp<int64_t>(want_blocks / col_tiles, 1, (R + kSumRows * 16 - 1) / (kSumRows * 16));
+    splits = std::min<int64_t>(splits, 65535);
+  }
+  Tensor part;
+  {
+    memory::CategoryScope category(memory::Category::temporary);
+    part = ops::empty({splits * K}, DType::float64, t.device());
+  }
+  double* pp = static_cast<double*>(part.data_ptr());
+  TALLY_DISPATCH_FLOAT(t.dtype(), "sum", [&] {
+    using T = dev_t<scalar_t>;
+    const T* in = dptr<scalar_t>(t) + t.storage_offset();
+    if (flat) {
+      flat_sum_kernel<T><<<static_cast<unsigned>(splits), kThreads, 0, stream(dev)>>>(in, pp, R);
+    } else {
+      column_sum_kernel<T><<<dim3(static_cast<unsigned>(col_tiles), static_cast<unsigned>(splits)),
+                             dim3(kSumCols, kSumRows), 0, stream(dev)>>>(in, pp, R, K, static_cast<int>(splits));
+    }
+    check_launch("sum");
+    const unsigned g2 = static_cast<unsigned>(std::clamp<int64_t>((K + kThreads - 1) / kThreads, 1, 65535));
+    sum_partials_kernel<T><<<g2, kThreads, 0, stream(dev)>>>(dptr<scalar_t>(out) + out.storage_offset(), pp, K, static_cast<int>(splits));
+    check_launch("sum (partials)");
+  });
+  return true;
+}
+
 }  // namespace
 
 void sum(const Tensor& out, const Tensor& t) {
   NvtxRange range("sum");
   DeviceGuard g(t.device().index);
+  if (sum_fast(out, t)) return;
   const bool integral = !is_floating(t.dtype());
   // Split the input's dims into kept (size > 1 in out) and reduced.
   Shape ksz, kst, rsz, rst;

@@ -310,6 +310,40 @@ TEST(CudaConv2d, BenchmarkSwitchTimesOncePerKeyAndMatches) {
 #endif
 }
 
+// cudnn_allow_tf32 (PyTorch's torch.backends.cudnn.allow_tf32): on by default in the
+// library, off for the test suite (tests/exact_float32.cpp); off, a float32 convolution
+// matches the float64 CPU result to float32 rounding; on, cuDNN may round the inputs to TF32's
+// 10-bit mantissa (errors near 1e-3 of max|ref|), still far below 16-bit's.
+TEST(CudaConv2d, Float32IsExactUnlessTf32IsAllowed) {
+  REQUIRE_GPU();
+#if defined(TALLY_WITH_CUDA)
+  EXPECT_FALSE(cuda::cudnn_allow_tf32()) << "the test suite runs with exact float32 (tests/exact_float32.cpp)";
+  const ConvCase& c = cases()[11];  // ResNet 3x3 [8, 64, 28, 28]
+  const Tensor x = rand_tensor(c.x, DType::float32, 41, -1, 1), w = rand_tensor(c.w, DType::float32, 42, -1, 1);
+  const Tensor ref = ops::conv2d(ops::to(x, DType::float64), ops::to(w, DType::float64), {}, c.stride, c.padding,
+                                 c.dilation, c.groups);
+  auto error = [&](bool tf32) {
+    cuda::set_cudnn_allow_tf32(tf32);
+    Tensor y;
+    try {
+      y = ops::conv2d(to_gpu(x), to_gpu(w), {}, c.stride, c.padding, c.dilation, c.groups);
+    } catch (...) {
+      cuda::set_cudnn_allow_tf32(false);
+      throw;
+    }
+    cuda::set_cudnn_allow_tf32(false);
+    return diff_scaled(ops::to(y, DType::float64), ref).err;
+  };
+  const double exact = error(false), tf32 = error(true), again = error(false);
+  std::printf("conv 3x3 [8, 64, 28, 28] float32, error relative to max|ref|: TF32 off %.3g, on %.3g, off again %.3g\n",
+              exact, tf32, again);
+  EXPECT_LT(exact, 1e-5);
+  EXPECT_LT(again, 1e-5);
+  EXPECT_GT(tf32, 3e-5) << "cudnn_allow_tf32 had no effect";
+  EXPECT_LT(tf32, 1e-2);
+#endif
+}
+
 // A batch whose tensors exceed the per-call element limit runs as several cuDNN calls
 // (here forced with a tiny limit: slices of 2, 2 and 1 samples); backward filter sums the
 // slices.

@@ -10,6 +10,7 @@ using testing::kGpu;
 using testing::max_pointwise_error_lenient;
 using testing::pointwise_tol;
 using testing::rand_tensor;
+using testing::to_gpu;
 
 TEST(CudaElementwise, RandomNumbersMatchTheCpu) {
   REQUIRE_GPU();
@@ -51,7 +52,8 @@ TEST(CudaElementwise, BinaryUnaryMatchTheCpu) {
     const Tensor a = rand_tensor({4, 1, 33}, d, 3), b = rand_tensor({5, 33}, d, 4, 0.5, 2);
     const Tensor ga = ops::to(a, kGpu, d), gb = ops::to(b, kGpu, d);
     for (auto op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum,
-                    BinaryOp::minimum, BinaryOp::lt, BinaryOp::eq}) {
+                    BinaryOp::minimum, BinaryOp::relu_backward, BinaryOp::gelu_backward,
+                    BinaryOp::gelu_tanh_backward, BinaryOp::lt, BinaryOp::eq}) {
       EXPECT_LT(max_pointwise_error_lenient(ops::binary(op, ga, gb), ops::binary(op, a, b)), pointwise_tol(d))
           << dtype_name(d) << " " << ops::binary_op_name(op);
     }
@@ -88,6 +90,36 @@ TEST(CudaElementwise, SumMatchesTheCpu) {
   // A large full reduction (many blocks per output).
   const Tensor big = rand_tensor({1 << 22}, DType::float32, 11);
   EXPECT_LT(max_pointwise_error_lenient(ops::sum(ops::to(big, kGpu, DType::float32)), ops::sum(big)), 1e-5);
+}
+
+// The fast paths of a contiguous input: column sums (the outer dims reduced: a Linear's
+// bias gradient, [B, T, N] -> [N]) and full sums, at widths around the 32-column tile, with
+// many rows (several splits) and a storage offset; and they repeat bit for bit (no atomics).
+TEST(CudaElementwise, ColumnAndFullSumsMatchTheCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 60;
+  for (DType d : {DType::float32, DType::bfloat16, DType::float16, DType::float64}) {
+    const double tol = d == DType::float32 ? 1e-5 : d == DType::float64 ? 1e-12 : 2e-2;
+    for (const Shape& shape : std::vector<Shape>{{4, 1000, 33}, {3, 517, 768}, {2, 4099, 1}, {64, 3, 5}, {100003}}) {
+      const Tensor a = rand_tensor(shape, d, ++seed);
+      const Tensor g = to_gpu(a);
+      const std::string what = std::string(dtype_name(d)) + " " + a.shape_string();
+      if (shape.size() == 3) {
+        EXPECT_LT(max_pointwise_error_lenient(ops::sum(g, {0, 1}), ops::sum(a, {0, 1})), tol) << what;
+        EXPECT_LT(max_pointwise_error_lenient(ops::sum(g, {0}, true), ops::sum(a, {0}, true)), tol) << what;
+        const Tensor once = ops::sum(g, {0, 1}), twice = ops::sum(g, {0, 1});
+        EXPECT_EQ(max_pointwise_error_lenient(once, twice), 0.0) << what << " is deterministic";
+      }
+      EXPECT_LT(max_pointwise_error_lenient(ops::sum(g), ops::sum(a)), tol) << what;
+      // A view starting 7 elements into its storage.
+      const Tensor flat = ops::reshape(a, {-1});
+      const int64_t n = flat.numel() - 7;
+      EXPECT_LT(max_pointwise_error_lenient(ops::sum(ops::narrow(to_gpu(flat), 0, 7, n)),
+                                            ops::sum(ops::narrow(flat, 0, 7, n))),
+                tol)
+          << what << " offset 7";
+    }
+  }
 }
 
 TEST(CudaAutograd, GradientsMatchTheCpu) {

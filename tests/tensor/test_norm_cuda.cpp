@@ -314,6 +314,8 @@ TEST(CudaBatchNorm, MatchesTheCpu) {
     check_batch_norm({4, 7, 9, 11}, d, false, false, seed += 10);   // no affine
     check_batch_norm({3, 6, 5, 7}, d, true, true, seed += 10);      // non-contiguous
     check_batch_norm({2, 3, 1, 1}, d, true, false, seed += 10);     // 2 values a channel
+    check_batch_norm({4, 6, 4, 8}, d, true, false, seed += 10);     // planes of 32: 4-element packs
+    check_batch_norm({3, 5, 2, 2}, d, false, false, seed += 10);    // planes of 4: one pack a plane
   }
 }
 

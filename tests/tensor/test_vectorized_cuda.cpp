@@ -34,7 +34,9 @@ TEST(CudaVectorized, MapsMatchTheCpuAcrossSizesAndAlignments) {
         const std::string what = std::string(dtype_name(d)) + " n=" + std::to_string(n) +
                                  (misaligned ? " misaligned" : "");
         for (const ops::BinaryOp op : {ops::BinaryOp::add, ops::BinaryOp::sub, ops::BinaryOp::mul,
-                                       ops::BinaryOp::div, ops::BinaryOp::maximum}) {
+                                       ops::BinaryOp::div, ops::BinaryOp::maximum,
+                                       ops::BinaryOp::relu_backward, ops::BinaryOp::gelu_backward,
+                                       ops::BinaryOp::gelu_tanh_backward}) {
           EXPECT_LE(max_pointwise_error_lenient(ops::binary(op, ag, bg), ops::binary(op, a, b)),
                     tol)
               << ops::binary_op_name(op) << " " << what;
