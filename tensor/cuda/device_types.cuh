@@ -66,6 +66,26 @@ struct Indexer {
       for (int k = 0; k < N; ++k) off[k] += idx * strides[k][d];
     }
   }
+
+  // get() for a linear index below 2^32 (every launch over fewer than 2^31 elements): the
+  // same offsets, with 32-bit divisions, several times cheaper than 64-bit ones on the GPU.
+  __device__ __forceinline__ void get32(uint32_t linear, int64_t* off) const {
+    if (ndim <= 1) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) off[k] = base[k] + (ndim ? static_cast<int64_t>(linear) * strides[k][0] : 0);
+      return;
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = base[k];
+    for (int d = ndim - 1; d >= 0; --d) {
+      const uint32_t sz = static_cast<uint32_t>(sizes[d]);
+      const uint32_t q = linear / sz;
+      const int64_t idx = static_cast<int64_t>(linear - q * sz);
+      linear = q;
+#pragma unroll
+      for (int k = 0; k < N; ++k) off[k] += idx * strides[k][d];
+    }
+  }
 };
 
 // Builds the indexer over `sizes` for operands with `strides` (same rank) and element

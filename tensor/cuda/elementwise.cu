@@ -33,6 +33,16 @@ __global__ void elementwise_kernel(int64_t n, Indexer<N> ix, Op op) {
   }
 }
 
+// The same for n < 2^31: 32-bit linear indices and divisions (Indexer::get32).
+template <int N, typename Op>
+__global__ void elementwise_kernel32(uint32_t n, Indexer<N> ix, Op op) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    int64_t off[N];
+    ix.get32(i, off);
+    op(off, static_cast<int64_t>(i));
+  }
+}
+
 template <int N, typename Op>
 void launch(const char* name, const Tensor& out, const std::vector<const Tensor*>& operands, Op op) {
   const int64_t n = out.numel();
@@ -46,7 +56,10 @@ void launch(const char* name, const Tensor& out, const std::vector<const Tensor*
     offsets.push_back(t->storage_offset());
   }
   const Indexer<N> ix = make_indexer<N>(out.sizes(), strides, offsets);
-  elementwise_kernel<N><<<blocks_for(n), kThreads, 0, stream(out.device().index)>>>(n, ix, op);
+  if (n < (int64_t{1} << 31))
+    elementwise_kernel32<N><<<blocks_for(n), kThreads, 0, stream(out.device().index)>>>(static_cast<uint32_t>(n), ix, op);
+  else
+    elementwise_kernel<N><<<blocks_for(n), kThreads, 0, stream(out.device().index)>>>(n, ix, op);
   check_launch(name);
 }
 
@@ -634,37 +647,61 @@ __global__ void sum_kernel(const T* in, Acc* acc, int64_t ksize, int64_t rsize, 
 // per column in a fixed order. Deterministic, no atomics.
 constexpr int kSumCols = 32, kSumRows = 8;  // block: 32 columns x 8 row lanes
 
-template <typename T>
+template <typename T, int V>
 __global__ void __launch_bounds__(kSumCols * kSumRows)
 column_sum_kernel(const T* __restrict__ in, double* __restrict__ part, int64_t R, int64_t K, int splits) {
-  __shared__ double red[kSumRows][kSumCols];
-  const int64_t col = blockIdx.x * static_cast<int64_t>(kSumCols) + threadIdx.x;
-  double acc = 0;
-  if (col < K) {
-    const T* p = in + col;
-    for (int64_t r = blockIdx.y * static_cast<int64_t>(kSumRows) + threadIdx.y; r < R;
-         r += static_cast<int64_t>(splits) * kSumRows)
-      acc += static_cast<double>(load(p[r * K]));
+  // Thread x owns columns col0 .. col0 + V - 1 (one V-wide vector load a row).
+  __shared__ double red[kSumRows][kSumCols * V];
+  const int64_t col0 = (blockIdx.x * static_cast<int64_t>(kSumCols) + threadIdx.x) * V;
+  double acc[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) acc[j] = 0;
+  if (col0 < K) {
+    const int64_t step = static_cast<int64_t>(splits) * kSumRows;
+#pragma unroll 4
+    for (int64_t r = blockIdx.y * static_cast<int64_t>(kSumRows) + threadIdx.y; r < R; r += step) {
+      if constexpr (V == 1) {
+        acc[0] += static_cast<double>(load(in[r * K + col0]));
+      } else {
+        struct alignas(sizeof(T) * V) P { T v[V]; };
+        const P pk = *reinterpret_cast<const P*>(in + r * K + col0);
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] += static_cast<double>(load(pk.v[j]));
+      }
+    }
   }
-  red[threadIdx.y][threadIdx.x] = acc;
+#pragma unroll
+  for (int j = 0; j < V; ++j) red[threadIdx.y][threadIdx.x * V + j] = acc[j];
   __syncthreads();
-  if (threadIdx.y == 0 && col < K) {
+  // The block's 32 * V columns, summed over y, one column a thread.
+  const int64_t base = blockIdx.x * static_cast<int64_t>(kSumCols) * V;
+  for (int c = threadIdx.y * kSumCols + threadIdx.x; c < kSumCols * V; c += kSumCols * kSumRows) {
+    if (base + c >= K) continue;
     double v = 0;
-    for (int y = 0; y < kSumRows; ++y) v += red[y][threadIdx.x];
-    part[blockIdx.y * K + col] = v;
+    for (int y = 0; y < kSumRows; ++y) v += red[y][c];
+    part[blockIdx.y * K + base + c] = v;
   }
 }
 
-// A full sum of n contiguous elements: block b adds elements b * 256 + t, + grid * 256,
-// ... (4 at a time when aligned) in double; one partial per block.
-template <typename T>
+// A full sum of n contiguous elements: the n / V packs of V (one 16-byte load each when
+// `in` is 16-byte aligned, else V = 1) grid-strided over the blocks, the n % V tail by block
+// 0, in double; one partial per block.
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads) flat_sum_kernel(const T* __restrict__ in, double* __restrict__ part,
                                                             int64_t n) {
   __shared__ double red[kThreads / 32];
+  struct alignas(sizeof(T) * V) P { T v[V]; };
   double acc = 0;
+  const int64_t packs = n / V;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n; i += stride)
-    acc += static_cast<double>(load(in[i]));
+#pragma unroll 4
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < packs; i += stride) {
+    const P pk = reinterpret_cast<const P*>(in)[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc += static_cast<double>(load(pk.v[j]));
+  }
+  if (blockIdx.x == 0)
+    for (int64_t i = packs * V + threadIdx.x; i < n; i += kThreads) acc += static_cast<double>(load(in[i]));
   for (int s = 16; s > 0; s >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, s);
   if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = acc;
   __syncthreads();
@@ -712,13 +749,17 @@ bool sum_fast(const Tensor& out, const Tensor& t) {
   if (nsm == 0) check(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev), "device attribute");
   const int64_t want_blocks = static_cast<int64_t>(nsm) * 4;
   const bool flat = K == 1;
-  const int64_t col_tiles = flat ? 1 : (K + kSumCols - 1) / kSumCols;
+  // Columns a thread: one 16-byte load a row when K and the base allow (8 halves, 4 floats).
+  const int vec = static_cast<int>(16 / dtype_size(t.dtype()));
+  const bool wide = !flat && K % vec == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  const int64_t cols_per_block = kSumCols * (wide ? vec : 1);
+  const int64_t col_tiles = flat ? 1 : (K + cols_per_block - 1) / cols_per_block;
   if (col_tiles > 65535) return false;
   int64_t splits;
   if (flat) {
     splits = std::clamp<int64_t>((R + kThreads * 8 - 1) / (kThreads * 8), 1, want_blocks);
   } else {
-    splits = std::clamp<int64_t>(want_blocks / col_tiles, 1, (R + kSumRows * 16 - 1) / (kSumRows * 16));
+    splits = std::clamp<int64_t>(want_blocks / col_tiles, 1, std::max<int64_t>(1, (R + kSumRows * 16 - 1) / (kSumRows * 16)));
     splits = std::min<int64_t>(splits, 65535);
   }
   Tensor part;
@@ -731,10 +772,19 @@ bool sum_fast(const Tensor& out, const Tensor& t) {
     using T = dev_t<scalar_t>;
     const T* in = dptr<scalar_t>(t) + t.storage_offset();
     if (flat) {
-      flat_sum_kernel<T><<<static_cast<unsigned>(splits), kThreads, 0, stream(dev)>>>(in, pp, R);
+      const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0;
+      const unsigned blocks = static_cast<unsigned>(splits);
+      if (!aligned) flat_sum_kernel<T, 1><<<blocks, kThreads, 0, stream(dev)>>>(in, pp, R);
+      else if (vec == 8) flat_sum_kernel<T, 8><<<blocks, kThreads, 0, stream(dev)>>>(in, pp, R);
+      else if (vec == 4) flat_sum_kernel<T, 4><<<blocks, kThreads, 0, stream(dev)>>>(in, pp, R);
+      else flat_sum_kernel<T, 2><<<blocks, kThreads, 0, stream(dev)>>>(in, pp, R);
     } else {
-      column_sum_kernel<T><<<dim3(static_cast<unsigned>(col_tiles), static_cast<unsigned>(splits)),
-                             dim3(kSumCols, kSumRows), 0, stream(dev)>>>(in, pp, R, K, static_cast<int>(splits));
+      const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(splits)), block(kSumCols, kSumRows);
+      const int sp = static_cast<int>(splits);
+      if (!wide) column_sum_kernel<T, 1><<<grid, block, 0, stream(dev)>>>(in, pp, R, K, sp);
+      else if (vec == 8) column_sum_kernel<T, 8><<<grid, block, 0, stream(dev)>>>(in, pp, R, K, sp);
+      else if (vec == 4) column_sum_kernel<T, 4><<<grid, block, 0, stream(dev)>>>(in, pp, R, K, sp);
+      else column_sum_kernel<T, 2><<<grid, block, 0, stream(dev)>>>(in, pp, R, K, sp);
     }
     check_launch("sum");
     const unsigned g2 = static_cast<unsigned>(std::clamp<int64_t>((K + kThreads - 1) / kThreads, 1, 65535));

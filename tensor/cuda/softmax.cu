@@ -1,9 +1,11 @@
 // CUDA kernels of the softmax family. softmax/log_softmax and their backwards are row
 // reductions (tensor/cuda/reduce.cuh): a thread, a warp, a block or a column tile per row,
-// a max pass and a sum pass accumulating in float (double for float64), then the write pass.
+// one statistics pass (online max and sum of exponentials, in float; double for float64),
+// then the write pass.
 //
 // cross_entropy is llm.c's fused classifier: one kernel computes each row's max,
-// log-sum-exp and loss straight from the logits; its backward recomputes the softmax from
+// log-sum-exp and loss straight from the logits (one read of the row: online statistics per
+// lane, see row_stats; label smoothing reads it twice); its backward recomputes the softmax from
 // the logits and writes (softmax - target distribution) * g in the same pass, so no
 // probabilities are ever stored. Reductions "sum"/"mean" write the row losses (and whether
 // each row counted) into a scratch buffer that a second kernel adds up in double, in a fixed
@@ -52,22 +54,33 @@ __device__ __forceinline__ A log_(A v) {
   else return log(v);
 }
 
+// One lane's online softmax statistics: the running max m and e = sum(exp(x - m)) over the
+// lane's elements, rescaled when the max grows; -inf elements add nothing (so a row of -inf
+// and finite values is exact), NaN makes e NaN, as the two-pass form does.
+template <typename A>
+__device__ __forceinline__ void online_add(A v, A& m, A& e) {
+  if (v > m) {
+    e = e * exp_(m - v) + A(1);
+    m = v;
+  } else if (v != neg_inf<A>()) {
+    e += exp_(v - m);
+  }
+}
+
 // The row's max and sum(exp(x - max)) over n elements of stride s (n = 0 for a lane group
-// with no row: every lane of a block must still come here). Every lane gets both.
+// with no row: every lane of a block must still come here), in ONE read of the row: each
+// lane keeps online statistics, then the group takes the max and adds the lanes' sums
+// rescaled to it. Every lane gets both.
 template <Mode M, typename T, typename A = dacc_t<T>>
 __device__ __forceinline__ void row_stats(const T* p, int64_t n, int64_t s, A& max, A& sum) {
   constexpr int G = Walk<M>::kLanes;
   const int lane = Walk<M>::lane();
-  A m = neg_inf<A>();
-  for (int64_t i = lane; i < n; i += G) {
-    const A v = load(p[i * s]);
-    if (v > m) m = v;
-  }
-  m = rows::group_reduce<M>(m, rows::MaxOp{});
-  A e = 0;
-  for (int64_t i = lane; i < n; i += G) e += exp_(load(p[i * s]) - m);
-  sum = rows::group_reduce<M>(e, rows::SumOp{});
-  max = m;
+  A m = neg_inf<A>(), e = 0;
+  for (int64_t i = lane; i < n; i += G) online_add(static_cast<A>(load(p[i * s])), m, e);
+  const A mr = rows::group_reduce<M>(m, rows::MaxOp{});
+  const A scaled = e == A(0) ? A(0) : e * exp_(m - mr);
+  sum = rows::group_reduce<M>(scaled, rows::SumOp{});
+  max = mr;
 }
 
 // ------------------------------------------------------------------ softmax
@@ -146,20 +159,25 @@ __global__ void cross_entropy_kernel(T* out, double* partial, const T* x, const 
     const bool valid = counted && t >= 0 && t < C;
     const int64_t len = valid ? C : 0;  // the reductions run in every lane, over nothing here
     const T* px = x + o[0];
-    A m = neg_inf<A>();
-    for (int64_t c = lane; c < len; c += G) {
-      const A v = load(px[c * cs]);
-      if (v > m) m = v;
+    A m, e, gap = 0;  // max, sum(exp(x - max)), sum(max - x)
+    if (!smoothing) {
+      row_stats<M>(px, len, cs, m, e);  // one read of the row
+    } else {
+      m = neg_inf<A>();
+      for (int64_t c = lane; c < len; c += G) {
+        const A v = load(px[c * cs]);
+        if (v > m) m = v;
+      }
+      m = rows::group_reduce<M>(m, rows::MaxOp{});
+      e = 0;
+      for (int64_t c = lane; c < len; c += G) {
+        const A v = load(px[c * cs]);
+        e += exp_(v - m);
+        gap += m - v;
+      }
+      e = rows::group_reduce<M>(e, rows::SumOp{});
+      gap = rows::group_reduce<M>(gap, rows::SumOp{});
     }
-    m = rows::group_reduce<M>(m, rows::MaxOp{});
-    A e = 0, gap = 0;  // sum(exp(x - max)), sum(max - x)
-    for (int64_t c = lane; c < len; c += G) {
-      const A v = load(px[c * cs]);
-      e += exp_(v - m);
-      gap += m - v;
-    }
-    e = rows::group_reduce<M>(e, rows::SumOp{});
-    if (smoothing) gap = rows::group_reduce<M>(gap, rows::SumOp{});
     A loss = 0;
     if (valid) {
       const A log_sum = log_(e);
