@@ -538,6 +538,16 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// Inverse of pack2.
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  }
+}
+
 // The A fragment of k16 step kk from C fragments c[2kk], c[2kk+1] (see above).
 template <typename T>
 __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4],
@@ -571,7 +581,7 @@ constexpr size_t fwd_smem() {
 }
 
 // Forward: one block of 8 warps per 128 query rows; warp w owns rows 16w..16w+15 and keeps
-// its Q fragments, the O accumulator and the softmax state (row max m, row sum l, base 2,
+// the O accumulator and the softmax state (row max m, row sum l, base 2,
 // scores pre-multiplied by scale * log2 e) in registers. K/V tiles of 64 keys are
 // double-buffered with cp.async. Causal: tiles past the diagonal are never loaded, tiles
 // past a warp's last row are skipped by that warp, and only tiles crossing a warp's
@@ -604,7 +614,6 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
   }
   cp_async_commit();
 
-  uint32_t qf[D / 16][4];
   float o[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n)
@@ -627,12 +636,6 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (j == 0) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        ldsm_x4(qf[kk], smem_addr(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
-                                  kk * 16 + (lane >> 4) * 8));
-    }
     const int k0 = j * kN;
     if (warp_live && !(p.causal && k0 > wr0 + 15)) {
       const T* kb = sK + buf * kN * ld;
@@ -645,13 +648,16 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
         for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];  // Q fragments re-read from shared memory: fewer live registers
+        ldsm_x4(a, smem_addr(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
+                             kk * 16 + (lane >> 4) * 8));
 #pragma unroll
         for (int np = 0; np < kN / 16; ++np) {
           uint32_t b[4];
           ldsm_x4(b, smem_addr(kb + (np * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk * 16 +
                                ((lane >> 3) & 1) * 8));
-          mma<T>(s[2 * np], qf[kk], b[0], b[1]);
-          mma<T>(s[2 * np + 1], qf[kk], b[2], b[3]);
+          mma<T>(s[2 * np], a, b[0], b[1]);
+          mma<T>(s[2 * np + 1], a, b[2], b[3]);
         }
       }
       const bool masked = k0 + kN > p.S || (p.causal && k0 + kN - 1 > wr0);
@@ -864,18 +870,20 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_kernel(BwdParams<T> p) {
         s[n][e] = pr;
       }
     }
-    // dV += P^T dO.
+    // dV += P^T dO. P^T stays only in its packed 16-bit form (the A operand), which dS
+    // reads back: the float scores die here (fewer live registers; dS is rounded to 16
+    // bits for its MMAs anyway).
+    uint32_t pa[kN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
-      uint32_t a[4];
-      c_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+      c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t b[4];
         ldsm_x4_trans(b, smem_addr(dob + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
                                    dp * 16 + (lane >> 4) * 8));
-        mma<T>(dv[2 * dp], a, b[0], b[1]);
-        mma<T>(dv[2 * dp + 1], a, b[2], b[3]);
+        mma<T>(dv[2 * dp], pa[kk], b[0], b[1]);
+        mma<T>(dv[2 * dp + 1], pa[kk], b[2], b[3]);
       }
     }
     // dP^T = V_w dO^T, then dS^T = P^T (dP^T - D) * scale in place.
@@ -899,10 +907,16 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_kernel(BwdParams<T> p) {
       }
     }
 #pragma unroll
-    for (int n = 0; n < kN / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        ds[n][e] = s[n][e] * (ds[n][e] - dvec[n * 8 + 2 * t + (e & 1)]) * p.scale;
+    for (int n = 0; n < kN / 8; ++n) {
+      // C tile n holds (c0, c1) in pa[n / 2][n % 2 * 2] and (c2, c3) in the next register.
+      const float2 p01 = unpack2<T>(pa[n / 2][(n % 2) * 2]);
+      const float2 p23 = unpack2<T>(pa[n / 2][(n % 2) * 2 + 1]);
+      const float d0 = dvec[n * 8 + 2 * t], d1 = dvec[n * 8 + 2 * t + 1];
+      ds[n][0] = p01.x * (ds[n][0] - d0) * p.scale;
+      ds[n][1] = p01.y * (ds[n][1] - d1) * p.scale;
+      ds[n][2] = p23.x * (ds[n][2] - d0) * p.scale;
+      ds[n][3] = p23.y * (ds[n][3] - d1) * p.scale;
+    }
     // dK += dS^T Q; dS^T also to shared memory for dQ.
     T* sdSw = sdS + warp * 16 * ldS;
 #pragma unroll
@@ -924,39 +938,46 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_kernel(BwdParams<T> p) {
     }
     __syncthreads();  // dS^T complete; Q, dO of this tile no longer read
     // dQ rows q0 + 16w .. + 15 = dS K: A from dS^T (transposed), B = K [key][d] (.trans).
+    // Head dim 128 goes in two column halves so that dK, dV and dQ fit the registers.
     const int wq = q0 + warp * 16;
     if (wq < p.L) {
-      float dq[D / 8][4];
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < kBwdN / 16; ++kk) {
-        uint32_t a[4];
-        ldsm_x4_trans(a, smem_addr(sdS + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * ldS +
-                                   warp * 16 + ((lane >> 3) & 1) * 8));
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t b[4];
-          ldsm_x4_trans(b, smem_addr(sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
-                                     dp * 16 + (lane >> 4) * 8));
-          mma<T>(dq[2 * dp], a, b[0], b[1]);
-          mma<T>(dq[2 * dp + 1], a, b[2], b[3]);
-        }
-      }
+      constexpr int kParts = D > 64 ? 2 : 1;
+      constexpr int kCols = D / kParts;  // columns per part
       float* dst = p.dq_acc + (row_base + wq) * p.E;
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const int col = n * 8 + 2 * t;
-        if (n * 8 < p.E) {
-          if (wq + g < p.L) {
-            atomicAdd(dst + static_cast<int64_t>(g) * p.E + col, dq[n][0]);
-            atomicAdd(dst + static_cast<int64_t>(g) * p.E + col + 1, dq[n][1]);
+      for (int part = 0; part < kParts; ++part) {
+        const int c0 = part * kCols;
+        float dq[kCols / 8][4];
+#pragma unroll
+        for (int n = 0; n < kCols / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < kBwdN / 16; ++kk) {
+          uint32_t a[4];
+          ldsm_x4_trans(a, smem_addr(sdS + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * ldS +
+                                     warp * 16 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+          for (int dp = 0; dp < kCols / 16; ++dp) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, smem_addr(sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
+                                       c0 + dp * 16 + (lane >> 4) * 8));
+            mma<T>(dq[2 * dp], a, b[0], b[1]);
+            mma<T>(dq[2 * dp + 1], a, b[2], b[3]);
           }
-          if (wq + g + 8 < p.L) {
-            atomicAdd(dst + static_cast<int64_t>(g + 8) * p.E + col, dq[n][2]);
-            atomicAdd(dst + static_cast<int64_t>(g + 8) * p.E + col + 1, dq[n][3]);
+        }
+#pragma unroll
+        for (int n = 0; n < kCols / 8; ++n) {
+          const int col = c0 + n * 8 + 2 * t;
+          if (c0 + n * 8 < p.E) {
+            if (wq + g < p.L) {
+              atomicAdd(dst + static_cast<int64_t>(g) * p.E + col, dq[n][0]);
+              atomicAdd(dst + static_cast<int64_t>(g) * p.E + col + 1, dq[n][1]);
+            }
+            if (wq + g + 8 < p.L) {
+              atomicAdd(dst + static_cast<int64_t>(g + 8) * p.E + col, dq[n][2]);
+              atomicAdd(dst + static_cast<int64_t>(g + 8) * p.E + col + 1, dq[n][3]);
+            }
           }
         }
       }
@@ -982,6 +1003,31 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_kernel(BwdParams<T> p) {
       }
     }
   }
+}
+
+// D[row] = sum_d dO[row, d] * O[row, d] (float): 16 lanes a row, one 16-byte chunk each.
+template <typename T>
+__global__ void dot_kernel(Operand<T> dout, Operand<T> out, float* dvec, int H, int L, int E,
+                           int64_t rows) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;
+  const int c = static_cast<int>(threadIdx.x % 16) * 8;
+  float acc = 0.f;
+  if (row < rows && c < E) {
+    const int bh = static_cast<int>(row / L), i = static_cast<int>(row % L);
+    const uint4 gv = *reinterpret_cast<const uint4*>(dout.rows(bh, H) +
+                                                     static_cast<int64_t>(i) * dout.st + c);
+    const uint4 ov = *reinterpret_cast<const uint4*>(out.rows(bh, H) +
+                                                     static_cast<int64_t>(i) * out.st + c);
+    const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, ow[4] = {ov.x, ov.y, ov.z, ov.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float2 a = unpack2<T>(gw[w]), b = unpack2<T>(ow[w]);
+      acc += a.x * b.x + a.y * b.y;
+    }
+  }
+#pragma unroll
+  for (int s = 8; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+  if (row < rows && c == 0) dvec[row] = acc;
 }
 
 }  // namespace fa2
@@ -1045,7 +1091,12 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
   Tensor dq_acc = ops::empty({B, H, L, E}, DType::float32, q.device());
   check(cudaMemsetAsync(dq_acc.data_ptr(), 0, dq_acc.nbytes(), stream(dev)),
         "flash_attention_backward");
-  if (rows > 0) {
+  if (rows > 0 && !use_legacy_kernels()) {
+    fa2::dot_kernel<T><<<static_cast<unsigned>((rows * 16 + 255) / 256), 256, 0, stream(dev)>>>(
+        operand<T>(dout), operand<T>(out), static_cast<float*>(dvec.data_ptr()),
+        static_cast<int>(H), static_cast<int>(L), static_cast<int>(E), rows);
+    check_launch("flash_attention_backward (dO . O)");
+  } else if (rows > 0) {
     flash_bwd_dot_kernel<T>
         <<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, stream(dev)>>>(
             operand<T>(dout), operand<T>(out), static_cast<float*>(dvec.data_ptr()),
