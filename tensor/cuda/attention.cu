@@ -716,7 +716,8 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
     }
     __syncthreads();  // buffer buf is refilled by the next iteration's prefetch
   }
-  cp_async_wait<0>();  // (ntiles == 0: the Q copy is still in flight)
+  cp_async_wait<0>();  // (ntiles == 0: the Q copies of all threads are still in flight)
+  __syncthreads();
 
   // Epilogue: full row sums, O / l staged through the warp's own Q rows, 16-byte stores.
 #pragma unroll
