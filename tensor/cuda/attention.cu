@@ -1,10 +1,13 @@
-// Fused attention on CUDA after FlashAttention-2. Forward: one block of 4 warps per 64 query
-// rows (16 a warp) walks the 64-key tiles, S = Q K^T on tensor cores (WMMA), an online
-// softmax in float32 (base-2 exponentials), O += P V, and writes O and the log-sum-exp.
-// Backward: D = rowsum(dO * O); one block per 64-key tile walks the query tiles,
-// recomputes P = exp(S - lse), dV += P^T dO and dK += dS^T Q in WMMA accumulators,
-// dQ += dS K into a float32 buffer with atomics; dQ is converted at the end. No L x S
-// matrix exists anywhere: per block only 64 x 64 tiles in shared memory.
+// Fused attention on CUDA after FlashAttention-2, bfloat16/float16 in, float32 accumulation.
+// Namespace fa2 (the default): raw mma.sync m16n8k16 tensor-core instructions fed by ldmatrix
+// from padded (bank-conflict-free) shared memory, cp.async double-buffered tiles, softmax on
+// the accumulator registers and P / dS reused as MMA operands straight from registers.
+// Forward: 8 warps x 16 query rows a block, 64-key tiles; saves O and the log-sum-exp.
+// Backward: D = rowsum(dO * O); one block of 4 warps per 64 keys walks the query tiles,
+// recomputes P from the lse, accumulates dK, dV in registers and dQ with float atomics into a
+// float32 buffer, converted at the end. No L x S matrix exists anywhere.
+// The previous kernels (WMMA, scores through shared memory; below, outside fa2) stay
+// available with TALLY_FLASH_LEGACY=1 for A/B runs and as a fallback.
 #include <mma.h>
 
 #include <algorithm>
