@@ -6,7 +6,7 @@
 // Backward: D = rowsum(dO * O); one block of 4 warps per 64 keys walks the query tiles,
 // recomputes P from the lse, accumulates dK, dV in registers and dQ with float atomics into a
 // float32 buffer, converted at the end. No L x S matrix exists anywhere.
-// The previous kernels (WMMA, scores through shared memory; below, outside fa2) stay
+// The previous kernels (WMMA, scores through shared memory; outside namespace fa2) stay
 // available with TALLY_FLASH_LEGACY=1 for A/B runs and as a fallback.
 #include <mma.h>
 
