@@ -776,7 +776,10 @@ constexpr size_t bwd_smem() {
 // dQ = dS K, added with float atomics to a float32 buffer (converted by a final kernel);
 // that keeps one pass over the keys and no second kernel re-reading K, V, Q, dO.
 template <typename T, int D>
-__global__ void __launch_bounds__(kBwdThreads) bwd_kernel(BwdParams<T> p) {
+// Head dim 64: capped at 168 registers for 3 blocks (12 warps) an SM; ptxas (nvcc 13, sm_90)
+// then reports 0 (float16) / 8 (bfloat16) bytes of spill, against 244 registers and 2 blocks
+// uncapped. Head dim 128 (1 block an SM by shared memory) spills 16-32 bytes.
+__global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdParams<T> p) {
   constexpr int ld = D + kPad;
   constexpr int ldS = kN + kPad;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -845,7 +848,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_kernel(BwdParams<T> p) {
     for (int n = 0; n < kN / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
-#pragma unroll
+#pragma unroll 1  // bounds the hoisted ldmatrix registers
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[4];
       ldsm_x4(a, smem_addr(sK + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk * 16 +
@@ -896,7 +899,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_kernel(BwdParams<T> p) {
     for (int n = 0; n < kN / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) ds[n][e] = 0.f;
-#pragma unroll
+#pragma unroll 1  // bounds the hoisted ldmatrix registers
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[4];
       ldsm_x4(a, smem_addr(sV + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk * 16 +
