@@ -775,10 +775,10 @@ constexpr size_t bwd_smem() {
 // the block: dS^T goes to shared memory once and each warp computes dQ of 16 query rows,
 // dQ = dS K, added with float atomics to a float32 buffer (converted by a final kernel);
 // that keeps one pass over the keys and no second kernel re-reading K, V, Q, dO.
-template <typename T, int D>
 // Head dim 64: capped at 168 registers for 3 blocks (12 warps) an SM; ptxas (nvcc 13, sm_90)
 // then reports 0 (float16) / 8 (bfloat16) bytes of spill, against 244 registers and 2 blocks
 // uncapped. Head dim 128 (1 block an SM by shared memory) spills 16-32 bytes.
+template <typename T, int D>
 __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdParams<T> p) {
   constexpr int ld = D + kPad;
   constexpr int ldS = kN + kPad;
