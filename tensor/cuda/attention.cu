@@ -777,7 +777,8 @@ constexpr size_t bwd_smem() {
 // that keeps one pass over the keys and no second kernel re-reading K, V, Q, dO.
 // Head dim 64: capped at 168 registers for 3 blocks (12 warps) an SM; ptxas (nvcc 13, sm_90)
 // then reports 0 (float16) / 8 (bfloat16) bytes of spill, against 244 registers and 2 blocks
-// uncapped. Head dim 128 (1 block an SM by shared memory) spills 16-32 bytes.
+// uncapped. Head dim 128 (255 registers, 112 KB of shared memory: 2 blocks an SM) spills
+// 16-32 bytes.
 template <typename T, int D>
 __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdParams<T> p) {
   constexpr int ld = D + kPad;
