@@ -1,8 +1,9 @@
 // The fused (flash) attention on CUDA against the CPU reference kernel (label gpu: skipped
 // without a device): forward output and log-sum-exp, backward dQ, dK, dV, in bfloat16 and
 // float16 (compared in float32 against the reference run in float32 on the same rounded
-// values), causal and not, sequence lengths that are not multiples of the 64-row tile,
-// L != S, head dims 64, 128 and a padded 40, many (batch, head) pairs, GPT's strided
+// values), causal and not, sequence lengths that are not multiples of the tiles (128 query
+// rows forward, 64 keys backward), L != S (causal too), head dims 64, 128 and padded 8, 40,
+// 120, long sequences with large scores, many (batch, head) pairs, GPT's strided
 // split-head views; scaled_dot_product_attention's routing to the fused path; and the
 // memory: no T x T matrix during a causal forward + backward.
 #include <fmt/format.h>
@@ -37,6 +38,15 @@ const Case kCases[] = {
     {1, 3, 100, 100, 40, true},   // head dim padded to 64
     {8, 24, 64, 64, 64, true},    // B * H many
     {1, 1, 1, 1, 64, true},       // a single row
+    // Several 128-row forward tiles and 64-key backward tiles, none of them full.
+    {1, 2, 300, 300, 64, true},    // causal: skipped, diagonal and partial tiles
+    {2, 1, 257, 257, 128, true},   // head dim 128, one row past a 128-row tile
+    {1, 2, 70, 333, 128, false},   // L < S, partial key tiles
+    {1, 1, 333, 70, 64, false},    // L > S: warps past the last key tile
+    {1, 2, 200, 90, 64, true},     // causal with L > S (top-left mask)
+    {1, 2, 90, 200, 64, true},     // causal with L < S: keys no query sees
+    {1, 2, 96, 96, 8, true},       // the smallest head dim
+    {1, 1, 129, 129, 120, false},  // head dim 120 padded to 128
 };
 
 // Low-precision inputs on the GPU and the same values in float32 on the CPU.
@@ -109,6 +119,39 @@ TEST(CudaFlashAttention, BackwardMatchesTheCpu) {
       EXPECT_EQ(gg.dq.dtype(), d);
       EXPECT_TRUE(close_scaled(f32_cpu(gg.dq), rr.dq, 2e-2)) << "dq " << describe(c, d);
       EXPECT_TRUE(close_scaled(f32_cpu(gg.dk), rr.dk, 2e-2)) << "dk " << describe(c, d);
+      EXPECT_TRUE(close_scaled(f32_cpu(gg.dv), rr.dv, 2e-2)) << "dv " << describe(c, d);
+    }
+  }
+}
+
+// Many tiles with large scores (inputs in [-4, 4] and a scale of 1: the online softmax
+// rescales often), forward and backward against the CPU in float32.
+TEST(CudaFlashAttention, LongSequencesWithLargeScores) {
+  REQUIRE_GPU();
+  const Case cases[] = {{1, 2, 1024, 1024, 64, true}, {1, 1, 640, 640, 128, false}};
+  uint64_t seed = 500;
+  for (const Case& c : cases) {
+    for (const DType d : {DType::bfloat16, DType::float16}) {
+      const Tensor q = rand_tensor({c.B, c.H, c.L, c.E}, d, seed += 5, -4, 4);
+      const Tensor k = rand_tensor({c.B, c.H, c.S, c.E}, d, seed + 1, -4, 4);
+      const Tensor v = rand_tensor({c.B, c.H, c.S, c.E}, d, seed + 2, -2, 2);
+      const Tensor dout = rand_tensor({c.B, c.H, c.L, c.E}, d, seed + 3, -1, 1);
+      const double scale = 1.0 / 4;
+      const ops::FlashAttentionOutput g =
+          ops::flash_attention_forward(to_gpu(q), to_gpu(k), to_gpu(v), c.causal, scale);
+      const Tensor qf = ops::to(q, DType::float32), kf = ops::to(k, DType::float32),
+                   vf = ops::to(v, DType::float32);
+      const ops::FlashAttentionOutput r =
+          ops::flash_attention_forward(qf, kf, vf, c.causal, scale);
+      EXPECT_TRUE(close_scaled(f32_cpu(g.out), r.out, 1e-2)) << describe(c, d);
+      EXPECT_TRUE(close_scaled(f32_cpu(g.lse), r.lse, 1e-3)) << describe(c, d);
+      const ops::FlashAttentionGrads gg = ops::flash_attention_backward(
+          to_gpu(dout), to_gpu(q), to_gpu(k), to_gpu(v), g.out, g.lse, c.causal, scale);
+      const ops::FlashAttentionGrads rr =
+          ops::flash_attention_backward(ops::to(dout, DType::float32), qf, kf, vf,
+                                        f32_cpu(g.out), f32_cpu(g.lse), c.causal, scale);
+      EXPECT_TRUE(close_scaled(f32_cpu(gg.dq), rr.dq, 3e-2)) << "dq " << describe(c, d);
+      EXPECT_TRUE(close_scaled(f32_cpu(gg.dk), rr.dk, 3e-2)) << "dk " << describe(c, d);
       EXPECT_TRUE(close_scaled(f32_cpu(gg.dv), rr.dv, 2e-2)) << "dv " << describe(c, d);
     }
   }
