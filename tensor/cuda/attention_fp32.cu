@@ -45,21 +45,6 @@ struct Operand {
   }
 };
 
-Operand operand(const Tensor& t) {
-  return {static_cast<const float*>(t.storage().data()) + t.storage_offset(), t.strides()[0],
-          t.strides()[1], t.strides()[2], t.strides()[3]};
-}
-
-// Whether every row of t starts 16-byte aligned with a dense last dim (float4 loads).
-bool rows_aligned(const Tensor& t) {
-  if (t.size(3) % 4 != 0 || (t.strides()[3] != 1 && t.size(3) > 1)) return false;
-  if (t.storage_offset() % 4 != 0) return false;
-  if (reinterpret_cast<uintptr_t>(t.storage().data()) % 16 != 0) return false;
-  for (int d = 0; d < 3; ++d)
-    if (t.size(d) > 1 && t.strides()[static_cast<size_t>(d)] % 4 != 0) return false;
-  return true;
-}
-
 template <int D>
 struct Cfg {
   static constexpr int ld = D + 4;       // Q/K/V/dO tiles' leading dim
@@ -154,7 +139,7 @@ __device__ __forceinline__ void pv_tile(float (&acc)[4][4 * Cfg<D>::kCols], cons
 }
 
 // Writes a thread's output rows (acc[i] * mul[i], columns 4 tx + 32 c + e) to the
-// contiguous [n, E] matrix dst, rows r0 + rr + 16 i.
+// contiguous [n, E] matrix dst, rows row0 + 16 i.
 template <int D>
 __device__ __forceinline__ void store_rows(float* dst, const float (&acc)[4][4 * Cfg<D>::kCols],
                                            const float (&mul)[4], int row0, int n, int E,
@@ -473,6 +458,21 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_fp32_kernel(BwdArgs p)
 }
 
 // ------------------------------------------------------------------ launchers
+
+Operand operand(const Tensor& t) {
+  return {static_cast<const float*>(t.storage().data()) + t.storage_offset(), t.strides()[0],
+          t.strides()[1], t.strides()[2], t.strides()[3]};
+}
+
+// Whether every row of t starts 16-byte aligned with a dense last dim (float4 loads).
+bool rows_aligned(const Tensor& t) {
+  if (t.size(3) % 4 != 0 || (t.strides()[3] != 1 && t.size(3) > 1)) return false;
+  if (t.storage_offset() % 4 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(t.storage().data()) % 16 != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if (t.size(d) > 1 && t.strides()[static_cast<size_t>(d)] % 4 != 0) return false;
+  return true;
+}
 
 template <typename Kernel>
 void set_smem(Kernel kernel, size_t bytes, const char* what) {
