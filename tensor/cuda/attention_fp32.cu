@@ -29,8 +29,8 @@
 namespace tally::cuda {
 namespace {
 
-constexpr int kBM = 64;       // query rows a tile
-constexpr int kBN = 64;       // keys a tile
+constexpr int kBM = 64;  // query rows a tile
+constexpr int kBN = 64;  // keys a tile
 constexpr int kThreads = 128;
 constexpr int kLdP = kBN + 8;  // probability tiles' leading dim
 constexpr float kLog2e = 1.4426950408889634f;
@@ -47,8 +47,8 @@ struct Operand {
 
 template <int D>
 struct Cfg {
-  static constexpr int ld = D + 4;       // Q/K/V/dO tiles' leading dim
-  static constexpr int kCols = D / 32;   // float4 column groups of an output tile per thread
+  static constexpr int ld = D + 4;        // Q/K/V/dO tiles' leading dim
+  static constexpr int kCols = D / 32;    // float4 column groups of an output tile per thread
   static constexpr int kTileF = 64 * ld;  // floats of a [64][D] tile
 };
 
@@ -142,8 +142,8 @@ __device__ __forceinline__ void pv_tile(float (&acc)[4][4 * Cfg<D>::kCols], cons
 // contiguous [n, E] matrix dst, rows row0 + 16 i.
 template <int D>
 __device__ __forceinline__ void store_rows(float* dst, const float (&acc)[4][4 * Cfg<D>::kCols],
-                                           const float (&mul)[4], int row0, int n, int E,
-                                           int tx, bool vec) {
+                                           const float (&mul)[4], int row0, int n, int E, int tx,
+                                           bool vec) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int row = row0 + 16 * i;
@@ -280,7 +280,8 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
     inv[i] = li > 0.f ? 1.f / li : 0.f;
     const int row = q0 + ty + 16 * i;
     if (tx == 0 && row < p.L)
-      p.lse[static_cast<int64_t>(bh) * p.L + row] = li > 0.f ? (m[i] + log2f(li)) * kLn2 : -INFINITY;
+      p.lse[static_cast<int64_t>(bh) * p.L + row] =
+          li > 0.f ? (m[i] + log2f(li)) * kLn2 : -INFINITY;
   }
   store_rows<D>(p.o + static_cast<int64_t>(bh) * p.L * p.E, o, inv, q0 + ty, p.L, p.E, tx,
                 p.vec_out);
@@ -344,8 +345,8 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_fp32_kernel(BwdArgs p)
   float* sV = sK + C::kTileF;
   float* sQ = sV + C::kTileF;
   float* sdO = sQ + C::kTileF;
-  float* sPt = sdO + C::kTileF;  // P^T [64 keys][kLdP]
-  float* sdSt = sPt + kBN * kLdP;  // dS^T [64 keys][kLdP]
+  float* sPt = sdO + C::kTileF;     // P^T [64 keys][kLdP]
+  float* sdSt = sPt + kBN * kLdP;   // dS^T [64 keys][kLdP]
   float* sLse = sdSt + kBN * kLdP;  // lse * log2(e) of the tile's queries
   float* sDv = sLse + kBM;
 
@@ -388,8 +389,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_fp32_kernel(BwdArgs p)
         for (int j = 0; j < 8; ++j) s[i][j] = dp[i][j] = 0.f;
       score_tile<D>(s, sK, sQ, ty, tx);
       score_tile<D>(dp, sV, sdO, ty, tx);
-      const bool need_mask =
-          q0 + kBM > p.L || k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
+      const bool need_mask = q0 + kBM > p.L || k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int key = k0 + ty + 16 * i;
@@ -404,8 +404,8 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_fp32_kernel(BwdArgs p)
       }
     }
     __syncthreads();
-    pv_tile<D>(dv, sPt, sdO, ty, tx);   // dV += P^T dO
-    pv_tile<D>(dk, sdSt, sQ, ty, tx);   // dK += dS^T Q
+    pv_tile<D>(dv, sPt, sdO, ty, tx);  // dV += P^T dO
+    pv_tile<D>(dk, sdSt, sQ, ty, tx);  // dK += dS^T Q
     // dQ tile = dS K: rows queries 4 ty + i, columns 4 tx + 32 c + e; dS[q][k] = dS^T[k][q]
     {
       float acc[4][4 * kCols];
@@ -418,8 +418,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_fp32_kernel(BwdArgs p)
         const float4 a = *reinterpret_cast<const float4*>(sdSt + kk * kLdP + 4 * ty);
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
-          const float4 b =
-              *reinterpret_cast<const float4*>(sK + kk * C::ld + 4 * tx + 32 * c);
+          const float4 b = *reinterpret_cast<const float4*>(sK + kk * C::ld + 4 * tx + 32 * c);
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const float av = comp(a, i);
@@ -440,8 +439,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_fp32_kernel(BwdArgs p)
           const int col = 4 * tx + 32 * c;
           if (col >= p.E) continue;
           if (p.vec_out) {
-            add4(dst + col, acc[i][4 * c], acc[i][4 * c + 1], acc[i][4 * c + 2],
-                 acc[i][4 * c + 3]);
+            add4(dst + col, acc[i][4 * c], acc[i][4 * c + 1], acc[i][4 * c + 2], acc[i][4 * c + 3]);
           } else {
 #pragma unroll
             for (int e = 0; e < 4; ++e)
@@ -542,8 +540,8 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
   if (rows > 0) {
     attention_bwd_prep_fp32_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0,
                                      stream(dev)>>>(
-        operand(dout), operand(out), static_cast<float*>(dvec.data_ptr()), dqp,
-        static_cast<int>(H), static_cast<int>(L), static_cast<int>(E), rows);
+        operand(dout), operand(out), static_cast<float*>(dvec.data_ptr()), dqp, static_cast<int>(H),
+        static_cast<int>(L), static_cast<int>(E), rows);
     check_launch("flash_attention_backward (float32, dO . O)");
   }
   if (S == 0) return;
@@ -580,8 +578,7 @@ void flash_attention_forward_fp32(const Tensor& out, const Tensor& lse, const Te
   if (out.numel() == 0) return;
   NvtxRange range("flash_attention_forward");
   DeviceGuard g(q.device().index);
-  with_dim(q.size(3),
-           [&]<int D>() { forward_impl<D>(out, lse, q, k, v, causal, scale); });
+  with_dim(q.size(3), [&]<int D>() { forward_impl<D>(out, lse, q, k, v, causal, scale); });
 }
 
 void flash_attention_backward_fp32(const Tensor& dq, const Tensor& dk, const Tensor& dv,
@@ -592,9 +589,8 @@ void flash_attention_backward_fp32(const Tensor& dq, const Tensor& dk, const Ten
   if (dq.numel() == 0 && dk.numel() == 0) return;
   NvtxRange range("flash_attention_backward");
   DeviceGuard g(q.device().index);
-  with_dim(q.size(3), [&]<int D>() {
-    backward_impl<D>(dq, dk, dv, dout, q, k, v, out, lse, causal, scale);
-  });
+  with_dim(q.size(3),
+           [&]<int D>() { backward_impl<D>(dq, dk, dv, dout, q, k, v, out, lse, causal, scale); });
 }
 
 }  // namespace tally::cuda
