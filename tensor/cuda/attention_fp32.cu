@@ -572,6 +572,18 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
 
 }  // namespace
 
+bool flash_attention_fp32_fits(int device, int64_t E) {
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+      cudaSuccess)
+    return false;
+  size_t need = 0;
+  with_dim(E, [&]<int D>() {
+    need = sizeof(float) * std::max(fwd_smem_floats<D>(), bwd_smem_floats<D>());
+  });
+  return need <= static_cast<size_t>(optin);
+}
+
 void flash_attention_forward_fp32(const Tensor& out, const Tensor& lse, const Tensor& q,
                                   const Tensor& k, const Tensor& v, bool causal, double scale) {
   check_inputs("flash_attention_forward", q, k, v);

@@ -26,4 +26,8 @@ void flash_attention_backward_fp32(const Tensor& dq, const Tensor& dk, const Ten
                                    const Tensor& v, const Tensor& out, const Tensor& lse,
                                    bool causal, double scale);
 
+// Whether the kernels' shared memory for head dim E fits a block on `device` (E > 64 needs
+// 169 KB in the backward: Hopper yes, A100's 163 KB no).
+bool flash_attention_fp32_fits(int device, int64_t E);
+
 }  // namespace tally::cuda
