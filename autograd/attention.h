@@ -25,7 +25,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // softmax(scale * q k^T [causal]) v without mask or dropout, saving only q, k, v, the output
 // and the per-row log-sum-exp (no L x S matrix); the backward recomputes the probabilities.
 // q, k, v share their leading dims. scaled_dot_product_attention takes this path on CUDA for
-// float16/bfloat16 without mask or dropout when ops::flash_attention_supported holds.
+// float16/bfloat16/float32 without mask or dropout when ops::flash_attention_supported holds.
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal = false,
                        std::optional<double> scale = std::nullopt);
 

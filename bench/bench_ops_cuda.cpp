@@ -145,6 +145,26 @@ int main(int argc, char** argv) {
                        scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true).backward(g);
                      }});
   }
+  {
+    // float32 (GPT-2 trained in fp32): the fused float32 kernels on the CUDA cores.
+    const Tensor q = rnd({16, 12, 1024, 64}, DType::float32), k = rnd({16, 12, 1024, 64}, DType::float32),
+                 v = rnd({16, 12, 1024, 64}, DType::float32);
+    const double fwd_flops = 4.0 * 16 * 12 * 1024 * 1024 * 64 / 2;  // causal: half the scores
+    cases.push_back({"sdpa_causal", "[16,12,1024,64]", "float32", 4.0 * 4 * q.numel(), fwd_flops,
+                     [=] { (void)scaled_dot_product_attention(q, k, v, {}, 0.0, true); }});
+    Tensor qg = ops::clone(q), kg = ops::clone(k), vg = ops::clone(v);
+    qg.requires_grad_();
+    kg.requires_grad_();
+    vg.requires_grad_();
+    const Tensor g = rnd({16, 12, 1024, 64}, DType::float32);
+    cases.push_back({"sdpa_causal_fwd_bwd", "[16,12,1024,64]", "float32", 4.0 * 10 * q.numel(), 3.5 * fwd_flops,
+                     [=] {
+                       qg.set_grad(Tensor());
+                       kg.set_grad(Tensor());
+                       vg.set_grad(Tensor());
+                       scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true).backward(g);
+                     }});
+  }
   // --- backward: forward + backward of the matrix products (3x the forward's FLOPs)
   {
     Tensor x = rnd({16384, 768}, DType::bfloat16), w = rnd({2304, 768}, DType::bfloat16);

@@ -102,6 +102,13 @@ def torch_cases():
     gq = rnd(16, 12, 1024, 64, dtype=bf)
     TORCH[("sdpa_causal_fwd_bwd", "[16,12,1024,64]", "bfloat16")] = fwd_bwd(
         lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True), (qg, kg, vg), gq)
+    q32, k32, v32 = (rnd(16, 12, 1024, 64) for _ in range(3))
+    TORCH[("sdpa_causal", "[16,12,1024,64]", "float32")] = lambda: F.scaled_dot_product_attention(
+        q32, k32, v32, is_causal=True)
+    qg32, kg32, vg32 = (t.detach().clone().requires_grad_() for t in (q32, k32, v32))
+    gq32 = rnd(16, 12, 1024, 64)
+    TORCH[("sdpa_causal_fwd_bwd", "[16,12,1024,64]", "float32")] = fwd_bwd(
+        lambda: F.scaled_dot_product_attention(qg32, kg32, vg32, is_causal=True), (qg32, kg32, vg32), gq32)
     xlg, wlg = xl.detach().clone().requires_grad_(), wl.detach().clone().requires_grad_()
     gl = rnd(16384, 2304, dtype=bf)
     TORCH[("linear_fwd_bwd", "[16384,768]x[2304,768]^T", "bfloat16")] = fwd_bwd(

@@ -10,6 +10,7 @@
 #include "tensor/dispatch.h"
 #if defined(TALLY_WITH_CUDA)
 #include "tensor/cuda/attention.h"
+#include "tensor/cuda/attention_fp32.h"
 #define TALLY_CUDA_KERNEL(fn) (&fn)
 #else
 #define TALLY_CUDA_KERNEL(fn) nullptr
@@ -77,8 +78,9 @@ void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor
                                             dtype_name(v.dtype())));
   if (q.is_cuda() && !flash_attention_supported(q, k, v))
     throw std::invalid_argument(fmt::format(
-        "{}: the CUDA kernel takes float16/bfloat16 with head dim E == Ev <= 128 and a multiple of "
-        "8, got {} q {}, v {}",
+        "{}: the CUDA kernel takes float32 with head dim E == Ev <= 128 (<= 64 where a block "
+        "has less than 169 KB of shared memory), or float16/bfloat16 with E == Ev <= 128 and a "
+        "multiple of 8, got {} q {}, v {}",
         op, dtype_name(q.dtype()), q.shape_string(), v.shape_string()));
 }
 
@@ -93,6 +95,14 @@ bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v
     return false;
   if (!q.is_cuda()) return true;
   const int64_t E = q.size(-1);
+  if (q.dtype() == DType::float32) {
+#if defined(TALLY_WITH_CUDA)
+    return v.size(-1) == E && E <= 128 && E > 0 &&
+           cuda::flash_attention_fp32_fits(q.device().index, E);
+#else
+    return false;
+#endif
+  }
   return (q.dtype() == DType::float16 || q.dtype() == DType::bfloat16) && v.size(-1) == E &&
          E <= 128 && E % 8 == 0 && E > 0;
 }

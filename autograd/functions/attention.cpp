@@ -37,7 +37,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
         "scaled_dot_product_attention: is_causal cannot be combined with an explicit attn_mask");
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
   if (q.is_cuda() && !attn_mask.defined() && dropout_p == 0.0 &&
-      (q.dtype() == DType::bfloat16 || q.dtype() == DType::float16) &&
+      (q.dtype() == DType::bfloat16 || q.dtype() == DType::float16 ||
+       q.dtype() == DType::float32) &&
       ops::flash_attention_supported(q, k, v))
     return flash_attention(q, k, v, is_causal, s);
   Tensor scores = mul(matmul(q, k.transpose(-2, -1)), s);

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "tensor/cuda/attention.h"
+#include "tensor/cuda/attention_fp32.h"
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/runtime.h"
 
@@ -1183,6 +1184,8 @@ void with_type_and_dim(const Tensor& q, F&& f) {
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                              const Tensor& v, bool causal, double scale) {
+  if (q.dtype() == DType::float32)
+    return flash_attention_forward_fp32(out, lse, q, k, v, causal, scale);
   check_cuda_inputs("flash_attention_forward", q, v);
   if (out.numel() == 0) return;
   NvtxRange range("flash_attention_forward");
@@ -1194,6 +1197,8 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, bool causal, double scale) {
+  if (q.dtype() == DType::float32)
+    return flash_attention_backward_fp32(dq, dk, dv, dout, q, k, v, out, lse, causal, scale);
   check_cuda_inputs("flash_attention_backward", q, v);
   if (dq.numel() == 0 && dk.numel() == 0) return;
   NvtxRange range("flash_attention_backward");

@@ -2,8 +2,9 @@
 // FlashAttention-2: softmax(scale * q k^T [causal mask]) v computed tile by tile, keeping
 // only the output and the per-row log-sum-exp; the backward recomputes the probabilities
 // from the log-sum-exp, so no L x S matrix is ever allocated. The CPU kernel is the plain
-// reference (any floating dtype, double math); the CUDA kernel (tensor cores) takes
-// float16/bfloat16 with head dim <= 128 and a multiple of 8. The differentiable wrapper is
+// reference (any floating dtype, double math); the CUDA kernels take float16/bfloat16
+// (tensor cores) with head dim <= 128 and a multiple of 8, and float32 (CUDA cores, float32
+// FMA, no TF32) with head dim <= 128. The differentiable wrapper is
 // tally::flash_attention (autograd/attention.h); scaled_dot_product_attention routes there
 // on CUDA when flash_attention_supported() holds.
 #pragma once
@@ -34,7 +35,7 @@ FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q
 
 // Whether the fused kernel exists for these inputs on their device: CPU always (for
 // floating inputs of matching shapes); CUDA for float16/bfloat16 with E == Ev, E <= 128,
-// E % 8 == 0.
+// E % 8 == 0, and for float32 with E == Ev, E <= 128.
 bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v);
 
 }  // namespace tally::ops

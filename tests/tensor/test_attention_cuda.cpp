@@ -191,9 +191,10 @@ TEST(CudaFlashAttention, SplitHeadViewsAndSdpaRouting) {
   EXPECT_TRUE(close_scaled(f32_cpu(qg.grad()), qc.grad(), 2e-2));
   EXPECT_TRUE(close_scaled(f32_cpu(kg.grad()), kc.grad(), 2e-2));
   EXPECT_TRUE(close_scaled(f32_cpu(vg.grad()), vc.grad(), 2e-2));
-  // With a mask, dropout or float32 it stays on the composite (which saves more).
-  const Tensor plain = scaled_dot_product_attention(qg.to(DType::float32), kg.to(DType::float32),
-                                                    vg.to(DType::float32), {}, 0.0, true);
+  // With a mask (or dropout) it stays on the composite (which saves more).
+  const Tensor plain = scaled_dot_product_attention(
+      qg.to(DType::float32), kg.to(DType::float32), vg.to(DType::float32),
+      ops::zeros({T, T}, DType::float32, kGpu), 0.0, false);
   EXPECT_NE(saved_by(plain).size(), 5u);
 }
 
@@ -220,6 +221,198 @@ TEST(CudaFlashAttention, NoTxTMatrixDuringForwardAndBackward) {
   // about 12 bytes per element of q (0.4 MB per head here) against 2 MB per head for one
   // bfloat16 T x T matrix.
   EXPECT_LT(static_cast<double>(peak), 0.6 * txt) << "peak " << peak << " bytes";
+  EXPECT_TRUE(q.grad().defined() && k.grad().defined() && v.grad().defined());
+}
+
+// ------------------------------------------------------------------ float32 (attention_fp32.cu)
+//
+// The float32 kernels against the float64 CPU reference run on the very same (float32)
+// values: 1e-5 relative (max |got - ref| / max |ref|), the tolerance growing with sqrt(T)
+// past one 64-row tile, as float32 sums of T terms do.
+
+const Case kFp32Cases[] = {
+    {2, 3, 64, 64, 64, false},    // one tile
+    {2, 3, 130, 130, 64, true},   // T not a multiple of 64
+    {1, 2, 300, 300, 64, true},   // several tiles, causal
+    {1, 2, 77, 77, 128, false},   // head dim 128, partial tile
+    {1, 2, 200, 200, 128, true},  // causal, head dim 128
+    {2, 2, 50, 190, 64, false},   // L < S
+    {2, 2, 190, 50, 64, true},    // L > S, causal (rows past S see every key)
+    {1, 3, 100, 100, 40, true},   // head dim 40 (padded to 64 inside)
+    {2, 2, 90, 90, 32, true},     // head dim 32
+    {1, 2, 70, 70, 33, false},    // head dim 33: unaligned rows, scalar loads
+    {8, 24, 64, 64, 64, true},    // B * H many
+    {1, 1, 1, 1, 64, true},       // a single row
+};
+
+double fp32_tol(const Case& c, double base) {
+  return base * std::max(1.0, std::sqrt(static_cast<double>(std::max(c.L, c.S)) / 64.0));
+}
+
+// float32 inputs on the GPU and the same values in float64 on the CPU.
+Inputs make_fp32_inputs(const Case& c, uint64_t seed) {
+  Inputs in;
+  const Tensor q = rand_tensor({c.B, c.H, c.L, c.E}, DType::float32, seed, -2, 2);
+  const Tensor k = rand_tensor({c.B, c.H, c.S, c.E}, DType::float32, seed + 1, -2, 2);
+  const Tensor v = rand_tensor({c.B, c.H, c.S, c.E}, DType::float32, seed + 2, -2, 2);
+  in.q = to_gpu(q);
+  in.k = to_gpu(k);
+  in.v = to_gpu(v);
+  in.qf = ops::to(q, DType::float64);
+  in.kf = ops::to(k, DType::float64);
+  in.vf = ops::to(v, DType::float64);
+  return in;
+}
+
+Tensor f64_cpu(const Tensor& t) {
+  return ops::to(t, kCpu, DType::float64);
+}
+
+TEST(CudaFlashAttentionFp32, ForwardMatchesTheFloat64Cpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 500;
+  for (const Case& c : kFp32Cases) {
+    const Inputs in = make_fp32_inputs(c, seed += 3);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.E));
+    ASSERT_TRUE(ops::flash_attention_supported(in.q, in.k, in.v)) << describe(c, DType::float32);
+    const ops::FlashAttentionOutput g =
+        ops::flash_attention_forward(in.q, in.k, in.v, c.causal, scale);
+    const ops::FlashAttentionOutput r =
+        ops::flash_attention_forward(in.qf, in.kf, in.vf, c.causal, scale);
+    EXPECT_EQ(g.out.device(), kGpu);
+    EXPECT_EQ(g.out.dtype(), DType::float32);
+    EXPECT_EQ(g.lse.dtype(), DType::float32);
+    EXPECT_EQ(g.out.sizes(), r.out.sizes());
+    EXPECT_TRUE(close_scaled(f64_cpu(g.out), r.out, fp32_tol(c, 1e-5)))
+        << describe(c, DType::float32);
+    EXPECT_TRUE(close_scaled(f64_cpu(g.lse), r.lse, fp32_tol(c, 1e-5)))
+        << "lse " << describe(c, DType::float32);
+  }
+}
+
+TEST(CudaFlashAttentionFp32, BackwardMatchesTheFloat64Cpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 600;
+  for (const Case& c : kFp32Cases) {
+    const Inputs in = make_fp32_inputs(c, seed += 4);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.E));
+    const Tensor dout = rand_tensor({c.B, c.H, c.L, c.E}, DType::float32, seed + 3, -1, 1);
+    const ops::FlashAttentionOutput g =
+        ops::flash_attention_forward(in.q, in.k, in.v, c.causal, scale);
+    const ops::FlashAttentionGrads gg = ops::flash_attention_backward(
+        to_gpu(dout), in.q, in.k, in.v, g.out, g.lse, c.causal, scale);
+    // The whole chain in float64 on the CPU from the same float32 values.
+    const ops::FlashAttentionOutput r =
+        ops::flash_attention_forward(in.qf, in.kf, in.vf, c.causal, scale);
+    const ops::FlashAttentionGrads rr = ops::flash_attention_backward(
+        ops::to(dout, DType::float64), in.qf, in.kf, in.vf, r.out, r.lse, c.causal, scale);
+    EXPECT_EQ(gg.dq.dtype(), DType::float32);
+    EXPECT_EQ(gg.dk.sizes(), rr.dk.sizes());
+    const double tol = fp32_tol(c, 2e-5);
+    EXPECT_TRUE(close_scaled(f64_cpu(gg.dq), rr.dq, tol)) << "dq " << describe(c, DType::float32);
+    EXPECT_TRUE(close_scaled(f64_cpu(gg.dk), rr.dk, tol)) << "dk " << describe(c, DType::float32);
+    EXPECT_TRUE(close_scaled(f64_cpu(gg.dv), rr.dv, tol)) << "dv " << describe(c, DType::float32);
+  }
+}
+
+TEST(CudaFlashAttentionFp32, UnalignedAndStridedInputs) {
+  REQUIRE_GPU();
+  // q, k, v views at an odd element offset (copied to aligned memory by the op) and a
+  // [B, T, H, D] split-head view read in place; both against the float64 reference.
+  const int64_t B = 2, T = 96, H = 3, D = 64;
+  const Tensor base = rand_tensor({3 * B * H * T * D + 1}, DType::float32, 701);
+  const Tensor flat = to_gpu(base);
+  auto piece = [&](const Tensor& t, int i) {
+    return ops::reshape(ops::narrow(t, 0, 1 + i * B * H * T * D, B * H * T * D), {B, H, T, D});
+  };
+  const Tensor q = piece(flat, 0), k = piece(flat, 1), v = piece(flat, 2);
+  const Tensor q64 = ops::to(piece(base, 0), DType::float64),
+               k64 = ops::to(piece(base, 1), DType::float64),
+               v64 = ops::to(piece(base, 2), DType::float64);
+  const Case c{B, H, T, T, D, true};
+  const ops::FlashAttentionOutput g = ops::flash_attention_forward(q, k, v, true, 0.125);
+  const ops::FlashAttentionOutput r = ops::flash_attention_forward(q64, k64, v64, true, 0.125);
+  EXPECT_TRUE(close_scaled(f64_cpu(g.out), r.out, fp32_tol(c, 1e-5)));
+  const Tensor qs = ops::transpose(to_gpu(ops::transpose(piece(base, 0), 1, 2).contiguous()), 1, 2);
+  ASSERT_FALSE(qs.is_contiguous());
+  const ops::FlashAttentionOutput gs = ops::flash_attention_forward(qs, k, v, true, 0.125);
+  EXPECT_TRUE(close_scaled(f64_cpu(gs.out), r.out, fp32_tol(c, 1e-5)));
+  const Tensor dout = rand_tensor({B, H, T, D}, DType::float32, 702, -1, 1);
+  const ops::FlashAttentionGrads gg =
+      ops::flash_attention_backward(to_gpu(dout), qs, k, v, gs.out, gs.lse, true, 0.125);
+  const ops::FlashAttentionGrads rr = ops::flash_attention_backward(
+      ops::to(dout, DType::float64), q64, k64, v64, r.out, r.lse, true, 0.125);
+  EXPECT_TRUE(close_scaled(f64_cpu(gg.dq), rr.dq, fp32_tol(c, 2e-5)));
+  EXPECT_TRUE(close_scaled(f64_cpu(gg.dk), rr.dk, fp32_tol(c, 2e-5)));
+  EXPECT_TRUE(close_scaled(f64_cpu(gg.dv), rr.dv, fp32_tol(c, 2e-5)));
+  // What the float32 kernel does not take: E != Ev, E > 128.
+  EXPECT_FALSE(ops::flash_attention_supported(q, k, ops::narrow(v, 3, 0, 32)));
+  const Tensor wide = ops::zeros({1, 1, 4, 136}, DType::float32, kGpu);
+  EXPECT_FALSE(ops::flash_attention_supported(wide, wide, wide));
+}
+
+TEST(CudaFlashAttentionFp32, SdpaTakesTheFusedPathWithTheCompositesGradients) {
+  REQUIRE_GPU();
+  // GPT's layout: [B, T, H, D] viewed as [B, H, T, D]. The fused float32 path against the
+  // composite (matmul, mask, softmax, matmul) in float64 on the CPU, gradients included.
+  const int64_t B = 2, T = 150, H = 4, D = 64;
+  for (const bool causal : {true, false}) {
+    const uint64_t seed = causal ? 800 : 810;
+    const Tensor qb = rand_tensor({B, T, H, D}, DType::float32, seed),
+                 kb = rand_tensor({B, T, H, D}, DType::float32, seed + 1),
+                 vb = rand_tensor({B, T, H, D}, DType::float32, seed + 2);
+    Tensor qg = ops::transpose(to_gpu(qb), 1, 2), kg = ops::transpose(to_gpu(kb), 1, 2),
+           vg = ops::transpose(to_gpu(vb), 1, 2);
+    qg.requires_grad_();
+    kg.requires_grad_();
+    vg.requires_grad_();
+    const Tensor out = scaled_dot_product_attention(qg, kg, vg, {}, 0.0, causal);
+    EXPECT_EQ(out.dtype(), DType::float32);
+    const std::vector<Tensor> saved = saved_by(out);
+    ASSERT_EQ(saved.size(), 5u) << "float32 on CUDA should take the fused path";
+    EXPECT_EQ(saved[4].dtype(), DType::float32);
+    EXPECT_EQ(saved[4].sizes(), (Shape{B, H, T}));
+    Tensor qc = ops::to(ops::transpose(qb, 1, 2), DType::float64),
+           kc = ops::to(ops::transpose(kb, 1, 2), DType::float64),
+           vc = ops::to(ops::transpose(vb, 1, 2), DType::float64);
+    qc.requires_grad_();
+    kc.requires_grad_();
+    vc.requires_grad_();
+    const Tensor ref = scaled_dot_product_attention(qc, kc, vc, {}, 0.0, causal);
+    ASSERT_NE(saved_by(ref).size(), 5u);  // the CPU runs the composite
+    const Case c{B, H, T, T, D, causal};
+    EXPECT_TRUE(close_scaled(f64_cpu(out), ref, fp32_tol(c, 1e-5))) << "causal " << causal;
+    const Tensor w = rand_tensor({B, H, T, D}, DType::float32, seed + 3, -1, 1);
+    tally::sum(tally::mul(out, to_gpu(w))).backward();
+    tally::sum(tally::mul(ref, ops::to(w, DType::float64))).backward();
+    const double tol = fp32_tol(c, 2e-5);
+    EXPECT_TRUE(close_scaled(f64_cpu(qg.grad()), qc.grad(), tol)) << "dq causal " << causal;
+    EXPECT_TRUE(close_scaled(f64_cpu(kg.grad()), kc.grad(), tol)) << "dk causal " << causal;
+    EXPECT_TRUE(close_scaled(f64_cpu(vg.grad()), vc.grad(), tol)) << "dv causal " << causal;
+  }
+}
+
+TEST(CudaFlashAttentionFp32, NoTxTMatrixDuringForwardAndBackward) {
+  REQUIRE_GPU();
+  const int64_t B = 4, H = 8, T = 1024, D = 64;
+  Tensor q = ops::randn({B, H, T, D}, DType::float32, kGpu);
+  Tensor k = ops::randn({B, H, T, D}, DType::float32, kGpu);
+  Tensor v = ops::randn({B, H, T, D}, DType::float32, kGpu);
+  const Tensor dout = ops::randn({B, H, T, D}, DType::float32, kGpu);
+  q.requires_grad_();
+  k.requires_grad_();
+  v.requires_grad_();
+  const size_t before = memory::memory_allocated(kGpu);
+  memory::reset_peak_memory_stats(kGpu);
+  {
+    const Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+    out.backward(dout);
+  }
+  const size_t peak = memory::max_memory_allocated(kGpu) - before;
+  const double txt = static_cast<double>(B * H * T * T * 4);
+  // Above the inputs: out, lse, D and the three gradients, about 16 bytes per element of q
+  // (1 MB per head here) against 4 MB per head for one float32 T x T matrix.
+  EXPECT_LT(static_cast<double>(peak), 0.5 * txt) << "peak " << peak << " bytes";
   EXPECT_TRUE(q.grad().defined() && k.grad().defined() && v.grad().defined());
 }
 
