@@ -76,7 +76,24 @@ __device__ __forceinline__ void row_stats(const T* p, int64_t n, int64_t s, A& m
   constexpr int G = Walk<M>::kLanes;
   const int lane = Walk<M>::lane();
   A m = neg_inf<A>(), e = 0;
-  for (int64_t i = lane; i < n; i += G) online_add(static_cast<A>(load(p[i * s])), m, e);
+  int64_t i = lane;
+  // Four elements a step: their loads are independent (in flight together), the running max
+  // moves at most once per step, then one exponential each.
+  for (; i + 3 * G < n; i += 4 * G) {
+    A v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = static_cast<A>(load(p[(i + j * G) * s]));
+    const A a = v[1] > v[0] ? v[1] : v[0], b = v[3] > v[2] ? v[3] : v[2];
+    const A mc = b > a ? b : a;  // a NaN may hide here; it still reaches e below
+    if (mc > m) {
+      e *= exp_(m - mc);  // m = -inf: e is 0 and stays 0
+      m = mc;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (v[j] != neg_inf<A>()) e += exp_(v[j] - m);
+  }
+  for (; i < n; i += G) online_add(static_cast<A>(load(p[i * s])), m, e);
   const A mr = rows::group_reduce<M>(m, rows::MaxOp{});
   const A scaled = e == A(0) ? A(0) : e * exp_(m - mr);
   sum = rows::group_reduce<M>(scaled, rows::SumOp{});
