@@ -60,7 +60,9 @@ class NcclProcessGroup final : public ProcessGroup {
  public:
   NcclProcessGroup(Device device, const DistEnv& env, std::chrono::milliseconds timeout)
       : device_(device), rank_(env.rank), size_(env.world_size) {
-    cuda::DeviceGuard g(device_.index);
+    // This process's GPU becomes the current device for good (torch.cuda.set_device): code
+    // that launches on the current device, and NCCL itself, then use the right GPU.
+    cuda::check(cudaSetDevice(device_.index), "init_process_group: cudaSetDevice");
     ncclUniqueId id;
     std::memset(&id, 0, sizeof(id));
     if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");

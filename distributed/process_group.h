@@ -73,7 +73,8 @@ bool nccl_available();
 // The process group of this process from torchrun's environment variables (DistEnv):
 // WORLD_SIZE 1 (or unset): a LocalProcessGroup on `device`; otherwise NCCL on `device`
 // (which must be CUDA; the ncclUniqueId travels from rank 0 over TCP at
-// MASTER_ADDR:MASTER_PORT). Throws std::runtime_error when NCCL is needed but missing.
+// MASTER_ADDR:MASTER_PORT), which also makes `device` the process's current CUDA device
+// (torch.cuda.set_device). Throws std::runtime_error when NCCL is needed but missing.
 std::shared_ptr<ProcessGroup> init_process_group(Device device, const DistEnv& env = DistEnv::from_env(),
                                                  std::chrono::milliseconds timeout = std::chrono::seconds(300));
 

@@ -127,7 +127,9 @@ int main(int argc, char** argv) {
       o.num_classes = 1000;
       const int64_t s = a.model == "tiny" ? std::min<int64_t>(a.image_size, 32) : a.image_size;
       if (a.model == "tiny") o.num_classes = 10;
-      model = a.model == "resnet50" ? nn::resnet50(o) : a.model == "resnet18" ? nn::resnet18(o) : nn::resnet_tiny(o);
+      if (a.model == "resnet50") model = nn::resnet50(o);
+      else if (a.model == "resnet18") model = nn::resnet18(o);
+      else model = nn::resnet_tiny(o);
       dataset = std::make_unique<data::SyntheticImages>(n_examples, Shape{3, s, s}, o.num_classes, a.seed);
     }
     model->to(dev);

@@ -101,7 +101,8 @@ int main() {
       const std::vector<double> all =
           pg->all_gather(ops::from_vector({checksum}, {}, DType::float64, dev)).tolist();
       for (double c : all)
-        if (c != all[0]) return fail(fmt::format("step {}: parameters differ across ranks", step));
+        if (std::abs(c - all[0]) > 1e-6 * std::max(1.0, std::abs(all[0])))
+          return fail(fmt::format("step {}: parameters differ across ranks ({} vs {})", step, c, all[0]));
     }
     if (!ddp.buckets_rebuilt()) return fail("buckets were not rebuilt after the first iteration");
     fmt::print("rank {} of {}: OK ({} buckets, {} all-reduces, communication {} bytes)\n", r, R, ddp.num_buckets(),

@@ -129,7 +129,9 @@ TEST(Bucketing, SizesAddUp) {
   size_t total = 0, count = 0;
   for (const auto& b : a.buckets) {
     const size_t bytes = bucket_bytes(p, b);
-    if (b.size() > 1) EXPECT_LE(bytes, cap);
+    if (b.size() > 1) {
+      EXPECT_LE(bytes, cap);
+    }
     total += bytes;
     count += b.size();
   }
