@@ -167,12 +167,12 @@ std::vector<uint8_t> connect_and_receive(const RendezvousOptions& o) {
       return bytes;
     }
     last_error = std::strerror(errno);
-    if (Clock::now() + backoff >= deadline)
+    if (Clock::now() >= deadline)
       throw std::runtime_error(fmt::format(
           "rendezvous {} (rank {} of {}): timed out after {} ms connecting to rank 0 (last error: {}); "
           "check MASTER_ADDR/MASTER_PORT and that rank 0 is running",
           where(o), o.rank, o.world_size, o.timeout.count(), last_error));
-    std::this_thread::sleep_for(backoff);
+    std::this_thread::sleep_for(std::min(backoff, std::chrono::milliseconds(remaining_ms(deadline) + 1)));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
 }
