@@ -91,7 +91,10 @@ void DistributedDataParallel::build_buckets(const std::vector<size_t>& order) {
       b.offsets.push_back(b.numel);
       b.numel += specs_[members[i]].numel;
     }
-    b.buffer = ops::zeros({b.numel}, b.dtype, b.device);
+    // Straight from the allocator (an op would put its own name on the block), then zeroed.
+    b.buffer = Tensor::make(Storage::allocate(static_cast<size_t>(b.numel) * dtype_size(b.dtype), b.device),
+                            {b.numel}, {1}, 0, b.dtype);
+    ops::zero_(b.buffer);
     buckets_.push_back(std::move(b));
   }
 }
