@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
     std::shared_ptr<nn::GPT> gpt_model;
     std::unique_ptr<data::Dataset> dataset;
     int64_t T = 0;
+    int64_t image_size = 0;
     const int64_t steps_total = a.warmup + a.steps;
     const int64_t n_examples = std::max<int64_t>(B * env.world_size * steps_total, 256);
     if (gpt) {
@@ -126,6 +127,7 @@ int main(int argc, char** argv) {
       nn::ResNetOptions o;
       o.num_classes = 1000;
       const int64_t s = a.model == "tiny" ? std::min<int64_t>(a.image_size, 32) : a.image_size;
+      image_size = s;
       if (a.model == "tiny") o.num_classes = 10;
       if (a.model == "resnet50") model = nn::resnet50(o);
       else if (a.model == "resnet18") model = nn::resnet18(o);
@@ -152,7 +154,7 @@ int main(int argc, char** argv) {
       fmt::print("Tally train_ddp: {} ({:.2f} M parameters), world size {} ({}), batch {} per rank{}, {}+{} steps, "
                  "amp {}, {} buckets (cap {} MiB, first {} MiB), {} of buckets\n",
                  a.model, model->num_parameters() / 1e6, env.world_size, pg->backend(), B,
-                 gpt ? fmt::format(" x {} tokens", T) : fmt::format(" x 3x{}x{}", a.image_size, a.image_size),
+                 gpt ? fmt::format(" x {} tokens", T) : fmt::format(" x 3x{}x{}", image_size, image_size),
                  a.warmup, a.steps, prec.name(), ddp.num_buckets(), a.bucket_cap_mb, a.first_bucket_cap_mb,
                  ex::fmt_bytes(static_cast<double>(ddp.bucket_bytes())));
     std::fflush(stdout);

@@ -3,7 +3,7 @@
 // under `communication` (module `ddp`, op `allreduce_bucket`).
 #include <gtest/gtest.h>
 
-#include "cuda_testing.h"
+#include "tensor/cuda_testing.h"
 #include "ddp_testing.h"
 #include "memory/memory.h"
 
