@@ -103,9 +103,10 @@ int main(int argc, char** argv) {
     const int64_t B = a.batch > 0 ? a.batch : (gpt ? 8 : 64);
     const double lr = a.lr > 0 ? a.lr : (gpt ? 3e-4 : 0.05);
     manual_seed(a.seed);
-    if (!a.snapshot.empty()) memory::record_memory_history(true, 1000000, dev);
-
+    // First, before any other CUDA work: it makes cuda:LOCAL_RANK this process's device, so
+    // no rank creates a context on another rank's GPU.
     auto pg = distributed::init_process_group(dev, env);
+    if (!a.snapshot.empty()) memory::record_memory_history(true, 1000000, dev);
 
     // ---- model, data, optimizer ----
     std::shared_ptr<nn::Module> model;

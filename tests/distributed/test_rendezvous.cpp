@@ -6,11 +6,15 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <optional>
 #include <future>
 #include <thread>
 
 #include "distributed/rendezvous.h"
+#include "memory/memory.h"
 #include "memory/rank_path.h"
+#include "memory/timeline.h"
 
 namespace tally::distributed {
 namespace {
@@ -170,6 +174,23 @@ TEST(RankPath, RankGoesBeforeTheExtension) {
     EnvGuard g({{"RANK", nullptr}, {"WORLD_SIZE", nullptr}});
     EXPECT_EQ(per_rank_path("a.pickle"), "a.pickle");
   }
+}
+
+TEST(RankPath, SnapshotsAndTimelinesCarryTheRank) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tally_rank_path_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    EnvGuard g({{"RANK", "1"}, {"WORLD_SIZE", "2"}});
+    memory::get_allocator(memory::Device::cpu()).dump_snapshot((dir / "s.pickle").string());
+    memory::write_timeline_json(memory::MemoryTimeline{}, (dir / "t.json").string());
+  }
+  EXPECT_TRUE(fs::exists(dir / "s.rank1.pickle"));
+  EXPECT_FALSE(fs::exists(dir / "s.pickle"));
+  EXPECT_TRUE(fs::exists(dir / "t.rank1.json"));
+  memory::get_allocator(memory::Device::cpu()).dump_snapshot((dir / "single.pickle").string());
+  EXPECT_TRUE(fs::exists(dir / "single.pickle"));  // no WORLD_SIZE: the name as given
+  fs::remove_all(dir);
 }
 
 }  // namespace
