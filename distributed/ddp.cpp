@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "autograd/engine.h"
@@ -118,11 +119,48 @@ void DistributedDataParallel::reset_iteration() {
 
 void DistributedDataParallel::prepare_forward() {
   if (in_backward_) reset_iteration();  // the previous backward failed part-way
-  if (options_.broadcast_buffers && pg_->size() > 1) {
-    NoGradGuard ng;
-    std::vector<std::shared_ptr<Work>> works;
-    for (const Tensor& b : module_->buffers()) works.push_back(pg_->broadcast(b.detach(), 0));
-    for (auto& w : works) w->wait();
+  if (options_.broadcast_buffers && pg_->size() > 1) broadcast_buffers();
+}
+
+void DistributedDataParallel::broadcast_buffers() {
+  NoGradGuard ng;
+  if (buffer_groups_.empty()) {
+    // One flat tensor per dtype (BatchNorm: float running stats, int64 counters), so a
+    // forward costs a broadcast or two instead of one per buffer.
+    for (const Tensor& b : module_->buffers()) {
+      auto it = std::find_if(buffer_groups_.begin(), buffer_groups_.end(), [&](const BufferGroup& g) {
+        return g.buffers.front().dtype() == b.dtype() && g.buffers.front().device() == b.device();
+      });
+      if (it == buffer_groups_.end()) it = buffer_groups_.insert(buffer_groups_.end(), BufferGroup{});
+      it->buffers.push_back(b);
+    }
+    memory::AllocContextScope ctx(memory::Category::communication, "ddp", "broadcast_buffers");
+    for (BufferGroup& g : buffer_groups_) {
+      int64_t n = 0;
+      for (const Tensor& b : g.buffers) n += b.numel();
+      const DType dt = g.buffers.front().dtype();
+      g.flat = Tensor::make(Storage::allocate(static_cast<size_t>(n) * dtype_size(dt), g.buffers.front().device()),
+                            {n}, {1}, 0, dt);
+    }
+  }
+  std::vector<std::shared_ptr<Work>> works;
+  for (BufferGroup& g : buffer_groups_) {
+    int64_t off = 0;
+    if (pg_->rank() == 0)
+      for (const Tensor& b : g.buffers) {
+        ops::copy_(ops::view(ops::narrow(g.flat, 0, off, b.numel()), b.sizes()), b);
+        off += b.numel();
+      }
+    works.push_back(pg_->broadcast(g.flat, 0));
+  }
+  for (size_t i = 0; i < works.size(); ++i) {
+    works[i]->wait();
+    if (pg_->rank() == 0) continue;
+    int64_t off = 0;
+    for (const Tensor& b : buffer_groups_[i].buffers) {
+      ops::copy_(b, ops::view(ops::narrow(buffer_groups_[i].flat, 0, off, b.numel()), b.sizes()));
+      off += b.numel();
+    }
   }
 }
 

@@ -117,6 +117,7 @@ class DistributedDataParallel {
   };
 
   void build_buckets(const std::vector<size_t>& order);
+  void broadcast_buffers();
   void prepare_forward();
   void on_grad_ready(size_t p);
   void launch(size_t b);
@@ -142,6 +143,12 @@ class DistributedDataParallel {
   int64_t iteration_ = 0;
   int64_t num_allreduces_ = 0;
   std::vector<size_t> last_ready_order_;
+  // Buffers broadcast before each forward, coalesced: one flat tensor per dtype.
+  struct BufferGroup {
+    std::vector<Tensor> buffers;
+    Tensor flat;
+  };
+  std::vector<BufferGroup> buffer_groups_;
 };
 
 using DDP = DistributedDataParallel;

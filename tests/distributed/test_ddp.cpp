@@ -198,6 +198,72 @@ TEST(DDP, ForwardWithAnotherSignatureAndErrors) {
   EXPECT_THROW(DistributedDataParallel(model, cuda_pg), std::invalid_argument);
 }
 
+// Rank 1 of a pretend 2-rank group on the CPU: collectives leave data as it is, except
+// that broadcasts deliver what "rank 0" holds once `fill` is on: `value` in float tensors,
+// `int_value` in integer ones.
+class FakeRank1 final : public distributed::ProcessGroup {
+ public:
+  struct Done final : distributed::Work {
+    void wait() override {}
+  };
+  int rank() const override { return 1; }
+  int size() const override { return 2; }
+  Device device() const override { return Device::cpu(); }
+  std::string backend() const override { return "fake"; }
+  std::shared_ptr<distributed::Work> all_reduce(const Tensor&, distributed::ReduceOp) override {
+    ++all_reduces;
+    return std::make_shared<Done>();
+  }
+  std::shared_ptr<distributed::Work> broadcast(const Tensor& t, int) override {
+    ++broadcasts;
+    if (fill) ops::fill_(t, is_floating(t.dtype()) ? value : int_value);
+    return std::make_shared<Done>();
+  }
+  Tensor all_gather(const Tensor& t) override {
+    return ops::contiguous(ops::expand(ops::unsqueeze(t, 0), {2, -1}));
+  }
+  void barrier() override {}
+  bool fill = false;
+  double value = 7.0;
+  double int_value = 9.0;
+  int all_reduces = 0, broadcasts = 0;
+};
+
+class WithBuffers : public nn::Module {
+ public:
+  WithBuffers() : Module("WithBuffers") {
+    Generator gen(3);
+    lin = register_module("lin", std::make_shared<nn::Linear>(8, 5, true, &gen));
+    register_buffer("stat", ops::zeros({3}));
+    register_buffer("count", ops::full({}, 4, DType::int64));
+  }
+  Tensor forward(const Tensor& x) override { return (*lin)(x); }
+  std::shared_ptr<nn::Linear> lin;
+};
+
+TEST(DDP, BuffersComeFromRankZeroBeforeEachForward) {
+  auto model = std::make_shared<WithBuffers>();
+  auto pg = std::make_shared<FakeRank1>();
+  DistributedDataParallel ddp(model, pg);
+  const int initial = pg->broadcasts;
+  EXPECT_EQ(initial, 4);  // construction: 2 parameters + 2 buffers, one by one
+  pg->fill = true;
+  const auto b = testing::make_batch(0, 4, Device::cpu());
+  const Tensor loss = cross_entropy(ddp(b.x), b.y);
+  pg->fill = false;
+  loss.backward();
+  // Two dtypes coalesced into two broadcasts; then the rebuild's broadcast of rank 0's
+  // bucket order (an int64 tensor: the fake's 9s would be a bad order, so fill is off).
+  EXPECT_EQ(pg->broadcasts - initial, 2 + 1);
+  const auto bufs = model->named_buffers();
+  ASSERT_EQ(bufs.size(), 2u);
+  EXPECT_EQ(bufs[0].second.tolist(), (std::vector<double>{7, 7, 7}));
+  EXPECT_EQ(bufs[1].second.tolist(), (std::vector<double>{9}));
+  EXPECT_EQ(pg->all_reduces, static_cast<int>(ddp.num_allreduces()));
+  // Parameters kept rank 1's values at construction (fill was off), so gradients exist.
+  EXPECT_TRUE(model->lin->parameters()[0].grad().defined());
+}
+
 TEST(ProcessGroup, LocalCollectivesAreIdentities) {
   LocalProcessGroup pg;
   Tensor t = ops::from_vector({1, 2, 3}, {3});
