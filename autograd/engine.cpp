@@ -29,11 +29,37 @@ void accumulate(Tensor& slot, const Tensor& g) {
   }
 }
 
+// The callbacks queued during the outermost backward pass on this thread.
+struct CallbackQueue {
+  int depth = 0;
+  std::vector<std::function<void()>> callbacks;
+};
+thread_local CallbackQueue tls_callbacks;
+
+// Marks a run; the outermost one runs the queued callbacks when it finishes normally.
+class RunScope {
+ public:
+  RunScope() { ++tls_callbacks.depth; }
+  ~RunScope() {
+    if (--tls_callbacks.depth == 0) tls_callbacks.callbacks.clear();  // dropped on an exception
+  }
+  void finish() {
+    if (tls_callbacks.depth != 1) return;
+    // A callback may queue more callbacks: index, don't iterate.
+    for (size_t i = 0; i < tls_callbacks.callbacks.size(); ++i) {
+      std::function<void()> cb = std::move(tls_callbacks.callbacks[i]);
+      cb();
+    }
+    tls_callbacks.callbacks.clear();
+  }
+};
+
 // Runs the graph. With `capture` non-null, gradients arriving at the given edges are
 // stored there instead of being propagated to AccumulateGrad.
 void run(const std::vector<Edge>& roots, const TensorList& root_grads, bool retain_graph,
          const std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>>* capture,
          TensorList* captured) {
+  RunScope run_scope;
   // Dependencies: how many edges point at each node.
   std::unordered_map<Node*, int> deps;
   std::unordered_map<Node*, std::shared_ptr<Node>> keep;  // keep nodes alive while running
@@ -120,6 +146,7 @@ void run(const std::vector<Edge>& roots, const TensorList& root_grads, bool reta
       if (--deps[e.fn.get()] == 0) ready.push({e.fn.get()});
     }
   }
+  run_scope.finish();
 }
 
 std::vector<Edge> root_edges(const TensorList& roots, const TensorList& grad_roots,
@@ -148,6 +175,12 @@ std::vector<Edge> root_edges(const TensorList& roots, const TensorList& grad_roo
 }
 
 }  // namespace
+
+void queue_callback(std::function<void()> callback) {
+  if (tls_callbacks.depth == 0)
+    throw std::logic_error("queue_callback: no backward pass is running on this thread");
+  tls_callbacks.callbacks.push_back(std::move(callback));
+}
 
 void backward(const TensorList& roots, const TensorList& grad_roots, bool retain_graph) {
   TensorList grads;

@@ -55,6 +55,11 @@ TensorList AccumulateGrad::apply(const TensorList& grad_outputs) {
   } else {
     ops::add_(meta->grad, g);
   }
+  // Copy the list: a hook may register or remove hooks.
+  if (!meta->post_accumulate_grad_hooks.empty()) {
+    const auto hooks = meta->post_accumulate_grad_hooks;
+    for (const auto& [handle, hook] : hooks) hook(variable_);
+  }
   return {};
 }
 

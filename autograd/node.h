@@ -26,6 +26,9 @@ namespace tally::autograd {
 
 class Node;
 using Hook = std::function<Tensor(const Tensor&)>;
+// Runs after a leaf's .grad has been accumulated, with the leaf itself
+// (torch.Tensor.register_post_accumulate_grad_hook).
+using PostAccumulateGradHook = std::function<void(const Tensor&)>;
 
 struct Edge {
   std::shared_ptr<Node> fn;
@@ -40,6 +43,8 @@ struct AutogradMeta {
   uint32_t output_nr = 0;
   std::weak_ptr<Node> grad_accumulator;  // leaf tensors
   std::vector<Hook> hooks;               // leaf tensors (non-leaf hooks live on grad_fn)
+  // Leaf tensors: (handle, hook), run in registration order after .grad was accumulated.
+  std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate_grad_hooks;
 };
 
 // Shape, dtype and device of a node's output, to materialise a zero gradient.
@@ -124,5 +129,10 @@ std::shared_ptr<FunctionNode> record(const char* name, const TensorList& inputs,
                                      BackwardFn fn);
 
 uint64_t next_sequence_nr();
+
+// torch.Tensor.register_post_accumulate_grad_hook: on a leaf that requires grad, `hook(leaf)`
+// runs after backward has accumulated into leaf.grad(). Returns a handle for removal.
+uint64_t register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook);
+void remove_post_accumulate_grad_hook(const Tensor& leaf, uint64_t handle);
 
 }  // namespace tally::autograd

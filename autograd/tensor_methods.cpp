@@ -2,6 +2,7 @@
 // autograd surface (requires_grad, grad, backward, hooks).
 #include <fmt/format.h>
 
+#include <atomic>
 #include <numeric>
 
 #include "autograd/node.h"
@@ -165,6 +166,34 @@ void Tensor::register_hook(std::function<Tensor(const Tensor&)> hook) const {
     m->hooks.push_back(std::move(hook));
   }
 }
+
+}  // namespace tally
+
+namespace tally::autograd {
+
+uint64_t register_post_accumulate_grad_hook(const Tensor& t, PostAccumulateGradHook hook) {
+  if (!t.requires_grad())
+    throw std::runtime_error(
+        "register_post_accumulate_grad_hook: cannot register a hook on a tensor that doesn't require gradient");
+  AutogradMeta* m = t.autograd_meta();
+  if (m->grad_fn)
+    throw std::runtime_error(
+        "register_post_accumulate_grad_hook: post accumulate grad hooks cannot be registered on non-leaf tensors");
+  static std::atomic<uint64_t> next_handle{1};
+  const uint64_t handle = next_handle.fetch_add(1);
+  m->post_accumulate_grad_hooks.emplace_back(handle, std::move(hook));
+  return handle;
+}
+
+void remove_post_accumulate_grad_hook(const Tensor& t, uint64_t handle) {
+  AutogradMeta* m = t.autograd_meta();
+  if (!m) return;
+  std::erase_if(m->post_accumulate_grad_hooks, [handle](const auto& h) { return h.first == handle; });
+}
+
+}  // namespace tally::autograd
+
+namespace tally {
 
 Tensor Tensor::sum() const { return tally::sum(*this); }
 Tensor Tensor::mean() const { return tally::mean(*this); }

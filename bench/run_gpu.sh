@@ -12,6 +12,8 @@
 #   trainbench  bench/train.py: ResNet-50 and GPT-2 124M steps vs PyTorch (needs .ref/torch_baseline.py)
 #   ab          ab_memory on ResNet-50 and GPT-2 (report + snapshots)
 #   profile     profiler on ResNet-50 / GPT-2 (overhead, kernel time vs step time)
+#   ddp         data parallel: the 2-rank DDP check, train_ddp with per-rank snapshots, and
+#               bench/ddp.py (Tally and PyTorch DDP at 1 and N GPUs, scaling efficiency)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -141,9 +143,26 @@ if has profile; then
   tar czf "$OUT/profile.tgz" -C "$OUT" profile 2>/dev/null; rm -rf "$OUT/profile"
 fi
 
+if has ddp; then
+  NG=$(nvidia-smi -L | grep -c '^GPU ')
+  log "ddp: $NG GPU(s), NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE-unset} (left as set)"
+  ctest --test-dir $B -R 'ddp|tally_launch|DDP' --output-on-failure --timeout 300 > "$OUT/ddp_ctest.log" 2>&1
+  log "ddp tests: $(grep -E 'tests passed|tests failed' "$OUT/ddp_ctest.log")"
+  grep -E "\*\*\*Failed|Skipped|SKIP" "$OUT/ddp_ctest.log" | head -10 | tee -a "$OUT/summary.txt"
+  python3 tools/tally_launch --nproc-per-node "$NG" --master-port 0 ./$B/examples/train_ddp --model resnet50 \
+    --batch 64 --steps 10 --snapshot "$OUT/ddp_resnet50.pickle" --summary > "$OUT/ddp_train.txt" 2>&1
+  log "train_ddp resnet50 x$NG with snapshots: exit $? ($(ls "$OUT"/ddp_resnet50*.pickle 2>/dev/null | xargs -n1 basename | tr '\n' ' '))"
+  grep -E "rank[0-9]+\] (rank|all|RESULT)|communication" "$OUT/ddp_train.txt" | head -40 | tee -a "$OUT/summary.txt"
+  for snap in "$OUT"/ddp_resnet50*.pickle; do
+    [ -f "$snap" ] && { python3 tests/memory/check_snapshot.py "$snap" > /dev/null 2>&1; log "check_snapshot $(basename "$snap"): exit $?"; }
+  done
+  python3 bench/ddp.py $B --out "$OUT" > "$OUT/ddp_bench.txt" 2>&1; log "bench/ddp.py: exit $?"
+  grep -v "^JSON" "$OUT/ddp_bench.txt" | tail -25 | tee -a "$OUT/summary.txt"
+fi
+
 # keep only a few files for the way back
 tar czf "$OUT/memviz_outputs.tgz" -C "$OUT" $(cd "$OUT" && ls -d memviz_*/ 2>/dev/null) 2>/dev/null
 rm -rf "$OUT"/memviz_*/ "$OUT"/*.pickle
-for f in configure.log build.log memviz_*.log gpu.txt memory_demo.txt equiv.log train_resnet18_off.txt train_resnet18_fp16.txt train_resnet18_bf16.txt train_gpt.txt ab.txt profile.txt profile_bf16.txt equiv_torch_cpu.log; do
+for f in configure.log build.log memviz_*.log gpu.txt memory_demo.txt equiv.log train_resnet18_off.txt train_resnet18_fp16.txt train_resnet18_bf16.txt train_gpt.txt ab.txt profile.txt profile_bf16.txt equiv_torch_cpu.log ddp_train.txt ddp_ctest.log; do
   [ -f "$OUT/$f" ] && { echo "##### $f"; cat "$OUT/$f"; } >> "$OUT/logs.txt" && rm -f "$OUT/$f"
 done

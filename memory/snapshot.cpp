@@ -25,6 +25,8 @@
 // snapshot.h.
 #include "memory/snapshot.h"
 
+#include "memory/rank_path.h"
+
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -326,7 +328,8 @@ void write_snapshot_pickle(const SnapshotData& snap, std::ostream& out) {
   SnapshotPickler(out).write(snap);
 }
 
-void write_snapshot_file(const SnapshotData& snap, const std::string& path) {
+void write_snapshot_file(const SnapshotData& snap, const std::string& path_in) {
+  const std::string path = per_rank_path(path_in);  // "x.rank1.pickle" in a multi-rank job
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) {
     throw std::runtime_error(

@@ -1,5 +1,7 @@
 #include "memory/timeline.h"
 
+#include "memory/rank_path.h"
+
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -95,7 +97,8 @@ MemoryTimeline timeline_from_history(const std::vector<TraceEntry>& history,
   return t;
 }
 
-void write_timeline_json(const MemoryTimeline& t, const std::string& path) {
+void write_timeline_json(const MemoryTimeline& t, const std::string& path_in) {
+  const std::string path = per_rank_path(path_in);  // "x.rank1.json" in a multi-rank job
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) throw std::runtime_error(fmt::format("write_timeline_json: cannot open '{}' for writing", path));
   std::string out = "[[";

@@ -2,6 +2,8 @@
 // self-contained HTML page (see memory_timeline.h).
 #include "profiler/memory_timeline.h"
 
+#include "memory/rank_path.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -210,7 +212,8 @@ void write_memory_timeline_html(const MemoryTimeline& t, std::ostream& out) {
   out << "<script>" << kScript << "</script>\n</body></html>\n";
 }
 
-void Profiler::export_memory_timeline(const std::string& path, memory::Device device) const {
+void Profiler::export_memory_timeline(const std::string& path_in, memory::Device device) const {
+  const std::string path = memory::per_rank_path(path_in);  // "x.rank1.html" in a multi-rank job
   const ProfileData& d = data();
   if (!d.profile_memory)
     throw std::logic_error(fmt::format(
