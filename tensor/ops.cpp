@@ -449,14 +449,21 @@ const char* unary_op_name(UnaryOp op) {
 
 static bool is_compare(BinaryOp op) { return op >= BinaryOp::eq; }
 
+// The op record of a binary op (its profiler/dispatch name), one per BinaryOp, shared by the
+// tensor-tensor and tensor-scalar forms.
+static const OpInfo& binary_info(BinaryOp op) {
+  static const OpInfo infos[] = {OpInfo("add"),           OpInfo("sub"),  OpInfo("mul"),
+                                 OpInfo("div"),           OpInfo("pow"),  OpInfo("maximum"),
+                                 OpInfo("minimum"),       OpInfo("threshold_backward"), OpInfo("gelu_backward"),
+                                 OpInfo("gelu_backward"), OpInfo("eq"),   OpInfo("ne"),
+                                 OpInfo("lt"),            OpInfo("le"),   OpInfo("gt"),
+                                 OpInfo("ge")};
+  static_assert(sizeof(infos) / sizeof(infos[0]) == static_cast<size_t>(BinaryOp::ge) + 1);
+  return infos[static_cast<int>(op)];
+}
+
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
-  static OpInfo infos[] = {OpInfo("add"),           OpInfo("sub"),  OpInfo("mul"),
-                           OpInfo("div"),           OpInfo("pow"),  OpInfo("maximum"),
-                           OpInfo("minimum"),       OpInfo("threshold_backward"), OpInfo("gelu_backward"),
-                           OpInfo("gelu_backward"), OpInfo("eq"),   OpInfo("ne"),
-                           OpInfo("lt"),            OpInfo("le"),   OpInfo("gt"),
-                           OpInfo("ge")};
-  const OpInfo& info = infos[static_cast<int>(op)];
+  const OpInfo& info = binary_info(op);
   check_same_device(info.name, a.device(), b.device());
   DispatchScope scope(info, a, b);
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), info.name);
@@ -470,13 +477,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 }
 
 static Tensor binary_scalar_impl(BinaryOp op, const Tensor& a, double b, bool reverse) {
-  static OpInfo infos[] = {OpInfo("add"),           OpInfo("sub"),  OpInfo("mul"),
-                           OpInfo("div"),           OpInfo("pow"),  OpInfo("maximum"),
-                           OpInfo("minimum"),       OpInfo("threshold_backward"), OpInfo("gelu_backward"),
-                           OpInfo("gelu_backward"), OpInfo("eq"),   OpInfo("ne"),
-                           OpInfo("lt"),            OpInfo("le"),   OpInfo("gt"),
-                           OpInfo("ge")};
-  const OpInfo& info = infos[static_cast<int>(op)];
+  const OpInfo& info = binary_info(op);
   DispatchScope scope(info, a);
   DType dt = a.dtype();
   // A non-integral scalar with an integer tensor (or any division) computes in float32.
