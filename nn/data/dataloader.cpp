@@ -34,6 +34,12 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
   if (options_.prefetch < 1)
     throw std::invalid_argument(
         fmt::format("DataLoader: prefetch must be >= 1, got {}", options_.prefetch));
+  if (options_.sampler && options_.shuffle)
+    throw std::invalid_argument(
+        "DataLoader: sampler option is mutually exclusive with shuffle (the sampler shuffles)");
+  if (options_.sampler && options_.sampler->dataset_size() != dataset_.size())
+    throw std::invalid_argument(fmt::format("DataLoader: the sampler covers {} samples but the dataset has {}",
+                                            options_.sampler->dataset_size(), dataset_.size()));
   if (options_.device.type == DeviceType::cuda)
     memory::get_allocator(options_.device);  // throws now for a device that does not exist
 }
@@ -41,7 +47,7 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
 DataLoader::~DataLoader() { stop(); }
 
 int64_t DataLoader::len() const {
-  const int64_t n = dataset_.size(), b = options_.batch_size;
+  const int64_t n = options_.sampler ? options_.sampler->num_samples() : dataset_.size(), b = options_.batch_size;
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
@@ -51,6 +57,11 @@ bool DataLoader::pinned() const {
 }
 
 std::vector<int64_t> DataLoader::epoch_order(int64_t e) const {
+  if (options_.sampler) {  // this rank's shard of epoch e
+    DistributedSampler s = *options_.sampler;
+    s.set_epoch(e);
+    return s.indices();
+  }
   const int64_t n = dataset_.size();
   if (!options_.shuffle) {
     std::vector<int64_t> p(static_cast<size_t>(n));

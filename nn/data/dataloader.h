@@ -5,6 +5,9 @@
 //                                     .device = Device::cuda(0)});
 //   for (const data::Example& batch : loader) step(batch.input, batch.target);
 //
+// With `.sampler = data::DistributedSampler(dataset.size(), world, rank, {...})` each rank
+// iterates its own shard (same number of batches on every rank).
+//
 // The worker fills the next `prefetch` batches (in pinned host memory when the target device
 // is CUDA and pin_memory is on, else ordinary CPU memory) while the training step runs; the
 // consumer copies each batch to the device asynchronously (ops::to_device_async). Every
@@ -19,11 +22,13 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "nn/data/dataset.h"
+#include "nn/data/distributed_sampler.h"
 #include "tensor/random.h"
 
 namespace tally::data {
@@ -38,6 +43,10 @@ struct DataLoaderOptions {
   bool pin_memory = true;
   // Batches the worker keeps ready ahead of the consumer (>= 1).
   int64_t prefetch = 2;
+  // Data parallel: visit only this rank's shard (PyTorch's DataLoader(sampler=...)). The
+  // loader's epoch e uses the sampler's epoch e (no separate set_epoch call needed); the
+  // sampler shuffles, so `shuffle` must stay false; its dataset size must be the dataset's.
+  std::optional<DistributedSampler> sampler;
 };
 
 // A uniform random permutation of [0, n) (Fisher-Yates over `gen`'s Philox stream),

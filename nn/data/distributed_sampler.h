@@ -33,6 +33,7 @@ class DistributedSampler {
   int64_t num_samples() const { return num_samples_; }
   int64_t total_size() const { return num_samples_ * num_replicas_; }
   int64_t size() const { return num_samples_; }
+  int64_t dataset_size() const { return dataset_size_; }
   // This rank's indices for the current epoch, in visiting order.
   std::vector<int64_t> indices() const;
 

@@ -95,6 +95,33 @@ TEST(DataLoader, EveryIndexOncePerEpochShuffledAndSeeded) {
   EXPECT_EQ(targets_of(plain), identity);
 }
 
+// Data parallel through the loader: two ranks' loaders over one dataset visit disjoint
+// shards of equal length (padded by repetition) that together cover it; each epoch
+// reshuffles, the same way on both ranks; shuffle + sampler and a size mismatch are errors.
+TEST(DataLoader, DistributedSamplerShardsTheDataset) {
+  IndexDataset ds(11);
+  DataLoader r0(ds, {.batch_size = 4, .sampler = DistributedSampler(11, 2, 0, {.shuffle = true, .seed = 7})});
+  DataLoader r1(ds, {.batch_size = 4, .sampler = DistributedSampler(11, 2, 1, {.shuffle = true, .seed = 7})});
+  EXPECT_EQ(r0.len(), 2);  // 6 samples a rank (11 padded to 12), batches of 4 and 2
+  EXPECT_EQ(r1.len(), 2);
+  const std::vector<int64_t> a0 = targets_of(r0), b0 = targets_of(r1);
+  ASSERT_EQ(a0.size(), 6u);
+  ASSERT_EQ(b0.size(), 6u);
+  std::multiset<int64_t> all(a0.begin(), a0.end());
+  all.insert(b0.begin(), b0.end());
+  EXPECT_EQ(std::set<int64_t>(all.begin(), all.end()).size(), 11u) << "the shards cover the dataset";
+  EXPECT_EQ(all.size(), 12u) << "one sample repeated as padding";
+  EXPECT_EQ(a0, r0.epoch_order(0));
+  DistributedSampler same(11, 2, 0, {.shuffle = true, .seed = 7});
+  same.set_epoch(1);
+  const std::vector<int64_t> a1 = targets_of(r0);  // the loader's second epoch
+  EXPECT_EQ(a1, same.indices()) << "loader epoch e is sampler epoch e";
+  EXPECT_NE(a1, a0);
+  EXPECT_THROW(DataLoader(ds, {.batch_size = 4, .shuffle = true, .sampler = DistributedSampler(11, 2, 0)}),
+               std::invalid_argument);
+  EXPECT_THROW(DataLoader(ds, {.batch_size = 4, .sampler = DistributedSampler(12, 2, 0)}), std::invalid_argument);
+}
+
 TEST(DataLoader, DropLastAndBatchShapes) {
   IndexDataset ds(10);
   DataLoader keep(ds, {.batch_size = 3});
