@@ -433,8 +433,9 @@ inline Case resnet_case(Device d) {
   return c;
 }
 
-// GPT "tiny" (dropout 0 as the preset has it, or `dropout` in every Dropout and the attention).
-inline Case gpt_case(Device d, double dropout = 0.0) {
+// GPT "tiny" (dropout 0 as the preset has it, or `dropout` in every Dropout and the attention),
+// a batch of B sequences of T tokens (T <= 64, the preset's block size).
+inline Case gpt_case(Device d, double dropout = 0.0, int64_t B = 2, int64_t T = 16) {
   manual_seed(12);
   nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
   cfg.dropout = dropout;
@@ -444,8 +445,8 @@ inline Case gpt_case(Device d, double dropout = 0.0) {
   Tensor idx, targets;
   {
     memory::CategoryScope input(Category::input);
-    idx = ops::to(ops::randint(0, 256, {2, 16}), d, DType::int64);
-    targets = ops::to(ops::randint(0, 256, {2, 16}), d, DType::int64);
+    idx = ops::to(ops::randint(0, 256, {B, T}), d, DType::int64);
+    targets = ops::to(ops::randint(0, 256, {B, T}), d, DType::int64);
   }
   c.model = m;
   c.inputs = {idx, targets};
