@@ -8,7 +8,7 @@ MASTER_ADDR, MASTER_PORT in the environment), e.g. by Tally's own launcher:
 
 Same workload as train_ddp: ResNet-50 (torchvision, 1000 classes, 3x224x224, SGD momentum
 0.9, weight decay 5e-4) or GPT-2 124M (vocab 50257, T=1024, tied embeddings, GELU tanh,
-SDPA, AdamW), DDP with bucket_cap_mb 25, fp32 with TF32 off unless --tf32. Rank 0's last
+SDPA, AdamW), DDP with bucket_cap_mb 25, fp32 at PyTorch's precision defaults (convolutions on TF32, matmuls exact unless --tf32). Rank 0's last
 line: "RESULT model=... world=... step_ms=... throughput=... unit=..." like train_ddp.
 """
 import argparse
@@ -66,7 +66,9 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--amp", default="off", choices=["off", "fp16", "bf16"])
     p.add_argument("--bucket-cap-mb", type=float, default=25)
-    p.add_argument("--tf32", action="store_true", help="allow TF32 (off by default, like Tally's fp32)")
+    p.add_argument("--tf32", action="store_true",
+                   help="also allow TF32 in fp32 matmuls (off, as in PyTorch and Tally); fp32 convolutions use "
+                        "TF32 by default in both (torch.backends.cudnn.allow_tf32, cuda::cudnn_allow_tf32)")
     a = p.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
@@ -75,7 +77,7 @@ def main():
     torch.cuda.set_device(local_rank)
     dev = torch.device("cuda", local_rank)
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
-    torch.backends.cudnn.allow_tf32 = a.tf32
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's default, and Tally's
     torch.backends.cudnn.benchmark = False
     if world > 1:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
