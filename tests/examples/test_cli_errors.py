@@ -19,6 +19,9 @@ cases = [
     (["train_gpt", "--preset", "tiny", "--seq", "4096"], "exceeds the preset's block size"),
     (["ab_memory", "--model", "vit"], "--model: expected resnet or gpt, got 'vit'"),
     (["ab_memory", "--steps", "1"], "--steps must be at least 2"),
+    (["profile_models", "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'"),
+    (["train_ddp", "--device", "cpu", "--model", "vit"], "--model: expected resnet50, resnet18, tiny"),
+    (["train_ddp", "--device", "cpu", "--model", "tiny", "--amp", "fp8"], "--amp: expected off, fp16 or bf16"),
 ]
 fails = 0
 for args, want in cases:
