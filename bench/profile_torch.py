@@ -27,6 +27,8 @@ ap.add_argument("--resnet-batch", type=int, default=64)
 ap.add_argument("--gpt-batch", type=int, default=8)
 ap.add_argument("--models", default="resnet,gpt")
 ap.add_argument("--skip-tally", action="store_true", help="only torch")
+ap.add_argument("--amp", default="off", choices=["off", "fp16", "bf16"],
+                help="the forward under autocast (both frameworks)")
 args = ap.parse_args()
 os.makedirs(args.out, exist_ok=True)
 
@@ -35,7 +37,8 @@ tally = []
 if not args.skip_tally:
     exe = os.path.join(args.build, "examples", "profile_models")
     cmd = [exe, "--device", "cuda", "--out", args.out, "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--resnet-batch", str(args.resnet_batch), "--gpt-batch", str(args.gpt_batch), "--models", args.models]
+           "--resnet-batch", str(args.resnet_batch), "--gpt-batch", str(args.gpt_batch), "--models", args.models,
+           "--amp", args.amp]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     tally = json.load(open(os.path.join(args.out, "profile_models.json")))
@@ -109,7 +112,8 @@ def make(which):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with record_function("## Forward Pass ##"):
+        with record_function("## Forward Pass ##"), torch.autocast(
+                "cuda", dtype=torch.bfloat16 if args.amp == "bf16" else torch.float16, enabled=args.amp != "off"):
             loss = loss_fn()
         with record_function("## Backward Pass ##"):
             loss.backward()

@@ -12,6 +12,8 @@
 #   trainbench  bench/train.py: ResNet-50 and GPT-2 124M steps vs PyTorch (needs .ref/torch_baseline.py)
 #   ab          ab_memory on ResNet-50 and GPT-2 (report + snapshots)
 #   profile     profiler on ResNet-50 / GPT-2 (overhead, kernel time vs step time)
+#   kernels     GPT-2 B16 fp32 and bf16 steps profiled in both frameworks, kernel time per
+#               class side by side (bench/kernel_compare.py)
 #   ddp         data parallel: the 2-rank DDP check, train_ddp with per-rank snapshots, and
 #               bench/ddp.py (Tally and PyTorch DDP at 1 and N GPUs, scaling efficiency)
 set -uo pipefail
@@ -141,6 +143,18 @@ if has profile; then
     > "$OUT/profile_bf16.txt" 2>&1
   log "profile GPT-2 bf16 B16: exit $?"
   tar czf "$OUT/profile.tgz" -C "$OUT" profile 2>/dev/null; rm -rf "$OUT/profile"
+fi
+
+if has kernels; then
+  for amp in off bf16; do
+    python3 bench/profile_torch.py $B --models gpt --gpt-batch 16 --steps 3 --warmup 2 --amp $amp \
+      --out "$OUT/kern_$amp" > "$OUT/kern_run_$amp.txt" 2>&1
+    log "profile GPT-2 B16 amp=$amp: exit $?"
+    python3 bench/kernel_compare.py "$OUT/kern_$amp/gpt.trace.json" "$OUT/kern_$amp/torch_gpt.trace.json" --top 30 \
+      > "$OUT/kernels_$amp.txt" 2>&1
+    log "kernel_compare amp=$amp: exit $?"
+    tail -3 "$OUT/kern_run_$amp.txt" >> "$OUT/kernels_$amp.txt"; rm -rf "$OUT/kern_$amp" "$OUT/kern_run_$amp.txt"
+  done
 fi
 
 if has ddp; then
