@@ -26,7 +26,7 @@ log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 log "commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown); stages: $STAGES"
 
-B=build-gpu
+B=${B:-build-gpu}  # B=/tmp/tally-build keeps the build between calls on a warm machine
 t0=$(date +%s)
 cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DTALLY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   > "$OUT/configure.log" 2>&1 || { log "configure FAILED"; tail -30 "$OUT/configure.log"; exit 1; }
@@ -56,7 +56,7 @@ if has sanitizer && command -v compute-sanitizer >/dev/null; then
 fi
 
 if has demo; then
-  ./$B/examples/memory_demo --device cuda --snapshot "$OUT/memory_demo_cuda.pickle" > "$OUT/memory_demo.txt" 2>&1
+  $B/examples/memory_demo --device cuda --snapshot "$OUT/memory_demo_cuda.pickle" > "$OUT/memory_demo.txt" 2>&1
   log "memory_demo --device cuda: exit $?"
   for snap in "$OUT/memory_demo_cuda.pickle" "$OUT/tally_cuda_snapshot.pickle"; do
     [ -f "$snap" ] || { log "missing $snap"; continue; }
@@ -71,7 +71,7 @@ if has equiv; then
   t0=$(date +%s)
   for m in resnet18 gpt-small; do
     for d in cpu cuda; do
-      ./$B/examples/equivalence_dump --model $m --device $d --out /tmp/eq/$m-$d >> "$OUT/equiv.log" 2>&1 || log "equivalence_dump $m $d failed"
+      $B/examples/equivalence_dump --model $m --device $d --out /tmp/eq/$m-$d >> "$OUT/equiv.log" 2>&1 || log "equivalence_dump $m $d failed"
     done
   done
   python3 tests/nn/check_torch_equivalence.py /tmp/eq/* >> "$OUT/equiv.log" 2>&1
@@ -90,12 +90,12 @@ if has train; then
   TXT=/usr/share/games/fortunes/fortunes; [ -f .data/fortunes ] && TXT=.data/fortunes
   for amp in off fp16 bf16; do
     t0=$(date +%s)
-    ./$B/examples/train_resnet --arch resnet18 --dataset fashion-mnist --data-root $FM --device cuda --epochs 10 \
+    $B/examples/train_resnet --arch resnet18 --dataset fashion-mnist --data-root $FM --device cuda --epochs 10 \
       --batch 128 --lr 0.1 --log-every 100 --amp $amp --summary > "$OUT/train_resnet18_$amp.txt" 2>&1
     log "train_resnet resnet18 fashion-mnist amp=$amp ($(( $(date +%s) - t0 )) s): exit $? $(grep 'test accuracy' "$OUT/train_resnet18_$amp.txt")"
   done
   t0=$(date +%s)
-  ./$B/examples/train_gpt --preset small --data $TXT --device cuda --steps 300 --batch 32 --lr 2e-3 --log-every 50 \
+  $B/examples/train_gpt --preset small --data $TXT --device cuda --steps 300 --batch 32 --lr 2e-3 --log-every 50 \
     --sample 200 > "$OUT/train_gpt.txt" 2>&1
   log "train_gpt small fortunes ($(( $(date +%s) - t0 )) s): exit $? $(grep 'val loss' "$OUT/train_gpt.txt")"
 fi
@@ -104,9 +104,9 @@ if has cpucheck; then
   # The CPU reference on this host's OpenBLAS (AVX-512): resnet18's CPU gradients against finite
   # differences, then the equivalence dump under each OpenBLAS setting.
   for env in "" "OPENBLAS_CORETYPE=Haswell" "OPENBLAS_NUM_THREADS=1"; do
-    env $env ./$B/tests/test_conv --gtest_filter='*TinySpatial*:*Resnet18*' > "$OUT/cpucheck.txt" 2>&1
+    env $env $B/tests/test_conv --gtest_filter='*TinySpatial*:*Resnet18*' > "$OUT/cpucheck.txt" 2>&1
     log "test_conv tiny-spatial/resnet18 on the host CPU [${env:-default}]: exit $? $(grep -E 'PASSED|FAILED' "$OUT/cpucheck.txt" | head -3 | tr '\n' ' ')"
-    rm -rf /tmp/eqc && env $env ./$B/examples/equivalence_dump --model resnet18 --device cpu --out /tmp/eqc/resnet18-cpu > /dev/null 2>&1
+    rm -rf /tmp/eqc && env $env $B/examples/equivalence_dump --model resnet18 --device cpu --out /tmp/eqc/resnet18-cpu > /dev/null 2>&1
     python3 tests/nn/check_torch_equivalence.py /tmp/eqc/resnet18-cpu > "$OUT/cpucheck_eq.txt" 2>&1
     log "equivalence resnet18 cpu [${env:-default}]: exit $? $(grep -E 'PASS|FAIL:' "$OUT/cpucheck_eq.txt" | tail -1)"
   done
@@ -123,10 +123,10 @@ if has trainbench; then
 fi
 
 if has ab; then
-  ./$B/examples/ab_memory --model resnet --arch resnet50 --dataset synthetic --image-size 224 --batch 64 --steps 3 \
+  $B/examples/ab_memory --model resnet --arch resnet50 --dataset synthetic --image-size 224 --batch 64 --steps 3 \
     --device cuda --checkpoint none,4-segments --amp off,fp16 --out "$OUT/ab_resnet50" > "$OUT/ab.txt" 2>&1
   log "ab_memory resnet50: exit $?"
-  ./$B/examples/ab_memory --model gpt --preset gpt2 --batch 8 --seq 1024 --steps 3 --lr 3e-4 \
+  $B/examples/ab_memory --model gpt --preset gpt2 --batch 8 --seq 1024 --steps 3 --lr 3e-4 \
     --device cuda --checkpoint none,blocks --amp off,bf16 --out "$OUT/ab_gpt2" >> "$OUT/ab.txt" 2>&1
   log "ab_memory gpt2: exit $?"
   cat "$OUT/ab.txt" >> "$OUT/summary.txt"
@@ -139,7 +139,7 @@ if has profile; then
   log "profile (Tally profiler vs torch.profiler): exit $?"
   tail -30 "$OUT/profile.txt" >> "$OUT/summary.txt"
   # Where a bf16 GPT-2 step goes (Tally's kernel table; PyTorch's step time is in trainbench).
-  ./$B/examples/profile_models --models gpt --amp bf16 --gpt-batch 16 --steps 4 --out "$OUT/profile/bf16" \
+  $B/examples/profile_models --models gpt --amp bf16 --gpt-batch 16 --steps 4 --out "$OUT/profile/bf16" \
     > "$OUT/profile_bf16.txt" 2>&1
   log "profile GPT-2 bf16 B16: exit $?"
   tar czf "$OUT/profile.tgz" -C "$OUT" profile 2>/dev/null; rm -rf "$OUT/profile"
@@ -163,7 +163,7 @@ if has ddp; then
   ctest --test-dir $B -R 'ddp|tally_launch|DDP' --output-on-failure --timeout 300 > "$OUT/ddp_ctest.log" 2>&1
   log "ddp tests: $(grep -E 'tests passed|tests failed' "$OUT/ddp_ctest.log")"
   grep -E "\*\*\*Failed|Skipped|SKIP" "$OUT/ddp_ctest.log" | head -10 | tee -a "$OUT/summary.txt"
-  python3 tools/tally_launch --nproc-per-node "$NG" --master-port 0 ./$B/examples/train_ddp --model resnet50 \
+  python3 tools/tally_launch --nproc-per-node "$NG" --master-port 0 $B/examples/train_ddp --model resnet50 \
     --batch 64 --steps 10 --snapshot "$OUT/ddp_resnet50.pickle" --summary > "$OUT/ddp_train.txt" 2>&1
   log "train_ddp resnet50 x$NG with snapshots: exit $? ($(ls "$OUT"/ddp_resnet50*.pickle 2>/dev/null | xargs -n1 basename | tr '\n' ' '))"
   grep -E "rank[0-9]+\] (rank|all|RESULT)|communication" "$OUT/ddp_train.txt" | head -40 | tee -a "$OUT/summary.txt"

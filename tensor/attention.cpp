@@ -84,6 +84,30 @@ void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor
         op, dtype_name(q.dtype()), q.shape_string(), v.shape_string()));
 }
 
+// [B, H, T, D] laid out in memory as [B, T, H, D]: the heads of a token side by side, as in
+// a transformer's [B, T, C]. The output's transpose(1, 2) is then contiguous (GPT's
+// `y.transpose(1, 2).contiguous().view(B, T, C)` copies nothing) and its gradient arrives
+// in the same order, read in place.
+Tensor alloc_token_major(int64_t B, int64_t H, int64_t T, int64_t D, DType dtype, Device device) {
+  const Tensor base = alloc({B, T, H, D}, dtype, device);
+  return as_strided(base, {B, H, T, D}, {T * H * D, D, H * D, 1}, 0);
+}
+
+// Whether q, k, v are the three parts of one [B, T, 3, H, D] tensor: a [B, T, 3C] projection
+// split into q, k, v and viewed as heads (GPT's c_attn). Their gradients then go to one such
+// buffer, and the split's backward joins them without a copy (autograd/functions/shape.cpp).
+bool packed_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.dim() != 4 || q.sizes() != k.sizes() || q.sizes() != v.sizes()) return false;
+  if (!q.storage().is_same(k.storage()) || !q.storage().is_same(v.storage())) return false;
+  if (q.strides() != k.strides() || q.strides() != v.strides()) return false;
+  const int64_t H = q.size(1), T = q.size(2), D = q.size(3), C = H * D;
+  const Shape packed{T * 3 * C, D, 3 * C, 1};
+  for (size_t d = 0; d < 4; ++d)
+    if (q.sizes()[d] > 1 && q.strides()[d] != packed[d]) return false;
+  return k.storage_offset() == q.storage_offset() + C &&
+         v.storage_offset() == q.storage_offset() + 2 * C;
+}
+
 }  // namespace
 
 bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -115,7 +139,8 @@ FlashAttentionOutput flash_attention_forward(const Tensor& q, const Tensor& k, c
   const Tensor q4 = as4d(q), k4 = as4d(k), v4 = as4d(v);
   const int64_t B = q4.size(0), H = q4.size(1), L = q4.size(2), Ev = v4.size(3);
   FlashAttentionOutput r;
-  r.out = alloc({B, H, L, Ev}, q.dtype(), q.device());
+  r.out = q.dim() == 4 ? alloc_token_major(B, H, L, Ev, q.dtype(), q.device())
+                       : alloc({B, H, L, Ev}, q.dtype(), q.device());
   r.lse =
       alloc({B, H, L}, q.dtype() == DType::float64 ? DType::float64 : DType::float32, q.device());
   kForward.get(info, q.device())(r.out, r.lse, q4, k4, v4, causal, scale);
@@ -151,9 +176,18 @@ FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q
   const Tensor o4 = as4d(to(out, q.dtype())), do4 = as4d(to(dout, q.dtype()));
   const Tensor lse3 = contiguous(to(lse, lse_dtype));
   FlashAttentionGrads g;
-  g.dq = alloc(q4.sizes(), q.dtype(), q.device());
-  g.dk = alloc(k4.sizes(), q.dtype(), q.device());
-  g.dv = alloc(v4.sizes(), q.dtype(), q.device());
+  if (packed_qkv(q4, k4, v4) && q4.storage().is_same(q.storage())) {
+    const int64_t B = q4.size(0), H = q4.size(1), T = q4.size(2), D = q4.size(3), C = H * D;
+    const Tensor buf = alloc({B, T, 3 * C}, q.dtype(), q.device());
+    const Shape st{T * 3 * C, D, 3 * C, 1};
+    g.dq = as_strided(buf, q4.sizes(), st, 0);
+    g.dk = as_strided(buf, q4.sizes(), st, C);
+    g.dv = as_strided(buf, q4.sizes(), st, 2 * C);
+  } else {
+    g.dq = alloc(q4.sizes(), q.dtype(), q.device());
+    g.dk = alloc(k4.sizes(), q.dtype(), q.device());
+    g.dv = alloc(v4.sizes(), q.dtype(), q.device());
+  }
   kBackward.get(info, q.device())(g.dq, g.dk, g.dv, do4, q4, k4, v4, o4, lse3, causal, scale);
   g.dq = view(g.dq, q.sizes());
   g.dk = view(g.dk, k.sizes());

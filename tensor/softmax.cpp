@@ -26,10 +26,10 @@ Tensor alloc(const Shape& shape, DType dtype, Device device) {
 
 using SoftmaxFn = void(const Tensor&, const Tensor&, int64_t, bool);
 using SoftmaxBackwardFn = void(const Tensor&, const Tensor&, const Tensor&, int64_t, bool);
-using CrossEntropyFn = void(const Tensor&, const Tensor&, const Tensor&, int64_t, double,
-                            LossReduction);
+using CrossEntropyFn = void(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                            double, LossReduction);
 using CrossEntropyBackwardFn = void(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                    int64_t, double, LossReduction);
+                                    const Tensor&, int64_t, double, LossReduction);
 using NllLossFn = void(const Tensor&, const Tensor&, const Tensor&, int64_t, LossReduction);
 using NllLossBackwardFn = void(const Tensor&, const Tensor&, const Tensor&, int64_t, LossReduction);
 
@@ -210,6 +210,40 @@ const char* loss_reduction_name(LossReduction r) {
   return "?";
 }
 
+CrossEntropyOutput cross_entropy_with_lse(const Tensor& input, const Tensor& target,
+                                          int64_t ignore_index, double label_smoothing,
+                                          LossReduction reduction,
+                                          std::optional<DType> loss_dtype) {
+  static const OpInfo info("cross_entropy");
+  check_same_device(info.name, input.device(), target.device());
+  DispatchScope scope(info, input, target);
+  check_floating(info.name, input);
+  check_label_smoothing(info.name, label_smoothing);
+  const DType out_dtype = loss_dtype.value_or(input.dtype());
+  if (out_dtype != input.dtype() &&
+      !(out_dtype == DType::float32 &&
+        (input.dtype() == DType::float16 || input.dtype() == DType::bfloat16)))
+    throw std::invalid_argument(fmt::format(
+        "{}: the loss can be {} input's dtype or float32 for float16/bfloat16 input, got {} "
+        "for {} input",
+        info.name, dtype_name(input.dtype()), dtype_name(out_dtype), dtype_name(input.dtype())));
+  const LossLayout l = loss_layout(info.name, input.sizes(), target);
+  const Tensor x = batched(input);
+  const bool none = reduction == LossReduction::none;
+  CrossEntropyOutput r;
+  r.loss = alloc(none ? row_shape(l.input_sizes) : Shape{}, out_dtype, input.device());
+  r.lse = alloc(row_shape(l.input_sizes),
+                input.dtype() == DType::float64 ? DType::float64 : DType::float32,
+                input.device());
+  with_target_context(info.name, input.sizes(), target, [&] {
+    kCrossEntropy.get(info, input.device())(r.loss, r.lse, x, l.target, ignore_index,
+                                            label_smoothing, reduction);
+  });
+  if (none) r.loss = view(r.loss, l.loss_shape);
+  r.lse = view(r.lse, l.loss_shape);
+  return r;
+}
+
 Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index,
                      double label_smoothing, LossReduction reduction) {
   static const OpInfo info("cross_entropy");
@@ -222,15 +256,15 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
   const bool none = reduction == LossReduction::none;
   Tensor out = alloc(none ? row_shape(l.input_sizes) : Shape{}, input.dtype(), input.device());
   with_target_context(info.name, input.sizes(), target, [&] {
-    kCrossEntropy.get(info, input.device())(out, x, l.target, ignore_index, label_smoothing,
-                                            reduction);
+    kCrossEntropy.get(info, input.device())(out, Tensor(), x, l.target, ignore_index,
+                                            label_smoothing, reduction);
   });
   return none ? view(out, l.loss_shape) : out;
 }
 
 Tensor cross_entropy_backward(const Tensor& grad, const Tensor& input, const Tensor& target,
                               int64_t ignore_index, double label_smoothing,
-                              LossReduction reduction) {
+                              LossReduction reduction, const Tensor& lse) {
   static const OpInfo info("cross_entropy_backward");
   check_same_device(info.name, input.device(), target.device());
   check_same_device(info.name, input.device(), grad.device());
@@ -240,9 +274,19 @@ Tensor cross_entropy_backward(const Tensor& grad, const Tensor& input, const Ten
   const LossLayout l = loss_layout(info.name, input.sizes(), target);
   const Tensor x = batched(input);
   const Tensor g = loss_grad(info.name, grad, l, reduction, input.dtype());
+  Tensor lse4;
+  if (lse.defined()) {
+    const DType want = input.dtype() == DType::float64 ? DType::float64 : DType::float32;
+    if (lse.dtype() != want || lse.sizes() != l.loss_shape)
+      throw std::invalid_argument(fmt::format(
+          "{}: lse must be the forward's {} {}, got {} {}", info.name, dtype_name(want),
+          shape_str(l.loss_shape), dtype_name(lse.dtype()), lse.shape_string()));
+    check_same_device(info.name, input.device(), lse.device());
+    lse4 = reshape(lse, row_shape(l.input_sizes));
+  }
   Tensor out = alloc(l.input_sizes, input.dtype(), input.device());
   with_target_context(info.name, input.sizes(), target, [&] {
-    kCrossEntropyBackward.get(info, input.device())(out, g, x, l.target, ignore_index,
+    kCrossEntropyBackward.get(info, input.device())(out, g, x, l.target, lse4, ignore_index,
                                                     label_smoothing, reduction);
   });
   return view(out, input.sizes());

@@ -26,14 +26,41 @@ std::vector<InputMeta> metas(const TensorList& ts) {
   return m;
 }
 
+// When the pieces' gradients already lie side by side along d in one contiguous tensor of
+// the input's shape (the fused attention writes q, k, v's gradients into one [B, T, 3C]
+// buffer), that tensor, as a view; otherwise undefined and the caller concatenates.
+Tensor joined_view(const TensorList& g, int64_t d, const Shape& sizes, DType dtype) {
+  if (g.empty() || !g[0].defined()) return {};
+  const Tensor& first = g[0];
+  const Shape strides = contiguous_strides(sizes);
+  const int64_t step = strides[static_cast<size_t>(d)];
+  int64_t at = 0;
+  for (const Tensor& p : g) {
+    if (!p.defined() || p.dtype() != dtype || !p.storage().is_same(first.storage()) ||
+        p.sizes().size() != sizes.size() || p.strides() != strides ||
+        p.storage_offset() != first.storage_offset() + at * step)
+      return {};
+    for (int64_t i = 0; i < p.dim(); ++i)
+      if (i != d && p.size(i) != sizes[static_cast<size_t>(i)]) return {};
+    at += p.size(d);
+  }
+  if (at != sizes[static_cast<size_t>(d)]) return {};
+  const size_t end =
+      static_cast<size_t>(first.storage_offset() + shape_numel(sizes)) * dtype_size(dtype);
+  if (end > first.storage().nbytes()) return {};
+  return o::as_strided(first, sizes, strides, first.storage_offset());
+}
+
 // Records the backward of split/chunk: the pieces' gradients joined along d.
 TensorList record_split(const char* name, const Tensor& t, TensorList pieces, int64_t dim) {
   if (!autograd::needs_grad({t})) return pieces;
   const int64_t d = o::wrap_dim(dim, t.dim(), name);
-  record(name, {t}, pieces, {}, [d, dt = t.dtype()](BackwardContext&, const TensorList& g) -> TensorList {
-    // The engine hands zeros for pieces that received no gradient.
-    return {o::to(o::cat(g, d), dt)};
-  });
+  record(name, {t}, pieces, {},
+         [d, dt = t.dtype(), sizes = t.sizes()](BackwardContext&, const TensorList& g) -> TensorList {
+           if (Tensor joined = joined_view(g, d, sizes, dt); joined.defined()) return {joined};
+           // The engine hands zeros for pieces that received no gradient.
+           return {o::to(o::cat(g, d), dt)};
+         });
   return pieces;
 }
 

@@ -1,6 +1,7 @@
 // Differentiable softmax family: forward, what is saved, and backward, one function each.
-// softmax/log_softmax save their output; cross_entropy saves the logits and the targets
-// (never the softmax: its backward recomputes it, the fused classifier of llm.c);
+// softmax/log_softmax save their output; cross_entropy saves the logits, the targets and
+// each row's log-sum-exp (never the softmax: its backward recomputes it from one read of
+// the logits, the fused classifier of llm.c);
 // nll_loss saves the targets only.
 #include "autograd/softmax.h"
 
@@ -35,16 +36,25 @@ Tensor log_softmax(const Tensor& x_, int64_t dim) {
 
 Tensor cross_entropy(const Tensor& input_, const Tensor& target, int64_t ignore_index,
                      double label_smoothing, const std::string& reduction) {
-  const auto [input] = autocast::fp32("cross_entropy", input_);
+  // Under autocast, float16/bfloat16 logits are read as they are and the loss is float32
+  // (PyTorch: log_softmax(x, dtype=float32) + nll_loss), so no float32 copy of the logits is
+  // made or kept; the gradient comes back in the logits' dtype. Otherwise float32 policy.
+  const bool low = input_.defined() && autocast::is_active(input_.device()) &&
+                   (input_.dtype() == DType::float16 || input_.dtype() == DType::bfloat16);
+  const Tensor input = low ? input_ : autocast::fp32("cross_entropy", input_)[0];
   const o::LossReduction red = o::parse_loss_reduction(reduction, "cross_entropy");
-  Tensor out = o::cross_entropy(input, target, ignore_index, label_smoothing, red);
-  record("CrossEntropyBackward", {input}, {out}, {input, target},
+  o::CrossEntropyOutput r =
+      o::cross_entropy_with_lse(input, target, ignore_index, label_smoothing, red,
+                                low ? std::optional<DType>(DType::float32) : std::nullopt);
+  // Saved: the logits, the targets and each row's log-sum-exp (the backward reads the logits
+  // once: p = exp(x - lse)).
+  record("CrossEntropyBackward", {input}, {r.loss}, {input, target, r.lse},
          [ignore_index, label_smoothing, red](BackwardContext& ctx,
                                               const TensorList& g) -> TensorList {
            return {o::cross_entropy_backward(g[0], ctx.saved(0), ctx.saved(1), ignore_index,
-                                             label_smoothing, red)};
+                                             label_smoothing, red, ctx.saved(2))};
          });
-  return out;
+  return r.loss;
 }
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index,

@@ -146,26 +146,42 @@ void write_total(const Tensor& out, double total, int64_t count, ops::LossReduct
 
 }  // namespace
 
-void cross_entropy(const Tensor& out, const Tensor& input, const Tensor& target,
-                   int64_t ignore_index, double label_smoothing, ops::LossReduction reduction) {
+void cross_entropy(const Tensor& out, const Tensor& lse, const Tensor& input,
+                   const Tensor& target, int64_t ignore_index, double label_smoothing,
+                   ops::LossReduction reduction) {
   const int64_t C = input.sizes()[1], cs = input.strides()[1];
   const bool none = reduction == ops::LossReduction::none;
   TALLY_DISPATCH_FLOAT(input.dtype(), "cross_entropy", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     const T* px = base<T>(input);
-    T* po = base<T>(out);
+    const bool float_out = out.dtype() != input.dtype();  // float32 loss from 16-bit logits
+    auto put = [&](int64_t off, double v) {
+      if (float_out) base<float>(out)[off] = static_cast<float>(v);
+      else base<T>(out)[off] = static_cast<T>(static_cast<A>(v));
+    };
+    A* plse = lse.defined() ? base<A>(lse) : nullptr;
+    const Shape zero(static_cast<size_t>(input.dim()), 0);
     const A eps = static_cast<A>(label_smoothing);
     const A uniform = C > 0 ? eps / static_cast<A>(C) : A(0);
     double total = 0.0;
     int64_t count = 0;
-    for_each_loss_row(input, target, none ? out : Tensor(), [&](int64_t xo, int64_t t, int64_t oo) {
-      A loss = 0;
+    const int64_t* pt = base<int64_t>(target);
+    for_each_kept<4>(
+        input.sizes(), only_dim(input.dim(), 1),
+        {input.strides().data(), target.strides().data(), none ? out.strides().data() : zero.data(),
+         plse ? lse.strides().data() : zero.data()},
+        {input.storage_offset(), target.storage_offset(), none ? out.storage_offset() : 0,
+         plse ? lse.storage_offset() : 0},
+        [&](std::array<int64_t, 4> o) {
+      const int64_t xo = o[0], t = pt[o[1]], oo = o[2];
+      A loss = 0, row_lse = 0;
       if (t != ignore_index) {
         check_target(t, C);
         const RowStats<T> st = row_stats(px + xo, C, cs);
         // -log_softmax_c = (max - x_c) + log(sum): no cancellation against a large max.
         const A log_sum = std::log(st.sum);
+        row_lse = st.max + log_sum;
         loss = (st.max - static_cast<A>(px[xo + t * cs])) + log_sum;
         if (label_smoothing > 0.0) {
           A smooth = 0;  // sum_c -log_softmax_c, term by term
@@ -176,15 +192,18 @@ void cross_entropy(const Tensor& out, const Tensor& input, const Tensor& target,
         total += static_cast<double>(loss);
         ++count;
       }
-      if (none) po[oo] = static_cast<T>(loss);
+      if (plse) plse[o[3]] = row_lse;
+      if (none) put(oo, static_cast<double>(loss));
     });
-    if (!none) write_total<T>(out, total, count, reduction);
+    if (!none)
+      put(out.storage_offset(),
+          reduction == ops::LossReduction::sum ? total : total / static_cast<double>(count));
   });
 }
 
 void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const Tensor& input,
-                            const Tensor& target, int64_t ignore_index, double label_smoothing,
-                            ops::LossReduction reduction) {
+                            const Tensor& target, const Tensor& lse, int64_t ignore_index,
+                            double label_smoothing, ops::LossReduction reduction) {
   const int64_t C = input.sizes()[1], cs = input.strides()[1], gcs = grad_input.strides()[1];
   const bool none = reduction == ops::LossReduction::none;
   const int64_t count =
@@ -200,12 +219,15 @@ void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const 
     const A g_all = none ? A(0) : static_cast<A>(pg[grad.storage_offset()]) / static_cast<A>(count);
     const Shape zero(static_cast<size_t>(input.dim()), 0);
     const int64_t* pt = base<int64_t>(target);
-    for_each_kept<4>(input.sizes(), only_dim(input.dim(), 1),
+    const A* plse = lse.defined() ? base<A>(lse) : nullptr;
+    for_each_kept<5>(input.sizes(), only_dim(input.dim(), 1),
                      {input.strides().data(), target.strides().data(),
-                      none ? grad.strides().data() : zero.data(), grad_input.strides().data()},
+                      none ? grad.strides().data() : zero.data(), grad_input.strides().data(),
+                      plse ? lse.strides().data() : zero.data()},
                      {input.storage_offset(), target.storage_offset(),
-                      none ? grad.storage_offset() : 0, grad_input.storage_offset()},
-                     [&](std::array<int64_t, 4> o) {
+                      none ? grad.storage_offset() : 0, grad_input.storage_offset(),
+                      plse ? lse.storage_offset() : 0},
+                     [&](std::array<int64_t, 5> o) {
                        const int64_t t = pt[o[1]];
                        if (t == ignore_index) {
                          for (int64_t c = 0; c < C; ++c) pgi[o[3] + c * gcs] = static_cast<T>(A(0));
@@ -213,7 +235,13 @@ void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const 
                        }
                        check_target(t, C);
                        const A g = none ? static_cast<A>(pg[o[2]]) : g_all;
-                       const RowStats<T> st = row_stats(px + o[0], C, cs);
+                       RowStats<T> st{};
+                       if (plse) {
+                         st.max = plse[o[4]];  // p = exp(x - lse)
+                         st.sum = A(1);
+                       } else {
+                         st = row_stats(px + o[0], C, cs);
+                       }
                        const A inv = A(1) / st.sum;
                        for (int64_t c = 0; c < C; ++c) {
                          const A p = std::exp(static_cast<A>(px[o[0] + c * cs]) - st.max) * inv;

@@ -45,6 +45,15 @@ struct Operand {
   }
 };
 
+// A [B, H, T, E] float output: base pointer and b, h, t strides (last dim dense).
+struct OutOperand {
+  float* p;
+  int64_t sb, sh, st;
+  __device__ __forceinline__ float* rows(int bh, int H) const {
+    return p + static_cast<int64_t>(bh / H) * sb + static_cast<int64_t>(bh % H) * sh;
+  }
+};
+
 template <int D>
 struct Cfg {
   static constexpr int ld = D + 4;        // Q/K/V/dO tiles' leading dim
@@ -141,14 +150,15 @@ __device__ __forceinline__ void pv_tile(float (&acc)[4][4 * Cfg<D>::kCols], cons
 // Writes a thread's output rows (acc[i] * mul[i], columns 4 tx + 32 c + e) to the
 // contiguous [n, E] matrix dst, rows row0 + 16 i.
 template <int D>
-__device__ __forceinline__ void store_rows(float* dst, const float (&acc)[4][4 * Cfg<D>::kCols],
+__device__ __forceinline__ void store_rows(float* dst, int64_t st,
+                                           const float (&acc)[4][4 * Cfg<D>::kCols],
                                            const float (&mul)[4], int row0, int n, int E, int tx,
                                            bool vec) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int row = row0 + 16 * i;
     if (row >= n) continue;
-    float* out = dst + static_cast<int64_t>(row) * E;
+    float* out = dst + static_cast<int64_t>(row) * st;
 #pragma unroll
     for (int c = 0; c < Cfg<D>::kCols; ++c) {
       const int col = 4 * tx + 32 * c;
@@ -170,8 +180,8 @@ __device__ __forceinline__ void store_rows(float* dst, const float (&acc)[4][4 *
 
 struct FwdArgs {
   Operand q, k, v;
-  float* o;    // [B, H, L, E] contiguous
-  float* lse;  // [B, H, L]
+  OutOperand o;  // [B, H, L, E]
+  float* lse;    // [B, H, L] contiguous
   int H, L, S, E;
   float scale_log2;
   bool causal, vec_in, vec_out;
@@ -283,22 +293,21 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
       p.lse[static_cast<int64_t>(bh) * p.L + row] =
           li > 0.f ? (m[i] + log2f(li)) * kLn2 : -INFINITY;
   }
-  store_rows<D>(p.o + static_cast<int64_t>(bh) * p.L * p.E, o, inv, q0 + ty, p.L, p.E, tx,
-                p.vec_out);
+  store_rows<D>(p.o.rows(bh, p.H), p.o.st, o, inv, q0 + ty, p.L, p.E, tx, p.vec_out);
 }
 
 // ------------------------------------------------------------------ backward
 
 // dvec[row] = sum_d dO[row, d] * O[row, d], one warp a row; also zeroes dq's row.
-__global__ void attention_bwd_prep_fp32_kernel(Operand dout, Operand out, float* dvec, float* dq,
-                                               int H, int L, int E, int64_t rows) {
+__global__ void attention_bwd_prep_fp32_kernel(Operand dout, Operand out, float* dvec,
+                                               OutOperand dq, int H, int L, int E, int64_t rows) {
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   const int bh = static_cast<int>(row / L), i = static_cast<int>(row % L);
   const float* g = dout.rows(bh, H) + static_cast<int64_t>(i) * dout.st;
   const float* o = out.rows(bh, H) + static_cast<int64_t>(i) * out.st;
-  float* dqrow = dq + row * E;
+  float* dqrow = dq.rows(bh, H) + static_cast<int64_t>(i) * dq.st;
   float acc = 0.f;
   for (int d = lane; d < E; d += 32) {
     acc = fmaf(g[d * dout.sd], o[d * out.sd], acc);
@@ -312,9 +321,9 @@ struct BwdArgs {
   Operand q, k, v, dout;
   const float* lse;   // [B, H, L]
   const float* dvec;  // [B, H, L]
-  float* dq;          // [B, H, L, E] contiguous, zeroed
-  float* dk;          // [B, H, S, E] contiguous
-  float* dv;
+  OutOperand dq;      // [B, H, L, E], zeroed by the prep kernel
+  OutOperand dk;      // [B, H, S, E]
+  OutOperand dv;
   int H, L, S, E;
   float scale, scale_log2;
   bool causal, vec_in, vec_out;
@@ -433,7 +442,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_fp32_kernel(BwdArgs p)
       for (int i = 0; i < 4; ++i) {
         const int q = q0 + 4 * ty + i;
         if (q >= p.L) continue;
-        float* dst = p.dq + (row_base + q) * p.E;
+        float* dst = p.dq.rows(bh, p.H) + static_cast<int64_t>(q) * p.dq.st;
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
           const int col = 4 * tx + 32 * c;
@@ -450,9 +459,8 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_fp32_kernel(BwdArgs p)
     }
   }
   const float one[4] = {1.f, 1.f, 1.f, 1.f};
-  const int64_t kbase = static_cast<int64_t>(bh) * p.S * p.E;
-  store_rows<D>(p.dv + kbase, dv, one, k0 + ty, p.S, p.E, tx, p.vec_out);
-  store_rows<D>(p.dk + kbase, dk, one, k0 + ty, p.S, p.E, tx, p.vec_out);
+  store_rows<D>(p.dv.rows(bh, p.H), p.dv.st, dv, one, k0 + ty, p.S, p.E, tx, p.vec_out);
+  store_rows<D>(p.dk.rows(bh, p.H), p.dk.st, dk, one, k0 + ty, p.S, p.E, tx, p.vec_out);
 }
 
 // ------------------------------------------------------------------ launchers
@@ -460,6 +468,14 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_fp32_kernel(BwdArgs p)
 Operand operand(const Tensor& t) {
   return {static_cast<const float*>(t.storage().data()) + t.storage_offset(), t.strides()[0],
           t.strides()[1], t.strides()[2], t.strides()[3]};
+}
+
+// Outputs are allocated by tensor/attention.cpp with a dense last dim.
+OutOperand out_operand(const Tensor& t) {
+  if (t.size(3) > 1 && t.strides()[3] != 1)
+    throw std::invalid_argument("flash_attention (float32): outputs need a dense last dim");
+  return {static_cast<float*>(t.storage().data()) + t.storage_offset(), t.strides()[0],
+          t.strides()[1], t.strides()[2]};
 }
 
 // Whether every row of t starts 16-byte aligned with a dense last dim (float4 loads).
@@ -510,7 +526,7 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
   FwdArgs p{operand(q),
             operand(k),
             operand(v),
-            static_cast<float*>(out.storage().data()) + out.storage_offset(),
+            out_operand(out),
             static_cast<float*>(lse.storage().data()) + lse.storage_offset(),
             static_cast<int>(q.size(1)),
             static_cast<int>(q.size(2)),
@@ -519,7 +535,7 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
             static_cast<float>(scale * 1.4426950408889634),
             causal,
             rows_aligned(q) && rows_aligned(k) && rows_aligned(v),
-            vec_out};
+            vec_out && rows_aligned(out)};
   constexpr size_t smem = sizeof(float) * fwd_smem_floats<D>();
   set_smem(attention_fwd_fp32_kernel<D>, smem, "flash_attention_forward (float32)");
   const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)),
@@ -536,7 +552,7 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), S = k.size(2);
   const int64_t rows = B * H * L;
   Tensor dvec = ops::empty({B, H, L}, DType::float32, q.device());
-  float* dqp = static_cast<float*>(dq.storage().data()) + dq.storage_offset();
+  const OutOperand dqp = out_operand(dq);
   if (rows > 0) {
     attention_bwd_prep_fp32_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0,
                                      stream(dev)>>>(
@@ -552,8 +568,8 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
             static_cast<const float*>(lse.storage().data()) + lse.storage_offset(),
             static_cast<const float*>(dvec.data_ptr()),
             dqp,
-            static_cast<float*>(dk.storage().data()) + dk.storage_offset(),
-            static_cast<float*>(dv.storage().data()) + dv.storage_offset(),
+            out_operand(dk),
+            out_operand(dv),
             static_cast<int>(H),
             static_cast<int>(L),
             static_cast<int>(S),
@@ -562,7 +578,7 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
             static_cast<float>(scale * 1.4426950408889634),
             causal,
             rows_aligned(q) && rows_aligned(k) && rows_aligned(v) && rows_aligned(dout),
-            E % 4 == 0};
+            rows_aligned(dq) && rows_aligned(dk) && rows_aligned(dv)};
   constexpr size_t smem = sizeof(float) * bwd_smem_floats<D>();
   set_smem(attention_bwd_fp32_kernel<D>, smem, "flash_attention_backward (float32)");
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((S + kBN - 1) / kBN));

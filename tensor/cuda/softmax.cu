@@ -100,6 +100,71 @@ __device__ __forceinline__ void row_stats(const T* p, int64_t n, int64_t s, A& m
   max = mr;
 }
 
+// A row of n contiguous elements as an unaligned head (fewer than one 16-byte pack), whole
+// 16-byte packs of V = 16 / sizeof(T) elements and a tail: head elements before the first
+// 16-byte boundary (p must be sizeof(T)-aligned, as every tensor element is).
+template <typename T>
+struct RowSplit {
+  static constexpr int V = 16 / sizeof(T);
+  int64_t head, packs;
+  __device__ __forceinline__ RowSplit(const T* p, int64_t n) {
+    const auto misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) % 16);
+    head = misalign == 0 ? 0 : (16 - misalign) / static_cast<int64_t>(sizeof(T));
+    if (head > n) head = n;
+    packs = (n - head) / V;
+  }
+};
+
+template <typename T>
+struct alignas(16) RowPack {
+  T v[16 / sizeof(T)];
+};
+
+// row_stats for a contiguous row (stride 1): 16-byte loads, two packs in flight a lane.
+template <Mode M, typename T, typename A = dacc_t<T>>
+__device__ __forceinline__ void row_stats_contig(const T* p, int64_t n, A& max, A& sum) {
+  constexpr int G = Walk<M>::kLanes;
+  using P = RowPack<T>;
+  constexpr int V = RowSplit<T>::V;
+  const int lane = Walk<M>::lane();
+  const RowSplit<T> sp(p, n);
+  A m = neg_inf<A>(), e = 0;
+  for (int64_t i = lane; i < sp.head; i += G) online_add(static_cast<A>(load(p[i])), m, e);
+  const P* pp = reinterpret_cast<const P*>(p + sp.head);
+  int64_t j = lane;
+  for (; j + G < sp.packs; j += 2 * G) {
+    const P x0 = pp[j], x1 = pp[j + G];
+    A mc = m;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const A a = static_cast<A>(load(x0.v[k])), b = static_cast<A>(load(x1.v[k]));
+      mc = a > mc ? a : mc;
+      mc = b > mc ? b : mc;
+    }
+    if (mc > m) {
+      e *= exp_(m - mc);  // m = -inf: e is 0 and stays 0
+      m = mc;
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const A a = static_cast<A>(load(x0.v[k])), b = static_cast<A>(load(x1.v[k]));
+      if (a != neg_inf<A>()) e += exp_(a - m);
+      if (b != neg_inf<A>()) e += exp_(b - m);
+    }
+  }
+  for (; j < sp.packs; j += G) {
+    const P x0 = pp[j];
+#pragma unroll
+    for (int k = 0; k < V; ++k) online_add(static_cast<A>(load(x0.v[k])), m, e);
+  }
+  for (int64_t i = sp.head + sp.packs * V + lane; i < n; i += G)
+    online_add(static_cast<A>(load(p[i])), m, e);
+  const A mr = rows::group_reduce<M>(m, rows::MaxOp{});
+  const A scaled = e == A(0) ? A(0) : e * exp_(m - mr);
+  sum = rows::group_reduce<M>(scaled, rows::SumOp{});
+  max = mr;
+}
+
 // ------------------------------------------------------------------ softmax
 
 template <typename T, Mode M>
@@ -158,18 +223,19 @@ __global__ void softmax_backward_kernel(T* grad_input, const T* grad, const T* y
 // ------------------------------------------------------------------ losses
 
 // Per row: the loss into out (reduction none: out offsets from kept operand 2) or into
-// partial[r] with partial[nrows + r] = 1 when the row counts (sum/mean; out is null).
-// kept operands: input, target, out.
-template <typename T, Mode M>
-__global__ void cross_entropy_kernel(T* out, double* partial, const T* x, const int64_t* target,
-                                     int64_t nrows, int64_t C, int64_t cs, Indexer<3> kept,
-                                     int64_t ignore_index, dacc_t<T> eps, dacc_t<T> uniform,
-                                     bool smoothing) {
+// partial[r] with partial[nrows + r] = 1 when the row counts (sum/mean; out is null), and
+// the row's log-sum-exp into lse when asked (0 for a row that does not count).
+// kept operands: input, target, out, lse.
+template <typename T, typename OutT, Mode M>
+__global__ void cross_entropy_kernel(OutT* out, double* partial, dacc_t<T>* lse, const T* x,
+                                     const int64_t* target, int64_t nrows, int64_t C, int64_t cs,
+                                     Indexer<4> kept, int64_t ignore_index, dacc_t<T> eps,
+                                     dacc_t<T> uniform, bool smoothing) {
   using A = dacc_t<T>;
   constexpr int G = Walk<M>::kLanes;
   const int lane = Walk<M>::lane();
   for (RowIter<M> it(nrows); it.more(); it.next()) {
-    int64_t o[3] = {0, 0, 0};
+    int64_t o[4] = {0, 0, 0, 0};
     if (it.active) kept.get(it.row, o);
     const int64_t t = it.active ? target[o[1]] : ignore_index;
     const bool counted = t != ignore_index;
@@ -178,7 +244,8 @@ __global__ void cross_entropy_kernel(T* out, double* partial, const T* x, const 
     const T* px = x + o[0];
     A m, e, gap = 0;  // max, sum(exp(x - max)), sum(max - x)
     if (!smoothing) {
-      row_stats<M>(px, len, cs, m, e);  // one read of the row
+      if (cs == 1 && G > 1) row_stats_contig<M>(px, len, m, e);  // one read of the row
+      else row_stats<M>(px, len, cs, m, e);
     } else {
       m = neg_inf<A>();
       for (int64_t c = lane; c < len; c += G) {
@@ -206,8 +273,9 @@ __global__ void cross_entropy_kernel(T* out, double* partial, const T* x, const 
       loss = quiet_nan<A>();  // out of bounds: cannot throw from the device
     }
     if (it.active && lane == 0) {
+      if (lse) lse[o[3]] = valid ? m + log_(e) : A(0);
       if (out) {
-        out[o[2]] = store<T>(loss);
+        out[o[2]] = store<OutT>(loss);
       } else {
         partial[it.row] = static_cast<double>(loss);
         partial[nrows + it.row] = counted ? 1.0 : 0.0;
@@ -288,12 +356,16 @@ __global__ void count_targets_kernel(unsigned long long* count, const int64_t* t
   if (threadIdx.x == 0 && c != 0) atomicAdd(count, static_cast<unsigned long long>(c));
 }
 
-// kept operands: input, target, grad (zero strides unless reduction none), grad_input.
+// kept operands: input, target, grad (zero strides unless reduction none), grad_input, lse
+// (the forward's row log-sum-exp; null: recomputed here from a first read of the row).
+// Contiguous rows of input and grad_input that share their 16-byte alignment are read and
+// written 16 bytes at a time.
 template <typename T, Mode M>
 __global__ void cross_entropy_backward_kernel(T* grad_input, const T* grad, const T* x,
-                                              const int64_t* target, const int64_t* count,
-                                              int64_t nrows, int64_t C, int64_t cs, int64_t gcs,
-                                              Indexer<4> kept, int64_t grad_offset, bool none,
+                                              const dacc_t<T>* lse, const int64_t* target,
+                                              const int64_t* count, int64_t nrows, int64_t C,
+                                              int64_t cs, int64_t gcs, Indexer<5> kept,
+                                              int64_t grad_offset, bool none,
                                               int64_t ignore_index, dacc_t<T> eps,
                                               dacc_t<T> uniform) {
   using A = dacc_t<T>;
@@ -305,16 +377,21 @@ __global__ void cross_entropy_backward_kernel(T* grad_input, const T* grad, cons
     if (count) g_all = g_all / static_cast<A>(*count);
   }
   for (RowIter<M> it(nrows); it.more(); it.next()) {
-    int64_t o[4] = {0, 0, 0, 0};
+    int64_t o[5] = {0, 0, 0, 0, 0};
     if (it.active) kept.get(it.row, o);
     const int64_t t = it.active ? target[o[1]] : ignore_index;
     const bool ignored = t == ignore_index;
     const bool valid = !ignored && t >= 0 && t < C;
     const T* px = x + o[0];
     T* pgi = grad_input + o[3];
-    A m, s;
-    row_stats<M>(px, valid ? C : 0, cs, m, s);  // every lane of a block comes here
-    if (!it.active) continue;
+    A m, s = A(1);
+    if (lse) {
+      if (!it.active) continue;  // no group reduction below: lanes may leave
+      m = valid ? lse[o[4]] : A(0);  // p = exp(x - lse)
+    } else {
+      row_stats<M>(px, valid ? C : 0, cs, m, s);  // every lane of a block comes here
+      if (!it.active) continue;
+    }
     if (!valid) {
       const A fill = ignored ? A(0) : quiet_nan<A>();  // NaN: target out of bounds
       for (int64_t c = lane; c < C; c += G) pgi[c * gcs] = store<T>(fill);
@@ -322,10 +399,43 @@ __global__ void cross_entropy_backward_kernel(T* grad_input, const T* grad, cons
     }
     const A g = none ? load(grad[o[2]]) : g_all;
     const A inv = A(1) / s;
-    for (int64_t c = lane; c < C; c += G) {
-      const A p = exp_(load(px[c * cs]) - m) * inv;
+    auto value = [&](A xv, int64_t c) {
+      const A p = exp_(xv - m) * inv;
       const A q = (c == t ? A(1) - eps : A(0)) + uniform;
-      pgi[c * gcs] = store<T>((p - q) * g);
+      return store<T>((p - q) * g);
+    };
+    if (cs == 1 && gcs == 1 && G > 1 &&
+        reinterpret_cast<uintptr_t>(px) % 16 == reinterpret_cast<uintptr_t>(pgi) % 16) {
+      using P = RowPack<T>;
+      constexpr int V = RowSplit<T>::V;
+      const RowSplit<T> sp(px, C);
+      for (int64_t c = lane; c < sp.head; c += G) pgi[c] = value(load(px[c]), c);
+      const P* xp = reinterpret_cast<const P*>(px + sp.head);
+      P* gp = reinterpret_cast<P*>(pgi + sp.head);
+      int64_t j = lane;
+      for (; j + G < sp.packs; j += 2 * G) {
+        const P x0 = xp[j], x1 = xp[j + G];
+        P y0, y1;
+        const int64_t c0 = sp.head + j * V, c1 = sp.head + (j + G) * V;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          y0.v[k] = value(load(x0.v[k]), c0 + k);
+          y1.v[k] = value(load(x1.v[k]), c1 + k);
+        }
+        gp[j] = y0;
+        gp[j + G] = y1;
+      }
+      for (; j < sp.packs; j += G) {
+        const P x0 = xp[j];
+        P y0;
+        const int64_t c0 = sp.head + j * V;
+#pragma unroll
+        for (int k = 0; k < V; ++k) y0.v[k] = value(load(x0.v[k]), c0 + k);
+        gp[j] = y0;
+      }
+      for (int64_t c = sp.head + sp.packs * V + lane; c < C; c += G) pgi[c] = value(load(px[c]), c);
+    } else {
+      for (int64_t c = lane; c < C; c += G) pgi[c * gcs] = value(load(px[c * cs]), c);
     }
   }
 }
@@ -462,8 +572,9 @@ void softmax_backward(const Tensor& grad_input, const Tensor& grad, const Tensor
   check_launch(name);
 }
 
-void cross_entropy(const Tensor& out, const Tensor& input, const Tensor& target,
-                   int64_t ignore_index, double label_smoothing, ops::LossReduction reduction) {
+void cross_entropy(const Tensor& out, const Tensor& lse, const Tensor& input,
+                   const Tensor& target, int64_t ignore_index, double label_smoothing,
+                   ops::LossReduction reduction) {
   const bool none = reduction == ops::LossReduction::none;
   const Shape kept = loss_rows(input);
   const int64_t nrows = shape_numel(kept), C = input.sizes()[1], cs = input.strides()[1];
@@ -471,9 +582,12 @@ void cross_entropy(const Tensor& out, const Tensor& input, const Tensor& target,
   const int dev = input.device().index;
   DeviceGuard guard(dev);
   const Shape zero(static_cast<size_t>(input.dim()), 0);
-  const Indexer<3> ix = make_indexer<3>(
-      kept, {&input.strides(), &target.strides(), none ? &out.strides() : &zero},
-      {input.storage_offset(), target.storage_offset(), none ? out.storage_offset() : 0});
+  const Indexer<4> ix = make_indexer<4>(
+      kept,
+      {&input.strides(), &target.strides(), none ? &out.strides() : &zero,
+       lse.defined() ? &lse.strides() : &zero},
+      {input.storage_offset(), target.storage_offset(), none ? out.storage_offset() : 0,
+       lse.defined() ? lse.storage_offset() : 0});
   Tensor partial = none ? Tensor() : scratch(2 * nrows, DType::float64, input.device());
   double* pp = none ? nullptr : static_cast<double*>(partial.data_ptr());
   const Mode mode = rows::choose(nrows, C, cs == 1);
@@ -482,26 +596,35 @@ void cross_entropy(const Tensor& out, const Tensor& input, const Tensor& target,
     using A = acc_t<scalar_t>;
     const A eps = static_cast<A>(label_smoothing);
     const A uniform = C > 0 ? eps / static_cast<A>(C) : A(0);
-    if (nrows > 0) {
-      rows::launch_rows(mode, nrows, [&](auto mode_c, unsigned grid) {
-        constexpr Mode M = decltype(mode_c)::value;
-        cross_entropy_kernel<T, M><<<grid, Walk<M>::kThreads, 0, stream(dev)>>>(
-            none ? dptr<scalar_t>(out) : nullptr, pp, dptr<scalar_t>(input),
-            static_cast<const int64_t*>(target.storage().data()), nrows, C, cs, ix, ignore_index,
-            eps, uniform, label_smoothing > 0.0);
-      });
-      check_launch("cross_entropy");
+    A* plse = lse.defined() ? static_cast<A*>(lse.storage().data()) : nullptr;
+    // The loss in the input's dtype, or float32 (autocast: float16/bfloat16 logits).
+    auto run = [&]<typename OutT>() {
+      OutT* po = static_cast<OutT*>(out.storage().data());
+      if (nrows > 0) {
+        rows::launch_rows(mode, nrows, [&](auto mode_c, unsigned grid) {
+          constexpr Mode M = decltype(mode_c)::value;
+          cross_entropy_kernel<T, OutT, M><<<grid, Walk<M>::kThreads, 0, stream(dev)>>>(
+              none ? po : nullptr, pp, plse, dptr<scalar_t>(input),
+              static_cast<const int64_t*>(target.storage().data()), nrows, C, cs, ix,
+              ignore_index, eps, uniform, label_smoothing > 0.0);
+        });
+        check_launch("cross_entropy");
+      }
+      if (!none)
+        sum_partials<OutT>(po + out.storage_offset(), pp, nrows,
+                           reduction == ops::LossReduction::mean, input.device(),
+                           "cross_entropy (total)");
+    };
+    if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) {
+      if (out.dtype() == DType::float32) return run.template operator()<float>();
     }
-    if (!none)
-      sum_partials<T>(dptr<scalar_t>(out) + out.storage_offset(), pp, nrows,
-                      reduction == ops::LossReduction::mean, input.device(),
-                      "cross_entropy (total)");
+    run.template operator()<T>();
   });
 }
 
 void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const Tensor& input,
-                            const Tensor& target, int64_t ignore_index, double label_smoothing,
-                            ops::LossReduction reduction) {
+                            const Tensor& target, const Tensor& lse, int64_t ignore_index,
+                            double label_smoothing, ops::LossReduction reduction) {
   const bool none = reduction == ops::LossReduction::none;
   const Shape kept = loss_rows(input);
   const int64_t nrows = shape_numel(kept), C = input.sizes()[1], cs = input.strides()[1];
@@ -516,11 +639,12 @@ void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const 
                            : Tensor();
   const int64_t* pc = count.defined() ? static_cast<const int64_t*>(count.data_ptr()) : nullptr;
   const Shape zero(static_cast<size_t>(input.dim()), 0);
-  const Indexer<4> ix = make_indexer<4>(
-      kept, {&input.strides(), &target.strides(), none ? &grad.strides() : &zero,
-             &grad_input.strides()},
+  const Indexer<5> ix = make_indexer<5>(
+      kept,
+      {&input.strides(), &target.strides(), none ? &grad.strides() : &zero,
+       &grad_input.strides(), lse.defined() ? &lse.strides() : &zero},
       {input.storage_offset(), target.storage_offset(), none ? grad.storage_offset() : 0,
-       grad_input.storage_offset()});
+       grad_input.storage_offset(), lse.defined() ? lse.storage_offset() : 0});
   const Mode mode = rows::choose(nrows, C, cs == 1);
   TALLY_DISPATCH_FLOAT(input.dtype(), "cross_entropy_backward", [&] {
     using T = dev_t<scalar_t>;
@@ -531,6 +655,7 @@ void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const 
       constexpr Mode M = decltype(mode_c)::value;
       cross_entropy_backward_kernel<T, M><<<grid, Walk<M>::kThreads, 0, stream(dev)>>>(
           dptr<scalar_t>(grad_input), dptr<scalar_t>(grad), dptr<scalar_t>(input),
+          lse.defined() ? static_cast<const A*>(lse.storage().data()) : nullptr,
           static_cast<const int64_t*>(target.storage().data()), pc, nrows, C, cs, gcs, ix,
           grad.storage_offset(), none, ignore_index, eps, uniform);
     });

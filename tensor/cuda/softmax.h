@@ -16,11 +16,12 @@ namespace tally::cuda {
 void softmax(const Tensor& out, const Tensor& x, int64_t dim, bool log);
 void softmax_backward(const Tensor& grad_input, const Tensor& grad, const Tensor& y, int64_t dim,
                       bool log);
-void cross_entropy(const Tensor& out, const Tensor& input, const Tensor& target,
-                   int64_t ignore_index, double label_smoothing, ops::LossReduction reduction);
+void cross_entropy(const Tensor& out, const Tensor& lse, const Tensor& input,
+                   const Tensor& target, int64_t ignore_index, double label_smoothing,
+                   ops::LossReduction reduction);
 void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const Tensor& input,
-                            const Tensor& target, int64_t ignore_index, double label_smoothing,
-                            ops::LossReduction reduction);
+                            const Tensor& target, const Tensor& lse, int64_t ignore_index,
+                            double label_smoothing, ops::LossReduction reduction);
 void nll_loss(const Tensor& out, const Tensor& input, const Tensor& target, int64_t ignore_index,
               ops::LossReduction reduction);
 void nll_loss_backward(const Tensor& grad_input, const Tensor& grad, const Tensor& target,

@@ -9,6 +9,8 @@
 // sums over rows in double; outputs keep the input's dtype. Targets are int64 class indices.
 #pragma once
 
+#include <optional>
+
 #include <string>
 
 #include "tensor/ops.h"
@@ -43,12 +45,28 @@ const char* loss_reduction_name(LossReduction r);
 // ignore_index throws std::out_of_range naming the value and C.
 Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index = -100,
                      double label_smoothing = 0.0, LossReduction reduction = LossReduction::mean);
-// d(cross_entropy)/d(input), recomputing the softmax p from `input` (nothing else saved):
+// cross_entropy that also returns each row's log-sum-exp, the one statistic its backward
+// needs: lse has the target's shape, float32 (float64 for float64 input), 0 for an ignored
+// row. loss_dtype: the loss's dtype, input's by default; float32 is allowed for float16 /
+// bfloat16 logits (autocast: PyTorch's log_softmax(dtype=float32) + nll_loss, without a
+// float32 copy of the logits).
+struct CrossEntropyOutput {
+  Tensor loss;
+  Tensor lse;
+};
+CrossEntropyOutput cross_entropy_with_lse(const Tensor& input, const Tensor& target,
+                                          int64_t ignore_index = -100,
+                                          double label_smoothing = 0.0,
+                                          LossReduction reduction = LossReduction::mean,
+                                          std::optional<DType> loss_dtype = std::nullopt);
+// d(cross_entropy)/d(input):
 //   grad_r[c] = (p_r[c] - (1 - eps) * [c == t] - eps / C) * g_r
-// g_r = grad[r] (none), grad (sum) or grad / count (mean); ignored rows get 0.
+// g_r = grad[r] (none), grad (sum) or grad / count (mean); ignored rows get 0. The softmax p
+// is exp(x - lse) with the forward's lse (one read of the logits), or recomputed from
+// `input` when lse is undefined (a statistics pass first).
 Tensor cross_entropy_backward(const Tensor& grad, const Tensor& input, const Tensor& target,
                               int64_t ignore_index, double label_smoothing,
-                              LossReduction reduction);
+                              LossReduction reduction, const Tensor& lse = Tensor());
 
 // PyTorch's nll_loss: loss_r = -input_r[target_r] over log-probabilities `input`, with
 // cross_entropy's shapes, ignore_index, reduction and out-of-range error.

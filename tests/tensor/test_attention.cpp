@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "autograd/attention.h"
+#include "autograd/shape.h"
 #include "autograd/softmax.h"
 #include "gradcheck.h"
 #include "tensor/ops/attention.h"
@@ -173,6 +174,47 @@ TEST(FlashAttentionReference, StridedSplitHeadsAndErrors) {
       {"flash_attention_forward", "leading"});
   EXPECT_FALSE(ops::flash_attention_supported(q, rand_input({2, 4, 5, 4}), v));
   EXPECT_TRUE(ops::flash_attention_supported(q, k, v));
+}
+
+// GPT's layout: q, k, v split from one [B, T, 3C] projection and viewed as heads. The output
+// comes back token-major (its transpose(1, 2) is contiguous: no copy before c_proj), the
+// gradients of q, k, v land in one [B, T, 3C] buffer and the split's backward hands that buffer
+// on as a view instead of concatenating. Values equal the unpacked path's.
+TEST(FlashAttentionReference, PackedQkvIsReadAndWrittenInPlace) {
+  const int64_t B = 2, T = 5, H = 3, D = 4, C = H * D;
+  const Tensor x = rand_input({B, T, 3 * C}, -1, 1, 40);
+  auto heads = [&](const Tensor& t) { return t.reshape({t.size(0), t.size(1), H, D}).transpose(1, 2); };
+  const Tensor g = ops::randn({B, H, T, D}, DType::float64);
+  const TensorList qkv = split(x, C, 2);
+  const Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  const Tensor out = flash_attention(q, k, v, true, 0.5);
+  EXPECT_TRUE(out.transpose(1, 2).is_contiguous());
+  out.backward(g);
+  const Tensor packed_grad = x.grad();
+  ASSERT_TRUE(packed_grad.defined());
+
+  const ops::FlashAttentionOutput r = ops::flash_attention_forward(q, k, v, true, 0.5);
+  const ops::FlashAttentionGrads d = ops::flash_attention_backward(g, q, k, v, r.out, r.lse, true, 0.5);
+  EXPECT_TRUE(d.dq.storage().is_same(d.dk.storage()));
+  EXPECT_TRUE(d.dq.storage().is_same(d.dv.storage()));
+  EXPECT_EQ(d.dk.storage_offset() - d.dq.storage_offset(), C);
+
+  // The same attention on contiguous copies (separate gradients, concatenated by the split).
+  x.set_grad(Tensor());
+  const TensorList qkv2 = split(x, C, 2);
+  const Tensor out2 = flash_attention(heads(qkv2[0]).contiguous(), heads(qkv2[1]).contiguous(),
+                                      heads(qkv2[2]).contiguous(), true, 0.5);
+  EXPECT_TRUE(values_near(out, out2.tolist(), 1e-12));
+  out2.backward(g);
+  EXPECT_TRUE(values_near(packed_grad, x.grad().tolist(), 1e-12));
+
+  // And against finite differences through the split.
+  EXPECT_TRUE(gradcheck(
+      [&](const TensorList& in) {
+        const TensorList p = split(in[0], C, 2);
+        return flash_attention(heads(p[0]), heads(p[1]), heads(p[2]), true, 0.5);
+      },
+      {rand_input({1, 3, 3 * C}, -1, 1, 41)}));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // form), what backward saves, lower-precision dtypes and the error messages.
 #include <cmath>
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "autograd/softmax.h"
 #include "gradcheck.h"
@@ -190,20 +191,94 @@ TEST(CrossEntropy, MatchesLogSoftmaxThenNllLoss) {
   }
 }
 
-TEST(CrossEntropy, BackwardSavesOnlyLogitsAndTargets) {
+TEST(CrossEntropy, BackwardSavesLogitsTargetsAndRowLse) {
   const Tensor logits = rand_input({4, 6}, -1, 1, 7);
   const Tensor t = targets({0, 5, 2, -100}, {4});
   const Tensor loss = cross_entropy(logits, t, -100, 0.1);
   const auto saved = saved_of(loss);
-  ASSERT_EQ(saved.size(), 2u);
+  ASSERT_EQ(saved.size(), 3u);
   EXPECT_TRUE(saved[0]->held().storage().is_same(logits.storage()));
   EXPECT_TRUE(saved[1]->held().storage().is_same(t.storage()));
-  EXPECT_EQ(saved_of(loss)[0]->held().nbytes() + saved_of(loss)[1]->held().nbytes(),
-            logits.nbytes() + t.nbytes());
+  // One float64 per row besides: never the [N, C] softmax.
+  EXPECT_EQ(saved[2]->held().nbytes(), 4 * sizeof(double));
   // nll_loss keeps only the targets.
   const Tensor nl = nll_loss(logits, t);
   ASSERT_EQ(saved_of(nl).size(), 1u);
   EXPECT_TRUE(saved_of(nl)[0]->held().storage().is_same(t.storage()));
+}
+
+// cross_entropy_with_lse: lse is each row's log(sum(exp(x))) in the target's shape (0 for an
+// ignored row); the backward from it equals the backward that recomputes the statistics.
+TEST(CrossEntropy, SavedLseIsTheRowLogSumExp) {
+  const Tensor x = rand_input({5, 7}, -4, 4, 11).detach();
+  const Tensor t = targets({0, 6, -100, 3, 3}, {5});
+  for (double eps : {0.0, 0.1}) {
+    const ops::CrossEntropyOutput r =
+        ops::cross_entropy_with_lse(x, t, -100, eps, ops::LossReduction::mean);
+    ASSERT_EQ(r.lse.sizes(), Shape({5}));
+    ASSERT_EQ(r.lse.dtype(), DType::float64);
+    const std::vector<double> xs = x.tolist(), lse = r.lse.tolist();
+    for (int64_t i = 0; i < 5; ++i) {
+      double sum = 0;
+      for (int64_t c = 0; c < 7; ++c) sum += std::exp(xs[static_cast<size_t>(i * 7 + c)]);
+      EXPECT_NEAR(lse[static_cast<size_t>(i)], i == 2 ? 0.0 : std::log(sum), 1e-12) << i;
+    }
+    EXPECT_NEAR(r.loss.item(), ops::cross_entropy(x, t, -100, eps).item(), 1e-14);
+    for (auto red : {ops::LossReduction::mean, ops::LossReduction::sum, ops::LossReduction::none}) {
+      const ops::CrossEntropyOutput rr = ops::cross_entropy_with_lse(x, t, -100, eps, red);
+      const Tensor g = red == ops::LossReduction::none ? ops::randn({5}, DType::float64)
+                                                       : ops::full({}, 0.75, DType::float64);
+      const Tensor with = ops::cross_entropy_backward(g, x, t, -100, eps, red, rr.lse);
+      const Tensor without = ops::cross_entropy_backward(g, x, t, -100, eps, red);
+      EXPECT_TRUE(values_near(with, without.tolist(), 1e-12));
+    }
+  }
+  // Spatial input [N, C, S]: lse is [N, S].
+  const Tensor xs = rand_input({2, 3, 4}, -2, 2, 12).detach();
+  const Tensor ts = targets({0, 1, 2, 0, 2, 2, 1, 0}, {2, 4});
+  const ops::CrossEntropyOutput rs = ops::cross_entropy_with_lse(xs, ts);
+  EXPECT_EQ(rs.lse.sizes(), Shape({2, 4}));
+  EXPECT_TRUE(values_near(ops::cross_entropy_backward(ops::full({}, 1.0, DType::float64), xs, ts,
+                                                      -100, 0.0, ops::LossReduction::mean, rs.lse),
+                          ops::cross_entropy_backward(ops::full({}, 1.0, DType::float64), xs, ts,
+                                                      -100, 0.0, ops::LossReduction::mean)
+                              .tolist(),
+                          1e-12));
+  // A wrong lse is refused by name.
+  expect_error<std::invalid_argument>(
+      [&] {
+        (void)ops::cross_entropy_backward(ops::full({}, 1.0, DType::float64), xs, ts, -100, 0.0,
+                                          ops::LossReduction::mean, ops::zeros({8}, DType::float64));
+      },
+      {"cross_entropy_backward", "lse"});
+  expect_error<std::invalid_argument>(
+      [&] { (void)ops::cross_entropy_with_lse(xs, ts, -100, 0.0, ops::LossReduction::mean, DType::float16); },
+      {"cross_entropy", "float16"});
+}
+
+// Under autocast, float16/bfloat16 logits stay as they are (no float32 copy is made or
+// saved), the loss is float32 and the gradient comes back in the logits' dtype.
+TEST(CrossEntropy, AutocastReadsLowPrecisionLogitsInPlace) {
+  const Tensor x = rand_input({6, 10}, -3, 3, 8).detach();
+  const Tensor t = targets({0, 9, 3, -100, 4, 4}, {6});
+  const double ref = cross_entropy(x, t).item();
+  for (DType d : {DType::bfloat16, DType::float16}) {
+    const Tensor xd = x.to(d).requires_grad_();
+    Tensor loss;
+    {
+      AutocastGuard autocast(DeviceType::cpu, d);
+      loss = cross_entropy(xd, t);
+    }
+    EXPECT_EQ(loss.dtype(), DType::float32) << dtype_name(d);
+    // Only the rounding of the logits themselves: the arithmetic is float32.
+    EXPECT_NEAR(loss.item(), cross_entropy(xd.detach().to(DType::float64), t).item(), 1e-5);
+    EXPECT_NEAR(loss.item(), ref, 3e-2);
+    const auto saved = saved_of(loss);
+    ASSERT_EQ(saved.size(), 3u);
+    EXPECT_TRUE(saved[0]->held().storage().is_same(xd.storage())) << dtype_name(d);
+    loss.backward();
+    EXPECT_EQ(xd.grad().dtype(), d);
+  }
 }
 
 TEST(CrossEntropy, LowPrecisionDtypes) {

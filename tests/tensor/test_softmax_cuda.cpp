@@ -204,6 +204,47 @@ TEST(CudaCrossEntropy, ForwardAndBackwardMatchTheCpu) {
   }
 }
 
+// The saved log-sum-exp and the float32 loss of 16-bit logits (autocast) against the CPU, on
+// class counts whose rows start at every 16-byte misalignment (unaligned head, 16-byte packs,
+// tail); the backward from the lse equals the one that recomputes the statistics.
+TEST(CudaCrossEntropy, SavedLseAndFloat32LossMatchTheCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 900;
+  for (DType d : kFloatDtypes) {
+    const bool low = d == DType::float16 || d == DType::bfloat16;
+    const std::optional<DType> loss_dtype =
+        low ? std::optional<DType>(DType::float32) : std::nullopt;
+    const DType ld = loss_dtype.value_or(d);
+    for (int64_t C : {int64_t{7}, int64_t{1003}, int64_t{8195}}) {
+      const Tensor x = rand_tensor({37, C}, d, ++seed, -6, 6);
+      const Tensor t = targets({37}, C, ++seed, 0.2);
+      const Tensor xg = to_gpu(x), tg = to_gpu(t);
+      for (LossReduction r : kReductions) {
+        const std::string what =
+            std::string(dtype_name(d)) + " C " + std::to_string(C) + " " + red_name(r);
+        const ops::CrossEntropyOutput rc = ops::cross_entropy_with_lse(x, t, -100, 0.0, r, loss_dtype);
+        const ops::CrossEntropyOutput rg = ops::cross_entropy_with_lse(xg, tg, -100, 0.0, r, loss_dtype);
+        EXPECT_EQ(rg.loss.dtype(), ld) << what;
+        EXPECT_TRUE(close_pointwise(rg.loss, rc.loss, pointwise_tol(ld))) << "loss " << what;
+        EXPECT_TRUE(close_pointwise(rg.lse, rc.lse, pointwise_tol(d == DType::float64 ? d : DType::float32)))
+            << "lse " << what;
+        const Tensor g = r == LossReduction::none ? rand_tensor({37}, ld, ++seed, -1.5, 1.5)
+                                                  : ops::full({}, 0.75, ld);
+        const Tensor bc = ops::cross_entropy_backward(g, x, t, -100, 0.0, r);
+        const Tensor bg = ops::cross_entropy_backward(to_gpu(g), xg, tg, -100, 0.0, r, rg.lse);
+        EXPECT_TRUE(close_pointwise(bg, bc, pointwise_tol(d))) << "backward " << what;
+        // A gradient whose rows are not 16-byte aligned like the logits' (scalar write path).
+        const Tensor xo = ops::narrow(to_gpu(rand_tensor({37, C + 1}, d, ++seed, -6, 6)), 1, 1, C);
+        const ops::CrossEntropyOutput ro = ops::cross_entropy_with_lse(xo, tg, -100, 0.0, r, loss_dtype);
+        EXPECT_TRUE(close_pointwise(ops::cross_entropy_backward(to_gpu(g), xo, tg, -100, 0.0, r, ro.lse),
+                                    ops::cross_entropy_backward(g, ops::to(xo, Device::cpu(), d), t, -100, 0.0, r),
+                                    pointwise_tol(d)))
+            << "offset backward " << what;
+      }
+    }
+  }
+}
+
 TEST(CudaCrossEntropy, AllTargetsIgnored) {
   REQUIRE_GPU();
   for (DType d : {DType::float32, DType::bfloat16}) {
