@@ -514,6 +514,75 @@ __global__ void bn_bwd_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy,
   }
 }
 
+// layer_norm / rms_norm forward for rows of at most 32 * V * K elements (V = 16 bytes of T,
+// cols % V == 0, 16-byte aligned rows): one warp a row, the row read once into registers
+// (K 16-byte packs a lane), mean and variance by warp shuffles (two passes over the
+// registers, as the block kernel's over memory), no shared memory or block barriers.
+template <typename T, typename A, int K>
+__global__ void __launch_bounds__(256)
+layer_norm_fwd_warp_kernel(T* __restrict__ out, A* __restrict__ mean, A* __restrict__ rstd,
+                           const T* __restrict__ x, const A* __restrict__ w,
+                           const A* __restrict__ b, int64_t rows, int cols, A eps) {
+  constexpr int V = 16 / sizeof(T);
+  using P = Pack<T, V>;
+  const bool center = mean != nullptr;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+       row < rows; row += warps) {
+    const T* xr = x + row * cols;
+    A v[K][V];
+    A s = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = (k * 32 + lane) * V;
+      if (c < cols) {
+        const P pk = load_pack<V>(xr, c / V);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          v[k][e] = static_cast<A>(load(pk.v[e]));
+          s += v[k][e];
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) v[k][e] = A(0);
+      }
+    }
+    const A inv_n = A(1) / static_cast<A>(cols);
+    const A mu = center ? warp_sum(s) * inv_n : A(0);
+    A ss = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if ((k * 32 + lane) * V >= cols) continue;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A d = v[k][e] - mu;
+        ss += d * d;
+      }
+    }
+    const A r = A(1) / sqrt(warp_sum(ss) * inv_n + eps);
+    if (lane == 0) {
+      if (center) mean[row] = mu;
+      rstd[row] = r;
+    }
+    T* orow = out + row * cols;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = (k * 32 + lane) * V;
+      if (c >= cols) continue;
+      P o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        A y = (v[k][e] - mu) * r;
+        if (w) y = y * w[c + e];
+        if (b) y = y + b[c + e];
+        o.v[e] = store<T>(y);
+      }
+      store_pack<V>(orow, c / V, o);
+    }
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ launchers
@@ -536,6 +605,25 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
   TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
     using T = dev_t<scalar_t>;
     using A = acc_t<scalar_t>;
+    // Rows that fit a warp's registers (GPT's 768): the one-read warp kernel.
+    constexpr int V = static_cast<int>(16 / sizeof(T));
+    const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
+    if (aligned && cols > 0 && cols % V == 0 && cols <= 32 * V * 8) {
+      const int64_t packs_per_lane = (cols / V + 31) / 32;
+      const auto wgrid = static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, kMaxGrid));
+      auto go = [&]<int K>() {
+        layer_norm_fwd_warp_kernel<T, A, K><<<wgrid, 256, 0, stream(dev)>>>(
+            ptr<T>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
+            ptr<const A>(bias), rows, static_cast<int>(cols), static_cast<A>(eps));
+      };
+      if (packs_per_lane <= 1) go.template operator()<1>();
+      else if (packs_per_lane <= 2) go.template operator()<2>();
+      else if (packs_per_lane <= 4) go.template operator()<4>();
+      else go.template operator()<8>();
+      check_launch(name);
+      return;
+    }
     layer_norm_fwd_kernel<T, A><<<grid, threads, 0, stream(dev)>>>(
         ptr<T>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
         ptr<const A>(bias), rows, cols, static_cast<A>(eps));
