@@ -488,13 +488,6 @@ bool rows_aligned(const Tensor& t) {
   return true;
 }
 
-template <typename Kernel>
-void set_smem(Kernel kernel, size_t bytes, const char* what) {
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(bytes)),
-        what);
-}
-
 void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   const int64_t E = q.size(3);
   if (q.dtype() != DType::float32 || k.dtype() != DType::float32 || v.dtype() != DType::float32 ||
@@ -537,7 +530,7 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
             rows_aligned(q) && rows_aligned(k) && rows_aligned(v),
             vec_out && rows_aligned(out)};
   constexpr size_t smem = sizeof(float) * fwd_smem_floats<D>();
-  set_smem(attention_fwd_fp32_kernel<D>, smem, "flash_attention_forward (float32)");
+  set_max_dynamic_smem(attention_fwd_fp32_kernel<D>, smem, "flash_attention_forward (float32)");
   const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)),
                   static_cast<unsigned>((p.L + kBM - 1) / kBM));
   attention_fwd_fp32_kernel<D><<<grid, kThreads, smem, stream(q.device().index)>>>(p);
@@ -580,7 +573,7 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
             rows_aligned(q) && rows_aligned(k) && rows_aligned(v) && rows_aligned(dout),
             rows_aligned(dq) && rows_aligned(dk) && rows_aligned(dv)};
   constexpr size_t smem = sizeof(float) * bwd_smem_floats<D>();
-  set_smem(attention_bwd_fp32_kernel<D>, smem, "flash_attention_backward (float32)");
+  set_max_dynamic_smem(attention_bwd_fp32_kernel<D>, smem, "flash_attention_backward (float32)");
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((S + kBN - 1) / kBN));
   attention_bwd_fp32_kernel<D><<<grid, kThreads, smem, stream(dev)>>>(p);
   check_launch("flash_attention_backward (float32)");

@@ -572,12 +572,8 @@ bool unary_fast(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
 namespace vec {
 
 int grid_for(int64_t packs, int device) {
-  static int sms[64] = {};
-  int& n = sms[device & 63];
-  if (n == 0)
-    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "device attribute");
   const int64_t want = (packs + kThreads - 1) / kThreads;
-  const int64_t cap = static_cast<int64_t>(n) * 8;
+  const int64_t cap = static_cast<int64_t>(sm_count(device)) * 8;
   return static_cast<int>(want < 1 ? 1 : (want < cap ? want : cap));
 }
 
@@ -800,10 +796,7 @@ bool sum_fast(const Tensor& out, const Tensor& t) {
   int64_t R = 0, K = 0;
   if (!is_floating(t.dtype()) || !outer_sum_shape(out, t, R, K)) return false;
   const int dev = t.device().index;
-  static int sms[64] = {};
-  int& nsm = sms[dev & 63];
-  if (nsm == 0) check(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev), "device attribute");
-  const int64_t want_blocks = static_cast<int64_t>(nsm) * 4;
+  const int64_t want_blocks = static_cast<int64_t>(sm_count(dev)) * 4;
   const bool flat = K == 1;
   // Columns a thread: one 16-byte load a row when K and the base allow (8 halves, 4 floats).
   const int vec = static_cast<int>(16 / dtype_size(t.dtype()));

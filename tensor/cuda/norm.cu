@@ -54,19 +54,6 @@ Tensor scratch(int64_t n, DType dtype, Device device) {
   return Tensor::make(Storage::allocate(bytes, device), Shape{n}, Shape{1}, 0, dtype);
 }
 
-int sm_count(int device) {
-  static std::mutex mu;
-  static std::vector<int> cache;
-  std::lock_guard lock(mu);
-  if (cache.size() <= static_cast<size_t>(device)) cache.resize(static_cast<size_t>(device) + 1, 0);
-  int& n = cache[static_cast<size_t>(device)];
-  if (n == 0) {
-    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
-          "norm: cudaDeviceGetAttribute(multiProcessorCount)");
-    if (n <= 0) n = 1;
-  }
-  return n;
-}
 
 // The statistics dtype for inputs of `dtype` (ops::norm_stat_dtype).
 DType stat_dtype(DType dtype) { return dtype == DType::float64 ? DType::float64 : DType::float32; }

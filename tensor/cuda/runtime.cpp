@@ -45,4 +45,18 @@ void synchronize(int device) {
   check(cudaStreamSynchronize(stream(device)), "cudaStreamSynchronize");
 }
 
+int sm_count(int device) {
+  static std::mutex mu;
+  static std::vector<int> cache;
+  std::lock_guard lock(mu);
+  if (cache.size() <= static_cast<size_t>(device)) cache.resize(static_cast<size_t>(device) + 1, 0);
+  int& n = cache[static_cast<size_t>(device)];
+  if (n == 0) {
+    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
+          "cudaDeviceGetAttribute(multiProcessorCount)");
+    if (n <= 0) n = 1;
+  }
+  return n;
+}
+
 }  // namespace tally::cuda

@@ -35,6 +35,15 @@ void check(cudaError_t err, const char* what);
 void check_launch(const char* what);
 // Wait for Tally's stream on `device` (an explicit measurement/readback point).
 void synchronize(int device);
+// The device's multiprocessor count, looked up once per device (grid sizing).
+int sm_count(int device);
+// Lets `kernel` take `bytes` of dynamic shared memory (above the 48 KB default).
+template <typename Kernel>
+void set_max_dynamic_smem(Kernel kernel, size_t bytes, const char* what) {
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(bytes)),
+        what);
+}
 
 // An NVTX range for the lifetime of the scope.
 class NvtxRange {
