@@ -14,13 +14,19 @@
 namespace tally::ops {
 
 struct FlashAttentionOutput {
-  Tensor out;  // [..., L, Ev], q's dtype, contiguous
+  // [..., L, Ev], q's dtype. 4-D q [B, H, L, E]: laid out token-major ([B, L, H, Ev] in
+  // memory, so out.transpose(1, 2) is contiguous: a transformer's [B, T, C] without a copy);
+  // otherwise contiguous.
+  Tensor out;
   Tensor lse;  // [..., L]: log(sum_j exp(scale * q_i . k_j)) over allowed j; float32
-               // (float64 for float64 inputs)
+               // (float64 for float64 inputs), contiguous
 };
 
 struct FlashAttentionGrads {
-  Tensor dq, dk, dv;  // the inputs' shapes and dtype, contiguous
+  // The inputs' shapes and dtype. When q, k, v are the three parts of one [B, T, 3, H, E]
+  // tensor (a [B, T, 3C] projection split and viewed as heads), views of one new buffer of
+  // that layout (the split's backward then needs no concatenation); otherwise contiguous.
+  Tensor dq, dk, dv;
 };
 
 // q [..., L, E], k [..., S, E], v [..., S, Ev], the same leading dims and dtype on one
