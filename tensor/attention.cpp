@@ -93,6 +93,11 @@ Tensor alloc_token_major(int64_t B, int64_t H, int64_t T, int64_t D, DType dtype
   return as_strided(base, {B, H, T, D}, {T * H * D, D, H * D, 1}, 0);
 }
 
+// Strides of the [B, H, T, D] heads of one part of a [B, T, 3, H, D] tensor.
+Shape packed_strides(int64_t H, int64_t T, int64_t D) {
+  return {T * 3 * H * D, D, 3 * H * D, 1};
+}
+
 // Whether q, k, v are the three parts of one [B, T, 3, H, D] tensor: a [B, T, 3C] projection
 // split into q, k, v and viewed as heads (GPT's c_attn). Their gradients then go to one such
 // buffer, and the split's backward joins them without a copy (autograd/functions/shape.cpp).
@@ -100,8 +105,8 @@ bool packed_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (q.dim() != 4 || q.sizes() != k.sizes() || q.sizes() != v.sizes()) return false;
   if (!q.storage().is_same(k.storage()) || !q.storage().is_same(v.storage())) return false;
   if (q.strides() != k.strides() || q.strides() != v.strides()) return false;
-  const int64_t H = q.size(1), T = q.size(2), D = q.size(3), C = H * D;
-  const Shape packed{T * 3 * C, D, 3 * C, 1};
+  const int64_t C = q.size(1) * q.size(3);
+  const Shape packed = packed_strides(q.size(1), q.size(2), q.size(3));
   for (size_t d = 0; d < 4; ++d)
     if (q.sizes()[d] > 1 && q.strides()[d] != packed[d]) return false;
   return k.storage_offset() == q.storage_offset() + C &&
@@ -176,10 +181,10 @@ FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q
   const Tensor o4 = as4d(to(out, q.dtype())), do4 = as4d(to(dout, q.dtype()));
   const Tensor lse3 = contiguous(to(lse, lse_dtype));
   FlashAttentionGrads g;
-  if (packed_qkv(q4, k4, v4) && q4.storage().is_same(q.storage())) {
+  if (packed_qkv(q4, k4, v4)) {
     const int64_t B = q4.size(0), H = q4.size(1), T = q4.size(2), D = q4.size(3), C = H * D;
     const Tensor buf = alloc({B, T, 3 * C}, q.dtype(), q.device());
-    const Shape st{T * 3 * C, D, 3 * C, 1};
+    const Shape st = packed_strides(H, T, D);
     g.dq = as_strided(buf, q4.sizes(), st, 0);
     g.dk = as_strided(buf, q4.sizes(), st, C);
     g.dv = as_strided(buf, q4.sizes(), st, 2 * C);

@@ -210,10 +210,16 @@ const char* loss_reduction_name(LossReduction r) {
   return "?";
 }
 
-CrossEntropyOutput cross_entropy_with_lse(const Tensor& input, const Tensor& target,
-                                          int64_t ignore_index, double label_smoothing,
-                                          LossReduction reduction,
-                                          std::optional<DType> loss_dtype) {
+namespace {
+
+// The row statistics' dtype: float32, float64 for float64 logits.
+DType lse_dtype(DType input) { return input == DType::float64 ? DType::float64 : DType::float32; }
+
+// cross_entropy's forward; the row log-sum-exp too when with_lse.
+CrossEntropyOutput cross_entropy_impl(const Tensor& input, const Tensor& target,
+                                      int64_t ignore_index, double label_smoothing,
+                                      LossReduction reduction, std::optional<DType> loss_dtype,
+                                      bool with_lse) {
   static const OpInfo info("cross_entropy");
   check_same_device(info.name, input.device(), target.device());
   DispatchScope scope(info, input, target);
@@ -224,42 +230,39 @@ CrossEntropyOutput cross_entropy_with_lse(const Tensor& input, const Tensor& tar
       !(out_dtype == DType::float32 &&
         (input.dtype() == DType::float16 || input.dtype() == DType::bfloat16)))
     throw std::invalid_argument(fmt::format(
-        "{}: the loss can be {} input's dtype or float32 for float16/bfloat16 input, got {} "
-        "for {} input",
-        info.name, dtype_name(input.dtype()), dtype_name(out_dtype), dtype_name(input.dtype())));
+        "{}: the loss dtype must be the input's ({}), or float32 for float16/bfloat16 input; "
+        "got {}",
+        info.name, dtype_name(input.dtype()), dtype_name(out_dtype)));
   const LossLayout l = loss_layout(info.name, input.sizes(), target);
   const Tensor x = batched(input);
   const bool none = reduction == LossReduction::none;
   CrossEntropyOutput r;
   r.loss = alloc(none ? row_shape(l.input_sizes) : Shape{}, out_dtype, input.device());
-  r.lse = alloc(row_shape(l.input_sizes),
-                input.dtype() == DType::float64 ? DType::float64 : DType::float32,
-                input.device());
+  if (with_lse) r.lse = alloc(row_shape(l.input_sizes), lse_dtype(input.dtype()), input.device());
   with_target_context(info.name, input.sizes(), target, [&] {
     kCrossEntropy.get(info, input.device())(r.loss, r.lse, x, l.target, ignore_index,
                                             label_smoothing, reduction);
   });
   if (none) r.loss = view(r.loss, l.loss_shape);
-  r.lse = view(r.lse, l.loss_shape);
+  if (with_lse) r.lse = view(r.lse, l.loss_shape);
   return r;
+}
+
+}  // namespace
+
+CrossEntropyOutput cross_entropy_with_lse(const Tensor& input, const Tensor& target,
+                                          int64_t ignore_index, double label_smoothing,
+                                          LossReduction reduction,
+                                          std::optional<DType> loss_dtype) {
+  return cross_entropy_impl(input, target, ignore_index, label_smoothing, reduction, loss_dtype,
+                            true);
 }
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index,
                      double label_smoothing, LossReduction reduction) {
-  static const OpInfo info("cross_entropy");
-  check_same_device(info.name, input.device(), target.device());
-  DispatchScope scope(info, input, target);
-  check_floating(info.name, input);
-  check_label_smoothing(info.name, label_smoothing);
-  const LossLayout l = loss_layout(info.name, input.sizes(), target);
-  const Tensor x = batched(input);
-  const bool none = reduction == LossReduction::none;
-  Tensor out = alloc(none ? row_shape(l.input_sizes) : Shape{}, input.dtype(), input.device());
-  with_target_context(info.name, input.sizes(), target, [&] {
-    kCrossEntropy.get(info, input.device())(out, Tensor(), x, l.target, ignore_index,
-                                            label_smoothing, reduction);
-  });
-  return none ? view(out, l.loss_shape) : out;
+  return cross_entropy_impl(input, target, ignore_index, label_smoothing, reduction,
+                            std::nullopt, false)
+      .loss;
 }
 
 Tensor cross_entropy_backward(const Tensor& grad, const Tensor& input, const Tensor& target,
@@ -276,7 +279,7 @@ Tensor cross_entropy_backward(const Tensor& grad, const Tensor& input, const Ten
   const Tensor g = loss_grad(info.name, grad, l, reduction, input.dtype());
   Tensor lse4;
   if (lse.defined()) {
-    const DType want = input.dtype() == DType::float64 ? DType::float64 : DType::float32;
+    const DType want = lse_dtype(input.dtype());
     if (lse.dtype() != want || lse.sizes() != l.loss_shape)
       throw std::invalid_argument(fmt::format(
           "{}: lse must be the forward's {} {}, got {} {}", info.name, dtype_name(want),
