@@ -819,6 +819,7 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
     return flash_attention_forward_fp32(out, lse, q, k, v, causal, scale);
   check_cuda_inputs("flash_attention_forward", q, v);
   if (out.numel() == 0) return;
+  if (cudnn_flash_attention_forward(out, lse, q, k, v, causal, scale)) return;
   NvtxRange range("flash_attention_forward");
   DeviceGuard g(q.device().index);
   with_type_and_dim(
@@ -832,6 +833,7 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
     return flash_attention_backward_fp32(dq, dk, dv, dout, q, k, v, out, lse, causal, scale);
   check_cuda_inputs("flash_attention_backward", q, v);
   if (dq.numel() == 0 && dk.numel() == 0) return;
+  if (cudnn_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, causal, scale)) return;
   NvtxRange range("flash_attention_backward");
   DeviceGuard g(q.device().index);
   with_type_and_dim(q, [&]<typename T, int D>() {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
@@ -45,18 +47,34 @@ void synchronize(int device) {
   check(cudaStreamSynchronize(stream(device)), "cudaStreamSynchronize");
 }
 
-int sm_count(int device) {
+namespace {
+
+// cudaDeviceGetAttribute(attr, device), looked up once per (attribute, device).
+int cached_attribute(cudaDeviceAttr attr, int device, const char* what) {
   static std::mutex mu;
-  static std::vector<int> cache;
+  static std::map<std::pair<int, int>, int> cache;
   std::lock_guard lock(mu);
-  if (cache.size() <= static_cast<size_t>(device)) cache.resize(static_cast<size_t>(device) + 1, 0);
-  int& n = cache[static_cast<size_t>(device)];
-  if (n == 0) {
-    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
-          "cudaDeviceGetAttribute(multiProcessorCount)");
-    if (n <= 0) n = 1;
-  }
+  const auto key = std::make_pair(static_cast<int>(attr), device);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  check(cudaDeviceGetAttribute(&n, attr, device), what);
+  cache.emplace(key, n);
   return n;
+}
+
+}  // namespace
+
+int sm_count(int device) {
+  return std::max(1, cached_attribute(cudaDevAttrMultiProcessorCount, device,
+                                      "cudaDeviceGetAttribute(multiProcessorCount)"));
+}
+
+int compute_capability(int device) {
+  return 10 * cached_attribute(cudaDevAttrComputeCapabilityMajor, device,
+                               "cudaDeviceGetAttribute(computeCapabilityMajor)") +
+         cached_attribute(cudaDevAttrComputeCapabilityMinor, device,
+                          "cudaDeviceGetAttribute(computeCapabilityMinor)");
 }
 
 }  // namespace tally::cuda

@@ -37,6 +37,8 @@ void check_launch(const char* what);
 void synchronize(int device);
 // The device's multiprocessor count, looked up once per device (grid sizing).
 int sm_count(int device);
+// The compute capability as major * 10 + minor (90 on an H200), looked up once per device.
+int compute_capability(int device);
 // Lets `kernel` take `bytes` of dynamic shared memory (above the 48 KB default).
 template <typename Kernel>
 void set_max_dynamic_smem(Kernel kernel, size_t bytes, const char* what) {

@@ -1,6 +1,7 @@
 // The fused (flash) attention on CUDA against the CPU reference kernel (label gpu: skipped
-// without a device): forward output and log-sum-exp, backward dQ, dK, dV, in bfloat16 and
-// float16 (compared in float32 against the reference run in float32 on the same rounded
+// without a device), both CUDA routes of bfloat16/float16 (cuDNN's fused kernels where cuDNN
+// takes the problem, and Tally's own FlashAttention-2 kernels): forward output and
+// log-sum-exp, backward dQ, dK, dV, in bfloat16 and float16 (compared in float32 against the reference run in float32 on the same rounded
 // values), causal and not, sequence lengths that are not multiples of the tiles (128 query
 // rows forward, 64 keys backward), L != S (causal too), head dims 64, 128 and padded 8, 40,
 // 120, long sequences with large scores, many (batch, head) pairs, GPT's strided
@@ -12,6 +13,7 @@
 
 #include "autograd/attention.h"
 #include "cuda_testing.h"
+#include "tensor/cuda/attention.h"
 #include "tensor/ops/attention.h"
 
 namespace tally {
@@ -77,9 +79,28 @@ Tensor f32_cpu(const Tensor& t) {
   return ops::to(t, kCpu, DType::float32);
 }
 
+// Selects the bfloat16/float16 route for a scope (cuDNN's kernels or Tally's own).
+class Route {
+ public:
+  explicit Route(bool cudnn) : saved_(cuda::cudnn_sdp_enabled()) { cuda::set_cudnn_sdp_enabled(cudnn); }
+  ~Route() { cuda::set_cudnn_sdp_enabled(saved_); }
+  Route(const Route&) = delete;
+  Route& operator=(const Route&) = delete;
+
+ private:
+  bool saved_;
+};
+
+const char* route_name(bool cudnn) {
+  return cudnn ? "cuDNN route" : "Tally kernels";
+}
+
 TEST(CudaFlashAttention, ForwardMatchesTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 100;
+  for (const bool cudnn : {true, false}) {
+  const Route route(cudnn);
+  SCOPED_TRACE(route_name(cudnn));
   for (const Case& c : kCases) {
     for (const DType d : {DType::bfloat16, DType::float16}) {
       const Inputs in = make_inputs(c, d, seed += 3);
@@ -97,11 +118,15 @@ TEST(CudaFlashAttention, ForwardMatchesTheCpu) {
       EXPECT_TRUE(close_scaled(f32_cpu(g.lse), r.lse, 1e-3)) << describe(c, d);
     }
   }
+  }
 }
 
 TEST(CudaFlashAttention, BackwardMatchesTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 200;
+  for (const bool cudnn : {true, false}) {
+  const Route route(cudnn);
+  SCOPED_TRACE(route_name(cudnn));
   for (const Case& c : kCases) {
     for (const DType d : {DType::bfloat16, DType::float16}) {
       const Inputs in = make_inputs(c, d, seed += 4);
@@ -122,6 +147,7 @@ TEST(CudaFlashAttention, BackwardMatchesTheCpu) {
       EXPECT_TRUE(close_scaled(f32_cpu(gg.dv), rr.dv, 2e-2)) << "dv " << describe(c, d);
     }
   }
+  }
 }
 
 // Many tiles with large scores (inputs in [-4, 4] and a scale of 1: the online softmax
@@ -130,6 +156,9 @@ TEST(CudaFlashAttention, LongSequencesWithLargeScores) {
   REQUIRE_GPU();
   const Case cases[] = {{1, 2, 1024, 1024, 64, true}, {1, 1, 640, 640, 128, false}};
   uint64_t seed = 500;
+  for (const bool cudnn : {true, false}) {
+  const Route route(cudnn);
+  SCOPED_TRACE(route_name(cudnn));
   for (const Case& c : cases) {
     for (const DType d : {DType::bfloat16, DType::float16}) {
       const Tensor q = rand_tensor({c.B, c.H, c.L, c.E}, d, seed += 5, -4, 4);
@@ -154,6 +183,7 @@ TEST(CudaFlashAttention, LongSequencesWithLargeScores) {
       EXPECT_TRUE(close_scaled(f32_cpu(gg.dk), rr.dk, 3e-2)) << "dk " << describe(c, d);
       EXPECT_TRUE(close_scaled(f32_cpu(gg.dv), rr.dv, 2e-2)) << "dv " << describe(c, d);
     }
+  }
   }
 }
 
@@ -196,6 +226,73 @@ TEST(CudaFlashAttention, SplitHeadViewsAndSdpaRouting) {
       qg.to(DType::float32), kg.to(DType::float32), vg.to(DType::float32),
       ops::zeros({T, T}, DType::float32, kGpu), 0.0, false);
   EXPECT_NE(saved_by(plain).size(), 5u);
+}
+
+// GPT-2's attention (heads of a [B, T, 3C] projection, causal, head dim 64) runs on cuDNN's
+// fused kernels on sm_80+, reading q, k, v in place and writing the gradients into one
+// packed buffer; it agrees with Tally's own kernels on the same inputs. The counters prove
+// which route ran.
+TEST(CudaFlashAttention, CudnnRunsGptAttentionAndMatchesTallysKernels) {
+  REQUIRE_GPU();
+  const int64_t B = 2, T = 512, H = 12, D = 64, C = H * D;
+  const double scale = 1.0 / 8;
+  for (const DType d : {DType::bfloat16, DType::float16}) {
+    SCOPED_TRACE(dtype_name(d));
+    const Tensor x = to_gpu(rand_tensor({B, T, 3 * C}, d, 700, -2, 2));
+    const Tensor dout = to_gpu(rand_tensor({B, H, T, D}, d, 701, -1, 1));
+    const TensorList parts = ops::split(x, C, 2);
+    Tensor qkv[3];
+    for (int i = 0; i < 3; ++i)
+      qkv[i] = ops::transpose(ops::view(parts[static_cast<size_t>(i)], {B, T, H, D}), 1, 2);
+    std::string why;
+    ASSERT_TRUE(cuda::cudnn_sdp_supported(qkv[0], qkv[1], qkv[2], true, scale, &why)) << why;
+
+    ops::FlashAttentionOutput f[2];
+    ops::FlashAttentionGrads g[2];
+    for (const bool cudnn : {true, false}) {
+      const Route route(cudnn);
+      const cuda::CudnnSdpCounts before = cuda::cudnn_sdp_counts();
+      f[cudnn] = ops::flash_attention_forward(qkv[0], qkv[1], qkv[2], true, scale);
+      g[cudnn] = ops::flash_attention_backward(dout, qkv[0], qkv[1], qkv[2], f[cudnn].out,
+                                               f[cudnn].lse, true, scale);
+      const cuda::CudnnSdpCounts after = cuda::cudnn_sdp_counts();
+      EXPECT_EQ(after.forward - before.forward, cudnn ? 1 : 0);
+      EXPECT_EQ(after.backward - before.backward, cudnn ? 1 : 0);
+      EXPECT_EQ(after.fallbacks, before.fallbacks);
+      // The gradients are the three parts of one [B, T, 3C] buffer.
+      EXPECT_TRUE(g[cudnn].dq.storage().is_same(g[cudnn].dv.storage()));
+      EXPECT_EQ(g[cudnn].dk.storage_offset() - g[cudnn].dq.storage_offset(), C);
+    }
+    EXPECT_TRUE(close_scaled(f32_cpu(f[1].out), f32_cpu(f[0].out), 1e-2));
+    EXPECT_TRUE(close_scaled(f32_cpu(f[1].lse), f32_cpu(f[0].lse), 1e-4));
+    EXPECT_TRUE(close_scaled(f32_cpu(g[1].dq), f32_cpu(g[0].dq), 2e-2));
+    EXPECT_TRUE(close_scaled(f32_cpu(g[1].dk), f32_cpu(g[0].dk), 2e-2));
+    EXPECT_TRUE(close_scaled(f32_cpu(g[1].dv), f32_cpu(g[0].dv), 2e-2));
+    // Each route's backward takes the other's forward (same log-sum-exp convention).
+    {
+      const Route route(true);
+      const ops::FlashAttentionGrads mixed = ops::flash_attention_backward(
+          dout, qkv[0], qkv[1], qkv[2], f[0].out, f[0].lse, true, scale);
+      EXPECT_TRUE(close_scaled(f32_cpu(mixed.dq), f32_cpu(g[0].dq), 2e-2));
+      EXPECT_TRUE(close_scaled(f32_cpu(mixed.dk), f32_cpu(g[0].dk), 2e-2));
+    }
+  }
+}
+
+// A problem cuDNN declines falls back to Tally's kernels with the right answer, and is
+// counted; float32 never asks for cuDNN.
+TEST(CudaFlashAttention, CudnnDeclinedProblemsFallBack) {
+  REQUIRE_GPU();
+  const Route route(true);
+  const Tensor q = to_gpu(rand_tensor({1, 2, 64, 64}, DType::float32, 710, -1, 1));
+  std::string why;
+  EXPECT_FALSE(cuda::cudnn_sdp_supported(q, q, q, true, 0.125, &why));
+  EXPECT_FALSE(why.empty());
+  const cuda::CudnnSdpCounts before = cuda::cudnn_sdp_counts();
+  ops::flash_attention_forward(q, q, q, true, 0.125);
+  const cuda::CudnnSdpCounts after = cuda::cudnn_sdp_counts();
+  EXPECT_EQ(after.forward, before.forward);
+  EXPECT_EQ(after.fallbacks, before.fallbacks) << "float32 is not a cuDNN problem at all";
 }
 
 TEST(CudaFlashAttention, NoTxTMatrixDuringForwardAndBackward) {

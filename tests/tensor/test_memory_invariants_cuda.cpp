@@ -2,17 +2,19 @@
 // allocator): after forward the bytes tagged `activation` are exactly the bytes held by
 // saved tensors, after backward none are left and `gradient` equals the parameters' size,
 // nothing is `unknown`. Plus the `workspace` category: cuBLASLt's workspace (a linear
-// forward + backward) and cuDNN's (a conv2d forward + backward) come from the caching
-// allocator under the op that used them, and are returned when the op has been enqueued.
+// forward + backward), cuDNN's (a conv2d forward + backward; its fused attention's backward)
+// come from the caching allocator under the op that used them, and are returned when the op has been enqueued.
 // Skips without a device.
 #include <unordered_set>
 
+#include "autograd/attention.h"
 #include "autograd/conv.h"
 #include "autograd/norm.h"
 #include "autograd/pool.h"
 #include "autograd/softmax.h"
 #include "cuda_testing.h"
 #include "memory/invariants.h"
+#include "tensor/cuda/attention.h"
 #include "tensor/cuda/cudnn.h"
 #include "tensor/cuda/linalg.h"
 
@@ -250,6 +252,38 @@ TEST(MemoryInvariantsCuda, Conv2dWorkspaceFromAllocator) {
     gpu_alloc().record_memory_history(false);
     w.set_grad(Tensor());
   }
+}
+
+// cuDNN's fused attention: its backward's float32 dQ accumulator and plan workspace are one
+// `workspace` block under flash_attention_backward, returned once enqueued; nothing is
+// `unknown`, and the forward saves only what the fused path saves.
+TEST(MemoryInvariantsCuda, CudnnAttentionWorkspaceFromAllocator) {
+  REQUIRE_GPU();
+  const bool saved = cuda::cudnn_sdp_enabled();
+  cuda::set_cudnn_sdp_enabled(true);
+  const int64_t B = 2, H = 4, T = 256, D = 64;
+  const Tensor host = testing::rand_tensor({B, H, T, D}, DType::float32, 41, -1, 1);
+  Tensor q = input(ops::to(host, DType::bfloat16));
+  q.requires_grad_(true);
+  memory::synchronize(kGpu);
+  restart_history();
+  const cuda::CudnnSdpCounts before = cuda::cudnn_sdp_counts();
+  {
+    memory::PhaseScope phase("forward");
+    Tensor loss = sum(scaled_dot_product_attention(q, q, q, {}, 0.0, true).to(DType::float32));
+    loss.backward();
+  }
+  memory::synchronize(kGpu);
+  cuda::set_cudnn_sdp_enabled(saved);
+  const cuda::CudnnSdpCounts after = cuda::cudnn_sdp_counts();
+  EXPECT_EQ(after.backward - before.backward, 1) << "the backward ran on cuDNN";
+  const Scan h = scan();
+  EXPECT_GT(h.workspace_allocs, 0) << "the dQ accumulator is a workspace";
+  EXPECT_TRUE(has_op_prefix(h.workspace_ops, "flash_attention_backward"));
+  EXPECT_EQ(h.workspace_frees, h.workspace_allocs) << "every workspace block is returned";
+  EXPECT_EQ(bytes(Category::workspace), 0);
+  EXPECT_EQ(h.unknown, 0);
+  gpu_alloc().record_memory_history(false);
 }
 
 }  // namespace

@@ -1,0 +1,269 @@
+#include "tensor/cuda/cudnn_graph.h"
+
+#include <fmt/format.h>
+
+namespace tally::cuda::cudnn_graph {
+
+namespace {
+
+std::string last_error() {
+  char buf[2048] = {0};
+  cudnnGetLastErrorString(buf, sizeof(buf));
+  return buf;
+}
+
+[[noreturn]] void fail(cudnnStatus_t st, const std::string& what) {
+  const std::string msg = last_error();
+  throw CudnnGraphError(fmt::format("{}: cuDNN error {} ({}){}{}", what, static_cast<int>(st),
+                                    cudnnGetErrorString(st), msg.empty() ? "" : ": ", msg),
+                        static_cast<int>(st) / 1000 == 3);  // CUDNN_STATUS_NOT_SUPPORTED*
+}
+
+void check(cudnnStatus_t st, const std::string& what) {
+  if (st != CUDNN_STATUS_SUCCESS) fail(st, what);
+}
+
+}  // namespace
+
+Descriptor::Descriptor(cudnnBackendDescriptorType_t type, const char* what) : what_(what) {
+  check(cudnnBackendCreateDescriptor(type, &desc_),
+        fmt::format("cudnnBackendCreateDescriptor ({})", what));
+}
+
+Descriptor::~Descriptor() {
+  if (desc_) cudnnBackendDestroyDescriptor(desc_);
+}
+
+void Descriptor::set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+                     int64_t count, const void* values) {
+  check(cudnnBackendSetAttribute(desc_, name, type, count, values),
+        fmt::format("cudnnBackendSetAttribute ({}, attribute {})", what_, static_cast<int>(name)));
+}
+
+void Descriptor::set_desc(cudnnBackendAttributeName_t name, const Descriptor& d) {
+  cudnnBackendDescriptor_t raw = d.get();
+  set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw);
+}
+
+void Descriptor::set_int(cudnnBackendAttributeName_t name, int64_t v) {
+  set(name, CUDNN_TYPE_INT64, 1, &v);
+}
+
+void Descriptor::set_dtype(cudnnBackendAttributeName_t name, cudnnDataType_t dt) {
+  set(name, CUDNN_TYPE_DATA_TYPE, 1, &dt);
+}
+
+cudnnStatus_t Descriptor::finalize(bool may_fail) {
+  const cudnnStatus_t st = cudnnBackendFinalize(desc_);
+  if (st != CUDNN_STATUS_SUCCESS && !may_fail) fail(st, fmt::format("cudnnBackendFinalize ({})", what_));
+  return st;
+}
+
+int64_t Graph::tensor(cudnnDataType_t dtype, std::vector<int64_t> dims, std::vector<int64_t> strides,
+                      bool is_virtual) {
+  if (dims.size() != strides.size())
+    throw std::invalid_argument(fmt::format("{}: tensor with {} dims but {} strides", name_,
+                                            dims.size(), strides.size()));
+  const int64_t uid = static_cast<int64_t>(tensors_.size()) + 1;
+  auto d = std::make_unique<Descriptor>(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor");
+  d->set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, dtype);
+  d->set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, static_cast<int64_t>(dims.size()), dims.data());
+  d->set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, static_cast<int64_t>(strides.size()),
+         strides.data());
+  d->set_int(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
+  d->set_int(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16);
+  const bool virt = is_virtual;
+  d->set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virt);
+  d->finalize();
+  tensors_.push_back(std::move(d));
+  return uid;
+}
+
+int64_t Graph::virt(cudnnDataType_t dtype, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> strides(dims.size(), 1);
+  for (size_t i = dims.size(); i-- > 1;) strides[i - 1] = strides[i] * dims[i];
+  return tensor(dtype, dims, strides, true);
+}
+
+int64_t Graph::scalar(float value) {
+  const int64_t uid = static_cast<int64_t>(tensors_.size()) + 1;
+  const std::vector<int64_t> ones{1, 1, 1, 1};
+  auto d = std::make_unique<Descriptor>(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "scalar tensor");
+  d->set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_DATA_FLOAT);
+  d->set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, ones.data());
+  d->set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, ones.data());
+  d->set_int(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
+  d->set_int(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16);
+  const bool f = false, t = true;
+  d->set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &f);
+  d->set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &t);
+  d->finalize();
+  tensors_.push_back(std::move(d));
+  scalars_.emplace_back(uid, std::make_unique<float>(value));
+  return uid;
+}
+
+const Descriptor& Graph::desc(int64_t uid) const {
+  if (uid < 1 || uid > static_cast<int64_t>(tensors_.size()))
+    throw std::invalid_argument(fmt::format("{}: no tensor with uid {}", name_, uid));
+  return *tensors_[static_cast<size_t>(uid - 1)];
+}
+
+void Graph::pointwise(cudnnPointwiseMode_t mode, int64_t x, int64_t b, int64_t t, int64_t y,
+                      cudnnDataType_t math, int64_t axis) {
+  auto pw = std::make_unique<Descriptor>(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise");
+  pw->set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+  pw->set_dtype(CUDNN_ATTR_POINTWISE_MATH_PREC, math);
+  if (axis >= 0) pw->set_int(CUDNN_ATTR_POINTWISE_AXIS, axis);
+  pw->finalize();
+  auto op = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+                                         "pointwise operation");
+  op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, *pw);
+  op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, desc(x));
+  if (b > 0) op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, desc(b));
+  if (t > 0) op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, desc(t));
+  op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, desc(y));
+  op->finalize();
+  keep_.push_back(std::move(pw));
+  ops_.push_back(std::move(op));
+}
+
+void Graph::matmul(int64_t a, int64_t b, int64_t c) {
+  auto mm = std::make_unique<Descriptor>(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul");
+  mm->set_dtype(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
+  mm->finalize();
+  auto op = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+                                         "matmul operation");
+  op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, desc(a));
+  op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, desc(b));
+  op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, desc(c));
+  op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, *mm);
+  op->finalize();
+  keep_.push_back(std::move(mm));
+  ops_.push_back(std::move(op));
+}
+
+void Graph::reduction(cudnnReduceTensorOp_t rop, int64_t x, int64_t y) {
+  auto r = std::make_unique<Descriptor>(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction");
+  r->set_dtype(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT);
+  r->set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &rop);
+  r->finalize();
+  auto op = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+                                         "reduction operation");
+  op->set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, *r);
+  op->set_desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, desc(x));
+  op->set_desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, desc(y));
+  op->finalize();
+  keep_.push_back(std::move(r));
+  ops_.push_back(std::move(op));
+}
+
+void Graph::reshape(int64_t x, int64_t y) {
+  auto op = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+                                         "reshape operation");
+  op->set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, desc(x));
+  op->set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, desc(y));
+  op->finalize();
+  ops_.push_back(std::move(op));
+}
+
+// The handle attributes are marked deprecated in cuDNN 9 headers but are still how a graph
+// and a plan are bound to a device (cuDNN's own frontend sets them the same way).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+void Graph::build(cudnnHandle_t handle) {
+  op_graph_ = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR,
+                                           "operation graph");
+  std::vector<cudnnBackendDescriptor_t> raw;
+  raw.reserve(ops_.size());
+  for (const auto& o : ops_) raw.push_back(o->get());
+  op_graph_->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                 static_cast<int64_t>(raw.size()), raw.data());
+  op_graph_->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  const cudnnStatus_t gst = op_graph_->finalize(true);
+  if (gst != CUDNN_STATUS_SUCCESS) fail(gst, fmt::format("{}: finalizing the operation graph", name_));
+
+  std::string tried;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    Descriptor heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics");
+    heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *op_graph_);
+    heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    if (heur.finalize(true) != CUDNN_STATUS_SUCCESS) {
+      tried += fmt::format(" heuristics mode {}: {};", static_cast<int>(mode), last_error());
+      continue;
+    }
+    int64_t count = 0;
+    check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+          name_ + ": counting the heuristics' results");
+    if (count <= 0) {
+      tried += fmt::format(" heuristics mode {}: no engine;", static_cast<int>(mode));
+      continue;
+    }
+    std::vector<std::unique_ptr<Descriptor>> cfgs;
+    std::vector<cudnnBackendDescriptor_t> raw_cfgs;
+    for (int64_t i = 0; i < count; ++i) {
+      cfgs.push_back(std::make_unique<Descriptor>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
+      raw_cfgs.push_back(cfgs.back()->get());
+    }
+    int64_t got = 0;
+    check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw_cfgs.data()),
+          name_ + ": reading the heuristics' results");
+    for (int64_t i = 0; i < got; ++i) {
+      auto plan = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+      plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+      plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[static_cast<size_t>(i)]);
+      const cudnnStatus_t st = plan->finalize(true);
+      if (st != CUDNN_STATUS_SUCCESS) {
+        tried += fmt::format(" config {}: {} {};", i, cudnnGetErrorString(st), last_error());
+        continue;
+      }
+      int64_t n = 0;
+      check(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                     CUDNN_TYPE_INT64, 1, &n, &workspace_),
+            name_ + ": reading the plan's workspace size");
+      // The engine's global index, for logs.
+      cudnnBackendDescriptor_t engine = nullptr;
+      if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) == CUDNN_STATUS_SUCCESS) {
+        if (cudnnBackendGetAttribute(cfgs[static_cast<size_t>(i)]->get(), CUDNN_ATTR_ENGINECFG_ENGINE,
+                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) == CUDNN_STATUS_SUCCESS)
+          cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                                   &engine_id_);
+        cudnnBackendDestroyDescriptor(engine);
+      }
+      plan_ = std::move(plan);
+      configs_ = std::move(cfgs);
+      return;
+    }
+  }
+  throw CudnnGraphError(fmt::format("{}: no cuDNN engine runs this graph:{}", name_, tried), true);
+}
+#pragma GCC diagnostic pop
+
+void Graph::execute(cudnnHandle_t handle, const std::vector<std::pair<int64_t, void*>>& pointers,
+                    void* workspace) const {
+  if (!plan_) throw std::logic_error(fmt::format("{}: execute() before build()", name_));
+  std::vector<int64_t> uids;
+  std::vector<void*> ptrs;
+  uids.reserve(pointers.size() + scalars_.size());
+  ptrs.reserve(pointers.size() + scalars_.size());
+  for (const auto& [uid, p] : pointers) {
+    uids.push_back(uid);
+    ptrs.push_back(p);
+  }
+  for (const auto& [uid, v] : scalars_) {
+    uids.push_back(uid);
+    ptrs.push_back(v.get());
+  }
+  Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()),
+           uids.data());
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+           static_cast<int64_t>(ptrs.size()), ptrs.data());
+  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  pack.finalize();
+  check(cudnnBackendExecute(handle, plan_->get(), pack.get()), name_ + ": cudnnBackendExecute");
+}
+
+}  // namespace tally::cuda::cudnn_graph

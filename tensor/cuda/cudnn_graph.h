@@ -1,0 +1,108 @@
+// A small builder over cuDNN 9's backend ("graph") API: tensors, pointwise / matmul /
+// reduction / reshape operations, an operation graph, the first engine configuration from
+// cuDNN's heuristics (mode A, then the fallback list) whose execution plan finalises, and
+// execution with a variant pack. It is what cuDNN's fused kernels (its flash attention) are
+// reached through; tensor/cuda/cudnn_sdpa.cpp builds the attention graphs with it.
+//
+// Depends only on cuDNN and fmt (no Tally types), so a graph can be built and run from a
+// standalone program while it is being brought up on a GPU. Errors throw CudnnGraphError
+// with cuDNN's own message (cudnnGetLastErrorString), naming the call and the operation.
+#pragma once
+
+#include <cudnn.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tally::cuda::cudnn_graph {
+
+// Thrown for a graph cuDNN rejects; `not_supported` when no engine can run it (the caller
+// may then fall back to another kernel), otherwise a malformed graph or a failed call.
+class CudnnGraphError : public std::runtime_error {
+ public:
+  CudnnGraphError(const std::string& what, bool not_supported)
+      : std::runtime_error(what), not_supported_(not_supported) {}
+  bool not_supported() const { return not_supported_; }
+
+ private:
+  bool not_supported_;
+};
+
+// Owner of one cudnnBackendDescriptor_t.
+class Descriptor {
+ public:
+  Descriptor(cudnnBackendDescriptorType_t type, const char* what);
+  ~Descriptor();
+  Descriptor(Descriptor&& o) noexcept : desc_(std::exchange(o.desc_, nullptr)), what_(o.what_) {}
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  Descriptor& operator=(Descriptor&&) = delete;
+
+  cudnnBackendDescriptor_t get() const { return desc_; }
+  void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
+           const void* values);
+  void set_desc(cudnnBackendAttributeName_t name, const Descriptor& d);
+  void set_int(cudnnBackendAttributeName_t name, int64_t v);
+  void set_dtype(cudnnBackendAttributeName_t name, cudnnDataType_t dt);
+  // Returns the status; throws unless it is success or (when `may_fail`) not-supported.
+  cudnnStatus_t finalize(bool may_fail = false);
+
+ private:
+  cudnnBackendDescriptor_t desc_ = nullptr;
+  const char* what_;
+};
+
+class Graph {
+ public:
+  explicit Graph(std::string name) : name_(std::move(name)) {}
+
+  // A tensor; returns its unique id. Virtual tensors live only inside the fused kernel;
+  // the others get a data pointer at execute().
+  int64_t tensor(cudnnDataType_t dtype, std::vector<int64_t> dims, std::vector<int64_t> strides,
+                 bool is_virtual);
+  // A virtual tensor with row-major strides.
+  int64_t virt(cudnnDataType_t dtype, const std::vector<int64_t>& dims);
+  // A scalar passed by value (the value lives in the graph).
+  int64_t scalar(float value);
+
+  // y = op(x[, b[, t]]) elementwise with broadcasting; `axis` for GEN_INDEX.
+  void pointwise(cudnnPointwiseMode_t mode, int64_t x, int64_t b, int64_t t, int64_t y,
+                 cudnnDataType_t math = CUDNN_DATA_FLOAT, int64_t axis = -1);
+  // c = a @ b over the last two dims (batched over the others), float accumulation.
+  void matmul(int64_t a, int64_t b, int64_t c);
+  // y = reduce(x) over the dims where y has extent 1.
+  void reduction(cudnnReduceTensorOp_t op, int64_t x, int64_t y);
+  // y = x seen with y's dims and strides (no data movement).
+  void reshape(int64_t x, int64_t y);
+
+  // Builds the operation graph and the execution plan for `handle`'s device. Throws
+  // CudnnGraphError (not_supported() when no engine configuration finalises).
+  void build(cudnnHandle_t handle);
+  int64_t workspace_size() const { return workspace_; }
+  // Runs on `handle`'s stream. `pointers` maps every non-virtual, non-scalar uid to its
+  // device pointer; `workspace` has workspace_size() bytes (may be null when 0).
+  void execute(cudnnHandle_t handle, const std::vector<std::pair<int64_t, void*>>& pointers,
+               void* workspace) const;
+  const std::string& name() const { return name_; }
+  // Engine id and the number of configurations cuDNN offered (for logs and tests).
+  int64_t engine_id() const { return engine_id_; }
+
+ private:
+  const Descriptor& desc(int64_t uid) const;
+
+  std::string name_;
+  std::vector<std::unique_ptr<Descriptor>> tensors_;  // index = uid - 1
+  std::vector<std::unique_ptr<Descriptor>> ops_;
+  std::vector<std::unique_ptr<Descriptor>> keep_;  // pointwise / matmul / reduction descriptors
+  std::vector<std::pair<int64_t, std::unique_ptr<float>>> scalars_;
+  std::unique_ptr<Descriptor> op_graph_, plan_;
+  std::vector<std::unique_ptr<Descriptor>> configs_;
+  int64_t workspace_ = 0;
+  int64_t engine_id_ = -1;
+};
+
+}  // namespace tally::cuda::cudnn_graph
