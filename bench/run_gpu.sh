@@ -50,7 +50,7 @@ if has sanitizer && command -v compute-sanitizer >/dev/null; then
     timeout 240 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 "$t" >> "$OUT/memcheck.log" 2>&1 \
       || { fails=$((fails+1)); echo "memcheck: $t failed" | tee -a "$OUT/summary.txt"; }
   done
-  timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/tests/test_attention_cuda --gtest_filter='*Forward*:*Backward*' \
+  TALLY_CUDNN_SDP=0 timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/tests/test_attention_cuda --gtest_filter='*Forward*:*Backward*' \
     >> "$OUT/memcheck.log" 2>&1 || { fails=$((fails+1)); echo "racecheck attention failed" | tee -a "$OUT/summary.txt"; }
   log "compute-sanitizer ($(( $(date +%s) - t0 )) s): $fails binaries with errors"
 fi
@@ -115,6 +115,9 @@ fi
 if has ops && [ -f bench/ops_gpu.py ]; then
   python3 bench/ops_gpu.py $B > "$OUT/ops_gpu.txt" 2>&1; log "ops_gpu: exit $?"
   grep -v "^JSON" "$OUT/ops_gpu.txt" | tee -a "$OUT/summary.txt"
+  # The attention rows again on Tally's own kernels (the cuDNN route off).
+  echo "== sdpa on Tally's kernels (TALLY_CUDNN_SDP=0):" | tee -a "$OUT/summary.txt"
+  TALLY_CUDNN_SDP=0 python3 bench/ops_gpu.py $B sdpa 2>&1 | grep -v "^JSON" | tee -a "$OUT/summary.txt"
 fi
 
 if has trainbench; then

@@ -16,7 +16,8 @@
 namespace tally::cuda {
 
 // PyTorch's torch.backends.cuda.enable_cudnn_sdp: whether float16/bfloat16 attention may run
-// cuDNN's fused kernels (on by default; off: always Tally's own). Either forward's log-sum-exp
+// cuDNN's fused kernels (on by default, off when the process starts with TALLY_CUDNN_SDP=0;
+// off: always Tally's own). Either forward's log-sum-exp
 // feeds either backward, so the switch may change between a forward and its backward.
 void set_cudnn_sdp_enabled(bool enabled);
 bool cudnn_sdp_enabled();

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -23,7 +24,13 @@ namespace tally::cuda {
 
 namespace {
 
-std::atomic<bool> g_enabled{true};
+// TALLY_CUDNN_SDP=0 in the environment starts the process with the route off.
+bool enabled_by_default() {
+  const char* env = std::getenv("TALLY_CUDNN_SDP");
+  return !(env && std::strcmp(env, "0") == 0);
+}
+
+std::atomic<bool> g_enabled{enabled_by_default()};
 std::atomic<int64_t> g_forward{0}, g_backward{0}, g_fallback{0};
 
 cudnn_sdpa::Strides strides_of(const Tensor& t) {

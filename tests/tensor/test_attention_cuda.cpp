@@ -91,6 +91,13 @@ class Route {
   bool saved_;
 };
 
+// Both routes, or only Tally's kernels when the process starts with TALLY_CUDNN_SDP=0 (the
+// racecheck run: it checks Tally's kernels, not cuDNN's).
+std::vector<bool> routes() {
+  if (!cuda::cudnn_sdp_enabled()) return {false};
+  return {true, false};
+}
+
 const char* route_name(bool cudnn) {
   return cudnn ? "cuDNN route" : "Tally kernels";
 }
@@ -98,7 +105,7 @@ const char* route_name(bool cudnn) {
 TEST(CudaFlashAttention, ForwardMatchesTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 100;
-  for (const bool cudnn : {true, false}) {
+  for (const bool cudnn : routes()) {
   const Route route(cudnn);
   SCOPED_TRACE(route_name(cudnn));
   for (const Case& c : kCases) {
@@ -124,7 +131,7 @@ TEST(CudaFlashAttention, ForwardMatchesTheCpu) {
 TEST(CudaFlashAttention, BackwardMatchesTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 200;
-  for (const bool cudnn : {true, false}) {
+  for (const bool cudnn : routes()) {
   const Route route(cudnn);
   SCOPED_TRACE(route_name(cudnn));
   for (const Case& c : kCases) {
@@ -156,7 +163,7 @@ TEST(CudaFlashAttention, LongSequencesWithLargeScores) {
   REQUIRE_GPU();
   const Case cases[] = {{1, 2, 1024, 1024, 64, true}, {1, 1, 640, 640, 128, false}};
   uint64_t seed = 500;
-  for (const bool cudnn : {true, false}) {
+  for (const bool cudnn : routes()) {
   const Route route(cudnn);
   SCOPED_TRACE(route_name(cudnn));
   for (const Case& c : cases) {
