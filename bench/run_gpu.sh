@@ -118,6 +118,9 @@ if has ops && [ -f bench/ops_gpu.py ]; then
   # The attention rows again on Tally's own kernels (the cuDNN route off).
   echo "== sdpa on Tally's kernels (TALLY_CUDNN_SDP=0):" | tee -a "$OUT/summary.txt"
   TALLY_CUDNN_SDP=0 python3 bench/ops_gpu.py $B sdpa 2>&1 | grep -v "^JSON" | tee -a "$OUT/summary.txt"
+  # The convolution rows again on the legacy cuDNN API (no cached execution plans).
+  echo "== conv2d on cuDNN's legacy API (TALLY_CUDNN_CONV_LEGACY=1):" | tee -a "$OUT/summary.txt"
+  TALLY_CUDNN_CONV_LEGACY=1 python3 bench/ops_gpu.py $B conv2d 2>&1 | grep -v "^JSON" | tee -a "$OUT/summary.txt"
 fi
 
 if has trainbench; then

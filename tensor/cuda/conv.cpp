@@ -1,16 +1,21 @@
-// CUDA 2-D convolution through cuDNN's legacy API: cudnnConvolutionForward,
-// cudnnConvolutionBackwardData and cudnnConvolutionBackwardFilter over NCHW descriptors,
-// groups through cudnnSetConvolutionGroupCount; the bias is added by a small kernel
-// (conv.cu).
+// CUDA 2-D convolution through cuDNN over NCHW tensors (groups too); the bias is added by a
+// small kernel (conv.cu).
 //
 // Algorithm choice. Each cuDNN call is described by a key (direction, device, dtype, the
 // three tensors' dims and strides, padding, stride, dilation, groups, benchmark switch).
-// On the first call with a key, cuDNN ranks its algorithms, either by heuristics
-// (cudnnGet*Algorithm_v7) or, with cudnn_benchmark() on, by timing each one on the real
-// tensors (cudnnFind*AlgorithmEx: host-blocking, once per key, like PyTorch's
-// cudnn.benchmark). The ranked list (algorithm, math type, workspace bytes) is cached;
-// every call takes the first entry whose workspace the allocator can provide, falling back
-// down the list on out-of-memory or on a "not supported" status.
+// With cudnn_benchmark() off (the default), the call runs through cuDNN's backend graph API
+// (tensor/cuda/cudnn_graph.h), as PyTorch's does: on the first call with a key, an operation
+// graph of the one convolution, cuDNN's heuristics (instant mode, then the fallback list), the
+// first engine whose numerical notes suit the precision (below) and whose plan finalises;
+// the execution plan is cached, so later calls only bind pointers and launch. Keys the backend
+// declines, or whose workspace cannot be had, take the legacy API (cudnnConvolutionForward,
+// cudnnConvolutionBackwardData, cudnnConvolutionBackwardFilter) the way benchmark mode does:
+// algorithms ranked by heuristics (cudnnGet*Algorithm_v7) or, with cudnn_benchmark() on, by
+// timing each one on the real tensors (cudnnFind*AlgorithmEx: host-blocking, once per key,
+// like PyTorch's cudnn.benchmark); the ranked list (algorithm, math type, workspace bytes) is
+// cached and every call takes the first entry whose workspace the allocator can provide,
+// falling back down the list on out-of-memory or on a "not supported" status.
+// TALLY_CUDNN_CONV_LEGACY=1 in the environment keeps every call on the legacy API.
 //
 // Memory. Workspaces (and the benchmark's scratch output) come from the caching allocator
 // on Tally's stream under Category::workspace, so they show up in the op's memory
@@ -21,12 +26,16 @@
 // torch.backends.cudnn.allow_tf32) CUDNN_DEFAULT_MATH, so cuDNN may run TF32 tensor cores;
 // with it off CUDNN_FMA_MATH (results match the CPU to float32 rounding; the tests run so);
 // float16/bfloat16: tensor-op math with float accumulation (compute type float);
-// float64: double throughout.
+// float64: double throughout. On the backend route the same rules pick engines by their
+// numerical notes: never one that down-converts its inputs; for exact float32 none on
+// tensor cores, FFT or Winograd (whose rounding differs from a direct sum).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -37,6 +46,7 @@
 #include "memory/context.h"
 #include "tensor/cuda/conv.h"
 #include "tensor/cuda/cudnn.h"
+#include "tensor/cuda/cudnn_graph.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
 
@@ -338,12 +348,108 @@ std::vector<Candidate> choose(const Problem& pb, cudnnHandle_t h, Descriptors& d
 
 bool not_supported(cudnnStatus_t s) { return static_cast<int>(s) / 1000 == CUDNN_STATUS_NOT_SUPPORTED / 1000; }
 
+// ------------------------------------------------------------------ the backend route
+
+void contiguous_strides4(const int d[4], int s[4]) {
+  s[3] = 1;
+  s[2] = d[3];
+  s[1] = d[2] * d[3];
+  s[0] = d[1] * d[2] * d[3];
+}
+
+bool legacy_only() {
+  static const bool v = [] {
+    const char* env = std::getenv("TALLY_CUDNN_CONV_LEGACY");
+    return env && std::strcmp(env, "1") == 0;
+  }();
+  return v;
+}
+
+// One convolution as a cached cuDNN execution plan.
+struct BackendPlan {
+  cudnn_graph::Graph graph{"conv2d"};
+  int64_t x = 0, w = 0, y = 0;
+};
+
+std::mutex g_plan_mu;
+std::map<std::vector<int64_t>, std::shared_ptr<BackendPlan>> g_plans;  // null: declined
+
+std::shared_ptr<BackendPlan> build_plan(const Problem& pb, cudnnHandle_t h, bool accumulate) {
+  auto plan = std::make_shared<BackendPlan>();
+  cudnn_graph::Graph& g = plan->graph;
+  const cudnnDataType_t dt = cudnn_data_type(pb.dtype);
+  auto dims = [](const int* a) { return std::vector<int64_t>(a, a + 4); };
+  int ws[4];
+  contiguous_strides4(pb.w, ws);
+  plan->x = g.tensor(dt, dims(pb.x), dims(pb.xs), false);
+  plan->w = g.tensor(dt, dims(pb.w), dims(ws), false);
+  plan->y = g.tensor(dt, dims(pb.y), dims(pb.ys), false);
+  const cudnn_graph::ConvKind kind = pb.kind == Kind::forward         ? cudnn_graph::ConvKind::forward
+                                     : pb.kind == Kind::backward_data ? cudnn_graph::ConvKind::backward_data
+                                                                      : cudnn_graph::ConvKind::backward_filter;
+  g.convolution(kind, plan->x, plan->w, plan->y, {pb.pad[0], pb.pad[1]}, {pb.stride[0], pb.stride[1]},
+                {pb.dilation[0], pb.dilation[1]}, compute_type(pb.dtype), 1.0, accumulate ? 1.0 : 0.0);
+  const bool exact = pb.dtype == DType::float32 && !pb.tf32;
+  g.build(h, {CUDNN_HEUR_MODE_INSTANT, CUDNN_HEUR_MODE_FALLBACK},
+          [exact](const std::vector<cudnnBackendNumericalNote_t>& notes) {
+            for (const cudnnBackendNumericalNote_t n : notes) {
+              if (n == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return true;
+              if (exact && (n == CUDNN_NUMERICAL_NOTE_TENSOR_CORE || n == CUDNN_NUMERICAL_NOTE_FFT ||
+                            n == CUDNN_NUMERICAL_NOTE_WINOGRAD || n == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4 ||
+                            n == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6 ||
+                            n == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13))
+                return true;
+            }
+            return false;
+          });
+  return plan;
+}
+
+// Runs the call on its cached plan; false (nothing enqueued) when the backend declines the
+// problem or its workspace cannot be allocated.
+bool run_backend(const Problem& pb, const Pointers& p, bool accumulate, cudnnHandle_t h) {
+  std::vector<int64_t> key = pb.key(false);
+  key.push_back(accumulate ? 1 : 0);
+  key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(h)));
+  std::shared_ptr<BackendPlan> plan;
+  {
+    std::lock_guard lock(g_plan_mu);
+    auto it = g_plans.find(key);
+    if (it != g_plans.end()) {
+      plan = it->second;
+      if (!plan) return false;
+    }
+  }
+  if (!plan) {
+    try {
+      plan = build_plan(pb, h, accumulate);
+    } catch (const cudnn_graph::CudnnGraphError&) {
+      plan = nullptr;
+    }
+    std::lock_guard lock(g_plan_mu);
+    g_plans.emplace(key, plan);
+    if (!plan) return false;
+  }
+  Storage ws;
+  const int64_t bytes = plan->graph.workspace_size();
+  if (bytes > 0) {
+    try {
+      ws = workspace_block(static_cast<size_t>(bytes), pb.device);
+    } catch (const memory::OutOfMemoryError&) {
+      return false;
+    }
+  }
+  plan->graph.execute(h, {{plan->x, p.x}, {plan->w, p.w}, {plan->y, p.y}}, ws.data());
+  return true;
+}
+
 // Runs one call: y = conv(x, w) (forward), x = dconv/dx (backward data) or w = dconv/dw
 // (backward filter; accumulated into w when `accumulate`).
 void run_call(const Problem& pb, const Pointers& p, bool accumulate) {
   cudnnHandle_t h = cudnn_handle(pb.device);
-  Descriptors d(pb);
   const bool benchmark = cudnn_benchmark();
+  if (!benchmark && !legacy_only() && run_backend(pb, p, accumulate, h)) return;
+  Descriptors d(pb);
   const std::vector<int64_t> key = pb.key(benchmark);
   std::vector<Candidate> cands;
   {
@@ -422,13 +528,6 @@ class DenseOutput {
   const Tensor& target_;
   Tensor buf_;
 };
-
-void contiguous_strides4(const int d[4], int s[4]) {
-  s[3] = 1;
-  s[2] = d[3];
-  s[1] = d[2] * d[3];
-  s[0] = d[1] * d[2] * d[3];
-}
 
 // Splits the batch into slices that cuDNN's int-sized tensors can hold and runs each.
 // x [N, C, H, W], w [O, C/g, kH, kW], y [N, O, OH, OW] dense; the pointers are the
@@ -534,14 +633,25 @@ void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output
   gw.finish();
 }
 
+size_t conv_plan_cache_size() {
+  std::lock_guard lock(g_plan_mu);
+  size_t n = 0;
+  for (const auto& [key, plan] : g_plans) n += plan != nullptr;
+  return n;
+}
+
 size_t conv_algorithm_cache_size() {
   std::lock_guard lock(g_cache_mu);
   return g_cache.size();
 }
 
 void clear_conv_algorithm_cache() {
-  std::lock_guard lock(g_cache_mu);
-  g_cache.clear();
+  {
+    std::lock_guard lock(g_cache_mu);
+    g_cache.clear();
+  }
+  std::lock_guard lock(g_plan_mu);
+  g_plans.clear();
 }
 
 void set_conv_max_call_elements(int64_t n) { g_max_call_elements.store(n > 0 ? n : INT_MAX); }

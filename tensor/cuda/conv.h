@@ -1,4 +1,5 @@
-// CUDA kernels of 2-D convolution through cuDNN (the legacy cudnnConvolution* API), twins
+// CUDA kernels of 2-D convolution through cuDNN (cached backend-API execution plans by
+// default, the legacy cudnnConvolution* API in benchmark mode and as fallback), twins
 // of tensor/cpu/conv.h with the same signatures. Tensors arrive 4-D, all of one floating
 // dtype (float32, float64, float16, bfloat16: on CUDA the raw op does not widen 16-bit
 // inputs), shapes already checked by tensor/conv.cpp.
@@ -7,7 +8,8 @@
 // PyTorch), with CUDNN_FMA_MATH (exact float32) when not; float16/bfloat16 with tensor
 // cores and float accumulation, float64 in double. The algorithm is chosen once per
 // (direction, device, dtype, shapes, strides, stride/padding/dilation/groups) key: by
-// cuDNN's heuristics, or by timing them all when cudnn_benchmark() is on. Its workspace
+// cuDNN's heuristics (as an execution plan), or by timing them all when cudnn_benchmark()
+// is on (see conv.cpp). Its workspace
 // comes from the caching allocator, tagged `workspace` under the calling op.
 #pragma once
 
@@ -34,8 +36,11 @@ void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output
 // the sum is formed in float and rounded once). conv2d_forward's bias step.
 void conv2d_add_bias(const Tensor& y, const Tensor& bias);
 
-// The number of (key -> ranked algorithms) entries cached so far, and a way to drop them.
+// The number of (key -> ranked algorithms) entries of the legacy API cached so far, of
+// execution plans of the backend route (the default with cudnn_benchmark() off), and a way
+// to drop both.
 size_t conv_algorithm_cache_size();
+size_t conv_plan_cache_size();
 void clear_conv_algorithm_cache();
 
 // cuDNN's legacy API takes int-sized tensors: a batch whose input or output has more than

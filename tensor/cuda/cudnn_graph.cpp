@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace tally::cuda::cudnn_graph {
 
 namespace {
@@ -167,11 +169,64 @@ void Graph::reshape(int64_t x, int64_t y) {
   ops_.push_back(std::move(op));
 }
 
+void Graph::convolution(ConvKind kind, int64_t x, int64_t w, int64_t y, const std::vector<int64_t>& pad,
+                        const std::vector<int64_t>& stride, const std::vector<int64_t>& dilation,
+                        cudnnDataType_t compute, double alpha, double beta) {
+  auto conv = std::make_unique<Descriptor>(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, "convolution");
+  const int64_t dims = static_cast<int64_t>(pad.size());
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  conv->set_dtype(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, compute);
+  conv->set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+  conv->set_int(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, dims);
+  conv->set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, dims, dilation.data());
+  conv->set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, dims, stride.data());
+  conv->set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, dims, pad.data());
+  conv->set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, dims, pad.data());
+  conv->finalize();
+
+  struct Names {
+    cudnnBackendDescriptorType_t op;
+    cudnnBackendAttributeName_t alpha, beta, desc, x, w, y;
+  };
+  const Names n =
+      kind == ConvKind::forward
+          ? Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y}
+      : kind == ConvKind::backward_data
+          ? Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY}
+          : Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY};
+  auto op = std::make_unique<Descriptor>(n.op, "convolution operation");
+  if (compute == CUDNN_DATA_DOUBLE) {
+    op->set(n.alpha, CUDNN_TYPE_DOUBLE, 1, &alpha);
+    op->set(n.beta, CUDNN_TYPE_DOUBLE, 1, &beta);
+  } else {
+    const float a = static_cast<float>(alpha), b = static_cast<float>(beta);
+    op->set(n.alpha, CUDNN_TYPE_FLOAT, 1, &a);
+    op->set(n.beta, CUDNN_TYPE_FLOAT, 1, &b);
+  }
+  op->set_desc(n.desc, *conv);
+  op->set_desc(n.x, desc(x));
+  op->set_desc(n.w, desc(w));
+  op->set_desc(n.y, desc(y));
+  op->finalize();
+  keep_.push_back(std::move(conv));
+  ops_.push_back(std::move(op));
+}
+
 // The handle attributes are marked deprecated in cuDNN 9 headers but are still how a graph
 // and a plan are bound to a device (cuDNN's own frontend sets them the same way).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-void Graph::build(cudnnHandle_t handle) {
+void Graph::build(cudnnHandle_t handle, const std::vector<cudnnBackendHeurMode_t>& modes,
+                  const NoteFilter& reject) {
   op_graph_ = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR,
                                            "operation graph");
   std::vector<cudnnBackendDescriptor_t> raw;
@@ -184,7 +239,7 @@ void Graph::build(cudnnHandle_t handle) {
   if (gst != CUDNN_STATUS_SUCCESS) fail(gst, fmt::format("{}: finalizing the operation graph", name_));
 
   std::string tried;
-  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+  for (cudnnBackendHeurMode_t mode : modes) {
     Descriptor heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics");
     heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *op_graph_);
     heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
@@ -211,27 +266,42 @@ void Graph::build(cudnnHandle_t handle) {
                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw_cfgs.data()),
           name_ + ": reading the heuristics' results");
     for (int64_t i = 0; i < got; ++i) {
+      const Descriptor& cfg = *cfgs[static_cast<size_t>(i)];
+      // The engine behind the configuration: its global index and numerical notes.
+      int64_t engine_id = -1;
+      std::vector<cudnnBackendNumericalNote_t> notes(CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
+      {
+        Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine");
+        cudnnBackendDescriptor_t raw_engine = engine.get();
+        int64_t n = 0;
+        check(cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                       &n, &raw_engine),
+              name_ + ": reading a configuration's engine");
+        cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &engine_id);
+        int64_t count_notes = 0;
+        if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                     CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count_notes,
+                                     notes.data()) != CUDNN_STATUS_SUCCESS)
+          count_notes = 0;
+        notes.resize(static_cast<size_t>(std::max<int64_t>(0, count_notes)));
+      }
+      if (reject && reject(notes)) {
+        tried += fmt::format(" engine {}: numerical notes refused;", engine_id);
+        continue;
+      }
       auto plan = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
       plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-      plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[static_cast<size_t>(i)]);
+      plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
       const cudnnStatus_t st = plan->finalize(true);
       if (st != CUDNN_STATUS_SUCCESS) {
-        tried += fmt::format(" config {}: {} {};", i, cudnnGetErrorString(st), last_error());
+        tried += fmt::format(" engine {}: {} {};", engine_id, cudnnGetErrorString(st), last_error());
         continue;
       }
       int64_t n = 0;
       check(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                      CUDNN_TYPE_INT64, 1, &n, &workspace_),
             name_ + ": reading the plan's workspace size");
-      // The engine's global index, for logs.
-      cudnnBackendDescriptor_t engine = nullptr;
-      if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) == CUDNN_STATUS_SUCCESS) {
-        if (cudnnBackendGetAttribute(cfgs[static_cast<size_t>(i)]->get(), CUDNN_ATTR_ENGINECFG_ENGINE,
-                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) == CUDNN_STATUS_SUCCESS)
-          cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
-                                   &engine_id_);
-        cudnnBackendDestroyDescriptor(engine);
-      }
+      engine_id_ = engine_id;
       plan_ = std::move(plan);
       configs_ = std::move(cfgs);
       return;

@@ -1,8 +1,9 @@
-// A small builder over cuDNN 9's backend ("graph") API: tensors, pointwise / matmul /
-// reduction / reshape operations, an operation graph, the first engine configuration from
-// cuDNN's heuristics (mode A, then the fallback list) whose execution plan finalises, and
-// execution with a variant pack. It is what cuDNN's fused kernels (its flash attention) are
-// reached through; tensor/cuda/cudnn_sdpa.cpp builds the attention graphs with it.
+// A small builder over cuDNN 9's backend ("graph") API: tensors, convolution / pointwise /
+// matmul / reduction / reshape operations, an operation graph, the first engine
+// configuration from cuDNN's heuristics (the given modes in order) whose numerical notes are
+// acceptable and whose execution plan finalises, and execution with a variant pack. It is
+// what cuDNN's fused kernels (its flash attention: tensor/cuda/cudnn_sdpa.cpp) and its
+// convolution engines with cached plans (tensor/cuda/conv.cpp) are reached through.
 //
 // Depends only on cuDNN and fmt (no Tally types), so a graph can be built and run from a
 // standalone program while it is being brought up on a GPU. Errors throw CudnnGraphError
@@ -12,6 +13,7 @@
 #include <cudnn.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -56,6 +58,11 @@ class Descriptor {
   const char* what_;
 };
 
+enum class ConvKind { forward, backward_data, backward_filter };
+
+// Whether an engine with these numerical notes must not run the graph.
+using NoteFilter = std::function<bool(const std::vector<cudnnBackendNumericalNote_t>&)>;
+
 class Graph {
  public:
   explicit Graph(std::string name) : name_(std::move(name)) {}
@@ -78,10 +85,20 @@ class Graph {
   void reduction(cudnnReduceTensorOp_t op, int64_t x, int64_t y);
   // y = x seen with y's dims and strides (no data movement).
   void reshape(int64_t x, int64_t y);
+  // A 2-D cross-correlation (PyTorch's conv2d) over x [N, C, H, W], w [O, C / groups, kH, kW]
+  // (groups follow from C / w's dim 1), y [N, O, OH, OW]: forward writes y, backward_data
+  // writes x (dx from dy = y), backward_filter writes w (dw); out = alpha * result + beta * out.
+  void convolution(ConvKind kind, int64_t x, int64_t w, int64_t y, const std::vector<int64_t>& pad,
+                   const std::vector<int64_t>& stride, const std::vector<int64_t>& dilation,
+                   cudnnDataType_t compute, double alpha, double beta);
 
-  // Builds the operation graph and the execution plan for `handle`'s device. Throws
-  // CudnnGraphError (not_supported() when no engine configuration finalises).
-  void build(cudnnHandle_t handle);
+  // Builds the operation graph and the execution plan for `handle`'s device from the
+  // heuristics' configurations (each mode's list in turn), skipping engines `reject` refuses.
+  // Throws CudnnGraphError (not_supported() when no configuration finalises).
+  void build(cudnnHandle_t handle,
+             const std::vector<cudnnBackendHeurMode_t>& modes = {CUDNN_HEUR_MODE_A,
+                                                                 CUDNN_HEUR_MODE_FALLBACK},
+             const NoteFilter& reject = {});
   int64_t workspace_size() const { return workspace_; }
   // Runs on `handle`'s stream. `pointers` maps every non-virtual, non-scalar uid to its
   // device pointer; `workspace` has workspace_size() bytes (may be null when 0).
