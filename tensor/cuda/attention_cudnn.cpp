@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -122,6 +123,13 @@ T* ptr(const Tensor& t) {
                               t.storage_offset() * static_cast<int64_t>(dtype_size(t.dtype())));
 }
 
+// The plans promise cuDNN 16-byte aligned tensors.
+bool aligned(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (reinterpret_cast<uintptr_t>(ptr(*t)) % 16 != 0) return false;
+  return true;
+}
+
 }  // namespace
 
 void set_cudnn_sdp_enabled(bool enabled) { g_enabled.store(enabled); }
@@ -150,6 +158,10 @@ bool cudnn_sdp_supported(const Tensor& q, const Tensor& k, const Tensor& v, bool
 bool cudnn_flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
                                    const Tensor& k, const Tensor& v, bool causal, double scale) {
   if (!eligible(q, k, v)) return false;
+  if (!aligned({&out, &lse, &q, &k, &v})) {
+    g_fallback.fetch_add(1);
+    return false;
+  }
   const int device = q.device().index;
   DeviceGuard g(device);
   cudnnHandle_t h = cudnn_handle(device);
@@ -172,6 +184,10 @@ bool cudnn_flash_attention_backward(const Tensor& dq, const Tensor& dk, const Te
                                     const Tensor& v, const Tensor& out, const Tensor& lse,
                                     bool causal, double scale) {
   if (!eligible(q, k, v)) return false;
+  if (!aligned({&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) {
+    g_fallback.fetch_add(1);
+    return false;
+  }
   const int device = q.device().index;
   DeviceGuard g(device);
   cudnnHandle_t h = cudnn_handle(device);

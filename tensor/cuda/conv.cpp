@@ -406,8 +406,11 @@ std::shared_ptr<BackendPlan> build_plan(const Problem& pb, cudnnHandle_t h, bool
 }
 
 // Runs the call on its cached plan; false (nothing enqueued) when the backend declines the
-// problem or its workspace cannot be allocated.
+// problem, a pointer is not 16-byte aligned or the workspace cannot be allocated.
 bool run_backend(const Problem& pb, const Pointers& p, bool accumulate, cudnnHandle_t h) {
+  // The plans promise cuDNN 16-byte aligned tensors; a batch slice may start elsewhere.
+  for (const void* ptr : {p.x, p.w, p.y})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
   std::vector<int64_t> key = pb.key(false);
   key.push_back(accumulate ? 1 : 0);
   key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(h)));

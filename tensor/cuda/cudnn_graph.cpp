@@ -314,26 +314,36 @@ void Graph::build(cudnnHandle_t handle, const std::vector<cudnnBackendHeurMode_t
 void Graph::execute(cudnnHandle_t handle, const std::vector<std::pair<int64_t, void*>>& pointers,
                     void* workspace) const {
   if (!plan_) throw std::logic_error(fmt::format("{}: execute() before build()", name_));
-  std::vector<int64_t> uids;
-  std::vector<void*> ptrs;
-  uids.reserve(pointers.size() + scalars_.size());
-  ptrs.reserve(pointers.size() + scalars_.size());
-  for (const auto& [uid, p] : pointers) {
-    uids.push_back(uid);
-    ptrs.push_back(p);
+  std::lock_guard<std::mutex> lock(exec_mu_);
+  bool same = pack_ && pack_key_.size() == pointers.size() + 1 && pack_key_.back() == workspace;
+  for (size_t i = 0; same && i < pointers.size(); ++i) same = pack_key_[i] == pointers[i].second;
+  if (!same) {
+    std::vector<int64_t> uids;
+    std::vector<void*> ptrs;
+    uids.reserve(pointers.size() + scalars_.size());
+    ptrs.reserve(pointers.size() + scalars_.size());
+    for (const auto& [uid, p] : pointers) {
+      uids.push_back(uid);
+      ptrs.push_back(p);
+    }
+    for (const auto& [uid, v] : scalars_) {
+      uids.push_back(uid);
+      ptrs.push_back(v.get());
+    }
+    pack_.reset();
+    auto pack = std::make_unique<Descriptor>(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
+    pack->set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()),
+              uids.data());
+    pack->set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+              static_cast<int64_t>(ptrs.size()), ptrs.data());
+    pack->set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+    pack->finalize();
+    pack_ = std::move(pack);
+    pack_key_.clear();
+    for (const auto& pr : pointers) pack_key_.push_back(pr.second);
+    pack_key_.push_back(workspace);
   }
-  for (const auto& [uid, v] : scalars_) {
-    uids.push_back(uid);
-    ptrs.push_back(v.get());
-  }
-  Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
-  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()),
-           uids.data());
-  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
-           static_cast<int64_t>(ptrs.size()), ptrs.data());
-  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
-  pack.finalize();
-  check(cudnnBackendExecute(handle, plan_->get(), pack.get()), name_ + ": cudnnBackendExecute");
+  check(cudnnBackendExecute(handle, plan_->get(), pack_->get()), name_ + ": cudnnBackendExecute");
 }
 
 }  // namespace tally::cuda::cudnn_graph

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -101,7 +102,9 @@ class Graph {
              const NoteFilter& reject = {});
   int64_t workspace_size() const { return workspace_; }
   // Runs on `handle`'s stream. `pointers` maps every non-virtual, non-scalar uid to its
-  // device pointer; `workspace` has workspace_size() bytes (may be null when 0).
+  // device pointer; `workspace` has workspace_size() bytes (may be null when 0). The variant
+  // pack of the last call is kept and reused while the pointers stay the same (a training
+  // loop's caching allocator hands back the same blocks step after step).
   void execute(cudnnHandle_t handle, const std::vector<std::pair<int64_t, void*>>& pointers,
                void* workspace) const;
   const std::string& name() const { return name_; }
@@ -120,6 +123,9 @@ class Graph {
   std::vector<std::unique_ptr<Descriptor>> configs_;
   int64_t workspace_ = 0;
   int64_t engine_id_ = -1;
+  mutable std::mutex exec_mu_;
+  mutable std::vector<void*> pack_key_;
+  mutable std::unique_ptr<Descriptor> pack_;
 };
 
 }  // namespace tally::cuda::cudnn_graph
