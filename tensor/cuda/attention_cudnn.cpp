@@ -45,8 +45,14 @@ using Key = std::tuple<int, cudnnHandle_t, bool, int, std::array<int64_t, 5>, bo
 Key key_of(bool backward, int device, cudnnHandle_t h, const cudnn_sdpa::Problem& p) {
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &p.scale, sizeof(scale_bits));
-  return {device, h, backward, static_cast<int>(p.dtype), {p.b, p.h, p.s_q, p.s_kv, p.d},
-          p.causal, scale_bits, {p.q, p.k, p.v, p.o, p.dout, p.dq, p.dk, p.dv}};
+  return {device,
+          h,
+          backward,
+          static_cast<int>(p.dtype),
+          {p.b, p.h, p.s_q, p.s_kv, p.d},
+          p.causal,
+          scale_bits,
+          {p.q, p.k, p.v, p.o, p.dout, p.dq, p.dk, p.dv}};
 }
 
 template <typename Plan>
@@ -132,8 +138,12 @@ bool aligned(std::initializer_list<const Tensor*> ts) {
 
 }  // namespace
 
-void set_cudnn_sdp_enabled(bool enabled) { g_enabled.store(enabled); }
-bool cudnn_sdp_enabled() { return g_enabled.load(); }
+void set_cudnn_sdp_enabled(bool enabled) {
+  g_enabled.store(enabled);
+}
+bool cudnn_sdp_enabled() {
+  return g_enabled.load();
+}
 
 CudnnSdpCounts cudnn_sdp_counts() {
   return {g_forward.load(), g_backward.load(), g_fallback.load()};
@@ -142,7 +152,10 @@ CudnnSdpCounts cudnn_sdp_counts() {
 bool cudnn_sdp_supported(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                          double scale, std::string* why) {
   if (!eligible(q, k, v)) {
-    if (why) *why = "not a float16/bfloat16 [B, H, T, D] problem with D % 8 == 0, D <= 128 on sm_80+, or the cuDNN route is off";
+    if (why)
+      *why =
+          "not a float16/bfloat16 [B, H, T, D] problem with D % 8 == 0 and D <= 128 on "
+          "sm_80+, or the cuDNN route is off";
     return false;
   }
   const int device = q.device().index;

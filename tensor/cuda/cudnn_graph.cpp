@@ -57,19 +57,21 @@ void Descriptor::set_dtype(cudnnBackendAttributeName_t name, cudnnDataType_t dt)
 
 cudnnStatus_t Descriptor::finalize(bool may_fail) {
   const cudnnStatus_t st = cudnnBackendFinalize(desc_);
-  if (st != CUDNN_STATUS_SUCCESS && !may_fail) fail(st, fmt::format("cudnnBackendFinalize ({})", what_));
+  if (st != CUDNN_STATUS_SUCCESS && !may_fail)
+    fail(st, fmt::format("cudnnBackendFinalize ({})", what_));
   return st;
 }
 
-int64_t Graph::tensor(cudnnDataType_t dtype, std::vector<int64_t> dims, std::vector<int64_t> strides,
-                      bool is_virtual) {
+int64_t Graph::tensor(cudnnDataType_t dtype, std::vector<int64_t> dims,
+                      std::vector<int64_t> strides, bool is_virtual) {
   if (dims.size() != strides.size())
-    throw std::invalid_argument(fmt::format("{}: tensor with {} dims but {} strides", name_,
-                                            dims.size(), strides.size()));
+    throw std::invalid_argument(
+        fmt::format("{}: tensor with {} dims but {} strides", name_, dims.size(), strides.size()));
   const int64_t uid = static_cast<int64_t>(tensors_.size()) + 1;
   auto d = std::make_unique<Descriptor>(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor");
   d->set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, dtype);
-  d->set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, static_cast<int64_t>(dims.size()), dims.data());
+  d->set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, static_cast<int64_t>(dims.size()),
+         dims.data());
   d->set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, static_cast<int64_t>(strides.size()),
          strides.data());
   d->set_int(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
@@ -134,8 +136,8 @@ void Graph::matmul(int64_t a, int64_t b, int64_t c) {
   auto mm = std::make_unique<Descriptor>(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul");
   mm->set_dtype(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
   mm->finalize();
-  auto op = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
-                                         "matmul operation");
+  auto op =
+      std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul operation");
   op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, desc(a));
   op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, desc(b));
   op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, desc(c));
@@ -161,17 +163,18 @@ void Graph::reduction(cudnnReduceTensorOp_t rop, int64_t x, int64_t y) {
 }
 
 void Graph::reshape(int64_t x, int64_t y) {
-  auto op = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
-                                         "reshape operation");
+  auto op =
+      std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape operation");
   op->set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, desc(x));
   op->set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, desc(y));
   op->finalize();
   ops_.push_back(std::move(op));
 }
 
-void Graph::convolution(ConvKind kind, int64_t x, int64_t w, int64_t y, const std::vector<int64_t>& pad,
-                        const std::vector<int64_t>& stride, const std::vector<int64_t>& dilation,
-                        cudnnDataType_t compute, double alpha, double beta) {
+void Graph::convolution(ConvKind kind, int64_t x, int64_t w, int64_t y,
+                        const std::vector<int64_t>& pad, const std::vector<int64_t>& stride,
+                        const std::vector<int64_t>& dilation, cudnnDataType_t compute, double alpha,
+                        double beta) {
   auto conv = std::make_unique<Descriptor>(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, "convolution");
   const int64_t dims = static_cast<int64_t>(pad.size());
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
@@ -188,21 +191,29 @@ void Graph::convolution(ConvKind kind, int64_t x, int64_t w, int64_t y, const st
     cudnnBackendDescriptorType_t op;
     cudnnBackendAttributeName_t alpha, beta, desc, x, w, y;
   };
-  const Names n =
-      kind == ConvKind::forward
-          ? Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
-                  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
-                  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
-                  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y}
-      : kind == ConvKind::backward_data
-          ? Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
-                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
-                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
-                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY}
-          : Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
-                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
-                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
-                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY};
+  const Names n = kind == ConvKind::forward
+                      ? Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y}
+                  : kind == ConvKind::backward_data
+                      ? Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY}
+                      : Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY};
   auto op = std::make_unique<Descriptor>(n.op, "convolution operation");
   if (compute == CUDNN_DATA_DOUBLE) {
     op->set(n.alpha, CUDNN_TYPE_DOUBLE, 1, &alpha);
@@ -227,8 +238,8 @@ void Graph::convolution(ConvKind kind, int64_t x, int64_t w, int64_t y, const st
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 void Graph::build(cudnnHandle_t handle, const std::vector<cudnnBackendHeurMode_t>& modes,
                   const NoteFilter& reject) {
-  op_graph_ = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR,
-                                           "operation graph");
+  op_graph_ =
+      std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
   std::vector<cudnnBackendDescriptor_t> raw;
   raw.reserve(ops_.size());
   for (const auto& o : ops_) raw.push_back(o->get());
@@ -236,7 +247,8 @@ void Graph::build(cudnnHandle_t handle, const std::vector<cudnnBackendHeurMode_t
                  static_cast<int64_t>(raw.size()), raw.data());
   op_graph_->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
   const cudnnStatus_t gst = op_graph_->finalize(true);
-  if (gst != CUDNN_STATUS_SUCCESS) fail(gst, fmt::format("{}: finalizing the operation graph", name_));
+  if (gst != CUDNN_STATUS_SUCCESS)
+    fail(gst, fmt::format("{}: finalizing the operation graph", name_));
 
   std::string tried;
   for (cudnnBackendHeurMode_t mode : modes) {
@@ -258,7 +270,8 @@ void Graph::build(cudnnHandle_t handle, const std::vector<cudnnBackendHeurMode_t
     std::vector<std::unique_ptr<Descriptor>> cfgs;
     std::vector<cudnnBackendDescriptor_t> raw_cfgs;
     for (int64_t i = 0; i < count; ++i) {
-      cfgs.push_back(std::make_unique<Descriptor>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
+      cfgs.push_back(
+          std::make_unique<Descriptor>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
       raw_cfgs.push_back(cfgs.back()->get());
     }
     int64_t got = 0;
@@ -274,14 +287,15 @@ void Graph::build(cudnnHandle_t handle, const std::vector<cudnnBackendHeurMode_t
         Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine");
         cudnnBackendDescriptor_t raw_engine = engine.get();
         int64_t n = 0;
-        check(cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                                       &n, &raw_engine),
+        check(cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &raw_engine),
               name_ + ": reading a configuration's engine");
-        cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &engine_id);
+        cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1,
+                                 &n, &engine_id);
         int64_t count_notes = 0;
-        if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                                     CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count_notes,
-                                     notes.data()) != CUDNN_STATUS_SUCCESS)
+        if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                                     CUDNN_TYPE_NUMERICAL_NOTE, CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
+                                     &count_notes, notes.data()) != CUDNN_STATUS_SUCCESS)
           count_notes = 0;
         notes.resize(static_cast<size_t>(std::max<int64_t>(0, count_notes)));
       }
@@ -289,12 +303,14 @@ void Graph::build(cudnnHandle_t handle, const std::vector<cudnnBackendHeurMode_t
         tried += fmt::format(" engine {}: numerical notes refused;", engine_id);
         continue;
       }
-      auto plan = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+      auto plan =
+          std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
       plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
       plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
       const cudnnStatus_t st = plan->finalize(true);
       if (st != CUDNN_STATUS_SUCCESS) {
-        tried += fmt::format(" engine {}: {} {};", engine_id, cudnnGetErrorString(st), last_error());
+        tried +=
+            fmt::format(" engine {}: {} {};", engine_id, cudnnGetErrorString(st), last_error());
         continue;
       }
       int64_t n = 0;
@@ -332,8 +348,8 @@ void Graph::execute(cudnnHandle_t handle, const std::vector<std::pair<int64_t, v
     }
     pack_.reset();
     auto pack = std::make_unique<Descriptor>(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
-    pack->set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()),
-              uids.data());
+    pack->set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
+              static_cast<int64_t>(uids.size()), uids.data());
     pack->set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
               static_cast<int64_t>(ptrs.size()), ptrs.data());
     pack->set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);

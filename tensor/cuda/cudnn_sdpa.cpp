@@ -9,9 +9,13 @@ namespace {
 
 using Dims = std::vector<int64_t>;
 
-Dims vec(const Strides& s) { return Dims(s.begin(), s.end()); }
+Dims vec(const Strides& s) {
+  return Dims(s.begin(), s.end());
+}
 // The strides of a [b, h, s, d] view seen as [b, h, d, s].
-Dims swapped(const Strides& s) { return {s[0], s[1], s[3], s[2]}; }
+Dims swapped(const Strides& s) {
+  return {s[0], s[1], s[3], s[2]};
+}
 
 // Scores where row (query) < col (key) become -inf: PyTorch's is_causal, top-left aligned.
 int64_t causal_mask(cudnn_graph::Graph& g, int64_t scores, const Dims& dims) {
@@ -90,7 +94,8 @@ Backward::Backward(cudnnHandle_t handle, const Problem& p) {
   const int64_t scale = g.scalar(p.scale);
 
   // rowsum(dO * O), kept in the workspace.
-  const int64_t prod = g.tensor(CUDNN_DATA_FLOAT, {b, h, sq, d}, {h * sq * d, sq * d, h * d, 1}, true);
+  const int64_t prod =
+      g.tensor(CUDNN_DATA_FLOAT, {b, h, sq, d}, {h * sq * d, sq * d, h * d, 1}, true);
   g.pointwise(CUDNN_POINTWISE_MUL, dout_, o_, 0, prod);
   const int64_t rsum = g.virt(CUDNN_DATA_FLOAT, rows);
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, prod, rsum);
@@ -141,9 +146,9 @@ Backward::Backward(cudnnHandle_t handle, const Problem& p) {
   sum_bytes_ = b * h * sq * static_cast<int64_t>(sizeof(float));
 }
 
-void Backward::run(cudnnHandle_t handle, const void* q, const void* k, const void* v,
-                   const void* o, const void* dout, const float* stats, void* dq, void* dk,
-                   void* dv, void* workspace) const {
+void Backward::run(cudnnHandle_t handle, const void* q, const void* k, const void* v, const void* o,
+                   const void* dout, const float* stats, void* dq, void* dk, void* dv,
+                   void* workspace) const {
   char* ws = static_cast<char*>(workspace);
   graph_.execute(handle,
                  {{q_, const_cast<void*>(q)},

@@ -36,8 +36,8 @@ class Forward {
   Forward(cudnnHandle_t handle, const Problem& p);
   int64_t workspace_size() const { return graph_.workspace_size(); }
   int64_t engine_id() const { return graph_.engine_id(); }
-  void run(cudnnHandle_t handle, const void* q, const void* k, const void* v, void* o,
-           float* stats, void* workspace) const;
+  void run(cudnnHandle_t handle, const void* q, const void* k, const void* v, void* o, float* stats,
+           void* workspace) const;
 
  private:
   cudnn_graph::Graph graph_{"cuDNN SDPA forward"};
