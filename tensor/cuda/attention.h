@@ -16,9 +16,10 @@
 namespace tally::cuda {
 
 // PyTorch's torch.backends.cuda.enable_cudnn_sdp: whether float16/bfloat16 attention may run
-// cuDNN's fused kernels (on by default, off when the process starts with TALLY_CUDNN_SDP=0;
-// off: always Tally's own). Either forward's log-sum-exp
-// feeds either backward, so the switch may change between a forward and its backward.
+// cuDNN's fused kernels (off: always Tally's own). On by default; TALLY_CUDNN_SDP=0 in the
+// environment starts it off (read at the first call; a value other than 0 or 1 is an error).
+// Either forward's log-sum-exp feeds either backward, so the switch may change between a
+// forward and its backward.
 void set_cudnn_sdp_enabled(bool enabled);
 bool cudnn_sdp_enabled();
 // Calls served by cuDNN, and calls that asked for it but fell back to Tally's kernels

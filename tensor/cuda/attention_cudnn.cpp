@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <map>
@@ -25,13 +24,19 @@ namespace tally::cuda {
 
 namespace {
 
-// TALLY_CUDNN_SDP=0 in the environment starts the process with the route off.
-bool enabled_by_default() {
-  const char* env = std::getenv("TALLY_CUDNN_SDP");
-  return !(env && std::strcmp(env, "0") == 0);
-}
+// -1 until first read: then TALLY_CUDNN_SDP (0 starts the process with the route off; a
+// malformed value throws from the first attention call, not at load time) or the setter.
+std::atomic<int> g_enabled{-1};
 
-std::atomic<bool> g_enabled{enabled_by_default()};
+bool enabled() {
+  int v = g_enabled.load();
+  if (v < 0) {
+    const int from_env = env_switch("TALLY_CUDNN_SDP", true) ? 1 : 0;
+    g_enabled.compare_exchange_strong(v, from_env);
+    v = g_enabled.load();
+  }
+  return v == 1;
+}
 std::atomic<int64_t> g_forward{0}, g_backward{0}, g_fallback{0};
 
 cudnn_sdpa::Strides strides_of(const Tensor& t) {
@@ -93,7 +98,7 @@ Cache<cudnn_sdpa::Backward>& backward_cache() {
 
 // Problems this route takes at all (cuDNN may still decline one when building its plan).
 bool eligible(const Tensor& q, const Tensor& k, const Tensor& v) {
-  if (!g_enabled.load() || q.dim() != 4) return false;
+  if (!enabled() || q.dim() != 4) return false;
   if (q.dtype() != DType::bfloat16 && q.dtype() != DType::float16) return false;
   const int64_t d = q.size(3);
   return v.size(3) == d && k.size(3) == d && d % 8 == 0 && d <= 128 &&
@@ -138,11 +143,11 @@ bool aligned(std::initializer_list<const Tensor*> ts) {
 
 }  // namespace
 
-void set_cudnn_sdp_enabled(bool enabled) {
-  g_enabled.store(enabled);
+void set_cudnn_sdp_enabled(bool on) {
+  g_enabled.store(on ? 1 : 0);
 }
 bool cudnn_sdp_enabled() {
-  return g_enabled.load();
+  return enabled();
 }
 
 CudnnSdpCounts cudnn_sdp_counts() {

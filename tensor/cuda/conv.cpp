@@ -15,7 +15,8 @@
 // like PyTorch's cudnn.benchmark); the ranked list (algorithm, math type, workspace bytes) is
 // cached and every call takes the first entry whose workspace the allocator can provide,
 // falling back down the list on out-of-memory or on a "not supported" status.
-// TALLY_CUDNN_CONV_LEGACY=1 in the environment keeps every call on the legacy API.
+// TALLY_CUDNN_CONV_LEGACY=1 in the environment keeps every call on the legacy API (0 or unset:
+// the default; anything else is an error).
 //
 // Memory. Workspaces (and the benchmark's scratch output) come from the caching allocator
 // on Tally's stream under Category::workspace, so they show up in the op's memory
@@ -34,8 +35,6 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -357,11 +356,10 @@ void contiguous_strides4(const int d[4], int s[4]) {
   s[0] = d[1] * d[2] * d[3];
 }
 
+// TALLY_CUDNN_CONV_LEGACY=1: every call on the legacy API (read once; a malformed value
+// throws from the first convolution).
 bool legacy_only() {
-  static const bool v = [] {
-    const char* env = std::getenv("TALLY_CUDNN_CONV_LEGACY");
-    return env && std::strcmp(env, "1") == 0;
-  }();
+  static const bool v = env_switch("TALLY_CUDNN_CONV_LEGACY", false);
   return v;
 }
 

@@ -108,7 +108,7 @@ class Graph {
   void execute(cudnnHandle_t handle, const std::vector<std::pair<int64_t, void*>>& pointers,
                void* workspace) const;
   const std::string& name() const { return name_; }
-  // Engine id and the number of configurations cuDNN offered (for logs and tests).
+  // The global index of the engine the plan runs (for logs and tests).
   int64_t engine_id() const { return engine_id_; }
 
  private:

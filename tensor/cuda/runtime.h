@@ -37,6 +37,9 @@ void check_launch(const char* what);
 void synchronize(int device);
 // The device's multiprocessor count, looked up once per device (grid sizing).
 int sm_count(int device);
+// A 0/1 switch from the environment (TALLY_CUDNN_SDP, TALLY_CUDNN_CONV_LEGACY): `fallback` when
+// unset or empty; throws std::invalid_argument naming the variable and its value otherwise.
+bool env_switch(const char* name, bool fallback);
 // The compute capability as major * 10 + minor (90 on an H200), looked up once per device.
 int compute_capability(int device);
 // Lets `kernel` take `bytes` of dynamic shared memory (above the 48 KB default).

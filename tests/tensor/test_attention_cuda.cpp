@@ -10,10 +10,14 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include "autograd/attention.h"
 #include "cuda_testing.h"
 #include "tensor/cuda/attention.h"
+#include "tensor/cuda/runtime.h"
 #include "tensor/ops/attention.h"
 
 namespace tally {
@@ -284,6 +288,33 @@ TEST(CudaFlashAttention, CudnnRunsGptAttentionAndMatchesTallysKernels) {
       EXPECT_TRUE(close_scaled(f32_cpu(mixed.dk), f32_cpu(g[0].dk), 2e-2));
     }
   }
+}
+
+// The 0/1 environment switches (TALLY_CUDNN_SDP, TALLY_CUDNN_CONV_LEGACY) read through
+// cuda::env_switch: unset or empty gives the default, anything but 0 or 1 is an error naming the
+// variable and its value. Host-only: runs without a GPU too.
+TEST(CudaRuntime, EnvSwitchTakesZeroOrOneAndNamesABadValue) {
+  const char* name = "TALLY_TEST_ENV_SWITCH";
+  ::unsetenv(name);
+  EXPECT_TRUE(cuda::env_switch(name, true));
+  EXPECT_FALSE(cuda::env_switch(name, false));
+  ::setenv(name, "", 1);
+  EXPECT_TRUE(cuda::env_switch(name, true));
+  ::setenv(name, "0", 1);
+  EXPECT_FALSE(cuda::env_switch(name, true));
+  ::setenv(name, "1", 1);
+  EXPECT_TRUE(cuda::env_switch(name, false));
+  for (const char* bad : {"off", "true", "2", "0 "}) {
+    ::setenv(name, bad, 1);
+    try {
+      cuda::env_switch(name, true);
+      ADD_FAILURE() << "no error for '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv(name);
 }
 
 // A problem cuDNN declines falls back to Tally's kernels with the right answer, and is
