@@ -571,10 +571,13 @@ bool unary_fast(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
 
 namespace vec {
 
-int grid_for(int64_t packs, int device) {
-  const int64_t want = (packs + kThreads - 1) / kThreads;
-  const int64_t cap = static_cast<int64_t>(sm_count(device)) * 8;
-  return static_cast<int>(want < 1 ? 1 : (want < cap ? want : cap));
+// Two packs a thread (map_kernel's paired loop then runs once a thread), at most 2^20 blocks
+// (past that the kernels stride). Measured on the H200 (session 6, 67M-element copy and GELU):
+// a grid capped at 8 blocks an SM held a bf16 copy at 86% of 4.3 TB/s and fp32 GELU at 85%;
+// with two packs a thread they reach 95-97% (the loads in flight, not the ALU, were short).
+int grid_for(int64_t packs, int /*device*/) {
+  const int64_t want = (packs + 2 * kThreads - 1) / (2 * kThreads);
+  return static_cast<int>(std::clamp<int64_t>(want, 1, int64_t{1} << 20));
 }
 
 bool applies(const Tensor& out, const Tensor& a, const Tensor* b) {

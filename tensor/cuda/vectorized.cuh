@@ -2,8 +2,7 @@
 // are contiguous, of one dtype, of the output's shape and 16-byte aligned, a grid-stride
 // kernel with the operation as a functor type moves 16 bytes per load and store (4 floats,
 // 8 halves/bfloat16, 2 doubles), two vectors in flight per thread, with a scalar tail. The
-// grid is sized to fill the device (8 blocks of 256 threads per SM) rather than one
-// thread per element.
+// grid gives each thread two 16-byte packs (grid_for), striding only past 2^20 blocks.
 #pragma once
 
 #include <cstdint>
@@ -79,7 +78,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Blocks for a grid-stride walk over `packs` 16-byte packs: enough to fill the device.
+// Blocks for a walk over `packs` 16-byte packs: two packs a thread, at most 2^20 blocks.
 int grid_for(int64_t packs, int device);
 
 // Whether the fast path applies: out and the inputs contiguous, one dtype, one shape,
