@@ -419,13 +419,67 @@ __device__ __forceinline__ A apply_unary(ops::UnaryOp op, A x) {
   return x;
 }
 
+// GELU for float16 / bfloat16 results. Computed in float32 like every 16-bit op, but without
+// erff / tanhf, whose instruction count (erff: a 7-term polynomial whose coefficients are
+// selected per element, then an exp2 branch) made bf16 GELU ALU-bound at 68-77% of the H200's
+// 4.3 TB/s while the same loop moves a bf16 copy at 95%.
+//
+// Exact GELU: x * Phi(x) with Phi(-|x|) = 2^Q(|x|), Q a degree-10 polynomial fitted (weighted
+// minimax, long double) to log2 Phi(-t) on [0, 6.5]: |error in Phi| <= 1.6e-7 everywhere and
+// relative error of Phi(-t) <= 5e-6 in the tail; past |x| = 6.5 Phi is 0 or 1, as float32's
+// 1 + erf saturates. Over all 65,536 bf16 inputs it rounds to the same bf16 as
+// 0.5 x (1 + erff(x / sqrt 2)) except 124, each within one bf16 ulp or in the tail
+// x in [-6.5, -4.4] where that formula cancels and this one keeps the exact value.
+__device__ __forceinline__ float ex2_approx(float q) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(q));
+  return r;
+}
+__device__ __forceinline__ float rcp_approx(float q) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(q));
+  return r;
+}
+__device__ __forceinline__ float gelu_16bit(float x) {
+  const float t = fabsf(x);
+  float q = -1.142554318e-08f;
+  q = fmaf(q, t, 3.978113909e-07f);
+  q = fmaf(q, t, -5.858466011e-06f);
+  q = fmaf(q, t, 4.571726095e-05f);
+  q = fmaf(q, t, -1.706173061e-04f);
+  q = fmaf(q, t, -2.319417108e-04f);
+  q = fmaf(q, t, 7.235255558e-03f);
+  q = fmaf(q, t, -5.263700709e-02f);
+  q = fmaf(q, t, -4.591571987e-01f);
+  q = fmaf(q, t, -1.151111722e+00f);
+  q = fmaf(q, t, -9.999998808e-01f);
+  const float lower = t < 6.5f ? ex2_approx(q) : 0.f;  // Phi(-|x|); NaN compares false: 0
+  return x * (x < 0.f ? lower : 1.f - lower);        // NaN stays NaN, -inf gives NaN (as 0.5 x (1 + erf))
+}
+// tanh GELU: 0.5 x (1 + tanh(z)) = x * sigmoid(2 z), z = sqrt(2/pi) (x + 0.044715 x^3), as
+// x / (1 + 2^(-2 z log2 e)): one ex2 and one reciprocal. No cancellation for x << 0.
+__device__ __forceinline__ float gelu_tanh_16bit(float x) {
+  constexpr float kA = -2.0f * 0.7978845608028654f * 1.4426950408889634f, kB = kA * 0.044715f;
+  return x * rcp_approx(1.f + ex2_approx(x * fmaf(kB, x * x, kA)));
+}
+
+// The value of unary op `op` at x for a result stored as T.
+template <typename T, typename A>
+__device__ __forceinline__ A unary_value(ops::UnaryOp op, A x) {
+  if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+    if (op == ops::UnaryOp::gelu) return gelu_16bit(x);
+    if (op == ops::UnaryOp::gelu_tanh) return gelu_tanh_16bit(x);
+  }
+  return apply_unary<A>(op, x);
+}
+
 template <typename T>
 struct UnaryKernelOp {
   ops::UnaryOp op;
   T* out;
   const T* a;
   __device__ void operator()(const int64_t* o, int64_t) const {
-    out[o[0]] = store<T>(apply_unary<dacc_t<T>>(op, load(a[o[1]])));
+    out[o[0]] = store<T>(unary_value<T>(op, load(a[o[1]])));
   }
 };
 
@@ -490,11 +544,11 @@ struct ScalarF {
   }
 };
 
-template <ops::UnaryOp OP>
+template <ops::UnaryOp OP, typename T>
 struct UnaryF {
   template <typename A>
   __device__ __forceinline__ A operator()(A x) const {
-    return apply_unary<A>(OP, x);
+    return unary_value<T>(OP, x);
   }
 };
 
@@ -559,7 +613,7 @@ bool unary_fast(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
   switch (op) {
 #define TALLY_CASE(OP)                                                        \
   case ops::UnaryOp::OP:                                                      \
-    vec::launch_map<T, 1>(name, out, a, nullptr, UnaryF<ops::UnaryOp::OP>{}); \
+    vec::launch_map<T, 1>(name, out, a, nullptr, UnaryF<ops::UnaryOp::OP, T>{}); \
     return true;
     TALLY_UNARY_OPS(TALLY_CASE)
 #undef TALLY_CASE

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "tensor/cuda/device_types.cuh"
+#include "tensor/cuda/fast_div.h"
 #include "tensor/cuda/pool.h"
 #include "tensor/cuda/runtime.h"
 
@@ -84,6 +85,66 @@ __global__ void max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__
     y[o] = store<T>(best_v);
     idx[o] = best;
   }
+}
+
+// The same forward in 32-bit index arithmetic, for tensors whose every flat index fits in 31
+// bits (all of ResNet's): the flat output index splits into (plane, oh, ow) through two
+// multiply-high divisions instead of three 64-bit divisions, which held the 64-bit kernel's
+// [64,64,112,112] call at 0.237 ms against PyTorch's 0.210 on the H200.
+struct Planes32 {
+  FastDiv by_ow, by_oh;
+  int32_t H, W;
+  int32_t kH, kW, sH, sW, pH, pW, dH, dW;
+};
+
+template <typename T>
+__global__ void max_pool_forward_kernel32(const T* __restrict__ x, T* __restrict__ y, int64_t* __restrict__ idx,
+                                          Planes32 g, uint32_t n) {
+  using A = dacc_t<T>;
+  for (uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < n; o += gridDim.x * blockDim.x) {
+    uint32_t rest, ow, pl, oh;
+    g.by_ow.divmod(o, rest, ow);
+    g.by_oh.divmod(rest, pl, oh);
+    const T* xp = x + pl * static_cast<uint32_t>(g.H * g.W);
+    int32_t h0 = static_cast<int32_t>(oh) * g.sH - g.pH;
+    const int32_t h1 = min(h0 + (g.kH - 1) * g.dH + 1, g.H);
+    while (h0 < 0) h0 += g.dH;
+    int32_t w0 = static_cast<int32_t>(ow) * g.sW - g.pW;
+    const int32_t w1 = min(w0 + (g.kW - 1) * g.dW + 1, g.W);
+    while (w0 < 0) w0 += g.dW;
+    int32_t best = h0 * g.W + w0;
+    A best_v = -static_cast<A>(INFINITY);
+    for (int32_t h = h0; h < h1; h += g.dH)
+      for (int32_t w = w0; w < w1; w += g.dW) {
+        const A v = load(xp[h * g.W + w]);
+        if (v > best_v || v != v) {  // NaN propagates (as PyTorch: the last one)
+          best_v = v;
+          best = h * g.W + w;
+        }
+      }
+    y[o] = store<T>(best_v);
+    idx[o] = best;
+  }
+}
+
+// Whether max_pool_forward_kernel32 applies: every flat index of input and output, and every
+// window coordinate, below 2^31.
+bool fits_32(const Tensor& input, const Tensor& out, const ops::Pool2dParams& p) {
+  constexpr int64_t kMax = FastDiv::kMaxNumerator;
+  const int64_t params[] = {p.kH, p.kW, p.sH, p.sW, p.pH, p.pW, p.dH, p.dW};
+  for (int64_t v : params)
+    if (v < 0 || v > (int64_t{1} << 15)) return false;
+  // the largest row/column a window reaches, with its padding
+  const int64_t reach_h = (out.size(2) - 1) * p.sH + (p.kH - 1) * p.dH + 1 + p.pH;
+  const int64_t reach_w = (out.size(3) - 1) * p.sW + (p.kW - 1) * p.dW + 1 + p.pW;
+  return input.numel() <= kMax && out.numel() <= kMax && reach_h * input.size(3) + reach_w <= kMax &&
+         out.size(2) >= 1 && out.size(3) >= 1;
+}
+
+Planes32 planes32_of(const Tensor& input, const Tensor& out, const ops::Pool2dParams& p) {
+  auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
+  return {FastDiv(out.size(3)), FastDiv(out.size(2)), i32(input.size(2)), i32(input.size(3)),
+          i32(p.kH), i32(p.kW), i32(p.sH), i32(p.sW), i32(p.pH), i32(p.pW), i32(p.dH), i32(p.dW)};
 }
 
 // grad_input (zeroed) [planes, H * W] += grad_output at each output's argmax.
@@ -211,11 +272,17 @@ void max_pool2d_forward(const Tensor& out, const Tensor& indices, const Tensor& 
   const Planes g = planes_of(input, out);
   const int64_t n = out.numel();
   if (n == 0) return;
+  const bool use32 = fits_32(input, out, p);
   Launch l("max_pool2d (CUDA)", input);
   TALLY_DISPATCH_FLOAT(input.dtype(), "max_pool2d", [&] {
     using T = dev_t<scalar_t>;
-    max_pool_forward_kernel<T><<<blocks_for(n), kThreads, 0, l.stream_>>>(ptr<const T>(input), ptr<T>(out),
-                                                                          ptr<int64_t>(indices), g, p, n);
+    if (use32)
+      max_pool_forward_kernel32<T><<<blocks_for(n), kThreads, 0, l.stream_>>>(
+          ptr<const T>(input), ptr<T>(out), ptr<int64_t>(indices), planes32_of(input, out, p),
+          static_cast<uint32_t>(n));
+    else
+      max_pool_forward_kernel<T><<<blocks_for(n), kThreads, 0, l.stream_>>>(ptr<const T>(input), ptr<T>(out),
+                                                                            ptr<int64_t>(indices), g, p, n);
   });
   check_launch(l.name_);
 }

@@ -1,5 +1,8 @@
 // The core ops on CUDA against the CPU reference (label gpu: skipped without a device).
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "cuda_testing.h"
 
@@ -97,6 +100,57 @@ TEST(CudaElementwise, BinaryUnaryMatchTheCpu) {
     EXPECT_LT(max_pointwise_error_lenient(ops::where(ops::to(cond, kGpu, DType::bool_), ga, gb), ops::where(cond, a, b)), pointwise_tol(d));
     // non-contiguous operand
     EXPECT_LT(max_pointwise_error_lenient(ops::mul(ops::transpose(gb, 0, 1), 2.0), ops::mul(ops::transpose(b, 0, 1), 2.0)), pointwise_tol(d));
+  }
+}
+
+// float16 / bfloat16 GELU (exact and tanh) take their own float32 formulas on CUDA (one exp2, no
+// erff / tanhf; elementwise.cu). Every one of the 65,536 bit patterns, through the contiguous fast
+// path and the strided path: each finite result within one ulp of the 16-bit type of a long-double
+// reference (or 1e-9 absolute, where float32's 1 + erf saturates to 0), non-finite inputs as the
+// CPU kernel gives them. The textbook float32 formula fails this in the tail (x near -5, where
+// 1 + erf(x / sqrt 2) cancels).
+TEST(CudaElementwise, SixteenBitGeluIsWithinOneUlpOnEveryInput) {
+  REQUIRE_GPU();
+  for (const DType d : {DType::bfloat16, DType::float16}) {
+    const int mantissa = d == DType::bfloat16 ? 7 : 10, min_exp = d == DType::bfloat16 ? -126 : -14;
+    Tensor x = ops::empty({65536}, d), wide = ops::empty({65536, 2}, d);
+    auto* xb = static_cast<uint16_t*>(x.data_ptr());
+    auto* wb = static_cast<uint16_t*>(wide.data_ptr());
+    for (uint32_t i = 0; i < 65536; ++i) xb[i] = wb[2 * i] = wb[2 * i + 1] = static_cast<uint16_t>(i);
+    const std::vector<double> xs = ops::to_vector(x);
+    for (const ops::UnaryOp op : {ops::UnaryOp::gelu, ops::UnaryOp::gelu_tanh}) {
+      const std::vector<double> cpu = ops::to_vector(ops::unary(op, x));
+      for (const bool strided : {false, true}) {
+        const Tensor xg = strided ? ops::select(to_gpu(wide), 1, 0) : to_gpu(x);
+        ASSERT_EQ(xg.is_contiguous(), !strided);
+        const std::vector<double> got = ops::to_vector(ops::to(ops::unary(op, xg), Device::cpu(), d));
+        int bad = 0;
+        std::string first;
+        for (size_t i = 0; i < xs.size(); ++i) {
+          const long double v = xs[i];
+          bool ok;
+          long double ref = 0;
+          if (!std::isfinite(xs[i])) {
+            ok = std::isnan(cpu[i]) ? std::isnan(got[i]) : got[i] == cpu[i];
+          } else {
+            if (op == ops::UnaryOp::gelu) {
+              ref = v * 0.5L * std::erfc(-v / std::sqrt(2.0L));
+            } else {
+              const long double z = 0.7978845608028654L * (v + 0.044715L * v * v * v);
+              ref = v / (1 + std::exp(-2 * z));
+            }
+            const int e = ref == 0 ? min_exp : std::max(std::ilogb(ref), min_exp);
+            const long double ulp = std::ldexp(1.0L, e - mantissa);
+            ok = std::fabs(got[i] - ref) <= std::max(ulp, 1e-9L);
+          }
+          if (!ok && bad++ == 0)
+            first = "x = " + std::to_string(xs[i]) + ": got " + std::to_string(got[i]) + ", reference " +
+                    std::to_string(static_cast<double>(ref)) + ", cpu " + std::to_string(cpu[i]);
+        }
+        EXPECT_EQ(bad, 0) << dtype_name(d) << " " << ops::unary_op_name(op) << (strided ? " strided" : " contiguous")
+                          << ": first " << first;
+      }
+    }
   }
 }
 

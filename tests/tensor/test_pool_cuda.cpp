@@ -9,6 +9,8 @@
 #include <optional>
 #include <sstream>
 
+#include <cuda_runtime.h>
+
 #include "autograd/pool.h"
 #include "cuda_testing.h"
 #include "memory/caching_allocator.h"
@@ -249,6 +251,39 @@ TEST(CudaPool2d, AutogradMatchesTheCpu) {
 
 // The outputs and gradients live in the GPU allocator under the op's context; pooling
 // asks for no workspace.
+// Tensors whose flat indices fit in 31 bits take a kernel with 32-bit index arithmetic; larger
+// ones the 64-bit kernel. Past 2^31 input elements (a 4.3 GB bfloat16 tensor, two planes), each
+// plane's values and argmax indices from the 64-bit kernel must equal those of the same plane
+// pooled alone (1.07e9 elements: the 32-bit kernel), compared on the device.
+TEST(CudaMaxPool2d, PastTwoToThe31ElementsTheWideKernelAgreesPlaneByPlane) {
+  REQUIRE_GPU();
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  if (free_bytes < (size_t{28} << 30)) GTEST_SKIP() << "needs 28 GiB free on the GPU, has " << (free_bytes >> 20) << " MiB";
+  const int64_t H = 32768, W = 32769, rows = 256;  // 2 * H * W = 2,147,549,184 > 2^31 - 1
+  const Tensor base = to_gpu(rand_tensor({2, 1, 1, rows, W}, DType::bfloat16, 91));
+  const Tensor x = ops::contiguous(ops::expand(base, {2, 1, H / rows, rows, W})).reshape({2, 1, H, W});
+  ASSERT_GT(x.numel(), int64_t{0x7fffffff});
+  auto max_abs_diff = [](const Tensor& a, const Tensor& b) {  // values or int64 indices
+    const Tensor d = ops::sub(a, b);
+    return std::max(ops::item(ops::max(d)), -ops::item(ops::min(d)));
+  };
+  const auto [y, idx] = ops::max_pool2d_with_indices(x, 3, 2, 1, 1, false);
+  ASSERT_EQ(y.sizes(), (Shape{2, 1, H / 2, (W + 1) / 2}));
+  for (int64_t plane = 0; plane < 2; ++plane) {
+    const Tensor xp = x.narrow(0, plane, 1);
+    ASSERT_LE(xp.numel(), int64_t{0x7fffffff});
+    const auto [yp, ip] = ops::max_pool2d_with_indices(xp, 3, 2, 1, 1, false);
+    EXPECT_EQ(max_abs_diff(y.narrow(0, plane, 1), yp), 0.0) << "plane " << plane << " values";
+    EXPECT_EQ(max_abs_diff(idx.narrow(0, plane, 1), ip), 0.0) << "plane " << plane << " indices";
+  }
+  // the indices are real argmaxes: the last window of the last row holds column W - 1
+  const Tensor last = idx.narrow(0, 1, 1).narrow(2, H / 2 - 1, 1).narrow(3, (W + 1) / 2 - 1, 1);
+  const double j = ops::item(last);
+  EXPECT_GE(j, static_cast<double>((H - 3) * W + W - 2));
+  EXPECT_LT(j, static_cast<double>(H * W));
+}
+
 TEST(CudaPool2d, AllocationsLandInTheGpuAllocator) {
   REQUIRE_GPU();
   memory::CachingAllocator& alloc = memory::get_allocator(kGpu);
