@@ -172,13 +172,14 @@ TEST(CudaElementwise, SumMatchesTheCpu) {
 
 // The fast paths of a contiguous input: column sums (the outer dims reduced: a Linear's
 // bias gradient, [B, T, N] -> [N]) and full sums, at widths around the 32-column tile, with
-// many rows (several splits) and a storage offset; and they repeat bit for bit (no atomics).
+// many rows (several splits; {2, 4099, 64} and the full sums take the block-per-column reduction
+// of the partials) and a storage offset; and they repeat bit for bit (no atomics).
 TEST(CudaElementwise, ColumnAndFullSumsMatchTheCpu) {
   REQUIRE_GPU();
   uint64_t seed = 60;
   for (DType d : {DType::float32, DType::bfloat16, DType::float16, DType::float64}) {
     const double tol = d == DType::float32 ? 1e-5 : d == DType::float64 ? 1e-12 : 2e-2;
-    for (const Shape& shape : std::vector<Shape>{{4, 1000, 33}, {3, 517, 768}, {2, 4099, 1}, {64, 3, 5}, {100003}}) {
+    for (const Shape& shape : std::vector<Shape>{{4, 1000, 33}, {3, 517, 768}, {2, 4099, 64}, {2, 4099, 1}, {64, 3, 5}, {100003}}) {
       const Tensor a = rand_tensor(shape, d, ++seed);
       const Tensor g = to_gpu(a);
       const std::string what = std::string(dtype_name(d)) + " " + a.shape_string();
@@ -189,6 +190,7 @@ TEST(CudaElementwise, ColumnAndFullSumsMatchTheCpu) {
         EXPECT_EQ(max_pointwise_error_lenient(once, twice), 0.0) << what << " is deterministic";
       }
       EXPECT_LT(max_pointwise_error_lenient(ops::sum(g), ops::sum(a)), tol) << what;
+      EXPECT_EQ(max_pointwise_error_lenient(ops::sum(g), ops::sum(g)), 0.0) << what << " full sum is deterministic";
       // A view starting 7 elements into its storage.
       const Tensor flat = ops::reshape(a, {-1});
       const int64_t n = flat.numel() - 7;
