@@ -1,9 +1,9 @@
 // Division of unsigned 32-bit numerators below 2^31 by a divisor fixed at launch time, as one
-// multiply-high, an add and a shift (the round-up reciprocal method: m = floor(2^32 (2^s - d) / d) + 1
-// with s = ceil(log2 d); then n / d = (umulhi(n, m) + n) >> s, and umulhi(n, m) + n < 2^32 while
-// n < 2^31). Kernels that turn a flat index into (plane, row, column) use it instead of 64-bit `/`
-// and `%`, which compile to a long instruction sequence each. Plain C++ on the host, so the CPU
-// tests check it exhaustively near the edges.
+// multiply-high, an add and a shift (the round-up reciprocal method: m = floor(2^32 (2^s - d) / d)
+// + 1 with s = ceil(log2 d); then n / d = (umulhi(n, m) + n) >> s, and umulhi(n, m) + n < 2^32
+// while n < 2^31). Kernels that turn a flat index into (plane, row, column) use it instead of
+// 64-bit `/` and `%`, which compile to a long instruction sequence each. Plain C++ on the host, so
+// the CPU tests check it exhaustively near the edges.
 #pragma once
 
 #include <cstdint>
@@ -26,11 +26,13 @@ struct FastDiv {
   FastDiv() = default;
   explicit FastDiv(int64_t d) {
     if (d < 1 || d > kMaxNumerator)
-      throw std::invalid_argument("FastDiv: divisor must be in [1, 2^31), got " + std::to_string(d));
+      throw std::invalid_argument("FastDiv: divisor must be in [1, 2^31), got " +
+                                  std::to_string(d));
     divisor = static_cast<uint32_t>(d);
     shift = 0;
     while ((uint64_t{1} << shift) < divisor) ++shift;
-    multiplier = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - divisor)) / divisor + 1);
+    multiplier = static_cast<uint32_t>(
+        ((uint64_t{1} << 32) * ((uint64_t{1} << shift) - divisor)) / divisor + 1);
   }
 
   TALLY_HD uint32_t div(uint32_t n) const {

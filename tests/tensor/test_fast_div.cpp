@@ -24,8 +24,10 @@ std::vector<uint32_t> divisors() {
   std::vector<uint32_t> d;
   for (uint32_t i = 1; i <= 1100; ++i) d.push_back(i);
   for (uint32_t s = 11; s < 31; ++s)
-    for (int64_t delta : {-3, -1, 0, 1, 3}) d.push_back(static_cast<uint32_t>((int64_t{1} << s) + delta));
-  for (uint32_t v : {3136u, 12544u, 50176u, 802816u, 65535u, 65537u, 1000003u, 0x7fffffffu, 0x7ffffffeu})
+    for (int64_t delta : {-3, -1, 0, 1, 3})
+      d.push_back(static_cast<uint32_t>((int64_t{1} << s) + delta));
+  for (uint32_t v :
+       {3136u, 12544u, 50176u, 802816u, 65535u, 65537u, 1000003u, 0x7fffffffu, 0x7ffffffeu})
     d.push_back(v);
   return d;
 }
@@ -37,7 +39,8 @@ TEST(FastDiv, MatchesDivisionAtTheEdgesOfEveryDivisor) {
     for (uint32_t n = 0; n < 4096; ++n) expect_matches(f, n);
     // around multiples of d, spread over the range
     for (uint64_t k = 1; k <= 64; ++k) {
-      const uint64_t m = static_cast<uint64_t>(d) * (kMax / d / 64 * k + (k == 64 ? kMax / d % 64 : 0));
+      const uint64_t m =
+          static_cast<uint64_t>(d) * (kMax / d / 64 * k + (k == 64 ? kMax / d % 64 : 0));
       for (int64_t delta = -2; delta <= 2; ++delta) {
         const int64_t n = static_cast<int64_t>(m) + delta;
         if (n >= 0 && n <= kMax) expect_matches(f, static_cast<uint32_t>(n));
@@ -53,7 +56,8 @@ TEST(FastDiv, MatchesDivisionOnRandomNumerators) {
   std::mt19937_64 rng(31);
   for (uint32_t d : divisors()) {
     const FastDiv f(d);
-    for (int i = 0; i < 2000; ++i) expect_matches(f, static_cast<uint32_t>(rng() & FastDiv::kMaxNumerator));
+    for (int i = 0; i < 2000; ++i)
+      expect_matches(f, static_cast<uint32_t>(rng() & FastDiv::kMaxNumerator));
     if (HasFatalFailure()) return;
   }
 }
