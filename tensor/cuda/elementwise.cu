@@ -714,6 +714,22 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
 
 namespace {
 
+// The sum of every thread's `v` over a block of kThreads threads, in a fixed order (warp trees,
+// then a tree over the warps' sums); valid in thread 0. `red` holds kThreads / 32 values in
+// shared memory; every thread of the block must make the call.
+template <typename Acc>
+__device__ __forceinline__ Acc block_sum(Acc v, Acc* red) {
+  for (int s = 16; s > 0; s >>= 1) v += __shfl_down_sync(0xffffffffu, v, s);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  Acc w = 0;
+  if (threadIdx.x < 32) {
+    w = threadIdx.x < kThreads / 32 ? red[threadIdx.x] : Acc(0);
+    for (int s = 16; s > 0; s >>= 1) w += __shfl_down_sync(0xffffffffu, w, s);
+  }
+  return w;
+}
+
 // Reduces `rsize` elements per output: block (k, split) sums its share of output k's
 // elements (input offset = kept offset + reduced offset) and adds it atomically.
 template <typename T, typename Acc>
@@ -730,18 +746,12 @@ __global__ void sum_kernel(const T* in, Acc* acc, int64_t ksize, int64_t rsize, 
       red.get(r, &roff);
       local += static_cast<Acc>(load(in[koff + roff]));
     }
-    for (int s = 16; s > 0; s >>= 1) local += __shfl_down_sync(0xffffffffu, local, s);
-    if ((threadIdx.x & 31) == 0) shared[threadIdx.x / 32] = local;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      Acc v = threadIdx.x < kThreads / 32 ? shared[threadIdx.x] : Acc(0);
-      for (int s = 16; s > 0; s >>= 1) v += __shfl_down_sync(0xffffffffu, v, s);
-      if (threadIdx.x == 0) {
-        if constexpr (std::is_same_v<Acc, long long>)
-          atomicAdd(reinterpret_cast<unsigned long long*>(acc + k), static_cast<unsigned long long>(v));
-        else
-          atomicAdd(acc + k, v);
-      }
+    const Acc v = block_sum(local, shared);
+    if (threadIdx.x == 0) {
+      if constexpr (std::is_same_v<Acc, long long>)
+        atomicAdd(reinterpret_cast<unsigned long long*>(acc + k), static_cast<unsigned long long>(v));
+      else
+        atomicAdd(acc + k, v);
     }
     __syncthreads();
   }
@@ -812,14 +822,8 @@ __global__ void __launch_bounds__(kThreads) flat_sum_kernel(const T* __restrict_
   }
   if (blockIdx.x == 0)
     for (int64_t i = packs * V + threadIdx.x; i < n; i += kThreads) acc += static_cast<double>(load(in[i]));
-  for (int s = 16; s > 0; s >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, s);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    double v = threadIdx.x < kThreads / 32 ? red[threadIdx.x] : 0.0;
-    for (int s = 16; s > 0; s >>= 1) v += __shfl_down_sync(0xffffffffu, v, s);
-    if (threadIdx.x == 0) part[blockIdx.x] = v;
-  }
+  const double v = block_sum(acc, red);
+  if (threadIdx.x == 0) part[blockIdx.x] = v;
 }
 
 // out[k] = sum over s of part[s * K + k], s in order (out contiguous, K elements).
@@ -845,15 +849,9 @@ sum_partials_tree_kernel(T* __restrict__ out, const double* __restrict__ part, i
   for (int64_t k = blockIdx.x; k < K; k += gridDim.x) {
     double v = 0;
     for (int s = threadIdx.x; s < splits; s += kThreads) v += part[static_cast<int64_t>(s) * K + k];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      double w = threadIdx.x < kThreads / 32 ? red[threadIdx.x] : 0.0;
-      for (int o = 16; o > 0; o >>= 1) w += __shfl_down_sync(0xffffffffu, w, o);
-      if (threadIdx.x == 0) out[k] = store<T>(w);
-    }
-    __syncthreads();
+    const double total = block_sum(v, red);
+    if (threadIdx.x == 0) out[k] = store<T>(total);
+    __syncthreads();  // red is reused by the next column
   }
 }
 

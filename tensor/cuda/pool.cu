@@ -59,31 +59,44 @@ __device__ __forceinline__ AvgWindow avg_window(int64_t oh, int64_t ow, int64_t 
 
 // ------------------------------------------------------------------ kernels
 
+// A max-pooling window's geometry in index type I (int64_t, or int32_t when every index fits).
+template <typename I>
+struct MaxWindow {
+  I H, W, kH, kW, sH, sW, pH, pW, dH, dW;
+};
+
+// Output cell (oh, ow) of plane `xp`: the window's largest value and its flat index in the plane.
+template <typename T, typename I>
+__device__ __forceinline__ void max_of_window(const T* __restrict__ xp, I oh, I ow, const MaxWindow<I>& g, T& y,
+                                              int64_t& idx) {
+  using A = dacc_t<T>;
+  I h0 = oh * g.sH - g.pH;
+  const I h1 = min(h0 + (g.kH - 1) * g.dH + 1, g.H);
+  while (h0 < 0) h0 += g.dH;
+  I w0 = ow * g.sW - g.pW;
+  const I w1 = min(w0 + (g.kW - 1) * g.dW + 1, g.W);
+  while (w0 < 0) w0 += g.dW;
+  I best = h0 * g.W + w0;
+  A best_v = -static_cast<A>(INFINITY);
+  for (I h = h0; h < h1; h += g.dH)
+    for (I w = w0; w < w1; w += g.dW) {
+      const A v = load(xp[h * g.W + w]);
+      if (v > best_v || v != v) {  // NaN propagates (as PyTorch: the last one)
+        best_v = v;
+        best = h * g.W + w;
+      }
+    }
+  y = store<T>(best_v);
+  idx = best;
+}
+
 template <typename T>
 __global__ void max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t* __restrict__ idx,
                                         Planes g, ops::Pool2dParams p, int64_t n) {
-  using A = dacc_t<T>;
+  const MaxWindow<int64_t> win{g.H, g.W, p.kH, p.kW, p.sH, p.sW, p.pH, p.pW, p.dH, p.dW};
   TALLY_GRID_LOOP(o, n) {
     const int64_t ow = o % g.OW, oh = (o / g.OW) % g.OH, pl = o / (g.OW * g.OH);
-    const T* xp = x + pl * g.H * g.W;
-    int64_t h0 = oh * p.sH - p.pH;
-    const int64_t h1 = min(h0 + (p.kH - 1) * p.dH + 1, g.H);
-    while (h0 < 0) h0 += p.dH;
-    int64_t w0 = ow * p.sW - p.pW;
-    const int64_t w1 = min(w0 + (p.kW - 1) * p.dW + 1, g.W);
-    while (w0 < 0) w0 += p.dW;
-    int64_t best = h0 * g.W + w0;
-    A best_v = -static_cast<A>(INFINITY);
-    for (int64_t h = h0; h < h1; h += p.dH)
-      for (int64_t w = w0; w < w1; w += p.dW) {
-        const A v = load(xp[h * g.W + w]);
-        if (v > best_v || v != v) {  // NaN propagates (as PyTorch: the last one)
-          best_v = v;
-          best = h * g.W + w;
-        }
-      }
-    y[o] = store<T>(best_v);
-    idx[o] = best;
+    max_of_window(x + pl * g.H * g.W, oh, ow, win, y[o], idx[o]);
   }
 }
 
@@ -93,37 +106,18 @@ __global__ void max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__
 // [64,64,112,112] call at 0.237 ms against PyTorch's 0.210 on the H200.
 struct Planes32 {
   FastDiv by_ow, by_oh;
-  int32_t H, W;
-  int32_t kH, kW, sH, sW, pH, pW, dH, dW;
+  MaxWindow<int32_t> win;
 };
 
 template <typename T>
 __global__ void max_pool_forward_kernel32(const T* __restrict__ x, T* __restrict__ y, int64_t* __restrict__ idx,
                                           Planes32 g, uint32_t n) {
-  using A = dacc_t<T>;
   for (uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < n; o += gridDim.x * blockDim.x) {
     uint32_t rest, ow, pl, oh;
     g.by_ow.divmod(o, rest, ow);
     g.by_oh.divmod(rest, pl, oh);
-    const T* xp = x + pl * static_cast<uint32_t>(g.H * g.W);
-    int32_t h0 = static_cast<int32_t>(oh) * g.sH - g.pH;
-    const int32_t h1 = min(h0 + (g.kH - 1) * g.dH + 1, g.H);
-    while (h0 < 0) h0 += g.dH;
-    int32_t w0 = static_cast<int32_t>(ow) * g.sW - g.pW;
-    const int32_t w1 = min(w0 + (g.kW - 1) * g.dW + 1, g.W);
-    while (w0 < 0) w0 += g.dW;
-    int32_t best = h0 * g.W + w0;
-    A best_v = -static_cast<A>(INFINITY);
-    for (int32_t h = h0; h < h1; h += g.dH)
-      for (int32_t w = w0; w < w1; w += g.dW) {
-        const A v = load(xp[h * g.W + w]);
-        if (v > best_v || v != v) {  // NaN propagates (as PyTorch: the last one)
-          best_v = v;
-          best = h * g.W + w;
-        }
-      }
-    y[o] = store<T>(best_v);
-    idx[o] = best;
+    max_of_window(x + pl * static_cast<uint32_t>(g.win.H * g.win.W), static_cast<int32_t>(oh),
+                  static_cast<int32_t>(ow), g.win, y[o], idx[o]);
   }
 }
 
@@ -143,8 +137,9 @@ bool fits_32(const Tensor& input, const Tensor& out, const ops::Pool2dParams& p)
 
 Planes32 planes32_of(const Tensor& input, const Tensor& out, const ops::Pool2dParams& p) {
   auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
-  return {FastDiv(out.size(3)), FastDiv(out.size(2)), i32(input.size(2)), i32(input.size(3)),
-          i32(p.kH), i32(p.kW), i32(p.sH), i32(p.sW), i32(p.pH), i32(p.pW), i32(p.dH), i32(p.dW)};
+  return {FastDiv(out.size(3)), FastDiv(out.size(2)),
+          {i32(input.size(2)), i32(input.size(3)), i32(p.kH), i32(p.kW), i32(p.sH), i32(p.sW), i32(p.pH),
+           i32(p.pW), i32(p.dH), i32(p.dW)}};
 }
 
 // grad_input (zeroed) [planes, H * W] += grad_output at each output's argmax.
