@@ -7,7 +7,7 @@
 // read as they are and the arithmetic and the loss are float32 (PyTorch reaches the same
 // through log_softmax(dtype=float32)), so no float32 copy of the logits is made.
 //
-// How it hooks in: one call at the top of each affected wrapper in autograd/functions/,
+// How it hooks in: one call at the top of each affected wrapper in tensor/<family>/autograd.cpp,
 //
 //   Tensor linear(const Tensor& x_, const Tensor& w_, const Tensor& b_) {
 //     const auto [x, weight, bias] = autocast::lower("linear", x_, w_, b_);

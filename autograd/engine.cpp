@@ -18,7 +18,9 @@ struct NodeTask {
   }
 };
 
-Tensor materialize(const OutputMeta& m) { return ops::zeros(m.shape, m.dtype, m.device); }
+Tensor materialize(const OutputMeta& m) {
+  return ops::zeros(m.shape, m.dtype, m.device);
+}
 
 void accumulate(Tensor& slot, const Tensor& g) {
   if (!g.defined()) return;
@@ -160,9 +162,9 @@ std::vector<Edge> root_edges(const TensorList& roots, const TensorList& grad_roo
     Tensor g = i < grad_roots.size() ? grad_roots[i] : Tensor();
     if (!g.defined()) {
       if (r.numel() != 1)
-        throw std::runtime_error(fmt::format(
-            "{}: grad can be implicitly created only for scalar outputs (got shape {})", what,
-            r.shape_string()));
+        throw std::runtime_error(
+            fmt::format("{}: grad can be implicitly created only for scalar outputs (got shape {})",
+                        what, r.shape_string()));
       g = ops::ones(r.sizes(), r.dtype(), r.device());
     } else if (g.sizes() != r.sizes()) {
       throw std::invalid_argument(fmt::format("{}: gradient of shape {} for a tensor of shape {}",
@@ -188,16 +190,15 @@ void backward(const TensorList& roots, const TensorList& grad_roots, bool retain
   run(edges, grads, retain_graph, nullptr, nullptr);
 }
 
-TensorList grad(const TensorList& outputs, const TensorList& inputs,
-                const TensorList& grad_outputs, bool retain_graph) {
+TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
+                bool retain_graph) {
   TensorList grads;
   const std::vector<Edge> edges = root_edges(outputs, grad_outputs, grads, "autograd::grad");
   std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> capture;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Edge e = gradient_edge(inputs[i]);
     if (!e.fn)
-      throw std::runtime_error(
-          fmt::format("autograd::grad: input {} does not require grad", i));
+      throw std::runtime_error(fmt::format("autograd::grad: input {} does not require grad", i));
     capture[e.fn.get()].push_back({e.input_nr, i});
   }
   TensorList result(inputs.size());

@@ -11,7 +11,9 @@ thread_local bool tls_grad_enabled = true;
 std::atomic<uint64_t> g_sequence{0};
 }  // namespace
 
-uint64_t next_sequence_nr() { return g_sequence.fetch_add(1); }
+uint64_t next_sequence_nr() {
+  return g_sequence.fetch_add(1);
+}
 
 TensorList FunctionNode::apply(const TensorList& grad_outputs) {
   BackwardContext ctx(*this);
@@ -49,8 +51,8 @@ TensorList AccumulateGrad::apply(const TensorList& grad_outputs) {
         g.storage().retag(memory::Category::gradient);
       meta->grad = g;
     } else {
-      meta->grad = ops::to(ops::expand(g, variable_.sizes()), variable_.device(),
-                           variable_.dtype(), /*copy=*/true);
+      meta->grad = ops::to(ops::expand(g, variable_.sizes()), variable_.device(), variable_.dtype(),
+                           /*copy=*/true);
     }
   } else {
     ops::add_(meta->grad, g);
@@ -120,6 +122,10 @@ std::shared_ptr<FunctionNode> record(const char* name, const TensorList& inputs,
 }  // namespace tally::autograd
 
 namespace tally {
-bool GradMode::is_enabled() { return autograd::tls_grad_enabled; }
-void GradMode::set_enabled(bool enabled) { autograd::tls_grad_enabled = enabled; }
+bool GradMode::is_enabled() {
+  return autograd::tls_grad_enabled;
+}
+void GradMode::set_enabled(bool enabled) {
+  autograd::tls_grad_enabled = enabled;
+}
 }  // namespace tally

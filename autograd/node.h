@@ -1,7 +1,7 @@
 // The autograd graph: nodes (one per differentiable op application), edges to the nodes
 // that produced the inputs, and the per-tensor metadata that links a tensor to its node.
 //
-// A differentiable op is written in one place (autograd/functions/*.cpp): it computes its
+// A differentiable op is written in one place (tensor/<family>/autograd.cpp): it computes its
 // outputs with ops:: kernels, then, when grad is needed, calls record() with the tensors
 // it saves for backward and the backward formula as a lambda:
 //

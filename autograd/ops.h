@@ -1,6 +1,6 @@
 // The differentiable API (namespace tally): what users and layers call. Each function
 // computes its result with ops:: kernels and, when grad is needed, records its backward
-// and what it saves, in one place (autograd/functions/*.cpp).
+// and what it saves, in one place (tensor/<family>/autograd.cpp).
 #pragma once
 
 #include <optional>
@@ -22,7 +22,8 @@ Tensor arange(double start, double end, double step = 1.0,
 Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);
 Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);
 Tensor randint(int64_t low, int64_t high, const Shape& shape,
-               TensorOptions opts = TensorOptions{}.with_dtype(DType::int64), Generator* gen = nullptr);
+               TensorOptions opts = TensorOptions{}.with_dtype(DType::int64),
+               Generator* gen = nullptr);
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts = {});
 Tensor from_blob(void* data, const Shape& shape, TensorOptions opts = {});
 Tensor tensor(std::initializer_list<double> values, TensorOptions opts = {});  // 1-D
@@ -88,11 +89,11 @@ Tensor operator*(double a, const Tensor& b);
 Tensor operator/(double a, const Tensor& b);
 
 }  // namespace tally
-#include "autograd/norm.h"
-#include "autograd/linalg.h"
-#include "autograd/shape.h"
-#include "autograd/attention.h"
-#include "autograd/softmax.h"
-#include "autograd/reduce.h"
-#include "autograd/conv.h"
-#include "autograd/pool.h"
+#include "tensor/attention/autograd.h"
+#include "tensor/conv/autograd.h"
+#include "tensor/linalg/autograd.h"
+#include "tensor/norm/autograd.h"
+#include "tensor/pool/autograd.h"
+#include "tensor/reduce/autograd.h"
+#include "tensor/shape/autograd.h"
+#include "tensor/softmax/autograd.h"

@@ -12,7 +12,9 @@ thread_local std::vector<std::shared_ptr<SavedTensorHooks>> tls_hooks;
 SavedTensorHooksScope::SavedTensorHooksScope(SavedTensorHooks hooks) {
   tls_hooks.push_back(std::make_shared<SavedTensorHooks>(std::move(hooks)));
 }
-SavedTensorHooksScope::~SavedTensorHooksScope() { tls_hooks.pop_back(); }
+SavedTensorHooksScope::~SavedTensorHooksScope() {
+  tls_hooks.pop_back();
+}
 
 SavedTensor::SavedTensor(const Tensor& t, const char* what) : SavedTensor(t, what, true) {}
 
@@ -35,9 +37,13 @@ SavedTensor::SavedTensor(const Tensor& t, const char* what, bool apply_hooks) : 
   }
 }
 
-SavedTensor::~SavedTensor() { release(); }
+SavedTensor::~SavedTensor() {
+  release();
+}
 
-SavedTensor::SavedTensor(SavedTensor&& o) noexcept { *this = std::move(o); }
+SavedTensor::SavedTensor(SavedTensor&& o) noexcept {
+  *this = std::move(o);
+}
 
 SavedTensor& SavedTensor::operator=(SavedTensor&& o) noexcept {
   if (this != &o) {
@@ -71,7 +77,8 @@ void SavedTensor::release() {
 
 Tensor SavedTensor::unpack() const {
   switch (state_) {
-    case State::empty: return Tensor();
+    case State::empty:
+      return Tensor();
     case State::released:
       throw std::runtime_error(fmt::format(
           "{}: trying to backward through the graph a second time (or access saved tensors "
@@ -84,7 +91,8 @@ Tensor SavedTensor::unpack() const {
             "in-place operation (version {} saved, now {})",
             what_, version_, data_.storage().version()));
       return data_;
-    case State::packed: return hooks_->unpack(packed_);
+    case State::packed:
+      return hooks_->unpack(packed_);
   }
   return Tensor();
 }

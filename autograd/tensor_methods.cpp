@@ -18,16 +18,20 @@ namespace o = ops;
 namespace {
 
 // Records a view-like op whose backward maps the gradient with `back`.
-Tensor view_op(const char* name, const Tensor& in, Tensor out, std::function<Tensor(const Tensor&)> back) {
-  record(name, {in}, {out}, {}, [back = std::move(back)](BackwardContext&, const TensorList& g) -> TensorList {
-    return {back(g[0])};
-  });
+Tensor view_op(const char* name, const Tensor& in, Tensor out,
+               std::function<Tensor(const Tensor&)> back) {
+  record(name, {in}, {out}, {},
+         [back = std::move(back)](BackwardContext&, const TensorList& g) -> TensorList {
+           return {back(g[0])};
+         });
   return out;
 }
 
 // Gradient of a slice-like view: zeros of the input's shape with g written into the view.
-std::function<Tensor(const Tensor&)> scatter_back(const Tensor& in, std::function<Tensor(const Tensor&)> make_view) {
-  return [shape = in.sizes(), dt = in.dtype(), dev = in.device(), make_view = std::move(make_view)](const Tensor& g) {
+std::function<Tensor(const Tensor&)> scatter_back(const Tensor& in,
+                                                  std::function<Tensor(const Tensor&)> make_view) {
+  return [shape = in.sizes(), dt = in.dtype(), dev = in.device(),
+          make_view = std::move(make_view)](const Tensor& g) {
     Tensor z = o::zeros(shape, dt, dev);
     o::copy_(make_view(z), g);
     return z;
@@ -37,73 +41,97 @@ std::function<Tensor(const Tensor&)> scatter_back(const Tensor& in, std::functio
 }  // namespace
 
 Tensor Tensor::view(const Shape& shape) const {
-  return view_op("ViewBackward", *this, o::view(*this, shape), [s = sizes()](const Tensor& g) { return o::reshape(g, s); });
+  return view_op("ViewBackward", *this, o::view(*this, shape),
+                 [s = sizes()](const Tensor& g) { return o::reshape(g, s); });
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
-  return view_op("ReshapeBackward", *this, o::reshape(*this, shape), [s = sizes()](const Tensor& g) { return o::reshape(g, s); });
+  return view_op("ReshapeBackward", *this, o::reshape(*this, shape),
+                 [s = sizes()](const Tensor& g) { return o::reshape(g, s); });
 }
 
 Tensor Tensor::permute(const Shape& dims) const {
   Shape inv(dims.size());
-  for (size_t i = 0; i < dims.size(); ++i) inv[static_cast<size_t>(o::wrap_dim(dims[i], dim(), "permute"))] = static_cast<int64_t>(i);
-  return view_op("PermuteBackward", *this, o::permute(*this, dims), [inv](const Tensor& g) { return o::permute(g, inv); });
+  for (size_t i = 0; i < dims.size(); ++i)
+    inv[static_cast<size_t>(o::wrap_dim(dims[i], dim(), "permute"))] = static_cast<int64_t>(i);
+  return view_op("PermuteBackward", *this, o::permute(*this, dims),
+                 [inv](const Tensor& g) { return o::permute(g, inv); });
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
-  return view_op("TransposeBackward", *this, o::transpose(*this, d0, d1), [d0, d1](const Tensor& g) { return o::transpose(g, d0, d1); });
+  return view_op("TransposeBackward", *this, o::transpose(*this, d0, d1),
+                 [d0, d1](const Tensor& g) { return o::transpose(g, d0, d1); });
 }
 
 Tensor Tensor::t() const {
-  if (dim() > 2) throw std::invalid_argument(fmt::format("t: expects a tensor with <= 2 dimensions, got {}", dim()));
+  if (dim() > 2)
+    throw std::invalid_argument(
+        fmt::format("t: expects a tensor with <= 2 dimensions, got {}", dim()));
   return dim() < 2 ? *this : transpose(0, 1);
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   return view_op("NarrowBackward", *this, o::narrow(*this, d, start, length),
-                 scatter_back(*this, [d, start, length](const Tensor& z) { return o::narrow(z, d, start, length); }));
+                 scatter_back(*this, [d, start, length](const Tensor& z) {
+                   return o::narrow(z, d, start, length);
+                 }));
 }
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
   return view_op("SliceBackward", *this, o::slice(*this, d, start, end, step),
-                 scatter_back(*this, [d, start, end, step](const Tensor& z) { return o::slice(z, d, start, end, step); }));
+                 scatter_back(*this, [d, start, end, step](const Tensor& z) {
+                   return o::slice(z, d, start, end, step);
+                 }));
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
-  return view_op("SelectBackward", *this, o::select(*this, d, index),
-                 scatter_back(*this, [d, index](const Tensor& z) { return o::select(z, d, index); }));
+  return view_op(
+      "SelectBackward", *this, o::select(*this, d, index),
+      scatter_back(*this, [d, index](const Tensor& z) { return o::select(z, d, index); }));
 }
 
 Tensor Tensor::expand(const Shape& shape) const {
-  return view_op("ExpandBackward", *this, o::expand(*this, shape), [s = sizes()](const Tensor& g) { return o::sum_to(g, s); });
+  return view_op("ExpandBackward", *this, o::expand(*this, shape),
+                 [s = sizes()](const Tensor& g) { return o::sum_to(g, s); });
 }
 
 Tensor Tensor::squeeze() const {
-  return view_op("SqueezeBackward", *this, o::squeeze(*this), [s = sizes()](const Tensor& g) { return o::reshape(g, s); });
+  return view_op("SqueezeBackward", *this, o::squeeze(*this),
+                 [s = sizes()](const Tensor& g) { return o::reshape(g, s); });
 }
 Tensor Tensor::squeeze(int64_t d) const {
-  return view_op("SqueezeBackward", *this, o::squeeze(*this, d), [s = sizes()](const Tensor& g) { return o::reshape(g, s); });
+  return view_op("SqueezeBackward", *this, o::squeeze(*this, d),
+                 [s = sizes()](const Tensor& g) { return o::reshape(g, s); });
 }
 Tensor Tensor::unsqueeze(int64_t d) const {
-  return view_op("UnsqueezeBackward", *this, o::unsqueeze(*this, d), [s = sizes()](const Tensor& g) { return o::reshape(g, s); });
+  return view_op("UnsqueezeBackward", *this, o::unsqueeze(*this, d),
+                 [s = sizes()](const Tensor& g) { return o::reshape(g, s); });
 }
 Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
-  return view_op("FlattenBackward", *this, o::flatten(*this, start_dim, end_dim), [s = sizes()](const Tensor& g) { return o::reshape(g, s); });
+  return view_op("FlattenBackward", *this, o::flatten(*this, start_dim, end_dim),
+                 [s = sizes()](const Tensor& g) { return o::reshape(g, s); });
 }
 
 Tensor Tensor::contiguous() const {
   if (is_contiguous()) return *this;
-  return view_op("ContiguousBackward", *this, o::contiguous(*this), [](const Tensor& g) { return g; });
+  return view_op("ContiguousBackward", *this, o::contiguous(*this),
+                 [](const Tensor& g) { return g; });
 }
 
 Tensor Tensor::to(Device device, DType dtype) const {
   if (this->device() == device && this->dtype() == dtype) return *this;
   Tensor out = o::to(*this, device, dtype);
   if (!is_floating(dtype)) return out;
-  return view_op("ToCopyBackward", *this, out, [d = this->device(), t = this->dtype()](const Tensor& g) { return o::to(g, d, t); });
+  return view_op(
+      "ToCopyBackward", *this, out,
+      [d = this->device(), t = this->dtype()](const Tensor& g) { return o::to(g, d, t); });
 }
-Tensor Tensor::to(Device device) const { return to(device, dtype()); }
-Tensor Tensor::to(DType dtype) const { return to(device(), dtype); }
+Tensor Tensor::to(Device device) const {
+  return to(device, dtype());
+}
+Tensor Tensor::to(DType dtype) const {
+  return to(device(), dtype);
+}
 
 Tensor Tensor::clone() const {
   return view_op("CloneBackward", *this, o::clone(*this), [](const Tensor& g) { return g; });
@@ -113,8 +141,12 @@ Tensor Tensor::detach() const {
   return Tensor::make(storage(), sizes(), strides(), storage_offset(), dtype());
 }
 
-double Tensor::item() const { return o::item(*this); }
-std::vector<double> Tensor::tolist() const { return o::to_vector(*this); }
+double Tensor::item() const {
+  return o::item(*this);
+}
+std::vector<double> Tensor::tolist() const {
+  return o::to_vector(*this);
+}
 
 bool Tensor::requires_grad() const {
   const AutogradMeta* m = autograd_meta();
@@ -124,10 +156,12 @@ bool Tensor::requires_grad() const {
 Tensor& Tensor::requires_grad_(bool requires_grad) {
   auto& meta = autograd_meta_ptr();
   if (meta && meta->grad_fn && !requires_grad)
-    throw std::runtime_error("requires_grad_: you can only change requires_grad flags of leaf tensors");
+    throw std::runtime_error(
+        "requires_grad_: you can only change requires_grad flags of leaf tensors");
   if (requires_grad && !is_floating(dtype()))
-    throw std::invalid_argument(fmt::format("requires_grad_: only floating point tensors can require gradients (got {})",
-                                            dtype_name(dtype())));
+    throw std::invalid_argument(
+        fmt::format("requires_grad_: only floating point tensors can require gradients (got {})",
+                    dtype_name(dtype())));
   if (!meta) meta = std::make_shared<AutogradMeta>();
   meta->requires_grad = requires_grad;
   return *this;
@@ -147,8 +181,9 @@ void Tensor::set_grad(const Tensor& g) const {
   auto& meta = autograd_meta_ptr();
   if (!meta) meta = std::make_shared<AutogradMeta>();
   if (g.defined() && g.sizes() != sizes())
-    throw std::invalid_argument(fmt::format("set_grad: gradient of shape {} for a tensor of shape {}",
-                                            g.shape_string(), shape_string()));
+    throw std::invalid_argument(
+        fmt::format("set_grad: gradient of shape {} for a tensor of shape {}", g.shape_string(),
+                    shape_string()));
   meta->grad = g;
 }
 
@@ -158,7 +193,8 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
 
 void Tensor::register_hook(std::function<Tensor(const Tensor&)> hook) const {
   if (!requires_grad())
-    throw std::runtime_error("register_hook: cannot register a hook on a tensor that doesn't require gradient");
+    throw std::runtime_error(
+        "register_hook: cannot register a hook on a tensor that doesn't require gradient");
   AutogradMeta* m = autograd_meta();
   if (m->grad_fn) {
     m->grad_fn->output_hooks[m->output_nr].push_back(std::move(hook));
@@ -174,11 +210,13 @@ namespace tally::autograd {
 uint64_t register_post_accumulate_grad_hook(const Tensor& t, PostAccumulateGradHook hook) {
   if (!t.requires_grad())
     throw std::runtime_error(
-        "register_post_accumulate_grad_hook: cannot register a hook on a tensor that doesn't require gradient");
+        "register_post_accumulate_grad_hook: cannot register a hook on a tensor that doesn't "
+        "require gradient");
   AutogradMeta* m = t.autograd_meta();
   if (m->grad_fn)
     throw std::runtime_error(
-        "register_post_accumulate_grad_hook: post accumulate grad hooks cannot be registered on non-leaf tensors");
+        "register_post_accumulate_grad_hook: post accumulate grad hooks cannot be registered on "
+        "non-leaf tensors");
   static std::atomic<uint64_t> next_handle{1};
   const uint64_t handle = next_handle.fetch_add(1);
   m->post_accumulate_grad_hooks.emplace_back(handle, std::move(hook));
@@ -188,14 +226,19 @@ uint64_t register_post_accumulate_grad_hook(const Tensor& t, PostAccumulateGradH
 void remove_post_accumulate_grad_hook(const Tensor& t, uint64_t handle) {
   AutogradMeta* m = t.autograd_meta();
   if (!m) return;
-  std::erase_if(m->post_accumulate_grad_hooks, [handle](const auto& h) { return h.first == handle; });
+  std::erase_if(m->post_accumulate_grad_hooks,
+                [handle](const auto& h) { return h.first == handle; });
 }
 
 }  // namespace tally::autograd
 
 namespace tally {
 
-Tensor Tensor::sum() const { return tally::sum(*this); }
-Tensor Tensor::mean() const { return tally::mean(*this); }
+Tensor Tensor::sum() const {
+  return tally::sum(*this);
+}
+Tensor Tensor::mean() const {
+  return tally::mean(*this);
+}
 
 }  // namespace tally

@@ -27,8 +27,12 @@ static void run_pairs(benchmark::State& state, bool history) {
   for (size_t i = 1; i < live.size(); i += 2) alloc.deallocate(live[i]);
 }
 
-static void BM_AllocFreePair_HistoryOff(benchmark::State& s) { run_pairs(s, false); }
-static void BM_AllocFreePair_HistoryOn(benchmark::State& s) { run_pairs(s, true); }
+static void BM_AllocFreePair_HistoryOff(benchmark::State& s) {
+  run_pairs(s, false);
+}
+static void BM_AllocFreePair_HistoryOn(benchmark::State& s) {
+  run_pairs(s, true);
+}
 BENCHMARK(BM_AllocFreePair_HistoryOff)->Arg(4096)->Arg(4 << 20);
 BENCHMARK(BM_AllocFreePair_HistoryOn)->Arg(4096)->Arg(4 << 20);
 

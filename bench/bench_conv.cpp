@@ -3,7 +3,7 @@
 // backward (input and weight gradients). Reports GFLOP/s of the forward's 2*N*O*OH*OW*C*kH*kW.
 #include <benchmark/benchmark.h>
 
-#include "autograd/conv.h"
+#include "tensor/conv/autograd.h"
 
 using namespace tally;
 
@@ -11,7 +11,9 @@ namespace {
 
 constexpr int64_t kN = 32, kC = 64, kH = 56, kW = 56, kO = 64, kK = 3;
 
-double forward_flops() { return 2.0 * kN * kO * kH * kW * kC * kK * kK; }
+double forward_flops() {
+  return 2.0 * kN * kO * kH * kW * kC * kK * kK;
+}
 
 void BM_Conv2dForward(benchmark::State& state) {
   Generator g(1);
@@ -22,9 +24,8 @@ void BM_Conv2dForward(benchmark::State& state) {
     Tensor y = conv2d(x, w, {}, 1, 1);
     benchmark::DoNotOptimize(y.data_ptr());
   }
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(forward_flops() * static_cast<double>(state.iterations()) / 1e9,
-                         benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      forward_flops() * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 
 void BM_Conv2dForwardBackward(benchmark::State& state) {

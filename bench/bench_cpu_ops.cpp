@@ -5,7 +5,7 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
-#include "autograd/linalg.h"
+#include "tensor/linalg/autograd.h"
 
 using namespace tally;
 
@@ -102,7 +102,11 @@ BENCHMARK(BM_CblasSgemm)->Arg(64)->Arg(512)->Unit(benchmark::kMicrosecond)->UseR
 BENCHMARK(BM_TallyOpsMatmul)->Arg(64)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_TallyMatmulAutograd)->Arg(64)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_CblasSgemmTransB)->Arg(64)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_TallyMatmulTransposedView)->Arg(64)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_TallyMatmulTransposedView)
+    ->Arg(64)
+    ->Arg(512)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 BENCHMARK(BM_TallyLinear)->Arg(64)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -45,7 +45,9 @@ double time_ms(const std::function<void()>& fn) {
   return ts[ts.size() / 2];
 }
 
-Tensor rnd(const Shape& s, DType d) { return ops::to(ops::randn(s, DType::float32, kGpu), d); }
+Tensor rnd(const Shape& s, DType d) {
+  return ops::to(ops::randn(s, DType::float32, kGpu), d);
+}
 
 struct Case {
   std::string name, shape, dtype;
@@ -61,7 +63,8 @@ int main(int argc, char** argv) {
   std::vector<Case> cases;
   // --- elementwise, memory bound
   {
-    const Tensor a = rnd({64, 256, 56, 56}, DType::float32), b = rnd({64, 256, 56, 56}, DType::float32);
+    const Tensor a = rnd({64, 256, 56, 56}, DType::float32),
+                 b = rnd({64, 256, 56, 56}, DType::float32);
     const double n = static_cast<double>(a.numel());
     cases.push_back({"add", "[64,256,56,56]", "float32", 12 * n, n, [=] { (void)ops::add(a, b); }});
     cases.push_back({"relu", "[64,256,56,56]", "float32", 8 * n, n, [=] { (void)relu(a); }});
@@ -82,8 +85,10 @@ int main(int argc, char** argv) {
   {
     const Tensor x = rnd({16, 1024, 3072}, DType::bfloat16);
     const double n = static_cast<double>(x.numel());
-    cases.push_back({"gelu_tanh", "[16,1024,3072]", "bfloat16", 4 * n, 8 * n, [=] { (void)gelu(x, "tanh"); }});
-    const Tensor r = rnd({16, 1024, 768}, DType::bfloat16), s = rnd({16, 1024, 768}, DType::bfloat16);
+    cases.push_back(
+        {"gelu_tanh", "[16,1024,3072]", "bfloat16", 4 * n, 8 * n, [=] { (void)gelu(x, "tanh"); }});
+    const Tensor r = rnd({16, 1024, 768}, DType::bfloat16),
+                 s = rnd({16, 1024, 768}, DType::bfloat16);
     const double m = static_cast<double>(r.numel());
     cases.push_back({"add", "[16,1024,768]", "bfloat16", 6 * m, m, [=] { (void)ops::add(r, s); }});
     cases.push_back({"sum", "[16,1024,768]", "bfloat16", 2 * m, m, [=] { (void)ops::sum(r); }});
@@ -91,38 +96,44 @@ int main(int argc, char** argv) {
   // --- heavier ops: run when their CUDA kernels exist
   {
     const Tensor x = rnd({16384, 768}, DType::bfloat16), w = rnd({2304, 768}, DType::bfloat16);
-    cases.push_back({"linear", "[16384,768]x[2304,768]^T", "bfloat16", 2.0 * (x.numel() + w.numel() + 16384.0 * 2304),
-                     2.0 * 16384 * 768 * 2304, [=] { (void)linear(x, w); }});
+    cases.push_back({"linear", "[16384,768]x[2304,768]^T", "bfloat16",
+                     2.0 * (x.numel() + w.numel() + 16384.0 * 2304), 2.0 * 16384 * 768 * 2304,
+                     [=] { (void)linear(x, w); }});
     const Tensor w2 = rnd({768, 768}, DType::float32), x2 = rnd({16384, 768}, DType::float32);
-    cases.push_back({"linear", "[16384,768]x[768,768]^T", "float32", 4.0 * (x2.numel() * 2 + w2.numel()),
-                     2.0 * 16384 * 768 * 768, [=] { (void)linear(x2, w2); }});
+    cases.push_back({"linear", "[16384,768]x[768,768]^T", "float32",
+                     4.0 * (x2.numel() * 2 + w2.numel()), 2.0 * 16384 * 768 * 768,
+                     [=] { (void)linear(x2, w2); }});
   }
   {
-    const Tensor x = rnd({16384, 768}, DType::bfloat16), g = rnd({768}, DType::float32), b = rnd({768}, DType::float32);
+    const Tensor x = rnd({16384, 768}, DType::bfloat16), g = rnd({768}, DType::float32),
+                 b = rnd({768}, DType::float32);
     cases.push_back({"layer_norm", "[16384,768]", "bfloat16", 4.0 * x.numel(), 8.0 * x.numel(),
                      [=] { (void)layer_norm(x, {768}, g, b); }});
   }
   {
     const Tensor logits = rnd({16384, 50257}, DType::bfloat16);
     const Tensor y = ops::randint(0, 50257, {16384}, DType::int64, kGpu);
-    cases.push_back({"cross_entropy", "[16384,50257]", "bfloat16", 2.0 * logits.numel(), 4.0 * logits.numel(),
-                     [=] { (void)cross_entropy(logits, y); }});
+    cases.push_back({"cross_entropy", "[16384,50257]", "bfloat16", 2.0 * logits.numel(),
+                     4.0 * logits.numel(), [=] { (void)cross_entropy(logits, y); }});
   }
   {
     const Tensor x = rnd({64, 64, 56, 56}, DType::float32), w = rnd({64, 64, 3, 3}, DType::float32);
-    cases.push_back({"conv2d", "[64,64,56,56]*[64,64,3,3]", "float32", 4.0 * (2 * x.numel() + w.numel()),
-                     2.0 * 64 * 64 * 56 * 56 * 64 * 9, [=] { (void)conv2d(x, w, {}, 1, 1); }});
+    cases.push_back({"conv2d", "[64,64,56,56]*[64,64,3,3]", "float32",
+                     4.0 * (2 * x.numel() + w.numel()), 2.0 * 64 * 64 * 56 * 56 * 64 * 9,
+                     [=] { (void)conv2d(x, w, {}, 1, 1); }});
     const Tensor bn = rnd({64, 256, 56, 56}, DType::float32);
-    Tensor rm = ops::zeros({256}, DType::float32, kGpu), rv = ops::ones({256}, DType::float32, kGpu);
+    Tensor rm = ops::zeros({256}, DType::float32, kGpu),
+           rv = ops::ones({256}, DType::float32, kGpu);
     const Tensor gw = rnd({256}, DType::float32), gb = rnd({256}, DType::float32);
     cases.push_back({"batch_norm", "[64,256,56,56]", "float32", 12.0 * bn.numel(), 8.0 * bn.numel(),
                      [=] { (void)batch_norm(bn, rm, rv, gw, gb, true); }});
     const Tensor mp = rnd({64, 64, 112, 112}, DType::float32);
-    cases.push_back({"max_pool2d", "[64,64,112,112] k3 s2", "float32", 4.0 * mp.numel() * 1.25, 9.0 * mp.numel() / 4,
-                     [=] { (void)max_pool2d(mp, 3, 2, 1); }});
+    cases.push_back({"max_pool2d", "[64,64,112,112] k3 s2", "float32", 4.0 * mp.numel() * 1.25,
+                     9.0 * mp.numel() / 4, [=] { (void)max_pool2d(mp, 3, 2, 1); }});
   }
   {
-    const Tensor q = rnd({16, 12, 1024, 64}, DType::bfloat16), k = rnd({16, 12, 1024, 64}, DType::bfloat16),
+    const Tensor q = rnd({16, 12, 1024, 64}, DType::bfloat16),
+                 k = rnd({16, 12, 1024, 64}, DType::bfloat16),
                  v = rnd({16, 12, 1024, 64}, DType::bfloat16);
     const double fwd_flops = 4.0 * 16 * 12 * 1024 * 1024 * 64 / 2;  // causal: half the scores
     cases.push_back({"sdpa_causal", "[16,12,1024,64]", "bfloat16", 2.0 * 4 * q.numel(), fwd_flops,
@@ -137,8 +148,8 @@ int main(int argc, char** argv) {
     kg.requires_grad_();
     vg.requires_grad_();
     const Tensor g = rnd({16, 12, 1024, 64}, DType::bfloat16);
-    cases.push_back({"sdpa_causal_fwd_bwd", "[16,12,1024,64]", "bfloat16", 2.0 * 10 * q.numel(), 3.5 * fwd_flops,
-                     [=] {
+    cases.push_back({"sdpa_causal_fwd_bwd", "[16,12,1024,64]", "bfloat16", 2.0 * 10 * q.numel(),
+                     3.5 * fwd_flops, [=] {
                        qg.set_grad(Tensor());
                        kg.set_grad(Tensor());
                        vg.set_grad(Tensor());
@@ -147,7 +158,8 @@ int main(int argc, char** argv) {
   }
   {
     // float32 (GPT-2 trained in fp32): the fused float32 kernels on the CUDA cores.
-    const Tensor q = rnd({16, 12, 1024, 64}, DType::float32), k = rnd({16, 12, 1024, 64}, DType::float32),
+    const Tensor q = rnd({16, 12, 1024, 64}, DType::float32),
+                 k = rnd({16, 12, 1024, 64}, DType::float32),
                  v = rnd({16, 12, 1024, 64}, DType::float32);
     const double fwd_flops = 4.0 * 16 * 12 * 1024 * 1024 * 64 / 2;  // causal: half the scores
     cases.push_back({"sdpa_causal", "[16,12,1024,64]", "float32", 4.0 * 4 * q.numel(), fwd_flops,
@@ -157,8 +169,8 @@ int main(int argc, char** argv) {
     kg.requires_grad_();
     vg.requires_grad_();
     const Tensor g = rnd({16, 12, 1024, 64}, DType::float32);
-    cases.push_back({"sdpa_causal_fwd_bwd", "[16,12,1024,64]", "float32", 4.0 * 10 * q.numel(), 3.5 * fwd_flops,
-                     [=] {
+    cases.push_back({"sdpa_causal_fwd_bwd", "[16,12,1024,64]", "float32", 4.0 * 10 * q.numel(),
+                     3.5 * fwd_flops, [=] {
                        qg.set_grad(Tensor());
                        kg.set_grad(Tensor());
                        vg.set_grad(Tensor());
@@ -172,17 +184,20 @@ int main(int argc, char** argv) {
     w.requires_grad_();
     const Tensor g = rnd({16384, 2304}, DType::bfloat16);
     cases.push_back({"linear_fwd_bwd", "[16384,768]x[2304,768]^T", "bfloat16",
-                     2.0 * 3 * (x.numel() + w.numel() + 16384.0 * 2304), 3 * 2.0 * 16384 * 768 * 2304, [=] {
+                     2.0 * 3 * (x.numel() + w.numel() + 16384.0 * 2304),
+                     3 * 2.0 * 16384 * 768 * 2304, [=] {
                        x.set_grad(Tensor());
                        w.set_grad(Tensor());
                        linear(x, w).backward(g);
                      }});
-    Tensor a = rnd({16, 12, 1024, 64}, DType::bfloat16), b = rnd({16, 12, 64, 1024}, DType::bfloat16);
+    Tensor a = rnd({16, 12, 1024, 64}, DType::bfloat16),
+           b = rnd({16, 12, 64, 1024}, DType::bfloat16);
     a.requires_grad_();
     b.requires_grad_();
     const Tensor gm = rnd({16, 12, 1024, 1024}, DType::bfloat16);
     cases.push_back({"matmul_fwd_bwd", "[16,12,1024,64]x[16,12,64,1024]", "bfloat16",
-                     2.0 * 3 * (a.numel() + b.numel() + gm.numel()), 3 * 2.0 * 192 * 1024 * 1024 * 64, [=] {
+                     2.0 * 3 * (a.numel() + b.numel() + gm.numel()),
+                     3 * 2.0 * 192 * 1024 * 1024 * 64, [=] {
                        a.set_grad(Tensor());
                        b.set_grad(Tensor());
                        matmul(a, b).backward(gm);
@@ -193,8 +208,9 @@ int main(int argc, char** argv) {
     x.requires_grad_();
     w.requires_grad_();
     const Tensor g = rnd({64, 64, 56, 56}, DType::float32);
-    cases.push_back({"conv2d_fwd_bwd", "[64,64,56,56]*[64,64,3,3]", "float32", 4.0 * 3 * (2 * x.numel() + w.numel()),
-                     3 * 2.0 * 64 * 64 * 56 * 56 * 64 * 9, [=] {
+    cases.push_back({"conv2d_fwd_bwd", "[64,64,56,56]*[64,64,3,3]", "float32",
+                     4.0 * 3 * (2 * x.numel() + w.numel()), 3 * 2.0 * 64 * 64 * 56 * 56 * 64 * 9,
+                     [=] {
                        x.set_grad(Tensor());
                        w.set_grad(Tensor());
                        conv2d(x, w, {}, 1, 1).backward(g);
@@ -207,12 +223,15 @@ int main(int argc, char** argv) {
       const double peak = c.dtype == "float32" ? 60e12 : 790e12;
       const double floor_ms = std::max(c.bytes / 4.3e12, c.flops / peak) * 1e3;
       const bool compute_bound = c.flops / peak > c.bytes / 4.3e12;
-      fmt::print("{{\"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"tally_ms\": {:.4f}, \"floor_ms\": {:.4f}, "
-                 "\"gbps\": {:.1f}, \"tflops\": {:.1f}, \"bound\": \"{}\"}}\n", c.name, c.shape, c.dtype, ms, floor_ms,
-                 c.bytes / ms / 1e6, c.flops / ms / 1e9, compute_bound ? "compute" : "memory");
+      fmt::print(
+          "{{\"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"tally_ms\": {:.4f}, "
+          "\"floor_ms\": {:.4f}, "
+          "\"gbps\": {:.1f}, \"tflops\": {:.1f}, \"bound\": \"{}\"}}\n",
+          c.name, c.shape, c.dtype, ms, floor_ms, c.bytes / ms / 1e6, c.flops / ms / 1e9,
+          compute_bound ? "compute" : "memory");
     } catch (const std::exception& e) {
-      fmt::print("{{\"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"error\": \"{}\"}}\n", c.name, c.shape,
-                 c.dtype, std::string(e.what()).substr(0, 120));
+      fmt::print("{{\"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"error\": \"{}\"}}\n",
+                 c.name, c.shape, c.dtype, std::string(e.what()).substr(0, 120));
     }
     std::fflush(stdout);
   }

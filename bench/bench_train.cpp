@@ -1,5 +1,5 @@
 // bench_train: Tally's side of bench/train.py. The same workloads and configurations as
-// PyTorch's reference runs (../shared/bench/torch_baseline.py): ResNet-50 (batch 64,
+// PyTorch's reference runs (.ref/torch_baseline.py, see bench/train.py): ResNet-50 (batch 64,
 // 224x224, SGD momentum 0.9) and GPT-2 124M (vocabulary 50304, B=16, T=1024, AdamW), fp32
 // with TF32 off, with checkpointing and mixed precision. One JSON line per configuration
 // with the baseline's keys: model, cfg, step_ms (median), step_ms_min, peak_alloc_mib,
@@ -44,20 +44,23 @@ Result timed(const std::function<void()>& step, Device dev, int warm, int n) {
     const auto t0 = std::chrono::steady_clock::now();
     step();
     memory::synchronize(dev);
-    ts.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ts.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(ts.begin(), ts.end());
   return {ts[ts.size() / 2], ts.front()};
 }
 
-void report(const std::string& model, const std::string& cfg, Result r, Device dev, int64_t tokens = 0) {
+void report(const std::string& model, const std::string& cfg, Result r, Device dev,
+            int64_t tokens = 0) {
   const double mib = 1024.0 * 1024.0;
   std::string extra;
   if (tokens) extra = fmt::format(", \"tok_per_s\": {:.0f}", tokens / (r.median_ms / 1000.0));
-  fmt::print("{{\"model\": \"{}\", \"cfg\": \"{}\", \"step_ms\": {:.2f}, \"step_ms_min\": {:.2f}{}, "
-             "\"peak_alloc_mib\": {:.1f}, \"peak_reserved_mib\": {:.1f}}}\n",
-             model, cfg, r.median_ms, r.min_ms, extra, memory::max_memory_allocated(dev) / mib,
-             memory::max_memory_reserved(dev) / mib);
+  fmt::print(
+      "{{\"model\": \"{}\", \"cfg\": \"{}\", \"step_ms\": {:.2f}, \"step_ms_min\": {:.2f}{}, "
+      "\"peak_alloc_mib\": {:.1f}, \"peak_reserved_mib\": {:.1f}}}\n",
+      model, cfg, r.median_ms, r.min_ms, extra, memory::max_memory_allocated(dev) / mib,
+      memory::max_memory_reserved(dev) / mib);
   std::fflush(stdout);
 }
 
@@ -72,7 +75,8 @@ void resnet_cfg(const std::string& cfg, Device dev, int steps) {
   auto model = nn::resnet50({.num_classes = 10});
   model->to(dev);
   model->train();
-  if (cfg.find("ckpt4") != std::string::npos) nn::enable_checkpointing(*model, nn::parse_checkpoint_spec("4-segments"));
+  if (cfg.find("ckpt4") != std::string::npos)
+    nn::enable_checkpointing(*model, nn::parse_checkpoint_spec("4-segments"));
   optim::SGD opt(model->parameters(), {.lr = 1e-3, .momentum = 0.9});
   const Tensor x = randn({64, 3, 224, 224}, TensorOptions{}.with_device(dev));
   const Tensor y = randint(0, 10, {64}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
@@ -104,11 +108,14 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
   auto model = std::make_shared<nn::GPT>(c);
   model->to(dev);
   model->train();
-  if (cfg.find("ckpt") != std::string::npos) nn::enable_checkpointing(*model, nn::parse_checkpoint_spec("blocks"));
+  if (cfg.find("ckpt") != std::string::npos)
+    nn::enable_checkpointing(*model, nn::parse_checkpoint_spec("blocks"));
   optim::AdamW opt(model->parameters(), {.lr = 3e-4});
   const int64_t B = 16, T = 1024;
-  const Tensor idx = randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
-  const Tensor tgt = randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
+  const Tensor idx =
+      randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
+  const Tensor tgt =
+      randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
   const auto amp = amp_of(cfg);
   optim::GradScaler scaler({.enabled = amp && *amp == DType::float16});
   auto step = [&] {
@@ -138,9 +145,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> configs;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--resnet") resnet = true;
-    else if (a == "--gpt") gpt = true;
-    else if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
+    if (a == "--resnet")
+      resnet = true;
+    else if (a == "--gpt")
+      gpt = true;
+    else if (a == "--steps" && i + 1 < argc)
+      steps = std::stoi(argv[++i]);
     else if (a == "--configs" && i + 1 < argc) {
       std::stringstream ss(argv[++i]);
       for (std::string c; std::getline(ss, c, ',');) configs.push_back(c);

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Training-step comparison on the GPU machine: Tally's bench_train next to PyTorch's
-reference runs (../shared/bench/torch_baseline.py, copied into .ref/ by the caller) in one
+reference runs (.ref/torch_baseline.py: the project's PyTorch baseline script, which is
+not part of this repository; the caller copies it into the git-ignored .ref/) in one
 call. Prints step time and peak allocated/reserved memory for each configuration, both
 sides, and their ratios (PyTorch / Tally: >= 1 means Tally is as fast or as lean).
 
@@ -44,7 +45,8 @@ def run_tally(build, which, configs):
 def run_torch(which, configs):
     path = os.path.join(ROOT, ".ref", "torch_baseline.py")
     if not os.path.exists(path):
-        print(f"no {path}: copy ../shared/bench/torch_baseline.py there to compare with PyTorch")
+        print(f"no {path}: copy the PyTorch baseline script torch_baseline.py (kept outside "
+              "this repository) there to compare with PyTorch")
         return []
     spec = importlib.util.spec_from_file_location("torch_baseline", path)
     tb = importlib.util.module_from_spec(spec)

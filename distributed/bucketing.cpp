@@ -10,8 +10,10 @@
 namespace tally::distributed {
 
 BucketAssignment compute_bucket_assignment(const std::vector<ParamSpec>& params, size_t cap_bytes,
-                                           size_t first_cap_bytes, const std::vector<size_t>& order_in) {
-  if (cap_bytes == 0) throw std::invalid_argument("compute_bucket_assignment: bucket cap must be > 0 bytes");
+                                           size_t first_cap_bytes,
+                                           const std::vector<size_t>& order_in) {
+  if (cap_bytes == 0)
+    throw std::invalid_argument("compute_bucket_assignment: bucket cap must be > 0 bytes");
   if (first_cap_bytes == 0) first_cap_bytes = cap_bytes;
   const size_t n = params.size();
   std::vector<size_t> order = order_in;
@@ -21,12 +23,12 @@ BucketAssignment compute_bucket_assignment(const std::vector<ParamSpec>& params,
   }
   std::vector<bool> seen(n, false);
   if (order.size() != n)
-    throw std::invalid_argument(
-        fmt::format("compute_bucket_assignment: order has {} entries for {} parameters", order.size(), n));
+    throw std::invalid_argument(fmt::format(
+        "compute_bucket_assignment: order has {} entries for {} parameters", order.size(), n));
   for (size_t p : order) {
     if (p >= n || seen[p])
-      throw std::invalid_argument(
-          fmt::format("compute_bucket_assignment: order is not a permutation (index {} of {})", p, n));
+      throw std::invalid_argument(fmt::format(
+          "compute_bucket_assignment: order is not a permutation (index {} of {})", p, n));
     seen[p] = true;
   }
 
@@ -82,7 +84,9 @@ std::vector<size_t> rebuild_order(const std::vector<size_t>& ready_order, size_t
   return order;
 }
 
-BucketReadiness::BucketReadiness(const BucketAssignment& assignment) : assignment_(&assignment) { reset(); }
+BucketReadiness::BucketReadiness(const BucketAssignment& assignment) : assignment_(&assignment) {
+  reset();
+}
 
 void BucketReadiness::reset() {
   if (!assignment_) return;
@@ -95,17 +99,21 @@ void BucketReadiness::reset() {
 
 std::vector<size_t> BucketReadiness::mark_ready(size_t p) {
   if (!assignment_ || p >= ready_.size())
-    throw std::out_of_range(fmt::format("BucketReadiness::mark_ready: parameter {} out of range", p));
+    throw std::out_of_range(
+        fmt::format("BucketReadiness::mark_ready: parameter {} out of range", p));
   if (ready_[p])
-    throw std::logic_error(fmt::format(
-        "Expected to mark a variable ready only once (parameter index {}). This happens when a parameter is used "
-        "by several reentrant backward passes, or by backward twice in one iteration without no_sync()",
-        p));
+    throw std::logic_error(
+        fmt::format("Expected to mark a variable ready only once (parameter index {}). This "
+                    "happens when a parameter is used "
+                    "by several reentrant backward passes, or by backward twice in one iteration "
+                    "without no_sync()",
+                    p));
   ready_[p] = true;
   ready_order_.push_back(p);
   --pending_[assignment_->bucket_of[p]];
   std::vector<size_t> launch;
-  while (next_launch_ < pending_.size() && pending_[next_launch_] == 0) launch.push_back(next_launch_++);
+  while (next_launch_ < pending_.size() && pending_[next_launch_] == 0)
+    launch.push_back(next_launch_++);
   return launch;
 }
 

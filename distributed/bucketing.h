@@ -40,7 +40,8 @@ struct BucketAssignment {
 // `order`: a permutation of [0, params.size()); empty means reverse parameter order.
 // cap_bytes > 0; first_cap_bytes == 0 means "same as cap_bytes".
 BucketAssignment compute_bucket_assignment(const std::vector<ParamSpec>& params, size_t cap_bytes,
-                                           size_t first_cap_bytes = 0, const std::vector<size_t>& order = {});
+                                           size_t first_cap_bytes = 0,
+                                           const std::vector<size_t>& order = {});
 
 // The visiting order for a rebuild: the parameters in the order they became ready, then
 // those that never did (reverse parameter order), each once.

@@ -21,21 +21,30 @@ namespace {
 void check_nccl(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
   if (r == ncclSuccess) return;
   const char* last = comm ? ncclGetLastError(comm) : ncclGetLastError(nullptr);
-  throw std::runtime_error(fmt::format("{}: NCCL error {} ({}){}{}", what, static_cast<int>(r), ncclGetErrorString(r),
-                                       last && *last ? ": " : "", last ? last : ""));
+  throw std::runtime_error(fmt::format("{}: NCCL error {} ({}){}{}", what, static_cast<int>(r),
+                                       ncclGetErrorString(r), last && *last ? ": " : "",
+                                       last ? last : ""));
 }
 
 ncclDataType_t nccl_dtype(DType d, const char* op) {
   switch (d) {
-    case DType::float32: return ncclFloat32;
-    case DType::float16: return ncclFloat16;
-    case DType::bfloat16: return ncclBfloat16;
-    case DType::float64: return ncclFloat64;
-    case DType::int32: return ncclInt32;
-    case DType::int64: return ncclInt64;
-    case DType::bool_: return ncclUint8;
+    case DType::float32:
+      return ncclFloat32;
+    case DType::float16:
+      return ncclFloat16;
+    case DType::bfloat16:
+      return ncclBfloat16;
+    case DType::float64:
+      return ncclFloat64;
+    case DType::int32:
+      return ncclInt32;
+    case DType::int64:
+      return ncclInt64;
+    case DType::bool_:
+      return ncclUint8;
   }
-  throw std::invalid_argument(fmt::format("ProcessGroupNCCL::{}: unsupported dtype {}", op, dtype_name(d)));
+  throw std::invalid_argument(
+      fmt::format("ProcessGroupNCCL::{}: unsupported dtype {}", op, dtype_name(d)));
 }
 
 class NcclWork final : public Work {
@@ -44,7 +53,8 @@ class NcclWork final : public Work {
   ~NcclWork() override { cudaEventDestroy(done_); }
   void wait() override {
     cuda::DeviceGuard g(device_);
-    cuda::check(cudaStreamWaitEvent(cuda::stream(device_), done_, 0), "ProcessGroupNCCL: cudaStreamWaitEvent");
+    cuda::check(cudaStreamWaitEvent(cuda::stream(device_), done_, 0),
+                "ProcessGroupNCCL: cudaStreamWaitEvent");
   }
   void synchronize() override {
     wait();
@@ -66,18 +76,26 @@ class NcclProcessGroup final : public ProcessGroup {
     ncclUniqueId id;
     std::memset(&id, 0, sizeof(id));
     if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id));
-    bytes = exchange_bytes({.host = env.master_addr, .port = env.master_port, .rank = rank_,
-                            .world_size = size_, .timeout = timeout},
+    std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&id),
+                               reinterpret_cast<uint8_t*>(&id) + sizeof(id));
+    bytes = exchange_bytes({.host = env.master_addr,
+                            .port = env.master_port,
+                            .rank = rank_,
+                            .world_size = size_,
+                            .timeout = timeout},
                            bytes);
     if (bytes.size() != sizeof(id))
-      throw std::runtime_error(fmt::format("init_process_group: received a unique id of {} bytes, expected {}",
-                                           bytes.size(), sizeof(id)));
+      throw std::runtime_error(
+          fmt::format("init_process_group: received a unique id of {} bytes, expected {}",
+                      bytes.size(), sizeof(id)));
     std::memcpy(&id, bytes.data(), sizeof(id));
-    check_nccl(ncclCommInitRank(&comm_, size_, id, rank_),
-               fmt::format("ncclCommInitRank (rank {} of {}, {})", rank_, size_, device_.str()).c_str());
-    cuda::check(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "ProcessGroupNCCL: comm stream");
-    cuda::check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "ProcessGroupNCCL: cudaEventCreate");
+    check_nccl(
+        ncclCommInitRank(&comm_, size_, id, rank_),
+        fmt::format("ncclCommInitRank (rank {} of {}, {})", rank_, size_, device_.str()).c_str());
+    cuda::check(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking),
+                "ProcessGroupNCCL: comm stream");
+    cuda::check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming),
+                "ProcessGroupNCCL: cudaEventCreate");
   }
 
   ~NcclProcessGroup() override {
@@ -97,7 +115,8 @@ class NcclProcessGroup final : public ProcessGroup {
     check(t, "all_reduce");
     return enqueue({t}, [&](cudaStream_t s) {
       check_nccl(ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
-                               nccl_dtype(t.dtype(), "all_reduce"), op == ReduceOp::avg ? ncclAvg : ncclSum, comm_, s),
+                               nccl_dtype(t.dtype(), "all_reduce"),
+                               op == ReduceOp::avg ? ncclAvg : ncclSum, comm_, s),
                  "ncclAllReduce", comm_);
     });
   }
@@ -105,7 +124,8 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> broadcast(const Tensor& t, int root) override {
     check(t, "broadcast");
     if (root < 0 || root >= size_)
-      throw std::invalid_argument(fmt::format("ProcessGroupNCCL::broadcast: root {} of world size {}", root, size_));
+      throw std::invalid_argument(
+          fmt::format("ProcessGroupNCCL::broadcast: root {} of world size {}", root, size_));
     return enqueue({t}, [&](cudaStream_t s) {
       check_nccl(ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
                                nccl_dtype(t.dtype(), "broadcast"), root, comm_, s),
@@ -133,13 +153,15 @@ class NcclProcessGroup final : public ProcessGroup {
 
  private:
   void check(const Tensor& t, const char* op) const {
-    if (!t.defined()) throw std::invalid_argument(fmt::format("ProcessGroupNCCL::{}: undefined tensor", op));
+    if (!t.defined())
+      throw std::invalid_argument(fmt::format("ProcessGroupNCCL::{}: undefined tensor", op));
     if (!(t.device() == device_))
-      throw std::invalid_argument(fmt::format("ProcessGroupNCCL::{}: tensor on {} but the group (rank {}) is on {}",
-                                              op, t.device().str(), rank_, device_.str()));
-    if (!t.is_contiguous())
       throw std::invalid_argument(
-          fmt::format("ProcessGroupNCCL::{}: tensor of shape {} is not contiguous", op, t.shape_string()));
+          fmt::format("ProcessGroupNCCL::{}: tensor on {} but the group (rank {}) is on {}", op,
+                      t.device().str(), rank_, device_.str()));
+    if (!t.is_contiguous())
+      throw std::invalid_argument(fmt::format(
+          "ProcessGroupNCCL::{}: tensor of shape {} is not contiguous", op, t.shape_string()));
   }
 
   // Orders the comm stream after the compute stream, runs `launch` there, and returns the
@@ -149,11 +171,14 @@ class NcclProcessGroup final : public ProcessGroup {
     cuda::DeviceGuard g(device_.index);
     cudaStream_t compute = cuda::stream(device_.index);
     cuda::check(cudaEventRecord(ready_, compute), "ProcessGroupNCCL: cudaEventRecord");
-    cuda::check(cudaStreamWaitEvent(comm_stream_, ready_, 0), "ProcessGroupNCCL: cudaStreamWaitEvent");
+    cuda::check(cudaStreamWaitEvent(comm_stream_, ready_, 0),
+                "ProcessGroupNCCL: cudaStreamWaitEvent");
     launch(comm_stream_);
-    for (const Tensor& t : tensors) t.storage().record_stream(reinterpret_cast<memory::StreamId>(comm_stream_));
+    for (const Tensor& t : tensors)
+      t.storage().record_stream(reinterpret_cast<memory::StreamId>(comm_stream_));
     cudaEvent_t done = nullptr;
-    cuda::check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "ProcessGroupNCCL: cudaEventCreate");
+    cuda::check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
+                "ProcessGroupNCCL: cudaEventCreate");
     cuda::check(cudaEventRecord(done, comm_stream_), "ProcessGroupNCCL: cudaEventRecord");
     return std::make_shared<NcclWork>(device_.index, done);
   }
@@ -171,7 +196,8 @@ class NcclProcessGroup final : public ProcessGroup {
 std::shared_ptr<ProcessGroup> make_nccl_process_group(Device device, const DistEnv& env,
                                                       std::chrono::milliseconds timeout) {
   if (device.type != DeviceType::cuda)
-    throw std::invalid_argument(fmt::format("make_nccl_process_group: device {} is not CUDA", device.str()));
+    throw std::invalid_argument(
+        fmt::format("make_nccl_process_group: device {} is not CUDA", device.str()));
   return std::make_shared<NcclProcessGroup>(device, env, timeout);
 }
 

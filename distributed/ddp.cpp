@@ -12,31 +12,36 @@
 namespace tally::distributed {
 namespace {
 
-size_t mib_to_bytes(double mb) { return static_cast<size_t>(mb * 1024.0 * 1024.0); }
+size_t mib_to_bytes(double mb) {
+  return static_cast<size_t>(mb * 1024.0 * 1024.0);
+}
 
 }  // namespace
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
-                                                 std::shared_ptr<ProcessGroup> pg, DDPOptions options)
+                                                 std::shared_ptr<ProcessGroup> pg,
+                                                 DDPOptions options)
     : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
   if (!module_) throw std::invalid_argument("DistributedDataParallel: null module");
   if (!pg_) throw std::invalid_argument("DistributedDataParallel: null process group");
   if (options_.bucket_cap_mb <= 0)
-    throw std::invalid_argument(fmt::format("DistributedDataParallel: bucket_cap_mb must be > 0, got {}",
-                                            options_.bucket_cap_mb));
+    throw std::invalid_argument(fmt::format(
+        "DistributedDataParallel: bucket_cap_mb must be > 0, got {}", options_.bucket_cap_mb));
   for (const auto& [name, p] : module_->named_parameters()) {
     if (!p.requires_grad()) continue;
     if (!(p.device() == pg_->device()))
-      throw std::invalid_argument(fmt::format(
-          "DistributedDataParallel: parameter '{}' is on {} but the process group (rank {}) is on {}; "
-          "move the model first (model->to(device))",
-          name, p.device().str(), pg_->rank(), pg_->device().str()));
+      throw std::invalid_argument(
+          fmt::format("DistributedDataParallel: parameter '{}' is on {} but the process group "
+                      "(rank {}) is on {}; "
+                      "move the model first (model->to(device))",
+                      name, p.device().str(), pg_->rank(), pg_->device().str()));
     params_.push_back(p);
     names_.push_back(name);
     specs_.push_back({p.numel(), p.dtype(), p.device()});
   }
   if (params_.empty())
-    throw std::invalid_argument("DistributedDataParallel: the module has no parameter that requires a gradient");
+    throw std::invalid_argument(
+        "DistributedDataParallel: the module has no parameter that requires a gradient");
 
   NoGradGuard ng;
   if (pg_->size() > 1) {
@@ -46,17 +51,20 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
       total += specs_[i].numel;
       weighted += specs_[i].numel * static_cast<int64_t>(i + 1) % 1000003;
     }
-    const Tensor mine = ops::from_vector({static_cast<double>(params_.size()), static_cast<double>(total),
-                                          static_cast<double>(weighted)},
-                                         {3}, DType::int64, pg_->device());
+    const Tensor mine =
+        ops::from_vector({static_cast<double>(params_.size()), static_cast<double>(total),
+                          static_cast<double>(weighted)},
+                         {3}, DType::int64, pg_->device());
     const std::vector<double> all = pg_->all_gather(mine).tolist();
     for (int r = 1; r < pg_->size(); ++r)
       for (int k = 0; k < 3; ++k)
         if (all[static_cast<size_t>(r * 3 + k)] != all[static_cast<size_t>(k)])
-          throw std::runtime_error(fmt::format(
-              "DistributedDataParallel: rank {} has {} parameters ({} elements) but rank 0 has {} ({} elements); "
-              "every rank must build the same model",
-              r, all[static_cast<size_t>(r * 3)], all[static_cast<size_t>(r * 3 + 1)], all[0], all[1]));
+          throw std::runtime_error(
+              fmt::format("DistributedDataParallel: rank {} has {} parameters ({} elements) but "
+                          "rank 0 has {} ({} elements); "
+                          "every rank must build the same model",
+                          r, all[static_cast<size_t>(r * 3)], all[static_cast<size_t>(r * 3 + 1)],
+                          all[0], all[1]));
     // Rank 0's parameters and buffers everywhere.
     std::vector<std::shared_ptr<Work>> works;
     for (const Tensor& p : module_->parameters()) works.push_back(pg_->broadcast(p.detach(), 0));
@@ -66,8 +74,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 
   build_buckets({});
   for (size_t p = 0; p < params_.size(); ++p)
-    hook_handles_.push_back(
-        autograd::register_post_accumulate_grad_hook(params_[p], [this, p](const Tensor&) { on_grad_ready(p); }));
+    hook_handles_.push_back(autograd::register_post_accumulate_grad_hook(
+        params_[p], [this, p](const Tensor&) { on_grad_ready(p); }));
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -93,8 +101,9 @@ void DistributedDataParallel::build_buckets(const std::vector<size_t>& order) {
       b.numel += specs_[members[i]].numel;
     }
     // Straight from the allocator (an op would put its own name on the block), then zeroed.
-    b.buffer = Tensor::make(Storage::allocate(static_cast<size_t>(b.numel) * dtype_size(b.dtype), b.device),
-                            {b.numel}, {1}, 0, b.dtype);
+    b.buffer = Tensor::make(
+        Storage::allocate(static_cast<size_t>(b.numel) * dtype_size(b.dtype), b.device), {b.numel},
+        {1}, 0, b.dtype);
     ops::zero_(b.buffer);
     buckets_.push_back(std::move(b));
   }
@@ -108,7 +117,8 @@ size_t DistributedDataParallel::bucket_bytes() const {
 
 Tensor DistributedDataParallel::slice_of(size_t p) const {
   const Bucket& b = buckets_[assignment_.bucket_of[p]];
-  return ops::view(ops::narrow(b.buffer, 0, b.offsets[slot_[p]], specs_[p].numel), params_[p].sizes());
+  return ops::view(ops::narrow(b.buffer, 0, b.offsets[slot_[p]], specs_[p].numel),
+                   params_[p].sizes());
 }
 
 void DistributedDataParallel::reset_iteration() {
@@ -128,10 +138,13 @@ void DistributedDataParallel::broadcast_buffers() {
     // One flat tensor per dtype (BatchNorm: float running stats, int64 counters), so a
     // forward costs a broadcast or two instead of one per buffer.
     for (const Tensor& b : module_->buffers()) {
-      auto it = std::find_if(buffer_groups_.begin(), buffer_groups_.end(), [&](const BufferGroup& g) {
-        return g.buffers.front().dtype() == b.dtype() && g.buffers.front().device() == b.device();
-      });
-      if (it == buffer_groups_.end()) it = buffer_groups_.insert(buffer_groups_.end(), BufferGroup{});
+      auto it =
+          std::find_if(buffer_groups_.begin(), buffer_groups_.end(), [&](const BufferGroup& g) {
+            return g.buffers.front().dtype() == b.dtype() &&
+                   g.buffers.front().device() == b.device();
+          });
+      if (it == buffer_groups_.end())
+        it = buffer_groups_.insert(buffer_groups_.end(), BufferGroup{});
       it->buffers.push_back(b);
     }
     memory::AllocContextScope ctx(memory::Category::communication, "ddp", "broadcast_buffers");
@@ -139,8 +152,9 @@ void DistributedDataParallel::broadcast_buffers() {
       int64_t n = 0;
       for (const Tensor& b : g.buffers) n += b.numel();
       const DType dt = g.buffers.front().dtype();
-      g.flat = Tensor::make(Storage::allocate(static_cast<size_t>(n) * dtype_size(dt), g.buffers.front().device()),
-                            {n}, {1}, 0, dt);
+      g.flat = Tensor::make(
+          Storage::allocate(static_cast<size_t>(n) * dtype_size(dt), g.buffers.front().device()),
+          {n}, {1}, 0, dt);
     }
   }
   std::vector<std::shared_ptr<Work>> works;
@@ -173,8 +187,10 @@ void DistributedDataParallel::on_grad_ready(size_t p) {
   const Tensor g = params_[p].grad();
   {
     memory::AllocContextScope ctx(memory::Category::communication, "ddp", "allreduce_bucket");
-    if (g.defined()) ops::copy_(slice_of(p), g);
-    else ops::zero_(slice_of(p));
+    if (g.defined())
+      ops::copy_(slice_of(p), g);
+    else
+      ops::zero_(slice_of(p));
   }
   for (size_t b : readiness_.mark_ready(p)) launch(b);
 }
@@ -185,7 +201,8 @@ void DistributedDataParallel::launch(size_t b) {
   ++num_allreduces_;
 }
 
-std::string DistributedDataParallel::unused_parameters_error(const std::vector<size_t>& unused) const {
+std::string DistributedDataParallel::unused_parameters_error(
+    const std::vector<size_t>& unused) const {
   std::string names, indices;
   for (size_t i = 0; i < unused.size(); ++i) {
     if (i) {
@@ -196,8 +213,10 @@ std::string DistributedDataParallel::unused_parameters_error(const std::vector<s
     indices += std::to_string(unused[i]);
   }
   return fmt::format(
-      "DistributedDataParallel (rank {}): expected to have finished reduction in the prior iteration before "
-      "starting a new one. This error indicates that your module has parameters that were not used in producing "
+      "DistributedDataParallel (rank {}): expected to have finished reduction in the prior "
+      "iteration before "
+      "starting a new one. This error indicates that your module has parameters that were not used "
+      "in producing "
       "loss. You can enable unused parameter detection by passing find_unused_parameters = true to "
       "DDPOptions, and by making sure all forward outputs participate in calculating loss.\n"
       "Parameters which did not receive grad for rank {}: {}\n"
@@ -219,7 +238,8 @@ void DistributedDataParallel::finish_backward() {
     }
   }
   if (!readiness_.all_launched())
-    throw std::logic_error("DistributedDataParallel: internal error: buckets left unlaunched at the end of backward");
+    throw std::logic_error(
+        "DistributedDataParallel: internal error: buckets left unlaunched at the end of backward");
   // The compute stream waits for each bucket's all-reduce; then the averages go to .grad.
   for (Bucket& b : buckets_) {
     if (b.work) b.work->wait();

@@ -49,7 +49,7 @@ struct DDPOptions {
   double first_bucket_cap_mb = 1.0;  // 0: same as bucket_cap_mb
   bool broadcast_buffers = true;     // rank 0's buffers to all ranks before each forward
   bool find_unused_parameters = false;
-  bool rebuild_buckets = true;       // once, after the first iteration, in ready order
+  bool rebuild_buckets = true;  // once, after the first iteration, in ready order
 };
 
 class DistributedDataParallel {
@@ -79,7 +79,9 @@ class DistributedDataParallel {
   // RAII: while alive, backward does not communicate (gradient accumulation).
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(DistributedDataParallel& ddp) : ddp_(ddp), prev_(ddp.sync_) { ddp_.sync_ = false; }
+    explicit NoSyncGuard(DistributedDataParallel& ddp) : ddp_(ddp), prev_(ddp.sync_) {
+      ddp_.sync_ = false;
+    }
     ~NoSyncGuard() { ddp_.sync_ = prev_; }
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;

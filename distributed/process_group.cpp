@@ -14,10 +14,11 @@ struct DoneWork final : Work {
 };
 
 void check_local(const Tensor& t, Device device, const char* op) {
-  if (!t.defined()) throw std::invalid_argument(fmt::format("ProcessGroup::{}: undefined tensor", op));
+  if (!t.defined())
+    throw std::invalid_argument(fmt::format("ProcessGroup::{}: undefined tensor", op));
   if (!(t.device() == device))
-    throw std::invalid_argument(fmt::format("ProcessGroup::{}: tensor on {} but the group is on {}", op,
-                                            t.device().str(), device.str()));
+    throw std::invalid_argument(fmt::format("ProcessGroup::{}: tensor on {} but the group is on {}",
+                                            op, t.device().str(), device.str()));
 }
 
 }  // namespace
@@ -29,7 +30,9 @@ std::shared_ptr<Work> LocalProcessGroup::all_reduce(const Tensor& t, ReduceOp) {
 
 std::shared_ptr<Work> LocalProcessGroup::broadcast(const Tensor& t, int root) {
   check_local(t, device_, "broadcast");
-  if (root != 0) throw std::invalid_argument(fmt::format("ProcessGroup::broadcast: root {} of world size 1", root));
+  if (root != 0)
+    throw std::invalid_argument(
+        fmt::format("ProcessGroup::broadcast: root {} of world size 1", root));
   return std::make_shared<DoneWork>();
 }
 
@@ -50,12 +53,14 @@ std::shared_ptr<ProcessGroup> init_process_group(Device device, const DistEnv& e
                                                  std::chrono::milliseconds timeout) {
   if (env.world_size <= 1) return std::make_shared<LocalProcessGroup>(device);
   if (device.type != DeviceType::cuda)
-    throw std::runtime_error(fmt::format(
-        "init_process_group: WORLD_SIZE={} needs CUDA devices (NCCL), got device {}", env.world_size, device.str()));
+    throw std::runtime_error(
+        fmt::format("init_process_group: WORLD_SIZE={} needs CUDA devices (NCCL), got device {}",
+                    env.world_size, device.str()));
   if (!nccl_available())
-    throw std::runtime_error(fmt::format(
-        "init_process_group: WORLD_SIZE={} needs NCCL, and this build has none (TALLY_WITH_NCCL off)",
-        env.world_size));
+    throw std::runtime_error(
+        fmt::format("init_process_group: WORLD_SIZE={} needs NCCL, and this build has none "
+                    "(TALLY_WITH_NCCL off)",
+                    env.world_size));
 #ifdef TALLY_WITH_NCCL
   return make_nccl_process_group(device, env, timeout);
 #else

@@ -75,8 +75,9 @@ bool nccl_available();
 // (which must be CUDA; the ncclUniqueId travels from rank 0 over TCP at
 // MASTER_ADDR:MASTER_PORT), which also makes `device` the process's current CUDA device
 // (torch.cuda.set_device). Throws std::runtime_error when NCCL is needed but missing.
-std::shared_ptr<ProcessGroup> init_process_group(Device device, const DistEnv& env = DistEnv::from_env(),
-                                                 std::chrono::milliseconds timeout = std::chrono::seconds(300));
+std::shared_ptr<ProcessGroup> init_process_group(
+    Device device, const DistEnv& env = DistEnv::from_env(),
+    std::chrono::milliseconds timeout = std::chrono::seconds(300));
 
 // A NCCL process group (cuda_process_group_nccl.cpp; only in builds with NCCL).
 std::shared_ptr<ProcessGroup> make_nccl_process_group(Device device, const DistEnv& env,

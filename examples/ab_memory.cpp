@@ -10,9 +10,9 @@
 //   ab_memory --model resnet --arch tiny --steps 4 --out ab_report
 //   ab_memory --model gpt --preset gpt2 --batch 8 --seq 1024 --device cuda \
 //             --checkpoint none,blocks --amp off,bf16
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
@@ -77,7 +77,8 @@ Batches make_batches(const Args& a, int64_t& classes_or_vocab, int64_t& channels
       Generator gen(a.seed);
       for (int64_t s = 0; s < a.steps; ++s) {
         std::vector<int64_t> idx(static_cast<size_t>(a.batch));
-        for (auto& i : idx) i = static_cast<int64_t>(rand({1}, {}, &gen).item() * ds.size()) % ds.size();
+        for (auto& i : idx)
+          i = static_cast<int64_t>(rand({1}, {}, &gen).item() * ds.size()) % ds.size();
         b.items.push_back(ds.get_batch(idx));
       }
     } else if (a.dataset == "synthetic") {
@@ -90,7 +91,8 @@ Batches make_batches(const Args& a, int64_t& classes_or_vocab, int64_t& channels
         b.items.push_back(ds.get_batch(idx));
       }
     } else {
-      throw std::invalid_argument(fmt::format("--dataset: expected synthetic or fashion-mnist, got '{}'", a.dataset));
+      throw std::invalid_argument(
+          fmt::format("--dataset: expected synthetic or fashion-mnist, got '{}'", a.dataset));
     }
   } else if (a.model == "gpt") {
     const nn::GPTConfig cfg = nn::GPTConfig::preset(a.preset);
@@ -126,25 +128,31 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"A/B memory runner: checkpointing x precision, one table, one HTML report."};
   app.add_option("--model", a.model, "resnet | gpt")->capture_default_str();
-  app.add_option("--arch", a.arch, "ResNet: tiny | resnet18 | resnet34 | resnet50")->capture_default_str();
+  app.add_option("--arch", a.arch, "ResNet: tiny | resnet18 | resnet34 | resnet50")
+      ->capture_default_str();
   app.add_option("--preset", a.preset, "GPT: tiny | small | gpt2")->capture_default_str();
-  app.add_option("--dataset", a.dataset, "synthetic | fashion-mnist (ResNet) | text (GPT)")->capture_default_str();
+  app.add_option("--dataset", a.dataset, "synthetic | fashion-mnist (ResNet) | text (GPT)")
+      ->capture_default_str();
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   app.add_option("--batch", a.batch, "batch size")->capture_default_str();
   app.add_option("--image-size", a.image_size, "synthetic image size (default 32)");
   app.add_option("--seq", a.seq, "GPT sequence length (default: the preset's block size)");
-  app.add_option("--steps", a.steps, "steps per configuration (the last one is recorded)")->capture_default_str();
+  app.add_option("--steps", a.steps, "steps per configuration (the last one is recorded)")
+      ->capture_default_str();
   app.add_option("--seed", a.seed, "seed")->capture_default_str();
-  app.add_option("--checkpoint", a.checkpoints, "comma list of none | blocks | N-segments | selective")
+  app.add_option("--checkpoint", a.checkpoints,
+                 "comma list of none | blocks | N-segments | selective")
       ->capture_default_str();
   app.add_option("--amp", a.amps, "comma list of off | fp16 | bf16")->capture_default_str();
   app.add_option("--lr", a.lr, "learning rate")->capture_default_str();
-  app.add_option("--out", a.out, "output folder (snapshots, timelines, report.html)")->capture_default_str();
+  app.add_option("--out", a.out, "output folder (snapshots, timelines, report.html)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
     const Device dev = ex::parse_device(a.device);
-    if (a.steps < 2) throw std::invalid_argument("--steps must be at least 2 (the last step is recorded)");
+    if (a.steps < 2)
+      throw std::invalid_argument("--steps must be at least 2 (the last step is recorded)");
     std::filesystem::create_directories(a.out);
     int64_t classes = 10, channels = 3, seq = 0;
     Batches batches;
@@ -172,11 +180,16 @@ int main(int argc, char** argv) {
           nn::ResNetOptions o;
           o.num_classes = classes;
           o.in_channels = channels;
-          if (a.arch == "tiny") model = nn::resnet_tiny(o);
-          else if (a.arch == "resnet18") model = nn::resnet18(o);
-          else if (a.arch == "resnet34") model = nn::resnet34(o);
-          else if (a.arch == "resnet50") model = nn::resnet50(o);
-          else throw std::invalid_argument(fmt::format("--arch: unknown '{}'", a.arch));
+          if (a.arch == "tiny")
+            model = nn::resnet_tiny(o);
+          else if (a.arch == "resnet18")
+            model = nn::resnet18(o);
+          else if (a.arch == "resnet34")
+            model = nn::resnet34(o);
+          else if (a.arch == "resnet50")
+            model = nn::resnet50(o);
+          else
+            throw std::invalid_argument(fmt::format("--arch: unknown '{}'", a.arch));
         } else {
           gpt = std::make_shared<nn::GPT>(nn::GPTConfig::preset(a.preset));
           model = gpt;
@@ -185,8 +198,11 @@ int main(int argc, char** argv) {
         model->train();
         nn::enable_checkpointing(*model, spec);
         std::unique_ptr<optim::Optimizer> opt;
-        if (gpt) opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = a.lr});
-        else opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = a.lr, .momentum = 0.9});
+        if (gpt)
+          opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = a.lr});
+        else
+          opt = std::make_unique<optim::SGD>(model->parameters(),
+                                             optim::SGDOptions{.lr = a.lr, .momentum = 0.9});
         ex::Precision prec(amp, dev);
 
         std::vector<double> times;
@@ -207,7 +223,8 @@ int main(int argc, char** argv) {
           {
             memory::PhaseScope phase("forward");
             auto guard = prec.autocast();
-            loss = gpt ? (*gpt)(batch.input, batch.target).second : cross_entropy((*model)(batch.input), batch.target);
+            loss = gpt ? (*gpt)(batch.input, batch.target).second
+                       : cross_entropy((*model)(batch.input), batch.target);
           }
           prec.backward_and_step(loss, *opt);
           loss_value = loss.item();
@@ -242,23 +259,26 @@ int main(int argc, char** argv) {
       }
     }
 
-    const std::string title =
-        a.model == "resnet"
-            ? fmt::format("{} on {} (batch {}, {} steps, {})", a.arch, a.dataset, a.batch, a.steps, dev.str())
-            : fmt::format("GPT {} (batch {} x {} tokens, {} steps, {})", a.preset, a.batch, seq, a.steps, dev.str());
+    const std::string title = a.model == "resnet"
+                                  ? fmt::format("{} on {} (batch {}, {} steps, {})", a.arch,
+                                                a.dataset, a.batch, a.steps, dev.str())
+                                  : fmt::format("GPT {} (batch {} x {} tokens, {} steps, {})",
+                                                a.preset, a.batch, seq, a.steps, dev.str());
     std::cout << ex::format_table(results) << std::flush;
     {
       // results.json: the table's numbers for scripts (bytes; categories by Tally's names).
       std::string j = "[";
       for (size_t i = 0; i < results.size(); ++i) {
         const auto& r = results[i];
-        j += fmt::format("{}{{\"name\": \"{}\", \"peak_allocated\": {}, \"peak_reserved\": {}, "
-                         "\"median_ms\": {:.3f}, \"final_loss\": {:.6f}, \"at_peak\": {{",
-                         i ? ", " : "", r.name, r.peak_allocated, r.peak_reserved, r.median_ms, r.final_loss);
+        j += fmt::format(
+            "{}{{\"name\": \"{}\", \"peak_allocated\": {}, \"peak_reserved\": {}, "
+            "\"median_ms\": {:.3f}, \"final_loss\": {:.6f}, \"at_peak\": {{",
+            i ? ", " : "", r.name, r.peak_allocated, r.peak_reserved, r.median_ms, r.final_loss);
         for (size_t c = 0; c < memory::kNumCategories; ++c)
-          j += fmt::format("{}\"{}\": {}", c ? ", " : "", memory::category_name(memory::kAllCategories[c]),
-                           r.at_peak[c]);
-        j += fmt::format("}}, \"snapshot\": \"{}\", \"timeline\": \"{}\"}}", r.snapshot_path, r.timeline_path);
+          j += fmt::format("{}\"{}\": {}", c ? ", " : "",
+                           memory::category_name(memory::kAllCategories[c]), r.at_peak[c]);
+        j += fmt::format("}}, \"snapshot\": \"{}\", \"timeline\": \"{}\"}}", r.snapshot_path,
+                         r.timeline_path);
       }
       j += "]\n";
       std::FILE* f = std::fopen((a.out + "/results.json").c_str(), "wb");
@@ -268,8 +288,10 @@ int main(int argc, char** argv) {
     }
     const std::string report = a.out + "/report.html";
     ex::write_report(report, title, results);
-    fmt::print("report: {}\nper configuration: *.pickle (open at https://pytorch.org/memory_viz), "
-               "*.timeline.json (PyTorch's memory-timeline layout)\n", report);
+    fmt::print(
+        "report: {}\nper configuration: *.pickle (open at https://pytorch.org/memory_viz), "
+        "*.timeline.json (PyTorch's memory-timeline layout)\n",
+        report);
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "ab_memory: error: {}\n", e.what());

@@ -18,12 +18,15 @@ namespace {
 using memory::Category;
 
 // Table and chart order: the seven consumers first, then Tally's extras.
-constexpr Category kOrder[] = {Category::parameter,  Category::gradient,  Category::optimizer_state,
-                               Category::input,      Category::activation, Category::temporary,
-                               Category::workspace,  Category::autocast_cache, Category::communication,
-                               Category::unknown};
+constexpr Category kOrder[] = {Category::parameter,       Category::gradient,
+                               Category::optimizer_state, Category::input,
+                               Category::activation,      Category::temporary,
+                               Category::workspace,       Category::autocast_cache,
+                               Category::communication,   Category::unknown};
 
-std::string mib(double b) { return fmt::format("{:.1f}", b / (1024.0 * 1024.0)); }
+std::string mib(double b) {
+  return fmt::format("{:.1f}", b / (1024.0 * 1024.0));
+}
 
 std::string delta(double v, double base) {
   if (base == 0 && v == 0) return "";
@@ -37,15 +40,29 @@ std::string json_str(const std::string& s) {
   std::string o = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '<': o += "\\u003c"; break;  // never close the <script> early
-      case '>': o += "\\u003e"; break;
-      case '&': o += "\\u0026"; break;
+      case '"':
+        o += "\\\"";
+        break;
+      case '\\':
+        o += "\\\\";
+        break;
+      case '\n':
+        o += "\\n";
+        break;
+      case '<':
+        o += "\\u003c";
+        break;  // never close the <script> early
+      case '>':
+        o += "\\u003e";
+        break;
+      case '&':
+        o += "\\u0026";
+        break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) o += fmt::format("\\u{:04x}", static_cast<int>(c));
-        else o += c;
+        if (static_cast<unsigned char>(c) < 0x20)
+          o += fmt::format("\\u{:04x}", static_cast<int>(c));
+        else
+          o += c;
     }
   }
   return o + "\"";
@@ -65,21 +82,26 @@ std::string module_group(const std::string& path) {
   if (!parts.empty() && parts[0] == "transformer") parts.erase(parts.begin());
   if (parts.empty()) return "";
   const bool numeric = parts.size() > 1 && !parts[1].empty() &&
-                       std::all_of(parts[1].begin(), parts[1].end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+                       std::all_of(parts[1].begin(), parts[1].end(), [](char c) {
+                         return std::isdigit(static_cast<unsigned char>(c));
+                       });
   return numeric ? parts[0] + "." + parts[1] : parts[0];
 }
 
 std::string format_table(const std::vector<ConfigResult>& results) {
   if (results.empty()) return "no configurations\n";
   std::vector<std::pair<std::string, std::function<double(const ConfigResult&)>>> cols;
-  cols.push_back({"peak alloc", [](const ConfigResult& r) { return static_cast<double>(r.peak_allocated); }});
-  cols.push_back({"peak resv", [](const ConfigResult& r) { return static_cast<double>(r.peak_reserved); }});
+  cols.push_back(
+      {"peak alloc", [](const ConfigResult& r) { return static_cast<double>(r.peak_allocated); }});
+  cols.push_back(
+      {"peak resv", [](const ConfigResult& r) { return static_cast<double>(r.peak_reserved); }});
   for (Category c : kOrder) {
     bool any = false;
     for (const auto& r : results) any = any || r.at_peak[static_cast<size_t>(c)] != 0;
     if (!any && c != Category::activation) continue;
-    cols.push_back({std::string(memory::category_name(c)),
-                    [c](const ConfigResult& r) { return static_cast<double>(r.at_peak[static_cast<size_t>(c)]); }});
+    cols.push_back({std::string(memory::category_name(c)), [c](const ConfigResult& r) {
+                      return static_cast<double>(r.at_peak[static_cast<size_t>(c)]);
+                    }});
   }
   cols.push_back({"frag (resv-alloc)", [](const ConfigResult& r) {
                     return static_cast<double>(r.peak_reserved - r.peak_allocated);
@@ -94,8 +116,10 @@ std::string format_table(const std::vector<ConfigResult>& results) {
   for (size_t i = 0; i < results.size(); ++i) {
     const ConfigResult& r = results[i];
     std::vector<std::string> row = {r.name};
-    for (auto& c : cols) row.push_back(mib(c.second(r)) + (i ? delta(c.second(r), c.second(base)) : ""));
-    row.push_back(fmt::format("{:.1f}", r.median_ms) + (i ? delta(r.median_ms, base.median_ms) : ""));
+    for (auto& c : cols)
+      row.push_back(mib(c.second(r)) + (i ? delta(c.second(r), c.second(base)) : ""));
+    row.push_back(fmt::format("{:.1f}", r.median_ms) +
+                  (i ? delta(r.median_ms, base.median_ms) : ""));
     row.push_back(fmt::format("{:.4f}", r.final_loss));
     rows.push_back(row);
   }
@@ -105,16 +129,20 @@ std::string format_table(const std::vector<ConfigResult>& results) {
   std::string out;
   for (size_t ri = 0; ri < rows.size(); ++ri) {
     for (size_t k = 0; k < rows[ri].size(); ++k) {
-      out += k == 0 ? fmt::format("{:<{}}", rows[ri][k], w[k]) : fmt::format("  {:>{}}", rows[ri][k], w[k]);
+      out += k == 0 ? fmt::format("{:<{}}", rows[ri][k], w[k])
+                    : fmt::format("  {:>{}}", rows[ri][k], w[k]);
     }
     out += "\n";
     if (ri == 0) out += std::string(out.size() - 1, '-') + "\n";
   }
-  out += "(bytes per category are taken at the moment allocated memory peaked; changes are against the first row)\n";
+  out +=
+      "(bytes per category are taken at the moment allocated memory peaked; changes are against "
+      "the first row)\n";
   return out;
 }
 
-void write_report(const std::string& path, const std::string& title, const std::vector<ConfigResult>& results) {
+void write_report(const std::string& path, const std::string& title,
+                  const std::vector<ConfigResult>& results) {
   // ---- data ----
   std::string data = "{\"title\":" + json_str(title) + ",\"categories\":[";
   for (size_t k = 0; k < std::size(kOrder); ++k)
@@ -134,13 +162,15 @@ void write_report(const std::string& path, const std::string& title, const std::
     std::sort(keep.begin(), keep.end());
     const int64_t t0 = n ? t.times_us.front() : 0;
     data += std::string(i ? "," : "") + "{\"name\":" + json_str(r.name);
-    data += fmt::format(",\"peak_allocated\":{},\"peak_reserved\":{},\"median_ms\":{:.3f},\"final_loss\":{:.6f}",
-                        r.peak_allocated, r.peak_reserved, r.median_ms, r.final_loss);
+    data += fmt::format(
+        ",\"peak_allocated\":{},\"peak_reserved\":{},\"median_ms\":{:.3f},\"final_loss\":{:.6f}",
+        r.peak_allocated, r.peak_reserved, r.median_ms, r.final_loss);
     data += ",\"at_peak\":[";
     for (size_t k = 0; k < std::size(kOrder); ++k)
       data += fmt::format("{}{}", k ? "," : "", r.at_peak[static_cast<size_t>(kOrder[k])]);
     data += "],\"t\":[";
-    for (size_t k = 0; k < keep.size(); ++k) data += fmt::format("{}{:.3f}", k ? "," : "", (t.times_us[keep[k]] - t0) / 1000.0);
+    for (size_t k = 0; k < keep.size(); ++k)
+      data += fmt::format("{}{:.3f}", k ? "," : "", (t.times_us[keep[k]] - t0) / 1000.0);
     data += "],\"bytes\":[";
     for (size_t k = 0; k < keep.size(); ++k) {
       data += k ? ",[" : "[";
@@ -155,7 +185,8 @@ void write_report(const std::string& path, const std::string& title, const std::
     bool first_band = true;
     auto close_band = [&](double end) {
       if (!cur_phase.empty()) {
-        data += fmt::format("{}[{},{:.3f},{:.3f}]", first_band ? "" : ",", json_str(cur_phase), band_start, end);
+        data += fmt::format("{}[{},{:.3f},{:.3f}]", first_band ? "" : ",", json_str(cur_phase),
+                            band_start, end);
         first_band = false;
       }
     };
@@ -177,11 +208,12 @@ void write_report(const std::string& path, const std::string& title, const std::
       const std::string g = module_group(memory::interned(t.module[s]));
       if (g.empty() || g == cur_group) continue;
       cur_group = g;
-      data += fmt::format("{}[{:.3f},{},{}]", first_stair ? "" : ",", (t.times_us[s] - t0) / 1000.0, json_str(g),
-                          t.total(s));
+      data += fmt::format("{}[{:.3f},{},{}]", first_stair ? "" : ",", (t.times_us[s] - t0) / 1000.0,
+                          json_str(g), t.total(s));
       first_stair = false;
     }
-    data += "],\"snapshot\":" + json_str(r.snapshot_path) + ",\"timeline\":" + json_str(r.timeline_path) + "}";
+    data += "],\"snapshot\":" + json_str(r.snapshot_path) +
+            ",\"timeline\":" + json_str(r.timeline_path) + "}";
   }
   data += "]}";
 
@@ -292,7 +324,8 @@ document.body.setAttribute('data-charts', String(document.querySelectorAll('svg.
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) throw std::runtime_error(fmt::format("write_report: cannot open '{}' for writing", path));
   const bool ok = std::fwrite(html.data(), 1, html.size(), f) == html.size();
-  if (std::fclose(f) != 0 || !ok) throw std::runtime_error(fmt::format("write_report: writing '{}' failed", path));
+  if (std::fclose(f) != 0 || !ok)
+    throw std::runtime_error(fmt::format("write_report: writing '{}' failed", path));
 }
 
 }  // namespace tally::examples

@@ -10,7 +10,7 @@
 namespace tally::examples {
 
 struct ConfigResult {
-  std::string name;                 // "ckpt=blocks amp=bf16"
+  std::string name;  // "ckpt=blocks amp=bf16"
   int64_t peak_allocated = 0;
   int64_t peak_reserved = 0;
   memory::CategoryBytes at_peak{};  // bytes per category when allocated memory peaked
@@ -27,7 +27,8 @@ std::string format_table(const std::vector<ConfigResult>& results);
 // report.html: one chart per configuration (stacked bytes by category over the recorded
 // step, phase bands, the forward staircase labelled by module), all on the same scale,
 // then the table. Throws std::runtime_error naming the path when it cannot be written.
-void write_report(const std::string& path, const std::string& title, const std::vector<ConfigResult>& results);
+void write_report(const std::string& path, const std::string& title,
+                  const std::vector<ConfigResult>& results);
 
 // "layer2.1.conv1" -> "layer2.1", "transformer.h.3.attn.c_attn" -> "h.3", "fc" -> "fc".
 std::string module_group(const std::string& path);

@@ -21,7 +21,7 @@
 #include "nn/serialize.h"
 #ifdef TALLY_WITH_CUDA
 #include "tensor/cuda/cudnn.h"
-#include "tensor/cuda/linalg.h"
+#include "tensor/linalg/cuda.h"
 #endif
 
 using namespace tally;
@@ -29,7 +29,8 @@ using namespace tally;
 namespace {
 [[noreturn]] void usage(const std::string& why) {
   fmt::print(stderr,
-             "equivalence_dump: {}\nusage: equivalence_dump --model resnet18|resnet_tiny|gpt-small|gpt-tiny "
+             "equivalence_dump: {}\nusage: equivalence_dump --model "
+             "resnet18|resnet_tiny|gpt-small|gpt-tiny "
              "[--device cpu|cuda] --out DIR [--seed N] [--batch N] [--float64] [--print-norms]\n",
              why);
   std::exit(2);
@@ -54,14 +55,22 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) usage("missing value for " + a);
       return argv[++i];
     };
-    if (a == "--model") model_name = next();
-    else if (a == "--device") device_name = next();
-    else if (a == "--out") out = next();
-    else if (a == "--seed") seed = std::stoull(next());
-    else if (a == "--batch") batch = std::stoll(next());
-    else if (a == "--float64") float64 = true;  // compute the step in float64 (weights still saved as float32)
-    else if (a == "--print-norms") print_norms = true;
-    else usage("unknown argument " + a);
+    if (a == "--model")
+      model_name = next();
+    else if (a == "--device")
+      device_name = next();
+    else if (a == "--out")
+      out = next();
+    else if (a == "--seed")
+      seed = std::stoull(next());
+    else if (a == "--batch")
+      batch = std::stoll(next());
+    else if (a == "--float64")
+      float64 = true;  // compute the step in float64 (weights still saved as float32)
+    else if (a == "--print-norms")
+      print_norms = true;
+    else
+      usage("unknown argument " + a);
   }
   if (model_name.empty() || out.empty()) usage("--model and --out are required");
   Device device = Device::cpu();
@@ -72,15 +81,18 @@ int main(int argc, char** argv) {
     usage("bad --device " + device_name);
   }
 #ifdef TALLY_WITH_CUDA
-  cuda::set_allow_tf32(false);        // fp32 products in fp32, like torch with allow_tf32=False
-  cuda::set_cudnn_allow_tf32(false);  // and fp32 convolutions (torch.backends.cudnn.allow_tf32=False)
+  cuda::set_allow_tf32(false);  // fp32 products in fp32, like torch with allow_tf32=False
+  cuda::set_cudnn_allow_tf32(
+      false);  // and fp32 convolutions (torch.backends.cudnn.allow_tf32=False)
 #endif
   try {
     std::filesystem::create_directories(out);
     manual_seed(seed);
     Generator data_gen(seed + 1);
-    std::map<std::string, std::string> meta{{"model", model_name}, {"seed", std::to_string(seed)},
-                                            {"device", device_name}, {"format", "pt"}};
+    std::map<std::string, std::string> meta{{"model", model_name},
+                                            {"seed", std::to_string(seed)},
+                                            {"device", device_name},
+                                            {"format", "pt"}};
     std::shared_ptr<nn::Module> model;
     std::shared_ptr<nn::GPT> gpt;
     Tensor input, target;
@@ -90,8 +102,10 @@ int main(int argc, char** argv) {
         const int64_t classes = 10;
         const bool tiny = model_name == "resnet_tiny";
         const int64_t channels = tiny ? 1 : 3, hw = tiny ? 28 : 64;
-        if (tiny) model = nn::resnet_tiny({.num_classes = classes, .in_channels = channels});
-        else model = nn::resnet18({.num_classes = classes, .in_channels = channels});
+        if (tiny)
+          model = nn::resnet_tiny({.num_classes = classes, .in_channels = channels});
+        else
+          model = nn::resnet18({.num_classes = classes, .in_channels = channels});
         meta["num_classes"] = std::to_string(classes);
         meta["in_channels"] = std::to_string(channels);
         input = ops::randn({batch, channels, hw, hw}, DType::float32, Device::cpu(), &data_gen);
@@ -109,7 +123,8 @@ int main(int argc, char** argv) {
           meta[k] = std::to_string(v);
         const int64_t T = cfg.block_size / 2;
         input = ops::randint(0, cfg.vocab_size, {batch, T}, DType::int64, Device::cpu(), &data_gen);
-        target = ops::randint(0, cfg.vocab_size, {batch, T}, DType::int64, Device::cpu(), &data_gen);
+        target =
+            ops::randint(0, cfg.vocab_size, {batch, T}, DType::int64, Device::cpu(), &data_gen);
       } else {
         usage("unknown --model " + model_name);
       }
@@ -129,8 +144,10 @@ int main(int argc, char** argv) {
     Tensor loss;
     {
       memory::PhaseScope phase("forward");
-      if (gpt) loss = (*gpt)(x, y).second;
-      else loss = cross_entropy((*model)(x), y);
+      if (gpt)
+        loss = (*gpt)(x, y).second;
+      else
+        loss = cross_entropy((*model)(x), y);
     }
     {
       memory::PhaseScope phase("backward");
@@ -144,10 +161,11 @@ int main(int argc, char** argv) {
     nn::save_safetensors(out + "/grads.safetensors", grads, meta);
     if (print_norms)
       for (const auto& [name, g] : grads)
-        fmt::print("  {:48s} {:.9g}\n", name, std::sqrt(ops::item(ops::sum(ops::mul(ops::to(g, DType::float64),
-                                                                                 ops::to(g, DType::float64))))));
-    fmt::print("{} on {}: loss {:.6f}, {} gradients written to {}\n", model_name, device_name, loss.item(),
-               grads.size() - 1, out);
+        fmt::print("  {:48s} {:.9g}\n", name,
+                   std::sqrt(ops::item(ops::sum(
+                       ops::mul(ops::to(g, DType::float64), ops::to(g, DType::float64))))));
+    fmt::print("{} on {}: loss {:.6f}, {} gradients written to {}\n", model_name, device_name,
+               loss.item(), grads.size() - 1, out);
   } catch (const std::exception& e) {
     fmt::print(stderr, "equivalence_dump: {}\n", e.what());
     return 1;

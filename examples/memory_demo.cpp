@@ -58,9 +58,12 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--device") device_arg = value();
-    else if (a == "--snapshot") snapshot = value();
-    else if (a == "--steps") steps = std::stoi(value());
+    if (a == "--device")
+      device_arg = value();
+    else if (a == "--snapshot")
+      snapshot = value();
+    else if (a == "--steps")
+      steps = std::stoi(value());
     else {
       fmt::print(stderr, "usage: memory_demo [--device cpu|cuda] [--steps N] [--snapshot FILE]\n");
       return a == "--help" || a == "-h" ? 0 : 2;

@@ -13,9 +13,9 @@
 // --out; DIR/patterns.json holds the measured numbers (tests/examples/test_memory_patterns.py).
 //
 //   memory_patterns --pattern all --device cpu --out patterns_out
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -42,7 +42,7 @@ struct Args {
   std::string pattern = "all";
   std::string device = "cpu";
   std::string out = "memory_patterns_out";
-  int64_t layers = 12;     // staircase: GPT blocks
+  int64_t layers = 12;  // staircase: GPT blocks
   int64_t batch = 8;
   int64_t seq = 128;
   int64_t leak_steps = 6;
@@ -68,7 +68,9 @@ int64_t cat_peak(const memory::DeviceStats& st, memory::Category c) {
   return st.category_at_peak[static_cast<size_t>(c)];
 }
 
-std::string json_list(const std::vector<int64_t>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
+std::string json_list(const std::vector<int64_t>& v) {
+  return fmt::format("[{}]", fmt::join(v, ", "));
+}
 
 // ---------------------------------------------------------------- staircase
 struct StairResult {
@@ -123,7 +125,8 @@ StairResult staircase_run(const Args& a, Device dev, bool checkpoint, const std:
   prof.export_memory_timeline(stem + ".timeline.json", dev);
   prof.export_memory_timeline(stem + ".timeline.html", dev);
   prof.export_memory_snapshot(stem + ".pickle", dev);
-  const char* mem_col = dev.type == DeviceType::cuda ? "self_cuda_memory_usage" : "self_cpu_memory_usage";
+  const char* mem_col =
+      dev.type == DeviceType::cuda ? "self_cuda_memory_usage" : "self_cpu_memory_usage";
   module_table = prof.key_averages_by_module().table(mem_col, 8);
 
   const memory::DeviceStats st = memory::get_allocator(dev).stats();
@@ -157,36 +160,46 @@ StairResult staircase_run(const Args& a, Device dev, bool checkpoint, const std:
 }
 
 std::string staircase(const Args& a, Device dev) {
-  fmt::print("==== staircase: GPT with {} blocks, batch {} x {} tokens, {} ====\n", a.layers, a.batch, a.seq,
-             dev.str());
+  fmt::print("==== staircase: GPT with {} blocks, batch {} x {} tokens, {} ====\n", a.layers,
+             a.batch, a.seq, dev.str());
   std::string table_none, table_ckpt;
   const StairResult none = staircase_run(a, dev, false, a.out + "/staircase", table_none);
-  fmt::print("-- modules by self memory, no checkpointing (what the forward left allocated):\n{}\n", table_none);
+  fmt::print("-- modules by self memory, no checkpointing (what the forward left allocated):\n{}\n",
+             table_none);
   const StairResult ckpt = staircase_run(a, dev, true, a.out + "/staircase_ckpt", table_ckpt);
   fmt::print("-- modules by self memory, --checkpoint blocks:\n{}\n", table_ckpt);
   fmt::print("{:<22} {:>14} {:>16} {:>16} {:>14}\n", "", "peak allocated", "activation@peak",
              "forward act +", "forward rises");
-  for (auto [name, r] : {std::pair{"no checkpointing", none}, std::pair{"--checkpoint blocks", ckpt}})
+  for (auto [name, r] :
+       {std::pair{"no checkpointing", none}, std::pair{"--checkpoint blocks", ckpt}})
     fmt::print("{:<22} {:>14} {:>16} {:>16} {:>14}\n", name, ex::fmt_bytes(r.peak_allocated),
-               ex::fmt_bytes(r.peak_activation), ex::fmt_bytes(r.forward_activation), r.forward_rises);
+               ex::fmt_bytes(r.peak_activation), ex::fmt_bytes(r.forward_activation),
+               r.forward_rises);
   fmt::print(
-      "diagnosis: the forward keeps every block's activations until the backward: {} of activations at "
-      "the peak ({:.0f}% of the peak), rising in {} steps through the forward. Checkpointing the blocks "
-      "keeps only their inputs: activation at the peak {} -> {} ({:+.0f}%), peak allocated {} -> {}.\n",
-      ex::fmt_bytes(none.peak_activation), 100.0 * none.peak_activation / std::max<int64_t>(1, none.peak_allocated),
-      none.forward_rises, ex::fmt_bytes(none.peak_activation), ex::fmt_bytes(ckpt.peak_activation),
-      100.0 * (double(ckpt.peak_activation) - none.peak_activation) / std::max<int64_t>(1, none.peak_activation),
+      "diagnosis: the forward keeps every block's activations until the backward: {} of "
+      "activations at "
+      "the peak ({:.0f}% of the peak), rising in {} steps through the forward. Checkpointing the "
+      "blocks "
+      "keeps only their inputs: activation at the peak {} -> {} ({:+.0f}%), peak allocated {} -> "
+      "{}.\n",
+      ex::fmt_bytes(none.peak_activation),
+      100.0 * none.peak_activation / std::max<int64_t>(1, none.peak_allocated), none.forward_rises,
+      ex::fmt_bytes(none.peak_activation), ex::fmt_bytes(ckpt.peak_activation),
+      100.0 * (double(ckpt.peak_activation) - none.peak_activation) /
+          std::max<int64_t>(1, none.peak_activation),
       ex::fmt_bytes(none.peak_allocated), ex::fmt_bytes(ckpt.peak_allocated));
-  fmt::print("wrote {0}/staircase.{{trace.json,timeline.json,timeline.html,pickle}} and "
-             "{0}/staircase_ckpt.* (open the .html in a browser, the .pickle at pytorch.org/memory_viz)\n\n",
-             a.out);
+  fmt::print(
+      "wrote {0}/staircase.{{trace.json,timeline.json,timeline.html,pickle}} and "
+      "{0}/staircase_ckpt.* (open the .html in a browser, the .pickle at "
+      "pytorch.org/memory_viz)\n\n",
+      a.out);
   auto obj = [](const StairResult& r) {
     return fmt::format(
         R"({{"peak_allocated": {}, "peak_activation": {}, "forward_activation": {}, "forward_rises": {}}})",
         r.peak_allocated, r.peak_activation, r.forward_activation, r.forward_rises);
   };
-  return fmt::format(R"({{"layers": {}, "no_checkpoint": {}, "checkpoint_blocks": {}}})", a.layers, obj(none),
-                     obj(ckpt));
+  return fmt::format(R"({{"layers": {}, "no_checkpoint": {}, "checkpoint_blocks": {}}})", a.layers,
+                     obj(none), obj(ckpt));
 }
 
 // ---------------------------------------------------------------- leak
@@ -202,7 +215,7 @@ LeakResult leak_run(const Args& a, Device dev, bool leaky) {
   gpt->to(dev);
   gpt->train();
   optim::AdamW opt(gpt->parameters(), optim::AdamOptions{.lr = 1e-3});
-  std::vector<Tensor> history;       // the bug: keeps every loss and, through it, its graph
+  std::vector<Tensor> history;        // the bug: keeps every loss and, through it, its graph
   std::vector<double> history_fixed;  // the fix: plain numbers
   const std::string stem = a.out + "/leak";
   std::unique_ptr<profiler::Profiler> prof;
@@ -238,8 +251,10 @@ LeakResult leak_run(const Args& a, Device dev, bool leaky) {
       memory::PhaseScope phase("optimizer");
       opt.step();
     }
-    if (leaky) history.push_back(loss);
-    else history_fixed.push_back(loss.item());
+    if (leaky)
+      history.push_back(loss);
+    else
+      history_fixed.push_back(loss.item());
     loss = Tensor();
     memory::synchronize(dev);
     const memory::DeviceStats st = memory::get_allocator(dev).stats();
@@ -259,38 +274,49 @@ LeakResult leak_run(const Args& a, Device dev, bool leaky) {
 }
 
 std::string leak(const Args& a, Device dev) {
-  fmt::print("==== leak: a loss history that keeps the graphs, {} steps, {} ====\n", a.leak_steps, dev.str());
+  fmt::print("==== leak: a loss history that keeps the graphs, {} steps, {} ====\n", a.leak_steps,
+             dev.str());
   const LeakResult bad = leak_run(a, dev, true);
   const LeakResult good = leak_run(a, dev, false);
-  fmt::print("{:>5} {:>22} {:>22} {:>22} {:>22}\n", "step", "allocated (leaky)", "activation (leaky)",
-             "allocated (item())", "activation (item())");
+  fmt::print("{:>5} {:>22} {:>22} {:>22} {:>22}\n", "step", "allocated (leaky)",
+             "activation (leaky)", "allocated (item())", "activation (item())");
   for (size_t s = 0; s < bad.allocated.size(); ++s)
     fmt::print("{:>5} {:>22} {:>22} {:>22} {:>22}\n", s, ex::fmt_bytes(bad.allocated[s]),
-               ex::fmt_bytes(bad.activation[s]), ex::fmt_bytes(good.allocated[s]), ex::fmt_bytes(good.activation[s]));
+               ex::fmt_bytes(bad.activation[s]), ex::fmt_bytes(good.allocated[s]),
+               ex::fmt_bytes(good.activation[s]));
   const size_t n = bad.allocated.size();
-  const double per_step = n > 1 ? double(bad.allocated[n - 1] - bad.allocated[0]) / double(n - 1) : 0;
-  const double act_per_step = n > 1 ? double(bad.activation[n - 1] - bad.activation[0]) / double(n - 1) : 0;
-  const double fixed_per_step = n > 1 ? double(good.allocated[n - 1] - good.allocated[0]) / double(n - 1) : 0;
+  const double per_step =
+      n > 1 ? double(bad.allocated[n - 1] - bad.allocated[0]) / double(n - 1) : 0;
+  const double act_per_step =
+      n > 1 ? double(bad.activation[n - 1] - bad.activation[0]) / double(n - 1) : 0;
+  const double fixed_per_step =
+      n > 1 ? double(good.allocated[n - 1] - good.allocated[0]) / double(n - 1) : 0;
   fmt::print(
-      "diagnosis: with history.push_back(loss) the baseline rises {} per step, {} of it `activation` bytes "
-      "(the kept graphs' saved tensors); with history.push_back(loss.item()) it moves {} per step.\n",
+      "diagnosis: with history.push_back(loss) the baseline rises {} per step, {} of it "
+      "`activation` bytes "
+      "(the kept graphs' saved tensors); with history.push_back(loss.item()) it moves {} per "
+      "step.\n",
       ex::fmt_bytes(per_step), ex::fmt_bytes(act_per_step), ex::fmt_bytes(fixed_per_step));
-  fmt::print("wrote {0}/leak.pickle (memory_viz: the staircase of blocks that are never freed), "
-             "{0}/leak.timeline.{{json,html}}, {0}/leak.trace.json\n\n",
-             a.out);
+  fmt::print(
+      "wrote {0}/leak.pickle (memory_viz: the staircase of blocks that are never freed), "
+      "{0}/leak.timeline.{{json,html}}, {0}/leak.trace.json\n\n",
+      a.out);
   return fmt::format(
       R"({{"leaky": {{"allocated": {}, "activation": {}}}, "fixed": {{"allocated": {}, "activation": {}}}}})",
-      json_list(bad.allocated), json_list(bad.activation), json_list(good.allocated), json_list(good.activation));
+      json_list(bad.allocated), json_list(bad.activation), json_list(good.allocated),
+      json_list(good.activation));
 }
 
 // ---------------------------------------------------------------- fragmentation
 struct FragResult {
-  std::vector<int64_t> allocated_peak, reserved;  // per step: peak allocated in the step, reserved after it
+  std::vector<int64_t> allocated_peak,
+      reserved;  // per step: peak allocated in the step, reserved after it
   int64_t peak_allocated = 0, peak_reserved = 0;
   std::string summary_line;
 };
 
-FragResult frag_run(const Args& a, Device dev, const std::string& conf, bool pad, const std::string& stem) {
+FragResult frag_run(const Args& a, Device dev, const std::string& conf, bool pad,
+                    const std::string& stem) {
   auto& alloc = memory::get_allocator(dev);
   memory::empty_cache(dev);
   alloc.set_config(memory::AllocatorConfig::parse(conf));
@@ -350,7 +376,8 @@ FragResult frag_run(const Args& a, Device dev, const std::string& conf, bool pad
   memory::dump_snapshot(stem + ".pickle", dev);
   memory::record_memory_history(false, 0, dev);
   const std::string summary = memory::memory_summary(dev, true);
-  if (!pad && conf.empty()) fmt::print("-- memory_summary(abbreviated) after the last step:\n{}\n", summary);
+  if (!pad && conf.empty())
+    fmt::print("-- memory_summary(abbreviated) after the last step:\n{}\n", summary);
   std::istringstream lines(summary);
   for (std::string line; std::getline(lines, line);)
     if (line.find("ragment") != std::string::npos) r.summary_line = line;
@@ -361,8 +388,8 @@ FragResult frag_run(const Args& a, Device dev, const std::string& conf, bool pad
 }
 
 std::string fragmentation(const Args& a, Device dev) {
-  fmt::print("==== fragmentation: an MLP on {} x random(64..2048) rows, {} steps, {} ====\n", a.batch,
-             a.frag_steps, dev.str());
+  fmt::print("==== fragmentation: an MLP on {} x random(64..2048) rows, {} steps, {} ====\n",
+             a.batch, a.frag_steps, dev.str());
   const std::string split_conf = fmt::format("max_split_size_mb:{}", a.max_split_mb);
   struct Variant {
     std::string name, conf;
@@ -374,7 +401,8 @@ std::string fragmentation(const Args& a, Device dev) {
                              {"padded to 2048", "", true, {}}};
   for (size_t i = 0; i < vs.size(); ++i) {
     fmt::print("-- variant: {}\n", vs[i].name);
-    vs[i].r = frag_run(a, dev, vs[i].conf, vs[i].pad, a.out + "/fragmentation_" + std::to_string(i));
+    vs[i].r =
+        frag_run(a, dev, vs[i].conf, vs[i].pad, a.out + "/fragmentation_" + std::to_string(i));
   }
   fmt::print("{:>5}", "step");
   for (const auto& v : vs) fmt::print(" {:>34}", v.name + " peak alloc / reserved");
@@ -382,39 +410,50 @@ std::string fragmentation(const Args& a, Device dev) {
   for (size_t s = 0; s < vs[0].r.reserved.size(); ++s) {
     fmt::print("{:>5}", s);
     for (const auto& v : vs)
-      fmt::print(" {:>34}", ex::fmt_bytes(v.r.allocated_peak[s]) + " / " + ex::fmt_bytes(v.r.reserved[s]));
+      fmt::print(" {:>34}",
+                 ex::fmt_bytes(v.r.allocated_peak[s]) + " / " + ex::fmt_bytes(v.r.reserved[s]));
     fmt::print("\n");
   }
   for (const auto& v : vs)
-    fmt::print("{:<22} peak allocated {:>10}, peak reserved {:>10}, reserved - peak allocated {:>10} ({:.0f}% "
-               "of reserved unused at the peak){}\n",
-               v.name, ex::fmt_bytes(v.r.peak_allocated), ex::fmt_bytes(v.r.peak_reserved),
-               ex::fmt_bytes(v.r.peak_reserved - v.r.peak_allocated),
-               100.0 * (v.r.peak_reserved - v.r.peak_allocated) / std::max<int64_t>(1, v.r.peak_reserved),
-               v.r.summary_line.empty() ? "" : "\n    summary: " + v.r.summary_line);
+    fmt::print(
+        "{:<22} peak allocated {:>10}, peak reserved {:>10}, reserved - peak allocated {:>10} "
+        "({:.0f}% "
+        "of reserved unused at the peak){}\n",
+        v.name, ex::fmt_bytes(v.r.peak_allocated), ex::fmt_bytes(v.r.peak_reserved),
+        ex::fmt_bytes(v.r.peak_reserved - v.r.peak_allocated),
+        100.0 * (v.r.peak_reserved - v.r.peak_allocated) / std::max<int64_t>(1, v.r.peak_reserved),
+        v.r.summary_line.empty() ? "" : "\n    summary: " + v.r.summary_line);
   const FragResult &d = vs[0].r, &m = vs[1].r, &p = vs[2].r;
   const size_t last = d.reserved.size() - 1;
   fmt::print(
-      "diagnosis: with random lengths the allocator keeps segments cut for earlier shapes: reserved "
-      "ratchets up to {} ({:.1f}x the largest step's {}) and stays there (after the last step, whose peak was "
-      "{}, reserved is still {}). Padding every batch to one length allocates more ({} at the peak) but "
-      "leaves a smaller gap ({} vs {}). {} does not help here: blocks of >= {} MiB are never split, so each "
-      "new large size takes a segment of its own (reserved {}); it pays off only under a memory cap, where "
+      "diagnosis: with random lengths the allocator keeps segments cut for earlier shapes: "
+      "reserved "
+      "ratchets up to {} ({:.1f}x the largest step's {}) and stays there (after the last step, "
+      "whose peak was "
+      "{}, reserved is still {}). Padding every batch to one length allocates more ({} at the "
+      "peak) but "
+      "leaves a smaller gap ({} vs {}). {} does not help here: blocks of >= {} MiB are never "
+      "split, so each "
+      "new large size takes a segment of its own (reserved {}); it pays off only under a memory "
+      "cap, where "
       "those whole blocks are freed and retried instead of an OOM.\n",
       ex::fmt_bytes(d.peak_reserved), double(d.peak_reserved) / double(d.peak_allocated),
-      ex::fmt_bytes(d.peak_allocated), ex::fmt_bytes(d.allocated_peak[last]), ex::fmt_bytes(d.reserved[last]),
-      ex::fmt_bytes(p.peak_allocated), ex::fmt_bytes(p.peak_reserved - p.peak_allocated),
-      ex::fmt_bytes(d.peak_reserved - d.peak_allocated), vs[1].name, a.max_split_mb, ex::fmt_bytes(m.peak_reserved));
-  fmt::print("wrote {0}/fragmentation_{{0,1,2}}.pickle (memory_viz's Allocator State History shows the "
-             "split segments)\n\n",
-             a.out);
+      ex::fmt_bytes(d.peak_allocated), ex::fmt_bytes(d.allocated_peak[last]),
+      ex::fmt_bytes(d.reserved[last]), ex::fmt_bytes(p.peak_allocated),
+      ex::fmt_bytes(p.peak_reserved - p.peak_allocated),
+      ex::fmt_bytes(d.peak_reserved - d.peak_allocated), vs[1].name, a.max_split_mb,
+      ex::fmt_bytes(m.peak_reserved));
+  fmt::print(
+      "wrote {0}/fragmentation_{{0,1,2}}.pickle (memory_viz's Allocator State History shows the "
+      "split segments)\n\n",
+      a.out);
   std::string j = "{";
   for (size_t i = 0; i < vs.size(); ++i) {
     const auto& v = vs[i];
     j += fmt::format(
         R"({}"{}": {{"conf": "{}", "padded": {}, "peak_allocated": {}, "peak_reserved": {}, "step_peak_allocated": {}, "reserved": {}}})",
-        i ? ", " : "", v.name, v.conf, v.pad ? "true" : "false", v.r.peak_allocated, v.r.peak_reserved,
-        json_list(v.r.allocated_peak), json_list(v.r.reserved));
+        i ? ", " : "", v.name, v.conf, v.pad ? "true" : "false", v.r.peak_allocated,
+        v.r.peak_reserved, json_list(v.r.allocated_peak), json_list(v.r.reserved));
   }
   return j + "}";
 }
@@ -423,7 +462,8 @@ std::string fragmentation(const Args& a, Device dev) {
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{"The three memory bottleneck patterns (staircase, leak, fragmentation) and their diagnosis."};
+  CLI::App app{
+      "The three memory bottleneck patterns (staircase, leak, fragmentation) and their diagnosis."};
   app.add_option("--pattern", a.pattern, "staircase | leak | fragmentation | all")
       ->check(CLI::IsMember({"staircase", "leak", "fragmentation", "all"}))
       ->capture_default_str();
@@ -434,7 +474,8 @@ int main(int argc, char** argv) {
   app.add_option("--seq", a.seq, "staircase: tokens per sequence")->capture_default_str();
   app.add_option("--leak-steps", a.leak_steps, "leak: steps")->capture_default_str();
   app.add_option("--frag-steps", a.frag_steps, "fragmentation: steps")->capture_default_str();
-  app.add_option("--max-split-mb", a.max_split_mb, "fragmentation: max_split_size_mb of the second run")
+  app.add_option("--max-split-mb", a.max_split_mb,
+                 "fragmentation: max_split_size_mb of the second run")
       ->capture_default_str();
   app.add_option("--seed", a.seed, "seed")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -442,13 +483,14 @@ int main(int argc, char** argv) {
     const Device dev = ex::parse_device(a.device);
     std::filesystem::create_directories(a.out);
     std::vector<std::string> parts;
-    if (a.pattern == "staircase" || a.pattern == "all") parts.push_back("\"staircase\": " + staircase(a, dev));
+    if (a.pattern == "staircase" || a.pattern == "all")
+      parts.push_back("\"staircase\": " + staircase(a, dev));
     if (a.pattern == "leak" || a.pattern == "all") parts.push_back("\"leak\": " + leak(a, dev));
     if (a.pattern == "fragmentation" || a.pattern == "all")
       parts.push_back("\"fragmentation\": " + fragmentation(a, dev));
     std::ofstream f(a.out + "/patterns.json");
-    f << "{" << fmt::format("\"device\": \"{}\", ", dev.str()) << fmt::format("{}", fmt::join(parts, ", "))
-      << "}\n";
+    f << "{" << fmt::format("\"device\": \"{}\", ", dev.str())
+      << fmt::format("{}", fmt::join(parts, ", ")) << "}\n";
     if (!f) throw std::runtime_error("cannot write " + a.out + "/patterns.json");
     fmt::print("wrote {}/patterns.json\n", a.out);
   } catch (const std::exception& e) {

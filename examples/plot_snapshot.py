@@ -20,9 +20,9 @@ Replay, as PyTorch's viewer does (torch/utils/viz/process_alloc_data.js):
     for the whole trace (size = its requested_size, as the viewer's "ghost" blocks); its
     category is the block's `category` key, else the "category=…" frame Tally writes,
     else `unknown`;
-  * a re-tag (a live block changing category) is written as `free_completed` + `alloc` at
-    the same address, size and time, with no `free_requested` before it (a real free has
-    one): it is replayed as one step, so the total does not dip.
+  * a re-tag (a live block changing category) is written as `free_requested` +
+    `free_completed` + `alloc` at the same address, size and time (older snapshots: the
+    last two only): it is replayed as one step, so the total does not dip.
 Sizes are requested bytes, as in memory_viz's Active Memory Timeline; the allocator's
 "Allocated memory" stat counts rounded block sizes and can be slightly higher (its
 "Requested memory" peak is the one that matches the title).

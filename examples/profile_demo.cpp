@@ -95,12 +95,18 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--device") device_arg = value();
-    else if (a == "--steps") steps = std::stoi(value());
-    else if (a == "--batch") batch = std::stoll(value());
-    else if (a == "--out") out = value();
+    if (a == "--device")
+      device_arg = value();
+    else if (a == "--steps")
+      steps = std::stoi(value());
+    else if (a == "--batch")
+      batch = std::stoll(value());
+    else if (a == "--out")
+      out = value();
     else {
-      fmt::print(stderr, "usage: profile_demo [--device cpu|cuda] [--steps N] [--batch N] [--out PREFIX]\n");
+      fmt::print(
+          stderr,
+          "usage: profile_demo [--device cpu|cuda] [--steps N] [--batch N] [--out PREFIX]\n");
       return 2;
     }
   }
@@ -119,9 +125,10 @@ int main(int argc, char** argv) {
     p.export_memory_snapshot(out + ".pickle");
     fmt::print("{}\n", p.key_averages().table("self_cpu_time_total", 15));
     fmt::print("{}\n", p.key_averages_by_module().table("cpu_time_total", 10));
-    fmt::print("wrote {0}.trace.json, {0}.timeline.json, {0}.timeline.html, {0}.pickle "
-               "(steps {1})\n",
-               out, fmt::join(p.data().steps, ", "));
+    fmt::print(
+        "wrote {0}.trace.json, {0}.timeline.json, {0}.timeline.html, {0}.pickle "
+        "(steps {1})\n",
+        out, fmt::join(p.data().steps, ", "));
   };
   profiler::Profiler prof(opts);
   prof.start();

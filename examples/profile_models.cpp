@@ -10,9 +10,9 @@
 //
 //   profile_models --device cuda --out prof_out            # the GPU machine
 //   profile_models --device cpu --small --out prof_out     # tiny models, CI
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -116,8 +116,11 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
   }
   model->to(dev);
   model->train();
-  if (gpt) opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = 1e-4});
-  else opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+  if (gpt)
+    opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = 1e-4});
+  else
+    opt = std::make_unique<optim::SGD>(model->parameters(),
+                                       optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
 
   auto step = [&] {
     opt->zero_grad(true);
@@ -170,9 +173,11 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
     std::ofstream t(stem + ".key_averages.txt");
     t << p.key_averages().table(cuda ? "self_cuda_time_total" : "self_cpu_time_total", 30) << "\n"
       << p.key_averages(true).table(cuda ? "cuda_time_total" : "cpu_time_total", 20) << "\n"
-      << p.key_averages_by_module().table(cuda ? "self_cuda_memory_usage" : "self_cpu_memory_usage", 20)
+      << p.key_averages_by_module().table(cuda ? "self_cuda_memory_usage" : "self_cpu_memory_usage",
+                                          20)
       << "\n";
-    fmt::print("{}\n", p.key_averages().table(cuda ? "self_cuda_time_total" : "self_cpu_time_total", 12));
+    fmt::print("{}\n",
+               p.key_averages().table(cuda ? "self_cuda_time_total" : "self_cpu_time_total", 12));
     double sum = 0, busy = 0;
     gpu_times(p.data(), sum, busy, r.kernels);
     const double n = static_cast<double>(std::max<size_t>(1, p.data().steps.size()));
@@ -192,15 +197,18 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
   r.median_ms_profiled = median(profiled);
   r.step_ms_in_window = r.median_ms_profiled;
   r.overhead_pct = 100.0 * (r.median_ms_profiled - r.median_ms) / r.median_ms;
-  fmt::print("{}: median step {:.2f} ms without the profiler, {:.2f} ms with it: overhead {:+.1f}%\n", r.desc,
-             r.median_ms, r.median_ms_profiled, r.overhead_pct);
+  fmt::print(
+      "{}: median step {:.2f} ms without the profiler, {:.2f} ms with it: overhead {:+.1f}%\n",
+      r.desc, r.median_ms, r.median_ms_profiled, r.overhead_pct);
   if (dev.type == DeviceType::cuda) {
     fmt::print(
-        "{}: per step: GPU kernels {:.2f} ms summed ({} kernels in the window), GPU busy {:.2f} ms, step "
-        "time (synchronised, profiled) {:.2f} ms, unprofiled {:.2f} ms: kernels/step time = {:.1f}% "
+        "{}: per step: GPU kernels {:.2f} ms summed ({} kernels in the window), GPU busy {:.2f} "
+        "ms, step "
+        "time (synchronised, profiled) {:.2f} ms, unprofiled {:.2f} ms: kernels/step time = "
+        "{:.1f}% "
         "(|diff| {:.1f}% of the unprofiled step)\n",
-        r.desc, r.kernel_ms_per_step, r.kernels, r.gpu_busy_ms_per_step, r.median_ms_profiled, r.median_ms,
-        100.0 * r.kernel_ms_per_step / r.median_ms_profiled,
+        r.desc, r.kernel_ms_per_step, r.kernels, r.gpu_busy_ms_per_step, r.median_ms_profiled,
+        r.median_ms, 100.0 * r.kernel_ms_per_step / r.median_ms_profiled,
         100.0 * std::abs(r.kernel_ms_per_step - r.median_ms) / r.median_ms);
   }
   fmt::print("wrote {0}.trace.json, {0}.timeline.html, {0}.key_averages.txt\n\n", stem);
@@ -220,7 +228,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str();
   app.add_option("--resnet-batch", a.resnet_batch, "ResNet-50 batch")->capture_default_str();
   app.add_option("--gpt-batch", a.gpt_batch, "GPT-2 batch (x 1024 tokens)")->capture_default_str();
-  app.add_option("--amp", a.amp, "off | fp16 | bf16 (forward under autocast; fp16 without a GradScaler)")
+  app.add_option("--amp", a.amp,
+                 "off | fp16 | bf16 (forward under autocast; fp16 without a GradScaler)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -232,19 +241,21 @@ int main(int argc, char** argv) {
     std::stringstream ss(a.models);
     for (std::string m; std::getline(ss, m, ',');)
       if (!m.empty()) rs.push_back(profile_model(a, m, dev));
-    fmt::print("{:<32} {:>12} {:>14} {:>10} {:>14} {:>12}\n", "model", "step ms", "profiled ms", "overhead",
-               "kernels ms/st", "GPU busy ms");
+    fmt::print("{:<32} {:>12} {:>14} {:>10} {:>14} {:>12}\n", "model", "step ms", "profiled ms",
+               "overhead", "kernels ms/st", "GPU busy ms");
     std::string j = "[";
     for (size_t i = 0; i < rs.size(); ++i) {
       const Result& r = rs[i];
       fmt::print("{:<32} {:>12.2f} {:>14.2f} {:>9.1f}% {:>14.2f} {:>12.2f}\n", r.desc, r.median_ms,
-                 r.median_ms_profiled, r.overhead_pct, r.kernel_ms_per_step, r.gpu_busy_ms_per_step);
+                 r.median_ms_profiled, r.overhead_pct, r.kernel_ms_per_step,
+                 r.gpu_busy_ms_per_step);
       j += fmt::format(
           R"({}{{"model": "{}", "desc": "{}", "device": "{}", "median_ms": {}, "median_ms_profiled": {}, )"
           R"("overhead_pct": {}, "kernel_ms_per_step": {}, "gpu_busy_ms_per_step": {}, "kernels": {}, )"
           R"("trace": "{}", "timeline": "{}"}})",
-          i ? ", " : "", r.model, r.desc, dev.str(), r.median_ms, r.median_ms_profiled, r.overhead_pct,
-          r.kernel_ms_per_step, r.gpu_busy_ms_per_step, r.kernels, r.trace, r.timeline);
+          i ? ", " : "", r.model, r.desc, dev.str(), r.median_ms, r.median_ms_profiled,
+          r.overhead_pct, r.kernel_ms_per_step, r.gpu_busy_ms_per_step, r.kernels, r.trace,
+          r.timeline);
     }
     std::ofstream f(a.out + "/profile_models.json");
     f << j << "]\n";

@@ -23,7 +23,8 @@ inline Device parse_device(const std::string& s) {
   if (s == "cpu") return Device::cpu();
   if (s == "cuda" || s == "cuda:0") {
     if (!memory::cuda_available())
-      throw std::invalid_argument("--device cuda: this build has no CUDA backend or no GPU is present");
+      throw std::invalid_argument(
+          "--device cuda: this build has no CUDA backend or no GPU is present");
     return Device::cuda(0);
   }
   throw std::invalid_argument(fmt::format("--device: expected cpu or cuda, got '{}'", s));
@@ -52,14 +53,13 @@ inline std::string fmt_bytes(double b) {
 class Precision {
  public:
   Precision(std::optional<DType> amp, Device device)
-      : amp_(amp), device_(device),
+      : amp_(amp),
+        device_(device),
         scaler_(optim::GradScalerOptions{.enabled = amp && *amp == DType::float16}) {}
 
   bool enabled() const { return amp_.has_value(); }
   std::optional<DType> dtype() const { return amp_; }
-  std::string name() const {
-    return !amp_ ? "fp32" : (*amp_ == DType::float16 ? "fp16" : "bf16");
-  }
+  std::string name() const { return !amp_ ? "fp32" : (*amp_ == DType::float16 ? "fp16" : "bf16"); }
   // The autocast guard for a forward (disabled when amp is off).
   AutocastGuard autocast() const {
     return AutocastGuard(device_.type, amp_.value_or(DType::bfloat16), amp_.has_value());
@@ -108,7 +108,8 @@ class Stopwatch {
  public:
   Stopwatch() : t0_(std::chrono::steady_clock::now()) {}
   double ms() const {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_)
+        .count();
   }
   void reset() { t0_ = std::chrono::steady_clock::now(); }
 

@@ -6,14 +6,14 @@
 // `communication` category (the all-reduce buckets).
 //
 //   tools/tally_launch --nproc-per-node 8 build/examples/train_ddp --model resnet50 --batch 64
-//   tools/tally_launch --nproc-per-node 8 build/examples/train_ddp --model gpt2 --batch 8 --amp bf16
-//   build/examples/train_ddp --model tiny --device cpu --steps 5          (world size 1)
+//   tools/tally_launch --nproc-per-node 8 build/examples/train_ddp --model gpt2 --batch 8 --amp
+//   bf16 build/examples/train_ddp --model tiny --device cpu --steps 5          (world size 1)
 //
 // --snapshot FILE writes one memory_viz snapshot per rank (FILE with ".rank<R>" before the
 // extension when WORLD_SIZE > 1). The last line of rank 0 is machine-readable ("RESULT ...").
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <iostream>
 #include <memory>
@@ -51,26 +51,34 @@ struct Args {
   uint64_t seed = 0;
 };
 
-bool is_gpt(const std::string& m) { return m == "gpt2" || m == "gpt-small" || m == "gpt-tiny"; }
+bool is_gpt(const std::string& m) {
+  return m == "gpt2" || m == "gpt-small" || m == "gpt-tiny";
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Args a;
   CLI::App app{"Data-parallel training with Tally over NCCL (start it with tools/tally_launch)."};
-  app.add_option("--model", a.model, "resnet50 | resnet18 | tiny | gpt2 | gpt-small | gpt-tiny")->capture_default_str();
+  app.add_option("--model", a.model, "resnet50 | resnet18 | tiny | gpt2 | gpt-small | gpt-tiny")
+      ->capture_default_str();
   app.add_option("--batch", a.batch, "batch size per rank (0: 64 for ResNet, 8 for GPT)");
-  app.add_option("--image-size", a.image_size, "ResNet: synthetic image size")->capture_default_str();
+  app.add_option("--image-size", a.image_size, "ResNet: synthetic image size")
+      ->capture_default_str();
   app.add_option("--seq", a.seq, "GPT: sequence length (0: the preset's block size)");
   app.add_option("--steps", a.steps, "timed training steps")->capture_default_str();
   app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str();
   app.add_option("--lr", a.lr, "learning rate (0: 0.05 SGD for ResNet, 3e-4 AdamW for GPT)");
-  app.add_option("--device", a.device, "cuda (cuda:LOCAL_RANK) | cpu (world size 1 only)")->capture_default_str();
-  app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
-  app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket cap in MiB")->capture_default_str();
-  app.add_option("--first-bucket-cap-mb", a.first_bucket_cap_mb, "cap of the first bucket in MiB (0: same)")
+  app.add_option("--device", a.device, "cuda (cuda:LOCAL_RANK) | cpu (world size 1 only)")
       ->capture_default_str();
-  app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot per rank to FILE (.rank<R> added)");
+  app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
+  app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket cap in MiB")
+      ->capture_default_str();
+  app.add_option("--first-bucket-cap-mb", a.first_bucket_cap_mb,
+                 "cap of the first bucket in MiB (0: same)")
+      ->capture_default_str();
+  app.add_option("--snapshot", a.snapshot,
+                 "write a memory_viz snapshot per rank to FILE (.rank<R> added)");
   app.add_flag("--summary", a.summary, "print memory_summary() per rank at the end");
   app.add_option("--seed", a.seed, "seed (the same on every rank)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -82,23 +90,27 @@ int main(int argc, char** argv) {
     Device dev;
     if (a.device == "cpu") {
       if (env.world_size > 1)
-        throw std::invalid_argument("--device cpu: only world size 1 (multi-process runs need one GPU per rank)");
+        throw std::invalid_argument(
+            "--device cpu: only world size 1 (multi-process runs need one GPU per rank)");
       dev = Device::cpu();
     } else if (a.device == "cuda") {
       if (!memory::cuda_available())
-        throw std::invalid_argument("--device cuda: this build has no CUDA backend or no GPU is present");
+        throw std::invalid_argument(
+            "--device cuda: this build has no CUDA backend or no GPU is present");
       if (env.local_rank >= memory::cuda_device_count())
-        throw std::invalid_argument(fmt::format("LOCAL_RANK {} but only {} GPU(s) are visible", env.local_rank,
-                                                memory::cuda_device_count()));
+        throw std::invalid_argument(fmt::format("LOCAL_RANK {} but only {} GPU(s) are visible",
+                                                env.local_rank, memory::cuda_device_count()));
       dev = Device::cuda(env.local_rank);
     } else {
-      throw std::invalid_argument(fmt::format("--device: expected cuda or cpu, got '{}'", a.device));
+      throw std::invalid_argument(
+          fmt::format("--device: expected cuda or cpu, got '{}'", a.device));
     }
     const auto amp = ex::parse_amp(a.amp);
     const bool gpt = is_gpt(a.model);
     if (!gpt && a.model != "resnet50" && a.model != "resnet18" && a.model != "tiny")
-      throw std::invalid_argument(
-          fmt::format("--model: expected resnet50, resnet18, tiny, gpt2, gpt-small or gpt-tiny, got '{}'", a.model));
+      throw std::invalid_argument(fmt::format(
+          "--model: expected resnet50, resnet18, tiny, gpt2, gpt-small or gpt-tiny, got '{}'",
+          a.model));
     if (a.steps < 1) throw std::invalid_argument("--steps must be >= 1");
     const int64_t B = a.batch > 0 ? a.batch : (gpt ? 8 : 64);
     const double lr = a.lr > 0 ? a.lr : (gpt ? 3e-4 : 0.05);
@@ -117,47 +129,60 @@ int main(int argc, char** argv) {
     const int64_t steps_total = a.warmup + a.steps;
     const int64_t n_examples = std::max<int64_t>(B * env.world_size * steps_total, 256);
     if (gpt) {
-      nn::GPTConfig cfg = nn::GPTConfig::preset(a.model == "gpt2" ? "gpt2" : a.model == "gpt-small" ? "small" : "tiny");
+      nn::GPTConfig cfg = nn::GPTConfig::preset(a.model == "gpt2"        ? "gpt2"
+                                                : a.model == "gpt-small" ? "small"
+                                                                         : "tiny");
       T = a.seq > 0 ? a.seq : cfg.block_size;
       if (T > cfg.block_size)
-        throw std::invalid_argument(fmt::format("--seq {} exceeds the block size {}", T, cfg.block_size));
+        throw std::invalid_argument(
+            fmt::format("--seq {} exceeds the block size {}", T, cfg.block_size));
       gpt_model = std::make_shared<nn::GPT>(cfg);
       model = gpt_model;
-      dataset = std::make_unique<data::SyntheticTokens>(n_examples, cfg.vocab_size, Shape{T}, a.seed);
+      dataset =
+          std::make_unique<data::SyntheticTokens>(n_examples, cfg.vocab_size, Shape{T}, a.seed);
     } else {
       nn::ResNetOptions o;
       o.num_classes = 1000;
       const int64_t s = a.model == "tiny" ? std::min<int64_t>(a.image_size, 32) : a.image_size;
       image_size = s;
       if (a.model == "tiny") o.num_classes = 10;
-      if (a.model == "resnet50") model = nn::resnet50(o);
-      else if (a.model == "resnet18") model = nn::resnet18(o);
-      else model = nn::resnet_tiny(o);
-      dataset = std::make_unique<data::SyntheticImages>(n_examples, Shape{3, s, s}, o.num_classes, a.seed);
+      if (a.model == "resnet50")
+        model = nn::resnet50(o);
+      else if (a.model == "resnet18")
+        model = nn::resnet18(o);
+      else
+        model = nn::resnet_tiny(o);
+      dataset = std::make_unique<data::SyntheticImages>(n_examples, Shape{3, s, s}, o.num_classes,
+                                                        a.seed);
     }
     model->to(dev);
     distributed::DistributedDataParallel ddp(
-        model, pg, {.bucket_cap_mb = a.bucket_cap_mb, .first_bucket_cap_mb = a.first_bucket_cap_mb});
+        model, pg,
+        {.bucket_cap_mb = a.bucket_cap_mb, .first_bucket_cap_mb = a.first_bucket_cap_mb});
     std::unique_ptr<optim::Optimizer> opt;
     if (gpt) {
-      opt = std::make_unique<optim::AdamW>(model->parameters(),
-                                           optim::AdamOptions{.lr = lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1});
+      opt = std::make_unique<optim::AdamW>(
+          model->parameters(),
+          optim::AdamOptions{.lr = lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1});
     } else {
-      opt = std::make_unique<optim::SGD>(model->parameters(),
-                                         optim::SGDOptions{.lr = lr, .momentum = 0.9, .weight_decay = 5e-4});
+      opt = std::make_unique<optim::SGD>(
+          model->parameters(), optim::SGDOptions{.lr = lr, .momentum = 0.9, .weight_decay = 5e-4});
     }
     ex::Precision prec(amp, dev);
-    data::DistributedSampler sampler(dataset->size(), env.world_size, env.rank, {.shuffle = true, .seed = a.seed});
+    data::DistributedSampler sampler(dataset->size(), env.world_size, env.rank,
+                                     {.shuffle = true, .seed = a.seed});
     sampler.set_epoch(0);
     const std::vector<int64_t> shard = sampler.indices();
 
     if (rank == 0)
-      fmt::print("Tally train_ddp: {} ({:.2f} M parameters), world size {} ({}), batch {} per rank{}, {}+{} steps, "
-                 "amp {}, {} buckets (cap {} MiB, first {} MiB), {} of buckets\n",
-                 a.model, model->num_parameters() / 1e6, env.world_size, pg->backend(), B,
-                 gpt ? fmt::format(" x {} tokens", T) : fmt::format(" x 3x{}x{}", image_size, image_size),
-                 a.warmup, a.steps, prec.name(), ddp.num_buckets(), a.bucket_cap_mb, a.first_bucket_cap_mb,
-                 ex::fmt_bytes(static_cast<double>(ddp.bucket_bytes())));
+      fmt::print(
+          "Tally train_ddp: {} ({:.2f} M parameters), world size {} ({}), batch {} per rank{}, "
+          "{}+{} steps, "
+          "amp {}, {} buckets (cap {} MiB, first {} MiB), {} of buckets\n",
+          a.model, model->num_parameters() / 1e6, env.world_size, pg->backend(), B,
+          gpt ? fmt::format(" x {} tokens", T) : fmt::format(" x 3x{}x{}", image_size, image_size),
+          a.warmup, a.steps, prec.name(), ddp.num_buckets(), a.bucket_cap_mb, a.first_bucket_cap_mb,
+          ex::fmt_bytes(static_cast<double>(ddp.bucket_bytes())));
     std::fflush(stdout);
 
     // ---- train ----
@@ -171,7 +196,8 @@ int main(int argc, char** argv) {
     for (int64_t b = 0; b < n_batches; ++b) {
       std::vector<int64_t> idx(static_cast<size_t>(B));
       for (int64_t i = 0; i < B; ++i)
-        idx[static_cast<size_t>(i)] = shard[static_cast<size_t>((b * B + i) % static_cast<int64_t>(shard.size()))];
+        idx[static_cast<size_t>(i)] =
+            shard[static_cast<size_t>((b * B + i) % static_cast<int64_t>(shard.size()))];
       batches.push_back(dataset->get_batch(idx, pinned));
     }
     ex::Stopwatch clock;
@@ -195,7 +221,8 @@ int main(int argc, char** argv) {
       {
         memory::PhaseScope phase("forward");
         auto guard = prec.autocast();
-        loss = gpt ? ddp.forward([&] { return (*gpt_model)(x, y).second; }) : cross_entropy(ddp(x), y);
+        loss =
+            gpt ? ddp.forward([&] { return (*gpt_model)(x, y).second; }) : cross_entropy(ddp(x), y);
       }
       prec.backward_and_step(loss, *opt);
       if (step == steps_total - 1) last_loss = loss.item();
@@ -210,31 +237,37 @@ int main(int argc, char** argv) {
     const double throughput = per_step_items / (slowest / 1000.0);
     const auto stats = memory::get_allocator(dev).stats();
     const int64_t comm_peak = stats.cat_bytes(memory::Category::communication).peak;
-    fmt::print("rank {}: {:.2f} ms/step, {:.0f} {}/s on this rank, loss {:.4f}, peak allocated {}, peak reserved {}, "
-               "communication {} (peak), gradient {} (peak)\n",
-               rank, ms, per_step_items / env.world_size / (ms / 1000.0), gpt ? "tokens" : "images", last_loss,
-               ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
-               ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))),
-               ex::fmt_bytes(static_cast<double>(comm_peak)),
-               ex::fmt_bytes(static_cast<double>(stats.cat_bytes(memory::Category::gradient).peak)));
+    fmt::print(
+        "rank {}: {:.2f} ms/step, {:.0f} {}/s on this rank, loss {:.4f}, peak allocated {}, peak "
+        "reserved {}, "
+        "communication {} (peak), gradient {} (peak)\n",
+        rank, ms, per_step_items / env.world_size / (ms / 1000.0), gpt ? "tokens" : "images",
+        last_loss, ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
+        ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))),
+        ex::fmt_bytes(static_cast<double>(comm_peak)),
+        ex::fmt_bytes(static_cast<double>(stats.cat_bytes(memory::Category::gradient).peak)));
     std::fflush(stdout);
     pg->barrier();
     if (rank == 0) {
-      fmt::print("all {} ranks: {:.0f} {}/s (slowest rank {:.2f} ms/step), {} all-reduces per step\n", env.world_size,
-                 throughput, gpt ? "tokens" : "images", slowest,
-                 ddp.num_allreduces() / std::max<int64_t>(steps_total, 1));
-      fmt::print("RESULT model={} world={} batch={} seq={} amp={} step_ms={:.3f} throughput={:.1f} unit={} "
-                 "peak_alloc_mib={:.1f} peak_reserved_mib={:.1f} comm_mib={:.1f}\n",
-                 a.model, env.world_size, B, T, prec.name(), slowest, throughput, gpt ? "tokens/s" : "images/s",
-                 static_cast<double>(memory::max_memory_allocated(dev)) / 1048576.0,
-                 static_cast<double>(memory::max_memory_reserved(dev)) / 1048576.0,
-                 static_cast<double>(comm_peak) / 1048576.0);
+      fmt::print(
+          "all {} ranks: {:.0f} {}/s (slowest rank {:.2f} ms/step), {} all-reduces per step\n",
+          env.world_size, throughput, gpt ? "tokens" : "images", slowest,
+          ddp.num_allreduces() / std::max<int64_t>(steps_total, 1));
+      fmt::print(
+          "RESULT model={} world={} batch={} seq={} amp={} step_ms={:.3f} throughput={:.1f} "
+          "unit={} "
+          "peak_alloc_mib={:.1f} peak_reserved_mib={:.1f} comm_mib={:.1f}\n",
+          a.model, env.world_size, B, T, prec.name(), slowest, throughput,
+          gpt ? "tokens/s" : "images/s",
+          static_cast<double>(memory::max_memory_allocated(dev)) / 1048576.0,
+          static_cast<double>(memory::max_memory_reserved(dev)) / 1048576.0,
+          static_cast<double>(comm_peak) / 1048576.0);
     }
     if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
     if (!a.snapshot.empty()) {
       memory::dump_snapshot(a.snapshot, dev);
-      fmt::print("rank {}: snapshot written to {} (open it at https://pytorch.org/memory_viz)\n", rank,
-                 memory::per_rank_path(a.snapshot));
+      fmt::print("rank {}: snapshot written to {} (open it at https://pytorch.org/memory_viz)\n",
+                 rank, memory::per_rank_path(a.snapshot));
     }
     return 0;
   } catch (const std::exception& e) {

@@ -4,10 +4,11 @@
 // optionally a memory snapshot and memory summary.
 //
 //   train_gpt --preset tiny --steps 200 --sample 200
-//   train_gpt --preset gpt2 --data synthetic --batch 16 --seq 1024 --steps 20 --device cuda --amp bf16
-#include <CLI/CLI.hpp>
+//   train_gpt --preset gpt2 --data synthetic --batch 16 --seq 1024 --steps 20 --device cuda --amp
+//   bf16
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <iostream>
 #include <memory>
 
@@ -48,15 +49,19 @@ struct Args {
 };
 
 // Greedy-with-temperature sampling of `n` bytes after `prompt`.
-std::string sample_text(nn::GPT& model, const std::string& prompt, int64_t n, Device dev, Generator& gen) {
+std::string sample_text(nn::GPT& model, const std::string& prompt, int64_t n, Device dev,
+                        Generator& gen) {
   NoGradGuard ng;
   model.eval();
   std::string text = prompt;
   const int64_t T = model.config.block_size;
   for (int64_t i = 0; i < n; ++i) {
-    const std::string ctx = text.size() > static_cast<size_t>(T) ? text.substr(text.size() - T) : text;
-    const Tensor idx = data::TextCorpus::encode(ctx).reshape({1, static_cast<int64_t>(ctx.size())}).to(dev);
-    const Tensor logits = model(idx).first.select(1, static_cast<int64_t>(ctx.size()) - 1);  // [1, V]
+    const std::string ctx =
+        text.size() > static_cast<size_t>(T) ? text.substr(text.size() - T) : text;
+    const Tensor idx =
+        data::TextCorpus::encode(ctx).reshape({1, static_cast<int64_t>(ctx.size())}).to(dev);
+    const Tensor logits =
+        model(idx).first.select(1, static_cast<int64_t>(ctx.size()) - 1);  // [1, V]
     const Tensor probs = softmax(div(logits.to(DType::float32), 0.8), -1).to(Device::cpu());
     const std::vector<double> p = probs.tolist();
     const double u = rand({1}, {}, &gen).item();
@@ -81,22 +86,26 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"Train a GPT with Tally and see where its memory goes."};
   app.add_option("--preset", a.preset, "tiny | small | gpt2 | gpt2-medium")->capture_default_str();
-  app.add_option("--data", a.data, "a text file (byte-level tokens) or 'synthetic'")->capture_default_str();
+  app.add_option("--data", a.data, "a text file (byte-level tokens) or 'synthetic'")
+      ->capture_default_str();
   app.add_option("--seq", a.seq, "sequence length (0: the preset's block size)");
   app.add_option("--batch", a.batch, "batch size")->capture_default_str();
   app.add_option("--steps", a.steps, "training steps")->capture_default_str();
-  app.add_option("--lr", a.lr, "peak learning rate (linear warm-up, cosine decay)")->capture_default_str();
+  app.add_option("--lr", a.lr, "peak learning rate (linear warm-up, cosine decay)")
+      ->capture_default_str();
   app.add_option("--weight-decay", a.weight_decay, "AdamW weight decay")->capture_default_str();
   app.add_option("--clip", a.clip, "gradient clipping norm (0: off)")->capture_default_str();
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
   app.add_option("--seed", a.seed, "seed")->capture_default_str();
-  app.add_option("--checkpoint", a.checkpoint, "none | blocks | N-segments | selective")->capture_default_str();
+  app.add_option("--checkpoint", a.checkpoint, "none | blocks | N-segments | selective")
+      ->capture_default_str();
   app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
   app.add_option("--sample", a.sample, "print a sample of this many bytes at the end");
   app.add_option("--eval-batches", a.eval_batches, "validation batches")->capture_default_str();
-  app.add_option("--log-every", a.log_every, "progress update interval in steps")->capture_default_str();
+  app.add_option("--log-every", a.log_every, "progress update interval in steps")
+      ->capture_default_str();
   app.add_option("--vocab", a.vocab, "vocabulary of synthetic data (0: the preset's)");
   CLI11_PARSE(app, argc, argv);
 
@@ -113,20 +122,24 @@ int main(int argc, char** argv) {
     if (!synthetic) {
       corpus = std::make_unique<data::TextCorpus>(a.data);
       if (cfg.vocab_size < data::TextCorpus::kVocabSize)
-        throw std::invalid_argument(fmt::format("--preset {}: vocabulary {} is smaller than the byte vocabulary 256",
-                                                a.preset, cfg.vocab_size));
+        throw std::invalid_argument(
+            fmt::format("--preset {}: vocabulary {} is smaller than the byte vocabulary 256",
+                        a.preset, cfg.vocab_size));
     } else if (a.vocab > 0) {
       cfg.vocab_size = a.vocab;
     }
     const int64_t T = a.seq > 0 ? a.seq : cfg.block_size;
     if (T > cfg.block_size)
-      throw std::invalid_argument(fmt::format("--seq {} exceeds the preset's block size {}", T, cfg.block_size));
+      throw std::invalid_argument(
+          fmt::format("--seq {} exceeds the preset's block size {}", T, cfg.block_size));
 
     auto model = std::make_shared<nn::GPT>(cfg);
     model->to(dev);
     nn::enable_checkpointing(*model, ckpt);
-    optim::AdamW opt(model->parameters(), optim::AdamOptions{.lr = a.lr, .beta1 = 0.9, .beta2 = 0.95,
-                                                              .eps = 1e-8, .weight_decay = a.weight_decay});
+    optim::AdamW opt(
+        model->parameters(),
+        optim::AdamOptions{
+            .lr = a.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = a.weight_decay});
     optim::WarmupCosineLR sched(opt, std::max<int64_t>(1, a.steps / 10), a.steps, a.lr * 0.1);
     ex::Precision prec(amp, dev);
     Generator gen(a.seed + 17);
@@ -136,7 +149,8 @@ int main(int argc, char** argv) {
       data::Example b;
       if (synthetic) {
         std::vector<int64_t> idx(static_cast<size_t>(a.batch));
-        for (auto& i : idx) i = static_cast<int64_t>(rand({1}, {}, &gen).item() * synth.size()) % synth.size();
+        for (auto& i : idx)
+          i = static_cast<int64_t>(rand({1}, {}, &gen).item() * synth.size()) % synth.size();
         b = synth.get_batch(idx, dev.type == DeviceType::cuda);
       } else {
         b = corpus->get_batch(a.batch, T, gen, split, dev.type == DeviceType::cuda);
@@ -145,11 +159,13 @@ int main(int argc, char** argv) {
       return {ops::to_device_async(b.input, dev), ops::to_device_async(b.target, dev)};
     };
 
-    fmt::print("Tally train_gpt: preset {} ({:.2f} M parameters), data {}{}, device {}, batch {} x {} tokens, "
-               "{} steps, AdamW lr {}, checkpoint {}, amp {}\n",
-               a.preset, model->num_parameters() / 1e6, synthetic ? "synthetic" : a.data,
-               synthetic ? "" : fmt::format(" ({} tokens)", corpus->num_tokens()), dev.str(), a.batch, T,
-               a.steps, a.lr, a.checkpoint, prec.name());
+    fmt::print(
+        "Tally train_gpt: preset {} ({:.2f} M parameters), data {}{}, device {}, batch {} x {} "
+        "tokens, "
+        "{} steps, AdamW lr {}, checkpoint {}, amp {}\n",
+        a.preset, model->num_parameters() / 1e6, synthetic ? "synthetic" : a.data,
+        synthetic ? "" : fmt::format(" ({} tokens)", corpus->num_tokens()), dev.str(), a.batch, T,
+        a.steps, a.lr, a.checkpoint, prec.name());
 
     model->train();
     ex::Progress bar(a.steps, isatty(fileno(stdout)));
@@ -188,9 +204,11 @@ int main(int argc, char** argv) {
         memory::synchronize(dev);
         const double ms = clock.ms() / static_cast<double>(window);
         clock.reset();
-        bar.update(step, fmt::format("loss {:.4f} | {:.0f} tok/s | {:.1f} ms/step | lr {:.2e} | peak {}", last_loss,
-                                     static_cast<double>(a.batch * T) / (ms / 1000.0), ms, opt.get_lr(),
-                                     ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev)))));
+        bar.update(
+            step, fmt::format(
+                      "loss {:.4f} | {:.0f} tok/s | {:.1f} ms/step | lr {:.2e} | peak {}",
+                      last_loss, static_cast<double>(a.batch * T) / (ms / 1000.0), ms, opt.get_lr(),
+                      ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev)))));
         loss_acc = zeros({}, TensorOptions{}.with_device(dev));
         window = 0;
       }
@@ -210,19 +228,22 @@ int main(int argc, char** argv) {
       model->train();
     }
     val /= static_cast<double>(std::max<int64_t>(a.eval_batches, 1));
-    fmt::print("val loss {:.4f} (chance: ln {} = {:.4f}), train loss {:.4f} -> {:.4f}, peak allocated {}, "
-               "peak reserved {}\n",
-               val, cfg.vocab_size, std::log(static_cast<double>(cfg.vocab_size)), first_loss, last_loss,
-               ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
-               ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
+    fmt::print(
+        "val loss {:.4f} (chance: ln {} = {:.4f}), train loss {:.4f} -> {:.4f}, peak allocated {}, "
+        "peak reserved {}\n",
+        val, cfg.vocab_size, std::log(static_cast<double>(cfg.vocab_size)), first_loss, last_loss,
+        ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
+        ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
     if (a.sample > 0 && !synthetic) {
       Generator sgen(a.seed + 99);
-      fmt::print("--- sample ---\n{}\n--------------\n", sample_text(*model, "Q:", a.sample, dev, sgen));
+      fmt::print("--- sample ---\n{}\n--------------\n",
+                 sample_text(*model, "Q:", a.sample, dev, sgen));
     }
     if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
     if (!a.snapshot.empty()) {
       memory::dump_snapshot(a.snapshot, dev);
-      fmt::print("snapshot written to {} (open it at https://pytorch.org/memory_viz)\n", a.snapshot);
+      fmt::print("snapshot written to {} (open it at https://pytorch.org/memory_viz)\n",
+                 a.snapshot);
     }
     return 0;
   } catch (const std::exception& e) {

@@ -6,9 +6,9 @@
 //   train_resnet --arch resnet18 --device cuda --epochs 2 --snapshot resnet18.pickle
 //   train_resnet --arch resnet50 --dataset synthetic --image-size 224 --batch 64 --steps 20 \
 //                --device cuda --checkpoint 4-segments --amp fp16
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <iostream>
 #include <memory>
 
@@ -80,12 +80,14 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"Train a ResNet with Tally and see where its memory goes."};
   app.add_option("--arch", a.arch, "tiny | resnet18 | resnet34 | resnet50")->capture_default_str();
-  app.add_option("--dataset", a.dataset, "fashion-mnist | mnist | cifar10 | synthetic")->capture_default_str();
+  app.add_option("--dataset", a.dataset, "fashion-mnist | mnist | cifar10 | synthetic")
+      ->capture_default_str();
   app.add_option("--data-root", a.data_root, "dataset folder (default: the dataset's usual place)");
   app.add_option("--batch", a.batch, "batch size")->capture_default_str();
   app.add_option("--epochs", a.epochs, "epochs")->capture_default_str();
   app.add_option("--steps", a.steps, "stop after this many steps (0: run the epochs)");
-  app.add_option("--lr", a.lr, "learning rate (cosine schedule with warm-up)")->capture_default_str();
+  app.add_option("--lr", a.lr, "learning rate (cosine schedule with warm-up)")
+      ->capture_default_str();
   app.add_option("--momentum", a.momentum, "SGD momentum")->capture_default_str();
   app.add_option("--weight-decay", a.weight_decay, "weight decay")->capture_default_str();
   app.add_option("--optimizer", a.optimizer, "sgd | adam | adamw")->capture_default_str();
@@ -93,11 +95,14 @@ int main(int argc, char** argv) {
   app.add_option("--image-size", a.image_size, "resize images to this size (integer multiple)");
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
-  app.add_option("--seed", a.seed, "seed of weights, data order and dropout")->capture_default_str();
-  app.add_option("--checkpoint", a.checkpoint, "none | blocks | N-segments | selective")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed of weights, data order and dropout")
+      ->capture_default_str();
+  app.add_option("--checkpoint", a.checkpoint, "none | blocks | N-segments | selective")
+      ->capture_default_str();
   app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
   app.add_option("--eval-batches", a.eval_batches, "test batches to evaluate (0: all)");
-  app.add_option("--log-every", a.log_every, "progress update interval in steps")->capture_default_str();
+  app.add_option("--log-every", a.log_every, "progress update interval in steps")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -121,7 +126,8 @@ int main(int argc, char** argv) {
       }
     } else if (a.dataset == "cifar10") {
       if (a.data_root.empty())
-        throw std::invalid_argument("--dataset cifar10 needs --data-root (the cifar-10-batches-bin folder)");
+        throw std::invalid_argument(
+            "--dataset cifar10 needs --data-root (the cifar-10-batches-bin folder)");
       train = std::make_unique<data::CIFAR10>(a.data_root, true);
       test = std::make_unique<data::CIFAR10>(a.data_root, false);
       channels = 3;
@@ -129,18 +135,22 @@ int main(int argc, char** argv) {
       const int64_t s = a.image_size ? a.image_size : 32;
       const int64_t n = std::max<int64_t>(a.batch * std::max<int64_t>(a.steps, 8), 1024);
       train = std::make_unique<data::SyntheticImages>(n, Shape{3, s, s}, classes, a.seed);
-      test = std::make_unique<data::SyntheticImages>(std::max<int64_t>(a.batch * 4, 256), Shape{3, s, s},
-                                                     classes, a.seed + 1);
+      test = std::make_unique<data::SyntheticImages>(std::max<int64_t>(a.batch * 4, 256),
+                                                     Shape{3, s, s}, classes, a.seed + 1);
       channels = 3;
     } else {
       throw std::invalid_argument(fmt::format(
           "--dataset: expected fashion-mnist, mnist, cifar10 or synthetic, got '{}'", a.dataset));
     }
     const int64_t image_size = a.dataset == "synthetic" ? 0 : a.image_size;
-    data::DataLoader loader(*train, {.batch_size = a.batch, .shuffle = true, .seed = a.seed,
-                                     .drop_last = true, .device = dev});
-    data::DataLoader test_loader(*test, {.batch_size = a.batch, .shuffle = false, .seed = a.seed,
-                                         .drop_last = false, .device = dev});
+    data::DataLoader loader(
+        *train,
+        {.batch_size = a.batch, .shuffle = true, .seed = a.seed, .drop_last = true, .device = dev});
+    data::DataLoader test_loader(*test, {.batch_size = a.batch,
+                                         .shuffle = false,
+                                         .seed = a.seed,
+                                         .drop_last = false,
+                                         .device = dev});
 
     // ---- model and optimizer ----
     auto model = make_model(a, classes, channels);
@@ -148,25 +158,29 @@ int main(int argc, char** argv) {
     nn::enable_checkpointing(*model, ckpt);
     std::unique_ptr<optim::Optimizer> opt;
     if (a.optimizer == "sgd") {
-      opt = std::make_unique<optim::SGD>(model->parameters(),
-                                         optim::SGDOptions{.lr = a.lr, .momentum = a.momentum,
-                                                           .weight_decay = a.weight_decay});
+      opt = std::make_unique<optim::SGD>(
+          model->parameters(),
+          optim::SGDOptions{.lr = a.lr, .momentum = a.momentum, .weight_decay = a.weight_decay});
     } else if (a.optimizer == "adam" || a.optimizer == "adamw") {
       optim::AdamOptions o{.lr = a.lr, .weight_decay = a.weight_decay};
-      if (a.optimizer == "adam") opt = std::make_unique<optim::Adam>(model->parameters(), o);
-      else opt = std::make_unique<optim::AdamW>(model->parameters(), o);
+      if (a.optimizer == "adam")
+        opt = std::make_unique<optim::Adam>(model->parameters(), o);
+      else
+        opt = std::make_unique<optim::AdamW>(model->parameters(), o);
     } else {
-      throw std::invalid_argument(fmt::format("--optimizer: expected sgd, adam or adamw, got '{}'", a.optimizer));
+      throw std::invalid_argument(
+          fmt::format("--optimizer: expected sgd, adam or adamw, got '{}'", a.optimizer));
     }
     const int64_t per_epoch = loader.len();
     const int64_t total = a.steps > 0 ? a.steps : per_epoch * a.epochs;
     optim::WarmupCosineLR sched(*opt, std::max<int64_t>(1, total / 20), total, a.lr * 0.01);
     ex::Precision prec(amp, dev);
 
-    fmt::print("Tally train_resnet: {} ({:.2f} M parameters) on {} ({} train / {} test), device {}, "
-               "batch {}, {} steps, {} {}, checkpoint {}, amp {}\n",
-               a.arch, model->num_parameters() / 1e6, a.dataset, train->size(), test->size(), dev.str(),
-               a.batch, total, a.optimizer, a.lr, a.checkpoint, prec.name());
+    fmt::print(
+        "Tally train_resnet: {} ({:.2f} M parameters) on {} ({} train / {} test), device {}, "
+        "batch {}, {} steps, {} {}, checkpoint {}, amp {}\n",
+        a.arch, model->num_parameters() / 1e6, a.dataset, train->size(), test->size(), dev.str(),
+        a.batch, total, a.optimizer, a.lr, a.checkpoint, prec.name());
 
     // ---- train ----
     model->train();
@@ -194,7 +208,8 @@ int main(int argc, char** argv) {
         {
           NoGradGuard ng;
           loss_acc = add(loss_acc, loss.detach().to(DType::float32));
-          correct_acc = add(correct_acc, sum(eq(argmax(logits.detach(), 1), batch.target)).to(DType::int64));
+          correct_acc =
+              add(correct_acc, sum(eq(argmax(logits.detach(), 1), batch.target)).to(DType::int64));
         }
         seen += x.size(0);
         ++step;
@@ -205,10 +220,12 @@ int main(int argc, char** argv) {
           memory::synchronize(dev);
           const double ms = clock.ms() / static_cast<double>(window_steps);
           clock.reset();
-          bar.update(step, fmt::format("loss {:.4f} acc {:.1f}% | {:.1f} ms/step | lr {:.4f} | peak {}",
-                                       loss_sum, 100.0 * static_cast<double>(correct) / static_cast<double>(seen),
-                                       ms, opt->get_lr(),
-                                       ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev)))));
+          bar.update(step,
+                     fmt::format(
+                         "loss {:.4f} acc {:.1f}% | {:.1f} ms/step | lr {:.4f} | peak {}", loss_sum,
+                         100.0 * static_cast<double>(correct) / static_cast<double>(seen), ms,
+                         opt->get_lr(),
+                         ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev)))));
           loss_acc = zeros({}, TensorOptions{}.with_device(dev));
           correct_acc = zeros({}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
           seen = 0;
@@ -232,14 +249,16 @@ int main(int argc, char** argv) {
         ++nb;
       }
     }
-    fmt::print("test accuracy {:.2f}% ({} / {}), peak allocated {}, peak reserved {}\n",
-               100.0 * static_cast<double>(right) / static_cast<double>(std::max<int64_t>(count, 1)), right, count,
-               ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
-               ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
+    fmt::print(
+        "test accuracy {:.2f}% ({} / {}), peak allocated {}, peak reserved {}\n",
+        100.0 * static_cast<double>(right) / static_cast<double>(std::max<int64_t>(count, 1)),
+        right, count, ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
+        ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
     if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
     if (!a.snapshot.empty()) {
       memory::dump_snapshot(a.snapshot, dev);
-      fmt::print("snapshot written to {} (open it at https://pytorch.org/memory_viz)\n", a.snapshot);
+      fmt::print("snapshot written to {} (open it at https://pytorch.org/memory_viz)\n",
+                 a.snapshot);
     }
     return 0;
   } catch (const std::exception& e) {

@@ -19,8 +19,8 @@ std::string_view trim(std::string_view s) {
 }
 
 [[noreturn]] void bad(std::string_view key, std::string_view value, std::string_view why) {
-  throw std::invalid_argument(fmt::format("TALLY_ALLOC_CONF: bad value '{}' for key '{}': {}",
-                                          value, key, why));
+  throw std::invalid_argument(
+      fmt::format("TALLY_ALLOC_CONF: bad value '{}' for key '{}': {}", value, key, why));
 }
 
 size_t parse_uint(std::string_view key, std::string_view v) {

@@ -79,7 +79,9 @@ namespace {
 std::atomic<AllocationObserver*> g_allocation_observer{nullptr};
 }
 
-void set_allocation_observer(AllocationObserver* observer) { g_allocation_observer.store(observer); }
+void set_allocation_observer(AllocationObserver* observer) {
+  g_allocation_observer.store(observer);
+}
 AllocationObserver* allocation_observer() {
   return g_allocation_observer.load(std::memory_order_relaxed);
 }
@@ -113,8 +115,7 @@ struct CachingAllocator::AllocParams {
   AllocTag tag;  // the request's context and call site
 };
 
-CachingAllocator::CachingAllocator(std::unique_ptr<MemoryProvider> provider,
-                                   AllocatorConfig config)
+CachingAllocator::CachingAllocator(std::unique_ptr<MemoryProvider> provider, AllocatorConfig config)
     : provider_(std::move(provider)),
       config_(std::move(config)),
       device_(provider_->device_index()),
@@ -158,12 +159,6 @@ size_t CachingAllocator::round_size(size_t bytes) const {
     return down == bytes ? bytes : down + step;
   }
   return kMinBlockSize * ((bytes + kMinBlockSize - 1) / kMinBlockSize);
-}
-
-size_t CachingAllocator::segment_size_for(size_t rounded) {
-  if (rounded <= kSmallSize) return kSmallBuffer;
-  if (rounded < kMinLargeAlloc) return 20 * kMiB;
-  return kRoundLarge * ((rounded + kRoundLarge - 1) / kRoundLarge);
 }
 
 void CachingAllocator::record(TraceAction action, uint64_t addr, size_t size, StreamId stream,
@@ -288,8 +283,10 @@ void* CachingAllocator::alloc_found_block(AllocParams& p, const AllocTag& tag) {
     block->pool = pool;
     block->segment = remaining->segment;
     block->prev = remaining->prev;
-    if (block->prev) block->prev->next = block;
-    else block->segment->head = block;
+    if (block->prev)
+      block->prev->next = block;
+    else
+      block->segment->head = block;
     block->next = remaining;
     remaining->prev = block;
     remaining->ptr = static_cast<char*>(remaining->ptr) + p.size;
@@ -387,8 +384,10 @@ void CachingAllocator::free_block(Block* block) {
     if (block->prev == candidate) {
       block->ptr = candidate->ptr;
       block->prev = candidate->prev;
-      if (block->prev) block->prev->next = block;
-      else block->segment->head = block;
+      if (block->prev)
+        block->prev->next = block;
+      else
+        block->segment->head = block;
     } else {
       block->next = candidate->next;
       if (block->next) block->next->prev = block;
@@ -533,8 +532,8 @@ bool CachingAllocator::release_available_cached_blocks(const AllocParams& p) {
 }
 
 void CachingAllocator::garbage_collect_cached_blocks() {
-  const auto threshold =
-      static_cast<size_t>(config_.garbage_collection_threshold * static_cast<double>(allowed_maximum_));
+  const auto threshold = static_cast<size_t>(config_.garbage_collection_threshold *
+                                             static_cast<double>(allowed_maximum_));
   if (total_reserved_ <= threshold) return;
   const size_t target = total_reserved_ - threshold;
   size_t reclaimed = 0;
@@ -645,9 +644,9 @@ void CachingAllocator::retag(void* ptr, Category category, std::source_location 
   std::lock_guard lock(mu_);
   Block* block = find_active(ptr);
   if (!block || !block->allocated)
-    throw std::invalid_argument(fmt::format(
-        "CachingAllocator::retag to {}: pointer {} is not a live block",
-        category_name(category), ptr));
+    throw std::invalid_argument(
+        fmt::format("CachingAllocator::retag to {}: pointer {} is not a live block",
+                    category_name(category), ptr));
   const Category old = block->tag.category;
   if (old == category) return;
   const auto size = static_cast<int64_t>(block->size);
@@ -700,8 +699,7 @@ void CachingAllocator::set_memory_fraction(double fraction) {
         fmt::format("set_memory_fraction: fraction {} is not in (0, 1]", fraction));
   std::lock_guard lock(mu_);
   memory_fraction_ = fraction;
-  allowed_maximum_ =
-      static_cast<size_t>(fraction * static_cast<double>(provider_->total_memory()));
+  allowed_maximum_ = static_cast<size_t>(fraction * static_cast<double>(provider_->total_memory()));
 }
 
 DeviceStats CachingAllocator::stats() const {

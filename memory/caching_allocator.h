@@ -57,10 +57,10 @@ class OutOfMemoryError : public std::runtime_error {
 // allocator's totals after the event.
 struct AllocationEvent {
   uint64_t addr = 0;
-  int64_t bytes = 0;            // rounded block size: + alloc, - free, + re-tag
-  size_t total_allocated = 0;   // memory_allocated() after the event
-  size_t total_reserved = 0;    // memory_reserved() after the event
-  AllocTag tag;                 // category (new one for a re-tag), module, op, phase, call site
+  int64_t bytes = 0;           // rounded block size: + alloc, - free, + re-tag
+  size_t total_allocated = 0;  // memory_allocated() after the event
+  size_t total_reserved = 0;   // memory_reserved() after the event
+  AllocTag tag;                // category (new one for a re-tag), module, op, phase, call site
   Category old_category = Category::unknown;  // re-tags only
   bool retag = false;
   DeviceType device_type = DeviceType::cpu;
@@ -142,7 +142,6 @@ class CachingAllocator {
 
   // Size policy, exposed for tests.
   size_t round_size(size_t bytes) const;
-  static size_t segment_size_for(size_t rounded);
 
  private:
   struct AllocParams;
@@ -162,10 +161,9 @@ class CachingAllocator {
   bool should_split(const detail::Block* block, size_t size) const;
   detail::Block* find_active(const void* ptr) const;
   [[noreturn]] void raise_oom(const AllocParams& p, std::unique_lock<std::mutex>& lock);
-  void record(TraceAction action, uint64_t addr, size_t size, StreamId stream,
-              const AllocTag& tag);
-  void notify(AllocationObserver* o, uint64_t addr, int64_t bytes, const AllocTag& tag,
-              bool retag, Category old_category) const;
+  void record(TraceAction action, uint64_t addr, size_t size, StreamId stream, const AllocTag& tag);
+  void notify(AllocationObserver* o, uint64_t addr, int64_t bytes, const AllocTag& tag, bool retag,
+              Category old_category) const;
   SnapshotData snapshot_locked() const;
 
   std::unique_ptr<MemoryProvider> provider_;

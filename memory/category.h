@@ -25,9 +25,10 @@ enum class Category : uint8_t {
 inline constexpr int kNumCategories = 10;
 
 inline constexpr std::array<Category, kNumCategories> kAllCategories = {
-    Category::parameter, Category::gradient,  Category::optimizer_state, Category::activation,
-    Category::input,     Category::temporary, Category::workspace,       Category::autocast_cache,
-    Category::communication, Category::unknown};
+    Category::parameter,  Category::gradient,       Category::optimizer_state,
+    Category::activation, Category::input,          Category::temporary,
+    Category::workspace,  Category::autocast_cache, Category::communication,
+    Category::unknown};
 
 // Lower-case name as written into snapshots ("optimizer_state").
 std::string_view category_name(Category c);

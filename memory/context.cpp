@@ -34,8 +34,12 @@ std::atomic<ContextObserver*> g_context_observer{nullptr};
 
 }  // namespace
 
-void set_context_observer(ContextObserver* observer) { g_context_observer.store(observer); }
-ContextObserver* context_observer() { return g_context_observer.load(std::memory_order_relaxed); }
+void set_context_observer(ContextObserver* observer) {
+  g_context_observer.store(observer);
+}
+ContextObserver* context_observer() {
+  return g_context_observer.load(std::memory_order_relaxed);
+}
 
 StrId intern(std::string_view s) {
   if (s.empty()) return 0;
@@ -69,8 +73,12 @@ AllocTag current_tag() {
   return tag;
 }
 
-CategoryScope::CategoryScope(Category c) : saved_(tls.category) { tls.category = c; }
-CategoryScope::~CategoryScope() { tls.category = saved_; }
+CategoryScope::CategoryScope(Category c) : saved_(tls.category) {
+  tls.category = c;
+}
+CategoryScope::~CategoryScope() {
+  tls.category = saved_;
+}
 
 ModuleScope::ModuleScope(std::string_view name) : saved_(tls.module) {
   if (name.empty()) return;
@@ -90,9 +98,15 @@ ModuleScope::~ModuleScope() {
   tls.module = saved_;
 }
 
-OpScope::OpScope(std::string_view op) : saved_(tls.op) { tls.op = intern(op); }
-OpScope::OpScope(StrId op) : saved_(tls.op) { tls.op = op; }
-OpScope::~OpScope() { tls.op = saved_; }
+OpScope::OpScope(std::string_view op) : saved_(tls.op) {
+  tls.op = intern(op);
+}
+OpScope::OpScope(StrId op) : saved_(tls.op) {
+  tls.op = op;
+}
+OpScope::~OpScope() {
+  tls.op = saved_;
+}
 
 PhaseScope::PhaseScope(std::string_view phase) : saved_(tls.phase) {
   tls.phase = intern(phase);

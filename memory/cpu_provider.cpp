@@ -13,8 +13,7 @@ static size_t physical_memory() {
                                : (size_t{1} << 34);
 }
 
-CpuProvider::CpuProvider(size_t capacity)
-    : capacity_(capacity ? capacity : physical_memory()) {}
+CpuProvider::CpuProvider(size_t capacity) : capacity_(capacity ? capacity : physical_memory()) {}
 
 void* CpuProvider::allocate(size_t bytes) {
   size_t used = used_.load();
@@ -32,6 +31,8 @@ void CpuProvider::deallocate(void* ptr, size_t bytes) {
   used_ -= bytes;
 }
 
-size_t CpuProvider::free_memory() const { return capacity_ - used_.load(); }
+size_t CpuProvider::free_memory() const {
+  return capacity_ - used_.load();
+}
 
 }  // namespace tally::memory

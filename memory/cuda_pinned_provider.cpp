@@ -62,7 +62,9 @@ void CudaPinnedProvider::deallocate(void* ptr, size_t bytes) {
   used_ -= bytes;
 }
 
-size_t CudaPinnedProvider::free_memory() const { return capacity_ - used_.load(); }
+size_t CudaPinnedProvider::free_memory() const {
+  return capacity_ - used_.load();
+}
 
 void CudaPinnedProvider::synchronize() {
   int n = 0;

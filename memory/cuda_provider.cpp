@@ -10,9 +10,8 @@ namespace {
 
 void check(cudaError_t err, const char* what, int device) {
   if (err != cudaSuccess)
-    throw std::runtime_error(
-        fmt::format("{} on cuda:{} failed: {} ({})", what, device, cudaGetErrorString(err),
-                    cudaGetErrorName(err)));
+    throw std::runtime_error(fmt::format("{} on cuda:{} failed: {} ({})", what, device,
+                                         cudaGetErrorString(err), cudaGetErrorName(err)));
 }
 
 // Sets the current device for the scope and restores the previous one.
@@ -45,7 +44,9 @@ int CudaProvider::device_count() {
   return n;
 }
 
-std::string CudaProvider::device_name() const { return fmt::format("cuda:{}", device_); }
+std::string CudaProvider::device_name() const {
+  return fmt::format("cuda:{}", device_);
+}
 
 void* CudaProvider::allocate(size_t bytes) {
   DeviceGuard g(device_);

@@ -6,14 +6,22 @@ namespace tally::memory {
 
 const char* trace_action_name(TraceAction a) {
   switch (a) {
-    case TraceAction::alloc: return "alloc";
-    case TraceAction::free_requested: return "free_requested";
-    case TraceAction::free_completed: return "free_completed";
-    case TraceAction::segment_alloc: return "segment_alloc";
-    case TraceAction::segment_free: return "segment_free";
-    case TraceAction::snapshot: return "snapshot";
-    case TraceAction::oom: return "oom";
-    case TraceAction::retag: return "retag";
+    case TraceAction::alloc:
+      return "alloc";
+    case TraceAction::free_requested:
+      return "free_requested";
+    case TraceAction::free_completed:
+      return "free_completed";
+    case TraceAction::segment_alloc:
+      return "segment_alloc";
+    case TraceAction::segment_free:
+      return "segment_free";
+    case TraceAction::snapshot:
+      return "snapshot";
+    case TraceAction::oom:
+      return "oom";
+    case TraceAction::retag:
+      return "retag";
   }
   return "?";
 }

@@ -30,10 +30,10 @@ struct TraceEntry {
   uint64_t addr = 0;
   size_t size = 0;
   StreamId stream = 0;
-  int64_t time_us = 0;      // microseconds since the Unix epoch
-  AllocTag tag;             // for retag: the new tag
+  int64_t time_us = 0;                        // microseconds since the Unix epoch
+  AllocTag tag;                               // for retag: the new tag
   Category old_category = Category::unknown;  // retag only
-  size_t device_free = 0;   // oom only
+  size_t device_free = 0;                     // oom only
 };
 
 // Microseconds since the Unix epoch.

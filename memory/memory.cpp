@@ -25,9 +25,13 @@ int cuda_device_count() {
 #endif
 }
 
-bool cuda_available() { return cuda_device_count() > 0; }
+bool cuda_available() {
+  return cuda_device_count() > 0;
+}
 
-Device default_device() { return cuda_available() ? Device::cuda(0) : Device::cpu(); }
+Device default_device() {
+  return cuda_available() ? Device::cuda(0) : Device::cpu();
+}
 
 namespace {
 struct Registry {
@@ -52,51 +56,73 @@ CachingAllocator& get_allocator(Device device) {
   }
   const int n = cuda_device_count();
   if (device.index < 0 || device.index >= n)
-    throw std::invalid_argument(fmt::format("get_allocator: no device {} ({} CUDA device(s))",
-                                            device.str(), n));
+    throw std::invalid_argument(
+        fmt::format("get_allocator: no device {} ({} CUDA device(s))", device.str(), n));
 #ifdef TALLY_WITH_CUDA
   if (r.cuda.size() < static_cast<size_t>(n)) r.cuda.resize(static_cast<size_t>(n));
   auto& slot = r.cuda[static_cast<size_t>(device.index)];
-  if (!slot) slot = std::make_unique<CachingAllocator>(std::make_unique<CudaProvider>(device.index));
+  if (!slot)
+    slot = std::make_unique<CachingAllocator>(std::make_unique<CudaProvider>(device.index));
   return *slot;
 #else
   throw std::invalid_argument("get_allocator: Tally was built without CUDA");
 #endif
 }
 
-bool pinned_memory_available() { return cuda_available(); }
+bool pinned_memory_available() {
+  return cuda_available();
+}
 
 CachingAllocator& get_pinned_allocator() {
   if (!pinned_memory_available()) return get_allocator(Device::cpu());
 #ifdef TALLY_WITH_CUDA
   Registry& r = registry();
   std::lock_guard lock(r.mu);
-  if (!r.pinned) r.pinned = std::make_unique<CachingAllocator>(std::make_unique<CudaPinnedProvider>());
+  if (!r.pinned)
+    r.pinned = std::make_unique<CachingAllocator>(std::make_unique<CudaPinnedProvider>());
   return *r.pinned;
 #else
   return get_allocator(Device::cpu());
 #endif
 }
 
-size_t memory_allocated(Device d) { return get_allocator(d).memory_allocated(); }
-size_t max_memory_allocated(Device d) { return get_allocator(d).max_memory_allocated(); }
-size_t memory_reserved(Device d) { return get_allocator(d).memory_reserved(); }
-size_t max_memory_reserved(Device d) { return get_allocator(d).max_memory_reserved(); }
-void reset_peak_memory_stats(Device d) { get_allocator(d).reset_peak_memory_stats(); }
+size_t memory_allocated(Device d) {
+  return get_allocator(d).memory_allocated();
+}
+size_t max_memory_allocated(Device d) {
+  return get_allocator(d).max_memory_allocated();
+}
+size_t memory_reserved(Device d) {
+  return get_allocator(d).memory_reserved();
+}
+size_t max_memory_reserved(Device d) {
+  return get_allocator(d).max_memory_reserved();
+}
+void reset_peak_memory_stats(Device d) {
+  get_allocator(d).reset_peak_memory_stats();
+}
 void synchronize(Device device) {
   if (device.type == DeviceType::cpu) return;
   get_allocator(device).provider().synchronize();
 }
 
-void empty_cache(Device d) { get_allocator(d).empty_cache(); }
-void set_per_process_memory_fraction(double f, Device d) { get_allocator(d).set_memory_fraction(f); }
-std::map<std::string, int64_t> memory_stats(Device d) { return get_allocator(d).memory_stats(); }
+void empty_cache(Device d) {
+  get_allocator(d).empty_cache();
+}
+void set_per_process_memory_fraction(double f, Device d) {
+  get_allocator(d).set_memory_fraction(f);
+}
+std::map<std::string, int64_t> memory_stats(Device d) {
+  return get_allocator(d).memory_stats();
+}
 std::string memory_summary(Device d, bool abbreviated) {
   return get_allocator(d).memory_summary(abbreviated);
 }
 void record_memory_history(bool enabled, size_t max_entries, Device d) {
   get_allocator(d).record_memory_history(enabled, max_entries);
 }
-void dump_snapshot(const std::string& path, Device d) { get_allocator(d).dump_snapshot(path); }
+void dump_snapshot(const std::string& path, Device d) {
+  get_allocator(d).dump_snapshot(path);
+}
 
 }  // namespace tally::memory

@@ -21,11 +21,9 @@
 // non-empty device trace, at its last entry's time: the timelines ignore `snapshot`
 // entries, so nothing else changes.
 //
-// Re-tags are written as a `free_completed` (old category) + `alloc` (new tag) pair, see
-// snapshot.h.
+// Re-tags are written as `free_requested` + `free_completed` (old category) + `alloc` (new
+// tag), see snapshot.h.
 #include "memory/snapshot.h"
-
-#include "memory/rank_path.h"
 
 #include <fmt/format.h>
 
@@ -36,6 +34,7 @@
 #include <string_view>
 
 #include "memory/pickle.h"
+#include "memory/rank_path.h"
 
 namespace tally::memory {
 

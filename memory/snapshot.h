@@ -38,8 +38,8 @@ struct SegmentInfo {
   size_t active_size = 0;
   size_t requested_size = 0;
   StreamId stream = 0;
-  bool small = false;  // segment_type "small" / "large"
-  AllocTag tag;        // context at segment creation
+  bool small = false;             // segment_type "small" / "large"
+  AllocTag tag;                   // context at segment creation
   std::vector<BlockInfo> blocks;  // address order, tiling the segment
 };
 

@@ -7,9 +7,9 @@ namespace {
 
 template <typename F>
 void for_each_array(DeviceStats& s, F&& f) {
-  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
-                       &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                       &s.inactive_split_bytes, &s.requested_bytes}) {
+  for (StatArray* a :
+       {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+        &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
     for (Stat& st : *a) f(st);
   }
   f(s.oversize_allocations);

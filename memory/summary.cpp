@@ -1,7 +1,7 @@
 // memory_summary(): a byte-compatible rendering of torch.cuda.memory_summary() (PyTorch's
 // torch/cuda/memory.py) followed by Tally's per-category table.
 //
-// Layout rules (PyTorch's, see docs memory-formats.md §3):
+// Layout rules (PyTorch's, see docs/memory-formats.md §3):
 //   * every line is '|' + 75 characters + '|'; the text ends with a newline;
 //   * a metric row is " " + name (left, 21) + " | " + four 10-character cells joined by
 //     " | " + " ";
@@ -140,8 +140,8 @@ void append_pytorch_table(std::vector<std::string>& lines, const DeviceStats& st
 // A share of the allocated peak (" 41.3%"), "-" when nothing was allocated.
 std::string share_of_peak(int64_t bytes, int64_t allocated_peak) {
   if (allocated_peak <= 0) return "-";
-  return fmt::format(
-      "{:5.1f}%", 100.0 * static_cast<double>(bytes) / static_cast<double>(allocated_peak));
+  return fmt::format("{:5.1f}%",
+                     100.0 * static_cast<double>(bytes) / static_cast<double>(allocated_peak));
 }
 
 // Per category: current, own peak, bytes held at the moment of the allocated peak, and
@@ -155,10 +155,10 @@ void append_category_table(std::vector<std::string>& lines, const DeviceStats& s
   for (Category c : kAllCategories) {
     const Stat& s = stats.cat_bytes(c);
     const int64_t at_peak = stats.category_at_peak[static_cast<size_t>(c)];
-    lines.push_back(fit(fmt::format(" {:<21} | {} | {} | {} | {:>7}", category_name(c),
-                                    format_size(s.current, s.current), format_size(s.peak, s.peak),
-                                    format_size(at_peak, at_peak),
-                                    share_of_peak(at_peak, allocated_peak))));
+    lines.push_back(
+        fit(fmt::format(" {:<21} | {} | {} | {} | {:>7}", category_name(c),
+                        format_size(s.current, s.current), format_size(s.peak, s.peak),
+                        format_size(at_peak, at_peak), share_of_peak(at_peak, allocated_peak))));
   }
   lines.emplace_back(kInnerWidth, '-');
 

@@ -1,26 +1,36 @@
 #include "memory/timeline.h"
 
-#include "memory/rank_path.h"
-
 #include <fmt/format.h>
 
 #include <cstdio>
 #include <stdexcept>
 
+#include "memory/rank_path.h"
+
 namespace tally::memory {
 
 int timeline_column(Category c) {
   switch (c) {
-    case Category::parameter: return 1;
-    case Category::optimizer_state: return 2;
-    case Category::input: return 3;
-    case Category::temporary: return 4;
-    case Category::activation: return 5;
-    case Category::gradient: return 6;
-    case Category::unknown: return 8;
-    case Category::workspace: return 9;
-    case Category::autocast_cache: return 10;
-    case Category::communication: return 11;
+    case Category::parameter:
+      return 1;
+    case Category::optimizer_state:
+      return 2;
+    case Category::input:
+      return 3;
+    case Category::temporary:
+      return 4;
+    case Category::activation:
+      return 5;
+    case Category::gradient:
+      return 6;
+    case Category::unknown:
+      return 8;
+    case Category::workspace:
+      return 9;
+    case Category::autocast_cache:
+      return 10;
+    case Category::communication:
+      return 11;
   }
   return 8;
 }
@@ -45,7 +55,9 @@ size_t MemoryTimeline::peak_index() const {
 }
 
 namespace {
-size_t idx(Category c) { return static_cast<size_t>(c); }
+size_t idx(Category c) {
+  return static_cast<size_t>(c);
+}
 }  // namespace
 
 MemoryTimeline timeline_from_history(const std::vector<TraceEntry>& history,
@@ -55,13 +67,18 @@ MemoryTimeline timeline_from_history(const std::vector<TraceEntry>& history,
   for (const TraceEntry& e : history) {
     const int64_t n = static_cast<int64_t>(e.size);
     switch (e.action) {
-      case TraceAction::alloc: net[idx(e.tag.category)] += n; break;
-      case TraceAction::free_completed: net[idx(e.tag.category)] -= n; break;
+      case TraceAction::alloc:
+        net[idx(e.tag.category)] += n;
+        break;
+      case TraceAction::free_completed:
+        net[idx(e.tag.category)] -= n;
+        break;
       case TraceAction::retag:
         net[idx(e.old_category)] -= n;
         net[idx(e.tag.category)] += n;
         break;
-      default: break;
+      default:
+        break;
     }
   }
   CategoryBytes cur{};
@@ -84,13 +101,18 @@ MemoryTimeline timeline_from_history(const std::vector<TraceEntry>& history,
   for (const TraceEntry& e : history) {
     const int64_t n = static_cast<int64_t>(e.size);
     switch (e.action) {
-      case TraceAction::alloc: cur[idx(e.tag.category)] += n; break;
-      case TraceAction::free_completed: cur[idx(e.tag.category)] -= n; break;
+      case TraceAction::alloc:
+        cur[idx(e.tag.category)] += n;
+        break;
+      case TraceAction::free_completed:
+        cur[idx(e.tag.category)] -= n;
+        break;
       case TraceAction::retag:
         cur[idx(e.old_category)] -= n;
         cur[idx(e.tag.category)] += n;
         break;
-      default: continue;
+      default:
+        continue;
     }
     sample(e);
   }
@@ -100,7 +122,9 @@ MemoryTimeline timeline_from_history(const std::vector<TraceEntry>& history,
 void write_timeline_json(const MemoryTimeline& t, const std::string& path_in) {
   const std::string path = per_rank_path(path_in);  // "x.rank1.json" in a multi-rank job
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) throw std::runtime_error(fmt::format("write_timeline_json: cannot open '{}' for writing", path));
+  if (!f)
+    throw std::runtime_error(
+        fmt::format("write_timeline_json: cannot open '{}' for writing", path));
   std::string out = "[[";
   for (size_t i = 0; i < t.size(); ++i) {
     if (i) out += ", ";
@@ -109,7 +133,8 @@ void write_timeline_json(const MemoryTimeline& t, const std::string& path_in) {
   out += "], [";
   for (size_t i = 0; i < t.size(); ++i) {
     std::array<int64_t, kTimelineColumns> row{};
-    for (Category c : kAllCategories) row[static_cast<size_t>(timeline_column(c))] += t.bytes[i][idx(c)];
+    for (Category c : kAllCategories)
+      row[static_cast<size_t>(timeline_column(c))] += t.bytes[i][idx(c)];
     out += i ? ", [" : "[";
     for (size_t k = 0; k < row.size(); ++k) {
       if (k) out += ", ";

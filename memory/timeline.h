@@ -23,15 +23,15 @@ namespace tally::memory {
 using CategoryBytes = std::array<int64_t, kNumCategories>;
 
 struct MemoryTimeline {
-  std::vector<int64_t> times_us;        // one sample per history entry that changed a category
-  std::vector<CategoryBytes> bytes;     // live bytes per Tally category after that entry
-  std::vector<StrId> phase;             // the phase of the entry ("forward", "backward", ...)
-  std::vector<StrId> module;            // the module path of the entry
-  std::vector<StrId> op;                // the op of the entry
+  std::vector<int64_t> times_us;     // one sample per history entry that changed a category
+  std::vector<CategoryBytes> bytes;  // live bytes per Tally category after that entry
+  std::vector<StrId> phase;          // the phase of the entry ("forward", "backward", ...)
+  std::vector<StrId> module;         // the module path of the entry
+  std::vector<StrId> op;             // the op of the entry
 
   size_t size() const { return times_us.size(); }
-  int64_t total(size_t i) const;        // all categories at sample i
-  size_t peak_index() const;            // the sample with the largest total
+  int64_t total(size_t i) const;  // all categories at sample i
+  size_t peak_index() const;      // the sample with the largest total
 };
 
 // Rebuilds the timeline from `history` (oldest first). `final_bytes`: the allocator's live

@@ -82,7 +82,6 @@ struct CheckpointStats {
 CheckpointStats checkpoint_stats();
 void reset_checkpoint_stats();
 
-
 // ---- checkpointing a model from the command line (--checkpoint) ----
 class Module;
 

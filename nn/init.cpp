@@ -12,9 +12,10 @@ namespace tally::nn::init {
 
 std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t) {
   if (t.dim() < 2)
-    throw std::invalid_argument(fmt::format(
-        "init: fan in and fan out can not be computed for a tensor with fewer than 2 dimensions ({})",
-        t.shape_string()));
+    throw std::invalid_argument(
+        fmt::format("init: fan in and fan out can not be computed for a tensor with fewer than 2 "
+                    "dimensions ({})",
+                    t.shape_string()));
   int64_t receptive = 1;
   for (int64_t d = 2; d < t.dim(); ++d) receptive *= t.size(d);
   return {t.size(1) * receptive, t.size(0) * receptive};
@@ -54,10 +55,15 @@ void constant_(const Tensor& t, double value) {
   NoGradGuard ng;
   ops::fill_(t, value);
 }
-void zeros_(const Tensor& t) { constant_(t, 0.0); }
-void ones_(const Tensor& t) { constant_(t, 1.0); }
+void zeros_(const Tensor& t) {
+  constant_(t, 0.0);
+}
+void ones_(const Tensor& t) {
+  constant_(t, 1.0);
+}
 
-static double kaiming_std(const Tensor& t, double a, const std::string& mode, const std::string& nl) {
+static double kaiming_std(const Tensor& t, double a, const std::string& mode,
+                          const std::string& nl) {
   auto [fan_in, fan_out] = calculate_fan_in_and_fan_out(t);
   int64_t fan;
   if (mode == "fan_in")
@@ -66,7 +72,8 @@ static double kaiming_std(const Tensor& t, double a, const std::string& mode, co
     fan = fan_out;
   else
     throw std::invalid_argument(fmt::format("init: mode '{}' is not fan_in or fan_out", mode));
-  if (fan == 0) throw std::invalid_argument("init: kaiming initialisation of a zero-element tensor");
+  if (fan == 0)
+    throw std::invalid_argument("init: kaiming initialisation of a zero-element tensor");
   return calculate_gain(nl, a) / std::sqrt(static_cast<double>(fan));
 }
 

@@ -33,7 +33,9 @@ void Linear::reset_parameters(Generator* gen) {
   }
 }
 
-Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
+Tensor Linear::forward(const Tensor& x) {
+  return linear(x, weight, bias);
+}
 
 std::string Linear::extra_repr() const {
   return fmt::format("in_features={}, out_features={}, bias={}", in_features, out_features,
@@ -72,9 +74,9 @@ Tensor Conv2d::forward(const Tensor& x) {
 }
 
 std::string Conv2d::extra_repr() const {
-  std::string s = fmt::format("{}, {}, kernel_size=({}, {}), stride=({}, {})", in_channels,
-                              out_channels, kernel_size.h, kernel_size.w, options.stride.h,
-                              options.stride.w);
+  std::string s =
+      fmt::format("{}, {}, kernel_size=({}, {}), stride=({}, {})", in_channels, out_channels,
+                  kernel_size.h, kernel_size.w, options.stride.h, options.stride.w);
   if (options.padding.h || options.padding.w)
     s += fmt::format(", padding=({}, {})", options.padding.h, options.padding.w);
   if (options.dilation.h != 1 || options.dilation.w != 1)
@@ -90,7 +92,8 @@ Embedding::Embedding(int64_t n, int64_t d, std::optional<int64_t> pad, Generator
   if (pad) {
     int64_t p = *pad < 0 ? *pad + n : *pad;
     if (p < 0 || p >= n)
-      throw std::invalid_argument(fmt::format("Embedding: padding_idx {} out of range for {} embeddings", *pad, n));
+      throw std::invalid_argument(
+          fmt::format("Embedding: padding_idx {} out of range for {} embeddings", *pad, n));
     padding_idx = p;
   }
   weight = register_parameter("weight", make_parameter({n, d}));
@@ -105,7 +108,9 @@ void Embedding::reset_parameters(Generator* gen) {
   }
 }
 
-Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices, padding_idx); }
+Tensor Embedding::forward(const Tensor& indices) {
+  return embedding(weight, indices, padding_idx);
+}
 
 std::string Embedding::extra_repr() const {
   std::string s = fmt::format("{}, {}", num_embeddings, embedding_dim);
@@ -116,26 +121,41 @@ std::string Embedding::extra_repr() const {
 // ---- Dropout and activations ----
 Dropout::Dropout(double p_, Generator* g) : Module("Dropout"), p(p_), gen(g) {
   if (p < 0.0 || p > 1.0)
-    throw std::invalid_argument(fmt::format("Dropout: probability has to be between 0 and 1, but got {}", p));
+    throw std::invalid_argument(
+        fmt::format("Dropout: probability has to be between 0 and 1, but got {}", p));
 }
 Tensor Dropout::forward(const Tensor& x) {
   if (!is_training() || p == 0.0) return x;
   return dropout(x, p, true, gen);
 }
-std::string Dropout::extra_repr() const { return fmt::format("p={}", p); }
+std::string Dropout::extra_repr() const {
+  return fmt::format("p={}", p);
+}
 
-Tensor ReLU::forward(const Tensor& x) { return relu(x); }
+Tensor ReLU::forward(const Tensor& x) {
+  return relu(x);
+}
 
 GELU::GELU(std::string approx) : Module("GELU"), approximate(std::move(approx)) {
   if (approximate != "none" && approximate != "tanh")
-    throw std::invalid_argument(fmt::format("GELU: approximate must be 'none' or 'tanh', got '{}'", approximate));
+    throw std::invalid_argument(
+        fmt::format("GELU: approximate must be 'none' or 'tanh', got '{}'", approximate));
 }
-Tensor GELU::forward(const Tensor& x) { return gelu(x, approximate); }
-std::string GELU::extra_repr() const { return fmt::format("approximate='{}'", approximate); }
+Tensor GELU::forward(const Tensor& x) {
+  return gelu(x, approximate);
+}
+std::string GELU::extra_repr() const {
+  return fmt::format("approximate='{}'", approximate);
+}
 
 // ---- pooling, flatten ----
 MaxPool2d::MaxPool2d(Int2 k, Int2 s, Int2 p, Int2 d, bool ceil)
-    : Module("MaxPool2d"), kernel_size(k), stride(s.set ? s : k), padding(p), dilation(d), ceil_mode(ceil) {}
+    : Module("MaxPool2d"),
+      kernel_size(k),
+      stride(s.set ? s : k),
+      padding(p),
+      dilation(d),
+      ceil_mode(ceil) {}
 Tensor MaxPool2d::forward(const Tensor& x) {
   return max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode);
 }
@@ -145,10 +165,16 @@ std::string MaxPool2d::extra_repr() const {
 }
 
 AdaptiveAvgPool2d::AdaptiveAvgPool2d(Int2 out) : Module("AdaptiveAvgPool2d"), output_size(out) {}
-Tensor AdaptiveAvgPool2d::forward(const Tensor& x) { return adaptive_avg_pool2d(x, output_size); }
-std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + output_size.str(); }
+Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
+  return adaptive_avg_pool2d(x, output_size);
+}
+std::string AdaptiveAvgPool2d::extra_repr() const {
+  return "output_size=" + output_size.str();
+}
 
 Flatten::Flatten(int64_t s, int64_t e) : Module("Flatten"), start_dim(s), end_dim(e) {}
-Tensor Flatten::forward(const Tensor& x) { return x.flatten(start_dim, end_dim); }
+Tensor Flatten::forward(const Tensor& x) {
+  return x.flatten(start_dim, end_dim);
+}
 
 }  // namespace tally::nn

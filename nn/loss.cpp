@@ -8,11 +8,16 @@
 namespace tally::nn {
 
 CrossEntropyLoss::CrossEntropyLoss(int64_t ignore, std::string red, double smoothing)
-    : Module("CrossEntropyLoss"), ignore_index(ignore), reduction(std::move(red)), label_smoothing(smoothing) {
+    : Module("CrossEntropyLoss"),
+      ignore_index(ignore),
+      reduction(std::move(red)),
+      label_smoothing(smoothing) {
   if (reduction != "mean" && reduction != "sum" && reduction != "none")
-    throw std::invalid_argument(fmt::format("CrossEntropyLoss: {} is not a valid value for reduction", reduction));
+    throw std::invalid_argument(
+        fmt::format("CrossEntropyLoss: {} is not a valid value for reduction", reduction));
   if (label_smoothing < 0.0 || label_smoothing > 1.0)
-    throw std::invalid_argument(fmt::format("CrossEntropyLoss: label_smoothing must be in [0, 1], got {}", label_smoothing));
+    throw std::invalid_argument(fmt::format(
+        "CrossEntropyLoss: label_smoothing must be in [0, 1], got {}", label_smoothing));
 }
 
 Tensor CrossEntropyLoss::forward(const Tensor& input, const Tensor& target) {
@@ -20,7 +25,8 @@ Tensor CrossEntropyLoss::forward(const Tensor& input, const Tensor& target) {
 }
 
 std::string CrossEntropyLoss::extra_repr() const {
-  return fmt::format("ignore_index={}, reduction='{}', label_smoothing={}", ignore_index, reduction, label_smoothing);
+  return fmt::format("ignore_index={}, reduction='{}', label_smoothing={}", ignore_index, reduction,
+                     label_smoothing);
 }
 
 }  // namespace tally::nn

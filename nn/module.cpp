@@ -23,14 +23,22 @@ class ModuleOutOfMemoryError : public memory::OutOfMemoryError, public ModuleErr
 };
 }  // namespace
 
-SkipInitGuard::SkipInitGuard() : prev_(tls_skip_init) { tls_skip_init = true; }
-SkipInitGuard::~SkipInitGuard() { tls_skip_init = prev_; }
-bool SkipInitGuard::active() { return tls_skip_init; }
+SkipInitGuard::SkipInitGuard() : prev_(tls_skip_init) {
+  tls_skip_init = true;
+}
+SkipInitGuard::~SkipInitGuard() {
+  tls_skip_init = prev_;
+}
+bool SkipInitGuard::active() {
+  return tls_skip_init;
+}
 
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 
 void Module::set_checkpoint(bool enabled, std::function<bool(const SavedTensorInfo&)> policy) {
-  checkpoint_ = enabled ? std::make_shared<std::function<bool(const SavedTensorInfo&)>>(std::move(policy)) : nullptr;
+  checkpoint_ =
+      enabled ? std::make_shared<std::function<bool(const SavedTensorInfo&)>>(std::move(policy))
+              : nullptr;
 }
 
 Tensor Module::checkpointed_forward(const Tensor& x) {
@@ -94,7 +102,9 @@ Tensor& Module::register_buffer(const std::string& name, Tensor t) {
 }
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
-  if (!m) throw std::invalid_argument(fmt::format("{}: register_module('{}') with null", type_name_, name));
+  if (!m)
+    throw std::invalid_argument(
+        fmt::format("{}: register_module('{}') with null", type_name_, name));
   if (name.empty() || name.find('.') != std::string::npos)
     throw std::invalid_argument(fmt::format("{}: bad module name '{}'", type_name_, name));
   m->name_ = name;
@@ -110,7 +120,7 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules() const {
   std::vector<std::pair<std::string, Module*>> out;
   std::unordered_set<const Module*> seen;
   std::function<void(const std::string&, const Module*)> walk = [&](const std::string& prefix,
-                                                                     const Module* m) {
+                                                                    const Module* m) {
     if (!seen.insert(m).second) return;
     out.emplace_back(prefix, const_cast<Module*>(m));
     for (const auto& [n, c] : m->children_) walk(prefix.empty() ? n : prefix + "." + n, c.get());
@@ -232,11 +242,10 @@ Module& Module::to(Device device) {
 
 Module& Module::to(DType dtype) {
   if (!is_floating(dtype))
-    throw std::invalid_argument(fmt::format("{}.to: dtype must be floating, got {}", type_name_,
-                                            dtype_name(dtype)));
-  apply_to_tensors([&](const Tensor& t) {
-    return is_floating(t.dtype()) ? ops::to(t, t.device(), dtype) : t;
-  });
+    throw std::invalid_argument(
+        fmt::format("{}.to: dtype must be floating, got {}", type_name_, dtype_name(dtype)));
+  apply_to_tensors(
+      [&](const Tensor& t) { return is_floating(t.dtype()) ? ops::to(t, t.device(), dtype) : t; });
   return *this;
 }
 
@@ -280,7 +289,7 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
   // Our tensors by name (the live ones, not detached copies).
   NamedTensors own;
   std::function<void(const std::string&, const Module*)> walk = [&](const std::string& prefix,
-                                                                     const Module* m) {
+                                                                    const Module* m) {
     for (const auto& [n, p] : m->params_)
       if (p.defined()) own.emplace_back(prefix + n, p);
     for (const auto& [n, b] : m->buffers_)
@@ -304,7 +313,8 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
       mismatched.push_back(fmt::format(
           "size mismatch for {}: copying a param with shape {} from checkpoint, the shape in "
           "current model is {}.",
-          name, src.defined() ? src.shape_string() : std::string("<undefined>"), dst.shape_string()));
+          name, src.defined() ? src.shape_string() : std::string("<undefined>"),
+          dst.shape_string()));
       continue;
     }
     provided.insert(name);
@@ -331,12 +341,14 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
     return s;
   };
   std::string err;
-  if (strict && !missing.empty()) err += fmt::format("\n\tMissing key(s) in state_dict: {}.", join(missing));
+  if (strict && !missing.empty())
+    err += fmt::format("\n\tMissing key(s) in state_dict: {}.", join(missing));
   if (strict && !unexpected.empty())
     err += fmt::format("\n\tUnexpected key(s) in state_dict: {}.", join(unexpected));
   for (const auto& m : mismatched) err += "\n\t" + m;
   if (!err.empty())
-    throw std::runtime_error(fmt::format("Error(s) in loading state_dict for {}:{}", type_name_, err));
+    throw std::runtime_error(
+        fmt::format("Error(s) in loading state_dict for {}:{}", type_name_, err));
 }
 
 std::string Module::repr() const {
@@ -358,6 +370,8 @@ std::string Module::repr() const {
   return os.str();
 }
 
-std::ostream& operator<<(std::ostream& os, const Module& m) { return os << m.repr(); }
+std::ostream& operator<<(std::ostream& os, const Module& m) {
+  return os << m.repr();
+}
 
 }  // namespace tally::nn

@@ -76,6 +76,12 @@ class Module {
   // or stop checkpointing it (enabled = false).
   void set_checkpoint(bool enabled, std::function<bool(const SavedTensorInfo&)> policy = {});
   bool is_checkpointed() const { return checkpoint_ != nullptr; }
+  // What nn::enable_checkpointing may do with this module, declared by the model itself:
+  // a residual or transformer block is a unit `blocks` and `selective` checkpoint, and a
+  // model with a stage list runs it under checkpoint_sequential with `n` segments (0 = off)
+  // when it accepts set_checkpoint_segments (returns false: no stage list here).
+  virtual bool is_checkpoint_block() const { return false; }
+  virtual bool set_checkpoint_segments(int /*n*/) { return false; }
   // Runs `fn` under this module's ModuleScope and error context.
   template <typename Fn>
   auto call(Fn&& fn) -> decltype(fn()) {

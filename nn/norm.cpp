@@ -10,7 +10,11 @@ namespace tally::nn {
 
 BatchNorm2d::BatchNorm2d(int64_t n, double eps_, std::optional<double> momentum_, bool affine_,
                          bool track)
-    : Module("BatchNorm2d"), num_features(n), eps(eps_), momentum(momentum_), affine(affine_),
+    : Module("BatchNorm2d"),
+      num_features(n),
+      eps(eps_),
+      momentum(momentum_),
+      affine(affine_),
       track_running_stats(track) {
   if (affine) {
     weight = register_parameter("weight", make_parameter({n}));
@@ -44,9 +48,9 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
     throw std::invalid_argument(fmt::format("BatchNorm2d: expected 4D input (got {}D input {})",
                                             x.dim(), x.shape_string()));
   if (x.size(1) != num_features)
-    throw std::invalid_argument(fmt::format(
-        "BatchNorm2d: input {} has {} channels, expected num_features={}", x.shape_string(),
-        x.size(1), num_features));
+    throw std::invalid_argument(
+        fmt::format("BatchNorm2d: input {} has {} channels, expected num_features={}",
+                    x.shape_string(), x.size(1), num_features));
   double factor = momentum.value_or(0.0);
   if (is_training() && track_running_stats) {
     NoGradGuard ng;
@@ -61,8 +65,8 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
 
 std::string BatchNorm2d::extra_repr() const {
   return fmt::format("{}, eps={}, momentum={}, affine={}, track_running_stats={}", num_features,
-                     eps, momentum ? fmt::format("{}", *momentum) : "None", affine ? "True" : "False",
-                     track_running_stats ? "True" : "False");
+                     eps, momentum ? fmt::format("{}", *momentum) : "None",
+                     affine ? "True" : "False", track_running_stats ? "True" : "False");
 }
 
 LayerNorm::LayerNorm(Shape shape, double eps_, bool affine, bool has_bias)
@@ -79,7 +83,9 @@ void LayerNorm::reset_parameters() {
   if (bias.defined()) init::zeros_(bias);
 }
 
-Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, normalized_shape, weight, bias, eps); }
+Tensor LayerNorm::forward(const Tensor& x) {
+  return layer_norm(x, normalized_shape, weight, bias, eps);
+}
 
 std::string LayerNorm::extra_repr() const {
   return fmt::format("{}, eps={}, elementwise_affine={}", shape_str(normalized_shape), eps,

@@ -21,13 +21,20 @@ namespace {
 
 const char* st_dtype(DType d) {
   switch (d) {
-    case DType::float32: return "F32";
-    case DType::float16: return "F16";
-    case DType::bfloat16: return "BF16";
-    case DType::float64: return "F64";
-    case DType::int32: return "I32";
-    case DType::int64: return "I64";
-    case DType::bool_: return "BOOL";
+    case DType::float32:
+      return "F32";
+    case DType::float16:
+      return "F16";
+    case DType::bfloat16:
+      return "BF16";
+    case DType::float64:
+      return "F64";
+    case DType::int32:
+      return "I32";
+    case DType::int64:
+      return "I64";
+    case DType::bool_:
+      return "BOOL";
   }
   return "?";
 }
@@ -49,11 +56,21 @@ std::string json_escape(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20)
           out += fmt::format("\\u{:04x}", c);
@@ -87,12 +104,14 @@ class JsonReader {
 
   [[noreturn]] void fail(const std::string& what) const { fail_at(base_ + i_, what); }
   [[noreturn]] void fail_at(size_t off, const std::string& what) const {
-    throw std::runtime_error(fmt::format("load_safetensors: {}: corrupt header at byte {}: {}", path_, off, what));
+    throw std::runtime_error(
+        fmt::format("load_safetensors: {}: corrupt header at byte {}: {}", path_, off, what));
   }
 
  private:
   void ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t')) ++i_;
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t'))
+      ++i_;
   }
   JValue value() {
     if (++depth_ > 64) fail("JSON nested too deeply");
@@ -117,8 +136,14 @@ class JsonReader {
           ++i_;
           obj.emplace_back(std::move(key), value());
           ws();
-          if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
-          if (i_ < s_.size() && s_[i_] == '}') { ++i_; break; }
+          if (i_ < s_.size() && s_[i_] == ',') {
+            ++i_;
+            continue;
+          }
+          if (i_ < s_.size() && s_[i_] == '}') {
+            ++i_;
+            break;
+          }
           fail("expected ',' or '}'");
         }
       }
@@ -133,8 +158,14 @@ class JsonReader {
         for (;;) {
           arr.push_back(value());
           ws();
-          if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
-          if (i_ < s_.size() && s_[i_] == ']') { ++i_; break; }
+          if (i_ < s_.size() && s_[i_] == ',') {
+            ++i_;
+            continue;
+          }
+          if (i_ < s_.size() && s_[i_] == ']') {
+            ++i_;
+            break;
+          }
           fail("expected ',' or ']'");
         }
       }
@@ -177,20 +208,38 @@ class JsonReader {
       if (i_ >= s_.size()) break;
       const char e = s_[i_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           if (i_ + 4 > s_.size()) fail("truncated \\u escape");
           uint32_t cp = static_cast<uint32_t>(std::stoul(s_.substr(i_, 4), nullptr, 16));
           i_ += 4;
-          if (cp >= 0xD800 && cp <= 0xDBFF && i_ + 6 <= s_.size() && s_[i_] == '\\' && s_[i_ + 1] == 'u') {
-            const uint32_t lo = static_cast<uint32_t>(std::stoul(s_.substr(i_ + 2, 4), nullptr, 16));
+          if (cp >= 0xD800 && cp <= 0xDBFF && i_ + 6 <= s_.size() && s_[i_] == '\\' &&
+              s_[i_ + 1] == 'u') {
+            const uint32_t lo =
+                static_cast<uint32_t>(std::stoul(s_.substr(i_ + 2, 4), nullptr, 16));
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
             i_ += 6;
           }
@@ -212,7 +261,8 @@ class JsonReader {
           }
           break;
         }
-        default: fail(fmt::format("bad escape '\\{}'", e));
+        default:
+          fail(fmt::format("bad escape '\\{}'", e));
       }
     }
     if (i_ >= s_.size()) fail("unterminated string");
@@ -255,8 +305,11 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     if (name == "__metadata__" || !names.insert(name).second)
-      throw std::invalid_argument(fmt::format("save_safetensors: {}: duplicate or reserved name '{}'", path, name));
-    if (!t.defined()) throw std::invalid_argument(fmt::format("save_safetensors: {}: tensor '{}' is undefined", path, name));
+      throw std::invalid_argument(
+          fmt::format("save_safetensors: {}: duplicate or reserved name '{}'", path, name));
+    if (!t.defined())
+      throw std::invalid_argument(
+          fmt::format("save_safetensors: {}: tensor '{}' is undefined", path, name));
     Tensor c;
     {
       NoGradGuard ng;
@@ -266,8 +319,9 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     std::string shape = "[";
     for (int64_t d = 0; d < c.dim(); ++d) shape += (d ? "," : "") + std::to_string(c.size(d));
     shape += "]";
-    header += fmt::format("{}{}:{{\"dtype\":\"{}\",\"shape\":{},\"data_offsets\":[{},{}]}}", first ? "" : ",",
-                          json_escape(name), st_dtype(c.dtype()), shape, offset, offset + c.nbytes());
+    header += fmt::format("{}{}:{{\"dtype\":\"{}\",\"shape\":{},\"data_offsets\":[{},{}]}}",
+                          first ? "" : ",", json_escape(name), st_dtype(c.dtype()), shape, offset,
+                          offset + c.nbytes());
     first = false;
     offset += c.nbytes();
     cpu.push_back(c);
@@ -276,30 +330,37 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   while ((8 + header.size()) % 8 != 0) header += ' ';  // align the data to 8 bytes
 
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw std::runtime_error(fmt::format("save_safetensors: cannot open {} for writing", path));
+  if (!out)
+    throw std::runtime_error(fmt::format("save_safetensors: cannot open {} for writing", path));
   const uint64_t n = header.size();
   out.write(reinterpret_cast<const char*>(&n), 8);
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
   for (const Tensor& c : cpu)
-    if (c.nbytes()) out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+    if (c.nbytes())
+      out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
   out.flush();
   if (!out) throw std::runtime_error(fmt::format("save_safetensors: write to {} failed", path));
 }
 
-NamedTensors load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+NamedTensors load_safetensors(const std::string& path,
+                              std::map<std::string, std::string>* metadata) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(fmt::format("load_safetensors: cannot open {}", path));
   in.seekg(0, std::ios::end);
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
   auto corrupt = [&](uint64_t off, const std::string& what) {
-    return std::runtime_error(fmt::format("load_safetensors: {}: corrupt file at byte {}: {}", path, off, what));
+    return std::runtime_error(
+        fmt::format("load_safetensors: {}: corrupt file at byte {}: {}", path, off, what));
   };
-  if (file_size < 8) throw corrupt(0, fmt::format("file is {} bytes, shorter than the 8-byte header length", file_size));
+  if (file_size < 8)
+    throw corrupt(
+        0, fmt::format("file is {} bytes, shorter than the 8-byte header length", file_size));
   uint64_t n = 0;
   in.read(reinterpret_cast<char*>(&n), 8);
   if (n > file_size - 8 || n > (100u << 20))
-    throw corrupt(0, fmt::format("header length {} exceeds the file size {} (or 100 MiB)", n, file_size));
+    throw corrupt(
+        0, fmt::format("header length {} exceeds the file size {} (or 100 MiB)", n, file_size));
   std::string header(n, '\0');
   in.read(header.data(), static_cast<std::streamsize>(n));
   if (!in) throw corrupt(8, "cannot read the header");
@@ -319,13 +380,15 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
   std::vector<Entry> entries;
   std::set<std::string> seen;
   for (const auto& [name, v] : *root) {
-    if (!seen.insert(name).second) reader.fail_at(v.offset, fmt::format("duplicate tensor name '{}'", name));
+    if (!seen.insert(name).second)
+      reader.fail_at(v.offset, fmt::format("duplicate tensor name '{}'", name));
     const JObject* obj = std::get_if<JObject>(&v.v);
     if (name == "__metadata__") {
       if (!obj) reader.fail_at(v.offset, "__metadata__ is not an object");
       for (const auto& [k, mv] : *obj) {
         const std::string* s = std::get_if<std::string>(&mv.v);
-        if (!s) reader.fail_at(mv.offset, fmt::format("__metadata__ value for '{}' is not a string", k));
+        if (!s)
+          reader.fail_at(mv.offset, fmt::format("__metadata__ value for '{}' is not a string", k));
         if (metadata) (*metadata)[k] = *s;
       }
       continue;
@@ -333,9 +396,12 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
     if (!obj) reader.fail_at(v.offset, fmt::format("entry '{}' is not an object", name));
     const JValue *jd = nullptr, *js = nullptr, *jo = nullptr;
     for (const auto& [k, f] : *obj) {
-      if (k == "dtype") jd = &f;
-      else if (k == "shape") js = &f;
-      else if (k == "data_offsets") jo = &f;
+      if (k == "dtype")
+        jd = &f;
+      else if (k == "shape")
+        js = &f;
+      else if (k == "data_offsets")
+        jo = &f;
     }
     if (!jd || !js || !jo)
       reader.fail_at(v.offset, fmt::format("tensor '{}' lacks dtype, shape or data_offsets", name));
@@ -347,27 +413,35 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
                                              ds ? "'" + *ds + "'" : std::string("(not a string)")));
     const JArray* sa = std::get_if<JArray>(&js->v);
     if (!sa) reader.fail_at(js->offset, fmt::format("tensor '{}': shape is not an array", name));
-    for (const JValue& d : *sa) e.shape.push_back(as_uint(reader, d, "tensor '" + name + "': a shape entry"));
+    for (const JValue& d : *sa)
+      e.shape.push_back(as_uint(reader, d, "tensor '" + name + "': a shape entry"));
     const JArray* oa = std::get_if<JArray>(&jo->v);
     if (!oa || oa->size() != 2)
-      reader.fail_at(jo->offset, fmt::format("tensor '{}': data_offsets is not [begin, end]", name));
+      reader.fail_at(jo->offset,
+                     fmt::format("tensor '{}': data_offsets is not [begin, end]", name));
     e.begin = static_cast<uint64_t>(as_uint(reader, (*oa)[0], "data_offsets begin"));
     e.end = static_cast<uint64_t>(as_uint(reader, (*oa)[1], "data_offsets end"));
     const uint64_t expect = static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
     if (e.end < e.begin || e.end - e.begin != expect)
-      reader.fail_at(jo->offset, fmt::format("tensor '{}': data_offsets [{}, {}] hold {} bytes, its dtype and "
-                                             "shape {} need {}", name, e.begin, e.end,
-                                             e.end >= e.begin ? e.end - e.begin : 0, shape_str(e.shape), expect));
+      reader.fail_at(jo->offset,
+                     fmt::format("tensor '{}': data_offsets [{}, {}] hold {} bytes, its dtype and "
+                                 "shape {} need {}",
+                                 name, e.begin, e.end, e.end >= e.begin ? e.end - e.begin : 0,
+                                 shape_str(e.shape), expect));
     if (e.end > data_size)
-      throw corrupt(data_start + e.begin, fmt::format("tensor '{}' ends at data byte {} but the file has only {} "
-                                                      "data bytes (truncated?)", name, e.end, data_size));
+      throw corrupt(data_start + e.begin,
+                    fmt::format("tensor '{}' ends at data byte {} but the file has only {} "
+                                "data bytes (truncated?)",
+                                name, e.end, data_size));
     entries.push_back(std::move(e));
   }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < entries.size(); ++i)
     if (entries[i].begin < entries[i - 1].end)
-      throw corrupt(data_start + entries[i].begin, fmt::format("tensors '{}' and '{}' overlap",
-                                                               entries[i - 1].name, entries[i].name));
+      throw corrupt(
+          data_start + entries[i].begin,
+          fmt::format("tensors '{}' and '{}' overlap", entries[i - 1].name, entries[i].name));
 
   NamedTensors out;
   for (const Entry& e : entries) {

@@ -6,9 +6,6 @@
 #include <stdexcept>
 
 #include "optim/multi_tensor.h"
-#ifdef TALLY_WITH_CUDA
-#include "optim/cuda_multi_tensor.h"
-#endif
 
 namespace tally::optim {
 
@@ -24,7 +21,8 @@ GroupOptions AdamOptions::to_map() const {
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
     : Adam(std::vector<ParamGroup>{{std::move(params), {}}}, options, false) {}
-Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults) : Adam(std::move(groups), defaults, false) {}
+Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults)
+    : Adam(std::move(groups), defaults, false) {}
 Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults, bool decoupled)
     : Optimizer(defaults.to_map()), decoupled_(decoupled) {
   for (ParamGroup& g : groups) add_param_group(std::move(g));
@@ -32,17 +30,22 @@ Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults, bool decoupled)
 
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions options)
     : Adam(std::vector<ParamGroup>{{std::move(params), {}}}, options, true) {}
-AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions defaults) : Adam(std::move(groups), defaults, true) {}
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions defaults)
+    : Adam(std::move(groups), defaults, true) {}
 
 void Adam::check_options(const GroupOptions& o) const {
   const char* n = decoupled_ ? "AdamW" : "Adam";
-  if (o.at("lr") < 0) throw std::invalid_argument(fmt::format("{}: invalid learning rate {}", n, o.at("lr")));
-  if (o.at("eps") < 0) throw std::invalid_argument(fmt::format("{}: invalid epsilon {}", n, o.at("eps")));
+  if (o.at("lr") < 0)
+    throw std::invalid_argument(fmt::format("{}: invalid learning rate {}", n, o.at("lr")));
+  if (o.at("eps") < 0)
+    throw std::invalid_argument(fmt::format("{}: invalid epsilon {}", n, o.at("eps")));
   for (const char* b : {"beta1", "beta2"})
     if (o.at(b) < 0 || o.at(b) >= 1)
-      throw std::invalid_argument(fmt::format("{}: invalid {} {} (must be in [0, 1))", n, b, o.at(b)));
+      throw std::invalid_argument(
+          fmt::format("{}: invalid {} {} (must be in [0, 1))", n, b, o.at(b)));
   if (o.at("weight_decay") < 0)
-    throw std::invalid_argument(fmt::format("{}: invalid weight_decay {}", n, o.at("weight_decay")));
+    throw std::invalid_argument(
+        fmt::format("{}: invalid weight_decay {}", n, o.at("weight_decay")));
 }
 
 void Adam::update_group(const ParamGroup& group, const std::vector<size_t>& indices) {
@@ -68,23 +71,19 @@ void Adam::update_group(const ParamGroup& group, const std::vector<size_t>& indi
         s.tensors["exp_avg"] = make_state(p);
         s.tensors["exp_avg_sq"] = make_state(p);
       }
-      if (h.amsgrad && !s.tensors.count("max_exp_avg_sq")) s.tensors["max_exp_avg_sq"] = make_state(p);
+      if (h.amsgrad && !s.tensors.count("max_exp_avg_sq"))
+        s.tensors["max_exp_avg_sq"] = make_state(p);
       ++s.step;
       void* m = s.tensors["exp_avg"].data_ptr();
       void* v = s.tensors["exp_avg_sq"].data_ptr();
-      if (h.amsgrad) lists.add({p.data_ptr(), g.data_ptr(), m, v, s.tensors["max_exp_avg_sq"].data_ptr()}, p.numel());
-      else lists.add({p.data_ptr(), g.data_ptr(), m, v}, p.numel());
+      if (h.amsgrad)
+        lists.add({p.data_ptr(), g.data_ptr(), m, v, s.tensors["max_exp_avg_sq"].data_ptr()},
+                  p.numel());
+      else
+        lists.add({p.data_ptr(), g.data_ptr(), m, v}, p.numel());
     }
     h.step = state(bucket[0]).step;
-    if (first.is_cuda()) {
-#ifdef TALLY_WITH_CUDA
-      cuda::adam_(lists, h);
-#else
-      throw std::runtime_error("Adam.step: CUDA parameters in a build without CUDA");
-#endif
-    } else {
-      cpu::adam_(lists, h);
-    }
+    fused_adam_(lists, h);
   }
 }
 

@@ -12,9 +12,6 @@
 #include "optim/optimizer.h"
 #include "optim/update_math.h"
 #include "tensor/ops.h"
-#ifdef TALLY_WITH_CUDA
-#include "optim/cuda_multi_tensor.h"
-#endif
 
 namespace tally::optim {
 
@@ -30,29 +27,19 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
     if (!g.defined()) continue;
     check_grad(params[i], g, i, "clip_grad_norm_");
     if (!grads.empty() && (!(g.device() == grads[0].device()) || g.dtype() != grads[0].dtype()))
-      throw std::invalid_argument(fmt::format(
-          "clip_grad_norm_: gradient of parameter {} (shape {}) is {} on {}, the first gradient {} on {}; "
-          "one device and dtype expected",
-          i, g.shape_string(), dtype_name(g.dtype()), g.device().str(), dtype_name(grads[0].dtype()),
-          grads[0].device().str()));
+      throw std::invalid_argument(
+          fmt::format("clip_grad_norm_: gradient of parameter {} (shape {}) is {} on {}, the first "
+                      "gradient {} on {}; "
+                      "one device and dtype expected",
+                      i, g.shape_string(), dtype_name(g.dtype()), g.device().str(),
+                      dtype_name(grads[0].dtype()), grads[0].device().str()));
     grads.push_back(g);
   }
   if (grads.empty()) return ops::zeros({});
   TensorLists lists(grads[0].device(), grads[0].dtype(), 1);
   for (const Tensor& g : grads) lists.add({g.data_ptr()}, g.numel());
-  Tensor total;
-  if (lists.device.type == DeviceType::cuda) {
-#ifdef TALLY_WITH_CUDA
-    total = cuda::total_norm(lists, norm_type);
-    cuda::clip_scale_(lists, total, max_norm);
-#else
-    throw std::runtime_error("clip_grad_norm_: CUDA gradients in a build without CUDA");
-#endif
-  } else {
-    const double t = detail::finish_norm(cpu::norm_power_sum(lists, norm_type), norm_type);
-    total = ops::full({}, t, lists.dtype);
-    cpu::clip_scale_(lists, total.item(), max_norm);  // the total rounded to the dtype, as on CUDA
-  }
+  const Tensor total = foreach_norm(lists, norm_type);
+  clip_scale_(lists, total, max_norm);
   for (const Tensor& g : grads) g.storage().bump_version();
   return total;
 }

@@ -1,13 +1,15 @@
-// Fused multi-tensor optimizer kernels (see cuda_multi_tensor.h): one table upload and one
-// launch per call, however many tensors the list holds.
-#include "optim/cuda_multi_tensor.h"
-
+// Fused multi-tensor optimizer kernels, the CUDA table of optim/multi_tensor.h: each is ONE
+// launch over the whole tensor list (PyTorch's multi_tensor_apply). The host packs every
+// tensor's pointers and length, plus the list of (tensor, chunk) work items, into one table,
+// copies it to the device with one cudaMemcpyAsync into a `temporary` block from the caching
+// allocator, and each thread block walks one chunk. Nothing here waits for the device.
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "memory/context.h"
+#include "optim/multi_tensor.h"
 #include "optim/update_math.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
@@ -44,17 +46,21 @@ struct DeviceTable {
 
 DeviceTable upload(const TensorLists& l, const char* op) {
   if (l.device.type != DeviceType::cuda)
-    throw std::invalid_argument(std::string(op) + ": fused CUDA kernel called with tensors on " + l.device.str());
+    throw std::invalid_argument(std::string(op) + ": fused CUDA kernel called with tensors on " +
+                                l.device.str());
   DeviceTable t;
   std::vector<Chunk> chunks;
   for (size_t i = 0; i < l.size(); ++i) {
     const int64_t n = (l.numels[i] + kChunkSize - 1) / kChunkSize;
-    if (n > INT32_MAX) throw std::invalid_argument(std::string(op) + ": tensor too large for the chunk table");
-    for (int64_t c = 0; c < n; ++c) chunks.push_back({static_cast<int32_t>(i), static_cast<int32_t>(c)});
+    if (n > INT32_MAX)
+      throw std::invalid_argument(std::string(op) + ": tensor too large for the chunk table");
+    for (int64_t c = 0; c < n; ++c)
+      chunks.push_back({static_cast<int32_t>(i), static_cast<int32_t>(c)});
   }
   t.num_chunks = static_cast<int64_t>(chunks.size());
   if (t.num_chunks == 0) return t;
-  if (t.num_chunks > INT32_MAX) throw std::invalid_argument(std::string(op) + ": too many chunks for one launch");
+  if (t.num_chunks > INT32_MAX)
+    throw std::invalid_argument(std::string(op) + ": too many chunks for one launch");
   const size_t entry_bytes = l.size() * sizeof(Entry);
   const size_t bytes = entry_bytes + chunks.size() * sizeof(Chunk);
   std::vector<unsigned char> host(bytes);
@@ -70,10 +76,12 @@ DeviceTable upload(const TensorLists& l, const char* op) {
     t.storage = Storage::allocate(bytes, l.device);
   }
   // From pageable memory: returns once the bytes are staged, so `host` may go.
-  check(cudaMemcpyAsync(t.storage.data(), host.data(), bytes, cudaMemcpyHostToDevice, stream(l.device.index)),
+  check(cudaMemcpyAsync(t.storage.data(), host.data(), bytes, cudaMemcpyHostToDevice,
+                        stream(l.device.index)),
         op);
   t.entries = static_cast<const Entry*>(t.storage.data());
-  t.chunks = reinterpret_cast<const Chunk*>(static_cast<const unsigned char*>(t.storage.data()) + entry_bytes);
+  t.chunks = reinterpret_cast<const Chunk*>(static_cast<const unsigned char*>(t.storage.data()) +
+                                            entry_bytes);
   return t;
 }
 
@@ -87,7 +95,8 @@ __device__ __forceinline__ Range chunk_range(const Entry& e, const Chunk& c) {
 }
 
 template <typename T>
-__global__ void sgd_kernel(const Entry* entries, const Chunk* chunks, detail::SGDScalars<T> s, bool has_buf) {
+__global__ void sgd_kernel(const Entry* entries, const Chunk* chunks, detail::SGDScalars<T> s,
+                           bool has_buf) {
   const Chunk c = chunks[blockIdx.x];
   const Entry& e = entries[c.tensor];
   const Range r = chunk_range(e, c);
@@ -99,7 +108,8 @@ __global__ void sgd_kernel(const Entry* entries, const Chunk* chunks, detail::SG
 }
 
 template <typename T>
-__global__ void adam_kernel(const Entry* entries, const Chunk* chunks, detail::AdamScalars<T> s, bool has_max) {
+__global__ void adam_kernel(const Entry* entries, const Chunk* chunks, detail::AdamScalars<T> s,
+                            bool has_max) {
   const Chunk c = chunks[blockIdx.x];
   const Entry& e = entries[c.tensor];
   const Range r = chunk_range(e, c);
@@ -129,7 +139,8 @@ __device__ double block_reduce(double v, bool is_max) {
 }
 
 template <typename T>
-__global__ void norm_partial_kernel(const Entry* entries, const Chunk* chunks, double p, double* partials) {
+__global__ void norm_partial_kernel(const Entry* entries, const Chunk* chunks, double p,
+                                    double* partials) {
   const Chunk c = chunks[blockIdx.x];
   const Entry& e = entries[c.tensor];
   const Range r = chunk_range(e, c);
@@ -152,7 +163,8 @@ __global__ void norm_finish_kernel(const double* partials, int64_t n, double p, 
 }
 
 template <typename T>
-__global__ void clip_scale_kernel(const Entry* entries, const Chunk* chunks, const T* total, T max_norm) {
+__global__ void clip_scale_kernel(const Entry* entries, const Chunk* chunks, const T* total,
+                                  T max_norm) {
   const Chunk c = chunks[blockIdx.x];
   const Entry& e = entries[c.tensor];
   const Range r = chunk_range(e, c);
@@ -162,7 +174,8 @@ __global__ void clip_scale_kernel(const Entry* entries, const Chunk* chunks, con
 }
 
 template <typename T>
-__global__ void unscale_kernel(const Entry* entries, const Chunk* chunks, T inv_scale, float* found_inf) {
+__global__ void unscale_kernel(const Entry* entries, const Chunk* chunks, T inv_scale,
+                               float* found_inf) {
   const Chunk c = chunks[blockIdx.x];
   const Entry& e = entries[c.tensor];
   const Range r = chunk_range(e, c);
@@ -178,15 +191,19 @@ __global__ void unscale_kernel(const Entry* entries, const Chunk* chunks, T inv_
 
 template <typename F>
 void for_dtype(DType d, const char* op, F f) {
-  if (d == DType::float32) f(float{});
-  else if (d == DType::float64) f(double{});
-  else throw std::invalid_argument(std::string(op) + ": parameters and gradients must be float32 or float64, got " +
-                                   dtype_name(d));
+  if (d == DType::float32)
+    f(float{});
+  else if (d == DType::float64)
+    f(double{});
+  else
+    throw std::invalid_argument(std::string(op) +
+                                ": parameters and gradients must be float32 or float64, got " +
+                                dtype_name(d));
 }
 
-unsigned grid(const DeviceTable& t) { return static_cast<unsigned>(t.num_chunks); }
-
-}  // namespace
+unsigned grid(const DeviceTable& t) {
+  return static_cast<unsigned>(t.num_chunks);
+}
 
 void sgd_(const TensorLists& l, const SGDHyper& h) {
   NvtxRange range("optim::sgd (multi-tensor)");
@@ -195,8 +212,8 @@ void sgd_(const TensorLists& l, const SGDHyper& h) {
   if (t.num_chunks == 0) return;
   for_dtype(l.dtype, "SGD.step", [&](auto zero) {
     using T = decltype(zero);
-    sgd_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks, detail::SGDScalars<T>(h),
-                                                                     l.depth > 2);
+    sgd_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(
+        t.entries, t.chunks, detail::SGDScalars<T>(h), l.depth > 2);
   });
   check_launch("SGD.step (multi-tensor)");
 }
@@ -208,8 +225,8 @@ void adam_(const TensorLists& l, const AdamHyper& h) {
   if (t.num_chunks == 0) return;
   for_dtype(l.dtype, "Adam.step", [&](auto zero) {
     using T = decltype(zero);
-    adam_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks,
-                                                                      detail::AdamScalars<T>(h), l.depth > 4);
+    adam_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(
+        t.entries, t.chunks, detail::AdamScalars<T>(h), l.depth > 4);
   });
   check_launch("Adam.step (multi-tensor)");
 }
@@ -224,11 +241,11 @@ Tensor total_norm(const TensorLists& l, double norm_type) {
   Tensor partials = ops::empty({t.num_chunks}, DType::float64, l.device);
   for_dtype(l.dtype, "clip_grad_norm_", [&](auto zero) {
     using T = decltype(zero);
-    norm_partial_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks, norm_type,
-                                                                             partials.data<double>());
+    norm_partial_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(
+        t.entries, t.chunks, norm_type, partials.data<double>());
     check_launch("clip_grad_norm_ (partial norms)");
-    norm_finish_kernel<T><<<1, kThreads, 0, stream(l.device.index)>>>(partials.data<double>(), t.num_chunks,
-                                                                      norm_type, out.data<T>());
+    norm_finish_kernel<T><<<1, kThreads, 0, stream(l.device.index)>>>(
+        partials.data<double>(), t.num_chunks, norm_type, out.data<T>());
     check_launch("clip_grad_norm_ (total norm)");
   });
   return out;
@@ -238,13 +255,14 @@ void clip_scale_(const TensorLists& l, const Tensor& total_norm, double max_norm
   NvtxRange range("optim::clip_scale (multi-tensor)");
   DeviceGuard guard(l.device.index);
   if (total_norm.dtype() != l.dtype || !(total_norm.device() == l.device))
-    throw std::invalid_argument("clip_grad_norm_: the total norm must have the gradients' dtype and device");
+    throw std::invalid_argument(
+        "clip_grad_norm_: the total norm must have the gradients' dtype and device");
   const DeviceTable t = upload(l, "clip_grad_norm_");
   if (t.num_chunks == 0) return;
   for_dtype(l.dtype, "clip_grad_norm_", [&](auto zero) {
     using T = decltype(zero);
-    clip_scale_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks, total_norm.data<T>(),
-                                                                           static_cast<T>(max_norm));
+    clip_scale_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(
+        t.entries, t.chunks, total_norm.data<T>(), static_cast<T>(max_norm));
   });
   check_launch("clip_grad_norm_ (scale)");
 }
@@ -252,17 +270,28 @@ void clip_scale_(const TensorLists& l, const Tensor& total_norm, double max_norm
 void unscale_(const TensorLists& l, float inv_scale, const Tensor& found_inf) {
   NvtxRange range("optim::unscale (multi-tensor)");
   DeviceGuard guard(l.device.index);
-  if (found_inf.dtype() != DType::float32 || found_inf.numel() != 1 || !(found_inf.device() == l.device))
-    throw std::invalid_argument("GradScaler.unscale_: found_inf must be one float32 on the gradients' device");
+  if (found_inf.dtype() != DType::float32 || found_inf.numel() != 1 ||
+      !(found_inf.device() == l.device))
+    throw std::invalid_argument(
+        "GradScaler.unscale_: found_inf must be one float32 on the gradients' device");
   const DeviceTable t = upload(l, "GradScaler.unscale_");
   if (t.num_chunks == 0) return;
   for_dtype(l.dtype, "GradScaler.unscale_", [&](auto zero) {
     using T = decltype(zero);
-    unscale_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks,
-                                                                         static_cast<T>(inv_scale),
-                                                                         found_inf.data<float>());
+    unscale_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(
+        t.entries, t.chunks, static_cast<T>(inv_scale), found_inf.data<float>());
   });
   check_launch("GradScaler.unscale_ (multi-tensor)");
 }
+
+}  // namespace
+
+const MultiTensorKernels multi_tensor_kernels{
+    .sgd = &sgd_,
+    .adam = &adam_,
+    .total_norm = &total_norm,
+    .clip_scale = &clip_scale_,
+    .unscale = &unscale_,
+};
 
 }  // namespace tally::optim::cuda

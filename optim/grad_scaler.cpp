@@ -11,21 +11,23 @@
 #include "memory/context.h"
 #include "optim/multi_tensor.h"
 #include "tensor/ops.h"
-#ifdef TALLY_WITH_CUDA
-#include "optim/cuda_multi_tensor.h"
-#endif
 
 namespace tally::optim {
 
 GradScaler::GradScaler(GradScalerOptions options)
     : opts_(options), enabled_(options.enabled), scale_(static_cast<float>(options.init_scale)) {
-  if (!(options.init_scale > 0)) throw std::invalid_argument(fmt::format("GradScaler: init_scale {} must be positive", options.init_scale));
+  if (!(options.init_scale > 0))
+    throw std::invalid_argument(
+        fmt::format("GradScaler: init_scale {} must be positive", options.init_scale));
   if (!(options.growth_factor > 1.0))
-    throw std::invalid_argument(fmt::format("GradScaler: growth_factor {} must be > 1", options.growth_factor));
+    throw std::invalid_argument(
+        fmt::format("GradScaler: growth_factor {} must be > 1", options.growth_factor));
   if (!(options.backoff_factor < 1.0 && options.backoff_factor > 0))
-    throw std::invalid_argument(fmt::format("GradScaler: backoff_factor {} must be in (0, 1)", options.backoff_factor));
+    throw std::invalid_argument(
+        fmt::format("GradScaler: backoff_factor {} must be in (0, 1)", options.backoff_factor));
   if (options.growth_interval <= 0)
-    throw std::invalid_argument(fmt::format("GradScaler: growth_interval {} must be positive", options.growth_interval));
+    throw std::invalid_argument(
+        fmt::format("GradScaler: growth_interval {} must be positive", options.growth_interval));
 }
 
 Tensor GradScaler::scale_tensor(Device device) {
@@ -52,7 +54,8 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   if (!enabled_) return;
   PerOptimizer& st = per_opt_[&optimizer];
   if (st.unscaled) return;
-  if (st.stepped) throw std::logic_error("GradScaler.unscale_: called after step() and before update()");
+  if (st.stepped)
+    throw std::logic_error("GradScaler.unscale_: called after step() and before update()");
   NoGradGuard no_grad;
   memory::PhaseScope phase("optimizer");
   memory::CategoryScope category(memory::Category::temporary);
@@ -67,7 +70,8 @@ void GradScaler::unscale_(Optimizer& optimizer) {
       if (g.defined()) {
         check_grad(p, g, index, "GradScaler.unscale_");
         size_t b = 0;
-        while (b < lists.size() && !(lists[b].device == g.device() && lists[b].dtype == g.dtype())) ++b;
+        while (b < lists.size() && !(lists[b].device == g.device() && lists[b].dtype == g.dtype()))
+          ++b;
         if (b == lists.size()) lists.emplace_back(g.device(), g.dtype(), 1);
         lists[b].add({g.data_ptr()}, g.numel());
         touched.push_back(g);
@@ -82,15 +86,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
       flag = ops::zeros({1}, DType::float32, l.device);
       st.found_inf.push_back(flag);
     }
-    if (l.device.type == DeviceType::cuda) {
-#ifdef TALLY_WITH_CUDA
-      cuda::unscale_(l, inv_scale, flag);
-#else
-      throw std::runtime_error("GradScaler.unscale_: CUDA gradients in a build without CUDA");
-#endif
-    } else if (cpu::unscale_(l, inv_scale)) {
-      ops::fill_(flag, 1.0);
-    }
+    optim::unscale_(l, inv_scale, flag);
   }
   for (const Tensor& g : touched) g.storage().bump_version();
   st.unscaled = true;
@@ -111,7 +107,9 @@ bool GradScaler::step(Optimizer& optimizer) {
     return true;
   }
   PerOptimizer& st = per_opt_[&optimizer];
-  if (st.stepped) throw std::logic_error("GradScaler.step: step() has already been called since the last update()");
+  if (st.stepped)
+    throw std::logic_error(
+        "GradScaler.step: step() has already been called since the last update()");
   unscale_(optimizer);
   const bool skip = read_found_inf(st);
   if (!skip) optimizer.step();
@@ -121,7 +119,8 @@ bool GradScaler::step(Optimizer& optimizer) {
 
 void GradScaler::update() {
   if (!enabled_) return;
-  if (per_opt_.empty()) throw std::logic_error("GradScaler.update: no inf checks were recorded prior to update()");
+  if (per_opt_.empty())
+    throw std::logic_error("GradScaler.update: no inf checks were recorded prior to update()");
   bool found = false;
   for (auto& [opt, st] : per_opt_) found = read_found_inf(st) || found;
   per_opt_.clear();
@@ -155,9 +154,13 @@ std::map<std::string, double> GradScaler::state_dict() const {
 
 void GradScaler::load_state_dict(const std::map<std::string, double>& sd) {
   if (!enabled_) return;
-  if (sd.empty()) throw std::invalid_argument("GradScaler.load_state_dict: the state dict is empty (from a disabled scaler?)");
-  for (const char* k : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
-    if (!sd.count(k)) throw std::invalid_argument(fmt::format("GradScaler.load_state_dict: missing key '{}'", k));
+  if (sd.empty())
+    throw std::invalid_argument(
+        "GradScaler.load_state_dict: the state dict is empty (from a disabled scaler?)");
+  for (const char* k :
+       {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
+    if (!sd.count(k))
+      throw std::invalid_argument(fmt::format("GradScaler.load_state_dict: missing key '{}'", k));
   opts_.growth_factor = sd.at("growth_factor");
   opts_.backoff_factor = sd.at("backoff_factor");
   opts_.growth_interval = static_cast<int64_t>(sd.at("growth_interval"));

@@ -13,7 +13,9 @@ LRScheduler::LRScheduler(Optimizer& optimizer) : opt_(optimizer) {
   for (size_t g = 0; g < opt_.param_groups().size(); ++g) base_lrs_.push_back(opt_.get_lr(g));
 }
 
-void LRScheduler::step() { set_last_epoch(last_epoch_ + 1); }
+void LRScheduler::step() {
+  set_last_epoch(last_epoch_ + 1);
+}
 
 void LRScheduler::set_last_epoch(int64_t epoch) {
   last_epoch_ = epoch;
@@ -31,7 +33,9 @@ void LRScheduler::apply() {
 
 StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
     : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
-  if (step_size <= 0) throw std::invalid_argument(fmt::format("StepLR: step_size must be positive, got {}", step_size));
+  if (step_size <= 0)
+    throw std::invalid_argument(
+        fmt::format("StepLR: step_size must be positive, got {}", step_size));
   initial_step();
 }
 
@@ -41,13 +45,17 @@ double StepLR::lr_at(double base, int64_t epoch) const {
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min)
     : LRScheduler(optimizer), t_max_(T_max), eta_min_(eta_min) {
-  if (T_max <= 0) throw std::invalid_argument(fmt::format("CosineAnnealingLR: T_max must be positive, got {}", T_max));
+  if (T_max <= 0)
+    throw std::invalid_argument(
+        fmt::format("CosineAnnealingLR: T_max must be positive, got {}", T_max));
   initial_step();
 }
 
 double CosineAnnealingLR::lr_at(double base, int64_t epoch) const {
-  return eta_min_ +
-         (base - eta_min_) * (1 + std::cos(std::numbers::pi * static_cast<double>(epoch) / static_cast<double>(t_max_))) / 2;
+  return eta_min_ + (base - eta_min_) *
+                        (1 + std::cos(std::numbers::pi * static_cast<double>(epoch) /
+                                      static_cast<double>(t_max_))) /
+                        2;
 }
 
 LambdaLR::LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> lr_lambda)
@@ -56,14 +64,18 @@ LambdaLR::LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> lr_lambd
   initial_step();
 }
 
-double LambdaLR::lr_at(double base, int64_t epoch) const { return base * lambda_(epoch); }
+double LambdaLR::lr_at(double base, int64_t epoch) const {
+  return base * lambda_(epoch);
+}
 
-WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps, double min_lr)
+WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps,
+                               double min_lr)
     : LRScheduler(optimizer), warmup_(warmup_steps), total_(total_steps), min_lr_(min_lr) {
   if (warmup_steps < 0 || total_steps <= warmup_steps)
-    throw std::invalid_argument(fmt::format(
-        "WarmupCosineLR: need 0 <= warmup_steps < total_steps, got warmup_steps {} and total_steps {}", warmup_steps,
-        total_steps));
+    throw std::invalid_argument(
+        fmt::format("WarmupCosineLR: need 0 <= warmup_steps < total_steps, got warmup_steps {} and "
+                    "total_steps {}",
+                    warmup_steps, total_steps));
   initial_step();
 }
 

@@ -83,7 +83,8 @@ class LambdaLR : public LRScheduler {
 // min_lr over [warmup_steps, total_steps], then min_lr.
 class WarmupCosineLR : public LRScheduler {
  public:
-  WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps, double min_lr = 0.0);
+  WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps,
+                 double min_lr = 0.0);
 
  protected:
   double lr_at(double base_lr, int64_t epoch) const override;

@@ -10,12 +10,15 @@
 #include <stdexcept>
 
 #include "optim/update_math.h"
+#include "tensor/dispatch.h"
+#include "tensor/ops.h"
 
 namespace tally::optim {
 
 void TensorLists::add(std::initializer_list<void*> p, int64_t numel) {
   if (static_cast<int>(p.size()) != depth)
-    throw std::logic_error(fmt::format("TensorLists::add: {} pointers for a list of depth {}", p.size(), depth));
+    throw std::logic_error(
+        fmt::format("TensorLists::add: {} pointers for a list of depth {}", p.size(), depth));
   std::array<void*, kMaxListDepth> a{};
   std::copy(p.begin(), p.end(), a.begin());
   ptrs.push_back(a);
@@ -27,14 +30,15 @@ namespace {
 
 template <typename F>
 void for_dtype(const TensorLists& l, const char* op, F f) {
-  if (l.dtype == DType::float32) f(float{});
-  else if (l.dtype == DType::float64) f(double{});
+  if (l.dtype == DType::float32)
+    f(float{});
+  else if (l.dtype == DType::float64)
+    f(double{});
   else
-    throw std::invalid_argument(fmt::format("{}: parameters and gradients must be float32 or float64, got {}", op,
-                                            dtype_name(l.dtype)));
+    throw std::invalid_argument(
+        fmt::format("{}: parameters and gradients must be float32 or float64, got {}", op,
+                    dtype_name(l.dtype)));
 }
-
-}  // namespace
 
 void sgd_(const TensorLists& l, const SGDHyper& h) {
   for_dtype(l, "SGD", [&](auto zero) {
@@ -44,7 +48,8 @@ void sgd_(const TensorLists& l, const SGDHyper& h) {
       T* p = static_cast<T*>(l.ptrs[t][0]);
       const T* g = static_cast<const T*>(l.ptrs[t][1]);
       T* buf = l.depth > 2 ? static_cast<T*>(l.ptrs[t][2]) : nullptr;
-      for (int64_t i = 0; i < l.numels[t]; ++i) detail::sgd_element(s, p[i], g[i], buf ? &buf[i] : nullptr);
+      for (int64_t i = 0; i < l.numels[t]; ++i)
+        detail::sgd_element(s, p[i], g[i], buf ? &buf[i] : nullptr);
     }
   });
 }
@@ -107,5 +112,67 @@ bool unscale_(const TensorLists& l, float inv_scale) {
   return found;
 }
 
+Tensor total_norm(const TensorLists& l, double norm_type) {
+  return ops::full({}, detail::finish_norm(norm_power_sum(l, norm_type), norm_type), l.dtype);
+}
+
+// The total read back from its 0-dim tensor (rounded to the dtype, as on CUDA).
+void clip_scale(const TensorLists& l, const Tensor& total_norm, double max_norm) {
+  clip_scale_(l, ops::item(total_norm), max_norm);
+}
+
+void unscale(const TensorLists& l, float inv_scale, const Tensor& found_inf) {
+  if (unscale_(l, inv_scale)) ops::fill_(found_inf, 1.0);
+}
+
+}  // namespace
+
+const MultiTensorKernels multi_tensor_kernels{
+    .sgd = &sgd_,
+    .adam = &adam_,
+    .total_norm = &total_norm,
+    .clip_scale = &clip_scale,
+    .unscale = &unscale,
+};
+
 }  // namespace cpu
+
+// The registration point of the fused kernels (a layer above tensor/backends.cpp's families).
+namespace {
+const Backends<MultiTensorKernels> multi_tensor_backends{
+    &cpu::multi_tensor_kernels, TALLY_CUDA_TABLE(cuda::multi_tensor_kernels)};
+}  // namespace
+
+void fused_sgd_(const TensorLists& l, const SGDHyper& h) {
+  static const OpInfo info("_fused_sgd_");
+  DispatchScope scope(info, l.device);
+  multi_tensor_backends.get(info, l.device, &MultiTensorKernels::sgd)(l, h);
+}
+
+void fused_adam_(const TensorLists& l, const AdamHyper& h) {
+  static const OpInfo adam("_fused_adam_"), adamw("_fused_adamw_");
+  const OpInfo& info = h.decoupled ? adamw : adam;
+  DispatchScope scope(info, l.device);
+  multi_tensor_backends.get(info, l.device, &MultiTensorKernels::adam)(l, h);
+}
+
+Tensor foreach_norm(const TensorLists& l, double norm_type) {
+  static const OpInfo info("_foreach_norm");
+  DispatchScope scope(info, l.device);
+  return multi_tensor_backends.get(info, l.device, &MultiTensorKernels::total_norm)(l, norm_type);
+}
+
+void clip_scale_(const TensorLists& l, const Tensor& total_norm, double max_norm) {
+  static const OpInfo info("_foreach_mul_");
+  DispatchScope scope(info, l.device);
+  multi_tensor_backends.get(info, l.device, &MultiTensorKernels::clip_scale)(l, total_norm,
+                                                                             max_norm);
+}
+
+void unscale_(const TensorLists& l, float inv_scale, const Tensor& found_inf) {
+  static const OpInfo info("_amp_foreach_non_finite_check_and_unscale_");
+  DispatchScope scope(info, l.device);
+  multi_tensor_backends.get(info, l.device, &MultiTensorKernels::unscale)(l, inv_scale, found_inf);
+}
+
 }  // namespace tally::optim

@@ -1,8 +1,7 @@
 // The fused optimizer kernels' common language: a list of tensors (each a few pointers of
-// the same length: param, grad, state...) and the per-launch hyperparameters, with the CPU
-// kernels (plain loops, the reference). optim/cuda_multi_tensor.h has the CUDA twins, each
-// ONE launch over the whole list (PyTorch's multi_tensor_apply). All tensors of a list share
-// one device and one dtype (float32 or float64) and are contiguous.
+// the same length: param, grad, state...) and the per-launch hyperparameters, with the
+// kernel table (CPU reference, CUDA twin) and the named ops that dispatch to it. All tensors of a
+// list share one device and one dtype (float32 or float64) and are contiguous.
 #pragma once
 
 #include <array>
@@ -46,15 +45,36 @@ struct AdamHyper {
   int64_t step = 1;
 };
 
+// The fused kernels' table: one signature each, a CPU reference (optim/multi_tensor.cpp)
+// and a CUDA twin (optim/cuda_multi_tensor.cu), each one pass (on CUDA one launch, PyTorch's
+// multi_tensor_apply) over the whole list. Registered in optim/multi_tensor.cpp.
+struct MultiTensorKernels {
+  void (*sgd)(const TensorLists& l, const SGDHyper& h);
+  void (*adam)(const TensorLists& l, const AdamHyper& h);
+  // The norm of list 0 taken as one vector, as a 0-dim tensor of the list's dtype on its
+  // device (sums in double).
+  Tensor (*total_norm)(const TensorLists& l, double norm_type);
+  // list 0 *= clip_coef(total_norm, max_norm) (update_math.h), total_norm from total_norm().
+  void (*clip_scale)(const TensorLists& l, const Tensor& total_norm, double max_norm);
+  // list 0 *= inv_scale; sets found_inf (float32, one element, on the list's device) to 1 when
+  // any value (before scaling) was inf or NaN, and leaves it alone otherwise.
+  void (*unscale)(const TensorLists& l, float inv_scale, const Tensor& found_inf);
+};
 namespace cpu {
-void sgd_(const TensorLists& l, const SGDHyper& h);
-void adam_(const TensorLists& l, const AdamHyper& h);
-// sum |x|^p (p = inf: max |x|) over list 0 of every tensor, in double.
-double norm_power_sum(const TensorLists& l, double norm_type);
-// x *= clip_coef(total_norm, max_norm) over list 0 (update_math.h), in the element type.
-void clip_scale_(const TensorLists& l, double total_norm, double max_norm);
-// x *= inv_scale over list 0; true if any value (before scaling) is inf or NaN.
-bool unscale_(const TensorLists& l, float inv_scale);
-}  // namespace cpu
+extern const MultiTensorKernels multi_tensor_kernels;  // optim/multi_tensor.cpp
+}
+namespace cuda {
+extern const MultiTensorKernels multi_tensor_kernels;  // optim/cuda_multi_tensor.cu
+}
+
+// The fused steps as named ops: each enters the dispatch point (so the profiler's operator
+// table and Chrome trace show it, under PyTorch's names) and runs the list's device's kernel.
+void fused_sgd_(const TensorLists& l, const SGDHyper& h);     // "_fused_sgd_"
+void fused_adam_(const TensorLists& l, const AdamHyper& h);   // "_fused_adam_" / "_fused_adamw_"
+Tensor foreach_norm(const TensorLists& l, double norm_type);  // "_foreach_norm"
+void clip_scale_(const TensorLists& l, const Tensor& total_norm,  // "_foreach_mul_"
+                 double max_norm);
+void unscale_(const TensorLists& l, float inv_scale,  // "_amp_foreach_non_finite_
+              const Tensor& found_inf);               //  check_and_unscale_"
 
 }  // namespace tally::optim

@@ -14,37 +14,44 @@ namespace tally::optim {
 
 double ParamGroup::get(const std::string& key) const {
   auto it = options.find(key);
-  if (it == options.end()) throw std::out_of_range(fmt::format("param group has no option '{}'", key));
+  if (it == options.end())
+    throw std::out_of_range(fmt::format("param group has no option '{}'", key));
   return it->second;
 }
 
 void check_param(const Tensor& p, size_t index, const char* what) {
-  if (!p.defined()) throw std::invalid_argument(fmt::format("{}: parameter {} is an undefined tensor", what, index));
+  if (!p.defined())
+    throw std::invalid_argument(
+        fmt::format("{}: parameter {} is an undefined tensor", what, index));
   if (p.dtype() != DType::float32 && p.dtype() != DType::float64)
-    throw std::invalid_argument(fmt::format("{}: parameter {} (shape {}) has dtype {}; float32 or float64 expected",
-                                            what, index, p.shape_string(), dtype_name(p.dtype())));
+    throw std::invalid_argument(
+        fmt::format("{}: parameter {} (shape {}) has dtype {}; float32 or float64 expected", what,
+                    index, p.shape_string(), dtype_name(p.dtype())));
   if (!p.is_leaf())
-    throw std::invalid_argument(
-        fmt::format("{}: parameter {} (shape {}) is not a leaf tensor", what, index, p.shape_string()));
+    throw std::invalid_argument(fmt::format("{}: parameter {} (shape {}) is not a leaf tensor",
+                                            what, index, p.shape_string()));
   if (!p.is_contiguous())
-    throw std::invalid_argument(
-        fmt::format("{}: parameter {} (shape {}) is not contiguous", what, index, p.shape_string()));
+    throw std::invalid_argument(fmt::format("{}: parameter {} (shape {}) is not contiguous", what,
+                                            index, p.shape_string()));
 }
 
 void check_grad(const Tensor& p, const Tensor& g, size_t index, const char* what) {
   if (g.sizes() != p.sizes())
-    throw std::invalid_argument(fmt::format("{}: gradient of parameter {} has shape {}, the parameter {}", what,
-                                            index, g.shape_string(), p.shape_string()));
+    throw std::invalid_argument(
+        fmt::format("{}: gradient of parameter {} has shape {}, the parameter {}", what, index,
+                    g.shape_string(), p.shape_string()));
   if (g.dtype() != p.dtype())
-    throw std::invalid_argument(fmt::format("{}: gradient of parameter {} (shape {}) has dtype {}, the parameter {}",
-                                            what, index, p.shape_string(), dtype_name(g.dtype()),
-                                            dtype_name(p.dtype())));
+    throw std::invalid_argument(
+        fmt::format("{}: gradient of parameter {} (shape {}) has dtype {}, the parameter {}", what,
+                    index, p.shape_string(), dtype_name(g.dtype()), dtype_name(p.dtype())));
   if (!(g.device() == p.device()))
-    throw std::invalid_argument(fmt::format("{}: gradient of parameter {} (shape {}) is on {}, the parameter on {}",
-                                            what, index, p.shape_string(), g.device().str(), p.device().str()));
+    throw std::invalid_argument(
+        fmt::format("{}: gradient of parameter {} (shape {}) is on {}, the parameter on {}", what,
+                    index, p.shape_string(), g.device().str(), p.device().str()));
   if (!g.is_contiguous())
     throw std::invalid_argument(
-        fmt::format("{}: gradient of parameter {} (shape {}) is not contiguous", what, index, p.shape_string()));
+        fmt::format("{}: gradient of parameter {} (shape {}) is not contiguous", what, index,
+                    p.shape_string()));
 }
 
 void Optimizer::add_param_group(ParamGroup group) {
@@ -61,8 +68,8 @@ void Optimizer::add_param_group(ParamGroup group) {
       for (const Tensor& q : g.params) repeated = repeated || q.is_same(p);
     for (size_t k = 0; k < j; ++k) repeated = repeated || group.params[k].is_same(p);
     if (repeated)
-      throw std::invalid_argument(fmt::format("{}: parameter {} (shape {}) appears more than once", name(),
-                                              state_.size() + j, p.shape_string()));
+      throw std::invalid_argument(fmt::format("{}: parameter {} (shape {}) appears more than once",
+                                              name(), state_.size() + j, p.shape_string()));
   }
   const size_t g = groups_.size();
   for (size_t j = 0; j < group.params.size(); ++j) {
@@ -82,7 +89,9 @@ ParamState& Optimizer::state(size_t i) {
     throw std::out_of_range(fmt::format("{}: parameter index {} of {}", name(), i, state_.size()));
   return state_[i];
 }
-const ParamState& Optimizer::state(size_t i) const { return const_cast<Optimizer*>(this)->state(i); }
+const ParamState& Optimizer::state(size_t i) const {
+  return const_cast<Optimizer*>(this)->state(i);
+}
 
 double Optimizer::get_lr(size_t group) const {
   if (group >= groups_.size())
@@ -127,8 +136,10 @@ void Optimizer::zero_grad(bool set_to_none) {
     for (Tensor& p : group.params) {
       const Tensor g = p.grad();
       if (!g.defined()) continue;
-      if (set_to_none) p.set_grad(Tensor());
-      else ops::zero_(g);
+      if (set_to_none)
+        p.set_grad(Tensor());
+      else
+        ops::zero_(g);
     }
 }
 
@@ -141,8 +152,10 @@ OptimizerStateDict Optimizer::state_dict() const {
     for (const auto& [k, t] : s.tensors) sd.tensors[fmt::format("state.{}.{}", i, k)] = t;
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
-    sd.scalars[fmt::format("param_groups.{}.num_params", g)] = static_cast<double>(groups_[g].params.size());
-    for (const auto& [k, v] : groups_[g].options) sd.scalars[fmt::format("param_groups.{}.{}", g, k)] = v;
+    sd.scalars[fmt::format("param_groups.{}.num_params", g)] =
+        static_cast<double>(groups_[g].params.size());
+    for (const auto& [k, v] : groups_[g].options)
+      sd.scalars[fmt::format("param_groups.{}.{}", g, k)] = v;
   }
   return sd;
 }
@@ -152,9 +165,10 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto it = sd.scalars.find(fmt::format("param_groups.{}.num_params", g));
     if (it == sd.scalars.end() || static_cast<size_t>(it->second) != groups_[g].params.size())
-      throw std::invalid_argument(
-          fmt::format("{}.load_state_dict: param group {} has {} parameters, the state dict {}", name(), g,
-                      groups_[g].params.size(), it == sd.scalars.end() ? std::string("none") : fmt::format("{}", it->second)));
+      throw std::invalid_argument(fmt::format(
+          "{}.load_state_dict: param group {} has {} parameters, the state dict {}", name(), g,
+          groups_[g].params.size(),
+          it == sd.scalars.end() ? std::string("none") : fmt::format("{}", it->second)));
   }
   std::vector<ParamState> fresh(state_.size());
   for (const auto& [key, v] : sd.scalars) {
@@ -162,8 +176,8 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
     char rest[64] = {0};
     if (std::sscanf(key.c_str(), "state.%zu.%63s", &i, rest) == 2 && std::string(rest) == "step") {
       if (i >= fresh.size())
-        throw std::invalid_argument(fmt::format("{}.load_state_dict: '{}' names parameter {} of {}", name(), key, i,
-                                                fresh.size()));
+        throw std::invalid_argument(fmt::format("{}.load_state_dict: '{}' names parameter {} of {}",
+                                                name(), key, i, fresh.size()));
       fresh[i].step = static_cast<int64_t>(v);
     }
   }
@@ -171,12 +185,13 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
     size_t i = 0;
     char rest[64] = {0};
     if (std::sscanf(key.c_str(), "state.%zu.%63s", &i, rest) != 2 || i >= fresh.size())
-      throw std::invalid_argument(fmt::format("{}.load_state_dict: unexpected tensor '{}' ({} parameters)", name(),
-                                              key, fresh.size()));
+      throw std::invalid_argument(fmt::format(
+          "{}.load_state_dict: unexpected tensor '{}' ({} parameters)", name(), key, fresh.size()));
     const Tensor& p = param_at(i);
     if (t.sizes() != p.sizes())
-      throw std::invalid_argument(fmt::format("{}.load_state_dict: '{}' has shape {}, parameter {} has shape {}",
-                                              name(), key, t.shape_string(), i, p.shape_string()));
+      throw std::invalid_argument(
+          fmt::format("{}.load_state_dict: '{}' has shape {}, parameter {} has shape {}", name(),
+                      key, t.shape_string(), i, p.shape_string()));
     Tensor s = make_state(p);
     ops::copy_(s, t);
     fresh[i].tensors[rest] = s;

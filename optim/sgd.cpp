@@ -6,9 +6,6 @@
 #include <stdexcept>
 
 #include "optim/multi_tensor.h"
-#ifdef TALLY_WITH_CUDA
-#include "optim/cuda_multi_tensor.h"
-#endif
 
 namespace tally::optim {
 
@@ -21,15 +18,18 @@ GroupOptions SGDOptions::to_map() const {
           {"maximize", maximize ? 1.0 : 0.0}};
 }
 
-SGD::SGD(std::vector<Tensor> params, SGDOptions options) : SGD(std::vector<ParamGroup>{{std::move(params), {}}}, options) {}
+SGD::SGD(std::vector<Tensor> params, SGDOptions options)
+    : SGD(std::vector<ParamGroup>{{std::move(params), {}}}, options) {}
 
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults) : Optimizer(defaults.to_map()) {
   for (ParamGroup& g : groups) add_param_group(std::move(g));
 }
 
 void SGD::check_options(const GroupOptions& o) const {
-  if (o.at("lr") < 0) throw std::invalid_argument(fmt::format("SGD: invalid learning rate {}", o.at("lr")));
-  if (o.at("momentum") < 0) throw std::invalid_argument(fmt::format("SGD: invalid momentum {}", o.at("momentum")));
+  if (o.at("lr") < 0)
+    throw std::invalid_argument(fmt::format("SGD: invalid learning rate {}", o.at("lr")));
+  if (o.at("momentum") < 0)
+    throw std::invalid_argument(fmt::format("SGD: invalid momentum {}", o.at("momentum")));
   if (o.at("weight_decay") < 0)
     throw std::invalid_argument(fmt::format("SGD: invalid weight_decay {}", o.at("weight_decay")));
   if (o.at("nesterov") != 0 && (o.at("momentum") <= 0 || o.at("dampening") != 0))
@@ -46,7 +46,9 @@ void SGD::update_group(const ParamGroup& group, const std::vector<size_t>& indic
   h.maximize = group.flag("maximize");
   const bool use_momentum = h.momentum != 0;
   // Bucket by (device, dtype, whether the momentum buffer is new).
-  auto fresh = [&](size_t i) { return use_momentum && !state(i).tensors.count("momentum_buffer") ? 1 : 0; };
+  auto fresh = [&](size_t i) {
+    return use_momentum && !state(i).tensors.count("momentum_buffer") ? 1 : 0;
+  };
   for (const std::vector<size_t>& bucket : buckets(indices, fresh)) {
     const Tensor& first = param_at(bucket[0]);
     h.first_step = fresh(bucket[0]) == 1;
@@ -63,15 +65,7 @@ void SGD::update_group(const ParamGroup& group, const std::vector<size_t>& indic
       }
       ++s.step;
     }
-    if (first.is_cuda()) {
-#ifdef TALLY_WITH_CUDA
-      cuda::sgd_(lists, h);
-#else
-      throw std::runtime_error("SGD.step: CUDA parameters in a build without CUDA");
-#endif
-    } else {
-      cpu::sgd_(lists, h);
-    }
+    fused_sgd_(lists, h);
   }
 }
 

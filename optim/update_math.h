@@ -24,8 +24,10 @@ namespace tally::optim::detail {
 template <typename T>
 TALLY_OPTIM_HD T mul(T a, T b) {
 #if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 4) return __fmul_rn(a, b);
-  else return __dmul_rn(a, b);
+  if constexpr (sizeof(T) == 4)
+    return __fmul_rn(a, b);
+  else
+    return __dmul_rn(a, b);
 #else
   return a * b;
 #endif
@@ -34,8 +36,10 @@ TALLY_OPTIM_HD T mul(T a, T b) {
 template <typename T>
 TALLY_OPTIM_HD T add(T a, T b) {
 #if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 4) return __fadd_rn(a, b);
-  else return __dadd_rn(a, b);
+  if constexpr (sizeof(T) == 4)
+    return __fadd_rn(a, b);
+  else
+    return __dadd_rn(a, b);
 #else
   return a + b;
 #endif
@@ -71,7 +75,8 @@ TALLY_OPTIM_HD void sgd_element(const SGDScalars<T>& s, T& p, T g, T* buf) {
 
 template <typename T>
 struct AdamScalars {
-  T weight_decay, decay_factor, lerp_weight, beta2, one_minus_beta2, eps, step_size_neg, bias_correction2_sqrt;
+  T weight_decay, decay_factor, lerp_weight, beta2, one_minus_beta2, eps, step_size_neg,
+      bias_correction2_sqrt;
   bool decoupled, amsgrad, maximize;
   explicit AdamScalars(const AdamHyper& h)
       : weight_decay(static_cast<T>(h.weight_decay)),
@@ -93,7 +98,8 @@ struct AdamScalars {
 // torch.lerp's formula (exact at both ends).
 template <typename T>
 TALLY_OPTIM_HD T lerp(T self, T end, T w) {
-  return (w < T(0.5) && w > T(-0.5)) ? add(self, mul(w, end - self)) : end - mul(end - self, T(1) - w);
+  return (w < T(0.5) && w > T(-0.5)) ? add(self, mul(w, end - self))
+                                     : end - mul(end - self, T(1) - w);
 }
 
 // Adam:  grad += wd * param.       AdamW: param *= 1 - lr * wd.
@@ -104,8 +110,10 @@ template <typename T>
 TALLY_OPTIM_HD void adam_element(const AdamScalars<T>& s, T& p, T g, T& m, T& v, T* vmax) {
   T gr = s.maximize ? -g : g;
   if (s.weight_decay != T(0)) {
-    if (s.decoupled) p = mul(p, s.decay_factor);
-    else gr = add(gr, mul(s.weight_decay, p));
+    if (s.decoupled)
+      p = mul(p, s.decay_factor);
+    else
+      gr = add(gr, mul(s.weight_decay, p));
   }
   m = lerp(m, gr, s.lerp_weight);
   v = add(mul(v, s.beta2), mul(mul(s.one_minus_beta2, gr), gr));

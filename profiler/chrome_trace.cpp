@@ -19,14 +19,26 @@ std::string json_string(const std::string& s) {
   std::string o = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\r': o += "\\r"; break;
-      case '\t': o += "\\t"; break;
+      case '"':
+        o += "\\\"";
+        break;
+      case '\\':
+        o += "\\\\";
+        break;
+      case '\n':
+        o += "\\n";
+        break;
+      case '\r':
+        o += "\\r";
+        break;
+      case '\t':
+        o += "\\t";
+        break;
       default:
-        if (c < 0x20) o += fmt::format("\\u{:04x}", c);
-        else o += static_cast<char>(c);
+        if (c < 0x20)
+          o += fmt::format("\\u{:04x}", c);
+        else
+          o += static_cast<char>(c);
     }
   }
   return o + "\"";
@@ -34,7 +46,9 @@ std::string json_string(const std::string& s) {
 
 namespace {
 
-std::string ts(int64_t ns) { return fmt::format("{:.3f}", static_cast<double>(ns) / 1e3); }
+std::string ts(int64_t ns) {
+  return fmt::format("{:.3f}", static_cast<double>(ns) / 1e3);
+}
 
 std::string shapes_json(const std::vector<std::vector<int64_t>>& shapes) {
   std::string s = "[";
@@ -62,8 +76,10 @@ std::string stack_json(const CpuSpan& s) {
   std::vector<std::string> frames;
   if (!s.phase.empty()) frames.push_back("phase: " + s.phase);
   if (!s.module.empty()) frames.push_back("module: " + s.module);
-  if (!s.file.empty()) frames.push_back(fmt::format("{}({}): {}", s.file, s.line, s.name));
-  else frames.push_back(s.name);
+  if (!s.file.empty())
+    frames.push_back(fmt::format("{}({}): {}", s.file, s.line, s.name));
+  else
+    frames.push_back(s.name);
   std::string o = "[";
   for (size_t i = 0; i < frames.size(); ++i) o += (i ? ", " : "") + json_string(frames[i]);
   return o + "]";
@@ -87,21 +103,39 @@ void write_chrome_trace(const ProfileData& d, std::ostream& out) {
   for (const MemoryEvent& m : d.memory) tids.insert(m.tid);
   std::set<std::pair<int, uint64_t>> gpu_tracks;
   for (const GpuEvent& g : d.gpu)
-    if (g.kind == GpuKind::runtime || g.kind == GpuKind::driver) tids.insert(g.tid);
-    else gpu_tracks.insert({g.device, g.stream});
-  w.event(fmt::format(R"("name": "process_name", "ph": "M", "ts": 0, "pid": {}, "tid": 0, "args": {{"name": "tally"}})", pid));
-  w.event(fmt::format(R"("name": "process_labels", "ph": "M", "ts": 0, "pid": {}, "tid": 0, "args": {{"labels": "CPU"}})", pid));
-  w.event(fmt::format(R"("name": "process_sort_index", "ph": "M", "ts": 0, "pid": {}, "tid": 0, "args": {{"sort_index": 0}})", pid));
+    if (g.kind == GpuKind::runtime || g.kind == GpuKind::driver)
+      tids.insert(g.tid);
+    else
+      gpu_tracks.insert({g.device, g.stream});
+  w.event(fmt::format(
+      R"("name": "process_name", "ph": "M", "ts": 0, "pid": {}, "tid": 0, "args": {{"name": "tally"}})",
+      pid));
+  w.event(fmt::format(
+      R"("name": "process_labels", "ph": "M", "ts": 0, "pid": {}, "tid": 0, "args": {{"labels": "CPU"}})",
+      pid));
+  w.event(fmt::format(
+      R"("name": "process_sort_index", "ph": "M", "ts": 0, "pid": {}, "tid": 0, "args": {{"sort_index": 0}})",
+      pid));
   for (uint64_t tid : tids)
-    w.event(fmt::format(R"("name": "thread_name", "ph": "M", "ts": 0, "pid": {}, "tid": {}, "args": {{"name": "thread {}"}})", pid, tid, tid));
+    w.event(fmt::format(
+        R"("name": "thread_name", "ph": "M", "ts": 0, "pid": {}, "tid": {}, "args": {{"name": "thread {}"}})",
+        pid, tid, tid));
   std::set<int> gpu_pids;
   for (const auto& [dev, stream] : gpu_tracks) {
     if (gpu_pids.insert(dev).second) {
-      w.event(fmt::format(R"("name": "process_name", "ph": "M", "ts": 0, "pid": {}, "tid": 0, "args": {{"name": "tally"}})", dev));
-      w.event(fmt::format(R"("name": "process_labels", "ph": "M", "ts": 0, "pid": {}, "tid": 0, "args": {{"labels": "GPU {}"}})", dev, dev));
-      w.event(fmt::format(R"("name": "process_sort_index", "ph": "M", "ts": 0, "pid": {}, "tid": 0, "args": {{"sort_index": {}}})", dev, dev + 1));
+      w.event(fmt::format(
+          R"("name": "process_name", "ph": "M", "ts": 0, "pid": {}, "tid": 0, "args": {{"name": "tally"}})",
+          dev));
+      w.event(fmt::format(
+          R"("name": "process_labels", "ph": "M", "ts": 0, "pid": {}, "tid": 0, "args": {{"labels": "GPU {}"}})",
+          dev, dev));
+      w.event(fmt::format(
+          R"("name": "process_sort_index", "ph": "M", "ts": 0, "pid": {}, "tid": 0, "args": {{"sort_index": {}}})",
+          dev, dev + 1));
     }
-    w.event(fmt::format(R"("name": "thread_name", "ph": "M", "ts": 0, "pid": {}, "tid": {}, "args": {{"name": "stream {}"}})", dev, stream, stream));
+    w.event(fmt::format(
+        R"("name": "thread_name", "ph": "M", "ts": 0, "pid": {}, "tid": {}, "args": {{"name": "stream {}"}})",
+        dev, stream, stream));
   }
 
   // CPU spans.
@@ -118,9 +152,10 @@ void write_chrome_trace(const ProfileData& d, std::ostream& out) {
       args += R"(, "Input type": )" + types + "]";
     }
     if (d.with_stack) args += R"(, "Stack": )" + stack_json(s);
-    w.event(fmt::format(R"("ph": "X", "cat": "{}", "name": {}, "pid": {}, "tid": {}, "ts": {}, "dur": {}, "args": {{{}}})",
-                        span_kind_name(s.kind), json_string(s.name), pid, s.tid, ts(s.start_ns),
-                        ts(s.duration_ns()), args));
+    w.event(fmt::format(
+        R"("ph": "X", "cat": "{}", "name": {}, "pid": {}, "tid": {}, "ts": {}, "dur": {}, "args": {{{}}})",
+        span_kind_name(s.kind), json_string(s.name), pid, s.tid, ts(s.start_ns),
+        ts(s.duration_ns()), args));
   }
 
   // GPU activity and launch flows.
@@ -129,32 +164,38 @@ void write_chrome_trace(const ProfileData& d, std::ostream& out) {
     if (g.kind == GpuKind::runtime || g.kind == GpuKind::driver) launches[g.correlation] = &g;
   for (const GpuEvent& g : d.gpu) {
     const bool host = g.kind == GpuKind::runtime || g.kind == GpuKind::driver;
-    std::string args = fmt::format(R"("External id": {}, "correlation": {})", g.external_id, g.correlation);
+    std::string args =
+        fmt::format(R"("External id": {}, "correlation": {})", g.external_id, g.correlation);
     if (host) {
       args += fmt::format(R"(, "cbid": {})", g.cbid);
     } else {
       args += fmt::format(R"(, "device": {}, "stream": {})", g.device, g.stream);
       if (g.kind == GpuKind::kernel)
-        args += fmt::format(R"(, "registers per thread": {}, "shared memory": {}, "grid": [{}, {}, {}], "block": [{}, {}, {}])",
-                            g.registers_per_thread, g.shared_memory, g.grid[0], g.grid[1],
-                            g.grid[2], g.block[0], g.block[1], g.block[2]);
+        args += fmt::format(
+            R"(, "registers per thread": {}, "shared memory": {}, "grid": [{}, {}, {}], "block": [{}, {}, {}])",
+            g.registers_per_thread, g.shared_memory, g.grid[0], g.grid[1], g.grid[2], g.block[0],
+            g.block[1], g.block[2]);
       else
-        args += fmt::format(R"J(, "bytes": {}, "memory bandwidth (GB/s)": {:.3f})J", g.bytes,
-                            g.duration_ns() > 0 ? static_cast<double>(g.bytes) / g.duration_ns() : 0.0);
+        args +=
+            fmt::format(R"J(, "bytes": {}, "memory bandwidth (GB/s)": {:.3f})J", g.bytes,
+                        g.duration_ns() > 0 ? static_cast<double>(g.bytes) / g.duration_ns() : 0.0);
     }
     const int64_t p = host ? pid : g.device;
     const uint64_t t = host ? g.tid : g.stream;
-    w.event(fmt::format(R"("ph": "X", "cat": "{}", "name": {}, "pid": {}, "tid": {}, "ts": {}, "dur": {}, "args": {{{}}})",
-                        gpu_kind_name(g.kind), json_string(g.name), p, t, ts(g.start_ns),
-                        ts(g.duration_ns()), args));
+    w.event(fmt::format(
+        R"("ph": "X", "cat": "{}", "name": {}, "pid": {}, "tid": {}, "ts": {}, "dur": {}, "args": {{{}}})",
+        gpu_kind_name(g.kind), json_string(g.name), p, t, ts(g.start_ns), ts(g.duration_ns()),
+        args));
     if (!host) {
       auto it = launches.find(g.correlation);
       if (it != launches.end()) {
         const GpuEvent& l = *it->second;
-        w.event(fmt::format(R"("ph": "s", "id": {}, "pid": {}, "tid": {}, "ts": {}, "cat": "ac2g", "name": "ac2g")",
-                            g.correlation, pid, l.tid, ts(l.start_ns)));
-        w.event(fmt::format(R"("ph": "f", "id": {}, "pid": {}, "tid": {}, "ts": {}, "cat": "ac2g", "name": "ac2g", "bp": "e")",
-                            g.correlation, g.device, g.stream, ts(g.start_ns)));
+        w.event(fmt::format(
+            R"("ph": "s", "id": {}, "pid": {}, "tid": {}, "ts": {}, "cat": "ac2g", "name": "ac2g")",
+            g.correlation, pid, l.tid, ts(l.start_ns)));
+        w.event(fmt::format(
+            R"("ph": "f", "id": {}, "pid": {}, "tid": {}, "ts": {}, "cat": "ac2g", "name": "ac2g", "bp": "e")",
+            g.correlation, g.device, g.stream, ts(g.start_ns)));
       }
     }
   }
@@ -165,8 +206,9 @@ void write_chrome_trace(const ProfileData& d, std::ostream& out) {
     return dev.type == memory::DeviceType::cuda ? static_cast<int64_t>(dev.index) : pid;
   };
   auto counter = [&](const memory::Device& dev, memory::Category c, int64_t time_ns, int64_t v) {
-    w.event(fmt::format(R"("ph": "C", "name": "Memory {}: {}", "pid": {}, "tid": 0, "ts": {}, "args": {{"bytes": {}}})",
-                        dev.str(), memory::category_name(c), counter_pid(dev), ts(time_ns), v));
+    w.event(fmt::format(
+        R"("ph": "C", "name": "Memory {}: {}", "pid": {}, "tid": 0, "ts": {}, "args": {{"bytes": {}}})",
+        dev.str(), memory::category_name(c), counter_pid(dev), ts(time_ns), v));
   };
   for (const InitialMemory& im : d.initial) {
     auto& l = live[{static_cast<int>(im.device.type), im.device.index}];
@@ -192,9 +234,11 @@ void write_chrome_trace(const ProfileData& d, std::ostream& out) {
     if (!m.module.empty()) args += R"(, "Module": )" + json_string(m.module);
     if (!m.op.empty()) args += R"(, "Op": )" + json_string(m.op);
     if (!m.phase.empty()) args += R"(, "Phase": )" + json_string(m.phase);
-    if (!m.file.empty()) args += R"(, "Source": )" + json_string(fmt::format("{}:{}", m.file, m.line));
-    w.event(fmt::format(R"("ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": {}, "tid": {}, "ts": {}, "args": {{{}}})",
-                        pid, m.tid, ts(m.time_ns), args));
+    if (!m.file.empty())
+      args += R"(, "Source": )" + json_string(fmt::format("{}:{}", m.file, m.line));
+    w.event(fmt::format(
+        R"("ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": {}, "tid": {}, "ts": {}, "args": {{{}}})",
+        pid, m.tid, ts(m.time_ns), args));
     l[static_cast<int>(m.category)] += m.bytes;
     counter(m.device, m.category, m.time_ns, l[static_cast<int>(m.category)]);
   }
@@ -203,7 +247,9 @@ void write_chrome_trace(const ProfileData& d, std::ostream& out) {
 
 void write_chrome_trace_file(const ProfileData& data, const std::string& path) {
   std::ofstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(fmt::format("export_chrome_trace: cannot open '{}' for writing", path));
+  if (!f)
+    throw std::runtime_error(
+        fmt::format("export_chrome_trace: cannot open '{}' for writing", path));
   write_chrome_trace(data, f);
   f.flush();
   if (!f) throw std::runtime_error(fmt::format("export_chrome_trace: write to '{}' failed", path));

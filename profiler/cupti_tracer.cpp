@@ -52,8 +52,8 @@ struct State {
   std::mutex mu;
   std::vector<GpuEvent> events;
   std::unordered_map<uint32_t, uint64_t> external;  // correlation id -> external id
-  int64_t clock_offset = 0;  // cupti timestamp - steady ns
-  int64_t origin = 0;        // steady ns of the profiler's time zero
+  int64_t clock_offset = 0;                         // cupti timestamp - steady ns
+  int64_t origin = 0;                               // steady ns of the profiler's time zero
   bool callbacks_registered = false;
   bool running = false;
 };
@@ -69,7 +69,7 @@ int64_t rel(uint64_t cupti_ts) {
 }
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
-  *buffer = static_cast<uint8_t*>(::operator new(kBufferSize, std::align_val_t{kAlign}));
+  *buffer = static_cast<uint8_t*>(::operator new (kBufferSize, std::align_val_t{kAlign}));
   *size = kBufferSize;
   *max_records = 0;
 }
@@ -157,7 +157,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   CUpti_Activity* rec = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS)
     parse_record(rec, events, external);
-  ::operator delete(buffer, std::align_val_t{kAlign});
+  ::operator delete (buffer, std::align_val_t{kAlign});
   State& s = state();
   std::lock_guard lock(s.mu);
   if (!s.running) return;  // records of an earlier window
@@ -166,10 +166,12 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   s.external.insert(external.begin(), external.end());
 }
 
-constexpr CUpti_ActivityKind kKinds[] = {
-    CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-    CUPTI_ACTIVITY_KIND_MEMSET,            CUPTI_ACTIVITY_KIND_RUNTIME,
-    CUPTI_ACTIVITY_KIND_DRIVER,            CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
+constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+                                         CUPTI_ACTIVITY_KIND_MEMCPY,
+                                         CUPTI_ACTIVITY_KIND_MEMSET,
+                                         CUPTI_ACTIVITY_KIND_RUNTIME,
+                                         CUPTI_ACTIVITY_KIND_DRIVER,
+                                         CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
 
 }  // namespace
 
@@ -216,7 +218,9 @@ void stop(std::vector<GpuEvent>& out) {
   s.external.clear();
 }
 
-void push_external_id(uint64_t id) { cuptiActivityPushExternalCorrelationId(kExternalKind, id); }
+void push_external_id(uint64_t id) {
+  cuptiActivityPushExternalCorrelationId(kExternalKind, id);
+}
 
 void pop_external_id() {
   uint64_t last = 0;

@@ -27,16 +27,16 @@ struct CpuSpan {
   std::string module;  // module path open when the span started ("" at top level)
   std::string phase;   // phase open when the span started
   int64_t start_ns = 0;
-  int64_t end_ns = 0;  // for a span still open when the window closed: the close time
-  uint64_t id = 0;     // unique in the window; the external correlation id of GPU work
-  uint64_t parent = 0;         // innermost enclosing span of any kind on the thread (0: none)
-  uint64_t parent_op = 0;      // innermost enclosing op/user span (key_averages' tree)
-  int depth = 0;               // nesting depth on its thread
-  uint64_t tid = 0;            // OS thread id
-  memory::Device device;       // ops: the device they dispatched to
+  int64_t end_ns = 0;      // for a span still open when the window closed: the close time
+  uint64_t id = 0;         // unique in the window; the external correlation id of GPU work
+  uint64_t parent = 0;     // innermost enclosing span of any kind on the thread (0: none)
+  uint64_t parent_op = 0;  // innermost enclosing op/user span (key_averages' tree)
+  int depth = 0;           // nesting depth on its thread
+  uint64_t tid = 0;        // OS thread id
+  memory::Device device;   // ops: the device they dispatched to
   std::vector<std::vector<int64_t>> input_shapes;  // record_shapes
   std::vector<std::string> input_types;            // dtype names, one per shape
-  std::string file;  // record_function's call site (with_stack)
+  std::string file;                                // record_function's call site (with_stack)
   uint32_t line = 0;
 
   int64_t duration_ns() const { return end_ns - start_ns; }
@@ -55,8 +55,8 @@ struct MemoryEvent {
   bool retag = false;
   memory::Device device;
   std::string module, op, phase;  // the block's tag (for a free: where it was allocated)
-  std::string scope_module;        // module open on the thread when the event happened
-  std::string file;  // C++ call site of the allocation (with_stack)
+  std::string scope_module;       // module open on the thread when the event happened
+  std::string file;               // C++ call site of the allocation (with_stack)
   uint32_t line = 0;
   uint64_t tid = 0;
   uint64_t op_id = 0;  // innermost op/user span open on the thread (0: outside any)

@@ -4,7 +4,9 @@
 #ifndef TALLY_WITH_CUPTI
 namespace tally::profiler::gpu_tracer {
 
-bool available() { return false; }
+bool available() {
+  return false;
+}
 void start(int64_t) {}
 void stop(std::vector<GpuEvent>&) {}
 void push_external_id(uint64_t) {}

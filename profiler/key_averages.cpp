@@ -68,7 +68,8 @@ using Getter = std::function<double(const FunctionEventAvg&)>;
 Getter sort_getter(std::string key) {
   for (const char* prefix : {"device_", "self_device_"}) {
     const std::string p(prefix);
-    if (key.rfind(p, 0) == 0) key = (p == "device_" ? "cuda_" : "self_cuda_") + key.substr(p.size());
+    if (key.rfind(p, 0) == 0)
+      key = (p == "device_" ? "cuda_" : "self_cuda_") + key.substr(p.size());
   }
   using R = const FunctionEventAvg&;
   static const std::map<std::string, Getter> getters = {
@@ -81,8 +82,7 @@ Getter sort_getter(std::string key) {
       {"cpu_memory_usage", [](R r) { return static_cast<double>(r.cpu_memory_usage); }},
       {"cuda_memory_usage", [](R r) { return static_cast<double>(r.cuda_memory_usage); }},
       {"self_cpu_memory_usage", [](R r) { return static_cast<double>(r.self_cpu_memory_usage); }},
-      {"self_cuda_memory_usage",
-       [](R r) { return static_cast<double>(r.self_cuda_memory_usage); }},
+      {"self_cuda_memory_usage", [](R r) { return static_cast<double>(r.self_cuda_memory_usage); }},
       {"count", [](R r) { return static_cast<double>(r.count); }},
   };
   auto it = getters.find(key);
@@ -102,16 +102,15 @@ std::string truncate(const std::string& s, size_t width) {
 
 }  // namespace
 
-std::string EventList::table(const std::string& sort_by, int row_limit,
-                             int max_name_column_width, int max_shapes_column_width) const {
+std::string EventList::table(const std::string& sort_by, int row_limit, int max_name_column_width,
+                             int max_shapes_column_width) const {
   std::vector<const FunctionEventAvg*> rows;
   for (const auto& r : rows_) rows.push_back(&r);
   if (!sort_by.empty()) {
     const Getter g = sort_getter(sort_by);
-    std::stable_sort(rows.begin(), rows.end(),
-                     [&](const FunctionEventAvg* a, const FunctionEventAvg* b) {
-                       return g(*a) > g(*b);
-                     });
+    std::stable_sort(
+        rows.begin(), rows.end(),
+        [&](const FunctionEventAvg* a, const FunctionEventAvg* b) { return g(*a) > g(*b); });
   }
   if (row_limit >= 0 && rows.size() > static_cast<size_t>(row_limit))
     rows.resize(static_cast<size_t>(row_limit));
@@ -125,8 +124,8 @@ std::string EventList::table(const std::string& sort_by, int row_limit,
   shapes_w = std::min(shapes_w + 4, static_cast<size_t>(max_shapes_column_width));
   constexpr size_t kCol = 12;
 
-  std::vector<std::string> headers = {"Name", "Self CPU %", "Self CPU", "CPU total %",
-                                      "CPU total", "CPU time avg"};
+  std::vector<std::string> headers = {"Name",        "Self CPU %", "Self CPU",
+                                      "CPU total %", "CPU total",  "CPU time avg"};
   if (with_cuda_)
     for (const char* h : {"Self CUDA", "Self CUDA %", "CUDA total", "CUDA time avg"})
       headers.emplace_back(h);
@@ -305,7 +304,8 @@ EventList build_module_averages(const ProfileData& data) {
     r.cpu_time_total += s->duration_ns() / 1e3;
     r.self_cpu_time_total += s->duration_ns() / 1e3 - child[s];
   }
-  auto for_prefixes = [&](const std::string& path, const std::function<void(FunctionEventAvg&, bool)>& f) {
+  auto for_prefixes = [&](const std::string& path,
+                          const std::function<void(FunctionEventAvg&, bool)>& f) {
     if (path.empty() || !index.count(path)) return;
     f(rows[index[path]], true);
     for (size_t p = path.rfind('.'); p != std::string::npos; p = path.rfind('.', p - 1)) {

@@ -34,8 +34,7 @@ struct FunctionEventAvg {
 class EventList {
  public:
   EventList() = default;
-  EventList(std::vector<FunctionEventAvg> rows, bool with_cuda, bool with_memory,
-            bool with_shapes);
+  EventList(std::vector<FunctionEventAvg> rows, bool with_cuda, bool with_memory, bool with_shapes);
 
   const std::vector<FunctionEventAvg>& rows() const { return rows_; }
   size_t size() const { return rows_.size(); }

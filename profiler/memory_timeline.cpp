@@ -2,8 +2,6 @@
 // self-contained HTML page (see memory_timeline.h).
 #include "profiler/memory_timeline.h"
 
-#include "memory/rank_path.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "memory/rank_path.h"
 #include "memory/timeline.h"
 #include "profiler/chrome_trace.h"
 #include "profiler/profiler.h"
@@ -19,8 +18,9 @@ namespace tally::profiler {
 
 const std::array<const char*, kTimelineColumns>& timeline_column_names() {
   static const std::array<const char*, kTimelineColumns> names = {
-      "",           "parameter", "optimizer_state", "input",          "temporary",    "activation",
-      "gradient",   "autograd_detail", "unknown",   "workspace", "autocast_cache", "communication"};
+      "",          "parameter",  "optimizer_state", "input",
+      "temporary", "activation", "gradient",        "autograd_detail",
+      "unknown",   "workspace",  "autocast_cache",  "communication"};
   return names;
 }
 
@@ -80,7 +80,7 @@ void write_memory_timeline_json(const MemoryTimeline& t, std::ostream& out) {
 namespace {
 
 constexpr const char* kColors[kTimelineColumns] = {
-    "white",     "darkgreen", "goldenrod", "black",      "mediumpurple", "red",
+    "white",      "darkgreen", "goldenrod", "black",      "mediumpurple", "red",
     "mediumblue", "royalblue", "grey",      "darkorange", "teal",         "hotpink"};
 
 // The page's drawing script. It reads the JSON in <script id="data">, draws a step-wise
@@ -184,12 +184,14 @@ void write_memory_timeline_html(const MemoryTimeline& t, std::ostream& out) {
   for (size_t a : t.allocated) max_alloc = std::max(max_alloc, a);
   for (size_t r : t.reserved) max_res = std::max(max_res, r);
   std::string data = "{\"t\": [";
-  for (size_t i = 0; i < t.times_us.size(); ++i) data += fmt::format("{}{}", i ? ", " : "", t.times_us[i]);
+  for (size_t i = 0; i < t.times_us.size(); ++i)
+    data += fmt::format("{}{}", i ? ", " : "", t.times_us[i]);
   data += "], \"sizes\": [";
   for (size_t i = 0; i < t.sizes.size(); ++i)
     data += fmt::format("{}[{}]", i ? ", " : "", fmt::join(t.sizes[i], ", "));
   data += "], \"reserved\": [";
-  for (size_t i = 0; i < t.reserved.size(); ++i) data += fmt::format("{}{}", i ? ", " : "", t.reserved[i]);
+  for (size_t i = 0; i < t.reserved.size(); ++i)
+    data += fmt::format("{}{}", i ? ", " : "", t.reserved[i]);
   data += "], \"phases\": [";
   for (size_t i = 0; i < t.phases.size(); ++i)
     data += fmt::format("{}{{\"name\": {}, \"start\": {}, \"end\": {}}}", i ? ", " : "",
@@ -198,7 +200,8 @@ void write_memory_timeline_html(const MemoryTimeline& t, std::ostream& out) {
   for (int c = 0; c < kTimelineColumns; ++c)
     data += fmt::format("{}\"{}\"", c ? ", " : "", timeline_column_names()[static_cast<size_t>(c)]);
   data += "], \"colors\": [";
-  for (int c = 0; c < kTimelineColumns; ++c) data += fmt::format("{}\"{}\"", c ? ", " : "", kColors[c]);
+  for (int c = 0; c < kTimelineColumns; ++c)
+    data += fmt::format("{}\"{}\"", c ? ", " : "", kColors[c]);
   data += "]}";
   out << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\" /><title>Tally Memory Timeline ("
       << t.device.str() << ")</title>\n<style>body{font-family:sans-serif;margin:16px}"
@@ -222,10 +225,13 @@ void Profiler::export_memory_timeline(const std::string& path_in, memory::Device
   std::ofstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(fmt::format("export_memory_timeline: cannot open '{}'", path));
   const bool html = path.size() >= 5 && path.compare(path.size() - 5, 5, ".html") == 0;
-  if (html) write_memory_timeline_html(t, f);
-  else write_memory_timeline_json(t, f);
+  if (html)
+    write_memory_timeline_html(t, f);
+  else
+    write_memory_timeline_json(t, f);
   f.flush();
-  if (!f) throw std::runtime_error(fmt::format("export_memory_timeline: write to '{}' failed", path));
+  if (!f)
+    throw std::runtime_error(fmt::format("export_memory_timeline: write to '{}' failed", path));
 }
 
 }  // namespace tally::profiler

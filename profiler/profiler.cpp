@@ -19,31 +19,44 @@ namespace tally::profiler {
 
 const char* span_kind_name(SpanKind k) {
   switch (k) {
-    case SpanKind::op: return "cpu_op";
-    case SpanKind::module: return "module";
-    case SpanKind::user: return "user_annotation";
-    case SpanKind::phase: return "phase";
+    case SpanKind::op:
+      return "cpu_op";
+    case SpanKind::module:
+      return "module";
+    case SpanKind::user:
+      return "user_annotation";
+    case SpanKind::phase:
+      return "phase";
   }
   return "?";
 }
 
 const char* gpu_kind_name(GpuKind k) {
   switch (k) {
-    case GpuKind::kernel: return "kernel";
-    case GpuKind::memcpy: return "gpu_memcpy";
-    case GpuKind::memset: return "gpu_memset";
-    case GpuKind::runtime: return "cuda_runtime";
-    case GpuKind::driver: return "cuda_driver";
+    case GpuKind::kernel:
+      return "kernel";
+    case GpuKind::memcpy:
+      return "gpu_memcpy";
+    case GpuKind::memset:
+      return "gpu_memset";
+    case GpuKind::runtime:
+      return "cuda_runtime";
+    case GpuKind::driver:
+      return "cuda_driver";
   }
   return "?";
 }
 
 const char* action_name(ProfilerAction a) {
   switch (a) {
-    case ProfilerAction::none: return "NONE";
-    case ProfilerAction::warmup: return "WARMUP";
-    case ProfilerAction::record: return "RECORD";
-    case ProfilerAction::record_and_save: return "RECORD_AND_SAVE";
+    case ProfilerAction::none:
+      return "NONE";
+    case ProfilerAction::warmup:
+      return "WARMUP";
+    case ProfilerAction::record:
+      return "RECORD";
+    case ProfilerAction::record_and_save:
+      return "RECORD_AND_SAVE";
   }
   return "?";
 }
@@ -74,7 +87,9 @@ int64_t steady_ns() {
       .count();
 }
 
-uint64_t os_tid() { return static_cast<uint64_t>(::syscall(SYS_gettid)); }
+uint64_t os_tid() {
+  return static_cast<uint64_t>(::syscall(SYS_gettid));
+}
 
 // A span as recorded on the hot path: interned ids and a slice of the thread's shape pool.
 struct RawSpan {
@@ -203,8 +218,7 @@ class Collector final : public DispatchObserver,
       for (int i = 0; i < inputs->count; ++i) {
         b.shape_pool.push_back(static_cast<int64_t>(inputs->dtypes[i]));
         b.shape_pool.push_back(static_cast<int64_t>(inputs->sizes[i]->size()));
-        b.shape_pool.insert(b.shape_pool.end(), inputs->sizes[i]->begin(),
-                            inputs->sizes[i]->end());
+        b.shape_pool.insert(b.shape_pool.end(), inputs->sizes[i]->begin(), inputs->sizes[i]->end());
       }
     }
     if (cuda && device.type == DeviceType::cuda) gpu_tracer::push_external_id(s.id);
@@ -511,7 +525,9 @@ EventList Profiler::key_averages(bool group_by_input_shape) const {
   return build_key_averages(data(), group_by_input_shape);
 }
 
-EventList Profiler::key_averages_by_module() const { return build_module_averages(data()); }
+EventList Profiler::key_averages_by_module() const {
+  return build_module_averages(data());
+}
 
 memory::Device Profiler::timeline_device() const {
   const ProfileData& d = data();

@@ -1,14 +1,21 @@
 #include "tensor/dispatch.h"
 
+#include <fmt/format.h>
+
 #include <atomic>
+#include <stdexcept>
 
 namespace tally {
 namespace {
 std::atomic<DispatchObserver*> g_observer{nullptr};
 }
 
-void set_dispatch_observer(DispatchObserver* observer) { g_observer.store(observer); }
-DispatchObserver* dispatch_observer() { return g_observer.load(std::memory_order_relaxed); }
+void set_dispatch_observer(DispatchObserver* observer) {
+  g_observer.store(observer);
+}
+DispatchObserver* dispatch_observer() {
+  return g_observer.load(std::memory_order_relaxed);
+}
 
 // An op's output with no more specific category is a temporary until autograd saves it
 // (activation) or accumulates it into .grad (gradient): never `unknown`.
@@ -30,11 +37,16 @@ DispatchScope::~DispatchScope() {
   if (observer_) observer_->on_exit(op_, device_);
 }
 
+void throw_no_kernel(const OpInfo& op, Device d) {
+  throw std::runtime_error(
+      fmt::format("{}: no kernel for device {}{}", op.name, d.str(),
+                  d.type == DeviceType::cuda ? " (this op has no CUDA kernel yet)" : ""));
+}
+
 void check_same_device(const char* op, Device a, Device b) {
   if (!(a == b))
-    throw std::invalid_argument(
-        fmt::format("{}: expected all tensors on the same device, got {} and {}", op, a.str(),
-                    b.str()));
+    throw std::invalid_argument(fmt::format(
+        "{}: expected all tensors on the same device, got {} and {}", op, a.str(), b.str()));
 }
 
 }  // namespace tally

@@ -1,18 +1,17 @@
 // The one dispatch point (design rule 7). Every op, CPU or CUDA, enters through a
-// DispatchScope and picks its kernel from a KernelTable by device. The scope is where the
-// allocation context gets the op's name (and `temporary` when nothing more specific is
-// set), and where the profiler's op events and NVTX ranges hook in.
+// DispatchScope and picks its kernel from its family's kernel table by device. The scope is where
+// the allocation context gets the op's name (and `temporary` when nothing more specific is set),
+// and where the profiler's op events and NVTX ranges hook in.
 //
 //   Tensor ops::relu(const Tensor& x) {
 //     static const OpInfo info("relu");
-//     DispatchScope scope(info, x.device());
-//     return relu_kernels.get(info, x.device())(x);
+//     DispatchScope scope(info, x);
+//     Tensor out = alloc_output(x.sizes(), x.dtype(), x.device());
+//     elementwise_backends.get(info, x.device(), &ElementwiseKernels::unary)(UnaryOp::relu, out,
+//     x); return out;
 //   }
 #pragma once
 
-#include <fmt/format.h>
-
-#include <stdexcept>
 #include <vector>
 
 #include "memory/context.h"
@@ -57,10 +56,10 @@ class DispatchScope {
   // The device is the first tensor's; the tensors' shapes go to the observer (undefined
   // tensors, e.g. an absent bias, are skipped).
   template <typename T0, typename... Ts>
-    requires requires(const T0& t) {
-      t.sizes();
-      t.device();
-    }
+  requires requires(const T0& t) {
+    t.sizes();
+    t.device();
+  }
   DispatchScope(const OpInfo& op, const T0& first, const Ts&... rest)
       : op_(op),
         device_(first.device()),
@@ -94,20 +93,57 @@ class DispatchScope {
   DispatchObserver* observer_;
 };
 
-// Kernels of one op by device type. Constant-initialised, so a CUDA translation unit can
-// fill its slot during static initialisation.
-template <typename Fn>
-struct KernelTable {
-  Fn* cpu = nullptr;
-  Fn* cuda = nullptr;
+// Declares an op family's tables in its kernels.h: cpu::table and cuda::table (defined in the
+// backends' own files) and the registered Backends (defined in tensor/backends.cpp).
+#define TALLY_DECLARE_KERNELS(Table, table, backends) \
+  namespace cpu {                                     \
+  extern const Table table;                           \
+  }                                                   \
+  namespace cuda {                                    \
+  extern const Table table;                           \
+  }                                                   \
+  extern const Backends<Table> backends
 
-  Fn* get(const OpInfo& op, Device d) const {
-    Fn* k = d.type == DeviceType::cpu ? cpu : cuda;
-    if (!k)
-      throw std::runtime_error(fmt::format("{}: no kernel for device {}{}", op.name, d.str(),
-                                           d.type == DeviceType::cuda
-                                               ? " (this op has no CUDA kernel yet)"
-                                               : ""));
+// The error for an op without a kernel on device d.
+[[noreturn]] void throw_no_kernel(const OpInfo& op, Device d);
+
+// The kernels of one op family on each backend. An op family declares its kernel signatures
+// once, as one kernel-table type: a struct of function pointers (tensor/norm/kernels.h:
+// NormKernels). Each backend defines one constant table of that type in its own files
+// (tensor/norm/cpu.cpp: cpu::norm_kernels; tensor/norm/cuda.cu: cuda::norm_kernels), and
+// tensor/backends.cpp, the one registration point, puts them together:
+//
+//   const Backends<NormKernels> norm_backends{&cpu::norm_kernels, TALLY_CUDA_TABLE(...)};
+//
+// so backend #ifdefs stand only in the backends' own files and there. An op picks its kernel
+// by device:
+//
+//   norm_backends.get(info, x.device(), &NormKernels::layer_norm)(out, mean, rstd, ...);
+//
+// A backend without the family, or a table entry left null (an op the backend lacks), is an
+// error naming the op and the device. All of it is constant-initialised (addresses of
+// constants), so no static-initialisation order matters.
+template <typename Table>
+struct Backends;
+
+// A backend's table for a registration line, or nullptr in a build without the backend: the
+// one place the CUDA build switch is spelled for the ops.
+#if defined(TALLY_WITH_CUDA)
+#define TALLY_CUDA_TABLE(table) (&(table))
+#else
+#define TALLY_CUDA_TABLE(table) nullptr
+#endif
+
+template <typename Table>
+struct Backends {
+  const Table* cpu = nullptr;
+  const Table* cuda = nullptr;
+
+  template <typename Fn>
+  Fn* get(const OpInfo& op, Device d, Fn* Table::*kernel) const {
+    const Table* table = d.type == DeviceType::cpu ? cpu : cuda;
+    Fn* k = table ? table->*kernel : nullptr;
+    if (!k) throw_no_kernel(op, d);
     return k;
   }
 };

@@ -6,26 +6,40 @@ namespace tally {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::float32: return 4;
-    case DType::float16: return 2;
-    case DType::bfloat16: return 2;
-    case DType::float64: return 8;
-    case DType::int32: return 4;
-    case DType::int64: return 8;
-    case DType::bool_: return 1;
+    case DType::float32:
+      return 4;
+    case DType::float16:
+      return 2;
+    case DType::bfloat16:
+      return 2;
+    case DType::float64:
+      return 8;
+    case DType::int32:
+      return 4;
+    case DType::int64:
+      return 8;
+    case DType::bool_:
+      return 1;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::float32: return "float32";
-    case DType::float16: return "float16";
-    case DType::bfloat16: return "bfloat16";
-    case DType::float64: return "float64";
-    case DType::int32: return "int32";
-    case DType::int64: return "int64";
-    case DType::bool_: return "bool";
+    case DType::float32:
+      return "float32";
+    case DType::float16:
+      return "float16";
+    case DType::bfloat16:
+      return "bfloat16";
+    case DType::float64:
+      return "float64";
+    case DType::int32:
+      return "int32";
+    case DType::int64:
+      return "int64";
+    case DType::bool_:
+      return "bool";
   }
   return "?";
 }
@@ -34,18 +48,26 @@ DType promote_types(DType a, DType b) {
   if (a == b) return a;
   auto rank = [](DType t) {
     switch (t) {
-      case DType::bool_: return 0;
-      case DType::int32: return 1;
-      case DType::int64: return 2;
-      case DType::float16: return 3;
-      case DType::bfloat16: return 3;
-      case DType::float32: return 4;
-      case DType::float64: return 5;
+      case DType::bool_:
+        return 0;
+      case DType::int32:
+        return 1;
+      case DType::int64:
+        return 2;
+      case DType::float16:
+        return 3;
+      case DType::bfloat16:
+        return 3;
+      case DType::float32:
+        return 4;
+      case DType::float64:
+        return 5;
     }
     return 0;
   };
   // float16 with bfloat16 promotes to float32, as in PyTorch.
-  if ((a == DType::float16 && b == DType::bfloat16) || (a == DType::bfloat16 && b == DType::float16))
+  if ((a == DType::float16 && b == DType::bfloat16) ||
+      (a == DType::bfloat16 && b == DType::float16))
     return DType::float32;
   return rank(a) >= rank(b) ? a : b;
 }

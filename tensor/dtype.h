@@ -50,20 +50,55 @@ struct BFloat16 {
 };
 
 // The type arithmetic runs in for storage type T (float for the 16-bit floats).
-template <typename T> struct acc_type { using type = T; };
-template <> struct acc_type<Half> { using type = float; };
-template <> struct acc_type<BFloat16> { using type = float; };
-template <> struct acc_type<bool> { using type = bool; };
-template <typename T> using acc_t = typename acc_type<T>::type;
+template <typename T>
+struct acc_type {
+  using type = T;
+};
+template <>
+struct acc_type<Half> {
+  using type = float;
+};
+template <>
+struct acc_type<BFloat16> {
+  using type = float;
+};
+template <>
+struct acc_type<bool> {
+  using type = bool;
+};
+template <typename T>
+using acc_t = typename acc_type<T>::type;
 
-template <typename T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::float32; }
-template <> constexpr DType dtype_of<double>() { return DType::float64; }
-template <> constexpr DType dtype_of<Half>() { return DType::float16; }
-template <> constexpr DType dtype_of<BFloat16>() { return DType::bfloat16; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::int32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::int64; }
-template <> constexpr DType dtype_of<bool>() { return DType::bool_; }
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::float32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::float64;
+}
+template <>
+constexpr DType dtype_of<Half>() {
+  return DType::float16;
+}
+template <>
+constexpr DType dtype_of<BFloat16>() {
+  return DType::bfloat16;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::int32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::int64;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::bool_;
+}
 
 [[noreturn]] void unsupported_dtype(const char* op, DType t);
 
@@ -77,26 +112,28 @@ template <> constexpr DType dtype_of<bool>() { return DType::bool_; }
     __VA_ARGS__();                           \
     break;                                   \
   }
-#define TALLY_DISPATCH_FLOAT(DTYPE, OPNAME, ...)                            \
-  [&] {                                                                     \
-    switch (DTYPE) {                                                        \
-      TALLY_DISPATCH_CASE(float32, float, __VA_ARGS__)                      \
-      TALLY_DISPATCH_CASE(float64, double, __VA_ARGS__)                     \
-      TALLY_DISPATCH_CASE(float16, ::tally::Half, __VA_ARGS__)              \
-      TALLY_DISPATCH_CASE(bfloat16, ::tally::BFloat16, __VA_ARGS__)         \
-      default: ::tally::unsupported_dtype(OPNAME, DTYPE);                   \
-    }                                                                       \
+#define TALLY_DISPATCH_FLOAT(DTYPE, OPNAME, ...)                    \
+  [&] {                                                             \
+    switch (DTYPE) {                                                \
+      TALLY_DISPATCH_CASE(float32, float, __VA_ARGS__)              \
+      TALLY_DISPATCH_CASE(float64, double, __VA_ARGS__)             \
+      TALLY_DISPATCH_CASE(float16, ::tally::Half, __VA_ARGS__)      \
+      TALLY_DISPATCH_CASE(bfloat16, ::tally::BFloat16, __VA_ARGS__) \
+      default:                                                      \
+        ::tally::unsupported_dtype(OPNAME, DTYPE);                  \
+    }                                                               \
   }()
-#define TALLY_DISPATCH_ALL(DTYPE, OPNAME, ...)                              \
-  [&] {                                                                     \
-    switch (DTYPE) {                                                        \
-      TALLY_DISPATCH_CASE(float32, float, __VA_ARGS__)                      \
-      TALLY_DISPATCH_CASE(float64, double, __VA_ARGS__)                     \
-      TALLY_DISPATCH_CASE(float16, ::tally::Half, __VA_ARGS__)              \
-      TALLY_DISPATCH_CASE(bfloat16, ::tally::BFloat16, __VA_ARGS__)         \
-      TALLY_DISPATCH_CASE(int32, int32_t, __VA_ARGS__)                      \
-      TALLY_DISPATCH_CASE(int64, int64_t, __VA_ARGS__)                      \
-      TALLY_DISPATCH_CASE(bool_, bool, __VA_ARGS__)                         \
-      default: ::tally::unsupported_dtype(OPNAME, DTYPE);                   \
-    }                                                                       \
+#define TALLY_DISPATCH_ALL(DTYPE, OPNAME, ...)                      \
+  [&] {                                                             \
+    switch (DTYPE) {                                                \
+      TALLY_DISPATCH_CASE(float32, float, __VA_ARGS__)              \
+      TALLY_DISPATCH_CASE(float64, double, __VA_ARGS__)             \
+      TALLY_DISPATCH_CASE(float16, ::tally::Half, __VA_ARGS__)      \
+      TALLY_DISPATCH_CASE(bfloat16, ::tally::BFloat16, __VA_ARGS__) \
+      TALLY_DISPATCH_CASE(int32, int32_t, __VA_ARGS__)              \
+      TALLY_DISPATCH_CASE(int64, int64_t, __VA_ARGS__)              \
+      TALLY_DISPATCH_CASE(bool_, bool, __VA_ARGS__)                 \
+      default:                                                      \
+        ::tally::unsupported_dtype(OPNAME, DTYPE);                  \
+    }                                                               \
   }()

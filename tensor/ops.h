@@ -4,7 +4,7 @@
 // and backward.
 //
 // This header holds the core: factories, copies, views, elementwise, basic reductions.
-// Op families add their own headers under tensor/ops/, included at the end.
+// Op families add their own headers, tensor/<family>/ops.h, included at the end.
 #pragma once
 
 #include <optional>
@@ -76,12 +76,44 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 // threshold_backward on the output), gelu_backward(g, x) = g * gelu'(x) (erf form),
 // gelu_tanh_backward(g, x) = g * gelu'(x) (tanh approximation).
 enum class BinaryOp : uint8_t {
-  add, sub, mul, div, pow, maximum, minimum, relu_backward, gelu_backward, gelu_tanh_backward,
-  eq, ne, lt, le, gt, ge,  // comparisons last (is_compare: op >= eq)
+  add,
+  sub,
+  mul,
+  div,
+  pow,
+  maximum,
+  minimum,
+  relu_backward,
+  gelu_backward,
+  gelu_tanh_backward,
+  eq,
+  ne,
+  lt,
+  le,
+  gt,
+  ge,  // comparisons last (is_compare: op >= eq)
 };
 enum class UnaryOp : uint8_t {
-  neg, exp, log, sqrt, rsqrt, abs, sign, relu, sigmoid, tanh, silu, gelu, gelu_tanh,
-  reciprocal, square, sin, cos, log1p, expm1, erf,
+  neg,
+  exp,
+  log,
+  sqrt,
+  rsqrt,
+  abs,
+  sign,
+  relu,
+  sigmoid,
+  tanh,
+  silu,
+  gelu,
+  gelu_tanh,
+  reciprocal,
+  square,
+  sin,
+  cos,
+  log1p,
+  expm1,
+  erf,
 };
 const char* binary_op_name(BinaryOp op);
 const char* unary_op_name(UnaryOp op);
@@ -91,13 +123,27 @@ Tensor binary_scalar(BinaryOp op, const Tensor& a, double b);  // a (op) b
 Tensor scalar_binary(BinaryOp op, double a, const Tensor& b);  // a (op) b
 Tensor unary(UnaryOp op, const Tensor& a);
 
-inline Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::add, a, b); }
-inline Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::sub, a, b); }
-inline Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::mul, a, b); }
-inline Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::div, a, b); }
-inline Tensor add(const Tensor& a, double b) { return binary_scalar(BinaryOp::add, a, b); }
-inline Tensor mul(const Tensor& a, double b) { return binary_scalar(BinaryOp::mul, a, b); }
-inline Tensor neg(const Tensor& a) { return unary(UnaryOp::neg, a); }
+inline Tensor add(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::add, a, b);
+}
+inline Tensor sub(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::sub, a, b);
+}
+inline Tensor mul(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::mul, a, b);
+}
+inline Tensor div(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::div, a, b);
+}
+inline Tensor add(const Tensor& a, double b) {
+  return binary_scalar(BinaryOp::add, a, b);
+}
+inline Tensor mul(const Tensor& a, double b) {
+  return binary_scalar(BinaryOp::mul, a, b);
+}
+inline Tensor neg(const Tensor& a) {
+  return unary(UnaryOp::neg, a);
+}
 // a += b (b broadcast to a), in place; bumps a's version.
 void add_(const Tensor& a, const Tensor& b, double alpha = 1.0);
 void mul_(const Tensor& a, double b);

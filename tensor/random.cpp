@@ -7,8 +7,14 @@ Generator& default_generator() {
   return g;
 }
 
-void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
-PhiloxState get_rng_state() { return default_generator().state(); }
-void set_rng_state(PhiloxState state) { default_generator().set_state(state); }
+void manual_seed(uint64_t seed) {
+  default_generator().manual_seed(seed);
+}
+PhiloxState get_rng_state() {
+  return default_generator().state();
+}
+void set_rng_state(PhiloxState state) {
+  default_generator().set_state(state);
+}
 
 }  // namespace tally

@@ -27,7 +27,8 @@ struct Philox4 {
 
 // Philox-4x32-10 on a 128-bit counter with a 64-bit key; the same code runs on the host
 // and in CUDA kernels, so both produce the same stream.
-TALLY_HOST_DEVICE inline Philox4 philox4x32(uint64_t counter_lo, uint64_t counter_hi, uint64_t key) {
+TALLY_HOST_DEVICE inline Philox4 philox4x32(uint64_t counter_lo, uint64_t counter_hi,
+                                            uint64_t key) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   uint32_t c0 = static_cast<uint32_t>(counter_lo), c1 = static_cast<uint32_t>(counter_lo >> 32);

@@ -35,20 +35,25 @@ Tensor Tensor::make(Storage storage, Shape sizes, Shape strides, int64_t offset,
     throw std::invalid_argument(fmt::format("Tensor::make: sizes {} and strides {} differ in rank",
                                             shape_str(sizes), shape_str(strides)));
   for (int64_t d : sizes)
-    if (d < 0) throw std::invalid_argument(fmt::format("Tensor::make: negative size in {}",
-                                                       shape_str(sizes)));
+    if (d < 0)
+      throw std::invalid_argument(
+          fmt::format("Tensor::make: negative size in {}", shape_str(sizes)));
   // Bounds: the largest reachable element must lie inside the storage.
   if (shape_numel(sizes) > 0) {
     int64_t hi = offset, lo = offset;
     for (size_t i = 0; i < sizes.size(); ++i) {
       const int64_t span = (sizes[i] - 1) * strides[i];
-      if (span > 0) hi += span; else lo += span;
+      if (span > 0)
+        hi += span;
+      else
+        lo += span;
     }
     const auto cap = static_cast<int64_t>(storage.nbytes() / dtype_size(dtype));
     if (lo < 0 || hi >= cap)
       throw std::out_of_range(fmt::format(
           "Tensor::make: layout sizes {} strides {} offset {} reaches outside a storage of {} "
-          "elements", shape_str(sizes), shape_str(strides), offset, cap));
+          "elements",
+          shape_str(sizes), shape_str(strides), offset, cap));
   }
   Tensor t;
   t.impl_ = std::make_shared<TensorImpl>();
@@ -67,8 +72,8 @@ TensorImpl& Tensor::impl() const {
 
 static int64_t wrap_dim(int64_t d, int64_t rank, const char* what) {
   if (d < -rank || d >= rank)
-    throw std::out_of_range(fmt::format("{}: dimension {} out of range for a {}-D tensor", what, d,
-                                        rank));
+    throw std::out_of_range(
+        fmt::format("{}: dimension {} out of range for a {}-D tensor", what, d, rank));
   return d < 0 ? d + rank : d;
 }
 
@@ -92,7 +97,8 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::data_ptr() const {
   const TensorImpl& t = impl();
-  return static_cast<char*>(t.storage.data()) + t.offset * static_cast<int64_t>(dtype_size(t.dtype));
+  return static_cast<char*>(t.storage.data()) +
+         t.offset * static_cast<int64_t>(dtype_size(t.dtype));
 }
 
 namespace {
@@ -112,7 +118,8 @@ void format_elems(std::ostringstream& os, const Tensor& t, std::vector<int64_t>&
         s = v ? "True" : "False";
       } else if (fp) {
         const double x = static_cast<double>(static_cast<acc_t<scalar_t>>(v));
-        s = std::isfinite(x) ? fmt::format("{:.4f}", x) : (std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf"));
+        s = std::isfinite(x) ? fmt::format("{:.4f}", x)
+                             : (std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf"));
       } else {
         s = fmt::format("{}", static_cast<int64_t>(v));
       }
@@ -164,6 +171,8 @@ std::string Tensor::str() const {
   return os.str();
 }
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  return os << t.str();
+}
 
 }  // namespace tally

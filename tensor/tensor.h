@@ -34,9 +34,18 @@ struct TensorOptions {
   Device device = Device::cpu();
   bool requires_grad = false;
 
-  TensorOptions& with_dtype(DType d) { dtype = d; return *this; }
-  TensorOptions& with_device(Device d) { device = d; return *this; }
-  TensorOptions& with_requires_grad(bool r = true) { requires_grad = r; return *this; }
+  TensorOptions& with_dtype(DType d) {
+    dtype = d;
+    return *this;
+  }
+  TensorOptions& with_device(Device d) {
+    device = d;
+    return *this;
+  }
+  TensorOptions& with_requires_grad(bool r = true) {
+    requires_grad = r;
+    return *this;
+  }
 };
 
 class Tensor;
@@ -62,7 +71,7 @@ class Tensor {
   const Shape& strides() const { return impl().strides; }
   Shape shape() const { return impl().sizes; }
   int64_t dim() const { return static_cast<int64_t>(impl().sizes.size()); }
-  int64_t size(int64_t d) const;    // negative d counts from the end
+  int64_t size(int64_t d) const;  // negative d counts from the end
   int64_t stride(int64_t d) const;
   int64_t numel() const { return shape_numel(impl().sizes); }
   DType dtype() const { return impl().dtype; }
@@ -74,7 +83,10 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
   bool is_contiguous() const;
   void* data_ptr() const;
-  template <typename T> T* data() const { return static_cast<T*>(data_ptr()); }
+  template <typename T>
+  T* data() const {
+    return static_cast<T*>(data_ptr());
+  }
   // Same TensorImpl (the same tensor object, not just the same storage).
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
   TensorImpl* unsafe_impl() const { return impl_.get(); }
@@ -108,7 +120,10 @@ class Tensor {
   Tensor detach() const;  // shares storage, no graph
 
   double item() const;  // reads one element back (a host synchronisation on CUDA)
-  template <typename T> T item() const { return static_cast<T>(item()); }
+  template <typename T>
+  T item() const {
+    return static_cast<T>(item());
+  }
   std::vector<double> tolist() const;  // all elements, row-major, as double
 
   bool requires_grad() const;

@@ -33,7 +33,8 @@ CIFAR10::CIFAR10(const std::string& root, bool train, std::array<double, 3> mean
   if (!fs::is_directory(root)) missing(fmt::format("directory '{}' does not exist", root));
   std::vector<std::string> files;
   if (train) {
-    for (int i = 1; i <= 5; ++i) files.push_back((fs::path(root) / fmt::format("data_batch_{}.bin", i)).string());
+    for (int i = 1; i <= 5; ++i)
+      files.push_back((fs::path(root) / fmt::format("data_batch_{}.bin", i)).string());
   } else {
     files.push_back((fs::path(root) / "test_batch.bin").string());
   }
@@ -53,8 +54,9 @@ CIFAR10::CIFAR10(const std::string& root, bool train, std::array<double, 3> mean
 
   memory::CategoryScope scope(memory::Category::input);
   images_ = Storage::allocate(static_cast<size_t>(n_ * kImageBytes), Device::cpu());
-  labels_ = Tensor::make(Storage::allocate(static_cast<size_t>(n_) * sizeof(int64_t), Device::cpu()),
-                         {n_}, {1}, 0, DType::int64);
+  labels_ =
+      Tensor::make(Storage::allocate(static_cast<size_t>(n_) * sizeof(int64_t), Device::cpu()),
+                   {n_}, {1}, 0, DType::int64);
   auto* img = static_cast<char*>(images_.data());
   int64_t* lab = labels_.data<int64_t>();
   int64_t i = 0;
@@ -66,9 +68,10 @@ CIFAR10::CIFAR10(const std::string& root, bool train, std::array<double, 3> mean
       in.read(&label, 1);
       in.read(img + i * kImageBytes, kImageBytes);
       if (!in)
-        throw std::runtime_error(fmt::format("CIFAR10: '{}' is truncated at byte offset {}: "
-                                             "expected a {}-byte record",
-                                             files[k], r * kRecordBytes, kRecordBytes));
+        throw std::runtime_error(
+            fmt::format("CIFAR10: '{}' is truncated at byte offset {}: "
+                        "expected a {}-byte record",
+                        files[k], r * kRecordBytes, kRecordBytes));
       const auto v = static_cast<uint8_t>(label);
       if (v >= kClasses)
         throw std::runtime_error(fmt::format(

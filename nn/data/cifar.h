@@ -21,8 +21,8 @@ class CIFAR10 : public Dataset {
   // Reads the five training batches (train) or test_batch.bin from `root`. A missing
   // directory or file, a size that is not a whole number of records, or a label out of
   // range throws, naming the path (and the byte offset).
-  explicit CIFAR10(const std::string& root, bool train = true,
-                   std::array<double, 3> mean = kMean, std::array<double, 3> std = kStd);
+  explicit CIFAR10(const std::string& root, bool train = true, std::array<double, 3> mean = kMean,
+                   std::array<double, 3> std = kStd);
 
   int64_t size() const override { return n_; }
   Example get(int64_t index) const override;

@@ -20,7 +20,8 @@ std::vector<int64_t> randperm(int64_t n, Generator& gen) {
     // Value k of the reserved range: word k % 4 of Philox block offset + k / 4.
     const auto k = static_cast<uint64_t>(i);
     const uint32_t r = philox4x32(s.offset + k / 4, 0, s.seed)[k % 4];
-    const auto j = static_cast<int64_t>((static_cast<uint64_t>(r) * static_cast<uint64_t>(i + 1)) >> 32);
+    const auto j =
+        static_cast<int64_t>((static_cast<uint64_t>(r) * static_cast<uint64_t>(i + 1)) >> 32);
     std::swap(p[static_cast<size_t>(i)], p[static_cast<size_t>(j)]);
   }
   return p;
@@ -38,16 +39,20 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
     throw std::invalid_argument(
         "DataLoader: sampler option is mutually exclusive with shuffle (the sampler shuffles)");
   if (options_.sampler && options_.sampler->dataset_size() != dataset_.size())
-    throw std::invalid_argument(fmt::format("DataLoader: the sampler covers {} samples but the dataset has {}",
-                                            options_.sampler->dataset_size(), dataset_.size()));
+    throw std::invalid_argument(
+        fmt::format("DataLoader: the sampler covers {} samples but the dataset has {}",
+                    options_.sampler->dataset_size(), dataset_.size()));
   if (options_.device.type == DeviceType::cuda)
     memory::get_allocator(options_.device);  // throws now for a device that does not exist
 }
 
-DataLoader::~DataLoader() { stop(); }
+DataLoader::~DataLoader() {
+  stop();
+}
 
 int64_t DataLoader::len() const {
-  const int64_t n = options_.sampler ? options_.sampler->num_samples() : dataset_.size(), b = options_.batch_size;
+  const int64_t n = options_.sampler ? options_.sampler->num_samples() : dataset_.size(),
+                b = options_.batch_size;
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
@@ -71,7 +76,8 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t e) const {
   // One generator seeded with `seed` that reserves n values per epoch: epoch e starts at
   // the offset e epochs of draws leave it at.
   Generator gen(options_.seed);
-  gen.set_state(PhiloxState{options_.seed, static_cast<uint64_t>(e) * ((static_cast<uint64_t>(n) + 3) / 4)});
+  gen.set_state(
+      PhiloxState{options_.seed, static_cast<uint64_t>(e) * ((static_cast<uint64_t>(n) + 3) / 4)});
   return randperm(n, gen);
 }
 
@@ -114,7 +120,8 @@ void DataLoader::worker_main(std::vector<int64_t> order, int64_t epoch) {
   for (int64_t k = 0; k < batches; ++k) {
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || static_cast<int64_t>(queue_.size()) < options_.prefetch; });
+      cv_.wait(lock,
+               [&] { return stop_ || static_cast<int64_t>(queue_.size()) < options_.prefetch; });
       if (stop_) return;
     }
     const int64_t lo = k * b, hi = std::min(n, lo + b);
@@ -123,14 +130,16 @@ void DataLoader::worker_main(std::vector<int64_t> order, int64_t epoch) {
     try {
       item.batch = dataset_.get_batch(idx, pin);
     } catch (const std::exception& ex) {
-      item.error = fmt::format("DataLoader: worker failed on batch {} of {} of epoch {} (dataset "
-                               "indices {}{}): {}",
-                               k, batches, epoch, idx.empty() ? -1 : idx.front(),
-                               idx.size() > 1 ? fmt::format(" .. {}", idx.back()) : "", ex.what());
+      item.error = fmt::format(
+          "DataLoader: worker failed on batch {} of {} of epoch {} (dataset "
+          "indices {}{}): {}",
+          k, batches, epoch, idx.empty() ? -1 : idx.front(),
+          idx.size() > 1 ? fmt::format(" .. {}", idx.back()) : "", ex.what());
     } catch (...) {
-      item.error = fmt::format("DataLoader: worker failed on batch {} of {} of epoch {}: unknown "
-                               "exception",
-                               k, batches, epoch);
+      item.error = fmt::format(
+          "DataLoader: worker failed on batch {} of {} of epoch {}: unknown "
+          "exception",
+          k, batches, epoch);
     }
     const bool failed = !item.error.empty();
     {
@@ -154,7 +163,8 @@ bool DataLoader::next(uint64_t gen, Example& out) {
   {
     std::unique_lock lock(mu_);
     if (gen != generation_)
-      throw std::logic_error("DataLoader: this iterator's epoch was ended by a later begin() or stop()");
+      throw std::logic_error(
+          "DataLoader: this iterator's epoch was ended by a later begin() or stop()");
     cv_.wait(lock, [&] { return !queue_.empty() || done_; });
     if (queue_.empty()) return false;
     item = std::move(queue_.front());

@@ -13,15 +13,18 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, i
                                        DistributedSamplerOptions options)
     : dataset_size_(dataset_size), num_replicas_(num_replicas), rank_(rank), options_(options) {
   if (num_replicas < 1)
-    throw std::invalid_argument(fmt::format("DistributedSampler: num_replicas must be >= 1, got {}", num_replicas));
+    throw std::invalid_argument(
+        fmt::format("DistributedSampler: num_replicas must be >= 1, got {}", num_replicas));
   if (rank < 0 || rank >= num_replicas)
     throw std::invalid_argument(
-        fmt::format("DistributedSampler: invalid rank {}, rank should be in the interval [0, {}]", rank,
-                    num_replicas - 1));
+        fmt::format("DistributedSampler: invalid rank {}, rank should be in the interval [0, {}]",
+                    rank, num_replicas - 1));
   if (dataset_size < 0)
-    throw std::invalid_argument(fmt::format("DistributedSampler: negative dataset size {}", dataset_size));
+    throw std::invalid_argument(
+        fmt::format("DistributedSampler: negative dataset size {}", dataset_size));
   if (options_.drop_last && dataset_size % num_replicas != 0) {
-    num_samples_ = (dataset_size - num_replicas + num_replicas - 1) / num_replicas;  // ceil((N - R) / R)
+    num_samples_ =
+        (dataset_size - num_replicas + num_replicas - 1) / num_replicas;  // ceil((N - R) / R)
     if (num_samples_ < 0) num_samples_ = 0;
   } else {
     num_samples_ = (dataset_size + num_replicas - 1) / num_replicas;  // ceil(N / R)

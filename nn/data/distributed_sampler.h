@@ -25,7 +25,8 @@ struct DistributedSamplerOptions {
 class DistributedSampler {
  public:
   // Throws std::invalid_argument when rank is outside [0, num_replicas) or a size is negative.
-  DistributedSampler(int64_t dataset_size, int num_replicas, int rank, DistributedSamplerOptions options = {});
+  DistributedSampler(int64_t dataset_size, int num_replicas, int rank,
+                     DistributedSamplerOptions options = {});
 
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
   int64_t epoch() const { return epoch_; }

@@ -14,7 +14,8 @@ namespace tally::data {
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Sequential reader over a gzip'd (or, without .gz, plain) file that knows its offset in
@@ -33,9 +34,9 @@ class IdxReader {
       if (n < 2 || head[0] != 0x1f || head[1] != 0x8b)
         throw std::runtime_error(fmt::format(
             "read_idx: '{}' is not a gzip file (first bytes {}, expected 0x1f 0x8b)", path_,
-            n == 0 ? std::string("none: empty file")
-                   : n == 1 ? fmt::format("0x{:02x}", head[0])
-                            : fmt::format("0x{:02x} 0x{:02x}", head[0], head[1])));
+            n == 0   ? std::string("none: empty file")
+            : n == 1 ? fmt::format("0x{:02x}", head[0])
+                     : fmt::format("0x{:02x} 0x{:02x}", head[0], head[1])));
     }
     gz_ = gzopen(path_.c_str(), "rb");
     if (!gz_) throw std::runtime_error(fmt::format("read_idx: cannot open '{}'", path_));
@@ -102,8 +103,7 @@ std::string find_file(const std::string& root, const std::string& stem) {
     const fs::path p = fs::path(root) / name;
     if (fs::exists(p)) return p.string();
   }
-  throw std::runtime_error(
-      fmt::format("MNIST: '{}' has neither {}.gz nor {}", root, stem, stem));
+  throw std::runtime_error(fmt::format("MNIST: '{}' has neither {}.gz nor {}", root, stem, stem));
 }
 
 }  // namespace
@@ -141,15 +141,16 @@ MNIST::MNIST(const std::string& root, bool train, double mean, double std)
   const std::string labels_path = find_file(root, prefix + "-labels-idx1-ubyte");
   images_ = read_idx(images_path);
   if (images_.shape.size() != 3)
-    throw std::runtime_error(fmt::format("MNIST: '{}' holds a {}-dimensional array {}, expected "
-                                         "images [N, rows, cols]",
-                                         images_path, images_.shape.size(), shape_str(images_.shape)));
+    throw std::runtime_error(
+        fmt::format("MNIST: '{}' holds a {}-dimensional array {}, expected "
+                    "images [N, rows, cols]",
+                    images_path, images_.shape.size(), shape_str(images_.shape)));
   const ByteArray raw = read_idx(labels_path);
   if (raw.shape.size() != 1 || raw.size(0) != images_.size(0))
-    throw std::runtime_error(fmt::format("MNIST: '{}' holds labels of shape {}, expected [{}] to "
-                                         "match the {} images in '{}'",
-                                         labels_path, shape_str(raw.shape), images_.size(0),
-                                         images_.size(0), images_path));
+    throw std::runtime_error(fmt::format(
+        "MNIST: '{}' holds labels of shape {}, expected [{}] to "
+        "match the {} images in '{}'",
+        labels_path, shape_str(raw.shape), images_.size(0), images_.size(0), images_path));
   const int64_t n = raw.size(0);
   labels_ = Tensor::make(Storage::allocate(static_cast<size_t>(n) * sizeof(int64_t), Device::cpu()),
                          {n}, {1}, 0, DType::int64);

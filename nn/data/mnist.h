@@ -20,8 +20,8 @@ struct ByteArray {
 };
 
 // The contents of one IDX file of unsigned bytes (type code 0x08): the dimensions its
-// header gives and the bytes in a CPU storage allocated under the current context. `path` ending in .gz
-// must be gzip'd. Errors name the file: cannot open, not gzip, gzip error text, bad magic
+// header gives and the bytes in a CPU storage allocated under the current context. `path` ending in
+// .gz must be gzip'd. Errors name the file: cannot open, not gzip, gzip error text, bad magic
 // number (value and byte offset), truncated at byte offset N expecting M bytes.
 ByteArray read_idx(const std::string& path);
 

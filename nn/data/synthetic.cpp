@@ -38,8 +38,8 @@ SyntheticImages::SyntheticImages(int64_t n, Shape shape, int64_t classes, uint64
     : n_(n), shape_(std::move(shape)), classes_(classes), seed_(seed) {
   check_shape("SyntheticImages", shape_);
   if (n < 0 || classes < 1)
-    throw std::invalid_argument(
-        fmt::format("SyntheticImages: need n >= 0 and classes >= 1, got n {} classes {}", n, classes));
+    throw std::invalid_argument(fmt::format(
+        "SyntheticImages: need n >= 0 and classes >= 1, got n {} classes {}", n, classes));
 }
 
 int64_t SyntheticImages::label(int64_t index) const {
@@ -57,7 +57,8 @@ void SyntheticImages::fill(const std::vector<int64_t>& indices, float* input,
     target[b] = y;
     float* dst = input + static_cast<int64_t>(b) * numel;
     for (int64_t k = 0; k < numel; ++k) {
-      const float pattern = (bits(seed_, 2, static_cast<uint64_t>(y), static_cast<uint64_t>(k)) & 1u) ? 1.0f : -1.0f;
+      const float pattern =
+          (bits(seed_, 2, static_cast<uint64_t>(y), static_cast<uint64_t>(k)) & 1u) ? 1.0f : -1.0f;
       // Box-Muller from two uniforms of this (example, element).
       const float u1 = uniform(seed_, 3, static_cast<uint64_t>(i), static_cast<uint64_t>(k));
       const float u2 = uniform(seed_, 4, static_cast<uint64_t>(i), static_cast<uint64_t>(k));
@@ -89,7 +90,8 @@ Example SyntheticImages::get_batch(const std::vector<int64_t>& indices, bool pin
 SyntheticTokens::SyntheticTokens(int64_t n, int64_t vocab, Shape shape, uint64_t seed)
     : n_(n), vocab_(vocab), shape_(std::move(shape)), seed_(seed) {
   if (shape_.empty())
-    throw std::invalid_argument("SyntheticTokens: shape needs at least one dimension (the sequence)");
+    throw std::invalid_argument(
+        "SyntheticTokens: shape needs at least one dimension (the sequence)");
   check_shape("SyntheticTokens", shape_);
   if (n < 0 || vocab < 1)
     throw std::invalid_argument(

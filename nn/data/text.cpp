@@ -56,14 +56,17 @@ Example TextWindows::get_batch(const std::vector<int64_t>& indices, bool pinned)
 SequentialBatches::SequentialBatches(TextWindows windows, int64_t batch)
     : windows_(std::move(windows)), batch_(batch) {
   if (batch < 1)
-    throw std::invalid_argument(fmt::format("TextCorpus::sequential: batch must be >= 1, got {}", batch));
+    throw std::invalid_argument(
+        fmt::format("TextCorpus::sequential: batch must be >= 1, got {}", batch));
 }
 
 Example SequentialBatches::operator[](int64_t k) const {
   if (k < 0 || k >= size())
-    throw std::out_of_range(fmt::format("TextCorpus::sequential: batch {} out of range ({} batches)", k, size()));
+    throw std::out_of_range(
+        fmt::format("TextCorpus::sequential: batch {} out of range ({} batches)", k, size()));
   std::vector<int64_t> idx;
-  for (int64_t i = k * batch_; i < std::min(windows_.size(), (k + 1) * batch_); ++i) idx.push_back(i);
+  for (int64_t i = k * batch_; i < std::min(windows_.size(), (k + 1) * batch_); ++i)
+    idx.push_back(i);
   return windows_.get_batch(idx);
 }
 
@@ -80,15 +83,17 @@ TextCorpus::TextCorpus(const std::string& path, double val_fraction) : path_(pat
         path == kDefaultPath ? " (Debian/Ubuntu: install the package fortunes-min)" : ""));
   total_ = static_cast<int64_t>(fs::file_size(path));
   if (total_ < 2)
-    throw std::runtime_error(fmt::format("TextCorpus: '{}' has {} bytes, need at least 2", path, total_));
+    throw std::runtime_error(
+        fmt::format("TextCorpus: '{}' has {} bytes, need at least 2", path, total_));
   memory::CategoryScope scope(memory::Category::input);
   bytes_ = Storage::allocate(static_cast<size_t>(total_), Device::cpu());
   std::ifstream in(path, std::ios::binary);
   in.read(static_cast<char*>(bytes_.data()), total_);
   if (!in)
-    throw std::runtime_error(fmt::format("TextCorpus: '{}' is truncated at byte offset {}: expected "
-                                         "{} bytes",
-                                         path, in.gcount(), total_));
+    throw std::runtime_error(
+        fmt::format("TextCorpus: '{}' is truncated at byte offset {}: expected "
+                    "{} bytes",
+                    path, in.gcount(), total_));
   train_ = total_ - static_cast<int64_t>(static_cast<double>(total_) * val_fraction);
 }
 
@@ -145,7 +150,8 @@ std::string TextCorpus::decode(const Tensor& tokens) {
   std::string out;
   for (double v : ops::to_vector(tokens)) {
     if (v < 0 || v >= kVocabSize)
-      throw std::invalid_argument(fmt::format("TextCorpus::decode: token {} out of range [0, 256)", v));
+      throw std::invalid_argument(
+          fmt::format("TextCorpus::decode: token {} out of range [0, 256)", v));
     out.push_back(static_cast<char>(static_cast<uint8_t>(v)));
   }
   return out;

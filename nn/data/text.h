@@ -44,7 +44,10 @@ class SequentialBatches {
    public:
     Iterator(const SequentialBatches* s, int64_t k) : s_(s), k_(k) {}
     Example operator*() const { return (*s_)[k_]; }
-    Iterator& operator++() { ++k_; return *this; }
+    Iterator& operator++() {
+      ++k_;
+      return *this;
+    }
     bool operator==(const Iterator& o) const { return k_ == o.k_; }
 
    private:

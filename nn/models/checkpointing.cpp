@@ -1,21 +1,25 @@
 // --checkpoint for the models: parse the spec and mark the blocks (or set the segment count)
-// of a ResNet, ResNetTiny or GPT.
+// of any model whose modules declare them (Module::is_checkpoint_block,
+// Module::set_checkpoint_segments): ResNet, ResNetTiny and GPT do.
 #include <fmt/format.h>
 
 #include <stdexcept>
 
 #include "nn/checkpoint.h"
-#include "nn/models/gpt.h"
-#include "nn/models/resnet.h"
+#include "nn/module.h"
 
 namespace tally::nn {
 
 std::string CheckpointSpec::str() const {
   switch (kind) {
-    case Kind::none: return "none";
-    case Kind::blocks: return "blocks";
-    case Kind::segments: return fmt::format("{}-segments", segments);
-    case Kind::selective: return "selective";
+    case Kind::none:
+      return "none";
+    case Kind::blocks:
+      return "blocks";
+    case Kind::segments:
+      return fmt::format("{}-segments", segments);
+    case Kind::selective:
+      return "selective";
   }
   return "none";
 }
@@ -48,7 +52,8 @@ CheckpointSpec parse_checkpoint_spec(const std::string& s) {
     }
   }
   throw std::invalid_argument(fmt::format(
-      "--checkpoint: expected none, blocks, N-segments (e.g. 4-segments) or selective, got '{}'", s));
+      "--checkpoint: expected none, blocks, N-segments (e.g. 4-segments) or selective, got '{}'",
+      s));
 }
 
 CheckpointPolicy selective_policy() {
@@ -56,44 +61,35 @@ CheckpointPolicy selective_policy() {
                    "flash_attention_forward"});
 }
 
-namespace {
-bool is_block(Module* m) {
-  return dynamic_cast<BasicBlock*>(m) || dynamic_cast<Bottleneck*>(m) || dynamic_cast<Block*>(m);
-}
-}  // namespace
-
 void enable_checkpointing(Module& model, const CheckpointSpec& spec) {
   // Reset what an earlier call set.
   for (auto& [name, m] : model.named_modules()) {
     if (m->is_checkpointed()) m->set_checkpoint(false);
-    if (auto* r = dynamic_cast<ResNet*>(m)) r->checkpoint_segments = 0;
-    if (auto* r = dynamic_cast<ResNetTiny*>(m)) r->checkpoint_segments = 0;
-    if (auto* g = dynamic_cast<GPTTransformer*>(m)) g->checkpoint_segments = 0;
+    m->set_checkpoint_segments(0);
   }
   using Kind = CheckpointSpec::Kind;
   if (spec.kind == Kind::none) return;
   if (spec.kind == Kind::blocks || spec.kind == Kind::selective) {
     int n = 0;
     for (auto& [name, m] : model.named_modules())
-      if (is_block(m)) {
-        m->set_checkpoint(true, spec.kind == Kind::selective ? selective_policy() : CheckpointPolicy{});
+      if (m->is_checkpoint_block()) {
+        m->set_checkpoint(true,
+                          spec.kind == Kind::selective ? selective_policy() : CheckpointPolicy{});
         ++n;
       }
     if (n == 0)
       throw std::invalid_argument(fmt::format(
-          "enable_checkpointing({}): the model ({}) has no residual or transformer blocks", spec.str(),
-          model.type_name()));
+          "enable_checkpointing({}): the model ({}) has no residual or transformer blocks",
+          spec.str(), model.type_name()));
     return;
   }
   int n = 0;
-  for (auto& [name, m] : model.named_modules()) {
-    if (auto* r = dynamic_cast<ResNet*>(m)) r->checkpoint_segments = spec.segments, ++n;
-    if (auto* r = dynamic_cast<ResNetTiny*>(m)) r->checkpoint_segments = spec.segments, ++n;
-    if (auto* g = dynamic_cast<GPTTransformer*>(m)) g->checkpoint_segments = spec.segments, ++n;
-  }
+  for (auto& [name, m] : model.named_modules())
+    if (m->set_checkpoint_segments(spec.segments)) ++n;
   if (n == 0)
-    throw std::invalid_argument(fmt::format("enable_checkpointing({}): {} has no stage list to segment",
-                                            spec.str(), model.type_name()));
+    throw std::invalid_argument(
+        fmt::format("enable_checkpointing({}): {} has no stage list to segment", spec.str(),
+                    model.type_name()));
 }
 
 }  // namespace tally::nn

@@ -1,16 +1,14 @@
 // GPT-2 (nanoGPT's structure and names) over nn layers and scaled_dot_product_attention.
 #include "nn/models/gpt.h"
 
-#include <algorithm>
-#include <functional>
-
-#include "nn/checkpoint.h"
-
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <stdexcept>
 
+#include "nn/checkpoint.h"
 #include "nn/init.h"
 
 namespace tally::nn {
@@ -30,24 +28,25 @@ GPTConfig GPTConfig::preset(const std::string& name) {
     c.vocab_size = 256, c.block_size = 128, c.n_layer = 4, c.n_head = 4, c.n_embd = 128;
     return c;
   }
-  throw std::invalid_argument(fmt::format(
-      "GPTConfig::preset: unknown preset '{}' (gpt2, gpt2-medium, tiny, small)", name));
+  throw std::invalid_argument(
+      fmt::format("GPTConfig::preset: unknown preset '{}' (gpt2, gpt2-medium, tiny, small)", name));
 }
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg)
     : Module("CausalSelfAttention"), n_head(cfg.n_head), n_embd(cfg.n_embd), dropout(cfg.dropout) {
   if (cfg.n_embd % cfg.n_head != 0)
-    throw std::invalid_argument(fmt::format("CausalSelfAttention: n_embd {} is not divisible by n_head {}",
-                                            cfg.n_embd, cfg.n_head));
-  c_attn = register_module("c_attn", std::make_shared<Linear>(cfg.n_embd, 3 * cfg.n_embd, cfg.bias));
+    throw std::invalid_argument(fmt::format(
+        "CausalSelfAttention: n_embd {} is not divisible by n_head {}", cfg.n_embd, cfg.n_head));
+  c_attn =
+      register_module("c_attn", std::make_shared<Linear>(cfg.n_embd, 3 * cfg.n_embd, cfg.bias));
   c_proj = register_module("c_proj", std::make_shared<Linear>(cfg.n_embd, cfg.n_embd, cfg.bias));
   resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(cfg.dropout));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   if (x.dim() != 3 || x.size(2) != n_embd)
-    throw std::invalid_argument(fmt::format("CausalSelfAttention: expected [B, T, {}], got {}", n_embd,
-                                            x.shape_string()));
+    throw std::invalid_argument(
+        fmt::format("CausalSelfAttention: expected [B, T, {}], got {}", n_embd, x.shape_string()));
   const int64_t B = x.size(0), T = x.size(1), C = n_embd, hs = C / n_head;
   TensorList qkv = split((*c_attn)(x), C, 2);
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, n_head, hs}).transpose(1, 2); };
@@ -60,11 +59,14 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
 MLP::MLP(const GPTConfig& cfg) : Module("MLP") {
   c_fc = register_module("c_fc", std::make_shared<Linear>(cfg.n_embd, 4 * cfg.n_embd, cfg.bias));
   gelu = register_module("gelu", std::make_shared<GELU>("tanh"));
-  c_proj = register_module("c_proj", std::make_shared<Linear>(4 * cfg.n_embd, cfg.n_embd, cfg.bias));
+  c_proj =
+      register_module("c_proj", std::make_shared<Linear>(4 * cfg.n_embd, cfg.n_embd, cfg.bias));
   dropout = register_module("dropout", std::make_shared<Dropout>(cfg.dropout));
 }
 
-Tensor MLP::forward(const Tensor& x) { return (*dropout)((*c_proj)((*gelu)((*c_fc)(x)))); }
+Tensor MLP::forward(const Tensor& x) {
+  return (*dropout)((*c_proj)((*gelu)((*c_fc)(x))));
+}
 
 Block::Block(const GPTConfig& cfg) : Module("Block") {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(cfg.n_embd, 1e-5, true, cfg.bias));
@@ -89,7 +91,8 @@ GPTTransformer::GPTTransformer(const GPTConfig& cfg) : Module("ModuleDict"), con
 
 Tensor GPTTransformer::forward(const Tensor& idx) {
   if (idx.dim() != 2)
-    throw std::invalid_argument(fmt::format("GPT: expected idx [B, T], got {}", idx.shape_string()));
+    throw std::invalid_argument(
+        fmt::format("GPT: expected idx [B, T], got {}", idx.shape_string()));
   const int64_t T = idx.size(1);
   if (T > config.block_size)
     throw std::invalid_argument(fmt::format(
@@ -103,8 +106,10 @@ Tensor GPTTransformer::forward(const Tensor& idx) {
   if (checkpoint_segments > 0) {
     std::vector<std::function<Tensor(const Tensor&)>> fns;
     for (const auto& block : *h)
-      fns.push_back([this, block](const Tensor& in) { return h->call([&] { return (*block)(in); }); });
-    x = checkpoint_sequential(fns, std::min<int>(checkpoint_segments, static_cast<int>(fns.size())), x);
+      fns.push_back(
+          [this, block](const Tensor& in) { return h->call([&] { return (*block)(in); }); });
+    x = checkpoint_sequential(fns, std::min<int>(checkpoint_segments, static_cast<int>(fns.size())),
+                              x);
   } else {
     // Under h's scope, so the blocks' allocations carry "transformer.h.0...", their names
     // in named_modules(), as in the checkpointed path above.
@@ -118,7 +123,8 @@ GPT::GPT(const GPTConfig& cfg, Generator* gen) : Module("GPT"), config(cfg) {
   {
     SkipInitGuard skip;  // init_weights() below initialises every weight once
     transformer = register_module("transformer", std::make_shared<GPTTransformer>(cfg));
-    lm_head = register_module("lm_head", std::make_shared<Linear>(cfg.n_embd, cfg.vocab_size, false));
+    lm_head =
+        register_module("lm_head", std::make_shared<Linear>(cfg.n_embd, cfg.vocab_size, false));
   }
   // Weight tying: lm_head.weight is the token embedding (the same Tensor); its own fresh
   // allocation is released here.

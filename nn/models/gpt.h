@@ -52,6 +52,7 @@ class Block : public Module {
  public:
   explicit Block(const GPTConfig& cfg);
   Tensor forward(const Tensor& x) override;
+  bool is_checkpoint_block() const override { return true; }
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<MLP> mlp;
@@ -62,6 +63,10 @@ class GPTTransformer : public Module {
  public:
   explicit GPTTransformer(const GPTConfig& cfg);
   Tensor forward(const Tensor& idx) override;
+  bool set_checkpoint_segments(int n) override {
+    checkpoint_segments = n;
+    return true;
+  }
   GPTConfig config;
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<Dropout> drop;

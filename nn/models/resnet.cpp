@@ -1,13 +1,12 @@
 // ResNet-18/34/50/101 as torchvision builds them, and resnet_tiny.
 #include "nn/models/resnet.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <functional>
 
 #include "nn/checkpoint.h"
-
-#include <fmt/format.h>
-
 #include "nn/init.h"
 
 namespace tally::nn {
@@ -43,7 +42,8 @@ void init_resnet(Module& model, bool zero_init_residual, Generator* gen) {
 }
 }  // namespace
 
-BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Sequential> ds)
+BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride,
+                       std::shared_ptr<Sequential> ds)
     : Module("BasicBlock") {
   conv1 = register_module("conv1", conv3x3(inplanes, planes, stride));
   bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
@@ -60,7 +60,8 @@ Tensor BasicBlock::forward(const Tensor& x) {
   return (*relu)(add(out, identity));
 }
 
-Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Sequential> ds)
+Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride,
+                       std::shared_ptr<Sequential> ds)
     : Module("Bottleneck") {
   const int64_t width = planes;  // base_width 64, groups 1
   conv1 = register_module("conv1", conv1x1(inplanes, width));
@@ -81,10 +82,13 @@ Tensor Bottleneck::forward(const Tensor& x) {
   return (*relu)(add(out, identity));
 }
 
-ResNet::ResNet(BlockKind block, const std::vector<int64_t>& layers, ResNetOptions opts) : Module("ResNet") {
+ResNet::ResNet(BlockKind block, const std::vector<int64_t>& layers, ResNetOptions opts)
+    : Module("ResNet") {
   if (layers.size() != 4)
-    throw std::invalid_argument(fmt::format("ResNet: expected 4 stage sizes, got {}", layers.size()));
-  const int64_t expansion = block == BlockKind::basic ? BasicBlock::expansion : Bottleneck::expansion;
+    throw std::invalid_argument(
+        fmt::format("ResNet: expected 4 stage sizes, got {}", layers.size()));
+  const int64_t expansion =
+      block == BlockKind::basic ? BasicBlock::expansion : Bottleneck::expansion;
   {
     SkipInitGuard skip;  // init_resnet initialises every weight once
     conv1 = register_module("conv1", std::make_shared<Conv2d>(opts.in_channels, 64, 7,
@@ -102,8 +106,10 @@ ResNet::ResNet(BlockKind block, const std::vector<int64_t>& layers, ResNetOption
   init_resnet(*this, opts.zero_init_residual, opts.gen);
 }
 
-std::shared_ptr<Sequential> ResNet::make_layer(BlockKind block, int64_t planes, int64_t blocks, int64_t stride) {
-  const int64_t expansion = block == BlockKind::basic ? BasicBlock::expansion : Bottleneck::expansion;
+std::shared_ptr<Sequential> ResNet::make_layer(BlockKind block, int64_t planes, int64_t blocks,
+                                               int64_t stride) {
+  const int64_t expansion =
+      block == BlockKind::basic ? BasicBlock::expansion : Bottleneck::expansion;
   std::shared_ptr<Sequential> downsample;
   if (stride != 1 || inplanes_ != planes * expansion) {
     downsample = std::make_shared<Sequential>();
@@ -112,7 +118,8 @@ std::shared_ptr<Sequential> ResNet::make_layer(BlockKind block, int64_t planes, 
   }
   auto layer = std::make_shared<Sequential>();
   auto make = [&](int64_t s, std::shared_ptr<Sequential> ds) -> std::shared_ptr<Module> {
-    if (block == BlockKind::basic) return std::make_shared<BasicBlock>(inplanes_, planes, s, std::move(ds));
+    if (block == BlockKind::basic)
+      return std::make_shared<BasicBlock>(inplanes_, planes, s, std::move(ds));
     return std::make_shared<Bottleneck>(inplanes_, planes, s, std::move(ds));
   };
   layer->push_back(make(stride, downsample));
@@ -123,7 +130,8 @@ std::shared_ptr<Sequential> ResNet::make_layer(BlockKind block, int64_t planes, 
 
 namespace {
 // checkpoint_sequential over the stages (when segments <= stages) or over their blocks.
-Tensor run_stages_checkpointed(const std::vector<std::shared_ptr<Sequential>>& stages, int segments, const Tensor& x) {
+Tensor run_stages_checkpointed(const std::vector<std::shared_ptr<Sequential>>& stages, int segments,
+                               const Tensor& x) {
   std::vector<std::function<Tensor(const Tensor&)>> fns;
   if (segments <= static_cast<int>(stages.size())) {
     for (const auto& s : stages) fns.push_back([s](const Tensor& in) { return (*s)(in); });
@@ -131,9 +139,8 @@ Tensor run_stages_checkpointed(const std::vector<std::shared_ptr<Sequential>>& s
     for (const auto& s : stages)
       for (const auto& [name, block] : s->named_children()) {
         // Each block runs under its stage's module path, as without checkpointing.
-        fns.push_back([s, block = block](const Tensor& in) {
-          return s->call([&] { return (*block)(in); });
-        });
+        fns.push_back(
+            [s, block = block](const Tensor& in) { return s->call([&] { return (*block)(in); }); });
       }
   }
   return checkpoint_sequential(fns, std::min<int>(segments, static_cast<int>(fns.size())), x);
@@ -150,10 +157,18 @@ Tensor ResNet::forward(const Tensor& x) {
   return (*fc)(y);
 }
 
-std::shared_ptr<ResNet> resnet18(ResNetOptions o) { return std::make_shared<ResNet>(BlockKind::basic, std::vector<int64_t>{2, 2, 2, 2}, o); }
-std::shared_ptr<ResNet> resnet34(ResNetOptions o) { return std::make_shared<ResNet>(BlockKind::basic, std::vector<int64_t>{3, 4, 6, 3}, o); }
-std::shared_ptr<ResNet> resnet50(ResNetOptions o) { return std::make_shared<ResNet>(BlockKind::bottleneck, std::vector<int64_t>{3, 4, 6, 3}, o); }
-std::shared_ptr<ResNet> resnet101(ResNetOptions o) { return std::make_shared<ResNet>(BlockKind::bottleneck, std::vector<int64_t>{3, 4, 23, 3}, o); }
+std::shared_ptr<ResNet> resnet18(ResNetOptions o) {
+  return std::make_shared<ResNet>(BlockKind::basic, std::vector<int64_t>{2, 2, 2, 2}, o);
+}
+std::shared_ptr<ResNet> resnet34(ResNetOptions o) {
+  return std::make_shared<ResNet>(BlockKind::basic, std::vector<int64_t>{3, 4, 6, 3}, o);
+}
+std::shared_ptr<ResNet> resnet50(ResNetOptions o) {
+  return std::make_shared<ResNet>(BlockKind::bottleneck, std::vector<int64_t>{3, 4, 6, 3}, o);
+}
+std::shared_ptr<ResNet> resnet101(ResNetOptions o) {
+  return std::make_shared<ResNet>(BlockKind::bottleneck, std::vector<int64_t>{3, 4, 23, 3}, o);
+}
 
 ResNetTiny::ResNetTiny(ResNetOptions opts) : Module("ResNetTiny") {
   {
@@ -188,6 +203,8 @@ Tensor ResNetTiny::forward(const Tensor& x) {
   return (*fc)((*avgpool)(y).flatten(1));
 }
 
-std::shared_ptr<ResNetTiny> resnet_tiny(ResNetOptions o) { return std::make_shared<ResNetTiny>(o); }
+std::shared_ptr<ResNetTiny> resnet_tiny(ResNetOptions o) {
+  return std::make_shared<ResNetTiny>(o);
+}
 
 }  // namespace tally::nn

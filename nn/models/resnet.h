@@ -20,6 +20,7 @@ class BasicBlock : public Module {
   BasicBlock(int64_t inplanes, int64_t planes, int64_t stride = 1,
              std::shared_ptr<Sequential> downsample = nullptr);
   Tensor forward(const Tensor& x) override;
+  bool is_checkpoint_block() const override { return true; }
   std::shared_ptr<Conv2d> conv1, conv2;
   std::shared_ptr<BatchNorm2d> bn1, bn2;
   std::shared_ptr<ReLU> relu;
@@ -32,6 +33,7 @@ class Bottleneck : public Module {
   Bottleneck(int64_t inplanes, int64_t planes, int64_t stride = 1,
              std::shared_ptr<Sequential> downsample = nullptr);
   Tensor forward(const Tensor& x) override;
+  bool is_checkpoint_block() const override { return true; }
   std::shared_ptr<Conv2d> conv1, conv2, conv3;
   std::shared_ptr<BatchNorm2d> bn1, bn2, bn3;
   std::shared_ptr<ReLU> relu;
@@ -51,6 +53,10 @@ class ResNet : public Module {
  public:
   ResNet(BlockKind block, const std::vector<int64_t>& layers, ResNetOptions opts = {});
   Tensor forward(const Tensor& x) override;
+  bool set_checkpoint_segments(int n) override {
+    checkpoint_segments = n;
+    return true;
+  }
 
   std::shared_ptr<Conv2d> conv1;
   std::shared_ptr<BatchNorm2d> bn1;
@@ -64,7 +70,8 @@ class ResNet : public Module {
   int checkpoint_segments = 0;
 
  private:
-  std::shared_ptr<Sequential> make_layer(BlockKind block, int64_t planes, int64_t blocks, int64_t stride);
+  std::shared_ptr<Sequential> make_layer(BlockKind block, int64_t planes, int64_t blocks,
+                                         int64_t stride);
   int64_t inplanes_ = 64;
 };
 
@@ -80,6 +87,10 @@ class ResNetTiny : public Module {
  public:
   explicit ResNetTiny(ResNetOptions opts = {});
   Tensor forward(const Tensor& x) override;
+  bool set_checkpoint_segments(int n) override {
+    checkpoint_segments = n;
+    return true;
+  }
   std::shared_ptr<Conv2d> conv1;
   std::shared_ptr<BatchNorm2d> bn1;
   std::shared_ptr<ReLU> relu;

@@ -13,8 +13,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "tensor/cuda/linalg.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/linalg/cuda.h"
 
 namespace tally::cuda {
 

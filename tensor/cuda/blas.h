@@ -3,7 +3,7 @@
 // per problem (shape, layout, dtype, pointer alignment, epilogue, workspace size), and one
 // column-major GEMM entry point that enqueues on Tally's stream for the device. The
 // workspace is the caller's (taken from the caching allocator under Category::workspace,
-// see tensor/cuda/matmul.cpp); nothing here allocates tensor memory or synchronises (the
+// see tensor/linalg/cuda_matmul.cpp); nothing here allocates tensor memory or synchronises (the
 // libraries' handles keep a little device memory of their own, made at creation).
 #pragma once
 

@@ -15,17 +15,25 @@ std::atomic<bool> g_benchmark{false};
 std::atomic<bool> g_allow_tf32{true};
 }  // namespace
 
-void set_cudnn_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
-bool cudnn_allow_tf32() { return g_allow_tf32.load(); }
+void set_cudnn_allow_tf32(bool allow) {
+  g_allow_tf32.store(allow);
+}
+bool cudnn_allow_tf32() {
+  return g_allow_tf32.load();
+}
 
-void set_cudnn_benchmark(bool enabled) { g_benchmark.store(enabled); }
-bool cudnn_benchmark() { return g_benchmark.load(); }
+void set_cudnn_benchmark(bool enabled) {
+  g_benchmark.store(enabled);
+}
+bool cudnn_benchmark() {
+  return g_benchmark.load();
+}
 
 void check_cudnn(cudnnStatus_t status, const char* call, const std::string& context) {
   if (status == CUDNN_STATUS_SUCCESS) return;
-  throw std::runtime_error(fmt::format("{}: cuDNN error {} ({}){}{}", call, static_cast<int>(status),
-                                       cudnnGetErrorString(status), context.empty() ? "" : ": ",
-                                       context));
+  throw std::runtime_error(fmt::format("{}: cuDNN error {} ({}){}{}", call,
+                                       static_cast<int>(status), cudnnGetErrorString(status),
+                                       context.empty() ? "" : ": ", context));
 }
 
 cudnnHandle_t cudnn_handle(int device) {
@@ -33,7 +41,8 @@ cudnnHandle_t cudnn_handle(int device) {
   // once. Never destroyed (see the header).
   thread_local std::vector<cudnnHandle_t> handles;
   if (device < 0) throw std::invalid_argument("cudnn_handle: negative device");
-  if (handles.size() <= static_cast<size_t>(device)) handles.resize(static_cast<size_t>(device) + 1, nullptr);
+  if (handles.size() <= static_cast<size_t>(device))
+    handles.resize(static_cast<size_t>(device) + 1, nullptr);
   cudnnHandle_t& h = handles[static_cast<size_t>(device)];
   if (!h) {
     DeviceGuard g(device);
@@ -45,10 +54,14 @@ cudnnHandle_t cudnn_handle(int device) {
 
 cudnnDataType_t cudnn_data_type(DType dtype) {
   switch (dtype) {
-    case DType::float32: return CUDNN_DATA_FLOAT;
-    case DType::float64: return CUDNN_DATA_DOUBLE;
-    case DType::float16: return CUDNN_DATA_HALF;
-    case DType::bfloat16: return CUDNN_DATA_BFLOAT16;
+    case DType::float32:
+      return CUDNN_DATA_FLOAT;
+    case DType::float64:
+      return CUDNN_DATA_DOUBLE;
+    case DType::float16:
+      return CUDNN_DATA_HALF;
+    case DType::bfloat16:
+      return CUDNN_DATA_BFLOAT16;
     default:
       throw std::invalid_argument(fmt::format("cuDNN: unsupported dtype {}", dtype_name(dtype)));
   }
@@ -57,36 +70,45 @@ cudnnDataType_t cudnn_data_type(DType dtype) {
 TensorDescriptor::TensorDescriptor() {
   check_cudnn(cudnnCreateTensorDescriptor(&desc_), "cudnnCreateTensorDescriptor");
 }
-TensorDescriptor::~TensorDescriptor() { cudnnDestroyTensorDescriptor(desc_); }
+TensorDescriptor::~TensorDescriptor() {
+  cudnnDestroyTensorDescriptor(desc_);
+}
 void TensorDescriptor::set(cudnnDataType_t dt, const int dims[4], const int strides[4]) {
-  check_cudnn(cudnnSetTensor4dDescriptorEx(desc_, dt, dims[0], dims[1], dims[2], dims[3], strides[0],
-                                           strides[1], strides[2], strides[3]),
+  check_cudnn(cudnnSetTensor4dDescriptorEx(desc_, dt, dims[0], dims[1], dims[2], dims[3],
+                                           strides[0], strides[1], strides[2], strides[3]),
               "cudnnSetTensor4dDescriptorEx",
-              fmt::format("dims [{}, {}, {}, {}], strides [{}, {}, {}, {}]", dims[0], dims[1], dims[2],
-                          dims[3], strides[0], strides[1], strides[2], strides[3]));
+              fmt::format("dims [{}, {}, {}, {}], strides [{}, {}, {}, {}]", dims[0], dims[1],
+                          dims[2], dims[3], strides[0], strides[1], strides[2], strides[3]));
 }
 
 FilterDescriptor::FilterDescriptor() {
   check_cudnn(cudnnCreateFilterDescriptor(&desc_), "cudnnCreateFilterDescriptor");
 }
-FilterDescriptor::~FilterDescriptor() { cudnnDestroyFilterDescriptor(desc_); }
+FilterDescriptor::~FilterDescriptor() {
+  cudnnDestroyFilterDescriptor(desc_);
+}
 void FilterDescriptor::set(cudnnDataType_t dt, const int dims[4]) {
-  check_cudnn(cudnnSetFilter4dDescriptor(desc_, dt, CUDNN_TENSOR_NCHW, dims[0], dims[1], dims[2], dims[3]),
-              "cudnnSetFilter4dDescriptor",
-              fmt::format("dims [{}, {}, {}, {}]", dims[0], dims[1], dims[2], dims[3]));
+  check_cudnn(
+      cudnnSetFilter4dDescriptor(desc_, dt, CUDNN_TENSOR_NCHW, dims[0], dims[1], dims[2], dims[3]),
+      "cudnnSetFilter4dDescriptor",
+      fmt::format("dims [{}, {}, {}, {}]", dims[0], dims[1], dims[2], dims[3]));
 }
 
 ConvolutionDescriptor::ConvolutionDescriptor() {
   check_cudnn(cudnnCreateConvolutionDescriptor(&desc_), "cudnnCreateConvolutionDescriptor");
 }
-ConvolutionDescriptor::~ConvolutionDescriptor() { cudnnDestroyConvolutionDescriptor(desc_); }
-void ConvolutionDescriptor::set(const int pad[2], const int stride[2], const int dilation[2], int groups,
-                                cudnnDataType_t compute_type, cudnnMathType_t math) {
-  const std::string ctx = fmt::format("padding [{}, {}], stride [{}, {}], dilation [{}, {}], groups {}", pad[0],
-                                      pad[1], stride[0], stride[1], dilation[0], dilation[1], groups);
-  check_cudnn(cudnnSetConvolution2dDescriptor(desc_, pad[0], pad[1], stride[0], stride[1], dilation[0],
-                                              dilation[1], CUDNN_CROSS_CORRELATION, compute_type),
-              "cudnnSetConvolution2dDescriptor", ctx);
+ConvolutionDescriptor::~ConvolutionDescriptor() {
+  cudnnDestroyConvolutionDescriptor(desc_);
+}
+void ConvolutionDescriptor::set(const int pad[2], const int stride[2], const int dilation[2],
+                                int groups, cudnnDataType_t compute_type, cudnnMathType_t math) {
+  const std::string ctx =
+      fmt::format("padding [{}, {}], stride [{}, {}], dilation [{}, {}], groups {}", pad[0], pad[1],
+                  stride[0], stride[1], dilation[0], dilation[1], groups);
+  check_cudnn(
+      cudnnSetConvolution2dDescriptor(desc_, pad[0], pad[1], stride[0], stride[1], dilation[0],
+                                      dilation[1], CUDNN_CROSS_CORRELATION, compute_type),
+      "cudnnSetConvolution2dDescriptor", ctx);
   check_cudnn(cudnnSetConvolutionGroupCount(desc_, groups), "cudnnSetConvolutionGroupCount", ctx);
   set_math(math);
 }

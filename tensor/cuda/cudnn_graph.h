@@ -2,8 +2,8 @@
 // matmul / reduction / reshape operations, an operation graph, the first engine
 // configuration from cuDNN's heuristics (the given modes in order) whose numerical notes are
 // acceptable and whose execution plan finalises, and execution with a variant pack. It is
-// what cuDNN's fused kernels (its flash attention: tensor/cuda/cudnn_sdpa.cpp) and its
-// convolution engines with cached plans (tensor/cuda/conv.cpp) are reached through.
+// what cuDNN's fused kernels (its flash attention: tensor/attention/cuda_cudnn_sdpa.cpp) and its
+// convolution engines with cached plans (tensor/conv/cuda_conv.cpp) are reached through.
 //
 // Depends only on cuDNN and fmt (no Tally types), so a graph can be built and run from a
 // standalone program while it is being brought up on a GPU. Errors throw CudnnGraphError

@@ -14,30 +14,57 @@
 namespace tally::cuda {
 
 // Storage type on the device for a host scalar type.
-template <typename T> struct Dev { using type = T; };
-template <> struct Dev<Half> { using type = __half; };
-template <> struct Dev<BFloat16> { using type = __nv_bfloat16; };
-template <typename T> using dev_t = typename Dev<T>::type;
+template <typename T>
+struct Dev {
+  using type = T;
+};
+template <>
+struct Dev<Half> {
+  using type = __half;
+};
+template <>
+struct Dev<BFloat16> {
+  using type = __nv_bfloat16;
+};
+template <typename T>
+using dev_t = typename Dev<T>::type;
 
 // Accumulation type on the device.
-template <typename T> struct DevAcc { using type = T; };
-template <> struct DevAcc<__half> { using type = float; };
-template <> struct DevAcc<__nv_bfloat16> { using type = float; };
-template <typename T> using dacc_t = typename DevAcc<T>::type;
+template <typename T>
+struct DevAcc {
+  using type = T;
+};
+template <>
+struct DevAcc<__half> {
+  using type = float;
+};
+template <>
+struct DevAcc<__nv_bfloat16> {
+  using type = float;
+};
+template <typename T>
+using dacc_t = typename DevAcc<T>::type;
 
 template <typename T>
 __device__ __forceinline__ dacc_t<T> load(const T& v) {
-  if constexpr (std::is_same_v<T, __half>) return __half2float(v);
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
-  else return v;
+  if constexpr (std::is_same_v<T, __half>)
+    return __half2float(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(v);
+  else
+    return v;
 }
 
 template <typename T, typename A>
 __device__ __forceinline__ T store(A v) {
-  if constexpr (std::is_same_v<T, __half>) return __float2half_rn(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, bool>) return static_cast<double>(v) != 0.0;
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bool>)
+    return static_cast<double>(v) != 0.0;
+  else
+    return static_cast<T>(v);
 }
 
 inline constexpr int kMaxDims = 10;
@@ -72,7 +99,8 @@ struct Indexer {
   __device__ __forceinline__ void get32(uint32_t linear, int64_t* off) const {
     if (ndim <= 1) {
 #pragma unroll
-      for (int k = 0; k < N; ++k) off[k] = base[k] + (ndim ? static_cast<int64_t>(linear) * strides[k][0] : 0);
+      for (int k = 0; k < N; ++k)
+        off[k] = base[k] + (ndim ? static_cast<int64_t>(linear) * strides[k][0] : 0);
       return;
     }
 #pragma unroll

@@ -31,24 +31,29 @@ enum class Mode { thread, warp, block, column };
 
 inline constexpr int64_t kMaxGrid = 65535LL * 16;
 
-template <Mode M> struct Walk;
+template <Mode M>
+struct Walk;
 
-template <> struct Walk<Mode::thread> {
+template <>
+struct Walk<Mode::thread> {
   static constexpr int kThreads = 256, kRowsPerTile = 256, kLanes = 1;
   __device__ static int row_in_tile() { return static_cast<int>(threadIdx.x); }
   __device__ static int lane() { return 0; }
 };
-template <> struct Walk<Mode::warp> {
+template <>
+struct Walk<Mode::warp> {
   static constexpr int kThreads = 256, kRowsPerTile = 8, kLanes = 32;
   __device__ static int row_in_tile() { return static_cast<int>(threadIdx.x / 32); }
   __device__ static int lane() { return static_cast<int>(threadIdx.x % 32); }
 };
-template <> struct Walk<Mode::block> {
+template <>
+struct Walk<Mode::block> {
   static constexpr int kThreads = 512, kRowsPerTile = 1, kLanes = 512;
   __device__ static int row_in_tile() { return 0; }
   __device__ static int lane() { return static_cast<int>(threadIdx.x); }
 };
-template <> struct Walk<Mode::column> {
+template <>
+struct Walk<Mode::column> {
   static constexpr int kThreads = 512, kRowsPerTile = 32, kLanes = 16;
   __device__ static int row_in_tile() { return static_cast<int>(threadIdx.x % 32); }
   __device__ static int lane() { return static_cast<int>(threadIdx.x / 32); }
@@ -73,7 +78,8 @@ inline Mode choose(int64_t rows, int64_t n, bool inner_contiguous) {
 template <typename L>
 void launch_rows(Mode mode, int64_t rows, L&& launch) {
   auto grid = [rows](int per_tile) {
-    return static_cast<unsigned>(std::clamp<int64_t>((rows + per_tile - 1) / per_tile, 1, kMaxGrid));
+    return static_cast<unsigned>(
+        std::clamp<int64_t>((rows + per_tile - 1) / per_tile, 1, kMaxGrid));
   };
   switch (mode) {
     case Mode::thread:
@@ -194,20 +200,26 @@ __device__ __forceinline__ V block_sum(V v) {
 
 struct SumOp {
   template <typename V>
-  __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
+  __device__ __forceinline__ V operator()(V a, V b) const {
+    return a + b;
+  }
 };
 
 // max ignoring NaN operands on the right (the running max starts at -inf and only NaN-free
 // values enter it, as the CPU's `if (v > m) m = v`).
 struct MaxOp {
   template <typename V>
-  __device__ __forceinline__ V operator()(V a, V b) const { return b > a ? b : a; }
+  __device__ __forceinline__ V operator()(V a, V b) const {
+    return b > a ? b : a;
+  }
 };
 
 template <typename V>
 __device__ __forceinline__ bool is_nan(V v) {
-  if constexpr (std::is_floating_point_v<V>) return isnan(v);
-  else return false;
+  if constexpr (std::is_floating_point_v<V>)
+    return isnan(v);
+  else
+    return false;
 }
 
 // The CPU's sequential rule for max/min with indices, for a lane walking its elements in
@@ -217,8 +229,10 @@ template <bool IsMax, typename V>
 __device__ __forceinline__ bool replaces(V v, V best) {
   if (is_nan(best)) return false;
   if (is_nan(v)) return true;
-  if constexpr (IsMax) return v > best;
-  else return v < best;
+  if constexpr (IsMax)
+    return v > best;
+  else
+    return v < best;
 }
 
 // The same order between two lanes' selections: a NaN beats any number, a larger (smaller)
@@ -236,8 +250,10 @@ struct SelectOp {
       return an ? a : b;
     }
     if (a.v == b.v) return a.i < b.i ? a : b;
-    if constexpr (IsMax) return a.v > b.v ? a : b;
-    else return a.v < b.v ? a : b;
+    if constexpr (IsMax)
+      return a.v > b.v ? a : b;
+    else
+      return a.v < b.v ? a : b;
   }
 };
 

@@ -18,14 +18,17 @@ void check(cudaError_t err, const char* what) {
                                          cudaGetErrorString(err)));
 }
 
-void check_launch(const char* what) { check(cudaGetLastError(), what); }
+void check_launch(const char* what) {
+  check(cudaGetLastError(), what);
+}
 
 cudaStream_t stream(int device) {
   static std::mutex mu;
   static std::vector<cudaStream_t> streams;
   std::lock_guard lock(mu);
   if (device < 0) throw std::invalid_argument("cuda::stream: negative device");
-  if (streams.size() <= static_cast<size_t>(device)) streams.resize(static_cast<size_t>(device) + 1, nullptr);
+  if (streams.size() <= static_cast<size_t>(device))
+    streams.resize(static_cast<size_t>(device) + 1, nullptr);
   cudaStream_t& s = streams[static_cast<size_t>(device)];
   if (!s) {
     DeviceGuard g(device);

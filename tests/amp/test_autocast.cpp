@@ -7,7 +7,7 @@
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "memory/memory.h"
-#include "tensor/gradcheck.h"
+#include "testing/gradcheck.h"
 
 namespace tally {
 namespace {

@@ -10,7 +10,7 @@
 #include "autograd/ops.h"
 #include "memory/memory.h"
 #include "nn/checkpoint.h"
-#include "tensor/cuda_testing.h"
+#include "testing/cuda_testing.h"
 
 namespace tally {
 namespace {

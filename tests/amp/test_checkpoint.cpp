@@ -8,7 +8,7 @@
 #include "autograd/ops.h"
 #include "memory/memory.h"
 #include "nn/checkpoint.h"
-#include "tensor/gradcheck.h"
+#include "testing/gradcheck.h"
 
 namespace tally {
 namespace {

@@ -35,7 +35,8 @@ class TempDir {
 
 inline void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
 }
 
 inline std::vector<uint8_t> read_bytes(const std::string& path) {
@@ -58,8 +59,8 @@ inline void put_be32(std::vector<uint8_t>& v, uint32_t x) {
 }
 
 // An IDX file of unsigned bytes: magic 0x000008NN, dims, then `data`.
-inline std::vector<uint8_t> idx_bytes(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data,
-                                      uint32_t magic = 0) {
+inline std::vector<uint8_t> idx_bytes(const std::vector<uint32_t>& dims,
+                                      const std::vector<uint8_t>& data, uint32_t magic = 0) {
   std::vector<uint8_t> v;
   put_be32(v, magic ? magic : 0x00000800u + static_cast<uint32_t>(dims.size()));
   for (uint32_t d : dims) put_be32(v, d);

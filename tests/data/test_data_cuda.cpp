@@ -8,9 +8,9 @@
 #include "memory/memory.h"
 #include "nn/data/dataloader.h"
 #include "nn/data/synthetic.h"
-#include "tensor/cuda_testing.h"
 #include "tensor/ops.h"
 #include "tensor/pinned.h"
+#include "testing/cuda_testing.h"
 #if defined(TALLY_WITH_CUDA)
 #include <cuda_runtime.h>
 

@@ -28,7 +28,8 @@ class IndexDataset : public Dataset {
   int64_t size() const override { return n_; }
   Example get(int64_t i) const override {
     check_index("IndexDataset", i, n_);
-    if (i == fail_at_) throw std::runtime_error("IndexDataset: example " + std::to_string(i) + " is broken");
+    if (i == fail_at_)
+      throw std::runtime_error("IndexDataset: example " + std::to_string(i) + " is broken");
     ++calls;
     const auto d = static_cast<double>(i);
     return {ops::from_vector({d, -d}, {2}), ops::from_vector({d}, {}, DType::int64)};
@@ -100,8 +101,10 @@ TEST(DataLoader, EveryIndexOncePerEpochShuffledAndSeeded) {
 // reshuffles, the same way on both ranks; shuffle + sampler and a size mismatch are errors.
 TEST(DataLoader, DistributedSamplerShardsTheDataset) {
   IndexDataset ds(11);
-  DataLoader r0(ds, {.batch_size = 4, .sampler = DistributedSampler(11, 2, 0, {.shuffle = true, .seed = 7})});
-  DataLoader r1(ds, {.batch_size = 4, .sampler = DistributedSampler(11, 2, 1, {.shuffle = true, .seed = 7})});
+  DataLoader r0(
+      ds, {.batch_size = 4, .sampler = DistributedSampler(11, 2, 0, {.shuffle = true, .seed = 7})});
+  DataLoader r1(
+      ds, {.batch_size = 4, .sampler = DistributedSampler(11, 2, 1, {.shuffle = true, .seed = 7})});
   EXPECT_EQ(r0.len(), 2);  // 6 samples a rank (11 padded to 12), batches of 4 and 2
   EXPECT_EQ(r1.len(), 2);
   const std::vector<int64_t> a0 = targets_of(r0), b0 = targets_of(r1);
@@ -109,7 +112,8 @@ TEST(DataLoader, DistributedSamplerShardsTheDataset) {
   ASSERT_EQ(b0.size(), 6u);
   std::multiset<int64_t> all(a0.begin(), a0.end());
   all.insert(b0.begin(), b0.end());
-  EXPECT_EQ(std::set<int64_t>(all.begin(), all.end()).size(), 11u) << "the shards cover the dataset";
+  EXPECT_EQ(std::set<int64_t>(all.begin(), all.end()).size(), 11u)
+      << "the shards cover the dataset";
   EXPECT_EQ(all.size(), 12u) << "one sample repeated as padding";
   EXPECT_EQ(a0, r0.epoch_order(0));
   DistributedSampler same(11, 2, 0, {.shuffle = true, .seed = 7});
@@ -117,9 +121,11 @@ TEST(DataLoader, DistributedSamplerShardsTheDataset) {
   const std::vector<int64_t> a1 = targets_of(r0);  // the loader's second epoch
   EXPECT_EQ(a1, same.indices()) << "loader epoch e is sampler epoch e";
   EXPECT_NE(a1, a0);
-  EXPECT_THROW(DataLoader(ds, {.batch_size = 4, .shuffle = true, .sampler = DistributedSampler(11, 2, 0)}),
+  EXPECT_THROW(
+      DataLoader(ds, {.batch_size = 4, .shuffle = true, .sampler = DistributedSampler(11, 2, 0)}),
+      std::invalid_argument);
+  EXPECT_THROW(DataLoader(ds, {.batch_size = 4, .sampler = DistributedSampler(12, 2, 0)}),
                std::invalid_argument);
-  EXPECT_THROW(DataLoader(ds, {.batch_size = 4, .sampler = DistributedSampler(12, 2, 0)}), std::invalid_argument);
 }
 
 TEST(DataLoader, DropLastAndBatchShapes) {
@@ -177,7 +183,8 @@ TEST(DataLoader, DestroyMidEpochDoesNotHangOrLeak) {
     }
     // The worker goes on preparing batches ahead (poll: it runs on its own schedule).
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (memory::memory_allocated(Device::cpu()) == baseline && std::chrono::steady_clock::now() < deadline)
+    while (memory::memory_allocated(Device::cpu()) == baseline &&
+           std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     EXPECT_GT(memory::memory_allocated(Device::cpu()), baseline);  // prefetched batches
     // Restarting mid-epoch stops the first worker too.
@@ -205,7 +212,7 @@ TEST(DataLoader, WorkerErrorRethrownWithContext) {
     }
     EXPECT_EQ(seen, 15);
     // The next epoch starts afresh (and fails again at the same place).
-    EXPECT_THROW(for (const Example& b : loader) (void)b, std::runtime_error);
+    EXPECT_THROW(for (const Example& b : loader)(void) b, std::runtime_error);
   }
   EXPECT_EQ(memory::memory_allocated(Device::cpu()), baseline);
 }

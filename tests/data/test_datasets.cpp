@@ -29,7 +29,8 @@ void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
     ADD_FAILURE() << "no exception";
   } catch (const std::exception& e) {
     const std::string msg = e.what();
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    for (const std::string& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
   }
 }
 
@@ -96,7 +97,8 @@ TEST(Mnist, FashionDefaultsNormalise) {
 }
 
 TEST(Mnist, RealFashionMnist) {
-  if (!std::filesystem::exists(std::string(FashionMNIST::kDefaultRoot) + "/train-images-idx3-ubyte.gz"))
+  if (!std::filesystem::exists(std::string(FashionMNIST::kDefaultRoot) +
+                               "/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "Fashion-MNIST not installed (Debian package dataset-fashion-mnist)";
   for (bool train : {true, false}) {
     FashionMNIST ds(FashionMNIST::kDefaultRoot, train);
@@ -111,7 +113,8 @@ TEST(Mnist, RealFashionMnist) {
     const Example ex = ds.get(0);
     EXPECT_EQ(ex.input.sizes(), (Shape{1, 28, 28}));
     const std::vector<double> v = ops::to_vector(ex.input);
-    const double lo = *std::min_element(v.begin(), v.end()), hi = *std::max_element(v.begin(), v.end());
+    const double lo = *std::min_element(v.begin(), v.end()),
+                 hi = *std::max_element(v.begin(), v.end());
     EXPECT_NEAR(lo, -0.2860 / 0.3530, 1e-5);  // background pixels are 0
     EXPECT_LE(hi, (1 - 0.2860) / 0.3530 + 1e-5);
     EXPECT_GT(hi, 1.0);
@@ -130,7 +133,8 @@ TEST(MnistErrors, TruncatedData) {
   const std::string f = dir.file("short-images.gz");
   dt::write_gzip(f, dt::idx_bytes({3, 2, 4}, std::vector<uint8_t>(20, 7)));
   // Header 16 bytes, 24 data bytes expected, 20 present.
-  expect_error([&] { read_idx(f); }, {f, "truncated at byte offset 36", "expected 24 bytes", "got 20"});
+  expect_error([&] { read_idx(f); },
+               {f, "truncated at byte offset 36", "expected 24 bytes", "got 20"});
 }
 
 TEST(MnistErrors, TruncatedHeader) {
@@ -181,7 +185,8 @@ std::vector<uint8_t> cifar_records(int count, int first_label, int salt) {
   for (int r = 0; r < count; ++r) {
     v.push_back(static_cast<uint8_t>((first_label + r) % 10));
     for (int c = 0; c < 3; ++c)
-      for (int k = 0; k < 1024; ++k) v.push_back(static_cast<uint8_t>((c * 50 + k + r + salt) % 256));
+      for (int k = 0; k < 1024; ++k)
+        v.push_back(static_cast<uint8_t>((c * 50 + k + r + salt) % 256));
   }
   return v;
 }
@@ -204,7 +209,8 @@ TEST(Cifar10, TinyBinaryFiles) {
   for (int c = 0; c < 3; ++c)
     for (int k : {0, 5, 1023}) {
       const double x = ((c * 50 + k + 1 + 2) % 256) / 255.0;
-      EXPECT_NEAR(v[static_cast<size_t>(c * 1024 + k)], (x - CIFAR10::kMean[c]) / CIFAR10::kStd[c], 1e-5);
+      EXPECT_NEAR(v[static_cast<size_t>(c * 1024 + k)], (x - CIFAR10::kMean[c]) / CIFAR10::kStd[c],
+                  1e-5);
     }
   const Example b = test.get_batch({2, 0});
   EXPECT_EQ(b.input.sizes(), (Shape{2, 3, 32, 32}));
@@ -219,8 +225,9 @@ TEST(Cifar10, Errors) {
   std::vector<uint8_t> rec = cifar_records(2, 0, 0);
   rec.resize(rec.size() + 100, 0);
   dt::write_bytes(dir.file("test_batch.bin"), rec);
-  expect_error([&] { CIFAR10 c(dir.str(), false); },
-               {"test_batch.bin", "truncated at byte offset 6146", "expects 3073 bytes", "100 left"});
+  expect_error(
+      [&] { CIFAR10 c(dir.str(), false); },
+      {"test_batch.bin", "truncated at byte offset 6146", "expects 3073 bytes", "100 left"});
   rec = cifar_records(2, 0, 0);
   rec[3073] = 11;
   dt::write_bytes(dir.file("test_batch.bin"), rec);
@@ -260,7 +267,8 @@ TEST(TextCorpus, SplitsAndRandomWindows) {
     for (int t = 0; t < 16; ++t) {
       const double x0 = x[static_cast<size_t>(r * 16)];
       EXPECT_EQ(x[static_cast<size_t>(r * 16 + t)], std::fmod(x0 + t, 251.0));
-      EXPECT_EQ(y[static_cast<size_t>(r * 16 + t)], std::fmod(x0 + t + 1, 251.0));  // y == x shifted
+      EXPECT_EQ(y[static_cast<size_t>(r * 16 + t)],
+                std::fmod(x0 + t + 1, 251.0));  // y == x shifted
     }
   const Example c = corpus.get_batch(6, 16, g1);  // the generator moved on
   EXPECT_NE(ops::to_vector(c.input), x);
@@ -292,7 +300,8 @@ TEST(TextCorpus, SequentialWindows) {
 TEST(TextCorpus, EncodeDecodeAndErrors) {
   EXPECT_EQ(TextCorpus::decode(TextCorpus::encode("Tally!")), "Tally!");
   TempDir dir;
-  expect_error([&] { TextCorpus c(dir.file("none.txt")); }, {dir.file("none.txt"), "does not exist"});
+  expect_error([&] { TextCorpus c(dir.file("none.txt")); },
+               {dir.file("none.txt"), "does not exist"});
 }
 
 TEST(TextCorpus, Fortunes) {
@@ -338,7 +347,8 @@ TEST(Synthetic, TokensShifted) {
   EXPECT_EQ(e.input.sizes(), (Shape{3, 8}));
   const std::vector<double> x = ops::to_vector(e.input), y = ops::to_vector(e.target);
   for (int r = 0; r < 3; ++r)
-    for (int t = 0; t + 1 < 8; ++t) EXPECT_EQ(y[static_cast<size_t>(r * 8 + t)], x[static_cast<size_t>(r * 8 + t + 1)]);
+    for (int t = 0; t + 1 < 8; ++t)
+      EXPECT_EQ(y[static_cast<size_t>(r * 8 + t)], x[static_cast<size_t>(r * 8 + t + 1)]);
   for (double v : x) {
     EXPECT_GE(v, 0);
     EXPECT_LT(v, 11);

@@ -5,16 +5,16 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/softmax.h"
 #include "distributed/ddp.h"
 #include "nn/container.h"
 #include "nn/layers.h"
 #include "optim/sgd.h"
+#include "tensor/softmax/autograd.h"
 
 namespace tally::testing {
 
-inline std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed, Device dev, int64_t in = 8, int64_t hidden = 32,
-                                                int64_t out = 5) {
+inline std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed, Device dev, int64_t in = 8,
+                                                int64_t hidden = 32, int64_t out = 5) {
   Generator gen(seed);
   auto m = std::make_shared<nn::Sequential>();
   m->push_back(std::make_shared<nn::Linear>(in, hidden, true, &gen));
@@ -44,7 +44,8 @@ struct Curve {
 };
 
 // `steps` SGD steps of `model` (through `ddp` when given).
-inline Curve train(nn::Module& model, distributed::DistributedDataParallel* ddp, int steps, Device dev) {
+inline Curve train(nn::Module& model, distributed::DistributedDataParallel* ddp, int steps,
+                   Device dev) {
   optim::SGD opt(model.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
   Curve c;
   for (int s = 0; s < steps; ++s) {

@@ -45,15 +45,18 @@ int main() {
     const Device dev = Device::cuda(env.local_rank);
     auto pg = distributed::init_process_group(dev, env, std::chrono::seconds(60));
     if (pg->backend() != "nccl" || pg->rank() != env.rank || pg->size() != env.world_size)
-      return fail(fmt::format("process group {} rank {} size {}", pg->backend(), pg->rank(), pg->size()));
+      return fail(
+          fmt::format("process group {} rank {} size {}", pg->backend(), pg->rank(), pg->size()));
     const int R = pg->size(), r = pg->rank();
 
     // ---- collectives ----
     {
       const std::vector<double> ranks =
-          pg->all_gather(ops::from_vector({static_cast<double>(r)}, {}, DType::float32, dev)).tolist();
+          pg->all_gather(ops::from_vector({static_cast<double>(r)}, {}, DType::float32, dev))
+              .tolist();
       for (int k = 0; k < R; ++k)
-        if (ranks[static_cast<size_t>(k)] != k) return fail(fmt::format("all_gather: slot {} holds {}", k, ranks[k]));
+        if (ranks[static_cast<size_t>(k)] != k)
+          return fail(fmt::format("all_gather: slot {} holds {}", k, ranks[k]));
       Tensor t = ops::from_vector({static_cast<double>(r + 1), 2.0}, {2}, DType::float32, dev);
       pg->all_reduce(t, distributed::ReduceOp::sum)->wait();
       const double sum = R * (R + 1) / 2.0;
@@ -70,7 +73,8 @@ int main() {
     // ---- DDP gradients == single-process gradients of the whole batch ----
     // Different seeds per rank: the initial broadcast must make the models equal.
     auto model = testing::make_mlp(100 + static_cast<uint64_t>(r), dev);
-    distributed::DistributedDataParallel ddp(model, pg, {.bucket_cap_mb = 0.004, .first_bucket_cap_mb = 0.001});
+    distributed::DistributedDataParallel ddp(
+        model, pg, {.bucket_cap_mb = 0.004, .first_bucket_cap_mb = 0.001});
     auto reference = testing::make_mlp(0, dev);
     reference->load_state_dict(model->state_dict());
     if (ddp.num_buckets() < 2) return fail("expected several buckets");
@@ -89,8 +93,8 @@ int main() {
       for (size_t i = 0; i < mp.size(); ++i) {
         const double e = rel_err(mp[i].grad().tolist(), rp[i].grad().tolist());
         if (!(e <= 1e-5))
-          return fail(fmt::format("step {}: parameter {} ({}): relative error {:.3g} > 1e-5", step, i,
-                                  ddp.parameter_names()[i], e));
+          return fail(fmt::format("step {}: parameter {} ({}): relative error {:.3g} > 1e-5", step,
+                                  i, ddp.parameter_names()[i], e));
       }
       opt.step();
       ref_opt.step();
@@ -102,12 +106,14 @@ int main() {
           pg->all_gather(ops::from_vector({checksum}, {}, DType::float64, dev)).tolist();
       for (double c : all)
         if (std::abs(c - all[0]) > 1e-6 * std::max(1.0, std::abs(all[0])))
-          return fail(fmt::format("step {}: parameters differ across ranks ({} vs {})", step, c, all[0]));
+          return fail(
+              fmt::format("step {}: parameters differ across ranks ({} vs {})", step, c, all[0]));
     }
     if (!ddp.buckets_rebuilt()) return fail("buckets were not rebuilt after the first iteration");
-    fmt::print("rank {} of {}: OK ({} buckets, {} all-reduces, communication {} bytes)\n", r, R, ddp.num_buckets(),
-               ddp.num_allreduces(),
-               memory::get_allocator(dev).stats().cat_bytes(memory::Category::communication).current);
+    fmt::print(
+        "rank {} of {}: OK ({} buckets, {} all-reduces, communication {} bytes)\n", r, R,
+        ddp.num_buckets(), ddp.num_allreduces(),
+        memory::get_allocator(dev).stats().cat_bytes(memory::Category::communication).current);
     pg->barrier();
     return 0;
   } catch (const std::exception& e) {

@@ -10,7 +10,9 @@
 namespace tally::distributed {
 namespace {
 
-ParamSpec f32(int64_t numel) { return {numel, DType::float32, Device::cpu()}; }
+ParamSpec f32(int64_t numel) {
+  return {numel, DType::float32, Device::cpu()};
+}
 
 size_t bucket_bytes(const std::vector<ParamSpec>& p, const std::vector<size_t>& members) {
   size_t n = 0;
@@ -50,8 +52,11 @@ TEST(Bucketing, ParameterLargerThanCapGetsItsOwnBucket) {
 }
 
 TEST(Bucketing, DtypesAndDevicesNeverMix) {
-  std::vector<ParamSpec> p = {f32(10), {10, DType::float16, Device::cpu()}, f32(10),
-                              {10, DType::float16, Device::cpu()}, {10, DType::float32, Device::cuda(0)}};
+  std::vector<ParamSpec> p = {f32(10),
+                              {10, DType::float16, Device::cpu()},
+                              f32(10),
+                              {10, DType::float16, Device::cpu()},
+                              {10, DType::float32, Device::cuda(0)}};
   const BucketAssignment a = compute_bucket_assignment(p, 1 << 20);
   ASSERT_EQ(a.buckets.size(), 3u);
   for (const auto& b : a.buckets)

@@ -15,7 +15,9 @@ using distributed::LocalProcessGroup;
 using testing::make_mlp;
 using testing::train;
 
-std::shared_ptr<LocalProcessGroup> local_pg() { return std::make_shared<LocalProcessGroup>(Device::cpu()); }
+std::shared_ptr<LocalProcessGroup> local_pg() {
+  return std::make_shared<LocalProcessGroup>(Device::cpu());
+}
 
 TEST(AutogradHooks, PostAccumulateGradHookSeesTheAccumulatedGrad) {
   Tensor w = ones({3}, TensorOptions{}.with_requires_grad());
@@ -32,8 +34,10 @@ TEST(AutogradHooks, PostAccumulateGradHookSeesTheAccumulatedGrad) {
   EXPECT_EQ(seen.size(), 2u);
   // Non-leaf tensors and tensors without grad are refused.
   Tensor y = mul(w, 2.0);
-  EXPECT_THROW(autograd::register_post_accumulate_grad_hook(y, [](const Tensor&) {}), std::runtime_error);
-  EXPECT_THROW(autograd::register_post_accumulate_grad_hook(ones({2}), [](const Tensor&) {}), std::runtime_error);
+  EXPECT_THROW(autograd::register_post_accumulate_grad_hook(y, [](const Tensor&) {}),
+               std::runtime_error);
+  EXPECT_THROW(autograd::register_post_accumulate_grad_hook(ones({2}), [](const Tensor&) {}),
+               std::runtime_error);
 }
 
 TEST(AutogradHooks, QueueCallbackRunsAfterTheWholeBackward) {
@@ -64,7 +68,8 @@ TEST(DDP, WorldSizeOneIsBitwiseThePlainModel) {
   auto plain = make_mlp(7, Device::cpu());
   auto wrapped = make_mlp(7, Device::cpu());
   // A small cap so the model spans several buckets (and the rebuild has work to do).
-  DistributedDataParallel ddp(wrapped, local_pg(), DDPOptions{.bucket_cap_mb = 0.002, .first_bucket_cap_mb = 0.0005});
+  DistributedDataParallel ddp(wrapped, local_pg(),
+                              DDPOptions{.bucket_cap_mb = 0.002, .first_bucket_cap_mb = 0.0005});
   ASSERT_GT(ddp.num_buckets(), 2u);
   const int64_t initial_buckets = static_cast<int64_t>(ddp.num_buckets());
   const auto a = train(*plain, nullptr, 5, Device::cpu());
@@ -101,7 +106,8 @@ TEST(DDP, BucketsAreCommunicationMemory) {
               static_cast<int64_t>(param_bytes));
     bool found = false;
     for (const memory::TraceEntry& e : alloc.history())
-      if (e.action == memory::TraceAction::alloc && e.tag.category == memory::Category::communication) {
+      if (e.action == memory::TraceAction::alloc &&
+          e.tag.category == memory::Category::communication) {
         EXPECT_EQ(memory::interned(e.tag.module), "ddp");
         EXPECT_EQ(memory::interned(e.tag.op), "allreduce_bucket");
         found = true;
@@ -130,7 +136,8 @@ TEST(DDP, NoSyncAccumulatesLocally) {
   EXPECT_EQ(ddp.num_allreduces(), static_cast<int64_t>(ddp.num_buckets()));
   for (int k = 0; k < 3; ++k) micro(*plain, nullptr, k);
   const auto pp = plain->parameters(), wp = wrapped->parameters();
-  for (size_t i = 0; i < pp.size(); ++i) EXPECT_EQ(pp[i].grad().tolist(), wp[i].grad().tolist()) << i;
+  for (size_t i = 0; i < pp.size(); ++i)
+    EXPECT_EQ(pp[i].grad().tolist(), wp[i].grad().tolist()) << i;
 }
 
 // An MLP with a layer its forward never uses.
@@ -157,8 +164,11 @@ TEST(DDP, UnusedParameterIsAnErrorNamingIt) {
     EXPECT_NE(msg.find("unused.weight"), std::string::npos) << msg;
     EXPECT_NE(msg.find("unused.bias"), std::string::npos) << msg;
     EXPECT_NE(msg.find("find_unused_parameters"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("did not receive grad for rank 0: unused.weight, unused.bias\n"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("indices which did not receive grad for rank 0: 2 3"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("did not receive grad for rank 0: unused.weight, unused.bias\n"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("indices which did not receive grad for rank 0: 2 3"), std::string::npos)
+        << msg;
   }
   // The wrapper recovers: the next iteration (with the option off) fails the same way,
   // not with a stale-state error.
@@ -192,7 +202,8 @@ TEST(DDP, ForwardWithAnotherSignatureAndErrors) {
   loss.backward();
   EXPECT_EQ(logits.size(0), 4);
   EXPECT_THROW(DistributedDataParallel(nullptr, local_pg()), std::invalid_argument);
-  EXPECT_THROW(DistributedDataParallel(model, local_pg(), DDPOptions{.bucket_cap_mb = 0}), std::invalid_argument);
+  EXPECT_THROW(DistributedDataParallel(model, local_pg(), DDPOptions{.bucket_cap_mb = 0}),
+               std::invalid_argument);
   // A process group on another device than the model.
   auto cuda_pg = std::make_shared<LocalProcessGroup>(Device::cuda(0));
   EXPECT_THROW(DistributedDataParallel(model, cuda_pg), std::invalid_argument);

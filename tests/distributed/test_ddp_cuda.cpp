@@ -3,9 +3,9 @@
 // under `communication` (module `ddp`, op `allreduce_bucket`).
 #include <gtest/gtest.h>
 
-#include "tensor/cuda_testing.h"
 #include "ddp_testing.h"
 #include "memory/memory.h"
+#include "testing/cuda_testing.h"
 
 namespace tally {
 namespace {
@@ -16,7 +16,8 @@ TEST(DDPCuda, WorldSizeOneMatchesThePlainModel) {
   auto plain = testing::make_mlp(7, dev);
   auto wrapped = testing::make_mlp(7, dev);
   auto pg = distributed::init_process_group(dev, distributed::DistEnv{});
-  distributed::DistributedDataParallel ddp(wrapped, pg, {.bucket_cap_mb = 0.002, .first_bucket_cap_mb = 0.0005});
+  distributed::DistributedDataParallel ddp(wrapped, pg,
+                                           {.bucket_cap_mb = 0.002, .first_bucket_cap_mb = 0.0005});
   ASSERT_GT(ddp.num_buckets(), 2u);
   const auto a = testing::train(*plain, nullptr, 5, dev);
   const auto b = testing::train(*wrapped, &ddp, 5, dev);
@@ -41,7 +42,8 @@ TEST(DDPCuda, BucketsInTheHistoryAsCommunication) {
     EXPECT_GE(alloc.stats().cat_bytes(memory::Category::communication).peak,
               static_cast<int64_t>(ddp.bucket_bytes()));
     for (const memory::TraceEntry& e : alloc.history())
-      if (e.action == memory::TraceAction::alloc && e.tag.category == memory::Category::communication) {
+      if (e.action == memory::TraceAction::alloc &&
+          e.tag.category == memory::Category::communication) {
         EXPECT_EQ(memory::interned(e.tag.module), "ddp");
         EXPECT_EQ(memory::interned(e.tag.op), "allreduce_bucket");
         comm_bytes += e.size;

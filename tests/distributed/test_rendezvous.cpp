@@ -7,8 +7,8 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "distributed/rendezvous.h"
@@ -44,13 +44,20 @@ TEST(Rendezvous, TwoRanksGetRankZerosBytes) {
   const auto payload = unique_id_like();
   // Rank 1 starts first: it must retry until rank 0 listens.
   auto client = std::async(std::launch::async, [&] {
-    return exchange_bytes({.host = "127.0.0.1", .port = port, .rank = 1, .world_size = 2,
+    return exchange_bytes({.host = "127.0.0.1",
+                           .port = port,
+                           .rank = 1,
+                           .world_size = 2,
                            .timeout = std::chrono::seconds(20)},
                           {});
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const auto served = exchange_bytes(
-      {.host = "127.0.0.1", .port = port, .rank = 0, .world_size = 2, .timeout = std::chrono::seconds(20)}, payload);
+  const auto served = exchange_bytes({.host = "127.0.0.1",
+                                      .port = port,
+                                      .rank = 0,
+                                      .world_size = 2,
+                                      .timeout = std::chrono::seconds(20)},
+                                     payload);
   EXPECT_EQ(served, payload);
   EXPECT_EQ(client.get(), payload);
 }
@@ -61,11 +68,18 @@ TEST(Rendezvous, FourRanksByHostName) {
   std::vector<std::future<std::vector<uint8_t>>> clients;
   for (int r = 1; r < 4; ++r)
     clients.push_back(std::async(std::launch::async, [&, r] {
-      return exchange_bytes({.host = "localhost", .port = port, .rank = r, .world_size = 4,
+      return exchange_bytes({.host = "localhost",
+                             .port = port,
+                             .rank = r,
+                             .world_size = 4,
                              .timeout = std::chrono::seconds(20)},
                             {});
     }));
-  exchange_bytes({.host = "localhost", .port = port, .rank = 0, .world_size = 4, .timeout = std::chrono::seconds(20)},
+  exchange_bytes({.host = "localhost",
+                  .port = port,
+                  .rank = 0,
+                  .world_size = 4,
+                  .timeout = std::chrono::seconds(20)},
                  payload);
   for (auto& c : clients) EXPECT_EQ(c.get(), payload);
 }
@@ -73,7 +87,10 @@ TEST(Rendezvous, FourRanksByHostName) {
 TEST(Rendezvous, WrongPortTimesOutNamingHostAndPort) {
   const int port = free_port();  // nobody listens there
   try {
-    exchange_bytes({.host = "127.0.0.1", .port = port, .rank = 1, .world_size = 2,
+    exchange_bytes({.host = "127.0.0.1",
+                    .port = port,
+                    .rank = 1,
+                    .world_size = 2,
                     .timeout = std::chrono::milliseconds(300)},
                    {});
     FAIL() << "expected a timeout";
@@ -87,7 +104,10 @@ TEST(Rendezvous, WrongPortTimesOutNamingHostAndPort) {
 TEST(Rendezvous, RankZeroTimesOutWhenNobodyComes) {
   const int port = free_port();
   try {
-    exchange_bytes({.host = "127.0.0.1", .port = port, .rank = 0, .world_size = 3,
+    exchange_bytes({.host = "127.0.0.1",
+                    .port = port,
+                    .rank = 0,
+                    .world_size = 3,
                     .timeout = std::chrono::milliseconds(200)},
                    unique_id_like());
     FAIL() << "expected a timeout";
@@ -99,7 +119,8 @@ TEST(Rendezvous, RankZeroTimesOutWhenNobodyComes) {
 }
 
 TEST(Rendezvous, WorldSizeOneNeedsNoSocket) {
-  EXPECT_EQ(exchange_bytes({.port = 1, .rank = 0, .world_size = 1}, {1, 2, 3}), (std::vector<uint8_t>{1, 2, 3}));
+  EXPECT_EQ(exchange_bytes({.port = 1, .rank = 0, .world_size = 1}, {1, 2, 3}),
+            (std::vector<uint8_t>{1, 2, 3}));
   EXPECT_THROW(exchange_bytes({.rank = 2, .world_size = 2}, {}), std::invalid_argument);
 }
 
@@ -110,14 +131,18 @@ class EnvGuard {
     for (auto [k, v] : vars) {
       const char* old = std::getenv(k);
       saved_.push_back({k, old ? std::optional<std::string>(old) : std::nullopt});
-      if (v) ::setenv(k, v, 1);
-      else ::unsetenv(k);
+      if (v)
+        ::setenv(k, v, 1);
+      else
+        ::unsetenv(k);
     }
   }
   ~EnvGuard() {
     for (auto& [k, v] : saved_) {
-      if (v) ::setenv(k.c_str(), v->c_str(), 1);
-      else ::unsetenv(k.c_str());
+      if (v)
+        ::setenv(k.c_str(), v->c_str(), 1);
+      else
+        ::unsetenv(k.c_str());
     }
   }
 
@@ -127,7 +152,10 @@ class EnvGuard {
 
 TEST(DistEnv, FromTorchrunVariables) {
   {
-    EnvGuard g({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.7"},
+    EnvGuard g({{"RANK", "3"},
+                {"WORLD_SIZE", "4"},
+                {"LOCAL_RANK", "1"},
+                {"MASTER_ADDR", "10.0.0.7"},
                 {"MASTER_PORT", "29555"}});
     const DistEnv e = DistEnv::from_env();
     EXPECT_EQ(e.rank, 3);
@@ -138,7 +166,10 @@ TEST(DistEnv, FromTorchrunVariables) {
     EXPECT_TRUE(e.distributed());
   }
   {
-    EnvGuard g({{"RANK", nullptr}, {"WORLD_SIZE", nullptr}, {"LOCAL_RANK", nullptr}, {"MASTER_ADDR", nullptr},
+    EnvGuard g({{"RANK", nullptr},
+                {"WORLD_SIZE", nullptr},
+                {"LOCAL_RANK", nullptr},
+                {"MASTER_ADDR", nullptr},
                 {"MASTER_PORT", nullptr}});
     const DistEnv e = DistEnv::from_env();
     EXPECT_EQ(e.rank, 0);
@@ -164,7 +195,7 @@ TEST(RankPath, RankGoesBeforeTheExtension) {
   EXPECT_EQ(per_rank_path("x.pickle", 1, 2), "x.rank1.pickle");
   EXPECT_EQ(per_rank_path("out/run.timeline.json", 0, 4), "out/run.timeline.rank0.json");
   EXPECT_EQ(per_rank_path("dir.d/snap", 3, 4), "dir.d/snap.rank3");
-  EXPECT_EQ(per_rank_path("x.pickle", 0, 1), "x.pickle");            // single process
+  EXPECT_EQ(per_rank_path("x.pickle", 0, 1), "x.pickle");              // single process
   EXPECT_EQ(per_rank_path("x.rank1.pickle", 1, 2), "x.rank1.pickle");  // already there
   {
     EnvGuard g({{"RANK", "1"}, {"WORLD_SIZE", "2"}});
@@ -178,7 +209,8 @@ TEST(RankPath, RankGoesBeforeTheExtension) {
 
 TEST(RankPath, SnapshotsAndTimelinesCarryTheRank) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("tally_rank_path_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("tally_rank_path_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   {
     EnvGuard g({{"RANK", "1"}, {"WORLD_SIZE", "2"}});

@@ -10,7 +10,8 @@
 namespace tally::data {
 namespace {
 
-std::vector<std::vector<int64_t>> shards(int64_t n, int world, DistributedSamplerOptions o, int64_t epoch = 0) {
+std::vector<std::vector<int64_t>> shards(int64_t n, int world, DistributedSamplerOptions o,
+                                         int64_t epoch = 0) {
   std::vector<std::vector<int64_t>> out;
   for (int r = 0; r < world; ++r) {
     DistributedSampler s(n, world, r, o);

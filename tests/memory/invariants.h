@@ -57,9 +57,9 @@ inline void expect_consistent(CachingAllocator& alloc) {
   for (int64_t b : s.category_at_peak) at_peak += b;
   EXPECT_EQ(at_peak, s.allocated_bytes[kAllPools].peak) << "the split at the peak sums to it";
   EXPECT_LE(s.allocated_bytes[kAllPools].current, s.reserved_bytes[kAllPools].current);
-  for (const StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
-                             &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                             &s.inactive_split_bytes, &s.requested_bytes}) {
+  for (const StatArray* a :
+       {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+        &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
     for (const Stat& st : *a) {
       EXPECT_GE(st.peak, st.current);
       EXPECT_GE(st.current, 0);

@@ -1,9 +1,9 @@
 // TALLY_ALLOC_CONF parsing: PyTorch's syntax, clear errors naming the key.
-#include "memory/alloc_config.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+
+#include "memory/alloc_config.h"
 
 namespace tally::memory {
 namespace {

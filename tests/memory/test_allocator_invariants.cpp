@@ -63,8 +63,12 @@ void random_walk(const std::string& conf, uint64_t seed, size_t capacity) {
   EXPECT_EQ(alloc.stats().num_ooms, ooms);
 }
 
-TEST(AllocatorInvariants, RandomDefault) { random_walk("", 1, size_t{8} << 30); }
-TEST(AllocatorInvariants, RandomTightMemoryWithOoms) { random_walk("", 2, 300 * kMiB); }
+TEST(AllocatorInvariants, RandomDefault) {
+  random_walk("", 1, size_t{8} << 30);
+}
+TEST(AllocatorInvariants, RandomTightMemoryWithOoms) {
+  random_walk("", 2, 300 * kMiB);
+}
 TEST(AllocatorInvariants, RandomMaxSplit) {
   random_walk("max_split_size_mb:24,roundup_power2_divisions:[4:2,64:8,>:4]", 3, 400 * kMiB);
 }

@@ -1,11 +1,10 @@
 // Policy tests of the caching allocator against a deterministic fake device, with the
 // numbers PyTorch's allocator shows (docs/memory-formats.md §4).
-#include "memory/caching_allocator.h"
-
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
+#include "memory/caching_allocator.h"
 #include "memory/fake_provider.h"
 
 namespace tally::memory {
@@ -24,7 +23,9 @@ struct Fixture {
   int64_t stat(const std::string& k) const { return alloc->memory_stats().at(k); }
 };
 
-uintptr_t addr(void* p) { return reinterpret_cast<uintptr_t>(p); }
+uintptr_t addr(void* p) {
+  return reinterpret_cast<uintptr_t>(p);
+}
 
 TEST(CachingAllocator, RoundsTo512) {
   Fixture f;
@@ -37,14 +38,14 @@ TEST(CachingAllocator, RoundsTo512) {
 
 TEST(CachingAllocator, RoundupPower2Divisions) {
   Fixture f(size_t{1} << 34, "roundup_power2_divisions:4");
-  EXPECT_EQ(f.alloc->round_size(5 * kMiB + 1), 6 * kMiB);   // step 1 MiB in [4, 8) MiB
-  EXPECT_EQ(f.alloc->round_size(8 * kMiB), 8 * kMiB);       // powers of two stay
-  EXPECT_EQ(f.alloc->round_size(1000), 1024u);              // <= 512 * divisions: plain
-  EXPECT_EQ(f.alloc->round_size(3000), 3072u);              // [2048, 4096) step 512
+  EXPECT_EQ(f.alloc->round_size(5 * kMiB + 1), 6 * kMiB);  // step 1 MiB in [4, 8) MiB
+  EXPECT_EQ(f.alloc->round_size(8 * kMiB), 8 * kMiB);      // powers of two stay
+  EXPECT_EQ(f.alloc->round_size(1000), 1024u);             // <= 512 * divisions: plain
+  EXPECT_EQ(f.alloc->round_size(3000), 3072u);             // [2048, 4096) step 512
   Fixture g(size_t{1} << 34, "roundup_power2_divisions:[256:1,>:8]");
-  EXPECT_EQ(g.alloc->round_size(5 * kMiB + 1), 5 * kMiB + 512);   // 1 division: plain
-  EXPECT_EQ(g.alloc->round_size(300 * kMiB), 300 * kMiB);         // [256, 512): 1 division
-  EXPECT_EQ(g.alloc->round_size(600 * kMiB), 640 * kMiB);         // [512, 1024): step 64 MiB
+  EXPECT_EQ(g.alloc->round_size(5 * kMiB + 1), 5 * kMiB + 512);  // 1 division: plain
+  EXPECT_EQ(g.alloc->round_size(300 * kMiB), 300 * kMiB);        // [256, 512): 1 division
+  EXPECT_EQ(g.alloc->round_size(600 * kMiB), 640 * kMiB);        // [512, 1024): step 64 MiB
 }
 
 TEST(CachingAllocator, SmallRequestGetsSmallSegment) {
@@ -198,7 +199,7 @@ TEST(CachingAllocator, MaxSplitSizeKeepsOversizeBlocksWhole) {
 TEST(CachingAllocator, RetryFreesCacheThenSucceeds) {
   Fixture f(64 * kMiB);
   void* a = f.alloc->allocate(30 * kMiB);
-  f.alloc->deallocate(a);  // 30 MiB cached
+  f.alloc->deallocate(a);                  // 30 MiB cached
   void* b = f.alloc->allocate(40 * kMiB);  // device has 34 MiB free: free cache, retry
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(f.stat("num_alloc_retries"), 1);
@@ -255,7 +256,7 @@ TEST(CachingAllocator, OomWritesSnapshotWhenHistoryIsOn) {
 
 TEST(CachingAllocator, ReleaseOversizeCachedBlocksBeforeEverything) {
   Fixture f(60 * kMiB, "max_split_size_mb:20");
-  void* keep = f.alloc->allocate(1000);     // 2 MiB small segment
+  void* keep = f.alloc->allocate(1000);      // 2 MiB small segment
   void* big = f.alloc->allocate(30 * kMiB);  // oversize, own segment
   void* mid = f.alloc->allocate(8 * kMiB);   // 20 MiB segment, split
   f.alloc->deallocate(big);
@@ -389,13 +390,12 @@ TEST(CachingAllocator, ResetPeakAndAccumulated) {
 TEST(CachingAllocator, StatsHavePyTorchKeys) {
   Fixture f;
   const auto m = f.alloc->memory_stats();
-  for (const char* k :
-       {"allocated_bytes.all.current", "reserved_bytes.large_pool.peak",
-        "inactive_split_bytes.small_pool.freed", "allocation.all.allocated",
-        "active_bytes.all.peak", "requested_bytes.all.current", "segment.all.current",
-        "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
-        "num_sync_all_streams", "oversize_allocations.current", "oversize_segments.peak",
-        "max_split_size", "category.activation.peak"}) {
+  for (const char* k : {"allocated_bytes.all.current", "reserved_bytes.large_pool.peak",
+                        "inactive_split_bytes.small_pool.freed", "allocation.all.allocated",
+                        "active_bytes.all.peak", "requested_bytes.all.current",
+                        "segment.all.current", "num_alloc_retries", "num_ooms", "num_device_alloc",
+                        "num_device_free", "num_sync_all_streams", "oversize_allocations.current",
+                        "oversize_segments.peak", "max_split_size", "category.activation.peak"}) {
     EXPECT_TRUE(m.count(k)) << k;
   }
   // PyTorch's 122 keys, plus 3 per Tally category.

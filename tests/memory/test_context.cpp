@@ -1,9 +1,9 @@
 // The thread-local allocation context and its RAII scopes.
-#include "memory/context.h"
-
 #include <gtest/gtest.h>
 
 #include <thread>
+
+#include "memory/context.h"
 
 namespace tally::memory {
 namespace {

@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <vector>
 
-#include "memory/memory.h"
 #include "memory/invariants.h"
+#include "memory/memory.h"
 
 #ifdef TALLY_WITH_CUDA
 #include <cuda_runtime.h>
@@ -14,9 +14,9 @@
 namespace tally::memory {
 namespace {
 
-#define REQUIRE_GPU()                                                  \
-  do {                                                                 \
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device present";   \
+#define REQUIRE_GPU()                                                \
+  do {                                                               \
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device present"; \
   } while (0)
 
 TEST(CudaAllocator, PolicyOnTheDevice) {

@@ -50,7 +50,7 @@ TEST(History, RecordsActionsWithContextAndDropsOldest) {
   EXPECT_NE(std::string(h[1].tag.loc.file).find("test_history.cpp"), std::string::npos);
   EXPECT_GT(h[1].tag.loc.line, 0u);
   EXPECT_GT(h[1].time_us, 1'700'000'000'000'000);  // µs since the epoch
-  alloc.deallocate(p);  // free_requested + free_completed
+  alloc.deallocate(p);                             // free_requested + free_completed
   h = alloc.history();
   ASSERT_EQ(h.size(), 4u);
   EXPECT_EQ(h[2].action, TraceAction::free_requested);

@@ -2,14 +2,13 @@
 // agree with the live state, and replaying device_traces reproduces the live blocks
 // (tests/memory/check_snapshot.py).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "memory/caching_allocator.h"
 #include "memory/cpu_provider.h"
@@ -23,8 +22,7 @@ namespace fs = std::filesystem;
 // A per-test, per-process file name (ctest runs tests in parallel).
 fs::path temp_file(const std::string& stem) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return fs::temp_directory_path() /
-         (stem + "_" + info->name() + "_" + std::to_string(::getpid()));
+  return fs::temp_directory_path() / (stem + "_" + info->name() + "_" + std::to_string(::getpid()));
 }
 
 std::string run(const std::string& cmd, int* status) {
@@ -62,13 +60,15 @@ std::string canonical_from_python(const fs::path& file) {
   const fs::path script = temp_file("tally_canonical") += ".py";
   std::ofstream(script) << py;
   int status = 0;
-  std::string out = run(std::string(TALLY_PYTHON) + " " + script.string() + " " + file.string(),
-                        &status);
+  std::string out =
+      run(std::string(TALLY_PYTHON) + " " + script.string() + " " + file.string(), &status);
   EXPECT_EQ(status, 0) << out;
   return out;
 }
 
-std::string checker() { return std::string(TALLY_SOURCE_DIR) + "/tests/memory/check_snapshot.py"; }
+std::string checker() {
+  return std::string(TALLY_SOURCE_DIR) + "/tests/memory/check_snapshot.py";
+}
 
 void workload(CachingAllocator& alloc, std::vector<void*>& live, uint64_t seed, int steps) {
   std::mt19937_64 rng(seed);
@@ -121,8 +121,8 @@ TEST(Snapshot, RingBufferWindowStillReplays) {
   const fs::path file = fs::temp_directory_path() / "tally_test_snapshot_ring.pickle";
   alloc.dump_snapshot(file.string());
   int status = 0;
-  const std::string out = run(
-      std::string(TALLY_PYTHON) + " " + checker() + " " + file.string(), &status);
+  const std::string out =
+      run(std::string(TALLY_PYTHON) + " " + checker() + " " + file.string(), &status);
   EXPECT_EQ(status, 0) << out;
   for (void* p : live) alloc.deallocate(p);
 }

@@ -42,7 +42,7 @@ constexpr size_t kPyTorchLines = 6 + 9 * 4 + 2 * 2 + 1;
 constexpr size_t kPyTorchLinesAbbrev = 6 + 9 * 2 + 2 * 2 + 1;
 constexpr size_t kCategoryLines = 4 + kNumCategories + 4;
 
-// A DeviceStats with the numbers used in memory-formats.md §3 in the allocated_bytes row. The
+// A DeviceStats with the numbers of docs/memory-formats.md §3 in the allocated_bytes row. The
 // extra bytes below one unit check that values are floor-divided.
 DeviceStats example_stats() {
   DeviceStats s;

@@ -27,15 +27,19 @@
 #include "nn/models/resnet.h"
 #include "nn/module.h"
 #include "optim/adam.h"
-#include "optim/sgd.h"
 #include "optim/optimizer.h"
+#include "optim/sgd.h"
 
 namespace tally::invariants {
 
 using memory::Category;
 
-inline memory::CachingAllocator& allocator_of(Device d) { return memory::get_allocator(d); }
-inline int64_t current(Device d, Category c) { return allocator_of(d).stats().cat_bytes(c).current; }
+inline memory::CachingAllocator& allocator_of(Device d) {
+  return memory::get_allocator(d);
+}
+inline int64_t current(Device d, Category c) {
+  return allocator_of(d).stats().cat_bytes(c).current;
+}
 inline int64_t at_peak(Device d, Category c) {
   return allocator_of(d).stats().category_at_peak[static_cast<size_t>(c)];
 }
@@ -126,10 +130,18 @@ inline SavedBytes saved_bytes(const Tensor& root, Device d) {
       if (!seen.add(t)) continue;
       const int64_t b = seen.bytes() - before;
       switch (t.storage().category()) {
-        case Category::activation: out.activation += b; break;
-        case Category::autocast_cache: out.autocast_cache += b; break;
-        case Category::parameter: out.parameter += b; break;
-        case Category::input: out.input += b; break;
+        case Category::activation:
+          out.activation += b;
+          break;
+        case Category::autocast_cache:
+          out.autocast_cache += b;
+          break;
+        case Category::parameter:
+          out.parameter += b;
+          break;
+        case Category::input:
+          out.input += b;
+          break;
         default:
           out.other += b;
           ADD_FAILURE() << n->name() << " saved a block tagged "
@@ -156,7 +168,8 @@ inline CastBytes expected_autocast_casts(const nn::Module& m, Device d) {
     for (const Tensor& p : mod->parameters(/*recurse=*/false)) {
       if (!p.requires_grad() || p.dtype() != DType::float32 || !seen.insert(p.unsafe_impl()).second)
         continue;
-      out.bytes += static_cast<int64_t>(allocator_of(d).round_size(static_cast<size_t>(p.numel()) * 2));
+      out.bytes +=
+          static_cast<int64_t>(allocator_of(d).round_size(static_cast<size_t>(p.numel()) * 2));
       ++out.count;
     }
   }
@@ -184,12 +197,12 @@ inline void restart_history(Device d) {
 struct HistoryScan {
   int64_t allocs = 0;
   std::map<std::string, int64_t> allocs_by_phase;
-  std::vector<std::string> unknown;          // "alloc op=... phase=... module=..." lines
+  std::vector<std::string> unknown;           // "alloc op=... phase=... module=..." lines
   std::vector<std::string> forward_unscoped;  // forward allocations, not input, without a module
   int64_t forward_root = 0;                   // of which by the root's own ops (root_ops)
   std::set<std::string> forward_modules;      // module paths of allocations in forward
   std::set<std::string> recompute_modules;    // module paths of allocations in the recompute phase
-  int64_t recompute_casts = 0;  // autocast_cache allocations in the recompute phase
+  int64_t recompute_casts = 0;                // autocast_cache allocations in the recompute phase
   int64_t workspace_allocs = 0;
   int64_t workspace_frees = 0;
   std::set<std::string> workspace_ops;
@@ -197,16 +210,18 @@ struct HistoryScan {
 
 inline std::string describe(const memory::TraceEntry& e) {
   return fmt::format("{} {} B category={} op='{}' phase='{}' module='{}' at {}:{}",
-                     memory::trace_action_name(e.action), e.size, memory::category_name(e.tag.category),
-                     memory::interned(e.tag.op), memory::interned(e.tag.phase),
-                     memory::interned(e.tag.module), e.tag.loc.file, e.tag.loc.line);
+                     memory::trace_action_name(e.action), e.size,
+                     memory::category_name(e.tag.category), memory::interned(e.tag.op),
+                     memory::interned(e.tag.phase), memory::interned(e.tag.module), e.tag.loc.file,
+                     e.tag.loc.line);
 }
 
 inline HistoryScan scan_history(Device d, const std::set<std::string>& root) {
   HistoryScan s;
   std::unordered_set<uint64_t> live_workspace;
   const std::vector<memory::TraceEntry> history = allocator_of(d).history();
-  EXPECT_LT(history.size(), kHistoryEntries) << "the history ring filled up: the step is not all there";
+  EXPECT_LT(history.size(), kHistoryEntries)
+      << "the history ring filled up: the step is not all there";
   for (const memory::TraceEntry& e : history) {
     const std::string phase = memory::interned(e.tag.phase);
     if (e.action == memory::TraceAction::alloc || e.action == memory::TraceAction::retag) {
@@ -216,10 +231,13 @@ inline HistoryScan scan_history(Device d, const std::set<std::string>& root) {
       ++s.allocs;
       ++s.allocs_by_phase[phase];
       if (phase == "forward" && e.tag.category != Category::input && e.tag.module == 0) {
-        if (root.count(memory::interned(e.tag.op))) ++s.forward_root;
-        else s.forward_unscoped.push_back(describe(e));
+        if (root.count(memory::interned(e.tag.op)))
+          ++s.forward_root;
+        else
+          s.forward_unscoped.push_back(describe(e));
       }
-      if (phase == "forward" && e.tag.module != 0) s.forward_modules.insert(memory::interned(e.tag.module));
+      if (phase == "forward" && e.tag.module != 0)
+        s.forward_modules.insert(memory::interned(e.tag.module));
       if (phase == "recompute") {
         s.recompute_modules.insert(memory::interned(e.tag.module));
         if (e.tag.category == Category::autocast_cache) ++s.recompute_casts;
@@ -230,7 +248,8 @@ inline HistoryScan scan_history(Device d, const std::set<std::string>& root) {
         s.workspace_ops.insert(memory::interned(e.tag.op));
       }
     }
-    if (e.action == memory::TraceAction::free_requested && live_workspace.erase(e.addr)) ++s.workspace_frees;
+    if (e.action == memory::TraceAction::free_requested && live_workspace.erase(e.addr))
+      ++s.workspace_frees;
   }
   return s;
 }
@@ -263,8 +282,9 @@ struct StepReport {
 // (the model call and, for a classifier, the criterion); `inputs` is the batch (already
 // allocated under Category::input). `step_index` 0 is the optimizer's first step (its state
 // is created during it).
-inline StepReport checked_step(nn::Module& model, optim::Optimizer& opt, const std::function<Tensor()>& forward,
-                               const TensorList& inputs, Device d, const StepOptions& o, int step_index) {
+inline StepReport checked_step(nn::Module& model, optim::Optimizer& opt,
+                               const std::function<Tensor()>& forward, const TensorList& inputs,
+                               Device d, const StepOptions& o, int step_index) {
   StepReport r;
   memory::CachingAllocator& alloc = allocator_of(d);
   opt.zero_grad(o.set_to_none);
@@ -292,8 +312,10 @@ inline StepReport checked_step(nn::Module& model, optim::Optimizer& opt, const s
       // Inside the region the cache holds one cast of every Linear / Conv2d parameter.
       const CastBytes want = expected_autocast_casts(model, d);
       EXPECT_GT(want.count, 0);
-      EXPECT_EQ(static_cast<int64_t>(autocast_cache_size()), want.count) << "one cached cast per weight";
-      EXPECT_EQ(current(d, Category::autocast_cache), want.bytes) << "autocast_cache == the cached casts";
+      EXPECT_EQ(static_cast<int64_t>(autocast_cache_size()), want.count)
+          << "one cached cast per weight";
+      EXPECT_EQ(current(d, Category::autocast_cache), want.bytes)
+          << "autocast_cache == the cached casts";
     }
   }
   {
@@ -308,7 +330,8 @@ inline StepReport checked_step(nn::Module& model, optim::Optimizer& opt, const s
       EXPECT_GE(r.activation_after_forward, saved.activation);
     } else {
       EXPECT_EQ(saved.packed, 0);
-      EXPECT_EQ(r.activation_after_forward, saved.activation) << "activation == bytes held by saved tensors";
+      EXPECT_EQ(r.activation_after_forward, saved.activation)
+          << "activation == bytes held by saved tensors";
     }
     // After the autocast region the cache is dropped: what stays is what backward needs.
     EXPECT_EQ(current(d, Category::autocast_cache), saved.autocast_cache)
@@ -344,7 +367,8 @@ inline StepReport checked_step(nn::Module& model, optim::Optimizer& opt, const s
   EXPECT_GT(state, 0);
   EXPECT_EQ(current(d, Category::optimizer_state), state) << "optimizer_state == the state tensors";
   EXPECT_EQ(current(d, Category::gradient), grads) << "gradient == the gradients (after step)";
-  EXPECT_EQ(current(d, Category::parameter), params) << "parameter == parameters + buffers (after step)";
+  EXPECT_EQ(current(d, Category::parameter), params)
+      << "parameter == parameters + buffers (after step)";
   EXPECT_EQ(current(d, Category::temporary), static_cast<int64_t>(loss.storage().block_bytes()))
       << "only the loss is left as a temporary";
   loss = Tensor();
@@ -368,16 +392,21 @@ inline StepReport checked_step(nn::Module& model, optim::Optimizer& opt, const s
   // (Checkpointed, a recompute in backward makes a block's activations again while the
   // segment inputs are still held: the comparison is against an unchecked run instead.)
   if (!o.checkpointed) {
-    EXPECT_LE(r.activation_at_peak, r.activation_after_forward) << "activations are made in forward";
-    EXPECT_EQ(r.activation_peak, r.activation_after_forward) << "activations peak at the end of forward";
+    EXPECT_LE(r.activation_at_peak, r.activation_after_forward)
+        << "activations are made in forward";
+    EXPECT_EQ(r.activation_peak, r.activation_after_forward)
+        << "activations peak at the end of forward";
   }
   if (step_index > 0) {
-    EXPECT_EQ(at_peak(d, Category::optimizer_state), state) << "the state exists for the whole step";
+    EXPECT_EQ(at_peak(d, Category::optimizer_state), state)
+        << "the state exists for the whole step";
   } else {
-    EXPECT_TRUE(at_peak(d, Category::optimizer_state) == 0 || at_peak(d, Category::optimizer_state) == state);
+    EXPECT_TRUE(at_peak(d, Category::optimizer_state) == 0 ||
+                at_peak(d, Category::optimizer_state) == state);
   }
   if (!o.set_to_none && step_index > 0) {
-    EXPECT_EQ(at_peak(d, Category::gradient), grads) << "zero_grad(false): the gradients live all step";
+    EXPECT_EQ(at_peak(d, Category::gradient), grads)
+        << "zero_grad(false): the gradients live all step";
   } else {
     EXPECT_LE(at_peak(d, Category::gradient), grads);
   }
@@ -387,11 +416,11 @@ inline StepReport checked_step(nn::Module& model, optim::Optimizer& opt, const s
   r.history = scan_history(d, root_ops(o.autocast));
   EXPECT_GT(r.history.allocs_by_phase["forward"], 0);
   EXPECT_GT(r.history.allocs_by_phase["backward"], 0);
-  EXPECT_TRUE(r.history.unknown.empty()) << r.history.unknown.size() << " allocations tagged unknown:"
-                                         << join(r.history.unknown);
+  EXPECT_TRUE(r.history.unknown.empty())
+      << r.history.unknown.size() << " allocations tagged unknown:" << join(r.history.unknown);
   EXPECT_TRUE(r.history.forward_unscoped.empty())
-      << r.history.forward_unscoped.size() << " forward allocations without a module path:"
-      << join(r.history.forward_unscoped);
+      << r.history.forward_unscoped.size()
+      << " forward allocations without a module path:" << join(r.history.forward_unscoped);
   // Module paths are the model's own names (named_modules(), PyTorch's dotted paths).
   std::set<std::string> names;
   for (const auto& [name, m] : model.named_modules()) names.insert(name);
@@ -455,16 +484,19 @@ inline Case gpt_case(Device d, double dropout = 0.0, int64_t B = 2, int64_t T = 
 }
 
 inline std::unique_ptr<optim::Optimizer> make_sgd(nn::Module& m) {
-  return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+  return std::make_unique<optim::SGD>(m.parameters(),
+                                      optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
 }
 inline std::unique_ptr<optim::Optimizer> make_adamw(nn::Module& m) {
-  return std::make_unique<optim::AdamW>(m.parameters(), optim::AdamOptions{.lr = 1e-3, .weight_decay = 0.01});
+  return std::make_unique<optim::AdamW>(m.parameters(),
+                                        optim::AdamOptions{.lr = 1e-3, .weight_decay = 0.01});
 }
 
 // Two steps: the first creates the optimizer state (zero_grad(set_to_none)), the second
 // runs with the state present and the gradients kept (zero_grad(false)), so at its peak the
 // parameters, gradients and optimizer state are all there, to the byte.
-inline std::vector<StepReport> two_steps(const Case& c, optim::Optimizer& opt, StepOptions o, Device d) {
+inline std::vector<StepReport> two_steps(const Case& c, optim::Optimizer& opt, StepOptions o,
+                                         Device d) {
   std::vector<StepReport> out;
   o.set_to_none = true;
   {
@@ -482,8 +514,8 @@ inline std::vector<StepReport> two_steps(const Case& c, optim::Optimizer& opt, S
 // Checkpointing every block: the same model and batch, one step without and one with; at
 // the peak fewer bytes are activations, the recompute phase shows up in the history with
 // the blocks' module paths, and every other invariant still holds.
-inline void checkpoint_comparison(const Case& c, optim::Optimizer& opt, const std::string& block_prefix, Device d,
-                                  StepOptions o = {}) {
+inline void checkpoint_comparison(const Case& c, optim::Optimizer& opt,
+                                  const std::string& block_prefix, Device d, StepOptions o = {}) {
   StepReport plain, ckpt;
   {
     SCOPED_TRACE("warm-up step (creates the optimizer state)");
@@ -493,7 +525,8 @@ inline void checkpoint_comparison(const Case& c, optim::Optimizer& opt, const st
     SCOPED_TRACE("without checkpointing");
     plain = checked_step(*c.model, opt, c.forward, c.inputs, d, o, 1);
   }
-  EXPECT_GT(plain.activation_at_peak, 0) << "with the state in place the peak is in forward/backward";
+  EXPECT_GT(plain.activation_at_peak, 0)
+      << "with the state in place the peak is in forward/backward";
   EXPECT_EQ(plain.history.allocs_by_phase.count("recompute"), 0u);
   nn::enable_checkpointing(*c.model, nn::parse_checkpoint_spec("blocks"));
   nn::reset_checkpoint_stats();
@@ -513,18 +546,22 @@ inline void checkpoint_comparison(const Case& c, optim::Optimizer& opt, const st
   // backward, where both runs hold the same activations (the first block's, recomputed or
   // kept, and the embedding's): lower or equal, and never more allocated in all.
   EXPECT_LE(ckpt.activation_at_peak, plain.activation_at_peak)
-      << "after forward: " << ckpt.activation_after_forward << " vs " << plain.activation_after_forward;
+      << "after forward: " << ckpt.activation_after_forward << " vs "
+      << plain.activation_after_forward;
   EXPECT_LE(ckpt.allocated_peak, plain.allocated_peak);
-  EXPECT_GT(ckpt.history.allocs_by_phase["recompute"], 0) << "the recompute phase appears in the history";
+  EXPECT_GT(ckpt.history.allocs_by_phase["recompute"], 0)
+      << "the recompute phase appears in the history";
   EXPECT_FALSE(ckpt.history.recompute_modules.empty());
   if (o.autocast) {
-    EXPECT_GT(ckpt.history.recompute_casts, 0) << "the recompute runs under the forward's autocast state";
+    EXPECT_GT(ckpt.history.recompute_casts, 0)
+        << "the recompute runs under the forward's autocast state";
   } else {
     EXPECT_EQ(ckpt.history.recompute_casts, 0);
   }
   for (const std::string& m : ckpt.history.recompute_modules)
-    EXPECT_EQ(m.rfind(block_prefix, 0), 0u) << "a recompute allocation under module '" << m
-                                            << "', expected inside a block (" << block_prefix << "...)";
+    EXPECT_EQ(m.rfind(block_prefix, 0), 0u)
+        << "a recompute allocation under module '" << m << "', expected inside a block ("
+        << block_prefix << "...)";
   nn::enable_checkpointing(*c.model, nn::parse_checkpoint_spec("none"));
 }
 

@@ -92,13 +92,15 @@ TEST(ModelInvariants, GptTinyCheckpointBlocks) {
 TEST(ModelInvariants, GptTinyCheckpointBlocksUnderAutocastBf16) {
   const Case c = gpt_case(kDev, 0.0, 4, 64);
   auto opt = make_adamw(*c.model);
-  checkpoint_comparison(c, *opt, "transformer.h.", kDev, {.autocast = true, .autocast_dtype = DType::bfloat16});
+  checkpoint_comparison(c, *opt, "transformer.h.", kDev,
+                        {.autocast = true, .autocast_dtype = DType::bfloat16});
 }
 
 TEST(ModelInvariants, ResnetTinyCheckpointBlocksUnderAutocastBf16) {
   const Case c = resnet_case(kDev);
   auto opt = make_sgd(*c.model);
-  checkpoint_comparison(c, *opt, "layer", kDev, {.autocast = true, .autocast_dtype = DType::bfloat16});
+  checkpoint_comparison(c, *opt, "layer", kDev,
+                        {.autocast = true, .autocast_dtype = DType::bfloat16});
 }
 
 }  // namespace

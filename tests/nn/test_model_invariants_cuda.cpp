@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "model_invariants.h"
-#include "tensor/cuda_testing.h"
+#include "testing/cuda_testing.h"
 
 namespace tally {
 namespace {
@@ -18,7 +18,8 @@ const Device kGpu = Device::cuda(0);
 
 // The workspace part of a step's history: taken (> 0), returned, and under a library op.
 void expect_workspaces(const StepReport& r, const std::vector<std::string>& op_prefixes) {
-  EXPECT_GT(r.history.workspace_allocs, 0) << "cuBLASLt / cuDNN took no workspace from the allocator";
+  EXPECT_GT(r.history.workspace_allocs, 0)
+      << "cuBLASLt / cuDNN took no workspace from the allocator";
   EXPECT_EQ(r.history.workspace_frees, r.history.workspace_allocs);
   bool found = false;
   std::string ops;
@@ -107,7 +108,8 @@ TEST(ModelInvariantsCuda, GptTinyCheckpointBlocksUnderAutocast) {
   REQUIRE_GPU();
   const Case c = gpt_case(kGpu);
   auto opt = make_adamw(*c.model);
-  checkpoint_comparison(c, *opt, "transformer.h.", kGpu, {.autocast = true, .autocast_dtype = DType::float16});
+  checkpoint_comparison(c, *opt, "transformer.h.", kGpu,
+                        {.autocast = true, .autocast_dtype = DType::float16});
 }
 
 }  // namespace

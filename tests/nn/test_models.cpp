@@ -6,7 +6,7 @@
 
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
-#include "tensor/gradcheck.h"
+#include "testing/gradcheck.h"
 
 using namespace tally;
 using namespace tally::nn;
@@ -124,8 +124,12 @@ TEST(GPT, TinyForwardLossAndInit) {
   Tensor idx2 = ops::clone(idx);
   ops::fill_(ops::select(ops::select(idx2, 0, 0), 0, 15), 3.0);
   auto [l3, n3] = gpt(idx2);
-  EXPECT_TRUE(tally::testing::values_near(ops::select(ops::select(l3, 0, 0), 0, 3),
-                                          ops::to_vector(ops::select(ops::select(logits, 0, 0), 0, 3)), 1e-5));
-  tally::testing::expect_error<std::invalid_argument>([&] { gpt(ops::zeros({1, 65}, DType::int64)); },
-                                                {"block size is only 64"});
+  EXPECT_TRUE(tally::testing::values_near(
+      ops::select(ops::select(l3, 0, 0), 0, 3),
+      ops::to_vector(ops::select(ops::select(logits, 0, 0), 0, 3)), 1e-5));
+  tally::testing::expect_error<std::invalid_argument>(
+      [&] {
+        gpt(ops::zeros({1, 65}, DType::int64));
+      },
+      {"block size is only 64"});
 }

@@ -7,7 +7,7 @@
 
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
-#include "tensor/cuda_testing.h"
+#include "testing/cuda_testing.h"
 
 using namespace tally;
 using namespace tally::nn;
@@ -95,7 +95,8 @@ TEST(NNCuda, GpuAllocationsCarryModulePath) {
   (*m)(ops::to(ops::randn({2, 1, 28, 28}), kGpu, DType::float32));
   bool found = false;
   for (const auto& e : alloc.history())
-    found |= e.action == memory::TraceAction::alloc && memory::interned(e.tag.module) == "layer2.0.conv1";
+    found |= e.action == memory::TraceAction::alloc &&
+             memory::interned(e.tag.module) == "layer2.0.conv1";
   alloc.record_memory_history(false);
   EXPECT_TRUE(found);
 }

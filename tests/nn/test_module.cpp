@@ -13,7 +13,7 @@
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "nn/norm.h"
-#include "tensor/gradcheck.h"
+#include "testing/gradcheck.h"
 
 using namespace tally;
 using namespace tally::nn;
@@ -29,8 +29,9 @@ std::vector<std::string> names_of(const NamedTensors& v) {
 struct Net : Module {
   Net() : Module("Net") {
     fc1 = register_module("fc1", std::make_shared<Linear>(3, 4));
-    seq = register_module("seq", std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
-                                     std::make_shared<ReLU>(), std::make_shared<Linear>(4, 2)}));
+    seq = register_module(
+        "seq", std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+                   std::make_shared<ReLU>(), std::make_shared<Linear>(4, 2)}));
     scale = register_parameter("scale", ops::ones({2}));
     register_buffer("counter", ops::zeros({1}));
   }
@@ -43,11 +44,13 @@ struct Net : Module {
 
 TEST(Module, NamedParametersInPyTorchOrder) {
   Net net;
-  EXPECT_EQ(names_of(net.named_parameters()),
-            (std::vector<std::string>{"scale", "fc1.weight", "fc1.bias", "seq.1.weight", "seq.1.bias"}));
+  EXPECT_EQ(
+      names_of(net.named_parameters()),
+      (std::vector<std::string>{"scale", "fc1.weight", "fc1.bias", "seq.1.weight", "seq.1.bias"}));
   EXPECT_EQ(names_of(net.named_buffers()), (std::vector<std::string>{"counter"}));
-  EXPECT_EQ(names_of(net.state_dict()), (std::vector<std::string>{"scale", "counter", "fc1.weight", "fc1.bias",
-                                                                   "seq.1.weight", "seq.1.bias"}));
+  EXPECT_EQ(names_of(net.state_dict()),
+            (std::vector<std::string>{"scale", "counter", "fc1.weight", "fc1.bias", "seq.1.weight",
+                                      "seq.1.bias"}));
   std::vector<std::string> mods;
   for (auto& [n, m] : net.named_modules()) mods.push_back(n);
   EXPECT_EQ(mods, (std::vector<std::string>{"", "fc1", "seq", "seq.0", "seq.1"}));
@@ -168,13 +171,17 @@ TEST(Module, ErrorNamesModulePathOnce) {
   auto inner = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
       std::make_shared<Conv2d>(3, 4, 3), std::make_shared<Conv2d>(5, 6, 3)});
   Sequential outer{std::make_shared<Identity>(), inner};
-  const std::string msg = tally::testing::error_of<std::exception>([&] { outer(ops::zeros({1, 3, 8, 8})); });
+  const std::string msg = tally::testing::error_of<std::exception>([&] {
+    outer(ops::zeros({1, 3, 8, 8}));
+  });
   EXPECT_TRUE(msg.rfind("1.1 (Conv2d): ", 0) == 0) << msg;
   EXPECT_TRUE(contains(msg, "conv2d")) << msg;
   EXPECT_FALSE(contains(msg, "Sequential")) << msg;
 
   auto r = resnet_tiny({.num_classes = 10, .in_channels = 1});
-  const std::string m2 = tally::testing::error_of<std::exception>([&] { (*r)(ops::zeros({1, 3, 28, 28})); });
+  const std::string m2 = tally::testing::error_of<std::exception>([&] {
+    (*r)(ops::zeros({1, 3, 28, 28}));
+  });
   EXPECT_TRUE(m2.rfind("conv1 (Conv2d): ", 0) == 0) << m2;
   // Errors keep their standard type.
   Linear lin(4, 2);
@@ -186,16 +193,16 @@ TEST(Module, LoadStateDictErrors) {
   b.load_state_dict(a.state_dict());
   EXPECT_EQ(b.fc1->weight.tolist(), a.fc1->weight.tolist());
   NamedTensors sd = a.state_dict();
-  sd.erase(sd.begin() + 2);                         // fc1.weight missing
+  sd.erase(sd.begin() + 2);                          // fc1.weight missing
   sd.emplace_back("extra.weight", ops::zeros({1}));  // unexpected
-  tally::testing::expect_error<std::runtime_error>([&] { b.load_state_dict(sd); },
-                                                    {"Missing key(s)", "\"fc1.weight\"", "Unexpected key(s)",
-                                                     "\"extra.weight\"", "Net"});
+  tally::testing::expect_error<std::runtime_error>(
+      [&] { b.load_state_dict(sd); },
+      {"Missing key(s)", "\"fc1.weight\"", "Unexpected key(s)", "\"extra.weight\"", "Net"});
   b.load_state_dict(sd, /*strict=*/false);
   NamedTensors bad = a.state_dict();
   bad[2].second = ops::zeros({5, 3});
-  tally::testing::expect_error<std::runtime_error>([&] { b.load_state_dict(bad, false); },
-                                                    {"size mismatch for fc1.weight", "[5, 3]", "[4, 3]"});
+  tally::testing::expect_error<std::runtime_error>(
+      [&] { b.load_state_dict(bad, false); }, {"size mismatch for fc1.weight", "[5, 3]", "[4, 3]"});
 }
 
 TEST(Module, TiedWeightCountedOnceAndLoadableUnderEitherName) {
@@ -233,9 +240,12 @@ TEST(Module, GradcheckLinearStack) {
 TEST(Module, GradcheckConvBatchNormStack) {
   Generator g(6);
   auto bn = std::make_shared<BatchNorm2d>(3);
-  Sequential s{std::make_shared<Conv2d>(2, 3, 3, Conv2dOptions{.padding = 1}, &g), bn,
-               std::make_shared<GELU>(), std::make_shared<AdaptiveAvgPool2d>(2),
-               std::make_shared<Flatten>(), std::make_shared<Linear>(12, 3, true, &g)};
+  Sequential s{std::make_shared<Conv2d>(2, 3, 3, Conv2dOptions{.padding = 1}, &g),
+               bn,
+               std::make_shared<GELU>(),
+               std::make_shared<AdaptiveAvgPool2d>(2),
+               std::make_shared<Flatten>(),
+               std::make_shared<Linear>(12, 3, true, &g)};
   s.to(DType::float64);
   init::uniform_(bn->weight, 0.5, 1.5, &g);
   TensorList inputs{tally::testing::rand_input({2, 2, 4, 4})};

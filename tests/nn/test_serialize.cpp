@@ -10,7 +10,7 @@
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "nn/serialize.h"
-#include "tensor/gradcheck.h"
+#include "testing/gradcheck.h"
 
 using namespace tally;
 using namespace tally::nn;
@@ -91,13 +91,15 @@ TEST(Safetensors, AllDtypesAndPythonReader) {
     EXPECT_EQ(back[i].second.tolist(), ts[i].second.tolist()) << ts[i].first;
     double sum = 0;
     for (double x : ts[i].second.tolist()) sum += x;
-    manifest << (i ? "," : "") << "\"" << ts[i].first << "\":{\"shape\":" << shape_str(ts[i].second.sizes())
-             << ",\"sum\":" << sum << ",\"first\":" << (ts[i].second.numel() ? ts[i].second.tolist()[0] : 0.0) << "}";
+    manifest << (i ? "," : "") << "\"" << ts[i].first
+             << "\":{\"shape\":" << shape_str(ts[i].second.sizes()) << ",\"sum\":" << sum
+             << ",\"first\":" << (ts[i].second.numel() ? ts[i].second.tolist()[0] : 0.0) << "}";
   }
   manifest << "}";
   manifest.close();
-  const std::string cmd = std::string(TALLY_PYTHON) + " " + TALLY_SOURCE_DIR + "/tests/nn/check_safetensors.py " +
-                          file.string() + " --expect " + (dir / "manifest.json").string();
+  const std::string cmd = std::string(TALLY_PYTHON) + " " + TALLY_SOURCE_DIR +
+                          "/tests/nn/check_safetensors.py " + file.string() + " --expect " +
+                          (dir / "manifest.json").string();
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
 
@@ -130,7 +132,8 @@ TEST(Safetensors, CorruptFilesNameFileAndOffset) {
 
   spit(p, raw.substr(0, raw.size() - 3));
   e = load_error(p);
-  EXPECT_TRUE(contains(e, p.string()) && contains(e, "tensor 'b'") && contains(e, "truncated")) << e;
+  EXPECT_TRUE(contains(e, p.string()) && contains(e, "tensor 'b'") && contains(e, "truncated"))
+      << e;
 
   std::string big = raw;
   const uint64_t huge = 1ull << 40;
@@ -150,7 +153,8 @@ TEST(Safetensors, CorruptFilesNameFileAndOffset) {
   wrong_dtype.replace(pos, 5, "\"Q32\"");
   spit(p, wrong_dtype);
   e = load_error(p);
-  EXPECT_TRUE(contains(e, "unsupported dtype 'Q32'") && contains(e, "byte " + std::to_string(pos))) << e;
+  EXPECT_TRUE(contains(e, "unsupported dtype 'Q32'") && contains(e, "byte " + std::to_string(pos)))
+      << e;
 
   std::string wrong_shape = raw;
   const size_t sp = wrong_shape.find("[4]");

@@ -13,7 +13,8 @@
 
 namespace tally::testing {
 
-inline Tensor param(const std::vector<double>& v, DType d = DType::float32, Device dev = Device::cpu()) {
+inline Tensor param(const std::vector<double>& v, DType d = DType::float32,
+                    Device dev = Device::cpu()) {
   Tensor t = ops::from_vector(v, {static_cast<int64_t>(v.size())}, d, dev);
   t.requires_grad_(true);
   return t;
@@ -56,8 +57,10 @@ struct RefAdam {
     for (size_t i = 0; i < p.size(); ++i) {
       double g = maximize ? -g0[i] : g0[i];
       if (wd != 0) {
-        if (decoupled) p[i] *= 1 - lr * wd;
-        else g += wd * p[i];
+        if (decoupled)
+          p[i] *= 1 - lr * wd;
+        else
+          g += wd * p[i];
       }
       m[i] = beta1 * m[i] + (1 - beta1) * g;
       v[i] = beta2 * v[i] + (1 - beta2) * g * g;
@@ -69,12 +72,15 @@ struct RefAdam {
 };
 
 // Elementwise |got - want| <= tol * max(1, |want|).
-inline ::testing::AssertionResult near_rel(const Tensor& t, const std::vector<double>& want, double tol) {
+inline ::testing::AssertionResult near_rel(const Tensor& t, const std::vector<double>& want,
+                                           double tol) {
   const std::vector<double> got = ops::to_vector(t);
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << got.size() << " vs " << want.size();
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " vs " << want.size();
   for (size_t i = 0; i < got.size(); ++i)
     if (!(std::abs(got[i] - want[i]) <= tol * std::max(1.0, std::abs(want[i]))))
-      return ::testing::AssertionFailure() << "element " << i << ": " << got[i] << " vs " << want[i];
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << got[i] << " vs " << want[i];
   return ::testing::AssertionSuccess();
 }
 

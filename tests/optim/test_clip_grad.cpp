@@ -6,7 +6,7 @@
 
 #include "optim/clip_grad.h"
 #include "optim_testing.h"
-#include "tensor/gradcheck.h"
+#include "testing/gradcheck.h"
 
 namespace tally {
 namespace {
@@ -87,9 +87,13 @@ TEST(ClipGradNorm, Float64AndErrors) {
   EXPECT_TRUE(near_rel(a.grad(), {3 / (5 + 1e-6), 4 / (5 + 1e-6)}, 1e-15));
   Tensor b = param({0});
   set_grad(b, {1});
-  testing::expect_error<std::invalid_argument>([&] { clip_grad_norm_({a, b}, 1.0); },
-                                               {"parameter 1", "float32", "float64"});
-  testing::expect_error<std::invalid_argument>([&] { clip_grad_norm_({a}, 1.0, -1.0); }, {"norm_type"});
+  testing::expect_error<std::invalid_argument>(
+      [&] {
+        clip_grad_norm_({a, b}, 1.0);
+      },
+      {"parameter 1", "float32", "float64"});
+  testing::expect_error<std::invalid_argument>([&] { clip_grad_norm_({a}, 1.0, -1.0); },
+                                               {"norm_type"});
 }
 
 TEST(ClipGradValue, Clamps) {

@@ -9,7 +9,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "optim_testing.h"
-#include "tensor/gradcheck.h"
+#include "testing/gradcheck.h"
 
 namespace tally {
 namespace {

@@ -7,7 +7,7 @@
 #include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
 #include "optim_testing.h"
-#include "tensor/gradcheck.h"
+#include "testing/gradcheck.h"
 
 namespace tally {
 namespace {
@@ -73,10 +73,12 @@ TEST(LRScheduler, WarmupCosineLikeNanoGPT) {
   WarmupCosineLR s(opt, 2, 6, 0.1);
   // warmup (it+1)/3; then 0.1 + 0.9 (1 + cos(pi (it-2)/4)) / 2; min_lr after total_steps
   const double r = std::sqrt(0.5);
-  expect_seq(sequence(s, opt, 9), {1.0 / 3, 2.0 / 3, 1.0, 0.1 + 0.45 * (1 + r), 0.55, 0.1 + 0.45 * (1 - r), 0.1, 0.1, 0.1});
+  expect_seq(sequence(s, opt, 9), {1.0 / 3, 2.0 / 3, 1.0, 0.1 + 0.45 * (1 + r), 0.55,
+                                   0.1 + 0.45 * (1 - r), 0.1, 0.1, 0.1});
   s.set_last_epoch(4);
   EXPECT_NEAR(opt.get_lr(), 0.55, 1e-12);
-  testing::expect_error<std::invalid_argument>([&] { WarmupCosineLR(opt, 5, 5, 0.0); }, {"warmup_steps"});
+  testing::expect_error<std::invalid_argument>([&] { WarmupCosineLR(opt, 5, 5, 0.0); },
+                                               {"warmup_steps"});
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
-#include "tensor/cuda_testing.h"
+#include "testing/cuda_testing.h"
 
 namespace tally {
 namespace {
@@ -51,7 +51,8 @@ struct Params {
     }
   }
   void expect_equal(const char* what) {
-    for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(close_pointwise(gpu[i], cpu[i], kTol)) << what << " param " << i;
+    for (size_t i = 0; i < cpu.size(); ++i)
+      EXPECT_TRUE(close_pointwise(gpu[i], cpu[i], kTol)) << what << " param " << i;
   }
 };
 
@@ -86,7 +87,8 @@ TEST(CudaOptim, SGDVariantsMatchTheCpu) {
     o.nesterov = v == 3;
     o.weight_decay = v >= 2 ? 0.01 : 0.0;
     o.maximize = v == 1;
-    run_both([&](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(std::move(ps), o); }, "SGD");
+    run_both([&](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(std::move(ps), o); },
+             "SGD");
   }
 }
 
@@ -99,9 +101,13 @@ TEST(CudaOptim, AdamAndAdamWMatchTheCpu) {
     o.amsgrad = v == 3;
     o.maximize = v == 2;
     if (v == 1 || v == 3)
-      run_both([&](std::vector<Tensor> ps) { return std::make_unique<optim::AdamW>(std::move(ps), o); }, "AdamW");
+      run_both(
+          [&](std::vector<Tensor> ps) { return std::make_unique<optim::AdamW>(std::move(ps), o); },
+          "AdamW");
     else
-      run_both([&](std::vector<Tensor> ps) { return std::make_unique<optim::Adam>(std::move(ps), o); }, "Adam");
+      run_both(
+          [&](std::vector<Tensor> ps) { return std::make_unique<optim::Adam>(std::move(ps), o); },
+          "Adam");
   }
 }
 
@@ -130,7 +136,8 @@ TEST(CudaOptim, ClipGradNormMatchesTheCpu) {
       EXPECT_NEAR(ng.item(), nc.item(), kTol * std::abs(nc.item())) << "norm " << norm_type;
       for (size_t i = 0; i < p.cpu.size(); ++i) {
         if (p.cpu[i].grad().defined()) {
-          EXPECT_TRUE(close_pointwise(p.gpu[i].grad(), p.cpu[i].grad(), kTol)) << "norm " << norm_type << " grad " << i;
+          EXPECT_TRUE(close_pointwise(p.gpu[i].grad(), p.cpu[i].grad(), kTol))
+              << "norm " << norm_type << " grad " << i;
         }
       }
     }
@@ -149,7 +156,7 @@ TEST(CudaOptim, GradScalerMatchesTheCpuAndSkipsOnInf) {
   optim::GradScaler sc(so), sg(so);
   for (int s = 0; s < 3; ++s) {
     p.grads(s + 10, -1000, 1000);
-    if (s == 1) {  // an inf deep in the list (a late chunk of a big tensor)
+    if (s == 1) {           // an inf deep in the list (a late chunk of a big tensor)
       const size_t k = 99;  // 65537 elements
       ASSERT_EQ(p.cpu[k].numel(), 65537);
       Tensor gc = ops::clone(p.cpu[k].grad());
@@ -161,7 +168,8 @@ TEST(CudaOptim, GradScalerMatchesTheCpuAndSkipsOnInf) {
     EXPECT_EQ(sg.step(og), s != 1);
     for (size_t i = 0; i < p.cpu.size(); ++i) {
       if (p.cpu[i].grad().defined()) {
-        EXPECT_TRUE(close_pointwise(p.gpu[i].grad(), p.cpu[i].grad(), kTol)) << "step " << s << " grad " << i;
+        EXPECT_TRUE(close_pointwise(p.gpu[i].grad(), p.cpu[i].grad(), kTol))
+            << "step " << s << " grad " << i;
       }
     }
     sc.update();

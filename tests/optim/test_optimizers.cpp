@@ -7,7 +7,7 @@
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "optim_testing.h"
-#include "tensor/gradcheck.h"
+#include "testing/gradcheck.h"
 
 namespace tally {
 namespace {
@@ -75,8 +75,9 @@ TEST(SGD, AllOptionsMatchTheFloat64Reference) {
     double momentum, dampening, wd;
     bool nesterov, maximize;
   };
-  for (const Case& c : {Case{0, 0, 0, false, false}, Case{0.9, 0, 0, false, false}, Case{0.9, 0.3, 0.01, false, false},
-                        Case{0.8, 0, 0.05, true, false}, Case{0.5, 0.1, 0.02, false, true}}) {
+  for (const Case& c : {Case{0, 0, 0, false, false}, Case{0.9, 0, 0, false, false},
+                        Case{0.9, 0.3, 0.01, false, false}, Case{0.8, 0, 0.05, true, false},
+                        Case{0.5, 0.1, 0.02, false, true}}) {
     SGDOptions o;
     o.lr = 0.05;
     o.momentum = c.momentum;
@@ -90,7 +91,8 @@ TEST(SGD, AllOptionsMatchTheFloat64Reference) {
     testing::RefSGD rb = ra;
     std::vector<double> pa = {0.3, -1.2, 2.5, 0.0}, pb = {4.0, -0.5};
     for (int s = 0; s < 4; ++s) {
-      const std::vector<double> ga = {0.1 * (s + 1), -0.7, 0.3 / (s + 1), 1.5 - s}, gb = {-0.2 * s, 0.9};
+      const std::vector<double> ga = {0.1 * (s + 1), -0.7, 0.3 / (s + 1), 1.5 - s},
+                                gb = {-0.2 * s, 0.9};
       set_grad(a, ga);
       set_grad(b, gb);
       opt.step();
@@ -133,9 +135,10 @@ TEST(Adam, ConstantGradientStepsByLrHandConstants) {
   EXPECT_TRUE(near_rel(p, {0.7, -2.3, 3.3}, 1e-6));
   EXPECT_EQ(opt.state(0).step, 3);
   // m = (1 - 0.9^3) g, v = (1 - 0.999^3) g^2
-  EXPECT_TRUE(near_rel(opt.state(0).tensors.at("exp_avg"), {0.271 * 0.5, 0.271 * 0.25, -0.271}, 1e-7));
-  EXPECT_TRUE(near_rel(opt.state(0).tensors.at("exp_avg_sq"), {0.002997001 * 0.25, 0.002997001 * 0.0625, 0.002997001},
-                       1e-9));
+  EXPECT_TRUE(
+      near_rel(opt.state(0).tensors.at("exp_avg"), {0.271 * 0.5, 0.271 * 0.25, -0.271}, 1e-7));
+  EXPECT_TRUE(near_rel(opt.state(0).tensors.at("exp_avg_sq"),
+                       {0.002997001 * 0.25, 0.002997001 * 0.0625, 0.002997001}, 1e-9));
 }
 
 TEST(AdamW, DecoupledDecayHandConstant) {
@@ -158,8 +161,9 @@ TEST(Adam, AllVariantsMatchTheFloat64Reference) {
     double wd;
     bool amsgrad, maximize;
   };
-  for (const Case& c : {Case{false, 0, false, false}, Case{false, 0.1, false, false}, Case{true, 0.1, false, false},
-                        Case{false, 0.05, true, false}, Case{true, 0.01, true, true}}) {
+  for (const Case& c :
+       {Case{false, 0, false, false}, Case{false, 0.1, false, false}, Case{true, 0.1, false, false},
+        Case{false, 0.05, true, false}, Case{true, 0.01, true, true}}) {
     AdamOptions o;
     o.lr = 0.01;
     o.beta1 = 0.8;
@@ -170,17 +174,22 @@ TEST(Adam, AllVariantsMatchTheFloat64Reference) {
     o.maximize = c.maximize;
     Tensor a = param({0.3, -1.2, 2.5, 0.7});
     std::unique_ptr<optim::Optimizer> opt;
-    if (c.decoupled) opt = std::make_unique<AdamW>(std::vector<Tensor>{a}, o);
-    else opt = std::make_unique<Adam>(std::vector<Tensor>{a}, o);
-    testing::RefAdam ref{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, c.decoupled, c.amsgrad, c.maximize};
+    if (c.decoupled)
+      opt = std::make_unique<AdamW>(std::vector<Tensor>{a}, o);
+    else
+      opt = std::make_unique<Adam>(std::vector<Tensor>{a}, o);
+    testing::RefAdam ref{o.lr,           o.beta1,     o.beta2,   o.eps,
+                         o.weight_decay, c.decoupled, c.amsgrad, c.maximize};
     std::vector<double> pa = {0.3, -1.2, 2.5, 0.7};
     for (int s = 0; s < 5; ++s) {
       // gradients that shrink, so that amsgrad's running max matters
-      const std::vector<double> ga = {0.9 / (s + 1), -0.4 * (s % 2 ? 1 : -1), 0.05 * s, 2.0 / (1 + s * s)};
+      const std::vector<double> ga = {0.9 / (s + 1), -0.4 * (s % 2 ? 1 : -1), 0.05 * s,
+                                      2.0 / (1 + s * s)};
       set_grad(a, ga);
       opt->step();
       ref.step(pa, ga);
-      EXPECT_TRUE(near_rel(a, pa, 2e-6)) << opt->name() << " wd " << c.wd << " amsgrad " << c.amsgrad << " step " << s;
+      EXPECT_TRUE(near_rel(a, pa, 2e-6))
+          << opt->name() << " wd " << c.wd << " amsgrad " << c.amsgrad << " step " << s;
     }
     EXPECT_EQ(opt->state(0).tensors.count("max_exp_avg_sq"), c.amsgrad ? 1u : 0u);
   }
@@ -251,7 +260,10 @@ TEST(Optimizer, ParamGroupsHaveTheirOwnOptions) {
   EXPECT_NEAR(a.item(), 0.65, 1e-7);
   EXPECT_THROW(opt.get_lr(2), std::out_of_range);
   testing::expect_error<std::invalid_argument>(
-      [&] { SGD(std::vector<optim::ParamGroup>{{{a}, {{"betas", 0.5}}}}, d); }, {"unknown", "betas"});
+      [&] {
+        SGD(std::vector<optim::ParamGroup>{{{a}, {{"betas", 0.5}}}}, d);
+      },
+      {"unknown", "betas"});
 }
 
 TEST(Optimizer, StateIsLazyAndTaggedOptimizerState) {
@@ -301,11 +313,20 @@ TEST(Optimizer, ZeroGrad) {
 TEST(Optimizer, RejectsBadParametersNamingTheIndex) {
   Tensor a = param({1, 2}), b = param({1, 2, 3});
   Tensor i = ops::from_vector({1, 2}, {2}, DType::int64);
-  testing::expect_error<std::invalid_argument>([&] { SGD({a, i}, SGDOptions{}); }, {"parameter 1", "int64"});
-  testing::expect_error<std::invalid_argument>([&] { SGD({a, a}, SGDOptions{}); }, {"parameter 1", "more than once"});
+  testing::expect_error<std::invalid_argument>(
+      [&] {
+        SGD({a, i}, SGDOptions{});
+      },
+      {"parameter 1", "int64"});
+  testing::expect_error<std::invalid_argument>(
+      [&] {
+        SGD({a, a}, SGDOptions{});
+      },
+      {"parameter 1", "more than once"});
   SGD opt({a, b}, SGDOptions{});
   b.set_grad(ops::zeros({3}, DType::float64));
-  testing::expect_error<std::invalid_argument>([&] { opt.step(); }, {"parameter 1", "float64", "[3]"});
+  testing::expect_error<std::invalid_argument>([&] { opt.step(); },
+                                               {"parameter 1", "float64", "[3]"});
   AdamOptions bad;
   bad.beta1 = 1.0;
   testing::expect_error<std::invalid_argument>([&] { Adam({a}, bad); }, {"beta1"});
@@ -335,7 +356,8 @@ TEST(Optimizer, StateDictRoundTrips) {
   opt2.load_state_dict(sd);
   EXPECT_DOUBLE_EQ(opt2.get_lr(), 0.01);
   EXPECT_EQ(opt2.state(1).step, 2);
-  EXPECT_EQ(opt2.state(0).tensors.at("exp_avg").storage().category(), memory::Category::optimizer_state);
+  EXPECT_EQ(opt2.state(0).tensors.at("exp_avg").storage().category(),
+            memory::Category::optimizer_state);
   set_grad(a2, {0.1, 0.2});
   set_grad(b2, {-0.3});
   opt.step();
@@ -345,7 +367,8 @@ TEST(Optimizer, StateDictRoundTrips) {
 
   Tensor c = param({1, 2, 3});
   Adam opt3({c, b2});
-  testing::expect_error<std::invalid_argument>([&] { opt3.load_state_dict(sd); }, {"state.0.exp_avg", "[3]"});
+  testing::expect_error<std::invalid_argument>([&] { opt3.load_state_dict(sd); },
+                                               {"state.0.exp_avg", "[3]"});
 }
 
 TEST(Optimizer, TrainsWithAutograd) {

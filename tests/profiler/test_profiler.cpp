@@ -2,7 +2,9 @@
 // shapes and stacks; the Chrome trace (checked by check_trace.py), key_averages and its
 // table, the schedule, the memory timeline (.json round trip, .html, headless Chromium),
 // the window's memory snapshot and the observers' zero-cost-when-off property.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -11,8 +13,6 @@
 #include <numeric>
 #include <regex>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "memory/memory.h"
 #include "profiler/memory_timeline.h"
@@ -72,9 +72,7 @@ TEST(Profiler, ObserversAreOffOutsideAWindow) {
   EXPECT_EQ(dispatch_observer(), nullptr);
   EXPECT_EQ(memory::context_observer(), nullptr);
   EXPECT_EQ(memory::allocation_observer(), nullptr);
-  {
-    Profiled p(1);
-  }
+  { Profiled p(1); }
   EXPECT_EQ(dispatch_observer(), nullptr);
   EXPECT_EQ(memory::context_observer(), nullptr);
   EXPECT_EQ(memory::allocation_observer(), nullptr);
@@ -168,8 +166,8 @@ TEST(Profiler, KeyAveragesAddUp) {
   // ProfilerStep range at least).
   int64_t self_mem = 0;
   for (const auto& r : rows.rows()) self_mem += r.self_cpu_memory_usage;
-  EXPECT_EQ(self_mem, static_cast<int64_t>(p.allocated_after) -
-                          static_cast<int64_t>(p.allocated_before));
+  EXPECT_EQ(self_mem,
+            static_cast<int64_t>(p.allocated_after) - static_cast<int64_t>(p.allocated_before));
   // The steps enclose everything: their inclusive CPU Mem is the net allocation too.
   EXPECT_EQ(rows.at("ProfilerStep*").count, 4);  // #0..#3, the last opened by step()
   EXPECT_EQ(rows.at("ProfilerStep*").cpu_memory_usage, self_mem);

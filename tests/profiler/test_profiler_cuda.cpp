@@ -5,15 +5,15 @@
 // kernel time is the row's Self CUDA; the memory timeline picks the GPU.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
-#include <unistd.h>
 #include <map>
 
 #include "autograd/ops.h"
 #include "profiler/profiler.h"
-#include "tensor/cuda_testing.h"
+#include "testing/cuda_testing.h"
 
 namespace tally {
 namespace {
@@ -68,7 +68,8 @@ TEST(ProfilerCuda, KernelsAreRecordedAndAttributed) {
                         "Self CUDA Mem", "Self CUDA time total: "})
     EXPECT_NE(table.find(h), std::string::npos) << h << "\n" << table;
 
-  const fs::path dir = fs::temp_directory_path() / fmt::format("tally_profiler_cuda_{}", ::getpid());
+  const fs::path dir =
+      fs::temp_directory_path() / fmt::format("tally_profiler_cuda_{}", ::getpid());
   fs::create_directories(dir);
   const fs::path trace = dir / "matmul.trace.json";
   prof.export_chrome_trace(trace.string());

@@ -1,4 +1,4 @@
-# Host emulation of the FlashAttention-2 kernels' fragment index math in tensor/cuda/attention.cu
+# Host emulation of the FlashAttention-2 kernels' fragment index math in tensor/attention/cuda.cu
 # (namespace fa2): ldmatrix (.x4, .trans) and mma.sync m16n8k16 are modelled lane by lane after
 # the PTX ISA fragment layouts, the kernels' loops, lane address formulas, masks and the
 # C-fragment -> A-fragment reuse are transcribed one to one, and the results are compared in

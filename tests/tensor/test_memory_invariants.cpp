@@ -3,19 +3,23 @@
 // equals the parameters' size; nothing is `unknown` at the peak.
 #include <unordered_set>
 
-#include "autograd/conv.h"
-#include "autograd/norm.h"
-#include "autograd/pool.h"
-#include "autograd/softmax.h"
-#include "gradcheck.h"
+#include "tensor/conv/autograd.h"
+#include "tensor/norm/autograd.h"
+#include "tensor/pool/autograd.h"
+#include "tensor/softmax/autograd.h"
+#include "testing/gradcheck.h"
 
 namespace tally {
 namespace {
 
 using memory::Category;
 
-memory::CachingAllocator& cpu_alloc() { return memory::get_allocator(Device::cpu()); }
-int64_t bytes(Category c) { return cpu_alloc().stats().cat_bytes(c).current; }
+memory::CachingAllocator& cpu_alloc() {
+  return memory::get_allocator(Device::cpu());
+}
+int64_t bytes(Category c) {
+  return cpu_alloc().stats().cat_bytes(c).current;
+}
 
 // Sum of the allocator blocks held by the saved tensors of the graph behind `root`,
 // counting each storage once and leaving out parameters and inputs (they are not
@@ -34,7 +38,8 @@ int64_t saved_activation_bytes(const Tensor& root) {
       if (!t.defined() || !storages.insert(t.storage().key()).second) continue;
       const Category c = t.storage().category();
       if (c == Category::parameter || c == Category::input) continue;
-      EXPECT_EQ(c, Category::activation) << n->name() << " saved a " << memory::category_name(c) << " block";
+      EXPECT_EQ(c, Category::activation)
+          << n->name() << " saved a " << memory::category_name(c) << " block";
       total += static_cast<int64_t>(t.storage().block_bytes());
     }
     for (const autograd::Edge& e : n->next_edges) stack.push_back(e.fn.get());
@@ -90,8 +95,9 @@ TEST(MemoryInvariants, Mlp) {
 }
 
 TEST(MemoryInvariants, Cnn) {
-  const TensorList params = {param({8, 3, 3, 3}, 5, 0.3), param({8}, 6, 0.1), param({8}, 7, 0.1),
-                             param({16, 8, 3, 3}, 8, 0.2), param({10, 16}, 9, 0.2), param({10}, 10, 0.1)};
+  const TensorList params = {param({8, 3, 3, 3}, 5, 0.3), param({8}, 6, 0.1),
+                             param({8}, 7, 0.1),          param({16, 8, 3, 3}, 8, 0.2),
+                             param({10, 16}, 9, 0.2),     param({10}, 10, 0.1)};
   Tensor running_mean = ops::zeros({8}), running_var = ops::ones({8});
   Tensor x, y;
   {

@@ -3,20 +3,20 @@
 // saved tensors, after backward none are left and `gradient` equals the parameters' size,
 // nothing is `unknown`. Plus the `workspace` category: cuBLASLt's workspace (a linear
 // forward + backward), cuDNN's (a conv2d forward + backward; its fused attention's backward)
-// come from the caching allocator under the op that used them, and are returned when the op has been enqueued.
-// Skips without a device.
+// come from the caching allocator under the op that used them, and are returned when the op has
+// been enqueued. Skips without a device.
 #include <unordered_set>
 
-#include "autograd/attention.h"
-#include "autograd/conv.h"
-#include "autograd/norm.h"
-#include "autograd/pool.h"
-#include "autograd/softmax.h"
-#include "cuda_testing.h"
 #include "memory/invariants.h"
-#include "tensor/cuda/attention.h"
+#include "tensor/attention/autograd.h"
+#include "tensor/attention/cuda.h"
+#include "tensor/conv/autograd.h"
 #include "tensor/cuda/cudnn.h"
-#include "tensor/cuda/linalg.h"
+#include "tensor/linalg/cuda.h"
+#include "tensor/norm/autograd.h"
+#include "tensor/pool/autograd.h"
+#include "tensor/softmax/autograd.h"
+#include "testing/cuda_testing.h"
 
 namespace tally {
 namespace {
@@ -24,8 +24,12 @@ namespace {
 using memory::Category;
 using testing::kGpu;
 
-memory::CachingAllocator& gpu_alloc() { return memory::get_allocator(kGpu); }
-int64_t bytes(Category c) { return gpu_alloc().stats().cat_bytes(c).current; }
+memory::CachingAllocator& gpu_alloc() {
+  return memory::get_allocator(kGpu);
+}
+int64_t bytes(Category c) {
+  return gpu_alloc().stats().cat_bytes(c).current;
+}
 
 // Sum of the blocks held by the graph's saved tensors, each storage once, leaving out
 // parameters and inputs (saved, but not activations).
@@ -44,7 +48,8 @@ int64_t saved_activation_bytes(const Tensor& root) {
       EXPECT_TRUE(t.is_cuda()) << n->name() << " saved a host tensor";
       const Category c = t.storage().category();
       if (c == Category::parameter || c == Category::input) continue;
-      EXPECT_EQ(c, Category::activation) << n->name() << " saved a " << memory::category_name(c) << " block";
+      EXPECT_EQ(c, Category::activation)
+          << n->name() << " saved a " << memory::category_name(c) << " block";
       total += static_cast<int64_t>(t.storage().block_bytes());
     }
     for (const autograd::Edge& e : n->next_edges) stack.push_back(e.fn.get());
@@ -89,11 +94,13 @@ Scan scan() {
   Scan s;
   std::unordered_set<uint64_t> live;
   for (const memory::TraceEntry& e : gpu_alloc().history()) {
-    const bool tags = e.action == memory::TraceAction::alloc || e.action == memory::TraceAction::retag;
+    const bool tags =
+        e.action == memory::TraceAction::alloc || e.action == memory::TraceAction::retag;
     if (tags && e.tag.category == Category::unknown) {
       ++s.unknown;
-      ADD_FAILURE() << memory::trace_action_name(e.action) << " of " << e.size << " B tagged unknown (op '"
-                    << memory::interned(e.tag.op) << "', " << e.tag.loc.file << ":" << e.tag.loc.line << ")";
+      ADD_FAILURE() << memory::trace_action_name(e.action) << " of " << e.size
+                    << " B tagged unknown (op '" << memory::interned(e.tag.op) << "', "
+                    << e.tag.loc.file << ":" << e.tag.loc.line << ")";
     }
     if (e.action == memory::TraceAction::alloc && e.tag.category == Category::workspace) {
       ++s.workspace_allocs;
@@ -156,8 +163,9 @@ TEST(MemoryInvariantsCuda, Mlp) {
 
 TEST(MemoryInvariantsCuda, Cnn) {
   REQUIRE_GPU();
-  const TensorList params = {param({8, 3, 3, 3}, 5, 0.3), param({8}, 6, 0.1), param({8}, 7, 0.1),
-                             param({16, 8, 3, 3}, 8, 0.2), param({10, 16}, 9, 0.2), param({10}, 10, 0.1)};
+  const TensorList params = {param({8, 3, 3, 3}, 5, 0.3), param({8}, 6, 0.1),
+                             param({8}, 7, 0.1),          param({16, 8, 3, 3}, 8, 0.2),
+                             param({10, 16}, 9, 0.2),     param({10}, 10, 0.1)};
   Tensor running_mean, running_var;
   {
     memory::CategoryScope c(Category::parameter);
@@ -214,7 +222,9 @@ TEST(MemoryInvariantsCuda, LinearWorkspaceFromAllocator) {
   }
   memory::synchronize(kGpu);
   cuda::set_matmul_workspace_bytes(ws);
-  EXPECT_EQ(scan().workspace_allocs, 0);
+  // The products take none; the reductions (sum's partials) still take their scratch.
+  for (const std::string& op : scan().workspace_ops)
+    EXPECT_EQ(op.rfind("sum", 0), 0u) << "a workspace under op '" << op << "'";
   gpu_alloc().record_memory_history(false);
 }
 
@@ -244,8 +254,9 @@ TEST(MemoryInvariantsCuda, Conv2dWorkspaceFromAllocator) {
       EXPECT_GT(h.workspace_allocs, 0) << "the benchmark's scratch output is a workspace";
       EXPECT_TRUE(has_op_prefix(h.workspace_ops, "conv2d"));
     }
-    for (const std::string& op : h.workspace_ops)
-      EXPECT_EQ(op.rfind("conv2d", 0), 0u) << "a workspace under op '" << op << "'";
+    for (const std::string& op : h.workspace_ops)  // cuDNN's, and the loss's sum partials
+      EXPECT_TRUE(op.rfind("conv2d", 0) == 0 || op.rfind("sum", 0) == 0)
+          << "a workspace under op '" << op << "'";
     EXPECT_EQ(h.workspace_frees, h.workspace_allocs) << "every workspace block is returned";
     EXPECT_EQ(bytes(Category::workspace), 0);
     EXPECT_EQ(h.unknown, 0);

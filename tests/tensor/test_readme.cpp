@@ -1,7 +1,6 @@
 // The README's "API in ten lines", compiled and run as written.
-#include <gtest/gtest.h>
-
 #include <fmt/core.h>
+#include <gtest/gtest.h>
 
 #include <filesystem>
 
@@ -15,11 +14,16 @@ TEST(Readme, ApiInTenLines) {
   std::filesystem::current_path(dir);
   memory::record_memory_history(true, 100000, Device::cpu());
   Tensor w = mul(randn({784, 10}), 0.01).detach().requires_grad_();  // ops outputs: `temporary`
-  Tensor x; { memory::CategoryScope in(memory::Category::input); x = randn({64, 784}); }
-  Tensor loss = cross_entropy(matmul(x, w), randint(0, 10, {64}));  // saved for backward: `activation`
-  loss.backward();                                                   // w.grad(): `gradient`
-  fmt::print("{}", memory::memory_summary(Device::cpu()));          // PyTorch's table + categories
-  memory::dump_snapshot("step.pickle", Device::cpu());              // opens in memory_viz
+  Tensor x;
+  {
+    memory::CategoryScope in(memory::Category::input);
+    x = randn({64, 784});
+  }
+  Tensor loss =
+      cross_entropy(matmul(x, w), randint(0, 10, {64}));    // saved for backward: `activation`
+  loss.backward();                                          // w.grad(): `gradient`
+  fmt::print("{}", memory::memory_summary(Device::cpu()));  // PyTorch's table + categories
+  memory::dump_snapshot("step.pickle", Device::cpu());      // opens in memory_viz
   EXPECT_TRUE(std::filesystem::exists(dir / "step.pickle"));
   EXPECT_EQ(w.grad().storage().category(), memory::Category::gradient);
   EXPECT_EQ(x.storage().category(), memory::Category::input);

@@ -2,9 +2,9 @@
 // update on a synthetic problem it cannot solve by chance: three interleaved spirals.
 #include <cmath>
 
-#include "autograd/reduce.h"
-#include "autograd/softmax.h"
-#include "gradcheck.h"
+#include "tensor/reduce/autograd.h"
+#include "tensor/softmax/autograd.h"
+#include "testing/gradcheck.h"
 
 namespace tally {
 namespace {

@@ -1,0 +1,32 @@
+// scaled_dot_product_attention, PyTorch's semantics. This is the plain path: it builds the
+// L x S score matrix and keeps the softmax for backward (that matrix is the attention
+// activation memory). On CUDA, float16/bfloat16 attention without mask or dropout takes the
+// fused, memory-efficient path (flash_attention) that keeps only the output and the
+// log-sum-exp.
+#pragma once
+
+#include <optional>
+
+#include "autograd/ops.h"
+
+namespace tally {
+
+// q [..., L, E], k [..., S, E], v [..., S, Ev] -> [..., L, Ev]. attn_mask: bool (true =
+// attend) or floating (added to the scores), broadcast to [..., L, S]. is_causal masks
+// j > i (top-left aligned) and cannot be combined with attn_mask. scale defaults to
+// 1/sqrt(E).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
+                                    bool is_causal = false,
+                                    std::optional<double> scale = std::nullopt,
+                                    Generator* gen = nullptr);
+
+// The fused, memory-efficient attention (tensor/attention/ops.h) as a differentiable op:
+// softmax(scale * q k^T [causal]) v without mask or dropout, saving only q, k, v, the output
+// and the per-row log-sum-exp (no L x S matrix); the backward recomputes the probabilities.
+// q, k, v share their leading dims. scaled_dot_product_attention takes this path on CUDA for
+// float16/bfloat16/float32 without mask or dropout when ops::flash_attention_supported holds.
+Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal = false,
+                       std::optional<double> scale = std::nullopt);
+
+}  // namespace tally

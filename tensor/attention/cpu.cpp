@@ -1,0 +1,152 @@
+// CPU reference of the fused attention op: per (batch, head, query row) the scores against
+// every allowed key, the max-shifted softmax with its log-sum-exp, and the weighted sum of
+// values; the backward recomputes the probabilities from the log-sum-exp, as the CUDA
+// kernel does. Everything accumulates in double.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "tensor/attention/kernels.h"
+
+namespace tally::cpu {
+namespace {
+
+// Strided element access to a [B, H, T, D] tensor.
+template <typename T>
+struct View4 {
+  T* p;
+  int64_t s0, s1, s2, s3;
+  explicit View4(const Tensor& t)
+      : p(static_cast<T*>(t.storage().data()) + t.storage_offset()),
+        s0(t.strides()[0]),
+        s1(t.strides()[1]),
+        s2(t.strides()[2]),
+        s3(t.strides()[3]) {}
+  T& at(int64_t b, int64_t h, int64_t i, int64_t d) const {
+    return p[b * s0 + h * s1 + i * s2 + d * s3];
+  }
+};
+
+template <typename T>
+double rd(const T& v) {
+  return static_cast<double>(static_cast<acc_t<T>>(v));
+}
+
+template <typename T>
+T wr(double v) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return T(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
+}
+
+// The keys query i may attend: [0, n).
+inline int64_t keys_for(int64_t i, int64_t S, bool causal) {
+  return causal ? std::min(S, i + 1) : S;
+}
+
+void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v, bool causal, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3);
+  const int64_t S = k.size(2), Ev = v.size(3);
+  TALLY_DISPATCH_FLOAT(q.dtype(), "flash_attention_forward", [&] {
+    using T = scalar_t;
+    const View4<const T> Q(q), K(k), V(v);
+    const View4<T> O(out);
+    std::vector<double> s(static_cast<size_t>(S)), acc(static_cast<size_t>(Ev));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < L; ++i) {
+          const int64_t n = keys_for(i, S, causal);
+          double m = -std::numeric_limits<double>::infinity();
+          for (int64_t j = 0; j < n; ++j) {
+            double dot = 0;
+            for (int64_t d = 0; d < E; ++d) dot += rd(Q.at(b, h, i, d)) * rd(K.at(b, h, j, d));
+            s[static_cast<size_t>(j)] = dot * scale;
+            m = std::max(m, s[static_cast<size_t>(j)]);
+          }
+          double l = 0;
+          std::fill(acc.begin(), acc.end(), 0.0);
+          for (int64_t j = 0; j < n; ++j) {
+            const double p = std::exp(s[static_cast<size_t>(j)] - m);
+            l += p;
+            for (int64_t d = 0; d < Ev; ++d)
+              acc[static_cast<size_t>(d)] += p * rd(V.at(b, h, j, d));
+          }
+          for (int64_t d = 0; d < Ev; ++d)
+            O.at(b, h, i, d) = wr<T>(n > 0 ? acc[static_cast<size_t>(d)] / l : 0.0);
+          const double lv = n > 0 ? m + std::log(l) : -std::numeric_limits<double>::infinity();
+          const int64_t li = (b * H + h) * L + i;
+          if (lse.dtype() == DType::float64)
+            static_cast<double*>(lse.data_ptr())[li] = lv;
+          else
+            static_cast<float*>(lse.data_ptr())[li] = static_cast<float>(lv);
+        }
+  });
+}
+
+void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, bool causal, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3);
+  const int64_t S = k.size(2), Ev = v.size(3);
+  TALLY_DISPATCH_FLOAT(q.dtype(), "flash_attention_backward", [&] {
+    using T = scalar_t;
+    const View4<const T> Q(q), K(k), V(v), O(out), dO(dout);
+    const View4<T> dQ(dq), dK(dk), dV(dv);
+    // Accumulate in double per (b, h), then round once.
+    std::vector<double> gq(static_cast<size_t>(L * E)), gk(static_cast<size_t>(S * E)),
+        gv(static_cast<size_t>(S * Ev));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        std::fill(gq.begin(), gq.end(), 0.0);
+        std::fill(gk.begin(), gk.end(), 0.0);
+        std::fill(gv.begin(), gv.end(), 0.0);
+        for (int64_t i = 0; i < L; ++i) {
+          const int64_t li = (b * H + h) * L + i;
+          const double lv = lse.dtype() == DType::float64
+                                ? static_cast<const double*>(lse.data_ptr())[li]
+                                : static_cast<const float*>(lse.data_ptr())[li];
+          double Di = 0;  // rowsum(dO * O)
+          for (int64_t d = 0; d < Ev; ++d) Di += rd(dO.at(b, h, i, d)) * rd(O.at(b, h, i, d));
+          const int64_t n = keys_for(i, S, causal);
+          for (int64_t j = 0; j < n; ++j) {
+            double dot = 0;
+            for (int64_t d = 0; d < E; ++d) dot += rd(Q.at(b, h, i, d)) * rd(K.at(b, h, j, d));
+            const double p = std::exp(dot * scale - lv);
+            double dp = 0;
+            for (int64_t d = 0; d < Ev; ++d) {
+              const double g = rd(dO.at(b, h, i, d));
+              gv[static_cast<size_t>(j * Ev + d)] += p * g;
+              dp += g * rd(V.at(b, h, j, d));
+            }
+            const double ds = p * (dp - Di) * scale;
+            for (int64_t d = 0; d < E; ++d) {
+              gq[static_cast<size_t>(i * E + d)] += ds * rd(K.at(b, h, j, d));
+              gk[static_cast<size_t>(j * E + d)] += ds * rd(Q.at(b, h, i, d));
+            }
+          }
+        }
+        for (int64_t i = 0; i < L; ++i)
+          for (int64_t d = 0; d < E; ++d)
+            dQ.at(b, h, i, d) = wr<T>(gq[static_cast<size_t>(i * E + d)]);
+        for (int64_t j = 0; j < S; ++j) {
+          for (int64_t d = 0; d < E; ++d)
+            dK.at(b, h, j, d) = wr<T>(gk[static_cast<size_t>(j * E + d)]);
+          for (int64_t d = 0; d < Ev; ++d)
+            dV.at(b, h, j, d) = wr<T>(gv[static_cast<size_t>(j * Ev + d)]);
+        }
+      }
+  });
+}
+
+}  // namespace
+
+const AttentionKernels attention_kernels{
+    .flash_attention_forward = &flash_attention_forward,
+    .flash_attention_backward = &flash_attention_backward,
+    .flash_attention_fp32_fits = nullptr,
+};
+
+}  // namespace tally::cpu

@@ -1,0 +1,855 @@
+// Fused attention on CUDA after FlashAttention-2, bfloat16/float16 in, float32 accumulation:
+// raw mma.sync m16n8k16 tensor-core instructions fed by ldmatrix from padded
+// (bank-conflict-free) shared memory, cp.async double-buffered tiles, softmax on the
+// accumulator registers and P / dS reused as MMA operands straight from registers.
+// Forward: 8 warps x 16 query rows a block, 64-key tiles; saves O and the log-sum-exp.
+// Backward: D = rowsum(dO * O); one block of 4 warps per 64 keys walks the query tiles,
+// recomputes P from the lse, accumulates dK, dV in registers and dQ with float atomics into a
+// float32 buffer, converted at the end. No L x S matrix exists anywhere.
+// Inputs and outputs are [B, H, T, E] with any b/h/t strides (last dim dense): GPT's heads are
+// read from and written to [B, T, H, E] memory in place (see tensor/attention/ops.cpp).
+// The launchers try cuDNN's route first (tensor/attention/cuda_cudnn.cpp) and hand float32 to
+// tensor/attention/cuda_fp32.cu; the file ends with the family's CUDA table,
+// cuda::attention_kernels (tensor/attention/kernels.h).
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+#include "tensor/attention/cuda_cudnn.h"
+#include "tensor/attention/cuda_fp32.h"
+#include "tensor/attention/kernels.h"
+#include "tensor/cuda/device_types.cuh"
+#include "tensor/cuda/runtime.h"
+#include "tensor/op_alloc.h"
+
+namespace tally::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// [B, H, T, E] operand: base pointer (offset applied) and element strides of b, h, t.
+template <typename T>
+struct Operand {
+  const T* p;
+  int64_t sb, sh, st;
+  __device__ __forceinline__ const T* rows(int bh, int H) const {
+    return p + static_cast<int64_t>(bh / H) * sb + static_cast<int64_t>(bh % H) * sh;
+  }
+};
+
+template <typename T>
+Operand<T> operand(const Tensor& t) {
+  return {static_cast<const T*>(t.storage().data()) + t.storage_offset(), t.strides()[0],
+          t.strides()[1], t.strides()[2]};
+}
+
+// Shared-memory leading dimensions (elements): 16-bit tiles padded by 8 (16 bytes) against
+// bank conflicts, float tiles by 4; every fragment pointer stays 32-byte aligned.
+
+// A [B, H, T, E] output with the same addressing (last dim dense).
+template <typename T>
+struct OutOperand {
+  T* p;
+  int64_t sb, sh, st;
+  __device__ __forceinline__ T* rows(int bh, int H) const {
+    return p + static_cast<int64_t>(bh / H) * sb + static_cast<int64_t>(bh % H) * sh;
+  }
+};
+
+template <typename T>
+OutOperand<T> out_operand(const Tensor& t) {
+  return {static_cast<T*>(t.storage().data()) + t.storage_offset(), t.strides()[0], t.strides()[1],
+          t.strides()[2]};
+}
+
+template <typename T>
+struct FwdParams {
+  Operand<T> q, k, v;
+  OutOperand<T> o;  // [B, H, L, E]
+  float* lse;       // [B, H, L] contiguous
+  int H, L, S, E;
+  float scale_log2;
+  bool causal;
+};
+
+template <typename T>
+struct BwdParams {
+  Operand<T> q, k, v, dout;
+  const float* lse;   // [B, H, L]
+  const float* dvec;  // [B, H, L]
+  float* dq_acc;      // [B, H, L, E] float contiguous, zeroed
+  OutOperand<T> dk;   // [B, H, S, E]
+  OutOperand<T> dv;
+  int H, L, S, E;
+  float scale, scale_log2;
+  bool causal;
+};
+
+// dQ: the float32 accumulator [B, H, L, E] (contiguous) rounded into dst (any b/h/t strides).
+template <typename T>
+__global__ void dq_convert_kernel(OutOperand<T> dst, const float* src, int H, int L, int E,
+                                  int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / E;
+    const int e = static_cast<int>(i - row * E);
+    const int bh = static_cast<int>(row / L),
+              t = static_cast<int>(row - static_cast<int64_t>(bh) * L);
+    dst.rows(bh, H)[static_cast<int64_t>(t) * dst.st + e] = store<T>(src[i]);
+  }
+}
+
+// ================================================ FlashAttention-2 kernels (mma.sync PTX)
+//
+// Register layouts of mma.sync.aligned.m16n8k16 (16-bit A/B, float C), PTX ISA "Matrix
+// Fragments for mma.m16n8k16". Per lane: g = lane / 4 (group), t = lane % 4 (thread in group).
+//   A (16 x 16, row-major, 4 x b32 = 8 elements):
+//     a0 = A[g    ][2t, 2t+1]     a1 = A[g + 8][2t, 2t+1]
+//     a2 = A[g    ][2t+8, 2t+9]   a3 = A[g + 8][2t+8, 2t+9]
+//   B (16 x 8, "col", 2 x b32):    b0 = B[2t, 2t+1][g]       b1 = B[2t+8, 2t+9][g]
+//   C (16 x 8, float, 4 regs):     c0, c1 = C[g][2t, 2t+1]   c2, c3 = C[g + 8][2t, 2t+1]
+//   In every b32 the lower-indexed element sits in the low 16 bits.
+// Consequence used throughout: the C fragments of two neighbouring n8 tiles (columns
+// 16kk..16kk+7 and 16kk+8..16kk+15), rounded to 16 bits and packed in pairs, are exactly the
+// A fragment of the k16 step kk: a0 = C[2kk](c0,c1), a1 = C[2kk](c2,c3), a2 = C[2kk+1](c0,c1),
+// a3 = C[2kk+1](c2,c3). So P (forward) and P^T, dS^T (backward) feed the next MMA straight
+// from registers.
+//
+// ldmatrix.m8n8.x4: lanes 8i..8i+7 give the row addresses of 8 x 8 matrix i (16 bytes a row);
+// register i of a lane receives row lane/4, columns 2(lane%4), +1 of matrix i; with .trans it
+// receives rows 2(lane%4), +1 of column lane/4 instead. Hence, for a tile stored row-major in
+// shared memory (row stride ld):
+//   A fragment of rows r0.., cols c0..:  lane address (r0 + (lane&7) + ((lane>>3)&1)*8,
+//                                                      c0 + (lane>>4)*8)            [no trans]
+//   B fragments of two n8 tiles where B[k][n] = M[n][k] (M = K or Q, [key][d]):
+//     lane address (n0 + (lane&7) + (lane>>4)*8, k0 + ((lane>>3)&1)*8)  [no trans]
+//     -> regs {b0, b1} of n-tile n0, {b0, b1} of n-tile n0 + 8
+//   B fragments of two n8 tiles where B[k][n] = M[k][n] (M = V, dO, Q, K, [row][d]):
+//     lane address (k0 + (lane&7) + ((lane>>3)&1)*8, n0 + (lane>>4)*8)  [.trans]
+//     -> same register order
+//   A fragment where A[m][k] = M[k][m] (dS from dS^T stored [key][query]):
+//     lane address (k0 + (lane&7) + (lane>>4)*8, m0 + ((lane>>3)&1)*8)  [.trans]
+// Shared-memory rows are padded by 8 elements (16 bytes): the 8 row addresses of one
+// ldmatrix matrix then start 4 banks apart and cover all 32 banks (no conflicts), and the
+// 16-byte cp.async chunks stay aligned.
+
+namespace fa2 {
+
+constexpr int kPad = 8;
+constexpr int kFwdM = 128;  // query rows per forward block: 8 warps x 16
+constexpr int kFwdWarps = 8;
+constexpr int kFwdThreads = kFwdWarps * 32;
+constexpr int kN = 64;     // key (forward) / query (backward) columns per tile
+constexpr int kBwdN = 64;  // keys per backward block: 4 warps x 16
+constexpr int kBwdWarps = 4;
+constexpr int kBwdThreads = kBwdWarps * 32;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy that bypasses L1; src_bytes 0 writes zeros.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// c += a * b (m16n8k16, float accumulators).
+template <typename T>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// dst[0] += a, dst[1] += b (dst 8-byte aligned): one float2 atomic on sm_90, two otherwise.
+__device__ __forceinline__ void add2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
+// Two floats rounded to T and packed, lo in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// Inverse of pack2.
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  }
+}
+
+// The A fragment of k16 step kk from C fragments c[2kk], c[2kk+1] (see above).
+template <typename T>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4],
+                                       const float (&c1)[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);
+  a[1] = pack2<T>(c0[2], c0[3]);
+  a[2] = pack2<T>(c1[0], c1[1]);
+  a[3] = pack2<T>(c1[2], c1[3]);
+}
+
+// ROWS rows from row r0 of a [n, E] matrix (row stride st) into shared memory [ROWS][D + 8]
+// with cp.async; rows >= n and columns >= E are zero-filled. NT threads share the work.
+template <typename T, int D, int ROWS, int NT>
+__device__ __forceinline__ void cp_tile(T* dst, const T* src, int64_t st, int r0, int n, int E) {
+  constexpr int kChunks = D / 8;
+  constexpr int ld = D + kPad;
+  static_assert((ROWS * kChunks) % NT == 0, "tile chunks must divide among the threads");
+#pragma unroll
+  for (int i = 0; i < ROWS * kChunks / NT; ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * NT;
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool ok = r0 + r < n && col < E;
+    const T* s = ok ? src + static_cast<int64_t>(r0 + r) * st + col : src;
+    cp_async16(smem_addr(dst + r * ld + col), s, ok);
+  }
+}
+
+template <typename T, int D>
+constexpr size_t fwd_smem() {
+  return sizeof(T) * (kFwdM + 4 * kN) * (D + kPad);  // Q, K[2], V[2]
+}
+
+// Forward: one block of 8 warps per 128 query rows; warp w owns rows 16w..16w+15 and keeps
+// the O accumulator and the softmax state (row max m, row sum l, base 2,
+// scores pre-multiplied by scale * log2 e) in registers. K/V tiles of 64 keys are
+// double-buffered with cp.async. Causal: tiles past the diagonal are never loaded, tiles
+// past a warp's last row are skipped by that warp, and only tiles crossing a warp's
+// diagonal (or the end of S) are masked.
+template <typename T, int D>
+__global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdParams<T> p) {
+  constexpr int ld = D + kPad;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + kFwdM * ld;  // [2][kN][ld]
+  T* sV = sK + 2 * kN * ld;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int qt = p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;  // heaviest first
+  const int bh = blockIdx.x;
+  const int q0 = qt * kFwdM;
+  const int wr0 = q0 + warp * 16;  // the warp's first query row
+  const T* qrows = p.q.rows(bh, p.H);
+  const T* krows = p.k.rows(bh, p.H);
+  const T* vrows = p.v.rows(bh, p.H);
+
+  int ntiles = (p.S + kN - 1) / kN;
+  if (p.causal) ntiles = min(ntiles, (min(q0 + kFwdM, p.L) - 1) / kN + 1);
+
+  cp_tile<T, D, kFwdM, kFwdThreads>(sQ, qrows, p.q.st, q0, p.L, p.E);
+  if (ntiles > 0) {
+    cp_tile<T, D, kN, kFwdThreads>(sK, krows, p.k.st, 0, p.S, p.E);
+    cp_tile<T, D, kN, kFwdThreads>(sV, vrows, p.v.st, 0, p.S, p.E);
+  }
+  cp_async_commit();
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};  // rows g, g + 8 (scaled, base 2)
+  float l[2] = {0.f, 0.f};              // this lane's partial row sums
+  const bool warp_live = wr0 < p.L;
+
+  for (int j = 0; j < ntiles; ++j) {
+    const int buf = j & 1;
+    if (j + 1 < ntiles) {
+      cp_tile<T, D, kN, kFwdThreads>(sK + (buf ^ 1) * kN * ld, krows, p.k.st, (j + 1) * kN, p.S,
+                                     p.E);
+      cp_tile<T, D, kN, kFwdThreads>(sV + (buf ^ 1) * kN * ld, vrows, p.v.st, (j + 1) * kN, p.S,
+                                     p.E);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int k0 = j * kN;
+    if (warp_live && !(p.causal && k0 > wr0 + 15)) {
+      const T* kb = sK + buf * kN * ld;
+      const T* vb = sV + buf * kN * ld;
+      // S = Q K^T: [16 x 64] as 8 n8 tiles.
+      float s[kN / 8][4];
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];  // Q fragments re-read from shared memory: fewer live registers
+        ldsm_x4(a, smem_addr(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk * 16 +
+                             (lane >> 4) * 8));
+#pragma unroll
+        for (int np = 0; np < kN / 16; ++np) {
+          uint32_t b[4];
+          ldsm_x4(b, smem_addr(kb + (np * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk * 16 +
+                               ((lane >> 3) & 1) * 8));
+          mma<T>(s[2 * np], a, b[0], b[1]);
+          mma<T>(s[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+      const bool masked = k0 + kN > p.S || (p.causal && k0 + kN - 1 > wr0);
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = s[n][e] * p.scale_log2;
+          if (masked) {
+            const int col = k0 + n * 8 + 2 * t + (e & 1);
+            const int row = wr0 + g + (e >> 1) * 8;
+            if (col >= p.S || (p.causal && col > row)) v = -INFINITY;
+          }
+          s[n][e] = v;
+        }
+      }
+      // Online softmax, rows g (r = 0) and g + 8 (r = 1); a row lives on the 4 lanes of a group.
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = m[r];
+#pragma unroll
+        for (int n = 0; n < kN / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mref = mx == -INFINITY ? 0.f : mx;
+        const float alpha = exp2f(m[r] - mref);
+        m[r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < kN / 8; ++n) {
+          s[n][2 * r] = exp2f(s[n][2 * r] - mref);
+          s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - mref);
+          sum += s[n][2 * r] + s[n][2 * r + 1];
+        }
+        l[r] = l[r] * alpha + sum;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          o[n][2 * r] *= alpha;
+          o[n][2 * r + 1] *= alpha;
+        }
+      }
+      // O += P V, P straight from the score registers.
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) {
+        uint32_t a[4];
+        c_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, smem_addr(vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
+                                     dp * 16 + (lane >> 4) * 8));
+          mma<T>(o[2 * dp], a, b[0], b[1]);
+          mma<T>(o[2 * dp + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // buffer buf is refilled by the next iteration's prefetch
+  }
+  cp_async_wait<0>();  // (ntiles == 0: the Q copies of all threads are still in flight)
+  __syncthreads();
+
+  // Epilogue: full row sums, O / l staged through the warp's own Q rows, 16-byte stores.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  if (!warp_live) return;
+  const float inv0 = l[0] > 0.f ? 1.f / l[0] : 0.f;
+  const float inv1 = l[1] > 0.f ? 1.f / l[1] : 0.f;
+  T* sO = sQ + warp * 16 * ld;
+  __syncwarp();
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    *reinterpret_cast<uint32_t*>(sO + g * ld + n * 8 + 2 * t) =
+        pack2<T>(o[n][0] * inv0, o[n][1] * inv0);
+    *reinterpret_cast<uint32_t*>(sO + (g + 8) * ld + n * 8 + 2 * t) =
+        pack2<T>(o[n][2] * inv1, o[n][3] * inv1);
+  }
+  __syncwarp();
+  constexpr int kChunks = D / 8;
+  const int64_t row_base = static_cast<int64_t>(bh) * p.L;
+  T* orows = p.o.rows(bh, p.H);
+#pragma unroll
+  for (int i = 0; i < 16 * kChunks / 32; ++i) {
+    const int c = lane + i * 32;
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    if (wr0 + r < p.L && col < p.E)
+      *reinterpret_cast<uint4*>(orows + static_cast<int64_t>(wr0 + r) * p.o.st + col) =
+          *reinterpret_cast<const uint4*>(sO + r * ld + col);
+  }
+  if (t == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = wr0 + g + r * 8;
+      if (row < p.L) p.lse[row_base + row] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+template <typename T, int D>
+constexpr size_t bwd_smem() {
+  return sizeof(T) * (6 * kN * (D + kPad) + kBwdN * (kN + kPad)) +  // K, V, Q[2], dO[2], dS^T
+         sizeof(float) * 4 * kN;                                    // lse[2], D[2]
+}
+
+// Backward: one block of 4 warps per 64 keys; warp w owns keys 16w..16w+15 and keeps dK, dV
+// of them in float registers. It walks the query tiles (64 rows, Q and dO double-buffered
+// with cp.async; causal: from the diagonal tile on), recomputes S^T = K Q^T and
+// P^T = exp2(S^T * scale log2 e - lse log2 e), dP^T = V dO^T, dS^T = P^T (dP^T - D) scale,
+// dV += P^T dO and dK += dS^T Q with P^T, dS^T as register A operands. dQ needs all keys of
+// the block: dS^T goes to shared memory once and each warp computes dQ of 16 query rows,
+// dQ = dS K, added with float atomics to a float32 buffer (converted by a final kernel);
+// that keeps one pass over the keys and no second kernel re-reading K, V, Q, dO.
+// Head dim 64: capped at 168 registers for 3 blocks (12 warps) an SM; ptxas (nvcc 13, sm_90)
+// then reports 0 (float16) / 8 (bfloat16) bytes of spill, against 244 registers and 2 blocks
+// uncapped. Head dim 128 (255 registers, 112 KB of shared memory: 2 blocks an SM) spills
+// 16-32 bytes.
+template <typename T, int D>
+__global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdParams<T> p) {
+  constexpr int ld = D + kPad;
+  constexpr int ldS = kN + kPad;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);  // [kBwdN][ld]
+  T* sV = sK + kBwdN * ld;
+  T* sQ = sV + kBwdN * ld;                                    // [2][kN][ld]
+  T* sdO = sQ + 2 * kN * ld;                                  // [2][kN][ld]
+  T* sdS = sdO + 2 * kN * ld;                                 // [kBwdN][ldS]: dS^T, keys x queries
+  float* sLse = reinterpret_cast<float*>(sdS + kBwdN * ldS);  // [2][kN], lse * log2 e
+  float* sDv = sLse + 2 * kN;                                 // [2][kN]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int kt = blockIdx.y, bh = blockIdx.x;  // causal: low key tiles (most work) first
+  const int k0 = kt * kBwdN;
+  const int wk0 = k0 + warp * 16;  // the warp's first key
+  const T* qrows = p.q.rows(bh, p.H);
+  const T* dorows = p.dout.rows(bh, p.H);
+  const int64_t row_base = static_cast<int64_t>(bh) * p.L;
+  const int qtiles = (p.L + kN - 1) / kN;
+  const int qt0 = p.causal ? k0 / kN : 0;
+
+  auto load_rows = [&](int qt, int buf) {
+    cp_tile<T, D, kN, kBwdThreads>(sQ + buf * kN * ld, qrows, p.q.st, qt * kN, p.L, p.E);
+    cp_tile<T, D, kN, kBwdThreads>(sdO + buf * kN * ld, dorows, p.dout.st, qt * kN, p.L, p.E);
+    for (int i = threadIdx.x; i < kN; i += kBwdThreads) {
+      const int q = qt * kN + i;
+      const bool ok = q < p.L;
+      sLse[buf * kN + i] = ok ? p.lse[row_base + q] * kLog2e : 0.f;
+      sDv[buf * kN + i] = ok ? p.dvec[row_base + q] : 0.f;
+    }
+  };
+  cp_tile<T, D, kBwdN, kBwdThreads>(sK, p.k.rows(bh, p.H), p.k.st, k0, p.S, p.E);
+  cp_tile<T, D, kBwdN, kBwdThreads>(sV, p.v.rows(bh, p.H), p.v.st, k0, p.S, p.E);
+  if (qt0 < qtiles) load_rows(qt0, 0);
+  cp_async_commit();
+
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      dk[n][e] = 0.f;
+      dv[n][e] = 0.f;
+    }
+
+  for (int qt = qt0; qt < qtiles; ++qt) {
+    const int buf = (qt - qt0) & 1;
+    if (qt + 1 < qtiles) {
+      load_rows(qt + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int q0 = qt * kN;
+    const T* qb = sQ + buf * kN * ld;
+    const T* dob = sdO + buf * kN * ld;
+    const float* lse2 = sLse + buf * kN;
+    const float* dvec = sDv + buf * kN;
+
+    // S^T = K_w Q^T: [16 keys x 64 queries].
+    float s[kN / 8][4];
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+#pragma unroll 1  // bounds the hoisted ldmatrix registers
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      ldsm_x4(a, smem_addr(sK + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk * 16 +
+                           (lane >> 4) * 8));
+#pragma unroll
+      for (int np = 0; np < kN / 16; ++np) {
+        uint32_t b[4];
+        ldsm_x4(b, smem_addr(qb + (np * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk * 16 +
+                             ((lane >> 3) & 1) * 8));
+        mma<T>(s[2 * np], a, b[0], b[1]);
+        mma<T>(s[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    // P^T, masked on the diagonal tile and at the ends of L and S.
+    const bool masked = q0 + kN > p.L || k0 + kBwdN > p.S || (p.causal && k0 + kBwdN - 1 > q0);
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qc = n * 8 + 2 * t + (e & 1);
+        float pr = exp2f(s[n][e] * p.scale_log2 - lse2[qc]);
+        if (masked) {
+          const int key = wk0 + g + (e >> 1) * 8, q = q0 + qc;
+          if (key >= p.S || q >= p.L || (p.causal && key > q)) pr = 0.f;
+        }
+        s[n][e] = pr;
+      }
+    }
+    // dV += P^T dO. P^T stays only in its packed 16-bit form (the A operand), which dS
+    // reads back: the float scores die here (fewer live registers; dS is rounded to 16
+    // bits for its MMAs anyway).
+    uint32_t pa[kN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, smem_addr(dob + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
+                                   dp * 16 + (lane >> 4) * 8));
+        mma<T>(dv[2 * dp], pa[kk], b[0], b[1]);
+        mma<T>(dv[2 * dp + 1], pa[kk], b[2], b[3]);
+      }
+    }
+    // dP^T = V_w dO^T, then dS^T = P^T (dP^T - D) * scale in place.
+    float ds[kN / 8][4];
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ds[n][e] = 0.f;
+#pragma unroll 1  // bounds the hoisted ldmatrix registers
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      ldsm_x4(a, smem_addr(sV + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk * 16 +
+                           (lane >> 4) * 8));
+#pragma unroll
+      for (int np = 0; np < kN / 16; ++np) {
+        uint32_t b[4];
+        ldsm_x4(b, smem_addr(dob + (np * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk * 16 +
+                             ((lane >> 3) & 1) * 8));
+        mma<T>(ds[2 * np], a, b[0], b[1]);
+        mma<T>(ds[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+      // C tile n holds (c0, c1) in pa[n / 2][n % 2 * 2] and (c2, c3) in the next register.
+      const float2 p01 = unpack2<T>(pa[n / 2][(n % 2) * 2]);
+      const float2 p23 = unpack2<T>(pa[n / 2][(n % 2) * 2 + 1]);
+      const float d0 = dvec[n * 8 + 2 * t], d1 = dvec[n * 8 + 2 * t + 1];
+      ds[n][0] = p01.x * (ds[n][0] - d0) * p.scale;
+      ds[n][1] = p01.y * (ds[n][1] - d1) * p.scale;
+      ds[n][2] = p23.x * (ds[n][2] - d0) * p.scale;
+      ds[n][3] = p23.y * (ds[n][3] - d1) * p.scale;
+    }
+    // dK += dS^T Q; dS^T also to shared memory for dQ.
+    T* sdSw = sdS + warp * 16 * ldS;
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      uint32_t a[4];
+      c_to_a<T>(a, ds[2 * kk], ds[2 * kk + 1]);
+      *reinterpret_cast<uint32_t*>(sdSw + g * ldS + kk * 16 + 2 * t) = a[0];
+      *reinterpret_cast<uint32_t*>(sdSw + (g + 8) * ldS + kk * 16 + 2 * t) = a[1];
+      *reinterpret_cast<uint32_t*>(sdSw + g * ldS + kk * 16 + 8 + 2 * t) = a[2];
+      *reinterpret_cast<uint32_t*>(sdSw + (g + 8) * ldS + kk * 16 + 8 + 2 * t) = a[3];
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, smem_addr(qb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
+                                   dp * 16 + (lane >> 4) * 8));
+        mma<T>(dk[2 * dp], a, b[0], b[1]);
+        mma<T>(dk[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // dS^T complete; Q, dO of this tile no longer read
+    // dQ rows q0 + 16w .. + 15 = dS K: A from dS^T (transposed), B = K [key][d] (.trans).
+    // Head dim 128 goes in two column halves so that dK, dV and dQ fit the registers.
+    const int wq = q0 + warp * 16;
+    if (wq < p.L) {
+      constexpr int kParts = D > 64 ? 2 : 1;
+      constexpr int kCols = D / kParts;  // columns per part
+      float* dst = p.dq_acc + (row_base + wq) * p.E;
+#pragma unroll
+      for (int part = 0; part < kParts; ++part) {
+        const int c0 = part * kCols;
+        float dq[kCols / 8][4];
+#pragma unroll
+        for (int n = 0; n < kCols / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < kBwdN / 16; ++kk) {
+          uint32_t a[4];
+          ldsm_x4_trans(a, smem_addr(sdS + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * ldS +
+                                     warp * 16 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+          for (int dp = 0; dp < kCols / 16; ++dp) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, smem_addr(sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
+                                       c0 + dp * 16 + (lane >> 4) * 8));
+            mma<T>(dq[2 * dp], a, b[0], b[1]);
+            mma<T>(dq[2 * dp + 1], a, b[2], b[3]);
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < kCols / 8; ++n) {
+          const int col = c0 + n * 8 + 2 * t;
+          if (c0 + n * 8 < p.E) {
+            // Two neighbouring columns a lane: one 8-byte vector atomic each (sm_90), half the
+            // atomic instructions of scalar adds (col is even and E a multiple of 8).
+            if (wq + g < p.L) add2(dst + static_cast<int64_t>(g) * p.E + col, dq[n][0], dq[n][1]);
+            if (wq + g + 8 < p.L)
+              add2(dst + static_cast<int64_t>(g + 8) * p.E + col, dq[n][2], dq[n][3]);
+          }
+        }
+      }
+    }
+    // The next iteration's __syncthreads (after its prefetch wait) orders these reads of
+    // sdS before its writes; its prefetch targets the buffers read before the barrier above.
+  }
+  cp_async_wait<0>();  // (no query tile: the K, V copies are still in flight)
+
+  // dK, dV of the warp's keys, T, straight from the accumulators (4-byte stores).
+  T* dkrows = p.dk.rows(bh, p.H);
+  T* dvrows = p.dv.rows(bh, p.H);
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int col = n * 8 + 2 * t;
+    if (n * 8 >= p.E) continue;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = wk0 + g + r * 8;
+      if (key < p.S) {
+        *reinterpret_cast<uint32_t*>(dkrows + static_cast<int64_t>(key) * p.dk.st + col) =
+            pack2<T>(dk[n][2 * r], dk[n][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(dvrows + static_cast<int64_t>(key) * p.dv.st + col) =
+            pack2<T>(dv[n][2 * r], dv[n][2 * r + 1]);
+      }
+    }
+  }
+}
+
+// D[row] = sum_d dO[row, d] * O[row, d] (float): 16 lanes a row, one 16-byte chunk each.
+template <typename T>
+__global__ void dot_kernel(Operand<T> dout, Operand<T> out, float* dvec, int H, int L, int E,
+                           int64_t rows) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;
+  const int c = static_cast<int>(threadIdx.x % 16) * 8;
+  float acc = 0.f;
+  if (row < rows && c < E) {
+    const int bh = static_cast<int>(row / L), i = static_cast<int>(row % L);
+    const uint4 gv =
+        *reinterpret_cast<const uint4*>(dout.rows(bh, H) + static_cast<int64_t>(i) * dout.st + c);
+    const uint4 ov =
+        *reinterpret_cast<const uint4*>(out.rows(bh, H) + static_cast<int64_t>(i) * out.st + c);
+    const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, ow[4] = {ov.x, ov.y, ov.z, ov.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float2 a = unpack2<T>(gw[w]), b = unpack2<T>(ow[w]);
+      acc += a.x * b.x + a.y * b.y;
+    }
+  }
+#pragma unroll
+  for (int s = 8; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+  if (row < rows && c == 0) dvec[row] = acc;
+}
+
+}  // namespace fa2
+
+template <typename T, int D>
+void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                  const Tensor& v, bool causal, double scale) {
+  FwdParams<T> p{operand<T>(q),
+                 operand<T>(k),
+                 operand<T>(v),
+                 out_operand<T>(out),
+                 static_cast<float*>(lse.storage().data()) + lse.storage_offset(),
+                 static_cast<int>(q.size(1)),
+                 static_cast<int>(q.size(2)),
+                 static_cast<int>(k.size(2)),
+                 static_cast<int>(q.size(3)),
+                 static_cast<float>(scale) * kLog2e,
+                 causal};
+  constexpr size_t smem = fa2::fwd_smem<T, D>();
+  set_max_dynamic_smem(fa2::fwd_kernel<T, D>, smem, "flash_attention_forward");
+  const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)),
+                  static_cast<unsigned>((p.L + fa2::kFwdM - 1) / fa2::kFwdM));
+  fa2::fwd_kernel<T, D><<<grid, fa2::kFwdThreads, smem, stream(q.device().index)>>>(p);
+  check_launch("flash_attention_forward");
+}
+
+template <typename T, int D>
+void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                   const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                   const Tensor& lse, bool causal, double scale) {
+  const int dev = q.device().index;
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), S = k.size(2);
+  const int64_t rows = B * H * L;
+  Tensor dvec = alloc_scratch(B * H * L, DType::float32, q.device());        // [B, H, L]
+  Tensor dq_acc = alloc_scratch(B * H * L * E, DType::float32, q.device());  // [B, H, L, E]
+  check(cudaMemsetAsync(dq_acc.data_ptr(), 0, dq_acc.nbytes(), stream(dev)),
+        "flash_attention_backward");
+  if (rows > 0) {
+    fa2::dot_kernel<T><<<static_cast<unsigned>((rows * 16 + 255) / 256), 256, 0, stream(dev)>>>(
+        operand<T>(dout), operand<T>(out), static_cast<float*>(dvec.data_ptr()),
+        static_cast<int>(H), static_cast<int>(L), static_cast<int>(E), rows);
+    check_launch("flash_attention_backward (dO . O)");
+  }
+  BwdParams<T> p{operand<T>(q),
+                 operand<T>(k),
+                 operand<T>(v),
+                 operand<T>(dout),
+                 static_cast<const float*>(lse.storage().data()) + lse.storage_offset(),
+                 static_cast<const float*>(dvec.data_ptr()),
+                 static_cast<float*>(dq_acc.data_ptr()),
+                 out_operand<T>(dk),
+                 out_operand<T>(dv),
+                 static_cast<int>(H),
+                 static_cast<int>(L),
+                 static_cast<int>(S),
+                 static_cast<int>(E),
+                 static_cast<float>(scale),
+                 static_cast<float>(scale) * kLog2e,
+                 causal};
+  if (S > 0) {
+    constexpr size_t smem = fa2::bwd_smem<T, D>();
+    set_max_dynamic_smem(fa2::bwd_kernel<T, D>, smem, "flash_attention_backward");
+    const dim3 grid(static_cast<unsigned>(B * H),
+                    static_cast<unsigned>((S + fa2::kBwdN - 1) / fa2::kBwdN));
+    fa2::bwd_kernel<T, D><<<grid, fa2::kBwdThreads, smem, stream(dev)>>>(p);
+    check_launch("flash_attention_backward");
+  }
+  const int64_t n = dq_acc.numel();
+  if (n > 0) {
+    const int64_t blocks = std::min<int64_t>((n + 255) / 256, int64_t{16} * sm_count(dev));
+    dq_convert_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream(dev)>>>(
+        out_operand<T>(dq), static_cast<const float*>(dq_acc.data_ptr()), static_cast<int>(H),
+        static_cast<int>(L), static_cast<int>(E), n);
+    check_launch("flash_attention_backward (dQ)");
+  }
+}
+
+void check_cuda_inputs(const char* op, const Tensor& q, const Tensor& v) {
+  const int64_t E = q.size(3);
+  if ((q.dtype() != DType::float16 && q.dtype() != DType::bfloat16) || E > 128 || E % 8 != 0 ||
+      v.size(3) != E)
+    throw std::invalid_argument(
+        std::string(op) +
+        ": the CUDA kernel takes float16/bfloat16 with head dim E == Ev <= 128, "
+        "E % 8 == 0");
+  const int64_t tiles = (std::max(q.size(2), v.size(2)) + fa2::kN - 1) / fa2::kN;
+  if (tiles > 65535 || q.size(0) * q.size(1) > INT32_MAX)
+    throw std::invalid_argument(std::string(op) + ": sequence longer than 65535 * 64 on CUDA");
+}
+
+template <typename F>
+void with_type_and_dim(const Tensor& q, F&& f) {
+  const bool wide = q.size(3) > 64;
+  if (q.dtype() == DType::bfloat16) {
+    if (wide)
+      f.template operator()<__nv_bfloat16, 128>();
+    else
+      f.template operator()<__nv_bfloat16, 64>();
+  } else {
+    if (wide)
+      f.template operator()<__half, 128>();
+    else
+      f.template operator()<__half, 64>();
+  }
+}
+
+void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v, bool causal, double scale) {
+  if (q.dtype() == DType::float32)
+    return flash_attention_forward_fp32(out, lse, q, k, v, causal, scale);
+  check_cuda_inputs("flash_attention_forward", q, v);
+  if (out.numel() == 0) return;
+  if (cudnn_flash_attention_forward(out, lse, q, k, v, causal, scale)) return;
+  NvtxRange range("flash_attention_forward");
+  DeviceGuard g(q.device().index);
+  with_type_and_dim(
+      q, [&]<typename T, int D>() { forward_impl<T, D>(out, lse, q, k, v, causal, scale); });
+}
+
+void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, bool causal, double scale) {
+  if (q.dtype() == DType::float32)
+    return flash_attention_backward_fp32(dq, dk, dv, dout, q, k, v, out, lse, causal, scale);
+  check_cuda_inputs("flash_attention_backward", q, v);
+  if (dq.numel() == 0 && dk.numel() == 0) return;
+  if (cudnn_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, causal, scale)) return;
+  NvtxRange range("flash_attention_backward");
+  DeviceGuard g(q.device().index);
+  with_type_and_dim(q, [&]<typename T, int D>() {
+    backward_impl<T, D>(dq, dk, dv, dout, q, k, v, out, lse, causal, scale);
+  });
+}
+
+}  // namespace
+
+const AttentionKernels attention_kernels{
+    .flash_attention_forward = &flash_attention_forward,
+    .flash_attention_backward = &flash_attention_backward,
+    .flash_attention_fp32_fits = &flash_attention_fp32_fits,
+};
+
+}  // namespace tally::cuda

@@ -1,0 +1,20 @@
+// Internal to the attention family's CUDA files, not an API: the cuDNN route of the
+// float16/bfloat16 fused attention (tensor/attention/cuda_cudnn.cpp), which the launchers of
+// cuda::attention_kernels (tensor/attention/cuda.cu) try first. Same arguments and contracts
+// as AttentionKernels' fields (tensor/attention/kernels.h).
+#pragma once
+
+#include "tensor/tensor.h"
+
+namespace tally::cuda {
+
+// The cuDNN route itself (tensor/attention/cuda_cudnn.cpp): false, with nothing enqueued,
+// when it does not take the problem.
+bool cudnn_flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                   const Tensor& k, const Tensor& v, bool causal, double scale);
+bool cudnn_flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                    const Tensor& dout, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const Tensor& out, const Tensor& lse,
+                                    bool causal, double scale);
+
+}  // namespace tally::cuda

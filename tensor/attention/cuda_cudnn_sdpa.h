@@ -1,0 +1,63 @@
+// cuDNN's fused flash attention (its Hopper kernels use wgmma and TMA), reached through the
+// backend graph API (tensor/cuda/cudnn_graph.h): the forward graph
+//   S = Q K^T * scale [-> causal mask] -> softmax (Stats = max + log(sum exp)) -> O = P V
+// and its backward (dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO * O)) * scale,
+// dK = dS^T Q, dQ = dS K), written as the operation pattern cuDNN recognises (the pattern
+// its frontend builds for scaled_dot_product_flash_attention; no dropout, no bias, causal
+// mask top-left aligned like PyTorch's is_causal).
+//
+// Layouts are [b, h, s, d] with arbitrary strides in elements (the last dim dense,
+// 16-byte aligned): GPT's split-head views of a [B, T, 3C] projection are read in place.
+// Stats is float32 [b, h, s_q] contiguous, the natural-log log-sum-exp of the scaled scores:
+// the same quantity Tally's own kernels save, so either backward takes either forward's.
+// No Tally types here: tensor/attention/cuda_cudnn.cpp is the glue.
+#pragma once
+
+#include <array>
+#include <memory>
+
+#include "tensor/cuda/cudnn_graph.h"
+
+namespace tally::cuda::cudnn_sdpa {
+
+using Strides = std::array<int64_t, 4>;  // of a [b, h, s, d] view, in elements
+
+struct Problem {
+  cudnnDataType_t dtype = CUDNN_DATA_BFLOAT16;  // HALF or BFLOAT16
+  int64_t b = 0, h = 0, s_q = 0, s_kv = 0, d = 0;
+  bool causal = false;
+  float scale = 1.f;
+  Strides q{}, k{}, v{}, o{};
+  Strides dout{}, dq{}, dk{}, dv{};  // backward only
+};
+
+class Forward {
+ public:
+  Forward(cudnnHandle_t handle, const Problem& p);
+  int64_t workspace_size() const { return graph_.workspace_size(); }
+  int64_t engine_id() const { return graph_.engine_id(); }
+  void run(cudnnHandle_t handle, const void* q, const void* k, const void* v, void* o, float* stats,
+           void* workspace) const;
+
+ private:
+  cudnn_graph::Graph graph_{"cuDNN SDPA forward"};
+  int64_t q_, k_, v_, o_, stats_;
+};
+
+class Backward {
+ public:
+  Backward(cudnnHandle_t handle, const Problem& p);
+  // The plan's workspace plus the float32 dQ accumulator and rowsum(dO * O) it reads back.
+  int64_t workspace_size() const { return accum_offset_ + accum_bytes_ + sum_bytes_; }
+  int64_t engine_id() const { return graph_.engine_id(); }
+  void run(cudnnHandle_t handle, const void* q, const void* k, const void* v, const void* o,
+           const void* dout, const float* stats, void* dq, void* dk, void* dv,
+           void* workspace) const;
+
+ private:
+  cudnn_graph::Graph graph_{"cuDNN SDPA backward"};
+  int64_t q_, k_, v_, o_, dout_, stats_, dq_, dk_, dv_, accum_, sum_;
+  int64_t accum_offset_ = 0, accum_bytes_ = 0, sum_bytes_ = 0;
+};
+
+}  // namespace tally::cuda::cudnn_sdpa

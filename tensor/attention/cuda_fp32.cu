@@ -1,0 +1,618 @@
+// Fused float32 attention on CUDA (memory-efficient attention on the CUDA cores, after
+// FlashAttention-2; plain float32 FMA, no TF32, so results match the float64 CPU reference
+// to ~1e-5).
+//
+// Tiles: 64 query rows x 64 keys, 128 threads a block. Thread (tx = tid % 8, ty = tid / 8)
+// owns rows ty + 16 i (i < 4) and key columns tx + 8 j (j < 8) of a score tile (32 scores),
+// and the same rows x columns tx * 4 + 32 c .. + 3 (c < D / 32) of an output tile. Q, K, V,
+// dO tiles sit row-major in shared memory with a leading dim of D + 4 floats, probability
+// tiles with 64 + 8: every float4 read and every scalar probability store below is free of
+// bank conflicts. Each inner step loads 12 float4 for 128 FMAs.
+//
+// Forward: per key tile S = Q K^T, an online softmax in base 2 (the row max is shared by
+// the 8 lanes of a row with shuffles, the row sum stays per lane until the end), P to shared
+// memory, O += P V. Saves out and lse (natural log).
+// Backward: Dv = rowsum(dO * O) (one warp a row; the same kernel zeroes dq). One block per
+// key tile walks the query tiles: S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse),
+// dS^T = P^T (dP^T - Dv) scale, dV += P^T dO and dK += dS^T Q in registers, dQ = dS K per
+// query tile added to dq with atomics (float4 atomics on sm_90). Causal blocks skip the
+// tiles above the diagonal and mask only the diagonal one; the heaviest tiles start first.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "tensor/attention/cuda_fp32.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/op_alloc.h"
+
+namespace tally::cuda {
+namespace {
+
+constexpr int kBM = 64;  // query rows a tile
+constexpr int kBN = 64;  // keys a tile
+constexpr int kThreads = 128;
+constexpr int kLdP = kBN + 8;  // probability tiles' leading dim
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// [B, H, T, E] float operand: base pointer (offset applied) and element strides.
+struct Operand {
+  const float* p;
+  int64_t sb, sh, st, sd;
+  __device__ __forceinline__ const float* rows(int bh, int H) const {
+    return p + static_cast<int64_t>(bh / H) * sb + static_cast<int64_t>(bh % H) * sh;
+  }
+};
+
+// A [B, H, T, E] float output: base pointer and b, h, t strides (last dim dense).
+struct OutOperand {
+  float* p;
+  int64_t sb, sh, st;
+  __device__ __forceinline__ float* rows(int bh, int H) const {
+    return p + static_cast<int64_t>(bh / H) * sb + static_cast<int64_t>(bh % H) * sh;
+  }
+};
+
+template <int D>
+struct Cfg {
+  static constexpr int ld = D + 4;        // Q/K/V/dO tiles' leading dim
+  static constexpr int kCols = D / 32;    // float4 column groups of an output tile per thread
+  static constexpr int kTileF = 64 * ld;  // floats of a [64][D] tile
+};
+
+__device__ __forceinline__ float comp(const float4& v, int c) {
+  return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ float dot4(const float4& a, const float4& b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
+// Rows [r0, r0 + 64) x cols [0, D) of a [n, E] matrix (row stride st, col stride sd) into
+// shared memory (leading dim D + 4), zero beyond n rows and E columns.
+template <int D>
+__device__ __forceinline__ void load_tile(float* dst, const float* src, int64_t st, int64_t sd,
+                                          int r0, int n, int E, bool vec) {
+  constexpr int ld = Cfg<D>::ld;
+  if (vec) {
+    constexpr int kChunks = D / 4;
+    for (int c = threadIdx.x; c < 64 * kChunks; c += kThreads) {
+      const int r = c / kChunks, col = (c % kChunks) * 4;
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (r0 + r < n && col < E)
+        v = *reinterpret_cast<const float4*>(src + static_cast<int64_t>(r0 + r) * st + col);
+      *reinterpret_cast<float4*>(dst + r * ld + col) = v;
+    }
+  } else {
+    for (int c = threadIdx.x; c < 64 * D; c += kThreads) {
+      const int r = c / D, col = c % D;
+      float v = 0.f;
+      if (r0 + r < n && col < E) v = src[static_cast<int64_t>(r0 + r) * st + col * sd];
+      dst[r * ld + col] = v;
+    }
+  }
+}
+
+// acc[i][j] += A[ra + 16 i] . B[rb + 8 j] over [0, D): the 4 x 8 score tile of a thread,
+// A and B row-major [64][ld] tiles in shared memory.
+template <int D>
+__device__ __forceinline__ void score_tile(float (&acc)[4][8], const float* A, const float* B,
+                                           int ra, int rb) {
+  constexpr int ld = Cfg<D>::ld;
+#pragma unroll 4
+  for (int d = 0; d < D; d += 4) {
+    float4 a[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const float4*>(A + (ra + 16 * i) * ld + d);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 b = *reinterpret_cast<const float4*>(B + (rb + 8 * j) * ld + d);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i][j] = dot4(a[i], b, acc[i][j]);
+    }
+  }
+}
+
+// acc[i][4 c + e] += sum_k P[r + 16 i][k] * V[k][4 tx + 32 c + e] over the 64 k: P a
+// [64][kLdP] tile, V a [64][ld] tile in shared memory.
+template <int D>
+__device__ __forceinline__ void pv_tile(float (&acc)[4][4 * Cfg<D>::kCols], const float* P,
+                                        const float* V, int r, int tx) {
+  constexpr int ld = Cfg<D>::ld, kCols = Cfg<D>::kCols;
+#pragma unroll 2
+  for (int kk = 0; kk < kBN; kk += 4) {
+    float4 a[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      a[i] = *reinterpret_cast<const float4*>(P + (r + 16 * i) * kLdP + kk);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const float4 b = *reinterpret_cast<const float4*>(V + (kk + e) * ld + 4 * tx + 32 * c);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float av = comp(a[i], e);
+          acc[i][4 * c + 0] = fmaf(av, b.x, acc[i][4 * c + 0]);
+          acc[i][4 * c + 1] = fmaf(av, b.y, acc[i][4 * c + 1]);
+          acc[i][4 * c + 2] = fmaf(av, b.z, acc[i][4 * c + 2]);
+          acc[i][4 * c + 3] = fmaf(av, b.w, acc[i][4 * c + 3]);
+        }
+      }
+    }
+  }
+}
+
+// Writes a thread's output rows (acc[i] * mul[i], columns 4 tx + 32 c + e) to the
+// contiguous [n, E] matrix dst, rows row0 + 16 i.
+template <int D>
+__device__ __forceinline__ void store_rows(float* dst, int64_t st,
+                                           const float (&acc)[4][4 * Cfg<D>::kCols],
+                                           const float (&mul)[4], int row0, int n, int E, int tx,
+                                           bool vec) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = row0 + 16 * i;
+    if (row >= n) continue;
+    float* out = dst + static_cast<int64_t>(row) * st;
+#pragma unroll
+    for (int c = 0; c < Cfg<D>::kCols; ++c) {
+      const int col = 4 * tx + 32 * c;
+      if (col >= E) continue;
+      if (vec) {
+        *reinterpret_cast<float4*>(out + col) =
+            make_float4(acc[i][4 * c] * mul[i], acc[i][4 * c + 1] * mul[i],
+                        acc[i][4 * c + 2] * mul[i], acc[i][4 * c + 3] * mul[i]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (col + e < E) out[col + e] = acc[i][4 * c + e] * mul[i];
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ forward
+
+struct FwdArgs {
+  Operand q, k, v;
+  OutOperand o;  // [B, H, L, E]
+  float* lse;    // [B, H, L] contiguous
+  int H, L, S, E;
+  float scale_log2;
+  bool causal, vec_in, vec_out;
+};
+
+template <int D>
+constexpr size_t fwd_smem_floats() {
+  constexpr int kp = Cfg<D>::kTileF > kBM * kLdP ? Cfg<D>::kTileF : kBM * kLdP;
+  return 2 * static_cast<size_t>(Cfg<D>::kTileF) + kp;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p) {
+  using C = Cfg<D>;
+  constexpr int kKP = C::kTileF > kBM * kLdP ? C::kTileF : kBM * kLdP;
+  extern __shared__ float4 smem_f4[];
+  float* sQ = reinterpret_cast<float*>(smem_f4);
+  float* sK = sQ + C::kTileF;  // K, then P of the same tile
+  float* sP = sK;
+  float* sV = sK + kKP;
+
+  const int tx = threadIdx.x % 8, ty = threadIdx.x / 8;
+  const int qt = p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;  // heaviest first
+  const int bh = blockIdx.x;
+  const int q0 = qt * kBM;
+
+  load_tile<D>(sQ, p.q.rows(bh, p.H), p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
+
+  float m[4], l[4], o[4][4 * C::kCols];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+#pragma unroll
+    for (int c = 0; c < 4 * C::kCols; ++c) o[i][c] = 0.f;
+  }
+
+  int ntiles = (p.S + kBN - 1) / kBN;
+  if (p.causal) ntiles = min(ntiles, qt + 1);  // keys <= q0 + 63
+  const float* krows = p.k.rows(bh, p.H);
+  const float* vrows = p.v.rows(bh, p.H);
+  for (int kt = 0; kt < ntiles; ++kt) {
+    const int k0 = kt * kBN;
+    __syncthreads();  // everyone is done with the previous P (in sK) and V
+    load_tile<D>(sK, krows, p.k.st, p.k.sd, k0, p.S, p.E, p.vec_in);
+    load_tile<D>(sV, vrows, p.v.st, p.v.sd, k0, p.S, p.E, p.vec_in);
+    __syncthreads();
+
+    float s[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[i][j] = 0.f;
+    score_tile<D>(s, sQ, sK, ty, tx);
+
+    const bool need_mask = k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = q0 + ty + 16 * i;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float x = s[i][j] * p.scale_log2;
+        if (need_mask) {
+          const int col = k0 + tx + 8 * j;
+          if (col >= p.S || (p.causal && col > row)) x = -INFINITY;
+        }
+        s[i][j] = x;
+        mx = fmaxf(mx, x);
+      }
+      // the row's 8 lanes are lanes 8 g .. 8 g + 7 of the warp
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      const float mnew = fmaxf(m[i], mx);
+      const float mref = mnew == -INFINITY ? 0.f : mnew;
+      const float alpha = exp2f(m[i] - mref);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float e = exp2f(s[i][j] - mref);
+        s[i][j] = e;
+        sum += e;
+      }
+      l[i] = l[i] * alpha + sum;  // this lane's part of the row sum
+      m[i] = mnew;
+#pragma unroll
+      for (int c = 0; c < 4 * C::kCols; ++c) o[i][c] *= alpha;
+    }
+    __syncthreads();  // all scores read from sK: P may overwrite it
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sP[(ty + 16 * i) * kLdP + tx + 8 * j] = s[i][j];
+    __syncthreads();
+    pv_tile<D>(o, sP, sV, ty, tx);
+  }
+
+  float inv[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float li = l[i];
+    li += __shfl_xor_sync(0xffffffffu, li, 1);
+    li += __shfl_xor_sync(0xffffffffu, li, 2);
+    li += __shfl_xor_sync(0xffffffffu, li, 4);
+    inv[i] = li > 0.f ? 1.f / li : 0.f;
+    const int row = q0 + ty + 16 * i;
+    if (tx == 0 && row < p.L)
+      p.lse[static_cast<int64_t>(bh) * p.L + row] =
+          li > 0.f ? (m[i] + log2f(li)) * kLn2 : -INFINITY;
+  }
+  store_rows<D>(p.o.rows(bh, p.H), p.o.st, o, inv, q0 + ty, p.L, p.E, tx, p.vec_out);
+}
+
+// ------------------------------------------------------------------ backward
+
+// dvec[row] = sum_d dO[row, d] * O[row, d], one warp a row; also zeroes dq's row.
+__global__ void attention_bwd_prep_fp32_kernel(Operand dout, Operand out, float* dvec,
+                                               OutOperand dq, int H, int L, int E, int64_t rows) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int bh = static_cast<int>(row / L), i = static_cast<int>(row % L);
+  const float* g = dout.rows(bh, H) + static_cast<int64_t>(i) * dout.st;
+  const float* o = out.rows(bh, H) + static_cast<int64_t>(i) * out.st;
+  float* dqrow = dq.rows(bh, H) + static_cast<int64_t>(i) * dq.st;
+  float acc = 0.f;
+  for (int d = lane; d < E; d += 32) {
+    acc = fmaf(g[d * dout.sd], o[d * out.sd], acc);
+    dqrow[d] = 0.f;
+  }
+  for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+  if (lane == 0) dvec[row] = acc;
+}
+
+struct BwdArgs {
+  Operand q, k, v, dout;
+  const float* lse;   // [B, H, L]
+  const float* dvec;  // [B, H, L]
+  OutOperand dq;      // [B, H, L, E], zeroed by the prep kernel
+  OutOperand dk;      // [B, H, S, E]
+  OutOperand dv;
+  int H, L, S, E;
+  float scale, scale_log2;
+  bool causal, vec_in, vec_out;
+};
+
+template <int D>
+constexpr size_t bwd_smem_floats() {
+  return 4 * static_cast<size_t>(Cfg<D>::kTileF) + 2 * kBN * kLdP + 2 * kBM;
+}
+
+__device__ __forceinline__ void add4(float* dst, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(dst), make_float4(a, b, c, d));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+  atomicAdd(dst + 2, c);
+  atomicAdd(dst + 3, d);
+#endif
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) attention_bwd_fp32_kernel(BwdArgs p) {
+  using C = Cfg<D>;
+  constexpr int kCols = C::kCols;
+  extern __shared__ float4 smem_f4[];
+  float* sK = reinterpret_cast<float*>(smem_f4);
+  float* sV = sK + C::kTileF;
+  float* sQ = sV + C::kTileF;
+  float* sdO = sQ + C::kTileF;
+  float* sPt = sdO + C::kTileF;     // P^T [64 keys][kLdP]
+  float* sdSt = sPt + kBN * kLdP;   // dS^T [64 keys][kLdP]
+  float* sLse = sdSt + kBN * kLdP;  // lse * log2(e) of the tile's queries
+  float* sDv = sLse + kBM;
+
+  const int tx = threadIdx.x % 8, ty = threadIdx.x / 8;
+  const int kt = blockIdx.y, bh = blockIdx.x;  // causal: key tile 0 has the most work
+  const int k0 = kt * kBN;
+  const float* qrows = p.q.rows(bh, p.H);
+  const float* dorows = p.dout.rows(bh, p.H);
+  const int64_t row_base = static_cast<int64_t>(bh) * p.L;
+
+  load_tile<D>(sK, p.k.rows(bh, p.H), p.k.st, p.k.sd, k0, p.S, p.E, p.vec_in);
+  load_tile<D>(sV, p.v.rows(bh, p.H), p.v.st, p.v.sd, k0, p.S, p.E, p.vec_in);
+
+  // rows: keys k0 + ty + 16 i; columns 4 tx + 32 c + e
+  float dk[4][4 * kCols], dv[4][4 * kCols];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int c = 0; c < 4 * kCols; ++c) dk[i][c] = dv[i][c] = 0.f;
+
+  const int qtiles = (p.L + kBM - 1) / kBM;
+  for (int qt = p.causal ? kt : 0; qt < qtiles; ++qt) {
+    const int q0 = qt * kBM;
+    __syncthreads();  // the previous tile's Q, dO, P^T, dS^T are free
+    load_tile<D>(sQ, qrows, p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
+    load_tile<D>(sdO, dorows, p.dout.st, p.dout.sd, q0, p.L, p.E, p.vec_in);
+    for (int i = threadIdx.x; i < kBM; i += kThreads) {
+      const bool ok = q0 + i < p.L;
+      sLse[i] = ok ? p.lse[row_base + q0 + i] * kLog2e : 0.f;
+      sDv[i] = ok ? p.dvec[row_base + q0 + i] : 0.f;
+    }
+    __syncthreads();
+
+    // S^T and dP^T: rows keys ty + 16 i, columns queries tx + 8 j
+    {
+      float s[4][8], dp[4][8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s[i][j] = dp[i][j] = 0.f;
+      score_tile<D>(s, sK, sQ, ty, tx);
+      score_tile<D>(dp, sV, sdO, ty, tx);
+      const bool need_mask = q0 + kBM > p.L || k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = k0 + ty + 16 * i;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int qi = tx + 8 * j, q = q0 + qi;
+          const bool ok = !need_mask || (key < p.S && q < p.L && (!p.causal || key <= q));
+          const float pr = ok ? exp2f(fmaf(s[i][j], p.scale_log2, -sLse[qi])) : 0.f;
+          sPt[(ty + 16 * i) * kLdP + qi] = pr;
+          sdSt[(ty + 16 * i) * kLdP + qi] = pr * (dp[i][j] - sDv[qi]) * p.scale;
+        }
+      }
+    }
+    __syncthreads();
+    pv_tile<D>(dv, sPt, sdO, ty, tx);  // dV += P^T dO
+    pv_tile<D>(dk, sdSt, sQ, ty, tx);  // dK += dS^T Q
+    // dQ tile = dS K: rows queries 4 ty + i, columns 4 tx + 32 c + e; dS[q][k] = dS^T[k][q]
+    {
+      float acc[4][4 * kCols];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int c = 0; c < 4 * kCols; ++c) acc[i][c] = 0.f;
+#pragma unroll 4
+      for (int kk = 0; kk < kBN; ++kk) {
+        const float4 a = *reinterpret_cast<const float4*>(sdSt + kk * kLdP + 4 * ty);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          const float4 b = *reinterpret_cast<const float4*>(sK + kk * C::ld + 4 * tx + 32 * c);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float av = comp(a, i);
+            acc[i][4 * c + 0] = fmaf(av, b.x, acc[i][4 * c + 0]);
+            acc[i][4 * c + 1] = fmaf(av, b.y, acc[i][4 * c + 1]);
+            acc[i][4 * c + 2] = fmaf(av, b.z, acc[i][4 * c + 2]);
+            acc[i][4 * c + 3] = fmaf(av, b.w, acc[i][4 * c + 3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int q = q0 + 4 * ty + i;
+        if (q >= p.L) continue;
+        float* dst = p.dq.rows(bh, p.H) + static_cast<int64_t>(q) * p.dq.st;
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          const int col = 4 * tx + 32 * c;
+          if (col >= p.E) continue;
+          if (p.vec_out) {
+            add4(dst + col, acc[i][4 * c], acc[i][4 * c + 1], acc[i][4 * c + 2], acc[i][4 * c + 3]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (col + e < p.E) atomicAdd(dst + col + e, acc[i][4 * c + e]);
+          }
+        }
+      }
+    }
+  }
+  const float one[4] = {1.f, 1.f, 1.f, 1.f};
+  store_rows<D>(p.dv.rows(bh, p.H), p.dv.st, dv, one, k0 + ty, p.S, p.E, tx, p.vec_out);
+  store_rows<D>(p.dk.rows(bh, p.H), p.dk.st, dk, one, k0 + ty, p.S, p.E, tx, p.vec_out);
+}
+
+// ------------------------------------------------------------------ launchers
+
+Operand operand(const Tensor& t) {
+  return {static_cast<const float*>(t.storage().data()) + t.storage_offset(), t.strides()[0],
+          t.strides()[1], t.strides()[2], t.strides()[3]};
+}
+
+// Outputs are allocated by tensor/attention/ops.cpp with a dense last dim.
+OutOperand out_operand(const Tensor& t) {
+  if (t.size(3) > 1 && t.strides()[3] != 1)
+    throw std::invalid_argument("flash_attention (float32): outputs need a dense last dim");
+  return {static_cast<float*>(t.storage().data()) + t.storage_offset(), t.strides()[0],
+          t.strides()[1], t.strides()[2]};
+}
+
+// Whether every row of t starts 16-byte aligned with a dense last dim (float4 loads).
+bool rows_aligned(const Tensor& t) {
+  if (t.size(3) % 4 != 0 || (t.strides()[3] != 1 && t.size(3) > 1)) return false;
+  if (t.storage_offset() % 4 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(t.storage().data()) % 16 != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if (t.size(d) > 1 && t.strides()[static_cast<size_t>(d)] % 4 != 0) return false;
+  return true;
+}
+
+void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t E = q.size(3);
+  if (q.dtype() != DType::float32 || k.dtype() != DType::float32 || v.dtype() != DType::float32 ||
+      E < 1 || E > 128 || v.size(3) != E)
+    throw std::invalid_argument(std::string(op) +
+                                ": the float32 CUDA kernel takes float32 q, k, v with head dim "
+                                "E == Ev, 1 <= E <= 128; got E " +
+                                std::to_string(E) + ", Ev " + std::to_string(v.size(3)));
+  const int64_t tiles = (std::max(q.size(2), k.size(2)) + kBM - 1) / kBM;
+  if (tiles > 65535 || q.size(0) * q.size(1) > INT32_MAX || q.size(2) > INT32_MAX / 2 ||
+      k.size(2) > INT32_MAX / 2)
+    throw std::invalid_argument(std::string(op) + ": sequence longer than 65535 * 64 on CUDA");
+}
+
+template <typename F>
+void with_dim(int64_t E, F&& f) {
+  if (E <= 32)
+    f.template operator()<32>();
+  else if (E <= 64)
+    f.template operator()<64>();
+  else
+    f.template operator()<128>();
+}
+
+template <int D>
+void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                  const Tensor& v, bool causal, double scale) {
+  const bool vec_out = q.size(3) % 4 == 0;
+  FwdArgs p{operand(q),
+            operand(k),
+            operand(v),
+            out_operand(out),
+            static_cast<float*>(lse.storage().data()) + lse.storage_offset(),
+            static_cast<int>(q.size(1)),
+            static_cast<int>(q.size(2)),
+            static_cast<int>(k.size(2)),
+            static_cast<int>(q.size(3)),
+            static_cast<float>(scale * 1.4426950408889634),
+            causal,
+            rows_aligned(q) && rows_aligned(k) && rows_aligned(v),
+            vec_out && rows_aligned(out)};
+  constexpr size_t smem = sizeof(float) * fwd_smem_floats<D>();
+  set_max_dynamic_smem(attention_fwd_fp32_kernel<D>, smem, "flash_attention_forward (float32)");
+  const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)),
+                  static_cast<unsigned>((p.L + kBM - 1) / kBM));
+  attention_fwd_fp32_kernel<D><<<grid, kThreads, smem, stream(q.device().index)>>>(p);
+  check_launch("flash_attention_forward (float32)");
+}
+
+template <int D>
+void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                   const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                   const Tensor& lse, bool causal, double scale) {
+  const int dev = q.device().index;
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), S = k.size(2);
+  const int64_t rows = B * H * L;
+  Tensor dvec = alloc_scratch(rows, DType::float32, q.device());  // [B, H, L]
+  const OutOperand dqp = out_operand(dq);
+  if (rows > 0) {
+    attention_bwd_prep_fp32_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0,
+                                     stream(dev)>>>(
+        operand(dout), operand(out), static_cast<float*>(dvec.data_ptr()), dqp, static_cast<int>(H),
+        static_cast<int>(L), static_cast<int>(E), rows);
+    check_launch("flash_attention_backward (float32, dO . O)");
+  }
+  if (S == 0) return;
+  BwdArgs p{operand(q),
+            operand(k),
+            operand(v),
+            operand(dout),
+            static_cast<const float*>(lse.storage().data()) + lse.storage_offset(),
+            static_cast<const float*>(dvec.data_ptr()),
+            dqp,
+            out_operand(dk),
+            out_operand(dv),
+            static_cast<int>(H),
+            static_cast<int>(L),
+            static_cast<int>(S),
+            static_cast<int>(E),
+            static_cast<float>(scale),
+            static_cast<float>(scale * 1.4426950408889634),
+            causal,
+            rows_aligned(q) && rows_aligned(k) && rows_aligned(v) && rows_aligned(dout),
+            rows_aligned(dq) && rows_aligned(dk) && rows_aligned(dv)};
+  constexpr size_t smem = sizeof(float) * bwd_smem_floats<D>();
+  set_max_dynamic_smem(attention_bwd_fp32_kernel<D>, smem, "flash_attention_backward (float32)");
+  const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((S + kBN - 1) / kBN));
+  attention_bwd_fp32_kernel<D><<<grid, kThreads, smem, stream(dev)>>>(p);
+  check_launch("flash_attention_backward (float32)");
+}
+
+}  // namespace
+
+bool flash_attention_fp32_fits(int device, int64_t E) {
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+      cudaSuccess)
+    return false;
+  size_t need = 0;
+  with_dim(E, [&]<int D>() {
+    need = sizeof(float) * std::max(fwd_smem_floats<D>(), bwd_smem_floats<D>());
+  });
+  return need <= static_cast<size_t>(optin);
+}
+
+void flash_attention_forward_fp32(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                  const Tensor& k, const Tensor& v, bool causal, double scale) {
+  check_inputs("flash_attention_forward", q, k, v);
+  if (out.numel() == 0) return;
+  NvtxRange range("flash_attention_forward");
+  DeviceGuard g(q.device().index);
+  with_dim(q.size(3), [&]<int D>() { forward_impl<D>(out, lse, q, k, v, causal, scale); });
+}
+
+void flash_attention_backward_fp32(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                   const Tensor& dout, const Tensor& q, const Tensor& k,
+                                   const Tensor& v, const Tensor& out, const Tensor& lse,
+                                   bool causal, double scale) {
+  check_inputs("flash_attention_backward", q, k, v);
+  if (dq.numel() == 0 && dk.numel() == 0) return;
+  NvtxRange range("flash_attention_backward");
+  DeviceGuard g(q.device().index);
+  with_dim(q.size(3),
+           [&]<int D>() { backward_impl<D>(dq, dk, dv, dout, q, k, v, out, lse, causal, scale); });
+}
+
+}  // namespace tally::cuda

@@ -1,0 +1,54 @@
+// The kernel table of the fused (flash) attention op: each kernel's signature, once. The CPU
+// reference (tensor/attention/cpu.cpp: plain loops over [B, H, T, D] views with any strides,
+// math in double, computing the same log-sum-exp the CUDA kernels save) and the CUDA kernels
+// (tensor/attention/cuda.cu) each define one AttentionKernels; tensor/backends.cpp
+// registers them.
+//
+// Called only by the raw ops (tensor/attention/ops.cpp). On CUDA, float16/bfloat16 run
+// cuDNN's fused flash attention (tensor/attention/cuda_cudnn_sdpa.h; Hopper wgmma kernels,
+// what PyTorch's SDPA runs there) where cuDNN takes the problem, else Tally's
+// FlashAttention-2 kernels (mma.sync tensor-core instructions with float accumulators,
+// tensor/attention/cuda.cu); float32 runs tensor/attention/cuda_fp32.cu. CUDA inputs:
+// float16/bfloat16 with head dim E == Ev <= 128 and a multiple of 8 (padded to 64 or 128
+// inside Tally's kernel), or float32 with E == Ev <= 128; the last dim dense and the other
+// strides multiples of 8 elements (tensor/attention/ops.cpp ensures it). CUDA launchers
+// enqueue on Tally's stream and never synchronise with the host; scratch comes from
+// alloc_scratch / alloc_scratch_bytes. The CUDA-only settings (the cuDNN route switch, its
+// counters) are in tensor/attention/cuda.h.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/dispatch.h"
+#include "tensor/tensor.h"
+
+namespace tally {
+
+struct AttentionKernels {
+  // q [B, H, L, E], k [B, H, S, E], v [B, H, S, Ev] (any strides); out [B, H, L, Ev] in q's
+  // dtype and lse [B, H, L] (float32, float64 for float64 inputs), both contiguous.
+  void (*flash_attention_forward)(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                  const Tensor& k, const Tensor& v, bool causal, double scale);
+
+  // dq, dk, dv (contiguous, the inputs' shapes and dtype) <- the gradients from dout (out's
+  // shape) and what the forward saved (q, k, v, out, lse).
+  // CUDA (Tally's kernels): a preprocessing kernel (D = rowsum(dO * O)), one block per key
+  // tile that recomputes the probabilities tile by tile from lse and accumulates dK, dV in
+  // registers and dQ (float32, atomically, a temporary the size of q in float), and a final
+  // conversion of dQ.
+  void (*flash_attention_backward)(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                   const Tensor& dout, const Tensor& q, const Tensor& k,
+                                   const Tensor& v, const Tensor& out, const Tensor& lse,
+                                   bool causal, double scale);
+
+  // CUDA only (null on CPU, which takes any head dim): whether the float32 kernels' shared
+  // memory for head dim E fits a block on `device` (E > 64 needs 169 KB in the backward:
+  // Hopper yes, A100's 163 KB no). ops::flash_attention_supported asks it.
+  bool (*flash_attention_fp32_fits)(int device, int64_t E);
+};
+
+// cpu::attention_kernels (tensor/attention/cpu.cpp), cuda::attention_kernels
+// (tensor/attention/cuda.cu), attention_backends (tensor/backends.cpp).
+TALLY_DECLARE_KERNELS(AttentionKernels, attention_kernels, attention_backends);
+
+}  // namespace tally

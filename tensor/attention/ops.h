@@ -1,0 +1,47 @@
+// The fused, memory-efficient attention op (namespace tally::ops, no autograd), after
+// FlashAttention-2: softmax(scale * q k^T [causal mask]) v computed tile by tile, keeping
+// only the output and the per-row log-sum-exp; the backward recomputes the probabilities
+// from the log-sum-exp, so no L x S matrix is ever allocated. The CPU kernel is the plain
+// reference (any floating dtype, double math); the CUDA kernels take float16/bfloat16
+// (tensor cores) with head dim <= 128 and a multiple of 8, and float32 (CUDA cores, float32
+// FMA, no TF32) with head dim <= 128. The differentiable wrapper is
+// tally::flash_attention (tensor/attention/autograd.h); scaled_dot_product_attention routes there
+// on CUDA when flash_attention_supported() holds.
+#pragma once
+
+#include "tensor/ops.h"
+
+namespace tally::ops {
+
+struct FlashAttentionOutput {
+  // [..., L, Ev], q's dtype. 4-D q [B, H, L, E]: laid out token-major ([B, L, H, Ev] in
+  // memory, so out.transpose(1, 2) is contiguous: a transformer's [B, T, C] without a copy);
+  // otherwise contiguous.
+  Tensor out;
+  Tensor lse;  // [..., L]: log(sum_j exp(scale * q_i . k_j)) over allowed j; float32
+               // (float64 for float64 inputs), contiguous
+};
+
+struct FlashAttentionGrads {
+  // The inputs' shapes and dtype. When q, k, v are the three parts of one [B, T, 3, H, E]
+  // tensor (a [B, T, 3C] projection split and viewed as heads), views of one new buffer of
+  // that layout (the split's backward then needs no concatenation); otherwise contiguous.
+  Tensor dq, dk, dv;
+};
+
+// q [..., L, E], k [..., S, E], v [..., S, Ev], the same leading dims and dtype on one
+// device. causal masks key j > query i (top-left aligned, PyTorch's is_causal). A row with
+// no allowed key (S == 0) gets out 0 and lse -inf.
+FlashAttentionOutput flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             bool causal, double scale);
+// The gradients w.r.t. q, k, v from dout (out's shape) and what the forward returned.
+FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                             const Tensor& v, const Tensor& out, const Tensor& lse,
+                                             bool causal, double scale);
+
+// Whether the fused kernel exists for these inputs on their device: CPU always (for
+// floating inputs of matching shapes); CUDA for float16/bfloat16 with E == Ev, E <= 128,
+// E % 8 == 0, and for float32 with E == Ev, E <= 128.
+bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v);
+
+}  // namespace tally::ops

@@ -1,0 +1,218 @@
+// Raw conv2d ops: argument checks (every message names the op and the shapes), output
+// allocation, the float16/bfloat16 -> float32 round trip the CPU BLAS path needs (cuDNN
+// takes 16-bit tensors as they are), and the dispatch into the device's kernel.
+#include "tensor/conv/ops.h"
+
+#include <fmt/format.h>
+
+#include "tensor/conv/kernels.h"
+#include "tensor/dispatch.h"
+#include "tensor/op_alloc.h"
+#include "tensor/ops.h"
+
+namespace tally {
+
+std::string Int2::str() const {
+  return set ? fmt::format("[{}, {}]", h, w) : "[]";
+}
+
+}  // namespace tally
+
+namespace tally::ops {
+
+namespace {
+
+// The dtype kernels compute in: on the CPU, BLAS has float32 and float64 and the 16-bit
+// floats go through float32; cuDNN takes all four floating dtypes as they are (16-bit
+// with float accumulation).
+DType compute_dtype(DType d, Device device) {
+  if (device.type == DeviceType::cuda) return d;
+  return d == DType::float64 ? DType::float64 : DType::float32;
+}
+
+// `t` as a contiguous tensor of dtype `dt` (itself when it already is one).
+Tensor prepare(const Tensor& t, DType dt) {
+  return contiguous(to(t, dt));
+}
+
+std::string params_str(const Conv2dParams& p) {
+  return fmt::format("stride {}, padding {}, dilation {}, groups {}", p.stride.str(),
+                     p.padding.str(), p.dilation.str(), p.groups);
+}
+
+void check_params(const char* op, const Conv2dParams& p) {
+  if (!p.stride.set || !p.padding.set || !p.dilation.set)
+    throw std::invalid_argument(
+        fmt::format("{}: stride, padding and dilation must be given ({})", op, params_str(p)));
+  if (p.stride.h <= 0 || p.stride.w <= 0)
+    throw std::invalid_argument(
+        fmt::format("{}: stride must be positive, got {}", op, p.stride.str()));
+  if (p.padding.h < 0 || p.padding.w < 0)
+    throw std::invalid_argument(
+        fmt::format("{}: padding must be non-negative, got {}", op, p.padding.str()));
+  if (p.dilation.h <= 0 || p.dilation.w <= 0)
+    throw std::invalid_argument(
+        fmt::format("{}: dilation must be positive, got {}", op, p.dilation.str()));
+  if (p.groups <= 0)
+    throw std::invalid_argument(fmt::format("{}: groups must be positive, got {}", op, p.groups));
+}
+
+// Checks input (4-D) against weight and returns the output shape [N, O, OH, OW].
+Shape conv_output_shape(const char* op, const Shape& in, const Shape& w, const Conv2dParams& p) {
+  check_params(op, p);
+  if (w.size() != 4)
+    throw std::invalid_argument(
+        fmt::format("{}: weight must be 4-D [out_channels, in_channels / groups, "
+                    "kH, kW], got {}",
+                    op, shape_str(w)));
+  for (int64_t d : w)
+    if (d <= 0)
+      throw std::invalid_argument(
+          fmt::format("{}: weight {} has an empty dimension", op, shape_str(w)));
+  const int64_t C = in[1], O = w[0];
+  if (C % p.groups != 0)
+    throw std::invalid_argument(
+        fmt::format("{}: groups {} does not divide the {} input channels of "
+                    "input {}",
+                    op, p.groups, C, shape_str(in)));
+  if (O % p.groups != 0)
+    throw std::invalid_argument(
+        fmt::format("{}: groups {} does not divide the {} output channels of "
+                    "weight {}",
+                    op, p.groups, O, shape_str(w)));
+  if (w[1] * p.groups != C) {
+    const std::string per_group =
+        p.groups == 1 ? "" : fmt::format(" ({} per group x {} groups)", w[1], p.groups);
+    throw std::invalid_argument(
+        fmt::format("{}: input {} has {} channels but weight {} expects {}{}", op, shape_str(in), C,
+                    shape_str(w), w[1] * p.groups, per_group));
+  }
+  const int64_t eff_h = p.dilation.h * (w[2] - 1) + 1, eff_w = p.dilation.w * (w[3] - 1) + 1;
+  const int64_t ph = in[2] + 2 * p.padding.h, pw = in[3] + 2 * p.padding.w;
+  if (eff_h > ph || eff_w > pw)
+    throw std::invalid_argument(fmt::format(
+        "{}: kernel {}x{} (dilated to {}x{}) is larger than the padded input {}x{} (input {}, "
+        "weight {}, {})",
+        op, w[2], w[3], eff_h, eff_w, ph, pw, shape_str(in), shape_str(w), params_str(p)));
+  const int64_t oh = conv_output_size(in[2], w[2], p.stride.h, p.padding.h, p.dilation.h);
+  const int64_t ow = conv_output_size(in[3], w[3], p.stride.w, p.padding.w, p.dilation.w);
+  return {in[0], O, oh, ow};
+}
+
+void check_floating(const char* op, const char* what, const Tensor& t) {
+  if (!is_floating(t.dtype()))
+    throw std::invalid_argument(fmt::format("{}: {} must be a floating tensor, got {} {}", op, what,
+                                            dtype_name(t.dtype()), t.shape_string()));
+}
+
+// Input sizes as 4-D (an unbatched [C, H, W] input is a batch of one).
+Shape batched(const char* op, const Shape& in) {
+  if (in.size() == 4) return in;
+  if (in.size() == 3) return {1, in[0], in[1], in[2]};
+  throw std::invalid_argument(fmt::format(
+      "{}: input must be 3-D [C, H, W] or 4-D [N, C, H, W], got {}", op, shape_str(in)));
+}
+
+Tensor as_batched(const Tensor& t) {
+  return t.dim() == 3 ? unsqueeze(t, 0) : t;
+}
+
+}  // namespace
+
+int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding,
+                         int64_t dilation, bool ceil_mode) {
+  const int64_t span =
+      in + 2 * padding - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  // Floor division (the numerator may be negative when the kernel does not fit).
+  int64_t out = (span >= 0 ? span / stride : -((-span + stride - 1) / stride)) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + padding) --out;
+  return out;
+}
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int2 stride,
+              Int2 padding, Int2 dilation, int64_t groups) {
+  static const OpInfo info("conv2d");
+  check_same_device(info.name, input.device(), weight.device());
+  if (bias.defined()) check_same_device(info.name, input.device(), bias.device());
+  DispatchScope scope(info, input, weight, bias);
+  const Conv2dParams p{stride, padding, dilation, groups};
+  const Shape in4 = batched(info.name, input.sizes());
+  const Shape out_shape = conv_output_shape(info.name, in4, weight.sizes(), p);
+  check_floating(info.name, "input", input);
+  if (weight.dtype() != input.dtype())
+    throw std::invalid_argument(fmt::format("conv2d: input {} is {} but weight {} is {}",
+                                            input.shape_string(), dtype_name(input.dtype()),
+                                            weight.shape_string(), dtype_name(weight.dtype())));
+  if (bias.defined()) {
+    if (bias.dim() != 1 || bias.size(0) != weight.size(0))
+      throw std::invalid_argument(
+          fmt::format("conv2d: bias {} does not match the {} output channels of "
+                      "weight {}",
+                      bias.shape_string(), weight.size(0), weight.shape_string()));
+    if (bias.dtype() != input.dtype())
+      throw std::invalid_argument(fmt::format("conv2d: input is {} but bias {} is {}",
+                                              dtype_name(input.dtype()), bias.shape_string(),
+                                              dtype_name(bias.dtype())));
+  }
+  const DType ct = compute_dtype(input.dtype(), input.device());
+  const Tensor x = prepare(as_batched(input), ct);
+  const Tensor w = prepare(weight, ct);
+  const Tensor b = bias.defined() ? prepare(bias, ct) : Tensor();
+  Tensor out = alloc_output(out_shape, ct, input.device());
+  conv_backends.get(info, input.device(), &ConvKernels::conv2d_forward)(out, x, w, b, p);
+  out = to(out, input.dtype());
+  return input.dim() == 3 ? squeeze(out, 0) : out;
+}
+
+Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight,
+                             const Shape& input_sizes, Int2 stride, Int2 padding, Int2 dilation,
+                             int64_t groups) {
+  static const OpInfo info("conv2d_backward_input");
+  check_same_device(info.name, grad_output.device(), weight.device());
+  DispatchScope scope(info, grad_output, weight);
+  const Conv2dParams p{stride, padding, dilation, groups};
+  const Shape in4 = batched(info.name, input_sizes);
+  const Shape out_shape = conv_output_shape(info.name, in4, weight.sizes(), p);
+  check_floating(info.name, "grad_output", grad_output);
+  const Shape gy_shape = batched(info.name, grad_output.sizes());
+  if (gy_shape != out_shape || grad_output.dim() != static_cast<int64_t>(input_sizes.size()))
+    throw std::invalid_argument(
+        fmt::format("{}: grad_output {} does not match the output {} of input {} "
+                    "and weight {}",
+                    info.name, grad_output.shape_string(), shape_str(out_shape),
+                    shape_str(input_sizes), weight.shape_string()));
+  const DType ct = compute_dtype(grad_output.dtype(), grad_output.device());
+  const Tensor gy = prepare(as_batched(grad_output), ct);
+  const Tensor w = prepare(weight, ct);
+  Tensor gx = alloc_output(in4, ct, grad_output.device());
+  conv_backends.get(info, grad_output.device(), &ConvKernels::conv2d_backward_input)(gx, gy, w, p);
+  gx = to(gx, grad_output.dtype());
+  return input_sizes.size() == 3 ? squeeze(gx, 0) : gx;
+}
+
+Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
+                              const Shape& weight_sizes, Int2 stride, Int2 padding, Int2 dilation,
+                              int64_t groups) {
+  static const OpInfo info("conv2d_backward_weight");
+  check_same_device(info.name, grad_output.device(), input.device());
+  DispatchScope scope(info, grad_output, input);
+  const Conv2dParams p{stride, padding, dilation, groups};
+  const Shape in4 = batched(info.name, input.sizes());
+  const Shape out_shape = conv_output_shape(info.name, in4, weight_sizes, p);
+  check_floating(info.name, "grad_output", grad_output);
+  const Shape gy_shape = batched(info.name, grad_output.sizes());
+  if (gy_shape != out_shape || grad_output.dim() != input.dim())
+    throw std::invalid_argument(
+        fmt::format("{}: grad_output {} does not match the output {} of input {} "
+                    "and weight {}",
+                    info.name, grad_output.shape_string(), shape_str(out_shape),
+                    input.shape_string(), shape_str(weight_sizes)));
+  const DType ct = compute_dtype(grad_output.dtype(), grad_output.device());
+  const Tensor gy = prepare(as_batched(grad_output), ct);
+  const Tensor x = prepare(as_batched(input), ct);
+  Tensor gw = alloc_output(weight_sizes, ct, grad_output.device());
+  conv_backends.get(info, grad_output.device(), &ConvKernels::conv2d_backward_weight)(gw, gy, x, p);
+  return to(gw, grad_output.dtype());
+}
+
+}  // namespace tally::ops

@@ -1,0 +1,503 @@
+// Differentiable elementwise ops, activations and basic reductions: forward, what is
+// saved, and backward, one function each.
+#include <cmath>
+
+#include "autograd/autocast.h"
+#include "autograd/node.h"
+#include "autograd/ops.h"
+
+namespace tally {
+
+using autograd::BackwardContext;
+using autograd::record;
+namespace o = ops;
+
+namespace {
+
+// Gradient for an input of shape/dtype like `like`, from a broadcast gradient.
+Tensor reduce_like(const Tensor& g, const Shape& shape, DType dtype) {
+  return o::to(o::sum_to(g, shape), dtype);
+}
+
+Tensor as_dtype(const Tensor& mask, DType dtype) {
+  return o::to(mask, dtype);
+}
+
+TensorOptions factory_opts(TensorOptions opts) {
+  return opts;
+}
+
+Tensor finish_factory(Tensor t, const TensorOptions& opts) {
+  if (opts.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- factories
+
+Tensor empty(const Shape& s, TensorOptions opts) {
+  return finish_factory(o::empty(s, opts.dtype, opts.device), opts);
+}
+Tensor zeros(const Shape& s, TensorOptions opts) {
+  return finish_factory(o::zeros(s, opts.dtype, opts.device), opts);
+}
+Tensor ones(const Shape& s, TensorOptions opts) {
+  return finish_factory(o::ones(s, opts.dtype, opts.device), opts);
+}
+Tensor full(const Shape& s, double v, TensorOptions opts) {
+  return finish_factory(o::full(s, v, opts.dtype, opts.device), opts);
+}
+Tensor arange(double end, TensorOptions opts) {
+  return arange(0, end, 1, opts);
+}
+Tensor arange(double start, double end, double step, TensorOptions opts) {
+  return finish_factory(o::arange(start, end, step, opts.dtype, opts.device), opts);
+}
+Tensor rand(const Shape& s, TensorOptions opts, Generator* gen) {
+  return finish_factory(o::rand(s, opts.dtype, opts.device, gen), opts);
+}
+Tensor randn(const Shape& s, TensorOptions opts, Generator* gen) {
+  return finish_factory(o::randn(s, opts.dtype, opts.device, gen), opts);
+}
+Tensor randint(int64_t low, int64_t high, const Shape& s, TensorOptions opts, Generator* gen) {
+  return o::randint(low, high, s, opts.dtype, opts.device, gen);
+}
+Tensor from_vector(const std::vector<double>& v, const Shape& s, TensorOptions opts) {
+  return finish_factory(o::from_vector(v, s, opts.dtype, opts.device), opts);
+}
+Tensor from_blob(void* data, const Shape& s, TensorOptions opts) {
+  return finish_factory(o::from_blob(data, s, opts.dtype, opts.device), opts);
+}
+Tensor tensor(std::initializer_list<double> values, TensorOptions opts) {
+  return from_vector(std::vector<double>(values), {static_cast<int64_t>(values.size())},
+                     factory_opts(opts));
+}
+Tensor zeros_like(const Tensor& t) {
+  return o::zeros_like(t);
+}
+Tensor ones_like(const Tensor& t) {
+  return o::ones_like(t);
+}
+
+// ---------------------------------------------------------------- arithmetic
+
+Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+  Tensor out = alpha == 1.0 ? o::add(a, b) : o::add(a, o::mul(b, alpha));
+  record("AddBackward", {a, b}, {out}, {},
+         [sa = a.sizes(), sb = b.sizes(), da = a.dtype(), db = b.dtype(), alpha](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           Tensor ga, gb;
+           if (ctx.needs_input_grad(0)) ga = reduce_like(g[0], sa, da);
+           if (ctx.needs_input_grad(1))
+             gb = reduce_like(alpha == 1.0 ? g[0] : o::mul(g[0], alpha), sb, db);
+           return {ga, gb};
+         });
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+  return add(a, b, -alpha);
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = o::mul(a, b);
+  const bool ga_needed = a.requires_grad(), gb_needed = b.requires_grad();
+  record("MulBackward", {a, b}, {out}, {gb_needed ? a : Tensor(), ga_needed ? b : Tensor()},
+         [sa = a.sizes(), sb = b.sizes(), da = a.dtype(), db = b.dtype()](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           Tensor ga, gb;
+           if (ctx.needs_input_grad(0)) ga = reduce_like(o::mul(g[0], ctx.saved(1)), sa, da);
+           if (ctx.needs_input_grad(1)) gb = reduce_like(o::mul(g[0], ctx.saved(0)), sb, db);
+           return {ga, gb};
+         });
+  return out;
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = o::div(a, b);
+  record("DivBackward", {a, b}, {out}, {a, b},
+         [sa = a.sizes(), sb = b.sizes(), da = a.dtype(), db = b.dtype()](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor b_ = ctx.saved(1);
+           Tensor ga, gb;
+           if (ctx.needs_input_grad(0)) ga = reduce_like(o::div(g[0], b_), sa, da);
+           if (ctx.needs_input_grad(1)) {
+             const Tensor a_ = ctx.saved(0);
+             gb = reduce_like(o::neg(o::div(o::mul(g[0], a_), o::mul(b_, b_))), sb, db);
+           }
+           return {ga, gb};
+         });
+  return out;
+}
+
+Tensor add(const Tensor& a, double b) {
+  Tensor out = o::add(a, b);
+  record("AddBackward", {a}, {out}, {},
+         [](BackwardContext&, const TensorList& g) -> TensorList { return {g[0]}; });
+  return out;
+}
+
+Tensor mul(const Tensor& a, double b) {
+  Tensor out = o::mul(a, b);
+  record("MulBackward", {a}, {out}, {},
+         [b](BackwardContext&, const TensorList& g) -> TensorList { return {o::mul(g[0], b)}; });
+  return out;
+}
+
+Tensor div(const Tensor& a, double b) {
+  return mul(a, 1.0 / b);
+}
+
+Tensor pow(const Tensor& a_, double e) {
+  const auto [a] = autocast::fp32("pow", a_);
+  Tensor out = o::binary_scalar(o::BinaryOp::pow, a, e);
+  record("PowBackward", {a}, {out}, {a},
+         [e](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           if (e == 0.0) return {o::zeros_like(g[0])};
+           const Tensor d = o::mul(o::binary_scalar(o::BinaryOp::pow, ctx.saved(0), e - 1.0), e);
+           return {o::mul(g[0], d)};
+         });
+  return out;
+}
+
+Tensor pow(const Tensor& a_, const Tensor& e_) {
+  const auto [a, e] = autocast::fp32("pow", a_, e_);
+  Tensor out = o::binary(o::BinaryOp::pow, a, e);
+  record("PowBackward", {a, e}, {out}, {a, e, out},
+         [sa = a.sizes(), se = e.sizes(), da = a.dtype(), de = e.dtype()](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor a_ = ctx.saved(0), e_ = ctx.saved(1);
+           Tensor ga, ge;
+           if (ctx.needs_input_grad(0))
+             ga = reduce_like(
+                 o::mul(g[0], o::mul(e_, o::binary(o::BinaryOp::pow, a_, o::add(e_, -1.0)))), sa,
+                 da);
+           if (ctx.needs_input_grad(1))
+             ge = reduce_like(o::mul(g[0], o::mul(ctx.saved(2), o::unary(o::UnaryOp::log, a_))), se,
+                              de);
+           return {ga, ge};
+         });
+  return out;
+}
+
+Tensor neg(const Tensor& a) {
+  Tensor out = o::neg(a);
+  record("NegBackward", {a}, {out}, {},
+         [](BackwardContext&, const TensorList& g) -> TensorList { return {o::neg(g[0])}; });
+  return out;
+}
+
+Tensor exp(const Tensor& a_) {
+  const auto [a] = autocast::fp32("exp", a_);
+  Tensor out = o::unary(o::UnaryOp::exp, a);
+  record("ExpBackward", {a}, {out}, {out},
+         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {o::mul(g[0], ctx.saved(0))};
+         });
+  return out;
+}
+
+Tensor log(const Tensor& a_) {
+  const auto [a] = autocast::fp32("log", a_);
+  Tensor out = o::unary(o::UnaryOp::log, a);
+  record("LogBackward", {a}, {out}, {a},
+         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {o::div(g[0], ctx.saved(0))};
+         });
+  return out;
+}
+
+Tensor sqrt(const Tensor& a) {
+  Tensor out = o::unary(o::UnaryOp::sqrt, a);
+  record("SqrtBackward", {a}, {out}, {out},
+         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {o::div(g[0], o::mul(ctx.saved(0), 2.0))};
+         });
+  return out;
+}
+
+Tensor rsqrt(const Tensor& a_) {
+  const auto [a] = autocast::fp32("rsqrt", a_);
+  Tensor out = o::unary(o::UnaryOp::rsqrt, a);
+  record("RsqrtBackward", {a}, {out}, {out},
+         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor r = ctx.saved(0);
+           return {o::mul(g[0], o::mul(o::mul(r, o::mul(r, r)), -0.5))};
+         });
+  return out;
+}
+
+Tensor abs(const Tensor& a) {
+  Tensor out = o::unary(o::UnaryOp::abs, a);
+  record("AbsBackward", {a}, {out}, {a},
+         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {o::mul(g[0], o::unary(o::UnaryOp::sign, ctx.saved(0)))};
+         });
+  return out;
+}
+
+Tensor square(const Tensor& a) {
+  Tensor out = o::unary(o::UnaryOp::square, a);
+  record("SquareBackward", {a}, {out}, {a},
+         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {o::mul(g[0], o::mul(ctx.saved(0), 2.0))};
+         });
+  return out;
+}
+
+namespace {
+Tensor max_min(const Tensor& a, const Tensor& b, bool is_max) {
+  Tensor out = o::binary(is_max ? o::BinaryOp::maximum : o::BinaryOp::minimum, a, b);
+  record(is_max ? "MaximumBackward" : "MinimumBackward", {a, b}, {out}, {a, b},
+         [sa = a.sizes(), sb = b.sizes(), da = a.dtype(), db = b.dtype(), is_max](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor a_ = ctx.saved(0), b_ = ctx.saved(1);
+           const DType dt = g[0].dtype();
+           // Ties split the gradient evenly, as PyTorch does.
+           const Tensor win =
+               as_dtype(o::binary(is_max ? o::BinaryOp::gt : o::BinaryOp::lt, a_, b_), dt);
+           const Tensor tie = o::mul(as_dtype(o::binary(o::BinaryOp::eq, a_, b_), dt), 0.5);
+           const Tensor wa = o::add(win, tie);
+           Tensor ga, gb;
+           if (ctx.needs_input_grad(0)) ga = reduce_like(o::mul(g[0], wa), sa, da);
+           if (ctx.needs_input_grad(1))
+             gb = reduce_like(o::mul(g[0], o::affine(wa, -1.0, 1.0)), sb, db);
+           return {ga, gb};
+         });
+  return out;
+}
+}  // namespace
+
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return max_min(a, b, true);
+}
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  return max_min(a, b, false);
+}
+
+Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
+  Tensor out = o::clamp(a, lo, hi);
+  record("ClampBackward", {a}, {out}, {a},
+         [lo, hi](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor a_ = ctx.saved(0);
+           Tensor keep = o::ones(a_.sizes(), DType::bool_, a_.device());
+           if (lo)
+             keep = o::binary(o::BinaryOp::mul, keep, o::binary_scalar(o::BinaryOp::ge, a_, *lo));
+           if (hi)
+             keep = o::binary(o::BinaryOp::mul, keep, o::binary_scalar(o::BinaryOp::le, a_, *hi));
+           return {o::mul(g[0], as_dtype(keep, g[0].dtype()))};
+         });
+  return out;
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  Tensor out = o::where(cond, a, b);
+  record("WhereBackward", {a, b}, {out}, {cond},
+         [sa = a.sizes(), sb = b.sizes(), da = a.dtype(), db = b.dtype()](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor c = ctx.saved(0);
+           const Tensor zero = o::zeros({}, g[0].dtype(), g[0].device());
+           Tensor ga, gb;
+           if (ctx.needs_input_grad(0)) ga = reduce_like(o::where(c, g[0], zero), sa, da);
+           if (ctx.needs_input_grad(1)) gb = reduce_like(o::where(c, zero, g[0]), sb, db);
+           return {ga, gb};
+         });
+  return out;
+}
+
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
+  Tensor out = o::masked_fill(a, mask, value);
+  record("MaskedFillBackward", {a}, {out}, {mask},
+         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {o::where(ctx.saved(0), o::zeros({}, g[0].dtype(), g[0].device()), g[0])};
+         });
+  return out;
+}
+
+Tensor eq(const Tensor& a, const Tensor& b) {
+  return o::binary(o::BinaryOp::eq, a, b);
+}
+Tensor ne(const Tensor& a, const Tensor& b) {
+  return o::binary(o::BinaryOp::ne, a, b);
+}
+Tensor lt(const Tensor& a, const Tensor& b) {
+  return o::binary(o::BinaryOp::lt, a, b);
+}
+Tensor gt(const Tensor& a, const Tensor& b) {
+  return o::binary(o::BinaryOp::gt, a, b);
+}
+Tensor le(const Tensor& a, const Tensor& b) {
+  return o::binary(o::BinaryOp::le, a, b);
+}
+Tensor ge(const Tensor& a, const Tensor& b) {
+  return o::binary(o::BinaryOp::ge, a, b);
+}
+
+// ---------------------------------------------------------------- activations
+
+Tensor relu(const Tensor& x) {
+  Tensor out = o::unary(o::UnaryOp::relu, x);
+  record("ReluBackward", {x}, {out}, {out},
+         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {o::binary(o::BinaryOp::relu_backward, g[0], ctx.saved(0))};  // one fused pass
+         });
+  return out;
+}
+
+Tensor gelu(const Tensor& x, const std::string& approximate) {
+  if (approximate != "none" && approximate != "tanh")
+    throw std::invalid_argument("gelu: approximate must be 'none' or 'tanh', got '" + approximate +
+                                "'");
+  const bool tanh_approx = approximate == "tanh";
+  Tensor out = o::unary(tanh_approx ? o::UnaryOp::gelu_tanh : o::UnaryOp::gelu, x);
+  record("GeluBackward", {x}, {out}, {x},
+         [tanh_approx](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           // g * gelu'(x) in one fused pass (the formulas: tensor/ops.h, BinaryOp).
+           return {
+               o::binary(tanh_approx ? o::BinaryOp::gelu_tanh_backward : o::BinaryOp::gelu_backward,
+                         g[0], ctx.saved(0))};
+         });
+  return out;
+}
+
+Tensor silu(const Tensor& x) {
+  Tensor out = o::unary(o::UnaryOp::silu, x);
+  record("SiluBackward", {x}, {out}, {x},
+         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor x_ = ctx.saved(0);
+           const Tensor s = o::unary(o::UnaryOp::sigmoid, x_);
+           // s * (1 + x * (1 - s))
+           const Tensor d = o::mul(s, o::add(o::mul(x_, o::affine(s, -1.0, 1.0)), 1.0));
+           return {o::mul(g[0], d)};
+         });
+  return out;
+}
+
+Tensor sigmoid(const Tensor& x) {
+  Tensor out = o::unary(o::UnaryOp::sigmoid, x);
+  record("SigmoidBackward", {x}, {out}, {out},
+         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor s = ctx.saved(0);
+           return {o::mul(g[0], o::mul(s, o::affine(s, -1.0, 1.0)))};
+         });
+  return out;
+}
+
+Tensor tanh(const Tensor& x) {
+  Tensor out = o::unary(o::UnaryOp::tanh, x);
+  record("TanhBackward", {x}, {out}, {out},
+         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor t = ctx.saved(0);
+           return {o::mul(g[0], o::affine(o::unary(o::UnaryOp::square, t), -1.0, 1.0))};
+         });
+  return out;
+}
+
+Tensor dropout(const Tensor& x, double p, bool train, Generator* gen) {
+  if (p < 0.0 || p > 1.0)
+    throw std::invalid_argument("dropout: p must be in [0, 1], got " + std::to_string(p));
+  if (!train || p == 0.0) return x;
+  if (p == 1.0) return mul(x, 0.0);
+  // keep = rand >= p, stored as a bool mask (what backward saves).
+  const Tensor keep =
+      o::binary_scalar(o::BinaryOp::ge, o::rand(x.sizes(), DType::float32, x.device(), gen), p);
+  const double scale = 1.0 / (1.0 - p);
+  Tensor out = o::mul(o::mul(x, as_dtype(keep, x.dtype())), scale);
+  record("DropoutBackward", {x}, {out}, {keep},
+         [scale](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {o::mul(o::mul(g[0], as_dtype(ctx.saved(0), g[0].dtype())), scale)};
+         });
+  return out;
+}
+
+// ---------------------------------------------------------------- reductions
+
+namespace {
+// Gradient of a reduction over `dims` (empty = all): g broadcast back to `shape`.
+Tensor unreduce(const Tensor& g, const Shape& shape, const Shape& dims, bool keepdim) {
+  Tensor r = g;
+  if (!keepdim) {
+    const auto rank = static_cast<int64_t>(shape.size());
+    if (dims.empty() || rank == 0) {
+      r = o::reshape(g, Shape(shape.size(), 1));
+    } else {
+      std::vector<int64_t> ds;
+      for (int64_t d : dims) ds.push_back(o::wrap_dim(d, rank, "sum"));
+      std::sort(ds.begin(), ds.end());
+      for (int64_t d : ds) r = o::unsqueeze(r, d);
+    }
+  }
+  return o::expand(r, shape);
+}
+}  // namespace
+
+Tensor sum(const Tensor& x_, const Shape& dims, bool keepdim) {
+  const auto [x] = autocast::fp32("sum", x_);  // fp32_set_opt_dtype: a float32 result
+  Tensor out = o::sum(x, dims, keepdim);
+  record("SumBackward", {x}, {out}, {},
+         [shape = x.sizes(), dims, keepdim](BackwardContext&, const TensorList& g) -> TensorList {
+           return {o::contiguous(unreduce(g[0], shape, dims, keepdim))};
+         });
+  return out;
+}
+
+Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
+  Tensor out = o::mean(x, dims, keepdim);
+  int64_t count = 1;
+  if (dims.empty()) {
+    count = x.numel();
+  } else {
+    for (int64_t d : dims) count *= x.dim() == 0 ? 1 : x.size(d);
+  }
+  record("MeanBackward", {x}, {out}, {},
+         [shape = x.sizes(), dims, keepdim, count](BackwardContext&,
+                                                   const TensorList& g) -> TensorList {
+           return {o::mul(unreduce(g[0], shape, dims, keepdim), 1.0 / static_cast<double>(count))};
+         });
+  return out;
+}
+
+// ---------------------------------------------------------------- operators
+
+Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+Tensor operator-(const Tensor& a) {
+  return neg(a);
+}
+Tensor operator+(const Tensor& a, double b) {
+  return add(a, b);
+}
+Tensor operator-(const Tensor& a, double b) {
+  return add(a, -b);
+}
+Tensor operator*(const Tensor& a, double b) {
+  return mul(a, b);
+}
+Tensor operator/(const Tensor& a, double b) {
+  return div(a, b);
+}
+Tensor operator+(double a, const Tensor& b) {
+  return add(b, a);
+}
+Tensor operator-(double a, const Tensor& b) {
+  return add(neg(b), a);
+}
+Tensor operator*(double a, const Tensor& b) {
+  return mul(b, a);
+}
+Tensor operator/(double a, const Tensor& b) {
+  return mul(pow(b, -1.0), a);
+}
+
+}  // namespace tally

@@ -1,0 +1,1082 @@
+// CUDA elementwise kernels: copies with dtype conversion (and host<->device transfers),
+// fills, Philox random fills (the same numbers as the CPU), binary/unary maps, where,
+// clamp, and the sum reduction. Floating binary/unary maps and same-dtype copies over
+// contiguous operands take the vectorised fast path (tensor/cuda/vectorized.cuh, the op a
+// template parameter); everything else the strided general path.
+#include <algorithm>
+#include <cmath>
+
+#include "tensor/cuda/device_types.cuh"
+#include "tensor/cuda/runtime.h"
+#include "tensor/cuda/vectorized.cuh"
+#include "tensor/elementwise/kernels.h"
+#include "tensor/op_alloc.h"
+
+namespace tally::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+inline int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 65535 * 8 ? (b > 0 ? b : 1) : 65535 * 8);
+}
+
+template <int N, typename Op>
+__global__ void elementwise_kernel(int64_t n, Indexer<N> ix, Op op) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t off[N];
+    ix.get(i, off);
+    op(off, i);
+  }
+}
+
+// The same for n < 2^31: 32-bit linear indices and divisions (Indexer::get32).
+template <int N, typename Op>
+__global__ void elementwise_kernel32(uint32_t n, Indexer<N> ix, Op op) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    int64_t off[N];
+    ix.get32(i, off);
+    op(off, static_cast<int64_t>(i));
+  }
+}
+
+template <int N, typename Op>
+void launch(const char* name, const Tensor& out, const std::vector<const Tensor*>& operands,
+            Op op) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  NvtxRange range(name);
+  DeviceGuard g(out.device().index);
+  std::vector<const Shape*> strides;
+  std::vector<int64_t> offsets;
+  for (const Tensor* t : operands) {
+    strides.push_back(&t->strides());
+    offsets.push_back(t->storage_offset());
+  }
+  const Indexer<N> ix = make_indexer<N>(out.sizes(), strides, offsets);
+  if (n < (int64_t{1} << 31))
+    elementwise_kernel32<N><<<blocks_for(n), kThreads, 0, stream(out.device().index)>>>(
+        static_cast<uint32_t>(n), ix, op);
+  else
+    elementwise_kernel<N><<<blocks_for(n), kThreads, 0, stream(out.device().index)>>>(n, ix, op);
+  check_launch(name);
+}
+
+// ------------------------------------------------------------------ copy / fill
+
+template <typename D, typename S>
+struct CopyOp {
+  D* dst;
+  const S* src;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    if constexpr (std::is_same_v<D, S>)
+      dst[o[0]] = src[o[1]];
+    else
+      dst[o[0]] = store<D>(load(src[o[1]]));
+  }
+};
+
+// Eight elements, 16-byte aligned (one 16-byte access for 16-bit types, two for float).
+template <typename T>
+struct alignas(16) Oct {
+  T v[8];
+};
+
+// Contiguous dtype conversion within float32 / float16 / bfloat16 (autocast's casts): eight
+// elements a thread step, vector loads and stores on both sides; the tail (< 8) by block 0.
+template <typename D, typename S>
+__global__ void __launch_bounds__(vec::kThreads) cast_kernel(D* dst, const S* src, int64_t n) {
+  const int64_t octs = n / 8;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < octs;
+       i += stride) {
+    const Oct<S> x = reinterpret_cast<const Oct<S>*>(src)[i];
+    Oct<D> y;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) y.v[e] = store<D>(static_cast<float>(load(x.v[e])));
+    reinterpret_cast<Oct<D>*>(dst)[i] = y;
+  }
+  if (blockIdx.x == 0) {
+    const int64_t j = octs * 8 + threadIdx.x;
+    if (j < n) dst[j] = store<D>(static_cast<float>(load(src[j])));
+  }
+}
+
+bool is_float_family(DType t) {
+  return t == DType::float32 || t == DType::float16 || t == DType::bfloat16;
+}
+
+template <typename F>
+void with_float_family(DType t, F&& f) {
+  if (t == DType::float32)
+    f.template operator()<float>();
+  else if (t == DType::float16)
+    f.template operator()<__half>();
+  else
+    f.template operator()<__nv_bfloat16>();
+}
+
+void copy_device(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype() && dst.sizes() == src.sizes() && dst.is_contiguous() &&
+      src.is_contiguous() && dst.device() == src.device()) {
+    if (dst.numel() == 0) return;
+    NvtxRange range("copy_");
+    DeviceGuard g(dst.device().index);
+    check(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice,
+                          stream(dst.device().index)),
+          "copy_");
+    return;
+  }
+  if (is_float_family(dst.dtype()) && is_float_family(src.dtype()) && dst.sizes() == src.sizes() &&
+      dst.is_contiguous() && src.is_contiguous() && dst.device() == src.device() &&
+      reinterpret_cast<uintptr_t>(dst.data_ptr()) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(src.data_ptr()) % 16 == 0) {
+    const int64_t n = dst.numel();
+    if (n == 0) return;
+    NvtxRange range("copy_");
+    const int dev = dst.device().index;
+    DeviceGuard g(dev);
+    with_float_family(dst.dtype(), [&]<typename D>() {
+      with_float_family(src.dtype(), [&]<typename S>() {
+        cast_kernel<D, S>
+            <<<vec::grid_for(std::max<int64_t>(n / 8, 1), dev), vec::kThreads, 0, stream(dev)>>>(
+                static_cast<D*>(dst.data_ptr()), static_cast<const S*>(src.data_ptr()), n);
+      });
+    });
+    check_launch("copy_");
+    return;
+  }
+  TALLY_DISPATCH_ALL(dst.dtype(), "copy_", [&] {
+    using D = dev_t<scalar_t>;
+    TALLY_DISPATCH_ALL(src.dtype(), "copy_", [&] {
+      using S = dev_t<scalar_t>;
+      launch<2>("copy_", dst, {&dst, &src},
+                CopyOp<D, S>{static_cast<D*>(dst.storage().data()),
+                             static_cast<const S*>(src.storage().data())});
+    });
+  });
+}
+
+template <typename T>
+struct FillOp {
+  T* dst;
+  T value;
+  __device__ void operator()(const int64_t* o, int64_t) const { dst[o[0]] = value; }
+};
+
+void copy(const Tensor& dst, const Tensor& src) {
+  const bool dcuda = dst.is_cuda(), scuda = src.is_cuda();
+  if (dcuda && scuda) {
+    if (dst.device().index != src.device().index) {
+      // Peer copy through a contiguous buffer on the destination device.
+      Tensor tmp = ops::view(alloc_scratch(src.numel(), src.dtype(), dst.device()), src.sizes());
+      Tensor s = ops::contiguous(src);
+      check(cudaMemcpyPeerAsync(tmp.data_ptr(), dst.device().index, s.data_ptr(),
+                                src.device().index, s.nbytes(), stream(dst.device().index)),
+            "copy_ (peer)");
+      copy_device(dst, tmp);
+      return;
+    }
+    copy_device(dst, src);
+    return;
+  }
+  if (dcuda) {  // host -> device
+    NvtxRange range("copy_ (H2D)");
+    // Convert on the host into a contiguous buffer of the destination dtype.
+    Tensor host = ops::view(alloc_scratch(dst.numel(), dst.dtype(), Device::cpu()), dst.sizes());
+    cpu::elementwise_kernels.copy(host, src);
+    const bool direct = dst.is_contiguous();
+    Tensor target =
+        direct ? dst
+               : ops::view(alloc_scratch(dst.numel(), dst.dtype(), dst.device()), dst.sizes());
+    DeviceGuard g(dst.device().index);
+    // From pageable memory the call returns once the host buffer has been staged.
+    check(cudaMemcpyAsync(target.data_ptr(), host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice,
+                          stream(dst.device().index)),
+          "copy_ (H2D)");
+    if (!direct) copy_device(dst, target);
+    return;
+  }
+  // device -> host: the caller reads the host memory next, so this waits for the stream.
+  NvtxRange range("copy_ (D2H)");
+  Tensor s = src;
+  if (!s.is_contiguous()) {
+    s = ops::view(alloc_scratch(src.numel(), src.dtype(), src.device()), src.sizes());
+    copy_device(s, src);
+  }
+  Tensor host = ops::view(alloc_scratch(src.numel(), src.dtype(), Device::cpu()), src.sizes());
+  DeviceGuard g(src.device().index);
+  check(cudaMemcpyAsync(host.data_ptr(), s.data_ptr(), s.nbytes(), cudaMemcpyDeviceToHost,
+                        stream(src.device().index)),
+        "copy_ (D2H)");
+  synchronize(src.device().index);
+  cpu::elementwise_kernels.copy(dst, host);
+}
+
+void fill(const Tensor& dst, double value) {
+  TALLY_DISPATCH_ALL(dst.dtype(), "fill_", [&] {
+    using T = dev_t<scalar_t>;
+    T v;
+    const scalar_t hv = [&] {
+      if constexpr (std::is_same_v<scalar_t, bool>)
+        return value != 0.0;
+      else if constexpr (std::is_same_v<scalar_t, Half> || std::is_same_v<scalar_t, BFloat16>)
+        return scalar_t(static_cast<float>(value));
+      else
+        return static_cast<scalar_t>(value);
+    }();
+    std::memcpy(static_cast<void*>(&v), &hv, sizeof(T));
+    launch<1>("fill_", dst, {&dst}, FillOp<T>{static_cast<T*>(dst.storage().data()), v});
+  });
+}
+
+// ------------------------------------------------------------------ random
+
+enum class RandKind { uniform, normal, integer };
+
+template <typename T>
+struct RandOp {
+  T* dst;
+  PhiloxState state;
+  RandKind kind;
+  int64_t low;
+  uint64_t span;
+  __device__ void operator()(const int64_t* o, int64_t i) const {
+    const Philox4 r = philox4x32(state.offset + static_cast<uint64_t>(i / 4), 0, state.seed);
+    const int j = static_cast<int>(i % 4);
+    double v;
+    if (kind == RandKind::uniform) {
+      v = static_cast<double>(uniform_from_bits(r[j]));
+    } else if (kind == RandKind::normal) {
+      const int p = j & 2;
+      const double u1 = 1.0 - static_cast<double>(uniform_from_bits(r[p]));
+      const double u2 = static_cast<double>(uniform_from_bits(r[p + 1]));
+      const double rad = sqrt(-2.0 * log(u1));
+      const double th = 2.0 * M_PI * u2;
+      v = (j & 1) ? rad * sin(th) : rad * cos(th);
+    } else {
+      v = static_cast<double>(low + static_cast<int64_t>(r[j] % span));
+    }
+    dst[o[0]] = store<T>(v);
+  }
+};
+
+void rand_fill(const Tensor& dst, PhiloxState state, RandKind kind, int64_t low, int64_t high) {
+  TALLY_DISPATCH_ALL(dst.dtype(), "random", [&] {
+    using T = dev_t<scalar_t>;
+    launch<1>("random", dst, {&dst},
+              RandOp<T>{static_cast<T*>(dst.storage().data()), state, kind, low,
+                        static_cast<uint64_t>(high - low)});
+  });
+}
+
+void rand_uniform(const Tensor& dst, PhiloxState s) {
+  rand_fill(dst, s, RandKind::uniform, 0, 1);
+}
+void rand_normal(const Tensor& dst, PhiloxState s) {
+  rand_fill(dst, s, RandKind::normal, 0, 1);
+}
+void rand_int(const Tensor& dst, int64_t low, int64_t high, PhiloxState s) {
+  rand_fill(dst, s, RandKind::integer, low, high);
+}
+
+// ------------------------------------------------------------------ binary / unary
+
+template <typename A>
+__device__ __forceinline__ A apply_binary(ops::BinaryOp op, A x, A y) {
+  using ops::BinaryOp;
+  if constexpr (std::is_same_v<A, bool>) {
+    switch (op) {
+      case BinaryOp::add:
+      case BinaryOp::maximum:
+        return x || y;
+      case BinaryOp::mul:
+      case BinaryOp::minimum:
+        return x && y;
+      case BinaryOp::sub:
+        return x != y;
+      case BinaryOp::pow:
+        return x || !y;
+      default:
+        return x && y;
+    }
+  } else {
+    switch (op) {
+      case BinaryOp::add:
+        return x + y;
+      case BinaryOp::sub:
+        return x - y;
+      case BinaryOp::mul:
+        return x * y;
+      case BinaryOp::div:
+        if constexpr (std::is_integral_v<A>)
+          return y == 0 ? A(0) : static_cast<A>(x / y);
+        else
+          return x / y;
+      case BinaryOp::pow:
+        return static_cast<A>(pow(static_cast<double>(x), static_cast<double>(y)));
+      case BinaryOp::maximum:
+        if constexpr (std::is_floating_point_v<A>) {
+          if (isnan(x) || isnan(y)) return x + y;
+        }
+        return x > y ? x : y;
+      case BinaryOp::minimum:
+        if constexpr (std::is_floating_point_v<A>) {
+          if (isnan(x) || isnan(y)) return x + y;
+        }
+        return x < y ? x : y;
+      case BinaryOp::relu_backward:
+        return y <= A(0) ? A(0) : x;
+      case BinaryOp::gelu_backward:
+        if constexpr (std::is_floating_point_v<A>) {
+          const A cdf = A(0.5) * (A(1) + erf(y * static_cast<A>(M_SQRT1_2)));
+          const A pdf =
+              exp(A(-0.5) * y * y) * static_cast<A>(0.3989422804014327);  // 1 / sqrt(2 pi)
+          return x * (cdf + y * pdf);
+        } else {
+          return A{};
+        }
+      case BinaryOp::gelu_tanh_backward:
+        if constexpr (std::is_floating_point_v<A>) {
+          const A k = static_cast<A>(0.7978845608028654),
+                  c = static_cast<A>(0.044715);  // sqrt(2 / pi)
+          const A y2 = y * y;
+          const A t = tanh(k * y * (A(1) + c * y2));
+          return x *
+                 (A(0.5) * (A(1) + t) + A(0.5) * y * (A(1) - t * t) * k * (A(1) + A(3) * c * y2));
+        } else {
+          return A{};
+        }
+      default:
+        return A{};
+    }
+  }
+}
+
+__device__ __forceinline__ bool apply_compare(ops::BinaryOp op, double x, double y) {
+  using ops::BinaryOp;
+  switch (op) {
+    case BinaryOp::eq:
+      return x == y;
+    case BinaryOp::ne:
+      return x != y;
+    case BinaryOp::lt:
+      return x < y;
+    case BinaryOp::le:
+      return x <= y;
+    case BinaryOp::gt:
+      return x > y;
+    case BinaryOp::ge:
+      return x >= y;
+    default:
+      return false;
+  }
+}
+
+template <typename T>
+struct BinaryKernelOp {
+  ops::BinaryOp op;
+  T* out;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    out[o[0]] = store<T>(apply_binary<dacc_t<T>>(op, load(a[o[1]]), load(b[o[2]])));
+  }
+};
+
+template <typename T>
+struct CompareOp {
+  ops::BinaryOp op;
+  bool* out;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    out[o[0]] =
+        apply_compare(op, static_cast<double>(load(a[o[1]])), static_cast<double>(load(b[o[2]])));
+  }
+};
+
+template <typename T>
+struct ScalarOp {
+  ops::BinaryOp op;
+  T* out;
+  const T* a;
+  double s;
+  bool reverse;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    using A = std::conditional_t<std::is_floating_point_v<dacc_t<T>>, dacc_t<T>, double>;
+    const A x = static_cast<A>(load(a[o[1]]));
+    const A y = static_cast<A>(s);
+    out[o[0]] = store<T>(reverse ? apply_binary<A>(op, y, x) : apply_binary<A>(op, x, y));
+  }
+};
+
+template <typename T>
+struct ScalarCompareOp {
+  ops::BinaryOp op;
+  bool* out;
+  const T* a;
+  double s;
+  bool reverse;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    const double x = static_cast<double>(load(a[o[1]]));
+    out[o[0]] = reverse ? apply_compare(op, s, x) : apply_compare(op, x, s);
+  }
+};
+
+template <typename A>
+__device__ __forceinline__ A apply_unary(ops::UnaryOp op, A x) {
+  using ops::UnaryOp;
+  const A kSqrt2OverPi = static_cast<A>(0.7978845608028654);
+  switch (op) {
+    case UnaryOp::neg:
+      return -x;
+    case UnaryOp::exp:
+      return exp(x);
+    case UnaryOp::log:
+      return log(x);
+    case UnaryOp::sqrt:
+      return sqrt(x);
+    case UnaryOp::rsqrt:
+      return A(1) / sqrt(x);
+    case UnaryOp::abs:
+      return fabs(x);
+    case UnaryOp::sign:
+      return static_cast<A>((x > A(0)) - (x < A(0)));
+    case UnaryOp::relu:
+      return x > A(0) ? x : (isnan(x) ? x : A(0));
+    case UnaryOp::sigmoid:
+      return A(1) / (A(1) + exp(-x));
+    case UnaryOp::tanh:
+      return tanh(x);
+    case UnaryOp::silu:
+      return x / (A(1) + exp(-x));
+    case UnaryOp::gelu:
+      return A(0.5) * x * (A(1) + erf(x * static_cast<A>(M_SQRT1_2)));
+    case UnaryOp::gelu_tanh:
+      return A(0.5) * x * (A(1) + tanh(kSqrt2OverPi * (x + A(0.044715) * x * x * x)));
+    case UnaryOp::reciprocal:
+      return A(1) / x;
+    case UnaryOp::square:
+      return x * x;
+    case UnaryOp::sin:
+      return sin(x);
+    case UnaryOp::cos:
+      return cos(x);
+    case UnaryOp::log1p:
+      return log1p(x);
+    case UnaryOp::expm1:
+      return expm1(x);
+    case UnaryOp::erf:
+      return erf(x);
+  }
+  return x;
+}
+
+// GELU for float16 / bfloat16 results. Computed in float32 like every 16-bit op, but without
+// erff / tanhf, whose instruction count (erff: a 7-term polynomial whose coefficients are
+// selected per element, then an exp2 branch) made bf16 GELU ALU-bound at 68-77% of the H200's
+// 4.3 TB/s while the same loop moves a bf16 copy at 95%.
+//
+// Exact GELU: x * Phi(x) with Phi(-|x|) = 2^Q(|x|), Q a degree-10 polynomial fitted (weighted
+// minimax, long double) to log2 Phi(-t) on [0, 6.5]: |error in Phi| <= 1.6e-7 everywhere and
+// relative error of Phi(-t) <= 5e-6 in the tail; past |x| = 6.5 Phi is 0 or 1, as float32's
+// 1 + erf saturates. On the H200, over all 65,536 bf16 inputs, 64 results differ from those of
+// 0.5 x (1 + erff(x / sqrt 2)): 13 by one ulp, the rest in the tail x in [-6.5, -4.4] where that
+// formula cancels (or gives -0) and this one keeps the exact value; every result is within one
+// ulp of the exact GELU (tests/tensor/test_elementwise_cuda.cpp checks all bf16 and fp16 inputs).
+__device__ __forceinline__ float ex2_approx(float q) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(q));
+  return r;
+}
+__device__ __forceinline__ float rcp_approx(float q) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(q));
+  return r;
+}
+__device__ __forceinline__ float gelu_16bit(float x) {
+  const float t = fabsf(x);
+  float q = -1.142554318e-08f;
+  q = fmaf(q, t, 3.978113909e-07f);
+  q = fmaf(q, t, -5.858466011e-06f);
+  q = fmaf(q, t, 4.571726095e-05f);
+  q = fmaf(q, t, -1.706173061e-04f);
+  q = fmaf(q, t, -2.319417108e-04f);
+  q = fmaf(q, t, 7.235255558e-03f);
+  q = fmaf(q, t, -5.263700709e-02f);
+  q = fmaf(q, t, -4.591571987e-01f);
+  q = fmaf(q, t, -1.151111722e+00f);
+  q = fmaf(q, t, -9.999998808e-01f);
+  const float lower = t < 6.5f ? ex2_approx(q) : 0.f;  // Phi(-|x|); NaN compares false: 0
+  return x * (x < 0.f ? lower : 1.f - lower);  // NaN stays NaN, -inf gives NaN (as 0.5 x (1 + erf))
+}
+// tanh GELU: 0.5 x (1 + tanh(z)) = x * sigmoid(2 z), z = sqrt(2/pi) (x + 0.044715 x^3), as
+// x / (1 + 2^(-2 z log2 e)): one ex2 and one reciprocal. No cancellation for x << 0.
+__device__ __forceinline__ float gelu_tanh_16bit(float x) {
+  constexpr float kA = -2.0f * 0.7978845608028654f * 1.4426950408889634f, kB = kA * 0.044715f;
+  return x * rcp_approx(1.f + ex2_approx(x * fmaf(kB, x * x, kA)));
+}
+
+// The value of unary op `op` at x for a result stored as T.
+template <typename T, typename A>
+__device__ __forceinline__ A unary_value(ops::UnaryOp op, A x) {
+  if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+    if (op == ops::UnaryOp::gelu) return gelu_16bit(x);
+    if (op == ops::UnaryOp::gelu_tanh) return gelu_tanh_16bit(x);
+  }
+  return apply_unary<A>(op, x);
+}
+
+template <typename T>
+struct UnaryKernelOp {
+  ops::UnaryOp op;
+  T* out;
+  const T* a;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    out[o[0]] = store<T>(unary_value<T>(op, load(a[o[1]])));
+  }
+};
+
+template <typename T>
+struct AffineOp {
+  T* out;
+  const T* x;
+  double a, b;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    using A = dacc_t<T>;
+    out[o[0]] = store<T>(load(x[o[1]]) * static_cast<A>(a) + static_cast<A>(b));
+  }
+};
+
+template <typename T>
+struct ClampOp {
+  T* out;
+  const T* a;
+  bool has_lo, has_hi;
+  double lo, hi;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    using A = std::conditional_t<std::is_floating_point_v<dacc_t<T>>, dacc_t<T>, double>;
+    A v = static_cast<A>(load(a[o[1]]));
+    if constexpr (std::is_floating_point_v<A>) {
+      if (isnan(v)) {
+        out[o[0]] = a[o[1]];
+        return;
+      }
+    }
+    if (has_lo && v < static_cast<A>(lo)) v = static_cast<A>(lo);
+    if (has_hi && v > static_cast<A>(hi)) v = static_cast<A>(hi);
+    out[o[0]] = store<T>(v);
+  }
+};
+
+template <typename T>
+struct WhereOp {
+  T* out;
+  const bool* c;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    out[o[0]] = c[o[1]] ? a[o[2]] : b[o[3]];
+  }
+};
+
+bool is_compare(ops::BinaryOp op) {
+  return op >= ops::BinaryOp::eq;
+}
+
+// ---- the contiguous fast path: the op as a template parameter
+
+template <ops::BinaryOp OP>
+struct BinaryF {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x, A y) const {
+    return apply_binary<A>(OP, x, y);
+  }
+};
+
+template <ops::BinaryOp OP>
+struct ScalarF {
+  double s;
+  bool reverse;
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x) const {
+    const A y = static_cast<A>(s);
+    return reverse ? apply_binary<A>(OP, y, x) : apply_binary<A>(OP, x, y);
+  }
+};
+
+template <ops::UnaryOp OP, typename T>
+struct UnaryF {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x) const {
+    return unary_value<T>(OP, x);
+  }
+};
+
+template <typename T>
+struct AffineF {
+  double a, b;
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x) const {
+    return x * static_cast<A>(a) + static_cast<A>(b);
+  }
+};
+
+// clang-format off
+#define TALLY_ARITH_OPS(X) \
+  X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum) X(relu_backward) X(gelu_backward) \
+  X(gelu_tanh_backward)
+// clang-format on
+
+template <typename T>
+bool binary_fast(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  if constexpr (!std::is_floating_point_v<dacc_t<T>>) {
+    return false;
+  } else {
+    const char* name = ops::binary_op_name(op);
+    switch (op) {
+#define TALLY_CASE(OP)                                                     \
+  case ops::BinaryOp::OP:                                                  \
+    vec::launch_map<T, 2>(name, out, a, &b, BinaryF<ops::BinaryOp::OP>{}); \
+    return true;
+      TALLY_ARITH_OPS(TALLY_CASE)
+#undef TALLY_CASE
+      default:
+        return false;
+    }
+  }
+}
+
+template <typename T>
+bool scalar_fast(ops::BinaryOp op, const Tensor& out, const Tensor& a, double s, bool reverse) {
+  if constexpr (!std::is_floating_point_v<dacc_t<T>>) {
+    return false;
+  } else {
+    const char* name = ops::binary_op_name(op);
+    switch (op) {
+#define TALLY_CASE(OP)                                                                    \
+  case ops::BinaryOp::OP:                                                                 \
+    vec::launch_map<T, 1>(name, out, a, nullptr, ScalarF<ops::BinaryOp::OP>{s, reverse}); \
+    return true;
+      TALLY_ARITH_OPS(TALLY_CASE)
+#undef TALLY_CASE
+      default:
+        return false;
+    }
+  }
+}
+
+// clang-format off
+#define TALLY_UNARY_OPS(X) \
+  X(neg) X(exp) X(log) X(sqrt) X(rsqrt) X(abs) X(sign) X(relu) X(sigmoid) X(tanh) X(silu) \
+  X(gelu) X(gelu_tanh) X(reciprocal) X(square) X(sin) X(cos) X(log1p) X(expm1) X(erf)
+// clang-format on
+
+template <typename T>
+bool unary_fast(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
+  const char* name = ops::unary_op_name(op);
+  switch (op) {
+#define TALLY_CASE(OP)                                                           \
+  case ops::UnaryOp::OP:                                                         \
+    vec::launch_map<T, 1>(name, out, a, nullptr, UnaryF<ops::UnaryOp::OP, T>{}); \
+    return true;
+    TALLY_UNARY_OPS(TALLY_CASE)
+#undef TALLY_CASE
+  }
+  return false;
+}
+
+}  // namespace
+
+namespace vec {
+
+// Two packs a thread (map_kernel's paired loop then runs once a thread), at most 2^20 blocks
+// (past that the kernels stride). Measured on the H200 (session 6, 67M-element copy and GELU):
+// a grid capped at 8 blocks an SM held a bf16 copy at 86% of 4.3 TB/s and fp32 GELU at 85%;
+// with two packs a thread they reach 95-97% (the loads in flight, not the ALU, were short).
+int grid_for(int64_t packs, int /*device*/) {
+  const int64_t want = (packs + 2 * kThreads - 1) / (2 * kThreads);
+  return static_cast<int>(std::clamp<int64_t>(want, 1, int64_t{1} << 20));
+}
+
+bool applies(const Tensor& out, const Tensor& a, const Tensor* b) {
+  auto ok = [&](const Tensor& t) {
+    return t.dtype() == out.dtype() && t.sizes() == out.sizes() && t.is_contiguous() &&
+           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  return is_floating(out.dtype()) && ok(out) && ok(a) && (!b || ok(*b));
+}
+
+}  // namespace vec
+
+namespace {
+
+void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
+    using T = dev_t<scalar_t>;
+    if (!is_compare(op) && vec::applies(out, a, &b) && binary_fast<T>(op, out, a, b)) return;
+    if (is_compare(op)) {
+      launch<3>(ops::binary_op_name(op), out, {&out, &a, &b},
+                CompareOp<T>{op, static_cast<bool*>(out.storage().data()), dptr<scalar_t>(a),
+                             dptr<scalar_t>(b)});
+    } else {
+      launch<3>(ops::binary_op_name(op), out, {&out, &a, &b},
+                BinaryKernelOp<T>{op, dptr<scalar_t>(out), dptr<scalar_t>(a), dptr<scalar_t>(b)});
+    }
+  });
+}
+
+void binary_scalar(ops::BinaryOp op, const Tensor& out, const Tensor& a, double b, bool reverse) {
+  TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
+    using T = dev_t<scalar_t>;
+    if (!is_compare(op) && vec::applies(out, a) && scalar_fast<T>(op, out, a, b, reverse)) return;
+    if (is_compare(op)) {
+      launch<2>(ops::binary_op_name(op), out, {&out, &a},
+                ScalarCompareOp<T>{op, static_cast<bool*>(out.storage().data()), dptr<scalar_t>(a),
+                                   b, reverse});
+    } else {
+      launch<2>(ops::binary_op_name(op), out, {&out, &a},
+                ScalarOp<T>{op, dptr<scalar_t>(out), dptr<scalar_t>(a), b, reverse});
+    }
+  });
+}
+
+void unary(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
+  TALLY_DISPATCH_FLOAT(a.dtype(), ops::unary_op_name(op), [&] {
+    using T = dev_t<scalar_t>;
+    if (vec::applies(out, a) && unary_fast<T>(op, out, a)) return;
+    launch<2>(ops::unary_op_name(op), out, {&out, &a},
+              UnaryKernelOp<T>{op, dptr<scalar_t>(out), dptr<scalar_t>(a)});
+  });
+}
+
+void affine(const Tensor& out, const Tensor& x, double a, double b) {
+  TALLY_DISPATCH_FLOAT(x.dtype(), "affine", [&] {
+    using T = dev_t<scalar_t>;
+    if (vec::applies(out, x)) {
+      vec::launch_map<T, 1>("affine", out, x, nullptr, AffineF<T>{a, b});
+      return;
+    }
+    launch<2>("affine", out, {&out, &x}, AffineOp<T>{dptr<scalar_t>(out), dptr<scalar_t>(x), a, b});
+  });
+}
+
+void clamp(const Tensor& out, const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
+  TALLY_DISPATCH_ALL(a.dtype(), "clamp", [&] {
+    using T = dev_t<scalar_t>;
+    launch<2>("clamp", out, {&out, &a},
+              ClampOp<T>{dptr<scalar_t>(out), dptr<scalar_t>(a), lo.has_value(), hi.has_value(),
+                         lo.value_or(0.0), hi.value_or(0.0)});
+  });
+}
+
+void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  TALLY_DISPATCH_ALL(out.dtype(), "where", [&] {
+    using T = dev_t<scalar_t>;
+    launch<4>("where", out, {&out, &cond, &a, &b},
+              WhereOp<T>{dptr<scalar_t>(out), static_cast<const bool*>(cond.storage().data()),
+                         dptr<scalar_t>(a), dptr<scalar_t>(b)});
+  });
+}
+
+// ------------------------------------------------------------------ sum
+
+// The sum of every thread's `v` over a block of kThreads threads, in a fixed order (warp trees,
+// then a tree over the warps' sums); valid in thread 0. `red` holds kThreads / 32 values in
+// shared memory; every thread of the block must make the call.
+template <typename Acc>
+__device__ __forceinline__ Acc block_sum(Acc v, Acc* red) {
+  for (int s = 16; s > 0; s >>= 1) v += __shfl_down_sync(0xffffffffu, v, s);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  Acc w = 0;
+  if (threadIdx.x < 32) {
+    w = threadIdx.x < kThreads / 32 ? red[threadIdx.x] : Acc(0);
+    for (int s = 16; s > 0; s >>= 1) w += __shfl_down_sync(0xffffffffu, w, s);
+  }
+  return w;
+}
+
+// Reduces `rsize` elements per output: block (k, split) sums its share of output k's
+// elements (input offset = kept offset + reduced offset) and adds it atomically.
+template <typename T, typename Acc>
+__global__ void sum_kernel(const T* in, Acc* acc, int64_t ksize, int64_t rsize, Indexer<1> kept,
+                           Indexer<1> red, int splits) {
+  __shared__ Acc shared[kThreads / 32];
+  for (int64_t k = blockIdx.x; k < ksize; k += gridDim.x) {
+    int64_t koff;
+    kept.get(k, &koff);
+    Acc local = 0;
+    for (int64_t r = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rsize;
+         r += static_cast<int64_t>(splits) * blockDim.x) {
+      int64_t roff;
+      red.get(r, &roff);
+      local += static_cast<Acc>(load(in[koff + roff]));
+    }
+    const Acc v = block_sum(local, shared);
+    if (threadIdx.x == 0) {
+      if constexpr (std::is_same_v<Acc, long long>)
+        atomicAdd(reinterpret_cast<unsigned long long*>(acc + k),
+                  static_cast<unsigned long long>(v));
+      else
+        atomicAdd(acc + k, v);
+    }
+    __syncthreads();
+  }
+}
+
+// ---- the fast paths of a contiguous input viewed as [R, K]: the reduced dims are the
+// outer R (column sums: a Linear's bias gradient, sum_to over batch and time) or, with
+// K == 1, everything (a full sum). Block (column tile, split) adds rows split, split +
+// splits, ... of its kSumCols columns in double (threads along x read neighbouring columns,
+// so every load coalesces; 16-byte loads when 4 columns are aligned), reduces over y in
+// shared memory and writes one partial per column; sum_partials_kernel adds the splits
+// per column in a fixed order. Deterministic, no atomics.
+constexpr int kSumCols = 32, kSumRows = 8;  // block: 32 columns x 8 row lanes
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kSumCols* kSumRows)
+    column_sum_kernel(const T* __restrict__ in, double* __restrict__ part, int64_t R, int64_t K,
+                      int splits) {
+  // Thread x owns columns col0 .. col0 + V - 1 (one V-wide vector load a row).
+  __shared__ double red[kSumRows][kSumCols * V];
+  const int64_t col0 = (blockIdx.x * static_cast<int64_t>(kSumCols) + threadIdx.x) * V;
+  double acc[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) acc[j] = 0;
+  if (col0 < K) {
+    const int64_t step = static_cast<int64_t>(splits) * kSumRows;
+#pragma unroll 4
+    for (int64_t r = blockIdx.y * static_cast<int64_t>(kSumRows) + threadIdx.y; r < R; r += step) {
+      if constexpr (V == 1) {
+        acc[0] += static_cast<double>(load(in[r * K + col0]));
+      } else {
+        struct alignas(sizeof(T) * V) P {
+          T v[V];
+        };
+        const P pk = *reinterpret_cast<const P*>(in + r * K + col0);
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] += static_cast<double>(load(pk.v[j]));
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) red[threadIdx.y][threadIdx.x * V + j] = acc[j];
+  __syncthreads();
+  // The block's 32 * V columns, summed over y, one column a thread.
+  const int64_t base = blockIdx.x * static_cast<int64_t>(kSumCols) * V;
+  for (int c = threadIdx.y * kSumCols + threadIdx.x; c < kSumCols * V; c += kSumCols * kSumRows) {
+    if (base + c >= K) continue;
+    double v = 0;
+    for (int y = 0; y < kSumRows; ++y) v += red[y][c];
+    part[blockIdx.y * K + base + c] = v;
+  }
+}
+
+// A full sum of n contiguous elements: the n / V packs of V (one 16-byte load each when
+// `in` is 16-byte aligned, else V = 1) grid-strided over the blocks, the n % V tail by block
+// 0, in double; one partial per block.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    flat_sum_kernel(const T* __restrict__ in, double* __restrict__ part, int64_t n) {
+  __shared__ double red[kThreads / 32];
+  struct alignas(sizeof(T) * V) P {
+    T v[V];
+  };
+  double acc = 0;
+  const int64_t packs = n / V;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+#pragma unroll 4
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < packs;
+       i += stride) {
+    const P pk = reinterpret_cast<const P*>(in)[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc += static_cast<double>(load(pk.v[j]));
+  }
+  if (blockIdx.x == 0)
+    for (int64_t i = packs * V + threadIdx.x; i < n; i += kThreads)
+      acc += static_cast<double>(load(in[i]));
+  const double v = block_sum(acc, red);
+  if (threadIdx.x == 0) part[blockIdx.x] = v;
+}
+
+// out[k] = sum over s of part[s * K + k], s in order (out contiguous, K elements).
+template <typename T>
+__global__ void sum_partials_kernel(T* __restrict__ out, const double* __restrict__ part, int64_t K,
+                                    int splits) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < K;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double v = 0;
+    for (int s = 0; s < splits; ++s) v += part[static_cast<int64_t>(s) * K + k];
+    out[k] = store<T>(v);
+  }
+}
+
+// The same sum for few columns and many splits (a full sum: K = 1, one partial per block of
+// the flat kernel): one block a column, threads taking splits s = tid, tid + 256, ... then a
+// tree over the block, all in a fixed order. The one-thread loop above took 26 us over the 528
+// partials of a GPT-2-sized bf16 sum on the H200 (each add waits on its load), 2.5x the
+// 10 us of the flat kernel itself.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    sum_partials_tree_kernel(T* __restrict__ out, const double* __restrict__ part, int64_t K,
+                             int splits) {
+  __shared__ double red[kThreads / 32];
+  for (int64_t k = blockIdx.x; k < K; k += gridDim.x) {
+    double v = 0;
+    for (int s = threadIdx.x; s < splits; s += kThreads) v += part[static_cast<int64_t>(s) * K + k];
+    const double total = block_sum(v, red);
+    if (threadIdx.x == 0) out[k] = store<T>(total);
+    __syncthreads();  // red is reused by the next column
+  }
+}
+
+// The [R, K] view of `t` when it is contiguous and out keeps exactly its innermost dims
+// (K = their product; K = 1 for a full sum). False otherwise.
+bool outer_sum_shape(const Tensor& out, const Tensor& t, int64_t& R, int64_t& K) {
+  if (out.dim() != t.dim() || !t.is_contiguous() || !out.is_contiguous() || t.numel() == 0)
+    return false;
+  int64_t d = t.dim();
+  K = 1;
+  while (d > 0 &&
+         out.sizes()[static_cast<size_t>(d - 1)] == t.sizes()[static_cast<size_t>(d - 1)]) {
+    K *= t.sizes()[static_cast<size_t>(d - 1)];
+    --d;
+  }
+  for (int64_t i = 0; i < d; ++i)  // the rest must all be reduced (size 1 in out)
+    if (out.sizes()[static_cast<size_t>(i)] != 1 && t.sizes()[static_cast<size_t>(i)] != 1)
+      return false;
+  R = t.numel() / K;
+  return R > 1 || K == 1;
+}
+
+// The fast paths above; false when they do not apply (the general kernel runs).
+bool sum_fast(const Tensor& out, const Tensor& t) {
+  int64_t R = 0, K = 0;
+  if (!is_floating(t.dtype()) || !outer_sum_shape(out, t, R, K)) return false;
+  const int dev = t.device().index;
+  const int64_t want_blocks = static_cast<int64_t>(sm_count(dev)) * 4;
+  const bool flat = K == 1;
+  // Columns a thread: one 16-byte load a row when K and the base allow (8 halves, 4 floats).
+  const int vec = static_cast<int>(16 / dtype_size(t.dtype()));
+  const bool wide = !flat && K % vec == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  const int64_t cols_per_block = kSumCols * (wide ? vec : 1);
+  const int64_t col_tiles = flat ? 1 : (K + cols_per_block - 1) / cols_per_block;
+  if (col_tiles > 65535) return false;
+  int64_t splits;
+  if (flat) {
+    splits = std::clamp<int64_t>((R + kThreads * 8 - 1) / (kThreads * 8), 1, want_blocks);
+  } else {
+    splits = std::clamp<int64_t>(want_blocks / col_tiles, 1,
+                                 std::max<int64_t>(1, (R + kSumRows * 16 - 1) / (kSumRows * 16)));
+    splits = std::min<int64_t>(splits, 65535);
+  }
+  const Tensor part = alloc_scratch(splits * K, DType::float64, t.device());
+  double* pp = static_cast<double*>(part.data_ptr());
+  TALLY_DISPATCH_FLOAT(t.dtype(), "sum", [&] {
+    using T = dev_t<scalar_t>;
+    const T* in = dptr<scalar_t>(t) + t.storage_offset();
+    if (flat) {
+      const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0;
+      const unsigned blocks = static_cast<unsigned>(splits);
+      if (!aligned)
+        flat_sum_kernel<T, 1><<<blocks, kThreads, 0, stream(dev)>>>(in, pp, R);
+      else if (vec == 8)
+        flat_sum_kernel<T, 8><<<blocks, kThreads, 0, stream(dev)>>>(in, pp, R);
+      else if (vec == 4)
+        flat_sum_kernel<T, 4><<<blocks, kThreads, 0, stream(dev)>>>(in, pp, R);
+      else
+        flat_sum_kernel<T, 2><<<blocks, kThreads, 0, stream(dev)>>>(in, pp, R);
+    } else {
+      const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(splits)),
+          block(kSumCols, kSumRows);
+      const int sp = static_cast<int>(splits);
+      if (!wide)
+        column_sum_kernel<T, 1><<<grid, block, 0, stream(dev)>>>(in, pp, R, K, sp);
+      else if (vec == 8)
+        column_sum_kernel<T, 8><<<grid, block, 0, stream(dev)>>>(in, pp, R, K, sp);
+      else if (vec == 4)
+        column_sum_kernel<T, 4><<<grid, block, 0, stream(dev)>>>(in, pp, R, K, sp);
+      else
+        column_sum_kernel<T, 2><<<grid, block, 0, stream(dev)>>>(in, pp, R, K, sp);
+    }
+    check_launch("sum");
+    T* po = dptr<scalar_t>(out) + out.storage_offset();
+    if (splits >= 32 && K <= 4096) {  // few columns, many partials each: a block a column
+      sum_partials_tree_kernel<T><<<static_cast<unsigned>(K), kThreads, 0, stream(dev)>>>(
+          po, pp, K, static_cast<int>(splits));
+    } else {
+      const unsigned g2 =
+          static_cast<unsigned>(std::clamp<int64_t>((K + kThreads - 1) / kThreads, 1, 65535));
+      sum_partials_kernel<T><<<g2, kThreads, 0, stream(dev)>>>(po, pp, K, static_cast<int>(splits));
+    }
+    check_launch("sum (partials)");
+  });
+  return true;
+}
+
+void sum(const Tensor& out, const Tensor& t) {
+  NvtxRange range("sum");
+  DeviceGuard g(t.device().index);
+  if (sum_fast(out, t)) return;
+  const bool integral = !is_floating(t.dtype());
+  // Split the input's dims into kept (size > 1 in out) and reduced.
+  Shape ksz, kst, rsz, rst;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const auto ud = static_cast<size_t>(d);
+    if (out.sizes()[ud] == 1 && t.sizes()[ud] != 1) {
+      rsz.push_back(t.sizes()[ud]);
+      rst.push_back(t.strides()[ud]);
+    } else {
+      ksz.push_back(t.sizes()[ud]);
+      kst.push_back(t.strides()[ud]);
+    }
+  }
+  const int64_t ksize = shape_numel(ksz), rsize = shape_numel(rsz);
+  const Indexer<1> kept = make_indexer<1>(ksz, {&kst}, {t.storage_offset()});
+  const Indexer<1> red = make_indexer<1>(rsz, {&rst}, {0});
+  Tensor acc = alloc_scratch(ksize, integral ? DType::int64 : DType::float64, out.device());
+  fill(acc, 0.0);
+  const int64_t want = (rsize + kThreads * 4 - 1) / (kThreads * 4);
+  const int splits = static_cast<int>(want < 1 ? 1 : (want > 1024 ? 1024 : want));
+  const dim3 grid(static_cast<unsigned>(ksize < 65535 ? (ksize > 0 ? ksize : 1) : 65535),
+                  static_cast<unsigned>(splits));
+  if (ksize > 0 && rsize > 0) {
+    TALLY_DISPATCH_ALL(t.dtype(), "sum", [&] {
+      using T = dev_t<scalar_t>;
+      if (integral) {
+        sum_kernel<T, long long><<<grid, kThreads, 0, stream(t.device().index)>>>(
+            dptr<scalar_t>(t), static_cast<long long*>(acc.data_ptr()), ksize, rsize, kept, red,
+            splits);
+      } else {
+        sum_kernel<T, double><<<grid, kThreads, 0, stream(t.device().index)>>>(
+            dptr<scalar_t>(t), static_cast<double*>(acc.data_ptr()), ksize, rsize, kept, red,
+            splits);
+      }
+    });
+    check_launch("sum");
+  }
+  copy_device(out, ops::view(acc, out.sizes()));
+}
+
+}  // namespace
+
+const ElementwiseKernels elementwise_kernels{
+    .copy = &copy,
+    .fill = &fill,
+    .rand_uniform = &rand_uniform,
+    .rand_normal = &rand_normal,
+    .rand_int = &rand_int,
+    .binary = &binary,
+    .binary_scalar = &binary_scalar,
+    .unary = &unary,
+    .affine = &affine,
+    .clamp = &clamp,
+    .where = &where,
+    .sum = &sum,
+};
+
+}  // namespace tally::cuda

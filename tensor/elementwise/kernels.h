@@ -1,0 +1,48 @@
+// The kernel table of the core ops (copy, fill, random fills, binary/unary maps, affine,
+// clamp, where, sum): each kernel's signature, once. The CPU kernels (tensor/elementwise/
+// cpu.cpp: simple, exactly right, float64 capable, the reference for every other backend)
+// and the CUDA kernels (tensor/elementwise/cuda.cu) each define one ElementwiseKernels;
+// tensor/backends.cpp registers them.
+//
+// Called only through the dispatch point (tensor/elementwise/ops.cpp), which checks the
+// arguments, allocates the result and broadcasts/converts the operands first. Each CUDA
+// launcher enqueues on Tally's stream for the tensor's device, opens an NVTX range and checks
+// the launch; none synchronises with the host (but a device->host copy, see copy).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "tensor/dispatch.h"
+#include "tensor/ops.h"
+
+namespace tally {
+
+struct ElementwiseKernels {
+  // dst = src, same shape (src pre-broadcast), any dtypes, any strides. CUDA: same-device copy
+  // with dtype conversion; or host<->device (the host side must be contiguous after
+  // conversion; a device->host copy waits for the stream, since the caller reads the host
+  // memory next).
+  void (*copy)(const Tensor& dst, const Tensor& src);
+  void (*fill)(const Tensor& dst, double value);
+  void (*rand_uniform)(const Tensor& dst, PhiloxState state);
+  void (*rand_normal)(const Tensor& dst, PhiloxState state);
+  void (*rand_int)(const Tensor& dst, int64_t low, int64_t high, PhiloxState state);
+  // out = a (op) b; a, b already broadcast to out's shape and converted to the compute dtype.
+  void (*binary)(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b);
+  void (*binary_scalar)(ops::BinaryOp op, const Tensor& out, const Tensor& a, double b,
+                        bool reverse);
+  void (*unary)(ops::UnaryOp op, const Tensor& out, const Tensor& a);
+  void (*affine)(const Tensor& out, const Tensor& x, double a, double b);
+  void (*clamp)(const Tensor& out, const Tensor& a, std::optional<double> lo,
+                std::optional<double> hi);
+  void (*where)(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b);
+  // out has t's rank with reduced dims of size 1.
+  void (*sum)(const Tensor& out, const Tensor& t);
+};
+
+// cpu::elementwise_kernels (tensor/elementwise/cpu.cpp), cuda::elementwise_kernels
+// (tensor/elementwise/cuda.cu), elementwise_backends (tensor/backends.cpp).
+TALLY_DECLARE_KERNELS(ElementwiseKernels, elementwise_kernels, elementwise_backends);
+
+}  // namespace tally

@@ -1,0 +1,235 @@
+// The CUDA matrix products of the linear-algebra family (cuda::matmul, cuda::linear): the
+// row-major tensors are handed to cuBLASLt as column-major transposes (C^T = B^T A^T), so
+// transposed, narrowed and broadcast operands go as they are, never copied here. Batch
+// dims fold into one strided-batched call where one stride per operand addresses them;
+// the rest are looped over on the host. Where cuBLASLt's heuristic offers no algorithm
+// (an odd alignment, say) the product goes through classic cuBLAS instead. Each call
+// takes the library workspace from the caching allocator (alloc_scratch_bytes), tagged
+// `workspace`. Both are entries of cuda::linalg_kernels (tensor/linalg/cuda.cu).
+#include "tensor/linalg/cuda_matmul.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <vector>
+
+#include "memory/memory.h"
+#include "tensor/cuda/blas.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/linalg/cuda.h"
+#include "tensor/linalg/ops.h"
+#include "tensor/op_alloc.h"
+
+namespace tally::cuda {
+
+namespace {
+
+std::atomic<uint64_t> g_bias_epilogue{0}, g_bias_fallback{0};
+
+// cuBLASLt's workspace for one product: scratch from the caching allocator on Tally's stream
+// (alloc_scratch_bytes: tagged `workspace` and, through the enclosing DispatchScope, with the
+// op), returned when the Storage goes out of scope. Returning it right after the enqueue is
+// safe: the block is reused only by work queued later on the same stream. Empty (no
+// workspace) when the size is 0, and under memory pressure: cuBLASLt then picks an
+// algorithm that needs none.
+Storage workspace(int device) {
+  try {
+    return alloc_scratch_bytes(matmul_workspace_bytes(), Device::cuda(device));
+  } catch (const memory::OutOfMemoryError&) {
+    return {};
+  }
+}
+
+// One operand's matrices as cuBLASLt reads them, plus per-batch-dim strides.
+struct Operand {
+  bool trans = false;  // ops::blas_layout's trans
+  int64_t ld = 1;
+  Shape batch_strides;  // aligned with out's batch dims; 0 where broadcast
+};
+
+Operand describe(const Tensor& t, const Shape& batch, const char* what) {
+  const auto layout = ops::blas_layout(t);
+  if (!layout)
+    throw std::logic_error(
+        fmt::format("matmul kernel (CUDA): operand {} of shape {} strides {} "
+                    "is not BLAS-readable",
+                    what, t.shape_string(), shape_str(t.strides())));
+  Operand op;
+  op.trans = layout->trans;
+  op.ld = layout->ld;
+  const int64_t rank = static_cast<int64_t>(batch.size());
+  const int64_t own = t.dim() - 2;
+  op.batch_strides.assign(batch.size(), 0);
+  for (int64_t i = 0; i < own; ++i) {
+    const int64_t j = rank - own + i;
+    if (j >= 0 && t.size(i) != 1) op.batch_strides[static_cast<size_t>(j)] = t.stride(i);
+  }
+  return op;
+}
+
+// The row-major product out[M, N] = a[M, K] @ b[K, N] as cuBLASLt's column-major
+// D^T[N, M] = op(B^T)[N, K] op(A^T)[K, M]: cuBLAS's "A" is our b, its "B" our a. A
+// row-major matrix (trans = false) read column-major is its own transpose, which is what
+// this formulation wants, so blas_layout's trans flag maps straight to the op.
+blas::Gemm make_gemm(DType dtype, const Operand& oa, const Operand& ob, int64_t M, int64_t N,
+                     int64_t K, bool accumulate) {
+  blas::Gemm g;
+  g.dtype = dtype;
+  g.m = N;
+  g.n = M;
+  g.k = K;
+  g.trans_a = ob.trans;
+  g.lda = ob.ld;
+  g.trans_b = oa.trans;
+  g.ldb = oa.ld;
+  g.ldd = N;
+  g.accumulate = accumulate;
+  return g;
+}
+
+// The op name of the enclosing DispatchScope ("matmul", "mm", "bmm", "linear").
+const char* current_op_name() {
+  const memory::AllocTag tag = memory::current_tag();
+  return tag.op ? memory::interned(tag.op).c_str() : "matmul";
+}
+
+const char* byte_ptr(const Tensor& t) {
+  return static_cast<const char*>(t.data_ptr());
+}
+
+}  // namespace
+
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate) {
+  const char* op = current_op_name();
+  NvtxRange range("matmul (cuBLASLt)");
+  const int device = out.device().index;
+  DeviceGuard guard(device);
+  if (a.size(-2) > INT32_MAX || a.size(-1) > INT32_MAX || b.size(-1) > INT32_MAX)
+    throw std::invalid_argument(
+        fmt::format("{}: matrix dimensions of {} and {} exceed the BLAS "
+                    "int range",
+                    op, a.shape_string(), b.shape_string()));
+  if (a.dtype() != out.dtype() || b.dtype() != out.dtype())
+    throw std::logic_error(
+        fmt::format("{} (CUDA): operand dtypes {} and {} differ from the "
+                    "output's {}",
+                    op, dtype_name(a.dtype()), dtype_name(b.dtype()), dtype_name(out.dtype())));
+  const int64_t M = out.size(-2), N = out.size(-1), K = a.size(-1);
+  const Shape batch(out.sizes().begin(), out.sizes().end() - 2);
+  const int64_t count = shape_numel(batch);
+  if (M == 0 || N == 0 || count == 0) return;
+  if (K == 0) {  // an empty sum: out = 0 (or unchanged when accumulating)
+    if (!accumulate)
+      check(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), stream(device)),
+            "matmul: cudaMemsetAsync");
+    return;
+  }
+  const Operand oa = describe(a, batch, "a"), ob = describe(b, batch, "b");
+  const int64_t esize = static_cast<int64_t>(out.element_size());
+
+  // Fold the innermost batch dims that both operands step through with one stride each
+  // into one strided batch (out is contiguous, so it always folds); loop over the rest.
+  const int64_t nb = static_cast<int64_t>(batch.size());
+  int64_t inner = 1, inner_sa = 0, inner_sb = 0;
+  int64_t split = nb;  // dims [split, nb) are inside the strided batch
+  for (int64_t d = nb - 1; d >= 0; --d) {
+    const auto ud = static_cast<size_t>(d);
+    if (batch[ud] == 1) {
+      split = d;
+    } else if (inner == 1) {
+      inner = batch[ud];
+      inner_sa = oa.batch_strides[ud];
+      inner_sb = ob.batch_strides[ud];
+      split = d;
+    } else if (oa.batch_strides[ud] == inner_sa * inner &&
+               ob.batch_strides[ud] == inner_sb * inner) {
+      inner *= batch[ud];
+      split = d;
+    } else {
+      break;
+    }
+  }
+  const int64_t outer = count / inner;
+
+  blas::Gemm g = make_gemm(out.dtype(), oa, ob, M, N, K, accumulate);
+  const Storage ws = workspace(device);
+  std::vector<int64_t> idx(static_cast<size_t>(split), 0);
+  int64_t off_a = 0, off_b = 0;
+  for (int64_t e = 0; e < outer; ++e) {
+    char* d_base = static_cast<char*>(out.data_ptr()) + e * inner * M * N * esize;
+    const char* a_base = byte_ptr(a) + off_a * esize;
+    const char* b_base = byte_ptr(b) + off_b * esize;
+    g.a = b_base;  // cuBLAS's A is our b (see make_gemm)
+    g.b = a_base;
+    g.d = d_base;
+    g.batch = inner;
+    g.stride_a = inner_sb;
+    g.stride_b = inner_sa;
+    g.stride_d = M * N;
+    if (blas::gemm(device, g, ws.data(), ws.nbytes(), op) != CUBLAS_STATUS_SUCCESS)
+      blas::gemm_classic(device, g, ws.data(), ws.nbytes(), op);  // no cuBLASLt algorithm
+    // Odometer over the outer batch dims.
+    for (int64_t d = split; d-- > 0;) {
+      const auto ud = static_cast<size_t>(d);
+      off_a += oa.batch_strides[ud];
+      off_b += ob.batch_strides[ud];
+      if (++idx[ud] < batch[ud]) break;
+      off_a -= oa.batch_strides[ud] * batch[ud];
+      off_b -= ob.batch_strides[ud] * batch[ud];
+      idx[ud] = 0;
+    }
+  }
+}
+
+void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& bias) {
+  const char* op = current_op_name();
+  NvtxRange range("linear (cuBLASLt)");
+  const int device = out.device().index;
+  DeviceGuard guard(device);
+  const int64_t M = out.size(0), N = out.size(1), K = x.size(1);
+  if (M == 0 || N == 0) return;
+  if (bias.dtype() != out.dtype() || x.dtype() != out.dtype() || wt.dtype() != out.dtype())
+    throw std::logic_error(
+        fmt::format("{} (CUDA): dtypes differ: x {}, weight {}, bias {}, "
+                    "output {}",
+                    op, dtype_name(x.dtype()), dtype_name(wt.dtype()), dtype_name(bias.dtype()),
+                    dtype_name(out.dtype())));
+  // PyTorch's conditions for the cuBLASLt bias epilogue (addmm), which keep degenerate
+  // shapes off it; the bias must be a dense vector.
+  constexpr int64_t kMaxDim = 65535LL * 32;
+  const bool epilogue =
+      M > 1 && N > 1 && K > 1 && M < kMaxDim && N < kMaxDim && K < kMaxDim && bias.stride(0) == 1;
+  if (epilogue) {
+    const Operand ox = describe(x, {}, "x"), ow = describe(wt, {}, "weight^T");
+    blas::Gemm g = make_gemm(out.dtype(), ox, ow, M, N, K, false);
+    g.a = wt.data_ptr();
+    g.b = x.data_ptr();
+    g.d = out.data_ptr();
+    g.bias = bias.data_ptr();
+    const Storage ws = workspace(device);
+    if (blas::gemm(device, g, ws.data(), ws.nbytes(), op) == CUBLAS_STATUS_SUCCESS) {
+      ++g_bias_epilogue;
+      return;
+    }
+  }
+  // The bias in every row, then the product accumulated onto it (the CPU path).
+  ++g_bias_fallback;
+  broadcast_rows(out, bias);
+  matmul(out, x, wt, /*accumulate=*/true);
+}
+
+MatmulStats matmul_stats() {
+  MatmulStats s;
+  s.lt_calls = blas::lt_calls();
+  s.heuristic_queries = blas::heuristic_queries();
+  s.bias_epilogue = g_bias_epilogue.load();
+  s.bias_fallback = g_bias_fallback.load();
+  s.classic_calls = blas::classic_calls();
+  return s;
+}
+
+void set_force_cublas_fallback(bool force) {
+  blas::set_force_fallback(force);
+}
+
+}  // namespace tally::cuda

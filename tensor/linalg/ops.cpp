@@ -1,0 +1,235 @@
+// Raw linear-algebra ops: argument checks, shape logic (1-D promotion, batch
+// broadcasting, folding batches into one GEMM), output allocation and the dispatch into
+// kernels. Operands reach the kernel in a BLAS-readable layout: transposed views go as
+// they are (the kernel passes a transpose flag), other layouts are made contiguous here.
+#include "tensor/linalg/ops.h"
+
+#include <fmt/format.h>
+
+#include <climits>
+
+#include "tensor/dispatch.h"
+#include "tensor/linalg/kernels.h"
+#include "tensor/op_alloc.h"
+
+namespace tally::ops {
+
+namespace {
+
+Shape batch_of(const Tensor& t) {
+  return Shape(t.sizes().begin(), t.sizes().end() - 2);
+}
+
+void check_pair(const char* op, const Tensor& a, const Tensor& b) {
+  check_same_device(op, a.device(), b.device());
+  if (a.dtype() != b.dtype())
+    throw std::invalid_argument(fmt::format(
+        "{}: expected both operands to have the same dtype, got "
+        "{} {} and {} {}",
+        op, dtype_name(a.dtype()), a.shape_string(), dtype_name(b.dtype()), b.shape_string()));
+  if (!is_floating(a.dtype()))
+    throw std::invalid_argument(
+        fmt::format("{}: expected floating operands, got {} (shapes {} "
+                    "and {})",
+                    op, dtype_name(a.dtype()), a.shape_string(), b.shape_string()));
+}
+
+Tensor blas_ready(const Tensor& t) {
+  return blas_layout(t) ? t : contiguous(t);
+}
+
+// a [batch_a..., M, K] @ b [batch_b..., K, N] -> [broadcast batch..., M, N] (contiguous).
+// sa and sb are the user's shapes, for messages.
+Tensor product(const OpInfo& info, const Tensor& a, const Tensor& b, const Shape& sa,
+               const Shape& sb) {
+  const int64_t M = a.size(-2), K = a.size(-1), K2 = b.size(-2), N = b.size(-1);
+  if (K != K2)
+    throw std::invalid_argument(
+        fmt::format("{}: shapes {} and {} cannot be multiplied ({}x{} and "
+                    "{}x{})",
+                    info.name, shape_str(sa), shape_str(sb), M, K, K2, N));
+  const Shape ba = batch_of(a), bb = batch_of(b);
+  Shape batch(std::max(ba.size(), bb.size()));
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const size_t n = batch.size();
+    const int64_t x = i < n - ba.size() ? 1 : ba[i - (n - ba.size())];
+    const int64_t y = i < n - bb.size() ? 1 : bb[i - (n - bb.size())];
+    if (x != y && x != 1 && y != 1)
+      throw std::invalid_argument(
+          fmt::format("{}: batch dimensions of {} and {} cannot be "
+                      "broadcast together ({} and {})",
+                      info.name, shape_str(sa), shape_str(sb), shape_str(ba), shape_str(bb)));
+    batch[i] = x == 1 ? y : x;
+  }
+  Shape out_shape = batch;
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  if (bb.empty() && !ba.empty()) {
+    // A batch of matrices times one matrix: fold the batch into the rows, one GEMM.
+    const int64_t rows = shape_numel(ba) * M;
+    const Tensor a2 = reshape(a, {rows, K});  // a view unless a's layout forbids it
+    Tensor out = alloc_output({rows, N}, a.dtype(), a.device());
+    linalg_backends.get(info, a.device(), &LinalgKernels::matmul)(out, blas_ready(a2),
+                                                                  blas_ready(b), false);
+    return view(out, out_shape);
+  }
+  Tensor out = alloc_output(out_shape, a.dtype(), a.device());
+  linalg_backends.get(info, a.device(), &LinalgKernels::matmul)(out, blas_ready(a), blas_ready(b),
+                                                                false);
+  return out;
+}
+
+}  // namespace
+
+std::optional<MatrixLayout> blas_layout(const Tensor& t) {
+  if (t.dim() < 2) return std::nullopt;
+  const int64_t rows = t.size(-2), cols = t.size(-1), rs = t.stride(-2), cs = t.stride(-1);
+  if (cols == 1 || cs == 1) {  // row-major: rows ld apart
+    const int64_t ld = rows == 1 ? std::max<int64_t>(cols, 1) : rs;
+    if (ld >= std::max<int64_t>(cols, 1) && ld <= INT_MAX) return MatrixLayout{false, ld};
+  }
+  if (rows == 1 || rs == 1) {  // the transpose of a row-major matrix: columns ld apart
+    const int64_t ld = cols == 1 ? std::max<int64_t>(rows, 1) : cs;
+    if (ld >= std::max<int64_t>(rows, 1) && ld <= INT_MAX) return MatrixLayout{true, ld};
+  }
+  return std::nullopt;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  static const OpInfo info("matmul");
+  if (a.dim() == 0 || b.dim() == 0)
+    throw std::invalid_argument(
+        fmt::format("matmul: both arguments need to be at least 1-D, got "
+                    "shapes {} and {}",
+                    a.shape_string(), b.shape_string()));
+  check_pair(info.name, a, b);
+  DispatchScope scope(info, a, b);
+  const Tensor ap = a.dim() == 1 ? unsqueeze(a, 0) : a;
+  const Tensor bp = b.dim() == 1 ? unsqueeze(b, 1) : b;
+  const Tensor out = product(info, ap, bp, a.sizes(), b.sizes());
+  if (a.dim() > 1 && b.dim() > 1) return out;
+  // Drop the dimensions the 1-D promotion added.
+  Shape shape(out.sizes().begin(), out.sizes().end() - 2);
+  if (a.dim() > 1) shape.push_back(out.size(-2));
+  if (b.dim() > 1) shape.push_back(out.size(-1));
+  return view(out, shape);
+}
+
+Tensor mm(const Tensor& a, const Tensor& b) {
+  static const OpInfo info("mm");
+  if (a.dim() != 2 || b.dim() != 2)
+    throw std::invalid_argument(fmt::format("mm: expected two 2-D tensors, got shapes {} and {}",
+                                            a.shape_string(), b.shape_string()));
+  check_pair(info.name, a, b);
+  DispatchScope scope(info, a, b);
+  return product(info, a, b, a.sizes(), b.sizes());
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  static const OpInfo info("bmm");
+  if (a.dim() != 3 || b.dim() != 3)
+    throw std::invalid_argument(fmt::format("bmm: expected two 3-D tensors, got shapes {} and {}",
+                                            a.shape_string(), b.shape_string()));
+  if (a.size(0) != b.size(0))
+    throw std::invalid_argument(
+        fmt::format("bmm: batch sizes differ: shapes {} and {} (bmm does "
+                    "not broadcast; use matmul)",
+                    a.shape_string(), b.shape_string()));
+  check_pair(info.name, a, b);
+  DispatchScope scope(info, a, b);
+  return product(info, a, b, a.sizes(), b.sizes());
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  static const OpInfo info("linear");
+  if (weight.dim() != 2)
+    throw std::invalid_argument(
+        fmt::format("linear: weight must be 2-D [out_features, "
+                    "in_features], got shape {}",
+                    weight.shape_string()));
+  if (x.dim() == 0 || x.size(-1) != weight.size(1))
+    throw std::invalid_argument(fmt::format(
+        "linear: input {} has {} features but weight {} "
+        "expects {}",
+        x.shape_string(), x.dim() ? x.size(-1) : 0, weight.shape_string(), weight.size(1)));
+  check_pair(info.name, x, weight);
+  const int64_t in = weight.size(1), out_f = weight.size(0);
+  if (bias.defined()) {
+    if (bias.dim() != 1 || bias.size(0) != out_f)
+      throw std::invalid_argument(
+          fmt::format("linear: bias must have shape [{}] for weight {}, "
+                      "got {}",
+                      out_f, weight.shape_string(), bias.shape_string()));
+    check_pair(info.name, x, bias);
+  }
+  DispatchScope scope(info, x, weight, bias);
+  Shape shape(x.sizes().begin(), x.sizes().end() - 1);  // leading dims
+  const int64_t rows = shape_numel(shape);
+  const Tensor x2 = x.dim() == 2 ? x : reshape(x, {rows, in});  // a view unless x forbids it
+  Tensor out = alloc_output({rows, out_f}, x.dtype(), x.device());
+  if (bias.defined())
+    linalg_backends.get(info, x.device(), &LinalgKernels::linear)(
+        out, blas_ready(x2), blas_ready(transpose(weight, 0, 1)), bias);
+  else
+    linalg_backends.get(info, x.device(), &LinalgKernels::matmul)(
+        out, blas_ready(x2), blas_ready(transpose(weight, 0, 1)), false);
+  shape.push_back(out_f);
+  return view(out, shape);
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  static const OpInfo info("embedding");
+  if (weight.dim() != 2)
+    throw std::invalid_argument(
+        fmt::format("embedding: weight must be 2-D [num_embeddings, "
+                    "embedding_dim], got shape {}",
+                    weight.shape_string()));
+  if (indices.dtype() != DType::int64 && indices.dtype() != DType::int32)
+    throw std::invalid_argument(
+        fmt::format("embedding: indices must be int64 or int32, got {} "
+                    "(shape {})",
+                    dtype_name(indices.dtype()), indices.shape_string()));
+  check_same_device(info.name, weight.device(), indices.device());
+  DispatchScope scope(info, weight, indices);
+  Shape shape = indices.sizes();
+  shape.push_back(weight.size(1));
+  Tensor out = alloc_output(shape, weight.dtype(), weight.device());
+  linalg_backends.get(info, weight.device(), &LinalgKernels::embedding)(out, weight, indices);
+  return out;
+}
+
+Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num_weights,
+                          int64_t padding_idx) {
+  static const OpInfo info("embedding_backward");
+  Shape expect = indices.sizes();
+  expect.push_back(grad.dim() ? grad.size(-1) : 0);
+  if (grad.dim() == 0 || grad.sizes() != expect)
+    throw std::invalid_argument(
+        fmt::format("embedding_backward: grad of shape {} does not match "
+                    "indices {} + [embedding_dim]",
+                    grad.shape_string(), indices.shape_string()));
+  if (indices.dtype() != DType::int64 && indices.dtype() != DType::int32)
+    throw std::invalid_argument(
+        fmt::format("embedding_backward: indices must be int64 or int32, "
+                    "got {}",
+                    dtype_name(indices.dtype())));
+  if (!is_floating(grad.dtype())) unsupported_dtype("embedding_backward", grad.dtype());
+  if (padding_idx < -1 || padding_idx >= num_weights)
+    throw std::invalid_argument(
+        fmt::format("embedding_backward: padding_idx {} must be -1 (none) "
+                    "or in [0, {})",
+                    padding_idx, num_weights));
+  check_same_device(info.name, grad.device(), indices.device());
+  DispatchScope scope(info, grad, indices);
+  const int64_t D = grad.size(-1);
+  // 16-bit gradients accumulate in float32 (repeated indices sum many rows).
+  const DType acc = grad.dtype() == DType::float64 ? DType::float64 : DType::float32;
+  Tensor gw = alloc_output({num_weights, D}, acc, grad.device());
+  fill_(gw, 0.0);
+  const Tensor g2 = reshape(to(grad, acc), {indices.numel(), D});
+  linalg_backends.get(info, grad.device(), &LinalgKernels::embedding_backward)(gw, g2, indices,
+                                                                               padding_idx);
+  return to(gw, grad.dtype());
+}
+
+}  // namespace tally::ops

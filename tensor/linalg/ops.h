@@ -1,0 +1,49 @@
+// Raw linear-algebra ops (namespace tally::ops, no autograd): matrix products with
+// PyTorch's matmul semantics (mm, bmm, batched broadcasting matmul), linear (x W^T + b),
+// and the embedding lookup with its scatter-add backward. CPU products run through
+// OpenBLAS's cblas; the differentiable versions live in tensor/linalg/autograd.h.
+//
+// Dtypes: the four floating types (float16/bfloat16 multiply in float32). Both operands
+// of a product must have the same dtype and device.
+#pragma once
+
+#include <optional>
+
+#include "tensor/ops.h"
+
+namespace tally::ops {
+
+// PyTorch's torch.matmul: 1-D x 1-D is a dot product (0-D result); 2-D x 2-D is mm; a
+// 1-D operand is promoted to a matrix ([K] -> [1, K] on the left, [K, 1] on the right)
+// and the added dimension is removed from the result; operands with more than 2
+// dimensions are batches of matrices whose batch dimensions broadcast.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// [M, K] x [K, N] -> [M, N]; both must be 2-D.
+Tensor mm(const Tensor& a, const Tensor& b);
+// [B, M, K] x [B, K, N] -> [B, M, N]; both must be 3-D with the same B (no broadcasting).
+Tensor bmm(const Tensor& a, const Tensor& b);
+// y = x W^T + b: x [..., in] (any number of leading dims, 1-D allowed), weight [out, in],
+// bias [out] or undefined -> [..., out].
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// Rows of weight [V, D] picked by integer `indices` (int64 or int32, any shape) ->
+// [..., D]. An index outside [0, V) throws std::out_of_range naming it and V.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// The weight gradient of embedding: zeros [num_weights, D] with each row of `grad`
+// ([..., D], indices' shape + [D]) added into row indices[...]. Rows equal to
+// `padding_idx` (>= 0) receive nothing; padding_idx = -1 means none.
+Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num_weights,
+                          int64_t padding_idx = -1);
+
+// How a BLAS reads the matrix held in t's last two dims (rows x cols): row-major directly
+// (trans = false, rows ld elements apart, unit column stride) or as the transpose of a
+// row-major matrix (trans = true, unit row stride, columns ld elements apart). nullopt
+// when neither holds (then the operand needs a contiguous copy). Strides of size-1 dims
+// are ignored.
+struct MatrixLayout {
+  bool trans = false;
+  int64_t ld = 1;
+};
+std::optional<MatrixLayout> blas_layout(const Tensor& t);
+
+}  // namespace tally::ops

@@ -1,0 +1,115 @@
+// Differentiable normalization ops: layer_norm, rms_norm, batch_norm. Forward, what is
+// saved and backward, one function each. What is saved is exactly what the wanted
+// gradients need: the input and the per-row / per-channel statistics (and the weight
+// for dx), never the normalized output.
+#include "tensor/norm/autograd.h"
+
+#include "autograd/autocast.h"
+#include "autograd/node.h"
+
+namespace tally {
+
+using autograd::BackwardContext;
+using autograd::record;
+namespace o = ops;
+
+namespace {
+
+Tensor defined_if(bool keep, const Tensor& t) {
+  return keep ? t : Tensor();
+}
+
+// A parameter's gradient in the parameter's dtype (undefined stays undefined).
+Tensor as_param_grad(const Tensor& g, DType dtype) {
+  return g.defined() ? o::to(g, dtype) : Tensor();
+}
+
+DType dtype_or(const Tensor& t, DType fallback) {
+  return t.defined() ? t.dtype() : fallback;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- layer_norm
+
+Tensor layer_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor& weight_,
+                  const Tensor& bias_, double eps) {
+  const auto [x, weight, bias] = autocast::fp32("layer_norm", x_, weight_, bias_);
+  auto [out, mean, rstd] = o::layer_norm(x, normalized_shape, weight, bias, eps);
+  const bool need_dx = x.requires_grad();
+  const bool need_dw = weight.defined() && weight.requires_grad();
+  // dbias = sum(dy) needs nothing saved; dx and dweight need x, mean, rstd; dx also weight.
+  const bool save_stats = need_dx || need_dw;
+  record(
+      "LayerNormBackward", {x, weight, bias}, {out},
+      {defined_if(save_stats, x), defined_if(save_stats, mean), defined_if(save_stats, rstd),
+       defined_if(need_dx, weight)},
+      [normalized_shape, xdt = x.dtype(), wdt = dtype_or(weight, x.dtype()),
+       bdt = dtype_or(bias, x.dtype())](BackwardContext& ctx, const TensorList& g) -> TensorList {
+        const bool mx = ctx.needs_input_grad(0), mw = ctx.needs_input_grad(1),
+                   mb = ctx.needs_input_grad(2);
+        if (!mx && !mw) return {Tensor(), Tensor(), o::to(o::sum_to(g[0], normalized_shape), bdt)};
+        auto [dx, dw, db] =
+            o::layer_norm_backward(g[0], ctx.saved(0), normalized_shape, ctx.saved(1), ctx.saved(2),
+                                   ctx.saved(3), {mx, mw, mb});
+        return {as_param_grad(dx, xdt), as_param_grad(dw, wdt), as_param_grad(db, bdt)};
+      });
+  return out;
+}
+
+// ---------------------------------------------------------------- rms_norm
+
+Tensor rms_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor& weight_,
+                std::optional<double> eps) {
+  const auto [x, weight] = autocast::fp32("rms_norm", x_, weight_);
+  auto [out, rstd] = o::rms_norm(x, normalized_shape, weight, eps);
+  const bool need_dx = x.requires_grad();
+  record("RmsNormBackward", {x, weight}, {out}, {x, rstd, defined_if(need_dx, weight)},
+         [normalized_shape, xdt = x.dtype(), wdt = dtype_or(weight, x.dtype())](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           auto [dx, dw] = o::rms_norm_backward(g[0], ctx.saved(0), normalized_shape, ctx.saved(1),
+                                                ctx.saved(2),
+                                                {ctx.needs_input_grad(0), ctx.needs_input_grad(1)});
+           return {as_param_grad(dx, xdt), as_param_grad(dw, wdt)};
+         });
+  return out;
+}
+
+// ---------------------------------------------------------------- batch_norm
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                  double eps) {
+  Tensor out, mean, invstd;
+  {
+    // The running-stat update inside is buffer bookkeeping, never part of the graph.
+    NoGradGuard no_grad;
+    std::tie(out, mean, invstd) =
+        o::batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps);
+  }
+  const bool need_dx = x.requires_grad();
+  const bool need_dw = weight.defined() && weight.requires_grad();
+  // x and mean: for dweight, and for dx in training (the batch statistics depend on x).
+  // Eval-mode dx = dy * weight * invstd needs only invstd and weight.
+  const bool save_x = need_dw || (need_dx && training);
+  record(
+      "BatchNormBackward", {x, weight, bias}, {out},
+      {defined_if(save_x, x), defined_if(save_x, mean), defined_if(need_dx || need_dw, invstd),
+       defined_if(need_dx, weight)},
+      [training, xdim = x.dim(), xdt = x.dtype(), wdt = dtype_or(weight, x.dtype()),
+       bdt = dtype_or(bias, x.dtype())](BackwardContext& ctx, const TensorList& g) -> TensorList {
+        const bool mx = ctx.needs_input_grad(0), mw = ctx.needs_input_grad(1),
+                   mb = ctx.needs_input_grad(2);
+        if (!mx && !mw) {
+          Shape dims{0};
+          for (int64_t d = 2; d < xdim; ++d) dims.push_back(d);
+          return {Tensor(), Tensor(), o::to(o::sum(g[0], dims), bdt)};
+        }
+        auto [dx, dw, db] = o::batch_norm_backward(g[0], ctx.saved(0), ctx.saved(1), ctx.saved(2),
+                                                   ctx.saved(3), training, {mx, mw, mb});
+        return {as_param_grad(dx, xdt), as_param_grad(dw, wdt), as_param_grad(db, bdt)};
+      });
+  return out;
+}
+
+}  // namespace tally

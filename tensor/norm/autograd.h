@@ -1,0 +1,33 @@
+// Differentiable normalization ops (namespace tally), PyTorch's names and argument orders:
+// layer_norm, rms_norm (torch.nn.functional.layer_norm / rms_norm) and batch_norm
+// (torch.nn.functional.batch_norm). Each saves the input and its small per-row or
+// per-channel statistics for backward, never the normalized output.
+#pragma once
+
+#include <optional>
+
+#include "autograd/ops.h"
+#include "tensor/norm/ops.h"
+
+namespace tally {
+
+// Normalizes over the trailing dims `normalized_shape` (x [*, normalized_shape...]) with
+// the biased variance: (x - mean) / sqrt(var + eps) * weight + bias. weight and bias
+// (shape normalized_shape) may be undefined.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+
+// x / sqrt(mean(x^2) + eps) * weight over the trailing dims; eps defaults to the machine
+// epsilon of x's dtype (PyTorch's eps=None).
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                std::optional<double> eps = std::nullopt);
+
+// Per-channel normalization of x [N, C] or [N, C, *]. training: batch statistics (biased
+// variance), and running_mean / running_var (when defined) are updated in place with
+// `momentum` (unbiased variance), outside the graph. eval: the running statistics. The
+// running buffers are not differentiable; weight and bias ([C]) may be undefined.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight = {}, const Tensor& bias = {}, bool training = false,
+                  double momentum = 0.1, double eps = 1e-5);
+
+}  // namespace tally

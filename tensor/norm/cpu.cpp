@@ -1,0 +1,251 @@
+// CPU normalization kernels: layer_norm / rms_norm over rows, batch_norm over channels.
+// Sums over a row or a channel run in double; elementwise arithmetic in acc_t (float for
+// the 16-bit types, double for float64), as the statistics are stored.
+#include <cmath>
+
+#include "tensor/norm/kernels.h"
+
+namespace tally::cpu {
+
+namespace {
+
+// Element pointer of a contiguous tensor (null when undefined).
+template <typename T>
+T* ptr(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.storage().data()) + t.storage_offset() : nullptr;
+}
+
+// Sizes of x [N, C, *] as (N, C, S), S the product of the spatial dims.
+struct NCS {
+  int64_t n, c, s;
+};
+NCS ncs(const Tensor& x) {
+  int64_t s = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) s *= x.sizes()[static_cast<size_t>(d)];
+  return {x.sizes()[0], x.sizes()[1], s};
+}
+
+void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                const Tensor& weight, const Tensor& bias, int64_t rows, int64_t cols, double eps) {
+  TALLY_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    const T* px = ptr<const T>(x);
+    T* po = ptr<T>(out);
+    A* pm = ptr<A>(mean);
+    A* pr = ptr<A>(rstd);
+    const A* pw = ptr<const A>(weight);
+    const A* pb = ptr<const A>(bias);
+    const bool center = pm != nullptr;
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* xr = px + i * cols;
+      T* orow = po + i * cols;
+      double mu = 0.0;
+      if (center) {
+        double s = 0.0;
+        for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(static_cast<A>(xr[j]));
+        mu = cols > 0 ? s / static_cast<double>(cols) : 0.0;
+      }
+      double ss = 0.0;
+      for (int64_t j = 0; j < cols; ++j) {
+        const double d = static_cast<double>(static_cast<A>(xr[j])) - mu;
+        ss += d * d;
+      }
+      const double var = cols > 0 ? ss / static_cast<double>(cols) : 0.0;
+      const A m = static_cast<A>(mu);
+      const A r = static_cast<A>(1.0 / std::sqrt(var + eps));
+      if (center) pm[i] = m;
+      pr[i] = r;
+      for (int64_t j = 0; j < cols; ++j) {
+        A y = (static_cast<A>(xr[j]) - m) * r;
+        if (pw) y = y * pw[j];
+        if (pb) y = y + pb[j];
+        orow[j] = T(y);
+      }
+    }
+  });
+}
+
+void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                         const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& weight, int64_t rows, int64_t cols) {
+  TALLY_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    const T* px = ptr<const T>(x);
+    const T* pdy = ptr<const T>(dy);
+    T* pdx = ptr<T>(dx);
+    A* pdw = ptr<A>(dweight);
+    A* pdb = ptr<A>(dbias);
+    const A* pm = ptr<const A>(mean);
+    const A* pr = ptr<const A>(rstd);
+    const A* pw = ptr<const A>(weight);
+    const bool center = pm != nullptr;
+    for (int64_t j = 0; j < cols; ++j) {
+      if (pdw) pdw[j] = A(0);
+      if (pdb) pdb[j] = A(0);
+    }
+    const double inv_n = cols > 0 ? 1.0 / static_cast<double>(cols) : 0.0;
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* xr = px + i * cols;
+      const T* gr = pdy + i * cols;
+      const A m = center ? pm[i] : A(0);
+      const A r = pr[i];
+      // With g = dy * weight and xhat = (x - mean) * rstd:
+      //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (rms_norm: no mean(g) term)
+      //   dweight += dy * xhat, dbias += dy
+      double sg = 0.0, sgx = 0.0;
+      for (int64_t j = 0; j < cols; ++j) {
+        const A xh = (static_cast<A>(xr[j]) - m) * r;
+        const A g = static_cast<A>(gr[j]);
+        if (pdw) pdw[j] += g * xh;
+        if (pdb) pdb[j] += g;
+        const A gw = pw ? g * pw[j] : g;
+        sg += static_cast<double>(gw);
+        sgx += static_cast<double>(gw) * static_cast<double>(xh);
+      }
+      if (!pdx) continue;
+      const A mg = center ? static_cast<A>(sg * inv_n) : A(0);
+      const A mgx = static_cast<A>(sgx * inv_n);
+      T* dr = pdx + i * cols;
+      for (int64_t j = 0; j < cols; ++j) {
+        const A xh = (static_cast<A>(xr[j]) - m) * r;
+        const A g = static_cast<A>(gr[j]);
+        const A gw = pw ? g * pw[j] : g;
+        dr[j] = T(r * (gw - mg - xh * mgx));
+      }
+    }
+  });
+}
+
+void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
+                      double eps) {
+  TALLY_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    const T* px = ptr<const T>(x);
+    A* pm = ptr<A>(mean);
+    A* pv = ptr<A>(var);
+    A* pi = ptr<A>(invstd);
+    const auto [n, c, s] = ncs(x);
+    const int64_t count = n * s;
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double sum = 0.0;
+      for (int64_t b = 0; b < n; ++b) {
+        const T* p = px + (b * c + ch) * s;
+        for (int64_t k = 0; k < s; ++k) sum += static_cast<double>(static_cast<A>(p[k]));
+      }
+      const double mu = count > 0 ? sum / static_cast<double>(count) : 0.0;
+      double ss = 0.0;
+      for (int64_t b = 0; b < n; ++b) {
+        const T* p = px + (b * c + ch) * s;
+        for (int64_t k = 0; k < s; ++k) {
+          const double d = static_cast<double>(static_cast<A>(p[k])) - mu;
+          ss += d * d;
+        }
+      }
+      const double v = count > 0 ? ss / static_cast<double>(count) : 0.0;
+      pm[ch] = static_cast<A>(mu);
+      pv[ch] = static_cast<A>(v);
+      pi[ch] = static_cast<A>(1.0 / std::sqrt(v + eps));
+    }
+  });
+}
+
+void batch_norm_elemt(const Tensor& out, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                      const Tensor& weight, const Tensor& bias) {
+  TALLY_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    const T* px = ptr<const T>(x);
+    T* po = ptr<T>(out);
+    const A* pm = ptr<const A>(mean);
+    const A* pi = ptr<const A>(invstd);
+    const A* pw = ptr<const A>(weight);
+    const A* pb = ptr<const A>(bias);
+    const auto [n, c, s] = ncs(x);
+    for (int64_t b = 0; b < n; ++b) {
+      for (int64_t ch = 0; ch < c; ++ch) {
+        // y = x * scale + shift, scale = invstd * weight, shift = bias - mean * scale
+        const A scale = pw ? pi[ch] * pw[ch] : pi[ch];
+        const A m = pm[ch];
+        const A shift = pb ? pb[ch] : A(0);
+        const int64_t base = (b * c + ch) * s;
+        for (int64_t k = 0; k < s; ++k)
+          po[base + k] = T((static_cast<A>(px[base + k]) - m) * scale + shift);
+      }
+    }
+  });
+}
+
+void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                         const Tensor& dy, const Tensor& x, const Tensor& mean,
+                         const Tensor& invstd, const Tensor& weight, bool training) {
+  TALLY_DISPATCH_FLOAT(dy.dtype(), "batch_norm_backward", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    const T* px = ptr<const T>(x);
+    const T* pdy = ptr<const T>(dy);
+    T* pdx = ptr<T>(dx);
+    A* pdw = ptr<A>(dweight);
+    A* pdb = ptr<A>(dbias);
+    const A* pm = ptr<const A>(mean);
+    const A* pi = ptr<const A>(invstd);
+    const A* pw = ptr<const A>(weight);
+    const auto [n, c, s] = ncs(dy);
+    const int64_t count = n * s;
+    const bool need_xhat = pdw || (pdx && training);
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const A r = pi[ch];
+      const A m = need_xhat ? pm[ch] : A(0);
+      // sum(dy) and sum(dy * xhat) over the channel's elements, xhat = (x - mean) * invstd
+      double sdy = 0.0, sdyx = 0.0;
+      if (pdb || need_xhat) {
+        for (int64_t b = 0; b < n; ++b) {
+          const int64_t base = (b * c + ch) * s;
+          for (int64_t k = 0; k < s; ++k) {
+            const A g = static_cast<A>(pdy[base + k]);
+            sdy += static_cast<double>(g);
+            if (need_xhat) {
+              const A xh = (static_cast<A>(px[base + k]) - m) * r;
+              sdyx += static_cast<double>(g) * static_cast<double>(xh);
+            }
+          }
+        }
+      }
+      if (pdw) pdw[ch] = static_cast<A>(sdyx);
+      if (pdb) pdb[ch] = static_cast<A>(sdy);
+      if (!pdx) continue;
+      // training: dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat))
+      // eval:     dx = w * invstd * dy
+      const A scale = pw ? r * pw[ch] : r;
+      const double inv_count = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
+      const A mdy = static_cast<A>(sdy * inv_count);
+      const A mdyx = static_cast<A>(sdyx * inv_count);
+      for (int64_t b = 0; b < n; ++b) {
+        const int64_t base = (b * c + ch) * s;
+        for (int64_t k = 0; k < s; ++k) {
+          const A g = static_cast<A>(pdy[base + k]);
+          if (training) {
+            const A xh = (static_cast<A>(px[base + k]) - m) * r;
+            pdx[base + k] = T(scale * (g - mdy - xh * mdyx));
+          } else {
+            pdx[base + k] = T(scale * g);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+const NormKernels norm_kernels{
+    .layer_norm = &layer_norm,
+    .layer_norm_backward = &layer_norm_backward,
+    .batch_norm_stats = &batch_norm_stats,
+    .batch_norm_elemt = &batch_norm_elemt,
+    .batch_norm_backward = &batch_norm_backward,
+};
+
+}  // namespace tally::cpu

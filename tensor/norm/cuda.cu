@@ -1,0 +1,874 @@
+// CUDA normalization kernels: layer_norm / rms_norm over rows, batch_norm over channels,
+// forward and backward. Twins of tensor/norm/cpu.cpp (same formulas, same order of the
+// elementwise arithmetic in the statistics dtype A: float for float32 and the 16-bit types,
+// double for float64).
+//
+// Rows (layer_norm, rms_norm): one block per row, 32..512 threads by row length, block-wide
+// reductions in A. The backward accumulates dweight/dbias per block in shared memory (or,
+// for very long rows, in the block's own slice of the scratch), writes one partial row per
+// block into an A-typed scratch from the caching allocator, and a second kernel sums the
+// partials per column: deterministic, no atomics, no host synchronisation.
+//
+// Channels (batch_norm): the N * spatial elements of a channel are split over a few blocks
+// (enough blocks in all to fill the device), each summing in double (the statistics shifted
+// by the channel's first element, so one pass gives an accurate variance); a finalize
+// kernel combines the partials per channel. The elementwise passes run one thread a pack of
+// 4 elements (one vector load; when the plane size allows, else one element) with a
+// grid-stride loop.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tensor/cuda/device_types.cuh"
+#include "tensor/cuda/runtime.h"
+#include "tensor/norm/kernels.h"
+#include "tensor/op_alloc.h"
+
+namespace tally::cuda {
+namespace {
+
+constexpr int kRowMaxThreads = 512;
+constexpr int kBnThreads = 256;
+constexpr int kEltThreads = 256;
+constexpr int64_t kMaxGrid = 1 << 20;                 // blocks of a grid-stride launch
+constexpr size_t kMaxSmemAcc = 32 * 1024;             // shared dweight/dbias accumulators
+constexpr int64_t kMaxPartElems = int64_t{16} << 20;  // layer_norm partials (elements)
+
+// Element pointer of a tensor (offset included), null when undefined.
+template <typename T>
+T* ptr(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+// The statistics dtype for inputs of `dtype` (ops::norm_stat_dtype).
+DType stat_dtype(DType dtype) {
+  return dtype == DType::float64 ? DType::float64 : DType::float32;
+}
+
+using Named = std::pair<const Tensor*, const char*>;
+
+// Defined tensors of `ts` must have `dtype` (the raw op guarantees it; this guards misuse).
+void expect_dtype(const char* op, DType dtype, std::initializer_list<Named> ts) {
+  for (const auto& [t, what] : ts)
+    if (t->defined() && t->dtype() != dtype)
+      throw std::invalid_argument(std::string(op) + " (CUDA): " + what + " has dtype " +
+                                  dtype_name(t->dtype()) + ", expected " + dtype_name(dtype));
+}
+
+// Defined tensors of `ts` must live on cuda:device.
+void expect_cuda(const char* op, int device, std::initializer_list<Named> ts) {
+  for (const auto& [t, what] : ts)
+    if (t->defined() && (!t->is_cuda() || t->device().index != device))
+      throw std::invalid_argument(std::string(op) + " (CUDA): " + what + " is on " +
+                                  t->device().str() + ", expected cuda:" + std::to_string(device));
+}
+
+// Threads of a row block: about 4 elements a thread, a multiple of 32 in [32, 512].
+int row_threads(int64_t cols) {
+  int64_t t = (cols + 3) / 4;
+  t = (t + 31) / 32 * 32;
+  return static_cast<int>(std::clamp<int64_t>(t, 32, kRowMaxThreads));
+}
+
+unsigned elt_blocks(int64_t n) {
+  const int64_t b = (n + kEltThreads - 1) / kEltThreads;
+  return static_cast<unsigned>(std::clamp<int64_t>(b, 1, 65535 * 8));
+}
+
+// Blocks of kEltThreads for one warp per item.
+unsigned warp_blocks(int64_t items) {
+  constexpr int64_t per_block = kEltThreads / 32;
+  return static_cast<unsigned>(
+      std::clamp<int64_t>((items + per_block - 1) / per_block, 1, 65535 * 8));
+}
+
+// ------------------------------------------------------------------ reductions
+
+template <typename C>
+__device__ __forceinline__ C warp_sum(C v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sums a and b over the block (blockDim.x a multiple of 32); every thread gets the totals.
+// red: >= 64 shared values. Every warp reduces the per-warp sums itself, in the same order,
+// so all threads see the same bits. Must be reached by every thread of the block.
+template <typename C>
+__device__ __forceinline__ void block_sum2(C& a, C& b, C* red) {
+  a = warp_sum(a);
+  b = warp_sum(b);
+  const int nw = static_cast<int>(blockDim.x >> 5);
+  if (nw == 1) return;
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  __syncthreads();  // earlier readers of red are done
+  if (lane == 0) {
+    red[warp] = a;
+    red[32 + warp] = b;
+  }
+  __syncthreads();
+  a = warp_sum(lane < nw ? red[lane] : C(0));
+  b = warp_sum(lane < nw ? red[32 + lane] : C(0));
+}
+
+template <typename C>
+__device__ __forceinline__ C block_sum(C a, C* red) {
+  C b = 0;
+  block_sum2(a, b, red);
+  return a;
+}
+
+// ------------------------------------------------------------------ layer_norm / rms_norm
+
+// out = (x - mean) * rstd * w + b per row; mean null: rms_norm (no centering).
+template <typename T, typename A>
+__global__ void __launch_bounds__(kRowMaxThreads)
+    layer_norm_fwd_kernel(T* __restrict__ out, A* __restrict__ mean, A* __restrict__ rstd,
+                          const T* __restrict__ x, const A* __restrict__ w, const A* __restrict__ b,
+                          int64_t rows, int64_t cols, A eps) {
+  __shared__ A red[64];
+  const bool center = mean != nullptr;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * cols;
+    T* orow = out + row * cols;
+    A mu = 0;
+    if (center) {
+      A s = 0;
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) s += static_cast<A>(load(xr[j]));
+      s = block_sum(s, red);
+      mu = cols > 0 ? s / static_cast<A>(cols) : A(0);
+    }
+    A ss = 0;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const A d = static_cast<A>(load(xr[j])) - mu;
+      ss += d * d;
+    }
+    ss = block_sum(ss, red);
+    const A var = cols > 0 ? ss / static_cast<A>(cols) : A(0);
+    const A r = A(1) / sqrt(var + eps);
+    if (threadIdx.x == 0) {
+      if (center) mean[row] = mu;
+      rstd[row] = r;
+    }
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      A y = (static_cast<A>(load(xr[j])) - mu) * r;
+      if (w) y = y * w[j];
+      if (b) y = y + b[j];
+      orow[j] = store<T>(y);
+    }
+  }
+}
+
+// One block visits rows blockIdx.x, blockIdx.x + gridDim.x, ...:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms_norm: no mean(g));
+// and, when part is non-null, accumulates dweight = sum dy * xhat and dbias = sum dy over its
+// rows into part[blockIdx.x] ([2][cols]: dweight then dbias). Column j is owned by thread
+// j % blockDim.x throughout, so the accumulators need no synchronisation. smem: accumulate
+// in dynamic shared memory (2 * cols values) and write the partial row once at the end;
+// otherwise accumulate in the partial row itself.
+template <typename T, typename A>
+__global__ void __launch_bounds__(kRowMaxThreads)
+    layer_norm_bwd_kernel(T* __restrict__ dx, A* __restrict__ part, bool smem,
+                          const T* __restrict__ dy, const T* __restrict__ x,
+                          const A* __restrict__ mean, const A* __restrict__ rstd,
+                          const A* __restrict__ w, int64_t rows, int64_t cols) {
+  __shared__ A red[64];
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  const bool center = mean != nullptr;
+  A* prow = part ? part + static_cast<int64_t>(blockIdx.x) * 2 * cols : nullptr;
+  A* acc = part ? (smem ? reinterpret_cast<A*>(dyn_smem) : prow) : nullptr;
+  if (acc) {
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      acc[j] = A(0);
+      acc[cols + j] = A(0);
+    }
+  }
+  const A inv_n = cols > 0 ? A(1) / static_cast<A>(cols) : A(0);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * cols;
+    const T* gr = dy + row * cols;
+    const A m = center ? mean[row] : A(0);
+    const A r = rstd[row];
+    A sg = 0, sgx = 0;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const A xh = (static_cast<A>(load(xr[j])) - m) * r;
+      const A g = static_cast<A>(load(gr[j]));
+      if (acc) {
+        acc[j] += g * xh;
+        acc[cols + j] += g;
+      }
+      const A gw = w ? g * w[j] : g;
+      sg += gw;
+      sgx += gw * xh;
+    }
+    if (!dx) continue;  // uniform over the block
+    block_sum2(sg, sgx, red);
+    const A mg = center ? sg * inv_n : A(0);
+    const A mgx = sgx * inv_n;
+    T* dr = dx + row * cols;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const A xh = (static_cast<A>(load(xr[j])) - m) * r;
+      const A g = static_cast<A>(load(gr[j]));
+      const A gw = w ? g * w[j] : g;
+      dr[j] = store<T>(r * (gw - mg - xh * mgx));
+    }
+  }
+  if (acc && smem) {
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      prow[j] = acc[j];
+      prow[cols + j] = acc[cols + j];
+    }
+  }
+}
+
+// dweight[j] = sum over the partial rows of part[p][0][j], dbias[j] of part[p][1][j].
+// Block (kTileCols, kTileParts): thread (tx, ty) sums column tx of its tile over the
+// partial rows ty, ty + kTileParts, ... (coalesced across tx), then the kTileParts sums of
+// a column are added in shared memory in a fixed order.
+constexpr int kTileCols = 32, kTileParts = 16;
+
+template <typename A>
+__global__ void __launch_bounds__(kTileCols* kTileParts)
+    layer_norm_bwd_params_kernel(A* __restrict__ dw, A* __restrict__ db, const A* __restrict__ part,
+                                 int64_t nparts, int64_t cols) {
+  __shared__ A sw_s[kTileParts][kTileCols];
+  __shared__ A sb_s[kTileParts][kTileCols];
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  for (int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTileCols; j0 < cols;
+       j0 += static_cast<int64_t>(gridDim.x) * kTileCols) {
+    const int64_t j = j0 + tx;
+    A sw = 0, sb = 0;
+    if (j < cols) {
+      for (int64_t p = ty; p < nparts; p += kTileParts) {
+        sw += part[p * 2 * cols + j];
+        sb += part[p * 2 * cols + cols + j];
+      }
+    }
+    sw_s[ty][tx] = sw;
+    sb_s[ty][tx] = sb;
+    __syncthreads();
+    if (ty == 0 && j < cols) {
+      A tw = 0, tb = 0;
+      for (int k = 0; k < kTileParts; ++k) {
+        tw += sw_s[k][tx];
+        tb += sb_s[k][tx];
+      }
+      if (dw) dw[j] = tw;
+      if (db) db[j] = tb;
+    }
+    __syncthreads();  // the tile's sums are read before the next tile overwrites them
+  }
+}
+
+// ------------------------------------------------------------------ batch_norm
+
+// Sizes of x [N, C, *] as (N, C, S), S the product of the spatial dims.
+struct NCS {
+  int64_t n, c, s;
+};
+NCS ncs(const Tensor& x) {
+  int64_t s = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) s *= x.sizes()[static_cast<size_t>(d)];
+  return {x.sizes()[0], x.sizes()[1], s};
+}
+
+// Blocks a channel's N * S elements are split over: enough blocks in all to fill the device
+// (8 per SM), at least 8 elements a thread, at most 65535.
+int bn_splits(int64_t c, int64_t count, int device) {
+  const int64_t target = static_cast<int64_t>(sm_count(device)) * 8;
+  int64_t splits = (target + c - 1) / c;
+  splits = std::min(splits, std::max<int64_t>(1, count / (kBnThreads * 8)));
+  return static_cast<int>(std::clamp<int64_t>(splits, 1, 65535));
+}
+
+// True when every element offset of an (n, c, s) tensor, plus a grid stride, fits in 32 bits.
+bool fits_u32(int64_t total) {
+  return total < (int64_t{1} << 31);
+}
+
+// V consecutive elements loaded/stored at once (one 16-byte access for 4 floats, 8 bytes for
+// 4 halves). The batch_norm kernels take V = 4 when the plane size S is a multiple of 4 and
+// every tensor they stream is aligned to 4 elements (so a pack never straddles two
+// channels), else V = 1. Their index variables count packs.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <int V, typename T>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p, int64_t i) {
+  return reinterpret_cast<const Pack<T, V>*>(p)[i];
+}
+template <int V, typename T>
+__device__ __forceinline__ void store_pack(T* p, int64_t i, const Pack<T, V>& v) {
+  reinterpret_cast<Pack<T, V>*>(p)[i] = v;
+}
+
+// The pack width for tensors of plane size s: 4 when s % 4 == 0 and all are 4-aligned.
+int bn_width(int64_t s, size_t elem, std::initializer_list<const void*> ptrs) {
+  if (s % 4 != 0) return 1;
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % (elem * 4) != 0) return 1;
+  return 4;
+}
+
+// Block (ch, split): sum of (x - K) and (x - K)^2 over its share of channel ch's elements,
+// K = x[0, ch, 0], into part[ch][split][2] (double).
+template <typename T, typename I, int V>
+__global__ void __launch_bounds__(kBnThreads)
+    bn_stats_partial_kernel(double* __restrict__ part, const T* __restrict__ x, I n, I c, I s) {
+  __shared__ double red[64];
+  const I ch = blockIdx.x;
+  const I split = blockIdx.y, splits = gridDim.y;
+  const I sv = s / V, count = n * sv;  // in packs
+  const double k0 = n * s > 0 ? static_cast<double>(load(x[ch * s])) : 0.0;
+  double s1 = 0, s2 = 0;
+  for (I e = split * blockDim.x + threadIdx.x; e < count; e += splits * blockDim.x) {
+    const I b = e / sv, k = e - b * sv;
+    const Pack<T, V> pk = load_pack<V>(x, (b * c + ch) * sv + k);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const double d = static_cast<double>(load(pk.v[j])) - k0;
+      s1 += d;
+      s2 += d * d;
+    }
+  }
+  block_sum2(s1, s2, red);
+  if (threadIdx.x == 0) {
+    double* p = part + (static_cast<int64_t>(ch) * splits + split) * 2;
+    p[0] = s1;
+    p[1] = s2;
+  }
+}
+
+// Per channel: mean, biased var and invstd from the partial sums. One warp a channel: the
+// lanes sum the splits (strided), then a butterfly sum.
+template <typename T, typename A>
+__global__ void bn_stats_finalize_kernel(A* __restrict__ mean, A* __restrict__ var,
+                                         A* __restrict__ invstd, const double* __restrict__ part,
+                                         const T* __restrict__ x, int64_t n, int64_t c, int64_t s,
+                                         int splits, double eps) {
+  const int64_t count = n * s;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t ch = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; ch < c;
+       ch += warps) {
+    double s1 = 0, s2 = 0;
+    for (int p = lane; p < splits; p += 32) {
+      s1 += part[(ch * splits + p) * 2];
+      s2 += part[(ch * splits + p) * 2 + 1];
+    }
+    s1 = warp_sum(s1);
+    s2 = warp_sum(s2);
+    if (lane != 0) continue;
+    double mu = 0, v = 0;
+    if (count > 0) {
+      const double k0 = static_cast<double>(load(x[ch * s]));
+      const double dm = s1 / static_cast<double>(count);
+      mu = k0 + dm;
+      v = s2 / static_cast<double>(count) - dm * dm;
+      if (v < 0) v = 0;
+    }
+    mean[ch] = static_cast<A>(mu);
+    var[ch] = static_cast<A>(v);
+    invstd[ch] = static_cast<A>(1.0 / sqrt(v + eps));
+  }
+}
+
+// out = (x - mean[c]) * scale + shift, scale = invstd[c] * w[c], shift = b[c]. total and s
+// in packs of V.
+template <typename T, typename A, typename I, int V>
+__global__ void bn_elemt_kernel(T* __restrict__ out, const T* __restrict__ x,
+                                const A* __restrict__ mean, const A* __restrict__ invstd,
+                                const A* __restrict__ w, const A* __restrict__ b, I total, I c,
+                                I s) {
+  for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const I ch = (i / s) % c;
+    const A scale = w ? invstd[ch] * w[ch] : invstd[ch];
+    const A shift = b ? b[ch] : A(0);
+    const A m = mean[ch];
+    const Pack<T, V> in = load_pack<V>(x, i);
+    Pack<T, V> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      o.v[j] = store<T>((static_cast<A>(load(in.v[j])) - m) * scale + shift);
+    store_pack<V>(out, i, o);
+  }
+}
+
+// Block (ch, split): sum of dy and (when need_xhat) of dy * xhat over its share of channel
+// ch's elements, xhat = (x - mean) * invstd, into part[ch][split][2] (double).
+template <typename T, typename A, typename I, int V>
+__global__ void __launch_bounds__(kBnThreads)
+    bn_bwd_partial_kernel(double* __restrict__ part, const T* __restrict__ dy,
+                          const T* __restrict__ x, const A* __restrict__ mean,
+                          const A* __restrict__ invstd, bool need_xhat, I n, I c, I s) {
+  __shared__ double red[64];
+  const I ch = blockIdx.x;
+  const I split = blockIdx.y, splits = gridDim.y;
+  const I sv = s / V, count = n * sv;  // in packs
+  const A r = invstd[ch];
+  const A m = need_xhat ? mean[ch] : A(0);
+  double s1 = 0, s2 = 0;
+  for (I e = split * blockDim.x + threadIdx.x; e < count; e += splits * blockDim.x) {
+    const I b = e / sv, k = e - b * sv;
+    const I off = (b * c + ch) * sv + k;
+    const Pack<T, V> g = load_pack<V>(dy, off);
+    if (need_xhat) {
+      const Pack<T, V> xv = load_pack<V>(x, off);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A gj = static_cast<A>(load(g.v[j]));
+        const A xh = (static_cast<A>(load(xv.v[j])) - m) * r;
+        s1 += static_cast<double>(gj);
+        s2 += static_cast<double>(gj) * static_cast<double>(xh);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) s1 += static_cast<double>(static_cast<A>(load(g.v[j])));
+    }
+  }
+  block_sum2(s1, s2, red);
+  if (threadIdx.x == 0) {
+    double* p = part + (static_cast<int64_t>(ch) * splits + split) * 2;
+    p[0] = s1;
+    p[1] = s2;
+  }
+}
+
+// Per channel: dweight = sum dy * xhat, dbias = sum dy, and (coef non-null) the means
+// coef[c] = {mean(dy), mean(dy * xhat)} the training dx needs. One warp a channel.
+template <typename A>
+__global__ void bn_bwd_finalize_kernel(A* __restrict__ dw, A* __restrict__ db, A* __restrict__ coef,
+                                       const double* __restrict__ part, int64_t c, int splits,
+                                       int64_t count) {
+  const double inv_count = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t ch = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; ch < c;
+       ch += warps) {
+    double sdy = 0, sdyx = 0;
+    for (int p = lane; p < splits; p += 32) {
+      sdy += part[(ch * splits + p) * 2];
+      sdyx += part[(ch * splits + p) * 2 + 1];
+    }
+    sdy = warp_sum(sdy);
+    sdyx = warp_sum(sdyx);
+    if (lane != 0) continue;
+    if (dw) dw[ch] = static_cast<A>(sdyx);
+    if (db) db[ch] = static_cast<A>(sdy);
+    if (coef) {
+      coef[2 * ch] = static_cast<A>(sdy * inv_count);
+      coef[2 * ch + 1] = static_cast<A>(sdyx * inv_count);
+    }
+  }
+}
+
+// training (coef non-null): dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat));
+// eval: dx = w * invstd * dy. total and s in packs of V.
+template <typename T, typename A, typename I, int V>
+__global__ void bn_bwd_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy,
+                                 const T* __restrict__ x, const A* __restrict__ mean,
+                                 const A* __restrict__ invstd, const A* __restrict__ w,
+                                 const A* __restrict__ coef, I total, I c, I s) {
+  for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const I ch = (i / s) % c;
+    const A r = invstd[ch];
+    const A scale = w ? r * w[ch] : r;
+    const Pack<T, V> g = load_pack<V>(dy, i);
+    Pack<T, V> o;
+    if (coef) {
+      const A m = mean[ch], c0 = coef[2 * ch], c1 = coef[2 * ch + 1];
+      const Pack<T, V> xv = load_pack<V>(x, i);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A xh = (static_cast<A>(load(xv.v[j])) - m) * r;
+        o.v[j] = store<T>(scale * (static_cast<A>(load(g.v[j])) - c0 - xh * c1));
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = store<T>(scale * static_cast<A>(load(g.v[j])));
+    }
+    store_pack<V>(dx, i, o);
+  }
+}
+
+// layer_norm / rms_norm forward for rows of at most 32 * V * K elements (V = 16 bytes of T,
+// cols % V == 0, 16-byte aligned rows): one warp a row, the row read once into registers
+// (K 16-byte packs a lane), mean and variance by warp shuffles (two passes over the
+// registers, as the block kernel's over memory), no shared memory or block barriers.
+template <typename T, typename A, int K>
+__global__ void __launch_bounds__(256)
+    layer_norm_fwd_warp_kernel(T* __restrict__ out, A* __restrict__ mean, A* __restrict__ rstd,
+                               const T* __restrict__ x, const A* __restrict__ w,
+                               const A* __restrict__ b, int64_t rows, int cols, A eps) {
+  constexpr int V = 16 / sizeof(T);
+  using P = Pack<T, V>;
+  const bool center = mean != nullptr;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+       row < rows; row += warps) {
+    const T* xr = x + row * cols;
+    A v[K][V];
+    A s = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = (k * 32 + lane) * V;
+      if (c < cols) {
+        const P pk = load_pack<V>(xr, c / V);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          v[k][e] = static_cast<A>(load(pk.v[e]));
+          s += v[k][e];
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) v[k][e] = A(0);
+      }
+    }
+    const A inv_n = A(1) / static_cast<A>(cols);
+    const A mu = center ? warp_sum(s) * inv_n : A(0);
+    A ss = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if ((k * 32 + lane) * V >= cols) continue;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A d = v[k][e] - mu;
+        ss += d * d;
+      }
+    }
+    const A r = A(1) / sqrt(warp_sum(ss) * inv_n + eps);
+    if (lane == 0) {
+      if (center) mean[row] = mu;
+      rstd[row] = r;
+    }
+    T* orow = out + row * cols;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = (k * 32 + lane) * V;
+      if (c >= cols) continue;
+      P o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        A y = (v[k][e] - mu) * r;
+        if (w) y = y * w[c + e];
+        if (b) y = y + b[c + e];
+        o.v[e] = store<T>(y);
+      }
+      store_pack<V>(orow, c / V, o);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ launchers
+
+void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                const Tensor& weight, const Tensor& bias, int64_t rows, int64_t cols, double eps) {
+  const char* name = mean.defined() ? "layer_norm" : "rms_norm";
+  if (rows <= 0) return;
+  NvtxRange range(name);
+  const int dev = x.device().index;
+  expect_cuda(name, dev,
+              {{&out, "out"},
+               {&mean, "mean"},
+               {&rstd, "rstd"},
+               {&x, "input"},
+               {&weight, "weight"},
+               {&bias, "bias"}});
+  expect_dtype(name, x.dtype(), {{&out, "out"}});
+  expect_dtype(name, stat_dtype(x.dtype()),
+               {{&mean, "mean"}, {&rstd, "rstd"}, {&weight, "weight"}, {&bias, "bias"}});
+  DeviceGuard guard(dev);
+  const int threads = row_threads(cols);
+  const auto grid = static_cast<unsigned>(std::min(rows, kMaxGrid));
+  TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
+    using T = dev_t<scalar_t>;
+    using A = acc_t<scalar_t>;
+    // Rows that fit a warp's registers (GPT's 768): the one-read warp kernel.
+    constexpr int V = static_cast<int>(16 / sizeof(T));
+    const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
+    if (aligned && cols > 0 && cols % V == 0 && cols <= 32 * V * 8) {
+      const int64_t packs_per_lane = (cols / V + 31) / 32;
+      const auto wgrid = static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, kMaxGrid));
+      auto go = [&]<int K>() {
+        layer_norm_fwd_warp_kernel<T, A, K><<<wgrid, 256, 0, stream(dev)>>>(
+            ptr<T>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
+            ptr<const A>(bias), rows, static_cast<int>(cols), static_cast<A>(eps));
+      };
+      if (packs_per_lane <= 1)
+        go.template operator()<1>();
+      else if (packs_per_lane <= 2)
+        go.template operator()<2>();
+      else if (packs_per_lane <= 4)
+        go.template operator()<4>();
+      else
+        go.template operator()<8>();
+      check_launch(name);
+      return;
+    }
+    layer_norm_fwd_kernel<T, A><<<grid, threads, 0, stream(dev)>>>(
+        ptr<T>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
+        ptr<const A>(bias), rows, cols, static_cast<A>(eps));
+    check_launch(name);
+  });
+}
+
+void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                         const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& weight, int64_t rows, int64_t cols) {
+  const char* name = mean.defined() ? "layer_norm_backward" : "rms_norm_backward";
+  const bool params = dweight.defined() || dbias.defined();
+  if (!dx.defined() && !params) return;
+  NvtxRange range(name);
+  const int dev = x.device().index;
+  const DType stat = stat_dtype(x.dtype());
+  expect_cuda(name, dev,
+              {{&dx, "dx"},
+               {&dweight, "dweight"},
+               {&dbias, "dbias"},
+               {&dy, "grad_output"},
+               {&x, "input"},
+               {&mean, "mean"},
+               {&rstd, "rstd"},
+               {&weight, "weight"}});
+  expect_dtype(name, x.dtype(), {{&dx, "dx"}, {&dy, "grad_output"}});
+  expect_dtype(name, stat,
+               {{&dweight, "dweight"},
+                {&dbias, "dbias"},
+                {&mean, "mean"},
+                {&rstd, "rstd"},
+                {&weight, "weight"}});
+  DeviceGuard guard(dev);
+  const cudaStream_t st = stream(dev);
+  const int threads = row_threads(cols);
+  TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
+    using T = dev_t<scalar_t>;
+    using A = acc_t<scalar_t>;
+    // dweight/dbias partials: one [2][cols] row per block of the row kernel.
+    const bool want_params = params && cols > 0;
+    int64_t nparts = 0;
+    Tensor part;
+    bool smem = false;
+    size_t smem_bytes = 0;
+    if (want_params && rows > 0) {
+      const int64_t per_sm = std::clamp<int64_t>(2048 / threads, 1, 8);
+      const int64_t cap = std::max<int64_t>(1, kMaxPartElems / (2 * cols));
+      nparts = std::min({rows, static_cast<int64_t>(sm_count(dev)) * per_sm, cap});
+      part = alloc_scratch(nparts * 2 * cols, stat, x.device());
+      smem_bytes = static_cast<size_t>(2 * cols) * sizeof(A);
+      smem = smem_bytes <= kMaxSmemAcc;
+      if (!smem) smem_bytes = 0;
+    }
+    if (rows > 0 && cols > 0) {
+      const auto grid = static_cast<unsigned>(want_params ? nparts : std::min(rows, kMaxGrid));
+      layer_norm_bwd_kernel<T, A><<<grid, threads, smem_bytes, st>>>(
+          ptr<T>(dx), ptr<A>(part), smem, ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
+          ptr<const A>(rstd), ptr<const A>(weight), rows, cols);
+      check_launch(name);
+    }
+    if (want_params) {
+      const auto tiles =
+          static_cast<unsigned>(std::min<int64_t>((cols + kTileCols - 1) / kTileCols, 65535 * 8));
+      layer_norm_bwd_params_kernel<A><<<tiles, dim3(kTileCols, kTileParts), 0, st>>>(
+          ptr<A>(dweight), ptr<A>(dbias), ptr<const A>(part), nparts, cols);
+      check_launch(name);
+    }
+  });
+}
+
+void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
+                      double eps) {
+  constexpr const char* name = "batch_norm_stats";
+  const NCS d = ncs(x);
+  const int64_t n = d.n, c = d.c, s = d.s;
+  if (c == 0) return;
+  NvtxRange range(name);
+  const int dev = x.device().index;
+  expect_cuda(name, dev, {{&mean, "mean"}, {&var, "var"}, {&invstd, "invstd"}, {&x, "input"}});
+  expect_dtype(name, stat_dtype(x.dtype()), {{&mean, "mean"}, {&var, "var"}, {&invstd, "invstd"}});
+  DeviceGuard guard(dev);
+  const cudaStream_t st = stream(dev);
+  const int64_t count = n * s;
+  const int splits = bn_splits(c, count, dev);
+  const Tensor part = alloc_scratch(c * splits * 2, DType::float64, x.device());
+  const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(splits));
+  TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
+    using T = dev_t<scalar_t>;
+    using A = acc_t<scalar_t>;
+    const bool small = fits_u32(n * c * s);
+    auto go = [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      if (small)
+        bn_stats_partial_kernel<T, uint32_t, V><<<grid, kBnThreads, 0, st>>>(
+            ptr<double>(part), ptr<const T>(x), static_cast<uint32_t>(n), static_cast<uint32_t>(c),
+            static_cast<uint32_t>(s));
+      else
+        bn_stats_partial_kernel<T, int64_t, V>
+            <<<grid, kBnThreads, 0, st>>>(ptr<double>(part), ptr<const T>(x), n, c, s);
+    };
+    if (bn_width(s, sizeof(T), {x.data_ptr()}) == 4)
+      go(std::integral_constant<int, 4>{});
+    else
+      go(std::integral_constant<int, 1>{});
+    check_launch(name);
+    bn_stats_finalize_kernel<T, A><<<warp_blocks(c), kEltThreads, 0, st>>>(
+        ptr<A>(mean), ptr<A>(var), ptr<A>(invstd), ptr<const double>(part), ptr<const T>(x), n, c,
+        s, splits, eps);
+    check_launch(name);
+  });
+}
+
+void batch_norm_elemt(const Tensor& out, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                      const Tensor& weight, const Tensor& bias) {
+  constexpr const char* name = "batch_norm_elemt";
+  const NCS d = ncs(x);
+  const int64_t c = d.c, s = d.s, total = d.n * d.c * d.s;
+  if (total == 0) return;
+  NvtxRange range(name);
+  const int dev = x.device().index;
+  expect_cuda(name, dev,
+              {{&out, "out"},
+               {&x, "input"},
+               {&mean, "mean"},
+               {&invstd, "invstd"},
+               {&weight, "weight"},
+               {&bias, "bias"}});
+  expect_dtype(name, x.dtype(), {{&out, "out"}});
+  expect_dtype(name, stat_dtype(x.dtype()),
+               {{&mean, "mean"}, {&invstd, "invstd"}, {&weight, "weight"}, {&bias, "bias"}});
+  DeviceGuard guard(dev);
+  const cudaStream_t st = stream(dev);
+  TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
+    using T = dev_t<scalar_t>;
+    using A = acc_t<scalar_t>;
+    auto go = [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      const int64_t tv = total / V, sv = s / V;  // in packs
+      if (fits_u32(total))
+        bn_elemt_kernel<T, A, uint32_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+            ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
+            ptr<const A>(weight), ptr<const A>(bias), static_cast<uint32_t>(tv),
+            static_cast<uint32_t>(c), static_cast<uint32_t>(sv));
+      else
+        bn_elemt_kernel<T, A, int64_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+            ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
+            ptr<const A>(weight), ptr<const A>(bias), tv, c, sv);
+    };
+    if (bn_width(s, sizeof(T), {out.data_ptr(), x.data_ptr()}) == 4)
+      go(std::integral_constant<int, 4>{});
+    else
+      go(std::integral_constant<int, 1>{});
+    check_launch(name);
+  });
+}
+
+void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                         const Tensor& dy, const Tensor& x, const Tensor& mean,
+                         const Tensor& invstd, const Tensor& weight, bool training) {
+  constexpr const char* name = "batch_norm_backward";
+  const NCS d = ncs(dy);
+  const int64_t n = d.n, c = d.c, s = d.s;
+  if (c == 0 || (!dx.defined() && !dweight.defined() && !dbias.defined())) return;
+  NvtxRange range(name);
+  const int dev = dy.device().index;
+  const DType stat = stat_dtype(dy.dtype());
+  expect_cuda(name, dev,
+              {{&dx, "dx"},
+               {&dweight, "dweight"},
+               {&dbias, "dbias"},
+               {&dy, "grad_output"},
+               {&x, "input"},
+               {&mean, "mean"},
+               {&invstd, "invstd"},
+               {&weight, "weight"}});
+  expect_dtype(name, dy.dtype(), {{&dx, "dx"}, {&x, "input"}});
+  expect_dtype(name, stat,
+               {{&dweight, "dweight"},
+                {&dbias, "dbias"},
+                {&mean, "mean"},
+                {&invstd, "invstd"},
+                {&weight, "weight"}});
+  const int64_t count = n * s, total = n * c * s;
+  const bool need_xhat = dweight.defined() || (dx.defined() && training);
+  const bool need_sums = dbias.defined() || need_xhat;
+  if (need_xhat && (!x.defined() || !mean.defined()))
+    throw std::invalid_argument(std::string(name) +
+                                " (CUDA): the input and mean are needed for these gradients but "
+                                "are undefined");
+  DeviceGuard guard(dev);
+  const cudaStream_t st = stream(dev);
+  const bool small = fits_u32(total);
+  TALLY_DISPATCH_FLOAT(dy.dtype(), name, [&] {
+    using T = dev_t<scalar_t>;
+    using A = acc_t<scalar_t>;
+    Tensor coef;  // [c][2] in A: mean(dy), mean(dy * xhat) (training dx only)
+    if (need_sums) {
+      const int splits = bn_splits(c, count, dev);
+      const Tensor part = alloc_scratch(c * splits * 2, DType::float64, dy.device());
+      if (dx.defined() && training) coef = alloc_scratch(c * 2, stat, dy.device());
+      const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(splits));
+      auto go = [&](auto width) {
+        constexpr int V = decltype(width)::value;
+        if (small)
+          bn_bwd_partial_kernel<T, A, uint32_t, V><<<grid, kBnThreads, 0, st>>>(
+              ptr<double>(part), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
+              ptr<const A>(invstd), need_xhat, static_cast<uint32_t>(n), static_cast<uint32_t>(c),
+              static_cast<uint32_t>(s));
+        else
+          bn_bwd_partial_kernel<T, A, int64_t, V><<<grid, kBnThreads, 0, st>>>(
+              ptr<double>(part), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
+              ptr<const A>(invstd), need_xhat, n, c, s);
+      };
+      if (bn_width(s, sizeof(T), {dy.data_ptr(), need_xhat ? x.data_ptr() : nullptr}) == 4)
+        go(std::integral_constant<int, 4>{});
+      else
+        go(std::integral_constant<int, 1>{});
+      check_launch(name);
+      bn_bwd_finalize_kernel<A><<<warp_blocks(c), kEltThreads, 0, st>>>(
+          ptr<A>(dweight), ptr<A>(dbias), ptr<A>(coef), ptr<const double>(part), c, splits, count);
+      check_launch(name);
+    }
+    if (dx.defined() && total > 0) {
+      auto go = [&](auto width) {
+        constexpr int V = decltype(width)::value;
+        const int64_t tv = total / V, sv = s / V;  // in packs
+        if (small)
+          bn_bwd_dx_kernel<T, A, uint32_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+              ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
+              ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef),
+              static_cast<uint32_t>(tv), static_cast<uint32_t>(c), static_cast<uint32_t>(sv));
+        else
+          bn_bwd_dx_kernel<T, A, int64_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+              ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
+              ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef), tv, c, sv);
+      };
+      if (bn_width(s, sizeof(T),
+                   {dx.data_ptr(), dy.data_ptr(), coef.defined() ? x.data_ptr() : nullptr}) == 4)
+        go(std::integral_constant<int, 4>{});
+      else
+        go(std::integral_constant<int, 1>{});
+      check_launch(name);
+    }
+  });
+}
+
+}  // namespace
+
+const NormKernels norm_kernels{
+    .layer_norm = &layer_norm,
+    .layer_norm_backward = &layer_norm_backward,
+    .batch_norm_stats = &batch_norm_stats,
+    .batch_norm_elemt = &batch_norm_elemt,
+    .batch_norm_backward = &batch_norm_backward,
+};
+
+}  // namespace tally::cuda

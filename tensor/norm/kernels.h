@@ -1,0 +1,55 @@
+// The kernel table of the normalization family (layer_norm, rms_norm, batch_norm): each
+// kernel's signature, once. The CPU reference (tensor/norm/cpu.cpp) and the CUDA kernels
+// (tensor/norm/cuda.cu) each define one NormKernels; tensor/backends.cpp registers them.
+//
+// Called only by the raw ops (tensor/norm/ops.cpp), which check the arguments, make the
+// operands contiguous and convert weight/bias to the statistics dtype first. Conventions:
+// x, out, dy, dx are contiguous in x's dtype; statistics (mean, rstd, var, invstd), weight,
+// bias, dweight and dbias are contiguous in the statistics dtype (ops::norm_stat_dtype:
+// float for the 16-bit types, else x's dtype). A tensor argument may be undefined where
+// noted. No kernel synchronises with the host; scratch comes from alloc_scratch.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/dispatch.h"
+#include "tensor/tensor.h"
+
+namespace tally {
+
+struct NormKernels {
+  // Normalizes each row of x viewed as [rows, cols]: writes out, rstd [rows] and, when mean
+  // is defined, mean [rows] (layer_norm). An undefined mean means rms_norm: no centering.
+  // weight, bias: [cols] or undefined.
+  void (*layer_norm)(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                     const Tensor& weight, const Tensor& bias, int64_t rows, int64_t cols,
+                     double eps);
+
+  // One pass over the rows computing whichever of dx, dweight, dbias is defined (dweight and
+  // dbias [cols] are overwritten, not accumulated into). mean undefined: rms_norm.
+  void (*layer_norm_backward)(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                              const Tensor& dy, const Tensor& x, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& weight, int64_t rows, int64_t cols);
+
+  // Per channel c of x [N, C, *]: mean, biased var and invstd = 1 / sqrt(var + eps), [C]
+  // each. An empty batch gives mean 0 and var 0.
+  void (*batch_norm_stats)(const Tensor& mean, const Tensor& var, const Tensor& invstd,
+                           const Tensor& x, double eps);
+
+  // out = (x - mean[c]) * invstd[c] * weight[c] + bias[c] (weight, bias may be undefined).
+  void (*batch_norm_elemt)(const Tensor& out, const Tensor& x, const Tensor& mean,
+                           const Tensor& invstd, const Tensor& weight, const Tensor& bias);
+
+  // Gradients of batch_norm: whichever of dx, dweight, dbias ([C]) is defined. training:
+  // mean and invstd were batch statistics (their dependence on x enters dx). dy gives the
+  // shape; x and mean may be undefined when neither training nor dweight needs them.
+  void (*batch_norm_backward)(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                              const Tensor& dy, const Tensor& x, const Tensor& mean,
+                              const Tensor& invstd, const Tensor& weight, bool training);
+};
+
+// cpu::norm_kernels (tensor/norm/cpu.cpp), cuda::norm_kernels (tensor/norm/cuda.cu), norm_backends
+// (tensor/backends.cpp).
+TALLY_DECLARE_KERNELS(NormKernels, norm_kernels, norm_backends);
+
+}  // namespace tally

@@ -1,0 +1,314 @@
+// Raw normalization ops: argument checks, output allocation and the dispatch into the
+// layer_norm / rms_norm / batch_norm kernels (tensor/norm/cpu.cpp, tensor/norm/cuda.cu).
+// Device-generic: everything outside the kernels (conversions, the running-stat update,
+// eval statistics) is ops on tensors of x's device; nothing reads device memory back.
+#include "tensor/norm/ops.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "tensor/dispatch.h"
+#include "tensor/norm/kernels.h"
+#include "tensor/op_alloc.h"
+#include "tensor/ops.h"
+
+namespace tally::ops {
+
+namespace {
+
+void check_floating(const char* op, const char* what, const Tensor& t) {
+  if (!is_floating(t.dtype()))
+    throw std::invalid_argument(fmt::format("{}: expected a floating-point {}, got {} of shape {}",
+                                            op, what, dtype_name(t.dtype()), t.shape_string()));
+}
+
+// An optional parameter (weight, bias, running stat): defined -> floating, on x's device.
+void check_param(const char* op, const char* what, const Tensor& p, const Tensor& x) {
+  if (!p.defined()) return;
+  check_floating(op, what, p);
+  check_same_device(op, x.device(), p.device());
+}
+
+// p converted to the statistics dtype, contiguous (undefined stays undefined).
+Tensor as_stat(const Tensor& p, DType stat) {
+  return p.defined() ? contiguous(to(p, stat)) : Tensor();
+}
+
+// ---- layer_norm / rms_norm shared checks ----
+
+struct RowShape {
+  int64_t rows = 1, cols = 1;
+  Shape stat_shape;  // x's leading dims, then a 1 per normalized dim
+};
+
+RowShape row_shape(const char* op, const Tensor& x, const Shape& normalized_shape) {
+  if (normalized_shape.empty())
+    throw std::invalid_argument(fmt::format(
+        "{}: normalized_shape must have at least one dimension, got [] (input of shape {})", op,
+        x.shape_string()));
+  const auto k = static_cast<int64_t>(normalized_shape.size());
+  bool ok = x.dim() >= k;
+  for (int64_t i = 0; ok && i < k; ++i)
+    ok =
+        x.sizes()[static_cast<size_t>(x.dim() - k + i)] == normalized_shape[static_cast<size_t>(i)];
+  if (!ok) {
+    std::string expect = "[*";
+    for (int64_t d : normalized_shape) expect += fmt::format(", {}", d);
+    expect += "]";
+    throw std::invalid_argument(fmt::format(
+        "{}: normalized_shape {} expects an input of shape {}, but got input of shape {}", op,
+        shape_str(normalized_shape), expect, x.shape_string()));
+  }
+  RowShape r;
+  r.cols = shape_numel(normalized_shape);
+  for (int64_t i = 0; i < x.dim() - k; ++i) {
+    r.rows *= x.sizes()[static_cast<size_t>(i)];
+    r.stat_shape.push_back(x.sizes()[static_cast<size_t>(i)]);
+  }
+  for (int64_t i = 0; i < k; ++i) r.stat_shape.push_back(1);
+  return r;
+}
+
+void check_affine(const char* op, const char* what, const Tensor& p, const Tensor& x,
+                  const Shape& normalized_shape) {
+  if (!p.defined()) return;
+  check_param(op, what, p, x);
+  if (p.sizes() != normalized_shape)
+    throw std::invalid_argument(
+        fmt::format("{}: {} of shape {} does not match normalized_shape {} "
+                    "(input of shape {})",
+                    op, what, p.shape_string(), shape_str(normalized_shape), x.shape_string()));
+}
+
+void check_stat(const char* op, const char* what, const Tensor& s, int64_t expected,
+                const Tensor& x) {
+  if (!s.defined()) throw std::invalid_argument(fmt::format("{}: {} is undefined", op, what));
+  check_same_device(op, x.device(), s.device());
+  if (s.numel() != expected || s.dtype() != norm_stat_dtype(x.dtype()))
+    throw std::invalid_argument(fmt::format(
+        "{}: {} of shape {} and dtype {} does not fit input of shape {} (expected {} {} values)",
+        op, what, s.shape_string(), dtype_name(s.dtype()), x.shape_string(), expected,
+        dtype_name(norm_stat_dtype(x.dtype()))));
+}
+
+void check_grad_out(const char* op, const Tensor& grad_out, const Tensor& like) {
+  check_floating(op, "grad_output", grad_out);
+  check_same_device(op, like.device(), grad_out.device());
+  if (grad_out.sizes() != like.sizes())
+    throw std::invalid_argument(fmt::format("{}: grad_output of shape {} for an input of shape {}",
+                                            op, grad_out.shape_string(), like.shape_string()));
+}
+
+double default_eps(DType dtype) {
+  switch (dtype) {
+    case DType::float64:
+      return 2.220446049250313e-16;
+    case DType::float16:
+      return 0.0009765625;
+    case DType::bfloat16:
+      return 0.0078125;
+    default:
+      return 1.1920928955078125e-07;
+  }
+}
+
+// ---- batch_norm shapes ----
+
+void check_channels(const char* op, const char* what, const Tensor& p, const Tensor& x) {
+  if (!p.defined()) return;
+  check_param(op, what, p, x);
+  const int64_t c = x.sizes()[1];
+  if (p.dim() != 1 || p.sizes()[0] != c)
+    throw std::invalid_argument(fmt::format(
+        "{}: {} of shape {} does not match the {} channels of input of shape {} (expected [{}])",
+        op, what, p.shape_string(), c, x.shape_string(), c));
+}
+
+void check_batch_input(const char* op, const Tensor& x) {
+  check_floating(op, "input", x);
+  if (x.dim() < 2)
+    throw std::invalid_argument(
+        fmt::format("{}: expected an input of shape [N, C] or [N, C, *], got input of shape {}", op,
+                    x.shape_string()));
+}
+
+}  // namespace
+
+DType norm_stat_dtype(DType dtype) {
+  return dtype == DType::float16 || dtype == DType::bfloat16 ? DType::float32 : dtype;
+}
+
+// ---------------------------------------------------------------- layer_norm
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Shape& normalized_shape,
+                                              const Tensor& weight, const Tensor& bias,
+                                              double eps) {
+  static const OpInfo info("layer_norm");
+  DispatchScope scope(info, x);
+  check_floating(info.name, "input", x);
+  const RowShape rs = row_shape(info.name, x, normalized_shape);
+  check_affine(info.name, "weight", weight, x, normalized_shape);
+  check_affine(info.name, "bias", bias, x, normalized_shape);
+  const DType stat = norm_stat_dtype(x.dtype());
+  const Tensor xc = contiguous(x);
+  Tensor out = alloc_output(x.sizes(), x.dtype(), x.device());
+  Tensor mean = alloc_output(rs.stat_shape, stat, x.device());
+  Tensor rstd = alloc_output(rs.stat_shape, stat, x.device());
+  norm_backends.get(info, x.device(), &NormKernels::layer_norm)(
+      out, mean, rstd, xc, as_stat(weight, stat), as_stat(bias, stat), rs.rows, rs.cols, eps);
+  return {out, mean, rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                                       const Shape& normalized_shape,
+                                                       const Tensor& mean, const Tensor& rstd,
+                                                       const Tensor& weight,
+                                                       std::array<bool, 3> output_mask) {
+  static const OpInfo info("layer_norm_backward");
+  DispatchScope scope(info, x);
+  check_floating(info.name, "input", x);
+  check_grad_out(info.name, grad_out, x);
+  const RowShape rs = row_shape(info.name, x, normalized_shape);
+  check_affine(info.name, "weight", weight, x, normalized_shape);
+  check_stat(info.name, "mean", mean, rs.rows, x);
+  check_stat(info.name, "rstd", rstd, rs.rows, x);
+  const DType stat = norm_stat_dtype(x.dtype());
+  Tensor dx = output_mask[0] ? alloc_output(x.sizes(), x.dtype(), x.device()) : Tensor();
+  Tensor dw = output_mask[1] ? alloc_output(normalized_shape, stat, x.device()) : Tensor();
+  Tensor db = output_mask[2] ? alloc_output(normalized_shape, stat, x.device()) : Tensor();
+  if (dx.defined() || dw.defined() || db.defined())
+    norm_backends.get(info, x.device(), &NormKernels::layer_norm_backward)(
+        dx, dw, db, contiguous(to(grad_out, x.dtype())), contiguous(x), contiguous(mean),
+        contiguous(rstd), as_stat(weight, stat), rs.rows, rs.cols);
+  return {dx, dw, db};
+}
+
+// ---------------------------------------------------------------- rms_norm
+
+std::tuple<Tensor, Tensor> rms_norm(const Tensor& x, const Shape& normalized_shape,
+                                    const Tensor& weight, std::optional<double> eps) {
+  static const OpInfo info("rms_norm");
+  DispatchScope scope(info, x);
+  check_floating(info.name, "input", x);
+  const RowShape rs = row_shape(info.name, x, normalized_shape);
+  check_affine(info.name, "weight", weight, x, normalized_shape);
+  const DType stat = norm_stat_dtype(x.dtype());
+  const Tensor xc = contiguous(x);
+  Tensor out = alloc_output(x.sizes(), x.dtype(), x.device());
+  Tensor rstd = alloc_output(rs.stat_shape, stat, x.device());
+  norm_backends.get(info, x.device(), &NormKernels::layer_norm)(
+      out, Tensor(), rstd, xc, as_stat(weight, stat), Tensor(), rs.rows, rs.cols,
+      eps ? *eps : default_eps(x.dtype()));
+  return {out, rstd};
+}
+
+std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                             const Shape& normalized_shape, const Tensor& rstd,
+                                             const Tensor& weight,
+                                             std::array<bool, 2> output_mask) {
+  static const OpInfo info("rms_norm_backward");
+  DispatchScope scope(info, x);
+  check_floating(info.name, "input", x);
+  check_grad_out(info.name, grad_out, x);
+  const RowShape rs = row_shape(info.name, x, normalized_shape);
+  check_affine(info.name, "weight", weight, x, normalized_shape);
+  check_stat(info.name, "rstd", rstd, rs.rows, x);
+  const DType stat = norm_stat_dtype(x.dtype());
+  Tensor dx = output_mask[0] ? alloc_output(x.sizes(), x.dtype(), x.device()) : Tensor();
+  Tensor dw = output_mask[1] ? alloc_output(normalized_shape, stat, x.device()) : Tensor();
+  if (dx.defined() || dw.defined())
+    norm_backends.get(info, x.device(), &NormKernels::layer_norm_backward)(
+        dx, dw, Tensor(), contiguous(to(grad_out, x.dtype())), contiguous(x), Tensor(),
+        contiguous(rstd), as_stat(weight, stat), rs.rows, rs.cols);
+  return {dx, dw};
+}
+
+// ---------------------------------------------------------------- batch_norm
+
+std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& running_mean,
+                                              const Tensor& running_var, const Tensor& weight,
+                                              const Tensor& bias, bool training, double momentum,
+                                              double eps) {
+  static const OpInfo info("batch_norm");
+  DispatchScope scope(info, x);
+  check_batch_input(info.name, x);
+  check_channels(info.name, "weight", weight, x);
+  check_channels(info.name, "bias", bias, x);
+  check_channels(info.name, "running_mean", running_mean, x);
+  check_channels(info.name, "running_var", running_var, x);
+  if (running_mean.defined() != running_var.defined())
+    throw std::invalid_argument(fmt::format(
+        "{}: running_mean and running_var must be both defined or both undefined (input of "
+        "shape {})",
+        info.name, x.shape_string()));
+  const int64_t c = x.sizes()[1];
+  const int64_t count = x.numel() / std::max<int64_t>(c, 1);
+  if (training && count == 1 && c > 0)
+    throw std::invalid_argument(fmt::format(
+        "{}: Expected more than 1 value per channel when training, got input of shape {}",
+        info.name, x.shape_string()));
+  if (!training && !running_mean.defined())
+    throw std::invalid_argument(fmt::format(
+        "{}: running_mean and running_var must be defined in evaluation mode (input of shape {})",
+        info.name, x.shape_string()));
+  const DType stat = norm_stat_dtype(x.dtype());
+  const Tensor xc = contiguous(x);
+  Tensor mean, invstd;
+  if (training) {
+    mean = alloc_output({c}, stat, x.device());
+    invstd = alloc_output({c}, stat, x.device());
+    Tensor var = alloc_output({c}, stat, x.device());
+    norm_backends.get(info, x.device(), &NormKernels::batch_norm_stats)(mean, var, invstd, xc, eps);
+    if (running_mean.defined() && count > 0) {
+      // running = (1 - momentum) * running + momentum * batch (variance unbiased)
+      mul_(running_mean, 1.0 - momentum);
+      add_(running_mean, mean, momentum);
+      mul_(running_var, 1.0 - momentum);
+      add_(running_var, var,
+           momentum * static_cast<double>(count) / static_cast<double>(count - 1));
+    }
+  } else {
+    mean = to(running_mean, x.device(), stat, /*copy=*/true);
+    invstd = unary(UnaryOp::rsqrt, add(to(running_var, stat), eps));
+  }
+  Tensor out = alloc_output(x.sizes(), x.dtype(), x.device());
+  norm_backends.get(info, x.device(), &NormKernels::batch_norm_elemt)(
+      out, xc, contiguous(mean), contiguous(invstd), as_stat(weight, stat), as_stat(bias, stat));
+  return {out, mean, invstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                                       const Tensor& mean, const Tensor& invstd,
+                                                       const Tensor& weight, bool training,
+                                                       std::array<bool, 3> output_mask) {
+  static const OpInfo info("batch_norm_backward");
+  DispatchScope scope(info, grad_out);
+  check_batch_input(info.name, grad_out);
+  const bool need_x = output_mask[1] || (output_mask[0] && training);
+  if (need_x && !x.defined())
+    throw std::invalid_argument(fmt::format(
+        "{}: the input is needed for these gradients but is undefined (grad_output of shape {})",
+        info.name, grad_out.shape_string()));
+  if (x.defined()) {
+    check_batch_input(info.name, x);
+    check_grad_out(info.name, grad_out, x);
+  }
+  // dy in the input's dtype (when the input is known), like the gradient dx.
+  const Tensor dy = contiguous(x.defined() ? to(grad_out, x.dtype()) : grad_out);
+  const int64_t c = dy.sizes()[1];
+  const DType stat = norm_stat_dtype(dy.dtype());
+  if (need_x) check_stat(info.name, "mean", mean, c, dy);
+  check_stat(info.name, "invstd", invstd, c, dy);
+  check_channels(info.name, "weight", weight, dy);
+  Tensor dx = output_mask[0] ? alloc_output(dy.sizes(), dy.dtype(), dy.device()) : Tensor();
+  Tensor dw = output_mask[1] ? alloc_output({c}, stat, dy.device()) : Tensor();
+  Tensor db = output_mask[2] ? alloc_output({c}, stat, dy.device()) : Tensor();
+  if (dx.defined() || dw.defined() || db.defined())
+    norm_backends.get(info, dy.device(), &NormKernels::batch_norm_backward)(
+        dx, dw, db, dy, need_x ? contiguous(x) : Tensor(), need_x ? contiguous(mean) : Tensor(),
+        contiguous(invstd), as_stat(weight, stat), training);
+  return {dx, dw, db};
+}
+
+}  // namespace tally::ops

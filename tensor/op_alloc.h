@@ -1,0 +1,31 @@
+// The two ways an op gets memory, used by every op family and backend:
+//   alloc_output  - an op's result: contiguous, tagged with the op's allocation context
+//                   (`temporary` unless a more specific category is set, see DispatchScope);
+//   alloc_scratch - memory a kernel needs only while it runs (partial sums, library
+//                   workspaces), tagged `workspace`.
+// Both take the device's caching allocator on the current stream, check the byte count for
+// overflow, and name the op (the context's op) and the shape when the size cannot be
+// represented.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace tally {
+
+// A contiguous tensor of `shape` for an op's result.
+Tensor alloc_output(const Shape& shape, DType dtype, Device device);
+
+// A contiguous 1-D tensor of `numel` elements of scratch, tagged `workspace`.
+Tensor alloc_scratch(int64_t numel, DType dtype, Device device);
+
+// `bytes` of untyped scratch, tagged `workspace`; an empty Storage for 0 bytes.
+Storage alloc_scratch_bytes(size_t bytes, Device device);
+
+// shape's element count times `element_size`; std::invalid_argument naming `what` and the
+// shape for a negative size, std::length_error when the product does not fit in 63 bits.
+size_t checked_nbytes(const Shape& shape, size_t element_size, const char* what);
+
+}  // namespace tally

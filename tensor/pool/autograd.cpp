@@ -1,0 +1,52 @@
+// Differentiable pooling: forward, what is saved, and backward, one function each.
+// Max pooling keeps the argmax (int64, output-sized) rather than the input; the average
+// pools keep nothing but shapes.
+#include "tensor/pool/autograd.h"
+
+#include "autograd/node.h"
+
+namespace tally {
+
+using autograd::BackwardContext;
+using autograd::record;
+namespace o = ops;
+
+std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Int2 kernel_size, Int2 stride,
+                                                  Int2 padding, Int2 dilation, bool ceil_mode) {
+  auto [out, indices] =
+      o::max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode);
+  record("MaxPool2DWithIndicesBackward", {x}, {out}, {indices},
+         [in_sizes = x.sizes()](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {o::max_pool2d_backward(g[0], ctx.saved(0), in_sizes)};
+         });
+  return {out, indices};
+}
+
+Tensor max_pool2d(const Tensor& x, Int2 kernel_size, Int2 stride, Int2 padding, Int2 dilation,
+                  bool ceil_mode) {
+  return max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode).first;
+}
+
+Tensor avg_pool2d(const Tensor& x, Int2 kernel_size, Int2 stride, Int2 padding, bool ceil_mode,
+                  bool count_include_pad, std::optional<int64_t> divisor_override) {
+  Tensor out = o::avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                             divisor_override);
+  record("AvgPool2DBackward", {x}, {out}, {},
+         [in_sizes = x.sizes(), kernel_size, stride, padding, ceil_mode, count_include_pad,
+          divisor_override](BackwardContext&, const TensorList& g) -> TensorList {
+           return {o::avg_pool2d_backward(g[0], in_sizes, kernel_size, stride, padding, ceil_mode,
+                                          count_include_pad, divisor_override)};
+         });
+  return out;
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size) {
+  Tensor out = o::adaptive_avg_pool2d(x, output_size);
+  record("AdaptiveAvgPool2DBackward", {x}, {out}, {},
+         [in_sizes = x.sizes()](BackwardContext&, const TensorList& g) -> TensorList {
+           return {o::adaptive_avg_pool2d_backward(g[0], in_sizes)};
+         });
+  return out;
+}
+
+}  // namespace tally

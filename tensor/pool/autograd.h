@@ -1,0 +1,29 @@
+// The differentiable 2-D pooling ops (namespace tally), PyTorch's
+// torch.nn.functional.max_pool2d / avg_pool2d / adaptive_avg_pool2d: forward, what
+// backward saves, and backward are in tensor/pool/autograd.cpp.
+#pragma once
+
+#include <optional>
+#include <utility>
+
+#include "autograd/ops.h"
+#include "tensor/pool/ops.h"
+
+namespace tally {
+
+// x [N, C, H, W] or [C, H, W]. stride {} (unset) means kernel_size. Saves the int64
+// argmax indices for backward, not the input.
+Tensor max_pool2d(const Tensor& x, Int2 kernel_size, Int2 stride = {}, Int2 padding = 0,
+                  Int2 dilation = 1, bool ceil_mode = false);
+// (output, indices), as max_pool2d(..., return_indices=True); indices carry no gradient.
+std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Int2 kernel_size,
+                                                  Int2 stride = {}, Int2 padding = 0,
+                                                  Int2 dilation = 1, bool ceil_mode = false);
+// Saves nothing: the backward is fixed by the shapes.
+Tensor avg_pool2d(const Tensor& x, Int2 kernel_size, Int2 stride = {}, Int2 padding = 0,
+                  bool ceil_mode = false, bool count_include_pad = true,
+                  std::optional<int64_t> divisor_override = std::nullopt);
+// Saves nothing.
+Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size);
+
+}  // namespace tally

@@ -1,0 +1,215 @@
+// CPU 2-D pooling: one loop nest per op over (plane, output row, output column), each
+// window clipped to the input exactly as PyTorch's CPU kernels clip it.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "tensor/pool/kernels.h"
+
+namespace tally::cpu {
+
+namespace {
+
+struct Planes {
+  int64_t planes, H, W, OH, OW;  // planes = N * C
+};
+
+Planes planes_of(const Tensor& in, const Tensor& out) {
+  return {in.size(0) * in.size(1), in.size(2), in.size(3), out.size(2), out.size(3)};
+}
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+// Window [start, end) of output cell i of an adaptive pool from `in` to `out` cells.
+int64_t adaptive_start(int64_t i, int64_t out, int64_t in) {
+  return (i * in) / out;
+}
+int64_t adaptive_end(int64_t i, int64_t out, int64_t in) {
+  return ((i + 1) * in + out - 1) / out;
+}
+
+// An average window: its clipped bounds and divisor (PyTorch's avg_pool2d rules).
+struct AvgWindow {
+  int64_t h0, h1, w0, w1, divisor;
+  bool empty() const { return h0 >= h1 || w0 >= w1; }
+};
+
+AvgWindow avg_window(int64_t oh, int64_t ow, int64_t H, int64_t W, const ops::Pool2dParams& p) {
+  int64_t h0 = oh * p.sH - p.pH, w0 = ow * p.sW - p.pW;
+  int64_t h1 = std::min(h0 + p.kH, H + p.pH), w1 = std::min(w0 + p.kW, W + p.pW);
+  const int64_t padded_size = (h1 - h0) * (w1 - w0);
+  h0 = std::max<int64_t>(h0, 0), w0 = std::max<int64_t>(w0, 0);
+  h1 = std::min(h1, H), w1 = std::min(w1, W);
+  const int64_t divisor =
+      p.divisor > 0 ? p.divisor : (p.count_include_pad ? padded_size : (h1 - h0) * (w1 - w0));
+  return {h0, h1, w0, w1, divisor};
+}
+
+void max_pool2d_forward(const Tensor& out, const Tensor& indices, const Tensor& input,
+                        const ops::Pool2dParams& p) {
+  const Planes g = planes_of(input, out);
+  TALLY_DISPATCH_FLOAT(input.dtype(), "max_pool2d", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* x = ptr<scalar_t>(input);
+    scalar_t* y = ptr<scalar_t>(out);
+    int64_t* idx = ptr<int64_t>(indices);
+    for (int64_t pl = 0; pl < g.planes; ++pl) {
+      const scalar_t* xp = x + pl * g.H * g.W;
+      for (int64_t oh = 0; oh < g.OH; ++oh) {
+        int64_t h0 = oh * p.sH - p.pH;
+        const int64_t h1 = std::min(h0 + (p.kH - 1) * p.dH + 1, g.H);
+        while (h0 < 0) h0 += p.dH;
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          int64_t w0 = ow * p.sW - p.pW;
+          const int64_t w1 = std::min(w0 + (p.kW - 1) * p.dW + 1, g.W);
+          while (w0 < 0) w0 += p.dW;
+          int64_t best = h0 * g.W + w0;
+          A best_v = -std::numeric_limits<A>::infinity();
+          for (int64_t h = h0; h < h1; h += p.dH)
+            for (int64_t w = w0; w < w1; w += p.dW) {
+              const A v = static_cast<A>(xp[h * g.W + w]);
+              if (v > best_v || std::isnan(v)) {  // NaN propagates (as PyTorch: the last one)
+                best_v = v;
+                best = h * g.W + w;
+              }
+            }
+          const int64_t o = (pl * g.OH + oh) * g.OW + ow;
+          y[o] = scalar_t(best_v);
+          idx[o] = best;
+        }
+      }
+    }
+  });
+}
+
+void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
+                         const Tensor& indices) {
+  const Planes g = planes_of(grad_input, grad_output);
+  TALLY_DISPATCH_FLOAT(grad_output.dtype(), "max_pool2d_backward", [&] {
+    using A = acc_t<scalar_t>;
+    A* gx = ptr<A>(grad_input);
+    const scalar_t* gy = ptr<scalar_t>(grad_output);
+    const int64_t* idx = ptr<int64_t>(indices);
+    std::fill(gx, gx + grad_input.numel(), A(0));
+    const int64_t n = g.OH * g.OW, plane = g.H * g.W;
+    for (int64_t pl = 0; pl < g.planes; ++pl)
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t j = idx[pl * n + i];
+        if (j < 0 || j >= plane)
+          throw std::out_of_range(
+              fmt::format("max_pool2d_backward: index {} out of range for an input "
+                          "plane of {}x{}",
+                          j, g.H, g.W));
+        gx[pl * plane + j] += static_cast<A>(gy[pl * n + i]);
+      }
+  });
+}
+
+void avg_pool2d_forward(const Tensor& out, const Tensor& input, const ops::Pool2dParams& p) {
+  const Planes g = planes_of(input, out);
+  TALLY_DISPATCH_FLOAT(input.dtype(), "avg_pool2d", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* x = ptr<scalar_t>(input);
+    scalar_t* y = ptr<scalar_t>(out);
+    for (int64_t pl = 0; pl < g.planes; ++pl) {
+      const scalar_t* xp = x + pl * g.H * g.W;
+      for (int64_t oh = 0; oh < g.OH; ++oh)
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          const AvgWindow win = avg_window(oh, ow, g.H, g.W, p);
+          A s = 0;
+          if (!win.empty()) {
+            for (int64_t h = win.h0; h < win.h1; ++h)
+              for (int64_t w = win.w0; w < win.w1; ++w) s += static_cast<A>(xp[h * g.W + w]);
+            s /= static_cast<A>(win.divisor);
+          }
+          y[(pl * g.OH + oh) * g.OW + ow] = scalar_t(s);
+        }
+    }
+  });
+}
+
+void avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
+                         const ops::Pool2dParams& p) {
+  const Planes g = planes_of(grad_input, grad_output);
+  TALLY_DISPATCH_FLOAT(grad_output.dtype(), "avg_pool2d_backward", [&] {
+    using A = acc_t<scalar_t>;
+    A* gx = ptr<A>(grad_input);
+    const scalar_t* gy = ptr<scalar_t>(grad_output);
+    std::fill(gx, gx + grad_input.numel(), A(0));
+    for (int64_t pl = 0; pl < g.planes; ++pl) {
+      A* gp = gx + pl * g.H * g.W;
+      for (int64_t oh = 0; oh < g.OH; ++oh)
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          const AvgWindow win = avg_window(oh, ow, g.H, g.W, p);
+          if (win.empty()) continue;
+          const A v =
+              static_cast<A>(gy[(pl * g.OH + oh) * g.OW + ow]) / static_cast<A>(win.divisor);
+          for (int64_t h = win.h0; h < win.h1; ++h)
+            for (int64_t w = win.w0; w < win.w1; ++w) gp[h * g.W + w] += v;
+        }
+    }
+  });
+}
+
+void adaptive_avg_pool2d_forward(const Tensor& out, const Tensor& input) {
+  const Planes g = planes_of(input, out);
+  TALLY_DISPATCH_FLOAT(input.dtype(), "adaptive_avg_pool2d", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* x = ptr<scalar_t>(input);
+    scalar_t* y = ptr<scalar_t>(out);
+    for (int64_t pl = 0; pl < g.planes; ++pl) {
+      const scalar_t* xp = x + pl * g.H * g.W;
+      for (int64_t oh = 0; oh < g.OH; ++oh) {
+        const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
+          A s = 0;
+          for (int64_t h = h0; h < h1; ++h)
+            for (int64_t w = w0; w < w1; ++w) s += static_cast<A>(xp[h * g.W + w]);
+          y[(pl * g.OH + oh) * g.OW + ow] = scalar_t(s / static_cast<A>((h1 - h0) * (w1 - w0)));
+        }
+      }
+    }
+  });
+}
+
+void adaptive_avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output) {
+  const Planes g = planes_of(grad_input, grad_output);
+  TALLY_DISPATCH_FLOAT(grad_output.dtype(), "adaptive_avg_pool2d_backward", [&] {
+    using A = acc_t<scalar_t>;
+    A* gx = ptr<A>(grad_input);
+    const scalar_t* gy = ptr<scalar_t>(grad_output);
+    std::fill(gx, gx + grad_input.numel(), A(0));
+    for (int64_t pl = 0; pl < g.planes; ++pl) {
+      A* gp = gx + pl * g.H * g.W;
+      for (int64_t oh = 0; oh < g.OH; ++oh) {
+        const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
+          const A v = static_cast<A>(gy[(pl * g.OH + oh) * g.OW + ow]) /
+                      static_cast<A>((h1 - h0) * (w1 - w0));
+          for (int64_t h = h0; h < h1; ++h)
+            for (int64_t w = w0; w < w1; ++w) gp[h * g.W + w] += v;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+const PoolKernels pool_kernels{
+    .max_pool2d_forward = &max_pool2d_forward,
+    .max_pool2d_backward = &max_pool2d_backward,
+    .avg_pool2d_forward = &avg_pool2d_forward,
+    .avg_pool2d_backward = &avg_pool2d_backward,
+    .adaptive_avg_pool2d_forward = &adaptive_avg_pool2d_forward,
+    .adaptive_avg_pool2d_backward = &adaptive_avg_pool2d_backward,
+};
+
+}  // namespace tally::cpu

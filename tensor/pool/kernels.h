@@ -1,0 +1,43 @@
+// The kernel table of the 2-D pooling family (max, average and adaptive average pooling and
+// their gradients): each kernel's signature, once. The CPU reference (tensor/pool/cpu.cpp)
+// and the CUDA kernels (tensor/pool/cuda.cu) each define one PoolKernels;
+// tensor/backends.cpp registers them.
+//
+// Called only by the raw ops (tensor/pool/ops.cpp). Tensors arrive 4-D [N, C, H, W] and
+// contiguous, shapes checked. Forward kernels read and write the input's dtype
+// (accumulating in acc_t: float, double for float64); backward kernels write a
+// float32/float64 gradient (acc_t of the grad_output's dtype), which they zero first, so
+// overlapping windows add exactly.
+//
+// The CUDA kernels are twins of the CPU ones with the same semantics to the bit: the same
+// window rules (padding, dilation, ceil_mode, count_include_pad, divisor_override), the same
+// first-max-on-ties and NaN rules and the same flat h * W + w indices for max pooling, and
+// the same summation order for the averages.
+#pragma once
+
+#include "tensor/dispatch.h"
+#include "tensor/pool/ops.h"
+#include "tensor/tensor.h"
+
+namespace tally {
+
+struct PoolKernels {
+  void (*max_pool2d_forward)(const Tensor& out, const Tensor& indices, const Tensor& input,
+                             const ops::Pool2dParams& p);
+  // Scatter-add by index into the zeroed gradient. An index outside its input plane: the
+  // CPU kernel throws; the CUDA kernel (atomicAdd into the float32/float64 gradient) skips
+  // it (a device kernel cannot throw without a host synchronisation).
+  void (*max_pool2d_backward)(const Tensor& grad_input, const Tensor& grad_output,
+                              const Tensor& indices);
+  void (*avg_pool2d_forward)(const Tensor& out, const Tensor& input, const ops::Pool2dParams& p);
+  void (*avg_pool2d_backward)(const Tensor& grad_input, const Tensor& grad_output,
+                              const ops::Pool2dParams& p);
+  void (*adaptive_avg_pool2d_forward)(const Tensor& out, const Tensor& input);
+  void (*adaptive_avg_pool2d_backward)(const Tensor& grad_input, const Tensor& grad_output);
+};
+
+// cpu::pool_kernels (tensor/pool/cpu.cpp), cuda::pool_kernels (tensor/pool/cuda.cu), pool_backends
+// (tensor/backends.cpp).
+TALLY_DECLARE_KERNELS(PoolKernels, pool_kernels, pool_backends);
+
+}  // namespace tally

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""The layer rules of docs/architecture.md, checked on every build.
+
+Usage: check_layers.py REPO_ROOT. Exits 1, naming file:line and the rule, when
+  - a source file includes a header of a layer above its own (memory < tensor+autograd <
+    nn < optim; tensor+autograd < profiler; nn < distributed);
+  - a file of the tensor layer outside an op family's autograd.{h,cpp} includes autograd/
+    (the op families' differentiable wrappers are the tensor layer's only way up; Tensor's
+    autograd methods are declared in tensor/tensor.h and defined in
+    autograd/tensor_methods.cpp, the one named exception, which needs no include);
+  - a file of an op family folder (tensor/<family>/) other than its CUDA files (cuda.*,
+    cuda_*) spells the CUDA build switch: backend #ifdefs stand only in backend files and
+    the registration point (tensor/backends.cpp, via TALLY_CUDA_TABLE).
+"""
+import os
+import re
+import sys
+
+ALLOWED = {
+    "memory": {"memory"},
+    "tensor": {"memory", "tensor", "autograd"},
+    "autograd": {"memory", "tensor", "autograd"},
+    "nn": {"memory", "tensor", "autograd", "nn"},
+    "optim": {"memory", "tensor", "autograd", "nn", "optim"},
+    "profiler": {"memory", "tensor", "autograd", "profiler"},
+    "distributed": {"memory", "tensor", "autograd", "nn", "distributed"},
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/')
+EXTS = (".h", ".cpp", ".cu", ".cuh")
+FAMILY_CORE = {"cpu", "cuda"}  # tensor/cpu, tensor/cuda: backend infrastructure, not families
+
+
+def check(root):
+    errors = []
+    for layer, allowed in ALLOWED.items():
+        base = os.path.join(root, layer)
+        for dirpath, _, files in os.walk(base):
+            for f in sorted(files):
+                if not f.endswith(EXTS):
+                    continue
+                path = os.path.join(dirpath, f)
+                rel = os.path.relpath(path, root)
+                parts = rel.split(os.sep)
+                family = (layer == "tensor" and len(parts) == 3 and parts[1] not in FAMILY_CORE)
+                stem = f.split(".")[0]
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    for n, line in enumerate(fh, 1):
+                        m = INCLUDE.match(line)
+                        if m:
+                            target = m.group(1)
+                            if target in ALLOWED and target not in allowed:
+                                errors.append(f"{rel}:{n}: the {layer} layer includes {target}/ "
+                                              f"(allowed: {', '.join(sorted(allowed))})")
+                            if (layer == "tensor" and target == "autograd"
+                                    and not (family and stem == "autograd")):
+                                errors.append(f"{rel}:{n}: only an op family's autograd.h/.cpp "
+                                              "may include autograd/ from tensor/")
+                        if (family and "TALLY_WITH_CUDA" in line
+                                and not (stem == "cuda" or stem.startswith("cuda_"))):
+                            errors.append(f"{rel}:{n}: a backend #ifdef in an op family's "
+                                          "shared file (register through tensor/backends.cpp)")
+    return errors
+
+
+def main():
+    if len(sys.argv) != 2:
+        print("usage: check_layers.py REPO_ROOT", file=sys.stderr)
+        return 2
+    errors = check(sys.argv[1])
+    for e in errors:
+        print(f"layer rule: {e}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
