@@ -21,6 +21,7 @@
 
 #include "examples/ab_report.h"
 #include "examples/train_common.h"
+#include "memory/atomic_file.h"
 #include "memory/timeline.h"
 #include "nn/checkpoint.h"
 #include "nn/data/mnist.h"
@@ -281,10 +282,7 @@ int main(int argc, char** argv) {
                          r.timeline_path);
       }
       j += "]\n";
-      std::FILE* f = std::fopen((a.out + "/results.json").c_str(), "wb");
-      if (!f) throw std::runtime_error(fmt::format("cannot write {}/results.json", a.out));
-      std::fwrite(j.data(), 1, j.size(), f);
-      std::fclose(f);
+      memory::write_file_atomic(a.out + "/results.json", j, "ab_memory");
     }
     const std::string report = a.out + "/report.html";
     ex::write_report(report, title, results);

@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -27,6 +26,7 @@
 
 #include "examples/train_common.h"
 #include "memory/alloc_config.h"
+#include "memory/atomic_file.h"
 #include "memory/summary.h"
 #include "nn/checkpoint.h"
 #include "nn/models/gpt.h"
@@ -488,10 +488,10 @@ int main(int argc, char** argv) {
     if (a.pattern == "leak" || a.pattern == "all") parts.push_back("\"leak\": " + leak(a, dev));
     if (a.pattern == "fragmentation" || a.pattern == "all")
       parts.push_back("\"fragmentation\": " + fragmentation(a, dev));
-    std::ofstream f(a.out + "/patterns.json");
-    f << "{" << fmt::format("\"device\": \"{}\", ", dev.str())
-      << fmt::format("{}", fmt::join(parts, ", ")) << "}\n";
-    if (!f) throw std::runtime_error("cannot write " + a.out + "/patterns.json");
+    memory::write_file_atomic(
+        a.out + "/patterns.json",
+        fmt::format("{{\"device\": \"{}\", {}}}\n", dev.str(), fmt::join(parts, ", ")),
+        "memory_patterns");
     fmt::print("wrote {}/patterns.json\n", a.out);
   } catch (const std::exception& e) {
     fmt::print(stderr, "memory_patterns: {}\n", e.what());

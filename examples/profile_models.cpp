@@ -15,12 +15,13 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <memory>
+#include <ostream>
 #include <sstream>
 
 #include "autograd/autocast.h"
 #include "examples/train_common.h"
+#include "memory/atomic_file.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "optim/adam.h"
@@ -170,12 +171,17 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
     p.export_chrome_trace(stem + ".trace.json");
     p.export_memory_timeline(stem + ".timeline.html", dev);
     const bool cuda = dev.type == DeviceType::cuda;
-    std::ofstream t(stem + ".key_averages.txt");
-    t << p.key_averages().table(cuda ? "self_cuda_time_total" : "self_cpu_time_total", 30) << "\n"
-      << p.key_averages(true).table(cuda ? "cuda_time_total" : "cpu_time_total", 20) << "\n"
-      << p.key_averages_by_module().table(cuda ? "self_cuda_memory_usage" : "self_cpu_memory_usage",
-                                          20)
-      << "\n";
+    memory::write_file_atomic(
+        stem + ".key_averages.txt",
+        [&](std::ostream& t) {
+          t << p.key_averages().table(cuda ? "self_cuda_time_total" : "self_cpu_time_total", 30)
+            << "\n"
+            << p.key_averages(true).table(cuda ? "cuda_time_total" : "cpu_time_total", 20) << "\n"
+            << p.key_averages_by_module().table(
+                   cuda ? "self_cuda_memory_usage" : "self_cpu_memory_usage", 20)
+            << "\n";
+        },
+        "profile_models");
     fmt::print("{}\n",
                p.key_averages().table(cuda ? "self_cuda_time_total" : "self_cpu_time_total", 12));
     double sum = 0, busy = 0;
@@ -257,9 +263,7 @@ int main(int argc, char** argv) {
           r.overhead_pct, r.kernel_ms_per_step, r.gpu_busy_ms_per_step, r.kernels, r.trace,
           r.timeline);
     }
-    std::ofstream f(a.out + "/profile_models.json");
-    f << j << "]\n";
-    if (!f) throw std::runtime_error("cannot write " + a.out + "/profile_models.json");
+    memory::write_file_atomic(a.out + "/profile_models.json", j + "]\n", "profile_models");
   } catch (const std::exception& e) {
     fmt::print(stderr, "profile_models: {}\n", e.what());
     return 1;

@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <variant>
 
+#include "memory/atomic_file.h"
+
 namespace tally::nn {
 
 static_assert(std::endian::native == std::endian::little,
@@ -329,17 +331,19 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   header += "}";
   while ((8 + header.size()) % 8 != 0) header += ' ';  // align the data to 8 bytes
 
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out)
-    throw std::runtime_error(fmt::format("save_safetensors: cannot open {} for writing", path));
-  const uint64_t n = header.size();
-  out.write(reinterpret_cast<const char*>(&n), 8);
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  for (const Tensor& c : cpu)
-    if (c.nbytes())
-      out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
-  out.flush();
-  if (!out) throw std::runtime_error(fmt::format("save_safetensors: write to {} failed", path));
+  // Atomic: a write cut short (disk full, a file-size limit) leaves the previous file intact.
+  memory::write_file_atomic(
+      path,
+      [&](std::ostream& out) {
+        const uint64_t n = header.size();
+        out.write(reinterpret_cast<const char*>(&n), 8);
+        out.write(header.data(), static_cast<std::streamsize>(header.size()));
+        for (const Tensor& c : cpu)
+          if (c.nbytes() && out)
+            out.write(static_cast<const char*>(c.data_ptr()),
+                      static_cast<std::streamsize>(c.nbytes()));
+      },
+      "save_safetensors");
 }
 
 NamedTensors load_safetensors(const std::string& path,

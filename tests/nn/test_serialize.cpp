@@ -1,15 +1,18 @@
 // safetensors: round trips of state dicts and every dtype, tied weights, the Python
-// stdlib reader (tests/nn/check_safetensors.py) on our files, and clear errors on corrupt
-// files.
+// stdlib reader (tests/nn/check_safetensors.py) on our files, clear errors on corrupt
+// files, and a save cut short that leaves the previous file intact.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "nn/serialize.h"
+#include "testing/file_limit.h"
 #include "testing/gradcheck.h"
 
 using namespace tally;
@@ -164,4 +167,32 @@ TEST(Safetensors, CorruptFilesNameFileAndOffset) {
   EXPECT_TRUE(contains(e, "tensor 'a'") && contains(e, "need 20")) << e;
 
   EXPECT_TRUE(contains(load_error(dir / "does_not_exist.safetensors"), "cannot open"));
+}
+
+// A save cut short (RLIMIT_FSIZE in a forked child, standing in for a full disk) fails
+// naming the file and leaves the previous weights intact and loadable, with no temporary
+// file beside them.
+TEST(Safetensors, SaveCutShortKeepsPreviousFile) {
+  const fs::path dir = temp_dir() / "cut_short";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path file = dir / "w.safetensors";
+  const Tensor good = ops::randn({1000});
+  save_safetensors(file.string(), {{"w", good}});
+  const std::string before = slurp(file);
+
+  const tally::testing::LimitedRun r = tally::testing::run_with_file_size_limit(64 * 1024, [&] {
+    save_safetensors(file.string(), {{"w", ops::randn({200000})}});
+  });
+  ASSERT_TRUE(r.threw) << "status " << r.status << ": " << r.what;
+  EXPECT_TRUE(contains(r.what, "save_safetensors: cannot write '" + file.string() + "'")) << r.what;
+  EXPECT_TRUE(contains(r.what, std::strerror(EFBIG))) << r.what;
+
+  EXPECT_EQ(slurp(file), before);
+  const NamedTensors loaded = load_safetensors(file.string());
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0].second.tolist(), good.tolist());
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"w.safetensors"});
 }
