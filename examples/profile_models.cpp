@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "autograd/autocast.h"
+#include "examples/cli_common.h"
 #include "examples/train_common.h"
 #include "memory/atomic_file.h"
 #include "nn/models/gpt.h"
@@ -230,23 +231,41 @@ int main(int argc, char** argv) {
   app.add_option("--models", a.models, "comma list of resnet, gpt")->capture_default_str();
   app.add_option("--out", a.out, "output folder")->capture_default_str();
   app.add_flag("--small", a.small, "tiny models (resnet_tiny, GPT tiny) for a CPU");
-  app.add_option("--steps", a.steps, "timed steps per measurement")->capture_default_str();
-  app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str();
-  app.add_option("--resnet-batch", a.resnet_batch, "ResNet-50 batch")->capture_default_str();
-  app.add_option("--gpt-batch", a.gpt_batch, "GPT-2 batch (x 1024 tokens)")->capture_default_str();
+  app.add_option("--steps", a.steps, "timed steps per measurement")
+      ->check(ex::int_range(1, 10000))
+      ->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed steps first")
+      ->check(ex::int_range(0, 10000))
+      ->capture_default_str();
+  app.add_option("--resnet-batch", a.resnet_batch, "ResNet-50 batch (not with --small)")
+      ->check(ex::int_range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--gpt-batch", a.gpt_batch, "GPT-2 batch (x 1024 tokens; not with --small)")
+      ->check(ex::int_range(1, 1 << 16))
+      ->capture_default_str();
   app.add_option("--amp", a.amp,
                  "off | fp16 | bf16 (forward under autocast; fp16 without a GradScaler)")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  try {
+
+  return ex::run_cli("profile_models", app, argc, argv, [&] {
     const Device dev = ex::parse_device(a.device);
     ex::parse_amp(a.amp);  // a bad --amp fails here, before any model is built
-    if (a.steps < 1) throw std::invalid_argument("--steps must be at least 1");
-    std::filesystem::create_directories(a.out);
+    if (a.small && (app.count("--resnet-batch") > 0 || app.count("--gpt-batch") > 0))
+      throw std::invalid_argument(
+          "--resnet-batch and --gpt-batch do not apply with --small (its batches are fixed)");
+    std::vector<std::string> models;
+    std::stringstream list(a.models);
+    for (std::string m; std::getline(list, m, ',');) {
+      if (m.empty()) continue;
+      if (m != "resnet" && m != "gpt")
+        throw std::invalid_argument(
+            fmt::format("--models: expected a comma list of resnet, gpt, got '{}'", m));
+      models.push_back(m);
+    }
+    if (models.empty()) throw std::invalid_argument("--models: empty list");
+    ex::check_output_dir(a.out, "--out");
     std::vector<Result> rs;
-    std::stringstream ss(a.models);
-    for (std::string m; std::getline(ss, m, ',');)
-      if (!m.empty()) rs.push_back(profile_model(a, m, dev));
+    for (const std::string& m : models) rs.push_back(profile_model(a, m, dev));
     fmt::print("{:<32} {:>12} {:>14} {:>10} {:>14} {:>12}\n", "model", "step ms", "profiled ms",
                "overhead", "kernels ms/st", "GPU busy ms");
     std::string j = "[";
@@ -264,9 +283,6 @@ int main(int argc, char** argv) {
           r.timeline);
     }
     memory::write_file_atomic(a.out + "/profile_models.json", j + "]\n", "profile_models");
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "profile_models: {}\n", e.what());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }
