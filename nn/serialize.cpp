@@ -13,6 +13,7 @@
 #include <variant>
 
 #include "memory/atomic_file.h"
+#include "memory/checked.h"
 
 namespace tally::nn {
 
@@ -323,7 +324,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     shape += "]";
     header += fmt::format("{}{}:{{\"dtype\":\"{}\",\"shape\":{},\"data_offsets\":[{},{}]}}",
                           first ? "" : ",", json_escape(name), st_dtype(c.dtype()), shape, offset,
-                          offset + c.nbytes());
+                          memory::checked_add(offset, uint64_t{c.nbytes()}, "save_safetensors"));
     first = false;
     offset += c.nbytes();
     cpu.push_back(c);
@@ -425,7 +426,12 @@ NamedTensors load_safetensors(const std::string& path,
                      fmt::format("tensor '{}': data_offsets is not [begin, end]", name));
     e.begin = static_cast<uint64_t>(as_uint(reader, (*oa)[0], "data_offsets begin"));
     e.end = static_cast<uint64_t>(as_uint(reader, (*oa)[1], "data_offsets end"));
-    const uint64_t expect = static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
+    uint64_t expect;
+    if (!memory::try_nbytes(e.shape, dtype_size(e.dtype), &expect))
+      reader.fail_at(js->offset,
+                     fmt::format("tensor '{}': shape {} of {} holds more than 2^63 - 1 bytes "
+                                 "(its dimensions multiply past 64 bits)",
+                                 name, shape_str(e.shape), *ds));
     if (e.end < e.begin || e.end - e.begin != expect)
       reader.fail_at(jo->offset,
                      fmt::format("tensor '{}': data_offsets [{}, {}] hold {} bytes, its dtype and "

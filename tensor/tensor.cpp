@@ -6,6 +6,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "memory/checked.h"
+
 namespace tally {
 
 std::string shape_str(const Shape& s) {
@@ -15,12 +17,13 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
+  return memory::checked_numel(s, "numel");
 }
 
 Shape contiguous_strides(const Shape& sizes) {
+  // Checked once: the strides below are partial products of a shape whose dimensions
+  // (zeros as ones) multiply to at most 2^63 - 1.
+  (void)memory::checked_numel(sizes, "contiguous_strides");
   Shape st(sizes.size());
   int64_t acc = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
@@ -39,14 +42,15 @@ Tensor Tensor::make(Storage storage, Shape sizes, Shape strides, int64_t offset,
       throw std::invalid_argument(
           fmt::format("Tensor::make: negative size in {}", shape_str(sizes)));
   // Bounds: the largest reachable element must lie inside the storage.
-  if (shape_numel(sizes) > 0) {
+  if (memory::checked_numel(sizes, "Tensor::make") > 0) {
+    static constexpr const char* what = "Tensor::make: the extent of the layout";
     int64_t hi = offset, lo = offset;
     for (size_t i = 0; i < sizes.size(); ++i) {
-      const int64_t span = (sizes[i] - 1) * strides[i];
+      const int64_t span = memory::checked_mul(sizes[i] - 1, strides[i], what);
       if (span > 0)
-        hi += span;
+        hi = memory::checked_add(hi, span, what);
       else
-        lo += span;
+        lo = memory::checked_add(lo, span, what);
     }
     const auto cap = static_cast<int64_t>(storage.nbytes() / dtype_size(dtype));
     if (lo < 0 || hi >= cap)
