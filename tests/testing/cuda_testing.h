@@ -177,7 +177,7 @@ inline double max_scaled_error(const Tensor& got, const Tensor& ref) {
 struct Diff {
   bool scaled = false;  // made by diff_scaled (else diff_pointwise)
   double err = 0, ref_max = 0, got = 0, want = 0;
-  size_t at = 0, n = 0, mismatches = 0;  // mismatches: diff_pointwise only
+  size_t at = 0, n = 0, mismatches = 0;  // mismatches: elements whose error is not 0
   bool shape_ok = true;
   std::string str() const {
     if (!shape_ok) return "shape mismatch";
@@ -192,11 +192,12 @@ struct Diff {
   }
 };
 
-// Scaled: max |got - ref| / max |ref| (max |ref| at least 1e-30); a NaN against a number
-// counts as infinite, NaN against NaN as 0. Different shapes give an infinite error.
-inline Diff diff_scaled(const Tensor& got, const Tensor& ref) {
+// The worst element of `got` against `ref` under err(a, b), with where it is and how many
+// elements have a non-zero error. Different shapes give an infinite error.
+template <class Err>
+Diff worst_element(const Tensor& got, const Tensor& ref, bool scaled, Err err) {
   Diff d;
-  d.scaled = true;
+  d.scaled = scaled;
   if (got.sizes() != ref.sizes()) {
     d.shape_ok = false;
     d.err = INFINITY;
@@ -205,44 +206,37 @@ inline Diff diff_scaled(const Tensor& got, const Tensor& ref) {
   const std::vector<double> a = ops::to_vector(got), b = ops::to_vector(ref);
   d.n = a.size();
   double worst = -1;
-  for (size_t i = 0; i < b.size(); ++i) d.ref_max = std::max(d.ref_max, std::abs(b[i]));
   for (size_t i = 0; i < a.size(); ++i) {
-    double e = std::abs(a[i] - b[i]);
-    if (std::isnan(a[i]) != std::isnan(b[i]))
-      e = INFINITY;
-    else if (std::isnan(a[i]))
-      e = 0;
+    const double e = err(a[i], b[i]);
+    if (e != 0) ++d.mismatches;
     if (e > worst) worst = e, d.at = i, d.got = a[i], d.want = b[i];
   }
-  d.err = worst <= 0 ? 0 : worst / std::max(d.ref_max, 1e-30);
+  d.err = std::max(worst, 0.0);
+  return d;
+}
+
+// Scaled: max |got - ref| / max |ref| (max |ref| at least 1e-30); a NaN against a number
+// counts as infinite, NaN against NaN as 0. Different shapes give an infinite error.
+inline Diff diff_scaled(const Tensor& got, const Tensor& ref) {
+  Diff d = worst_element(got, ref, /*scaled=*/true, [](double a, double b) {
+    if (std::isnan(a) != std::isnan(b)) return static_cast<double>(INFINITY);
+    return std::isnan(a) ? 0.0 : std::abs(a - b);
+  });
+  if (!d.shape_ok) return d;
+  for (double v : ops::to_vector(ref)) d.ref_max = std::max(d.ref_max, std::abs(v));
+  d.err = d.err <= 0 ? 0 : d.err / std::max(d.ref_max, 1e-30);
   return d;
 }
 
 // Pointwise: NaN must meet NaN (else infinite), equal values (equal infinities too) count 0;
 // also counts the elements that differ at all. Different shapes give an infinite error.
 inline Diff diff_pointwise(const Tensor& got, const Tensor& ref) {
-  Diff d;
-  if (got.sizes() != ref.sizes()) {
-    d.shape_ok = false;
-    d.err = INFINITY;
-    return d;
-  }
-  const std::vector<double> a = ops::to_vector(got), b = ops::to_vector(ref);
-  d.n = a.size();
-  double worst = -1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double e;
-    if (std::isnan(a[i]) || std::isnan(b[i]))
-      e = std::isnan(a[i]) && std::isnan(b[i]) ? 0 : INFINITY;
-    else if (a[i] == b[i])
-      e = 0;  // also equal infinities
-    else
-      e = std::abs(a[i] - b[i]) / std::max(1.0, std::abs(b[i]));
-    if (e != 0) ++d.mismatches;
-    if (e > worst) worst = e, d.at = i, d.got = a[i], d.want = b[i];
-  }
-  d.err = std::max(worst, 0.0);
-  return d;
+  return worst_element(got, ref, /*scaled=*/false, [](double a, double b) {
+    if (std::isnan(a) || std::isnan(b))
+      return std::isnan(a) && std::isnan(b) ? 0.0 : static_cast<double>(INFINITY);
+    if (a == b) return 0.0;  // also equal infinities
+    return std::abs(a - b) / std::max(1.0, std::abs(b));
+  });
 }
 
 }  // namespace tally::testing
