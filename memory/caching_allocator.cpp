@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <limits>
 
 #include "memory/summary.h"
 
@@ -176,6 +177,12 @@ void CachingAllocator::record(TraceAction action, uint64_t addr, size_t size, St
 
 void* CachingAllocator::allocate(size_t bytes, StreamId stream, std::source_location loc) {
   if (bytes == 0) return nullptr;
+  // No device holds 2^63 bytes, and the roundings below would wrap near 2^64.
+  if (bytes > std::numeric_limits<size_t>::max() / 2)
+    throw OutOfMemoryError(
+        fmt::format("Tally out of memory on {}: tried to allocate {} bytes, more than 2^63",
+                    provider_->device_name(), bytes),
+        bytes);
   AllocTag tag = current_tag();
   tag.loc = SourceLoc::from(loc);
 

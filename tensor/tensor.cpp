@@ -15,9 +15,19 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
+  // A zero counts as a one in the check: a contiguous layout's strides are products of the
+  // other dimensions, and must fit as well.
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
+  bool empty = false;
+  for (int64_t d : s) {
+    if (d == 0) {
+      empty = true;
+    } else if (__builtin_mul_overflow(n, d, &n)) {
+      throw std::overflow_error(
+          fmt::format("shape {}: the number of elements overflows int64", shape_str(s)));
+    }
+  }
+  return empty ? 0 : n;
 }
 
 Shape contiguous_strides(const Shape& sizes) {
@@ -25,7 +35,9 @@ Shape contiguous_strides(const Shape& sizes) {
   int64_t acc = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= std::max<int64_t>(sizes[i], 1);
+    if (i > 0 && __builtin_mul_overflow(acc, std::max<int64_t>(sizes[i], 1), &acc))
+      throw std::overflow_error(
+          fmt::format("shape {}: the contiguous strides overflow int64", shape_str(sizes)));
   }
   return st;
 }
@@ -41,15 +53,15 @@ Tensor Tensor::make(Storage storage, Shape sizes, Shape strides, int64_t offset,
   // Bounds: the largest reachable element must lie inside the storage.
   if (shape_numel(sizes) > 0) {
     int64_t hi = offset, lo = offset;
+    bool overflow = false;  // an extent past int64 reaches outside any storage
     for (size_t i = 0; i < sizes.size(); ++i) {
-      const int64_t span = (sizes[i] - 1) * strides[i];
-      if (span > 0)
-        hi += span;
-      else
-        lo += span;
+      int64_t span = 0;
+      overflow |= __builtin_mul_overflow(sizes[i] - 1, strides[i], &span);
+      overflow |=
+          span > 0 ? __builtin_add_overflow(hi, span, &hi) : __builtin_add_overflow(lo, span, &lo);
     }
     const auto cap = static_cast<int64_t>(storage.nbytes() / dtype_size(dtype));
-    if (lo < 0 || hi >= cap)
+    if (overflow || lo < 0 || hi >= cap)
       throw std::out_of_range(fmt::format(
           "Tensor::make: layout sizes {} strides {} offset {} reaches outside a storage of {} "
           "elements",

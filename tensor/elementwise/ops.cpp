@@ -204,8 +204,10 @@ static Shape infer_shape(Shape shape, int64_t numel, const Tensor& t, const char
     } else if (shape[i] < 0) {
       throw std::invalid_argument(
           fmt::format("{}: invalid size {} in {}", op, shape[i], shape_str(shape)));
-    } else {
-      known *= shape[i];
+    } else if (__builtin_mul_overflow(known, shape[i], &known)) {
+      throw std::invalid_argument(
+          fmt::format("{}: shape {} has more than 2^63 elements (input of shape {})", op,
+                      shape_str(shape), t.shape_string()));
     }
   }
   if (infer >= 0) {
