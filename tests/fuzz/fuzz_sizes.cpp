@@ -72,7 +72,7 @@ constexpr DType kDtypes[] = {DType::float32, DType::float16, DType::bfloat16, DT
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  fuzz::scratch_dir();  // the memory cap
+  fuzz::scratch_dir(size_t{4} << 20);  // a 4 MiB cap: what fits is quick to fill and check
   FuzzedDataProvider in(data, size);
   const DType dtype = kDtypes[in.ConsumeIntegralInRange<size_t>(0, std::size(kDtypes) - 1)];
   const Shape s = shape(in);
