@@ -12,7 +12,11 @@
 namespace tally::distributed {
 namespace {
 
-size_t mib_to_bytes(double mb) {
+// MiB as bytes; `mb` must be in [0, 2^43) (the bytes fit in 63 bits; NaN and inf fail).
+size_t mib_to_bytes(const char* name, double mb) {
+  if (!(mb >= 0 && mb < 8796093022208.0))
+    throw std::invalid_argument(fmt::format(
+        "DistributedDataParallel: {} must be a number of MiB in [0, 2^43), got {}", name, mb));
   return static_cast<size_t>(mb * 1024.0 * 1024.0);
 }
 
@@ -24,9 +28,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
   if (!module_) throw std::invalid_argument("DistributedDataParallel: null module");
   if (!pg_) throw std::invalid_argument("DistributedDataParallel: null process group");
-  if (options_.bucket_cap_mb <= 0)
+  if (!(options_.bucket_cap_mb > 0))
     throw std::invalid_argument(fmt::format(
         "DistributedDataParallel: bucket_cap_mb must be > 0, got {}", options_.bucket_cap_mb));
+  // Checked up front (build_buckets converts them again).
+  (void)mib_to_bytes("bucket_cap_mb", options_.bucket_cap_mb);
+  (void)mib_to_bytes("first_bucket_cap_mb", options_.first_bucket_cap_mb);
   for (const auto& [name, p] : module_->named_parameters()) {
     if (!p.requires_grad()) continue;
     if (!(p.device() == pg_->device()))
@@ -84,8 +91,9 @@ DistributedDataParallel::~DistributedDataParallel() {
 }
 
 void DistributedDataParallel::build_buckets(const std::vector<size_t>& order) {
-  assignment_ = compute_bucket_assignment(specs_, mib_to_bytes(options_.bucket_cap_mb),
-                                          mib_to_bytes(options_.first_bucket_cap_mb), order);
+  assignment_ = compute_bucket_assignment(
+      specs_, mib_to_bytes("bucket_cap_mb", options_.bucket_cap_mb),
+      mib_to_bytes("first_bucket_cap_mb", options_.first_bucket_cap_mb), order);
   readiness_ = BucketReadiness(assignment_);
   buckets_.clear();  // frees the old buffers (record_stream keeps them safe from reuse)
   slot_.assign(params_.size(), 0);

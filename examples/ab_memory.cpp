@@ -20,7 +20,9 @@
 #include <sstream>
 
 #include "examples/ab_report.h"
+#include "examples/cli_common.h"
 #include "examples/train_common.h"
+#include "memory/atomic_file.h"
 #include "memory/timeline.h"
 #include "nn/checkpoint.h"
 #include "nn/data/mnist.h"
@@ -73,6 +75,10 @@ Batches make_batches(const Args& a, int64_t& classes_or_vocab, int64_t& channels
     classes_or_vocab = 10;
     if (a.dataset == "fashion-mnist") {
       data::FashionMNIST ds(data::FashionMNIST::kDefaultRoot, true);
+      if (ds.size() < 1)
+        throw std::invalid_argument(
+            fmt::format("--dataset fashion-mnist: the training set in {} is empty",
+                        data::FashionMNIST::kDefaultRoot));
       channels = 1;
       Generator gen(a.seed);
       for (int64_t s = 0; s < a.steps; ++s) {
@@ -134,26 +140,73 @@ int main(int argc, char** argv) {
   app.add_option("--dataset", a.dataset, "synthetic | fashion-mnist (ResNet) | text (GPT)")
       ->capture_default_str();
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
-  app.add_option("--batch", a.batch, "batch size")->capture_default_str();
-  app.add_option("--image-size", a.image_size, "synthetic image size (default 32)");
-  app.add_option("--seq", a.seq, "GPT sequence length (default: the preset's block size)");
-  app.add_option("--steps", a.steps, "steps per configuration (the last one is recorded)")
+  app.add_option("--batch", a.batch, "batch size")
+      ->check(ex::int_range(1, 1 << 20))
       ->capture_default_str();
-  app.add_option("--seed", a.seed, "seed")->capture_default_str();
+  app.add_option("--image-size", a.image_size, "synthetic image size (default 32)")
+      ->check(ex::int_range(0, 4096));
+  app.add_option("--seq", a.seq, "GPT sequence length (default: the preset's block size)")
+      ->check(ex::int_range(0));
+  app.add_option("--steps", a.steps, "steps per configuration (the last one is recorded)")
+      ->check(ex::int_range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--seed", a.seed, "seed")->check(ex::seed_value())->capture_default_str();
   app.add_option("--checkpoint", a.checkpoints,
                  "comma list of none | blocks | N-segments | selective")
       ->capture_default_str();
   app.add_option("--amp", a.amps, "comma list of off | fp16 | bf16")->capture_default_str();
-  app.add_option("--lr", a.lr, "learning rate")->capture_default_str();
+  app.add_option("--lr", a.lr, "learning rate")->check(ex::positive_real())->capture_default_str();
   app.add_option("--out", a.out, "output folder (snapshots, timelines, report.html)")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
 
-  try {
+  return ex::run_cli("ab_memory", app, argc, argv, [&] {
+    // ---- everything is checked before the first configuration runs ----
     const Device dev = ex::parse_device(a.device);
-    if (a.steps < 2)
-      throw std::invalid_argument("--steps must be at least 2 (the last step is recorded)");
-    std::filesystem::create_directories(a.out);
+    if (a.model != "resnet" && a.model != "gpt")
+      throw std::invalid_argument(
+          fmt::format("--model: expected resnet or gpt, got '{}'", a.model));
+    const std::vector<std::string> checkpoints = split_list(a.checkpoints);
+    const std::vector<std::string> amps = split_list(a.amps);
+    if (checkpoints.empty()) throw std::invalid_argument("--checkpoint: empty list");
+    if (amps.empty()) throw std::invalid_argument("--amp: empty list");
+    for (const std::string& ck : checkpoints) nn::parse_checkpoint_spec(ck);
+    for (const std::string& am : amps) ex::parse_amp(am);
+    if (a.model == "resnet") {
+      if (a.arch != "tiny" && a.arch != "resnet18" && a.arch != "resnet34" && a.arch != "resnet50")
+        throw std::invalid_argument(
+            fmt::format("--arch: expected tiny, resnet18, resnet34 or resnet50, got '{}'", a.arch));
+      if (a.dataset != "synthetic" && a.dataset != "fashion-mnist")
+        throw std::invalid_argument(fmt::format(
+            "--dataset: expected synthetic or fashion-mnist for --model resnet, got '{}'",
+            a.dataset));
+      if (a.seq > 0) throw std::invalid_argument("--seq applies to --model gpt only");
+      if (app.count("--preset") > 0)
+        throw std::invalid_argument("--preset applies to --model gpt only");
+      if (a.image_size > 0 && a.dataset != "synthetic")
+        throw std::invalid_argument("--image-size applies to --dataset synthetic only");
+    } else {
+      const nn::GPTConfig cfg =
+          ex::for_flag("--preset", [&] { return nn::GPTConfig::preset(a.preset); });
+      if (a.dataset != "synthetic" && a.dataset != "text" && a.dataset != "fortunes")
+        throw std::invalid_argument(
+            fmt::format("--dataset: expected synthetic, text or fortunes for --model gpt, got '{}'",
+                        a.dataset));
+      if (a.seq > cfg.block_size)
+        throw std::invalid_argument(
+            fmt::format("--seq {} exceeds the preset's block size {}", a.seq, cfg.block_size));
+      if (a.image_size > 0) throw std::invalid_argument("--image-size applies to --model resnet");
+      if (app.count("--arch") > 0) throw std::invalid_argument("--arch applies to --model resnet");
+      if (a.dataset != "synthetic") {
+        const int64_t T = a.seq > 0 ? a.seq : cfg.block_size;
+        const data::TextCorpus corpus =
+            ex::for_flag("--dataset", [] { return data::TextCorpus(); });
+        if (corpus.num_tokens(data::Split::train) <= T)
+          throw std::invalid_argument(fmt::format(
+              "--dataset {}: the training split of {} has {} tokens, too short for --seq {}",
+              a.dataset, corpus.path(), corpus.num_tokens(data::Split::train), T));
+      }
+    }
+    ex::check_output_dir(a.out, "--out");
     int64_t classes = 10, channels = 3, seq = 0;
     Batches batches;
     {
@@ -162,8 +215,8 @@ int main(int argc, char** argv) {
     }
 
     std::vector<ex::ConfigResult> results;
-    for (const std::string& ck : split_list(a.checkpoints)) {
-      for (const std::string& am : split_list(a.amps)) {
+    for (const std::string& ck : checkpoints) {
+      for (const std::string& am : amps) {
         const auto amp = ex::parse_amp(am);
         const nn::CheckpointSpec spec = nn::parse_checkpoint_spec(ck);
         ex::ConfigResult r;
@@ -281,10 +334,7 @@ int main(int argc, char** argv) {
                          r.timeline_path);
       }
       j += "]\n";
-      std::FILE* f = std::fopen((a.out + "/results.json").c_str(), "wb");
-      if (!f) throw std::runtime_error(fmt::format("cannot write {}/results.json", a.out));
-      std::fwrite(j.data(), 1, j.size(), f);
-      std::fclose(f);
+      memory::write_file_atomic(a.out + "/results.json", j, "ab_memory");
     }
     const std::string report = a.out + "/report.html";
     ex::write_report(report, title, results);
@@ -293,8 +343,5 @@ int main(int argc, char** argv) {
         "*.timeline.json (PyTorch's memory-timeline layout)\n",
         report);
     return 0;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "ab_memory: error: {}\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -9,6 +9,7 @@
 #include <functional>
 #include <stdexcept>
 
+#include "memory/atomic_file.h"
 #include "memory/context.h"
 
 namespace tally::examples {
@@ -321,11 +322,7 @@ document.body.setAttribute('data-charts', String(document.querySelectorAll('svg.
 </script>
 </body></html>
 )HTML";
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) throw std::runtime_error(fmt::format("write_report: cannot open '{}' for writing", path));
-  const bool ok = std::fwrite(html.data(), 1, html.size(), f) == html.size();
-  if (std::fclose(f) != 0 || !ok)
-    throw std::runtime_error(fmt::format("write_report: writing '{}' failed", path));
+  memory::write_file_atomic(path, html, "write_report");
 }
 
 }  // namespace tally::examples

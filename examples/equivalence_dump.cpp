@@ -10,12 +10,12 @@
 //                    --out DIR [--seed N] [--batch N] [--float64] [--print-norms]
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
 #include <map>
 #include <string>
 
+#include "examples/cli_common.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "nn/serialize.h"
@@ -25,17 +25,7 @@
 #endif
 
 using namespace tally;
-
-namespace {
-[[noreturn]] void usage(const std::string& why) {
-  fmt::print(stderr,
-             "equivalence_dump: {}\nusage: equivalence_dump --model "
-             "resnet18|resnet_tiny|gpt-small|gpt-tiny "
-             "[--device cpu|cuda] --out DIR [--seed N] [--batch N] [--float64] [--print-norms]\n",
-             why);
-  std::exit(2);
-}
-}  // namespace
+namespace ex = tally::examples;
 
 int main(int argc, char** argv) {
   std::string model_name, device_name = "cpu", out;
@@ -49,44 +39,41 @@ int main(int argc, char** argv) {
   uint64_t seed = 1235;
   int64_t batch = 4;
   bool float64 = false, print_norms = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) usage("missing value for " + a);
-      return argv[++i];
-    };
-    if (a == "--model")
-      model_name = next();
-    else if (a == "--device")
-      device_name = next();
-    else if (a == "--out")
-      out = next();
-    else if (a == "--seed")
-      seed = std::stoull(next());
-    else if (a == "--batch")
-      batch = std::stoll(next());
-    else if (a == "--float64")
-      float64 = true;  // compute the step in float64 (weights still saved as float32)
-    else if (a == "--print-norms")
-      print_norms = true;
-    else
-      usage("unknown argument " + a);
-  }
-  if (model_name.empty() || out.empty()) usage("--model and --out are required");
-  Device device = Device::cpu();
-  if (device_name == "cuda") {
-    if (!memory::cuda_available()) usage("no CUDA device");
-    device = Device::cuda(0);
-  } else if (device_name != "cpu") {
-    usage("bad --device " + device_name);
-  }
+  CLI::App app{"One fp32 training step of a Tally model, written out for PyTorch to replay."};
+  app.add_option("--model", model_name, "resnet18 | resnet_tiny | gpt-small | gpt-tiny")
+      ->required();
+  app.add_option("--device", device_name, "cpu | cuda")->capture_default_str();
+  app.add_option("--out", out, "output folder (weights, batch, grads .safetensors)")->required();
+  app.add_option("--seed", seed, "seed of the weights and the batch")
+      ->check(ex::seed_value())
+      ->capture_default_str();
+  app.add_option("--batch", batch, "batch size")
+      ->check(ex::int_range(1, 1 << 12))
+      ->capture_default_str();
+  app.add_flag("--float64", float64,
+               "compute the step in float64 (weights still saved as float32)");
+  app.add_flag("--print-norms", print_norms, "print every gradient's norm");
+
+  return ex::run_cli("equivalence_dump", app, argc, argv, [&] {
+    if (model_name != "resnet18" && model_name != "resnet_tiny" && model_name != "gpt-small" &&
+        model_name != "gpt-tiny")
+      throw std::invalid_argument(fmt::format(
+          "--model: expected resnet18, resnet_tiny, gpt-small or gpt-tiny, got '{}'", model_name));
+    Device device = Device::cpu();
+    if (device_name == "cuda") {
+      if (!memory::cuda_available())
+        throw std::invalid_argument("--device cuda: this build has no CUDA backend or no GPU");
+      device = Device::cuda(0);
+    } else if (device_name != "cpu") {
+      throw std::invalid_argument(
+          fmt::format("--device: expected cpu or cuda, got '{}'", device_name));
+    }
+    ex::check_output_dir(out, "--out");
 #ifdef TALLY_WITH_CUDA
-  cuda::set_allow_tf32(false);  // fp32 products in fp32, like torch with allow_tf32=False
-  cuda::set_cudnn_allow_tf32(
-      false);  // and fp32 convolutions (torch.backends.cudnn.allow_tf32=False)
+    cuda::set_allow_tf32(false);  // fp32 products in fp32, like torch with allow_tf32=False
+    cuda::set_cudnn_allow_tf32(
+        false);  // and fp32 convolutions (torch.backends.cudnn.allow_tf32=False)
 #endif
-  try {
-    std::filesystem::create_directories(out);
     manual_seed(seed);
     Generator data_gen(seed + 1);
     std::map<std::string, std::string> meta{{"model", model_name},
@@ -125,8 +112,6 @@ int main(int argc, char** argv) {
         input = ops::randint(0, cfg.vocab_size, {batch, T}, DType::int64, Device::cpu(), &data_gen);
         target =
             ops::randint(0, cfg.vocab_size, {batch, T}, DType::int64, Device::cpu(), &data_gen);
-      } else {
-        usage("unknown --model " + model_name);
       }
     }
     model->train();
@@ -166,9 +151,6 @@ int main(int argc, char** argv) {
                        ops::mul(ops::to(g, DType::float64), ops::to(g, DType::float64))))));
     fmt::print("{} on {}: loss {:.6f}, {} gradients written to {}\n", model_name, device_name,
                loss.item(), grads.size() - 1, out);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "equivalence_dump: {}\n", e.what());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

@@ -19,14 +19,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <vector>
 
+#include "examples/cli_common.h"
 #include "examples/train_common.h"
 #include "memory/alloc_config.h"
+#include "memory/atomic_file.h"
 #include "memory/summary.h"
 #include "nn/checkpoint.h"
 #include "nn/models/gpt.h"
@@ -469,33 +470,43 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   app.add_option("--out", a.out, "output folder")->capture_default_str();
-  app.add_option("--layers", a.layers, "staircase: GPT blocks")->capture_default_str();
-  app.add_option("--batch", a.batch, "batch size")->capture_default_str();
-  app.add_option("--seq", a.seq, "staircase: tokens per sequence")->capture_default_str();
-  app.add_option("--leak-steps", a.leak_steps, "leak: steps")->capture_default_str();
-  app.add_option("--frag-steps", a.frag_steps, "fragmentation: steps")->capture_default_str();
+  app.add_option("--layers", a.layers, "staircase: GPT blocks")
+      ->check(ex::int_range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--batch", a.batch, "batch size")
+      ->check(ex::int_range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--seq", a.seq, "staircase: tokens per sequence")
+      ->check(ex::int_range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--leak-steps", a.leak_steps, "leak: steps (the growth per step needs 2)")
+      ->check(ex::int_range(2, 10000))
+      ->capture_default_str();
+  app.add_option("--frag-steps", a.frag_steps, "fragmentation: steps")
+      ->check(ex::int_range(1, 10000))
+      ->capture_default_str();
+  // TALLY_ALLOC_CONF's max_split_size_mb is at least 20 (PyTorch's rule): smaller values
+  // would be raised silently, and the diagnosis would name the wrong size.
   app.add_option("--max-split-mb", a.max_split_mb,
                  "fragmentation: max_split_size_mb of the second run")
+      ->check(ex::int_range(20, 1 << 20))
       ->capture_default_str();
-  app.add_option("--seed", a.seed, "seed")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  try {
+  app.add_option("--seed", a.seed, "seed")->check(ex::seed_value())->capture_default_str();
+
+  return ex::run_cli("memory_patterns", app, argc, argv, [&] {
     const Device dev = ex::parse_device(a.device);
-    std::filesystem::create_directories(a.out);
+    ex::check_output_dir(a.out, "--out");
     std::vector<std::string> parts;
     if (a.pattern == "staircase" || a.pattern == "all")
       parts.push_back("\"staircase\": " + staircase(a, dev));
     if (a.pattern == "leak" || a.pattern == "all") parts.push_back("\"leak\": " + leak(a, dev));
     if (a.pattern == "fragmentation" || a.pattern == "all")
       parts.push_back("\"fragmentation\": " + fragmentation(a, dev));
-    std::ofstream f(a.out + "/patterns.json");
-    f << "{" << fmt::format("\"device\": \"{}\", ", dev.str())
-      << fmt::format("{}", fmt::join(parts, ", ")) << "}\n";
-    if (!f) throw std::runtime_error("cannot write " + a.out + "/patterns.json");
+    memory::write_file_atomic(
+        a.out + "/patterns.json",
+        fmt::format("{{\"device\": \"{}\", {}}}\n", dev.str(), fmt::join(parts, ", ")),
+        "memory_patterns");
     fmt::print("wrote {}/patterns.json\n", a.out);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "memory_patterns: {}\n", e.what());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

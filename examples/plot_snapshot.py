@@ -46,6 +46,7 @@ import os
 import pickle
 import re
 import sys
+import tempfile
 from xml.sax.saxutils import escape
 
 # Stack order, bottom to top: long-lived state first, then the per-step input (flat
@@ -679,6 +680,37 @@ def plot(r, x_mode, x_reason, title, device, width, height):
     return svg.render(full_title)
 
 
+def write_atomic(path, text):
+    """Writes `text` to `path` through a temporary file in the same folder, fsync'ed and renamed
+    into place (as Tally's C++ writers do, memory/atomic_file.h): a write cut short leaves the
+    previous file intact. The replacement keeps the old file's permission bits; a target that is
+    not a regular file (/dev/stdout, a FIFO) is written in place."""
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         prog="plot_snapshot.py",
@@ -713,8 +745,7 @@ def main(argv=None):
     title = args.title if args.title is not None else os.path.basename(args.snapshot)
     svg = plot(r, x_mode, reason, title, device, args.width, args.height)
     try:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(svg)
+        write_atomic(args.out, svg)
     except OSError as e:
         print(f"{prog}: error: {args.out}: cannot write: {e.strerror or e}", file=sys.stderr)
         return 2

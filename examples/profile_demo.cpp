@@ -7,15 +7,18 @@
 //   profile_demo [--device cpu|cuda] [--steps N] [--batch N] [--out PREFIX]
 #include <fmt/format.h>
 
-#include <cstdlib>
+#include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
 
 #include "autograd/ops.h"
+#include "examples/cli_common.h"
+#include "examples/train_common.h"
 #include "memory/memory.h"
 #include "profiler/profiler.h"
 
 using namespace tally;
+namespace ex = tally::examples;
 
 namespace {
 
@@ -84,58 +87,50 @@ struct Net {
 int main(int argc, char** argv) {
   std::string device_arg = memory::cuda_available() ? "cuda" : "cpu";
   std::string out = "profile_demo";
-  int steps = 6;
+  int64_t steps = 6;
   int64_t batch = 16;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        fmt::print(stderr, "profile_demo: {} needs a value\n", a);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--device")
-      device_arg = value();
-    else if (a == "--steps")
-      steps = std::stoi(value());
-    else if (a == "--batch")
-      batch = std::stoll(value());
-    else if (a == "--out")
-      out = value();
-    else {
-      fmt::print(
-          stderr,
-          "usage: profile_demo [--device cpu|cuda] [--steps N] [--batch N] [--out PREFIX]\n");
-      return 2;
-    }
-  }
-  const Device device = device_arg == "cuda" ? Device::cuda(0) : Device::cpu();
-  Net net(device, batch);
+  CLI::App app{"torch.profiler's workflow on a small CNN: trace, key_averages, memory timeline."};
+  app.add_option("--device", device_arg, "cpu | cuda")->capture_default_str();
+  // The schedule waits 1 step, warms up 1 and records 2: fewer than 4 steps record nothing.
+  app.add_option("--steps", steps, "training steps (the profiler waits 1, warms up 1, records 2)")
+      ->check(ex::int_range(4, 10000))
+      ->capture_default_str();
+  app.add_option("--batch", batch, "batch size")
+      ->check(ex::int_range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--out", out,
+                 "output prefix: PREFIX.trace.json, .timeline.json, .timeline.html, .pickle")
+      ->capture_default_str();
 
-  profiler::ProfilerOptions opts;
-  opts.profile_memory = true;
-  opts.record_shapes = true;
-  opts.with_stack = true;
-  opts.schedule = profiler::schedule(/*wait=*/1, /*warmup=*/1, /*active=*/2, /*repeat=*/1);
-  opts.on_trace_ready = [&](profiler::Profiler& p) {
-    p.export_chrome_trace(out + ".trace.json");
-    p.export_memory_timeline(out + ".timeline.json");
-    p.export_memory_timeline(out + ".timeline.html");
-    p.export_memory_snapshot(out + ".pickle");
-    fmt::print("{}\n", p.key_averages().table("self_cpu_time_total", 15));
-    fmt::print("{}\n", p.key_averages_by_module().table("cpu_time_total", 10));
-    fmt::print(
-        "wrote {0}.trace.json, {0}.timeline.json, {0}.timeline.html, {0}.pickle "
-        "(steps {1})\n",
-        out, fmt::join(p.data().steps, ", "));
-  };
-  profiler::Profiler prof(opts);
-  prof.start();
-  for (int s = 0; s < steps; ++s) {
-    net.step();
-    prof.step();
-  }
-  prof.stop();
-  return 0;
+  return ex::run_cli("profile_demo", app, argc, argv, [&] {
+    const Device device = ex::parse_device(device_arg);
+    for (const char* ext : {".trace.json", ".timeline.json", ".timeline.html", ".pickle"})
+      ex::check_output_file(out + ext, "--out");
+    Net net(device, batch);
+    profiler::ProfilerOptions opts;
+    opts.profile_memory = true;
+    opts.record_shapes = true;
+    opts.with_stack = true;
+    opts.schedule = profiler::schedule(/*wait=*/1, /*warmup=*/1, /*active=*/2, /*repeat=*/1);
+    opts.on_trace_ready = [&](profiler::Profiler& p) {
+      p.export_chrome_trace(out + ".trace.json");
+      p.export_memory_timeline(out + ".timeline.json");
+      p.export_memory_timeline(out + ".timeline.html");
+      p.export_memory_snapshot(out + ".pickle");
+      fmt::print("{}\n", p.key_averages().table("self_cpu_time_total", 15));
+      fmt::print("{}\n", p.key_averages_by_module().table("cpu_time_total", 10));
+      fmt::print(
+          "wrote {0}.trace.json, {0}.timeline.json, {0}.timeline.html, {0}.pickle "
+          "(steps {1})\n",
+          out, fmt::join(p.data().steps, ", "));
+    };
+    profiler::Profiler prof(opts);
+    prof.start();
+    for (int s = 0; s < steps; ++s) {
+      net.step();
+      prof.step();
+    }
+    prof.stop();
+    return 0;
+  });
 }

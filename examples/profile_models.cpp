@@ -15,12 +15,14 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <memory>
+#include <ostream>
 #include <sstream>
 
 #include "autograd/autocast.h"
+#include "examples/cli_common.h"
 #include "examples/train_common.h"
+#include "memory/atomic_file.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "optim/adam.h"
@@ -170,12 +172,17 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
     p.export_chrome_trace(stem + ".trace.json");
     p.export_memory_timeline(stem + ".timeline.html", dev);
     const bool cuda = dev.type == DeviceType::cuda;
-    std::ofstream t(stem + ".key_averages.txt");
-    t << p.key_averages().table(cuda ? "self_cuda_time_total" : "self_cpu_time_total", 30) << "\n"
-      << p.key_averages(true).table(cuda ? "cuda_time_total" : "cpu_time_total", 20) << "\n"
-      << p.key_averages_by_module().table(cuda ? "self_cuda_memory_usage" : "self_cpu_memory_usage",
-                                          20)
-      << "\n";
+    memory::write_file_atomic(
+        stem + ".key_averages.txt",
+        [&](std::ostream& t) {
+          t << p.key_averages().table(cuda ? "self_cuda_time_total" : "self_cpu_time_total", 30)
+            << "\n"
+            << p.key_averages(true).table(cuda ? "cuda_time_total" : "cpu_time_total", 20) << "\n"
+            << p.key_averages_by_module().table(
+                   cuda ? "self_cuda_memory_usage" : "self_cpu_memory_usage", 20)
+            << "\n";
+        },
+        "profile_models");
     fmt::print("{}\n",
                p.key_averages().table(cuda ? "self_cuda_time_total" : "self_cpu_time_total", 12));
     double sum = 0, busy = 0;
@@ -224,23 +231,41 @@ int main(int argc, char** argv) {
   app.add_option("--models", a.models, "comma list of resnet, gpt")->capture_default_str();
   app.add_option("--out", a.out, "output folder")->capture_default_str();
   app.add_flag("--small", a.small, "tiny models (resnet_tiny, GPT tiny) for a CPU");
-  app.add_option("--steps", a.steps, "timed steps per measurement")->capture_default_str();
-  app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str();
-  app.add_option("--resnet-batch", a.resnet_batch, "ResNet-50 batch")->capture_default_str();
-  app.add_option("--gpt-batch", a.gpt_batch, "GPT-2 batch (x 1024 tokens)")->capture_default_str();
+  app.add_option("--steps", a.steps, "timed steps per measurement")
+      ->check(ex::int_range(1, 10000))
+      ->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed steps first")
+      ->check(ex::int_range(0, 10000))
+      ->capture_default_str();
+  app.add_option("--resnet-batch", a.resnet_batch, "ResNet-50 batch (not with --small)")
+      ->check(ex::int_range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--gpt-batch", a.gpt_batch, "GPT-2 batch (x 1024 tokens; not with --small)")
+      ->check(ex::int_range(1, 1 << 16))
+      ->capture_default_str();
   app.add_option("--amp", a.amp,
                  "off | fp16 | bf16 (forward under autocast; fp16 without a GradScaler)")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  try {
+
+  return ex::run_cli("profile_models", app, argc, argv, [&] {
     const Device dev = ex::parse_device(a.device);
     ex::parse_amp(a.amp);  // a bad --amp fails here, before any model is built
-    if (a.steps < 1) throw std::invalid_argument("--steps must be at least 1");
-    std::filesystem::create_directories(a.out);
+    if (a.small && (app.count("--resnet-batch") > 0 || app.count("--gpt-batch") > 0))
+      throw std::invalid_argument(
+          "--resnet-batch and --gpt-batch do not apply with --small (its batches are fixed)");
+    std::vector<std::string> models;
+    std::stringstream list(a.models);
+    for (std::string m; std::getline(list, m, ',');) {
+      if (m.empty()) continue;
+      if (m != "resnet" && m != "gpt")
+        throw std::invalid_argument(
+            fmt::format("--models: expected a comma list of resnet, gpt, got '{}'", m));
+      models.push_back(m);
+    }
+    if (models.empty()) throw std::invalid_argument("--models: empty list");
+    ex::check_output_dir(a.out, "--out");
     std::vector<Result> rs;
-    std::stringstream ss(a.models);
-    for (std::string m; std::getline(ss, m, ',');)
-      if (!m.empty()) rs.push_back(profile_model(a, m, dev));
+    for (const std::string& m : models) rs.push_back(profile_model(a, m, dev));
     fmt::print("{:<32} {:>12} {:>14} {:>10} {:>14} {:>12}\n", "model", "step ms", "profiled ms",
                "overhead", "kernels ms/st", "GPU busy ms");
     std::string j = "[";
@@ -257,12 +282,7 @@ int main(int argc, char** argv) {
           r.overhead_pct, r.kernel_ms_per_step, r.gpu_busy_ms_per_step, r.kernels, r.trace,
           r.timeline);
     }
-    std::ofstream f(a.out + "/profile_models.json");
-    f << j << "]\n";
-    if (!f) throw std::runtime_error("cannot write " + a.out + "/profile_models.json");
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "profile_models: {}\n", e.what());
-    return 1;
-  }
-  return 0;
+    memory::write_file_atomic(a.out + "/profile_models.json", j + "]\n", "profile_models");
+    return 0;
+  });
 }

@@ -19,6 +19,7 @@
 #include <memory>
 
 #include "distributed/ddp.h"
+#include "examples/cli_common.h"
 #include "examples/train_common.h"
 #include "memory/rank_path.h"
 #include "nn/data/distributed_sampler.h"
@@ -62,31 +63,44 @@ int main(int argc, char** argv) {
   CLI::App app{"Data-parallel training with Tally over NCCL (start it with tools/tally_launch)."};
   app.add_option("--model", a.model, "resnet50 | resnet18 | tiny | gpt2 | gpt-small | gpt-tiny")
       ->capture_default_str();
-  app.add_option("--batch", a.batch, "batch size per rank (0: 64 for ResNet, 8 for GPT)");
+  app.add_option("--batch", a.batch, "batch size per rank (0: 64 for ResNet, 8 for GPT)")
+      ->check(ex::int_range(0, 1 << 20));
   app.add_option("--image-size", a.image_size, "ResNet: synthetic image size")
+      ->check(ex::int_range(1, 4096))
       ->capture_default_str();
-  app.add_option("--seq", a.seq, "GPT: sequence length (0: the preset's block size)");
-  app.add_option("--steps", a.steps, "timed training steps")->capture_default_str();
-  app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str();
-  app.add_option("--lr", a.lr, "learning rate (0: 0.05 SGD for ResNet, 3e-4 AdamW for GPT)");
+  app.add_option("--seq", a.seq, "GPT: sequence length (0: the preset's block size)")
+      ->check(ex::int_range(0));
+  app.add_option("--steps", a.steps, "timed training steps")
+      ->check(ex::int_range(1, 1 << 24))
+      ->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed steps first")
+      ->check(ex::int_range(0, 1 << 24))
+      ->capture_default_str();
+  app.add_option("--lr", a.lr, "learning rate (0: 0.05 SGD for ResNet, 3e-4 AdamW for GPT)")
+      ->check(ex::non_negative_real());
   app.add_option("--device", a.device, "cuda (cuda:LOCAL_RANK) | cpu (world size 1 only)")
       ->capture_default_str();
   app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
   app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket cap in MiB")
+      ->check(ex::real_range({.lo = 0, .hi = 1 << 20, .lo_open = true}))
       ->capture_default_str();
   app.add_option("--first-bucket-cap-mb", a.first_bucket_cap_mb,
                  "cap of the first bucket in MiB (0: same)")
+      ->check(ex::real_range({.lo = 0, .hi = 1 << 20}))
       ->capture_default_str();
   app.add_option("--snapshot", a.snapshot,
                  "write a memory_viz snapshot per rank to FILE (.rank<R> added)");
   app.add_flag("--summary", a.summary, "print memory_summary() per rank at the end");
-  app.add_option("--seed", a.seed, "seed (the same on every rank)")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--seed", a.seed, "seed (the same on every rank)")
+      ->check(ex::seed_value())
+      ->capture_default_str();
 
-  int rank = 0;
-  try {
+  std::string program = "train_ddp";  // "train_ddp (rank R)" once the environment is read
+  return ex::run_cli(program, app, argc, argv, [&] {
+    // ---- everything is checked before the process group starts ----
     const distributed::DistEnv env = distributed::DistEnv::from_env();
-    rank = env.rank;
+    const int rank = env.rank;
+    program = fmt::format("train_ddp (rank {})", rank);
     Device dev;
     if (a.device == "cpu") {
       if (env.world_size > 1)
@@ -111,9 +125,31 @@ int main(int argc, char** argv) {
       throw std::invalid_argument(fmt::format(
           "--model: expected resnet50, resnet18, tiny, gpt2, gpt-small or gpt-tiny, got '{}'",
           a.model));
-    if (a.steps < 1) throw std::invalid_argument("--steps must be >= 1");
+    if (gpt && app.count("--image-size") > 0)
+      throw std::invalid_argument(
+          fmt::format("--image-size applies to the ResNet models, not {}", a.model));
+    if (!gpt && a.seq > 0)
+      throw std::invalid_argument(fmt::format("--seq applies to the GPT models, not {}", a.model));
     const int64_t B = a.batch > 0 ? a.batch : (gpt ? 8 : 64);
     const double lr = a.lr > 0 ? a.lr : (gpt ? 3e-4 : 0.05);
+    nn::GPTConfig cfg;
+    int64_t T = 0;
+    if (gpt) {
+      cfg = nn::GPTConfig::preset(a.model == "gpt2"        ? "gpt2"
+                                  : a.model == "gpt-small" ? "small"
+                                                           : "tiny");
+      T = a.seq > 0 ? a.seq : cfg.block_size;
+      if (T > cfg.block_size)
+        throw std::invalid_argument(
+            fmt::format("--seq {} exceeds the block size {}", T, cfg.block_size));
+    }
+    const int64_t steps_total = a.warmup + a.steps;
+    // Every rank's shard must hold its batches: B x world x steps examples in all.
+    const int64_t n_examples = std::max<int64_t>(
+        ex::checked_mul(ex::checked_mul(B, env.world_size, "--batch x WORLD_SIZE"), steps_total,
+                        "--batch x WORLD_SIZE x (--warmup + --steps)"),
+        256);
+    if (!a.snapshot.empty()) ex::check_output_file(memory::per_rank_path(a.snapshot), "--snapshot");
     manual_seed(a.seed);
     // First, before any other CUDA work: it makes cuda:LOCAL_RANK this process's device, so
     // no rank creates a context on another rank's GPU.
@@ -124,18 +160,8 @@ int main(int argc, char** argv) {
     std::shared_ptr<nn::Module> model;
     std::shared_ptr<nn::GPT> gpt_model;
     std::unique_ptr<data::Dataset> dataset;
-    int64_t T = 0;
     int64_t image_size = 0;
-    const int64_t steps_total = a.warmup + a.steps;
-    const int64_t n_examples = std::max<int64_t>(B * env.world_size * steps_total, 256);
     if (gpt) {
-      nn::GPTConfig cfg = nn::GPTConfig::preset(a.model == "gpt2"        ? "gpt2"
-                                                : a.model == "gpt-small" ? "small"
-                                                                         : "tiny");
-      T = a.seq > 0 ? a.seq : cfg.block_size;
-      if (T > cfg.block_size)
-        throw std::invalid_argument(
-            fmt::format("--seq {} exceeds the block size {}", T, cfg.block_size));
       gpt_model = std::make_shared<nn::GPT>(cfg);
       model = gpt_model;
       dataset =
@@ -270,8 +296,5 @@ int main(int argc, char** argv) {
                  rank, memory::per_rank_path(a.snapshot));
     }
     return 0;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "train_ddp (rank {}): error: {}\n", rank, e.what());
-    return 1;
-  }
+  });
 }

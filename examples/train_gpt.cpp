@@ -12,6 +12,7 @@
 #include <iostream>
 #include <memory>
 
+#include "examples/cli_common.h"
 #include "examples/train_common.h"
 #include "nn/checkpoint.h"
 #include "nn/data/synthetic.h"
@@ -88,50 +89,77 @@ int main(int argc, char** argv) {
   app.add_option("--preset", a.preset, "tiny | small | gpt2 | gpt2-medium")->capture_default_str();
   app.add_option("--data", a.data, "a text file (byte-level tokens) or 'synthetic'")
       ->capture_default_str();
-  app.add_option("--seq", a.seq, "sequence length (0: the preset's block size)");
-  app.add_option("--batch", a.batch, "batch size")->capture_default_str();
-  app.add_option("--steps", a.steps, "training steps")->capture_default_str();
-  app.add_option("--lr", a.lr, "peak learning rate (linear warm-up, cosine decay)")
+  app.add_option("--seq", a.seq, "sequence length (0: the preset's block size)")
+      ->check(ex::int_range(0));
+  app.add_option("--batch", a.batch, "batch size")->check(ex::int_range(1))->capture_default_str();
+  app.add_option("--steps", a.steps, "training steps")
+      ->check(ex::int_range(1))
       ->capture_default_str();
-  app.add_option("--weight-decay", a.weight_decay, "AdamW weight decay")->capture_default_str();
-  app.add_option("--clip", a.clip, "gradient clipping norm (0: off)")->capture_default_str();
+  app.add_option("--lr", a.lr, "peak learning rate (linear warm-up, cosine decay)")
+      ->check(ex::positive_real())
+      ->capture_default_str();
+  app.add_option("--weight-decay", a.weight_decay, "AdamW weight decay")
+      ->check(ex::non_negative_real())
+      ->capture_default_str();
+  app.add_option("--clip", a.clip, "gradient clipping norm (0: off)")
+      ->check(ex::non_negative_real())
+      ->capture_default_str();
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
-  app.add_option("--seed", a.seed, "seed")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed")->check(ex::seed_value())->capture_default_str();
   app.add_option("--checkpoint", a.checkpoint, "none | blocks | N-segments | selective")
       ->capture_default_str();
   app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
-  app.add_option("--sample", a.sample, "print a sample of this many bytes at the end");
-  app.add_option("--eval-batches", a.eval_batches, "validation batches")->capture_default_str();
-  app.add_option("--log-every", a.log_every, "progress update interval in steps")
+  app.add_option("--sample", a.sample, "print a sample of this many bytes at the end (text data)")
+      ->check(ex::int_range(0, 1 << 20));
+  app.add_option("--eval-batches", a.eval_batches, "validation batches")
+      ->check(ex::int_range(1))
       ->capture_default_str();
-  app.add_option("--vocab", a.vocab, "vocabulary of synthetic data (0: the preset's)");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--log-every", a.log_every, "progress update interval in steps")
+      ->check(ex::int_range(1))
+      ->capture_default_str();
+  app.add_option("--vocab", a.vocab, "vocabulary of synthetic data (0: the preset's)")
+      ->check(ex::int_range(0, 1 << 24));
 
-  try {
+  return ex::run_cli("train_gpt", app, argc, argv, [&] {
+    // ---- everything is checked before the first step ----
     const Device dev = ex::parse_device(a.device);
     const auto amp = ex::parse_amp(a.amp);
     const nn::CheckpointSpec ckpt = nn::parse_checkpoint_spec(a.checkpoint);
+    if (!a.snapshot.empty()) ex::check_output_file(a.snapshot, "--snapshot");
     manual_seed(a.seed);
-    if (!a.snapshot.empty()) memory::record_memory_history(true, 1000000, dev);
 
-    nn::GPTConfig cfg = nn::GPTConfig::preset(a.preset);
+    nn::GPTConfig cfg = ex::for_flag("--preset", [&] { return nn::GPTConfig::preset(a.preset); });
     const bool synthetic = a.data == "synthetic";
-    std::unique_ptr<data::TextCorpus> corpus;
-    if (!synthetic) {
-      corpus = std::make_unique<data::TextCorpus>(a.data);
-      if (cfg.vocab_size < data::TextCorpus::kVocabSize)
-        throw std::invalid_argument(
-            fmt::format("--preset {}: vocabulary {} is smaller than the byte vocabulary 256",
-                        a.preset, cfg.vocab_size));
-    } else if (a.vocab > 0) {
-      cfg.vocab_size = a.vocab;
-    }
+    if (!synthetic && a.vocab > 0)
+      throw std::invalid_argument("--vocab applies to --data synthetic only (text is 256 bytes)");
+    if (synthetic && a.sample > 0)
+      throw std::invalid_argument("--sample needs a text corpus, not --data synthetic");
     const int64_t T = a.seq > 0 ? a.seq : cfg.block_size;
     if (T > cfg.block_size)
       throw std::invalid_argument(
           fmt::format("--seq {} exceeds the preset's block size {}", T, cfg.block_size));
+    std::unique_ptr<data::TextCorpus> corpus;
+    if (!synthetic) {
+      corpus = ex::for_flag("--data", [&] { return std::make_unique<data::TextCorpus>(a.data); });
+      if (cfg.vocab_size < data::TextCorpus::kVocabSize)
+        throw std::invalid_argument(
+            fmt::format("--preset {}: vocabulary {} is smaller than the byte vocabulary 256",
+                        a.preset, cfg.vocab_size));
+      // A window of T tokens and its target (one token later) must fit in each split.
+      for (const data::Split split : {data::Split::train, data::Split::val}) {
+        const int64_t n = corpus->num_tokens(split);
+        if (n <= T)
+          throw std::invalid_argument(fmt::format(
+              "--data {}: the {} split has {} tokens, too short for --seq {} (needs more than {}; "
+              "use a shorter --seq or a longer text)",
+              a.data, split == data::Split::train ? "training" : "validation", n, T, T));
+      }
+    } else if (a.vocab > 0) {
+      cfg.vocab_size = a.vocab;
+    }
+    if (!a.snapshot.empty()) memory::record_memory_history(true, 1000000, dev);
 
     auto model = std::make_shared<nn::GPT>(cfg);
     model->to(dev);
@@ -140,7 +168,9 @@ int main(int argc, char** argv) {
         model->parameters(),
         optim::AdamOptions{
             .lr = a.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = a.weight_decay});
-    optim::WarmupCosineLR sched(opt, std::max<int64_t>(1, a.steps / 10), a.steps, a.lr * 0.1);
+    // Warm-up: 10% of the steps, at least 1 and fewer than all (none for a 1-step run).
+    const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, a.steps / 10), a.steps - 1);
+    optim::WarmupCosineLR sched(opt, warmup, a.steps, a.lr * 0.1);
     ex::Precision prec(amp, dev);
     Generator gen(a.seed + 17);
     data::SyntheticTokens synth(1 << 20, cfg.vocab_size, {T}, a.seed);
@@ -227,7 +257,7 @@ int main(int argc, char** argv) {
       }
       model->train();
     }
-    val /= static_cast<double>(std::max<int64_t>(a.eval_batches, 1));
+    val /= static_cast<double>(a.eval_batches);  // >= 1
     fmt::print(
         "val loss {:.4f} (chance: ln {} = {:.4f}), train loss {:.4f} -> {:.4f}, peak allocated {}, "
         "peak reserved {}\n",
@@ -246,8 +276,5 @@ int main(int argc, char** argv) {
                  a.snapshot);
     }
     return 0;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "train_gpt: error: {}\n", e.what());
-    return 1;
-  }
+  });
 }

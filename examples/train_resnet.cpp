@@ -12,6 +12,7 @@
 #include <iostream>
 #include <memory>
 
+#include "examples/cli_common.h"
 #include "examples/train_common.h"
 #include "nn/checkpoint.h"
 #include "nn/data/cifar.h"
@@ -83,57 +84,86 @@ int main(int argc, char** argv) {
   app.add_option("--dataset", a.dataset, "fashion-mnist | mnist | cifar10 | synthetic")
       ->capture_default_str();
   app.add_option("--data-root", a.data_root, "dataset folder (default: the dataset's usual place)");
-  app.add_option("--batch", a.batch, "batch size")->capture_default_str();
-  app.add_option("--epochs", a.epochs, "epochs")->capture_default_str();
-  app.add_option("--steps", a.steps, "stop after this many steps (0: run the epochs)");
-  app.add_option("--lr", a.lr, "learning rate (cosine schedule with warm-up)")
+  app.add_option("--batch", a.batch, "batch size (at most the training set's size)")
+      ->check(ex::int_range(1))
       ->capture_default_str();
-  app.add_option("--momentum", a.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--weight-decay", a.weight_decay, "weight decay")->capture_default_str();
+  app.add_option("--epochs", a.epochs, "epochs")->check(ex::int_range(1))->capture_default_str();
+  app.add_option("--steps", a.steps, "stop after this many steps (0: run the epochs)")
+      ->check(ex::int_range(0));
+  app.add_option("--lr", a.lr, "learning rate (cosine schedule with warm-up)")
+      ->check(ex::positive_real())
+      ->capture_default_str();
+  app.add_option("--momentum", a.momentum, "SGD momentum")
+      ->check(ex::real_range({.lo = 0, .hi = 1}))
+      ->capture_default_str();
+  app.add_option("--weight-decay", a.weight_decay, "weight decay")
+      ->check(ex::non_negative_real())
+      ->capture_default_str();
   app.add_option("--optimizer", a.optimizer, "sgd | adam | adamw")->capture_default_str();
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
-  app.add_option("--image-size", a.image_size, "resize images to this size (integer multiple)");
+  app.add_option("--image-size", a.image_size,
+                 "resize images to this size (an integer multiple; 0: the dataset's own)")
+      ->check(ex::int_range(0, 4096));
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
   app.add_option("--seed", a.seed, "seed of weights, data order and dropout")
+      ->check(ex::seed_value())
       ->capture_default_str();
   app.add_option("--checkpoint", a.checkpoint, "none | blocks | N-segments | selective")
       ->capture_default_str();
   app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
-  app.add_option("--eval-batches", a.eval_batches, "test batches to evaluate (0: all)");
+  app.add_option("--eval-batches", a.eval_batches, "test batches to evaluate (0: all)")
+      ->check(ex::int_range(0));
   app.add_option("--log-every", a.log_every, "progress update interval in steps")
+      ->check(ex::int_range(1))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
 
-  try {
+  return ex::run_cli("train_resnet", app, argc, argv, [&] {
+    // ---- everything is checked before the first step ----
     const Device dev = ex::parse_device(a.device);
     const auto amp = ex::parse_amp(a.amp);
     const nn::CheckpointSpec ckpt = nn::parse_checkpoint_spec(a.checkpoint);
+    if (a.arch != "tiny" && a.arch != "resnet18" && a.arch != "resnet34" && a.arch != "resnet50")
+      throw std::invalid_argument(
+          fmt::format("--arch: expected tiny, resnet18, resnet34 or resnet50, got '{}'", a.arch));
+    if (a.optimizer != "sgd" && a.optimizer != "adam" && a.optimizer != "adamw")
+      throw std::invalid_argument(
+          fmt::format("--optimizer: expected sgd, adam or adamw, got '{}'", a.optimizer));
+    if (a.optimizer != "sgd" && app.count("--momentum") > 0)
+      throw std::invalid_argument(
+          fmt::format("--momentum applies to --optimizer sgd only, not {}", a.optimizer));
+    if (a.dataset == "synthetic" && !a.data_root.empty())
+      throw std::invalid_argument("--data-root does not apply to --dataset synthetic");
+    if (!a.snapshot.empty()) ex::check_output_file(a.snapshot, "--snapshot");
     manual_seed(a.seed);
-    if (!a.snapshot.empty()) memory::record_memory_history(true, 1000000, dev);
 
     // ---- data ----
     std::unique_ptr<data::Dataset> train, test;
     int64_t classes = 10, channels = 1;
     if (a.dataset == "fashion-mnist" || a.dataset == "mnist") {
       const std::string root = a.data_root.empty() ? data::FashionMNIST::kDefaultRoot : a.data_root;
-      if (a.dataset == "mnist") {
-        train = std::make_unique<data::MNIST>(root, true);
-        test = std::make_unique<data::MNIST>(root, false);
-      } else {
-        train = std::make_unique<data::FashionMNIST>(root, true);
-        test = std::make_unique<data::FashionMNIST>(root, false);
-      }
+      ex::for_flag("--data-root", [&] {
+        if (a.dataset == "mnist") {
+          train = std::make_unique<data::MNIST>(root, true);
+          test = std::make_unique<data::MNIST>(root, false);
+        } else {
+          train = std::make_unique<data::FashionMNIST>(root, true);
+          test = std::make_unique<data::FashionMNIST>(root, false);
+        }
+      });
     } else if (a.dataset == "cifar10") {
       if (a.data_root.empty())
         throw std::invalid_argument(
             "--dataset cifar10 needs --data-root (the cifar-10-batches-bin folder)");
-      train = std::make_unique<data::CIFAR10>(a.data_root, true);
-      test = std::make_unique<data::CIFAR10>(a.data_root, false);
+      ex::for_flag("--data-root", [&] {
+        train = std::make_unique<data::CIFAR10>(a.data_root, true);
+        test = std::make_unique<data::CIFAR10>(a.data_root, false);
+      });
       channels = 3;
     } else if (a.dataset == "synthetic") {
       const int64_t s = a.image_size ? a.image_size : 32;
-      const int64_t n = std::max<int64_t>(a.batch * std::max<int64_t>(a.steps, 8), 1024);
+      const int64_t n = std::max<int64_t>(
+          ex::checked_mul(a.batch, std::max<int64_t>(a.steps, 8), "--batch x --steps"), 1024);
       train = std::make_unique<data::SyntheticImages>(n, Shape{3, s, s}, classes, a.seed);
       test = std::make_unique<data::SyntheticImages>(std::max<int64_t>(a.batch * 4, 256),
                                                      Shape{3, s, s}, classes, a.seed + 1);
@@ -142,7 +172,28 @@ int main(int argc, char** argv) {
       throw std::invalid_argument(fmt::format(
           "--dataset: expected fashion-mnist, mnist, cifar10 or synthetic, got '{}'", a.dataset));
     }
+    // The training loader drops the last partial batch, so the training set must hold at
+    // least one batch (else an epoch has no step); the test loader keeps a short last batch.
+    const std::string source =
+        a.data_root.empty() ? fmt::format("--dataset {}", a.dataset)
+                            : fmt::format("--dataset {} --data-root {}", a.dataset, a.data_root);
+    if (train->size() < 1 || test->size() < 1)
+      throw std::invalid_argument(
+          fmt::format("{}: the {} set is empty", source, train->size() < 1 ? "training" : "test"));
+    if (a.batch > train->size())
+      throw std::invalid_argument(
+          fmt::format("--batch {} is larger than the training set ({}: {} examples): an epoch "
+                      "would have no full batch",
+                      a.batch, source, train->size()));
     const int64_t image_size = a.dataset == "synthetic" ? 0 : a.image_size;
+    if (image_size != 0) {
+      const Shape shape = train->get(0).input.shape();  // [C, H, W]
+      const int64_t h = shape.at(1), w = shape.at(2);
+      if (image_size % h != 0 || h != w)
+        throw std::invalid_argument(fmt::format(
+            "--image-size {}: the images are {}x{}; only integer multiples are supported",
+            image_size, h, w));
+    }
     data::DataLoader loader(
         *train,
         {.batch_size = a.batch, .shuffle = true, .seed = a.seed, .drop_last = true, .device = dev});
@@ -151,6 +202,10 @@ int main(int argc, char** argv) {
                                          .seed = a.seed,
                                          .drop_last = false,
                                          .device = dev});
+    const int64_t per_epoch = loader.len();  // >= 1 (checked above)
+    const int64_t total =
+        a.steps > 0 ? a.steps : ex::checked_mul(per_epoch, a.epochs, "steps per epoch x --epochs");
+    if (!a.snapshot.empty()) memory::record_memory_history(true, 1000000, dev);
 
     // ---- model and optimizer ----
     auto model = make_model(a, classes, channels);
@@ -161,19 +216,16 @@ int main(int argc, char** argv) {
       opt = std::make_unique<optim::SGD>(
           model->parameters(),
           optim::SGDOptions{.lr = a.lr, .momentum = a.momentum, .weight_decay = a.weight_decay});
-    } else if (a.optimizer == "adam" || a.optimizer == "adamw") {
+    } else {
       optim::AdamOptions o{.lr = a.lr, .weight_decay = a.weight_decay};
       if (a.optimizer == "adam")
         opt = std::make_unique<optim::Adam>(model->parameters(), o);
       else
         opt = std::make_unique<optim::AdamW>(model->parameters(), o);
-    } else {
-      throw std::invalid_argument(
-          fmt::format("--optimizer: expected sgd, adam or adamw, got '{}'", a.optimizer));
     }
-    const int64_t per_epoch = loader.len();
-    const int64_t total = a.steps > 0 ? a.steps : per_epoch * a.epochs;
-    optim::WarmupCosineLR sched(*opt, std::max<int64_t>(1, total / 20), total, a.lr * 0.01);
+    // Warm-up: 5% of the steps, at least 1 and fewer than all (none for a 1-step run).
+    const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, total / 20), total - 1);
+    optim::WarmupCosineLR sched(*opt, warmup, total, a.lr * 0.01);
     ex::Precision prec(amp, dev);
 
     fmt::print(
@@ -192,6 +244,7 @@ int main(int argc, char** argv) {
     Tensor loss_acc = zeros({}, TensorOptions{}.with_device(dev));
     Tensor correct_acc = zeros({}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
     while (step < total) {
+      const int64_t step_at_epoch_start = step;
       for (const data::Example& batch : loader) {
         if (step >= total) break;
         const Tensor x = resize(batch.input, image_size);
@@ -232,6 +285,9 @@ int main(int argc, char** argv) {
           window_steps = 0;
         }
       }
+      if (step == step_at_epoch_start)  // never spin on an empty epoch
+        throw std::logic_error(
+            fmt::format("the training loader yielded no batch in epoch {}", loader.epoch() - 1));
     }
     bar.done();
 
@@ -261,8 +317,5 @@ int main(int argc, char** argv) {
                  a.snapshot);
     }
     return 0;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "train_resnet: error: {}\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <limits>
 
+#include "memory/checked.h"
 #include "memory/summary.h"
 
 namespace tally::memory {
@@ -150,16 +150,18 @@ void CachingAllocator::set_config(AllocatorConfig config) {
 }
 
 size_t CachingAllocator::round_size(size_t bytes) const {
+  static constexpr const char* what = "CachingAllocator: rounding the request size";
   if (bytes < kMinBlockSize) return kMinBlockSize;
   const size_t divisions = config_.divisions_for(bytes);
-  if (divisions > 1 && bytes > kMinBlockSize * divisions && !std::has_single_bit(bytes)) {
+  // bytes > kMinBlockSize * divisions, without the product (divisions comes from the config).
+  if (divisions > 1 && bytes / kMinBlockSize >= divisions && bytes != kMinBlockSize * divisions &&
+      !std::has_single_bit(bytes)) {
     const size_t floor2 = std::bit_floor(bytes);
     const size_t step = floor2 / divisions;
-    if (step == 0) return floor2 << 1;
-    const size_t down = bytes & ~(step - 1);
-    return down == bytes ? bytes : down + step;
+    if (step == 0) return checked_mul(floor2, size_t{2}, what);
+    return checked_round_up(bytes, step, what);
   }
-  return kMinBlockSize * ((bytes + kMinBlockSize - 1) / kMinBlockSize);
+  return checked_round_up(bytes, kMinBlockSize, what);
 }
 
 void CachingAllocator::record(TraceAction action, uint64_t addr, size_t size, StreamId stream,
@@ -177,12 +179,6 @@ void CachingAllocator::record(TraceAction action, uint64_t addr, size_t size, St
 
 void* CachingAllocator::allocate(size_t bytes, StreamId stream, std::source_location loc) {
   if (bytes == 0) return nullptr;
-  // No device holds 2^63 bytes, and the roundings below would wrap near 2^64.
-  if (bytes > std::numeric_limits<size_t>::max() / 2)
-    throw OutOfMemoryError(
-        fmt::format("Tally out of memory on {}: tried to allocate {} bytes, more than 2^63",
-                    provider_->device_name(), bytes),
-        bytes);
   AllocTag tag = current_tag();
   tag.loc = SourceLoc::from(loc);
 
@@ -198,10 +194,16 @@ void* CachingAllocator::allocate(size_t bytes, StreamId stream, std::source_loca
   if (p.pool->small) {
     p.alloc_size = kSmallBuffer;
   } else {
-    p.alloc_size = kRoundLarge * ((p.size + kRoundLarge - 1) / kRoundLarge);
+    p.alloc_size =
+        checked_round_up(p.size, kRoundLarge, "CachingAllocator: rounding the segment size");
     // Mid-size requests share a large segment (20 MiB unless large_segment_size_mb says).
     if (p.size < kMinLargeAlloc) p.alloc_size = std::max(p.alloc_size, config_.large_segment_size);
   }
+  // Sizes are counted in int64 statistics (as in PyTorch): a segment must fit in 63 bits.
+  if (p.alloc_size > kMaxBytes)
+    throw std::length_error(fmt::format(
+        "CachingAllocator: a request of {} bytes needs a segment of {} bytes, more than 2^63 - 1",
+        bytes, p.alloc_size));
 
   bool found = get_free_block(p);
   if (!found) {
@@ -229,7 +231,8 @@ bool CachingAllocator::get_free_block(AllocParams& p) {
   const size_t max_split = config_.max_split_size;
   // Never hand an oversize block to a small request, nor a far larger one to a large one.
   if (p.size < max_split && (*it)->size >= max_split) return false;
-  if (p.size >= max_split && (*it)->size >= p.size + config_.max_non_split_rounding) return false;
+  // (*it)->size >= p.size: the difference cannot wrap, unlike p.size + max_non_split_rounding.
+  if (p.size >= max_split && (*it)->size - p.size >= config_.max_non_split_rounding) return false;
   p.block = *it;
   p.block->gc_count = 0;
   p.block->pool_node = pool.blocks.extract(it);
@@ -239,7 +242,9 @@ bool CachingAllocator::get_free_block(AllocParams& p) {
 bool CachingAllocator::alloc_segment(AllocParams& p, bool is_retry) {
   if (is_retry) ++stats_.num_alloc_retries;
   const size_t size = p.alloc_size;
-  if (memory_fraction_ > 0 && total_reserved_ + size > allowed_maximum_) return false;
+  if (memory_fraction_ > 0 &&
+      (total_reserved_ > allowed_maximum_ || size > allowed_maximum_ - total_reserved_))
+    return false;
   void* ptr = provider_->allocate(size);
   if (!ptr) return false;
   ++stats_.num_device_alloc;

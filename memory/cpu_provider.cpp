@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 
+#include "memory/checked.h"
+
 namespace tally::memory {
 
 static size_t physical_memory() {
@@ -16,11 +18,12 @@ static size_t physical_memory() {
 CpuProvider::CpuProvider(size_t capacity) : capacity_(capacity ? capacity : physical_memory()) {}
 
 void* CpuProvider::allocate(size_t bytes) {
+  const size_t rounded = checked_round_up(bytes, kAlignment, "CpuProvider::allocate");
   size_t used = used_.load();
   do {
     if (bytes > capacity_ - used) return nullptr;
   } while (!used_.compare_exchange_weak(used, used + bytes));
-  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+
   void* p = std::aligned_alloc(kAlignment, rounded);
   if (!p) used_ -= bytes;
   return p;

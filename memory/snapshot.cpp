@@ -27,12 +27,12 @@
 
 #include <fmt/format.h>
 
-#include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <ostream>
 #include <stdexcept>
 #include <string_view>
 
+#include "memory/atomic_file.h"
 #include "memory/pickle.h"
 #include "memory/rank_path.h"
 
@@ -329,14 +329,8 @@ void write_snapshot_pickle(const SnapshotData& snap, std::ostream& out) {
 
 void write_snapshot_file(const SnapshotData& snap, const std::string& path_in) {
   const std::string path = per_rank_path(path_in);  // "x.rank1.pickle" in a multi-rank job
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    throw std::runtime_error(
-        fmt::format("cannot open snapshot file '{}' for writing: {}", path, std::strerror(errno)));
-  }
-  write_snapshot_pickle(snap, out);
-  out.close();
-  if (!out) throw std::runtime_error(fmt::format("error writing snapshot file '{}'", path));
+  write_file_atomic(
+      path, [&](std::ostream& out) { write_snapshot_pickle(snap, out); }, "write_snapshot_file");
 }
 
 }  // namespace tally::memory

@@ -2,9 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <cstdio>
 #include <stdexcept>
 
+#include "memory/atomic_file.h"
 #include "memory/rank_path.h"
 
 namespace tally::memory {
@@ -121,10 +121,6 @@ MemoryTimeline timeline_from_history(const std::vector<TraceEntry>& history,
 
 void write_timeline_json(const MemoryTimeline& t, const std::string& path_in) {
   const std::string path = per_rank_path(path_in);  // "x.rank1.json" in a multi-rank job
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f)
-    throw std::runtime_error(
-        fmt::format("write_timeline_json: cannot open '{}' for writing", path));
   std::string out = "[[";
   for (size_t i = 0; i < t.size(); ++i) {
     if (i) out += ", ";
@@ -143,9 +139,7 @@ void write_timeline_json(const MemoryTimeline& t, const std::string& path_in) {
     out += "]";
   }
   out += "]]";
-  const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
-  if (std::fclose(f) != 0 || !ok)
-    throw std::runtime_error(fmt::format("write_timeline_json: writing '{}' failed", path));
+  write_file_atomic(path, out, "write_timeline_json");
 }
 
 }  // namespace tally::memory

@@ -12,6 +12,9 @@
 #include <stdexcept>
 #include <variant>
 
+#include "memory/atomic_file.h"
+#include "memory/checked.h"
+
 namespace tally::nn {
 
 static_assert(std::endian::native == std::endian::little,
@@ -279,8 +282,7 @@ class JsonReader {
 
 int64_t as_uint(const JsonReader& r, const JValue& v, const std::string& what) {
   const double* d = std::get_if<double>(&v.v);
-  // The range first: converting a double past int64 to int64 is undefined.
-  if (!d || !(*d >= 0 && *d <= 9.0e15) || *d != static_cast<double>(static_cast<int64_t>(*d)))
+  if (!d || *d < 0 || *d != static_cast<double>(static_cast<int64_t>(*d)) || *d > 9.0e15)
     r.fail_at(v.offset, what + " must be a non-negative integer");
   return static_cast<int64_t>(*d);
 }
@@ -322,7 +324,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     shape += "]";
     header += fmt::format("{}{}:{{\"dtype\":\"{}\",\"shape\":{},\"data_offsets\":[{},{}]}}",
                           first ? "" : ",", json_escape(name), st_dtype(c.dtype()), shape, offset,
-                          offset + c.nbytes());
+                          memory::checked_add(offset, uint64_t{c.nbytes()}, "save_safetensors"));
     first = false;
     offset += c.nbytes();
     cpu.push_back(c);
@@ -330,17 +332,19 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   header += "}";
   while ((8 + header.size()) % 8 != 0) header += ' ';  // align the data to 8 bytes
 
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out)
-    throw std::runtime_error(fmt::format("save_safetensors: cannot open {} for writing", path));
-  const uint64_t n = header.size();
-  out.write(reinterpret_cast<const char*>(&n), 8);
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  for (const Tensor& c : cpu)
-    if (c.nbytes())
-      out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
-  out.flush();
-  if (!out) throw std::runtime_error(fmt::format("save_safetensors: write to {} failed", path));
+  // Atomic: a write cut short (disk full, a file-size limit) leaves the previous file intact.
+  memory::write_file_atomic(
+      path,
+      [&](std::ostream& out) {
+        const uint64_t n = header.size();
+        out.write(reinterpret_cast<const char*>(&n), 8);
+        out.write(header.data(), static_cast<std::streamsize>(header.size()));
+        for (const Tensor& c : cpu)
+          if (c.nbytes() && out)
+            out.write(static_cast<const char*>(c.data_ptr()),
+                      static_cast<std::streamsize>(c.nbytes()));
+      },
+      "save_safetensors");
 }
 
 NamedTensors load_safetensors(const std::string& path,
@@ -422,7 +426,12 @@ NamedTensors load_safetensors(const std::string& path,
                      fmt::format("tensor '{}': data_offsets is not [begin, end]", name));
     e.begin = static_cast<uint64_t>(as_uint(reader, (*oa)[0], "data_offsets begin"));
     e.end = static_cast<uint64_t>(as_uint(reader, (*oa)[1], "data_offsets end"));
-    const uint64_t expect = static_cast<uint64_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
+    uint64_t expect;
+    if (!memory::try_nbytes(e.shape, dtype_size(e.dtype), &expect))
+      reader.fail_at(js->offset,
+                     fmt::format("tensor '{}': shape {} of {} holds more than 2^63 - 1 bytes "
+                                 "(its dimensions multiply past 64 bits)",
+                                 name, shape_str(e.shape), *ds));
     if (e.end < e.begin || e.end - e.begin != expect)
       reader.fail_at(jo->offset,
                      fmt::format("tensor '{}': data_offsets [{}, {}] hold {} bytes, its dtype and "

@@ -4,12 +4,13 @@
 #include <fmt/format.h>
 
 #include <array>
-#include <fstream>
 #include <map>
+#include <ostream>
 #include <set>
 #include <stdexcept>
 #include <unordered_map>
 
+#include "memory/atomic_file.h"
 #include "profiler/key_averages.h"
 #include "profiler/profiler.h"
 
@@ -246,13 +247,8 @@ void write_chrome_trace(const ProfileData& d, std::ostream& out) {
 }
 
 void write_chrome_trace_file(const ProfileData& data, const std::string& path) {
-  std::ofstream f(path, std::ios::binary);
-  if (!f)
-    throw std::runtime_error(
-        fmt::format("export_chrome_trace: cannot open '{}' for writing", path));
-  write_chrome_trace(data, f);
-  f.flush();
-  if (!f) throw std::runtime_error(fmt::format("export_chrome_trace: write to '{}' failed", path));
+  memory::write_file_atomic(
+      path, [&](std::ostream& out) { write_chrome_trace(data, out); }, "export_chrome_trace");
 }
 
 void Profiler::export_chrome_trace(const std::string& path) const {

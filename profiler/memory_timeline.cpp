@@ -5,10 +5,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <fstream>
 #include <map>
+#include <ostream>
 #include <stdexcept>
 
+#include "memory/atomic_file.h"
 #include "memory/rank_path.h"
 #include "memory/timeline.h"
 #include "profiler/chrome_trace.h"
@@ -222,16 +223,16 @@ void Profiler::export_memory_timeline(const std::string& path_in, memory::Device
     throw std::logic_error(fmt::format(
         "Profiler::export_memory_timeline({}): needs ProfilerOptions::profile_memory", path));
   const MemoryTimeline t = build_memory_timeline(d, device);
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(fmt::format("export_memory_timeline: cannot open '{}'", path));
   const bool html = path.size() >= 5 && path.compare(path.size() - 5, 5, ".html") == 0;
-  if (html)
-    write_memory_timeline_html(t, f);
-  else
-    write_memory_timeline_json(t, f);
-  f.flush();
-  if (!f)
-    throw std::runtime_error(fmt::format("export_memory_timeline: write to '{}' failed", path));
+  memory::write_file_atomic(
+      path,
+      [&](std::ostream& out) {
+        if (html)
+          write_memory_timeline_html(t, out);
+        else
+          write_memory_timeline_json(t, out);
+      },
+      "export_memory_timeline");
 }
 
 }  // namespace tally::profiler

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "memory/checked.h"
 #include "memory/context.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops.h"
@@ -14,11 +15,7 @@ namespace tally::ops {
 Tensor empty_pinned(const Shape& shape, DType dtype) {
   static const OpInfo info("empty_pinned");
   DispatchScope scope(info, Device::cpu());
-  for (int64_t d : shape)
-    if (d < 0)
-      throw std::invalid_argument(
-          fmt::format("empty_pinned: negative dimension in {}", shape_str(shape)));
-  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  const size_t bytes = memory::checked_nbytes(shape, dtype_size(dtype), "empty_pinned");
   Storage s = Storage::allocate(bytes, Device::cpu(), memory::get_pinned_allocator());
   return Tensor::make(std::move(s), shape, contiguous_strides(shape), 0, dtype);
 }

@@ -6,6 +6,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "memory/checked.h"
+
 namespace tally {
 
 std::string shape_str(const Shape& s) {
@@ -15,29 +17,18 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
-  // A zero counts as a one in the check: a contiguous layout's strides are products of the
-  // other dimensions, and must fit as well.
-  int64_t n = 1;
-  bool empty = false;
-  for (int64_t d : s) {
-    if (d == 0) {
-      empty = true;
-    } else if (__builtin_mul_overflow(n, d, &n)) {
-      throw std::overflow_error(
-          fmt::format("shape {}: the number of elements overflows int64", shape_str(s)));
-    }
-  }
-  return empty ? 0 : n;
+  return memory::checked_numel(s, "numel");
 }
 
 Shape contiguous_strides(const Shape& sizes) {
+  // Checked once: the strides below are partial products of a shape whose dimensions
+  // (zeros as ones) multiply to at most 2^63 - 1.
+  (void)memory::checked_numel(sizes, "contiguous_strides");
   Shape st(sizes.size());
   int64_t acc = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
     st[i] = acc;
-    if (i > 0 && __builtin_mul_overflow(acc, std::max<int64_t>(sizes[i], 1), &acc))
-      throw std::overflow_error(
-          fmt::format("shape {}: the contiguous strides overflow int64", shape_str(sizes)));
+    acc *= std::max<int64_t>(sizes[i], 1);
   }
   return st;
 }
@@ -51,17 +42,18 @@ Tensor Tensor::make(Storage storage, Shape sizes, Shape strides, int64_t offset,
       throw std::invalid_argument(
           fmt::format("Tensor::make: negative size in {}", shape_str(sizes)));
   // Bounds: the largest reachable element must lie inside the storage.
-  if (shape_numel(sizes) > 0) {
+  if (memory::checked_numel(sizes, "Tensor::make") > 0) {
+    static constexpr const char* what = "Tensor::make: the extent of the layout";
     int64_t hi = offset, lo = offset;
-    bool overflow = false;  // an extent past int64 reaches outside any storage
     for (size_t i = 0; i < sizes.size(); ++i) {
-      int64_t span = 0;
-      overflow |= __builtin_mul_overflow(sizes[i] - 1, strides[i], &span);
-      overflow |=
-          span > 0 ? __builtin_add_overflow(hi, span, &hi) : __builtin_add_overflow(lo, span, &lo);
+      const int64_t span = memory::checked_mul(sizes[i] - 1, strides[i], what);
+      if (span > 0)
+        hi = memory::checked_add(hi, span, what);
+      else
+        lo = memory::checked_add(lo, span, what);
     }
     const auto cap = static_cast<int64_t>(storage.nbytes() / dtype_size(dtype));
-    if (overflow || lo < 0 || hi >= cap)
+    if (lo < 0 || hi >= cap)
       throw std::out_of_range(fmt::format(
           "Tensor::make: layout sizes {} strides {} offset {} reaches outside a storage of {} "
           "elements",

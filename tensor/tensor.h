@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/checked.h"
 #include "tensor/dtype.h"
 #include "tensor/storage.h"
 
@@ -26,6 +27,8 @@ struct AutogradMeta;
 using Shape = std::vector<int64_t>;
 
 std::string shape_str(const Shape& s);  // "[2, 3]"
+// The number of elements; std::invalid_argument for a negative dimension, std::length_error
+// naming the shape when it exceeds 2^63 - 1 (memory::checked_numel).
 int64_t shape_numel(const Shape& s);
 Shape contiguous_strides(const Shape& sizes);
 
@@ -80,7 +83,9 @@ class Tensor {
   const Storage& storage() const { return impl().storage; }
   int64_t storage_offset() const { return impl().offset; }
   size_t element_size() const { return dtype_size(impl().dtype); }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
+  size_t nbytes() const {
+    return memory::checked_mul(static_cast<size_t>(numel()), element_size(), "Tensor::nbytes");
+  }
   bool is_contiguous() const;
   void* data_ptr() const;
   template <typename T>

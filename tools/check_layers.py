@@ -10,7 +10,11 @@ Usage: check_layers.py REPO_ROOT. Exits 1, naming file:line and the rule, when
     autograd/tensor_methods.cpp, the one named exception, which needs no include);
   - a file of an op family folder (tensor/<family>/) other than its CUDA files (cuda.*,
     cuda_*) spells the CUDA build switch: backend #ifdefs stand only in backend files and
-    the registration point (tensor/backends.cpp, via TALLY_CUDA_TABLE).
+    the registration point (tensor/backends.cpp, via TALLY_CUDA_TABLE);
+  - a C++ file of the library or of examples/ opens a file for writing itself (std::ofstream,
+    std::fstream, fopen with "w"/"a"/"+", open with O_WRONLY/O_RDWR/O_CREAT): every writer goes
+    through memory/atomic_file.h (write_file_atomic), so a write cut short never destroys the
+    previous file.
 """
 import os
 import re
@@ -62,6 +66,34 @@ def check(root):
     return errors
 
 
+# Opening a file for writing, outside memory/atomic_file.cpp (the one place that does).
+WRITE_OPEN = re.compile(r'\b(?:std::)?o?fstream\b|\bfopen\s*\([^;]*"[^"]*[wa+][^"]*"'
+                        r'|\bO_(?:WRONLY|RDWR|CREAT)\b|\bcreat\s*\(')
+WRITE_DIRS = ("memory", "tensor", "autograd", "nn", "optim", "profiler", "distributed",
+              "examples")
+ATOMIC_WRITER = os.path.join("memory", "atomic_file.cpp")
+
+
+def check_writes(root):
+    errors = []
+    for top in WRITE_DIRS:
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for f in sorted(files):
+                if not f.endswith(EXTS):
+                    continue
+                path = os.path.join(dirpath, f)
+                rel = os.path.relpath(path, root)
+                if rel == ATOMIC_WRITER:
+                    continue
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    for n, line in enumerate(fh, 1):
+                        code = line.split("//", 1)[0]
+                        if not code.lstrip().startswith("#") and WRITE_OPEN.search(code):
+                            errors.append(f"{rel}:{n}: opens a file for writing; write through "
+                                          "memory/atomic_file.h (write_file_atomic)")
+    return errors
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: check_layers.py REPO_ROOT", file=sys.stderr)
@@ -69,7 +101,10 @@ def main():
     errors = check(sys.argv[1])
     for e in errors:
         print(f"layer rule: {e}", file=sys.stderr)
-    return 1 if errors else 0
+    write_errors = check_writes(sys.argv[1])
+    for e in write_errors:
+        print(f"write rule: {e}", file=sys.stderr)
+    return 1 if errors or write_errors else 0
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "memory/caching_allocator.h"
+#include "memory/checked.h"
 #include "memory/context.h"
 
 namespace tally::data {
@@ -49,14 +51,24 @@ CIFAR10::CIFAR10(const std::string& root, bool train, std::array<double, 3> mean
           f, bytes / kRecordBytes * kRecordBytes, bytes / kRecordBytes, kRecordBytes,
           bytes % kRecordBytes, bytes, kRecordBytes));
     counts.push_back(bytes / kRecordBytes);
-    n_ += counts.back();
+    n_ = memory::checked_add(n_, counts.back(), "CIFAR10: the number of records");
   }
 
   memory::CategoryScope scope(memory::Category::input);
-  images_ = Storage::allocate(static_cast<size_t>(n_ * kImageBytes), Device::cpu());
-  labels_ =
-      Tensor::make(Storage::allocate(static_cast<size_t>(n_) * sizeof(int64_t), Device::cpu()),
-                   {n_}, {1}, 0, DType::int64);
+  try {
+    images_ = Storage::allocate(
+        static_cast<size_t>(memory::checked_mul(n_, kImageBytes, "CIFAR10: the image bytes")),
+        Device::cpu());
+    labels_ = empty_host({n_}, DType::int64, false);
+  } catch (const memory::OutOfMemoryError& e) {
+    std::string where;
+    for (size_t k = 0; k < files.size(); ++k)
+      where += fmt::format("{}'{}' (byte offsets 0 to {})", k ? ", " : "", files[k],
+                           counts[k] * kRecordBytes);
+    throw memory::OutOfMemoryError(
+        fmt::format("CIFAR10: {} records of {} bytes in {}: {}", n_, kRecordBytes, where, e.what()),
+        e.requested());
+  }
   auto* img = static_cast<char*>(images_.data());
   int64_t* lab = labels_.data<int64_t>();
   int64_t i = 0;

@@ -37,6 +37,11 @@ struct DataLoaderOptions {
   int64_t batch_size = 1;
   bool shuffle = false;
   uint64_t seed = 0;
+  // The last batch of an epoch has n % batch_size examples when that is not 0: kept (a short
+  // batch) without drop_last, dropped with it. So a batch larger than the dataset gives one
+  // short batch per epoch without drop_last and no batch at all with it; an empty dataset
+  // gives no batch either way. An epoch without a batch is len() == 0 and a loop over the
+  // loader that ends at once: a caller that loops until a number of steps must check len().
   bool drop_last = false;
   Device device = Device::cpu();
   // Assemble batches in pinned host memory when `device` is CUDA (ignored otherwise).

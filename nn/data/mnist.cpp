@@ -3,15 +3,22 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
 
+#include "memory/caching_allocator.h"
+#include "memory/checked.h"
 #include "memory/context.h"
 
 namespace tally::data {
 namespace {
+
+// Bounds deflate's largest compression ratio, about 1032:1 (a 258-byte match in 2 bits), so
+// that a gzip file of n bytes holds at most kMaxDeflateRatio * n uncompressed bytes.
+constexpr uint64_t kMaxDeflateRatio = 1024 + 16;
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -26,6 +33,7 @@ class IdxReader {
     if (!std::filesystem::exists(path_))
       throw std::runtime_error(fmt::format("read_idx: '{}' does not exist", path_));
     if (ends_with(path_, ".gz")) {
+      gzipped_ = true;
       unsigned char head[2] = {0, 0};
       std::FILE* f = std::fopen(path_.c_str(), "rb");
       if (!f) throw std::runtime_error(fmt::format("read_idx: cannot open '{}'", path_));
@@ -50,6 +58,7 @@ class IdxReader {
 
   const std::string& path() const { return path_; }
   uint64_t offset() const { return offset_; }
+  bool gzipped() const { return gzipped_; }
 
   // Exactly `n` bytes into `dst`, or an error naming the offset (`what` says what was read).
   void read(void* dst, uint64_t n, const char* what) {
@@ -85,6 +94,7 @@ class IdxReader {
   std::string path_;
   gzFile gz_ = nullptr;
   uint64_t offset_ = 0;
+  bool gzipped_ = false;
 };
 
 uint32_t big_endian(const unsigned char* b) {
@@ -125,8 +135,46 @@ ByteArray read_idx(const std::string& path) {
     r.read(b, 4, "header");
     shape.push_back(static_cast<int64_t>(big_endian(b)));
   }
-  const size_t bytes = static_cast<size_t>(shape_numel(shape));
-  ByteArray a{shape, Storage::allocate(bytes, Device::cpu())};
+  // The element count, checked one dimension at a time so that the error names the field
+  // (dimension d is the 4 bytes at offset 4 + 4 d). As checked_numel counts it, a 0 does not
+  // excuse the other dimensions.
+  int64_t product = 1;
+  for (int d = 0; d < rank; ++d)
+    product = memory::checked_mul(
+        product, std::max<int64_t>(shape[static_cast<size_t>(d)], 1),
+        fmt::format("read_idx: '{}': the header's dimensions {} multiply past 2^63 - 1 at "
+                    "dimension {} (byte offset {})",
+                    path, shape_str(shape), d, 4 + 4 * d));
+  const int64_t numel = memory::checked_numel(shape, "read_idx");  // (cannot fail now)
+  // Against what the file can hold before anything is allocated: a plain file its size after
+  // the header, a gzip'd one at most kMaxDeflateRatio bytes per compressed byte.
+  const auto bytes = static_cast<uint64_t>(numel);
+  const uint64_t data_offset = r.offset();
+  const uint64_t file_bytes = std::filesystem::file_size(path);
+  if (r.gzipped()) {
+    const uint64_t most = memory::checked_mul(file_bytes, kMaxDeflateRatio, "read_idx");
+    if (bytes > most)
+      throw std::runtime_error(fmt::format(
+          "read_idx: '{}': the header (byte offsets 4 to {}) gives shape {}, {} bytes of data "
+          "from byte offset {}, but a gzip file of {} bytes holds at most {} uncompressed bytes",
+          path, data_offset - 1, shape_str(shape), bytes, data_offset, file_bytes, most));
+  } else if (bytes > file_bytes - std::min(file_bytes, data_offset)) {
+    throw std::runtime_error(fmt::format(
+        "read_idx: '{}' is truncated: the header (byte offsets 4 to {}) gives shape {}, {} bytes "
+        "of data from byte offset {}, but the file has {} bytes after byte offset {}",
+        path, data_offset - 1, shape_str(shape), bytes, data_offset,
+        file_bytes - std::min(file_bytes, data_offset), data_offset));
+  }
+  Storage storage;
+  try {
+    storage = Storage::allocate(static_cast<size_t>(bytes), Device::cpu());
+  } catch (const memory::OutOfMemoryError& e) {
+    throw memory::OutOfMemoryError(
+        fmt::format("read_idx: '{}': {} bytes for shape {} (header byte offsets 4 to {}): {}", path,
+                    bytes, shape_str(shape), data_offset - 1, e.what()),
+        e.requested());
+  }
+  ByteArray a{shape, std::move(storage)};
   r.read(a.storage.data(), bytes,
          fmt::format("data ({} bytes for shape {})", bytes, shape_str(shape)).c_str());
   return a;
@@ -152,8 +200,7 @@ MNIST::MNIST(const std::string& root, bool train, double mean, double std)
         "match the {} images in '{}'",
         labels_path, shape_str(raw.shape), images_.size(0), images_.size(0), images_path));
   const int64_t n = raw.size(0);
-  labels_ = Tensor::make(Storage::allocate(static_cast<size_t>(n) * sizeof(int64_t), Device::cpu()),
-                         {n}, {1}, 0, DType::int64);
+  labels_ = empty_host({n}, DType::int64, false);
   const uint8_t* src = raw.data();
   int64_t* dst = labels_.data<int64_t>();
   for (int64_t i = 0; i < n; ++i) {

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "memory/caching_allocator.h"
+#include "memory/checked.h"
 #include "memory/context.h"
 #include "tensor/ops.h"
 
@@ -81,12 +83,22 @@ TextCorpus::TextCorpus(const std::string& path, double val_fraction) : path_(pat
     throw std::runtime_error(fmt::format(
         "TextCorpus: '{}' does not exist or is not a file{}", path,
         path == kDefaultPath ? " (Debian/Ubuntu: install the package fortunes-min)" : ""));
-  total_ = static_cast<int64_t>(fs::file_size(path));
+  const uintmax_t file_bytes = fs::file_size(path);
+  if (file_bytes > static_cast<uintmax_t>(memory::kMaxElements))
+    throw std::runtime_error(
+        fmt::format("TextCorpus: '{}' has {} bytes, more than 2^63 - 1", path, file_bytes));
+  total_ = static_cast<int64_t>(file_bytes);
   if (total_ < 2)
     throw std::runtime_error(
         fmt::format("TextCorpus: '{}' has {} bytes, need at least 2", path, total_));
   memory::CategoryScope scope(memory::Category::input);
-  bytes_ = Storage::allocate(static_cast<size_t>(total_), Device::cpu());
+  try {
+    bytes_ = Storage::allocate(static_cast<size_t>(total_), Device::cpu());
+  } catch (const memory::OutOfMemoryError& e) {
+    throw memory::OutOfMemoryError(
+        fmt::format("TextCorpus: '{}' ({} bytes from byte offset 0): {}", path, total_, e.what()),
+        e.requested());
+  }
   std::ifstream in(path, std::ios::binary);
   in.read(static_cast<char*>(bytes_.data()), total_);
   if (!in)
@@ -118,6 +130,10 @@ Example TextCorpus::get_batch(int64_t batch, int64_t seq_len, Generator& gen, Sp
         "TextCorpus::get_batch: batch {} x seq_len {} from the {} split of '{}' ({} tokens): need "
         "batch >= 1 and 1 <= seq_len < {}",
         batch, seq_len, split == Split::train ? "train" : "val", path_, n, n));
+  uint64_t batch_bytes;  // (the error names the corpus before empty_host would throw)
+  if (!memory::try_nbytes(Shape{batch, seq_len}, sizeof(int64_t), &batch_bytes))
+    (void)memory::checked_nbytes(Shape{batch, seq_len}, sizeof(int64_t),
+                                 fmt::format("TextCorpus::get_batch: '{}'", path_));
   const Tensor starts = ops::randint(0, n - seq_len, {batch}, DType::int64, Device::cpu(), &gen);
   const int64_t* s = starts.data<int64_t>();
   const auto* p = static_cast<const uint8_t*>(bytes_.data()) + split_offset(split);

@@ -37,7 +37,9 @@ class SequentialBatches {
  public:
   SequentialBatches(TextWindows windows, int64_t batch);
 
-  int64_t size() const { return (windows_.size() + batch_ - 1) / batch_; }
+  int64_t size() const {  // ceil(windows / batch), without windows + batch - 1
+    return windows_.size() == 0 ? 0 : (windows_.size() - 1) / batch_ + 1;
+  }
   Example operator[](int64_t k) const;
 
   class Iterator {

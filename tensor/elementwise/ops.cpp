@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "memory/checked.h"
 #include "tensor/dispatch.h"
 #include "tensor/elementwise/kernels.h"
 #include "tensor/op_alloc.h"
@@ -106,7 +107,7 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType 
 }
 
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device) {
-  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  const size_t bytes = memory::checked_nbytes(shape, dtype_size(dtype), "from_blob");
   return Tensor::make(Storage::borrow(data, bytes, device), shape, contiguous_strides(shape), 0,
                       dtype);
 }
@@ -196,20 +197,21 @@ Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int
 
 static Shape infer_shape(Shape shape, int64_t numel, const Tensor& t, const char* op) {
   int64_t known = 1, infer = -1;
+  Shape known_dims = shape;  // the -1 as 1
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
       if (infer >= 0)
         throw std::invalid_argument(fmt::format("{}: only one dimension can be -1", op));
       infer = static_cast<int64_t>(i);
+      known_dims[i] = 1;
     } else if (shape[i] < 0) {
       throw std::invalid_argument(
           fmt::format("{}: invalid size {} in {}", op, shape[i], shape_str(shape)));
-    } else if (__builtin_mul_overflow(known, shape[i], &known)) {
-      throw std::invalid_argument(
-          fmt::format("{}: shape {} has more than 2^63 elements (input of shape {})", op,
-                      shape_str(shape), t.shape_string()));
     }
   }
+  if (!memory::try_numel(known_dims, &known))
+    throw std::length_error(
+        fmt::format("{}: shape {} has more than 2^63 - 1 elements", op, shape_str(shape)));
   if (infer >= 0) {
     if (known == 0 || numel % known != 0)
       throw std::invalid_argument(fmt::format("{}: shape {} is invalid for input of shape {}", op,

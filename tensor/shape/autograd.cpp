@@ -4,6 +4,7 @@
 #include "tensor/shape/autograd.h"
 
 #include "autograd/node.h"
+#include "memory/checked.h"
 
 namespace tally {
 
@@ -46,8 +47,10 @@ Tensor joined_view(const TensorList& g, int64_t d, const Shape& sizes, DType dty
     at += p.size(d);
   }
   if (at != sizes[static_cast<size_t>(d)]) return {};
-  const size_t end =
-      static_cast<size_t>(first.storage_offset() + shape_numel(sizes)) * dtype_size(dtype);
+  static constexpr const char* what = "joined_view: the end of the joined gradient";
+  const size_t end = memory::checked_mul(
+      static_cast<size_t>(memory::checked_add(first.storage_offset(), shape_numel(sizes), what)),
+      dtype_size(dtype), what);
   if (end > first.storage().nbytes()) return {};
   return o::as_strided(first, sizes, strides, first.storage_offset());
 }

@@ -4,6 +4,7 @@
 // fallback.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <numeric>
@@ -146,6 +147,28 @@ TEST(DataLoader, DropLastAndBatchShapes) {
   int64_t n = 0;
   for (const Example& b : drop) n += b.input.size(0) == 3;
   EXPECT_EQ(n, 3);
+}
+
+// A batch larger than the dataset: one short batch without drop_last, none with it; an empty
+// dataset: no batch either way. An epoch without a batch ends at once (no wait, no hang).
+TEST(DataLoader, BatchLargerThanTheDatasetAndEmptyDataset) {
+  IndexDataset ds(5), none(0);
+  DataLoader keep(ds, {.batch_size = 8, .shuffle = true, .seed = 3});
+  DataLoader drop(ds, {.batch_size = 8, .drop_last = true});
+  EXPECT_EQ(keep.len(), 1);
+  EXPECT_EQ(drop.len(), 0);
+  std::vector<int64_t> got = targets_of(keep);
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  for (bool drop_last : {false, true}) {
+    DataLoader empty(none, {.batch_size = 4, .drop_last = drop_last});
+    EXPECT_EQ(empty.len(), 0);
+    for (int epoch = 0; epoch < 3; ++epoch) EXPECT_TRUE(targets_of(empty).empty());
+  }
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    EXPECT_TRUE(drop.begin() == drop.end());
+    EXPECT_TRUE(targets_of(drop).empty());
+  }
 }
 
 TEST(DataLoader, BatchesTaggedInput) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "data/data_testing.h"
 #include "memory/memory.h"
@@ -176,6 +177,54 @@ TEST(MnistErrors, MissingFilesAndLabels) {
   expect_error([&] { MNIST m(dir.str()); }, {"labels of shape [3]", "expected [2]"});
 }
 
+// Header dimensions that multiply past 2^63 - 1 (issue 22: past 2^64 they crashed the reader):
+// an error naming the file and the byte offset of the dimension where the product overflows.
+TEST(MnistErrors, HeaderDimensionsThatOverflow) {
+  TempDir dir;
+  const std::string f = dir.file("wrap-images");
+  dt::write_bytes(f, dt::idx_bytes({0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu}, {1, 2, 3}));
+  expect_error([&] { read_idx(f); }, {f, "[4294967295, 4294967295, 4294967295]",
+                                      "multiply past 2^63 - 1 at dimension 1 (byte offset 8)"});
+  // A 0 does not excuse the others (the tensor's strides would not fit).
+  dt::write_bytes(f, dt::idx_bytes({0, 0xFFFFFFFFu, 0xFFFFFFFFu}, {}));
+  expect_error([&] { read_idx(f); }, {f, "[0, 4294967295, 4294967295]",
+                                      "multiply past 2^63 - 1 at dimension 2 (byte offset 12)"});
+  // 2^16 x 2^16 x 2^16 x 2^16 = 2^64 exactly, gzip'd: overflows at the last dimension.
+  const std::string g = dir.file("wrap-images.gz");
+  dt::write_gzip(g, dt::idx_bytes({65536, 65536, 65536, 65536}, {1, 2, 3}));
+  expect_error([&] { read_idx(g); }, {g, "dimension 3 (byte offset 16)"});
+}
+
+// Huge dimensions that do not wrap are checked against what the file holds, before anything
+// is allocated (issue 22: they used to reach the allocator, "234 TiB out of memory").
+TEST(MnistErrors, HugeHeaderDimensionsAreCheckedAgainstTheFile) {
+  TempDir dir;
+  const size_t before = memory::get_allocator(memory::Device::cpu()).memory_allocated();
+  const int64_t allocs_before =
+      memory::memory_stats(memory::Device::cpu()).at("allocation.all.allocated");
+  const std::vector<uint8_t> idx = dt::idx_bytes({60000, 28, 28, 1000000}, {1, 2, 3});
+  const std::string f = dir.file("huge-images");
+  dt::write_bytes(f, idx);
+  expect_error([&] { read_idx(f); },
+               {f, "is truncated", "header (byte offsets 4 to 19)",
+                "shape [60000, 28, 28, 1000000], 47040000000000 bytes of data from byte offset 20",
+                "the file has 3 bytes after byte offset 20"});
+  const std::string g = dir.file("huge-images.gz");
+  dt::write_gzip(g, idx);
+  const auto gz_bytes = std::filesystem::file_size(g);
+  expect_error([&] { read_idx(g); },
+               {g, "from byte offset 20", "a gzip file of " + std::to_string(gz_bytes) + " bytes",
+                "holds at most " + std::to_string(gz_bytes * 1040) + " uncompressed bytes"});
+  EXPECT_EQ(memory::get_allocator(memory::Device::cpu()).memory_allocated(), before);
+  EXPECT_EQ(memory::memory_stats(memory::Device::cpu()).at("allocation.all.allocated"),
+            allocs_before);
+  // A plain file one byte short: the same check, naming the offsets.
+  const std::string s = dir.file("short-labels");
+  dt::write_bytes(s, dt::idx_bytes({5}, {1, 2, 3, 4}));
+  expect_error([&] { read_idx(s); },
+               {s, "is truncated", "5 bytes of data from byte offset 8", "has 4 bytes after"});
+}
+
 // ---------------------------------------------------------------- CIFAR-10
 
 namespace {
@@ -233,6 +282,28 @@ TEST(Cifar10, Errors) {
   dt::write_bytes(dir.file("test_batch.bin"), rec);
   expect_error([&] { CIFAR10 c(dir.str(), false); },
                {"test_batch.bin", "label 11 of record 1", "byte offset 3073", "out of range"});
+}
+
+// Sizes come from the file sizes: a sparse test_batch.bin of 2^30 records (3.3 TB, no disk
+// used) gets an error naming the file and its bytes, not a bare out-of-memory.
+TEST(Cifar10, OversizedFileNamesTheFile) {
+  TempDir dir;
+  const std::string f = dir.file("test_batch.bin");
+  const uint64_t bytes = uint64_t{3073} << 30;
+  dt::write_bytes(f, {});
+  std::error_code ec;
+  std::filesystem::resize_file(f, bytes, ec);
+  if (ec) GTEST_SKIP() << "no sparse file of " << bytes << " bytes here: " << ec.message();
+  try {
+    CIFAR10 c(dir.str(), false);
+    ADD_FAILURE() << "a " << bytes << "-byte CIFAR file loaded";
+  } catch (const memory::OutOfMemoryError& e) {
+    const std::string m = e.what();
+    for (const std::string& part :
+         {std::string("CIFAR10: 1073741824 records of 3073 bytes in '") + f,
+          "(byte offsets 0 to " + std::to_string(bytes) + ")"})
+      EXPECT_NE(m.find(part), std::string::npos) << "'" << part << "' not in: " << m;
+  }
 }
 
 // ---------------------------------------------------------------- text
@@ -313,6 +384,33 @@ TEST(TextCorpus, Fortunes) {
   const Example b = corpus.get_batch(2, 64, g);
   const std::string s = TextCorpus::decode(b.input.select(0, 0));
   EXPECT_EQ(s.size(), 64u);
+}
+
+// The corpus size comes from the file: a sparse 2^42-byte file gets an error naming it.
+TEST(TextCorpus, OversizedFileNamesTheFile) {
+  TempDir dir;
+  const std::string f = dir.file("huge.txt");
+  const uint64_t bytes = uint64_t{1} << 42;
+  dt::write_bytes(f, {});
+  std::error_code ec;
+  std::filesystem::resize_file(f, bytes, ec);
+  if (ec) GTEST_SKIP() << "no sparse file of " << bytes << " bytes here: " << ec.message();
+  expect_error([&] { TextCorpus c(f); },
+               {"TextCorpus: '" + f + "' (4398046511104 bytes from byte offset 0)"});
+}
+
+TEST(TextCorpus, BatchTimesSequenceThatOverflowsNamesTheCorpus) {
+  TempDir dir;
+  const std::string f = write_ramp(dir, 1000);
+  TextCorpus corpus(f, 0.1);
+  Generator g(1);
+  const int64_t big = int64_t{1} << 62;
+  expect_error([&] { (void)corpus.get_batch(big, 16, g); },
+               {"TextCorpus::get_batch: '" + f + "'", "[4611686018427387904, 16]"});
+  // SequentialBatches' count does not wrap for a batch near 2^63.
+  const SequentialBatches seq =
+      corpus.sequential(Split::train, std::numeric_limits<int64_t>::max(), 16);
+  EXPECT_EQ(seq.size(), 1);
 }
 
 // ---------------------------------------------------------------- synthetic

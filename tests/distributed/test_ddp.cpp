@@ -3,6 +3,8 @@
 // the autograd hooks it is built on (post-accumulate-grad hooks, queue_callback).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "ddp_testing.h"
 #include "memory/memory.h"
 
@@ -204,6 +206,12 @@ TEST(DDP, ForwardWithAnotherSignatureAndErrors) {
   EXPECT_THROW(DistributedDataParallel(nullptr, local_pg()), std::invalid_argument);
   EXPECT_THROW(DistributedDataParallel(model, local_pg(), DDPOptions{.bucket_cap_mb = 0}),
                std::invalid_argument);
+  // Caps whose bytes do not fit in 63 bits, or are not numbers (the double -> size_t cast was
+  // undefined behaviour).
+  for (const DDPOptions& o : {DDPOptions{.bucket_cap_mb = 1e300}, DDPOptions{.bucket_cap_mb = NAN},
+                              DDPOptions{.bucket_cap_mb = 25, .first_bucket_cap_mb = INFINITY},
+                              DDPOptions{.bucket_cap_mb = 25, .first_bucket_cap_mb = -1}})
+    EXPECT_THROW(DistributedDataParallel(model, local_pg(), o), std::invalid_argument);
   // A process group on another device than the model.
   auto cuda_pg = std::make_shared<LocalProcessGroup>(Device::cuda(0));
   EXPECT_THROW(DistributedDataParallel(model, cuda_pg), std::invalid_argument);

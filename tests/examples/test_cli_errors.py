@@ -1,35 +1,274 @@
 #!/usr/bin/env python3
-"""Bad command-line input to the example programs gives a clear error and exit 1, never a crash.
+"""Bad command lines and environments of every example program fail fast and cleanly.
 
     test_cli_errors.py BUILD_DIR
+
+Each bad invocation must exit 2 (never a signal: returncode < 0), print one message that
+starts with the program's name and names the flag or variable, and do no work: it runs in an
+empty folder that must stay empty (no snapshot, report or output folder written), within a
+few seconds. A few boundary values that are valid must still run (the validators are not too
+strict), and --help exits 0.
 """
 import os
+import shutil
+import struct
 import subprocess
 import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 
-ex = os.path.join(sys.argv[1], "examples")
+ex = os.path.join(os.path.abspath(sys.argv[1]), "examples")
+tmp = tempfile.mkdtemp(prefix="tally_cli_errors_")
+
+# Fixtures: an MNIST folder whose IDX files hold 0 images, a text too short for a GPT
+# sequence, a plain file where a folder is expected.
+empty_mnist = os.path.join(tmp, "empty_mnist")
+os.makedirs(empty_mnist)
+for prefix in ("train", "t10k"):
+    with open(os.path.join(empty_mnist, f"{prefix}-images-idx3-ubyte"), "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, 0, 28, 28))
+    with open(os.path.join(empty_mnist, f"{prefix}-labels-idx1-ubyte"), "wb") as f:
+        f.write(struct.pack(">II", 0x801, 0))
+short_text = os.path.join(tmp, "short.txt")
+with open(short_text, "w") as f:
+    f.write("Q: why? A: because. " * 15)  # 300 bytes: the validation split has 30 tokens
+a_file = os.path.join(tmp, "a_file")
+open(a_file, "w").close()
+
+NO_DIR = "/nonexistent/dir/out.pickle"  # the folder does not exist
+PROC = "/proc/tally_cli_test.pickle"  # the folder exists but takes no new file, even for root
+BAD_CONF = {"TALLY_ALLOC_CONF": "max_split_size_mb:abc"}
+BAD_OOM = {"TALLY_ALLOC_CONF": "oom_snapshot:/nonexistent/dir/oom.pickle"}
+CPU = ["--device", "cpu"]
+
+# (program and arguments, text the error must contain, extra environment)
 cases = [
-    (["train_resnet", "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'"),
-    (["train_resnet", "--checkpoint", "3-chunks"], "--checkpoint: expected none, blocks, N-segments"),
-    (["train_resnet", "--device", "tpu"], "--device: expected cpu or cuda, got 'tpu'"),
-    (["train_resnet", "--arch", "vgg"], "--arch: expected tiny, resnet18, resnet34 or resnet50, got 'vgg'"),
-    (["train_resnet", "--dataset", "cifar10"], "--dataset cifar10 needs --data-root"),
-    (["train_resnet", "--dataset", "mnist", "--data-root", "/nonexistent"], "/nonexistent"),
-    (["train_gpt", "--data", "/nonexistent/corpus.txt"], "/nonexistent/corpus.txt"),
-    (["train_gpt", "--preset", "tiny", "--seq", "4096"], "exceeds the preset's block size"),
-    (["ab_memory", "--model", "vit"], "--model: expected resnet or gpt, got 'vit'"),
-    (["ab_memory", "--steps", "1"], "--steps must be at least 2"),
-    (["profile_models", "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'"),
-    (["train_ddp", "--device", "cpu", "--model", "vit"], "--model: expected resnet50, resnet18, tiny"),
-    (["train_ddp", "--device", "cpu", "--model", "tiny", "--amp", "fp8"], "--amp: expected off, fp16 or bf16"),
+    # ---- train_resnet
+    (["train_resnet", "--log-every", "0"], "--log-every", {}),
+    (["train_resnet", "--eval-batches", "-1"], "--eval-batches", {}),
+    (["train_resnet", "--batch", "0"], "--batch", {}),
+    (["train_resnet", "--batch", "abc"], "--batch", {}),
+    (["train_resnet", "--batch", "99999999999999999999"], "--batch", {}),
+    (["train_resnet", "--batch"], "--batch", {}),
+    (["train_resnet", "--epochs", "0"], "--epochs", {}),
+    (["train_resnet", "--steps", "-1"], "--steps", {}),
+    (["train_resnet", "--lr", "nan"], "--lr", {}),
+    (["train_resnet", "--lr", "inf"], "--lr", {}),
+    (["train_resnet", "--lr", "-0.1"], "--lr", {}),
+    (["train_resnet", "--lr", "0"], "--lr", {}),
+    (["train_resnet", "--lr", ""], "--lr", {}),
+    (["train_resnet", "--momentum", "1.5"], "--momentum", {}),
+    (["train_resnet", "--momentum", "0.5", "--optimizer", "adam"], "--momentum", {}),
+    (["train_resnet", "--weight-decay", "nan"], "--weight-decay", {}),
+    (["train_resnet", "--seed", "-1"], "--seed", {}),
+    (["train_resnet", "--image-size", "-4"], "--image-size", {}),
+    (["train_resnet", "--image-size", "30"], "--image-size", {}),  # 28 does not divide 30
+    (["train_resnet", "--optimizer", "rmsprop"], "--optimizer", {}),
+    (["train_resnet", "--snapshot", NO_DIR], "--snapshot", {}),
+    (["train_resnet", "--snapshot", PROC], "--snapshot", {}),
+    (["train_resnet", "--snapshot", tmp], "--snapshot", {}),  # a folder
+    (["train_resnet", "--batch", "100000"], "--batch", {}),  # larger than the 60000 examples
+    (["train_resnet", "--dataset", "mnist", "--data-root", empty_mnist, "--steps", "5"], "--data-root", {}),
+    (["train_resnet", "--dataset", "synthetic", "--data-root", tmp], "--data-root", {}),
+    (["train_resnet", "--no-such-flag"], "--no-such-flag", {}),
+    (["train_resnet", "stray"], "stray", {}),
+    (["train_resnet"], "TALLY_ALLOC_CONF", BAD_CONF),
+    (["train_resnet"], "TALLY_ALLOC_CONF", BAD_OOM),
+    (["train_resnet", "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'", {}),
+    (["train_resnet", "--checkpoint", "3-chunks"], "--checkpoint: expected none, blocks, N-segments", {}),
+    (["train_resnet", "--device", "tpu"], "--device: expected cpu or cuda, got 'tpu'", {}),
+    (["train_resnet", "--arch", "vgg"], "--arch: expected tiny, resnet18, resnet34 or resnet50, got 'vgg'", {}),
+    (["train_resnet", "--dataset", "imagenet"], "--dataset", {}),
+    (["train_resnet", "--dataset", "cifar10"], "--dataset cifar10 needs --data-root", {}),
+    (["train_resnet", "--dataset", "mnist", "--data-root", "/nonexistent"], "--data-root", {}),
+    # ---- train_gpt
+    (["train_gpt", "--log-every", "0"], "--log-every", {}),
+    (["train_gpt", "--eval-batches", "0"], "--eval-batches", {}),
+    (["train_gpt", "--steps", "0"], "--steps", {}),
+    (["train_gpt", "--batch", "0"], "--batch", {}),
+    (["train_gpt", "--seq", "-1"], "--seq", {}),
+    (["train_gpt", "--lr", "nan"], "--lr", {}),
+    (["train_gpt", "--lr", "-1e-3"], "--lr", {}),
+    (["train_gpt", "--clip", "nan"], "--clip", {}),
+    (["train_gpt", "--clip", "-1"], "--clip", {}),
+    (["train_gpt", "--weight-decay", "inf"], "--weight-decay", {}),
+    (["train_gpt", "--sample", "-1"], "--sample", {}),
+    (["train_gpt", "--vocab", "512"], "--vocab", {}),  # text data has 256 byte tokens
+    (["train_gpt", "--data", "synthetic", "--sample", "10"], "--sample", {}),
+    (["train_gpt", "--data", short_text], "--seq", {}),  # the validation split is too short
+    (["train_gpt", "--data", "/nonexistent/corpus.txt"], "/nonexistent/corpus.txt", {}),
+    (["train_gpt", "--preset", "tiny", "--seq", "4096"], "exceeds the preset's block size", {}),
+    (["train_gpt", "--preset", "huge"], "--preset", {}),
+    (["train_gpt", "--snapshot", NO_DIR], "--snapshot", {}),
+    (["train_gpt", "--seed", "1.5"], "--seed", {}),
+    (["train_gpt"], "TALLY_ALLOC_CONF", BAD_CONF),
+    # ---- train_ddp
+    (["train_ddp", *CPU, "--model", "tiny", "--steps", "0"], "--steps", {}),
+    (["train_ddp", *CPU, "--model", "tiny", "--warmup", "-1"], "--warmup", {}),
+    (["train_ddp", *CPU, "--model", "tiny", "--lr", "nan"], "--lr", {}),
+    (["train_ddp", *CPU, "--model", "tiny", "--batch", "-1"], "--batch", {}),
+    (["train_ddp", *CPU, "--model", "tiny", "--image-size", "0"], "--image-size", {}),
+    (["train_ddp", *CPU, "--model", "tiny", "--bucket-cap-mb", "0"], "--bucket-cap-mb", {}),
+    (["train_ddp", *CPU, "--model", "tiny", "--bucket-cap-mb", "nan"], "--bucket-cap-mb", {}),
+    (["train_ddp", *CPU, "--model", "tiny", "--first-bucket-cap-mb", "-1"], "--first-bucket-cap-mb", {}),
+    (["train_ddp", *CPU, "--model", "tiny", "--seq", "16"], "--seq", {}),
+    (["train_ddp", *CPU, "--model", "gpt-tiny", "--seq", "4096"], "--seq", {}),
+    (["train_ddp", *CPU, "--model", "tiny", "--snapshot", PROC], "--snapshot", {}),
+    (["train_ddp", *CPU, "--model", "tiny"], "WORLD_SIZE", {"WORLD_SIZE": "abc"}),
+    (["train_ddp", *CPU, "--model", "tiny"], "RANK", {"WORLD_SIZE": "2", "RANK": "3"}),
+    (["train_ddp", *CPU, "--model", "tiny"], "MASTER_PORT", {"MASTER_PORT": "70000"}),
+    (["train_ddp", *CPU, "--model", "tiny"], "TALLY_ALLOC_CONF", BAD_CONF),
+    (["train_ddp", "--device", "cpu", "--model", "vit"], "--model: expected resnet50, resnet18, tiny", {}),
+    (["train_ddp", "--device", "cpu", "--model", "tiny", "--amp", "fp8"], "--amp: expected off, fp16 or bf16", {}),
+    # ---- ab_memory
+    (["ab_memory", "--batch", "0"], "--batch", {}),
+    (["ab_memory", "--steps", "1"], "--steps", {}),
+    (["ab_memory", "--lr", "nan"], "--lr", {}),
+    (["ab_memory", "--image-size", "-1"], "--image-size", {}),
+    (["ab_memory", "--amp", "off,fp8"], "--amp", {}),  # the bad second value fails before the first runs
+    (["ab_memory", "--checkpoint", "none,bogus"], "--checkpoint", {}),
+    (["ab_memory", "--checkpoint", ","], "--checkpoint", {}),
+    (["ab_memory", "--arch", "vgg"], "--arch", {}),
+    (["ab_memory", "--model", "vit"], "--model: expected resnet or gpt, got 'vit'", {}),
+    (["ab_memory", "--model", "gpt", "--dataset", "fashion-mnist"], "--dataset", {}),
+    (["ab_memory", "--model", "gpt", "--seq", "4096"], "--seq", {}),
+    (["ab_memory", "--model", "gpt", "--preset", "huge"], "--preset", {}),
+    (["ab_memory", "--model", "gpt", "--arch", "resnet18"], "--arch", {}),
+    (["ab_memory", "--preset", "gpt2"], "--preset", {}),  # --model resnet has no preset
+    (["ab_memory", "--out", "/proc/tally_ab"], "--out", {}),
+    (["ab_memory", "--out", a_file], "--out", {}),
+    (["ab_memory"], "TALLY_ALLOC_CONF", BAD_CONF),
+    # ---- memory_demo
+    (["memory_demo", "--steps", "abc"], "--steps", {}),
+    (["memory_demo", "--steps", "0"], "--steps", {}),
+    (["memory_demo", "--steps"], "--steps", {}),
+    (["memory_demo", "--device", "tpu"], "--device", {}),
+    (["memory_demo", *CPU, "--snapshot", NO_DIR], "--snapshot", {}),
+    (["memory_demo", "--bogus"], "--bogus", {}),
+    (["memory_demo", *CPU], "TALLY_ALLOC_CONF", BAD_CONF),
+    (["memory_demo", *CPU], "TALLY_ALLOC_CONF", {"TALLY_ALLOC_CONF": "no_such_key:1"}),
+    # ---- profile_demo
+    (["profile_demo", *CPU, "--steps", "3"], "--steps", {}),  # the schedule records steps 3 and 4
+    (["profile_demo", *CPU, "--steps", "abc"], "--steps", {}),
+    (["profile_demo", *CPU, "--batch", "0"], "--batch", {}),
+    (["profile_demo", "--device", "tpu"], "--device", {}),
+    (["profile_demo", *CPU, "--out", "/nonexistent/dir/prof"], "--out", {}),
+    (["profile_demo", "--bogus"], "--bogus", {}),
+    (["profile_demo", *CPU], "TALLY_ALLOC_CONF", BAD_CONF),
+    # ---- equivalence_dump
+    (["equivalence_dump"], "--model", {}),
+    (["equivalence_dump", "--model", "resnet_tiny"], "--out", {}),
+    (["equivalence_dump", "--model", "vgg", "--out", "eq"], "--model", {}),
+    (["equivalence_dump", "--model", "resnet_tiny", "--out", "eq", "--batch", "0"], "--batch", {}),
+    (["equivalence_dump", "--model", "resnet_tiny", "--out", "eq", "--seed", "-1"], "--seed", {}),
+    (["equivalence_dump", "--model", "resnet_tiny", "--out", "eq", "--device", "tpu"], "--device", {}),
+    (["equivalence_dump", "--model", "resnet_tiny", "--out", "/proc/tally_eq"], "--out", {}),
+    (["equivalence_dump", "--model", "resnet_tiny", "--out", a_file], "--out", {}),
+    (["equivalence_dump", "--model", "resnet_tiny", "--out", "eq"], "TALLY_ALLOC_CONF", BAD_CONF),
+    # ---- memory_patterns
+    (["memory_patterns", "--pattern", "bogus"], "--pattern", {}),
+    (["memory_patterns", "--layers", "0"], "--layers", {}),
+    (["memory_patterns", "--batch", "0"], "--batch", {}),
+    (["memory_patterns", "--seq", "0"], "--seq", {}),
+    (["memory_patterns", "--leak-steps", "1"], "--leak-steps", {}),
+    (["memory_patterns", "--frag-steps", "0"], "--frag-steps", {}),
+    (["memory_patterns", "--max-split-mb", "5"], "--max-split-mb", {}),
+    (["memory_patterns", "--device", "tpu"], "--device", {}),
+    (["memory_patterns", "--out", "/proc/tally_patterns"], "--out", {}),
+    (["memory_patterns"], "TALLY_ALLOC_CONF", BAD_CONF),
+    # ---- profile_models
+    (["profile_models", *CPU, "--steps", "0"], "--steps", {}),
+    (["profile_models", *CPU, "--warmup", "-1"], "--warmup", {}),
+    (["profile_models", *CPU, "--resnet-batch", "0"], "--resnet-batch", {}),
+    (["profile_models", *CPU, "--gpt-batch", "abc"], "--gpt-batch", {}),
+    (["profile_models", *CPU, "--models", "resnet,vit"], "--models", {}),
+    (["profile_models", *CPU, "--models", ","], "--models", {}),
+    (["profile_models", *CPU, "--small", "--resnet-batch", "8"], "--resnet-batch", {}),
+    (["profile_models", *CPU, "--out", "/proc/tally_prof"], "--out", {}),
+    (["profile_models", *CPU, "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'", {}),
+    (["profile_models", *CPU], "TALLY_ALLOC_CONF", BAD_CONF),
 ]
+
+# Valid boundary values that must still run (exit 0), and the files they must write.
+good = [
+    (["memory_demo", *CPU, "--steps", "1", "--snapshot", "m.pickle"], ["m.pickle"]),
+    (["profile_demo", *CPU, "--steps", "4", "--batch", "1", "--out", "p"],
+     ["p.trace.json", "p.timeline.json", "p.timeline.html", "p.pickle"]),
+    (["train_gpt", "--data", "synthetic", "--steps", "1", "--batch", "1", "--seq", "8", "--log-every", "1",
+      "--eval-batches", "1", "--lr", "1e-300", "--clip", "0", "--weight-decay", "0", "--seed", "18446744073709551615",
+      "--snapshot", "g.pickle"], ["g.pickle"]),
+    (["train_resnet", "--dataset", "synthetic", "--steps", "1", "--batch", "1", "--image-size", "8",
+      "--eval-batches", "1", "--log-every", "1", "--momentum", "0"], []),
+    (["train_resnet", "--help"], []),
+    (["equivalence_dump", "--help"], []),
+]
+
+
+def run(args, env_extra):
+    """Runs one invocation in a fresh empty folder: (returncode, output, seconds, files left)."""
+    cwd = tempfile.mkdtemp(dir=tmp, prefix="run_")
+    env = dict(os.environ)
+    for k in ("TALLY_ALLOC_CONF", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env.update(env_extra)
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([os.path.join(ex, args[0])] + args[1:], capture_output=True, text=True,
+                           timeout=120, env=env, cwd=cwd)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = "timeout", str(e.stdout or ""), str(e.stderr or "")
+    return rc, out, err, time.monotonic() - t0, sorted(os.listdir(cwd))
+
+
+def check_bad(case):
+    args, want, env_extra = case
+    rc, out, err, secs, left = run(args, env_extra)
+    prog = args[0]
+    lines = err.strip().splitlines()
+    last = lines[-1] if lines else ""
+    why = []
+    if rc != 2:
+        why.append(f"exit {rc} (a signal if negative), expected 2")
+    if not last.startswith(prog):
+        why.append(f"the last line of stderr does not start with '{prog}'")
+    if want not in last:
+        why.append(f"'{want}' is not in the message")
+    if left:
+        why.append(f"it wrote {left} (work started before the error)")
+    if secs > 30:
+        why.append(f"it took {secs:.1f} s (not a fast failure)")
+    env_s = " ".join(f"{k}={v}" for k, v in env_extra.items())
+    name = f"{env_s + ' ' if env_s else ''}{' '.join(args)}"
+    if why:
+        return False, f"FAIL: {name}: {'; '.join(why)}\n  stdout: {out[-400:]!r}\n  stderr: {err[-600:]!r}"
+    return True, f"ok ({secs:.1f} s): {name} -> {last}"
+
+
+def check_good(case):
+    args, files = case
+    rc, out, err, secs, left = run(args, {})
+    missing = [f for f in files if f not in left]
+    if rc != 0 or missing:
+        return False, f"FAIL (valid input): {' '.join(args)}: exit {rc}, missing {missing}\n  stderr: {err[-600:]!r}"
+    return True, f"ok ({secs:.1f} s, valid): {' '.join(args)}"
+
+
+t0 = time.monotonic()
+with ThreadPoolExecutor(max_workers=4) as pool:
+    results = list(pool.map(check_bad, cases)) + list(pool.map(check_good, good))
 fails = 0
-for args, want in cases:
-    p = subprocess.run([os.path.join(ex, args[0])] + args[1:], capture_output=True, text=True, timeout=120)
-    out = p.stdout + p.stderr
-    if p.returncode != 1 or want not in out:
-        fails += 1
-        print(f"FAIL: {' '.join(args)}: exit {p.returncode}, expected 1 and '{want}' in:\n{out[-600:]}")
-    else:
-        print(f"ok: {' '.join(args)} -> {out.strip().splitlines()[-1]}")
+for ok, msg in results:
+    print(msg)
+    fails += not ok
+programs = {c[0][0] for c in cases}
+print(f"{len(cases)} bad invocations of {len(programs)} programs, {len(good)} valid ones, "
+      f"{fails} failures, {time.monotonic() - t0:.1f} s")
+expected = {"train_resnet", "train_gpt", "train_ddp", "ab_memory", "memory_demo", "profile_demo",
+            "equivalence_dump", "memory_patterns", "profile_models"}
+if programs != expected:
+    print(f"FAIL: the table must cover {sorted(expected)}, it covers {sorted(programs)}")
+    fails += 1
+shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(1 if fails else 0)

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
+#include <stdexcept>
 
 #include "memory/caching_allocator.h"
 #include "memory/fake_provider.h"
@@ -234,6 +236,71 @@ TEST(CachingAllocator, OomLeavesAllocatorConsistentAndUsable) {
   EXPECT_NE(b, nullptr);
   for (void* p : {a, s, b}) f.alloc->deallocate(p);
   EXPECT_EQ(f.alloc->memory_allocated(), 0u);
+}
+
+// Requests near 2^64 are errors, never a wrap to a small block (issue 22): 2^64 - 2^20 bytes
+// (ops::empty of 2^62 - 2^18 floats) used to round to a 0-byte segment. The fake device has
+// room for anything, so only the arithmetic can refuse.
+TEST(CachingAllocator, RequestsNearTwoToThe64AreErrorsNotWraps) {
+  Fixture f(std::numeric_limits<size_t>::max());
+  const size_t issue = std::numeric_limits<size_t>::max() - (size_t{1} << 20) + 1;
+  for (size_t bytes : {issue, std::numeric_limits<size_t>::max(),
+                       std::numeric_limits<size_t>::max() - kRoundLarge + 2}) {
+    try {
+      (void)f.alloc->allocate(bytes);
+      ADD_FAILURE() << "no error for a request of " << bytes << " bytes";
+    } catch (const std::overflow_error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("CachingAllocator: rounding the"), std::string::npos) << m;
+      EXPECT_NE(m.find("overflows an unsigned 64-bit integer"), std::string::npos) << m;
+    }
+  }
+  EXPECT_THROW((void)f.alloc->round_size(std::numeric_limits<size_t>::max()), std::overflow_error);
+  // Past 2^63 - 1 bytes (the int64 statistics' range) but not wrapping: refused by size.
+  try {
+    (void)f.alloc->allocate(std::numeric_limits<size_t>::max() >> 1);
+    ADD_FAILURE() << "no error for 2^63 - 1 bytes";
+  } catch (const std::length_error& e) {
+    EXPECT_NE(std::string(e.what()).find("a request of 9223372036854775807 bytes needs a segment "
+                                         "of 9223372036854775808 bytes, more than 2^63 - 1"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(f.fake->allocs, 0);  // nothing reached the device
+  EXPECT_EQ(f.alloc->memory_reserved(), 0u);
+  EXPECT_EQ(f.stat("allocation.all.current"), 0);
+  EXPECT_EQ(f.stat("num_ooms"), 0);
+  // Still usable, and a huge request that fits is served from a segment rounded exactly.
+  void* p = f.alloc->allocate(1000);
+  EXPECT_EQ(f.alloc->block_size(p), 1024u);
+  void* big = f.alloc->allocate((size_t{1} << 62) + 1);
+  EXPECT_EQ(f.alloc->block_size(big), (size_t{1} << 62) + 512);
+  EXPECT_EQ(f.alloc->memory_reserved(), kSmallBuffer + (size_t{1} << 62) + kRoundLarge);
+  EXPECT_EQ(f.stat("reserved_bytes.all.current"),
+            static_cast<int64_t>(kSmallBuffer + (size_t{1} << 62) + kRoundLarge));
+  for (void* q : {p, big}) f.alloc->deallocate(q);
+  EXPECT_EQ(f.alloc->memory_allocated(), 0u);
+
+  // The power-of-two divisions round within [2^63, 2^64) and refuse past it.
+  Fixture g(std::numeric_limits<size_t>::max(), "roundup_power2_divisions:4");
+  EXPECT_EQ(g.alloc->round_size((size_t{1} << 63) + 1), (size_t{1} << 63) + (size_t{1} << 61));
+  EXPECT_THROW((void)g.alloc->round_size(std::numeric_limits<size_t>::max() - 5),
+               std::overflow_error);
+  // A division count from the config that 512 * divisions would wrap: plain rounding.
+  Fixture h(size_t{1} << 34, "roundup_power2_divisions:36028797018963968");  // 2^55
+  EXPECT_EQ(h.alloc->round_size(12000), 12288u);
+}
+
+// max_non_split_rounding near 2^64 (the config allows it): "block >= size + rounding" used to
+// wrap and refuse every cached oversize block.
+TEST(CachingAllocator, HugeMaxNonSplitRoundingDoesNotWrap) {
+  Fixture f(size_t{1} << 34, "max_split_size_mb:20,max_non_split_rounding_mb:17592186044415");
+  void* a = f.alloc->allocate(100 * kMiB);
+  f.alloc->deallocate(a);
+  void* b = f.alloc->allocate(30 * kMiB);  // any cached oversize block is close enough
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(f.stat("num_device_alloc"), 1);
+  f.alloc->deallocate(b);
 }
 
 TEST(CachingAllocator, OomWritesSnapshotWhenHistoryIsOn) {

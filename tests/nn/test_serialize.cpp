@@ -1,15 +1,18 @@
 // safetensors: round trips of state dicts and every dtype, tied weights, the Python
-// stdlib reader (tests/nn/check_safetensors.py) on our files, and clear errors on corrupt
-// files.
+// stdlib reader (tests/nn/check_safetensors.py) on our files, clear errors on corrupt
+// files, and a save cut short that leaves the previous file intact.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "nn/serialize.h"
+#include "testing/file_limit.h"
 #include "testing/gradcheck.h"
 
 using namespace tally;
@@ -164,4 +167,101 @@ TEST(Safetensors, CorruptFilesNameFileAndOffset) {
   EXPECT_TRUE(contains(e, "tensor 'a'") && contains(e, "need 20")) << e;
 
   EXPECT_TRUE(contains(load_error(dir / "does_not_exist.safetensors"), "cannot open"));
+}
+
+// A save cut short (RLIMIT_FSIZE in a forked child, standing in for a full disk) fails
+// naming the file and leaves the previous weights intact and loadable, with no temporary
+// file beside them.
+TEST(Safetensors, SaveCutShortKeepsPreviousFile) {
+  const fs::path dir = temp_dir() / "cut_short";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path file = dir / "w.safetensors";
+  const Tensor good = ops::randn({1000});
+  save_safetensors(file.string(), {{"w", good}});
+  const std::string before = slurp(file);
+
+  const tally::testing::LimitedRun r = tally::testing::run_with_file_size_limit(64 * 1024, [&] {
+    save_safetensors(file.string(), {{"w", ops::randn({200000})}});
+  });
+  ASSERT_TRUE(r.threw) << "status " << r.status << ": " << r.what;
+  EXPECT_TRUE(contains(r.what, "save_safetensors: cannot write '" + file.string() + "'")) << r.what;
+  EXPECT_TRUE(contains(r.what, std::strerror(EFBIG))) << r.what;
+
+  EXPECT_EQ(slurp(file), before);
+  const NamedTensors loaded = load_safetensors(file.string());
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0].second.tolist(), good.tolist());
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"w.safetensors"});
+}
+
+namespace {
+// A safetensors file of `header` (padded to 8 bytes) and `data`.
+std::string st_file(std::string header, const std::string& data = "") {
+  while (header.size() % 8 != 0) header += ' ';
+  const uint64_t n = header.size();
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &n, 8);
+  return out + header + data;
+}
+}  // namespace
+
+// Shapes whose sizes overflow are corrupt headers naming the file and the shape's byte offset
+// (issue 22: [2^32, 2^32] with no data used to load as a tensor of 0 elements).
+TEST(Safetensors, OverflowingShapesAreCorruptHeaders) {
+  const fs::path p = temp_dir() / "overflow.safetensors";
+  const std::string h1 =
+      R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})";
+  spit(p, st_file(h1));
+  std::string e = load_error(p);
+  const std::string at = "corrupt header at byte " + std::to_string(8 + h1.find("[4294967296"));
+  EXPECT_TRUE(contains(e, p.string()) && contains(e, at) && contains(e, "tensor 'w'") &&
+              contains(e, "[4294967296, 4294967296]") && contains(e, "more than 2^63 - 1 bytes"))
+      << e;
+  // Elements fit in 63 bits, bytes do not: [2^31, 2^31] of int32 is 2^64 bytes.
+  const std::string h2 =
+      R"({"__metadata__":{"k":"v"},"i":{"dtype":"I32","shape":[2147483648,2147483648],"data_offsets":[0,0]}})";
+  spit(p, st_file(h2));
+  e = load_error(p);
+  EXPECT_TRUE(contains(e, p.string()) &&
+              contains(e, "at byte " + std::to_string(8 + h2.find("[2147483648"))) &&
+              contains(e, "tensor 'i'"))
+      << e;
+  // Three dimensions that each pass the 9e15 limit on one number but multiply past 2^64.
+  const std::string h3 =
+      R"({"z":{"dtype":"BOOL","shape":[3000000,3000000,3000000,0],"data_offsets":[0,0]}})";
+  spit(p, st_file(h3));
+  e = load_error(p);
+  EXPECT_TRUE(contains(e, "at byte " + std::to_string(8 + h3.find("[3000000"))) &&
+              contains(e, "tensor 'z'"))
+      << e;
+}
+
+// Huge shapes that do not wrap: data_offsets must hold shape x dtype bytes, and the bytes
+// must be in the file, before anything is allocated.
+TEST(Safetensors, HugeShapesAreCheckedAgainstOffsetsAndFileSize) {
+  const fs::path p = temp_dir() / "huge.safetensors";
+  const std::string h1 = R"({"w":{"dtype":"F32","shape":[1000000,1000000],"data_offsets":[0,16]}})";
+  spit(p, st_file(h1, std::string(16, '\0')));
+  std::string e = load_error(p);
+  EXPECT_TRUE(contains(e, p.string()) &&
+              contains(e, "at byte " + std::to_string(8 + h1.find("\"data_offsets\"") + 15)) &&
+              contains(e, "data_offsets [0, 16] hold 16 bytes") &&
+              contains(e, "need 4000000000000"))
+      << e;
+  const std::string h2 =
+      R"({"w":{"dtype":"F32","shape":[1000000,1000000],"data_offsets":[0,4000000000000]}})";
+  spit(p, st_file(h2, std::string(16, '\0')));
+  e = load_error(p);
+  EXPECT_TRUE(contains(e, p.string()) && contains(e, "corrupt file at byte") &&
+              contains(e, "ends at data byte 4000000000000") && contains(e, "only 16 data bytes"))
+      << e;
+  // A valid file of a 0-element tensor with a large other dimension still loads.
+  const std::string h3 = R"({"e":{"dtype":"F32","shape":[0,1000000],"data_offsets":[0,0]}})";
+  spit(p, st_file(h3));
+  const NamedTensors t = load_safetensors(p.string());
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0].second.sizes(), (Shape{0, 1000000}));
 }

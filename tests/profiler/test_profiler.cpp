@@ -20,6 +20,10 @@
 #include <thread>
 
 #include "memory/memory.h"
+#include "optim/adam.h"
+#include "optim/clip_grad.h"
+#include "optim/grad_scaler.h"
+#include "optim/sgd.h"
 #include "profiler/memory_timeline.h"
 #include "profiler/profiler.h"
 #include "tensor/dispatch.h"
@@ -226,6 +230,31 @@ TEST(Profiler, KeyAveragesAddUp) {
                   mods.at("net.fc1").cpu_time_total + mods.at("net.fc2").cpu_time_total,
               mods.at("net").cpu_time_total, 1e-3);
   EXPECT_GT(mods.at("net.conv1").self_cpu_memory_usage, 0);
+}
+
+// The optimizers' fused kernels enter the dispatch point as named ops (PyTorch's names), so
+// the operator table and the trace show them: one row each for one call each.
+TEST(Profiler, OptimizerKernelsAreNamedOps) {
+  testing::TinyCnn net;
+  net.train_step();  // leaves every parameter with a gradient
+  std::vector<Tensor> ps;
+  for (Tensor* p : net.params()) ps.push_back(*p);
+  optim::AdamW adamw(ps);
+  optim::SGD sgd(ps, optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+  optim::GradScaler scaler;
+  Profiler prof(full_options());
+  prof.start();
+  optim::clip_grad_norm_(ps, 1.0);
+  scaler.unscale_(adamw);
+  adamw.step();
+  sgd.step();
+  prof.stop();
+  const profiler::EventList rows = prof.key_averages();
+  for (const char* name :
+       {"_foreach_norm", "_foreach_mul_", "_amp_foreach_non_finite_check_and_unscale_",
+        "_fused_adamw_", "_fused_sgd_"})
+    EXPECT_EQ(rows.at(name).count, 1) << name;
+  EXPECT_THROW(rows.at("_fused_adam_"), std::out_of_range) << "AdamW is named as AdamW";
 }
 
 TEST(Profiler, ScheduleRecordsOnlyActiveSteps) {

@@ -42,6 +42,75 @@ TEST(Elementwise, ShapeErrorsNameTheOp) {
   }
 }
 
+// Sizes that overflow are errors naming the shape, never a tensor with a wrapped element
+// count (issue 22: zeros({2^32, 2^32}) used to "succeed" with 0 elements).
+TEST(Elementwise, FactorySizesThatOverflowAreErrors) {
+  const int64_t g = int64_t{1} << 32;
+  expect_error<std::length_error>(
+      [&] {
+        (void)zeros({g, g});
+      },
+      {"shape [4294967296, 4294967296] has more than 2^63 - 1"});
+  expect_error<std::length_error>(
+      [&] {
+        (void)ops::zeros({g, g}, DType::bool_);
+      },
+      {"[4294967296, 4294967296]"});
+  expect_error<std::length_error>(
+      [&] {
+        (void)shape_numel({g, g});
+      },
+      {"numel: shape [4294967296, 4294967296]"});
+  expect_error<std::length_error>(
+      [&] {
+        (void)shape_numel({g, g, 0});
+      },
+      {"[4294967296, 4294967296, 0]"});
+  EXPECT_EQ(shape_numel({g, 0}), 0);
+  // 2^64 - 2^20 bytes: fits in 64 bits, not in 63; never reaches the allocator's rounding.
+  expect_error<std::length_error>(
+      [] { (void)ops::empty({(int64_t{1} << 62) - (int64_t{1} << 18)}, DType::float32); },
+      {"empty: a tensor of shape [4611686018427125760] with 4-byte elements is larger than "
+       "2^63 - 1 bytes"});
+  expect_error<std::invalid_argument>(
+      [] {
+        (void)ops::empty({3, -2});
+      },
+      {"empty: negative dimension in shape [3, -2]"});
+  float buf[4] = {};
+  expect_error<std::length_error>(
+      [&] {
+        (void)ops::from_blob(buf, {g, g});
+      },
+      {"from_blob", "[4294967296, 4294967296]"});
+  // A view whose element count does not fit (a scalar expanded to 2^64 elements).
+  const Tensor one = zeros({1, 1});
+  expect_error<std::length_error>(
+      [&] {
+        (void)ops::expand(one, {g, g});
+      },
+      {"[4294967296, 4294967296]"});
+  // view/reshape of an empty tensor to a shape whose other dimensions wrap to 0.
+  const Tensor empty = zeros({0});
+  expect_error<std::length_error>(
+      [&] {
+        (void)ops::view(empty, {g, g, 0});
+      },
+      {"view: shape [4294967296, 4294967296, 0] has more than"});
+  expect_error<std::length_error>(
+      [&] {
+        (void)ops::reshape(empty, {-1, g, g});
+      },
+      {"reshape: shape [-1, 4294967296, 4294967296]"});
+  // A layout whose extent wraps used to pass the bounds check: 2^62 + 2^62 elements.
+  expect_error<std::overflow_error>(
+      [&] {
+        (void)Tensor::make(Storage::borrow(buf, sizeof(buf), Device::cpu()), {2, 2},
+                           {int64_t{1} << 62, int64_t{1} << 62}, 0, DType::float32);
+      },
+      {"Tensor::make: the extent of the layout"});
+}
+
 TEST(Elementwise, DtypesPromoteAndConvert) {
   const Tensor i = from_vector({1, 2, 3}, {3}, TensorOptions{}.with_dtype(DType::int64));
   const Tensor f = from_vector({0.5, 0.5, 0.5}, {3});

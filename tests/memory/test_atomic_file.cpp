@@ -1,0 +1,239 @@
+// write_file_atomic: a write cut short (a file-size limit standing in for a full disk, or an
+// exception in the writer) leaves the previous file intact byte for byte and no temporary
+// file behind; errors name the path and the errno text; permissions and symbolic links are
+// kept; concurrent writers never interleave.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "memory/atomic_file.h"
+#include "memory/snapshot.h"
+#include "testing/file_limit.h"
+
+namespace tally::memory {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// A fresh, empty folder per test.
+fs::path fresh_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const fs::path d = fs::temp_directory_path() / ("tally_atomic_" + std::to_string(::getpid())) /
+                     (std::string(info->test_suite_name()) + "." + info->name());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::set<std::string> names_in(const fs::path& d) {
+  std::set<std::string> s;
+  for (const auto& e : fs::directory_iterator(d)) s.insert(e.path().filename().string());
+  return s;
+}
+
+// `n` bytes that differ from position to position (a shifted copy would not compare equal).
+std::string pattern(size_t n, char seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(seed + i * 7 + i / 251);
+  return s;
+}
+
+TEST(AtomicFile, WritesThenReplaces) {
+  const fs::path d = fresh_dir();
+  const fs::path f = d / "out.bin";
+  write_file_atomic(f.string(), pattern(100000, 'a'), "test");
+  EXPECT_EQ(slurp(f), pattern(100000, 'a'));
+  // A shorter second version replaces the first completely (no tail of the old one).
+  write_file_atomic(
+      f.string(), [](std::ostream& out) { out << "short"; }, "test");
+  EXPECT_EQ(slurp(f), "short");
+  write_file_atomic(f.string(), std::string_view(), "test");  // empty files are files too
+  EXPECT_TRUE(fs::exists(f));
+  EXPECT_EQ(fs::file_size(f), 0u);
+  EXPECT_EQ(names_in(d), std::set<std::string>{"out.bin"});
+}
+
+TEST(AtomicFile, FileSizeLimitLeavesPreviousFileIntact) {
+  const fs::path d = fresh_dir();
+  const fs::path f = d / "weights.bin";
+  const std::string good = pattern(3000, 'g');
+  write_file_atomic(f.string(), good, "test");
+
+  // Streamed in small pieces, as the pickle and trace writers do, and as one block of bytes;
+  // both pass the 8 KiB limit part way.
+  const std::string big = pattern(200000, 'b');
+  const testing::LimitedRun streamed = testing::run_with_file_size_limit(8192, [&] {
+    write_file_atomic(
+        f.string(),
+        [&](std::ostream& out) {
+          for (size_t i = 0; i < big.size(); i += 100) out.write(big.data() + i, 100);
+        },
+        "streamed_writer");
+  });
+  const testing::LimitedRun block = testing::run_with_file_size_limit(
+      8192, [&] { write_file_atomic(f.string(), big, "block_writer"); });
+
+  for (const auto* r : {&streamed, &block}) {
+    ASSERT_TRUE(r->threw) << "status " << r->status << ": " << r->what;
+    EXPECT_TRUE(contains(r->what, "'" + f.string() + "'")) << r->what;
+    EXPECT_TRUE(contains(r->what, std::strerror(EFBIG))) << r->what;
+    EXPECT_TRUE(contains(r->what, "is unchanged")) << r->what;
+  }
+  EXPECT_TRUE(contains(streamed.what, "streamed_writer: cannot write")) << streamed.what;
+  EXPECT_TRUE(contains(block.what, "block_writer: cannot write")) << block.what;
+  EXPECT_EQ(slurp(f), good);
+  EXPECT_EQ(names_in(d), std::set<std::string>{"weights.bin"});
+
+  // The same limit with a write that fits succeeds: the limit is what failed above.
+  const testing::LimitedRun fits = testing::run_with_file_size_limit(
+      8192, [&] { write_file_atomic(f.string(), pattern(4000, 'c'), "test"); });
+  EXPECT_TRUE(WIFEXITED(fits.status) && WEXITSTATUS(fits.status) == 0) << fits.what;
+  EXPECT_EQ(slurp(f), pattern(4000, 'c'));
+}
+
+TEST(AtomicFile, WriterThatThrowsLeavesPreviousFileIntact) {
+  const fs::path d = fresh_dir();
+  const fs::path f = d / "report.html";
+  write_file_atomic(f.string(), "<html>good</html>", "test");
+  try {
+    write_file_atomic(
+        f.string(),
+        [](std::ostream& out) {
+          out << pattern(150000, 'x');  // past the stream's buffer: bytes reach the temp file
+          throw std::logic_error("halfway");
+        },
+        "test");
+    FAIL() << "no exception";
+  } catch (const std::logic_error& e) {  // the writer's own exception, unchanged
+    EXPECT_STREQ(e.what(), "halfway");
+  }
+  EXPECT_EQ(slurp(f), "<html>good</html>");
+  EXPECT_EQ(names_in(d), std::set<std::string>{"report.html"});
+
+  // Without a previous file there is nothing afterwards, not an empty or partial file.
+  const fs::path g = d / "new.bin";
+  EXPECT_THROW(write_file_atomic(
+                   g.string(), [](std::ostream&) { throw std::runtime_error("no"); }, "test"),
+               std::runtime_error);
+  EXPECT_FALSE(fs::exists(g));
+  EXPECT_EQ(names_in(d), std::set<std::string>{"report.html"});
+}
+
+TEST(AtomicFile, ErrorsNameThePathAndTheReason) {
+  const fs::path d = fresh_dir();
+  const std::string missing = (d / "no-such-folder" / "x.pickle").string();
+  try {
+    write_file_atomic(missing, "x", "dump_snapshot");
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    const std::string w = e.what();
+    EXPECT_TRUE(contains(w, "dump_snapshot: cannot write '" + missing + "'")) << w;
+    EXPECT_TRUE(contains(w, std::strerror(ENOENT))) << w;
+  }
+  try {
+    write_file_atomic(d.string(), "x", "test");
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(contains(e.what(), d.string()) && contains(e.what(), std::strerror(EISDIR)))
+        << e.what();
+  }
+  EXPECT_THROW(write_file_atomic("", "x", "test"), std::invalid_argument);
+  EXPECT_TRUE(names_in(d).empty());
+}
+
+TEST(AtomicFile, KeepsPermissionsAndFollowsSymlinks) {
+  const fs::path d = fresh_dir();
+  const fs::path f = d / "w.safetensors";
+  write_file_atomic(f.string(), "one", "test");
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  EXPECT_EQ(fs::status(f).permissions(), static_cast<fs::perms>(0666 & ~mask));
+
+  fs::permissions(f, static_cast<fs::perms>(0640));
+  write_file_atomic(f.string(), "two", "test");
+  EXPECT_EQ(slurp(f), "two");
+  EXPECT_EQ(fs::status(f).permissions(), static_cast<fs::perms>(0640));
+
+  // latest -> w.safetensors (relative): the file behind the link is replaced, the link stays.
+  const fs::path link = d / "latest";
+  fs::create_symlink("w.safetensors", link);
+  write_file_atomic(link.string(), "three", "test");
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(slurp(f), "three");
+  // A dangling link names the file to create, as an ordinary open would.
+  fs::create_symlink(d / "target.bin", d / "dangling");
+  write_file_atomic((d / "dangling").string(), "four", "test");
+  EXPECT_TRUE(fs::is_symlink(d / "dangling"));
+  EXPECT_EQ(slurp(d / "target.bin"), "four");
+  EXPECT_EQ(names_in(d),
+            (std::set<std::string>{"dangling", "latest", "target.bin", "w.safetensors"}));
+}
+
+TEST(AtomicFile, DeviceTargetIsWrittenInPlace) {
+  // /dev/null cannot be replaced by a rename (and must not be): it is written in place.
+  EXPECT_NO_THROW(write_file_atomic("/dev/null", pattern(100000, 'n'), "test"));
+}
+
+TEST(AtomicFile, ConcurrentWritersNeverInterleave) {
+  const fs::path d = fresh_dir();
+  const fs::path f = d / "trace.json";
+  std::vector<std::string> versions;
+  for (char c = 'a'; c < 'a' + 4; ++c) versions.push_back(pattern(300000, c));
+  std::vector<std::thread> threads;
+  for (const std::string& v : versions)
+    threads.emplace_back([&f, &v] {
+      for (int i = 0; i < 5; ++i) write_file_atomic(f.string(), v, "test");
+    });
+  for (auto& t : threads) t.join();
+  const std::string got = slurp(f);
+  EXPECT_NE(std::find(versions.begin(), versions.end(), got), versions.end())
+      << "the file is a mix of versions (" << got.size() << " bytes)";
+  EXPECT_EQ(names_in(d), std::set<std::string>{"trace.json"});
+}
+
+// The snapshot writer through the helper: a cut-short dump keeps the previous snapshot.
+TEST(AtomicFile, SnapshotWriteCutShortKeepsPreviousSnapshot) {
+  const fs::path d = fresh_dir();
+  const fs::path f = d / "snap.pickle";
+  SnapshotData small;
+  write_snapshot_file(small, f.string());
+  const std::string good = slurp(f);
+  ASSERT_GT(good.size(), 16u);
+
+  SnapshotData big;  // many segments: a pickle far past the limit below
+  for (int i = 0; i < 2000; ++i) {
+    SegmentInfo s;
+    s.address = 0x10000000u + static_cast<uint64_t>(i) * 0x200000u;
+    s.total_size = 0x200000;
+    s.blocks.push_back(BlockInfo{});
+    s.blocks.back().address = s.address;
+    s.blocks.back().size = s.total_size;
+    big.segments.push_back(s);
+  }
+  const testing::LimitedRun r = testing::run_with_file_size_limit(
+      static_cast<rlim_t>(good.size()) + 64, [&] { write_snapshot_file(big, f.string()); });
+  ASSERT_TRUE(r.threw) << "status " << r.status << ": " << r.what;
+  EXPECT_TRUE(contains(r.what, f.string()) && contains(r.what, std::strerror(EFBIG))) << r.what;
+  EXPECT_EQ(slurp(f), good);
+  EXPECT_EQ(names_in(d), std::set<std::string>{"snap.pickle"});
+}
+
+}  // namespace
+}  // namespace tally::memory
