@@ -120,7 +120,14 @@ struct RawMem {
 constexpr size_t kReserveSpans = 1 << 15;
 constexpr size_t kReserveMem = 1 << 15;
 
+// One thread's events in one window. The thread writes under `mu`; end_window takes `mu` to
+// close the buffer, after which late events (a thread that loaded an observer before the
+// window closed) are dropped. Shared with the thread, so that it outlives the window for a
+// thread still inside a callback.
 struct ThreadBuffer {
+  std::mutex mu;
+  bool closed = false;
+  uint64_t generation = 0;  // the window it belongs to
   uint64_t tid = 0;
   uint64_t index = 0;
   uint64_t next = 1;  // per-thread id counter
@@ -138,29 +145,62 @@ class Collector final : public DispatchObserver,
   std::atomic<uint64_t> generation{0};
   std::atomic<bool> active{false};
   std::atomic<uint64_t> mem_seq{0};
-  int64_t origin = 0;
-  bool record_shapes = false, profile_memory = false, with_stack = false, cuda = false;
-  std::mutex mu;
-  std::vector<std::unique_ptr<ThreadBuffer>> buffers;
+  // Set by begin_window, read by the recording threads (atomics: a thread from the previous
+  // window may still be in a callback).
+  std::atomic<int64_t> origin{0};
+  std::atomic<bool> record_shapes{false}, profile_memory{false}, with_stack{false}, cuda{false};
+  std::mutex mu;  // guards `buffers`
+  std::vector<std::shared_ptr<ThreadBuffer>> buffers;
 
-  ThreadBuffer* buffer() {
+  // The calling thread's buffer for the current window (made on its first event).
+  ThreadBuffer& buffer() {
     thread_local uint64_t gen = 0;
-    thread_local ThreadBuffer* buf = nullptr;
+    thread_local std::shared_ptr<ThreadBuffer> buf;
     const uint64_t g = generation.load(std::memory_order_acquire);
-    if (gen != g) {
-      auto b = std::make_unique<ThreadBuffer>();
+    if (gen != g || !buf) {
+      auto b = std::make_shared<ThreadBuffer>();
+      b->generation = g;
       b->tid = os_tid();
       b->spans.reserve(kReserveSpans);
       b->mem.reserve(kReserveMem);
       b->shape_pool.reserve(kReserveSpans * 4);
       b->open.reserve(64);
-      std::lock_guard lock(mu);
-      b->index = buffers.size() + 1;
-      buf = b.get();
-      buffers.push_back(std::move(b));
+      {
+        std::lock_guard lock(mu);
+        b->index = buffers.size() + 1;
+        buffers.push_back(b);
+      }
+      buf = std::move(b);
       gen = g;
     }
-    return buf;
+    return *buf;
+  }
+  // Runs f(buffer) on the calling thread's buffer, locked; does nothing once its window has
+  // closed.
+  template <class F>
+  void write(F&& f) {
+    ThreadBuffer& b = buffer();
+    std::lock_guard lock(b.mu);
+    if (!b.closed) f(b);
+  }
+
+  // Closes the buffers of window `g` (no thread writes to them afterwards) and returns them.
+  std::vector<std::shared_ptr<ThreadBuffer>> close(uint64_t g) {
+    std::vector<std::shared_ptr<ThreadBuffer>> out;
+    {
+      std::lock_guard lock(mu);
+      for (const auto& b : buffers)
+        if (b->generation == g) out.push_back(b);
+    }
+    for (const auto& b : out) {
+      std::lock_guard lock(b->mu);
+      b->closed = true;
+    }
+    return out;
+  }
+  void drop_buffers() {
+    std::lock_guard lock(mu);
+    buffers.clear();
   }
 
   uint64_t innermost_op(const ThreadBuffer& b) const {
@@ -171,8 +211,7 @@ class Collector final : public DispatchObserver,
     return 0;
   }
 
-  RawSpan& push(SpanKind kind, memory::StrId name, memory::Device device) {
-    ThreadBuffer& b = *buffer();
+  RawSpan& push(ThreadBuffer& b, SpanKind kind, memory::StrId name, memory::Device device) {
     const memory::AllocTag tag = memory::current_tag();
     RawSpan s{};
     s.kind = kind;
@@ -190,41 +229,53 @@ class Collector final : public DispatchObserver,
     s.line = 0;
     b.open.push_back(static_cast<uint32_t>(b.spans.size()));
     b.spans.push_back(s);
-    b.spans.back().start = steady_ns() - origin;
+    b.spans.back().start = steady_ns() - origin.load(std::memory_order_relaxed);
     return b.spans.back();
+  }
+  void push(SpanKind kind, memory::StrId name, memory::Device device) {
+    write([&](ThreadBuffer& b) { push(b, kind, name, device); });
   }
 
   // Close the innermost open span of `kind` (with `name` unless 0) and anything opened
   // inside it. Returns false when there is none (its start preceded the window).
   bool pop(SpanKind kind, memory::StrId name) {
-    const int64_t t = steady_ns() - origin;
-    ThreadBuffer& b = *buffer();
-    for (size_t i = b.open.size(); i-- > 0;) {
-      RawSpan& s = b.spans[b.open[i]];
-      if (s.kind != kind || (name != 0 && s.name != name)) continue;
-      for (size_t j = i; j < b.open.size(); ++j) b.spans[b.open[j]].end = t;
-      b.open.resize(i);
-      return true;
-    }
-    return false;
+    const int64_t t = steady_ns() - origin.load(std::memory_order_relaxed);
+    bool found = false;
+    write([&](ThreadBuffer& b) {
+      for (size_t i = b.open.size(); i-- > 0;) {
+        RawSpan& s = b.spans[b.open[i]];
+        if (s.kind != kind || (name != 0 && s.name != name)) continue;
+        for (size_t j = i; j < b.open.size(); ++j) b.spans[b.open[j]].end = t;
+        b.open.resize(i);
+        found = true;
+        return;
+      }
+    });
+    return found;
   }
 
   void on_enter(const OpInfo& op, Device device, const OpInputs* inputs) override {
-    RawSpan& s = push(SpanKind::op, op.id, device);
-    if (record_shapes && inputs) {
-      ThreadBuffer& b = *buffer();
-      s.shapes_at = static_cast<int32_t>(b.shape_pool.size());
-      b.shape_pool.push_back(inputs->count);
-      for (int i = 0; i < inputs->count; ++i) {
-        b.shape_pool.push_back(static_cast<int64_t>(inputs->dtypes[i]));
-        b.shape_pool.push_back(static_cast<int64_t>(inputs->sizes[i]->size()));
-        b.shape_pool.insert(b.shape_pool.end(), inputs->sizes[i]->begin(), inputs->sizes[i]->end());
+    uint64_t id = 0;
+    write([&](ThreadBuffer& b) {
+      RawSpan& s = push(b, SpanKind::op, op.id, device);
+      id = s.id;
+      if (record_shapes.load(std::memory_order_relaxed) && inputs) {
+        s.shapes_at = static_cast<int32_t>(b.shape_pool.size());
+        b.shape_pool.push_back(inputs->count);
+        for (int i = 0; i < inputs->count; ++i) {
+          b.shape_pool.push_back(static_cast<int64_t>(inputs->dtypes[i]));
+          b.shape_pool.push_back(static_cast<int64_t>(inputs->sizes[i]->size()));
+          b.shape_pool.insert(b.shape_pool.end(), inputs->sizes[i]->begin(),
+                              inputs->sizes[i]->end());
+        }
       }
-    }
-    if (cuda && device.type == DeviceType::cuda) gpu_tracer::push_external_id(s.id);
+    });
+    if (id && cuda.load(std::memory_order_relaxed) && device.type == DeviceType::cuda)
+      gpu_tracer::push_external_id(id);
   }
   void on_exit(const OpInfo& op, Device device) override {
-    if (pop(SpanKind::op, op.id) && cuda && device.type == DeviceType::cuda)
+    if (pop(SpanKind::op, op.id) && cuda.load(std::memory_order_relaxed) &&
+        device.type == DeviceType::cuda)
       gpu_tracer::pop_external_id();
   }
   void on_module_enter(memory::StrId path) override {
@@ -237,21 +288,22 @@ class Collector final : public DispatchObserver,
   void on_phase_exit(memory::StrId phase) override { pop(SpanKind::phase, phase); }
 
   void on_allocation_event(const memory::AllocationEvent& e) override {
-    ThreadBuffer& b = *buffer();
-    RawMem m;
-    m.time = steady_ns() - origin;
-    m.seq = mem_seq.fetch_add(1, std::memory_order_relaxed);
-    m.op_id = innermost_op(b);
-    m.scope_module = memory::current_tag().module;
-    m.e = e;
-    b.mem.push_back(m);
+    write([&](ThreadBuffer& b) {
+      RawMem m;
+      m.time = steady_ns() - origin.load(std::memory_order_relaxed);
+      m.seq = mem_seq.fetch_add(1, std::memory_order_relaxed);
+      m.op_id = innermost_op(b);
+      m.scope_module = memory::current_tag().module;
+      m.e = e;
+      b.mem.push_back(m);
+    });
   }
 
   void install() {
     active.store(true);
     set_dispatch_observer(this);
     memory::set_context_observer(this);
-    if (profile_memory) memory::set_allocation_observer(this);
+    if (profile_memory.load()) memory::set_allocation_observer(this);
   }
   void uninstall() {
     set_dispatch_observer(nullptr);
@@ -355,7 +407,7 @@ void Profiler::begin_window(bool warmup) {
   c.profile_memory = options_.profile_memory;
   c.with_stack = options_.with_stack;
   c.cuda = options_.activities.count(ProfilerActivity::cuda) > 0 && gpu_tracer::available();
-  c.buffers.clear();
+  c.drop_buffers();
   c.mem_seq.store(0);
   c.generation.fetch_add(1, std::memory_order_acq_rel);
   if (options_.profile_memory) {
@@ -380,7 +432,7 @@ void Profiler::begin_window(bool warmup) {
                                 .count();
   session_->origin = steady_ns();
   c.origin = session_->origin;
-  if (c.cuda) {
+  if (c.cuda.load()) {
     gpu_tracer::start(session_->origin);
     session_->gpu = true;
   }
@@ -395,9 +447,11 @@ void Profiler::begin_window(bool warmup) {
 
 namespace {
 
-std::vector<CpuSpan> merge_spans(Collector& c, int64_t end, bool with_stack) {
+using Buffers = std::vector<std::shared_ptr<ThreadBuffer>>;
+
+std::vector<CpuSpan> merge_spans(const Buffers& buffers, int64_t end, bool with_stack) {
   std::vector<CpuSpan> out;
-  for (auto& bp : c.buffers) {
+  for (auto& bp : buffers) {
     ThreadBuffer& b = *bp;
     for (const RawSpan& r : b.spans) {
       CpuSpan s;
@@ -440,9 +494,9 @@ std::vector<CpuSpan> merge_spans(Collector& c, int64_t end, bool with_stack) {
   return out;
 }
 
-std::vector<MemoryEvent> merge_memory(Collector& c, bool with_stack) {
+std::vector<MemoryEvent> merge_memory(const Buffers& buffers, bool with_stack) {
   std::vector<MemoryEvent> out;
-  for (auto& bp : c.buffers) {
+  for (auto& bp : buffers) {
     for (const RawMem& r : bp->mem) {
       MemoryEvent m;
       m.time_ns = r.time;
@@ -480,8 +534,11 @@ std::vector<MemoryEvent> merge_memory(Collector& c, bool with_stack) {
 
 void Profiler::end_window(bool save) {
   Collector& c = collector();
-  const int64_t end = steady_ns() - session_->origin;
   c.uninstall();
+  // Threads still inside a callback finish their event; later ones are dropped. The window
+  // ends after the last event it holds.
+  const Buffers buffers = c.close(c.generation.load());
+  const int64_t end = steady_ns() - session_->origin;
   collecting_ = false;
   std::vector<GpuEvent> gpu;
   if (session_->gpu) gpu_tracer::stop(gpu);
@@ -493,8 +550,8 @@ void Profiler::end_window(bool save) {
     data->profile_memory = options_.profile_memory;
     data->record_shapes = options_.record_shapes;
     data->with_stack = options_.with_stack;
-    data->spans = merge_spans(c, end, options_.with_stack);
-    data->memory = merge_memory(c, options_.with_stack);
+    data->spans = merge_spans(buffers, end, options_.with_stack);
+    data->memory = merge_memory(buffers, options_.with_stack);
     std::sort(gpu.begin(), gpu.end(),
               [](const GpuEvent& a, const GpuEvent& b) { return a.start_ns < b.start_ns; });
     data->gpu = std::move(gpu);
@@ -506,7 +563,14 @@ void Profiler::end_window(bool save) {
   }
   for (memory::Device d : session_->history_turned_on)
     memory::get_allocator(d).record_memory_history(false);
-  c.buffers.clear();
+  for (const auto& b : buffers) {  // closed: free what they hold now, not at the thread's exit
+    std::lock_guard lock(b->mu);
+    std::vector<RawSpan>().swap(b->spans);
+    std::vector<RawMem>().swap(b->mem);
+    std::vector<int64_t>().swap(b->shape_pool);
+    std::vector<uint32_t>().swap(b->open);
+  }
+  c.drop_buffers();
   session_.reset();
   if (save && data->base_time_ns != 0) {
     last_ = std::move(data);
@@ -561,9 +625,11 @@ record_function::record_function(std::string_view name, std::source_location loc
   Collector& c = collector();
   if (!c.active.load(std::memory_order_relaxed)) return;
   name_ = memory::intern(name);
-  RawSpan& s = c.push(SpanKind::user, name_, memory::Device::cpu());
-  s.file = loc.file_name();
-  s.line = static_cast<uint32_t>(loc.line());
+  c.write([&](ThreadBuffer& b) {
+    RawSpan& s = c.push(b, SpanKind::user, name_, memory::Device::cpu());
+    s.file = loc.file_name();
+    s.line = static_cast<uint32_t>(loc.line());
+  });
   generation_ = c.generation.load(std::memory_order_relaxed);
   active_ = true;
 }

@@ -17,7 +17,9 @@
 // phases from memory::ModuleScope / PhaseScope (memory/context.h), memory from the
 // caching allocator's observer, GPU kernels from CUPTI (profiler/gpu_tracer.h). When no
 // profiler is recording, each of those pays one pointer check. While recording, events go
-// to per-thread buffers (no locks, no tensor allocations) that are merged at stop().
+// to per-thread buffers (each behind its own lock, which only the window's end contends for;
+// no tensor allocations) that are merged at stop(); other threads may keep running ops
+// while a window opens or closes.
 #pragma once
 
 #include <functional>

@@ -1,8 +1,14 @@
-// Invariants after random alloc/free/retag sequences, and a multi-threaded stress test.
+// Invariants after random alloc/free/retag sequences, and multi-threaded stress tests (also
+// run under ThreadSanitizer by .ci/run): allocation from several threads, and the reports
+// (snapshots, summaries, stats, history, empty_cache) taken while other threads allocate.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "memory/caching_allocator.h"
@@ -125,6 +131,114 @@ TEST(AllocatorInvariants, MultiThreadedStress) {
   testing::expect_consistent(alloc);
   const DeviceStats s = alloc.stats();
   for (int t = 0; t < kThreads; ++t) EXPECT_GT(s.category_bytes[static_cast<size_t>(t)].peak, 0);
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.memory_reserved(), 0u);
+}
+
+// What one snapshot shows must hold on its own, whatever other threads do meanwhile: blocks
+// tile their segments in 512-byte multiples, and each block's request fits in it.
+void expect_snapshot_tiles(const SnapshotData& snap) {
+  for (const SegmentInfo& seg : snap.segments) {
+    uint64_t next = seg.address;
+    size_t sum = 0;
+    for (const BlockInfo& b : seg.blocks) {
+      EXPECT_EQ(b.address, next) << "blocks must tile the segment";
+      EXPECT_EQ(b.size % 512, 0u);
+      if (b.state != BlockState::inactive) {
+        EXPECT_LE(b.requested_size, b.size);
+      }
+      next += b.size;
+      sum += b.size;
+    }
+    EXPECT_EQ(sum, seg.total_size);
+  }
+}
+
+// Reports while 3 threads allocate, free and re-tag: a reporter thread takes snapshots (and
+// encodes them as pickles, and writes one to a file), summaries, stats and the history,
+// empties the cache, resets the peaks and switches the history off and on; the workers go on
+// until it has done 8 rounds. Every report is
+// consistent on its own, the workers' blocks are never handed out twice, and at the end the
+// allocator is consistent and empty.
+TEST(AllocatorInvariants, ReportsWhileThreadsAllocate) {
+  CachingAllocator alloc(std::make_unique<CpuProvider>(size_t{4} << 30), AllocatorConfig{});
+  alloc.record_memory_history(true, 2000);
+  constexpr int kWorkers = 3;
+  constexpr int kRounds = 8;  // the workers allocate until the reporter has done these
+  std::atomic<int> running{kWorkers};
+  std::atomic<int> reports{0};
+  std::atomic<int> corrupt{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kWorkers; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(200 + t);
+      CategoryScope scope(kAllCategories[static_cast<size_t>(t)]);
+      std::vector<std::pair<unsigned char*, size_t>> live;
+      for (int i = 0; i < 2000 || reports.load() < kRounds; ++i) {
+        const unsigned op = rng() % 8;
+        if (live.size() < 32 && (op < 5 || live.empty())) {
+          const size_t n = std::uniform_int_distribution<size_t>(1, 3 * kMiB)(rng);
+          auto* p = static_cast<unsigned char*>(alloc.allocate(n, static_cast<StreamId>(t % 2)));
+          p[0] = p[n - 1] = static_cast<unsigned char>(t + 1);
+          live.emplace_back(p, n);
+        } else if (op == 5) {
+          alloc.retag(live[rng() % live.size()].first, Category::activation);
+        } else {
+          const size_t k = rng() % live.size();
+          auto [p, n] = live[k];
+          if (p[0] != t + 1 || p[n - 1] != t + 1) ++corrupt;
+          alloc.deallocate(p);
+          live[k] = live.back();
+          live.pop_back();
+        }
+      }
+      for (auto [p, n] : live) alloc.deallocate(p);
+      --running;
+    });
+  }
+  const std::filesystem::path file = std::filesystem::temp_directory_path() /
+                                     ("tally_reports_" + std::to_string(::getpid()) + ".pickle");
+  threads.emplace_back([&] {
+    for (int round = 0; running.load() > 0; ++round) {
+      const SnapshotData snap = alloc.snapshot();
+      expect_snapshot_tiles(snap);
+      std::ostringstream pickle;
+      write_snapshot_pickle(snap, pickle);
+      EXPECT_GT(pickle.str().size(), 2u);
+      const std::string summary = alloc.memory_summary(round % 2 == 0);
+      EXPECT_NE(summary.find("Allocated memory"), std::string::npos) << summary;
+      const DeviceStats s = alloc.stats();
+      EXPECT_LE(s.allocated_bytes[kAllPools].current, s.reserved_bytes[kAllPools].current);
+      int64_t by_category = 0;
+      for (Category c : kAllCategories) by_category += s.cat_bytes(c).current;
+      EXPECT_EQ(by_category, s.allocated_bytes[kAllPools].current);
+      EXPECT_LE(alloc.memory_allocated(), alloc.max_memory_allocated());
+      EXPECT_FALSE(alloc.memory_stats().empty());
+      EXPECT_LE(alloc.history().size(), 2000u);
+      switch (round % 4) {
+        case 0:
+          alloc.empty_cache();
+          break;
+        case 1:
+          alloc.reset_peak_memory_stats();
+          break;
+        case 2:
+          alloc.dump_snapshot(file.string());
+          break;
+        case 3:
+          alloc.record_memory_history(false);
+          alloc.record_memory_history(true, 2000);
+          break;
+      }
+      ++reports;
+    }
+  });
+  for (auto& th : threads) th.join();
+  std::filesystem::remove(file);
+  EXPECT_GE(reports.load(), kRounds);
+  EXPECT_EQ(corrupt.load(), 0);
+  EXPECT_EQ(alloc.memory_allocated(), 0u);
+  testing::expect_consistent(alloc);
   alloc.empty_cache();
   EXPECT_EQ(alloc.memory_reserved(), 0u);
 }

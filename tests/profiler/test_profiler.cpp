@@ -1,18 +1,23 @@
 // The profiler on CPU: a few training steps of a tiny raw-op CNN, profiled with memory,
 // shapes and stacks; the Chrome trace (checked by check_trace.py), key_averages and its
 // table, the schedule, the memory timeline (.json round trip, .html, headless Chromium),
-// the window's memory snapshot and the observers' zero-cost-when-off property.
+// the window's memory snapshot and the observers' zero-cost-when-off property; ops of several
+// threads recorded while reports run (also under ThreadSanitizer in .ci/run).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <regex>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include "memory/memory.h"
 #include "optim/adam.h"
@@ -22,6 +27,7 @@
 #include "profiler/memory_timeline.h"
 #include "profiler/profiler.h"
 #include "tensor/dispatch.h"
+#include "tensor/ops.h"
 #include "tiny_cnn.h"
 
 namespace tally {
@@ -415,6 +421,119 @@ TEST(Profiler, MemorySnapshotOfTheWindow) {
       "{}",
       TALLY_PYTHON, pickle.string());
   EXPECT_EQ(std::system(py.c_str()), 0);
+}
+
+// Three threads run ops (allocating from the CPU allocator) inside a window, each under its
+// own range and module, while this thread takes the allocator's reports and empties its
+// cache (the workers go on until it has done 3 rounds). Every op lands in its own thread's buffer,
+// under its thread's range and module, and the memory events name the threads that allocated.
+TEST(Profiler, RecordsOpsOfSeveralThreadsWhileReportsRun) {
+  constexpr int kWorkers = 3, kRounds = 3;  // the workers run ops until 3 rounds of reports
+  Profiler prof(full_options());
+  std::atomic<int> running{kWorkers};
+  std::atomic<int> reports{0};
+  std::vector<std::thread> workers;
+  int ops_run[kWorkers] = {};
+  double sums[kWorkers] = {};
+  prof.start();
+  for (int t = 0; t < kWorkers; ++t) {
+    workers.emplace_back([&, t] {
+      profiler::record_function range(fmt::format("worker{}", t));
+      memory::ModuleScope module(fmt::format("worker{}", t));
+      for (; ops_run[t] < 20 || reports.load() < kRounds; ++ops_run[t]) {
+        const Tensor a = ops::full({256 + 64 * t}, 1.0 + t);
+        sums[t] += ops::to_vector(ops::add(a, a))[0];
+      }
+      --running;
+    });
+  }
+  while (running.load() > 0) {
+    const memory::Device cpu = memory::Device::cpu();
+    EXPECT_NE(memory::memory_summary(cpu).find("Allocated memory"), std::string::npos);
+    for (const memory::SegmentInfo& seg : memory::get_allocator(cpu).snapshot().segments) {
+      size_t tiled = 0;
+      for (const memory::BlockInfo& b : seg.blocks) tiled += b.size;
+      EXPECT_EQ(tiled, seg.total_size);
+    }
+    EXPECT_FALSE(memory::memory_stats(cpu).empty());
+    memory::empty_cache(cpu);
+    ++reports;
+  }
+  for (auto& w : workers) w.join();
+  prof.stop();
+  EXPECT_GE(reports.load(), kRounds);
+  for (int t = 0; t < kWorkers; ++t) EXPECT_EQ(sums[t], ops_run[t] * 2.0 * (1.0 + t));
+
+  const profiler::ProfileData& d = prof.data();
+  std::map<std::string, uint64_t> tid_of;  // worker range -> its thread
+  for (const auto& s : d.spans)
+    if (s.kind == profiler::SpanKind::user && s.name.rfind("worker", 0) == 0) {
+      EXPECT_EQ(tid_of.count(s.name), 0u) << s.name << " recorded twice";
+      tid_of[s.name] = s.tid;
+    }
+  ASSERT_EQ(tid_of.size(), static_cast<size_t>(kWorkers));
+  std::set<uint64_t> tids;
+  for (const auto& [name, tid] : tid_of) tids.insert(tid);
+  EXPECT_EQ(tids.size(), static_cast<size_t>(kWorkers)) << "one OS thread per worker";
+  std::map<std::string, int> adds;  // module -> add ops
+  for (const auto& s : d.spans) {
+    if (s.kind != profiler::SpanKind::op || s.name != "add") continue;
+    ASSERT_EQ(tid_of.count(s.module), 1u) << "add outside a worker: '" << s.module << "'";
+    EXPECT_EQ(s.tid, tid_of[s.module]) << s.module;
+    ++adds[s.module];
+  }
+  for (int t = 0; t < kWorkers; ++t)
+    EXPECT_EQ(adds[fmt::format("worker{}", t)], ops_run[t]) << "worker" << t;
+  std::set<uint64_t> allocating;
+  for (const auto& m : d.memory)
+    if (m.bytes > 0 && !m.retag) allocating.insert(m.tid);
+  for (uint64_t tid : tids) EXPECT_EQ(allocating.count(tid), 1u) << "no allocation on " << tid;
+}
+
+// Threads that already run ops (a data loader's workers) when the window opens, and still do
+// when it closes: start() and stop() race with their allocations and dispatches. What the
+// window holds is well formed, and each worker's ops in it are some of the ops it ran.
+TEST(Profiler, ThreadsRunningAcrossStartAndStop) {
+  constexpr int kWorkers = 2;
+  std::atomic<bool> done{false};
+  std::atomic<int> ops_run[kWorkers] = {};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < kWorkers; ++t) {
+    workers.emplace_back([&, t] {
+      memory::ModuleScope module(fmt::format("loader{}", t));
+      while (!done.load()) {
+        const Tensor a = ops::full({128}, 1.0);
+        EXPECT_EQ(ops::to_vector(ops::add(a, a))[0], 2.0);
+        ++ops_run[t];
+      }
+    });
+  }
+  auto wait_for = [&](int more) {  // until every worker has run `more` ops more
+    int target[kWorkers];
+    for (int t = 0; t < kWorkers; ++t) target[t] = ops_run[t].load() + more;
+    for (int t = 0; t < kWorkers; ++t)
+      while (ops_run[t].load() < target[t]) std::this_thread::yield();
+  };
+  Profiler prof(full_options());
+  for (int window = 0; window < 3; ++window) {
+    wait_for(5);
+    prof.start();
+    wait_for(10);
+    prof.stop();
+    const profiler::ProfileData& d = prof.data();
+    std::map<std::string, int> adds;
+    for (const auto& s : d.spans) {
+      EXPECT_LE(s.start_ns, s.end_ns) << s.name;
+      if (s.kind == profiler::SpanKind::op && s.name == "add") ++adds[s.module];
+    }
+    for (int t = 0; t < kWorkers; ++t) {
+      const int n = adds[fmt::format("loader{}", t)];
+      EXPECT_GE(n, 9) << "loader" << t;  // the first may have begun before the window
+      EXPECT_LE(n, ops_run[t].load()) << "loader" << t;
+    }
+  }
+  done = true;
+  for (auto& w : workers) w.join();
 }
 
 TEST(Profiler, TableFormatsLikePyTorch) {
