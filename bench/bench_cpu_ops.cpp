@@ -24,76 +24,64 @@ struct Operands {
         c(ops::zeros({n, n}, DType::float32)) {}
 };
 
-// The baseline: one cblas_sgemm on buffers Tally allocated (same alignment), C preallocated.
-void BM_CblasSgemm(benchmark::State& state) {
+// The baseline: one cblas_sgemm on buffers Tally allocated (same alignment), C preallocated;
+// b as it is or transposed (CblasTrans, the baseline for a @ b^T).
+void cblas_sgemm_loop(benchmark::State& state, CBLAS_TRANSPOSE trans_b) {
   const int n = static_cast<int>(state.range(0));
   Operands o(n);
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, o.a.data<float>(), n,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b, n, n, n, 1.0f, o.a.data<float>(), n,
                 o.b.data<float>(), n, 0.0f, o.c.data<float>(), n);
     benchmark::ClobberMemory();
   }
   set_flops(state, n, n, n);
 }
 
-// The baseline for a @ b^T: cblas with CblasTrans on b.
+void BM_CblasSgemm(benchmark::State& state) {
+  cblas_sgemm_loop(state, CblasNoTrans);
+}
 void BM_CblasSgemmTransB(benchmark::State& state) {
-  const int n = static_cast<int>(state.range(0));
-  Operands o(n);
+  cblas_sgemm_loop(state, CblasTrans);
+}
+
+// One Tally product per iteration on the state's n x n operands: product() returns the
+// output, kept until the end of the iteration.
+template <class Product>
+void tally_loop(benchmark::State& state, Product&& product) {
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, o.a.data<float>(), n,
-                o.b.data<float>(), n, 0.0f, o.c.data<float>(), n);
-    benchmark::ClobberMemory();
+    Tensor c = product();
+    benchmark::DoNotOptimize(c.data_ptr());
   }
+  const int64_t n = state.range(0);
   set_flops(state, n, n, n);
 }
 
 // Raw op: checks, dispatch, a fresh output from the caching allocator (a cache hit).
 void BM_TallyOpsMatmul(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  Operands o(n);
-  for (auto _ : state) {
-    Tensor c = ops::matmul(o.a, o.b);
-    benchmark::DoNotOptimize(c.data_ptr());
-  }
-  set_flops(state, n, n, n);
+  const Operands o(state.range(0));
+  tally_loop(state, [&] { return ops::matmul(o.a, o.b); });
 }
 
 // The differentiable API with grad required: plus recording the node and saving operands.
 void BM_TallyMatmulAutograd(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  Operands o(n);
+  Operands o(state.range(0));
   o.a.requires_grad_();
   o.b.requires_grad_();
-  for (auto _ : state) {
-    Tensor c = tally::matmul(o.a, o.b);
-    benchmark::DoNotOptimize(c.data_ptr());
-  }
-  set_flops(state, n, n, n);
+  tally_loop(state, [&] { return tally::matmul(o.a, o.b); });
 }
 
 // a @ b^T through a transposed view: passed as CblasTrans, no copy.
 void BM_TallyMatmulTransposedView(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  Operands o(n);
+  const Operands o(state.range(0));
   const Tensor bt = ops::transpose(o.b, 0, 1);
-  for (auto _ : state) {
-    Tensor c = ops::matmul(o.a, bt);
-    benchmark::DoNotOptimize(c.data_ptr());
-  }
-  set_flops(state, n, n, n);
+  tally_loop(state, [&] { return ops::matmul(o.a, bt); });
 }
 
 // linear: x W^T + bias (bias broadcast into the output, then a beta = 1 GEMM).
 void BM_TallyLinear(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  Operands o(n);
-  const Tensor bias = ops::randn({n}, DType::float32);
-  for (auto _ : state) {
-    Tensor c = ops::linear(o.a, o.b, bias);
-    benchmark::DoNotOptimize(c.data_ptr());
-  }
-  set_flops(state, n, n, n);
+  const Operands o(state.range(0));
+  const Tensor bias = ops::randn({state.range(0)}, DType::float32);
+  tally_loop(state, [&] { return ops::linear(o.a, o.b, bias); });
 }
 
 }  // namespace

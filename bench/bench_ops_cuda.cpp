@@ -131,15 +131,19 @@ int main(int argc, char** argv) {
     cases.push_back({"max_pool2d", "[64,64,112,112] k3 s2", "float32", 4.0 * mp.numel() * 1.25,
                      9.0 * mp.numel() / 4, [=] { (void)max_pool2d(mp, 3, 2, 1); }});
   }
-  {
-    const Tensor q = rnd({16, 12, 1024, 64}, DType::bfloat16),
-                 k = rnd({16, 12, 1024, 64}, DType::bfloat16),
-                 v = rnd({16, 12, 1024, 64}, DType::bfloat16);
+  // Attention at GPT-2's shape, in bfloat16 and in float32 (GPT-2 trained in fp32: the fused
+  // float32 kernels on the CUDA cores).
+  for (const DType dt : {DType::bfloat16, DType::float32}) {
+    const double elem = dt == DType::bfloat16 ? 2.0 : 4.0;  // bytes per element
+    const Tensor q = rnd({16, 12, 1024, 64}, dt), k = rnd({16, 12, 1024, 64}, dt),
+                 v = rnd({16, 12, 1024, 64}, dt);
     const double fwd_flops = 4.0 * 16 * 12 * 1024 * 1024 * 64 / 2;  // causal: half the scores
-    cases.push_back({"sdpa_causal", "[16,12,1024,64]", "bfloat16", 2.0 * 4 * q.numel(), fwd_flops,
+    cases.push_back({"sdpa_causal", "[16,12,1024,64]", dtype_name(dt), elem * 4 * q.numel(),
+                     fwd_flops,
                      [=] { (void)scaled_dot_product_attention(q, k, v, {}, 0.0, true); }});
-    cases.push_back({"sdpa", "[16,12,1024,64]", "bfloat16", 2.0 * 4 * q.numel(), 2 * fwd_flops,
-                     [=] { (void)scaled_dot_product_attention(q, k, v); }});
+    if (dt == DType::bfloat16)
+      cases.push_back({"sdpa", "[16,12,1024,64]", dtype_name(dt), elem * 4 * q.numel(),
+                       2 * fwd_flops, [=] { (void)scaled_dot_product_attention(q, k, v); }});
     // forward + backward: the backward recomputes S (2 more matmuls) and computes dV, dP, dQ,
     // dK: 2.5x the forward's FLOPs (FlashAttention's count). Bytes: q, k, v, out, dout read,
     // dq, dk, dv written, out written.
@@ -147,30 +151,9 @@ int main(int argc, char** argv) {
     qg.requires_grad_();
     kg.requires_grad_();
     vg.requires_grad_();
-    const Tensor g = rnd({16, 12, 1024, 64}, DType::bfloat16);
-    cases.push_back({"sdpa_causal_fwd_bwd", "[16,12,1024,64]", "bfloat16", 2.0 * 10 * q.numel(),
-                     3.5 * fwd_flops, [=] {
-                       qg.set_grad(Tensor());
-                       kg.set_grad(Tensor());
-                       vg.set_grad(Tensor());
-                       scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true).backward(g);
-                     }});
-  }
-  {
-    // float32 (GPT-2 trained in fp32): the fused float32 kernels on the CUDA cores.
-    const Tensor q = rnd({16, 12, 1024, 64}, DType::float32),
-                 k = rnd({16, 12, 1024, 64}, DType::float32),
-                 v = rnd({16, 12, 1024, 64}, DType::float32);
-    const double fwd_flops = 4.0 * 16 * 12 * 1024 * 1024 * 64 / 2;  // causal: half the scores
-    cases.push_back({"sdpa_causal", "[16,12,1024,64]", "float32", 4.0 * 4 * q.numel(), fwd_flops,
-                     [=] { (void)scaled_dot_product_attention(q, k, v, {}, 0.0, true); }});
-    Tensor qg = ops::clone(q), kg = ops::clone(k), vg = ops::clone(v);
-    qg.requires_grad_();
-    kg.requires_grad_();
-    vg.requires_grad_();
-    const Tensor g = rnd({16, 12, 1024, 64}, DType::float32);
-    cases.push_back({"sdpa_causal_fwd_bwd", "[16,12,1024,64]", "float32", 4.0 * 10 * q.numel(),
-                     3.5 * fwd_flops, [=] {
+    const Tensor g = rnd({16, 12, 1024, 64}, dt);
+    cases.push_back({"sdpa_causal_fwd_bwd", "[16,12,1024,64]", dtype_name(dt),
+                     elem * 10 * q.numel(), 3.5 * fwd_flops, [=] {
                        qg.set_grad(Tensor());
                        kg.set_grad(Tensor());
                        vg.set_grad(Tensor());

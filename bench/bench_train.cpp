@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -70,6 +71,30 @@ std::optional<DType> amp_of(const std::string& cfg) {
   return std::nullopt;
 }
 
+// One training step of `cfg` (autocast to the dtype its name holds, with a GradScaler for
+// fp16): zero_grad, the forward `loss_fn` under autocast, the scaled backward, the optimizer step.
+std::function<void()> train_step(const std::string& cfg, Device dev, optim::Optimizer& opt,
+                                 std::function<Tensor()> loss_fn) {
+  const auto amp = amp_of(cfg);
+  auto scaler = std::make_shared<optim::GradScaler>(
+      optim::GradScalerOptions{.enabled = amp && *amp == DType::float16});
+  return [=, &opt] {
+    opt.zero_grad(true);
+    Tensor loss;
+    {
+      memory::PhaseScope phase("forward");
+      AutocastGuard ac(dev.type, amp.value_or(DType::bfloat16), amp.has_value());
+      loss = loss_fn();
+    }
+    {
+      memory::PhaseScope phase("backward");
+      scaler->scale(loss).backward();
+    }
+    scaler->step(opt);
+    scaler->update();
+  };
+}
+
 void resnet_cfg(const std::string& cfg, Device dev, int steps) {
   manual_seed(0);
   auto model = nn::resnet50({.num_classes = 10});
@@ -80,23 +105,7 @@ void resnet_cfg(const std::string& cfg, Device dev, int steps) {
   optim::SGD opt(model->parameters(), {.lr = 1e-3, .momentum = 0.9});
   const Tensor x = randn({64, 3, 224, 224}, TensorOptions{}.with_device(dev));
   const Tensor y = randint(0, 10, {64}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
-  const auto amp = amp_of(cfg);
-  optim::GradScaler scaler({.enabled = amp && *amp == DType::float16});
-  auto step = [&] {
-    opt.zero_grad(true);
-    Tensor loss;
-    {
-      memory::PhaseScope phase("forward");
-      AutocastGuard ac(dev.type, amp.value_or(DType::bfloat16), amp.has_value());
-      loss = cross_entropy((*model)(x), y);
-    }
-    {
-      memory::PhaseScope phase("backward");
-      scaler.scale(loss).backward();
-    }
-    scaler.step(opt);
-    scaler.update();
-  };
+  const auto step = train_step(cfg, dev, opt, [&] { return cross_entropy((*model)(x), y); });
   memory::empty_cache(dev);
   report("resnet50-bs64", cfg, timed(step, dev, 3, steps), dev);
 }
@@ -116,23 +125,7 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
       randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
   const Tensor tgt =
       randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
-  const auto amp = amp_of(cfg);
-  optim::GradScaler scaler({.enabled = amp && *amp == DType::float16});
-  auto step = [&] {
-    opt.zero_grad(true);
-    Tensor loss;
-    {
-      memory::PhaseScope phase("forward");
-      AutocastGuard ac(dev.type, amp.value_or(DType::bfloat16), amp.has_value());
-      loss = (*model)(idx, tgt).second;
-    }
-    {
-      memory::PhaseScope phase("backward");
-      scaler.scale(loss).backward();
-    }
-    scaler.step(opt);
-    scaler.update();
-  };
+  const auto step = train_step(cfg, dev, opt, [&] { return (*model)(idx, tgt).second; });
   memory::empty_cache(dev);
   report("gpt2-124M-B16T1024", cfg, timed(step, dev, 2, steps), dev, B * T);
 }

@@ -17,6 +17,8 @@ import re
 import subprocess
 import sys
 
+from table import print_header
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 LAUNCH = os.path.join(ROOT, "tools", "tally_launch")
@@ -124,11 +126,8 @@ def main():
     def fmt(x, spec):
         return format(x, spec) if x is not None else "-"
 
-    print()
-    hdr = (f"{'model':10} {'amp':5} {'N':>3} | {'tally /s':>12} {'eff':>6} {'ms':>8} | "
-           f"{'torch /s':>12} {'eff':>6} {'ms':>8} | {'tally/torch':>11}")
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(f"{'model':10} {'amp':5} {'N':>3} | {'tally /s':>12} {'eff':>6} {'ms':>8} | "
+                 f"{'torch /s':>12} {'eff':>6} {'ms':>8} | {'tally/torch':>11}")
     summary = []
     for r in rows:
         m, world = r["model"], r["world"]

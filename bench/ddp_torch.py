@@ -20,40 +20,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class Block(nn.Module):
-    def __init__(self, d, h):
-        super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.h = h
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
-        q, k, v = [t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v)]
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.c_proj(a.transpose(1, 2).contiguous().view(B, T, C))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    def __init__(self, V=50257, T=1024, L=12, d=768, h=12):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(V, d), nn.Embedding(T, d)
-        self.h = nn.ModuleList([Block(d, h) for _ in range(L)])
-        self.ln_f = nn.LayerNorm(d)
-        self.lm_head = nn.Linear(d, V, bias=False)
-        self.lm_head.weight = self.wte.weight
-
-    def forward(self, idx, targets):
-        T = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
-        for b in self.h:
-            x = b(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+from torch_gpt import GPT
 
 
 def main():
@@ -88,7 +55,7 @@ def main():
     B = a.batch or (8 if gpt else 64)
     torch.manual_seed(0)
     if gpt:
-        model = GPT(T=a.seq).to(dev)
+        model = GPT(T=a.seq, float_logits=True).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
     else:
         import torchvision

@@ -44,53 +44,13 @@ if not args.skip_tally:
     tally = json.load(open(os.path.join(args.out, "profile_models.json")))
 
 import torch  # noqa: E402  (after Tally's run: the GPU is free for it)
-import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torchvision  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function, schedule  # noqa: E402
+from torch_gpt import GPT  # noqa: E402
 
 dev = "cuda"
 torch.backends.cudnn.benchmark = False
-
-
-class Block(nn.Module):
-    """GPT-2 block: pre-LayerNorm causal self-attention and a GELU(tanh) MLP."""
-
-    def __init__(self, d, h):
-        super().__init__()
-        self.h = h
-        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.c_attn, self.attn_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.attn_proj(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    def __init__(self, V=50257, T=1024, L=12, d=768, h=12):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(V, d), nn.Embedding(T, d)
-        self.h = nn.ModuleList(Block(d, h) for _ in range(L))
-        self.ln_f = nn.LayerNorm(d)
-        self.lm_head = nn.Linear(d, V, bias=False)
-        self.lm_head.weight = self.wte.weight
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
-
-    def forward(self, idx, targets):
-        T = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
-        for b in self.h:
-            x = b(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
 def make(which):
@@ -103,7 +63,7 @@ def make(which):
         desc = f"ResNet-50 batch {args.resnet_batch} 224x224"
         loss_fn = lambda: F.cross_entropy(m(x), y)  # noqa: E731
     else:
-        m = GPT().to(dev).train()
+        m = GPT(init_std=0.02).to(dev).train()
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
         x = torch.randint(0, 50257, (args.gpt_batch, 1024), device=dev)
         y = torch.randint(0, 50257, (args.gpt_batch, 1024), device=dev)

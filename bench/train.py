@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 
+from table import print_header
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -78,11 +80,9 @@ def main():
     tally = run_tally(build, which, configs)
     torch_rows = run_torch(which, configs)
     tkey = {(r["model"], r["cfg"]): r for r in torch_rows}
-    print()
-    hdr = (f"{'model':22} {'cfg':16} {'tally ms':>9} {'torch ms':>9} {'speed':>6} "
-           f"{'tally MiB':>10} {'torch MiB':>10} {'mem':>6} {'tally resv':>10} {'torch resv':>10} {'floor ms':>9}")
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(f"{'model':22} {'cfg':16} {'tally ms':>9} {'torch ms':>9} {'speed':>6} "
+                 f"{'tally MiB':>10} {'torch MiB':>10} {'mem':>6} {'tally resv':>10} {'torch resv':>10} "
+                 f"{'floor ms':>9}")
     out = []
     for r in tally:
         t = tkey.get((r["model"], r["cfg"]))

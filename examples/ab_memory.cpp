@@ -140,22 +140,20 @@ int main(int argc, char** argv) {
   app.add_option("--dataset", a.dataset, "synthetic | fashion-mnist (ResNet) | text (GPT)")
       ->capture_default_str();
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
-  app.add_option("--batch", a.batch, "batch size")
-      ->check(ex::int_range(1, 1 << 20))
-      ->capture_default_str();
+  ex::add_checked_option(app, "--batch", a.batch, "batch size", ex::int_range(1, 1 << 20));
   app.add_option("--image-size", a.image_size, "synthetic image size (default 32)")
       ->check(ex::int_range(0, 4096));
   app.add_option("--seq", a.seq, "GPT sequence length (default: the preset's block size)")
       ->check(ex::int_range(0));
-  app.add_option("--steps", a.steps, "steps per configuration (the last one is recorded)")
-      ->check(ex::int_range(2, 1 << 20))
-      ->capture_default_str();
-  app.add_option("--seed", a.seed, "seed")->check(ex::seed_value())->capture_default_str();
+  ex::add_checked_option(app, "--steps", a.steps,
+                         "steps per configuration (the last one is recorded)",
+                         ex::int_range(2, 1 << 20));
+  ex::add_checked_option(app, "--seed", a.seed, "seed", ex::seed_value());
   app.add_option("--checkpoint", a.checkpoints,
                  "comma list of none | blocks | N-segments | selective")
       ->capture_default_str();
   app.add_option("--amp", a.amps, "comma list of off | fp16 | bf16")->capture_default_str();
-  app.add_option("--lr", a.lr, "learning rate")->check(ex::positive_real())->capture_default_str();
+  ex::add_checked_option(app, "--lr", a.lr, "learning rate", ex::positive_real());
   app.add_option("--out", a.out, "output folder (snapshots, timelines, report.html)")
       ->capture_default_str();
 

@@ -12,7 +12,7 @@
 //
 //   int main(int argc, char** argv) {
 //     CLI::App app{"..."};
-//     app.add_option("--steps", steps)->check(ex::int_range(1));
+//     ex::add_checked_option(app, "--steps", steps, "training steps", ex::int_range(1));
 //     return ex::run_cli("my_program", app, argc, argv, [&] { ...; return 0; });
 //   }
 #pragma once
@@ -126,6 +126,15 @@ inline CLI::Validator positive_real() {
 // A finite real >= 0 (weight decay, a clipping norm where 0 is off).
 inline CLI::Validator non_negative_real() {
   return real_range({.lo = 0});
+}
+
+// A flag checked by `validator` (int_range, real_range, seed_value, ...), its default shown
+// in --help:
+//   ex::add_checked_option(app, "--batch", a.batch, "batch size", ex::int_range(1));
+template <class T>
+CLI::Option* add_checked_option(CLI::App& app, const std::string& name, T& value,
+                                const std::string& help, const CLI::Validator& validator) {
+  return app.add_option(name, value, help)->check(validator)->capture_default_str();
 }
 
 // a * b, or an error naming `what` when it does not fit in int64_t (both >= 0).

@@ -44,12 +44,9 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--device", device_name, "cpu | cuda")->capture_default_str();
   app.add_option("--out", out, "output folder (weights, batch, grads .safetensors)")->required();
-  app.add_option("--seed", seed, "seed of the weights and the batch")
-      ->check(ex::seed_value())
-      ->capture_default_str();
-  app.add_option("--batch", batch, "batch size")
-      ->check(ex::int_range(1, 1 << 12))
-      ->capture_default_str();
+  ex::add_checked_option(app, "--seed", seed, "seed of the weights and the batch",
+                         ex::seed_value());
+  ex::add_checked_option(app, "--batch", batch, "batch size", ex::int_range(1, 1 << 12));
   app.add_flag("--float64", float64,
                "compute the step in float64 (weights still saved as float32)");
   app.add_flag("--print-norms", print_norms, "print every gradient's norm");

@@ -53,9 +53,7 @@ int main(int argc, char** argv) {
   int64_t steps = 2;
   CLI::App app{"One simulated training step's allocations through Tally's caching allocator."};
   app.add_option("--device", device_arg, "cpu | cuda")->capture_default_str();
-  app.add_option("--steps", steps, "training steps")
-      ->check(ex::int_range(1, 10000))
-      ->capture_default_str();
+  ex::add_checked_option(app, "--steps", steps, "training steps", ex::int_range(1, 10000));
   app.add_option("--snapshot", snapshot, "write the memory_viz snapshot to FILE")
       ->capture_default_str();
 

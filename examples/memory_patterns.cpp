@@ -465,33 +465,25 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{
       "The three memory bottleneck patterns (staircase, leak, fragmentation) and their diagnosis."};
-  app.add_option("--pattern", a.pattern, "staircase | leak | fragmentation | all")
-      ->check(CLI::IsMember({"staircase", "leak", "fragmentation", "all"}))
-      ->capture_default_str();
+  ex::add_checked_option(app, "--pattern", a.pattern, "staircase | leak | fragmentation | all",
+                         CLI::IsMember({"staircase", "leak", "fragmentation", "all"}));
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   app.add_option("--out", a.out, "output folder")->capture_default_str();
-  app.add_option("--layers", a.layers, "staircase: GPT blocks")
-      ->check(ex::int_range(1, 1024))
-      ->capture_default_str();
-  app.add_option("--batch", a.batch, "batch size")
-      ->check(ex::int_range(1, 1 << 16))
-      ->capture_default_str();
-  app.add_option("--seq", a.seq, "staircase: tokens per sequence")
-      ->check(ex::int_range(1, 1 << 16))
-      ->capture_default_str();
-  app.add_option("--leak-steps", a.leak_steps, "leak: steps (the growth per step needs 2)")
-      ->check(ex::int_range(2, 10000))
-      ->capture_default_str();
-  app.add_option("--frag-steps", a.frag_steps, "fragmentation: steps")
-      ->check(ex::int_range(1, 10000))
-      ->capture_default_str();
+  ex::add_checked_option(app, "--layers", a.layers, "staircase: GPT blocks",
+                         ex::int_range(1, 1024));
+  ex::add_checked_option(app, "--batch", a.batch, "batch size", ex::int_range(1, 1 << 16));
+  ex::add_checked_option(app, "--seq", a.seq, "staircase: tokens per sequence",
+                         ex::int_range(1, 1 << 16));
+  ex::add_checked_option(app, "--leak-steps", a.leak_steps,
+                         "leak: steps (the growth per step needs 2)", ex::int_range(2, 10000));
+  ex::add_checked_option(app, "--frag-steps", a.frag_steps, "fragmentation: steps",
+                         ex::int_range(1, 10000));
   // TALLY_ALLOC_CONF's max_split_size_mb is at least 20 (PyTorch's rule): smaller values
   // would be raised silently, and the diagnosis would name the wrong size.
-  app.add_option("--max-split-mb", a.max_split_mb,
-                 "fragmentation: max_split_size_mb of the second run")
-      ->check(ex::int_range(20, 1 << 20))
-      ->capture_default_str();
-  app.add_option("--seed", a.seed, "seed")->check(ex::seed_value())->capture_default_str();
+  ex::add_checked_option(app, "--max-split-mb", a.max_split_mb,
+                         "fragmentation: max_split_size_mb of the second run",
+                         ex::int_range(20, 1 << 20));
+  ex::add_checked_option(app, "--seed", a.seed, "seed", ex::seed_value());
 
   return ex::run_cli("memory_patterns", app, argc, argv, [&] {
     const Device dev = ex::parse_device(a.device);

@@ -92,12 +92,10 @@ int main(int argc, char** argv) {
   CLI::App app{"torch.profiler's workflow on a small CNN: trace, key_averages, memory timeline."};
   app.add_option("--device", device_arg, "cpu | cuda")->capture_default_str();
   // The schedule waits 1 step, warms up 1 and records 2: fewer than 4 steps record nothing.
-  app.add_option("--steps", steps, "training steps (the profiler waits 1, warms up 1, records 2)")
-      ->check(ex::int_range(4, 10000))
-      ->capture_default_str();
-  app.add_option("--batch", batch, "batch size")
-      ->check(ex::int_range(1, 1 << 16))
-      ->capture_default_str();
+  ex::add_checked_option(app, "--steps", steps,
+                         "training steps (the profiler waits 1, warms up 1, records 2)",
+                         ex::int_range(4, 10000));
+  ex::add_checked_option(app, "--batch", batch, "batch size", ex::int_range(1, 1 << 16));
   app.add_option("--out", out,
                  "output prefix: PREFIX.trace.json, .timeline.json, .timeline.html, .pickle")
       ->capture_default_str();

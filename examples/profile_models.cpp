@@ -231,18 +231,14 @@ int main(int argc, char** argv) {
   app.add_option("--models", a.models, "comma list of resnet, gpt")->capture_default_str();
   app.add_option("--out", a.out, "output folder")->capture_default_str();
   app.add_flag("--small", a.small, "tiny models (resnet_tiny, GPT tiny) for a CPU");
-  app.add_option("--steps", a.steps, "timed steps per measurement")
-      ->check(ex::int_range(1, 10000))
-      ->capture_default_str();
-  app.add_option("--warmup", a.warmup, "untimed steps first")
-      ->check(ex::int_range(0, 10000))
-      ->capture_default_str();
-  app.add_option("--resnet-batch", a.resnet_batch, "ResNet-50 batch (not with --small)")
-      ->check(ex::int_range(1, 1 << 16))
-      ->capture_default_str();
-  app.add_option("--gpt-batch", a.gpt_batch, "GPT-2 batch (x 1024 tokens; not with --small)")
-      ->check(ex::int_range(1, 1 << 16))
-      ->capture_default_str();
+  ex::add_checked_option(app, "--steps", a.steps, "timed steps per measurement",
+                         ex::int_range(1, 10000));
+  ex::add_checked_option(app, "--warmup", a.warmup, "untimed steps first", ex::int_range(0, 10000));
+  ex::add_checked_option(app, "--resnet-batch", a.resnet_batch,
+                         "ResNet-50 batch (not with --small)", ex::int_range(1, 1 << 16));
+  ex::add_checked_option(app, "--gpt-batch", a.gpt_batch,
+                         "GPT-2 batch (x 1024 tokens; not with --small)",
+                         ex::int_range(1, 1 << 16));
   app.add_option("--amp", a.amp,
                  "off | fp16 | bf16 (forward under autocast; fp16 without a GradScaler)")
       ->capture_default_str();

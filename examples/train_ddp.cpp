@@ -65,35 +65,28 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--batch", a.batch, "batch size per rank (0: 64 for ResNet, 8 for GPT)")
       ->check(ex::int_range(0, 1 << 20));
-  app.add_option("--image-size", a.image_size, "ResNet: synthetic image size")
-      ->check(ex::int_range(1, 4096))
-      ->capture_default_str();
+  ex::add_checked_option(app, "--image-size", a.image_size, "ResNet: synthetic image size",
+                         ex::int_range(1, 4096));
   app.add_option("--seq", a.seq, "GPT: sequence length (0: the preset's block size)")
       ->check(ex::int_range(0));
-  app.add_option("--steps", a.steps, "timed training steps")
-      ->check(ex::int_range(1, 1 << 24))
-      ->capture_default_str();
-  app.add_option("--warmup", a.warmup, "untimed steps first")
-      ->check(ex::int_range(0, 1 << 24))
-      ->capture_default_str();
+  ex::add_checked_option(app, "--steps", a.steps, "timed training steps",
+                         ex::int_range(1, 1 << 24));
+  ex::add_checked_option(app, "--warmup", a.warmup, "untimed steps first",
+                         ex::int_range(0, 1 << 24));
   app.add_option("--lr", a.lr, "learning rate (0: 0.05 SGD for ResNet, 3e-4 AdamW for GPT)")
       ->check(ex::non_negative_real());
   app.add_option("--device", a.device, "cuda (cuda:LOCAL_RANK) | cpu (world size 1 only)")
       ->capture_default_str();
   app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
-  app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket cap in MiB")
-      ->check(ex::real_range({.lo = 0, .hi = 1 << 20, .lo_open = true}))
-      ->capture_default_str();
-  app.add_option("--first-bucket-cap-mb", a.first_bucket_cap_mb,
-                 "cap of the first bucket in MiB (0: same)")
-      ->check(ex::real_range({.lo = 0, .hi = 1 << 20}))
-      ->capture_default_str();
+  ex::add_checked_option(app, "--bucket-cap-mb", a.bucket_cap_mb, "DDP bucket cap in MiB",
+                         ex::real_range({.lo = 0, .hi = 1 << 20, .lo_open = true}));
+  ex::add_checked_option(app, "--first-bucket-cap-mb", a.first_bucket_cap_mb,
+                         "cap of the first bucket in MiB (0: same)",
+                         ex::real_range({.lo = 0, .hi = 1 << 20}));
   app.add_option("--snapshot", a.snapshot,
                  "write a memory_viz snapshot per rank to FILE (.rank<R> added)");
   app.add_flag("--summary", a.summary, "print memory_summary() per rank at the end");
-  app.add_option("--seed", a.seed, "seed (the same on every rank)")
-      ->check(ex::seed_value())
-      ->capture_default_str();
+  ex::add_checked_option(app, "--seed", a.seed, "seed (the same on every rank)", ex::seed_value());
 
   std::string program = "train_ddp";  // "train_ddp (rank R)" once the environment is read
   return ex::run_cli(program, app, argc, argv, [&] {

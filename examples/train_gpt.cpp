@@ -91,34 +91,27 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seq", a.seq, "sequence length (0: the preset's block size)")
       ->check(ex::int_range(0));
-  app.add_option("--batch", a.batch, "batch size")->check(ex::int_range(1))->capture_default_str();
-  app.add_option("--steps", a.steps, "training steps")
-      ->check(ex::int_range(1))
-      ->capture_default_str();
-  app.add_option("--lr", a.lr, "peak learning rate (linear warm-up, cosine decay)")
-      ->check(ex::positive_real())
-      ->capture_default_str();
-  app.add_option("--weight-decay", a.weight_decay, "AdamW weight decay")
-      ->check(ex::non_negative_real())
-      ->capture_default_str();
-  app.add_option("--clip", a.clip, "gradient clipping norm (0: off)")
-      ->check(ex::non_negative_real())
-      ->capture_default_str();
+  ex::add_checked_option(app, "--batch", a.batch, "batch size", ex::int_range(1));
+  ex::add_checked_option(app, "--steps", a.steps, "training steps", ex::int_range(1));
+  ex::add_checked_option(app, "--lr", a.lr, "peak learning rate (linear warm-up, cosine decay)",
+                         ex::positive_real());
+  ex::add_checked_option(app, "--weight-decay", a.weight_decay, "AdamW weight decay",
+                         ex::non_negative_real());
+  ex::add_checked_option(app, "--clip", a.clip, "gradient clipping norm (0: off)",
+                         ex::non_negative_real());
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
-  app.add_option("--seed", a.seed, "seed")->check(ex::seed_value())->capture_default_str();
+  ex::add_checked_option(app, "--seed", a.seed, "seed", ex::seed_value());
   app.add_option("--checkpoint", a.checkpoint, "none | blocks | N-segments | selective")
       ->capture_default_str();
   app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
   app.add_option("--sample", a.sample, "print a sample of this many bytes at the end (text data)")
       ->check(ex::int_range(0, 1 << 20));
-  app.add_option("--eval-batches", a.eval_batches, "validation batches")
-      ->check(ex::int_range(1))
-      ->capture_default_str();
-  app.add_option("--log-every", a.log_every, "progress update interval in steps")
-      ->check(ex::int_range(1))
-      ->capture_default_str();
+  ex::add_checked_option(app, "--eval-batches", a.eval_batches, "validation batches",
+                         ex::int_range(1));
+  ex::add_checked_option(app, "--log-every", a.log_every, "progress update interval in steps",
+                         ex::int_range(1));
   app.add_option("--vocab", a.vocab, "vocabulary of synthetic data (0: the preset's)")
       ->check(ex::int_range(0, 1 << 24));
 

@@ -84,21 +84,17 @@ int main(int argc, char** argv) {
   app.add_option("--dataset", a.dataset, "fashion-mnist | mnist | cifar10 | synthetic")
       ->capture_default_str();
   app.add_option("--data-root", a.data_root, "dataset folder (default: the dataset's usual place)");
-  app.add_option("--batch", a.batch, "batch size (at most the training set's size)")
-      ->check(ex::int_range(1))
-      ->capture_default_str();
-  app.add_option("--epochs", a.epochs, "epochs")->check(ex::int_range(1))->capture_default_str();
+  ex::add_checked_option(app, "--batch", a.batch, "batch size (at most the training set's size)",
+                         ex::int_range(1));
+  ex::add_checked_option(app, "--epochs", a.epochs, "epochs", ex::int_range(1));
   app.add_option("--steps", a.steps, "stop after this many steps (0: run the epochs)")
       ->check(ex::int_range(0));
-  app.add_option("--lr", a.lr, "learning rate (cosine schedule with warm-up)")
-      ->check(ex::positive_real())
-      ->capture_default_str();
-  app.add_option("--momentum", a.momentum, "SGD momentum")
-      ->check(ex::real_range({.lo = 0, .hi = 1}))
-      ->capture_default_str();
-  app.add_option("--weight-decay", a.weight_decay, "weight decay")
-      ->check(ex::non_negative_real())
-      ->capture_default_str();
+  ex::add_checked_option(app, "--lr", a.lr, "learning rate (cosine schedule with warm-up)",
+                         ex::positive_real());
+  ex::add_checked_option(app, "--momentum", a.momentum, "SGD momentum",
+                         ex::real_range({.lo = 0, .hi = 1}));
+  ex::add_checked_option(app, "--weight-decay", a.weight_decay, "weight decay",
+                         ex::non_negative_real());
   app.add_option("--optimizer", a.optimizer, "sgd | adam | adamw")->capture_default_str();
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   app.add_option("--image-size", a.image_size,
@@ -106,17 +102,15 @@ int main(int argc, char** argv) {
       ->check(ex::int_range(0, 4096));
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
-  app.add_option("--seed", a.seed, "seed of weights, data order and dropout")
-      ->check(ex::seed_value())
-      ->capture_default_str();
+  ex::add_checked_option(app, "--seed", a.seed, "seed of weights, data order and dropout",
+                         ex::seed_value());
   app.add_option("--checkpoint", a.checkpoint, "none | blocks | N-segments | selective")
       ->capture_default_str();
   app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
   app.add_option("--eval-batches", a.eval_batches, "test batches to evaluate (0: all)")
       ->check(ex::int_range(0));
-  app.add_option("--log-every", a.log_every, "progress update interval in steps")
-      ->check(ex::int_range(1))
-      ->capture_default_str();
+  ex::add_checked_option(app, "--log-every", a.log_every, "progress update interval in steps",
+                         ex::int_range(1));
 
   return ex::run_cli("train_resnet", app, argc, argv, [&] {
     // ---- everything is checked before the first step ----

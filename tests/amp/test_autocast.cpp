@@ -4,6 +4,7 @@
 // and stays close to its float32 twin.
 #include <cmath>
 
+#include "amp_testing.h"
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "memory/memory.h"
@@ -14,19 +15,9 @@ namespace {
 
 using memory::Category;
 
-const Device kCpu = Device::cpu();
-
-Tensor param(const Shape& shape, double scale, uint64_t seed) {
-  Generator g(seed);
-  Tensor t = ops::mul(ops::randn(shape, DType::float32, kCpu, &g), scale);
-  t.requires_grad_(true);
-  return t;
-}
-
-Tensor data(const Shape& shape, uint64_t seed) {
-  Generator g(seed);
-  return ops::randn(shape, DType::float32, kCpu, &g);
-}
+using amp_testing::data;
+using amp_testing::kCpu;
+using amp_testing::param;
 
 int64_t cat_bytes(Category c) {
   return memory::get_allocator(kCpu).stats().cat_bytes(c).current;

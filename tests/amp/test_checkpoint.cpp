@@ -4,6 +4,7 @@
 // inside a segment, checkpoint_sequential, and the errors.
 #include <cmath>
 
+#include "amp_testing.h"
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "memory/memory.h"
@@ -17,19 +18,9 @@ using memory::Category;
 using nn::checkpoint;
 using nn::CheckpointOptions;
 
-const Device kCpu = Device::cpu();
-
-Tensor param(const Shape& shape, double scale, uint64_t seed) {
-  Generator g(seed);
-  Tensor t = ops::mul(ops::randn(shape, DType::float32, kCpu, &g), scale);
-  t.requires_grad_(true);
-  return t;
-}
-
-Tensor data(const Shape& shape, uint64_t seed) {
-  Generator g(seed);
-  return ops::randn(shape, DType::float32, kCpu, &g);
-}
+using amp_testing::data;
+using amp_testing::kCpu;
+using amp_testing::param;
 
 void clear_grads(const TensorList& ps) {
   for (const Tensor& p : ps) p.set_grad(Tensor());

@@ -284,23 +284,32 @@ TEST(Cifar10, Errors) {
                {"test_batch.bin", "label 11 of record 1", "byte offset 3073", "out of range"});
 }
 
+// A sparse file of `bytes` bytes in `dir` (no disk used); `why` says why not when the file
+// system cannot make one.
+struct SparseFile {
+  std::string path, why;
+  SparseFile(const TempDir& dir, const std::string& name, uint64_t bytes) : path(dir.file(name)) {
+    dt::write_bytes(path, {});
+    std::error_code ec;
+    std::filesystem::resize_file(path, bytes, ec);
+    if (ec) why = "no sparse file of " + std::to_string(bytes) + " bytes here: " + ec.message();
+  }
+};
+
 // Sizes come from the file sizes: a sparse test_batch.bin of 2^30 records (3.3 TB, no disk
 // used) gets an error naming the file and its bytes, not a bare out-of-memory.
 TEST(Cifar10, OversizedFileNamesTheFile) {
   TempDir dir;
-  const std::string f = dir.file("test_batch.bin");
   const uint64_t bytes = uint64_t{3073} << 30;
-  dt::write_bytes(f, {});
-  std::error_code ec;
-  std::filesystem::resize_file(f, bytes, ec);
-  if (ec) GTEST_SKIP() << "no sparse file of " << bytes << " bytes here: " << ec.message();
+  const SparseFile f(dir, "test_batch.bin", bytes);
+  if (!f.why.empty()) GTEST_SKIP() << f.why;
   try {
     CIFAR10 c(dir.str(), false);
     ADD_FAILURE() << "a " << bytes << "-byte CIFAR file loaded";
   } catch (const memory::OutOfMemoryError& e) {
     const std::string m = e.what();
     for (const std::string& part :
-         {std::string("CIFAR10: 1073741824 records of 3073 bytes in '") + f,
+         {std::string("CIFAR10: 1073741824 records of 3073 bytes in '") + f.path,
           "(byte offsets 0 to " + std::to_string(bytes) + ")"})
       EXPECT_NE(m.find(part), std::string::npos) << "'" << part << "' not in: " << m;
   }
@@ -389,14 +398,10 @@ TEST(TextCorpus, Fortunes) {
 // The corpus size comes from the file: a sparse 2^42-byte file gets an error naming it.
 TEST(TextCorpus, OversizedFileNamesTheFile) {
   TempDir dir;
-  const std::string f = dir.file("huge.txt");
-  const uint64_t bytes = uint64_t{1} << 42;
-  dt::write_bytes(f, {});
-  std::error_code ec;
-  std::filesystem::resize_file(f, bytes, ec);
-  if (ec) GTEST_SKIP() << "no sparse file of " << bytes << " bytes here: " << ec.message();
-  expect_error([&] { TextCorpus c(f); },
-               {"TextCorpus: '" + f + "' (4398046511104 bytes from byte offset 0)"});
+  const SparseFile f(dir, "huge.txt", uint64_t{1} << 42);
+  if (!f.why.empty()) GTEST_SKIP() << f.why;
+  expect_error([&] { TextCorpus c(f.path); },
+               {"TextCorpus: '" + f.path + "' (4398046511104 bytes from byte offset 0)"});
 }
 
 TEST(TextCorpus, BatchTimesSequenceThatOverflowsNamesTheCorpus) {

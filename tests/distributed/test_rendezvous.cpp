@@ -84,38 +84,30 @@ TEST(Rendezvous, FourRanksByHostName) {
   for (auto& c : clients) EXPECT_EQ(c.get(), payload);
 }
 
-TEST(Rendezvous, WrongPortTimesOutNamingHostAndPort) {
-  const int port = free_port();  // nobody listens there
+// exchange_bytes with `o` on 127.0.0.1 at a free port (nobody listens there) times out with
+// an error naming the address and `says`.
+void expect_timeout(RendezvousOptions o, const std::vector<uint8_t>& payload,
+                    const std::string& says) {
+  o.host = "127.0.0.1";
+  o.port = free_port();
   try {
-    exchange_bytes({.host = "127.0.0.1",
-                    .port = port,
-                    .rank = 1,
-                    .world_size = 2,
-                    .timeout = std::chrono::milliseconds(300)},
-                   {});
+    exchange_bytes(o, payload);
     FAIL() << "expected a timeout";
   } catch (const std::runtime_error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << msg;
-    EXPECT_NE(msg.find("timed out"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(o.port)), std::string::npos) << msg;
+    EXPECT_NE(msg.find(says), std::string::npos) << msg;
   }
 }
 
+TEST(Rendezvous, WrongPortTimesOutNamingHostAndPort) {
+  expect_timeout({.rank = 1, .world_size = 2, .timeout = std::chrono::milliseconds(300)}, {},
+                 "timed out");
+}
+
 TEST(Rendezvous, RankZeroTimesOutWhenNobodyComes) {
-  const int port = free_port();
-  try {
-    exchange_bytes({.host = "127.0.0.1",
-                    .port = port,
-                    .rank = 0,
-                    .world_size = 3,
-                    .timeout = std::chrono::milliseconds(200)},
-                   unique_id_like());
-    FAIL() << "expected a timeout";
-  } catch (const std::runtime_error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << msg;
-    EXPECT_NE(msg.find("0 of 2 arrived"), std::string::npos) << msg;
-  }
+  expect_timeout({.rank = 0, .world_size = 3, .timeout = std::chrono::milliseconds(200)},
+                 unique_id_like(), "0 of 2 arrived");
 }
 
 TEST(Rendezvous, WorldSizeOneNeedsNoSocket) {

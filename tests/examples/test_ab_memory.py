@@ -21,26 +21,15 @@ import subprocess
 import sys
 import tempfile
 
+from example_checks import check, fails, run_program
+
 build = sys.argv[1]
 exe = os.path.join(build, "examples", "ab_memory")
 out = tempfile.mkdtemp(prefix="ab_memory_")
-fails = []
-
-
-def check(cond, msg):
-    if not cond:
-        fails.append(msg)
-        print("FAIL:", msg)
-
 
 cmd = [exe, "--model", "resnet", "--arch", "tiny", "--dataset", "synthetic", "--image-size", "16",
        "--batch", "8", "--steps", "2", "--checkpoint", "none,blocks", "--amp", "off,bf16", "--out", out]
-p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-print(p.stdout)
-print(p.stderr, file=sys.stderr)
-if p.returncode != 0:
-    print("ab_memory failed with exit", p.returncode)
-    sys.exit(1)
+p = run_program(cmd, "ab_memory", timeout=600)
 
 res = json.load(open(os.path.join(out, "results.json")))
 check(len(res) == 4, f"4 configurations expected, got {len(res)}")

@@ -42,36 +42,30 @@ BAD_CONF = {"TALLY_ALLOC_CONF": "max_split_size_mb:abc"}
 BAD_OOM = {"TALLY_ALLOC_CONF": "oom_snapshot:/nonexistent/dir/oom.pickle"}
 CPU = ["--device", "cpu"]
 
+
+def bad_values(prog, values, base=()):
+    """Cases of a flag given a bad value (None: no value at all), whose error must name the flag."""
+    return [([prog, *base, flag] + ([] if v is None else [v]), flag, {}) for flag, vs in values.items() for v in vs]
+
+
 # (program and arguments, text the error must contain, extra environment)
 cases = [
     # ---- train_resnet
-    (["train_resnet", "--log-every", "0"], "--log-every", {}),
-    (["train_resnet", "--eval-batches", "-1"], "--eval-batches", {}),
-    (["train_resnet", "--batch", "0"], "--batch", {}),
-    (["train_resnet", "--batch", "abc"], "--batch", {}),
-    (["train_resnet", "--batch", "99999999999999999999"], "--batch", {}),
-    (["train_resnet", "--batch"], "--batch", {}),
-    (["train_resnet", "--epochs", "0"], "--epochs", {}),
-    (["train_resnet", "--steps", "-1"], "--steps", {}),
-    (["train_resnet", "--lr", "nan"], "--lr", {}),
-    (["train_resnet", "--lr", "inf"], "--lr", {}),
-    (["train_resnet", "--lr", "-0.1"], "--lr", {}),
-    (["train_resnet", "--lr", "0"], "--lr", {}),
-    (["train_resnet", "--lr", ""], "--lr", {}),
-    (["train_resnet", "--momentum", "1.5"], "--momentum", {}),
+    *bad_values("train_resnet", {
+        "--log-every": ["0"], "--eval-batches": ["-1"], "--batch": ["0", "abc", "99999999999999999999", None],
+        "--epochs": ["0"], "--steps": ["-1"], "--lr": ["nan", "inf", "-0.1", "0", ""], "--momentum": ["1.5"],
+        "--weight-decay": ["nan"], "--seed": ["-1"], "--image-size": ["-4"], "--optimizer": ["rmsprop"],
+        "--dataset": ["imagenet"],
+    }),
+    (["train_resnet", "--no-such-flag"], "--no-such-flag", {}),
     (["train_resnet", "--momentum", "0.5", "--optimizer", "adam"], "--momentum", {}),
-    (["train_resnet", "--weight-decay", "nan"], "--weight-decay", {}),
-    (["train_resnet", "--seed", "-1"], "--seed", {}),
-    (["train_resnet", "--image-size", "-4"], "--image-size", {}),
     (["train_resnet", "--image-size", "30"], "--image-size", {}),  # 28 does not divide 30
-    (["train_resnet", "--optimizer", "rmsprop"], "--optimizer", {}),
     (["train_resnet", "--snapshot", NO_DIR], "--snapshot", {}),
     (["train_resnet", "--snapshot", PROC], "--snapshot", {}),
     (["train_resnet", "--snapshot", tmp], "--snapshot", {}),  # a folder
     (["train_resnet", "--batch", "100000"], "--batch", {}),  # larger than the 60000 examples
     (["train_resnet", "--dataset", "mnist", "--data-root", empty_mnist, "--steps", "5"], "--data-root", {}),
     (["train_resnet", "--dataset", "synthetic", "--data-root", tmp], "--data-root", {}),
-    (["train_resnet", "--no-such-flag"], "--no-such-flag", {}),
     (["train_resnet", "stray"], "stray", {}),
     (["train_resnet"], "TALLY_ALLOC_CONF", BAD_CONF),
     (["train_resnet"], "TALLY_ALLOC_CONF", BAD_OOM),
@@ -79,42 +73,27 @@ cases = [
     (["train_resnet", "--checkpoint", "3-chunks"], "--checkpoint: expected none, blocks, N-segments", {}),
     (["train_resnet", "--device", "tpu"], "--device: expected cpu or cuda, got 'tpu'", {}),
     (["train_resnet", "--arch", "vgg"], "--arch: expected tiny, resnet18, resnet34 or resnet50, got 'vgg'", {}),
-    (["train_resnet", "--dataset", "imagenet"], "--dataset", {}),
     (["train_resnet", "--dataset", "cifar10"], "--dataset cifar10 needs --data-root", {}),
     (["train_resnet", "--dataset", "mnist", "--data-root", "/nonexistent"], "--data-root", {}),
     # ---- train_gpt
-    (["train_gpt", "--log-every", "0"], "--log-every", {}),
-    (["train_gpt", "--eval-batches", "0"], "--eval-batches", {}),
-    (["train_gpt", "--steps", "0"], "--steps", {}),
-    (["train_gpt", "--batch", "0"], "--batch", {}),
-    (["train_gpt", "--seq", "-1"], "--seq", {}),
-    (["train_gpt", "--lr", "nan"], "--lr", {}),
-    (["train_gpt", "--lr", "-1e-3"], "--lr", {}),
-    (["train_gpt", "--clip", "nan"], "--clip", {}),
-    (["train_gpt", "--clip", "-1"], "--clip", {}),
-    (["train_gpt", "--weight-decay", "inf"], "--weight-decay", {}),
-    (["train_gpt", "--sample", "-1"], "--sample", {}),
+    *bad_values("train_gpt", {
+        "--log-every": ["0"], "--eval-batches": ["0"], "--steps": ["0"], "--batch": ["0"], "--seq": ["-1"],
+        "--lr": ["nan", "-1e-3"], "--clip": ["nan", "-1"], "--weight-decay": ["inf"], "--sample": ["-1"],
+        "--preset": ["huge"], "--seed": ["1.5"],
+    }),
     (["train_gpt", "--vocab", "512"], "--vocab", {}),  # text data has 256 byte tokens
     (["train_gpt", "--data", "synthetic", "--sample", "10"], "--sample", {}),
     (["train_gpt", "--data", short_text], "--seq", {}),  # the validation split is too short
     (["train_gpt", "--data", "/nonexistent/corpus.txt"], "/nonexistent/corpus.txt", {}),
     (["train_gpt", "--preset", "tiny", "--seq", "4096"], "exceeds the preset's block size", {}),
-    (["train_gpt", "--preset", "huge"], "--preset", {}),
     (["train_gpt", "--snapshot", NO_DIR], "--snapshot", {}),
-    (["train_gpt", "--seed", "1.5"], "--seed", {}),
     (["train_gpt"], "TALLY_ALLOC_CONF", BAD_CONF),
     # ---- train_ddp
-    (["train_ddp", *CPU, "--model", "tiny", "--steps", "0"], "--steps", {}),
-    (["train_ddp", *CPU, "--model", "tiny", "--warmup", "-1"], "--warmup", {}),
-    (["train_ddp", *CPU, "--model", "tiny", "--lr", "nan"], "--lr", {}),
-    (["train_ddp", *CPU, "--model", "tiny", "--batch", "-1"], "--batch", {}),
-    (["train_ddp", *CPU, "--model", "tiny", "--image-size", "0"], "--image-size", {}),
-    (["train_ddp", *CPU, "--model", "tiny", "--bucket-cap-mb", "0"], "--bucket-cap-mb", {}),
-    (["train_ddp", *CPU, "--model", "tiny", "--bucket-cap-mb", "nan"], "--bucket-cap-mb", {}),
-    (["train_ddp", *CPU, "--model", "tiny", "--first-bucket-cap-mb", "-1"], "--first-bucket-cap-mb", {}),
-    (["train_ddp", *CPU, "--model", "tiny", "--seq", "16"], "--seq", {}),
+    *bad_values("train_ddp", {
+        "--steps": ["0"], "--warmup": ["-1"], "--lr": ["nan"], "--batch": ["-1"], "--image-size": ["0"],
+        "--bucket-cap-mb": ["0", "nan"], "--first-bucket-cap-mb": ["-1"], "--seq": ["16"], "--snapshot": [PROC],
+    }, base=[*CPU, "--model", "tiny"]),
     (["train_ddp", *CPU, "--model", "gpt-tiny", "--seq", "4096"], "--seq", {}),
-    (["train_ddp", *CPU, "--model", "tiny", "--snapshot", PROC], "--snapshot", {}),
     (["train_ddp", *CPU, "--model", "tiny"], "WORLD_SIZE", {"WORLD_SIZE": "abc"}),
     (["train_ddp", *CPU, "--model", "tiny"], "RANK", {"WORLD_SIZE": "2", "RANK": "3"}),
     (["train_ddp", *CPU, "--model", "tiny"], "MASTER_PORT", {"MASTER_PORT": "70000"}),
@@ -122,38 +101,33 @@ cases = [
     (["train_ddp", "--device", "cpu", "--model", "vit"], "--model: expected resnet50, resnet18, tiny", {}),
     (["train_ddp", "--device", "cpu", "--model", "tiny", "--amp", "fp8"], "--amp: expected off, fp16 or bf16", {}),
     # ---- ab_memory
-    (["ab_memory", "--batch", "0"], "--batch", {}),
-    (["ab_memory", "--steps", "1"], "--steps", {}),
-    (["ab_memory", "--lr", "nan"], "--lr", {}),
-    (["ab_memory", "--image-size", "-1"], "--image-size", {}),
+    *bad_values("ab_memory", {
+        "--batch": ["0"], "--steps": ["1"], "--lr": ["nan"], "--image-size": ["-1"],
+        "--checkpoint": ["none,bogus", ","], "--arch": ["vgg"], "--out": ["/proc/tally_ab"],
+    }),
     (["ab_memory", "--amp", "off,fp8"], "--amp", {}),  # the bad second value fails before the first runs
-    (["ab_memory", "--checkpoint", "none,bogus"], "--checkpoint", {}),
-    (["ab_memory", "--checkpoint", ","], "--checkpoint", {}),
-    (["ab_memory", "--arch", "vgg"], "--arch", {}),
     (["ab_memory", "--model", "vit"], "--model: expected resnet or gpt, got 'vit'", {}),
     (["ab_memory", "--model", "gpt", "--dataset", "fashion-mnist"], "--dataset", {}),
     (["ab_memory", "--model", "gpt", "--seq", "4096"], "--seq", {}),
     (["ab_memory", "--model", "gpt", "--preset", "huge"], "--preset", {}),
     (["ab_memory", "--model", "gpt", "--arch", "resnet18"], "--arch", {}),
     (["ab_memory", "--preset", "gpt2"], "--preset", {}),  # --model resnet has no preset
-    (["ab_memory", "--out", "/proc/tally_ab"], "--out", {}),
     (["ab_memory", "--out", a_file], "--out", {}),
     (["ab_memory"], "TALLY_ALLOC_CONF", BAD_CONF),
     # ---- memory_demo
-    (["memory_demo", "--steps", "abc"], "--steps", {}),
-    (["memory_demo", "--steps", "0"], "--steps", {}),
-    (["memory_demo", "--steps"], "--steps", {}),
-    (["memory_demo", "--device", "tpu"], "--device", {}),
-    (["memory_demo", *CPU, "--snapshot", NO_DIR], "--snapshot", {}),
+    *bad_values("memory_demo", {
+        "--steps": ["abc", "0", None], "--device": ["tpu"],
+    }),
     (["memory_demo", "--bogus"], "--bogus", {}),
+    (["memory_demo", *CPU, "--snapshot", NO_DIR], "--snapshot", {}),
     (["memory_demo", *CPU], "TALLY_ALLOC_CONF", BAD_CONF),
     (["memory_demo", *CPU], "TALLY_ALLOC_CONF", {"TALLY_ALLOC_CONF": "no_such_key:1"}),
     # ---- profile_demo
+    *bad_values("profile_demo", {
+        "--steps": ["abc"], "--batch": ["0"], "--out": ["/nonexistent/dir/prof"],
+    }, base=CPU),
     (["profile_demo", *CPU, "--steps", "3"], "--steps", {}),  # the schedule records steps 3 and 4
-    (["profile_demo", *CPU, "--steps", "abc"], "--steps", {}),
-    (["profile_demo", *CPU, "--batch", "0"], "--batch", {}),
     (["profile_demo", "--device", "tpu"], "--device", {}),
-    (["profile_demo", *CPU, "--out", "/nonexistent/dir/prof"], "--out", {}),
     (["profile_demo", "--bogus"], "--bogus", {}),
     (["profile_demo", *CPU], "TALLY_ALLOC_CONF", BAD_CONF),
     # ---- equivalence_dump
@@ -167,25 +141,18 @@ cases = [
     (["equivalence_dump", "--model", "resnet_tiny", "--out", a_file], "--out", {}),
     (["equivalence_dump", "--model", "resnet_tiny", "--out", "eq"], "TALLY_ALLOC_CONF", BAD_CONF),
     # ---- memory_patterns
-    (["memory_patterns", "--pattern", "bogus"], "--pattern", {}),
-    (["memory_patterns", "--layers", "0"], "--layers", {}),
-    (["memory_patterns", "--batch", "0"], "--batch", {}),
-    (["memory_patterns", "--seq", "0"], "--seq", {}),
-    (["memory_patterns", "--leak-steps", "1"], "--leak-steps", {}),
-    (["memory_patterns", "--frag-steps", "0"], "--frag-steps", {}),
-    (["memory_patterns", "--max-split-mb", "5"], "--max-split-mb", {}),
-    (["memory_patterns", "--device", "tpu"], "--device", {}),
-    (["memory_patterns", "--out", "/proc/tally_patterns"], "--out", {}),
+    *bad_values("memory_patterns", {
+        "--pattern": ["bogus"], "--layers": ["0"], "--batch": ["0"], "--seq": ["0"], "--leak-steps": ["1"],
+        "--frag-steps": ["0"], "--max-split-mb": ["5"], "--device": ["tpu"],
+        "--out": ["/proc/tally_patterns"],
+    }),
     (["memory_patterns"], "TALLY_ALLOC_CONF", BAD_CONF),
     # ---- profile_models
-    (["profile_models", *CPU, "--steps", "0"], "--steps", {}),
-    (["profile_models", *CPU, "--warmup", "-1"], "--warmup", {}),
-    (["profile_models", *CPU, "--resnet-batch", "0"], "--resnet-batch", {}),
-    (["profile_models", *CPU, "--gpt-batch", "abc"], "--gpt-batch", {}),
-    (["profile_models", *CPU, "--models", "resnet,vit"], "--models", {}),
-    (["profile_models", *CPU, "--models", ","], "--models", {}),
+    *bad_values("profile_models", {
+        "--steps": ["0"], "--warmup": ["-1"], "--resnet-batch": ["0"], "--gpt-batch": ["abc"],
+        "--models": ["resnet,vit", ","], "--out": ["/proc/tally_prof"],
+    }, base=CPU),
     (["profile_models", *CPU, "--small", "--resnet-batch", "8"], "--resnet-batch", {}),
-    (["profile_models", *CPU, "--out", "/proc/tally_prof"], "--out", {}),
     (["profile_models", *CPU, "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'", {}),
     (["profile_models", *CPU], "TALLY_ALLOC_CONF", BAD_CONF),
 ]

@@ -24,24 +24,13 @@ import subprocess
 import sys
 import tempfile
 
+from example_checks import check, fails, run_program
+
 exe = sys.argv[1]
 out = tempfile.mkdtemp(prefix="memory_patterns_")
-fails = []
 
-
-def check(cond, msg):
-    if not cond:
-        fails.append(msg)
-        print("FAIL:", msg)
-
-
-p = subprocess.run([exe, "--pattern", "all", "--device", "cpu", "--out", out],
-                   capture_output=True, text=True, timeout=500)
-print(p.stdout)
-print(p.stderr, file=sys.stderr)
-if p.returncode != 0:
-    print("memory_patterns failed with exit", p.returncode)
-    sys.exit(1)
+p = run_program([exe, "--pattern", "all", "--device", "cpu", "--out", out], "memory_patterns",
+                timeout=500)
 res = json.load(open(os.path.join(out, "patterns.json")))
 check(res["device"] == "cpu", f"device {res['device']}")
 for word in ("diagnosis: the forward keeps", "diagnosis: with history.push_back(loss)", "fragmentation"):

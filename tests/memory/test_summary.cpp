@@ -2,6 +2,7 @@
 // Tally's category table.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -296,37 +297,47 @@ constexpr const char* kPyTorchGolden =
 |===========================================================================|
 )";
 
-void set_kib(StatArray& arr, PoolIndex pool, int64_t c, int64_t p, int64_t a, int64_t f) {
-  set(arr, pool, c * KiB, p * KiB, a * KiB, f * KiB);
+// The numbers of one metric of a published summary: the stat arrays that print them, their unit,
+// and (current, peak, allocated, freed) for all, large and small pools.
+struct MetricRows {
+  std::vector<StatArray*> arrays;
+  int64_t unit;
+  std::array<std::array<int64_t, 4>, 3> pools;
+};
+
+void set_metrics(const std::vector<MetricRows>& metrics) {
+  const PoolIndex pools[] = {kAllPools, kLargePool, kSmallPool};
+  for (const MetricRows& m : metrics)
+    for (StatArray* arr : m.arrays)
+      for (size_t i = 0; i < 3; ++i) {
+        const auto& [c, p, a, f] = m.pools[i];
+        set(*arr, pools[i], c * m.unit, p * m.unit, a * m.unit, f * m.unit);
+      }
 }
 
 TEST(MemorySummary, MatchesRealPyTorchOutput) {
   DeviceStats s;
-  for (StatArray* arr : {&s.allocated_bytes, &s.active_bytes}) {
-    set_kib(*arr, kAllPools, 184648, 192833, 258378, 73729);
-    set_kib(*arr, kLargePool, 184576, 192768, 254208, 69632);
-    set_kib(*arr, kSmallPool, 72, 1060, 4170, 4097);
-  }
-  set_kib(s.requested_bytes, kAllPools, 184648, 192832, 258376, 73728);
-  set_kib(s.requested_bytes, kLargePool, 184576, 192768, 254208, 69632);
-  set_kib(s.requested_bytes, kSmallPool, 72, 1060, 4168, 4096);
-  set_kib(s.reserved_bytes, kAllPools, 235520, 235520, 235520, 0);
-  set_kib(s.reserved_bytes, kLargePool, 233472, 233472, 233472, 0);
-  set_kib(s.reserved_bytes, kSmallPool, 2048, 2048, 2048, 0);
-  set_kib(s.inactive_split_bytes, kAllPools, 30391, 38607, 132985, 102594);
-  set_kib(s.inactive_split_bytes, kLargePool, 28416, 36608, 126848, 98432);
-  set_kib(s.inactive_split_bytes, kSmallPool, 1975, 2040, 6137, 4162);
-  for (StatArray* arr : {&s.allocation, &s.active}) {
-    set(*arr, kAllPools, 21, 23, 42, 21);
-    set(*arr, kLargePool, 12, 14, 26, 14);
-    set(*arr, kSmallPool, 9, 10, 16, 7);
-  }
-  set(s.segment, kAllPools, 10, 10, 10, 0);
-  set(s.segment, kLargePool, 9, 9, 9, 0);
-  set(s.segment, kSmallPool, 1, 1, 1, 0);
-  set(s.inactive_split, kAllPools, 6, 6, 13, 7);
-  set(s.inactive_split, kLargePool, 4, 5, 11, 7);
-  set(s.inactive_split, kSmallPool, 2, 2, 2, 0);
+  set_metrics({
+      {{&s.allocated_bytes, &s.active_bytes},
+       KiB,
+       {{{184648, 192833, 258378, 73729},
+         {184576, 192768, 254208, 69632},
+         {72, 1060, 4170, 4097}}}},
+      {{&s.requested_bytes},
+       KiB,
+       {{{184648, 192832, 258376, 73728},
+         {184576, 192768, 254208, 69632},
+         {72, 1060, 4168, 4096}}}},
+      {{&s.reserved_bytes},
+       KiB,
+       {{{235520, 235520, 235520, 0}, {233472, 233472, 233472, 0}, {2048, 2048, 2048, 0}}}},
+      {{&s.inactive_split_bytes},
+       KiB,
+       {{{30391, 38607, 132985, 102594}, {28416, 36608, 126848, 98432}, {1975, 2040, 6137, 4162}}}},
+      {{&s.allocation, &s.active}, 1, {{{21, 23, 42, 21}, {12, 14, 26, 14}, {9, 10, 16, 7}}}},
+      {{&s.segment}, 1, {{{10, 10, 10, 0}, {9, 9, 9, 0}, {1, 1, 1, 0}}}},
+      {{&s.inactive_split}, 1, {{{6, 6, 13, 7}, {4, 5, 11, 7}, {2, 2, 2, 0}}}},
+  });
 
   const auto golden = split_lines(kPyTorchGolden);
   const auto got = split_lines(format_memory_summary(s, 0, "cuda:0"));

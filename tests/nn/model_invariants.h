@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "autograd/autocast.h"
@@ -107,6 +108,18 @@ struct SavedBytes {
   int64_t input = 0;
   int64_t packed = 0;
   int64_t other = 0;  // any other category: a bug (reported with the node's name)
+
+  // The counter of category `c`, or nullptr for a category no saved tensor should have.
+  int64_t* of(Category c) {
+    const std::pair<Category, int64_t SavedBytes::*> kSlots[] = {
+        {Category::activation, &SavedBytes::activation},
+        {Category::autocast_cache, &SavedBytes::autocast_cache},
+        {Category::parameter, &SavedBytes::parameter},
+        {Category::input, &SavedBytes::input}};
+    for (const auto& [cat, member] : kSlots)
+      if (cat == c) return &(this->*member);
+    return nullptr;
+  }
 };
 
 inline SavedBytes saved_bytes(const Tensor& root, Device d) {
@@ -129,23 +142,13 @@ inline SavedBytes saved_bytes(const Tensor& root, Device d) {
       const int64_t before = seen.bytes();
       if (!seen.add(t)) continue;
       const int64_t b = seen.bytes() - before;
-      switch (t.storage().category()) {
-        case Category::activation:
-          out.activation += b;
-          break;
-        case Category::autocast_cache:
-          out.autocast_cache += b;
-          break;
-        case Category::parameter:
-          out.parameter += b;
-          break;
-        case Category::input:
-          out.input += b;
-          break;
-        default:
-          out.other += b;
-          ADD_FAILURE() << n->name() << " saved a block tagged "
-                        << memory::category_name(t.storage().category()) << " (" << b << " B)";
+      int64_t* slot = out.of(t.storage().category());
+      if (slot) {
+        *slot += b;
+      } else {
+        out.other += b;
+        ADD_FAILURE() << n->name() << " saved a block tagged "
+                      << memory::category_name(t.storage().category()) << " (" << b << " B)";
       }
     }
     for (const autograd::Edge& e : n->next_edges) stack.push_back(e.fn.get());

@@ -77,38 +77,32 @@ void run_both(const Factory& make, const char* what, int steps = 4) {
     }
 }
 
+// A factory of Opt (SGD, Adam, AdamW) with options `o`.
+template <class Opt, class Options>
+Factory of(const Options& o) {
+  return [o](std::vector<Tensor> ps) { return std::make_unique<Opt>(std::move(ps), o); };
+}
+
 TEST(CudaOptim, SGDVariantsMatchTheCpu) {
   REQUIRE_GPU();
-  for (int v = 0; v < 4; ++v) {
-    optim::SGDOptions o;
-    o.lr = 0.05;
-    o.momentum = v == 0 ? 0.0 : 0.9;
-    o.dampening = v == 2 ? 0.2 : 0.0;
-    o.nesterov = v == 3;
-    o.weight_decay = v >= 2 ? 0.01 : 0.0;
-    o.maximize = v == 1;
-    run_both([&](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(std::move(ps), o); },
-             "SGD");
-  }
+  // Plain; momentum, maximizing; momentum with dampening and weight decay; Nesterov with
+  // weight decay.
+  const optim::SGDOptions variants[] = {
+      {.lr = 0.05},
+      {.lr = 0.05, .momentum = 0.9, .maximize = true},
+      {.lr = 0.05, .momentum = 0.9, .dampening = 0.2, .weight_decay = 0.01},
+      {.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true}};
+  for (const optim::SGDOptions& o : variants) run_both(of<optim::SGD>(o), "SGD");
 }
 
 TEST(CudaOptim, AdamAndAdamWMatchTheCpu) {
   REQUIRE_GPU();
-  for (int v = 0; v < 4; ++v) {
-    optim::AdamOptions o;
-    o.lr = 0.01;
-    o.weight_decay = v == 0 ? 0.0 : 0.05;
-    o.amsgrad = v == 3;
-    o.maximize = v == 2;
-    if (v == 1 || v == 3)
-      run_both(
-          [&](std::vector<Tensor> ps) { return std::make_unique<optim::AdamW>(std::move(ps), o); },
-          "AdamW");
-    else
-      run_both(
-          [&](std::vector<Tensor> ps) { return std::make_unique<optim::Adam>(std::move(ps), o); },
-          "Adam");
-  }
+  run_both(of<optim::Adam>(optim::AdamOptions{.lr = 0.01}), "Adam");
+  run_both(of<optim::AdamW>(optim::AdamOptions{.lr = 0.01, .weight_decay = 0.05}), "AdamW");
+  run_both(of<optim::Adam>(optim::AdamOptions{.lr = 0.01, .weight_decay = 0.05, .maximize = true}),
+           "Adam");
+  run_both(of<optim::AdamW>(optim::AdamOptions{.lr = 0.01, .weight_decay = 0.05, .amsgrad = true}),
+           "AdamW");
 }
 
 TEST(CudaOptim, StepLeavesNoTemporaries) {

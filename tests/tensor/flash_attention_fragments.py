@@ -51,6 +51,24 @@ def c_to_a(c0, c1):
 A_OFF = lambda lane: ((lane & 7) + ((lane >> 3) & 1) * 8, (lane >> 4) * 8)       # A / trans-B
 B_OFF = lambda lane: ((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8)       # non-trans B / trans-A
 
+def warp_s_tile(sa, sb, w, D):
+    # One warp's 16 x 64 tile of sa @ sb^T (rows w*16.. of sa, the 64 rows of sb, D columns) as
+    # 8 C fragments of n8: the kernels' Q K^T (forward), K Q^T and V dO^T (backward) loops.
+    s = zeros_c(8)
+    for kk in range(D // 16):
+        a = ldsm(sa, None, lambda l_: (w*16 + A_OFF(l_)[0], kk*16 + A_OFF(l_)[1]))
+        for np_ in range(4):
+            b = ldsm(sb, None, lambda l_: (np_*16 + B_OFF(l_)[0], kk*16 + B_OFF(l_)[1]))
+            mma(s[2*np_], a, b[0], b[1]); mma(s[2*np_+1], a, b[2], b[3])
+    return s
+
+def mma_b_trans(acc, a, sb, kk, c0, n16):
+    # acc += a @ sb[kk*16:kk*16+16, c0:c0+n16*16], B loaded by ldmatrix .trans (row-major in
+    # shared memory): acc[2*dp], acc[2*dp+1] are the n8 halves of column block dp.
+    for dp in range(n16):
+        b = ldsm(sb, None, lambda l_: (kk*16 + A_OFF(l_)[0], c0 + dp*16 + A_OFF(l_)[1]), trans=True)
+        mma(acc[2*dp], a, b[0], b[1]); mma(acc[2*dp+1], a, b[2], b[3])
+
 def tile(src, r0, rows, D, E):
     out = np.zeros((rows, D))
     n = src.shape[0]
@@ -76,12 +94,7 @@ def fwd(q, k, v, causal, scale, D):
                 k0 = j * N
                 if causal and k0 > wr0 + 15: continue
                 kb = tile(k, k0, N, D, E); vb = tile(v, k0, N, D, E)
-                s = zeros_c(8)
-                for kk in range(D // 16):
-                    a = ldsm(sQ, None, lambda l_: (w*16 + A_OFF(l_)[0], kk*16 + A_OFF(l_)[1]))
-                    for np_ in range(4):
-                        b = ldsm(kb, None, lambda l_: (np_*16 + B_OFF(l_)[0], kk*16 + B_OFF(l_)[1]))
-                        mma(s[2*np_], a, b[0], b[1]); mma(s[2*np_+1], a, b[2], b[3])
+                s = warp_s_tile(sQ, kb, w, D)
                 masked = k0 + N > S or (causal and k0 + N - 1 > wr0)
                 for n in range(8):
                     for e in range(4):
@@ -105,9 +118,7 @@ def fwd(q, k, v, causal, scale, D):
                     for n in range(D // 8): o[n][2*r] = o[n][2*r] * alpha; o[n][2*r+1] = o[n][2*r+1] * alpha
                 for kk in range(4):
                     a = c_to_a(s[2*kk], s[2*kk+1])
-                    for dp in range(D // 16):
-                        b = ldsm(vb, None, lambda l_: (kk*16 + A_OFF(l_)[0], dp*16 + A_OFF(l_)[1]), trans=True)
-                        mma(o[2*dp], a, b[0], b[1]); mma(o[2*dp+1], a, b[2], b[3])
+                    mma_b_trans(o, a, vb, kk, 0, D // 16)
             for r in range(2):
                 l[r] = l[r] + l[r][L_ ^ 1]; l[r] = l[r] + l[r][L_ ^ 2]
             sO = np.zeros((16, D))
@@ -144,12 +155,7 @@ def bwd(q, k, v, dout, out, lse, causal, scale, D):
             sdS = np.zeros((64, 64 + 8))
             for w in range(4):
                 wk0 = k0 + 16*w
-                s = zeros_c(8)
-                for kk in range(D // 16):
-                    a = ldsm(sK, None, lambda l_: (w*16 + A_OFF(l_)[0], kk*16 + A_OFF(l_)[1]))
-                    for np_ in range(4):
-                        b = ldsm(qb, None, lambda l_: (np_*16 + B_OFF(l_)[0], kk*16 + B_OFF(l_)[1]))
-                        mma(s[2*np_], a, b[0], b[1]); mma(s[2*np_+1], a, b[2], b[3])
+                s = warp_s_tile(sK, qb, w, D)
                 masked = q0 + N > Lq or k0 + 64 > S or (causal and k0 + 63 > q0)
                 for n in range(8):
                     for e in range(4):
@@ -163,15 +169,8 @@ def bwd(q, k, v, dout, out, lse, causal, scale, D):
                 pa = []
                 for kk in range(4):
                     pa.append(c_to_a(s[2*kk], s[2*kk+1]))
-                    for dp in range(D // 16):
-                        b = ldsm(dob, None, lambda l_: (kk*16 + A_OFF(l_)[0], dp*16 + A_OFF(l_)[1]), trans=True)
-                        mma(dv[w][2*dp], pa[kk], b[0], b[1]); mma(dv[w][2*dp+1], pa[kk], b[2], b[3])
-                ds = zeros_c(8)
-                for kk in range(D // 16):
-                    a = ldsm(sV, None, lambda l_: (w*16 + A_OFF(l_)[0], kk*16 + A_OFF(l_)[1]))
-                    for np_ in range(4):
-                        b = ldsm(dob, None, lambda l_: (np_*16 + B_OFF(l_)[0], kk*16 + B_OFF(l_)[1]))
-                        mma(ds[2*np_], a, b[0], b[1]); mma(ds[2*np_+1], a, b[2], b[3])
+                    mma_b_trans(dv[w], pa[kk], dob, kk, 0, D // 16)
+                ds = warp_s_tile(sV, dob, w, D)
                 for n in range(8):
                     p01 = pa[n//2][(n % 2)*2]; p23 = pa[n//2][(n % 2)*2 + 1]
                     d0 = dvec[n*8 + 2*Tq]; d1 = dvec[n*8 + 2*Tq + 1]
@@ -185,9 +184,7 @@ def bwd(q, k, v, dout, out, lse, causal, scale, D):
                         sdS[w*16+g+8, kk*16+2*t:kk*16+2*t+2] = a[1][lane]
                         sdS[w*16+g, kk*16+8+2*t:kk*16+8+2*t+2] = a[2][lane]
                         sdS[w*16+g+8, kk*16+8+2*t:kk*16+8+2*t+2] = a[3][lane]
-                    for dp in range(D // 16):
-                        b = ldsm(qb, None, lambda l_: (kk*16 + A_OFF(l_)[0], dp*16 + A_OFF(l_)[1]), trans=True)
-                        mma(dk[w][2*dp], a, b[0], b[1]); mma(dk[w][2*dp+1], a, b[2], b[3])
+                    mma_b_trans(dk[w], a, qb, kk, 0, D // 16)
             for w in range(4):
                 wq = q0 + 16*w
                 if wq >= Lq: continue
@@ -197,9 +194,7 @@ def bwd(q, k, v, dout, out, lse, causal, scale, D):
                     dq = zeros_c(cols // 8)
                     for kk in range(4):
                         a = ldsm(sdS, None, lambda l_: (kk*16 + B_OFF(l_)[0], w*16 + B_OFF(l_)[1]), trans=True)
-                        for dp in range(cols // 16):
-                            b = ldsm(sK, None, lambda l_: (kk*16 + A_OFF(l_)[0], c0 + dp*16 + A_OFF(l_)[1]), trans=True)
-                            mma(dq[2*dp], a, b[0], b[1]); mma(dq[2*dp+1], a, b[2], b[3])
+                        mma_b_trans(dq, a, sK, kk, c0, cols // 16)
                     for n in range(cols // 8):
                         if c0 + n*8 >= E: continue
                         for lane in range(32):

@@ -1,30 +1,44 @@
-// Design rule 2, checked: at the end of a forward pass the bytes tagged `activation` are
-// exactly the bytes held by saved tensors; after backward they are zero and `gradient`
-// equals the parameters' size; nothing is `unknown` at the peak.
+// Design rule 2, checked on raw ops, on every device of the binary (test_memory_invariants on
+// the CPU, test_memory_invariants_cuda on cuda:0, skipping without a device): after a forward
+// pass (an MLP, a CNN) the bytes tagged `activation` are exactly the bytes held by saved
+// tensors, all on the device; after backward none are left and `gradient` equals the
+// parameters' size; no allocation of the step is `unknown`, at the peak or in the history;
+// workspaces are returned after each op. On CUDA only (MemoryInvariantsCuda), the `workspace`
+// category of the libraries: cuBLASLt's workspace (a linear forward + backward), cuDNN's (a
+// conv2d forward + backward; its fused attention's backward) come from the caching allocator
+// under the op that used them, and are returned when the op has been enqueued.
 #include <unordered_set>
 
+#include "memory/invariants.h"
+#include "tensor/attention/autograd.h"
+#include "tensor/attention/cuda.h"
 #include "tensor/conv/autograd.h"
+#include "tensor/cuda/cudnn.h"
+#include "tensor/linalg/cuda.h"
 #include "tensor/norm/autograd.h"
 #include "tensor/pool/autograd.h"
 #include "tensor/softmax/autograd.h"
-#include "testing/gradcheck.h"
+#include "testing/cuda_testing.h"
+#include "testing/devices.h"
 
 namespace tally {
 namespace {
 
 using memory::Category;
+using testing::OnDevice;
+using testing::VsCpu;
 
-memory::CachingAllocator& cpu_alloc() {
-  return memory::get_allocator(Device::cpu());
+memory::CachingAllocator& alloc(Device d) {
+  return memory::get_allocator(d);
 }
-int64_t bytes(Category c) {
-  return cpu_alloc().stats().cat_bytes(c).current;
+int64_t bytes(Device d, Category c) {
+  return alloc(d).stats().cat_bytes(c).current;
 }
 
-// Sum of the allocator blocks held by the saved tensors of the graph behind `root`,
-// counting each storage once and leaving out parameters and inputs (they are not
-// activations even when saved).
-int64_t saved_activation_bytes(const Tensor& root) {
+// Sum of the allocator blocks held by the saved tensors of the graph behind `root`, counting
+// each storage once and leaving out parameters and inputs (they are not activations even when
+// saved). Every saved tensor is on `d`.
+int64_t saved_activation_bytes(const Tensor& root, Device d) {
   std::unordered_set<const void*> storages;
   std::unordered_set<autograd::Node*> seen;
   std::vector<autograd::Node*> stack{root.autograd_meta()->grad_fn.get()};
@@ -36,6 +50,7 @@ int64_t saved_activation_bytes(const Tensor& root) {
     for (const SavedTensor* s : n->saved_tensors()) {
       const Tensor& t = s->held();
       if (!t.defined() || !storages.insert(t.storage().key()).second) continue;
+      EXPECT_EQ(t.device(), d) << n->name() << " saved a tensor on " << t.device().str();
       const Category c = t.storage().category();
       if (c == Category::parameter || c == Category::input) continue;
       EXPECT_EQ(c, Category::activation)
@@ -47,12 +62,20 @@ int64_t saved_activation_bytes(const Tensor& root) {
   return total;
 }
 
-Tensor param(const Shape& shape, uint64_t seed, double scale) {
-  memory::CategoryScope c(Category::parameter);
+// A parameter on `d`: N(0, scale^2) values drawn on the CPU from `seed`, tagged `parameter`.
+Tensor param(Device d, const Shape& shape, uint64_t seed, double scale) {
   Generator g(seed);
-  Tensor t = ops::mul(ops::randn(shape, DType::float32, Device::cpu(), &g), scale);
+  const Tensor host = ops::mul(ops::randn(shape, DType::float32, Device::cpu(), &g), scale);
+  memory::CategoryScope c(Category::parameter);
+  Tensor t = ops::to(host, d, DType::float32, /*copy=*/true);
   t.requires_grad_(true);
   return t;
+}
+
+// A copy of `host` on `d`, tagged `input`.
+Tensor input(Device d, const Tensor& host) {
+  memory::CategoryScope c(Category::input);
+  return ops::to(host, d, host.dtype(), /*copy=*/true);
 }
 
 int64_t block_bytes(const TensorList& ts) {
@@ -61,51 +84,107 @@ int64_t block_bytes(const TensorList& ts) {
   return n;
 }
 
-void check_step(const TensorList& params, const std::function<Tensor()>& forward) {
-  const int64_t act0 = bytes(Category::activation), grad0 = bytes(Category::gradient);
-  cpu_alloc().reset_peak_memory_stats();
-  Tensor loss = forward();
-  const int64_t act = bytes(Category::activation) - act0;
-  EXPECT_GT(act, 0);
-  EXPECT_EQ(act, saved_activation_bytes(loss)) << "activation bytes == bytes held by saved tensors";
-  loss.backward();
-  EXPECT_EQ(bytes(Category::activation), act0) << "no activation left after backward";
-  EXPECT_EQ(bytes(Category::gradient) - grad0, block_bytes(params)) << "gradient == parameters";
-  for (const Tensor& p : params) EXPECT_EQ(p.grad().storage().category(), Category::gradient);
-  const auto& s = cpu_alloc().stats();
-  EXPECT_EQ(s.category_at_peak[static_cast<size_t>(Category::unknown)], 0) << "unknown at the peak";
-  EXPECT_GT(s.category_at_peak[static_cast<size_t>(Category::activation)], 0);
+void restart_history(Device d) {
+  alloc(d).record_memory_history(false);
+  alloc(d).record_memory_history(true, 100'000);
 }
 
-TEST(MemoryInvariants, Mlp) {
-  const TensorList params = {param({64, 32}, 1, 0.2), param({64}, 2, 0.1), param({10, 64}, 3, 0.2),
-                             param({10}, 4, 0.1)};
-  Tensor x, y;
-  {
-    memory::CategoryScope c(Category::input);
-    x = ops::randn({16, 32});
-    y = ops::randint(0, 10, {16});
+// Allocations in the history tagged `category` (and, for workspaces, returned by the end).
+struct Scan {
+  int64_t unknown = 0;
+  int64_t workspace_allocs = 0;
+  int64_t workspace_frees = 0;
+  std::vector<std::string> workspace_ops;
+  size_t workspace_max = 0;
+};
+
+Scan scan(Device d) {
+  Scan s;
+  std::unordered_set<uint64_t> live;
+  for (const memory::TraceEntry& e : alloc(d).history()) {
+    const bool tags =
+        e.action == memory::TraceAction::alloc || e.action == memory::TraceAction::retag;
+    if (tags && e.tag.category == Category::unknown) {
+      ++s.unknown;
+      ADD_FAILURE() << memory::trace_action_name(e.action) << " of " << e.size
+                    << " B tagged unknown (op '" << memory::interned(e.tag.op) << "', "
+                    << e.tag.loc.file << ":" << e.tag.loc.line << ")";
+    }
+    if (e.action == memory::TraceAction::alloc && e.tag.category == Category::workspace) {
+      ++s.workspace_allocs;
+      live.insert(e.addr);
+      s.workspace_ops.push_back(memory::interned(e.tag.op));
+      s.workspace_max = std::max(s.workspace_max, e.size);
+    }
+    if (e.action == memory::TraceAction::free_requested && live.erase(e.addr)) ++s.workspace_frees;
   }
-  check_step(params, [&] {
-    memory::PhaseScope ph("forward");
+  return s;
+}
+
+bool has_op_prefix(const std::vector<std::string>& ops, const std::string& prefix) {
+  for (const std::string& op : ops)
+    if (op.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+void check_step(Device d, const TensorList& params, const std::function<Tensor()>& forward) {
+  memory::synchronize(d);
+  const int64_t act0 = bytes(d, Category::activation), grad0 = bytes(d, Category::gradient);
+  restart_history(d);
+  alloc(d).reset_peak_memory_stats();
+  Tensor loss;
+  {
+    memory::PhaseScope phase("forward");
+    loss = forward();
+  }
+  const int64_t act = bytes(d, Category::activation) - act0;
+  EXPECT_GT(act, 0);
+  EXPECT_EQ(act, saved_activation_bytes(loss, d))
+      << "activation bytes == bytes held by saved tensors";
+  loss.backward();
+  memory::synchronize(d);
+  EXPECT_EQ(bytes(d, Category::activation), act0) << "no activation left after backward";
+  EXPECT_EQ(bytes(d, Category::gradient) - grad0, block_bytes(params)) << "gradient == parameters";
+  for (const Tensor& p : params) EXPECT_EQ(p.grad().storage().category(), Category::gradient);
+  EXPECT_EQ(bytes(d, Category::workspace), 0) << "workspaces are returned after each op";
+  const auto& s = alloc(d).stats();
+  EXPECT_EQ(s.category_at_peak[static_cast<size_t>(Category::unknown)], 0) << "unknown at the peak";
+  EXPECT_GT(s.category_at_peak[static_cast<size_t>(Category::activation)], 0);
+  const Scan h = scan(d);
+  EXPECT_EQ(h.unknown, 0);
+  EXPECT_EQ(h.workspace_frees, h.workspace_allocs) << "every workspace block is returned";
+  memory::testing::expect_consistent(alloc(d));
+  alloc(d).record_memory_history(false);
+}
+
+class MemoryInvariants : public OnDevice {};
+
+TEST_P(MemoryInvariants, Mlp) {
+  const TensorList params = {param(dev(), {64, 32}, 1, 0.2), param(dev(), {64}, 2, 0.1),
+                             param(dev(), {10, 64}, 3, 0.2), param(dev(), {10}, 4, 0.1)};
+  const Tensor x = input(dev(), ops::randn({16, 32}));
+  const Tensor y = input(dev(), ops::randint(0, 10, {16}));
+  check_step(dev(), params, [&] {
     const Tensor h = gelu(linear(x, params[0], params[1]));
     const Tensor h2 = dropout(h, 0.1);
     return cross_entropy(linear(h2, params[2], params[3]), y);
   });
 }
 
-TEST(MemoryInvariants, Cnn) {
-  const TensorList params = {param({8, 3, 3, 3}, 5, 0.3), param({8}, 6, 0.1),
-                             param({8}, 7, 0.1),          param({16, 8, 3, 3}, 8, 0.2),
-                             param({10, 16}, 9, 0.2),     param({10}, 10, 0.1)};
-  Tensor running_mean = ops::zeros({8}), running_var = ops::ones({8});
-  Tensor x, y;
+TEST_P(MemoryInvariants, Cnn) {
+  const TensorList params = {
+      param(dev(), {8, 3, 3, 3}, 5, 0.3), param(dev(), {8}, 6, 0.1),
+      param(dev(), {8}, 7, 0.1),          param(dev(), {16, 8, 3, 3}, 8, 0.2),
+      param(dev(), {10, 16}, 9, 0.2),     param(dev(), {10}, 10, 0.1)};
+  Tensor running_mean, running_var;
   {
-    memory::CategoryScope c(Category::input);
-    x = ops::randn({4, 3, 16, 16});
-    y = ops::randint(0, 10, {4});
+    memory::CategoryScope c(Category::parameter);
+    running_mean = ops::zeros({8}, DType::float32, dev());
+    running_var = ops::ones({8}, DType::float32, dev());
   }
-  check_step(params, [&] {
+  const Tensor x = input(dev(), ops::randn({4, 3, 16, 16}));
+  const Tensor y = input(dev(), ops::randint(0, 10, {4}));
+  check_step(dev(), params, [&] {
     Tensor h = conv2d(x, params[0], {}, {1, 1}, {1, 1});
     h = relu(batch_norm(h, running_mean, running_var, params[1], params[2], /*training=*/true));
     h = max_pool2d(h, 2);
@@ -114,6 +193,123 @@ TEST(MemoryInvariants, Cnn) {
     return cross_entropy(linear(h, params[4], params[5]), y);
   });
 }
+
+TALLY_ON_DEVICES(MemoryInvariants);
+
+// The CUDA libraries' workspaces (CUDA internals: accelerators only).
+class MemoryInvariantsCuda : public VsCpu {};
+
+// cuBLASLt: every product of a linear forward + backward takes matmul_workspace_bytes() from
+// the allocator as `workspace` under its op and returns it at the end of the op; with the
+// size set to 0 no workspace is taken at all.
+TEST_P(MemoryInvariantsCuda, LinearWorkspaceFromAllocator) {
+  const Tensor w = param(dev(), {256, 128}, 21, 0.1), b = param(dev(), {256}, 22, 0.1);
+  Tensor x = input(dev(), testing::rand_tensor({64, 128}, DType::float32, 23));
+  x.requires_grad_(true);  // so backward makes both products (grad input, grad weight)
+  const size_t ws = cuda::matmul_workspace_bytes();
+  ASSERT_GT(ws, 0u) << "the default cuBLASLt workspace is 32 MiB (CUBLASLT_WORKSPACE_SIZE unset)";
+  memory::synchronize(dev());
+  restart_history(dev());
+  alloc(dev()).reset_peak_memory_stats();
+  {
+    memory::PhaseScope phase("forward");
+    Tensor loss = sum(linear(x, w, b));
+    loss.backward();
+  }
+  memory::synchronize(dev());
+  const Scan h = scan(dev());
+  EXPECT_GE(h.workspace_allocs, 3) << "forward, grad input and grad weight each take one";
+  EXPECT_TRUE(has_op_prefix(h.workspace_ops, "mm")) << "backward's products (mm) take one too";
+  EXPECT_EQ(h.workspace_frees, h.workspace_allocs);
+  EXPECT_EQ(h.workspace_max, alloc(dev()).round_size(ws)) << "the configured workspace size";
+  EXPECT_TRUE(has_op_prefix(h.workspace_ops, "linear")) << "tagged with the op that used it";
+  EXPECT_EQ(bytes(dev(), Category::workspace), 0);
+  EXPECT_GE(alloc(dev()).stats().cat_bytes(Category::workspace).peak, static_cast<int64_t>(ws));
+  alloc(dev()).record_memory_history(false);
+
+  // 0 disables the workspace: the products run without one.
+  cuda::set_matmul_workspace_bytes(0);
+  restart_history(dev());
+  {
+    Tensor loss = sum(linear(x, w, b));
+    loss.backward();
+  }
+  memory::synchronize(dev());
+  cuda::set_matmul_workspace_bytes(ws);
+  // The products take none; the reductions (sum's partials) still take their scratch.
+  for (const std::string& op : scan(dev()).workspace_ops)
+    EXPECT_EQ(op.rfind("sum", 0), 0u) << "a workspace under op '" << op << "'";
+  alloc(dev()).record_memory_history(false);
+}
+
+// cuDNN: with cudnn.benchmark on, the algorithm search's scratch output and the chosen
+// algorithms' workspaces come from the allocator as `workspace` under conv2d and its
+// backward ops; all are returned; the search's results match the heuristic path's.
+TEST_P(MemoryInvariantsCuda, Conv2dWorkspaceFromAllocator) {
+  const Tensor w = param(dev(), {32, 16, 3, 3}, 31, 0.1);
+  const Tensor x = input(dev(), testing::rand_tensor({8, 16, 32, 32}, DType::float32, 32));
+  for (const bool benchmark : {true, false}) {
+    SCOPED_TRACE(benchmark ? "cudnn.benchmark on" : "cudnn.benchmark off");
+    const bool saved = cuda::cudnn_benchmark();
+    cuda::set_cudnn_benchmark(benchmark);
+    memory::synchronize(dev());
+    restart_history(dev());
+    alloc(dev()).reset_peak_memory_stats();
+    {
+      memory::PhaseScope phase("forward");
+      Tensor loss = sum(conv2d(x, w, {}, {1, 1}, {1, 1}));
+      loss.backward();
+    }
+    memory::synchronize(dev());
+    cuda::set_cudnn_benchmark(saved);
+    const Scan h = scan(dev());
+    if (benchmark) {
+      EXPECT_GT(h.workspace_allocs, 0) << "the benchmark's scratch output is a workspace";
+      EXPECT_TRUE(has_op_prefix(h.workspace_ops, "conv2d"));
+    }
+    for (const std::string& op : h.workspace_ops)  // cuDNN's, and the loss's sum partials
+      EXPECT_TRUE(op.rfind("conv2d", 0) == 0 || op.rfind("sum", 0) == 0)
+          << "a workspace under op '" << op << "'";
+    EXPECT_EQ(h.workspace_frees, h.workspace_allocs) << "every workspace block is returned";
+    EXPECT_EQ(bytes(dev(), Category::workspace), 0);
+    EXPECT_EQ(h.unknown, 0);
+    alloc(dev()).record_memory_history(false);
+    w.set_grad(Tensor());
+  }
+}
+
+// cuDNN's fused attention: its backward's float32 dQ accumulator and plan workspace are one
+// `workspace` block under flash_attention_backward, returned once enqueued; nothing is
+// `unknown`, and the forward saves only what the fused path saves.
+TEST_P(MemoryInvariantsCuda, CudnnAttentionWorkspaceFromAllocator) {
+  const bool saved = cuda::cudnn_sdp_enabled();
+  cuda::set_cudnn_sdp_enabled(true);
+  const int64_t B = 2, H = 4, T = 256, D = 64;
+  const Tensor host = testing::rand_tensor({B, H, T, D}, DType::float32, 41, -1, 1);
+  Tensor q = input(dev(), ops::to(host, DType::bfloat16));
+  q.requires_grad_(true);
+  memory::synchronize(dev());
+  restart_history(dev());
+  const cuda::CudnnSdpCounts before = cuda::cudnn_sdp_counts();
+  {
+    memory::PhaseScope phase("forward");
+    Tensor loss = sum(scaled_dot_product_attention(q, q, q, {}, 0.0, true).to(DType::float32));
+    loss.backward();
+  }
+  memory::synchronize(dev());
+  cuda::set_cudnn_sdp_enabled(saved);
+  const cuda::CudnnSdpCounts after = cuda::cudnn_sdp_counts();
+  EXPECT_EQ(after.backward - before.backward, 1) << "the backward ran on cuDNN";
+  const Scan h = scan(dev());
+  EXPECT_GT(h.workspace_allocs, 0) << "the dQ accumulator is a workspace";
+  EXPECT_TRUE(has_op_prefix(h.workspace_ops, "flash_attention_backward"));
+  EXPECT_EQ(h.workspace_frees, h.workspace_allocs) << "every workspace block is returned";
+  EXPECT_EQ(bytes(dev(), Category::workspace), 0);
+  EXPECT_EQ(h.unknown, 0);
+  alloc(dev()).record_memory_history(false);
+}
+
+TALLY_VS_CPU(MemoryInvariantsCuda);
 
 }  // namespace
 }  // namespace tally
