@@ -23,8 +23,18 @@ using namespace testing;
 
 // ------------------------------------------------------------------ on every device
 
+// The OnDevice suites (Printing, below, has a helper of its own).
 class Elementwise : public OnDevice {};
+class Activations : public OnDevice {};
+class Reductions : public OnDevice {};
+class Views : public OnDevice {};
+class Random : public OnDevice {};
+
 TALLY_ON_DEVICES(Elementwise);
+TALLY_ON_DEVICES(Activations);
+TALLY_ON_DEVICES(Reductions);
+TALLY_ON_DEVICES(Views);
+TALLY_ON_DEVICES(Random);
 
 TEST_P(Elementwise, BroadcastValues) {
   const Tensor a = put(from_vector({1, 2, 3, 4, 5, 6}, {2, 3}));
@@ -174,9 +184,6 @@ TEST_P(Elementwise, Gradients) {
       gradcheck_on(d, [](const TensorList& x) { return 1.0 / x[0] + 2.0 * x[0] - 1.0; }, {pos}));
 }
 
-class Activations : public OnDevice {};
-TALLY_ON_DEVICES(Activations);
-
 TEST_P(Activations, Gradients) {
   const Tensor a = rand_input({3, 4}, -2, 2, 5);
   const Tensor c = rand_input_noncontig({3, 4}, 6);
@@ -210,9 +217,6 @@ TEST_P(Activations, DropoutMasksAndScales) {
   EXPECT_TRUE(values_near(dropout(x, 0.3), v, 0));
 }
 
-class Reductions : public OnDevice {};
-TALLY_ON_DEVICES(Reductions);
-
 TEST_P(Reductions, Gradients) {
   const Tensor a = rand_input({2, 3, 4}, -1, 1, 7);
   const Tensor c = rand_input_noncontig({2, 3, 4}, 8);
@@ -223,9 +227,6 @@ TEST_P(Reductions, Gradients) {
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return mean(x[0], {-1}); }, {c}));
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return mean(x[0]); }, {a}));
 }
-
-class Views : public OnDevice {};
-TALLY_ON_DEVICES(Views);
 
 TEST_P(Views, NeverAllocate) {
   const Tensor a = zeros({4, 6}, on({}));
@@ -293,9 +294,6 @@ TEST_P(Printing, PrintsLikePyTorch) {
   EXPECT_EQ(ones({1}, on(TensorOptions{}.with_requires_grad())).str(),
             want("[1.0000]", "[1]", "", /*requires_grad=*/true));
 }
-
-class Random : public OnDevice {};
-TALLY_ON_DEVICES(Random);
 
 TEST_P(Random, SameSeedSameNumbers) {
   Generator g1(42), g2(42);
