@@ -25,15 +25,14 @@ using namespace testing;
 
 // The OnDevice suites (Printing, below, has a helper of its own).
 class Elementwise : public OnDevice {};
-class Activations : public OnDevice {};
-class Reductions : public OnDevice {};
-class Views : public OnDevice {};
-class Random : public OnDevice {};
-
 TALLY_ON_DEVICES(Elementwise);
+class Activations : public OnDevice {};
 TALLY_ON_DEVICES(Activations);
+class Reductions : public OnDevice {};
 TALLY_ON_DEVICES(Reductions);
+class Views : public OnDevice {};
 TALLY_ON_DEVICES(Views);
+class Random : public OnDevice {};
 TALLY_ON_DEVICES(Random);
 
 TEST_P(Elementwise, BroadcastValues) {
