@@ -2,10 +2,11 @@
 // one file for every device (tests/testing/devices.h): test_elementwise runs the OnDevice
 // suites on the CPU, test_elementwise_cuda runs them on CUDA device 0 (hand-computed values,
 // float64 gradient checks with broadcasting and non-contiguous inputs, dtype promotion and
-// rounding, size-overflow errors, views that never allocate) and adds the VsCpu suites: the
-// CUDA kernels against the CPU reference over random inputs, dtypes and layouts (copies and
-// casts, the vectorised cast path, binary/unary maps, 16-bit GELU on every input, sums and
-// their column/full fast paths, gradients through a small graph on the device's allocator).
+// rounding, size-overflow errors, views that never allocate) and adds the VsCpu suite
+// ElementwiseVsCpu: the CUDA kernels against the CPU reference over random inputs, dtypes and
+// layouts (copies and casts, the vectorised cast path, binary/unary maps, 16-bit GELU on every
+// input, sums and their column/full fast paths, gradients through a small graph on the device's
+// allocator).
 #include <algorithm>
 #include <cmath>
 #include <functional>
