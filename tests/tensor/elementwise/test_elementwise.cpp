@@ -1,15 +1,44 @@
-// Elementwise ops, activations, reductions and views: values and float64 gradient checks,
-// with broadcasting and non-contiguous inputs.
-#include "testing/gradcheck.h"
+// Elementwise ops, activations, dropout, reductions, views, printing and random numbers,
+// one file for every device (tests/testing/devices.h): test_elementwise runs the OnDevice
+// suites on the CPU, test_elementwise_cuda runs them on CUDA device 0 (hand-computed values,
+// float64 gradient checks with broadcasting and non-contiguous inputs, dtype promotion and
+// rounding, size-overflow errors, views that never allocate) and adds the VsCpu suite
+// ElementwiseVsCpu: the CUDA kernels against the CPU reference over random inputs, dtypes and
+// layouts (copies and casts, the vectorised cast path, binary/unary maps, 16-bit GELU on every
+// input, sums and their column/full fast paths, gradients through a small graph on the device's
+// allocator).
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "testing/cuda_testing.h"
+#include "testing/devices.h"
 
 namespace tally {
 namespace {
 
 using namespace testing;
 
-TEST(Elementwise, BroadcastValues) {
-  const Tensor a = from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
-  const Tensor b = from_vector({10, 20, 30}, {3});
+// ------------------------------------------------------------------ on every device
+
+// The OnDevice suites (Printing, below, has a helper of its own).
+class Elementwise : public OnDevice {};
+TALLY_ON_DEVICES(Elementwise);
+class Activations : public OnDevice {};
+TALLY_ON_DEVICES(Activations);
+class Reductions : public OnDevice {};
+TALLY_ON_DEVICES(Reductions);
+class Views : public OnDevice {};
+TALLY_ON_DEVICES(Views);
+class Random : public OnDevice {};
+TALLY_ON_DEVICES(Random);
+
+TEST_P(Elementwise, BroadcastValues) {
+  const Tensor a = put(from_vector({1, 2, 3, 4, 5, 6}, {2, 3}));
+  const Tensor b = put(from_vector({10, 20, 30}, {3}));
   EXPECT_TRUE(values_near(a + b, {11, 22, 33, 14, 25, 36}));
   EXPECT_TRUE(values_near(a * b, {10, 40, 90, 40, 100, 180}));
   EXPECT_TRUE(values_near(b - a, {9, 18, 27, 6, 15, 24}));
@@ -17,91 +46,84 @@ TEST(Elementwise, BroadcastValues) {
   EXPECT_TRUE(values_near(2.0 - a, {1, 0, -1, -2, -3, -4}));
   EXPECT_TRUE(values_near(pow(a, 2.0), {1, 4, 9, 16, 25, 36}));
   EXPECT_TRUE(values_near(clamp(a, 2.0, 4.5), {2, 2, 3, 4, 4.5, 4.5}));
-  EXPECT_TRUE(values_near(relu(from_vector({-1, 0, 2}, {3})), {0, 0, 2}));
-  EXPECT_TRUE(values_near(gelu(from_vector({1.0}, {1})), {0.8413447460685429}, 1e-6));
-  EXPECT_TRUE(values_near(gelu(from_vector({1.0}, {1}), "tanh"), {0.8411919906082768}, 1e-6));
-  EXPECT_TRUE(values_near(sigmoid(from_vector({0.0}, {1})), {0.5}));
-  const Tensor m = from_vector({1, 0, 1}, {3}, TensorOptions{}.with_dtype(DType::bool_));
+  EXPECT_TRUE(values_near(relu(put(from_vector({-1, 0, 2}, {3}))), {0, 0, 2}));
+  const Tensor one = put(from_vector({1.0}, {1}));
+  EXPECT_TRUE(values_near(gelu(one), {0.8413447460685429}, 1e-6));
+  EXPECT_TRUE(values_near(gelu(one, "tanh"), {0.8411919906082768}, 1e-6));
+  EXPECT_TRUE(values_near(sigmoid(put(from_vector({0.0}, {1}))), {0.5}));
+  const Tensor m = put(from_vector({1, 0, 1}, {3}, TensorOptions{}.with_dtype(DType::bool_)));
   EXPECT_TRUE(values_near(masked_fill(a, m, -1), {-1, 2, -1, -1, 5, -1}));
   EXPECT_TRUE(values_near(where(m, a, b), {1, 20, 3, 4, 20, 6}));
   EXPECT_TRUE(values_near(sum(a, {0}), {5, 7, 9}));
   EXPECT_TRUE(values_near(sum(a, {1}, true), {6, 15}));
   EXPECT_EQ(sum(a, {1}, true).sizes(), (Shape{2, 1}));
   EXPECT_TRUE(values_near(mean(a), {3.5}));
-  EXPECT_TRUE(values_near(eq(a, from_vector({1, 0, 3}, {3})), {1, 0, 1, 0, 0, 0}));
+  EXPECT_TRUE(values_near(eq(a, put(from_vector({1, 0, 3}, {3}))), {1, 0, 1, 0, 0, 0}));
 }
 
-TEST(Elementwise, ShapeErrorsNameTheOp) {
-  const Tensor a = zeros({2, 3}), b = zeros({4});
-  try {
-    (void)(a + b);
-    FAIL();
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("add: shapes [2, 3] and [4]"), std::string::npos)
-        << e.what();
-  }
+TEST_P(Elementwise, ShapeErrorsNameTheOp) {
+  const Tensor a = zeros({2, 3}, on({})), b = zeros({4}, on({}));
+  expect_error<std::invalid_argument>([&] { (void)(a + b); }, {"add: shapes [2, 3] and [4]"});
 }
 
 // Sizes that overflow are errors naming the shape, never a tensor with a wrapped element
-// count (issue 22: zeros({2^32, 2^32}) used to "succeed" with 0 elements).
-TEST(Elementwise, FactorySizesThatOverflowAreErrors) {
+// count (issue 22: zeros({2^32, 2^32}) used to "succeed" with 0 elements). Each case: what
+// throws std::length_error, and the parts its message must contain.
+TEST_P(Elementwise, FactorySizesThatOverflowAreErrors) {
   const int64_t g = int64_t{1} << 32;
-  expect_error<std::length_error>(
-      [&] {
-        (void)zeros({g, g});
-      },
-      {"shape [4294967296, 4294967296] has more than 2^63 - 1"});
-  expect_error<std::length_error>(
-      [&] {
-        (void)ops::zeros({g, g}, DType::bool_);
-      },
-      {"[4294967296, 4294967296]"});
-  expect_error<std::length_error>(
-      [&] {
-        (void)shape_numel({g, g});
-      },
-      {"numel: shape [4294967296, 4294967296]"});
-  expect_error<std::length_error>(
-      [&] {
-        (void)shape_numel({g, g, 0});
-      },
-      {"[4294967296, 4294967296, 0]"});
+  float buf[4] = {};
+  const Tensor one = zeros({1, 1}, on({})), empty = zeros({0}, on({}));
+  const std::pair<std::function<void()>, std::vector<std::string>> length_errors[] = {
+      {[&] {
+         (void)zeros({g, g}, on({}));
+       },
+       {"shape [4294967296, 4294967296] has more than 2^63 - 1"}},
+      {[&] {
+         (void)ops::zeros({g, g}, DType::bool_, dev());
+       },
+       {"[4294967296, 4294967296]"}},
+      {[&] {
+         (void)shape_numel({g, g});
+       },
+       {"numel: shape [4294967296, 4294967296]"}},
+      {[&] {
+         (void)shape_numel({g, g, 0});
+       },
+       {"[4294967296, 4294967296, 0]"}},
+      // 2^64 - 2^20 bytes: fits in 64 bits, not in 63; never reaches the allocator's rounding.
+      {[&] { (void)ops::empty({(int64_t{1} << 62) - (int64_t{1} << 18)}, DType::float32, dev()); },
+       {"empty: a tensor of shape [4611686018427125760] with 4-byte elements is larger than "
+        "2^63 - 1 bytes"}},
+      // Host memory Tally does not own, whatever the device under test.
+      {[&] {
+         (void)ops::from_blob(buf, {g, g});
+       },
+       {"from_blob", "[4294967296, 4294967296]"}},
+      // A view whose element count does not fit (a scalar expanded to 2^64 elements).
+      {[&] {
+         (void)ops::expand(one, {g, g});
+       },
+       {"[4294967296, 4294967296]"}},
+      // view/reshape of an empty tensor to a shape whose other dimensions wrap to 0.
+      {[&] {
+         (void)ops::view(empty, {g, g, 0});
+       },
+       {"view: shape [4294967296, 4294967296, 0] has more than"}},
+      {[&] {
+         (void)ops::reshape(empty, {-1, g, g});
+       },
+       {"reshape: shape [-1, 4294967296, 4294967296]"}},
+  };
+  for (const auto& [make, parts] : length_errors) {
+    const std::string msg = error_of<std::length_error>(make);
+    for (const std::string& part : parts) EXPECT_TRUE(contains(msg, part)) << msg;
+  }
   EXPECT_EQ(shape_numel({g, 0}), 0);
-  // 2^64 - 2^20 bytes: fits in 64 bits, not in 63; never reaches the allocator's rounding.
-  expect_error<std::length_error>(
-      [] { (void)ops::empty({(int64_t{1} << 62) - (int64_t{1} << 18)}, DType::float32); },
-      {"empty: a tensor of shape [4611686018427125760] with 4-byte elements is larger than "
-       "2^63 - 1 bytes"});
   expect_error<std::invalid_argument>(
-      [] {
-        (void)ops::empty({3, -2});
+      [&] {
+        (void)ops::empty({3, -2}, DType::float32, dev());
       },
       {"empty: negative dimension in shape [3, -2]"});
-  float buf[4] = {};
-  expect_error<std::length_error>(
-      [&] {
-        (void)ops::from_blob(buf, {g, g});
-      },
-      {"from_blob", "[4294967296, 4294967296]"});
-  // A view whose element count does not fit (a scalar expanded to 2^64 elements).
-  const Tensor one = zeros({1, 1});
-  expect_error<std::length_error>(
-      [&] {
-        (void)ops::expand(one, {g, g});
-      },
-      {"[4294967296, 4294967296]"});
-  // view/reshape of an empty tensor to a shape whose other dimensions wrap to 0.
-  const Tensor empty = zeros({0});
-  expect_error<std::length_error>(
-      [&] {
-        (void)ops::view(empty, {g, g, 0});
-      },
-      {"view: shape [4294967296, 4294967296, 0] has more than"});
-  expect_error<std::length_error>(
-      [&] {
-        (void)ops::reshape(empty, {-1, g, g});
-      },
-      {"reshape: shape [-1, 4294967296, 4294967296]"});
   // A layout whose extent wraps used to pass the bounds check: 2^62 + 2^62 elements.
   expect_error<std::overflow_error>(
       [&] {
@@ -111,68 +133,74 @@ TEST(Elementwise, FactorySizesThatOverflowAreErrors) {
       {"Tensor::make: the extent of the layout"});
 }
 
-TEST(Elementwise, DtypesPromoteAndConvert) {
-  const Tensor i = from_vector({1, 2, 3}, {3}, TensorOptions{}.with_dtype(DType::int64));
-  const Tensor f = from_vector({0.5, 0.5, 0.5}, {3});
+TEST_P(Elementwise, DtypesPromoteAndConvert) {
+  const Tensor i = put(from_vector({1, 2, 3}, {3}, TensorOptions{}.with_dtype(DType::int64)));
+  const Tensor f = put(from_vector({0.5, 0.5, 0.5}, {3}));
   EXPECT_EQ((i + f).dtype(), DType::float32);
   EXPECT_EQ((i + i).dtype(), DType::int64);
   EXPECT_EQ(div(i, i).dtype(), DType::float32);
   for (DType d : {DType::float16, DType::bfloat16, DType::float64, DType::int32}) {
     const Tensor t = f.to(d);
     EXPECT_EQ(t.dtype(), d);
+    EXPECT_EQ(t.device(), dev());
     EXPECT_TRUE(values_near(t.to(DType::float32), d == DType::int32
                                                       ? std::vector<double>{0, 0, 0}
                                                       : std::vector<double>{0.5, 0.5, 0.5}));
   }
   // float16 rounding: 1/3 -> 0.333251953125, 65520 -> inf, 1e-7 -> 1.1920928955078125e-07
-  const Tensor h = from_vector({1.0 / 3.0, 65520.0, 1e-7, -2.5}, {4}).to(DType::float16);
+  const Tensor h = put(from_vector({1.0 / 3.0, 65520.0, 1e-7, -2.5}, {4})).to(DType::float16);
   EXPECT_TRUE(values_near(h, {0.333251953125, INFINITY, 1.1920928955078125e-07, -2.5}, 1e-12));
-  const Tensor bf = from_vector({1.0 / 3.0, 3e38}, {2}).to(DType::bfloat16);
+  const Tensor bf = put(from_vector({1.0 / 3.0, 3e38}, {2})).to(DType::bfloat16);
   EXPECT_TRUE(values_near(bf, {0.333984375, 1.765625 * std::ldexp(1.0, 127)}, 1e30));
 }
 
-TEST(Elementwise, Gradients) {
+TEST_P(Elementwise, Gradients) {
   const Tensor a = rand_input({2, 3}, -1, 1, 1);
   const Tensor b = rand_input({3}, 0.5, 2, 2);  // broadcast
   const Tensor c = rand_input_noncontig({2, 3}, 3);
   const Tensor pos = rand_input({2, 3}, 0.5, 2, 4);
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return add(x[0], x[1], 2.0); }, {a, b}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return sub(x[0], x[1]); }, {c, b}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return mul(x[0], x[1]); }, {a, b}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return div(x[0], x[1]); }, {c, b}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return pow(x[0], 3.0); }, {a}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return pow(x[0], x[1]); }, {pos, b}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return neg(exp(x[0])); }, {c}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return log(x[0]); }, {pos}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return sqrt(x[0]); }, {pos}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return rsqrt(x[0]); }, {pos}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return abs(x[0]); }, {a}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return square(x[0]) / 3.0; }, {a}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return maximum(x[0], x[1]); }, {a, b}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return minimum(x[0], x[1]); }, {c, b}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return clamp(x[0], -0.3, 0.4); }, {a}));
+  const Device d = dev();
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return add(x[0], x[1], 2.0); }, {a, b}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return sub(x[0], x[1]); }, {c, b}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return mul(x[0], x[1]); }, {a, b}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return div(x[0], x[1]); }, {c, b}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return pow(x[0], 3.0); }, {a}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return pow(x[0], x[1]); }, {pos, b}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return neg(exp(x[0])); }, {c}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return log(x[0]); }, {pos}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return sqrt(x[0]); }, {pos}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return rsqrt(x[0]); }, {pos}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return abs(x[0]); }, {a}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return square(x[0]) / 3.0; }, {a}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return maximum(x[0], x[1]); }, {a, b}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return minimum(x[0], x[1]); }, {c, b}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return clamp(x[0], -0.3, 0.4); }, {a}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return where(gt(x[0], x[1]), x[0], x[1]); },
+                           {a, b}));
+  EXPECT_TRUE(gradcheck_on(
+      d, [](const TensorList& x) { return masked_fill(x[0], gt(x[0], zeros_like(x[0])), 1.0); },
+      {a}));
   EXPECT_TRUE(
-      gradcheck([](const TensorList& x) { return where(gt(x[0], x[1]), x[0], x[1]); }, {a, b}));
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& x) { return masked_fill(x[0], gt(x[0], zeros_like(x[0])), 1.0); }, {a}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return 1.0 / x[0] + 2.0 * x[0] - 1.0; }, {pos}));
+      gradcheck_on(d, [](const TensorList& x) { return 1.0 / x[0] + 2.0 * x[0] - 1.0; }, {pos}));
 }
 
-TEST(Activations, Gradients) {
+TEST_P(Activations, Gradients) {
   const Tensor a = rand_input({3, 4}, -2, 2, 5);
   const Tensor c = rand_input_noncontig({3, 4}, 6);
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return relu(x[0]); }, {a}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return gelu(x[0]); }, {c}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return gelu(x[0], "tanh"); }, {a}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return silu(x[0]); }, {c}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return sigmoid(x[0]); }, {a}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return tanh(x[0]); }, {c}));
+  const Device d = dev();
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return relu(x[0]); }, {a}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return gelu(x[0]); }, {c}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return gelu(x[0], "tanh"); }, {a}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return silu(x[0]); }, {c}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return sigmoid(x[0]); }, {a}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return tanh(x[0]); }, {c}));
 }
 
-TEST(Activations, DropoutMasksAndScales) {
+TEST_P(Activations, DropoutMasksAndScales) {
   manual_seed(7);
-  const Tensor x = ones({1000}, TensorOptions{}.with_dtype(DType::float64).with_requires_grad());
+  const Tensor x = ones({1000}, on(f64_grad));
   const Tensor y = dropout(x, 0.3);
+  EXPECT_EQ(y.device(), dev());
   const std::vector<double> v = y.tolist();
   int zeros_n = 0;
   for (double e : v) {
@@ -189,78 +217,318 @@ TEST(Activations, DropoutMasksAndScales) {
   EXPECT_TRUE(values_near(dropout(x, 0.3), v, 0));
 }
 
-TEST(Reductions, Gradients) {
+TEST_P(Reductions, Gradients) {
   const Tensor a = rand_input({2, 3, 4}, -1, 1, 7);
   const Tensor c = rand_input_noncontig({2, 3, 4}, 8);
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return sum(x[0]); }, {a}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return sum(x[0], {1}); }, {c}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return sum(x[0], {0, 2}, true); }, {a}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return mean(x[0], {-1}); }, {c}));
-  EXPECT_TRUE(gradcheck([](const TensorList& x) { return mean(x[0]); }, {a}));
+  const Device d = dev();
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return sum(x[0]); }, {a}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return sum(x[0], {1}); }, {c}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return sum(x[0], {0, 2}, true); }, {a}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return mean(x[0], {-1}); }, {c}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return mean(x[0]); }, {a}));
 }
 
-TEST(Views, NeverAllocate) {
-  const Tensor a = zeros({4, 6});
-  const size_t before = memory::memory_allocated(Device::cpu());
+TEST_P(Views, NeverAllocate) {
+  const Tensor a = zeros({4, 6}, on({}));
+  const size_t before = memory::memory_allocated(dev());
   const Tensor v = a.view({2, 12}).transpose(0, 1).narrow(0, 2, 5).unsqueeze(0).expand({3, 5, 2});
   (void)a.permute({1, 0}).select(0, 2).flatten();
   (void)a.slice(1, 0, 6, 2).squeeze();
-  EXPECT_EQ(memory::memory_allocated(Device::cpu()), before);
+  EXPECT_EQ(memory::memory_allocated(dev()), before);
   EXPECT_TRUE(v.storage().is_same(a.storage()));
   EXPECT_FALSE(v.is_contiguous());
   const Tensor c = v.contiguous();  // allocates
-  EXPECT_GT(memory::memory_allocated(Device::cpu()), before);
+  EXPECT_GT(memory::memory_allocated(dev()), before);
   EXPECT_TRUE(c.is_contiguous());
   EXPECT_THROW(a.transpose(0, 1).view({24}), std::invalid_argument);
   EXPECT_EQ(a.transpose(0, 1).reshape({24}).sizes(), (Shape{24}));
 }
 
-TEST(Views, ValuesAndGradients) {
-  const Tensor a = from_vector({0, 1, 2, 3, 4, 5}, {2, 3});
+TEST_P(Views, ValuesAndGradients) {
+  const Tensor a = put(from_vector({0, 1, 2, 3, 4, 5}, {2, 3}));
   EXPECT_TRUE(values_near(a.t().contiguous(), {0, 3, 1, 4, 2, 5}));
   EXPECT_TRUE(values_near(a.select(1, 2), {2, 5}));
   EXPECT_TRUE(values_near(a.slice(1, 0, 3, 2), {0, 2, 3, 5}));
   EXPECT_TRUE(values_near(a.narrow(0, 1, 1), {3, 4, 5}));
   EXPECT_TRUE(values_near(a.unsqueeze(1).expand({2, 2, 3}), {0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5}));
   const Tensor x = rand_input({2, 3, 4}, -1, 1, 9);
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return t[0].view({6, 4}) * 2.0; }, {x}));
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& t) {
-        return t[0].permute({2, 0, 1}).reshape({4, 6});
-      },
-      {x}));
-  EXPECT_TRUE(
-      gradcheck([](const TensorList& t) { return t[0].transpose(0, 2).narrow(1, 1, 2); }, {x}));
-  EXPECT_TRUE(
-      gradcheck([](const TensorList& t) { return t[0].slice(2, 1, 4, 2).select(0, 1); }, {x}));
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& t) {
-        return t[0].select(1, 0).unsqueeze(1).expand({2, 5, 4});
-      },
-      {x}));
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return t[0].flatten(1).squeeze(); }, {x}));
+  const Device d = dev();
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& t) { return t[0].view({6, 4}) * 2.0; }, {x}));
+  EXPECT_TRUE(gradcheck_on(d,
+                           [](const TensorList& t) {
+                             return t[0].permute({2, 0, 1}).reshape({4, 6});
+                           },
+                           {x}));
+  EXPECT_TRUE(gradcheck_on(
+      d, [](const TensorList& t) { return t[0].transpose(0, 2).narrow(1, 1, 2); }, {x}));
+  EXPECT_TRUE(gradcheck_on(
+      d, [](const TensorList& t) { return t[0].slice(2, 1, 4, 2).select(0, 1); }, {x}));
+  EXPECT_TRUE(gradcheck_on(d,
+                           [](const TensorList& t) {
+                             return t[0].select(1, 0).unsqueeze(1).expand({2, 5, 4});
+                           },
+                           {x}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& t) { return t[0].flatten(1).squeeze(); }, {x}));
 }
 
-TEST(Tensor, PrintsLikePyTorch) {
-  EXPECT_EQ(from_vector({1, 2.5}, {2}).str(), "tensor([1.0000, 2.5000])");
-  EXPECT_EQ(from_vector({1, 2, 3, 4}, {2, 2}, TensorOptions{}.with_dtype(DType::int64)).str(),
-            "tensor([[1, 2],\n        [3, 4]])");
-  EXPECT_EQ(ones({1}, TensorOptions{}.with_dtype(DType::float16)).str(),
-            "tensor([1.0000], dtype=float16)");
-  EXPECT_EQ(ones({1}, TensorOptions{}.with_requires_grad()).str(),
-            "tensor([1.0000], requires_grad=True)");
+// str() of a tensor on the device under test: on the CPU its values, like PyTorch; on a
+// device its shape and device (the values stay where they are), then PyTorch's suffixes.
+class Printing : public OnDevice {
+ protected:
+  std::string want(const std::string& values, const std::string& shape,
+                   const std::string& dtype_suffix = "", bool requires_grad = false) const {
+    const std::string d = dev().str();
+    return "tensor(" + (on_cpu() ? values : "<" + shape + " on " + d + ">") + dtype_suffix +
+           (on_cpu() ? "" : ", device='" + d + "'") +
+           (requires_grad ? ", requires_grad=True" : "") + ")";
+  }
+};
+TALLY_ON_DEVICES(Printing);
+
+TEST_P(Printing, PrintsLikePyTorch) {
+  EXPECT_EQ(put(from_vector({1, 2.5}, {2})).str(), want("[1.0000, 2.5000]", "[2]"));
+  EXPECT_EQ(put(from_vector({1, 2, 3, 4}, {2, 2}, TensorOptions{}.with_dtype(DType::int64))).str(),
+            want("[[1, 2],\n        [3, 4]]", "[2, 2]"));
+  EXPECT_EQ(ones({1}, on(TensorOptions{}.with_dtype(DType::float16))).str(),
+            want("[1.0000]", "[1]", ", dtype=float16"));
+  EXPECT_EQ(ones({1}, on(TensorOptions{}.with_requires_grad())).str(),
+            want("[1.0000]", "[1]", "", /*requires_grad=*/true));
 }
 
-TEST(Random, SameSeedSameNumbers) {
+TEST_P(Random, SameSeedSameNumbers) {
   Generator g1(42), g2(42);
-  EXPECT_TRUE(values_near(ops::rand({10}, DType::float64, Device::cpu(), &g1),
-                          ops::to_vector(ops::rand({10}, DType::float64, Device::cpu(), &g2)), 0));
+  EXPECT_TRUE(values_near(ops::rand({10}, DType::float64, dev(), &g1),
+                          ops::to_vector(ops::rand({10}, DType::float64, dev(), &g2)), 0));
   Generator g3(1);
-  const Tensor n = ops::randn({20000}, DType::float64, Device::cpu(), &g3);
+  const Tensor n = ops::randn({20000}, DType::float64, dev(), &g3);
   EXPECT_NEAR(ops::item(ops::mean(n)), 0.0, 0.03);
   EXPECT_NEAR(ops::item(ops::mean(ops::mul(n, n))), 1.0, 0.05);
-  const Tensor r = ops::randint(3, 7, {1000});
+  const Tensor r = ops::randint(3, 7, {1000}, DType::int64, dev());
   for (double v : r.tolist()) EXPECT_TRUE(v >= 3 && v < 7);
+}
+
+// ------------------------------------------------------------------ against the CPU
+
+class ElementwiseVsCpu : public VsCpu {};
+TALLY_VS_CPU(ElementwiseVsCpu);
+
+TEST_P(ElementwiseVsCpu, RandomNumbersMatchTheCpu) {
+  for (auto kind : {0, 1, 2}) {
+    // The same generator state gives the same numbers on either device.
+    const auto draw = [kind](Device device) {
+      Generator g(5);
+      return kind == 0   ? ops::rand({1003}, DType::float32, device, &g)
+             : kind == 1 ? ops::randn({1003}, DType::float32, device, &g)
+                         : ops::randint(-5, 100, {1003}, DType::int64, device, &g);
+    };
+    EXPECT_LT(max_pointwise_error_lenient(draw(dev()), draw(Device::cpu())), 1e-6) << kind;
+  }
+}
+
+TEST_P(ElementwiseVsCpu, CopiesRoundTripAllDtypesAndLayouts) {
+  const Tensor src = rand_tensor({3, 4, 5}, DType::float64, 1);
+  for (DType d : {DType::float32, DType::float16, DType::bfloat16, DType::float64, DType::int32,
+                  DType::int64, DType::bool_}) {
+    const Tensor c = ops::to(src, d);
+    const Tensor g = put(c);
+    EXPECT_EQ(max_pointwise_error_lenient(g, c), 0.0) << dtype_name(d);
+    // strided device-side copy with a dtype change
+    const Tensor gt = ops::contiguous(ops::permute(g, {2, 0, 1}));
+    EXPECT_EQ(max_pointwise_error_lenient(gt, ops::contiguous(ops::permute(c, {2, 0, 1}))), 0.0)
+        << dtype_name(d);
+  }
+  // host -> device into a non-contiguous destination
+  Tensor dst = ops::zeros({5, 4}, DType::float32, dev());
+  const Tensor host = ops::to(rand_tensor({4, 5}, DType::float64, 2), DType::float32);
+  ops::copy_(ops::transpose(dst, 0, 1), host);
+  EXPECT_EQ(max_pointwise_error_lenient(ops::transpose(dst, 0, 1), host), 0.0);
+}
+
+// Contiguous casts among float32 / float16 / bfloat16 take the vectorised path (8 elements a
+// step, 16-byte accesses); a length that is not a multiple of 8 exercises its tail, a view
+// starting 2 elements in (not 16-byte aligned) the general path. Both round like the CPU.
+TEST_P(ElementwiseVsCpu, VectorisedCastsMatchTheCpu) {
+  const DType family[] = {DType::float32, DType::float16, DType::bfloat16};
+  for (const int64_t n : {int64_t{8}, int64_t{1003}, int64_t{1 << 20} + 5}) {
+    const Tensor src64 = ops::mul(rand_tensor({n}, DType::float64, 7), 300.0);
+    for (DType from : family) {
+      const Tensor c_from = ops::to(src64, from);
+      const Tensor g_from = put(c_from);
+      for (DType to : family) {
+        if (to == from) continue;
+        const Tensor want = ops::to(c_from, to);
+        EXPECT_EQ(max_pointwise_error_lenient(ops::to(g_from, to), want), 0.0)
+            << dtype_name(from) << " -> " << dtype_name(to) << " n " << n;
+        const Tensor off = ops::narrow(g_from, 0, 2, n - 2);  // misaligned start
+        EXPECT_EQ(max_pointwise_error_lenient(ops::to(off, to), ops::narrow(want, 0, 2, n - 2)),
+                  0.0)
+            << dtype_name(from) << " -> " << dtype_name(to) << " (offset) n " << n;
+      }
+    }
+  }
+}
+
+TEST_P(ElementwiseVsCpu, BinaryUnaryMatchTheCpu) {
+  using ops::BinaryOp;
+  using ops::UnaryOp;
+  for (DType d : {DType::float32, DType::float16, DType::bfloat16, DType::float64}) {
+    const Tensor a = rand_tensor({4, 1, 33}, d, 3), b = rand_tensor({5, 33}, d, 4, 0.5, 2);
+    const Tensor ga = put(a), gb = put(b);
+    // got (on the device) against want (the CPU), within `scale` times the dtype's tolerance.
+    const auto check = [&](const Tensor& got, const Tensor& want, const std::string& what,
+                           double scale = 1) {
+      EXPECT_LT(max_pointwise_error_lenient(got, want), pointwise_tol(d) * scale)
+          << dtype_name(d) << " " << what;
+    };
+    for (auto op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum,
+                    BinaryOp::minimum, BinaryOp::relu_backward, BinaryOp::gelu_backward,
+                    BinaryOp::gelu_tanh_backward, BinaryOp::lt, BinaryOp::eq})
+      check(ops::binary(op, ga, gb), ops::binary(op, a, b), ops::binary_op_name(op));
+    check(ops::binary(BinaryOp::pow, gb, ga), ops::binary(BinaryOp::pow, b, a), "pow", 10);
+    for (auto op :
+         {UnaryOp::neg, UnaryOp::exp, UnaryOp::abs, UnaryOp::relu, UnaryOp::sigmoid, UnaryOp::tanh,
+          UnaryOp::silu, UnaryOp::gelu, UnaryOp::gelu_tanh, UnaryOp::square, UnaryOp::erf})
+      check(ops::unary(op, ga), ops::unary(op, a), ops::unary_op_name(op));
+    for (auto op : {UnaryOp::log, UnaryOp::sqrt, UnaryOp::rsqrt})
+      check(ops::unary(op, gb), ops::unary(op, b), ops::unary_op_name(op));
+    check(ops::binary_scalar(BinaryOp::mul, ga, 3.5), ops::binary_scalar(BinaryOp::mul, a, 3.5),
+          "x * 3.5");
+    check(ops::scalar_binary(BinaryOp::sub, 1.0, ga), ops::scalar_binary(BinaryOp::sub, 1.0, a),
+          "1 - x");
+    check(ops::affine(ga, 2.0, -1.0), ops::affine(a, 2.0, -1.0), "affine");
+    check(ops::clamp(ga, -0.5, 0.7), ops::clamp(a, -0.5, 0.7), "clamp");
+    const Tensor cond = ops::binary_scalar(BinaryOp::gt, a, 0.0);
+    check(ops::where(ops::to(cond, dev(), DType::bool_), ga, gb), ops::where(cond, a, b), "where");
+    check(ops::mul(ops::transpose(gb, 0, 1), 2.0), ops::mul(ops::transpose(b, 0, 1), 2.0),
+          "non-contiguous operand");
+  }
+}
+
+// float16 / bfloat16 GELU (exact and tanh) take their own float32 formulas on CUDA (one exp2, no
+// erff / tanhf; elementwise.cu). Every one of the 65,536 bit patterns, through the contiguous fast
+// path and the strided path: each finite result within one ulp of the 16-bit type of a long-double
+// reference (or 1e-9 absolute, where float32's 1 + erf saturates to 0), non-finite inputs as the
+// CPU kernel gives them. The textbook float32 formula fails this in the tail (x near -5, where
+// 1 + erf(x / sqrt 2) cancels).
+TEST_P(ElementwiseVsCpu, SixteenBitGeluIsWithinOneUlpOnEveryInput) {
+  for (const DType d : {DType::bfloat16, DType::float16}) {
+    const int mantissa = d == DType::bfloat16 ? 7 : 10, min_exp = d == DType::bfloat16 ? -126 : -14;
+    Tensor x = ops::empty({65536}, d), wide = ops::empty({65536, 2}, d);
+    auto* xb = static_cast<uint16_t*>(x.data_ptr());
+    auto* wb = static_cast<uint16_t*>(wide.data_ptr());
+    for (uint32_t i = 0; i < 65536; ++i)
+      xb[i] = wb[2 * i] = wb[2 * i + 1] = static_cast<uint16_t>(i);
+    const std::vector<double> xs = ops::to_vector(x);
+    for (const ops::UnaryOp op : {ops::UnaryOp::gelu, ops::UnaryOp::gelu_tanh}) {
+      const std::vector<double> cpu = ops::to_vector(ops::unary(op, x));
+      for (const bool strided : {false, true}) {
+        const Tensor xg = strided ? ops::select(put(wide), 1, 0) : put(x);
+        ASSERT_EQ(xg.is_contiguous(), !strided);
+        const std::vector<double> got =
+            ops::to_vector(ops::to(ops::unary(op, xg), Device::cpu(), d));
+        int bad = 0;
+        std::string first;
+        for (size_t i = 0; i < xs.size(); ++i) {
+          const long double v = xs[i];
+          bool ok;
+          long double ref = 0;
+          if (!std::isfinite(xs[i])) {
+            ok = std::isnan(cpu[i]) ? std::isnan(got[i]) : got[i] == cpu[i];
+          } else {
+            if (op == ops::UnaryOp::gelu) {
+              ref = v * 0.5L * std::erfc(-v / std::sqrt(2.0L));
+            } else {
+              const long double z = 0.7978845608028654L * (v + 0.044715L * v * v * v);
+              ref = v / (1 + std::exp(-2 * z));
+            }
+            const int e = ref == 0 ? min_exp : std::max(std::ilogb(ref), min_exp);
+            const long double ulp = std::ldexp(1.0L, e - mantissa);
+            ok = std::fabs(got[i] - ref) <= std::max(ulp, 1e-9L);
+          }
+          if (!ok && bad++ == 0)
+            first = "x = " + std::to_string(xs[i]) + ": got " + std::to_string(got[i]) +
+                    ", reference " + std::to_string(static_cast<double>(ref)) + ", cpu " +
+                    std::to_string(cpu[i]);
+        }
+        EXPECT_EQ(bad, 0) << dtype_name(d) << " " << ops::unary_op_name(op)
+                          << (strided ? " strided" : " contiguous") << ": first " << first;
+      }
+    }
+  }
+}
+
+TEST_P(ElementwiseVsCpu, SumMatchesTheCpu) {
+  for (DType d : {DType::float32, DType::bfloat16, DType::float64, DType::int64}) {
+    const Tensor a =
+        d == DType::int64 ? ops::randint(-50, 50, {6, 7, 300}) : rand_tensor({6, 7, 300}, d, 9);
+    const Tensor g = put(a);
+    const double t = d == DType::bfloat16 ? 2e-2 : 1e-5;
+    EXPECT_LT(max_pointwise_error_lenient(ops::sum(g), ops::sum(a)), t) << dtype_name(d);
+    EXPECT_LT(max_pointwise_error_lenient(ops::sum(g, {2}), ops::sum(a, {2})), t) << dtype_name(d);
+    EXPECT_LT(max_pointwise_error_lenient(ops::sum(g, {0, 2}, true), ops::sum(a, {0, 2}, true)), t)
+        << dtype_name(d);
+    EXPECT_LT(max_pointwise_error_lenient(ops::sum(ops::transpose(g, 0, 2), {1}),
+                                          ops::sum(ops::transpose(a, 0, 2), {1})),
+              t);
+  }
+  // A large full reduction (many blocks per output).
+  const Tensor big = rand_tensor({1 << 22}, DType::float32, 11);
+  EXPECT_LT(max_pointwise_error_lenient(ops::sum(put(big)), ops::sum(big)), 1e-5);
+}
+
+// The fast paths of a contiguous input: column sums (the outer dims reduced: a Linear's
+// bias gradient, [B, T, N] -> [N]) and full sums, at widths around the 32-column tile, with
+// many rows (several splits; {2, 4099, 64} and the full sums take the block-per-column reduction
+// of the partials) and a storage offset; and they repeat bit for bit (no atomics).
+TEST_P(ElementwiseVsCpu, ColumnAndFullSumsMatchTheCpu) {
+  uint64_t seed = 60;
+  for (DType d : {DType::float32, DType::bfloat16, DType::float16, DType::float64}) {
+    const double tol = d == DType::float32 ? 1e-5 : d == DType::float64 ? 1e-12 : 2e-2;
+    for (const Shape& shape : std::vector<Shape>{
+             {4, 1000, 33}, {3, 517, 768}, {2, 4099, 64}, {2, 4099, 1}, {64, 3, 5}, {100003}}) {
+      const Tensor a = rand_tensor(shape, d, ++seed);
+      const Tensor g = put(a);
+      const std::string what = std::string(dtype_name(d)) + " " + a.shape_string();
+      if (shape.size() == 3) {
+        EXPECT_LT(max_pointwise_error_lenient(ops::sum(g, {0, 1}), ops::sum(a, {0, 1})), tol)
+            << what;
+        EXPECT_LT(max_pointwise_error_lenient(ops::sum(g, {0}, true), ops::sum(a, {0}, true)), tol)
+            << what;
+        const Tensor once = ops::sum(g, {0, 1}), twice = ops::sum(g, {0, 1});
+        EXPECT_EQ(max_pointwise_error_lenient(once, twice), 0.0) << what << " is deterministic";
+      }
+      EXPECT_LT(max_pointwise_error_lenient(ops::sum(g), ops::sum(a)), tol) << what;
+      EXPECT_EQ(max_pointwise_error_lenient(ops::sum(g), ops::sum(g)), 0.0)
+          << what << " full sum is deterministic";
+      // A view starting 7 elements into its storage.
+      const Tensor flat = ops::reshape(a, {-1});
+      const int64_t n = flat.numel() - 7;
+      EXPECT_LT(max_pointwise_error_lenient(ops::sum(ops::narrow(put(flat), 0, 7, n)),
+                                            ops::sum(ops::narrow(flat, 0, 7, n))),
+                tol)
+          << what << " offset 7";
+    }
+  }
+}
+
+// Gradients through a small graph on the device equal the CPU's, and every byte of them
+// stayed on the device's allocator, tagged.
+TEST_P(ElementwiseVsCpu, AutogradGradientsMatchTheCpu) {
+  auto f = [](const Tensor& x, const Tensor& w) {
+    return sum(mul(gelu(mul(x, w)), tanh(x)) / 3.0);
+  };
+  Tensor xc = rand_tensor({8, 16}, DType::float32, 12), wc = rand_tensor({16}, DType::float32, 13);
+  const Tensor xg = leaf(xc), wg = leaf(wc);
+  xc.requires_grad_();
+  wc.requires_grad_();
+  f(xc, wc).backward();
+  f(xg, wg).backward();
+  EXPECT_LT(max_pointwise_error_lenient(xg.grad(), xc.grad()), 1e-5);
+  EXPECT_LT(max_pointwise_error_lenient(wg.grad(), wc.grad()), 1e-5);
+  EXPECT_EQ(xg.grad().device(), dev());
+  const auto& stats = memory::get_allocator(dev()).stats();
+  EXPECT_EQ(stats.cat_bytes(memory::Category::unknown).current, 0);
+  EXPECT_GT(stats.cat_bytes(memory::Category::gradient).current, 0);
 }
 
 }  // namespace
