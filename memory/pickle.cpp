@@ -279,33 +279,40 @@ void PickleWriter::key(std::string_view k) {
 
 // ---- containers
 
-void PickleWriter::begin_list(std::string_view memo_key) {
-  before_value(false);
-  put(kEmptyList);
+void PickleWriter::memoize(std::string_view memo_key) {
   if (!memo_key.empty()) ref_memo_.insert_or_assign(std::string(memo_key), write_memo_put());
-  stack_.push_back(Frame{Kind::list});
+}
+
+void PickleWriter::begin_container(Kind kind, char empty_opcode, std::string_view memo_key) {
+  before_value(false);
+  put(empty_opcode);
+  memoize(memo_key);
+  stack_.push_back(Frame{kind});
+}
+
+void PickleWriter::end_container(Kind kind, const char* what) {
+  expect_open(kind, what);
+  if (kind == Kind::dict && stack_.back().items % 2 != 0)
+    throw std::logic_error("PickleWriter: dict key without value");
+  close_batch(stack_.back());
+  stack_.pop_back();
+  after_value();
+}
+
+void PickleWriter::begin_list(std::string_view memo_key) {
+  begin_container(Kind::list, kEmptyList, memo_key);
 }
 
 void PickleWriter::end_list() {
-  expect_open(Kind::list, "end_list()");
-  close_batch(stack_.back());
-  stack_.pop_back();
-  after_value();
+  end_container(Kind::list, "end_list()");
 }
 
 void PickleWriter::begin_dict(std::string_view memo_key) {
-  before_value(false);
-  put(kEmptyDict);
-  if (!memo_key.empty()) ref_memo_.insert_or_assign(std::string(memo_key), write_memo_put());
-  stack_.push_back(Frame{Kind::dict});
+  begin_container(Kind::dict, kEmptyDict, memo_key);
 }
 
 void PickleWriter::end_dict() {
-  expect_open(Kind::dict, "end_dict()");
-  if (stack_.back().items % 2 != 0) throw std::logic_error("PickleWriter: dict key without value");
-  close_batch(stack_.back());
-  stack_.pop_back();
-  after_value();
+  end_container(Kind::dict, "end_dict()");
 }
 
 void PickleWriter::begin_tuple() {
@@ -325,7 +332,7 @@ void PickleWriter::end_tuple(std::string_view memo_key) {
     default:
       throw std::logic_error("PickleWriter: only tuples of 0 or 2 items are supported");
   }
-  if (!memo_key.empty()) ref_memo_.insert_or_assign(std::string(memo_key), write_memo_put());
+  memoize(memo_key);
   stack_.pop_back();
   after_value();
 }

@@ -123,6 +123,11 @@ class PickleWriter {
   void after_value();
   void close_batch(Frame& f);
   void expect_open(Kind kind, const char* what) const;
+  // A list or dict: its empty-container opcode, then its items in MARK batches.
+  void begin_container(Kind kind, char empty_opcode, std::string_view memo_key);
+  void end_container(Kind kind, const char* what);
+  // Remembers the container just built under memo_key (nothing for an empty key).
+  void memoize(std::string_view memo_key);
 
   void put(char c) { buf_.push_back(c); }
   void put_bytes(const void* p, size_t n);

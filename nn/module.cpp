@@ -23,11 +23,11 @@ class ModuleOutOfMemoryError : public memory::OutOfMemoryError, public ModuleErr
 };
 }  // namespace
 
-SkipInitGuard::SkipInitGuard() : prev_(tls_skip_init) {
+SkipInitGuard::SkipInitGuard() : ScopeGuard(tls_skip_init) {
   tls_skip_init = true;
 }
 SkipInitGuard::~SkipInitGuard() {
-  tls_skip_init = prev_;
+  tls_skip_init = saved_;
 }
 bool SkipInitGuard::active() {
   return tls_skip_init;

@@ -21,6 +21,7 @@
 
 #include "autograd/ops.h"
 #include "memory/context.h"
+#include "memory/scope_guard.h"
 
 namespace tally::nn {
 
@@ -33,16 +34,11 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 // checkpoint into); a model that re-initialises everything anyway (GPT-2's and ResNet's
 // schemes) builds its layers under it so that no weight is initialised twice.
 // Normalisation layers still set their ones/zeros (cheap, no generator).
-class SkipInitGuard {
+class SkipInitGuard : memory::ScopeGuard<bool> {
  public:
   SkipInitGuard();
   ~SkipInitGuard();
-  SkipInitGuard(const SkipInitGuard&) = delete;
-  SkipInitGuard& operator=(const SkipInitGuard&) = delete;
   static bool active();
-
- private:
-  bool prev_;
 };
 
 // The error a forward rethrows, with the module path prepended; the nesting levels above
