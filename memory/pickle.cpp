@@ -116,26 +116,25 @@ void PickleWriter::flush() {
 
 // ---- memo
 
-uint32_t PickleWriter::write_memo_put() {
-  const uint32_t idx = next_memo_++;
+// A memo opcode and its index: the 1-byte form below 256, the 4-byte form above.
+void PickleWriter::put_memo_op(char op_1byte, char op_4byte, uint32_t idx) {
   if (idx < 256) {
-    put(kBinPut);
+    put(op_1byte);
     put(static_cast<char>(idx));
   } else {
-    put(kLongBinPut);
+    put(op_4byte);
     put_le(idx, 4);
   }
+}
+
+uint32_t PickleWriter::write_memo_put() {
+  const uint32_t idx = next_memo_++;
+  put_memo_op(kBinPut, kLongBinPut, idx);
   return idx;
 }
 
 void PickleWriter::write_memo_get(uint32_t idx) {
-  if (idx < 256) {
-    put(kBinGet);
-    put(static_cast<char>(idx));
-  } else {
-    put(kLongBinGet);
-    put_le(idx, 4);
-  }
+  put_memo_op(kBinGet, kLongBinGet, idx);
 }
 
 // ---- structure bookkeeping

@@ -117,6 +117,7 @@ class PickleWriter {
   void write_unicode(std::string_view s);
   void write_memo_get(uint32_t idx);
   uint32_t write_memo_put();
+  void put_memo_op(char op_1byte, char op_4byte, uint32_t idx);
   // Called before / after every complete value: open and close MARK batches and check
   // dict key positions. `is_string` says whether the value may serve as a dict key.
   void before_value(bool is_string);

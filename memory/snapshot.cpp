@@ -33,21 +33,15 @@
 #include <string_view>
 
 #include "memory/atomic_file.h"
+#include "memory/enum_table.h"
 #include "memory/pickle.h"
 #include "memory/rank_path.h"
 
 namespace tally::memory {
 
 const char* block_state_name(BlockState s) {
-  switch (s) {
-    case BlockState::active_allocated:
-      return "active_allocated";
-    case BlockState::active_pending_free:
-      return "active_pending_free";
-    case BlockState::inactive:
-      return "inactive";
-  }
-  return "inactive";
+  static constexpr const char* kNames[] = {"active_allocated", "active_pending_free", "inactive"};
+  return enum_table<BlockState::inactive>(s, kNames, "inactive");
 }
 
 namespace {

@@ -5,34 +5,16 @@
 #include <stdexcept>
 
 #include "memory/atomic_file.h"
+#include "memory/enum_table.h"
 #include "memory/rank_path.h"
 
 namespace tally::memory {
 
 int timeline_column(Category c) {
-  switch (c) {
-    case Category::parameter:
-      return 1;
-    case Category::optimizer_state:
-      return 2;
-    case Category::input:
-      return 3;
-    case Category::temporary:
-      return 4;
-    case Category::activation:
-      return 5;
-    case Category::gradient:
-      return 6;
-    case Category::unknown:
-      return 8;
-    case Category::workspace:
-      return 9;
-    case Category::autocast_cache:
-      return 10;
-    case Category::communication:
-      return 11;
-  }
-  return 8;
+  // By Category's order: parameter, gradient, optimizer_state, activation, input, temporary,
+  // workspace, autocast_cache, communication, unknown.
+  static constexpr int kColumns[] = {1, 6, 2, 5, 3, 4, 9, 10, 11, 8};
+  return enum_table<Category::unknown>(c, kColumns, 8);
 }
 
 int64_t MemoryTimeline::total(size_t i) const {
