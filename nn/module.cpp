@@ -129,50 +129,50 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules() const {
   return out;
 }
 
-NamedTensors Module::named_parameters(bool recurse) const {
+namespace {
+
+// named_parameters / named_buffers: the defined tensors of `root`'s `list` (params_ or
+// buffers_) and, with recurse, of every submodule's, named by module path; a tensor
+// registered twice (a tied weight) is listed once, under its first name.
+NamedTensors named_tensors(const Module& root, bool recurse, NamedTensors Module::*list) {
   NamedTensors out;
   std::unordered_set<const TensorImpl*> seen;
   auto add = [&](const std::string& prefix, const Module* m) {
-    for (const auto& [n, p] : m->params_) {
-      if (!p.defined() || !seen.insert(p.unsafe_impl()).second) continue;
-      out.emplace_back(prefix.empty() ? n : prefix + "." + n, p);
+    for (const auto& [n, t] : m->*list) {
+      if (!t.defined() || !seen.insert(t.unsafe_impl()).second) continue;
+      out.emplace_back(prefix.empty() ? n : prefix + "." + n, t);
     }
   };
   if (!recurse) {
-    add("", this);
+    add("", &root);
     return out;
   }
-  for (const auto& [prefix, m] : named_modules()) add(prefix, m);
+  for (const auto& [prefix, m] : root.named_modules()) add(prefix, m);
   return out;
+}
+
+std::vector<Tensor> tensors_of(const NamedTensors& named) {
+  std::vector<Tensor> out;
+  for (const auto& [n, t] : named) out.push_back(t);
+  return out;
+}
+
+}  // namespace
+
+NamedTensors Module::named_parameters(bool recurse) const {
+  return named_tensors(*this, recurse, &Module::params_);
 }
 
 std::vector<Tensor> Module::parameters(bool recurse) const {
-  std::vector<Tensor> out;
-  for (auto& [n, p] : named_parameters(recurse)) out.push_back(p);
-  return out;
+  return tensors_of(named_parameters(recurse));
 }
 
 NamedTensors Module::named_buffers(bool recurse) const {
-  NamedTensors out;
-  std::unordered_set<const TensorImpl*> seen;
-  auto add = [&](const std::string& prefix, const Module* m) {
-    for (const auto& [n, b] : m->buffers_) {
-      if (!b.defined() || !seen.insert(b.unsafe_impl()).second) continue;
-      out.emplace_back(prefix.empty() ? n : prefix + "." + n, b);
-    }
-  };
-  if (!recurse) {
-    add("", this);
-    return out;
-  }
-  for (const auto& [prefix, m] : named_modules()) add(prefix, m);
-  return out;
+  return named_tensors(*this, recurse, &Module::buffers_);
 }
 
 std::vector<Tensor> Module::buffers(bool recurse) const {
-  std::vector<Tensor> out;
-  for (auto& [n, b] : named_buffers(recurse)) out.push_back(b);
-  return out;
+  return tensors_of(named_buffers(recurse));
 }
 
 std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
