@@ -17,6 +17,17 @@ namespace tally::nn {
 namespace {
 thread_local bool tls_skip_init = false;
 
+// register_parameter / register_buffer: replaces the entry called `name`, or appends one.
+Tensor& set_named(NamedTensors& list, const std::string& name, Tensor t) {
+  for (auto& [n, v] : list)
+    if (n == name) {
+      v = std::move(t);
+      return v;
+    }
+  list.emplace_back(name, std::move(t));
+  return list.back().second;
+}
+
 class ModuleOutOfMemoryError : public memory::OutOfMemoryError, public ModuleErrorMarker {
  public:
   using memory::OutOfMemoryError::OutOfMemoryError;
@@ -80,25 +91,13 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
   if (name.empty() || name.find('.') != std::string::npos)
     throw std::invalid_argument(fmt::format("{}: bad parameter name '{}'", type_name_, name));
   if (t.defined() && requires_grad && !t.requires_grad()) t.requires_grad_(true);
-  for (auto& [n, p] : params_)
-    if (n == name) {
-      p = std::move(t);
-      return p;
-    }
-  params_.emplace_back(name, std::move(t));
-  return params_.back().second;
+  return set_named(params_, name, std::move(t));
 }
 
 Tensor& Module::register_buffer(const std::string& name, Tensor t) {
   if (name.empty() || name.find('.') != std::string::npos)
     throw std::invalid_argument(fmt::format("{}: bad buffer name '{}'", type_name_, name));
-  for (auto& [n, b] : buffers_)
-    if (n == name) {
-      b = std::move(t);
-      return b;
-    }
-  buffers_.emplace_back(name, std::move(t));
-  return buffers_.back().second;
+  return set_named(buffers_, name, std::move(t));
 }
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {

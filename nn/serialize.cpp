@@ -14,6 +14,7 @@
 
 #include "memory/atomic_file.h"
 #include "memory/checked.h"
+#include "memory/enum_table.h"
 #include "memory/json.h"
 
 namespace tally::nn {
@@ -23,34 +24,17 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
+// safetensors' dtype names, by DType's order.
+constexpr const char* kStDtypes[] = {"F32", "F16", "BF16", "F64", "I32", "I64", "BOOL"};
+
 const char* st_dtype(DType d) {
-  switch (d) {
-    case DType::float32:
-      return "F32";
-    case DType::float16:
-      return "F16";
-    case DType::bfloat16:
-      return "BF16";
-    case DType::float64:
-      return "F64";
-    case DType::int32:
-      return "I32";
-    case DType::int64:
-      return "I64";
-    case DType::bool_:
-      return "BOOL";
-  }
-  return "?";
+  return memory::enum_table<DType::bool_>(d, kStDtypes, "?");
 }
 
 bool parse_st_dtype(const std::string& s, DType* d) {
-  static const std::pair<const char*, DType> table[] = {
-      {"F32", DType::float32}, {"F16", DType::float16}, {"BF16", DType::bfloat16},
-      {"F64", DType::float64}, {"I32", DType::int32},   {"I64", DType::int64},
-      {"BOOL", DType::bool_}};
-  for (const auto& [n, t] : table)
-    if (s == n) {
-      *d = t;
+  for (size_t i = 0; i < std::size(kStDtypes); ++i)
+    if (s == kStDtypes[i]) {
+      *d = static_cast<DType>(i);
       return true;
     }
   return false;
