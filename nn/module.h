@@ -161,6 +161,21 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 
+// A model with a stage list (ResNet, ResNetTiny, GPT's transformer): it accepts
+// set_checkpoint_segments, and its forward runs the stages under checkpoint_sequential
+// when checkpoint_segments > 0.
+class StagedModule : public Module {
+ public:
+  using Module::Module;
+  bool set_checkpoint_segments(int n) override {
+    checkpoint_segments = n;
+    return true;
+  }
+  // > 0: the stages run under checkpoint_sequential with this many segments
+  // (nn::enable_checkpointing sets it).
+  int checkpoint_segments = 0;
+};
+
 std::ostream& operator<<(std::ostream& os, const Module& m);
 
 }  // namespace tally::nn
