@@ -76,10 +76,6 @@ template <class Range>
                           std::to_string(elem) + "-byte elements is larger than 2^63 - 1 bytes");
 }
 
-}  // namespace detail
-
-namespace detail {
-
 // a Op b for Op '*' or '+', or std::overflow_error "<what>: a Op b overflows ...".
 template <char Op, std::integral T>
 [[nodiscard]] T checked_arith(T a, T b, std::string_view what) {
