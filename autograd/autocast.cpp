@@ -124,7 +124,7 @@ State current_state() {
   return tls.state;
 }
 
-StateScope::StateScope(const State& state) : saved_(tls.state) {
+StateScope::StateScope(const State& state) : ScopeGuard(tls.state) {
   tls.state = state;
   enter_region();
 }
@@ -134,7 +134,7 @@ StateScope::~StateScope() {
   exit_region();
 }
 
-ExcludeScope::ExcludeScope() : saved_(tls.state.excluded) {
+ExcludeScope::ExcludeScope() : ScopeGuard(tls.state.excluded) {
   tls.state.excluded = true;
 }
 ExcludeScope::~ExcludeScope() {

@@ -39,6 +39,7 @@
 #include <array>
 #include <cstddef>
 
+#include "memory/scope_guard.h"
 #include "tensor/tensor.h"
 
 namespace tally {
@@ -46,14 +47,12 @@ namespace tally {
 // RAII, like `with torch.autocast(device_type, dtype, enabled, cache_enabled)`: nestable
 // and thread-local; restores the previous settings on exit. dtype must be float16 or
 // bfloat16.
-class AutocastGuard {
+class AutocastGuard : memory::ScopeGuard<void> {
  public:
   AutocastGuard(DeviceType device, DType dtype, bool enabled = true, bool cache_enabled = true);
   // The device's default dtype (float16 for CUDA, bfloat16 for CPU, as PyTorch).
   explicit AutocastGuard(DeviceType device, bool enabled = true);
   ~AutocastGuard();
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
   DeviceType device_;
@@ -83,29 +82,19 @@ State current_state();
 
 // RAII: this thread's autocast state set to `state`; the previous state restored on exit.
 // Counts as an autocast region for the cache (cleared when the outermost one exits).
-class StateScope {
+class StateScope : memory::ScopeGuard<State> {
  public:
   explicit StateScope(const State& state);
   ~StateScope();
-  StateScope(const StateScope&) = delete;
-  StateScope& operator=(const StateScope&) = delete;
-
- private:
-  State saved_;
 };
 
 // RAII: autocast off for the ops inside (PyTorch excludes the Autocast dispatch key while
 // an autocast wrapper runs). A composite op that made its own casts wraps its body in one,
 // so its inner ops run in the dtype it chose.
-class ExcludeScope {
+class ExcludeScope : memory::ScopeGuard<bool> {
  public:
   ExcludeScope();
   ~ExcludeScope();
-  ExcludeScope(const ExcludeScope&) = delete;
-  ExcludeScope& operator=(const ExcludeScope&) = delete;
-
- private:
-  bool saved_;
 };
 
 // Whether ops on `device` are autocast now (enabled and not excluded).

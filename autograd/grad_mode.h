@@ -1,6 +1,8 @@
 // Grad mode: whether ops record the autograd graph (thread-local), and PyTorch's guards.
 #pragma once
 
+#include "memory/scope_guard.h"
+
 namespace tally {
 
 struct GradMode {
@@ -8,28 +10,25 @@ struct GradMode {
   static void set_enabled(bool enabled);
 };
 
-// torch.no_grad(): ops inside record nothing.
-class NoGradGuard {
+// c10::AutoGradMode: grad mode set to `enabled` inside, the previous mode restored on exit.
+class AutoGradMode : memory::ScopeGuard<bool> {
  public:
-  NoGradGuard() : prev_(GradMode::is_enabled()) { GradMode::set_enabled(false); }
-  ~NoGradGuard() { GradMode::set_enabled(prev_); }
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
+  explicit AutoGradMode(bool enabled) : ScopeGuard(GradMode::is_enabled()) {
+    GradMode::set_enabled(enabled);
+  }
+  ~AutoGradMode() { GradMode::set_enabled(saved_); }
+};
 
- private:
-  bool prev_;
+// torch.no_grad(): ops inside record nothing.
+class NoGradGuard : public AutoGradMode {
+ public:
+  NoGradGuard() : AutoGradMode(false) {}
 };
 
 // torch.enable_grad(): recording on again inside a no_grad region.
-class EnableGradGuard {
+class EnableGradGuard : public AutoGradMode {
  public:
-  EnableGradGuard() : prev_(GradMode::is_enabled()) { GradMode::set_enabled(true); }
-  ~EnableGradGuard() { GradMode::set_enabled(prev_); }
-  EnableGradGuard(const EnableGradGuard&) = delete;
-  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
-
- private:
-  bool prev_;
+  EnableGradGuard() : AutoGradMode(true) {}
 };
 
 }  // namespace tally

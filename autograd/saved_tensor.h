@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 
+#include "memory/scope_guard.h"
 #include "tensor/tensor.h"
 
 namespace tally {
@@ -22,12 +23,10 @@ struct SavedTensorHooks {
 };
 
 // RAII: hooks for every tensor saved inside the scope on this thread.
-class SavedTensorHooksScope {
+class SavedTensorHooksScope : memory::ScopeGuard<void> {
  public:
   explicit SavedTensorHooksScope(SavedTensorHooks hooks);
   ~SavedTensorHooksScope();
-  SavedTensorHooksScope(const SavedTensorHooksScope&) = delete;
-  SavedTensorHooksScope& operator=(const SavedTensorHooksScope&) = delete;
 };
 
 class SavedTensor {

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "distributed/process_group.h"
+#include "memory/enum_table.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
 
@@ -27,24 +28,14 @@ void check_nccl(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
 }
 
 ncclDataType_t nccl_dtype(DType d, const char* op) {
-  switch (d) {
-    case DType::float32:
-      return ncclFloat32;
-    case DType::float16:
-      return ncclFloat16;
-    case DType::bfloat16:
-      return ncclBfloat16;
-    case DType::float64:
-      return ncclFloat64;
-    case DType::int32:
-      return ncclInt32;
-    case DType::int64:
-      return ncclInt64;
-    case DType::bool_:
-      return ncclUint8;
-  }
-  throw std::invalid_argument(
-      fmt::format("ProcessGroupNCCL::{}: unsupported dtype {}", op, dtype_name(d)));
+  // By DType's order; bool travels as bytes.
+  static constexpr ncclDataType_t kTypes[] = {ncclFloat32, ncclFloat16, ncclBfloat16, ncclFloat64,
+                                              ncclInt32,   ncclInt64,   ncclUint8};
+  const ncclDataType_t t = memory::enum_table<DType::bool_>(d, kTypes, ncclNumTypes);
+  if (t == ncclNumTypes)
+    throw std::invalid_argument(
+        fmt::format("ProcessGroupNCCL::{}: unsupported dtype {}", op, dtype_name(d)));
+  return t;
 }
 
 class NcclWork final : public Work {

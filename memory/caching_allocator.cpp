@@ -51,6 +51,14 @@ struct Block {
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
   uintptr_t addr() const { return reinterpret_cast<uintptr_t>(ptr); }
+  // After `prev` changed: the new predecessor (or, first in its segment, the segment) points
+  // here.
+  void link_from_prev() {
+    if (prev)
+      prev->next = this;
+    else
+      segment->head = this;
+  }
 };
 
 inline bool BlockLess::operator()(const Block* a, const Block* b) const {
@@ -295,10 +303,7 @@ void* CachingAllocator::alloc_found_block(AllocParams& p, const AllocTag& tag) {
     block->pool = pool;
     block->segment = remaining->segment;
     block->prev = remaining->prev;
-    if (block->prev)
-      block->prev->next = block;
-    else
-      block->segment->head = block;
+    block->link_from_prev();
     block->next = remaining;
     remaining->prev = block;
     remaining->ptr = static_cast<char*>(remaining->ptr) + p.size;
@@ -396,10 +401,7 @@ void CachingAllocator::free_block(Block* block) {
     if (block->prev == candidate) {
       block->ptr = candidate->ptr;
       block->prev = candidate->prev;
-      if (block->prev)
-        block->prev->next = block;
-      else
-        block->segment->head = block;
+      block->link_from_prev();
     } else {
       block->next = candidate->next;
       if (block->next) block->next->prev = block;
@@ -718,21 +720,9 @@ DeviceStats CachingAllocator::stats() const {
   std::lock_guard lock(mu_);
   return stats_;
 }
-size_t CachingAllocator::memory_allocated() const {
+size_t CachingAllocator::all_pools(StatArray DeviceStats::*counter, int64_t Stat::*figure) const {
   std::lock_guard lock(mu_);
-  return static_cast<size_t>(stats_.allocated_bytes[kAllPools].current);
-}
-size_t CachingAllocator::max_memory_allocated() const {
-  std::lock_guard lock(mu_);
-  return static_cast<size_t>(stats_.allocated_bytes[kAllPools].peak);
-}
-size_t CachingAllocator::memory_reserved() const {
-  std::lock_guard lock(mu_);
-  return static_cast<size_t>(stats_.reserved_bytes[kAllPools].current);
-}
-size_t CachingAllocator::max_memory_reserved() const {
-  std::lock_guard lock(mu_);
-  return static_cast<size_t>(stats_.reserved_bytes[kAllPools].peak);
+  return static_cast<size_t>((stats_.*counter)[kAllPools].*figure);
 }
 void CachingAllocator::reset_peak_memory_stats() {
   std::lock_guard lock(mu_);

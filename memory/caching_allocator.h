@@ -115,10 +115,16 @@ class CachingAllocator {
 
   DeviceStats stats() const;
   std::map<std::string, int64_t> memory_stats() const { return stats().to_map(); }
-  size_t memory_allocated() const;
-  size_t max_memory_allocated() const;
-  size_t memory_reserved() const;
-  size_t max_memory_reserved() const;
+  size_t memory_allocated() const {
+    return all_pools(&DeviceStats::allocated_bytes, &Stat::current);
+  }
+  size_t max_memory_allocated() const {
+    return all_pools(&DeviceStats::allocated_bytes, &Stat::peak);
+  }
+  size_t memory_reserved() const { return all_pools(&DeviceStats::reserved_bytes, &Stat::current); }
+  size_t max_memory_reserved() const {
+    return all_pools(&DeviceStats::reserved_bytes, &Stat::peak);
+  }
   void reset_peak_memory_stats();
   void reset_accumulated_memory_stats();
   std::string memory_summary(bool abbreviated = false) const;
@@ -165,6 +171,8 @@ class CachingAllocator {
   void notify(AllocationObserver* o, uint64_t addr, int64_t bytes, const AllocTag& tag, bool retag,
               Category old_category) const;
   SnapshotData snapshot_locked() const;
+  // One all-pools figure of a byte counter (memory_allocated(), ...), read under the lock.
+  size_t all_pools(StatArray DeviceStats::*counter, int64_t Stat::*figure) const;
 
   std::unique_ptr<MemoryProvider> provider_;
   AllocatorConfig config_;

@@ -1,31 +1,14 @@
 #include "memory/category.h"
 
+#include "memory/enum_table.h"
+
 namespace tally::memory {
 
 std::string_view category_name(Category c) {
-  switch (c) {
-    case Category::parameter:
-      return "parameter";
-    case Category::gradient:
-      return "gradient";
-    case Category::optimizer_state:
-      return "optimizer_state";
-    case Category::activation:
-      return "activation";
-    case Category::input:
-      return "input";
-    case Category::temporary:
-      return "temporary";
-    case Category::workspace:
-      return "workspace";
-    case Category::autocast_cache:
-      return "autocast_cache";
-    case Category::communication:
-      return "communication";
-    case Category::unknown:
-      return "unknown";
-  }
-  return "unknown";
+  static constexpr std::string_view kNames[] = {
+      "parameter", "gradient",  "optimizer_state", "activation",    "input",
+      "temporary", "workspace", "autocast_cache",  "communication", "unknown"};
+  return enum_table<Category::unknown>(c, kNames, std::string_view("unknown"));
 }
 
 std::optional<Category> parse_category(std::string_view name) {

@@ -76,24 +76,34 @@ template <class Range>
                           std::to_string(elem) + "-byte elements is larger than 2^63 - 1 bytes");
 }
 
+// a Op b for Op '*' or '+', or std::overflow_error "<what>: a Op b overflows ...".
+template <char Op, std::integral T>
+[[nodiscard]] T checked_arith(T a, T b, std::string_view what) {
+  static_assert(Op == '*' || Op == '+');
+  constexpr char op_str[] = {Op, '\0'};
+  T r;
+  bool overflowed;
+  if constexpr (Op == '*')
+    overflowed = __builtin_mul_overflow(a, b, &r);
+  else
+    overflowed = __builtin_add_overflow(a, b, &r);
+  if (overflowed) [[unlikely]]
+    overflow(what, a, op_str, b);
+  return r;
+}
+
 }  // namespace detail
 
 // a * b, or std::overflow_error "<what>: a * b overflows ...".
 template <std::integral T>
 [[nodiscard]] T checked_mul(T a, T b, std::string_view what) {
-  T r;
-  if (__builtin_mul_overflow(a, b, &r)) [[unlikely]]
-    detail::overflow(what, a, "*", b);
-  return r;
+  return detail::checked_arith<'*'>(a, b, what);
 }
 
 // a + b, or std::overflow_error "<what>: a + b overflows ...".
 template <std::integral T>
 [[nodiscard]] T checked_add(T a, T b, std::string_view what) {
-  T r;
-  if (__builtin_add_overflow(a, b, &r)) [[unlikely]]
-    detail::overflow(what, a, "+", b);
-  return r;
+  return detail::checked_arith<'+'>(a, b, what);
 }
 
 // n rounded up to a multiple of step (> 0), or std::overflow_error when that does not fit.

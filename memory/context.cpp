@@ -73,14 +73,14 @@ AllocTag current_tag() {
   return tag;
 }
 
-CategoryScope::CategoryScope(Category c) : saved_(tls.category) {
+CategoryScope::CategoryScope(Category c) : ScopeGuard(tls.category) {
   tls.category = c;
 }
 CategoryScope::~CategoryScope() {
   tls.category = saved_;
 }
 
-ModuleScope::ModuleScope(std::string_view name) : saved_(tls.module) {
+ModuleScope::ModuleScope(std::string_view name) : ScopeGuard(tls.module) {
   if (name.empty()) return;
   if (tls.module == 0) {
     tls.module = intern(name);
@@ -98,17 +98,17 @@ ModuleScope::~ModuleScope() {
   tls.module = saved_;
 }
 
-OpScope::OpScope(std::string_view op) : saved_(tls.op) {
+OpScope::OpScope(std::string_view op) : ScopeGuard(tls.op) {
   tls.op = intern(op);
 }
-OpScope::OpScope(StrId op) : saved_(tls.op) {
+OpScope::OpScope(StrId op) : ScopeGuard(tls.op) {
   tls.op = op;
 }
 OpScope::~OpScope() {
   tls.op = saved_;
 }
 
-PhaseScope::PhaseScope(std::string_view phase) : saved_(tls.phase) {
+PhaseScope::PhaseScope(std::string_view phase) : ScopeGuard(tls.phase) {
   tls.phase = intern(phase);
   if (ContextObserver* o = context_observer()) o->on_phase_enter(tls.phase);
 }
@@ -119,7 +119,7 @@ PhaseScope::~PhaseScope() {
 
 AllocContextScope::AllocContextScope(Category c, std::string_view module, std::string_view op,
                                      std::string_view phase)
-    : saved_(current_tag()) {
+    : ScopeGuard(current_tag()) {
   tls.category = c;
   if (!module.empty()) tls.module = intern(module);
   if (!op.empty()) tls.op = intern(op);

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "memory/category.h"
+#include "memory/scope_guard.h"
 
 namespace tally::memory {
 
@@ -60,65 +61,40 @@ void set_context_observer(ContextObserver* observer);
 ContextObserver* context_observer();
 
 // RAII: allocations inside are tagged with `category`.
-class CategoryScope {
+class CategoryScope : ScopeGuard<Category> {
  public:
   explicit CategoryScope(Category c);
   ~CategoryScope();
-  CategoryScope(const CategoryScope&) = delete;
-  CategoryScope& operator=(const CategoryScope&) = delete;
-
- private:
-  Category saved_;
 };
 
 // RAII: appends `name` to the module path ("" + "layer1" -> "layer1", then "layer1.0").
-class ModuleScope {
+class ModuleScope : ScopeGuard<StrId> {
  public:
   explicit ModuleScope(std::string_view name);
   ~ModuleScope();
-  ModuleScope(const ModuleScope&) = delete;
-  ModuleScope& operator=(const ModuleScope&) = delete;
-
- private:
-  StrId saved_;
 };
 
 // RAII: sets the op name for everything the op allocates.
-class OpScope {
+class OpScope : ScopeGuard<StrId> {
  public:
   explicit OpScope(std::string_view op);
   explicit OpScope(StrId op);
   ~OpScope();
-  OpScope(const OpScope&) = delete;
-  OpScope& operator=(const OpScope&) = delete;
-
- private:
-  StrId saved_;
 };
 
 // RAII: sets the training phase ("forward", "backward", "optimizer", ...).
-class PhaseScope {
+class PhaseScope : ScopeGuard<StrId> {
  public:
   explicit PhaseScope(std::string_view phase);
   ~PhaseScope();
-  PhaseScope(const PhaseScope&) = delete;
-  PhaseScope& operator=(const PhaseScope&) = delete;
-
- private:
-  StrId saved_;
 };
 
 // RAII: all four at once (category required, the rest optional/empty keeps the current).
-class AllocContextScope {
+class AllocContextScope : ScopeGuard<AllocTag> {
  public:
   AllocContextScope(Category c, std::string_view module = {}, std::string_view op = {},
                     std::string_view phase = {});
   ~AllocContextScope();
-  AllocContextScope(const AllocContextScope&) = delete;
-  AllocContextScope& operator=(const AllocContextScope&) = delete;
-
- private:
-  AllocTag saved_;
 };
 
 }  // namespace tally::memory

@@ -8,14 +8,15 @@
 
 namespace tally::memory {
 
-static size_t physical_memory() {
+size_t HostMemoryProvider::physical_memory() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page)
                                : (size_t{1} << 34);
 }
 
-CpuProvider::CpuProvider(size_t capacity) : capacity_(capacity ? capacity : physical_memory()) {}
+CpuProvider::CpuProvider(size_t capacity)
+    : HostMemoryProvider(capacity ? capacity : physical_memory()) {}
 
 void* CpuProvider::allocate(size_t bytes) {
   const size_t rounded = checked_round_up(bytes, kAlignment, "CpuProvider::allocate");
@@ -32,10 +33,6 @@ void* CpuProvider::allocate(size_t bytes) {
 void CpuProvider::deallocate(void* ptr, size_t bytes) {
   std::free(ptr);
   used_ -= bytes;
-}
-
-size_t CpuProvider::free_memory() const {
-  return capacity_ - used_.load();
 }
 
 }  // namespace tally::memory

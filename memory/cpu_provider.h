@@ -8,24 +8,34 @@
 
 namespace tally::memory {
 
-class CpuProvider final : public MemoryProvider {
+// Host memory with a byte budget: what CpuProvider and CudaPinnedProvider share.
+class HostMemoryProvider : public MemoryProvider {
+ public:
+  size_t total_memory() const override { return capacity_; }
+  size_t free_memory() const override { return capacity_ - used_.load(); }
+  DeviceType device_type() const override { return DeviceType::cpu; }
+  int device_index() const override { return 0; }
+
+  // The machine's physical memory (16 GiB when the system does not say).
+  static size_t physical_memory();
+
+ protected:
+  explicit HostMemoryProvider(size_t capacity) : capacity_(capacity) {}
+
+  size_t capacity_;
+  std::atomic<size_t> used_{0};
+};
+
+class CpuProvider final : public HostMemoryProvider {
  public:
   // capacity 0 = the machine's physical memory.
   explicit CpuProvider(size_t capacity = 0);
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) override;
-  size_t total_memory() const override { return capacity_; }
-  size_t free_memory() const override;
-  DeviceType device_type() const override { return DeviceType::cpu; }
-  int device_index() const override { return 0; }
   std::string device_name() const override { return "cpu"; }
 
   static constexpr size_t kAlignment = 4096;
-
- private:
-  size_t capacity_;
-  std::atomic<size_t> used_{0};
 };
 
 }  // namespace tally::memory

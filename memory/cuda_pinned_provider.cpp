@@ -2,46 +2,24 @@
 
 #include <cuda_runtime.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <stdexcept>
+
+#include "memory/cuda_device_guard.h"
 
 namespace tally::memory {
 namespace {
 
-void check(cudaError_t err, const char* what) {
+// `device` is unused: pinned memory belongs to no device (CudaDeviceGuard passes one).
+void check(cudaError_t err, const char* what, int /*device*/ = 0) {
   if (err != cudaSuccess)
     throw std::runtime_error(fmt::format("{} (pinned host memory) failed: {} ({})", what,
                                          cudaGetErrorString(err), cudaGetErrorName(err)));
 }
 
-size_t physical_memory() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page)
-                               : (size_t{1} << 34);
-}
-
-// Makes `device` current for the scope (events must be created on the stream's device).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&prev_);
-    if (prev_ != device) check(cudaSetDevice(device), "cudaSetDevice");
-    set_ = prev_ != device;
-  }
-  ~DeviceGuard() {
-    if (set_) cudaSetDevice(prev_);
-  }
-
- private:
-  int prev_ = 0;
-  bool set_ = false;
-};
-
 }  // namespace
 
-CudaPinnedProvider::CudaPinnedProvider() : capacity_(physical_memory()) {}
+CudaPinnedProvider::CudaPinnedProvider() : HostMemoryProvider(physical_memory()) {}
 
 void* CudaPinnedProvider::allocate(size_t bytes) {
   if (bytes > capacity_ - used_.load()) return nullptr;
@@ -62,10 +40,6 @@ void CudaPinnedProvider::deallocate(void* ptr, size_t bytes) {
   used_ -= bytes;
 }
 
-size_t CudaPinnedProvider::free_memory() const {
-  return capacity_ - used_.load();
-}
-
 void CudaPinnedProvider::synchronize() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -73,7 +47,7 @@ void CudaPinnedProvider::synchronize() {
     return;
   }
   for (int d = 0; d < n; ++d) {
-    DeviceGuard g(d);
+    CudaDeviceGuard g(d, check);
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
 }
@@ -86,7 +60,7 @@ EventId CudaPinnedProvider::record_event(StreamId stream) {
   } else {
     check(cudaGetDevice(&device), "cudaGetDevice");
   }
-  DeviceGuard g(device);
+  CudaDeviceGuard g(device, check);
   cudaEvent_t ev = nullptr;
   check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
   check(cudaEventRecord(ev, s), "cudaEventRecord");

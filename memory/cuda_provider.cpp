@@ -5,6 +5,8 @@
 
 #include <stdexcept>
 
+#include "memory/cuda_device_guard.h"
+
 namespace tally::memory {
 namespace {
 
@@ -13,23 +15,6 @@ void check(cudaError_t err, const char* what, int device) {
     throw std::runtime_error(fmt::format("{} on cuda:{} failed: {} ({})", what, device,
                                          cudaGetErrorString(err), cudaGetErrorName(err)));
 }
-
-// Sets the current device for the scope and restores the previous one.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&prev_);
-    if (prev_ != device) check(cudaSetDevice(device), "cudaSetDevice", device);
-    set_ = prev_ != device;
-  }
-  ~DeviceGuard() {
-    if (set_) cudaSetDevice(prev_);
-  }
-
- private:
-  int prev_ = 0;
-  bool set_ = false;
-};
 
 }  // namespace
 
@@ -49,7 +34,7 @@ std::string CudaProvider::device_name() const {
 }
 
 void* CudaProvider::allocate(size_t bytes) {
-  DeviceGuard g(device_);
+  CudaDeviceGuard g(device_, check);
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes);
   if (err == cudaErrorMemoryAllocation) {
@@ -61,31 +46,31 @@ void* CudaProvider::allocate(size_t bytes) {
 }
 
 void CudaProvider::deallocate(void* ptr, size_t /*bytes*/) {
-  DeviceGuard g(device_);
+  CudaDeviceGuard g(device_, check);
   check(cudaFree(ptr), "cudaFree", device_);
 }
 
 size_t CudaProvider::total_memory() const {
-  DeviceGuard g(device_);
+  CudaDeviceGuard g(device_, check);
   size_t free = 0, total = 0;
   check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo", device_);
   return total;
 }
 
 size_t CudaProvider::free_memory() const {
-  DeviceGuard g(device_);
+  CudaDeviceGuard g(device_, check);
   size_t free = 0, total = 0;
   check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo", device_);
   return free;
 }
 
 void CudaProvider::synchronize() {
-  DeviceGuard g(device_);
+  CudaDeviceGuard g(device_, check);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", device_);
 }
 
 EventId CudaProvider::record_event(StreamId stream) {
-  DeviceGuard g(device_);
+  CudaDeviceGuard g(device_, check);
   cudaEvent_t ev = nullptr;
   check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate", device_);
   check(cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(stream)), "cudaEventRecord", device_);
@@ -93,7 +78,7 @@ EventId CudaProvider::record_event(StreamId stream) {
 }
 
 bool CudaProvider::query_event(EventId event) {
-  DeviceGuard g(device_);
+  CudaDeviceGuard g(device_, check);
   const cudaError_t err = cudaEventQuery(reinterpret_cast<cudaEvent_t>(event));
   if (err == cudaErrorNotReady) {
     cudaGetLastError();
@@ -104,7 +89,7 @@ bool CudaProvider::query_event(EventId event) {
 }
 
 void CudaProvider::destroy_event(EventId event) {
-  DeviceGuard g(device_);
+  CudaDeviceGuard g(device_, check);
   cudaEventDestroy(reinterpret_cast<cudaEvent_t>(event));
 }
 

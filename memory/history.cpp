@@ -2,28 +2,15 @@
 
 #include <chrono>
 
+#include "memory/enum_table.h"
+
 namespace tally::memory {
 
 const char* trace_action_name(TraceAction a) {
-  switch (a) {
-    case TraceAction::alloc:
-      return "alloc";
-    case TraceAction::free_requested:
-      return "free_requested";
-    case TraceAction::free_completed:
-      return "free_completed";
-    case TraceAction::segment_alloc:
-      return "segment_alloc";
-    case TraceAction::segment_free:
-      return "segment_free";
-    case TraceAction::snapshot:
-      return "snapshot";
-    case TraceAction::oom:
-      return "oom";
-    case TraceAction::retag:
-      return "retag";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"alloc",         "free_requested", "free_completed",
+                                           "segment_alloc", "segment_free",   "snapshot",
+                                           "oom",           "retag"};
+  return enum_table<TraceAction::retag>(a, kNames, "?");
 }
 
 int64_t now_us() {

@@ -116,26 +116,25 @@ void PickleWriter::flush() {
 
 // ---- memo
 
-uint32_t PickleWriter::write_memo_put() {
-  const uint32_t idx = next_memo_++;
+// A memo opcode and its index: the 1-byte form below 256, the 4-byte form above.
+void PickleWriter::put_memo_op(char op_1byte, char op_4byte, uint32_t idx) {
   if (idx < 256) {
-    put(kBinPut);
+    put(op_1byte);
     put(static_cast<char>(idx));
   } else {
-    put(kLongBinPut);
+    put(op_4byte);
     put_le(idx, 4);
   }
+}
+
+uint32_t PickleWriter::write_memo_put() {
+  const uint32_t idx = next_memo_++;
+  put_memo_op(kBinPut, kLongBinPut, idx);
   return idx;
 }
 
 void PickleWriter::write_memo_get(uint32_t idx) {
-  if (idx < 256) {
-    put(kBinGet);
-    put(static_cast<char>(idx));
-  } else {
-    put(kLongBinGet);
-    put_le(idx, 4);
-  }
+  put_memo_op(kBinGet, kLongBinGet, idx);
 }
 
 // ---- structure bookkeeping
@@ -279,33 +278,40 @@ void PickleWriter::key(std::string_view k) {
 
 // ---- containers
 
-void PickleWriter::begin_list(std::string_view memo_key) {
-  before_value(false);
-  put(kEmptyList);
+void PickleWriter::memoize(std::string_view memo_key) {
   if (!memo_key.empty()) ref_memo_.insert_or_assign(std::string(memo_key), write_memo_put());
-  stack_.push_back(Frame{Kind::list});
+}
+
+void PickleWriter::begin_container(Kind kind, char empty_opcode, std::string_view memo_key) {
+  before_value(false);
+  put(empty_opcode);
+  memoize(memo_key);
+  stack_.push_back(Frame{kind});
+}
+
+void PickleWriter::end_container(Kind kind, const char* what) {
+  expect_open(kind, what);
+  if (kind == Kind::dict && stack_.back().items % 2 != 0)
+    throw std::logic_error("PickleWriter: dict key without value");
+  close_batch(stack_.back());
+  stack_.pop_back();
+  after_value();
+}
+
+void PickleWriter::begin_list(std::string_view memo_key) {
+  begin_container(Kind::list, kEmptyList, memo_key);
 }
 
 void PickleWriter::end_list() {
-  expect_open(Kind::list, "end_list()");
-  close_batch(stack_.back());
-  stack_.pop_back();
-  after_value();
+  end_container(Kind::list, "end_list()");
 }
 
 void PickleWriter::begin_dict(std::string_view memo_key) {
-  before_value(false);
-  put(kEmptyDict);
-  if (!memo_key.empty()) ref_memo_.insert_or_assign(std::string(memo_key), write_memo_put());
-  stack_.push_back(Frame{Kind::dict});
+  begin_container(Kind::dict, kEmptyDict, memo_key);
 }
 
 void PickleWriter::end_dict() {
-  expect_open(Kind::dict, "end_dict()");
-  if (stack_.back().items % 2 != 0) throw std::logic_error("PickleWriter: dict key without value");
-  close_batch(stack_.back());
-  stack_.pop_back();
-  after_value();
+  end_container(Kind::dict, "end_dict()");
 }
 
 void PickleWriter::begin_tuple() {
@@ -325,7 +331,7 @@ void PickleWriter::end_tuple(std::string_view memo_key) {
     default:
       throw std::logic_error("PickleWriter: only tuples of 0 or 2 items are supported");
   }
-  if (!memo_key.empty()) ref_memo_.insert_or_assign(std::string(memo_key), write_memo_put());
+  memoize(memo_key);
   stack_.pop_back();
   after_value();
 }

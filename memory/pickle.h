@@ -117,12 +117,18 @@ class PickleWriter {
   void write_unicode(std::string_view s);
   void write_memo_get(uint32_t idx);
   uint32_t write_memo_put();
+  void put_memo_op(char op_1byte, char op_4byte, uint32_t idx);
   // Called before / after every complete value: open and close MARK batches and check
   // dict key positions. `is_string` says whether the value may serve as a dict key.
   void before_value(bool is_string);
   void after_value();
   void close_batch(Frame& f);
   void expect_open(Kind kind, const char* what) const;
+  // A list or dict: its empty-container opcode, then its items in MARK batches.
+  void begin_container(Kind kind, char empty_opcode, std::string_view memo_key);
+  void end_container(Kind kind, const char* what);
+  // Remembers the container just built under memo_key (nothing for an empty key).
+  void memoize(std::string_view memo_key);
 
   void put(char c) { buf_.push_back(c); }
   void put_bytes(const void* p, size_t n);

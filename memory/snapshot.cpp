@@ -33,21 +33,15 @@
 #include <string_view>
 
 #include "memory/atomic_file.h"
+#include "memory/enum_table.h"
 #include "memory/pickle.h"
 #include "memory/rank_path.h"
 
 namespace tally::memory {
 
 const char* block_state_name(BlockState s) {
-  switch (s) {
-    case BlockState::active_allocated:
-      return "active_allocated";
-    case BlockState::active_pending_free:
-      return "active_pending_free";
-    case BlockState::inactive:
-      return "inactive";
-  }
-  return "inactive";
+  static constexpr const char* kNames[] = {"active_allocated", "active_pending_free", "inactive"};
+  return enum_table<BlockState::inactive>(s, kNames, "inactive");
 }
 
 namespace {
@@ -154,14 +148,25 @@ class SnapshotPickler {
     w_.end_list();
   }
 
+  // A dict entry with an integer value.
+  template <std::integral T>
+  void int_entry(std::string_view key, T value) {
+    w_.key(key);
+    w_.integer(value);
+  }
+
+  void empty_list() {
+    w_.begin_list();
+    w_.end_list();
+  }
+
   void frame(std::string_view name, std::string_view filename, uint32_t line) {
     w_.begin_dict();
     w_.key("name");
     w_.memo_string(name);
     w_.key("filename");
     w_.memo_string(filename);
-    w_.key("line");
-    w_.integer(line);
+    int_entry("line", line);
     w_.end_dict();
   }
 
@@ -172,20 +177,13 @@ class SnapshotPickler {
 
   void segment(const SegmentInfo& s) {
     w_.begin_dict();
-    w_.key("device");
-    w_.integer(s.device);
-    w_.key("address");
-    w_.integer(s.address);
-    w_.key("total_size");
-    w_.integer(s.total_size);
-    w_.key("allocated_size");
-    w_.integer(s.allocated_size);
-    w_.key("active_size");
-    w_.integer(s.active_size);
-    w_.key("requested_size");
-    w_.integer(s.requested_size);
-    w_.key("stream");
-    w_.integer(static_cast<int64_t>(s.stream));
+    int_entry("device", s.device);
+    int_entry("address", s.address);
+    int_entry("total_size", s.total_size);
+    int_entry("allocated_size", s.allocated_size);
+    int_entry("active_size", s.active_size);
+    int_entry("requested_size", s.requested_size);
+    int_entry("stream", static_cast<int64_t>(s.stream));
     w_.key("segment_type");
     w_.memo_string(s.small ? "small" : "large");
     w_.key("segment_pool_id");
@@ -206,21 +204,16 @@ class SnapshotPickler {
 
   void block(const BlockInfo& b) {
     w_.begin_dict();
-    w_.key("address");
-    w_.integer(b.address);
-    w_.key("size");
-    w_.integer(b.size);
-    w_.key("requested_size");
-    w_.integer(b.requested_size);
+    int_entry("address", b.address);
+    int_entry("size", b.size);
+    int_entry("requested_size", b.requested_size);
     w_.key("state");
     w_.memo_string(block_state_name(b.state));
     w_.key("frames");
-    if (b.state == BlockState::inactive) {
-      w_.begin_list();
-      w_.end_list();
-    } else {
+    if (b.state == BlockState::inactive)
+      empty_list();
+    else
       frames(b.tag);
-    }
     w_.end_dict();
   }
 
@@ -238,7 +231,7 @@ class SnapshotPickler {
 
   // One trace entry dict, keys in PyTorch's order plus `category`.
   void trace_entry_as(const TraceEntry& e, TraceAction action, const AllocTag& frames_tag,
-                      Category category) {
+                      Category category, bool with_frames = true) {
     w_.begin_dict();
     w_.key("action");
     w_.memo_string(trace_action_name(action));
@@ -249,45 +242,29 @@ class SnapshotPickler {
       w_.key("addr");
       w_.integer(action == TraceAction::snapshot ? uint64_t{0} : e.addr);
     }
-    w_.key("size");
-    w_.integer(e.size);
-    w_.key("stream");
-    w_.integer(static_cast<int64_t>(e.stream));
-    w_.key("time_us");
-    w_.integer(e.time_us);
+    int_entry("size", e.size);
+    int_entry("stream", static_cast<int64_t>(e.stream));
+    int_entry("time_us", e.time_us);
     w_.key("compile_context");
     w_.memo_string("N/A");
     w_.key("user_metadata");
     user_metadata(frames_tag, category);
     w_.key("frames");
-    frames(frames_tag);
+    if (with_frames)
+      frames(frames_tag);
+    else
+      empty_list();
     w_.key("category");
     w_.memo_string(category_name(category));
     w_.end_dict();
   }
 
+  // The filler `snapshot` entry of category `unknown` (unknown_filler_device): no frames.
   void unknown_snapshot_entry(int64_t time_us, size_t size) {
-    w_.begin_dict();
-    w_.key("action");
-    w_.memo_string(trace_action_name(TraceAction::snapshot));
-    w_.key("addr");
-    w_.integer(0);
-    w_.key("size");
-    w_.integer(size);
-    w_.key("stream");
-    w_.integer(0);
-    w_.key("time_us");
-    w_.integer(time_us);
-    w_.key("compile_context");
-    w_.memo_string("N/A");
-    w_.key("user_metadata");
-    user_metadata(AllocTag{}, Category::unknown);
-    w_.key("frames");
-    w_.begin_list();
-    w_.end_list();
-    w_.key("category");
-    w_.memo_string(category_name(Category::unknown));
-    w_.end_dict();
+    TraceEntry e;
+    e.size = size;
+    e.time_us = time_us;
+    trace_entry_as(e, TraceAction::snapshot, AllocTag{}, Category::unknown, /*with_frames=*/false);
   }
 
   void allocator_settings(const AllocatorConfig& c) {

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -32,32 +33,34 @@ int64_t floor_div(int64_t a, int64_t b) {
   return q;
 }
 
-// PyTorch's _format_size: the unit is chosen from `ref` (the column's `all` value). `ref` is
-// tracked as a double after the first division, exactly like Python's `pref_sz /= 1024`.
+// The loop PyTorch's _format_size and _format_count share: the unit is chosen from `ref`
+// (the column's `all` value), dividing `value` by `base` for each unit up while `ref` is at
+// least `threshold`. `ref` is tracked as a double after the first division, exactly like
+// Python's `pref_sz /= 1024`.
+std::string_view scale_to_unit(int64_t& value, int64_t ref, double threshold, int64_t base,
+                               std::span<const std::string_view> units) {
+  std::string_view unit = units[0];
+  double pref = static_cast<double>(ref);
+  for (size_t i = 1; i < units.size(); ++i) {
+    if (pref < threshold) break;
+    unit = units[i];
+    value = floor_div(value, base);
+    pref /= static_cast<double>(base);
+  }
+  return unit;
+}
+
+// PyTorch's _format_size.
 std::string format_size(int64_t value, int64_t ref) {
   static constexpr std::string_view kUnits[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  std::string_view unit = kUnits[0];
-  double pref = static_cast<double>(ref);
-  for (size_t i = 1; i < std::size(kUnits); ++i) {
-    if (pref < 768.0 * 1024.0) break;
-    unit = kUnits[i];
-    value = floor_div(value, 1024);
-    pref /= 1024.0;
-  }
+  const std::string_view unit = scale_to_unit(value, ref, 768.0 * 1024.0, 1024, kUnits);
   return fmt::format("{:6d} {}", value, unit);
 }
 
 // PyTorch's _format_count.
 std::string format_count(int64_t value, int64_t ref) {
   static constexpr std::string_view kUnits[] = {" ", "K", "M"};
-  std::string_view unit = kUnits[0];
-  double pref = static_cast<double>(ref);
-  for (size_t i = 1; i < std::size(kUnits); ++i) {
-    if (pref < 750.0 * 1000.0) break;
-    unit = kUnits[i];
-    value = floor_div(value, 1000);
-    pref /= 1000.0;
-  }
+  const std::string_view unit = scale_to_unit(value, ref, 750.0 * 1000.0, 1000, kUnits);
   return fmt::format("{:7d} {} ", value, unit);
 }
 

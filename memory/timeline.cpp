@@ -5,34 +5,16 @@
 #include <stdexcept>
 
 #include "memory/atomic_file.h"
+#include "memory/enum_table.h"
 #include "memory/rank_path.h"
 
 namespace tally::memory {
 
 int timeline_column(Category c) {
-  switch (c) {
-    case Category::parameter:
-      return 1;
-    case Category::optimizer_state:
-      return 2;
-    case Category::input:
-      return 3;
-    case Category::temporary:
-      return 4;
-    case Category::activation:
-      return 5;
-    case Category::gradient:
-      return 6;
-    case Category::unknown:
-      return 8;
-    case Category::workspace:
-      return 9;
-    case Category::autocast_cache:
-      return 10;
-    case Category::communication:
-      return 11;
-  }
-  return 8;
+  // By Category's order: parameter, gradient, optimizer_state, activation, input, temporary,
+  // workspace, autocast_cache, communication, unknown.
+  static constexpr int kColumns[] = {1, 6, 2, 5, 3, 4, 9, 10, 11, 8};
+  return enum_table<Category::unknown>(c, kColumns, 8);
 }
 
 int64_t MemoryTimeline::total(size_t i) const {
@@ -58,29 +40,33 @@ namespace {
 size_t idx(Category c) {
   return static_cast<size_t>(c);
 }
+
+// Applies one history entry to the bytes per category; false for an entry that does not
+// change them (segment events, requested frees, snapshots, OOMs).
+bool apply(const TraceEntry& e, CategoryBytes& bytes) {
+  const int64_t n = static_cast<int64_t>(e.size);
+  switch (e.action) {
+    case TraceAction::alloc:
+      bytes[idx(e.tag.category)] += n;
+      return true;
+    case TraceAction::free_completed:
+      bytes[idx(e.tag.category)] -= n;
+      return true;
+    case TraceAction::retag:
+      bytes[idx(e.old_category)] -= n;
+      bytes[idx(e.tag.category)] += n;
+      return true;
+    default:
+      return false;
+  }
+}
 }  // namespace
 
 MemoryTimeline timeline_from_history(const std::vector<TraceEntry>& history,
                                      const CategoryBytes* final_bytes) {
   // Pass 1: the net change per category, to solve for the starting state.
   CategoryBytes net{};
-  for (const TraceEntry& e : history) {
-    const int64_t n = static_cast<int64_t>(e.size);
-    switch (e.action) {
-      case TraceAction::alloc:
-        net[idx(e.tag.category)] += n;
-        break;
-      case TraceAction::free_completed:
-        net[idx(e.tag.category)] -= n;
-        break;
-      case TraceAction::retag:
-        net[idx(e.old_category)] -= n;
-        net[idx(e.tag.category)] += n;
-        break;
-      default:
-        break;
-    }
-  }
+  for (const TraceEntry& e : history) apply(e, net);
   CategoryBytes cur{};
   if (final_bytes)
     for (size_t c = 0; c < cur.size(); ++c) cur[c] = (*final_bytes)[c] - net[c];
@@ -98,24 +84,8 @@ MemoryTimeline timeline_from_history(const std::vector<TraceEntry>& history,
     first.tag = AllocTag{};
     sample(first);  // the starting state
   }
-  for (const TraceEntry& e : history) {
-    const int64_t n = static_cast<int64_t>(e.size);
-    switch (e.action) {
-      case TraceAction::alloc:
-        cur[idx(e.tag.category)] += n;
-        break;
-      case TraceAction::free_completed:
-        cur[idx(e.tag.category)] -= n;
-        break;
-      case TraceAction::retag:
-        cur[idx(e.old_category)] -= n;
-        cur[idx(e.tag.category)] += n;
-        break;
-      default:
-        continue;
-    }
-    sample(e);
-  }
+  for (const TraceEntry& e : history)
+    if (apply(e, cur)) sample(e);
   return t;
 }
 

@@ -17,17 +17,28 @@ namespace tally::nn {
 namespace {
 thread_local bool tls_skip_init = false;
 
+// register_parameter / register_buffer: replaces the entry called `name`, or appends one.
+Tensor& set_named(NamedTensors& list, const std::string& name, Tensor t) {
+  for (auto& [n, v] : list)
+    if (n == name) {
+      v = std::move(t);
+      return v;
+    }
+  list.emplace_back(name, std::move(t));
+  return list.back().second;
+}
+
 class ModuleOutOfMemoryError : public memory::OutOfMemoryError, public ModuleErrorMarker {
  public:
   using memory::OutOfMemoryError::OutOfMemoryError;
 };
 }  // namespace
 
-SkipInitGuard::SkipInitGuard() : prev_(tls_skip_init) {
+SkipInitGuard::SkipInitGuard() : ScopeGuard(tls_skip_init) {
   tls_skip_init = true;
 }
 SkipInitGuard::~SkipInitGuard() {
-  tls_skip_init = prev_;
+  tls_skip_init = saved_;
 }
 bool SkipInitGuard::active() {
   return tls_skip_init;
@@ -80,25 +91,13 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
   if (name.empty() || name.find('.') != std::string::npos)
     throw std::invalid_argument(fmt::format("{}: bad parameter name '{}'", type_name_, name));
   if (t.defined() && requires_grad && !t.requires_grad()) t.requires_grad_(true);
-  for (auto& [n, p] : params_)
-    if (n == name) {
-      p = std::move(t);
-      return p;
-    }
-  params_.emplace_back(name, std::move(t));
-  return params_.back().second;
+  return set_named(params_, name, std::move(t));
 }
 
 Tensor& Module::register_buffer(const std::string& name, Tensor t) {
   if (name.empty() || name.find('.') != std::string::npos)
     throw std::invalid_argument(fmt::format("{}: bad buffer name '{}'", type_name_, name));
-  for (auto& [n, b] : buffers_)
-    if (n == name) {
-      b = std::move(t);
-      return b;
-    }
-  buffers_.emplace_back(name, std::move(t));
-  return buffers_.back().second;
+  return set_named(buffers_, name, std::move(t));
 }
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
@@ -129,50 +128,50 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules() const {
   return out;
 }
 
-NamedTensors Module::named_parameters(bool recurse) const {
+namespace {
+
+// named_parameters / named_buffers: the defined tensors of `root`'s `list` (params_ or
+// buffers_) and, with recurse, of every submodule's, named by module path; a tensor
+// registered twice (a tied weight) is listed once, under its first name.
+NamedTensors named_tensors(const Module& root, bool recurse, NamedTensors Module::*list) {
   NamedTensors out;
   std::unordered_set<const TensorImpl*> seen;
   auto add = [&](const std::string& prefix, const Module* m) {
-    for (const auto& [n, p] : m->params_) {
-      if (!p.defined() || !seen.insert(p.unsafe_impl()).second) continue;
-      out.emplace_back(prefix.empty() ? n : prefix + "." + n, p);
+    for (const auto& [n, t] : m->*list) {
+      if (!t.defined() || !seen.insert(t.unsafe_impl()).second) continue;
+      out.emplace_back(prefix.empty() ? n : prefix + "." + n, t);
     }
   };
   if (!recurse) {
-    add("", this);
+    add("", &root);
     return out;
   }
-  for (const auto& [prefix, m] : named_modules()) add(prefix, m);
+  for (const auto& [prefix, m] : root.named_modules()) add(prefix, m);
   return out;
+}
+
+std::vector<Tensor> tensors_of(const NamedTensors& named) {
+  std::vector<Tensor> out;
+  for (const auto& [n, t] : named) out.push_back(t);
+  return out;
+}
+
+}  // namespace
+
+NamedTensors Module::named_parameters(bool recurse) const {
+  return named_tensors(*this, recurse, &Module::params_);
 }
 
 std::vector<Tensor> Module::parameters(bool recurse) const {
-  std::vector<Tensor> out;
-  for (auto& [n, p] : named_parameters(recurse)) out.push_back(p);
-  return out;
+  return tensors_of(named_parameters(recurse));
 }
 
 NamedTensors Module::named_buffers(bool recurse) const {
-  NamedTensors out;
-  std::unordered_set<const TensorImpl*> seen;
-  auto add = [&](const std::string& prefix, const Module* m) {
-    for (const auto& [n, b] : m->buffers_) {
-      if (!b.defined() || !seen.insert(b.unsafe_impl()).second) continue;
-      out.emplace_back(prefix.empty() ? n : prefix + "." + n, b);
-    }
-  };
-  if (!recurse) {
-    add("", this);
-    return out;
-  }
-  for (const auto& [prefix, m] : named_modules()) add(prefix, m);
-  return out;
+  return named_tensors(*this, recurse, &Module::buffers_);
 }
 
 std::vector<Tensor> Module::buffers(bool recurse) const {
-  std::vector<Tensor> out;
-  for (auto& [n, b] : named_buffers(recurse)) out.push_back(b);
-  return out;
+  return tensors_of(named_buffers(recurse));
 }
 
 std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {

@@ -21,6 +21,7 @@
 
 #include "autograd/ops.h"
 #include "memory/context.h"
+#include "memory/scope_guard.h"
 
 namespace tally::nn {
 
@@ -33,16 +34,11 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 // checkpoint into); a model that re-initialises everything anyway (GPT-2's and ResNet's
 // schemes) builds its layers under it so that no weight is initialised twice.
 // Normalisation layers still set their ones/zeros (cheap, no generator).
-class SkipInitGuard {
+class SkipInitGuard : memory::ScopeGuard<bool> {
  public:
   SkipInitGuard();
   ~SkipInitGuard();
-  SkipInitGuard(const SkipInitGuard&) = delete;
-  SkipInitGuard& operator=(const SkipInitGuard&) = delete;
   static bool active();
-
- private:
-  bool prev_;
 };
 
 // The error a forward rethrows, with the module path prepended; the nesting levels above
@@ -163,6 +159,21 @@ class Module {
   NamedTensors params_;
   NamedTensors buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+// A model with a stage list (ResNet, ResNetTiny, GPT's transformer): it accepts
+// set_checkpoint_segments, and its forward runs the stages under checkpoint_sequential
+// when checkpoint_segments > 0.
+class StagedModule : public Module {
+ public:
+  using Module::Module;
+  bool set_checkpoint_segments(int n) override {
+    checkpoint_segments = n;
+    return true;
+  }
+  // > 0: the stages run under checkpoint_sequential with this many segments
+  // (nn::enable_checkpointing sets it).
+  int checkpoint_segments = 0;
 };
 
 std::ostream& operator<<(std::ostream& os, const Module& m);

@@ -14,6 +14,8 @@
 
 #include "memory/atomic_file.h"
 #include "memory/checked.h"
+#include "memory/enum_table.h"
+#include "memory/json.h"
 
 namespace tally::nn {
 
@@ -22,66 +24,20 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
+// safetensors' dtype names, by DType's order.
+constexpr const char* kStDtypes[] = {"F32", "F16", "BF16", "F64", "I32", "I64", "BOOL"};
+
 const char* st_dtype(DType d) {
-  switch (d) {
-    case DType::float32:
-      return "F32";
-    case DType::float16:
-      return "F16";
-    case DType::bfloat16:
-      return "BF16";
-    case DType::float64:
-      return "F64";
-    case DType::int32:
-      return "I32";
-    case DType::int64:
-      return "I64";
-    case DType::bool_:
-      return "BOOL";
-  }
-  return "?";
+  return memory::enum_table<DType::bool_>(d, kStDtypes, "?");
 }
 
 bool parse_st_dtype(const std::string& s, DType* d) {
-  static const std::pair<const char*, DType> table[] = {
-      {"F32", DType::float32}, {"F16", DType::float16}, {"BF16", DType::bfloat16},
-      {"F64", DType::float64}, {"I32", DType::int32},   {"I64", DType::int64},
-      {"BOOL", DType::bool_}};
-  for (const auto& [n, t] : table)
-    if (s == n) {
-      *d = t;
+  for (size_t i = 0; i < std::size(kStDtypes); ++i)
+    if (s == kStDtypes[i]) {
+      *d = static_cast<DType>(i);
       return true;
     }
   return false;
-}
-
-std::string json_escape(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20)
-          out += fmt::format("\\u{:04x}", c);
-        else
-          out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
 }
 
 // ---- a JSON reader for the header: objects, arrays, strings, integers, literals ----
@@ -116,6 +72,26 @@ class JsonReader {
     while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t'))
       ++i_;
   }
+  // Skips `c` when it is next.
+  bool consume(char c) {
+    if (i_ >= s_.size() || s_[i_] != c) return false;
+    ++i_;
+    return true;
+  }
+  // The comma-separated items of an object or array, after its opening bracket and up to
+  // its `close`; `item` reads one.
+  template <typename Item>
+  void items(char close, Item item) {
+    ws();
+    if (consume(close)) return;
+    for (;;) {
+      item();
+      ws();
+      if (consume(',')) continue;
+      if (consume(close)) return;
+      fail(fmt::format("expected ',' or '{}'", close));
+    }
+  }
   JValue value() {
     if (++depth_ > 64) fail("JSON nested too deeply");
     ws();
@@ -126,52 +102,19 @@ class JsonReader {
     if (c == '{') {
       ++i_;
       JObject obj;
-      ws();
-      if (i_ < s_.size() && s_[i_] == '}') {
-        ++i_;
-      } else {
-        for (;;) {
-          ws();
-          if (i_ >= s_.size() || s_[i_] != '"') fail("expected a string key");
-          std::string key = string();
-          ws();
-          if (i_ >= s_.size() || s_[i_] != ':') fail("expected ':'");
-          ++i_;
-          obj.emplace_back(std::move(key), value());
-          ws();
-          if (i_ < s_.size() && s_[i_] == ',') {
-            ++i_;
-            continue;
-          }
-          if (i_ < s_.size() && s_[i_] == '}') {
-            ++i_;
-            break;
-          }
-          fail("expected ',' or '}'");
-        }
-      }
+      items('}', [&] {
+        ws();
+        if (i_ >= s_.size() || s_[i_] != '"') fail("expected a string key");
+        std::string key = string();
+        ws();
+        if (!consume(':')) fail("expected ':'");
+        obj.emplace_back(std::move(key), value());
+      });
       out.v = std::move(obj);
     } else if (c == '[') {
       ++i_;
       JArray arr;
-      ws();
-      if (i_ < s_.size() && s_[i_] == ']') {
-        ++i_;
-      } else {
-        for (;;) {
-          arr.push_back(value());
-          ws();
-          if (i_ < s_.size() && s_[i_] == ',') {
-            ++i_;
-            continue;
-          }
-          if (i_ < s_.size() && s_[i_] == ']') {
-            ++i_;
-            break;
-          }
-          fail("expected ',' or ']'");
-        }
-      }
+      items(']', [&] { arr.push_back(value()); });
       out.v = std::move(arr);
     } else if (c == '"') {
       out.v = string();
@@ -298,7 +241,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     header += "\"__metadata__\":{";
     bool f = true;
     for (const auto& [k, v] : metadata) {
-      header += (f ? "" : ",") + json_escape(k) + ":" + json_escape(v);
+      header += (f ? "" : ",") + memory::json_quote(k) + ":" + memory::json_quote(v);
       f = false;
     }
     header += "}";
@@ -322,9 +265,10 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     std::string shape = "[";
     for (int64_t d = 0; d < c.dim(); ++d) shape += (d ? "," : "") + std::to_string(c.size(d));
     shape += "]";
-    header += fmt::format("{}{}:{{\"dtype\":\"{}\",\"shape\":{},\"data_offsets\":[{},{}]}}",
-                          first ? "" : ",", json_escape(name), st_dtype(c.dtype()), shape, offset,
-                          memory::checked_add(offset, uint64_t{c.nbytes()}, "save_safetensors"));
+    header +=
+        fmt::format("{}{}:{{\"dtype\":\"{}\",\"shape\":{},\"data_offsets\":[{},{}]}}",
+                    first ? "" : ",", memory::json_quote(name), st_dtype(c.dtype()), shape, offset,
+                    memory::checked_add(offset, uint64_t{c.nbytes()}, "save_safetensors"));
     first = false;
     offset += c.nbytes();
     cpu.push_back(c);

@@ -9,6 +9,14 @@
 
 namespace tally::optim {
 
+namespace {
+// A schedule's period (StepLR's step_size, CosineAnnealingLR's T_max), checked to be > 0.
+int64_t positive_period(int64_t v, const char* what) {
+  if (v <= 0) throw std::invalid_argument(fmt::format("{} must be positive, got {}", what, v));
+  return v;
+}
+}  // namespace
+
 LRScheduler::LRScheduler(Optimizer& optimizer) : opt_(optimizer) {
   for (size_t g = 0; g < opt_.param_groups().size(); ++g) base_lrs_.push_back(opt_.get_lr(g));
 }
@@ -32,10 +40,9 @@ void LRScheduler::apply() {
 }
 
 StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
-    : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
-  if (step_size <= 0)
-    throw std::invalid_argument(
-        fmt::format("StepLR: step_size must be positive, got {}", step_size));
+    : LRScheduler(optimizer),
+      step_size_(positive_period(step_size, "StepLR: step_size")),
+      gamma_(gamma) {
   initial_step();
 }
 
@@ -44,10 +51,9 @@ double StepLR::lr_at(double base, int64_t epoch) const {
 }
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min)
-    : LRScheduler(optimizer), t_max_(T_max), eta_min_(eta_min) {
-  if (T_max <= 0)
-    throw std::invalid_argument(
-        fmt::format("CosineAnnealingLR: T_max must be positive, got {}", T_max));
+    : LRScheduler(optimizer),
+      t_max_(positive_period(T_max, "CosineAnnealingLR: T_max")),
+      eta_min_(eta_min) {
   initial_step();
 }
 

@@ -11,38 +11,14 @@
 #include <unordered_map>
 
 #include "memory/atomic_file.h"
+#include "memory/json.h"
 #include "profiler/key_averages.h"
 #include "profiler/profiler.h"
 
 namespace tally::profiler {
 
 std::string json_string(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        o += "\\\"";
-        break;
-      case '\\':
-        o += "\\\\";
-        break;
-      case '\n':
-        o += "\\n";
-        break;
-      case '\r':
-        o += "\\r";
-        break;
-      case '\t':
-        o += "\\t";
-        break;
-      default:
-        if (c < 0x20)
-          o += fmt::format("\\u{:04x}", c);
-        else
-          o += static_cast<char>(c);
-    }
-  }
-  return o + "\"";
+  return memory::json_quote(s);
 }
 
 namespace {

@@ -74,20 +74,27 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
   *max_records = 0;
 }
 
+// The fields every device activity record (kernel, memcpy, memset) carries.
+template <typename Record>
+GpuEvent device_event(GpuKind kind, std::string name, const Record* r) {
+  GpuEvent e;
+  e.kind = kind;
+  e.name = std::move(name);
+  e.start_ns = rel(r->start);
+  e.end_ns = rel(r->end);
+  e.device = static_cast<int>(r->deviceId);
+  e.stream = r->streamId;
+  e.correlation = r->correlationId;
+  return e;
+}
+
 void parse_record(const CUpti_Activity* rec, std::vector<GpuEvent>& out,
                   std::unordered_map<uint32_t, uint64_t>& external) {
   switch (rec->kind) {
     case CUPTI_ACTIVITY_KIND_KERNEL:
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-      GpuEvent e;
-      e.kind = GpuKind::kernel;
-      e.name = demangle(k->name);
-      e.start_ns = rel(k->start);
-      e.end_ns = rel(k->end);
-      e.device = static_cast<int>(k->deviceId);
-      e.stream = k->streamId;
-      e.correlation = k->correlationId;
+      GpuEvent e = device_event(GpuKind::kernel, demangle(k->name), k);
       e.grid[0] = k->gridX, e.grid[1] = k->gridY, e.grid[2] = k->gridZ;
       e.block[0] = k->blockX, e.block[1] = k->blockY, e.block[2] = k->blockZ;
       e.registers_per_thread = k->registersPerThread;
@@ -97,28 +104,15 @@ void parse_record(const CUpti_Activity* rec, std::vector<GpuEvent>& out,
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
-      GpuEvent e;
-      e.kind = GpuKind::memcpy;
-      e.name = fmt::format("Memcpy (kind {})", static_cast<int>(m->copyKind));
-      e.start_ns = rel(m->start);
-      e.end_ns = rel(m->end);
-      e.device = static_cast<int>(m->deviceId);
-      e.stream = m->streamId;
-      e.correlation = m->correlationId;
+      GpuEvent e = device_event(GpuKind::memcpy,
+                                fmt::format("Memcpy (kind {})", static_cast<int>(m->copyKind)), m);
       e.bytes = m->bytes;
       out.push_back(std::move(e));
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
-      GpuEvent e;
-      e.kind = GpuKind::memset;
-      e.name = "Memset";
-      e.start_ns = rel(m->start);
-      e.end_ns = rel(m->end);
-      e.device = static_cast<int>(m->deviceId);
-      e.stream = m->streamId;
-      e.correlation = m->correlationId;
+      GpuEvent e = device_event(GpuKind::memset, "Memset", m);
       e.bytes = m->bytes;
       out.push_back(std::move(e));
       break;

@@ -12,53 +12,26 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "memory/enum_table.h"
 #include "profiler/gpu_tracer.h"
 #include "tensor/dispatch.h"
 
 namespace tally::profiler {
 
 const char* span_kind_name(SpanKind k) {
-  switch (k) {
-    case SpanKind::op:
-      return "cpu_op";
-    case SpanKind::module:
-      return "module";
-    case SpanKind::user:
-      return "user_annotation";
-    case SpanKind::phase:
-      return "phase";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"cpu_op", "module", "user_annotation", "phase"};
+  return memory::enum_table<SpanKind::phase>(k, kNames, "?");
 }
 
 const char* gpu_kind_name(GpuKind k) {
-  switch (k) {
-    case GpuKind::kernel:
-      return "kernel";
-    case GpuKind::memcpy:
-      return "gpu_memcpy";
-    case GpuKind::memset:
-      return "gpu_memset";
-    case GpuKind::runtime:
-      return "cuda_runtime";
-    case GpuKind::driver:
-      return "cuda_driver";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime",
+                                           "cuda_driver"};
+  return memory::enum_table<GpuKind::driver>(k, kNames, "?");
 }
 
 const char* action_name(ProfilerAction a) {
-  switch (a) {
-    case ProfilerAction::none:
-      return "NONE";
-    case ProfilerAction::warmup:
-      return "WARMUP";
-    case ProfilerAction::record:
-      return "RECORD";
-    case ProfilerAction::record_and_save:
-      return "RECORD_AND_SAVE";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE"};
+  return memory::enum_table<ProfilerAction::record_and_save>(a, kNames, "?");
 }
 
 Schedule schedule(int wait, int warmup, int active, int repeat, int skip_first) {

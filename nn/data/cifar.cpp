@@ -117,20 +117,12 @@ void CIFAR10::fill(const std::vector<int64_t>& indices, float* input, int64_t* t
 }
 
 Example CIFAR10::get(int64_t index) const {
-  Example ex;
-  ex.input = empty_host({3, 32, 32}, DType::float32, false);
-  ex.target = empty_host({}, DType::int64, false);
-  fill({index}, ex.input.data<float>(), ex.target.data<int64_t>());
-  return ex;
+  return fill_example(*this, &CIFAR10::fill, {index}, {3, 32, 32}, {}, false);
 }
 
 Example CIFAR10::get_batch(const std::vector<int64_t>& indices, bool pinned) const {
   const auto b = static_cast<int64_t>(indices.size());
-  Example ex;
-  ex.input = empty_host({b, 3, 32, 32}, DType::float32, pinned);
-  ex.target = empty_host({b}, DType::int64, pinned);
-  fill(indices, ex.input.data<float>(), ex.target.data<int64_t>());
-  return ex;
+  return fill_example(*this, &CIFAR10::fill, indices, {b, 3, 32, 32}, {b}, pinned);
 }
 
 }  // namespace tally::data

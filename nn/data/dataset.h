@@ -35,6 +35,21 @@ class Dataset {
 // A contiguous CPU tensor for batch data: pinned host memory when `pinned`, else the CPU
 // allocator, under the current allocation context.
 Tensor empty_host(const Shape& shape, DType dtype, bool pinned);
+// get() and get_batch() of a dataset whose fill(indices, input, target) writes examples
+// straight into host tensors: fresh tensors of `input_shape` (the fill's input type) and
+// `target_shape` (int64), allocated in that order, filled for `indices`.
+template <typename D, typename In>
+Example fill_example(const D& dataset,
+                     void (D::*fill)(const std::vector<int64_t>&, In*, int64_t*) const,
+                     const std::vector<int64_t>& indices, const Shape& input_shape,
+                     const Shape& target_shape, bool pinned) {
+  Example ex;
+  ex.input = empty_host(input_shape, dtype_of<In>(), pinned);
+  ex.target = empty_host(target_shape, DType::int64, pinned);
+  (dataset.*fill)(indices, ex.input.data<In>(), ex.target.data<int64_t>());
+  return ex;
+}
+
 // Throws std::out_of_range "<dataset>: index i out of range for a dataset of n examples".
 void check_index(const char* dataset, int64_t index, int64_t size);
 

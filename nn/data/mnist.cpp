@@ -231,20 +231,14 @@ void MNIST::fill(const std::vector<int64_t>& indices, float* input, int64_t* tar
 }
 
 Example MNIST::get(int64_t index) const {
-  Example ex;
-  ex.input = empty_host({1, images_.size(1), images_.size(2)}, DType::float32, false);
-  ex.target = empty_host({}, DType::int64, false);
-  fill({index}, ex.input.data<float>(), ex.target.data<int64_t>());
-  return ex;
+  return fill_example(*this, &MNIST::fill, {index}, {1, images_.size(1), images_.size(2)}, {},
+                      false);
 }
 
 Example MNIST::get_batch(const std::vector<int64_t>& indices, bool pinned) const {
   const int64_t b = static_cast<int64_t>(indices.size());
-  Example ex;
-  ex.input = empty_host({b, 1, images_.size(1), images_.size(2)}, DType::float32, pinned);
-  ex.target = empty_host({b}, DType::int64, pinned);
-  fill(indices, ex.input.data<float>(), ex.target.data<int64_t>());
-  return ex;
+  return fill_example(*this, &MNIST::fill, indices, {b, 1, images_.size(1), images_.size(2)}, {b},
+                      pinned);
 }
 
 }  // namespace tally::data

@@ -69,20 +69,12 @@ void SyntheticImages::fill(const std::vector<int64_t>& indices, float* input,
 }
 
 Example SyntheticImages::get(int64_t index) const {
-  Example ex;
-  ex.input = empty_host(shape_, DType::float32, false);
-  ex.target = empty_host({}, DType::int64, false);
-  fill({index}, ex.input.data<float>(), ex.target.data<int64_t>());
-  return ex;
+  return fill_example(*this, &SyntheticImages::fill, {index}, shape_, {}, false);
 }
 
 Example SyntheticImages::get_batch(const std::vector<int64_t>& indices, bool pinned) const {
   const auto b = static_cast<int64_t>(indices.size());
-  Example ex;
-  ex.input = empty_host(batched(b, shape_), DType::float32, pinned);
-  ex.target = empty_host({b}, DType::int64, pinned);
-  fill(indices, ex.input.data<float>(), ex.target.data<int64_t>());
-  return ex;
+  return fill_example(*this, &SyntheticImages::fill, indices, batched(b, shape_), {b}, pinned);
 }
 
 // ---------------------------------------------------------------- SyntheticTokens
@@ -121,20 +113,13 @@ void SyntheticTokens::fill(const std::vector<int64_t>& indices, int64_t* input,
 }
 
 Example SyntheticTokens::get(int64_t index) const {
-  Example ex;
-  ex.input = empty_host(shape_, DType::int64, false);
-  ex.target = empty_host(shape_, DType::int64, false);
-  fill({index}, ex.input.data<int64_t>(), ex.target.data<int64_t>());
-  return ex;
+  return fill_example(*this, &SyntheticTokens::fill, {index}, shape_, shape_, false);
 }
 
 Example SyntheticTokens::get_batch(const std::vector<int64_t>& indices, bool pinned) const {
   const auto b = static_cast<int64_t>(indices.size());
-  Example ex;
-  ex.input = empty_host(batched(b, shape_), DType::int64, pinned);
-  ex.target = empty_host(batched(b, shape_), DType::int64, pinned);
-  fill(indices, ex.input.data<int64_t>(), ex.target.data<int64_t>());
-  return ex;
+  return fill_example(*this, &SyntheticTokens::fill, indices, batched(b, shape_),
+                      batched(b, shape_), pinned);
 }
 
 }  // namespace tally::data

@@ -5,23 +5,16 @@
 
 #include <stdexcept>
 
+#include "memory/enum_table.h"
 #include "nn/checkpoint.h"
 #include "nn/module.h"
 
 namespace tally::nn {
 
 std::string CheckpointSpec::str() const {
-  switch (kind) {
-    case Kind::none:
-      return "none";
-    case Kind::blocks:
-      return "blocks";
-    case Kind::segments:
-      return fmt::format("{}-segments", segments);
-    case Kind::selective:
-      return "selective";
-  }
-  return "none";
+  if (kind == Kind::segments) return fmt::format("{}-segments", segments);
+  static constexpr const char* kNames[] = {"none", "blocks", "segments", "selective"};
+  return memory::enum_table<Kind::selective>(kind, kNames, "none");
 }
 
 CheckpointSpec parse_checkpoint_spec(const std::string& s) {

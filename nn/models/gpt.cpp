@@ -80,7 +80,7 @@ Tensor Block::forward(const Tensor& x) {
   return add(y, (*mlp)((*ln_2)(y)));
 }
 
-GPTTransformer::GPTTransformer(const GPTConfig& cfg) : Module("ModuleDict"), config(cfg) {
+GPTTransformer::GPTTransformer(const GPTConfig& cfg) : StagedModule("ModuleDict"), config(cfg) {
   wte = register_module("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.n_embd));
   wpe = register_module("wpe", std::make_shared<Embedding>(cfg.block_size, cfg.n_embd));
   drop = register_module("drop", std::make_shared<Dropout>(cfg.dropout));

@@ -58,22 +58,17 @@ class Block : public Module {
   std::shared_ptr<MLP> mlp;
 };
 
-// nanoGPT's `transformer` ModuleDict: idx [B, T] -> final hidden states [B, T, C].
-class GPTTransformer : public Module {
+// nanoGPT's `transformer` ModuleDict: idx [B, T] -> final hidden states [B, T, C]; with
+// checkpoint_segments > 0 the blocks run under checkpoint_sequential.
+class GPTTransformer : public StagedModule {
  public:
   explicit GPTTransformer(const GPTConfig& cfg);
   Tensor forward(const Tensor& idx) override;
-  bool set_checkpoint_segments(int n) override {
-    checkpoint_segments = n;
-    return true;
-  }
   GPTConfig config;
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<Dropout> drop;
   std::shared_ptr<ModuleList> h;
   std::shared_ptr<LayerNorm> ln_f;
-  // > 0: the blocks run under checkpoint_sequential with this many segments.
-  int checkpoint_segments = 0;
 };
 
 class GPT : public Module {

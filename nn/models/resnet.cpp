@@ -83,7 +83,7 @@ Tensor Bottleneck::forward(const Tensor& x) {
 }
 
 ResNet::ResNet(BlockKind block, const std::vector<int64_t>& layers, ResNetOptions opts)
-    : Module("ResNet") {
+    : StagedModule("ResNet") {
   if (layers.size() != 4)
     throw std::invalid_argument(
         fmt::format("ResNet: expected 4 stage sizes, got {}", layers.size()));
@@ -170,7 +170,7 @@ std::shared_ptr<ResNet> resnet101(ResNetOptions o) {
   return std::make_shared<ResNet>(BlockKind::bottleneck, std::vector<int64_t>{3, 4, 23, 3}, o);
 }
 
-ResNetTiny::ResNetTiny(ResNetOptions opts) : Module("ResNetTiny") {
+ResNetTiny::ResNetTiny(ResNetOptions opts) : StagedModule("ResNetTiny") {
   {
     SkipInitGuard skip;
     conv1 = register_module("conv1", conv3x3(opts.in_channels, 16));

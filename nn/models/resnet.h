@@ -49,14 +49,11 @@ struct ResNetOptions {
   Generator* gen = nullptr;  // null: the default generator
 };
 
-class ResNet : public Module {
+// checkpoint_segments: layer1..layer4 as the stages when <= 4, else the blocks.
+class ResNet : public StagedModule {
  public:
   ResNet(BlockKind block, const std::vector<int64_t>& layers, ResNetOptions opts = {});
   Tensor forward(const Tensor& x) override;
-  bool set_checkpoint_segments(int n) override {
-    checkpoint_segments = n;
-    return true;
-  }
 
   std::shared_ptr<Conv2d> conv1;
   std::shared_ptr<BatchNorm2d> bn1;
@@ -65,9 +62,6 @@ class ResNet : public Module {
   std::shared_ptr<Sequential> layer1, layer2, layer3, layer4;
   std::shared_ptr<AdaptiveAvgPool2d> avgpool;
   std::shared_ptr<Linear> fc;
-  // > 0: the stages run under checkpoint_sequential with this many segments
-  // (nn::enable_checkpointing sets it; layer1..layer4 when <= 4, else the blocks).
-  int checkpoint_segments = 0;
 
  private:
   std::shared_ptr<Sequential> make_layer(BlockKind block, int64_t planes, int64_t blocks,
@@ -83,21 +77,17 @@ std::shared_ptr<ResNet> resnet101(ResNetOptions opts = {});
 // A small ResNet-style net for CPU CI (28x28 inputs such as Fashion-MNIST): a 3x3
 // conv-bn-relu stem of 16 channels, layer1 = BasicBlock(16), layer2 = BasicBlock(16->32,
 // stride 2), layer3 = BasicBlock(32->64, stride 2), avgpool, fc. ~78K parameters.
-class ResNetTiny : public Module {
+// checkpoint_segments as ResNet's (layer1..layer3 when <= 3, else the blocks).
+class ResNetTiny : public StagedModule {
  public:
   explicit ResNetTiny(ResNetOptions opts = {});
   Tensor forward(const Tensor& x) override;
-  bool set_checkpoint_segments(int n) override {
-    checkpoint_segments = n;
-    return true;
-  }
   std::shared_ptr<Conv2d> conv1;
   std::shared_ptr<BatchNorm2d> bn1;
   std::shared_ptr<ReLU> relu;
   std::shared_ptr<Sequential> layer1, layer2, layer3;
   std::shared_ptr<AdaptiveAvgPool2d> avgpool;
   std::shared_ptr<Linear> fc;
-  int checkpoint_segments = 0;  // as ResNet's (layer1..layer3 when <= 3, else the blocks)
 };
 
 std::shared_ptr<ResNetTiny> resnet_tiny(ResNetOptions opts = {});
