@@ -1,36 +1,64 @@
-// scaled_dot_product_attention: values against a hand composition, causal and explicit
-// masks, dropout, gradients in float64. The fused attention op's CPU reference
-// (ops::flash_attention_forward/backward, tally::flash_attention): equal to the composite in
-// float64, its log-sum-exp, its gradients by finite differences, strided inputs, errors.
+// Attention, one file for every device (tests/testing/devices.h).
+//
+// On each device (the CPU in test_attention, CUDA in test_attention_cuda):
+// scaled_dot_product_attention in float64 (the composite path on both): values against a hand
+// composition, causal and explicit masks, dropout, gradients.
+//
+// On the CPU only: the fused attention op's CPU reference (ops::flash_attention_forward/backward,
+// tally::flash_attention), which the CUDA kernels are measured against: equal to the composite in
+// float64, its log-sum-exp, its gradients by finite differences, strided inputs, packed q, k, v,
+// errors. The CUDA kernels take float32 and 16-bit inputs only.
+//
+// On CUDA only, against that CPU reference: both CUDA routes of bfloat16/float16 (cuDNN's fused
+// kernels where cuDNN takes the problem, and Tally's own FlashAttention-2 kernels): forward output
+// and log-sum-exp, backward dQ, dK, dV, in bfloat16 and float16 (compared in float32 against the
+// reference run in float32 on the same rounded values), causal and not, sequence lengths that are
+// not multiples of the tiles (128 query rows forward, 64 keys backward), L != S (causal too), head
+// dims 64, 128 and padded 8, 40, 120, long sequences with large scores, many (batch, head) pairs,
+// GPT's strided split-head views; the float32 kernels against the float64 reference;
+// scaled_dot_product_attention's routing to the fused path; cuDNN's fallback; and the memory: no
+// T x T matrix during a causal forward + backward. The environment switches (host only) run in
+// both binaries.
+#include <fmt/format.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 #include "tensor/attention/autograd.h"
+#include "tensor/attention/cuda.h"
 #include "tensor/attention/ops.h"
+#include "tensor/cuda/runtime.h"
 #include "tensor/linalg/ops.h"
 #include "tensor/shape/autograd.h"
 #include "tensor/softmax/autograd.h"
-#include "testing/gradcheck.h"
+#include "testing/cuda_testing.h"
+#include "testing/devices.h"
 
 namespace tally {
 namespace {
 
 using namespace testing;
 
-TEST(Attention, MatchesTheDefinition) {
-  const Tensor q = rand_input({2, 3, 4}, -1, 1, 1), k = rand_input({2, 5, 4}, -1, 1, 2),
-               v = rand_input({2, 5, 6}, -1, 1, 3);
+// scaled_dot_product_attention on every device; inputs are float64 CPU leaves put on dev().
+class Attention : public OnDevice {};
+TALLY_ON_DEVICES(Attention);
+
+TEST_P(Attention, MatchesTheDefinition) {
+  const Tensor q = put(rand_input({2, 3, 4}, -1, 1, 1)), k = put(rand_input({2, 5, 4}, -1, 1, 2)),
+               v = put(rand_input({2, 5, 6}, -1, 1, 3));
   const Tensor out = scaled_dot_product_attention(q, k, v);
   EXPECT_EQ(out.sizes(), (Shape{2, 3, 6}));
   const Tensor ref = matmul(softmax(matmul(q, k.transpose(1, 2)) * 0.5, -1), v);
   EXPECT_TRUE(values_near(out, ref.tolist(), 1e-12));
 }
 
-TEST(Attention, CausalMaskKeepsThePast) {
+TEST_P(Attention, CausalMaskKeepsThePast) {
   // With v = identity rows, row i of the output is the attention distribution: zero for j > i.
-  const Tensor q = rand_input({4, 3}, -1, 1, 4), k = rand_input({4, 3}, -1, 1, 5);
-  const Tensor v = ops::to(from_vector({1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1}, {4, 4}),
-                           DType::float64);
+  const Tensor q = put(rand_input({4, 3}, -1, 1, 4)), k = put(rand_input({4, 3}, -1, 1, 5));
+  const Tensor v = from_vector({1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1}, {4, 4}, on(f64));
   const std::vector<double> p = scaled_dot_product_attention(q, k, v, {}, 0.0, true).tolist();
   for (int i = 0; i < 4; ++i) {
     double row = 0;
@@ -45,40 +73,52 @@ TEST(Attention, CausalMaskKeepsThePast) {
   EXPECT_NEAR(p[0], 1.0, 1e-12);  // the first query sees only the first key
   // A bool mask equal to the causal one gives the same result.
   const Tensor mask = from_vector({1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1}, {4, 4},
-                                  TensorOptions{}.with_dtype(DType::bool_));
+                                  on(TensorOptions{}.with_dtype(DType::bool_)));
   EXPECT_TRUE(values_near(scaled_dot_product_attention(q, k, v, mask), p, 1e-12));
   EXPECT_THROW(scaled_dot_product_attention(q, k, v, mask, 0.0, true), std::invalid_argument);
-  EXPECT_THROW(scaled_dot_product_attention(q, rand_input({4, 2}), v), std::invalid_argument);
+  EXPECT_THROW(scaled_dot_product_attention(q, put(rand_input({4, 2})), v), std::invalid_argument);
 }
 
-TEST(Attention, Gradients) {
+TEST_P(Attention, Gradients) {
   const Tensor q = rand_input({2, 3, 4}, -1, 1, 6), k = rand_input({2, 3, 4}, -1, 1, 7),
                v = rand_input({2, 3, 2}, -1, 1, 8);
-  EXPECT_TRUE(
-      gradcheck([](const TensorList& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); },
-                {q, k, v}));
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& x) {
-        return scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, true);
-      },
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [](const TensorList& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); },
       {q, k, v}));
-  const Tensor bias = ops::to(from_vector({0, -1, 2, 0.5, 0, -3, 1, 1, 0}, {3, 3}), DType::float64);
-  EXPECT_TRUE(gradcheck(
-      [&](const TensorList& x) {
-        return scaled_dot_product_attention(x[0], x[1], x[2], bias, 0.0, false, 0.3);
-      },
-      {q, k, v}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& x) {
+                             return scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, true);
+                           },
+                           {q, k, v}));
+  const Tensor bias = from_vector({0, -1, 2, 0.5, 0, -3, 1, 1, 0}, {3, 3}, on(f64));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [&](const TensorList& x) {
+                             return scaled_dot_product_attention(x[0], x[1], x[2], bias, 0.0, false,
+                                                                 0.3);
+                           },
+                           {q, k, v}));
 }
 
-TEST(Attention, DropoutReplaysWithTheSameGenerator) {
-  const Tensor q = rand_input({8, 4}, -1, 1, 9), k = rand_input({8, 4}, -1, 1, 10),
-               v = rand_input({8, 4}, -1, 1, 11);
+TEST_P(Attention, DropoutReplaysWithTheSameGenerator) {
+  const Tensor q = put(rand_input({8, 4}, -1, 1, 9)), k = put(rand_input({8, 4}, -1, 1, 10)),
+               v = put(rand_input({8, 4}, -1, 1, 11));
   Generator g1(3), g2(3);
   const Tensor a = scaled_dot_product_attention(q, k, v, {}, 0.5, false, std::nullopt, &g1);
   const Tensor b = scaled_dot_product_attention(q, k, v, {}, 0.5, false, std::nullopt, &g2);
   EXPECT_TRUE(values_near(a, b.tolist(), 0));
   EXPECT_FALSE(values_near(a, scaled_dot_product_attention(q, k, v).tolist(), 1e-9));
 }
+
+// The fused op's CPU reference kernel, in float64: a CPU internal (the CUDA kernels take float32
+// and 16-bit inputs; AttentionVsCpu measures them against this reference).
+class FlashAttentionReference : public OnDevice {
+ protected:
+  void SetUp() override {
+    OnDevice::SetUp();
+    if (!on_cpu()) GTEST_SKIP() << "the fused op's float64 reference kernel is the CPU's";
+  }
+};
+TALLY_ON_DEVICES(FlashAttentionReference);
 
 // The log-sum-exp of the scaled scores per row, by the composite ops (float64).
 Tensor reference_lse(const Tensor& q, const Tensor& k, double scale, bool causal) {
@@ -94,7 +134,7 @@ Tensor reference_lse(const Tensor& q, const Tensor& k, double scale, bool causal
   return ops::unary(ops::UnaryOp::log, ops::sum(ops::unary(ops::UnaryOp::exp, s), {-1}));
 }
 
-TEST(FlashAttentionReference, EqualsTheComposite) {
+TEST_P(FlashAttentionReference, EqualsTheComposite) {
   for (const bool causal : {false, true}) {
     for (const int64_t S : {5, 7}) {  // L == S and L != S (causal: top-left aligned)
       const Tensor q = rand_input({2, 3, 5, 4}, -1, 1, 21), k = rand_input({2, 3, S, 4}, -1, 1, 22),
@@ -119,7 +159,7 @@ TEST(FlashAttentionReference, EqualsTheComposite) {
   }
 }
 
-TEST(FlashAttentionReference, FloatLseAndLowPrecision) {
+TEST_P(FlashAttentionReference, FloatLseAndLowPrecision) {
   const Tensor q = rand_input({3, 6, 8}, -1, 1, 24), k = rand_input({3, 6, 8}, -1, 1, 25),
                v = rand_input({3, 6, 8}, -1, 1, 26);
   const Tensor ref = scaled_dot_product_attention(q, k, v, {}, 0.0, true);
@@ -132,7 +172,7 @@ TEST(FlashAttentionReference, FloatLseAndLowPrecision) {
   }
 }
 
-TEST(FlashAttentionReference, Gradients) {
+TEST_P(FlashAttentionReference, Gradients) {
   const Tensor q = rand_input({2, 4, 3}, -1, 1, 27), k = rand_input({2, 5, 3}, -1, 1, 28),
                v = rand_input({2, 5, 2}, -1, 1, 29);
   EXPECT_TRUE(
@@ -145,7 +185,7 @@ TEST(FlashAttentionReference, Gradients) {
                         {q4, k4, v4}));
 }
 
-TEST(FlashAttentionReference, BackwardOpEqualsTheCompositeGradients) {
+TEST_P(FlashAttentionReference, BackwardOpEqualsTheCompositeGradients) {
   const Tensor q = rand_input({2, 2, 6, 4}, -1, 1, 33), k = rand_input({2, 2, 6, 4}, -1, 1, 34),
                v = rand_input({2, 2, 6, 4}, -1, 1, 35);
   const Tensor g = ops::randn({2, 2, 6, 4}, DType::float64);
@@ -166,7 +206,7 @@ TEST(FlashAttentionReference, BackwardOpEqualsTheCompositeGradients) {
   }
 }
 
-TEST(FlashAttentionReference, StridedSplitHeadsAndErrors) {
+TEST_P(FlashAttentionReference, StridedSplitHeadsAndErrors) {
   // GPT's split heads: [B, T, H, D] viewed as [B, H, T, D] (not contiguous).
   const Tensor base_q = rand_input({2, 5, 3, 4}, -1, 1, 36),
                base_k = rand_input({2, 5, 3, 4}, -1, 1, 37),
@@ -197,7 +237,7 @@ TEST(FlashAttentionReference, StridedSplitHeadsAndErrors) {
 // comes back token-major (its transpose(1, 2) is contiguous: no copy before c_proj), the
 // gradients of q, k, v land in one [B, T, 3C] buffer and the split's backward hands that buffer
 // on as a view instead of concatenating. Values equal the unpacked path's.
-TEST(FlashAttentionReference, PackedQkvIsReadAndWrittenInPlace) {
+TEST_P(FlashAttentionReference, PackedQkvIsReadAndWrittenInPlace) {
   const int64_t B = 2, T = 5, H = 3, D = 4, C = H * D;
   const Tensor x = rand_input({B, T, 3 * C}, -1, 1, 40);
   auto heads = [&](const Tensor& t) {
@@ -235,6 +275,479 @@ TEST(FlashAttentionReference, PackedQkvIsReadAndWrittenInPlace) {
         return flash_attention(heads(p[0]), heads(p[1]), heads(p[2]), true, 0.5);
       },
       {rand_input({1, 3, 3 * C}, -1, 1, 41)}));
+}
+
+// ================================================================ CUDA against the CPU
+
+struct Case {
+  int64_t B, H, L, S, E;
+  bool causal;
+};
+
+const Case kCases[] = {
+    {2, 3, 64, 64, 64, false},    // one tile
+    {2, 3, 130, 130, 64, true},   // T not a multiple of 64
+    {1, 2, 77, 77, 128, false},   // head dim 128, partial tile
+    {1, 2, 200, 200, 128, true},  // causal, head dim 128
+    {2, 2, 50, 190, 64, false},   // L != S
+    {1, 3, 100, 100, 40, true},   // head dim padded to 64
+    {8, 24, 64, 64, 64, true},    // B * H many
+    {1, 1, 1, 1, 64, true},       // a single row
+    // Several 128-row forward tiles and 64-key backward tiles, none of them full.
+    {1, 2, 300, 300, 64, true},    // causal: skipped, diagonal and partial tiles
+    {2, 1, 257, 257, 128, true},   // head dim 128, one row past a 128-row tile
+    {1, 2, 70, 333, 128, false},   // L < S, partial key tiles
+    {1, 1, 333, 70, 64, false},    // L > S: warps past the last key tile
+    {1, 2, 200, 90, 64, true},     // causal with L > S (top-left mask)
+    {1, 2, 90, 200, 64, true},     // causal with L < S: keys no query sees
+    {1, 2, 96, 96, 8, true},       // the smallest head dim
+    {1, 1, 129, 129, 120, false},  // head dim 120 padded to 128
+};
+
+// Inputs of dtype d on the device and the same values in the reference dtype on the CPU
+// (float32 for 16-bit inputs, float64 for float32 ones).
+struct Inputs {
+  Tensor q, k, v, qf, kf, vf;
+};
+
+Inputs make_inputs(const Case& c, DType d, Device device, uint64_t seed) {
+  const DType ref = d == DType::float32 ? DType::float64 : DType::float32;
+  Inputs in;
+  const Tensor q = rand_tensor({c.B, c.H, c.L, c.E}, d, seed, -2, 2);
+  const Tensor k = rand_tensor({c.B, c.H, c.S, c.E}, d, seed + 1, -2, 2);
+  const Tensor v = rand_tensor({c.B, c.H, c.S, c.E}, d, seed + 2, -2, 2);
+  in.q = ops::to(q, device, d);
+  in.k = ops::to(k, device, d);
+  in.v = ops::to(v, device, d);
+  in.qf = ops::to(q, ref);
+  in.kf = ops::to(k, ref);
+  in.vf = ops::to(v, ref);
+  return in;
+}
+
+std::string describe(const Case& c, DType d) {
+  return fmt::format("[{}, {}, {}/{}, {}] causal {} {}", c.B, c.H, c.L, c.S, c.E, c.causal,
+                     dtype_name(d));
+}
+
+Tensor f32_cpu(const Tensor& t) {
+  return ops::to(t, kCpu, DType::float32);
+}
+
+// The cases that compare the device's kernels with the CPU reference (accelerators only).
+class AttentionVsCpu : public VsCpu {
+ protected:
+  void expect_fused_sdpa_matches_composite(DType d, DType ref, int64_t T, bool causal,
+                                           uint64_t seed, double tol_out, double tol_grad) const;
+};
+TALLY_VS_CPU(AttentionVsCpu);
+
+// Selects the bfloat16/float16 route for a scope (cuDNN's kernels or Tally's own).
+class Route {
+ public:
+  explicit Route(bool cudnn) : saved_(cuda::cudnn_sdp_enabled()) {
+    cuda::set_cudnn_sdp_enabled(cudnn);
+  }
+  ~Route() { cuda::set_cudnn_sdp_enabled(saved_); }
+  Route(const Route&) = delete;
+  Route& operator=(const Route&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// Both routes, or only Tally's kernels when the process starts with TALLY_CUDNN_SDP=0 (the
+// racecheck run: it checks Tally's kernels, not cuDNN's).
+std::vector<bool> routes() {
+  if (!cuda::cudnn_sdp_enabled()) return {false};
+  return {true, false};
+}
+
+const char* route_name(bool cudnn) {
+  return cudnn ? "cuDNN route" : "Tally kernels";
+}
+
+// Calls check(c, d, inputs, scale, seed) on both routes for every case of kCases in bfloat16
+// and float16, on fresh inputs: the seed advances by `step` each time.
+template <typename Check>
+void for_each_16bit_case(Device device, uint64_t seed, uint64_t step, Check&& check) {
+  for (const bool cudnn : routes()) {
+    const Route route(cudnn);
+    SCOPED_TRACE(route_name(cudnn));
+    for (const Case& c : kCases) {
+      for (const DType d : {DType::bfloat16, DType::float16}) {
+        seed += step;
+        check(c, d, make_inputs(c, d, device, seed), 1.0 / std::sqrt(static_cast<double>(c.E)),
+              seed);
+      }
+    }
+  }
+}
+
+TEST_P(AttentionVsCpu, ForwardMatchesTheCpu) {
+  for_each_16bit_case(dev(), 100, 3,
+                      [&](const Case& c, DType d, const Inputs& in, double scale, uint64_t) {
+                        const ops::FlashAttentionOutput g =
+                            ops::flash_attention_forward(in.q, in.k, in.v, c.causal, scale);
+                        const ops::FlashAttentionOutput r =
+                            ops::flash_attention_forward(in.qf, in.kf, in.vf, c.causal, scale);
+                        EXPECT_EQ(g.out.device(), dev());
+                        EXPECT_EQ(g.out.dtype(), d);
+                        EXPECT_EQ(g.out.sizes(), r.out.sizes());
+                        EXPECT_EQ(g.lse.dtype(), DType::float32);
+                        EXPECT_TRUE(close_scaled(f32_cpu(g.out), r.out, 1e-2)) << describe(c, d);
+                        // lse is a float32 sum of exponentials of scores from 16-bit inputs: 1e-3
+                        // relative.
+                        EXPECT_TRUE(close_scaled(f32_cpu(g.lse), r.lse, 1e-3)) << describe(c, d);
+                      });
+}
+
+TEST_P(AttentionVsCpu, BackwardMatchesTheCpu) {
+  for_each_16bit_case(
+      dev(), 200, 4, [&](const Case& c, DType d, const Inputs& in, double scale, uint64_t seed) {
+        const Tensor dout = rand_tensor({c.B, c.H, c.L, c.E}, d, seed + 3, -1, 1);
+        const ops::FlashAttentionOutput g =
+            ops::flash_attention_forward(in.q, in.k, in.v, c.causal, scale);
+        // The reference backward from the GPU's own (rounded) output and lse, so that only the
+        // backward kernel is under test.
+        const ops::FlashAttentionGrads gg = ops::flash_attention_backward(
+            put(dout), in.q, in.k, in.v, g.out, g.lse, c.causal, scale);
+        const ops::FlashAttentionGrads rr =
+            ops::flash_attention_backward(ops::to(dout, DType::float32), in.qf, in.kf, in.vf,
+                                          f32_cpu(g.out), f32_cpu(g.lse), c.causal, scale);
+        EXPECT_EQ(gg.dq.dtype(), d);
+        EXPECT_TRUE(close_scaled(f32_cpu(gg.dq), rr.dq, 2e-2)) << "dq " << describe(c, d);
+        EXPECT_TRUE(close_scaled(f32_cpu(gg.dk), rr.dk, 2e-2)) << "dk " << describe(c, d);
+        EXPECT_TRUE(close_scaled(f32_cpu(gg.dv), rr.dv, 2e-2)) << "dv " << describe(c, d);
+      });
+}
+
+// Many tiles with large scores (inputs in [-4, 4] and a scale of 1: the online softmax
+// rescales often), forward and backward against the CPU in float32.
+TEST_P(AttentionVsCpu, LongSequencesWithLargeScores) {
+  const Case cases[] = {{1, 2, 1024, 1024, 64, true}, {1, 1, 640, 640, 128, false}};
+  uint64_t seed = 500;
+  for (const bool cudnn : routes()) {
+    const Route route(cudnn);
+    SCOPED_TRACE(route_name(cudnn));
+    for (const Case& c : cases) {
+      for (const DType d : {DType::bfloat16, DType::float16}) {
+        const Tensor q = rand_tensor({c.B, c.H, c.L, c.E}, d, seed += 5, -4, 4);
+        const Tensor k = rand_tensor({c.B, c.H, c.S, c.E}, d, seed + 1, -4, 4);
+        const Tensor v = rand_tensor({c.B, c.H, c.S, c.E}, d, seed + 2, -2, 2);
+        const Tensor dout = rand_tensor({c.B, c.H, c.L, c.E}, d, seed + 3, -1, 1);
+        const double scale = 1.0 / 4;
+        const ops::FlashAttentionOutput g =
+            ops::flash_attention_forward(put(q), put(k), put(v), c.causal, scale);
+        const Tensor qf = ops::to(q, DType::float32), kf = ops::to(k, DType::float32),
+                     vf = ops::to(v, DType::float32);
+        const ops::FlashAttentionOutput r =
+            ops::flash_attention_forward(qf, kf, vf, c.causal, scale);
+        EXPECT_TRUE(close_scaled(f32_cpu(g.out), r.out, 1e-2)) << describe(c, d);
+        EXPECT_TRUE(close_scaled(f32_cpu(g.lse), r.lse, 1e-3)) << describe(c, d);
+        const ops::FlashAttentionGrads gg = ops::flash_attention_backward(
+            put(dout), put(q), put(k), put(v), g.out, g.lse, c.causal, scale);
+        const ops::FlashAttentionGrads rr =
+            ops::flash_attention_backward(ops::to(dout, DType::float32), qf, kf, vf, f32_cpu(g.out),
+                                          f32_cpu(g.lse), c.causal, scale);
+        EXPECT_TRUE(close_scaled(f32_cpu(gg.dq), rr.dq, 3e-2)) << "dq " << describe(c, d);
+        EXPECT_TRUE(close_scaled(f32_cpu(gg.dk), rr.dk, 3e-2)) << "dk " << describe(c, d);
+        EXPECT_TRUE(close_scaled(f32_cpu(gg.dv), rr.dv, 2e-2)) << "dv " << describe(c, d);
+      }
+    }
+  }
+}
+
+// GPT's layout: [B, T, H, D] tensors of dtype d viewed as [B, H, T, D] and read in place through
+// the strides. scaled_dot_product_attention on dev() takes the fused path (it saves q, k, v, out
+// and the float32 lse only) and agrees with the composite (matmul, mask, softmax, matmul) run on
+// the CPU in dtype ref: the output within tol_out, the gradients of q, k, v within tol_grad.
+void AttentionVsCpu::expect_fused_sdpa_matches_composite(DType d, DType ref, int64_t T, bool causal,
+                                                         uint64_t seed, double tol_out,
+                                                         double tol_grad) const {
+  SCOPED_TRACE(::testing::Message() << dtype_name(d) << " T " << T << " causal " << causal);
+  const int64_t B = 2, H = 4, D = 64;
+  Tensor g[3], c[3];  // q, k, v on the device and on the CPU
+  for (int i = 0; i < 3; ++i) {
+    const Tensor base = rand_tensor({B, T, H, D}, d, seed + static_cast<uint64_t>(i));
+    g[i] = ops::transpose(put(base), 1, 2);
+    c[i] = ops::to(ops::transpose(base, 1, 2), ref);
+    g[i].requires_grad_();
+    c[i].requires_grad_();
+  }
+  const Tensor &qg = g[0], &kg = g[1], &vg = g[2], &qc = c[0], &kc = c[1], &vc = c[2];
+  ASSERT_FALSE(qg.is_contiguous());
+  const Tensor out = scaled_dot_product_attention(qg, kg, vg, {}, 0.0, causal);
+  EXPECT_EQ(out.dtype(), d);
+  const std::vector<Tensor> saved = saved_by(out);
+  ASSERT_EQ(saved.size(), 5u) << "should take the fused path";
+  EXPECT_EQ(saved[4].dtype(), DType::float32);
+  EXPECT_EQ(saved[4].sizes(), (Shape{B, H, T}));
+  const Tensor r = scaled_dot_product_attention(qc, kc, vc, {}, 0.0, causal);
+  ASSERT_NE(saved_by(r).size(), 5u);  // the CPU runs the composite
+  EXPECT_TRUE(close_scaled(ops::to(out, kCpu, ref), r, tol_out));
+  const Tensor w = rand_tensor({B, H, T, D}, DType::float32, seed + 3, -1, 1);
+  tally::sum(tally::mul(out.to(DType::float32), put(w))).backward();
+  tally::sum(tally::mul(r, ops::to(w, ref))).backward();
+  EXPECT_TRUE(close_scaled(ops::to(qg.grad(), kCpu, ref), qc.grad(), tol_grad)) << "dq";
+  EXPECT_TRUE(close_scaled(ops::to(kg.grad(), kCpu, ref), kc.grad(), tol_grad)) << "dk";
+  EXPECT_TRUE(close_scaled(ops::to(vg.grad(), kCpu, ref), vc.grad(), tol_grad)) << "dv";
+}
+
+TEST_P(AttentionVsCpu, SplitHeadViewsAndSdpaRouting) {
+  // bfloat16 against the float32 composite.
+  const int64_t T = 100;
+  expect_fused_sdpa_matches_composite(DType::bfloat16, DType::float32, T, true, 301, 1e-2, 2e-2);
+  // With a mask (or dropout) it stays on the composite (which saves more).
+  Tensor q = ops::transpose(put(rand_tensor({2, T, 4, 64}, DType::float32, 301)), 1, 2);
+  q.requires_grad_();
+  const Tensor plain =
+      scaled_dot_product_attention(q, q, q, ops::zeros({T, T}, DType::float32, dev()), 0.0, false);
+  EXPECT_NE(saved_by(plain).size(), 5u);
+}
+
+// GPT-2's attention (heads of a [B, T, 3C] projection, causal, head dim 64) runs on cuDNN's
+// fused kernels on sm_80+, reading q, k, v in place and writing the gradients into one
+// packed buffer; it agrees with Tally's own kernels on the same inputs. The counters prove
+// which route ran.
+TEST_P(AttentionVsCpu, CudnnRunsGptAttentionAndMatchesTallysKernels) {
+  const int64_t B = 2, T = 512, H = 12, D = 64, C = H * D;
+  const double scale = 1.0 / 8;
+  for (const DType d : {DType::bfloat16, DType::float16}) {
+    SCOPED_TRACE(dtype_name(d));
+    const Tensor x = put(rand_tensor({B, T, 3 * C}, d, 700, -2, 2));
+    const Tensor dout = put(rand_tensor({B, H, T, D}, d, 701, -1, 1));
+    const TensorList parts = ops::split(x, C, 2);
+    Tensor qkv[3];
+    for (int i = 0; i < 3; ++i)
+      qkv[i] = ops::transpose(ops::view(parts[static_cast<size_t>(i)], {B, T, H, D}), 1, 2);
+    std::string why;
+    ASSERT_TRUE(cuda::cudnn_sdp_supported(qkv[0], qkv[1], qkv[2], true, scale, &why)) << why;
+
+    ops::FlashAttentionOutput f[2];
+    ops::FlashAttentionGrads g[2];
+    for (const bool cudnn : {true, false}) {
+      const Route route(cudnn);
+      const cuda::CudnnSdpCounts before = cuda::cudnn_sdp_counts();
+      f[cudnn] = ops::flash_attention_forward(qkv[0], qkv[1], qkv[2], true, scale);
+      g[cudnn] = ops::flash_attention_backward(dout, qkv[0], qkv[1], qkv[2], f[cudnn].out,
+                                               f[cudnn].lse, true, scale);
+      const cuda::CudnnSdpCounts after = cuda::cudnn_sdp_counts();
+      EXPECT_EQ(after.forward - before.forward, cudnn ? 1 : 0);
+      EXPECT_EQ(after.backward - before.backward, cudnn ? 1 : 0);
+      EXPECT_EQ(after.fallbacks, before.fallbacks);
+      // The gradients are the three parts of one [B, T, 3C] buffer.
+      EXPECT_TRUE(g[cudnn].dq.storage().is_same(g[cudnn].dv.storage()));
+      EXPECT_EQ(g[cudnn].dk.storage_offset() - g[cudnn].dq.storage_offset(), C);
+    }
+    EXPECT_TRUE(close_scaled(f32_cpu(f[1].out), f32_cpu(f[0].out), 1e-2));
+    EXPECT_TRUE(close_scaled(f32_cpu(f[1].lse), f32_cpu(f[0].lse), 1e-4));
+    EXPECT_TRUE(close_scaled(f32_cpu(g[1].dq), f32_cpu(g[0].dq), 2e-2));
+    EXPECT_TRUE(close_scaled(f32_cpu(g[1].dk), f32_cpu(g[0].dk), 2e-2));
+    EXPECT_TRUE(close_scaled(f32_cpu(g[1].dv), f32_cpu(g[0].dv), 2e-2));
+    // Each route's backward takes the other's forward (same log-sum-exp convention).
+    {
+      const Route route(true);
+      const ops::FlashAttentionGrads mixed = ops::flash_attention_backward(
+          dout, qkv[0], qkv[1], qkv[2], f[0].out, f[0].lse, true, scale);
+      EXPECT_TRUE(close_scaled(f32_cpu(mixed.dq), f32_cpu(g[0].dq), 2e-2));
+      EXPECT_TRUE(close_scaled(f32_cpu(mixed.dk), f32_cpu(g[0].dk), 2e-2));
+    }
+  }
+}
+
+// The 0/1 environment switches (TALLY_CUDNN_SDP, TALLY_CUDNN_CONV_LEGACY) read through
+// cuda::env_switch: unset or empty gives the default, anything but 0 or 1 is an error naming the
+// variable and its value. Host-only: runs without a GPU too.
+TEST(CudaRuntime, EnvSwitchTakesZeroOrOneAndNamesABadValue) {
+  const char* name = "TALLY_TEST_ENV_SWITCH";
+  ::unsetenv(name);
+  EXPECT_TRUE(cuda::env_switch(name, true));
+  EXPECT_FALSE(cuda::env_switch(name, false));
+  ::setenv(name, "", 1);
+  EXPECT_TRUE(cuda::env_switch(name, true));
+  ::setenv(name, "0", 1);
+  EXPECT_FALSE(cuda::env_switch(name, true));
+  ::setenv(name, "1", 1);
+  EXPECT_TRUE(cuda::env_switch(name, false));
+  for (const char* bad : {"off", "true", "2", "0 "}) {
+    ::setenv(name, bad, 1);
+    try {
+      cuda::env_switch(name, true);
+      ADD_FAILURE() << "no error for '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv(name);
+}
+
+// A problem cuDNN declines falls back to Tally's kernels with the right answer, and is
+// counted; float32 never asks for cuDNN.
+TEST_P(AttentionVsCpu, CudnnDeclinedProblemsFallBack) {
+  const Route route(true);
+  const Tensor q = put(rand_tensor({1, 2, 64, 64}, DType::float32, 710, -1, 1));
+  std::string why;
+  EXPECT_FALSE(cuda::cudnn_sdp_supported(q, q, q, true, 0.125, &why));
+  EXPECT_FALSE(why.empty());
+  const cuda::CudnnSdpCounts before = cuda::cudnn_sdp_counts();
+  ops::flash_attention_forward(q, q, q, true, 0.125);
+  const cuda::CudnnSdpCounts after = cuda::cudnn_sdp_counts();
+  EXPECT_EQ(after.forward, before.forward);
+  EXPECT_EQ(after.fallbacks, before.fallbacks) << "float32 is not a cuDNN problem at all";
+}
+
+// No T x T matrix during a causal forward + backward, in bfloat16 (Tally's kernels or cuDNN's)
+// and in float32 (attention_fp32.cu). Above the inputs: out, lse, the float32 dQ accumulator (D
+// in float32) and the three gradients, about 12 bytes per element of q in bfloat16 (0.4 MB per
+// head here) against 2 MB per head for one bfloat16 T x T matrix, and about 16 bytes per element
+// in float32 (1 MB per head) against 4 MB per head for one float32 T x T matrix.
+TEST_P(AttentionVsCpu, NoTxTMatrixDuringForwardAndBackward) {
+  const int64_t B = 4, H = 8, T = 1024, D = 64;
+  const struct {
+    DType d;
+    double bound;  // the peak's bound, in T x T matrices of d
+  } cases[] = {{DType::bfloat16, 0.6}, {DType::float32, 0.5}};
+  for (const auto& [d, bound] : cases) {
+    SCOPED_TRACE(dtype_name(d));
+    Tensor q = ops::to(ops::randn({B, H, T, D}, DType::float32, dev()), d);
+    Tensor k = ops::to(ops::randn({B, H, T, D}, DType::float32, dev()), d);
+    Tensor v = ops::to(ops::randn({B, H, T, D}, DType::float32, dev()), d);
+    const Tensor dout = ops::to(ops::randn({B, H, T, D}, DType::float32, dev()), d);
+    q.requires_grad_();
+    k.requires_grad_();
+    v.requires_grad_();
+    const size_t before = memory::memory_allocated(dev());
+    memory::reset_peak_memory_stats(dev());
+    {
+      const Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+      out.backward(dout);
+    }
+    const size_t peak = memory::max_memory_allocated(dev()) - before;
+    const double txt = static_cast<double>(B * H * T * T * dtype_size(d));
+    EXPECT_LT(static_cast<double>(peak), bound * txt) << "peak " << peak << " bytes";
+    EXPECT_TRUE(q.grad().defined() && k.grad().defined() && v.grad().defined());
+  }
+}
+
+// ------------------------------------------------------------------ float32 (attention_fp32.cu)
+//
+// The float32 kernels against the float64 CPU reference run on the very same (float32)
+// values: 1e-5 relative (max |got - ref| / max |ref|), the tolerance growing with sqrt(T)
+// past one 64-row tile, as float32 sums of T terms do.
+
+const Case kFp32Cases[] = {
+    {2, 3, 64, 64, 64, false},    // one tile
+    {2, 3, 130, 130, 64, true},   // T not a multiple of 64
+    {1, 2, 300, 300, 64, true},   // several tiles, causal
+    {1, 2, 77, 77, 128, false},   // head dim 128, partial tile
+    {1, 2, 200, 200, 128, true},  // causal, head dim 128
+    {2, 2, 50, 190, 64, false},   // L < S
+    {2, 2, 190, 50, 64, true},    // L > S, causal (rows past S see every key)
+    {1, 3, 100, 100, 40, true},   // head dim 40 (padded to 64 inside)
+    {2, 2, 90, 90, 32, true},     // head dim 32
+    {1, 2, 70, 70, 33, false},    // head dim 33: unaligned rows, scalar loads
+    {8, 24, 64, 64, 64, true},    // B * H many
+    {1, 1, 1, 1, 64, true},       // a single row
+};
+
+double fp32_tol(const Case& c, double base) {
+  return base * std::max(1.0, std::sqrt(static_cast<double>(std::max(c.L, c.S)) / 64.0));
+}
+
+Tensor f64_cpu(const Tensor& t) {
+  return ops::to(t, kCpu, DType::float64);
+}
+
+TEST_P(AttentionVsCpu, Fp32ForwardMatchesTheFloat64Cpu) {
+  uint64_t seed = 500;
+  for (const Case& c : kFp32Cases) {
+    const Inputs in = make_inputs(c, DType::float32, dev(), seed += 3);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.E));
+    ASSERT_TRUE(ops::flash_attention_supported(in.q, in.k, in.v)) << describe(c, DType::float32);
+    const ops::FlashAttentionOutput g =
+        ops::flash_attention_forward(in.q, in.k, in.v, c.causal, scale);
+    const ops::FlashAttentionOutput r =
+        ops::flash_attention_forward(in.qf, in.kf, in.vf, c.causal, scale);
+    EXPECT_EQ(g.out.device(), dev());
+    EXPECT_EQ(g.out.dtype(), DType::float32);
+    EXPECT_EQ(g.lse.dtype(), DType::float32);
+    EXPECT_EQ(g.out.sizes(), r.out.sizes());
+    EXPECT_TRUE(close_scaled(f64_cpu(g.out), r.out, fp32_tol(c, 1e-5)))
+        << describe(c, DType::float32);
+    EXPECT_TRUE(close_scaled(f64_cpu(g.lse), r.lse, fp32_tol(c, 1e-5)))
+        << "lse " << describe(c, DType::float32);
+  }
+}
+
+TEST_P(AttentionVsCpu, Fp32BackwardMatchesTheFloat64Cpu) {
+  uint64_t seed = 600;
+  for (const Case& c : kFp32Cases) {
+    const Inputs in = make_inputs(c, DType::float32, dev(), seed += 4);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.E));
+    const Tensor dout = rand_tensor({c.B, c.H, c.L, c.E}, DType::float32, seed + 3, -1, 1);
+    const ops::FlashAttentionOutput g =
+        ops::flash_attention_forward(in.q, in.k, in.v, c.causal, scale);
+    const ops::FlashAttentionGrads gg =
+        ops::flash_attention_backward(put(dout), in.q, in.k, in.v, g.out, g.lse, c.causal, scale);
+    // The whole chain in float64 on the CPU from the same float32 values.
+    const ops::FlashAttentionOutput r =
+        ops::flash_attention_forward(in.qf, in.kf, in.vf, c.causal, scale);
+    const ops::FlashAttentionGrads rr = ops::flash_attention_backward(
+        ops::to(dout, DType::float64), in.qf, in.kf, in.vf, r.out, r.lse, c.causal, scale);
+    EXPECT_EQ(gg.dq.dtype(), DType::float32);
+    EXPECT_EQ(gg.dk.sizes(), rr.dk.sizes());
+    const double tol = fp32_tol(c, 2e-5);
+    EXPECT_TRUE(close_scaled(f64_cpu(gg.dq), rr.dq, tol)) << "dq " << describe(c, DType::float32);
+    EXPECT_TRUE(close_scaled(f64_cpu(gg.dk), rr.dk, tol)) << "dk " << describe(c, DType::float32);
+    EXPECT_TRUE(close_scaled(f64_cpu(gg.dv), rr.dv, tol)) << "dv " << describe(c, DType::float32);
+  }
+}
+
+TEST_P(AttentionVsCpu, Fp32UnalignedAndStridedInputs) {
+  // q, k, v views at an odd element offset (copied to aligned memory by the op) and a
+  // [B, T, H, D] split-head view read in place; both against the float64 reference.
+  const int64_t B = 2, T = 96, H = 3, D = 64;
+  const Tensor base = rand_tensor({3 * B * H * T * D + 1}, DType::float32, 701);
+  const Tensor flat = put(base);
+  auto piece = [&](const Tensor& t, int i) {
+    return ops::reshape(ops::narrow(t, 0, 1 + i * B * H * T * D, B * H * T * D), {B, H, T, D});
+  };
+  const Tensor q = piece(flat, 0), k = piece(flat, 1), v = piece(flat, 2);
+  const Tensor q64 = ops::to(piece(base, 0), DType::float64),
+               k64 = ops::to(piece(base, 1), DType::float64),
+               v64 = ops::to(piece(base, 2), DType::float64);
+  const Case c{B, H, T, T, D, true};
+  const ops::FlashAttentionOutput g = ops::flash_attention_forward(q, k, v, true, 0.125);
+  const ops::FlashAttentionOutput r = ops::flash_attention_forward(q64, k64, v64, true, 0.125);
+  EXPECT_TRUE(close_scaled(f64_cpu(g.out), r.out, fp32_tol(c, 1e-5)));
+  const Tensor qs = ops::transpose(put(ops::transpose(piece(base, 0), 1, 2).contiguous()), 1, 2);
+  ASSERT_FALSE(qs.is_contiguous());
+  const ops::FlashAttentionOutput gs = ops::flash_attention_forward(qs, k, v, true, 0.125);
+  EXPECT_TRUE(close_scaled(f64_cpu(gs.out), r.out, fp32_tol(c, 1e-5)));
+  const Tensor dout = rand_tensor({B, H, T, D}, DType::float32, 702, -1, 1);
+  const ops::FlashAttentionGrads gg =
+      ops::flash_attention_backward(put(dout), qs, k, v, gs.out, gs.lse, true, 0.125);
+  const ops::FlashAttentionGrads rr = ops::flash_attention_backward(
+      ops::to(dout, DType::float64), q64, k64, v64, r.out, r.lse, true, 0.125);
+  EXPECT_TRUE(close_scaled(f64_cpu(gg.dq), rr.dq, fp32_tol(c, 2e-5)));
+  EXPECT_TRUE(close_scaled(f64_cpu(gg.dk), rr.dk, fp32_tol(c, 2e-5)));
+  EXPECT_TRUE(close_scaled(f64_cpu(gg.dv), rr.dv, fp32_tol(c, 2e-5)));
+  // What the float32 kernel does not take: E != Ev, E > 128.
+  EXPECT_FALSE(ops::flash_attention_supported(q, k, ops::narrow(v, 3, 0, 32)));
+  const Tensor wide = ops::zeros({1, 1, 4, 136}, DType::float32, dev());
+  EXPECT_FALSE(ops::flash_attention_supported(wide, wide, wide));
+}
+
+TEST_P(AttentionVsCpu, Fp32SdpaTakesTheFusedPathWithTheCompositesGradients) {
+  // float32 against the float64 composite.
+  const int64_t T = 150;
+  for (const bool causal : {true, false}) {
+    const Case c{2, 4, T, T, 64, causal};
+    expect_fused_sdpa_matches_composite(DType::float32, DType::float64, T, causal,
+                                        causal ? 800 : 810, fp32_tol(c, 1e-5), fp32_tol(c, 2e-5));
+  }
 }
 
 }  // namespace

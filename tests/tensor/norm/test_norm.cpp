@@ -1,24 +1,47 @@
-// Normalization ops (layer_norm, rms_norm, batch_norm): hand-computed values, running-stat
-// updates, eval mode, what backward saves, float64 gradient checks (affine or not, several
-// normalized dims, non-contiguous inputs), 16-bit dtypes and errors naming op and shapes.
+// Normalization ops (layer_norm, rms_norm, batch_norm), one file for every device
+// (tests/testing/devices.h). On each device (the CPU in test_norm, CUDA in test_norm_cuda):
+// hand-computed values, running-stat updates, eval mode, what backward saves, float64 gradient
+// checks (affine or not, several normalized dims, non-contiguous inputs), 16-bit dtypes, empty
+// inputs and errors naming op and shapes.
+//
+// On CUDA only, against the CPU kernels: every raw op forward and backward (dx, dweight, dbias)
+// on fresh random data: float32, float64, and float16/bfloat16 inputs with float32 parameters;
+// odd row lengths, 2-D/3-D/4-D batch_norm, running statistics after training steps,
+// non-contiguous inputs, empty batches, autograd end to end, and where the kernels' scratch
+// lands in the allocator. Those errors are max |gpu - cpu| / max |cpu| over a tensor (both read
+// back as float64); for dx, whose terms can cancel (batch_norm over 2 values gives dx ~ 0), the
+// denominator is at least the size of its terms, max |dy| * max |weight| * max |rstd|.
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <sstream>
+
 #include "autograd/node.h"
 #include "tensor/norm/autograd.h"
-#include "testing/gradcheck.h"
+#include "tensor/norm/ops.h"
+#include "testing/cuda_testing.h"
+#include "testing/devices.h"
 
 namespace tally {
 namespace {
 
 using namespace testing;
 
+// The cases that run on every device.
+class Norm : public OnDevice {};
+TALLY_ON_DEVICES(Norm);
+
 // ---------------------------------------------------------------- layer_norm
 
-TEST(LayerNorm, Values) {
-  const Tensor x = from_vector({1, 2, 3, 4}, {4});
+TEST_P(Norm, LayerNormValues) {
+  const Tensor x = from_vector({1, 2, 3, 4}, {4}, on({}));
   EXPECT_TRUE(values_near(
       layer_norm(x, {4}, {}, {}, 1e-12),
       {-1.3416407864993372, -0.447213595499779, 0.447213595499779, 1.3416407864993372}, 1e-6));
-  const Tensor w = from_vector({1, 2, 0.5, -1}, {4});
-  const Tensor b = from_vector({0, 1, -1, 0.5}, {4});
+  const Tensor w = from_vector({1, 2, 0.5, -1}, {4}, on({}));
+  const Tensor b = from_vector({0, 1, -1, 0.5}, {4}, on({}));
   EXPECT_TRUE(values_near(
       layer_norm(x, {4}, w, b, 1e-12),
       {-1.3416407864993372, 0.10557280900044197, -0.7763932022501105, -0.8416407864993372}, 1e-6));
@@ -28,7 +51,7 @@ TEST(LayerNorm, Values) {
       {-1.3416407864993372, 0.552786404500221, -0.552786404500221, 1.8416407864993372}, 1e-6));
 
   // Rows of a [2, 3] input, default eps = 1e-5; the raw op's mean and rstd are [2, 1].
-  const Tensor x2 = from_vector({1, 2, 3, 2, 4, 8}, {2, 3}, f64);
+  const Tensor x2 = from_vector({1, 2, 3, 2, 4, 8}, {2, 3}, on(f64));
   auto [out, mean, rstd] = ops::layer_norm(x2, {3});
   EXPECT_TRUE(values_near(out,
                           {-1.2247356859083902, 0.0, 1.2247356859083902, -1.0690441085967415,
@@ -40,7 +63,7 @@ TEST(LayerNorm, Values) {
   EXPECT_TRUE(values_near(rstd, {1.2247356859083902, 0.400891540723778}, 1e-12));
 
   // Over the last two dims: [2, 2, 3] normalized over [2, 3] = rows of 6.
-  const Tensor x3 = from_vector({1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 0, 6}, {2, 2, 3}, f64);
+  const Tensor x3 = from_vector({1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 0, 6}, {2, 2, 3}, on(f64));
   auto [out3, mean3, rstd3] = ops::layer_norm(x3, {2, 3}, {}, {}, 0.0);
   EXPECT_EQ(mean3.sizes(), (Shape{2, 1, 1}));
   EXPECT_TRUE(values_near(mean3, {3.5, 1.0}, 1e-12));
@@ -52,11 +75,11 @@ TEST(LayerNorm, Values) {
                           1e-12));
 }
 
-TEST(LayerNorm, SimpleGradients) {
+TEST_P(Norm, LayerNormSimpleGradients) {
   // sum(layer_norm(x)) does not depend on x; dbias counts the rows; dweight sums xhat.
-  const Tensor x = from_vector({1, 2, 3, 2, 4, 8}, {2, 3}, f64_grad);
-  const Tensor w = from_vector({1, 1, 1}, {3}, f64_grad);
-  const Tensor b = from_vector({0, 0, 0}, {3}, f64_grad);
+  const Tensor x = leaf(from_vector({1, 2, 3, 2, 4, 8}, {2, 3}, f64));
+  const Tensor w = leaf(from_vector({1, 1, 1}, {3}, f64));
+  const Tensor b = leaf(from_vector({0, 0, 0}, {3}, f64));
   sum(layer_norm(x, {3}, w, b, 0.0)).backward();
   EXPECT_TRUE(values_near(x.grad(), {0, 0, 0, 0, 0, 0}, 1e-12));
   EXPECT_TRUE(values_near(b.grad(), {2, 2, 2}, 1e-12));
@@ -66,7 +89,7 @@ TEST(LayerNorm, SimpleGradients) {
                           1e-12));
 }
 
-TEST(LayerNorm, Gradients) {
+TEST_P(Norm, LayerNormGradients) {
   const Tensor x = rand_input({3, 4}, -1, 1, 1);
   const Tensor x3 = rand_input({2, 2, 3}, -1, 1, 2);
   const Tensor w = rand_input({4}, 0.5, 1.5, 3);
@@ -74,41 +97,51 @@ TEST(LayerNorm, Gradients) {
   const Tensor w2 = rand_input({2, 3}, 0.5, 1.5, 5);
   const Tensor b2 = rand_input({2, 3}, -1, 1, 6);
   // no affine, last dim / last two dims
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return layer_norm(t[0], {4}); }, {x}));
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return layer_norm(t[0], {2, 3}); }, {x3}));
+  EXPECT_TRUE(gradcheck_on(dev(), [](const TensorList& t) { return layer_norm(t[0], {4}); }, {x}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& t) {
+                             return layer_norm(t[0], {2, 3});
+                           },
+                           {x3}));
   // affine
-  EXPECT_TRUE(
-      gradcheck([](const TensorList& t) { return layer_norm(t[0], {4}, t[1], t[2]); }, {x, w, b}));
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& t) {
-        return layer_norm(t[0], {2, 3}, t[1], t[2]);
-      },
-      {x3, w2, b2}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [](const TensorList& t) { return layer_norm(t[0], {4}, t[1], t[2]); }, {x, w, b}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& t) {
+                             return layer_norm(t[0], {2, 3}, t[1], t[2]);
+                           },
+                           {x3, w2, b2}));
   // weight only, bias only
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return layer_norm(t[0], {4}, t[1]); }, {x, w}));
   EXPECT_TRUE(
-      gradcheck([](const TensorList& t) { return layer_norm(t[0], {4}, {}, t[1]); }, {x, b}));
+      gradcheck_on(dev(), [](const TensorList& t) { return layer_norm(t[0], {4}, t[1]); }, {x, w}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [](const TensorList& t) { return layer_norm(t[0], {4}, {}, t[1]); }, {x, b}));
   // non-contiguous input, normalized over 1 and 2 dims
   const Tensor xn = rand_input_noncontig({2, 3, 4}, 7);
   ASSERT_FALSE(xn.is_contiguous());
-  EXPECT_TRUE(
-      gradcheck([](const TensorList& t) { return layer_norm(t[0], {4}, t[1], t[2]); }, {xn, w, b}));
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return layer_norm(t[0], {3, 4}); }, {xn}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [](const TensorList& t) { return layer_norm(t[0], {4}, t[1], t[2]); }, {xn, w, b}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& t) {
+                             return layer_norm(t[0], {3, 4});
+                           },
+                           {xn}));
   // a transposed view as input
   const Tensor xt = rand_input({4, 3}, -1, 1, 8);
-  EXPECT_TRUE(
-      gradcheck([](const TensorList& t) { return layer_norm(t[0].t(), {4}, t[1]); }, {xt, w}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [](const TensorList& t) { return layer_norm(t[0].t(), {4}, t[1]); }, {xt, w}));
   // only the parameters require grad (x a constant): dweight alone, dbias alone
-  const Tensor xc = ops::rand({3, 4}, DType::float64);
+  const Tensor xc = put(ops::rand({3, 4}, DType::float64));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& t) { return layer_norm(xc, {4}, t[0], t[1]); }, {w, b}));
   EXPECT_TRUE(
-      gradcheck([&](const TensorList& t) { return layer_norm(xc, {4}, t[0], t[1]); }, {w, b}));
-  EXPECT_TRUE(gradcheck([&](const TensorList& t) { return layer_norm(xc, {4}, {}, t[0]); }, {b}));
+      gradcheck_on(dev(), [&](const TensorList& t) { return layer_norm(xc, {4}, {}, t[0]); }, {b}));
 }
 
-TEST(LayerNorm, SavesInputAndStatisticsNotOutput) {
-  const Tensor x = rand_input({3, 4}, -1, 1, 1);
-  const Tensor w = rand_input({4}, 0.5, 1.5, 2);
-  const Tensor b = rand_input({4}, -1, 1, 3);
+TEST_P(Norm, LayerNormSavesInputAndStatisticsNotOutput) {
+  const Tensor x = leaf(rand_input({3, 4}, -1, 1, 1));
+  const Tensor w = leaf(rand_input({4}, 0.5, 1.5, 2));
+  const Tensor b = leaf(rand_input({4}, -1, 1, 3));
   const Tensor out = layer_norm(x, {4}, w, b);
   const std::vector<Tensor> saved = saved_by(out);
   ASSERT_EQ(saved.size(), 4u);  // x, mean, rstd, weight
@@ -120,17 +153,17 @@ TEST(LayerNorm, SavesInputAndStatisticsNotOutput) {
   EXPECT_EQ(out.autograd_meta()->grad_fn->name(), "LayerNormBackward");
 
   // Only bias requires grad: nothing saved at all.
-  const Tensor xc = ops::rand({3, 4}, DType::float64);
+  const Tensor xc = put(ops::rand({3, 4}, DType::float64));
   EXPECT_TRUE(saved_by(layer_norm(xc, {4}, w.detach(), b)).empty());
   // Only weight: x, mean, rstd, but not the weight.
   EXPECT_EQ(saved_by(layer_norm(xc, {4}, w, b.detach())).size(), 3u);
 }
 
-TEST(LayerNorm, Dtypes) {
+TEST_P(Norm, LayerNormDtypes) {
   const std::vector<double> v = {1, 2, 3, 4, -1, 0, 5, 2};
   const Tensor ref = layer_norm(from_vector(v, {2, 4}), {4});
   for (DType d : {DType::float16, DType::bfloat16, DType::float32, DType::float64}) {
-    const Tensor x = from_vector(v, {2, 4}, TensorOptions{}.with_dtype(d));
+    const Tensor x = from_vector(v, {2, 4}, on(TensorOptions{}.with_dtype(d)));
     auto [out, mean, rstd] = ops::layer_norm(x, {4});
     EXPECT_EQ(out.dtype(), d);
     EXPECT_EQ(mean.dtype(), d == DType::float64 ? DType::float64 : DType::float32);
@@ -139,10 +172,10 @@ TEST(LayerNorm, Dtypes) {
         << dtype_name(d);
   }
   // bfloat16 input with float32 parameters (mixed precision): gradients keep each dtype.
-  Tensor x = from_vector(v, {2, 4}, TensorOptions{}.with_dtype(DType::bfloat16));
+  Tensor x = from_vector(v, {2, 4}, on(TensorOptions{}.with_dtype(DType::bfloat16)));
   x.requires_grad_(true);
-  const Tensor w = ones({4}, TensorOptions{}.with_requires_grad());
-  const Tensor b = zeros({4}, TensorOptions{}.with_requires_grad());
+  const Tensor w = ones({4}, on(TensorOptions{}.with_requires_grad()));
+  const Tensor b = zeros({4}, on(TensorOptions{}.with_requires_grad()));
   const Tensor out = layer_norm(x, {4}, w, b);
   EXPECT_EQ(out.dtype(), DType::bfloat16);
   sum(out).backward();
@@ -153,29 +186,27 @@ TEST(LayerNorm, Dtypes) {
   EXPECT_TRUE(values_near(x.grad(), std::vector<double>(8, 0.0), 2e-2));
 }
 
-TEST(LayerNorm, Errors) {
-  const Tensor x = zeros({2, 3});
+TEST_P(Norm, LayerNormErrors) {
+  const Tensor x = zeros({2, 3}, on({}));
   std::string m = error_of<std::invalid_argument>([&] { layer_norm(x, {4}); });
   EXPECT_TRUE(contains(m, "layer_norm") && contains(m, "[4]") && contains(m, "[2, 3]")) << m;
   m = error_of<std::invalid_argument>([&] { layer_norm(x, {2, 3, 1}); });
   EXPECT_TRUE(contains(m, "layer_norm") && contains(m, "[2, 3, 1]")) << m;
   m = error_of<std::invalid_argument>([&] { layer_norm(x, {}); });
   EXPECT_TRUE(contains(m, "layer_norm") && contains(m, "at least one dimension")) << m;
-  m = error_of<std::invalid_argument>([&] { layer_norm(x, {3}, zeros({4})); });
+  m = error_of<std::invalid_argument>([&] { layer_norm(x, {3}, zeros({4}, on({}))); });
   EXPECT_TRUE(contains(m, "layer_norm: weight of shape [4]") && contains(m, "[3]")) << m;
-  m = error_of<std::invalid_argument>([&] { layer_norm(x, {3}, {}, zeros({2, 3})); });
+  m = error_of<std::invalid_argument>([&] { layer_norm(x, {3}, {}, zeros({2, 3}, on({}))); });
   EXPECT_TRUE(contains(m, "layer_norm: bias of shape [2, 3]")) << m;
-  m = error_of<std::invalid_argument>([&] {
-    layer_norm(zeros({2, 3}, TensorOptions{}.with_dtype(DType::int64)), {3});
-  });
+  m = error_of<std::invalid_argument>([&] { layer_norm(zeros({2, 3}, on(i64)), {3}); });
   EXPECT_TRUE(contains(m, "layer_norm") && contains(m, "int64")) << m;
   m = error_of<std::invalid_argument>([&] { rms_norm(x, {2}); });
   EXPECT_TRUE(contains(m, "rms_norm") && contains(m, "[2]") && contains(m, "[2, 3]")) << m;
 }
 
-TEST(LayerNorm, EmptyInput) {
-  const Tensor x = zeros({0, 4}, f64_grad);
-  const Tensor w = ones({4}, f64_grad);
+TEST_P(Norm, LayerNormEmptyInput) {
+  const Tensor x = zeros({0, 4}, on(f64_grad));
+  const Tensor w = ones({4}, on(f64_grad));
   const Tensor out = layer_norm(x, {4}, w);
   EXPECT_EQ(out.sizes(), (Shape{0, 4}));
   sum(out).backward();
@@ -185,44 +216,45 @@ TEST(LayerNorm, EmptyInput) {
 
 // ---------------------------------------------------------------- rms_norm
 
-TEST(RmsNorm, ValuesAndGradients) {
-  const Tensor x = from_vector({1, 2, 3, 4}, {4}, f64);
+TEST_P(Norm, RmsNormValuesAndGradients) {
+  const Tensor x = from_vector({1, 2, 3, 4}, {4}, on(f64));
   EXPECT_TRUE(values_near(
       rms_norm(x, {4}, {}, 1e-6),
       {0.3651483473268884, 0.7302966946537768, 1.0954450419806652, 1.4605933893075536}, 1e-12));
-  const Tensor x2 = from_vector({1, -2, 3, 4}, {4}, f64);
-  const Tensor w = from_vector({1, 0.5, 2, -1}, {4}, f64);
+  const Tensor x2 = from_vector({1, -2, 3, 4}, {4}, on(f64));
+  const Tensor w = from_vector({1, 0.5, 2, -1}, {4}, on(f64));
   EXPECT_TRUE(values_near(
       rms_norm(x2, {4}, w, 1e-6),
       {0.3651483473268884, -0.3651483473268884, 2.1908900839613303, -1.4605933893075536}, 1e-12));
   // Default eps: float32 machine epsilon.
-  EXPECT_TRUE(values_near(rms_norm(from_vector({3, 4}, {2}), {2}),
+  EXPECT_TRUE(values_near(rms_norm(from_vector({3, 4}, {2}, on({})), {2}),
                           {3.0 / std::sqrt(12.5), 4.0 / std::sqrt(12.5)}, 1e-6));
 
   const Tensor xi = rand_input({3, 4}, -1, 1, 1);
   const Tensor xn = rand_input_noncontig({2, 3, 4}, 2);
   const Tensor wi = rand_input({4}, 0.5, 1.5, 3);
   const Tensor w2 = rand_input({3, 4}, 0.5, 1.5, 4);
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return rms_norm(t[0], {4}); }, {xi}));
+  EXPECT_TRUE(gradcheck_on(dev(), [](const TensorList& t) { return rms_norm(t[0], {4}); }, {xi}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [](const TensorList& t) { return rms_norm(t[0], {4}, t[1], 1e-5); }, {xi, wi}));
   EXPECT_TRUE(
-      gradcheck([](const TensorList& t) { return rms_norm(t[0], {4}, t[1], 1e-5); }, {xi, wi}));
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return rms_norm(t[0], {4}, t[1]); }, {xn, wi}));
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& t) {
-        return rms_norm(t[0], {3, 4}, t[1]);
-      },
-      {xn, w2}));
-  const Tensor out = rms_norm(xi, {4}, wi);
+      gradcheck_on(dev(), [](const TensorList& t) { return rms_norm(t[0], {4}, t[1]); }, {xn, wi}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& t) {
+                             return rms_norm(t[0], {3, 4}, t[1]);
+                           },
+                           {xn, w2}));
+  const Tensor out = rms_norm(leaf(xi), {4}, leaf(wi));
   EXPECT_EQ(out.autograd_meta()->grad_fn->name(), "RmsNormBackward");
   EXPECT_EQ(saved_by(out).size(), 3u);  // x, rstd, weight
 }
 
 // ---------------------------------------------------------------- batch_norm
 
-TEST(BatchNorm, TrainingValuesAndRunningStats) {
-  const Tensor x = from_vector({1, 10, 2, 20, 3, 60}, {3, 2}, f64);
-  const Tensor rm = zeros({2}, f64);
-  const Tensor rv = ones({2}, f64);
+TEST_P(Norm, BatchNormTrainingValuesAndRunningStats) {
+  const Tensor x = from_vector({1, 10, 2, 20, 3, 60}, {3, 2}, on(f64));
+  const Tensor rm = zeros({2}, on(f64));
+  const Tensor rv = ones({2}, on(f64));
   const Tensor out = batch_norm(x, rm, rv, {}, {}, /*training=*/true);
   EXPECT_TRUE(values_near(out,
                           {-1.2247356859083902, -0.9258200898530505, 0.0, -0.46291004492652527,
@@ -233,8 +265,8 @@ TEST(BatchNorm, TrainingValuesAndRunningStats) {
   EXPECT_TRUE(values_near(rv, {1.0, 70.9}, 1e-12));
 
   // Affine, momentum 0.5, from the updated stats.
-  const Tensor w = from_vector({2, -1}, {2}, f64);
-  const Tensor b = from_vector({0.5, 1}, {2}, f64);
+  const Tensor w = from_vector({2, -1}, {2}, on(f64));
+  const Tensor b = from_vector({0.5, 1}, {2}, on(f64));
   const Tensor out2 = batch_norm(x, rm, rv, w, b, true, 0.5);
   EXPECT_TRUE(values_near(out2,
                           {-1.9494713718167804, 1.9258200898530506, 0.5, 1.4629100449265253,
@@ -247,8 +279,8 @@ TEST(BatchNorm, TrainingValuesAndRunningStats) {
   EXPECT_TRUE(values_near(batch_norm(x, {}, {}, {}, {}, true), ops::to_vector(out), 1e-12));
 
   // 4-D [2, 2, 1, 2]: channel 0 holds {1, 3, 5, 7}, channel 1 {0, 4, 2, 2}.
-  const Tensor x4 = from_vector({1, 3, 0, 4, 5, 7, 2, 2}, {2, 2, 1, 2}, f64);
-  const Tensor rm4 = zeros({2}, f64), rv4 = ones({2}, f64);
+  const Tensor x4 = from_vector({1, 3, 0, 4, 5, 7, 2, 2}, {2, 2, 1, 2}, on(f64));
+  const Tensor rm4 = zeros({2}, on(f64)), rv4 = ones({2}, on(f64));
   EXPECT_TRUE(values_near(batch_norm(x4, rm4, rv4, {}, {}, true),
                           {-1.3416394448610998, -0.4472131482870333, -1.4142100268524473,
                            1.4142100268524473, 0.4472131482870333, 1.3416394448610998, 0.0, 0.0},
@@ -262,10 +294,10 @@ TEST(BatchNorm, TrainingValuesAndRunningStats) {
   EXPECT_TRUE(values_near(invstd, {1.0 / std::sqrt(5.0), 1.0 / std::sqrt(2.0)}, 1e-12));
 }
 
-TEST(BatchNorm, RunningStatsAreNotInTheGraph) {
-  const Tensor x = rand_input({4, 3}, -1, 1, 1);
-  const Tensor w = rand_input({3}, 0.5, 1.5, 2);
-  const Tensor rm = zeros({3}, f64), rv = ones({3}, f64);
+TEST_P(Norm, BatchNormRunningStatsAreNotInTheGraph) {
+  const Tensor x = leaf(rand_input({4, 3}, -1, 1, 1));
+  const Tensor w = leaf(rand_input({3}, 0.5, 1.5, 2));
+  const Tensor rm = zeros({3}, on(f64)), rv = ones({3}, on(f64));
   const uint64_t v0 = rm.storage().version();
   const Tensor out = batch_norm(x, rm, rv, w, {}, true);
   EXPECT_GT(rm.storage().version(), v0);  // updated in place
@@ -283,30 +315,30 @@ TEST(BatchNorm, RunningStatsAreNotInTheGraph) {
   EXPECT_TRUE(w.grad().defined());
 }
 
-TEST(BatchNorm, EvalUsesRunningStats) {
-  const Tensor x = from_vector({1, 2, 3, 5}, {2, 2}, f64);
-  const Tensor rm = from_vector({1, 2}, {2}, f64);
-  const Tensor rv = from_vector({4, 9}, {2}, f64);
-  const Tensor w = from_vector({2, 3}, {2}, f64);
-  const Tensor b = from_vector({1, -1}, {2}, f64);
+TEST_P(Norm, BatchNormEvalUsesRunningStats) {
+  const Tensor x = from_vector({1, 2, 3, 5}, {2, 2}, on(f64));
+  const Tensor rm = from_vector({1, 2}, {2}, on(f64));
+  const Tensor rv = from_vector({4, 9}, {2}, on(f64));
+  const Tensor w = from_vector({2, 3}, {2}, on(f64));
+  const Tensor b = from_vector({1, -1}, {2}, on(f64));
   EXPECT_TRUE(values_near(batch_norm(x, rm, rv, w, b, false, 0.1, 0.0), {1, -1, 3, 2}, 1e-12));
   EXPECT_TRUE(values_near(batch_norm(x, rm, rv, {}, {}, false, 0.1, 0.0), {0, 0, 1, 1}, 1e-12));
   // Eval mode never touches the running stats, even with a single value per channel.
   EXPECT_TRUE(
-      values_near(batch_norm(from_vector({1, 2}, {1, 2}, f64), rm, rv, {}, {}, false, 0.1, 0.0),
+      values_near(batch_norm(from_vector({1, 2}, {1, 2}, on(f64)), rm, rv, {}, {}, false, 0.1, 0.0),
                   {0, 0}, 1e-12));
   EXPECT_TRUE(values_near(rm, {1, 2}));
   EXPECT_TRUE(values_near(rv, {4, 9}));
 
   // Eval backward: dx = dy * weight * invstd; only invstd and weight saved for it.
-  const Tensor xg = from_vector({1, 2, 3, 5}, {2, 2}, f64_grad);
+  const Tensor xg = leaf(from_vector({1, 2, 3, 5}, {2, 2}, f64));
   const Tensor out = batch_norm(xg, rm, rv, w, b, false, 0.1, 0.0);
   EXPECT_EQ(saved_by(out).size(), 2u);
   sum(out).backward();
   EXPECT_TRUE(values_near(xg.grad(), {1, 1, 1, 1}, 1e-12));  // 2 / 2, 3 / 3
 }
 
-TEST(BatchNorm, Gradients) {
+TEST_P(Norm, BatchNormGradients) {
   const Tensor x2 = rand_input({4, 3}, -1, 1, 1);
   const Tensor x4 = rand_input({2, 3, 2, 2}, -1, 1, 2);
   const Tensor x3n = rand_input_noncontig({3, 2, 4}, 3);
@@ -314,47 +346,51 @@ TEST(BatchNorm, Gradients) {
   const Tensor b = rand_input({3}, -1, 1, 5);
   const Tensor w2 = rand_input({2}, 0.5, 1.5, 6);
   const Tensor b2 = rand_input({2}, -1, 1, 7);
-  const Tensor rm = ops::mul(ops::rand({3}, DType::float64), 0.5);
-  const Tensor rv = ops::add(ops::rand({3}, DType::float64), 0.5);
+  // Running statistics and constant inputs live on the device under test.
+  const Tensor rm = put(ops::mul(ops::rand({3}, DType::float64), 0.5));
+  const Tensor rv = put(ops::add(ops::rand({3}, DType::float64), 0.5));
   // training, 2-D and 4-D, with and without affine, with and without running stats
-  EXPECT_TRUE(gradcheck(
-      [&](const TensorList& t) { return batch_norm(t[0], {}, {}, t[1], t[2], true); }, {x2, w, b}));
-  EXPECT_TRUE(gradcheck(
-      [&](const TensorList& t) {
-        return batch_norm(t[0], ops::zeros({3}, DType::float64), ops::ones({3}, DType::float64),
-                          t[1], t[2], true);
-      },
-      {x4, w, b}));
-  EXPECT_TRUE(
-      gradcheck([&](const TensorList& t) { return batch_norm(t[0], {}, {}, {}, {}, true); }, {x4}));
-  EXPECT_TRUE(
-      gradcheck([&](const TensorList& t) { return batch_norm(t[0], {}, {}, t[1], t[2], true); },
-                {x3n, w2, b2}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& t) { return batch_norm(t[0], {}, {}, t[1], t[2], true); },
+      {x2, w, b}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [&](const TensorList& t) {
+                             return batch_norm(t[0], ops::zeros({3}, DType::float64, dev()),
+                                               ops::ones({3}, DType::float64, dev()), t[1], t[2],
+                                               true);
+                           },
+                           {x4, w, b}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& t) { return batch_norm(t[0], {}, {}, {}, {}, true); }, {x4}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& t) { return batch_norm(t[0], {}, {}, t[1], t[2], true); },
+      {x3n, w2, b2}));
   // eval, 2-D and 4-D
-  EXPECT_TRUE(
-      gradcheck([&](const TensorList& t) { return batch_norm(t[0], rm, rv, t[1], t[2], false); },
-                {x2, w, b}));
-  EXPECT_TRUE(
-      gradcheck([&](const TensorList& t) { return batch_norm(t[0], rm, rv, t[1], t[2], false); },
-                {x4, w, b}));
-  EXPECT_TRUE(gradcheck(
-      [&](const TensorList& t) { return batch_norm(t[0], rm, rv, {}, {}, false); }, {x4}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& t) { return batch_norm(t[0], rm, rv, t[1], t[2], false); },
+      {x2, w, b}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& t) { return batch_norm(t[0], rm, rv, t[1], t[2], false); },
+      {x4, w, b}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& t) { return batch_norm(t[0], rm, rv, {}, {}, false); }, {x4}));
   // only the parameters require grad
-  const Tensor xc = ops::rand({2, 3, 2}, DType::float64);
-  EXPECT_TRUE(gradcheck(
-      [&](const TensorList& t) { return batch_norm(xc, {}, {}, t[0], t[1], true); }, {w, b}));
-  EXPECT_TRUE(
-      gradcheck([&](const TensorList& t) { return batch_norm(xc, {}, {}, {}, t[0], true); }, {b}));
-  EXPECT_TRUE(
-      gradcheck([&](const TensorList& t) { return batch_norm(xc, rm, rv, t[0], {}, false); }, {w}));
+  const Tensor xc = put(ops::rand({2, 3, 2}, DType::float64));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& t) { return batch_norm(xc, {}, {}, t[0], t[1], true); },
+      {w, b}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& t) { return batch_norm(xc, {}, {}, {}, t[0], true); }, {b}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& t) { return batch_norm(xc, rm, rv, t[0], {}, false); }, {w}));
 }
 
-TEST(BatchNorm, Dtypes) {
+TEST_P(Norm, BatchNormDtypes) {
   const std::vector<double> v = {1, 10, 2, 20, 3, 60, 4, -5};
   const Tensor ref = batch_norm(from_vector(v, {4, 2}), {}, {}, {}, {}, true);
   for (DType d : {DType::float16, DType::bfloat16, DType::float32}) {
-    Tensor x = from_vector(v, {4, 2}, TensorOptions{}.with_dtype(d));
-    const Tensor rm = zeros({2}), rv = ones({2});  // float32 running stats
+    Tensor x = from_vector(v, {4, 2}, on(TensorOptions{}.with_dtype(d)));
+    const Tensor rm = zeros({2}, on({})), rv = ones({2}, on({}));  // float32 running stats
     auto [out, mean, invstd] = ops::batch_norm(x, rm, rv, {}, {}, true);
     EXPECT_EQ(out.dtype(), d);
     EXPECT_EQ(mean.dtype(), DType::float32);
@@ -363,7 +399,7 @@ TEST(BatchNorm, Dtypes) {
         << dtype_name(d);
     EXPECT_TRUE(values_near(rm, {0.25, 2.125}, 2e-3)) << dtype_name(d);
     x.requires_grad_(true);
-    const Tensor w = ones({2}, TensorOptions{}.with_dtype(d).with_requires_grad());
+    const Tensor w = ones({2}, on(TensorOptions{}.with_dtype(d).with_requires_grad()));
     sum(batch_norm(x, {}, {}, w, {}, true)).backward();
     EXPECT_EQ(x.grad().dtype(), d);
     EXPECT_EQ(w.grad().dtype(), d);
@@ -371,43 +407,47 @@ TEST(BatchNorm, Dtypes) {
   }
 }
 
-TEST(BatchNorm, Errors) {
-  const Tensor x = zeros({2, 3, 5});
-  std::string m =
-      error_of<std::invalid_argument>([&] { batch_norm(x, zeros({4}), ones({4}), {}, {}, true); });
+TEST_P(Norm, BatchNormErrors) {
+  const Tensor x = zeros({2, 3, 5}, on({}));
+  std::string m = error_of<std::invalid_argument>(
+      [&] { batch_norm(x, zeros({4}, on({})), ones({4}, on({})), {}, {}, true); });
   EXPECT_TRUE(contains(m, "batch_norm: running_mean of shape [4]") && contains(m, "3 channels") &&
               contains(m, "[2, 3, 5]"))
       << m;
   m = error_of<std::invalid_argument>(
-      [&] { batch_norm(x, zeros({3}), ones({3}), ones({2}), {}, true); });
+      [&] { batch_norm(x, zeros({3}, on({})), ones({3}, on({})), ones({2}, on({})), {}, true); });
   EXPECT_TRUE(contains(m, "batch_norm: weight of shape [2]") && contains(m, "[2, 3, 5]")) << m;
-  m = error_of<std::invalid_argument>([&] { batch_norm(x, {}, {}, {}, zeros({3, 1}), true); });
+  m = error_of<std::invalid_argument>([&] {
+    batch_norm(x, {}, {}, {}, zeros({3, 1}, on({})), true);
+  });
   EXPECT_TRUE(contains(m, "batch_norm: bias of shape [3, 1]")) << m;
   m = error_of<std::invalid_argument>([&] {
-    batch_norm(zeros({1, 3}), zeros({3}), ones({3}), {}, {}, true);
+    batch_norm(zeros({1, 3}, on({})), zeros({3}, on({})), ones({3}, on({})), {}, {}, true);
   });
   EXPECT_TRUE(contains(m, "batch_norm: Expected more than 1 value per channel when training") &&
               contains(m, "[1, 3]"))
       << m;
   m = error_of<std::invalid_argument>([&] {
-    batch_norm(zeros({1, 3, 1, 1}), {}, {}, {}, {}, true);
+    batch_norm(zeros({1, 3, 1, 1}, on({})), {}, {}, {}, {}, true);
   });
   EXPECT_TRUE(contains(m, "Expected more than 1 value per channel when training") &&
               contains(m, "[1, 3, 1, 1]"))
       << m;
-  EXPECT_NO_THROW(batch_norm(zeros({1, 3, 2}), {}, {}, {}, {}, true));  // 2 values per channel
+  EXPECT_NO_THROW(
+      batch_norm(zeros({1, 3, 2}, on({})), {}, {}, {}, {}, true));  // 2 values per channel
   m = error_of<std::invalid_argument>([&] { batch_norm(x, {}, {}, {}, {}, false); });
   EXPECT_TRUE(contains(m, "batch_norm") && contains(m, "evaluation mode")) << m;
-  m = error_of<std::invalid_argument>([&] { batch_norm(x, zeros({3}), {}, {}, {}, true); });
+  m = error_of<std::invalid_argument>([&] { batch_norm(x, zeros({3}, on({})), {}, {}, {}, true); });
   EXPECT_TRUE(contains(m, "batch_norm") && contains(m, "running_var")) << m;
-  m = error_of<std::invalid_argument>([&] { batch_norm(zeros({3}), {}, {}, {}, {}, true); });
+  m = error_of<std::invalid_argument>(
+      [&] { batch_norm(zeros({3}, on({})), {}, {}, {}, {}, true); });
   EXPECT_TRUE(contains(m, "batch_norm") && contains(m, "[N, C]") && contains(m, "[3]")) << m;
 }
 
-TEST(BatchNorm, EmptyBatch) {
-  const Tensor x = zeros({0, 3}, f64_grad);
-  const Tensor w = ones({3}, f64_grad);
-  const Tensor rm = zeros({3}, f64), rv = ones({3}, f64);
+TEST_P(Norm, BatchNormEmptyBatch) {
+  const Tensor x = zeros({0, 3}, on(f64_grad));
+  const Tensor w = ones({3}, on(f64_grad));
+  const Tensor rm = zeros({3}, on(f64)), rv = ones({3}, on(f64));
   const Tensor out = batch_norm(x, rm, rv, w, {}, true);
   EXPECT_EQ(out.sizes(), (Shape{0, 3}));
   EXPECT_TRUE(values_near(rm, {0, 0, 0}));  // nothing to learn from
@@ -415,6 +455,495 @@ TEST(BatchNorm, EmptyBatch) {
   sum(out).backward();
   EXPECT_EQ(x.grad().sizes(), (Shape{0, 3}));
   EXPECT_TRUE(values_near(w.grad(), {0, 0, 0}));
+}
+
+// ================================================================ CUDA against the CPU
+
+// Tolerances relative to max |reference|: elementwise-ish results (out, dx, per-row or
+// per-channel statistics) and reductions over many rows (layer_norm's dweight, dbias).
+struct Tol {
+  double elem, red;
+};
+Tol tol_for(DType d) {
+  switch (d) {
+    case DType::float32:
+      return {1e-5, 1e-4};
+    case DType::float64:
+      return {1e-12, 1e-11};
+    default:
+      return {2e-2, 2e-2};
+  }
+}
+
+// The output masks (dx, dweight, dbias) a three-gradient backward is checked for.
+const std::array<bool, 3> kMasks3[] = {{true, true, true},
+                                       {true, false, false},
+                                       {false, true, false},
+                                       {false, false, true},
+                                       {false, true, true}};
+
+// Parameters (weight, bias, running stats) are float32 for 16-bit inputs.
+DType param_dtype(DType d) {
+  return d == DType::float64 ? DType::float64 : DType::float32;
+}
+
+std::string shape_dtype(const Tensor& t) {
+  return t.shape_string() + " " + dtype_name(t.dtype());
+}
+
+// max |t| (0 for an undefined or empty tensor).
+double max_abs(const Tensor& t) {
+  double m = 0;
+  if (t.defined())
+    for (double v : ops::to_vector(t)) m = std::max(m, std::abs(v));
+  return m;
+}
+
+// gpu (on the device) against cpu: same definedness, shape and dtype, and
+// max |gpu - cpu| <= tol * max(max |cpu|, floor); the failure names the worst element.
+::testing::AssertionResult close(const Tensor& gpu, const Tensor& cpu, double tol,
+                                 const std::string& what, double floor = 0) {
+  if (gpu.defined() != cpu.defined())
+    return ::testing::AssertionFailure()
+           << what << ": defined on gpu " << gpu.defined() << ", on cpu " << cpu.defined();
+  if (!gpu.defined()) return ::testing::AssertionSuccess();
+  if (!gpu.is_cuda())
+    return ::testing::AssertionFailure() << what << ": result is on " << gpu.device().str();
+  if (gpu.sizes() != cpu.sizes() || gpu.dtype() != cpu.dtype())
+    return ::testing::AssertionFailure()
+           << what << ": gpu " << shape_dtype(gpu) << " vs cpu " << shape_dtype(cpu);
+  const std::vector<double> a = ops::to_vector(gpu), b = ops::to_vector(cpu);
+  double max_ref = 0, max_diff = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i]) || std::isinf(a[i]) != std::isinf(b[i]))
+      return ::testing::AssertionFailure() << what << ": element " << i << " gpu " << a[i]
+                                           << " cpu " << b[i] << " (" << shape_dtype(cpu) << ")";
+    if (std::isnan(b[i]) || std::isinf(b[i])) continue;
+    max_ref = std::max(max_ref, std::abs(b[i]));
+    const double diff = std::abs(a[i] - b[i]);
+    if (diff > max_diff) {
+      max_diff = diff;
+      worst = i;
+    }
+  }
+  const double denom = std::max(max_ref, floor);
+  const double rel = denom > 0 ? max_diff / denom : max_diff;
+  if (rel <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": relative error " << rel << " > " << tol << " (" << shape_dtype(cpu)
+         << ", max|ref| " << max_ref << ", floor " << floor << ", worst at flat index " << worst
+         << ": gpu " << a[worst] << " vs cpu " << b[worst] << ")";
+}
+
+Pair undefined_both() {
+  return {Tensor(), Tensor()};
+}
+
+// The size of dx's terms: max |dy| * max |weight| (1 without) * max |rstd or invstd|.
+double dx_floor(const Tensor& dy, const Tensor& w, const Tensor& rstd) {
+  return max_abs(dy) * (w.defined() ? max_abs(w) : 1.0) * max_abs(rstd);
+}
+
+std::string label(const char* op, const Shape& s, DType d, const char* extra = "") {
+  std::ostringstream o;
+  o << op << " " << shape_str(s) << " " << dtype_name(d) << extra;
+  return o.str();
+}
+
+// The cases that compare a device's kernels with the CPU's (accelerators only).
+class NormVsCpu : public VsCpu {};
+TALLY_VS_CPU(NormVsCpu);
+
+// ---------------------------------------------------------------- layer_norm / rms_norm
+
+// x's shape, how many of its last dims are normalized, weight, bias, a non-contiguous input.
+struct RowNormCase {
+  Shape xs;
+  size_t k;
+  bool affine, with_bias, noncontig;
+};
+
+// Forward and backward of layer_norm (rms = false) or rms_norm (rms = true) on x of shape
+// c.xs normalized over its last c.k dims, for every output mask of the backward.
+void check_row_norm(bool rms, const RowNormCase& c, DType d, uint64_t seed) {
+  const auto& [xs, k, affine, with_bias, noncontig] = c;
+  const char* op = rms ? "rms_norm" : "layer_norm";
+  const std::string where = label(op, xs, d, noncontig ? " noncontig" : "") +
+                            (affine ? " affine" : "") + (with_bias ? " bias" : "");
+  SCOPED_TRACE(where);
+  const Tol tol = tol_for(d);
+  const DType pd = param_dtype(d);
+  const Shape ns(xs.end() - static_cast<std::ptrdiff_t>(k), xs.end());
+  const Pair x = both(xs, d, seed, noncontig);
+  const Pair w = affine ? both(ns, pd, seed + 1, false, 0.5, 1.5) : undefined_both();
+  const Pair b = with_bias ? both(ns, pd, seed + 2, false, -1, 1) : undefined_both();
+  const Pair dy = both(xs, d, seed + 3, noncontig);
+
+  Tensor mean_c, mean_g, rstd_c, rstd_g;
+  if (rms) {
+    const double eps = 1e-6;
+    auto [oc, rc] = ops::rms_norm(x.cpu, ns, w.cpu, eps);
+    auto [og, rg] = ops::rms_norm(x.gpu, ns, w.gpu, eps);
+    EXPECT_TRUE(close(og, oc, tol.elem, "out"));
+    EXPECT_TRUE(close(rg, rc, tol.elem, "rstd"));
+    rstd_c = rc;
+    rstd_g = rg;
+    // default eps (the dtype's machine epsilon)
+    EXPECT_TRUE(close(std::get<0>(ops::rms_norm(x.gpu, ns, w.gpu)),
+                      std::get<0>(ops::rms_norm(x.cpu, ns, w.cpu)), tol.elem, "out (default eps)"));
+    for (std::array<bool, 2> mask :
+         {std::array<bool, 2>{true, true}, {true, false}, {false, true}}) {
+      SCOPED_TRACE(::testing::Message() << "mask " << mask[0] << mask[1]);
+      auto [dxc, dwc] = ops::rms_norm_backward(dy.cpu, x.cpu, ns, rstd_c, w.cpu, mask);
+      auto [dxg, dwg] = ops::rms_norm_backward(dy.gpu, x.gpu, ns, rstd_g, w.gpu, mask);
+      EXPECT_TRUE(close(dxg, dxc, tol.elem, "dx", dx_floor(dy.cpu, w.cpu, rstd_c)));
+      EXPECT_TRUE(close(dwg, dwc, tol.red, "dweight"));
+    }
+    return;
+  }
+  auto [oc, mc, rc] = ops::layer_norm(x.cpu, ns, w.cpu, b.cpu, 1e-5);
+  auto [og, mg, rg] = ops::layer_norm(x.gpu, ns, w.gpu, b.gpu, 1e-5);
+  EXPECT_TRUE(close(og, oc, tol.elem, "out"));
+  EXPECT_TRUE(close(mg, mc, tol.elem, "mean"));
+  EXPECT_TRUE(close(rg, rc, tol.elem, "rstd"));
+  for (std::array<bool, 3> mask : kMasks3) {
+    SCOPED_TRACE(::testing::Message() << "mask " << mask[0] << mask[1] << mask[2]);
+    auto [dxc, dwc, dbc] = ops::layer_norm_backward(dy.cpu, x.cpu, ns, mc, rc, w.cpu, mask);
+    auto [dxg, dwg, dbg] = ops::layer_norm_backward(dy.gpu, x.gpu, ns, mg, rg, w.gpu, mask);
+    EXPECT_TRUE(close(dxg, dxc, tol.elem, "dx", dx_floor(dy.cpu, w.cpu, rc)));
+    EXPECT_TRUE(close(dwg, dwc, tol.red, "dweight"));
+    EXPECT_TRUE(close(dbg, dbc, tol.red, "dbias"));
+  }
+}
+
+TEST_P(NormVsCpu, LayerNormMatchesTheCpu) {
+  const RowNormCase cases[] = {
+      // GPT-2 rows, odd row lengths, one row, several normalized dims
+      {{4, 16, 768}, 1, true, true, false},
+      {{37, 50}, 1, true, true, false},
+      {{29, 3}, 1, true, true, false},
+      {{1, 333}, 1, true, false, false},
+      {{6, 5, 7, 9}, 2, true, true, false},
+      // no affine; bias only
+      {{13, 100}, 1, false, false, false},
+      {{13, 100}, 1, false, true, false},
+      // non-contiguous input and grad_output
+      {{24, 65}, 1, true, true, true},
+  };
+  uint64_t seed = 100;
+  for (DType d : kFloatDtypes)
+    for (const RowNormCase& c : cases) check_row_norm(false, c, d, seed += 10);
+}
+
+TEST_P(NormVsCpu, LayerNormManyRowsAndLongRows) {
+  const std::pair<RowNormCase, DType> cases[] = {
+      // Many more rows than blocks (each block accumulates dweight/dbias over several rows).
+      {{{4100, 50}, 1, true, true, false}, DType::float32},
+      {{{9001, 3}, 1, true, true, false}, DType::float32},
+      {{{2048, 768}, 1, true, true, false}, DType::float32},
+      {{{2048, 768}, 1, true, true, false}, DType::bfloat16},
+      {{{3000, 129}, 1, true, true, false}, DType::float64},
+      // Rows too long for the shared-memory accumulators (float32 > 4096, float64 > 2048).
+      {{{70, 5000}, 1, true, true, false}, DType::float32},
+      {{{70, 3001}, 1, true, true, false}, DType::float64},
+      {{{33, 4500}, 1, true, true, false}, DType::float16},
+  };
+  uint64_t seed = 0;
+  for (const auto& [c, d] : cases) check_row_norm(false, c, d, ++seed);
+}
+
+TEST_P(NormVsCpu, RmsNormMatchesTheCpu) {
+  const RowNormCase cases[] = {
+      {{4, 16, 768}, 1, true, false, false}, {{37, 50}, 1, true, false, false},
+      {{29, 3}, 1, true, false, false},      {{6, 5, 7, 9}, 2, true, false, false},
+      {{13, 100}, 1, false, false, false},   {{24, 65}, 1, true, false, true},
+  };
+  uint64_t seed = 500;
+  for (DType d : kFloatDtypes)
+    for (const RowNormCase& c : cases) check_row_norm(true, c, d, seed += 10);
+  const std::pair<RowNormCase, DType> large[] = {
+      {{{4100, 50}, 1, true, false, false}, DType::float32},
+      {{{70, 5000}, 1, true, false, false}, DType::float32},
+      {{{70, 3001}, 1, true, false, false}, DType::float64},
+  };
+  seed = 0;
+  for (const auto& [c, d] : large) check_row_norm(true, c, d, ++seed);
+}
+
+TEST_P(NormVsCpu, LayerNormEmptyInputs) {
+  // No rows: empty out and statistics, zero dweight/dbias.
+  const Tensor x = ops::zeros({0, 8}, DType::float32, dev());
+  const Tensor w = ops::to(rand_tensor({8}, DType::float32, 1, 0.5, 1.5), dev(), DType::float32);
+  auto [out, mean, rstd] = ops::layer_norm(x, {8}, w, w);
+  EXPECT_EQ(out.sizes(), (Shape{0, 8}));
+  EXPECT_EQ(mean.sizes(), (Shape{0, 1}));
+  auto [dx, dw, db] = ops::layer_norm_backward(x, x, {8}, mean, rstd, w, {true, true, true});
+  EXPECT_EQ(dx.sizes(), (Shape{0, 8}));
+  EXPECT_TRUE(close(dw, ops::zeros({8}), 0, "dweight of no rows"));
+  EXPECT_TRUE(close(db, ops::zeros({8}), 0, "dbias of no rows"));
+  auto [rdx, rdw] = ops::rms_norm_backward(x, x, {8}, rstd, w, {true, true});
+  EXPECT_TRUE(close(rdw, ops::zeros({8}), 0, "rms dweight of no rows"));
+  // Empty rows: mean 0, rstd 1 / sqrt(eps), as the CPU.
+  const Tensor xe = ops::zeros({3, 0}, DType::float32, dev());
+  auto [oe, me, re] = ops::layer_norm(xe, {0}, {}, {}, 1e-4);
+  auto [oc, mc, rc] = ops::layer_norm(ops::zeros({3, 0}), {0}, {}, {}, 1e-4);
+  EXPECT_TRUE(close(me, mc, 1e-6, "mean of empty rows"));
+  EXPECT_TRUE(close(re, rc, 1e-6, "rstd of empty rows"));
+}
+
+// ---------------------------------------------------------------- batch_norm
+
+// Training forward (with running statistics, two steps), training backward for every
+// output mask, eval forward and eval backward, on x of shape xs.
+void check_batch_norm(const Shape& xs, DType d, bool affine, bool noncontig, uint64_t seed) {
+  SCOPED_TRACE(label("batch_norm", xs, d, noncontig ? " noncontig" : "") +
+               (affine ? " affine" : ""));
+  const Tol tol = tol_for(d);
+  const DType pd = param_dtype(d);
+  const int64_t c = xs[1];
+  const Pair x = both(xs, d, seed, noncontig);
+  const Pair w = affine ? both({c}, pd, seed + 1, false, 0.5, 1.5) : undefined_both();
+  const Pair b = affine ? both({c}, pd, seed + 2, false, -1, 1) : undefined_both();
+  const Pair dy = both(xs, d, seed + 3, noncontig);
+  // Running statistics: separate copies on each side, updated in place.
+  const Pair rm = both({c}, pd, seed + 4, false, -0.5, 0.5);
+  const Pair rv = both({c}, pd, seed + 5, false, 0.5, 1.5);
+
+  // Forward on both sides (each updating its own running statistics when training), out and
+  // statistics compared; returns the CPU's mean and invstd, then the device's.
+  auto forward = [&](bool training, double momentum, const std::string& phase) {
+    auto [oc, mc, ic] =
+        ops::batch_norm(x.cpu, rm.cpu, rv.cpu, w.cpu, b.cpu, training, momentum, 1e-5);
+    auto [og, mg, ig] =
+        ops::batch_norm(x.gpu, rm.gpu, rv.gpu, w.gpu, b.gpu, training, momentum, 1e-5);
+    EXPECT_TRUE(close(og, oc, tol.elem, phase + " out"));
+    EXPECT_TRUE(close(mg, mc, tol.elem, phase + " mean"));
+    EXPECT_TRUE(close(ig, ic, tol.elem, phase + " invstd"));
+    return std::array<Tensor, 4>{mc, ic, mg, ig};
+  };
+
+  // ---- training forward, two steps (momentum 0.1, then 0.5)
+  const auto [mc, ic, mg, ig] = forward(true, 0.1, "train");
+  EXPECT_TRUE(close(rm.gpu, rm.cpu, tol.elem, "running_mean after step 1"));
+  EXPECT_TRUE(close(rv.gpu, rv.cpu, tol.elem, "running_var after step 1"));
+  forward(true, 0.5, "train step 2");
+  EXPECT_TRUE(close(rm.gpu, rm.cpu, tol.elem, "running_mean after step 2"));
+  EXPECT_TRUE(close(rv.gpu, rv.cpu, tol.elem, "running_var after step 2"));
+  // without running statistics
+  EXPECT_TRUE(close(std::get<0>(ops::batch_norm(x.gpu, {}, {}, w.gpu, b.gpu, true)),
+                    std::get<0>(ops::batch_norm(x.cpu, {}, {}, w.cpu, b.cpu, true)), tol.elem,
+                    "train out (no running stats)"));
+
+  // ---- training backward
+  for (std::array<bool, 3> mask : kMasks3) {
+    SCOPED_TRACE(::testing::Message() << "train mask " << mask[0] << mask[1] << mask[2]);
+    auto [dxc, dwc, dbc] = ops::batch_norm_backward(dy.cpu, x.cpu, mc, ic, w.cpu, true, mask);
+    auto [dxg, dwg, dbg] = ops::batch_norm_backward(dy.gpu, x.gpu, mg, ig, w.gpu, true, mask);
+    EXPECT_TRUE(close(dxg, dxc, tol.elem, "dx", dx_floor(dy.cpu, w.cpu, ic)));
+    EXPECT_TRUE(close(dwg, dwc, tol.elem, "dweight"));
+    EXPECT_TRUE(close(dbg, dbc, tol.elem, "dbias"));
+  }
+
+  // ---- eval forward and backward (running statistics as constants)
+  const auto [emc, eic, emg, eig] = forward(false, 0.1, "eval");
+  EXPECT_TRUE(close(rm.gpu, rm.cpu, tol.elem, "running_mean after eval"));
+  for (std::array<bool, 3> mask : {std::array<bool, 3>{true, true, true}, {false, true, false}}) {
+    SCOPED_TRACE(::testing::Message() << "eval mask " << mask[0] << mask[1] << mask[2]);
+    auto [dxc, dwc, dbc] = ops::batch_norm_backward(dy.cpu, x.cpu, emc, eic, w.cpu, false, mask);
+    auto [dxg, dwg, dbg] = ops::batch_norm_backward(dy.gpu, x.gpu, emg, eig, w.gpu, false, mask);
+    EXPECT_TRUE(close(dxg, dxc, tol.elem, "eval dx"));
+    EXPECT_TRUE(close(dwg, dwc, tol.elem, "eval dweight"));
+    EXPECT_TRUE(close(dbg, dbc, tol.elem, "eval dbias"));
+  }
+  // eval dx and dbias need neither the input nor the mean
+  {
+    SCOPED_TRACE("eval mask 101, no input");
+    auto [dxc, dwc, dbc] = ops::batch_norm_backward(dy.cpu, Tensor(), Tensor(), eic, w.cpu, false,
+                                                    {true, false, true});
+    auto [dxg, dwg, dbg] = ops::batch_norm_backward(dy.gpu, Tensor(), Tensor(), eig, w.gpu, false,
+                                                    {true, false, true});
+    EXPECT_TRUE(close(dxg, dxc, tol.elem, "eval dx"));
+    EXPECT_FALSE(dwg.defined());
+    EXPECT_TRUE(close(dbg, dbc, tol.elem, "eval dbias"));
+  }
+}
+
+TEST_P(NormVsCpu, BatchNormMatchesTheCpu) {
+  uint64_t seed = 1000;
+  for (DType d : kFloatDtypes) {
+    check_batch_norm({37, 5}, d, true, false, seed += 10);         // 2-D
+    check_batch_norm({64, 130}, d, true, false, seed += 10);       // 2-D, many channels
+    check_batch_norm({5, 6, 33}, d, true, false, seed += 10);      // 3-D
+    check_batch_norm({4, 7, 9, 11}, d, true, false, seed += 10);   // 4-D, odd sizes
+    check_batch_norm({4, 7, 9, 11}, d, false, false, seed += 10);  // no affine
+    check_batch_norm({3, 6, 5, 7}, d, true, true, seed += 10);     // non-contiguous
+    check_batch_norm({2, 3, 1, 1}, d, true, false, seed += 10);    // 2 values a channel
+    check_batch_norm({4, 6, 4, 8}, d, true, false, seed += 10);    // planes of 32: 4-element packs
+    check_batch_norm({3, 5, 2, 2}, d, false, false, seed += 10);   // planes of 4: one pack a plane
+  }
+}
+
+TEST_P(NormVsCpu, BatchNormLargeChannels) {
+  // Channels of tens of thousands of elements (split over several blocks each).
+  check_batch_norm({8, 3, 64, 65}, DType::float32, true, false, 1);
+  check_batch_norm({8, 3, 64, 65}, DType::float64, true, false, 2);
+  check_batch_norm({8, 3, 64, 65}, DType::bfloat16, true, false, 3);
+  check_batch_norm({16, 64, 28, 28}, DType::float32, true, false, 4);
+  check_batch_norm({4096, 3}, DType::float32, true, false, 5);
+  // A channel whose values sit far from zero (the one-pass variance is shifted).
+  const Tensor xc = ops::add(rand_tensor({6, 4, 17, 19}, DType::float32, 6), 1000.0);
+  const Tensor xg = ops::to(xc, dev(), DType::float32);
+  auto [oc, mc, ic] = ops::batch_norm(xc, {}, {}, {}, {}, true);
+  auto [og, mg, ig] = ops::batch_norm(xg, {}, {}, {}, {}, true);
+  EXPECT_TRUE(close(mg, mc, 1e-6, "mean of offset data"));
+  EXPECT_TRUE(close(ig, ic, 1e-4, "invstd of offset data"));
+  EXPECT_TRUE(close(og, oc, 1e-3, "out of offset data"));
+}
+
+TEST_P(NormVsCpu, BatchNormEmptyBatch) {
+  for (const Shape& s : {Shape{0, 3}, Shape{0, 3, 4, 4}}) {
+    SCOPED_TRACE(shape_str(s));
+    const Tensor x = ops::zeros(s, DType::float32, dev());
+    const Tensor rm = ops::to(rand_tensor({3}, DType::float32, 1), dev(), DType::float32);
+    const Tensor rv = ops::to(rand_tensor({3}, DType::float32, 2, 0.5, 1.5), dev(), DType::float32);
+    const std::vector<double> rm0 = ops::to_vector(rm), rv0 = ops::to_vector(rv);
+    const Tensor w = ops::ones({3}, DType::float32, dev());
+    auto [out, mean, invstd] = ops::batch_norm(x, rm, rv, w, {}, true);
+    EXPECT_EQ(out.sizes(), s);
+    EXPECT_EQ(ops::to_vector(rm), rm0);  // nothing to learn from
+    EXPECT_EQ(ops::to_vector(rv), rv0);
+    auto [oc, mc, ic] = ops::batch_norm(ops::zeros(s), {}, {}, {}, {}, true);
+    EXPECT_TRUE(close(mean, mc, 1e-6, "mean of an empty batch"));
+    EXPECT_TRUE(close(invstd, ic, 1e-6, "invstd of an empty batch"));
+    auto [dx, dw, db] = ops::batch_norm_backward(x, x, mean, invstd, w, true, {true, true, true});
+    EXPECT_EQ(dx.sizes(), s);
+    EXPECT_TRUE(close(dw, ops::zeros({3}), 0, "dweight of an empty batch"));
+    EXPECT_TRUE(close(db, ops::zeros({3}), 0, "dbias of an empty batch"));
+  }
+}
+
+// ---------------------------------------------------------------- autograd and memory
+
+TEST_P(NormVsCpu, AutogradMatchesTheCpu) {
+  // layer_norm -> batch_norm over a [N, C, L] view, through the differentiable ops.
+  const Tensor xc0 = rand_tensor({6, 5, 40}, DType::float32, 1);
+  const Tensor wc0 = rand_tensor({40}, DType::float32, 2, 0.5, 1.5),
+               bc0 = rand_tensor({40}, DType::float32, 3);
+  const Tensor gc0 = rand_tensor({5}, DType::float32, 4, 0.5, 1.5),
+               hc0 = rand_tensor({5}, DType::float32, 5);
+  auto run = [&](Device device) {
+    auto leaf_on = [&](const Tensor& t) {
+      Tensor l = ops::to(t, device, t.dtype(), /*copy=*/true);
+      l.requires_grad_(true);
+      return l;
+    };
+    const Tensor x = leaf_on(xc0), w = leaf_on(wc0), b = leaf_on(bc0), g = leaf_on(gc0),
+                 h = leaf_on(hc0);
+    const Tensor rm = ops::zeros({5}, DType::float32, device),
+                 rv = ops::ones({5}, DType::float32, device);
+    const Tensor y = batch_norm(layer_norm(x, {40}, w, b), rm, rv, g, h, true);
+    tally::sum(tally::mul(y, tally::tanh(y))).backward();
+    return std::vector<Tensor>{y.detach(), x.grad(), w.grad(), b.grad(),
+                               g.grad(),   h.grad(), rm,       rv};
+  };
+  const std::vector<Tensor> c = run(Device::cpu()), gpu = run(dev());
+  const char* names[] = {"out",        "dx",       "dweight",      "dbias",
+                         "bn dweight", "bn dbias", "running_mean", "running_var"};
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(close(gpu[i], c[i], 1e-4, names[i]));
+}
+
+TEST_P(NormVsCpu, ScratchIsTemporaryUnderTheOpAndFreed) {
+  memory::CachingAllocator& alloc = memory::get_allocator(dev());
+  const Tensor x = ops::to(rand_tensor({64, 768}, DType::float32, 1), dev(), DType::float32);
+  const Tensor w = ops::to(rand_tensor({768}, DType::float32, 2, 0.5, 1.5), dev(), DType::float32);
+  const Tensor xb = ops::to(rand_tensor({8, 16, 9, 9}, DType::float32, 3), dev(), DType::float32);
+  const Tensor wb = ops::to(rand_tensor({16}, DType::float32, 4, 0.5, 1.5), dev(), DType::float32);
+  const Tensor rm = ops::zeros({16}, DType::float32, dev()),
+               rv = ops::ones({16}, DType::float32, dev());
+  const int64_t temp0 = alloc.stats().cat_bytes(memory::Category::temporary).current;
+  alloc.record_memory_history(true);
+  {
+    auto [out, mean, rstd] = ops::layer_norm(x, {768}, w, w);
+    auto grads = ops::layer_norm_backward(x, x, {768}, mean, rstd, w, {true, true, true});
+    auto [bo, bm, bi] = ops::batch_norm(xb, rm, rv, wb, wb, true);
+    auto bgrads = ops::batch_norm_backward(xb, xb, bm, bi, wb, true, {true, true, true});
+    (void)grads;
+    (void)bgrads;
+  }
+  const auto history = alloc.history();
+  alloc.record_memory_history(false);
+  // Every allocation is tagged; blocks allocated and freed inside an op are its scratch.
+  std::set<uint64_t> freed;
+  for (const auto& e : history)
+    if (e.action == memory::TraceAction::free_requested) freed.insert(e.addr);
+  std::set<std::string> ops_with_scratch;
+  size_t layer_norm_scratch = 0;
+  for (const auto& e : history) {
+    if (e.action != memory::TraceAction::alloc) continue;
+    EXPECT_NE(e.tag.category, memory::Category::unknown) << memory::interned(e.tag.op);
+    if (e.tag.category == memory::Category::temporary && freed.count(e.addr)) {
+      const std::string op = memory::interned(e.tag.op);
+      ops_with_scratch.insert(op);
+      if (op == "layer_norm_backward") layer_norm_scratch = std::max(layer_norm_scratch, e.size);
+    }
+  }
+  EXPECT_TRUE(ops_with_scratch.count("layer_norm_backward"));
+  EXPECT_TRUE(ops_with_scratch.count("batch_norm"));
+  EXPECT_TRUE(ops_with_scratch.count("batch_norm_backward"));
+  // At least one partial [2][768] float row per block.
+  EXPECT_GE(layer_norm_scratch, 2 * 768 * sizeof(float));
+  // Outputs and scratch all released: the temporary bytes are back where they were.
+  EXPECT_EQ(alloc.stats().cat_bytes(memory::Category::temporary).current, temp0);
+  EXPECT_EQ(alloc.stats().cat_bytes(memory::Category::unknown).current, 0);
+}
+
+// Throughput of the kernels (not a check; run with --gtest_also_run_disabled_tests).
+// Times `iters` calls, each ended by a read-back of one element (a sync), and prints the
+// bytes the op must move (read x/dy once, write out/dx once) per second.
+TEST_P(NormVsCpu, DISABLED_Throughput) {
+  auto time_ms = [this](auto&& fn) {
+    fn();
+    const auto sync = [this] { (void)ops::item(ops::zeros({1}, DType::float32, dev())); };
+    sync();
+    const int iters = 20;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    sync();
+    const auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::milli>(t1 - t0).count() / iters;
+  };
+  for (DType d : {DType::float32, DType::bfloat16}) {
+    const Shape xs{16 * 1024, 768};
+    const Tensor x = ops::to(rand_tensor(xs, d, 1), dev(), d),
+                 dy = ops::to(rand_tensor(xs, d, 2), dev(), d);
+    const Tensor w = ops::to(rand_tensor({768}, DType::float32, 3), dev(), DType::float32);
+    const double bytes = static_cast<double>(x.nbytes());
+    auto [o, m, r] = ops::layer_norm(x, {768}, w, w);
+    (void)o;
+    const double f = time_ms([&] { ops::layer_norm(x, {768}, w, w); });
+    const double b = time_ms([&] {
+      ops::layer_norm_backward(dy, x, {768}, m, r, w, {true, true, true});
+    });
+    std::printf("layer_norm %s [16384, 768]: fwd %.3f ms (%.0f GB/s), bwd %.3f ms (%.0f GB/s)\n",
+                dtype_name(d), f, 2 * bytes / f / 1e6, b, 3 * bytes / b / 1e6);
+    const Shape bs{64, 256, 56, 56};
+    const Tensor bx = ops::to(rand_tensor(bs, d, 4), dev(), d),
+                 bdy = ops::to(rand_tensor(bs, d, 5), dev(), d);
+    const Tensor bw = ops::to(rand_tensor({256}, DType::float32, 6), dev(), DType::float32);
+    const Tensor rm = ops::zeros({256}, DType::float32, dev()),
+                 rv = ops::ones({256}, DType::float32, dev());
+    const double bbytes = static_cast<double>(bx.nbytes());
+    auto [bo, bm, bi] = ops::batch_norm(bx, rm, rv, bw, bw, true);
+    (void)bo;
+    const double bf = time_ms([&] { ops::batch_norm(bx, rm, rv, bw, bw, true); });
+    const double bb = time_ms([&] {
+      ops::batch_norm_backward(bdy, bx, bm, bi, bw, true, {true, true, true});
+    });
+    std::printf(
+        "batch_norm %s [64, 256, 56, 56]: train fwd %.3f ms (%.0f GB/s), bwd %.3f ms (%.0f GB/s)\n",
+        dtype_name(d), bf, 3 * bbytes / bf / 1e6, bb, 5 * bbytes / bb / 1e6);
+  }
 }
 
 }  // namespace

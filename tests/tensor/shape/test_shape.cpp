@@ -1,8 +1,11 @@
 // Shape ops: cat, stack, split, chunk. Values, views that allocate nothing, dtype
-// promotion, float64 gradient checks (non-contiguous inputs, unused pieces) and errors.
+// promotion, float64 gradient checks (non-contiguous inputs, unused pieces) and errors; every
+// case runs on each device (tests/testing/devices.h): the CPU in test_shape, CUDA in
+// test_shape_cuda.
 #include <string>
 
 #include "tensor/shape/autograd.h"
+#include "testing/devices.h"
 #include "testing/gradcheck.h"
 
 namespace tally {
@@ -10,11 +13,16 @@ namespace {
 
 using namespace testing;
 
-Tensor seq(double start, const Shape& shape, TensorOptions opts = {}) {
-  return ops::reshape(
-      arange(start, start + static_cast<double>(shape_numel(shape)), 1, TensorOptions(opts)),
-      shape);
-}
+// The cases run on every device; tensors are made on dev().
+class ShapeOps : public OnDevice {
+ protected:
+  // start, start + 1, ... in `shape`, on dev().
+  Tensor seq(double start, const Shape& shape, TensorOptions opts = {}) const {
+    return ops::reshape(arange(start, start + static_cast<double>(shape_numel(shape)), 1, on(opts)),
+                        shape);
+  }
+};
+TALLY_ON_DEVICES(ShapeOps);
 
 std::vector<int64_t> sizes_along(const TensorList& ts, int64_t d) {
   std::vector<int64_t> out;
@@ -22,7 +30,7 @@ std::vector<int64_t> sizes_along(const TensorList& ts, int64_t d) {
   return out;
 }
 
-TEST(Shape, CatValues) {
+TEST_P(ShapeOps, CatValues) {
   const Tensor a = seq(1, {2, 1, 2}), b = seq(11, {2, 2, 2}), c = seq(21, {2, 3, 2});
   const Tensor out = cat({a, b, c}, 1);
   EXPECT_EQ(out.sizes(), (Shape{2, 6, 2}));
@@ -40,10 +48,10 @@ TEST(Shape, CatValues) {
   EXPECT_TRUE(values_near(one, ops::to_vector(a)));
 }
 
-TEST(Shape, CatPromotesDtypesAndSkipsLegacyEmpty) {
-  const Tensor f = tensor({1.5, 2.5});
-  const Tensor d = tensor({3.25}, f64);
-  const Tensor i = from_vector({4, 5}, {2}, i64);
+TEST_P(ShapeOps, CatPromotesDtypesAndSkipsLegacyEmpty) {
+  const Tensor f = tensor({1.5, 2.5}, on({}));
+  const Tensor d = tensor({3.25}, on(f64));
+  const Tensor i = from_vector({4, 5}, {2}, on(i64));
   EXPECT_EQ(cat({f, d}).dtype(), DType::float64);
   EXPECT_TRUE(values_near(cat({f, d}), {1.5, 2.5, 3.25}));
   EXPECT_EQ(cat({i, f}).dtype(), DType::float32);
@@ -52,13 +60,13 @@ TEST(Shape, CatPromotesDtypesAndSkipsLegacyEmpty) {
   EXPECT_EQ(cat({f.to(DType::float16), f.to(DType::bfloat16)}).dtype(), DType::float32);
   // Shape [0] tensors are skipped among higher-rank ones, as in PyTorch.
   const Tensor m = seq(0, {2, 2});
-  const Tensor e = zeros({0});
+  const Tensor e = zeros({0}, on({}));
   EXPECT_EQ(cat({e, m, e, m}, 1).sizes(), (Shape{2, 4}));
   EXPECT_EQ(cat({e, e}).sizes(), (Shape{0}));
-  EXPECT_EQ(cat({zeros({2, 0}), m}, 1).sizes(), (Shape{2, 2}));
+  EXPECT_EQ(cat({zeros({2, 0}, on({})), m}, 1).sizes(), (Shape{2, 2}));
 }
 
-TEST(Shape, StackValues) {
+TEST_P(ShapeOps, StackValues) {
   const Tensor a = seq(0, {2, 2}), b = seq(10, {2, 2});
   const Tensor s0 = stack({a, b});
   EXPECT_EQ(s0.sizes(), (Shape{2, 2, 2}));
@@ -69,20 +77,20 @@ TEST(Shape, StackValues) {
   const Tensor s2 = stack({a, b}, -1);
   EXPECT_EQ(s2.sizes(), (Shape{2, 2, 2}));
   EXPECT_TRUE(values_near(s2, {0, 10, 1, 11, 2, 12, 3, 13}));
-  const Tensor scalars = stack({full({}, 1.0), full({}, 2.0), full({}, 3.0)});
+  const Tensor scalars =
+      stack({full({}, 1.0, on({})), full({}, 2.0, on({})), full({}, 3.0, on({}))});
   EXPECT_EQ(scalars.sizes(), (Shape{3}));
   EXPECT_TRUE(values_near(scalars, {1, 2, 3}));
 }
 
-TEST(Shape, SplitAndChunkAreViews) {
+TEST_P(ShapeOps, SplitAndChunkAreViews) {
   const Tensor x = seq(0, {3, 5}, f64).requires_grad_();
-  const Device cpu = Device::cpu();
-  const size_t before = memory::memory_allocated(cpu);
+  const size_t before = memory::memory_allocated(dev());
   TensorList parts = split(x, 2, 1);
   TensorList sized = split(x, std::vector<int64_t>{1, 3, 1}, 1);
   TensorList chunks = chunk(x, 3, 1);
   TensorList rows = chunk(x, 2, 0);
-  EXPECT_EQ(memory::memory_allocated(cpu), before);  // views: nothing allocated
+  EXPECT_EQ(memory::memory_allocated(dev()), before);  // views: nothing allocated
   for (const TensorList* l : {&parts, &sized, &chunks, &rows})
     for (const Tensor& p : *l) {
       EXPECT_TRUE(p.storage().is_same(x.storage()));
@@ -100,17 +108,17 @@ TEST(Shape, SplitAndChunkAreViews) {
   EXPECT_EQ(split(seq(0, {6}), 10).size(), 1u);
   EXPECT_EQ(chunk(seq(0, {5}), 5, -1).size(), 5u);
   // A dimension of size 0: chunk gives `chunks` empty views, split(0) one.
-  const TensorList empty_chunks = chunk(zeros({0, 2}), 3);
+  const TensorList empty_chunks = chunk(zeros({0, 2}, on({})), 3);
   EXPECT_EQ(empty_chunks.size(), 3u);
   EXPECT_EQ(empty_chunks[2].sizes(), (Shape{0, 2}));
-  EXPECT_EQ(split(zeros({0}), 0).size(), 1u);
+  EXPECT_EQ(split(zeros({0}, on({})), 0).size(), 1u);
   // Without grad the pieces are plain views.
   const TensorList plain = split(seq(0, {4}), 2);
   EXPECT_FALSE(plain[0].requires_grad());
 }
 
-TEST(Shape, UnusedPiecesGetZeroGradient) {
-  const Tensor x = ones({5}, f64).requires_grad_();
+TEST_P(ShapeOps, UnusedPiecesGetZeroGradient) {
+  const Tensor x = ones({5}, on(f64_grad));
   const TensorList p = chunk(x, 3);
   mul(p[2], 3.0).sum().backward();
   EXPECT_TRUE(values_near(x.grad(), {0, 0, 0, 0, 3}));
@@ -120,75 +128,76 @@ TEST(Shape, UnusedPiecesGetZeroGradient) {
   EXPECT_TRUE(values_near(x.grad(), {1, 1, 2, 2, 2}));
 }
 
-TEST(Shape, CatAndStackGradientsComeBackInEachDtype) {
-  const Tensor a = ones({2}).requires_grad_();       // float32
-  const Tensor b = ones({3}, f64).requires_grad_();  // float64
-  const Tensor c = from_vector({7}, {1}, i64);       // no grad
+TEST_P(ShapeOps, CatAndStackGradientsComeBackInEachDtype) {
+  const Tensor a = ones({2}, on(TensorOptions{}.with_requires_grad()));  // float32
+  const Tensor b = ones({3}, on(f64_grad));                              // float64
+  const Tensor c = from_vector({7}, {1}, on(i64));                       // no grad
   const Tensor out = cat({a, c, b});
   EXPECT_EQ(out.dtype(), DType::float64);
-  out.backward(from_vector({1, 2, 3, 4, 5, 6}, {6}, f64));
+  out.backward(from_vector({1, 2, 3, 4, 5, 6}, {6}, on(f64)));
   EXPECT_EQ(a.grad().dtype(), DType::float32);
   EXPECT_TRUE(values_near(a.grad(), {1, 2}));
   EXPECT_TRUE(values_near(b.grad(), {4, 5, 6}));
-  const Tensor e = zeros({0}, f64).requires_grad_();
-  const Tensor m = ones({2, 2}, f64).requires_grad_();
+  const Tensor e = zeros({0}, on(f64_grad));
+  const Tensor m = ones({2, 2}, on(f64_grad));
   cat({e, m}, 1).sum().backward();
   EXPECT_EQ(e.grad().sizes(), (Shape{0}));
   EXPECT_TRUE(values_near(m.grad(), {1, 1, 1, 1}));
-  const Tensor s = ones({2}).requires_grad_();
-  stack({s, s.to(DType::float64)}, 1).backward(from_vector({1, 2, 3, 4}, {2, 2}, f64));
+  const Tensor s = ones({2}, on(TensorOptions{}.with_requires_grad()));
+  stack({s, s.to(DType::float64)}, 1).backward(from_vector({1, 2, 3, 4}, {2, 2}, on(f64)));
   EXPECT_EQ(s.grad().dtype(), DType::float32);
   EXPECT_TRUE(values_near(s.grad(), {3, 7}));
 }
 
-TEST(Shape, Gradients) {
+TEST_P(ShapeOps, Gradients) {
   // cat of 3 tensors along a middle dim, one non-contiguous.
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& x) {
-        return cat({x[0], x[1], x[2]}, 1);
-      },
-      {rand_input({2, 1, 3}, -1, 1, 1), rand_input_noncontig({2, 2, 3}, 2),
-       rand_input({2, 3, 3}, -1, 1, 3)}));
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& x) {
-        return cat({x[0], x[1]}, -1);
-      },
-      {rand_input_noncontig({3, 2}, 4), rand_input({3, 4}, -1, 1, 5)}));
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& x) {
-        return stack({x[0], x[1], x[2]}, 1);
-      },
-      {rand_input({2, 3}, -1, 1, 6), rand_input_noncontig({2, 3}, 7),
-       rand_input({2, 3}, -1, 1, 8)}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& x) {
+                             return cat({x[0], x[1], x[2]}, 1);
+                           },
+                           {rand_input({2, 1, 3}, -1, 1, 1), rand_input_noncontig({2, 2, 3}, 2),
+                            rand_input({2, 3, 3}, -1, 1, 3)}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& x) {
+                             return cat({x[0], x[1]}, -1);
+                           },
+                           {rand_input_noncontig({3, 2}, 4), rand_input({3, 4}, -1, 1, 5)}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& x) {
+                             return stack({x[0], x[1], x[2]}, 1);
+                           },
+                           {rand_input({2, 3}, -1, 1, 6), rand_input_noncontig({2, 3}, 7),
+                            rand_input({2, 3}, -1, 1, 8)}));
   // split / chunk: pieces combined unevenly, one piece unused (its gradient is zero).
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& x) {
-        const TensorList p = split(x[0], 2, 1);  // [3,2], [3,2], [3,1]
-        return add(mul(p[0], p[2]), p[1]);
-      },
-      {rand_input({3, 5}, -1, 1, 9)}));
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& x) {
-        const TensorList p = split(x[0], 2, 1);
-        return mul(p[0], p[2]);  // p[1] unused
-      },
-      {rand_input_noncontig({3, 5}, 10)}));
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& x) {
-        const TensorList p = chunk(x[0], 3, 0);  // uneven: 3, 3, 1 rows of [7, 2]
-        return add(mul(p[1], 2.0), p[2]);
-      },
-      {rand_input({7, 2}, -1, 1, 11)}));
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& x) {
-        const TensorList p = split(x[0], std::vector<int64_t>{1, 3, 1}, -1);
-        return add(exp(p[1]), mul(p[0], p[2]));
-      },
-      {rand_input({2, 5}, -1, 1, 12)}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& x) {
+                             const TensorList p = split(x[0], 2, 1);  // [3,2], [3,2], [3,1]
+                             return add(mul(p[0], p[2]), p[1]);
+                           },
+                           {rand_input({3, 5}, -1, 1, 9)}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& x) {
+                             const TensorList p = split(x[0], 2, 1);
+                             return mul(p[0], p[2]);  // p[1] unused
+                           },
+                           {rand_input_noncontig({3, 5}, 10)}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& x) {
+                             const TensorList p =
+                                 chunk(x[0], 3, 0);  // uneven: 3, 3, 1 rows of [7, 2]
+                             return add(mul(p[1], 2.0), p[2]);
+                           },
+                           {rand_input({7, 2}, -1, 1, 11)}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& x) {
+                             const TensorList p = split(x[0], std::vector<int64_t>{1, 3, 1}, -1);
+                             return add(exp(p[1]), mul(p[0], p[2]));
+                           },
+                           {rand_input({2, 5}, -1, 1, 12)}));
 }
 
-TEST(Shape, Errors) {
-  const Tensor a = zeros({2, 3}), b = zeros({2, 4});
+TEST_P(ShapeOps, Errors) {
+  const Tensor a = zeros({2, 3}, on({})), b = zeros({2, 4}, on({}));
   expect_error<std::invalid_argument>([&] { (void)cat({}, 0); },
                                       {"cat: expected a non-empty list of tensors"});
   expect_error<std::invalid_argument>(
@@ -199,12 +208,12 @@ TEST(Shape, Errors) {
        "tensor 0 has shape [2, 3]"});
   expect_error<std::invalid_argument>(
       [&] {
-        (void)cat({a, zeros({2, 3, 1})}, 1);
+        (void)cat({a, zeros({2, 3, 1}, on({}))}, 1);
       },
       {"tensor 1 has shape [2, 3, 1]"});
   expect_error<std::invalid_argument>(
       [&] {
-        (void)cat({zeros({}), zeros({})});
+        (void)cat({zeros({}, on({})), zeros({}, on({}))});
       },
       {"cat: zero-dimensional tensor (at position 0) cannot be concatenated"});
   expect_error<std::out_of_range>(
@@ -239,7 +248,7 @@ TEST(Shape, Errors) {
         (void)split(a, std::vector<int64_t>{4, -1}, 1);
       },
       {"split: split sizes must be non-negative"});
-  expect_error<std::invalid_argument>([&] { (void)split(zeros({}), 1); },
+  expect_error<std::invalid_argument>([&] { (void)split(zeros({}, on({})), 1); },
                                       {"split: cannot split a 0-D tensor"});
   expect_error<std::out_of_range>([&] { (void)split(a, 1, 2); },
                                   {"split: dimension 2 out of range"});
