@@ -261,7 +261,8 @@ TEST_P(Conv2d, LowPrecisionDtypes) {
   for (auto [dt, tol] : {std::pair{DType::float32, float32_tol()},
                          {DType::float16, 3e-2},
                          {DType::bfloat16, 2e-1}}) {
-    const Tensor xd = x.to(dt), wd = w.to(dt).requires_grad_(), bd = b.to(dt);
+    const Tensor xd = x.detach().to(dt), wd = w.detach().to(dt).requires_grad_(),
+                 bd = b.detach().to(dt);
     const Tensor y = conv2d(xd, wd, bd, 2, 1);
     EXPECT_EQ(y.dtype(), dt);
     EXPECT_TRUE(values_near(y, ref, tol)) << dtype_name(dt);
