@@ -1,15 +1,42 @@
-// conv2d: hand-computed values, a naive reference over many geometries (the im2col fast
-// paths), float64 gradient checks (stride, padding, dilation, groups, bias, non-contiguous
-// and unbatched inputs), what backward saves, 16-bit dtypes, workspace accounting and
-// errors naming the op and the shapes.
+// conv2d, written once against the device under test (tests/testing/devices.h).
+//
+// On every device (suite Conv2d: the CPU in test_conv, CUDA device 0 through cuDNN in
+// test_conv_cuda): hand-computed values, a naive reference over many geometries, float64
+// gradient checks (stride, padding, dilation, groups, bias, non-contiguous and unbatched
+// inputs), what backward saves, 16-bit dtypes and errors naming the op and the shapes.
+// The CPU alone: the im2col workspace accounting, and the ResNet-18 layer4 regression
+// (suite Conv2dCpuPath: the backward-data GEMM at tiny spatial sizes, a BasicBlock's
+// gradients, resnet18's own).
+//
+// On CUDA against the CPU reference (suite Conv2dVsCpu, accelerators only): forward,
+// backward-data and backward-filter over many geometries (stride, padding, dilation, groups,
+// depthwise, 1x1, bias, a ResNet 3x3) in float32, float64, float16 and bfloat16;
+// non-contiguous, unbatched and empty inputs; autograd end to end; and cuDNN's internals: the
+// workspace tagged `workspace` in the allocator's history, cached execution plans, the
+// benchmark switch, TF32, the batch split beyond cuDNN's int-sized tensors.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
 #include <set>
+#include <stdexcept>
+#include <tuple>
 
 #include "autograd/node.h"
 #include "memory/caching_allocator.h"
 #include "memory/memory.h"
 #include "nn/models/resnet.h"
 #include "tensor/conv/autograd.h"
-#include "testing/gradcheck.h"
+#include "tensor/conv/ops.h"
+#include "testing/cuda_testing.h"
+#include "testing/devices.h"
+
+#if defined(TALLY_WITH_CUDA)
+#include "tensor/conv/cuda.h"
+#include "tensor/cuda/runtime.h"
+#endif
 
 namespace tally {
 namespace {
@@ -46,43 +73,54 @@ std::vector<double> naive_conv2d(const Tensor& x_, const Tensor& w_, const Tenso
   return out;
 }
 
+class Conv2d : public OnDevice {
+ protected:
+  // Absolute error allowed a float32 result of magnitude a few units: the CPU's sgemm sums in
+  // a fixed order; cuDNN may pick algorithms (Winograd, FFT, split reductions) that round
+  // more, bounded by Conv2dVsCpu's 1e-4 of max |ref|.
+  double float32_tol() const { return on_cpu() ? 1e-5 : 1e-4; }
+};
+TALLY_ON_DEVICES(Conv2d);
+
 // ---------------------------------------------------------------- values
 
-TEST(Conv2d, HandValues) {
+TEST_P(Conv2d, HandValues) {
   // [[1 2 3] [4 5 6] [7 8 9]] * 2x2 ones: sums of each 2x2 window.
-  const Tensor x = from_vector(iota_values(9, 1), {1, 1, 3, 3});
-  const Tensor ones_k = ones({1, 1, 2, 2});
+  const Tensor x = from_vector(iota_values(9, 1), {1, 1, 3, 3}, on({}));
+  const Tensor ones_k = ones({1, 1, 2, 2}, on({}));
   Tensor y = conv2d(x, ones_k);
   EXPECT_EQ(y.sizes(), (Shape{1, 1, 2, 2}));
+  EXPECT_EQ(y.device(), dev());
   EXPECT_TRUE(values_near(y, {12, 16, 24, 28}));
 
   // Kernel [[1 2] [3 4]], bias 0.5, padding 1: a 4x4 output (cross-correlation, no flip).
-  const Tensor k = from_vector({1, 2, 3, 4}, {1, 1, 2, 2});
-  y = conv2d(x, k, from_vector({0.5}, {1}), 1, 1);
+  const Tensor k = from_vector({1, 2, 3, 4}, {1, 1, 2, 2}, on({}));
+  y = conv2d(x, k, from_vector({0.5}, {1}, on({})), 1, 1);
   EXPECT_EQ(y.sizes(), (Shape{1, 1, 4, 4}));
   EXPECT_TRUE(values_near(y, {4.5, 11.5, 18.5, 9.5, 18.5, 37.5, 47.5, 21.5, 36.5, 67.5, 77.5, 33.5,
                               14.5, 23.5, 26.5, 9.5}));
 
   // Rectangular: x [1, 1, 4, 5] = 0..19, kernel [1, 1, 2, 3] = 1..6, stride (2, 1), padding (0, 1).
-  y = conv2d(from_vector(iota_values(20), {1, 1, 4, 5}),
-             from_vector(iota_values(6, 1), {1, 1, 2, 3}), {}, {2, 1}, {0, 1});
+  y = conv2d(from_vector(iota_values(20), {1, 1, 4, 5}, on({})),
+             from_vector(iota_values(6, 1), {1, 1, 2, 3}, on({})), {}, {2, 1}, {0, 1});
   EXPECT_EQ(y.sizes(), (Shape{1, 1, 2, 5}));
   EXPECT_TRUE(values_near(y, {64, 100, 121, 142, 88, 224, 310, 331, 352, 208}));
 }
 
-TEST(Conv2d, StridePaddingDilationGroupsValues) {
+TEST_P(Conv2d, StridePaddingDilationGroupsValues) {
   // x [1, 4, 5, 5] = (i % 7) - 3, w [2, 2, 2, 2] = (i % 5) - 2, bias [1, -1]; stride 2,
   // padding 1, dilation 2, groups 2 -> [1, 2, 3, 3].
   std::vector<double> xv, wv;
   for (int i = 0; i < 100; ++i) xv.push_back(i % 7 - 3);
   for (int i = 0; i < 16; ++i) wv.push_back(i % 5 - 2);
-  const Tensor y = conv2d(from_vector(xv, {1, 4, 5, 5}), from_vector(wv, {2, 2, 2, 2}),
-                          from_vector({1, -1}, {2}), 2, 1, 2, 2);
+  const Tensor y =
+      conv2d(from_vector(xv, {1, 4, 5, 5}, on({})), from_vector(wv, {2, 2, 2, 2}, on({})),
+             from_vector({1, -1}, {2}, on({})), 2, 1, 2, 2);
   EXPECT_EQ(y.sizes(), (Shape{1, 2, 3, 3}));
   EXPECT_TRUE(values_near(y, {4, -1, -1, -3, -9, 11, -4, 12, -5, 0, 2, 7, 0, -9, -8, -4, 2, 1}));
 }
 
-TEST(Conv2d, MatchesNaiveReference) {
+TEST_P(Conv2d, MatchesNaiveReference) {
   struct Case {
     Shape x, w;
     Int2 s, p, d;
@@ -100,89 +138,92 @@ TEST(Conv2d, MatchesNaiveReference) {
       {{2, 3, 10, 3}, {2, 3, 2, 2}, {3, 1}, {0, 2}, {4, 3}, 1, true},
   };
   for (const Case& c : cases) {
-    const Tensor x = rand_input(c.x, -1, 1, 11), w = rand_input(c.w, -1, 1, 12);
-    const Tensor b = c.bias ? rand_input({c.w[0]}, -1, 1, 13) : Tensor();
+    const Tensor x = put(rand_input(c.x, -1, 1, 11)), w = put(rand_input(c.w, -1, 1, 12));
+    const Tensor b = c.bias ? put(rand_input({c.w[0]}, -1, 1, 13)) : Tensor();
     Shape expected_shape;
     const std::vector<double> expected =
         naive_conv2d(x, w, b, c.s, c.p, c.d, c.groups, expected_shape);
     const Tensor y = conv2d(x, w, b, c.s, c.p, c.d, c.groups);
     EXPECT_EQ(y.sizes(), expected_shape) << shape_str(c.x) << " " << shape_str(c.w);
     EXPECT_TRUE(values_near(y, expected, 1e-12)) << shape_str(c.x) << " " << shape_str(c.w);
-    // float32 through sgemm
+    // float32 (through sgemm on the CPU)
     const Tensor y32 = conv2d(x.to(DType::float32), w.to(DType::float32),
                               c.bias ? b.to(DType::float32) : Tensor(), c.s, c.p, c.d, c.groups);
-    EXPECT_TRUE(values_near(y32, expected, 1e-5));
+    EXPECT_TRUE(values_near(y32, expected, float32_tol()));
   }
 }
 
-TEST(Conv2d, UnbatchedAndEmptyBatch) {
-  const Tensor x = rand_input({3, 6, 5}, -1, 1, 3), w = rand_input({2, 3, 3, 2}, -1, 1, 4);
-  const Tensor b = rand_input({2}, -1, 1, 5);
+TEST_P(Conv2d, UnbatchedAndEmptyBatch) {
+  const Tensor x = put(rand_input({3, 6, 5}, -1, 1, 3)),
+               w = put(rand_input({2, 3, 3, 2}, -1, 1, 4));
+  const Tensor b = put(rand_input({2}, -1, 1, 5));
   const Tensor y = conv2d(x, w, b, 1, 1);
   EXPECT_EQ(y.sizes(), (Shape{2, 6, 6}));
   EXPECT_TRUE(values_near(y, conv2d(x.unsqueeze(0), w, b, 1, 1).tolist(), 1e-12));
-  const Tensor e = conv2d(zeros({0, 3, 6, 5}, f64), w, b);
+  const Tensor e = conv2d(zeros({0, 3, 6, 5}, on(f64)), w, b);
   EXPECT_EQ(e.sizes(), (Shape{0, 2, 4, 4}));
 }
 
 // ---------------------------------------------------------------- gradients
 
-TEST(Conv2d, Gradients) {
+// One gradient check: what it covers, the function, its CPU leaves.
+struct GradCase {
+  const char* what;
+  Fn fn;
+  TensorList inputs;
+};
+
+TEST_P(Conv2d, Gradients) {
   const Tensor x = rand_input({2, 4, 5, 5}, -1, 1, 1);
   const Tensor w = rand_input({3, 4, 3, 3}, -1, 1, 2);
   const Tensor b = rand_input({3}, -1, 1, 3);
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return conv2d(t[0], t[1], t[2]); }, {x, w, b}));
-  // No bias.
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return conv2d(t[0], t[1]); }, {x, w}));
-}
-
-TEST(Conv2d, GradientsStridePaddingDilationGroups) {
-  const Tensor x = rand_input({2, 4, 5, 5}, -1, 1, 4);
-  const Tensor w = rand_input({4, 2, 3, 3}, -1, 1, 5);
-  const Tensor b = rand_input({4}, -1, 1, 6);
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return conv2d(t[0], t[1], t[2], 2, 1, 2, 2); },
-                        {x, w, b}));
-  // Each on its own.
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return conv2d(t[0], t[1], {}, 2); },
-                        {x, rand_input({3, 4, 2, 2}, -1, 1, 7)}));
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return conv2d(t[0], t[1], {}, 1, 1); },
-                        {x, rand_input({3, 4, 2, 2}, -1, 1, 8)}));
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return conv2d(t[0], t[1], {}, 1, 0, 2); },
-                        {x, rand_input({3, 4, 2, 2}, -1, 1, 9)}));
-  // Rectangular geometry.
-  const Tensor w2 = rand_input({2, 4, 2, 3}, -1, 1, 10);
-  EXPECT_TRUE(gradcheck(
-      [](const TensorList& t) {
-        return conv2d(t[0], t[1], t[2], {2, 1}, {0, 2}, {1, 2});
-      },
-      {x, w2, rand_input({2}, -1, 1, 11)}));
-  // 1x1 (the direct path), grouped.
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return conv2d(t[0], t[1], t[2], 1, 0, 1, 2); },
-                        {x, rand_input({4, 2, 1, 1}, -1, 1, 12), rand_input({4}, -1, 1, 13)}));
-}
-
-TEST(Conv2d, GradientsNonContiguousAndUnbatched) {
-  // A permuted view of the input (and of the weight).
-  const Tensor x = rand_input_noncontig({2, 4, 5, 5}, 14);
-  ASSERT_FALSE(x.is_contiguous());
-  const Tensor w = rand_input_noncontig({4, 2, 3, 3}, 15);
-  EXPECT_TRUE(
-      gradcheck([](const TensorList& t) { return conv2d(t[0], t[1], {}, 2, 1, 1, 2); }, {x, w}));
-  // Unbatched [C, H, W].
-  EXPECT_TRUE(gradcheck([](const TensorList& t) { return conv2d(t[0], t[1], t[2], 1, 1); },
-                        {rand_input({4, 4, 5}, -1, 1, 16), rand_input({3, 4, 3, 3}, -1, 1, 17),
-                         rand_input({3}, -1, 1, 18)}));
-}
-
-TEST(Conv2d, SavesOnlyWhatBackwardNeeds) {
-  const auto saved_by = [](const Tensor& out) {
-    std::vector<Tensor> r;
-    for (const SavedTensor* s : out.autograd_meta()->grad_fn->saved_tensors())
-      if (s->defined()) r.push_back(s->held());
-    return r;
+  const Tensor xs = rand_input({2, 4, 5, 5}, -1, 1, 4);
+  const std::vector<GradCase> cases = {
+      {"bias", [](const TensorList& t) { return conv2d(t[0], t[1], t[2]); }, {x, w, b}},
+      {"no bias", [](const TensorList& t) { return conv2d(t[0], t[1]); }, {x, w}},
+      {"stride 2, padding 1, dilation 2, groups 2",
+       [](const TensorList& t) { return conv2d(t[0], t[1], t[2], 2, 1, 2, 2); },
+       {xs, rand_input({4, 2, 3, 3}, -1, 1, 5), rand_input({4}, -1, 1, 6)}},
+      // Each on its own.
+      {"stride 2",
+       [](const TensorList& t) { return conv2d(t[0], t[1], {}, 2); },
+       {xs, rand_input({3, 4, 2, 2}, -1, 1, 7)}},
+      {"padding 1",
+       [](const TensorList& t) { return conv2d(t[0], t[1], {}, 1, 1); },
+       {xs, rand_input({3, 4, 2, 2}, -1, 1, 8)}},
+      {"dilation 2",
+       [](const TensorList& t) { return conv2d(t[0], t[1], {}, 1, 0, 2); },
+       {xs, rand_input({3, 4, 2, 2}, -1, 1, 9)}},
+      // Rectangular geometry.
+      {"rectangular",
+       [](const TensorList& t) {
+         return conv2d(t[0], t[1], t[2], {2, 1}, {0, 2}, {1, 2});
+       },
+       {xs, rand_input({2, 4, 2, 3}, -1, 1, 10), rand_input({2}, -1, 1, 11)}},
+      // 1x1 (the direct path), grouped.
+      {"1x1 grouped",
+       [](const TensorList& t) { return conv2d(t[0], t[1], t[2], 1, 0, 1, 2); },
+       {xs, rand_input({4, 2, 1, 1}, -1, 1, 12), rand_input({4}, -1, 1, 13)}},
+      // Permuted views of the input and of the weight, taken inside the function
+      // (gradcheck_on copies the leaves to the device contiguous).
+      {"non-contiguous",
+       [](const TensorList& t) {
+         return conv2d(t[0].permute({3, 2, 1, 0}), t[1].permute({3, 2, 1, 0}), {}, 2, 1, 1, 2);
+       },
+       {rand_input({5, 5, 4, 2}, -1, 1, 14), rand_input({3, 3, 2, 4}, -1, 1, 15)}},
+      // Unbatched [C, H, W].
+      {"unbatched",
+       [](const TensorList& t) { return conv2d(t[0], t[1], t[2], 1, 1); },
+       {rand_input({4, 4, 5}, -1, 1, 16), rand_input({3, 4, 3, 3}, -1, 1, 17),
+        rand_input({3}, -1, 1, 18)}},
   };
-  const Tensor x = rand_input({1, 2, 4, 4}, -1, 1, 1), w = rand_input({2, 2, 3, 3}, -1, 1, 2);
-  const Tensor b = rand_input({2}, -1, 1, 3);
+  for (const GradCase& c : cases) EXPECT_TRUE(gradcheck_on(dev(), c.fn, c.inputs)) << c.what;
+}
+
+TEST_P(Conv2d, SavesOnlyWhatBackwardNeeds) {
+  const Tensor x = leaf(rand_input({1, 2, 4, 4}, -1, 1, 1)),
+               w = leaf(rand_input({2, 2, 3, 3}, -1, 1, 2));
+  const Tensor b = leaf(rand_input({2}, -1, 1, 3));
   const Tensor xc = x.detach(), wc = w.detach();
   auto s = saved_by(conv2d(x, w, b));
   ASSERT_EQ(s.size(), 2u);
@@ -200,12 +241,10 @@ TEST(Conv2d, SavesOnlyWhatBackwardNeeds) {
   EXPECT_TRUE(values_near(b.grad(), {4, 4}));  // 2x2 outputs per channel
 }
 
-TEST(Conv2d, BackwardValues) {
+TEST_P(Conv2d, BackwardValues) {
   // d(sum(conv(x, ones 2x2)))/dx counts the windows covering each pixel.
-  const Tensor x = from_vector(iota_values(9, 1), {1, 1, 3, 3},
-                               TensorOptions{}.with_dtype(DType::float64).with_requires_grad());
-  const Tensor w =
-      ones({1, 1, 2, 2}, TensorOptions{}.with_dtype(DType::float64).with_requires_grad());
+  const Tensor x = from_vector(iota_values(9, 1), {1, 1, 3, 3}, on(f64_grad));
+  const Tensor w = ones({1, 1, 2, 2}, on(f64_grad));
   conv2d(x, w).sum().backward();
   EXPECT_TRUE(values_near(x.grad(), {1, 2, 1, 2, 4, 2, 1, 2, 1}));
   // d/dw[kh, kw] = sum of the 2x2 block of x it slides over.
@@ -214,12 +253,14 @@ TEST(Conv2d, BackwardValues) {
 
 // ---------------------------------------------------------------- dtypes, memory, errors
 
-TEST(Conv2d, LowPrecisionDtypes) {
-  const Tensor x = rand_input({2, 3, 6, 6}, -1, 1, 21), w = rand_input({4, 3, 3, 3}, -1, 1, 22);
-  const Tensor b = rand_input({4}, -1, 1, 23);
+TEST_P(Conv2d, LowPrecisionDtypes) {
+  const Tensor x = put(rand_input({2, 3, 6, 6}, -1, 1, 21)),
+               w = put(rand_input({4, 3, 3, 3}, -1, 1, 22));
+  const Tensor b = put(rand_input({4}, -1, 1, 23));
   const std::vector<double> ref = conv2d(x, w, b, 2, 1).tolist();
-  for (auto [dt, tol] :
-       {std::pair{DType::float32, 1e-5}, {DType::float16, 3e-2}, {DType::bfloat16, 2e-1}}) {
+  for (auto [dt, tol] : {std::pair{DType::float32, float32_tol()},
+                         {DType::float16, 3e-2},
+                         {DType::bfloat16, 2e-1}}) {
     const Tensor xd = x.detach().to(dt), wd = w.detach().to(dt).requires_grad_(),
                  bd = b.detach().to(dt);
     const Tensor y = conv2d(xd, wd, bd, 2, 1);
@@ -231,7 +272,10 @@ TEST(Conv2d, LowPrecisionDtypes) {
   }
 }
 
-TEST(Conv2d, Im2colWorkspaceIsAccounted) {
+TEST_P(Conv2d, Im2colWorkspaceIsAccounted) {
+  if (!on_cpu())
+    GTEST_SKIP() << "the CPU's im2col buffer; cuDNN's workspace: "
+                    "Conv2dVsCpu.WorkspaceIsTaggedInTheAllocatorHistory";
   memory::CachingAllocator& alloc = memory::get_allocator(Device::cpu());
   alloc.record_memory_history(true);
   const Tensor x = rand_input({1, 3, 8, 8}, -1, 1, 1), w = rand_input({4, 3, 3, 3}, -1, 1, 2);
@@ -250,65 +294,74 @@ TEST(Conv2d, Im2colWorkspaceIsAccounted) {
             (std::set<std::string>{"conv2d", "conv2d_backward_input", "conv2d_backward_weight"}));
 }
 
-TEST(Conv2d, ErrorsNameOpAndShapes) {
-  const Tensor x = zeros({2, 3, 8, 8});
-  std::string m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 5, 3, 3})); });
-  EXPECT_TRUE(
-      contains(m, "conv2d: input [2, 3, 8, 8] has 3 channels but weight [4, 5, 3, 3] expects 5"))
-      << m;
-  m = error_of<std::invalid_argument>([&] {
-    conv2d(zeros({2, 4, 8, 8}), zeros({4, 1, 3, 3}), {}, 1, 0, 1, 3);
-  });
-  EXPECT_TRUE(
-      contains(m, "conv2d: groups 3 does not divide the 4 input channels of input [2, 4, 8, 8]"))
-      << m;
-  m = error_of<std::invalid_argument>([&] {
-    conv2d(zeros({2, 4, 8, 8}), zeros({3, 2, 3, 3}), {}, 1, 0, 1, 2);
-  });
-  EXPECT_TRUE(contains(m, "groups 2 does not divide the 3 output channels of weight [3, 2, 3, 3]"))
-      << m;
-  m = error_of<std::invalid_argument>([&] {
-    conv2d(zeros({2, 4, 8, 8}), zeros({4, 1, 3, 3}), {}, 1, 0, 1, 2);
-  });
-  EXPECT_TRUE(contains(m, "expects 2 (1 per group x 2 groups)")) << m;
-  m = error_of<std::invalid_argument>([&] { conv2d(zeros({1, 3, 4, 4}), zeros({2, 3, 5, 5})); });
-  EXPECT_TRUE(
-      contains(m, "conv2d: kernel 5x5 (dilated to 5x5) is larger than the padded input 4x4"))
-      << m;
-  EXPECT_TRUE(contains(m, "input [1, 3, 4, 4], weight [2, 3, 5, 5]")) << m;
-  m = error_of<std::invalid_argument>([&] {
-    conv2d(zeros({1, 3, 4, 4}), zeros({2, 3, 2, 2}), {}, 1, 0, 4);
-  });
-  EXPECT_TRUE(contains(m, "kernel 2x2 (dilated to 5x5) is larger than the padded input 4x4")) << m;
-  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3, 3}), zeros({5})); });
-  EXPECT_TRUE(
-      contains(m, "conv2d: bias [5] does not match the 4 output channels of weight [4, 3, 3, 3]"))
-      << m;
-  m = error_of<std::invalid_argument>([&] { conv2d(zeros({3, 8}), zeros({4, 3, 3, 3})); });
-  EXPECT_TRUE(contains(m, "conv2d: input must be 3-D [C, H, W] or 4-D [N, C, H, W], got [3, 8]"))
-      << m;
-  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3})); });
-  EXPECT_TRUE(contains(m, "conv2d: weight must be 4-D")) << m;
-  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3, 3}), {}, 0); });
-  EXPECT_TRUE(contains(m, "conv2d: stride must be positive, got [0, 0]")) << m;
-  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3, 3}), {}, 1, -1); });
-  EXPECT_TRUE(contains(m, "conv2d: padding must be non-negative")) << m;
-  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3, 3}), {}, 1, 0, 0); });
-  EXPECT_TRUE(contains(m, "conv2d: dilation must be positive")) << m;
-  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3, 3}), {}, 1, 0, 1, 0); });
-  EXPECT_TRUE(contains(m, "conv2d: groups must be positive")) << m;
-  m = error_of<std::invalid_argument>([&] { conv2d(x, zeros({4, 3, 3, 3}, f64)); });
-  EXPECT_TRUE(
-      contains(m, "conv2d: input [2, 3, 8, 8] is float32 but weight [4, 3, 3, 3] is float64"))
-      << m;
-  m = error_of<std::invalid_argument>([&] {
-    conv2d(zeros({2, 3, 8, 8}, TensorOptions{}.with_dtype(DType::int64)),
-           zeros({4, 3, 3, 3}, TensorOptions{}.with_dtype(DType::int64)));
-  });
-  EXPECT_TRUE(contains(m, "conv2d: input must be a floating tensor")) << m;
+TEST_P(Conv2d, ErrorsNameOpAndShapes) {
+  const TensorOptions o = on({});
+  const Tensor x = zeros({2, 3, 8, 8}, o), x4 = zeros({2, 4, 8, 8}, o);
+  const Tensor small = zeros({1, 3, 4, 4}, o), w3 = zeros({4, 3, 3, 3}, o);
+  // A conv2d call that must throw std::invalid_argument, and a part of its message.
+  struct Case {
+    std::function<void()> op;
+    const char* part;
+  };
+  const std::vector<Case> cases = {
+      {[&] {
+         conv2d(x, zeros({4, 5, 3, 3}, o));
+       },
+       "conv2d: input [2, 3, 8, 8] has 3 channels but weight [4, 5, 3, 3] expects 5"},
+      {[&] {
+         conv2d(x4, zeros({4, 1, 3, 3}, o), {}, 1, 0, 1, 3);
+       },
+       "conv2d: groups 3 does not divide the 4 input channels of input [2, 4, 8, 8]"},
+      {[&] {
+         conv2d(x4, zeros({3, 2, 3, 3}, o), {}, 1, 0, 1, 2);
+       },
+       "groups 2 does not divide the 3 output channels of weight [3, 2, 3, 3]"},
+      {[&] {
+         conv2d(x4, zeros({4, 1, 3, 3}, o), {}, 1, 0, 1, 2);
+       },
+       "expects 2 (1 per group x 2 groups)"},
+      {[&] {
+         conv2d(small, zeros({2, 3, 5, 5}, o));
+       },
+       "conv2d: kernel 5x5 (dilated to 5x5) is larger than the padded input 4x4"},
+      {[&] {
+         conv2d(small, zeros({2, 3, 5, 5}, o));
+       },
+       "input [1, 3, 4, 4], weight [2, 3, 5, 5]"},
+      {[&] {
+         conv2d(small, zeros({2, 3, 2, 2}, o), {}, 1, 0, 4);
+       },
+       "kernel 2x2 (dilated to 5x5) is larger than the padded input 4x4"},
+      {[&] { conv2d(x, w3, zeros({5}, o)); },
+       "conv2d: bias [5] does not match the 4 output channels of weight [4, 3, 3, 3]"},
+      {[&] {
+         conv2d(zeros({3, 8}, o), w3);
+       },
+       "conv2d: input must be 3-D [C, H, W] or 4-D [N, C, H, W], got [3, 8]"},
+      {[&] {
+         conv2d(x, zeros({4, 3, 3}, o));
+       },
+       "conv2d: weight must be 4-D"},
+      {[&] { conv2d(x, w3, {}, 0); }, "conv2d: stride must be positive, got [0, 0]"},
+      {[&] { conv2d(x, w3, {}, 1, -1); }, "conv2d: padding must be non-negative"},
+      {[&] { conv2d(x, w3, {}, 1, 0, 0); }, "conv2d: dilation must be positive"},
+      {[&] { conv2d(x, w3, {}, 1, 0, 1, 0); }, "conv2d: groups must be positive"},
+      {[&] {
+         conv2d(x, zeros({4, 3, 3, 3}, on(f64)));
+       },
+       "conv2d: input [2, 3, 8, 8] is float32 but weight [4, 3, 3, 3] is float64"},
+      {[&] {
+         conv2d(zeros({2, 3, 8, 8}, on(i64)), zeros({4, 3, 3, 3}, on(i64)));
+       },
+       "conv2d: input must be a floating tensor"},
+  };
+  for (const Case& c : cases) {
+    const std::string m = error_of<std::invalid_argument>(c.op);
+    EXPECT_TRUE(contains(m, c.part)) << m;
+  }
   // The backward ops check grad_output against the geometry.
-  m = error_of<std::invalid_argument>([&] {
-    ops::conv2d_backward_input(zeros({2, 4, 5, 5}), zeros({4, 3, 3, 3}), {2, 3, 8, 8}, 1, 0, 1, 1);
+  const std::string m = error_of<std::invalid_argument>([&] {
+    ops::conv2d_backward_input(zeros({2, 4, 5, 5}, o), w3, {2, 3, 8, 8}, 1, 0, 1, 1);
   });
   EXPECT_TRUE(contains(m,
                        "conv2d_backward_input: grad_output [2, 4, 5, 5] does not match the output "
@@ -316,7 +369,8 @@ TEST(Conv2d, ErrorsNameOpAndShapes) {
       << m;
 }
 
-TEST(Conv2d, OutputSizeFormula) {
+TEST_P(Conv2d, OutputSizeFormula) {
+  if (!on_cpu()) GTEST_SKIP() << "shape arithmetic only: no device involved";
   EXPECT_EQ(ops::conv_output_size(56, 3, 1, 1, 1), 56);
   EXPECT_EQ(ops::conv_output_size(224, 7, 2, 3, 1), 112);
   EXPECT_EQ(ops::conv_output_size(5, 3, 2, 1, 2), 2);
@@ -326,17 +380,19 @@ TEST(Conv2d, OutputSizeFormula) {
             3);  // a 4th window would start in padding
 }
 
-}  // namespace
-}  // namespace tally
-
 // ---------------------------------------------------------------- ResNet-18 layer4 regression
 // On the H200 host the CPU gradients of resnet18 from layer4.0.bn2 backwards differed from
 // PyTorch by ~1.5e-2 (fp32), i.e. the gradient flowing out of layer4.1 (3x3 pad-1 convs,
 // 512 channels at 2x2, train-mode batch_norm over 16 values, relu, residual add). These pin
-// every piece of that path on the CPU.
-namespace tally {
-namespace {
-using namespace testing;
+// every piece of that path on the CPU; other devices skip them.
+class Conv2dCpuPath : public OnDevice {
+ protected:
+  void SetUp() override {
+    OnDevice::SetUp();
+    if (!IsSkipped() && !on_cpu()) GTEST_SKIP() << "a regression of the CPU path";
+  }
+};
+TALLY_ON_DEVICES(Conv2dCpuPath);
 
 // d(conv2d)/d(input) by the definition (stride 1, square kernel, padding p).
 std::vector<double> naive_conv2d_grad_input(const Tensor& gy_, const Tensor& w_, int64_t H,
@@ -363,7 +419,7 @@ std::vector<double> naive_conv2d_grad_input(const Tensor& gy_, const Tensor& w_,
 
 // The backward-data GEMM (weight^T @ grad_output, then col2im) with many channels and an
 // output no larger than the padding, in both BLAS precisions.
-TEST(Conv2d, BackwardInputManyChannelsTinySpatial) {
+TEST_P(Conv2dCpuPath, BackwardInputManyChannelsTinySpatial) {
   for (DType dt : {DType::float64, DType::float32})
     for (int64_t C : {8, 64, 512})
       for (int64_t S : {1, 2, 4}) {
@@ -385,7 +441,7 @@ TEST(Conv2d, BackwardInputManyChannelsTinySpatial) {
 
 // A whole BasicBlock (conv-bn-relu-conv-bn + identity, relu) against finite differences,
 // at spatial sizes 1, 2 and 4 with padding 1.
-TEST(Conv2d, BasicBlockGradientsTinySpatial) {
+TEST_P(Conv2dCpuPath, BasicBlockGradientsTinySpatial) {
   for (int64_t C : {8, 16})
     for (int64_t S : {1, 2, 4}) {
       const Tensor x = rand_input({2, C, S, S}, -1, 1, 31);
@@ -407,7 +463,7 @@ TEST(Conv2d, BasicBlockGradientsTinySpatial) {
 // The reported case itself: resnet18, batch 4, 3x64x64, 10 classes. In float64 the
 // gradients of layer4.0.bn2, layer4.0.downsample.1 and layer4.1.bn2 match central
 // differences of the loss; in float32 every layer3/layer4/fc gradient matches float64.
-TEST(Conv2d, Resnet18Layer4GradientsOnCpu) {
+TEST_P(Conv2dCpuPath, Resnet18Layer4Gradients) {
   std::vector<nn::NamedTensors> grads;
   std::shared_ptr<nn::ResNet> m64;
   Tensor x64, y;
@@ -459,7 +515,7 @@ TEST(Conv2d, Resnet18Layer4GradientsOnCpu) {
 // Every element counts: the directional derivative of the loss along a random direction
 // over a whole parameter (float64, central differences) equals <grad, direction>, for the
 // layer4.0 parameters the PyTorch comparison flagged and a few upstream ones.
-TEST(Conv2d, Resnet18DirectionalDerivativesOnCpu) {
+TEST_P(Conv2dCpuPath, Resnet18DirectionalDerivatives) {
   Generator g(1234);
   auto model = nn::resnet18({.num_classes = 10, .in_channels = 3, .gen = &g});
   model->to(DType::float64);
@@ -492,6 +548,398 @@ TEST(Conv2d, Resnet18DirectionalDerivativesOnCpu) {
     std::printf("%-28s analytic %.10g numeric %.10g\n", n.c_str(), analytic, numeric);
   }
 }
+
+// ================================================================ CUDA against the CPU
+
+// Relative to max |ref|: float32 differs from the CPU only by summation order (FMA math, no
+// TF32); 16-bit rounds inputs-times-weights differently and the output once more.
+double tol(DType d) {
+  switch (d) {
+    case DType::float32:
+      return 1e-4;
+    case DType::float64:
+      return 1e-10;
+    default:
+      return 2e-2;
+  }
+}
+
+struct ConvCase {
+  const char* name;
+  Shape x, w;  // input [N, C, H, W], weight [O, C / groups, kH, kW]
+  Int2 stride, padding, dilation;
+  int64_t groups;
+  bool bias;
+};
+
+const std::vector<ConvCase>& cases() {
+  static const std::vector<ConvCase> c = {
+      {"3x3", {2, 3, 9, 11}, {5, 3, 3, 3}, 1, 0, 1, 1, false},
+      {"3x3 stride 2 padding 1 bias", {2, 4, 13, 10}, {6, 4, 3, 3}, 2, 1, 1, 1, true},
+      {"3x3 dilation 2 padding 2 bias", {2, 3, 15, 14}, {4, 3, 3, 3}, 1, 2, 2, 1, true},
+      {"groups 2 bias", {3, 6, 10, 9}, {8, 3, 3, 3}, 1, 1, 1, 2, true},
+      {"1x1", {4, 16, 7, 7}, {8, 16, 1, 1}, 1, 0, 1, 1, false},
+      {"1x1 stride 2 bias", {2, 8, 9, 9}, {12, 8, 1, 1}, 2, 0, 1, 1, true},
+      {"depthwise 3x3 bias", {2, 8, 12, 12}, {8, 1, 3, 3}, 1, 1, 1, 8, true},
+      {"depthwise x2 stride 2", {2, 4, 11, 11}, {8, 1, 3, 3}, 2, 1, 1, 4, false},
+      {"rectangular kernel, stride, padding, dilation",
+       {2, 3, 11, 13},
+       {4, 3, 3, 5},
+       {2, 1},
+       {1, 2},
+       {1, 2},
+       1,
+       true},
+      {"7x7 stride 2 padding 3 (stem) bias", {2, 3, 33, 33}, {8, 3, 7, 7}, 2, 3, 1, 1, true},
+      {"kernel wider than the input, padded", {1, 2, 2, 2}, {3, 2, 3, 3}, 1, 1, 1, 1, true},
+      {"ResNet 3x3 [8, 64, 28, 28]", {8, 64, 28, 28}, {64, 64, 3, 3}, 1, 1, 1, 1, false},
+      {"ResNet downsample 3x3 stride 2", {4, 64, 28, 28}, {128, 64, 3, 3}, 2, 1, 1, 1, false},
+  };
+  return c;
+}
+
+std::string label(const ConvCase& c, DType d, const char* what) {
+  return std::string(c.name) + " " + dtype_name(d) + " " + what;
+}
+
+// The worst error seen per "dtype direction", printed by the main test as a diagnostic.
+std::map<std::string, double>& worst_seen() {
+  static std::map<std::string, double> m;
+  return m;
+}
+
+void note(DType d, const char* what, const Diff& e) {
+  double& w = worst_seen()[std::string(dtype_name(d)) + " " + what];
+  w = std::max(w, e.err);
+}
+
+// The three raw ops of a case (forward, backward-data, backward-filter) on x's device, no bias.
+std::vector<Tensor> directions(const ConvCase& c, const Tensor& x, const Tensor& w,
+                               const Tensor& gy) {
+  return {ops::conv2d(x, w, {}, c.stride, c.padding, c.dilation, c.groups),
+          ops::conv2d_backward_input(gy, w, c.x, c.stride, c.padding, c.dilation, c.groups),
+          ops::conv2d_backward_weight(gy, x, c.w, c.stride, c.padding, c.dilation, c.groups)};
+}
+
+class Conv2dVsCpu : public VsCpu {
+ protected:
+  // Runs the three raw ops on the CPU and the device for one case and dtype, checks each.
+  void check_case(const ConvCase& c, DType d, uint64_t seed) const {
+    const Tensor x = rand_tensor(c.x, d, seed, -1, 1), w = rand_tensor(c.w, d, seed + 1, -1, 1);
+    const Tensor b = c.bias ? rand_tensor({c.w[0]}, d, seed + 2, -1, 1) : Tensor();
+    const Tensor y = ops::conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+    const Tensor yg = ops::conv2d(put(x), put(w), c.bias ? put(b) : Tensor(), c.stride, c.padding,
+                                  c.dilation, c.groups);
+    const Tensor gy = rand_tensor(y.sizes(), d, seed + 3, -1, 1);
+    const Tensor gx =
+        ops::conv2d_backward_input(gy, w, c.x, c.stride, c.padding, c.dilation, c.groups);
+    const Tensor gxg =
+        ops::conv2d_backward_input(put(gy), put(w), c.x, c.stride, c.padding, c.dilation, c.groups);
+    const Tensor gw =
+        ops::conv2d_backward_weight(gy, x, c.w, c.stride, c.padding, c.dilation, c.groups);
+    const Tensor gwg = ops::conv2d_backward_weight(put(gy), put(x), c.w, c.stride, c.padding,
+                                                   c.dilation, c.groups);
+    for (const auto& [what, got, ref] :
+         {std::tuple{"forward", yg, y}, std::tuple{"backward input", gxg, gx},
+          std::tuple{"backward weight", gwg, gw}}) {
+      EXPECT_EQ(got.device(), dev()) << what;
+      EXPECT_EQ(got.dtype(), d) << what;
+      const Diff e = diff_scaled(got, ref);
+      note(d, what, e);
+      EXPECT_LE(e.err, tol(d)) << label(c, d, what) << ": " << e.str();
+    }
+  }
+
+  // directions() of case c on the device, with the inputs of seeds 1, 2, 3.
+  std::vector<Tensor> on_device(const ConvCase& c, DType d) const {
+    const Tensor x = put(rand_tensor(c.x, d, 1, -1, 1)), w = put(rand_tensor(c.w, d, 2, -1, 1));
+    const Tensor y = ops::conv2d(x, w, {}, c.stride, c.padding, c.dilation, c.groups);
+    return directions(c, x, w, put(rand_tensor(y.sizes(), d, 3, -1, 1)));
+  }
+};
+TALLY_VS_CPU(Conv2dVsCpu);
+
+#if defined(TALLY_WITH_CUDA)
+// Sets the benchmark switch for the scope, restoring it after.
+struct BenchmarkScope {
+  explicit BenchmarkScope(bool on) : saved(cuda::cudnn_benchmark()) {
+    cuda::set_cudnn_benchmark(on);
+  }
+  ~BenchmarkScope() { cuda::set_cudnn_benchmark(saved); }
+  bool saved;
+};
+#endif
+
+TEST_P(Conv2dVsCpu, ForwardAndBackwardsMatchTheCpu) {
+  uint64_t seed = 100;
+  for (const ConvCase& c : cases())
+    for (DType d : kFloatDtypes) {
+      SCOPED_TRACE(label(c, d, ""));
+      check_case(c, d, seed += 10);
+    }
+  for (const auto& [what, err] : worst_seen())
+    std::cout << "[ max err ] " << what << ": " << err << " of max |ref|\n";
+}
+
+TEST_P(Conv2dVsCpu, NonContiguousUnbatchedAndEmptyInputs) {
+  // The three directions on the device against the CPU's, at stride s, padding p.
+  auto check = [&](const Tensor& x, const Tensor& w, const Tensor& gy, const Tensor& xg,
+                   const Tensor& wg, const Tensor& gyg, Int2 s, Int2 p, double tolerance,
+                   const std::string& what) {
+    const ConvCase c{"", x.sizes(), w.sizes(), s, p, 1, 1, false};
+    const std::vector<Tensor> ref = directions(c, x, w, gy), got = directions(c, xg, wg, gyg);
+    const char* names[] = {"forward", "backward input", "backward weight"};
+    for (size_t i = 0; i < 3; ++i) {
+      const Diff e = diff_scaled(got[i], ref[i]);
+      EXPECT_LE(e.err, tolerance) << what << " " << names[i] << ": " << e.str();
+    }
+  };
+  for (DType d : {DType::float32, DType::bfloat16}) {
+    SCOPED_TRACE(dtype_name(d));
+    // Channels-last input and a transposed weight, both viewed as NCHW / OIHW.
+    const Tensor x_nhwc = rand_tensor({2, 9, 11, 5}, d, 1, -1, 1),
+                 w_iokk = rand_tensor({5, 6, 3, 3}, d, 2, -1, 1);
+    const Tensor x = ops::permute(x_nhwc, {0, 3, 1, 2}), w = ops::transpose(w_iokk, 0, 1);
+    const Tensor xg = ops::permute(put(x_nhwc), {0, 3, 1, 2}),
+                 wg = ops::transpose(put(w_iokk), 0, 1);
+    ASSERT_FALSE(xg.is_contiguous());
+    ASSERT_FALSE(wg.is_contiguous());
+    // A strided grad_output (every other column of a wider tensor).
+    const Shape ys = ops::conv2d(x, w, {}, 2, 1).sizes();
+    const Tensor wide = rand_tensor({ys[0], ys[1], ys[2], 2 * ys[3]}, d, 3, -1, 1);
+    const Tensor gy = ops::slice(wide, 3, 0, 2 * ys[3], 2),
+                 gyg = ops::slice(put(wide), 3, 0, 2 * ys[3], 2);
+    ASSERT_FALSE(gyg.is_contiguous());
+    check(x, w, gy, xg, wg, gyg, 2, 1, tol(d), "non-contiguous");
+  }
+  // Unbatched [C, H, W].
+  const Tensor x3 = rand_tensor({3, 10, 7}, DType::float32, 4, -1, 1),
+               w = rand_tensor({4, 3, 3, 3}, DType::float32, 5, -1, 1);
+  const Tensor b = rand_tensor({4}, DType::float32, 6, -1, 1);
+  const Tensor y3 = ops::conv2d(put(x3), put(w), put(b), 1, 1);
+  EXPECT_EQ(y3.sizes(), (Shape{4, 10, 7}));
+  const Diff e = diff_scaled(y3, ops::conv2d(x3, w, b, 1, 1));
+  EXPECT_LE(e.err, 1e-4) << "unbatched with bias: " << e.str();
+  const Tensor gy3 = rand_tensor({4, 10, 7}, DType::float32, 7, -1, 1);
+  check(x3, w, gy3, put(x3), put(w), put(gy3), 1, 1, 1e-4, "unbatched");
+
+  // An empty batch: empty output and input gradient, a zero weight gradient.
+  const Tensor x0 = ops::zeros({0, 3, 8, 8}, DType::float32, dev());
+  const Tensor y0 = ops::conv2d(x0, put(w), put(b), 1, 1);
+  EXPECT_EQ(y0.sizes(), (Shape{0, 4, 8, 8}));
+  const Tensor gy0 = ops::zeros({0, 4, 8, 8}, DType::float32, dev());
+  EXPECT_EQ(ops::conv2d_backward_input(gy0, put(w), x0.sizes(), 1, 1, 1, 1).sizes(), x0.sizes());
+  // Fill the cache with non-zero garbage first so a missing zero-fill would show.
+  { const Tensor junk = ops::full({4096}, 7.0, DType::float32, dev()); }
+  const Tensor gw0 = ops::conv2d_backward_weight(gy0, x0, w.sizes(), 1, 1, 1, 1);
+  EXPECT_EQ(gw0.sizes(), w.sizes());
+  for (double v : ops::to_vector(gw0)) ASSERT_EQ(v, 0.0);
+}
+
+TEST_P(Conv2dVsCpu, AutogradMatchesTheCpu) {
+  const Tensor xc = rand_tensor({3, 4, 12, 11}, DType::float32, 20, -1, 1),
+               wc = rand_tensor({6, 2, 3, 3}, DType::float32, 21, -1, 1);
+  const Tensor bc = rand_tensor({6}, DType::float32, 22, -1, 1),
+               gyc = rand_tensor({3, 6, 6, 6}, DType::float32, 23, -1, 1);
+  Tensor x = xc.detach(), w = wc.detach(), b = bc.detach();
+  x.requires_grad_(), w.requires_grad_(), b.requires_grad_();
+  const Tensor xg = leaf(xc), wg = leaf(wc), bg = leaf(bc);
+  const Tensor y = conv2d(x, w, b, 2, 1, 1, 2), yg = conv2d(xg, wg, bg, 2, 1, 1, 2);
+  ASSERT_EQ(y.sizes(), gyc.sizes());
+  Diff e = diff_scaled(yg, y);
+  EXPECT_LE(e.err, 1e-4) << "forward: " << e.str();
+  sum(mul(y, gyc)).backward();
+  sum(mul(yg, put(gyc))).backward();
+  for (auto [name, gc, gg] :
+       {std::tuple{"x", x.grad(), xg.grad()}, std::tuple{"w", w.grad(), wg.grad()},
+        std::tuple{"b", b.grad(), bg.grad()}}) {
+    ASSERT_TRUE(gg.defined()) << name;
+    EXPECT_EQ(gg.device(), dev()) << name;
+    e = diff_scaled(gg, gc);
+    EXPECT_LE(e.err, 1e-4) << "grad " << name << ": " << e.str();
+  }
+}
+
+#if defined(TALLY_WITH_CUDA)
+// Every allocation cuDNN's workspace needs is in the GPU allocator's history, tagged
+// `workspace` under the conv op that asked for it; no conv allocation is `unknown`.
+TEST_P(Conv2dVsCpu, WorkspaceIsTaggedInTheAllocatorHistory) {
+  memory::CachingAllocator& alloc = memory::get_allocator(dev());
+  const std::set<std::string> conv_ops{"conv2d", "conv2d_backward_input", "conv2d_backward_weight"};
+  for (bool benchmark : {false, true}) {
+    SCOPED_TRACE(benchmark ? "benchmark" : "heuristics");
+    BenchmarkScope bs(benchmark);
+    cuda::clear_conv_algorithm_cache();
+    cuda::synchronize(0);
+    alloc.reset_peak_memory_stats();
+    alloc.record_memory_history(true);
+    for (DType d : {DType::float32, DType::float16})
+      for (const ConvCase& c : {cases()[9], cases()[11], cases()[12]}) (void)on_device(c, d);
+    cuda::synchronize(0);
+    const auto history = alloc.history();
+    alloc.record_memory_history(false);
+    std::map<std::string, size_t> ws_by_op;
+    size_t unknown = 0;
+    for (const auto& e : history) {
+      if (e.action != memory::TraceAction::alloc) continue;
+      const std::string op = memory::interned(e.tag.op);
+      if (e.tag.category == memory::Category::workspace) {
+        EXPECT_TRUE(conv_ops.count(op)) << "workspace allocated under op '" << op << "'";
+        ws_by_op[op] += e.size;
+      }
+      if (e.tag.category == memory::Category::unknown) ++unknown;
+    }
+    EXPECT_EQ(unknown, 0u);
+    std::string seen;
+    for (const auto& [op, bytes] : ws_by_op)
+      seen += " " + op + ": " + std::to_string(bytes) + " B;";
+    // The benchmark's scratch outputs are workspaces; with heuristics (cached execution
+    // plans) a workspace exists only where the chosen engine asks for one.
+    if (benchmark) {
+      EXPECT_FALSE(ws_by_op.empty()) << "no workspace allocation was recorded";
+      EXPECT_GT(alloc.stats().cat_bytes(memory::Category::workspace).peak, 0);
+    }
+    std::cout << "[ workspace ] " << (benchmark ? "benchmark" : "heuristics") << ":" << seen
+              << "\n";
+    const auto stats = alloc.stats();
+    EXPECT_EQ(stats.cat_bytes(memory::Category::workspace).current, 0)
+        << "a workspace outlived its op";
+  }
+}
+
+// With benchmark off the calls run cached cuDNN execution plans (the backend API): one plan
+// per direction per geometry and dtype on the first run, none added on the second, results
+// matching the CPU; benchmark mode does not touch the plans.
+TEST_P(Conv2dVsCpu, HeuristicsRunCachedExecutionPlans) {
+  const char* legacy = std::getenv("TALLY_CUDNN_CONV_LEGACY");
+  if (legacy && std::string(legacy) == "1")
+    GTEST_SKIP() << "TALLY_CUDNN_CONV_LEGACY=1: legacy API only";
+  BenchmarkScope bs(false);
+  cuda::clear_conv_algorithm_cache();
+  const std::vector<ConvCase> picked = {cases()[1], cases()[9], cases()[11], cases()[12]};
+  for (int round = 0; round < 2; ++round)
+    for (DType d : {DType::float32, DType::float16})
+      for (size_t i = 0; i < picked.size(); ++i) {
+        SCOPED_TRACE(label(picked[i], d, round == 0 ? "(first run)" : "(cached)"));
+        check_case(picked[i], d, 500 + i);
+      }
+  // Every (direction, dtype, geometry) key has a plan, or fell back to the legacy API once
+  // because cuDNN's backend declined it (then the legacy API ran it, checked above).
+  const size_t plans = cuda::conv_plan_cache_size(),
+               legacy_keys = cuda::conv_algorithm_cache_size();
+  std::printf("execution plans %zu, legacy fallbacks %zu\n", plans, legacy_keys);
+  EXPECT_EQ(plans + legacy_keys, 3 * 2 * picked.size())
+      << "one entry per key, none added on the second run";
+  EXPECT_GE(plans, 3 * 2 * (picked.size() - 1)) << "the backend runs (nearly) all of them";
+  {
+    BenchmarkScope on(true);
+    check_case(picked[0], DType::float32, 600);
+  }
+  EXPECT_EQ(cuda::conv_plan_cache_size(), plans);
+  EXPECT_EQ(cuda::conv_algorithm_cache_size(), legacy_keys + 3)
+      << "benchmark mode ranks with the legacy API";
+}
+
+// The benchmark switch: cudnnFind* once per key (the cache grows by one entry per
+// direction, dtype and geometry, and not again on a second run), results that match the
+// CPU and the heuristic path.
+TEST_P(Conv2dVsCpu, BenchmarkSwitchTimesOncePerKeyAndMatches) {
+  const std::vector<ConvCase> picked = {cases()[1], cases()[3], cases()[6], cases()[11]};
+  std::vector<std::vector<Tensor>> heuristic;
+  {
+    BenchmarkScope bs(false);
+    EXPECT_FALSE(cuda::cudnn_benchmark());
+    for (const ConvCase& c : picked) heuristic.push_back(on_device(c, DType::float32));
+  }
+  BenchmarkScope bs(true);
+  EXPECT_TRUE(cuda::cudnn_benchmark());
+  const char* names[] = {"forward", "backward input", "backward weight"};
+  for (DType d : {DType::float32, DType::float16}) {
+    cuda::clear_conv_algorithm_cache();
+    for (int round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < picked.size(); ++i) {
+        const ConvCase& c = picked[i];
+        SCOPED_TRACE(label(c, d, round == 0 ? "(first run)" : "(cached)"));
+        check_case(c, d, 300 + i);
+        if (d == DType::float32) {
+          const std::vector<Tensor> got = on_device(c, d);
+          for (size_t k = 0; k < 3; ++k)
+            EXPECT_LE(diff_scaled(got[k], heuristic[i][k]).err, 1e-4)
+                << names[k] << " vs heuristics";
+        }
+      }
+      // One key per direction per geometry (the cases differ in geometry).
+      EXPECT_EQ(cuda::conv_algorithm_cache_size(), 3 * picked.size()) << "round " << round;
+    }
+  }
+}
+
+// Sets cudnn_allow_tf32 for the scope; exact float32 again after it, also when the op throws.
+struct CudnnTf32 {
+  explicit CudnnTf32(bool on) { cuda::set_cudnn_allow_tf32(on); }
+  ~CudnnTf32() { cuda::set_cudnn_allow_tf32(false); }
+};
+
+// cudnn_allow_tf32 (PyTorch's torch.backends.cudnn.allow_tf32): on by default in the
+// library, off for the test suite (tests/exact_float32.cpp); off, a float32 convolution
+// matches the float64 CPU result to float32 rounding; on, cuDNN may round the inputs to TF32's
+// 10-bit mantissa (errors near 1e-3 of max|ref|), still far below 16-bit's.
+TEST_P(Conv2dVsCpu, Float32IsExactUnlessTf32IsAllowed) {
+  EXPECT_FALSE(cuda::cudnn_allow_tf32())
+      << "the test suite runs with exact float32 (tests/exact_float32.cpp)";
+  const ConvCase& c = cases()[11];  // ResNet 3x3 [8, 64, 28, 28]
+  const Tensor x = rand_tensor(c.x, DType::float32, 41, -1, 1),
+               w = rand_tensor(c.w, DType::float32, 42, -1, 1);
+  const Tensor ref = ops::conv2d(ops::to(x, DType::float64), ops::to(w, DType::float64), {},
+                                 c.stride, c.padding, c.dilation, c.groups);
+  auto error = [&](bool tf32) {
+    CudnnTf32 scope(tf32);
+    const Tensor y = ops::conv2d(put(x), put(w), {}, c.stride, c.padding, c.dilation, c.groups);
+    return diff_scaled(ops::to(y, DType::float64), ref).err;
+  };
+  // TF32 off, on, and off again (the switch must not stick).
+  const bool allowed[] = {false, true, false};
+  double err[3];
+  for (int i = 0; i < 3; ++i) err[i] = error(allowed[i]);
+  std::printf(
+      "conv 3x3 [8, 64, 28, 28] float32, error relative to max|ref|: TF32 off %.3g, on %.3g, off "
+      "again %.3g\n",
+      err[0], err[1], err[2]);
+  for (int i = 0; i < 3; ++i) {
+    if (allowed[i]) {
+      EXPECT_GT(err[i], 3e-5) << "cudnn_allow_tf32 had no effect";
+      EXPECT_LT(err[i], 1e-2);
+    } else {
+      EXPECT_LT(err[i], 1e-5) << (i ? "off again" : "off");
+    }
+  }
+}
+
+// A batch whose tensors exceed the per-call element limit runs as several cuDNN calls
+// (here forced with a tiny limit: slices of 2, 2 and 1 samples); backward filter sums the
+// slices.
+TEST_P(Conv2dVsCpu, BatchSplitMatchesTheCpu) {
+  const ConvCase c{"split", {5, 3, 9, 9}, {4, 3, 3, 3}, 1, 1, 1, 1, true};
+  // per sample: input 243, output 324 elements; a limit of 649 fits two samples.
+  cuda::set_conv_max_call_elements(649);
+  struct Restore {
+    ~Restore() { cuda::set_conv_max_call_elements(0); }
+  } restore;
+  for (DType d : {DType::float32, DType::float64}) {
+    SCOPED_TRACE(dtype_name(d));
+    check_case(c, d, 500);
+    BenchmarkScope bs(true);
+    check_case(c, d, 510);
+  }
+  // One sample beyond the limit is an error naming the shapes.
+  cuda::set_conv_max_call_elements(100);
+  const std::string m = error_of<std::invalid_argument>([&] {
+    ops::conv2d(put(rand_tensor(c.x, DType::float32, 1, -1, 1)),
+                put(rand_tensor(c.w, DType::float32, 2, -1, 1)), {}, 1, 1);
+  });
+  EXPECT_NE(m.find("[5, 3, 9, 9]"), std::string::npos) << m;
+}
+#endif
 
 }  // namespace
 }  // namespace tally
