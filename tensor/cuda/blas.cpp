@@ -66,18 +66,7 @@ std::atomic<bool> g_force_fallback{false};
   } while (0)
 
 cudaDataType data_type(DType d) {
-  switch (d) {
-    case DType::float32:
-      return CUDA_R_32F;
-    case DType::float64:
-      return CUDA_R_64F;
-    case DType::float16:
-      return CUDA_R_16F;
-    case DType::bfloat16:
-      return CUDA_R_16BF;
-    default:
-      unsupported_dtype("matmul (cuBLASLt)", d);
-  }
+  return floating_code(d, {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F}, "matmul (cuBLASLt)");
 }
 
 cublasComputeType_t compute_type(DType d, bool tf32) {
@@ -178,20 +167,14 @@ cublasLtHandle_t handle(int device) {
   static std::mutex mu;
   static auto* handles = new std::vector<cublasLtHandle_t>();  // never destroyed
   std::lock_guard lock(mu);
-  if (device < 0) throw std::invalid_argument("cuBLASLt handle: negative device");
-  if (handles->size() <= static_cast<size_t>(device))
-    handles->resize(static_cast<size_t>(device) + 1, nullptr);
-  cublasLtHandle_t& h = (*handles)[static_cast<size_t>(device)];
-  if (!h) {
-    DeviceGuard guard(device);
+  return per_device(*handles, device, "cuBLASLt handle", [&] {
+    cublasLtHandle_t h = nullptr;
     const cublasStatus_t s = cublasLtCreate(&h);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-      h = nullptr;
+    if (s != CUBLAS_STATUS_SUCCESS)
       throw std::runtime_error(fmt::format("cublasLtCreate on cuda:{} failed: {} ({})", device,
                                            cublasLtGetStatusName(s), cublasLtGetStatusString(s)));
-    }
-  }
-  return h;
+    return h;
+  });
 }
 
 std::string describe(const Gemm& g) {
@@ -328,19 +311,14 @@ cublasHandle_t classic_handle(int device) {
   static std::mutex mu;
   static auto* handles = new std::vector<cublasHandle_t>();  // never destroyed
   std::lock_guard lock(mu);
-  if (handles->size() <= static_cast<size_t>(device))
-    handles->resize(static_cast<size_t>(device) + 1, nullptr);
-  cublasHandle_t& h = (*handles)[static_cast<size_t>(device)];
-  if (!h) {
-    DeviceGuard guard(device);
+  return per_device(*handles, device, "cuBLAS handle", [&] {
+    cublasHandle_t h = nullptr;
     const cublasStatus_t s = cublasCreate(&h);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-      h = nullptr;
+    if (s != CUBLAS_STATUS_SUCCESS)
       throw std::runtime_error(fmt::format("cublasCreate on cuda:{} failed: {} ({})", device,
                                            cublasGetStatusName(s), cublasGetStatusString(s)));
-    }
-  }
-  return h;
+    return h;
+  });
 }
 }  // namespace
 

@@ -46,4 +46,13 @@ struct MatrixLayout {
 };
 std::optional<MatrixLayout> blas_layout(const Tensor& t);
 
+// A GEMM operand as the kernels read it: blas_layout(t) and, aligned with the output's batch
+// dims `batch`, the element stride between batch entries (0 where t broadcasts). Throws
+// std::logic_error naming `kernel` and the operand `what` when t is not BLAS-readable (the
+// ops make such operands contiguous before dispatching).
+struct GemmOperand : MatrixLayout {
+  Shape batch_strides;
+};
+GemmOperand gemm_operand(const Tensor& t, const Shape& batch, const char* kernel, const char* what);
+
 }  // namespace tally::ops
