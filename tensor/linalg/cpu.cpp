@@ -52,14 +52,7 @@ void matmul_blas(const Tensor& out, const Tensor& a, const Tensor& b, bool accum
     gemm<T>(oa.trans, ob.trans, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
             pa + off_a, static_cast<int>(oa.ld), pb + off_b, static_cast<int>(ob.ld), beta,
             c + e * M * N, static_cast<int>(N));
-    for (size_t d = batch.size(); d-- > 0;) {
-      off_a += oa.batch_strides[d];
-      off_b += ob.batch_strides[d];
-      if (++idx[d] < batch[d]) break;
-      off_a -= oa.batch_strides[d] * batch[d];
-      off_b -= ob.batch_strides[d] * batch[d];
-      idx[d] = 0;
-    }
+    ops::advance_batch(idx, batch, batch.size(), oa, ob, off_a, off_b);
   }
 }
 

@@ -145,15 +145,7 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
     if (blas::gemm(device, g, ws.data(), ws.nbytes(), op) != CUBLAS_STATUS_SUCCESS)
       blas::gemm_classic(device, g, ws.data(), ws.nbytes(), op);  // no cuBLASLt algorithm
     // Odometer over the outer batch dims.
-    for (int64_t d = split; d-- > 0;) {
-      const auto ud = static_cast<size_t>(d);
-      off_a += oa.batch_strides[ud];
-      off_b += ob.batch_strides[ud];
-      if (++idx[ud] < batch[ud]) break;
-      off_a -= oa.batch_strides[ud] * batch[ud];
-      off_b -= ob.batch_strides[ud] * batch[ud];
-      idx[ud] = 0;
-    }
+    ops::advance_batch(idx, batch, static_cast<size_t>(split), oa, ob, off_a, off_b);
   }
 }
 
