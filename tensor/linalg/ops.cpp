@@ -135,6 +135,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 namespace {
+// linear's and embedding's weight: 2-D, with the dims `dims` names.
+void check_matrix(const char* op, const Tensor& weight, const char* dims) {
+  if (weight.dim() != 2)
+    throw std::invalid_argument(
+        fmt::format("{}: weight must be 2-D {}, got shape {}", op, dims, weight.shape_string()));
+}
+
 // mm and bmm: two `dims`-D operands (bmm's with the same batch size), no promotion.
 Tensor product_of_rank(const OpInfo& info, const Tensor& a, const Tensor& b, int64_t dims) {
   if (a.dim() != dims || b.dim() != dims)
@@ -163,11 +170,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   static const OpInfo info("linear");
-  if (weight.dim() != 2)
-    throw std::invalid_argument(
-        fmt::format("linear: weight must be 2-D [out_features, "
-                    "in_features], got shape {}",
-                    weight.shape_string()));
+  check_matrix(info.name, weight, "[out_features, in_features]");
   if (x.dim() == 0 || x.size(-1) != weight.size(1))
     throw std::invalid_argument(fmt::format(
         "linear: input {} has {} features but weight {} "
@@ -200,11 +203,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   static const OpInfo info("embedding");
-  if (weight.dim() != 2)
-    throw std::invalid_argument(
-        fmt::format("embedding: weight must be 2-D [num_embeddings, "
-                    "embedding_dim], got shape {}",
-                    weight.shape_string()));
+  check_matrix(info.name, weight, "[num_embeddings, embedding_dim]");
   if (indices.dtype() != DType::int64 && indices.dtype() != DType::int32)
     throw std::invalid_argument(
         fmt::format("embedding: indices must be int64 or int32, got {} "
