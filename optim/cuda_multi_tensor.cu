@@ -205,30 +205,36 @@ unsigned grid(const DeviceTable& t) {
   return static_cast<unsigned>(t.num_chunks);
 }
 
-void sgd_(const TensorLists& l, const SGDHyper& h) {
-  NvtxRange range("optim::sgd (multi-tensor)");
+// The element-wise updates' launcher: the lists' table uploaded (`op` names it), then
+// launch(T{}, table, stream) for the lists' dtype T. `range` names the NVTX range,
+// `launch_name` the launch in its error.
+template <typename Launch>
+void launch_update(const TensorLists& l, const char* range, const char* op, const char* launch_name,
+                   Launch launch) {
+  NvtxRange nvtx(range);
   DeviceGuard guard(l.device.index);
-  const DeviceTable t = upload(l, "SGD.step");
+  const DeviceTable t = upload(l, op);
   if (t.num_chunks == 0) return;
-  for_dtype(l.dtype, "SGD.step", [&](auto zero) {
-    using T = decltype(zero);
-    sgd_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(
-        t.entries, t.chunks, detail::SGDScalars<T>(h), l.depth > 2);
-  });
-  check_launch("SGD.step (multi-tensor)");
+  for_dtype(l.dtype, op, [&](auto zero) { launch(zero, t, stream(l.device.index)); });
+  check_launch(launch_name);
+}
+
+void sgd_(const TensorLists& l, const SGDHyper& h) {
+  launch_update(l, "optim::sgd (multi-tensor)", "SGD.step", "SGD.step (multi-tensor)",
+                [&](auto zero, const DeviceTable& t, cudaStream_t s) {
+                  using T = decltype(zero);
+                  sgd_kernel<T><<<grid(t), kThreads, 0, s>>>(t.entries, t.chunks,
+                                                             detail::SGDScalars<T>(h), l.depth > 2);
+                });
 }
 
 void adam_(const TensorLists& l, const AdamHyper& h) {
-  NvtxRange range("optim::adam (multi-tensor)");
-  DeviceGuard guard(l.device.index);
-  const DeviceTable t = upload(l, "Adam.step");
-  if (t.num_chunks == 0) return;
-  for_dtype(l.dtype, "Adam.step", [&](auto zero) {
-    using T = decltype(zero);
-    adam_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(
-        t.entries, t.chunks, detail::AdamScalars<T>(h), l.depth > 4);
-  });
-  check_launch("Adam.step (multi-tensor)");
+  launch_update(l, "optim::adam (multi-tensor)", "Adam.step", "Adam.step (multi-tensor)",
+                [&](auto zero, const DeviceTable& t, cudaStream_t s) {
+                  using T = decltype(zero);
+                  adam_kernel<T><<<grid(t), kThreads, 0, s>>>(
+                      t.entries, t.chunks, detail::AdamScalars<T>(h), l.depth > 4);
+                });
 }
 
 Tensor total_norm(const TensorLists& l, double norm_type) {

@@ -40,33 +40,37 @@ void for_dtype(const TensorLists& l, const char* op, F f) {
                     dtype_name(l.dtype)));
 }
 
-void sgd_(const TensorLists& l, const SGDHyper& h) {
-  for_dtype(l, "SGD", [&](auto zero) {
+// The element-wise updates' loop: Scalars<T>(h) once for the lists' dtype T, then
+// update(s, lists, t) for each tensor t, with lists(t, k) its k-th list's data as T*.
+template <template <typename> class Scalars, typename Hyper, typename F>
+void update_each(const TensorLists& l, const char* op, const Hyper& h, F update) {
+  for_dtype(l, op, [&](auto zero) {
     using T = decltype(zero);
-    const detail::SGDScalars<T> s(h);
-    for (size_t t = 0; t < l.size(); ++t) {
-      T* p = static_cast<T*>(l.ptrs[t][0]);
-      const T* g = static_cast<const T*>(l.ptrs[t][1]);
-      T* buf = l.depth > 2 ? static_cast<T*>(l.ptrs[t][2]) : nullptr;
-      for (int64_t i = 0; i < l.numels[t]; ++i)
-        detail::sgd_element(s, p[i], g[i], buf ? &buf[i] : nullptr);
-    }
+    const Scalars<T> s(h);
+    auto lists = [&](size_t t, int k) { return static_cast<T*>(l.ptrs[t][k]); };
+    for (size_t t = 0; t < l.size(); ++t) update(s, lists, t);
+  });
+}
+
+void sgd_(const TensorLists& l, const SGDHyper& h) {
+  update_each<detail::SGDScalars>(l, "SGD", h, [&](const auto& s, auto lists, size_t t) {
+    auto* p = lists(t, 0);
+    const auto* g = lists(t, 1);
+    auto* buf = l.depth > 2 ? lists(t, 2) : nullptr;
+    for (int64_t i = 0; i < l.numels[t]; ++i)
+      detail::sgd_element(s, p[i], g[i], buf ? &buf[i] : nullptr);
   });
 }
 
 void adam_(const TensorLists& l, const AdamHyper& h) {
-  for_dtype(l, "Adam", [&](auto zero) {
-    using T = decltype(zero);
-    const detail::AdamScalars<T> s(h);
-    for (size_t t = 0; t < l.size(); ++t) {
-      T* p = static_cast<T*>(l.ptrs[t][0]);
-      const T* g = static_cast<const T*>(l.ptrs[t][1]);
-      T* m = static_cast<T*>(l.ptrs[t][2]);
-      T* v = static_cast<T*>(l.ptrs[t][3]);
-      T* vmax = l.depth > 4 ? static_cast<T*>(l.ptrs[t][4]) : nullptr;
-      for (int64_t i = 0; i < l.numels[t]; ++i)
-        detail::adam_element(s, p[i], g[i], m[i], v[i], vmax ? &vmax[i] : nullptr);
-    }
+  update_each<detail::AdamScalars>(l, "Adam", h, [&](const auto& s, auto lists, size_t t) {
+    auto* p = lists(t, 0);
+    const auto* g = lists(t, 1);
+    auto* m = lists(t, 2);
+    auto* v = lists(t, 3);
+    auto* vmax = l.depth > 4 ? lists(t, 4) : nullptr;
+    for (int64_t i = 0; i < l.numels[t]; ++i)
+      detail::adam_element(s, p[i], g[i], m[i], v[i], vmax ? &vmax[i] : nullptr);
   });
 }
 

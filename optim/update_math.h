@@ -21,28 +21,26 @@
 
 namespace tally::optim::detail {
 
-template <typename T>
-TALLY_OPTIM_HD T mul(T a, T b) {
+// a * b (Rn::mul) or a + b (Rn::add) in T, rounded to nearest and never fused (see above).
+enum class Rn { mul, add };
+template <Rn op, typename T>
+TALLY_OPTIM_HD T rn(T a, T b) {
 #if defined(__CUDA_ARCH__)
   if constexpr (sizeof(T) == 4)
-    return __fmul_rn(a, b);
+    return op == Rn::mul ? __fmul_rn(a, b) : __fadd_rn(a, b);
   else
-    return __dmul_rn(a, b);
+    return op == Rn::mul ? __dmul_rn(a, b) : __dadd_rn(a, b);
 #else
-  return a * b;
+  return op == Rn::mul ? a * b : a + b;
 #endif
 }
-
+template <typename T>
+TALLY_OPTIM_HD T mul(T a, T b) {
+  return rn<Rn::mul>(a, b);
+}
 template <typename T>
 TALLY_OPTIM_HD T add(T a, T b) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 4)
-    return __fadd_rn(a, b);
-  else
-    return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
+  return rn<Rn::add>(a, b);
 }
 
 template <typename T>

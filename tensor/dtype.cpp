@@ -2,68 +2,47 @@
 
 #include <fmt/format.h>
 
+#include <iterator>
+
 namespace tally {
 
+namespace {
+
+// What Tally knows of each dtype, in DType's order.
+struct DTypeInfo {
+  size_t size;       // bytes per element
+  const char* name;  // PyTorch's name
+  int rank;          // PyTorch's promotion order (float16 and bfloat16 tie)
+};
+constexpr DTypeInfo kDTypes[] = {
+    {4, "float32", 4}, {2, "float16", 3}, {2, "bfloat16", 3}, {8, "float64", 5},
+    {4, "int32", 1},   {8, "int64", 2},   {1, "bool", 0},
+};
+static_assert(std::size(kDTypes) == static_cast<size_t>(DType::bool_) + 1);
+
+// The entry of t; nullptr for a value outside the enum.
+const DTypeInfo* info(DType t) {
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kDTypes) ? &kDTypes[i] : nullptr;
+}
+
+}  // namespace
+
 size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::float32:
-      return 4;
-    case DType::float16:
-      return 2;
-    case DType::bfloat16:
-      return 2;
-    case DType::float64:
-      return 8;
-    case DType::int32:
-      return 4;
-    case DType::int64:
-      return 8;
-    case DType::bool_:
-      return 1;
-  }
-  return 0;
+  const DTypeInfo* d = info(t);
+  return d ? d->size : 0;
 }
 
 const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::float32:
-      return "float32";
-    case DType::float16:
-      return "float16";
-    case DType::bfloat16:
-      return "bfloat16";
-    case DType::float64:
-      return "float64";
-    case DType::int32:
-      return "int32";
-    case DType::int64:
-      return "int64";
-    case DType::bool_:
-      return "bool";
-  }
-  return "?";
+  const DTypeInfo* d = info(t);
+  return d ? d->name : "?";
 }
 
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
   auto rank = [](DType t) {
-    switch (t) {
-      case DType::bool_:
-        return 0;
-      case DType::int32:
-        return 1;
-      case DType::int64:
-        return 2;
-      case DType::float16:
-        return 3;
-      case DType::bfloat16:
-        return 3;
-      case DType::float32:
-        return 4;
-      case DType::float64:
-        return 5;
-    }
-    return 0;
+    const DTypeInfo* d = info(t);
+    return d ? d->rank : 0;
   };
   // float16 with bfloat16 promotes to float32, as in PyTorch.
   if ((a == DType::float16 && b == DType::bfloat16) ||

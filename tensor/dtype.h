@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace tally {
 
@@ -49,91 +50,53 @@ struct BFloat16 {
   }
 };
 
-// The type arithmetic runs in for storage type T (float for the 16-bit floats).
+// The type arithmetic runs in for storage type T: float for the 16-bit floats, T itself
+// otherwise.
 template <typename T>
-struct acc_type {
-  using type = T;
-};
-template <>
-struct acc_type<Half> {
-  using type = float;
-};
-template <>
-struct acc_type<BFloat16> {
-  using type = float;
-};
-template <>
-struct acc_type<bool> {
-  using type = bool;
-};
-template <typename T>
-using acc_t = typename acc_type<T>::type;
-
-template <typename T>
-constexpr DType dtype_of();
-template <>
-constexpr DType dtype_of<float>() {
-  return DType::float32;
-}
-template <>
-constexpr DType dtype_of<double>() {
-  return DType::float64;
-}
-template <>
-constexpr DType dtype_of<Half>() {
-  return DType::float16;
-}
-template <>
-constexpr DType dtype_of<BFloat16>() {
-  return DType::bfloat16;
-}
-template <>
-constexpr DType dtype_of<int32_t>() {
-  return DType::int32;
-}
-template <>
-constexpr DType dtype_of<int64_t>() {
-  return DType::int64;
-}
-template <>
-constexpr DType dtype_of<bool>() {
-  return DType::bool_;
-}
+using acc_t = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
 
 [[noreturn]] void unsupported_dtype(const char* op, DType t);
+
+// A library's code for a floating dtype (cuDNN's or cuBLAS's data type), from its codes for
+// float32, float16, bfloat16, float64 (DType's order); unsupported_dtype(op, t) for the others.
+template <typename Code>
+Code floating_code(DType t, const Code (&codes)[4], const char* op) {
+  static_assert(static_cast<int>(DType::float64) == 3, "the floating dtypes come first");
+  if (!is_floating(t)) unsupported_dtype(op, t);
+  return codes[static_cast<size_t>(t)];
+}
 
 }  // namespace tally
 
 // Run BODY with `scalar_t` bound to the C++ type of DTYPE. The _FLOAT form covers the four
-// floating types; the _ALL form all seven.
+// floating types; the _ALL form all seven (the floating ones, then the integers and bool).
 #define TALLY_DISPATCH_CASE(ENUM, TYPE, ...) \
   case ::tally::DType::ENUM: {               \
     using scalar_t = TYPE;                   \
     __VA_ARGS__();                           \
     break;                                   \
   }
-#define TALLY_DISPATCH_FLOAT(DTYPE, OPNAME, ...)                    \
-  [&] {                                                             \
-    switch (DTYPE) {                                                \
-      TALLY_DISPATCH_CASE(float32, float, __VA_ARGS__)              \
-      TALLY_DISPATCH_CASE(float64, double, __VA_ARGS__)             \
-      TALLY_DISPATCH_CASE(float16, ::tally::Half, __VA_ARGS__)      \
-      TALLY_DISPATCH_CASE(bfloat16, ::tally::BFloat16, __VA_ARGS__) \
-      default:                                                      \
-        ::tally::unsupported_dtype(OPNAME, DTYPE);                  \
-    }                                                               \
+// The switch over DTYPE with the given cases; any other dtype is unsupported_dtype(OPNAME).
+#define TALLY_DISPATCH_SWITCH(DTYPE, OPNAME, ...)  \
+  [&] {                                            \
+    switch (DTYPE) {                               \
+      __VA_ARGS__                                  \
+      default:                                     \
+        ::tally::unsupported_dtype(OPNAME, DTYPE); \
+    }                                              \
   }()
-#define TALLY_DISPATCH_ALL(DTYPE, OPNAME, ...)                      \
-  [&] {                                                             \
-    switch (DTYPE) {                                                \
-      TALLY_DISPATCH_CASE(float32, float, __VA_ARGS__)              \
-      TALLY_DISPATCH_CASE(float64, double, __VA_ARGS__)             \
-      TALLY_DISPATCH_CASE(float16, ::tally::Half, __VA_ARGS__)      \
-      TALLY_DISPATCH_CASE(bfloat16, ::tally::BFloat16, __VA_ARGS__) \
-      TALLY_DISPATCH_CASE(int32, int32_t, __VA_ARGS__)              \
-      TALLY_DISPATCH_CASE(int64, int64_t, __VA_ARGS__)              \
-      TALLY_DISPATCH_CASE(bool_, bool, __VA_ARGS__)                 \
-      default:                                                      \
-        ::tally::unsupported_dtype(OPNAME, DTYPE);                  \
-    }                                                               \
-  }()
+#define TALLY_DISPATCH_FLOAT_CASES(...)                    \
+  TALLY_DISPATCH_CASE(float32, float, __VA_ARGS__)         \
+  TALLY_DISPATCH_CASE(float64, double, __VA_ARGS__)        \
+  TALLY_DISPATCH_CASE(float16, ::tally::Half, __VA_ARGS__) \
+  TALLY_DISPATCH_CASE(bfloat16, ::tally::BFloat16, __VA_ARGS__)
+#define TALLY_DISPATCH_FLOAT(DTYPE, OPNAME, ...) \
+  TALLY_DISPATCH_SWITCH(DTYPE, OPNAME, TALLY_DISPATCH_FLOAT_CASES(__VA_ARGS__))
+#define TALLY_DISPATCH_INT_CASES(...)              \
+  TALLY_DISPATCH_CASE(int32, int32_t, __VA_ARGS__) \
+  TALLY_DISPATCH_CASE(int64, int64_t, __VA_ARGS__) \
+  TALLY_DISPATCH_CASE(bool_, bool, __VA_ARGS__)
+#define TALLY_DISPATCH_ALL(DTYPE, OPNAME, ...)                  \
+  TALLY_DISPATCH_SWITCH(DTYPE, OPNAME,                          \
+                        TALLY_DISPATCH_FLOAT_CASES(__VA_ARGS__) \
+                            TALLY_DISPATCH_INT_CASES(__VA_ARGS__))

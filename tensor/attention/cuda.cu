@@ -18,6 +18,7 @@
 
 #include "tensor/attention/cuda_cudnn.h"
 #include "tensor/attention/cuda_fp32.h"
+#include "tensor/attention/cuda_rows.cuh"
 #include "tensor/attention/kernels.h"
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/runtime.h"
@@ -29,40 +30,23 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// [B, H, T, E] operand: base pointer (offset applied) and element strides of b, h, t.
+// [B, H, T, E] inputs and outputs (last dim dense), addressed through b, h, t strides.
 template <typename T>
-struct Operand {
-  const T* p;
-  int64_t sb, sh, st;
-  __device__ __forceinline__ const T* rows(int bh, int H) const {
-    return p + static_cast<int64_t>(bh / H) * sb + static_cast<int64_t>(bh % H) * sh;
-  }
-};
+using Operand = BhtRows<const T>;
+template <typename T>
+using OutOperand = BhtRows<T>;
 
 template <typename T>
 Operand<T> operand(const Tensor& t) {
-  return {static_cast<const T*>(t.storage().data()) + t.storage_offset(), t.strides()[0],
-          t.strides()[1], t.strides()[2]};
+  return bht_rows<const T>(t);
+}
+template <typename T>
+OutOperand<T> out_operand(const Tensor& t) {
+  return bht_rows<T>(t);
 }
 
 // Shared-memory leading dimensions (elements): 16-bit tiles padded by 8 (16 bytes) against
 // bank conflicts, float tiles by 4; every fragment pointer stays 32-byte aligned.
-
-// A [B, H, T, E] output with the same addressing (last dim dense).
-template <typename T>
-struct OutOperand {
-  T* p;
-  int64_t sb, sh, st;
-  __device__ __forceinline__ T* rows(int bh, int H) const {
-    return p + static_cast<int64_t>(bh / H) * sb + static_cast<int64_t>(bh % H) * sh;
-  }
-};
-
-template <typename T>
-OutOperand<T> out_operand(const Tensor& t) {
-  return {static_cast<T*>(t.storage().data()) + t.storage_offset(), t.strides()[0], t.strides()[1],
-          t.strides()[2]};
-}
 
 template <typename T>
 struct FwdParams {

@@ -109,8 +109,9 @@ bool eligible(const Tensor& q, const Tensor& k, const Tensor& v) {
          compute_capability(q.device().index) >= 80;
 }
 
+// The problem of q, k, v with the output's strides `o`.
 cudnn_sdpa::Problem problem(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                            double scale) {
+                            double scale, const cudnn_sdpa::Strides& o) {
   cudnn_sdpa::Problem p;
   p.dtype = cudnn_data_type(q.dtype());
   p.b = q.size(0);
@@ -123,6 +124,7 @@ cudnn_sdpa::Problem problem(const Tensor& q, const Tensor& k, const Tensor& v, b
   p.q = strides_of(q);
   p.k = strides_of(k);
   p.v = strides_of(v);
+  p.o = o;
   return p;
 }
 
@@ -144,6 +146,20 @@ bool aligned(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
     if (reinterpret_cast<uintptr_t>(ptr(*t)) % 16 != 0) return false;
   return true;
+}
+
+// A call cuDNN does not serve although the route was asked: counted; Tally's kernels run.
+bool fall_back() {
+  g_fallback.fetch_add(1);
+  return false;
+}
+
+// Whether a call may try the route: an eligible problem (else false, not counted) whose
+// tensors `ts` are all aligned (else a fallback).
+bool may_take(const Tensor& q, const Tensor& k, const Tensor& v,
+              std::initializer_list<const Tensor*> ts) {
+  if (!eligible(q, k, v)) return false;
+  return aligned(ts) || fall_back();
 }
 
 }  // namespace
@@ -171,8 +187,9 @@ bool cudnn_sdp_supported(const Tensor& q, const Tensor& k, const Tensor& v, bool
   const int device = q.device().index;
   DeviceGuard g(device);
   cudnnHandle_t h = cudnn_handle(device);
-  cudnn_sdpa::Problem p = problem(q, k, v, causal, scale);
-  p.o = {q.size(1) * q.size(2) * v.size(3), q.size(2) * v.size(3), v.size(3), 1};
+  const cudnn_sdpa::Problem p =
+      problem(q, k, v, causal, scale,
+              {q.size(1) * q.size(2) * v.size(3), q.size(2) * v.size(3), v.size(3), 1});
   const auto e = forward_cache().get(key_of(false, device, h, p), h, p);
   if (why) *why = e->why;
   return e->plan != nullptr;
@@ -180,21 +197,13 @@ bool cudnn_sdp_supported(const Tensor& q, const Tensor& k, const Tensor& v, bool
 
 bool cudnn_flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
                                    const Tensor& k, const Tensor& v, bool causal, double scale) {
-  if (!eligible(q, k, v)) return false;
-  if (!aligned({&out, &lse, &q, &k, &v})) {
-    g_fallback.fetch_add(1);
-    return false;
-  }
+  if (!may_take(q, k, v, {&out, &lse, &q, &k, &v})) return false;
   const int device = q.device().index;
   DeviceGuard g(device);
   cudnnHandle_t h = cudnn_handle(device);
-  cudnn_sdpa::Problem p = problem(q, k, v, causal, scale);
-  p.o = strides_of(out);
+  const cudnn_sdpa::Problem p = problem(q, k, v, causal, scale, strides_of(out));
   const auto e = forward_cache().get(key_of(false, device, h, p), h, p);
-  if (!e->plan) {
-    g_fallback.fetch_add(1);
-    return false;
-  }
+  if (!e->plan) return fall_back();
   NvtxRange range("flash_attention_forward (cuDNN)");
   const Storage ws = alloc_scratch_bytes(plan_workspace_bytes(*e->plan), Device::cuda(device));
   e->plan->run(h, ptr(q), ptr(k), ptr(v), ptr(out), ptr<float>(lse), ws.data());
@@ -206,25 +215,17 @@ bool cudnn_flash_attention_backward(const Tensor& dq, const Tensor& dk, const Te
                                     const Tensor& dout, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const Tensor& out, const Tensor& lse,
                                     bool causal, double scale) {
-  if (!eligible(q, k, v)) return false;
-  if (!aligned({&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) {
-    g_fallback.fetch_add(1);
-    return false;
-  }
+  if (!may_take(q, k, v, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) return false;
   const int device = q.device().index;
   DeviceGuard g(device);
   cudnnHandle_t h = cudnn_handle(device);
-  cudnn_sdpa::Problem p = problem(q, k, v, causal, scale);
-  p.o = strides_of(out);
+  cudnn_sdpa::Problem p = problem(q, k, v, causal, scale, strides_of(out));
   p.dout = strides_of(dout);
   p.dq = strides_of(dq);
   p.dk = strides_of(dk);
   p.dv = strides_of(dv);
   const auto e = backward_cache().get(key_of(true, device, h, p), h, p);
-  if (!e->plan) {
-    g_fallback.fetch_add(1);
-    return false;
-  }
+  if (!e->plan) return fall_back();
   NvtxRange range("flash_attention_backward (cuDNN)");
   const Storage ws = alloc_scratch_bytes(plan_workspace_bytes(*e->plan), Device::cuda(device));
   e->plan->run(h, ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr<float>(lse), ptr(dq), ptr(dk),

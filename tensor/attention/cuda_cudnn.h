@@ -4,17 +4,13 @@
 // as AttentionKernels' fields (tensor/attention/kernels.h).
 #pragma once
 
-#include "tensor/tensor.h"
+#include "tensor/attention/kernels.h"
 
 namespace tally::cuda {
 
 // The cuDNN route itself (tensor/attention/cuda_cudnn.cpp): false, with nothing enqueued,
 // when it does not take the problem.
-bool cudnn_flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                   const Tensor& k, const Tensor& v, bool causal, double scale);
-bool cudnn_flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                    const Tensor& dout, const Tensor& q, const Tensor& k,
-                                    const Tensor& v, const Tensor& out, const Tensor& lse,
-                                    bool causal, double scale);
+AttentionForwardFn<bool> cudnn_flash_attention_forward;
+AttentionBackwardFn<bool> cudnn_flash_attention_backward;
 
 }  // namespace tally::cuda

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "tensor/attention/cuda_fp32.h"
+#include "tensor/attention/cuda_rows.cuh"
 #include "tensor/cuda/runtime.h"
 #include "tensor/op_alloc.h"
 
@@ -37,23 +38,13 @@ constexpr int kLdP = kBN + 8;  // probability tiles' leading dim
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// [B, H, T, E] float operand: base pointer (offset applied) and element strides.
-struct Operand {
-  const float* p;
-  int64_t sb, sh, st, sd;
-  __device__ __forceinline__ const float* rows(int bh, int H) const {
-    return p + static_cast<int64_t>(bh / H) * sb + static_cast<int64_t>(bh % H) * sh;
-  }
+// [B, H, T, E] float operand: b, h, t addressing plus the last dim's element stride sd.
+struct Operand : BhtRows<const float> {
+  int64_t sd;
 };
 
-// A [B, H, T, E] float output: base pointer and b, h, t strides (last dim dense).
-struct OutOperand {
-  float* p;
-  int64_t sb, sh, st;
-  __device__ __forceinline__ float* rows(int bh, int H) const {
-    return p + static_cast<int64_t>(bh / H) * sb + static_cast<int64_t>(bh % H) * sh;
-  }
-};
+// A [B, H, T, E] float output (last dim dense).
+using OutOperand = BhtRows<float>;
 
 template <int D>
 struct Cfg {
@@ -467,16 +458,14 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_fp32_kernel(BwdArgs p)
 // ------------------------------------------------------------------ launchers
 
 Operand operand(const Tensor& t) {
-  return {static_cast<const float*>(t.storage().data()) + t.storage_offset(), t.strides()[0],
-          t.strides()[1], t.strides()[2], t.strides()[3]};
+  return {bht_rows<const float>(t), t.strides()[3]};
 }
 
 // Outputs are allocated by tensor/attention/ops.cpp with a dense last dim.
 OutOperand out_operand(const Tensor& t) {
   if (t.size(3) > 1 && t.strides()[3] != 1)
     throw std::invalid_argument("flash_attention (float32): outputs need a dense last dim");
-  return {static_cast<float*>(t.storage().data()) + t.storage_offset(), t.strides()[0],
-          t.strides()[1], t.strides()[2]};
+  return bht_rows<float>(t);
 }
 
 // Whether every row of t starts 16-byte aligned with a dense last dim (float4 loads).

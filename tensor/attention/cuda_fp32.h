@@ -11,24 +11,20 @@
 
 #include <cstdint>
 
-#include "tensor/tensor.h"
+#include "tensor/attention/kernels.h"
 
 namespace tally::cuda {
 
 // Forward: one block of 128 threads per 64 query rows walks the 64-key tiles with an online
 // softmax (S and O register-tiled 4 x 8 / 4 x 4*ceil(E/32) per thread); writes out and the
 // float32 log-sum-exp [B, H, L].
-void flash_attention_forward_fp32(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                  const Tensor& k, const Tensor& v, bool causal, double scale);
+AttentionForwardFn<void> flash_attention_forward_fp32;
 
 // Backward: a preprocessing kernel (D = rowsum(dO * O), and dq zeroed), then one block per
 // 64-key tile that walks the query tiles, recomputes P = exp(S - lse) from lse, keeps dK and
 // dV in registers and adds each query tile's dQ = dS K into dq (float32, the output itself)
 // with atomics. Results vary in the last bits from run to run (atomic order).
-void flash_attention_backward_fp32(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                   const Tensor& dout, const Tensor& q, const Tensor& k,
-                                   const Tensor& v, const Tensor& out, const Tensor& lse,
-                                   bool causal, double scale);
+AttentionBackwardFn<void> flash_attention_backward_fp32;
 
 // Whether the kernels' shared memory for head dim E fits a block on `device` (E > 64 needs
 // 169 KB in the backward: Hopper yes, A100's 163 KB no). AttentionKernels'

@@ -24,11 +24,21 @@
 
 namespace tally {
 
+// The forward's and the backward's signature, with R their return type: the kernels' (void)
+// and that of the CUDA routes a CUDA kernel chooses between (tensor/attention/cuda_fp32.h,
+// cuda_cudnn.h), which declare their functions with these types.
+template <typename R>
+using AttentionForwardFn = R(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v, bool causal, double scale);
+template <typename R>
+using AttentionBackwardFn = R(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, bool causal, double scale);
+
 struct AttentionKernels {
   // q [B, H, L, E], k [B, H, S, E], v [B, H, S, Ev] (any strides); out [B, H, L, Ev] in q's
   // dtype and lse [B, H, L] (float32, float64 for float64 inputs), both contiguous.
-  void (*flash_attention_forward)(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                  const Tensor& k, const Tensor& v, bool causal, double scale);
+  AttentionForwardFn<void>* flash_attention_forward;
 
   // dq, dk, dv (contiguous, the inputs' shapes and dtype) <- the gradients from dout (out's
   // shape) and what the forward saved (q, k, v, out, lse).
@@ -36,10 +46,7 @@ struct AttentionKernels {
   // tile that recomputes the probabilities tile by tile from lse and accumulates dK, dV in
   // registers and dQ (float32, atomically, a temporary the size of q in float), and a final
   // conversion of dQ.
-  void (*flash_attention_backward)(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                   const Tensor& dout, const Tensor& q, const Tensor& k,
-                                   const Tensor& v, const Tensor& out, const Tensor& lse,
-                                   bool causal, double scale);
+  AttentionBackwardFn<void>* flash_attention_backward;
 
   // CUDA only (null on CPU, which takes any head dim): whether the float32 kernels' shared
   // memory for head dim E fits a block on `device` (E > 64 needs 169 KB in the backward:

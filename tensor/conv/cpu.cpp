@@ -150,35 +150,46 @@ void dispatch_blas(DType dt, const char* op, F&& f) {
     unsupported_dtype(op, dt);
 }
 
+// The scratch column matrix [K, L] of one (image, group) plane, in `like`'s dtype and device;
+// none when the plane already is that matrix (Geom::direct()).
+Tensor col_scratch(const Geom& g, const Tensor& like) {
+  return g.direct() ? Tensor() : alloc_scratch(g.K() * g.L(), like.dtype(), like.device());
+}
+
+// Calls f(n, grp, cols) for each (image, group) plane of the input x, with cols the plane's
+// unrolled [K, L] matrix: the plane itself when direct, else im2col'd into `col`.
+template <typename T, typename F>
+void for_each_plane_cols(const Geom& g, const T* x, T* col, F&& f) {
+  for (int64_t n = 0; n < g.N; ++n)
+    for (int64_t grp = 0; grp < g.G; ++grp) {
+      const T* xs = x + (n * g.C + grp * g.Cg) * g.H * g.W;
+      const T* cols = xs;
+      if (!g.direct()) {
+        im2col(xs, col, g);
+        cols = col;
+      }
+      f(n, grp, cols);
+    }
+}
+
 void conv2d_forward(const Tensor& out, const Tensor& input, const Tensor& weight,
                     const Tensor& bias, const ops::Conv2dParams& p) {
   const Geom g = geometry(input.sizes(), weight.sizes(), out.sizes(), p);
   dispatch_blas(input.dtype(), "conv2d", [&](auto tag) {
     using T = decltype(tag);
-    // The unrolled-input scratch matrix [K, L] (none when the plane already is it).
-    const Tensor ws =
-        g.direct() ? Tensor() : alloc_scratch(g.K() * g.L(), input.dtype(), input.device());
-    T* col = ptr<T>(ws);
-    const T* x = ptr<T>(input);
+    const Tensor ws = col_scratch(g, input);
     const T* w = ptr<T>(weight);
     const T* b = ptr<T>(bias);
     T* y = ptr<T>(out);
     const int64_t K = g.K(), L = g.L();
-    for (int64_t n = 0; n < g.N; ++n)
-      for (int64_t grp = 0; grp < g.G; ++grp) {
-        const T* xs = x + (n * g.C + grp * g.Cg) * g.H * g.W;
-        const T* cols = xs;
-        if (!g.direct()) {
-          im2col(xs, col, g);
-          cols = col;
-        }
-        T* ys = y + (n * g.O + grp * g.Og) * L;
-        if (b)
-          for (int64_t o = 0; o < g.Og; ++o)
-            std::fill(ys + o * L, ys + (o + 1) * L, b[grp * g.Og + o]);
-        gemm<T>(false, false, g.Og, L, K, T(1), w + grp * g.Og * K, K, cols, L, b ? T(1) : T(0), ys,
-                L);
-      }
+    for_each_plane_cols(g, ptr<T>(input), ptr<T>(ws), [&](int64_t n, int64_t grp, const T* cols) {
+      T* ys = y + (n * g.O + grp * g.Og) * L;
+      if (b)
+        for (int64_t o = 0; o < g.Og; ++o)
+          std::fill(ys + o * L, ys + (o + 1) * L, b[grp * g.Og + o]);
+      gemm<T>(false, false, g.Og, L, K, T(1), w + grp * g.Og * K, K, cols, L, b ? T(1) : T(0), ys,
+              L);
+    });
   });
 }
 
@@ -187,8 +198,7 @@ void conv2d_backward_input(const Tensor& grad_input, const Tensor& grad_output,
   const Geom g = geometry(grad_input.sizes(), weight.sizes(), grad_output.sizes(), p);
   dispatch_blas(weight.dtype(), "conv2d_backward_input", [&](auto tag) {
     using T = decltype(tag);
-    const Tensor ws =
-        g.direct() ? Tensor() : alloc_scratch(g.K() * g.L(), weight.dtype(), weight.device());
+    const Tensor ws = col_scratch(g, weight);
     T* col = ptr<T>(ws);
     T* gx = ptr<T>(grad_input);
     const T* gy = ptr<T>(grad_output);
@@ -212,26 +222,16 @@ void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output
   const Geom g = geometry(input.sizes(), grad_weight.sizes(), grad_output.sizes(), p);
   dispatch_blas(input.dtype(), "conv2d_backward_weight", [&](auto tag) {
     using T = decltype(tag);
-    const Tensor ws =
-        g.direct() ? Tensor() : alloc_scratch(g.K() * g.L(), input.dtype(), input.device());
-    T* col = ptr<T>(ws);
+    const Tensor ws = col_scratch(g, input);
     T* gw = ptr<T>(grad_weight);
     const T* gy = ptr<T>(grad_output);
-    const T* x = ptr<T>(input);
     const int64_t K = g.K(), L = g.L();
     std::fill(gw, gw + grad_weight.numel(), T(0));
-    for (int64_t n = 0; n < g.N; ++n)
-      for (int64_t grp = 0; grp < g.G; ++grp) {
-        const T* xs = x + (n * g.C + grp * g.Cg) * g.H * g.W;
-        const T* cols = xs;
-        if (!g.direct()) {
-          im2col(xs, col, g);
-          cols = col;
-        }
-        // grad_weight_g [Og, K] += grad_output_g [Og, L] @ cols^T [L, K]
-        gemm<T>(false, true, g.Og, K, L, T(1), gy + (n * g.O + grp * g.Og) * L, L, cols, L, T(1),
-                gw + grp * g.Og * K, K);
-      }
+    for_each_plane_cols(g, ptr<T>(input), ptr<T>(ws), [&](int64_t n, int64_t grp, const T* cols) {
+      // grad_weight_g [Og, K] += grad_output_g [Og, L] @ cols^T [L, K]
+      gemm<T>(false, true, g.Og, K, L, T(1), gy + (n * g.O + grp * g.Og) * L, L, cols, L, T(1),
+              gw + grp * g.Og * K, K);
+    });
   });
 }
 

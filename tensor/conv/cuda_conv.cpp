@@ -62,16 +62,18 @@ namespace {
 
 enum class Kind : int { forward = 0, backward_data = 1, backward_filter = 2 };
 
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::forward:
-      return "forward";
-    case Kind::backward_data:
-      return "backward data";
-    case Kind::backward_filter:
-      return "backward filter";
-  }
-  return "?";
+// Per Kind, indexed by its value: its name in messages and cuDNN's number of algorithms.
+struct KindInfo {
+  const char* name;
+  int algo_count;
+};
+constexpr KindInfo kKinds[] = {
+    {"forward", CUDNN_CONVOLUTION_FWD_ALGO_COUNT},
+    {"backward data", CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT},
+    {"backward filter", CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT},
+};
+const KindInfo& info(Kind k) {
+  return kKinds[static_cast<int>(k)];
 }
 
 std::atomic<int64_t> g_max_call_elements{INT_MAX};
@@ -96,7 +98,7 @@ struct Problem {
         "[{}, {}, {}, {}] strides [{}, {}, {}, {}], padding [{}, {}], stride [{}, {}], dilation "
         "[{}, {}], "
         "groups {}{}",
-        kind_name(kind), dtype_name(dtype), x[0], x[1], x[2], x[3], xs[0], xs[1], xs[2], xs[3],
+        info(kind).name, dtype_name(dtype), x[0], x[1], x[2], x[3], xs[0], xs[1], xs[2], xs[3],
         w[0], w[1], w[2], w[3], y[0], y[1], y[2], y[3], ys[0], ys[1], ys[2], ys[3], pad[0], pad[1],
         stride[0], stride[1], dilation[0], dilation[1], groups, tf32 ? ", tf32 allowed" : "");
   }
@@ -183,18 +185,6 @@ cudnnStatus_t execute(Kind k, cudnnHandle_t h, const Descriptors& d, int algo, v
   return CUDNN_STATUS_BAD_PARAM;
 }
 
-int algo_count(Kind k) {
-  switch (k) {
-    case Kind::forward:
-      return CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
-    case Kind::backward_data:
-      return CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
-    case Kind::backward_filter:
-      return CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
-  }
-  return 0;
-}
-
 // A ranked algorithm as cuDNN reports it (any of the three perf structs).
 struct Ranked {
   int algo;
@@ -251,7 +241,7 @@ std::vector<Ranked> rank_by_timing(const Problem& pb, cudnnHandle_t h, const Des
   const std::string ctx = pb.str();
   // The workspace: the largest any algorithm asks for, capped by what the device can give.
   size_t want = 0;
-  for (int a = 0; a < algo_count(pb.kind); ++a) {
+  for (int a = 0; a < info(pb.kind).algo_count; ++a) {
     size_t s = 0;
     if (workspace_size(pb.kind, h, d, a, &s) == CUDNN_STATUS_SUCCESS) want = std::max(want, s);
   }
@@ -349,7 +339,7 @@ std::vector<Candidate> choose(const Problem& pb, cudnnHandle_t h, Descriptors& d
   std::vector<Candidate> out;
   for (const Ranked& r : ranked) {
     if (r.status != CUDNN_STATUS_SUCCESS) continue;
-    if (r.algo < 0 || r.algo >= algo_count(pb.kind)) continue;
+    if (r.algo < 0 || r.algo >= info(pb.kind).algo_count) continue;
     if (fp32 && any_fma && r.math != CUDNN_FMA_MATH) continue;
     bool seen = false;
     for (const Candidate& c : out) seen |= c.algo == r.algo;

@@ -117,6 +117,24 @@ Tensor as_batched(const Tensor& t) {
   return t.dim() == 3 ? unsqueeze(t, 0) : t;
 }
 
+// The backward ops' checks of the forward geometry (input `input_sizes`, weight
+// `weight_sizes`) and of grad_output: floating, with the forward output's shape and the
+// input's rank. Returns the input's batched (4-D) shape.
+Shape check_backward(const char* op, const Tensor& grad_output, const Shape& input_sizes,
+                     const Shape& weight_sizes, const Conv2dParams& p) {
+  const Shape in4 = batched(op, input_sizes);
+  const Shape out_shape = conv_output_shape(op, in4, weight_sizes, p);
+  check_floating(op, "grad_output", grad_output);
+  const Shape gy_shape = batched(op, grad_output.sizes());
+  if (gy_shape != out_shape || grad_output.dim() != static_cast<int64_t>(input_sizes.size()))
+    throw std::invalid_argument(
+        fmt::format("{}: grad_output {} does not match the output {} of input {} "
+                    "and weight {}",
+                    op, grad_output.shape_string(), shape_str(out_shape), shape_str(input_sizes),
+                    shape_str(weight_sizes)));
+  return in4;
+}
+
 }  // namespace
 
 int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding,
@@ -171,16 +189,7 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight,
   check_same_device(info.name, grad_output.device(), weight.device());
   DispatchScope scope(info, grad_output, weight);
   const Conv2dParams p{stride, padding, dilation, groups};
-  const Shape in4 = batched(info.name, input_sizes);
-  const Shape out_shape = conv_output_shape(info.name, in4, weight.sizes(), p);
-  check_floating(info.name, "grad_output", grad_output);
-  const Shape gy_shape = batched(info.name, grad_output.sizes());
-  if (gy_shape != out_shape || grad_output.dim() != static_cast<int64_t>(input_sizes.size()))
-    throw std::invalid_argument(
-        fmt::format("{}: grad_output {} does not match the output {} of input {} "
-                    "and weight {}",
-                    info.name, grad_output.shape_string(), shape_str(out_shape),
-                    shape_str(input_sizes), weight.shape_string()));
+  const Shape in4 = check_backward(info.name, grad_output, input_sizes, weight.sizes(), p);
   const DType ct = compute_dtype(grad_output.dtype(), grad_output.device());
   const Tensor gy = prepare(as_batched(grad_output), ct);
   const Tensor w = prepare(weight, ct);
@@ -197,16 +206,7 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
   check_same_device(info.name, grad_output.device(), input.device());
   DispatchScope scope(info, grad_output, input);
   const Conv2dParams p{stride, padding, dilation, groups};
-  const Shape in4 = batched(info.name, input.sizes());
-  const Shape out_shape = conv_output_shape(info.name, in4, weight_sizes, p);
-  check_floating(info.name, "grad_output", grad_output);
-  const Shape gy_shape = batched(info.name, grad_output.sizes());
-  if (gy_shape != out_shape || grad_output.dim() != input.dim())
-    throw std::invalid_argument(
-        fmt::format("{}: grad_output {} does not match the output {} of input {} "
-                    "and weight {}",
-                    info.name, grad_output.shape_string(), shape_str(out_shape),
-                    input.shape_string(), shape_str(weight_sizes)));
+  check_backward(info.name, grad_output, input.sizes(), weight_sizes, p);
   const DType ct = compute_dtype(grad_output.dtype(), grad_output.device());
   const Tensor gy = prepare(as_batched(grad_output), ct);
   const Tensor x = prepare(as_batched(input), ct);

@@ -66,18 +66,7 @@ std::atomic<bool> g_force_fallback{false};
   } while (0)
 
 cudaDataType data_type(DType d) {
-  switch (d) {
-    case DType::float32:
-      return CUDA_R_32F;
-    case DType::float64:
-      return CUDA_R_64F;
-    case DType::float16:
-      return CUDA_R_16F;
-    case DType::bfloat16:
-      return CUDA_R_16BF;
-    default:
-      unsupported_dtype("matmul (cuBLASLt)", d);
-  }
+  return floating_code(d, {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F}, "matmul (cuBLASLt)");
 }
 
 cublasComputeType_t compute_type(DType d, bool tf32) {
@@ -174,24 +163,29 @@ cublasStatus_t query(cublasLtHandle_t lt, const MatmulDesc& desc, const Layout& 
 
 }  // namespace
 
-cublasLtHandle_t handle(int device) {
+// The process-wide handle of a cuBLAS library (cuBLASLt or classic cuBLAS; `what` names it)
+// for `device`: made on first use by create (`call`, whose failure is described through the
+// library's status_name and status_string), never destroyed.
+template <typename Handle, typename Create, typename StatusText>
+Handle library_handle(int device, const char* what, const char* call, Create create,
+                      StatusText status_name, StatusText status_string) {
   static std::mutex mu;
-  static auto* handles = new std::vector<cublasLtHandle_t>();  // never destroyed
+  static auto* handles = new std::vector<Handle>();  // never destroyed
   std::lock_guard lock(mu);
-  if (device < 0) throw std::invalid_argument("cuBLASLt handle: negative device");
-  if (handles->size() <= static_cast<size_t>(device))
-    handles->resize(static_cast<size_t>(device) + 1, nullptr);
-  cublasLtHandle_t& h = (*handles)[static_cast<size_t>(device)];
-  if (!h) {
-    DeviceGuard guard(device);
-    const cublasStatus_t s = cublasLtCreate(&h);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-      h = nullptr;
-      throw std::runtime_error(fmt::format("cublasLtCreate on cuda:{} failed: {} ({})", device,
-                                           cublasLtGetStatusName(s), cublasLtGetStatusString(s)));
-    }
-  }
-  return h;
+  return per_device(*handles, device, what, [&] {
+    Handle h = nullptr;
+    const cublasStatus_t s = create(&h);
+    if (s != CUBLAS_STATUS_SUCCESS)
+      throw std::runtime_error(fmt::format("{} on cuda:{} failed: {} ({})", call, device,
+                                           status_name(s), status_string(s)));
+    return h;
+  });
+}
+
+cublasLtHandle_t handle(int device) {
+  return library_handle<cublasLtHandle_t>(device, "cuBLASLt handle", "cublasLtCreate",
+                                          cublasLtCreate, cublasLtGetStatusName,
+                                          cublasLtGetStatusString);
 }
 
 std::string describe(const Gemm& g) {
@@ -254,29 +248,30 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
   make_layout(lb, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.stride_b);
   make_layout(ld, g.m, g.n, g.ldd, g.stride_d);
 
-  PlanKey key;
-  key.device = device;
-  key.dtype = static_cast<int>(g.dtype);
-  key.compute = static_cast<int>(compute);
-  key.trans_a = g.trans_a;
-  key.trans_b = g.trans_b;
-  key.accumulate = g.accumulate;
-  key.bias = g.bias != nullptr;
-  key.m = g.m;
-  key.n = g.n;
-  key.k = g.k;
-  key.lda = g.lda;
-  key.ldb = g.ldb;
-  key.ldd = g.ldd;
-  key.batch = g.batch;
-  key.stride_a = g.batch > 1 ? g.stride_a : 0;
-  key.stride_b = g.batch > 1 ? g.stride_b : 0;
-  key.stride_d = g.batch > 1 ? g.stride_d : 0;
-  key.align_a = alignment(g.a, g.stride_a, esize, g.batch);
-  key.align_b = alignment(g.b, g.stride_b, esize, g.batch);
-  key.align_d = alignment(g.d, g.stride_d, esize, g.batch);
-  key.align_bias = g.bias ? alignment(g.bias, 0, esize, 1) : 0;
-  key.workspace = workspace ? workspace_bytes : 0;
+  const PlanKey key{
+      .device = device,
+      .dtype = static_cast<int>(g.dtype),
+      .compute = static_cast<int>(compute),
+      .trans_a = g.trans_a,
+      .trans_b = g.trans_b,
+      .accumulate = g.accumulate,
+      .bias = g.bias != nullptr,
+      .m = g.m,
+      .n = g.n,
+      .k = g.k,
+      .lda = g.lda,
+      .ldb = g.ldb,
+      .ldd = g.ldd,
+      .stride_a = g.batch > 1 ? g.stride_a : 0,
+      .stride_b = g.batch > 1 ? g.stride_b : 0,
+      .stride_d = g.batch > 1 ? g.stride_d : 0,
+      .batch = g.batch,
+      .align_a = alignment(g.a, g.stride_a, esize, g.batch),
+      .align_b = alignment(g.b, g.stride_b, esize, g.batch),
+      .align_d = alignment(g.d, g.stride_d, esize, g.batch),
+      .align_bias = g.bias ? alignment(g.bias, 0, esize, 1) : 0,
+      .workspace = workspace ? workspace_bytes : 0,
+  };
 
   Plan plan;
   bool cached = false;
@@ -325,22 +320,8 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
 
 namespace {
 cublasHandle_t classic_handle(int device) {
-  static std::mutex mu;
-  static auto* handles = new std::vector<cublasHandle_t>();  // never destroyed
-  std::lock_guard lock(mu);
-  if (handles->size() <= static_cast<size_t>(device))
-    handles->resize(static_cast<size_t>(device) + 1, nullptr);
-  cublasHandle_t& h = (*handles)[static_cast<size_t>(device)];
-  if (!h) {
-    DeviceGuard guard(device);
-    const cublasStatus_t s = cublasCreate(&h);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-      h = nullptr;
-      throw std::runtime_error(fmt::format("cublasCreate on cuda:{} failed: {} ({})", device,
-                                           cublasGetStatusName(s), cublasGetStatusString(s)));
-    }
-  }
-  return h;
+  return library_handle<cublasHandle_t>(device, "cuBLAS handle", "cublasCreate", cublasCreate,
+                                        cublasGetStatusName, cublasGetStatusString);
 }
 }  // namespace
 

@@ -40,39 +40,20 @@ cudnnHandle_t cudnn_handle(int device) {
   // One handle per (thread, device): a cuDNN handle must not be used by two threads at
   // once. Never destroyed (see the header).
   thread_local std::vector<cudnnHandle_t> handles;
-  if (device < 0) throw std::invalid_argument("cudnn_handle: negative device");
-  if (handles.size() <= static_cast<size_t>(device))
-    handles.resize(static_cast<size_t>(device) + 1, nullptr);
-  cudnnHandle_t& h = handles[static_cast<size_t>(device)];
-  if (!h) {
-    DeviceGuard g(device);
-    check_cudnn(cudnnCreate(&h), "cudnnCreate", fmt::format("device {}", device));
-  }
+  cudnnHandle_t h = per_device(handles, device, "cudnn_handle", [&] {
+    cudnnHandle_t created = nullptr;
+    check_cudnn(cudnnCreate(&created), "cudnnCreate", fmt::format("device {}", device));
+    return created;
+  });
   check_cudnn(cudnnSetStream(h, stream(device)), "cudnnSetStream");
   return h;
 }
 
 cudnnDataType_t cudnn_data_type(DType dtype) {
-  switch (dtype) {
-    case DType::float32:
-      return CUDNN_DATA_FLOAT;
-    case DType::float64:
-      return CUDNN_DATA_DOUBLE;
-    case DType::float16:
-      return CUDNN_DATA_HALF;
-    case DType::bfloat16:
-      return CUDNN_DATA_BFLOAT16;
-    default:
-      throw std::invalid_argument(fmt::format("cuDNN: unsupported dtype {}", dtype_name(dtype)));
-  }
+  return floating_code(
+      dtype, {CUDNN_DATA_FLOAT, CUDNN_DATA_HALF, CUDNN_DATA_BFLOAT16, CUDNN_DATA_DOUBLE}, "cuDNN");
 }
 
-TensorDescriptor::TensorDescriptor() {
-  check_cudnn(cudnnCreateTensorDescriptor(&desc_), "cudnnCreateTensorDescriptor");
-}
-TensorDescriptor::~TensorDescriptor() {
-  cudnnDestroyTensorDescriptor(desc_);
-}
 void TensorDescriptor::set(cudnnDataType_t dt, const int dims[4], const int strides[4]) {
   check_cudnn(cudnnSetTensor4dDescriptorEx(desc_, dt, dims[0], dims[1], dims[2], dims[3],
                                            strides[0], strides[1], strides[2], strides[3]),
@@ -81,12 +62,6 @@ void TensorDescriptor::set(cudnnDataType_t dt, const int dims[4], const int stri
                           dims[2], dims[3], strides[0], strides[1], strides[2], strides[3]));
 }
 
-FilterDescriptor::FilterDescriptor() {
-  check_cudnn(cudnnCreateFilterDescriptor(&desc_), "cudnnCreateFilterDescriptor");
-}
-FilterDescriptor::~FilterDescriptor() {
-  cudnnDestroyFilterDescriptor(desc_);
-}
 void FilterDescriptor::set(cudnnDataType_t dt, const int dims[4]) {
   check_cudnn(
       cudnnSetFilter4dDescriptor(desc_, dt, CUDNN_TENSOR_NCHW, dims[0], dims[1], dims[2], dims[3]),
@@ -94,12 +69,6 @@ void FilterDescriptor::set(cudnnDataType_t dt, const int dims[4]) {
       fmt::format("dims [{}, {}, {}, {}]", dims[0], dims[1], dims[2], dims[3]));
 }
 
-ConvolutionDescriptor::ConvolutionDescriptor() {
-  check_cudnn(cudnnCreateConvolutionDescriptor(&desc_), "cudnnCreateConvolutionDescriptor");
-}
-ConvolutionDescriptor::~ConvolutionDescriptor() {
-  cudnnDestroyConvolutionDescriptor(desc_);
-}
 void ConvolutionDescriptor::set(const int pad[2], const int stride[2], const int dilation[2],
                                 int groups, cudnnDataType_t compute_type, cudnnMathType_t math) {
   const std::string ctx =

@@ -36,49 +36,48 @@ cudnnHandle_t cudnn_handle(int device);
 // float32 -> CUDNN_DATA_FLOAT, float64 -> DOUBLE, float16 -> HALF, bfloat16 -> BFLOAT16.
 cudnnDataType_t cudnn_data_type(DType dtype);
 
-// RAII owners of cuDNN descriptors.
-class TensorDescriptor {
+// RAII owner of a cuDNN descriptor: made by Create (`create_call` names it in the error),
+// released by Destroy.
+template <typename Desc, cudnnStatus_t (*Create)(Desc*), cudnnStatus_t (*Destroy)(Desc)>
+class OwnedDescriptor {
  public:
-  TensorDescriptor();
-  ~TensorDescriptor();
-  TensorDescriptor(const TensorDescriptor&) = delete;
-  TensorDescriptor& operator=(const TensorDescriptor&) = delete;
+  explicit OwnedDescriptor(const char* create_call) { check_cudnn(Create(&desc_), create_call); }
+  ~OwnedDescriptor() { Destroy(desc_); }
+  OwnedDescriptor(const OwnedDescriptor&) = delete;
+  OwnedDescriptor& operator=(const OwnedDescriptor&) = delete;
+  Desc get() const { return desc_; }
+
+ protected:
+  Desc desc_ = nullptr;
+};
+
+class TensorDescriptor
+    : public OwnedDescriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor,
+                             cudnnDestroyTensorDescriptor> {
+ public:
+  TensorDescriptor() : OwnedDescriptor("cudnnCreateTensorDescriptor") {}
   // 4-D with explicit strides (cudnnSetTensor4dDescriptorEx).
   void set(cudnnDataType_t dt, const int dims[4], const int strides[4]);
-  cudnnTensorDescriptor_t get() const { return desc_; }
-
- private:
-  cudnnTensorDescriptor_t desc_ = nullptr;
 };
 
-class FilterDescriptor {
+class FilterDescriptor
+    : public OwnedDescriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor,
+                             cudnnDestroyFilterDescriptor> {
  public:
-  FilterDescriptor();
-  ~FilterDescriptor();
-  FilterDescriptor(const FilterDescriptor&) = delete;
-  FilterDescriptor& operator=(const FilterDescriptor&) = delete;
+  FilterDescriptor() : OwnedDescriptor("cudnnCreateFilterDescriptor") {}
   // [out, in / groups, kH, kW], NCHW.
   void set(cudnnDataType_t dt, const int dims[4]);
-  cudnnFilterDescriptor_t get() const { return desc_; }
-
- private:
-  cudnnFilterDescriptor_t desc_ = nullptr;
 };
 
-class ConvolutionDescriptor {
+class ConvolutionDescriptor
+    : public OwnedDescriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                             cudnnDestroyConvolutionDescriptor> {
  public:
-  ConvolutionDescriptor();
-  ~ConvolutionDescriptor();
-  ConvolutionDescriptor(const ConvolutionDescriptor&) = delete;
-  ConvolutionDescriptor& operator=(const ConvolutionDescriptor&) = delete;
+  ConvolutionDescriptor() : OwnedDescriptor("cudnnCreateConvolutionDescriptor") {}
   // Cross-correlation (PyTorch's conv2d) with `groups` and the given compute type.
   void set(const int pad[2], const int stride[2], const int dilation[2], int groups,
            cudnnDataType_t compute_type, cudnnMathType_t math);
   void set_math(cudnnMathType_t math);
-  cudnnConvolutionDescriptor_t get() const { return desc_; }
-
- private:
-  cudnnConvolutionDescriptor_t desc_ = nullptr;
 };
 
 }  // namespace tally::cuda

@@ -120,31 +120,25 @@ void Graph::pointwise(cudnnPointwiseMode_t mode, int64_t x, int64_t b, int64_t t
   pw->set_dtype(CUDNN_ATTR_POINTWISE_MATH_PREC, math);
   if (axis >= 0) pw->set_int(CUDNN_ATTR_POINTWISE_AXIS, axis);
   pw->finalize();
-  auto op = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
-                                         "pointwise operation");
-  op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, *pw);
-  op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, desc(x));
-  if (b > 0) op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, desc(b));
-  if (t > 0) op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, desc(t));
-  op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, desc(y));
-  op->finalize();
-  keep_.push_back(std::move(pw));
-  ops_.push_back(std::move(op));
+  TensorAttrs tensors{{CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x}};
+  if (b > 0) tensors.emplace_back(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
+  if (t > 0) tensors.emplace_back(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
+  tensors.emplace_back(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+  add_operation(std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+                                             "pointwise operation"),
+                tensors, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, std::move(pw));
 }
 
 void Graph::matmul(int64_t a, int64_t b, int64_t c) {
   auto mm = std::make_unique<Descriptor>(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul");
   mm->set_dtype(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
   mm->finalize();
-  auto op =
-      std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul operation");
-  op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, desc(a));
-  op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, desc(b));
-  op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, desc(c));
-  op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, *mm);
-  op->finalize();
-  keep_.push_back(std::move(mm));
-  ops_.push_back(std::move(op));
+  add_operation(
+      std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul operation"),
+      {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a},
+       {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
+       {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c}},
+      CUDNN_ATTR_OPERATION_MATMUL_DESC, std::move(mm));
 }
 
 void Graph::reduction(cudnnReduceTensorOp_t rop, int64_t x, int64_t y) {
@@ -152,22 +146,26 @@ void Graph::reduction(cudnnReduceTensorOp_t rop, int64_t x, int64_t y) {
   r->set_dtype(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT);
   r->set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &rop);
   r->finalize();
-  auto op = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
-                                         "reduction operation");
-  op->set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, *r);
-  op->set_desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, desc(x));
-  op->set_desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, desc(y));
-  op->finalize();
-  keep_.push_back(std::move(r));
-  ops_.push_back(std::move(op));
+  add_operation(
+      std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+                                   "reduction operation"),
+      {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x}, {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y}},
+      CUDNN_ATTR_OPERATION_REDUCTION_DESC, std::move(r));
 }
 
 void Graph::reshape(int64_t x, int64_t y) {
-  auto op =
-      std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape operation");
-  op->set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, desc(x));
-  op->set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, desc(y));
+  add_operation(
+      std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape operation"),
+      {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y}});
+}
+
+void Graph::add_operation(std::unique_ptr<Descriptor> op, const TensorAttrs& tensors,
+                          cudnnBackendAttributeName_t inner_attr,
+                          std::unique_ptr<Descriptor> inner) {
+  if (inner) op->set_desc(inner_attr, *inner);
+  for (const auto& [attr, uid] : tensors) op->set_desc(attr, desc(uid));
   op->finalize();
+  if (inner) keep_.push_back(std::move(inner));
   ops_.push_back(std::move(op));
 }
 
@@ -223,13 +221,7 @@ void Graph::convolution(ConvKind kind, int64_t x, int64_t w, int64_t y,
     op->set(n.alpha, CUDNN_TYPE_FLOAT, 1, &a);
     op->set(n.beta, CUDNN_TYPE_FLOAT, 1, &b);
   }
-  op->set_desc(n.desc, *conv);
-  op->set_desc(n.x, desc(x));
-  op->set_desc(n.w, desc(w));
-  op->set_desc(n.y, desc(y));
-  op->finalize();
-  keep_.push_back(std::move(conv));
-  ops_.push_back(std::move(op));
+  add_operation(std::move(op), {{n.x, x}, {n.w, w}, {n.y, y}}, n.desc, std::move(conv));
 }
 
 // The handle attributes are marked deprecated in cuDNN 9 headers but are still how a graph

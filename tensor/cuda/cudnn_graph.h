@@ -112,12 +112,20 @@ class Graph {
   int64_t engine_id() const { return engine_id_; }
 
  private:
+  using TensorAttrs = std::vector<std::pair<cudnnBackendAttributeName_t, int64_t>>;
+
   const Descriptor& desc(int64_t uid) const;
+  // Adds the operation `op` to the graph: binds its inner descriptor (pointwise, matmul,
+  // reduction, convolution; kept alive with the graph) under `inner_attr` and each tensor uid
+  // under its attribute, then finalises it.
+  void add_operation(std::unique_ptr<Descriptor> op, const TensorAttrs& tensors,
+                     cudnnBackendAttributeName_t inner_attr = {},
+                     std::unique_ptr<Descriptor> inner = nullptr);
 
   std::string name_;
   std::vector<std::unique_ptr<Descriptor>> tensors_;  // index = uid - 1
   std::vector<std::unique_ptr<Descriptor>> ops_;
-  std::vector<std::unique_ptr<Descriptor>> keep_;  // pointwise / matmul / reduction descriptors
+  std::vector<std::unique_ptr<Descriptor>> keep_;  // operations' inner descriptors
   std::vector<std::pair<int64_t, std::unique_ptr<float>>> scalars_;
   std::unique_ptr<Descriptor> op_graph_, plan_;
   std::vector<std::unique_ptr<Descriptor>> configs_;

@@ -7,43 +7,23 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/tensor.h"
 
 namespace tally::cuda {
 
-// Storage type on the device for a host scalar type.
+// Storage type on the device for a host scalar type: CUDA's own 16-bit float types stand
+// for Half and BFloat16 (same bits), so kernels use their intrinsics.
 template <typename T>
-struct Dev {
-  using type = T;
-};
-template <>
-struct Dev<Half> {
-  using type = __half;
-};
-template <>
-struct Dev<BFloat16> {
-  using type = __nv_bfloat16;
-};
-template <typename T>
-using dev_t = typename Dev<T>::type;
+using dev_t = std::conditional_t<std::is_same_v<T, Half>, __half,
+                                 std::conditional_t<std::is_same_v<T, BFloat16>, __nv_bfloat16, T>>;
 
-// Accumulation type on the device.
+// Accumulation type on the device: float for the 16-bit floats, T itself otherwise.
 template <typename T>
-struct DevAcc {
-  using type = T;
-};
-template <>
-struct DevAcc<__half> {
-  using type = float;
-};
-template <>
-struct DevAcc<__nv_bfloat16> {
-  using type = float;
-};
-template <typename T>
-using dacc_t = typename DevAcc<T>::type;
+using dacc_t =
+    std::conditional_t<std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, float, T>;
 
 template <typename T>
 __device__ __forceinline__ dacc_t<T> load(const T& v) {

@@ -77,24 +77,18 @@ inline Mode choose(int64_t rows, int64_t n, bool inner_contiguous) {
 // templated on M, is launched with Walk<M>::kThreads threads a block.
 template <typename L>
 void launch_rows(Mode mode, int64_t rows, L&& launch) {
-  auto grid = [rows](int per_tile) {
-    return static_cast<unsigned>(
-        std::clamp<int64_t>((rows + per_tile - 1) / per_tile, 1, kMaxGrid));
+  // Each mode's grid: enough tiles for the rows, within the grid cap.
+  auto launch_if = [&](auto mode_c) {
+    constexpr Mode M = decltype(mode_c)::value;
+    if (mode != M) return;
+    constexpr int64_t per_tile = Walk<M>::kRowsPerTile;
+    launch(mode_c, static_cast<unsigned>(
+                       std::clamp<int64_t>((rows + per_tile - 1) / per_tile, 1, kMaxGrid)));
   };
-  switch (mode) {
-    case Mode::thread:
-      launch(std::integral_constant<Mode, Mode::thread>{}, grid(Walk<Mode::thread>::kRowsPerTile));
-      break;
-    case Mode::warp:
-      launch(std::integral_constant<Mode, Mode::warp>{}, grid(Walk<Mode::warp>::kRowsPerTile));
-      break;
-    case Mode::block:
-      launch(std::integral_constant<Mode, Mode::block>{}, grid(Walk<Mode::block>::kRowsPerTile));
-      break;
-    case Mode::column:
-      launch(std::integral_constant<Mode, Mode::column>{}, grid(Walk<Mode::column>::kRowsPerTile));
-      break;
-  }
+  launch_if(std::integral_constant<Mode, Mode::thread>{});
+  launch_if(std::integral_constant<Mode, Mode::warp>{});
+  launch_if(std::integral_constant<Mode, Mode::block>{});
+  launch_if(std::integral_constant<Mode, Mode::column>{});
 }
 
 // The rows of this block's tiles: for (RowIter<M> it(nrows); it.more(); it.next()) with

@@ -26,15 +26,11 @@ cudaStream_t stream(int device) {
   static std::mutex mu;
   static std::vector<cudaStream_t> streams;
   std::lock_guard lock(mu);
-  if (device < 0) throw std::invalid_argument("cuda::stream: negative device");
-  if (streams.size() <= static_cast<size_t>(device))
-    streams.resize(static_cast<size_t>(device) + 1, nullptr);
-  cudaStream_t& s = streams[static_cast<size_t>(device)];
-  if (!s) {
-    DeviceGuard g(device);
+  return per_device(streams, device, "cuda::stream", [] {
+    cudaStream_t s = nullptr;
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-  }
-  return s;
+    return s;
+  });
 }
 
 DeviceGuard::DeviceGuard(int device) {

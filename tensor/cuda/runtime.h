@@ -7,6 +7,9 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "memory/provider.h"
 
@@ -28,6 +31,23 @@ class DeviceGuard {
  private:
   int prev_ = 0;
 };
+
+// The object for `device` in a per-device table (a stream, a library handle): `create()` makes
+// it on first use, with `device` current, and the table keeps it (never destroyed). The
+// caller owns the table (thread-local, or behind its lock); `what` names it in the error for
+// a negative device.
+template <typename T, typename Create>
+T per_device(std::vector<T>& table, int device, const char* what, Create create) {
+  if (device < 0) throw std::invalid_argument(std::string(what) + ": negative device");
+  if (table.size() <= static_cast<size_t>(device))
+    table.resize(static_cast<size_t>(device) + 1, T{});
+  T& h = table[static_cast<size_t>(device)];
+  if (!h) {
+    DeviceGuard g(device);
+    h = create();
+  }
+  return h;
+}
 
 // Throws std::runtime_error naming `what` when err is not cudaSuccess.
 void check(cudaError_t err, const char* what);

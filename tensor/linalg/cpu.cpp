@@ -14,36 +14,13 @@ namespace tally::cpu {
 
 namespace {
 
-// The BLAS description of one operand's matrices plus its per-batch-entry strides.
-struct Operand {
-  CBLAS_TRANSPOSE trans = CblasNoTrans;
-  int ld = 1;
-  Shape batch_strides;  // aligned with out's batch dims; 0 where broadcast
-};
-
-Operand describe(const Tensor& t, const Shape& batch, const char* what) {
-  const auto layout = ops::blas_layout(t);
-  if (!layout)
-    throw std::logic_error(
-        fmt::format("matmul kernel: operand {} of shape {} strides {} is not "
-                    "BLAS-readable",
-                    what, t.shape_string(), shape_str(t.strides())));
-  Operand op;
-  op.trans = layout->trans ? CblasTrans : CblasNoTrans;
-  op.ld = static_cast<int>(layout->ld);
-  const int64_t rank = static_cast<int64_t>(batch.size());
-  const int64_t own = t.dim() - 2;
-  op.batch_strides.assign(batch.size(), 0);
-  for (int64_t i = 0; i < own; ++i) {
-    const int64_t j = rank - own + i;
-    if (j >= 0 && t.size(i) != 1) op.batch_strides[static_cast<size_t>(j)] = t.stride(i);
-  }
-  return op;
-}
-
+// c = a @ b (+ c when beta is 1) for one batch entry, row-major, with the operands'
+// transpose flags (ops::blas_layout).
 template <typename T>
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const T* a, int lda,
-          const T* b, int ldb, T beta, T* c, int ldc) {
+void gemm(bool trans_a, bool trans_b, int m, int n, int k, const T* a, int lda, const T* b, int ldb,
+          T beta, T* c, int ldc) {
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
     cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
   } else {
@@ -63,7 +40,8 @@ void matmul_blas(const Tensor& out, const Tensor& a, const Tensor& b, bool accum
       for (int64_t i = 0; i < count * M * N; ++i) c[i] = T(0);
     return;
   }
-  const Operand oa = describe(a, batch, "a"), ob = describe(b, batch, "b");
+  const ops::GemmOperand oa = ops::gemm_operand(a, batch, "matmul kernel", "a");
+  const ops::GemmOperand ob = ops::gemm_operand(b, batch, "matmul kernel", "b");
   const T* pa = a.data<T>();
   const T* pb = b.data<T>();
   const T beta = accumulate ? T(1) : T(0);
@@ -72,15 +50,9 @@ void matmul_blas(const Tensor& out, const Tensor& a, const Tensor& b, bool accum
   int64_t off_a = 0, off_b = 0;
   for (int64_t e = 0; e < count; ++e) {
     gemm<T>(oa.trans, ob.trans, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
-            pa + off_a, oa.ld, pb + off_b, ob.ld, beta, c + e * M * N, static_cast<int>(N));
-    for (size_t d = batch.size(); d-- > 0;) {
-      off_a += oa.batch_strides[d];
-      off_b += ob.batch_strides[d];
-      if (++idx[d] < batch[d]) break;
-      off_a -= oa.batch_strides[d] * batch[d];
-      off_b -= ob.batch_strides[d] * batch[d];
-      idx[d] = 0;
-    }
+            pa + off_a, static_cast<int>(oa.ld), pb + off_b, static_cast<int>(ob.ld), beta,
+            c + e * M * N, static_cast<int>(N));
+    ops::advance_batch(idx, batch, batch.size(), oa, ob, off_a, off_b);
   }
 }
 

@@ -148,32 +148,20 @@ void gather(const Tensor& out, const Tensor& weight, const Tensor& indices, int 
   // Element by element, as the dtype's bits.
   const int64_t n = indices.numel();
   const dim3 block = row_block(D);
+  // Launches with E, the unsigned integer of the element's size; false for another size.
   auto run = [&](auto tag) {
     using E = decltype(tag);
+    if (sizeof(E) != es) return false;
     E poison;
     std::memcpy(&poison, &bits, sizeof(E));
     gather_rows_kernel<E, I><<<blocks_for(n, block.y), block, 0, stream(device)>>>(
         static_cast<E*>(out.data_ptr()), reinterpret_cast<const E*>(addr), weight.stride(0),
         weight.stride(1), static_cast<const I*>(indices.storage().data()), index_walker(indices), n,
         D, weight.size(0), poison);
+    return true;
   };
-  switch (es) {
-    case 1:
-      run(uint8_t{});
-      break;
-    case 2:
-      run(uint16_t{});
-      break;
-    case 4:
-      run(uint32_t{});
-      break;
-    case 8:
-      run(uint64_t{});
-      break;
-    default:
-      throw std::logic_error("embedding (CUDA): element size " + std::to_string(es) +
-                             " unsupported");
-  }
+  if (!(run(uint8_t{}) || run(uint16_t{}) || run(uint32_t{}) || run(uint64_t{})))
+    throw std::logic_error("embedding (CUDA): element size " + std::to_string(es) + " unsupported");
 }
 
 void embedding(const Tensor& out, const Tensor& weight, const Tensor& indices) {

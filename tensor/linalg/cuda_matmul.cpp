@@ -40,32 +40,7 @@ Storage workspace(int device) {
   }
 }
 
-// One operand's matrices as cuBLASLt reads them, plus per-batch-dim strides.
-struct Operand {
-  bool trans = false;  // ops::blas_layout's trans
-  int64_t ld = 1;
-  Shape batch_strides;  // aligned with out's batch dims; 0 where broadcast
-};
-
-Operand describe(const Tensor& t, const Shape& batch, const char* what) {
-  const auto layout = ops::blas_layout(t);
-  if (!layout)
-    throw std::logic_error(
-        fmt::format("matmul kernel (CUDA): operand {} of shape {} strides {} "
-                    "is not BLAS-readable",
-                    what, t.shape_string(), shape_str(t.strides())));
-  Operand op;
-  op.trans = layout->trans;
-  op.ld = layout->ld;
-  const int64_t rank = static_cast<int64_t>(batch.size());
-  const int64_t own = t.dim() - 2;
-  op.batch_strides.assign(batch.size(), 0);
-  for (int64_t i = 0; i < own; ++i) {
-    const int64_t j = rank - own + i;
-    if (j >= 0 && t.size(i) != 1) op.batch_strides[static_cast<size_t>(j)] = t.stride(i);
-  }
-  return op;
-}
+using Operand = ops::GemmOperand;
 
 // The row-major product out[M, N] = a[M, K] @ b[K, N] as cuBLASLt's column-major
 // D^T[N, M] = op(B^T)[N, K] op(A^T)[K, M]: cuBLAS's "A" is our b, its "B" our a. A
@@ -124,7 +99,8 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
             "matmul: cudaMemsetAsync");
     return;
   }
-  const Operand oa = describe(a, batch, "a"), ob = describe(b, batch, "b");
+  const Operand oa = ops::gemm_operand(a, batch, "matmul kernel (CUDA)", "a");
+  const Operand ob = ops::gemm_operand(b, batch, "matmul kernel (CUDA)", "b");
   const int64_t esize = static_cast<int64_t>(out.element_size());
 
   // Fold the innermost batch dims that both operands step through with one stride each
@@ -169,15 +145,7 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
     if (blas::gemm(device, g, ws.data(), ws.nbytes(), op) != CUBLAS_STATUS_SUCCESS)
       blas::gemm_classic(device, g, ws.data(), ws.nbytes(), op);  // no cuBLASLt algorithm
     // Odometer over the outer batch dims.
-    for (int64_t d = split; d-- > 0;) {
-      const auto ud = static_cast<size_t>(d);
-      off_a += oa.batch_strides[ud];
-      off_b += ob.batch_strides[ud];
-      if (++idx[ud] < batch[ud]) break;
-      off_a -= oa.batch_strides[ud] * batch[ud];
-      off_b -= ob.batch_strides[ud] * batch[ud];
-      idx[ud] = 0;
-    }
+    ops::advance_batch(idx, batch, static_cast<size_t>(split), oa, ob, off_a, off_b);
   }
 }
 
@@ -200,7 +168,8 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& 
   const bool epilogue =
       M > 1 && N > 1 && K > 1 && M < kMaxDim && N < kMaxDim && K < kMaxDim && bias.stride(0) == 1;
   if (epilogue) {
-    const Operand ox = describe(x, {}, "x"), ow = describe(wt, {}, "weight^T");
+    const Operand ox = ops::gemm_operand(x, {}, "matmul kernel (CUDA)", "x");
+    const Operand ow = ops::gemm_operand(wt, {}, "matmul kernel (CUDA)", "weight^T");
     blas::Gemm g = make_gemm(out.dtype(), ox, ow, M, N, K, false);
     g.a = wt.data_ptr();
     g.b = x.data_ptr();

@@ -96,6 +96,24 @@ std::optional<MatrixLayout> blas_layout(const Tensor& t) {
   return std::nullopt;
 }
 
+GemmOperand gemm_operand(const Tensor& t, const Shape& batch, const char* kernel,
+                         const char* what) {
+  const auto layout = blas_layout(t);
+  if (!layout)
+    throw std::logic_error(fmt::format("{}: operand {} of shape {} strides {} is not BLAS-readable",
+                                       kernel, what, t.shape_string(), shape_str(t.strides())));
+  GemmOperand op;
+  static_cast<MatrixLayout&>(op) = *layout;
+  const int64_t rank = static_cast<int64_t>(batch.size());
+  const int64_t own = t.dim() - 2;
+  op.batch_strides.assign(batch.size(), 0);
+  for (int64_t i = 0; i < own; ++i) {
+    const int64_t j = rank - own + i;
+    if (j >= 0 && t.size(i) != 1) op.batch_strides[static_cast<size_t>(j)] = t.stride(i);
+  }
+  return op;
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
   static const OpInfo info("matmul");
   if (a.dim() == 0 || b.dim() == 0)
@@ -116,38 +134,43 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return view(out, shape);
 }
 
-Tensor mm(const Tensor& a, const Tensor& b) {
-  static const OpInfo info("mm");
-  if (a.dim() != 2 || b.dim() != 2)
-    throw std::invalid_argument(fmt::format("mm: expected two 2-D tensors, got shapes {} and {}",
-                                            a.shape_string(), b.shape_string()));
+namespace {
+// linear's and embedding's weight: 2-D, with the dims `dims` names.
+void check_matrix(const char* op, const Tensor& weight, const char* dims) {
+  if (weight.dim() != 2)
+    throw std::invalid_argument(
+        fmt::format("{}: weight must be 2-D {}, got shape {}", op, dims, weight.shape_string()));
+}
+
+// mm and bmm: two `dims`-D operands (bmm's with the same batch size), no promotion.
+Tensor product_of_rank(const OpInfo& info, const Tensor& a, const Tensor& b, int64_t dims) {
+  if (a.dim() != dims || b.dim() != dims)
+    throw std::invalid_argument(fmt::format("{}: expected two {}-D tensors, got shapes {} and {}",
+                                            info.name, dims, a.shape_string(), b.shape_string()));
+  if (dims == 3 && a.size(0) != b.size(0))
+    throw std::invalid_argument(
+        fmt::format("{}: batch sizes differ: shapes {} and {} (bmm does "
+                    "not broadcast; use matmul)",
+                    info.name, a.shape_string(), b.shape_string()));
   check_pair(info.name, a, b);
   DispatchScope scope(info, a, b);
   return product(info, a, b, a.sizes(), b.sizes());
+}
+}  // namespace
+
+Tensor mm(const Tensor& a, const Tensor& b) {
+  static const OpInfo info("mm");
+  return product_of_rank(info, a, b, 2);
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
   static const OpInfo info("bmm");
-  if (a.dim() != 3 || b.dim() != 3)
-    throw std::invalid_argument(fmt::format("bmm: expected two 3-D tensors, got shapes {} and {}",
-                                            a.shape_string(), b.shape_string()));
-  if (a.size(0) != b.size(0))
-    throw std::invalid_argument(
-        fmt::format("bmm: batch sizes differ: shapes {} and {} (bmm does "
-                    "not broadcast; use matmul)",
-                    a.shape_string(), b.shape_string()));
-  check_pair(info.name, a, b);
-  DispatchScope scope(info, a, b);
-  return product(info, a, b, a.sizes(), b.sizes());
+  return product_of_rank(info, a, b, 3);
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   static const OpInfo info("linear");
-  if (weight.dim() != 2)
-    throw std::invalid_argument(
-        fmt::format("linear: weight must be 2-D [out_features, "
-                    "in_features], got shape {}",
-                    weight.shape_string()));
+  check_matrix(info.name, weight, "[out_features, in_features]");
   if (x.dim() == 0 || x.size(-1) != weight.size(1))
     throw std::invalid_argument(fmt::format(
         "linear: input {} has {} features but weight {} "
@@ -180,11 +203,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   static const OpInfo info("embedding");
-  if (weight.dim() != 2)
-    throw std::invalid_argument(
-        fmt::format("embedding: weight must be 2-D [num_embeddings, "
-                    "embedding_dim], got shape {}",
-                    weight.shape_string()));
+  check_matrix(info.name, weight, "[num_embeddings, embedding_dim]");
   if (indices.dtype() != DType::int64 && indices.dtype() != DType::int32)
     throw std::invalid_argument(
         fmt::format("embedding: indices must be int64 or int32, got {} "

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "tensor/ops.h"
 
@@ -45,5 +46,29 @@ struct MatrixLayout {
   int64_t ld = 1;
 };
 std::optional<MatrixLayout> blas_layout(const Tensor& t);
+
+// A GEMM operand as the kernels read it: blas_layout(t) and, aligned with the output's batch
+// dims `batch`, the element stride between batch entries (0 where t broadcasts). Throws
+// std::logic_error naming `kernel` and the operand `what` when t is not BLAS-readable (the
+// ops make such operands contiguous before dispatching).
+struct GemmOperand : MatrixLayout {
+  Shape batch_strides;
+};
+GemmOperand gemm_operand(const Tensor& t, const Shape& batch, const char* kernel, const char* what);
+
+// One step of the odometer `idx` over the batch dims [0, ndim) (the last fastest), moving the
+// element offsets of a's and b's matrices by their batch strides.
+inline void advance_batch(std::vector<int64_t>& idx, const Shape& batch, size_t ndim,
+                          const GemmOperand& a, const GemmOperand& b, int64_t& off_a,
+                          int64_t& off_b) {
+  for (size_t d = ndim; d-- > 0;) {
+    off_a += a.batch_strides[d];
+    off_b += b.batch_strides[d];
+    if (++idx[d] < batch[d]) break;
+    off_a -= a.batch_strides[d] * batch[d];
+    off_b -= b.batch_strides[d] * batch[d];
+    idx[d] = 0;
+  }
+}
 
 }  // namespace tally::ops
