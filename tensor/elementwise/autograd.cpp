@@ -23,6 +23,20 @@ Tensor as_dtype(const Tensor& mask, DType dtype) {
   return o::to(mask, dtype);
 }
 
+// What the backward of a unary op reads: the op's input or its output.
+enum class Saves { input, output };
+
+// out = op(a), recorded with the gradient grad(g, saved), saved the input or the output.
+Tensor unary_op(o::UnaryOp op, const char* backward_name, Saves saves, const Tensor& a,
+                Tensor (*grad)(const Tensor& g, const Tensor& saved)) {
+  Tensor out = o::unary(op, a);
+  record(backward_name, {a}, {out}, {saves == Saves::input ? a : out},
+         [grad](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {grad(g[0], ctx.saved(0))};
+         });
+  return out;
+}
+
 TensorOptions factory_opts(TensorOptions opts) {
   return opts;
 }
@@ -190,60 +204,41 @@ Tensor neg(const Tensor& a) {
 
 Tensor exp(const Tensor& a_) {
   const auto [a] = autocast::fp32("exp", a_);
-  Tensor out = o::unary(o::UnaryOp::exp, a);
-  record("ExpBackward", {a}, {out}, {out},
-         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           return {o::mul(g[0], ctx.saved(0))};
-         });
-  return out;
+  return unary_op(o::UnaryOp::exp, "ExpBackward", Saves::output, a,
+                  [](const Tensor& g, const Tensor& y) -> Tensor { return o::mul(g, y); });
 }
 
 Tensor log(const Tensor& a_) {
   const auto [a] = autocast::fp32("log", a_);
-  Tensor out = o::unary(o::UnaryOp::log, a);
-  record("LogBackward", {a}, {out}, {a},
-         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           return {o::div(g[0], ctx.saved(0))};
-         });
-  return out;
+  return unary_op(o::UnaryOp::log, "LogBackward", Saves::input, a,
+                  [](const Tensor& g, const Tensor& x) -> Tensor { return o::div(g, x); });
 }
 
 Tensor sqrt(const Tensor& a) {
-  Tensor out = o::unary(o::UnaryOp::sqrt, a);
-  record("SqrtBackward", {a}, {out}, {out},
-         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           return {o::div(g[0], o::mul(ctx.saved(0), 2.0))};
-         });
-  return out;
+  return unary_op(
+      o::UnaryOp::sqrt, "SqrtBackward", Saves::output, a,
+      [](const Tensor& g, const Tensor& y) -> Tensor { return o::div(g, o::mul(y, 2.0)); });
 }
 
 Tensor rsqrt(const Tensor& a_) {
   const auto [a] = autocast::fp32("rsqrt", a_);
-  Tensor out = o::unary(o::UnaryOp::rsqrt, a);
-  record("RsqrtBackward", {a}, {out}, {out},
-         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           const Tensor r = ctx.saved(0);
-           return {o::mul(g[0], o::mul(o::mul(r, o::mul(r, r)), -0.5))};
-         });
-  return out;
+  return unary_op(o::UnaryOp::rsqrt, "RsqrtBackward", Saves::output, a,
+                  [](const Tensor& g, const Tensor& r) -> Tensor {
+                    return o::mul(g, o::mul(o::mul(r, o::mul(r, r)), -0.5));
+                  });
 }
 
 Tensor abs(const Tensor& a) {
-  Tensor out = o::unary(o::UnaryOp::abs, a);
-  record("AbsBackward", {a}, {out}, {a},
-         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           return {o::mul(g[0], o::unary(o::UnaryOp::sign, ctx.saved(0)))};
-         });
-  return out;
+  return unary_op(o::UnaryOp::abs, "AbsBackward", Saves::input, a,
+                  [](const Tensor& g, const Tensor& x) -> Tensor {
+                    return o::mul(g, o::unary(o::UnaryOp::sign, x));
+                  });
 }
 
 Tensor square(const Tensor& a) {
-  Tensor out = o::unary(o::UnaryOp::square, a);
-  record("SquareBackward", {a}, {out}, {a},
-         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           return {o::mul(g[0], o::mul(ctx.saved(0), 2.0))};
-         });
-  return out;
+  return unary_op(
+      o::UnaryOp::square, "SquareBackward", Saves::input, a,
+      [](const Tensor& g, const Tensor& x) -> Tensor { return o::mul(g, o::mul(x, 2.0)); });
 }
 
 namespace {
@@ -337,12 +332,10 @@ Tensor ge(const Tensor& a, const Tensor& b) {
 // ---------------------------------------------------------------- activations
 
 Tensor relu(const Tensor& x) {
-  Tensor out = o::unary(o::UnaryOp::relu, x);
-  record("ReluBackward", {x}, {out}, {out},
-         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           return {o::binary(o::BinaryOp::relu_backward, g[0], ctx.saved(0))};  // one fused pass
-         });
-  return out;
+  return unary_op(o::UnaryOp::relu, "ReluBackward", Saves::output, x,
+                  [](const Tensor& g, const Tensor& y) -> Tensor {
+                    return o::binary(o::BinaryOp::relu_backward, g, y);  // one fused pass
+                  });
 }
 
 Tensor gelu(const Tensor& x, const std::string& approximate) {
@@ -362,36 +355,27 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
 }
 
 Tensor silu(const Tensor& x) {
-  Tensor out = o::unary(o::UnaryOp::silu, x);
-  record("SiluBackward", {x}, {out}, {x},
-         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           const Tensor x_ = ctx.saved(0);
-           const Tensor s = o::unary(o::UnaryOp::sigmoid, x_);
-           // s * (1 + x * (1 - s))
-           const Tensor d = o::mul(s, o::add(o::mul(x_, o::affine(s, -1.0, 1.0)), 1.0));
-           return {o::mul(g[0], d)};
-         });
-  return out;
+  return unary_op(o::UnaryOp::silu, "SiluBackward", Saves::input, x,
+                  [](const Tensor& g, const Tensor& x_) -> Tensor {
+                    const Tensor s = o::unary(o::UnaryOp::sigmoid, x_);
+                    // s * (1 + x * (1 - s))
+                    const Tensor d = o::mul(s, o::add(o::mul(x_, o::affine(s, -1.0, 1.0)), 1.0));
+                    return o::mul(g, d);
+                  });
 }
 
 Tensor sigmoid(const Tensor& x) {
-  Tensor out = o::unary(o::UnaryOp::sigmoid, x);
-  record("SigmoidBackward", {x}, {out}, {out},
-         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           const Tensor s = ctx.saved(0);
-           return {o::mul(g[0], o::mul(s, o::affine(s, -1.0, 1.0)))};
-         });
-  return out;
+  return unary_op(o::UnaryOp::sigmoid, "SigmoidBackward", Saves::output, x,
+                  [](const Tensor& g, const Tensor& s) -> Tensor {
+                    return o::mul(g, o::mul(s, o::affine(s, -1.0, 1.0)));
+                  });
 }
 
 Tensor tanh(const Tensor& x) {
-  Tensor out = o::unary(o::UnaryOp::tanh, x);
-  record("TanhBackward", {x}, {out}, {out},
-         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           const Tensor t = ctx.saved(0);
-           return {o::mul(g[0], o::affine(o::unary(o::UnaryOp::square, t), -1.0, 1.0))};
-         });
-  return out;
+  return unary_op(o::UnaryOp::tanh, "TanhBackward", Saves::output, x,
+                  [](const Tensor& g, const Tensor& t) -> Tensor {
+                    return o::mul(g, o::affine(o::unary(o::UnaryOp::square, t), -1.0, 1.0));
+                  });
 }
 
 Tensor dropout(const Tensor& x, double p, bool train, Generator* gen) {

@@ -1,9 +1,11 @@
 // CPU elementwise kernels: copies with dtype conversion, fills, random fills, binary and
-// unary maps, where, clamp. Arithmetic runs in acc_t (float for the 16-bit types).
+// unary maps, where, clamp. Arithmetic runs in acc_t (float for the 16-bit types); the
+// scalar formulas are those of tensor/elementwise/math.h, shared with the CUDA kernels.
 #include <cmath>
 
 #include "tensor/cpu/loops.h"
 #include "tensor/elementwise/kernels.h"
+#include "tensor/elementwise/math.h"
 
 namespace tally::cpu {
 
@@ -90,15 +92,7 @@ void rand_uniform(const Tensor& dst, PhiloxState state) {
 }
 
 void rand_normal(const Tensor& dst, PhiloxState state) {
-  // Box-Muller on lanes (0,1) and (2,3): element j uses its pair, cos for even, sin for odd.
-  philox_fill(dst, state, [](const Philox4& r, int j) {
-    const size_t p = static_cast<size_t>(j & 2);
-    const double u1 = 1.0 - static_cast<double>(uniform_from_bits(r[p]));  // (0, 1]
-    const double u2 = static_cast<double>(uniform_from_bits(r[p + 1]));
-    const double rad = std::sqrt(-2.0 * std::log(u1));
-    const double th = 2.0 * M_PI * u2;
-    return (j & 1) ? rad * std::sin(th) : rad * std::cos(th);
-  });
+  philox_fill(dst, state, [](const Philox4& r, int j) { return math::normal_from_philox(r, j); });
 }
 
 void rand_int(const Tensor& dst, int64_t low, int64_t high, PhiloxState state) {
@@ -108,102 +102,6 @@ void rand_int(const Tensor& dst, int64_t low, int64_t high, PhiloxState state) {
   });
 }
 
-template <typename A>
-A apply_binary(ops::BinaryOp op, A x, A y) {
-  using ops::BinaryOp;
-  if constexpr (std::is_same_v<A, bool>) {  // logical, as PyTorch's bool arithmetic
-    switch (op) {
-      case BinaryOp::add:
-      case BinaryOp::maximum:
-        return x || y;
-      case BinaryOp::mul:
-      case BinaryOp::minimum:
-        return x && y;
-      case BinaryOp::sub:
-        return x != y;
-      case BinaryOp::pow:
-        return x || !y;
-      default:
-        return x && y;
-    }
-  } else {
-    switch (op) {
-      case BinaryOp::add:
-        return x + y;
-      case BinaryOp::sub:
-        return x - y;
-      case BinaryOp::mul:
-        return x * y;
-      case BinaryOp::div:
-        if constexpr (std::is_integral_v<A>)
-          return y == 0 ? A(0) : static_cast<A>(x / y);
-        else
-          return x / y;
-      case BinaryOp::pow:
-        if constexpr (std::is_same_v<A, bool>)
-          return x || !y;
-        else
-          return static_cast<A>(std::pow(x, y));
-      case BinaryOp::maximum:
-        if constexpr (std::is_floating_point_v<A>) {
-          if (std::isnan(x) || std::isnan(y)) return NAN;
-        }
-        return x > y ? x : y;
-      case BinaryOp::minimum:
-        if constexpr (std::is_floating_point_v<A>) {
-          if (std::isnan(x) || std::isnan(y)) return NAN;
-        }
-        return x < y ? x : y;
-      case BinaryOp::relu_backward:
-        return y <= A(0) ? A(0) : x;
-      case BinaryOp::gelu_backward:
-        if constexpr (std::is_floating_point_v<A>) {
-          const A cdf = A(0.5) * (A(1) + std::erf(y * A(M_SQRT1_2)));
-          const A pdf = std::exp(A(-0.5) * y * y) * A(0.3989422804014327);  // 1 / sqrt(2 pi)
-          return x * (cdf + y * pdf);
-        } else {
-          return A{};
-        }
-      case BinaryOp::gelu_tanh_backward:
-        if constexpr (std::is_floating_point_v<A>) {
-          const A k = A(0.7978845608028654), c = A(0.044715);  // sqrt(2 / pi)
-          const A y2 = y * y;
-          const A t = std::tanh(k * y * (A(1) + c * y2));
-          return x *
-                 (A(0.5) * (A(1) + t) + A(0.5) * y * (A(1) - t * t) * k * (A(1) + A(3) * c * y2));
-        } else {
-          return A{};
-        }
-      default:
-        return A{};
-    }
-  }
-}
-
-bool apply_compare(ops::BinaryOp op, double x, double y) {
-  using ops::BinaryOp;
-  switch (op) {
-    case BinaryOp::eq:
-      return x == y;
-    case BinaryOp::ne:
-      return x != y;
-    case BinaryOp::lt:
-      return x < y;
-    case BinaryOp::le:
-      return x <= y;
-    case BinaryOp::gt:
-      return x > y;
-    case BinaryOp::ge:
-      return x >= y;
-    default:
-      return false;
-  }
-}
-
-bool is_compare(ops::BinaryOp op) {
-  return op >= ops::BinaryOp::eq;
-}
-
 void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
     using T = scalar_t;
@@ -211,13 +109,13 @@ void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& 
     const T* pa = base<T>(a);
     const T* pb = base<T>(b);
     const Shape& sz = out.sizes();
-    if (is_compare(op)) {
+    if (math::is_compare(op)) {
       bool* po = base<bool>(out);
       strided_runs<3>(sz, {out.strides().data(), a.strides().data(), b.strides().data()},
                       {out.storage_offset(), a.storage_offset(), b.storage_offset()},
                       [&](std::array<int64_t, 3> o, int64_t n, std::array<int64_t, 3> s) {
                         for (int64_t i = 0; i < n; ++i)
-                          po[o[0] + i * s[0]] = apply_compare(
+                          po[o[0] + i * s[0]] = math::compare_value(
                               op, static_cast<double>(static_cast<A>(pa[o[1] + i * s[1]])),
                               static_cast<double>(static_cast<A>(pb[o[2] + i * s[2]])));
                       });
@@ -229,8 +127,8 @@ void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& 
                     [&](std::array<int64_t, 3> o, int64_t n, std::array<int64_t, 3> s) {
                       for (int64_t i = 0; i < n; ++i)
                         po[o[0] + i * s[0]] =
-                            T(apply_binary<A>(op, static_cast<A>(pa[o[1] + i * s[1]]),
-                                              static_cast<A>(pb[o[2] + i * s[2]])));
+                            T(math::binary_value<A>(op, static_cast<A>(pa[o[1] + i * s[1]]),
+                                                    static_cast<A>(pb[o[2] + i * s[2]])));
                     });
   });
 }
@@ -240,81 +138,35 @@ void binary_scalar(ops::BinaryOp op, const Tensor& out, const Tensor& a, double 
     using T = scalar_t;
     using A = std::conditional_t<std::is_floating_point_v<acc_t<T>>, acc_t<T>, double>;
     const A s = static_cast<A>(b);
-    if (is_compare(op)) {
+    if (math::is_compare(op)) {
       bool* po = base<bool>(out);
       const T* pa = base<T>(a);
-      strided_runs<2>(
-          out.sizes(), {out.strides().data(), a.strides().data()},
-          {out.storage_offset(), a.storage_offset()},
-          [&](std::array<int64_t, 2> o, int64_t n, std::array<int64_t, 2> st) {
-            for (int64_t i = 0; i < n; ++i) {
-              const double x = static_cast<double>(static_cast<acc_t<T>>(pa[o[1] + i * st[1]]));
-              po[o[0] + i * st[0]] = reverse ? apply_compare(op, b, x) : apply_compare(op, x, b);
-            }
-          });
+      strided_runs<2>(out.sizes(), {out.strides().data(), a.strides().data()},
+                      {out.storage_offset(), a.storage_offset()},
+                      [&](std::array<int64_t, 2> o, int64_t n, std::array<int64_t, 2> st) {
+                        for (int64_t i = 0; i < n; ++i) {
+                          const double x =
+                              static_cast<double>(static_cast<acc_t<T>>(pa[o[1] + i * st[1]]));
+                          po[o[0] + i * st[0]] = reverse ? math::compare_value(op, b, x)
+                                                         : math::compare_value(op, x, b);
+                        }
+                      });
       return;
     }
     map2<T, T>(out, a, [&](T& d, const T& x) {
       const A v = static_cast<A>(static_cast<acc_t<T>>(x));
-      d = convert<T, A>(reverse ? apply_binary<A>(op, s, v) : apply_binary<A>(op, v, s));
+      d = convert<T, A>(reverse ? math::binary_value<A>(op, s, v)
+                                : math::binary_value<A>(op, v, s));
     });
   });
-}
-
-template <typename A>
-A apply_unary(ops::UnaryOp op, A x) {
-  using ops::UnaryOp;
-  constexpr A kSqrt2OverPi = static_cast<A>(0.7978845608028654);
-  switch (op) {
-    case UnaryOp::neg:
-      return -x;
-    case UnaryOp::exp:
-      return std::exp(x);
-    case UnaryOp::log:
-      return std::log(x);
-    case UnaryOp::sqrt:
-      return std::sqrt(x);
-    case UnaryOp::rsqrt:
-      return A(1) / std::sqrt(x);
-    case UnaryOp::abs:
-      return std::abs(x);
-    case UnaryOp::sign:
-      return static_cast<A>((x > A(0)) - (x < A(0)));
-    case UnaryOp::relu:
-      return x > A(0) ? x : (std::isnan(x) ? x : A(0));
-    case UnaryOp::sigmoid:
-      return A(1) / (A(1) + std::exp(-x));
-    case UnaryOp::tanh:
-      return std::tanh(x);
-    case UnaryOp::silu:
-      return x / (A(1) + std::exp(-x));
-    case UnaryOp::gelu:
-      return A(0.5) * x * (A(1) + std::erf(x * static_cast<A>(M_SQRT1_2)));
-    case UnaryOp::gelu_tanh:
-      return A(0.5) * x * (A(1) + std::tanh(kSqrt2OverPi * (x + A(0.044715) * x * x * x)));
-    case UnaryOp::reciprocal:
-      return A(1) / x;
-    case UnaryOp::square:
-      return x * x;
-    case UnaryOp::sin:
-      return std::sin(x);
-    case UnaryOp::cos:
-      return std::cos(x);
-    case UnaryOp::log1p:
-      return std::log1p(x);
-    case UnaryOp::expm1:
-      return std::expm1(x);
-    case UnaryOp::erf:
-      return std::erf(x);
-  }
-  return x;
 }
 
 void unary(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
   TALLY_DISPATCH_FLOAT(a.dtype(), ops::unary_op_name(op), [&] {
     using T = scalar_t;
     using A = acc_t<T>;
-    map2<T, T>(out, a, [&](T& d, const T& x) { d = T(apply_unary<A>(op, static_cast<A>(x))); });
+    map2<T, T>(out, a,
+               [&](T& d, const T& x) { d = T(math::unary_value<A>(op, static_cast<A>(x))); });
   });
 }
 
@@ -322,9 +174,8 @@ void affine(const Tensor& out, const Tensor& x, double a, double b) {
   TALLY_DISPATCH_FLOAT(x.dtype(), "affine", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
-    map2<T, T>(out, x, [&](T& d, const T& v) {
-      d = T(static_cast<A>(v) * static_cast<A>(a) + static_cast<A>(b));
-    });
+    map2<T, T>(out, x,
+               [&](T& d, const T& v) { d = T(math::affine_value(static_cast<A>(v), a, b)); });
   });
 }
 
@@ -332,17 +183,17 @@ void clamp(const Tensor& out, const Tensor& a, std::optional<double> lo, std::op
   TALLY_DISPATCH_ALL(a.dtype(), "clamp", [&] {
     using T = scalar_t;
     using A = std::conditional_t<std::is_floating_point_v<acc_t<T>>, acc_t<T>, double>;
+    const bool has_lo = lo.has_value(), has_hi = hi.has_value();
+    const double lo_v = lo.value_or(0.0), hi_v = hi.value_or(0.0);
     map2<T, T>(out, a, [&](T& d, const T& x) {
-      A v = static_cast<A>(static_cast<acc_t<T>>(x));
+      const A v = static_cast<A>(static_cast<acc_t<T>>(x));
       if constexpr (std::is_floating_point_v<A>) {
         if (std::isnan(v)) {
           d = x;
           return;
         }
       }
-      if (lo && v < static_cast<A>(*lo)) v = static_cast<A>(*lo);
-      if (hi && v > static_cast<A>(*hi)) v = static_cast<A>(*hi);
-      d = convert<T, A>(v);
+      d = convert<T, A>(math::clamp_value(v, has_lo, lo_v, has_hi, hi_v));
     });
   });
 }
@@ -404,19 +255,6 @@ void sum(const Tensor& out, const Tensor& t) {
 
 }  // namespace
 
-const ElementwiseKernels elementwise_kernels{
-    .copy = &copy,
-    .fill = &fill,
-    .rand_uniform = &rand_uniform,
-    .rand_normal = &rand_normal,
-    .rand_int = &rand_int,
-    .binary = &binary,
-    .binary_scalar = &binary_scalar,
-    .unary = &unary,
-    .affine = &affine,
-    .clamp = &clamp,
-    .where = &where,
-    .sum = &sum,
-};
+const ElementwiseKernels elementwise_kernels{TALLY_ELEMENTWISE_KERNELS};
 
 }  // namespace tally::cpu

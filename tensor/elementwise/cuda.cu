@@ -10,6 +10,7 @@
 #include "tensor/cuda/runtime.h"
 #include "tensor/cuda/vectorized.cuh"
 #include "tensor/elementwise/kernels.h"
+#include "tensor/elementwise/math.h"
 #include "tensor/op_alloc.h"
 
 namespace tally::cuda {
@@ -250,12 +251,7 @@ struct RandOp {
     if (kind == RandKind::uniform) {
       v = static_cast<double>(uniform_from_bits(r[j]));
     } else if (kind == RandKind::normal) {
-      const int p = j & 2;
-      const double u1 = 1.0 - static_cast<double>(uniform_from_bits(r[p]));
-      const double u2 = static_cast<double>(uniform_from_bits(r[p + 1]));
-      const double rad = sqrt(-2.0 * log(u1));
-      const double th = 2.0 * M_PI * u2;
-      v = (j & 1) ? rad * sin(th) : rad * cos(th);
+      v = math::normal_from_philox(r, j);
     } else {
       v = static_cast<double>(low + static_cast<int64_t>(r[j] % span));
     }
@@ -284,196 +280,45 @@ void rand_int(const Tensor& dst, int64_t low, int64_t high, PhiloxState s) {
 
 // ------------------------------------------------------------------ binary / unary
 
-template <typename A>
-__device__ __forceinline__ A apply_binary(ops::BinaryOp op, A x, A y) {
-  using ops::BinaryOp;
-  if constexpr (std::is_same_v<A, bool>) {
-    switch (op) {
-      case BinaryOp::add:
-      case BinaryOp::maximum:
-        return x || y;
-      case BinaryOp::mul:
-      case BinaryOp::minimum:
-        return x && y;
-      case BinaryOp::sub:
-        return x != y;
-      case BinaryOp::pow:
-        return x || !y;
-      default:
-        return x && y;
-    }
-  } else {
-    switch (op) {
-      case BinaryOp::add:
-        return x + y;
-      case BinaryOp::sub:
-        return x - y;
-      case BinaryOp::mul:
-        return x * y;
-      case BinaryOp::div:
-        if constexpr (std::is_integral_v<A>)
-          return y == 0 ? A(0) : static_cast<A>(x / y);
-        else
-          return x / y;
-      case BinaryOp::pow:
-        return static_cast<A>(pow(static_cast<double>(x), static_cast<double>(y)));
-      case BinaryOp::maximum:
-        if constexpr (std::is_floating_point_v<A>) {
-          if (isnan(x) || isnan(y)) return x + y;
-        }
-        return x > y ? x : y;
-      case BinaryOp::minimum:
-        if constexpr (std::is_floating_point_v<A>) {
-          if (isnan(x) || isnan(y)) return x + y;
-        }
-        return x < y ? x : y;
-      case BinaryOp::relu_backward:
-        return y <= A(0) ? A(0) : x;
-      case BinaryOp::gelu_backward:
-        if constexpr (std::is_floating_point_v<A>) {
-          const A cdf = A(0.5) * (A(1) + erf(y * static_cast<A>(M_SQRT1_2)));
-          const A pdf =
-              exp(A(-0.5) * y * y) * static_cast<A>(0.3989422804014327);  // 1 / sqrt(2 pi)
-          return x * (cdf + y * pdf);
-        } else {
-          return A{};
-        }
-      case BinaryOp::gelu_tanh_backward:
-        if constexpr (std::is_floating_point_v<A>) {
-          const A k = static_cast<A>(0.7978845608028654),
-                  c = static_cast<A>(0.044715);  // sqrt(2 / pi)
-          const A y2 = y * y;
-          const A t = tanh(k * y * (A(1) + c * y2));
-          return x *
-                 (A(0.5) * (A(1) + t) + A(0.5) * y * (A(1) - t * t) * k * (A(1) + A(3) * c * y2));
-        } else {
-          return A{};
-        }
-      default:
-        return A{};
-    }
-  }
-}
-
-__device__ __forceinline__ bool apply_compare(ops::BinaryOp op, double x, double y) {
-  using ops::BinaryOp;
-  switch (op) {
-    case BinaryOp::eq:
-      return x == y;
-    case BinaryOp::ne:
-      return x != y;
-    case BinaryOp::lt:
-      return x < y;
-    case BinaryOp::le:
-      return x <= y;
-    case BinaryOp::gt:
-      return x > y;
-    case BinaryOp::ge:
-      return x >= y;
-    default:
-      return false;
-  }
-}
-
-template <typename T>
+// out = a (op) b. Compare: a bool result from the operands read as double; else T from the
+// arithmetic in the accumulation type.
+template <typename T, bool Compare>
 struct BinaryKernelOp {
   ops::BinaryOp op;
-  T* out;
+  std::conditional_t<Compare, bool, T>* out;
   const T* a;
   const T* b;
   __device__ void operator()(const int64_t* o, int64_t) const {
-    out[o[0]] = store<T>(apply_binary<dacc_t<T>>(op, load(a[o[1]]), load(b[o[2]])));
+    if constexpr (Compare)
+      out[o[0]] = math::compare_value(op, static_cast<double>(load(a[o[1]])),
+                                      static_cast<double>(load(b[o[2]])));
+    else
+      out[o[0]] = store<T>(math::binary_value<dacc_t<T>>(op, load(a[o[1]]), load(b[o[2]])));
   }
 };
 
-template <typename T>
-struct CompareOp {
-  ops::BinaryOp op;
-  bool* out;
-  const T* a;
-  const T* b;
-  __device__ void operator()(const int64_t* o, int64_t) const {
-    out[o[0]] =
-        apply_compare(op, static_cast<double>(load(a[o[1]])), static_cast<double>(load(b[o[2]])));
-  }
-};
-
-template <typename T>
+// out = a (op) s, or s (op) a when reversed; Compare as above (arithmetic in double for the
+// integer types).
+template <typename T, bool Compare>
 struct ScalarOp {
   ops::BinaryOp op;
-  T* out;
+  std::conditional_t<Compare, bool, T>* out;
   const T* a;
   double s;
   bool reverse;
   __device__ void operator()(const int64_t* o, int64_t) const {
-    using A = std::conditional_t<std::is_floating_point_v<dacc_t<T>>, dacc_t<T>, double>;
-    const A x = static_cast<A>(load(a[o[1]]));
-    const A y = static_cast<A>(s);
-    out[o[0]] = store<T>(reverse ? apply_binary<A>(op, y, x) : apply_binary<A>(op, x, y));
+    if constexpr (Compare) {
+      const double x = static_cast<double>(load(a[o[1]]));
+      out[o[0]] = reverse ? math::compare_value(op, s, x) : math::compare_value(op, x, s);
+    } else {
+      using A = std::conditional_t<std::is_floating_point_v<dacc_t<T>>, dacc_t<T>, double>;
+      const A x = static_cast<A>(load(a[o[1]]));
+      const A y = static_cast<A>(s);
+      out[o[0]] =
+          store<T>(reverse ? math::binary_value<A>(op, y, x) : math::binary_value<A>(op, x, y));
+    }
   }
 };
-
-template <typename T>
-struct ScalarCompareOp {
-  ops::BinaryOp op;
-  bool* out;
-  const T* a;
-  double s;
-  bool reverse;
-  __device__ void operator()(const int64_t* o, int64_t) const {
-    const double x = static_cast<double>(load(a[o[1]]));
-    out[o[0]] = reverse ? apply_compare(op, s, x) : apply_compare(op, x, s);
-  }
-};
-
-template <typename A>
-__device__ __forceinline__ A apply_unary(ops::UnaryOp op, A x) {
-  using ops::UnaryOp;
-  const A kSqrt2OverPi = static_cast<A>(0.7978845608028654);
-  switch (op) {
-    case UnaryOp::neg:
-      return -x;
-    case UnaryOp::exp:
-      return exp(x);
-    case UnaryOp::log:
-      return log(x);
-    case UnaryOp::sqrt:
-      return sqrt(x);
-    case UnaryOp::rsqrt:
-      return A(1) / sqrt(x);
-    case UnaryOp::abs:
-      return fabs(x);
-    case UnaryOp::sign:
-      return static_cast<A>((x > A(0)) - (x < A(0)));
-    case UnaryOp::relu:
-      return x > A(0) ? x : (isnan(x) ? x : A(0));
-    case UnaryOp::sigmoid:
-      return A(1) / (A(1) + exp(-x));
-    case UnaryOp::tanh:
-      return tanh(x);
-    case UnaryOp::silu:
-      return x / (A(1) + exp(-x));
-    case UnaryOp::gelu:
-      return A(0.5) * x * (A(1) + erf(x * static_cast<A>(M_SQRT1_2)));
-    case UnaryOp::gelu_tanh:
-      return A(0.5) * x * (A(1) + tanh(kSqrt2OverPi * (x + A(0.044715) * x * x * x)));
-    case UnaryOp::reciprocal:
-      return A(1) / x;
-    case UnaryOp::square:
-      return x * x;
-    case UnaryOp::sin:
-      return sin(x);
-    case UnaryOp::cos:
-      return cos(x);
-    case UnaryOp::log1p:
-      return log1p(x);
-    case UnaryOp::expm1:
-      return expm1(x);
-    case UnaryOp::erf:
-      return erf(x);
-  }
-  return x;
-}
 
 // GELU for float16 / bfloat16 results. Computed in float32 like every 16-bit op, but without
 // erff / tanhf, whose instruction count (erff: a 7-term polynomial whose coefficients are
@@ -528,7 +373,7 @@ __device__ __forceinline__ A unary_value(ops::UnaryOp op, A x) {
     if (op == ops::UnaryOp::gelu) return gelu_16bit(x);
     if (op == ops::UnaryOp::gelu_tanh) return gelu_tanh_16bit(x);
   }
-  return apply_unary<A>(op, x);
+  return math::unary_value<A>(op, x);
 }
 
 template <typename T>
@@ -547,8 +392,7 @@ struct AffineOp {
   const T* x;
   double a, b;
   __device__ void operator()(const int64_t* o, int64_t) const {
-    using A = dacc_t<T>;
-    out[o[0]] = store<T>(load(x[o[1]]) * static_cast<A>(a) + static_cast<A>(b));
+    out[o[0]] = store<T>(math::affine_value(load(x[o[1]]), a, b));
   }
 };
 
@@ -560,16 +404,14 @@ struct ClampOp {
   double lo, hi;
   __device__ void operator()(const int64_t* o, int64_t) const {
     using A = std::conditional_t<std::is_floating_point_v<dacc_t<T>>, dacc_t<T>, double>;
-    A v = static_cast<A>(load(a[o[1]]));
+    const A v = static_cast<A>(load(a[o[1]]));
     if constexpr (std::is_floating_point_v<A>) {
       if (isnan(v)) {
         out[o[0]] = a[o[1]];
         return;
       }
     }
-    if (has_lo && v < static_cast<A>(lo)) v = static_cast<A>(lo);
-    if (has_hi && v > static_cast<A>(hi)) v = static_cast<A>(hi);
-    out[o[0]] = store<T>(v);
+    out[o[0]] = store<T>(math::clamp_value(v, has_lo, lo, has_hi, hi));
   }
 };
 
@@ -584,17 +426,13 @@ struct WhereOp {
   }
 };
 
-bool is_compare(ops::BinaryOp op) {
-  return op >= ops::BinaryOp::eq;
-}
-
 // ---- the contiguous fast path: the op as a template parameter
 
 template <ops::BinaryOp OP>
 struct BinaryF {
   template <typename A>
   __device__ __forceinline__ A operator()(A x, A y) const {
-    return apply_binary<A>(OP, x, y);
+    return math::binary_value<A>(OP, x, y);
   }
 };
 
@@ -605,7 +443,7 @@ struct ScalarF {
   template <typename A>
   __device__ __forceinline__ A operator()(A x) const {
     const A y = static_cast<A>(s);
-    return reverse ? apply_binary<A>(OP, y, x) : apply_binary<A>(OP, x, y);
+    return reverse ? math::binary_value<A>(OP, y, x) : math::binary_value<A>(OP, x, y);
   }
 };
 
@@ -622,7 +460,7 @@ struct AffineF {
   double a, b;
   template <typename A>
   __device__ __forceinline__ A operator()(A x) const {
-    return x * static_cast<A>(a) + static_cast<A>(b);
+    return math::affine_value(x, a, b);
   }
 };
 
@@ -632,22 +470,31 @@ struct AffineF {
   X(gelu_tanh_backward)
 // clang-format on
 
+// f(std::integral_constant<ops::BinaryOp, OP>{}) for the arithmetic op `op`, which the fast
+// path takes as a template parameter; false (f not called) for the others.
+template <typename F>
+bool with_arith_op(ops::BinaryOp op, F&& f) {
+  switch (op) {
+#define TALLY_CASE(OP)                                             \
+  case ops::BinaryOp::OP:                                          \
+    f(std::integral_constant<ops::BinaryOp, ops::BinaryOp::OP>{}); \
+    return true;
+    TALLY_ARITH_OPS(TALLY_CASE)
+#undef TALLY_CASE
+    default:
+      return false;
+  }
+}
+
 template <typename T>
 bool binary_fast(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   if constexpr (!std::is_floating_point_v<dacc_t<T>>) {
     return false;
   } else {
     const char* name = ops::binary_op_name(op);
-    switch (op) {
-#define TALLY_CASE(OP)                                                     \
-  case ops::BinaryOp::OP:                                                  \
-    vec::launch_map<T, 2>(name, out, a, &b, BinaryF<ops::BinaryOp::OP>{}); \
-    return true;
-      TALLY_ARITH_OPS(TALLY_CASE)
-#undef TALLY_CASE
-      default:
-        return false;
-    }
+    return with_arith_op(op, [&](auto c) {
+      vec::launch_map<T, 2>(name, out, a, &b, BinaryF<decltype(c)::value>{});
+    });
   }
 }
 
@@ -657,16 +504,9 @@ bool scalar_fast(ops::BinaryOp op, const Tensor& out, const Tensor& a, double s,
     return false;
   } else {
     const char* name = ops::binary_op_name(op);
-    switch (op) {
-#define TALLY_CASE(OP)                                                                    \
-  case ops::BinaryOp::OP:                                                                 \
-    vec::launch_map<T, 1>(name, out, a, nullptr, ScalarF<ops::BinaryOp::OP>{s, reverse}); \
-    return true;
-      TALLY_ARITH_OPS(TALLY_CASE)
-#undef TALLY_CASE
-      default:
-        return false;
-    }
+    return with_arith_op(op, [&](auto c) {
+      vec::launch_map<T, 1>(name, out, a, nullptr, ScalarF<decltype(c)::value>{s, reverse});
+    });
   }
 }
 
@@ -718,14 +558,15 @@ namespace {
 void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
     using T = dev_t<scalar_t>;
-    if (!is_compare(op) && vec::applies(out, a, &b) && binary_fast<T>(op, out, a, b)) return;
-    if (is_compare(op)) {
+    if (!math::is_compare(op) && vec::applies(out, a, &b) && binary_fast<T>(op, out, a, b)) return;
+    if (math::is_compare(op)) {
       launch<3>(ops::binary_op_name(op), out, {&out, &a, &b},
-                CompareOp<T>{op, static_cast<bool*>(out.storage().data()), dptr<scalar_t>(a),
-                             dptr<scalar_t>(b)});
+                BinaryKernelOp<T, true>{op, static_cast<bool*>(out.storage().data()),
+                                        dptr<scalar_t>(a), dptr<scalar_t>(b)});
     } else {
-      launch<3>(ops::binary_op_name(op), out, {&out, &a, &b},
-                BinaryKernelOp<T>{op, dptr<scalar_t>(out), dptr<scalar_t>(a), dptr<scalar_t>(b)});
+      launch<3>(
+          ops::binary_op_name(op), out, {&out, &a, &b},
+          BinaryKernelOp<T, false>{op, dptr<scalar_t>(out), dptr<scalar_t>(a), dptr<scalar_t>(b)});
     }
   });
 }
@@ -733,14 +574,15 @@ void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& 
 void binary_scalar(ops::BinaryOp op, const Tensor& out, const Tensor& a, double b, bool reverse) {
   TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
     using T = dev_t<scalar_t>;
-    if (!is_compare(op) && vec::applies(out, a) && scalar_fast<T>(op, out, a, b, reverse)) return;
-    if (is_compare(op)) {
+    if (!math::is_compare(op) && vec::applies(out, a) && scalar_fast<T>(op, out, a, b, reverse))
+      return;
+    if (math::is_compare(op)) {
       launch<2>(ops::binary_op_name(op), out, {&out, &a},
-                ScalarCompareOp<T>{op, static_cast<bool*>(out.storage().data()), dptr<scalar_t>(a),
-                                   b, reverse});
+                ScalarOp<T, true>{op, static_cast<bool*>(out.storage().data()), dptr<scalar_t>(a),
+                                  b, reverse});
     } else {
       launch<2>(ops::binary_op_name(op), out, {&out, &a},
-                ScalarOp<T>{op, dptr<scalar_t>(out), dptr<scalar_t>(a), b, reverse});
+                ScalarOp<T, false>{op, dptr<scalar_t>(out), dptr<scalar_t>(a), b, reverse});
     }
   });
 }
@@ -1065,19 +907,6 @@ void sum(const Tensor& out, const Tensor& t) {
 
 }  // namespace
 
-const ElementwiseKernels elementwise_kernels{
-    .copy = &copy,
-    .fill = &fill,
-    .rand_uniform = &rand_uniform,
-    .rand_normal = &rand_normal,
-    .rand_int = &rand_int,
-    .binary = &binary,
-    .binary_scalar = &binary_scalar,
-    .unary = &unary,
-    .affine = &affine,
-    .clamp = &clamp,
-    .where = &where,
-    .sum = &sum,
-};
+const ElementwiseKernels elementwise_kernels{TALLY_ELEMENTWISE_KERNELS};
 
 }  // namespace tally::cuda

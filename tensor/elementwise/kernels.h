@@ -45,4 +45,12 @@ struct ElementwiseKernels {
 // (tensor/elementwise/cuda.cu), elementwise_backends (tensor/backends.cpp).
 TALLY_DECLARE_KERNELS(ElementwiseKernels, elementwise_kernels, elementwise_backends);
 
+// The table's entries in member order, each the backend's kernel of the member's name: each
+// backend defines its table as `const ElementwiseKernels
+// elementwise_kernels{TALLY_ELEMENTWISE_KERNELS};`, so the list of kernels is written once.
+#define TALLY_ELEMENTWISE_KERNELS                                                             \
+  .copy = &copy, .fill = &fill, .rand_uniform = &rand_uniform, .rand_normal = &rand_normal,   \
+  .rand_int = &rand_int, .binary = &binary, .binary_scalar = &binary_scalar, .unary = &unary, \
+  .affine = &affine, .clamp = &clamp, .where = &where, .sum = &sum
+
 }  // namespace tally

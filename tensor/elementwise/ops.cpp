@@ -56,26 +56,30 @@ Tensor arange(double start, double end, double step, DType dtype, Device device)
   return from_vector(v, {n}, dtype, device);
 }
 
-Tensor rand(const Shape& shape, DType dtype, Device device, Generator* gen) {
-  static const OpInfo info("rand");
+namespace {
+
+// rand / randn: a floating tensor that `fill` fills from the generator's next numel values.
+using RandomFill = void (*ElementwiseKernels::*)(const Tensor&, PhiloxState);
+Tensor random_floating(const OpInfo& info, RandomFill fill, const Shape& shape, DType dtype,
+                       Device device, Generator* gen) {
   DispatchScope scope(info, device);
-  if (!is_floating(dtype)) unsupported_dtype("rand", dtype);
+  if (!is_floating(dtype)) unsupported_dtype(info.name, dtype);
   Tensor t = alloc_output(shape, dtype, device);
   Generator& g = gen ? *gen : default_generator();
-  elementwise_backends.get(info, device, &ElementwiseKernels::rand_uniform)(
-      t, g.reserve(static_cast<uint64_t>(t.numel())));
+  elementwise_backends.get(info, device, fill)(t, g.reserve(static_cast<uint64_t>(t.numel())));
   return t;
+}
+
+}  // namespace
+
+Tensor rand(const Shape& shape, DType dtype, Device device, Generator* gen) {
+  static const OpInfo info("rand");
+  return random_floating(info, &ElementwiseKernels::rand_uniform, shape, dtype, device, gen);
 }
 
 Tensor randn(const Shape& shape, DType dtype, Device device, Generator* gen) {
   static const OpInfo info("randn");
-  DispatchScope scope(info, device);
-  if (!is_floating(dtype)) unsupported_dtype("randn", dtype);
-  Tensor t = alloc_output(shape, dtype, device);
-  Generator& g = gen ? *gen : default_generator();
-  elementwise_backends.get(info, device, &ElementwiseKernels::rand_normal)(
-      t, g.reserve(static_cast<uint64_t>(t.numel())));
-  return t;
+  return random_floating(info, &ElementwiseKernels::rand_normal, shape, dtype, device, gen);
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype, Device device,

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tensor/norm/kernels.h"
+#include "tensor/norm/math.h"
 
 namespace tally::cpu {
 
@@ -15,14 +16,26 @@ T* ptr(const Tensor& t) {
   return t.defined() ? static_cast<T*>(t.storage().data()) + t.storage_offset() : nullptr;
 }
 
-// Sizes of x [N, C, *] as (N, C, S), S the product of the spatial dims.
-struct NCS {
-  int64_t n, c, s;
+// The element pointers both backward kernels read and write: x, dy, dx in T; dweight, dbias,
+// mean, rstd (invstd), weight in the statistics dtype.
+template <typename T, typename A = acc_t<T>>
+struct BackwardPtrs {
+  const T* x;
+  const T* dy;
+  T* dx;
+  A* dweight;
+  A* dbias;
+  const A* mean;
+  const A* rstd;
+  const A* weight;
 };
-NCS ncs(const Tensor& x) {
-  int64_t s = 1;
-  for (int64_t d = 2; d < x.dim(); ++d) s *= x.sizes()[static_cast<size_t>(d)];
-  return {x.sizes()[0], x.sizes()[1], s};
+template <typename T>
+BackwardPtrs<T> backward_ptrs(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                              const Tensor& dy, const Tensor& x, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& weight) {
+  using A = acc_t<T>;
+  return {ptr<const T>(x), ptr<const T>(dy),   ptr<T>(dx),         ptr<A>(dweight),
+          ptr<A>(dbias),   ptr<const A>(mean), ptr<const A>(rstd), ptr<const A>(weight)};
 }
 
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
@@ -57,10 +70,7 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
       if (center) pm[i] = m;
       pr[i] = r;
       for (int64_t j = 0; j < cols; ++j) {
-        A y = (static_cast<A>(xr[j]) - m) * r;
-        if (pw) y = y * pw[j];
-        if (pb) y = y + pb[j];
-        orow[j] = T(y);
+        orow[j] = T(math::scale_shift(math::xhat(static_cast<A>(xr[j]), m, r), pw, pb, j));
       }
     }
   });
@@ -72,14 +82,8 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   TALLY_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
-    const T* px = ptr<const T>(x);
-    const T* pdy = ptr<const T>(dy);
-    T* pdx = ptr<T>(dx);
-    A* pdw = ptr<A>(dweight);
-    A* pdb = ptr<A>(dbias);
-    const A* pm = ptr<const A>(mean);
-    const A* pr = ptr<const A>(rstd);
-    const A* pw = ptr<const A>(weight);
+    const auto [px, pdy, pdx, pdw, pdb, pm, pr, pw] =
+        backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, rstd, weight);
     const bool center = pm != nullptr;
     for (int64_t j = 0; j < cols; ++j) {
       if (pdw) pdw[j] = A(0);
@@ -96,7 +100,7 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
       //   dweight += dy * xhat, dbias += dy
       double sg = 0.0, sgx = 0.0;
       for (int64_t j = 0; j < cols; ++j) {
-        const A xh = (static_cast<A>(xr[j]) - m) * r;
+        const A xh = math::xhat(static_cast<A>(xr[j]), m, r);
         const A g = static_cast<A>(gr[j]);
         if (pdw) pdw[j] += g * xh;
         if (pdb) pdb[j] += g;
@@ -109,10 +113,10 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
       const A mgx = static_cast<A>(sgx * inv_n);
       T* dr = pdx + i * cols;
       for (int64_t j = 0; j < cols; ++j) {
-        const A xh = (static_cast<A>(xr[j]) - m) * r;
+        const A xh = math::xhat(static_cast<A>(xr[j]), m, r);
         const A g = static_cast<A>(gr[j]);
         const A gw = pw ? g * pw[j] : g;
-        dr[j] = T(r * (gw - mg - xh * mgx));
+        dr[j] = T(math::norm_input_grad(r, gw, mg, xh, mgx));
       }
     }
   });
@@ -172,7 +176,7 @@ void batch_norm_elemt(const Tensor& out, const Tensor& x, const Tensor& mean, co
         const A shift = pb ? pb[ch] : A(0);
         const int64_t base = (b * c + ch) * s;
         for (int64_t k = 0; k < s; ++k)
-          po[base + k] = T((static_cast<A>(px[base + k]) - m) * scale + shift);
+          po[base + k] = T(math::batch_norm_value(static_cast<A>(px[base + k]), m, scale, shift));
       }
     }
   });
@@ -184,14 +188,8 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   TALLY_DISPATCH_FLOAT(dy.dtype(), "batch_norm_backward", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
-    const T* px = ptr<const T>(x);
-    const T* pdy = ptr<const T>(dy);
-    T* pdx = ptr<T>(dx);
-    A* pdw = ptr<A>(dweight);
-    A* pdb = ptr<A>(dbias);
-    const A* pm = ptr<const A>(mean);
-    const A* pi = ptr<const A>(invstd);
-    const A* pw = ptr<const A>(weight);
+    const auto [px, pdy, pdx, pdw, pdb, pm, pi, pw] =
+        backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, invstd, weight);
     const auto [n, c, s] = ncs(dy);
     const int64_t count = n * s;
     const bool need_xhat = pdw || (pdx && training);
@@ -207,7 +205,7 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
             const A g = static_cast<A>(pdy[base + k]);
             sdy += static_cast<double>(g);
             if (need_xhat) {
-              const A xh = (static_cast<A>(px[base + k]) - m) * r;
+              const A xh = math::xhat(static_cast<A>(px[base + k]), m, r);
               sdyx += static_cast<double>(g) * static_cast<double>(xh);
             }
           }
@@ -227,8 +225,8 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
         for (int64_t k = 0; k < s; ++k) {
           const A g = static_cast<A>(pdy[base + k]);
           if (training) {
-            const A xh = (static_cast<A>(px[base + k]) - m) * r;
-            pdx[base + k] = T(scale * (g - mdy - xh * mdyx));
+            const A xh = math::xhat(static_cast<A>(px[base + k]), m, r);
+            pdx[base + k] = T(math::norm_input_grad(scale, g, mdy, xh, mdyx));
           } else {
             pdx[base + k] = T(scale * g);
           }
@@ -240,12 +238,6 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
 
 }  // namespace
 
-const NormKernels norm_kernels{
-    .layer_norm = &layer_norm,
-    .layer_norm_backward = &layer_norm_backward,
-    .batch_norm_stats = &batch_norm_stats,
-    .batch_norm_elemt = &batch_norm_elemt,
-    .batch_norm_backward = &batch_norm_backward,
-};
+const NormKernels norm_kernels{TALLY_NORM_KERNELS};
 
 }  // namespace tally::cpu

@@ -29,6 +29,7 @@
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/runtime.h"
 #include "tensor/norm/kernels.h"
+#include "tensor/norm/math.h"
 #include "tensor/op_alloc.h"
 
 namespace tally::cuda {
@@ -68,6 +69,39 @@ void expect_cuda(const char* op, int device, std::initializer_list<Named> ts) {
     if (t->defined() && (!t->is_cuda() || t->device().index != device))
       throw std::invalid_argument(std::string(op) + " (CUDA): " + what + " is on " +
                                   t->device().str() + ", expected cuda:" + std::to_string(device));
+}
+
+// The argument checks of both forward launchers: every defined tensor on cuda:device; out in
+// the input's dtype, the rest in its statistics dtype. `stat` is rstd or invstd.
+void expect_forward(const char* op, int device, const Tensor& out, const Tensor& x,
+                    const Tensor& mean, Named stat, const Tensor& weight, const Tensor& bias) {
+  expect_cuda(
+      op, device,
+      {{&out, "out"}, {&x, "input"}, {&mean, "mean"}, stat, {&weight, "weight"}, {&bias, "bias"}});
+  expect_dtype(op, x.dtype(), {{&out, "out"}});
+  expect_dtype(op, stat_dtype(x.dtype()),
+               {{&mean, "mean"}, stat, {&weight, "weight"}, {&bias, "bias"}});
+}
+
+// The argument checks of both backward launchers: every defined tensor on cuda:device; dx,
+// grad_output and input in `dtype`; the rest in its statistics dtype. `stat` is rstd
+// (layer_norm) or invstd (batch_norm).
+void expect_backward(const char* op, int device, DType dtype, const Tensor& dx,
+                     const Tensor& dweight, const Tensor& dbias, const Tensor& dy, const Tensor& x,
+                     const Tensor& mean, Named stat, const Tensor& weight) {
+  expect_cuda(op, device,
+              {{&dx, "dx"},
+               {&dweight, "dweight"},
+               {&dbias, "dbias"},
+               {&dy, "grad_output"},
+               {&x, "input"},
+               {&mean, "mean"},
+               stat,
+               {&weight, "weight"}});
+  expect_dtype(op, dtype, {{&dx, "dx"}, {&dy, "grad_output"}, {&x, "input"}});
+  expect_dtype(
+      op, stat_dtype(dtype),
+      {{&dweight, "dweight"}, {&dbias, "dbias"}, {&mean, "mean"}, stat, {&weight, "weight"}});
 }
 
 // Threads of a row block: about 4 elements a thread, a multiple of 32 in [32, 512].
@@ -158,10 +192,8 @@ __global__ void __launch_bounds__(kRowMaxThreads)
       rstd[row] = r;
     }
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      A y = (static_cast<A>(load(xr[j])) - mu) * r;
-      if (w) y = y * w[j];
-      if (b) y = y + b[j];
-      orow[j] = store<T>(y);
+      orow[j] =
+          store<T>(math::scale_shift(math::xhat(static_cast<A>(load(xr[j])), mu, r), w, b, j));
     }
   }
 }
@@ -198,7 +230,7 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     const A r = rstd[row];
     A sg = 0, sgx = 0;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      const A xh = (static_cast<A>(load(xr[j])) - m) * r;
+      const A xh = math::xhat(static_cast<A>(load(xr[j])), m, r);
       const A g = static_cast<A>(load(gr[j]));
       if (acc) {
         acc[j] += g * xh;
@@ -214,10 +246,10 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     const A mgx = sgx * inv_n;
     T* dr = dx + row * cols;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      const A xh = (static_cast<A>(load(xr[j])) - m) * r;
+      const A xh = math::xhat(static_cast<A>(load(xr[j])), m, r);
       const A g = static_cast<A>(load(gr[j]));
       const A gw = w ? g * w[j] : g;
-      dr[j] = store<T>(r * (gw - mg - xh * mgx));
+      dr[j] = store<T>(math::norm_input_grad(r, gw, mg, xh, mgx));
     }
   }
   if (acc && smem) {
@@ -269,16 +301,6 @@ __global__ void __launch_bounds__(kTileCols* kTileParts)
 
 // ------------------------------------------------------------------ batch_norm
 
-// Sizes of x [N, C, *] as (N, C, S), S the product of the spatial dims.
-struct NCS {
-  int64_t n, c, s;
-};
-NCS ncs(const Tensor& x) {
-  int64_t s = 1;
-  for (int64_t d = 2; d < x.dim(); ++d) s *= x.sizes()[static_cast<size_t>(d)];
-  return {x.sizes()[0], x.sizes()[1], s};
-}
-
 // Blocks a channel's N * S elements are split over: enough blocks in all to fill the device
 // (8 per SM), at least 8 elements a thread, at most 65535.
 int bn_splits(int64_t c, int64_t count, int device) {
@@ -316,6 +338,16 @@ int bn_width(int64_t s, size_t elem, std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (p && reinterpret_cast<uintptr_t>(p) % (elem * 4) != 0) return 1;
   return 4;
+}
+
+// go(std::integral_constant<int, V>{}) with V = bn_width(s, elem, ptrs): the launch lambda
+// instantiated for the pack width.
+template <typename F>
+void with_bn_width(int64_t s, size_t elem, std::initializer_list<const void*> ptrs, F&& go) {
+  if (bn_width(s, elem, ptrs) == 4)
+    go(std::integral_constant<int, 4>{});
+  else
+    go(std::integral_constant<int, 1>{});
 }
 
 // Block (ch, split): sum of (x - K) and (x - K)^2 over its share of channel ch's elements,
@@ -397,7 +429,7 @@ __global__ void bn_elemt_kernel(T* __restrict__ out, const T* __restrict__ x,
     Pack<T, V> o;
 #pragma unroll
     for (int j = 0; j < V; ++j)
-      o.v[j] = store<T>((static_cast<A>(load(in.v[j])) - m) * scale + shift);
+      o.v[j] = store<T>(math::batch_norm_value(static_cast<A>(load(in.v[j])), m, scale, shift));
     store_pack<V>(out, i, o);
   }
 }
@@ -425,7 +457,7 @@ __global__ void __launch_bounds__(kBnThreads)
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const A gj = static_cast<A>(load(g.v[j]));
-        const A xh = (static_cast<A>(load(xv.v[j])) - m) * r;
+        const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m, r);
         s1 += static_cast<double>(gj);
         s2 += static_cast<double>(gj) * static_cast<double>(xh);
       }
@@ -488,8 +520,8 @@ __global__ void bn_bwd_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy,
       const Pack<T, V> xv = load_pack<V>(x, i);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const A xh = (static_cast<A>(load(xv.v[j])) - m) * r;
-        o.v[j] = store<T>(scale * (static_cast<A>(load(g.v[j])) - c0 - xh * c1));
+        const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m, r);
+        o.v[j] = store<T>(math::norm_input_grad(scale, static_cast<A>(load(g.v[j])), c0, xh, c1));
       }
     } else {
 #pragma unroll
@@ -558,10 +590,7 @@ __global__ void __launch_bounds__(256)
       P o;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        A y = (v[k][e] - mu) * r;
-        if (w) y = y * w[c + e];
-        if (b) y = y + b[c + e];
-        o.v[e] = store<T>(y);
+        o.v[e] = store<T>(math::scale_shift(math::xhat(v[k][e], mu, r), w, b, c + e));
       }
       store_pack<V>(orow, c / V, o);
     }
@@ -576,16 +605,7 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
   if (rows <= 0) return;
   NvtxRange range(name);
   const int dev = x.device().index;
-  expect_cuda(name, dev,
-              {{&out, "out"},
-               {&mean, "mean"},
-               {&rstd, "rstd"},
-               {&x, "input"},
-               {&weight, "weight"},
-               {&bias, "bias"}});
-  expect_dtype(name, x.dtype(), {{&out, "out"}});
-  expect_dtype(name, stat_dtype(x.dtype()),
-               {{&mean, "mean"}, {&rstd, "rstd"}, {&weight, "weight"}, {&bias, "bias"}});
+  expect_forward(name, dev, out, x, mean, {&rstd, "rstd"}, weight, bias);
   DeviceGuard guard(dev);
   const int threads = row_threads(cols);
   const auto grid = static_cast<unsigned>(std::min(rows, kMaxGrid));
@@ -631,22 +651,7 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   NvtxRange range(name);
   const int dev = x.device().index;
   const DType stat = stat_dtype(x.dtype());
-  expect_cuda(name, dev,
-              {{&dx, "dx"},
-               {&dweight, "dweight"},
-               {&dbias, "dbias"},
-               {&dy, "grad_output"},
-               {&x, "input"},
-               {&mean, "mean"},
-               {&rstd, "rstd"},
-               {&weight, "weight"}});
-  expect_dtype(name, x.dtype(), {{&dx, "dx"}, {&dy, "grad_output"}});
-  expect_dtype(name, stat,
-               {{&dweight, "dweight"},
-                {&dbias, "dbias"},
-                {&mean, "mean"},
-                {&rstd, "rstd"},
-                {&weight, "weight"}});
+  expect_backward(name, dev, x.dtype(), dx, dweight, dbias, dy, x, mean, {&rstd, "rstd"}, weight);
   DeviceGuard guard(dev);
   const cudaStream_t st = stream(dev);
   const int threads = row_threads(cols);
@@ -715,10 +720,7 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
         bn_stats_partial_kernel<T, int64_t, V>
             <<<grid, kBnThreads, 0, st>>>(ptr<double>(part), ptr<const T>(x), n, c, s);
     };
-    if (bn_width(s, sizeof(T), {x.data_ptr()}) == 4)
-      go(std::integral_constant<int, 4>{});
-    else
-      go(std::integral_constant<int, 1>{});
+    with_bn_width(s, sizeof(T), {x.data_ptr()}, go);
     check_launch(name);
     bn_stats_finalize_kernel<T, A><<<warp_blocks(c), kEltThreads, 0, st>>>(
         ptr<A>(mean), ptr<A>(var), ptr<A>(invstd), ptr<const double>(part), ptr<const T>(x), n, c,
@@ -735,16 +737,7 @@ void batch_norm_elemt(const Tensor& out, const Tensor& x, const Tensor& mean, co
   if (total == 0) return;
   NvtxRange range(name);
   const int dev = x.device().index;
-  expect_cuda(name, dev,
-              {{&out, "out"},
-               {&x, "input"},
-               {&mean, "mean"},
-               {&invstd, "invstd"},
-               {&weight, "weight"},
-               {&bias, "bias"}});
-  expect_dtype(name, x.dtype(), {{&out, "out"}});
-  expect_dtype(name, stat_dtype(x.dtype()),
-               {{&mean, "mean"}, {&invstd, "invstd"}, {&weight, "weight"}, {&bias, "bias"}});
+  expect_forward(name, dev, out, x, mean, {&invstd, "invstd"}, weight, bias);
   DeviceGuard guard(dev);
   const cudaStream_t st = stream(dev);
   TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
@@ -763,10 +756,7 @@ void batch_norm_elemt(const Tensor& out, const Tensor& x, const Tensor& mean, co
             ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
             ptr<const A>(weight), ptr<const A>(bias), tv, c, sv);
     };
-    if (bn_width(s, sizeof(T), {out.data_ptr(), x.data_ptr()}) == 4)
-      go(std::integral_constant<int, 4>{});
-    else
-      go(std::integral_constant<int, 1>{});
+    with_bn_width(s, sizeof(T), {out.data_ptr(), x.data_ptr()}, go);
     check_launch(name);
   });
 }
@@ -781,22 +771,8 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   NvtxRange range(name);
   const int dev = dy.device().index;
   const DType stat = stat_dtype(dy.dtype());
-  expect_cuda(name, dev,
-              {{&dx, "dx"},
-               {&dweight, "dweight"},
-               {&dbias, "dbias"},
-               {&dy, "grad_output"},
-               {&x, "input"},
-               {&mean, "mean"},
-               {&invstd, "invstd"},
-               {&weight, "weight"}});
-  expect_dtype(name, dy.dtype(), {{&dx, "dx"}, {&x, "input"}});
-  expect_dtype(name, stat,
-               {{&dweight, "dweight"},
-                {&dbias, "dbias"},
-                {&mean, "mean"},
-                {&invstd, "invstd"},
-                {&weight, "weight"}});
+  expect_backward(name, dev, dy.dtype(), dx, dweight, dbias, dy, x, mean, {&invstd, "invstd"},
+                  weight);
   const int64_t count = n * s, total = n * c * s;
   const bool need_xhat = dweight.defined() || (dx.defined() && training);
   const bool need_sums = dbias.defined() || need_xhat;
@@ -828,10 +804,7 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
               ptr<double>(part), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
               ptr<const A>(invstd), need_xhat, n, c, s);
       };
-      if (bn_width(s, sizeof(T), {dy.data_ptr(), need_xhat ? x.data_ptr() : nullptr}) == 4)
-        go(std::integral_constant<int, 4>{});
-      else
-        go(std::integral_constant<int, 1>{});
+      with_bn_width(s, sizeof(T), {dy.data_ptr(), need_xhat ? x.data_ptr() : nullptr}, go);
       check_launch(name);
       bn_bwd_finalize_kernel<A><<<warp_blocks(c), kEltThreads, 0, st>>>(
           ptr<A>(dweight), ptr<A>(dbias), ptr<A>(coef), ptr<const double>(part), c, splits, count);
@@ -851,11 +824,8 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
               ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
               ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef), tv, c, sv);
       };
-      if (bn_width(s, sizeof(T),
-                   {dx.data_ptr(), dy.data_ptr(), coef.defined() ? x.data_ptr() : nullptr}) == 4)
-        go(std::integral_constant<int, 4>{});
-      else
-        go(std::integral_constant<int, 1>{});
+      with_bn_width(s, sizeof(T),
+                    {dx.data_ptr(), dy.data_ptr(), coef.defined() ? x.data_ptr() : nullptr}, go);
       check_launch(name);
     }
   });
@@ -863,12 +833,6 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
 
 }  // namespace
 
-const NormKernels norm_kernels{
-    .layer_norm = &layer_norm,
-    .layer_norm_backward = &layer_norm_backward,
-    .batch_norm_stats = &batch_norm_stats,
-    .batch_norm_elemt = &batch_norm_elemt,
-    .batch_norm_backward = &batch_norm_backward,
-};
+const NormKernels norm_kernels{TALLY_NORM_KERNELS};
 
 }  // namespace tally::cuda

@@ -17,6 +17,16 @@
 
 namespace tally {
 
+// Sizes of x [N, C, *] as (N, C, S), S the product of the spatial dims (batch_norm's view).
+struct NCS {
+  int64_t n, c, s;
+};
+inline NCS ncs(const Tensor& x) {
+  int64_t s = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) s *= x.sizes()[static_cast<size_t>(d)];
+  return {x.sizes()[0], x.sizes()[1], s};
+}
+
 struct NormKernels {
   // Normalizes each row of x viewed as [rows, cols]: writes out, rstd [rows] and, when mean
   // is defined, mean [rows] (layer_norm). An undefined mean means rms_norm: no centering.
@@ -51,5 +61,13 @@ struct NormKernels {
 // cpu::norm_kernels (tensor/norm/cpu.cpp), cuda::norm_kernels (tensor/norm/cuda.cu), norm_backends
 // (tensor/backends.cpp).
 TALLY_DECLARE_KERNELS(NormKernels, norm_kernels, norm_backends);
+
+// The table's entries in member order, each the backend's kernel of the member's name: each
+// backend defines its table as `const NormKernels norm_kernels{TALLY_NORM_KERNELS};`, so the list
+// of kernels is written once.
+#define TALLY_NORM_KERNELS                                                      \
+  .layer_norm = &layer_norm, .layer_norm_backward = &layer_norm_backward,       \
+  .batch_norm_stats = &batch_norm_stats, .batch_norm_elemt = &batch_norm_elemt, \
+  .batch_norm_backward = &batch_norm_backward
 
 }  // namespace tally

@@ -160,18 +160,22 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Shape& norm
   return {out, mean, rstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
-                                                       const Shape& normalized_shape,
-                                                       const Tensor& mean, const Tensor& rstd,
-                                                       const Tensor& weight,
-                                                       std::array<bool, 3> output_mask) {
-  static const OpInfo info("layer_norm_backward");
+namespace {
+
+// layer_norm_backward, and rms_norm_backward (centered false: no mean, no dbias): the checks,
+// the gradients the mask asks for, and the kernel.
+std::tuple<Tensor, Tensor, Tensor> row_norm_backward(const OpInfo& info, bool centered,
+                                                     const Tensor& grad_out, const Tensor& x,
+                                                     const Shape& normalized_shape,
+                                                     const Tensor& mean, const Tensor& rstd,
+                                                     const Tensor& weight,
+                                                     std::array<bool, 3> output_mask) {
   DispatchScope scope(info, x);
   check_floating(info.name, "input", x);
   check_grad_out(info.name, grad_out, x);
   const RowShape rs = row_shape(info.name, x, normalized_shape);
   check_affine(info.name, "weight", weight, x, normalized_shape);
-  check_stat(info.name, "mean", mean, rs.rows, x);
+  if (centered) check_stat(info.name, "mean", mean, rs.rows, x);
   check_stat(info.name, "rstd", rstd, rs.rows, x);
   const DType stat = norm_stat_dtype(x.dtype());
   Tensor dx = output_mask[0] ? alloc_output(x.sizes(), x.dtype(), x.device()) : Tensor();
@@ -179,9 +183,22 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
   Tensor db = output_mask[2] ? alloc_output(normalized_shape, stat, x.device()) : Tensor();
   if (dx.defined() || dw.defined() || db.defined())
     norm_backends.get(info, x.device(), &NormKernels::layer_norm_backward)(
-        dx, dw, db, contiguous(to(grad_out, x.dtype())), contiguous(x), contiguous(mean),
-        contiguous(rstd), as_stat(weight, stat), rs.rows, rs.cols);
+        dx, dw, db, contiguous(to(grad_out, x.dtype())), contiguous(x),
+        centered ? contiguous(mean) : Tensor(), contiguous(rstd), as_stat(weight, stat), rs.rows,
+        rs.cols);
   return {dx, dw, db};
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                                       const Shape& normalized_shape,
+                                                       const Tensor& mean, const Tensor& rstd,
+                                                       const Tensor& weight,
+                                                       std::array<bool, 3> output_mask) {
+  static const OpInfo info("layer_norm_backward");
+  return row_norm_backward(info, true, grad_out, x, normalized_shape, mean, rstd, weight,
+                           output_mask);
 }
 
 // ---------------------------------------------------------------- rms_norm
@@ -208,19 +225,8 @@ std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tenso
                                              const Tensor& weight,
                                              std::array<bool, 2> output_mask) {
   static const OpInfo info("rms_norm_backward");
-  DispatchScope scope(info, x);
-  check_floating(info.name, "input", x);
-  check_grad_out(info.name, grad_out, x);
-  const RowShape rs = row_shape(info.name, x, normalized_shape);
-  check_affine(info.name, "weight", weight, x, normalized_shape);
-  check_stat(info.name, "rstd", rstd, rs.rows, x);
-  const DType stat = norm_stat_dtype(x.dtype());
-  Tensor dx = output_mask[0] ? alloc_output(x.sizes(), x.dtype(), x.device()) : Tensor();
-  Tensor dw = output_mask[1] ? alloc_output(normalized_shape, stat, x.device()) : Tensor();
-  if (dx.defined() || dw.defined())
-    norm_backends.get(info, x.device(), &NormKernels::layer_norm_backward)(
-        dx, dw, Tensor(), contiguous(to(grad_out, x.dtype())), contiguous(x), Tensor(),
-        contiguous(rstd), as_stat(weight, stat), rs.rows, rs.cols);
+  auto [dx, dw, db] = row_norm_backward(info, false, grad_out, x, normalized_shape, Tensor(), rstd,
+                                        weight, {output_mask[0], output_mask[1], false});
   return {dx, dw};
 }
 

@@ -7,48 +7,21 @@
 #include <limits>
 
 #include "tensor/pool/kernels.h"
+#include "tensor/pool/math.h"
 
 namespace tally::cpu {
 
 namespace {
-
-struct Planes {
-  int64_t planes, H, W, OH, OW;  // planes = N * C
-};
-
-Planes planes_of(const Tensor& in, const Tensor& out) {
-  return {in.size(0) * in.size(1), in.size(2), in.size(3), out.size(2), out.size(3)};
-}
 
 template <typename T>
 T* ptr(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
 
-// Window [start, end) of output cell i of an adaptive pool from `in` to `out` cells.
-int64_t adaptive_start(int64_t i, int64_t out, int64_t in) {
-  return (i * in) / out;
-}
-int64_t adaptive_end(int64_t i, int64_t out, int64_t in) {
-  return ((i + 1) * in + out - 1) / out;
-}
-
-// An average window: its clipped bounds and divisor (PyTorch's avg_pool2d rules).
-struct AvgWindow {
-  int64_t h0, h1, w0, w1, divisor;
-  bool empty() const { return h0 >= h1 || w0 >= w1; }
-};
-
-AvgWindow avg_window(int64_t oh, int64_t ow, int64_t H, int64_t W, const ops::Pool2dParams& p) {
-  int64_t h0 = oh * p.sH - p.pH, w0 = ow * p.sW - p.pW;
-  int64_t h1 = std::min(h0 + p.kH, H + p.pH), w1 = std::min(w0 + p.kW, W + p.pW);
-  const int64_t padded_size = (h1 - h0) * (w1 - w0);
-  h0 = std::max<int64_t>(h0, 0), w0 = std::max<int64_t>(w0, 0);
-  h1 = std::min(h1, H), w1 = std::min(w1, W);
-  const int64_t divisor =
-      p.divisor > 0 ? p.divisor : (p.count_include_pad ? padded_size : (h1 - h0) * (w1 - w0));
-  return {h0, h1, w0, w1, divisor};
-}
+using math::adaptive_end;
+using math::adaptive_start;
+using math::avg_window;
+using math::AvgWindow;
 
 void max_pool2d_forward(const Tensor& out, const Tensor& indices, const Tensor& input,
                         const ops::Pool2dParams& p) {
@@ -203,13 +176,6 @@ void adaptive_avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_o
 
 }  // namespace
 
-const PoolKernels pool_kernels{
-    .max_pool2d_forward = &max_pool2d_forward,
-    .max_pool2d_backward = &max_pool2d_backward,
-    .avg_pool2d_forward = &avg_pool2d_forward,
-    .avg_pool2d_backward = &avg_pool2d_backward,
-    .adaptive_avg_pool2d_forward = &adaptive_avg_pool2d_forward,
-    .adaptive_avg_pool2d_backward = &adaptive_avg_pool2d_backward,
-};
+const PoolKernels pool_kernels{TALLY_POOL_KERNELS};
 
 }  // namespace tally::cpu

@@ -9,6 +9,7 @@
 #include "tensor/cuda/fast_div.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/pool/kernels.h"
+#include "tensor/pool/math.h"
 
 namespace tally::cuda {
 
@@ -25,39 +26,10 @@ int blocks_for(int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-struct Planes {
-  int64_t planes, H, W, OH, OW;  // planes = N * C
-};
-
-Planes planes_of(const Tensor& in, const Tensor& out) {
-  return {in.size(0) * in.size(1), in.size(2), in.size(3), out.size(2), out.size(3)};
-}
-
-// Window [start, end) of output cell i of an adaptive pool from `in` to `out` cells.
-__device__ __forceinline__ int64_t adaptive_start(int64_t i, int64_t out, int64_t in) {
-  return (i * in) / out;
-}
-__device__ __forceinline__ int64_t adaptive_end(int64_t i, int64_t out, int64_t in) {
-  return ((i + 1) * in + out - 1) / out;
-}
-
-// An average window: its clipped bounds and divisor (PyTorch's avg_pool2d rules).
-struct AvgWindow {
-  int64_t h0, h1, w0, w1, divisor;
-  __device__ bool empty() const { return h0 >= h1 || w0 >= w1; }
-};
-
-__device__ __forceinline__ AvgWindow avg_window(int64_t oh, int64_t ow, int64_t H, int64_t W,
-                                                const ops::Pool2dParams& p) {
-  int64_t h0 = oh * p.sH - p.pH, w0 = ow * p.sW - p.pW;
-  int64_t h1 = min(h0 + p.kH, H + p.pH), w1 = min(w0 + p.kW, W + p.pW);
-  const int64_t padded_size = (h1 - h0) * (w1 - w0);
-  h0 = max(h0, int64_t{0}), w0 = max(w0, int64_t{0});
-  h1 = min(h1, H), w1 = min(w1, W);
-  const int64_t divisor =
-      p.divisor > 0 ? p.divisor : (p.count_include_pad ? padded_size : (h1 - h0) * (w1 - w0));
-  return {h0, h1, w0, w1, divisor};
-}
+using math::adaptive_end;
+using math::adaptive_start;
+using math::avg_window;
+using math::AvgWindow;
 
 // ------------------------------------------------------------------ kernels
 
@@ -305,70 +277,60 @@ void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
   check_launch(l.name_);
 }
 
+// The average poolings' launches (avg_pool2d, adaptive_avg_pool2d) over n threads: one an
+// output element forward, one a grad_input element backward (each writes its element whole,
+// so grad_input needs no zeroing). launch.template operator()<T>(n, stream) enqueues the kernel
+// for device type T, the dtype of `in` (input, or grad_output).
+template <typename F>
+void launch_average(const char* name, const char* op, int64_t n, const Tensor& in, F&& launch) {
+  if (n == 0) return;
+  Launch l(name, in);
+  TALLY_DISPATCH_FLOAT(in.dtype(), op,
+                       [&] { launch.template operator()<dev_t<scalar_t>>(n, l.stream_); });
+  check_launch(l.name_);
+}
+
 void avg_pool2d_forward(const Tensor& out, const Tensor& input, const ops::Pool2dParams& p) {
   const Planes g = planes_of(input, out);
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  Launch l("avg_pool2d (CUDA)", input);
-  TALLY_DISPATCH_FLOAT(input.dtype(), "avg_pool2d", [&] {
-    using T = dev_t<scalar_t>;
-    avg_pool_forward_kernel<T>
-        <<<blocks_for(n), kThreads, 0, l.stream_>>>(ptr<const T>(input), ptr<T>(out), g, p, n);
-  });
-  check_launch(l.name_);
+  launch_average("avg_pool2d (CUDA)", "avg_pool2d", out.numel(), input,
+                 [&]<typename T>(int64_t n, cudaStream_t st) {
+                   avg_pool_forward_kernel<T><<<blocks_for(n), kThreads, 0, st>>>(
+                       ptr<const T>(input), ptr<T>(out), g, p, n);
+                 });
 }
 
 void avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
                          const ops::Pool2dParams& p) {
   const Planes g = planes_of(grad_input, grad_output);
   check_grad_dtype("avg_pool2d_backward", grad_input, grad_output);
-  const int64_t n = grad_input.numel();
-  if (n == 0) return;
-  Launch l("avg_pool2d_backward (CUDA)", grad_output);
-  TALLY_DISPATCH_FLOAT(grad_output.dtype(), "avg_pool2d_backward", [&] {
-    using T = dev_t<scalar_t>;
-    avg_pool_backward_kernel<T><<<blocks_for(n), kThreads, 0, l.stream_>>>(
-        ptr<dacc_t<T>>(grad_input), ptr<const T>(grad_output), g, p, n);
-  });
-  check_launch(l.name_);
+  launch_average("avg_pool2d_backward (CUDA)", "avg_pool2d_backward", grad_input.numel(),
+                 grad_output, [&]<typename T>(int64_t n, cudaStream_t st) {
+                   avg_pool_backward_kernel<T><<<blocks_for(n), kThreads, 0, st>>>(
+                       ptr<dacc_t<T>>(grad_input), ptr<const T>(grad_output), g, p, n);
+                 });
 }
 
 void adaptive_avg_pool2d_forward(const Tensor& out, const Tensor& input) {
   const Planes g = planes_of(input, out);
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  Launch l("adaptive_avg_pool2d (CUDA)", input);
-  TALLY_DISPATCH_FLOAT(input.dtype(), "adaptive_avg_pool2d", [&] {
-    using T = dev_t<scalar_t>;
-    adaptive_forward_kernel<T>
-        <<<blocks_for(n), kThreads, 0, l.stream_>>>(ptr<const T>(input), ptr<T>(out), g, n);
-  });
-  check_launch(l.name_);
+  launch_average("adaptive_avg_pool2d (CUDA)", "adaptive_avg_pool2d", out.numel(), input,
+                 [&]<typename T>(int64_t n, cudaStream_t st) {
+                   adaptive_forward_kernel<T>
+                       <<<blocks_for(n), kThreads, 0, st>>>(ptr<const T>(input), ptr<T>(out), g, n);
+                 });
 }
 
 void adaptive_avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output) {
   const Planes g = planes_of(grad_input, grad_output);
   check_grad_dtype("adaptive_avg_pool2d_backward", grad_input, grad_output);
-  const int64_t n = grad_input.numel();
-  if (n == 0) return;
-  Launch l("adaptive_avg_pool2d_backward (CUDA)", grad_output);
-  TALLY_DISPATCH_FLOAT(grad_output.dtype(), "adaptive_avg_pool2d_backward", [&] {
-    using T = dev_t<scalar_t>;
-    adaptive_backward_kernel<T><<<blocks_for(n), kThreads, 0, l.stream_>>>(
-        ptr<dacc_t<T>>(grad_input), ptr<const T>(grad_output), g, n);
-  });
-  check_launch(l.name_);
+  launch_average("adaptive_avg_pool2d_backward (CUDA)", "adaptive_avg_pool2d_backward",
+                 grad_input.numel(), grad_output, [&]<typename T>(int64_t n, cudaStream_t st) {
+                   adaptive_backward_kernel<T><<<blocks_for(n), kThreads, 0, st>>>(
+                       ptr<dacc_t<T>>(grad_input), ptr<const T>(grad_output), g, n);
+                 });
 }
 
 }  // namespace
 
-const PoolKernels pool_kernels{
-    .max_pool2d_forward = &max_pool2d_forward,
-    .max_pool2d_backward = &max_pool2d_backward,
-    .avg_pool2d_forward = &avg_pool2d_forward,
-    .avg_pool2d_backward = &avg_pool2d_backward,
-    .adaptive_avg_pool2d_forward = &adaptive_avg_pool2d_forward,
-    .adaptive_avg_pool2d_backward = &adaptive_avg_pool2d_backward,
-};
+const PoolKernels pool_kernels{TALLY_POOL_KERNELS};
 
 }  // namespace tally::cuda

@@ -21,6 +21,14 @@
 
 namespace tally {
 
+// The sizes both backends' loops run over: input planes [N * C] of H x W, output OH x OW.
+struct Planes {
+  int64_t planes, H, W, OH, OW;  // planes = N * C
+};
+inline Planes planes_of(const Tensor& in, const Tensor& out) {
+  return {in.size(0) * in.size(1), in.size(2), in.size(3), out.size(2), out.size(3)};
+}
+
 struct PoolKernels {
   void (*max_pool2d_forward)(const Tensor& out, const Tensor& indices, const Tensor& input,
                              const ops::Pool2dParams& p);
@@ -39,5 +47,14 @@ struct PoolKernels {
 // cpu::pool_kernels (tensor/pool/cpu.cpp), cuda::pool_kernels (tensor/pool/cuda.cu), pool_backends
 // (tensor/backends.cpp).
 TALLY_DECLARE_KERNELS(PoolKernels, pool_kernels, pool_backends);
+
+// The table's entries in member order, each the backend's kernel of the member's name: each
+// backend defines its table as `const PoolKernels pool_kernels{TALLY_POOL_KERNELS};`, so the list
+// of kernels is written once.
+#define TALLY_POOL_KERNELS                                                                \
+  .max_pool2d_forward = &max_pool2d_forward, .max_pool2d_backward = &max_pool2d_backward, \
+  .avg_pool2d_forward = &avg_pool2d_forward, .avg_pool2d_backward = &avg_pool2d_backward, \
+  .adaptive_avg_pool2d_forward = &adaptive_avg_pool2d_forward,                            \
+  .adaptive_avg_pool2d_backward = &adaptive_avg_pool2d_backward
 
 }  // namespace tally

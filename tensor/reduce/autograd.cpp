@@ -115,19 +115,6 @@ Tensor amin(const Tensor& x, const Shape& dims, bool keepdim) {
   return record_extreme("AminBackward", x, out, wrapped_dims(dims, x.dim(), "amin"), keepdim);
 }
 
-Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
-  return o::argmax(x, dim, keepdim);
-}
-Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) {
-  return o::argmin(x, dim, keepdim);
-}
-Tensor argmax(const Tensor& x) {
-  return o::argmax(x);
-}
-Tensor argmin(const Tensor& x) {
-  return o::argmin(x);
-}
-
 // ---------------------------------------------------------------- statistics
 
 Tensor var(const Tensor& x, const Shape& dims, double correction, bool keepdim) {

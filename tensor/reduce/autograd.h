@@ -21,11 +21,10 @@ Tensor min(const Tensor& x);
 // Over `dims` (empty = all).
 Tensor amax(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
 Tensor amin(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
-// int64 indices; without a dim, into the flattened input.
-Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
-Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
-Tensor argmax(const Tensor& x);
-Tensor argmin(const Tensor& x);
+// int64 indices; without a dim, into the flattened input. No gradient: the raw ops are the
+// differentiable ones.
+using ops::argmax;
+using ops::argmin;
 
 // torch.var / torch.std over `dims` (empty = all), divisor max(0, N - correction).
 Tensor var(const Tensor& x, const Shape& dims = {}, double correction = 1.0, bool keepdim = false);

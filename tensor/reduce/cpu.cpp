@@ -57,22 +57,19 @@ void select_dim(const Tensor& values, const Tensor& indices, const Tensor& x, in
     const T* px = base<T>(x);
     T* pv = values.defined() ? base<T>(values) : nullptr;
     int64_t* pi = base<int64_t>(indices);
-    for_each_kept<3>(x.sizes(), reduce,
-                     {x.strides().data(), v_or_i.strides().data(), indices.strides().data()},
-                     {x.storage_offset(), v_or_i.storage_offset(), indices.storage_offset()},
-                     [&](std::array<int64_t, 3> o) {
-                       A best = static_cast<A>(px[o[0]]);
-                       int64_t bi = 0;
-                       for (int64_t i = 1; i < n; ++i) {
-                         const A v = static_cast<A>(px[o[0] + i * xs]);
-                         if (better<IsMax>(v, best)) {
-                           best = v;
-                           bi = i;
-                         }
-                       }
-                       if (pv) pv[o[1]] = px[o[0] + bi * xs];
-                       pi[o[2]] = bi;
-                     });
+    for_each_kept<3>(reduce, {&x, &v_or_i, &indices}, [&](std::array<int64_t, 3> o) {
+      A best = static_cast<A>(px[o[0]]);
+      int64_t bi = 0;
+      for (int64_t i = 1; i < n; ++i) {
+        const A v = static_cast<A>(px[o[0] + i * xs]);
+        if (better<IsMax>(v, best)) {
+          best = v;
+          bi = i;
+        }
+      }
+      if (pv) pv[o[1]] = px[o[0] + bi * xs];
+      pi[o[2]] = bi;
+    });
   });
 }
 
@@ -84,19 +81,17 @@ void extreme(const Tensor& out, const Tensor& x, const std::vector<bool>& reduce
     using A = acc_t<T>;
     const T* px = base<T>(x);
     T* po = base<T>(out);
-    for_each_kept<2>(
-        x.sizes(), reduce, {x.strides().data(), out.strides().data()},
-        {x.storage_offset(), out.storage_offset()}, [&](std::array<int64_t, 2> o) {
-          bool first = true;
-          T best{};
-          block.for_each(o[0], [&](int64_t off) {
-            if (first || better<IsMax>(static_cast<A>(px[off]), static_cast<A>(best))) {
-              best = px[off];
-              first = false;
-            }
-          });
-          po[o[1]] = best;
-        });
+    for_each_kept<2>(reduce, {&x, &out}, [&](std::array<int64_t, 2> o) {
+      bool first = true;
+      T best{};
+      block.for_each(o[0], [&](int64_t off) {
+        if (first || better<IsMax>(static_cast<A>(px[off]), static_cast<A>(best))) {
+          best = px[off];
+          first = false;
+        }
+      });
+      po[o[1]] = best;
+    });
   });
 }
 
@@ -123,23 +118,20 @@ void var(const Tensor& out, const Tensor& x, const std::vector<bool>& reduce, do
     using A = acc_t<T>;
     const T* px = base<T>(x);
     T* po = base<T>(out);
-    for_each_kept<2>(x.sizes(), reduce, {x.strides().data(), out.strides().data()},
-                     {x.storage_offset(), out.storage_offset()}, [&](std::array<int64_t, 2> o) {
-                       // Two passes: the mean, then the squared deviations from it.
-                       double s = 0.0;
-                       block.for_each(o[0], [&](int64_t off) {
-                         s += static_cast<double>(static_cast<A>(px[off]));
-                       });
-                       const double mean = s / n;
-                       double ss = 0.0;
-                       block.for_each(o[0], [&](int64_t off) {
-                         const double dv = static_cast<double>(static_cast<A>(px[off])) - mean;
-                         ss += dv * dv;
-                       });
-                       double r = ss / divisor;
-                       if (take_sqrt) r = std::sqrt(r);
-                       po[o[1]] = static_cast<T>(static_cast<A>(r));
-                     });
+    for_each_kept<2>(reduce, {&x, &out}, [&](std::array<int64_t, 2> o) {
+      // Two passes: the mean, then the squared deviations from it.
+      double s = 0.0;
+      block.for_each(o[0], [&](int64_t off) { s += static_cast<double>(static_cast<A>(px[off])); });
+      const double mean = s / n;
+      double ss = 0.0;
+      block.for_each(o[0], [&](int64_t off) {
+        const double dv = static_cast<double>(static_cast<A>(px[off])) - mean;
+        ss += dv * dv;
+      });
+      double r = ss / divisor;
+      if (take_sqrt) r = std::sqrt(r);
+      po[o[1]] = static_cast<T>(static_cast<A>(r));
+    });
   });
 }
 
@@ -150,21 +142,20 @@ void logsumexp(const Tensor& out, const Tensor& x, const std::vector<bool>& redu
     using A = acc_t<T>;
     const T* px = base<T>(x);
     T* po = base<T>(out);
-    for_each_kept<2>(x.sizes(), reduce, {x.strides().data(), out.strides().data()},
-                     {x.storage_offset(), out.storage_offset()}, [&](std::array<int64_t, 2> o) {
-                       double m = -std::numeric_limits<double>::infinity();
-                       block.for_each(o[0], [&](int64_t off) {
-                         const auto v = static_cast<double>(static_cast<A>(px[off]));
-                         if (v > m) m = v;
-                       });
-                       // An infinite max (all -inf, or some +inf) shifts by 0: -inf, +inf.
-                       const double shift = std::isfinite(m) ? m : 0.0;
-                       double s = 0.0;
-                       block.for_each(o[0], [&](int64_t off) {
-                         s += std::exp(static_cast<double>(static_cast<A>(px[off])) - shift);
-                       });
-                       po[o[1]] = static_cast<T>(static_cast<A>(std::log(s) + shift));
-                     });
+    for_each_kept<2>(reduce, {&x, &out}, [&](std::array<int64_t, 2> o) {
+      double m = -std::numeric_limits<double>::infinity();
+      block.for_each(o[0], [&](int64_t off) {
+        const auto v = static_cast<double>(static_cast<A>(px[off]));
+        if (v > m) m = v;
+      });
+      // An infinite max (all -inf, or some +inf) shifts by 0: -inf, +inf.
+      const double shift = std::isfinite(m) ? m : 0.0;
+      double s = 0.0;
+      block.for_each(o[0], [&](int64_t off) {
+        s += std::exp(static_cast<double>(static_cast<A>(px[off])) - shift);
+      });
+      po[o[1]] = static_cast<T>(static_cast<A>(std::log(s) + shift));
+    });
   });
 }
 
@@ -178,31 +169,20 @@ void value_selecting_reduction_backward(const Tensor& grad_input, const Tensor& 
     T* pgi = base<T>(grad_input);
     const T* pg = base<T>(grad);
     const int64_t* pi = base<int64_t>(indices);
-    for_each_kept<3>(grad_input.sizes(), reduce,
-                     {grad_input.strides().data(), grad.strides().data(), indices.strides().data()},
-                     {grad_input.storage_offset(), grad.storage_offset(), indices.storage_offset()},
-                     [&](std::array<int64_t, 3> o) {
-                       const int64_t i = pi[o[2]];
-                       if (i < 0 || i >= n)
-                         throw std::out_of_range(fmt::format(
-                             "value_selecting_reduction_backward: index {} is out of bounds for "
-                             "dim {} of size {}",
-                             i, dim, n));
-                       pgi[o[0] + i * gs] = pg[o[1]];
-                     });
+    for_each_kept<3>(reduce, {&grad_input, &grad, &indices}, [&](std::array<int64_t, 3> o) {
+      const int64_t i = pi[o[2]];
+      if (i < 0 || i >= n)
+        throw std::out_of_range(
+            fmt::format("value_selecting_reduction_backward: index {} is out of bounds for "
+                        "dim {} of size {}",
+                        i, dim, n));
+      pgi[o[0] + i * gs] = pg[o[1]];
+    });
   });
 }
 
 }  // namespace
 
-const ReduceKernels reduce_kernels{
-    .max_dim = &max_dim,
-    .min_dim = &min_dim,
-    .amax = &amax,
-    .amin = &amin,
-    .var = &var,
-    .logsumexp = &logsumexp,
-    .value_selecting_reduction_backward = &value_selecting_reduction_backward,
-};
+const ReduceKernels reduce_kernels{TALLY_REDUCE_KERNELS};
 
 }  // namespace tally::cpu

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <utility>
 #include <vector>
 
 #include "tensor/cpu/loops.h"
@@ -32,6 +33,20 @@ void for_each_kept(const Shape& sizes, const std::vector<bool>& reduce,
                       for (size_t k = 0; k < N; ++k) o[k] += st[k];
                     }
                   });
+}
+
+// The same over tensors of one shape: the kept positions of operands[0]'s sizes, offsets[k]
+// from operands[k]'s strides and storage offset.
+template <size_t N, typename Fn>
+void for_each_kept(const std::vector<bool>& reduce, const std::array<const Tensor*, N>& operands,
+                   Fn&& fn) {
+  std::array<const int64_t*, N> strides;
+  std::array<int64_t, N> offsets;
+  for (size_t k = 0; k < N; ++k) {
+    strides[k] = operands[k]->strides().data();
+    offsets[k] = operands[k]->storage_offset();
+  }
+  for_each_kept<N>(operands[0]->sizes(), reduce, strides, offsets, std::forward<Fn>(fn));
 }
 
 // The reduced dims of a tensor (sizes/strides, with the dims in `reduce`), merged where

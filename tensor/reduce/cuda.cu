@@ -266,14 +266,6 @@ void value_selecting_reduction_backward(const Tensor& grad_input, const Tensor& 
 
 }  // namespace
 
-const ReduceKernels reduce_kernels{
-    .max_dim = &max_dim,
-    .min_dim = &min_dim,
-    .amax = &amax,
-    .amin = &amin,
-    .var = &var,
-    .logsumexp = &logsumexp,
-    .value_selecting_reduction_backward = &value_selecting_reduction_backward,
-};
+const ReduceKernels reduce_kernels{TALLY_REDUCE_KERNELS};
 
 }  // namespace tally::cuda

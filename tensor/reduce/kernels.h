@@ -43,4 +43,12 @@ struct ReduceKernels {
 // reduce_backends (tensor/backends.cpp).
 TALLY_DECLARE_KERNELS(ReduceKernels, reduce_kernels, reduce_backends);
 
+// The table's entries in member order, each the backend's kernel of the member's name: each
+// backend defines its table as `const ReduceKernels reduce_kernels{TALLY_REDUCE_KERNELS};`, so the
+// list of kernels is written once.
+#define TALLY_REDUCE_KERNELS                                                           \
+  .max_dim = &max_dim, .min_dim = &min_dim, .amax = &amax, .amin = &amin, .var = &var, \
+  .logsumexp = &logsumexp,                                                             \
+  .value_selecting_reduction_backward = &value_selecting_reduction_backward
+
 }  // namespace tally

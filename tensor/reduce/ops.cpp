@@ -86,6 +86,13 @@ Tensor extreme(const OpInfo& info, MaskReduceKernel kernel, const Tensor& x, con
   return p.out_shape == p.kept ? out : view(out, p.out_shape);
 }
 
+// max / min / argmax / argmin without a dim reduce every element: x must not be empty.
+void check_not_empty(const OpInfo& info, const Tensor& x) {
+  if (x.numel() == 0)
+    throw std::invalid_argument(fmt::format("{}: expected a non-empty input without a dim, got {}",
+                                            info.name, x.shape_string()));
+}
+
 Tensor flat(const Tensor& x) {
   return reshape(x, {x.numel()});
 }
@@ -120,17 +127,13 @@ ValuesIndices min(const Tensor& x, int64_t dim, bool keepdim) {
 
 Tensor max(const Tensor& x) {
   static const OpInfo info("max");
-  if (x.numel() == 0)
-    throw std::invalid_argument(
-        fmt::format("max: expected a non-empty input without a dim, got {}", x.shape_string()));
+  check_not_empty(info, x);
   return extreme(info, &ReduceKernels::amax, x, {}, false);
 }
 
 Tensor min(const Tensor& x) {
   static const OpInfo info("min");
-  if (x.numel() == 0)
-    throw std::invalid_argument(
-        fmt::format("min: expected a non-empty input without a dim, got {}", x.shape_string()));
+  check_not_empty(info, x);
   return extreme(info, &ReduceKernels::amin, x, {}, false);
 }
 
@@ -156,17 +159,13 @@ Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) {
 
 Tensor argmax(const Tensor& x) {
   static const OpInfo info("argmax");
-  if (x.numel() == 0)
-    throw std::invalid_argument(
-        fmt::format("argmax: expected a non-empty input without a dim, got {}", x.shape_string()));
+  check_not_empty(info, x);
   return select_dim(info, &ReduceKernels::max_dim, flat(x), 0, false, false).indices;
 }
 
 Tensor argmin(const Tensor& x) {
   static const OpInfo info("argmin");
-  if (x.numel() == 0)
-    throw std::invalid_argument(
-        fmt::format("argmin: expected a non-empty input without a dim, got {}", x.shape_string()));
+  check_not_empty(info, x);
   return select_dim(info, &ReduceKernels::min_dim, flat(x), 0, false, false).indices;
 }
 

@@ -14,24 +14,31 @@ using autograd::BackwardContext;
 using autograd::record;
 namespace o = ops;
 
-Tensor softmax(const Tensor& x_, int64_t dim) {
-  const auto [x] = autocast::fp32("softmax", x_);
-  Tensor out = o::softmax(x, dim);
-  record("SoftmaxBackward", {x}, {out}, {out},
-         [dim](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           return {o::softmax_backward(g[0], ctx.saved(0), dim)};
+namespace {
+
+// softmax and log_softmax: float32 under autocast; the backward reads the output.
+Tensor softmax_op(const char* name, const char* backward_name,
+                  Tensor (*forward)(const Tensor&, int64_t),
+                  Tensor (*backward)(const Tensor&, const Tensor&, int64_t), const Tensor& x_,
+                  int64_t dim) {
+  const auto [x] = autocast::fp32(name, x_);
+  Tensor out = forward(x, dim);
+  record(backward_name, {x}, {out}, {out},
+         [dim, backward](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {backward(g[0], ctx.saved(0), dim)};
          });
   return out;
 }
 
-Tensor log_softmax(const Tensor& x_, int64_t dim) {
-  const auto [x] = autocast::fp32("log_softmax", x_);
-  Tensor out = o::log_softmax(x, dim);
-  record("LogSoftmaxBackward", {x}, {out}, {out},
-         [dim](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           return {o::log_softmax_backward(g[0], ctx.saved(0), dim)};
-         });
-  return out;
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return softmax_op("softmax", "SoftmaxBackward", &o::softmax, &o::softmax_backward, x, dim);
+}
+
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  return softmax_op("log_softmax", "LogSoftmaxBackward", &o::log_softmax, &o::log_softmax_backward,
+                    x, dim);
 }
 
 Tensor cross_entropy(const Tensor& input_, const Tensor& target, int64_t ignore_index,

@@ -58,23 +58,21 @@ void softmax(const Tensor& out, const Tensor& x, int64_t dim, bool log) {
     using A = acc_t<T>;
     const T* px = base<T>(x);
     T* po = base<T>(out);
-    for_each_kept<2>(
-        x.sizes(), only_dim(x.dim(), dim), {x.strides().data(), out.strides().data()},
-        {x.storage_offset(), out.storage_offset()}, [&](std::array<int64_t, 2> o) {
-          const RowStats<T> st = row_stats(px + o[0], n, xs);
-          if (log) {
-            // (x - max) - log(sum): accurate for large logits, unlike x - (max + log(sum)).
-            const A log_sum = std::log(st.sum);
-            for (int64_t i = 0; i < n; ++i)
-              po[o[1] + i * os] =
-                  static_cast<T>((static_cast<A>(px[o[0] + i * xs]) - st.max) - log_sum);
-          } else {
-            const A inv = A(1) / st.sum;
-            for (int64_t i = 0; i < n; ++i)
-              po[o[1] + i * os] =
-                  static_cast<T>(std::exp(static_cast<A>(px[o[0] + i * xs]) - st.max) * inv);
-          }
-        });
+    for_each_kept<2>(only_dim(x.dim(), dim), {&x, &out}, [&](std::array<int64_t, 2> o) {
+      const RowStats<T> st = row_stats(px + o[0], n, xs);
+      if (log) {
+        // (x - max) - log(sum): accurate for large logits, unlike x - (max + log(sum)).
+        const A log_sum = std::log(st.sum);
+        for (int64_t i = 0; i < n; ++i)
+          po[o[1] + i * os] =
+              static_cast<T>((static_cast<A>(px[o[0] + i * xs]) - st.max) - log_sum);
+      } else {
+        const A inv = A(1) / st.sum;
+        for (int64_t i = 0; i < n; ++i)
+          po[o[1] + i * os] =
+              static_cast<T>(std::exp(static_cast<A>(px[o[0] + i * xs]) - st.max) * inv);
+      }
+    });
   });
 }
 
@@ -89,9 +87,7 @@ void softmax_backward(const Tensor& grad_input, const Tensor& grad, const Tensor
     T* pgi = base<T>(grad_input);
     const T* pg = base<T>(grad);
     const T* py = base<T>(y);
-    for_each_kept<3>(y.sizes(), only_dim(y.dim(), dim),
-                     {grad_input.strides().data(), grad.strides().data(), y.strides().data()},
-                     {grad_input.storage_offset(), grad.storage_offset(), y.storage_offset()},
+    for_each_kept<3>(only_dim(y.dim(), dim), {&grad_input, &grad, &y},
                      [&](std::array<int64_t, 3> o) {
                        auto g = [&](int64_t i) { return static_cast<A>(pg[o[1] + i * gs]); };
                        auto yv = [&](int64_t i) { return static_cast<A>(py[o[2] + i * ys]); };
@@ -303,13 +299,6 @@ void nll_loss_backward(const Tensor& grad_input, const Tensor& grad, const Tenso
 
 }  // namespace
 
-const SoftmaxKernels softmax_kernels{
-    .softmax = &softmax,
-    .softmax_backward = &softmax_backward,
-    .cross_entropy = &cross_entropy,
-    .cross_entropy_backward = &cross_entropy_backward,
-    .nll_loss = &nll_loss,
-    .nll_loss_backward = &nll_loss_backward,
-};
+const SoftmaxKernels softmax_kernels{TALLY_SOFTMAX_KERNELS};
 
 }  // namespace tally::cpu

@@ -511,6 +511,15 @@ Tensor count_targets(const Tensor& target, const Shape& kept, int64_t nrows, int
   return count;
 }
 
+// The divisor of a mean reduction (the targets counted by count_targets); undefined for the
+// other reductions.
+Tensor mean_count(ops::LossReduction reduction, const Tensor& target, const Shape& kept,
+                  int64_t nrows, int64_t ignore_index, int dev, const char* name) {
+  return reduction == ops::LossReduction::mean
+             ? count_targets(target, kept, nrows, ignore_index, dev, name)
+             : Tensor();
+}
+
 // ------------------------------------------------------------------ entry points
 
 void softmax(const Tensor& out, const Tensor& x, int64_t dim, bool log) {
@@ -626,10 +635,8 @@ void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const 
   NvtxRange range("cross_entropy_backward");
   const int dev = input.device().index;
   DeviceGuard guard(dev);
-  const Tensor count =
-      reduction == ops::LossReduction::mean
-          ? count_targets(target, kept, nrows, ignore_index, dev, "cross_entropy_backward (count)")
-          : Tensor();
+  const Tensor count = mean_count(reduction, target, kept, nrows, ignore_index, dev,
+                                  "cross_entropy_backward (count)");
   const int64_t* pc = count.defined() ? static_cast<const int64_t*>(count.data_ptr()) : nullptr;
   const Shape zero(static_cast<size_t>(input.dim()), 0);
   const Indexer<5> ix = make_indexer<5>(
@@ -695,9 +702,7 @@ void nll_loss_backward(const Tensor& grad_input, const Tensor& grad, const Tenso
   const int dev = grad_input.device().index;
   DeviceGuard guard(dev);
   const Tensor count =
-      reduction == ops::LossReduction::mean
-          ? count_targets(target, kept, nrows, ignore_index, dev, "nll_loss_backward (count)")
-          : Tensor();
+      mean_count(reduction, target, kept, nrows, ignore_index, dev, "nll_loss_backward (count)");
   const int64_t* pc = count.defined() ? static_cast<const int64_t*>(count.data_ptr()) : nullptr;
   const Shape zero(static_cast<size_t>(grad_input.dim()), 0);
   const Indexer<3> ix = make_indexer<3>(
@@ -715,13 +720,6 @@ void nll_loss_backward(const Tensor& grad_input, const Tensor& grad, const Tenso
 
 }  // namespace
 
-const SoftmaxKernels softmax_kernels{
-    .softmax = &softmax,
-    .softmax_backward = &softmax_backward,
-    .cross_entropy = &cross_entropy,
-    .cross_entropy_backward = &cross_entropy_backward,
-    .nll_loss = &nll_loss,
-    .nll_loss_backward = &nll_loss_backward,
-};
+const SoftmaxKernels softmax_kernels{TALLY_SOFTMAX_KERNELS};
 
 }  // namespace tally::cuda

@@ -57,4 +57,12 @@ struct SoftmaxKernels {
 // softmax_backends (tensor/backends.cpp).
 TALLY_DECLARE_KERNELS(SoftmaxKernels, softmax_kernels, softmax_backends);
 
+// The table's entries in member order, each the backend's kernel of the member's name: each
+// backend defines its table as `const SoftmaxKernels softmax_kernels{TALLY_SOFTMAX_KERNELS};`, so
+// the list of kernels is written once.
+#define TALLY_SOFTMAX_KERNELS                                                                  \
+  .softmax = &softmax, .softmax_backward = &softmax_backward, .cross_entropy = &cross_entropy, \
+  .cross_entropy_backward = &cross_entropy_backward, .nll_loss = &nll_loss,                    \
+  .nll_loss_backward = &nll_loss_backward
+
 }  // namespace tally

@@ -1,0 +1,39 @@
+// The window geometry of 2-D pooling, written once for the CPU reference (tensor/pool/cpu.cpp)
+// and the CUDA kernels (tensor/pool/cuda.cu, in device code): PyTorch's window rules for the
+// average and adaptive average poolings.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/elementwise/math.h"
+#include "tensor/pool/ops.h"
+
+namespace tally::math {
+
+// Window [start, end) of output cell i of an adaptive pool from `in` to `out` cells.
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE int64_t adaptive_start(int64_t i, int64_t out, int64_t in) {
+  return (i * in) / out;
+}
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE int64_t adaptive_end(int64_t i, int64_t out, int64_t in) {
+  return ((i + 1) * in + out - 1) / out;
+}
+
+// An average window: its clipped bounds and divisor (PyTorch's avg_pool2d rules).
+struct AvgWindow {
+  int64_t h0, h1, w0, w1, divisor;
+  TALLY_HOST_DEVICE bool empty() const { return h0 >= h1 || w0 >= w1; }
+};
+
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE AvgWindow avg_window(int64_t oh, int64_t ow, int64_t H,
+                                                          int64_t W, const ops::Pool2dParams& p) {
+  int64_t h0 = oh * p.sH - p.pH, w0 = ow * p.sW - p.pW;
+  int64_t h1 = min(h0 + p.kH, H + p.pH), w1 = min(w0 + p.kW, W + p.pW);
+  const int64_t padded_size = (h1 - h0) * (w1 - w0);
+  h0 = max(h0, int64_t{0}), w0 = max(w0, int64_t{0});
+  h1 = min(h1, H), w1 = min(w1, W);
+  const int64_t divisor =
+      p.divisor > 0 ? p.divisor : (p.count_include_pad ? padded_size : (h1 - h0) * (w1 - w0));
+  return {h0, h1, w0, w1, divisor};
+}
+
+}  // namespace tally::math
