@@ -55,6 +55,27 @@ struct BFloat16 {
 template <typename T>
 using acc_t = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
 
+// The DType of C++ type T (the inverse of TALLY_DISPATCH's scalar_t).
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>)
+    return DType::float32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::float64;
+  else if constexpr (std::is_same_v<T, Half>)
+    return DType::float16;
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return DType::bfloat16;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DType::int32;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DType::int64;
+  else if constexpr (std::is_same_v<T, bool>)
+    return DType::bool_;
+  else
+    static_assert(sizeof(T) == 0, "dtype_of: no DType for this type");
+}
+
 [[noreturn]] void unsupported_dtype(const char* op, DType t);
 
 // A library's code for a floating dtype (cuDNN's or cuBLAS's data type), from its codes for
