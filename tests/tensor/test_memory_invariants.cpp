@@ -11,15 +11,18 @@
 
 #include "memory/invariants.h"
 #include "tensor/attention/autograd.h"
-#include "tensor/attention/cuda.h"
 #include "tensor/conv/autograd.h"
-#include "tensor/cuda/cudnn.h"
-#include "tensor/linalg/cuda.h"
 #include "tensor/norm/autograd.h"
 #include "tensor/pool/autograd.h"
 #include "tensor/softmax/autograd.h"
 #include "testing/cuda_testing.h"
 #include "testing/devices.h"
+
+#if defined(TALLY_WITH_CUDA)
+#include "tensor/attention/cuda.h"
+#include "tensor/cuda/cudnn.h"
+#include "tensor/linalg/cuda.h"
+#endif
 
 namespace tally {
 namespace {
@@ -196,6 +199,7 @@ TEST_P(MemoryInvariants, Cnn) {
 
 TALLY_ON_DEVICES(MemoryInvariants);
 
+#if defined(TALLY_WITH_CUDA)  // the CUDA libraries' workspaces and settings
 // The CUDA libraries' workspaces (CUDA internals: accelerators only).
 class MemoryInvariantsCuda : public VsCpu {};
 
@@ -310,6 +314,7 @@ TEST_P(MemoryInvariantsCuda, CudnnAttentionWorkspaceFromAllocator) {
 }
 
 TALLY_VS_CPU(MemoryInvariantsCuda);
+#endif  // TALLY_WITH_CUDA
 
 }  // namespace
 }  // namespace tally

@@ -18,7 +18,7 @@
 // GPT's strided split-head views; the float32 kernels against the float64 reference;
 // scaled_dot_product_attention's routing to the fused path; cuDNN's fallback; and the memory: no
 // T x T matrix during a causal forward + backward. The environment switches (host only) run in
-// both binaries.
+// both binaries of a CUDA build.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -28,14 +28,17 @@
 #include <string>
 
 #include "tensor/attention/autograd.h"
-#include "tensor/attention/cuda.h"
 #include "tensor/attention/ops.h"
-#include "tensor/cuda/runtime.h"
 #include "tensor/linalg/ops.h"
 #include "tensor/shape/autograd.h"
 #include "tensor/softmax/autograd.h"
 #include "testing/cuda_testing.h"
 #include "testing/devices.h"
+
+#if defined(TALLY_WITH_CUDA)
+#include "tensor/attention/cuda.h"
+#include "tensor/cuda/runtime.h"
+#endif
 
 namespace tally {
 namespace {
@@ -278,6 +281,8 @@ TEST_P(FlashAttentionReference, PackedQkvIsReadAndWrittenInPlace) {
 }
 
 // ================================================================ CUDA against the CPU
+// (compiled where the CUDA backend is: its settings, counters and runtime are CUDA code)
+#if defined(TALLY_WITH_CUDA)
 
 struct Case {
   int64_t B, H, L, S, E;
@@ -749,6 +754,8 @@ TEST_P(AttentionVsCpu, Fp32SdpaTakesTheFusedPathWithTheCompositesGradients) {
                                         causal ? 800 : 810, fp32_tol(c, 1e-5), fp32_tol(c, 2e-5));
   }
 }
+
+#endif  // TALLY_WITH_CUDA
 
 }  // namespace
 }  // namespace tally
