@@ -225,7 +225,8 @@ class JsonReader {
 
 int64_t as_uint(const JsonReader& r, const JValue& v, const std::string& what) {
   const double* d = std::get_if<double>(&v.v);
-  if (!d || *d < 0 || *d != static_cast<double>(static_cast<int64_t>(*d)) || *d > 9.0e15)
+  // The range first: converting a double past int64 to int64 is undefined.
+  if (!d || !(*d >= 0 && *d <= 9.0e15) || *d != static_cast<double>(static_cast<int64_t>(*d)))
     r.fail_at(v.offset, what + " must be a non-negative integer");
   return static_cast<int64_t>(*d);
 }
