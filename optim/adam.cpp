@@ -35,15 +35,15 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions defaults)
 
 void Adam::check_options(const GroupOptions& o) const {
   const char* n = decoupled_ ? "AdamW" : "Adam";
-  if (o.at("lr") < 0)
+  if (!(o.at("lr") >= 0))  // PyTorch's `not 0.0 <= lr`: NaN is invalid too
     throw std::invalid_argument(fmt::format("{}: invalid learning rate {}", n, o.at("lr")));
-  if (o.at("eps") < 0)
+  if (!(o.at("eps") >= 0))
     throw std::invalid_argument(fmt::format("{}: invalid epsilon {}", n, o.at("eps")));
   for (const char* b : {"beta1", "beta2"})
-    if (o.at(b) < 0 || o.at(b) >= 1)
+    if (!(o.at(b) >= 0 && o.at(b) < 1))
       throw std::invalid_argument(
           fmt::format("{}: invalid {} {} (must be in [0, 1))", n, b, o.at(b)));
-  if (o.at("weight_decay") < 0)
+  if (!(o.at("weight_decay") >= 0))
     throw std::invalid_argument(
         fmt::format("{}: invalid weight_decay {}", n, o.at("weight_decay")));
 }

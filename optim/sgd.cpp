@@ -26,11 +26,11 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults) : Optimizer(defaul
 }
 
 void SGD::check_options(const GroupOptions& o) const {
-  if (o.at("lr") < 0)
+  if (!(o.at("lr") >= 0))  // PyTorch's `not 0.0 <= lr`: NaN is invalid too
     throw std::invalid_argument(fmt::format("SGD: invalid learning rate {}", o.at("lr")));
-  if (o.at("momentum") < 0)
+  if (!(o.at("momentum") >= 0))
     throw std::invalid_argument(fmt::format("SGD: invalid momentum {}", o.at("momentum")));
-  if (o.at("weight_decay") < 0)
+  if (!(o.at("weight_decay") >= 0))
     throw std::invalid_argument(fmt::format("SGD: invalid weight_decay {}", o.at("weight_decay")));
   if (o.at("nesterov") != 0 && (o.at("momentum") <= 0 || o.at("dampening") != 0))
     throw std::invalid_argument("SGD: Nesterov momentum requires a momentum and zero dampening");

@@ -266,6 +266,28 @@ TEST(Optimizer, ParamGroupsHaveTheirOwnOptions) {
       {"unknown", "betas"});
 }
 
+// PyTorch's checks (`not 0.0 <= lr`, ...): negative values and NaN are both invalid.
+TEST(Optimizer, RejectsNegativeAndNanHyperparameters) {
+  Tensor a = param({1.0});
+  for (double bad : {-0.1, std::nan("")}) {
+    SGDOptions s;
+    s.lr = bad;
+    testing::expect_error<std::invalid_argument>([&] { SGD({a}, s); }, {"SGD", "learning rate"});
+    s = SGDOptions{};
+    s.momentum = bad;
+    testing::expect_error<std::invalid_argument>([&] { SGD({a}, s); }, {"SGD", "momentum"});
+    AdamOptions o;
+    o.lr = bad;
+    testing::expect_error<std::invalid_argument>([&] { Adam({a}, o); }, {"Adam", "learning rate"});
+    o = AdamOptions{};
+    o.eps = bad;
+    testing::expect_error<std::invalid_argument>([&] { AdamW({a}, o); }, {"AdamW", "epsilon"});
+    o = AdamOptions{};
+    o.weight_decay = bad;
+    testing::expect_error<std::invalid_argument>([&] { Adam({a}, o); }, {"Adam", "weight_decay"});
+  }
+}
+
 TEST(Optimizer, StateIsLazyAndTaggedOptimizerState) {
   auto& alloc = memory::get_allocator(Device::cpu());
   auto cat = [&] { return alloc.stats().cat_bytes(memory::Category::optimizer_state).current; };
