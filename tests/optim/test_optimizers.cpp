@@ -3,6 +3,8 @@
 // and the errors for bad parameters.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "memory/memory.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
@@ -269,23 +271,20 @@ TEST(Optimizer, ParamGroupsHaveTheirOwnOptions) {
 // PyTorch's checks (`not 0.0 <= lr`, ...): negative values and NaN are both invalid.
 TEST(Optimizer, RejectsNegativeAndNanHyperparameters) {
   Tensor a = param({1.0});
-  for (double bad : {-0.1, std::nan("")}) {
-    SGDOptions s;
-    s.lr = bad;
-    testing::expect_error<std::invalid_argument>([&] { SGD({a}, s); }, {"SGD", "learning rate"});
-    s = SGDOptions{};
-    s.momentum = bad;
-    testing::expect_error<std::invalid_argument>([&] { SGD({a}, s); }, {"SGD", "momentum"});
-    AdamOptions o;
-    o.lr = bad;
-    testing::expect_error<std::invalid_argument>([&] { Adam({a}, o); }, {"Adam", "learning rate"});
-    o = AdamOptions{};
-    o.eps = bad;
-    testing::expect_error<std::invalid_argument>([&] { AdamW({a}, o); }, {"AdamW", "epsilon"});
-    o = AdamOptions{};
-    o.weight_decay = bad;
-    testing::expect_error<std::invalid_argument>([&] { Adam({a}, o); }, {"Adam", "weight_decay"});
-  }
+  struct Case {
+    std::function<void(double)> make;  // builds an optimizer with the value in one field
+    std::initializer_list<const char*> parts;
+  };
+  const Case cases[] = {
+      {[&](double v) { SGD({a}, SGDOptions{.lr = v}); }, {"SGD", "learning rate"}},
+      {[&](double v) { SGD({a}, SGDOptions{.momentum = v}); }, {"SGD", "momentum"}},
+      {[&](double v) { Adam({a}, AdamOptions{.lr = v}); }, {"Adam", "learning rate"}},
+      {[&](double v) { AdamW({a}, AdamOptions{.eps = v}); }, {"AdamW", "epsilon"}},
+      {[&](double v) { Adam({a}, AdamOptions{.weight_decay = v}); }, {"Adam", "weight_decay"}},
+  };
+  for (const Case& c : cases)
+    for (double bad : {-0.1, std::nan("")})
+      testing::expect_error<std::invalid_argument>([&] { c.make(bad); }, c.parts);
 }
 
 TEST(Optimizer, StateIsLazyAndTaggedOptimizerState) {
