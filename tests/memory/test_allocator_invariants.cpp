@@ -19,6 +19,33 @@
 namespace tally::memory {
 namespace {
 
+// A worker thread's live blocks, each marked at both ends with the thread's byte, so a block
+// handed out twice (to two threads at once) shows as a clash when it is freed.
+struct MarkedBlocks {
+  CachingAllocator& alloc;
+  unsigned char mark;
+  std::vector<std::pair<unsigned char*, size_t>> live;
+
+  void allocate(size_t n, StreamId stream) {
+    auto* p = static_cast<unsigned char*>(alloc.allocate(n, stream));
+    p[0] = p[n - 1] = mark;
+    live.emplace_back(p, n);
+  }
+  // Frees a random live block; false when its marks were overwritten.
+  bool free_random(std::mt19937_64& rng) {
+    const size_t k = rng() % live.size();
+    auto [p, n] = live[k];
+    const bool intact = p[0] == mark && p[n - 1] == mark;
+    alloc.deallocate(p);
+    live[k] = live.back();
+    live.pop_back();
+    return intact;
+  }
+  ~MarkedBlocks() {
+    for (auto [p, n] : live) alloc.deallocate(p);
+  }
+};
+
 size_t random_size(std::mt19937_64& rng) {
   std::uniform_int_distribution<int> kind(0, 9);
   const int k = kind(rng);
@@ -105,24 +132,15 @@ TEST(AllocatorInvariants, MultiThreadedStress) {
     threads.emplace_back([&, t] {
       std::mt19937_64 rng(100 + t);
       CategoryScope scope(kAllCategories[static_cast<size_t>(t)]);
-      std::vector<std::pair<unsigned char*, size_t>> live;
+      MarkedBlocks blocks{alloc, static_cast<unsigned char>(t + 1), {}};
       for (int i = 0; i < 20000; ++i) {
-        if (live.size() < 64 && (rng() % 3 != 0 || live.empty())) {
+        if (blocks.live.size() < 64 && (rng() % 3 != 0 || blocks.live.empty())) {
           const size_t n = std::uniform_int_distribution<size_t>(1, 3 * kMiB / 2)(rng);
-          auto* p = static_cast<unsigned char*>(alloc.allocate(n, static_cast<StreamId>(t % 2)));
-          p[0] = static_cast<unsigned char>(t + 1);  // a block handed out twice would clash
-          p[n - 1] = static_cast<unsigned char>(t + 1);
-          live.emplace_back(p, n);
-        } else {
-          const size_t k = rng() % live.size();
-          auto [p, n] = live[k];
-          if (p[0] != t + 1 || p[n - 1] != t + 1) ++corrupt;
-          alloc.deallocate(p);
-          live[k] = live.back();
-          live.pop_back();
+          blocks.allocate(n, static_cast<StreamId>(t % 2));
+        } else if (!blocks.free_random(rng)) {
+          ++corrupt;
         }
       }
-      for (auto [p, n] : live) alloc.deallocate(p);
     });
   }
   for (auto& th : threads) th.join();
@@ -173,26 +191,20 @@ TEST(AllocatorInvariants, ReportsWhileThreadsAllocate) {
     threads.emplace_back([&, t] {
       std::mt19937_64 rng(200 + t);
       CategoryScope scope(kAllCategories[static_cast<size_t>(t)]);
-      std::vector<std::pair<unsigned char*, size_t>> live;
-      for (int i = 0; i < 2000 || reports.load() < kRounds; ++i) {
-        const unsigned op = rng() % 8;
-        if (live.size() < 32 && (op < 5 || live.empty())) {
-          const size_t n = std::uniform_int_distribution<size_t>(1, 3 * kMiB)(rng);
-          auto* p = static_cast<unsigned char*>(alloc.allocate(n, static_cast<StreamId>(t % 2)));
-          p[0] = p[n - 1] = static_cast<unsigned char>(t + 1);
-          live.emplace_back(p, n);
-        } else if (op == 5) {
-          alloc.retag(live[rng() % live.size()].first, Category::activation);
-        } else {
-          const size_t k = rng() % live.size();
-          auto [p, n] = live[k];
-          if (p[0] != t + 1 || p[n - 1] != t + 1) ++corrupt;
-          alloc.deallocate(p);
-          live[k] = live.back();
-          live.pop_back();
+      {
+        MarkedBlocks blocks{alloc, static_cast<unsigned char>(t + 1), {}};
+        for (int i = 0; i < 2000 || reports.load() < kRounds; ++i) {
+          const unsigned op = rng() % 8;
+          if (blocks.live.size() < 32 && (op < 5 || blocks.live.empty())) {
+            const size_t n = std::uniform_int_distribution<size_t>(1, 3 * kMiB)(rng);
+            blocks.allocate(n, static_cast<StreamId>(t % 2));
+          } else if (op == 5) {
+            alloc.retag(blocks.live[rng() % blocks.live.size()].first, Category::activation);
+          } else if (!blocks.free_random(rng)) {
+            ++corrupt;
+          }
         }
-      }
-      for (auto [p, n] : live) alloc.deallocate(p);
+      }  // the rest of the blocks freed
       --running;
     });
   }
