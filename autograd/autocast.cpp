@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 #include <unordered_map>
+#include <vector>
 
 #include "autograd/node.h"
 #include "memory/context.h"
@@ -23,12 +24,15 @@ struct ThreadState {
   int nesting = 0;  // live autocast regions (guards and state scopes) on this thread
   // key: (source impl, target dtype)
   std::unordered_map<const TensorImpl*, CacheEntry> cache[2];  // by target: float16, bfloat16
+  // Each cache's keys in insertion order: the cache is emptied in this order, so the casts
+  // return to the allocator in the same order in every run (a dry run replays it exactly).
+  std::vector<const TensorImpl*> order[2];
 };
 
 thread_local ThreadState tls;
 
 int device_slot(DeviceType d) {
-  return d == DeviceType::cuda ? 1 : 0;
+  return static_cast<int>(d);  // the order of AutocastState's arrays
 }
 int dtype_slot(DType d) {
   return d == DType::bfloat16 ? 1 : 0;
@@ -67,6 +71,7 @@ Tensor cached_cast(const Tensor& t, DType target) {
     memory::CategoryScope category(memory::Category::autocast_cache);
     out = t.to(target);
   }
+  if (it == cache.end()) tls.order[dtype_slot(target)].push_back(t.unsafe_impl());
   cache[t.unsafe_impl()] = CacheEntry{t, version, out};
   return out;
 }
@@ -111,7 +116,10 @@ bool is_autocast_cache_enabled() {
 }
 
 void clear_autocast_cache() {
-  for (auto& c : tls.cache) c.clear();
+  for (int k = 0; k < 2; ++k) {
+    for (const TensorImpl* key : tls.order[k]) tls.cache[k].erase(key);
+    tls.order[k].clear();
+  }
 }
 
 size_t autocast_cache_size() {

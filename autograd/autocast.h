@@ -73,8 +73,8 @@ namespace autocast {
 
 // This thread's whole autocast state, to replay a region later (checkpoint recompute).
 struct State {
-  bool enabled[2] = {false, false};  // by DeviceType (cpu, cuda)
-  DType dtype[2] = {DType::bfloat16, DType::float16};
+  bool enabled[3] = {false, false, false};  // by DeviceType (cpu, cuda, meta)
+  DType dtype[3] = {DType::bfloat16, DType::float16, DType::bfloat16};
   bool cache_enabled = true;
   bool excluded = false;
 };

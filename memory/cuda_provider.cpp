@@ -29,6 +29,16 @@ int CudaProvider::device_count() {
   return n;
 }
 
+int CudaProvider::multiprocessor_count(int device) {
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error(
+        fmt::format("cudaDeviceGetAttribute(multiProcessorCount) failed for cuda:{}", device));
+  }
+  return n;
+}
+
 std::string CudaProvider::device_name() const {
   return fmt::format("cuda:{}", device_);
 }

@@ -24,6 +24,8 @@ class CudaProvider final : public MemoryProvider {
 
   // Number of visible devices; 0 when there is no driver or no device.
   static int device_count();
+  // The device's multiprocessor count.
+  static int multiprocessor_count(int device);
 
  private:
   int device_;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "memory/cpu_provider.h"
+#include "memory/meta.h"
 #ifdef TALLY_WITH_CUDA
 #include "memory/cuda_pinned_provider.h"
 #include "memory/cuda_provider.h"
@@ -14,7 +15,15 @@
 namespace tally::memory {
 
 std::string Device::str() const {
-  return type == DeviceType::cpu ? std::string("cpu") : fmt::format("cuda:{}", index);
+  switch (type) {
+    case DeviceType::cpu:
+      return "cpu";
+    case DeviceType::cuda:
+      return fmt::format("cuda:{}", index);
+    case DeviceType::meta:
+      return fmt::format("meta:{}", index);
+  }
+  return "unknown";
 }
 
 int cuda_device_count() {
@@ -48,6 +57,7 @@ Registry& registry() {
 }  // namespace
 
 CachingAllocator& get_allocator(Device device) {
+  if (device.type == DeviceType::meta) return meta_allocator(device.index);
   Registry& r = registry();
   std::lock_guard lock(r.mu);
   if (device.type == DeviceType::cpu) {
@@ -102,7 +112,7 @@ void reset_peak_memory_stats(Device d) {
   get_allocator(d).reset_peak_memory_stats();
 }
 void synchronize(Device device) {
-  if (device.type == DeviceType::cpu) return;
+  if (device.type != DeviceType::cuda) return;
   get_allocator(device).provider().synchronize();
 }
 

@@ -16,6 +16,10 @@ struct Device {
 
   static Device cpu() { return {DeviceType::cpu, 0}; }
   static Device cuda(int index = 0) { return {DeviceType::cuda, index}; }
+  // A meta device (memory/meta.h): meta:0 replays the CPU backend; new_meta_device() makes
+  // others, each replaying a target device.
+  static Device meta(int index = 0) { return {DeviceType::meta, index}; }
+  bool is_meta() const { return type == DeviceType::meta; }
   std::string str() const;
   bool operator==(const Device&) const = default;
 };

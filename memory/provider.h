@@ -14,7 +14,9 @@ using StreamId = uint64_t;
 // An opaque event handle recorded on a stream (for cross-stream frees).
 using EventId = uint64_t;
 
-enum class DeviceType : uint8_t { cpu, cuda };
+// cpu and cuda run kernels on data; meta (memory/meta.h) has shapes and allocations but no
+// data: the dry run that predicts a run's memory.
+enum class DeviceType : uint8_t { cpu, cuda, meta };
 
 class MemoryProvider {
  public:

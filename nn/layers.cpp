@@ -10,9 +10,25 @@
 
 namespace tally::nn {
 
+namespace {
+thread_local Device t_build_device = Device::cpu();
+}  // namespace
+
+Device build_device() {
+  return t_build_device;
+}
+
+BuildOnDevice::BuildOnDevice(Device device) : previous_(t_build_device) {
+  t_build_device = device;
+}
+
+BuildOnDevice::~BuildOnDevice() {
+  t_build_device = previous_;
+}
+
 Tensor make_parameter(const Shape& shape, DType dtype) {
   memory::CategoryScope cat(memory::Category::parameter);
-  return ops::empty(shape, dtype, Device::cpu());
+  return ops::empty(shape, dtype, t_build_device);
 }
 
 // ---- Linear ----

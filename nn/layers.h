@@ -11,8 +11,26 @@
 
 namespace tally::nn {
 
-// A new parameter tensor (float32, CPU, uninitialised), allocated under Category::parameter.
+// A new parameter tensor (float32, uninitialised) on build_device(), allocated under
+// Category::parameter. Every layer makes its parameters and buffers through it.
 Tensor make_parameter(const Shape& shape, DType dtype = DType::float32);
+
+// The device layers are built on: the CPU, or the device of the innermost BuildOnDevice on
+// this thread. PyTorch's `with torch.device(d): model = GPT(cfg)`: a model built inside
+// BuildOnDevice(d) allocates and initialises its parameters on d directly, so a dry run on
+// a meta device (memory/estimate.h) never touches host memory and a CUDA model skips the
+// host copy.
+Device build_device();
+class BuildOnDevice {
+ public:
+  explicit BuildOnDevice(Device device);
+  ~BuildOnDevice();
+  BuildOnDevice(const BuildOnDevice&) = delete;
+  BuildOnDevice& operator=(const BuildOnDevice&) = delete;
+
+ private:
+  Device previous_;
+};
 
 // y = x W^T + b; weight [out, in] kaiming_uniform(a=sqrt(5)), bias U(-1/sqrt(in), 1/sqrt(in)).
 class Linear : public Module {

@@ -23,17 +23,9 @@ using tally::cuda::DeviceGuard;
 using tally::cuda::NvtxRange;
 using tally::cuda::stream;
 
-constexpr int64_t kChunkSize = 65536;  // elements per thread block
 constexpr int kThreads = 512;
 
-struct Entry {
-  void* ptr[kMaxListDepth];
-  int64_t numel;
-};
-struct Chunk {
-  int32_t tensor;
-  int32_t chunk;
-};
+using Entry = ChunkEntry;  // optim/multi_tensor.h: the table's layout, shared with the meta kernels
 
 // The table on the device; the block returns to the allocator when this goes out of scope
 // (the caching allocator reuses it only in stream order, after the launch).

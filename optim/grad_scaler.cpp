@@ -95,7 +95,10 @@ void GradScaler::unscale_(Optimizer& optimizer) {
 bool GradScaler::read_found_inf(PerOptimizer& st) {
   if (st.found < 0) {
     bool any = false;
-    for (const Tensor& f : st.found_inf) any = any || ops::item(f) != 0.0;  // the step's host read
+    // The step's host read. A dry run (meta device) has no values: its steps count as finite,
+    // as they do in the run it predicts when training is healthy.
+    for (const Tensor& f : st.found_inf)
+      any = any || (!f.device().is_meta() && ops::item(f) != 0.0);
     st.found = any ? 1 : 0;
   }
   return st.found == 1;

@@ -25,6 +25,18 @@ void TensorLists::add(std::initializer_list<void*> p, int64_t numel) {
   numels.push_back(numel);
 }
 
+int64_t chunk_count(const TensorLists& l) {
+  int64_t n = 0;
+  for (const int64_t numel : l.numels) n += (numel + kChunkSize - 1) / kChunkSize;
+  return n;
+}
+
+size_t chunk_table_bytes(const TensorLists& l) {
+  const int64_t chunks = chunk_count(l);
+  return chunks == 0 ? 0
+                     : l.size() * sizeof(ChunkEntry) + static_cast<size_t>(chunks) * sizeof(Chunk);
+}
+
 namespace cpu {
 namespace {
 
@@ -144,7 +156,8 @@ const MultiTensorKernels multi_tensor_kernels{
 // The registration point of the fused kernels (a layer above tensor/backends.cpp's families).
 namespace {
 const Backends<MultiTensorKernels> multi_tensor_backends{
-    &cpu::multi_tensor_kernels, TALLY_CUDA_TABLE(cuda::multi_tensor_kernels)};
+    &cpu::multi_tensor_kernels, TALLY_CUDA_TABLE(cuda::multi_tensor_kernels),
+    &meta::multi_tensor_kernels};
 }  // namespace
 
 void fused_sgd_(const TensorLists& l, const SGDHyper& h) {

@@ -60,8 +60,26 @@ struct MultiTensorKernels {
   // any value (before scaling) was inf or NaN, and leaves it alone otherwise.
   void (*unscale)(const TensorLists& l, float inv_scale, const Tensor& found_inf);
 };
+// The chunk table a fused CUDA launch uploads (optim/cuda_multi_tensor.cu) into a `temporary`
+// block: one entry per tensor, one chunk per kChunkSize elements of each.
+inline constexpr int64_t kChunkSize = 65536;  // elements per thread block
+struct ChunkEntry {
+  void* ptr[kMaxListDepth];
+  int64_t numel;
+};
+struct Chunk {
+  int32_t tensor;
+  int32_t chunk;
+};
+// The chunks of l's tensors, and the table's bytes (0 when there are no chunks).
+int64_t chunk_count(const TensorLists& l);
+size_t chunk_table_bytes(const TensorLists& l);
+
 namespace cpu {
 extern const MultiTensorKernels multi_tensor_kernels;  // optim/multi_tensor.cpp
+}
+namespace meta {
+extern const MultiTensorKernels multi_tensor_kernels;  // optim/multi_tensor_meta.cpp
 }
 namespace cuda {
 extern const MultiTensorKernels multi_tensor_kernels;  // optim/cuda_multi_tensor.cu

@@ -18,14 +18,14 @@
 namespace tally {
 
 // clang-format off
-const Backends<AttentionKernels>   attention_backends  {&cpu::attention_kernels,   TALLY_CUDA_TABLE(cuda::attention_kernels)};
-const Backends<ConvKernels>        conv_backends       {&cpu::conv_kernels,        TALLY_CUDA_TABLE(cuda::conv_kernels)};
-const Backends<ElementwiseKernels> elementwise_backends{&cpu::elementwise_kernels, TALLY_CUDA_TABLE(cuda::elementwise_kernels)};
-const Backends<LinalgKernels>      linalg_backends     {&cpu::linalg_kernels,      TALLY_CUDA_TABLE(cuda::linalg_kernels)};
-const Backends<NormKernels>        norm_backends       {&cpu::norm_kernels,        TALLY_CUDA_TABLE(cuda::norm_kernels)};
-const Backends<PoolKernels>        pool_backends       {&cpu::pool_kernels,        TALLY_CUDA_TABLE(cuda::pool_kernels)};
-const Backends<ReduceKernels>      reduce_backends     {&cpu::reduce_kernels,      TALLY_CUDA_TABLE(cuda::reduce_kernels)};
-const Backends<SoftmaxKernels>     softmax_backends    {&cpu::softmax_kernels,     TALLY_CUDA_TABLE(cuda::softmax_kernels)};
+const Backends<AttentionKernels>   attention_backends  {&cpu::attention_kernels,   TALLY_CUDA_TABLE(cuda::attention_kernels), &meta::attention_kernels};
+const Backends<ConvKernels>        conv_backends       {&cpu::conv_kernels,        TALLY_CUDA_TABLE(cuda::conv_kernels), &meta::conv_kernels};
+const Backends<ElementwiseKernels> elementwise_backends{&cpu::elementwise_kernels, TALLY_CUDA_TABLE(cuda::elementwise_kernels), &meta::elementwise_kernels};
+const Backends<LinalgKernels>      linalg_backends     {&cpu::linalg_kernels,      TALLY_CUDA_TABLE(cuda::linalg_kernels), &meta::linalg_kernels};
+const Backends<NormKernels>        norm_backends       {&cpu::norm_kernels,        TALLY_CUDA_TABLE(cuda::norm_kernels), &meta::norm_kernels};
+const Backends<PoolKernels>        pool_backends       {&cpu::pool_kernels,        TALLY_CUDA_TABLE(cuda::pool_kernels), &meta::pool_kernels};
+const Backends<ReduceKernels>      reduce_backends     {&cpu::reduce_kernels,      TALLY_CUDA_TABLE(cuda::reduce_kernels), &meta::reduce_kernels};
+const Backends<SoftmaxKernels>     softmax_backends    {&cpu::softmax_kernels,     TALLY_CUDA_TABLE(cuda::softmax_kernels), &meta::softmax_kernels};
 // clang-format on
 
 }  // namespace tally

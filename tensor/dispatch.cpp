@@ -40,7 +40,10 @@ DispatchScope::~DispatchScope() {
 void throw_no_kernel(const OpInfo& op, Device d) {
   throw std::runtime_error(
       fmt::format("{}: no kernel for device {}{}", op.name, d.str(),
-                  d.type == DeviceType::cuda ? " (this op has no CUDA kernel yet)" : ""));
+                  d.type == DeviceType::cuda   ? " (this op has no CUDA kernel yet)"
+                  : d.type == DeviceType::meta ? " (this op has no meta kernel: a dry run cannot "
+                                                 "count its memory)"
+                                               : ""));
 }
 
 void check_same_device(const char* op, Device a, Device b) {

@@ -93,13 +93,17 @@ class DispatchScope {
   DispatchObserver* observer_;
 };
 
-// Declares an op family's tables in its kernels.h: cpu::table and cuda::table (defined in the
-// backends' own files) and the registered Backends (defined in tensor/backends.cpp).
+// Declares an op family's tables in its kernels.h: cpu::table, cuda::table and meta::table
+// (defined in the backends' own files) and the registered Backends (defined in
+// tensor/backends.cpp).
 #define TALLY_DECLARE_KERNELS(Table, table, backends) \
   namespace cpu {                                     \
   extern const Table table;                           \
   }                                                   \
   namespace cuda {                                    \
+  extern const Table table;                           \
+  }                                                   \
+  namespace meta {                                    \
   extern const Table table;                           \
   }                                                   \
   extern const Backends<Table> backends
@@ -113,7 +117,8 @@ class DispatchScope {
 // (tensor/norm/cpu.cpp: cpu::norm_kernels; tensor/norm/cuda.cu: cuda::norm_kernels), and
 // tensor/backends.cpp, the one registration point, puts them together:
 //
-//   const Backends<NormKernels> norm_backends{&cpu::norm_kernels, TALLY_CUDA_TABLE(...)};
+//   const Backends<NormKernels> norm_backends{&cpu::norm_kernels, TALLY_CUDA_TABLE(...),
+//                                             &meta::norm_kernels};
 //
 // so backend #ifdefs stand only in the backends' own files and there. An op picks its kernel
 // by device:
@@ -138,10 +143,13 @@ template <typename Table>
 struct Backends {
   const Table* cpu = nullptr;
   const Table* cuda = nullptr;
+  // Shapes only (memory/meta.h): each entry allocates what the replayed backend's kernel
+  // allocates and writes nothing.
+  const Table* meta = nullptr;
 
   template <typename Fn>
   Fn* get(const OpInfo& op, Device d, Fn* Table::*kernel) const {
-    const Table* table = d.type == DeviceType::cpu ? cpu : cuda;
+    const Table* table = d.type == DeviceType::cpu ? cpu : d.type == DeviceType::cuda ? cuda : meta;
     Fn* k = table ? table->*kernel : nullptr;
     if (!k) throw_no_kernel(op, d);
     return k;

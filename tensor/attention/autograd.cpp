@@ -9,6 +9,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "memory/meta.h"
 #include "tensor/attention/ops.h"
 #include "tensor/softmax/autograd.h"
 
@@ -37,7 +38,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     throw std::invalid_argument(
         "scaled_dot_product_attention: is_causal cannot be combined with an explicit attn_mask");
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
-  if (q.is_cuda() && !attn_mask.defined() && dropout_p == 0.0 &&
+  if (memory::behaves_as(q.device()) == DeviceType::cuda && !attn_mask.defined() &&
+      dropout_p == 0.0 &&
       (q.dtype() == DType::bfloat16 || q.dtype() == DType::float16 ||
        q.dtype() == DType::float32) &&
       ops::flash_attention_supported(q, k, v))

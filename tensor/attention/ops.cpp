@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "memory/meta.h"
 #include "tensor/attention/kernels.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_alloc.h"
@@ -28,7 +29,7 @@ Tensor as4d(const Tensor& t) {
     r = unsqueeze(t, 0);
   else
     r = reshape(t, {1, -1, t.size(-2), t.size(-1)});
-  if (r.is_cuda()) {
+  if (memory::behaves_as(r.device()) == DeviceType::cuda) {
     bool ok = r.strides()[3] == 1 && r.storage_offset() % 8 == 0;
     for (int d = 0; d < 3; ++d)
       ok = ok &&
@@ -55,7 +56,7 @@ void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor
     throw std::invalid_argument(fmt::format("{}: q, k, v need one floating dtype, got {}, {}, {}",
                                             op, dtype_name(q.dtype()), dtype_name(k.dtype()),
                                             dtype_name(v.dtype())));
-  if (q.is_cuda() && !flash_attention_supported(q, k, v))
+  if (memory::behaves_as(q.device()) == DeviceType::cuda && !flash_attention_supported(q, k, v))
     throw std::invalid_argument(fmt::format(
         "{}: the CUDA kernel takes float32 with head dim E == Ev <= 128 (<= 64 where a block "
         "has less than 169 KB of shared memory), or float16/bfloat16 with E == Ev <= 128 and a "
@@ -101,11 +102,13 @@ bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v
   if (leading(q) != leading(k) || leading(q) != leading(v) || k.size(-1) != q.size(-1) ||
       v.size(-2) != k.size(-2))
     return false;
-  if (!q.is_cuda()) return true;
+  if (memory::behaves_as(q.device()) != DeviceType::cuda) return true;
   const int64_t E = q.size(-1);
   if (q.dtype() == DType::float32) {
-    // The CUDA table's shared-memory check (no CUDA table in a CPU-only build: false).
-    const AttentionKernels* table = attention_backends.cuda;
+    // The CUDA table's shared-memory check (no CUDA table in a CPU-only build: false), or
+    // the meta table's for a dry run of a CUDA target.
+    const AttentionKernels* table =
+        q.device().is_meta() ? attention_backends.meta : attention_backends.cuda;
     return table && table->flash_attention_fp32_fits && v.size(-1) == E && E <= 128 && E > 0 &&
            table->flash_attention_fp32_fits(q.device().index, E);
   }

@@ -237,6 +237,12 @@ void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output
 
 }  // namespace
 
+int64_t conv_col_scratch_numel(const Shape& input, const Shape& weight, const Shape& out,
+                               const ops::Conv2dParams& p) {
+  const Geom g = geometry(input, weight, out, p);
+  return g.direct() ? 0 : g.K() * g.L();
+}
+
 const ConvKernels conv_kernels{
     .conv2d_forward = &conv2d_forward,
     .conv2d_backward_input = &conv2d_backward_input,

@@ -45,4 +45,12 @@ struct ConvKernels {
 // conv_backends (tensor/backends.cpp).
 TALLY_DECLARE_KERNELS(ConvKernels, conv_kernels, conv_backends);
 
+namespace cpu {
+// The CPU kernels' im2col scratch for one call (tensor/conv/cpu.cpp): the [K, L] column
+// matrix of one (image, group) plane, in elements; 0 when the plane already is that matrix
+// (a 1x1, stride-1, unpadded convolution). The meta kernels replay it.
+int64_t conv_col_scratch_numel(const Shape& input, const Shape& weight, const Shape& out,
+                               const ops::Conv2dParams& p);
+}  // namespace cpu
+
 }  // namespace tally

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "memory/meta.h"
 #include "tensor/conv/kernels.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_alloc.h"
@@ -26,7 +27,7 @@ namespace {
 // floats go through float32; cuDNN takes all four floating dtypes as they are (16-bit
 // with float accumulation).
 DType compute_dtype(DType d, Device device) {
-  if (device.type == DeviceType::cuda) return d;
+  if (memory::behaves_as(device) == DeviceType::cuda) return d;
   return d == DType::float64 ? DType::float64 : DType::float32;
 }
 

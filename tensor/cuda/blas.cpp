@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "memory/meta.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/linalg/cuda.h"
 
@@ -21,16 +22,7 @@ namespace tally::cuda {
 namespace {
 std::atomic<bool> g_allow_tf32{false};
 
-size_t default_workspace_bytes() {
-  // PyTorch's CUBLASLT_WORKSPACE_SIZE, in KiB; 32 MiB otherwise (PyTorch's default on Hopper).
-  if (const char* env = std::getenv("CUBLASLT_WORKSPACE_SIZE")) {
-    char* end = nullptr;
-    const unsigned long long kib = std::strtoull(env, &end, 10);
-    if (end != env) return static_cast<size_t>(kib) * 1024;
-  }
-  return size_t{32} << 20;
-}
-std::atomic<size_t> g_workspace_bytes{default_workspace_bytes()};
+std::atomic<size_t> g_workspace_bytes{memory::cublaslt_workspace_bytes_from_env()};
 }  // namespace
 
 void set_allow_tf32(bool allow) {

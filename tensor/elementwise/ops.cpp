@@ -124,6 +124,15 @@ void copy_(const Tensor& dst, const Tensor& src) {
   if (dst.device() == s.device()) {
     DispatchScope scope(info, dst);
     elementwise_backends.get(info, dst.device(), &ElementwiseKernels::copy)(dst, s);
+  } else if (dst.device().is_meta()) {
+    // Onto a meta tensor: shapes only; the meta kernel replays the staging a host-to-device
+    // copy takes on the target.
+    DispatchScope scope(info, dst);
+    elementwise_backends.get(info, dst.device(), &ElementwiseKernels::copy)(dst, s);
+  } else if (s.device().is_meta()) {
+    throw std::invalid_argument(fmt::format(
+        "copy_: cannot copy out of a meta tensor ({} {} on {}): it has shapes but no data",
+        dtype_name(s.dtype()), s.shape_string(), s.device().str()));
   } else {
     // Across devices: the CUDA kernel handles host<->device (through a staging copy).
     DispatchScope scope(info, dst.is_cuda() ? dst.device() : s.device());
@@ -181,6 +190,14 @@ double item(const Tensor& t) {
         fmt::format("item: a tensor with {} elements (shape {}) cannot be "
                     "converted to a scalar",
                     t.numel(), t.shape_string()));
+  if (t.device().type == DeviceType::cpu) {
+    // The one element, read in place: no host copy (a device tensor's goes through one).
+    double v = 0;
+    TALLY_DISPATCH_ALL(t.dtype(), "item", [&] {
+      v = static_cast<double>(static_cast<const scalar_t*>(t.storage().data())[t.storage_offset()]);
+    });
+    return v;
+  }
   return to_vector(t)[0];
 }
 

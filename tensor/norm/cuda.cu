@@ -29,18 +29,18 @@
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/runtime.h"
 #include "tensor/norm/kernels.h"
+#include "tensor/norm/launch.h"
 #include "tensor/norm/math.h"
 #include "tensor/op_alloc.h"
 
 namespace tally::cuda {
 namespace {
 
-constexpr int kRowMaxThreads = 512;
-constexpr int kBnThreads = 256;
+constexpr int kRowMaxThreads = norm_launch::kRowMaxThreads;
+constexpr int kBnThreads = norm_launch::kBnThreads;
 constexpr int kEltThreads = 256;
-constexpr int64_t kMaxGrid = 1 << 20;                 // blocks of a grid-stride launch
-constexpr size_t kMaxSmemAcc = 32 * 1024;             // shared dweight/dbias accumulators
-constexpr int64_t kMaxPartElems = int64_t{16} << 20;  // layer_norm partials (elements)
+constexpr int64_t kMaxGrid = 1 << 20;      // blocks of a grid-stride launch
+constexpr size_t kMaxSmemAcc = 32 * 1024;  // shared dweight/dbias accumulators
 
 // Element pointer of a tensor (offset included), null when undefined.
 template <typename T>
@@ -106,9 +106,7 @@ void expect_backward(const char* op, int device, DType dtype, const Tensor& dx,
 
 // Threads of a row block: about 4 elements a thread, a multiple of 32 in [32, 512].
 int row_threads(int64_t cols) {
-  int64_t t = (cols + 3) / 4;
-  t = (t + 31) / 32 * 32;
-  return static_cast<int>(std::clamp<int64_t>(t, 32, kRowMaxThreads));
+  return norm_launch::row_threads(cols);
 }
 
 unsigned elt_blocks(int64_t n) {
@@ -301,13 +299,8 @@ __global__ void __launch_bounds__(kTileCols* kTileParts)
 
 // ------------------------------------------------------------------ batch_norm
 
-// Blocks a channel's N * S elements are split over: enough blocks in all to fill the device
-// (8 per SM), at least 8 elements a thread, at most 65535.
 int bn_splits(int64_t c, int64_t count, int device) {
-  const int64_t target = static_cast<int64_t>(sm_count(device)) * 8;
-  int64_t splits = (target + c - 1) / c;
-  splits = std::min(splits, std::max<int64_t>(1, count / (kBnThreads * 8)));
-  return static_cast<int>(std::clamp<int64_t>(splits, 1, 65535));
+  return norm_launch::bn_splits(c, count, sm_count(device));
 }
 
 // True when every element offset of an (n, c, s) tensor, plus a grid stride, fits in 32 bits.
@@ -665,9 +658,7 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
     bool smem = false;
     size_t smem_bytes = 0;
     if (want_params && rows > 0) {
-      const int64_t per_sm = std::clamp<int64_t>(2048 / threads, 1, 8);
-      const int64_t cap = std::max<int64_t>(1, kMaxPartElems / (2 * cols));
-      nparts = std::min({rows, static_cast<int64_t>(sm_count(dev)) * per_sm, cap});
+      nparts = norm_launch::layer_norm_backward_parts(rows, cols, sm_count(dev));
       part = alloc_scratch(nparts * 2 * cols, stat, x.device());
       smem_bytes = static_cast<size_t>(2 * cols) * sizeof(A);
       smem = smem_bytes <= kMaxSmemAcc;

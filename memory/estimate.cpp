@@ -1,0 +1,184 @@
+#include "memory/estimate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "memory/caching_allocator.h"
+
+namespace tally::memory {
+
+namespace {
+
+// The allocator events of one meta device, and where its allocated bytes last reached their
+// peak (the moment DeviceStats::category_at_peak describes). Chained in front of the
+// observer installed before it (the profiler's), which still sees every event.
+class PeakTracker final : public AllocationObserver {
+ public:
+  struct Event {
+    uint64_t addr;
+    int64_t bytes;
+    StrId module;
+    Category category;
+    bool retag;
+  };
+
+  explicit PeakTracker(int index) : index_(index), next_(allocation_observer()) {
+    set_allocation_observer(this);
+  }
+  ~PeakTracker() override { set_allocation_observer(next_); }
+  PeakTracker(const PeakTracker&) = delete;
+  PeakTracker& operator=(const PeakTracker&) = delete;
+
+  void on_allocation_event(const AllocationEvent& e) override {
+    if (next_) next_->on_allocation_event(e);
+    if (e.device_type != DeviceType::meta || e.device_index != index_) return;
+    events_.push_back({e.addr, e.bytes, e.tag.module, e.tag.category, e.retag});
+    if (!e.retag && e.bytes > 0 && static_cast<int64_t>(e.total_allocated) >= peak_) {
+      peak_ = static_cast<int64_t>(e.total_allocated);
+      peak_events_ = events_.size();
+    }
+  }
+
+  // Activation bytes by module among the blocks live at the peak, largest first.
+  std::vector<ModuleBytes> activations_at_peak() const {
+    struct Live {
+      int64_t bytes;
+      StrId module;
+      Category category;
+    };
+    std::unordered_map<uint64_t, Live> live;
+    for (size_t i = 0; i < peak_events_; ++i) {
+      const Event& e = events_[i];
+      if (e.retag) {
+        if (auto it = live.find(e.addr); it != live.end()) it->second.category = e.category;
+      } else if (e.bytes > 0) {
+        live[e.addr] = {e.bytes, e.module, e.category};
+      } else {
+        live.erase(e.addr);
+      }
+    }
+    std::map<StrId, int64_t> by_module;
+    for (const auto& [addr, b] : live)
+      if (b.category == Category::activation) by_module[b.module] += b.bytes;
+    std::vector<ModuleBytes> out;
+    for (const auto& [m, bytes] : by_module) out.push_back({interned(m), bytes});
+    std::sort(out.begin(), out.end(), [](const ModuleBytes& a, const ModuleBytes& b) {
+      return a.bytes != b.bytes ? a.bytes > b.bytes : a.module < b.module;
+    });
+    return out;
+  }
+
+ private:
+  int index_;
+  AllocationObserver* next_;
+  std::vector<Event> events_;
+  int64_t peak_ = -1;
+  size_t peak_events_ = 0;
+};
+
+std::string human(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+}  // namespace
+
+Estimate estimate(const std::function<void(Device)>& run, const EstimateOptions& options) {
+  MetaTarget target = meta_target(options.target);
+  if (options.capacity) target.capacity = options.capacity;
+  Estimate e;
+  e.target = target;
+  e.device = new_meta_device(target);
+  CachingAllocator& alloc = get_allocator(e.device);
+  if (options.max_history) alloc.record_memory_history(true, options.max_history);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    PeakTracker tracker(e.device.index);
+    try {
+      run(e.device);
+    } catch (const OutOfMemoryError& oom) {
+      e.out_of_memory = oom.what();
+    }
+    e.activations_at_peak = tracker.activations_at_peak();
+  }
+  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const DeviceStats st = alloc.stats();
+  e.peak_allocated = st.allocated_bytes[kAllPools].peak;
+  e.peak_reserved = st.reserved_bytes[kAllPools].peak;
+  e.at_peak = st.category_at_peak;
+  e.allocations = st.allocation[kAllPools].allocated;
+  return e;
+}
+
+std::string Estimate::report(size_t top_modules) const {
+  std::string s = fmt::format("Predicted memory on {} ({}), dry run of {:.2f} s on {}\n",
+                              target.name, target.description, seconds, device.str());
+  if (!fits())
+    s += fmt::format("  DOES NOT FIT: the run would stop with out-of-memory:\n    {}\n",
+                     out_of_memory);
+  s += fmt::format("  peak allocated {:>12}   ({} B)\n", human(peak_allocated), peak_allocated);
+  s += fmt::format("  peak reserved  {:>12}   ({} B; the device has {})\n", human(peak_reserved),
+                   peak_reserved, human(static_cast<int64_t>(target.capacity)));
+  s += "  at the peak, by category:\n";
+  for (const Category c : kAllCategories) {
+    const int64_t b = at_peak[static_cast<size_t>(c)];
+    if (b) s += fmt::format("    {:<16}{:>12}\n", category_name(c), human(b));
+  }
+  if (!activations_at_peak.empty()) {
+    s += "  largest activations at the peak, by module:\n";
+    for (size_t i = 0; i < activations_at_peak.size() && i < top_modules; ++i)
+      s += fmt::format(
+          "    {:<32}{:>12}\n",
+          activations_at_peak[i].module.empty() ? "(no module)" : activations_at_peak[i].module,
+          human(activations_at_peak[i].bytes));
+  }
+  return s;
+}
+
+size_t parse_bytes(std::string_view text, std::string_view what) {
+  const std::string t(text);
+  const char* begin = t.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(begin, &end);
+  if (end == begin || errno == ERANGE || !std::isfinite(v) || v < 0)
+    throw std::invalid_argument(fmt::format(
+        "{}: '{}' is not a size (expected e.g. 6GiB, 900MiB, 512KiB, 1.5GB or plain bytes)", what,
+        text));
+  std::string unit(end);
+  static const std::map<std::string, double> units = {{"", 1},
+                                                      {"B", 1},
+                                                      {"KiB", 1024.0},
+                                                      {"MiB", 1048576.0},
+                                                      {"GiB", 1073741824.0},
+                                                      {"TiB", 1099511627776.0},
+                                                      {"KB", 1e3},
+                                                      {"MB", 1e6},
+                                                      {"GB", 1e9},
+                                                      {"TB", 1e12},
+                                                      {"K", 1024.0},
+                                                      {"M", 1048576.0},
+                                                      {"G", 1073741824.0}};
+  const auto it = units.find(unit);
+  if (it == units.end())
+    throw std::invalid_argument(fmt::format(
+        "{}: unknown unit '{}' in '{}' (expected B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)", what,
+        unit, text));
+  const double bytes = std::floor(v * it->second);
+  if (bytes >= 9.2233720368547758e18)
+    throw std::invalid_argument(fmt::format("{}: '{}' is larger than 2^63 bytes", what, text));
+  return static_cast<size_t>(bytes);
+}
+
+}  // namespace tally::memory

@@ -1,0 +1,71 @@
+// Predict a run's memory before running it: memory::estimate runs a function (a few
+// training steps, say) on a fresh meta device (memory/meta.h), which replays a target
+// device's backend and allocator with shapes and no data, and returns what a real run's
+// allocator would report: peak allocated and reserved, the bytes of each category at the
+// peak, and the activation bytes of each module at the peak. The meta device's allocator
+// keeps its stats and history afterwards, so memory_summary(device), dump_snapshot(path,
+// device) and the memory timeline work on the dry run as on a real one.
+//
+//   memory::Estimate e = memory::estimate([&](Device d) {
+//     auto model = std::make_shared<nn::GPT>(cfg);
+//     model->to(d);
+//     ... two training steps on d ...
+//   }, {.target = "h200"});
+//   fmt::print("{}", e.report());
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "memory/category.h"
+#include "memory/meta.h"
+
+namespace tally::memory {
+
+struct EstimateOptions {
+  std::string target = "cpu";  // a meta_target() name: "cpu", "h200", "cuda"
+  size_t capacity = 0;         // the device memory to replay; 0: the target's
+  // Trace entries the meta allocator keeps for snapshots and timelines (0: none).
+  size_t max_history = 1'000'000;
+};
+
+struct ModuleBytes {
+  std::string module;  // dotted module path ("" for allocations outside any module)
+  int64_t bytes = 0;
+};
+
+struct Estimate {
+  MetaTarget target;
+  Device device;  // the meta device the dry run used
+  int64_t peak_allocated = 0;
+  int64_t peak_reserved = 0;
+  std::array<int64_t, kNumCategories> at_peak{};  // bytes per category at the allocated peak
+  std::vector<ModuleBytes> activations_at_peak;   // activation bytes by module, largest first
+  int64_t allocations = 0;                        // blocks handed out
+  double seconds = 0;                             // the dry run's wall time
+  // Set when the dry run ran out of the target's memory: the allocator's message. The peaks
+  // are then those reached before the failing request.
+  std::string out_of_memory;
+
+  bool fits() const { return out_of_memory.empty(); }
+  // The report a user reads: target, peaks, the categories at the peak, the largest
+  // activations by module.
+  std::string report(size_t top_modules = 8) const;
+};
+
+// Runs `run` on a fresh meta device replaying options.target. Exceptions from `run` other
+// than running out of the target's memory propagate (an op without a meta kernel names
+// itself); an unknown target or a capacity too small for anything is std::invalid_argument
+// before anything runs.
+Estimate estimate(const std::function<void(Device)>& run, const EstimateOptions& options = {});
+
+// "6GiB", "900MiB", "512KiB", "1.5GB" (decimal units too) or plain bytes, as a byte count.
+// std::invalid_argument naming `what` for anything else, a negative or non-finite size, or
+// one past 2^63 bytes.
+size_t parse_bytes(std::string_view text, std::string_view what = "size");
+
+}  // namespace tally::memory

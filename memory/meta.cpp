@@ -1,0 +1,179 @@
+#include "memory/meta.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+
+#include "memory/checked.h"
+#include "memory/cpu_provider.h"
+#ifdef TALLY_WITH_CUDA
+#include "memory/cuda_provider.h"
+#endif
+
+namespace tally::memory {
+
+namespace {
+
+// Addresses without memory: a bump pointer over a range nothing maps, shared by every meta
+// device so that no two blocks of the process ever share an address. Addresses are never
+// reused (the range holds 2^62 - 2^52 bytes of segments).
+std::atomic<uint64_t> g_next_address{kMetaAddressBase};
+
+class MetaProvider final : public MemoryProvider {
+ public:
+  MetaProvider(int index, MetaTarget target) : index_(index), target_(std::move(target)) {}
+
+  void* allocate(size_t bytes) override {
+    if (bytes > target_.capacity - std::min(used_, target_.capacity)) return nullptr;
+    const size_t span = checked_round_up(bytes, kAlignment, "MetaProvider::allocate");
+    used_ += bytes;
+    return reinterpret_cast<void*>(g_next_address.fetch_add(span));
+  }
+  void deallocate(void* /*ptr*/, size_t bytes) override { used_ -= std::min(used_, bytes); }
+  size_t total_memory() const override { return target_.capacity; }
+  size_t free_memory() const override {
+    return target_.capacity - std::min(used_, target_.capacity);
+  }
+  DeviceType device_type() const override { return DeviceType::meta; }
+  int device_index() const override { return index_; }
+  std::string device_name() const override {
+    return fmt::format("meta:{} ({})", index_, target_.name);
+  }
+
+  static constexpr size_t kAlignment = 4096;
+
+ private:
+  int index_;
+  MetaTarget target_;
+  size_t used_ = 0;  // under the allocator's lock
+};
+
+struct MetaDevices {
+  std::mutex mu;
+  std::deque<MetaTarget> targets;  // a deque: meta_target_of's references stay valid
+  std::vector<std::unique_ptr<CachingAllocator>> allocators;
+};
+MetaDevices& devices() {
+  // Leaked on purpose, as the other allocators are: tensors may free during static destruction.
+  static MetaDevices* d = new MetaDevices();
+  return *d;
+}
+
+int add_locked(MetaDevices& d, const MetaTarget& target) {
+  const int index = static_cast<int>(d.targets.size());
+  d.targets.push_back(target);
+  d.allocators.push_back(
+      std::make_unique<CachingAllocator>(std::make_unique<MetaProvider>(index, target)));
+  return index;
+}
+
+// meta:0, replaying this machine's CPU backend, made on first use.
+void ensure_default_locked(MetaDevices& d) {
+  if (d.targets.empty()) add_locked(d, meta_target("cpu"));
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+}  // namespace
+
+size_t cublaslt_workspace_bytes_from_env() {
+  if (const char* env = std::getenv("CUBLASLT_WORKSPACE_SIZE")) {
+    char* end = nullptr;
+    const unsigned long long kib = std::strtoull(env, &end, 10);
+    if (end != env) return static_cast<size_t>(kib) * 1024;
+  }
+  return size_t{32} << 20;
+}
+
+std::vector<std::string> meta_target_names() {
+  std::vector<std::string> names{"cpu", "h200"};
+  if (cuda_available()) names.emplace_back("cuda");
+  return names;
+}
+
+MetaTarget meta_target(std::string_view name) {
+  const std::string n = lower(name);
+  if (n == "cpu")
+    return MetaTarget{.name = "cpu",
+                      .description = "this machine's CPU backend",
+                      .type = DeviceType::cpu,
+                      .capacity = HostMemoryProvider::physical_memory()};
+  if (n == "h200")
+    // The numbers cuda:0 reports on the H200 the benchmarks run on (bench/RESULTS.md):
+    // cudaMemGetInfo's total and the multiprocessor count.
+    return MetaTarget{.name = "h200",
+                      .description = "NVIDIA H200 (143,771 MiB, 132 SMs)",
+                      .type = DeviceType::cuda,
+                      .capacity = size_t{143771} * kMiB,
+                      .sm_count = 132,
+                      .matmul_workspace = cublaslt_workspace_bytes_from_env()};
+#ifdef TALLY_WITH_CUDA
+  if (n == "cuda" && cuda_available()) {
+    CachingAllocator& a = get_allocator(Device::cuda(0));
+    return MetaTarget{.name = "cuda",
+                      .description = a.provider().device_name(),
+                      .type = DeviceType::cuda,
+                      .capacity = a.provider().total_memory(),
+                      .sm_count = CudaProvider::multiprocessor_count(0),
+                      .matmul_workspace = cublaslt_workspace_bytes_from_env()};
+  }
+#endif
+  std::string known;
+  for (const std::string& k : meta_target_names()) known += (known.empty() ? "" : ", ") + k;
+  throw std::invalid_argument(
+      fmt::format("unknown target device '{}' (known: {}{})", name, known,
+                  n == "cuda" ? "; 'cuda' needs a GPU on this machine" : ""));
+}
+
+Device new_meta_device(const MetaTarget& target) {
+  if (target.type == DeviceType::meta)
+    throw std::invalid_argument(
+        fmt::format("new_meta_device: target '{}' must replay cpu or cuda, not meta", target.name));
+  if (target.capacity == 0)
+    throw std::invalid_argument(
+        fmt::format("new_meta_device: target '{}' has a capacity of 0 bytes", target.name));
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  ensure_default_locked(d);
+  return Device::meta(add_locked(d, target));
+}
+
+const MetaTarget& meta_target_of(Device device) {
+  if (device.type != DeviceType::meta)
+    throw std::invalid_argument(
+        fmt::format("meta_target_of: {} is not a meta device", device.str()));
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  ensure_default_locked(d);
+  if (device.index < 0 || static_cast<size_t>(device.index) >= d.targets.size())
+    throw std::invalid_argument(
+        fmt::format("no device {} ({} meta device(s) made)", device.str(), d.targets.size()));
+  return d.targets[static_cast<size_t>(device.index)];
+}
+
+DeviceType behaves_as(Device device) {
+  return device.type == DeviceType::meta ? meta_target_of(device).type : device.type;
+}
+
+CachingAllocator& meta_allocator(int index) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  ensure_default_locked(d);
+  if (index < 0 || static_cast<size_t>(index) >= d.allocators.size())
+    throw std::invalid_argument(fmt::format(
+        "get_allocator: no device meta:{} ({} meta device(s) made)", index, d.allocators.size()));
+  return *d.allocators[static_cast<size_t>(index)];
+}
+
+}  // namespace tally::memory

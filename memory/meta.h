@@ -1,0 +1,64 @@
+// The meta device: tensors with shapes, dtypes, strides and allocation tags but no data.
+// Every op runs its meta kernel, which writes nothing and asks the caching allocator for
+// exactly the outputs, temporaries and workspaces the replayed backend's kernel asks for.
+// The allocator's policy is plain C++ over a MemoryProvider (memory/caching_allocator.h),
+// so a meta device is one more allocator over a provider that hands out addresses without
+// memory: a training step on it goes through the same allocations, in the same order, as
+// on the device it replays, and the stats, history, snapshot and summary are the real ones.
+//
+// A meta device replays a target (MetaTarget): the backend whose kernels' scratch it
+// mirrors (cpu or cuda) and the device's capacity, multiprocessor count and library
+// workspace sizes, the numbers those kernels size their scratch by. meta:0 replays this
+// machine's CPU backend; new_meta_device() makes one per dry run (memory/estimate.h).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "memory/memory.h"
+
+namespace tally::memory {
+
+struct MetaTarget {
+  std::string name;                   // "cpu", "h200", "cuda"
+  std::string description;            // "NVIDIA H200 (141 GB HBM3e, 132 SMs)"
+  DeviceType type = DeviceType::cpu;  // the backend replayed: cpu or cuda
+  size_t capacity = 0;                // the device's total memory in bytes
+  int sm_count = 0;                   // cuda: multiprocessors (partial-sum buffers scale with it)
+  size_t matmul_workspace = 0;        // cuda: cuBLASLt's workspace per product
+};
+
+// The names meta_target() accepts: "cpu", "h200", and "cuda" where a GPU is present.
+std::vector<std::string> meta_target_names();
+// The target called `name` (case-insensitive). "cuda" reads this machine's cuda:0.
+// std::invalid_argument naming the known targets for any other name.
+MetaTarget meta_target(std::string_view name);
+
+// A fresh meta device replaying `target`: its own caching allocator (TALLY_ALLOC_CONF's
+// settings, the target's capacity), so its peak and history start at zero.
+// std::invalid_argument for a target whose type is not cpu or cuda or whose capacity is 0.
+Device new_meta_device(const MetaTarget& target);
+// The target a meta device replays; std::invalid_argument for any other device or an
+// unknown meta index.
+const MetaTarget& meta_target_of(Device device);
+// The backend whose kernels a device runs: its own type, or for a meta device the type of
+// the target it replays. Ops that choose an algorithm by backend ask this, so a dry run
+// takes the same path as the run it predicts.
+DeviceType behaves_as(Device device);
+
+// cuBLASLt's workspace per product as PyTorch sizes it: CUBLASLT_WORKSPACE_SIZE (KiB) when
+// set, else 32 MiB (PyTorch's default on Hopper). The CUDA backend's default and the CUDA
+// targets' `matmul_workspace`.
+size_t cublaslt_workspace_bytes_from_env();
+
+// The caching allocator of meta device `index` (memory::get_allocator's meta case).
+CachingAllocator& meta_allocator(int index);
+
+// Where meta storage lives: addresses no process can map on x86-64 with 4-level paging
+// (past the 47-bit user space), so a kernel that dereferences one faults at once instead
+// of reading another allocation.
+inline constexpr uint64_t kMetaAddressBase = uint64_t{1} << 52;
+
+}  // namespace tally::memory

@@ -1,0 +1,38 @@
+// Meta kernels of the linalg family (tensor/meta/target.h): what the replayed backend's
+// matmul allocates. CPU: 16-bit products widen their operands and output to float32
+// (tensor/linalg/cpu.cpp). CUDA: one cuBLASLt workspace per product
+// (tensor/linalg/cuda_matmul.cpp; the linear layer's bias epilogue is taken to apply).
+#include "tensor/linalg/kernels.h"
+#include "tensor/meta/target.h"
+
+namespace tally::meta {
+
+namespace {
+
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate) {
+  if (replays_cuda(out)) {
+    if (out.numel() > 0 && a.size(-1) > 0) matmul_workspace(out);
+    return;
+  }
+  if (out.dtype() != DType::float16 && out.dtype() != DType::bfloat16) return;
+  const Tensor a32 = ops::to(a, DType::float32), b32 = ops::to(b, DType::float32);
+  const Tensor o32 = accumulate ? ops::to(out, DType::float32)
+                                : ops::empty(out.sizes(), DType::float32, out.device());
+  ops::copy_(out, o32);
+}
+
+void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& bias) {
+  if (replays_cuda(out)) {
+    if (out.numel() > 0) matmul_workspace(out);
+    return;
+  }
+  ops::copy_(out, bias);
+  matmul(out, x, wt, /*accumulate=*/true);
+}
+
+}  // namespace
+
+const LinalgKernels linalg_kernels{
+    .matmul = &matmul, .linear = &linear, .embedding = nothing, .embedding_backward = nothing};
+
+}  // namespace tally::meta
