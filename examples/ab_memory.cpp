@@ -14,9 +14,11 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "examples/ab_report.h"
@@ -54,6 +56,7 @@ struct Args {
   std::string amps = "off,bf16";
   std::string out = "ab_report";
   double lr = 0.01;
+  std::string estimate;  // a dry run's target: predict every configuration, run none
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -156,10 +159,23 @@ int main(int argc, char** argv) {
   ex::add_checked_option(app, "--lr", a.lr, "learning rate", ex::positive_real());
   app.add_option("--out", a.out, "output folder (snapshots, timelines, report.html)")
       ->capture_default_str();
+  app.add_option("--estimate", a.estimate,
+                 "predict every configuration on TARGET (cpu | h200 | cuda) with shapes-only dry "
+                 "runs and run none (no GPU needed); without it each run is shown next to its "
+                 "prediction");
 
   return ex::run_cli("ab_memory", app, argc, argv, [&] {
     // ---- everything is checked before the first configuration runs ----
-    const Device dev = ex::parse_device(a.device);
+    // --estimate TARGET: only the dry runs (no device needed); otherwise each configuration
+    // runs on --device, next to its prediction for that device.
+    const bool estimate_only = !a.estimate.empty();
+    if (estimate_only && app.count("--device") > 0)
+      throw std::invalid_argument(
+          "--estimate predicts a run on its target device (cpu, h200, cuda): leave out --device");
+    const Device dev = estimate_only ? Device::cpu() : ex::parse_device(a.device);
+    const std::string target =
+        estimate_only ? a.estimate : (dev.type == DeviceType::cuda ? "cuda" : "cpu");
+    memory::meta_target(target);  // an unknown target is an error before anything runs
     if (a.model != "resnet" && a.model != "gpt")
       throw std::invalid_argument(
           fmt::format("--model: expected resnet or gpt, got '{}'", a.model));
@@ -212,6 +228,105 @@ int main(int argc, char** argv) {
       batches = make_batches(a, classes, channels, seq);
     }
 
+    // One configuration's steps on `on`: the real device, or a dry run's meta device (no
+    // values to read there: no loss).
+    auto run_config = [&](Device on, const std::vector<data::Example>& items,
+                          const nn::CheckpointSpec& spec, std::optional<DType> amp,
+                          ex::ConfigResult& r) {
+      const bool dry = on.is_meta();
+      manual_seed(a.seed);
+      std::shared_ptr<nn::Module> model;
+      std::shared_ptr<nn::GPT> gpt;
+      if (a.model == "resnet") {
+        nn::ResNetOptions o;
+        o.num_classes = classes;
+        o.in_channels = channels;
+        if (a.arch == "tiny")
+          model = nn::resnet_tiny(o);
+        else if (a.arch == "resnet18")
+          model = nn::resnet18(o);
+        else if (a.arch == "resnet34")
+          model = nn::resnet34(o);
+        else
+          model = nn::resnet50(o);
+      } else {
+        gpt = std::make_shared<nn::GPT>(nn::GPTConfig::preset(a.preset));
+        model = gpt;
+      }
+      model->to(on);
+      model->train();
+      nn::enable_checkpointing(*model, spec);
+      std::unique_ptr<optim::Optimizer> opt;
+      if (gpt)
+        opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = a.lr});
+      else
+        opt = std::make_unique<optim::SGD>(model->parameters(),
+                                           optim::SGDOptions{.lr = a.lr, .momentum = 0.9});
+      ex::Precision prec(amp, on);
+
+      std::vector<double> times;
+      double loss_value = std::nan("");
+      for (int64_t s = 0; s < a.steps; ++s) {
+        const bool last = s == a.steps - 1;
+        if (last) memory::record_memory_history(true, 2000000, on);
+        memory::synchronize(on);
+        ex::Stopwatch sw;
+        data::Example batch;
+        {
+          memory::CategoryScope input(memory::Category::input);
+          const auto& b = items[static_cast<size_t>(s)];
+          batch = {ops::to_device_async(b.input, on), ops::to_device_async(b.target, on)};
+        }
+        opt->zero_grad(true);
+        Tensor loss;
+        {
+          memory::PhaseScope phase("forward");
+          auto guard = prec.autocast();
+          loss = gpt ? (*gpt)(batch.input, batch.target).second
+                     : cross_entropy((*model)(batch.input), batch.target);
+        }
+        prec.backward_and_step(loss, *opt);
+        if (!dry) loss_value = loss.item();
+        batch = {};
+        loss = Tensor();
+        memory::synchronize(on);
+        times.push_back(sw.ms());
+      }
+      std::sort(times.begin(), times.end());
+      r.median_ms = dry ? std::nan("") : times[times.size() / 2];
+      r.final_loss = loss_value;
+    };
+
+    // The prediction of one configuration: the same steps on a dry run of `target`.
+    auto predict = [&](const std::string& target, const nn::CheckpointSpec& spec,
+                       std::optional<DType> amp, ex::ConfigResult& r) {
+      memory::DryRun dry({.target = target});
+      std::string oom;
+      try {
+        // A CPU run's batches live in the device's own allocator from the start (the copy to
+        // the device is none); a CUDA run copies each batch when its step begins.
+        std::vector<data::Example> resident;
+        if (memory::behaves_as(dry.device()) == DeviceType::cpu) {
+          memory::CategoryScope input(memory::Category::input);
+          for (const data::Example& b : batches.items)
+            resident.push_back({ops::to(b.input, dry.device(), b.input.dtype()),
+                                ops::to(b.target, dry.device(), b.target.dtype())});
+        }
+        run_config(dry.device(), resident.empty() ? batches.items : resident, spec, amp, r);
+      } catch (const memory::OutOfMemoryError& e) {
+        oom = e.what();
+      }
+      const memory::Estimate e = dry.finish(oom);
+      r.predicted = true;
+      r.estimate_target = target;
+      r.estimated_peak_allocated = e.peak_allocated;
+      r.estimated_peak_reserved = e.peak_reserved;
+      r.estimated_at_peak = e.at_peak;
+      r.estimate_seconds = e.seconds;
+      if (!e.fits()) fmt::print("   predicted: does not fit on {}: {}\n", target, oom);
+      return e.device;
+    };
+
     std::vector<ex::ConfigResult> results;
     for (const std::string& ck : checkpoints) {
       for (const std::string& am : amps) {
@@ -222,77 +337,28 @@ int main(int argc, char** argv) {
         fmt::print("== {}\n", r.name);
         std::fflush(stdout);
 
-        memory::empty_cache(dev);
-        memory::reset_peak_memory_stats(dev);
-        manual_seed(a.seed);
-        std::shared_ptr<nn::Module> model;
-        std::shared_ptr<nn::GPT> gpt;
-        if (a.model == "resnet") {
-          nn::ResNetOptions o;
-          o.num_classes = classes;
-          o.in_channels = channels;
-          if (a.arch == "tiny")
-            model = nn::resnet_tiny(o);
-          else if (a.arch == "resnet18")
-            model = nn::resnet18(o);
-          else if (a.arch == "resnet34")
-            model = nn::resnet34(o);
-          else if (a.arch == "resnet50")
-            model = nn::resnet50(o);
-          else
-            throw std::invalid_argument(fmt::format("--arch: unknown '{}'", a.arch));
+        // The prediction first (it needs no device), then the run it predicts. With
+        // --estimate there is no run: the dry run's allocator stands in for the device.
+        Device recorded = dev;
+        recorded = predict(target, spec, amp, r);
+        if (estimate_only) {
+          r.measured = false;
+          r.peak_allocated = r.estimated_peak_allocated;
+          r.peak_reserved = r.estimated_peak_reserved;
+          r.at_peak = r.estimated_at_peak;
         } else {
-          gpt = std::make_shared<nn::GPT>(nn::GPTConfig::preset(a.preset));
-          model = gpt;
+          memory::record_memory_history(false, 0, recorded);
+          recorded = dev;
+          memory::empty_cache(dev);
+          memory::reset_peak_memory_stats(dev);
+          run_config(dev, batches.items, spec, amp, r);
+          const memory::DeviceStats st = memory::get_allocator(dev).stats();
+          r.peak_allocated = st.allocated_bytes[0].peak;
+          r.peak_reserved = st.reserved_bytes[0].peak;
+          r.at_peak = st.category_at_peak;
         }
-        model->to(dev);
-        model->train();
-        nn::enable_checkpointing(*model, spec);
-        std::unique_ptr<optim::Optimizer> opt;
-        if (gpt)
-          opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = a.lr});
-        else
-          opt = std::make_unique<optim::SGD>(model->parameters(),
-                                             optim::SGDOptions{.lr = a.lr, .momentum = 0.9});
-        ex::Precision prec(amp, dev);
-
-        std::vector<double> times;
-        double loss_value = 0;
-        for (int64_t s = 0; s < a.steps; ++s) {
-          const bool last = s == a.steps - 1;
-          if (last) memory::record_memory_history(true, 2000000, dev);
-          memory::synchronize(dev);
-          ex::Stopwatch sw;
-          data::Example batch;
-          {
-            memory::CategoryScope input(memory::Category::input);
-            const auto& b = batches.items[static_cast<size_t>(s)];
-            batch = {ops::to_device_async(b.input, dev), ops::to_device_async(b.target, dev)};
-          }
-          opt->zero_grad(true);
-          Tensor loss;
-          {
-            memory::PhaseScope phase("forward");
-            auto guard = prec.autocast();
-            loss = gpt ? (*gpt)(batch.input, batch.target).second
-                       : cross_entropy((*model)(batch.input), batch.target);
-          }
-          prec.backward_and_step(loss, *opt);
-          loss_value = loss.item();
-          batch = {};
-          loss = Tensor();
-          memory::synchronize(dev);
-          times.push_back(sw.ms());
-        }
-        std::sort(times.begin(), times.end());
-        r.median_ms = times[times.size() / 2];
-        r.final_loss = loss_value;
-
-        auto& alloc = memory::get_allocator(dev);
+        auto& alloc = memory::get_allocator(recorded);
         const memory::DeviceStats st = alloc.stats();
-        r.peak_allocated = st.allocated_bytes[0].peak;
-        r.peak_reserved = st.reserved_bytes[0].peak;
-        r.at_peak = st.category_at_peak;
         memory::CategoryBytes now{};
         for (size_t c = 0; c < now.size(); ++c) now[c] = st.category_bytes[c].current;
         const auto history = alloc.history();
@@ -300,36 +366,53 @@ int main(int argc, char** argv) {
         const std::string stem = a.out + "/" + safe_name(r.name);
         r.snapshot_path = stem + ".pickle";
         r.timeline_path = stem + ".timeline.json";
-        memory::dump_snapshot(r.snapshot_path, dev);
+        memory::dump_snapshot(r.snapshot_path, recorded);
         memory::write_timeline_json(r.timeline, r.timeline_path);
-        memory::record_memory_history(false, 0, dev);
+        memory::record_memory_history(false, 0, recorded);
+        memory::empty_cache(recorded);
         results.push_back(std::move(r));
-        opt.reset();
-        model.reset();
-        gpt.reset();
       }
     }
 
+    const std::string where =
+        estimate_only ? fmt::format("predicted for {}, dry runs", target) : dev.str();
     const std::string title = a.model == "resnet"
                                   ? fmt::format("{} on {} (batch {}, {} steps, {})", a.arch,
-                                                a.dataset, a.batch, a.steps, dev.str())
+                                                a.dataset, a.batch, a.steps, where)
                                   : fmt::format("GPT {} (batch {} x {} tokens, {} steps, {})",
-                                                a.preset, a.batch, seq, a.steps, dev.str());
+                                                a.preset, a.batch, seq, a.steps, where);
     std::cout << ex::format_table(results) << std::flush;
     {
       // results.json: the table's numbers for scripts (bytes; categories by Tally's names).
       std::string j = "[";
       for (size_t i = 0; i < results.size(); ++i) {
         const auto& r = results[i];
+        // A dry run has no step time and no loss: null.
+        auto number = [](double v, int digits) {
+          return std::isfinite(v) ? fmt::format("{:.{}f}", v, digits) : std::string("null");
+        };
         j += fmt::format(
             "{}{{\"name\": \"{}\", \"peak_allocated\": {}, \"peak_reserved\": {}, "
-            "\"median_ms\": {:.3f}, \"final_loss\": {:.6f}, \"at_peak\": {{",
-            i ? ", " : "", r.name, r.peak_allocated, r.peak_reserved, r.median_ms, r.final_loss);
+            "\"median_ms\": {}, \"final_loss\": {}, \"at_peak\": {{",
+            i ? ", " : "", r.name, r.peak_allocated, r.peak_reserved, number(r.median_ms, 3),
+            number(r.final_loss, 6));
         for (size_t c = 0; c < memory::kNumCategories; ++c)
           j += fmt::format("{}\"{}\": {}", c ? ", " : "",
                            memory::category_name(memory::kAllCategories[c]), r.at_peak[c]);
-        j += fmt::format("}}, \"snapshot\": \"{}\", \"timeline\": \"{}\"}}", r.snapshot_path,
-                         r.timeline_path);
+        j += "}";
+        if (r.predicted) {
+          j += fmt::format(
+              ", \"estimate_target\": \"{}\", \"estimated_peak_allocated\": {}, "
+              "\"estimated_peak_reserved\": {}, \"estimated_at_peak\": {{",
+              r.estimate_target, r.estimated_peak_allocated, r.estimated_peak_reserved);
+          for (size_t c = 0; c < memory::kNumCategories; ++c)
+            j += fmt::format("{}\"{}\": {}", c ? ", " : "",
+                             memory::category_name(memory::kAllCategories[c]),
+                             r.estimated_at_peak[c]);
+          j += "}";
+        }
+        j += fmt::format(", \"measured\": {}, \"snapshot\": \"{}\", \"timeline\": \"{}\"}}",
+                         r.measured ? "true" : "false", r.snapshot_path, r.timeline_path);
       }
       j += "]\n";
       memory::write_file_atomic(a.out + "/results.json", j, "ab_memory");

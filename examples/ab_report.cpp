@@ -107,11 +107,19 @@ std::string format_table(const std::vector<ConfigResult>& results) {
   cols.push_back({"frag (resv-alloc)", [](const ConfigResult& r) {
                     return static_cast<double>(r.peak_reserved - r.peak_allocated);
                   }});
+  // Measured runs with their predictions: the predicted peak, and its error against the
+  // measured one. Dry runs only (--estimate): the table itself is the prediction.
+  const bool measured = results.front().measured;
+  bool predicted = false;
+  for (const auto& r : results) predicted = predicted || (r.measured && r.predicted);
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> head = {"configuration"};
   for (auto& c : cols) head.push_back(c.first + " MiB");
-  head.push_back("step ms");
-  head.push_back("final loss");
+  if (predicted) head.push_back("predicted alloc MiB");
+  if (measured) {
+    head.push_back("step ms");
+    head.push_back("final loss");
+  }
   rows.push_back(head);
   const ConfigResult& base = results.front();
   for (size_t i = 0; i < results.size(); ++i) {
@@ -119,9 +127,21 @@ std::string format_table(const std::vector<ConfigResult>& results) {
     std::vector<std::string> row = {r.name};
     for (auto& c : cols)
       row.push_back(mib(c.second(r)) + (i ? delta(c.second(r), c.second(base)) : ""));
-    row.push_back(fmt::format("{:.1f}", r.median_ms) +
-                  (i ? delta(r.median_ms, base.median_ms) : ""));
-    row.push_back(fmt::format("{:.4f}", r.final_loss));
+    if (predicted)
+      row.push_back(
+          !r.predicted
+              ? std::string("-")
+              : fmt::format("{} ({:+.2f}%)", mib(static_cast<double>(r.estimated_peak_allocated)),
+                            r.peak_allocated ? 100.0 *
+                                                   static_cast<double>(r.estimated_peak_allocated -
+                                                                       r.peak_allocated) /
+                                                   static_cast<double>(r.peak_allocated)
+                                             : 0.0));
+    if (measured) {
+      row.push_back(fmt::format("{:.1f}", r.median_ms) +
+                    (i ? delta(r.median_ms, base.median_ms) : ""));
+      row.push_back(fmt::format("{:.4f}", r.final_loss));
+    }
     rows.push_back(row);
   }
   std::vector<size_t> w(head.size(), 0);
@@ -139,6 +159,14 @@ std::string format_table(const std::vector<ConfigResult>& results) {
   out +=
       "(bytes per category are taken at the moment allocated memory peaked; changes are against "
       "the first row)\n";
+  if (!measured)
+    out += fmt::format("(predicted by dry runs for {}: shapes only, no step was run)\n",
+                       results.front().estimate_target);
+  else if (predicted)
+    out += fmt::format(
+        "(predicted: the same steps dry-run beforehand for {}, and the error against the "
+        "measured peak)\n",
+        results.front().estimate_target);
   return out;
 }
 
@@ -163,9 +191,16 @@ void write_report(const std::string& path, const std::string& title,
     std::sort(keep.begin(), keep.end());
     const int64_t t0 = n ? t.times_us.front() : 0;
     data += std::string(i ? "," : "") + "{\"name\":" + json_str(r.name);
+    // A dry run (--estimate) has no step time and no loss: null. `predicted`: the dry run's
+    // peak next to a measured run (the dashed line), else null.
+    auto number = [](double v, int digits) {
+      return std::isfinite(v) ? fmt::format("{:.{}f}", v, digits) : std::string("null");
+    };
     data += fmt::format(
-        ",\"peak_allocated\":{},\"peak_reserved\":{},\"median_ms\":{:.3f},\"final_loss\":{:.6f}",
-        r.peak_allocated, r.peak_reserved, r.median_ms, r.final_loss);
+        ",\"peak_allocated\":{},\"peak_reserved\":{},\"median_ms\":{},\"final_loss\":{},"
+        "\"predicted\":{}",
+        r.peak_allocated, r.peak_reserved, number(r.median_ms, 3), number(r.final_loss, 6),
+        r.measured && r.predicted ? std::to_string(r.estimated_peak_allocated) : "null");
     data += ",\"at_peak\":[";
     for (size_t k = 0; k < std::size(kOrder); ++k)
       data += fmt::format("{}{}", k ? "," : "", r.at_peak[static_cast<size_t>(kOrder[k])]);
@@ -266,6 +301,7 @@ D.categories.forEach((c,k)=>{ if(!used[k]) return; const s=document.createElemen
   s.innerHTML='<i style="background:'+COLORS[c]+'"></i>'+c; legend.appendChild(s); });
 let ymax = 1;
 D.configs.forEach(cf=>cf.bytes.forEach(r=>{ymax=Math.max(ymax, r.reduce((a,b)=>a+b,0));}));
+D.configs.forEach(cf=>{ if(cf.predicted!==null) ymax=Math.max(ymax, cf.predicted); });
 ymax *= 1.08;
 const W=560,H=330,L=56,R=12,T=34,B=36;
 const charts = document.getElementById('charts');
@@ -295,10 +331,15 @@ D.configs.forEach(cf=>{
     el('line',{x1:px,x2:px,y1:y(s[2]),y2:y(s[2])-8,stroke:'#333'},svg);
     const tx=el('text',{x:px,y:y(s[2])-10,'font-size':9,fill:'#333',transform:'rotate(-60 '+px+' '+(y(s[2])-10)+')'},svg);
     tx.textContent=s[1]; });
+  if(cf.predicted!==null){ const py=y(cf.predicted);
+    el('line',{x1:L,x2:W-R,y1:py,y2:py,stroke:'#222','stroke-width':1.2,'stroke-dasharray':'6 4','class':'predicted'},svg);
+    const pt=el('text',{x:W-R-2,y:py-4,'font-size':10,'text-anchor':'end',fill:'#222'},svg);
+    pt.textContent='predicted peak '+mib(cf.predicted)+' MiB'; }
   el('line',{x1:L,x2:W-R,y1:H-B,y2:H-B,stroke:'#999'},svg);
   el('line',{x1:L,x2:L,y1:T,y2:H-B,stroke:'#999'},svg);
   const xl=el('text',{x:(L+W-R)/2,y:H-8,'font-size':11,'text-anchor':'middle',fill:'#555'},svg);
-  xl.textContent='time in step (ms), '+cf.median_ms.toFixed(1)+' ms median';
+  xl.textContent=cf.median_ms===null?'the dry run\u2019s allocations in order (no time: predicted)':
+    'time in step (ms), '+cf.median_ms.toFixed(1)+' ms median';
   const yl=el('text',{x:12,y:(T+H-B)/2,'font-size':11,'text-anchor':'middle',fill:'#555',transform:'rotate(-90 12 '+((T+H-B)/2)+')'},svg);
   yl.textContent='MiB allocated';
   charts.appendChild(box);
@@ -313,7 +354,8 @@ D.configs.forEach((cf,i)=>{
   const cell=(v,bv,unit)=>{ let s=unit(v); if(i&&bv!==undefined){ const d=v-bv; if(d!==0){ const p=bv?(' '+(d>0?'+':'\u2212')+Math.abs(100*d/bv).toFixed(0)+'%'):'';
      s+=' <span class="'+(d<0?'better':'worse')+'">('+(d>0?'+':'\u2212')+unit(Math.abs(d))+p+')</span>'; } } return '<td>'+s+'</td>'; };
   hr+='<tr><td>'+cf.name.replace(/</g,'&lt;')+'</td>'+cols.map(c=>cell(c[1](cf),c[1](b0),mib)).join('')+
-      cell(cf.median_ms,b0.median_ms,v=>v.toFixed(1))+'<td>'+cf.final_loss.toFixed(4)+'</td></tr>';
+      (cf.median_ms===null?'<td>\u2013</td><td>\u2013</td>':
+       cell(cf.median_ms,b0.median_ms,v=>v.toFixed(1))+'<td>'+cf.final_loss.toFixed(4)+'</td>')+'</tr>';
 });
 tab.innerHTML=hr;
 document.body.setAttribute('data-rendered','1');

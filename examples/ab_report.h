@@ -18,6 +18,15 @@ struct ConfigResult {
   double final_loss = 0;
   memory::MemoryTimeline timeline;  // the last (recorded) step
   std::string snapshot_path, timeline_path;
+  // The run was measured (false: --estimate, the figures above are the dry run's).
+  bool measured = true;
+  // The dry run's prediction of the same configuration (memory/estimate.h), when made.
+  bool predicted = false;
+  std::string estimate_target;  // "cpu", "cuda", "h200"
+  int64_t estimated_peak_allocated = 0;
+  int64_t estimated_peak_reserved = 0;
+  memory::CategoryBytes estimated_at_peak{};
+  double estimate_seconds = 0;
 };
 
 // One row per configuration; every column after the first also shows its change against

@@ -7,12 +7,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
+#include "memory/estimate.h"
 #include "memory/memory.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
@@ -28,6 +30,37 @@ inline Device parse_device(const std::string& s) {
     return Device::cuda(0);
   }
   throw std::invalid_argument(fmt::format("--device: expected cpu or cuda, got '{}'", s));
+}
+
+// --estimate TARGET: the training programs run their own loop on a dry run's meta device
+// (memory/estimate.h) for this many steps (the peak of a training run is reached by its
+// second step, once the optimizer state exists), print the prediction and stop.
+inline constexpr int64_t kEstimateSteps = 3;
+
+// The dry run for --estimate (none when the flag is empty). --device names where a real run
+// goes, so the two together are an error.
+inline std::unique_ptr<memory::DryRun> make_dry_run(const std::string& target, bool device_given) {
+  if (target.empty()) return nullptr;
+  if (device_given)
+    throw std::invalid_argument(
+        "--estimate predicts a run on its target device (cpu, h200, cuda): leave out --device");
+  return std::make_unique<memory::DryRun>(memory::EstimateOptions{.target = target});
+}
+
+// The end of an --estimate run: the report, and the dry run's snapshot (memory_viz) and
+// memory_summary() when asked. `out_of_memory`: the message when the dry run ran out.
+inline int finish_dry_run(memory::DryRun& dry, const std::string& out_of_memory,
+                          const std::string& snapshot, bool summary) {
+  const memory::Estimate e = dry.finish(out_of_memory);
+  std::fputs(e.report().c_str(), stdout);
+  if (summary) std::fputs(memory::memory_summary(e.device).c_str(), stdout);
+  if (!snapshot.empty()) {
+    memory::dump_snapshot(snapshot, e.device);
+    std::printf("dry-run snapshot written to %s (open it at https://pytorch.org/memory_viz)\n",
+                snapshot.c_str());
+  }
+  std::fflush(stdout);
+  return e.fits() ? 0 : 3;
 }
 
 // --amp off|fp16|bf16: the autocast dtype (nullopt: off).

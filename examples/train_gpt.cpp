@@ -6,6 +6,7 @@
 //   train_gpt --preset tiny --steps 200 --sample 200
 //   train_gpt --preset gpt2 --data synthetic --batch 16 --seq 1024 --steps 20 --device cuda --amp
 //   bf16
+//   train_gpt --preset gpt2 --data synthetic --batch 16 --amp bf16 --estimate h200   (no GPU)
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -46,7 +47,8 @@ struct Args {
   int64_t sample = 0;
   int64_t eval_batches = 8;
   int64_t log_every = 10;
-  int64_t vocab = 0;  // synthetic data: the vocabulary (0: the preset's)
+  int64_t vocab = 0;     // synthetic data: the vocabulary (0: the preset's)
+  std::string estimate;  // a dry run's target: predict memory instead of training
 };
 
 // Greedy-with-temperature sampling of `n` bytes after `prompt`.
@@ -112,12 +114,18 @@ int main(int argc, char** argv) {
                          ex::int_range(1));
   ex::add_checked_option(app, "--log-every", a.log_every, "progress update interval in steps",
                          ex::int_range(1));
+  app.add_option("--estimate", a.estimate,
+                 "predict the run's memory on TARGET (cpu | h200 | cuda) with a shapes-only dry "
+                 "run of a few steps, print it and stop; no GPU needed");
   app.add_option("--vocab", a.vocab, "vocabulary of synthetic data (0: the preset's)")
       ->check(ex::int_range(0, 1 << 24));
 
   return ex::run_cli("train_gpt", app, argc, argv, [&] {
     // ---- everything is checked before the first step ----
-    const Device dev = ex::parse_device(a.device);
+    const std::unique_ptr<memory::DryRun> dry =
+        ex::make_dry_run(a.estimate, app.count("--device") > 0);
+    const Device dev = dry ? dry->device() : ex::parse_device(a.device);
+    const bool pin = memory::behaves_as(dev) == DeviceType::cuda;  // pinned host batches
     const auto amp = ex::parse_amp(a.amp);
     const nn::CheckpointSpec ckpt = nn::parse_checkpoint_spec(a.checkpoint);
     if (!a.snapshot.empty()) ex::check_output_file(a.snapshot, "--snapshot");
@@ -152,122 +160,133 @@ int main(int argc, char** argv) {
     } else if (a.vocab > 0) {
       cfg.vocab_size = a.vocab;
     }
-    if (!a.snapshot.empty()) memory::record_memory_history(true, 1000000, dev);
+    if (!a.snapshot.empty() && !dry) memory::record_memory_history(true, 1000000, dev);
 
-    auto model = std::make_shared<nn::GPT>(cfg);
-    model->to(dev);
-    nn::enable_checkpointing(*model, ckpt);
-    optim::AdamW opt(
-        model->parameters(),
-        optim::AdamOptions{
-            .lr = a.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = a.weight_decay});
-    // Warm-up: 10% of the steps, at least 1 and fewer than all (none for a 1-step run).
-    const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, a.steps / 10), a.steps - 1);
-    optim::WarmupCosineLR sched(opt, warmup, a.steps, a.lr * 0.1);
-    ex::Precision prec(amp, dev);
-    Generator gen(a.seed + 17);
-    data::SyntheticTokens synth(1 << 20, cfg.vocab_size, {T}, a.seed);
+    try {  // a dry run that runs out of its target's memory reports it (the catch below)
+      auto model = std::make_shared<nn::GPT>(cfg);
+      model->to(dev);
+      nn::enable_checkpointing(*model, ckpt);
+      optim::AdamW opt(model->parameters(), optim::AdamOptions{.lr = a.lr,
+                                                               .beta1 = 0.9,
+                                                               .beta2 = 0.95,
+                                                               .eps = 1e-8,
+                                                               .weight_decay = a.weight_decay});
+      // Warm-up: 10% of the steps, at least 1 and fewer than all (none for a 1-step run).
+      const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, a.steps / 10), a.steps - 1);
+      optim::WarmupCosineLR sched(opt, warmup, a.steps, a.lr * 0.1);
+      ex::Precision prec(amp, dev);
+      Generator gen(a.seed + 17);
+      data::SyntheticTokens synth(1 << 20, cfg.vocab_size, {T}, a.seed);
 
-    auto next_batch = [&](data::Split split) -> data::Example {
-      data::Example b;
-      if (synthetic) {
-        std::vector<int64_t> idx(static_cast<size_t>(a.batch));
-        for (auto& i : idx)
-          i = static_cast<int64_t>(rand({1}, {}, &gen).item() * synth.size()) % synth.size();
-        b = synth.get_batch(idx, dev.type == DeviceType::cuda);
-      } else {
-        b = corpus->get_batch(a.batch, T, gen, split, dev.type == DeviceType::cuda);
-      }
-      memory::CategoryScope input(memory::Category::input);
-      return {ops::to_device_async(b.input, dev), ops::to_device_async(b.target, dev)};
-    };
+      auto next_batch = [&](data::Split split) -> data::Example {
+        data::Example b;
+        if (synthetic) {
+          std::vector<int64_t> idx(static_cast<size_t>(a.batch));
+          for (auto& i : idx)
+            i = static_cast<int64_t>(rand({1}, {}, &gen).item() * synth.size()) % synth.size();
+          b = synth.get_batch(idx, pin);
+        } else {
+          b = corpus->get_batch(a.batch, T, gen, split, pin);
+        }
+        memory::CategoryScope input(memory::Category::input);
+        return {ops::to_device_async(b.input, dev), ops::to_device_async(b.target, dev)};
+      };
 
-    fmt::print(
-        "Tally train_gpt: preset {} ({:.2f} M parameters), data {}{}, device {}, batch {} x {} "
-        "tokens, "
-        "{} steps, AdamW lr {}, checkpoint {}, amp {}\n",
-        a.preset, model->num_parameters() / 1e6, synthetic ? "synthetic" : a.data,
-        synthetic ? "" : fmt::format(" ({} tokens)", corpus->num_tokens()), dev.str(), a.batch, T,
-        a.steps, a.lr, a.checkpoint, prec.name());
+      fmt::print(
+          "Tally train_gpt: preset {} ({:.2f} M parameters), data {}{}, device {}, batch {} x {} "
+          "tokens, "
+          "{} steps, AdamW lr {}, checkpoint {}, amp {}\n",
+          a.preset, model->num_parameters() / 1e6, synthetic ? "synthetic" : a.data,
+          synthetic ? "" : fmt::format(" ({} tokens)", corpus->num_tokens()), dev.str(), a.batch, T,
+          a.steps, a.lr, a.checkpoint, prec.name());
 
-    model->train();
-    ex::Progress bar(a.steps, isatty(fileno(stdout)));
-    ex::Stopwatch clock;
-    Tensor loss_acc = zeros({}, TensorOptions{}.with_device(dev));
-    int64_t window = 0;
-    double first_loss = -1, last_loss = 0;
-    for (int64_t step = 1; step <= a.steps; ++step) {
-      const data::Example batch = next_batch(data::Split::train);
-      opt.zero_grad(true);
-      Tensor loss;
-      {
-        memory::PhaseScope phase("forward");
-        auto guard = prec.autocast();
-        loss = (*model)(batch.input, batch.target).second;
+      model->train();
+      ex::Progress bar(a.steps, isatty(fileno(stdout)));
+      ex::Stopwatch clock;
+      Tensor loss_acc = zeros({}, TensorOptions{}.with_device(dev));
+      int64_t window = 0;
+      double first_loss = -1, last_loss = 0;
+      const int64_t steps = dry ? std::min(a.steps, ex::kEstimateSteps) : a.steps;
+      for (int64_t step = 1; step <= steps; ++step) {
+        const data::Example batch = next_batch(data::Split::train);
+        opt.zero_grad(true);
+        Tensor loss;
+        {
+          memory::PhaseScope phase("forward");
+          auto guard = prec.autocast();
+          loss = (*model)(batch.input, batch.target).second;
+        }
+        {
+          memory::PhaseScope phase("backward");
+          prec.scaler().scale(loss).backward();
+        }
+        if (a.clip > 0) {
+          prec.scaler().unscale_(opt);
+          optim::clip_grad_norm_(model->parameters(), a.clip);
+        }
+        prec.scaler().step(opt);
+        prec.scaler().update();
+        sched.step();
+        {
+          NoGradGuard ng;
+          loss_acc = add(loss_acc, loss.detach().to(DType::float32));
+        }
+        ++window;
+        if (dry) continue;  // no values to read
+        if (step % a.log_every == 0 || step == a.steps) {
+          last_loss = loss_acc.item() / static_cast<double>(window);
+          if (first_loss < 0) first_loss = last_loss;
+          memory::synchronize(dev);
+          const double ms = clock.ms() / static_cast<double>(window);
+          clock.reset();
+          bar.update(
+              step,
+              fmt::format("loss {:.4f} | {:.0f} tok/s | {:.1f} ms/step | lr {:.2e} | peak {}",
+                          last_loss, static_cast<double>(a.batch * T) / (ms / 1000.0), ms,
+                          opt.get_lr(),
+                          ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev)))));
+          loss_acc = zeros({}, TensorOptions{}.with_device(dev));
+          window = 0;
+        }
       }
-      {
-        memory::PhaseScope phase("backward");
-        prec.scaler().scale(loss).backward();
-      }
-      if (a.clip > 0) {
-        prec.scaler().unscale_(opt);
-        optim::clip_grad_norm_(model->parameters(), a.clip);
-      }
-      prec.scaler().step(opt);
-      prec.scaler().update();
-      sched.step();
+      if (dry) return ex::finish_dry_run(*dry, "", a.snapshot, a.summary);
+      bar.done();
+
+      // ---- validation ----
+      double val = 0;
       {
         NoGradGuard ng;
-        loss_acc = add(loss_acc, loss.detach().to(DType::float32));
+        model->eval();
+        for (int64_t i = 0; i < a.eval_batches; ++i) {
+          const data::Example b = next_batch(data::Split::val);
+          auto guard = prec.autocast();
+          val += (*model)(b.input, b.target).second.item();
+        }
+        model->train();
       }
-      ++window;
-      if (step % a.log_every == 0 || step == a.steps) {
-        last_loss = loss_acc.item() / static_cast<double>(window);
-        if (first_loss < 0) first_loss = last_loss;
-        memory::synchronize(dev);
-        const double ms = clock.ms() / static_cast<double>(window);
-        clock.reset();
-        bar.update(
-            step, fmt::format(
-                      "loss {:.4f} | {:.0f} tok/s | {:.1f} ms/step | lr {:.2e} | peak {}",
-                      last_loss, static_cast<double>(a.batch * T) / (ms / 1000.0), ms, opt.get_lr(),
-                      ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev)))));
-        loss_acc = zeros({}, TensorOptions{}.with_device(dev));
-        window = 0;
+      val /= static_cast<double>(a.eval_batches);  // >= 1
+      fmt::print(
+          "val loss {:.4f} (chance: ln {} = {:.4f}), train loss {:.4f} -> {:.4f}, peak allocated "
+          "{}, "
+          "peak reserved {}\n",
+          val, cfg.vocab_size, std::log(static_cast<double>(cfg.vocab_size)), first_loss, last_loss,
+          ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
+          ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
+      if (a.sample > 0 && !synthetic) {
+        Generator sgen(a.seed + 99);
+        fmt::print("--- sample ---\n{}\n--------------\n",
+                   sample_text(*model, "Q:", a.sample, dev, sgen));
       }
-    }
-    bar.done();
-
-    // ---- validation ----
-    double val = 0;
-    {
-      NoGradGuard ng;
-      model->eval();
-      for (int64_t i = 0; i < a.eval_batches; ++i) {
-        const data::Example b = next_batch(data::Split::val);
-        auto guard = prec.autocast();
-        val += (*model)(b.input, b.target).second.item();
+      if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
+      if (!a.snapshot.empty()) {
+        memory::dump_snapshot(a.snapshot, dev);
+        fmt::print("snapshot written to {} (open it at https://pytorch.org/memory_viz)\n",
+                   a.snapshot);
       }
-      model->train();
+      return 0;
+    } catch (const memory::OutOfMemoryError& e) {
+      if (!dry) throw;
+      return ex::finish_dry_run(*dry, e.what(), a.snapshot, a.summary);
     }
-    val /= static_cast<double>(a.eval_batches);  // >= 1
-    fmt::print(
-        "val loss {:.4f} (chance: ln {} = {:.4f}), train loss {:.4f} -> {:.4f}, peak allocated {}, "
-        "peak reserved {}\n",
-        val, cfg.vocab_size, std::log(static_cast<double>(cfg.vocab_size)), first_loss, last_loss,
-        ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
-        ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
-    if (a.sample > 0 && !synthetic) {
-      Generator sgen(a.seed + 99);
-      fmt::print("--- sample ---\n{}\n--------------\n",
-                 sample_text(*model, "Q:", a.sample, dev, sgen));
-    }
-    if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
-    if (!a.snapshot.empty()) {
-      memory::dump_snapshot(a.snapshot, dev);
-      fmt::print("snapshot written to {} (open it at https://pytorch.org/memory_viz)\n",
-                 a.snapshot);
-    }
-    return 0;
   });
 }

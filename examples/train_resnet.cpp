@@ -6,6 +6,8 @@
 //   train_resnet --arch resnet18 --device cuda --epochs 2 --snapshot resnet18.pickle
 //   train_resnet --arch resnet50 --dataset synthetic --image-size 224 --batch 64 --steps 20 \
 //                --device cuda --checkpoint 4-segments --amp fp16
+//   train_resnet --arch resnet50 --dataset synthetic --image-size 224 --amp fp16 --estimate h200
+//                (the memory that run takes on an H200, predicted on any machine)
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -49,6 +51,7 @@ struct Args {
   std::string amp = "off";
   int64_t eval_batches = 0;  // 0: the whole test set
   int64_t log_every = 10;
+  std::string estimate;  // a dry run's target: predict memory instead of training
 };
 
 std::shared_ptr<nn::Module> make_model(const Args& a, int64_t classes, int64_t channels) {
@@ -111,10 +114,17 @@ int main(int argc, char** argv) {
       ->check(ex::int_range(0));
   ex::add_checked_option(app, "--log-every", a.log_every, "progress update interval in steps",
                          ex::int_range(1));
+  app.add_option("--estimate", a.estimate,
+                 "predict the run's memory on TARGET (cpu | h200 | cuda) with a shapes-only dry "
+                 "run of a few steps, print it and stop; no GPU needed");
 
   return ex::run_cli("train_resnet", app, argc, argv, [&] {
     // ---- everything is checked before the first step ----
-    const Device dev = ex::parse_device(a.device);
+    const std::unique_ptr<memory::DryRun> dry =
+        ex::make_dry_run(a.estimate, app.count("--device") > 0);
+    const Device dev = dry ? dry->device() : ex::parse_device(a.device);
+    if (dry)
+      a.steps = ex::kEstimateSteps;  // the dry run's steps (the synthetic set is sized by them)
     const auto amp = ex::parse_amp(a.amp);
     const nn::CheckpointSpec ckpt = nn::parse_checkpoint_spec(a.checkpoint);
     if (a.arch != "tiny" && a.arch != "resnet18" && a.arch != "resnet34" && a.arch != "resnet50")
@@ -199,117 +209,125 @@ int main(int argc, char** argv) {
     const int64_t per_epoch = loader.len();  // >= 1 (checked above)
     const int64_t total =
         a.steps > 0 ? a.steps : ex::checked_mul(per_epoch, a.epochs, "steps per epoch x --epochs");
-    if (!a.snapshot.empty()) memory::record_memory_history(true, 1000000, dev);
+    if (!a.snapshot.empty() && !dry) memory::record_memory_history(true, 1000000, dev);
 
-    // ---- model and optimizer ----
-    auto model = make_model(a, classes, channels);
-    model->to(dev);
-    nn::enable_checkpointing(*model, ckpt);
-    std::unique_ptr<optim::Optimizer> opt;
-    if (a.optimizer == "sgd") {
-      opt = std::make_unique<optim::SGD>(
-          model->parameters(),
-          optim::SGDOptions{.lr = a.lr, .momentum = a.momentum, .weight_decay = a.weight_decay});
-    } else {
-      optim::AdamOptions o{.lr = a.lr, .weight_decay = a.weight_decay};
-      if (a.optimizer == "adam")
-        opt = std::make_unique<optim::Adam>(model->parameters(), o);
-      else
-        opt = std::make_unique<optim::AdamW>(model->parameters(), o);
-    }
-    // Warm-up: 5% of the steps, at least 1 and fewer than all (none for a 1-step run).
-    const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, total / 20), total - 1);
-    optim::WarmupCosineLR sched(*opt, warmup, total, a.lr * 0.01);
-    ex::Precision prec(amp, dev);
+    try {  // a dry run that runs out of its target's memory reports it (the catch below)
+      // ---- model and optimizer ----
+      auto model = make_model(a, classes, channels);
+      model->to(dev);
+      nn::enable_checkpointing(*model, ckpt);
+      std::unique_ptr<optim::Optimizer> opt;
+      if (a.optimizer == "sgd") {
+        opt = std::make_unique<optim::SGD>(
+            model->parameters(),
+            optim::SGDOptions{.lr = a.lr, .momentum = a.momentum, .weight_decay = a.weight_decay});
+      } else {
+        optim::AdamOptions o{.lr = a.lr, .weight_decay = a.weight_decay};
+        if (a.optimizer == "adam")
+          opt = std::make_unique<optim::Adam>(model->parameters(), o);
+        else
+          opt = std::make_unique<optim::AdamW>(model->parameters(), o);
+      }
+      // Warm-up: 5% of the steps, at least 1 and fewer than all (none for a 1-step run).
+      const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, total / 20), total - 1);
+      optim::WarmupCosineLR sched(*opt, warmup, total, a.lr * 0.01);
+      ex::Precision prec(amp, dev);
 
-    fmt::print(
-        "Tally train_resnet: {} ({:.2f} M parameters) on {} ({} train / {} test), device {}, "
-        "batch {}, {} steps, {} {}, checkpoint {}, amp {}\n",
-        a.arch, model->num_parameters() / 1e6, a.dataset, train->size(), test->size(), dev.str(),
-        a.batch, total, a.optimizer, a.lr, a.checkpoint, prec.name());
+      fmt::print(
+          "Tally train_resnet: {} ({:.2f} M parameters) on {} ({} train / {} test), device {}, "
+          "batch {}, {} steps, {} {}, checkpoint {}, amp {}\n",
+          a.arch, model->num_parameters() / 1e6, a.dataset, train->size(), test->size(), dev.str(),
+          a.batch, total, a.optimizer, a.lr, a.checkpoint, prec.name());
 
-    // ---- train ----
-    model->train();
-    ex::Progress bar(total, isatty(fileno(stdout)));
-    ex::Stopwatch clock;
-    int64_t step = 0;
-    double loss_sum = 0;
-    int64_t correct = 0, seen = 0, window_steps = 0;
-    Tensor loss_acc = zeros({}, TensorOptions{}.with_device(dev));
-    Tensor correct_acc = zeros({}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
-    while (step < total) {
-      const int64_t step_at_epoch_start = step;
-      for (const data::Example& batch : loader) {
-        if (step >= total) break;
-        const Tensor x = resize(batch.input, image_size);
-        opt->zero_grad(true);
-        Tensor logits, loss;
-        {
-          memory::PhaseScope phase("forward");
+      // ---- train ----
+      model->train();
+      ex::Progress bar(total, isatty(fileno(stdout)));
+      ex::Stopwatch clock;
+      int64_t step = 0;
+      double loss_sum = 0;
+      int64_t correct = 0, seen = 0, window_steps = 0;
+      Tensor loss_acc = zeros({}, TensorOptions{}.with_device(dev));
+      Tensor correct_acc = zeros({}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
+      while (step < total) {
+        const int64_t step_at_epoch_start = step;
+        for (const data::Example& batch : loader) {
+          if (step >= total) break;
+          const Tensor x = resize(batch.input, image_size);
+          opt->zero_grad(true);
+          Tensor logits, loss;
+          {
+            memory::PhaseScope phase("forward");
+            auto guard = prec.autocast();
+            logits = (*model)(x);
+            loss = cross_entropy(logits, batch.target);
+          }
+          prec.backward_and_step(loss, *opt);
+          sched.step();
+          {
+            NoGradGuard ng;
+            loss_acc = add(loss_acc, loss.detach().to(DType::float32));
+            correct_acc = add(correct_acc,
+                              sum(eq(argmax(logits.detach(), 1), batch.target)).to(DType::int64));
+          }
+          seen += x.size(0);
+          ++step;
+          ++window_steps;
+          if (dry) continue;  // no values to read
+          if (step % a.log_every == 0 || step == total) {
+            loss_sum = loss_acc.item() / static_cast<double>(window_steps);  // one sync per update
+            correct = correct_acc.item<int64_t>();
+            memory::synchronize(dev);
+            const double ms = clock.ms() / static_cast<double>(window_steps);
+            clock.reset();
+            bar.update(
+                step,
+                fmt::format("loss {:.4f} acc {:.1f}% | {:.1f} ms/step | lr {:.4f} | peak {}",
+                            loss_sum,
+                            100.0 * static_cast<double>(correct) / static_cast<double>(seen), ms,
+                            opt->get_lr(),
+                            ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev)))));
+            loss_acc = zeros({}, TensorOptions{}.with_device(dev));
+            correct_acc = zeros({}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
+            seen = 0;
+            window_steps = 0;
+          }
+        }
+        if (step == step_at_epoch_start)  // never spin on an empty epoch
+          throw std::logic_error(
+              fmt::format("the training loader yielded no batch in epoch {}", loader.epoch() - 1));
+      }
+      if (dry) return ex::finish_dry_run(*dry, "", a.snapshot, a.summary);
+      bar.done();
+
+      // ---- evaluate ----
+      model->eval();
+      int64_t right = 0, count = 0, nb = 0;
+      {
+        NoGradGuard ng;
+        for (const data::Example& batch : test_loader) {
+          if (a.eval_batches > 0 && nb >= a.eval_batches) break;
           auto guard = prec.autocast();
-          logits = (*model)(x);
-          loss = cross_entropy(logits, batch.target);
-        }
-        prec.backward_and_step(loss, *opt);
-        sched.step();
-        {
-          NoGradGuard ng;
-          loss_acc = add(loss_acc, loss.detach().to(DType::float32));
-          correct_acc =
-              add(correct_acc, sum(eq(argmax(logits.detach(), 1), batch.target)).to(DType::int64));
-        }
-        seen += x.size(0);
-        ++step;
-        ++window_steps;
-        if (step % a.log_every == 0 || step == total) {
-          loss_sum = loss_acc.item() / static_cast<double>(window_steps);  // one sync per update
-          correct = correct_acc.item<int64_t>();
-          memory::synchronize(dev);
-          const double ms = clock.ms() / static_cast<double>(window_steps);
-          clock.reset();
-          bar.update(step,
-                     fmt::format(
-                         "loss {:.4f} acc {:.1f}% | {:.1f} ms/step | lr {:.4f} | peak {}", loss_sum,
-                         100.0 * static_cast<double>(correct) / static_cast<double>(seen), ms,
-                         opt->get_lr(),
-                         ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev)))));
-          loss_acc = zeros({}, TensorOptions{}.with_device(dev));
-          correct_acc = zeros({}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
-          seen = 0;
-          window_steps = 0;
+          const Tensor logits = (*model)(resize(batch.input, image_size));
+          right += sum(eq(argmax(logits, 1), batch.target)).item<int64_t>();
+          count += batch.input.size(0);
+          ++nb;
         }
       }
-      if (step == step_at_epoch_start)  // never spin on an empty epoch
-        throw std::logic_error(
-            fmt::format("the training loader yielded no batch in epoch {}", loader.epoch() - 1));
-    }
-    bar.done();
-
-    // ---- evaluate ----
-    model->eval();
-    int64_t right = 0, count = 0, nb = 0;
-    {
-      NoGradGuard ng;
-      for (const data::Example& batch : test_loader) {
-        if (a.eval_batches > 0 && nb >= a.eval_batches) break;
-        auto guard = prec.autocast();
-        const Tensor logits = (*model)(resize(batch.input, image_size));
-        right += sum(eq(argmax(logits, 1), batch.target)).item<int64_t>();
-        count += batch.input.size(0);
-        ++nb;
+      fmt::print(
+          "test accuracy {:.2f}% ({} / {}), peak allocated {}, peak reserved {}\n",
+          100.0 * static_cast<double>(right) / static_cast<double>(std::max<int64_t>(count, 1)),
+          right, count, ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
+          ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
+      if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
+      if (!a.snapshot.empty()) {
+        memory::dump_snapshot(a.snapshot, dev);
+        fmt::print("snapshot written to {} (open it at https://pytorch.org/memory_viz)\n",
+                   a.snapshot);
       }
+      return 0;
+    } catch (const memory::OutOfMemoryError& e) {
+      if (!dry) throw;
+      return ex::finish_dry_run(*dry, e.what(), a.snapshot, a.summary);
     }
-    fmt::print(
-        "test accuracy {:.2f}% ({} / {}), peak allocated {}, peak reserved {}\n",
-        100.0 * static_cast<double>(right) / static_cast<double>(std::max<int64_t>(count, 1)),
-        right, count, ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
-        ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
-    if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
-    if (!a.snapshot.empty()) {
-      memory::dump_snapshot(a.snapshot, dev);
-      fmt::print("snapshot written to {} (open it at https://pytorch.org/memory_viz)\n",
-                 a.snapshot);
-    }
-    return 0;
   });
 }

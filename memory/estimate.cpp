@@ -15,8 +15,6 @@
 
 namespace tally::memory {
 
-namespace {
-
 // The allocator events of one meta device, and where its allocated bytes last reached their
 // peak (the moment DeviceStats::category_at_peak describes). Chained in front of the
 // observer installed before it (the profiler's), which still sees every event.
@@ -84,6 +82,12 @@ class PeakTracker final : public AllocationObserver {
   size_t peak_events_ = 0;
 };
 
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 std::string human(int64_t bytes) {
   const double b = static_cast<double>(bytes);
   if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
@@ -94,31 +98,39 @@ std::string human(int64_t bytes) {
 
 }  // namespace
 
-Estimate estimate(const std::function<void(Device)>& run, const EstimateOptions& options) {
-  MetaTarget target = meta_target(options.target);
-  if (options.capacity) target.capacity = options.capacity;
+DryRun::DryRun(const EstimateOptions& options) : target_(meta_target(options.target)) {
+  if (options.capacity) target_.capacity = options.capacity;
+  device_ = new_meta_device(target_);
+  if (options.max_history) get_allocator(device_).record_memory_history(true, options.max_history);
+  tracker_ = std::make_unique<PeakTracker>(device_.index);
+  start_ = now_seconds();
+}
+
+DryRun::~DryRun() = default;
+
+Estimate DryRun::finish(const std::string& out_of_memory) {
   Estimate e;
-  e.target = target;
-  e.device = new_meta_device(target);
-  CachingAllocator& alloc = get_allocator(e.device);
-  if (options.max_history) alloc.record_memory_history(true, options.max_history);
-  const auto t0 = std::chrono::steady_clock::now();
-  {
-    PeakTracker tracker(e.device.index);
-    try {
-      run(e.device);
-    } catch (const OutOfMemoryError& oom) {
-      e.out_of_memory = oom.what();
-    }
-    e.activations_at_peak = tracker.activations_at_peak();
-  }
-  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const DeviceStats st = alloc.stats();
+  e.target = target_;
+  e.device = device_;
+  e.out_of_memory = out_of_memory;
+  e.seconds = now_seconds() - start_;
+  e.activations_at_peak = tracker_->activations_at_peak();
+  const DeviceStats st = get_allocator(device_).stats();
   e.peak_allocated = st.allocated_bytes[kAllPools].peak;
   e.peak_reserved = st.reserved_bytes[kAllPools].peak;
   e.at_peak = st.category_at_peak;
   e.allocations = st.allocation[kAllPools].allocated;
   return e;
+}
+
+Estimate estimate(const std::function<void(Device)>& run, const EstimateOptions& options) {
+  DryRun dry(options);
+  try {
+    run(dry.device());
+  } catch (const OutOfMemoryError& oom) {
+    return dry.finish(oom.what());
+  }
+  return dry.finish();
 }
 
 std::string Estimate::report(size_t top_modules) const {

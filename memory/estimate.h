@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,33 @@ struct Estimate {
   // The report a user reads: target, peaks, the categories at the peak, the largest
   // activations by module.
   std::string report(size_t top_modules = 8) const;
+};
+
+// The dry run as an object, for programs whose training loop is not one function: make it,
+// run the steps on device(), then finish(). estimate() is this around a function.
+//
+//   memory::DryRun dry({.target = "h200"});
+//   ... build the model and train a few steps on dry.device() ...
+//   fmt::print("{}", dry.finish().report());
+class PeakTracker;
+class DryRun {
+ public:
+  // std::invalid_argument for an unknown target, before anything is made.
+  explicit DryRun(const EstimateOptions& options = {});
+  ~DryRun();
+  DryRun(const DryRun&) = delete;
+  DryRun& operator=(const DryRun&) = delete;
+
+  Device device() const { return device_; }
+  // The figures of everything allocated on device() so far. `out_of_memory`: the message of
+  // the OutOfMemoryError that stopped the run, if one did.
+  Estimate finish(const std::string& out_of_memory = "");
+
+ private:
+  MetaTarget target_;
+  Device device_;
+  std::unique_ptr<PeakTracker> tracker_;
+  double start_ = 0;
 };
 
 // Runs `run` on a fresh meta device replaying options.target. Exceptions from `run` other
