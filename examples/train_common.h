@@ -43,8 +43,13 @@ inline std::unique_ptr<memory::DryRun> make_dry_run(const std::string& target, b
   if (target.empty()) return nullptr;
   if (device_given)
     throw std::invalid_argument(
-        "--estimate predicts a run on its target device (cpu, h200, cuda): leave out --device");
-  return std::make_unique<memory::DryRun>(memory::EstimateOptions{.target = target});
+        "--estimate: it predicts a run on its target device (cpu, h200, cuda): leave out "
+        "--device");
+  try {
+    return std::make_unique<memory::DryRun>(memory::EstimateOptions{.target = target});
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("--estimate: {}", e.what()));
+  }
 }
 
 // The end of an --estimate run: the report, and the dry run's snapshot (memory_viz) and

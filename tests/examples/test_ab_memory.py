@@ -45,6 +45,15 @@ for r in res:
     check(r["at_peak"]["unknown"] == 0, f"{r['name']}: unknown bytes at the peak: {r['at_peak']['unknown']}")
     check(r["at_peak"]["parameter"] > 0, f"{r['name']}: no parameter bytes at the peak")
     check(r["final_loss"] == r["final_loss"] and r["final_loss"] > 0, f"{r['name']}: bad loss {r['final_loss']}")
+# Each run next to its prediction: on the CPU the dry run replays the same allocations, so
+# the predicted peak and categories are the measured ones exactly.
+for r in res:
+    check(r.get("estimate_target") == "cpu" and r.get("measured") is True,
+          f"{r['name']}: expected a measured run with a cpu prediction, got {r.get('estimate_target')}")
+    check(r.get("estimated_peak_allocated") == r["peak_allocated"],
+          f"{r['name']}: predicted peak {r.get('estimated_peak_allocated')} != measured {r['peak_allocated']}")
+    check(r.get("estimated_at_peak") == r["at_peak"],
+          f"{r['name']}: predicted categories at the peak differ: {r.get('estimated_at_peak')} vs {r['at_peak']}")
 bf = by.get("ckpt=none amp=bf16")
 if bf and base:
     check(bf["at_peak"]["autocast_cache"] > 0 or bf["at_peak"]["activation"] < base["at_peak"]["activation"],
@@ -61,6 +70,21 @@ for r in res:
     check(all(times[i] <= times[i + 1] for i in range(len(times) - 1)), f"{r['timeline']}: times not sorted")
     check(all(v >= 0 for row in sizes for v in row), f"{r['timeline']}: negative bytes")
     check(max(row[8] for row in sizes) == 0, f"{r['timeline']}: unknown column not zero")
+
+# --estimate h200: dry runs only, for a CUDA target, on this machine: no step time, no loss.
+est = os.path.join(out, "estimate")
+run_program([exe, "--model", "resnet", "--arch", "tiny", "--dataset", "synthetic", "--image-size", "16",
+             "--batch", "8", "--steps", "2", "--checkpoint", "none,blocks", "--amp", "bf16",
+             "--estimate", "h200", "--out", est], "ab_memory --estimate", timeout=600)
+eres = json.load(open(os.path.join(est, "results.json")))
+check(len(eres) == 2, f"--estimate: 2 configurations expected, got {len(eres)}")
+for r in eres:
+    check(r["measured"] is False and r["median_ms"] is None and r["final_loss"] is None,
+          f"--estimate {r['name']}: a dry run has no time or loss: {r}")
+    check(r["estimate_target"] == "h200" and r["estimated_peak_allocated"] == r["peak_allocated"] > 0,
+          f"--estimate {r['name']}: the figures are the prediction's")
+    pickle.load(open(r["snapshot"], "rb"))
+check(eres[1]["peak_allocated"] < eres[0]["peak_allocated"], "--estimate: checkpointing should lower the peak")
 
 html_path = os.path.join(out, "report.html")
 html = open(html_path, encoding="utf-8").read()
@@ -88,6 +112,8 @@ check('data-rendered="1"' in dom, "the report's script did not run in chromium (
 m = re.search(r'data-charts="(\d+)"', dom)
 check(m is not None and int(m.group(1)) == 4, f"expected 4 charts, got {m.group(1) if m else None}")
 check(dom.count("<path") >= 4, f"expected stacked areas in the charts, found {dom.count('<path')} paths")
+check(dom.count('class="predicted"') == 4, f"expected a dashed predicted-peak line per chart, "
+      f"found {dom.count('class=' + chr(34) + 'predicted' + chr(34))}")
 urls = set()
 if os.path.exists(netlog):
     # Requests the page made (not Chromium's own update/account traffic, whose initiator is

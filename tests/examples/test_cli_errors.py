@@ -57,6 +57,12 @@ cases = [
         "--weight-decay": ["nan"], "--seed": ["-1"], "--image-size": ["-4"], "--optimizer": ["rmsprop"],
         "--dataset": ["imagenet"],
     }),
+    (["train_resnet", "--estimate", "tpu-v9"], "--estimate", {}),
+    (["train_resnet", "--estimate", "h200", "--device", "cpu"], "--estimate", {}),
+    (["train_gpt", "--estimate", "a100"], "--estimate", {}),
+    (["train_gpt", "--estimate", "cpu", "--device", "cpu"], "--estimate", {}),
+    (["ab_memory", "--estimate", "gpu9000"], "--estimate", {}),
+    (["ab_memory", "--estimate", "h200", "--device", "cpu"], "--estimate", {}),
     (["train_resnet", "--no-such-flag"], "--no-such-flag", {}),
     (["train_resnet", "--momentum", "0.5", "--optimizer", "adam"], "--momentum", {}),
     (["train_resnet", "--image-size", "30"], "--image-size", {}),  # 28 does not divide 30
@@ -169,6 +175,11 @@ good = [
       "--eval-batches", "1", "--log-every", "1", "--momentum", "0"], []),
     (["train_resnet", "--help"], []),
     (["equivalence_dump", "--help"], []),
+    # --estimate: a dry run for a CUDA target on this machine, its snapshot the only file.
+    (["train_gpt", "--data", "synthetic", "--batch", "2", "--seq", "16", "--amp", "bf16",
+      "--estimate", "h200", "--snapshot", "e.pickle"], ["e.pickle"]),
+    (["train_resnet", "--dataset", "synthetic", "--batch", "2", "--image-size", "8",
+      "--checkpoint", "blocks", "--estimate", "cpu"], []),
 ]
 
 
