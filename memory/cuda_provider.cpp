@@ -39,6 +39,15 @@ int CudaProvider::multiprocessor_count(int device) {
   return n;
 }
 
+std::string CudaProvider::product_name(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error(fmt::format("cudaGetDeviceProperties failed for cuda:{}", device));
+  }
+  return prop.name;
+}
+
 std::string CudaProvider::device_name() const {
   return fmt::format("cuda:{}", device_);
 }

@@ -26,6 +26,8 @@ class CudaProvider final : public MemoryProvider {
   static int device_count();
   // The device's multiprocessor count.
   static int multiprocessor_count(int device);
+  // The device's product name ("NVIDIA H200").
+  static std::string product_name(int device);
 
  private:
   int device_;

@@ -120,6 +120,7 @@ Estimate DryRun::finish(const std::string& out_of_memory) {
   e.peak_reserved = st.reserved_bytes[kAllPools].peak;
   e.at_peak = st.category_at_peak;
   e.allocations = st.allocation[kAllPools].allocated;
+  e.unreplayed = unreplayed(device_);
   return e;
 }
 
@@ -155,6 +156,9 @@ std::string Estimate::report(size_t top_modules) const {
           activations_at_peak[i].module.empty() ? "(no module)" : activations_at_peak[i].module,
           human(activations_at_peak[i].bytes));
   }
+  for (const auto& [what, count] : unreplayed)
+    s +=
+        fmt::format("  not replayed exactly ({} time{}): {}\n", count, count == 1 ? "" : "s", what);
   return s;
 }
 

@@ -51,6 +51,8 @@ struct Estimate {
   // Set when the dry run ran out of the target's memory: the allocator's message. The peaks
   // are then those reached before the failing request.
   std::string out_of_memory;
+  // What the dry run could not replay exactly, and how often (memory::note_unreplayed).
+  std::vector<std::pair<std::string, int64_t>> unreplayed;
 
   bool fits() const { return out_of_memory.empty(); }
   // The report a user reads: target, peaks, the categories at the peak, the largest

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -59,6 +60,7 @@ struct MetaDevices {
   std::mutex mu;
   std::deque<MetaTarget> targets;  // a deque: meta_target_of's references stay valid
   std::vector<std::unique_ptr<CachingAllocator>> allocators;
+  std::deque<std::map<std::string, int64_t>> notes;  // note_unreplayed, by device
 };
 MetaDevices& devices() {
   // Leaked on purpose, as the other allocators are: tensors may free during static destruction.
@@ -69,6 +71,7 @@ MetaDevices& devices() {
 int add_locked(MetaDevices& d, const MetaTarget& target) {
   const int index = static_cast<int>(d.targets.size());
   d.targets.push_back(target);
+  d.notes.emplace_back();
   d.allocators.push_back(
       std::make_unique<CachingAllocator>(std::make_unique<MetaProvider>(index, target)));
   return index;
@@ -117,16 +120,20 @@ MetaTarget meta_target(std::string_view name) {
                       .type = DeviceType::cuda,
                       .capacity = size_t{143771} * kMiB,
                       .sm_count = 132,
-                      .matmul_workspace = cublaslt_workspace_bytes_from_env()};
+                      .matmul_workspace = cublaslt_workspace_bytes_from_env(),
+                      .workspace_tables = "h200"};
 #ifdef TALLY_WITH_CUDA
   if (n == "cuda" && cuda_available()) {
     CachingAllocator& a = get_allocator(Device::cuda(0));
+    const std::string product = CudaProvider::product_name(0);
     return MetaTarget{.name = "cuda",
-                      .description = a.provider().device_name(),
+                      .description = fmt::format("{}, {}", a.provider().device_name(), product),
                       .type = DeviceType::cuda,
                       .capacity = a.provider().total_memory(),
                       .sm_count = CudaProvider::multiprocessor_count(0),
-                      .matmul_workspace = cublaslt_workspace_bytes_from_env()};
+                      .matmul_workspace = cublaslt_workspace_bytes_from_env(),
+                      // The tables recorded on this kind of GPU, where there are some.
+                      .workspace_tables = product.find("H200") != std::string::npos ? "h200" : ""};
   }
 #endif
   std::string known;
@@ -164,6 +171,24 @@ const MetaTarget& meta_target_of(Device device) {
 
 DeviceType behaves_as(Device device) {
   return device.type == DeviceType::meta ? meta_target_of(device).type : device.type;
+}
+
+void note_unreplayed(Device meta_device, const std::string& what) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  if (meta_device.type == DeviceType::meta && meta_device.index >= 0 &&
+      static_cast<size_t>(meta_device.index) < d.notes.size())
+    ++d.notes[static_cast<size_t>(meta_device.index)][what];
+}
+
+std::vector<std::pair<std::string, int64_t>> unreplayed(Device meta_device) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  if (meta_device.type != DeviceType::meta || meta_device.index < 0 ||
+      static_cast<size_t>(meta_device.index) >= d.notes.size())
+    return {};
+  const auto& n = d.notes[static_cast<size_t>(meta_device.index)];
+  return {n.begin(), n.end()};
 }
 
 CachingAllocator& meta_allocator(int index) {

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "memory/memory.h"
@@ -28,6 +29,9 @@ struct MetaTarget {
   size_t capacity = 0;                // the device's total memory in bytes
   int sm_count = 0;                   // cuda: multiprocessors (partial-sum buffers scale with it)
   size_t matmul_workspace = 0;        // cuda: cuBLASLt's workspace per product
+  // cuda: the name of the recorded library-workspace tables to replay (cuDNN's convolution
+  // plans, tensor/conv/workspaces_<name>.inc); empty when none was recorded for this GPU.
+  std::string workspace_tables;
 };
 
 // The names meta_target() accepts: "cpu", "h200", and "cuda" where a GPU is present.
@@ -52,6 +56,12 @@ DeviceType behaves_as(Device device);
 // set, else 32 MiB (PyTorch's default on Hopper). The CUDA backend's default and the CUDA
 // targets' `matmul_workspace`.
 size_t cublaslt_workspace_bytes_from_env();
+
+// What a dry run could not replay exactly, counted per meta device: a meta kernel that
+// lacks a number it needs (a library workspace for shapes its target's table has no row
+// for) notes it here instead of guessing silently; the estimate's report lists the notes.
+void note_unreplayed(Device meta_device, const std::string& what);
+std::vector<std::pair<std::string, int64_t>> unreplayed(Device meta_device);
 
 // The caching allocator of meta device `index` (memory::get_allocator's meta case).
 CachingAllocator& meta_allocator(int index);

@@ -7,7 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
+#include "tensor/conv/kernels.h"
 #include "tensor/cuda/cudnn.h"  // set_cudnn_benchmark, set_cudnn_allow_tf32
 
 namespace tally::cuda {
@@ -18,6 +20,9 @@ namespace tally::cuda {
 size_t conv_algorithm_cache_size();
 size_t conv_plan_cache_size();
 void clear_conv_algorithm_cache();
+// The calls planned so far on the default route, each with its plan's workspace: what
+// bench/record_workspaces writes into a CUDA target's table for the meta kernels.
+std::vector<ConvWorkspace> conv_planned_workspaces();
 
 // cuDNN's legacy API takes int-sized tensors: a batch whose input or output has more than
 // this many elements runs as several calls over slices of the batch (default INT32_MAX).

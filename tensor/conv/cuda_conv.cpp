@@ -668,6 +668,36 @@ const ConvKernels conv_kernels{
     .conv2d_backward_weight = &conv2d_backward_weight,
 };
 
+std::vector<ConvWorkspace> conv_planned_workspaces() {
+  std::vector<ConvWorkspace> out;
+  std::lock_guard lock(g_plan_mu);
+  for (const auto& [key, plan] : g_plans) {
+    if (!plan) continue;
+    // The key's layout: Problem::key(false), then accumulate and the handle.
+    ConvWorkspace r{};
+    r.kind = static_cast<int>(key[0]);
+    r.dtype = static_cast<int>(key[2]);
+    r.groups = static_cast<int>(key[3]);
+    r.tf32 = static_cast<int>(key[5]);
+    for (int i = 0; i < 4; ++i) {
+      r.x[i] = static_cast<int>(key[6 + i]);
+      r.w[i] = static_cast<int>(key[14 + i]);
+      r.y[i] = static_cast<int>(key[18 + i]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      r.pad[i] = static_cast<int>(key[26 + i]);
+      r.stride[i] = static_cast<int>(key[28 + i]);
+      r.dilation[i] = static_cast<int>(key[30 + i]);
+    }
+    r.accumulate = static_cast<int>(key[32]);
+    r.bytes = plan->graph.workspace_size();
+    const bool seen =
+        std::any_of(out.begin(), out.end(), [&](const ConvWorkspace& o) { return o.same_call(r); });
+    if (!seen) out.push_back(r);
+  }
+  return out;
+}
+
 size_t conv_plan_cache_size() {
   std::lock_guard lock(g_plan_mu);
   size_t n = 0;

@@ -45,6 +45,23 @@ struct ConvKernels {
 // conv_backends (tensor/backends.cpp).
 TALLY_DECLARE_KERNELS(ConvKernels, conv_kernels, conv_backends);
 
+// One cuDNN convolution call of the CUDA backend's default route (an execution plan of
+// cuDNN's graph API, tensor/conv/cuda_conv.cpp) and the workspace its plan takes: a row of a
+// CUDA target's table (tensor/conv/workspaces_h200.inc), recorded on that GPU by
+// bench/record_workspaces. The meta kernels replay a call's workspace from its target's table.
+struct ConvWorkspace {
+  int kind;   // 0 forward, 1 backward data, 2 backward filter
+  int dtype;  // a DType
+  int tf32;   // float32 with cudnn_allow_tf32() on (the default)
+  int x[4], w[4], y[4];
+  int pad[2], stride[2], dilation[2], groups;
+  int accumulate;  // backward filter into an existing gradient (a batch split in slices)
+  int64_t bytes;
+
+  // Everything but the bytes: the call a row describes.
+  bool same_call(const ConvWorkspace& o) const;
+};
+
 namespace cpu {
 // The CPU kernels' im2col scratch for one call (tensor/conv/cpu.cpp): the [K, L] column
 // matrix of one (image, group) plane, in elements; 0 when the plane already is that matrix

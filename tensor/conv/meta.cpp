@@ -1,33 +1,89 @@
 // Meta kernels of the conv family (tensor/meta/target.h). CPU: each call's im2col column
 // matrix of one plane (cpu::conv_col_scratch_numel), in the dtype the CPU kernel computes in.
-// CUDA: cuDNN's workspace depends on the engine its heuristics pick on the device and is not
-// replayed yet (the dry run counts none).
+// CUDA: the workspace of the call's cuDNN execution plan, which depends on the engine cuDNN's
+// heuristics pick on the device: looked up in the target's table, recorded on that GPU
+// (tensor/conv/workspaces_h200.inc, written by bench/record_workspaces). A call the table
+// has no row for counts no workspace and is noted (memory::note_unreplayed), so the report
+// says what the prediction could not replay.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <span>
+
 #include "tensor/conv/kernels.h"
+#include "tensor/conv/workspaces_h200.inc"
 #include "tensor/meta/target.h"
 
 namespace tally::meta {
 
 namespace {
 
+enum Kind : int { kForward = 0, kBackwardData = 1, kBackwardFilter = 2 };
+
+std::span<const ConvWorkspace> table_of(const memory::MetaTarget& t) {
+  if (t.workspace_tables == "h200") return kConvWorkspacesH200;
+  return {};
+}
+
+// x [N, C, H, W], w [O, C/g, kH, kW], y [N, O, OH, OW] of the call, as the CUDA kernels see
+// them (tensor/conv/cuda_conv.cpp, one call for the whole batch).
+void cuda_workspace(int kind, const Tensor& x, const Tensor& w, const Tensor& y,
+                    const ops::Conv2dParams& p) {
+  if (x.numel() == 0 || y.numel() == 0) return;
+  ConvWorkspace c{};
+  c.kind = kind;
+  c.dtype = static_cast<int>(x.dtype());
+  c.tf32 = x.dtype() == DType::float32 ? 1 : 0;  // cudnn_allow_tf32()'s default
+  for (int i = 0; i < 4; ++i) {
+    c.x[i] = static_cast<int>(x.size(i));
+    c.w[i] = static_cast<int>(w.size(i));
+    c.y[i] = static_cast<int>(y.size(i));
+  }
+  c.pad[0] = static_cast<int>(p.padding.h), c.pad[1] = static_cast<int>(p.padding.w);
+  c.stride[0] = static_cast<int>(p.stride.h), c.stride[1] = static_cast<int>(p.stride.w);
+  c.dilation[0] = static_cast<int>(p.dilation.h), c.dilation[1] = static_cast<int>(p.dilation.w);
+  c.groups = static_cast<int>(p.groups);
+  const memory::MetaTarget& t = target(x);
+  const auto table = table_of(t);
+  const auto row = std::find_if(table.begin(), table.end(),
+                                [&](const ConvWorkspace& r) { return r.same_call(c); });
+  if (row == table.end()) {
+    memory::note_unreplayed(
+        x.device(),
+        t.workspace_tables.empty()
+            ? fmt::format("cuDNN convolution workspace (no table recorded for {}; counted as 0 B)",
+                          t.name)
+            : fmt::format("cuDNN convolution workspace (no row in the {} table for these shapes; "
+                          "counted as 0 B)",
+                          t.workspace_tables));
+    return;
+  }
+  if (row->bytes > 0) alloc_scratch_bytes(static_cast<size_t>(row->bytes), x.device());
+}
+
 void col_scratch(const Shape& input, const Shape& weight, const Shape& out,
                  const ops::Conv2dParams& p, const Tensor& like) {
-  if (replays_cuda(like)) return;
   const int64_t n = cpu::conv_col_scratch_numel(input, weight, out, p);
   if (n > 0) alloc_scratch(n, like.dtype(), like.device());
 }
 
 void conv2d_forward(const Tensor& out, const Tensor& input, const Tensor& weight,
                     const Tensor& /*bias*/, const ops::Conv2dParams& p) {
+  if (replays_cuda(input)) return cuda_workspace(kForward, input, weight, out, p);
   col_scratch(input.sizes(), weight.sizes(), out.sizes(), p, input);
 }
 
 void conv2d_backward_input(const Tensor& grad_input, const Tensor& grad_output,
                            const Tensor& weight, const ops::Conv2dParams& p) {
+  if (replays_cuda(weight))
+    return cuda_workspace(kBackwardData, grad_input, weight, grad_output, p);
   col_scratch(grad_input.sizes(), weight.sizes(), grad_output.sizes(), p, weight);
 }
 
 void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output,
                             const Tensor& input, const ops::Conv2dParams& p) {
+  if (replays_cuda(input))
+    return cuda_workspace(kBackwardFilter, input, grad_weight, grad_output, p);
   col_scratch(input.sizes(), grad_weight.sizes(), grad_output.sizes(), p, input);
 }
 

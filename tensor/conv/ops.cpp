@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "memory/meta.h"
 #include "tensor/conv/kernels.h"
 #include "tensor/dispatch.h"
@@ -217,3 +219,14 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
 }
 
 }  // namespace tally::ops
+
+namespace tally {
+
+bool ConvWorkspace::same_call(const ConvWorkspace& o) const {
+  auto eq = [](const int* a, const int* b, int n) { return std::equal(a, a + n, b); };
+  return kind == o.kind && dtype == o.dtype && tf32 == o.tf32 && eq(x, o.x, 4) && eq(w, o.w, 4) &&
+         eq(y, o.y, 4) && eq(pad, o.pad, 2) && eq(stride, o.stride, 2) &&
+         eq(dilation, o.dilation, 2) && groups == o.groups && accumulate == o.accumulate;
+}
+
+}  // namespace tally
