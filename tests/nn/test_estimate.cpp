@@ -4,6 +4,7 @@
 // a GPU; bad input is an error before anything runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <tuple>
 
 #include "autograd/autocast.h"
@@ -17,6 +18,8 @@
 #include "optim/adam.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
+#include "tensor/conv/ops.h"
+#include "tensor/conv/workspaces_h200.inc"
 #include "tensor/norm/kernels.h"
 
 namespace tally {
@@ -195,6 +198,34 @@ TEST(Estimate, CudaTargetRunsWithoutAGpuAndCountsLibraryWorkspaces) {
   // Flash attention saves log-sum-exps instead of the [T, T] probabilities of the CPU path.
   EXPECT_LT(h200.at_peak[static_cast<size_t>(Category::activation)],
             cpu.at_peak[static_cast<size_t>(Category::activation)]);
+}
+
+TEST(Estimate, CudaConvolutionWorkspacesComeFromTheTargetsRecordedTable) {
+  // A forward row of the H200's table (ResNet-50's stem at batch 32, float32): the dry run
+  // asks for exactly the workspace cuDNN's plan took on the GPU.
+  const auto row = std::find_if(meta::kConvWorkspacesH200.begin(), meta::kConvWorkspacesH200.end(),
+                                [](const ConvWorkspace& r) { return r.kind == 0 && r.bytes > 0; });
+  ASSERT_NE(row, meta::kConvWorkspacesH200.end());
+  const Device d = memory::new_meta_device(memory::meta_target("h200"));
+  const DType dt = static_cast<DType>(row->dtype);
+  const Tensor x = ops::empty({row->x[0], row->x[1], row->x[2], row->x[3]}, dt, d);
+  const Tensor w = ops::empty({row->w[0], row->w[1], row->w[2], row->w[3]}, dt, d);
+  memory::reset_peak_memory_stats(d);
+  const Tensor y =
+      ops::conv2d(x, w, {}, {row->stride[0], row->stride[1]}, {row->pad[0], row->pad[1]},
+                  {row->dilation[0], row->dilation[1]}, row->groups);
+  EXPECT_EQ(y.sizes(), (Shape{row->y[0], row->y[1], row->y[2], row->y[3]}));
+  const memory::DeviceStats st = memory::get_allocator(d).stats();
+  EXPECT_EQ(st.cat_bytes(Category::workspace).peak,
+            static_cast<int64_t>(memory::get_allocator(d).round_size(row->bytes)));
+  EXPECT_TRUE(memory::unreplayed(d).empty());
+  // A batch the table has no row for: no workspace, and a note saying so.
+  const Tensor x2 = ops::empty({row->x[0] + 1, row->x[1], row->x[2], row->x[3]}, dt, d);
+  ops::conv2d(x2, w, {}, {row->stride[0], row->stride[1]}, {row->pad[0], row->pad[1]},
+              {row->dilation[0], row->dilation[1]}, row->groups);
+  const auto notes = memory::unreplayed(d);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].first.find("cuDNN convolution workspace"), std::string::npos);
 }
 
 TEST(Estimate, TooSmallACapacityIsReportedNotThrown) {
