@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -16,6 +17,7 @@
 #include "autograd/ops.h"
 #include "memory/estimate.h"
 #include "memory/memory.h"
+#include "nn/plan.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 
@@ -66,6 +68,60 @@ inline int finish_dry_run(memory::DryRun& dry, const std::string& out_of_memory,
   }
   std::fflush(stdout);
   return e.fits() ? 0 : 3;
+}
+
+// --checkpoint auto --memory-budget SIZE [--amp auto]: the memory planner (nn/plan.h) picks
+// the checkpointing plan (and precision, with --amp auto) for the run's device, or for the
+// --estimate target, and prints its grid. `run` dry-runs one candidate the way the program
+// trains. Errors name the flag.
+struct AutoPlan {
+  bool checkpoint_auto = false;
+  bool amp_auto = false;
+  size_t budget = 0;
+};
+inline AutoPlan parse_auto_plan(const std::string& checkpoint, const std::string& amp,
+                                const std::string& budget) {
+  AutoPlan p;
+  p.checkpoint_auto = checkpoint == "auto";
+  p.amp_auto = amp == "auto";
+  if (!budget.empty()) {
+    p.budget = memory::parse_bytes(budget, "--memory-budget");  // its errors name the flag
+    if (p.budget == 0) throw std::invalid_argument("--memory-budget: 0 bytes");
+  }
+  if (p.checkpoint_auto && budget.empty())
+    throw std::invalid_argument("--checkpoint auto needs --memory-budget (e.g. 6GiB)");
+  if (!p.checkpoint_auto && !budget.empty())
+    throw std::invalid_argument("--memory-budget applies to --checkpoint auto");
+  if (p.amp_auto && !p.checkpoint_auto)
+    throw std::invalid_argument("--amp auto lets the planner choose: it needs --checkpoint auto");
+  return p;
+}
+
+// The planner's choice, its grid printed. `device` is the run's (a dry run's meta device for
+// --estimate: its target is planned for).
+inline nn::PlanCandidate plan_run(
+    const AutoPlan& ap, std::optional<DType> amp, Device device, int blocks,
+    const std::function<void(Device, const nn::PlanCandidate&)>& run) {
+  nn::PlanOptions o;
+  o.target = device.is_meta() ? memory::meta_target_of(device).name
+                              : (device.type == DeviceType::cuda ? "cuda" : "cpu");
+  o.budget = ap.budget;
+  if (ap.amp_auto)
+    o.precisions =
+        memory::behaves_as(device) == DeviceType::cuda
+            ? std::vector<std::optional<DType>>{std::nullopt, DType::bfloat16, DType::float16}
+            : std::vector<std::optional<DType>>{std::nullopt, DType::bfloat16};
+  else
+    o.precisions = {amp};
+  nn::MemoryPlan plan;
+  try {
+    plan = nn::plan_memory(run, blocks, o);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("--memory-budget: {}", e.what()));
+  }
+  std::fputs(plan.report().c_str(), stdout);
+  std::fflush(stdout);
+  return plan.chosen.candidate;
 }
 
 // --amp off|fp16|bf16: the autocast dtype (nullopt: off).

@@ -47,8 +47,9 @@ struct Args {
   int64_t sample = 0;
   int64_t eval_batches = 8;
   int64_t log_every = 10;
-  int64_t vocab = 0;     // synthetic data: the vocabulary (0: the preset's)
-  std::string estimate;  // a dry run's target: predict memory instead of training
+  int64_t vocab = 0;          // synthetic data: the vocabulary (0: the preset's)
+  std::string estimate;       // a dry run's target: predict memory instead of training
+  std::string memory_budget;  // --checkpoint auto: the planner's budget
 };
 
 // Greedy-with-temperature sampling of `n` bytes after `prompt`.
@@ -105,9 +106,15 @@ int main(int argc, char** argv) {
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
   ex::add_checked_option(app, "--seed", a.seed, "seed", ex::seed_value());
-  app.add_option("--checkpoint", a.checkpoint, "none | blocks | N-segments | selective")
+  app.add_option("--checkpoint", a.checkpoint,
+                 "none | blocks | N-blocks | N-segments | selective | auto (the planner: fastest "
+                 "plan within --memory-budget)")
       ->capture_default_str();
-  app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
+  app.add_option("--amp", a.amp, "off | fp16 | bf16 | auto (with --checkpoint auto)")
+      ->capture_default_str();
+  app.add_option("--memory-budget", a.memory_budget,
+                 "device memory the run may reserve, for --checkpoint auto (6GiB, 900MiB, 512KiB, "
+                 "bytes)");
   app.add_option("--sample", a.sample, "print a sample of this many bytes at the end (text data)")
       ->check(ex::int_range(0, 1 << 20));
   ex::add_checked_option(app, "--eval-batches", a.eval_batches, "validation batches",
@@ -126,8 +133,10 @@ int main(int argc, char** argv) {
         ex::make_dry_run(a.estimate, app.count("--device") > 0);
     const Device dev = dry ? dry->device() : ex::parse_device(a.device);
     const bool pin = memory::behaves_as(dev) == DeviceType::cuda;  // pinned host batches
-    const auto amp = ex::parse_amp(a.amp);
-    const nn::CheckpointSpec ckpt = nn::parse_checkpoint_spec(a.checkpoint);
+    const ex::AutoPlan auto_plan = ex::parse_auto_plan(a.checkpoint, a.amp, a.memory_budget);
+    std::optional<DType> amp = auto_plan.amp_auto ? std::nullopt : ex::parse_amp(a.amp);
+    nn::CheckpointSpec ckpt =
+        auto_plan.checkpoint_auto ? nn::CheckpointSpec{} : nn::parse_checkpoint_spec(a.checkpoint);
     if (!a.snapshot.empty()) ex::check_output_file(a.snapshot, "--snapshot");
     manual_seed(a.seed);
 
@@ -161,6 +170,44 @@ int main(int argc, char** argv) {
       cfg.vocab_size = a.vocab;
     }
     if (!a.snapshot.empty() && !dry) memory::record_memory_history(true, 1000000, dev);
+
+    if (auto_plan.checkpoint_auto) {
+      // The planner dry-runs each candidate: the model built without host memory, two steps
+      // of AdamW on batches of this run's shape.
+      auto build = [&] {
+        nn::BuildOnDevice on(Device::meta());
+        return std::make_shared<nn::GPT>(cfg);
+      };
+      const nn::PlanCandidate chosen = ex::plan_run(
+          auto_plan, amp, dev, nn::checkpoint_block_count(*build()),
+          [&](Device d, const nn::PlanCandidate& c) {
+            auto m = build();
+            m->to(d);
+            nn::enable_checkpointing(*m, c.checkpoint);
+            optim::AdamW o(m->parameters(),
+                           optim::AdamOptions{.lr = a.lr, .weight_decay = a.weight_decay});
+            ex::Precision p(c.amp, d);
+            Tensor x, y;
+            {
+              memory::CategoryScope input(memory::Category::input);
+              x = ops::randint(0, cfg.vocab_size, {a.batch, T}, DType::int64, d);
+              y = ops::randint(0, cfg.vocab_size, {a.batch, T}, DType::int64, d);
+            }
+            for (int s = 0; s < 2; ++s) {
+              o.zero_grad(true);
+              Tensor loss;
+              {
+                memory::PhaseScope phase("forward");
+                auto guard = p.autocast();
+                loss = (*m)(x, y).second;
+              }
+              p.backward_and_step(loss, o);
+            }
+          });
+      ckpt = chosen.checkpoint;
+      amp = chosen.amp;
+      a.checkpoint = ckpt.str();
+    }
 
     try {  // a dry run that runs out of its target's memory reports it (the catch below)
       auto model = std::make_shared<nn::GPT>(cfg);

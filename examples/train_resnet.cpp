@@ -51,8 +51,20 @@ struct Args {
   std::string amp = "off";
   int64_t eval_batches = 0;  // 0: the whole test set
   int64_t log_every = 10;
-  std::string estimate;  // a dry run's target: predict memory instead of training
+  std::string estimate;       // a dry run's target: predict memory instead of training
+  std::string memory_budget;  // --checkpoint auto: the planner's budget
 };
+
+// --optimizer over the model's parameters.
+std::unique_ptr<optim::Optimizer> make_optimizer(const Args& a, nn::Module& model) {
+  if (a.optimizer == "sgd")
+    return std::make_unique<optim::SGD>(
+        model.parameters(),
+        optim::SGDOptions{.lr = a.lr, .momentum = a.momentum, .weight_decay = a.weight_decay});
+  const optim::AdamOptions o{.lr = a.lr, .weight_decay = a.weight_decay};
+  if (a.optimizer == "adam") return std::make_unique<optim::Adam>(model.parameters(), o);
+  return std::make_unique<optim::AdamW>(model.parameters(), o);
+}
 
 std::shared_ptr<nn::Module> make_model(const Args& a, int64_t classes, int64_t channels) {
   nn::ResNetOptions o;
@@ -107,9 +119,15 @@ int main(int argc, char** argv) {
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
   ex::add_checked_option(app, "--seed", a.seed, "seed of weights, data order and dropout",
                          ex::seed_value());
-  app.add_option("--checkpoint", a.checkpoint, "none | blocks | N-segments | selective")
+  app.add_option("--checkpoint", a.checkpoint,
+                 "none | blocks | N-blocks | N-segments | selective | auto (the planner: fastest "
+                 "plan within --memory-budget)")
       ->capture_default_str();
-  app.add_option("--amp", a.amp, "off | fp16 | bf16")->capture_default_str();
+  app.add_option("--amp", a.amp, "off | fp16 | bf16 | auto (with --checkpoint auto)")
+      ->capture_default_str();
+  app.add_option("--memory-budget", a.memory_budget,
+                 "device memory the run may reserve, for --checkpoint auto (6GiB, 900MiB, 512KiB, "
+                 "bytes)");
   app.add_option("--eval-batches", a.eval_batches, "test batches to evaluate (0: all)")
       ->check(ex::int_range(0));
   ex::add_checked_option(app, "--log-every", a.log_every, "progress update interval in steps",
@@ -125,8 +143,10 @@ int main(int argc, char** argv) {
     const Device dev = dry ? dry->device() : ex::parse_device(a.device);
     if (dry)
       a.steps = ex::kEstimateSteps;  // the dry run's steps (the synthetic set is sized by them)
-    const auto amp = ex::parse_amp(a.amp);
-    const nn::CheckpointSpec ckpt = nn::parse_checkpoint_spec(a.checkpoint);
+    const ex::AutoPlan auto_plan = ex::parse_auto_plan(a.checkpoint, a.amp, a.memory_budget);
+    std::optional<DType> amp = auto_plan.amp_auto ? std::nullopt : ex::parse_amp(a.amp);
+    nn::CheckpointSpec ckpt =
+        auto_plan.checkpoint_auto ? nn::CheckpointSpec{} : nn::parse_checkpoint_spec(a.checkpoint);
     if (a.arch != "tiny" && a.arch != "resnet18" && a.arch != "resnet34" && a.arch != "resnet50")
       throw std::invalid_argument(
           fmt::format("--arch: expected tiny, resnet18, resnet34 or resnet50, got '{}'", a.arch));
@@ -211,23 +231,51 @@ int main(int argc, char** argv) {
         a.steps > 0 ? a.steps : ex::checked_mul(per_epoch, a.epochs, "steps per epoch x --epochs");
     if (!a.snapshot.empty() && !dry) memory::record_memory_history(true, 1000000, dev);
 
+    if (auto_plan.checkpoint_auto) {
+      // The planner dry-runs each candidate: the model built without host memory, two steps
+      // of this run's optimizer on batches of this run's shape.
+      auto build = [&] {
+        nn::BuildOnDevice on(Device::meta());
+        return make_model(a, classes, channels);
+      };
+      const Shape image = train->get(0).input.shape();
+      const int64_t side = image_size ? image_size : image.at(1);
+      const nn::PlanCandidate chosen =
+          ex::plan_run(auto_plan, amp, dev, nn::checkpoint_block_count(*build()),
+                       [&](Device d, const nn::PlanCandidate& c) {
+                         auto m = build();
+                         m->to(d);
+                         nn::enable_checkpointing(*m, c.checkpoint);
+                         auto o = make_optimizer(a, *m);
+                         ex::Precision p(c.amp, d);
+                         Tensor x, y;
+                         {
+                           memory::CategoryScope input(memory::Category::input);
+                           x = ops::randn({a.batch, channels, side, side}, DType::float32, d);
+                           y = ops::randint(0, classes, {a.batch}, DType::int64, d);
+                         }
+                         for (int s = 0; s < 2; ++s) {
+                           o->zero_grad(true);
+                           Tensor loss;
+                           {
+                             memory::PhaseScope phase("forward");
+                             auto guard = p.autocast();
+                             loss = cross_entropy((*m)(x), y);
+                           }
+                           p.backward_and_step(loss, *o);
+                         }
+                       });
+      ckpt = chosen.checkpoint;
+      amp = chosen.amp;
+      a.checkpoint = ckpt.str();
+    }
+
     try {  // a dry run that runs out of its target's memory reports it (the catch below)
       // ---- model and optimizer ----
       auto model = make_model(a, classes, channels);
       model->to(dev);
       nn::enable_checkpointing(*model, ckpt);
-      std::unique_ptr<optim::Optimizer> opt;
-      if (a.optimizer == "sgd") {
-        opt = std::make_unique<optim::SGD>(
-            model->parameters(),
-            optim::SGDOptions{.lr = a.lr, .momentum = a.momentum, .weight_decay = a.weight_decay});
-      } else {
-        optim::AdamOptions o{.lr = a.lr, .weight_decay = a.weight_decay};
-        if (a.optimizer == "adam")
-          opt = std::make_unique<optim::Adam>(model->parameters(), o);
-        else
-          opt = std::make_unique<optim::AdamW>(model->parameters(), o);
-      }
+      std::unique_ptr<optim::Optimizer> opt = make_optimizer(a, *model);
       // Warm-up: 5% of the steps, at least 1 and fewer than all (none for a 1-step run).
       const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, total / 20), total - 1);
       optim::WarmupCosineLR sched(*opt, warmup, total, a.lr * 0.01);

@@ -98,7 +98,8 @@ std::string human(int64_t bytes) {
 
 }  // namespace
 
-DryRun::DryRun(const EstimateOptions& options) : target_(meta_target(options.target)) {
+DryRun::DryRun(const EstimateOptions& options)
+    : target_(options.spec ? *options.spec : meta_target(options.target)) {
   if (options.capacity) target_.capacity = options.capacity;
   device_ = new_meta_device(target_);
   if (options.max_history) get_allocator(device_).record_memory_history(true, options.max_history);
@@ -121,6 +122,7 @@ Estimate DryRun::finish(const std::string& out_of_memory) {
   e.at_peak = st.category_at_peak;
   e.allocations = st.allocation[kAllPools].allocated;
   e.unreplayed = unreplayed(device_);
+  e.predicted_seconds = meta_seconds(device_);
   return e;
 }
 

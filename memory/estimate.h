@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,9 @@ namespace tally::memory {
 
 struct EstimateOptions {
   std::string target = "cpu";  // a meta_target() name: "cpu", "h200", "cuda"
-  size_t capacity = 0;         // the device memory to replay; 0: the target's
+  // The target itself, when set (a calibrated or edited one): `target` is then not looked up.
+  std::optional<MetaTarget> spec;
+  size_t capacity = 0;  // the device memory to replay; 0: the target's
   // Trace entries the meta allocator keeps for snapshots and timelines (0: none).
   size_t max_history = 1'000'000;
 };
@@ -53,6 +56,9 @@ struct Estimate {
   std::string out_of_memory;
   // What the dry run could not replay exactly, and how often (memory::note_unreplayed).
   std::vector<std::pair<std::string, int64_t>> unreplayed;
+  // The predicted time of the ops the dry run ran, by the target's cost model (0 when the
+  // target has no rates; see MetaTarget).
+  double predicted_seconds = 0;
 
   bool fits() const { return out_of_memory.empty(); }
   // The report a user reads: target, peaks, the categories at the peak, the largest

@@ -61,6 +61,7 @@ struct MetaDevices {
   std::deque<MetaTarget> targets;  // a deque: meta_target_of's references stay valid
   std::vector<std::unique_ptr<CachingAllocator>> allocators;
   std::deque<std::map<std::string, int64_t>> notes;  // note_unreplayed, by device
+  std::deque<double> seconds;                        // add_meta_seconds, by device
 };
 MetaDevices& devices() {
   // Leaked on purpose, as the other allocators are: tensors may free during static destruction.
@@ -72,6 +73,7 @@ int add_locked(MetaDevices& d, const MetaTarget& target) {
   const int index = static_cast<int>(d.targets.size());
   d.targets.push_back(target);
   d.notes.emplace_back();
+  d.seconds.push_back(0.0);
   d.allocators.push_back(
       std::make_unique<CachingAllocator>(std::make_unique<MetaProvider>(index, target)));
   return index;
@@ -121,19 +123,31 @@ MetaTarget meta_target(std::string_view name) {
                       .capacity = size_t{143771} * kMiB,
                       .sm_count = 132,
                       .matmul_workspace = cublaslt_workspace_bytes_from_env(),
-                      .workspace_tables = "h200"};
+                      .workspace_tables = "h200",
+                      // What Tally's kernels reach on it (bench/RESULTS.md, ops_gpu.py):
+                      // bf16 linear 610 TFLOP/s, float32 linear 48, TF32 convolution 100,
+                      // elementwise 3.9-4.2 TB/s; a launch and its gap ~4 us.
+                      .flops_16bit = 600e12,
+                      .flops_32bit = 48e12,
+                      .flops_tf32 = 100e12,
+                      .flops_64bit = 30e12,
+                      .bandwidth = 3.9e12,
+                      .launch_seconds = 4e-6};
 #ifdef TALLY_WITH_CUDA
   if (n == "cuda" && cuda_available()) {
+    // This machine's GPU: its capacity and multiprocessors; an H200 also takes the h200
+    // target's recorded tables and rates.
     CachingAllocator& a = get_allocator(Device::cuda(0));
     const std::string product = CudaProvider::product_name(0);
-    return MetaTarget{.name = "cuda",
-                      .description = fmt::format("{}, {}", a.provider().device_name(), product),
-                      .type = DeviceType::cuda,
-                      .capacity = a.provider().total_memory(),
-                      .sm_count = CudaProvider::multiprocessor_count(0),
-                      .matmul_workspace = cublaslt_workspace_bytes_from_env(),
-                      // The tables recorded on this kind of GPU, where there are some.
-                      .workspace_tables = product.find("H200") != std::string::npos ? "h200" : ""};
+    MetaTarget t = product.find("H200") != std::string::npos
+                       ? meta_target("h200")
+                       : MetaTarget{.type = DeviceType::cuda,
+                                    .matmul_workspace = cublaslt_workspace_bytes_from_env()};
+    t.name = "cuda";
+    t.description = fmt::format("{}, {}", a.provider().device_name(), product);
+    t.capacity = a.provider().total_memory();
+    t.sm_count = CudaProvider::multiprocessor_count(0);
+    return t;
   }
 #endif
   std::string known;
@@ -189,6 +203,23 @@ std::vector<std::pair<std::string, int64_t>> unreplayed(Device meta_device) {
     return {};
   const auto& n = d.notes[static_cast<size_t>(meta_device.index)];
   return {n.begin(), n.end()};
+}
+
+void add_meta_seconds(Device meta_device, double seconds) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  if (meta_device.type == DeviceType::meta && meta_device.index >= 0 &&
+      static_cast<size_t>(meta_device.index) < d.seconds.size())
+    d.seconds[static_cast<size_t>(meta_device.index)] += seconds;
+}
+
+double meta_seconds(Device meta_device) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  if (meta_device.type != DeviceType::meta || meta_device.index < 0 ||
+      static_cast<size_t>(meta_device.index) >= d.seconds.size())
+    return 0;
+  return d.seconds[static_cast<size_t>(meta_device.index)];
 }
 
 CachingAllocator& meta_allocator(int index) {

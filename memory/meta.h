@@ -32,6 +32,14 @@ struct MetaTarget {
   // cuda: the name of the recorded library-workspace tables to replay (cuDNN's convolution
   // plans, tensor/conv/workspaces_<name>.inc); empty when none was recorded for this GPU.
   std::string workspace_tables;
+  // The cost model of the memory planner (nn/plan.h): the rates an op's time is predicted
+  // from, max(FLOPs / rate, bytes / bandwidth) + a launch overhead. Rates in FLOP/s for
+  // products in 16-bit floats (tensor cores), float32 products (matmul: no TF32 by default;
+  // cuDNN convolutions: TF32), float64; bytes/s for memory traffic. 0: not calibrated (the CPU
+  // target is calibrated by a short timed run, nn::calibrate_cpu_target).
+  double flops_16bit = 0, flops_32bit = 0, flops_tf32 = 0, flops_64bit = 0;
+  double bandwidth = 0;
+  double launch_seconds = 0;
 };
 
 // The names meta_target() accepts: "cpu", "h200", and "cuda" where a GPU is present.
@@ -62,6 +70,11 @@ size_t cublaslt_workspace_bytes_from_env();
 // for) notes it here instead of guessing silently; the estimate's report lists the notes.
 void note_unreplayed(Device meta_device, const std::string& what);
 std::vector<std::pair<std::string, int64_t>> unreplayed(Device meta_device);
+
+// The predicted time of the ops run on a meta device so far (the meta kernels add each op's
+// cost under its target's rates), in seconds.
+void add_meta_seconds(Device meta_device, double seconds);
+double meta_seconds(Device meta_device);
 
 // The caching allocator of meta device `index` (memory::get_allocator's meta case).
 CachingAllocator& meta_allocator(int index);

@@ -85,7 +85,8 @@ void reset_checkpoint_stats();
 // ---- checkpointing a model from the command line (--checkpoint) ----
 class Module;
 
-// "none" | "blocks" (every residual block / transformer block) | "N-segments"
+// "none" | "blocks" (every residual block / transformer block) | "N-blocks" (the first N
+// blocks, in forward order: the partial plans the memory planner searches) | "N-segments"
 // (checkpoint_sequential over the model's stages: ResNet's layer1..layer4 when N <= 4, its
 // blocks otherwise; GPT's blocks) | "selective" (every block, keeping the outputs of the
 // matrix products and convolutions: selective_policy()).
@@ -93,6 +94,7 @@ struct CheckpointSpec {
   enum class Kind { none, blocks, segments, selective };
   Kind kind = Kind::none;
   int segments = 0;
+  int blocks = 0;  // Kind::blocks: checkpoint only the first `blocks` (0: every block)
   std::string str() const;
 };
 // Throws std::invalid_argument naming the accepted spellings.
@@ -104,5 +106,7 @@ CheckpointPolicy selective_policy();
 // Bottleneck or GPT Block modules); replaces what an earlier call set. Throws for
 // "N-segments" on a model without a stage list.
 void enable_checkpointing(Module& model, const CheckpointSpec& spec);
+// The blocks "blocks" and "N-blocks" choose from (residual or transformer blocks).
+int checkpoint_block_count(Module& model);
 
 }  // namespace tally::nn

@@ -15,8 +15,13 @@ bool replays_cuda(const TensorLists& l) {
   return memory::meta_target_of(l.device).type == DeviceType::cuda;
 }
 
-// The chunk table's block, held for the launch.
+// The chunk table's block, held for the launch; and the launch's predicted time: every
+// list read and, but the gradient, written once.
 Storage upload(const TensorLists& l) {
+  double elements = 0;
+  for (const int64_t n : l.numels) elements += static_cast<double>(n);
+  tally::meta::cost(l.device, l.dtype, 0,
+                    elements * static_cast<double>(dtype_size(l.dtype)) * (2.0 * l.depth - 1));
   const size_t bytes = chunk_table_bytes(l);
   if (!replays_cuda(l) || bytes == 0) return {};
   memory::CategoryScope category(memory::Category::temporary);

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "memory/enum_table.h"
 #include "nn/checkpoint.h"
@@ -13,6 +15,7 @@ namespace tally::nn {
 
 std::string CheckpointSpec::str() const {
   if (kind == Kind::segments) return fmt::format("{}-segments", segments);
+  if (kind == Kind::blocks && blocks > 0) return fmt::format("{}-blocks", blocks);
   static constexpr const char* kNames[] = {"none", "blocks", "segments", "selective"};
   return memory::enum_table<Kind::selective>(kind, kNames, "none");
 }
@@ -28,8 +31,13 @@ CheckpointSpec parse_checkpoint_spec(const std::string& s) {
     spec.kind = CheckpointSpec::Kind::selective;
     return spec;
   }
-  const std::string suffix = "-segments";
-  if (s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0) {
+  // "N-segments" and "N-blocks": a count >= 1 and the suffix.
+  for (const auto& [suffix, kind] :
+       {std::pair{std::string("-segments"), CheckpointSpec::Kind::segments},
+        std::pair{std::string("-blocks"), CheckpointSpec::Kind::blocks}}) {
+    if (s.size() <= suffix.size() ||
+        s.compare(s.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
     const std::string n = s.substr(0, s.size() - suffix.size());
     size_t used = 0;
     int v = 0;
@@ -38,15 +46,16 @@ CheckpointSpec parse_checkpoint_spec(const std::string& s) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == n.size() && v >= 1) {
-      spec.kind = CheckpointSpec::Kind::segments;
-      spec.segments = v;
+    if (used == n.size() && v >= 1 && n.find_first_not_of("0123456789") == std::string::npos) {
+      spec.kind = kind;
+      (kind == CheckpointSpec::Kind::segments ? spec.segments : spec.blocks) = v;
       return spec;
     }
   }
-  throw std::invalid_argument(fmt::format(
-      "--checkpoint: expected none, blocks, N-segments (e.g. 4-segments) or selective, got '{}'",
-      s));
+  throw std::invalid_argument(
+      fmt::format("--checkpoint: expected none, blocks, N-blocks (e.g. 6-blocks), N-segments (e.g. "
+                  "4-segments) or selective, got '{}'",
+                  s));
 }
 
 CheckpointPolicy selective_policy() {
@@ -66,14 +75,19 @@ void enable_checkpointing(Module& model, const CheckpointSpec& spec) {
     int n = 0;
     for (auto& [name, m] : model.named_modules())
       if (m->is_checkpoint_block()) {
-        m->set_checkpoint(true,
-                          spec.kind == Kind::selective ? selective_policy() : CheckpointPolicy{});
+        if (spec.blocks == 0 || n < spec.blocks)
+          m->set_checkpoint(true,
+                            spec.kind == Kind::selective ? selective_policy() : CheckpointPolicy{});
         ++n;
       }
     if (n == 0)
       throw std::invalid_argument(fmt::format(
           "enable_checkpointing({}): the model ({}) has no residual or transformer blocks",
           spec.str(), model.type_name()));
+    if (spec.blocks > n)
+      throw std::invalid_argument(
+          fmt::format("enable_checkpointing({}): the model ({}) has {} blocks", spec.str(),
+                      model.type_name(), n));
     return;
   }
   int n = 0;
@@ -83,6 +97,13 @@ void enable_checkpointing(Module& model, const CheckpointSpec& spec) {
     throw std::invalid_argument(
         fmt::format("enable_checkpointing({}): {} has no stage list to segment", spec.str(),
                     model.type_name()));
+}
+
+int checkpoint_block_count(Module& model) {
+  int n = 0;
+  for (auto& [name, m] : model.named_modules())
+    if (m->is_checkpoint_block()) ++n;
+  return n;
 }
 
 }  // namespace tally::nn

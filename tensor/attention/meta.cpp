@@ -10,10 +10,23 @@ namespace tally::meta {
 
 namespace {
 
-void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& /*dv*/,
-                              const Tensor& /*dout*/, const Tensor& q, const Tensor& /*k*/,
-                              const Tensor& /*v*/, const Tensor& /*out*/, const Tensor& /*lse*/,
-                              bool /*causal*/, double /*scale*/) {
+// The forward's FLOPs: QK^T and PV, 4 B H L S E (half of it under a causal mask).
+double attention_flops(const Tensor& q, const Tensor& k, bool causal) {
+  const double f = 4.0 * static_cast<double>(q.size(0) * q.size(1) * q.size(2)) *
+                   static_cast<double>(k.size(2)) * static_cast<double>(q.size(3));
+  return causal ? f / 2 : f;
+}
+
+void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v, bool causal, double /*scale*/) {
+  cost(q, attention_flops(q, k, causal), tensor_bytes(out, lse, q, k, v));
+}
+
+void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, bool causal, double /*scale*/) {
+  // The backward recomputes the probabilities: 2.5 times the forward's FLOPs.
+  cost(q, 2.5 * attention_flops(q, k, causal), tensor_bytes(dq, dk, dv, dout, q, k, v, out, lse));
   if (!replays_cuda(q)) return;
   const int64_t rows = q.size(0) * q.size(1) * q.size(2);
   if (q.dtype() == DType::float32) {
@@ -28,7 +41,7 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
 }  // namespace
 
 const AttentionKernels attention_kernels{
-    .flash_attention_forward = nothing,
+    .flash_attention_forward = &flash_attention_forward,
     .flash_attention_backward = &flash_attention_backward,
     // Every head dim up to 128 fits a block on the CUDA targets (Hopper: 227 KB of shared
     // memory a block; the float32 backward needs 169 KB at E = 128).

@@ -61,6 +61,13 @@ void cuda_workspace(int kind, const Tensor& x, const Tensor& w, const Tensor& y,
   if (row->bytes > 0) alloc_scratch_bytes(static_cast<size_t>(row->bytes), x.device());
 }
 
+// 2 N O OH OW (C/g) kH kW FLOPs, the same for each of the three kernels.
+void conv_cost(const Tensor& x, const Tensor& w, const Tensor& y) {
+  const double flops = 2.0 * static_cast<double>(y.numel()) * static_cast<double>(w.size(1)) *
+                       static_cast<double>(w.size(2)) * static_cast<double>(w.size(3));
+  cost(x, flops, tensor_bytes(x, w, y), /*tf32=*/true);
+}
+
 void col_scratch(const Shape& input, const Shape& weight, const Shape& out,
                  const ops::Conv2dParams& p, const Tensor& like) {
   const int64_t n = cpu::conv_col_scratch_numel(input, weight, out, p);
@@ -69,12 +76,14 @@ void col_scratch(const Shape& input, const Shape& weight, const Shape& out,
 
 void conv2d_forward(const Tensor& out, const Tensor& input, const Tensor& weight,
                     const Tensor& /*bias*/, const ops::Conv2dParams& p) {
+  conv_cost(input, weight, out);
   if (replays_cuda(input)) return cuda_workspace(kForward, input, weight, out, p);
   col_scratch(input.sizes(), weight.sizes(), out.sizes(), p, input);
 }
 
 void conv2d_backward_input(const Tensor& grad_input, const Tensor& grad_output,
                            const Tensor& weight, const ops::Conv2dParams& p) {
+  conv_cost(grad_input, weight, grad_output);
   if (replays_cuda(weight))
     return cuda_workspace(kBackwardData, grad_input, weight, grad_output, p);
   col_scratch(grad_input.sizes(), weight.sizes(), grad_output.sizes(), p, weight);
@@ -82,6 +91,7 @@ void conv2d_backward_input(const Tensor& grad_input, const Tensor& grad_output,
 
 void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output,
                             const Tensor& input, const ops::Conv2dParams& p) {
+  conv_cost(input, grad_weight, grad_output);
   if (replays_cuda(input))
     return cuda_workspace(kBackwardFilter, input, grad_weight, grad_output, p);
   col_scratch(input.sizes(), grad_weight.sizes(), grad_output.sizes(), p, input);

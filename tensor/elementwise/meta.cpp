@@ -12,6 +12,7 @@ namespace tally::meta {
 namespace {
 
 void copy(const Tensor& dst, const Tensor& src) {
+  cost(dst, 0, tensor_bytes(dst, src));
   if (replays_cuda(dst) && !src.device().is_meta() && !dst.is_contiguous())
     alloc_scratch(dst.numel(), dst.dtype(), dst.device());
 }

@@ -1,7 +1,8 @@
 // Meta kernels of the linalg family (tensor/meta/target.h): what the replayed backend's
 // matmul allocates. CPU: 16-bit products widen their operands and output to float32
 // (tensor/linalg/cpu.cpp). CUDA: one cuBLASLt workspace per product
-// (tensor/linalg/cuda_matmul.cpp; the linear layer's bias epilogue is taken to apply).
+// (tensor/linalg/cuda_matmul.cpp; the linear layer's bias epilogue is taken to apply). Each
+// product costs 2 M N K FLOPs (tensor/meta/target.h: cost).
 #include "tensor/linalg/kernels.h"
 #include "tensor/meta/target.h"
 
@@ -10,6 +11,8 @@ namespace tally::meta {
 namespace {
 
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate) {
+  cost(out, 2.0 * static_cast<double>(out.numel()) * static_cast<double>(a.size(-1)),
+       tensor_bytes(out, a, b));
   if (replays_cuda(out)) {
     if (out.numel() > 0 && a.size(-1) > 0) matmul_workspace(out);
     return;
@@ -23,6 +26,8 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
 
 void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& bias) {
   if (replays_cuda(out)) {
+    cost(out, 2.0 * static_cast<double>(out.numel()) * static_cast<double>(x.size(1)),
+         tensor_bytes(out, x, wt, bias));
     if (out.numel() > 0) matmul_workspace(out);
     return;
   }

@@ -5,6 +5,9 @@
 // allocations are the real run's.
 #pragma once
 
+#include <algorithm>
+#include <type_traits>
+
 #include "memory/meta.h"
 #include "tensor/op_alloc.h"
 #include "tensor/ops.h"
@@ -19,9 +22,49 @@ inline bool replays_cuda(const Tensor& t) {
   return target(t).type == DeviceType::cuda;
 }
 
-// The kernel-table entry of a kernel whose replayed backends allocate nothing: converts to
-// any of the tables' function-pointer types returning void.
-inline constexpr auto nothing = [](auto...) {};
+// The predicted time of one kernel on the target (the planner's cost model, memory/meta.h):
+// max(flops / the rate of its dtype's products, bytes / bandwidth) + the launch overhead.
+// `tf32`: a float32 product on TF32 tensor cores (cuDNN's convolutions). Nothing when the
+// target has no rates.
+inline void cost(Device device, DType d, double flops, double bytes, bool tf32 = false) {
+  const memory::MetaTarget& t = memory::meta_target_of(device);
+  if (t.bandwidth <= 0) return;
+  const double rate = d == DType::float16 || d == DType::bfloat16 ? t.flops_16bit
+                      : d == DType::float64                       ? t.flops_64bit
+                      : tf32                                      ? t.flops_tf32
+                                                                  : t.flops_32bit;
+  const double s = std::max(rate > 0 ? flops / rate : 0.0, bytes / t.bandwidth) + t.launch_seconds;
+  memory::add_meta_seconds(device, s);
+}
+inline void cost(const Tensor& like, double flops, double bytes, bool tf32 = false) {
+  cost(like.device(), like.dtype(), flops, bytes, tf32);
+}
+
+// The bytes of a kernel's tensor arguments (each read or written once).
+inline double tensor_bytes() {
+  return 0;
+}
+template <typename A, typename... Rest>
+double tensor_bytes(const A& a, const Rest&... rest) {
+  double b = 0;
+  if constexpr (std::is_same_v<A, Tensor>) b = a.defined() ? static_cast<double>(a.nbytes()) : 0;
+  return b + tensor_bytes(rest...);
+}
+template <typename A, typename... Rest>
+const Tensor* first_tensor(const A& a, const Rest&... rest) {
+  if constexpr (std::is_same_v<A, Tensor>)
+    if (a.defined()) return &a;
+  if constexpr (sizeof...(Rest) > 0) return first_tensor(rest...);
+  return nullptr;
+}
+
+// The kernel-table entry of a memory-bound kernel whose replayed backends allocate nothing
+// (elementwise maps, reductions, pooling, norms' forwards): converts to any of the tables'
+// function-pointer types returning void, and costs the bytes of its tensor arguments.
+inline constexpr auto nothing = [](auto... args) {
+  if constexpr (sizeof...(args) > 0)
+    if (const Tensor* t = first_tensor(args...)) cost(*t, 0, tensor_bytes(args...));
+};
 
 // cuBLASLt's workspace for one product on a CUDA target (tensor/linalg/cuda_matmul.cpp
 // takes one per call and returns it when the call is enqueued).

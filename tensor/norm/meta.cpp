@@ -12,17 +12,18 @@ namespace tally::meta {
 namespace {
 
 void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                         const Tensor& /*dy*/, const Tensor& x, const Tensor& /*mean*/,
-                         const Tensor& /*rstd*/, const Tensor& /*weight*/, int64_t rows,
-                         int64_t cols) {
+                         const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& weight, int64_t rows, int64_t cols) {
+  cost(x, 0, tensor_bytes(dx, dweight, dbias, dy, x, mean, rstd, weight));
   const bool params = dweight.defined() || dbias.defined();
   if (!replays_cuda(x) || (!dx.defined() && !params) || !params || cols <= 0 || rows <= 0) return;
   const int64_t parts = norm_launch::layer_norm_backward_parts(rows, cols, target(x).sm_count);
   alloc_scratch(parts * 2 * cols, ops::norm_stat_dtype(x.dtype()), x.device());
 }
 
-void batch_norm_stats(const Tensor& /*mean*/, const Tensor& /*var*/, const Tensor& /*invstd*/,
-                      const Tensor& x, double /*eps*/) {
+void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
+                      double /*eps*/) {
+  cost(x, 0, tensor_bytes(mean, var, invstd, x));
   const NCS d = ncs(x);
   if (!replays_cuda(x) || d.c == 0) return;
   const int splits = norm_launch::bn_splits(d.c, d.n * d.s, target(x).sm_count);
@@ -30,8 +31,10 @@ void batch_norm_stats(const Tensor& /*mean*/, const Tensor& /*var*/, const Tenso
 }
 
 void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                         const Tensor& dy, const Tensor& /*x*/, const Tensor& /*mean*/,
-                         const Tensor& /*invstd*/, const Tensor& /*weight*/, bool training) {
+                         const Tensor& dy, const Tensor& x, const Tensor& mean,
+                         const Tensor& invstd, const Tensor& weight, bool training) {
+  // Two passes over dy and x (the sums, then dx).
+  cost(dy, 0, tensor_bytes(dx, dweight, dbias, dy, x, mean, invstd, weight) + tensor_bytes(dy, x));
   const NCS d = ncs(dy);
   if (!replays_cuda(dy) || d.c == 0 || (!dx.defined() && !dweight.defined() && !dbias.defined()))
     return;

@@ -30,26 +30,29 @@ void mean_count(const Tensor& like, ops::LossReduction reduction) {
     alloc_scratch(1, DType::int64, like.device());
 }
 
-void cross_entropy(const Tensor& /*out*/, const Tensor& /*lse*/, const Tensor& input,
-                   const Tensor& /*target*/, int64_t /*ignore_index*/, double /*label_smoothing*/,
+void cross_entropy(const Tensor& out, const Tensor& lse, const Tensor& input, const Tensor& target,
+                   int64_t /*ignore_index*/, double /*label_smoothing*/,
                    ops::LossReduction reduction) {
+  cost(input, 0, tensor_bytes(out, lse, input, target));
   loss_partials(input, reduction);
 }
 
-void cross_entropy_backward(const Tensor& grad_input, const Tensor& /*grad*/,
-                            const Tensor& /*input*/, const Tensor& /*target*/,
-                            const Tensor& /*lse*/, int64_t /*ignore_index*/,
+void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const Tensor& input,
+                            const Tensor& target, const Tensor& lse, int64_t /*ignore_index*/,
                             double /*label_smoothing*/, ops::LossReduction reduction) {
+  cost(input, 0, tensor_bytes(grad_input, grad, input, target, lse));
   mean_count(grad_input, reduction);
 }
 
-void nll_loss(const Tensor& /*out*/, const Tensor& input, const Tensor& /*target*/,
+void nll_loss(const Tensor& out, const Tensor& input, const Tensor& target,
               int64_t /*ignore_index*/, ops::LossReduction reduction) {
+  cost(input, 0, tensor_bytes(out, target) + 8.0 * static_cast<double>(target.numel()));
   loss_partials(input, reduction);
 }
 
-void nll_loss_backward(const Tensor& grad_input, const Tensor& /*grad*/, const Tensor& /*target*/,
+void nll_loss_backward(const Tensor& grad_input, const Tensor& grad, const Tensor& target,
                        int64_t /*ignore_index*/, ops::LossReduction reduction) {
+  cost(grad_input, 0, tensor_bytes(grad_input, grad, target));
   mean_count(grad_input, reduction);
 }
 

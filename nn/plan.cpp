@@ -1,0 +1,207 @@
+#include "nn/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+
+#include "memory/caching_allocator.h"
+#include "tensor/ops.h"
+
+namespace tally::nn {
+
+namespace {
+
+std::string mib(int64_t bytes) {
+  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0);
+}
+
+// The best of `reps` timings of f(), in seconds.
+template <typename F>
+double best_seconds(int reps, F&& f) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return std::max(best, 1e-9);
+}
+
+struct CpuRates {
+  double flops_32, flops_16, bandwidth, launch;
+};
+
+CpuRates measure_cpu() {
+  const int64_t n = 384;
+  const Tensor a = ops::randn({n, n}), b = ops::randn({n, n});
+  const Tensor a16 = ops::to(a, DType::bfloat16), b16 = ops::to(b, DType::bfloat16);
+  const double gemm = 2.0 * static_cast<double>(n * n * n);
+  CpuRates r{};
+  r.flops_32 = gemm / best_seconds(3, [&] { ops::matmul(a, b); });
+  r.flops_16 = gemm / best_seconds(2, [&] { ops::matmul(a16, b16); });
+  const Tensor src = ops::zeros({int64_t{1} << 22}), dst = ops::empty({int64_t{1} << 22});
+  r.bandwidth =
+      2.0 * static_cast<double>(src.nbytes()) / best_seconds(3, [&] { ops::copy_(dst, src); });
+  const Tensor one = ops::zeros({1});
+  r.launch = best_seconds(3,
+                          [&] {
+                            for (int i = 0; i < 100; ++i) ops::binary(ops::BinaryOp::add, one, one);
+                          }) /
+             100.0;
+  return r;
+}
+
+}  // namespace
+
+std::string PlanCandidate::str() const {
+  return fmt::format("checkpoint {}, amp {}", checkpoint.str(),
+                     amp ? std::string(dtype_name(*amp)) : std::string("off"));
+}
+
+std::vector<CheckpointSpec> checkpoint_plans(int blocks) {
+  std::vector<std::string> names = {"none", "selective"};
+  if (blocks > 0) {
+    for (const int k : {blocks / 4, blocks / 2, 3 * blocks / 4})
+      if (k > 0 && k < blocks &&
+          std::find(names.begin(), names.end(), fmt::format("{}-blocks", k)) == names.end())
+        names.push_back(fmt::format("{}-blocks", k));
+    names.push_back("blocks");
+  }
+  names.push_back("2-segments");
+  names.push_back("4-segments");
+  std::vector<CheckpointSpec> out;
+  for (const std::string& s : names) out.push_back(parse_checkpoint_spec(s));
+  return out;
+}
+
+memory::MetaTarget calibrated_target(const std::string& name) {
+  memory::MetaTarget t = memory::meta_target(name);
+  if (t.bandwidth > 0) return t;
+  if (t.type == DeviceType::cpu) {
+    static std::once_flag once;
+    static CpuRates rates{};
+    std::call_once(once, [] { rates = measure_cpu(); });
+    t.flops_32bit = t.flops_tf32 = rates.flops_32;
+    t.flops_64bit = rates.flops_32 / 2;
+    t.flops_16bit = rates.flops_16;
+    t.bandwidth = rates.bandwidth;
+    t.launch_seconds = rates.launch;
+    return t;
+  }
+  // A GPU without recorded rates: the H200's, as a relative model (ranks plans, not seconds).
+  const memory::MetaTarget h = memory::meta_target("h200");
+  t.flops_16bit = h.flops_16bit, t.flops_32bit = h.flops_32bit, t.flops_tf32 = h.flops_tf32;
+  t.flops_64bit = h.flops_64bit, t.bandwidth = h.bandwidth, t.launch_seconds = h.launch_seconds;
+  return t;
+}
+
+MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& run,
+                       int checkpoint_blocks, const PlanOptions& options) {
+  if (options.budget == 0)
+    throw std::invalid_argument("memory budget: 0 bytes (give one, e.g. 6GiB or 900MiB)");
+  if (options.precisions.empty())
+    throw std::invalid_argument("plan_memory: no precision to search");
+  if (options.steps < 1)
+    throw std::invalid_argument(fmt::format("plan_memory: {} steps", options.steps));
+  const memory::MetaTarget target = calibrated_target(options.target);
+  if (options.budget > target.capacity)
+    throw std::invalid_argument(
+        fmt::format("memory budget {} is larger than the {} target's memory ({})",
+                    mib(static_cast<int64_t>(options.budget)), target.name,
+                    mib(static_cast<int64_t>(target.capacity))));
+  MemoryPlan plan;
+  plan.budget = options.budget;
+  plan.target = target.name;
+  for (const std::optional<DType>& amp : options.precisions) {
+    for (const CheckpointSpec& spec : checkpoint_plans(checkpoint_blocks)) {
+      PlannedCandidate pc;
+      pc.candidate = {spec, amp};
+      memory::DryRun dry({.spec = target, .max_history = 0});
+      try {
+        run(dry.device(), pc.candidate);
+        pc.estimate = dry.finish();
+      } catch (const memory::OutOfMemoryError& e) {
+        pc.estimate = dry.finish(e.what());
+      } catch (const std::invalid_argument& e) {
+        pc.error = e.what();
+        pc.estimate = dry.finish();
+      }
+      memory::empty_cache(dry.device());
+      pc.step_seconds = pc.estimate.predicted_seconds / static_cast<double>(options.steps);
+      pc.fits = pc.error.empty() && pc.estimate.fits() &&
+                pc.estimate.peak_reserved <= static_cast<int64_t>(options.budget);
+      plan.candidates.push_back(std::move(pc));
+    }
+  }
+  const PlannedCandidate* best = nullptr;
+  const PlannedCandidate* smallest = nullptr;
+  for (const PlannedCandidate& c : plan.candidates) {
+    if (!c.error.empty()) continue;
+    if (!smallest || c.estimate.peak_reserved < smallest->estimate.peak_reserved) smallest = &c;
+    if (!c.fits) continue;
+    if (!best || c.step_seconds < best->step_seconds ||
+        (c.step_seconds == best->step_seconds &&
+         c.estimate.peak_reserved < best->estimate.peak_reserved))
+      best = &c;
+  }
+  if (!smallest)
+    throw std::invalid_argument(fmt::format("plan_memory: the model took none of the plans: {}",
+                                            plan.candidates.front().error));
+  if (!best) {
+    const auto& at = smallest->estimate.at_peak;
+    const int64_t floor = at[static_cast<size_t>(memory::Category::parameter)] +
+                          at[static_cast<size_t>(memory::Category::optimizer_state)];
+    std::string parts;
+    for (const memory::Category c : memory::kAllCategories)
+      if (const int64_t b = at[static_cast<size_t>(c)]; b > 0)
+        parts +=
+            fmt::format("{}{} {}", parts.empty() ? "" : ", ", memory::category_name(c), mib(b));
+    if (static_cast<int64_t>(options.budget) < floor)
+      throw std::invalid_argument(fmt::format(
+          "memory budget {} is below the parameters plus optimizer state ({}), which every plan "
+          "keeps on {}: no checkpointing or precision plan can fit",
+          mib(static_cast<int64_t>(options.budget)), mib(floor), target.name));
+    throw std::invalid_argument(fmt::format(
+        "memory budget {}: no plan fits on {}. The smallest peak is {} reserved ({} allocated) "
+        "with {}, made of {} at its peak",
+        mib(static_cast<int64_t>(options.budget)), target.name,
+        mib(smallest->estimate.peak_reserved), mib(smallest->estimate.peak_allocated),
+        smallest->candidate.str(), parts));
+  }
+  plan.chosen = *best;
+  return plan;
+}
+
+std::string MemoryPlan::report() const {
+  std::string s =
+      fmt::format("Memory plan for {} within {} (dry runs; time from the cost model):\n", target,
+                  mib(static_cast<int64_t>(budget)));
+  s += fmt::format("  {:<34} {:>14} {:>14} {:>12}  {}\n", "candidate", "peak alloc", "peak resv",
+                   "ms/step", "");
+  for (const PlannedCandidate& c : candidates) {
+    const bool chosen_one = c.candidate.str() == chosen.candidate.str();
+    std::string verdict = !c.error.empty()     ? "not applicable"
+                          : !c.estimate.fits() ? "out of memory"
+                          : c.fits             ? (chosen_one ? "fits  <- chosen" : "fits")
+                                   : fmt::format("over by {}", mib(c.estimate.peak_reserved -
+                                                                   static_cast<int64_t>(budget)));
+    if (!c.error.empty())
+      s += fmt::format("  {:<34} {:>14} {:>14} {:>12}  {}\n", c.candidate.str(), "-", "-", "-",
+                       verdict);
+    else
+      s += fmt::format("  {:<34} {:>14} {:>14} {:>12.2f}  {}\n", c.candidate.str(),
+                       mib(c.estimate.peak_allocated), mib(c.estimate.peak_reserved),
+                       c.step_seconds * 1e3, verdict);
+  }
+  s += fmt::format("Chosen: {} (predicted peak {} reserved, {} allocated; {:.2f} ms/step)\n",
+                   chosen.candidate.str(), mib(chosen.estimate.peak_reserved),
+                   mib(chosen.estimate.peak_allocated), chosen.step_seconds * 1e3);
+  return s;
+}
+
+}  // namespace tally::nn

@@ -1,0 +1,79 @@
+// The memory planner: which checkpointing plan (and, when allowed, which precision) makes a
+// training run fit a memory budget at the least cost in time. Every candidate is dry-run on
+// the target (memory/estimate.h), so its memory is the allocator's own prediction: peaks,
+// caching, workspaces. Its time comes from a cost model: each op's FLOPs and bytes, counted by
+// the meta kernels during the dry run, over the target's rates (memory::MetaTarget; the CPU
+// target's are measured by a short timed run). The fastest candidate predicted to fit wins.
+//
+//   nn::PlanOptions o{.target = "h200", .budget = memory::parse_bytes("6GiB")};
+//   nn::MemoryPlan plan = nn::plan_memory([&](Device d, const nn::PlanCandidate& c) {
+//     ... build the model on d, nn::enable_checkpointing(model, c.checkpoint),
+//         train o.steps steps with autocast to c.amp ...
+//   }, nn::checkpoint_block_count(*model), o);
+//   fmt::print("{}", plan.report());   // then train with plan.chosen.candidate
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "memory/estimate.h"
+#include "nn/checkpoint.h"
+#include "tensor/dtype.h"
+
+namespace tally::nn {
+
+struct PlanCandidate {
+  CheckpointSpec checkpoint;
+  std::optional<DType> amp;  // the autocast dtype; nullopt: float32 throughout
+  // "checkpoint 6-blocks, amp bf16"
+  std::string str() const;
+};
+
+struct PlanOptions {
+  std::string target = "cpu";  // memory::meta_target's names
+  size_t budget = 0;           // bytes of device memory the run may reserve (its peak reserved)
+  // Precisions searched: {nullopt} keeps float32; --amp auto adds the 16-bit ones.
+  std::vector<std::optional<DType>> precisions = {std::nullopt};
+  int64_t steps = 2;  // training steps each candidate's dry run takes (the peak needs 2)
+};
+
+struct PlannedCandidate {
+  PlanCandidate candidate;
+  memory::Estimate estimate;
+  double step_seconds = 0;  // predicted, per step
+  bool fits = false;        // dry run completed and its peak reserved is within the budget
+  std::string error;        // the model cannot take this candidate (e.g. no stage list)
+};
+
+struct MemoryPlan {
+  PlannedCandidate chosen;
+  std::vector<PlannedCandidate> candidates;  // every one tried, in search order
+  size_t budget = 0;
+  std::string target;
+  // The grid (each candidate's predicted peaks and step time, whether it fits) and the choice.
+  std::string report() const;
+};
+
+// The checkpointing plans searched for a model with `blocks` checkpoint blocks: none,
+// selective, the first quarter, half and three quarters of the blocks, all of them, and 2
+// and 4 segments.
+std::vector<CheckpointSpec> checkpoint_plans(int blocks);
+
+// Dry-runs `run(device, candidate)` for every checkpointing plan x precision on
+// options.target and returns the fastest predicted to fit options.budget. `run` builds the
+// model on `device` (the way the real run does), applies the candidate and trains
+// options.steps steps; a candidate the model rejects (std::invalid_argument) is skipped.
+// Errors (std::invalid_argument), naming what was asked: a budget of 0, an unknown target
+// (both before any dry run); nothing fits: the smallest peak any candidate reaches and what
+// it is made of, or, when the budget is below the parameters plus optimizer state that every
+// plan keeps, that floor.
+MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& run,
+                       int checkpoint_blocks, const PlanOptions& options);
+
+// The target `name` with rates for the cost model: the CPU's measured now by a short timed
+// run (a float32 and a bfloat16 GEMM, a large copy), once per process; others as recorded.
+memory::MetaTarget calibrated_target(const std::string& name);
+
+}  // namespace tally::nn

@@ -1,0 +1,167 @@
+// The memory planner (nn/plan.h): it picks the fastest plan its dry runs predict to fit, the
+// plan it picks fits when the run is real, and a budget nothing can meet is an error that
+// names the smallest peak or the floor, before any training.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "autograd/autocast.h"
+#include "autograd/ops.h"
+#include "memory/estimate.h"
+#include "memory/memory.h"
+#include "nn/checkpoint.h"
+#include "nn/layers.h"
+#include "nn/models/gpt.h"
+#include "nn/plan.h"
+#include "optim/adam.h"
+
+namespace tally {
+namespace {
+
+// Two AdamW steps of the "small" GPT built on `d`, with the candidate's checkpointing and
+// precision: what the planner dry-runs and what the real run below does.
+void train_gpt(Device d, const nn::PlanCandidate& c, const std::string& preset, int64_t batch,
+               int64_t seq) {
+  manual_seed(0);
+  std::shared_ptr<nn::GPT> model;
+  {
+    nn::BuildOnDevice on(d);
+    model = std::make_shared<nn::GPT>(nn::GPTConfig::preset(preset));
+  }
+  nn::enable_checkpointing(*model, c.checkpoint);
+  optim::AdamW opt(model->parameters(), optim::AdamOptions{.lr = 1e-3});
+  Tensor x, y;
+  {
+    memory::CategoryScope input(memory::Category::input);
+    x = ops::randint(0, 256, {batch, seq}, DType::int64, d);
+    y = ops::randint(0, 256, {batch, seq}, DType::int64, d);
+  }
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad(true);
+    Tensor loss;
+    {
+      AutocastGuard autocast(d.type, c.amp.value_or(DType::bfloat16), c.amp.has_value());
+      loss = (*model)(x, y).second;
+    }
+    loss.backward();
+    opt.step();
+  }
+}
+
+void train_small_gpt(Device d, const nn::PlanCandidate& c) {
+  train_gpt(d, c, "small", 8, 128);
+}
+
+int small_gpt_blocks() {
+  nn::BuildOnDevice on(Device::meta());
+  nn::GPT gpt(nn::GPTConfig::preset("small"));
+  return nn::checkpoint_block_count(gpt);
+}
+
+int64_t dry_peak_reserved(const std::string& checkpoint) {
+  const nn::PlanCandidate c{nn::parse_checkpoint_spec(checkpoint), std::nullopt};
+  return memory::estimate([&](Device d) { train_small_gpt(d, c); }, {.target = "cpu"})
+      .peak_reserved;
+}
+
+TEST(Plan, PicksTheFastestPlanThatFitsAndTheRealRunFits) {
+  const int64_t none = dry_peak_reserved("none"), blocks = dry_peak_reserved("blocks");
+  ASSERT_LT(blocks, none);
+  const size_t budget = static_cast<size_t>((none + blocks) / 2);
+  const nn::MemoryPlan plan =
+      nn::plan_memory(train_small_gpt, small_gpt_blocks(), {.target = "cpu", .budget = budget});
+  EXPECT_GE(plan.candidates.size(), 6u);
+  EXPECT_TRUE(plan.chosen.fits);
+  EXPECT_LE(plan.chosen.estimate.peak_reserved, static_cast<int64_t>(budget));
+  EXPECT_NE(plan.chosen.candidate.checkpoint.str(), "none");  // none does not fit
+  for (const nn::PlannedCandidate& c : plan.candidates) {
+    if (!c.fits) continue;
+    EXPECT_LE(plan.chosen.step_seconds, c.step_seconds) << c.candidate.str();
+    EXPECT_GT(c.step_seconds, 0) << c.candidate.str();
+  }
+  // Checkpointing more recomputes more: the cost model says so.
+  auto seconds_of = [&](const std::string& ck) {
+    for (const nn::PlannedCandidate& c : plan.candidates)
+      if (c.candidate.checkpoint.str() == ck) return c.step_seconds;
+    ADD_FAILURE() << "no candidate " << ck;
+    return 0.0;
+  };
+  EXPECT_LT(seconds_of("none"), seconds_of("blocks"));
+  EXPECT_NE(plan.report().find("<- chosen"), std::string::npos) << plan.report();
+
+  // The chosen plan, run for real on the CPU, stays within the budget (on the CPU the dry run
+  // replays the same allocations, so its reserved peak is the predicted one).
+  const Device cpu = Device::cpu();
+  memory::empty_cache(cpu);
+  ASSERT_EQ(memory::memory_allocated(cpu), 0u);
+  memory::reset_peak_memory_stats(cpu);
+  train_small_gpt(cpu, plan.chosen.candidate);
+  EXPECT_LE(memory::max_memory_reserved(cpu), budget);
+  EXPECT_EQ(static_cast<int64_t>(memory::max_memory_reserved(cpu)),
+            plan.chosen.estimate.peak_reserved);
+  memory::empty_cache(cpu);
+}
+
+TEST(Plan, PrecisionIsSearchedWhenAllowed) {
+  const size_t budget = size_t{64} << 30;  // everything fits: the fastest wins
+  // GPT-2's shapes (dry runs only): large enough products for bf16 to pay on the H200's rates.
+  const nn::MemoryPlan plan = nn::plan_memory(
+      [](Device d, const nn::PlanCandidate& c) { train_gpt(d, c, "gpt2", 4, 256); }, 12,
+      {.target = "h200", .budget = budget, .precisions = {std::nullopt, DType::bfloat16}});
+  EXPECT_EQ(plan.chosen.candidate.checkpoint.str(), "none");
+  ASSERT_TRUE(plan.chosen.candidate.amp.has_value());  // bf16 is faster on the H200's rates
+  EXPECT_EQ(*plan.chosen.candidate.amp, DType::bfloat16);
+}
+
+TEST(Plan, BudgetsNothingMeetsAreErrorsNamingWhy) {
+  // Below the parameters + optimizer state: the floor is named.
+  try {
+    nn::plan_memory(train_small_gpt, small_gpt_blocks(), {.target = "cpu", .budget = 4096});
+    FAIL() << "a 4 KiB budget";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parameters plus optimizer state"), std::string::npos)
+        << e.what();
+  }
+  // Above the floor but below every plan: the smallest peak and its make-up are named.
+  const nn::MemoryPlan all =
+      nn::plan_memory(train_small_gpt, small_gpt_blocks(), {.target = "cpu", .budget = 1 << 30});
+  int64_t smallest = all.chosen.estimate.peak_reserved;
+  for (const nn::PlannedCandidate& c : all.candidates)
+    if (c.error.empty()) smallest = std::min(smallest, c.estimate.peak_reserved);
+  try {
+    nn::plan_memory(train_small_gpt, small_gpt_blocks(),
+                    {.target = "cpu", .budget = static_cast<size_t>(smallest - 4096)});
+    FAIL() << "just under the smallest plan";
+  } catch (const std::invalid_argument& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("no plan fits"), std::string::npos) << w;
+    EXPECT_NE(w.find("activation"), std::string::npos) << w;
+  }
+  // Nothing runs for a budget of 0 or an unknown target.
+  int runs = 0;
+  auto count = [&](Device, const nn::PlanCandidate&) { ++runs; };
+  EXPECT_THROW(nn::plan_memory(count, 4, {.target = "cpu", .budget = 0}), std::invalid_argument);
+  EXPECT_THROW(nn::plan_memory(count, 4, {.target = "tpu", .budget = 1 << 30}),
+               std::invalid_argument);
+  EXPECT_THROW(nn::plan_memory(count, 4, {.target = "h200", .budget = size_t{1} << 50}),
+               std::invalid_argument);
+  EXPECT_EQ(runs, 0);
+}
+
+TEST(Plan, PartialBlockPlansParseAndApply) {
+  EXPECT_EQ(nn::parse_checkpoint_spec("3-blocks").str(), "3-blocks");
+  EXPECT_THROW(nn::parse_checkpoint_spec("0-blocks"), std::invalid_argument);
+  EXPECT_THROW(nn::parse_checkpoint_spec("-2-blocks"), std::invalid_argument);
+  nn::BuildOnDevice on(Device::meta());
+  nn::GPT gpt(nn::GPTConfig::preset("small"));
+  nn::enable_checkpointing(gpt, nn::parse_checkpoint_spec("3-blocks"));
+  int on_blocks = 0;
+  for (auto& [name, m] : gpt.named_modules())
+    if (m->is_checkpoint_block() && m->is_checkpointed()) ++on_blocks;
+  EXPECT_EQ(on_blocks, 3);
+  EXPECT_THROW(nn::enable_checkpointing(gpt, nn::parse_checkpoint_spec("9-blocks")),
+               std::invalid_argument);  // the small GPT has 4
+}
+
+}  // namespace
+}  // namespace tally
