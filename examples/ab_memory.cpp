@@ -56,7 +56,8 @@ struct Args {
   std::string amps = "off,bf16";
   std::string out = "ab_report";
   double lr = 0.01;
-  std::string estimate;  // a dry run's target: predict every configuration, run none
+  std::string estimate;       // a dry run's target: predict every configuration, run none
+  std::string memory_budget;  // --checkpoint auto: the planner's budget
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -155,7 +156,11 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", a.checkpoints,
                  "comma list of none | blocks | N-segments | selective")
       ->capture_default_str();
-  app.add_option("--amp", a.amps, "comma list of off | fp16 | bf16")->capture_default_str();
+  app.add_option("--amp", a.amps, "comma list of off | fp16 | bf16 | auto (with --checkpoint auto)")
+      ->capture_default_str();
+  app.add_option("--memory-budget", a.memory_budget,
+                 "device memory a run may reserve, for the --checkpoint entry auto (the planner "
+                 "picks the fastest plan that fits: 6GiB, 900MiB, ...)");
   ex::add_checked_option(app, "--lr", a.lr, "learning rate", ex::positive_real());
   app.add_option("--out", a.out, "output folder (snapshots, timelines, report.html)")
       ->capture_default_str();
@@ -184,8 +189,16 @@ int main(int argc, char** argv) {
     const std::vector<std::string> amps = split_list(a.amps);
     if (checkpoints.empty()) throw std::invalid_argument("--checkpoint: empty list");
     if (amps.empty()) throw std::invalid_argument("--amp: empty list");
-    for (const std::string& ck : checkpoints) nn::parse_checkpoint_spec(ck);
-    for (const std::string& am : amps) ex::parse_amp(am);
+    // "auto" entries: the planner (nn/plan.h) resolves them per configuration.
+    const bool ck_auto =
+        std::find(checkpoints.begin(), checkpoints.end(), "auto") != checkpoints.end();
+    const bool amp_auto = std::find(amps.begin(), amps.end(), "auto") != amps.end();
+    const ex::AutoPlan auto_plan =
+        ex::parse_auto_plan(ck_auto ? "auto" : "", amp_auto ? "auto" : "", a.memory_budget);
+    for (const std::string& ck : checkpoints)
+      if (ck != "auto") nn::parse_checkpoint_spec(ck);
+    for (const std::string& am : amps)
+      if (am != "auto") ex::parse_amp(am);
     if (a.model == "resnet") {
       if (a.arch != "tiny" && a.arch != "resnet18" && a.arch != "resnet34" && a.arch != "resnet50")
         throw std::invalid_argument(
@@ -229,31 +242,40 @@ int main(int argc, char** argv) {
       batches = make_batches(a, classes, channels, seq);
     }
 
+    // The model of every configuration, built on `build_on` (the CPU, as a real run does;
+    // meta:0 for the planner's dry runs, which need no values).
+    auto build_model = [&](Device build_on) -> std::shared_ptr<nn::Module> {
+      nn::BuildOnDevice on(build_on);
+      if (a.model == "gpt") return std::make_shared<nn::GPT>(nn::GPTConfig::preset(a.preset));
+      nn::ResNetOptions o;
+      o.num_classes = classes;
+      o.in_channels = channels;
+      if (a.arch == "tiny") return nn::resnet_tiny(o);
+      if (a.arch == "resnet18") return nn::resnet18(o);
+      if (a.arch == "resnet34") return nn::resnet34(o);
+      return nn::resnet50(o);
+    };
+    // A CPU run's batches live in the device's own allocator from the start (the copy to the
+    // device is none); a CUDA run copies each batch when its step begins.
+    auto resident_batches = [&](Device d) {
+      std::vector<data::Example> resident;
+      if (memory::behaves_as(d) != DeviceType::cpu) return batches.items;
+      memory::CategoryScope input(memory::Category::input);
+      for (const data::Example& b : batches.items)
+        resident.push_back(
+            {ops::to(b.input, d, b.input.dtype()), ops::to(b.target, d, b.target.dtype())});
+      return resident;
+    };
+
     // One configuration's steps on `on`: the real device, or a dry run's meta device (no
     // values to read there: no loss).
     auto run_config = [&](Device on, const std::vector<data::Example>& items,
                           const nn::CheckpointSpec& spec, std::optional<DType> amp,
-                          ex::ConfigResult& r) {
+                          ex::ConfigResult& r, Device build_on = Device::cpu()) {
       const bool dry = on.is_meta();
       manual_seed(a.seed);
-      std::shared_ptr<nn::Module> model;
-      std::shared_ptr<nn::GPT> gpt;
-      if (a.model == "resnet") {
-        nn::ResNetOptions o;
-        o.num_classes = classes;
-        o.in_channels = channels;
-        if (a.arch == "tiny")
-          model = nn::resnet_tiny(o);
-        else if (a.arch == "resnet18")
-          model = nn::resnet18(o);
-        else if (a.arch == "resnet34")
-          model = nn::resnet34(o);
-        else
-          model = nn::resnet50(o);
-      } else {
-        gpt = std::make_shared<nn::GPT>(nn::GPTConfig::preset(a.preset));
-        model = gpt;
-      }
+      std::shared_ptr<nn::Module> model = build_model(build_on);
+      std::shared_ptr<nn::GPT> gpt = std::dynamic_pointer_cast<nn::GPT>(model);
       model->to(on);
       model->train();
       nn::enable_checkpointing(*model, spec);
@@ -304,16 +326,7 @@ int main(int argc, char** argv) {
       memory::DryRun dry({.target = target});
       std::string oom;
       try {
-        // A CPU run's batches live in the device's own allocator from the start (the copy to
-        // the device is none); a CUDA run copies each batch when its step begins.
-        std::vector<data::Example> resident;
-        if (memory::behaves_as(dry.device()) == DeviceType::cpu) {
-          memory::CategoryScope input(memory::Category::input);
-          for (const data::Example& b : batches.items)
-            resident.push_back({ops::to(b.input, dry.device(), b.input.dtype()),
-                                ops::to(b.target, dry.device(), b.target.dtype())});
-        }
-        run_config(dry.device(), resident.empty() ? batches.items : resident, spec, amp, r);
+        run_config(dry.device(), resident_batches(dry.device()), spec, amp, r);
       } catch (const memory::OutOfMemoryError& e) {
         oom = e.what();
       }
@@ -331,10 +344,31 @@ int main(int argc, char** argv) {
     std::vector<ex::ConfigResult> results;
     for (const std::string& ck : checkpoints) {
       for (const std::string& am : amps) {
-        const auto amp = ex::parse_amp(am);
-        const nn::CheckpointSpec spec = nn::parse_checkpoint_spec(ck);
+        if (am == "auto" && ck != "auto") continue;  // --amp auto belongs to the planned rows
+        std::optional<DType> amp = am == "auto" ? std::nullopt : ex::parse_amp(am);
+        nn::CheckpointSpec spec =
+            ck == "auto" ? nn::CheckpointSpec{} : nn::parse_checkpoint_spec(ck);
+        std::string ck_name = ck, am_name = am == "none" ? "off" : am;
+        if (ck == "auto") {
+          // The planner's choice for this row, planned for the prediction's target.
+          ex::AutoPlan row = auto_plan;
+          row.amp_auto = am == "auto";
+          memory::DryRun probe({.target = target});
+          const nn::PlanCandidate c = ex::plan_run(
+              row, amp, probe.device(), nn::checkpoint_block_count(*build_model(Device::meta())),
+              [&](Device d, const nn::PlanCandidate& cand) {
+                ex::ConfigResult scratch;
+                run_config(d, resident_batches(d), cand.checkpoint, cand.amp, scratch,
+                           Device::meta());
+              });
+          spec = c.checkpoint;
+          amp = c.amp;
+          ck_name = fmt::format("auto({})", spec.str());
+          am_name = !amp ? "off" : *amp == DType::float16 ? "fp16" : "bf16";
+          if (am == "auto") am_name = fmt::format("auto({})", am_name);
+        }
         ex::ConfigResult r;
-        r.name = fmt::format("ckpt={} amp={}", ck, am == "none" ? "off" : am);
+        r.name = fmt::format("ckpt={} amp={}", ck_name, am_name);
         fmt::print("== {}\n", r.name);
         std::fflush(stdout);
 

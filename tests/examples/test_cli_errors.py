@@ -57,6 +57,15 @@ cases = [
         "--weight-decay": ["nan"], "--seed": ["-1"], "--image-size": ["-4"], "--optimizer": ["rmsprop"],
         "--dataset": ["imagenet"],
     }),
+    (["train_resnet", "--checkpoint", "auto"], "--memory-budget", {}),
+    (["train_resnet", "--checkpoint", "auto", "--memory-budget", "-1GiB"], "--memory-budget", {}),
+    (["train_resnet", "--checkpoint", "auto", "--memory-budget", "lots"], "--memory-budget", {}),
+    (["train_resnet", "--memory-budget", "1GiB"], "--memory-budget", {}),
+    (["train_resnet", "--amp", "auto"], "--amp", {}),
+    (["train_gpt", "--data", "synthetic", "--checkpoint", "auto", "--memory-budget", "1KiB"],
+     "--memory-budget", {}),
+    (["train_gpt", "--checkpoint", "auto", "--memory-budget", "0"], "--memory-budget", {}),
+    (["ab_memory", "--checkpoint", "none,auto"], "--memory-budget", {}),
     (["train_resnet", "--estimate", "tpu-v9"], "--estimate", {}),
     (["train_resnet", "--estimate", "h200", "--device", "cpu"], "--estimate", {}),
     (["train_gpt", "--estimate", "a100"], "--estimate", {}),
@@ -76,7 +85,7 @@ cases = [
     (["train_resnet"], "TALLY_ALLOC_CONF", BAD_CONF),
     (["train_resnet"], "TALLY_ALLOC_CONF", BAD_OOM),
     (["train_resnet", "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'", {}),
-    (["train_resnet", "--checkpoint", "3-chunks"], "--checkpoint: expected none, blocks, N-segments", {}),
+    (["train_resnet", "--checkpoint", "3-chunks"], "--checkpoint: expected none, blocks, N-blocks", {}),
     (["train_resnet", "--device", "tpu"], "--device: expected cpu or cuda, got 'tpu'", {}),
     (["train_resnet", "--arch", "vgg"], "--arch: expected tiny, resnet18, resnet34 or resnet50, got 'vgg'", {}),
     (["train_resnet", "--dataset", "cifar10"], "--dataset cifar10 needs --data-root", {}),
@@ -180,6 +189,8 @@ good = [
       "--estimate", "h200", "--snapshot", "e.pickle"], ["e.pickle"]),
     (["train_resnet", "--dataset", "synthetic", "--batch", "2", "--image-size", "8",
       "--checkpoint", "blocks", "--estimate", "cpu"], []),
+    (["train_gpt", "--data", "synthetic", "--batch", "2", "--seq", "16", "--checkpoint", "auto",
+      "--memory-budget", "64MiB", "--amp", "auto", "--estimate", "h200"], []),
 ]
 
 
