@@ -14,6 +14,8 @@
 #   profile     profiler on ResNet-50 / GPT-2 (overhead, kernel time vs step time)
 #   kernels     GPT-2 B16 fp32 and bf16 steps profiled in both frameworks, kernel time per
 #               class side by side (bench/kernel_compare.py)
+#   predict     dry runs against the GPU: predicted vs measured memory over GPT-2 and ResNet-50
+#               checkpointing x precision grids, and the memory planner's choices (bench/predict.py)
 #   ddp         data parallel: the 2-rank DDP check, train_ddp with per-rank snapshots, and
 #               bench/ddp.py (Tally and PyTorch DDP at 1 and N GPUs, scaling efficiency)
 set -uo pipefail
@@ -161,6 +163,11 @@ if has kernels; then
     log "kernel_compare amp=$amp: exit $?"
     tail -3 "$OUT/kern_run_$amp.txt" >> "$OUT/kernels_$amp.txt"; rm -rf "$OUT/kern_$amp" "$OUT/kern_run_$amp.txt"
   done
+fi
+
+if has predict; then
+  python3 bench/predict.py $B --out /tmp/tally_predict > "$OUT/predict.txt" 2>&1; log "bench/predict.py: exit $?"
+  cat "$OUT/predict.txt" >> "$OUT/summary.txt"
 fi
 
 if has ddp; then

@@ -247,13 +247,7 @@ int main(int argc, char** argv) {
     auto build_model = [&](Device build_on) -> std::shared_ptr<nn::Module> {
       nn::BuildOnDevice on(build_on);
       if (a.model == "gpt") return std::make_shared<nn::GPT>(nn::GPTConfig::preset(a.preset));
-      nn::ResNetOptions o;
-      o.num_classes = classes;
-      o.in_channels = channels;
-      if (a.arch == "tiny") return nn::resnet_tiny(o);
-      if (a.arch == "resnet18") return nn::resnet18(o);
-      if (a.arch == "resnet34") return nn::resnet34(o);
-      return nn::resnet50(o);
+      return nn::resnet_by_name(a.arch, {.num_classes = classes, .in_channels = channels});
     };
     // A CPU run's batches live in the device's own allocator from the start (the copy to the
     // device is none); a CUDA run copies each batch when its step begins.

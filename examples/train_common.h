@@ -54,19 +54,24 @@ inline std::unique_ptr<memory::DryRun> make_dry_run(const std::string& target, b
   }
 }
 
+// The end of a run: memory_summary() (--summary) and the snapshot (--snapshot) of `device`.
+inline void write_memory_outputs(Device device, bool summary, const std::string& snapshot) {
+  if (summary) std::fputs(memory::memory_summary(device).c_str(), stdout);
+  if (!snapshot.empty()) {
+    memory::dump_snapshot(snapshot, device);
+    std::printf("snapshot written to %s (open it at https://pytorch.org/memory_viz)\n",
+                snapshot.c_str());
+  }
+  std::fflush(stdout);
+}
+
 // The end of an --estimate run: the report, and the dry run's snapshot (memory_viz) and
 // memory_summary() when asked. `out_of_memory`: the message when the dry run ran out.
 inline int finish_dry_run(memory::DryRun& dry, const std::string& out_of_memory,
                           const std::string& snapshot, bool summary) {
   const memory::Estimate e = dry.finish(out_of_memory);
   std::fputs(e.report().c_str(), stdout);
-  if (summary) std::fputs(memory::memory_summary(e.device).c_str(), stdout);
-  if (!snapshot.empty()) {
-    memory::dump_snapshot(snapshot, e.device);
-    std::printf("dry-run snapshot written to %s (open it at https://pytorch.org/memory_viz)\n",
-                snapshot.c_str());
-  }
-  std::fflush(stdout);
+  write_memory_outputs(e.device, summary, snapshot);  // the dry run's own
   return e.fits() ? 0 : 3;
 }
 

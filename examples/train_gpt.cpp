@@ -324,12 +324,7 @@ int main(int argc, char** argv) {
         fmt::print("--- sample ---\n{}\n--------------\n",
                    sample_text(*model, "Q:", a.sample, dev, sgen));
       }
-      if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
-      if (!a.snapshot.empty()) {
-        memory::dump_snapshot(a.snapshot, dev);
-        fmt::print("snapshot written to {} (open it at https://pytorch.org/memory_viz)\n",
-                   a.snapshot);
-      }
+      ex::write_memory_outputs(dev, a.summary, a.snapshot);
       return 0;
     } catch (const memory::OutOfMemoryError& e) {
       if (!dry) throw;

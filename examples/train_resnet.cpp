@@ -67,15 +67,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Args& a, nn::Module& mode
 }
 
 std::shared_ptr<nn::Module> make_model(const Args& a, int64_t classes, int64_t channels) {
-  nn::ResNetOptions o;
-  o.num_classes = classes;
-  o.in_channels = channels;
-  if (a.arch == "tiny") return nn::resnet_tiny(o);
-  if (a.arch == "resnet18") return nn::resnet18(o);
-  if (a.arch == "resnet34") return nn::resnet34(o);
-  if (a.arch == "resnet50") return nn::resnet50(o);
-  throw std::invalid_argument(
-      fmt::format("--arch: expected tiny, resnet18, resnet34 or resnet50, got '{}'", a.arch));
+  return nn::resnet_by_name(a.arch, {.num_classes = classes, .in_channels = channels});
 }
 
 // Nearest-neighbour upscaling by an integer factor (28 -> 224 for Fashion-MNIST at 224).
@@ -366,12 +358,7 @@ int main(int argc, char** argv) {
           100.0 * static_cast<double>(right) / static_cast<double>(std::max<int64_t>(count, 1)),
           right, count, ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
           ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
-      if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
-      if (!a.snapshot.empty()) {
-        memory::dump_snapshot(a.snapshot, dev);
-        fmt::print("snapshot written to {} (open it at https://pytorch.org/memory_viz)\n",
-                   a.snapshot);
-      }
+      ex::write_memory_outputs(dev, a.summary, a.snapshot);
       return 0;
     } catch (const memory::OutOfMemoryError& e) {
       if (!dry) throw;

@@ -207,4 +207,14 @@ std::shared_ptr<ResNetTiny> resnet_tiny(ResNetOptions o) {
   return std::make_shared<ResNetTiny>(o);
 }
 
+std::shared_ptr<Module> resnet_by_name(const std::string& arch, ResNetOptions opts) {
+  if (arch == "tiny") return resnet_tiny(opts);
+  if (arch == "resnet18") return resnet18(opts);
+  if (arch == "resnet34") return resnet34(opts);
+  if (arch == "resnet50") return resnet50(opts);
+  if (arch == "resnet101") return resnet101(opts);
+  throw std::invalid_argument(
+      fmt::format("unknown ResNet '{}' (tiny, resnet18, resnet34, resnet50, resnet101)", arch));
+}
+
 }  // namespace tally::nn

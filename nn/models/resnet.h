@@ -92,4 +92,8 @@ class ResNetTiny : public StagedModule {
 
 std::shared_ptr<ResNetTiny> resnet_tiny(ResNetOptions opts = {});
 
+// The architecture named `arch`: "tiny", "resnet18", "resnet34", "resnet50" or "resnet101";
+// std::invalid_argument naming them for anything else.
+std::shared_ptr<Module> resnet_by_name(const std::string& arch, ResNetOptions opts = {});
+
 }  // namespace tally::nn
