@@ -8,7 +8,10 @@ namespace tally::autograd {
 
 namespace {
 thread_local bool tls_grad_enabled = true;
-std::atomic<uint64_t> g_sequence{0};
+// From 1: AccumulateGrad nodes keep sequence_nr 0, the lowest priority of the engine's ready
+// queue, so no op node ever ties with them (the process's first op once did, and the order of
+// the backward then depended on what ran before it).
+std::atomic<uint64_t> g_sequence{1};
 }  // namespace
 
 uint64_t next_sequence_nr() {

@@ -132,15 +132,20 @@ TEST_P(MetaReplaysCpu, SameAllocationsTagsAndPeaks) {
   const std::vector<Event> dry = events_of(e.device);
   ASSERT_GT(real.events.size(), 100u);
   ASSERT_EQ(dry.size(), real.events.size());
+  auto str = [](const Event& e) {
+    const auto& [a, sz, c, m, o, p] = e;
+    return std::string(memory::trace_action_name(a)) + " " + std::to_string(sz) + " B " +
+           std::string(memory::category_name(c)) + " module '" + m + "' op '" + o + "' phase '" +
+           p + "'";
+  };
   for (size_t i = 0; i < dry.size(); ++i) {
     if (dry[i] == real.events[i]) continue;
-    const auto& [a0, s0, c0, m0, o0, p0] = real.events[i];
-    const auto& [a1, s1, c1, m1, o1, p1] = dry[i];
-    FAIL() << "event " << i << " differs: real " << memory::trace_action_name(a0) << " " << s0
-           << " B " << memory::category_name(c0) << " module '" << m0 << "' op '" << o0
-           << "' phase '" << p0 << "'; meta " << memory::trace_action_name(a1) << " " << s1 << " B "
-           << memory::category_name(c1) << " module '" << m1 << "' op '" << o1 << "' phase '" << p1
-           << "'";
+    std::string context;
+    for (size_t k = i >= 6 ? i - 6 : 0; k < std::min(dry.size(), i + 4); ++k)
+      context += "\n  " + std::to_string(k) + (k == i ? " > " : "   ") + "real " +
+                 str(real.events[k]) + "\n  " + std::string(std::to_string(k).size() + 3, ' ') +
+                 "meta " + str(dry[k]);
+    FAIL() << "event " << i << " differs:" << context;
   }
   EXPECT_EQ(e.peak_allocated, real.peak_allocated);
   EXPECT_EQ(e.peak_reserved, real.peak_reserved);
