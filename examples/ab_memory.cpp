@@ -331,6 +331,7 @@ int main(int argc, char** argv) {
       r.estimated_peak_reserved = e.peak_reserved;
       r.estimated_at_peak = e.at_peak;
       r.estimate_seconds = e.seconds;
+      r.estimated_activations = e.activations_at_peak;
       if (!e.fits()) fmt::print("   predicted: does not fit on {}: {}\n", target, oom);
       return e.device;
     };
@@ -411,6 +412,20 @@ int main(int argc, char** argv) {
                                   : fmt::format("GPT {} (batch {} x {} tokens, {} steps, {})",
                                                 a.preset, a.batch, seq, a.steps, where);
     std::cout << ex::format_table(results) << std::flush;
+    if (estimate_only) {
+      // What the table cannot show: where the activations at each predicted peak come from.
+      fmt::print("largest activations at the predicted peak, by module:\n");
+      for (const auto& r : results) {
+        std::string top;
+        for (size_t k = 0; k < r.estimated_activations.size() && k < 4; ++k)
+          top += fmt::format("{}{} {}", k ? ", " : "",
+                             r.estimated_activations[k].module.empty()
+                                 ? std::string("(no module)")
+                                 : r.estimated_activations[k].module,
+                             ex::fmt_bytes(static_cast<double>(r.estimated_activations[k].bytes)));
+        fmt::print("  {}: {}\n", r.name, top.empty() ? std::string("none") : top);
+      }
+    }
     {
       // results.json: the table's numbers for scripts (bytes; categories by Tally's names).
       std::string j = "[";

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/estimate.h"
 #include "memory/timeline.h"
 
 namespace tally::examples {
@@ -27,6 +28,7 @@ struct ConfigResult {
   int64_t estimated_peak_reserved = 0;
   memory::CategoryBytes estimated_at_peak{};
   double estimate_seconds = 0;
+  std::vector<memory::ModuleBytes> estimated_activations;  // by module at the peak, largest first
 };
 
 // One row per configuration; every column after the first also shows its change against

@@ -73,9 +73,11 @@ for r in res:
 
 # --estimate h200: dry runs only, for a CUDA target, on this machine: no step time, no loss.
 est = os.path.join(out, "estimate")
-run_program([exe, "--model", "resnet", "--arch", "tiny", "--dataset", "synthetic", "--image-size", "16",
-             "--batch", "8", "--steps", "2", "--checkpoint", "none,blocks", "--amp", "bf16",
-             "--estimate", "h200", "--out", est], "ab_memory --estimate", timeout=600)
+ep = run_program([exe, "--model", "resnet", "--arch", "tiny", "--dataset", "synthetic", "--image-size", "16",
+                  "--batch", "8", "--steps", "2", "--checkpoint", "none,blocks", "--amp", "bf16",
+                  "--estimate", "h200", "--out", est], "ab_memory --estimate", timeout=600)
+check("largest activations at the predicted peak" in ep.stdout and "ckpt=blocks amp=bf16: " in ep.stdout,
+      "--estimate: the activations by module at each predicted peak are printed")
 eres = json.load(open(os.path.join(est, "results.json")))
 check(len(eres) == 2, f"--estimate: 2 configurations expected, got {len(eres)}")
 for r in eres:
