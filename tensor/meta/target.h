@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 #include "memory/meta.h"
 #include "tensor/op_alloc.h"
@@ -65,6 +66,18 @@ inline constexpr auto nothing = [](auto... args) {
   if constexpr (sizeof...(args) > 0)
     if (const Tensor* t = first_tensor(args...)) cost(*t, 0, tensor_bytes(args...));
 };
+
+// The table of a family none of whose kernels allocates on either backend: every entry
+// `nothing` (a table is function pointers only, so its size counts them).
+template <typename Table>
+constexpr Table all_nothing() {
+  constexpr size_t n = sizeof(Table) / sizeof(void (*)());
+  static_assert(n * sizeof(void (*)()) == sizeof(Table), "a kernel table holds function pointers");
+  return [&]<size_t... I>(std::index_sequence<I...>) {
+    return Table{((void)I, nothing)...};
+  }
+  (std::make_index_sequence<n>{});
+}
 
 // cuBLASLt's workspace for one product on a CUDA target (tensor/linalg/cuda_matmul.cpp
 // takes one per call and returns it when the call is enqueued).

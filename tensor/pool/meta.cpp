@@ -1,15 +1,10 @@
 // Meta kernels of the pool family (tensor/meta/target.h): neither backend's pooling
-// kernels allocate scratch.
+// kernels allocate scratch; each costs the bytes it reads and writes.
 #include "tensor/meta/target.h"
 #include "tensor/pool/kernels.h"
 
 namespace tally::meta {
 
-const PoolKernels pool_kernels{.max_pool2d_forward = nothing,
-                               .max_pool2d_backward = nothing,
-                               .avg_pool2d_forward = nothing,
-                               .avg_pool2d_backward = nothing,
-                               .adaptive_avg_pool2d_forward = nothing,
-                               .adaptive_avg_pool2d_backward = nothing};
+const PoolKernels pool_kernels = all_nothing<PoolKernels>();
 
 }  // namespace tally::meta

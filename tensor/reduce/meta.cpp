@@ -1,16 +1,10 @@
 // Meta kernels of the reduce family (tensor/meta/target.h): neither backend's reductions
-// along dims allocate scratch.
+// along dims allocate scratch; each costs the bytes it reads and writes.
 #include "tensor/meta/target.h"
 #include "tensor/reduce/kernels.h"
 
 namespace tally::meta {
 
-const ReduceKernels reduce_kernels{.max_dim = nothing,
-                                   .min_dim = nothing,
-                                   .amax = nothing,
-                                   .amin = nothing,
-                                   .var = nothing,
-                                   .logsumexp = nothing,
-                                   .value_selecting_reduction_backward = nothing};
+const ReduceKernels reduce_kernels = all_nothing<ReduceKernels>();
 
 }  // namespace tally::meta
