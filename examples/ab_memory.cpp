@@ -324,16 +324,10 @@ int main(int argc, char** argv) {
       } catch (const memory::OutOfMemoryError& e) {
         oom = e.what();
       }
-      const memory::Estimate e = dry.finish(oom);
       r.predicted = true;
-      r.estimate_target = target;
-      r.estimated_peak_allocated = e.peak_allocated;
-      r.estimated_peak_reserved = e.peak_reserved;
-      r.estimated_at_peak = e.at_peak;
-      r.estimate_seconds = e.seconds;
-      r.estimated_activations = e.activations_at_peak;
-      if (!e.fits()) fmt::print("   predicted: does not fit on {}: {}\n", target, oom);
-      return e.device;
+      r.estimate = dry.finish(oom);
+      if (!r.estimate.fits()) fmt::print("   predicted: does not fit on {}: {}\n", target, oom);
+      return r.estimate.device;
     };
 
     std::vector<ex::ConfigResult> results;
@@ -373,9 +367,9 @@ int main(int argc, char** argv) {
         recorded = predict(target, spec, amp, r);
         if (estimate_only) {
           r.measured = false;
-          r.peak_allocated = r.estimated_peak_allocated;
-          r.peak_reserved = r.estimated_peak_reserved;
-          r.at_peak = r.estimated_at_peak;
+          r.peak_allocated = r.estimate.peak_allocated;
+          r.peak_reserved = r.estimate.peak_reserved;
+          r.at_peak = r.estimate.at_peak;
         } else {
           memory::record_memory_history(false, 0, recorded);
           recorded = dev;
@@ -417,12 +411,13 @@ int main(int argc, char** argv) {
       fmt::print("largest activations at the predicted peak, by module:\n");
       for (const auto& r : results) {
         std::string top;
-        for (size_t k = 0; k < r.estimated_activations.size() && k < 4; ++k)
-          top += fmt::format("{}{} {}", k ? ", " : "",
-                             r.estimated_activations[k].module.empty()
-                                 ? std::string("(no module)")
-                                 : r.estimated_activations[k].module,
-                             ex::fmt_bytes(static_cast<double>(r.estimated_activations[k].bytes)));
+        for (size_t k = 0; k < r.estimate.activations_at_peak.size() && k < 4; ++k)
+          top += fmt::format(
+              "{}{} {}", k ? ", " : "",
+              r.estimate.activations_at_peak[k].module.empty()
+                  ? std::string("(no module)")
+                  : r.estimate.activations_at_peak[k].module,
+              ex::fmt_bytes(static_cast<double>(r.estimate.activations_at_peak[k].bytes)));
         fmt::print("  {}: {}\n", r.name, top.empty() ? std::string("none") : top);
       }
     }
@@ -448,11 +443,11 @@ int main(int argc, char** argv) {
           j += fmt::format(
               ", \"estimate_target\": \"{}\", \"estimated_peak_allocated\": {}, "
               "\"estimated_peak_reserved\": {}, \"estimated_at_peak\": {{",
-              r.estimate_target, r.estimated_peak_allocated, r.estimated_peak_reserved);
+              r.estimate.target.name, r.estimate.peak_allocated, r.estimate.peak_reserved);
           for (size_t c = 0; c < memory::kNumCategories; ++c)
             j += fmt::format("{}\"{}\": {}", c ? ", " : "",
                              memory::category_name(memory::kAllCategories[c]),
-                             r.estimated_at_peak[c]);
+                             r.estimate.at_peak[c]);
           j += "}";
         }
         j += fmt::format(", \"measured\": {}, \"snapshot\": \"{}\", \"timeline\": \"{}\"}}",

@@ -131,9 +131,9 @@ std::string format_table(const std::vector<ConfigResult>& results) {
       row.push_back(
           !r.predicted
               ? std::string("-")
-              : fmt::format("{} ({:+.2f}%)", mib(static_cast<double>(r.estimated_peak_allocated)),
+              : fmt::format("{} ({:+.2f}%)", mib(static_cast<double>(r.estimate.peak_allocated)),
                             r.peak_allocated ? 100.0 *
-                                                   static_cast<double>(r.estimated_peak_allocated -
+                                                   static_cast<double>(r.estimate.peak_allocated -
                                                                        r.peak_allocated) /
                                                    static_cast<double>(r.peak_allocated)
                                              : 0.0));
@@ -161,12 +161,12 @@ std::string format_table(const std::vector<ConfigResult>& results) {
       "the first row)\n";
   if (!measured)
     out += fmt::format("(predicted by dry runs for {}: shapes only, no step was run)\n",
-                       results.front().estimate_target);
+                       results.front().estimate.target.name);
   else if (predicted)
     out += fmt::format(
         "(predicted: the same steps dry-run beforehand for {}, and the error against the "
         "measured peak)\n",
-        results.front().estimate_target);
+        results.front().estimate.target.name);
   return out;
 }
 
@@ -200,7 +200,7 @@ void write_report(const std::string& path, const std::string& title,
         ",\"peak_allocated\":{},\"peak_reserved\":{},\"median_ms\":{},\"final_loss\":{},"
         "\"predicted\":{}",
         r.peak_allocated, r.peak_reserved, number(r.median_ms, 3), number(r.final_loss, 6),
-        r.measured && r.predicted ? std::to_string(r.estimated_peak_allocated) : "null");
+        r.measured && r.predicted ? std::to_string(r.estimate.peak_allocated) : "null");
     data += ",\"at_peak\":[";
     for (size_t k = 0; k < std::size(kOrder); ++k)
       data += fmt::format("{}{}", k ? "," : "", r.at_peak[static_cast<size_t>(kOrder[k])]);

@@ -23,12 +23,7 @@ struct ConfigResult {
   bool measured = true;
   // The dry run's prediction of the same configuration (memory/estimate.h), when made.
   bool predicted = false;
-  std::string estimate_target;  // "cpu", "cuda", "h200"
-  int64_t estimated_peak_allocated = 0;
-  int64_t estimated_peak_reserved = 0;
-  memory::CategoryBytes estimated_at_peak{};
-  double estimate_seconds = 0;
-  std::vector<memory::ModuleBytes> estimated_activations;  // by module at the peak, largest first
+  memory::Estimate estimate;
 };
 
 // One row per configuration; every column after the first also shows its change against

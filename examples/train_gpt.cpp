@@ -106,24 +106,13 @@ int main(int argc, char** argv) {
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
   ex::add_checked_option(app, "--seed", a.seed, "seed", ex::seed_value());
-  app.add_option("--checkpoint", a.checkpoint,
-                 "none | blocks | N-blocks | N-segments | selective | auto (the planner: fastest "
-                 "plan within --memory-budget)")
-      ->capture_default_str();
-  app.add_option("--amp", a.amp, "off | fp16 | bf16 | auto (with --checkpoint auto)")
-      ->capture_default_str();
-  app.add_option("--memory-budget", a.memory_budget,
-                 "device memory the run may reserve, for --checkpoint auto (6GiB, 900MiB, 512KiB, "
-                 "bytes)");
+  ex::add_memory_options(app, a.checkpoint, a.amp, a.memory_budget, a.estimate);
   app.add_option("--sample", a.sample, "print a sample of this many bytes at the end (text data)")
       ->check(ex::int_range(0, 1 << 20));
   ex::add_checked_option(app, "--eval-batches", a.eval_batches, "validation batches",
                          ex::int_range(1));
   ex::add_checked_option(app, "--log-every", a.log_every, "progress update interval in steps",
                          ex::int_range(1));
-  app.add_option("--estimate", a.estimate,
-                 "predict the run's memory on TARGET (cpu | h200 | cuda) with a shapes-only dry "
-                 "run of a few steps, print it and stop; no GPU needed");
   app.add_option("--vocab", a.vocab, "vocabulary of synthetic data (0: the preset's)")
       ->check(ex::int_range(0, 1 << 24));
 
