@@ -89,16 +89,20 @@ TEST(Plan, PicksTheFastestPlanThatFitsAndTheRealRunFits) {
   EXPECT_LT(seconds_of("none"), seconds_of("blocks"));
   EXPECT_NE(plan.report().find("<- chosen"), std::string::npos) << plan.report();
 
-  // The chosen plan, run for real on the CPU, stays within the budget (on the CPU the dry run
-  // replays the same allocations, so its reserved peak is the predicted one).
+  // The chosen plan, run for real on the CPU, stays within the budget. The dry run replays the
+  // same allocations, so the allocated peak is the predicted one; the reserved peak can differ
+  // by a segment or two, since best fit breaks ties between equal free blocks by address and
+  // the host's allocator hands out addresses in its own order (under ASan, another one).
   const Device cpu = Device::cpu();
   memory::empty_cache(cpu);
   ASSERT_EQ(memory::memory_allocated(cpu), 0u);
   memory::reset_peak_memory_stats(cpu);
   train_small_gpt(cpu, plan.chosen.candidate);
   EXPECT_LE(memory::max_memory_reserved(cpu), budget);
-  EXPECT_EQ(static_cast<int64_t>(memory::max_memory_reserved(cpu)),
-            plan.chosen.estimate.peak_reserved);
+  EXPECT_EQ(static_cast<int64_t>(memory::max_memory_allocated(cpu)),
+            plan.chosen.estimate.peak_allocated);
+  EXPECT_NEAR(static_cast<double>(memory::max_memory_reserved(cpu)),
+              static_cast<double>(plan.chosen.estimate.peak_reserved), 4.0 * (1 << 20));
   memory::empty_cache(cpu);
 }
 
