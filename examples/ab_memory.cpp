@@ -7,7 +7,14 @@
 // stacked memory-by-category of one training step per configuration on the same scale, the
 // forward staircase labelled by module, and the table.
 //
+// Each configuration is dry-run first (memory/estimate.h: the same steps on a meta device
+// replaying the run's device) and shown next to its prediction. --estimate TARGET runs only
+// the dry runs, for any target, on any machine. A --checkpoint entry `auto` (with
+// --memory-budget; `auto` in --amp lets it choose the precision too) is the memory planner's
+// choice (nn/plan.h).
+//
 //   ab_memory --model resnet --arch tiny --steps 4 --out ab_report
+//   ab_memory --model gpt --preset gpt2 --batch 16 --seq 1024 --estimate h200 --out gpt2_h200
 //   ab_memory --model gpt --preset gpt2 --batch 8 --seq 1024 --device cuda \
 //             --checkpoint none,blocks --amp off,bf16
 #include <fmt/format.h>
