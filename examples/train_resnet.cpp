@@ -4,7 +4,7 @@
 //
 //   train_resnet --arch tiny --dataset fashion-mnist --epochs 1 --summary
 //   train_resnet --arch resnet18 --device cuda --epochs 2 --snapshot resnet18.pickle
-//   train_resnet --arch resnet50 --dataset synthetic --image-size 224 --batch 64 --steps 20 \
+//   train_resnet --arch resnet50 --dataset synthetic --image-size 224 --batch 64 --steps 20
 //                --device cuda --checkpoint 4-segments --amp fp16
 //   train_resnet --arch resnet50 --dataset synthetic --image-size 224 --amp fp16 --estimate h200
 //                (the memory that run takes on an H200, predicted on any machine)

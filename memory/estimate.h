@@ -31,7 +31,7 @@ namespace tally::memory {
 struct EstimateOptions {
   std::string target = "cpu";  // a meta_target() name: "cpu", "h200", "cuda"
   // The target itself, when set (a calibrated or edited one): `target` is then not looked up.
-  std::optional<MetaTarget> spec;
+  std::optional<MetaTarget> spec = std::nullopt;
   size_t capacity = 0;  // the device memory to replay; 0: the target's
   // Trace entries the meta allocator keeps for snapshots and timelines (0: none).
   size_t max_history = 1'000'000;

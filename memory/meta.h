@@ -23,15 +23,15 @@
 namespace tally::memory {
 
 struct MetaTarget {
-  std::string name;                   // "cpu", "h200", "cuda"
-  std::string description;            // "NVIDIA H200 (141 GB HBM3e, 132 SMs)"
+  std::string name{};                 // "cpu", "h200", "cuda"
+  std::string description{};          // "NVIDIA H200 (143,771 MiB, 132 SMs)"
   DeviceType type = DeviceType::cpu;  // the backend replayed: cpu or cuda
   size_t capacity = 0;                // the device's total memory in bytes
   int sm_count = 0;                   // cuda: multiprocessors (partial-sum buffers scale with it)
   size_t matmul_workspace = 0;        // cuda: cuBLASLt's workspace per product
   // cuda: the name of the recorded library-workspace tables to replay (cuDNN's convolution
   // plans, tensor/conv/workspaces_<name>.inc); empty when none was recorded for this GPU.
-  std::string workspace_tables;
+  std::string workspace_tables{};
   // The cost model of the memory planner (nn/plan.h): the rates an op's time is predicted
   // from, max(FLOPs / rate, bytes / bandwidth) + a launch overhead. Rates in FLOP/s for
   // products in 16-bit floats (tensor cores), float32 products (matmul: no TF32 by default;
