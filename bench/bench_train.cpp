@@ -6,6 +6,13 @@
 // peak_reserved_mib (peaks over the timed steps, after warm-up, like the baseline).
 //
 //   bench_train [--resnet] [--gpt] [--configs baseline-fp32,ckpt4,...] [--steps N]
+//
+// The memory levers run when named with their model: "gpt:amp-bf16+offload",
+// "resnet:amp-bf16+sib" (tokens: offload = every block's activations to pinned host memory,
+// sib = step-in-backward, adamw8bit = GPT's optimizer with 8-bit moments, fusedce = GPT's
+// fused chunked classifier, v50257 = GPT's real vocabulary; amp-bf16 / amp-fp16 as above). Each
+// line also carries the bytes of activation, gradient, optimizer_state and temporary at the
+// allocated peak.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -24,9 +31,12 @@
 #include "nn/checkpoint.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
+#include "nn/offload.h"
 #include "optim/adam.h"
+#include "optim/adamw8bit.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
+#include "optim/step_in_backward.h"
 
 using namespace tally;
 
@@ -57,12 +67,30 @@ void report(const std::string& model, const std::string& cfg, Result r, Device d
   const double mib = 1024.0 * 1024.0;
   std::string extra;
   if (tokens) extra = fmt::format(", \"tok_per_s\": {:.0f}", tokens / (r.median_ms / 1000.0));
+  // Bytes per category at the allocated peak (the levers' accounting).
+  const auto& at = memory::get_allocator(dev).stats().category_at_peak;
+  for (const char* c : {"activation", "gradient", "optimizer_state", "temporary"})
+    extra += fmt::format(", \"{}_at_peak_mib\": {:.1f}", c,
+                         at[static_cast<size_t>(*memory::parse_category(c))] / mib);
+  // Host memory the offloaded activations took at most (pinned allocator).
+  extra += fmt::format(", \"offloaded_host_peak_mib\": {:.1f}",
+                       memory::get_pinned_allocator()
+                               .stats()
+                               .category_bytes[static_cast<size_t>(memory::Category::offloaded)]
+                               .peak /
+                           mib);
+  memory::get_pinned_allocator().reset_peak_memory_stats();
   fmt::print(
       "{{\"model\": \"{}\", \"cfg\": \"{}\", \"step_ms\": {:.2f}, \"step_ms_min\": {:.2f}{}, "
       "\"peak_alloc_mib\": {:.1f}, \"peak_reserved_mib\": {:.1f}}}\n",
       model, cfg, r.median_ms, r.min_ms, extra, memory::max_memory_allocated(dev) / mib,
       memory::max_memory_reserved(dev) / mib);
   std::fflush(stdout);
+}
+
+// Whether the configuration name holds a lever's token ("amp-bf16+offload" holds "offload").
+bool has(const std::string& cfg, const char* token) {
+  return cfg.find(token) != std::string::npos;
 }
 
 std::optional<DType> amp_of(const std::string& cfg) {
@@ -73,11 +101,26 @@ std::optional<DType> amp_of(const std::string& cfg) {
 
 // One training step of `cfg` (autocast to the dtype its name holds, with a GradScaler for
 // fp16): zero_grad, the forward `loss_fn` under autocast, the scaled backward, the optimizer step.
+// A cfg with "sib" steps in backward (optim/step_in_backward.h) instead.
 std::function<void()> train_step(const std::string& cfg, Device dev, optim::Optimizer& opt,
                                  std::function<Tensor()> loss_fn) {
   const auto amp = amp_of(cfg);
   auto scaler = std::make_shared<optim::GradScaler>(
       optim::GradScalerOptions{.enabled = amp && *amp == DType::float16});
+  if (has(cfg, "sib")) {
+    auto sib = std::make_shared<optim::StepInBackward>(opt);
+    return [=] {
+      Tensor loss;
+      {
+        memory::PhaseScope phase("forward");
+        AutocastGuard ac(dev.type, amp.value_or(DType::bfloat16), amp.has_value());
+        loss = loss_fn();
+      }
+      memory::PhaseScope phase("backward");
+      loss.backward();
+      (void)sib;
+    };
+  }
   return [=, &opt] {
     opt.zero_grad(true);
     Tensor loss;
@@ -102,6 +145,7 @@ void resnet_cfg(const std::string& cfg, Device dev, int steps) {
   model->train();
   if (cfg.find("ckpt4") != std::string::npos)
     nn::enable_checkpointing(*model, nn::parse_checkpoint_spec("4-segments"));
+  if (has(cfg, "offload")) nn::offload_activations(*model, nn::parse_offload_spec("activations"));
   optim::SGD opt(model->parameters(), {.lr = 1e-3, .momentum = 0.9});
   const Tensor x = randn({64, 3, 224, 224}, TensorOptions{}.with_device(dev));
   const Tensor y = randint(0, 10, {64}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
@@ -113,13 +157,21 @@ void resnet_cfg(const std::string& cfg, Device dev, int steps) {
 void gpt_cfg(const std::string& cfg, Device dev, int steps) {
   manual_seed(0);
   nn::GPTConfig c = nn::GPTConfig::preset("gpt2");
-  c.vocab_size = 50304;  // the baseline's padded vocabulary
+  c.vocab_size = has(cfg, "v50257") ? 50257 : 50304;  // the baseline's padded vocabulary
+  c.fused_classifier = has(cfg, "fusedce");
   auto model = std::make_shared<nn::GPT>(c);
   model->to(dev);
   model->train();
   if (cfg.find("ckpt") != std::string::npos)
     nn::enable_checkpointing(*model, nn::parse_checkpoint_spec("blocks"));
-  optim::AdamW opt(model->parameters(), {.lr = 3e-4});
+  if (has(cfg, "offload")) nn::offload_activations(*model, nn::parse_offload_spec("activations"));
+  std::unique_ptr<optim::Optimizer> opt_ptr;
+  if (has(cfg, "adamw8bit"))
+    opt_ptr =
+        std::make_unique<optim::AdamW8bit>(model->parameters(), optim::AdamOptions{.lr = 3e-4});
+  else
+    opt_ptr = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = 3e-4});
+  optim::Optimizer& opt = *opt_ptr;
   const int64_t B = 16, T = 1024;
   const Tensor idx =
       randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
@@ -168,6 +220,14 @@ int main(int argc, char** argv) {
     if (gpt)
       for (const char* c : {"baseline-fp32", "ckpt-per-block", "amp-bf16", "amp-bf16+ckpt"})
         if (want(c)) gpt_cfg(c, dev, std::max(steps - 2, 3));
+    // The levers (bench/levers.py): asked for by name only.
+    for (const std::string& c : configs) {
+      if (!has(c, "offload") && !has(c, "sib") && !has(c, "adamw8bit") && !has(c, "fusedce") &&
+          !has(c, "v50257"))
+        continue;
+      if (resnet && c.rfind("resnet:", 0) == 0) resnet_cfg(c.substr(7), dev, steps);
+      if (gpt && c.rfind("gpt:", 0) == 0) gpt_cfg(c.substr(4), dev, std::max(steps - 2, 3));
+    }
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_train: error: {}\n", e.what());
     return 1;

@@ -16,6 +16,9 @@
 #               class side by side (bench/kernel_compare.py)
 #   predict     dry runs against the GPU: predicted vs measured memory over GPT-2 and ResNet-50
 #               checkpointing x precision grids, and the memory planner's choices (bench/predict.py)
+#   levers      bench/levers.py: the memory levers (offload, step-in-backward, AdamW8bit, the
+#               fused classifier, vocabulary 50257, expandable segments) on GPT-2 and ResNet-50,
+#               with PyTorch's equivalents
 #   ddp         data parallel: the 2-rank DDP check, train_ddp with per-rank snapshots, and
 #               bench/ddp.py (Tally and PyTorch DDP at 1 and N GPUs, scaling efficiency)
 set -uo pipefail
@@ -168,6 +171,11 @@ fi
 if has predict; then
   python3 bench/predict.py $B --out /tmp/tally_predict > "$OUT/predict.txt" 2>&1; log "bench/predict.py: exit $?"
   cat "$OUT/predict.txt" >> "$OUT/summary.txt"
+fi
+
+if has levers; then
+  python3 bench/levers.py $B > "$OUT/levers.txt" 2>&1; log "bench/levers.py: exit $?"
+  sed -n '/^model /,$p' "$OUT/levers.txt" >> "$OUT/summary.txt"
 fi
 
 if has ddp; then

@@ -1,5 +1,6 @@
 // ab_memory: the A/B memory runner. Runs a matrix of configurations (checkpointing x
-// precision) on a ResNet or a GPT with the same seed and data, N steps each, and prints one
+// precision x the levers: --offload, --optimizer, --step-in-backward, each a comma list) on a
+// ResNet or a GPT with the same seed and data, N steps each, and prints one
 // table: peak allocated and reserved, bytes per category at the peak, median step time,
 // final loss, and each column's change against the first configuration (the baseline).
 // Writes, per configuration, a memory_viz snapshot and a memory-timeline JSON (PyTorch's
@@ -17,6 +18,8 @@
 //   ab_memory --model gpt --preset gpt2 --batch 16 --seq 1024 --estimate h200 --out gpt2_h200
 //   ab_memory --model gpt --preset gpt2 --batch 8 --seq 1024 --device cuda \
 //             --checkpoint none,blocks --amp off,bf16
+//   ab_memory --model gpt --amp bf16 --checkpoint none --offload none,activations \
+//             --optimizer adamw,adamw8bit --step-in-backward off,on
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -39,6 +42,7 @@
 #include "nn/data/text.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
+#include "nn/offload.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "tensor/pinned.h"
@@ -61,10 +65,20 @@ struct Args {
   uint64_t seed = 0;
   std::string checkpoints = "none,blocks";
   std::string amps = "off,bf16";
+  std::string offloads = "none";  // the levers' axes (each a comma list)
+  std::string optimizers;         // default: adamw for gpt, sgd for resnet
+  std::string step_in_backward = "off";
   std::string out = "ab_report";
   double lr = 0.01;
   std::string estimate;       // a dry run's target: predict every configuration, run none
   std::string memory_budget;  // --checkpoint auto: the planner's budget
+};
+
+// One combination of the levers' axes (--offload, --optimizer, --step-in-backward).
+struct Lever {
+  std::string offload = "none";
+  std::string optimizer;
+  bool step_in_backward = false;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -165,6 +179,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--amp", a.amps, "comma list of off | fp16 | bf16 | auto (with --checkpoint auto)")
       ->capture_default_str();
+  app.add_option("--offload", a.offloads,
+                 "comma list of none | activations | N-blocks (activation offload to pinned host "
+                 "memory)")
+      ->capture_default_str();
+  app.add_option("--optimizer", a.optimizers,
+                 "comma list of sgd | adam | adamw | adamw8bit (default: adamw for gpt, sgd with "
+                 "momentum 0.9 for resnet)");
+  app.add_option("--step-in-backward", a.step_in_backward,
+                 "comma list of off | on (each parameter steps as soon as its gradient is ready)")
+      ->capture_default_str();
   app.add_option("--memory-budget", a.memory_budget,
                  "device memory a run may reserve, for the --checkpoint entry auto (the planner "
                  "picks the fastest plan that fits: 6GiB, 900MiB, ...)");
@@ -206,6 +230,29 @@ int main(int argc, char** argv) {
       if (ck != "auto") nn::parse_checkpoint_spec(ck);
     for (const std::string& am : amps)
       if (am != "auto") ex::parse_amp(am);
+    // The levers' axes: every combination runs with every checkpoint x amp configuration.
+    const std::vector<std::string> offloads = split_list(a.offloads);
+    const std::vector<std::string> optimizers =
+        a.optimizers.empty() ? std::vector<std::string>{a.model == "gpt" ? "adamw" : "sgd"}
+                             : split_list(a.optimizers);
+    const std::vector<std::string> sibs = split_list(a.step_in_backward);
+    if (offloads.empty()) throw std::invalid_argument("--offload: empty list");
+    if (optimizers.empty()) throw std::invalid_argument("--optimizer: empty list");
+    if (sibs.empty()) throw std::invalid_argument("--step-in-backward: empty list");
+    for (const std::string& o : offloads) nn::parse_offload_spec(o);
+    for (const std::string& o : optimizers)
+      ex::check_optimizer(o, {"sgd", "adam", "adamw", "adamw8bit"});
+    for (const std::string& s : sibs) {
+      if (s != "on" && s != "off")
+        throw std::invalid_argument(
+            fmt::format("--step-in-backward: expected a comma list of off and on, got '{}'", s));
+      if (s == "on")
+        for (const std::string& am : amps) ex::check_step_in_backward(true, am, 0);
+    }
+    std::vector<Lever> levers;
+    for (const std::string& o : offloads)
+      for (const std::string& opt : optimizers)
+        for (const std::string& s : sibs) levers.push_back({o, opt, s == "on"});
     if (a.model == "resnet") {
       if (a.arch != "tiny" && a.arch != "resnet18" && a.arch != "resnet34" && a.arch != "resnet50")
         throw std::invalid_argument(
@@ -272,7 +319,8 @@ int main(int argc, char** argv) {
     // values to read there: no loss).
     auto run_config = [&](Device on, const std::vector<data::Example>& items,
                           const nn::CheckpointSpec& spec, std::optional<DType> amp,
-                          ex::ConfigResult& r, Device build_on = Device::cpu()) {
+                          const Lever& lever, ex::ConfigResult& r,
+                          Device build_on = Device::cpu()) {
       const bool dry = on.is_meta();
       manual_seed(a.seed);
       std::shared_ptr<nn::Module> model = build_model(build_on);
@@ -280,13 +328,12 @@ int main(int argc, char** argv) {
       model->to(on);
       model->train();
       nn::enable_checkpointing(*model, spec);
-      std::unique_ptr<optim::Optimizer> opt;
-      if (gpt)
-        opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = a.lr});
-      else
-        opt = std::make_unique<optim::SGD>(model->parameters(),
-                                           optim::SGDOptions{.lr = a.lr, .momentum = 0.9});
+      nn::offload_activations(*model, nn::parse_offload_spec(lever.offload));
+      std::unique_ptr<optim::Optimizer> opt =
+          ex::make_optimizer(lever.optimizer, model->parameters(), optim::AdamOptions{.lr = a.lr},
+                             optim::SGDOptions{.lr = a.lr, .momentum = 0.9});
       ex::Precision prec(amp, on);
+      if (lever.step_in_backward) prec.step_in_backward(*opt);
 
       std::vector<double> times;
       double loss_value = std::nan("");
@@ -323,11 +370,11 @@ int main(int argc, char** argv) {
 
     // The prediction of one configuration: the same steps on a dry run of `target`.
     auto predict = [&](const std::string& target, const nn::CheckpointSpec& spec,
-                       std::optional<DType> amp, ex::ConfigResult& r) {
+                       std::optional<DType> amp, const Lever& lever, ex::ConfigResult& r) {
       memory::DryRun dry({.target = target});
       std::string oom;
       try {
-        run_config(dry.device(), resident_batches(dry.device()), spec, amp, r);
+        run_config(dry.device(), resident_batches(dry.device()), spec, amp, lever, r);
       } catch (const memory::OutOfMemoryError& e) {
         oom = e.what();
       }
@@ -339,7 +386,13 @@ int main(int argc, char** argv) {
 
     std::vector<ex::ConfigResult> results;
     for (const std::string& ck : checkpoints) {
-      for (const std::string& am : amps) {
+      for (const auto& [am, lever_of_row] : [&] {
+             std::vector<std::pair<std::string, Lever>> v;
+             for (const std::string& x : amps)
+               for (const Lever& l : levers) v.emplace_back(x, l);
+             return v;
+           }()) {
+        Lever lever = lever_of_row;
         if (am == "auto" && ck != "auto") continue;  // --amp auto belongs to the planned rows
         std::optional<DType> amp = am == "auto" ? std::nullopt : ex::parse_amp(am);
         nn::CheckpointSpec spec =
@@ -349,29 +402,37 @@ int main(int argc, char** argv) {
           // The planner's choice for this row, planned for the prediction's target.
           ex::AutoPlan row = auto_plan;
           row.amp_auto = am == "auto";
+          row.offload = nn::parse_offload_spec(lever.offload);
           memory::DryRun probe({.target = target});
           const nn::PlanCandidate c = ex::plan_run(
               row, amp, probe.device(), nn::checkpoint_block_count(*build_model(Device::meta())),
               [&](Device d, const nn::PlanCandidate& cand) {
                 ex::ConfigResult scratch;
-                run_config(d, resident_batches(d), cand.checkpoint, cand.amp, scratch,
+                Lever l = lever;
+                l.offload = cand.offload.str();
+                run_config(d, resident_batches(d), cand.checkpoint, cand.amp, l, scratch,
                            Device::meta());
               });
           spec = c.checkpoint;
           amp = c.amp;
+          lever.offload = c.offload.str();
           ck_name = fmt::format("auto({})", spec.str());
           am_name = !amp ? "off" : *amp == DType::float16 ? "fp16" : "bf16";
           if (am == "auto") am_name = fmt::format("auto({})", am_name);
         }
         ex::ConfigResult r;
         r.name = fmt::format("ckpt={} amp={}", ck_name, am_name);
+        if (offloads.size() > 1 || lever.offload != "none") r.name += " offload=" + lever.offload;
+        if (optimizers.size() > 1 || !a.optimizers.empty()) r.name += " opt=" + lever.optimizer;
+        if (sibs.size() > 1 || lever.step_in_backward)
+          r.name += std::string(" sib=") + (lever.step_in_backward ? "on" : "off");
         fmt::print("== {}\n", r.name);
         std::fflush(stdout);
 
         // The prediction first (it needs no device), then the run it predicts. With
         // --estimate there is no run: the dry run's allocator stands in for the device.
         Device recorded = dev;
-        recorded = predict(target, spec, amp, r);
+        recorded = predict(target, spec, amp, lever, r);
         if (estimate_only) {
           r.measured = false;
           r.peak_allocated = r.estimate.peak_allocated;
@@ -382,7 +443,7 @@ int main(int argc, char** argv) {
           recorded = dev;
           memory::empty_cache(dev);
           memory::reset_peak_memory_stats(dev);
-          run_config(dev, batches.items, spec, amp, r);
+          run_config(dev, batches.items, spec, amp, lever, r);
           const memory::DeviceStats st = memory::get_allocator(dev).stats();
           r.peak_allocated = st.allocated_bytes[0].peak;
           r.peak_reserved = st.reserved_bytes[0].peak;

@@ -289,7 +289,7 @@ allocated memory peaked; changes against the first row.</p>
 const D = JSON.parse(document.getElementById('data').textContent);
 const COLORS = {parameter:'#1f77b4',gradient:'#ff7f0e',optimizer_state:'#2ca02c',input:'#9467bd',
   activation:'#d62728',temporary:'#8c564b',workspace:'#e377c2',autocast_cache:'#bcbd22',
-  communication:'#17becf',unknown:'#7f7f7f'};
+  communication:'#17becf',offloaded:'#c7c7c7',unknown:'#7f7f7f'};
 const BAND = {forward:'#e8f0fe',backward:'#fdf0e6',optimizer:'#e9f7ec',recompute:'#fbe9f0'};
 const NS = 'http://www.w3.org/2000/svg';
 function el(tag, attrs, parent){const e=document.createElementNS(NS,tag);for(const k in attrs)e.setAttribute(k,attrs[k]);if(parent)parent.appendChild(e);return e;}

@@ -241,10 +241,11 @@ int run_cli(const std::string& program, CLI::App& app, int argc, char** argv, Bo
   return kExitError;
 }
 
-// The memory flags the training programs share: --checkpoint, --amp, --memory-budget (the
-// planner's) and --estimate (a dry run instead of the run).
+// The memory flags the training programs share: --checkpoint, --amp, --offload,
+// --memory-budget (the planner's) and --estimate (a dry run instead of the run).
 inline void add_memory_options(CLI::App& app, std::string& checkpoint, std::string& amp,
-                               std::string& memory_budget, std::string& estimate) {
+                               std::string& memory_budget, std::string& estimate,
+                               std::string& offload) {
   app.add_option("--checkpoint", checkpoint,
                  "none | blocks | N-blocks | N-segments | selective | auto (the planner: fastest "
                  "plan within --memory-budget)")
@@ -254,6 +255,10 @@ inline void add_memory_options(CLI::App& app, std::string& checkpoint, std::stri
   app.add_option("--memory-budget", memory_budget,
                  "device memory the run may reserve, for --checkpoint auto (6GiB, 900MiB, 512KiB, "
                  "bytes)");
+  app.add_option("--offload", offload,
+                 "none | activations | N-blocks (what autograd saves goes to pinned host memory, "
+                 "prefetched one block ahead in backward) | auto (with --checkpoint auto)")
+      ->capture_default_str();
   app.add_option("--estimate", estimate,
                  "predict the run's memory on TARGET (cpu | h200 | cuda) with a shapes-only dry "
                  "run of a few steps, print it and stop; no GPU needed");

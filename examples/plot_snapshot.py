@@ -53,7 +53,7 @@ from xml.sax.saxutils import escape
 # through a step), then activations, then short-lived memory on top.
 CATEGORIES = (
     "parameter", "gradient", "optimizer_state", "input", "activation", "temporary",
-    "workspace", "autocast_cache", "communication", "unknown",
+    "workspace", "autocast_cache", "communication", "offloaded", "unknown",
 )
 # Paul Tol "muted" (colour-blind safe), assigned so that neighbours in the stack contrast.
 COLOURS = {
@@ -66,6 +66,7 @@ COLOURS = {
     "workspace": "#44AA99",        # teal
     "autocast_cache": "#999933",   # olive
     "communication": "#AA4499",    # purple
+    "offloaded": "#DDDDDD",        # pale grey (host memory)
     "unknown": "#BBBBBB",          # grey
 }
 EXTRA_COLOURS = ("#777777", "#555555", "#999999", "#444444")

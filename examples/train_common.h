@@ -1,10 +1,11 @@
-// What the training programs share: the --checkpoint / --amp / --device flags, a training
-// step that applies them (autocast region, GradScaler for fp16, phases for the history),
+// What the training programs share: the --checkpoint / --amp / --offload / --device flags, a
+// training step that applies them (autocast region, GradScaler for fp16, phases for the history),
 // a one-line progress bar, and byte formatting.
 #pragma once
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -12,14 +13,20 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "memory/estimate.h"
 #include "memory/memory.h"
+#include "nn/offload.h"
 #include "nn/plan.h"
+#include "optim/adam.h"
+#include "optim/adamw8bit.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
+#include "optim/sgd.h"
+#include "optim/step_in_backward.h"
 
 namespace tally::examples {
 
@@ -75,20 +82,28 @@ inline int finish_dry_run(memory::DryRun& dry, const std::string& out_of_memory,
   return e.fits() ? 0 : 3;
 }
 
-// --checkpoint auto --memory-budget SIZE [--amp auto]: the memory planner (nn/plan.h) picks
-// the checkpointing plan (and precision, with --amp auto) for the run's device, or for the
+// --checkpoint auto --memory-budget SIZE [--amp auto] [--offload auto]: the memory planner
+// (nn/plan.h) picks the checkpointing plan (and precision, with --amp auto; and whether to
+// offload activations, with --offload auto) for the run's device, or for the
 // --estimate target, and prints its grid. `run` dry-runs one candidate the way the program
 // trains. Errors name the flag.
 struct AutoPlan {
   bool checkpoint_auto = false;
   bool amp_auto = false;
+  bool offload_auto = false;
+  nn::OffloadSpec offload;  // the --offload given (not auto)
   size_t budget = 0;
 };
 inline AutoPlan parse_auto_plan(const std::string& checkpoint, const std::string& amp,
-                                const std::string& budget) {
+                                const std::string& budget, const std::string& offload = "none") {
   AutoPlan p;
   p.checkpoint_auto = checkpoint == "auto";
   p.amp_auto = amp == "auto";
+  p.offload_auto = offload == "auto";
+  if (!p.offload_auto) p.offload = nn::parse_offload_spec(offload);
+  if (p.offload_auto && !p.checkpoint_auto)
+    throw std::invalid_argument(
+        "--offload auto lets the planner choose: it needs --checkpoint auto");
   if (!budget.empty()) {
     p.budget = memory::parse_bytes(budget, "--memory-budget");  // its errors name the flag
     if (p.budget == 0) throw std::invalid_argument("--memory-budget: 0 bytes");
@@ -118,6 +133,9 @@ inline nn::PlanCandidate plan_run(
             : std::vector<std::optional<DType>>{std::nullopt, DType::bfloat16};
   else
     o.precisions = {amp};
+  o.offloads = ap.offload_auto ? std::vector<nn::OffloadSpec>{nn::OffloadSpec{},
+                                                              nn::parse_offload_spec("activations")}
+                               : std::vector<nn::OffloadSpec>{ap.offload};
   nn::MemoryPlan plan;
   try {
     plan = nn::plan_memory(run, blocks, o);
@@ -147,6 +165,40 @@ inline std::string fmt_bytes(double b) {
   return u == 0 ? fmt::format("{:.0f} {}", b, units[u]) : fmt::format("{:.1f} {}", b, units[u]);
 }
 
+// --optimizer NAME: the optimizers the programs offer (`allowed`, e.g. {"sgd", "adam", "adamw",
+// "adamw8bit"}); an unknown name is an error naming the flag and the choices.
+inline void check_optimizer(const std::string& name, const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), name) != allowed.end()) return;
+  std::string list;
+  for (const std::string& n : allowed) list += (list.empty() ? "" : ", ") + n;
+  throw std::invalid_argument(fmt::format("--optimizer: expected one of {}, got '{}'", list, name));
+}
+// The optimizer `name` over `params`: SGD with `sgd`'s options, Adam / AdamW / AdamW8bit
+// (block-wise 8-bit moments, optim/adamw8bit.h) with `adam`'s.
+inline std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name,
+                                                        std::vector<Tensor> params,
+                                                        const optim::AdamOptions& adam,
+                                                        const optim::SGDOptions& sgd) {
+  check_optimizer(name, {"sgd", "adam", "adamw", "adamw8bit"});
+  if (name == "sgd") return std::make_unique<optim::SGD>(std::move(params), sgd);
+  if (name == "adam") return std::make_unique<optim::Adam>(std::move(params), adam);
+  if (name == "adamw8bit") return std::make_unique<optim::AdamW8bit>(std::move(params), adam);
+  return std::make_unique<optim::AdamW>(std::move(params), adam);
+}
+// --step-in-backward: what it cannot be combined with, named (optim/step_in_backward.h).
+inline void check_step_in_backward(bool on, const std::string& amp, double clip) {
+  if (!on) return;
+  if (amp == "fp16" || amp == "auto")
+    throw std::invalid_argument(fmt::format(
+        "--step-in-backward with --amp {}: fp16 loss scaling must see every gradient before any "
+        "step; use --amp bf16 or off",
+        amp));
+  if (clip > 0)
+    throw std::invalid_argument(
+        "--step-in-backward with --clip: clipping by the total norm needs every gradient before "
+        "any step; use --clip 0");
+}
+
 // Mixed precision for one training loop: an autocast region around the forward and, for
 // fp16, dynamic loss scaling.
 class Precision {
@@ -163,12 +215,20 @@ class Precision {
   AutocastGuard autocast() const {
     return AutocastGuard(device_.type, amp_.value_or(DType::bfloat16), amp_.has_value());
   }
+  // From now on `opt` steps each parameter inside backward (optim/step_in_backward.h);
+  // backward_and_step then only runs backward.
+  void step_in_backward(optim::Optimizer& opt) {
+    if (scaler_.is_enabled())
+      throw std::invalid_argument("step-in-backward cannot be combined with fp16 loss scaling");
+    sib_ = std::make_unique<optim::StepInBackward>(opt);
+  }
   // backward (scaled for fp16) + optimizer step (skipped on inf/NaN for fp16).
   void backward_and_step(const Tensor& loss, optim::Optimizer& opt) {
     {
       memory::PhaseScope phase("backward");
       scaler_.scale(loss).backward();
     }
+    if (sib_) return;  // every parameter already stepped in backward
     scaler_.step(opt);
     scaler_.update();
   }
@@ -178,7 +238,22 @@ class Precision {
   std::optional<DType> amp_;
   Device device_;
   optim::GradScaler scaler_;
+  std::unique_ptr<optim::StepInBackward> sib_;
 };
+
+// The offloader's totals as a line ("offload: 2.1 GiB a step to host memory, ..."); nothing
+// for a run that does not offload.
+inline void print_offload(const std::shared_ptr<ActivationOffloader>& offloader, int64_t steps) {
+  if (!offloader || steps <= 0) return;
+  const OffloadStats s = offloader->stats();
+  const double n = static_cast<double>(steps);
+  fmt::print(
+      "offload: {} a step to host memory ({:.0f} tensors; {:.0f} prefetched, {:.0f} fetched on "
+      "demand, {:.0f} saves kept on the device, {:.0f} saved twice and copied once)\n",
+      fmt_bytes(static_cast<double>(s.bytes_offloaded) / n), s.tensors_offloaded / n,
+      s.tensors_prefetched / n, s.tensors_fetched / n, s.tensors_kept / n,
+      s.tensors_deduplicated / n);
+}
 
 // "step 12/100 [=====>    ] loss 0.4312 acc 86.2% | 41.3 ms/step | peak 1.2 GiB"
 class Progress {

@@ -44,6 +44,10 @@ struct Args {
   uint64_t seed = 0;
   std::string checkpoint = "none";
   std::string amp = "off";
+  std::string offload = "none";
+  std::string optimizer = "adamw";
+  bool step_in_backward = false;
+  bool fused_classifier = false;
   int64_t sample = 0;
   int64_t eval_batches = 8;
   int64_t log_every = 10;
@@ -106,7 +110,16 @@ int main(int argc, char** argv) {
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
   ex::add_checked_option(app, "--seed", a.seed, "seed", ex::seed_value());
-  ex::add_memory_options(app, a.checkpoint, a.amp, a.memory_budget, a.estimate);
+  ex::add_memory_options(app, a.checkpoint, a.amp, a.memory_budget, a.estimate, a.offload);
+  app.add_option("--optimizer", a.optimizer,
+                 "adamw | adamw8bit (block-wise 8-bit moments) | sgd (momentum 0.9)")
+      ->capture_default_str();
+  app.add_flag("--fused-classifier", a.fused_classifier,
+               "lm_head and cross-entropy fused and chunked over rows: the [B*T, vocab] logits "
+               "never exist whole");
+  app.add_flag("--step-in-backward", a.step_in_backward,
+               "update each parameter as soon as its gradient is ready and free the gradient "
+               "(needs --clip 0, the default with it; not with --amp fp16)");
   app.add_option("--sample", a.sample, "print a sample of this many bytes at the end (text data)")
       ->check(ex::int_range(0, 1 << 20));
   ex::add_checked_option(app, "--eval-batches", a.eval_batches, "validation batches",
@@ -122,7 +135,16 @@ int main(int argc, char** argv) {
         ex::make_dry_run(a.estimate, app.count("--device") > 0);
     const Device dev = dry ? dry->device() : ex::parse_device(a.device);
     const bool pin = memory::behaves_as(dev) == DeviceType::cuda;  // pinned host batches
-    const ex::AutoPlan auto_plan = ex::parse_auto_plan(a.checkpoint, a.amp, a.memory_budget);
+    const ex::AutoPlan auto_plan =
+        ex::parse_auto_plan(a.checkpoint, a.amp, a.memory_budget, a.offload);
+    nn::OffloadSpec offload = auto_plan.offload;
+    ex::check_optimizer(a.optimizer, {"adamw", "adamw8bit", "sgd"});
+    if (a.step_in_backward && app.count("--clip") == 0) a.clip = 0;  // clipping needs every grad
+    ex::check_step_in_backward(a.step_in_backward, a.amp, a.clip);
+    const optim::AdamOptions adam_options{
+        .lr = a.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = a.weight_decay};
+    const optim::SGDOptions sgd_options{
+        .lr = a.lr, .momentum = 0.9, .weight_decay = a.weight_decay};
     std::optional<DType> amp = auto_plan.amp_auto ? std::nullopt : ex::parse_amp(a.amp);
     nn::CheckpointSpec ckpt =
         auto_plan.checkpoint_auto ? nn::CheckpointSpec{} : nn::parse_checkpoint_spec(a.checkpoint);
@@ -158,6 +180,7 @@ int main(int argc, char** argv) {
     } else if (a.vocab > 0) {
       cfg.vocab_size = a.vocab;
     }
+    cfg.fused_classifier = a.fused_classifier;
     if (!a.snapshot.empty() && !dry) memory::record_memory_history(true, 1000000, dev);
 
     if (auto_plan.checkpoint_auto) {
@@ -173,9 +196,10 @@ int main(int argc, char** argv) {
             auto m = build();
             m->to(d);
             nn::enable_checkpointing(*m, c.checkpoint);
-            optim::AdamW o(m->parameters(),
-                           optim::AdamOptions{.lr = a.lr, .weight_decay = a.weight_decay});
+            nn::offload_activations(*m, c.offload);
+            auto o = ex::make_optimizer(a.optimizer, m->parameters(), adam_options, sgd_options);
             ex::Precision p(c.amp, d);
+            if (a.step_in_backward) p.step_in_backward(*o);
             Tensor x, y;
             {
               memory::CategoryScope input(memory::Category::input);
@@ -183,18 +207,19 @@ int main(int argc, char** argv) {
               y = ops::randint(0, cfg.vocab_size, {a.batch, T}, DType::int64, d);
             }
             for (int s = 0; s < 2; ++s) {
-              o.zero_grad(true);
+              o->zero_grad(true);
               Tensor loss;
               {
                 memory::PhaseScope phase("forward");
                 auto guard = p.autocast();
                 loss = (*m)(x, y).second;
               }
-              p.backward_and_step(loss, o);
+              p.backward_and_step(loss, *o);
             }
           });
       ckpt = chosen.checkpoint;
       amp = chosen.amp;
+      offload = chosen.offload;
       a.checkpoint = ckpt.str();
     }
 
@@ -202,15 +227,16 @@ int main(int argc, char** argv) {
       auto model = std::make_shared<nn::GPT>(cfg);
       model->to(dev);
       nn::enable_checkpointing(*model, ckpt);
-      optim::AdamW opt(model->parameters(), optim::AdamOptions{.lr = a.lr,
-                                                               .beta1 = 0.9,
-                                                               .beta2 = 0.95,
-                                                               .eps = 1e-8,
-                                                               .weight_decay = a.weight_decay});
+      const std::shared_ptr<ActivationOffloader> offloader =
+          nn::offload_activations(*model, offload);
+      const std::unique_ptr<optim::Optimizer> opt_ptr =
+          ex::make_optimizer(a.optimizer, model->parameters(), adam_options, sgd_options);
+      optim::Optimizer& opt = *opt_ptr;
       // Warm-up: 10% of the steps, at least 1 and fewer than all (none for a 1-step run).
       const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, a.steps / 10), a.steps - 1);
       optim::WarmupCosineLR sched(opt, warmup, a.steps, a.lr * 0.1);
       ex::Precision prec(amp, dev);
+      if (a.step_in_backward) prec.step_in_backward(opt);
       Generator gen(a.seed + 17);
       data::SyntheticTokens synth(1 << 20, cfg.vocab_size, {T}, a.seed);
 
@@ -231,10 +257,12 @@ int main(int argc, char** argv) {
       fmt::print(
           "Tally train_gpt: preset {} ({:.2f} M parameters), data {}{}, device {}, batch {} x {} "
           "tokens, "
-          "{} steps, AdamW lr {}, checkpoint {}, amp {}\n",
+          "{} steps, {} lr {}, checkpoint {}, amp {}{}\n",
           a.preset, model->num_parameters() / 1e6, synthetic ? "synthetic" : a.data,
           synthetic ? "" : fmt::format(" ({} tokens)", corpus->num_tokens()), dev.str(), a.batch, T,
-          a.steps, a.lr, a.checkpoint, prec.name());
+          a.steps, std::string(opt.name()) + (a.step_in_backward ? " (step-in-backward)" : ""),
+          a.lr, a.checkpoint, prec.name(),
+          offload.enabled() ? ", offload " + offload.str() : std::string());
 
       model->train();
       ex::Progress bar(a.steps, isatty(fileno(stdout)));
@@ -256,12 +284,14 @@ int main(int argc, char** argv) {
           memory::PhaseScope phase("backward");
           prec.scaler().scale(loss).backward();
         }
-        if (a.clip > 0) {
-          prec.scaler().unscale_(opt);
-          optim::clip_grad_norm_(model->parameters(), a.clip);
+        if (!a.step_in_backward) {  // else every parameter stepped inside backward
+          if (a.clip > 0) {
+            prec.scaler().unscale_(opt);
+            optim::clip_grad_norm_(model->parameters(), a.clip);
+          }
+          prec.scaler().step(opt);
+          prec.scaler().update();
         }
-        prec.scaler().step(opt);
-        prec.scaler().update();
         sched.step();
         {
           NoGradGuard ng;
@@ -308,6 +338,7 @@ int main(int argc, char** argv) {
           val, cfg.vocab_size, std::log(static_cast<double>(cfg.vocab_size)), first_loss, last_loss,
           ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
           ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
+      ex::print_offload(offloader, a.steps);
       if (a.sample > 0 && !synthetic) {
         Generator sgen(a.seed + 99);
         fmt::print("--- sample ---\n{}\n--------------\n",

@@ -42,6 +42,7 @@ struct Args {
   double momentum = 0.9;
   double weight_decay = 5e-4;
   std::string optimizer = "sgd";
+  bool step_in_backward = false;
   std::string device = "cpu";
   int64_t image_size = 0;  // 0: the dataset's own
   std::string snapshot;
@@ -49,6 +50,7 @@ struct Args {
   uint64_t seed = 0;
   std::string checkpoint = "none";
   std::string amp = "off";
+  std::string offload = "none";
   int64_t eval_batches = 0;  // 0: the whole test set
   int64_t log_every = 10;
   std::string estimate;       // a dry run's target: predict memory instead of training
@@ -57,13 +59,10 @@ struct Args {
 
 // --optimizer over the model's parameters.
 std::unique_ptr<optim::Optimizer> make_optimizer(const Args& a, nn::Module& model) {
-  if (a.optimizer == "sgd")
-    return std::make_unique<optim::SGD>(
-        model.parameters(),
-        optim::SGDOptions{.lr = a.lr, .momentum = a.momentum, .weight_decay = a.weight_decay});
-  const optim::AdamOptions o{.lr = a.lr, .weight_decay = a.weight_decay};
-  if (a.optimizer == "adam") return std::make_unique<optim::Adam>(model.parameters(), o);
-  return std::make_unique<optim::AdamW>(model.parameters(), o);
+  return ex::make_optimizer(
+      a.optimizer, model.parameters(),
+      optim::AdamOptions{.lr = a.lr, .weight_decay = a.weight_decay},
+      optim::SGDOptions{.lr = a.lr, .momentum = a.momentum, .weight_decay = a.weight_decay});
 }
 
 std::shared_ptr<nn::Module> make_model(const Args& a, int64_t classes, int64_t channels) {
@@ -102,7 +101,12 @@ int main(int argc, char** argv) {
                          ex::real_range({.lo = 0, .hi = 1}));
   ex::add_checked_option(app, "--weight-decay", a.weight_decay, "weight decay",
                          ex::non_negative_real());
-  app.add_option("--optimizer", a.optimizer, "sgd | adam | adamw")->capture_default_str();
+  app.add_option("--optimizer", a.optimizer,
+                 "sgd | adam | adamw | adamw8bit (block-wise 8-bit moments)")
+      ->capture_default_str();
+  app.add_flag("--step-in-backward", a.step_in_backward,
+               "update each parameter as soon as its gradient is ready and free the gradient "
+               "(not with --amp fp16)");
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   app.add_option("--image-size", a.image_size,
                  "resize images to this size (an integer multiple; 0: the dataset's own)")
@@ -111,7 +115,7 @@ int main(int argc, char** argv) {
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
   ex::add_checked_option(app, "--seed", a.seed, "seed of weights, data order and dropout",
                          ex::seed_value());
-  ex::add_memory_options(app, a.checkpoint, a.amp, a.memory_budget, a.estimate);
+  ex::add_memory_options(app, a.checkpoint, a.amp, a.memory_budget, a.estimate, a.offload);
   app.add_option("--eval-batches", a.eval_batches, "test batches to evaluate (0: all)")
       ->check(ex::int_range(0));
   ex::add_checked_option(app, "--log-every", a.log_every, "progress update interval in steps",
@@ -124,16 +128,17 @@ int main(int argc, char** argv) {
     const Device dev = dry ? dry->device() : ex::parse_device(a.device);
     if (dry)
       a.steps = ex::kEstimateSteps;  // the dry run's steps (the synthetic set is sized by them)
-    const ex::AutoPlan auto_plan = ex::parse_auto_plan(a.checkpoint, a.amp, a.memory_budget);
+    const ex::AutoPlan auto_plan =
+        ex::parse_auto_plan(a.checkpoint, a.amp, a.memory_budget, a.offload);
+    nn::OffloadSpec offload = auto_plan.offload;
     std::optional<DType> amp = auto_plan.amp_auto ? std::nullopt : ex::parse_amp(a.amp);
     nn::CheckpointSpec ckpt =
         auto_plan.checkpoint_auto ? nn::CheckpointSpec{} : nn::parse_checkpoint_spec(a.checkpoint);
     if (a.arch != "tiny" && a.arch != "resnet18" && a.arch != "resnet34" && a.arch != "resnet50")
       throw std::invalid_argument(
           fmt::format("--arch: expected tiny, resnet18, resnet34 or resnet50, got '{}'", a.arch));
-    if (a.optimizer != "sgd" && a.optimizer != "adam" && a.optimizer != "adamw")
-      throw std::invalid_argument(
-          fmt::format("--optimizer: expected sgd, adam or adamw, got '{}'", a.optimizer));
+    ex::check_optimizer(a.optimizer, {"sgd", "adam", "adamw", "adamw8bit"});
+    ex::check_step_in_backward(a.step_in_backward, a.amp, 0);
     if (a.optimizer != "sgd" && app.count("--momentum") > 0)
       throw std::invalid_argument(
           fmt::format("--momentum applies to --optimizer sgd only, not {}", a.optimizer));
@@ -227,8 +232,10 @@ int main(int argc, char** argv) {
                          auto m = build();
                          m->to(d);
                          nn::enable_checkpointing(*m, c.checkpoint);
+                         nn::offload_activations(*m, c.offload);
                          auto o = make_optimizer(a, *m);
                          ex::Precision p(c.amp, d);
+                         if (a.step_in_backward) p.step_in_backward(*o);
                          Tensor x, y;
                          {
                            memory::CategoryScope input(memory::Category::input);
@@ -248,6 +255,7 @@ int main(int argc, char** argv) {
                        });
       ckpt = chosen.checkpoint;
       amp = chosen.amp;
+      offload = chosen.offload;
       a.checkpoint = ckpt.str();
     }
 
@@ -256,17 +264,22 @@ int main(int argc, char** argv) {
       auto model = make_model(a, classes, channels);
       model->to(dev);
       nn::enable_checkpointing(*model, ckpt);
+      const std::shared_ptr<ActivationOffloader> offloader =
+          nn::offload_activations(*model, offload);
       std::unique_ptr<optim::Optimizer> opt = make_optimizer(a, *model);
       // Warm-up: 5% of the steps, at least 1 and fewer than all (none for a 1-step run).
       const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, total / 20), total - 1);
       optim::WarmupCosineLR sched(*opt, warmup, total, a.lr * 0.01);
       ex::Precision prec(amp, dev);
+      if (a.step_in_backward) prec.step_in_backward(*opt);
 
       fmt::print(
           "Tally train_resnet: {} ({:.2f} M parameters) on {} ({} train / {} test), device {}, "
-          "batch {}, {} steps, {} {}, checkpoint {}, amp {}\n",
+          "batch {}, {} steps, {} {}, checkpoint {}, amp {}{}\n",
           a.arch, model->num_parameters() / 1e6, a.dataset, train->size(), test->size(), dev.str(),
-          a.batch, total, a.optimizer, a.lr, a.checkpoint, prec.name());
+          a.batch, total, a.optimizer + (a.step_in_backward ? " (step-in-backward)" : ""), a.lr,
+          a.checkpoint, prec.name(),
+          offload.enabled() ? ", offload " + offload.str() : std::string());
 
       // ---- train ----
       model->train();
@@ -347,6 +360,7 @@ int main(int argc, char** argv) {
           100.0 * static_cast<double>(right) / static_cast<double>(std::max<int64_t>(count, 1)),
           right, count, ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
           ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
+      ex::print_offload(offloader, total);
       ex::write_memory_outputs(dev, a.summary, a.snapshot);
       return 0;
     } catch (const memory::OutOfMemoryError& e) {

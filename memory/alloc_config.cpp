@@ -153,7 +153,7 @@ AllocatorConfig AllocatorConfig::parse(std::string_view conf) {
       if (!(t > 0.0 && t < 1.0)) bad(key, value, "must be in (0, 1)");
       cfg.garbage_collection_threshold = t;
     } else if (key == "expandable_segments") {
-      if (parse_bool(key, value)) bad(key, value, "expandable segments are not supported by Tally");
+      cfg.expandable_segments = parse_bool(key, value);
     } else if (key == "release_lock_on_cudamalloc" || key == "pinned_use_cuda_host_register") {
       parse_bool(key, value);  // accepted for compatibility; no effect
     } else if (key == "backend") {

@@ -1,6 +1,8 @@
 // Allocator settings, parsed from TALLY_ALLOC_CONF with PYTORCH_CUDA_ALLOC_CONF's syntax:
 //   max_split_size_mb:128,roundup_power2_divisions:4,garbage_collection_threshold:0.8
 // roundup_power2_divisions also takes the per-interval form [64:8,256:4,>:1] (MiB).
+// expandable_segments:True grows one segment per stream and pool instead of allocating new
+// ones (PyTorch's meaning; memory/caching_allocator.h).
 #pragma once
 
 #include <array>
@@ -19,6 +21,7 @@ struct AllocatorConfig {
   size_t max_non_split_rounding = 20 * kMiB;
   size_t large_segment_size = 20 * kMiB;
   double garbage_collection_threshold = 0.0;  // 0 = off
+  bool expandable_segments = false;
   // Index i covers sizes in [2^(20+i), 2^(21+i)) bytes; 0 = no power-of-two rounding.
   std::array<size_t, kRoundupIntervals> roundup_power2_divisions{};
   std::string oom_snapshot_path;  // Tally: where to dump a snapshot on OOM ("" = no dump)

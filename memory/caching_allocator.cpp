@@ -14,17 +14,23 @@ namespace detail {
 
 struct Segment {
   uintptr_t base = 0;
-  size_t size = 0;
+  size_t size = 0;  // an expandable segment: its reserved addresses
   StreamId stream = 0;
   bool small = false;
   AllocTag tag;
   Block* head = nullptr;
+  // Set for an expandable segment: the provider's pages (blocks then may be unmapped).
+  std::unique_ptr<ExpandableSegment> expandable;
 };
 
 struct Block;
 
 // Ordered by (stream, size, address): lower_bound gives the best fit on a stream.
 struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const;
+};
+// Ordered by (stream, address): the unmapped ranges of expandable segments, lowest first.
+struct AddressLess {
   bool operator()(const Block* a, const Block* b) const;
 };
 using PoolSet = std::set<Block*, BlockLess>;
@@ -40,6 +46,9 @@ struct Block {
   Block* prev = nullptr;
   Block* next = nullptr;
   bool allocated = false;
+  // Backed by memory. Always true outside expandable segments; an unmapped block is free,
+  // starts on a page boundary and is a whole number of pages.
+  bool mapped = true;
   int event_count = 0;
   int gc_count = 0;
   AllocTag tag;
@@ -50,6 +59,9 @@ struct Block {
   ActiveMap::node_type active_node;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
+  bool expandable() const { return segment->expandable != nullptr; }
+  // A block that is a whole (ordinary) segment: what release_block gives back.
+  bool whole_segment() const { return !is_split() && !expandable(); }
   uintptr_t addr() const { return reinterpret_cast<uintptr_t>(ptr); }
   // After `prev` changed: the new predecessor (or, first in its segment, the segment) points
   // here.
@@ -67,9 +79,15 @@ inline bool BlockLess::operator()(const Block* a, const Block* b) const {
   return a->addr() < b->addr();
 }
 
+inline bool AddressLess::operator()(const Block* a, const Block* b) const {
+  if (a->stream != b->stream) return a->stream < b->stream;
+  return a->addr() < b->addr();
+}
+
 struct BlockPool {
   explicit BlockPool(bool small) : small(small) {}
-  PoolSet blocks;
+  PoolSet blocks;  // free mapped blocks
+  std::set<Block*, AddressLess> unmapped;
   const bool small;
 
   void insert(Block* b) {
@@ -144,7 +162,8 @@ CachingAllocator::~CachingAllocator() {
       delete b;
       b = next;
     }
-    provider_->deallocate(reinterpret_cast<void*>(seg->base), seg->size);
+    // An expandable segment's destructor unmaps its pages and frees its addresses.
+    if (!seg->expandable) provider_->deallocate(reinterpret_cast<void*>(seg->base), seg->size);
     delete seg;
   }
   for (auto& [ev, block] : outstanding_events_) provider_->destroy_event(ev);
@@ -236,6 +255,26 @@ bool CachingAllocator::get_free_block(AllocParams& p) {
   key.ptr = nullptr;
   auto it = pool.blocks.lower_bound(&key);
   if (it == pool.blocks.end() || (*it)->stream != p.stream) return false;
+  if ((*it)->expandable()) {
+    if (config_.expandable_segments) {
+      // PyTorch: a free block followed by unmapped pages counts for best fit as large as it
+      // could grow, so that a hole elsewhere that fits is taken before the growing end.
+      auto growable = [](const Block* b) {
+        return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+      };
+      for (auto next = std::next(it);
+           (*it)->expandable() && next != pool.blocks.end() && (*next)->stream == p.stream &&
+           growable(*next) < growable(*it);
+           ++next)
+        it = next;
+    } else {
+      // Turned off (set_config) after expandable segments were made: only ordinary ones.
+      do {
+        ++it;
+      } while (it != pool.blocks.end() && (*it)->stream == p.stream && (*it)->expandable());
+      if (it == pool.blocks.end() || (*it)->stream != p.stream) return false;
+    }
+  }
   const size_t max_split = config_.max_split_size;
   // Never hand an oversize block to a small request, nor a far larger one to a large one.
   if (p.size < max_split && (*it)->size >= max_split) return false;
@@ -249,6 +288,7 @@ bool CachingAllocator::get_free_block(AllocParams& p) {
 
 bool CachingAllocator::alloc_segment(AllocParams& p, bool is_retry) {
   if (is_retry) ++stats_.num_alloc_retries;
+  if (config_.expandable_segments) return alloc_expandable(p);
   const size_t size = p.alloc_size;
   if (memory_fraction_ > 0 &&
       (total_reserved_ > allowed_maximum_ || size > allowed_maximum_ - total_reserved_))
@@ -283,9 +323,246 @@ bool CachingAllocator::alloc_segment(AllocParams& p, bool is_retry) {
   return true;
 }
 
+// Expandable segments (PyTorch's try_allocate_expandable_block): map the pages the request
+// needs at the lowest address where free and unmapped space together fit it, merging them
+// into one free block, and hand that block on to alloc_found_block.
+bool CachingAllocator::alloc_expandable(AllocParams& p) {
+  Block* candidate = find_expandable_block(p);
+  if (!candidate) candidate = new_expandable_segment(p);
+  if (!candidate) return false;  // larger than a whole segment: the device cannot hold it
+  Segment* seg = candidate->segment;
+  try {
+    // The candidate is unmapped, or free and followed by unmapped pages (and maybe more free
+    // and unmapped blocks): each map merges the new pages with the free block before them.
+    if (!candidate->mapped && !map_block(candidate, std::min(candidate->size, p.size), p.tag)) {
+      release_if_unmapped(seg);
+      return false;
+    }
+    while (candidate->size < p.size) {
+      Block* next = candidate->next;
+      if (!next || next->mapped)
+        throw std::logic_error(fmt::format(
+            "CachingAllocator on {}: expandable segment {:#x} has no unmapped pages after the free "
+            "block {:#x} it was going to grow",
+            provider_->device_name(), seg->base, candidate->addr()));
+      if (!map_block(next, std::min(p.size - candidate->size, next->size), p.tag)) return false;
+      candidate = next;  // map_block merged the free block into it
+    }
+  } catch (...) {
+    release_if_unmapped(seg);  // a segment made for this request and never mapped
+    throw;
+  }
+  p.block = candidate;
+  candidate->gc_count = 0;
+  candidate->pool_node = p.pool->blocks.extract(candidate);
+  return true;
+}
+
+// The lowest unmapped range of the request's stream and pool that, with the free block
+// before it and the free and unmapped blocks after it, has room for the request: that free
+// block, or the range itself. nullptr when no segment has room.
+Block* CachingAllocator::find_expandable_block(const AllocParams& p) {
+  auto allocatable = [](const Block* b) {
+    return b && !b->allocated && b->event_count == 0 && b->stream_uses.empty();
+  };
+  auto has_room = [&](const Block* b) {
+    size_t bytes = 0;  // at most the segment's size
+    for (; bytes < p.size && allocatable(b); b = b->next) bytes += b->size;
+    return bytes >= p.size;
+  };
+  Block key;
+  key.stream = p.stream;
+  for (auto it = p.pool->unmapped.lower_bound(&key);
+       it != p.pool->unmapped.end() && (*it)->stream == p.stream; ++it) {
+    Block* c = *it;
+    if (allocatable(c->prev)) c = c->prev;
+    if (has_room(c)) return c;
+  }
+  return nullptr;
+}
+
+// A new expandable segment for the request's stream and pool, all of it one unmapped block,
+// or nullptr when the request is larger than a whole segment.
+Block* CachingAllocator::new_expandable_segment(const AllocParams& p) {
+  static constexpr const char* what = "CachingAllocator: sizing an expandable segment";
+  // PyTorch's pages: kSmallBuffer for the small pool, kLargeBuffer (Tally: the large segment
+  // size) for the large one.
+  const size_t page = p.pool->small ? kSmallBuffer : config_.large_segment_size;
+  if (page > kMaxBytes)
+    throw std::length_error(fmt::format(
+        "{}: pages of {} bytes (large_segment_size_mb) are more than 2^63 - 1", what, page));
+  // Addresses for 1 1/8 of the device's memory, as PyTorch reserves: room to map pages at
+  // the end while earlier ones are still mapped. The segment's size fits in 63 bits.
+  const size_t total = provider_->total_memory();
+  const size_t want = total > kMaxBytes / 9 * 8 ? kMaxBytes : total + total / 8;
+  size_t pages = want / page;
+  if (want % page != 0 && pages < kMaxBytes / page) ++pages;
+  pages = std::max<size_t>(pages, 1);
+  if (p.size > checked_mul(page, pages, what)) return nullptr;
+
+  std::unique_ptr<ExpandableSegment> es =
+      provider_->create_expandable_segment(p.stream, page, pages);
+  auto seg = std::make_unique<Segment>();
+  seg->base = es->base();
+  seg->size = es->size();
+  seg->stream = p.stream;
+  seg->small = p.pool->small;
+  seg->tag = p.tag;
+  seg->expandable = std::move(es);
+  auto* block = new Block();
+  block->ptr = reinterpret_cast<void*>(seg->base);
+  block->size = seg->size;
+  block->stream = p.stream;
+  block->pool = p.pool;
+  block->segment = seg.get();
+  block->mapped = false;
+  seg->head = block;
+  p.pool->unmapped.insert(block);
+  const uintptr_t base = seg->base;
+  segments_.emplace(base, seg.release());
+  return block;
+}
+
+// Map the pages holding the first `size` bytes of unmapped `block`; false when the device
+// (or the memory fraction) has no room for them. The pages merge with free mapped
+// neighbours into one free block, in the pool.
+bool CachingAllocator::map_block(Block* block, size_t size, const AllocTag& tag) {
+  Segment* seg = block->segment;
+  ExpandableSegment& es = *seg->expandable;
+  const size_t bytes =
+      checked_round_up(size, es.page_size(), "CachingAllocator: rounding to whole pages");
+  if (memory_fraction_ > 0 &&
+      (total_reserved_ > allowed_maximum_ || bytes > allowed_maximum_ - total_reserved_))
+    return false;
+  const uintptr_t start = block->addr();
+  if (!es.map(start - seg->base, bytes)) return false;
+
+  BlockPool& pool = *block->pool;
+  pool.unmapped.erase(block);
+  block->mapped = true;
+  if (bytes < block->size) {  // the rest stays unmapped
+    auto* rest = new Block();
+    rest->ptr = reinterpret_cast<void*>(start + bytes);
+    rest->size = block->size - bytes;
+    rest->stream = block->stream;
+    rest->pool = block->pool;
+    rest->segment = seg;
+    rest->mapped = false;
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next) rest->next->prev = rest;
+    block->next = rest;
+    block->size = bytes;
+    pool.unmapped.insert(rest);
+  }
+  // The run of mapped pages this joins: a new one, an extension, or two joined into one.
+  const int64_t runs =
+      1 - int64_t{block->prev && block->prev->mapped} - int64_t{block->next && block->next->mapped};
+  try_merge(block, block->prev);
+  try_merge(block, block->next);
+  pool.insert(block);
+
+  total_reserved_ += bytes;
+  ++stats_.num_device_alloc;
+  stat_increase(stats_.reserved_bytes, seg->small, static_cast<int64_t>(bytes));
+  if (runs > 0) stat_increase(stats_.segment, seg->small, runs);
+  if (runs < 0) stat_decrease(stats_.segment, seg->small, -runs);
+  AllocTag seg_tag;  // pages belong to no category
+  seg_tag.loc = tag.loc;
+  record(TraceAction::segment_map, start, bytes, block->stream, seg_tag);
+  return true;
+}
+
+// Unmap the whole pages inside free `block` (PyTorch's unmap_block); the partial pages at
+// its ends stay mapped, as free blocks.
+void CachingAllocator::unmap_block(Block* block) {
+  Segment* seg = block->segment;
+  ExpandableSegment& es = *seg->expandable;
+  const size_t page = es.page_size();
+  const size_t offset = block->addr() - seg->base;  // offsets and sizes below 2^63
+  const size_t first = (offset + page - 1) / page * page;
+  const size_t last = (offset + block->size) / page * page;
+  if (first >= last) return;
+  size_t done = 0;
+  try {
+    es.unmap(first, last - first, done);
+  } catch (...) {
+    if (done > 0) forget_pages(block, seg->base + first, done);  // what the provider gave back
+    throw;
+  }
+  forget_pages(block, seg->base + first, done);
+}
+
+// [start, start + bytes), whole pages inside free `block`, were unmapped: they become an
+// unmapped block (merged with unmapped neighbours), the rest of `block` free blocks. Gives
+// the segment back when nothing in it is mapped any more.
+void CachingAllocator::forget_pages(Block* block, uintptr_t start, size_t bytes) {
+  Segment* seg = block->segment;
+  BlockPool& pool = *block->pool;
+  pool.blocks.erase(block);
+  const size_t before = start - block->addr();
+  const size_t after = block->size - before - bytes;
+  const int64_t runs = -1 + int64_t{before > 0 || (block->prev && block->prev->mapped)} +
+                       int64_t{after > 0 || (block->next && block->next->mapped)};
+  auto free_part = [&](uintptr_t addr, size_t size) {
+    auto* b = new Block();
+    b->ptr = reinterpret_cast<void*>(addr);
+    b->size = size;
+    b->stream = block->stream;
+    b->pool = block->pool;
+    b->segment = seg;
+    return b;
+  };
+  if (before > 0) {  // prev -> part -> block
+    Block* part = free_part(block->addr(), before);
+    part->prev = block->prev;
+    part->link_from_prev();
+    part->next = block;
+    block->prev = part;
+    pool.insert(part);
+  }
+  if (after > 0) {  // block -> part -> next
+    Block* part = free_part(start + bytes, after);
+    part->prev = block;
+    part->next = block->next;
+    if (part->next) part->next->prev = part;
+    block->next = part;
+    pool.insert(part);
+  }
+  block->ptr = reinterpret_cast<void*>(start);
+  block->size = bytes;
+  block->mapped = false;
+  try_merge(block, block->prev);
+  try_merge(block, block->next);
+  pool.unmapped.insert(block);
+
+  total_reserved_ -= bytes;
+  ++stats_.num_device_free;
+  stat_decrease(stats_.reserved_bytes, seg->small, static_cast<int64_t>(bytes));
+  if (runs > 0) stat_increase(stats_.segment, seg->small, runs);
+  if (runs < 0) stat_decrease(stats_.segment, seg->small, -runs);
+  AllocTag tag;
+  tag.loc = seg->tag.loc;
+  record(TraceAction::segment_unmap, start, bytes, block->stream, tag);
+  if (!block->is_split()) release_expandable_segment(seg);
+}
+
+// Give back an expandable segment that is one unmapped block.
+void CachingAllocator::release_expandable_segment(Segment* seg) {
+  Block* block = seg->head;
+  block->pool->unmapped.erase(block);
+  segments_.erase(seg->base);
+  delete block;
+  delete seg;  // its ExpandableSegment frees the addresses
+}
+
+void CachingAllocator::release_if_unmapped(Segment* seg) {
+  if (!seg->head->mapped && !seg->head->next) release_expandable_segment(seg);
+}
+
 bool CachingAllocator::should_split(const Block* block, size_t size) const {
   const size_t remaining = block->size - size;
-  if (block->pool->small) return remaining >= kMinBlockSize;
+  if (block->pool->small || block->expandable()) return remaining >= kMinBlockSize;
   return size < config_.max_split_size && remaining > kSmallSize;
 }
 
@@ -294,6 +571,9 @@ void* CachingAllocator::alloc_found_block(AllocParams& p, const AllocTag& tag) {
   BlockPool* pool = p.pool;
   const bool small = pool->small;
   const bool already_split = block->is_split();
+  // PyTorch leaves expandable segments out of inactive_split: their free pages can always be
+  // released.
+  const bool counts_split = !block->expandable();
   if (should_split(block, p.size)) {
     Block* remaining = block;
     block = new Block();
@@ -309,13 +589,13 @@ void* CachingAllocator::alloc_found_block(AllocParams& p, const AllocTag& tag) {
     remaining->ptr = static_cast<char*>(remaining->ptr) + p.size;
     remaining->size -= p.size;
     pool->insert(remaining);
-    if (already_split) {
+    if (counts_split && already_split) {
       stat_decrease(stats_.inactive_split_bytes, small, static_cast<int64_t>(block->size));
-    } else {
+    } else if (counts_split) {
       stat_increase(stats_.inactive_split_bytes, small, static_cast<int64_t>(remaining->size));
       stat_increase(stats_.inactive_split, small, 1);
     }
-  } else if (already_split) {
+  } else if (already_split && counts_split) {
     stat_decrease(stats_.inactive_split_bytes, small, static_cast<int64_t>(block->size));
     stat_decrease(stats_.inactive_split, small, 1);
   }
@@ -384,6 +664,30 @@ void CachingAllocator::deallocate(void* ptr, std::source_location loc) {
   }
 }
 
+size_t CachingAllocator::try_merge(Block* dst, Block* src) {
+  // dst is in no set: its key changes below.
+  if (!src || src->allocated || src->event_count > 0 || !src->stream_uses.empty() ||
+      src->mapped != dst->mapped)
+    return 0;
+  BlockPool& pool = *dst->pool;
+  if (src->mapped)
+    pool.blocks.erase(src);
+  else
+    pool.unmapped.erase(src);
+  if (dst->prev == src) {
+    dst->ptr = src->ptr;
+    dst->prev = src->prev;
+    dst->link_from_prev();
+  } else {
+    dst->next = src->next;
+    if (dst->next) dst->next->prev = dst;
+  }
+  const size_t merged = src->size;
+  dst->size += merged;
+  delete src;
+  return merged;
+}
+
 void CachingAllocator::free_block(Block* block) {
   BlockPool& pool = *block->pool;
   const bool small = pool.small;
@@ -395,22 +699,10 @@ void CachingAllocator::free_block(Block* block) {
   int64_t net_split_blocks = 0;
   int64_t net_split_bytes = 0;
   for (Block* candidate : {block->prev, block->next}) {
-    if (!candidate || candidate->allocated || candidate->event_count > 0 ||
-        !candidate->stream_uses.empty())
-      continue;
-    if (block->prev == candidate) {
-      block->ptr = candidate->ptr;
-      block->prev = candidate->prev;
-      block->link_from_prev();
-    } else {
-      block->next = candidate->next;
-      if (block->next) block->next->prev = block;
+    if (const size_t merged = try_merge(block, candidate)) {
+      net_split_blocks -= 1;
+      net_split_bytes -= static_cast<int64_t>(merged);
     }
-    block->size += candidate->size;
-    pool.blocks.erase(candidate);
-    net_split_blocks -= 1;
-    net_split_bytes -= static_cast<int64_t>(candidate->size);
-    delete candidate;
   }
   block->requested = 0;
   block->tag = AllocTag{};
@@ -420,6 +712,7 @@ void CachingAllocator::free_block(Block* block) {
     net_split_blocks += 1;
     net_split_bytes += static_cast<int64_t>(block->size);
   }
+  if (block->expandable()) net_split_blocks = net_split_bytes = 0;  // see alloc_found_block
   if (net_split_blocks > 0) stat_increase(stats_.inactive_split, small, net_split_blocks);
   if (net_split_blocks < 0) stat_decrease(stats_.inactive_split, small, -net_split_blocks);
   if (net_split_bytes > 0) stat_increase(stats_.inactive_split_bytes, small, net_split_bytes);
@@ -501,11 +794,18 @@ void CachingAllocator::release_block(Block* block) {
 }
 
 void CachingAllocator::release_pool(BlockPool& pool) {
+  std::vector<Block*> to_unmap;  // unmapping changes the pool: gather first
   for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
     Block* b = *it;
     ++it;
-    if (!b->is_split()) release_block(b);
+    if (b->expandable())
+      to_unmap.push_back(b);
+    else if (!b->is_split())
+      release_block(b);
   }
+  // Each leaves the others alone: it merges only with unmapped neighbours, and gives the
+  // segment back only when nothing else is in it.
+  for (Block* b : to_unmap) unmap_block(b);
 }
 
 bool CachingAllocator::release_cached_blocks() {
@@ -523,7 +823,7 @@ bool CachingAllocator::release_available_cached_blocks(const AllocParams& p) {
   key.stream = p.stream;
   key.size = p.size < config_.max_split_size ? config_.max_split_size : p.size;
   auto it = pool.blocks.lower_bound(&key);
-  if (it != pool.blocks.end() && (*it)->stream == p.stream && !(*it)->is_split()) {
+  if (it != pool.blocks.end() && (*it)->stream == p.stream && (*it)->whole_segment()) {
     release_block(*it);
     return true;
   }
@@ -536,7 +836,7 @@ bool CachingAllocator::release_available_cached_blocks(const AllocParams& p) {
     auto cur = it;
     const bool first = cur == pool.blocks.begin();
     if (!first) --it;
-    if (!(*cur)->is_split()) {
+    if ((*cur)->whole_segment()) {
       released += (*cur)->size;
       release_block(*cur);
     }
@@ -554,7 +854,7 @@ void CachingAllocator::garbage_collect_cached_blocks() {
   double total_age = 0;
   int freeable = 0;
   for (Block* b : large_pool_->blocks) {
-    if (!b->is_split()) {
+    if (b->whole_segment()) {
       total_age += b->gc_count;
       ++freeable;
     }
@@ -566,7 +866,7 @@ void CachingAllocator::garbage_collect_cached_blocks() {
     for (auto it = large_pool_->blocks.begin(); it != large_pool_->blocks.end();) {
       Block* b = *it;
       ++it;
-      if (!b->is_split() && b->gc_count >= age_threshold) {
+      if (b->whole_segment() && b->gc_count >= age_threshold) {
         freed = true;
         reclaimed += b->size;
         total_age -= b->gc_count;
@@ -761,15 +1061,18 @@ std::vector<TraceEntry> CachingAllocator::history() const {
 SnapshotData CachingAllocator::snapshot_locked() const {
   SnapshotData snap;
   snap.config = config_;
-  for (const auto& [base, seg] : segments_) {
+  // The segment of blocks [first, end): a whole ordinary segment, or a run of mapped pages
+  // of an expandable one.
+  auto add_segment = [&](const Segment& seg, const Block* first, const Block* end) {
     SegmentInfo s;
     s.device = device_;
-    s.address = seg->base;
-    s.total_size = seg->size;
-    s.stream = seg->stream;
-    s.small = seg->small;
-    s.tag = seg->tag;
-    for (const Block* b = seg->head; b; b = b->next) {
+    s.address = first->addr();
+    s.stream = seg.stream;
+    s.small = seg.small;
+    s.expandable = seg.expandable != nullptr;
+    s.tag = seg.tag;
+    for (const Block* b = first; b != end; b = b->next) {
+      s.total_size += b->size;
       BlockInfo bi;
       bi.address = b->addr();
       bi.size = b->size;
@@ -791,6 +1094,22 @@ SnapshotData CachingAllocator::snapshot_locked() const {
       s.blocks.push_back(bi);
     }
     snap.segments.push_back(std::move(s));
+  };
+  for (const auto& [base, seg] : segments_) {
+    if (!seg->expandable) {
+      add_segment(*seg, seg->head, nullptr);
+      continue;
+    }
+    for (const Block* b = seg->head; b;) {
+      if (!b->mapped) {
+        b = b->next;
+        continue;
+      }
+      const Block* end = b;
+      while (end && end->mapped) end = end->next;
+      add_segment(*seg, b, end);
+      b = end;
+    }
   }
   snap.device_traces.resize(static_cast<size_t>(device_) + 1);
   snap.device_traces[static_cast<size_t>(device_)] = ring_.entries();

@@ -11,6 +11,20 @@
 //   neighbours on free;
 // - on device OOM: free oversize cached blocks (when max_split_size is set), then all
 //   unsplit cached segments, retry; then raise OutOfMemoryError with a full account.
+//
+// Expandable segments (expandable_segments:True, PyTorch's Note [Expandable Segments]):
+// instead of a new segment per miss, one segment per stream and pool reserves addresses for
+// 1 1/8 of the device's memory and maps pages into them as it grows (2 MiB pages for the
+// small pool, large_segment_size_mb, 20 MiB, for the large one). A miss maps the pages a
+// request needs at the lowest address where free and unmapped space together fit it
+// (usually the end of the segment); blocks split down to 512 B in both pools and merge with
+// free neighbours as usual; empty_cache and the OOM retry unmap every whole free page, the
+// end's and the interior's, and give a segment back once nothing in it is mapped. Reserved
+// memory is mapped memory; each run of mapped pages is a segment in the stats and the
+// snapshot (is_expandable), and mapping / unmapping are segment_map / segment_unmap trace
+// entries. As in PyTorch, free blocks of expandable segments are not inactive_split (their
+// pages can always be released), max_split_size does not stop their splitting, and garbage
+// collection and the oversize release leave them alone.
 // Stats, history and snapshot live in their own files; this file is the policy.
 #pragma once
 
@@ -154,6 +168,16 @@ class CachingAllocator {
 
   bool get_free_block(AllocParams& p);
   bool alloc_segment(AllocParams& p, bool is_retry);
+  // Expandable segments (the file comment).
+  bool alloc_expandable(AllocParams& p);
+  detail::Block* find_expandable_block(const AllocParams& p);
+  detail::Block* new_expandable_segment(const AllocParams& p);
+  bool map_block(detail::Block* block, size_t size, const AllocTag& tag);
+  void unmap_block(detail::Block* block);
+  void forget_pages(detail::Block* block, uintptr_t start, size_t bytes);
+  void release_expandable_segment(detail::Segment* seg);
+  void release_if_unmapped(detail::Segment* seg);
+  size_t try_merge(detail::Block* dst, detail::Block* src);
   void* alloc_found_block(AllocParams& p, const AllocTag& tag);
   void free_block(detail::Block* block);
   void insert_events(detail::Block* block);

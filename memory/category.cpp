@@ -6,8 +6,8 @@ namespace tally::memory {
 
 std::string_view category_name(Category c) {
   static constexpr std::string_view kNames[] = {
-      "parameter", "gradient",  "optimizer_state", "activation",    "input",
-      "temporary", "workspace", "autocast_cache",  "communication", "unknown"};
+      "parameter", "gradient",       "optimizer_state", "activation", "input",  "temporary",
+      "workspace", "autocast_cache", "communication",   "offloaded",  "unknown"};
   return enum_table<Category::unknown>(c, kNames, std::string_view("unknown"));
 }
 

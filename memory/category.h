@@ -19,16 +19,17 @@ enum class Category : uint8_t {
   workspace,
   autocast_cache,
   communication,
+  offloaded,  // host copies of saved activations (autograd/offload.h)
   unknown,
 };
 
-inline constexpr int kNumCategories = 10;
+inline constexpr int kNumCategories = 11;
 
 inline constexpr std::array<Category, kNumCategories> kAllCategories = {
     Category::parameter,  Category::gradient,       Category::optimizer_state,
     Category::activation, Category::input,          Category::temporary,
     Category::workspace,  Category::autocast_cache, Category::communication,
-    Category::unknown};
+    Category::offloaded,  Category::unknown};
 
 // Lower-case name as written into snapshots ("optimizer_state").
 std::string_view category_name(Category c);

@@ -1,12 +1,76 @@
 #include "memory/cpu_provider.h"
 
+#include <fmt/format.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 
 #include "memory/checked.h"
 
 namespace tally::memory {
+namespace {
+
+// Addresses reserved with mmap(PROT_NONE) (no memory, no commit charge); mprotect makes
+// pages readable and writable (the kernel backs them on first touch); mmap(MAP_FIXED,
+// PROT_NONE) over pages drops their memory and keeps the addresses reserved. Mapped pages
+// count against the provider's capacity, as its allocations do.
+class CpuExpandableSegment final : public ExpandableSegment {
+ public:
+  CpuExpandableSegment(void* base, size_t page_size, size_t pages, std::atomic<size_t>& used,
+                       size_t capacity)
+      : ExpandableSegment(reinterpret_cast<uintptr_t>(base), page_size, pages),
+        used_(used),
+        capacity_(capacity) {}
+
+  ~CpuExpandableSegment() override {
+    munmap(reinterpret_cast<void*>(base_), size());
+    used_ -= mapped_;
+  }
+
+  bool map(size_t offset, size_t bytes) override {
+    size_t used = used_.load();
+    do {
+      if (bytes > capacity_ - used) return false;
+    } while (!used_.compare_exchange_weak(used, used + bytes));
+    void* at = reinterpret_cast<void*>(base_ + offset);
+    if (mprotect(at, bytes, PROT_READ | PROT_WRITE) != 0) {
+      const int err = errno;
+      used_ -= bytes;
+      if (err == ENOMEM) return false;  // the kernel's commit limit
+      throw std::runtime_error(fmt::format(
+          "mprotect(PROT_READ | PROT_WRITE) of {} bytes at {} (expandable segment on cpu) "
+          "failed: {}",
+          bytes, at, std::strerror(err)));
+    }
+    mapped_ += bytes;
+    return true;
+  }
+
+  void unmap(size_t offset, size_t bytes, size_t& done) override {
+    done = 0;
+    void* at = reinterpret_cast<void*>(base_ + offset);
+    if (mmap(at, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+             0) == MAP_FAILED)
+      throw std::runtime_error(fmt::format(
+          "mmap(MAP_FIXED, PROT_NONE) of {} bytes at {} (unmapping pages of an expandable "
+          "segment on cpu) failed: {}",
+          bytes, at, std::strerror(errno)));
+    done = bytes;
+    mapped_ -= bytes;
+    used_ -= bytes;
+  }
+
+ private:
+  std::atomic<size_t>& used_;  // the provider's, which outlives its segments
+  size_t capacity_;
+  size_t mapped_ = 0;
+};
+
+}  // namespace
 
 size_t HostMemoryProvider::physical_memory() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -33,6 +97,25 @@ void* CpuProvider::allocate(size_t bytes) {
 void CpuProvider::deallocate(void* ptr, size_t bytes) {
   std::free(ptr);
   used_ -= bytes;
+}
+
+std::unique_ptr<ExpandableSegment> CpuProvider::create_expandable_segment(StreamId /*stream*/,
+                                                                          size_t page_size,
+                                                                          size_t pages) {
+  const long system_page = sysconf(_SC_PAGESIZE);
+  if (page_size == 0 || (system_page > 0 && page_size % static_cast<size_t>(system_page) != 0))
+    throw std::invalid_argument(fmt::format(
+        "expandable_segments on cpu: pages of {} bytes are not a multiple of the system's page "
+        "size, {} bytes",
+        page_size, system_page));
+  const size_t bytes =
+      checked_mul(page_size, pages, "CpuProvider::create_expandable_segment: the segment's size");
+  void* base = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED)
+    throw std::runtime_error(fmt::format(
+        "mmap(PROT_NONE) reserving {} bytes for an expandable segment on cpu failed: {}", bytes,
+        std::strerror(errno)));
+  return std::make_unique<CpuExpandableSegment>(base, page_size, pages, used_, capacity_);
 }
 
 }  // namespace tally::memory

@@ -1,5 +1,7 @@
 // Aligned host memory as a device, with an optional capacity so that out-of-memory
-// behaviour can be exercised on a machine without a GPU.
+// behaviour can be exercised on a machine without a GPU. Its expandable segments reserve
+// addresses with mmap(PROT_NONE) and map pages with mprotect, so that the allocator's
+// growing segments run (and are tested) without a GPU.
 #pragma once
 
 #include <atomic>
@@ -34,6 +36,10 @@ class CpuProvider final : public HostMemoryProvider {
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) override;
   std::string device_name() const override { return "cpu"; }
+  // Pages count against the capacity while mapped; page_size must be a multiple of the
+  // system's page size.
+  std::unique_ptr<ExpandableSegment> create_expandable_segment(StreamId stream, size_t page_size,
+                                                               size_t pages) override;
 
   static constexpr size_t kAlignment = 4096;
 };

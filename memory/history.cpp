@@ -7,10 +7,10 @@
 namespace tally::memory {
 
 const char* trace_action_name(TraceAction a) {
-  static constexpr const char* kNames[] = {"alloc",         "free_requested", "free_completed",
-                                           "segment_alloc", "segment_free",   "snapshot",
-                                           "oom",           "retag"};
-  return enum_table<TraceAction::retag>(a, kNames, "?");
+  static constexpr const char* kNames[] = {
+      "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "snapshot",
+      "oom",   "retag",          "segment_map",    "segment_unmap"};
+  return enum_table<TraceAction::segment_unmap>(a, kNames, "?");
 }
 
 int64_t now_us() {

@@ -20,7 +20,9 @@ enum class TraceAction : uint8_t {
   segment_free,
   snapshot,
   oom,
-  retag,  // Tally: a live block changed category (e.g. saved for backward -> activation)
+  retag,          // Tally: a live block changed category (e.g. saved for backward -> activation)
+  segment_map,    // pages mapped into an expandable segment (addr, size: the pages)
+  segment_unmap,  // pages of an expandable segment given back
 };
 
 const char* trace_action_name(TraceAction a);

@@ -88,8 +88,14 @@ CachingAllocator& get_pinned_allocator() {
 #ifdef TALLY_WITH_CUDA
   Registry& r = registry();
   std::lock_guard lock(r.mu);
-  if (!r.pinned)
-    r.pinned = std::make_unique<CachingAllocator>(std::make_unique<CudaPinnedProvider>());
+  if (!r.pinned) {
+    // expandable_segments is the device allocator's setting (PyTorch's pinned host allocator
+    // ignores it too): pinned buffers are cudaHostAlloc'd segments.
+    AllocatorConfig config = AllocatorConfig::from_env();
+    config.expandable_segments = false;
+    r.pinned = std::make_unique<CachingAllocator>(std::make_unique<CudaPinnedProvider>(),
+                                                  std::move(config));
+  }
   return *r.pinned;
 #else
   return get_allocator(Device::cpu());

@@ -47,10 +47,43 @@ class MetaProvider final : public MemoryProvider {
   std::string device_name() const override {
     return fmt::format("meta:{} ({})", index_, target_.name);
   }
+  // Expandable segments as the replayed device grows them: addresses from the same range,
+  // pages counted against the capacity while mapped, so a dry run under
+  // expandable_segments:True predicts the mapped (reserved) memory of the real run.
+  std::unique_ptr<ExpandableSegment> create_expandable_segment(StreamId /*stream*/,
+                                                               size_t page_size,
+                                                               size_t pages) override {
+    const size_t span =
+        checked_round_up(checked_mul(page_size, pages, "MetaProvider::create_expandable_segment"),
+                         kAlignment, "MetaProvider::create_expandable_segment");
+    return std::make_unique<Segment>(g_next_address.fetch_add(span), page_size, pages, *this);
+  }
 
   static constexpr size_t kAlignment = 4096;
 
  private:
+  class Segment final : public ExpandableSegment {
+   public:
+    Segment(uint64_t base, size_t page_size, size_t pages, MetaProvider& owner)
+        : ExpandableSegment(base, page_size, pages), owner_(owner) {}
+    ~Segment() override { owner_.used_ -= std::min(owner_.used_, mapped_); }
+    bool map(size_t /*offset*/, size_t bytes) override {
+      if (bytes > owner_.free_memory()) return false;
+      owner_.used_ += bytes;
+      mapped_ += bytes;
+      return true;
+    }
+    void unmap(size_t /*offset*/, size_t bytes, size_t& done) override {
+      owner_.used_ -= std::min(owner_.used_, bytes);
+      mapped_ -= bytes;
+      done = bytes;
+    }
+
+   private:
+    MetaProvider& owner_;  // outlives its segments (the allocator owns both)
+    size_t mapped_ = 0;
+  };
+
   int index_;
   MetaTarget target_;
   size_t used_ = 0;  // under the allocator's lock
@@ -132,7 +165,9 @@ MetaTarget meta_target(std::string_view name) {
                       .flops_tf32 = 100e12,
                       .flops_64bit = 30e12,
                       .bandwidth = 3.9e12,
-                      .launch_seconds = 4e-6};
+                      .launch_seconds = 4e-6,
+                      // PCIe Gen5 x16 with pinned memory, each way.
+                      .host_bandwidth = 50e9};
 #ifdef TALLY_WITH_CUDA
   if (n == "cuda" && cuda_available()) {
     // This machine's GPU: its capacity and multiprocessors; an H200 also takes the h200

@@ -40,6 +40,9 @@ struct MetaTarget {
   double flops_16bit = 0, flops_32bit = 0, flops_tf32 = 0, flops_64bit = 0;
   double bandwidth = 0;
   double launch_seconds = 0;
+  // cuda: bytes/s of a copy between pinned host memory and the device, each way (activation
+  // offload's copies); 0 on the CPU, where offloading copies within host memory.
+  double host_bandwidth = 0;
 };
 
 // The names meta_target() accepts: "cpu", "h200", and "cuda" where a GPU is present.

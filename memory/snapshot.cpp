@@ -12,6 +12,10 @@
 // an empty phase is written "phase none". Entries with the same tag share one frames list
 // (a memo reference), as PyTorch's snapshots do.
 //
+// Expandable segments. Each run of mapped pages is a segment with is_expandable True, and
+// mapping / unmapping pages are `segment_map` / `segment_unmap` entries, as PyTorch writes
+// them: the viewer's Allocator State History splits and merges its segments by them.
+//
 // Categories. Every trace entry carries `category` and `user_metadata`
 // ("category=… module=… op=… phase=…"). Segment events belong to no category: they are
 // written as `unknown`, their frames still showing which request made the segment. The
@@ -98,6 +102,8 @@ class SnapshotPickler {
     switch (e.action) {
       case TraceAction::segment_alloc:
       case TraceAction::segment_free:
+      case TraceAction::segment_map:
+      case TraceAction::segment_unmap:
         return Category::unknown;
       default:
         return e.tag.category;
@@ -192,7 +198,7 @@ class SnapshotPickler {
     w_.integer(0);
     w_.end_tuple();
     w_.key("is_expandable");
-    w_.boolean(false);
+    w_.boolean(s.expandable);
     w_.key("frames");
     frames(s.tag);
     w_.key("blocks");
@@ -276,7 +282,7 @@ class SnapshotPickler {
     w_.key("garbage_collection_threshold");
     w_.floating(c.garbage_collection_threshold);
     w_.key("expandable_segments");
-    w_.boolean(false);
+    w_.boolean(c.expandable_segments);
     w_.key("pinned_num_register_threads");
     w_.integer(1);
     w_.key("release_lock_on_cudamalloc");

@@ -38,7 +38,10 @@ struct SegmentInfo {
   size_t active_size = 0;
   size_t requested_size = 0;
   StreamId stream = 0;
-  bool small = false;             // segment_type "small" / "large"
+  bool small = false;  // segment_type "small" / "large"
+  // is_expandable: one run of mapped pages of an expandable segment (PyTorch writes each
+  // contiguous mapped range of one as a segment of its own).
+  bool expandable = false;
   AllocTag tag;                   // context at segment creation
   std::vector<BlockInfo> blocks;  // address order, tiling the segment
 };

@@ -12,8 +12,8 @@ namespace tally::memory {
 
 int timeline_column(Category c) {
   // By Category's order: parameter, gradient, optimizer_state, activation, input, temporary,
-  // workspace, autocast_cache, communication, unknown.
-  static constexpr int kColumns[] = {1, 6, 2, 5, 3, 4, 9, 10, 11, 8};
+  // workspace, autocast_cache, communication, offloaded, unknown.
+  static constexpr int kColumns[] = {1, 6, 2, 5, 3, 4, 9, 10, 11, 12, 8};
   return enum_table<Category::unknown>(c, kColumns, 8);
 }
 

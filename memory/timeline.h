@@ -3,7 +3,7 @@
 // (`export_memory_timeline`'s `[times, sizes]`; see docs: column 0 is always 0, columns
 // 1..8 are PyTorch's categories PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION,
 // GRADIENT, AUTOGRAD_DETAIL (always 0 in Tally), unknown, and Tally appends workspace,
-// autocast_cache and communication as columns 9..11).
+// autocast_cache, communication and offloaded as columns 9..12).
 //
 // Blocks that were already live when the history started (parameters built before
 // record_memory_history) are counted from the first sample: pass the allocator's current
@@ -46,6 +46,6 @@ void write_timeline_json(const MemoryTimeline& t, const std::string& path);
 
 // The column of `c` in the JSON rows (1-based, PyTorch's order, Tally's extras last).
 int timeline_column(Category c);
-inline constexpr int kTimelineColumns = 12;
+inline constexpr int kTimelineColumns = 13;
 
 }  // namespace tally::memory

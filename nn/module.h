@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/offload.h"
 #include "autograd/ops.h"
 #include "memory/context.h"
 #include "memory/scope_guard.h"
@@ -78,11 +79,22 @@ class Module {
   // when it accepts set_checkpoint_segments (returns false: no stage list here).
   virtual bool is_checkpoint_block() const { return false; }
   virtual bool set_checkpoint_segments(int /*n*/) { return false; }
-  // Runs `fn` under this module's ModuleScope and error context.
+  // Offload what this module's forward saves for backward to host memory, through
+  // `offloader` (null: stop); nn::offload_activations sets it on a model's blocks.
+  void set_offload(std::shared_ptr<ActivationOffloader> offloader) {
+    offload_ = std::move(offloader);
+  }
+  const std::shared_ptr<ActivationOffloader>& offloader() const { return offload_; }
+  // Runs `fn` under this module's ModuleScope and error context (and SaveOnCpu when the
+  // module offloads).
   template <typename Fn>
   auto call(Fn&& fn) -> decltype(fn()) {
     memory::ModuleScope scope(name_);
     try {
+      if (offload_) {
+        SaveOnCpu offload(offload_);
+        return fn();
+      }
       return fn();
     } catch (...) {
       rethrow_with_context();
@@ -153,6 +165,7 @@ class Module {
   Tensor checkpointed_forward(const Tensor& x);
 
   std::shared_ptr<std::function<bool(const SavedTensorInfo&)>> checkpoint_;
+  std::shared_ptr<ActivationOffloader> offload_;
   std::string type_name_;
   std::string name_;
   bool training_ = true;

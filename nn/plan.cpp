@@ -59,8 +59,9 @@ CpuRates measure_cpu() {
 }  // namespace
 
 std::string PlanCandidate::str() const {
-  return fmt::format("checkpoint {}, amp {}", checkpoint.str(),
-                     amp ? std::string(dtype_name(*amp)) : std::string("off"));
+  return fmt::format("checkpoint {}, amp {}{}", checkpoint.str(),
+                     amp ? std::string(dtype_name(*amp)) : std::string("off"),
+                     offload.enabled() ? ", offload " + offload.str() : std::string());
 }
 
 std::vector<CheckpointSpec> checkpoint_plans(int blocks) {
@@ -117,10 +118,23 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
   MemoryPlan plan;
   plan.budget = options.budget;
   plan.target = target.name;
-  for (const std::optional<DType>& amp : options.precisions) {
-    for (const CheckpointSpec& spec : checkpoint_plans(checkpoint_blocks)) {
+  if (options.offloads.empty())
+    throw std::invalid_argument("plan_memory: no offload plan to search");
+  std::vector<PlanCandidate> grid;
+  for (const std::optional<DType>& amp : options.precisions)
+    for (const OffloadSpec& offload : options.offloads) {
+      if (!offload.enabled()) {
+        for (const CheckpointSpec& spec : checkpoint_plans(checkpoint_blocks))
+          grid.push_back({spec, amp, offload});
+        continue;
+      }
+      grid.push_back({CheckpointSpec{}, amp, offload});
+      grid.push_back({parse_checkpoint_spec("blocks"), amp, offload});
+    }
+  for (const PlanCandidate& candidate : grid) {
+    {
       PlannedCandidate pc;
-      pc.candidate = {spec, amp};
+      pc.candidate = candidate;
       memory::DryRun dry({.spec = target, .max_history = 0});
       try {
         run(dry.device(), pc.candidate);
@@ -181,7 +195,9 @@ std::string MemoryPlan::report() const {
   std::string s =
       fmt::format("Memory plan for {} within {} (dry runs; time from the cost model):\n", target,
                   mib(static_cast<int64_t>(budget)));
-  s += fmt::format("  {:<34} {:>14} {:>14} {:>12}  {}\n", "candidate", "peak alloc", "peak resv",
+  size_t w = 34;
+  for (const PlannedCandidate& c : candidates) w = std::max(w, c.candidate.str().size());
+  s += fmt::format("  {:<{}} {:>14} {:>14} {:>12}  {}\n", "candidate", w, "peak alloc", "peak resv",
                    "ms/step", "");
   for (const PlannedCandidate& c : candidates) {
     const bool chosen_one = c.candidate.str() == chosen.candidate.str();
@@ -191,10 +207,10 @@ std::string MemoryPlan::report() const {
                                    : fmt::format("over by {}", mib(c.estimate.peak_reserved -
                                                                    static_cast<int64_t>(budget)));
     if (!c.error.empty())
-      s += fmt::format("  {:<34} {:>14} {:>14} {:>12}  {}\n", c.candidate.str(), "-", "-", "-",
+      s += fmt::format("  {:<{}} {:>14} {:>14} {:>12}  {}\n", c.candidate.str(), w, "-", "-", "-",
                        verdict);
     else
-      s += fmt::format("  {:<34} {:>14} {:>14} {:>12.2f}  {}\n", c.candidate.str(),
+      s += fmt::format("  {:<{}} {:>14} {:>14} {:>12.2f}  {}\n", c.candidate.str(), w,
                        mib(c.estimate.peak_allocated), mib(c.estimate.peak_reserved),
                        c.step_seconds * 1e3, verdict);
   }

@@ -20,6 +20,7 @@
 
 #include "memory/estimate.h"
 #include "nn/checkpoint.h"
+#include "nn/offload.h"
 #include "tensor/dtype.h"
 
 namespace tally::nn {
@@ -27,7 +28,8 @@ namespace tally::nn {
 struct PlanCandidate {
   CheckpointSpec checkpoint;
   std::optional<DType> amp;  // the autocast dtype; nullopt: float32 throughout
-  // "checkpoint 6-blocks, amp bf16"
+  OffloadSpec offload;       // activation offload (nn/offload.h)
+  // "checkpoint 6-blocks, amp bf16" (", offload activations" when it offloads)
   std::string str() const;
 };
 
@@ -36,6 +38,9 @@ struct PlanOptions {
   size_t budget = 0;           // bytes of device memory the run may reserve (its peak reserved)
   // Precisions searched: {nullopt} keeps float32; --amp auto adds the 16-bit ones.
   std::vector<std::optional<DType>> precisions = {std::nullopt};
+  // Offload plans searched: {none} by default; --offload auto adds "activations", tried with
+  // no checkpointing and with every block checkpointed (then offloading the blocks' inputs).
+  std::vector<OffloadSpec> offloads = {OffloadSpec{}};
   int64_t steps = 2;  // training steps each candidate's dry run takes (the peak needs 2)
 };
 
@@ -61,7 +66,7 @@ struct MemoryPlan {
 // and 4 segments.
 std::vector<CheckpointSpec> checkpoint_plans(int blocks);
 
-// Dry-runs `run(device, candidate)` for every checkpointing plan x precision on
+// Dry-runs `run(device, candidate)` for every checkpointing plan x precision (x offload) on
 // options.target and returns the fastest predicted to fit options.budget. `run` builds the
 // model on `device` (the way the real run does), applies the candidate and trains
 // options.steps steps; a candidate the model rejects (std::invalid_argument) is skipped.

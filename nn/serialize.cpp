@@ -25,10 +25,10 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 
 // safetensors' dtype names, by DType's order.
-constexpr const char* kStDtypes[] = {"F32", "F16", "BF16", "F64", "I32", "I64", "BOOL"};
+constexpr const char* kStDtypes[] = {"F32", "F16", "BF16", "F64", "I32", "I64", "BOOL", "U8"};
 
 const char* st_dtype(DType d) {
-  return memory::enum_table<DType::bool_>(d, kStDtypes, "?");
+  return memory::enum_table<DType::uint8>(d, kStDtypes, "?");
 }
 
 bool parse_st_dtype(const std::string& s, DType* d) {

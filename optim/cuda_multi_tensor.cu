@@ -2,7 +2,8 @@
 // launch over the whole tensor list (PyTorch's multi_tensor_apply). The host packs every
 // tensor's pointers and length, plus the list of (tensor, chunk) work items, into one table,
 // copies it to the device with one cudaMemcpyAsync into a `temporary` block from the caching
-// allocator, and each thread block walks one chunk. Nothing here waits for the device.
+// allocator, and each thread block walks one chunk (AdamW8bit's, one quantization block of a
+// chunk). Nothing here waits for the device.
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -112,6 +113,86 @@ __global__ void adam_kernel(const Entry* entries, const Chunk* chunks, detail::A
   T* vmax = has_max ? static_cast<T*>(e.ptr[4]) : nullptr;
   for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x)
     detail::adam_element(s, p[i], g[i], m[i], v[i], vmax ? vmax + i : nullptr);
+}
+
+// AdamW8bit: thread block (x, y) updates quantization block y of chunk x (the chunk table is
+// Adam's; kChunkSize is a multiple of every block size), blockDim = min(block_size,
+// k8bitThreads) threads holding up to k8bitPerThread elements each in registers between the
+// update and the requantization. The code books are copied to shared memory first (the binary
+// search reads them at data-dependent indices).
+constexpr int k8bitThreads = 256;
+constexpr int k8bitPerThread = static_cast<int>(kMax8bitBlock) / k8bitThreads;
+
+// Both running maxima across the thread block (max is exact in any order: the CPU's loop and
+// this agree bit for bit). Every thread returns the block's values.
+__device__ void block_absmax2(float& a, float& b) {
+  __shared__ float sa[k8bitThreads / 32], sb[k8bitThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) {
+    a = detail::absmax_step(a, __shfl_xor_sync(0xffffffffu, a, o));
+    b = detail::absmax_step(b, __shfl_xor_sync(0xffffffffu, b, o));
+  }
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  if (threadIdx.x % 32 == 0) {
+    sa[warp] = a;
+    sb[warp] = b;
+  }
+  __syncthreads();
+  a = sa[0];
+  b = sb[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x) / 32; ++w) {
+    a = detail::absmax_step(a, sa[w]);
+    b = detail::absmax_step(b, sb[w]);
+  }
+}
+
+__global__ void __launch_bounds__(k8bitThreads)
+    adamw8bit_kernel(const Entry* entries, const Chunk* chunks, detail::AdamScalars<float> s,
+                     DynamicMaps maps, int block_size) {
+  const Chunk c = chunks[blockIdx.x];
+  const Entry& e = entries[c.tensor];
+  const int64_t begin =
+      static_cast<int64_t>(c.chunk) * kChunkSize + static_cast<int64_t>(blockIdx.y) * block_size;
+  if (begin >= e.numel) return;  // the tensor's last chunk is short: the whole block leaves
+  const int64_t end = begin + block_size < e.numel ? begin + block_size : e.numel;
+  const int64_t b = begin / block_size;
+  __shared__ DynamicMaps sh;
+  for (int i = static_cast<int>(threadIdx.x); i < 256; i += static_cast<int>(blockDim.x)) {
+    sh.signed_map[i] = maps.signed_map[i];
+    sh.unsigned_map[i] = maps.unsigned_map[i];
+  }
+  __syncthreads();
+  float* p = static_cast<float*>(e.ptr[0]);
+  const float* g = static_cast<const float*>(e.ptr[1]);
+  uint8_t* qm = static_cast<uint8_t*>(e.ptr[2]);
+  uint8_t* qv = static_cast<uint8_t*>(e.ptr[3]);
+  float* am = static_cast<float*>(e.ptr[4]);
+  float* av = static_cast<float*>(e.ptr[5]);
+  const float scale_m = am[b], scale_v = av[b];
+  const int per_thread = block_size / static_cast<int>(blockDim.x);
+  float m[k8bitPerThread], v[k8bitPerThread];
+  float max_m = 0.f, max_v = 0.f;
+#pragma unroll
+  for (int k = 0; k < k8bitPerThread; ++k) {
+    const int64_t i = begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (k < per_thread && i < end) {
+      detail::adam8bit_element(s, sh, p[i], g[i], qm[i], qv[i], scale_m, scale_v, m[k], v[k]);
+      max_m = detail::absmax_step(max_m, m[k]);
+      max_v = detail::absmax_step(max_v, v[k]);
+    }
+  }
+  block_absmax2(max_m, max_v);  // its barrier orders every read of am[b], av[b] before the write
+  if (threadIdx.x == 0) {
+    am[b] = max_m;
+    av[b] = max_v;
+  }
+#pragma unroll
+  for (int k = 0; k < k8bitPerThread; ++k) {
+    const int64_t i = begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (k < per_thread && i < end) {
+      qm[i] = detail::quantize8(sh.signed_map, m[k], max_m);
+      qv[i] = detail::quantize8(sh.unsigned_map, v[k], max_v);
+    }
+  }
 }
 
 // Combines a value into the block's accumulator: sum, or NaN-propagating max (p = inf).
@@ -229,6 +310,23 @@ void adam_(const TensorLists& l, const AdamHyper& h) {
                 });
 }
 
+void adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
+  NvtxRange range("optim::adamw8bit (multi-tensor)");
+  DeviceGuard guard(l.device.index);
+  if (l.dtype != DType::float32)
+    throw std::invalid_argument(
+        std::string("AdamW8bit: parameters and gradients must be float32, got ") +
+        dtype_name(l.dtype));
+  const DeviceTable t = upload(l, "AdamW8bit.step");
+  if (t.num_chunks == 0) return;
+  const int bs = static_cast<int>(h.block_size);
+  const dim3 grid8(static_cast<unsigned>(t.num_chunks), static_cast<unsigned>(kChunkSize / bs));
+  const unsigned threads = static_cast<unsigned>(bs < k8bitThreads ? bs : k8bitThreads);
+  adamw8bit_kernel<<<grid8, threads, 0, stream(l.device.index)>>>(
+      t.entries, t.chunks, detail::AdamScalars<float>(h.adam), dynamic_maps(), bs);
+  check_launch("AdamW8bit.step (multi-tensor)");
+}
+
 Tensor total_norm(const TensorLists& l, double norm_type) {
   NvtxRange range("optim::total_norm (multi-tensor)");
   DeviceGuard guard(l.device.index);
@@ -287,6 +385,7 @@ void unscale_(const TensorLists& l, float inv_scale, const Tensor& found_inf) {
 const MultiTensorKernels multi_tensor_kernels{
     .sgd = &sgd_,
     .adam = &adam_,
+    .adamw8bit = &adamw8bit_,
     .total_norm = &total_norm,
     .clip_scale = &clip_scale_,
     .unscale = &unscale_,

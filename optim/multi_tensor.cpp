@@ -1,5 +1,6 @@
 // CPU kernels of the fused optimizer updates: the reference the CUDA kernels are checked
-// against. The arithmetic follows PyTorch's single-tensor float32 paths operation by operation.
+// against. The arithmetic follows PyTorch's single-tensor float32 paths operation by operation
+// (AdamW8bit's, bitsandbytes' block-wise 8-bit update, whose code books are made here too).
 #include "optim/multi_tensor.h"
 
 #include <fmt/format.h>
@@ -35,6 +36,41 @@ size_t chunk_table_bytes(const TensorLists& l) {
   const int64_t chunks = chunk_count(l);
   return chunks == 0 ? 0
                      : l.size() * sizeof(ChunkEntry) + static_cast<size_t>(chunks) * sizeof(Chunk);
+}
+
+std::array<float, 256> create_dynamic_map(bool is_signed) {
+  // Decade e = 0..6 covers [0.1, 1] * 10^(e - 6), cut into 2^e equal bins (2^(e+1) unsigned:
+  // the sign bit buys one more fraction bit); each bin's midpoint is a code, mirrored when
+  // signed. 2 * (1 + 2 + ... + 64) = 254 codes either way, plus 0 and 1.
+  std::vector<double> codes;
+  for (int e = 0; e < 7; ++e) {
+    const int bins = is_signed ? 1 << e : 2 << e;
+    const double decade = std::pow(10.0, e - 6);
+    for (int j = 0; j < bins; ++j) {
+      const double mid = 0.1 + 0.9 * (j + 0.5) / bins;
+      codes.push_back(decade * mid);
+      if (is_signed) codes.push_back(-decade * mid);
+    }
+  }
+  codes.push_back(0.0);
+  codes.push_back(1.0);
+  if (codes.size() != 256)
+    throw std::logic_error(fmt::format("create_dynamic_map: {} codes", codes.size()));
+  std::sort(codes.begin(), codes.end());
+  std::array<float, 256> map{};
+  for (size_t i = 0; i < map.size(); ++i) map[i] = static_cast<float>(codes[i]);
+  return map;
+}
+
+const DynamicMaps& dynamic_maps() {
+  static const DynamicMaps maps = [] {
+    DynamicMaps m{};
+    const std::array<float, 256> s = create_dynamic_map(true), u = create_dynamic_map(false);
+    std::copy(s.begin(), s.end(), m.signed_map);
+    std::copy(u.begin(), u.end(), m.unsigned_map);
+    return m;
+  }();
+  return maps;
 }
 
 namespace cpu {
@@ -84,6 +120,44 @@ void adam_(const TensorLists& l, const AdamHyper& h) {
     for (int64_t i = 0; i < l.numels[t]; ++i)
       detail::adam_element(s, p[i], g[i], m[i], v[i], vmax ? &vmax[i] : nullptr);
   });
+}
+
+// Block by block: dequantize, update (adam8bit_element), then requantize against the block's
+// new absmax. The updated moments wait in m, v between the two passes.
+void adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
+  if (l.dtype != DType::float32)
+    throw std::invalid_argument(fmt::format(
+        "AdamW8bit: parameters and gradients must be float32, got {}", dtype_name(l.dtype)));
+  const detail::AdamScalars<float> s(h.adam);
+  const DynamicMaps& maps = dynamic_maps();
+  const int64_t bs = h.block_size;
+  std::vector<float> m(static_cast<size_t>(bs)), v(static_cast<size_t>(bs));
+  for (size_t t = 0; t < l.size(); ++t) {
+    auto* p = static_cast<float*>(l.ptrs[t][0]);
+    const auto* g = static_cast<const float*>(l.ptrs[t][1]);
+    auto* qm = static_cast<uint8_t*>(l.ptrs[t][2]);
+    auto* qv = static_cast<uint8_t*>(l.ptrs[t][3]);
+    auto* am = static_cast<float*>(l.ptrs[t][4]);
+    auto* av = static_cast<float*>(l.ptrs[t][5]);
+    const int64_t n = l.numels[t];
+    for (int64_t begin = 0, b = 0; begin < n; begin += bs, ++b) {
+      const int64_t end = std::min(n, begin + bs);
+      float max_m = 0.f, max_v = 0.f;
+      for (int64_t i = begin; i < end; ++i) {
+        float& mi = m[static_cast<size_t>(i - begin)];
+        float& vi = v[static_cast<size_t>(i - begin)];
+        detail::adam8bit_element(s, maps, p[i], g[i], qm[i], qv[i], am[b], av[b], mi, vi);
+        max_m = detail::absmax_step(max_m, mi);
+        max_v = detail::absmax_step(max_v, vi);
+      }
+      am[b] = max_m;
+      av[b] = max_v;
+      for (int64_t i = begin; i < end; ++i) {
+        qm[i] = detail::quantize8(maps.signed_map, m[static_cast<size_t>(i - begin)], max_m);
+        qv[i] = detail::quantize8(maps.unsigned_map, v[static_cast<size_t>(i - begin)], max_v);
+      }
+    }
+  }
 }
 
 double norm_power_sum(const TensorLists& l, double norm_type) {
@@ -146,6 +220,7 @@ void unscale(const TensorLists& l, float inv_scale, const Tensor& found_inf) {
 const MultiTensorKernels multi_tensor_kernels{
     .sgd = &sgd_,
     .adam = &adam_,
+    .adamw8bit = &adamw8bit_,
     .total_norm = &total_norm,
     .clip_scale = &clip_scale,
     .unscale = &unscale,
@@ -171,6 +246,19 @@ void fused_adam_(const TensorLists& l, const AdamHyper& h) {
   const OpInfo& info = h.decoupled ? adamw : adam;
   DispatchScope scope(info, l.device);
   multi_tensor_backends.get(info, l.device, &MultiTensorKernels::adam)(l, h);
+}
+
+void fused_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
+  static const OpInfo info("_fused_adamw8bit_");
+  DispatchScope scope(info, l.device);
+  const int64_t bs = h.block_size;
+  if (bs < kMin8bitBlock || bs > kMax8bitBlock || (bs & (bs - 1)) != 0)
+    throw std::invalid_argument(
+        fmt::format("AdamW8bit: block_size {} is not a power of two from {} to {}", bs,
+                    kMin8bitBlock, kMax8bitBlock));
+  if (l.depth != 6)
+    throw std::logic_error(fmt::format("AdamW8bit: a list of depth {}, 6 expected", l.depth));
+  multi_tensor_backends.get(info, l.device, &MultiTensorKernels::adamw8bit)(l, h);
 }
 
 Tensor foreach_norm(const TensorLists& l, double norm_type) {

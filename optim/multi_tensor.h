@@ -1,7 +1,8 @@
 // The fused optimizer kernels' common language: a list of tensors (each a few pointers of
 // the same length: param, grad, state...) and the per-launch hyperparameters, with the
 // kernel table (CPU reference, CUDA twin) and the named ops that dispatch to it. All tensors of a
-// list share one device and one dtype (float32 or float64) and are contiguous.
+// list share one device and one dtype (float32 or float64) and are contiguous; AdamW8bit's
+// lists add its uint8 codes and float32 block scales to float32 parameters.
 #pragma once
 
 #include <array>
@@ -13,7 +14,7 @@
 
 namespace tally::optim {
 
-inline constexpr int kMaxListDepth = 5;
+inline constexpr int kMaxListDepth = 6;
 
 struct TensorLists {
   Device device;
@@ -45,12 +46,38 @@ struct AdamHyper {
   int64_t step = 1;
 };
 
+// AdamW8bit (bitsandbytes' AdamW8bit, block-wise quantized states). Lists: param, grad (float32),
+// exp_avg, exp_avg_sq (uint8 codes, one per element), exp_avg_absmax, exp_avg_sq_absmax
+// (float32, one per block of block_size elements; the last block may be short). Per block:
+// each moment is dequantized (map[code] * absmax: the signed map for exp_avg, the unsigned
+// for exp_avg_sq), updated by adam_element's AdamW in float32, the parameter moved with the
+// updated moments; then the new absmax is the block's largest |moment| and each code the
+// nearest map entry to moment / absmax (update_math.h).
+struct AdamW8bitHyper {
+  AdamHyper adam;  // decoupled; no amsgrad
+  int64_t block_size = 256;
+};
+// block_size: a power of two from kMin8bitBlock to kMax8bitBlock (it divides kChunkSize).
+inline constexpr int64_t kMin8bitBlock = 64, kMax8bitBlock = 4096;
+
+// The 256-entry code books of the 8-bit states: bitsandbytes' dynamic (tree) quantization
+// maps, create_dynamic_map(signed, max_exponent_bits = 7, total_bits = 8), sorted ascending.
+// Seven decades 10^-6..1 of linearly spaced fractions, finer in the larger decades, plus 0
+// and 1; the signed map mirrors them (its most negative code is -0.99297, not -1).
+std::array<float, 256> create_dynamic_map(bool is_signed);
+struct DynamicMaps {
+  float signed_map[256];    // exp_avg's
+  float unsigned_map[256];  // exp_avg_sq's
+};
+const DynamicMaps& dynamic_maps();  // made once
+
 // The fused kernels' table: one signature each, a CPU reference (optim/multi_tensor.cpp)
 // and a CUDA twin (optim/cuda_multi_tensor.cu), each one pass (on CUDA one launch, PyTorch's
 // multi_tensor_apply) over the whole list. Registered in optim/multi_tensor.cpp.
 struct MultiTensorKernels {
   void (*sgd)(const TensorLists& l, const SGDHyper& h);
   void (*adam)(const TensorLists& l, const AdamHyper& h);
+  void (*adamw8bit)(const TensorLists& l, const AdamW8bitHyper& h);
   // The norm of list 0 taken as one vector, as a 0-dim tensor of the list's dtype on its
   // device (sums in double).
   Tensor (*total_norm)(const TensorLists& l, double norm_type);
@@ -61,8 +88,10 @@ struct MultiTensorKernels {
   void (*unscale)(const TensorLists& l, float inv_scale, const Tensor& found_inf);
 };
 // The chunk table a fused CUDA launch uploads (optim/cuda_multi_tensor.cu) into a `temporary`
-// block: one entry per tensor, one chunk per kChunkSize elements of each.
+// block: one entry per tensor, one chunk per kChunkSize elements of each (AdamW8bit's launch
+// walks the same table with one thread block per quantization block of each chunk).
 inline constexpr int64_t kChunkSize = 65536;  // elements per thread block
+static_assert(kChunkSize % kMax8bitBlock == 0, "a chunk holds whole quantization blocks");
 struct ChunkEntry {
   void* ptr[kMaxListDepth];
   int64_t numel;
@@ -94,5 +123,7 @@ void clip_scale_(const TensorLists& l, const Tensor& total_norm,  // "_foreach_m
                  double max_norm);
 void unscale_(const TensorLists& l, float inv_scale,  // "_amp_foreach_non_finite_
               const Tensor& found_inf);               //  check_and_unscale_"
+// "_fused_adamw8bit_" (checks the block size and the list's depth first)
+void fused_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h);
 
 }  // namespace tally::optim

@@ -1,7 +1,7 @@
 // Meta kernels of the fused optimizer updates (tensor/meta/target.h): on a CUDA target each
-// fused launch uploads its chunk table into a `temporary` block (optim/cuda_multi_tensor.cu),
-// and the total norm takes a float64 partial per chunk; the CPU kernels allocate only the
-// total norm's 0-dim result.
+// fused launch (AdamW8bit's too) uploads its chunk table into a `temporary` block
+// (optim/cuda_multi_tensor.cu), and the total norm takes a float64 partial per chunk; the CPU
+// kernels allocate only the total norm's 0-dim result.
 #include "memory/context.h"
 #include "optim/multi_tensor.h"
 #include "tensor/meta/target.h"
@@ -15,13 +15,18 @@ bool replays_cuda(const TensorLists& l) {
   return memory::meta_target_of(l.device).type == DeviceType::cuda;
 }
 
-// The chunk table's block, held for the launch; and the launch's predicted time: every
-// list read and, but the gradient, written once.
-Storage upload(const TensorLists& l) {
+double elements_of(const TensorLists& l) {
   double elements = 0;
   for (const int64_t n : l.numels) elements += static_cast<double>(n);
-  tally::meta::cost(l.device, l.dtype, 0,
-                    elements * static_cast<double>(dtype_size(l.dtype)) * (2.0 * l.depth - 1));
+  return elements;
+}
+
+// The chunk table's block, held for the launch; and the launch's predicted time, moving
+// `bytes` (by default every list read and, but the gradient, written once).
+Storage upload(const TensorLists& l, double bytes_moved = -1) {
+  if (bytes_moved < 0)
+    bytes_moved = elements_of(l) * static_cast<double>(dtype_size(l.dtype)) * (2.0 * l.depth - 1);
+  tally::meta::cost(l.device, l.dtype, 0, bytes_moved);
   const size_t bytes = chunk_table_bytes(l);
   if (!replays_cuda(l) || bytes == 0) return {};
   memory::CategoryScope category(memory::Category::temporary);
@@ -34,6 +39,16 @@ void sgd(const TensorLists& l, const SGDHyper& /*h*/) {
 
 void adam(const TensorLists& l, const AdamHyper& /*h*/) {
   upload(l);
+}
+
+// The same chunk table as Adam's (the CUDA launch walks it by quantization block). Per
+// element: the parameter read and written, the gradient read, two codes read and written;
+// per block two scales read and written.
+void adamw8bit(const TensorLists& l, const AdamW8bitHyper& h) {
+  double blocks = 0;
+  for (const int64_t n : l.numels)
+    blocks += static_cast<double>((n + h.block_size - 1) / h.block_size);
+  upload(l, elements_of(l) * (3 * 4 + 2 * 2) + blocks * 2 * 2 * 4);
 }
 
 Tensor total_norm(const TensorLists& l, double /*norm_type*/) {
@@ -59,6 +74,7 @@ void unscale(const TensorLists& l, float /*inv_scale*/, const Tensor& /*found_in
 const MultiTensorKernels multi_tensor_kernels{
     .sgd = &sgd,
     .adam = &adam,
+    .adamw8bit = &adamw8bit,
     .total_norm = &total_norm,
     .clip_scale = &clip_scale,
     .unscale = &unscale,

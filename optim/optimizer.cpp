@@ -83,6 +83,10 @@ Tensor& Optimizer::param_at(size_t i) {
   const auto [g, j] = where_.at(i);
   return groups_[g].params[j];
 }
+const Tensor& Optimizer::param_at(size_t i) const {
+  const auto [g, j] = where_.at(i);
+  return groups_[g].params[j];
+}
 
 ParamState& Optimizer::state(size_t i) {
   if (i >= state_.size())
@@ -106,8 +110,17 @@ void Optimizer::set_lr(double lr, size_t group) {
 }
 
 Tensor Optimizer::make_state(const Tensor& param) {
+  return make_state(param.sizes(), param.dtype(), param.device());
+}
+
+Tensor Optimizer::make_state(const Shape& sizes, DType dtype, Device device) {
   memory::CategoryScope category(memory::Category::optimizer_state);
-  return ops::zeros(param.sizes(), param.dtype(), param.device());
+  return ops::zeros(sizes, dtype, device);
+}
+
+std::optional<StateSpec> Optimizer::state_spec(size_t index, const std::string& /*name*/) const {
+  const Tensor& p = param_at(index);
+  return StateSpec{p.sizes(), p.dtype()};
 }
 
 void Optimizer::step() {
@@ -128,6 +141,21 @@ void Optimizer::step() {
     for (size_t i : with_grad) param_at(i).storage().bump_version();
     base += group.params.size();
   }
+}
+
+void Optimizer::step_param(size_t param_index) {
+  if (param_index >= state_.size())
+    throw std::out_of_range(fmt::format("{}.step_param({}): the optimizer has {} parameters",
+                                        name(), param_index, state_.size()));
+  NoGradGuard no_grad;
+  memory::PhaseScope phase("optimizer");
+  memory::CategoryScope category(memory::Category::temporary);
+  Tensor& p = param_at(param_index);
+  const Tensor g = p.grad();
+  if (!g.defined()) return;
+  check_grad(p, g, param_index, name());
+  update_group(groups_[where_[param_index].first], {param_index});
+  p.storage().bump_version();
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -188,14 +216,30 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
       throw std::invalid_argument(fmt::format(
           "{}.load_state_dict: unexpected tensor '{}' ({} parameters)", name(), key, fresh.size()));
     const Tensor& p = param_at(i);
-    if (t.sizes() != p.sizes())
+    const std::optional<StateSpec> spec = state_spec(i, rest);
+    if (!spec)
       throw std::invalid_argument(
-          fmt::format("{}.load_state_dict: '{}' has shape {}, parameter {} has shape {}", name(),
-                      key, t.shape_string(), i, p.shape_string()));
-    Tensor s = make_state(p);
+          fmt::format("{}.load_state_dict: unexpected tensor '{}' (parameter {}, shape {}, keeps "
+                      "no state of that name)",
+                      name(), key, i, p.shape_string()));
+    if (t.sizes() != spec->sizes)
+      throw std::invalid_argument(
+          spec->sizes == p.sizes()
+              ? fmt::format("{}.load_state_dict: '{}' has shape {}, parameter {} has shape {}",
+                            name(), key, t.shape_string(), i, p.shape_string())
+              : fmt::format("{}.load_state_dict: '{}' has shape {}, parameter {} (shape {}) keeps "
+                            "it as {}",
+                            name(), key, t.shape_string(), i, p.shape_string(),
+                            shape_str(spec->sizes)));
+    if (spec->exact_dtype && t.dtype() != spec->dtype)
+      throw std::invalid_argument(fmt::format(
+          "{}.load_state_dict: '{}' has dtype {}, parameter {} (shape {}) keeps it as {}", name(),
+          key, dtype_name(t.dtype()), i, p.shape_string(), dtype_name(spec->dtype)));
+    Tensor s = make_state(spec->sizes, spec->dtype, p.device());
     ops::copy_(s, t);
     fresh[i].tensors[rest] = s;
   }
+  for (size_t i = 0; i < fresh.size(); ++i) check_loaded_state(i, fresh[i]);
   for (size_t g = 0; g < groups_.size(); ++g)
     for (auto& [k, v] : groups_[g].options) {
       auto it = sd.scalars.find(fmt::format("param_groups.{}.{}", g, k));

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -36,6 +37,15 @@ struct ParamState {
   bool initialized() const { return !tensors.empty() || step > 0; }
 };
 
+// How an optimizer keeps one state tensor: load_state_dict checks a loaded tensor against it.
+struct StateSpec {
+  Shape sizes;
+  DType dtype = DType::float32;
+  // The loaded tensor must have `dtype` (quantization codes and scales); otherwise it is
+  // converted to it, as a float64 state loads into float32 parameters.
+  bool exact_dtype = false;
+};
+
 // The optimizer's state as flat names (params indexed 0.. across groups in order, as
 // PyTorch's state_dict): tensors "state.<i>.<name>", and scalars "state.<i>.step" and
 // "param_groups.<g>.<option>". Ready for safetensors (tensors) + metadata (scalars).
@@ -52,6 +62,9 @@ class Optimizer {
 
   // One update of every parameter that has a gradient.
   void step();
+  // One update of the i-th parameter (counted across groups) alone, when it has a gradient:
+  // what step() does for it, with its group's options (optim/step_in_backward.h).
+  void step_param(size_t param_index);
   // Drops the gradients (set_to_none) or zeroes them in place.
   void zero_grad(bool set_to_none = true);
 
@@ -88,8 +101,19 @@ class Optimizer {
   virtual void check_options(const GroupOptions&) const {}
   // A zero state tensor like `param`, under the optimizer_state category.
   static Tensor make_state(const Tensor& param);
+  // A zero state tensor of the given shape and dtype on `device`, under optimizer_state
+  // (AdamW8bit's uint8 codes and float32 block scales).
+  static Tensor make_state(const Shape& sizes, DType dtype, Device device);
+  // The state tensor `name` of parameter `index` as this optimizer keeps it, for
+  // load_state_dict's checks: by default the parameter's shape and dtype, whatever the name.
+  // std::nullopt: this optimizer keeps no tensor of that name (load_state_dict rejects it).
+  virtual std::optional<StateSpec> state_spec(size_t index, const std::string& name) const;
+  // load_state_dict's last check of one parameter's restored state, before anything changes
+  // (throws std::invalid_argument): AdamW8bit's four tensors come together or not at all.
+  virtual void check_loaded_state(size_t /*index*/, const ParamState& /*s*/) const {}
 
   Tensor& param_at(size_t global_index);
+  const Tensor& param_at(size_t global_index) const;
 
  private:
   std::vector<ParamGroup> groups_;

@@ -125,6 +125,49 @@ TALLY_OPTIM_HD void adam_element(const AdamScalars<T>& s, T& p, T g, T& m, T& v,
   p = add(p, mul(s.step_size_neg, m) / denom);
 }
 
+// ---- AdamW8bit's block-wise 8-bit states (multi_tensor.h: AdamW8bitHyper) ----
+
+// The value code q stands for in a block scaled by absmax.
+TALLY_OPTIM_HD float dequantize8(const float* map, uint8_t q, float absmax) {
+  return mul(map[q], absmax);
+}
+
+// The running block scale: max(acc, |x|), a NaN x ignored (as fmaxf). Exact in any order, so
+// the CUDA block reduction and the CPU loop agree.
+TALLY_OPTIM_HD float absmax_step(float acc, float x) {
+  const float a = x < 0.f ? -x : x;
+  return a > acc ? a : acc;
+}
+
+// The code of x in a block of scale absmax: the map entry nearest to x / absmax (the lower one
+// on a tie), by binary search over the sorted 256-entry map; a block of zeros (absmax 0)
+// codes its zeros as the map's 0. |x| <= absmax, so x / absmax lies in [-1, 1].
+TALLY_OPTIM_HD uint8_t quantize8(const float* map, float x, float absmax) {
+  const float y = absmax > 0.f ? x / absmax : 0.f;
+  if (!(y > map[0])) return 0;  // NaN too
+  if (y >= map[255]) return 255;
+  int lo = 0, hi = 255;  // map[lo] <= y < map[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (map[mid] <= y)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return static_cast<uint8_t>(y - map[lo] <= map[hi] - y ? lo : hi);
+}
+
+// One element of AdamW8bit before its block is requantized: the moments dequantized from
+// codes qm, qv (scales am, av), then adam_element in float; m and v receive the updated
+// moments.
+TALLY_OPTIM_HD void adam8bit_element(const AdamScalars<float>& s, const DynamicMaps& maps, float& p,
+                                     float g, uint8_t qm, uint8_t qv, float am, float av, float& m,
+                                     float& v) {
+  m = dequantize8(maps.signed_map, qm, am);
+  v = dequantize8(maps.unsigned_map, qv, av);
+  adam_element(s, p, g, m, v, static_cast<float*>(nullptr));
+}
+
 // One element's contribution to sum |x|^p (p = inf: |x|, combined with nan_max; p = 0: x != 0).
 TALLY_OPTIM_HD double norm_term(double x, double p) {
   const double a = x < 0 ? -x : x;

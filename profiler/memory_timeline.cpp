@@ -21,7 +21,8 @@ const std::array<const char*, kTimelineColumns>& timeline_column_names() {
   static const std::array<const char*, kTimelineColumns> names = {
       "",          "parameter",  "optimizer_state", "input",
       "temporary", "activation", "gradient",        "autograd_detail",
-      "unknown",   "workspace",  "autocast_cache",  "communication"};
+      "unknown",   "workspace",  "autocast_cache",  "communication",
+      "offloaded"};
   return names;
 }
 
@@ -81,8 +82,8 @@ void write_memory_timeline_json(const MemoryTimeline& t, std::ostream& out) {
 namespace {
 
 constexpr const char* kColors[kTimelineColumns] = {
-    "white",      "darkgreen", "goldenrod", "black",      "mediumpurple", "red",
-    "mediumblue", "royalblue", "grey",      "darkorange", "teal",         "hotpink"};
+    "white",     "darkgreen", "goldenrod",  "black", "mediumpurple", "red",   "mediumblue",
+    "royalblue", "grey",      "darkorange", "teal",  "hotpink",      "silver"};
 
 // The page's drawing script. It reads the JSON in <script id="data">, draws a step-wise
 // stacked area per non-empty category into <svg id="chart">, phase bands behind it, axes

@@ -2,11 +2,11 @@
 // each allocator event, in PyTorch's export_memory_timeline layout
 // (docs/memory-formats.md §5.2 and §7):
 //
-//   .json  [times_us, sizes]: times in µs since the Unix epoch; sizes[i] one row of 12 ints:
+//   .json  [times_us, sizes]: times in µs since the Unix epoch; sizes[i] one row of 13 ints:
 //          col 0 always 0; 1 parameter, 2 optimizer_state, 3 input, 4 temporary,
 //          5 activation, 6 gradient (PyTorch's order), 7 autograd_detail (always 0 in
 //          Tally), 8 unknown; Tally's extras: 9 workspace, 10 autocast_cache,
-//          11 communication. The first row is the state when the window opened.
+//          11 communication, 12 offloaded. The first row is the state when the window opened.
 //   .html  one self-contained page: an inline <svg> stacked-area chart drawn by an inline
 //          script from embedded data (no network), phase bands (forward / backward /
 //          optimizer ...), a legend; the script marks <body data-rendered="1"
@@ -28,7 +28,7 @@ inline constexpr int kTimelineColumns = memory::kTimelineColumns;  // memory/tim
 
 // The column of a Tally category in the timeline rows.
 using memory::timeline_column;  // the JSON column of a category (memory/timeline.h)
-// Names of columns 1..11 as the legend shows them ("parameter", ..., "communication").
+// Names of columns 1..12 as the legend shows them ("parameter", ..., "offloaded").
 const std::array<const char*, kTimelineColumns>& timeline_column_names();
 
 struct PhaseBand {

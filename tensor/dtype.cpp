@@ -15,10 +15,10 @@ struct DTypeInfo {
   int rank;          // PyTorch's promotion order (float16 and bfloat16 tie)
 };
 constexpr DTypeInfo kDTypes[] = {
-    {4, "float32", 4}, {2, "float16", 3}, {2, "bfloat16", 3}, {8, "float64", 5},
-    {4, "int32", 1},   {8, "int64", 2},   {1, "bool", 0},
+    {4, "float32", 5}, {2, "float16", 4}, {2, "bfloat16", 4}, {8, "float64", 6},
+    {4, "int32", 2},   {8, "int64", 3},   {1, "bool", 0},     {1, "uint8", 1},
 };
-static_assert(std::size(kDTypes) == static_cast<size_t>(DType::bool_) + 1);
+static_assert(std::size(kDTypes) == static_cast<size_t>(DType::uint8) + 1);
 
 // The entry of t; nullptr for a value outside the enum.
 const DTypeInfo* info(DType t) {

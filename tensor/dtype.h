@@ -1,4 +1,4 @@
-// Element types: the seven dtypes Tally tensors hold, the 16-bit float storage types,
+// Element types: the eight dtypes Tally tensors hold, the 16-bit float storage types,
 // and the switch that turns a runtime dtype into a C++ type for a kernel.
 #pragma once
 
@@ -10,7 +10,9 @@
 
 namespace tally {
 
-enum class DType : uint8_t { float32, float16, bfloat16, float64, int32, int64, bool_ };
+// uint8 comes last (added after the others: the enum's values are written in files and tables
+// by this order); it holds bytes such as AdamW8bit's quantization codes.
+enum class DType : uint8_t { float32, float16, bfloat16, float64, int32, int64, bool_, uint8 };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // "float32", ...
@@ -72,6 +74,8 @@ constexpr DType dtype_of() {
     return DType::int64;
   else if constexpr (std::is_same_v<T, bool>)
     return DType::bool_;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DType::uint8;
   else
     static_assert(sizeof(T) == 0, "dtype_of: no DType for this type");
 }
@@ -90,7 +94,7 @@ Code floating_code(DType t, const Code (&codes)[4], const char* op) {
 }  // namespace tally
 
 // Run BODY with `scalar_t` bound to the C++ type of DTYPE. The _FLOAT form covers the four
-// floating types; the _ALL form all seven (the floating ones, then the integers and bool).
+// floating types; the _ALL form all eight (the floating ones, then the integers and bool).
 #define TALLY_DISPATCH_CASE(ENUM, TYPE, ...) \
   case ::tally::DType::ENUM: {               \
     using scalar_t = TYPE;                   \
@@ -116,7 +120,8 @@ Code floating_code(DType t, const Code (&codes)[4], const char* op) {
 #define TALLY_DISPATCH_INT_CASES(...)              \
   TALLY_DISPATCH_CASE(int32, int32_t, __VA_ARGS__) \
   TALLY_DISPATCH_CASE(int64, int64_t, __VA_ARGS__) \
-  TALLY_DISPATCH_CASE(bool_, bool, __VA_ARGS__)
+  TALLY_DISPATCH_CASE(bool_, bool, __VA_ARGS__)    \
+  TALLY_DISPATCH_CASE(uint8, uint8_t, __VA_ARGS__)
 #define TALLY_DISPATCH_ALL(DTYPE, OPNAME, ...)                  \
   TALLY_DISPATCH_SWITCH(DTYPE, OPNAME,                          \
                         TALLY_DISPATCH_FLOAT_CASES(__VA_ARGS__) \

@@ -4,6 +4,7 @@
 
 #include "memory/checked.h"
 #include "memory/context.h"
+#include "memory/meta.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops.h"
 #ifdef TALLY_WITH_CUDA
@@ -49,6 +50,91 @@ Tensor to_device_async(const Tensor& host, Device device, memory::Category categ
   }
 #endif
   return to(host, device, host.dtype());
+}
+
+namespace {
+void check_contiguous(const Tensor& t, const char* what) {
+  if (!t.defined() || !t.is_contiguous())
+    throw std::invalid_argument(
+        fmt::format("{}: expected a defined contiguous tensor, got {}", what,
+                    t.defined() ? t.shape_string() + " (non-contiguous)" : "undefined"));
+}
+
+// The host a meta device's copies go to: itself when it replays the CPU (where host memory
+// is its own), meta:0 (the host) when it replays a GPU.
+Device meta_host(Device d) {
+  return memory::behaves_as(d) == DeviceType::cpu ? d : Device::meta(0);
+}
+
+// A meta copy's predicted time: its bytes over the target's host link (serial: a pessimistic
+// bound, the real copies overlap with the ops).
+void add_copy_seconds(Device meta, size_t bytes) {
+  const double bw = memory::meta_target_of(meta).host_bandwidth;
+  if (bw > 0) memory::add_meta_seconds(meta, static_cast<double>(bytes) / bw);
+}
+}  // namespace
+
+Tensor to_host_async(const Tensor& t, memory::Category category, bool pin_memory) {
+  static const OpInfo info("to_host_async");
+  check_contiguous(t, "to_host_async");
+  DispatchScope scope(info, t);
+  memory::CategoryScope cat(category);
+  if (t.device().is_meta()) {
+    Tensor h = empty(t.sizes(), t.dtype(), meta_host(t.device()));
+    add_copy_seconds(t.device(), t.nbytes());
+    return h;
+  }
+  // A CPU tensor's copy is ordinary CPU memory: there is nothing to pin it for.
+  Tensor h = pin_memory && t.device().type != DeviceType::cpu
+                 ? empty_pinned(t.sizes(), t.dtype())
+                 : empty(t.sizes(), t.dtype(), Device::cpu());
+#ifdef TALLY_WITH_CUDA
+  if (t.is_cuda()) {
+    if (is_pinned(h)) {
+      cuda::copy_to_host_on_copy_stream(t, h);
+      return h;
+    }
+  }
+#endif
+  copy_(h, t);  // CPU, or pageable memory: the driver copies synchronously
+  return h;
+}
+
+Tensor to_device_on_copy_stream(const Tensor& host, Device device, memory::Category category) {
+  static const OpInfo info("to_device_on_copy_stream");
+  check_contiguous(host, "to_device_on_copy_stream");
+  DispatchScope scope(info, device);
+  memory::CategoryScope cat(category);
+  Tensor out = empty(host.sizes(), host.dtype(), device);
+  if (device.is_meta()) {
+    add_copy_seconds(device, host.nbytes());
+    return out;
+  }
+#ifdef TALLY_WITH_CUDA
+  if (device.type == DeviceType::cuda && is_pinned(host)) {
+    cuda::copy_to_device_on_copy_stream(host, out);
+    return out;
+  }
+#endif
+  copy_(out, host);
+  return out;
+}
+
+CopyFence CopyFence::record([[maybe_unused]] Device device) {
+  CopyFence f;
+#ifdef TALLY_WITH_CUDA
+  if (device.type == DeviceType::cuda) {
+    f.event_ = cuda::record_copy_event(device.index);
+    f.device_ = device.index;
+  }
+#endif
+  return f;
+}
+
+void CopyFence::wait() const {
+#ifdef TALLY_WITH_CUDA
+  if (event_) cuda::stream_wait_copy_event(device_, event_);
+#endif
 }
 
 }  // namespace tally::ops

@@ -6,7 +6,15 @@
 // once; the pinned block is marked as used by that stream (record_stream), so that once
 // the host tensor is dropped its memory is not handed out again before the copy has read
 // it. Without a GPU, "pinned" tensors are ordinary CPU tensors (is_pinned() is false).
+//
+// Offload copies (autograd/offload.h builds activation offload on them) run on a second
+// stream per device, ordered after the work queued so far on Tally's stream, so that they
+// overlap with the ops that follow; a CopyFence is how Tally's stream later waits for them
+// without the host waiting. On the CPU they are plain copies made at once; on a meta device
+// (dry runs) they allocate what the real copies allocate and copy nothing.
 #pragma once
+
+#include <memory>
 
 #include "memory/category.h"
 #include "tensor/tensor.h"
@@ -27,5 +35,32 @@ bool is_pinned(const Tensor& t);
 // returns `host` itself.
 Tensor to_device_async(const Tensor& host, Device device,
                        memory::Category category = memory::Category::input);
+
+// A host copy of the contiguous tensor `t`, allocated under `category`: for a CUDA `t`
+// from the pinned allocator when `pin_memory` (else pageable CPU memory, and the copy into
+// it is synchronous, as in PyTorch); for a CPU `t` from the CPU allocator; filled on the copy
+// stream for a CUDA `t`. t's block is kept out of reuse until the copy has read it. For a meta `t`
+// the copy is allocated on the host the meta device's target has: the meta device itself for a CPU
+// target, meta:0 otherwise.
+Tensor to_host_async(const Tensor& t, memory::Category category, bool pin_memory = true);
+// A new contiguous tensor on `device`, allocated now under `category`, filled from the
+// contiguous host tensor `host` on the copy stream (CUDA). Before Tally's stream reads it,
+// wait for a fence recorded after this call.
+Tensor to_device_on_copy_stream(const Tensor& host, Device device, memory::Category category);
+
+// A point on a device's copy stream. wait() makes Tally's stream wait until the copies
+// issued before the fence have finished (no host synchronisation); empty for CPU and meta
+// devices, where copies are done when they return.
+class CopyFence {
+ public:
+  CopyFence() = default;
+  static CopyFence record(Device device);
+  void wait() const;
+  bool empty() const { return event_ == nullptr; }
+
+ private:
+  std::shared_ptr<void> event_;
+  int device_ = 0;
+};
 
 }  // namespace tally::ops

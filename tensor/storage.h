@@ -33,6 +33,9 @@ class Storage {
   // Same underlying block.
   bool is_same(const Storage& o) const { return impl_ == o.impl_; }
   const void* key() const { return impl_.get(); }
+  // Observes the block without keeping it: expired once the last Storage of it is gone
+  // (a key() compared after that may name a new block at the same address).
+  std::weak_ptr<const void> watch() const { return impl_; }
 
   // In-place modifications bump the version; saved tensors check it at unpack.
   uint64_t version() const { return impl_ ? impl_->version : 0; }

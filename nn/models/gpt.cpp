@@ -154,15 +154,23 @@ int64_t GPT::get_num_params(bool non_embedding) const {
 }
 
 std::pair<Tensor, Tensor> GPT::forward(const Tensor& idx, const Tensor& targets) {
+  if (targets.defined() && targets.sizes() != idx.sizes())
+    throw std::invalid_argument(fmt::format("GPT: targets {} do not match idx {}",
+                                            targets.shape_string(), idx.shape_string()));
   Tensor x = (*transformer)(idx);
+  if (config.fused_classifier && targets.defined()) {
+    // lm_head's product and the loss in one op, under lm_head's scope as its call would be.
+    Tensor loss = lm_head->call([&] {
+      return linear_cross_entropy(x.reshape({-1, x.size(-1)}), lm_head->weight,
+                                  targets.reshape({-1}), -1, "mean", 0,
+                                  config.fused_classifier_chunk_bytes);
+    });
+    return {Tensor(), loss};
+  }
   Tensor logits = (*lm_head)(x);
   Tensor loss;
-  if (targets.defined()) {
-    if (targets.sizes() != idx.sizes())
-      throw std::invalid_argument(fmt::format("GPT: targets {} do not match idx {}",
-                                              targets.shape_string(), idx.shape_string()));
+  if (targets.defined())
     loss = cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), -1);
-  }
   return {logits, loss};
 }
 

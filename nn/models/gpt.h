@@ -23,6 +23,14 @@ struct GPTConfig {
   int64_t n_embd = 768;
   double dropout = 0.0;
   bool bias = true;  // biases in Linear layers and LayerNorms
+  // With targets, compute the loss with linear_cross_entropy (tensor/softmax/autograd.h) over
+  // ln_f's output and lm_head's (tied) weight, chunk by chunk, so the [B*T, vocab] logits
+  // and their gradient never exist whole; forward then returns undefined logits. Without
+  // targets the logits are computed as usual. Off: logits always, the loss from them.
+  bool fused_classifier = false;
+  // The fused classifier's budget for one chunk's logits and their gradient (its
+  // max_chunk_bytes; the chunk's rows follow from it and the vocabulary).
+  int64_t fused_classifier_chunk_bytes = kLinearCrossEntropyChunkBytes;
 
   // "gpt2" (124M), "gpt2-medium", "tiny" (byte-level vocab 256, block 64, 2 layers, 2
   // heads, 64 dims), "small" (byte-level, block 128, 4 layers, 4 heads, 128 dims).
@@ -76,7 +84,10 @@ class GPT : public Module {
   // `gen`: the generator for the initialisation (null: the default generator).
   explicit GPT(const GPTConfig& cfg, Generator* gen = nullptr);
   // logits [B, T, vocab] and, when targets [B, T] (int64) are given, the mean
-  // cross-entropy over the targets that are not -1 (undefined otherwise).
+  // cross-entropy over the targets that are not -1 (undefined otherwise). With
+  // config.fused_classifier and targets: undefined logits and the loss from
+  // linear_cross_entropy, run under lm_head's module scope (its allocations carry
+  // "lm_head"); the gradient reaches the tied weight as through lm_head.
   std::pair<Tensor, Tensor> forward(const Tensor& idx, const Tensor& targets = Tensor());
   std::pair<Tensor, Tensor> operator()(const Tensor& idx, const Tensor& targets = Tensor()) {
     return call([&] { return forward(idx, targets); });

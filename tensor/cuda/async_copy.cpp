@@ -1,9 +1,30 @@
 #include "tensor/cuda/async_copy.h"
 
+#include <mutex>
+#include <vector>
+
 #include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
 
 namespace tally::cuda {
+namespace {
+
+// The copy stream waits for the work queued so far on Tally's stream. One reusable event
+// per device: cudaStreamWaitEvent takes the event's state when it is called.
+void copy_stream_after_compute(int device) {
+  static std::mutex mu;
+  static std::vector<cudaEvent_t> events;
+  std::lock_guard lock(mu);
+  cudaEvent_t e = per_device(events, device, "copy_stream_after_compute", [] {
+    cudaEvent_t ev = nullptr;
+    check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    return ev;
+  });
+  check(cudaEventRecord(e, stream(device)), "cudaEventRecord (offload copy)");
+  check(cudaStreamWaitEvent(copy_stream(device), e, 0), "cudaStreamWaitEvent (offload copy)");
+}
+
+}  // namespace
 
 Tensor copy_pinned_to_device(const Tensor& host, Device device) {
   NvtxRange range("to_device_async (H2D)");
@@ -16,6 +37,46 @@ Tensor copy_pinned_to_device(const Tensor& host, Device device) {
   // The pinned block is read by the stream until the copy completes: keep it out of reuse.
   host.storage().record_stream(stream_id(device.index));
   return out;
+}
+
+void copy_to_host_on_copy_stream(const Tensor& dev, const Tensor& host) {
+  NvtxRange range("offload (D2H)");
+  if (dev.nbytes() == 0) return;
+  const int d = dev.device().index;
+  DeviceGuard g(d);
+  copy_stream_after_compute(d);
+  check(cudaMemcpyAsync(host.data_ptr(), dev.data_ptr(), dev.nbytes(), cudaMemcpyDeviceToHost,
+                        copy_stream(d)),
+        "offload (D2H to pinned memory)");
+  dev.storage().record_stream(copy_stream_id(d));
+  host.storage().record_stream(copy_stream_id(d));
+}
+
+void copy_to_device_on_copy_stream(const Tensor& host, const Tensor& dev) {
+  NvtxRange range("prefetch (H2D)");
+  if (dev.nbytes() == 0) return;
+  const int d = dev.device().index;
+  DeviceGuard g(d);
+  copy_stream_after_compute(d);
+  check(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), dev.nbytes(), cudaMemcpyHostToDevice,
+                        copy_stream(d)),
+        "prefetch (H2D from pinned memory)");
+  dev.storage().record_stream(copy_stream_id(d));
+  host.storage().record_stream(copy_stream_id(d));
+}
+
+std::shared_ptr<void> record_copy_event(int device) {
+  DeviceGuard g(device);
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate (copy fence)");
+  check(cudaEventRecord(e, copy_stream(device)), "cudaEventRecord (copy fence)");
+  return std::shared_ptr<void>(e, [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+}
+
+void stream_wait_copy_event(int device, const std::shared_ptr<void>& event) {
+  DeviceGuard g(device);
+  check(cudaStreamWaitEvent(stream(device), static_cast<cudaEvent_t>(event.get()), 0),
+        "cudaStreamWaitEvent (copy fence)");
 }
 
 }  // namespace tally::cuda

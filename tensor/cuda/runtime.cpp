@@ -33,6 +33,17 @@ cudaStream_t stream(int device) {
   });
 }
 
+cudaStream_t copy_stream(int device) {
+  static std::mutex mu;
+  static std::vector<cudaStream_t> streams;
+  std::lock_guard lock(mu);
+  return per_device(streams, device, "cuda::copy_stream", [] {
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate (copy stream)");
+    return s;
+  });
+}
+
 DeviceGuard::DeviceGuard(int device) {
   check(cudaGetDevice(&prev_), "cudaGetDevice");
   if (prev_ != device) check(cudaSetDevice(device), "cudaSetDevice");

@@ -20,6 +20,12 @@ cudaStream_t stream(int device);
 inline memory::StreamId stream_id(int device) {
   return reinterpret_cast<memory::StreamId>(stream(device));
 }
+// A second stream per device for host<->device copies that overlap with the ops
+// (activation offload, tensor/pinned.h): created on first use, non-blocking.
+cudaStream_t copy_stream(int device);
+inline memory::StreamId copy_stream_id(int device) {
+  return reinterpret_cast<memory::StreamId>(copy_stream(device));
+}
 // Sets the current device for the scope.
 class DeviceGuard {
  public:

@@ -35,9 +35,11 @@ void matmul_blas(const Tensor& out, const Tensor& a, const Tensor& b, bool accum
   const int64_t count = shape_numel(batch);
   T* c = out.data<T>();
   if (M == 0 || N == 0 || count == 0) return;
+  const int64_t ldc = ops::output_ld(out);  // N, or a padded output's row stride
   if (K == 0) {  // an empty sum: out = 0 (or unchanged when accumulating)
     if (!accumulate)
-      for (int64_t i = 0; i < count * M * N; ++i) c[i] = T(0);
+      for (int64_t r = 0; r < count * M; ++r)
+        for (int64_t j = 0; j < N; ++j) c[r * ldc + j] = T(0);
     return;
   }
   const ops::GemmOperand oa = ops::gemm_operand(a, batch, "matmul kernel", "a");
@@ -51,7 +53,7 @@ void matmul_blas(const Tensor& out, const Tensor& a, const Tensor& b, bool accum
   for (int64_t e = 0; e < count; ++e) {
     gemm<T>(oa.trans, ob.trans, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
             pa + off_a, static_cast<int>(oa.ld), pb + off_b, static_cast<int>(ob.ld), beta,
-            c + e * M * N, static_cast<int>(N));
+            c + e * M * ldc, static_cast<int>(ldc));
     ops::advance_batch(idx, batch, batch.size(), oa, ob, off_a, off_b);
   }
 }

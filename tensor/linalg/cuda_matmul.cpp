@@ -2,7 +2,8 @@
 // row-major tensors are handed to cuBLASLt as column-major transposes (C^T = B^T A^T), so
 // transposed, narrowed and broadcast operands go as they are, never copied here. Batch
 // dims fold into one strided-batched call where one stride per operand addresses them;
-// the rest are looped over on the host. Where cuBLASLt's heuristic offers no algorithm
+// the rest are looped over on the host. The output's row stride is the ldc (ops::output_ld: N,
+// or a padded mm_out output's). Where cuBLASLt's heuristic offers no algorithm
 // (an odd alignment, say) the product goes through classic cuBLAS instead. Each call
 // takes the library workspace from the caching allocator (alloc_scratch_bytes), tagged
 // `workspace`. Both are entries of cuda::linalg_kernels (tensor/linalg/cuda.cu).
@@ -47,7 +48,7 @@ using Operand = ops::GemmOperand;
 // row-major matrix (trans = false) read column-major is its own transpose, which is what
 // this formulation wants, so blas_layout's trans flag maps straight to the op.
 blas::Gemm make_gemm(DType dtype, const Operand& oa, const Operand& ob, int64_t M, int64_t N,
-                     int64_t K, bool accumulate) {
+                     int64_t K, int64_t ldd, bool accumulate) {
   blas::Gemm g;
   g.dtype = dtype;
   g.m = N;
@@ -57,7 +58,7 @@ blas::Gemm make_gemm(DType dtype, const Operand& oa, const Operand& ob, int64_t 
   g.lda = ob.ld;
   g.trans_b = oa.trans;
   g.ldb = oa.ld;
-  g.ldd = N;
+  g.ldd = ldd;
   g.accumulate = accumulate;
   return g;
 }
@@ -93,15 +94,18 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
   const Shape batch(out.sizes().begin(), out.sizes().end() - 2);
   const int64_t count = shape_numel(batch);
   if (M == 0 || N == 0 || count == 0) return;
-  if (K == 0) {  // an empty sum: out = 0 (or unchanged when accumulating)
+  const int64_t esize = static_cast<int64_t>(out.element_size());
+  const int64_t ldd = ops::output_ld(out);  // N, or a padded output's row stride (mm_out)
+  if (K == 0) {  // an empty sum: out = 0 (or unchanged when accumulating); padding untouched
     if (!accumulate)
-      check(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), stream(device)),
-            "matmul: cudaMemsetAsync");
+      check(cudaMemset2DAsync(out.data_ptr(), static_cast<size_t>(ldd * esize), 0,
+                              static_cast<size_t>(N * esize), static_cast<size_t>(count * M),
+                              stream(device)),
+            "matmul: cudaMemset2DAsync");
     return;
   }
   const Operand oa = ops::gemm_operand(a, batch, "matmul kernel (CUDA)", "a");
   const Operand ob = ops::gemm_operand(b, batch, "matmul kernel (CUDA)", "b");
-  const int64_t esize = static_cast<int64_t>(out.element_size());
 
   // Fold the innermost batch dims that both operands step through with one stride each
   // into one strided batch (out is contiguous, so it always folds); loop over the rest.
@@ -127,12 +131,12 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
   }
   const int64_t outer = count / inner;
 
-  blas::Gemm g = make_gemm(out.dtype(), oa, ob, M, N, K, accumulate);
+  blas::Gemm g = make_gemm(out.dtype(), oa, ob, M, N, K, ldd, accumulate);
   const Storage ws = workspace(device);
   std::vector<int64_t> idx(static_cast<size_t>(split), 0);
   int64_t off_a = 0, off_b = 0;
   for (int64_t e = 0; e < outer; ++e) {
-    char* d_base = static_cast<char*>(out.data_ptr()) + e * inner * M * N * esize;
+    char* d_base = static_cast<char*>(out.data_ptr()) + e * inner * M * ldd * esize;
     const char* a_base = byte_ptr(a) + off_a * esize;
     const char* b_base = byte_ptr(b) + off_b * esize;
     g.a = b_base;  // cuBLAS's A is our b (see make_gemm)
@@ -141,7 +145,7 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
     g.batch = inner;
     g.stride_a = inner_sb;
     g.stride_b = inner_sa;
-    g.stride_d = M * N;
+    g.stride_d = M * ldd;
     if (blas::gemm(device, g, ws.data(), ws.nbytes(), op) != CUBLAS_STATUS_SUCCESS)
       blas::gemm_classic(device, g, ws.data(), ws.nbytes(), op);  // no cuBLASLt algorithm
     // Odometer over the outer batch dims.
@@ -170,7 +174,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& 
   if (epilogue) {
     const Operand ox = ops::gemm_operand(x, {}, "matmul kernel (CUDA)", "x");
     const Operand ow = ops::gemm_operand(wt, {}, "matmul kernel (CUDA)", "weight^T");
-    blas::Gemm g = make_gemm(out.dtype(), ox, ow, M, N, K, false);
+    blas::Gemm g = make_gemm(out.dtype(), ox, ow, M, N, K, N, false);
     g.a = wt.data_ptr();
     g.b = x.data_ptr();
     g.d = out.data_ptr();

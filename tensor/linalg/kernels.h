@@ -22,7 +22,9 @@
 namespace tally {
 
 struct LinalgKernels {
-  // out = a @ b (+ out when `accumulate`), batched. out is contiguous [batch..., M, N]; a is
+  // out = a @ b (+ out when `accumulate`), batched. out is [batch..., M, N], contiguous, or
+  // 2-D with unit column stride and rows out.stride(0) >= N apart (ops::mm_out: a padded
+  // buffer's first N columns; ops::output_ld is the ldc; the padding is not touched); a is
   // [batch_a..., M, K] and b [batch_b..., K, N] whose batch dims broadcast (aligned right) to
   // out's batch dims, both with a BLAS-readable matrix layout (ops::blas_layout) and
   // out's dtype.

@@ -2,7 +2,8 @@
 // matmul allocates. CPU: 16-bit products widen their operands and output to float32
 // (tensor/linalg/cpu.cpp). CUDA: one cuBLASLt workspace per product
 // (tensor/linalg/cuda_matmul.cpp; the linear layer's bias epilogue is taken to apply). Each
-// product costs 2 M N K FLOPs (tensor/meta/target.h: cost).
+// product costs 2 M N K FLOPs (tensor/meta/target.h: cost). ops::mm_out's output (a padded
+// view, say) is the caller's: as on both backends, nothing is allocated for it.
 #include "tensor/linalg/kernels.h"
 #include "tensor/meta/target.h"
 

@@ -168,6 +168,45 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   return product_of_rank(info, a, b, 3);
 }
 
+void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate) {
+  static const OpInfo info("mm");
+  const char* op = "mm_out";
+  if (!out.defined() || !a.defined() || !b.defined())
+    throw std::invalid_argument(fmt::format("{}: out, a and b must all be defined", op));
+  if (a.dim() != 2 || b.dim() != 2)
+    throw std::invalid_argument(fmt::format("{}: expected two 2-D tensors, got shapes {} and {}",
+                                            op, a.shape_string(), b.shape_string()));
+  check_pair(op, a, b);
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  if (b.size(0) != K)
+    throw std::invalid_argument(
+        fmt::format("{}: shapes {} and {} cannot be multiplied ({}x{} and {}x{})", op,
+                    a.shape_string(), b.shape_string(), M, K, b.size(0), N));
+  const std::string shapes =
+      fmt::format("out {} strides {}, a {}, b {}", out.shape_string(), shape_str(out.strides()),
+                  a.shape_string(), b.shape_string());
+  if (out.dim() != 2 || out.size(0) != M || out.size(1) != N)
+    throw std::invalid_argument(
+        fmt::format("{}: out must have shape [{}, {}] ({})", op, M, N, shapes));
+  if (out.dtype() != a.dtype())
+    throw std::invalid_argument(fmt::format("{}: out must have the operands' dtype {}, got {} ({})",
+                                            op, dtype_name(a.dtype()), dtype_name(out.dtype()),
+                                            shapes));
+  check_same_device(op, out.device(), a.device());
+  if ((N > 1 && out.stride(1) != 1) || (M > 1 && (out.stride(0) < N || out.stride(0) > INT_MAX)))
+    throw std::invalid_argument(fmt::format(
+        "{}: out must have unit column stride and rows at least {} (and at most {}) elements "
+        "apart ({})",
+        op, N, INT_MAX, shapes));
+  if (out.numel() > 0 && ((a.numel() > 0 && out.storage().data() == a.storage().data()) ||
+                          (b.numel() > 0 && out.storage().data() == b.storage().data())))
+    throw std::invalid_argument(
+        fmt::format("{}: out must not share storage with a or b ({})", op, shapes));
+  DispatchScope scope(info, a, b);
+  linalg_backends.get(info, a.device(), &LinalgKernels::matmul)(out, blas_ready(a), blas_ready(b),
+                                                                accumulate);
+}
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   static const OpInfo info("linear");
   check_matrix(info.name, weight, "[out_features, in_features]");

@@ -7,6 +7,7 @@
 // of a product must have the same dtype and device.
 #pragma once
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -23,6 +24,16 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor mm(const Tensor& a, const Tensor& b);
 // [B, M, K] x [B, K, N] -> [B, M, N]; both must be 3-D with the same B (no broadcasting).
 Tensor bmm(const Tensor& a, const Tensor& b);
+// mm into a given output: out [M, N] <- a [M, K] @ b [K, N], or out += a @ b when
+// `accumulate` (BLAS beta = 1; no temporary). out must be 2-D with a's dtype and device,
+// unit column stride and rows at least N elements apart (out.stride(1) == 1,
+// out.stride(0) >= N): a contiguous matrix, a row range of one, or the first N columns of a
+// wider (padded) buffer, whose row stride the GEMM takes as its leading dimension (ldc). The
+// elements between the rows (the padding) are neither read nor written. out must not share
+// storage with a or b. Nothing is allocated for the output (cuBLASLt's workspace is, as for
+// mm). Errors (std::invalid_argument naming mm_out and the shapes/strides): a or b not 2-D,
+// inner dims, dtypes, devices, out's shape, strides or storage.
+void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate = false);
 // y = x W^T + b: x [..., in] (any number of leading dims, 1-D allowed), weight [out, in],
 // bias [out] or undefined -> [..., out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
@@ -55,6 +66,15 @@ struct GemmOperand : MatrixLayout {
   Shape batch_strides;
 };
 GemmOperand gemm_operand(const Tensor& t, const Shape& batch, const char* kernel, const char* what);
+
+// The row stride (BLAS ldc) of a product's output as the kernels write it: out's matrices
+// have unit column stride and rows output_ld(out) elements apart, and its batch entries are
+// M * output_ld(out) elements apart (outputs with a batch are contiguous, so ld = N; only a
+// 2-D output of mm_out may have padded rows). max(N, 1) when out has at most one row.
+inline int64_t output_ld(const Tensor& out) {
+  const int64_t M = out.size(-2), N = out.size(-1);
+  return M <= 1 ? std::max<int64_t>(N, 1) : out.stride(-2);
+}
 
 // One step of the odometer `idx` over the batch dims [0, ndim) (the last fastest), moving the
 // element offsets of a's and b's matrices by their batch strides.

@@ -2,11 +2,21 @@
 // softmax/log_softmax save their output; cross_entropy saves the logits, the targets and
 // each row's log-sum-exp (never the softmax: its backward recomputes it from one read of
 // the logits, the fused classifier of llm.c);
-// nll_loss saves the targets only.
+// nll_loss saves the targets only; linear_cross_entropy computes its inputs' gradients
+// chunk by chunk in the forward and saves only those.
 #include "tensor/softmax/autograd.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "memory/checked.h"
+#include "tensor/dispatch.h"
+#include "tensor/linalg/ops.h"
+#include "tensor/op_alloc.h"
 
 namespace tally {
 
@@ -80,6 +90,204 @@ Tensor nll_loss(const Tensor& input_, const Tensor& target, int64_t ignore_index
            return {o::nll_loss_backward(g[0], sizes, ctx.saved(0), ignore_index, red)};
          });
   return out;
+}
+
+// ---------------------------------------------------------------- linear_cross_entropy
+
+int64_t linear_cross_entropy_chunk_rows(int64_t N, int64_t V, int64_t element_size, bool grad,
+                                        int64_t chunk_rows, int64_t max_chunk_bytes) {
+  if (chunk_rows < 0)
+    throw std::invalid_argument(
+        fmt::format("linear_cross_entropy: chunk_rows must be >= 0 (0: chosen from "
+                    "max_chunk_bytes), got {}",
+                    chunk_rows));
+  if (max_chunk_bytes <= 0)
+    throw std::invalid_argument(fmt::format(
+        "linear_cross_entropy: max_chunk_bytes must be positive, got {}", max_chunk_bytes));
+  int64_t rows = chunk_rows;
+  if (rows == 0) {
+    const char* what = "linear_cross_entropy: the bytes of one logits row";
+    const int64_t row_bytes =
+        memory::checked_mul(memory::checked_mul(std::max<int64_t>(V, 1), element_size, what),
+                            int64_t{grad ? 2 : 1}, what);
+    rows = max_chunk_bytes / row_bytes;
+    if (rows >= 64) rows -= rows % 64;
+    rows = std::max<int64_t>(rows, 1);
+  }
+  return std::max<int64_t>(std::min(rows, N), 1);
+}
+
+namespace {
+
+// linear_cross_entropy's shapes, devices and target dtype (dtypes are checked after autocast).
+void check_linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& target) {
+  const char* op = "linear_cross_entropy";
+  if (!hidden.defined() || !weight.defined() || !target.defined())
+    throw std::invalid_argument(
+        fmt::format("{}: hidden, weight and target must all be defined", op));
+  const std::string shapes = fmt::format("hidden {}, weight {}, target {}", hidden.shape_string(),
+                                         weight.shape_string(), target.shape_string());
+  if (hidden.dim() != 2 || weight.dim() != 2 || target.dim() != 1)
+    throw std::invalid_argument(fmt::format(
+        "{}: expected hidden [N, C], weight [V, C] and target [N], got {}", op, shapes));
+  if (hidden.size(1) != weight.size(1))
+    throw std::invalid_argument(fmt::format("{}: hidden has {} features but weight expects {} ({})",
+                                            op, hidden.size(1), weight.size(1), shapes));
+  if (target.size(0) != hidden.size(0))
+    throw std::invalid_argument(fmt::format("{}: {} targets for {} rows of hidden ({})", op,
+                                            target.size(0), hidden.size(0), shapes));
+  if (target.dtype() != DType::int64)
+    throw std::invalid_argument(fmt::format("{}: target must be int64 class indices, got {} ({})",
+                                            op, dtype_name(target.dtype()), shapes));
+  check_same_device(op, hidden.device(), weight.device());
+  check_same_device(op, hidden.device(), target.device());
+}
+
+void check_operand_dtypes(const Tensor& hidden, const Tensor& weight) {
+  if (hidden.dtype() != weight.dtype() || !is_floating(hidden.dtype()))
+    throw std::invalid_argument(fmt::format(
+        "linear_cross_entropy: hidden and weight must have one floating dtype, got {} {} and "
+        "{} {}",
+        dtype_name(hidden.dtype()), hidden.shape_string(), dtype_name(weight.dtype()),
+        weight.shape_string()));
+}
+
+}  // namespace
+
+Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const Tensor& target,
+                            int64_t ignore_index, const std::string& reduction, int64_t chunk_rows,
+                            int64_t max_chunk_bytes) {
+  static const OpInfo info("linear_cross_entropy");
+  check_linear_cross_entropy(hidden_, weight_, target);
+  if (reduction != "mean" && reduction != "sum")
+    throw std::invalid_argument(fmt::format(
+        "linear_cross_entropy: reduction must be 'mean' or 'sum', got '{}'{}", reduction,
+        reduction == "none" ? " ('none' is not supported: the per-row losses' gradient cannot be "
+                              "formed from the saved gradients)"
+                            : ""));
+  const o::LossReduction red = o::parse_loss_reduction(reduction, info.name);
+  // linear's autocast rule for the product's operands; the loss as cross_entropy's.
+  const auto [hidden, weight] = autocast::lower(info.name, hidden_, weight_);
+  check_operand_dtypes(hidden, weight);
+  const DType dt = hidden.dtype();
+  const Device device = hidden.device();
+  const bool low = dt == DType::float16 || dt == DType::bfloat16;
+  const DType loss_dtype = low && autocast::is_active(device) ? DType::float32 : dt;
+  const bool need_h = autograd::needs_grad({hidden}), need_w = autograd::needs_grad({weight});
+  const bool grad = need_h || need_w;
+  const int64_t N = hidden.size(0), C = hidden.size(1), V = weight.size(0);
+  const int64_t rows = linear_cross_entropy_chunk_rows(N, V, static_cast<int64_t>(dtype_size(dt)),
+                                                       grad, chunk_rows, max_chunk_bytes);
+  const bool mean = red == o::LossReduction::mean;
+  // A class count that is not a multiple of 64 gives logits rows that are not 16-byte
+  // aligned (V = 50257): cuBLASLt then picks slow kernels for all three products. Such
+  // logits live in [rows, Vp] buffers, Vp = V rounded up to 64, of which the ops see the
+  // first V columns (mm_out writes with ldc = Vp; the others read with ld = Vp).
+  const bool padded = V % 64 != 0;
+  const int64_t Vp = padded ? memory::checked_add<int64_t>(V, 64 - V % 64, info.name) : V;
+  const Tensor wt = o::transpose(weight, 0, 1);  // [C, V]
+
+  DispatchScope scope(info, hidden, weight, target);
+  // The mean's divisor, the number of counted targets: a 0-D float64 tensor on the device
+  // (never read back, so no synchronisation).
+  Tensor count;
+  if (mean)
+    count =
+        o::sum(o::to(o::binary_scalar(o::BinaryOp::ne, target, static_cast<double>(ignore_index)),
+                     DType::float64));
+  // The incoming gradient of each chunk's summed loss: the reduction's scale (1 / count or 1)
+  // in the logits' dtype; 1 for 16-bit logits, whose mean scale is applied in float32 below
+  // (1 / count in 16 bits would bias every gradient by its rounding).
+  Tensor g, scale32;
+  if (grad) {
+    if (mean) {
+      const Tensor inv = o::unary(o::UnaryOp::reciprocal, count);
+      if (low)
+        scale32 = o::to(inv, DType::float32);
+      else
+        g = o::to(inv, dt);
+    }
+    if (!g.defined()) g = o::full({}, 1.0, dt, device);
+  }
+  // d(weight)'s accumulator: float32 for 16-bit operands.
+  const DType acc = low ? DType::float32 : dt;
+  Tensor loss, grad_h, grad_w;
+  if (need_h) grad_h = alloc_output({N, C}, dt, device);
+  try {
+    for (int64_t start = 0; start < N; start += rows) {
+      const int64_t r = std::min(rows, N - start);
+      const Tensor h = o::narrow(hidden, 0, start, r);
+      const Tensor t = o::narrow(target, 0, start, r);
+      // The logits: a contiguous [r, V] product, or, when padded, the first V columns of a
+      // [r, Vp] buffer (rows Vp elements apart for every GEMM that touches them).
+      Tensor logits;
+      if (padded) {
+        logits = o::narrow(alloc_output({r, Vp}, dt, device), 1, 0, V);
+        o::mm_out(logits, h, wt);
+      } else {
+        logits = o::linear(h, weight);
+      }
+      o::CrossEntropyOutput ce =
+          o::cross_entropy_with_lse(logits, t, ignore_index, 0.0, o::LossReduction::sum,
+                                    low ? std::optional<DType>(DType::float32) : std::nullopt);
+      if (loss.defined())
+        o::add_(loss, ce.loss);
+      else
+        loss = ce.loss;
+      if (!grad) continue;
+      // Padded: the gradient overwrites the logits in their buffer (the backward reads each
+      // element once, before writing it, given the lse), so one [r, Vp] buffer a chunk.
+      Tensor dlogits =
+          o::cross_entropy_backward(g, logits, t, ignore_index, 0.0, o::LossReduction::sum, ce.lse,
+                                    padded ? logits : Tensor());
+      logits = Tensor();
+      ce.lse = Tensor();
+      if (need_h) {
+        const Tensor dst = o::narrow(grad_h, 0, start, r);  // rows of a contiguous [N, C]
+        if (scale32.defined()) {
+          // float32, rounded once by the copy
+          o::copy_(dst, o::mul(o::mm(dlogits, weight), scale32));
+        } else {
+          o::mm_out(dst, dlogits, weight);
+        }
+      }
+      if (need_w) {
+        const Tensor dlogits_t = o::transpose(dlogits, 0, 1);
+        if (!grad_w.defined()) {
+          grad_w = o::to(o::mm(dlogits_t, h), acc);
+        } else if (acc == dt) {
+          o::mm_out(grad_w, dlogits_t, h, /*accumulate=*/true);  // no [V, C] temporary
+        } else {
+          o::add_(grad_w, o::mm(dlogits_t, h));  // 16-bit product into the float32 sum
+        }
+        dlogits = Tensor();
+      }
+    }
+  } catch (const std::out_of_range& e) {
+    throw std::out_of_range(
+        fmt::format("linear_cross_entropy: {} (hidden {}, weight {}, target {})", e.what(),
+                    hidden.shape_string(), weight.shape_string(), target.shape_string()));
+  }
+  if (!loss.defined()) loss = o::zeros({}, low ? DType::float32 : dt, device);  // N = 0
+  if (mean) loss = o::div(loss, count);                                         // float64
+  loss = o::to(loss, loss_dtype);
+  if (need_w) {
+    if (!grad_w.defined()) grad_w = o::zeros({V, C}, acc, device);  // N = 0
+    if (scale32.defined()) grad_w = o::mul(grad_w, scale32);
+    grad_w = o::to(grad_w, dt);
+  }
+  // Saved: the inputs' gradients for a loss gradient of 1 (the backward scales them).
+  record("LinearCrossEntropyBackward", {hidden, weight}, {loss}, {grad_h, grad_w},
+         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           TensorList out(2);
+           for (size_t i = 0; i < 2; ++i) {
+             if (!ctx.needs_input_grad(i)) continue;
+             const Tensor s = ctx.saved(i);
+             out[i] = o::mul(s, o::to(g[0], s.dtype()));
+           }
+           return out;
+         });
+  return loss;
 }
 
 }  // namespace tally

@@ -132,6 +132,27 @@ void with_target_context(const char* op, const Shape& input_sizes, const Tensor&
   }
 }
 
+// cross_entropy_backward's `out`: input's shape, dtype and device; no storage shared with
+// input unless it is input itself and the forward's lse is given (in place).
+void check_backward_out(const char* op, const Tensor& out, const Tensor& input, bool with_lse) {
+  const std::string shapes =
+      fmt::format("out {} {} strides {}, input {} {} strides {}", dtype_name(out.dtype()),
+                  out.shape_string(), shape_str(out.strides()), dtype_name(input.dtype()),
+                  input.shape_string(), shape_str(input.strides()));
+  if (out.sizes() != input.sizes() || out.dtype() != input.dtype())
+    throw std::invalid_argument(
+        fmt::format("{}: out must have input's shape and dtype ({})", op, shapes));
+  check_same_device(op, out.device(), input.device());
+  if (out.numel() == 0 || input.numel() == 0 || out.storage().data() != input.storage().data())
+    return;
+  const bool same_view = out.data_ptr() == input.data_ptr() && out.strides() == input.strides();
+  if (!same_view || !with_lse)
+    throw std::invalid_argument(fmt::format(
+        "{}: out shares storage with input; only out = input itself (the same view) with the "
+        "forward's lse may overwrite the logits in place ({}, lse {})",
+        op, shapes, with_lse ? "given" : "not given"));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- softmax
@@ -238,7 +259,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
 
 Tensor cross_entropy_backward(const Tensor& grad, const Tensor& input, const Tensor& target,
                               int64_t ignore_index, double label_smoothing, LossReduction reduction,
-                              const Tensor& lse) {
+                              const Tensor& lse, const Tensor& out) {
   static const OpInfo info("cross_entropy_backward");
   check_same_device(info.name, input.device(), target.device());
   check_same_device(info.name, input.device(), grad.device());
@@ -258,12 +279,14 @@ Tensor cross_entropy_backward(const Tensor& grad, const Tensor& input, const Ten
     check_same_device(info.name, input.device(), lse.device());
     lse4 = reshape(lse, row_shape(l.input_sizes));
   }
-  Tensor out = alloc_output(l.input_sizes, input.dtype(), input.device());
+  if (out.defined()) check_backward_out(info.name, out, input, lse.defined());
+  Tensor result =
+      out.defined() ? batched(out) : alloc_output(l.input_sizes, input.dtype(), input.device());
   with_target_context(info.name, input.sizes(), target, [&] {
     softmax_backends.get(info, input.device(), &SoftmaxKernels::cross_entropy_backward)(
-        out, g, x, l.target, lse4, ignore_index, label_smoothing, reduction);
+        result, g, x, l.target, lse4, ignore_index, label_smoothing, reduction);
   });
-  return view(out, input.sizes());
+  return out.defined() ? out : view(result, input.sizes());
 }
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, int64_t ignore_index,

@@ -62,9 +62,15 @@ CrossEntropyOutput cross_entropy_with_lse(const Tensor& input, const Tensor& tar
 // g_r = grad[r] (none), grad (sum) or grad / count (mean); ignored rows get 0. The softmax p
 // is exp(x - lse) with the forward's lse (one read of the logits), or recomputed from
 // `input` when lse is undefined (a statistics pass first).
+// `out`, when defined, receives the gradient instead of a new tensor and is returned: input's
+// shape, dtype and device, any strides (say the first C columns of a padded [N, Cp] buffer;
+// nothing outside the view is written). It must not share storage with input, except that
+// with the forward's lse it may be input itself (the same view: same data pointer and
+// strides), overwriting the logits in place (each element is read before it is written, by
+// the same thread on CUDA). Errors name cross_entropy_backward and the shapes.
 Tensor cross_entropy_backward(const Tensor& grad, const Tensor& input, const Tensor& target,
                               int64_t ignore_index, double label_smoothing, LossReduction reduction,
-                              const Tensor& lse = Tensor());
+                              const Tensor& lse = Tensor(), const Tensor& out = Tensor());
 
 // PyTorch's nll_loss: loss_r = -input_r[target_r] over log-probabilities `input`, with
 // cross_entropy's shapes, ignore_index, reduction and out-of-range error.

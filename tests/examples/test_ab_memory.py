@@ -3,7 +3,7 @@
 small ResNet on the CPU, then checks every output with the real readers:
 - results.json: checkpointing lowers the activation bytes at the peak; nothing is `unknown`.
 - *.pickle: Python's pickle loads each snapshot (segments, device_traces).
-- *.timeline.json: PyTorch's [times, sizes] layout with 12 columns, and the sample with the
+- *.timeline.json: PyTorch's [times, sizes] layout with 13 columns, and the sample with the
   largest total matches the allocator's own peak split.
 - report.html: opened in headless Chromium (Debian's `chromium`): the script ran, one chart per
   configuration was drawn, and Chromium's net log shows no request other than the file itself.
@@ -65,8 +65,8 @@ for r in res:
           f"{r['snapshot']}: not a memory snapshot")
     times, sizes = json.load(open(r["timeline"]))
     check(len(times) == len(sizes) and len(times) > 10, f"{r['timeline']}: {len(times)} samples")
-    check(all(len(row) == 12 and row[0] == 0 and row[7] == 0 for row in sizes),
-          f"{r['timeline']}: rows must have 12 columns, column 0 and 7 zero")
+    check(all(len(row) == 13 and row[0] == 0 and row[7] == 0 for row in sizes),
+          f"{r['timeline']}: rows must have 13 columns, column 0 and 7 zero")
     check(all(times[i] <= times[i + 1] for i in range(len(times) - 1)), f"{r['timeline']}: times not sorted")
     check(all(v >= 0 for row in sizes for v in row), f"{r['timeline']}: negative bytes")
     check(max(row[8] for row in sizes) == 0, f"{r['timeline']}: unknown column not zero")
@@ -95,6 +95,34 @@ ext = re.findall(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, re.I)
 ext += re.findall(r"url\(\s*['\"]?(?:https?:)?//", html, re.I)
 ext += re.findall(r"@import|fetch\(|XMLHttpRequest|<link\b|<iframe\b|<img\b", html, re.I)
 check(not ext, f"report.html references external resources: {ext}")
+
+# The levers' axes: offload and step-in-backward against the same baseline, each predicted
+# exactly by its dry run.
+lever_out = tempfile.mkdtemp(prefix="ab_levers_")
+run_program([exe, "--model", "gpt", "--preset", "tiny", "--batch", "4", "--seq", "32", "--steps", "2",
+             "--checkpoint", "none", "--amp", "off", "--offload", "none,activations",
+             "--optimizer", "adamw,adamw8bit", "--step-in-backward", "off,on", "--out", lever_out],
+            "ab_memory levers", timeout=600)
+lv = {r["name"]: r for r in json.load(open(os.path.join(lever_out, "results.json")))}
+check(len(lv) == 8, f"8 lever configurations expected, got {list(lv)}")
+lbase = lv.get("ckpt=none amp=off offload=none opt=adamw sib=off")
+loff = lv.get("ckpt=none amp=off offload=activations opt=adamw sib=off")
+lsib = lv.get("ckpt=none amp=off offload=none opt=adamw sib=on")
+l8 = lv.get("ckpt=none amp=off offload=none opt=adamw8bit sib=off")
+if lbase and loff and lsib and l8:
+    check(loff["at_peak"]["offloaded"] > 0, "offload: no offloaded bytes at the peak")
+    check(loff["at_peak"]["activation"] < lbase["at_peak"]["activation"],
+          f"offload: activation at the peak {loff['at_peak']['activation']} not below {lbase['at_peak']['activation']}")
+    check(lsib["final_loss"] == lbase["final_loss"],
+          f"step-in-backward should update as a plain step: loss {lsib['final_loss']} vs {lbase['final_loss']}")
+    check(l8["at_peak"]["optimizer_state"] < lbase["at_peak"]["optimizer_state"],
+          "adamw8bit: optimizer_state at the peak not below adamw's")
+else:
+    check(False, f"lever configuration names: {list(lv)}")
+for r in lv.values():
+    check(r.get("estimated_peak_allocated") == r["peak_allocated"],
+          f"{r['name']}: predicted peak {r.get('estimated_peak_allocated')} != measured {r['peak_allocated']}")
+shutil.rmtree(lever_out, ignore_errors=True)
 
 chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 if not chromium:

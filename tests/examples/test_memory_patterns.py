@@ -10,7 +10,7 @@ TMP/patterns.json, then that every file it wrote parses:
 - fragmentation: with random lengths reserved ends well above the largest step's
   allocation; padding to one length leaves a smaller reserved-minus-allocated gap than the
   default, and max_split_size_mb's run is reported (see docs/patterns.md for what it does).
-- files: chrome traces and timelines are JSON ([times, sizes] with 12 columns), snapshots
+- files: chrome traces and timelines are JSON ([times, sizes] with 13 columns), snapshots
   load with pickle, the timeline html exists.
 Then runs `profile_models --device cpu --small` when its path is given (second argument).
 
@@ -86,7 +86,7 @@ for stem in ("staircase", "staircase_ckpt", "leak"):
     check(len(evs) > 10, f"{stem}.trace.json has {len(evs)} events")
     tl = json.load(open(os.path.join(out, stem + ".timeline.json")))
     check(len(tl) == 2 and len(tl[0]) == len(tl[1]) and len(tl[0]) > 5, f"{stem}.timeline.json layout")
-    check(all(len(row) == 12 for row in tl[1]), f"{stem}.timeline.json rows should have 12 columns")
+    check(all(len(row) == 13 for row in tl[1]), f"{stem}.timeline.json rows should have 13 columns")
     html = open(os.path.join(out, stem + ".timeline.html")).read()
     check("<html" in html.lower() and len(html) > 1000, f"{stem}.timeline.html looks empty")
 for name in ("staircase.pickle", "staircase_ckpt.pickle", "leak.pickle", "fragmentation_0.pickle",

@@ -158,6 +158,9 @@ for name, conf in [
         ("bad-value", b"garbage_collection_threshold:1.5"),
         ("huge-mib", b"max_split_size_mb:18446744073709551615"),
         ("unbalanced", b"roundup_power2_divisions:[64:8,,256:4"),
+        ("expandable", b"expandable_segments:True"),
+        ("expandable-mixed", b"expandable_segments:True,max_split_size_mb:32,large_segment_size_mb:4,garbage_collection_threshold:0.5"),
+        ("expandable-bad-value", b"expandable_segments:yes"),
 ]:
     write("alloc_conf", name, conf + b"\x00" + ops)
 

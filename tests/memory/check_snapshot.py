@@ -16,7 +16,9 @@ Checks (docs/memory-formats.md §1, §2, §7):
     with exactly the active blocks (allocated or pending-free) whose address the trace
     touched, with matching requested sizes and pending-free state; backward replay from
     `segments`, as the viewer's Allocator State History does, must find every freed or
-    allocated block and every alloc's segment where it expects them;
+    allocated block and every alloc's segment where it expects them (undoing an expandable
+    segment's `segment_map` takes the pages out of their run, undoing `segment_unmap` puts
+    them back, merged with the runs they touch);
   * Tally's extensions (§7, skipped with --pytorch): every entry has a lower-case
     `category` matching its `user_metadata` "category=… module=… op=… phase=…" and its
     frames; at least one entry is `unknown` when there are entries; active blocks and
@@ -39,12 +41,12 @@ import sys
 
 CATEGORIES = (
     "parameter", "gradient", "optimizer_state", "activation", "input", "temporary",
-    "workspace", "autocast_cache", "communication", "unknown",
+    "workspace", "autocast_cache", "communication", "offloaded", "unknown",
 )
 BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
 TALLY_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
-                 "snapshot", "oom")
-PYTORCH_ACTIONS = TALLY_ACTIONS + ("segment_map", "segment_unmap")
+                 "snapshot", "oom", "segment_map", "segment_unmap")
+PYTORCH_ACTIONS = TALLY_ACTIONS
 
 # §2: the opcodes the viewer's JavaScript unpickler implements, and Tally writes.
 ALLOWED_OPCODES = {
@@ -244,8 +246,6 @@ class Checker:
             self.fail(f"{where}: segment_pool_id {pool!r} is not a pair of ints")
         if self.tally and pool != (0, 0):
             self.fail(f"{where}: segment_pool_id {pool!r}, Tally has only the default pool")
-        if self.tally and seg["is_expandable"]:
-            self.fail(f"{where}: is_expandable is True")
         self.check_frames(seg["frames"], where)
         if seg["total_size"] <= 0:
             self.fail(f"{where}: total_size {seg['total_size']}")
@@ -458,7 +458,12 @@ class Checker:
                 if b["state"] != "inactive":
                     blocks[b["address"]] = b["size"]
         segments = {s["address"]: s["total_size"] for s in segs}
-        expandable = any(e["action"] in ("segment_map", "segment_unmap") for e in trace)
+        streams = {s["address"]: s["stream"] for s in segs}
+
+        def holder(addr, size):
+            return next((a for a, n in segments.items() if a <= addr and addr + size <= a + n),
+                        None)
+
         for j in range(len(trace) - 1, -1, -1):
             e = trace[j]
             action = e["action"]
@@ -470,8 +475,7 @@ class Checker:
                     self.fail(f"{ewhere}: allocated here but neither active at the end nor "
                               f"freed later")
                 blocks.pop(e["addr"], None)
-                if not expandable and not any(a <= e["addr"] and e["addr"] + e["size"] <= a + n
-                                              for a, n in segments.items()):
+                if holder(e["addr"], e["size"]) is None:
                     self.fail(f"{ewhere}: no segment holds this allocation at this point")
             elif action == "free_requested":
                 if e["addr"] not in blocks:
@@ -482,11 +486,49 @@ class Checker:
                     self.fail(f"{ewhere}: segment freed here is present at the end without a "
                               f"later segment_alloc")
                 segments[e["addr"]] = e["size"]
+                streams[e["addr"]] = e["stream"]
             elif action == "segment_alloc":
                 if segments.get(e["addr"]) != e["size"]:
                     self.fail(f"{ewhere}: segment allocated here is neither present at the end "
                               f"(with this size) nor freed later")
                 segments.pop(e["addr"], None)
+                streams.pop(e["addr"], None)
+            elif action == "segment_unmap":
+                # Expandable segments: before this the pages were mapped, part of the run
+                # they touch on either side (the viewer merges them the same way).
+                if holder(e["addr"], 1) is not None:
+                    self.fail(f"{ewhere}: pages unmapped here are mapped at the end without a "
+                              f"later segment_map")
+                    continue
+                addr, size, stream = e["addr"], e["size"], e["stream"]
+                after = addr + size
+                if after in segments and streams[after] == stream:
+                    size += segments.pop(after)
+                    streams.pop(after)
+                before = next((a for a, n in segments.items()
+                               if a + n == addr and streams[a] == stream), None)
+                if before is not None:
+                    size += addr - before
+                    addr = before
+                segments[addr] = size
+                streams[addr] = stream
+            elif action == "segment_map":
+                # Before this the pages were not mapped: they leave the run holding them.
+                h = holder(e["addr"], e["size"])
+                if h is None:
+                    self.fail(f"{ewhere}: pages mapped here are in no segment at the end nor "
+                              f"unmapped later")
+                    continue
+                n, stream = segments.pop(h), streams.pop(h)
+                end = e["addr"] + e["size"]
+                if h < e["addr"]:
+                    segments[h], streams[h] = e["addr"] - h, stream
+                if end < h + n:
+                    segments[end], streams[end] = h + n - end, stream
+                inside = [a for a in blocks if e["addr"] <= a < end]
+                if inside:
+                    self.fail(f"{ewhere}: blocks {[hex(a) for a in inside[:4]]} are live in "
+                              f"pages before they are mapped")
 
 
 def main(argv=None):

@@ -1,5 +1,7 @@
 // Cross-checks between the allocator's running statistics and its structure (snapshot):
-// what the stats say must be what the segments and blocks show.
+// what the stats say must be what the segments and blocks show. With expandable segments a
+// segment is a run of mapped pages: reserved is the mapped bytes, and the runs of one
+// expandable segment neither overlap nor touch (they would be one run).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -31,12 +33,22 @@ inline void expect_consistent(CachingAllocator& alloc) {
         active += static_cast<int64_t>(b.size);
         requested += static_cast<int64_t>(b.requested_size);
       }
-      if (b.state == BlockState::inactive && seg.blocks.size() > 1) {
+      // Free blocks of expandable segments are not inactive_split (PyTorch's rule).
+      if (b.state == BlockState::inactive && seg.blocks.size() > 1 && !seg.expandable) {
         ++split_blocks;
         split_bytes += static_cast<int64_t>(b.size);
       }
     }
     EXPECT_EQ(sum, seg.total_size);
+  }
+  for (size_t i = 1; i < snap.segments.size(); ++i) {
+    const SegmentInfo& a = snap.segments[i - 1];
+    const SegmentInfo& b = snap.segments[i];
+    EXPECT_LT(a.address, b.address) << "segments in address order";
+    EXPECT_LE(a.address + a.total_size, b.address) << "segments do not overlap";
+    if (a.expandable && b.expandable && a.stream == b.stream && a.small == b.small) {
+      EXPECT_NE(a.address + a.total_size, b.address) << "adjacent mapped runs are one segment";
+    }
   }
   EXPECT_EQ(s.reserved_bytes[kAllPools].current, reserved);
   EXPECT_EQ(s.segment[kAllPools].current, segments);

@@ -56,8 +56,29 @@ TEST(AllocConfig, ErrorsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of("no_such_key:1").find("unknown key 'no_such_key'"), std::string::npos);
   EXPECT_NE(error_of("max_split_size_mb").find("key:value"), std::string::npos);
-  EXPECT_NE(error_of("expandable_segments:True").find("expandable_segments"), std::string::npos);
+  EXPECT_NE(error_of("expandable_segments:yes")
+                .find("bad value 'yes' for key "
+                      "'expandable_segments': expected True or False"),
+            std::string::npos);
+  EXPECT_NE(error_of("expandable_segments:").find("expandable_segments"), std::string::npos);
   EXPECT_EQ(error_of("expandable_segments:False,backend:native"), "");
+}
+
+TEST(AllocConfig, ExpandableSegments) {
+  EXPECT_FALSE(AllocatorConfig::parse("").expandable_segments);
+  EXPECT_TRUE(AllocatorConfig::parse("expandable_segments:True").expandable_segments);
+  EXPECT_FALSE(AllocatorConfig::parse("expandable_segments:False").expandable_segments);
+  // PyTorch's spelling, and the other boolean keys' spellings Tally accepts.
+  EXPECT_TRUE(AllocatorConfig::parse(" expandable_segments: true ").expandable_segments);
+  EXPECT_TRUE(AllocatorConfig::parse("expandable_segments:1").expandable_segments);
+  const AllocatorConfig c = AllocatorConfig::parse(
+      "max_split_size_mb:64,expandable_segments:True,large_segment_size_mb:4");
+  EXPECT_TRUE(c.expandable_segments);
+  EXPECT_EQ(c.max_split_size, 64 * kMiB);
+  EXPECT_EQ(c.large_segment_size, 4 * kMiB);
+  // The last occurrence wins, as for every key.
+  EXPECT_FALSE(AllocatorConfig::parse("expandable_segments:True,expandable_segments:False")
+                   .expandable_segments);
 }
 
 TEST(AllocConfig, FromEnvironment) {

@@ -108,6 +108,13 @@ TEST(AllocatorInvariants, RandomMaxSplit) {
 TEST(AllocatorInvariants, RandomLargeSegments) {
   random_walk("large_segment_size_mb:4,max_non_split_rounding_mb:4", 4, size_t{1} << 31);
 }
+TEST(AllocatorInvariants, RandomExpandable) {
+  random_walk("expandable_segments:True", 5, size_t{8} << 30);
+}
+TEST(AllocatorInvariants, RandomExpandableTightMemoryWithOoms) {
+  random_walk("expandable_segments:True,max_split_size_mb:24,large_segment_size_mb:4", 6,
+              300 * kMiB);
+}
 
 TEST(AllocatorInvariants, PeakIsAtLeastCurrentAndCountsTheHighWaterMark) {
   CachingAllocator alloc(std::make_unique<testing::FakeProvider>(size_t{1} << 32),
@@ -122,8 +129,9 @@ TEST(AllocatorInvariants, PeakIsAtLeastCurrentAndCountsTheHighWaterMark) {
   alloc.deallocate(c);
 }
 
-TEST(AllocatorInvariants, MultiThreadedStress) {
-  CachingAllocator alloc(std::make_unique<CpuProvider>(size_t{4} << 30), AllocatorConfig{});
+void multi_threaded_stress(const std::string& conf) {
+  CachingAllocator alloc(std::make_unique<CpuProvider>(size_t{4} << 30),
+                         AllocatorConfig::parse(conf));
   alloc.record_memory_history(true, 5000);
   constexpr int kThreads = 4;
   std::vector<std::thread> threads;
@@ -153,6 +161,14 @@ TEST(AllocatorInvariants, MultiThreadedStress) {
   EXPECT_EQ(alloc.memory_reserved(), 0u);
 }
 
+TEST(AllocatorInvariants, MultiThreadedStress) {
+  multi_threaded_stress("");
+}
+// Blocks of mprotect'ed pages: one handed out unmapped faults, one handed out twice clashes.
+TEST(AllocatorInvariants, MultiThreadedStressExpandable) {
+  multi_threaded_stress("expandable_segments:True");
+}
+
 // What one snapshot shows must hold on its own, whatever other threads do meanwhile: blocks
 // tile their segments in 512-byte multiples, and each block's request fits in it.
 void expect_snapshot_tiles(const SnapshotData& snap) {
@@ -178,8 +194,9 @@ void expect_snapshot_tiles(const SnapshotData& snap) {
 // until it has done 8 rounds. Every report is
 // consistent on its own, the workers' blocks are never handed out twice, and at the end the
 // allocator is consistent and empty.
-TEST(AllocatorInvariants, ReportsWhileThreadsAllocate) {
-  CachingAllocator alloc(std::make_unique<CpuProvider>(size_t{4} << 30), AllocatorConfig{});
+void reports_while_threads_allocate(const std::string& conf) {
+  CachingAllocator alloc(std::make_unique<CpuProvider>(size_t{4} << 30),
+                         AllocatorConfig::parse(conf));
   alloc.record_memory_history(true, 2000);
   constexpr int kWorkers = 3;
   constexpr int kRounds = 8;  // the workers allocate until the reporter has done these
@@ -208,8 +225,9 @@ TEST(AllocatorInvariants, ReportsWhileThreadsAllocate) {
       --running;
     });
   }
-  const std::filesystem::path file = std::filesystem::temp_directory_path() /
-                                     ("tally_reports_" + std::to_string(::getpid()) + ".pickle");
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / ("tally_reports_" + std::to_string(::getpid()) +
+                                                (conf.empty() ? "" : "_expandable") + ".pickle");
   threads.emplace_back([&] {
     for (int round = 0; running.load() > 0; ++round) {
       const SnapshotData snap = alloc.snapshot();
@@ -258,6 +276,14 @@ TEST(AllocatorInvariants, ReportsWhileThreadsAllocate) {
   testing::expect_consistent(alloc);
   alloc.empty_cache();
   EXPECT_EQ(alloc.memory_reserved(), 0u);
+}
+
+TEST(AllocatorInvariants, ReportsWhileThreadsAllocate) {
+  reports_while_threads_allocate("");
+}
+// empty_cache unmaps pages while the workers write into their blocks.
+TEST(AllocatorInvariants, ReportsWhileThreadsAllocateExpandable) {
+  reports_while_threads_allocate("expandable_segments:True");
 }
 
 }  // namespace

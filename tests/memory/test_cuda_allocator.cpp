@@ -9,6 +9,8 @@
 
 #ifdef TALLY_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "memory/cuda_provider.h"
 #endif
 
 namespace tally::memory {
@@ -118,6 +120,214 @@ TEST(CudaAllocator, SnapshotForMemoryViz) {
   for (void* p : grads) a.deallocate(p);
   a.record_memory_history(false);
   testing::expect_consistent(a);
+}
+
+// ---- expandable_segments:True over the driver's virtual memory API (cuMemAddressReserve,
+// cuMemCreate + cuMemMap + cuMemSetAccess, cuMemUnmap + cuMemRelease). Each test has an
+// allocator of its own over cuda:0, so the process-wide one keeps its settings.
+
+#ifdef TALLY_WITH_CUDA
+std::unique_ptr<CachingAllocator> expandable_cuda(const std::string& extra = "") {
+  return std::make_unique<CachingAllocator>(
+      std::make_unique<CudaProvider>(0),
+      AllocatorConfig::parse("expandable_segments:True" + extra));
+}
+
+// Sets [p, p + n) to `value` on the device; true when its first and last bytes read back so.
+bool device_bytes_are(void* p, size_t n, unsigned char value) {
+  unsigned char first = 0, last = 0;
+  if (cudaMemcpy(&first, p, 1, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+  if (cudaMemcpy(&last, static_cast<char*>(p) + n - 1, 1, cudaMemcpyDeviceToHost) != cudaSuccess)
+    return false;
+  return first == value && last == value;
+}
+#endif
+
+// After REQUIRE_GPU().
+#define REQUIRE_VMM()                                                                  \
+  do {                                                                                 \
+    if (!CudaProvider::virtual_memory_supported(0))                                    \
+      GTEST_SKIP() << "cuda:0 has no virtual memory management (expandable segments)"; \
+  } while (0)
+
+TEST(CudaExpandableSegments, TheDeviceSupportsThem) {
+  REQUIRE_GPU();
+#ifdef TALLY_WITH_CUDA
+  // The H200 (any GPU since Pascal under a recent driver) has the API.
+  EXPECT_TRUE(CudaProvider::virtual_memory_supported(0));
+#endif
+}
+
+TEST(CudaExpandableSegments, GrowSplitFreeAndEmptyCacheUnmaps) {
+  REQUIRE_GPU();
+#ifdef TALLY_WITH_CUDA
+  REQUIRE_VMM();
+  auto a = expandable_cuda();
+  void* p = a->allocate(kMiB + 1);  // one 20 MiB page
+  EXPECT_EQ(a->memory_reserved(), 20 * kMiB);
+  ASSERT_EQ(cudaMemset(p, 0x11, kMiB + 1), cudaSuccess);
+  void* q = a->allocate(30 * kMiB);  // the free rest of the page + one more page
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(q), reinterpret_cast<uintptr_t>(p) + 1049088);
+  EXPECT_EQ(a->memory_reserved(), 40 * kMiB);
+  ASSERT_EQ(cudaMemset(q, 0x22, 30 * kMiB), cudaSuccess);
+  void* big = a->allocate(size_t{1} << 30);  // the 9 MiB rest + 51 more pages
+  EXPECT_EQ(a->memory_reserved(), 1060 * kMiB);
+  ASSERT_EQ(cudaMemset(big, 0x33, size_t{1} << 30), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(device_bytes_are(p, kMiB + 1, 0x11));  // written before the segment grew
+  EXPECT_TRUE(device_bytes_are(q, 30 * kMiB, 0x22));
+  EXPECT_TRUE(device_bytes_are(big, size_t{1} << 30, 0x33));
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, big), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeDevice);
+  EXPECT_EQ(a->memory_stats().at("segment.large_pool.current"), 1);
+  testing::expect_consistent(*a);
+  const size_t device_free = a->provider().free_memory();
+  a->deallocate(big);
+  a->deallocate(q);
+  a->empty_cache();  // everything past p's page is unmapped and back on the device
+  EXPECT_EQ(a->memory_reserved(), 20 * kMiB);
+  EXPECT_GE(a->provider().free_memory(), device_free + (size_t{1} << 30));
+  EXPECT_TRUE(device_bytes_are(p, kMiB + 1, 0x11));
+  testing::expect_consistent(*a);
+  a->deallocate(p);
+  a->empty_cache();
+  EXPECT_EQ(a->memory_reserved(), 0u);
+  EXPECT_EQ(a->memory_stats().at("segment.all.current"), 0);
+#endif
+}
+
+TEST(CudaExpandableSegments, InteriorPagesUnmapAndTheHoleIsRefilled) {
+  REQUIRE_GPU();
+#ifdef TALLY_WITH_CUDA
+  REQUIRE_VMM();
+  auto a = expandable_cuda();
+  void* x = a->allocate(30 * kMiB);
+  void* y = a->allocate(30 * kMiB);
+  void* z = a->allocate(30 * kMiB);
+  const auto base = reinterpret_cast<uintptr_t>(x);
+  ASSERT_EQ(cudaMemset(z, 0x44, 30 * kMiB), cudaSuccess);
+  a->deallocate(y);
+  a->empty_cache();  // the whole page [40, 60) MiB inside y goes back
+  EXPECT_EQ(a->memory_reserved(), 80 * kMiB);
+  EXPECT_EQ(a->memory_stats().at("segment.large_pool.current"), 2);
+  void* w = a->allocate(25 * kMiB);  // the lowest room: [30, 40) free + the hole
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w), base + 30 * kMiB);
+  EXPECT_EQ(a->memory_reserved(), 100 * kMiB);
+  ASSERT_EQ(cudaMemset(w, 0x55, 25 * kMiB), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(device_bytes_are(w, 25 * kMiB, 0x55));
+  EXPECT_TRUE(device_bytes_are(z, 30 * kMiB, 0x44));
+  testing::expect_consistent(*a);
+  for (void* p : {x, w, z}) a->deallocate(p);
+  a->empty_cache();
+  EXPECT_EQ(a->memory_reserved(), 0u);
+#endif
+}
+
+TEST(CudaExpandableSegments, OomWhileGrowingIsRecoverable) {
+  REQUIRE_GPU();
+#ifdef TALLY_WITH_CUDA
+  REQUIRE_VMM();
+  auto a = expandable_cuda();
+  const size_t total = a->provider().total_memory();
+  EXPECT_THROW((void)a->allocate(total * 2), OutOfMemoryError);  // larger than a segment
+  std::vector<void*> chunks;
+  bool oom = false;
+  for (int i = 0; i < 64 && !oom; ++i) {
+    try {
+      chunks.push_back(a->allocate(size_t{8} << 30));
+    } catch (const OutOfMemoryError& e) {
+      oom = true;
+      EXPECT_NE(std::string(e.what()).find("Tally out of memory on cuda:0: tried to allocate "
+                                           "8.00 GiB"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_TRUE(oom);
+  EXPECT_FALSE(chunks.empty());
+  testing::expect_consistent(*a);
+  EXPECT_GE(a->memory_stats().at("num_ooms"), 1);
+  // Still usable: the memory of the freed chunks is found again.
+  a->deallocate(chunks.back());
+  chunks.pop_back();
+  void* again = a->allocate(size_t{4} << 30);
+  ASSERT_EQ(cudaMemset(again, 1, size_t{4} << 30), cudaSuccess);
+  chunks.push_back(again);
+  for (void* p : chunks) a->deallocate(p);
+  a->empty_cache();
+  EXPECT_EQ(a->memory_reserved(), 0u);
+  testing::expect_consistent(*a);
+#endif
+}
+
+TEST(CudaExpandableSegments, StreamsGetSegmentsOfTheirOwn) {
+  REQUIRE_GPU();
+#ifdef TALLY_WITH_CUDA
+  REQUIRE_VMM();
+  auto a = expandable_cuda();
+  cudaStream_t s1;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+  const auto id1 = reinterpret_cast<StreamId>(s1);
+  void* p = a->allocate(4 * kMiB);
+  void* q = a->allocate(4 * kMiB, id1);
+  ASSERT_EQ(cudaMemsetAsync(q, 3, 4 * kMiB, s1), cudaSuccess);
+  EXPECT_EQ(a->snapshot().segments.size(), 2u);
+  a->deallocate(q);
+  a->empty_cache();  // waits for s1 before unmapping q's page
+  EXPECT_EQ(a->memory_reserved(), 20 * kMiB);
+  a->deallocate(p);
+  a->empty_cache();
+  EXPECT_EQ(a->memory_reserved(), 0u);
+  testing::expect_consistent(*a);
+  cudaStreamDestroy(s1);
+#endif
+}
+
+TEST(CudaExpandableSegments, SnapshotForMemoryViz) {
+  REQUIRE_GPU();
+#ifdef TALLY_WITH_CUDA
+  REQUIRE_VMM();
+  // Like CudaAllocator.SnapshotForMemoryViz, under expandable segments: is_expandable
+  // segments and segment_map / segment_unmap entries (tests/memory/check_memviz.py opens it).
+  auto a = expandable_cuda();
+  a->record_memory_history(true, 100000);
+  std::vector<void*> acts;
+  for (int i = 0; i < 8; ++i) {
+    AllocContextScope ctx(Category::activation, "model.layer" + std::to_string(i), "linear",
+                          "forward");
+    acts.push_back(a->allocate(12 * kMiB + i * 1000));
+  }
+  a->deallocate(acts[2]);
+  a->deallocate(acts[3]);
+  a->empty_cache();  // unmaps the page inside the hole
+  {
+    AllocContextScope ctx(Category::gradient, "model.layer2", "linear_backward", "backward");
+    acts[2] = a->allocate(20 * kMiB);
+  }
+  acts.erase(acts.begin() + 3);
+  const char* dir = std::getenv("TALLY_SNAPSHOT_DIR");
+  const std::filesystem::path out =
+      std::filesystem::path(dir ? dir : std::filesystem::temp_directory_path().string()) /
+      "tally_cuda_expandable_snapshot.pickle";
+  a->dump_snapshot(out.string());
+  EXPECT_TRUE(std::filesystem::exists(out));
+  const SnapshotData snap = a->snapshot();
+  ASSERT_FALSE(snap.segments.empty());
+  for (const SegmentInfo& seg : snap.segments) EXPECT_TRUE(seg.expandable);
+  bool mapped = false, unmapped = false;
+  for (const TraceEntry& e : a->history()) {
+    mapped |= e.action == TraceAction::segment_map;
+    unmapped |= e.action == TraceAction::segment_unmap;
+  }
+  EXPECT_TRUE(mapped);
+  EXPECT_TRUE(unmapped);
+  for (void* p : acts) a->deallocate(p);
+  testing::expect_consistent(*a);
+  a->empty_cache();
+  EXPECT_EQ(a->memory_reserved(), 0u);
+#endif
 }
 
 }  // namespace

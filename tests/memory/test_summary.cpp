@@ -217,10 +217,11 @@ TEST(MemorySummary, CategoryTable) {
       "| workspace             | 244537 KiB | 244537 KiB |      0 B   |    0.0%    |",
       "| autocast_cache        |      0 B   |      0 B   |      0 B   |    0.0%    |",
       "| communication         |      0 B   |      0 B   |      0 B   |    0.0%    |",
+      "| offloaded             |      0 B   |      0 B   |      0 B   |    0.0%    |",
       "| unknown               |      0 B   |      0 B   |      0 B   |    0.0%    |",
   };
   for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(lines[t + 4 + i], rows[i]) << i;
-  EXPECT_EQ(lines[t + 14], dash);
+  EXPECT_EQ(lines[t + 15], dash);
 }
 
 TEST(MemorySummary, CategoryShareWithoutAllocations) {

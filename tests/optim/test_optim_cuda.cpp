@@ -1,6 +1,6 @@
 // The fused CUDA multi-tensor optimizer kernels against the CPU loops (label gpu: skipped
-// without a device): SGD, Adam, AdamW, clip_grad_norm_ and GradScaler over > 100 tensors of
-// odd sizes (1, 3, 1000, 65537 elements), so the table holds many tensors and chunks.
+// without a device): SGD, Adam, AdamW, AdamW8bit, clip_grad_norm_ and GradScaler over > 100
+// tensors of odd sizes (1, 3, 1000, 65537 elements), so the table holds many tensors and chunks.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -8,6 +8,7 @@
 
 #include "memory/memory.h"
 #include "optim/adam.h"
+#include "optim/adamw8bit.h"
 #include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
@@ -103,6 +104,34 @@ TEST(CudaOptim, AdamAndAdamWMatchTheCpu) {
            "Adam");
   run_both(of<optim::AdamW>(optim::AdamOptions{.lr = 0.01, .weight_decay = 0.05, .amsgrad = true}),
            "AdamW");
+}
+
+TEST(CudaOptim, AdamW8bitMatchesTheCpu) {
+  REQUIRE_GPU();
+  // min_8bit_size 1000: the 1000- and 65537-element parameters get 8-bit state (short last
+  // blocks; the 65537's second chunk holds one element), the others AdamW's float32 state.
+  // The codes must match exactly (one code apart is an error of 1 / 255 > kTol).
+  for (const int64_t bs : {64, 256, 4096}) {
+    const optim::AdamW8bitOptions q{.block_size = bs, .min_8bit_size = 1000};
+    run_both(
+        [q](std::vector<Tensor> ps) {
+          return std::make_unique<optim::AdamW8bit>(
+              std::move(ps), optim::AdamOptions{.lr = 0.01, .weight_decay = 0.05}, q);
+        },
+        "AdamW8bit");
+  }
+  Params p;
+  optim::AdamW8bit opt(p.gpu, optim::AdamOptions{.lr = 0.01},
+                       optim::AdamW8bitOptions{.min_8bit_size = 1000});
+  p.grads(1);
+  auto& alloc = memory::get_allocator(kGpu);
+  const int64_t before = alloc.stats().cat_bytes(memory::Category::temporary).current;
+  opt.step();
+  EXPECT_EQ(alloc.stats().cat_bytes(memory::Category::temporary).current, before);
+  const Tensor& codes = opt.state(3).tensors.at("exp_avg");  // 65537 elements
+  EXPECT_TRUE(codes.is_cuda());
+  EXPECT_EQ(codes.dtype(), DType::uint8);
+  EXPECT_EQ(opt.state(3).tensors.at("exp_avg_absmax").sizes(), Shape{257});
 }
 
 TEST(CudaOptim, StepLeavesNoTemporaries) {

@@ -307,7 +307,7 @@ TEST(Profiler, ScheduleRecordsOnlyActiveSteps) {
   EXPECT_THROW(profiler::schedule(1, 1, 0), std::invalid_argument);
 }
 
-// Reads back the integers of a memory timeline .json: [[t...], [[12 ints]...]].
+// Reads back the integers of a memory timeline .json: [[t...], [[13 ints]...]].
 std::pair<std::vector<int64_t>, std::vector<std::vector<int64_t>>> read_timeline(
     const std::string& text) {
   std::vector<int64_t> times;
@@ -365,7 +365,7 @@ TEST(Profiler, MemoryTimelineJsonRoundTripsAndSumsToAllocated) {
         << i;
   const std::string py = fmt::format(
       "{} -c \"import json,sys; t,s=json.load(open(sys.argv[1])); "
-      "assert len(t)==len(s) and all(len(r)==12 and r[0]==0 for r in s)\" {}",
+      "assert len(t)==len(s) and all(len(r)==13 and r[0]==0 for r in s)\" {}",
       TALLY_PYTHON, json.string());
   EXPECT_EQ(std::system(py.c_str()), 0);
 }

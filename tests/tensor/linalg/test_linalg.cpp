@@ -4,7 +4,8 @@
 // On every device (suite Linalg: the CPU in test_linalg, CUDA device 0 in test_linalg_cuda):
 // values against hand-computed cases and a naive loop, float64 gradient checks (broadcast
 // batches, 1-D operands, transposed and non-contiguous operands), what backward saves, empty
-// dimensions and 16-bit dtypes, embedding lookups and scatter-add with padding, and errors.
+// dimensions and 16-bit dtypes, embedding lookups and scatter-add with padding, mm_out into
+// padded rows (padding untouched, accumulate, K = 0) and its errors, and errors.
 // The CPU alone: BLAS layouts that must not copy (peak memory of the op).
 //
 // On CUDA against the CPU reference (suite LinalgVsCpu, accelerators only): matmul/mm/bmm/
@@ -402,6 +403,102 @@ TEST_P(Linalg, EmbeddingGradients) {
   const Tensor keep = from_vector({1, 0, 0, 1, 1, 1}, {2, 3, 1}, on(f64));  // idx != 1
   EXPECT_TRUE(gradcheck_on(
       dev(), [&](const TensorList& x) { return mul(embedding(x[0], idx, 1), keep); }, {w}));
+}
+
+// mm_out into the first N columns of a wider (padded) buffer: the values of mm, the padding
+// (a sentinel) untouched, accumulate adds, and the other layouts out may have.
+TEST_P(Linalg, MmOutWritesIntoPaddedRows) {
+  constexpr double kSentinel = 1024.0;  // exact in every dtype
+  const int64_t M = 5, K = 7, N = 13, Np = 16;
+  for (DType dt : {kF32, kF64, kBF16}) {
+    SCOPED_TRACE(dname(dt));
+    const double tol = dt == kBF16 ? 5e-2 : dt == kF32 ? 1e-5 : 1e-12;
+    Generator g(11);
+    const Tensor a = put(ops::to(ops::randn({M, K}, kF32, Device::cpu(), &g), dt));
+    const Tensor b = put(ops::to(ops::randn({K, N}, kF32, Device::cpu(), &g), dt));
+    const std::vector<double> ref = ops::to_vector(mm(a, b));
+    std::vector<double> twice = ref;
+    for (double& v : twice) v *= 2;
+    const Tensor buf = ops::full({M, Np}, kSentinel, dt, dev());
+    const Tensor out = ops::narrow(buf, 1, 0, N);  // [M, N], strides [Np, 1]
+    const Tensor pad = ops::narrow(buf, 1, N, Np - N);
+    const std::vector<double> sentinels(static_cast<size_t>(M * (Np - N)), kSentinel);
+    ops::mm_out(out, a, b);
+    EXPECT_TRUE(values_near(out, ref, tol));
+    EXPECT_TRUE(values_near(pad, sentinels, 0.0));
+    ops::mm_out(out, a, b, /*accumulate=*/true);
+    EXPECT_TRUE(values_near(out, twice, 2 * tol));
+    EXPECT_TRUE(values_near(pad, sentinels, 0.0));
+    // A transposed operand (CblasTrans / cuBLAS op T), and a padded operand read with ld = Np.
+    const Tensor bt = ops::transpose(ops::contiguous(ops::transpose(b, 0, 1)), 0, 1);
+    ops::mm_out(out, a, bt);
+    EXPECT_TRUE(values_near(out, ref, tol));
+    const Tensor out2 = ops::narrow(ops::full({M, Np}, kSentinel, dt, dev()), 1, 0, N);
+    const Tensor a_padded = ops::narrow(ops::full({M, 8}, kSentinel, dt, dev()), 1, 0, K);
+    ops::copy_(a_padded, a);
+    ops::mm_out(out2, a_padded, b);
+    EXPECT_TRUE(values_near(out2, ref, tol));
+    EXPECT_TRUE(values_near(pad, sentinels, 0.0));
+    // A row range of a contiguous matrix: the rows around it untouched.
+    const Tensor whole = ops::full({M + 2, N}, kSentinel, dt, dev());
+    ops::mm_out(ops::narrow(whole, 0, 1, M), a, b);
+    EXPECT_TRUE(values_near(ops::narrow(whole, 0, 1, M), ref, tol));
+    const std::vector<double> row(static_cast<size_t>(N), kSentinel);
+    EXPECT_TRUE(values_near(ops::narrow(whole, 0, 0, 1), row, 0.0));
+    EXPECT_TRUE(values_near(ops::narrow(whole, 0, M + 1, 1), row, 0.0));
+    // K = 0: zeros (accumulate: unchanged), the padding untouched.
+    const Tensor e0 = ops::zeros({M, 0}, dt, dev()), e1 = ops::zeros({0, N}, dt, dev());
+    ops::mm_out(out, e0, e1, /*accumulate=*/true);
+    EXPECT_TRUE(values_near(out, ref, tol));
+    ops::mm_out(out, e0, e1);
+    EXPECT_TRUE(values_near(out, std::vector<double>(ref.size(), 0.0), 0.0));
+    EXPECT_TRUE(values_near(pad, sentinels, 0.0));
+  }
+}
+
+TEST_P(Linalg, MmOutErrors) {
+  const TensorOptions o = on({});
+  const Tensor a = zeros({2, 3}, o), b = zeros({3, 5}, o);
+  const Tensor wide = zeros({2, 8}, o);
+  struct Case {
+    std::function<void()> op;
+    const char* part;
+  };
+  const std::vector<Case> cases = {
+      {[&] {
+         ops::mm_out(zeros({2, 4}, o), a, b);
+       },
+       "mm_out: out must have shape [2, 5] (out [2, 4] strides [4, 1], a [2, 3], b [3, 5])"},
+      {[&] {
+         ops::mm_out(zeros({5, 2}, o).t(), a, b);
+       },
+       "mm_out: out must have unit column stride and rows at least 5"},
+      {[&] {
+         ops::mm_out(ops::as_strided(wide, {2, 5}, {3, 1}, 0), a, b);
+       },
+       "rows at least 5 (and at most"},
+      {[&] {
+         ops::mm_out(zeros({2, 5}, on(f64)), a, b);
+       },
+       "mm_out: out must have the operands' dtype float32, got float64"},
+      {[&] {
+         ops::mm_out(zeros({2, 5}, o), zeros({1, 2, 3}, o), b);
+       },
+       "mm_out: expected two 2-D tensors, got shapes [1, 2, 3] and [3, 5]"},
+      {[&] {
+         ops::mm_out(zeros({2, 5}, o), a, zeros({4, 5}, o));
+       },
+       "mm_out: shapes [2, 3] and [4, 5] cannot be multiplied"},
+      {[&] {
+         ops::mm_out(zeros({2, 5}, o), a, zeros({3, 5}, on(f64)));
+       },
+       "same dtype"},
+      {[&] {
+         ops::mm_out(ops::narrow(wide, 1, 0, 2), ops::narrow(wide, 1, 2, 2), zeros({2, 2}, o));
+       },
+       "mm_out: out must not share storage with a or b"},
+  };
+  for (const Case& c : cases) expect_error<std::invalid_argument>(c.op, {c.part});
 }
 
 TEST_P(Linalg, Errors) {

@@ -289,6 +289,66 @@ TEST_P(CrossEntropy, SavedLseIsTheRowLogSumExp) {
       {"cross_entropy", "float16"});
 }
 
+// cross_entropy_backward's `out`: the gradient written into the first C columns of a padded
+// buffer (the padding untouched), or over the logits themselves (in place, given the lse), equal
+// to the op's own output; out's shape, dtype and overlap are checked.
+TEST_P(CrossEntropy, BackwardIntoPaddedOutAndInPlace) {
+  constexpr double kSentinel = 1024.0;  // exact in every dtype
+  const int64_t N = 5, C = 13, Cp = 16;
+  const Tensor t = targets({0, 12, -100, 3, 7}, {5});
+  for (DType dt : {DType::float64, DType::float32, DType::bfloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double tol = dt == DType::bfloat16 ? 1e-2 : dt == DType::float32 ? 1e-6 : 1e-12;
+    const std::vector<double> sentinels(static_cast<size_t>(N * (Cp - C)), kSentinel);
+    for (auto red : {ops::LossReduction::mean, ops::LossReduction::sum}) {
+      const Tensor buf = ops::full({N, Cp}, kSentinel, dt, dev());
+      const Tensor x = ops::narrow(buf, 1, 0, C);  // [N, C], rows Cp apart
+      ops::copy_(x, ops::to(put(rand_input({N, C}, -4, 4, 21).detach()), dt));
+      const ops::CrossEntropyOutput r = ops::cross_entropy_with_lse(x, t, -100, 0.1, red);
+      const Tensor g = ops::full({}, 0.75, dt, dev());
+      const std::vector<double> ref =
+          ops::cross_entropy_backward(g, x, t, -100, 0.1, red, r.lse).tolist();
+      // Into another padded buffer.
+      const Tensor obuf = ops::full({N, Cp}, kSentinel, dt, dev());
+      const Tensor out = ops::narrow(obuf, 1, 0, C);
+      const Tensor got = ops::cross_entropy_backward(g, x, t, -100, 0.1, red, r.lse, out);
+      EXPECT_EQ(got.data_ptr(), out.data_ptr());
+      EXPECT_EQ(got.strides(), out.strides());
+      EXPECT_TRUE(values_near(out, ref, tol));
+      EXPECT_TRUE(values_near(ops::narrow(obuf, 1, C, Cp - C), sentinels, 0.0));
+      // Over the logits, in place.
+      ops::cross_entropy_backward(g, x, t, -100, 0.1, red, r.lse, x);
+      EXPECT_TRUE(values_near(x, ref, tol));
+      EXPECT_TRUE(values_near(ops::narrow(buf, 1, C, Cp - C), sentinels, 0.0));
+    }
+  }
+  const Tensor buf = ops::zeros({N, Cp}, DType::float32, dev());
+  const Tensor x = ops::narrow(buf, 1, 0, C);
+  const ops::CrossEntropyOutput r = ops::cross_entropy_with_lse(x, t);
+  const Tensor g = ops::full({}, 1.0, DType::float32, dev());
+  auto backward_into = [&](const Tensor& out, const Tensor& lse) {
+    (void)ops::cross_entropy_backward(g, x, t, -100, 0.0, ops::LossReduction::mean, lse, out);
+  };
+  expect_error<std::invalid_argument>(
+      [&] {
+        backward_into(ops::zeros({N, C + 1}, DType::float32, dev()), r.lse);
+      },
+      {"cross_entropy_backward: out must have input's shape and dtype", "out float32 [5, 14]",
+       "input float32 [5, 13] strides [16, 1]"});
+  expect_error<std::invalid_argument>(
+      [&] {
+        backward_into(ops::zeros({N, C}, DType::float64, dev()), r.lse);
+      },
+      {"cross_entropy_backward: out must have input's shape and dtype", "out float64"});
+  // In place needs the forward's lse (without it the row statistics read the whole row first).
+  expect_error<std::invalid_argument>(
+      [&] { backward_into(x, Tensor()); },
+      {"cross_entropy_backward: out shares storage with input", "lse not given"});
+  // A view that overlaps the logits without being them.
+  expect_error<std::invalid_argument>([&] { backward_into(ops::narrow(buf, 1, 1, C), r.lse); },
+                                      {"cross_entropy_backward: out shares storage with input"});
+}
+
 // Under autocast, float16/bfloat16 logits stay as they are (no float32 copy is made or
 // saved), the loss is float32 and the gradient comes back in the logits' dtype.
 TEST_P(CrossEntropy, AutocastReadsLowPrecisionLogitsInPlace) {

@@ -1,0 +1,92 @@
+// Activation offload: what autograd saves for backward is kept in host memory instead of on
+// the device, PyTorch's torch.autograd.graph.save_on_cpu(pin_memory=True), built on the
+// saved-tensor hooks (autograd/saved_tensor.h).
+//
+// How it works. Inside a SaveOnCpu scope every tensor an op saves is packed by an
+// ActivationOffloader: a contiguous tensor whose block is an activation (the op's own
+// output or input, not a parameter, gradient or state) is copied to pinned host memory on
+// the device's copy stream (tensor/pinned.h) while the forward goes on, and the device
+// block is freed as soon as the forward drops it (its reuse waits for the copy). The host
+// copies are tagged `offloaded`. Other tensors (parameters, non-contiguous views, tensors
+// under `min_bytes`) are kept as usual. A tensor saved twice (a ReLU's output that the next
+// convolution saves too) is copied once.
+//
+// Saves are numbered into groups: each SaveOnCpu scope that opens or closes on an
+// offloader starts a new group, so a model whose blocks each run in a scope (what
+// nn::offload_activations sets up) has one group per block, plus the groups between them.
+// In backward, the first unpack of a group prefetches the previous group (the one backward
+// needs next) on the copy stream; Tally's stream waits for a prefetch only where a tensor
+// of it is used. A tensor backward needs before its prefetch was issued is fetched then.
+// A restored tensor is tagged `activation` and lives until every node that saved it has
+// released it.
+//
+// On the CPU the copies are plain copies (pinned memory is ordinary memory without a GPU),
+// so offloading only re-tags activations as `offloaded`; on a meta device the dry run
+// allocates what the real run allocates, host copies on the host's meta allocator.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "autograd/saved_tensor.h"
+
+namespace tally {
+
+struct OffloadOptions {
+  bool pin_memory = true;  // pinned host memory (asynchronous copies); else pageable
+  size_t min_bytes = 0;    // tensors smaller than this stay on the device
+  bool prefetch = true;    // backward prefetches one group ahead
+};
+
+// What an offloader did (tests, reports).
+struct OffloadStats {
+  int64_t tensors_offloaded = 0;     // distinct tensors copied to the host
+  int64_t bytes_offloaded = 0;       // their bytes
+  int64_t tensors_kept = 0;          // saves kept on the device (parameters, views, small)
+  int64_t tensors_deduplicated = 0;  // saves of a tensor already offloaded
+  int64_t tensors_prefetched = 0;    // restored ahead of use by a group prefetch
+  int64_t tensors_fetched = 0;       // restored on demand at unpack
+  int64_t groups = 0;                // groups that saved something
+};
+
+class ActivationOffloader : public std::enable_shared_from_this<ActivationOffloader> {
+ public:
+  static std::shared_ptr<ActivationOffloader> create(OffloadOptions options = {});
+  ~ActivationOffloader();
+  ActivationOffloader(const ActivationOffloader&) = delete;
+  ActivationOffloader& operator=(const ActivationOffloader&) = delete;
+
+  // The pack/unpack hooks that offload into this offloader.
+  SavedTensorHooks hooks();
+  // Starts a new group of saves (SaveOnCpu calls it when it opens and closes).
+  void next_group();
+  const OffloadOptions& options() const { return options_; }
+  OffloadStats stats() const;
+
+  struct Entry;
+  struct State;
+
+ private:
+  explicit ActivationOffloader(OffloadOptions options);
+  OffloadOptions options_;
+  std::shared_ptr<State> state_;
+};
+
+// RAII: tensors saved inside (on this thread) go to host memory. The first form makes an
+// offloader of its own; the second shares one across scopes (its groups, its prefetch).
+class SaveOnCpu {
+ public:
+  explicit SaveOnCpu(bool pin_memory = true);
+  explicit SaveOnCpu(std::shared_ptr<ActivationOffloader> offloader);
+  ~SaveOnCpu();
+  SaveOnCpu(const SaveOnCpu&) = delete;
+  SaveOnCpu& operator=(const SaveOnCpu&) = delete;
+  const std::shared_ptr<ActivationOffloader>& offloader() const { return offloader_; }
+
+ private:
+  std::shared_ptr<ActivationOffloader> offloader_;
+  SavedTensorHooksScope scope_;
+};
+
+}  // namespace tally

@@ -1,0 +1,72 @@
+#include "nn/offload.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "nn/module.h"
+
+namespace tally::nn {
+
+std::string OffloadSpec::str() const {
+  switch (kind) {
+    case Kind::none:
+      return "none";
+    case Kind::activations:
+      return "activations";
+    case Kind::blocks:
+      return fmt::format("{}-blocks", blocks);
+  }
+  return "none";
+}
+
+OffloadSpec parse_offload_spec(const std::string& s) {
+  OffloadSpec spec;
+  if (s == "none" || s == "off" || s.empty()) return spec;
+  if (s == "activations") {
+    spec.kind = OffloadSpec::Kind::activations;
+    return spec;
+  }
+  const std::string suffix = "-blocks";
+  if (s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    const std::string n = s.substr(0, s.size() - suffix.size());
+    if (n.size() <= 6 && n.find_first_not_of("0123456789") == std::string::npos) {
+      const int v = std::stoi(n);
+      if (v >= 1) {
+        spec.kind = OffloadSpec::Kind::blocks;
+        spec.blocks = v;
+        return spec;
+      }
+    }
+  }
+  throw std::invalid_argument(fmt::format(
+      "--offload: expected none, activations or N-blocks (e.g. 6-blocks), got '{}'", s));
+}
+
+std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const OffloadSpec& spec,
+                                                         OffloadOptions options) {
+  const auto modules = model.named_modules();
+  for (auto& [name, m] : modules) m->set_offload(nullptr);
+  if (!spec.enabled()) return nullptr;
+  int blocks = 0;
+  for (auto& [name, m] : modules)
+    if (m->is_checkpoint_block()) ++blocks;
+  if (blocks == 0)
+    throw std::invalid_argument(
+        fmt::format("offload_activations({}): the model ({}) has no residual or transformer blocks",
+                    spec.str(), model.type_name()));
+  if (spec.kind == OffloadSpec::Kind::blocks && spec.blocks > blocks)
+    throw std::invalid_argument(fmt::format("offload_activations({}): the model ({}) has {} blocks",
+                                            spec.str(), model.type_name(), blocks));
+  auto offloader = ActivationOffloader::create(options);
+  if (spec.kind == OffloadSpec::Kind::activations) model.set_offload(offloader);
+  int n = 0;
+  for (auto& [name, m] : modules)
+    if (m->is_checkpoint_block()) {
+      if (spec.kind == OffloadSpec::Kind::activations || n < spec.blocks) m->set_offload(offloader);
+      ++n;
+    }
+  return offloader;
+}
+
+}  // namespace tally::nn

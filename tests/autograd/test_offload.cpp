@@ -1,0 +1,258 @@
+// Activation offload (autograd/offload.h, nn/offload.h) on the CPU: gradients are bitwise
+// those of the run without it; what autograd saved is held as `offloaded` host copies, not
+// `activation`; a tensor saved twice is copied once; groups prefetch in backward; the
+// spec's spellings and errors; and a dry run replays it allocation for allocation.
+#include <gtest/gtest.h>
+
+#include "autograd/offload.h"
+#include "autograd/ops.h"
+#include "memory/estimate.h"
+#include "memory/memory.h"
+#include "nn/checkpoint.h"
+#include "nn/layers.h"
+#include "nn/models/gpt.h"
+#include "nn/models/resnet.h"
+#include "nn/offload.h"
+
+namespace tally {
+namespace {
+
+using memory::Category;
+
+bool same(const Tensor& a, const Tensor& b) {
+  return a.sizes() == b.sizes() && ops::to_vector(a) == ops::to_vector(b);
+}
+
+int64_t category_now(Device d, Category c) {
+  return memory::get_allocator(d).stats().category_bytes[static_cast<size_t>(c)].current;
+}
+
+// y = relu(x @ w1^T) @ w2^T, summed: relu's output is saved by relu and by the second linear.
+struct Mlp {
+  Tensor w1, w2, x;
+  Mlp() {
+    manual_seed(3);
+    {
+      memory::CategoryScope params(Category::parameter);  // as a module's parameters are
+      w1 = ops::randn({64, 32}).requires_grad_();
+      w2 = ops::randn({16, 64}).requires_grad_();
+    }
+    x = ops::randn({128, 32});
+  }
+  Tensor forward() const { return linear(relu(linear(x, w1)), w2).sum(); }
+};
+
+TEST(SaveOnCpu, GradientsAreBitwiseThoseWithoutOffload) {
+  Mlp m;
+  m.forward().backward();
+  const Tensor g1 = m.w1.grad().clone(), g2 = m.w2.grad().clone();
+  m.w1.set_grad(Tensor());
+  m.w2.set_grad(Tensor());
+  Tensor loss;
+  std::shared_ptr<ActivationOffloader> off;
+  {
+    SaveOnCpu scope;
+    off = scope.offloader();
+    loss = m.forward();
+  }
+  loss.backward();
+  EXPECT_TRUE(same(m.w1.grad(), g1));
+  EXPECT_TRUE(same(m.w2.grad(), g2));
+  const OffloadStats s = off->stats();
+  // Saved: x (linear 1), relu's output (relu and linear 2: one copy), w2 (kept: a parameter).
+  EXPECT_EQ(s.tensors_offloaded, 2);
+  EXPECT_EQ(s.tensors_deduplicated, 1);
+  EXPECT_EQ(s.bytes_offloaded, (128 * 32 + 128 * 64) * 4);
+  EXPECT_EQ(s.tensors_kept, 1);
+  EXPECT_EQ(s.tensors_fetched, 2);  // one scope, one group: nothing to prefetch
+}
+
+TEST(SaveOnCpu, SavedTensorsAreHeldAsOffloadedNotActivation) {
+  const Device cpu = Device::cpu();
+  Mlp m;
+  const int64_t act0 = category_now(cpu, Category::activation);
+  const int64_t off0 = category_now(cpu, Category::offloaded);
+  Tensor kept_loss = m.forward();
+  const int64_t act_without = category_now(cpu, Category::activation) - act0;
+  kept_loss = Tensor();
+  EXPECT_GT(act_without, 0);
+  Tensor loss;
+  {
+    SaveOnCpu scope;
+    loss = m.forward();
+  }
+  EXPECT_EQ(category_now(cpu, Category::activation) - act0, 0);
+  EXPECT_EQ(category_now(cpu, Category::offloaded) - off0, act_without);
+  loss.backward();
+  loss = Tensor();
+  EXPECT_EQ(category_now(cpu, Category::offloaded), off0);
+  EXPECT_EQ(category_now(cpu, Category::activation), act0);
+}
+
+TEST(SaveOnCpu, ASecondBackwardIsTheUsualError) {
+  Mlp m;
+  Tensor loss;
+  {
+    SaveOnCpu scope;
+    loss = m.forward();
+  }
+  loss.backward();
+  EXPECT_THROW(loss.backward(), std::runtime_error);
+}
+
+TEST(SaveOnCpu, NullOffloaderIsAnError) {
+  EXPECT_THROW(SaveOnCpu(std::shared_ptr<ActivationOffloader>()), std::invalid_argument);
+}
+
+// One ResNetTiny / GPT training step's gradients with a given offload and checkpoint spec.
+std::vector<Tensor> model_grads(const std::string& model, const std::string& offload,
+                                const std::string& checkpoint, OffloadStats* stats = nullptr) {
+  manual_seed(0);
+  std::shared_ptr<nn::Module> m;
+  std::shared_ptr<nn::GPT> gpt;
+  if (model == "resnet") {
+    m = nn::resnet_tiny({.num_classes = 10});
+  } else {
+    gpt = std::make_shared<nn::GPT>(nn::GPTConfig::preset("tiny"));
+    m = gpt;
+  }
+  nn::enable_checkpointing(*m, nn::parse_checkpoint_spec(checkpoint));
+  auto off = nn::offload_activations(*m, nn::parse_offload_spec(offload));
+  Tensor loss;
+  if (gpt) {
+    const Tensor x = ops::randint(0, 256, {2, 64}, DType::int64);
+    const Tensor y = ops::randint(0, 256, {2, 64}, DType::int64);
+    loss = (*gpt)(x, y).second;
+  } else {
+    const Tensor x = ops::randn({4, 3, 32, 32});
+    const Tensor y = ops::randint(0, 10, {4}, DType::int64);
+    loss = cross_entropy((*m)(x), y);
+  }
+  loss.backward();
+  if (stats) *stats = off ? off->stats() : OffloadStats{};
+  std::vector<Tensor> grads;
+  for (const Tensor& p : m->parameters()) grads.push_back(p.grad().clone());
+  return grads;
+}
+
+struct ModelCase {
+  std::string model, offload, checkpoint;
+};
+class OffloadModels : public ::testing::TestWithParam<ModelCase> {};
+
+TEST_P(OffloadModels, SameGradientsAndBlocksPrefetchEachOther) {
+  const ModelCase c = GetParam();
+  const std::vector<Tensor> want = model_grads(c.model, "none", c.checkpoint);
+  OffloadStats s;
+  const std::vector<Tensor> got = model_grads(c.model, c.offload, c.checkpoint, &s);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same(got[i], want[i])) << i;
+  EXPECT_GT(s.tensors_offloaded, 0);
+  EXPECT_GT(s.groups, 1);
+  EXPECT_GT(s.tensors_prefetched, 0);
+  // What backward needs first (the last group) is fetched; the rest was prefetched.
+  EXPECT_GT(s.tensors_fetched, 0);
+  EXPECT_EQ(s.tensors_prefetched + s.tensors_fetched, s.tensors_offloaded);
+}
+
+INSTANTIATE_TEST_SUITE_P(Specs, OffloadModels,
+                         ::testing::Values(ModelCase{"resnet", "activations", "none"},
+                                           ModelCase{"resnet", "2-blocks", "none"},
+                                           ModelCase{"resnet", "activations", "blocks"},
+                                           ModelCase{"gpt", "activations", "none"},
+                                           ModelCase{"gpt", "activations", "blocks"}),
+                         [](const auto& info) {
+                           const ModelCase& c = info.param;
+                           std::string n = c.model + "_" + c.offload + "_ckpt_" + c.checkpoint;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+TEST(OffloadSpec, SpellingsAndErrors) {
+  EXPECT_EQ(nn::parse_offload_spec("none").str(), "none");
+  EXPECT_EQ(nn::parse_offload_spec("").str(), "none");
+  EXPECT_EQ(nn::parse_offload_spec("activations").str(), "activations");
+  EXPECT_EQ(nn::parse_offload_spec("3-blocks").blocks, 3);
+  for (const char* bad :
+       {"all", "0-blocks", "-blocks", "x-blocks", "99999999-blocks", "blocks", "activation"})
+    EXPECT_THROW(nn::parse_offload_spec(bad), std::invalid_argument) << bad;
+  try {
+    nn::parse_offload_spec("all");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--offload"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'all'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OffloadSpec, AModelWithoutBlocksOrTooFewIsAnError) {
+  nn::Linear lin(4, 4);
+  EXPECT_THROW(nn::offload_activations(lin, nn::parse_offload_spec("activations")),
+               std::invalid_argument);
+  auto tiny = nn::resnet_tiny({.num_classes = 10});
+  EXPECT_THROW(nn::offload_activations(*tiny, nn::parse_offload_spec("99-blocks")),
+               std::invalid_argument);
+  // "none" clears what an earlier call set.
+  nn::offload_activations(*tiny, nn::parse_offload_spec("activations"));
+  EXPECT_NE(tiny->offloader(), nullptr);
+  EXPECT_EQ(nn::offload_activations(*tiny, nn::parse_offload_spec("none")), nullptr);
+  for (auto& [name, m] : tiny->named_modules()) EXPECT_EQ(m->offloader(), nullptr) << name;
+}
+
+// A dry run of a CPU target with offload goes through the real run's allocations.
+TEST(OffloadEstimate, DryRunMatchesTheRealCpuRun) {
+  auto step = [](Device d) {
+    manual_seed(0);
+    std::shared_ptr<nn::Module> m;
+    {
+      nn::BuildOnDevice on(d);
+      m = nn::resnet_tiny({.num_classes = 10});
+    }
+    nn::offload_activations(*m, nn::parse_offload_spec("activations"));
+    const Tensor x = ops::randn({4, 3, 32, 32}, DType::float32, d);
+    const Tensor y = ops::randint(0, 10, {4}, DType::int64, d);
+    cross_entropy((*m)(x), y).backward();
+  };
+  const Device cpu = Device::cpu();
+  memory::empty_cache(cpu);
+  memory::reset_peak_memory_stats(cpu);
+  const int64_t base = static_cast<int64_t>(memory::memory_allocated(cpu));
+  step(cpu);
+  const int64_t real_peak = static_cast<int64_t>(memory::max_memory_allocated(cpu)) - base;
+  const memory::Estimate e = memory::estimate(step, {.target = "cpu"});
+  ASSERT_TRUE(e.fits()) << e.out_of_memory;
+  EXPECT_EQ(e.peak_allocated, real_peak);
+  EXPECT_GT(e.at_peak[static_cast<size_t>(Category::offloaded)], 0);
+}
+
+// A dry run for the H200: host copies leave the device, so the device's activation peak
+// falls, and the copies' time is charged.
+TEST(OffloadEstimate, CudaTargetMovesActivationsOffTheDevice) {
+  auto run = [](const std::string& offload) {
+    return memory::estimate(
+        [&](Device d) {
+          manual_seed(0);
+          std::shared_ptr<nn::GPT> gpt;
+          {
+            nn::BuildOnDevice on(d);
+            nn::GPTConfig cfg = nn::GPTConfig::preset("tiny");
+            cfg.n_layer = 8;  // backward holds about two blocks' activations, not eight
+            gpt = std::make_shared<nn::GPT>(cfg);
+          }
+          nn::offload_activations(*gpt, nn::parse_offload_spec(offload));
+          const Tensor x = ops::randint(0, 256, {8, 64}, DType::int64, d);
+          gpt->forward(x, x).second.backward();
+        },
+        {.target = "h200"});
+  };
+  const memory::Estimate base = run("none");
+  const memory::Estimate off = run("activations");
+  const auto act = static_cast<size_t>(Category::activation);
+  EXPECT_LT(off.at_peak[act], base.at_peak[act] / 2);
+  EXPECT_EQ(off.at_peak[static_cast<size_t>(Category::offloaded)], 0);  // on the host
+  EXPECT_GT(off.predicted_seconds, base.predicted_seconds);
+}
+
+}  // namespace
+}  // namespace tally
