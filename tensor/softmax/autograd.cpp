@@ -179,15 +179,23 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
   const int64_t rows = linear_cross_entropy_chunk_rows(N, V, static_cast<int64_t>(dtype_size(dt)),
                                                        grad, chunk_rows, max_chunk_bytes);
   const bool mean = red == o::LossReduction::mean;
-  // A class count that is not a multiple of 64 gives logits rows that are not 16-byte
-  // aligned (V = 50257): cuBLASLt then picks slow kernels for all three products. Such
-  // logits live in [rows, Vp] buffers, Vp = V rounded up to 64, of which the ops see the
-  // first V columns (mm_out writes with ldc = Vp; the others read with ld = Vp).
+  // A class count that is not a multiple of 64 (V = 50257) gives every product an odd
+  // dimension and logits rows that are not 16-byte aligned: cuBLASLt then picks slow kernels
+  // for all three. Such a weight is copied once per call into a [Vp, C] buffer, Vp = V rounded
+  // up to 64, whose last Vp - V rows are zero; the logits are [rows, Vp] products, exactly 0
+  // in the padding columns, of which the cross-entropy sees the first V columns; its gradient
+  // overwrites them in place (the padding stays 0), and d(weight) is the first V rows of a
+  // [Vp, C] product. Every GEMM then has aligned dimensions and leading dimensions.
   const bool padded = V % 64 != 0;
   const int64_t Vp = padded ? memory::checked_add<int64_t>(V, 64 - V % 64, info.name) : V;
-  const Tensor wt = o::transpose(weight, 0, 1);  // [C, V]
 
   DispatchScope scope(info, hidden, weight, target);
+  Tensor wpad = weight;  // [Vp, C]
+  if (padded) {
+    wpad = o::zeros({Vp, C}, dt, device);
+    o::copy_(o::narrow(wpad, 0, 0, V), weight);
+  }
+  const Tensor wt = o::transpose(wpad, 0, 1);  // [C, Vp]
   // The mean's divisor, the number of counted targets: a 0-D float64 tensor on the device
   // (never read back, so no synchronisation).
   Tensor count;
@@ -220,12 +228,13 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
       const Tensor t = o::narrow(target, 0, start, r);
       // The logits: a contiguous [r, V] product, or, when padded, the first V columns of a
       // [r, Vp] buffer (rows Vp elements apart for every GEMM that touches them).
-      Tensor logits;
+      Tensor logits, full;  // full: [r, Vp], its padding columns 0
       if (padded) {
-        logits = o::narrow(alloc_output({r, Vp}, dt, device), 1, 0, V);
-        o::mm_out(logits, h, wt);
+        full = o::mm(h, wt);
+        logits = o::narrow(full, 1, 0, V);
       } else {
         logits = o::linear(h, weight);
+        full = logits;
       }
       o::CrossEntropyOutput ce =
           o::cross_entropy_with_lse(logits, t, ignore_index, 0.0, o::LossReduction::sum,
@@ -240,15 +249,17 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
       Tensor dlogits =
           o::cross_entropy_backward(g, logits, t, ignore_index, 0.0, o::LossReduction::sum, ce.lse,
                                     padded ? logits : Tensor());
+      if (padded) dlogits = full;  // [r, Vp]: the gradient, 0 in the padding columns
       logits = Tensor();
+      full = Tensor();
       ce.lse = Tensor();
       if (need_h) {
         const Tensor dst = o::narrow(grad_h, 0, start, r);  // rows of a contiguous [N, C]
         if (scale32.defined()) {
           // float32, rounded once by the copy
-          o::copy_(dst, o::mul(o::mm(dlogits, weight), scale32));
+          o::copy_(dst, o::mul(o::mm(dlogits, wpad), scale32));
         } else {
-          o::mm_out(dst, dlogits, weight);
+          o::mm_out(dst, dlogits, wpad);
         }
       }
       if (need_w) {
@@ -272,9 +283,10 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
   if (mean) loss = o::div(loss, count);                                         // float64
   loss = o::to(loss, loss_dtype);
   if (need_w) {
-    if (!grad_w.defined()) grad_w = o::zeros({V, C}, acc, device);  // N = 0
+    if (!grad_w.defined()) grad_w = o::zeros({Vp, C}, acc, device);  // N = 0
     if (scale32.defined()) grad_w = o::mul(grad_w, scale32);
     grad_w = o::to(grad_w, dt);
+    if (padded) grad_w = o::contiguous(o::narrow(grad_w, 0, 0, V));
   }
   // Saved: the inputs' gradients for a loss gradient of 1 (the backward scales them).
   record("LinearCrossEntropyBackward", {hidden, weight}, {loss}, {grad_h, grad_w},

@@ -299,14 +299,16 @@ TEST(CudaExpandableSegments, SnapshotForMemoryViz) {
                           "forward");
     acts.push_back(a->allocate(12 * kMiB + i * 1000));
   }
+  // A hole of three ~12 MiB blocks holds at least one whole 20 MiB page of the large pool.
   a->deallocate(acts[2]);
   a->deallocate(acts[3]);
+  a->deallocate(acts[4]);
   a->empty_cache();  // unmaps the page inside the hole
   {
     AllocContextScope ctx(Category::gradient, "model.layer2", "linear_backward", "backward");
     acts[2] = a->allocate(20 * kMiB);
   }
-  acts.erase(acts.begin() + 3);
+  acts.erase(acts.begin() + 3, acts.begin() + 5);
   const char* dir = std::getenv("TALLY_SNAPSHOT_DIR");
   const std::filesystem::path out =
       std::filesystem::path(dir ? dir : std::filesystem::temp_directory_path().string()) /
