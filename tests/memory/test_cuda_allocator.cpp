@@ -182,12 +182,12 @@ TEST(CudaExpandableSegments, GrowSplitFreeAndEmptyCacheUnmaps) {
   EXPECT_EQ(attr.type, cudaMemoryTypeDevice);
   EXPECT_EQ(a->memory_stats().at("segment.large_pool.current"), 1);
   testing::expect_consistent(*a);
-  const size_t device_free = a->provider().free_memory();
   a->deallocate(big);
   a->deallocate(q);
   a->empty_cache();  // everything past p's page is unmapped and back on the device
+  // Reserved is the mapped bytes. (The device's free memory is no measure here: ctest runs
+  // other GPU tests at the same time.)
   EXPECT_EQ(a->memory_reserved(), 20 * kMiB);
-  EXPECT_GE(a->provider().free_memory(), device_free + (size_t{1} << 30));
   EXPECT_TRUE(device_bytes_are(p, kMiB + 1, 0x11));
   testing::expect_consistent(*a);
   a->deallocate(p);
@@ -232,6 +232,9 @@ TEST(CudaExpandableSegments, OomWhileGrowingIsRecoverable) {
   auto a = expandable_cuda();
   const size_t total = a->provider().total_memory();
   EXPECT_THROW((void)a->allocate(total * 2), OutOfMemoryError);  // larger than a segment
+  // Out of memory at a 24 GiB cap, not by filling the device: ctest runs other GPU tests at
+  // the same time.
+  a->set_memory_fraction(static_cast<double>(size_t{24} << 30) / static_cast<double>(total));
   std::vector<void*> chunks;
   bool oom = false;
   for (int i = 0; i < 64 && !oom; ++i) {
