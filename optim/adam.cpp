@@ -48,7 +48,7 @@ void Adam::check_options(const GroupOptions& o) const {
         fmt::format("{}: invalid weight_decay {}", n, o.at("weight_decay")));
 }
 
-void Adam::update_group(const ParamGroup& group, const std::vector<size_t>& indices) {
+AdamHyper adam_hyper(const ParamGroup& group, bool decoupled) {
   AdamHyper h;
   h.lr = group.get("lr");
   h.beta1 = group.get("beta1");
@@ -57,7 +57,12 @@ void Adam::update_group(const ParamGroup& group, const std::vector<size_t>& indi
   h.weight_decay = group.get("weight_decay");
   h.amsgrad = group.flag("amsgrad");
   h.maximize = group.flag("maximize");
-  h.decoupled = decoupled_;
+  h.decoupled = decoupled;
+  return h;
+}
+
+void Adam::update_group(const ParamGroup& group, const std::vector<size_t>& indices) {
+  AdamHyper h = adam_hyper(group, decoupled_);
   // Bucket by (device, dtype, step count): the bias corrections are per step.
   auto step_of = [&](size_t i) { return state(i).step; };
   for (const std::vector<size_t>& bucket : buckets(indices, step_of)) {

@@ -4,6 +4,7 @@
 // max_exp_avg_sq with amsgrad), and a host-side step count.
 #pragma once
 
+#include "optim/multi_tensor.h"
 #include "optim/optimizer.h"
 
 namespace tally::optim {
@@ -45,5 +46,9 @@ class AdamW : public Adam {
   AdamW(std::vector<Tensor> params, AdamOptions options = default_options());
   AdamW(std::vector<ParamGroup> groups, AdamOptions defaults);
 };
+
+// A group's Adam hyperparameters (lr, betas, eps, weight_decay, amsgrad, maximize) for the
+// fused kernels; the step count is the caller's.
+AdamHyper adam_hyper(const ParamGroup& group, bool decoupled);
 
 }  // namespace tally::optim

@@ -104,15 +104,8 @@ void AdamW8bit::check_loaded_state(size_t index, const ParamState& s) const {
 }
 
 void AdamW8bit::update_group(const ParamGroup& group, const std::vector<size_t>& indices) {
-  AdamHyper h;
-  h.lr = group.get("lr");
-  h.beta1 = group.get("beta1");
-  h.beta2 = group.get("beta2");
-  h.eps = group.get("eps");
-  h.weight_decay = group.get("weight_decay");
-  h.maximize = group.flag("maximize");
+  AdamHyper h = adam_hyper(group, /*decoupled=*/true);
   h.amsgrad = false;
-  h.decoupled = true;
   check_params();  // a group added after construction
   // Bucket by (device, step count, 8-bit or not): the bias corrections are per step, and the
   // two kinds of state are two kernels.

@@ -22,26 +22,29 @@ void check_launch(const char* what) {
   check(cudaGetLastError(), what);
 }
 
+namespace {
+// One non-blocking stream per device in `table` (guarded by `mu`), created on first use.
+cudaStream_t stream_of(std::mutex& mu, std::vector<cudaStream_t>& table, int device,
+                       const char* what) {
+  std::lock_guard lock(mu);
+  return per_device(table, device, what, [what] {
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), what);
+    return s;
+  });
+}
+}  // namespace
+
 cudaStream_t stream(int device) {
   static std::mutex mu;
   static std::vector<cudaStream_t> streams;
-  std::lock_guard lock(mu);
-  return per_device(streams, device, "cuda::stream", [] {
-    cudaStream_t s = nullptr;
-    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-    return s;
-  });
+  return stream_of(mu, streams, device, "cuda::stream");
 }
 
 cudaStream_t copy_stream(int device) {
   static std::mutex mu;
   static std::vector<cudaStream_t> streams;
-  std::lock_guard lock(mu);
-  return per_device(streams, device, "cuda::copy_stream", [] {
-    cudaStream_t s = nullptr;
-    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate (copy stream)");
-    return s;
-  });
+  return stream_of(mu, streams, device, "cuda::copy_stream");
 }
 
 DeviceGuard::DeviceGuard(int device) {
