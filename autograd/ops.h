@@ -4,6 +4,7 @@
 #pragma once
 
 #include <optional>
+#include <source_location>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -12,19 +13,28 @@
 namespace tally {
 
 // ---- factories (requires_grad from options) ----
-Tensor empty(const Shape& shape, TensorOptions opts = {});
-Tensor zeros(const Shape& shape, TensorOptions opts = {});
-Tensor ones(const Shape& shape, TensorOptions opts = {});
-Tensor full(const Shape& shape, double value, TensorOptions opts = {});
-Tensor arange(double end, TensorOptions opts = TensorOptions{}.with_dtype(DType::int64));
+// `site`, defaulted at the caller, names the user's line in snapshots and traces
+// (memory::CallSiteScope).
+using CallSite = std::source_location;
+Tensor empty(const Shape& shape, TensorOptions opts = {}, CallSite site = CallSite::current());
+Tensor zeros(const Shape& shape, TensorOptions opts = {}, CallSite site = CallSite::current());
+Tensor ones(const Shape& shape, TensorOptions opts = {}, CallSite site = CallSite::current());
+Tensor full(const Shape& shape, double value, TensorOptions opts = {},
+            CallSite site = CallSite::current());
+Tensor arange(double end, TensorOptions opts = TensorOptions{}.with_dtype(DType::int64),
+              CallSite site = CallSite::current());
 Tensor arange(double start, double end, double step = 1.0,
-              TensorOptions opts = TensorOptions{}.with_dtype(DType::int64));
-Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);
-Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);
+              TensorOptions opts = TensorOptions{}.with_dtype(DType::int64),
+              CallSite site = CallSite::current());
+Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr,
+            CallSite site = CallSite::current());
+Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr,
+             CallSite site = CallSite::current());
 Tensor randint(int64_t low, int64_t high, const Shape& shape,
                TensorOptions opts = TensorOptions{}.with_dtype(DType::int64),
-               Generator* gen = nullptr);
-Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts = {});
+               Generator* gen = nullptr, CallSite site = CallSite::current());
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts = {},
+                   CallSite site = CallSite::current());
 Tensor from_blob(void* data, const Shape& shape, TensorOptions opts = {});
 Tensor tensor(std::initializer_list<double> values, TensorOptions opts = {});  // 1-D
 Tensor zeros_like(const Tensor& t);

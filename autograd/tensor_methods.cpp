@@ -118,19 +118,20 @@ Tensor Tensor::contiguous() const {
                  [](const Tensor& g) { return g; });
 }
 
-Tensor Tensor::to(Device device, DType dtype) const {
+Tensor Tensor::to(Device device, DType dtype, std::source_location site) const {
   if (this->device() == device && this->dtype() == dtype) return *this;
+  memory::CallSiteScope call_site(site);
   Tensor out = o::to(*this, device, dtype);
   if (!is_floating(dtype)) return out;
   return view_op(
       "ToCopyBackward", *this, out,
       [d = this->device(), t = this->dtype()](const Tensor& g) { return o::to(g, d, t); });
 }
-Tensor Tensor::to(Device device) const {
-  return to(device, dtype());
+Tensor Tensor::to(Device device, std::source_location site) const {
+  return to(device, dtype(), site);
 }
-Tensor Tensor::to(DType dtype) const {
-  return to(device(), dtype);
+Tensor Tensor::to(DType dtype, std::source_location site) const {
+  return to(device(), dtype, site);
 }
 
 Tensor Tensor::clone() const {
@@ -187,7 +188,8 @@ void Tensor::set_grad(const Tensor& g) const {
   meta->grad = g;
 }
 
-void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+void Tensor::backward(const Tensor& gradient, bool retain_graph, std::source_location site) const {
+  memory::CallSiteScope call_site(site);
   autograd::backward({*this}, {gradient}, retain_graph);
 }
 

@@ -12,7 +12,8 @@
 // sib = step-in-backward, adamw8bit = GPT's optimizer with 8-bit moments, fusedce = GPT's
 // fused chunked classifier, v50257 = GPT's real vocabulary; amp-bf16 / amp-fp16 as above). Each
 // line also carries the bytes of activation, gradient, optimizer_state and temporary at the
-// allocated peak.
+// allocated peak. The analysis tools' cost (bench/analysis.py) runs the same way: hist = memory
+// history recorded through the timed steps, leaks = a memory::LeakDetector step() after each.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
+#include "memory/leak_detector.h"
 #include "memory/memory.h"
 #include "nn/checkpoint.h"
 #include "nn/models/gpt.h"
@@ -45,6 +47,24 @@ namespace {
 struct Result {
   double median_ms, min_ms;
 };
+
+// Whether the configuration name holds a lever's token ("amp-bf16+offload" holds "offload").
+bool has(const std::string& cfg, const char* token) {
+  return cfg.find(token) != std::string::npos;
+}
+
+// The analysis tokens around a step: "hist" records memory history (what a snapshot needs)
+// and "leaks" runs a LeakDetector boundary after each step.
+std::function<void()> with_analysis(const std::string& cfg, Device dev,
+                                    std::function<void()> step) {
+  if (has(cfg, "hist")) memory::record_memory_history(true, 1000000, dev);
+  if (!has(cfg, "leaks")) return step;
+  auto leaks = std::make_shared<memory::LeakDetector>(dev);
+  return [step = std::move(step), leaks] {
+    step();
+    leaks->step();
+  };
+}
 
 Result timed(const std::function<void()>& step, Device dev, int warm, int n) {
   for (int i = 0; i < warm; ++i) step();
@@ -86,11 +106,6 @@ void report(const std::string& model, const std::string& cfg, Result r, Device d
       model, cfg, r.median_ms, r.min_ms, extra, memory::max_memory_allocated(dev) / mib,
       memory::max_memory_reserved(dev) / mib);
   std::fflush(stdout);
-}
-
-// Whether the configuration name holds a lever's token ("amp-bf16+offload" holds "offload").
-bool has(const std::string& cfg, const char* token) {
-  return cfg.find(token) != std::string::npos;
 }
 
 std::optional<DType> amp_of(const std::string& cfg) {
@@ -149,9 +164,11 @@ void resnet_cfg(const std::string& cfg, Device dev, int steps) {
   optim::SGD opt(model->parameters(), {.lr = 1e-3, .momentum = 0.9});
   const Tensor x = randn({64, 3, 224, 224}, TensorOptions{}.with_device(dev));
   const Tensor y = randint(0, 10, {64}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
-  const auto step = train_step(cfg, dev, opt, [&] { return cross_entropy((*model)(x), y); });
+  const auto step = with_analysis(
+      cfg, dev, train_step(cfg, dev, opt, [&] { return cross_entropy((*model)(x), y); }));
   memory::empty_cache(dev);
   report("resnet50-bs64", cfg, timed(step, dev, 3, steps), dev);
+  memory::record_memory_history(false, 0, dev);
 }
 
 void gpt_cfg(const std::string& cfg, Device dev, int steps) {
@@ -177,9 +194,11 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
       randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
   const Tensor tgt =
       randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
-  const auto step = train_step(cfg, dev, opt, [&] { return (*model)(idx, tgt).second; });
+  const auto step =
+      with_analysis(cfg, dev, train_step(cfg, dev, opt, [&] { return (*model)(idx, tgt).second; }));
   memory::empty_cache(dev);
   report("gpt2-124M-B16T1024", cfg, timed(step, dev, 2, steps), dev, B * T);
+  memory::record_memory_history(false, 0, dev);
 }
 
 }  // namespace
@@ -220,10 +239,11 @@ int main(int argc, char** argv) {
     if (gpt)
       for (const char* c : {"baseline-fp32", "ckpt-per-block", "amp-bf16", "amp-bf16+ckpt"})
         if (want(c)) gpt_cfg(c, dev, std::max(steps - 2, 3));
-    // The levers (bench/levers.py): asked for by name only.
+    // The levers (bench/levers.py) and the analysis tools (bench/analysis.py): asked for by
+    // name only.
     for (const std::string& c : configs) {
       if (!has(c, "offload") && !has(c, "sib") && !has(c, "adamw8bit") && !has(c, "fusedce") &&
-          !has(c, "v50257"))
+          !has(c, "v50257") && !has(c, "hist") && !has(c, "leaks"))
         continue;
       if (resnet && c.rfind("resnet:", 0) == 0) resnet_cfg(c.substr(7), dev, steps);
       if (gpt && c.rfind("gpt:", 0) == 0) gpt_cfg(c.substr(4), dev, std::max(steps - 2, 3));

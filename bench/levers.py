@@ -108,6 +108,8 @@ def torch_one(model, cfg, steps):
         if not sib:
             opt.step()
 
+    if "hist" in cfg:  # bench/analysis.py: PyTorch's memory history (Python + C++ stacks)
+        torch.cuda.memory._record_memory_history(max_entries=1000000)
     for _ in range(3):
         step()
     torch.cuda.synchronize()

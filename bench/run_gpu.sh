@@ -19,6 +19,9 @@
 #   levers      bench/levers.py: the memory levers (offload, step-in-backward, AdamW8bit, the
 #               fused classifier, vocabulary 50257, expandable segments) on GPT-2 and ResNet-50,
 #               with PyTorch's equivalents
+#   analysis    bench/analysis.py: what memory history (with the user's line in every frame) and
+#               the leak detector cost a GPT-2 and a ResNet-50 step, next to PyTorch's
+#               _record_memory_history (medians of alternating fresh-process runs)
 #   ddp         data parallel: the 2-rank DDP check, train_ddp with per-rank snapshots, and
 #               bench/ddp.py (Tally and PyTorch DDP at 1 and N GPUs, scaling efficiency)
 set -uo pipefail
@@ -171,6 +174,12 @@ fi
 if has predict; then
   python3 bench/predict.py $B --out /tmp/tally_predict > "$OUT/predict.txt" 2>&1; log "bench/predict.py: exit $?"
   cat "$OUT/predict.txt" >> "$OUT/summary.txt"
+fi
+
+if has analysis; then
+  python3 bench/analysis.py $B --rounds ${ROUNDS:-5} > "$OUT/analysis.txt" 2>&1
+  log "bench/analysis.py: exit $?"
+  sed -n '/^model /,$p' "$OUT/analysis.txt" >> "$OUT/summary.txt"
 fi
 
 if has levers; then

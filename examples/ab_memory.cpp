@@ -3,10 +3,13 @@
 // ResNet or a GPT with the same seed and data, N steps each, and prints one
 // table: peak allocated and reserved, bytes per category at the peak, median step time,
 // final loss, and each column's change against the first configuration (the baseline).
-// Writes, per configuration, a memory_viz snapshot and a memory-timeline JSON (PyTorch's
-// layout) of the last step, and one self-contained HTML report (report.html) with the
+// Writes, per configuration, a memory_viz snapshot of the whole run (recorded from before the
+// batches and the model exist, so no block is `unknown` there) and a memory-timeline JSON
+// (PyTorch's layout) of the last step, and one self-contained HTML report (report.html) with the
 // stacked memory-by-category of one training step per configuration on the same scale, the
-// forward staircase labelled by module, and the table.
+// forward staircase labelled by module, and the table. Every configuration after the first
+// also gets its snapshot diff against the first (diff/<configuration>.html, .txt, .json:
+// memory/memdiff.h, the same as tally_memdiff).
 //
 // Each configuration is dry-run first (memory/estimate.h: the same steps on a meta device
 // replaying the run's device) and shown next to its prediction. --estimate TARGET runs only
@@ -25,6 +28,8 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -35,6 +40,7 @@
 #include "examples/cli_common.h"
 #include "examples/train_common.h"
 #include "memory/atomic_file.h"
+#include "memory/memdiff.h"
 #include "memory/timeline.h"
 #include "nn/checkpoint.h"
 #include "nn/data/mnist.h"
@@ -89,10 +95,31 @@ std::vector<std::string> split_list(const std::string& s) {
   return v;
 }
 
-// The batches every configuration sees: the same tensors, built once on the CPU.
+// The batches every configuration sees: the same values, built once on the CPU, then kept in
+// host buffers outside the allocators (detach_from_allocators) so that each run copies them
+// into its device's allocator while its history records.
 struct Batches {
   std::vector<data::Example> items;
+  std::vector<std::vector<std::byte>> host;  // what items' tensors wrap
 };
+
+// The trace entries each run keeps: the whole run's, from before its batches and model exist.
+constexpr size_t kHistoryEntries = 2000000;
+
+// Moves the batches' values into host buffers the tensors wrap (ops::from_blob): a run's
+// snapshot then shows its copy of them as `input` allocated in its trace (not as blocks from
+// before the recording, `unknown` in memory_viz), and a CPU run's allocator holds one copy, as
+// the dry run's that predicts it does.
+void detach_from_allocators(Batches& b) {
+  for (data::Example& e : b.items) {
+    for (Tensor* t : {&e.input, &e.target}) {
+      const Tensor c = ops::contiguous(*t);
+      std::vector<std::byte>& buf = b.host.emplace_back(c.nbytes());
+      std::memcpy(buf.data(), c.data_ptr(), c.nbytes());
+      *t = ops::from_blob(buf.data(), c.sizes(), c.dtype());
+    }
+  }
+}
 
 Batches make_batches(const Args& a, int64_t& classes_or_vocab, int64_t& channels, int64_t& seq) {
   Batches b;
@@ -151,6 +178,27 @@ std::string safe_name(std::string s) {
   for (char& c : s)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
   return s;
+}
+
+// The snapshot diff (memory/memdiff.h) of every configuration against the first:
+// <out>/diff/<configuration>.{txt,html,json}. Returns the HTML pages' paths.
+std::vector<std::string> write_diffs(const std::string& out,
+                                     const std::vector<ex::ConfigResult>& results) {
+  std::vector<std::string> pages;
+  if (results.size() < 2) return pages;
+  std::filesystem::create_directories(out + "/diff");
+  const memory::SnapshotSummary base = memory::read_snapshot_summary(results[0].snapshot_path);
+  for (size_t i = 1; i < results.size(); ++i) {
+    // Every run is of the same device; a dry run's (--estimate) is a meta device of its own.
+    const memory::SnapshotDiff d = memory::diff_snapshots(
+        base, memory::read_snapshot_summary(results[i].snapshot_path), {.any_device = true});
+    const std::string stem = out + "/diff/" + safe_name(results[i].name);
+    memory::write_file_atomic(stem + ".txt", memory::format_snapshot_diff(d), "ab_memory");
+    memory::write_snapshot_diff_json(stem + ".json", d);
+    memory::write_snapshot_diff_html(stem + ".html", d);
+    pages.push_back(stem + ".html");
+  }
+  return pages;
 }
 
 }  // namespace
@@ -295,6 +343,7 @@ int main(int argc, char** argv) {
       memory::CategoryScope input(memory::Category::input);  // the batches live through every run
       batches = make_batches(a, classes, channels, seq);
     }
+    detach_from_allocators(batches);
 
     // The model of every configuration, built on `build_on` (the CPU, as a real run does;
     // meta:0 for the planner's dry runs, which need no values).
@@ -303,24 +352,25 @@ int main(int argc, char** argv) {
       if (a.model == "gpt") return std::make_shared<nn::GPT>(nn::GPTConfig::preset(a.preset));
       return nn::resnet_by_name(a.arch, {.num_classes = classes, .in_channels = channels});
     };
-    // A CPU run's batches live in the device's own allocator from the start (the copy to the
-    // device is none); a CUDA run copies each batch when its step begins.
+    // A CPU run's batches live in the device's own allocator from the start of the run (a
+    // copy of the host buffers, made while its history records); a CUDA run copies each batch
+    // when its step begins.
     auto resident_batches = [&](Device d) {
       std::vector<data::Example> resident;
       if (memory::behaves_as(d) != DeviceType::cpu) return batches.items;
       memory::CategoryScope input(memory::Category::input);
       for (const data::Example& b : batches.items)
-        resident.push_back(
-            {ops::to(b.input, d, b.input.dtype()), ops::to(b.target, d, b.target.dtype())});
+        resident.push_back({ops::to(b.input, d, b.input.dtype(), /*copy=*/true),
+                            ops::to(b.target, d, b.target.dtype(), /*copy=*/true)});
       return resident;
     };
 
     // One configuration's steps on `on`: the real device, or a dry run's meta device (no
-    // values to read there: no loss).
+    // values to read there: no loss). Returns when its last step began (now_us()).
     auto run_config = [&](Device on, const std::vector<data::Example>& items,
                           const nn::CheckpointSpec& spec, std::optional<DType> amp,
                           const Lever& lever, ex::ConfigResult& r,
-                          Device build_on = Device::cpu()) {
+                          Device build_on = Device::cpu()) -> int64_t {
       const bool dry = on.is_meta();
       manual_seed(a.seed);
       std::shared_ptr<nn::Module> model = build_model(build_on);
@@ -337,10 +387,10 @@ int main(int argc, char** argv) {
 
       std::vector<double> times;
       double loss_value = std::nan("");
+      int64_t last_step_us = 0;
       for (int64_t s = 0; s < a.steps; ++s) {
-        const bool last = s == a.steps - 1;
-        if (last) memory::record_memory_history(true, 2000000, on);
         memory::synchronize(on);
+        if (s == a.steps - 1) last_step_us = memory::now_us();
         ex::Stopwatch sw;
         data::Example batch;
         {
@@ -366,15 +416,20 @@ int main(int argc, char** argv) {
       std::sort(times.begin(), times.end());
       r.median_ms = dry ? std::nan("") : times[times.size() / 2];
       r.final_loss = loss_value;
+      return last_step_us;
     };
 
-    // The prediction of one configuration: the same steps on a dry run of `target`.
+    // The prediction of one configuration: the same steps on a dry run of `target` (its
+    // history records from the start, as a real run's does). `last_step_us`: when its last
+    // step began.
     auto predict = [&](const std::string& target, const nn::CheckpointSpec& spec,
-                       std::optional<DType> amp, const Lever& lever, ex::ConfigResult& r) {
-      memory::DryRun dry({.target = target});
+                       std::optional<DType> amp, const Lever& lever, ex::ConfigResult& r,
+                       int64_t& last_step_us) {
+      memory::DryRun dry({.target = target, .max_history = kHistoryEntries});
       std::string oom;
       try {
-        run_config(dry.device(), resident_batches(dry.device()), spec, amp, lever, r);
+        last_step_us =
+            run_config(dry.device(), resident_batches(dry.device()), spec, amp, lever, r);
       } catch (const memory::OutOfMemoryError& e) {
         oom = e.what();
       }
@@ -432,7 +487,8 @@ int main(int argc, char** argv) {
         // The prediction first (it needs no device), then the run it predicts. With
         // --estimate there is no run: the dry run's allocator stands in for the device.
         Device recorded = dev;
-        recorded = predict(target, spec, amp, lever, r);
+        int64_t last_step_us = 0;
+        recorded = predict(target, spec, amp, lever, r, last_step_us);
         if (estimate_only) {
           r.measured = false;
           r.peak_allocated = r.estimate.peak_allocated;
@@ -443,7 +499,10 @@ int main(int argc, char** argv) {
           recorded = dev;
           memory::empty_cache(dev);
           memory::reset_peak_memory_stats(dev);
-          run_config(dev, batches.items, spec, amp, lever, r);
+          // Recorded from before the batches' copies and the model: the snapshot has every
+          // block's alloc (parameters, optimizer state, inputs), nothing `unknown`.
+          memory::record_memory_history(true, kHistoryEntries, dev);
+          last_step_us = run_config(dev, resident_batches(dev), spec, amp, lever, r);
           const memory::DeviceStats st = memory::get_allocator(dev).stats();
           r.peak_allocated = st.allocated_bytes[0].peak;
           r.peak_reserved = st.reserved_bytes[0].peak;
@@ -453,7 +512,10 @@ int main(int argc, char** argv) {
         const memory::DeviceStats st = alloc.stats();
         memory::CategoryBytes now{};
         for (size_t c = 0; c < now.size(); ++c) now[c] = st.category_bytes[c].current;
-        const auto history = alloc.history();
+        // The snapshot holds the whole run; the report's timeline is its last step.
+        std::vector<memory::TraceEntry> history = alloc.history();
+        std::erase_if(history,
+                      [&](const memory::TraceEntry& e) { return e.time_us < last_step_us; });
         r.timeline = memory::timeline_from_history(history, &now);
         const std::string stem = a.out + "/" + safe_name(r.name);
         r.snapshot_path = stem + ".pickle";
@@ -530,6 +592,10 @@ int main(int argc, char** argv) {
         "report: {}\nper configuration: *.pickle (open at https://pytorch.org/memory_viz), "
         "*.timeline.json (PyTorch's memory-timeline layout)\n",
         report);
+    const std::vector<std::string> diffs = write_diffs(a.out, results);
+    if (!diffs.empty())
+      fmt::print("snapshot diffs against {} (.html, .txt, .json; tally_memdiff A B):\n  {}\n",
+                 results.front().name, fmt::join(diffs, "\n  "));
     return 0;
   });
 }

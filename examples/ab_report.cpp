@@ -176,7 +176,12 @@ void write_report(const std::string& path, const std::string& title,
   std::string data = "{\"title\":" + json_str(title) + ",\"categories\":[";
   for (size_t k = 0; k < std::size(kOrder); ++k)
     data += (k ? "," : "") + json_str(std::string(memory::category_name(kOrder[k])));
-  data += "],\"configs\":[";
+  data += "],\"colors\":{";
+  for (size_t k = 0; k < memory::kAllCategories.size(); ++k)
+    data += fmt::format("{}{}:\"{}\"", k ? "," : "",
+                        json_str(std::string(memory::category_name(memory::kAllCategories[k]))),
+                        memory::category_color(memory::kAllCategories[k]));
+  data += "},\"configs\":[";
   for (size_t i = 0; i < results.size(); ++i) {
     const ConfigResult& r = results[i];
     const memory::MemoryTimeline& t = r.timeline;
@@ -287,9 +292,7 @@ allocated memory peaked; changes against the first row.</p>
 <script>
 (function(){
 const D = JSON.parse(document.getElementById('data').textContent);
-const COLORS = {parameter:'#1f77b4',gradient:'#ff7f0e',optimizer_state:'#2ca02c',input:'#9467bd',
-  activation:'#d62728',temporary:'#8c564b',workspace:'#e377c2',autocast_cache:'#bcbd22',
-  communication:'#17becf',offloaded:'#c7c7c7',unknown:'#7f7f7f'};
+const COLORS = D.colors;  // memory::category_color: one palette on every page
 const BAND = {forward:'#e8f0fe',backward:'#fdf0e6',optimizer:'#e9f7ec',recompute:'#fbe9f0'};
 const NS = 'http://www.w3.org/2000/svg';
 function el(tag, attrs, parent){const e=document.createElementNS(NS,tag);for(const k in attrs)e.setAttribute(k,attrs[k]);if(parent)parent.appendChild(e);return e;}

@@ -5,7 +5,8 @@
 //                   the memory timeline, the modules that hold it (key_averages_by_module),
 //                   then the same step with --checkpoint blocks (both peaks printed).
 //   leak          - a loss history that keeps graph-holding tensors (history.push_back(loss)):
-//                   memory_allocated grows every step by `activation` bytes; the fix
+//                   memory_allocated grows every step by `activation` bytes, and the leak
+//                   detector (memory::LeakDetector) names the model call's line; the fix
 //                   (loss.item()) keeps it flat.
 //   fragmentation - an MLP fed random sequence lengths: reserved grows past allocated; the
 //                   same run with max_split_size_mb and with padded (bucketed) lengths.
@@ -28,6 +29,7 @@
 #include "examples/train_common.h"
 #include "memory/alloc_config.h"
 #include "memory/atomic_file.h"
+#include "memory/leak_detector.h"
 #include "memory/summary.h"
 #include "nn/checkpoint.h"
 #include "nn/models/gpt.h"
@@ -206,6 +208,8 @@ std::string staircase(const Args& a, Device dev) {
 // ---------------------------------------------------------------- leak
 struct LeakResult {
   std::vector<int64_t> allocated, activation;
+  std::vector<memory::LeakingLine> lines;  // the leak detector's finding, by line
+  std::string report;                      // and its report
 };
 
 LeakResult leak_run(const Args& a, Device dev, bool leaky) {
@@ -216,8 +220,9 @@ LeakResult leak_run(const Args& a, Device dev, bool leaky) {
   gpt->to(dev);
   gpt->train();
   optim::AdamW opt(gpt->parameters(), optim::AdamOptions{.lr = 1e-3});
-  std::vector<Tensor> history;        // the bug: keeps every loss and, through it, its graph
-  std::vector<double> history_fixed;  // the fix: plain numbers
+  std::vector<Tensor> history;         // the bug: keeps every loss and, through it, its graph
+  std::vector<double> history_fixed;   // the fix: plain numbers
+  memory::LeakDetector detector(dev);  // told each step's end: names the line that leaks
   const std::string stem = a.out + "/leak";
   std::unique_ptr<profiler::Profiler> prof;
   if (leaky) {
@@ -258,11 +263,14 @@ LeakResult leak_run(const Args& a, Device dev, bool leaky) {
       history_fixed.push_back(loss.item());
     loss = Tensor();
     memory::synchronize(dev);
+    detector.step();
     const memory::DeviceStats st = memory::get_allocator(dev).stats();
     r.allocated.push_back(st.allocated_bytes[0].current);
     r.activation.push_back(cat_now(st, memory::Category::activation));
     if (prof) prof->step();
   }
+  r.lines = detector.leaking_lines();
+  r.report = detector.report(8);
   if (leaky) {
     prof->stop();
     prof->export_memory_timeline(stem + ".timeline.json", dev);
@@ -298,14 +306,27 @@ std::string leak(const Args& a, Device dev) {
       "(the kept graphs' saved tensors); with history.push_back(loss.item()) it moves {} per "
       "step.\n",
       ex::fmt_bytes(per_step), ex::fmt_bytes(act_per_step), ex::fmt_bytes(fixed_per_step));
+  // The leak detector (memory/leak_detector.h) on both runs: the leaky one's line is the
+  // model call whose graphs the history keeps.
+  fmt::print("leak detector, history.push_back(loss):\n{}", bad.report);
+  fmt::print("leak detector, history.push_back(loss.item()):\n{}", good.report);
+  if (!bad.lines.empty())
+    fmt::print("diagnosis: the leaking line is {}\n", bad.lines.front().location);
   fmt::print(
       "wrote {0}/leak.pickle (memory_viz: the staircase of blocks that are never freed), "
       "{0}/leak.timeline.{{json,html}}, {0}/leak.trace.json\n\n",
       a.out);
+  auto lines_json = [](const std::vector<memory::LeakingLine>& lines) {
+    std::string s;
+    for (const memory::LeakingLine& l : lines)
+      s += fmt::format(R"({}{{"location": "{}", "bytes_per_step": {:.1f}, "sites": {}}})",
+                       s.empty() ? "" : ", ", l.location, l.bytes_per_step, l.sites);
+    return "[" + s + "]";
+  };
   return fmt::format(
-      R"({{"leaky": {{"allocated": {}, "activation": {}}}, "fixed": {{"allocated": {}, "activation": {}}}}})",
-      json_list(bad.allocated), json_list(bad.activation), json_list(good.allocated),
-      json_list(good.activation));
+      R"({{"leaky": {{"allocated": {}, "activation": {}, "leaking_lines": {}}}, "fixed": {{"allocated": {}, "activation": {}, "leaking_lines": {}}}}})",
+      json_list(bad.allocated), json_list(bad.activation), lines_json(bad.lines),
+      json_list(good.allocated), json_list(good.activation), lines_json(good.lines));
 }
 
 // ---------------------------------------------------------------- fragmentation

@@ -1,6 +1,7 @@
 // What the training programs share: the --checkpoint / --amp / --offload / --device flags, a
 // training step that applies them (autocast region, GradScaler for fp16, phases for the history),
-// a one-line progress bar, and byte formatting.
+// the --detect-leaks check (LeakCheck), --memory-limit and the out-of-memory report (what would
+// fit), a one-line progress bar, and byte formatting.
 #pragma once
 
 #include <fmt/format.h>
@@ -11,6 +12,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
+#include <source_location>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "memory/estimate.h"
+#include "memory/leak_detector.h"
 #include "memory/memory.h"
 #include "nn/offload.h"
 #include "nn/plan.h"
@@ -45,6 +49,8 @@ inline Device parse_device(const std::string& s) {
 // (memory/estimate.h) for this many steps (the peak of a training run is reached by its
 // second step, once the optimizer state exists), print the prediction and stop.
 inline constexpr int64_t kEstimateSteps = 3;
+// The exit status of a run that ran out of memory, and of a dry run predicted not to fit.
+inline constexpr int kExitOutOfMemory = 3;
 
 // The dry run for --estimate (none when the flag is empty). --device names where a real run
 // goes, so the two together are an error.
@@ -79,7 +85,7 @@ inline int finish_dry_run(memory::DryRun& dry, const std::string& out_of_memory,
   const memory::Estimate e = dry.finish(out_of_memory);
   std::fputs(e.report().c_str(), stdout);
   write_memory_outputs(e.device, summary, snapshot);  // the dry run's own
-  return e.fits() ? 0 : 3;
+  return e.fits() ? 0 : kExitOutOfMemory;
 }
 
 // --checkpoint auto --memory-budget SIZE [--amp auto] [--offload auto]: the memory planner
@@ -165,6 +171,105 @@ inline std::string fmt_bytes(double b) {
   return u == 0 ? fmt::format("{:.0f} {}", b, units[u]) : fmt::format("{:.1f} {}", b, units[u]);
 }
 
+// --memory-limit SIZE: the most the device's allocator may reserve
+// (set_per_process_memory_fraction), so that a run stops with out-of-memory where a smaller
+// device would; on the CPU, the out-of-memory report without a GPU. A real run's flag: a
+// dry run (--estimate) replays its target's capacity.
+inline void apply_memory_limit(const std::string& limit, Device device) {
+  if (limit.empty()) return;
+  if (device.is_meta())
+    throw std::invalid_argument(
+        "--memory-limit caps a real run's device; --estimate predicts for its target's capacity");
+  const size_t bytes = memory::parse_bytes(limit, "--memory-limit");
+  const size_t total = memory::get_allocator(device).provider().total_memory();
+  if (bytes == 0 || bytes > total)
+    throw std::invalid_argument(
+        fmt::format("--memory-limit {}: must be more than 0 and at most {}'s "
+                    "memory ({} bytes)",
+                    limit, device.str(), total));
+  memory::set_per_process_memory_fraction(static_cast<double>(bytes) / static_cast<double>(total),
+                                          device);
+}
+
+// What the out-of-memory report varies: the run's checkpointing, precision and offload (a
+// planner candidate) and its batch.
+struct RunShape {
+  nn::PlanCandidate plan;
+  int64_t batch = 0;
+};
+
+// After a real run stopped with out-of-memory on `device`: prints the error ("PROGRAM: ...",
+// naming the oom_snapshot file when TALLY_ALLOC_CONF sets one), then what would fit,
+// predicted by dry runs (memory/estimate.h) of the run and a few variations of it
+// (--checkpoint blocks, --amp bf16 where it was off, both, and halving --batch, up to three
+// times, until one fits) against the memory the run may reserve (the device's, or
+// --memory-limit's):
+//   with --checkpoint blocks the predicted peak is 61.2 GiB (fits in 80.0 GiB)
+// A predicted peak is the dry run's peak reserved plus `held`, what the program held on the
+// device before it built the model (the datasets of a CPU run). `dry_run(device, shape)` trains
+// two steps of `shape` on a meta device the way the program does. Never throws; returns
+// kExitOutOfMemory.
+inline int report_out_of_memory(const std::string& program, const memory::OutOfMemoryError& error,
+                                Device device, const RunShape& run, size_t held,
+                                const std::function<void(Device, const RunShape&)>& dry_run) {
+  std::fflush(stdout);
+  fmt::print(stderr, "{}: {}\n", program, error.what());
+  try {
+    const size_t limit = memory::get_allocator(device).memory_cap();
+    const std::string target = device.type == DeviceType::cuda ? "cuda" : "cpu";
+    const std::string room = fmt_bytes(static_cast<double>(limit));
+    fmt::print(stderr, "what would fit on {} (peak reserved, predicted by dry runs on '{}'):\n",
+               device.str(), target);
+    // One line per variation; true when it is predicted to fit.
+    auto predict = [&](const std::string& flags, const RunShape& shape) {
+      const std::string with = flags.empty() ? "as run," : "with " + flags;
+      try {
+        memory::DryRun dry({.target = target, .max_history = 0});
+        std::string oom;
+        try {
+          dry_run(dry.device(), shape);
+        } catch (const memory::OutOfMemoryError& e) {
+          oom = e.what();
+        }
+        const memory::Estimate e = dry.finish(oom);
+        const size_t peak = static_cast<size_t>(e.peak_reserved) + held;
+        const bool fits = e.fits() && peak <= limit;
+        fmt::print(stderr, "  {} the predicted peak is {}{} ({} in {})\n", with,
+                   e.fits() ? "" : "over ", fmt_bytes(static_cast<double>(peak)),
+                   fits ? "fits" : "does not fit", room);
+        return fits;
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "  {}: no prediction ({})\n", with, e.what());
+      }
+      return false;
+    };
+    predict("", run);
+    const bool blocks = run.plan.checkpoint.kind == nn::CheckpointSpec::Kind::blocks &&
+                        run.plan.checkpoint.blocks == 0;
+    RunShape shape = run;
+    shape.plan.checkpoint = nn::parse_checkpoint_spec("blocks");
+    if (!blocks) predict("--checkpoint blocks", shape);
+    if (!run.plan.amp) {
+      shape = run;
+      shape.plan.amp = DType::bfloat16;
+      predict("--amp bf16", shape);
+      shape.plan.checkpoint = nn::parse_checkpoint_spec("blocks");
+      if (!blocks) predict("--checkpoint blocks --amp bf16", shape);
+    }
+    shape = run;
+    for (int tries = 0; tries < 3 && shape.batch > 1; ++tries) {
+      shape.batch /= 2;
+      if (predict(fmt::format("--batch {}", shape.batch), shape)) break;
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "  (no prediction: {})\n", e.what());
+  } catch (...) {
+    fmt::print(stderr, "  (no prediction)\n");
+  }
+  std::fflush(stderr);
+  return kExitOutOfMemory;
+}
+
 // --optimizer NAME: the optimizers the programs offer (`allowed`, e.g. {"sgd", "adam", "adamw",
 // "adamw8bit"}); an unknown name is an error naming the flag and the choices.
 inline void check_optimizer(const std::string& name, const std::vector<std::string>& allowed) {
@@ -222,14 +327,16 @@ class Precision {
       throw std::invalid_argument("step-in-backward cannot be combined with fp16 loss scaling");
     sib_ = std::make_unique<optim::StepInBackward>(opt);
   }
-  // backward (scaled for fp16) + optimizer step (skipped on inf/NaN for fp16).
-  void backward_and_step(const Tensor& loss, optim::Optimizer& opt) {
+  // backward (scaled for fp16) + optimizer step (skipped on inf/NaN for fp16). Their
+  // allocations name the caller's line (`site`), not this file's.
+  void backward_and_step(const Tensor& loss, optim::Optimizer& opt,
+                         std::source_location site = std::source_location::current()) {
     {
       memory::PhaseScope phase("backward");
-      scaler_.scale(loss).backward();
+      scaler_.scale(loss, site).backward(Tensor(), false, site);
     }
     if (sib_) return;  // every parameter already stepped in backward
-    scaler_.step(opt);
+    scaler_.step(opt, site);
     scaler_.update();
   }
   optim::GradScaler& scaler() { return scaler_; }
@@ -254,6 +361,33 @@ inline void print_offload(const std::shared_ptr<ActivationOffloader>& offloader,
       s.tensors_prefetched / n, s.tensors_fetched / n, s.tensors_kept / n,
       s.tensors_deduplicated / n);
 }
+
+// --detect-leaks: a memory::LeakDetector on the run's device, told each step's end. A line
+// found leaking gets a one-line warning when first found (on a line of its own after the
+// progress bar); report() prints the detector's report at the end. Off, it does nothing.
+class LeakCheck {
+ public:
+  LeakCheck(bool enabled, Device device, bool tty = false) : tty_(tty) {
+    if (enabled) detector_.emplace(device);
+  }
+  bool enabled() const { return detector_.has_value(); }
+  void step() {
+    if (!detector_) return;
+    for (const memory::LeakingLine& l : memory::group_by_line(detector_->step())) {
+      if (!warned_.insert(l.location).second) continue;
+      std::fprintf(stdout, "%swarning: memory leak: %s\n", tty_ ? "\n" : "", l.describe().c_str());
+      std::fflush(stdout);
+    }
+  }
+  void report() const {
+    if (detector_) std::fputs(detector_->report().c_str(), stdout);
+  }
+
+ private:
+  std::optional<memory::LeakDetector> detector_;
+  std::set<std::string> warned_;
+  bool tty_;
+};
 
 // "step 12/100 [=====>    ] loss 0.4312 acc 86.2% | 41.3 ms/step | peak 1.2 GiB"
 class Progress {

@@ -49,6 +49,7 @@ struct Args {
   double first_bucket_cap_mb = 1;
   std::string snapshot;
   bool summary = false;
+  bool detect_leaks = false;
   uint64_t seed = 0;
 };
 
@@ -86,6 +87,9 @@ int main(int argc, char** argv) {
   app.add_option("--snapshot", a.snapshot,
                  "write a memory_viz snapshot per rank to FILE (.rank<R> added)");
   app.add_flag("--summary", a.summary, "print memory_summary() per rank at the end");
+  app.add_flag("--detect-leaks", a.detect_leaks,
+               "report allocations that survive each step and grow, by source line, per rank "
+               "(memory::LeakDetector)");
   ex::add_checked_option(app, "--seed", a.seed, "seed (the same on every rank)", ex::seed_value());
 
   std::string program = "train_ddp";  // "train_ddp (rank R)" once the environment is read
@@ -220,6 +224,7 @@ int main(int argc, char** argv) {
       batches.push_back(dataset->get_batch(idx, pinned));
     }
     ex::Stopwatch clock;
+    ex::LeakCheck leak_check(a.detect_leaks, dev);
     double last_loss = 0;
     for (int64_t step = 0; step < steps_total; ++step) {
       if (step == a.warmup) {
@@ -244,6 +249,7 @@ int main(int argc, char** argv) {
             gpt ? ddp.forward([&] { return (*gpt_model)(x, y).second; }) : cross_entropy(ddp(x), y);
       }
       prec.backward_and_step(loss, *opt);
+      leak_check.step();
       if (step == steps_total - 1) last_loss = loss.item();
     }
     memory::synchronize(dev);
@@ -281,6 +287,11 @@ int main(int argc, char** argv) {
           static_cast<double>(memory::max_memory_allocated(dev)) / 1048576.0,
           static_cast<double>(memory::max_memory_reserved(dev)) / 1048576.0,
           static_cast<double>(comm_peak) / 1048576.0);
+    }
+    if (leak_check.enabled()) {
+      fmt::print("rank {}: ", rank);
+      std::fflush(stdout);
+      leak_check.report();
     }
     if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
     if (!a.snapshot.empty()) {

@@ -54,6 +54,8 @@ struct Args {
   int64_t vocab = 0;          // synthetic data: the vocabulary (0: the preset's)
   std::string estimate;       // a dry run's target: predict memory instead of training
   std::string memory_budget;  // --checkpoint auto: the planner's budget
+  std::string memory_limit;   // caps what the device may reserve
+  bool detect_leaks = false;
 };
 
 // Greedy-with-temperature sampling of `n` bytes after `prompt`.
@@ -109,8 +111,14 @@ int main(int argc, char** argv) {
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
+  app.add_flag("--detect-leaks", a.detect_leaks,
+               "report allocations that survive each step and grow, by source line "
+               "(memory::LeakDetector)");
   ex::add_checked_option(app, "--seed", a.seed, "seed", ex::seed_value());
   ex::add_memory_options(app, a.checkpoint, a.amp, a.memory_budget, a.estimate, a.offload);
+  app.add_option("--memory-limit", a.memory_limit,
+                 "cap what the device may reserve (6GiB, 900MiB, ...): past it the run stops with "
+                 "out-of-memory and reports what would fit");
   app.add_option("--optimizer", a.optimizer,
                  "adamw | adamw8bit (block-wise 8-bit moments) | sgd (momentum 0.9)")
       ->capture_default_str();
@@ -134,6 +142,7 @@ int main(int argc, char** argv) {
     const std::unique_ptr<memory::DryRun> dry =
         ex::make_dry_run(a.estimate, app.count("--device") > 0);
     const Device dev = dry ? dry->device() : ex::parse_device(a.device);
+    ex::apply_memory_limit(a.memory_limit, dev);
     const bool pin = memory::behaves_as(dev) == DeviceType::cuda;  // pinned host batches
     const ex::AutoPlan auto_plan =
         ex::parse_auto_plan(a.checkpoint, a.amp, a.memory_budget, a.offload);
@@ -150,6 +159,9 @@ int main(int argc, char** argv) {
         auto_plan.checkpoint_auto ? nn::CheckpointSpec{} : nn::parse_checkpoint_spec(a.checkpoint);
     if (!a.snapshot.empty()) ex::check_output_file(a.snapshot, "--snapshot");
     manual_seed(a.seed);
+    // --snapshot: recorded from before the text and the model exist, so that every block has
+    // its alloc in the trace (memory_viz shows a block from before the recording as `unknown`).
+    if (!a.snapshot.empty() && !dry) memory::record_memory_history(true, 1000000, dev);
 
     nn::GPTConfig cfg = ex::for_flag("--preset", [&] { return nn::GPTConfig::preset(a.preset); });
     const bool synthetic = a.data == "synthetic";
@@ -181,49 +193,55 @@ int main(int argc, char** argv) {
       cfg.vocab_size = a.vocab;
     }
     cfg.fused_classifier = a.fused_classifier;
-    if (!a.snapshot.empty() && !dry) memory::record_memory_history(true, 1000000, dev);
 
+    // Two steps of a variation of this run on a dry run's device, the model built without
+    // host memory: what the planner and the out-of-memory report predict.
+    auto build = [&] {
+      nn::BuildOnDevice on(Device::meta());
+      return std::make_shared<nn::GPT>(cfg);
+    };
+    auto dry_steps = [&](Device d, const ex::RunShape& shape) {
+      const nn::PlanCandidate& c = shape.plan;
+      auto m = build();
+      m->to(d);
+      nn::enable_checkpointing(*m, c.checkpoint);
+      nn::offload_activations(*m, c.offload);
+      auto o = ex::make_optimizer(a.optimizer, m->parameters(), adam_options, sgd_options);
+      ex::Precision p(c.amp, d);
+      if (a.step_in_backward) p.step_in_backward(*o);
+      Tensor x, y;
+      {
+        memory::CategoryScope input(memory::Category::input);
+        x = ops::randint(0, cfg.vocab_size, {shape.batch, T}, DType::int64, d);
+        y = ops::randint(0, cfg.vocab_size, {shape.batch, T}, DType::int64, d);
+      }
+      for (int s = 0; s < 2; ++s) {
+        o->zero_grad(true);
+        Tensor loss;
+        {
+          memory::PhaseScope phase("forward");
+          auto guard = p.autocast();
+          loss = (*m)(x, y).second;
+        }
+        p.backward_and_step(loss, *o);
+      }
+    };
     if (auto_plan.checkpoint_auto) {
-      // The planner dry-runs each candidate: the model built without host memory, two steps
-      // of AdamW on batches of this run's shape.
-      auto build = [&] {
-        nn::BuildOnDevice on(Device::meta());
-        return std::make_shared<nn::GPT>(cfg);
-      };
-      const nn::PlanCandidate chosen = ex::plan_run(
-          auto_plan, amp, dev, nn::checkpoint_block_count(*build()),
-          [&](Device d, const nn::PlanCandidate& c) {
-            auto m = build();
-            m->to(d);
-            nn::enable_checkpointing(*m, c.checkpoint);
-            nn::offload_activations(*m, c.offload);
-            auto o = ex::make_optimizer(a.optimizer, m->parameters(), adam_options, sgd_options);
-            ex::Precision p(c.amp, d);
-            if (a.step_in_backward) p.step_in_backward(*o);
-            Tensor x, y;
-            {
-              memory::CategoryScope input(memory::Category::input);
-              x = ops::randint(0, cfg.vocab_size, {a.batch, T}, DType::int64, d);
-              y = ops::randint(0, cfg.vocab_size, {a.batch, T}, DType::int64, d);
-            }
-            for (int s = 0; s < 2; ++s) {
-              o->zero_grad(true);
-              Tensor loss;
-              {
-                memory::PhaseScope phase("forward");
-                auto guard = p.autocast();
-                loss = (*m)(x, y).second;
-              }
-              p.backward_and_step(loss, *o);
-            }
-          });
+      // The planner dry-runs each candidate: two steps on batches of this run's shape.
+      const nn::PlanCandidate chosen =
+          ex::plan_run(auto_plan, amp, dev, nn::checkpoint_block_count(*build()),
+                       [&](Device d, const nn::PlanCandidate& c) {
+                         dry_steps(d, {c, a.batch});
+                       });
       ckpt = chosen.checkpoint;
       amp = chosen.amp;
       offload = chosen.offload;
       a.checkpoint = ckpt.str();
     }
 
-    try {  // a dry run that runs out of its target's memory reports it (the catch below)
+    // What the program holds on the device before the model (the text on the CPU).
+    const size_t held = dry ? 0 : memory::memory_allocated(dev);
+    try {  // running out of memory is reported (the catch below)
       auto model = std::make_shared<nn::GPT>(cfg);
       model->to(dev);
       nn::enable_checkpointing(*model, ckpt);
@@ -240,14 +258,18 @@ int main(int argc, char** argv) {
       Generator gen(a.seed + 17);
       data::SyntheticTokens synth(1 << 20, cfg.vocab_size, {T}, a.seed);
 
+      // The host batch and its copy on the device are both `input` (an untagged host batch
+      // would be `unknown` in the snapshot).
       auto next_batch = [&](data::Split split) -> data::Example {
         data::Example b;
         if (synthetic) {
           std::vector<int64_t> idx(static_cast<size_t>(a.batch));
           for (auto& i : idx)
             i = static_cast<int64_t>(rand({1}, {}, &gen).item() * synth.size()) % synth.size();
+          memory::CategoryScope input(memory::Category::input);
           b = synth.get_batch(idx, pin);
         } else {
+          memory::CategoryScope input(memory::Category::input);
           b = corpus->get_batch(a.batch, T, gen, split, pin);
         }
         memory::CategoryScope input(memory::Category::input);
@@ -266,6 +288,7 @@ int main(int argc, char** argv) {
 
       model->train();
       ex::Progress bar(a.steps, isatty(fileno(stdout)));
+      ex::LeakCheck leak_check(a.detect_leaks && !dry, dev, isatty(fileno(stdout)));
       ex::Stopwatch clock;
       Tensor loss_acc = zeros({}, TensorOptions{}.with_device(dev));
       int64_t window = 0;
@@ -298,6 +321,7 @@ int main(int argc, char** argv) {
           loss_acc = add(loss_acc, loss.detach().to(DType::float32));
         }
         ++window;
+        leak_check.step();
         if (dry) continue;  // no values to read
         if (step % a.log_every == 0 || step == a.steps) {
           last_loss = loss_acc.item() / static_cast<double>(window);
@@ -339,6 +363,7 @@ int main(int argc, char** argv) {
           ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
           ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
       ex::print_offload(offloader, a.steps);
+      leak_check.report();
       if (a.sample > 0 && !synthetic) {
         Generator sgen(a.seed + 99);
         fmt::print("--- sample ---\n{}\n--------------\n",
@@ -347,7 +372,10 @@ int main(int argc, char** argv) {
       ex::write_memory_outputs(dev, a.summary, a.snapshot);
       return 0;
     } catch (const memory::OutOfMemoryError& e) {
-      if (!dry) throw;
+      // A real run: the error and what would fit. A dry run: its report, marked as not fitting.
+      if (!dry)
+        return ex::report_out_of_memory("train_gpt", e, dev, {{ckpt, amp, offload}, a.batch}, held,
+                                        dry_steps);
       return ex::finish_dry_run(*dry, e.what(), a.snapshot, a.summary);
     }
   });

@@ -55,6 +55,8 @@ struct Args {
   int64_t log_every = 10;
   std::string estimate;       // a dry run's target: predict memory instead of training
   std::string memory_budget;  // --checkpoint auto: the planner's budget
+  std::string memory_limit;   // caps what the device may reserve
+  bool detect_leaks = false;
 };
 
 // --optimizer over the model's parameters.
@@ -79,6 +81,12 @@ Tensor resize(const Tensor& x, int64_t size) {
   const int64_t k = size / h;
   const int64_t B = x.size(0), C = x.size(1);
   return x.reshape({B, C, h, 1, w, 1}).expand({B, C, h, k, w, k}).reshape({B, C, size, size});
+}
+
+// The shape of a dataset's first image, [C, H, W] (the example read to learn it is `input`).
+Shape first_image_shape(const data::Dataset& ds) {
+  memory::CategoryScope input(memory::Category::input);
+  return ds.get(0).input.shape();
 }
 
 }  // namespace
@@ -113,9 +121,15 @@ int main(int argc, char** argv) {
       ->check(ex::int_range(0, 4096));
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
+  app.add_flag("--detect-leaks", a.detect_leaks,
+               "report allocations that survive each step and grow, by source line "
+               "(memory::LeakDetector)");
   ex::add_checked_option(app, "--seed", a.seed, "seed of weights, data order and dropout",
                          ex::seed_value());
   ex::add_memory_options(app, a.checkpoint, a.amp, a.memory_budget, a.estimate, a.offload);
+  app.add_option("--memory-limit", a.memory_limit,
+                 "cap what the device may reserve (6GiB, 900MiB, ...): past it the run stops with "
+                 "out-of-memory and reports what would fit");
   app.add_option("--eval-batches", a.eval_batches, "test batches to evaluate (0: all)")
       ->check(ex::int_range(0));
   ex::add_checked_option(app, "--log-every", a.log_every, "progress update interval in steps",
@@ -126,6 +140,7 @@ int main(int argc, char** argv) {
     const std::unique_ptr<memory::DryRun> dry =
         ex::make_dry_run(a.estimate, app.count("--device") > 0);
     const Device dev = dry ? dry->device() : ex::parse_device(a.device);
+    ex::apply_memory_limit(a.memory_limit, dev);
     if (dry)
       a.steps = ex::kEstimateSteps;  // the dry run's steps (the synthetic set is sized by them)
     const ex::AutoPlan auto_plan =
@@ -146,6 +161,10 @@ int main(int argc, char** argv) {
       throw std::invalid_argument("--data-root does not apply to --dataset synthetic");
     if (!a.snapshot.empty()) ex::check_output_file(a.snapshot, "--snapshot");
     manual_seed(a.seed);
+    // --snapshot: recorded from before the datasets and the model exist, so that every block
+    // has its alloc in the trace (memory_viz shows a block from before the recording as
+    // `unknown`).
+    if (!a.snapshot.empty() && !dry) memory::record_memory_history(true, 1000000, dev);
 
     // ---- data ----
     std::unique_ptr<data::Dataset> train, test;
@@ -197,7 +216,7 @@ int main(int argc, char** argv) {
                       a.batch, source, train->size()));
     const int64_t image_size = a.dataset == "synthetic" ? 0 : a.image_size;
     if (image_size != 0) {
-      const Shape shape = train->get(0).input.shape();  // [C, H, W]
+      const Shape shape = first_image_shape(*train);  // [C, H, W]
       const int64_t h = shape.at(1), w = shape.at(2);
       if (image_size % h != 0 || h != w)
         throw std::invalid_argument(fmt::format(
@@ -215,43 +234,48 @@ int main(int argc, char** argv) {
     const int64_t per_epoch = loader.len();  // >= 1 (checked above)
     const int64_t total =
         a.steps > 0 ? a.steps : ex::checked_mul(per_epoch, a.epochs, "steps per epoch x --epochs");
-    if (!a.snapshot.empty() && !dry) memory::record_memory_history(true, 1000000, dev);
+    // The side of the images a step sees (dry runs make batches of it).
+    const int64_t side = image_size ? image_size : first_image_shape(*train).at(1);
 
+    // Two steps of a variation of this run (this run's optimizer, batches of its image shape)
+    // on a dry run's device, the model built without host memory: what the planner and the
+    // out-of-memory report predict.
+    auto build = [&] {
+      nn::BuildOnDevice on(Device::meta());
+      return make_model(a, classes, channels);
+    };
+    auto dry_steps = [&](Device d, const ex::RunShape& shape) {
+      const nn::PlanCandidate& c = shape.plan;
+      auto m = build();
+      m->to(d);
+      nn::enable_checkpointing(*m, c.checkpoint);
+      nn::offload_activations(*m, c.offload);
+      auto o = make_optimizer(a, *m);
+      ex::Precision p(c.amp, d);
+      if (a.step_in_backward) p.step_in_backward(*o);
+      Tensor x, y;
+      {
+        memory::CategoryScope input(memory::Category::input);
+        x = ops::randn({shape.batch, channels, side, side}, DType::float32, d);
+        y = ops::randint(0, classes, {shape.batch}, DType::int64, d);
+      }
+      for (int s = 0; s < 2; ++s) {
+        o->zero_grad(true);
+        Tensor loss;
+        {
+          memory::PhaseScope phase("forward");
+          auto guard = p.autocast();
+          loss = cross_entropy((*m)(x), y);
+        }
+        p.backward_and_step(loss, *o);
+      }
+    };
     if (auto_plan.checkpoint_auto) {
-      // The planner dry-runs each candidate: the model built without host memory, two steps
-      // of this run's optimizer on batches of this run's shape.
-      auto build = [&] {
-        nn::BuildOnDevice on(Device::meta());
-        return make_model(a, classes, channels);
-      };
-      const Shape image = train->get(0).input.shape();
-      const int64_t side = image_size ? image_size : image.at(1);
+      // The planner dry-runs each candidate: two steps on batches of this run's shape.
       const nn::PlanCandidate chosen =
           ex::plan_run(auto_plan, amp, dev, nn::checkpoint_block_count(*build()),
                        [&](Device d, const nn::PlanCandidate& c) {
-                         auto m = build();
-                         m->to(d);
-                         nn::enable_checkpointing(*m, c.checkpoint);
-                         nn::offload_activations(*m, c.offload);
-                         auto o = make_optimizer(a, *m);
-                         ex::Precision p(c.amp, d);
-                         if (a.step_in_backward) p.step_in_backward(*o);
-                         Tensor x, y;
-                         {
-                           memory::CategoryScope input(memory::Category::input);
-                           x = ops::randn({a.batch, channels, side, side}, DType::float32, d);
-                           y = ops::randint(0, classes, {a.batch}, DType::int64, d);
-                         }
-                         for (int s = 0; s < 2; ++s) {
-                           o->zero_grad(true);
-                           Tensor loss;
-                           {
-                             memory::PhaseScope phase("forward");
-                             auto guard = p.autocast();
-                             loss = cross_entropy((*m)(x), y);
-                           }
-                           p.backward_and_step(loss, *o);
-                         }
+                         dry_steps(d, {c, a.batch});
                        });
       ckpt = chosen.checkpoint;
       amp = chosen.amp;
@@ -259,7 +283,9 @@ int main(int argc, char** argv) {
       a.checkpoint = ckpt.str();
     }
 
-    try {  // a dry run that runs out of its target's memory reports it (the catch below)
+    // What the program holds on the device before the model (the datasets on the CPU).
+    const size_t held = dry ? 0 : memory::memory_allocated(dev);
+    try {  // running out of memory is reported (the catch below)
       // ---- model and optimizer ----
       auto model = make_model(a, classes, channels);
       model->to(dev);
@@ -284,6 +310,7 @@ int main(int argc, char** argv) {
       // ---- train ----
       model->train();
       ex::Progress bar(total, isatty(fileno(stdout)));
+      ex::LeakCheck leak_check(a.detect_leaks && !dry, dev, isatty(fileno(stdout)));
       ex::Stopwatch clock;
       int64_t step = 0;
       double loss_sum = 0;
@@ -314,6 +341,7 @@ int main(int argc, char** argv) {
           seen += x.size(0);
           ++step;
           ++window_steps;
+          leak_check.step();
           if (dry) continue;  // no values to read
           if (step % a.log_every == 0 || step == total) {
             loss_sum = loss_acc.item() / static_cast<double>(window_steps);  // one sync per update
@@ -361,10 +389,14 @@ int main(int argc, char** argv) {
           right, count, ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
           ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
       ex::print_offload(offloader, total);
+      leak_check.report();
       ex::write_memory_outputs(dev, a.summary, a.snapshot);
       return 0;
     } catch (const memory::OutOfMemoryError& e) {
-      if (!dry) throw;
+      // A real run: the error and what would fit. A dry run: its report, marked as not fitting.
+      if (!dry)
+        return ex::report_out_of_memory("train_resnet", e, dev, {{ckpt, amp, offload}, a.batch},
+                                        held, dry_steps);
       return ex::finish_dry_run(*dry, e.what(), a.snapshot, a.summary);
     }
   });

@@ -7,6 +7,7 @@
 #include <bit>
 
 #include "memory/checked.h"
+#include "memory/rank_path.h"
 #include "memory/summary.h"
 
 namespace tally::memory {
@@ -104,7 +105,13 @@ struct BlockPool {
 
 namespace {
 std::atomic<AllocationObserver*> g_allocation_observer{nullptr};
+
+// The user's line (the innermost CallSiteScope) or, with none open, the API's call site.
+SourceLoc user_site_or(const std::source_location& api_call) {
+  const SourceLoc site = current_tag().loc;
+  return site.line != 0 ? site : SourceLoc::from(api_call);
 }
+}  // namespace
 
 void set_allocation_observer(AllocationObserver* observer) {
   g_allocation_observer.store(observer);
@@ -207,7 +214,7 @@ void CachingAllocator::record(TraceAction action, uint64_t addr, size_t size, St
 void* CachingAllocator::allocate(size_t bytes, StreamId stream, std::source_location loc) {
   if (bytes == 0) return nullptr;
   AllocTag tag = current_tag();
-  tag.loc = SourceLoc::from(loc);
+  if (tag.loc.line == 0) tag.loc = SourceLoc::from(loc);  // no CallSiteScope open
 
   std::unique_lock lock(mu_);
   process_events();
@@ -218,6 +225,10 @@ void* CachingAllocator::allocate(size_t bytes, StreamId stream, std::source_loca
   p.size = round_size(bytes);
   p.stream = stream;
   p.pool = p.size <= kSmallSize ? small_pool_.get() : large_pool_.get();
+  if (p.size > largest_request_) {
+    largest_request_ = p.size;
+    largest_request_small_ = p.pool->small;
+  }
   if (p.pool->small) {
     p.alloc_size = kSmallBuffer;
   } else {
@@ -652,7 +663,7 @@ void CachingAllocator::deallocate(void* ptr, std::source_location loc) {
   stats_.cat_bytes(block->tag.category).decrease(size);
   stats_.category_blocks[static_cast<size_t>(block->tag.category)].decrease(1);
   AllocTag tag = block->tag;
-  tag.loc = SourceLoc::from(loc);
+  tag.loc = user_site_or(loc);
   record(TraceAction::free_requested, block->addr(), block->requested, block->stream, tag);
   if (AllocationObserver* o = allocation_observer())
     notify(o, block->addr(), -size, tag, false, tag.category);
@@ -904,10 +915,17 @@ void CachingAllocator::raise_oom(const AllocParams& p, std::unique_lock<std::mut
   }
   size_t largest_cached = 0;
   size_t cached = 0;
+  last_oom_ = OomRecord{.requested = p.requested,
+                        .size = p.size,
+                        .small_pool = p.pool->small,
+                        .category = p.tag.category};
   for (BlockPool* pool : {small_pool_.get(), large_pool_.get()}) {
     for (Block* b : pool->blocks) {
       largest_cached = std::max(largest_cached, b->size);
       cached += b->size;
+      if (pool != p.pool) continue;
+      last_oom_.free_bytes += b->size;
+      if (b->stream == p.stream) last_oom_.largest_free = std::max(last_oom_.largest_free, b->size);
     }
   }
   std::vector<std::pair<int64_t, Category>> cats;
@@ -938,17 +956,28 @@ void CachingAllocator::raise_oom(const AllocParams& p, std::unique_lock<std::mut
   if (memory_fraction_ > 0)
     msg += fmt::format(" Memory fraction {} caps reserved memory at {}.", memory_fraction_,
                        fmt_bytes(allowed_maximum_));
-  std::string path = config_.oom_snapshot_path;
+  // oom_snapshot: the segments and blocks with their tags always; the trace when recording
+  // (empty otherwise). Whatever goes wrong writing it, the error stays the out-of-memory one.
+  const std::string path = config_.oom_snapshot_path;
+  const bool with_trace = recording_;
   SnapshotData snap;
-  const bool dump = recording_ && !path.empty();
-  if (dump) snap = snapshot_locked();
-  lock.unlock();
-  if (dump) {
+  std::string dump_error;
+  if (!path.empty()) {
     try {
-      write_snapshot_file(snap, path);
-      msg += fmt::format(" Snapshot written to {}.", path);
+      snap = snapshot_locked();
     } catch (const std::exception& e) {
-      msg += fmt::format(" Writing the snapshot failed: {}", e.what());
+      dump_error = e.what();
+    }
+  }
+  lock.unlock();
+  if (!path.empty()) {
+    try {
+      if (!dump_error.empty()) throw std::runtime_error(dump_error);
+      write_snapshot_file(snap, path);
+      msg += fmt::format(" Snapshot written to {}{}.", per_rank_path(path),
+                         with_trace ? "" : " (segments and blocks; no trace: history is off)");
+    } catch (const std::exception& e) {
+      msg += fmt::format(" Writing the snapshot to {} failed: {}", path, e.what());
     }
   }
   throw OutOfMemoryError(msg, p.requested);
@@ -971,7 +1000,7 @@ void CachingAllocator::retag(void* ptr, Category category, std::source_location 
   block->tag.category = category;
   if (AllocationObserver* o = allocation_observer()) {
     AllocTag t = block->tag;
-    t.loc = SourceLoc::from(loc);
+    t.loc = user_site_or(loc);
     notify(o, block->addr(), size, t, true, old);
   }
   if (recording_) {
@@ -982,7 +1011,7 @@ void CachingAllocator::retag(void* ptr, Category category, std::source_location 
     e.stream = block->stream;
     e.time_us = now_us();
     e.tag = block->tag;
-    e.tag.loc = SourceLoc::from(loc);
+    e.tag.loc = user_site_or(loc);
     e.old_category = old;
     ring_.push(e);
   }
@@ -1016,6 +1045,11 @@ void CachingAllocator::set_memory_fraction(double fraction) {
   allowed_maximum_ = static_cast<size_t>(fraction * static_cast<double>(provider_->total_memory()));
 }
 
+size_t CachingAllocator::memory_cap() const {
+  std::lock_guard lock(mu_);
+  return memory_fraction_ > 0 ? allowed_maximum_ : provider_->total_memory();
+}
+
 DeviceStats CachingAllocator::stats() const {
   std::lock_guard lock(mu_);
   return stats_;
@@ -1027,6 +1061,7 @@ size_t CachingAllocator::all_pools(StatArray DeviceStats::*counter, int64_t Stat
 void CachingAllocator::reset_peak_memory_stats() {
   std::lock_guard lock(mu_);
   stats_.reset_peak();
+  largest_request_ = 0;
 }
 void CachingAllocator::reset_accumulated_memory_stats() {
   std::lock_guard lock(mu_);
@@ -1034,7 +1069,67 @@ void CachingAllocator::reset_accumulated_memory_stats() {
 }
 
 std::string CachingAllocator::memory_summary(bool abbreviated) const {
-  return format_memory_summary(stats(), device_, provider_->device_name(), abbreviated);
+  DeviceStats st;
+  FragmentationInfo frag;
+  {
+    std::lock_guard lock(mu_);
+    st = stats_;
+    frag = fragmentation_locked();
+  }
+  return format_memory_summary(st, device_, provider_->device_name(), abbreviated, &frag);
+}
+
+FragmentationInfo CachingAllocator::fragmentation() const {
+  std::lock_guard lock(mu_);
+  return fragmentation_locked();
+}
+
+FragmentationInfo CachingAllocator::fragmentation_locked() const {
+  static constexpr size_t kKeptSegments = 4;  // the diagnosis names the first two
+  FragmentationInfo f;
+  f.largest_request = largest_request_;
+  f.largest_request_small = largest_request_small_;
+  f.last_oom = last_oom_;
+  f.max_split_size = config_.max_split_size;
+  f.expandable_segments = config_.expandable_segments;
+  for (const auto& [base, seg] : segments_) {
+    FreeSegment s;
+    s.address = seg->base;
+    s.small = seg->small;
+    s.expandable = seg->expandable != nullptr;
+    for (const Block* b = seg->head; b; b = b->next) {
+      if (!b->mapped) continue;  // unmapped pages of an expandable segment hold nothing
+      s.size += b->size;
+      if (b->allocated || b->event_count > 0) {
+        ++s.live_blocks;
+        s.live_bytes[static_cast<size_t>(b->tag.category)] += static_cast<int64_t>(b->size);
+      } else {
+        ++s.free_blocks;
+        s.free_bytes += b->size;
+        s.largest_free = std::max(s.largest_free, b->size);
+      }
+    }
+    if (s.free_bytes == 0) continue;
+    for (const PoolIndex pool : {kAllPools, s.small ? kSmallPool : kLargePool}) {
+      const auto i = static_cast<size_t>(pool);
+      f.free_bytes[i] += s.free_bytes;
+      f.largest_free[i] = std::max(f.largest_free[i], s.largest_free);
+      ++f.free_segments[i];
+      if (s.live_blocks == 0) f.releasable[i] += s.free_bytes;
+    }
+    if (s.live_blocks > 0)
+      for (size_t c = 0; c < f.interleaved.size(); ++c) f.interleaved[c] += s.live_bytes[c];
+    f.segments.push_back(s);
+  }
+  // The segments holding the most free bytes, most first (lowest address first on ties).
+  const size_t kept = std::min(f.segments.size(), kKeptSegments);
+  std::partial_sort(f.segments.begin(), f.segments.begin() + static_cast<std::ptrdiff_t>(kept),
+                    f.segments.end(), [](const FreeSegment& a, const FreeSegment& b) {
+                      return a.free_bytes != b.free_bytes ? a.free_bytes > b.free_bytes
+                                                          : a.address < b.address;
+                    });
+  f.segments.resize(kept);
+  return f;
 }
 
 void CachingAllocator::record_memory_history(bool enabled, size_t max_entries) {
@@ -1114,6 +1209,21 @@ SnapshotData CachingAllocator::snapshot_locked() const {
   snap.device_traces.resize(static_cast<size_t>(device_) + 1);
   snap.device_traces[static_cast<size_t>(device_)] = ring_.entries();
   return snap;
+}
+
+std::vector<BlockInfo> CachingAllocator::allocated_blocks() const {
+  std::lock_guard lock(mu_);
+  std::vector<BlockInfo> out;
+  out.reserve(active_.size());
+  for (const auto& [ptr, b] : active_) {
+    if (!b->allocated) continue;  // pending free: returned, waiting for its streams
+    out.push_back(BlockInfo{.address = b->addr(),
+                            .size = b->size,
+                            .requested_size = b->requested,
+                            .state = BlockState::active_allocated,
+                            .tag = b->tag});
+  }
+  return out;
 }
 
 SnapshotData CachingAllocator::snapshot() {

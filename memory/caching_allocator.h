@@ -10,7 +10,9 @@
 //   (small: >= 512 B; large: > 1 MiB and the request < max_split_size); merge free
 //   neighbours on free;
 // - on device OOM: free oversize cached blocks (when max_split_size is set), then all
-//   unsplit cached segments, retry; then raise OutOfMemoryError with a full account.
+//   unsplit cached segments, retry; then write the oom_snapshot file (when set; history on
+//   or off) and raise OutOfMemoryError with a full account. The request is kept for
+//   memory_summary()'s fragmentation diagnosis.
 //
 // Expandable segments (expandable_segments:True, PyTorch's Note [Expandable Segments]):
 // instead of a new segment per miss, one segment per stream and pool reserves addresses for
@@ -45,6 +47,7 @@
 #include "memory/provider.h"
 #include "memory/snapshot.h"
 #include "memory/stats.h"
+#include "memory/summary.h"
 
 namespace tally::memory {
 
@@ -126,6 +129,9 @@ class CachingAllocator {
   void empty_cache();
   // Cap reserved memory at fraction * device total (enables garbage_collection_threshold).
   void set_memory_fraction(double fraction);
+  // The most memory this allocator may reserve: the set_memory_fraction cap, else the
+  // device's total.
+  size_t memory_cap() const;
 
   DeviceStats stats() const;
   std::map<std::string, int64_t> memory_stats() const { return stats().to_map(); }
@@ -141,7 +147,11 @@ class CachingAllocator {
   }
   void reset_peak_memory_stats();
   void reset_accumulated_memory_stats();
+  // PyTorch's table, Tally's categories and the fragmentation diagnosis (memory/summary.h).
   std::string memory_summary(bool abbreviated = false) const;
+  // What the diagnosis is read from: free blocks by pool and segment, the categories between
+  // them, the largest request and the last out-of-memory request.
+  FragmentationInfo fragmentation() const;
 
   // Keep the last `max_entries` trace entries (enabled) or stop recording and drop them.
   void record_memory_history(bool enabled, size_t max_entries = 100000);
@@ -152,6 +162,10 @@ class CachingAllocator {
   // Segments, blocks and trace; records a `snapshot` trace entry after capturing.
   SnapshotData snapshot();
   void dump_snapshot(const std::string& path);
+  // The blocks handed out and not yet returned (active_allocated), in no particular order:
+  // a snapshot's allocated blocks without its segments and history, for a cheap look at
+  // every step (memory::LeakDetector). Records nothing.
+  std::vector<BlockInfo> allocated_blocks() const;
 
   const AllocatorConfig& config() const { return config_; }
   // Replace the settings (e.g. in tests); cached blocks stay.
@@ -195,6 +209,7 @@ class CachingAllocator {
   void notify(AllocationObserver* o, uint64_t addr, int64_t bytes, const AllocTag& tag, bool retag,
               Category old_category) const;
   SnapshotData snapshot_locked() const;
+  FragmentationInfo fragmentation_locked() const;
   // One all-pools figure of a byte counter (memory_allocated(), ...), read under the lock.
   size_t all_pools(StatArray DeviceStats::*counter, int64_t Stat::*figure) const;
 
@@ -213,6 +228,11 @@ class CachingAllocator {
   size_t allowed_maximum_ = 0;
   bool recording_ = false;
   TraceRing ring_;
+  // For the diagnosis: the largest rounded request since the peaks were reset (and its
+  // pool), and the last request that ran out of memory.
+  size_t largest_request_ = 0;
+  bool largest_request_small_ = false;
+  OomRecord last_oom_;
 };
 
 }  // namespace tally::memory

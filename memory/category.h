@@ -35,5 +35,8 @@ inline constexpr std::array<Category, kNumCategories> kAllCategories = {
 std::string_view category_name(Category c);
 // Inverse of category_name; nullopt for an unknown spelling.
 std::optional<Category> parse_category(std::string_view name);
+// The category's colour on Tally's HTML pages (the A/B report, the snapshot diff), as CSS
+// "#rrggbb": one palette, so a category looks the same everywhere.
+std::string_view category_color(Category c);
 
 }  // namespace tally::memory

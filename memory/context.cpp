@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <deque>
+#include <filesystem>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
@@ -26,6 +27,7 @@ struct ThreadContext {
   StrId module = 0;
   StrId op = 0;
   StrId phase = 0;
+  SourceLoc site;  // the innermost CallSiteScope's user line (line 0: none open)
 };
 
 thread_local ThreadContext tls;
@@ -70,7 +72,53 @@ AllocTag current_tag() {
   tag.module = tls.module;
   tag.op = tls.op;
   tag.phase = tls.phase;
+  tag.loc = tls.site;
   return tag;
+}
+
+std::string_view relative_source_path(const char* file) {
+  std::string_view p = file ? file : "";
+  constexpr std::string_view root = TALLY_SOURCE_DIR "/";
+  if (p.starts_with(root)) {
+    p.remove_prefix(root.size());
+  } else if (!p.starts_with('/')) {
+    // A relative path is relative to the build folder (ccache's base_dir rewrites them so):
+    // "../nn/linear.cpp" -> "nn/linear.cpp".
+    while (p.starts_with("../") || p.starts_with("./")) p.remove_prefix(p.find('/') + 1);
+  }
+  return p;
+}
+
+std::string_view display_source_path(const char* file) {
+  const std::string_view p = relative_source_path(file);
+  if (!p.starts_with('/')) return p;
+  static const std::string cwd = [] {
+    std::error_code ec;
+    std::string d = std::filesystem::current_path(ec).string();
+    if (ec || d == "/") return std::string();
+    return d.ends_with('/') ? d : d + '/';
+  }();
+  if (!cwd.empty() && p.starts_with(cwd)) return p.substr(cwd.size());
+  return p;
+}
+
+bool is_library_source(const char* file) {
+  const std::string_view rel = relative_source_path(file);
+  if (rel.starts_with('/')) return false;  // not under the source root
+  for (std::string_view dir :
+       {"memory/", "tensor/", "autograd/", "nn/", "optim/", "profiler/", "distributed/"}) {
+    if (rel.starts_with(dir)) return true;
+  }
+  return false;
+}
+
+CallSiteScope::CallSiteScope(const std::source_location& site) : ScopeGuard(tls.site) {
+  // Library frames keep the user's line; the first user line, or a deeper one, replaces it.
+  if (!is_library_source(site.file_name())) tls.site = SourceLoc::from(site);
+}
+
+CallSiteScope::~CallSiteScope() {
+  tls.site = saved_;
 }
 
 CategoryScope::CategoryScope(Category c) : ScopeGuard(tls.category) {

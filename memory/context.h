@@ -40,6 +40,8 @@ struct AllocTag {
   StrId module = 0;  // dotted module path, e.g. "layer3.1.conv2"
   StrId op = 0;      // op name, e.g. "conv2d"
   StrId phase = 0;   // "forward", "backward", "optimizer", "recompute", ...
+  // The user's line that asked for the work (the innermost open CallSiteScope); when none
+  // is open, the C++ call site of the allocator's public API.
   SourceLoc loc;
 };
 
@@ -88,6 +90,35 @@ class PhaseScope : ScopeGuard<StrId> {
   explicit PhaseScope(std::string_view phase);
   ~PhaseScope();
 };
+
+// RAII: the user's call site for everything allocated inside. Module's call operators, the
+// public factories (randn, zeros, ...), Tensor::to, backward() and Optimizer::step open one
+// with std::source_location::current() defaulted at their caller, so snapshots, traces and
+// the leak detector name the user's file and line without unwinding the stack. A site in
+// Tally's own library sources (is_library_source) keeps the enclosing site: the innermost
+// line of the user's code wins, and a model of Tally's own (nn/models/) called from
+// `train.cpp:42` is attributed to train.cpp:42.
+class CallSiteScope : ScopeGuard<SourceLoc> {
+ public:
+  explicit CallSiteScope(const std::source_location& site = std::source_location::current());
+  ~CallSiteScope();
+};
+
+// True when `file` (a __FILE__ / source_location path) is one of Tally's library sources:
+// memory/, tensor/, autograd/, nn/, optim/, profiler/ or distributed/ under the source
+// root Tally was built from. Examples, tests, benchmarks and the user's own code are not.
+bool is_library_source(const char* file);
+
+// `file` relative to the source root Tally was built from when it lies under it
+// ("/src/tally/examples/train_gpt.cpp" -> "examples/train_gpt.cpp"), else unchanged.
+std::string_view relative_source_path(const char* file);
+
+// How snapshots, traces and reports name a source file: relative_source_path under the
+// source root ("examples/train_gpt.cpp"); else relative to the working directory when it
+// lies under it (a user's project built against Tally and run from its folder:
+// "/home/me/proj/train.cpp" run in /home/me/proj -> "train.cpp"); else the path unchanged.
+// The working directory is the one at the first call. Null or "" gives "".
+std::string_view display_source_path(const char* file);
 
 // RAII: all four at once (category required, the rest optional/empty keeps the current).
 class AllocContextScope : ScopeGuard<AllocTag> {

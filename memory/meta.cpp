@@ -107,8 +107,13 @@ int add_locked(MetaDevices& d, const MetaTarget& target) {
   d.targets.push_back(target);
   d.notes.emplace_back();
   d.seconds.push_back(0.0);
-  d.allocators.push_back(
-      std::make_unique<CachingAllocator>(std::make_unique<MetaProvider>(index, target)));
+  // TALLY_ALLOC_CONF's settings, as the device replayed would have them, except oom_snapshot:
+  // that file is the real device's post-mortem, which a dry run that runs out (the planner's,
+  // the out-of-memory report's) must not overwrite.
+  AllocatorConfig config = AllocatorConfig::from_env();
+  config.oom_snapshot_path.clear();
+  d.allocators.push_back(std::make_unique<CachingAllocator>(
+      std::make_unique<MetaProvider>(index, target), std::move(config)));
   return index;
 }
 

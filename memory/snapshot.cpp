@@ -4,10 +4,16 @@
 // Frames. Tally records a logical stack, not a native one; it is written as up to three
 // frames, innermost first, so the viewer (which prints `filename:line:name`) shows e.g.
 //
-//   nn/linear.cpp:42:linear                     the op and the C++ call site
+//   examples/train_gpt.cpp:250:linear           the op and the user's line
 //   module:0:layer3.1.fc                        the module path (omitted when empty)
 //   category=activation:0:phase forward         the category and the training phase
 //
+// The line is the tag's call site: the user's line that asked for the work (the innermost
+// memory::CallSiteScope: a module call, a factory, backward(), step()), else the C++ caller
+// of the allocator. Its file is named relative to the source root Tally was built from
+// ("examples/train_gpt.cpp", "nn/layers.cpp"); a file outside it relative to the working
+// directory when it lies under it ("train.cpp" for a project run from its folder); any other
+// file by its full path (memory::display_source_path), "??" when unknown.
 // An op-less tag names the C++ function of the call site instead ("<no op>" if unknown);
 // an empty phase is written "phase none". Entries with the same tag share one frames list
 // (a memo reference), as PyTorch's snapshots do.
@@ -37,6 +43,7 @@
 #include <string_view>
 
 #include "memory/atomic_file.h"
+#include "memory/context.h"
 #include "memory/enum_table.h"
 #include "memory/pickle.h"
 #include "memory/rank_path.h"
@@ -50,15 +57,11 @@ const char* block_state_name(BlockState s) {
 
 namespace {
 
-// The last two components of a source path ("/src/tally/nn/linear.cpp" -> "nn/linear.cpp"):
-// enough to find the file, short enough to read in the viewer.
-std::string_view short_source_path(const char* file) {
-  std::string_view p = file ? file : "";
-  if (p.empty()) return "??";
-  const size_t last = p.rfind('/');
-  if (last == std::string_view::npos || last == 0) return p;
-  const size_t prev = p.rfind('/', last - 1);
-  return prev == std::string_view::npos ? p : p.substr(prev + 1);
+// The frame's file name: the call site's path relative to the source root, or to the
+// working directory (display_source_path); "??" when unknown.
+std::string_view frame_source_path(const char* file) {
+  const std::string_view p = display_source_path(file);
+  return p.empty() ? "??" : p;
 }
 
 class SnapshotPickler {
@@ -133,7 +136,7 @@ class SnapshotPickler {
   }
 
   void frames(const AllocTag& tag) {
-    const std::string_view file = short_source_path(tag.loc.file);
+    const std::string_view file = frame_source_path(tag.loc.file);
     std::string_view name = interned(tag.op);
     if (name.empty()) {
       name = tag.loc.function && *tag.loc.function ? tag.loc.function : "<no op>";

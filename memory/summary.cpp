@@ -12,13 +12,17 @@
 //     >= 750 000 in the current unit;
 //   * oversize rows have no pool rows and each cell is its own reference.
 // The only deliberate difference from PyTorch is the title line, which names Tally and the
-// device label. Tally's own table reuses the same row grammar and byte formatter.
+// device label. Tally's own table reuses the same row grammar and byte formatter; the
+// diagnosis below it (from a live allocator) is free text, one sentence a line.
 #include "memory/summary.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <iterator>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tally::memory {
@@ -174,17 +178,147 @@ void append_category_table(std::vector<std::string>& lines, const DeviceStats& s
       fit(fmt::format(" Fragmentation (reserved - allocated): {}", format_size(frag, frag))));
   lines.push_back(fit(fmt::format("   (peak reserved - peak allocated:    {})",
                                   format_size(peak_frag, peak_frag))));
-  lines.emplace_back(kInnerWidth, '=');
+}
+
+// "12.0 MiB": the diagnosis's sizes, one decimal.
+std::string short_size(size_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  size_t u = 0;
+  while (v >= 1024.0 && u + 1 < std::size(kUnits)) {
+    v /= 1024.0;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", v, kUnits[u]);
+}
+
+std::string count_of(int n, std::string_view word) {
+  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
+}
+
+constexpr size_t kMiBytes = size_t{1} << 20;
+// max_split_size_mb's floor (alloc_config.cpp raises smaller values to it).
+constexpr size_t kMinMaxSplitMiB = 20;
+
+// What would help, given where the free bytes are: nothing when the request fits a free block
+// (or nothing is cached), empty_cache() when the free bytes are whole segments, else the
+// settings that keep free memory in one piece.
+void append_advice(std::vector<std::string>& out, const FragmentationInfo& f, size_t request,
+                   size_t largest, bool failed) {
+  const size_t free_all = f.free_bytes[kAllPools];
+  const size_t releasable = f.releasable[kAllPools];
+  if (free_all == 0) {
+    out.emplace_back(failed ? "  nothing cached: live blocks fill reserved memory; no setting helps"
+                            : "  would help: nothing needed (nothing is cached)");
+    return;
+  }
+  if (!failed && largest >= request) {
+    out.push_back(releasable > 0 ? fmt::format("  would help: nothing needed; empty_cache() "
+                                               "returns {}",
+                                               short_size(releasable))
+                                 : "  would help: nothing needed (the largest request fits)");
+    return;
+  }
+  if (free_all == releasable) {
+    out.emplace_back("  would help: empty_cache() (the free segments hold no live block)");
+    return;
+  }
+  std::vector<std::string> settings;
+  if (!f.expandable_segments) settings.emplace_back("expandable_segments:True");
+  // Blocks at or above max_split_size stay whole for requests as large: worth it for large
+  // requests only (smaller values are raised to 20 MiB).
+  const size_t request_mib = request / kMiBytes;
+  if (!f.expandable_segments && f.max_split_size == std::numeric_limits<size_t>::max() &&
+      request_mib >= kMinMaxSplitMiB)
+    settings.push_back(fmt::format("max_split_size_mb:{}", request_mib));
+  if (settings.empty()) {
+    out.emplace_back("  would help: no setting (expandable_segments is on): fewer live blocks");
+    return;
+  }
+  out.push_back("  would help: TALLY_ALLOC_CONF=" + settings[0]);
+  for (size_t i = 1; i < settings.size(); ++i)
+    out.push_back(fmt::format("  or TALLY_ALLOC_CONF={} (blocks >= {} MiB stay whole)", settings[i],
+                              request_mib));
+}
+
+}  // namespace
+
+std::vector<std::string> fragmentation_diagnosis(const FragmentationInfo& f) {
+  std::vector<std::string> out;
+  const OomRecord& oom = f.last_oom;
+  const bool failed = oom.requested > 0;
+  const size_t request = failed ? oom.size : f.largest_request;
+  if (request == 0 && f.free_bytes[kAllPools] == 0) {
+    out.emplace_back("Diagnosis: nothing allocated and nothing cached");
+    return out;
+  }
+  const bool small = failed ? oom.small_pool : f.largest_request_small;
+  const PoolIndex pool = small ? kSmallPool : kLargePool;
+  const size_t largest = failed ? oom.largest_free : f.largest_free[pool];
+  if (request == 0) {
+    out.push_back(fmt::format("Diagnosis: {} cached free, no request since the peaks were reset",
+                              short_size(f.free_bytes[kAllPools])));
+  } else {
+    const std::string_view pool_name = small ? "small" : "large";
+    out.push_back(fmt::format(
+        "Diagnosis: largest free block {} {} {} request {}", short_size(largest),
+        largest < request ? "<" : ">=", failed ? "failed" : "largest", short_size(request)));
+    if (failed)
+      out.push_back(fmt::format("  {} pool, {}: {} free in the pool when it failed", pool_name,
+                                category_name(oom.category), short_size(oom.free_bytes)));
+    else
+      out.push_back(
+          fmt::format("  {} pool: {} free in the pool", pool_name, short_size(f.free_bytes[pool])));
+  }
+
+  for (const PoolIndex p : {kLargePool, kSmallPool}) {
+    if (f.free_bytes[p] == 0) continue;
+    out.push_back(fmt::format("  free in the {} pool: {} in {}, {} releasable",
+                              p == kSmallPool ? "small" : "large", short_size(f.free_bytes[p]),
+                              count_of(f.free_segments[p], "segment"),
+                              short_size(f.releasable[p])));
+  }
+  for (size_t i = 0; i < f.segments.size() && i < 2; ++i) {
+    const FreeSegment& s = f.segments[i];
+    out.push_back(fmt::format("  segment {:#x} ({}): {}, {} free", s.address, short_size(s.size),
+                              count_of(s.free_blocks, "free block"), short_size(s.free_bytes)));
+  }
+
+  std::vector<std::pair<int64_t, Category>> cats;
+  for (const Category c : kAllCategories)
+    if (const int64_t b = f.interleaved[static_cast<size_t>(c)]; b > 0) cats.emplace_back(b, c);
+  std::sort(cats.begin(), cats.end(), [](const auto& a, const auto& b) { return a > b; });
+  if (!cats.empty()) {
+    std::string line = "  interleaved with:";
+    for (size_t i = 0; i < cats.size(); ++i) {
+      const std::string item = fmt::format("{} {} {}", i ? "," : "", category_name(cats[i].second),
+                                           short_size(static_cast<size_t>(cats[i].first)));
+      if (line.size() + item.size() > kInnerWidth - 1) break;
+      line += item;
+    }
+    out.push_back(line);
+  }
+  append_advice(out, f, request, largest, failed);
+  return out;
+}
+
+namespace {
+
+void append_diagnosis(std::vector<std::string>& lines, const FragmentationInfo& f) {
+  for (const std::string& line : fragmentation_diagnosis(f)) lines.push_back(fit(" " + line));
 }
 
 }  // namespace
 
 std::string format_memory_summary(const DeviceStats& stats, int device_id,
-                                  const std::string& device_label, bool abbreviated) {
+                                  const std::string& device_label, bool abbreviated,
+                                  const FragmentationInfo* fragmentation) {
   std::vector<std::string> lines;
-  lines.reserve(72);
+  lines.reserve(84);
   append_pytorch_table(lines, stats, device_id, device_label, abbreviated);
   append_category_table(lines, stats);
+  if (fragmentation) append_diagnosis(lines, *fragmentation);
+  lines.emplace_back(kInnerWidth, '=');
 
   std::string out;
   out.reserve(lines.size() * (kInnerWidth + 3));

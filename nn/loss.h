@@ -14,8 +14,9 @@ class CrossEntropyLoss : public Module {
   explicit CrossEntropyLoss(int64_t ignore_index = -100, std::string reduction = "mean",
                             double label_smoothing = 0.0);
   Tensor forward(const Tensor& input, const Tensor& target);
-  Tensor operator()(const Tensor& input, const Tensor& target) {
-    return call([&] { return forward(input, target); });
+  Tensor operator()(const Tensor& input, const Tensor& target,
+                    const std::source_location& site = std::source_location::current()) {
+    return call([&] { return forward(input, target); }, site);
   }
   std::string extra_repr() const override;
 

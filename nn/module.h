@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <source_location>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,8 +67,11 @@ class Module {
   virtual Tensor forward(const Tensor& x);
   // With set_checkpoint, the forward runs under nn::checkpoint (its activations are
   // recomputed in backward instead of kept).
-  Tensor operator()(const Tensor& x) {
-    return call([&] { return checkpoint_ ? checkpointed_forward(x) : forward(x); });
+  // `site`, defaulted at the caller, is the user's line that allocations inside are
+  // attributed to (memory::CallSiteScope).
+  Tensor operator()(const Tensor& x,
+                    const std::source_location& site = std::source_location::current()) {
+    return call([&] { return checkpoint_ ? checkpointed_forward(x) : forward(x); }, site);
   }
   // Checkpoint this module's single-tensor forward (policy: selective; empty: keep nothing),
   // or stop checkpointing it (enabled = false).
@@ -85,10 +89,13 @@ class Module {
     offload_ = std::move(offloader);
   }
   const std::shared_ptr<ActivationOffloader>& offloader() const { return offload_; }
-  // Runs `fn` under this module's ModuleScope and error context (and SaveOnCpu when the
-  // module offloads).
+  // Runs `fn` under this module's ModuleScope, error context and the caller's line
+  // (memory::CallSiteScope: a site in Tally's own sources keeps the enclosing one), and
+  // under SaveOnCpu when the module offloads.
   template <typename Fn>
-  auto call(Fn&& fn) -> decltype(fn()) {
+  auto call(Fn&& fn, const std::source_location& site = std::source_location::current())
+      -> decltype(fn()) {
+    memory::CallSiteScope call_site(site);
     memory::ModuleScope scope(name_);
     try {
       if (offload_) {

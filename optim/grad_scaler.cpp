@@ -45,13 +45,15 @@ void GradScaler::set_scale(float s) {
   for (const Tensor& t : scale_tensors_) ops::fill_(t, s);  // enqueued, no host wait
 }
 
-Tensor GradScaler::scale(const Tensor& loss) {
+Tensor GradScaler::scale(const Tensor& loss, std::source_location site) {
   if (!enabled_) return loss;
+  memory::CallSiteScope call_site(site);
   return tally::mul(loss, scale_tensor(loss.device()));
 }
 
-void GradScaler::unscale_(Optimizer& optimizer) {
+void GradScaler::unscale_(Optimizer& optimizer, std::source_location site) {
   if (!enabled_) return;
+  memory::CallSiteScope call_site(site);
   PerOptimizer& st = per_opt_[&optimizer];
   if (st.unscaled) return;
   if (st.stepped)
@@ -104,7 +106,8 @@ bool GradScaler::read_found_inf(PerOptimizer& st) {
   return st.found == 1;
 }
 
-bool GradScaler::step(Optimizer& optimizer) {
+bool GradScaler::step(Optimizer& optimizer, std::source_location site) {
+  memory::CallSiteScope call_site(site);  // optimizer.step() keeps it (a library line)
   if (!enabled_) {
     optimizer.step();
     return true;

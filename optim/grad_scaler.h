@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -33,14 +34,17 @@ class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
 
+  // `site`, defaulted at the caller, is the user's line the allocations are attributed to
+  // (memory::CallSiteScope), as for Optimizer::step.
+  //
   // loss * scale (differentiable); the loss itself when disabled.
-  Tensor scale(const Tensor& loss);
+  Tensor scale(const Tensor& loss, std::source_location site = std::source_location::current());
   // Divides the optimizer's gradients by the scale in place and records found_inf. Once
   // per optimizer per update(): a second call before update() does nothing.
-  void unscale_(Optimizer& optimizer);
+  void unscale_(Optimizer& optimizer, std::source_location site = std::source_location::current());
   // Unscales if not done yet, reads found_inf (the one host read of the step) and runs
   // optimizer.step() unless a gradient was inf or NaN. Returns whether it stepped.
-  bool step(Optimizer& optimizer);
+  bool step(Optimizer& optimizer, std::source_location site = std::source_location::current());
   // The next scale: scale * backoff_factor if any optimizer found inf/NaN since the last
   // update, else scale * growth_factor after growth_interval consecutive clean steps.
   void update();

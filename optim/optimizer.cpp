@@ -123,7 +123,8 @@ std::optional<StateSpec> Optimizer::state_spec(size_t index, const std::string& 
   return StateSpec{p.sizes(), p.dtype()};
 }
 
-void Optimizer::step() {
+void Optimizer::step(std::source_location site) {
+  memory::CallSiteScope call_site(site);
   NoGradGuard no_grad;
   memory::PhaseScope phase("optimizer");
   memory::CategoryScope category(memory::Category::temporary);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <source_location>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -60,8 +61,9 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update of every parameter that has a gradient.
-  void step();
+  // One update of every parameter that has a gradient; `site`, defaulted at the caller, is
+  // the user's line its allocations are attributed to (memory::CallSiteScope).
+  void step(std::source_location site = std::source_location::current());
   // One update of the i-th parameter (counted across groups) alone, when it has a gradient:
   // what step() does for it, with its group's options (optim/step_in_backward.h).
   void step_param(size_t param_index);

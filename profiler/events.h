@@ -56,7 +56,7 @@ struct MemoryEvent {
   memory::Device device;
   std::string module, op, phase;  // the block's tag (for a free: where it was allocated)
   std::string scope_module;       // module open on the thread when the event happened
-  std::string file;               // C++ call site of the allocation (with_stack)
+  std::string file;               // the allocation's user line (with_stack; snapshot frames)
   uint32_t line = 0;
   uint64_t tid = 0;
   uint64_t op_id = 0;  // innermost op/user span open on the thread (0: outside any)

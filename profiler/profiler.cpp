@@ -12,6 +12,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "memory/context.h"
 #include "memory/enum_table.h"
 #include "profiler/gpu_tracer.h"
 #include "tensor/dispatch.h"
@@ -441,7 +442,7 @@ std::vector<CpuSpan> merge_spans(const Buffers& buffers, int64_t end, bool with_
       s.tid = b.tid;
       s.device = r.device;
       if (with_stack && r.file) {
-        s.file = r.file;
+        s.file = memory::display_source_path(r.file);
         s.line = r.line;
       }
       if (r.shapes_at >= 0) {
@@ -486,8 +487,8 @@ std::vector<MemoryEvent> merge_memory(const Buffers& buffers, bool with_stack) {
       m.op = memory::interned(r.e.tag.op);
       m.phase = memory::interned(r.e.tag.phase);
       m.scope_module = memory::interned(r.scope_module);
-      if (with_stack && r.e.tag.loc.file) {
-        m.file = r.e.tag.loc.file;
+      if (with_stack && r.e.tag.loc.file) {  // the user's line (memory::CallSiteScope)
+        m.file = memory::display_source_path(r.e.tag.loc.file);
         m.line = r.e.tag.loc.line;
       }
       m.tid = bp->tid;

@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <memory>
 #include <ostream>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -118,9 +119,12 @@ class Tensor {
   Tensor unsqueeze(int64_t dim) const;
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
   Tensor contiguous() const;
-  Tensor to(Device device) const;
-  Tensor to(DType dtype) const;
-  Tensor to(Device device, DType dtype) const;
+  // `site`, defaulted at the caller, is the user's line the copy is attributed to
+  // (memory::CallSiteScope), as for backward() and the factories.
+  Tensor to(Device device, std::source_location site = std::source_location::current()) const;
+  Tensor to(DType dtype, std::source_location site = std::source_location::current()) const;
+  Tensor to(Device device, DType dtype,
+            std::source_location site = std::source_location::current()) const;
   Tensor clone() const;
   Tensor detach() const;  // shares storage, no graph
 
@@ -137,7 +141,8 @@ class Tensor {
   Tensor grad() const;
   void set_grad(const Tensor& g) const;
   // Backpropagate from this tensor (a scalar unless `gradient` is given).
-  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false,
+                std::source_location site = std::source_location::current()) const;
   // Hook on the gradient flowing into this tensor; may return a replacement (or undefined).
   void register_hook(std::function<Tensor(const Tensor&)> hook) const;
 

@@ -89,8 +89,10 @@ class GPT : public Module {
   // linear_cross_entropy, run under lm_head's module scope (its allocations carry
   // "lm_head"); the gradient reaches the tied weight as through lm_head.
   std::pair<Tensor, Tensor> forward(const Tensor& idx, const Tensor& targets = Tensor());
-  std::pair<Tensor, Tensor> operator()(const Tensor& idx, const Tensor& targets = Tensor()) {
-    return call([&] { return forward(idx, targets); });
+  std::pair<Tensor, Tensor> operator()(
+      const Tensor& idx, const Tensor& targets = Tensor(),
+      const std::source_location& site = std::source_location::current()) {
+    return call([&] { return forward(idx, targets); }, site);
   }
   void init_weights(Generator* gen = nullptr);
   // Parameters, minus the position embeddings when non_embedding (nanoGPT's get_num_params).

@@ -50,34 +50,45 @@ Tensor finish_factory(Tensor t, const TensorOptions& opts) {
 
 // ---------------------------------------------------------------- factories
 
-Tensor empty(const Shape& s, TensorOptions opts) {
+Tensor empty(const Shape& s, TensorOptions opts, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return finish_factory(o::empty(s, opts.dtype, opts.device), opts);
 }
-Tensor zeros(const Shape& s, TensorOptions opts) {
+Tensor zeros(const Shape& s, TensorOptions opts, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return finish_factory(o::zeros(s, opts.dtype, opts.device), opts);
 }
-Tensor ones(const Shape& s, TensorOptions opts) {
+Tensor ones(const Shape& s, TensorOptions opts, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return finish_factory(o::ones(s, opts.dtype, opts.device), opts);
 }
-Tensor full(const Shape& s, double v, TensorOptions opts) {
+Tensor full(const Shape& s, double v, TensorOptions opts, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return finish_factory(o::full(s, v, opts.dtype, opts.device), opts);
 }
-Tensor arange(double end, TensorOptions opts) {
-  return arange(0, end, 1, opts);
+Tensor arange(double end, TensorOptions opts, CallSite site) {
+  return arange(0, end, 1, opts, site);
 }
-Tensor arange(double start, double end, double step, TensorOptions opts) {
+Tensor arange(double start, double end, double step, TensorOptions opts, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return finish_factory(o::arange(start, end, step, opts.dtype, opts.device), opts);
 }
-Tensor rand(const Shape& s, TensorOptions opts, Generator* gen) {
+Tensor rand(const Shape& s, TensorOptions opts, Generator* gen, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return finish_factory(o::rand(s, opts.dtype, opts.device, gen), opts);
 }
-Tensor randn(const Shape& s, TensorOptions opts, Generator* gen) {
+Tensor randn(const Shape& s, TensorOptions opts, Generator* gen, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return finish_factory(o::randn(s, opts.dtype, opts.device, gen), opts);
 }
-Tensor randint(int64_t low, int64_t high, const Shape& s, TensorOptions opts, Generator* gen) {
+Tensor randint(int64_t low, int64_t high, const Shape& s, TensorOptions opts, Generator* gen,
+               CallSite site) {
+  memory::CallSiteScope call_site(site);
   return o::randint(low, high, s, opts.dtype, opts.device, gen);
 }
-Tensor from_vector(const std::vector<double>& v, const Shape& s, TensorOptions opts) {
+Tensor from_vector(const std::vector<double>& v, const Shape& s, TensorOptions opts,
+                   CallSite site) {
+  memory::CallSiteScope call_site(site);
   return finish_factory(o::from_vector(v, s, opts.dtype, opts.device), opts);
 }
 Tensor from_blob(void* data, const Shape& s, TensorOptions opts) {

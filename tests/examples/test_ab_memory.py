@@ -2,7 +2,9 @@
 """End-to-end test of examples/ab_memory: runs a 2x2 matrix (checkpointing x precision) of a
 small ResNet on the CPU, then checks every output with the real readers:
 - results.json: checkpointing lowers the activation bytes at the peak; nothing is `unknown`.
-- *.pickle: Python's pickle loads each snapshot (segments, device_traces).
+- *.pickle: Python's pickle loads each snapshot (segments, device_traces); recorded from before
+  the batches and the model exist, its trace allocates the parameters, optimizer state and
+  inputs, and no live block lacks its alloc entry (memory_viz would draw it `unknown`).
 - *.timeline.json: PyTorch's [times, sizes] layout with 13 columns, and the sample with the
   largest total matches the allocator's own peak split.
 - report.html: opened in headless Chromium (Debian's `chromium`): the script ran, one chart per
@@ -59,10 +61,30 @@ if bf and base:
     check(bf["at_peak"]["autocast_cache"] > 0 or bf["at_peak"]["activation"] < base["at_peak"]["activation"],
           "bf16 should show an autocast cache or smaller activations")
 
+def check_nothing_unknown(path, snap, categories=("parameter", "optimizer_state", "input")):
+    """Recorded from before the batches and the model exist: the trace allocates parameters,
+    optimizer state and inputs, and every live block has its alloc entry (memory_viz draws a
+    live block without one as `unknown`)."""
+    trace = [e for t in snap["device_traces"] for e in t]
+    allocated = {e["category"] for e in trace if e["action"] == "alloc"}
+    for c in categories:
+        check(c in allocated, f"{path}: no `alloc` entry of category {c} in the trace ({sorted(allocated)})")
+    live = set()
+    for e in trace:
+        if e["action"] == "alloc":
+            live.add(e["addr"])
+        elif e["action"] == "free_completed":
+            live.discard(e["addr"])
+    ghosts = [b for s in snap["segments"] for b in s["blocks"]
+              if b["state"] == "active_allocated" and b["address"] not in live]
+    check(not ghosts, f"{path}: {len(ghosts)} live blocks allocated before the trace (memory_viz: unknown)")
+
+
 for r in res:
     snap = pickle.load(open(r["snapshot"], "rb"))
     check(isinstance(snap, dict) and "segments" in snap and "device_traces" in snap,
           f"{r['snapshot']}: not a memory snapshot")
+    check_nothing_unknown(r["snapshot"], snap)
     times, sizes = json.load(open(r["timeline"]))
     check(len(times) == len(sizes) and len(times) > 10, f"{r['timeline']}: {len(times)} samples")
     check(all(len(row) == 13 and row[0] == 0 and row[7] == 0 for row in sizes),
@@ -70,6 +92,39 @@ for r in res:
     check(all(times[i] <= times[i + 1] for i in range(len(times) - 1)), f"{r['timeline']}: times not sorted")
     check(all(v >= 0 for row in sizes for v in row), f"{r['timeline']}: negative bytes")
     check(max(row[8] for row in sizes) == 0, f"{r['timeline']}: unknown column not zero")
+
+# The snapshot diff of every configuration against the first (diff/<name>.{html,txt,json},
+# memory/memdiff.h): listed in the output; the JSON names both snapshots, its rows add up to each
+# peak (requested bytes: at most the allocator's rounded peak), and checkpointing shows as less
+# activation at the peak; the page is self-contained.
+check("snapshot diffs against ckpt=none amp=off" in p.stdout, "ab_memory lists its snapshot diffs")
+for r in res[1:]:
+    stem = os.path.join(out, "diff", re.sub(r"[^A-Za-z0-9_-]", "_", r["name"]))
+    missing = [stem + e for e in (".html", ".txt", ".json") if not os.path.exists(stem + e)]
+    check(not missing, f"diff files missing: {missing}")
+    check(stem + ".html" in p.stdout, f"{stem}.html is not listed in the output")
+    if missing:
+        continue
+    dj = json.load(open(stem + ".json"))
+    check(dj["a"]["path"] == res[0]["snapshot"] and dj["b"]["path"] == r["snapshot"],
+          f"{stem}.json compares {dj['a']['path']} and {dj['b']['path']}")
+    check(dj["a"]["format"] == "tally" and dj["b"]["format"] == "tally", f"{stem}.json: not read as Tally's")
+    for side, rr in (("a", res[0]), ("b", r)):
+        check(0 < dj[side]["peak_allocated"] <= rr["peak_allocated"],
+              f"{stem}.json: {side} peak {dj[side]['peak_allocated']} vs the allocator's {rr['peak_allocated']}")
+    sections = {s["dimension"]: s for s in dj["sections"]}
+    check({"category", "phase", "module", "op"} <= set(sections), f"{stem}.json: sections {list(sections)}")
+    for s in dj["sections"]:
+        check(sum(row["a_bytes"] for row in s["rows"]) == dj["a"]["peak_allocated"]
+              and sum(row["b_bytes"] for row in s["rows"]) == dj["b"]["peak_allocated"],
+              f"{stem}.json: the {s['dimension']} rows do not add up to the peaks")
+    if r["name"] == "ckpt=blocks amp=off" and "category" in sections:
+        act = [row for row in sections["category"]["rows"] if row["name"] == "activation"]
+        check(act and act[0]["delta_bytes"] < 0, f"{stem}.json: checkpointing should lower activations: {act}")
+    text = open(stem + ".txt").read()
+    check("peak allocated" in text and "by module" in text, f"{stem}.txt: not the diff table")
+    page = open(stem + ".html", encoding="utf-8").read()
+    check("<svg" in page and "http" not in page, f"{stem}.html: not a self-contained page")
 
 # --estimate h200: dry runs only, for a CUDA target, on this machine: no step time, no loss.
 est = os.path.join(out, "estimate")
@@ -85,8 +140,14 @@ for r in eres:
           f"--estimate {r['name']}: a dry run has no time or loss: {r}")
     check(r["estimate_target"] == "h200" and r["estimated_peak_allocated"] == r["peak_allocated"] > 0,
           f"--estimate {r['name']}: the figures are the prediction's")
-    pickle.load(open(r["snapshot"], "rb"))
+    check_nothing_unknown(r["snapshot"], pickle.load(open(r["snapshot"], "rb")))
 check(eres[1]["peak_allocated"] < eres[0]["peak_allocated"], "--estimate: checkpointing should lower the peak")
+# Each dry run replays on a meta device of its own: the diff still compares them.
+est_diff = os.path.join(est, "diff", "ckpt_blocks_amp_bf16.json")
+check(os.path.exists(est_diff), f"--estimate: {est_diff} missing")
+if os.path.exists(est_diff):
+    ed = json.load(open(est_diff))
+    check(ed["b"]["peak_allocated"] < ed["a"]["peak_allocated"], "--estimate diff: checkpointing should lower the peak")
 
 html_path = os.path.join(out, "report.html")
 html = open(html_path, encoding="utf-8").read()
@@ -122,6 +183,7 @@ else:
 for r in lv.values():
     check(r.get("estimated_peak_allocated") == r["peak_allocated"],
           f"{r['name']}: predicted peak {r.get('estimated_peak_allocated')} != measured {r['peak_allocated']}")
+    check_nothing_unknown(r["snapshot"], pickle.load(open(r["snapshot"], "rb")))
 shutil.rmtree(lever_out, ignore_errors=True)
 
 chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

@@ -41,6 +41,8 @@ PROC = "/proc/tally_cli_test.pickle"  # the folder exists but takes no new file,
 BAD_CONF = {"TALLY_ALLOC_CONF": "max_split_size_mb:abc"}
 BAD_OOM = {"TALLY_ALLOC_CONF": "oom_snapshot:/nonexistent/dir/oom.pickle"}
 CPU = ["--device", "cpu"]
+SNAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "memory", "fixtures",
+                    "torch211-snapshot-pending-free.pickle")  # PyTorch's own snapshot
 
 
 def bad_values(prog, values, base=()):
@@ -78,6 +80,10 @@ cases = [
     (["train_resnet", "--estimate", "tpu-v9"], "--estimate", {}),
     (["train_resnet", "--estimate", "h200", "--device", "cpu"], "--estimate", {}),
     (["train_gpt", "--estimate", "a100"], "--estimate", {}),
+    (["train_resnet", "--memory-limit", "lots"], "--memory-limit", {}),
+    (["train_resnet", "--memory-limit", "0"], "--memory-limit", {}),
+    (["train_gpt", "--memory-limit", "1000TiB"], "--memory-limit", {}),
+    (["train_gpt", "--estimate", "h200", "--memory-limit", "1GiB"], "--memory-limit", {}),
     (["train_gpt", "--estimate", "cpu", "--device", "cpu"], "--estimate", {}),
     (["ab_memory", "--estimate", "gpu9000"], "--estimate", {}),
     (["ab_memory", "--estimate", "h200", "--device", "cpu"], "--estimate", {}),
@@ -179,6 +185,15 @@ cases = [
     (["profile_models", *CPU, "--small", "--resnet-batch", "8"], "--resnet-batch", {}),
     (["profile_models", *CPU, "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'", {}),
     (["profile_models", *CPU], "TALLY_ALLOC_CONF", BAD_CONF),
+    # ---- tally_memdiff (bad snapshots: tests/examples/test_memdiff.py)
+    (["tally_memdiff"], "A is required", {}),
+    (["tally_memdiff", SNAP], "B is required", {}),
+    *bad_values("tally_memdiff", {"--top": ["-1", "abc", None], "--device": ["-1"],
+                                  "--html": [NO_DIR, PROC], "--json": [NO_DIR, a_file + "/x"]},
+                base=[SNAP, SNAP]),
+    (["tally_memdiff", SNAP, "missing.pickle"], "missing.pickle: cannot open", {}),
+    (["tally_memdiff", a_file, SNAP], "a_file: empty file: not a pickle", {}),
+    (["tally_memdiff", SNAP, SNAP], "TALLY_ALLOC_CONF", BAD_CONF),
 ]
 
 # Valid boundary values that must still run (exit 0), and the files they must write.
@@ -192,6 +207,7 @@ good = [
     (["train_resnet", "--dataset", "synthetic", "--steps", "1", "--batch", "1", "--image-size", "8",
       "--eval-batches", "1", "--log-every", "1", "--momentum", "0"], []),
     (["train_resnet", "--help"], []),
+    (["tally_memdiff", SNAP, SNAP, "--top", "0", "--html", "d.html", "--json", "d.json"], ["d.html", "d.json"]),
     (["equivalence_dump", "--help"], []),
     # --estimate: a dry run for a CUDA target on this machine, its snapshot the only file.
     (["train_gpt", "--data", "synthetic", "--batch", "2", "--seq", "16", "--amp", "bf16",
@@ -264,7 +280,7 @@ programs = {c[0][0] for c in cases}
 print(f"{len(cases)} bad invocations of {len(programs)} programs, {len(good)} valid ones, "
       f"{fails} failures, {time.monotonic() - t0:.1f} s")
 expected = {"train_resnet", "train_gpt", "train_ddp", "ab_memory", "memory_demo", "profile_demo",
-            "equivalence_dump", "memory_patterns", "profile_models"}
+            "equivalence_dump", "memory_patterns", "profile_models", "tally_memdiff"}
 if programs != expected:
     print(f"FAIL: the table must cover {sorted(expected)}, it covers {sorted(programs)}")
     fails += 1

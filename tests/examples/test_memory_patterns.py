@@ -6,7 +6,9 @@ TMP/patterns.json, then that every file it wrote parses:
   without it the forward's activations rise in many steps (at least one per block).
 - leak: allocated grows every step in the leaky run, about linearly (each step's increase
   within 25% of the mean increase), and the growth is `activation` bytes; the fixed run
-  (loss.item()) stays flat after the first step.
+  (loss.item()) stays flat after the first step. The leak detector names the model call in
+  leak_run (examples/memory_patterns.cpp, the line found in the source) as the leaking line,
+  with most of the growth per step, and finds nothing in the fixed run.
 - fragmentation: with random lengths reserved ends well above the largest step's
   allocation; padding to one length leaves a smaller reserved-minus-allocated gap than the
   default, and max_split_size_mb's run is reported (see docs/patterns.md for what it does).
@@ -65,6 +67,21 @@ g = good["allocated"]
 check(max(g[1:]) - min(g[1:]) <= 0.02 * max(g), f"the fixed run should stay flat: {g}")
 check(max(good["activation"]) == 0, f"the fixed run should keep no activation between steps: {good['activation']}")
 check(a[-1] - a[0] > 10 * (g[-1] - g[0]) + 1, "the leaky run should grow far more than the fixed one")
+
+# The leak detector names the line of leak_run's model call, the one whose graphs are kept.
+src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "memory_patterns.cpp")
+src_lines = open(src).read().splitlines()
+start = next(i for i, l in enumerate(src_lines) if l.startswith("LeakResult leak_run("))
+call = next(i for i in range(start, len(src_lines)) if "loss = (*gpt)(idx, tgt).second;" in src_lines[i])
+want = f"examples/memory_patterns.cpp:{call + 1}"
+lines = bad["leaking_lines"]
+check(len(lines) >= 1 and lines[0]["location"] == want,
+      f"the leak detector should name {want} first: {lines}")
+if lines and incs:
+    check(lines[0]["bytes_per_step"] >= 0.8 * mean,
+          f"the leaking line should hold most of the growth: {lines[0]['bytes_per_step']} of {mean} per step")
+check(f"diagnosis: the leaking line is {want}" in p.stdout, f"stdout should name {want}")
+check(good["leaking_lines"] == [], f"the leak detector should find nothing in the fixed run: {good['leaking_lines']}")
 
 # ---- fragmentation
 fr = res["fragmentation"]

@@ -182,3 +182,51 @@ for i in range(12):
         rng = (rng * 1103515245 + 12345) % (1 << 31)
         data.append(rng >> 16 & 0xFF)
     write("sizes", "random-%02d" % i, bytes(data))
+
+# ---- unpickle: the pickle (memory/unpickle.h); small snapshots in Tally's layout and PyTorch's,
+# Python's protocols 2-5, and broken ones ----
+import pickle  # noqa: E402
+
+FRAMES = [{"name": "linear", "filename": "nn/linear.cpp", "line": 42},
+          {"name": "layer1.0", "filename": "module", "line": 0},
+          {"name": "phase forward", "filename": "category=activation", "line": 0}]
+
+
+def entry(action, addr, size, t, category="activation", module="layer1.0", op="linear", phase="forward"):
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t,
+            "compile_context": "N/A", "user_metadata": f"category={category} module={module} op={op} phase={phase}",
+            "frames": FRAMES, "category": category}
+
+
+tally_snapshot = {
+    "segments": [{"device": 0, "address": 4096, "total_size": 2097152, "allocated_size": 512,
+                  "active_size": 512, "requested_size": 400, "stream": 0, "segment_type": "small",
+                  "segment_pool_id": (0, 0), "is_expandable": False, "frames": FRAMES,
+                  "blocks": [{"address": 4096, "size": 512, "requested_size": 400, "state": "active_allocated",
+                              "frames": FRAMES},
+                             {"address": 4608, "size": 2096640, "requested_size": 0, "state": "inactive",
+                              "frames": []}]}],
+    "device_traces": [[entry("segment_alloc", 4096, 2097152, 1, "unknown"), entry("alloc", 8192, 1000, 2),
+                       entry("free_requested", 8192, 1000, 3), entry("free_completed", 8192, 1000, 3),
+                       entry("alloc", 8192, 1000, 3, "temporary"), entry("free_completed", 4096, 400, 5)]],
+    "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1},
+    "external_annotations": [],
+}
+torch_frames = [{"name": "empty_cuda", "filename": "??", "line": 0},
+                {"name": "forward", "filename": "torch/nn/modules/linear.py", "line": 125},
+                {"name": "work", "filename": "exp.py", "line": 7}]
+torch_snapshot = {"segments": [], "device_traces": [[
+    {"action": "alloc", "addr": 1 << 40, "size": 2 ** 33, "stream": 0, "time_us": 10, "frames": torch_frames},
+    {"action": "free_requested", "addr": 1 << 40, "size": 2 ** 33, "stream": 0, "time_us": 11, "frames": torch_frames},
+    {"action": "free_completed", "addr": 1 << 40, "size": 2 ** 33, "stream": 0, "time_us": 12, "frames": torch_frames},
+    {"action": "oom", "device_free": 0, "size": 2 ** 34, "stream": 0, "time_us": 13, "frames": []}]]}
+for proto in (2, 4, 5):
+    write("unpickle", f"tally-snapshot-p{proto}", pickle.dumps(tally_snapshot, protocol=proto))
+    write("unpickle", f"torch-snapshot-p{proto}", pickle.dumps(torch_snapshot, protocol=proto))
+two_devices = dict(torch_snapshot, device_traces=[[], torch_snapshot["device_traces"][0]])
+write("unpickle", "two-devices", pickle.dumps(two_devices, protocol=4))
+write("unpickle", "values-p3", pickle.dumps({"b": b"x", "t": (1, 2, 3), "f": -0.0, "n": None, "i": -2 ** 63}, protocol=3))
+write("unpickle", "int", pickle.dumps(5, protocol=4))
+write("unpickle", "truncated", pickle.dumps(tally_snapshot, protocol=2)[:300])
+write("unpickle", "recursive", b"\x80\x02]q\x00h\x00a.")
+write("unpickle", "global", b"\x80\x02cos\nsystem\n.")

@@ -22,6 +22,7 @@ targets=(
   "alloc_conf 4000 1024"
   "checkpoint_spec 5000 64"
   "sizes 10000 256"
+  "unpickle 8000 8192"
 )
 if (($#)); then
   picked=()

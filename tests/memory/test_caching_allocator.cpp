@@ -1,10 +1,14 @@
 // Policy tests of the caching allocator against a deterministic fake device, with the
 // numbers PyTorch's allocator shows (docs/memory-formats.md §4).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 #include "memory/caching_allocator.h"
 #include "memory/fake_provider.h"
@@ -319,6 +323,82 @@ TEST(CachingAllocator, OomWritesSnapshotWhenHistoryIsOn) {
   const auto h = f.alloc->history();
   EXPECT_EQ(h.back().action, TraceAction::oom);
   f.alloc->deallocate(a);
+}
+
+// The post-mortem needs no history: with recording off, oom_snapshot still writes the
+// segments and blocks with their tags (the traces are empty), the message names the file,
+// and the allocator goes on serving smaller requests.
+TEST(CachingAllocator, OomWritesSnapshotWithHistoryOff) {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::temp_directory_path() /
+                        ("tally_test_oom_no_history_" + std::to_string(::getpid()) + ".pickle");
+  fs::remove(path);
+  Fixture f(24 * kMiB, "oom_snapshot:" + path.string());
+  ASSERT_FALSE(f.alloc->history_enabled());
+  void* w = nullptr;
+  void* s = nullptr;
+  {
+    AllocContextScope ctx(Category::parameter, "model.fc", "empty", "init");
+    w = f.alloc->allocate(6 * kMiB);
+  }
+  {
+    AllocContextScope ctx(Category::optimizer_state, "model.fc", "zeros_like", "optimizer");
+    s = f.alloc->allocate(1000);
+  }
+  std::string message;
+  {
+    AllocContextScope ctx(Category::activation, "model.fc", "linear", "forward");
+    try {
+      (void)f.alloc->allocate(20 * kMiB);
+      FAIL() << "expected out of memory";
+    } catch (const OutOfMemoryError& e) {
+      message = e.what();
+    }
+  }
+  EXPECT_NE(message.find("Snapshot written to " + path.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("no trace: history is off"), std::string::npos) << message;
+  ASSERT_TRUE(fs::exists(path));
+  EXPECT_TRUE(f.alloc->history().empty());
+
+  // Python's pickle reads it back: both segments, the blocks with their categories, modules
+  // and ops (frames, docs/memory-formats.md §1.6), no trace entries.
+  const fs::path script =
+      fs::temp_directory_path() / ("tally_test_oom_check_" + std::to_string(::getpid()) + ".py");
+  std::ofstream(script)
+      << "import pickle,sys\n"
+         "d=pickle.load(open(sys.argv[1],'rb'))\n"
+         "assert len(d['segments'])==2, d['segments']\n"
+         "assert all(t==[] for t in d['device_traces']), d['device_traces']\n"
+         "live=[b for s in d['segments'] for b in s['blocks'] if b['state']=='active_allocated']\n"
+         "def tag(b):\n"
+         "  names=[f['name'] for f in b['frames']]\n"
+         "  files=[f['filename'] for f in b['frames']]\n"
+         "  cat=[x for x in files if x.startswith('category=')]\n"
+         "  mod=[f['name'] for f in b['frames'] if f['filename']=='module']\n"
+         "  op=[x for x in ('empty','zeros_like') if x in names]\n"
+         "  return (cat,mod,op)\n"
+         "tags=sorted(tag(b) for b in live)\n"
+         "assert tags==[(['category=optimizer_state'],['model.fc'],['zeros_like']),"
+         "(['category=parameter'],['model.fc'],['empty'])], tags\n"
+         "print('ok')\n";
+  const std::string python = TALLY_PYTHON;
+  const std::string out_file = path.string() + ".out";
+  int status = std::system(
+      (python + " " + script.string() + " " + path.string() + " > " + out_file + " 2>&1").c_str());
+  EXPECT_EQ(status, 0) << std::ifstream(out_file).rdbuf();
+  // ... and it is a snapshot the viewer opens (docs/memory-formats.md §1, §7).
+  status = std::system((python + " " + TALLY_SOURCE_DIR + "/tests/memory/check_snapshot.py " +
+                        path.string() + " --expect-live 2 > " + out_file + " 2>&1")
+                           .c_str());
+  EXPECT_EQ(status, 0) << std::ifstream(out_file).rdbuf();
+
+  // Still usable and consistent: a smaller request succeeds, the diagnosis names the failure.
+  void* smaller = f.alloc->allocate(10 * kMiB);
+  EXPECT_NE(smaller, nullptr);
+  EXPECT_EQ(f.alloc->fragmentation().last_oom.requested, 20 * kMiB);
+  for (void* p : {w, s, smaller}) f.alloc->deallocate(p);
+  EXPECT_EQ(f.alloc->memory_allocated(), 0u);
+  for (const fs::path& p : {path, script, fs::path(out_file)}) fs::remove(p);
 }
 
 TEST(CachingAllocator, ReleaseOversizeCachedBlocksBeforeEverything) {

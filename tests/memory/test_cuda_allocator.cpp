@@ -6,6 +6,7 @@
 
 #include "memory/invariants.h"
 #include "memory/memory.h"
+#include "memory/oom_recovery.h"
 
 #ifdef TALLY_WITH_CUDA
 #include <cuda_runtime.h>
@@ -62,6 +63,16 @@ TEST(CudaAllocator, OomIsRecoverable) {
   testing::expect_consistent(a);
   EXPECT_GE(a.memory_stats().at("num_ooms"), 1);
   a.empty_cache();
+}
+
+// A training run out of memory under a memory fraction (history off): the oom_snapshot file
+// is written and named by the error, and a smaller batch of the same model then trains in
+// this process (tests/memory/oom_recovery.h; the CPU twin is tests/nn/test_out_of_memory.cpp).
+TEST(CudaAllocator, OomSnapshotThenSmallerBatchTrains) {
+  REQUIRE_GPU();
+  // GPT "tiny" at 4096 x 64 tokens needs well over a GiB (its logits alone are 256 MiB); at
+  // 4 x 64 a few MiB besides the libraries' workspaces.
+  tally::testing::expect_oom_then_recovery(Device::cuda(0), 256 * kMiB, 4096, 4);
 }
 
 TEST(CudaAllocator, CrossStreamFree) {

@@ -654,7 +654,7 @@ assert seg0['blocks'][3]['frames'] == []
 
 # Frames: op at its C++ call site, module, then category + phase; shared when equal.
 f = seg0['blocks'][1]['frames']
-assert [x['filename'] for x in f] == ['memory/test_pickle.cpp', 'module', 'category=activation'], f
+assert [x['filename'] for x in f] == ['tests/memory/test_pickle.cpp', 'module', 'category=activation'], f
 assert f[0]['name'] == 'relu' and f[0]['line'] > 0
 assert f[1] == {'name': 'layer1.0.relu', 'filename': 'module', 'line': 0}
 assert f[2] == {'name': 'phase forward', 'filename': 'category=activation', 'line': 0}, f

@@ -1,13 +1,16 @@
 // format_memory_summary(): PyTorch's torch.cuda.memory_summary() layout, byte for byte, plus
-// Tally's category table.
+// Tally's category table; and the fragmentation diagnosis of a live allocator.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "memory/caching_allocator.h"
+#include "memory/fake_provider.h"
 #include "memory/summary.h"
 
 namespace tally::memory {
@@ -379,6 +382,155 @@ TEST(MemorySummary, MatchesRealPyTorchRowsWithGiBAndK) {
             "|       from large pool |     395    |     563    |    2812 K  |    2811 K  |");
   EXPECT_EQ(lines[29],
             "|       from small pool |    3065    |    4270    |   12794 K  |   12791 K  |");
+}
+
+// ---- the fragmentation diagnosis, from an allocator over a fake device ----
+
+struct FragmentedDevice {
+  explicit FragmentedDevice(size_t capacity, const std::string& conf = "") {
+    auto p = std::make_unique<testing::FakeProvider>(capacity);
+    alloc = std::make_unique<CachingAllocator>(std::move(p), AllocatorConfig::parse(conf));
+  }
+  void* allocate(size_t bytes, Category c) {
+    CategoryScope scope(c);
+    return alloc->allocate(bytes);
+  }
+  // The diagnosis lines of memory_summary(): everything after the fragmentation lines.
+  std::vector<std::string> diagnosis() const {
+    const auto lines = split_lines(alloc->memory_summary());
+    std::vector<std::string> out;
+    bool in = false;
+    for (const auto& l : lines) {
+      EXPECT_EQ(l.size(), 77u) << "[" << l << "]";
+      if (l.find("Diagnosis:") != std::string::npos) in = true;
+      if (in && l != "|" + std::string(75, '=') + "|") out.push_back(l);
+    }
+    return out;
+  }
+  std::unique_ptr<CachingAllocator> alloc;
+};
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += l + "\n";
+  return s;
+}
+
+// A 20 MiB segment cut into ten 2 MiB blocks: activations and parameters kept, the
+// temporaries between them freed. 10 MiB are free, but in 2 MiB holes; a 4 MiB request has
+// nowhere to go (the device has no room for a second segment).
+TEST(MemorySummaryDiagnosis, NamesThePoolTheInterleavedCategoriesAndTheSetting) {
+  FragmentedDevice d(22 * MiB);
+  std::vector<void*> kept;
+  std::vector<void*> temps;
+  for (int i = 0; i < 10; ++i) {
+    if (i % 2 == 1)
+      temps.push_back(d.allocate(2 * MiB, Category::temporary));
+    else
+      kept.push_back(d.allocate(2 * MiB, i % 4 == 0 ? Category::activation : Category::parameter));
+  }
+  for (void* p : temps) d.alloc->deallocate(p);
+  EXPECT_THROW((void)d.allocate(4 * MiB, Category::activation), OutOfMemoryError);
+
+  const auto lines = d.diagnosis();
+  const std::string text = joined(lines);
+  ASSERT_GE(lines.size(), 5u) << text;
+  EXPECT_EQ(lines[0],
+            "| Diagnosis: largest free block 2.0 MiB < failed request 4.0 MiB            |");
+  EXPECT_EQ(lines[1],
+            "|   large pool, activation: 10.0 MiB free in the pool when it failed        |");
+  EXPECT_NE(text.find("free in the large pool: 10.0 MiB in 1 segment, 0 B releasable"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("5 free blocks, 10.0 MiB free"), std::string::npos) << text;
+  // Three activations (6 MiB) and two parameters (4 MiB) sit between the holes.
+  EXPECT_NE(text.find("interleaved with: activation 6.0 MiB, parameter 4.0 MiB"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("would help: TALLY_ALLOC_CONF=expandable_segments:True"), std::string::npos)
+      << text;
+  // A 4 MiB request is no case for max_split_size_mb (its floor is 20 MiB).
+  EXPECT_EQ(text.find("max_split_size_mb"), std::string::npos) << text;
+  EXPECT_EQ(text.find("small pool"), std::string::npos) << text;
+
+  // The allocator's own view agrees.
+  const FragmentationInfo f = d.alloc->fragmentation();
+  EXPECT_EQ(f.last_oom.requested, 4 * MiB);
+  EXPECT_EQ(f.last_oom.largest_free, 2 * MiB);
+  EXPECT_EQ(f.free_bytes[kLargePool], 10 * MiB);
+  EXPECT_EQ(f.free_segments[kLargePool], 1);
+  ASSERT_EQ(f.segments.size(), 1u);
+  EXPECT_EQ(f.segments[0].free_blocks, 5);
+  EXPECT_EQ(f.interleaved[static_cast<size_t>(Category::temporary)], 0);
+  for (void* p : kept) d.alloc->deallocate(p);
+}
+
+// A large request after a small one split the only large cached block: max_split_size_mb
+// would have kept that block whole.
+TEST(MemorySummaryDiagnosis, LargeRequestsSuggestMaxSplitSize) {
+  FragmentedDevice d(100 * MiB);
+  void* big = d.allocate(60 * MiB, Category::activation);
+  d.alloc->deallocate(big);
+  void* small = d.allocate(3 * MiB, Category::optimizer_state);  // split from the 60 MiB block
+  EXPECT_THROW((void)d.allocate(60 * MiB, Category::activation), OutOfMemoryError);
+  const std::string text = joined(d.diagnosis());
+  EXPECT_NE(text.find("Diagnosis: largest free block 57.0 MiB < failed request 60.0 MiB"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("interleaved with: optimizer_state 3.0 MiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("would help: TALLY_ALLOC_CONF=expandable_segments:True"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("or TALLY_ALLOC_CONF=max_split_size_mb:60 (blocks >= 60 MiB stay whole)"),
+            std::string::npos)
+      << text;
+  d.alloc->deallocate(small);
+}
+
+// Without an out-of-memory error the largest request is the yardstick; whole cached segments
+// are released by empty_cache(), and with expandable segments on no setting is left to try.
+TEST(MemorySummaryDiagnosis, WithoutFailureAndWithExpandableSegments) {
+  {
+    FragmentedDevice d(size_t{1} << 30);
+    void* a = d.allocate(30 * MiB, Category::activation);
+    void* b = d.allocate(1000, Category::parameter);
+    d.alloc->deallocate(a);
+    const std::string text = joined(d.diagnosis());
+    EXPECT_NE(text.find("Diagnosis: largest free block 30.0 MiB >= largest request 30.0 MiB"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("would help: nothing needed; empty_cache() returns 30.0 MiB"),
+              std::string::npos)
+        << text;
+    // The small segment holds free bytes next to the parameter.
+    EXPECT_NE(text.find("free in the small pool"), std::string::npos) << text;
+    d.alloc->deallocate(b);
+  }
+  {
+    // One 20 MiB page of ten 2 MiB blocks, every other one freed: the holes do not merge.
+    FragmentedDevice d(22 * MiB, "expandable_segments:True");
+    std::vector<void*> kept;
+    std::vector<void*> temps;
+    for (int i = 0; i < 10; ++i) {
+      if (i % 2)
+        temps.push_back(d.allocate(2 * MiB, Category::temporary));
+      else
+        kept.push_back(d.allocate(2 * MiB, Category::activation));
+    }
+    for (void* p : temps) d.alloc->deallocate(p);
+    EXPECT_THROW((void)d.allocate(4 * MiB, Category::activation), OutOfMemoryError);
+    const std::string text = joined(d.diagnosis());
+    EXPECT_NE(text.find("Diagnosis: largest free block 2.0 MiB < failed request 4.0 MiB"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("interleaved with: activation"), std::string::npos) << text;
+    EXPECT_NE(text.find("would help: no setting (expandable_segments is on)"), std::string::npos)
+        << text;
+    for (void* p : kept) d.alloc->deallocate(p);
+  }
+  {
+    FragmentedDevice d(22 * MiB);
+    EXPECT_EQ(joined(d.diagnosis()),
+              "| Diagnosis: nothing allocated and nothing cached                           |\n");
+  }
 }
 
 }  // namespace
