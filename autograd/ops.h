@@ -36,52 +36,62 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape,
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, TensorOptions opts = {},
                    CallSite site = CallSite::current());
 Tensor from_blob(void* data, const Shape& shape, TensorOptions opts = {});
-Tensor tensor(std::initializer_list<double> values, TensorOptions opts = {});  // 1-D
-Tensor zeros_like(const Tensor& t);
-Tensor ones_like(const Tensor& t);
+Tensor tensor(std::initializer_list<double> values, TensorOptions opts = {},
+              CallSite site = CallSite::current());  // 1-D
+Tensor zeros_like(const Tensor& t, CallSite site = CallSite::current());
+Tensor ones_like(const Tensor& t, CallSite site = CallSite::current());
 
 // ---- elementwise ----
-Tensor add(const Tensor& a, const Tensor& b, double alpha = 1.0);
-Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1.0);
-Tensor mul(const Tensor& a, const Tensor& b);
-Tensor div(const Tensor& a, const Tensor& b);
-Tensor add(const Tensor& a, double b);
-Tensor mul(const Tensor& a, double b);
-Tensor div(const Tensor& a, double b);
-Tensor pow(const Tensor& a, double exponent);
-Tensor pow(const Tensor& a, const Tensor& exponent);
-Tensor neg(const Tensor& a);
-Tensor exp(const Tensor& a);
-Tensor log(const Tensor& a);
-Tensor sqrt(const Tensor& a);
-Tensor rsqrt(const Tensor& a);
-Tensor abs(const Tensor& a);
-Tensor square(const Tensor& a);
-Tensor maximum(const Tensor& a, const Tensor& b);
-Tensor minimum(const Tensor& a, const Tensor& b);
-Tensor clamp(const Tensor& a, std::optional<double> min, std::optional<double> max);
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
-Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);
+Tensor add(const Tensor& a, const Tensor& b, double alpha = 1.0,
+           CallSite site = CallSite::current());
+Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1.0,
+           CallSite site = CallSite::current());
+Tensor mul(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
+Tensor div(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
+Tensor add(const Tensor& a, double b, CallSite site = CallSite::current());
+Tensor mul(const Tensor& a, double b, CallSite site = CallSite::current());
+Tensor div(const Tensor& a, double b, CallSite site = CallSite::current());
+Tensor pow(const Tensor& a, double exponent, CallSite site = CallSite::current());
+Tensor pow(const Tensor& a, const Tensor& exponent, CallSite site = CallSite::current());
+Tensor neg(const Tensor& a, CallSite site = CallSite::current());
+Tensor exp(const Tensor& a, CallSite site = CallSite::current());
+Tensor log(const Tensor& a, CallSite site = CallSite::current());
+Tensor sqrt(const Tensor& a, CallSite site = CallSite::current());
+Tensor rsqrt(const Tensor& a, CallSite site = CallSite::current());
+Tensor abs(const Tensor& a, CallSite site = CallSite::current());
+Tensor square(const Tensor& a, CallSite site = CallSite::current());
+Tensor maximum(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
+Tensor minimum(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
+Tensor clamp(const Tensor& a, std::optional<double> min, std::optional<double> max,
+             CallSite site = CallSite::current());
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b,
+             CallSite site = CallSite::current());
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value,
+                   CallSite site = CallSite::current());
 // comparisons (bool results, no gradient)
-Tensor eq(const Tensor& a, const Tensor& b);
-Tensor ne(const Tensor& a, const Tensor& b);
-Tensor lt(const Tensor& a, const Tensor& b);
-Tensor gt(const Tensor& a, const Tensor& b);
-Tensor le(const Tensor& a, const Tensor& b);
-Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
+Tensor ne(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
+Tensor lt(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
+Tensor gt(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
+Tensor le(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
+Tensor ge(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
 
 // ---- activations ----
-Tensor relu(const Tensor& x);
-Tensor gelu(const Tensor& x, const std::string& approximate = "none");  // "none" | "tanh"
-Tensor silu(const Tensor& x);
-Tensor sigmoid(const Tensor& x);
-Tensor tanh(const Tensor& x);
+Tensor relu(const Tensor& x, CallSite site = CallSite::current());
+Tensor gelu(const Tensor& x, const std::string& approximate = "none",
+            CallSite site = CallSite::current());  // "none" | "tanh"
+Tensor silu(const Tensor& x, CallSite site = CallSite::current());
+Tensor sigmoid(const Tensor& x, CallSite site = CallSite::current());
+Tensor tanh(const Tensor& x, CallSite site = CallSite::current());
 // Inverted dropout: zero with probability p, scale the rest by 1/(1-p); identity if !train.
-Tensor dropout(const Tensor& x, double p, bool train = true, Generator* gen = nullptr);
+Tensor dropout(const Tensor& x, double p, bool train = true, Generator* gen = nullptr,
+               CallSite site = CallSite::current());
 
 // ---- reductions ----
-Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
-Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false,
+           CallSite site = CallSite::current());
+Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false,
+            CallSite site = CallSite::current());
 
 // ---- operators ----
 Tensor operator+(const Tensor& a, const Tensor& b);

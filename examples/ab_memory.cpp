@@ -51,6 +51,7 @@
 #include "nn/offload.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "profiler/memory_timeline.h"
 #include "tensor/pinned.h"
 
 using namespace tally;
@@ -181,7 +182,8 @@ std::string safe_name(std::string s) {
 }
 
 // The snapshot diff (memory/memdiff.h) of every configuration against the first:
-// <out>/diff/<configuration>.{txt,html,json}. Returns the HTML pages' paths.
+// <out>/diff/<configuration>.{txt,html,json} (ConfigResult::diff_path is the page). Returns
+// the HTML pages' paths.
 std::vector<std::string> write_diffs(const std::string& out,
                                      const std::vector<ex::ConfigResult>& results) {
   std::vector<std::string> pages;
@@ -192,13 +194,61 @@ std::vector<std::string> write_diffs(const std::string& out,
     // Every run is of the same device; a dry run's (--estimate) is a meta device of its own.
     const memory::SnapshotDiff d = memory::diff_snapshots(
         base, memory::read_snapshot_summary(results[i].snapshot_path), {.any_device = true});
-    const std::string stem = out + "/diff/" + safe_name(results[i].name);
+    const std::string page = results[i].diff_path;
+    const std::string stem = page.substr(0, page.size() - 5);  // less ".html"
     memory::write_file_atomic(stem + ".txt", memory::format_snapshot_diff(d), "ab_memory");
     memory::write_snapshot_diff_json(stem + ".json", d);
-    memory::write_snapshot_diff_html(stem + ".html", d);
-    pages.push_back(stem + ".html");
+    memory::write_snapshot_diff_html(page, d);
+    pages.push_back(page);
   }
   return pages;
+}
+
+// The recorded step as the profiler's timeline page draws it (profiler/memory_timeline.h):
+// bytes per column, allocated, and reserved replayed from the segment entries of `history`
+// (ending at `reserved_now`), and the step's phases.
+profiler::MemoryTimeline timeline_page(const memory::MemoryTimeline& t,
+                                       const std::vector<memory::TraceEntry>& history,
+                                       const std::vector<ex::PhaseRun>& phases,
+                                       memory::Device device, int64_t reserved_now) {
+  profiler::MemoryTimeline p;
+  p.device = device;
+  const auto segment = [](const memory::TraceEntry& e) -> int64_t {
+    switch (e.action) {
+      case memory::TraceAction::segment_alloc:
+      case memory::TraceAction::segment_map:
+        return static_cast<int64_t>(e.size);
+      case memory::TraceAction::segment_free:
+      case memory::TraceAction::segment_unmap:
+        return -static_cast<int64_t>(e.size);
+      default:
+        return 0;
+    }
+  };
+  int64_t reserved = reserved_now;
+  for (const memory::TraceEntry& e : history) reserved -= segment(e);
+  std::vector<size_t> reserved_at;  // after each entry that changes a category
+  reserved_at.push_back(static_cast<size_t>(std::max<int64_t>(0, reserved)));
+  for (const memory::TraceEntry& e : history) {
+    reserved += segment(e);
+    if (e.action == memory::TraceAction::alloc || e.action == memory::TraceAction::free_completed ||
+        e.action == memory::TraceAction::retag)
+      reserved_at.push_back(static_cast<size_t>(std::max<int64_t>(0, reserved)));
+  }
+  for (size_t i = 0; i < t.size(); ++i) {
+    p.times_us.push_back(t.times_us[i]);
+    std::array<int64_t, profiler::kTimelineColumns> row{};
+    for (memory::Category c : memory::kAllCategories)
+      row[static_cast<size_t>(memory::timeline_column(c))] += t.bytes[i][static_cast<size_t>(c)];
+    p.sizes.push_back(row);
+    p.allocated.push_back(static_cast<size_t>(std::max<int64_t>(0, t.total(i))));
+  }
+  if (reserved_at.size() == t.size()) p.reserved = reserved_at;
+  const int64_t t0 = t.size() ? t.times_us.front() : 0;
+  for (const ex::PhaseRun& r : phases)
+    p.phases.push_back({r.name, t0 + static_cast<int64_t>(std::llround(r.start_ms * 1000.0)),
+                        t0 + static_cast<int64_t>(std::llround(r.end_ms * 1000.0))});
+  return p;
 }
 
 }  // namespace
@@ -371,6 +421,8 @@ int main(int argc, char** argv) {
                           const nn::CheckpointSpec& spec, std::optional<DType> amp,
                           const Lever& lever, ex::ConfigResult& r,
                           Device build_on = Device::cpu()) -> int64_t {
+      // The last step's phases, with their times (the report's bands).
+      std::optional<ex::PhaseRecorder> phases;
       const bool dry = on.is_meta();
       manual_seed(a.seed);
       std::shared_ptr<nn::Module> model = build_model(build_on);
@@ -390,7 +442,10 @@ int main(int argc, char** argv) {
       int64_t last_step_us = 0;
       for (int64_t s = 0; s < a.steps; ++s) {
         memory::synchronize(on);
-        if (s == a.steps - 1) last_step_us = memory::now_us();
+        if (s == a.steps - 1) {
+          last_step_us = memory::now_us();
+          phases.emplace();
+        }
         ex::Stopwatch sw;
         data::Example batch;
         {
@@ -413,6 +468,8 @@ int main(int argc, char** argv) {
         memory::synchronize(on);
         times.push_back(sw.ms());
       }
+      if (phases) r.phases = phases->runs(0);  // µs since the epoch / 1000 until rebased
+      phases.reset();
       std::sort(times.begin(), times.end());
       r.median_ms = dry ? std::nan("") : times[times.size() / 2];
       r.final_loss = loss_value;
@@ -477,6 +534,11 @@ int main(int argc, char** argv) {
         }
         ex::ConfigResult r;
         r.name = fmt::format("ckpt={} amp={}", ck_name, am_name);
+        r.settings = {{"ckpt", ck_name},
+                      {"amp", am_name},
+                      {"offload", lever.offload},
+                      {"opt", lever.optimizer},
+                      {"sib", lever.step_in_backward ? "on" : "off"}};
         if (offloads.size() > 1 || lever.offload != "none") r.name += " offload=" + lever.offload;
         if (optimizers.size() > 1 || !a.optimizers.empty()) r.name += " opt=" + lever.optimizer;
         if (sibs.size() > 1 || lever.step_in_backward)
@@ -489,6 +551,10 @@ int main(int argc, char** argv) {
         Device recorded = dev;
         int64_t last_step_us = 0;
         recorded = predict(target, spec, amp, lever, r, last_step_us);
+        if (r.estimate.predicted_seconds > 0)
+          r.predicted_step_ms =
+              r.estimate.predicted_seconds * 1000.0 / static_cast<double>(a.steps);
+        r.device = estimate_only ? target : dev.str();
         if (estimate_only) {
           r.measured = false;
           r.peak_allocated = r.estimate.peak_allocated;
@@ -517,11 +583,25 @@ int main(int argc, char** argv) {
         std::erase_if(history,
                       [&](const memory::TraceEntry& e) { return e.time_us < last_step_us; });
         r.timeline = memory::timeline_from_history(history, &now);
+        const int64_t t0 = r.timeline.size() ? r.timeline.times_us.front() : 0;
+        for (ex::PhaseRun& p : r.phases) {  // in ms from the recorded step's first sample
+          p.start_ms = std::max(0.0, p.start_ms - static_cast<double>(t0) / 1000.0);
+          p.end_ms = std::max(p.start_ms, p.end_ms - static_cast<double>(t0) / 1000.0);
+        }
         const std::string stem = a.out + "/" + safe_name(r.name);
         r.snapshot_path = stem + ".pickle";
         r.timeline_path = stem + ".timeline.json";
+        r.timeline_html_path = stem + ".timeline.html";
+        if (!results.empty()) r.diff_path = a.out + "/diff/" + safe_name(r.name) + ".html";
         memory::dump_snapshot(r.snapshot_path, recorded);
         memory::write_timeline_json(r.timeline, r.timeline_path);
+        {
+          const profiler::MemoryTimeline page =
+              timeline_page(r.timeline, history, r.phases, recorded, st.reserved_bytes[0].current);
+          memory::write_file_atomic(
+              r.timeline_html_path,
+              [&](std::ostream& o) { profiler::write_memory_timeline_html(page, o); }, "ab_memory");
+        }
         memory::record_memory_history(false, 0, recorded);
         memory::empty_cache(recorded);
         results.push_back(std::move(r));
@@ -536,6 +616,12 @@ int main(int argc, char** argv) {
                                   : fmt::format("GPT {} (batch {} x {} tokens, {} steps, {})",
                                                 a.preset, a.batch, seq, a.steps, where);
     std::cout << ex::format_table(results) << std::flush;
+    if (results.size() > 1) {
+      fmt::print("what each option bought, against {}:\n", results.front().name);
+      for (size_t i = 1; i < results.size(); ++i) fmt::print("  {}\n", ex::headline(results, i));
+    }
+    if (const std::string caveat = ex::cpu_autocast_caveat(results); !caveat.empty())
+      fmt::print("{}\n", caveat);
     if (estimate_only) {
       // What the table cannot show: where the activations at each predicted peak come from.
       fmt::print("largest activations at the predicted peak, by module:\n");
@@ -580,19 +666,23 @@ int main(int argc, char** argv) {
                              r.estimate.at_peak[c]);
           j += "}";
         }
-        j += fmt::format(", \"measured\": {}, \"snapshot\": \"{}\", \"timeline\": \"{}\"}}",
-                         r.measured ? "true" : "false", r.snapshot_path, r.timeline_path);
+        j += fmt::format(
+            ", \"measured\": {}, \"snapshot\": \"{}\", \"timeline\": \"{}\", "
+            "\"timeline_html\": \"{}\", \"diff\": \"{}\"}}",
+            r.measured ? "true" : "false", r.snapshot_path, r.timeline_path, r.timeline_html_path,
+            r.diff_path);
       }
       j += "]\n";
       memory::write_file_atomic(a.out + "/results.json", j, "ab_memory");
     }
+    // The diffs first: the report links them.
+    const std::vector<std::string> diffs = write_diffs(a.out, results);
     const std::string report = a.out + "/report.html";
     ex::write_report(report, title, results);
     fmt::print(
         "report: {}\nper configuration: *.pickle (open at https://pytorch.org/memory_viz), "
-        "*.timeline.json (PyTorch's memory-timeline layout)\n",
+        "*.timeline.json (PyTorch's memory-timeline layout), *.timeline.html (its chart)\n",
         report);
-    const std::vector<std::string> diffs = write_diffs(a.out, results);
     if (!diffs.empty())
       fmt::print("snapshot diffs against {} (.html, .txt, .json; tally_memdiff A B):\n  {}\n",
                  results.front().name, fmt::join(diffs, "\n  "));

@@ -6,11 +6,13 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <stdexcept>
 
 #include "memory/atomic_file.h"
 #include "memory/context.h"
+#include "memory/svg_chart.h"
 
 namespace tally::examples {
 
@@ -170,18 +172,208 @@ std::string format_table(const std::vector<ConfigResult>& results) {
   return out;
 }
 
+namespace {
+
+constexpr const char* kMinus = "\xe2\x88\x92";  // U+2212
+
+// "12345" -> "12,345" (the integer part of a number's text).
+std::string grouped(std::string s) {
+  size_t end = s.find('.');
+  if (end == std::string::npos) end = s.size();
+  for (size_t i = end; i > 3; i -= 3) s.insert(i - 3, ",");
+  return s;
+}
+
+std::string signed_percent(double d, double base) {
+  const double p = 100.0 * d / base;
+  const std::string digits =
+      std::abs(p) >= 1 ? fmt::format("{:.0f}", std::abs(p)) : fmt::format("{:.1f}", std::abs(p));
+  if (digits == "0" || digits == "0.0")
+    return "\xc2\xb1"
+           "0%";
+  return (p > 0 ? "+" : kMinus) + digits + "%";
+}
+
+std::string signed_size(double d) {
+  const double m = std::abs(d) / (1024.0 * 1024.0);
+  std::string s;
+  if (m >= 100)
+    s = grouped(fmt::format("{:.0f}", m)) + " MiB";
+  else if (m >= 1)
+    s = fmt::format("{:.1f} MiB", m);
+  else
+    s = fmt::format("{:.0f} KiB", std::abs(d) / 1024.0);
+  if (d == 0)
+    return "\xc2\xb1"
+           "0 MiB";
+  return (d > 0 ? "+" : kMinus) + s;
+}
+
+// "4-segments" -> {4, "segments"}; {0, ""} when the value is not N-word.
+std::pair<int, std::string> count_word(const std::string& v) {
+  const size_t dash = v.find('-');
+  if (dash == std::string::npos || dash == 0) return {0, ""};
+  for (size_t i = 0; i < dash; ++i)
+    if (!std::isdigit(static_cast<unsigned char>(v[i]))) return {0, ""};
+  return {std::stoi(v.substr(0, dash)), v.substr(dash + 1)};
+}
+
+std::string describe_setting(const std::string& axis, const std::string& v) {
+  if (v.rfind("auto(", 0) == 0 && v.back() == ')')
+    return "the planner's " + describe_setting(axis, v.substr(5, v.size() - 6));
+  const auto [n, word] = count_word(v);
+  if (axis == "ckpt") {
+    if (v == "none") return "no checkpointing";
+    if (v == "blocks") return "per-block checkpointing";
+    if (v == "selective") return "selective checkpointing";
+    if (n > 0 && word == "segments") return fmt::format("{}-segment checkpointing", n);
+    if (n > 0 && word == "blocks") return fmt::format("checkpointing {} blocks", n);
+    return "checkpointing " + v;
+  }
+  if (axis == "amp") {
+    if (v == "off" || v == "none") return "fp32 (no autocast)";
+    return v + " autocast";
+  }
+  if (axis == "offload") {
+    if (v == "none") return "no offload";
+    if (v == "activations") return "activation offload";
+    if (n > 0 && word == "blocks") return fmt::format("offloading {} blocks", n);
+    return "offload " + v;
+  }
+  if (axis == "opt") {
+    if (v == "sgd") return "SGD";
+    if (v == "adam") return "Adam";
+    if (v == "adamw") return "AdamW";
+    if (v == "adamw8bit") return "8-bit AdamW";
+    return v;
+  }
+  if (axis == "sib") return v == "on" ? "step-in-backward" : "no step-in-backward";
+  return axis + "=" + v;
+}
+
+bool is_16bit(const ConfigResult& r) {
+  for (const auto& [axis, v] : r.settings)
+    if (axis == "amp" &&
+        (v.find("bf16") != std::string::npos || v.find("fp16") != std::string::npos))
+      return true;
+  return false;
+}
+
+double step_ms(const ConfigResult& r) {
+  return r.measured ? r.median_ms : r.predicted_step_ms;
+}
+
+std::string number_or_null(double v, int digits) {
+  return std::isfinite(v) ? fmt::format("{:.{}f}", v, digits) : std::string("null");
+}
+
+// `p` relative to the folder `dir` ("x.pickle", "diff/x.html").
+std::string relative_to(const std::string& p, const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  const fs::path rel =
+      fs::absolute(p).lexically_normal().lexically_relative(fs::absolute(dir).lexically_normal());
+  return rel.empty() ? p : rel.generic_string();
+}
+
+}  // namespace
+
+std::string describe_change(const std::vector<ConfigResult>& results, size_t i) {
+  const ConfigResult& r = results.at(i);
+  const ConfigResult& base = results.front();
+  std::string out;
+  for (const auto& [axis, v] : r.settings) {
+    std::string bv;
+    for (const auto& [ba, b] : base.settings)
+      if (ba == axis) bv = b;
+    if (bv == v) continue;
+    out += (out.empty() ? "" : " + ") + describe_setting(axis, v);
+  }
+  return out.empty() ? r.name : out;
+}
+
+std::string headline(const std::vector<ConfigResult>& results, size_t i) {
+  const ConfigResult& r = results.at(i);
+  const ConfigResult& base = results.front();
+  const double d = static_cast<double>(r.peak_allocated - base.peak_allocated);
+  std::string out =
+      describe_change(results, i) + ": " + (r.measured ? "" : "predicted ") + "peak " +
+      (base.peak_allocated ? signed_percent(d, static_cast<double>(base.peak_allocated)) + " (" +
+                                 signed_size(d) + ")"
+                           : signed_size(d));
+  const double s = step_ms(r), s0 = step_ms(base);
+  if (std::isfinite(s) && std::isfinite(s0) && s0 > 0)
+    out +=
+        std::string(", ") + (r.measured ? "step " : "predicted step ") + signed_percent(s - s0, s0);
+  return out;
+}
+
+std::string cpu_autocast_caveat(const std::vector<ConfigResult>& results) {
+  std::vector<std::string> which;
+  for (const ConfigResult& r : results) {
+    if (!r.measured || r.device.rfind("cpu", 0) != 0 || !is_16bit(r)) continue;
+    for (const char* p : {"bf16", "fp16"})
+      if (r.name.find(p) != std::string::npos &&
+          std::find(which.begin(), which.end(), p) == which.end())
+        which.push_back(p);
+  }
+  if (which.empty()) return "";
+  return fmt::format(
+      "Caveat: these steps ran on the CPU, where 16-bit autocast ({}) makes a step slower, not "
+      "faster. Tally's CPU backend has no 16-bit matmul or convolution kernels: each one widens "
+      "its 16-bit operands to float32 copies, runs the float32 BLAS kernel and rounds the result "
+      "back, and the elementwise ops convert every value to float32 and back, so autocast adds "
+      "conversions and makes no kernel faster. The memory columns show what 16-bit saves; the "
+      "speed-up needs a GPU's 16-bit tensor cores (--device cuda).",
+      fmt::join(which, ", "));
+}
+
+PhaseRecorder::PhaseRecorder()
+    : previous_(memory::context_observer()), thread_(std::this_thread::get_id()) {
+  memory::set_context_observer(this);
+}
+
+PhaseRecorder::~PhaseRecorder() {
+  memory::set_context_observer(previous_);
+}
+
+void PhaseRecorder::on_phase_enter(memory::StrId phase) {
+  if (std::this_thread::get_id() != thread_) return;
+  open_.push_back(spans_.size());
+  spans_.push_back({phase, memory::now_us(), -1});
+}
+
+void PhaseRecorder::on_phase_exit(memory::StrId phase) {
+  if (std::this_thread::get_id() != thread_ || open_.empty()) return;  // entered before us
+  if (spans_[open_.back()].phase != phase) return;
+  spans_[open_.back()].end_us = memory::now_us();
+  open_.pop_back();
+}
+
+std::vector<PhaseRun> PhaseRecorder::runs(int64_t t0_us) const {
+  std::vector<PhaseRun> out;
+  const int64_t now = memory::now_us();
+  for (const Span& s : spans_) {
+    const auto ms = [&](int64_t us) {
+      return std::max(0.0, static_cast<double>(us - t0_us) / 1000.0);
+    };
+    out.push_back({memory::interned(s.phase), ms(s.start_us), ms(s.end_us < 0 ? now : s.end_us)});
+  }
+  return out;
+}
+
 void write_report(const std::string& path, const std::string& title,
                   const std::vector<ConfigResult>& results) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
   // ---- data ----
   std::string data = "{\"title\":" + json_str(title) + ",\"categories\":[";
   for (size_t k = 0; k < std::size(kOrder); ++k)
     data += (k ? "," : "") + json_str(std::string(memory::category_name(kOrder[k])));
-  data += "],\"colors\":{";
-  for (size_t k = 0; k < memory::kAllCategories.size(); ++k)
-    data += fmt::format("{}{}:\"{}\"", k ? "," : "",
-                        json_str(std::string(memory::category_name(memory::kAllCategories[k]))),
-                        memory::category_color(memory::kAllCategories[k]));
-  data += "},\"configs\":[";
+  data += "],\"measured\":" +
+          std::string(!results.empty() && results.front().measured ? "true" : "false");
+  data += ",\"caveat\":" + json_str(cpu_autocast_caveat(results));
+  data += ",\"configs\":[";
   for (size_t i = 0; i < results.size(); ++i) {
     const ConfigResult& r = results[i];
     const memory::MemoryTimeline& t = r.timeline;
@@ -196,19 +388,22 @@ void write_report(const std::string& path, const std::string& title,
     std::sort(keep.begin(), keep.end());
     const int64_t t0 = n ? t.times_us.front() : 0;
     data += std::string(i ? "," : "") + "{\"name\":" + json_str(r.name);
+    data += ",\"label\":" + json_str(i ? describe_change(results, i) : "baseline");
+    data += ",\"headline\":" + json_str(i ? headline(results, i) : "");
     // A dry run (--estimate) has no step time and no loss: null. `predicted`: the dry run's
     // peak next to a measured run (the dashed line), else null.
-    auto number = [](double v, int digits) {
-      return std::isfinite(v) ? fmt::format("{:.{}f}", v, digits) : std::string("null");
-    };
     data += fmt::format(
         ",\"peak_allocated\":{},\"peak_reserved\":{},\"median_ms\":{},\"final_loss\":{},"
-        "\"predicted\":{}",
-        r.peak_allocated, r.peak_reserved, number(r.median_ms, 3), number(r.final_loss, 6),
-        r.measured && r.predicted ? std::to_string(r.estimate.peak_allocated) : "null");
+        "\"predicted\":{},\"predicted_ms\":{}",
+        r.peak_allocated, r.peak_reserved, number_or_null(r.measured ? r.median_ms : NAN, 3),
+        number_or_null(r.measured ? r.final_loss : NAN, 6),
+        r.measured && r.predicted ? std::to_string(r.estimate.peak_allocated) : "null",
+        number_or_null(r.predicted_step_ms, 3));
     data += ",\"at_peak\":[";
     for (size_t k = 0; k < std::size(kOrder); ++k)
       data += fmt::format("{}{}", k ? "," : "", r.at_peak[static_cast<size_t>(kOrder[k])]);
+    data += "],\"index\":[";
+    for (size_t k = 0; k < keep.size(); ++k) data += fmt::format("{}{}", k ? "," : "", keep[k]);
     data += "],\"t\":[";
     for (size_t k = 0; k < keep.size(); ++k)
       data += fmt::format("{}{:.3f}", k ? "," : "", (t.times_us[keep[k]] - t0) / 1000.0);
@@ -219,28 +414,11 @@ void write_report(const std::string& path, const std::string& title,
         data += fmt::format("{}{}", c ? "," : "", t.bytes[keep[k]][static_cast<size_t>(kOrder[c])]);
       data += "]";
     }
-    // Phase bands and the forward staircase, from every sample (not only the kept ones).
-    data += "],\"phases\":[";
-    std::string cur_phase;
-    double band_start = 0;
-    bool first_band = true;
-    auto close_band = [&](double end) {
-      if (!cur_phase.empty()) {
-        data += fmt::format("{}[{},{:.3f},{:.3f}]", first_band ? "" : ",", json_str(cur_phase),
-                            band_start, end);
-        first_band = false;
-      }
-    };
-    for (size_t s = 0; s < n; ++s) {
-      const std::string& ph = memory::interned(t.phase[s]);
-      const double ms = (t.times_us[s] - t0) / 1000.0;
-      if (ph != cur_phase && !ph.empty()) {
-        close_band(ms);
-        cur_phase = ph;
-        band_start = ms;
-      }
-    }
-    close_band(n ? (t.times_us[n - 1] - t0) / 1000.0 : 0);
+    data += fmt::format("],\"samples\":{},\"phases\":[", n);
+    for (size_t k = 0; k < r.phases.size(); ++k)
+      data += fmt::format("{}[{},{:.3f},{:.3f}]", k ? "," : "", json_str(r.phases[k].name),
+                          r.phases[k].start_ms, r.phases[k].end_ms);
+    // The forward staircase, from every sample (not only the kept ones).
     data += "],\"stairs\":[";
     std::string cur_group;
     bool first_stair = true;
@@ -249,120 +427,265 @@ void write_report(const std::string& path, const std::string& title,
       const std::string g = module_group(memory::interned(t.module[s]));
       if (g.empty() || g == cur_group) continue;
       cur_group = g;
-      data += fmt::format("{}[{:.3f},{},{}]", first_stair ? "" : ",", (t.times_us[s] - t0) / 1000.0,
-                          json_str(g), t.total(s));
+      data += fmt::format("{}[{:.3f},{},{},{}]", first_stair ? "" : ",",
+                          (t.times_us[s] - t0) / 1000.0, json_str(g), t.total(s), s);
       first_stair = false;
     }
-    data += "],\"snapshot\":" + json_str(r.snapshot_path) +
-            ",\"timeline\":" + json_str(r.timeline_path) + "}";
+    // Links to the files written for it, relative to the report's folder (those that exist).
+    data += "],\"links\":[";
+    bool first_link = true;
+    for (const auto& [label, file] :
+         {std::pair<const char*, const std::string*>{"snapshot", &r.snapshot_path},
+          {"timeline", &r.timeline_html_path},
+          {"timeline JSON", &r.timeline_path},
+          {"diff against 1", &r.diff_path}}) {
+      std::error_code ec;
+      if (file->empty() || !fs::is_regular_file(*file, ec)) continue;
+      data += fmt::format("{}[{},{}]", first_link ? "" : ",", json_str(label),
+                          json_str(relative_to(*file, dir)));
+      first_link = false;
+    }
+    data += "]}";
   }
   data += "]}";
 
   // ---- page ----
   std::string html = R"HTML(<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Tally A/B memory report</title>
 <style>
-body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#222;background:#fff}
-h1{font-size:20px;margin:0 0 4px} .sub{color:#666;margin-bottom:16px}
-.charts{display:flex;flex-wrap:wrap;gap:16px}
-.chart{border:1px solid #ddd;border-radius:6px;padding:8px}
-.chart h2{font-size:14px;margin:0 0 4px}
-.legend{display:flex;flex-wrap:wrap;gap:12px;margin:12px 0}
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#222;background:#fff}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:22px 0 8px} h3{font-size:14px;margin:0 0 2px}
+.sub{color:#666;margin-bottom:10px}
+.top{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}
+.headlines{flex:1 1 440px;min-width:0}
+.headlines ul{margin:6px 0;padding-left:20px} .headlines li{margin:4px 0;font-size:16px}
+.caveat{background:#fff8e1;border-left:4px solid #f0b400;padding:8px 12px;max-width:900px}
+div.scatter{flex:0 1 620px;min-width:0;border:1px solid #ddd;border-radius:6px;padding:8px}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:16px}
+div.chart{border:1px solid #ddd;border-radius:6px;padding:8px;min-width:0}
+div.chart .hl{font-size:13px;color:#444}
+.links{font-size:13px;margin:2px 0 4px} .links a{margin-right:10px}
+svg{display:block;width:100%;height:auto}
+.readout{font-size:12px;color:#444;min-height:1.4em;font-variant-numeric:tabular-nums}
+.legend{display:flex;flex-wrap:wrap;gap:6px 14px;margin:8px 0}
 .legend span{display:inline-flex;align-items:center;gap:4px}
 .legend i{width:12px;height:12px;display:inline-block;border-radius:2px}
-table{border-collapse:collapse;margin-top:16px;font-variant-numeric:tabular-nums}
-th,td{border-bottom:1px solid #eee;padding:4px 8px;text-align:right;white-space:nowrap}
-th:first-child,td:first-child{text-align:left}
+.tables{max-width:100%}
+table{border-collapse:collapse;margin:8px 0 16px;font-variant-numeric:tabular-nums}
+th,td{border-bottom:1px solid #eee;padding:4px 10px;text-align:right;vertical-align:top}
+th{font-weight:600;min-width:90px;max-width:200px;white-space:normal;overflow-wrap:anywhere}
+td{white-space:nowrap} td small{display:block;font-size:12px}
+th:first-child,td:first-child{text-align:left;white-space:nowrap}
+tr.key td{font-weight:600}
 .better{color:#1a7f37}.worse{color:#cf222e}
 </style></head>
 <body>
 <h1>Tally A/B memory report</h1>
 <div class="sub" id="title"></div>
+<div class="top">
+<div class="headlines"><h2>What each option bought</h2><p id="base"></p><ul id="headlines"></ul>
+<p class="caveat" id="caveat" hidden></p></div>
+<div class="scatter"><h3 id="scatter-title">Peak memory against step time</h3>
+<svg id="scatter" class="chart scatter-chart" viewBox="0 0 620 380"></svg></div>
+</div>
+<h2>Memory over one training step</h2>
 <div class="legend" id="legend"></div>
 <div class="charts" id="charts"></div>
-<table id="table"></table>
+<h2>The numbers</h2>
+<div class="tables" id="tables"></div>
 <p class="sub">One training step per configuration (the last of the run), bytes allocated by category over
-time on one scale. Bands: phases (forward, backward, optimizer, recompute). Labels on the forward ramp: the
-module whose forward allocated there (the activation "staircase"). Table: bytes per category at the moment
-allocated memory peaked; changes against the first row.</p>
+time, every chart on one scale. Bands above each chart: the phases (forward, backward, optimizer; recompute
+as marks inside backward). Labels on the forward ramp: the module whose forward allocated there (the
+activation "staircase"). Dashed line: the dry run's predicted peak. Hover a chart for its values. Tables: bytes
+per category at the moment allocated memory peaked; changes against the first configuration. Snapshots open
+in PyTorch's memory_viz.</p>
 <script id="data" type="application/json">)HTML";
   html += data;
+  html += "</script>\n<script>\n";
+  html += memory::chart_script();
   html += R"HTML(</script>
 <script>
 (function(){
 const D = JSON.parse(document.getElementById('data').textContent);
-const COLORS = D.colors;  // memory::category_color: one palette on every page
-const BAND = {forward:'#e8f0fe',backward:'#fdf0e6',optimizer:'#e9f7ec',recompute:'#fbe9f0'};
-const NS = 'http://www.w3.org/2000/svg';
-function el(tag, attrs, parent){const e=document.createElementNS(NS,tag);for(const k in attrs)e.setAttribute(k,attrs[k]);if(parent)parent.appendChild(e);return e;}
-function mib(b){return (b/1048576).toFixed(1);}
+const C = TallyChart, COLORS = C.colors.categories;
+const MIB = 1048576;
+function mib(b){ return C.group((b/MIB).toFixed(1)); }
+function esc(s){ return String(s).replace(/&/g,'&amp;').replace(/</g,'&lt;').replace(/>/g,'&gt;'); }
 document.getElementById('title').textContent = D.title;
+const base = D.configs[0];
+function stepOf(cf){ return D.measured ? cf.median_ms : cf.predicted_ms; }
+
+// ---- headlines ----
+if (base) {
+  document.getElementById('base').innerHTML = 'Against configuration 1, <b>' + esc(base.name) + '</b>: peak ' +
+    mib(base.peak_allocated) + ' MiB' + (stepOf(base) !== null ? (D.measured ? ', step ' : ', predicted step ') +
+    stepOf(base).toFixed(1) + ' ms' : '') + (base.final_loss !== null ? ', final loss ' + base.final_loss.toFixed(4) : '') + '.';
+}
+const ul = document.getElementById('headlines');
+D.configs.forEach((cf, i) => { if (!i) return; const li = document.createElement('li');
+  li.className = 'headline'; li.setAttribute('data-config', cf.name); li.textContent = cf.headline; ul.appendChild(li); });
+if (D.caveat) { const cv = document.getElementById('caveat'); cv.textContent = D.caveat; cv.hidden = false; }
+
+// ---- peak against step time ----
+(function () {
+  const svg = document.getElementById('scatter');
+  const timed = D.configs.every(cf => stepOf(cf) !== null);
+  if (!timed) { document.getElementById('scatter-title').textContent = 'Peak memory of each configuration (no step time: dry runs without a cost model)'; }
+  const f = C.frame(620, 380, 70, 20, 16, 44);
+  let ym = 1, xm = 1e-3;
+  D.configs.forEach(cf => { ym = Math.max(ym, cf.peak_allocated); if (timed) xm = Math.max(xm, stepOf(cf)); });
+  const ya = C.byteAxis(ym, 5);
+  const xa = timed ? C.fitX(f, n => C.timeAxis(xm, n)) : C.fitX(f, n => C.countAxis(D.configs.length + 1, n));
+  C.axes(svg, f, xa, ya, timed ? (D.measured ? 'median step time' : 'predicted step time (cost model)') + ' (' + xa.unit + ')'
+                                 : 'configuration', 'peak allocated (' + ya.unit + ')');
+  const placed = [];
+  const plot = {l: f.L, r: f.W - f.R, t: f.T, b: f.H - f.B};
+  function hits(bx){ return bx.l < plot.l || bx.r > plot.r || bx.t < plot.t || bx.b > plot.b ||
+    placed.some(p => bx.l < p.r && p.l < bx.r && bx.t < p.b && p.t < bx.b); }
+  const pts = D.configs.map((cf, i) => { const px = f.x(timed ? stepOf(cf) : i + 1, xa), py = f.y(cf.peak_allocated, ya);
+    placed.push({l: px - 7, r: px + 7, t: py - 7, b: py + 7}); return [px, py]; });
+  D.configs.forEach((cf, i) => {
+    const [px, py] = pts[i];
+    const g = C.el(svg, 'g', {'class': 'point', 'data-config': cf.name});
+    C.el(g, 'circle', {cx: px, cy: py, r: 6, fill: i ? '#444' : '#fff', stroke: '#222', 'stroke-width': 2});
+    C.tip(g, (i + 1) + '. ' + cf.name + '\npeak allocated ' + mib(cf.peak_allocated) + ' MiB (reserved ' + mib(cf.peak_reserved) +
+      ' MiB)' + (stepOf(cf) !== null ? '\n' + (D.measured ? 'step ' : 'predicted step ') + stepOf(cf).toFixed(2) + ' ms' : '') +
+      (cf.final_loss !== null ? '\nfinal loss ' + cf.final_loss.toFixed(4) : '') + (i ? '\n' + cf.headline : ''));
+    for (const s of [(i + 1) + '. ' + cf.label, String(i + 1)]) {
+      const t = C.text(svg, 0, 0, s, {'font-size': 12, fill: '#222', 'class': 'point-label'});
+      const cands = [[px + 10, py + 4, 'start'], [px - 10, py + 4, 'end'], [px, py - 12, 'middle'], [px, py + 22, 'middle'],
+                     [px + 8, py - 10, 'start'], [px + 8, py + 20, 'start'], [px - 8, py - 10, 'end'], [px - 8, py + 20, 'end']];
+      // Each candidate is measured where it stands (getBBox: the font's real extent), 1 px apart.
+      const ok = cands.find(([x, y, a]) => { t.setAttribute('x', x); t.setAttribute('y', y); t.setAttribute('text-anchor', a);
+        const bb = t.getBBox(); return !hits({l: bb.x - 1, r: bb.x + bb.width + 1, t: bb.y - 1, b: bb.y + bb.height + 1}); });
+      if (ok) { const bb = t.getBBox(); placed.push({l: bb.x - 1, r: bb.x + bb.width + 1, t: bb.y - 1, b: bb.y + bb.height + 1}); break; }
+      t.remove();
+    }
+  });
+})();
+
+// ---- one timeline per configuration, on one scale ----
 const used = D.categories.map((c,k)=>D.configs.some(cf=>cf.bytes.some(r=>r[k]>0)));
 const legend = document.getElementById('legend');
-D.categories.forEach((c,k)=>{ if(!used[k]) return; const s=document.createElement('span');
-  s.innerHTML='<i style="background:'+COLORS[c]+'"></i>'+c; legend.appendChild(s); });
+D.categories.slice().reverse().forEach(c=>{ const k = D.categories.indexOf(c); if(!used[k]) return; const s=document.createElement('span');
+  s.innerHTML='<i style="background:'+COLORS[c]+'"></i>'+esc(c); legend.appendChild(s); });
+const phasesUsed = [];
+D.configs.forEach(cf => cf.phases.forEach(p => { if (phasesUsed.indexOf(p[0]) < 0) phasesUsed.push(p[0]); }));
+phasesUsed.forEach(p => { const s=document.createElement('span');
+  s.innerHTML='<i style="background:'+C.phaseColor(p)+';outline:1px solid #ccc"></i>phase: '+esc(p); legend.appendChild(s); });
 let ymax = 1;
 D.configs.forEach(cf=>cf.bytes.forEach(r=>{ymax=Math.max(ymax, r.reduce((a,b)=>a+b,0));}));
 D.configs.forEach(cf=>{ if(cf.predicted!==null) ymax=Math.max(ymax, cf.predicted); });
-ymax *= 1.08;
-const W=560,H=330,L=56,R=12,T=34,B=36;
+const ya = C.byteAxis(ymax, 5);
+const W=640,H=340;
 const charts = document.getElementById('charts');
-D.configs.forEach(cf=>{
-  const box=document.createElement('div'); box.className='chart';
-  const h=document.createElement('h2'); h.textContent=cf.name+' \u2014 peak '+mib(cf.peak_allocated)+' MiB';
+// As many columns as fit at 520 px, balanced over the rows (4 charts: 2 x 2, not 3 + 1).
+(function () {
+  const w = charts.getBoundingClientRect().width, n = Math.max(1, D.configs.length);
+  const fit = Math.max(1, Math.floor((w + 16) / (520 + 16)));
+  const rows = Math.ceil(n / Math.min(fit, n));
+  charts.style.gridTemplateColumns = 'repeat(' + Math.ceil(n / rows) + ', minmax(0, 1fr))';
+})();
+// Dry runs have no time: their x is the allocator event number.
+function xsOf(cf){ return D.measured ? cf.t : cf.index; }
+function xOfTime(cf, ms){ if (D.measured) return ms; let lo = 0; while (lo < cf.t.length - 1 && cf.t[lo] < ms) lo++; return cf.index[lo]; }
+D.configs.forEach((cf, ci)=>{
+  const box=document.createElement('div'); box.className='chart'; box.setAttribute('data-config', cf.name);
+  const h=document.createElement('h3'); h.textContent=(ci+1)+'. '+cf.name+(ci?'':' (baseline)')+' \u2014 peak '+mib(cf.peak_allocated)+' MiB';
   box.appendChild(h);
-  const svg=el('svg',{width:W,height:H,viewBox:'0 0 '+W+' '+H,'class':'memchart'},box);
-  const tmax=Math.max(cf.t.length?cf.t[cf.t.length-1]:1,1e-3);
-  const x=t=>L+(W-L-R)*t/tmax, y=b=>H-B-(H-T-B)*b/ymax;
-  cf.phases.forEach(p=>{ el('rect',{x:x(p[1]),y:T,width:Math.max(0,x(p[2])-x(p[1])),height:H-T-B,fill:BAND[p[0]]||'#f4f4f4'},svg);
-    const tx=el('text',{x:x(p[1])+3,y:T+12,'font-size':10,fill:'#777'},svg); tx.textContent=p[0]; });
-  for(let g=0;g<=4;g++){ const v=ymax*g/4; el('line',{x1:L,x2:W-R,y1:y(v),y2:y(v),stroke:'#eee'},svg);
-    const tx=el('text',{x:L-4,y:y(v)+4,'font-size':10,'text-anchor':'end',fill:'#555'},svg); tx.textContent=mib(v); }
-  const base=cf.t.map(()=>0);
+  { const p=document.createElement('div'); p.className='hl';
+    p.textContent=cf.headline || 'the configuration the others are compared with'; box.appendChild(p); }
+  const links=document.createElement('div'); links.className='links';
+  cf.links.forEach(l=>{ const a=document.createElement('a'); a.href=l[1]; a.textContent=l[0]; a.title=l[1]; links.appendChild(a); });
+  box.appendChild(links);
+  const svg=C.el(null,'svg',{viewBox:'0 0 '+W+' '+H,'class':'chart memchart'}); box.appendChild(svg);
+  const readout=document.createElement('div'); readout.className='readout'; readout.innerHTML='&nbsp;'; box.appendChild(readout);
+  charts.appendChild(box);
+  const xs = xsOf(cf).slice(), by = cf.bytes.slice();
+  let xmax = Math.max(xs.length ? xs[xs.length-1] : 1, D.measured ? 1e-3 : 1);
+  if (D.measured) cf.phases.forEach(p => { xmax = Math.max(xmax, p[2]); });
+  // The bytes stay at their last value until the step's last phase ends.
+  if (xs.length && xmax > xs[xs.length-1]) { xs.push(xmax); by.push(by[by.length-1]); }
+  const f = C.frame(W, H, 66, 14, 40, 42);
+  const xa = D.measured ? C.fitX(f, n => C.timeAxis(xmax, n)) : C.fitX(f, n => C.countAxis(cf.samples, n));
+  const runs = cf.phases.map(p => ({name: p[0], start: xOfTime(cf, p[1]), end: xOfTime(cf, p[2])}));
+  C.phaseBands(svg, f, xa, runs);
+  C.axes(svg, f, xa, ya, D.measured ? 'time in the step (' + xa.unit + '); median step ' + cf.median_ms.toFixed(1) + ' ms'
+                                    : 'allocator events of the dry run (no time: predicted)', 'allocated (' + ya.unit + ')');
+  const x = v => f.x(v, xa), y = b => f.y(b, ya);
+  const base=xs.map(()=>0);
   D.categories.forEach((c,k)=>{
     if(!used[k]) return;
-    const top=base.map((b,i)=>b+cf.bytes[i][k]);
-    let d='';
-    cf.t.forEach((t,i)=>{ d+=(i?'L':'M')+x(t).toFixed(1)+' '+y(top[i]).toFixed(1); });
-    for(let i=cf.t.length-1;i>=0;i--) d+='L'+x(cf.t[i]).toFixed(1)+' '+y(base[i]).toFixed(1);
-    if(cf.t.length) el('path',{d:d+'Z',fill:COLORS[c],'fill-opacity':0.85,stroke:'none','data-category':c},svg);
+    const top=base.map((b,i)=>b+by[i][k]);
+    let d='', peak=0;
+    xs.forEach((t,i)=>{ d+=(i?'L':'M')+x(t).toFixed(1)+' '+y(top[i]).toFixed(1); peak=Math.max(peak, by[i][k]); });
+    for(let i=xs.length-1;i>=0;i--) d+='L'+x(xs[i]).toFixed(1)+' '+y(base[i]).toFixed(1);
+    if(xs.length) C.tip(C.el(svg,'path',{d:d+'Z',fill:COLORS[c],'fill-opacity':0.85,stroke:'none','class':'area','data-category':c}),
+                        c + ': up to ' + C.human(peak) + ' in this step; ' + C.human(cf.at_peak[k]) + ' at the peak');
     top.forEach((v,i)=>base[i]=v);
   });
+  const clip = 'clip' + ci;
+  const cp = C.el(C.el(svg, 'defs', {}), 'clipPath', {id: clip});
+  C.el(cp, 'rect', {x: f.L, y: f.T, width: f.W - f.L - f.R, height: f.H - f.T - f.B});
+  const sg = C.el(svg, 'g', {'clip-path': 'url(#' + clip + ')', 'class': 'stairs'});
   let lastx=-100;
-  cf.stairs.forEach(s=>{ const px=x(s[0]); if(px-lastx<9) return; lastx=px;
-    el('line',{x1:px,x2:px,y1:y(s[2]),y2:y(s[2])-8,stroke:'#333'},svg);
-    const tx=el('text',{x:px,y:y(s[2])-10,'font-size':9,fill:'#333',transform:'rotate(-60 '+px+' '+(y(s[2])-10)+')'},svg);
-    tx.textContent=s[1]; });
+  cf.stairs.forEach(s=>{ const px=x(D.measured ? s[0] : s[3]); if(px-lastx<15) return; lastx=px;
+    C.el(sg,'line',{x1:px,x2:px,y1:y(s[2]),y2:y(s[2])-8,stroke:'#333'});
+    C.tip(C.text(sg,px,y(s[2])-10,s[1],{'font-size':10,fill:'#333','class':'stair',transform:'rotate(-60 '+px+' '+(y(s[2])-10)+')'}),
+          s[1] + ': forward reached ' + C.human(s[2])); });
   if(cf.predicted!==null){ const py=y(cf.predicted);
-    el('line',{x1:L,x2:W-R,y1:py,y2:py,stroke:'#222','stroke-width':1.2,'stroke-dasharray':'6 4','class':'predicted'},svg);
-    const pt=el('text',{x:W-R-2,y:py-4,'font-size':10,'text-anchor':'end',fill:'#222'},svg);
-    pt.textContent='predicted peak '+mib(cf.predicted)+' MiB'; }
-  el('line',{x1:L,x2:W-R,y1:H-B,y2:H-B,stroke:'#999'},svg);
-  el('line',{x1:L,x2:L,y1:T,y2:H-B,stroke:'#999'},svg);
-  const xl=el('text',{x:(L+W-R)/2,y:H-8,'font-size':11,'text-anchor':'middle',fill:'#555'},svg);
-  xl.textContent=cf.median_ms===null?'the dry run\u2019s allocations in order (no time: predicted)':
-    'time in step (ms), '+cf.median_ms.toFixed(1)+' ms median';
-  const yl=el('text',{x:12,y:(T+H-B)/2,'font-size':11,'text-anchor':'middle',fill:'#555',transform:'rotate(-90 12 '+((T+H-B)/2)+')'},svg);
-  yl.textContent='MiB allocated';
-  charts.appendChild(box);
+    C.tip(C.el(svg,'line',{x1:f.L,x2:f.W-f.R,y1:py,y2:py,stroke:'#222','stroke-width':1.2,'stroke-dasharray':'6 4','class':'predicted'}),
+          'predicted peak ' + C.human(cf.predicted));
+    C.text(svg,f.W-f.R-2,py-4,'predicted peak '+mib(cf.predicted)+' MiB',{'font-size':11,'text-anchor':'end',fill:'#222'}); }
+  const names = D.categories.filter((c,k)=>used[k]);
+  C.hover(svg, f, xa, readout, v => {
+    let lo = 0; while (lo < xs.length - 1 && xs[lo + 1] <= v) lo++;
+    const row = by[lo] || [];
+    const tot = row.reduce((a,b)=>a+b,0);
+    let ph = ''; runs.forEach(r => { if (v >= r.start && v <= r.end) ph = r.name; });
+    return (D.measured ? 't = ' + v.toFixed(2) + ' ms' : 'event ' + Math.round(v)) + (ph ? ' (' + ph + ')' : '') + ': ' + C.human(tot) +
+      ' \u2014 ' + D.categories.map((c,k)=>[c,row[k]||0]).filter(p=>p[1]>0).sort((a,b)=>b[1]-a[1]).slice(0,4)
+        .map(p=>p[0]+' '+C.human(p[1])).join(', ');
+  });
 });
-const tab=document.getElementById('table');
-const cols=[['peak alloc',c=>c.peak_allocated],['peak reserved',c=>c.peak_reserved]];
-D.categories.forEach((c,k)=>{ if(D.configs.some(cf=>cf.at_peak[k]>0)) cols.push([c,cf=>cf.at_peak[k]]); });
-cols.push(['reserved \u2212 allocated',c=>c.peak_reserved-c.peak_allocated]);
-let hr='<tr><th>configuration</th>'+cols.map(c=>'<th>'+c[0]+' (MiB)</th>').join('')+'<th>step ms</th><th>final loss</th></tr>';
-const b0=D.configs[0];
-D.configs.forEach((cf,i)=>{
-  const cell=(v,bv,unit)=>{ let s=unit(v); if(i&&bv!==undefined){ const d=v-bv; if(d!==0){ const p=bv?(' '+(d>0?'+':'\u2212')+Math.abs(100*d/bv).toFixed(0)+'%'):'';
-     s+=' <span class="'+(d<0?'better':'worse')+'">('+(d>0?'+':'\u2212')+unit(Math.abs(d))+p+')</span>'; } } return '<td>'+s+'</td>'; };
-  hr+='<tr><td>'+cf.name.replace(/</g,'&lt;')+'</td>'+cols.map(c=>cell(c[1](cf),c[1](b0),mib)).join('')+
-      (cf.median_ms===null?'<td>\u2013</td><td>\u2013</td>':
-       cell(cf.median_ms,b0.median_ms,v=>v.toFixed(1))+'<td>'+cf.final_loss.toFixed(4)+'</td>')+'</tr>';
-});
-tab.innerHTML=hr;
-document.body.setAttribute('data-rendered','1');
+
+// ---- the table, transposed: one column per configuration; split until it fits ----
+const rows=[['peak allocated (MiB)',c=>c.peak_allocated,mib,true]];
+if (D.configs.some(cf=>stepOf(cf)!==null)) rows.push([D.measured?'step time (ms)':'predicted step (ms)',c=>stepOf(c),v=>v.toFixed(1),true]);
+if (D.measured) rows.push(['final loss',c=>c.final_loss,v=>v.toFixed(4),true,true]);
+rows.push(['peak reserved (MiB)',c=>c.peak_reserved,mib]);
+if (D.configs.some(cf=>cf.predicted!==null)) rows.push(['predicted peak (MiB)',c=>c.predicted,mib]);
+D.categories.forEach((c,k)=>{ if(D.configs.some(cf=>cf.at_peak[k]>0)) rows.push([c+' at the peak (MiB)',cf=>cf.at_peak[k],mib]); });
+rows.push(['reserved \u2212 allocated (MiB)',c=>c.peak_reserved-c.peak_allocated,mib]);
+function cell(row, cf, i){
+  const v=row[1](cf), bv=row[1](base);
+  if (v===null||v===undefined) return '<td>\u2013</td>';
+  let s=row[2](v);
+  if (i && bv!==null && !row[4]) { const d=v-bv; if (d!==0) { const p=bv?' '+(d>0?'+':'\u2212')+Math.abs(100*d/bv).toFixed(0)+'%':'';
+    s+='<small class="'+(d<0?'better':'worse')+'">'+(d>0?'+':'\u2212')+row[2](Math.abs(d))+p+'</small>'; } }
+  return '<td title="'+esc(cf.name+': '+row[0]+' '+v)+'">'+s+'</td>';
+}
+const tables=document.getElementById('tables');
+function render(per){
+  tables.innerHTML='';
+  for (let s=0;s<D.configs.length;s+=per){
+    const part=D.configs.slice(s,s+per);
+    let h='<tr><th></th>'+part.map((cf,j)=>'<th>'+(s+j+1)+'. '+esc(cf.name)+'</th>').join('')+'</tr>';
+    rows.forEach(r=>{ h+='<tr'+(r[3]?' class="key"':'')+'><td>'+r[0]+'</td>'+part.map((cf,j)=>cell(r,cf,s+j)).join('')+'</tr>'; });
+    const t=document.createElement('table'); t.className='numbers'; t.innerHTML=h; tables.appendChild(t);
+  }
+}
+let per=D.configs.length;
+render(per);
+const avail=()=>tables.getBoundingClientRect().width;
+while (per>1 && Array.prototype.some.call(tables.querySelectorAll('table'),t=>t.getBoundingClientRect().width>avail()+0.5)) render(--per);
+document.body.setAttribute('data-table-width', String(Math.max.apply(null, Array.prototype.map.call(tables.querySelectorAll('table'), t=>Math.ceil(t.getBoundingClientRect().width)))));
+document.body.setAttribute('data-tables', String(tables.querySelectorAll('table').length));
 document.body.setAttribute('data-charts', String(document.querySelectorAll('svg.memchart').length));
+C.check();
+document.body.setAttribute('data-rendered','1');
 })();
 </script>
 </body></html>

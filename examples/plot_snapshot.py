@@ -33,8 +33,11 @@ fast CPU traces; --x forces one. Phases come from `alloc` events (a free carries
 of its allocation, not the phase it happens in); when a long trace has too many phase
 runs to read, the phase bands are left out.
 
-Categories keep fixed colours (Paul Tol's colour-blind-safe "muted" scheme); an unknown
-category name gets a grey. Only categories with bytes appear in the chart and legend.
+Categories and phases keep the colours of every Tally page (the A/B report, the timeline and
+diff pages): memory::category_color (memory/category.cpp) and memory::phase_color
+(memory/svg_chart.cpp); tests/memory/test_plot_snapshot.py checks that the tables below equal
+those. An unknown category name gets a grey. Only categories with bytes appear in the chart and
+legend. Ticks fall on 1, 2 or 5 times a power of ten (MiB, or GiB from a 1 GiB peak).
 
 Exit status: 0 written; 2 bad arguments or a file that is not a readable snapshot (the
 message names the file). Python 3 standard library only.
@@ -55,29 +58,32 @@ CATEGORIES = (
     "parameter", "gradient", "optimizer_state", "input", "activation", "temporary",
     "workspace", "autocast_cache", "communication", "offloaded", "unknown",
 )
-# Paul Tol "muted" (colour-blind safe), assigned so that neighbours in the stack contrast.
+# memory::category_color (memory/category.cpp): one palette on every Tally page.
 COLOURS = {
-    "parameter": "#332288",        # indigo
-    "gradient": "#88CCEE",         # cyan
-    "optimizer_state": "#117733",  # green
-    "activation": "#DDCC77",       # sand
-    "input": "#882255",            # wine
-    "temporary": "#CC6677",        # rose
-    "workspace": "#44AA99",        # teal
-    "autocast_cache": "#999933",   # olive
-    "communication": "#AA4499",    # purple
-    "offloaded": "#DDDDDD",        # pale grey (host memory)
-    "unknown": "#BBBBBB",          # grey
+    "parameter": "#1f77b4",
+    "gradient": "#ff7f0e",
+    "optimizer_state": "#2ca02c",
+    "activation": "#d62728",
+    "input": "#9467bd",
+    "temporary": "#8c564b",
+    "workspace": "#e377c2",
+    "autocast_cache": "#bcbd22",
+    "communication": "#17becf",
+    "offloaded": "#c7c7c7",
+    "unknown": "#7f7f7f",
 }
-EXTRA_COLOURS = ("#777777", "#555555", "#999999", "#444444")
+EXTRA_COLOURS = ("#555555", "#999999", "#444444", "#aaaaaa")
+# memory::phase_color (memory/svg_chart.cpp).
 PHASE_COLOURS = {
-    "forward": "#D6E6F4",
-    "backward": "#FBE3C6",
-    "optimizer": "#DCEFD8",
-    "data": "#E6DDF0",
+    "forward": "#c6dbef",
+    "backward": "#fdd0a2",
+    "optimizer": "#c7e9c0",
+    "recompute": "#e7a9c8",
+    "data": "#dadaeb",
 }
-PHASE_OTHER = "#ECECEC"  # init and any other phase
-PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "init": "init", "data": "data"}
+PHASE_OTHER = "#e5e5e5"  # init and any other phase
+PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "recompute": "rcp", "init": "init",
+               "data": "data"}
 
 MIB = 1024.0 * 1024.0
 FONT = "Helvetica, Arial, 'DejaVu Sans', sans-serif"
@@ -357,12 +363,13 @@ def text_width(s, size):
 
 
 def nice_step(span, target):
+    """1, 2 or 5 times a power of ten: about `target` intervals over `span` (as TallyChart's)."""
     if span <= 0:
         return 1.0
     raw = span / max(target, 1)
     mag = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
-        if raw <= m * mag:
+    for m in (1, 2, 5, 10):
+        if raw <= m * mag * (1 + 1e-9):
             return m * mag
     return 10 * mag
 
@@ -512,8 +519,11 @@ def plot(r, x_mode, x_reason, title, device, width, height):
     ph = plot_b - plot_t
 
     peak_mib = r.peak / MIB
-    y_step = nice_step(peak_mib if peak_mib > 0 else 1.0, 6)
-    y_max = max(y_step, math.ceil((peak_mib * 1.04) / y_step) * y_step) if peak_mib > 0 else y_step
+    # The y axis in MiB, or GiB from a 1 GiB peak; Y() takes MiB either way.
+    y_unit, y_div = ("GiB", 1024.0) if peak_mib >= 1024 else ("MiB", 1.0)
+    peak_u = peak_mib / y_div
+    y_step = nice_step(peak_u if peak_u > 0 else 1.0, 6)
+    y_max = (max(y_step, math.ceil((peak_u * 1.04) / y_step) * y_step) if peak_u > 0 else y_step) * y_div
 
     def X(x):
         return plot_l + (x / x_max) * pw
@@ -561,16 +571,17 @@ def plot(r, x_mode, x_reason, title, device, width, height):
     k = 0
     while True:
         v = k * y_step
-        if v > y_max + 1e-9:
+        if v * y_div > y_max + 1e-9:
             break
-        y = Y(v)
+        y = Y(v * y_div)
         svg.add(f'<line x1="{plot_l}" y1="{y:.1f}" x2="{plot_r}" y2="{y:.1f}" '
                 f'stroke="{"#888" if k == 0 else "#dddddd"}" stroke-width="1"/>')
-        svg.text(plot_l - 7, y + 4, fmt_num(v, y_step), size=12, anchor="end", fill="#333")
+        svg.text(plot_l - 7, y + 4, fmt_num(v, y_step), size=12, anchor="end", fill="#333",
+                 extra=' class="ytick"')
         k += 1
     cy = (plot_t + plot_b) / 2
     svg.add(f'<text x="20" y="{cy:.1f}" font-size="13" text-anchor="middle" fill="#333" '
-            f'transform="rotate(-90 20 {cy:.1f})">Allocated (MiB)</text>')
+            f'transform="rotate(-90 20 {cy:.1f})">Allocated ({y_unit})</text>')
     svg.add("</g>")
 
     # Areas: one polygon per shown category, stacked in `order`.
@@ -638,7 +649,7 @@ def plot(r, x_mode, x_reason, title, device, width, height):
     for v, s in labels:
         x = X(v)
         svg.add(f'<line x1="{x:.1f}" y1="{plot_b}" x2="{x:.1f}" y2="{plot_b + 5}" stroke="#888"/>')
-        svg.text(x, plot_b + 19, s, size=12, anchor="middle", fill="#333")
+        svg.text(x, plot_b + 19, s, size=12, anchor="middle", fill="#333", extra=' class="xtick"')
     svg.text((plot_l + plot_r) / 2, plot_b + 44, x_label, size=13, anchor="middle", fill="#333")
     svg.add("</g>")
 

@@ -389,27 +389,54 @@ class LeakCheck {
   bool tty_;
 };
 
-// "step 12/100 [=====>    ] loss 0.4312 acc 86.2% | 41.3 ms/step | peak 1.2 GiB"
+// "step 12/100 [=====>    ] 00:41<05:01 | loss 0.4312 acc 86.2% | 41.3 ms/step | peak 1.2 GiB"
+// Elapsed and estimated time left (mm:ss, or h:mm:ss) after the bar; on a terminal the line
+// is redrawn in place and cleared to its end; done() ends it with the total time.
 class Progress {
  public:
-  explicit Progress(int64_t total, bool tty = true) : total_(total), tty_(tty) {}
+  explicit Progress(int64_t total, bool tty = true)
+      : total_(total), tty_(tty), t0_(std::chrono::steady_clock::now()) {}
   void update(int64_t step, const std::string& metrics) {
     const int width = 24;
-    const int filled = total_ > 0 ? static_cast<int>(width * step / total_) : width;
+    const int filled =
+        total_ > 0 ? static_cast<int>(width * std::min(step, total_) / total_) : width;
     std::string bar(static_cast<size_t>(filled), '=');
     if (filled < width) bar += '>' + std::string(static_cast<size_t>(width - filled - 1), ' ');
-    std::fprintf(stdout, "%sstep %lld/%lld [%s] %s", tty_ ? "\r" : "", static_cast<long long>(step),
-                 static_cast<long long>(total_), bar.c_str(), metrics.c_str());
-    if (!tty_) std::fputc('\n', stdout);
+    const double elapsed = seconds();
+    const double left = step > 0 && total_ > step ? elapsed * static_cast<double>(total_ - step) /
+                                                        static_cast<double>(step)
+                                                  : 0.0;
+    std::fprintf(stdout, "%sstep %lld/%lld [%s] %s<%s | %s%s", tty_ ? "\r" : "",
+                 static_cast<long long>(step), static_cast<long long>(total_), bar.c_str(),
+                 clock(elapsed).c_str(), clock(left).c_str(), metrics.c_str(),
+                 tty_ ? "\033[K" : "\n");
     std::fflush(stdout);
+    last_step_ = step;
   }
+  // Ends the line: "done: 400 steps in 01:12 (180.2 ms/step)".
   void done() {
     if (tty_) std::fputc('\n', stdout);
+    const double elapsed = seconds();
+    std::fprintf(stdout, "done: %lld steps in %s (%.1f ms/step)\n",
+                 static_cast<long long>(last_step_), clock(elapsed).c_str(),
+                 last_step_ > 0 ? 1000.0 * elapsed / static_cast<double>(last_step_) : 0.0);
+    std::fflush(stdout);
+  }
+  // "00:41", "1:02:03".
+  static std::string clock(double seconds) {
+    const auto s = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+    if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+    return fmt::format("{:02}:{:02}", s / 60, s % 60);
   }
 
  private:
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
   int64_t total_;
   bool tty_;
+  std::chrono::steady_clock::time_point t0_;
+  int64_t last_step_ = 0;
 };
 
 class Stopwatch {

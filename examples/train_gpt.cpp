@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "examples/cli_common.h"
+#include "examples/metrics_log.h"
 #include "examples/train_common.h"
 #include "nn/checkpoint.h"
 #include "nn/data/synthetic.h"
@@ -40,6 +41,7 @@ struct Args {
   double clip = 1.0;
   std::string device = "cpu";
   std::string snapshot;
+  std::string metrics;  // --metrics FILE.jsonl
   bool summary = false;
   uint64_t seed = 0;
   std::string checkpoint = "none";
@@ -111,6 +113,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
+  app.add_option("--metrics", a.metrics,
+                 "write one JSON record per logged step (and the validation) to FILE.jsonl");
   app.add_flag("--detect-leaks", a.detect_leaks,
                "report allocations that survive each step and grow, by source line "
                "(memory::LeakDetector)");
@@ -158,6 +162,7 @@ int main(int argc, char** argv) {
     nn::CheckpointSpec ckpt =
         auto_plan.checkpoint_auto ? nn::CheckpointSpec{} : nn::parse_checkpoint_spec(a.checkpoint);
     if (!a.snapshot.empty()) ex::check_output_file(a.snapshot, "--snapshot");
+    if (!a.metrics.empty()) ex::check_output_file(a.metrics, "--metrics");
     manual_seed(a.seed);
     // --snapshot: recorded from before the text and the model exist, so that every block has
     // its alloc in the trace (memory_viz shows a block from before the recording as `unknown`).
@@ -288,6 +293,7 @@ int main(int argc, char** argv) {
 
       model->train();
       ex::Progress bar(a.steps, isatty(fileno(stdout)));
+      ex::MetricsLog metrics(dry ? std::string() : a.metrics);
       ex::LeakCheck leak_check(a.detect_leaks && !dry, dev, isatty(fileno(stdout)));
       ex::Stopwatch clock;
       Tensor loss_acc = zeros({}, TensorOptions{}.with_device(dev));
@@ -329,6 +335,13 @@ int main(int argc, char** argv) {
           memory::synchronize(dev);
           const double ms = clock.ms() / static_cast<double>(window);
           clock.reset();
+          metrics.write({{"step", step},
+                         {"loss", last_loss},
+                         {"ms_per_step", ms},
+                         {"tokens_per_s", static_cast<double>(a.batch * T) / (ms / 1000.0)},
+                         {"lr", opt.get_lr()},
+                         {"peak_allocated", memory::max_memory_allocated(dev)},
+                         {"peak_reserved", memory::max_memory_reserved(dev)}});
           bar.update(
               step,
               fmt::format("loss {:.4f} | {:.0f} tok/s | {:.1f} ms/step | lr {:.2e} | peak {}",
@@ -355,6 +368,7 @@ int main(int argc, char** argv) {
         model->train();
       }
       val /= static_cast<double>(a.eval_batches);  // >= 1
+      metrics.write({{"step", a.steps}, {"val_loss", val}});
       fmt::print(
           "val loss {:.4f} (chance: ln {} = {:.4f}), train loss {:.4f} -> {:.4f}, peak allocated "
           "{}, "

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "examples/cli_common.h"
+#include "examples/metrics_log.h"
 #include "examples/train_common.h"
 #include "nn/checkpoint.h"
 #include "nn/data/cifar.h"
@@ -46,6 +47,7 @@ struct Args {
   std::string device = "cpu";
   int64_t image_size = 0;  // 0: the dataset's own
   std::string snapshot;
+  std::string metrics;  // --metrics FILE.jsonl
   bool summary = false;
   uint64_t seed = 0;
   std::string checkpoint = "none";
@@ -121,6 +123,8 @@ int main(int argc, char** argv) {
       ->check(ex::int_range(0, 4096));
   app.add_option("--snapshot", a.snapshot, "write a memory_viz snapshot of the run to FILE");
   app.add_flag("--summary", a.summary, "print memory_summary() at the end");
+  app.add_option("--metrics", a.metrics,
+                 "write one JSON record per logged step (and the test accuracy) to FILE.jsonl");
   app.add_flag("--detect-leaks", a.detect_leaks,
                "report allocations that survive each step and grow, by source line "
                "(memory::LeakDetector)");
@@ -160,6 +164,7 @@ int main(int argc, char** argv) {
     if (a.dataset == "synthetic" && !a.data_root.empty())
       throw std::invalid_argument("--data-root does not apply to --dataset synthetic");
     if (!a.snapshot.empty()) ex::check_output_file(a.snapshot, "--snapshot");
+    if (!a.metrics.empty()) ex::check_output_file(a.metrics, "--metrics");
     manual_seed(a.seed);
     // --snapshot: recorded from before the datasets and the model exist, so that every block
     // has its alloc in the trace (memory_viz shows a block from before the recording as
@@ -310,6 +315,7 @@ int main(int argc, char** argv) {
       // ---- train ----
       model->train();
       ex::Progress bar(total, isatty(fileno(stdout)));
+      ex::MetricsLog metrics(dry ? std::string() : a.metrics);
       ex::LeakCheck leak_check(a.detect_leaks && !dry, dev, isatty(fileno(stdout)));
       ex::Stopwatch clock;
       int64_t step = 0;
@@ -349,6 +355,14 @@ int main(int argc, char** argv) {
             memory::synchronize(dev);
             const double ms = clock.ms() / static_cast<double>(window_steps);
             clock.reset();
+            metrics.write({{"step", step},
+                           {"epoch", loader.epoch()},
+                           {"loss", loss_sum},
+                           {"accuracy", static_cast<double>(correct) / static_cast<double>(seen)},
+                           {"ms_per_step", ms},
+                           {"lr", opt->get_lr()},
+                           {"peak_allocated", memory::max_memory_allocated(dev)},
+                           {"peak_reserved", memory::max_memory_reserved(dev)}});
             bar.update(
                 step,
                 fmt::format("loss {:.4f} acc {:.1f}% | {:.1f} ms/step | lr {:.4f} | peak {}",
@@ -388,6 +402,9 @@ int main(int argc, char** argv) {
           100.0 * static_cast<double>(right) / static_cast<double>(std::max<int64_t>(count, 1)),
           right, count, ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
           ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))));
+      metrics.write({{"step", total},
+                     {"test_accuracy", static_cast<double>(right) /
+                                           static_cast<double>(std::max<int64_t>(count, 1))}});
       ex::print_offload(offloader, total);
       leak_check.report();
       ex::write_memory_outputs(dev, a.summary, a.snapshot);

@@ -114,7 +114,18 @@ bool is_library_source(const char* file) {
 
 CallSiteScope::CallSiteScope(const std::source_location& site) : ScopeGuard(tls.site) {
   // Library frames keep the user's line; the first user line, or a deeper one, replaces it.
-  if (!is_library_source(site.file_name())) tls.site = SourceLoc::from(site);
+  // With no line open yet (a module's constructor building its parameters, an op called
+  // from Tally's own code) the outermost library line stands in until a user line opens.
+  // A site's file is a string literal, so the last answer is kept by its address: ops
+  // called in a loop from one file pay one comparison.
+  thread_local const char* last_file = nullptr;
+  thread_local bool last_is_library = false;
+  const char* file = site.file_name();
+  if (file != last_file) {
+    last_is_library = is_library_source(file);
+    last_file = file;
+  }
+  if (!last_is_library || tls.site.line == 0) tls.site = SourceLoc::from(site);
 }
 
 CallSiteScope::~CallSiteScope() {
@@ -138,6 +149,12 @@ ModuleScope::ModuleScope(std::string_view name) : ScopeGuard(tls.module) {
     path += name;
     tls.module = intern(path);
   }
+  if (ContextObserver* o = context_observer()) o->on_module_enter(tls.module);
+}
+ModuleScope::ModuleScope(AbsolutePath, std::string_view path) : ScopeGuard(tls.module) {
+  const StrId id = path.empty() ? 0 : intern(path);
+  if (id == tls.module) return;
+  tls.module = id;
   if (ContextObserver* o = context_observer()) o->on_module_enter(tls.module);
 }
 ModuleScope::~ModuleScope() {

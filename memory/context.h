@@ -69,10 +69,13 @@ class CategoryScope : ScopeGuard<Category> {
   ~CategoryScope();
 };
 
-// RAII: appends `name` to the module path ("" + "layer1" -> "layer1", then "layer1.0").
+// RAII: appends `name` to the module path ("" + "layer1" -> "layer1", then "layer1.0"),
+// or, given AbsolutePath, sets the whole path (nn::Module: a child called past its parent).
 class ModuleScope : ScopeGuard<StrId> {
  public:
+  struct AbsolutePath {};
   explicit ModuleScope(std::string_view name);
+  ModuleScope(AbsolutePath, std::string_view path);
   ~ModuleScope();
 };
 
@@ -92,12 +95,15 @@ class PhaseScope : ScopeGuard<StrId> {
 };
 
 // RAII: the user's call site for everything allocated inside. Module's call operators, the
-// public factories (randn, zeros, ...), Tensor::to, backward() and Optimizer::step open one
-// with std::source_location::current() defaulted at their caller, so snapshots, traces and
-// the leak detector name the user's file and line without unwinding the stack. A site in
-// Tally's own library sources (is_library_source) keeps the enclosing site: the innermost
-// line of the user's code wins, and a model of Tally's own (nn/models/) called from
-// `train.cpp:42` is attributed to train.cpp:42.
+// public factories (randn, zeros, ...), the differentiable ops (matmul, relu, cross_entropy,
+// ...; C++ operators such as a + b cannot take one and keep the enclosing site), Tensor::to,
+// backward() and Optimizer::step open one with std::source_location::current() defaulted
+// at their caller, so snapshots, traces and the leak detector name the user's file and line
+// without unwinding the stack. A site in Tally's own library sources (is_library_source)
+// keeps the enclosing site: the innermost line of the user's code wins, and a model of
+// Tally's own (nn/models/) called from `train.cpp:42` is attributed to train.cpp:42. With
+// no site open, a library site is taken (the outermost: `nn/linear.cpp:31` for a Linear
+// built outside any scope) until a user site opens inside it.
 class CallSiteScope : ScopeGuard<SourceLoc> {
  public:
   explicit CallSiteScope(const std::source_location& site = std::source_location::current());

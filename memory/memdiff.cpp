@@ -18,6 +18,7 @@
 #include "memory/category.h"
 #include "memory/checked.h"
 #include "memory/json.h"
+#include "memory/svg_chart.h"
 
 namespace tally::memory {
 
@@ -644,32 +645,21 @@ std::string series_json(const SnapshotSummary& s) {
   return out;
 }
 
-// The page's drawing script: reads <script id="data">, draws both timelines into
-// <svg id="chart"> (round ticks, peak markers, hover readout), fills the tables, then marks
-// the body with data-rendered and data-series.
+// The page's drawing script (after memory/svg_chart.h's TallyChart): reads
+// <script id="data">, draws both timelines into <svg id="chart"> (round ticks, peak markers,
+// hover readout), fills the tables, then marks the body with data-rendered and data-series.
 constexpr const char* kScript = R"JS(
 (function () {
+  var C = TallyChart;
   var D = JSON.parse(document.getElementById('data').textContent);
   var svg = document.getElementById('chart');
-  var NS = svg.namespaceURI;
   var W = 960, H = 380, L = 72, R = 24, T = 20, B = 46;
-  function el(name, attrs, parent) {
-    var e = document.createElementNS(NS, name);
-    for (var k in attrs) e.setAttribute(k, attrs[k]);
-    (parent || svg).appendChild(e);
-    return e;
-  }
+  var f = C.frame(W, H, L, R, T, B);
+  function el(name, attrs, parent) { return C.el(parent || svg, name, attrs); }
   function esc(s) { return String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;'); }
-  var UNITS = [['B', 1], ['KiB', 1024], ['MiB', 1048576], ['GiB', 1073741824], ['TiB', 1099511627776]];
-  function unitFor(v) { var u = UNITS[0]; UNITS.forEach(function (x) { if (Math.abs(v) >= x[1]) u = x; }); return u; }
-  function human(b) { var u = unitFor(b); return u[1] === 1 ? b + ' B' : (b / u[1]).toFixed(2) + ' ' + u[0]; }
+  var human = C.human;
   function signed(d) { return d === 0 ? '0 B' : (d > 0 ? '+' : '\u2212') + human(Math.abs(d)); }
   function signedCount(d) { return d === 0 ? '0' : (d > 0 ? '+' : '\u2212') + Math.abs(d); }
-  function niceStep(range, n) {
-    var raw = Math.max(range, 1e-9) / n, p = Math.pow(10, Math.floor(Math.log10(raw))), m = raw / p;
-    return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 2.5 ? 2.5 : m <= 5 ? 5 : 10) * p;
-  }
-  function tick(v) { return String(Math.round(v * 1000) / 1000); }
   var series = [{s: D.a, color: D.colors.a, label: 'A'}, {s: D.b, color: D.colors.b, label: 'B'}];
 
   // Files and totals.
@@ -697,31 +687,12 @@ constexpr const char* kScript = R"JS(
     x.s.y.forEach(function (v) { ymax = Math.max(ymax, v); });
     if (x.s.t.length) xmax = Math.max(xmax, x.s.t[x.s.t.length - 1]);
   });
-  var yu = unitFor(ymax), ystep = niceStep(ymax / yu[1], 5) * yu[1];
-  var ytop = Math.ceil(ymax / ystep - 1e-9) * ystep;
-  if (ytop < ymax * 1.04) ytop += ystep;
-  var xu = !timed ? ['trace entry', 1] : xmax >= 10000 ? ['s', 1000] : ['ms', 1];
-  var xstep = niceStep(xmax / xu[1], 8) * xu[1];
-  var xtop = Math.max(xstep, Math.ceil(xmax / xstep - 1e-9) * xstep);
-  function x(t) { return L + (W - L - R) * t / xtop; }
-  function y(b) { return H - B - (H - T - B) * b / ytop; }
-  for (var v = 0; v <= ytop + ystep / 2; v += ystep) {
-    el('line', {x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: '#eee'});
-    var ty = el('text', {x: L - 6, y: y(v) + 4, 'text-anchor': 'end', 'font-size': 11, fill: '#555'});
-    ty.textContent = tick(v / yu[1]);
-  }
-  for (var t = 0; t <= xtop + xstep / 2; t += xstep) {
-    el('line', {x1: x(t), x2: x(t), y1: H - B, y2: H - B + 4, stroke: '#999'});
-    var tx = el('text', {x: x(t), y: H - B + 17, 'text-anchor': 'middle', 'font-size': 11, fill: '#555'});
-    tx.textContent = tick(t / xu[1]);
-  }
-  el('line', {x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: '#999'});
-  el('line', {x1: L, x2: L, y1: T, y2: H - B, stroke: '#999'});
-  var xl = el('text', {x: (L + W - R) / 2, y: H - 8, 'text-anchor': 'middle', 'font-size': 12, fill: '#333'});
-  xl.textContent = timed ? 'time from each run\u2019s first trace entry (' + xu[0] + ')' : 'trace entry (index)';
-  var yl = el('text', {x: 16, y: (T + H - B) / 2, 'font-size': 12, 'text-anchor': 'middle', fill: '#333',
-                       transform: 'rotate(-90 16 ' + (T + H - B) / 2 + ')'});
-  yl.textContent = 'allocated (' + yu[0] + ')';
+  var ya = C.byteAxis(ymax, 5);
+  var xa = C.fitX(f, function (n) { return timed ? C.timeAxis(xmax, n) : C.countAxis(xmax, n); });
+  function x(t) { return f.x(t, xa); }
+  function y(b) { return f.y(b, ya); }
+  C.axes(svg, f, xa, ya, timed ? 'time from each run\u2019s first trace entry (' + xa.unit + ')' : 'trace entry (index)',
+         'allocated (' + ya.unit + ')');
   var drawn = 0;
   series.forEach(function (x_) {
     var s = x_.s;
@@ -740,7 +711,6 @@ constexpr const char* kScript = R"JS(
     drawn++;
   });
   // Hover: a cursor and each run's allocated bytes at that time.
-  var cursor = el('line', {x1: 0, x2: 0, y1: T, y2: H - B, stroke: '#444', 'stroke-dasharray': '3 3', visibility: 'hidden'});
   var readout = document.getElementById('readout');
   function at(s, t) {
     var lo = 0, hi = s.t.length - 1;
@@ -749,15 +719,10 @@ constexpr const char* kScript = R"JS(
     while (lo < hi) { var mid = (lo + hi + 1) >> 1; if (s.t[mid] <= t) lo = mid; else hi = mid - 1; }
     return s.y[lo];
   }
-  svg.addEventListener('mousemove', function (ev) {
-    var r = svg.getBoundingClientRect(), px = (ev.clientX - r.left) * W / r.width;
-    if (px < L || px > W - R) { cursor.setAttribute('visibility', 'hidden'); return; }
-    var t = (px - L) / (W - L - R) * xtop;
-    cursor.setAttribute('x1', px); cursor.setAttribute('x2', px); cursor.setAttribute('visibility', 'visible');
-    readout.textContent = (timed ? 't = ' + tick(t / xu[1]) + ' ' + xu[0] : 'entry ' + Math.round(t)) + ':  ' +
+  C.hover(svg, f, xa, readout, function (t) {
+    return (timed ? 't = ' + xa.label(t) + ' ' + xa.unit : 'entry ' + Math.round(t)) + ':  ' +
       series.map(function (x_) { var v = at(x_.s, t); return x_.label + ' ' + (v === null ? '\u2013' : human(v)); }).join(',  ');
   });
-  svg.addEventListener('mouseleave', function () { cursor.setAttribute('visibility', 'hidden'); });
   var legend = document.getElementById('legend');
   series.forEach(function (x_) {
     var item = document.createElement('span');
@@ -793,20 +758,11 @@ constexpr const char* kScript = R"JS(
       out.appendChild(p);
     }
   });
+  C.check();
   document.body.setAttribute('data-series', String(drawn));
   document.body.setAttribute('data-rendered', '1');
 })();
 )JS";
-
-// The category colours (memory::category_color, as on the A/B report): a category looks the
-// same on every page.
-std::string category_colors_json() {
-  std::string out = "{";
-  for (size_t i = 0; i < kAllCategories.size(); ++i)
-    out += fmt::format("{}\"{}\": \"{}\"", i ? ", " : "", category_name(kAllCategories[i]),
-                       category_color(kAllCategories[i]));
-  return out + "}";
-}
 
 }  // namespace
 
@@ -993,7 +949,7 @@ void write_snapshot_diff_html(const std::string& path, const SnapshotDiff& d, si
 <style>
 body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#222;background:#fff}
 h1{font-size:20px;margin:0 0 8px} h2{font-size:15px;margin:20px 0 4px} .sub{color:#666;margin:6px 0}
-.chart{border:1px solid #ddd;border-radius:6px;padding:8px;display:inline-block;margin-top:12px}
+div.chart{border:1px solid #ddd;border-radius:6px;padding:8px;display:inline-block;margin-top:12px}
 .legend{display:flex;gap:16px;margin:8px 0}
 .sw{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:5px;vertical-align:middle}
 table{border-collapse:collapse;font-variant-numeric:tabular-nums}
@@ -1006,7 +962,7 @@ th:first-child,td:first-child{text-align:left}
 <div class="sub" id="files"></div>
 <table id="totals"></table>
 <div class="chart"><div class="legend" id="legend"></div>
-<svg id="chart" width="960" height="380" viewBox="0 0 960 380"></svg>
+<svg id="chart" class="chart" width="960" height="380" viewBox="0 0 960 380"></svg>
 <div class="sub" id="readout">&nbsp;</div></div>
 <div id="sections"></div>
 <p class="sub">Bytes are the trace's (requested) bytes. "At its peak": what each key held at the moment its
@@ -1015,6 +971,8 @@ start. Allocations: alloc entries over each trace. Modules are matched by their 
 run has shows 0 for the other. Green: B uses less than A.</p>
 <script id="data" type="application/json">)HTML";
   html += data;
+  html += "</script>\n<script>";
+  html += chart_script();  // the renderer and palette of every page (memory/svg_chart.h)
   html += "</script>\n<script>";
   html += kScript;
   html += "</script>\n</body></html>\n";

@@ -97,17 +97,18 @@ struct PooledMetric {
   const StatArray DeviceStats::*stat;
   std::string_view name;
   Formatter format;
+  std::string_view host_name = {};  // on the CPU, where PyTorch's says "GPU"
 };
 
 constexpr PooledMetric kPooledMetrics[] = {
     {&DeviceStats::allocated_bytes, "Allocated memory", format_size},
     {&DeviceStats::active_bytes, "Active memory", format_size},
     {&DeviceStats::requested_bytes, "Requested memory", format_size},
-    {&DeviceStats::reserved_bytes, "GPU reserved memory", format_size},
+    {&DeviceStats::reserved_bytes, "GPU reserved memory", format_size, "Reserved memory"},
     {&DeviceStats::inactive_split_bytes, "Non-releasable memory", format_size},
     {&DeviceStats::allocation, "Allocations", format_count},
     {&DeviceStats::active, "Active allocs", format_count},
-    {&DeviceStats::segment, "GPU reserved segments", format_count},
+    {&DeviceStats::segment, "GPU reserved segments", format_count, "Reserved segments"},
     {&DeviceStats::inactive_split, "Non-releasable allocs", format_count},
 };
 
@@ -117,8 +118,15 @@ void append_pytorch_table(std::vector<std::string>& lines, const DeviceStats& st
   lines.push_back(
       centered(fmt::format("Tally memory summary, device ID {} ({})", device_id, device_label)));
   lines.emplace_back(kInnerWidth, '-');
-  lines.push_back(fmt::format("  {:9} CUDA OOMs: {:<12d} | {:6} cudaMalloc retries: {:<8d}  ", "",
-                              stats.num_ooms, "", stats.num_alloc_retries));
+  // PyTorch's CUDA labels on CUDA (and on a meta device replaying a GPU); device-neutral
+  // ones on the host ("cpu", "cpu (pinned)", a meta device replaying the CPU).
+  const bool host = device_label.starts_with("cpu") || device_label.ends_with("(cpu)");
+  if (host)
+    lines.push_back(fmt::format("  {:9}      OOMs: {:<12d} | {:6}  allocator retries: {:<8d}  ", "",
+                                stats.num_ooms, "", stats.num_alloc_retries));
+  else
+    lines.push_back(fmt::format("  {:9} CUDA OOMs: {:<12d} | {:6} cudaMalloc retries: {:<8d}  ", "",
+                                stats.num_ooms, "", stats.num_alloc_retries));
   lines.emplace_back(kInnerWidth, '=');
   lines.emplace_back("        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ");
 
@@ -126,7 +134,8 @@ void append_pytorch_table(std::vector<std::string>& lines, const DeviceStats& st
     const StatArray& arr = stats.*(m.stat);
     const Stat& all = arr[kAllPools];
     lines.emplace_back(kInnerWidth, '-');
-    lines.push_back(metric_row(m.name, m.format, all, all));
+    lines.push_back(
+        metric_row(host && !m.host_name.empty() ? m.host_name : m.name, m.format, all, all));
     if (!abbreviated) {
       lines.push_back(metric_row("      from large pool", m.format, arr[kLargePool], all));
       lines.push_back(metric_row("      from small pool", m.format, arr[kSmallPool], all));
@@ -135,7 +144,7 @@ void append_pytorch_table(std::vector<std::string>& lines, const DeviceStats& st
 
   const std::pair<std::string_view, const Stat*> oversize[] = {
       {"Oversize allocations", &stats.oversize_allocations},
-      {"Oversize GPU segments", &stats.oversize_segments},
+      {host ? "Oversize segments" : "Oversize GPU segments", &stats.oversize_segments},
   };
   for (const auto& [name, stat] : oversize) {
     lines.emplace_back(kInnerWidth, '-');

@@ -28,6 +28,7 @@ BuildOnDevice::~BuildOnDevice() {
 
 Tensor make_parameter(const Shape& shape, DType dtype) {
   memory::CategoryScope cat(memory::Category::parameter);
+  memory::CallSiteScope site;  // this line, unless a user's line is open (CallSiteScope)
   return ops::empty(shape, dtype, t_build_device);
 }
 

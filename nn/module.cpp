@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -45,6 +46,74 @@ bool SkipInitGuard::active() {
 }
 
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+
+Module::~Module() {
+  for (auto& [n, c] : children_)
+    if (c && c->parent_ == this) c->parent_ = nullptr;
+}
+
+namespace {
+// `path` ends with the dotted path `tail` at a component boundary ("" ends every path).
+bool ends_with_path(std::string_view path, std::string_view tail) {
+  if (tail.empty()) return true;
+  if (!path.ends_with(tail)) return false;
+  return path.size() == tail.size() || path[path.size() - tail.size() - 1] == '.';
+}
+std::string join_path(std::string_view a, std::string_view b) {
+  if (a.empty()) return std::string(b);
+  if (b.empty()) return std::string(a);
+  std::string s(a);
+  s += '.';
+  s += b;
+  return s;
+}
+}  // namespace
+
+std::string Module::scope_path() const {
+  const std::string_view enclosing = memory::interned(memory::current_tag().module);
+  if (!parent_) return join_path(enclosing, name_);
+  // The names from this module up to (not including) its root: {"fc", "0", "blocks"}.
+  std::vector<std::string_view> up;
+  for (const Module* m = this; m->parent_; m = m->parent_) up.push_back(m->name_);
+  // Try the parent first (the usual nesting), then each ancestor above it: the first whose
+  // path relative to the root ends the enclosing path is the caller.
+  for (size_t k = 1; k <= up.size(); ++k) {
+    std::string ancestor;  // path of the ancestor k levels up, relative to the root
+    for (size_t i = up.size(); i-- > k;) ancestor = join_path(ancestor, up[i]);
+    if (!ends_with_path(enclosing, ancestor)) continue;
+    std::string below;  // from that ancestor down to this module
+    for (size_t i = k; i-- > 0;) below = join_path(below, up[i]);
+    return join_path(enclosing, below);
+  }
+  return join_path(enclosing, name_);  // unreachable: the root's "" ends every path
+}
+
+Module& Module::get_submodule(const std::string& target) const {
+  const Module* m = this;
+  std::string walked;  // the parts found so far, for the message
+  size_t start = 0;
+  while (!target.empty()) {
+    const size_t dot = std::min(target.find('.', start), target.size());
+    const std::string part = target.substr(start, dot - start);
+    const Module* next = nullptr;
+    for (const auto& [n, c] : m->children_)
+      if (n == part) next = c.get();
+    if (!next)
+      throw std::invalid_argument(fmt::format("get_submodule('{}'): {}{} has no submodule '{}'",
+                                              target, walked.empty() ? "" : walked + " ",
+                                              m->type_name_, part));
+    walked = join_path(walked, part);
+    m = next;
+    if (dot == target.size()) break;
+    start = dot + 1;
+  }
+  return const_cast<Module&>(*m);
+}
+
+std::string Module::submodule_type_error(const std::string& target, const Module& m) {
+  return fmt::format("get_submodule('{}'): the module there is a {}, not the type asked for",
+                     target, m.type_name());
+}
 
 void Module::set_checkpoint(bool enabled, std::function<bool(const SavedTensorInfo&)> policy) {
   checkpoint_ =
@@ -91,12 +160,16 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
   if (name.empty() || name.find('.') != std::string::npos)
     throw std::invalid_argument(fmt::format("{}: bad parameter name '{}'", type_name_, name));
   if (t.defined() && requires_grad && !t.requires_grad()) t.requires_grad_(true);
+  if (t.defined() && t.storage().category() != memory::Category::parameter)
+    t.storage().retag(memory::Category::parameter);
   return set_named(params_, name, std::move(t));
 }
 
 Tensor& Module::register_buffer(const std::string& name, Tensor t) {
   if (name.empty() || name.find('.') != std::string::npos)
     throw std::invalid_argument(fmt::format("{}: bad buffer name '{}'", type_name_, name));
+  if (t.defined() && t.storage().category() != memory::Category::parameter)
+    t.storage().retag(memory::Category::parameter);
   return set_named(buffers_, name, std::move(t));
 }
 
@@ -107,8 +180,10 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   if (name.empty() || name.find('.') != std::string::npos)
     throw std::invalid_argument(fmt::format("{}: bad module name '{}'", type_name_, name));
   m->name_ = name;
+  if (!m->parent_) m->parent_ = this;
   for (auto& [n, c] : children_)
     if (n == name) {
+      if (c->parent_ == this && c != m) c->parent_ = nullptr;
       c = std::move(m);
       return;
     }
@@ -234,12 +309,14 @@ void Module::apply_to_tensors(const std::function<Tensor(const Tensor&)>& conver
   }
 }
 
-Module& Module::to(Device device) {
+Module& Module::to(Device device, CallSite site) {
+  memory::CallSiteScope call_site(site);
   apply_to_tensors([&](const Tensor& t) { return ops::to(t, device, t.dtype()); });
   return *this;
 }
 
-Module& Module::to(DType dtype) {
+Module& Module::to(DType dtype, CallSite site) {
+  memory::CallSiteScope call_site(site);
   if (!is_floating(dtype))
     throw std::invalid_argument(
         fmt::format("{}.to: dtype must be floating, got {}", type_name_, dtype_name(dtype)));
@@ -248,7 +325,8 @@ Module& Module::to(DType dtype) {
   return *this;
 }
 
-Module& Module::to(Device device, DType dtype) {
+Module& Module::to(Device device, DType dtype, CallSite site) {
+  memory::CallSiteScope call_site(site);
   to(device);
   return to(dtype);
 }

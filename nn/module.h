@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <source_location>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,7 +58,7 @@ class ModuleError : public Base, public ModuleErrorMarker {
 class Module {
  public:
   explicit Module(std::string type_name = "Module");
-  virtual ~Module() = default;
+  virtual ~Module();
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
@@ -96,7 +97,7 @@ class Module {
   auto call(Fn&& fn, const std::source_location& site = std::source_location::current())
       -> decltype(fn()) {
     memory::CallSiteScope call_site(site);
-    memory::ModuleScope scope(name_);
+    memory::ModuleScope scope(memory::ModuleScope::AbsolutePath{}, scope_path());
     try {
       if (offload_) {
         SaveOnCpu offload(offload_);
@@ -110,7 +111,9 @@ class Module {
 
   // ---- registration ----
   // A parameter leaf (requires_grad set unless `requires_grad` is false). Registering
-  // a name again replaces the tensor (weight tying: lm_head.weight = wte.weight).
+  // a name again replaces the tensor (weight tying: lm_head.weight = wte.weight). The
+  // tensor's memory is re-tagged `parameter` (a buffer's too) whatever made it:
+  // register_parameter("w", randn({4, 4}) * 0.02) is a parameter, not a temporary.
   Tensor& register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
   Tensor& register_buffer(const std::string& name, Tensor t);
   template <typename M>
@@ -129,10 +132,22 @@ class Module {
   std::vector<std::pair<std::string, Module*>> named_modules() const;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
   std::vector<std::shared_ptr<Module>> children() const;
+  // torch.nn.Module.get_submodule: the module at a dotted path ("blocks.0.attn"; "" is
+  // this one). Throws std::invalid_argument naming the first missing part. The typed form
+  // also checks the module's class (std::invalid_argument naming both types).
+  Module& get_submodule(const std::string& target) const;
+  template <typename M>
+  M& get_submodule(const std::string& target) const {
+    Module& m = get_submodule(target);
+    if (auto* typed = dynamic_cast<M*>(&m)) return *typed;
+    throw std::invalid_argument(submodule_type_error(target, m));
+  }
   int64_t num_parameters(bool trainable_only = false) const;
 
   // The name this module was registered under in its parent ("" for a root) and its type.
   const std::string& name() const { return name_; }
+  // The module this one was first registered in (null for a root, or once it is gone).
+  const Module* parent() const { return parent_; }
   const std::string& type_name() const { return type_name_; }
 
   // ---- modes and placement ----
@@ -142,9 +157,10 @@ class Module {
   // Move / convert every parameter, buffer (and existing gradient) in place: the Tensor
   // handles stay the same, like PyTorch's `param.data = ...`. to(DType) converts only
   // floating tensors (num_batches_tracked stays int64).
-  Module& to(Device device);
-  Module& to(DType dtype);
-  Module& to(Device device, DType dtype);
+  // `site`, defaulted at the caller, is the line the moved tensors are attributed to.
+  Module& to(Device device, CallSite site = CallSite::current());
+  Module& to(DType dtype, CallSite site = CallSite::current());
+  Module& to(Device device, DType dtype, CallSite site = CallSite::current());
   void zero_grad(bool set_to_none = true);
 
   // ---- state dict ----
@@ -164,6 +180,13 @@ class Module {
  protected:
   void add_child(const std::string& name, std::shared_ptr<Module> m);
   [[noreturn]] void rethrow_with_context() const;
+  // The module path this module's forward runs under: the enclosing path plus its name
+  // when its parent (or a module the parent nests in) is the one calling it, so a child
+  // called directly from an ancestor's forward, past a container that has no forward of
+  // its own (ModuleList, ModuleDict) or past its own parent, still carries its full
+  // dotted path ("blocks.0.fc", not "fc"). A root keeps the enclosing path.
+  std::string scope_path() const;
+  static std::string submodule_type_error(const std::string& target, const Module& m);
 
  private:
   void collect_state(const std::string& prefix, NamedTensors& out) const;
@@ -176,6 +199,7 @@ class Module {
   std::string type_name_;
   std::string name_;
   bool training_ = true;
+  const Module* parent_ = nullptr;
   NamedTensors params_;
   NamedTensors buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

@@ -11,6 +11,7 @@
 
 #include "memory/atomic_file.h"
 #include "memory/rank_path.h"
+#include "memory/svg_chart.h"
 #include "memory/timeline.h"
 #include "profiler/chrome_trace.h"
 #include "profiler/profiler.h"
@@ -81,91 +82,100 @@ void write_memory_timeline_json(const MemoryTimeline& t, std::ostream& out) {
 
 namespace {
 
-constexpr const char* kColors[kTimelineColumns] = {
-    "white",     "darkgreen", "goldenrod",  "black", "mediumpurple", "red",   "mediumblue",
-    "royalblue", "grey",      "darkorange", "teal",  "hotpink",      "silver"};
+// The colour of a column: memory::category_color of its category (one palette on every page);
+// autograd_detail (always 0 in Tally) grey.
+std::string column_color(int column) {
+  for (memory::Category c : memory::kAllCategories)
+    if (timeline_column(c) == column) return std::string(memory::category_color(c));
+  return "#bbbbbb";
+}
 
-// The page's drawing script. It reads the JSON in <script id="data">, draws a step-wise
-// stacked area per non-empty category into <svg id="chart">, phase bands behind it, axes
-// and a legend, then marks the body with data-rendered / data-paths.
+// The page's drawing script (after memory/svg_chart.h's TallyChart). It reads the JSON in
+// <script id="data">, draws a step-wise stacked area per non-empty category into
+// <svg id="chart">, one band per phase above it, round ticks on both axes, the reserved line
+// and a legend, a hover readout, then marks the body with data-rendered / data-paths.
 constexpr const char* kScript = R"JS(
 (function () {
+  var C = TallyChart;
   var d = JSON.parse(document.getElementById('data').textContent);
   var svg = document.getElementById('chart');
-  var NS = svg.namespaceURI;
-  var W = 1200, H = 560, L = 80, R = 20, T = 20, B = 50;
-  function el(name, attrs, parent) {
-    var e = document.createElementNS(NS, name);
-    for (var k in attrs) e.setAttribute(k, attrs[k]);
-    (parent || svg).appendChild(e);
-    return e;
-  }
+  var f = C.frame(1200, 560, 80, 20, 40, 50);
   var n = d.t.length;
-  var t0 = d.t[0], t1 = Math.max(d.t[n - 1], t0 + 1);
+  var t0 = n ? d.t[0] : 0, t1 = n ? Math.max(d.t[n - 1], t0 + 1) : 1;
   if (d.phases.length) t1 = Math.max(t1, d.phases[d.phases.length - 1].end);
+  var hasReserved = d.reserved.length === n;
   var ymax = 1;
   for (var i = 0; i < n; i++) {
     var s = 0;
     for (var c = 1; c < d.sizes[i].length; c++) s += Math.max(0, d.sizes[i][c]);
-    ymax = Math.max(ymax, s, d.reserved[i]);
+    ymax = Math.max(ymax, s, hasReserved ? d.reserved[i] : 0);
   }
-  var units = [['B', 1], ['KiB', 1024], ['MiB', 1048576], ['GiB', 1073741824]];
-  var u = units[0];
-  for (var k = 0; k < units.length; k++) if (ymax >= units[k][1]) u = units[k];
-  function x(tu) { return L + (tu - t0) / (t1 - t0) * (W - L - R); }
-  function y(b) { return H - B - b / ymax * (H - T - B); }
-  var bandColors = {forward: '#dbe9f6', backward: '#f6e3db', optimizer: '#e3f6db'};
-  d.phases.forEach(function (p) {
-    el('rect', {x: x(p.start), y: T, width: Math.max(1, x(p.end) - x(p.start)), height: H - T - B,
-                fill: bandColors[p.name] || '#eeeeee', 'class': 'phase'});
-    var lab = el('text', {x: x(p.start) + 3, y: T + 12, 'font-size': 11, fill: '#555'});
-    lab.textContent = p.name;
-  });
-  var base = new Array(n).fill(0), paths = 0;
+  var ya = C.byteAxis(ymax, 6);
+  var xa = C.fitX(f, function (k) { return C.timeAxis((t1 - t0) / 1000, k); });
+  function x(tu) { return f.x((tu - t0) / 1000, xa); }
+  function y(b) { return f.y(b, ya); }
+  C.phaseBands(svg, f, xa, d.phases.map(function (p) {
+    return {name: p.name, start: (p.start - t0) / 1000, end: (p.end - t0) / 1000};
+  }));
+  C.axes(svg, f, xa, ya, 'Time (' + xa.unit + ')', 'Memory (' + ya.unit + ')');
+  var base = new Array(n).fill(0), paths = 0, shown = [];
   for (var c = 1; c < d.names.length; c++) {
-    var any = false;
-    for (var i = 0; i < n; i++) if (d.sizes[i][c] !== 0) any = true;
+    var any = false, peak = 0;
+    for (var i = 0; i < n; i++) { if (d.sizes[i][c] !== 0) any = true; peak = Math.max(peak, d.sizes[i][c]); }
     if (!any) continue;
+    shown.push(c);
     var top = [], bottom = [];
     for (var i = 0; i < n; i++) {
-      var xa = x(d.t[i]), xb = x(i + 1 < n ? d.t[i + 1] : t1);
+      var xa_ = x(d.t[i]), xb = x(i + 1 < n ? d.t[i + 1] : t1);
       var lo = base[i], hi = base[i] + Math.max(0, d.sizes[i][c]);
-      top.push(xa.toFixed(2) + ',' + y(hi).toFixed(2), xb.toFixed(2) + ',' + y(hi).toFixed(2));
-      bottom.unshift(xb.toFixed(2) + ',' + y(lo).toFixed(2), xa.toFixed(2) + ',' + y(lo).toFixed(2));
+      top.push(xa_.toFixed(2) + ',' + y(hi).toFixed(2), xb.toFixed(2) + ',' + y(hi).toFixed(2));
+      bottom.unshift(xb.toFixed(2) + ',' + y(lo).toFixed(2), xa_.toFixed(2) + ',' + y(lo).toFixed(2));
       base[i] = hi;
     }
-    var p = el('path', {d: 'M' + top.join(' L') + ' L' + bottom.join(' L') + ' Z',
-                        fill: d.colors[c], 'fill-opacity': 0.85, 'class': 'area',
-                        'data-category': d.names[c]});
-    var tip = el('title', {}, p); tip.textContent = d.names[c];
+    var p = C.el(svg, 'path', {d: 'M' + top.join(' L') + ' L' + bottom.join(' L') + ' Z',
+                               fill: d.colors[c], 'fill-opacity': 0.85, 'class': 'area',
+                               'data-category': d.names[c]});
+    C.tip(p, d.names[c] + ': up to ' + C.human(peak));
     paths++;
+  }
+  shown.slice().reverse().forEach(function (c) {
     var item = document.createElement('span');
     item.className = 'item';
     item.innerHTML = '<span class="sw" style="background:' + d.colors[c] + '"></span>' + d.names[c];
     document.getElementById('legend').appendChild(item);
+  });
+  if (hasReserved) {
+    var rs = [];
+    for (var i = 0; i < n; i++) {
+      var xb = x(i + 1 < n ? d.t[i + 1] : t1);
+      rs.push(x(d.t[i]).toFixed(2) + ',' + y(d.reserved[i]).toFixed(2), xb.toFixed(2) + ',' + y(d.reserved[i]).toFixed(2));
+    }
+    if (n) C.tip(C.el(svg, 'path', {d: 'M' + rs.join(' L'), fill: 'none', stroke: '#333', 'stroke-dasharray': '4 3', 'class': 'reserved'}), 'reserved');
+    var item = document.createElement('span');
+    item.className = 'item';
+    item.innerHTML = '<span class="sw" style="border:1px dashed #333"></span>reserved';
+    document.getElementById('legend').appendChild(item);
   }
-  var rs = [];
-  for (var i = 0; i < n; i++) {
-    var xb = x(i + 1 < n ? d.t[i + 1] : t1);
-    rs.push(x(d.t[i]).toFixed(2) + ',' + y(d.reserved[i]).toFixed(2), xb.toFixed(2) + ',' + y(d.reserved[i]).toFixed(2));
-  }
-  el('path', {d: 'M' + rs.join(' L'), fill: 'none', stroke: '#333', 'stroke-dasharray': '4 3', 'class': 'reserved'});
-  el('line', {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: '#000'});
-  el('line', {x1: L, y1: T, x2: L, y2: H - B, stroke: '#000'});
-  for (var k = 0; k <= 5; k++) {
-    var b = ymax * k / 5, tx = el('text', {x: L - 6, y: y(b) + 4, 'text-anchor': 'end', 'font-size': 11});
-    tx.textContent = (b / u[1]).toFixed(1);
-    var tm = t0 + (t1 - t0) * k / 5, tt = el('text', {x: x(tm), y: H - B + 16, 'text-anchor': 'middle', 'font-size': 11});
-    tt.textContent = ((tm - t0) / 1000).toFixed(2);
-  }
-  var xl = el('text', {x: (L + W - R) / 2, y: H - 8, 'text-anchor': 'middle', 'font-size': 13});
-  xl.textContent = 'Time (ms)';
-  var yl = el('text', {x: 16, y: (T + H - B) / 2, 'font-size': 13, transform: 'rotate(-90 16 ' + (T + H - B) / 2 + ')', 'text-anchor': 'middle'});
-  yl.textContent = 'Memory (' + u[0] + ')';
-  var item = document.createElement('span');
-  item.className = 'item';
-  item.innerHTML = '<span class="sw" style="border:1px dashed #333"></span>reserved';
-  document.getElementById('legend').appendChild(item);
+  var seen = {};
+  d.phases.forEach(function (p) {
+    if (seen[p.name]) return;
+    seen[p.name] = 1;
+    var item = document.createElement('span');
+    item.className = 'item';
+    item.innerHTML = '<span class="sw" style="background:' + C.phaseColor(p.name) + ';outline:1px solid #ccc"></span>phase: ' + p.name;
+    document.getElementById('legend').appendChild(item);
+  });
+  C.hover(svg, f, xa, document.getElementById('readout'), function (v) {
+    var tu = t0 + v * 1000, lo = 0;
+    while (lo < n - 1 && d.t[lo + 1] <= tu) lo++;
+    if (!n) return '';
+    var tot = 0, parts = [];
+    shown.forEach(function (c) { tot += Math.max(0, d.sizes[lo][c]); if (d.sizes[lo][c] > 0) parts.push([d.names[c], d.sizes[lo][c]]); });
+    parts.sort(function (a, b) { return b[1] - a[1]; });
+    return 't = ' + v.toFixed(2) + ' ms: allocated ' + C.human(tot) + (hasReserved ? ', reserved ' + C.human(d.reserved[lo]) : '') +
+      ' \u2014 ' + parts.slice(0, 5).map(function (p) { return p[0] + ' ' + C.human(p[1]); }).join(', ');
+  });
+  C.check();
   document.body.setAttribute('data-paths', String(paths));
   document.body.setAttribute('data-rendered', '1');
 })();
@@ -203,17 +213,26 @@ void write_memory_timeline_html(const MemoryTimeline& t, std::ostream& out) {
     data += fmt::format("{}\"{}\"", c ? ", " : "", timeline_column_names()[static_cast<size_t>(c)]);
   data += "], \"colors\": [";
   for (int c = 0; c < kTimelineColumns; ++c)
-    data += fmt::format("{}\"{}\"", c ? ", " : "", kColors[c]);
+    data += fmt::format("{}\"{}\"", c ? ", " : "", column_color(c));
   data += "]}";
   out << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\" /><title>Tally Memory Timeline ("
       << t.device.str() << ")</title>\n<style>body{font-family:sans-serif;margin:16px}"
       << ".item{margin-right:14px;display:inline-block}.sw{display:inline-block;width:12px;"
-         "height:12px;margin-right:4px;vertical-align:middle}</style></head>\n<body>\n";
-  out << fmt::format("<h3>Max memory allocated/reserved: {} / {} ({})</h3>\n", human(max_alloc),
-                     human(max_res), t.device.str());
-  out << "<svg id=\"chart\" width=\"1200\" height=\"560\" viewBox=\"0 0 1200 560\"></svg>\n";
+         "height:12px;margin-right:4px;vertical-align:middle}"
+         "svg{max-width:100%;height:auto}.readout{font-size:12px;color:#444;min-height:1.4em}"
+         "</style></head>\n<body>\n";
+  if (t.reserved.empty())
+    out << fmt::format("<h3>Max memory allocated: {} ({})</h3>\n", human(max_alloc),
+                       t.device.str());
+  else
+    out << fmt::format("<h3>Max memory allocated/reserved: {} / {} ({})</h3>\n", human(max_alloc),
+                       human(max_res), t.device.str());
+  out << "<svg id=\"chart\" class=\"chart\" width=\"1200\" height=\"560\" "
+         "viewBox=\"0 0 1200 560\"></svg>\n";
+  out << "<div id=\"readout\" class=\"readout\">&nbsp;</div>\n";
   out << "<div id=\"legend\"></div>\n";
   out << "<script type=\"application/json\" id=\"data\">" << data << "</script>\n";
+  out << "<script>" << memory::chart_script() << "</script>\n";
   out << "<script>" << kScript << "</script>\n</body></html>\n";
 }
 

@@ -9,6 +9,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "memory/context.h"
 #include "memory/meta.h"
 #include "tensor/attention/ops.h"
 #include "tensor/softmax/autograd.h"
@@ -17,7 +18,8 @@ namespace tally {
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& attn_mask, double dropout_p, bool is_causal,
-                                    std::optional<double> scale, Generator* gen) {
+                                    std::optional<double> scale, Generator* gen, CallSite site) {
+  memory::CallSiteScope call_site(site);
   if (autocast::is_active(q.device())) {  // cast once here; the body runs in that dtype
     const auto [q2, k2, v2, m2] =
         autocast::lower("scaled_dot_product_attention", q, k, v, attn_mask);
@@ -66,7 +68,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
-                       std::optional<double> scale) {
+                       std::optional<double> scale, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
   ops::FlashAttentionOutput r = ops::flash_attention_forward(q, k, v, is_causal, s);
   autograd::record(

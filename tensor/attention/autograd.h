@@ -19,7 +19,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
                                     bool is_causal = false,
                                     std::optional<double> scale = std::nullopt,
-                                    Generator* gen = nullptr);
+                                    Generator* gen = nullptr, CallSite site = CallSite::current());
 
 // The fused, memory-efficient attention (tensor/attention/ops.h) as a differentiable op:
 // softmax(scale * q k^T [causal]) v without mask or dropout, saving only q, k, v, the output
@@ -27,6 +27,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // q, k, v share their leading dims. scaled_dot_product_attention takes this path on CUDA for
 // float16/bfloat16/float32 without mask or dropout when ops::flash_attention_supported holds.
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal = false,
-                       std::optional<double> scale = std::nullopt);
+                       std::optional<double> scale = std::nullopt,
+                       CallSite site = CallSite::current());
 
 }  // namespace tally

@@ -3,6 +3,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "memory/context.h"
 
 namespace tally {
 
@@ -11,7 +12,8 @@ using autograd::record;
 namespace o = ops;
 
 Tensor conv2d(const Tensor& input_, const Tensor& weight_, const Tensor& bias_, Int2 stride,
-              Int2 padding, Int2 dilation, int64_t groups) {
+              Int2 padding, Int2 dilation, int64_t groups, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [input, weight, bias] = autocast::lower("conv2d", input_, weight_, bias_);
   Tensor out = o::conv2d(input, weight, bias, stride, padding, dilation, groups);
   // d/d(input) needs the weight; d/d(weight) needs the input; d/d(bias) needs neither.

@@ -12,6 +12,6 @@ namespace tally {
 // input does; the bias gradient needs nothing saved.
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
               Int2 stride = {1, 1}, Int2 padding = {0, 0}, Int2 dilation = {1, 1},
-              int64_t groups = 1);
+              int64_t groups = 1, CallSite site = CallSite::current());
 
 }  // namespace tally

@@ -5,6 +5,7 @@
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "memory/context.h"
 
 namespace tally {
 
@@ -94,20 +95,24 @@ Tensor from_vector(const std::vector<double>& v, const Shape& s, TensorOptions o
 Tensor from_blob(void* data, const Shape& s, TensorOptions opts) {
   return finish_factory(o::from_blob(data, s, opts.dtype, opts.device), opts);
 }
-Tensor tensor(std::initializer_list<double> values, TensorOptions opts) {
+Tensor tensor(std::initializer_list<double> values, TensorOptions opts, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return from_vector(std::vector<double>(values), {static_cast<int64_t>(values.size())},
                      factory_opts(opts));
 }
-Tensor zeros_like(const Tensor& t) {
+Tensor zeros_like(const Tensor& t, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return o::zeros_like(t);
 }
-Tensor ones_like(const Tensor& t) {
+Tensor ones_like(const Tensor& t, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return o::ones_like(t);
 }
 
 // ---------------------------------------------------------------- arithmetic
 
-Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+Tensor add(const Tensor& a, const Tensor& b, double alpha, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = alpha == 1.0 ? o::add(a, b) : o::add(a, o::mul(b, alpha));
   record("AddBackward", {a, b}, {out}, {},
          [sa = a.sizes(), sb = b.sizes(), da = a.dtype(), db = b.dtype(), alpha](
@@ -121,11 +126,13 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   return out;
 }
 
-Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+Tensor sub(const Tensor& a, const Tensor& b, double alpha, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return add(a, b, -alpha);
 }
 
-Tensor mul(const Tensor& a, const Tensor& b) {
+Tensor mul(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::mul(a, b);
   const bool ga_needed = a.requires_grad(), gb_needed = b.requires_grad();
   record("MulBackward", {a, b}, {out}, {gb_needed ? a : Tensor(), ga_needed ? b : Tensor()},
@@ -139,7 +146,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor div(const Tensor& a, const Tensor& b) {
+Tensor div(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::div(a, b);
   record("DivBackward", {a, b}, {out}, {a, b},
          [sa = a.sizes(), sb = b.sizes(), da = a.dtype(), db = b.dtype()](
@@ -156,25 +164,29 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor add(const Tensor& a, double b) {
+Tensor add(const Tensor& a, double b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::add(a, b);
   record("AddBackward", {a}, {out}, {},
          [](BackwardContext&, const TensorList& g) -> TensorList { return {g[0]}; });
   return out;
 }
 
-Tensor mul(const Tensor& a, double b) {
+Tensor mul(const Tensor& a, double b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::mul(a, b);
   record("MulBackward", {a}, {out}, {},
          [b](BackwardContext&, const TensorList& g) -> TensorList { return {o::mul(g[0], b)}; });
   return out;
 }
 
-Tensor div(const Tensor& a, double b) {
+Tensor div(const Tensor& a, double b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return mul(a, 1.0 / b);
 }
 
-Tensor pow(const Tensor& a_, double e) {
+Tensor pow(const Tensor& a_, double e, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [a] = autocast::fp32("pow", a_);
   Tensor out = o::binary_scalar(o::BinaryOp::pow, a, e);
   record("PowBackward", {a}, {out}, {a},
@@ -186,7 +198,8 @@ Tensor pow(const Tensor& a_, double e) {
   return out;
 }
 
-Tensor pow(const Tensor& a_, const Tensor& e_) {
+Tensor pow(const Tensor& a_, const Tensor& e_, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [a, e] = autocast::fp32("pow", a_, e_);
   Tensor out = o::binary(o::BinaryOp::pow, a, e);
   record("PowBackward", {a, e}, {out}, {a, e, out},
@@ -206,32 +219,37 @@ Tensor pow(const Tensor& a_, const Tensor& e_) {
   return out;
 }
 
-Tensor neg(const Tensor& a) {
+Tensor neg(const Tensor& a, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::neg(a);
   record("NegBackward", {a}, {out}, {},
          [](BackwardContext&, const TensorList& g) -> TensorList { return {o::neg(g[0])}; });
   return out;
 }
 
-Tensor exp(const Tensor& a_) {
+Tensor exp(const Tensor& a_, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [a] = autocast::fp32("exp", a_);
   return unary_op(o::UnaryOp::exp, "ExpBackward", Saves::output, a,
                   [](const Tensor& g, const Tensor& y) -> Tensor { return o::mul(g, y); });
 }
 
-Tensor log(const Tensor& a_) {
+Tensor log(const Tensor& a_, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [a] = autocast::fp32("log", a_);
   return unary_op(o::UnaryOp::log, "LogBackward", Saves::input, a,
                   [](const Tensor& g, const Tensor& x) -> Tensor { return o::div(g, x); });
 }
 
-Tensor sqrt(const Tensor& a) {
+Tensor sqrt(const Tensor& a, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return unary_op(
       o::UnaryOp::sqrt, "SqrtBackward", Saves::output, a,
       [](const Tensor& g, const Tensor& y) -> Tensor { return o::div(g, o::mul(y, 2.0)); });
 }
 
-Tensor rsqrt(const Tensor& a_) {
+Tensor rsqrt(const Tensor& a_, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [a] = autocast::fp32("rsqrt", a_);
   return unary_op(o::UnaryOp::rsqrt, "RsqrtBackward", Saves::output, a,
                   [](const Tensor& g, const Tensor& r) -> Tensor {
@@ -239,14 +257,16 @@ Tensor rsqrt(const Tensor& a_) {
                   });
 }
 
-Tensor abs(const Tensor& a) {
+Tensor abs(const Tensor& a, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return unary_op(o::UnaryOp::abs, "AbsBackward", Saves::input, a,
                   [](const Tensor& g, const Tensor& x) -> Tensor {
                     return o::mul(g, o::unary(o::UnaryOp::sign, x));
                   });
 }
 
-Tensor square(const Tensor& a) {
+Tensor square(const Tensor& a, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return unary_op(
       o::UnaryOp::square, "SquareBackward", Saves::input, a,
       [](const Tensor& g, const Tensor& x) -> Tensor { return o::mul(g, o::mul(x, 2.0)); });
@@ -275,14 +295,17 @@ Tensor max_min(const Tensor& a, const Tensor& b, bool is_max) {
 }
 }  // namespace
 
-Tensor maximum(const Tensor& a, const Tensor& b) {
+Tensor maximum(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return max_min(a, b, true);
 }
-Tensor minimum(const Tensor& a, const Tensor& b) {
+Tensor minimum(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return max_min(a, b, false);
 }
 
-Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
+Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::clamp(a, lo, hi);
   record("ClampBackward", {a}, {out}, {a},
          [lo, hi](BackwardContext& ctx, const TensorList& g) -> TensorList {
@@ -297,7 +320,8 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
   return out;
 }
 
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::where(cond, a, b);
   record("WhereBackward", {a, b}, {out}, {cond},
          [sa = a.sizes(), sb = b.sizes(), da = a.dtype(), db = b.dtype()](
@@ -312,7 +336,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::masked_fill(a, mask, value);
   record("MaskedFillBackward", {a}, {out}, {mask},
          [](BackwardContext& ctx, const TensorList& g) -> TensorList {
@@ -321,35 +346,43 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
   return out;
 }
 
-Tensor eq(const Tensor& a, const Tensor& b) {
+Tensor eq(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return o::binary(o::BinaryOp::eq, a, b);
 }
-Tensor ne(const Tensor& a, const Tensor& b) {
+Tensor ne(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return o::binary(o::BinaryOp::ne, a, b);
 }
-Tensor lt(const Tensor& a, const Tensor& b) {
+Tensor lt(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return o::binary(o::BinaryOp::lt, a, b);
 }
-Tensor gt(const Tensor& a, const Tensor& b) {
+Tensor gt(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return o::binary(o::BinaryOp::gt, a, b);
 }
-Tensor le(const Tensor& a, const Tensor& b) {
+Tensor le(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return o::binary(o::BinaryOp::le, a, b);
 }
-Tensor ge(const Tensor& a, const Tensor& b) {
+Tensor ge(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return o::binary(o::BinaryOp::ge, a, b);
 }
 
 // ---------------------------------------------------------------- activations
 
-Tensor relu(const Tensor& x) {
+Tensor relu(const Tensor& x, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return unary_op(o::UnaryOp::relu, "ReluBackward", Saves::output, x,
                   [](const Tensor& g, const Tensor& y) -> Tensor {
                     return o::binary(o::BinaryOp::relu_backward, g, y);  // one fused pass
                   });
 }
 
-Tensor gelu(const Tensor& x, const std::string& approximate) {
+Tensor gelu(const Tensor& x, const std::string& approximate, CallSite site) {
+  memory::CallSiteScope call_site(site);
   if (approximate != "none" && approximate != "tanh")
     throw std::invalid_argument("gelu: approximate must be 'none' or 'tanh', got '" + approximate +
                                 "'");
@@ -365,7 +398,8 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
   return out;
 }
 
-Tensor silu(const Tensor& x) {
+Tensor silu(const Tensor& x, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return unary_op(o::UnaryOp::silu, "SiluBackward", Saves::input, x,
                   [](const Tensor& g, const Tensor& x_) -> Tensor {
                     const Tensor s = o::unary(o::UnaryOp::sigmoid, x_);
@@ -375,21 +409,24 @@ Tensor silu(const Tensor& x) {
                   });
 }
 
-Tensor sigmoid(const Tensor& x) {
+Tensor sigmoid(const Tensor& x, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return unary_op(o::UnaryOp::sigmoid, "SigmoidBackward", Saves::output, x,
                   [](const Tensor& g, const Tensor& s) -> Tensor {
                     return o::mul(g, o::mul(s, o::affine(s, -1.0, 1.0)));
                   });
 }
 
-Tensor tanh(const Tensor& x) {
+Tensor tanh(const Tensor& x, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return unary_op(o::UnaryOp::tanh, "TanhBackward", Saves::output, x,
                   [](const Tensor& g, const Tensor& t) -> Tensor {
                     return o::mul(g, o::affine(o::unary(o::UnaryOp::square, t), -1.0, 1.0));
                   });
 }
 
-Tensor dropout(const Tensor& x, double p, bool train, Generator* gen) {
+Tensor dropout(const Tensor& x, double p, bool train, Generator* gen, CallSite site) {
+  memory::CallSiteScope call_site(site);
   if (p < 0.0 || p > 1.0)
     throw std::invalid_argument("dropout: p must be in [0, 1], got " + std::to_string(p));
   if (!train || p == 0.0) return x;
@@ -427,7 +464,8 @@ Tensor unreduce(const Tensor& g, const Shape& shape, const Shape& dims, bool kee
 }
 }  // namespace
 
-Tensor sum(const Tensor& x_, const Shape& dims, bool keepdim) {
+Tensor sum(const Tensor& x_, const Shape& dims, bool keepdim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [x] = autocast::fp32("sum", x_);  // fp32_set_opt_dtype: a float32 result
   Tensor out = o::sum(x, dims, keepdim);
   record("SumBackward", {x}, {out}, {},
@@ -437,7 +475,8 @@ Tensor sum(const Tensor& x_, const Shape& dims, bool keepdim) {
   return out;
 }
 
-Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
+Tensor mean(const Tensor& x, const Shape& dims, bool keepdim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::mean(x, dims, keepdim);
   int64_t count = 1;
   if (dims.empty()) {

@@ -7,6 +7,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "memory/context.h"
 
 namespace tally {
 
@@ -61,22 +62,26 @@ Tensor record_product(const char* name, const Tensor& a, const Tensor& b, const 
 
 }  // namespace
 
-Tensor matmul(const Tensor& a_, const Tensor& b_) {
+Tensor matmul(const Tensor& a_, const Tensor& b_, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [a, b] = autocast::lower("matmul", a_, b_);
   return record_product("MatmulBackward", a, b, o::matmul(a, b));
 }
 
-Tensor mm(const Tensor& a_, const Tensor& b_) {
+Tensor mm(const Tensor& a_, const Tensor& b_, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [a, b] = autocast::lower("mm", a_, b_);
   return record_product("MmBackward", a, b, o::mm(a, b));
 }
 
-Tensor bmm(const Tensor& a_, const Tensor& b_) {
+Tensor bmm(const Tensor& a_, const Tensor& b_, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [a, b] = autocast::lower("bmm", a_, b_);
   return record_product("BmmBackward", a, b, o::bmm(a, b));
 }
 
-Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_) {
+Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [x, weight, bias] = autocast::lower("linear", x_, weight_, bias_);
   Tensor out = o::linear(x, weight, bias);
   const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
@@ -96,7 +101,8 @@ Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_) {
   return out;
 }
 
-Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {
+Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const int64_t V = weight.dim() == 2 ? weight.size(0) : 0;
   if (weight.dim() == 2 && (padding_idx < -1 || padding_idx >= V))
     throw std::invalid_argument(

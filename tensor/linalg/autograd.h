@@ -12,18 +12,20 @@ namespace tally {
 // torch.matmul: dot (1-D x 1-D -> 0-D), matrix-vector, vector-matrix, mm, and batched
 // products whose batch dimensions broadcast ([2, 1, 3, 4] x [5, 4, 2] -> [2, 5, 3, 2]).
 // Operands: same floating dtype and device.
-Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor matmul(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
 // [M, K] x [K, N] -> [M, N]; both 2-D.
-Tensor mm(const Tensor& a, const Tensor& b);
+Tensor mm(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
 // [B, M, K] x [B, K, N] -> [B, M, N]; both 3-D, same B (no broadcasting).
-Tensor bmm(const Tensor& a, const Tensor& b);
+Tensor bmm(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
 // torch.nn.functional.linear: y = x W^T + b. x [..., in], weight [out, in], bias [out]
 // or undefined -> [..., out].
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              CallSite site = CallSite::current());
 // Rows of weight [V, D] picked by int64 (or int32) indices of any shape -> [..., D].
 // padding_idx in [0, V): that row receives no gradient; -1 (the default) means none. An
 // index outside [0, V) throws std::out_of_range. Saves only the indices for backward.
 // (Argument order as ATen's at::embedding(weight, indices, padding_idx).)
-Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx = -1);
+Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx = -1,
+                 CallSite site = CallSite::current());
 
 }  // namespace tally

@@ -6,6 +6,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "memory/context.h"
 
 namespace tally {
 
@@ -33,7 +34,8 @@ DType dtype_or(const Tensor& t, DType fallback) {
 // ---------------------------------------------------------------- layer_norm
 
 Tensor layer_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor& weight_,
-                  const Tensor& bias_, double eps) {
+                  const Tensor& bias_, double eps, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [x, weight, bias] = autocast::fp32("layer_norm", x_, weight_, bias_);
   auto [out, mean, rstd] = o::layer_norm(x, normalized_shape, weight, bias, eps);
   const bool need_dx = x.requires_grad();
@@ -60,7 +62,8 @@ Tensor layer_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor&
 // ---------------------------------------------------------------- rms_norm
 
 Tensor rms_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor& weight_,
-                std::optional<double> eps) {
+                std::optional<double> eps, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [x, weight] = autocast::fp32("rms_norm", x_, weight_);
   auto [out, rstd] = o::rms_norm(x, normalized_shape, weight, eps);
   const bool need_dx = x.requires_grad();
@@ -79,7 +82,8 @@ Tensor rms_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor& w
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
-                  double eps) {
+                  double eps, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out, mean, invstd;
   {
     // The running-stat update inside is buffer bookkeeping, never part of the graph.

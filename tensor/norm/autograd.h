@@ -15,12 +15,12 @@ namespace tally {
 // the biased variance: (x - mean) / sqrt(var + eps) * weight + bias. weight and bias
 // (shape normalized_shape) may be undefined.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
-                  const Tensor& bias = {}, double eps = 1e-5);
+                  const Tensor& bias = {}, double eps = 1e-5, CallSite site = CallSite::current());
 
 // x / sqrt(mean(x^2) + eps) * weight over the trailing dims; eps defaults to the machine
 // epsilon of x's dtype (PyTorch's eps=None).
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
-                std::optional<double> eps = std::nullopt);
+                std::optional<double> eps = std::nullopt, CallSite site = CallSite::current());
 
 // Per-channel normalization of x [N, C] or [N, C, *]. training: batch statistics (biased
 // variance), and running_mean / running_var (when defined) are updated in place with
@@ -28,6 +28,6 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
 // running buffers are not differentiable; weight and bias ([C]) may be undefined.
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight = {}, const Tensor& bias = {}, bool training = false,
-                  double momentum = 0.1, double eps = 1e-5);
+                  double momentum = 0.1, double eps = 1e-5, CallSite site = CallSite::current());
 
 }  // namespace tally

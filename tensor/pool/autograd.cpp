@@ -4,6 +4,7 @@
 #include "tensor/pool/autograd.h"
 
 #include "autograd/node.h"
+#include "memory/context.h"
 
 namespace tally {
 
@@ -12,7 +13,9 @@ using autograd::record;
 namespace o = ops;
 
 std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Int2 kernel_size, Int2 stride,
-                                                  Int2 padding, Int2 dilation, bool ceil_mode) {
+                                                  Int2 padding, Int2 dilation, bool ceil_mode,
+                                                  CallSite site) {
+  memory::CallSiteScope call_site(site);
   auto [out, indices] =
       o::max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode);
   record("MaxPool2DWithIndicesBackward", {x}, {out}, {indices},
@@ -23,12 +26,14 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Int2 kernel_s
 }
 
 Tensor max_pool2d(const Tensor& x, Int2 kernel_size, Int2 stride, Int2 padding, Int2 dilation,
-                  bool ceil_mode) {
+                  bool ceil_mode, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode).first;
 }
 
 Tensor avg_pool2d(const Tensor& x, Int2 kernel_size, Int2 stride, Int2 padding, bool ceil_mode,
-                  bool count_include_pad, std::optional<int64_t> divisor_override) {
+                  bool count_include_pad, std::optional<int64_t> divisor_override, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
                              divisor_override);
   record("AvgPool2DBackward", {x}, {out}, {},
@@ -40,7 +45,8 @@ Tensor avg_pool2d(const Tensor& x, Int2 kernel_size, Int2 stride, Int2 padding, 
   return out;
 }
 
-Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size) {
+Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::adaptive_avg_pool2d(x, output_size);
   record("AdaptiveAvgPool2DBackward", {x}, {out}, {},
          [in_sizes = x.sizes()](BackwardContext&, const TensorList& g) -> TensorList {

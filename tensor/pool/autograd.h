@@ -14,16 +14,18 @@ namespace tally {
 // x [N, C, H, W] or [C, H, W]. stride {} (unset) means kernel_size. Saves the int64
 // argmax indices for backward, not the input.
 Tensor max_pool2d(const Tensor& x, Int2 kernel_size, Int2 stride = {}, Int2 padding = 0,
-                  Int2 dilation = 1, bool ceil_mode = false);
+                  Int2 dilation = 1, bool ceil_mode = false, CallSite site = CallSite::current());
 // (output, indices), as max_pool2d(..., return_indices=True); indices carry no gradient.
 std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Int2 kernel_size,
                                                   Int2 stride = {}, Int2 padding = 0,
-                                                  Int2 dilation = 1, bool ceil_mode = false);
+                                                  Int2 dilation = 1, bool ceil_mode = false,
+                                                  CallSite site = CallSite::current());
 // Saves nothing: the backward is fixed by the shapes.
 Tensor avg_pool2d(const Tensor& x, Int2 kernel_size, Int2 stride = {}, Int2 padding = 0,
                   bool ceil_mode = false, bool count_include_pad = true,
-                  std::optional<int64_t> divisor_override = std::nullopt);
+                  std::optional<int64_t> divisor_override = std::nullopt,
+                  CallSite site = CallSite::current());
 // Saves nothing.
-Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size);
+Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size, CallSite site = CallSite::current());
 
 }  // namespace tally

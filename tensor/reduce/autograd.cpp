@@ -6,6 +6,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
+#include "memory/context.h"
 
 namespace tally {
 
@@ -98,26 +99,31 @@ ValuesIndices min(const Tensor& x, int64_t dim, bool keepdim) {
   return record_select("MinBackward", x, o::min(x, dim, keepdim), dim, keepdim);
 }
 
-Tensor max(const Tensor& x) {
+Tensor max(const Tensor& x, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return record_extreme("MaxBackward", x, o::max(x), {}, false);
 }
-Tensor min(const Tensor& x) {
+Tensor min(const Tensor& x, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return record_extreme("MinBackward", x, o::min(x), {}, false);
 }
 
-Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) {
+Tensor amax(const Tensor& x, const Shape& dims, bool keepdim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::amax(x, dims, keepdim);
   return record_extreme("AmaxBackward", x, out, wrapped_dims(dims, x.dim(), "amax"), keepdim);
 }
 
-Tensor amin(const Tensor& x, const Shape& dims, bool keepdim) {
+Tensor amin(const Tensor& x, const Shape& dims, bool keepdim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::amin(x, dims, keepdim);
   return record_extreme("AminBackward", x, out, wrapped_dims(dims, x.dim(), "amin"), keepdim);
 }
 
 // ---------------------------------------------------------------- statistics
 
-Tensor var(const Tensor& x, const Shape& dims, double correction, bool keepdim) {
+Tensor var(const Tensor& x, const Shape& dims, double correction, bool keepdim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::var(x, dims, correction, keepdim);
   record("VarBackward", {x}, {out}, {x},
          [dims = wrapped_dims(dims, x.dim(), "var"), correction, keepdim](
@@ -127,7 +133,8 @@ Tensor var(const Tensor& x, const Shape& dims, double correction, bool keepdim) 
   return out;
 }
 
-Tensor std(const Tensor& x, const Shape& dims, double correction, bool keepdim) {
+Tensor std(const Tensor& x, const Shape& dims, double correction, bool keepdim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::std(x, dims, correction, keepdim);
   record("StdBackward", {x}, {out}, {x, out},
          [dims = wrapped_dims(dims, x.dim(), "std"), correction, keepdim](
@@ -142,7 +149,8 @@ Tensor std(const Tensor& x, const Shape& dims, double correction, bool keepdim) 
   return out;
 }
 
-Tensor logsumexp(const Tensor& x_, const Shape& dims, bool keepdim) {
+Tensor logsumexp(const Tensor& x_, const Shape& dims, bool keepdim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [x] = autocast::fp32("logsumexp", x_);
   Tensor out = o::logsumexp(x, dims, keepdim);
   record("LogsumexpBackward", {x}, {out}, {x, out},
@@ -157,7 +165,8 @@ Tensor logsumexp(const Tensor& x_, const Shape& dims, bool keepdim) {
   return out;
 }
 
-Tensor logsumexp(const Tensor& x, int64_t dim, bool keepdim) {
+Tensor logsumexp(const Tensor& x, int64_t dim, bool keepdim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return logsumexp(x, Shape{dim}, keepdim);
 }
 

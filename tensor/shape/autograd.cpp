@@ -5,6 +5,7 @@
 
 #include "autograd/node.h"
 #include "memory/checked.h"
+#include "memory/context.h"
 
 namespace tally {
 
@@ -71,7 +72,8 @@ TensorList record_split(const char* name, const Tensor& t, TensorList pieces, in
 
 }  // namespace
 
-Tensor cat(const TensorList& tensors, int64_t dim) {
+Tensor cat(const TensorList& tensors, int64_t dim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::cat(tensors, dim);
   if (!autograd::needs_grad(tensors)) return out;
   record("CatBackward", tensors, {out}, {},
@@ -94,7 +96,8 @@ Tensor cat(const TensorList& tensors, int64_t dim) {
   return out;
 }
 
-Tensor stack(const TensorList& tensors, int64_t dim) {
+Tensor stack(const TensorList& tensors, int64_t dim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   Tensor out = o::stack(tensors, dim);
   if (!autograd::needs_grad(tensors)) return out;
   std::vector<DType> dtypes;
@@ -111,15 +114,18 @@ Tensor stack(const TensorList& tensors, int64_t dim) {
   return out;
 }
 
-TensorList split(const Tensor& t, int64_t split_size, int64_t dim) {
+TensorList split(const Tensor& t, int64_t split_size, int64_t dim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return record_split("SplitBackward", t, o::split(t, split_size, dim), dim);
 }
 
-TensorList split(const Tensor& t, const std::vector<int64_t>& sizes, int64_t dim) {
+TensorList split(const Tensor& t, const std::vector<int64_t>& sizes, int64_t dim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return record_split("SplitWithSizesBackward", t, o::split(t, sizes, dim), dim);
 }
 
-TensorList chunk(const Tensor& t, int64_t chunks, int64_t dim) {
+TensorList chunk(const Tensor& t, int64_t chunks, int64_t dim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return record_split("ChunkBackward", t, o::chunk(t, chunks, dim), dim);
 }
 

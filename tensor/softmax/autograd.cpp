@@ -14,6 +14,7 @@
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "memory/checked.h"
+#include "memory/context.h"
 #include "tensor/dispatch.h"
 #include "tensor/linalg/ops.h"
 #include "tensor/op_alloc.h"
@@ -42,17 +43,20 @@ Tensor softmax_op(const char* name, const char* backward_name,
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) {
+Tensor softmax(const Tensor& x, int64_t dim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return softmax_op("softmax", "SoftmaxBackward", &o::softmax, &o::softmax_backward, x, dim);
 }
 
-Tensor log_softmax(const Tensor& x, int64_t dim) {
+Tensor log_softmax(const Tensor& x, int64_t dim, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return softmax_op("log_softmax", "LogSoftmaxBackward", &o::log_softmax, &o::log_softmax_backward,
                     x, dim);
 }
 
 Tensor cross_entropy(const Tensor& input_, const Tensor& target, int64_t ignore_index,
-                     double label_smoothing, const std::string& reduction) {
+                     double label_smoothing, const std::string& reduction, CallSite site) {
+  memory::CallSiteScope call_site(site);
   // Under autocast, float16/bfloat16 logits are read as they are and the loss is float32
   // (PyTorch: log_softmax(x, dtype=float32) + nll_loss), so no float32 copy of the logits is
   // made or kept; the gradient comes back in the logits' dtype. Otherwise float32 policy.
@@ -75,12 +79,14 @@ Tensor cross_entropy(const Tensor& input_, const Tensor& target, int64_t ignore_
 }
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index,
-                     const std::string& reduction, double label_smoothing) {
+                     const std::string& reduction, double label_smoothing, CallSite site) {
+  memory::CallSiteScope call_site(site);
   return cross_entropy(input, target, ignore_index, label_smoothing, reduction);
 }
 
 Tensor nll_loss(const Tensor& input_, const Tensor& target, int64_t ignore_index,
-                const std::string& reduction) {
+                const std::string& reduction, CallSite site) {
+  memory::CallSiteScope call_site(site);
   const auto [input] = autocast::fp32("nll_loss", input_);
   const o::LossReduction red = o::parse_loss_reduction(reduction, "nll_loss");
   Tensor out = o::nll_loss(input, target, ignore_index, red);
@@ -156,7 +162,8 @@ void check_operand_dtypes(const Tensor& hidden, const Tensor& weight) {
 
 Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const Tensor& target,
                             int64_t ignore_index, const std::string& reduction, int64_t chunk_rows,
-                            int64_t max_chunk_bytes) {
+                            int64_t max_chunk_bytes, CallSite site) {
+  memory::CallSiteScope call_site(site);
   static const OpInfo info("linear_cross_entropy");
   check_linear_cross_entropy(hidden_, weight_, target);
   if (reduction != "mean" && reduction != "sum")

@@ -15,8 +15,8 @@
 namespace tally {
 
 // Along `dim` (negative counts from the end). Both save only their output for backward.
-Tensor softmax(const Tensor& x, int64_t dim);
-Tensor log_softmax(const Tensor& x, int64_t dim);
+Tensor softmax(const Tensor& x, int64_t dim, CallSite site = CallSite::current());
+Tensor log_softmax(const Tensor& x, int64_t dim, CallSite site = CallSite::current());
 
 // torch.nn.functional.cross_entropy with class-index targets: input [N, C] and target [N],
 // input [N, C, d1, ...] and target [N, d1, ...], or input [C] and a 0-D target; target
@@ -25,15 +25,17 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 // contribute nothing. An out-of-range target throws std::out_of_range. Under autocast,
 // float16/bfloat16 input gives a float32 loss (computed in float32 from the 16-bit logits).
 Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index = -100,
-                     double label_smoothing = 0.0, const std::string& reduction = "mean");
+                     double label_smoothing = 0.0, const std::string& reduction = "mean",
+                     CallSite site = CallSite::current());
 // The same in PyTorch's positional order (..., ignore_index, reduction, label_smoothing).
 Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index,
-                     const std::string& reduction, double label_smoothing = 0.0);
+                     const std::string& reduction, double label_smoothing = 0.0,
+                     CallSite site = CallSite::current());
 
 // torch.nn.functional.nll_loss over log-probabilities, cross_entropy's shapes and rules.
 // Saves only the target.
 Tensor nll_loss(const Tensor& input, const Tensor& target, int64_t ignore_index = -100,
-                const std::string& reduction = "mean");
+                const std::string& reduction = "mean", CallSite site = CallSite::current());
 
 // linear_cross_entropy's default budget for the [rows, V] buffers of one chunk (below).
 inline constexpr int64_t kLinearCrossEntropyChunkBytes = int64_t{256} << 20;  // 256 MiB
@@ -88,7 +90,8 @@ inline constexpr int64_t kLinearCrossEntropyChunkBytes = int64_t{256} << 20;  //
 Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& target,
                             int64_t ignore_index = -100, const std::string& reduction = "mean",
                             int64_t chunk_rows = 0,
-                            int64_t max_chunk_bytes = kLinearCrossEntropyChunkBytes);
+                            int64_t max_chunk_bytes = kLinearCrossEntropyChunkBytes,
+                            CallSite site = CallSite::current());
 
 // The chunk size linear_cross_entropy uses for N rows of a V-class classifier whose logits
 // have `element_size` bytes an element (the rule above; `grad`: the logits' gradient is

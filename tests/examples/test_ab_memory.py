@@ -7,14 +7,24 @@ small ResNet on the CPU, then checks every output with the real readers:
   inputs, and no live block lacks its alloc entry (memory_viz would draw it `unknown`).
 - *.timeline.json: PyTorch's [times, sizes] layout with 13 columns, and the sample with the
   largest total matches the allocator's own peak split.
+- the headlines ("per-block checkpointing: peak −38% (−2,084 MiB), step +19%"), on stdout and in
+  the report, with the numbers recomputed here from results.json; the caveat on a CPU bf16 run
+  (and none on runs without 16-bit autocast or without a measured CPU step).
 - report.html: opened in headless Chromium (Debian's `chromium`): the script ran, one chart per
   configuration was drawn, and Chromium's net log shows no request other than the file itself.
-  Skipped (exit 77, reported as skipped by ctest) only when chromium is not installed.
+  At 1,400 and 1,920 px wide: nothing past the right edge, no labels touching, every chart with
+  x and y ticks evenly spaced by 1, 2 or 5 x 10^k, the tables within the page, one band per
+  phase, every link resolving to a file in the output folder, every area in
+  memory::category_color's colour (read from memory/category.cpp). The same for a timeline page
+  and a diff page. Skipped (exit 77, reported as skipped by ctest) only when chromium is not
+  installed.
 
     test_ab_memory.py BUILD_DIR
 """
 import glob
+from html.parser import HTMLParser
 import json
+import math
 import os
 import pickle
 import re
@@ -24,6 +34,60 @@ import sys
 import tempfile
 
 from example_checks import check, fails, run_program
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MINUS, PLUSMINUS = "\u2212", "\u00b1"
+
+
+def cpp_category_colours():
+    """memory::category_color's table: memory/category.cpp's kNames and kColors."""
+    src = open(os.path.join(ROOT, "memory", "category.cpp"), encoding="utf-8").read()
+    arrays = [re.findall(r'"([^"]*)"', re.search(n + r"\[\]\s*=\s*\{(.*?)\};", src, re.S).group(1))
+              for n in ("kNames", "kColors")]
+    return dict(zip(*arrays))
+
+
+def signed_percent(d, base):
+    p = 100.0 * d / base
+    digits = f"{abs(p):.0f}" if abs(p) >= 1 else f"{abs(p):.1f}"
+    if digits in ("0", "0.0"):
+        return PLUSMINUS + "0%"
+    return ("+" if p > 0 else MINUS) + digits + "%"
+
+
+def signed_size(d):
+    m = abs(d) / 2**20
+    s = f"{m:,.0f} MiB" if m >= 100 else f"{m:.1f} MiB" if m >= 1 else f"{abs(d) / 1024:.0f} KiB"
+    return PLUSMINUS + "0 MiB" if d == 0 else ("+" if d > 0 else MINUS) + s
+
+
+def describe(name, base_name):
+    """The change of configuration `name` against `base_name` in words (ab_report's rules for
+    the checkpoint and amp axes this test runs)."""
+    words = {("ckpt", "none"): "no checkpointing", ("ckpt", "blocks"): "per-block checkpointing",
+             ("amp", "off"): "fp32 (no autocast)", ("amp", "bf16"): "bf16 autocast",
+             ("amp", "fp16"): "fp16 autocast"}
+    cfg = dict(kv.split("=", 1) for kv in name.split())
+    base = dict(kv.split("=", 1) for kv in base_name.split())
+    return " + ".join(words[(k, v)] for k, v in cfg.items() if base.get(k) != v)
+
+
+def expected_headline(r, b):
+    """(text up to the step, the step's signed percent) of r against b, from results.json."""
+    d = r["peak_allocated"] - b["peak_allocated"]
+    head = f"{describe(r['name'], b['name'])}: peak {signed_percent(d, b['peak_allocated'])} ({signed_size(d)})"
+    return head, 100.0 * (r["median_ms"] - b["median_ms"]) / b["median_ms"]
+
+
+def check_headline(text, r, b, where):
+    head, step = expected_headline(r, b)
+    check(text.startswith(head + ", step "), f"{where}: headline {text!r}, expected it to start {head + ', step '!r}")
+    m = re.search(r", step ([+\u2212\u00b1])([\d.]+)%$", text)
+    if check(m is not None, f"{where}: no step change in {text!r}"):
+        got = float(m.group(2)) * (-1 if m.group(1) == MINUS else 1 if m.group(1) == "+" else 0)
+        # results.json rounds the times to µs: allow the last digit to differ.
+        check(abs(got - step) <= 1.0 and (m.group(1) == PLUSMINUS or (got > 0) == (step > 0)),
+              f"{where}: step change {got}% in {text!r}, results.json says {step:.2f}%")
 
 build = sys.argv[1]
 exe = os.path.join(build, "examples", "ab_memory")
@@ -35,6 +99,17 @@ p = run_program(cmd, "ab_memory", timeout=600)
 
 res = json.load(open(os.path.join(out, "results.json")))
 check(len(res) == 4, f"4 configurations expected, got {len(res)}")
+# The headlines on stdout: one per configuration after the first, numbers from results.json.
+lines = p.stdout.splitlines()
+if check(f"what each option bought, against {res[0]['name']}:" in lines, "no headlines on stdout"):
+    at = lines.index(f"what each option bought, against {res[0]['name']}:")
+    for k, r in enumerate(res[1:]):
+        check_headline(lines[at + 1 + k].strip(), r, res[0], f"stdout ({r['name']})")
+ck_line = [l for l in lines if l.strip().startswith("per-block checkpointing: peak ")]
+check(ck_line and ck_line[0].strip().startswith("per-block checkpointing: peak " + MINUS),
+      f"checkpointing's headline should show a lower peak: {ck_line}")
+CAVEAT = "Caveat: these steps ran on the CPU, where 16-bit autocast (bf16) makes a step slower"
+check(CAVEAT in p.stdout and "float32" in p.stdout, "no caveat on stdout for a CPU bf16 run")
 by = {r["name"]: r for r in res}
 base, ck = by.get("ckpt=none amp=off"), by.get("ckpt=blocks amp=off")
 check(base is not None and ck is not None, f"configuration names: {list(by)}")
@@ -131,6 +206,7 @@ est = os.path.join(out, "estimate")
 ep = run_program([exe, "--model", "resnet", "--arch", "tiny", "--dataset", "synthetic", "--image-size", "16",
                   "--batch", "8", "--steps", "2", "--checkpoint", "none,blocks", "--amp", "bf16",
                   "--estimate", "h200", "--out", est], "ab_memory --estimate", timeout=600)
+check("Caveat" not in ep.stdout, "--estimate: a dry run has no step time, so no CPU autocast caveat")
 check("largest activations at the predicted peak" in ep.stdout and "ckpt=blocks amp=bf16: " in ep.stdout,
       "--estimate: the activations by module at each predicted peak are printed")
 eres = json.load(open(os.path.join(est, "results.json")))
@@ -160,10 +236,13 @@ check(not ext, f"report.html references external resources: {ext}")
 # The levers' axes: offload and step-in-backward against the same baseline, each predicted
 # exactly by its dry run.
 lever_out = tempfile.mkdtemp(prefix="ab_levers_")
-run_program([exe, "--model", "gpt", "--preset", "tiny", "--batch", "4", "--seq", "32", "--steps", "2",
-             "--checkpoint", "none", "--amp", "off", "--offload", "none,activations",
-             "--optimizer", "adamw,adamw8bit", "--step-in-backward", "off,on", "--out", lever_out],
-            "ab_memory levers", timeout=600)
+lp = run_program([exe, "--model", "gpt", "--preset", "tiny", "--batch", "4", "--seq", "32", "--steps", "2",
+                  "--checkpoint", "none", "--amp", "off", "--offload", "none,activations",
+                  "--optimizer", "adamw,adamw8bit", "--step-in-backward", "off,on", "--out", lever_out],
+                 "ab_memory levers", timeout=600)
+check("Caveat" not in lp.stdout, "levers: no 16-bit autocast, so no caveat")
+check("  8-bit AdamW: peak " in lp.stdout and "  activation offload: peak " in lp.stdout
+      and "  step-in-backward: peak " in lp.stdout, "levers: a headline per lever in words")
 lv = {r["name"]: r for r in json.load(open(os.path.join(lever_out, "results.json")))}
 check(len(lv) == 8, f"8 lever configurations expected, got {list(lv)}")
 lbase = lv.get("ckpt=none amp=off offload=none opt=adamw sib=off")
@@ -219,6 +298,143 @@ if os.path.exists(netlog):
             urls.add(url)
 check(not urls, f"chromium requested network resources: {sorted(urls)[:5]}")
 shutil.rmtree(profile, ignore_errors=True)
+
+
+class Dom(HTMLParser):
+    """The elements of a dumped DOM: (tag, attrs, text, index of the enclosing <svg> or -1)."""
+
+    def __init__(self, text):
+        super().__init__(convert_charrefs=True)
+        self.els, self.stack, self.svgs = [], [], []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "svg":
+            self.svgs.append(a)
+        svg = len(self.svgs) - 1 if tag == "svg" or any(t == "svg" for t, _ in self.stack) else -1
+        self.els.append([tag, a, "", svg])
+        if tag not in ("meta", "br", "input", "img", "link") and not self.get_starttag_text().endswith("/>"):
+            self.stack.append((tag, len(self.els) - 1))
+
+    def handle_endtag(self, tag):
+        while self.stack:
+            t, _ = self.stack.pop()
+            if t == tag:
+                break
+
+    def handle_data(self, data):
+        if self.stack:
+            self.els[self.stack[-1][1]][2] += data
+
+    def find(self, tag=None, cls=None, **attrs):
+        return [e for e in self.els if (tag is None or e[0] == tag)
+                and (cls is None or cls in e[1].get("class", "").split())
+                and all(e[1].get(k) == v for k, v in attrs.items())]
+
+
+def render(path, width):
+    prof = tempfile.mkdtemp(prefix="chromium_profile_")
+    r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                        "--hide-scrollbars", f"--window-size={width},900", f"--user-data-dir={prof}",
+                        "--virtual-time-budget=5000", "--dump-dom", "file://" + path],
+                       capture_output=True, text=True, timeout=180)
+    shutil.rmtree(prof, ignore_errors=True)
+    return r.stdout
+
+
+def body_int(dom, name):
+    m = re.search(r'<body[^>]*\b' + name + r'="(\d+)"', dom)
+    return int(m.group(1)) if m else None
+
+
+def is_round(step):
+    m = step / 10 ** math.floor(math.log10(step) + 1e-12)
+    return min(abs(m - k) for k in (1, 2, 5)) < 1e-6
+
+
+def check_page(dom, where, width):
+    """What every page must hold at `width` px: rendered, nothing past the right edge, no
+    touching labels, every chart with round, evenly spaced x and y ticks."""
+    check('data-rendered="1"' in dom, f"{where}: the script did not finish")
+    check(body_int(dom, "data-viewport") == width, f"{where}: laid out {body_int(dom, 'data-viewport')} px wide, not {width}")
+    check(body_int(dom, "data-overflow") == 0, f"{where}: {body_int(dom, 'data-overflow')} elements past the right edge")
+    touching = re.search(r'data-touching="([^"]*)"', dom)
+    check(body_int(dom, "data-overlaps") == 0, f"{where}: {body_int(dom, 'data-overlaps')} pairs of labels touch "
+          f"({touching.group(1) if touching else ''})")
+    check(body_int(dom, "data-untick") == 0, f"{where}: {body_int(dom, 'data-untick')} charts without ticks")
+    d = Dom(dom)
+    charts = [i for i, a in enumerate(d.svgs) if "chart" in a.get("class", "").split()]
+    check(charts, f"{where}: no charts")
+    for i in charts:
+        for cls in ("xtick", "ytick"):
+            ticks = [e for e in d.find("text", cls) if e[3] == i]
+            vals = [float(e[1]["data-value"]) for e in ticks]
+            if not check(len(vals) >= 2, f"{where}: chart {i} has {len(vals)} {cls} labels"):
+                continue
+            steps = [b - a for a, b in zip(vals, vals[1:])]
+            check(vals[0] == 0 and all(abs(s - steps[0]) <= 1e-6 * steps[0] for s in steps) and is_round(steps[0]),
+                  f"{where}: chart {i}'s {cls} values {vals} are not 0, s, 2s, ... with s 1, 2 or 5 x 10^k")
+            for e in ticks:
+                check(abs(float(e[2].replace(",", "")) - float(e[1]["data-value"])) <= 1e-6 * max(1, steps[0]) + 1e-9,
+                      f"{where}: tick label {e[2]!r} is not its value {e[1]['data-value']}")
+    return d
+
+
+colours = cpp_category_colours()
+check(len(colours) == 11, f"could not read memory/category.cpp's colours: {colours}")
+for width in (1400, 1920):
+    dom = render(html_path, width)
+    d = check_page(dom, f"report.html at {width} px", width)
+    tw = body_int(dom, "data-table-width")
+    check(tw is not None and tw <= width - 48, f"report.html at {width} px: table {tw} px wide")
+    check(body_int(dom, "data-charts") == 4, f"report.html at {width} px: {body_int(dom, 'data-charts')} timeline charts")
+    check(len(d.find("svg", "scatter-chart")) == 1, f"report.html at {width} px: no peak-versus-step-time chart")
+    check(len(d.find("g", "point")) == 4, f"report.html at {width} px: {len(d.find('g', 'point'))} points, want 4")
+    # Step time and final loss in the table, one value per configuration.
+    rows = {e[2].strip(): e for e in d.find("td")}
+    check("step time (ms)" in rows and "final loss" in rows, f"report.html at {width} px: no step time or final loss row")
+    heads = [e[2].strip() for e in d.find("li", "headline")]
+    check(len(heads) == 3, f"report.html at {width} px: {len(heads)} headlines, want 3")
+    for r, text in zip(res[1:], heads):
+        check_headline(text, r, res[0], f"report.html ({r['name']})")
+    cav = d.find("p", "caveat")
+    check(cav and cav[0][2].startswith(CAVEAT) and "hidden" not in cav[0][1], f"report.html at {width} px: no CPU bf16 caveat")
+    for e in d.find("path", "area"):
+        check(e[1].get("fill") == colours.get(e[1].get("data-category")),
+              f"report.html: {e[1].get('data-category')} drawn in {e[1].get('fill')}, memory::category_color says "
+              f"{colours.get(e[1].get('data-category'))}")
+    links = d.find("a")
+    hrefs = [e[1].get("href", "") for e in links]
+    check(len(hrefs) >= 4 * 3 + 3, f"report.html: {len(hrefs)} links, want snapshot, timeline, JSON per chart and 3 diffs")
+    for h in hrefs:
+        check(not os.path.isabs(h) and os.path.isfile(os.path.join(out, h)), f"report.html: link {h!r} does not resolve in {out}")
+    for r in res:
+        stem = re.sub(r"[^A-Za-z0-9_-]", "_", r["name"])
+        for want in (stem + ".pickle", stem + ".timeline.html", stem + ".timeline.json"):
+            check(want in hrefs, f"report.html: no link to {want}")
+    # One band per phase in every timeline chart.
+    for i, a in enumerate(d.svgs):
+        if "memchart" not in a.get("class", ""):
+            continue
+        bands = [e[1]["data-phase"] for e in d.find("rect", "phase") if e[3] == i]
+        check(len(bands) == len(set(bands)) and {"forward", "backward", "optimizer"} <= set(bands),
+              f"report.html: chart {i} bands {bands}: want one each of forward, backward, optimizer")
+        check(len([e for e in d.find("text", "phase-label") if e[3] == i]) >= 2, f"report.html: chart {i}: phase labels missing")
+
+# The timeline page and the diff page: the same renderer, ticks and palette.
+tl = os.path.join(out, re.sub(r"[^A-Za-z0-9_-]", "_", res[1]["name"]) + ".timeline.html")
+df = os.path.join(out, "diff", re.sub(r"[^A-Za-z0-9_-]", "_", res[1]["name"]) + ".html")
+for page in (tl, df):
+    for width in (1400, 1920):
+        d = check_page(render(page, width), f"{os.path.basename(page)} at {width} px", width)
+        if page == tl:
+            areas = d.find("path", "area")
+            check(len(areas) >= 3, f"{tl}: {len(areas)} areas")
+            for e in areas:
+                check(e[1].get("fill") == colours.get(e[1].get("data-category")),
+                      f"{tl}: {e[1].get('data-category')} drawn in {e[1].get('fill')}")
+            check(len(d.find("rect", "phase")) >= 3, f"{tl}: no phase bands")
 shutil.rmtree(out, ignore_errors=True)
 if fails:
     print(f"{len(fails)} failures")

@@ -148,11 +148,12 @@ class Outer : public nn::Module {
     const Tensor h = (*inner)(x);
     zeros_line = __LINE__ + 1;
     extra = zeros({16});
-    return relu(h);  // a raw op without a site: the innermost open site, the caller's
+    relu_line = __LINE__ + 1;
+    return relu(h);  // an op takes its caller's line too
   }
   std::shared_ptr<nn::Linear> inner;
   Tensor extra;
-  uint32_t inner_line = 0, zeros_line = 0;
+  uint32_t inner_line = 0, zeros_line = 0, relu_line = 0;
 };
 
 TEST(CallSite, NestedUserSitesTakeTheInnermost) {
@@ -161,7 +162,10 @@ TEST(CallSite, NestedUserSitesTakeTheInnermost) {
   const uint32_t line = __LINE__ + 1;
   const Tensor y = outer(x);
   ASSERT_NE(outer.inner_line, 0u);
-  EXPECT_EQ(tag_of(y).loc.line, line);
+  EXPECT_EQ(tag_of(y).loc.line, outer.relu_line);
+  // An operator cannot take a site: with no user line open, the library's line stands in.
+  const Tensor y2 = outer(x) * 2.0;
+  EXPECT_EQ(file_of(tag_of(y2)), "tensor/elementwise/autograd.cpp");
   EXPECT_EQ(tag_of(outer.extra).loc.line, outer.zeros_line);
   const std::vector<TraceEntry> allocs = allocs_during([&] { outer(x); });
   std::set<uint32_t> linear_lines;
@@ -223,6 +227,48 @@ TEST(CallSite, DisplaySourcePath) {
   }
   EXPECT_TRUE(memory::is_library_source((root + "/nn/layers.cpp").c_str()));
   EXPECT_FALSE(memory::is_library_source((root + "/tests/nn/test_layers.cpp").c_str()));
+}
+
+
+TEST(CallSite, DifferentiableOpsNameTheCallersLine) {
+  const Tensor a = ones({8, 8}, TensorOptions{}.with_requires_grad(true));
+  const Tensor target = zeros({8}, TensorOptions{}.with_dtype(DType::int64));
+  const uint32_t mm_line = __LINE__ + 1;
+  const Tensor h = matmul(a, a);
+  const uint32_t relu_line = __LINE__ + 1;
+  const Tensor r = relu(h);
+  const uint32_t sum_line = __LINE__ + 1;
+  const Tensor s = sum(r, {1});
+  const uint32_t ce_line = __LINE__ + 1;
+  const Tensor loss = cross_entropy(r, target);
+  EXPECT_EQ(file_of(tag_of(h)), kThisFile);
+  EXPECT_EQ(tag_of(h).loc.line, mm_line);
+  EXPECT_EQ(tag_of(r).loc.line, relu_line);
+  EXPECT_EQ(tag_of(s).loc.line, sum_line);
+  EXPECT_EQ(tag_of(loss).loc.line, ce_line);
+  // An op Tally calls inside another op (cross_entropy's pieces) keeps the user's line.
+  const std::vector<TraceEntry> allocs =
+      allocs_during([&] { const Tensor l = cross_entropy(r, target, -100, 0.1); });
+  ASSERT_FALSE(allocs.empty());
+  for (const TraceEntry& e : allocs) EXPECT_EQ(file_of(e.tag), kThisFile);
+}
+
+TEST(CallSite, LibraryLineStandsInUntilAUserLineOpens) {
+  // Built outside any user scope: the parameters name the library line that made them,
+  // never the allocator's own call in tensor/storage.cpp.
+  nn::Linear lin(4, 4);
+  const std::string built = file_of(tag_of(lin.weight));
+  EXPECT_EQ(built, "nn/layers.cpp");
+  // Moved by the user's line: that line.
+  const uint32_t line = __LINE__ + 1;
+  lin.to(DType::float64);
+  EXPECT_EQ(file_of(tag_of(lin.weight)), kThisFile);
+  EXPECT_EQ(tag_of(lin.weight).loc.line, line);
+  // A user line opened inside a library one still wins.
+  {
+    memory::CallSiteScope library(std::source_location::current());  // this file: a user line
+    EXPECT_EQ(memory::current_tag().loc.line, __LINE__ - 1);
+  }
 }
 
 }  // namespace

@@ -9,11 +9,16 @@ its snapshot and checks the SVG: it parses with xml.etree; it holds exactly one
 legend swatch; the legend names exactly those categories; the title's peak matches an
 independent replay of the trace. Then checks a small hand-made snapshot (a block live
 before the trace, a free with no alloc, a re-tag written as free_requested + free_completed + alloc) and
-that bad input (not a pickle, a missing key) exits 2 with a message naming the file.
+that bad input (not a pickle, a missing key) exits 2 with a message naming the file. Checks
+that the script's palette is Tally's one palette: its category colours equal
+memory::category_color's table (memory/category.cpp) and its phase colours
+memory::phase_color's (memory/svg_chart.cpp), read from the C++ sources; and that every tick
+falls on 1, 2 or 5 times a power of ten.
 
 Exit 0 when all checks pass, 1 on a failure, 2 on bad usage. Stdlib only.
 """
 
+import math
 import os
 import pickle
 import re
@@ -70,6 +75,57 @@ def parse_svg(path):
     return areas, legend, (title.text if title is not None else "")
 
 
+def cpp_palette(root=ROOT):
+    """The C++ palette: ({category: colour} from memory/category.cpp's kNames and kColors,
+    {phase: colour} from memory/svg_chart.cpp's kPhaseColors)."""
+    def array(src, name):
+        m = re.search(name + r"\[\]\s*=\s*\{(.*?)\};", src, re.S)
+        return re.findall(r'"([^"]*)"', m.group(1)) if m else []
+    with open(os.path.join(root, "memory", "category.cpp"), encoding="utf-8") as f:
+        cat = f.read()
+    names, colours = array(cat, "kNames"), array(cat, "kColors")
+    with open(os.path.join(root, "memory", "svg_chart.cpp"), encoding="utf-8") as f:
+        chart = f.read()
+    m = re.search(r"kPhaseColors\[\]\s*=\s*\{(.*?)\};", chart, re.S)
+    phases = dict(re.findall(r'\{"(\w+)",\s*"(#[0-9a-fA-F]{6})"\}', m.group(1))) if m else {}
+    return (dict(zip(names, colours)) if len(names) == len(colours) else {}), phases
+
+
+def check_palette():
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import plot_snapshot  # noqa: E402 (the script under test, as a module)
+    cats, phases = cpp_palette()
+    check(len(cats) == 11 and all(re.fullmatch(r"#[0-9a-f]{6}", c) for c in cats.values()),
+          f"could not read memory/category.cpp's colour table: {cats}")
+    py = {k: v.lower() for k, v in plot_snapshot.COLOURS.items()}
+    check(py == cats, f"plot_snapshot.py's category colours differ from memory::category_color: "
+          f"{ {k: (py.get(k), cats.get(k)) for k in set(py) | set(cats) if py.get(k) != cats.get(k)} }")
+    check(len(phases) >= 5 and "other" in phases, f"could not read kPhaseColors: {phases}")
+    pyph = {k: v.lower() for k, v in plot_snapshot.PHASE_COLOURS.items()}
+    pyph["other"] = plot_snapshot.PHASE_OTHER.lower()
+    check(pyph == phases, f"plot_snapshot.py's phase colours differ from memory::phase_color: {pyph} vs {phases}")
+    for span, n in ((1.0, 6), (6.2, 6), (18.7, 6), (0.37, 5), (1234.0, 8), (3e9, 7)):
+        step = plot_snapshot.nice_step(span, n)
+        m = step / 10 ** math.floor(math.log10(step) + 1e-12)
+        check(min(abs(m - k) for k in (1, 2, 5)) < 1e-9, f"nice_step({span}, {n}) = {step}: not 1, 2 or 5 x 10^k")
+
+
+def round_ticks(path):
+    """Checks that the SVG's y and x tick labels are evenly spaced by 1, 2 or 5 x 10^k."""
+    root = ET.parse(path).getroot()
+    for cls in ("ytick", "xtick"):
+        vals = [float(t.text.replace(",", "")) for t in root.iter(SVG_NS + "text") if t.get("class") == cls]
+        if not check(len(vals) >= 2, f"{path}: fewer than 2 {cls} labels ({vals})"):
+            continue
+        steps = [b - a for a, b in zip(vals, vals[1:])]
+        step = steps[0]
+        check(step > 0 and all(abs(s - step) <= 1e-6 * max(1.0, step) for s in steps),
+              f"{path}: {cls} labels not evenly spaced: {vals}")
+        if step > 0:
+            m = step / 10 ** math.floor(math.log10(step) + 1e-12)
+            check(min(abs(m - k) for k in (1, 2, 5)) < 1e-6, f"{path}: {cls} step {step} is not 1, 2 or 5 x 10^k")
+
+
 def title_peak(title):
     m = re.search(r"peak allocated ([\d,]+\.\d) MiB", title or "")
     return float(m.group(1).replace(",", "")) if m else None
@@ -122,6 +178,11 @@ def check_demo(build_dir, tmp):
         text = f.read()
     for phase in ("forward", "backward", "optimizer"):
         check(f">{phase}<" in text, f"demo: no phase label {phase}")
+    round_ticks(out)
+    cats_cpp, _ = cpp_palette()
+    for name, fill in areas.items():
+        check(fill and fill.lower() == cats_cpp.get(name), f"demo: {name} drawn in {fill}, "
+              f"memory::category_color says {cats_cpp.get(name)}")
 
 
 def entry(action, addr, size, t, cat, phase=""):
@@ -199,6 +260,7 @@ def main():
         return 2
     build_dir = os.path.abspath(sys.argv[1])
     with tempfile.TemporaryDirectory(prefix="plot_snapshot_") as tmp:
+        check_palette()
         check_demo(build_dir, tmp)
         check_synthetic(tmp)
         check_bad_input(tmp)

@@ -533,5 +533,27 @@ TEST(MemorySummaryDiagnosis, WithoutFailureAndWithExpandableSegments) {
   }
 }
 
+
+TEST(MemorySummary, HostLabelsAreDeviceNeutral) {
+  for (const char* label : {"cpu", "cpu (pinned)", "meta:0 (cpu)"}) {
+    const std::string s = format_memory_summary(example_stats(), 0, label);
+    EXPECT_EQ(s.find("GPU"), std::string::npos) << label;
+    EXPECT_EQ(s.find("CUDA"), std::string::npos) << label;
+    EXPECT_EQ(s.find("cudaMalloc"), std::string::npos) << label;
+    const auto lines = split_lines(s);
+    EXPECT_EQ(lines[3],
+              "|                 OOMs: 1            |         allocator retries: 2         |")
+        << label;
+    EXPECT_EQ(lines[19],
+              "| Reserved memory       |   2048 MiB |   3072 MiB |  40960 MiB |  38912 MiB |");
+  }
+  // PyTorch's own labels stay on CUDA, and on a meta device replaying a GPU.
+  for (const char* label : {"cuda:0", "meta:0 (h200)"}) {
+    const std::string s = format_memory_summary(example_stats(), 0, label);
+    EXPECT_NE(s.find("GPU reserved memory"), std::string::npos) << label;
+    EXPECT_NE(s.find("CUDA OOMs: 1"), std::string::npos) << label;
+  }
+}
+
 }  // namespace
 }  // namespace tally::memory

@@ -254,3 +254,123 @@ TEST(Module, GradcheckConvBatchNormStack) {
   CrossEntropyLoss ce(-100, "mean", 0.1);
   EXPECT_TRUE(gradcheck([&](const TensorList& in) { return ce(s(in[0]), target); }, inputs));
 }
+
+// ---- issue 20's API gaps ----
+
+TEST(Module, ParameterRegisteredFromAnyTensorIsTaggedParameter) {
+  struct Custom : Module {
+    Custom() : Module("Custom") {
+      w = register_parameter("w", randn({16, 16}) * 0.02);  // a product: a temporary first
+      b = register_buffer("b", ones({16}) + 1.0);
+    }
+    Tensor w, b;
+  } m;
+  EXPECT_EQ(m.w.storage().category(), memory::Category::parameter);
+  EXPECT_EQ(m.b.storage().category(), memory::Category::parameter);
+  EXPECT_TRUE(m.w.requires_grad() && m.w.is_leaf());
+}
+
+TEST(Module, GetSubmoduleWalksDottedPaths) {
+  auto model = resnet_tiny({.num_classes = 10, .in_channels = 1});
+  EXPECT_EQ(&model->get_submodule(""), model.get());
+  Module& conv = model->get_submodule("layer1.0.conv1");
+  EXPECT_EQ(conv.type_name(), "Conv2d");
+  EXPECT_EQ(&model->get_submodule<Conv2d>("layer1.0.conv1"), &conv);
+  try {
+    model->get_submodule("layer1.0.conv9");
+    FAIL() << "no throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(contains(e.what(), "layer1.0")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "'conv9'")) << e.what();
+  }
+  EXPECT_THROW(model->get_submodule("layer1..conv1"), std::invalid_argument);
+  EXPECT_THROW(model->get_submodule<Linear>("layer1.0.conv1"), std::invalid_argument);
+  EXPECT_EQ(model->get_submodule("layer1.0.conv1").parent(), &model->get_submodule("layer1.0"));
+}
+
+TEST(Module, ModuleDictKeepsOrderAndNamesItsChildren) {
+  ModuleDict d{{"enc", std::make_shared<Linear>(4, 8)}, {"act", std::make_shared<ReLU>()}};
+  d.insert("dec", std::make_shared<Linear>(8, 2));
+  EXPECT_EQ(d.size(), 3u);
+  EXPECT_EQ(d.keys(), (std::vector<std::string>{"enc", "act", "dec"}));
+  EXPECT_TRUE(d.contains("dec"));
+  EXPECT_FALSE(d.contains("x"));
+  EXPECT_EQ(d.get<Linear>("dec")->out_features, 2);
+  EXPECT_EQ(names_of(d.named_parameters()),
+            (std::vector<std::string>{"enc.weight", "enc.bias", "dec.weight", "dec.bias"}));
+  try {
+    d["nope"];
+    FAIL() << "no throw";
+  } catch (const std::out_of_range& e) {
+    EXPECT_TRUE(contains(e.what(), "'nope'")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "enc, act, dec")) << e.what();
+  }
+  EXPECT_THROW(d.get<ReLU>("enc"), std::invalid_argument);
+  EXPECT_THROW(d.insert("a.b", std::make_shared<ReLU>()), std::invalid_argument);
+}
+
+TEST(Module, SequentialThroughMakeShared) {
+  auto seq = std::make_shared<Sequential>(std::make_shared<Linear>(3, 4), std::make_shared<ReLU>(),
+                                          std::make_shared<Linear>(4, 2));
+  EXPECT_EQ(seq->size(), 3u);
+  EXPECT_EQ((*seq)(ones({5, 3})).shape(), (Shape{5, 2}));
+  auto seq2 = std::make_shared<Sequential>(
+      std::vector<std::shared_ptr<Module>>{std::make_shared<ReLU>(), std::make_shared<ReLU>()});
+  EXPECT_EQ(seq2->size(), 2u);
+}
+
+namespace {
+// A model whose forward calls its blocks' layers directly: past the ModuleList (no forward of
+// its own), past each block (its fc called without the block's forward), and from a dict.
+struct DirectCalls : Module {
+  DirectCalls() : Module("DirectCalls") {
+    blocks = register_module("blocks", std::make_shared<ModuleList>());
+    for (int i = 0; i < 2; ++i) {
+      auto blk = std::make_shared<Sequential>();
+      blk->push_back(std::make_shared<Linear>(4, 4));
+      blocks->push_back(blk);
+    }
+    heads = register_module("heads", std::make_shared<ModuleDict>());
+    heads->insert("out", std::make_shared<Linear>(4, 2));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = (*(*blocks)[0])(x);  // blocks.0 (its forward)
+    h = (*std::static_pointer_cast<Sequential>((*blocks)[1])->operator[](0))(h);  // blocks.1.0
+    return (*(*heads)["out"])(h);                                                 // heads.out
+  }
+  std::shared_ptr<ModuleList> blocks;
+  std::shared_ptr<ModuleDict> heads;
+};
+}  // namespace
+
+TEST(Module, ChildCalledDirectlyCarriesItsFullPath) {
+  auto model = std::make_shared<DirectCalls>();
+  auto& alloc = memory::get_allocator(Device::cpu());
+  alloc.record_memory_history(true);
+  (*model)(ones({2, 4}));
+  std::set<std::string> paths;
+  for (const auto& e : alloc.history())
+    if (e.action == memory::TraceAction::alloc && memory::interned(e.tag.op) == "linear")
+      paths.insert(memory::interned(e.tag.module));
+  alloc.record_memory_history(false);
+  EXPECT_EQ(paths, (std::set<std::string>{"blocks.0.0", "blocks.1.0", "heads.out"}));
+
+  // Under an enclosing path (a wrapper that calls the model as its child), the same paths
+  // follow it.
+  struct Wrapper : Module {
+    Wrapper() : Module("Wrapper") {
+      inner = register_module("model", std::make_shared<DirectCalls>());
+    }
+    Tensor forward(const Tensor& x) override { return (*inner)(x); }
+    std::shared_ptr<DirectCalls> inner;
+  } wrapper;
+  alloc.record_memory_history(true);
+  wrapper(ones({2, 4}));
+  paths.clear();
+  for (const auto& e : alloc.history())
+    if (e.action == memory::TraceAction::alloc && memory::interned(e.tag.op) == "linear")
+      paths.insert(memory::interned(e.tag.module));
+  alloc.record_memory_history(false);
+  EXPECT_EQ(paths,
+            (std::set<std::string>{"model.blocks.0.0", "model.blocks.1.0", "model.heads.out"}));
+}

@@ -1,0 +1,55 @@
+// Shared pieces of the Python module's bindings (python/*.cpp): how a Python value names a
+// dtype or a device, and the binding functions of each area, called once from module.cpp.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "autograd/ops.h"
+#include "memory/memory.h"
+#include "tensor/tensor.h"
+
+namespace tally::python {
+
+namespace py = pybind11;
+
+// A dtype from tally.dtype, its name ("float32", "bfloat16", "bool", "long", ...), a numpy
+// dtype or a numpy scalar type (np.float32). TypeError for anything else.
+DType to_dtype(py::handle h);
+// The numpy dtype of a Tally dtype (bfloat16 has none: TypeError).
+py::object numpy_dtype(DType d);
+// A device from tally.device or a string: "cpu", "cuda", "cuda:1", "meta", "meta:2". None
+// gives memory::default_device() (cuda:0 when present, else cpu). ValueError otherwise.
+Device to_device(py::handle h);
+Device parse_device(const std::string& s);
+// "cpu", "cuda:0", "meta:1": the spelling the other direction reads.
+std::string device_str(Device d);
+
+// A Tensor from a Tally tensor, a numpy array, a Python scalar or a nested list (a copy into
+// Tally's allocator; `dtype` overrides, else numpy's dtype, float32 for Python floats, int64
+// for ints, bool for bools).
+Tensor to_tensor(py::handle h, std::optional<DType> dtype = std::nullopt,
+                 std::optional<Device> device = std::nullopt);
+// Tally's view of a numpy array without a copy (its memory stays the array's, which is kept
+// alive while any tensor uses it). TypeError for a dtype Tally has no equal of, ValueError
+// for a layout it cannot view (negative or unaligned strides).
+Tensor from_numpy(py::array array);
+// A numpy array over a CPU tensor's memory (no copy; the array keeps the tensor alive).
+// bfloat16 is copied to float32; other devices are copied to the CPU first.
+py::array to_numpy(const Tensor& t);
+
+// "None" for an undefined tensor.
+py::object tensor_or_none(const Tensor& t);
+
+void bind_tensor(py::module_& m);
+void bind_functional(py::module_& m, py::module_& functional);
+void bind_nn(py::module_& m, py::module_& nn);
+void bind_optim(py::module_& m, py::module_& optim, py::module_& amp);
+void bind_memory(py::module_& m, py::module_& memory);
+void bind_profiler(py::module_& m, py::module_& profiler);
+
+}  // namespace tally::python

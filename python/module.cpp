@@ -1,0 +1,65 @@
+// The extension tally._C: the bindings of each area (python/*.cpp) in the submodules the
+// package tally re-exports (python/tally/__init__.py), and Tally's errors as Python
+// exceptions carrying Tally's message.
+#include <pybind11/pybind11.h>
+
+#include "common.h"
+#include "memory/caching_allocator.h"
+#include "memory/unpickle.h"
+#include "tally/version.h"
+
+namespace py = pybind11;
+using namespace tally::python;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "Tally: a C++20/CUDA training framework with an instrumented caching allocator";
+  m.attr("__version__") = TALLY_VERSION;
+#ifdef TALLY_WITH_CUDA
+  m.attr("_built_with_cuda") = true;
+#else
+  m.attr("_built_with_cuda") = false;
+#endif
+#ifdef TALLY_AB_MEMORY_PATH
+  m.attr("_ab_memory_path") = TALLY_AB_MEMORY_PATH;
+#else
+  m.attr("_ab_memory_path") = py::none();
+#endif
+
+  // Tally's errors: std::invalid_argument, std::domain_error and std::length_error arrive as
+  // ValueError, std::out_of_range as IndexError, running out of memory as
+  // tally.OutOfMemoryError (a RuntimeError, as torch.OutOfMemoryError), a bad snapshot file
+  // as tally.UnpickleError (a ValueError), the rest as RuntimeError; the message is Tally's.
+  py::register_exception<tally::memory::OutOfMemoryError>(m, "OutOfMemoryError",
+                                                          PyExc_RuntimeError);
+  py::register_exception<tally::memory::UnpickleError>(m, "UnpickleError", PyExc_ValueError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const std::logic_error& e) {
+      // std::logic_error's other children (invalid_argument, domain_error, length_error,
+      // out_of_range) are pybind11's; the rest (a profiler started twice, a module without a
+      // single-tensor forward) are misuse: RuntimeError.
+      if (dynamic_cast<const std::invalid_argument*>(&e) ||
+          dynamic_cast<const std::domain_error*>(&e) || dynamic_cast<const std::length_error*>(&e))
+        PyErr_SetString(PyExc_ValueError, e.what());
+      else if (dynamic_cast<const std::out_of_range*>(&e))
+        PyErr_SetString(PyExc_IndexError, e.what());
+      else
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+
+  py::module_ nn = m.def_submodule("nn", "torch.nn: modules, layers, models");
+  py::module_ functional = nn.def_submodule("functional", "torch.nn.functional");
+  py::module_ optim = m.def_submodule("optim", "torch.optim");
+  py::module_ amp = m.def_submodule("amp", "torch.amp: autocast, GradScaler");
+  py::module_ memory = m.def_submodule("memory", "the allocator's figures, snapshots, estimates");
+  py::module_ profiler = m.def_submodule("profiler", "torch.profiler");
+
+  bind_tensor(m);
+  bind_functional(m, functional);
+  bind_nn(m, nn);
+  bind_optim(m, optim, amp);
+  bind_memory(m, memory);
+  bind_profiler(m, profiler);
+}

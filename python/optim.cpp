@@ -1,0 +1,246 @@
+// tally.optim (SGD, Adam, AdamW, AdamW8bit, clip_grad_norm_) and tally.amp (autocast as a
+// context manager, GradScaler).
+#include <pybind11/stl.h>
+
+#include "autograd/autocast.h"
+#include "common.h"
+#include "optim/adam.h"
+#include "optim/adamw8bit.h"
+#include "optim/clip_grad.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
+#include "optim/sgd.h"
+
+namespace tally::python {
+
+namespace {
+
+using optim::Optimizer;
+
+std::vector<Tensor> params_of(py::handle params) {
+  std::vector<Tensor> out;
+  for (py::handle p : params) {
+    if (py::isinstance<py::dict>(p))
+      throw py::type_error(
+          "parameter groups (dicts) are not supported here: pass the parameters, then "
+          "add_param_group(params, **options)");
+    out.push_back(p.cast<Tensor>());
+  }
+  if (out.empty()) throw py::value_error("optimizer got an empty parameter list");
+  return out;
+}
+
+optim::AdamOptions adam_options(double lr, std::pair<double, double> betas, double eps,
+                                double weight_decay, bool amsgrad, bool maximize) {
+  optim::AdamOptions o;
+  o.lr = lr;
+  o.beta1 = betas.first;
+  o.beta2 = betas.second;
+  o.eps = eps;
+  o.weight_decay = weight_decay;
+  o.amsgrad = amsgrad;
+  o.maximize = maximize;
+  return o;
+}
+
+// `with tally.autocast("cpu", dtype=tally.bfloat16):`
+class Autocast {
+ public:
+  Autocast(Device device, std::optional<DType> dtype, bool enabled, bool cache_enabled)
+      : device_(device), dtype_(dtype), enabled_(enabled), cache_enabled_(cache_enabled) {}
+  void enter() {
+    if (guard_) throw py::value_error("this autocast region is already open");
+    if (dtype_)
+      guard_ = std::make_unique<AutocastGuard>(device_.type, *dtype_, enabled_, cache_enabled_);
+    else
+      guard_ = std::make_unique<AutocastGuard>(device_.type, enabled_);
+  }
+  void exit() { guard_.reset(); }
+
+ private:
+  Device device_;
+  std::optional<DType> dtype_;
+  bool enabled_, cache_enabled_;
+  std::unique_ptr<AutocastGuard> guard_;
+};
+
+}  // namespace
+
+void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
+  py::class_<Optimizer>(optim_mod, "Optimizer")
+      .def("step", [](Optimizer& o) { o.step(); })
+      .def("zero_grad", &Optimizer::zero_grad, py::arg("set_to_none") = true)
+      .def_property(
+          "lr", [](const Optimizer& o) { return o.get_lr(0); },
+          [](Optimizer& o, double lr) {
+            for (size_t g = 0; g < o.param_groups().size(); ++g) o.set_lr(lr, g);
+          })
+      .def("get_lr", &Optimizer::get_lr, py::arg("group") = 0)
+      .def("set_lr", &Optimizer::set_lr, py::arg("lr"), py::arg("group") = 0)
+      .def_property_readonly("param_groups",
+                             [](const Optimizer& o) {
+                               py::list groups;
+                               for (const auto& g : o.param_groups()) {
+                                 py::dict d;
+                                 d["params"] = g.params;
+                                 for (const auto& [k, v] : g.options) d[py::str(k)] = v;
+                                 groups.append(d);
+                               }
+                               return groups;
+                             })
+      .def(
+          "add_param_group",
+          [](Optimizer& o, py::object params, py::kwargs options) {
+            optim::ParamGroup g;
+            g.params = params_of(params);
+            for (auto item : options) g.options[py::str(item.first)] = item.second.cast<double>();
+            o.add_param_group(std::move(g));
+          },
+          py::arg("params"))
+      .def_property_readonly("defaults", &Optimizer::defaults)
+      .def(
+          "state",
+          [](const Optimizer& o, size_t i) {
+            const auto& s = o.state(i);
+            py::dict d;
+            d["step"] = s.step;
+            for (const auto& [k, t] : s.tensors) d[py::str(k)] = t;
+            return d;
+          },
+          py::arg("param_index"), "The state of the i-th parameter (step and tensors)")
+      .def("state_dict",
+           [](const Optimizer& o) {
+             const auto sd = o.state_dict();
+             py::dict d;
+             for (const auto& [k, t] : sd.tensors) d[py::str(k)] = t;
+             for (const auto& [k, v] : sd.scalars) d[py::str(k)] = v;
+             return d;
+           })
+      .def("__repr__", [](const Optimizer& o) {
+        std::string s = std::string(o.name()) + "(";
+        bool first = true;
+        for (const auto& [k, v] : o.defaults()) {
+          s += (first ? "" : ", ") + k + "=" + std::string(py::str(py::float_(v)));
+          first = false;
+        }
+        return s + ")";
+      });
+
+  py::class_<optim::SGD, Optimizer>(optim_mod, "SGD")
+      .def(py::init([](py::object params, double lr, double momentum, double dampening,
+                       double weight_decay, bool nesterov, bool maximize) {
+             optim::SGDOptions o;
+             o.lr = lr;
+             o.momentum = momentum;
+             o.dampening = dampening;
+             o.weight_decay = weight_decay;
+             o.nesterov = nesterov;
+             o.maximize = maximize;
+             return std::make_unique<optim::SGD>(params_of(params), o);
+           }),
+           py::arg("params"), py::arg("lr") = 1e-3, py::arg("momentum") = 0.0,
+           py::arg("dampening") = 0.0, py::arg("weight_decay") = 0.0, py::arg("nesterov") = false,
+           py::arg("maximize") = false);
+  py::class_<optim::Adam, Optimizer>(optim_mod, "Adam")
+      .def(py::init([](py::object params, double lr, std::pair<double, double> betas, double eps,
+                       double weight_decay, bool amsgrad, bool maximize) {
+             return std::make_unique<optim::Adam>(
+                 params_of(params), adam_options(lr, betas, eps, weight_decay, amsgrad, maximize));
+           }),
+           py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
+           py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.0, py::arg("amsgrad") = false,
+           py::arg("maximize") = false);
+  py::class_<optim::AdamW, optim::Adam>(optim_mod, "AdamW")
+      .def(py::init([](py::object params, double lr, std::pair<double, double> betas, double eps,
+                       double weight_decay, bool amsgrad, bool maximize) {
+             return std::make_unique<optim::AdamW>(
+                 params_of(params), adam_options(lr, betas, eps, weight_decay, amsgrad, maximize));
+           }),
+           py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
+           py::arg("eps") = 1e-8, py::arg("weight_decay") = 1e-2, py::arg("amsgrad") = false,
+           py::arg("maximize") = false);
+  py::class_<optim::AdamW8bit, Optimizer>(optim_mod, "AdamW8bit")
+      .def(py::init([](py::object params, double lr, std::pair<double, double> betas, double eps,
+                       double weight_decay, int64_t block_size, int64_t min_8bit_size) {
+             optim::AdamW8bitOptions q;
+             q.block_size = block_size;
+             q.min_8bit_size = min_8bit_size;
+             return std::make_unique<optim::AdamW8bit>(
+                 params_of(params), adam_options(lr, betas, eps, weight_decay, false, false), q);
+           }),
+           py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
+           py::arg("eps") = 1e-8, py::arg("weight_decay") = 1e-2, py::arg("block_size") = 256,
+           py::arg("min_8bit_size") = 4096);
+
+  optim_mod.def(
+      "clip_grad_norm_",
+      [](py::object params, double max_norm, double norm_type) {
+        return optim::clip_grad_norm_(py::isinstance<Tensor>(params)
+                                          ? std::vector<Tensor>{params.cast<Tensor>()}
+                                          : params.cast<std::vector<Tensor>>(),
+                                      max_norm, norm_type);
+      },
+      py::arg("parameters"), py::arg("max_norm"), py::arg("norm_type") = 2.0);
+
+  // ---- mixed precision ----
+  py::class_<Autocast>(amp, "autocast",
+                       "with tally.autocast('cpu', dtype=tally.bfloat16): ... (torch.autocast)")
+      .def(py::init([](py::object device_type, py::object dtype, bool enabled, bool cache_enabled) {
+             std::optional<DType> d;
+             if (!dtype.is_none()) d = to_dtype(dtype);
+             return std::make_unique<Autocast>(to_device(device_type), d, enabled, cache_enabled);
+           }),
+           py::arg("device_type") = "cpu", py::arg("dtype") = py::none(), py::arg("enabled") = true,
+           py::arg("cache_enabled") = true)
+      .def("__enter__",
+           [](py::object self) {
+             self.cast<Autocast&>().enter();
+             return self;
+           })
+      .def("__exit__", [](Autocast& a, py::args) {
+        a.exit();
+        return false;
+      });
+  m.attr("autocast") = amp.attr("autocast");
+  amp.def(
+      "is_autocast_enabled", [](py::object d) { return is_autocast_enabled(to_device(d).type); },
+      py::arg("device_type") = "cpu");
+  amp.def("clear_autocast_cache", &clear_autocast_cache);
+  amp.def("autocast_cache_size", &autocast_cache_size);
+
+  py::class_<optim::GradScaler>(amp, "GradScaler", "torch.amp.GradScaler: dynamic loss scaling")
+      .def(py::init([](double init_scale, double growth_factor, double backoff_factor,
+                       int64_t growth_interval, bool enabled) {
+             optim::GradScalerOptions o;
+             o.init_scale = init_scale;
+             o.growth_factor = growth_factor;
+             o.backoff_factor = backoff_factor;
+             o.growth_interval = growth_interval;
+             o.enabled = enabled;
+             return std::make_unique<optim::GradScaler>(o);
+           }),
+           py::arg("init_scale") = 65536.0, py::arg("growth_factor") = 2.0,
+           py::arg("backoff_factor") = 0.5, py::arg("growth_interval") = 2000,
+           py::arg("enabled") = true)
+      .def("scale", [](optim::GradScaler& s, const Tensor& loss) { return s.scale(loss); })
+      .def("unscale_", [](optim::GradScaler& s, Optimizer& o) { s.unscale_(o); })
+      .def(
+          "step", [](optim::GradScaler& s, Optimizer& o) { return s.step(o); },
+          "Runs optimizer.step() unless a gradient is inf/NaN; returns whether it stepped")
+      .def(
+          "update",
+          [](optim::GradScaler& s, std::optional<double> new_scale) {
+            if (new_scale)
+              s.update(*new_scale);
+            else
+              s.update();
+          },
+          py::arg("new_scale") = py::none())
+      .def("get_scale", &optim::GradScaler::get_scale)
+      .def("get_growth_tracker", &optim::GradScaler::get_growth_tracker)
+      .def("is_enabled", &optim::GradScaler::is_enabled)
+      .def("state_dict", &optim::GradScaler::state_dict)
+      .def("load_state_dict", &optim::GradScaler::load_state_dict, py::arg("state_dict"));
+}
+
+}  // namespace tally::python

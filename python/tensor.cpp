@@ -1,0 +1,787 @@
+// tally.Tensor, tally.dtype and tally.device: numpy in (tally.tensor copies, tally.from_numpy
+// views) and out (Tensor.numpy() views the tensor's memory), the Tensor's methods, operators
+// and indexing, and the factories.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "common.h"
+
+namespace tally::python {
+
+namespace {
+
+struct DTypeName {
+  const char* name;
+  DType dtype;
+};
+constexpr DTypeName kDTypeNames[] = {
+    {"float32", DType::float32}, {"float", DType::float32},     {"float16", DType::float16},
+    {"half", DType::float16},    {"bfloat16", DType::bfloat16}, {"float64", DType::float64},
+    {"double", DType::float64},  {"int32", DType::int32},       {"int", DType::int32},
+    {"int64", DType::int64},     {"long", DType::int64},        {"bool", DType::bool_},
+    {"uint8", DType::uint8},
+};
+
+std::optional<DType> dtype_by_name(const std::string& s) {
+  for (const auto& n : kDTypeNames)
+    if (s == n.name) return n.dtype;
+  return std::nullopt;
+}
+
+// numpy arrays viewed by tensors without a copy (from_numpy): each array is held until the
+// last Storage over its memory is gone. Heap-allocated and never destroyed, so that no
+// Python object is released after the interpreter has finalised.
+struct Borrowed {
+  std::weak_ptr<const void> storage;
+  py::object owner;
+};
+std::vector<Borrowed>& borrowed() {
+  static auto* list = new std::vector<Borrowed>();
+  return *list;
+}
+void release_expired_borrows() {
+  auto& list = borrowed();
+  std::erase_if(list, [](const Borrowed& b) { return b.storage.expired(); });
+}
+
+Shape shape_from(py::handle h) {
+  Shape s;
+  if (py::isinstance<py::int_>(h)) return {h.cast<int64_t>()};
+  for (py::handle d : h) s.push_back(d.cast<int64_t>());
+  return s;
+}
+
+// The sizes of zeros(2, 3), zeros((2, 3)) and zeros([2, 3]).
+Shape shape_from_args(const py::args& args) {
+  if (args.size() == 1 && !py::isinstance<py::int_>(args[0])) return shape_from(args[0]);
+  Shape s;
+  for (py::handle d : args) s.push_back(d.cast<int64_t>());
+  return s;
+}
+
+TensorOptions options_from(const py::kwargs& kw, DType default_dtype = DType::float32) {
+  TensorOptions o;
+  o.dtype = default_dtype;
+  o.device = Device::cpu();
+  if (kw.contains("dtype") && !kw["dtype"].is_none()) o.dtype = to_dtype(kw["dtype"]);
+  if (kw.contains("device") && !kw["device"].is_none()) o.device = to_device(kw["device"]);
+  if (kw.contains("requires_grad")) o.requires_grad = kw["requires_grad"].cast<bool>();
+  for (auto item : kw) {
+    const std::string k = py::str(item.first);
+    if (k != "dtype" && k != "device" && k != "requires_grad")
+      throw py::type_error("unexpected keyword argument '" + k + "'");
+  }
+  return o;
+}
+
+// A Python number or array-like as a tensor next to `like` (its device; numbers keep
+// Python's kind: float -> like's floating dtype or float32, int -> like's dtype).
+Tensor operand(py::handle h, const Tensor& like) {
+  if (py::isinstance<Tensor>(h)) return h.cast<Tensor>();
+  if (py::isinstance<py::bool_>(h) || py::isinstance<py::int_>(h) ||
+      py::isinstance<py::float_>(h)) {
+    DType d = like.dtype();
+    if (py::isinstance<py::float_>(h) && !is_floating(d)) d = DType::float32;
+    TensorOptions o;
+    o.dtype = d;
+    o.device = like.device();
+    return full({}, h.cast<double>(), o);
+  }
+  return to_tensor(h, std::nullopt, like.device());
+}
+
+bool is_number(py::handle h) {
+  return py::isinstance<py::int_>(h) || py::isinstance<py::float_>(h);
+}
+
+int64_t wrap_index(int64_t i, int64_t size, const char* what) {
+  if (i < -size || i >= size)
+    throw py::index_error(std::string(what) + ": index " + std::to_string(i) +
+                          " is out of bounds for a dimension of size " + std::to_string(size));
+  return i < 0 ? i + size : i;
+}
+
+Tensor getitem(const Tensor& t, py::handle index) {
+  std::vector<py::handle> items;
+  if (py::isinstance<py::tuple>(index)) {
+    for (py::handle h : index) items.push_back(h);
+  } else {
+    items.push_back(index);
+  }
+  int64_t consumed = 0;  // indices that take a dimension
+  for (py::handle h : items)
+    if (!h.is_none() && h.ptr() != Py_Ellipsis) ++consumed;
+  Tensor r = t;
+  int64_t dim = 0;
+  for (py::handle h : items) {
+    if (h.is_none()) {
+      r = r.unsqueeze(dim++);
+    } else if (h.ptr() == Py_Ellipsis) {
+      dim = r.dim() - consumed;
+      if (dim < 0) throw py::index_error("too many indices for tensor");
+    } else if (py::isinstance<py::slice>(h)) {
+      if (dim >= r.dim()) throw py::index_error("too many indices for tensor");
+      Py_ssize_t start, stop, step, length;
+      if (PySlice_GetIndicesEx(h.ptr(), r.size(dim), &start, &stop, &step, &length) != 0)
+        throw py::error_already_set();
+      if (step <= 0) throw py::value_error("tensor slices take a positive step");
+      r = r.slice(dim, start, length > 0 ? start + (length - 1) * step + 1 : start, step);
+      ++dim;
+      --consumed;
+    } else if (py::isinstance<py::int_>(h)) {
+      if (dim >= r.dim()) throw py::index_error("too many indices for tensor");
+      r = r.select(dim, wrap_index(h.cast<int64_t>(), r.size(dim), "index"));
+      --consumed;
+    } else {
+      throw py::type_error("tensor indices are ints, slices, None and ..., got " +
+                           std::string(py::str(py::type::of(h))));
+    }
+  }
+  return r;
+}
+
+// In-place writes are not recorded by autograd: refused on a tensor that needs a gradient
+// while grad mode is on (wrap them in tally.no_grad()), as PyTorch refuses a leaf's.
+void check_in_place(const Tensor& x, const char* what) {
+  if (x.requires_grad() && GradMode::is_enabled())
+    throw py::value_error(std::string(what) +
+                          ": a tensor that requires grad cannot be written in place outside "
+                          "tally.no_grad()");
+}
+
+Tensor to_any(const Tensor& t, const py::args& args, const py::kwargs& kw) {
+  std::optional<Device> device;
+  std::optional<DType> dtype;
+  auto take = [&](py::handle h) {
+    if (py::isinstance<Device>(h)) {
+      device = h.cast<Device>();
+    } else if (py::isinstance<Tensor>(h)) {
+      device = h.cast<Tensor>().device();
+      dtype = h.cast<Tensor>().dtype();
+    } else if (py::isinstance<py::str>(h) && !dtype_by_name(h.cast<std::string>())) {
+      device = parse_device(h.cast<std::string>());
+    } else {
+      dtype = to_dtype(h);
+    }
+  };
+  for (py::handle a : args) take(a);
+  if (kw.contains("device")) device = to_device(kw["device"]);
+  if (kw.contains("dtype")) dtype = to_dtype(kw["dtype"]);
+  if (device && dtype) return t.to(*device, *dtype);
+  if (device) return t.to(*device);
+  if (dtype) return t.to(*dtype);
+  return t;
+}
+
+Shape dims_arg(const py::object& dim) {
+  if (dim.is_none()) return {};
+  if (py::isinstance<py::int_>(dim)) return {dim.cast<int64_t>()};
+  return shape_from(dim);
+}
+
+}  // namespace
+
+DType to_dtype(py::handle h) {
+  if (py::isinstance<DType>(h)) return h.cast<DType>();
+  if (py::isinstance<py::str>(h)) {
+    if (auto d = dtype_by_name(h.cast<std::string>())) return *d;
+  }
+  // numpy dtypes and scalar types (np.float32, np.dtype("int64"))
+  try {
+    py::object d = py::module_::import("numpy").attr("dtype")(h);
+    if (auto r = dtype_by_name(py::str(d.attr("name")))) return *r;
+    throw py::type_error("Tally has no dtype equal to numpy's " +
+                         std::string(py::str(d.attr("name"))));
+  } catch (py::error_already_set&) {
+    throw py::type_error("not a dtype: " + std::string(py::repr(h)) +
+                         " (expected tally.float32, ..., a name such as 'bfloat16', or a numpy "
+                         "dtype)");
+  }
+}
+
+py::object numpy_dtype(DType d) {
+  if (d == DType::bfloat16) throw py::type_error("numpy has no bfloat16");
+  return py::module_::import("numpy").attr("dtype")(d == DType::bool_ ? "bool" : dtype_name(d));
+}
+
+Device parse_device(const std::string& s) {
+  auto colon = s.find(':');
+  const std::string type = s.substr(0, colon);
+  int index = 0;
+  if (colon != std::string::npos) {
+    try {
+      size_t used = 0;
+      index = std::stoi(s.substr(colon + 1), &used);
+      if (used != s.size() - colon - 1 || index < 0) throw std::invalid_argument(s);
+    } catch (const std::exception&) {
+      throw py::value_error("device '" + s + "': expected cpu, cuda[:N] or meta[:N]");
+    }
+  }
+  if (type == "cpu") return Device::cpu();
+  if (type == "cuda") return Device::cuda(index);
+  if (type == "meta") return Device::meta(index);
+  throw py::value_error("device '" + s + "': expected cpu, cuda[:N] or meta[:N]");
+}
+
+Device to_device(py::handle h) {
+  if (h.is_none()) return memory::default_device();
+  if (py::isinstance<Device>(h)) return h.cast<Device>();
+  if (py::isinstance<py::str>(h)) return parse_device(h.cast<std::string>());
+  throw py::type_error("not a device: " + std::string(py::repr(h)) +
+                       " (expected a tally.device or a string such as 'cpu')");
+}
+
+std::string device_str(Device d) {
+  switch (d.type) {
+    case DeviceType::cpu:
+      return "cpu";
+    case DeviceType::cuda:
+      return "cuda:" + std::to_string(d.index);
+    case DeviceType::meta:
+      return "meta:" + std::to_string(d.index);
+  }
+  return d.str();
+}
+
+py::object tensor_or_none(const Tensor& t) {
+  return t.defined() ? py::cast(t) : py::none();
+}
+
+Tensor from_numpy(py::array array) {
+  release_expired_borrows();
+  const DType dtype = to_dtype(array.dtype());
+  const auto item = static_cast<int64_t>(array.itemsize());
+  Shape sizes, strides;
+  int64_t extent = 1;  // elements from the first to one past the last
+  bool empty = false;
+  for (py::ssize_t d = 0; d < array.ndim(); ++d) {
+    const int64_t n = array.shape(d), st = array.strides(d);
+    if (n == 0) empty = true;
+    if (st < 0 || st % item != 0)
+      throw py::value_error(
+          "from_numpy: the array's strides (in bytes) must be non-negative multiples of its "
+          "item size; use tally.tensor(array) to copy it");
+    sizes.push_back(n);
+    strides.push_back(st / item);
+    if (n > 0) extent += (n - 1) * (st / item);
+  }
+  if (empty) extent = 0;
+  void* data = const_cast<void*>(array.data());
+  Storage storage = Storage::borrow(data, static_cast<size_t>(extent * item), Device::cpu());
+  borrowed().push_back({storage.watch(), py::reinterpret_borrow<py::object>(array)});
+  return Tensor::make(std::move(storage), sizes, strides, 0, dtype);
+}
+
+Tensor to_tensor(py::handle h, std::optional<DType> dtype, std::optional<Device> device) {
+  if (py::isinstance<Tensor>(h)) {
+    Tensor t = h.cast<Tensor>();
+    if (dtype && device) return t.to(*device, *dtype);
+    if (dtype) return t.to(*dtype);
+    if (device) return t.to(*device);
+    return t;
+  }
+  py::module_ np = py::module_::import("numpy");
+  const bool is_array = py::isinstance<py::array>(h);
+  py::array arr = np.attr("asarray")(h);
+  DType target;
+  if (dtype) {
+    target = *dtype;
+  } else {
+    const char kind = arr.dtype().kind();
+    if (!is_array && kind == 'f') {
+      target = DType::float32;  // Python floats: float32, as torch.tensor([1.0])
+    } else if (!is_array && (kind == 'i' || kind == 'u')) {
+      target = DType::int64;
+    } else {
+      try {
+        target = to_dtype(arr.dtype());
+      } catch (py::type_error&) {
+        if (kind == 'f')
+          target = DType::float32;
+        else if (kind == 'i' || kind == 'u')
+          target = DType::int64;
+        else
+          throw;
+      }
+    }
+  }
+  const DType staged = target == DType::bfloat16 ? DType::float32 : target;
+  arr = np.attr("ascontiguousarray")(arr, numpy_dtype(staged));
+  Shape sizes;
+  for (py::ssize_t d = 0; d < arr.ndim(); ++d) sizes.push_back(arr.shape(d));
+  TensorOptions o;
+  o.dtype = staged;
+  Tensor view = tally::from_blob(const_cast<void*>(arr.data()), sizes, o);
+  NoGradGuard no_grad;
+  const Device dev = device.value_or(Device::cpu());
+  Tensor out = dev.type == DeviceType::cpu ? view.clone() : view.to(dev);
+  if (target != staged) out = out.to(target);
+  return out;
+}
+
+py::array to_numpy(const Tensor& t_in) {
+  NoGradGuard no_grad;
+  Tensor t = t_in.detach();
+  if (t.device().type != DeviceType::cpu) t = t.to(Device::cpu());
+  if (t.dtype() == DType::bfloat16) t = t.to(DType::float32);
+  const auto item = static_cast<py::ssize_t>(t.element_size());
+  std::vector<py::ssize_t> shape, strides;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    shape.push_back(t.size(d));
+    strides.push_back(t.stride(d) * item);
+  }
+  auto* keep = new Tensor(t);
+  py::capsule base(keep, [](void* p) { delete static_cast<Tensor*>(p); });
+  return py::array(py::dtype::from_args(numpy_dtype(t.dtype())), shape, strides, t.data_ptr(),
+                   base);
+}
+
+void bind_tensor(py::module_& m) {
+  py::enum_<DType>(m, "dtype", "Element types (tally.float32, tally.bfloat16, ...)")
+      .value("float32", DType::float32)
+      .value("float16", DType::float16)
+      .value("bfloat16", DType::bfloat16)
+      .value("float64", DType::float64)
+      .value("int32", DType::int32)
+      .value("int64", DType::int64)
+      .value("bool", DType::bool_)
+      .value("uint8", DType::uint8)
+      .def_property_readonly("itemsize", [](DType d) { return dtype_size(d); })
+      .def_property_readonly("is_floating_point", [](DType d) { return is_floating(d); })
+      .def(
+          "__str__", [](DType d) { return std::string("tally.") + dtype_name(d); }, py::prepend())
+      .def(
+          "__repr__", [](DType d) { return std::string("tally.") + dtype_name(d); }, py::prepend());
+  for (const auto& n : kDTypeNames) m.attr(n.name) = py::cast(n.dtype);
+
+  py::class_<Device>(m, "device", "A device: tally.device('cpu'), 'cuda:0', 'meta:1'")
+      .def(py::init([](const std::string& s) { return parse_device(s); }), py::arg("spec"))
+      .def(py::init([](const std::string& type, int index) {
+             return parse_device(type + ":" + std::to_string(index));
+           }),
+           py::arg("type"), py::arg("index"))
+      .def_property_readonly("type",
+                             [](Device d) {
+                               const std::string s = device_str(d);
+                               return s.substr(0, s.find(':'));
+                             })
+      .def_readonly("index", &Device::index)
+      .def("__eq__",
+           [](Device a, py::handle b) {
+             try {
+               return a == to_device(b);
+             } catch (...) {
+               return false;
+             }
+           })
+      .def("__hash__", [](Device d) { return std::hash<std::string>()(device_str(d)); })
+      .def("__str__", &device_str)
+      .def("__repr__", [](Device d) { return "device('" + device_str(d) + "')"; });
+  py::implicitly_convertible<py::str, Device>();
+
+  py::class_<Tensor> t(m, "Tensor", py::dynamic_attr(),
+                       "A tensor: a layout over a block of Tally's caching allocator");
+  t.def(py::init([](py::object data) { return to_tensor(data); }), py::arg("data"))
+      .def_property_readonly("shape",
+                             [](const Tensor& x) { return py::tuple(py::cast(x.sizes())); })
+      .def(
+          "size",
+          [](const Tensor& x, py::object dim) -> py::object {
+            if (dim.is_none()) return py::tuple(py::cast(x.sizes()));
+            return py::int_(x.size(dim.cast<int64_t>()));
+          },
+          py::arg("dim") = py::none())
+      .def(
+          "stride",
+          [](const Tensor& x, py::object dim) -> py::object {
+            if (dim.is_none()) return py::tuple(py::cast(x.strides()));
+            return py::int_(x.stride(dim.cast<int64_t>()));
+          },
+          py::arg("dim") = py::none())
+      .def("dim", &Tensor::dim)
+      .def_property_readonly("ndim", &Tensor::dim)
+      .def("numel", &Tensor::numel)
+      .def("element_size", &Tensor::element_size)
+      .def_property_readonly("nbytes", &Tensor::nbytes)
+      .def_property_readonly("dtype", &Tensor::dtype)
+      .def_property_readonly("device", &Tensor::device)
+      .def_property_readonly("is_cuda", &Tensor::is_cuda)
+      .def_property_readonly("is_meta", [](const Tensor& x) { return x.device().is_meta(); })
+      .def_property_readonly("is_leaf", &Tensor::is_leaf)
+      .def("is_contiguous", &Tensor::is_contiguous)
+      .def("data_ptr", [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.data_ptr()); })
+      .def("storage_offset", &Tensor::storage_offset)
+      .def_property("requires_grad", &Tensor::requires_grad,
+                    [](Tensor& x, bool r) { x.requires_grad_(r); })
+      .def(
+          "requires_grad_", [](Tensor& x, bool r) { return x.requires_grad_(r); },
+          py::arg("requires_grad") = true)
+      .def_property(
+          "grad", [](const Tensor& x) { return tensor_or_none(x.grad()); },
+          [](const Tensor& x, py::object g) {
+            x.set_grad(g.is_none() ? Tensor() : g.cast<Tensor>());
+          })
+      .def(
+          "backward",
+          [](const Tensor& x, py::object gradient, bool retain_graph) {
+            x.backward(gradient.is_none() ? Tensor() : operand(gradient, x), retain_graph);
+          },
+          py::arg("gradient") = py::none(), py::arg("retain_graph") = false)
+      .def(
+          "register_hook",
+          [](const Tensor& x, py::function hook) {
+            x.register_hook([hook](const Tensor& g) -> Tensor {
+              py::object r = hook(g);
+              return r.is_none() ? Tensor() : r.cast<Tensor>();
+            });
+          },
+          py::arg("hook"))
+      .def("detach", &Tensor::detach)
+      .def("clone", &Tensor::clone)
+      .def("contiguous", &Tensor::contiguous)
+      .def("numpy", &to_numpy, "A numpy array over this CPU tensor's memory (no copy)")
+      .def(
+          "__array__",
+          [](const Tensor& x, py::object dtype) {
+            py::array a = to_numpy(x);
+            return dtype.is_none() ? a : py::array(a.attr("astype")(dtype));
+          },
+          py::arg("dtype") = py::none())
+      .def("tolist", [](const Tensor& x) { return to_numpy(x).attr("tolist")(); })
+      .def("item",
+           [](const Tensor& x) -> py::object {
+             const double v = x.item();
+             if (x.dtype() == DType::bool_) return py::bool_(v != 0);
+             if (!is_floating(x.dtype())) return py::int_(static_cast<int64_t>(v));
+             return py::float_(v);
+           })
+      .def("to", &to_any, "to(device), to(dtype), to(device, dtype), to(other)")
+      .def("cpu", [](const Tensor& x) { return x.to(Device::cpu()); })
+      .def(
+          "cuda", [](const Tensor& x, int index) { return x.to(Device::cuda(index)); },
+          py::arg("index") = 0)
+      .def("float", [](const Tensor& x) { return x.to(DType::float32); })
+      .def("double", [](const Tensor& x) { return x.to(DType::float64); })
+      .def("half", [](const Tensor& x) { return x.to(DType::float16); })
+      .def("bfloat16", [](const Tensor& x) { return x.to(DType::bfloat16); })
+      .def("long", [](const Tensor& x) { return x.to(DType::int64); })
+      .def("int", [](const Tensor& x) { return x.to(DType::int32); })
+      .def("bool", [](const Tensor& x) { return x.to(DType::bool_); })
+      .def("type", [](const Tensor& x, py::object d) { return x.to(to_dtype(d)); })
+      // views and shapes
+      .def("view", [](const Tensor& x, py::args s) { return x.view(shape_from_args(s)); })
+      .def("reshape", [](const Tensor& x, py::args s) { return x.reshape(shape_from_args(s)); })
+      .def("permute", [](const Tensor& x, py::args s) { return x.permute(shape_from_args(s)); })
+      .def("expand", [](const Tensor& x, py::args s) { return x.expand(shape_from_args(s)); })
+      .def("transpose", &Tensor::transpose, py::arg("dim0"), py::arg("dim1"))
+      .def("t", &Tensor::t)
+      .def_property_readonly("T",
+                             [](const Tensor& x) {
+                               Shape dims;
+                               for (int64_t d = x.dim() - 1; d >= 0; --d) dims.push_back(d);
+                               return x.permute(dims);
+                             })
+      .def("unsqueeze", &Tensor::unsqueeze, py::arg("dim"))
+      .def(
+          "squeeze",
+          [](const Tensor& x, py::object dim) {
+            return dim.is_none() ? x.squeeze() : x.squeeze(dim.cast<int64_t>());
+          },
+          py::arg("dim") = py::none())
+      .def("flatten", &Tensor::flatten, py::arg("start_dim") = 0, py::arg("end_dim") = -1)
+      .def("narrow", &Tensor::narrow, py::arg("dim"), py::arg("start"), py::arg("length"))
+      .def("select", &Tensor::select, py::arg("dim"), py::arg("index"))
+      .def("__getitem__", &getitem)
+      .def("__setitem__",
+           [](const Tensor& x, py::handle index, py::handle value) {
+             check_in_place(x, "item assignment");
+             Tensor dst = getitem(x, index);
+             if (is_number(value) || py::isinstance<py::bool_>(value))
+               ops::fill_(dst, value.cast<double>());
+             else
+               ops::copy_(dst, operand(value, x));
+             x.storage().bump_version();
+           })
+      .def("fill_",
+           [](Tensor& x, double v) -> Tensor& {
+             check_in_place(x, "fill_");
+             ops::fill_(x, v);
+             x.storage().bump_version();
+             return x;
+           })
+      .def("zero_",
+           [](Tensor& x) -> Tensor& {
+             check_in_place(x, "zero_");
+             ops::zero_(x);
+             x.storage().bump_version();
+             return x;
+           })
+      .def("copy_",
+           [](Tensor& x, py::handle src) -> Tensor& {
+             check_in_place(x, "copy_");
+             ops::copy_(x, operand(src, x));
+             x.storage().bump_version();
+             return x;
+           })
+      .def("__len__",
+           [](const Tensor& x) {
+             if (x.dim() == 0) throw py::type_error("len() of a 0-d tensor");
+             return x.size(0);
+           })
+      .def("__repr__", &Tensor::str)
+      .def("__hash__", [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.unsafe_impl()); })
+      .def("__bool__",
+           [](const Tensor& x) {
+             if (x.numel() != 1)
+               throw py::value_error(
+                   "the truth value of a tensor with more than one element is ambiguous");
+             return x.item() != 0;
+           })
+      .def("__float__", [](const Tensor& x) { return x.item(); })
+      .def("__int__", [](const Tensor& x) { return static_cast<int64_t>(x.item()); })
+      .def("__index__",
+           [](const Tensor& x) {
+             if (is_floating(x.dtype()) || x.numel() != 1)
+               throw py::type_error("only integer tensors of one element can be an index");
+             return static_cast<int64_t>(x.item());
+           })
+      // reductions and elementwise methods
+      .def(
+          "sum",
+          [](const Tensor& x, py::object dim, bool keepdim) {
+            return tally::sum(x, dims_arg(dim), keepdim);
+          },
+          py::arg("dim") = py::none(), py::arg("keepdim") = false)
+      .def(
+          "mean",
+          [](const Tensor& x, py::object dim, bool keepdim) {
+            return tally::mean(x, dims_arg(dim), keepdim);
+          },
+          py::arg("dim") = py::none(), py::arg("keepdim") = false)
+      .def(
+          "var",
+          [](const Tensor& x, py::object dim, double correction, bool keepdim) {
+            return tally::var(x, dims_arg(dim), correction, keepdim);
+          },
+          py::arg("dim") = py::none(), py::arg("correction") = 1.0, py::arg("keepdim") = false)
+      .def(
+          "std",
+          [](const Tensor& x, py::object dim, double correction, bool keepdim) {
+            return tally::std(x, dims_arg(dim), correction, keepdim);
+          },
+          py::arg("dim") = py::none(), py::arg("correction") = 1.0, py::arg("keepdim") = false)
+      .def(
+          "max",
+          [](const Tensor& x, py::object dim, bool keepdim) -> py::object {
+            if (dim.is_none()) return py::cast(tally::max(x));
+            auto r = tally::max(x, dim.cast<int64_t>(), keepdim);
+            return py::make_tuple(r.values, r.indices);
+          },
+          py::arg("dim") = py::none(), py::arg("keepdim") = false)
+      .def(
+          "min",
+          [](const Tensor& x, py::object dim, bool keepdim) -> py::object {
+            if (dim.is_none()) return py::cast(tally::min(x));
+            auto r = tally::min(x, dim.cast<int64_t>(), keepdim);
+            return py::make_tuple(r.values, r.indices);
+          },
+          py::arg("dim") = py::none(), py::arg("keepdim") = false)
+      .def(
+          "argmax",
+          [](const Tensor& x, int64_t dim, bool keepdim) {
+            return tally::max(x, dim, keepdim).indices;
+          },
+          py::arg("dim"), py::arg("keepdim") = false)
+      .def(
+          "amax",
+          [](const Tensor& x, py::object dim, bool keepdim) {
+            return tally::amax(x, dims_arg(dim), keepdim);
+          },
+          py::arg("dim") = py::none(), py::arg("keepdim") = false)
+      .def("relu", [](const Tensor& x) { return tally::relu(x); })
+      .def("sigmoid", [](const Tensor& x) { return tally::sigmoid(x); })
+      .def("tanh", [](const Tensor& x) { return tally::tanh(x); })
+      .def("exp", [](const Tensor& x) { return tally::exp(x); })
+      .def("log", [](const Tensor& x) { return tally::log(x); })
+      .def("sqrt", [](const Tensor& x) { return tally::sqrt(x); })
+      .def("abs", [](const Tensor& x) { return tally::abs(x); })
+      .def("square", [](const Tensor& x) { return tally::square(x); })
+      .def(
+          "clamp",
+          [](const Tensor& x, std::optional<double> lo, std::optional<double> hi) {
+            return tally::clamp(x, lo, hi);
+          },
+          py::arg("min") = py::none(), py::arg("max") = py::none())
+      .def(
+          "softmax", [](const Tensor& x, int64_t dim) { return tally::softmax(x, dim); },
+          py::arg("dim"))
+      .def(
+          "log_softmax", [](const Tensor& x, int64_t dim) { return tally::log_softmax(x, dim); },
+          py::arg("dim"))
+      .def("matmul", [](const Tensor& a, const Tensor& b) { return tally::matmul(a, b); })
+      // operators
+      .def("__add__",
+           [](const Tensor& a, py::handle b) {
+             return is_number(b) && is_floating(a.dtype()) ? tally::add(a, b.cast<double>())
+                                                           : tally::add(a, operand(b, a));
+           })
+      .def("__radd__",
+           [](const Tensor& a, py::handle b) {
+             return is_number(b) && is_floating(a.dtype()) ? tally::add(a, b.cast<double>())
+                                                           : tally::add(operand(b, a), a);
+           })
+      .def("__sub__",
+           [](const Tensor& a, py::handle b) {
+             return is_number(b) && is_floating(a.dtype()) ? tally::add(a, -b.cast<double>())
+                                                           : tally::sub(a, operand(b, a));
+           })
+      .def("__rsub__",
+           [](const Tensor& a, py::handle b) {
+             return is_number(b) && is_floating(a.dtype()) ? b.cast<double>() - a
+                                                           : tally::sub(operand(b, a), a);
+           })
+      .def("__mul__",
+           [](const Tensor& a, py::handle b) {
+             return is_number(b) && is_floating(a.dtype()) ? tally::mul(a, b.cast<double>())
+                                                           : tally::mul(a, operand(b, a));
+           })
+      .def("__rmul__",
+           [](const Tensor& a, py::handle b) {
+             return is_number(b) && is_floating(a.dtype()) ? tally::mul(a, b.cast<double>())
+                                                           : tally::mul(operand(b, a), a);
+           })
+      .def("__truediv__",
+           [](const Tensor& a, py::handle b) {
+             return is_number(b) && is_floating(a.dtype()) ? tally::div(a, b.cast<double>())
+                                                           : tally::div(a, operand(b, a));
+           })
+      .def("__rtruediv__",
+           [](const Tensor& a, py::handle b) {
+             return is_number(b) && is_floating(a.dtype()) ? b.cast<double>() / a
+                                                           : tally::div(operand(b, a), a);
+           })
+      .def("__pow__",
+           [](const Tensor& a, py::handle b) {
+             return is_number(b) ? tally::pow(a, b.cast<double>()) : tally::pow(a, operand(b, a));
+           })
+      .def("__matmul__",
+           [](const Tensor& a, py::handle b) { return tally::matmul(a, operand(b, a)); })
+      .def("__rmatmul__",
+           [](const Tensor& a, py::handle b) { return tally::matmul(operand(b, a), a); })
+      .def("__neg__", [](const Tensor& a) { return tally::neg(a); })
+      .def("__abs__", [](const Tensor& a) { return tally::abs(a); })
+      .def("__eq__", [](const Tensor& a, py::handle b) { return tally::eq(a, operand(b, a)); })
+      .def("__ne__", [](const Tensor& a, py::handle b) { return tally::ne(a, operand(b, a)); })
+      .def("__lt__", [](const Tensor& a, py::handle b) { return tally::lt(a, operand(b, a)); })
+      .def("__le__", [](const Tensor& a, py::handle b) { return tally::le(a, operand(b, a)); })
+      .def("__gt__", [](const Tensor& a, py::handle b) { return tally::gt(a, operand(b, a)); })
+      .def("__ge__", [](const Tensor& a, py::handle b) { return tally::ge(a, operand(b, a)); });
+
+  // ---- creating tensors ----
+  m.def(
+      "tensor",
+      [](py::object data, py::object dtype, py::object device, bool requires_grad) {
+        std::optional<DType> d;
+        if (!dtype.is_none()) d = to_dtype(dtype);
+        std::optional<Device> dev;
+        if (!device.is_none()) dev = to_device(device);
+        Tensor t = py::isinstance<Tensor>(data) ? to_tensor(data, d, dev).detach().clone()
+                                                : to_tensor(data, d, dev);
+        if (requires_grad) t.requires_grad_(true);
+        return t;
+      },
+      py::arg("data"), py::kw_only(), py::arg("dtype") = py::none(), py::arg("device") = py::none(),
+      py::arg("requires_grad") = false,
+      "A tensor holding a copy of `data` (a numpy array, a list or a number) in Tally's "
+      "allocator");
+  m.def("from_numpy", &from_numpy, py::arg("array"),
+        "A CPU tensor over the numpy array's memory (no copy, like torch.from_numpy)");
+  m.def(
+      "as_tensor",
+      [](py::object data, py::object dtype, py::object device) -> Tensor {
+        if (py::isinstance<py::array>(data) && dtype.is_none() &&
+            (device.is_none() || to_device(device).type == DeviceType::cpu)) {
+          try {
+            return from_numpy(data.cast<py::array>());
+          } catch (py::error_already_set&) {
+            throw;
+          } catch (...) {
+          }
+        }
+        std::optional<DType> d;
+        if (!dtype.is_none()) d = to_dtype(dtype);
+        std::optional<Device> dev;
+        if (!device.is_none()) dev = to_device(device);
+        return to_tensor(data, d, dev);
+      },
+      py::arg("data"), py::arg("dtype") = py::none(), py::arg("device") = py::none(),
+      "No copy where it can (a CPU numpy array of a dtype Tally has), else tensor(data)");
+
+  m.def("zeros",
+        [](py::args s, py::kwargs kw) { return zeros(shape_from_args(s), options_from(kw)); });
+  m.def("ones",
+        [](py::args s, py::kwargs kw) { return ones(shape_from_args(s), options_from(kw)); });
+  m.def("empty",
+        [](py::args s, py::kwargs kw) { return empty(shape_from_args(s), options_from(kw)); });
+  m.def("rand",
+        [](py::args s, py::kwargs kw) { return rand(shape_from_args(s), options_from(kw)); });
+  m.def("randn",
+        [](py::args s, py::kwargs kw) { return randn(shape_from_args(s), options_from(kw)); });
+  m.def(
+      "full",
+      [](py::object size, double value, py::kwargs kw) {
+        return full(shape_from(size), value, options_from(kw));
+      },
+      py::arg("size"), py::arg("fill_value"));
+  m.def(
+      "randint",
+      [](int64_t low, int64_t high, py::object size, py::kwargs kw) {
+        return randint(low, high, shape_from(size), options_from(kw, DType::int64));
+      },
+      py::arg("low"), py::arg("high"), py::arg("size"));
+  m.def(
+      "arange",
+      [](double a, py::object b, double step, py::kwargs kw) {
+        const bool ints = std::floor(a) == a && std::floor(step) == step &&
+                          (b.is_none() || std::floor(b.cast<double>()) == b.cast<double>());
+        TensorOptions o = options_from(kw, ints ? DType::int64 : DType::float32);
+        return b.is_none() ? arange(0.0, a, step, o) : arange(a, b.cast<double>(), step, o);
+      },
+      py::arg("start"), py::arg("end") = py::none(), py::arg("step") = 1.0);
+  m.def("zeros_like", [](const Tensor& x) { return zeros_like(x); });
+  m.def("ones_like", [](const Tensor& x) { return ones_like(x); });
+  m.def("manual_seed", &manual_seed, py::arg("seed"), "Seeds the default generator");
+
+  // ---- autograd ----
+  m.def("is_grad_enabled", &GradMode::is_enabled);
+  m.def("_set_grad_enabled", &GradMode::set_enabled);
+  py::module_ ag = m.def_submodule("autograd", "torch.autograd: backward and grad");
+  ag.def(
+      "backward",
+      [](const TensorList& tensors, py::object grads, bool retain_graph) {
+        autograd::backward(tensors, grads.is_none() ? TensorList{} : grads.cast<TensorList>(),
+                           retain_graph);
+      },
+      py::arg("tensors"), py::arg("grad_tensors") = py::none(), py::arg("retain_graph") = false);
+  ag.def(
+      "grad",
+      [](py::object outputs, py::object inputs, py::object grad_outputs, bool retain_graph) {
+        auto list = [](py::object o) {
+          return py::isinstance<Tensor>(o) ? TensorList{o.cast<Tensor>()} : o.cast<TensorList>();
+        };
+        TensorList r = autograd::grad(list(outputs), list(inputs),
+                                      grad_outputs.is_none() ? TensorList{} : list(grad_outputs),
+                                      retain_graph);
+        py::tuple out(r.size());
+        for (size_t i = 0; i < r.size(); ++i) out[i] = tensor_or_none(r[i]);
+        return out;
+      },
+      py::arg("outputs"), py::arg("inputs"), py::arg("grad_outputs") = py::none(),
+      py::arg("retain_graph") = false);
+}
+
+}  // namespace tally::python

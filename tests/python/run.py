@@ -1,0 +1,86 @@
+"""ctest's entry to the Python module's tests (tests/CMakeLists.txt): runs the pytest files
+here, or executes a notebook, with PYTHONPATH pointing at the built package.
+
+    run.py --built ON|OFF --pythonpath DIR pytest [pytest args...]
+    run.py --built ON|OFF --pythonpath DIR notebook NOTEBOOK.ipynb OUTDIR
+
+Exits 77 (ctest's skip) with a message when the module was not built or the interpreter
+lacks pytest / nbclient; otherwise the tests' or the notebook's status.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+SKIP = 77
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def skip(msg):
+    print(f"SKIPPED: {msg}")
+    sys.exit(SKIP)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--built", required=True)
+    ap.add_argument("--pythonpath", required=True)
+    ap.add_argument("mode", choices=["pytest", "notebook"])
+    ap.add_argument("rest", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    if a.built.upper() not in ("ON", "TRUE", "1"):
+        skip("the Python module tally was not built (CMake found no pybind11, no Python 3 "
+             "development files or no interpreter with numpy: see the 'Tally Python module' "
+             "line of cmake's output; .ci/deps installs pybind11-dev python3-dev python3-numpy)")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = a.pythonpath + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # ipykernel's debugger note
+    if a.mode == "pytest":
+        try:
+            import pytest  # noqa: F401
+        except ImportError:
+            skip(f"{sys.executable} has no pytest (Debian: python3-pytest)")
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", HERE] + a.rest
+        sys.exit(subprocess.call(cmd, env=env, cwd=HERE))
+    notebook, outdir = a.rest[0], a.rest[1]
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+    except ImportError:
+        skip(f"{sys.executable} has no nbclient/nbformat (Debian: python3-nbclient, "
+             "jupyter-nbconvert)")
+    os.makedirs(outdir, exist_ok=True)
+    # The kernel is this interpreter (the one the module was built for), whatever the
+    # notebook's metadata names: a kernel spec of its own, found through JUPYTER_PATH.
+    spec_dir = os.path.join(outdir, "jupyter", "kernels", "tally-python")
+    os.makedirs(spec_dir, exist_ok=True)
+    with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
+        json.dump({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                   "display_name": "Tally (Python 3)", "language": "python"}, f)
+    env["JUPYTER_PATH"] = os.path.join(outdir, "jupyter") + os.pathsep + env.get("JUPYTER_PATH", "")
+    os.environ.update(env)  # the kernel inherits PYTHONPATH
+    nb = nbformat.read(notebook, as_version=4)
+    start = time.time()
+    client = NotebookClient(nb, timeout=300, kernel_name="tally-python",
+                            resources={"metadata": {"path": outdir}})
+    try:
+        client.execute()
+    finally:
+        out = os.path.join(outdir, os.path.basename(notebook))
+        nbformat.write(nb, out)
+        print(f"executed notebook written to {out} ({time.time() - start:.1f} s)")
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    if errors:
+        for e in errors:
+            print(f"{e['ename']}: {e['evalue']}")
+        sys.exit(1)
+    print(f"{sum(c.cell_type == 'code' for c in nb.cells)} code cells ran without error")
+
+
+if __name__ == "__main__":
+    main()

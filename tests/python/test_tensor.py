@@ -1,0 +1,191 @@
+"""Tensors from and to numpy, operators, errors and autograd against finite differences."""
+
+import numpy as np
+import pytest
+
+import tally
+import tally.nn.functional as F
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32, np.bool_, np.float16])
+def test_numpy_round_trip(dtype):
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((3, 4, 5)) * 10).astype(dtype)
+    t = tally.tensor(a)
+    assert t.shape == (3, 4, 5)
+    assert t.dtype == getattr(tally, np.dtype(dtype).name)
+    b = t.numpy()
+    assert b.dtype == a.dtype
+    np.testing.assert_array_equal(b, a)
+    # tally.tensor copies: changing the array leaves the tensor alone
+    a.flat[0] = 1 if dtype is not np.bool_ else (not a.flat[0])
+    assert t.numpy().flat[0] == b.flat[0]
+
+
+def test_from_numpy_is_zero_copy_both_ways():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = tally.from_numpy(a)
+    a[1, 2] = 100.0
+    assert t[1, 2].item() == 100.0
+    out = t.numpy()
+    assert np.shares_memory(out, a)
+    # a strided numpy view is viewed with its strides
+    v = tally.from_numpy(a[:, ::2])
+    assert v.shape == (3, 2) and v.stride() == (4, 2)
+    np.testing.assert_array_equal(v.numpy(), a[:, ::2])
+    # the array outlives its name while a tensor uses it
+    def make():
+        return tally.from_numpy(np.full((1000,), 7.0, dtype=np.float64))
+    w = make()
+    assert float(w.sum()) == 7000.0
+
+
+def test_numpy_of_a_view_and_bfloat16():
+    t = tally.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(t.t().numpy(), np.arange(6, dtype=np.float32).reshape(2, 3).T)
+    b = tally.tensor([1.0, 2.5, -3.0], dtype=tally.bfloat16)
+    assert b.dtype == tally.bfloat16
+    np.testing.assert_array_equal(b.numpy(), np.array([1.0, 2.5, -3.0], np.float32))
+    assert np.asarray(t).shape == (2, 3)
+
+
+def test_python_lists_and_factories():
+    assert tally.tensor([1.0, 2.0]).dtype == tally.float32
+    assert tally.tensor([1, 2]).dtype == tally.int64
+    assert tally.zeros(2, 3).shape == (2, 3)
+    assert tally.ones((4,), dtype="float64").dtype == tally.float64
+    assert tally.arange(5).tolist() == [0, 1, 2, 3, 4]
+    assert tally.full((2, 2), 3.5).sum().item() == 14.0
+    tally.manual_seed(1)
+    r1 = tally.randn(4).numpy().copy()
+    tally.manual_seed(1)
+    np.testing.assert_array_equal(tally.randn(4).numpy(), r1)
+    assert str(tally.zeros(1).device) == "cpu"
+    assert tally.device("cpu") == "cpu"
+
+
+def test_operators_match_numpy():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((4, 5)).astype(np.float32)
+    b = rng.standard_normal((4, 5)).astype(np.float32)
+    c = rng.standard_normal((5, 3)).astype(np.float32)
+    ta, tb, tc = tally.tensor(a), tally.tensor(b), tally.tensor(c)
+    np.testing.assert_allclose((ta + tb).numpy(), a + b, rtol=1e-6)
+    np.testing.assert_allclose((ta - tb * 2.0).numpy(), a - b * 2, rtol=1e-6)
+    np.testing.assert_allclose((2.0 - ta).numpy(), 2 - a, rtol=1e-6)
+    np.testing.assert_allclose((ta / (tb.abs() + 1)).numpy(), a / (np.abs(b) + 1), rtol=1e-5)
+    np.testing.assert_allclose((ta @ tc).numpy(), a @ c, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tally.matmul(ta, tc).numpy(), a @ c, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ta.relu().numpy(), np.maximum(a, 0))
+    np.testing.assert_allclose(ta.sum(1).numpy(), a.sum(1), rtol=1e-5)
+    np.testing.assert_allclose(ta.mean().item(), a.mean(), rtol=1e-5)
+    np.testing.assert_allclose((-ta).numpy(), -a)
+    np.testing.assert_allclose((ta ** 2).numpy(), a ** 2, rtol=1e-6)
+    np.testing.assert_array_equal((ta > tb).numpy(), a > b)
+    np.testing.assert_array_equal(ta.argmax(1).numpy(), a.argmax(1))
+    np.testing.assert_allclose(ta[1:3, ::2].numpy(), a[1:3, ::2])
+    np.testing.assert_allclose(ta[-1].numpy(), a[-1])
+    np.testing.assert_allclose(ta.T.numpy(), a.T)
+    np.testing.assert_allclose(ta.reshape(5, 4).numpy(), a.reshape(5, 4))
+    np.testing.assert_allclose(F.softmax(ta, 1).numpy(),
+                               np.exp(a) / np.exp(a).sum(1, keepdims=True), rtol=1e-5)
+
+
+def test_cross_entropy_matches_numpy():
+    rng = np.random.default_rng(2)
+    logits = rng.standard_normal((6, 4))
+    target = np.array([0, 3, 1, 2, 2, 0])
+    loss = F.cross_entropy(tally.tensor(logits), tally.tensor(target))
+    ls = logits - logits.max(1, keepdims=True)
+    logp = ls - np.log(np.exp(ls).sum(1, keepdims=True))
+    assert loss.item() == pytest.approx(-logp[np.arange(6), target].mean(), rel=1e-10)
+
+
+def test_bad_matmul_raises_value_error_with_tally_message():
+    a, b = tally.zeros(2, 3), tally.zeros(4, 5)
+    with pytest.raises(ValueError) as e:
+        tally.matmul(a, b)
+    msg = str(e.value)
+    assert "matmul" in msg and "[2, 3]" in msg and "[4, 5]" in msg, msg
+    with pytest.raises(ValueError, match="matmul"):
+        a @ b
+    with pytest.raises(IndexError):
+        a[5]
+    with pytest.raises(ValueError, match="device"):
+        tally.zeros(1, device="tpu")
+
+
+def test_gradients_match_finite_differences():
+    rng = np.random.default_rng(3)
+    x0 = rng.standard_normal((3, 4))
+    w0 = rng.standard_normal((4, 2))
+    c = rng.standard_normal((3, 2))
+
+    def f(x, w):
+        return ((x @ w).tanh() * tally.tensor(c)).sum() + (x * x).mean() + (w.relu() ** 3).sum()
+
+    x = tally.tensor(x0, requires_grad=True)
+    w = tally.tensor(w0, requires_grad=True)
+    assert x.dtype == tally.float64
+    y = f(x, w)
+    assert y.requires_grad
+    y.backward()
+    gx, gw = x.grad.numpy(), w.grad.numpy()
+
+    def numeric(arr, other, which):
+        g = np.zeros_like(arr)
+        eps = 1e-6
+        for i in np.ndindex(arr.shape):
+            p, m = arr.copy(), arr.copy()
+            p[i] += eps
+            m[i] -= eps
+            with tally.no_grad():
+                if which == 0:
+                    fp, fm = f(tally.tensor(p), tally.tensor(other)), f(tally.tensor(m), tally.tensor(other))
+                else:
+                    fp, fm = f(tally.tensor(other), tally.tensor(p)), f(tally.tensor(other), tally.tensor(m))
+            g[i] = (fp.item() - fm.item()) / (2 * eps)
+        return g
+
+    np.testing.assert_allclose(gx, numeric(x0, w0, 0), rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(gw, numeric(w0, x0, 1), rtol=1e-5, atol=1e-8)
+    # tally.autograd.grad gives the same without touching .grad
+    gx2, = tally.autograd.grad(f(x, w), x)
+    np.testing.assert_allclose(gx2.numpy(), gx, rtol=1e-12)
+
+
+def test_no_grad_and_grad_mode():
+    w = tally.ones(3, requires_grad=True)
+    with tally.no_grad():
+        assert not tally.is_grad_enabled()
+        y = w * 2.0
+    assert tally.is_grad_enabled()
+    assert not y.requires_grad
+    assert (w * 2.0).requires_grad
+
+    @tally.no_grad()
+    def inference():
+        return w + 1.0
+    assert not inference().requires_grad
+    with tally.set_grad_enabled(False):
+        assert not (w * 3.0).requires_grad
+    assert tally.is_grad_enabled()
+
+
+def test_item_assignment_and_in_place_fills():
+    t = tally.zeros(3, 4)
+    t[1] = 5.0
+    t[0, 1:] = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    t[:, 0] = tally.tensor([7.0, 8.0, 9.0])
+    expected = np.zeros((3, 4), np.float32)
+    expected[1] = 5
+    expected[0, 1:] = [1, 2, 3]
+    expected[:, 0] = [7, 8, 9]
+    np.testing.assert_array_equal(t.numpy(), expected)
+    assert t.zero_().sum().item() == 0.0
+    w = tally.ones(2, requires_grad=True)
+    with pytest.raises(ValueError, match="in place"):
+        w[0] = 3.0
+    with tally.no_grad():
+        w.fill_(2.0)
+    assert w.tolist() == [2.0, 2.0]
