@@ -11,6 +11,7 @@
 
 #include "autograd/ops.h"
 #include "memory/memory.h"
+#include "tensor/conv/ops.h"
 #include "tensor/tensor.h"
 
 namespace tally::python {
@@ -41,6 +42,10 @@ Tensor from_numpy(py::array array);
 // A numpy array over a CPU tensor's memory (no copy; the array keeps the tensor alive).
 // bfloat16 is copied to float32; other devices are copied to the CPU first.
 py::array to_numpy(const Tensor& t);
+
+// A kernel size, stride or padding: an int (both sides), a pair of ints, or None (Int2's
+// default). ValueError for anything else.
+Int2 int2(py::handle h);
 
 // "None" for an undefined tensor.
 py::object tensor_or_none(const Tensor& t);

@@ -9,14 +9,6 @@ namespace tally::python {
 
 namespace {
 
-Int2 int2(py::handle h) {
-  if (h.is_none()) return Int2();
-  if (py::isinstance<py::int_>(h)) return Int2(h.cast<int64_t>());
-  auto v = h.cast<std::vector<int64_t>>();
-  if (v.size() != 2) throw py::value_error("expected an int or a pair of ints");
-  return Int2(v[0], v[1]);
-}
-
 Shape dims_of(const py::object& dim) {
   if (dim.is_none()) return {};
   if (py::isinstance<py::int_>(dim)) return {dim.cast<int64_t>()};

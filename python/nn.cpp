@@ -31,14 +31,6 @@ class PyModule : public Module {
   std::string extra_repr() const override { PYBIND11_OVERRIDE(std::string, Module, extra_repr, ); }
 };
 
-Int2 int2(py::handle h) {
-  if (h.is_none()) return Int2();
-  if (py::isinstance<py::int_>(h)) return Int2(h.cast<int64_t>());
-  auto v = h.cast<std::vector<int64_t>>();
-  if (v.size() != 2) throw py::value_error("expected an int or a pair of ints");
-  return Int2(v[0], v[1]);
-}
-
 // Every module under `m` with its dotted name, as shared pointers (named_modules gives raw
 // ones, which Python must not own).
 void collect_modules(const std::string& prefix, const ModulePtr& m,

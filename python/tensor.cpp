@@ -235,6 +235,14 @@ Device to_device(py::handle h) {
                        " (expected a tally.device or a string such as 'cpu')");
 }
 
+Int2 int2(py::handle h) {
+  if (h.is_none()) return Int2();
+  if (py::isinstance<py::int_>(h)) return Int2(h.cast<int64_t>());
+  auto v = h.cast<std::vector<int64_t>>();
+  if (v.size() != 2) throw py::value_error("expected an int or a pair of ints");
+  return Int2(v[0], v[1]);
+}
+
 std::string device_str(Device d) {
   switch (d.type) {
     case DeviceType::cpu:
