@@ -229,7 +229,6 @@ TEST(CallSite, DisplaySourcePath) {
   EXPECT_FALSE(memory::is_library_source((root + "/tests/nn/test_layers.cpp").c_str()));
 }
 
-
 TEST(CallSite, DifferentiableOpsNameTheCallersLine) {
   const Tensor a = ones({8, 8}, TensorOptions{}.with_requires_grad(true));
   const Tensor target = zeros({8}, TensorOptions{}.with_dtype(DType::int64));

@@ -533,7 +533,6 @@ TEST(MemorySummaryDiagnosis, WithoutFailureAndWithExpandableSegments) {
   }
 }
 
-
 TEST(MemorySummary, HostLabelsAreDeviceNeutral) {
   for (const char* label : {"cpu", "cpu (pinned)", "meta:0 (cpu)"}) {
     const std::string s = format_memory_summary(example_stats(), 0, label);
