@@ -125,10 +125,13 @@ inline AutoPlan parse_auto_plan(const std::string& checkpoint, const std::string
 
 // The planner's choice, its grid printed. `device` is the run's (a dry run's meta device for
 // --estimate: its target is planned for).
-inline nn::PlanCandidate plan_run(
-    const AutoPlan& ap, std::optional<DType> amp, Device device, int blocks,
-    const std::function<void(Device, const nn::PlanCandidate&)>& run) {
+// `classifier_chunks`: the fused classifier's chunk budgets to search (nn::PlanOptions).
+inline nn::PlanCandidate plan_run(const AutoPlan& ap, std::optional<DType> amp, Device device,
+                                  int blocks,
+                                  const std::function<void(Device, const nn::PlanCandidate&)>& run,
+                                  std::vector<int64_t> classifier_chunks = {}) {
   nn::PlanOptions o;
+  o.classifier_chunks = std::move(classifier_chunks);
   o.target = device.is_meta() ? memory::meta_target_of(device).name
                               : (device.type == DeviceType::cuda ? "cuda" : "cpu");
   o.budget = ap.budget;

@@ -128,7 +128,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--fused-classifier", a.fused_classifier,
                "lm_head and cross-entropy fused and chunked over rows: the [B*T, vocab] logits "
-               "never exist whole");
+               "never exist whole (with --checkpoint auto the planner also picks its chunk "
+               "size from --memory-budget)");
   app.add_flag("--step-in-backward", a.step_in_backward,
                "update each parameter as soon as its gradient is ready and free the gradient "
                "(needs --clip 0, the default with it; not with --amp fp16)");
@@ -201,13 +202,15 @@ int main(int argc, char** argv) {
 
     // Two steps of a variation of this run on a dry run's device, the model built without
     // host memory: what the planner and the out-of-memory report predict.
-    auto build = [&] {
+    auto build = [&](int64_t chunk_bytes = 0) {
       nn::BuildOnDevice on(Device::meta());
-      return std::make_shared<nn::GPT>(cfg);
+      nn::GPTConfig c = cfg;
+      if (chunk_bytes > 0) c.fused_classifier_chunk_bytes = chunk_bytes;
+      return std::make_shared<nn::GPT>(c);
     };
     auto dry_steps = [&](Device d, const ex::RunShape& shape) {
       const nn::PlanCandidate& c = shape.plan;
-      auto m = build();
+      auto m = build(c.classifier_chunk_bytes);
       m->to(d);
       nn::enable_checkpointing(*m, c.checkpoint);
       nn::offload_activations(*m, c.offload);
@@ -233,14 +236,23 @@ int main(int argc, char** argv) {
     };
     if (auto_plan.checkpoint_auto) {
       // The planner dry-runs each candidate: two steps on batches of this run's shape.
-      const nn::PlanCandidate chosen =
-          ex::plan_run(auto_plan, amp, dev, nn::checkpoint_block_count(*build()),
-                       [&](Device d, const nn::PlanCandidate& c) {
-                         dry_steps(d, {c, a.batch});
-                       });
+      // With --fused-classifier the chunk is searched too: the default 256 MiB, then smaller
+      // ones for a plan that a smaller chunk would bring under the budget.
+      std::vector<int64_t> chunks;
+      if (cfg.fused_classifier)
+        for (const int64_t mib : {256, 64, 16, 4})
+          if ((mib << 20) <= cfg.fused_classifier_chunk_bytes) chunks.push_back(mib << 20);
+      const nn::PlanCandidate chosen = ex::plan_run(
+          auto_plan, amp, dev, nn::checkpoint_block_count(*build()),
+          [&](Device d, const nn::PlanCandidate& c) {
+            dry_steps(d, {c, a.batch});
+          },
+          chunks);
       ckpt = chosen.checkpoint;
       amp = chosen.amp;
       offload = chosen.offload;
+      if (chosen.classifier_chunk_bytes > 0)
+        cfg.fused_classifier_chunk_bytes = chosen.classifier_chunk_bytes;
       a.checkpoint = ckpt.str();
     }
 
@@ -388,8 +400,11 @@ int main(int argc, char** argv) {
     } catch (const memory::OutOfMemoryError& e) {
       // A real run: the error and what would fit. A dry run: its report, marked as not fitting.
       if (!dry)
-        return ex::report_out_of_memory("train_gpt", e, dev, {{ckpt, amp, offload}, a.batch}, held,
-                                        dry_steps);
+        return ex::report_out_of_memory(
+            "train_gpt", e, dev,
+            {{ckpt, amp, offload, cfg.fused_classifier ? cfg.fused_classifier_chunk_bytes : 0},
+             a.batch},
+            held, dry_steps);
       return ex::finish_dry_run(*dry, e.what(), a.snapshot, a.summary);
     }
   });

@@ -59,9 +59,12 @@ CpuRates measure_cpu() {
 }  // namespace
 
 std::string PlanCandidate::str() const {
-  return fmt::format("checkpoint {}, amp {}{}", checkpoint.str(),
+  return fmt::format("checkpoint {}, amp {}{}{}", checkpoint.str(),
                      amp ? std::string(dtype_name(*amp)) : std::string("off"),
-                     offload.enabled() ? ", offload " + offload.str() : std::string());
+                     offload.enabled() ? ", offload " + offload.str() : std::string(),
+                     classifier_chunk_bytes > 0
+                         ? ", classifier chunks " + mib(classifier_chunk_bytes)
+                         : std::string());
 }
 
 std::vector<CheckpointSpec> checkpoint_plans(int blocks) {
@@ -120,36 +123,61 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
   plan.target = target.name;
   if (options.offloads.empty())
     throw std::invalid_argument("plan_memory: no offload plan to search");
+  const std::vector<int64_t>& chunks = options.classifier_chunks;
+  for (size_t i = 0; i < chunks.size(); ++i)
+    if (chunks[i] <= 0 || (i > 0 && chunks[i] >= chunks[i - 1]))
+      throw std::invalid_argument(
+          fmt::format("plan_memory: classifier chunk budgets must be positive and decreasing, "
+                      "got {} at position {}",
+                      chunks[i], i));
+  const int64_t first_chunk = chunks.empty() ? 0 : chunks.front();
   std::vector<PlanCandidate> grid;
   for (const std::optional<DType>& amp : options.precisions)
     for (const OffloadSpec& offload : options.offloads) {
       if (!offload.enabled()) {
         for (const CheckpointSpec& spec : checkpoint_plans(checkpoint_blocks))
-          grid.push_back({spec, amp, offload});
+          grid.push_back({spec, amp, offload, first_chunk});
         continue;
       }
-      grid.push_back({CheckpointSpec{}, amp, offload});
-      grid.push_back({parse_checkpoint_spec("blocks"), amp, offload});
+      grid.push_back({CheckpointSpec{}, amp, offload, first_chunk});
+      grid.push_back({parse_checkpoint_spec("blocks"), amp, offload, first_chunk});
     }
+  auto dry_run = [&](const PlanCandidate& candidate) {
+    PlannedCandidate pc;
+    pc.candidate = candidate;
+    memory::DryRun dry({.spec = target, .max_history = 0});
+    try {
+      run(dry.device(), pc.candidate);
+      pc.estimate = dry.finish();
+    } catch (const memory::OutOfMemoryError& e) {
+      pc.estimate = dry.finish(e.what());
+    } catch (const std::invalid_argument& e) {
+      pc.error = e.what();
+      pc.estimate = dry.finish();
+    }
+    memory::empty_cache(dry.device());
+    pc.step_seconds = pc.estimate.predicted_seconds / static_cast<double>(options.steps);
+    pc.fits = pc.error.empty() && pc.estimate.fits() &&
+              pc.estimate.peak_reserved <= static_cast<int64_t>(options.budget);
+    return pc;
+  };
+  // A smaller chunk lowers the peak by at most the difference of the chunk budgets (the
+  // chunk's buffers are all it changes), give or take a segment's rounding.
+  constexpr int64_t kSegmentRounding = int64_t{20} << 20;
   for (const PlanCandidate& candidate : grid) {
-    {
-      PlannedCandidate pc;
-      pc.candidate = candidate;
-      memory::DryRun dry({.spec = target, .max_history = 0});
-      try {
-        run(dry.device(), pc.candidate);
-        pc.estimate = dry.finish();
-      } catch (const memory::OutOfMemoryError& e) {
-        pc.estimate = dry.finish(e.what());
-      } catch (const std::invalid_argument& e) {
-        pc.error = e.what();
-        pc.estimate = dry.finish();
-      }
-      memory::empty_cache(dry.device());
-      pc.step_seconds = pc.estimate.predicted_seconds / static_cast<double>(options.steps);
-      pc.fits = pc.error.empty() && pc.estimate.fits() &&
-                pc.estimate.peak_reserved <= static_cast<int64_t>(options.budget);
-      plan.candidates.push_back(std::move(pc));
+    PlannedCandidate pc = dry_run(candidate);
+    const bool retry = pc.error.empty() && !pc.fits;
+    // A dry run that ran out of the target's memory has no peak to compare: retry it.
+    const bool completed = pc.estimate.fits();
+    const int64_t over = pc.estimate.peak_reserved - static_cast<int64_t>(options.budget);
+    plan.candidates.push_back(std::move(pc));
+    if (!retry) continue;
+    for (size_t i = 1; i < chunks.size(); ++i) {
+      if (completed && over > first_chunk - chunks[i] + kSegmentRounding) continue;
+      PlanCandidate smaller = candidate;
+      smaller.classifier_chunk_bytes = chunks[i];
+      plan.candidates.push_back(dry_run(smaller));
+      if (plan.candidates.back().fits || !plan.candidates.back().error.empty()) break;
     }
   }
   const PlannedCandidate* best = nullptr;

@@ -29,7 +29,11 @@ struct PlanCandidate {
   CheckpointSpec checkpoint;
   std::optional<DType> amp;  // the autocast dtype; nullopt: float32 throughout
   OffloadSpec offload;       // activation offload (nn/offload.h)
-  // "checkpoint 6-blocks, amp bf16" (", offload activations" when it offloads)
+  // The fused classifier's chunk budget (linear_cross_entropy's max_chunk_bytes, GPT's
+  // GPTConfig::fused_classifier_chunk_bytes); 0: the model's own.
+  int64_t classifier_chunk_bytes = 0;
+  // "checkpoint 6-blocks, amp bf16" (", offload activations" when it offloads, ", classifier
+  // chunks 64 MiB" when it sets a chunk budget)
   std::string str() const;
 };
 
@@ -41,6 +45,12 @@ struct PlanOptions {
   // Offload plans searched: {none} by default; --offload auto adds "activations", tried with
   // no checkpointing and with every block checkpointed (then offloading the blocks' inputs).
   std::vector<OffloadSpec> offloads = {OffloadSpec{}};
+  // Fused-classifier chunk budgets searched, largest first (empty: the model's own). The grid
+  // runs with the first; a candidate over the budget by less than what a smaller chunk saves
+  // (the difference of the two budgets, plus one 20 MiB segment of rounding) is tried again
+  // with the next ones, down to the first that fits. A smaller chunk costs launches, so the
+  // cost model keeps the largest that fits.
+  std::vector<int64_t> classifier_chunks;
   int64_t steps = 2;  // training steps each candidate's dry run takes (the peak needs 2)
 };
 
@@ -66,14 +76,14 @@ struct MemoryPlan {
 // and 4 segments.
 std::vector<CheckpointSpec> checkpoint_plans(int blocks);
 
-// Dry-runs `run(device, candidate)` for every checkpointing plan x precision (x offload) on
-// options.target and returns the fastest predicted to fit options.budget. `run` builds the
-// model on `device` (the way the real run does), applies the candidate and trains
-// options.steps steps; a candidate the model rejects (std::invalid_argument) is skipped.
-// Errors (std::invalid_argument), naming what was asked: a budget of 0, an unknown target
-// (both before any dry run); nothing fits: the smallest peak any candidate reaches and what
-// it is made of, or, when the budget is below the parameters plus optimizer state that every
-// plan keeps, that floor.
+// Dry-runs `run(device, candidate)` for every checkpointing plan x precision (x offload, x
+// classifier chunk as PlanOptions::classifier_chunks says) on options.target and returns the
+// fastest predicted to fit options.budget. `run` builds the model on `device` (the way the real run
+// does), applies the candidate and trains options.steps steps; a candidate the model rejects
+// (std::invalid_argument) is skipped. Errors (std::invalid_argument), naming what was asked: a
+// budget of 0, an unknown target (both before any dry run); nothing fits: the smallest peak any
+// candidate reaches and what it is made of, or, when the budget is below the parameters plus
+// optimizer state that every plan keeps, that floor.
 MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& run,
                        int checkpoint_blocks, const PlanOptions& options);
 

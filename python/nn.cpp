@@ -4,6 +4,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include "autograd/offload.h"
 #include "common.h"
 #include "nn/checkpoint.h"
 #include "nn/container.h"
@@ -12,6 +13,7 @@
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "nn/norm.h"
+#include "nn/offload.h"
 #include "nn/serialize.h"
 
 namespace tally::python {
@@ -108,6 +110,29 @@ std::vector<std::unique_ptr<nn::BuildOnDevice>>& build_stack() {
   static auto* stack = new std::vector<std::unique_ptr<nn::BuildOnDevice>>();
   return *stack;
 }
+
+// SaveOnCpu as a Python context manager; the offloader outlives the scope (its stats).
+class SaveOnCpuScope {
+ public:
+  explicit SaveOnCpuScope(bool pin_memory) : pin_memory_(pin_memory) {}
+  SaveOnCpuScope& enter() {
+    if (scope_) throw py::value_error("this save_on_cpu scope is already open");
+    if (!offloader_) {
+      OffloadOptions o;
+      o.pin_memory = pin_memory_;
+      offloader_ = ActivationOffloader::create(o);
+    }
+    scope_ = std::make_unique<SaveOnCpu>(offloader_);
+    return *this;
+  }
+  void exit() { scope_.reset(); }
+  std::shared_ptr<ActivationOffloader> offloader() const { return offloader_; }
+
+ private:
+  bool pin_memory_;
+  std::shared_ptr<ActivationOffloader> offloader_;
+  std::unique_ptr<SaveOnCpu> scope_;
+};
 
 }  // namespace
 
@@ -590,6 +615,46 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
         return d;
       },
       py::arg("path"));
+
+  // ---- activation offload ----
+  py::class_<ActivationOffloader, std::shared_ptr<ActivationOffloader>>(
+      nn_mod, "ActivationOffloader", "Where offloaded activations go; stats() says what moved")
+      .def("stats", [](const ActivationOffloader& o) {
+        const OffloadStats s = o.stats();
+        py::dict d;
+        d["tensors_offloaded"] = s.tensors_offloaded;
+        d["bytes_offloaded"] = s.bytes_offloaded;
+        d["tensors_kept"] = s.tensors_kept;
+        d["tensors_deduplicated"] = s.tensors_deduplicated;
+        d["tensors_prefetched"] = s.tensors_prefetched;
+        d["tensors_fetched"] = s.tensors_fetched;
+        d["groups"] = s.groups;
+        return d;
+      });
+  nn_mod.def(
+      "offload_activations",
+      [](Module& model, const std::string& spec, bool pin_memory, size_t min_bytes, bool prefetch) {
+        OffloadOptions o;
+        o.pin_memory = pin_memory;
+        o.min_bytes = min_bytes;
+        o.prefetch = prefetch;
+        return nn::offload_activations(model, nn::parse_offload_spec(spec), o);
+      },
+      py::arg("model"), py::arg("spec"), py::kw_only(), py::arg("pin_memory") = true,
+      py::arg("min_bytes") = 0, py::arg("prefetch") = true,
+      "--offload's plans (none, activations, N-blocks) on a ResNet or GPT: the blocks' saved "
+      "activations go to host memory, tagged `offloaded`; returns the offloader (None for "
+      "none)");
+  // `with tally.autograd.graph.save_on_cpu():` tensors saved inside go to host memory.
+  py::module_ graph = m.attr("autograd")
+                          .cast<py::module_>()
+                          .def_submodule("graph", "torch.autograd.graph: save_on_cpu");
+  py::class_<SaveOnCpuScope>(graph, "save_on_cpu",
+                             "A scope whose saved tensors are kept in (pinned) host memory")
+      .def(py::init<bool>(), py::arg("pin_memory") = true)
+      .def("__enter__", &SaveOnCpuScope::enter, py::return_value_policy::reference_internal)
+      .def("__exit__", [](SaveOnCpuScope& s, py::args) { s.exit(); })
+      .def_property_readonly("offloader", &SaveOnCpuScope::offloader);
 
   py::module_ utils = m.def_submodule("utils", "torch.utils");
   py::module_ ckpt = utils.def_submodule("checkpoint", "torch.utils.checkpoint");

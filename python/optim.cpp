@@ -1,5 +1,7 @@
-// tally.optim (SGD, Adam, AdamW, AdamW8bit, clip_grad_norm_) and tally.amp (autocast as a
-// context manager, GradScaler).
+// tally.optim (SGD, Adam, AdamW, AdamW8bit, clip_grad_norm_, state_dict and its load, the
+// learning-rate schedulers of tally.optim.lr_scheduler, StepInBackward) and tally.amp
+// (autocast as a context manager, GradScaler).
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include "autograd/autocast.h"
@@ -8,8 +10,10 @@
 #include "optim/adamw8bit.h"
 #include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
+#include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 #include "optim/sgd.h"
+#include "optim/step_in_backward.h"
 
 namespace tally::python {
 
@@ -64,6 +68,23 @@ class Autocast {
   std::unique_ptr<AutocastGuard> guard_;
 };
 
+// optim::StepInBackward whose hooks Python can remove before the object is collected.
+class StepInBackwardScope {
+ public:
+  explicit StepInBackwardScope(Optimizer& opt)
+      : sib_(std::make_unique<optim::StepInBackward>(opt)) {}
+  int64_t updates() const { return sib_ ? sib_->updates() : updates_; }
+  void remove() {
+    if (!sib_) return;
+    updates_ = sib_->updates();
+    sib_.reset();
+  }
+
+ private:
+  std::unique_ptr<optim::StepInBackward> sib_;
+  int64_t updates_ = 0;
+};
+
 }  // namespace
 
 void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
@@ -116,6 +137,27 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
              for (const auto& [k, v] : sd.scalars) d[py::str(k)] = v;
              return d;
            })
+      .def(
+          "load_state_dict",
+          [](Optimizer& o, const py::dict& d) {
+            // state_dict()'s flat form: tensors ("state.<i>.<name>") and numbers (steps,
+            // group options); a numpy array counts as a tensor.
+            optim::OptimizerStateDict sd;
+            for (auto item : d) {
+              const std::string key = py::str(item.first);
+              py::handle v = item.second;
+              if (py::isinstance<Tensor>(v) || py::isinstance<py::array>(v))
+                sd.tensors.emplace(key, to_tensor(v));
+              else if (py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v))
+                sd.scalars.emplace(key, v.cast<double>());
+              else
+                throw py::type_error(o.name() + std::string(".load_state_dict: '") + key +
+                                     "' is a " + std::string(py::str(py::type::of(v))) +
+                                     ", not a tensor or a number");
+            }
+            o.load_state_dict(sd);
+          },
+          py::arg("state_dict"), "Restores what state_dict() returned (shapes must match)")
       .def("__repr__", [](const Optimizer& o) {
         std::string s = std::string(o.name()) + "(";
         bool first = true;
@@ -125,6 +167,51 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
         }
         return s + ")";
       });
+
+  // ---- tally.optim.lr_scheduler ----
+  py::module_ sched = optim_mod.def_submodule("lr_scheduler", "torch.optim.lr_scheduler");
+  py::class_<optim::LRScheduler>(sched, "LRScheduler")
+      .def("step", &optim::LRScheduler::step, "Advances one epoch and sets the groups' lr")
+      .def("get_last_lr", &optim::LRScheduler::get_last_lr)
+      .def_property("last_epoch", &optim::LRScheduler::last_epoch,
+                    &optim::LRScheduler::set_last_epoch)
+      .def_property_readonly("base_lrs", &optim::LRScheduler::base_lrs);
+  // Each scheduler keeps a reference to its optimizer: keep_alive<1, 2>.
+  py::class_<optim::StepLR, optim::LRScheduler>(sched, "StepLR")
+      .def(py::init<Optimizer&, int64_t, double>(), py::arg("optimizer"), py::arg("step_size"),
+           py::arg("gamma") = 0.1, py::keep_alive<1, 2>());
+  py::class_<optim::CosineAnnealingLR, optim::LRScheduler>(sched, "CosineAnnealingLR")
+      .def(py::init<Optimizer&, int64_t, double>(), py::arg("optimizer"), py::arg("T_max"),
+           py::arg("eta_min") = 0.0, py::keep_alive<1, 2>());
+  py::class_<optim::LambdaLR, optim::LRScheduler>(sched, "LambdaLR")
+      .def(py::init([](Optimizer& o, py::function f) {
+             // The lambda is called with the GIL held: step() runs from Python.
+             return std::make_unique<optim::LambdaLR>(o, [f](int64_t epoch) {
+               py::object r = f(epoch);
+               if (!py::isinstance<py::float_>(r) && !py::isinstance<py::int_>(r))
+                 throw py::type_error("LambdaLR: lr_lambda(" + std::to_string(epoch) +
+                                      ") returned a " + std::string(py::str(py::type::of(r))) +
+                                      ", not a number");
+               return r.cast<double>();
+             });
+           }),
+           py::arg("optimizer"), py::arg("lr_lambda"), py::keep_alive<1, 2>());
+  py::class_<optim::WarmupCosineLR, optim::LRScheduler>(sched, "WarmupCosineLR")
+      .def(py::init<Optimizer&, int64_t, int64_t, double>(), py::arg("optimizer"),
+           py::arg("warmup_steps"), py::arg("total_steps"), py::arg("min_lr") = 0.0,
+           py::keep_alive<1, 2>(), "nanoGPT's linear warmup then cosine decay to min_lr");
+
+  // ---- step-in-backward ----
+  // `with tally.optim.StepInBackward(opt):` (or keep the object): while open, backward()
+  // updates each parameter as its gradient is accumulated and frees that gradient.
+  py::class_<StepInBackwardScope>(optim_mod, "StepInBackward",
+                                  "PyTorch's optimizer-in-backward recipe: each parameter "
+                                  "steps, and its gradient is freed, as backward reaches it")
+      .def(py::init<Optimizer&>(), py::arg("optimizer"), py::keep_alive<1, 2>())
+      .def_property_readonly("updates", &StepInBackwardScope::updates)
+      .def("remove", &StepInBackwardScope::remove, "Removes the hooks (steps stop)")
+      .def("__enter__", [](StepInBackwardScope& s) -> StepInBackwardScope& { return s; })
+      .def("__exit__", [](StepInBackwardScope& s, py::args) { s.remove(); });
 
   py::class_<optim::SGD, Optimizer>(optim_mod, "SGD")
       .def(py::init([](py::object params, double lr, double momentum, double dampening,

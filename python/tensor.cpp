@@ -1,6 +1,7 @@
 // tally.Tensor, tally.dtype and tally.device: numpy in (tally.tensor copies, tally.from_numpy
 // views) and out (Tensor.numpy() views the tensor's memory), the Tensor's methods, operators
 // and indexing, and the factories.
+#include <fmt/format.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
@@ -105,6 +106,54 @@ int64_t wrap_index(int64_t i, int64_t size, const char* what) {
   return i < 0 ? i + size : i;
 }
 
+// Whether `h` indexes with integers held in a tensor, a numpy array or a list (PyTorch's
+// advanced indexing), rather than an int, a slice, None or ....
+bool is_tensor_index(py::handle h) {
+  return py::isinstance<Tensor>(h) || py::isinstance<py::array>(h) || py::isinstance<py::list>(h);
+}
+
+// t[..., idx, ...] with integer indices `idx` (any shape) at dimension `dim`: the result has
+// t's shape with that dimension replaced by idx's shape, as in PyTorch. A gather of rows
+// through the embedding op (dim moved first, the rest flattened), so it is differentiable
+// (repeated indices accumulate their gradients) on every device.
+Tensor index_with_tensor(const Tensor& t, int64_t dim, const Tensor& idx) {
+  if (idx.dtype() == DType::bool_)
+    throw py::index_error(
+        "tensor[mask]: boolean mask indexing is not supported; index with "
+        "int64 positions instead");
+  if (idx.dtype() != DType::int64 && idx.dtype() != DType::int32)
+    throw py::index_error("tensor indices must be int64 or int32, got " +
+                          std::string(dtype_name(idx.dtype())) + " " + idx.shape_string());
+  const Shape& sizes = t.sizes();
+  const int64_t rank = t.dim();
+  Shape perm{dim}, others;
+  int64_t rest = 1;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (d == dim) continue;
+    perm.push_back(d);
+    others.push_back(sizes[static_cast<size_t>(d)]);
+    rest *= sizes[static_cast<size_t>(d)];
+  }
+  const Tensor rows = t.permute(perm).reshape({sizes[static_cast<size_t>(dim)], rest});
+  Tensor out;
+  try {
+    out = embedding(rows, idx.device() == t.device() ? idx : idx.to(t.device()));
+  } catch (const std::out_of_range& e) {
+    throw py::index_error(fmt::format("index out of range for dimension {} of size {}: {}", dim,
+                                      sizes[static_cast<size_t>(dim)], e.what()));
+  }
+  // [idx..., others...] -> [others before dim, idx..., others after dim].
+  Shape gathered(idx.sizes().begin(), idx.sizes().end());
+  gathered.insert(gathered.end(), others.begin(), others.end());
+  out = out.reshape(gathered);
+  const int64_t k = idx.dim();
+  Shape back;
+  for (int64_t d = 0; d < dim; ++d) back.push_back(k + d);
+  for (int64_t d = 0; d < k; ++d) back.push_back(d);
+  for (int64_t d = dim; d < rank - 1; ++d) back.push_back(k + d);
+  return out.permute(back);
+}
+
 Tensor getitem(const Tensor& t, py::handle index) {
   std::vector<py::handle> items;
   if (py::isinstance<py::tuple>(index)) {
@@ -117,6 +166,7 @@ Tensor getitem(const Tensor& t, py::handle index) {
     if (!h.is_none() && h.ptr() != Py_Ellipsis) ++consumed;
   Tensor r = t;
   int64_t dim = 0;
+  int tensor_indices = 0;
   for (py::handle h : items) {
     if (h.is_none()) {
       r = r.unsqueeze(dim++);
@@ -136,8 +186,18 @@ Tensor getitem(const Tensor& t, py::handle index) {
       if (dim >= r.dim()) throw py::index_error("too many indices for tensor");
       r = r.select(dim, wrap_index(h.cast<int64_t>(), r.size(dim), "index"));
       --consumed;
+    } else if (is_tensor_index(h)) {
+      if (dim >= r.dim()) throw py::index_error("too many indices for tensor");
+      if (++tensor_indices > 1)
+        throw py::index_error(
+            "indexing with more than one tensor of indices is not supported "
+            "(index one dimension at a time)");
+      const Tensor idx = py::isinstance<Tensor>(h) ? h.cast<Tensor>() : to_tensor(h);
+      r = index_with_tensor(r, dim, idx);
+      dim += idx.dim();
+      --consumed;
     } else {
-      throw py::type_error("tensor indices are ints, slices, None and ..., got " +
+      throw py::type_error("tensor indices are ints, slices, None, ... and integer tensors, got " +
                            std::string(py::str(py::type::of(h))));
     }
   }
@@ -507,6 +567,14 @@ void bind_tensor(py::module_& m) {
       .def("__setitem__",
            [](const Tensor& x, py::handle index, py::handle value) {
              check_in_place(x, "item assignment");
+             // Tensor indices gather a copy: writing into it would change nothing.
+             bool gathers = is_tensor_index(index);
+             if (py::isinstance<py::tuple>(index))
+               for (py::handle h : index) gathers = gathers || is_tensor_index(h);
+             if (gathers)
+               throw py::index_error(
+                   "item assignment through tensor indices (index_put_) is not supported; "
+                   "assign through ints and slices");
              Tensor dst = getitem(x, index);
              if (is_number(value) || py::isinstance<py::bool_>(value))
                ops::fill_(dst, value.cast<double>());

@@ -1,5 +1,6 @@
 """Tally from Python: tensors (numpy in and out), autograd, nn modules (ResNet, GPT),
-optimizers, autocast and GradScaler, checkpointing, the memory API and estimator, the
+optimizers and learning-rate schedulers, autocast and GradScaler, checkpointing, activation
+offload, step-in-backward, datasets and the DataLoader, the memory API and estimator, the
 profiler and the A/B runner. See docs/python.md.
 
     import numpy as np, tally
@@ -23,7 +24,9 @@ __version__ = _C.__version__
 for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("optim", optim),
                     ("amp", amp), ("memory", memory), ("profiler", profiler),
                     ("autograd", autograd), ("utils", utils),
-                    ("utils.checkpoint", utils.checkpoint)):
+                    ("utils.checkpoint", utils.checkpoint), ("utils.data", utils.data),
+                    ("optim.lr_scheduler", optim.lr_scheduler),
+                    ("autograd.graph", autograd.graph)):
     _sys.modules[__name__ + "." + _name] = _mod
 
 from ._grad import enable_grad, no_grad, set_grad_enabled  # noqa: E402,F401

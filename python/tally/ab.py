@@ -80,12 +80,39 @@ class Report:
         with open(self.report_path, encoding="utf-8") as f:
             return f.read()
 
+    def _link_base(self):
+        """The report folder relative to the kernel's working directory (the notebook's
+        folder), or None when the folder is outside it."""
+        rel = os.path.relpath(self.folder, os.getcwd())
+        if rel == os.curdir:
+            return ""
+        if rel.startswith(os.pardir) or os.path.isabs(rel):
+            return None
+        return rel.replace(os.sep, "/") + "/"
+
     def _repr_html_(self):
         # The report is a whole page with its own script: an iframe keeps it apart from the
-        # notebook's page and styles.
-        page = html.escape(self.html(), quote=True)
+        # notebook's page and styles. A srcdoc page resolves relative links against the
+        # notebook's own address, so a <base> pointing at the report folder (relative to the
+        # notebook's folder, which the Jupyter server serves) makes the links to snapshots
+        # and timelines work; they open in a new tab. A folder outside the notebook's folder
+        # (the temporary one run() makes by default) cannot be served: a note says where the
+        # files are.
+        page = self.html()
+        base = self._link_base()
+        note = ""
+        if base is not None:
+            tag = f'<base href="{html.escape(base, quote=True)}" target="_blank">'
+            page = page.replace("<head>", "<head>" + tag, 1) if "<head>" in page else tag + page
+        else:
+            note = ('<p style="font:13px sans-serif">The links to snapshots and timelines '
+                    f'open from the notebook\'s folder; this run\'s files are in '
+                    f'<code>{html.escape(self.folder)}</code> (pass <code>out=</code> a folder '
+                    'under the notebook\'s to follow them from here).</p>')
+        page = html.escape(page, quote=True)
         return (f'<iframe srcdoc="{page}" style="width:100%;height:900px;border:0" '
-                f'sandbox="allow-scripts"></iframe>')
+                f'sandbox="allow-scripts allow-popups allow-popups-to-escape-sandbox">'
+                f'</iframe>{note}')
 
 
 def load(folder):
@@ -104,7 +131,8 @@ def run(model="resnet", out=None, *, arch=None, preset=None, steps=3, batch=None
         offload=None, estimate=None, seed=None, extra_args=(), timeout=None):
     """Runs ab_memory and returns its Report. `checkpoint`, `amp`, `optimizer`, `offload`:
     lists (or comma strings) of the configurations to compare; `out`: the output folder
-    (default: a new temporary folder). Raises RuntimeError with the program's output when
+    (default: a new temporary folder; give a folder under the notebook's for the report's
+    links to open from the notebook). Raises RuntimeError with the program's output when
     it fails."""
     if out is None:
         out = tempfile.mkdtemp(prefix="tally_ab_")

@@ -20,13 +20,21 @@ namespace {
 
 // Two AdamW steps of the "small" GPT built on `d`, with the candidate's checkpointing and
 // precision: what the planner dry-runs and what the real run below does.
+// With `fused_vocab` > 0 the model has that vocabulary and the fused classifier, chunked by
+// the candidate's classifier_chunk_bytes (when set).
 void train_gpt(Device d, const nn::PlanCandidate& c, const std::string& preset, int64_t batch,
-               int64_t seq) {
+               int64_t seq, int64_t fused_vocab = 0) {
   manual_seed(0);
   std::shared_ptr<nn::GPT> model;
   {
     nn::BuildOnDevice on(d);
-    model = std::make_shared<nn::GPT>(nn::GPTConfig::preset(preset));
+    nn::GPTConfig cfg = nn::GPTConfig::preset(preset);
+    if (fused_vocab > 0) {
+      cfg.vocab_size = fused_vocab;
+      cfg.fused_classifier = true;
+      if (c.classifier_chunk_bytes > 0) cfg.fused_classifier_chunk_bytes = c.classifier_chunk_bytes;
+    }
+    model = std::make_shared<nn::GPT>(cfg);
   }
   nn::enable_checkpointing(*model, c.checkpoint);
   optim::AdamW opt(model->parameters(), optim::AdamOptions{.lr = 1e-3});
@@ -104,6 +112,46 @@ TEST(Plan, PicksTheFastestPlanThatFitsAndTheRealRunFits) {
   EXPECT_NEAR(static_cast<double>(memory::max_memory_reserved(cpu)),
               static_cast<double>(plan.chosen.estimate.peak_reserved), 4.0 * (1 << 20));
   memory::empty_cache(cpu);
+}
+
+// The fused classifier's chunk is a dimension of the search: a plan over the budget by less
+// than a smaller chunk saves is tried again with it, and the largest chunk that fits is kept.
+TEST(Plan, ClassifierChunkComesFromTheBudget) {
+  constexpr int64_t kBig = int64_t{32} << 20, kSmall = int64_t{1} << 20;
+  auto train = [](Device d, const nn::PlanCandidate& c) { train_gpt(d, c, "tiny", 16, 64, 16384); };
+  auto peak = [&](int64_t chunk) {
+    nn::PlanCandidate c;
+    c.classifier_chunk_bytes = chunk;
+    return memory::estimate([&](Device d) { train(d, c); }, {.target = "cpu"}).peak_reserved;
+  };
+  const int64_t big = peak(kBig), small = peak(kSmall);
+  ASSERT_LT(small + (int64_t{8} << 20), big) << "the chunk should dominate this model's peak";
+  nn::PlanOptions o{.target = "cpu", .budget = static_cast<size_t>(small + (big - small) / 4)};
+  o.classifier_chunks = {kBig, int64_t{8} << 20, kSmall};
+  nn::MemoryPlan plan;
+  {
+    nn::BuildOnDevice on(Device::meta());
+    nn::GPT gpt(nn::GPTConfig::preset("tiny"));
+    plan = nn::plan_memory(train, nn::checkpoint_block_count(gpt), o);
+  }
+  ASSERT_TRUE(plan.chosen.fits) << plan.report();
+  EXPECT_LT(plan.chosen.candidate.classifier_chunk_bytes, kBig) << plan.report();
+  // No checkpointing: over the budget with 32 MiB chunks, tried again with smaller ones, and
+  // the first smaller chunk that fits ends the retries.
+  std::vector<const nn::PlannedCandidate*> none;
+  for (const nn::PlannedCandidate& c : plan.candidates)
+    if (c.candidate.checkpoint.str() == "none" && !c.candidate.amp) none.push_back(&c);
+  ASSERT_GE(none.size(), 2u) << plan.report();
+  EXPECT_EQ(none.front()->candidate.classifier_chunk_bytes, kBig);
+  EXPECT_FALSE(none.front()->fits);
+  EXPECT_TRUE(none.back()->fits) << plan.report();
+  EXPECT_LT(none.back()->candidate.classifier_chunk_bytes, kBig);
+  EXPECT_NE(plan.report().find("classifier chunks 32.0 MiB"), std::string::npos) << plan.report();
+  // Smaller chunks cost launches: at equal checkpointing the cost model says so.
+  EXPECT_LT(none.front()->step_seconds, none.back()->step_seconds) << plan.report();
+
+  o.classifier_chunks = {kSmall, kBig};
+  EXPECT_THROW(nn::plan_memory(train, 1, o), std::invalid_argument);
 }
 
 TEST(Plan, PrecisionIsSearchedWhenAllowed) {

@@ -132,7 +132,7 @@ def test_profiler_exports_a_chrome_trace(tmpdir_path):
     assert any(r["key"] == "linear" for r in prof.key_averages().rows)
 
 
-def test_ab_runner_report():
+def test_ab_runner_report(monkeypatch, tmpdir_path):
     try:
         tally.ab.program()
     except FileNotFoundError as e:
@@ -146,6 +146,16 @@ def test_ab_runner_report():
     page = rep._repr_html_()
     assert page.startswith("<iframe srcdoc=") and ("&lt;svg" in page or "&lt;script" in page)
     assert "peak" in repr(rep)
+    # Links resolve against the notebook's folder: a <base> names the report folder when it
+    # is under the working directory, else a note says where the files are.
+    monkeypatch.chdir(os.path.dirname(rep.folder))
+    name = os.path.basename(rep.folder)
+    page = rep._repr_html_()
+    assert f'&lt;base href=&quot;{name}/&quot; target=&quot;_blank&quot;&gt;' in page
+    assert "allow-popups" in page and "this run's files are in" not in page
+    monkeypatch.chdir(tmpdir_path)
+    page = rep._repr_html_()
+    assert "&lt;base" not in page and "this run's files are in" in page
 
 
 def test_out_of_memory_is_a_python_exception_and_a_dry_run_result():
