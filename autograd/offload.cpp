@@ -17,6 +17,9 @@ namespace tally {
 // One offloaded tensor: its host copy and, once backward has asked for it (or its group was
 // prefetched), the device copy. Shared by every save of the tensor.
 struct ActivationOffloader::Entry {
+  // The device tensor until its copy is issued (OffloadOptions::defer_groups), held as a
+  // saved tensor is: accounted as `activation`, and checked for in-place changes at unpack.
+  std::shared_ptr<SavedTensor> pending;
   Tensor host;
   Device device;
   int64_t group = 0;
@@ -40,6 +43,30 @@ struct ActivationOffloader::State {
   };
   std::map<Key, Seen> seen;
   OffloadStats stats;
+  // Entries whose copy waits for a later group (defer_groups > 0), in save order.
+  std::vector<std::weak_ptr<Entry>> deferred;
+
+  void issue_copy(Entry& e) {
+    const Tensor& t = e.pending->held();
+    e.host = ops::to_host_async(t, memory::Category::offloaded, options.pin_memory);
+    ++stats.tensors_offloaded;
+    stats.bytes_offloaded += static_cast<int64_t>(t.nbytes());
+    e.pending.reset();
+  }
+
+  // Group `group` opened: copy the deferred saves of groups <= group - defer_groups.
+  void issue_deferred() {
+    std::vector<std::weak_ptr<Entry>> later;
+    for (const std::weak_ptr<Entry>& w : deferred) {
+      const std::shared_ptr<Entry> e = w.lock();
+      if (!e || !e->pending) continue;  // released, or copied
+      if (e->group <= group - options.defer_groups)
+        issue_copy(*e);
+      else
+        later.push_back(w);
+    }
+    deferred = std::move(later);
+  }
 
   std::vector<std::weak_ptr<Entry>>& group_of(int64_t g) {
     if (groups.size() <= static_cast<size_t>(g)) {
@@ -56,7 +83,7 @@ struct ActivationOffloader::State {
       if (prefetched[static_cast<size_t>(k)]) return;
       std::vector<std::shared_ptr<Entry>> todo;
       for (const std::weak_ptr<Entry>& w : groups[static_cast<size_t>(k)])
-        if (std::shared_ptr<Entry> e = w.lock(); e && !e->restored.defined())
+        if (std::shared_ptr<Entry> e = w.lock(); e && !e->restored.defined() && !e->pending)
           todo.push_back(std::move(e));
       prefetched[static_cast<size_t>(k)] = true;
       if (todo.empty()) continue;
@@ -78,9 +105,28 @@ namespace {
 // accounted as `activation` like any saved tensor.
 using Kept = std::shared_ptr<SavedTensor>;
 using Offloaded = std::shared_ptr<ActivationOffloader::Entry>;
+// A view offloaded through its whole block: the entry holds the block (flat, from element 0)
+// and the view's layout over it.
+struct OffloadedView {
+  Offloaded entry;
+  Shape sizes, strides;
+  int64_t offset = 0;
+};
 
 bool offloadable_category(memory::Category c) {
   return c == memory::Category::temporary || c == memory::Category::activation;
+}
+
+// The whole block under the view `t` as a flat tensor from element 0, when the block holds
+// whole elements of t's dtype and is at most 4x t's bytes (q, k and v of one qkv buffer are
+// a third of it each); else undefined.
+Tensor whole_block(const Tensor& t) {
+  for (int64_t st : t.strides())
+    if (st < 0) return Tensor();
+  const size_t item = dtype_size(t.dtype());
+  const size_t block = t.storage().nbytes();
+  if (block % item != 0 || block / 4 > t.nbytes()) return Tensor();
+  return ops::as_strided(t, {static_cast<int64_t>(block / item)}, {1}, 0);
 }
 }  // namespace
 
@@ -90,7 +136,8 @@ std::shared_ptr<ActivationOffloader> ActivationOffloader::create(OffloadOptions 
 
 ActivationOffloader::ActivationOffloader(OffloadOptions options)
     : options_(options), state_(std::make_shared<State>()) {
-  state_->options = options;
+  if (options_.defer_groups < 0) options_.defer_groups = 0;  // a SaveOnCpu's own default
+  state_->options = options_;
 }
 
 ActivationOffloader::~ActivationOffloader() = default;
@@ -98,6 +145,7 @@ ActivationOffloader::~ActivationOffloader() = default;
 void ActivationOffloader::next_group() {
   std::lock_guard lock(state_->mu);
   ++state_->group;
+  if (state_->options.defer_groups > 0) state_->issue_deferred();
 }
 
 OffloadStats ActivationOffloader::stats() const {
@@ -115,55 +163,81 @@ SavedTensorHooks ActivationOffloader::hooks() {
   SavedTensorHooks h;
   h.pack = [st](const Tensor& t) -> std::any {
     const Storage& s = t.storage();
-    const bool offload = s.owned() && offloadable_category(s.category()) && t.is_contiguous() &&
-                         t.nbytes() >= st->options.min_bytes && t.nbytes() > 0;
-    if (!offload) {
+    // What is copied: t itself, or for a view the whole block under it.
+    Tensor span;
+    if (s.owned() && offloadable_category(s.category()) && t.nbytes() >= st->options.min_bytes &&
+        t.nbytes() > 0)
+      span = t.is_contiguous() ? t : whole_block(t);
+    if (!span.defined()) {
       std::lock_guard lock(st->mu);
       ++st->stats.tensors_kept;
       return Kept(std::make_shared<SavedTensor>(t, "save_on_cpu", false));
     }
+    const bool view = !span.is_same(t);
     if (t.is_cuda() && st->options.pin_memory && !memory::pinned_memory_available())
       throw std::runtime_error(fmt::format(
           "save_on_cpu: cannot offload a {} tensor of shape {}: no pinned host memory is "
           "available (cudaHostAlloc is unavailable here); offload with pin_memory=false",
           t.device().str(), t.shape_string()));
     std::lock_guard lock(st->mu);
-    const State::Key key{s.key(), t.storage_offset(), t.sizes(), t.dtype()};
+    // A whole block is keyed by the block alone: every view of it shares one copy.
+    const State::Key key = view ? State::Key{s.key(), -1, Shape{}, t.dtype()}
+                                : State::Key{s.key(), t.storage_offset(), t.sizes(), t.dtype()};
+    Offloaded e;
     if (auto it = st->seen.find(key); it != st->seen.end() && !it->second.block.expired())
-      if (Offloaded e = it->second.entry.lock()) {
-        ++st->stats.tensors_deduplicated;
-        return e;
-      }
-    auto e = std::make_shared<ActivationOffloader::Entry>();
-    e->host = ops::to_host_async(t, memory::Category::offloaded, st->options.pin_memory);
-    e->device = t.device();
-    e->group = st->group;
-    st->group_of(st->group).push_back(e);
-    st->seen[key] = State::Seen{s.watch(), e};
-    ++st->stats.tensors_offloaded;
-    st->stats.bytes_offloaded += static_cast<int64_t>(t.nbytes());
-    return Offloaded(e);
+      e = it->second.entry.lock();
+    if (e) {
+      ++st->stats.tensors_deduplicated;
+    } else {
+      e = std::make_shared<ActivationOffloader::Entry>();
+      e->pending = std::make_shared<SavedTensor>(span, "save_on_cpu", false);
+      e->device = t.device();
+      e->group = st->group;
+      st->group_of(st->group).push_back(e);
+      st->seen[key] = State::Seen{s.watch(), e};
+      if (st->options.defer_groups > 0)
+        st->deferred.push_back(e);
+      else
+        st->issue_copy(*e);
+    }
+    if (view) return OffloadedView{e, t.sizes(), t.strides(), t.storage_offset()};
+    return e;
   };
   h.unpack = [st](const std::any& packed) -> Tensor {
     if (const Kept* k = std::any_cast<Kept>(&packed)) return (*k)->unpack();
-    const Offloaded& e = std::any_cast<const Offloaded&>(packed);
-    std::lock_guard lock(st->mu);
-    if (st->options.prefetch) st->prefetch_before(e->group);
-    if (!e->restored.defined()) {
-      // Not prefetched: fetch it now (the copy stream, then Tally's stream waits for it).
-      e->restored = ops::to_device_on_copy_stream(e->host, e->device, memory::Category::activation);
-      e->fence = ops::CopyFence::record(e->device);
-      ++st->stats.tensors_fetched;
+    const OffloadedView* v = std::any_cast<OffloadedView>(&packed);
+    const Offloaded& e = v ? v->entry : std::any_cast<const Offloaded&>(packed);
+    Tensor data;
+    {
+      std::lock_guard lock(st->mu);
+      if (e->pending) {
+        // Deferred and not copied yet: backward uses it where it is. No prefetch from here:
+        // this is the head's backward, the step's peak (the logits and their gradient), and
+        // an earlier group restored now would add to it.
+        ++st->stats.tensors_in_place;
+        data = e->pending->unpack();
+      } else {
+        if (st->options.prefetch) st->prefetch_before(e->group);
+        if (!e->restored.defined()) {
+          // Not prefetched: fetch it now (the copy stream, then Tally's stream waits for it).
+          e->restored =
+              ops::to_device_on_copy_stream(e->host, e->device, memory::Category::activation);
+          e->fence = ops::CopyFence::record(e->device);
+          ++st->stats.tensors_fetched;
+        }
+        if (!e->waited) e->fence.wait();
+        e->waited = true;
+        data = e->restored;
+      }
     }
-    if (!e->waited) e->fence.wait();
-    e->waited = true;
-    return e->restored;
+    return v ? ops::as_strided(data, v->sizes, v->strides, v->offset) : data;
   };
   return h;
 }
 
 SaveOnCpu::SaveOnCpu(bool pin_memory)
-    : SaveOnCpu(ActivationOffloader::create(OffloadOptions{.pin_memory = pin_memory})) {}
+    : SaveOnCpu(ActivationOffloader::create(
+          OffloadOptions{.pin_memory = pin_memory, .defer_groups = 0})) {}
 
 SaveOnCpu::SaveOnCpu(std::shared_ptr<ActivationOffloader> offloader)
     : offloader_(offloader ? std::move(offloader)

@@ -7,8 +7,11 @@
 // output or input, not a parameter, gradient or state) is copied to pinned host memory on
 // the device's copy stream (tensor/pinned.h) while the forward goes on, and the device
 // block is freed as soon as the forward drops it (its reuse waits for the copy). The host
-// copies are tagged `offloaded`. Other tensors (parameters, non-contiguous views, tensors
-// under `min_bytes`) are kept as usual. A tensor saved twice (a ReLU's output that the next
+// copies are tagged `offloaded`. A non-contiguous view of an activation (attention's q, k and
+// v, views of one qkv projection) is offloaded by copying its whole block, once for every
+// view of it, when the block is at most 4x the view's bytes; backward rebuilds the views over
+// the restored block. Other tensors (parameters, tensors under `min_bytes`, views of much
+// larger blocks) are kept as usual. A tensor saved twice (a ReLU's output that the next
 // convolution saves too) is copied once.
 //
 // Saves are numbered into groups: each SaveOnCpu scope that opens or closes on an
@@ -37,13 +40,21 @@ struct OffloadOptions {
   bool pin_memory = true;  // pinned host memory (asynchronous copies); else pageable
   size_t min_bytes = 0;    // tensors smaller than this stay on the device
   bool prefetch = true;    // backward prefetches one group ahead
+  // When a group's saves are copied: 0 at once; k > 0 when group g + k opens, so the groups
+  // still open, or just closed, when backward starts (a model's head and its logits, which
+  // backward needs first) are never copied and are used where they are. -1: the creator's
+  // default (0 for SaveOnCpu's own offloader; 2 for nn::offload_activations, whose blocks
+  // alternate with the groups between them, so each block is copied as the next one opens).
+  int defer_groups = -1;
 };
 
 // What an offloader did (tests, reports).
 struct OffloadStats {
   int64_t tensors_offloaded = 0;     // distinct tensors copied to the host
   int64_t bytes_offloaded = 0;       // their bytes
-  int64_t tensors_kept = 0;          // saves kept on the device (parameters, views, small)
+  int64_t tensors_kept = 0;          // saves kept on the device (parameters, small, views
+                                     // of a block more than 4x their size)
+  int64_t tensors_in_place = 0;      // deferred saves backward used before they were copied
   int64_t tensors_deduplicated = 0;  // saves of a tensor already offloaded
   int64_t tensors_prefetched = 0;    // restored ahead of use by a group prefetch
   int64_t tensors_fetched = 0;       // restored on demand at unpack

@@ -58,6 +58,9 @@ std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const Of
   if (spec.kind == OffloadSpec::Kind::blocks && spec.blocks > blocks)
     throw std::invalid_argument(fmt::format("offload_activations({}): the model ({}) has {} blocks",
                                             spec.str(), model.type_name(), blocks));
+  // Each block's saves are copied as the next block opens; the head's (the logits, which
+  // backward needs first) stay on the device rather than going out and straight back.
+  if (options.defer_groups < 0) options.defer_groups = 2;
   auto offloader = ActivationOffloader::create(options);
   if (spec.kind == OffloadSpec::Kind::activations) model.set_offload(offloader);
   int n = 0;
