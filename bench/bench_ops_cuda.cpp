@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "memory/json.h"
 #ifdef TALLY_WITH_CUDA
 #include "tensor/cuda/runtime.h"
 #endif
@@ -213,8 +214,9 @@ int main(int argc, char** argv) {
           c.name, c.shape, c.dtype, ms, floor_ms, c.bytes / ms / 1e6, c.flops / ms / 1e9,
           compute_bound ? "compute" : "memory");
     } catch (const std::exception& e) {
-      fmt::print("{{\"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"error\": \"{}\"}}\n",
-                 c.name, c.shape, c.dtype, std::string(e.what()).substr(0, 120));
+      fmt::print("{{\"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"error\": {}}}\n",
+                 c.name, c.shape, c.dtype,
+                 memory::json_quote(std::string_view(e.what()).substr(0, 120)));
     }
     std::fflush(stdout);
   }

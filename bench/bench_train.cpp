@@ -10,7 +10,8 @@
 // The memory levers run when named with their model: "gpt:amp-bf16+offload",
 // "resnet:amp-bf16+sib" (tokens: offload = every block's activations to pinned host memory,
 // sib = step-in-backward, adamw8bit = GPT's optimizer with 8-bit moments, fusedce = GPT's
-// fused chunked classifier, v50257 = GPT's real vocabulary; amp-bf16 / amp-fp16 as above). Each
+// fused chunked classifier, v50257 = GPT's real vocabulary, varyseq = GPT's sequence length
+// varying per step; amp-bf16 / amp-fp16 as above). Each
 // line also carries the bytes of activation, gradient, optimizer_state and temporary at the
 // allocated peak. The analysis tools' cost (bench/analysis.py) runs the same way: hist = memory
 // history recorded through the timed steps, leaks = a memory::LeakDetector step() after each.
@@ -194,8 +195,16 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
       randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
   const Tensor tgt =
       randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
-  const auto step =
-      with_analysis(cfg, dev, train_step(cfg, dev, opt, [&] { return (*model)(idx, tgt).second; }));
+  // varyseq: step k takes the first T_k tokens, T_k = 128 + 64 ((7k + 3) mod 15): 15 lengths
+  // from 128 to 1024 in a scrambled order (bench/levers.py's PyTorch rows use the same).
+  int64_t k = 0;
+  const bool vary = has(cfg, "varyseq");
+  const auto step = with_analysis(
+      cfg, dev, train_step(cfg, dev, opt, [&] {
+        if (!vary) return (*model)(idx, tgt).second;
+        const int64_t t = 128 + 64 * ((7 * k++ + 3) % 15);
+        return (*model)(idx.slice(1, 0, t).contiguous(), tgt.slice(1, 0, t).contiguous()).second;
+      }));
   memory::empty_cache(dev);
   report("gpt2-124M-B16T1024", cfg, timed(step, dev, 2, steps), dev, B * T);
   memory::record_memory_history(false, 0, dev);
@@ -243,7 +252,7 @@ int main(int argc, char** argv) {
     // name only.
     for (const std::string& c : configs) {
       if (!has(c, "offload") && !has(c, "sib") && !has(c, "adamw8bit") && !has(c, "fusedce") &&
-          !has(c, "v50257") && !has(c, "hist") && !has(c, "leaks"))
+          !has(c, "v50257") && !has(c, "hist") && !has(c, "leaks") && !has(c, "varyseq"))
         continue;
       if (resnet && c.rfind("resnet:", 0) == 0) resnet_cfg(c.substr(7), dev, steps);
       if (gpt && c.rfind("gpt:", 0) == 0) gpt_cfg(c.substr(4), dev, std::max(steps - 2, 3));

@@ -8,7 +8,10 @@ equivalent where one exists (torch.autograd.graph.save_on_cpu(pin_memory=True),
 register_post_accumulate_grad_hook with one optimizer per parameter,
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), each in a fresh process.
 
-    python3 bench/levers.py BUILD_DIR [gpt] [resnet] [--steps N]
+    python3 bench/levers.py BUILD_DIR [gpt] [resnet] [--steps N] [--only WORD]
+
+--only WORD keeps the rows whose configuration names WORD (e.g. offload), with the plain
+amp-bf16 row they are compared against.
 
 The copy floor next to an offload row: the bytes offloaded, once each way, over the H200's
 host link (~50 GB/s each way measured by the row itself when the copies do not overlap).
@@ -32,6 +35,7 @@ LEVERS = {
         ("amp-bf16+v50257", "amp-bf16+v50257"),
         ("amp-bf16+v50257+fusedce", None),
         ("amp-bf16+fusedce+sib+adamw8bit", None),
+        ("amp-bf16+varyseq", "amp-bf16+varyseq"),
     ],
     "resnet": [
         ("amp-bf16", "amp-bf16"),
@@ -39,7 +43,9 @@ LEVERS = {
         ("amp-bf16+sib", "amp-bf16+sib"),
     ],
 }
-EXPANDABLE = {"gpt": "amp-bf16", "resnet": "amp-bf16"}
+# Each also with expandable segments (Tally's TALLY_ALLOC_CONF, PyTorch's
+# PYTORCH_CUDA_ALLOC_CONF); varyseq: GPT-2 with the sequence length varying per step.
+EXPANDABLE = {"gpt": ["amp-bf16", "amp-bf16+varyseq"], "resnet": ["amp-bf16"]}
 
 
 def tally_rows(build, model, cfgs, steps, env=None):
@@ -69,7 +75,15 @@ def torch_one(model, cfg, steps):
         V = 50257 if "v50257" in cfg else 50304
         m = GPT(V=V).to(dev).train()
         idx = torch.randint(0, 50257, (16, 1024), device=dev)
-        loss_fn = lambda: m(idx, idx)
+        if "varyseq" in cfg:  # bench_train's lengths: 128 + 64 ((7k + 3) mod 15)
+            k = [0]
+
+            def loss_fn():
+                t = 128 + 64 * ((7 * k[0] + 3) % 15)
+                k[0] += 1
+                return m(idx[:, :t].contiguous(), idx[:, :t].contiguous())
+        else:
+            loss_fn = lambda: m(idx, idx)
         make_opt = lambda ps: torch.optim.AdamW(ps, lr=3e-4, fused=True)
     else:
         import torchvision
@@ -153,19 +167,25 @@ def main():
     steps = 10
     if "--steps" in args:
         steps = int(args[args.index("--steps") + 1])
+    only = args[args.index("--only") + 1] if "--only" in args else None
     models = [m for m in ("gpt", "resnet") if m in args] or ["gpt", "resnet"]
     table = []
     for model in models:
-        cfgs = [t for t, _ in LEVERS[model]]
+        levers = [(t, p) for t, p in LEVERS[model]
+                  if only is None or t == "amp-bf16" or only in t]
+        cfgs = [t for t, _ in levers]
         rows = {r["cfg"]: r for r in tally_rows(build, model, cfgs, steps)}
-        exp_env = dict(os.environ, TALLY_ALLOC_CONF="expandable_segments:True")
-        for r in tally_rows(build, model, [EXPANDABLE[model]], steps, exp_env):
-            rows["expandable:" + r["cfg"]] = r
-        for tcfg, pcfg in LEVERS[model] + [("expandable:" + EXPANDABLE[model], "expandable")]:
+        exp = [c for c in EXPANDABLE[model] if only is None or only in "expandable" or only in c]
+        if exp:
+            exp_env = dict(os.environ, TALLY_ALLOC_CONF="expandable_segments:True")
+            for r in tally_rows(build, model, exp, steps, exp_env):
+                rows["expandable:" + r["cfg"].split(":")[-1]] = r
+            levers = levers + [("expandable:" + c, "expandable:" + c) for c in exp]
+        for tcfg, pcfg in levers:
             t = rows.get(tcfg)
             p = None
-            if pcfg == "expandable":
-                p = torch_rows(model, EXPANDABLE[model], steps,
+            if pcfg and pcfg.startswith("expandable:"):
+                p = torch_rows(model, pcfg.split(":", 1)[1], steps,
                                {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
             elif pcfg:
                 p = torch_rows(model, pcfg, steps)

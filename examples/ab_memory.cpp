@@ -1,5 +1,6 @@
 // ab_memory: the A/B memory runner. Runs a matrix of configurations (checkpointing x
-// precision x the levers: --offload, --optimizer, --step-in-backward, each a comma list) on a
+// precision x the levers: --offload, --optimizer, --step-in-backward, each a comma list, and
+// --alloc-conf, repeated, one allocator setting per configuration) on a
 // ResNet or a GPT with the same seed and data, N steps each, and prints one
 // table: peak allocated and reserved, bytes per category at the peak, median step time,
 // final loss, and each column's change against the first configuration (the baseline).
@@ -19,10 +20,12 @@
 //
 //   ab_memory --model resnet --arch tiny --steps 4 --out ab_report
 //   ab_memory --model gpt --preset gpt2 --batch 16 --seq 1024 --estimate h200 --out gpt2_h200
-//   ab_memory --model gpt --preset gpt2 --batch 8 --seq 1024 --device cuda \
+//   ab_memory --model gpt --preset gpt2 --batch 8 --seq 1024 --device cuda
 //             --checkpoint none,blocks --amp off,bf16
-//   ab_memory --model gpt --amp bf16 --checkpoint none --offload none,activations \
+//   ab_memory --model gpt --amp bf16 --checkpoint none --offload none,activations
 //             --optimizer adamw,adamw8bit --step-in-backward off,on
+//   ab_memory --model gpt --checkpoint none --amp bf16 --alloc-conf default
+//             --alloc-conf expandable_segments:True
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -33,6 +36,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
@@ -75,6 +79,7 @@ struct Args {
   std::string offloads = "none";  // the levers' axes (each a comma list)
   std::string optimizers;         // default: adamw for gpt, sgd for resnet
   std::string step_in_backward = "off";
+  std::vector<std::string> alloc_confs;  // --alloc-conf, repeated
   std::string out = "ab_report";
   double lr = 0.01;
   std::string estimate;       // a dry run's target: predict every configuration, run none
@@ -86,6 +91,28 @@ struct Lever {
   std::string offload = "none";
   std::string optimizer;
   bool step_in_backward = false;
+  std::string alloc_conf;  // --alloc-conf: TALLY_ALLOC_CONF's syntax; "" the environment's
+};
+
+// The allocator settings of one configuration, on `alloc` while this lives, the previous
+// ones after. The caller starts it with nothing cached (a fresh dry run, or after
+// empty_cache), so the run's segments all follow the new settings.
+class AllocConfScope {
+ public:
+  AllocConfScope(memory::CachingAllocator& alloc, const std::string& conf) : alloc_(alloc) {
+    if (conf.empty()) return;
+    saved_ = alloc.config();
+    alloc.set_config(memory::AllocatorConfig::parse(conf));
+  }
+  ~AllocConfScope() {
+    if (saved_) alloc_.set_config(*saved_);
+  }
+  AllocConfScope(const AllocConfScope&) = delete;
+  AllocConfScope& operator=(const AllocConfScope&) = delete;
+
+ private:
+  memory::CachingAllocator& alloc_;
+  std::optional<memory::AllocatorConfig> saved_;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -284,6 +311,12 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", a.optimizers,
                  "comma list of sgd | adam | adamw | adamw8bit (default: adamw for gpt, sgd with "
                  "momentum 0.9 for resnet)");
+  app.add_option("--alloc-conf", a.alloc_confs,
+                 "allocator settings to compare, TALLY_ALLOC_CONF's syntax (e.g. "
+                 "expandable_segments:True or max_split_size_mb:64); repeat the flag, one "
+                 "configuration each; 'default' is the environment's")
+      ->take_all()
+      ->allow_extra_args(false);
   app.add_option("--step-in-backward", a.step_in_backward,
                  "comma list of off | on (each parameter steps as soon as its gradient is ready)")
       ->capture_default_str();
@@ -348,9 +381,25 @@ int main(int argc, char** argv) {
         for (const std::string& am : amps) ex::check_step_in_backward(true, am, 0);
     }
     std::vector<Lever> levers;
+    // --alloc-conf, repeated: one configuration per setting ("default": the environment's).
+    std::vector<std::string> alloc_confs;
+    for (const std::string& c : a.alloc_confs) {
+      if (c == "default") {
+        alloc_confs.push_back("");
+        continue;
+      }
+      try {
+        memory::AllocatorConfig::parse(c);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(fmt::format("--alloc-conf '{}': {}", c, e.what()));
+      }
+      alloc_confs.push_back(c);
+    }
+    if (alloc_confs.empty()) alloc_confs.push_back("");
     for (const std::string& o : offloads)
       for (const std::string& opt : optimizers)
-        for (const std::string& s : sibs) levers.push_back({o, opt, s == "on"});
+        for (const std::string& s : sibs)
+          for (const std::string& c : alloc_confs) levers.push_back({o, opt, s == "on", c});
     if (a.model == "resnet") {
       if (a.arch != "tiny" && a.arch != "resnet18" && a.arch != "resnet34" && a.arch != "resnet50")
         throw std::invalid_argument(
@@ -483,6 +532,7 @@ int main(int argc, char** argv) {
                        std::optional<DType> amp, const Lever& lever, ex::ConfigResult& r,
                        int64_t& last_step_us) {
       memory::DryRun dry({.target = target, .max_history = kHistoryEntries});
+      AllocConfScope conf(memory::get_allocator(dry.device()), lever.alloc_conf);
       std::string oom;
       try {
         last_step_us =
@@ -539,6 +589,11 @@ int main(int argc, char** argv) {
                       {"offload", lever.offload},
                       {"opt", lever.optimizer},
                       {"sib", lever.step_in_backward ? "on" : "off"}};
+        if (!a.alloc_confs.empty()) {
+          const std::string conf = lever.alloc_conf.empty() ? "default" : lever.alloc_conf;
+          r.settings.push_back({"alloc", conf});
+          r.name += " alloc=" + conf;
+        }
         if (offloads.size() > 1 || lever.offload != "none") r.name += " offload=" + lever.offload;
         if (optimizers.size() > 1 || !a.optimizers.empty()) r.name += " opt=" + lever.optimizer;
         if (sibs.size() > 1 || lever.step_in_backward)
@@ -550,6 +605,7 @@ int main(int argc, char** argv) {
         // --estimate there is no run: the dry run's allocator stands in for the device.
         Device recorded = dev;
         int64_t last_step_us = 0;
+        std::optional<AllocConfScope> run_conf;  // the real run's settings, to the snapshot
         recorded = predict(target, spec, amp, lever, r, last_step_us);
         if (r.estimate.predicted_seconds > 0)
           r.predicted_step_ms =
@@ -564,6 +620,7 @@ int main(int argc, char** argv) {
           memory::record_memory_history(false, 0, recorded);
           recorded = dev;
           memory::empty_cache(dev);
+          run_conf.emplace(memory::get_allocator(dev), lever.alloc_conf);
           memory::reset_peak_memory_stats(dev);
           // Recorded from before the batches' copies and the model: the snapshot has every
           // block's alloc (parameters, optimizer state, inputs), nothing `unknown`.
@@ -639,41 +696,46 @@ int main(int argc, char** argv) {
     }
     {
       // results.json: the table's numbers for scripts (bytes; categories by Tally's names).
-      std::string j = "[";
-      for (size_t i = 0; i < results.size(); ++i) {
-        const auto& r = results[i];
-        // A dry run has no step time and no loss: null.
-        auto number = [](double v, int digits) {
-          return std::isfinite(v) ? fmt::format("{:.{}f}", v, digits) : std::string("null");
-        };
-        j += fmt::format(
-            "{}{{\"name\": \"{}\", \"peak_allocated\": {}, \"peak_reserved\": {}, "
-            "\"median_ms\": {}, \"final_loss\": {}, \"at_peak\": {{",
-            i ? ", " : "", r.name, r.peak_allocated, r.peak_reserved, number(r.median_ms, 3),
-            number(r.final_loss, 6));
+      using Json = nlohmann::ordered_json;
+      // Times to the µs, losses to 6 decimals; a dry run has no step time and no loss: null.
+      auto number = [](double v, int digits) {
+        const double scale = std::pow(10.0, digits);
+        return std::isfinite(v) ? Json(std::round(v * scale) / scale) : Json();
+      };
+      auto by_category = [](const memory::CategoryBytes& bytes) {
+        Json o = Json::object();
         for (size_t c = 0; c < memory::kNumCategories; ++c)
-          j += fmt::format("{}\"{}\": {}", c ? ", " : "",
-                           memory::category_name(memory::kAllCategories[c]), r.at_peak[c]);
-        j += "}";
+          o[std::string(memory::category_name(memory::kAllCategories[c]))] = bytes[c];
+        return o;
+      };
+      Json j = Json::array();
+      for (const auto& r : results) {
+        Json settings = Json::object();
+        for (const auto& [axis, v] : r.settings) settings[axis] = v;
+        Json o = {{"name", r.name},
+                  {"settings", std::move(settings)},
+                  {"peak_allocated", r.peak_allocated},
+                  {"peak_reserved", r.peak_reserved},
+                  {"median_ms", number(r.median_ms, 3)},
+                  {"final_loss", number(r.final_loss, 6)},
+                  {"at_peak", by_category(r.at_peak)}};
         if (r.predicted) {
-          j += fmt::format(
-              ", \"estimate_target\": \"{}\", \"estimated_peak_allocated\": {}, "
-              "\"estimated_peak_reserved\": {}, \"estimated_at_peak\": {{",
-              r.estimate.target.name, r.estimate.peak_allocated, r.estimate.peak_reserved);
-          for (size_t c = 0; c < memory::kNumCategories; ++c)
-            j += fmt::format("{}\"{}\": {}", c ? ", " : "",
-                             memory::category_name(memory::kAllCategories[c]),
-                             r.estimate.at_peak[c]);
-          j += "}";
+          o["estimate_target"] = r.estimate.target.name;
+          o["estimated_peak_allocated"] = r.estimate.peak_allocated;
+          o["estimated_peak_reserved"] = r.estimate.peak_reserved;
+          o["estimated_at_peak"] = by_category(r.estimate.at_peak);
         }
-        j += fmt::format(
-            ", \"measured\": {}, \"snapshot\": \"{}\", \"timeline\": \"{}\", "
-            "\"timeline_html\": \"{}\", \"diff\": \"{}\"}}",
-            r.measured ? "true" : "false", r.snapshot_path, r.timeline_path, r.timeline_html_path,
-            r.diff_path);
+        o["measured"] = r.measured;
+        o["snapshot"] = r.snapshot_path;
+        o["timeline"] = r.timeline_path;
+        o["timeline_html"] = r.timeline_html_path;
+        o["diff"] = r.diff_path;
+        j.push_back(std::move(o));
       }
-      j += "]\n";
-      memory::write_file_atomic(a.out + "/results.json", j, "ab_memory");
+      // A path that is not UTF-8 gets U+FFFD for its odd bytes rather than failing the run.
+      memory::write_file_atomic(a.out + "/results.json",
+                                j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n",
+                                "ab_memory");
     }
     // The diffs first: the report links them.
     const std::vector<std::string> diffs = write_diffs(a.out, results);

@@ -12,6 +12,7 @@
 
 #include "memory/atomic_file.h"
 #include "memory/context.h"
+#include "memory/json.h"
 #include "memory/svg_chart.h"
 
 namespace tally::examples {
@@ -37,38 +38,6 @@ std::string delta(double v, double base) {
   const std::string sign = d > 0 ? "+" : (d < 0 ? "-" : "±");
   if (base == 0) return fmt::format(" ({}{} MiB)", sign, mib(std::abs(d)));
   return fmt::format(" ({}{:.0f}%)", sign, std::abs(d) / base * 100.0);
-}
-
-std::string json_str(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        o += "\\\"";
-        break;
-      case '\\':
-        o += "\\\\";
-        break;
-      case '\n':
-        o += "\\n";
-        break;
-      case '<':
-        o += "\\u003c";
-        break;  // never close the <script> early
-      case '>':
-        o += "\\u003e";
-        break;
-      case '&':
-        o += "\\u0026";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20)
-          o += fmt::format("\\u{:04x}", static_cast<int>(c));
-        else
-          o += c;
-    }
-  }
-  return o + "\"";
 }
 
 }  // namespace
@@ -248,6 +217,7 @@ std::string describe_setting(const std::string& axis, const std::string& v) {
     return v;
   }
   if (axis == "sib") return v == "on" ? "step-in-backward" : "no step-in-backward";
+  if (axis == "alloc") return v == "default" ? "default allocator settings" : v;
   return axis + "=" + v;
 }
 
@@ -318,12 +288,13 @@ std::string cpu_autocast_caveat(const std::vector<ConfigResult>& results) {
   }
   if (which.empty()) return "";
   return fmt::format(
-      "Caveat: these steps ran on the CPU, where 16-bit autocast ({}) makes a step slower, not "
-      "faster. Tally's CPU backend has no 16-bit matmul or convolution kernels: each one widens "
-      "its 16-bit operands to float32 copies, runs the float32 BLAS kernel and rounds the result "
-      "back, and the elementwise ops convert every value to float32 and back, so autocast adds "
-      "conversions and makes no kernel faster. The memory columns show what 16-bit saves; the "
-      "speed-up needs a GPU's 16-bit tensor cores (--device cuda).",
+      "Caveat: these steps ran on the CPU, where 16-bit autocast ({}) saves memory but not "
+      "time. Tally's CPU backend has no 16-bit matmul or convolution kernels: each one widens "
+      "its 16-bit operands to float32, runs the float32 BLAS kernel and rounds the result back "
+      "once, and the elementwise ops compute in float32 too, so autocast adds conversions and "
+      "makes no kernel faster: expect a step somewhat slower than in float32 (the step column "
+      "says by how much). The memory columns show what 16-bit saves; the speed-up needs a "
+      "GPU's 16-bit tensor cores (--device cuda).",
       fmt::join(which, ", "));
 }
 
@@ -367,12 +338,12 @@ void write_report(const std::string& path, const std::string& title,
   const fs::path dir =
       fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
   // ---- data ----
-  std::string data = "{\"title\":" + json_str(title) + ",\"categories\":[";
+  std::string data = "{\"title\":" + memory::json_quote(title) + ",\"categories\":[";
   for (size_t k = 0; k < std::size(kOrder); ++k)
-    data += (k ? "," : "") + json_str(std::string(memory::category_name(kOrder[k])));
+    data += (k ? "," : "") + memory::json_quote(memory::category_name(kOrder[k]));
   data += "],\"measured\":" +
           std::string(!results.empty() && results.front().measured ? "true" : "false");
-  data += ",\"caveat\":" + json_str(cpu_autocast_caveat(results));
+  data += ",\"caveat\":" + memory::json_quote(cpu_autocast_caveat(results));
   data += ",\"configs\":[";
   for (size_t i = 0; i < results.size(); ++i) {
     const ConfigResult& r = results[i];
@@ -387,9 +358,9 @@ void write_report(const std::string& path, const std::string& title,
     if (n && keep.back() != n - 1) keep.push_back(n - 1);
     std::sort(keep.begin(), keep.end());
     const int64_t t0 = n ? t.times_us.front() : 0;
-    data += std::string(i ? "," : "") + "{\"name\":" + json_str(r.name);
-    data += ",\"label\":" + json_str(i ? describe_change(results, i) : "baseline");
-    data += ",\"headline\":" + json_str(i ? headline(results, i) : "");
+    data += std::string(i ? "," : "") + "{\"name\":" + memory::json_quote(r.name);
+    data += ",\"label\":" + memory::json_quote(i ? describe_change(results, i) : "baseline");
+    data += ",\"headline\":" + memory::json_quote(i ? headline(results, i) : "");
     // A dry run (--estimate) has no step time and no loss: null. `predicted`: the dry run's
     // peak next to a measured run (the dashed line), else null.
     data += fmt::format(
@@ -416,8 +387,9 @@ void write_report(const std::string& path, const std::string& title,
     }
     data += fmt::format("],\"samples\":{},\"phases\":[", n);
     for (size_t k = 0; k < r.phases.size(); ++k)
-      data += fmt::format("{}[{},{:.3f},{:.3f}]", k ? "," : "", json_str(r.phases[k].name),
-                          r.phases[k].start_ms, r.phases[k].end_ms);
+      data +=
+          fmt::format("{}[{},{:.3f},{:.3f}]", k ? "," : "", memory::json_quote(r.phases[k].name),
+                      r.phases[k].start_ms, r.phases[k].end_ms);
     // The forward staircase, from every sample (not only the kept ones).
     data += "],\"stairs\":[";
     std::string cur_group;
@@ -428,7 +400,7 @@ void write_report(const std::string& path, const std::string& title,
       if (g.empty() || g == cur_group) continue;
       cur_group = g;
       data += fmt::format("{}[{:.3f},{},{},{}]", first_stair ? "" : ",",
-                          (t.times_us[s] - t0) / 1000.0, json_str(g), t.total(s), s);
+                          (t.times_us[s] - t0) / 1000.0, memory::json_quote(g), t.total(s), s);
       first_stair = false;
     }
     // Links to the files written for it, relative to the report's folder (those that exist).
@@ -441,8 +413,8 @@ void write_report(const std::string& path, const std::string& title,
           {"diff against 1", &r.diff_path}}) {
       std::error_code ec;
       if (file->empty() || !fs::is_regular_file(*file, ec)) continue;
-      data += fmt::format("{}[{},{}]", first_link ? "" : ",", json_str(label),
-                          json_str(relative_to(*file, dir)));
+      data += fmt::format("{}[{},{}]", first_link ? "" : ",", memory::json_quote(label),
+                          memory::json_quote(relative_to(*file, dir)));
       first_link = false;
     }
     data += "]}";
@@ -502,7 +474,7 @@ activation "staircase"). Dashed line: the dry run's predicted peak. Hover a char
 per category at the moment allocated memory peaked; changes against the first configuration. Snapshots open
 in PyTorch's memory_viz.</p>
 <script id="data" type="application/json">)HTML";
-  html += data;
+  html += memory::script_safe(data);  // never close the <script> early
   html += "</script>\n<script>\n";
   html += memory::chart_script();
   html += R"HTML(</script>

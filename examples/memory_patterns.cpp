@@ -29,6 +29,7 @@
 #include "examples/train_common.h"
 #include "memory/alloc_config.h"
 #include "memory/atomic_file.h"
+#include "memory/json.h"
 #include "memory/leak_detector.h"
 #include "memory/summary.h"
 #include "nn/checkpoint.h"
@@ -319,8 +320,9 @@ std::string leak(const Args& a, Device dev) {
   auto lines_json = [](const std::vector<memory::LeakingLine>& lines) {
     std::string s;
     for (const memory::LeakingLine& l : lines)
-      s += fmt::format(R"({}{{"location": "{}", "bytes_per_step": {:.1f}, "sites": {}}})",
-                       s.empty() ? "" : ", ", l.location, l.bytes_per_step, l.sites);
+      s += fmt::format(R"({}{{"location": {}, "bytes_per_step": {:.1f}, "sites": {}}})",
+                       s.empty() ? "" : ", ", memory::json_quote(l.location), l.bytes_per_step,
+                       l.sites);
     return "[" + s + "]";
   };
   return fmt::format(
@@ -332,7 +334,8 @@ std::string leak(const Args& a, Device dev) {
 // ---------------------------------------------------------------- fragmentation
 struct FragResult {
   std::vector<int64_t> allocated_peak,
-      reserved;  // per step: peak allocated in the step, reserved after it
+      reserved;                  // per step: peak allocated in the step, reserved after it
+  std::vector<int64_t> lengths;  // each step's T
   int64_t peak_allocated = 0, peak_reserved = 0;
   std::string summary_line;
 };
@@ -362,6 +365,7 @@ FragResult frag_run(const Args& a, Device dev, const std::string& conf, bool pad
   for (int64_t s = 0; s < a.frag_steps; ++s) {
     int64_t t = len(rng);
     if (pad) t = 2048;  // pad every batch to the longest length: one size, no fragments
+    r.lengths.push_back(t);
     const int64_t rows = a.batch * t;
     memory::reset_peak_memory_stats(dev);
     Tensor x;
@@ -418,9 +422,12 @@ std::string fragmentation(const Args& a, Device dev) {
     bool pad;
     FragResult r;
   };
+  // The fourth: one growing segment per stream (PyTorch's expandable_segments), so freed
+  // ranges of any size are reused and reserved follows the largest step.
   std::vector<Variant> vs = {{"default", "", false, {}},
                              {split_conf, split_conf, false, {}},
-                             {"padded to 2048", "", true, {}}};
+                             {"padded to 2048", "", true, {}},
+                             {"expandable_segments:True", "expandable_segments:True", false, {}}};
   for (size_t i = 0; i < vs.size(); ++i) {
     fmt::print("-- variant: {}\n", vs[i].name);
     vs[i].r =
@@ -445,7 +452,7 @@ std::string fragmentation(const Args& a, Device dev) {
         ex::fmt_bytes(v.r.peak_reserved - v.r.peak_allocated),
         100.0 * (v.r.peak_reserved - v.r.peak_allocated) / std::max<int64_t>(1, v.r.peak_reserved),
         v.r.summary_line.empty() ? "" : "\n    summary: " + v.r.summary_line);
-  const FragResult &d = vs[0].r, &m = vs[1].r, &p = vs[2].r;
+  const FragResult &d = vs[0].r, &m = vs[1].r, &p = vs[2].r, &e = vs[3].r;
   const size_t last = d.reserved.size() - 1;
   fmt::print(
       "diagnosis: with random lengths the allocator keeps segments cut for earlier shapes: "
@@ -458,23 +465,28 @@ std::string fragmentation(const Args& a, Device dev) {
       "split, so each "
       "new large size takes a segment of its own (reserved {}); it pays off only under a memory "
       "cap, where "
-      "those whole blocks are freed and retried instead of an OOM.\n",
+      "those whole blocks are freed and retried instead of an OOM. expandable_segments:True "
+      "grows one segment and reuses any free range of it: reserved {} for a peak of {} "
+      "({:.3f}x).\n",
       ex::fmt_bytes(d.peak_reserved), double(d.peak_reserved) / double(d.peak_allocated),
       ex::fmt_bytes(d.peak_allocated), ex::fmt_bytes(d.allocated_peak[last]),
       ex::fmt_bytes(d.reserved[last]), ex::fmt_bytes(p.peak_allocated),
       ex::fmt_bytes(p.peak_reserved - p.peak_allocated),
       ex::fmt_bytes(d.peak_reserved - d.peak_allocated), vs[1].name, a.max_split_mb,
-      ex::fmt_bytes(m.peak_reserved));
+      ex::fmt_bytes(m.peak_reserved), ex::fmt_bytes(e.peak_reserved),
+      ex::fmt_bytes(e.peak_allocated),
+      double(e.peak_reserved) / double(std::max<int64_t>(1, e.peak_allocated)));
   fmt::print(
-      "wrote {0}/fragmentation_{{0,1,2}}.pickle (memory_viz's Allocator State History shows the "
+      "wrote {0}/fragmentation_{{0,1,2,3}}.pickle (memory_viz's Allocator State History shows the "
       "split segments)\n\n",
       a.out);
   std::string j = "{";
   for (size_t i = 0; i < vs.size(); ++i) {
     const auto& v = vs[i];
     j += fmt::format(
-        R"({}"{}": {{"conf": "{}", "padded": {}, "peak_allocated": {}, "peak_reserved": {}, "step_peak_allocated": {}, "reserved": {}}})",
-        i ? ", " : "", v.name, v.conf, v.pad ? "true" : "false", v.r.peak_allocated,
+        R"({}{}: {{"conf": {}, "padded": {}, "batch": {}, "lengths": {}, "peak_allocated": {}, "peak_reserved": {}, "step_peak_allocated": {}, "reserved": {}}})",
+        i ? ", " : "", memory::json_quote(v.name), memory::json_quote(v.conf),
+        v.pad ? "true" : "false", a.batch, json_list(v.r.lengths), v.r.peak_allocated,
         v.r.peak_reserved, json_list(v.r.allocated_peak), json_list(v.r.reserved));
   }
   return j + "}";
@@ -515,10 +527,10 @@ int main(int argc, char** argv) {
     if (a.pattern == "leak" || a.pattern == "all") parts.push_back("\"leak\": " + leak(a, dev));
     if (a.pattern == "fragmentation" || a.pattern == "all")
       parts.push_back("\"fragmentation\": " + fragmentation(a, dev));
-    memory::write_file_atomic(
-        a.out + "/patterns.json",
-        fmt::format("{{\"device\": \"{}\", {}}}\n", dev.str(), fmt::join(parts, ", ")),
-        "memory_patterns");
+    memory::write_file_atomic(a.out + "/patterns.json",
+                              fmt::format("{{\"device\": {}, {}}}\n", memory::json_quote(dev.str()),
+                                          fmt::join(parts, ", ")),
+                              "memory_patterns");
     fmt::print("wrote {}/patterns.json\n", a.out);
     return 0;
   });

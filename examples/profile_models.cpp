@@ -23,6 +23,7 @@
 #include "examples/cli_common.h"
 #include "examples/train_common.h"
 #include "memory/atomic_file.h"
+#include "memory/json.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "optim/adam.h"
@@ -281,12 +282,13 @@ int main(int argc, char** argv) {
                  r.median_ms_profiled, r.overhead_pct, r.kernel_ms_per_step,
                  r.gpu_busy_ms_per_step);
       j += fmt::format(
-          R"({}{{"model": "{}", "desc": "{}", "device": "{}", "median_ms": {}, "median_ms_profiled": {}, )"
+          R"({}{{"model": {}, "desc": {}, "device": {}, "median_ms": {}, "median_ms_profiled": {}, )"
           R"("overhead_pct": {}, "kernel_ms_per_step": {}, "gpu_busy_ms_per_step": {}, "kernels": {}, )"
-          R"("trace": "{}", "timeline": "{}"}})",
-          i ? ", " : "", r.model, r.desc, dev.str(), r.median_ms, r.median_ms_profiled,
-          r.overhead_pct, r.kernel_ms_per_step, r.gpu_busy_ms_per_step, r.kernels, r.trace,
-          r.timeline);
+          R"("trace": {}, "timeline": {}}})",
+          i ? ", " : "", memory::json_quote(r.model), memory::json_quote(r.desc),
+          memory::json_quote(dev.str()), r.median_ms, r.median_ms_profiled, r.overhead_pct,
+          r.kernel_ms_per_step, r.gpu_busy_ms_per_step, r.kernels, memory::json_quote(r.trace),
+          memory::json_quote(r.timeline));
     }
     memory::write_file_atomic(a.out + "/profile_models.json", j + "]\n", "profile_models");
     return 0;

@@ -587,24 +587,6 @@ std::string summary_json(const SnapshotSummary& s) {
       s.allocations, s.peak_t, json_quote(s.peak_reached_by));
 }
 
-// JSON text made safe inside <script>: `<`, `>` and `&` (which JSON has only inside strings)
-// as \u escapes, so no "</script>" or "<!--" can form whatever a file or frame is named.
-std::string script_safe(std::string_view json) {
-  std::string out;
-  out.reserve(json.size());
-  for (char c : json) {
-    if (c == '<')
-      out += "\\u003c";
-    else if (c == '>')
-      out += "\\u003e";
-    else if (c == '&')
-      out += "\\u0026";
-    else
-      out += c;
-  }
-  return out;
-}
-
 // At most ~2 * kBuckets samples: the lowest and highest of each run of samples, in order, so
 // that every peak and trough stays visible (the run's peak among them).
 constexpr size_t kBuckets = 2000;

@@ -1,4 +1,4 @@
-// safetensors reader and writer, with the small JSON reader/writer the header needs.
+// safetensors reader and writer; the header's JSON is parsed and formed by nlohmann-json.
 #include "nn/serialize.h"
 
 #include <fmt/format.h>
@@ -7,10 +7,13 @@
 #include <bit>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <stdexcept>
-#include <variant>
+#include <string_view>
 
 #include "memory/atomic_file.h"
 #include "memory/checked.h"
@@ -40,214 +43,188 @@ bool parse_st_dtype(const std::string& s, DType* d) {
   return false;
 }
 
-// ---- a JSON reader for the header: objects, arrays, strings, integers, literals ----
-struct JValue;
-using JObject = std::vector<std::pair<std::string, JValue>>;
-using JArray = std::vector<JValue>;
-struct JValue {
-  std::variant<std::nullptr_t, bool, double, std::string, JArray, JObject> v;
-  size_t offset = 0;  // file byte offset where the value starts
-};
+// ---- the header's JSON, through nlohmann-json ----
+using Json = nlohmann::json;
+using JsonPointer = Json::json_pointer;
 
-class JsonReader {
+constexpr uint64_t kHeaderStart = 8;  // the header's first byte in the file
+
+[[noreturn]] void corrupt_header(const std::string& path, uint64_t offset,
+                                 const std::string& what) {
+  throw std::runtime_error(
+      fmt::format("load_safetensors: {}: corrupt header at byte {}: {}", path, offset, what));
+}
+
+// An input iterator over the header that records how far the parser has read, so that the
+// parser's callback can tell where a value lies in the file.
+class TrackingIterator {
  public:
-  JsonReader(const std::string& text, size_t base, const std::string& path)
-      : s_(text), base_(base), path_(path) {}
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
 
-  JValue parse_document() {
-    JValue v = value();
-    ws();
-    if (i_ != s_.size()) fail("trailing characters after the JSON header");
-    return v;
+  TrackingIterator(const char* p, const char** read) : p_(p), read_(read) {}
+  reference operator*() const { return *p_; }
+  TrackingIterator& operator++() {
+    *read_ = ++p_;
+    return *this;
   }
-
-  [[noreturn]] void fail(const std::string& what) const { fail_at(base_ + i_, what); }
-  [[noreturn]] void fail_at(size_t off, const std::string& what) const {
-    throw std::runtime_error(
-        fmt::format("load_safetensors: {}: corrupt header at byte {}: {}", path_, off, what));
+  TrackingIterator operator++(int) {
+    TrackingIterator before = *this;
+    ++*this;
+    return before;
   }
+  bool operator==(const TrackingIterator& o) const { return p_ == o.p_; }
 
  private:
-  void ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t'))
-      ++i_;
-  }
-  // Skips `c` when it is next.
-  bool consume(char c) {
-    if (i_ >= s_.size() || s_[i_] != c) return false;
-    ++i_;
-    return true;
-  }
-  // The comma-separated items of an object or array, after its opening bracket and up to
-  // its `close`; `item` reads one.
-  template <typename Item>
-  void items(char close, Item item) {
-    ws();
-    if (consume(close)) return;
-    for (;;) {
-      item();
-      ws();
-      if (consume(',')) continue;
-      if (consume(close)) return;
-      fail(fmt::format("expected ',' or '{}'", close));
-    }
-  }
-  JValue value() {
-    if (++depth_ > 64) fail("JSON nested too deeply");
-    ws();
-    if (i_ >= s_.size()) fail("unexpected end of the JSON header");
-    JValue out;
-    out.offset = base_ + i_;
-    const char c = s_[i_];
-    if (c == '{') {
-      ++i_;
-      JObject obj;
-      items('}', [&] {
-        ws();
-        if (i_ >= s_.size() || s_[i_] != '"') fail("expected a string key");
-        std::string key = string();
-        ws();
-        if (!consume(':')) fail("expected ':'");
-        obj.emplace_back(std::move(key), value());
-      });
-      out.v = std::move(obj);
-    } else if (c == '[') {
-      ++i_;
-      JArray arr;
-      items(']', [&] { arr.push_back(value()); });
-      out.v = std::move(arr);
-    } else if (c == '"') {
-      out.v = string();
-    } else if (c == '-' || (c >= '0' && c <= '9')) {
-      size_t j = i_;
-      if (s_[j] == '-') ++j;
-      while (j < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[j])) || s_[j] == '.' ||
-                               s_[j] == 'e' || s_[j] == 'E' || s_[j] == '+' || s_[j] == '-'))
-        ++j;
-      const std::string num = s_.substr(i_, j - i_);
-      char* end = nullptr;
-      const double d = std::strtod(num.c_str(), &end);
-      if (end != num.c_str() + num.size()) fail("bad number '" + num + "'");
-      out.v = d;
-      i_ = j;
-    } else if (s_.compare(i_, 4, "true") == 0) {
-      out.v = true, i_ += 4;
-    } else if (s_.compare(i_, 5, "false") == 0) {
-      out.v = false, i_ += 5;
-    } else if (s_.compare(i_, 4, "null") == 0) {
-      out.v = nullptr, i_ += 4;
-    } else {
-      fail(fmt::format("unexpected character '{}'", c));
-    }
-    --depth_;
-    return out;
-  }
-  std::string string() {
-    ++i_;  // opening quote
-    std::string out;
-    while (i_ < s_.size() && s_[i_] != '"') {
-      char c = s_[i_++];
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i_ >= s_.size()) break;
-      const char e = s_[i_++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          if (i_ + 4 > s_.size()) fail("truncated \\u escape");
-          uint32_t cp = static_cast<uint32_t>(std::stoul(s_.substr(i_, 4), nullptr, 16));
-          i_ += 4;
-          if (cp >= 0xD800 && cp <= 0xDBFF && i_ + 6 <= s_.size() && s_[i_] == '\\' &&
-              s_[i_ + 1] == 'u') {
-            const uint32_t lo =
-                static_cast<uint32_t>(std::stoul(s_.substr(i_ + 2, 4), nullptr, 16));
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            i_ += 6;
-          }
-          // UTF-8 encode
-          if (cp < 0x80) {
-            out += static_cast<char>(cp);
-          } else if (cp < 0x800) {
-            out += static_cast<char>(0xC0 | (cp >> 6));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-          } else if (cp < 0x10000) {
-            out += static_cast<char>(0xE0 | (cp >> 12));
-            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-          } else {
-            out += static_cast<char>(0xF0 | (cp >> 18));
-            out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-          }
-          break;
-        }
-        default:
-          fail(fmt::format("bad escape '\\{}'", e));
-      }
-    }
-    if (i_ >= s_.size()) fail("unterminated string");
-    ++i_;  // closing quote
-    return out;
-  }
-
-  const std::string& s_;
-  size_t base_;
-  const std::string& path_;
-  size_t i_ = 0;
-  int depth_ = 0;
+  const char* p_;
+  const char** read_;
 };
 
-int64_t as_uint(const JsonReader& r, const JValue& v, const std::string& what) {
-  const double* d = std::get_if<double>(&v.v);
-  // The range first: converting a double past int64 to int64 is undefined.
-  if (!d || !(*d >= 0 && *d <= 9.0e15) || *d != static_cast<double>(static_cast<int64_t>(*d)))
-    r.fail_at(v.offset, what + " must be a non-negative integer");
-  return static_cast<int64_t>(*d);
+// Whether `s` is valid UTF-8 (nlohmann-json's serializer checks it).
+bool is_utf8(const std::string& s) {
+  try {
+    (void)Json(s).dump();
+    return true;
+  } catch (const Json::type_error&) {
+    return false;
+  }
+}
+
+// The header: its JSON and its top-level names in file order (the tensors load in the order
+// of their data offsets, names with equal offsets in file order).
+struct Header {
+  Json doc;
+  std::vector<std::string> names;
+};
+
+// Parses the header `text` with nlohmann-json. Syntax errors (nlohmann's parse_error, whose
+// byte is 1-based in the header), a tensor name given twice and nesting deeper than 64 levels
+// throw naming the file and the byte offset in the file. With `find`, *found receives the file
+// offset where the value at that JSON pointer starts: the semantic errors parse the header
+// again for it (corrupt_value), so that a valid header is parsed once and keeps no offsets.
+//
+// Where a value starts: nlohmann's parser calls back once it has read a value to its end
+// (a number: one character more, which it puts back), a key, or a bracket; the value starts
+// at the first character after the previous callback's read position that is not white
+// space or the one ':' or ',' before it.
+Header parse_header(const std::string& text, const std::string& path,
+                    const JsonPointer* find = nullptr, uint64_t* found = nullptr) {
+  const char* const begin = text.data();
+  const char* read = begin;
+  size_t prev = 0;  // `read` at the previous callback
+  auto value_start = [&] {
+    size_t i = prev;
+    auto skip_ws = [&] {
+      while (i < text.size() &&
+             (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r'))
+        ++i;
+    };
+    skip_ws();
+    if (i < text.size() && (text[i] == ':' || text[i] == ',')) {
+      ++i;
+      skip_ws();
+    }
+    return kHeaderStart + i;
+  };
+  // The containers the parser is in, for the JSON pointer of each value (with `find` only).
+  struct Level {
+    JsonPointer at;
+    bool array;
+    size_t next_index = 0;
+    std::string key;
+  };
+  std::vector<Level> levels;
+  Header h;
+  std::set<std::string> seen;
+  auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    using E = Json::parse_event_t;
+    if (event == E::key && depth == 1) {
+      const std::string& name = parsed.get_ref<const std::string&>();
+      if (!seen.insert(name).second)
+        corrupt_header(path, value_start(), fmt::format("duplicate tensor name '{}'", name));
+      h.names.push_back(name);
+    }
+    if ((event == E::object_start || event == E::array_start) && depth >= 64)
+      corrupt_header(path, value_start(), "JSON nested too deeply");
+    if (find) {
+      if (event == E::key) {
+        levels.back().key = parsed.get<std::string>();
+      } else if (event == E::object_end || event == E::array_end) {
+        levels.pop_back();
+      } else {  // a value starts: object_start, array_start or value
+        JsonPointer at;
+        if (!levels.empty())
+          at = levels.back().array ? levels.back().at / levels.back().next_index++
+                                   : levels.back().at / levels.back().key;
+        if (at == *find) *found = value_start();
+        if (event != E::value) levels.push_back({std::move(at), event == E::array_start, 0, {}});
+      }
+    }
+    prev = static_cast<size_t>(read - begin);
+    return true;
+  };
+  try {
+    h.doc = Json::parse(TrackingIterator(begin, &read),
+                        TrackingIterator(begin + text.size(), &read), callback);
+    return h;
+  } catch (const Json::parse_error& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 6: syntax error ...":
+    // the line and column are the header's, the byte offset below is the file's.
+    // "last read: '...'" quotes the header's bytes: not when they are not UTF-8.
+    std::string what = e.what();
+    const size_t colon = what.find(": ");
+    if (colon != std::string::npos) what.erase(0, colon + 2);
+    if (!is_utf8(what)) what.erase(std::min(what.size(), what.find("; last read: ")));
+    corrupt_header(path, kHeaderStart + (e.byte ? e.byte - 1 : 0), what);
+  }
+}
+
+// A semantic error in the header: names the file and the file offset of the value at `at`.
+[[noreturn]] void corrupt_value(const std::string& header, const std::string& path,
+                                const JsonPointer& at, const std::string& what) {
+  uint64_t offset = kHeaderStart;
+  parse_header(header, path, &at, &offset);
+  corrupt_header(path, offset, what);
+}
+
+// A size or offset: a non-negative JSON integer of at most 2^63 - 1 (memory/checked.h), else
+// nullopt. Fractions and exponents ("4.0", "1e3") are not integers, as in safetensors' own
+// reader.
+std::optional<uint64_t> as_size(const Json& v) {
+  if (!v.is_number_unsigned()) return std::nullopt;
+  const uint64_t u = v.get<uint64_t>();
+  if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::nullopt;
+  return u;
+}
+
+// std::invalid_argument naming the file unless `s` is valid UTF-8: JSON text is, and
+// safetensors' readers reject a header that is not. The message shows `s` with U+FFFD for its
+// invalid bytes (memory::json_quote).
+void require_utf8(const std::string& path, const std::string& s, std::string_view what) {
+  if (!is_utf8(s))
+    throw std::invalid_argument(fmt::format("save_safetensors: {}: {} {} is not valid UTF-8", path,
+                                            what, memory::json_quote(s)));
 }
 
 }  // namespace
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  std::set<std::string> names;
-  std::string header = "{";
-  bool first = true;
+  // In the given order (ordered_json), __metadata__ first, compact: {"__metadata__":{"k":"v"},
+  // "name":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},...}.
+  nlohmann::ordered_json doc = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
-    header += "\"__metadata__\":{";
-    bool f = true;
+    nlohmann::ordered_json& m = doc["__metadata__"] = nlohmann::ordered_json::object();
     for (const auto& [k, v] : metadata) {
-      header += (f ? "" : ",") + memory::json_quote(k) + ":" + memory::json_quote(v);
-      f = false;
+      require_utf8(path, k, "metadata key");
+      require_utf8(path, v, "metadata value");
+      m[k] = v;
     }
-    header += "}";
-    first = false;
   }
+  std::set<std::string> names;
   std::vector<Tensor> cpu;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
@@ -263,18 +240,14 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
       memory::CategoryScope cat(memory::Category::temporary);
       c = ops::contiguous(ops::to(t.detach(), Device::cpu(), t.dtype()));
     }
-    std::string shape = "[";
-    for (int64_t d = 0; d < c.dim(); ++d) shape += (d ? "," : "") + std::to_string(c.size(d));
-    shape += "]";
-    header +=
-        fmt::format("{}{}:{{\"dtype\":\"{}\",\"shape\":{},\"data_offsets\":[{},{}]}}",
-                    first ? "" : ",", memory::json_quote(name), st_dtype(c.dtype()), shape, offset,
-                    memory::checked_add(offset, uint64_t{c.nbytes()}, "save_safetensors"));
-    first = false;
-    offset += c.nbytes();
+    const uint64_t end = memory::checked_add(offset, uint64_t{c.nbytes()}, "save_safetensors");
+    require_utf8(path, name, "tensor name");
+    doc[name] = {
+        {"dtype", st_dtype(c.dtype())}, {"shape", c.sizes()}, {"data_offsets", {offset, end}}};
+    offset = end;
     cpu.push_back(c);
   }
-  header += "}";
+  std::string header = doc.dump();
   while ((8 + header.size()) % 8 != 0) header += ' ';  // align the data to 8 bytes
 
   // Atomic: a write cut short (disk full, a file-size limit) leaves the previous file intact.
@@ -316,10 +289,9 @@ NamedTensors load_safetensors(const std::string& path,
   if (!in) throw corrupt(8, "cannot read the header");
   const uint64_t data_start = 8 + n, data_size = file_size - data_start;
 
-  JsonReader reader(header, 8, path);
-  const JValue doc = reader.parse_document();
-  const JObject* root = std::get_if<JObject>(&doc.v);
-  if (!root) reader.fail_at(8, "the header is not a JSON object");
+  const Header h = parse_header(header, path);
+  const Json& doc = h.doc;
+  if (!doc.is_object()) corrupt_header(path, kHeaderStart, "the header is not a JSON object");
 
   struct Entry {
     std::string name;
@@ -328,61 +300,67 @@ NamedTensors load_safetensors(const std::string& path,
     uint64_t begin, end;
   };
   std::vector<Entry> entries;
-  std::set<std::string> seen;
-  for (const auto& [name, v] : *root) {
-    if (!seen.insert(name).second)
-      reader.fail_at(v.offset, fmt::format("duplicate tensor name '{}'", name));
-    const JObject* obj = std::get_if<JObject>(&v.v);
+  for (const std::string& name : h.names) {
+    const Json& v = doc.at(name);
+    const JsonPointer at = JsonPointer() / name;
     if (name == "__metadata__") {
-      if (!obj) reader.fail_at(v.offset, "__metadata__ is not an object");
-      for (const auto& [k, mv] : *obj) {
-        const std::string* s = std::get_if<std::string>(&mv.v);
-        if (!s)
-          reader.fail_at(mv.offset, fmt::format("__metadata__ value for '{}' is not a string", k));
-        if (metadata) (*metadata)[k] = *s;
+      if (!v.is_object()) corrupt_value(header, path, at, "__metadata__ is not an object");
+      for (const auto& [k, mv] : v.items()) {
+        if (!mv.is_string())
+          corrupt_value(header, path, at / k,
+                        fmt::format("__metadata__ value for '{}' is not a string", k));
+        if (metadata) (*metadata)[k] = mv.get<std::string>();
       }
       continue;
     }
-    if (!obj) reader.fail_at(v.offset, fmt::format("entry '{}' is not an object", name));
-    const JValue *jd = nullptr, *js = nullptr, *jo = nullptr;
-    for (const auto& [k, f] : *obj) {
-      if (k == "dtype")
-        jd = &f;
-      else if (k == "shape")
-        js = &f;
-      else if (k == "data_offsets")
-        jo = &f;
-    }
-    if (!jd || !js || !jo)
-      reader.fail_at(v.offset, fmt::format("tensor '{}' lacks dtype, shape or data_offsets", name));
+    if (!v.is_object())
+      corrupt_value(header, path, at, fmt::format("entry '{}' is not an object", name));
+    for (const char* field : {"dtype", "shape", "data_offsets"})
+      if (!v.contains(field))
+        corrupt_value(header, path, at, fmt::format("tensor '{}' lacks {}", name, field));
     Entry e;
     e.name = name;
-    const std::string* ds = std::get_if<std::string>(&jd->v);
-    if (!ds || !parse_st_dtype(*ds, &e.dtype))
-      reader.fail_at(jd->offset, fmt::format("tensor '{}': unsupported dtype {}", name,
-                                             ds ? "'" + *ds + "'" : std::string("(not a string)")));
-    const JArray* sa = std::get_if<JArray>(&js->v);
-    if (!sa) reader.fail_at(js->offset, fmt::format("tensor '{}': shape is not an array", name));
-    for (const JValue& d : *sa)
-      e.shape.push_back(as_uint(reader, d, "tensor '" + name + "': a shape entry"));
-    const JArray* oa = std::get_if<JArray>(&jo->v);
-    if (!oa || oa->size() != 2)
-      reader.fail_at(jo->offset,
-                     fmt::format("tensor '{}': data_offsets is not [begin, end]", name));
-    e.begin = static_cast<uint64_t>(as_uint(reader, (*oa)[0], "data_offsets begin"));
-    e.end = static_cast<uint64_t>(as_uint(reader, (*oa)[1], "data_offsets end"));
+    const Json& jd = v.at("dtype");
+    const Json& js = v.at("shape");
+    const Json& jo = v.at("data_offsets");
+    if (!jd.is_string() || !parse_st_dtype(jd.get<std::string>(), &e.dtype))
+      corrupt_value(
+          header, path, at / "dtype",
+          fmt::format("tensor '{}': unsupported dtype {}", name,
+                      jd.is_string() ? "'" + jd.get<std::string>() + "'" : "(not a string)"));
+    if (!js.is_array())
+      corrupt_value(header, path, at / "shape",
+                    fmt::format("tensor '{}': shape is not an array", name));
+    for (size_t i = 0; i < js.size(); ++i) {
+      const std::optional<uint64_t> d = as_size(js[i]);
+      if (!d)
+        corrupt_value(
+            header, path, at / "shape" / i,
+            fmt::format("tensor '{}': a shape entry must be a non-negative integer", name));
+      e.shape.push_back(static_cast<int64_t>(*d));
+    }
+    if (!jo.is_array() || jo.size() != 2)
+      corrupt_value(header, path, at / "data_offsets",
+                    fmt::format("tensor '{}': data_offsets is not [begin, end]", name));
+    const std::optional<uint64_t> begin = as_size(jo[0]), end = as_size(jo[1]);
+    if (!begin || !end)
+      corrupt_value(header, path, at / "data_offsets" / size_t{begin ? 1u : 0u},
+                    fmt::format("tensor '{}': data_offsets {} must be a non-negative integer", name,
+                                begin ? "end" : "begin"));
+    e.begin = *begin;
+    e.end = *end;
     uint64_t expect;
     if (!memory::try_nbytes(e.shape, dtype_size(e.dtype), &expect))
-      reader.fail_at(js->offset,
-                     fmt::format("tensor '{}': shape {} of {} holds more than 2^63 - 1 bytes "
-                                 "(its dimensions multiply past 64 bits)",
-                                 name, shape_str(e.shape), *ds));
+      corrupt_value(header, path, at / "shape",
+                    fmt::format("tensor '{}': shape {} of {} holds more than 2^63 - 1 bytes "
+                                "(its dimensions multiply past 64 bits)",
+                                name, shape_str(e.shape), jd.get<std::string>()));
     if (e.end < e.begin || e.end - e.begin != expect)
-      reader.fail_at(jo->offset,
-                     fmt::format("tensor '{}': data_offsets [{}, {}] hold {} bytes, its dtype and "
-                                 "shape {} need {}",
-                                 name, e.begin, e.end, e.end >= e.begin ? e.end - e.begin : 0,
-                                 shape_str(e.shape), expect));
+      corrupt_value(header, path, at / "data_offsets",
+                    fmt::format("tensor '{}': data_offsets [{}, {}] hold {} bytes, its dtype and "
+                                "shape {} need {}",
+                                name, e.begin, e.end, e.end >= e.begin ? e.end - e.begin : 0,
+                                shape_str(e.shape), expect));
     if (e.end > data_size)
       throw corrupt(data_start + e.begin,
                     fmt::format("tensor '{}' ends at data byte {} but the file has only {} "
@@ -390,8 +368,8 @@ NamedTensors load_safetensors(const std::string& path,
                                 name, e.end, data_size));
     entries.push_back(std::move(e));
   }
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < entries.size(); ++i)
     if (entries[i].begin < entries[i - 1].end)
       throw corrupt(

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "memory/atomic_file.h"
+#include "memory/json.h"
 #include "memory/rank_path.h"
 #include "memory/svg_chart.h"
 #include "memory/timeline.h"
@@ -231,7 +232,8 @@ void write_memory_timeline_html(const MemoryTimeline& t, std::ostream& out) {
          "viewBox=\"0 0 1200 560\"></svg>\n";
   out << "<div id=\"readout\" class=\"readout\">&nbsp;</div>\n";
   out << "<div id=\"legend\"></div>\n";
-  out << "<script type=\"application/json\" id=\"data\">" << data << "</script>\n";
+  out << "<script type=\"application/json\" id=\"data\">" << memory::script_safe(data)
+      << "</script>\n";
   out << "<script>" << memory::chart_script() << "</script>\n";
   out << "<script>" << kScript << "</script>\n</body></html>\n";
 }

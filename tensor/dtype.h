@@ -8,6 +8,8 @@
 #include <string>
 #include <type_traits>
 
+#include "tensor/cpu/convert.h"
+
 namespace tally {
 
 // uint8 comes last (added after the others: the enum's values are written in files and tables
@@ -22,12 +24,14 @@ inline bool is_floating(DType t) {
 // The dtype of an op over a and b (PyTorch's promotion among these types).
 DType promote_types(DType a, DType b);
 
-// IEEE binary16, stored; arithmetic happens in float.
+// IEEE binary16, stored; arithmetic happens in float. The conversions are inline and
+// branch-free (tensor/cpu/convert.h), so the CPU kernels' loops over float16 vectorize.
 struct Half {
   uint16_t bits = 0;
   Half() = default;
-  Half(float f);  // round to nearest even
-  operator float() const;
+  // Round to nearest even; overflow to inf; NaN to sign | 0x7e00.
+  Half(float f) : bits(cpu::float_to_half_bits(f)) {}
+  operator float() const { return cpu::half_bits_to_float(bits); }
 };
 
 // bfloat16, stored; arithmetic happens in float.

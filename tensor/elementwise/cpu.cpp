@@ -1,8 +1,17 @@
 // CPU elementwise kernels: copies with dtype conversion, fills, random fills, binary and
 // unary maps, where, clamp. Arithmetic runs in acc_t (float for the 16-bit types); the
 // scalar formulas are those of tensor/elementwise/math.h, shared with the CUDA kernels.
+//
+// Every map runs in parallel over large tensors (parallel_strided_runs: each element is
+// written by one thread, computed as the serial loop computes it). A run whose operands are
+// all contiguous takes a loop the compiler vectorizes (TALLY_SIMD); the common unary and
+// binary ops are instantiated with the op fixed at compile time, so that loop has no switch
+// and no branch on the data (a ReLU's `x > 0` over random signs mispredicts every other
+// element as a branch). sum cuts a full reduction into fixed blocks (tensor/cpu/parallel.h),
+// so its result does not depend on the thread count.
 #include <cmath>
 
+#include "tensor/cpu/convert.h"
 #include "tensor/cpu/loops.h"
 #include "tensor/elementwise/kernels.h"
 #include "tensor/elementwise/math.h"
@@ -28,16 +37,24 @@ T* base(const Tensor& t) {
   return static_cast<T*>(t.storage().data());
 }
 
-// Applies f(dst&, src) over dst (dtype D) and src (dtype S) of the same shape.
+// Applies f(dst&, src) over dst (dtype D) and src (dtype S) of the same shape, in parallel
+// over large tensors.
 template <typename D, typename S, typename F>
 void map2(const Tensor& dst, const Tensor& src, F f) {
   D* d = base<D>(dst);
   const S* s = base<S>(src);
-  strided_runs<2>(dst.sizes(), {dst.strides().data(), src.strides().data()},
-                  {dst.storage_offset(), src.storage_offset()},
-                  [&](std::array<int64_t, 2> o, int64_t n, std::array<int64_t, 2> st) {
-                    for (int64_t i = 0; i < n; ++i) f(d[o[0] + i * st[0]], s[o[1] + i * st[1]]);
-                  });
+  parallel_strided_runs<2>(dst.sizes(), {dst.strides().data(), src.strides().data()},
+                           {dst.storage_offset(), src.storage_offset()},
+                           [&](std::array<int64_t, 2> o, int64_t n, std::array<int64_t, 2> st) {
+                             D* dr = d + o[0];
+                             const S* sr = s + o[1];
+                             if (st[0] == 1 && st[1] == 1) {
+                               TALLY_SIMD
+                               for (int64_t i = 0; i < n; ++i) f(dr[i], sr[i]);
+                             } else {
+                               for (int64_t i = 0; i < n; ++i) f(dr[i * st[0]], sr[i * st[1]]);
+                             }
+                           });
 }
 
 template <typename D, typename S>
@@ -46,6 +63,12 @@ D convert(S v) {
     return v;
   } else if constexpr (std::is_same_v<D, bool>) {
     return static_cast<double>(static_cast<acc_t<S>>(v)) != 0.0;
+  } else if constexpr (std::is_same_v<D, Half> && std::is_same_v<S, float>) {
+    Half h;  // Half(v) exactly, inline and branch-free (tensor/cpu/convert.h)
+    h.bits = float_to_half_bits(v);
+    return h;
+  } else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, Half>) {
+    return half_bits_to_float(v.bits);
   } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
     return D(static_cast<float>(static_cast<acc_t<S>>(v)));
   } else {
@@ -70,18 +93,21 @@ void fill(const Tensor& dst, double value) {
   });
 }
 
-// Element i of a random fill: the Philox block (offset + i / 4), lane i % 4.
+// Element i of a random fill: the Philox block (offset + i / 4), lane i % 4 (so any range
+// of elements fills the same wherever it starts: the fill runs in parallel).
 template <typename F>
 void philox_fill(const Tensor& dst, PhiloxState state, F f) {
   // dst is contiguous (factories and dropout allocate it so).
   const int64_t n = dst.numel();
   TALLY_DISPATCH_ALL(dst.dtype(), "random", [&] {
     scalar_t* d = base<scalar_t>(dst) + dst.storage_offset();
-    for (int64_t i = 0; i < n; i += 4) {
-      const auto r = philox4x32(state.offset + static_cast<uint64_t>(i / 4), 0, state.seed);
-      for (int64_t j = 0; j < 4 && i + j < n; ++j)
-        d[i + j] = convert<scalar_t, double>(f(r, static_cast<int>(j)));
-    }
+    parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin - begin % 4; i < end; i += 4) {
+        const auto r = philox4x32(state.offset + static_cast<uint64_t>(i / 4), 0, state.seed);
+        for (int64_t j = std::max<int64_t>(0, begin - i); j < 4 && i + j < end; ++j)
+          d[i + j] = convert<scalar_t, double>(f(r, static_cast<int>(j)));
+      }
+    });
   });
 }
 
@@ -102,34 +128,71 @@ void rand_int(const Tensor& dst, int64_t low, int64_t high, PhiloxState state) {
   });
 }
 
+// out = f(a, b) elementwise (broadcast strides), in parallel over large tensors; a run
+// with every operand contiguous takes the vectorizable loop.
+template <typename O, typename T, typename F>
+void binary_map(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
+  O* po = base<O>(out);
+  const T* pa = base<T>(a);
+  const T* pb = base<T>(b);
+  parallel_strided_runs<3>(out.sizes(),
+                           {out.strides().data(), a.strides().data(), b.strides().data()},
+                           {out.storage_offset(), a.storage_offset(), b.storage_offset()},
+                           [&](std::array<int64_t, 3> o, int64_t n, std::array<int64_t, 3> s) {
+                             O* ro = po + o[0];
+                             const T* ra = pa + o[1];
+                             const T* rb = pb + o[2];
+                             if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+                               TALLY_SIMD
+                               for (int64_t i = 0; i < n; ++i) ro[i] = f(ra[i], rb[i]);
+                             } else {
+                               for (int64_t i = 0; i < n; ++i)
+                                 ro[i * s[0]] = f(ra[i * s[1]], rb[i * s[2]]);
+                             }
+                           });
+}
+
+// binary_map with the arithmetic op fixed at compile time (math::binary_value's switch folds
+// away).
+template <ops::BinaryOp Op, typename T>
+void binary_fixed(const Tensor& out, const Tensor& a, const Tensor& b) {
+  using A = acc_t<T>;
+  binary_map<T, T>(out, a, b, [](const T& x, const T& y) {
+    return T(math::binary_value<A>(Op, static_cast<A>(x), static_cast<A>(y)));
+  });
+}
+
 void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
     using T = scalar_t;
     using A = acc_t<T>;
-    const T* pa = base<T>(a);
-    const T* pb = base<T>(b);
-    const Shape& sz = out.sizes();
     if (math::is_compare(op)) {
-      bool* po = base<bool>(out);
-      strided_runs<3>(sz, {out.strides().data(), a.strides().data(), b.strides().data()},
-                      {out.storage_offset(), a.storage_offset(), b.storage_offset()},
-                      [&](std::array<int64_t, 3> o, int64_t n, std::array<int64_t, 3> s) {
-                        for (int64_t i = 0; i < n; ++i)
-                          po[o[0] + i * s[0]] = math::compare_value(
-                              op, static_cast<double>(static_cast<A>(pa[o[1] + i * s[1]])),
-                              static_cast<double>(static_cast<A>(pb[o[2] + i * s[2]])));
-                      });
+      binary_map<bool, T>(out, a, b, [op](const T& x, const T& y) {
+        return math::compare_value(op, static_cast<double>(static_cast<A>(x)),
+                                   static_cast<double>(static_cast<A>(y)));
+      });
       return;
     }
-    T* po = base<T>(out);
-    strided_runs<3>(sz, {out.strides().data(), a.strides().data(), b.strides().data()},
-                    {out.storage_offset(), a.storage_offset(), b.storage_offset()},
-                    [&](std::array<int64_t, 3> o, int64_t n, std::array<int64_t, 3> s) {
-                      for (int64_t i = 0; i < n; ++i)
-                        po[o[0] + i * s[0]] =
-                            T(math::binary_value<A>(op, static_cast<A>(pa[o[1] + i * s[1]]),
-                                                    static_cast<A>(pb[o[2] + i * s[2]])));
-                    });
+    if constexpr (std::is_floating_point_v<A>) {
+      using ops::BinaryOp;
+      switch (op) {  // the ops of a training step
+        case BinaryOp::add:
+          return binary_fixed<BinaryOp::add, T>(out, a, b);
+        case BinaryOp::sub:
+          return binary_fixed<BinaryOp::sub, T>(out, a, b);
+        case BinaryOp::mul:
+          return binary_fixed<BinaryOp::mul, T>(out, a, b);
+        case BinaryOp::div:
+          return binary_fixed<BinaryOp::div, T>(out, a, b);
+        case BinaryOp::relu_backward:
+          return binary_fixed<BinaryOp::relu_backward, T>(out, a, b);
+        default:
+          break;
+      }
+    }
+    binary_map<T, T>(out, a, b, [op](const T& x, const T& y) {
+      return T(math::binary_value<A>(op, static_cast<A>(x), static_cast<A>(y)));
+    });
   });
 }
 
@@ -139,18 +202,10 @@ void binary_scalar(ops::BinaryOp op, const Tensor& out, const Tensor& a, double 
     using A = std::conditional_t<std::is_floating_point_v<acc_t<T>>, acc_t<T>, double>;
     const A s = static_cast<A>(b);
     if (math::is_compare(op)) {
-      bool* po = base<bool>(out);
-      const T* pa = base<T>(a);
-      strided_runs<2>(out.sizes(), {out.strides().data(), a.strides().data()},
-                      {out.storage_offset(), a.storage_offset()},
-                      [&](std::array<int64_t, 2> o, int64_t n, std::array<int64_t, 2> st) {
-                        for (int64_t i = 0; i < n; ++i) {
-                          const double x =
-                              static_cast<double>(static_cast<acc_t<T>>(pa[o[1] + i * st[1]]));
-                          po[o[0] + i * st[0]] = reverse ? math::compare_value(op, b, x)
-                                                         : math::compare_value(op, x, b);
-                        }
-                      });
+      map2<bool, T>(out, a, [&](bool& d, const T& v) {
+        const double x = static_cast<double>(static_cast<acc_t<T>>(v));
+        d = reverse ? math::compare_value(op, b, x) : math::compare_value(op, x, b);
+      });
       return;
     }
     map2<T, T>(out, a, [&](T& d, const T& x) {
@@ -161,10 +216,34 @@ void binary_scalar(ops::BinaryOp op, const Tensor& out, const Tensor& a, double 
   });
 }
 
+// unary with the op fixed at compile time (math::unary_value's switch folds away).
+template <ops::UnaryOp Op, typename T>
+void unary_fixed(const Tensor& out, const Tensor& a) {
+  using A = acc_t<T>;
+  map2<T, T>(out, a, [](T& d, const T& x) { d = T(math::unary_value<A>(Op, static_cast<A>(x))); });
+}
+
 void unary(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
   TALLY_DISPATCH_FLOAT(a.dtype(), ops::unary_op_name(op), [&] {
     using T = scalar_t;
     using A = acc_t<T>;
+    using ops::UnaryOp;
+    switch (op) {  // the cheap ops, where the switch and branches would cost the most
+      case UnaryOp::relu:
+        return unary_fixed<UnaryOp::relu, T>(out, a);
+      case UnaryOp::neg:
+        return unary_fixed<UnaryOp::neg, T>(out, a);
+      case UnaryOp::abs:
+        return unary_fixed<UnaryOp::abs, T>(out, a);
+      case UnaryOp::square:
+        return unary_fixed<UnaryOp::square, T>(out, a);
+      case UnaryOp::sqrt:
+        return unary_fixed<UnaryOp::sqrt, T>(out, a);
+      case UnaryOp::rsqrt:
+        return unary_fixed<UnaryOp::rsqrt, T>(out, a);
+      default:
+        break;
+    }
     map2<T, T>(out, a,
                [&](T& d, const T& x) { d = T(math::unary_value<A>(op, static_cast<A>(x))); });
   });
@@ -205,7 +284,7 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
     const bool* pc = base<bool>(cond);
     const T* pa = base<T>(a);
     const T* pb = base<T>(b);
-    strided_runs<4>(
+    parallel_strided_runs<4>(
         out.sizes(),
         {out.strides().data(), cond.strides().data(), a.strides().data(), b.strides().data()},
         {out.storage_offset(), cond.storage_offset(), a.storage_offset(), b.storage_offset()},
@@ -213,6 +292,66 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
           for (int64_t i = 0; i < n; ++i)
             po[o[0] + i * s[0]] = pc[o[1] + i * s[1]] ? pa[o[2] + i * s[2]] : pb[o[3] + i * s[3]];
         });
+  });
+}
+
+// Adds the elements [begin, end) of `loop` (operands: the scratch accumulator, t) into acc,
+// in order: element e into acc[its accumulator offset], as Acc (double, or int64 for the
+// integers).
+template <typename Acc, typename T>
+void sum_range(const StridedLoop<2>& loop, int64_t begin, int64_t end, int64_t t_offset, const T* p,
+               Acc* acc) {
+  loop.runs(begin, end, {0, t_offset},
+            [&](std::array<int64_t, 2> o, int64_t n, std::array<int64_t, 2> s) {
+              const T* r = p + o[1];
+              if (s[0] == 0) {  // one accumulator for the run: keep it in a register
+                Acc a = acc[o[0]];
+                for (int64_t i = 0; i < n; ++i)
+                  a += static_cast<Acc>(static_cast<acc_t<T>>(r[i * s[1]]));
+                acc[o[0]] = a;
+              } else {
+                for (int64_t i = 0; i < n; ++i)
+                  acc[o[0] + i * s[0]] += static_cast<Acc>(static_cast<acc_t<T>>(r[i * s[1]]));
+              }
+            });
+}
+
+// sum into the scratch accumulator acc [n_out] through `ost` (out's contiguous strides, 0 on
+// reduced dims). Over large tensors in parallel, with a result that does not depend on the
+// thread count:
+// - several outputs: the tensor is split along its outermost kept dim, so each output is
+//   summed by one thread in the serial loop's order (the same bits as serially);
+// - one output: fixed blocks of kParallelGrain elements summed separately, then added in
+//   order (block_partials).
+template <typename Acc, typename T>
+void sum_into(std::vector<Acc>& acc, const Shape& ost, const Tensor& t) {
+  const T* p = base<T>(t);
+  const Shape& sizes = t.sizes();
+  const StridedLoop<2> loop(sizes, {ost.data(), t.strides().data()});
+  const int64_t numel = loop.numel();
+  if (acc.size() == 1) {
+    const std::vector<Acc> partial =
+        block_partials<Acc>(numel, kParallelGrain, [&](int64_t begin, int64_t end) {
+          Acc a{};
+          sum_range<Acc, T>(loop, begin, end, t.storage_offset(), p, &a);
+          return a;
+        });
+    for (const Acc& a : partial) acc[0] += a;
+    return;
+  }
+  size_t d = 0;  // the outermost kept dim of more than one element (n_out > 1: one exists)
+  while (d < sizes.size() && (ost[d] == 0 || sizes[d] == 1)) ++d;
+  if (numel < 2 * kParallelGrain || d == sizes.size()) {
+    sum_range<Acc, T>(loop, 0, numel, t.storage_offset(), p, acc.data());
+    return;
+  }
+  const int64_t per_index = numel / sizes[d];  // elements under one index of dim d
+  parallel_for(sizes[d], grain_of(per_index), [&](int64_t begin, int64_t end) {
+    Shape part = sizes;
+    part[d] = end - begin;
+    const StridedLoop<2> sub(part, {ost.data(), t.strides().data()});
+    sum_range<Acc, T>(sub, 0, sub.numel(), t.storage_offset() + begin * t.strides()[d], p,
+                      acc.data() + begin * ost[d]);
   });
 }
 
@@ -228,22 +367,14 @@ void sum(const Tensor& out, const Tensor& t) {
   Shape ost = contiguous_strides(out.sizes());
   for (size_t d = 0; d < ost.size(); ++d)
     if (out.sizes()[d] == 1 && t.sizes()[d] != 1) ost[d] = 0;
-  TALLY_DISPATCH_ALL(t.dtype(), "sum", [&] {
-    using T = scalar_t;
-    const T* p = base<T>(t);
-    strided_runs<2>(t.sizes(), {ost.data(), t.strides().data()}, {0, t.storage_offset()},
-                    [&](std::array<int64_t, 2> o, int64_t n, std::array<int64_t, 2> s) {
-                      if (integral) {
-                        for (int64_t i = 0; i < n; ++i)
-                          iacc[static_cast<size_t>(o[0] + i * s[0])] +=
-                              static_cast<int64_t>(static_cast<acc_t<T>>(p[o[1] + i * s[1]]));
-                      } else {
-                        for (int64_t i = 0; i < n; ++i)
-                          acc[static_cast<size_t>(o[0] + i * s[0])] +=
-                              static_cast<double>(static_cast<acc_t<T>>(p[o[1] + i * s[1]]));
-                      }
-                    });
-  });
+  if (n_out > 0) {
+    TALLY_DISPATCH_ALL(t.dtype(), "sum", [&] {
+      if (integral)
+        sum_into<int64_t, scalar_t>(iacc, ost, t);
+      else
+        sum_into<double, scalar_t>(acc, ost, t);
+    });
+  }
   TALLY_DISPATCH_ALL(out.dtype(), "sum", [&] {
     using T = scalar_t;
     T* po = base<T>(out) + out.storage_offset();

@@ -1,8 +1,15 @@
 // CPU normalization kernels: layer_norm / rms_norm over rows, batch_norm over channels.
 // Sums over a row or a channel run in double; elementwise arithmetic in acc_t (float for
 // the 16-bit types, double for float64), as the statistics are stored.
+//
+// Large inputs run in parallel over independent outputs (tensor/cpu/parallel.h): rows, or
+// channels, or (sample, channel) planes, each computed by one thread exactly as the serial
+// loop computes it, so the results do not depend on the thread count. layer_norm's
+// backward sums dweight and dbias over the rows: those sums run over columns, each column's
+// rows added in order.
 #include <cmath>
 
+#include "tensor/cpu/parallel.h"
 #include "tensor/norm/kernels.h"
 #include "tensor/norm/math.h"
 
@@ -50,29 +57,31 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
     const A* pw = ptr<const A>(weight);
     const A* pb = ptr<const A>(bias);
     const bool center = pm != nullptr;
-    for (int64_t i = 0; i < rows; ++i) {
-      const T* xr = px + i * cols;
-      T* orow = po + i * cols;
-      double mu = 0.0;
-      if (center) {
-        double s = 0.0;
-        for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(static_cast<A>(xr[j]));
-        mu = cols > 0 ? s / static_cast<double>(cols) : 0.0;
+    parallel_for(rows, grain_of(cols), [&](int64_t row0, int64_t row1) {
+      for (int64_t i = row0; i < row1; ++i) {
+        const T* xr = px + i * cols;
+        T* orow = po + i * cols;
+        double mu = 0.0;
+        if (center) {
+          double s = 0.0;
+          for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(static_cast<A>(xr[j]));
+          mu = cols > 0 ? s / static_cast<double>(cols) : 0.0;
+        }
+        double ss = 0.0;
+        for (int64_t j = 0; j < cols; ++j) {
+          const double d = static_cast<double>(static_cast<A>(xr[j])) - mu;
+          ss += d * d;
+        }
+        const double var = cols > 0 ? ss / static_cast<double>(cols) : 0.0;
+        const A m = static_cast<A>(mu);
+        const A r = static_cast<A>(1.0 / std::sqrt(var + eps));
+        if (center) pm[i] = m;
+        pr[i] = r;
+        for (int64_t j = 0; j < cols; ++j) {
+          orow[j] = T(math::scale_shift(math::xhat(static_cast<A>(xr[j]), m, r), pw, pb, j));
+        }
       }
-      double ss = 0.0;
-      for (int64_t j = 0; j < cols; ++j) {
-        const double d = static_cast<double>(static_cast<A>(xr[j])) - mu;
-        ss += d * d;
-      }
-      const double var = cols > 0 ? ss / static_cast<double>(cols) : 0.0;
-      const A m = static_cast<A>(mu);
-      const A r = static_cast<A>(1.0 / std::sqrt(var + eps));
-      if (center) pm[i] = m;
-      pr[i] = r;
-      for (int64_t j = 0; j < cols; ++j) {
-        orow[j] = T(math::scale_shift(math::xhat(static_cast<A>(xr[j]), m, r), pw, pb, j));
-      }
-    }
+    });
   });
 }
 
@@ -85,40 +94,51 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
     const auto [px, pdy, pdx, pdw, pdb, pm, pr, pw] =
         backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, rstd, weight);
     const bool center = pm != nullptr;
-    for (int64_t j = 0; j < cols; ++j) {
-      if (pdw) pdw[j] = A(0);
-      if (pdb) pdb[j] = A(0);
+    // dweight += dy * xhat, dbias += dy: per column, the rows in order.
+    if (pdw || pdb) {
+      parallel_for(cols, grain_of(rows), [&](int64_t col0, int64_t col1) {
+        for (int64_t j = col0; j < col1; ++j) {
+          A sw = A(0), sb = A(0);
+          for (int64_t i = 0; i < rows; ++i) {
+            const A g = static_cast<A>(pdy[i * cols + j]);
+            if (pdw)
+              sw += g * math::xhat(static_cast<A>(px[i * cols + j]), center ? pm[i] : A(0), pr[i]);
+            sb += g;
+          }
+          if (pdw) pdw[j] = sw;
+          if (pdb) pdb[j] = sb;
+        }
+      });
     }
+    if (!pdx) return;
     const double inv_n = cols > 0 ? 1.0 / static_cast<double>(cols) : 0.0;
-    for (int64_t i = 0; i < rows; ++i) {
-      const T* xr = px + i * cols;
-      const T* gr = pdy + i * cols;
-      const A m = center ? pm[i] : A(0);
-      const A r = pr[i];
-      // With g = dy * weight and xhat = (x - mean) * rstd:
-      //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (rms_norm: no mean(g) term)
-      //   dweight += dy * xhat, dbias += dy
-      double sg = 0.0, sgx = 0.0;
-      for (int64_t j = 0; j < cols; ++j) {
-        const A xh = math::xhat(static_cast<A>(xr[j]), m, r);
-        const A g = static_cast<A>(gr[j]);
-        if (pdw) pdw[j] += g * xh;
-        if (pdb) pdb[j] += g;
-        const A gw = pw ? g * pw[j] : g;
-        sg += static_cast<double>(gw);
-        sgx += static_cast<double>(gw) * static_cast<double>(xh);
+    parallel_for(rows, grain_of(cols), [&](int64_t row0, int64_t row1) {
+      for (int64_t i = row0; i < row1; ++i) {
+        const T* xr = px + i * cols;
+        const T* gr = pdy + i * cols;
+        const A m = center ? pm[i] : A(0);
+        const A r = pr[i];
+        // With g = dy * weight and xhat = (x - mean) * rstd:
+        //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (rms_norm: no mean(g) term)
+        double sg = 0.0, sgx = 0.0;
+        for (int64_t j = 0; j < cols; ++j) {
+          const A xh = math::xhat(static_cast<A>(xr[j]), m, r);
+          const A g = static_cast<A>(gr[j]);
+          const A gw = pw ? g * pw[j] : g;
+          sg += static_cast<double>(gw);
+          sgx += static_cast<double>(gw) * static_cast<double>(xh);
+        }
+        const A mg = center ? static_cast<A>(sg * inv_n) : A(0);
+        const A mgx = static_cast<A>(sgx * inv_n);
+        T* dr = pdx + i * cols;
+        for (int64_t j = 0; j < cols; ++j) {
+          const A xh = math::xhat(static_cast<A>(xr[j]), m, r);
+          const A g = static_cast<A>(gr[j]);
+          const A gw = pw ? g * pw[j] : g;
+          dr[j] = T(math::norm_input_grad(r, gw, mg, xh, mgx));
+        }
       }
-      if (!pdx) continue;
-      const A mg = center ? static_cast<A>(sg * inv_n) : A(0);
-      const A mgx = static_cast<A>(sgx * inv_n);
-      T* dr = pdx + i * cols;
-      for (int64_t j = 0; j < cols; ++j) {
-        const A xh = math::xhat(static_cast<A>(xr[j]), m, r);
-        const A g = static_cast<A>(gr[j]);
-        const A gw = pw ? g * pw[j] : g;
-        dr[j] = T(math::norm_input_grad(r, gw, mg, xh, mgx));
-      }
-    }
+    });
   });
 }
 
@@ -133,26 +153,28 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
     A* pi = ptr<A>(invstd);
     const auto [n, c, s] = ncs(x);
     const int64_t count = n * s;
-    for (int64_t ch = 0; ch < c; ++ch) {
-      double sum = 0.0;
-      for (int64_t b = 0; b < n; ++b) {
-        const T* p = px + (b * c + ch) * s;
-        for (int64_t k = 0; k < s; ++k) sum += static_cast<double>(static_cast<A>(p[k]));
-      }
-      const double mu = count > 0 ? sum / static_cast<double>(count) : 0.0;
-      double ss = 0.0;
-      for (int64_t b = 0; b < n; ++b) {
-        const T* p = px + (b * c + ch) * s;
-        for (int64_t k = 0; k < s; ++k) {
-          const double d = static_cast<double>(static_cast<A>(p[k])) - mu;
-          ss += d * d;
+    parallel_for(c, grain_of(count), [&](int64_t ch0, int64_t ch1) {
+      for (int64_t ch = ch0; ch < ch1; ++ch) {
+        double sum = 0.0;
+        for (int64_t b = 0; b < n; ++b) {
+          const T* p = px + (b * c + ch) * s;
+          for (int64_t k = 0; k < s; ++k) sum += static_cast<double>(static_cast<A>(p[k]));
         }
+        const double mu = count > 0 ? sum / static_cast<double>(count) : 0.0;
+        double ss = 0.0;
+        for (int64_t b = 0; b < n; ++b) {
+          const T* p = px + (b * c + ch) * s;
+          for (int64_t k = 0; k < s; ++k) {
+            const double d = static_cast<double>(static_cast<A>(p[k])) - mu;
+            ss += d * d;
+          }
+        }
+        const double v = count > 0 ? ss / static_cast<double>(count) : 0.0;
+        pm[ch] = static_cast<A>(mu);
+        pv[ch] = static_cast<A>(v);
+        pi[ch] = static_cast<A>(1.0 / std::sqrt(v + eps));
       }
-      const double v = count > 0 ? ss / static_cast<double>(count) : 0.0;
-      pm[ch] = static_cast<A>(mu);
-      pv[ch] = static_cast<A>(v);
-      pi[ch] = static_cast<A>(1.0 / std::sqrt(v + eps));
-    }
+    });
   });
 }
 
@@ -168,17 +190,18 @@ void batch_norm_elemt(const Tensor& out, const Tensor& x, const Tensor& mean, co
     const A* pw = ptr<const A>(weight);
     const A* pb = ptr<const A>(bias);
     const auto [n, c, s] = ncs(x);
-    for (int64_t b = 0; b < n; ++b) {
-      for (int64_t ch = 0; ch < c; ++ch) {
+    parallel_for(n * c, grain_of(s), [&](int64_t plane0, int64_t plane1) {
+      for (int64_t plane = plane0; plane < plane1; ++plane) {
+        const int64_t ch = plane % c;
         // y = x * scale + shift, scale = invstd * weight, shift = bias - mean * scale
         const A scale = pw ? pi[ch] * pw[ch] : pi[ch];
         const A m = pm[ch];
         const A shift = pb ? pb[ch] : A(0);
-        const int64_t base = (b * c + ch) * s;
+        const int64_t base = plane * s;
         for (int64_t k = 0; k < s; ++k)
           po[base + k] = T(math::batch_norm_value(static_cast<A>(px[base + k]), m, scale, shift));
       }
-    }
+    });
   });
 }
 
@@ -193,46 +216,48 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
     const auto [n, c, s] = ncs(dy);
     const int64_t count = n * s;
     const bool need_xhat = pdw || (pdx && training);
-    for (int64_t ch = 0; ch < c; ++ch) {
-      const A r = pi[ch];
-      const A m = need_xhat ? pm[ch] : A(0);
-      // sum(dy) and sum(dy * xhat) over the channel's elements, xhat = (x - mean) * invstd
-      double sdy = 0.0, sdyx = 0.0;
-      if (pdb || need_xhat) {
+    parallel_for(c, grain_of(count), [&](int64_t ch0, int64_t ch1) {
+      for (int64_t ch = ch0; ch < ch1; ++ch) {
+        const A r = pi[ch];
+        const A m = need_xhat ? pm[ch] : A(0);
+        // sum(dy) and sum(dy * xhat) over the channel's elements, xhat = (x - mean) * invstd
+        double sdy = 0.0, sdyx = 0.0;
+        if (pdb || need_xhat) {
+          for (int64_t b = 0; b < n; ++b) {
+            const int64_t base = (b * c + ch) * s;
+            for (int64_t k = 0; k < s; ++k) {
+              const A g = static_cast<A>(pdy[base + k]);
+              sdy += static_cast<double>(g);
+              if (need_xhat) {
+                const A xh = math::xhat(static_cast<A>(px[base + k]), m, r);
+                sdyx += static_cast<double>(g) * static_cast<double>(xh);
+              }
+            }
+          }
+        }
+        if (pdw) pdw[ch] = static_cast<A>(sdyx);
+        if (pdb) pdb[ch] = static_cast<A>(sdy);
+        if (!pdx) continue;
+        // training: dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat))
+        // eval:     dx = w * invstd * dy
+        const A scale = pw ? r * pw[ch] : r;
+        const double inv_count = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
+        const A mdy = static_cast<A>(sdy * inv_count);
+        const A mdyx = static_cast<A>(sdyx * inv_count);
         for (int64_t b = 0; b < n; ++b) {
           const int64_t base = (b * c + ch) * s;
           for (int64_t k = 0; k < s; ++k) {
             const A g = static_cast<A>(pdy[base + k]);
-            sdy += static_cast<double>(g);
-            if (need_xhat) {
+            if (training) {
               const A xh = math::xhat(static_cast<A>(px[base + k]), m, r);
-              sdyx += static_cast<double>(g) * static_cast<double>(xh);
+              pdx[base + k] = T(math::norm_input_grad(scale, g, mdy, xh, mdyx));
+            } else {
+              pdx[base + k] = T(scale * g);
             }
           }
         }
       }
-      if (pdw) pdw[ch] = static_cast<A>(sdyx);
-      if (pdb) pdb[ch] = static_cast<A>(sdy);
-      if (!pdx) continue;
-      // training: dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat))
-      // eval:     dx = w * invstd * dy
-      const A scale = pw ? r * pw[ch] : r;
-      const double inv_count = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
-      const A mdy = static_cast<A>(sdy * inv_count);
-      const A mdyx = static_cast<A>(sdyx * inv_count);
-      for (int64_t b = 0; b < n; ++b) {
-        const int64_t base = (b * c + ch) * s;
-        for (int64_t k = 0; k < s; ++k) {
-          const A g = static_cast<A>(pdy[base + k]);
-          if (training) {
-            const A xh = math::xhat(static_cast<A>(px[base + k]), m, r);
-            pdx[base + k] = T(math::norm_input_grad(scale, g, mdy, xh, mdyx));
-          } else {
-            pdx[base + k] = T(scale * g);
-          }
-        }
-      }
-    }
+    });
   });
 }
 

@@ -1,11 +1,14 @@
 // CPU 2-D pooling: one loop nest per op over (plane, output row, output column), each
-// window clipped to the input exactly as PyTorch's CPU kernels clip it.
+// window clipped to the input exactly as PyTorch's CPU kernels clip it. Large inputs run in
+// parallel over the planes (tensor/cpu/parallel.h): each plane's outputs, and in the
+// backward its input gradient, belong to one thread, computed as serially.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "tensor/cpu/parallel.h"
 #include "tensor/pool/kernels.h"
 #include "tensor/pool/math.h"
 
@@ -31,32 +34,34 @@ void max_pool2d_forward(const Tensor& out, const Tensor& indices, const Tensor& 
     const scalar_t* x = ptr<scalar_t>(input);
     scalar_t* y = ptr<scalar_t>(out);
     int64_t* idx = ptr<int64_t>(indices);
-    for (int64_t pl = 0; pl < g.planes; ++pl) {
-      const scalar_t* xp = x + pl * g.H * g.W;
-      for (int64_t oh = 0; oh < g.OH; ++oh) {
-        int64_t h0 = oh * p.sH - p.pH;
-        const int64_t h1 = std::min(h0 + (p.kH - 1) * p.dH + 1, g.H);
-        while (h0 < 0) h0 += p.dH;
-        for (int64_t ow = 0; ow < g.OW; ++ow) {
-          int64_t w0 = ow * p.sW - p.pW;
-          const int64_t w1 = std::min(w0 + (p.kW - 1) * p.dW + 1, g.W);
-          while (w0 < 0) w0 += p.dW;
-          int64_t best = h0 * g.W + w0;
-          A best_v = -std::numeric_limits<A>::infinity();
-          for (int64_t h = h0; h < h1; h += p.dH)
-            for (int64_t w = w0; w < w1; w += p.dW) {
-              const A v = static_cast<A>(xp[h * g.W + w]);
-              if (v > best_v || std::isnan(v)) {  // NaN propagates (as PyTorch: the last one)
-                best_v = v;
-                best = h * g.W + w;
+    parallel_for(g.planes, grain_of(g.H * g.W), [&](int64_t pl0, int64_t pl1) {
+      for (int64_t pl = pl0; pl < pl1; ++pl) {
+        const scalar_t* xp = x + pl * g.H * g.W;
+        for (int64_t oh = 0; oh < g.OH; ++oh) {
+          int64_t h0 = oh * p.sH - p.pH;
+          const int64_t h1 = std::min(h0 + (p.kH - 1) * p.dH + 1, g.H);
+          while (h0 < 0) h0 += p.dH;
+          for (int64_t ow = 0; ow < g.OW; ++ow) {
+            int64_t w0 = ow * p.sW - p.pW;
+            const int64_t w1 = std::min(w0 + (p.kW - 1) * p.dW + 1, g.W);
+            while (w0 < 0) w0 += p.dW;
+            int64_t best = h0 * g.W + w0;
+            A best_v = -std::numeric_limits<A>::infinity();
+            for (int64_t h = h0; h < h1; h += p.dH)
+              for (int64_t w = w0; w < w1; w += p.dW) {
+                const A v = static_cast<A>(xp[h * g.W + w]);
+                if (v > best_v || std::isnan(v)) {  // NaN propagates (as PyTorch: the last one)
+                  best_v = v;
+                  best = h * g.W + w;
+                }
               }
-            }
-          const int64_t o = (pl * g.OH + oh) * g.OW + ow;
-          y[o] = scalar_t(best_v);
-          idx[o] = best;
+            const int64_t o = (pl * g.OH + oh) * g.OW + ow;
+            y[o] = scalar_t(best_v);
+            idx[o] = best;
+          }
         }
       }
-    }
+    });
   });
 }
 
@@ -70,16 +75,18 @@ void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
     const int64_t* idx = ptr<int64_t>(indices);
     std::fill(gx, gx + grad_input.numel(), A(0));
     const int64_t n = g.OH * g.OW, plane = g.H * g.W;
-    for (int64_t pl = 0; pl < g.planes; ++pl)
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t j = idx[pl * n + i];
-        if (j < 0 || j >= plane)
-          throw std::out_of_range(
-              fmt::format("max_pool2d_backward: index {} out of range for an input "
-                          "plane of {}x{}",
-                          j, g.H, g.W));
-        gx[pl * plane + j] += static_cast<A>(gy[pl * n + i]);
-      }
+    parallel_for(g.planes, grain_of(g.H * g.W), [&](int64_t pl0, int64_t pl1) {
+      for (int64_t pl = pl0; pl < pl1; ++pl)
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t j = idx[pl * n + i];
+          if (j < 0 || j >= plane)
+            throw std::out_of_range(
+                fmt::format("max_pool2d_backward: index {} out of range for an input "
+                            "plane of {}x{}",
+                            j, g.H, g.W));
+          gx[pl * plane + j] += static_cast<A>(gy[pl * n + i]);
+        }
+    });
   });
 }
 
@@ -89,20 +96,22 @@ void avg_pool2d_forward(const Tensor& out, const Tensor& input, const ops::Pool2
     using A = acc_t<scalar_t>;
     const scalar_t* x = ptr<scalar_t>(input);
     scalar_t* y = ptr<scalar_t>(out);
-    for (int64_t pl = 0; pl < g.planes; ++pl) {
-      const scalar_t* xp = x + pl * g.H * g.W;
-      for (int64_t oh = 0; oh < g.OH; ++oh)
-        for (int64_t ow = 0; ow < g.OW; ++ow) {
-          const AvgWindow win = avg_window(oh, ow, g.H, g.W, p);
-          A s = 0;
-          if (!win.empty()) {
-            for (int64_t h = win.h0; h < win.h1; ++h)
-              for (int64_t w = win.w0; w < win.w1; ++w) s += static_cast<A>(xp[h * g.W + w]);
-            s /= static_cast<A>(win.divisor);
+    parallel_for(g.planes, grain_of(g.H * g.W), [&](int64_t pl0, int64_t pl1) {
+      for (int64_t pl = pl0; pl < pl1; ++pl) {
+        const scalar_t* xp = x + pl * g.H * g.W;
+        for (int64_t oh = 0; oh < g.OH; ++oh)
+          for (int64_t ow = 0; ow < g.OW; ++ow) {
+            const AvgWindow win = avg_window(oh, ow, g.H, g.W, p);
+            A s = 0;
+            if (!win.empty()) {
+              for (int64_t h = win.h0; h < win.h1; ++h)
+                for (int64_t w = win.w0; w < win.w1; ++w) s += static_cast<A>(xp[h * g.W + w]);
+              s /= static_cast<A>(win.divisor);
+            }
+            y[(pl * g.OH + oh) * g.OW + ow] = scalar_t(s);
           }
-          y[(pl * g.OH + oh) * g.OW + ow] = scalar_t(s);
-        }
-    }
+      }
+    });
   });
 }
 
@@ -114,18 +123,20 @@ void avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
     A* gx = ptr<A>(grad_input);
     const scalar_t* gy = ptr<scalar_t>(grad_output);
     std::fill(gx, gx + grad_input.numel(), A(0));
-    for (int64_t pl = 0; pl < g.planes; ++pl) {
-      A* gp = gx + pl * g.H * g.W;
-      for (int64_t oh = 0; oh < g.OH; ++oh)
-        for (int64_t ow = 0; ow < g.OW; ++ow) {
-          const AvgWindow win = avg_window(oh, ow, g.H, g.W, p);
-          if (win.empty()) continue;
-          const A v =
-              static_cast<A>(gy[(pl * g.OH + oh) * g.OW + ow]) / static_cast<A>(win.divisor);
-          for (int64_t h = win.h0; h < win.h1; ++h)
-            for (int64_t w = win.w0; w < win.w1; ++w) gp[h * g.W + w] += v;
-        }
-    }
+    parallel_for(g.planes, grain_of(g.H * g.W), [&](int64_t pl0, int64_t pl1) {
+      for (int64_t pl = pl0; pl < pl1; ++pl) {
+        A* gp = gx + pl * g.H * g.W;
+        for (int64_t oh = 0; oh < g.OH; ++oh)
+          for (int64_t ow = 0; ow < g.OW; ++ow) {
+            const AvgWindow win = avg_window(oh, ow, g.H, g.W, p);
+            if (win.empty()) continue;
+            const A v =
+                static_cast<A>(gy[(pl * g.OH + oh) * g.OW + ow]) / static_cast<A>(win.divisor);
+            for (int64_t h = win.h0; h < win.h1; ++h)
+              for (int64_t w = win.w0; w < win.w1; ++w) gp[h * g.W + w] += v;
+          }
+      }
+    });
   });
 }
 
@@ -135,19 +146,21 @@ void adaptive_avg_pool2d_forward(const Tensor& out, const Tensor& input) {
     using A = acc_t<scalar_t>;
     const scalar_t* x = ptr<scalar_t>(input);
     scalar_t* y = ptr<scalar_t>(out);
-    for (int64_t pl = 0; pl < g.planes; ++pl) {
-      const scalar_t* xp = x + pl * g.H * g.W;
-      for (int64_t oh = 0; oh < g.OH; ++oh) {
-        const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
-        for (int64_t ow = 0; ow < g.OW; ++ow) {
-          const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
-          A s = 0;
-          for (int64_t h = h0; h < h1; ++h)
-            for (int64_t w = w0; w < w1; ++w) s += static_cast<A>(xp[h * g.W + w]);
-          y[(pl * g.OH + oh) * g.OW + ow] = scalar_t(s / static_cast<A>((h1 - h0) * (w1 - w0)));
+    parallel_for(g.planes, grain_of(g.H * g.W), [&](int64_t pl0, int64_t pl1) {
+      for (int64_t pl = pl0; pl < pl1; ++pl) {
+        const scalar_t* xp = x + pl * g.H * g.W;
+        for (int64_t oh = 0; oh < g.OH; ++oh) {
+          const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
+          for (int64_t ow = 0; ow < g.OW; ++ow) {
+            const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
+            A s = 0;
+            for (int64_t h = h0; h < h1; ++h)
+              for (int64_t w = w0; w < w1; ++w) s += static_cast<A>(xp[h * g.W + w]);
+            y[(pl * g.OH + oh) * g.OW + ow] = scalar_t(s / static_cast<A>((h1 - h0) * (w1 - w0)));
+          }
         }
       }
-    }
+    });
   });
 }
 
@@ -158,19 +171,21 @@ void adaptive_avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_o
     A* gx = ptr<A>(grad_input);
     const scalar_t* gy = ptr<scalar_t>(grad_output);
     std::fill(gx, gx + grad_input.numel(), A(0));
-    for (int64_t pl = 0; pl < g.planes; ++pl) {
-      A* gp = gx + pl * g.H * g.W;
-      for (int64_t oh = 0; oh < g.OH; ++oh) {
-        const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
-        for (int64_t ow = 0; ow < g.OW; ++ow) {
-          const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
-          const A v = static_cast<A>(gy[(pl * g.OH + oh) * g.OW + ow]) /
-                      static_cast<A>((h1 - h0) * (w1 - w0));
-          for (int64_t h = h0; h < h1; ++h)
-            for (int64_t w = w0; w < w1; ++w) gp[h * g.W + w] += v;
+    parallel_for(g.planes, grain_of(g.H * g.W), [&](int64_t pl0, int64_t pl1) {
+      for (int64_t pl = pl0; pl < pl1; ++pl) {
+        A* gp = gx + pl * g.H * g.W;
+        for (int64_t oh = 0; oh < g.OH; ++oh) {
+          const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
+          for (int64_t ow = 0; ow < g.OW; ++ow) {
+            const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
+            const A v = static_cast<A>(gy[(pl * g.OH + oh) * g.OW + ow]) /
+                        static_cast<A>((h1 - h0) * (w1 - w0));
+            for (int64_t h = h0; h < h1; ++h)
+              for (int64_t w = w0; w < w1; ++w) gp[h * g.W + w] += v;
+          }
         }
       }
-    }
+    });
   });
 }
 

@@ -1,6 +1,7 @@
 // CPU kernels of the reduce family: selections (max/min with indices, amax/amin) compare in
 // acc_t, statistics (var/std, logsumexp) accumulate in double. Every kernel reads its input
-// through its strides; outputs are written through theirs.
+// through its strides; outputs are written through theirs. Large inputs run in parallel over
+// the outputs (parallel_for_each_kept), each computed as the serial loop computes it.
 #include "tensor/reduce/cpu.h"
 
 #include <fmt/format.h>
@@ -57,7 +58,7 @@ void select_dim(const Tensor& values, const Tensor& indices, const Tensor& x, in
     const T* px = base<T>(x);
     T* pv = values.defined() ? base<T>(values) : nullptr;
     int64_t* pi = base<int64_t>(indices);
-    for_each_kept<3>(reduce, {&x, &v_or_i, &indices}, [&](std::array<int64_t, 3> o) {
+    parallel_for_each_kept<3>(reduce, {&x, &v_or_i, &indices}, n, [&](std::array<int64_t, 3> o) {
       A best = static_cast<A>(px[o[0]]);
       int64_t bi = 0;
       for (int64_t i = 1; i < n; ++i) {
@@ -81,7 +82,7 @@ void extreme(const Tensor& out, const Tensor& x, const std::vector<bool>& reduce
     using A = acc_t<T>;
     const T* px = base<T>(x);
     T* po = base<T>(out);
-    for_each_kept<2>(reduce, {&x, &out}, [&](std::array<int64_t, 2> o) {
+    parallel_for_each_kept<2>(reduce, {&x, &out}, block.numel(), [&](std::array<int64_t, 2> o) {
       bool first = true;
       T best{};
       block.for_each(o[0], [&](int64_t off) {
@@ -118,7 +119,7 @@ void var(const Tensor& out, const Tensor& x, const std::vector<bool>& reduce, do
     using A = acc_t<T>;
     const T* px = base<T>(x);
     T* po = base<T>(out);
-    for_each_kept<2>(reduce, {&x, &out}, [&](std::array<int64_t, 2> o) {
+    parallel_for_each_kept<2>(reduce, {&x, &out}, block.numel(), [&](std::array<int64_t, 2> o) {
       // Two passes: the mean, then the squared deviations from it.
       double s = 0.0;
       block.for_each(o[0], [&](int64_t off) { s += static_cast<double>(static_cast<A>(px[off])); });
@@ -142,7 +143,7 @@ void logsumexp(const Tensor& out, const Tensor& x, const std::vector<bool>& redu
     using A = acc_t<T>;
     const T* px = base<T>(x);
     T* po = base<T>(out);
-    for_each_kept<2>(reduce, {&x, &out}, [&](std::array<int64_t, 2> o) {
+    parallel_for_each_kept<2>(reduce, {&x, &out}, block.numel(), [&](std::array<int64_t, 2> o) {
       double m = -std::numeric_limits<double>::infinity();
       block.for_each(o[0], [&](int64_t off) {
         const auto v = static_cast<double>(static_cast<A>(px[off]));
@@ -169,15 +170,16 @@ void value_selecting_reduction_backward(const Tensor& grad_input, const Tensor& 
     T* pgi = base<T>(grad_input);
     const T* pg = base<T>(grad);
     const int64_t* pi = base<int64_t>(indices);
-    for_each_kept<3>(reduce, {&grad_input, &grad, &indices}, [&](std::array<int64_t, 3> o) {
-      const int64_t i = pi[o[2]];
-      if (i < 0 || i >= n)
-        throw std::out_of_range(
-            fmt::format("value_selecting_reduction_backward: index {} is out of bounds for "
-                        "dim {} of size {}",
-                        i, dim, n));
-      pgi[o[0] + i * gs] = pg[o[1]];
-    });
+    parallel_for_each_kept<3>(
+        reduce, {&grad_input, &grad, &indices}, 1, [&](std::array<int64_t, 3> o) {
+          const int64_t i = pi[o[2]];
+          if (i < 0 || i >= n)
+            throw std::out_of_range(
+                fmt::format("value_selecting_reduction_backward: index {} is out of bounds for "
+                            "dim {} of size {}",
+                            i, dim, n));
+          pgi[o[0] + i * gs] = pg[o[1]];
+        });
   });
 }
 

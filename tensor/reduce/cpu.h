@@ -1,8 +1,8 @@
 // CPU iteration helpers of the "reduce over some dims" kernels, shared by the reduce and
 // softmax families' CPU kernels (tensor/reduce/cpu.cpp, tensor/softmax/cpu.cpp):
-// for_each_kept walks the positions of the kept dims, ReducedBlock walks the elements of the
-// reduced dims under one such position. The reduce kernels themselves are declared once, in
-// tensor/reduce/kernels.h.
+// for_each_kept walks the positions of the kept dims (parallel_for_each_kept over several
+// threads), ReducedBlock walks the elements of the reduced dims under one such position. The reduce
+// kernels themselves are declared once, in tensor/reduce/kernels.h.
 #pragma once
 
 #include <algorithm>
@@ -49,6 +49,35 @@ void for_each_kept(const std::vector<bool>& reduce, const std::array<const Tenso
   for_each_kept<N>(operands[0]->sizes(), reduce, strides, offsets, std::forward<Fn>(fn));
 }
 
+// for_each_kept in parallel over large tensors (tensor/cpu/parallel.h): `per_position` is
+// the work (elements) under one kept position, so that small tensors stay serial. fn is
+// called from several threads at once: it may only write what its position owns (its
+// outputs, its row of a gradient).
+template <size_t N, typename Fn>
+void parallel_for_each_kept(const std::vector<bool>& reduce,
+                            const std::array<const Tensor*, N>& operands, int64_t per_position,
+                            Fn&& fn) {
+  std::array<const int64_t*, N> strides;
+  std::array<int64_t, N> offsets;
+  for (size_t k = 0; k < N; ++k) {
+    strides[k] = operands[k]->strides().data();
+    offsets[k] = operands[k]->storage_offset();
+  }
+  Shape kept = operands[0]->sizes();
+  for (size_t d = 0; d < kept.size(); ++d)
+    if (reduce[d]) kept[d] = 1;
+  const StridedLoop<N> loop(kept, strides);
+  parallel_for(loop.numel(), grain_of(per_position), [&](int64_t begin, int64_t end) {
+    loop.runs(begin, end, offsets,
+              [&](std::array<int64_t, N> o, int64_t n, std::array<int64_t, N> st) {
+                for (int64_t i = 0; i < n; ++i) {
+                  fn(o);
+                  for (size_t k = 0; k < N; ++k) o[k] += st[k];
+                }
+              });
+  });
+}
+
 // The reduced dims of a tensor (sizes/strides, with the dims in `reduce`), merged where
 // they are contiguous; for_each visits their elements in row-major order.
 class ReducedBlock {
@@ -66,7 +95,6 @@ class ReducedBlock {
         st_.push_back(strides[d]);
       }
     }
-    idx_.assign(sz_.size(), 0);
   }
   int64_t numel() const { return numel_; }
 
@@ -80,7 +108,11 @@ class ReducedBlock {
       return;
     }
     const int64_t n = sz_[r - 1], s = st_[r - 1];
-    std::fill(idx_.begin(), idx_.end(), 0);
+    // The odometer is the caller's (for_each runs on several threads at once): on the stack
+    // for up to 8 merged dims.
+    int64_t small[8] = {};
+    std::vector<int64_t> large(r > 8 ? r : 0, 0);
+    int64_t* idx = r > 8 ? large.data() : small;
     int64_t off = base;
     while (true) {
       for (int64_t i = 0; i < n; ++i) f(off + i * s);
@@ -89,16 +121,15 @@ class ReducedBlock {
         if (d == 0) return;
         --d;
         off += st_[d];
-        if (++idx_[d] < sz_[d]) break;
+        if (++idx[d] < sz_[d]) break;
         off -= st_[d] * sz_[d];
-        idx_[d] = 0;
+        idx[d] = 0;
       }
     }
   }
 
  private:
   std::vector<int64_t> sz_, st_;
-  mutable std::vector<int64_t> idx_;
   int64_t numel_ = 1;
 };
 

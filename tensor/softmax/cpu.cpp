@@ -1,6 +1,8 @@
 // CPU kernels of the softmax family. Each walks the rows along the softmax (class) dim
 // through the operands' strides, subtracts the row max before exponentiating, and does its
-// arithmetic in acc_t; the losses add their rows up in double.
+// arithmetic in acc_t; the losses add their rows up in double. softmax and its backward run
+// in parallel over the rows of large inputs (parallel_for_each_kept); the losses, which
+// total over their rows, stay serial.
 #include "tensor/reduce/cpu.h"
 
 #include <fmt/format.h>
@@ -58,7 +60,7 @@ void softmax(const Tensor& out, const Tensor& x, int64_t dim, bool log) {
     using A = acc_t<T>;
     const T* px = base<T>(x);
     T* po = base<T>(out);
-    for_each_kept<2>(only_dim(x.dim(), dim), {&x, &out}, [&](std::array<int64_t, 2> o) {
+    parallel_for_each_kept<2>(only_dim(x.dim(), dim), {&x, &out}, n, [&](std::array<int64_t, 2> o) {
       const RowStats<T> st = row_stats(px + o[0], n, xs);
       if (log) {
         // (x - max) - log(sum): accurate for large logits, unlike x - (max + log(sum)).
@@ -87,21 +89,21 @@ void softmax_backward(const Tensor& grad_input, const Tensor& grad, const Tensor
     T* pgi = base<T>(grad_input);
     const T* pg = base<T>(grad);
     const T* py = base<T>(y);
-    for_each_kept<3>(only_dim(y.dim(), dim), {&grad_input, &grad, &y},
-                     [&](std::array<int64_t, 3> o) {
-                       auto g = [&](int64_t i) { return static_cast<A>(pg[o[1] + i * gs]); };
-                       auto yv = [&](int64_t i) { return static_cast<A>(py[o[2] + i * ys]); };
-                       A acc = 0;
-                       if (log) {
-                         for (int64_t i = 0; i < n; ++i) acc += g(i);  // sum(g)
-                         for (int64_t i = 0; i < n; ++i)
-                           pgi[o[0] + i * gis] = static_cast<T>(g(i) - std::exp(yv(i)) * acc);
-                       } else {
-                         for (int64_t i = 0; i < n; ++i) acc += g(i) * yv(i);  // sum(g * y)
-                         for (int64_t i = 0; i < n; ++i)
-                           pgi[o[0] + i * gis] = static_cast<T>(yv(i) * (g(i) - acc));
-                       }
-                     });
+    parallel_for_each_kept<3>(
+        only_dim(y.dim(), dim), {&grad_input, &grad, &y}, n, [&](std::array<int64_t, 3> o) {
+          auto g = [&](int64_t i) { return static_cast<A>(pg[o[1] + i * gs]); };
+          auto yv = [&](int64_t i) { return static_cast<A>(py[o[2] + i * ys]); };
+          A acc = 0;
+          if (log) {
+            for (int64_t i = 0; i < n; ++i) acc += g(i);  // sum(g)
+            for (int64_t i = 0; i < n; ++i)
+              pgi[o[0] + i * gis] = static_cast<T>(g(i) - std::exp(yv(i)) * acc);
+          } else {
+            for (int64_t i = 0; i < n; ++i) acc += g(i) * yv(i);  // sum(g * y)
+            for (int64_t i = 0; i < n; ++i)
+              pgi[o[0] + i * gis] = static_cast<T>(yv(i) * (g(i) - acc));
+          }
+        });
   });
 }
 

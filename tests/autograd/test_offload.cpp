@@ -151,7 +151,9 @@ TEST_P(OffloadModels, SameGradientsAndBlocksPrefetchEachOther) {
   EXPECT_GT(s.groups, 1);
   // Every block prefetches the one before it; with two blocks offloaded the second never
   // leaves the device, so the first is fetched with nothing to prefetch.
-  if (c.offload == "activations") EXPECT_GT(s.tensors_prefetched, 0);
+  if (c.offload == "activations") {
+    EXPECT_GT(s.tensors_prefetched, 0);
+  }
   // What backward needs first (the last group: the head, or the last offloaded block) never
   // left the device (copies are deferred by two groups); the rest was prefetched or fetched.
   EXPECT_GT(s.tensors_in_place, 0);

@@ -135,7 +135,8 @@ cases = [
         "--batch": ["0"], "--steps": ["1"], "--lr": ["nan"], "--image-size": ["-1"],
         "--checkpoint": ["none,bogus", ","], "--arch": ["vgg"], "--out": ["/proc/tally_ab"],
     }),
-    (["ab_memory", "--amp", "off,fp8"], "--amp", {}),  # the bad second value fails before the first runs
+    (["ab_memory", "--amp", "off,fp8"], "--amp", {}),
+    (["ab_memory", "--alloc-conf", "default", "--alloc-conf", "bogus_key:1"], "--alloc-conf 'bogus_key:1'", {}),  # the bad second value fails before the first runs
     (["ab_memory", "--model", "vit"], "--model: expected resnet or gpt, got 'vit'", {}),
     (["ab_memory", "--model", "gpt", "--dataset", "fashion-mnist"], "--dataset", {}),
     (["ab_memory", "--model", "gpt", "--seq", "4096"], "--seq", {}),

@@ -86,8 +86,8 @@ check(good["leaking_lines"] == [], f"the leak detector should find nothing in th
 # ---- fragmentation
 fr = res["fragmentation"]
 names = list(fr)
-check(len(names) == 3, f"three fragmentation variants expected: {names}")
-default, split, padded = (fr[n] for n in names)
+check(len(names) == 4, f"four fragmentation variants expected: {names}")
+default, split, padded, expandable = (fr[n] for n in names)
 check(default["peak_reserved"] > 1.15 * default["peak_allocated"],
       f"random lengths should leave reserved well above allocated: {default['peak_reserved']} vs "
       f"{default['peak_allocated']}")
@@ -95,6 +95,14 @@ gap = lambda v: v["peak_reserved"] - v["peak_allocated"]
 check(gap(padded) < gap(default), f"padding should shrink the reserved-allocated gap: {gap(padded)} vs {gap(default)}")
 check(split["conf"].startswith("max_split_size_mb:"), f"second variant conf {split['conf']}")
 check(all(r >= s for r, s in zip(split["reserved"], split["step_peak_allocated"])), "reserved < allocated?")
+# Expandable segments: one growing segment, free ranges reused across sizes: a smaller gap
+# than the default's (at this size the 20 MiB pages of the large pool are a good part of it).
+check(expandable["conf"] == "expandable_segments:True", f"fourth variant conf {expandable['conf']}")
+check(expandable["peak_allocated"] == default["peak_allocated"],
+      f"expandable segments change what is allocated: {expandable['peak_allocated']} vs "
+      f"{default['peak_allocated']}")
+check(gap(expandable) < gap(default),
+      f"expandable segments should shrink the reserved-allocated gap: {gap(expandable)} vs {gap(default)}")
 
 # ---- files
 for stem in ("staircase", "staircase_ckpt", "leak"):
@@ -107,7 +115,7 @@ for stem in ("staircase", "staircase_ckpt", "leak"):
     html = open(os.path.join(out, stem + ".timeline.html")).read()
     check("<html" in html.lower() and len(html) > 1000, f"{stem}.timeline.html looks empty")
 for name in ("staircase.pickle", "staircase_ckpt.pickle", "leak.pickle", "fragmentation_0.pickle",
-             "fragmentation_1.pickle", "fragmentation_2.pickle"):
+             "fragmentation_1.pickle", "fragmentation_2.pickle", "fragmentation_3.pickle"):
     snap = pickle.load(open(os.path.join(out, name), "rb"))
     check("segments" in snap and "device_traces" in snap, f"{name}: keys {list(snap)}")
 leak_snap = pickle.load(open(os.path.join(out, "leak.pickle"), "rb"))

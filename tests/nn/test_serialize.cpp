@@ -265,3 +265,139 @@ TEST(Safetensors, HugeShapesAreCheckedAgainstOffsetsAndFileSize) {
   ASSERT_EQ(t.size(), 1u);
   EXPECT_EQ(t[0].second.sizes(), (Shape{0, 1000000}));
 }
+
+// The header nlohmann-json forms: compact, in the given order, __metadata__ first, names
+// escaped, padded with spaces to align the data to 8 bytes (what safetensors writes and reads).
+TEST(Safetensors, HeaderBytes) {
+  const fs::path p = temp_dir() / "bytes.safetensors";
+  save_safetensors(p.string(),
+                   {{"w", ops::ones({2, 3})}, {"a\"b\xc3\xa9", ops::ones({0}, DType::int64)}},
+                   {{"format", "pt"}});
+  const std::string raw = slurp(p);
+  uint64_t n;
+  std::memcpy(&n, raw.data(), 8);
+  EXPECT_EQ((8 + n) % 8, 0u);
+  EXPECT_EQ(raw.size(), 8 + n + 24);
+  std::string header = raw.substr(8, n);
+  while (!header.empty() && header.back() == ' ') header.pop_back();
+  EXPECT_EQ(
+      header,
+      R"({"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+      "\"a\\\"b\xc3\xa9\":{\"dtype\":\"I64\",\"shape\":[0],\"data_offsets\":[24,24]}}");
+  const NamedTensors back = load_safetensors(p.string());
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].first, "w");
+  EXPECT_EQ(back[1].first, "a\"b\xc3\xa9");
+}
+
+// Names and metadata must be UTF-8 (JSON text is): an error naming the file, nothing written.
+TEST(Safetensors, SaveRejectsNamesThatAreNotUtf8) {
+  const fs::path p = temp_dir() / "not_utf8.safetensors";
+  fs::remove(p);
+  std::string e = tally::testing::error_of<std::invalid_argument>([&] {
+    save_safetensors(p.string(), {{"w\xff", ops::ones({1})}});
+  });
+  EXPECT_TRUE(contains(e, p.string()) && contains(e, "tensor name") &&
+              contains(e, "not valid UTF-8"))
+      << e;
+  e = tally::testing::error_of<std::invalid_argument>([&] {
+    save_safetensors(p.string(), {{"w", ops::ones({1})}}, {{"k", "\xc3"}});
+  });
+  EXPECT_TRUE(contains(e, "metadata value") && contains(e, "not valid UTF-8")) << e;
+  EXPECT_FALSE(fs::exists(p));
+}
+
+// Tensors of zero bytes share their offset with the next tensor: they load in file order.
+TEST(Safetensors, EqualOffsetsLoadInFileOrder) {
+  const fs::path p = temp_dir() / "ties.safetensors";
+  save_safetensors(p.string(),
+                   {{"z", ops::zeros({0})}, {"m", ops::zeros({0, 3})}, {"a", ops::ones({2})}});
+  const NamedTensors back = load_safetensors(p.string());
+  ASSERT_EQ(back.size(), 3u);
+  EXPECT_EQ(back[0].first, "z");
+  EXPECT_EQ(back[1].first, "m");
+  EXPECT_EQ(back[2].first, "a");
+}
+
+// Every header error names the file and a byte offset in the file: syntax errors (nlohmann's)
+// the byte where the parser stopped, semantic errors the tensor and where its bad value starts.
+TEST(Safetensors, HeaderErrorsNameFileTensorAndOffset) {
+  const fs::path p = temp_dir() / "header.safetensors";
+  auto error = [&](const std::string& header, const std::string& data = "") {
+    spit(p, st_file(header, data));
+    return load_error(p);
+  };
+  // `part` at the byte offset of `at` in `header` (the file's offset: 8 + the index).
+  auto at = [](const std::string& header, const std::string& part, size_t from = 0) {
+    return "corrupt header at byte " + std::to_string(8 + header.find(part, from)) + ":";
+  };
+  auto expect = [&](const std::string& e, std::initializer_list<std::string> parts) {
+    EXPECT_TRUE(contains(e, "load_safetensors: " + p.string() + ": ")) << e;
+    for (const std::string& part : parts) EXPECT_TRUE(contains(e, part)) << part << " in " << e;
+  };
+  const std::string w = R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+
+  // Syntax.
+  std::string h = R"({"a":#})";
+  expect(error(h), {at(h, "#"), "syntax error"});
+  h = R"({"a\q":1})";
+  expect(error(h), {at(h, "q"), "invalid string"});
+  h = R"({"w":{"dtype":"F32")";  // cut short: the parser stops at the end of the header
+  spit(p, st_file(h));
+  expect(load_error(p), {"corrupt header at byte " + std::to_string(slurp(p).size()) + ":",
+                         "unexpected end of input"});
+  h = "{" + w + "} x";
+  expect(error(h, std::string(4, '\0')), {at(h, "x"), "syntax error"});
+  h = "{" + w + ",\"t\":\"\xff\"}";
+  expect(error(h, std::string(4, '\0')), {at(h, "\xff"), "invalid string"});
+  EXPECT_FALSE(contains(load_error(p), "\xff"));  // the message stays UTF-8
+  h = std::string(70, '[') + std::string(70, ']');
+  expect(error(h), {"corrupt header at byte 72:", "nested too deeply"});
+
+  // The header's shape.
+  expect(error("[1, 2]"), {"corrupt header at byte 8:", "not a JSON object"});
+  h = "{" + w + ", \"w\" : {}}";
+  expect(error(h, std::string(4, '\0')), {at(h, "\"w\"", 2), "duplicate tensor name 'w'"});
+  h = R"({"w": [1]})";
+  expect(error(h), {at(h, "[1]"), "entry 'w' is not an object"});
+  h = R"({"__metadata__": {"k": "v", "n": 1}})";
+  expect(error(h), {at(h, "1"), "__metadata__ value for 'n' is not a string"});
+
+  // A tensor entry's fields.
+  h = R"({"w": {"dtype": "F32", "data_offsets": [0, 4]}})";
+  expect(error(h, std::string(4, '\0')), {at(h, "{", 1), "tensor 'w' lacks shape"});
+  h = R"({"w": {"shape": [1], "data_offsets": [0, 4]}})";
+  expect(error(h, std::string(4, '\0')), {at(h, "{", 1), "tensor 'w' lacks dtype"});
+  h = R"({"w": {"dtype": "F32", "shape": [1]}})";
+  expect(error(h, std::string(4, '\0')), {at(h, "{", 1), "tensor 'w' lacks data_offsets"});
+  h = R"({"w": {"dtype": 7, "shape": [1], "data_offsets": [0, 4]}})";
+  expect(error(h, std::string(4, '\0')),
+         {at(h, "7"), "tensor 'w': unsupported dtype (not a string)"});
+  h = R"({"w": {"dtype": "F32", "shape": "1", "data_offsets": [0, 4]}})";
+  expect(error(h, std::string(4, '\0')), {at(h, "\"1\""), "tensor 'w': shape is not an array"});
+  h = R"({"w": {"dtype": "F32", "shape": [2, -1], "data_offsets": [0, 4]}})";
+  expect(error(h, std::string(4, '\0')),
+         {at(h, "-1"), "tensor 'w': a shape entry must be a non-negative integer"});
+  h = R"({"w": {"dtype": "F32", "shape": [1.0], "data_offsets": [0, 4]}})";
+  expect(error(h, std::string(4, '\0')), {at(h, "1.0"), "a shape entry must be"});
+  h = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0 , 4.5 ]}})";
+  expect(error(h, std::string(4, '\0')),
+         {at(h, "4.5"), "tensor 'w': data_offsets end must be a non-negative integer"});
+  h = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [9223372036854775808, 4]}})";
+  expect(error(h, std::string(4, '\0')),
+         {at(h, "9223"), "tensor 'w': data_offsets begin must be a non-negative integer"});
+  h = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 8]}})";
+  expect(error(h, std::string(4, '\0')),
+         {at(h, "[0"), "tensor 'w': data_offsets is not [begin, end]"});
+  // Escaped names: the offsets still count the header's bytes.
+  h = R"({"a\"\u00e9": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}})";
+  expect(error(h, std::string(4, '\0')),
+         {at(h, "[4"), "tensor 'a\"\xc3\xa9': data_offsets [4, 0] hold 0 bytes"});
+
+  // The data section.
+  h = R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+          "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}})";
+  expect(error(h, std::string(8, '\0')), {"corrupt file at byte", "tensors 'a' and 'b' overlap"});
+  h = R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  expect(error(h, std::string(4, '\0')), {"tensor 'a' ends at data byte 8", "only 4 data bytes"});
+}

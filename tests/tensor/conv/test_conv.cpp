@@ -272,6 +272,52 @@ TEST_P(Conv2d, LowPrecisionDtypes) {
   }
 }
 
+// Whether `got` (float16 or bfloat16) is the float32 result `ref` rounded once to got's dtype:
+// within one unit in its last place (float32 sums blocked differently round differently),
+// plus 1e-6 of max |ref| for results that cancel to near 0.
+::testing::AssertionResult rounded_once_from(const Tensor& got, const Tensor& ref) {
+  const double mant = got.dtype() == DType::bfloat16 ? 0x1p-7 : 0x1p-10;
+  const std::vector<double> g = got.tolist(), r = ref.tolist();
+  double max_abs = 0;
+  for (double v : r) max_abs = std::max(max_abs, std::fabs(v));
+  if (g.size() != r.size()) return ::testing::AssertionFailure() << "sizes differ";
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double ulp = std::exp2(std::floor(std::log2(std::max(std::fabs(r[i]), 1e-30)))) * mant;
+    if (std::fabs(g[i] - r[i]) > ulp + 1e-6 * max_abs)
+      return ::testing::AssertionFailure() << "element " << i << ": " << g[i] << ", float32 "
+                                           << r[i] << " (" << dtype_name(got.dtype()) << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The CPU convolves 16-bit tensors in float32 and rounds each result once: the forward and
+// both backward kernels, with padding, stride, groups and the 1x1 (no im2col) path, at sizes
+// whose GEMMs span several BLAS blocks (K = 16 * 3 * 3 = 144, L = 24 * 24).
+TEST_P(Conv2d, SixteenBitConvolutionsAreTheFloat32ResultRoundedOnce) {
+  if (!on_cpu()) GTEST_SKIP() << "the CPU's float32 path; cuDNN: Conv2dVsCpu";
+  struct Case {
+    int64_t C, O, k, stride, pad, groups;
+  };
+  for (DType dt : {DType::float16, DType::bfloat16})
+    for (const Case& c :
+         {Case{16, 24, 3, 1, 1, 1}, Case{16, 24, 3, 2, 1, 2}, Case{32, 20, 1, 1, 0, 1}}) {
+      const Tensor x = rand_input({2, c.C, 24, 24}, -1, 1, 41).to(dt);
+      const Tensor w = rand_input({c.O, c.C / c.groups, c.k, c.k}, -1, 1, 42).to(dt);
+      const Tensor b = rand_input({c.O}, -1, 1, 43).to(dt);
+      const auto f32 = [](const Tensor& t) { return t.to(DType::float32); };
+      const Tensor y = ops::conv2d(x, w, b, c.stride, c.pad, 1, c.groups);
+      EXPECT_TRUE(
+          rounded_once_from(y, ops::conv2d(f32(x), f32(w), f32(b), c.stride, c.pad, 1, c.groups)));
+      const Tensor gy = rand_input(y.sizes(), -1, 1, 44).to(dt);
+      EXPECT_TRUE(rounded_once_from(
+          ops::conv2d_backward_input(gy, w, x.sizes(), c.stride, c.pad, 1, c.groups),
+          ops::conv2d_backward_input(f32(gy), f32(w), x.sizes(), c.stride, c.pad, 1, c.groups)));
+      EXPECT_TRUE(rounded_once_from(
+          ops::conv2d_backward_weight(gy, x, w.sizes(), c.stride, c.pad, 1, c.groups),
+          ops::conv2d_backward_weight(f32(gy), f32(x), w.sizes(), c.stride, c.pad, 1, c.groups)));
+    }
+}
+
 TEST_P(Conv2d, Im2colWorkspaceIsAccounted) {
   if (!on_cpu())
     GTEST_SKIP() << "the CPU's im2col buffer; cuDNN's workspace: "

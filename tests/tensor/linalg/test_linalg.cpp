@@ -252,6 +252,58 @@ TEST_P(Linalg, SixteenBitDtypesMultiplyInFloat32) {
   }
 }
 
+// Whether `got` (float16 or bfloat16) is the float32 product `ref` rounded once to got's
+// dtype: within one unit in its last place (the float32 sums may round differently with
+// another blocking), plus 1e-6 of max |ref| for results that cancel to near 0. Products
+// accumulated in 16 bits, or rounded twice, miss by far more at these K.
+::testing::AssertionResult rounded_once_from(const Tensor& got, const Tensor& ref) {
+  const double mant = got.dtype() == kBF16 ? 0x1p-7 : 0x1p-10;
+  const std::vector<double> g = ops::to_vector(got), r = ops::to_vector(ref);
+  double max_abs = 0;
+  for (double v : r) max_abs = std::max(max_abs, std::fabs(v));
+  if (g.size() != r.size()) return ::testing::AssertionFailure() << "sizes differ";
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double ulp = std::exp2(std::floor(std::log2(std::max(std::fabs(r[i]), 1e-30)))) * mant;
+    if (std::fabs(g[i] - r[i]) > ulp + 1e-6 * max_abs)
+      return ::testing::AssertionFailure() << "element " << i << ": " << g[i] << ", float32 "
+                                           << r[i] << " (" << dtype_name(got.dtype()) << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The CPU multiplies 16-bit operands in float32 (sgemm over widened copies) and rounds once:
+// sizes past BLAS's blocking, transposed and strided operands, batches, linear's bias, the
+// backward's products, and accumulating into an existing output.
+TEST_P(Linalg, SixteenBitProductsAreTheFloat32ProductRoundedOnce) {
+  if (!on_cpu()) GTEST_SKIP() << "the CPU's float32 path; cuBLAS: LinalgVsCpu";
+  for (DType dt : {kF16, kBF16}) {
+    const Tensor a = rand_input({3, 70, 300}, -1, 1, 31).to(dt);
+    const Tensor b = rand_input({300, 90}, -1, 1, 32).to(dt);
+    const auto f32 = [](const Tensor& t) { return t.to(kF32); };
+    // Batched, b broadcast over the batch.
+    EXPECT_TRUE(rounded_once_from(ops::matmul(a, b), ops::matmul(f32(a), f32(b))));
+    // Transposed operands (BLAS transpose flags) and a strided one (every other column).
+    const Tensor at = ops::transpose(rand_input({300, 70}, -1, 1, 33).to(dt), 0, 1);
+    const Tensor bt = ops::transpose(rand_input({90, 300}, -1, 1, 34).to(dt), 0, 1);
+    EXPECT_TRUE(rounded_once_from(ops::matmul(at, bt), ops::matmul(f32(at), f32(bt))));
+    const Tensor bs = ops::slice(rand_input({300, 180}, -1, 1, 35).to(dt), 1, 0, 180, 2);
+    EXPECT_TRUE(rounded_once_from(ops::matmul(at, bs), ops::matmul(f32(at), f32(bs))));
+    // linear: x W^T + bias, the bias added in float32 before the rounding.
+    const Tensor x = rand_input({130, 300}, -1, 1, 36).to(dt);
+    const Tensor w = rand_input({90, 300}, -1, 1, 37).to(dt);
+    const Tensor bias = rand_input({90}, -1, 1, 38).to(dt);
+    EXPECT_TRUE(
+        rounded_once_from(ops::linear(x, w, bias),
+                          ops::add(ops::matmul(f32(x), ops::transpose(f32(w), 0, 1)), f32(bias))));
+    // The backward's products: grad_a = g @ b^T, grad_b = a^T @ g (batched, summed).
+    const Tensor ag = a.detach().requires_grad_(), bg = b.detach().requires_grad_();
+    const Tensor gout = rand_input({3, 70, 90}, -1, 1, 39).to(dt);
+    matmul(ag, bg).backward(gout);
+    EXPECT_TRUE(rounded_once_from(ag.grad(), ops::matmul(f32(gout), ops::transpose(f32(b), 0, 1))));
+    EXPECT_EQ(bg.grad().dtype(), dt);
+  }
+}
+
 // One gradient check: what it covers, the function, its CPU leaves.
 struct GradCase {
   const char* what;
