@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <functional>
@@ -168,6 +169,25 @@ inline std::vector<Tensor> saved_by(const Tensor& out) {
   for (const SavedTensor* s : out.autograd_meta()->grad_fn->saved_tensors())
     if (s->defined()) r.push_back(s->held());
   return r;
+}
+
+// Whether `got` (float16 or bfloat16) is the float32 result `ref` rounded once to got's dtype:
+// within one unit in its last place (float32 sums blocked differently round differently),
+// plus 1e-6 of max |ref| for results that cancel to near 0. Results accumulated in 16 bits,
+// or rounded twice, miss by far more at the sizes the CPU's 16-bit tests use.
+inline ::testing::AssertionResult rounded_once_from(const Tensor& got, const Tensor& ref) {
+  const double mant = got.dtype() == DType::bfloat16 ? 0x1p-7 : 0x1p-10;
+  const std::vector<double> g = ops::to_vector(got), r = ops::to_vector(ref);
+  double max_abs = 0;
+  for (double v : r) max_abs = std::max(max_abs, std::fabs(v));
+  if (g.size() != r.size()) return ::testing::AssertionFailure() << "sizes differ";
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double ulp = std::exp2(std::floor(std::log2(std::max(std::fabs(r[i]), 1e-30)))) * mant;
+    if (std::fabs(g[i] - r[i]) > ulp + 1e-6 * max_abs)
+      return ::testing::AssertionFailure() << "element " << i << ": " << g[i] << ", float32 "
+                                           << r[i] << " (" << dtype_name(got.dtype()) << ")";
+  }
+  return ::testing::AssertionSuccess();
 }
 
 }  // namespace tally::testing

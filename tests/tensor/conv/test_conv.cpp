@@ -272,24 +272,6 @@ TEST_P(Conv2d, LowPrecisionDtypes) {
   }
 }
 
-// Whether `got` (float16 or bfloat16) is the float32 result `ref` rounded once to got's dtype:
-// within one unit in its last place (float32 sums blocked differently round differently),
-// plus 1e-6 of max |ref| for results that cancel to near 0.
-::testing::AssertionResult rounded_once_from(const Tensor& got, const Tensor& ref) {
-  const double mant = got.dtype() == DType::bfloat16 ? 0x1p-7 : 0x1p-10;
-  const std::vector<double> g = got.tolist(), r = ref.tolist();
-  double max_abs = 0;
-  for (double v : r) max_abs = std::max(max_abs, std::fabs(v));
-  if (g.size() != r.size()) return ::testing::AssertionFailure() << "sizes differ";
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double ulp = std::exp2(std::floor(std::log2(std::max(std::fabs(r[i]), 1e-30)))) * mant;
-    if (std::fabs(g[i] - r[i]) > ulp + 1e-6 * max_abs)
-      return ::testing::AssertionFailure() << "element " << i << ": " << g[i] << ", float32 "
-                                           << r[i] << " (" << dtype_name(got.dtype()) << ")";
-  }
-  return ::testing::AssertionSuccess();
-}
-
 // The CPU convolves 16-bit tensors in float32 and rounds each result once: the forward and
 // both backward kernels, with padding, stride, groups and the 1x1 (no im2col) path, at sizes
 // whose GEMMs span several BLAS blocks (K = 16 * 3 * 3 = 144, L = 24 * 24).

@@ -252,25 +252,6 @@ TEST_P(Linalg, SixteenBitDtypesMultiplyInFloat32) {
   }
 }
 
-// Whether `got` (float16 or bfloat16) is the float32 product `ref` rounded once to got's
-// dtype: within one unit in its last place (the float32 sums may round differently with
-// another blocking), plus 1e-6 of max |ref| for results that cancel to near 0. Products
-// accumulated in 16 bits, or rounded twice, miss by far more at these K.
-::testing::AssertionResult rounded_once_from(const Tensor& got, const Tensor& ref) {
-  const double mant = got.dtype() == kBF16 ? 0x1p-7 : 0x1p-10;
-  const std::vector<double> g = ops::to_vector(got), r = ops::to_vector(ref);
-  double max_abs = 0;
-  for (double v : r) max_abs = std::max(max_abs, std::fabs(v));
-  if (g.size() != r.size()) return ::testing::AssertionFailure() << "sizes differ";
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double ulp = std::exp2(std::floor(std::log2(std::max(std::fabs(r[i]), 1e-30)))) * mant;
-    if (std::fabs(g[i] - r[i]) > ulp + 1e-6 * max_abs)
-      return ::testing::AssertionFailure() << "element " << i << ": " << g[i] << ", float32 "
-                                           << r[i] << " (" << dtype_name(got.dtype()) << ")";
-  }
-  return ::testing::AssertionSuccess();
-}
-
 // The CPU multiplies 16-bit operands in float32 (sgemm over widened copies) and rounds once:
 // sizes past BLAS's blocking, transposed and strided operands, batches, linear's bias, the
 // backward's products, and accumulating into an existing output.
