@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <deque>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -45,12 +46,30 @@ struct ActivationOffloader::State {
   OffloadStats stats;
   // Entries whose copy waits for a later group (defer_groups > 0), in save order.
   std::vector<std::weak_ptr<Entry>> deferred;
+  // Device-to-host copies issued and maybe not finished, oldest first (CUDA only: the CPU's
+  // and meta's copies are done when they return), and their bytes.
+  std::deque<std::pair<ops::CopyFence, size_t>> inflight;
+  size_t inflight_bytes = 0;
 
   void issue_copy(Entry& e) {
     const Tensor& t = e.pending->held();
     e.host = ops::to_host_async(t, memory::Category::offloaded, options.pin_memory);
     ++stats.tensors_offloaded;
     stats.bytes_offloaded += static_cast<int64_t>(t.nbytes());
+    if (options.max_inflight_bytes > 0) {
+      ops::CopyFence fence = ops::CopyFence::record(t.device());
+      if (!fence.empty()) {
+        inflight.emplace_back(std::move(fence), t.nbytes());
+        inflight_bytes += t.nbytes();
+        // Keep the newest copy queued (the copy stream stays busy); wait for older ones.
+        while (inflight_bytes > options.max_inflight_bytes && inflight.size() > 1) {
+          inflight.front().first.synchronize();
+          inflight_bytes -= inflight.front().second;
+          inflight.pop_front();
+          ++stats.copy_waits;
+        }
+      }
+    }
     e.pending.reset();
   }
 

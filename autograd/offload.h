@@ -23,6 +23,12 @@
 // A restored tensor is tagged `activation` and lives until every node that saved it has
 // released it.
 //
+// Copies in flight are bounded (OffloadOptions::max_inflight_bytes, 1 GiB): past it the forward
+// waits on the host for the oldest copy, so that the blocks the copies read return to the
+// allocator while the forward still runs rather than after it (a host link is slower than
+// the ops: unbounded, the forward frees blocks faster than the copies release them, and
+// reserved memory stays at the no-offload level).
+//
 // On the CPU the copies are plain copies (pinned memory is ordinary memory without a GPU),
 // so offloading only re-tags activations as `offloaded`; on a meta device the dry run
 // allocates what the real run allocates, host copies on the host's meta allocator.
@@ -46,6 +52,11 @@ struct OffloadOptions {
   // default (0 for SaveOnCpu's own offloader; 2 for nn::offload_activations, whose blocks
   // alternate with the groups between them, so each block is copied as the next one opens).
   int defer_groups = -1;
+  // Bytes of device-to-host copies allowed in flight: past it the forward (the host) waits
+  // for the oldest copies to finish. The blocks a copy reads stay out of reuse until the copy
+  // stream has passed them, and a forward that outruns the host link would otherwise take new
+  // memory for every block it frees (reserved far above allocated). 0: no bound.
+  size_t max_inflight_bytes = size_t{1} << 30;
 };
 
 // What an offloader did (tests, reports).
@@ -55,6 +66,7 @@ struct OffloadStats {
   int64_t tensors_kept = 0;          // saves kept on the device (parameters, small, views
                                      // of a block more than 4x their size)
   int64_t tensors_in_place = 0;      // deferred saves backward used before they were copied
+  int64_t copy_waits = 0;            // times the forward waited for copies in flight
   int64_t tensors_deduplicated = 0;  // saves of a tensor already offloaded
   int64_t tensors_prefetched = 0;    // restored ahead of use by a group prefetch
   int64_t tensors_fetched = 0;       // restored on demand at unpack

@@ -626,6 +626,7 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
         d["bytes_offloaded"] = s.bytes_offloaded;
         d["tensors_kept"] = s.tensors_kept;
         d["tensors_in_place"] = s.tensors_in_place;
+        d["copy_waits"] = s.copy_waits;
         d["tensors_deduplicated"] = s.tensors_deduplicated;
         d["tensors_prefetched"] = s.tensors_prefetched;
         d["tensors_fetched"] = s.tensors_fetched;

@@ -131,6 +131,12 @@ CopyFence CopyFence::record([[maybe_unused]] Device device) {
   return f;
 }
 
+void CopyFence::synchronize() const {
+#ifdef TALLY_WITH_CUDA
+  if (event_) cuda::synchronize_copy_event(device_, event_);
+#endif
+}
+
 void CopyFence::wait() const {
 #ifdef TALLY_WITH_CUDA
   if (event_) cuda::stream_wait_copy_event(device_, event_);

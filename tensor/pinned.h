@@ -56,6 +56,9 @@ class CopyFence {
   CopyFence() = default;
   static CopyFence record(Device device);
   void wait() const;
+  // The calling thread waits until the copies issued before the fence have finished (the
+  // offloader's bound on copies in flight); nothing for an empty fence.
+  void synchronize() const;
   bool empty() const { return event_ == nullptr; }
 
  private:

@@ -73,6 +73,12 @@ std::shared_ptr<void> record_copy_event(int device) {
   return std::shared_ptr<void>(e, [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
 }
 
+void synchronize_copy_event(int device, const std::shared_ptr<void>& event) {
+  DeviceGuard g(device);
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(event.get())),
+        "cudaEventSynchronize (copy fence)");
+}
+
 void stream_wait_copy_event(int device, const std::shared_ptr<void>& event) {
   DeviceGuard g(device);
   check(cudaStreamWaitEvent(stream(device), static_cast<cudaEvent_t>(event.get()), 0),

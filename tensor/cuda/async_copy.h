@@ -27,5 +27,7 @@ void copy_to_device_on_copy_stream(const Tensor& host, const Tensor& dev);
 std::shared_ptr<void> record_copy_event(int device);
 // Tally's stream on `device` waits for `event` (cudaStreamWaitEvent: no host wait).
 void stream_wait_copy_event(int device, const std::shared_ptr<void>& event);
+// The calling thread waits until `event` has completed (cudaEventSynchronize).
+void synchronize_copy_event(int device, const std::shared_ptr<void>& event);
 
 }  // namespace tally::cuda

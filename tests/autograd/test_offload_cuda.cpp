@@ -40,7 +40,8 @@ struct StepResult {
   OffloadStats stats;
 };
 
-StepResult step(const std::string& model, const std::string& offload, bool pin = true) {
+StepResult step(const std::string& model, const std::string& offload, bool pin = true,
+                size_t max_inflight = OffloadOptions{}.max_inflight_bytes) {
   manual_seed(0);
   std::shared_ptr<nn::Module> m;
   std::shared_ptr<nn::GPT> gpt;
@@ -51,8 +52,9 @@ StepResult step(const std::string& model, const std::string& offload, bool pin =
     m = nn::resnet_tiny({.num_classes = 10});
   }
   m->to(kGpu);
-  auto off = nn::offload_activations(*m, nn::parse_offload_spec(offload),
-                                     OffloadOptions{.pin_memory = pin});
+  auto off = nn::offload_activations(
+      *m, nn::parse_offload_spec(offload),
+      OffloadOptions{.pin_memory = pin, .max_inflight_bytes = max_inflight});
   memory::CachingAllocator& dev = memory::get_allocator(kGpu);
   memory::CachingAllocator& host = memory::get_pinned_allocator();
   const int64_t act0 = now(dev, Category::activation);
@@ -99,6 +101,20 @@ TEST_P(OffloadCuda, SameGradientsActivationsLeaveTheDeviceAndArePrefetched) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, OffloadCuda, ::testing::Values("gpt", "resnet"));
+
+// Copies in flight are bounded: with a bound of one byte the forward waits for every copy
+// but the newest, and the step computes the same gradients; a tiny model's step stays under
+// the default bound (1 GiB) and never waits.
+TEST(OffloadCudaBound, TheForwardWaitsForCopiesPastTheBound) {
+  REQUIRE_GPU();
+  const StepResult base = step("gpt", "none");
+  const StepResult bounded = step("gpt", "activations", true, 1);
+  const StepResult free_run = step("gpt", "activations");
+  for (size_t i = 0; i < base.grads.size(); ++i)
+    EXPECT_LE(rel_err(bounded.grads[i], base.grads[i]), 1e-6) << "parameter " << i;
+  EXPECT_EQ(bounded.stats.copy_waits, bounded.stats.tensors_offloaded - 1);
+  EXPECT_EQ(free_run.stats.copy_waits, 0);
+}
 
 TEST(OffloadCudaPageable, PageableHostMemoryGivesTheSameGradients) {
   REQUIRE_GPU();
