@@ -91,8 +91,17 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   TALLY_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
-    const auto [px, pdy, pdx, pdw, pdb, pm, pr, pw] =
-        backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, rstd, weight);
+    // Plain variables, not a structured binding: the lambdas below capture them (clang 14,
+    // the fuzz build's compiler, cannot capture structured bindings).
+    const BackwardPtrs<T> ptrs = backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, rstd, weight);
+    const T* const px = ptrs.x;
+    const T* const pdy = ptrs.dy;
+    T* const pdx = ptrs.dx;
+    A* const pdw = ptrs.dweight;
+    A* const pdb = ptrs.dbias;
+    const A* const pm = ptrs.mean;
+    const A* const pr = ptrs.rstd;
+    const A* const pw = ptrs.weight;
     const bool center = pm != nullptr;
     // dweight += dy * xhat, dbias += dy: per column, the rows in order.
     if (pdw || pdb) {
@@ -151,7 +160,8 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
     A* pm = ptr<A>(mean);
     A* pv = ptr<A>(var);
     A* pi = ptr<A>(invstd);
-    const auto [n, c, s] = ncs(x);
+    const NCS dims = ncs(x);  // named: captured below (see layer_norm_backward)
+    const int64_t n = dims.n, c = dims.c, s = dims.s;
     const int64_t count = n * s;
     parallel_for(c, grain_of(count), [&](int64_t ch0, int64_t ch1) {
       for (int64_t ch = ch0; ch < ch1; ++ch) {
@@ -189,7 +199,8 @@ void batch_norm_elemt(const Tensor& out, const Tensor& x, const Tensor& mean, co
     const A* pi = ptr<const A>(invstd);
     const A* pw = ptr<const A>(weight);
     const A* pb = ptr<const A>(bias);
-    const auto [n, c, s] = ncs(x);
+    const NCS dims = ncs(x);  // named: captured below (see layer_norm_backward)
+    const int64_t n = dims.n, c = dims.c, s = dims.s;
     parallel_for(n * c, grain_of(s), [&](int64_t plane0, int64_t plane1) {
       for (int64_t plane = plane0; plane < plane1; ++plane) {
         const int64_t ch = plane % c;
@@ -211,9 +222,19 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   TALLY_DISPATCH_FLOAT(dy.dtype(), "batch_norm_backward", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
-    const auto [px, pdy, pdx, pdw, pdb, pm, pi, pw] =
-        backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, invstd, weight);
-    const auto [n, c, s] = ncs(dy);
+    // Plain variables, not a structured binding: the lambdas below capture them (clang 14,
+    // the fuzz build's compiler, cannot capture structured bindings).
+    const BackwardPtrs<T> ptrs = backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, invstd, weight);
+    const T* const px = ptrs.x;
+    const T* const pdy = ptrs.dy;
+    T* const pdx = ptrs.dx;
+    A* const pdw = ptrs.dweight;
+    A* const pdb = ptrs.dbias;
+    const A* const pm = ptrs.mean;
+    const A* const pi = ptrs.rstd;
+    const A* const pw = ptrs.weight;
+    const NCS dims = ncs(dy);  // named: captured below (see layer_norm_backward)
+    const int64_t n = dims.n, c = dims.c, s = dims.s;
     const int64_t count = n * s;
     const bool need_xhat = pdw || (pdx && training);
     parallel_for(c, grain_of(count), [&](int64_t ch0, int64_t ch1) {
