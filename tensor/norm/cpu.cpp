@@ -91,59 +91,50 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   TALLY_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
-    // Plain variables, not a structured binding: the lambdas below capture them (clang 14,
-    // the fuzz build's compiler, cannot capture structured bindings).
-    const BackwardPtrs<T> ptrs = backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, rstd, weight);
-    const T* const px = ptrs.x;
-    const T* const pdy = ptrs.dy;
-    T* const pdx = ptrs.dx;
-    A* const pdw = ptrs.dweight;
-    A* const pdb = ptrs.dbias;
-    const A* const pm = ptrs.mean;
-    const A* const pr = ptrs.rstd;
-    const A* const pw = ptrs.weight;
-    const bool center = pm != nullptr;
+    const BackwardPtrs<T> p = backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, rstd, weight);
+    const bool center = p.mean != nullptr;
     // dweight += dy * xhat, dbias += dy: per column, the rows in order.
-    if (pdw || pdb) {
+    if (p.dweight || p.dbias) {
       parallel_for(cols, grain_of(rows), [&](int64_t col0, int64_t col1) {
         for (int64_t j = col0; j < col1; ++j) {
           A sw = A(0), sb = A(0);
           for (int64_t i = 0; i < rows; ++i) {
-            const A g = static_cast<A>(pdy[i * cols + j]);
-            if (pdw)
-              sw += g * math::xhat(static_cast<A>(px[i * cols + j]), center ? pm[i] : A(0), pr[i]);
+            const A g = static_cast<A>(p.dy[i * cols + j]);
+            if (p.dweight)
+              sw += g * math::xhat(static_cast<A>(p.x[i * cols + j]), center ? p.mean[i] : A(0),
+                                   p.rstd[i]);
             sb += g;
           }
-          if (pdw) pdw[j] = sw;
-          if (pdb) pdb[j] = sb;
+          if (p.dweight) p.dweight[j] = sw;
+          if (p.dbias) p.dbias[j] = sb;
         }
       });
     }
-    if (!pdx) return;
+    if (!p.dx) return;
     const double inv_n = cols > 0 ? 1.0 / static_cast<double>(cols) : 0.0;
     parallel_for(rows, grain_of(cols), [&](int64_t row0, int64_t row1) {
       for (int64_t i = row0; i < row1; ++i) {
-        const T* xr = px + i * cols;
-        const T* gr = pdy + i * cols;
-        const A m = center ? pm[i] : A(0);
-        const A r = pr[i];
+        const T* xr = p.x + i * cols;
+        const T* gr = p.dy + i * cols;
+        const A m = center ? p.mean[i] : A(0);
+        const A r = p.rstd[i];
         // With g = dy * weight and xhat = (x - mean) * rstd:
         //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (rms_norm: no mean(g) term)
         double sg = 0.0, sgx = 0.0;
         for (int64_t j = 0; j < cols; ++j) {
           const A xh = math::xhat(static_cast<A>(xr[j]), m, r);
           const A g = static_cast<A>(gr[j]);
-          const A gw = pw ? g * pw[j] : g;
+          const A gw = p.weight ? g * p.weight[j] : g;
           sg += static_cast<double>(gw);
           sgx += static_cast<double>(gw) * static_cast<double>(xh);
         }
         const A mg = center ? static_cast<A>(sg * inv_n) : A(0);
         const A mgx = static_cast<A>(sgx * inv_n);
-        T* dr = pdx + i * cols;
+        T* dr = p.dx + i * cols;
         for (int64_t j = 0; j < cols; ++j) {
           const A xh = math::xhat(static_cast<A>(xr[j]), m, r);
           const A g = static_cast<A>(gr[j]);
-          const A gw = pw ? g * pw[j] : g;
+          const A gw = p.weight ? g * p.weight[j] : g;
           dr[j] = T(math::norm_input_grad(r, gw, mg, xh, mgx));
         }
       }
@@ -160,7 +151,7 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
     A* pm = ptr<A>(mean);
     A* pv = ptr<A>(var);
     A* pi = ptr<A>(invstd);
-    const NCS dims = ncs(x);  // named: captured below (see layer_norm_backward)
+    const NCS dims = ncs(x);  // not a structured binding: clang 14 cannot capture one
     const int64_t n = dims.n, c = dims.c, s = dims.s;
     const int64_t count = n * s;
     parallel_for(c, grain_of(count), [&](int64_t ch0, int64_t ch1) {
@@ -199,7 +190,7 @@ void batch_norm_elemt(const Tensor& out, const Tensor& x, const Tensor& mean, co
     const A* pi = ptr<const A>(invstd);
     const A* pw = ptr<const A>(weight);
     const A* pb = ptr<const A>(bias);
-    const NCS dims = ncs(x);  // named: captured below (see layer_norm_backward)
+    const NCS dims = ncs(x);  // not a structured binding: clang 14 cannot capture one
     const int64_t n = dims.n, c = dims.c, s = dims.s;
     parallel_for(n * c, grain_of(s), [&](int64_t plane0, int64_t plane1) {
       for (int64_t plane = plane0; plane < plane1; ++plane) {
@@ -222,58 +213,48 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   TALLY_DISPATCH_FLOAT(dy.dtype(), "batch_norm_backward", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
-    // Plain variables, not a structured binding: the lambdas below capture them (clang 14,
-    // the fuzz build's compiler, cannot capture structured bindings).
-    const BackwardPtrs<T> ptrs = backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, invstd, weight);
-    const T* const px = ptrs.x;
-    const T* const pdy = ptrs.dy;
-    T* const pdx = ptrs.dx;
-    A* const pdw = ptrs.dweight;
-    A* const pdb = ptrs.dbias;
-    const A* const pm = ptrs.mean;
-    const A* const pi = ptrs.rstd;
-    const A* const pw = ptrs.weight;
-    const NCS dims = ncs(dy);  // named: captured below (see layer_norm_backward)
+    const BackwardPtrs<T> p = backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, invstd, weight);
+    const NCS dims = ncs(dy);  // not a structured binding: clang 14 cannot capture one
     const int64_t n = dims.n, c = dims.c, s = dims.s;
     const int64_t count = n * s;
-    const bool need_xhat = pdw || (pdx && training);
+    const bool need_xhat = p.dweight || (p.dx && training);
     parallel_for(c, grain_of(count), [&](int64_t ch0, int64_t ch1) {
       for (int64_t ch = ch0; ch < ch1; ++ch) {
-        const A r = pi[ch];
-        const A m = need_xhat ? pm[ch] : A(0);
+        const A r = p.rstd[ch];
+        const A m = need_xhat ? p.mean[ch] : A(0);
         // sum(dy) and sum(dy * xhat) over the channel's elements, xhat = (x - mean) * invstd
         double sdy = 0.0, sdyx = 0.0;
-        if (pdb || need_xhat) {
+        if (p.dbias || need_xhat) {
           for (int64_t b = 0; b < n; ++b) {
             const int64_t base = (b * c + ch) * s;
             for (int64_t k = 0; k < s; ++k) {
-              const A g = static_cast<A>(pdy[base + k]);
+              const A g = static_cast<A>(p.dy[base + k]);
               sdy += static_cast<double>(g);
               if (need_xhat) {
-                const A xh = math::xhat(static_cast<A>(px[base + k]), m, r);
+                const A xh = math::xhat(static_cast<A>(p.x[base + k]), m, r);
                 sdyx += static_cast<double>(g) * static_cast<double>(xh);
               }
             }
           }
         }
-        if (pdw) pdw[ch] = static_cast<A>(sdyx);
-        if (pdb) pdb[ch] = static_cast<A>(sdy);
-        if (!pdx) continue;
+        if (p.dweight) p.dweight[ch] = static_cast<A>(sdyx);
+        if (p.dbias) p.dbias[ch] = static_cast<A>(sdy);
+        if (!p.dx) continue;
         // training: dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat))
         // eval:     dx = w * invstd * dy
-        const A scale = pw ? r * pw[ch] : r;
+        const A scale = p.weight ? r * p.weight[ch] : r;
         const double inv_count = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
         const A mdy = static_cast<A>(sdy * inv_count);
         const A mdyx = static_cast<A>(sdyx * inv_count);
         for (int64_t b = 0; b < n; ++b) {
           const int64_t base = (b * c + ch) * s;
           for (int64_t k = 0; k < s; ++k) {
-            const A g = static_cast<A>(pdy[base + k]);
+            const A g = static_cast<A>(p.dy[base + k]);
             if (training) {
-              const A xh = math::xhat(static_cast<A>(px[base + k]), m, r);
-              pdx[base + k] = T(math::norm_input_grad(scale, g, mdy, xh, mdyx));
+              const A xh = math::xhat(static_cast<A>(p.x[base + k]), m, r);
+              p.dx[base + k] = T(math::norm_input_grad(scale, g, mdy, xh, mdyx));
             } else {
-              pdx[base + k] = T(scale * g);
+              p.dx[base + k] = T(scale * g);
             }
           }
         }
