@@ -47,9 +47,11 @@ TensorList AccumulateGrad::apply(const TensorList& grad_outputs) {
   }
   memory::CategoryScope cat(memory::Category::gradient);
   if (!meta->grad.defined()) {
-    // Steal the incoming buffer when nothing else holds it; else copy it.
-    if (g.storage().use_count() == 1 && g.is_contiguous() && g.sizes() == variable_.sizes() &&
-        g.dtype() == variable_.dtype()) {
+    // Steal the incoming buffer when nothing else holds it (the tensor is held here and by
+    // the engine's list alone: a backward that hands one gradient to two inputs, as add's,
+    // gives each leaf a copy, else the two .grads would share their memory); else copy it.
+    if (g.use_count() <= 2 && g.storage().use_count() == 1 && g.is_contiguous() &&
+        g.sizes() == variable_.sizes() && g.dtype() == variable_.dtype()) {
       if (g.storage().category() != memory::Category::gradient)
         g.storage().retag(memory::Category::gradient);
       meta->grad = g;

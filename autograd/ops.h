@@ -78,6 +78,10 @@ Tensor ge(const Tensor& a, const Tensor& b, CallSite site = CallSite::current())
 
 // ---- activations ----
 Tensor relu(const Tensor& x, CallSite site = CallSite::current());
+// relu(a + b) in one pass (broadcasting; PyTorch's aten::_add_relu), saving only its output:
+// a residual block's sum and activation. The sum never exists on its own, so the block holds
+// one buffer fewer than add then relu at its peak, and reads and writes its output once.
+Tensor add_relu(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
 Tensor gelu(const Tensor& x, const std::string& approximate = "none",
             CallSite site = CallSite::current());  // "none" | "tanh"
 Tensor silu(const Tensor& x, CallSite site = CallSite::current());

@@ -10,9 +10,12 @@ predicted memory and the memory planner's choices (issue 17's tables in bench/RE
    predicted peak allocated and reserved, their errors, the category furthest off, and whether
    the issue's bars hold (allocated within 1%, reserved within 3%, every category within 2% or
    16 MiB).
+   GPT-2 again with the levers of issue 18 (`gpt2-levers`: the fused classifier, each plan with
+   and without activation offload).
 2. The planner: `train_gpt` / `train_resnet --checkpoint auto --amp auto --memory-budget B` at
-   30/50/75% of the no-checkpointing peak reserved measured in (1); the chosen plan's measured
-   peak against the budget, and its step time against the fastest plan of the grid that fits.
+   30/50/75% of the no-checkpointing peak reserved measured in (1) (GPT-2's with
+   `--fused-classifier --offload auto`); the chosen plan's measured peak against the budget,
+   and its step time against the fastest plan of the grids that fits.
 """
 import json
 import os
@@ -28,6 +31,9 @@ plans = "none,selective,{q}-blocks,{h}-blocks,{t}-blocks,blocks,2-segments,4-seg
 GRIDS = {
     "gpt2": (["--model", "gpt", "--preset", "gpt2", "--batch", "16", "--seq", "1024",
               "--checkpoint", plans.format(q=3, h=6, t=9), "--amp", "bf16"], "bf16"),
+    "gpt2-levers": (["--model", "gpt", "--preset", "gpt2", "--batch", "16", "--seq", "1024",
+                     "--checkpoint", plans.format(q=3, h=6, t=9), "--amp", "bf16",
+                     "--fused-classifier", "--offload", "none,activations"], "bf16"),
     "resnet50": (["--model", "resnet", "--arch", "resnet50", "--dataset", "synthetic",
                   "--image-size", "224", "--batch", "64", "--checkpoint", plans.format(q=4, h=8, t=12),
                   "--amp", "off,bf16,fp16"], "off"),
@@ -63,16 +69,19 @@ print(f"{bad} of {sum(len(g) for g in grids.values())} configurations miss a bar
       "(a: allocated within 1%, r: reserved within 3%, c: categories within 2% or 16 MiB)\n")
 
 print(f"{'model':9} {'budget':>10} {'chosen':34} {'measured resv':>13} {'chosen ms':>9} {'best fitting':34} {'ms':>6}")
-for name, (args, baseline_amp) in GRIDS.items():
-    rows = grids[name]
-    base = next(r for r in rows if r["name"] == f"ckpt=none amp={baseline_amp}")
+for name in ("gpt2", "resnet50"):
+    baseline_amp = GRIDS[name][1]
+    base = next(r for r in grids[name] if r["name"] == f"ckpt=none amp={baseline_amp}")
+    # The hand-made plans: GPT-2's own grid and its grid with the levers (names prefixed).
+    rows = grids[name] + ([dict(r, name="levers " + r["name"]) for r in grids["gpt2-levers"]]
+                          if name == "gpt2" else [])
     for frac in (0.30, 0.50, 0.75):
         budget = int(base["peak_reserved"] * frac)
         fitting = [r for r in rows if r["peak_reserved"] <= budget]
         best = min(fitting, key=lambda r: r["median_ms"]) if fitting else None
         if name == "gpt2":
             cmd = [os.path.join(build, "examples", "train_gpt"), "--preset", "gpt2", "--data", "synthetic",
-                   "--batch", "16", "--seq", "1024"]
+                   "--batch", "16", "--seq", "1024", "--fused-classifier", "--offload", "auto"]
         else:
             cmd = [os.path.join(build, "examples", "train_resnet"), "--arch", "resnet50", "--dataset",
                    "synthetic", "--image-size", "224", "--batch", "64"]
@@ -80,13 +89,15 @@ for name, (args, baseline_amp) in GRIDS.items():
                 "--checkpoint", "auto", "--amp", "auto", "--memory-budget", str(budget)]
         p = subprocess.run(cmd, capture_output=True, text=True)
         text = p.stdout + p.stderr
-        m = re.search(r"Chosen: checkpoint (\S+), amp (\S+)", text)
+        m = re.search(r"Chosen: checkpoint ([^,]+), amp (\w+)(?:, offload ([\w-]+))?", text)
         if not m:
             err = text.strip().splitlines()[-1] if text.strip() else f"exit {p.returncode}"
             print(f"{name:9} {budget / MIB:8.0f}Mi  no plan: {err[:150]}")
             continue
         amp = {"bfloat16": "bf16", "float16": "fp16", "off": "off"}[m.group(2)]
         chosen = f"ckpt={m.group(1)} amp={amp}"
+        if name == "gpt2":  # planned with the levers: the levers grid's row
+            chosen = f"levers {chosen} offload={m.group(3) or 'none'}"
         resv = re.search(r"peak reserved ([\d.]+) (\w+)", text)
         row = next((r for r in rows if r["name"] == chosen), None)
         print(f"{name:9} {budget / MIB:8.0f}Mi  {chosen:34} {resv.group(1) + ' ' + resv.group(2) if resv else '?':>13} "

@@ -82,8 +82,9 @@ struct Args {
   std::vector<std::string> alloc_confs;  // --alloc-conf, repeated
   std::string out = "ab_report";
   double lr = 0.01;
-  std::string estimate;       // a dry run's target: predict every configuration, run none
-  std::string memory_budget;  // --checkpoint auto: the planner's budget
+  std::string estimate;           // a dry run's target: predict every configuration, run none
+  std::string memory_budget;      // --checkpoint auto: the planner's budget
+  bool fused_classifier = false;  // GPT: lm_head and cross-entropy fused, chunked over rows
 };
 
 // One combination of the levers' axes (--offload, --optimizer, --step-in-backward).
@@ -323,6 +324,9 @@ int main(int argc, char** argv) {
   app.add_option("--memory-budget", a.memory_budget,
                  "device memory a run may reserve, for the --checkpoint entry auto (the planner "
                  "picks the fastest plan that fits: 6GiB, 900MiB, ...)");
+  app.add_flag("--fused-classifier", a.fused_classifier,
+               "GPT: lm_head and cross-entropy fused and chunked over rows in every configuration "
+               "(the [B*T, vocab] logits never exist whole)");
   ex::add_checked_option(app, "--lr", a.lr, "learning rate", ex::positive_real());
   app.add_option("--out", a.out, "output folder (snapshots, timelines, report.html)")
       ->capture_default_str();
@@ -413,6 +417,8 @@ int main(int argc, char** argv) {
         throw std::invalid_argument("--preset applies to --model gpt only");
       if (a.image_size > 0 && a.dataset != "synthetic")
         throw std::invalid_argument("--image-size applies to --dataset synthetic only");
+      if (a.fused_classifier)
+        throw std::invalid_argument("--fused-classifier applies to --model gpt only");
     } else {
       const nn::GPTConfig cfg =
           ex::for_flag("--preset", [&] { return nn::GPTConfig::preset(a.preset); });
@@ -448,7 +454,11 @@ int main(int argc, char** argv) {
     // meta:0 for the planner's dry runs, which need no values).
     auto build_model = [&](Device build_on) -> std::shared_ptr<nn::Module> {
       nn::BuildOnDevice on(build_on);
-      if (a.model == "gpt") return std::make_shared<nn::GPT>(nn::GPTConfig::preset(a.preset));
+      if (a.model == "gpt") {
+        nn::GPTConfig cfg = nn::GPTConfig::preset(a.preset);
+        cfg.fused_classifier = a.fused_classifier;
+        return std::make_shared<nn::GPT>(cfg);
+      }
       return nn::resnet_by_name(a.arch, {.num_classes = classes, .in_channels = channels});
     };
     // A CPU run's batches live in the device's own allocator from the start of the run (a
@@ -574,7 +584,8 @@ int main(int argc, char** argv) {
                 l.offload = cand.offload.str();
                 run_config(d, resident_batches(d), cand.checkpoint, cand.amp, l, scratch,
                            Device::meta());
-              });
+              },
+              a.steps);
           spec = c.checkpoint;
           amp = c.amp;
           lever.offload = c.offload.str();
@@ -667,11 +678,12 @@ int main(int argc, char** argv) {
 
     const std::string where =
         estimate_only ? fmt::format("predicted for {}, dry runs", target) : dev.str();
-    const std::string title = a.model == "resnet"
-                                  ? fmt::format("{} on {} (batch {}, {} steps, {})", a.arch,
-                                                a.dataset, a.batch, a.steps, where)
-                                  : fmt::format("GPT {} (batch {} x {} tokens, {} steps, {})",
-                                                a.preset, a.batch, seq, a.steps, where);
+    const std::string title =
+        a.model == "resnet" ? fmt::format("{} on {} (batch {}, {} steps, {})", a.arch, a.dataset,
+                                          a.batch, a.steps, where)
+                            : fmt::format("GPT {}{} (batch {} x {} tokens, {} steps, {})", a.preset,
+                                          a.fused_classifier ? ", fused classifier" : "", a.batch,
+                                          seq, a.steps, where);
     std::cout << ex::format_table(results) << std::flush;
     if (results.size() > 1) {
       fmt::print("what each option bought, against {}:\n", results.front().name);

@@ -200,8 +200,8 @@ int main(int argc, char** argv) {
     }
     cfg.fused_classifier = a.fused_classifier;
 
-    // Two steps of a variation of this run on a dry run's device, the model built without
-    // host memory: what the planner and the out-of-memory report predict.
+    // kEstimateSteps steps of a variation of this run on a dry run's device, the model built
+    // without host memory: what the planner and the out-of-memory report predict.
     auto build = [&](int64_t chunk_bytes = 0) {
       nn::BuildOnDevice on(Device::meta());
       nn::GPTConfig c = cfg;
@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
         x = ops::randint(0, cfg.vocab_size, {shape.batch, T}, DType::int64, d);
         y = ops::randint(0, cfg.vocab_size, {shape.batch, T}, DType::int64, d);
       }
-      for (int s = 0; s < 2; ++s) {
+      for (int64_t s = 0; s < ex::kEstimateSteps; ++s) {
         o->zero_grad(true);
         Tensor loss;
         {
@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
       }
     };
     if (auto_plan.checkpoint_auto) {
-      // The planner dry-runs each candidate: two steps on batches of this run's shape.
+      // The planner dry-runs each candidate: kEstimateSteps steps on batches of this run's shape.
       // With --fused-classifier the chunk is searched too: the default 256 MiB, then smaller
       // ones for a plan that a smaller chunk would bring under the budget.
       std::vector<int64_t> chunks;
@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
           [&](Device d, const nn::PlanCandidate& c) {
             dry_steps(d, {c, a.batch});
           },
-          chunks);
+          ex::kEstimateSteps, chunks);
       ckpt = chosen.checkpoint;
       amp = chosen.amp;
       offload = chosen.offload;

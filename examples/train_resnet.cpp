@@ -242,8 +242,8 @@ int main(int argc, char** argv) {
     // The side of the images a step sees (dry runs make batches of it).
     const int64_t side = image_size ? image_size : first_image_shape(*train).at(1);
 
-    // Two steps of a variation of this run (this run's optimizer, batches of its image shape)
-    // on a dry run's device, the model built without host memory: what the planner and the
+    // kEstimateSteps steps of a variation of this run (this run's optimizer, batches of its image
+    // shape) on a dry run's device, the model built without host memory: what the planner and the
     // out-of-memory report predict.
     auto build = [&] {
       nn::BuildOnDevice on(Device::meta());
@@ -264,7 +264,7 @@ int main(int argc, char** argv) {
         x = ops::randn({shape.batch, channels, side, side}, DType::float32, d);
         y = ops::randint(0, classes, {shape.batch}, DType::int64, d);
       }
-      for (int s = 0; s < 2; ++s) {
+      for (int64_t s = 0; s < ex::kEstimateSteps; ++s) {
         o->zero_grad(true);
         Tensor loss;
         {
@@ -276,12 +276,13 @@ int main(int argc, char** argv) {
       }
     };
     if (auto_plan.checkpoint_auto) {
-      // The planner dry-runs each candidate: two steps on batches of this run's shape.
-      const nn::PlanCandidate chosen =
-          ex::plan_run(auto_plan, amp, dev, nn::checkpoint_block_count(*build()),
-                       [&](Device d, const nn::PlanCandidate& c) {
-                         dry_steps(d, {c, a.batch});
-                       });
+      // The planner dry-runs each candidate: kEstimateSteps steps on batches of this run's shape.
+      const nn::PlanCandidate chosen = ex::plan_run(
+          auto_plan, amp, dev, nn::checkpoint_block_count(*build()),
+          [&](Device d, const nn::PlanCandidate& c) {
+            dry_steps(d, {c, a.batch});
+          },
+          ex::kEstimateSteps);
       ckpt = chosen.checkpoint;
       amp = chosen.amp;
       offload = chosen.offload;

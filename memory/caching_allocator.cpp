@@ -14,6 +14,12 @@ namespace tally::memory {
 namespace detail {
 
 struct Segment {
+  // When it was made (a count over every allocator of the process): best fit breaks ties
+  // between free blocks of one size by it, then by address within the segment. Not by address
+  // across segments, which is the provider's business: the host's heap hands them out in an
+  // order of its own, and a dry run's device in another, and the two runs of one program would
+  // then split different blocks and reserve different amounts.
+  uint64_t order = 0;
   uintptr_t base = 0;
   size_t size = 0;  // an expandable segment: its reserved addresses
   StreamId stream = 0;
@@ -26,7 +32,8 @@ struct Segment {
 
 struct Block;
 
-// Ordered by (stream, size, address): lower_bound gives the best fit on a stream.
+// Ordered by (stream, size, segment order, address): lower_bound gives the best fit on a
+// stream (a search key has no segment, order 0).
 struct BlockLess {
   bool operator()(const Block* a, const Block* b) const;
 };
@@ -77,8 +84,12 @@ struct Block {
 inline bool BlockLess::operator()(const Block* a, const Block* b) const {
   if (a->stream != b->stream) return a->stream < b->stream;
   if (a->size != b->size) return a->size < b->size;
+  const uint64_t oa = a->segment ? a->segment->order : 0, ob = b->segment ? b->segment->order : 0;
+  if (oa != ob) return oa < ob;
   return a->addr() < b->addr();
 }
+
+static std::atomic<uint64_t> next_segment_order{1};
 
 inline bool AddressLess::operator()(const Block* a, const Block* b) const {
   if (a->stream != b->stream) return a->stream < b->stream;
@@ -310,6 +321,7 @@ bool CachingAllocator::alloc_segment(AllocParams& p, bool is_retry) {
   total_reserved_ += size;
 
   auto* seg = new Segment();
+  seg->order = detail::next_segment_order.fetch_add(1, std::memory_order_relaxed);
   seg->base = reinterpret_cast<uintptr_t>(ptr);
   seg->size = size;
   seg->stream = p.stream;
@@ -414,6 +426,7 @@ Block* CachingAllocator::new_expandable_segment(const AllocParams& p) {
   std::unique_ptr<ExpandableSegment> es =
       provider_->create_expandable_segment(p.stream, page, pages);
   auto seg = std::make_unique<Segment>();
+  seg->order = detail::next_segment_order.fetch_add(1, std::memory_order_relaxed);
   seg->base = es->base();
   seg->size = es->size();
   seg->stream = p.stream;

@@ -51,7 +51,9 @@ struct PlanOptions {
   // with the next ones, down to the first that fits. A smaller chunk costs launches, so the
   // cost model keeps the largest that fits.
   std::vector<int64_t> classifier_chunks;
-  int64_t steps = 2;  // training steps each candidate's dry run takes (the peak needs 2)
+  // Training steps each candidate's dry run takes (the time per step divides by it): the peak
+  // allocated needs 2, the peak reserved can need 3.
+  int64_t steps = 3;
 };
 
 struct PlannedCandidate {

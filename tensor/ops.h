@@ -74,7 +74,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 // The *_backward ops are activation gradients fused into one pass, a = the incoming
 // gradient, b = what the forward saved: relu_backward(g, y) = y > 0 ? g : 0 (PyTorch's
 // threshold_backward on the output), gelu_backward(g, x) = g * gelu'(x) (erf form),
-// gelu_tanh_backward(g, x) = g * gelu'(x) (tanh approximation).
+// gelu_tanh_backward(g, x) = g * gelu'(x) (tanh approximation). add_relu(a, b) = relu(a + b)
+// in one pass (PyTorch's aten::_add_relu: a residual block's sum and activation).
 enum class BinaryOp : uint8_t {
   add,
   sub,
@@ -86,6 +87,7 @@ enum class BinaryOp : uint8_t {
   relu_backward,
   gelu_backward,
   gelu_tanh_backward,
+  add_relu,
   eq,
   ne,
   lt,
@@ -140,6 +142,9 @@ inline Tensor add(const Tensor& a, double b) {
 }
 inline Tensor mul(const Tensor& a, double b) {
   return binary_scalar(BinaryOp::mul, a, b);
+}
+inline Tensor add_relu(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::add_relu, a, b);
 }
 inline Tensor neg(const Tensor& a) {
   return unary(UnaryOp::neg, a);

@@ -95,6 +95,8 @@ class Tensor {
   }
   // Same TensorImpl (the same tensor object, not just the same storage).
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+  // How many Tensor handles share this tensor object (PyTorch's Tensor::use_count).
+  long use_count() const { return impl_.use_count(); }
   TensorImpl* unsafe_impl() const { return impl_.get(); }
 
   std::string str() const;  // PyTorch-style "tensor([...], dtype=...)"

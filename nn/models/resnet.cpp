@@ -57,7 +57,8 @@ Tensor BasicBlock::forward(const Tensor& x) {
   Tensor out = (*relu)((*bn1)((*conv1)(x)));
   out = (*bn2)((*conv2)(out));
   const Tensor identity = downsample ? (*downsample)(x) : x;
-  return (*relu)(add(out, identity));
+  // relu(out + identity) in one pass, under the relu module's name: the sum is never held.
+  return relu->call([&] { return add_relu(out, identity); });
 }
 
 Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride,
@@ -79,7 +80,8 @@ Tensor Bottleneck::forward(const Tensor& x) {
   out = (*relu)((*bn2)((*conv2)(out)));
   out = (*bn3)((*conv3)(out));
   const Tensor identity = downsample ? (*downsample)(x) : x;
-  return (*relu)(add(out, identity));
+  // relu(out + identity) in one pass, under the relu module's name: the sum is never held.
+  return relu->call([&] { return add_relu(out, identity); });
 }
 
 ResNet::ResNet(BlockKind block, const std::vector<int64_t>& layers, ResNetOptions opts)

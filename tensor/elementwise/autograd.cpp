@@ -381,6 +381,21 @@ Tensor relu(const Tensor& x, CallSite site) {
                   });
 }
 
+Tensor add_relu(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  Tensor out = o::add_relu(a, b);
+  record("AddReluBackward", {a, b}, {out}, {out},
+         [sa = a.sizes(), sb = b.sizes(), da = a.dtype(), db = b.dtype()](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor gs = o::binary(o::BinaryOp::relu_backward, g[0], ctx.saved(0));
+           Tensor ga, gb;
+           if (ctx.needs_input_grad(0)) ga = reduce_like(gs, sa, da);
+           if (ctx.needs_input_grad(1)) gb = reduce_like(gs, sb, db);
+           return {ga, gb};
+         });
+  return out;
+}
+
 Tensor gelu(const Tensor& x, const std::string& approximate, CallSite site) {
   memory::CallSiteScope call_site(site);
   if (approximate != "none" && approximate != "tanh")

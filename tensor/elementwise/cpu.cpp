@@ -186,6 +186,8 @@ void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& 
           return binary_fixed<BinaryOp::div, T>(out, a, b);
         case BinaryOp::relu_backward:
           return binary_fixed<BinaryOp::relu_backward, T>(out, a, b);
+        case BinaryOp::add_relu:
+          return binary_fixed<BinaryOp::add_relu, T>(out, a, b);
         default:
           break;
       }

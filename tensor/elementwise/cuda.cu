@@ -467,7 +467,7 @@ struct AffineF {
 // clang-format off
 #define TALLY_ARITH_OPS(X) \
   X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum) X(relu_backward) X(gelu_backward) \
-  X(gelu_tanh_backward)
+  X(gelu_tanh_backward) X(add_relu)
 // clang-format on
 
 // f(std::integral_constant<ops::BinaryOp, OP>{}) for the arithmetic op `op`, which the fast

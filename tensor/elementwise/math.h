@@ -112,6 +112,7 @@ TALLY_HOST_DEVICE TALLY_FORCE_INLINE A binary_value(ops::BinaryOp op, A x, A y) 
   if constexpr (std::is_same_v<A, bool>) {
     switch (op) {
       case BinaryOp::add:
+      case BinaryOp::add_relu:
       case BinaryOp::maximum:
         return x || y;
       case BinaryOp::mul:
@@ -157,6 +158,13 @@ TALLY_HOST_DEVICE TALLY_FORCE_INLINE A binary_value(ops::BinaryOp op, A x, A y) 
         return x < y ? x : y;
       case BinaryOp::relu_backward:
         return y <= A(0) ? A(0) : x;
+      case BinaryOp::add_relu: {
+        const A s = x + y;  // as UnaryOp::relu: NaN stays NaN
+        if constexpr (std::is_floating_point_v<A>) {
+          if (isnan(s)) return s;
+        }
+        return s > A(0) ? s : A(0);
+      }
       case BinaryOp::gelu_backward:
         if constexpr (std::is_floating_point_v<A>) {
           const A cdf = A(0.5) * (A(1) + erf(y * static_cast<A>(M_SQRT1_2)));

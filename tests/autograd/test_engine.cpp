@@ -72,6 +72,18 @@ TEST(Autograd, SavedTensorsAreTaggedActivationAndReleased) {
   EXPECT_EQ(w.grad().storage().category(), memory::Category::gradient);
 }
 
+// A backward that hands one gradient to two leaves (add's, add_relu's) gives each its own
+// .grad: were the two one buffer, a second backward would accumulate into both twice.
+TEST(Autograd, OneGradientForTwoLeavesIsTwoGrads) {
+  for (const bool fused : {false, true}) {
+    const Tensor a = rand_input({3}, 0.5, 1, 4), b = rand_input({3}, 0.5, 1, 5);
+    for (int pass = 0; pass < 2; ++pass) (fused ? add_relu(a, b) : add(a, b)).sum().backward();
+    EXPECT_NE(a.grad().data_ptr(), b.grad().data_ptr()) << (fused ? "add_relu" : "add");
+    EXPECT_EQ(a.grad().tolist(), std::vector<double>(3, 2.0)) << (fused ? "add_relu" : "add");
+    EXPECT_EQ(b.grad().tolist(), std::vector<double>(3, 2.0)) << (fused ? "add_relu" : "add");
+  }
+}
+
 TEST(SavedTensorHooks, PackAndUnpackReplaceWhatIsKept) {
   // Offload-style hooks: pack keeps a float64 host copy, unpack returns it. Nothing is
   // tagged activation, and backward still gets the right values.

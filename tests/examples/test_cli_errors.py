@@ -143,6 +143,7 @@ cases = [
     (["ab_memory", "--model", "gpt", "--preset", "huge"], "--preset", {}),
     (["ab_memory", "--model", "gpt", "--arch", "resnet18"], "--arch", {}),
     (["ab_memory", "--preset", "gpt2"], "--preset", {}),  # --model resnet has no preset
+    (["ab_memory", "--fused-classifier"], "--fused-classifier applies to --model gpt only", {}),
     (["ab_memory", "--out", a_file], "--out", {}),
     (["ab_memory"], "TALLY_ALLOC_CONF", BAD_CONF),
     # ---- memory_demo

@@ -159,7 +159,6 @@ class Outer : public nn::Module {
 TEST(CallSite, NestedUserSitesTakeTheInnermost) {
   Outer outer;
   const Tensor x = ones({2, 8});
-  const uint32_t line = __LINE__ + 1;
   const Tensor y = outer(x);
   ASSERT_NE(outer.inner_line, 0u);
   EXPECT_EQ(tag_of(y).loc.line, outer.relu_line);

@@ -111,7 +111,7 @@ TEST(CudaOptim, AdamW8bitMatchesTheCpu) {
   // min_8bit_size 1000: the 1000- and 65537-element parameters get 8-bit state (short last
   // blocks; the 65537's second chunk holds one element), the others AdamW's float32 state.
   // The codes must match exactly (one code apart is an error of 1 / 255 > kTol).
-  for (const int64_t bs : {64, 256, 4096}) {
+  for (const int64_t bs : {64, 128, 256, 512, 1024, 4096}) {
     const optim::AdamW8bitOptions q{.block_size = bs, .min_8bit_size = 1000};
     run_both(
         [q](std::vector<Tensor> ps) {

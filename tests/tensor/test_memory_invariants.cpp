@@ -197,6 +197,24 @@ TEST_P(MemoryInvariants, Cnn) {
   });
 }
 
+// A residual block's tail: add_relu never holds the sum, so its forward peaks one output
+// buffer lower than add then relu, and the one buffer it keeps is its saved output.
+TEST_P(MemoryInvariants, AddReluHoldsNoSum) {
+  const TensorList params = {param(dev(), {32, 16}, 11, 0.3), param(dev(), {32, 16}, 12, 0.3)};
+  const int64_t one = static_cast<int64_t>(alloc(dev()).round_size(32 * 16 * sizeof(float)));
+  const auto forward_peak = [&](bool fused) {
+    memory::synchronize(dev());
+    const auto base = static_cast<int64_t>(alloc(dev()).memory_allocated());
+    alloc(dev()).reset_peak_memory_stats();
+    const Tensor y = fused ? add_relu(params[0], params[1]) : relu(add(params[0], params[1]));
+    EXPECT_EQ(bytes(dev(), Category::activation), one) << "the output, saved by the backward";
+    return static_cast<int64_t>(alloc(dev()).max_memory_allocated()) - base;
+  };
+  EXPECT_EQ(forward_peak(false), 2 * one) << "add then relu: the sum and the output";
+  EXPECT_EQ(forward_peak(true), one) << "add_relu: the output alone";
+  check_step(dev(), params, [&] { return sum(add_relu(params[0], params[1])); });
+}
+
 TALLY_ON_DEVICES(MemoryInvariants);
 
 #if defined(TALLY_WITH_CUDA)  // the CUDA libraries' workspaces and settings

@@ -47,6 +47,7 @@ TEST_P(Elementwise, BroadcastValues) {
   EXPECT_TRUE(values_near(pow(a, 2.0), {1, 4, 9, 16, 25, 36}));
   EXPECT_TRUE(values_near(clamp(a, 2.0, 4.5), {2, 2, 3, 4, 4.5, 4.5}));
   EXPECT_TRUE(values_near(relu(put(from_vector({-1, 0, 2}, {3}))), {0, 0, 2}));
+  EXPECT_TRUE(values_near(add_relu(a, put(from_vector({-2, -5, 0}, {3}))), {0, 0, 3, 2, 0, 6}));
   const Tensor one = put(from_vector({1.0}, {1}));
   EXPECT_TRUE(values_near(gelu(one), {0.8413447460685429}, 1e-6));
   EXPECT_TRUE(values_near(gelu(one, "tanh"), {0.8411919906082768}, 1e-6));
@@ -189,6 +190,10 @@ TEST_P(Activations, Gradients) {
   const Tensor c = rand_input_noncontig({3, 4}, 6);
   const Device d = dev();
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return relu(x[0]); }, {a}));
+  // add_relu, broadcasting its second operand, against add then relu.
+  const Tensor r = rand_input({4}, -2, 2, 7);
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return add_relu(x[0], x[1]); }, {a, r}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return add_relu(x[0], x[1]); }, {c, a}));
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return gelu(x[0]); }, {c}));
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return gelu(x[0], "tanh"); }, {a}));
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return silu(x[0]); }, {c}));
@@ -382,7 +387,7 @@ TEST_P(ElementwiseVsCpu, BinaryUnaryMatchTheCpu) {
     };
     for (auto op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum,
                     BinaryOp::minimum, BinaryOp::relu_backward, BinaryOp::gelu_backward,
-                    BinaryOp::gelu_tanh_backward, BinaryOp::lt, BinaryOp::eq})
+                    BinaryOp::gelu_tanh_backward, BinaryOp::add_relu, BinaryOp::lt, BinaryOp::eq})
       check(ops::binary(op, ga, gb), ops::binary(op, a, b), ops::binary_op_name(op));
     check(ops::binary(BinaryOp::pow, gb, ga), ops::binary(BinaryOp::pow, b, a), "pow", 10);
     for (auto op :
