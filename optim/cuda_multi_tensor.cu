@@ -196,20 +196,27 @@ __global__ void __launch_bounds__(k8bitThreads)
 }
 
 // AdamW8bit for quantization blocks of up to k8bitWarpMaxBlock elements (the default 256 among
-// them): thread block x walks the whole of chunk x, each warp one quantization block at a time
-// (E = block_size / 32 elements a lane, in registers), so the code books are copied to shared
-// memory once per 65,536 elements and the block scale is a warp reduction, with no barrier.
-// One thread block per quantization block (the kernel above) copied the books and crossed two
-// barriers for every 256 elements: 10x the update's memory floor on GPT-2.
+// them): thread block (x, y) walks span y of chunk x, k8bitSpanBlocks quantization blocks, each
+// warp one quantization block at a time (E = block_size / 32 elements a lane, in registers), so
+// the code books are copied to shared memory once per span and the block scale is a warp
+// reduction, with no barrier. One thread block per quantization block (the kernel above) copied
+// the books and crossed two barriers for every 256 elements: 10x the update's memory floor on
+// GPT-2. A span, not a whole chunk, so that one parameter's update (step-in-backward launches
+// one per parameter) still has thread blocks for every SM.
 constexpr int k8bitWarpMaxBlock = 512;
+constexpr int k8bitSpanBlocks = 4 * (k8bitThreads / 32);
 
 template <int E>
 __global__ void __launch_bounds__(k8bitThreads)
     adamw8bit_warp_kernel(const Entry* entries, const Chunk* chunks, detail::AdamScalars<float> s,
                           DynamicMaps maps) {
   constexpr int kBlock = 32 * E;
+  constexpr int64_t kSpan = int64_t{kBlock} * k8bitSpanBlocks;
   const Chunk c = chunks[blockIdx.x];
   const Entry& e = entries[c.tensor];
+  const int64_t span_begin = static_cast<int64_t>(c.chunk) * kChunkSize + blockIdx.y * kSpan;
+  if (span_begin >= e.numel) return;  // the tensor's last chunk is short: the whole block leaves
+  const int64_t span_end = span_begin + kSpan < e.numel ? span_begin + kSpan : e.numel;
   __shared__ DynamicMaps sh;
   for (int i = static_cast<int>(threadIdx.x); i < 256; i += static_cast<int>(blockDim.x)) {
     sh.signed_map[i] = maps.signed_map[i];
@@ -224,11 +231,9 @@ __global__ void __launch_bounds__(k8bitThreads)
   float* av = static_cast<float*>(e.ptr[5]);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int warps = static_cast<int>(blockDim.x) / 32;
-  const int64_t chunk_begin = static_cast<int64_t>(c.chunk) * kChunkSize;
-  const int64_t chunk_end = chunk_begin + kChunkSize < e.numel ? chunk_begin + kChunkSize : e.numel;
-  for (int64_t begin = chunk_begin + static_cast<int64_t>(warp) * kBlock; begin < chunk_end;
+  for (int64_t begin = span_begin + static_cast<int64_t>(warp) * kBlock; begin < span_end;
        begin += static_cast<int64_t>(warps) * kBlock) {
-    const int64_t end = begin + kBlock < chunk_end ? begin + kBlock : chunk_end;
+    const int64_t end = begin + kBlock < span_end ? begin + kBlock : span_end;
     const int64_t b = begin / kBlock;
     const float scale_m = am[b], scale_v = av[b];
     float m[E], v[E];
@@ -390,8 +395,10 @@ void adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
   if (bs <= k8bitWarpMaxBlock) {
     const detail::AdamScalars<float> s(h.adam);
     const auto launch = [&](auto kernel) {
-      kernel<<<grid(t), k8bitThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks, s,
-                                                                   dynamic_maps());
+      const dim3 spans(static_cast<unsigned>(t.num_chunks),
+                       static_cast<unsigned>(kChunkSize / (int64_t{bs} * k8bitSpanBlocks)));
+      kernel<<<spans, k8bitThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks, s,
+                                                                 dynamic_maps());
     };
     switch (bs) {
       case 64:
