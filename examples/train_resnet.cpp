@@ -243,8 +243,8 @@ int main(int argc, char** argv) {
     const int64_t side = image_size ? image_size : first_image_shape(*train).at(1);
 
     // kEstimateSteps steps of a variation of this run (this run's optimizer, batches of its image
-    // shape) on a dry run's device, the model built without host memory: what the planner and the
-    // out-of-memory report predict.
+    // shape) and its evaluation on a dry run's device, the model built without host memory: what
+    // the planner and the out-of-memory report predict.
     auto build = [&] {
       nn::BuildOnDevice on(Device::meta());
       return make_model(a, classes, channels);
@@ -274,6 +274,12 @@ int main(int argc, char** argv) {
         }
         p.backward_and_step(loss, *o);
       }
+      // Then the evaluation the program runs after training (a forward in eval mode without
+      // gradients): its blocks can need segments that training left no room for.
+      NoGradGuard ng;
+      m->eval();
+      auto guard = p.autocast();
+      (void)argmax((*m)(x), 1);
     };
     if (auto_plan.checkpoint_auto) {
       // The planner dry-runs each candidate: kEstimateSteps steps on batches of this run's shape.
