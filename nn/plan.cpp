@@ -161,8 +161,9 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
               pc.estimate.peak_reserved <= static_cast<int64_t>(options.budget);
     return pc;
   };
-  // A smaller chunk lowers the peak by at most the difference of the chunk budgets (the
-  // chunk's buffers are all it changes), give or take a segment's rounding.
+  // A smaller chunk lowers the peak by at most twice the difference of the chunk budgets (the
+  // chunk's buffers are all it changes; training and the validation after it can each keep a
+  // segment of them), give or take a segment's rounding.
   constexpr int64_t kSegmentRounding = int64_t{20} << 20;
   for (const PlanCandidate& candidate : grid) {
     PlannedCandidate pc = dry_run(candidate);
@@ -173,7 +174,7 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
     plan.candidates.push_back(std::move(pc));
     if (!retry) continue;
     for (size_t i = 1; i < chunks.size(); ++i) {
-      if (completed && over > first_chunk - chunks[i] + kSegmentRounding) continue;
+      if (completed && over > 2 * (first_chunk - chunks[i]) + kSegmentRounding) continue;
       PlanCandidate smaller = candidate;
       smaller.classifier_chunk_bytes = chunks[i];
       plan.candidates.push_back(dry_run(smaller));

@@ -47,7 +47,7 @@ struct PlanOptions {
   std::vector<OffloadSpec> offloads = {OffloadSpec{}};
   // Fused-classifier chunk budgets searched, largest first (empty: the model's own). The grid
   // runs with the first; a candidate over the budget by less than what a smaller chunk saves
-  // (the difference of the two budgets, plus one 20 MiB segment of rounding) is tried again
+  // (twice the difference of the two budgets, plus one 20 MiB segment of rounding) is tried again
   // with the next ones, down to the first that fits. A smaller chunk costs launches, so the
   // cost model keeps the largest that fits.
   std::vector<int64_t> classifier_chunks;
