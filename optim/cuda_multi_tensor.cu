@@ -145,6 +145,51 @@ __device__ void block_absmax2(float& a, float& b) {
   }
 }
 
+// The code books into shared memory, for every thread of the block (the binary search reads
+// them at data-dependent indices).
+__device__ __forceinline__ void load_maps(DynamicMaps& sh, const DynamicMaps& maps) {
+  for (int i = static_cast<int>(threadIdx.x); i < 256; i += static_cast<int>(blockDim.x)) {
+    sh.signed_map[i] = maps.signed_map[i];
+    sh.unsigned_map[i] = maps.unsigned_map[i];
+  }
+  __syncthreads();
+}
+
+// An AdamW8bit entry's lists: the parameter, its gradient, the two moments' codes and their
+// block scales.
+struct Adam8bitLists {
+  float* p;
+  const float* g;
+  uint8_t* qm;
+  uint8_t* qv;
+  float* am;
+  float* av;
+  __device__ explicit Adam8bitLists(const Entry& e)
+      : p(static_cast<float*>(e.ptr[0])),
+        g(static_cast<const float*>(e.ptr[1])),
+        qm(static_cast<uint8_t*>(e.ptr[2])),
+        qv(static_cast<uint8_t*>(e.ptr[3])),
+        am(static_cast<float*>(e.ptr[4])),
+        av(static_cast<float*>(e.ptr[5])) {}
+
+  // Element i updated from its codes (block scales scale_m, scale_v): m and v receive the new
+  // moments, folded into the block's running maxima.
+  __device__ __forceinline__ void update(const detail::AdamScalars<float>& s,
+                                         const DynamicMaps& maps, int64_t i, float scale_m,
+                                         float scale_v, float& m, float& v, float& max_m,
+                                         float& max_v) const {
+    detail::adam8bit_element(s, maps, p[i], g[i], qm[i], qv[i], scale_m, scale_v, m, v);
+    max_m = detail::absmax_step(max_m, m);
+    max_v = detail::absmax_step(max_v, v);
+  }
+  // Element i's new codes, in the block's new scales.
+  __device__ __forceinline__ void requantize(const DynamicMaps& maps, int64_t i, float m, float v,
+                                             float max_m, float max_v) const {
+    qm[i] = detail::quantize8(maps.signed_map, m, max_m);
+    qv[i] = detail::quantize8(maps.unsigned_map, v, max_v);
+  }
+};
+
 __global__ void __launch_bounds__(k8bitThreads)
     adamw8bit_kernel(const Entry* entries, const Chunk* chunks, detail::AdamScalars<float> s,
                      DynamicMaps maps, int block_size) {
@@ -156,18 +201,9 @@ __global__ void __launch_bounds__(k8bitThreads)
   const int64_t end = begin + block_size < e.numel ? begin + block_size : e.numel;
   const int64_t b = begin / block_size;
   __shared__ DynamicMaps sh;
-  for (int i = static_cast<int>(threadIdx.x); i < 256; i += static_cast<int>(blockDim.x)) {
-    sh.signed_map[i] = maps.signed_map[i];
-    sh.unsigned_map[i] = maps.unsigned_map[i];
-  }
-  __syncthreads();
-  float* p = static_cast<float*>(e.ptr[0]);
-  const float* g = static_cast<const float*>(e.ptr[1]);
-  uint8_t* qm = static_cast<uint8_t*>(e.ptr[2]);
-  uint8_t* qv = static_cast<uint8_t*>(e.ptr[3]);
-  float* am = static_cast<float*>(e.ptr[4]);
-  float* av = static_cast<float*>(e.ptr[5]);
-  const float scale_m = am[b], scale_v = av[b];
+  load_maps(sh, maps);
+  const Adam8bitLists l(e);
+  const float scale_m = l.am[b], scale_v = l.av[b];
   const int per_thread = block_size / static_cast<int>(blockDim.x);
   float m[k8bitPerThread], v[k8bitPerThread];
   float max_m = 0.f, max_v = 0.f;
@@ -175,22 +211,19 @@ __global__ void __launch_bounds__(k8bitThreads)
   for (int k = 0; k < k8bitPerThread; ++k) {
     const int64_t i = begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
     if (k < per_thread && i < end) {
-      detail::adam8bit_element(s, sh, p[i], g[i], qm[i], qv[i], scale_m, scale_v, m[k], v[k]);
-      max_m = detail::absmax_step(max_m, m[k]);
-      max_v = detail::absmax_step(max_v, v[k]);
+      l.update(s, sh, i, scale_m, scale_v, m[k], v[k], max_m, max_v);
     }
   }
   block_absmax2(max_m, max_v);  // its barrier orders every read of am[b], av[b] before the write
   if (threadIdx.x == 0) {
-    am[b] = max_m;
-    av[b] = max_v;
+    l.am[b] = max_m;
+    l.av[b] = max_v;
   }
 #pragma unroll
   for (int k = 0; k < k8bitPerThread; ++k) {
     const int64_t i = begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
     if (k < per_thread && i < end) {
-      qm[i] = detail::quantize8(sh.signed_map, m[k], max_m);
-      qv[i] = detail::quantize8(sh.unsigned_map, v[k], max_v);
+      l.requantize(sh, i, m[k], v[k], max_m, max_v);
     }
   }
 }
@@ -218,33 +251,22 @@ __global__ void __launch_bounds__(k8bitThreads)
   if (span_begin >= e.numel) return;  // the tensor's last chunk is short: the whole block leaves
   const int64_t span_end = span_begin + kSpan < e.numel ? span_begin + kSpan : e.numel;
   __shared__ DynamicMaps sh;
-  for (int i = static_cast<int>(threadIdx.x); i < 256; i += static_cast<int>(blockDim.x)) {
-    sh.signed_map[i] = maps.signed_map[i];
-    sh.unsigned_map[i] = maps.unsigned_map[i];
-  }
-  __syncthreads();
-  float* p = static_cast<float*>(e.ptr[0]);
-  const float* g = static_cast<const float*>(e.ptr[1]);
-  uint8_t* qm = static_cast<uint8_t*>(e.ptr[2]);
-  uint8_t* qv = static_cast<uint8_t*>(e.ptr[3]);
-  float* am = static_cast<float*>(e.ptr[4]);
-  float* av = static_cast<float*>(e.ptr[5]);
+  load_maps(sh, maps);
+  const Adam8bitLists l(e);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int warps = static_cast<int>(blockDim.x) / 32;
   for (int64_t begin = span_begin + static_cast<int64_t>(warp) * kBlock; begin < span_end;
        begin += static_cast<int64_t>(warps) * kBlock) {
     const int64_t end = begin + kBlock < span_end ? begin + kBlock : span_end;
     const int64_t b = begin / kBlock;
-    const float scale_m = am[b], scale_v = av[b];
+    const float scale_m = l.am[b], scale_v = l.av[b];
     float m[E], v[E];
     float max_m = 0.f, max_v = 0.f;
 #pragma unroll
     for (int k = 0; k < E; ++k) {
       const int64_t i = begin + lane + 32 * k;
       if (i < end) {
-        detail::adam8bit_element(s, sh, p[i], g[i], qm[i], qv[i], scale_m, scale_v, m[k], v[k]);
-        max_m = detail::absmax_step(max_m, m[k]);
-        max_v = detail::absmax_step(max_v, v[k]);
+        l.update(s, sh, i, scale_m, scale_v, m[k], v[k], max_m, max_v);
       }
     }
     // Every lane has read am[b], av[b] (their values fed the updates) before the shuffles.
@@ -253,15 +275,14 @@ __global__ void __launch_bounds__(k8bitThreads)
       max_v = detail::absmax_step(max_v, __shfl_xor_sync(0xffffffffu, max_v, o));
     }
     if (lane == 0) {
-      am[b] = max_m;
-      av[b] = max_v;
+      l.am[b] = max_m;
+      l.av[b] = max_v;
     }
 #pragma unroll
     for (int k = 0; k < E; ++k) {
       const int64_t i = begin + lane + 32 * k;
       if (i < end) {
-        qm[i] = detail::quantize8(sh.signed_map, m[k], max_m);
-        qv[i] = detail::quantize8(sh.unsigned_map, v[k], max_v);
+        l.requantize(sh, i, m[k], v[k], max_m, max_v);
       }
     }
   }
