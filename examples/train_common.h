@@ -215,8 +215,7 @@ struct RunShape {
 // A predicted peak is the dry run's peak reserved plus `held`, what the program held on the
 // device before it built the model (the datasets of a CPU run). `dry_run(device, shape)` trains
 // kEstimateSteps steps of `shape` and the evaluation after them on a meta device the way the
-// program does. Never throws; returns
-// kExitOutOfMemory.
+// program does. Never throws; returns kExitOutOfMemory.
 inline int report_out_of_memory(const std::string& program, const memory::OutOfMemoryError& error,
                                 Device device, const RunShape& run, size_t held,
                                 const std::function<void(Device, const RunShape&)>& dry_run) {
