@@ -82,6 +82,11 @@ Tensor relu(const Tensor& x, CallSite site = CallSite::current());
 // a residual block's sum and activation. The sum never exists on its own, so the block holds
 // one buffer fewer than add then relu at its peak, and reads and writes its output once.
 Tensor add_relu(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
+// The same, written over a's buffer when the caller gives `a` up (std::move) and nothing else
+// holds it: no handle, view or saved reference (PyTorch's torchvision block writes
+// `out += identity; relu_(out)` in place). The block then holds one buffer where the sum and
+// its input were two. `a` is left empty.
+Tensor add_relu(Tensor&& a, const Tensor& b, CallSite site = CallSite::current());
 Tensor gelu(const Tensor& x, const std::string& approximate = "none",
             CallSite site = CallSite::current());  // "none" | "tanh"
 Tensor silu(const Tensor& x, CallSite site = CallSite::current());

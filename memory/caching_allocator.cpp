@@ -1030,6 +1030,31 @@ void CachingAllocator::retag(void* ptr, Category category, std::source_location 
   }
 }
 
+bool CachingAllocator::reassign(void* ptr, StreamId stream, std::source_location loc) {
+  AllocTag tag = current_tag();
+  if (tag.loc.line == 0) tag.loc = SourceLoc::from(loc);
+  std::lock_guard lock(mu_);
+  Block* block = find_active(ptr);
+  if (!block || !block->allocated || block->stream != stream || !block->stream_uses.empty())
+    return false;
+  const auto size = static_cast<int64_t>(block->size);
+  AllocTag old = block->tag;
+  old.loc = tag.loc;
+  stats_.cat_bytes(old.category).decrease(size);
+  stats_.category_blocks[static_cast<size_t>(old.category)].decrease(1);
+  stats_.cat_bytes(tag.category).increase(size);
+  stats_.category_blocks[static_cast<size_t>(tag.category)].increase(1);
+  block->tag = tag;
+  record(TraceAction::free_requested, block->addr(), block->requested, block->stream, old);
+  record(TraceAction::free_completed, block->addr(), block->requested, block->stream, old);
+  record(TraceAction::alloc, block->addr(), block->requested, block->stream, tag);
+  if (AllocationObserver* o = allocation_observer()) {
+    notify(o, block->addr(), -size, old, false, old.category);
+    notify(o, block->addr(), size, tag, false, tag.category);
+  }
+  return true;
+}
+
 size_t CachingAllocator::block_size(const void* ptr) const {
   std::lock_guard lock(mu_);
   Block* b = find_active(ptr);

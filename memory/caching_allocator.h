@@ -117,6 +117,15 @@ class CachingAllocator {
   // Change the category of a live block (e.g. autograd saving it -> activation).
   void retag(void* ptr, Category category,
              std::source_location loc = std::source_location::current());
+  // Hand a live block to a new owner: an op writing its output over an input nobody else
+  // holds (buffer donation, PyTorch's in-place `out += identity`). The block takes the current
+  // allocation context's tag; the trace and the observers see the old owner's free and the new
+  // owner's alloc at the same address, so every reader (memory_viz, timelines, the estimate)
+  // names the new owner. Allocated and reserved bytes and the allocation counts do not change.
+  // Returns false, changing nothing, when the block belongs to a stream other than `stream`
+  // or was freed.
+  bool reassign(void* ptr, StreamId stream,
+                std::source_location loc = std::source_location::current());
   // The block will be used on `stream` too: its memory is reused only once the work
   // queued there before the free has completed.
   void record_stream(void* ptr, StreamId stream);

@@ -32,6 +32,18 @@ Tensor alloc_output(const Shape& shape, DType dtype, Device device) {
   return Tensor::make(Storage::allocate(bytes, device), shape, contiguous_strides(shape), 0, dtype);
 }
 
+Tensor alloc_output_over(const Tensor& donor, const Shape& shape, DType dtype, Device device) {
+  const size_t bytes = output_nbytes(shape, dtype);
+  if (donor.defined() && donor.use_count() == 1 && donor.device() == device &&
+      donor.dtype() == dtype && donor.sizes() == shape && donor.storage_offset() == 0 &&
+      donor.is_contiguous() && bytes > 0) {
+    const Storage& s = donor.storage();
+    if (s.use_count() == 1 && s.saved_refs() == 0 && s.nbytes() == bytes && s.reassign())
+      return Tensor::make(s, shape, contiguous_strides(shape), 0, dtype);
+  }
+  return Tensor::make(Storage::allocate(bytes, device), shape, contiguous_strides(shape), 0, dtype);
+}
+
 Tensor alloc_scratch(int64_t numel, DType dtype, Device device) {
   const Shape shape{numel};
   const size_t bytes = output_nbytes(shape, dtype);

@@ -121,6 +121,10 @@ const char* binary_op_name(BinaryOp op);
 const char* unary_op_name(UnaryOp op);
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
+// a (op) b written over a's buffer when the caller gives `a` up and nothing else holds it
+// (alloc_output_over: PyTorch's in-place `out += identity`, without in-place autograd); a new
+// buffer otherwise. Either way a's values must not be read afterwards.
+Tensor binary_over(BinaryOp op, Tensor&& a, const Tensor& b);
 Tensor binary_scalar(BinaryOp op, const Tensor& a, double b);  // a (op) b
 Tensor scalar_binary(BinaryOp op, double a, const Tensor& b);  // a (op) b
 Tensor unary(UnaryOp op, const Tensor& a);
@@ -145,6 +149,9 @@ inline Tensor mul(const Tensor& a, double b) {
 }
 inline Tensor add_relu(const Tensor& a, const Tensor& b) {
   return binary(BinaryOp::add_relu, a, b);
+}
+inline Tensor add_relu(Tensor&& a, const Tensor& b) {
+  return binary_over(BinaryOp::add_relu, std::move(a), b);
 }
 inline Tensor neg(const Tensor& a) {
   return unary(UnaryOp::neg, a);

@@ -10,6 +10,18 @@ Storage::Impl::~Impl() {
   if (allocator && data) allocator->deallocate(data);
 }
 
+namespace {
+// The stream a new block of `device` is allocated on: the device's current stream.
+memory::StreamId current_stream(Device device) {
+#ifdef TALLY_WITH_CUDA
+  if (device.type == DeviceType::cuda) return cuda::stream_id(device.index);
+#else
+  (void)device;
+#endif
+  return 0;
+}
+}  // namespace
+
 Storage Storage::allocate(size_t nbytes, Device device) {
   Storage s;
   s.impl_ = std::make_shared<Impl>();
@@ -17,11 +29,7 @@ Storage Storage::allocate(size_t nbytes, Device device) {
   s.impl_->nbytes = nbytes;
   if (nbytes > 0) {
     memory::CachingAllocator& alloc = memory::get_allocator(device);
-    memory::StreamId stream = 0;
-#ifdef TALLY_WITH_CUDA
-    if (device.type == DeviceType::cuda) stream = cuda::stream_id(device.index);
-#endif
-    s.impl_->data = alloc.allocate(nbytes, stream);
+    s.impl_->data = alloc.allocate(nbytes, current_stream(device));
     s.impl_->allocator = &alloc;
   }
   return s;
@@ -51,6 +59,14 @@ Storage Storage::borrow(void* data, size_t nbytes, Device device) {
   s.impl_->nbytes = nbytes;
   s.impl_->device = device;
   return s;
+}
+
+bool Storage::reassign() const {
+  if (!owned() || !impl_->data || impl_->allocator != &memory::get_allocator(impl_->device) ||
+      !impl_->allocator->reassign(impl_->data, current_stream(impl_->device)))
+    return false;
+  ++impl_->version;
+  return true;
 }
 
 void Storage::retag(memory::Category c) const {

@@ -49,6 +49,10 @@ class Storage {
   // completes (CachingAllocator::record_stream). No-op for borrowed memory.
   void record_stream(memory::StreamId stream) const;
 
+  // Hand the block to the op now running (CachingAllocator::reassign: it takes the current
+  // allocation context's tag) when it sits on the stream that op allocates on; false, changing
+  // nothing, otherwise or for borrowed memory. Bumps the version: the old contents are gone.
+  bool reassign() const;
   // Re-tag the block's category (autograd: saved -> activation; .grad -> gradient).
   void retag(memory::Category c) const;
   memory::Category category() const;

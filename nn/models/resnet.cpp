@@ -57,8 +57,9 @@ Tensor BasicBlock::forward(const Tensor& x) {
   Tensor out = (*relu)((*bn1)((*conv1)(x)));
   out = (*bn2)((*conv2)(out));
   const Tensor identity = downsample ? (*downsample)(x) : x;
-  // relu(out + identity) in one pass, under the relu module's name: the sum is never held.
-  return relu->call([&] { return add_relu(out, identity); });
+  // relu(out + identity) in one pass, under the relu module's name, written over bn's dying
+  // output: the sum is never held, and the block ends holding one buffer where it held two.
+  return relu->call([&] { return add_relu(std::move(out), identity); });
 }
 
 Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride,
@@ -80,8 +81,9 @@ Tensor Bottleneck::forward(const Tensor& x) {
   out = (*relu)((*bn2)((*conv2)(out)));
   out = (*bn3)((*conv3)(out));
   const Tensor identity = downsample ? (*downsample)(x) : x;
-  // relu(out + identity) in one pass, under the relu module's name: the sum is never held.
-  return relu->call([&] { return add_relu(out, identity); });
+  // relu(out + identity) in one pass, under the relu module's name, written over bn's dying
+  // output: the sum is never held, and the block ends holding one buffer where it held two.
+  return relu->call([&] { return add_relu(std::move(out), identity); });
 }
 
 ResNet::ResNet(BlockKind block, const std::vector<int64_t>& layers, ResNetOptions opts)

@@ -381,9 +381,9 @@ Tensor relu(const Tensor& x, CallSite site) {
                   });
 }
 
-Tensor add_relu(const Tensor& a, const Tensor& b, CallSite site) {
-  memory::CallSiteScope call_site(site);
-  Tensor out = o::add_relu(a, b);
+namespace {
+// add_relu's backward: out's mask routes the gradient to both inputs, reduced to their shapes.
+void record_add_relu(const Tensor& a, const Tensor& b, const Tensor& out) {
   record("AddReluBackward", {a, b}, {out}, {out},
          [sa = a.sizes(), sb = b.sizes(), da = a.dtype(), db = b.dtype()](
              BackwardContext& ctx, const TensorList& g) -> TensorList {
@@ -393,6 +393,21 @@ Tensor add_relu(const Tensor& a, const Tensor& b, CallSite site) {
            if (ctx.needs_input_grad(1)) gb = reduce_like(gs, sb, db);
            return {ga, gb};
          });
+}
+}  // namespace
+
+Tensor add_relu(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  Tensor out = o::add_relu(a, b);
+  record_add_relu(a, b, out);
+  return out;
+}
+
+Tensor add_relu(Tensor&& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  Tensor given = std::move(a);  // the caller's handle is gone: only `given` holds it
+  Tensor out = o::add_relu(std::move(given), b);
+  record_add_relu(given, b, out);  // given's graph edge; its buffer may now be out's
   return out;
 }
 

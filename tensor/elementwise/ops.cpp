@@ -532,6 +532,23 @@ static Tensor binary_scalar_impl(BinaryOp op, const Tensor& a, double b, bool re
   return out;
 }
 
+Tensor binary_over(BinaryOp op, Tensor&& a, const Tensor& b) {
+  const OpInfo& info = binary_info(op);
+  check_same_device(info.name, a.device(), b.device());
+  DispatchScope scope(info, a, b);
+  const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), info.name);
+  DType dt = promote_types(a.dtype(), b.dtype());
+  if (op == BinaryOp::div && !is_floating(dt)) dt = DType::float32;
+  const DType out_dt = is_compare(op) ? DType::bool_ : dt;
+  // Donation first, while `a` is the only handle of its buffer.
+  Tensor out = out_dt == dt ? alloc_output_over(a, shape, out_dt, a.device())
+                            : alloc_output(shape, out_dt, a.device());
+  const Tensor ea = out.storage().is_same(a.storage()) ? out : expand(to(a, dt), shape);
+  const Tensor eb = expand(to(b, dt), shape);
+  elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary)(op, out, ea, eb);
+  return out;
+}
+
 Tensor binary_scalar(BinaryOp op, const Tensor& a, double b) {
   return binary_scalar_impl(op, a, b, false);
 }

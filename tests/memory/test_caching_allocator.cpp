@@ -520,6 +520,51 @@ TEST(CachingAllocator, CategoriesAndRetag) {
   for (Category c : kAllCategories) EXPECT_EQ(s.cat_bytes(c).current, 0);
 }
 
+// reassign hands a live block to the current context: its tag, category bytes and history
+// change (the old owner's free, the new owner's alloc, same address), allocated bytes and
+// allocation counts do not. Another stream, a block with pending stream uses or a freed
+// pointer change nothing.
+TEST(CachingAllocator, ReassignHandsALiveBlockToTheCurrentContext) {
+  Fixture f;
+  void* x;
+  {
+    AllocContextScope ctx(Category::temporary, "layer1.bn3", "batch_norm", "forward");
+    x = f.alloc->allocate(3 * kMiB);
+  }
+  const auto allocs = f.stat("allocation.all.allocated");
+  f.alloc->record_memory_history(true);
+  {
+    AllocContextScope ctx(Category::activation, "layer1.relu", "add_relu", "forward");
+    EXPECT_FALSE(f.alloc->reassign(x, /*stream=*/1)) << "another stream";
+    EXPECT_TRUE(f.alloc->reassign(x, 0));
+  }
+  const AllocTag t = f.alloc->block_tag(x);
+  EXPECT_EQ(interned(t.module), "layer1.relu");
+  EXPECT_EQ(interned(t.op), "add_relu");
+  EXPECT_EQ(t.category, Category::activation);
+  auto s = f.alloc->stats();
+  EXPECT_EQ(s.cat_bytes(Category::temporary).current, 0);
+  EXPECT_EQ(s.cat_bytes(Category::activation).current, static_cast<int64_t>(3 * kMiB));
+  EXPECT_EQ(f.alloc->memory_allocated(), 3 * kMiB);
+  EXPECT_EQ(f.stat("allocation.all.allocated"), allocs);
+  const auto h = f.alloc->history();
+  ASSERT_EQ(h.size(), 3u);
+  EXPECT_EQ(h[0].action, TraceAction::free_requested);
+  EXPECT_EQ(h[1].action, TraceAction::free_completed);
+  EXPECT_EQ(interned(h[1].tag.op), "batch_norm");
+  EXPECT_EQ(h[2].action, TraceAction::alloc);
+  EXPECT_EQ(interned(h[2].tag.op), "add_relu");
+  for (const auto& e : h) EXPECT_EQ(e.addr, reinterpret_cast<uint64_t>(x));
+  f.alloc->record_stream(x, 1);
+  EXPECT_FALSE(f.alloc->reassign(x, 0)) << "used on another stream";
+  f.alloc->deallocate(x);
+  EXPECT_FALSE(f.alloc->reassign(x, 0)) << "freed";
+  f.fake->events_complete = true;
+  f.alloc->empty_cache();
+  s = f.alloc->stats();
+  for (Category c : kAllCategories) EXPECT_EQ(s.cat_bytes(c).current, 0);
+}
+
 TEST(CachingAllocator, ResetPeakAndAccumulated) {
   Fixture f;
   void* a = f.alloc->allocate(8 * kMiB);

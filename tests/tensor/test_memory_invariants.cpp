@@ -215,6 +215,53 @@ TEST_P(MemoryInvariants, AddReluHoldsNoSum) {
   check_step(dev(), params, [&] { return sum(add_relu(params[0], params[1])); });
 }
 
+// Given up (std::move) and held by nothing else, add_relu's first operand becomes its output:
+// no new buffer, the block is handed to add_relu's context (its free and alloc in the
+// history), and the values are those of add_relu on a fresh buffer. Held elsewhere (another
+// handle, a view), the operand keeps its buffer and its values.
+TEST_P(MemoryInvariants, AddReluOverItsDyingInput) {
+  const Tensor x = param(dev(), {32, 16}, 13, 0.5);
+  const Tensor b = param(dev(), {32, 16}, 14, 0.5);
+  const std::vector<double> want = add_relu(x * 2.0, b).to(Device::cpu()).tolist();
+  auto& a = alloc(dev());
+  memory::synchronize(dev());
+  a.record_memory_history(true);
+  Tensor dying = x * 2.0;
+  const void* block = dying.data_ptr();
+  const auto before = a.memory_allocated();
+  const auto allocs = a.stats().allocation[0].allocated;
+  const Tensor y = add_relu(std::move(dying), b);
+  const auto history = a.history();
+  a.record_memory_history(false);
+  EXPECT_FALSE(dying.defined()) << "the caller's handle is given up";
+  EXPECT_EQ(y.data_ptr(), block) << "written over its input";
+  EXPECT_EQ(a.memory_allocated(), before);
+  EXPECT_EQ(a.stats().allocation[0].allocated, allocs) << "no allocation";
+  EXPECT_EQ(memory::interned(a.block_tag(block).op), "add_relu");
+  EXPECT_EQ(y.storage().category(), Category::activation) << "saved by its backward";
+  EXPECT_EQ(y.to(Device::cpu()).tolist(), want);
+  ASSERT_GE(history.size(), 3u);
+  const auto& last = history.back();
+  EXPECT_EQ(last.action, memory::TraceAction::retag) << "saved: activation";
+  const auto& handed = history[history.size() - 2];
+  EXPECT_EQ(handed.action, memory::TraceAction::alloc);
+  EXPECT_EQ(handed.addr, reinterpret_cast<uint64_t>(block));
+  EXPECT_EQ(history[history.size() - 3].action, memory::TraceAction::free_completed);
+
+  // Held elsewhere: a new buffer, the operand untouched.
+  Tensor kept = x * 2.0;
+  const Tensor other = kept;
+  const std::vector<double> kept_values = kept.to(Device::cpu()).tolist();
+  const Tensor z = add_relu(std::move(kept), b);
+  EXPECT_NE(z.data_ptr(), other.data_ptr());
+  EXPECT_EQ(other.to(Device::cpu()).tolist(), kept_values);
+  Tensor base = x * 2.0;
+  Tensor view = base.reshape({16, 32}).reshape({32, 16});
+  const Tensor w = add_relu(std::move(view), b);
+  EXPECT_NE(w.data_ptr(), base.data_ptr()) << "a view: its base still holds the buffer";
+  check_step(dev(), {x, b}, [&] { return sum(add_relu(x * 2.0, b)); });
+}
+
 TALLY_ON_DEVICES(MemoryInvariants);
 
 #if defined(TALLY_WITH_CUDA)  // the CUDA libraries' workspaces and settings

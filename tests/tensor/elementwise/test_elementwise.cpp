@@ -194,6 +194,11 @@ TEST_P(Activations, Gradients) {
   const Tensor r = rand_input({4}, -2, 2, 7);
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return add_relu(x[0], x[1]); }, {a, r}));
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return add_relu(x[0], x[1]); }, {c, a}));
+  // Written over a dying intermediate (donated), the gradients still reach what made it.
+  EXPECT_TRUE(
+      gradcheck_on(d, [](const TensorList& x) { return add_relu(x[0] * x[1], x[1]); }, {a, c}));
+  EXPECT_TRUE(
+      gradcheck_on(d, [](const TensorList& x) { return add_relu(exp(x[0]) - 1.5, x[1]); }, {a, r}));
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return gelu(x[0]); }, {c}));
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return gelu(x[0], "tanh"); }, {a}));
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return silu(x[0]); }, {c}));
