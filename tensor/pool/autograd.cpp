@@ -19,8 +19,10 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Int2 kernel_s
   auto [out, indices] =
       o::max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode);
   record("MaxPool2DWithIndicesBackward", {x}, {out}, {indices},
-         [in_sizes = x.sizes()](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           return {o::max_pool2d_backward(g[0], ctx.saved(0), in_sizes)};
+         [in_sizes = x.sizes(), kernel_size, stride, padding, dilation, ceil_mode](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {o::max_pool2d_backward(g[0], ctx.saved(0), in_sizes, kernel_size, stride,
+                                          padding, dilation, ceil_mode)};
          });
   return {out, indices};
 }

@@ -65,27 +65,47 @@ void max_pool2d_forward(const Tensor& out, const Tensor& indices, const Tensor& 
   });
 }
 
-void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
-                         const Tensor& indices) {
+namespace {
+// Whether flat index j of an H x W plane is a position max pool window (oh, ow) could choose.
+bool in_window(int64_t j, int64_t oh, int64_t ow, const Planes& g, const ops::Pool2dParams& p) {
+  if (j < 0 || j >= g.H * g.W) return false;
+  const int64_t rh = j / g.W - (oh * p.sH - p.pH), rw = j % g.W - (ow * p.sW - p.pW);
+  return rh >= 0 && rw >= 0 && rh % p.dH == 0 && rw % p.dW == 0 && rh / p.dH < p.kH &&
+         rw / p.dW < p.kW;
+}
+}  // namespace
+
+void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output, const Tensor& indices,
+                         const ops::Pool2dParams& p) {
   const Planes g = planes_of(grad_input, grad_output);
   TALLY_DISPATCH_FLOAT(grad_output.dtype(), "max_pool2d_backward", [&] {
     using A = acc_t<scalar_t>;
-    A* gx = ptr<A>(grad_input);
+    scalar_t* gx = ptr<scalar_t>(grad_input);
     const scalar_t* gy = ptr<scalar_t>(grad_output);
     const int64_t* idx = ptr<int64_t>(indices);
-    std::fill(gx, gx + grad_input.numel(), A(0));
     const int64_t n = g.OH * g.OW, plane = g.H * g.W;
-    parallel_for(g.planes, grain_of(g.H * g.W), [&](int64_t pl0, int64_t pl1) {
-      for (int64_t pl = pl0; pl < pl1; ++pl)
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t j = idx[pl * n + i];
-          if (j < 0 || j >= plane)
-            throw std::out_of_range(
-                fmt::format("max_pool2d_backward: index {} out of range for an input "
-                            "plane of {}x{}",
-                            j, g.H, g.W));
-          gx[pl * plane + j] += static_cast<A>(gy[pl * n + i]);
-        }
+    parallel_for(g.planes, grain_of(plane), [&](int64_t pl0, int64_t pl1) {
+      for (int64_t pl = pl0; pl < pl1; ++pl) {
+        const int64_t* ip = idx + pl * n;
+        const scalar_t* gp = gy + pl * n;
+        for (int64_t o = 0; o < n; ++o)
+          if (!in_window(ip[o], o / g.OW, o % g.OW, g, p))
+            throw std::out_of_range(fmt::format(
+                "max_pool2d_backward: index {} of output ({}, {}) is not a position of its "
+                "window in an input plane of {}x{}",
+                ip[o], o / g.OW, o % g.OW, g.H, g.W));
+        for (int64_t h = 0; h < g.H; ++h)
+          for (int64_t w = 0; w < g.W; ++w) {
+            A s = 0;
+            math::covering_rows(h, g.OH, p.kH, p.sH, p.pH, p.dH, [&](int64_t oh) {
+              math::covering_rows(w, g.OW, p.kW, p.sW, p.pW, p.dW, [&](int64_t ow) {
+                const int64_t o = oh * g.OW + ow;
+                if (ip[o] == h * g.W + w) s += static_cast<A>(gp[o]);
+              });
+            });
+            gx[pl * plane + h * g.W + w] = scalar_t(s);
+          }
+      }
     });
   });
 }

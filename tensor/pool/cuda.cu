@@ -1,8 +1,7 @@
-// CUDA 2-D pooling: one thread per output element for the forward kernels and for max
-// pooling's scatter-add backward, one thread per input element for the average poolings'
-// backward (a gather over the windows that cover it, visited in the CPU's order, so the
-// sums round exactly as the CPU's do). Window rules, divisors, tie and NaN handling are
-// the CPU kernels' (tensor/pool/cpu.cpp), line for line.
+// CUDA 2-D pooling: one thread per output element for the forward kernels, one thread per
+// input element for the backward kernels (a gather over the windows that cover it, visited in
+// the CPU's order, so the sums round exactly as the CPU's do). Window rules, divisors, tie and NaN
+// handling are the CPU kernels' (tensor/pool/cpu.cpp), line for line.
 #include <algorithm>
 
 #include "tensor/cuda/device_types.cuh"
@@ -118,15 +117,23 @@ Planes32 planes32_of(const Tensor& input, const Tensor& out, const ops::Pool2dPa
            i32(p.pH), i32(p.pW), i32(p.dH), i32(p.dW)}};
 }
 
-// grad_input (zeroed) [planes, H * W] += grad_output at each output's argmax.
+// One thread per input element: the sum, in the CPU's output order, of grad_output over the
+// windows that cover the element and chose it.
 template <typename T>
-__global__ void max_pool_backward_kernel(dacc_t<T>* __restrict__ gx, const T* __restrict__ gy,
-                                         const int64_t* __restrict__ idx, int64_t per_plane_out,
-                                         int64_t plane, int64_t n) {
-  TALLY_GRID_LOOP(o, n) {
-    const int64_t j = idx[o];
-    if (j < 0 || j >= plane) continue;  // out of range: skipped (see pool.h)
-    atomicAdd(gx + (o / per_plane_out) * plane + j, load(gy[o]));
+__global__ void max_pool_backward_kernel(T* __restrict__ gx, const T* __restrict__ gy,
+                                         const int64_t* __restrict__ idx, Planes g,
+                                         ops::Pool2dParams p, int64_t n) {
+  TALLY_GRID_LOOP(i, n) {
+    const int64_t w = i % g.W, h = (i / g.W) % g.H, pl = i / (g.W * g.H);
+    const int64_t base = pl * g.OH * g.OW, self = h * g.W + w;
+    dacc_t<T> s = 0;
+    math::covering_rows(h, g.OH, p.kH, p.sH, p.pH, p.dH, [&](int64_t oh) {
+      math::covering_rows(w, g.OW, p.kW, p.sW, p.pW, p.dW, [&](int64_t ow) {
+        const int64_t o = base + oh * g.OW + ow;
+        if (idx[o] == self) s += load(gy[o]);
+      });
+    });
+    gx[i] = store<T>(s);
   }
 }
 
@@ -258,21 +265,21 @@ void max_pool2d_forward(const Tensor& out, const Tensor& indices, const Tensor& 
   check_launch(l.name_);
 }
 
-void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
-                         const Tensor& indices) {
+void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output, const Tensor& indices,
+                         const ops::Pool2dParams& p) {
   const Planes g = planes_of(grad_input, grad_output);
-  check_grad_dtype("max_pool2d_backward", grad_input, grad_output);
-  if (grad_input.numel() == 0) return;
-  Launch l("max_pool2d_backward (CUDA)", grad_output);
-  check(cudaMemsetAsync(grad_input.data_ptr(), 0, grad_input.nbytes(), l.stream_),
-        "max_pool2d_backward (zero)");
-  const int64_t n = grad_output.numel();
+  const int64_t n = grad_input.numel();
   if (n == 0) return;
+  Launch l("max_pool2d_backward (CUDA)", grad_output);
+  if (grad_output.numel() == 0) {
+    check(cudaMemsetAsync(grad_input.data_ptr(), 0, grad_input.nbytes(), l.stream_),
+          "max_pool2d_backward (zero)");
+    return;
+  }
   TALLY_DISPATCH_FLOAT(grad_output.dtype(), "max_pool2d_backward", [&] {
     using T = dev_t<scalar_t>;
     max_pool_backward_kernel<T><<<blocks_for(n), kThreads, 0, l.stream_>>>(
-        ptr<dacc_t<T>>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices),
-        g.OH * g.OW, g.H * g.W, n);
+        ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), g, p, n);
   });
   check_launch(l.name_);
 }

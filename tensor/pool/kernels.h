@@ -32,11 +32,12 @@ inline Planes planes_of(const Tensor& in, const Tensor& out) {
 struct PoolKernels {
   void (*max_pool2d_forward)(const Tensor& out, const Tensor& indices, const Tensor& input,
                              const ops::Pool2dParams& p);
-  // Scatter-add by index into the zeroed gradient. An index outside its input plane: the
-  // CPU kernel throws; the CUDA kernel (atomicAdd into the float32/float64 gradient) skips
-  // it (a device kernel cannot throw without a host synchronisation).
+  // A gather into grad_input (grad_output's dtype): each input element sums, in output order,
+  // the gradients of the windows covering it whose index names it (math::covering_rows). An
+  // index its window could not have chosen: the CPU kernel throws; the CUDA kernel never
+  // matches it (a device kernel cannot throw without a host synchronisation).
   void (*max_pool2d_backward)(const Tensor& grad_input, const Tensor& grad_output,
-                              const Tensor& indices);
+                              const Tensor& indices, const ops::Pool2dParams& p);
   void (*avg_pool2d_forward)(const Tensor& out, const Tensor& input, const ops::Pool2dParams& p);
   void (*avg_pool2d_backward)(const Tensor& grad_input, const Tensor& grad_output,
                               const ops::Pool2dParams& p);

@@ -36,4 +36,19 @@ TALLY_HOST_DEVICE TALLY_FORCE_INLINE AvgWindow avg_window(int64_t oh, int64_t ow
   return {h0, h1, w0, w1, divisor};
 }
 
+// The output rows (or columns) of a max pool whose windows cover input row h: oh with
+// oh * s - pad + kk * d == h for some kk in [0, k), 0 <= oh < OH. visit(oh) is called in
+// ascending oh (descending kk), the order the CPU's sums run in.
+template <typename F>
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE void covering_rows(int64_t h, int64_t OH, int64_t k, int64_t s,
+                                                        int64_t pad, int64_t d, F&& visit) {
+  for (int64_t kk = k - 1; kk >= 0; --kk) {
+    const int64_t t = h + pad - kk * d;
+    if (t < 0 || t % s != 0) continue;
+    const int64_t oh = t / s;
+    if (oh >= OH) break;  // later kk give larger oh
+    visit(oh);
+  }
+}
+
 }  // namespace tally::math

@@ -141,7 +141,8 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, Int2 kern
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
-                           const Shape& input_sizes) {
+                           const Shape& input_sizes, Int2 kernel_size, Int2 stride, Int2 padding,
+                           Int2 dilation, bool ceil_mode) {
   static const OpInfo info("max_pool2d_backward");
   check_same_device(info.name, grad_output.device(), indices.device());
   DispatchScope scope(info, grad_output, indices);
@@ -150,12 +151,15 @@ Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
     throw std::invalid_argument(fmt::format(
         "{}: indices must be int64 of grad_output's shape {}, got {} {}", info.name,
         grad_output.shape_string(), dtype_name(indices.dtype()), indices.shape_string()));
-  grad_output_batched(info.name, grad_output, input_sizes, in4);
+  Pool2dParams p;
+  const Shape out4 =
+      pool_output_shape(info.name, in4, kernel_size, stride, padding, dilation, ceil_mode, p);
+  grad_output_batched(info.name, grad_output, input_sizes, in4, &out4);
   const Tensor gy = contiguous(as_batched(grad_output));
   const Tensor idx = contiguous(as_batched(indices));
-  Tensor gx = alloc_output(in4, accumulate_dtype(grad_output.dtype()), grad_output.device());
-  pool_backends.get(info, grad_output.device(), &PoolKernels::max_pool2d_backward)(gx, gy, idx);
-  return unbatched_like(to(gx, grad_output.dtype()), input_sizes.size());
+  Tensor gx = alloc_output(in4, grad_output.dtype(), grad_output.device());
+  pool_backends.get(info, grad_output.device(), &PoolKernels::max_pool2d_backward)(gx, gy, idx, p);
+  return unbatched_like(gx, input_sizes.size());
 }
 
 Tensor avg_pool2d(const Tensor& input, Int2 kernel_size, Int2 stride, Int2 padding, bool ceil_mode,

@@ -16,9 +16,15 @@ namespace tally::ops {
 std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, Int2 kernel_size,
                                                   Int2 stride = {}, Int2 padding = 0,
                                                   Int2 dilation = 1, bool ceil_mode = false);
-// Gradient w.r.t. an input of `input_sizes`: grad_output scattered to the saved argmax.
+// Gradient w.r.t. an input of `input_sizes` for the forward's window geometry (PyTorch's
+// max_pool2d_with_indices_backward), in grad_output's dtype: each input element sums, in
+// output order, grad_output over the windows that cover it and chose it (indices). A gather,
+// so no float32 buffer of the input's size is needed for 16-bit gradients, and the CUDA sums
+// are the CPU's bit for bit. An index its window could not have chosen: the CPU kernel throws
+// std::out_of_range; the CUDA kernel never matches it.
 Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
-                           const Shape& input_sizes);
+                           const Shape& input_sizes, Int2 kernel_size, Int2 stride = {},
+                           Int2 padding = 0, Int2 dilation = 1, bool ceil_mode = false);
 
 // Mean over each window; the divisor is divisor_override if given, else the window's size
 // clipped to the padded input (count_include_pad) or to the input itself.

@@ -147,7 +147,9 @@ TEST(CpuParallel, NormsPoolsSoftmaxAndReductionsGiveTheSameBitsOnAnyThreadCount)
                                    true, {true, false, false});
       out.insert(out.end(), {bn, bmean, binvstd, bdx});
       auto [pooled, idx] = ops::max_pool2d_with_indices(img, Int2{3, 3}, Int2{2, 2}, Int2{1, 1});
-      out.insert(out.end(), {pooled, idx, ops::max_pool2d_backward(gimg, idx, img.sizes())});
+      out.insert(out.end(), {pooled, idx,
+                             ops::max_pool2d_backward(gimg, idx, img.sizes(), Int2{3, 3},
+                                                      Int2{2, 2}, Int2{1, 1})});
       out.push_back(ops::avg_pool2d(img, Int2{2, 2}));
       out.push_back(ops::avg_pool2d_backward(gimg, img.sizes(), Int2{2, 2}));
       out.push_back(ops::adaptive_avg_pool2d(img, Int2{3, 3}));
@@ -167,7 +169,7 @@ TEST(CpuParallel, AnExceptionInsideAParallelLoopReachesTheCaller) {
   auto [pooled, idx] = ops::max_pool2d_with_indices(img, Int2{2, 2});
   Tensor bad = ops::clone(idx);
   bad.data<int64_t>()[bad.numel() - 1] = 1 << 20;  // in the last thread's range
-  EXPECT_THROW(ops::max_pool2d_backward(ops::ones_like(pooled), bad, img.sizes()),
+  EXPECT_THROW(ops::max_pool2d_backward(ops::ones_like(pooled), bad, img.sizes(), Int2{2, 2}),
                std::out_of_range);
 }
 

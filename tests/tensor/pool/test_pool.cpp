@@ -302,15 +302,25 @@ TEST_P(Pool2d, ErrorsNameOpAndShapes) {
                        "[2, 3, 2, 2] for input [2, 3, 4, 4]"))
       << m;
   m = error_of<std::invalid_argument>([&] {
-    ops::max_pool2d_backward(zeros({2, 3, 2, 2}, on({})), zeros({2, 3, 2, 2}, on({})),
-                             {2, 3, 4, 4});
+    ops::max_pool2d_backward(zeros({2, 3, 2, 2}, on({})), zeros({2, 3, 2, 2}, on({})), {2, 3, 4, 4},
+                             2);
   });
   EXPECT_TRUE(contains(m, "max_pool2d_backward: indices must be int64")) << m;
-  // An index past the input: the CPU kernel throws; the CUDA kernel skips it (pool.h).
+  m = error_of<std::invalid_argument>([&] {
+    ops::max_pool2d_backward(zeros({2, 3, 2, 2}, on({})), zeros({2, 3, 2, 2}, on(i64)),
+                             {2, 3, 4, 4}, 3);
+  });
+  EXPECT_TRUE(contains(m, "grad_output [2, 3, 2, 2] does not match the output [2, 3, 1, 1]")) << m;
+  // An index past the input, or outside its window: the CPU kernel throws; the CUDA kernel
+  // never matches it (kernels.h).
   if (on_cpu()) {
     EXPECT_THROW(
-        ops::max_pool2d_backward(zeros({1, 1, 1, 1}), full({1, 1, 1, 1}, 16, i64), {1, 1, 4, 4}),
+        ops::max_pool2d_backward(zeros({1, 1, 1, 1}), full({1, 1, 1, 1}, 16, i64), {1, 1, 4, 4}, 4),
         std::out_of_range);
+    m = error_of<std::out_of_range>([&] {
+      ops::max_pool2d_backward(zeros({1, 1, 2, 2}), full({1, 1, 2, 2}, 0, i64), {1, 1, 4, 4}, 2);
+    });
+    EXPECT_TRUE(contains(m, "index 0 of output (0, 1) is not a position of its window")) << m;
   }
 }
 
@@ -376,14 +386,14 @@ void Pool2dVsCpu::check_max(const PoolCase& c, const Tensor& x, uint64_t seed) c
   EXPECT_TRUE(same_indices(idxg, idx)) << label(c.name, d, "max_pool2d indices");
 
   const Tensor gy = rand_tensor(y.sizes(), d, seed);
-  const Tensor gx = ops::max_pool2d_backward(gy, idx, x.sizes());
-  const Tensor gxg = ops::max_pool2d_backward(put(gy), idxg, x.sizes());
+  const Tensor gx = ops::max_pool2d_backward(gy, idx, x.sizes(), c.kernel, c.stride, c.padding,
+                                             c.dilation, c.ceil_mode);
+  const Tensor gxg = ops::max_pool2d_backward(put(gy), idxg, x.sizes(), c.kernel, c.stride,
+                                              c.padding, c.dilation, c.ceil_mode);
   EXPECT_EQ(gxg.dtype(), d);
-  // Overlapping windows add in atomicAdd order: float32 rounding apart; 16-bit may round
-  // the (float) sum to a neighbouring value.
-  const double t = d == DType::float64 ? 1e-12 : d == DType::float32 ? 1e-6 : 1e-2;
+  // Both gather each element's windows in output order: the same sums, bit for bit.
   const Diff eb = diff_pointwise(gxg, gx);
-  EXPECT_LE(eb.err, t) << label(c.name, d, "max_pool2d backward") << ": " << eb.str();
+  EXPECT_EQ(eb.err, 0.0) << label(c.name, d, "max_pool2d backward") << ": " << eb.str();
 }
 
 TEST_P(Pool2dVsCpu, MaxPool2dValuesIndicesAndBackwardMatchTheCpu) {
@@ -501,10 +511,10 @@ TEST_P(Pool2dVsCpu, NonContiguousUnbatchedAndResNetShapes) {
   const Tensor wide = rand_tensor({2, 5, 7, 12}, DType::float32, 91);
   const Tensor gy = ops::slice(wide, 3, 0, 12, 2), gyg = ops::slice(put(wide), 3, 0, 12, 2);
   ASSERT_EQ(gy.sizes(), y.sizes());
-  EXPECT_LE(diff_pointwise(ops::max_pool2d_backward(gyg, idxg, x.sizes()),
-                           ops::max_pool2d_backward(gy, idx, x.sizes()))
+  EXPECT_EQ(diff_pointwise(ops::max_pool2d_backward(gyg, idxg, x.sizes(), 3, 2, 1),
+                           ops::max_pool2d_backward(gy, idx, x.sizes(), 3, 2, 1))
                 .err,
-            1e-6);
+            0.0);
   EXPECT_EQ(diff_pointwise(ops::avg_pool2d_backward(gyg, x.sizes(), 3, 2, 1),
                            ops::avg_pool2d_backward(gy, x.sizes(), 3, 2, 1))
                 .err,
@@ -597,7 +607,7 @@ TEST_P(Pool2dVsCpu, AllocationsLandInTheDeviceAllocator) {
   alloc.record_memory_history(true);
   const Tensor x = put(rand_tensor({2, 4, 12, 12}, DType::bfloat16, 110));
   const auto [y, idx] = ops::max_pool2d_with_indices(x, 2);
-  const Tensor gx = ops::max_pool2d_backward(ops::ones_like(y), idx, x.sizes());
+  const Tensor gx = ops::max_pool2d_backward(ops::ones_like(y), idx, x.sizes(), 2);
   const Tensor a = ops::avg_pool2d(x, 3, 1, 1);
   const Tensor ad = ops::adaptive_avg_pool2d(x, 5);
   const auto history = alloc.history();
@@ -617,6 +627,16 @@ TEST_P(Pool2dVsCpu, AllocationsLandInTheDeviceAllocator) {
     EXPECT_NE(e.tag.category, memory::Category::workspace) << memory::interned(e.tag.op);
   }
   EXPECT_GE(allocs, 5u);
+  // max_pool2d_backward holds nothing but its result, in the gradient's dtype (no float32
+  // buffer of the input's size for a bfloat16 gradient).
+  size_t backward_allocs = 0;
+  for (const auto& e : history)
+    if (e.action == memory::TraceAction::alloc &&
+        memory::interned(e.tag.op) == "max_pool2d_backward") {
+      ++backward_allocs;
+      EXPECT_EQ(e.size, gx.nbytes());
+    }
+  EXPECT_EQ(backward_allocs, 1u);
   EXPECT_EQ(alloc.stats().cat_bytes(memory::Category::unknown).current, 0);
 }
 
