@@ -42,6 +42,22 @@ class MetaProvider final : public MemoryProvider {
   size_t free_memory() const override {
     return target_.capacity - std::min(used_, target_.capacity);
   }
+  // Events on the copy stream end with the copies queued before them (meta_copies_done);
+  // every other stream's are done at once. Called under the allocator's lock.
+  EventId record_event(StreamId stream) override {
+    if (stream != kMetaCopyStream) return 0;
+    events_[++last_event_] = meta_copies_done(Device::meta(index_));
+    return last_event_;
+  }
+  bool query_event(EventId event) override {
+    auto it = events_.find(event);
+    return it == events_.end() || meta_seconds(Device::meta(index_)) >= it->second;
+  }
+  void destroy_event(EventId event) override { events_.erase(event); }
+  void synchronize() override {
+    const Device self = Device::meta(index_);
+    wait_meta_clock(self, meta_copies_done(self));
+  }
   DeviceType device_type() const override { return DeviceType::meta; }
   int device_index() const override { return index_; }
   std::string device_name() const override {
@@ -87,6 +103,9 @@ class MetaProvider final : public MemoryProvider {
   int index_;
   MetaTarget target_;
   size_t used_ = 0;  // under the allocator's lock
+  // Copy-stream events: when each ends on the clock (under the allocator's lock).
+  std::map<EventId, double> events_;
+  EventId last_event_ = 0;
 };
 
 struct MetaDevices {
@@ -95,6 +114,7 @@ struct MetaDevices {
   std::vector<std::unique_ptr<CachingAllocator>> allocators;
   std::deque<std::map<std::string, int64_t>> notes;  // note_unreplayed, by device
   std::deque<double> seconds;                        // add_meta_seconds, by device
+  std::deque<double> copies_done;                    // queue_meta_copy, by device
 };
 MetaDevices& devices() {
   // Leaked on purpose, as the other allocators are: tensors may free during static destruction.
@@ -107,6 +127,7 @@ int add_locked(MetaDevices& d, const MetaTarget& target) {
   d.targets.push_back(target);
   d.notes.emplace_back();
   d.seconds.push_back(0.0);
+  d.copies_done.push_back(0.0);
   // TALLY_ALLOC_CONF's settings, as the device replayed would have them, except oom_snapshot:
   // that file is the real device's post-mortem, which a dry run that runs out (the planner's,
   // the out-of-memory report's) must not overwrite.
@@ -260,6 +281,40 @@ double meta_seconds(Device meta_device) {
       static_cast<size_t>(meta_device.index) >= d.seconds.size())
     return 0;
   return d.seconds[static_cast<size_t>(meta_device.index)];
+}
+
+namespace {
+// Device `meta_device`'s slot of a per-device list, or null for any other device.
+double* slot(std::deque<double>& list, Device meta_device) {
+  if (meta_device.type != DeviceType::meta || meta_device.index < 0 ||
+      static_cast<size_t>(meta_device.index) >= list.size())
+    return nullptr;
+  return &list[static_cast<size_t>(meta_device.index)];
+}
+}  // namespace
+
+double queue_meta_copy(Device meta_device, size_t bytes) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  double* done = slot(d.copies_done, meta_device);
+  const double* now = slot(d.seconds, meta_device);
+  if (!done || !now) return 0;
+  const double bw = d.targets[static_cast<size_t>(meta_device.index)].host_bandwidth;
+  *done = std::max(*done, *now) + (bw > 0 ? static_cast<double>(bytes) / bw : 0.0);
+  return *done;
+}
+
+double meta_copies_done(Device meta_device) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  const double* done = slot(d.copies_done, meta_device);
+  return done ? *done : 0;
+}
+
+void wait_meta_clock(Device meta_device, double seconds) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  if (double* now = slot(d.seconds, meta_device)) *now = std::max(*now, seconds);
 }
 
 CachingAllocator& meta_allocator(int index) {

@@ -75,9 +75,24 @@ void note_unreplayed(Device meta_device, const std::string& what);
 std::vector<std::pair<std::string, int64_t>> unreplayed(Device meta_device);
 
 // The predicted time of the ops run on a meta device so far (the meta kernels add each op's
-// cost under its target's rates), in seconds.
+// cost under its target's rates), in seconds: the clock of its compute stream.
 void add_meta_seconds(Device meta_device, double seconds);
 double meta_seconds(Device meta_device);
+
+// The copy stream of a meta device that replays a GPU: activation offload's copies to and
+// from pinned host memory run there one after another at the target's host_bandwidth, each
+// starting once the ops issued before it and the copies queued before it are done. A block
+// such a copy reads or writes is recorded on kMetaCopyStream (CachingAllocator::record_stream):
+// freed, it is reused only once the clock has passed the copies queued before the free, so a
+// dry run holds the blocks a real run holds while its copies drain.
+inline constexpr StreamId kMetaCopyStream = 1;
+// Queues a copy of `bytes` on the copy stream; returns when it ends (seconds on the clock).
+double queue_meta_copy(Device meta_device, size_t bytes);
+// When the copies queued so far end.
+double meta_copies_done(Device meta_device);
+// A wait for the copy stream (a fence, a synchronize): the clock moves on to `seconds` when
+// it is behind.
+void wait_meta_clock(Device meta_device, double seconds);
 
 // The caching allocator of meta device `index` (memory::get_allocator's meta case).
 CachingAllocator& meta_allocator(int index);

@@ -66,11 +66,19 @@ Device meta_host(Device d) {
   return memory::behaves_as(d) == DeviceType::cpu ? d : Device::meta(0);
 }
 
-// A meta copy's predicted time: its bytes over the target's host link (serial: a pessimistic
-// bound, the real copies overlap with the ops).
-void add_copy_seconds(Device meta, size_t bytes) {
+// A meta copy between `block` and pinned host memory on the copy stream of a meta device
+// that replays a GPU: queued behind the copies before it, and `block` kept out of reuse until
+// it ends, as the GPU's copy stream keeps it. On a CPU target the copy is synchronous: its
+// time (none without a host link) goes on the clock.
+void meta_copy(const Tensor& block, bool async) {
+  const Device meta = block.device();
+  if (async && memory::behaves_as(meta) == DeviceType::cuda) {
+    memory::queue_meta_copy(meta, block.nbytes());
+    block.storage().record_stream(memory::kMetaCopyStream);
+    return;
+  }
   const double bw = memory::meta_target_of(meta).host_bandwidth;
-  if (bw > 0) memory::add_meta_seconds(meta, static_cast<double>(bytes) / bw);
+  if (bw > 0) memory::add_meta_seconds(meta, static_cast<double>(block.nbytes()) / bw);
 }
 }  // namespace
 
@@ -81,7 +89,7 @@ Tensor to_host_async(const Tensor& t, memory::Category category, bool pin_memory
   memory::CategoryScope cat(category);
   if (t.device().is_meta()) {
     Tensor h = empty(t.sizes(), t.dtype(), meta_host(t.device()));
-    add_copy_seconds(t.device(), t.nbytes());
+    meta_copy(t, pin_memory);
     return h;
   }
   // A CPU tensor's copy is ordinary CPU memory: there is nothing to pin it for.
@@ -107,7 +115,7 @@ Tensor to_device_on_copy_stream(const Tensor& host, Device device, memory::Categ
   memory::CategoryScope cat(category);
   Tensor out = empty(host.sizes(), host.dtype(), device);
   if (device.is_meta()) {
-    add_copy_seconds(device, host.nbytes());
+    meta_copy(out, true);
     return out;
   }
 #ifdef TALLY_WITH_CUDA
@@ -122,6 +130,11 @@ Tensor to_device_on_copy_stream(const Tensor& host, Device device, memory::Categ
 
 CopyFence CopyFence::record([[maybe_unused]] Device device) {
   CopyFence f;
+  if (device.is_meta() && memory::behaves_as(device) == DeviceType::cuda) {
+    f.device_ = device.index;
+    f.meta_seconds_ = memory::meta_copies_done(device);
+    return f;
+  }
 #ifdef TALLY_WITH_CUDA
   if (device.type == DeviceType::cuda) {
     f.event_ = cuda::record_copy_event(device.index);
@@ -132,12 +145,14 @@ CopyFence CopyFence::record([[maybe_unused]] Device device) {
 }
 
 void CopyFence::synchronize() const {
+  if (meta_seconds_ >= 0) memory::wait_meta_clock(Device::meta(device_), meta_seconds_);
 #ifdef TALLY_WITH_CUDA
   if (event_) cuda::synchronize_copy_event(device_, event_);
 #endif
 }
 
 void CopyFence::wait() const {
+  if (meta_seconds_ >= 0) memory::wait_meta_clock(Device::meta(device_), meta_seconds_);
 #ifdef TALLY_WITH_CUDA
   if (event_) cuda::stream_wait_copy_event(device_, event_);
 #endif

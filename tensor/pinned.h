@@ -49,8 +49,9 @@ Tensor to_host_async(const Tensor& t, memory::Category category, bool pin_memory
 Tensor to_device_on_copy_stream(const Tensor& host, Device device, memory::Category category);
 
 // A point on a device's copy stream. wait() makes Tally's stream wait until the copies
-// issued before the fence have finished (no host synchronisation); empty for CPU and meta
-// devices, where copies are done when they return.
+// issued before the fence have finished (no host synchronisation); empty for the CPU, where
+// copies are done when they return. On a meta device that replays a GPU, the point's time on
+// its copy stream (memory::meta_copies_done): waiting moves the dry run's clock on to it.
 class CopyFence {
  public:
   CopyFence() = default;
@@ -59,11 +60,12 @@ class CopyFence {
   // The calling thread waits until the copies issued before the fence have finished (the
   // offloader's bound on copies in flight); nothing for an empty fence.
   void synchronize() const;
-  bool empty() const { return event_ == nullptr; }
+  bool empty() const { return event_ == nullptr && meta_seconds_ < 0; }
 
  private:
   std::shared_ptr<void> event_;
   int device_ = 0;
+  double meta_seconds_ = -1;  // a meta device's fence: when its copies end
 };
 
 }  // namespace tally::ops

@@ -13,6 +13,7 @@
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "nn/offload.h"
+#include "tensor/pinned.h"
 
 namespace tally {
 namespace {
@@ -293,6 +294,32 @@ TEST(OffloadEstimate, CudaTargetMovesActivationsOffTheDevice) {
   EXPECT_LT(off.at_peak[act], base.at_peak[act] / 2);
   EXPECT_EQ(off.at_peak[static_cast<size_t>(Category::offloaded)], 0);  // on the host
   EXPECT_GT(off.predicted_seconds, base.predicted_seconds);
+}
+
+// A dry run for a GPU replays its copy stream: a block an offload copy reads is held after
+// its free until the clock passes the copy (32 MiB at the H200's 50 GB/s: 671 us), so the next
+// request of its size takes a new segment, as on the GPU while the copy drains; once a fence
+// has been waited for, the block is free again. The clock moved on by the copy's time.
+TEST(OffloadEstimate, CudaTargetHoldsBlocksWhileTheirCopiesDrain) {
+  const Device d = memory::new_meta_device(memory::meta_target("h200"));
+  auto& a = memory::get_allocator(d);
+  const Shape shape{8, 1024, 1024};  // 32 MiB of float32: a segment of its own
+  const Tensor host = [&] {
+    const Tensor t = ops::empty(shape, DType::float32, d);
+    return ops::to_host_async(t, Category::offloaded);
+  }();  // t is freed here, its copy still queued
+  EXPECT_EQ(a.memory_allocated(), 0u);
+  const size_t held = a.memory_reserved();
+  Tensor u = ops::empty(shape, DType::float32, d);
+  EXPECT_EQ(a.memory_reserved(), 2 * held) << "the first block is held by its copy";
+  u = Tensor();
+  EXPECT_GE(memory::meta_copies_done(d), 32.0 * 1024 * 1024 / 50e9);
+  ops::CopyFence::record(d).synchronize();
+  EXPECT_EQ(memory::meta_seconds(d), memory::meta_copies_done(d));
+  const Tensor v = ops::empty(shape, DType::float32, d);
+  const Tensor w = ops::empty(shape, DType::float32, d);
+  EXPECT_EQ(a.memory_reserved(), 2 * held) << "both blocks reused once the copy is done";
+  EXPECT_TRUE(host.device().is_meta());
 }
 
 }  // namespace
