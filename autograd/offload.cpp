@@ -236,7 +236,14 @@ SavedTensorHooks ActivationOffloader::hooks() {
         ++st->stats.tensors_in_place;
         data = e->pending->unpack();
       } else {
-        if (st->options.prefetch) st->prefetch_before(e->group);
+        if (st->options.prefetch) {
+          // The host waits for this group's restore before it prefetches the next. Running
+          // ahead of the streams, it would otherwise restore (and free) every group before the
+          // copy stream got there, and a block freed in backward is reused only once the copy
+          // stream has passed the copies queued before its free: backward would hold them all.
+          if (!e->waited && !e->fence.empty()) e->fence.synchronize();
+          st->prefetch_before(e->group);
+        }
         if (!e->restored.defined()) {
           // Not prefetched: fetch it now (the copy stream, then Tally's stream waits for it).
           e->restored =

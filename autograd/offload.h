@@ -19,7 +19,10 @@
 // nn::offload_activations sets up) has one group per block, plus the groups between them.
 // In backward, the first unpack of a group prefetches the previous group (the one backward
 // needs next) on the copy stream; Tally's stream waits for a prefetch only where a tensor
-// of it is used. A tensor backward needs before its prefetch was issued is fetched then.
+// of it is used, and the host waits for a group's restore before it prefetches the next
+// (running ahead of the streams, it would otherwise restore and free every group before the
+// copy stream got there; the freed blocks would wait for it). A tensor backward needs before
+// its prefetch was issued is fetched then.
 // A restored tensor is tagged `activation` and lives until every node that saved it has
 // released it.
 //

@@ -51,12 +51,14 @@ class MetaProvider final : public MemoryProvider {
   }
   bool query_event(EventId event) override {
     auto it = events_.find(event);
-    return it == events_.end() || meta_seconds(Device::meta(index_)) >= it->second;
+    return it == events_.end() || meta_host_seconds(Device::meta(index_)) >= it->second;
   }
   void destroy_event(EventId event) override { events_.erase(event); }
   void synchronize() override {
     const Device self = Device::meta(index_);
-    wait_meta_clock(self, meta_copies_done(self));
+    const double all = std::max(meta_seconds(self), meta_copies_done(self));
+    wait_meta_clock(self, all);
+    sync_meta_host(self, all);
   }
   DeviceType device_type() const override { return DeviceType::meta; }
   int device_index() const override { return index_; }
@@ -115,6 +117,7 @@ struct MetaDevices {
   std::deque<std::map<std::string, int64_t>> notes;  // note_unreplayed, by device
   std::deque<double> seconds;                        // add_meta_seconds, by device
   std::deque<double> copies_done;                    // queue_meta_copy, by device
+  std::deque<double> host;                           // the host's clock, by device
 };
 MetaDevices& devices() {
   // Leaked on purpose, as the other allocators are: tensors may free during static destruction.
@@ -128,6 +131,7 @@ int add_locked(MetaDevices& d, const MetaTarget& target) {
   d.notes.emplace_back();
   d.seconds.push_back(0.0);
   d.copies_done.push_back(0.0);
+  d.host.push_back(0.0);
   // TALLY_ALLOC_CONF's settings, as the device replayed would have them, except oom_snapshot:
   // that file is the real device's post-mortem, which a dry run that runs out (the planner's,
   // the out-of-memory report's) must not overwrite.
@@ -266,23 +270,6 @@ std::vector<std::pair<std::string, int64_t>> unreplayed(Device meta_device) {
   return {n.begin(), n.end()};
 }
 
-void add_meta_seconds(Device meta_device, double seconds) {
-  MetaDevices& d = devices();
-  std::lock_guard lock(d.mu);
-  if (meta_device.type == DeviceType::meta && meta_device.index >= 0 &&
-      static_cast<size_t>(meta_device.index) < d.seconds.size())
-    d.seconds[static_cast<size_t>(meta_device.index)] += seconds;
-}
-
-double meta_seconds(Device meta_device) {
-  MetaDevices& d = devices();
-  std::lock_guard lock(d.mu);
-  if (meta_device.type != DeviceType::meta || meta_device.index < 0 ||
-      static_cast<size_t>(meta_device.index) >= d.seconds.size())
-    return 0;
-  return d.seconds[static_cast<size_t>(meta_device.index)];
-}
-
 namespace {
 // Device `meta_device`'s slot of a per-device list, or null for any other device.
 double* slot(std::deque<double>& list, Device meta_device) {
@@ -292,6 +279,30 @@ double* slot(std::deque<double>& list, Device meta_device) {
   return &list[static_cast<size_t>(meta_device.index)];
 }
 }  // namespace
+
+void add_meta_seconds(Device meta_device, double seconds) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  double* now = slot(d.seconds, meta_device);
+  double* host = slot(d.host, meta_device);
+  if (!now || !host) return;
+  *now = std::max(*now, *host) + seconds;
+  *host += d.targets[static_cast<size_t>(meta_device.index)].launch_seconds;
+}
+
+double meta_seconds(Device meta_device) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  const double* now = slot(d.seconds, meta_device);
+  return now ? *now : 0;
+}
+
+double meta_host_seconds(Device meta_device) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  const double* host = slot(d.host, meta_device);
+  return host ? *host : 0;
+}
 
 double queue_meta_copy(Device meta_device, size_t bytes) {
   MetaDevices& d = devices();
@@ -315,6 +326,12 @@ void wait_meta_clock(Device meta_device, double seconds) {
   MetaDevices& d = devices();
   std::lock_guard lock(d.mu);
   if (double* now = slot(d.seconds, meta_device)) *now = std::max(*now, seconds);
+}
+
+void sync_meta_host(Device meta_device, double seconds) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  if (double* host = slot(d.host, meta_device)) *host = std::max(*host, seconds);
 }
 
 CachingAllocator& meta_allocator(int index) {

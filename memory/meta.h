@@ -74,25 +74,34 @@ size_t cublaslt_workspace_bytes_from_env();
 void note_unreplayed(Device meta_device, const std::string& what);
 std::vector<std::pair<std::string, int64_t>> unreplayed(Device meta_device);
 
-// The predicted time of the ops run on a meta device so far (the meta kernels add each op's
-// cost under its target's rates), in seconds: the clock of its compute stream.
+// A meta device keeps three clocks, in seconds: its compute stream's (the predicted time of
+// the ops run so far: each meta kernel adds its cost under the target's rates, starting no
+// earlier than the host launched it), its copy stream's, and the host's (each kernel launch
+// takes the target's launch_seconds; the host runs ahead of the streams until it waits).
+// A kernel of `seconds` launched now.
 void add_meta_seconds(Device meta_device, double seconds);
+// The compute stream's clock: the predicted time so far.
 double meta_seconds(Device meta_device);
+// The host's clock.
+double meta_host_seconds(Device meta_device);
 
 // The copy stream of a meta device that replays a GPU: activation offload's copies to and
 // from pinned host memory run there one after another at the target's host_bandwidth, each
 // starting once the ops issued before it and the copies queued before it are done. A block
 // such a copy reads or writes is recorded on kMetaCopyStream (CachingAllocator::record_stream):
-// freed, it is reused only once the clock has passed the copies queued before the free, so a
-// dry run holds the blocks a real run holds while its copies drain.
+// freed, it is reused only once the copies queued before the free are done by the host's
+// clock, when the allocator looks, so a dry run holds the blocks a real run holds while its
+// copies drain and its host runs ahead.
 inline constexpr StreamId kMetaCopyStream = 1;
-// Queues a copy of `bytes` on the copy stream; returns when it ends (seconds on the clock).
+// Queues a copy of `bytes` on the copy stream; returns when it ends.
 double queue_meta_copy(Device meta_device, size_t bytes);
 // When the copies queued so far end.
 double meta_copies_done(Device meta_device);
-// A wait for the copy stream (a fence, a synchronize): the clock moves on to `seconds` when
-// it is behind.
+// The compute stream waits for `seconds` (a fence: cudaStreamWaitEvent).
 void wait_meta_clock(Device meta_device, double seconds);
+// The host waits for `seconds` (cudaEventSynchronize; a device synchronize waits for every
+// stream).
+void sync_meta_host(Device meta_device, double seconds);
 
 // The caching allocator of meta device `index` (memory::get_allocator's meta case).
 CachingAllocator& meta_allocator(int index);

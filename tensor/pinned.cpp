@@ -79,6 +79,7 @@ void meta_copy(const Tensor& block, bool async) {
   }
   const double bw = memory::meta_target_of(meta).host_bandwidth;
   if (bw > 0) memory::add_meta_seconds(meta, static_cast<double>(block.nbytes()) / bw);
+  memory::sync_meta_host(meta, memory::meta_seconds(meta));
 }
 }  // namespace
 
@@ -145,7 +146,7 @@ CopyFence CopyFence::record([[maybe_unused]] Device device) {
 }
 
 void CopyFence::synchronize() const {
-  if (meta_seconds_ >= 0) memory::wait_meta_clock(Device::meta(device_), meta_seconds_);
+  if (meta_seconds_ >= 0) memory::sync_meta_host(Device::meta(device_), meta_seconds_);
 #ifdef TALLY_WITH_CUDA
   if (event_) cuda::synchronize_copy_event(device_, event_);
 #endif
