@@ -97,8 +97,8 @@ void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output, co
         for (int64_t h = 0; h < g.H; ++h)
           for (int64_t w = 0; w < g.W; ++w) {
             A s = 0;
-            math::covering_rows(h, g.OH, p.kH, p.sH, p.pH, p.dH, [&](int64_t oh) {
-              math::covering_rows(w, g.OW, p.kW, p.sW, p.pW, p.dW, [&](int64_t ow) {
+            math::covering_rows<int64_t>(h, g.OH, p.kH, p.sH, p.pH, p.dH, [&](int64_t oh) {
+              math::covering_rows<int64_t>(w, g.OW, p.kW, p.sW, p.pW, p.dW, [&](int64_t ow) {
                 const int64_t o = oh * g.OW + ow;
                 if (ip[o] == h * g.W + w) s += static_cast<A>(gp[o]);
               });

@@ -3,6 +3,7 @@
 // the CPU's order, so the sums round exactly as the CPU's do). Window rules, divisors, tie and NaN
 // handling are the CPU kernels' (tensor/pool/cpu.cpp), line for line.
 #include <algorithm>
+#include <limits>
 
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/fast_div.h"
@@ -118,23 +119,44 @@ Planes32 planes32_of(const Tensor& input, const Tensor& out, const ops::Pool2dPa
 }
 
 // One thread per input element: the sum, in the CPU's output order, of grad_output over the
-// windows that cover the element and chose it.
-template <typename T>
+// windows that cover the element and chose it. I: the index arithmetic, int32_t where every
+// flat index and coordinate fits (max_pool_backward_fits_32), else int64_t.
+template <typename T, typename I>
 __global__ void max_pool_backward_kernel(T* __restrict__ gx, const T* __restrict__ gy,
                                          const int64_t* __restrict__ idx, Planes g,
-                                         ops::Pool2dParams p, int64_t n) {
-  TALLY_GRID_LOOP(i, n) {
-    const int64_t w = i % g.W, h = (i / g.W) % g.H, pl = i / (g.W * g.H);
-    const int64_t base = pl * g.OH * g.OW, self = h * g.W + w;
+                                         ops::Pool2dParams p, I n) {
+  const I W = static_cast<I>(g.W), H = static_cast<I>(g.H), OH = static_cast<I>(g.OH),
+          OW = static_cast<I>(g.OW);
+  const I kH = static_cast<I>(p.kH), kW = static_cast<I>(p.kW), sH = static_cast<I>(p.sH),
+          sW = static_cast<I>(p.sW), pH = static_cast<I>(p.pH), pW = static_cast<I>(p.pW),
+          dH = static_cast<I>(p.dH), dW = static_cast<I>(p.dW);
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+       i < n; i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I row = i / W, w = i - row * W, pl = row / H, h = row - pl * H;
+    const I base = pl * OH * OW;
+    const int64_t self = static_cast<int64_t>(h) * g.W + w;
     dacc_t<T> s = 0;
-    math::covering_rows(h, g.OH, p.kH, p.sH, p.pH, p.dH, [&](int64_t oh) {
-      math::covering_rows(w, g.OW, p.kW, p.sW, p.pW, p.dW, [&](int64_t ow) {
-        const int64_t o = base + oh * g.OW + ow;
+    math::covering_rows<I>(h, OH, kH, sH, pH, dH, [&](I oh) {
+      math::covering_rows<I>(w, OW, kW, sW, pW, dW, [&](I ow) {
+        const I o = base + oh * OW + ow;
         if (idx[o] == self) s += load(gy[o]);
       });
     });
     gx[i] = store<T>(s);
   }
+}
+
+// Whether max_pool_backward_kernel's int32_t arithmetic holds: every flat index of the input
+// and the output, and every padded coordinate, below 2^30 (the grid-stride step added to an
+// index stays below 2^31).
+bool max_pool_backward_fits_32(const Tensor& grad_input, const Tensor& grad_output,
+                               const ops::Pool2dParams& p) {
+  constexpr int64_t kMax = int64_t{1} << 30;
+  const int64_t params[] = {p.kH, p.kW, p.sH, p.sW, p.pH, p.pW, p.dH, p.dW};
+  for (int64_t v : params)
+    if (v < 0 || v > (int64_t{1} << 15)) return false;
+  return grad_input.numel() <= kMax && grad_output.numel() <= kMax &&
+         grad_input.size(2) + p.pH <= kMax && grad_input.size(3) + p.pW <= kMax;
 }
 
 template <typename T>
@@ -276,10 +298,16 @@ void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output, co
           "max_pool2d_backward (zero)");
     return;
   }
+  const bool use32 = max_pool_backward_fits_32(grad_input, grad_output, p);
   TALLY_DISPATCH_FLOAT(grad_output.dtype(), "max_pool2d_backward", [&] {
     using T = dev_t<scalar_t>;
-    max_pool_backward_kernel<T><<<blocks_for(n), kThreads, 0, l.stream_>>>(
-        ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), g, p, n);
+    if (use32)
+      max_pool_backward_kernel<T, int32_t><<<blocks_for(n), kThreads, 0, l.stream_>>>(
+          ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), g, p,
+          static_cast<int32_t>(n));
+    else
+      max_pool_backward_kernel<T, int64_t><<<blocks_for(n), kThreads, 0, l.stream_>>>(
+          ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), g, p, n);
   });
   check_launch(l.name_);
 }

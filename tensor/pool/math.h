@@ -38,17 +38,18 @@ TALLY_HOST_DEVICE TALLY_FORCE_INLINE AvgWindow avg_window(int64_t oh, int64_t ow
 
 // The output rows (or columns) of a max pool whose windows cover input row h: oh with
 // oh * s - pad + kk * d == h for some kk in [0, k), 0 <= oh < OH. visit(oh) is called in
-// ascending oh (descending kk), the order the CPU's sums run in.
-template <typename F>
-TALLY_HOST_DEVICE TALLY_FORCE_INLINE void covering_rows(int64_t h, int64_t OH, int64_t k, int64_t s,
-                                                        int64_t pad, int64_t d, F&& visit) {
-  for (int64_t kk = k - 1; kk >= 0; --kk) {
-    const int64_t t = h + pad - kk * d;
-    if (t < 0 || t % s != 0) continue;
-    const int64_t oh = t / s;
-    if (oh >= OH) break;  // later kk give larger oh
-    visit(oh);
-  }
+// ascending oh, the order the CPU's sums run in. The candidates lie between two divisions
+// (a window starting at or before h, and reaching it), so a 3x3 stride-2 pool tries at most
+// two rows. I: int64_t, or int32_t where every coordinate fits (fewer instructions on a GPU).
+template <typename I, typename F>
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE void covering_rows(I h, I OH, I k, I s, I pad, I d,
+                                                        F&& visit) {
+  const I top = h + pad;              // oh * s <= top: the window starts at or before h
+  const I reach = top - (k - 1) * d;  // oh * s >= reach: the window reaches h
+  const I lo = reach <= 0 ? I{0} : (reach + s - 1) / s;
+  const I hi = min(top / s, OH - 1);
+  for (I oh = lo; oh <= hi; ++oh)
+    if (d == 1 || (top - oh * s) % d == 0) visit(oh);
 }
 
 }  // namespace tally::math
