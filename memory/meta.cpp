@@ -290,18 +290,22 @@ void add_meta_seconds(Device meta_device, double seconds) {
   *host += d.targets[static_cast<size_t>(meta_device.index)].launch_seconds;
 }
 
-double meta_seconds(Device meta_device) {
+namespace {
+// One of a meta device's clocks (0 for any other device).
+double read_clock(std::deque<double> MetaDevices::*clock, Device meta_device) {
   MetaDevices& d = devices();
   std::lock_guard lock(d.mu);
-  const double* now = slot(d.seconds, meta_device);
-  return now ? *now : 0;
+  const double* t = slot(d.*clock, meta_device);
+  return t ? *t : 0;
+}
+}  // namespace
+
+double meta_seconds(Device meta_device) {
+  return read_clock(&MetaDevices::seconds, meta_device);
 }
 
 double meta_host_seconds(Device meta_device) {
-  MetaDevices& d = devices();
-  std::lock_guard lock(d.mu);
-  const double* host = slot(d.host, meta_device);
-  return host ? *host : 0;
+  return read_clock(&MetaDevices::host, meta_device);
 }
 
 double queue_meta_copy(Device meta_device, size_t bytes) {
@@ -316,10 +320,7 @@ double queue_meta_copy(Device meta_device, size_t bytes) {
 }
 
 double meta_copies_done(Device meta_device) {
-  MetaDevices& d = devices();
-  std::lock_guard lock(d.mu);
-  const double* done = slot(d.copies_done, meta_device);
-  return done ? *done : 0;
+  return read_clock(&MetaDevices::copies_done, meta_device);
 }
 
 void wait_meta_clock(Device meta_device, double seconds) {

@@ -32,16 +32,17 @@ Tensor alloc_output(const Shape& shape, DType dtype, Device device) {
   return Tensor::make(Storage::allocate(bytes, device), shape, contiguous_strides(shape), 0, dtype);
 }
 
-Tensor alloc_output_over(const Tensor& donor, const Shape& shape, DType dtype, Device device) {
+Tensor donated_output(const Tensor& donor, const Shape& shape, DType dtype, Device device) {
+  if (!donor.defined() || donor.use_count() != 1 || donor.device() != device ||
+      donor.dtype() != dtype || donor.sizes() != shape || donor.storage_offset() != 0 ||
+      !donor.is_contiguous())
+    return {};
   const size_t bytes = output_nbytes(shape, dtype);
-  if (donor.defined() && donor.use_count() == 1 && donor.device() == device &&
-      donor.dtype() == dtype && donor.sizes() == shape && donor.storage_offset() == 0 &&
-      donor.is_contiguous() && bytes > 0) {
-    const Storage& s = donor.storage();
-    if (s.use_count() == 1 && s.saved_refs() == 0 && s.nbytes() == bytes && s.reassign())
-      return Tensor::make(s, shape, contiguous_strides(shape), 0, dtype);
-  }
-  return Tensor::make(Storage::allocate(bytes, device), shape, contiguous_strides(shape), 0, dtype);
+  const Storage& s = donor.storage();
+  if (bytes == 0 || s.use_count() != 1 || s.saved_refs() != 0 || s.nbytes() != bytes ||
+      !s.reassign())
+    return {};
+  return Tensor::make(s, shape, contiguous_strides(shape), 0, dtype);
 }
 
 Tensor alloc_scratch(int64_t numel, DType dtype, Device device) {

@@ -19,11 +19,12 @@ namespace tally {
 Tensor alloc_output(const Shape& shape, DType dtype, Device device);
 
 // An op's result written over `donor`, an input the caller gave up (buffer donation, as
-// PyTorch's in-place ops do): donor's block, handed to the running op
-// (Storage::reassign), when nothing else holds it (no other handle, view or saved reference)
-// and it is a contiguous `shape` of `dtype` on `device` at offset 0 on the current stream;
-// otherwise a new block (alloc_output). The caller must not read donor's values afterwards.
-Tensor alloc_output_over(const Tensor& donor, const Shape& shape, DType dtype, Device device);
+// PyTorch's in-place ops do): donor's block, handed to the running op (Storage::reassign),
+// when nothing else holds it (no other handle, view or saved reference) and it is a contiguous
+// `shape` of `dtype` on `device` at offset 0 on the current stream; otherwise an undefined
+// tensor, and the op allocates (alloc_output). The caller must not read donor's values after a
+// donation.
+Tensor donated_output(const Tensor& donor, const Shape& shape, DType dtype, Device device);
 
 // A contiguous 1-D tensor of `numel` elements of scratch, tagged `workspace`.
 Tensor alloc_scratch(int64_t numel, DType dtype, Device device);

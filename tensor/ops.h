@@ -122,7 +122,7 @@ const char* unary_op_name(UnaryOp op);
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 // a (op) b written over a's buffer when the caller gives `a` up and nothing else holds it
-// (alloc_output_over: PyTorch's in-place `out += identity`, without in-place autograd); a new
+// (donated_output: PyTorch's in-place `out += identity`, without in-place autograd); a new
 // buffer otherwise. Either way a's values must not be read afterwards.
 Tensor binary_over(BinaryOp op, Tensor&& a, const Tensor& b);
 Tensor binary_scalar(BinaryOp op, const Tensor& a, double b);  // a (op) b

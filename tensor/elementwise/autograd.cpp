@@ -1,6 +1,7 @@
 // Differentiable elementwise ops, activations and basic reductions: forward, what is
 // saved, and backward, one function each.
 #include <cmath>
+#include <utility>
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
@@ -404,6 +405,7 @@ Tensor add_relu(const Tensor& a, const Tensor& b, CallSite site) {
 }
 
 Tensor add_relu(Tensor&& a, const Tensor& b, CallSite site) {
+  if (&a == &b) return add_relu(std::as_const(a), b, site);  // b is a: nothing to give up
   memory::CallSiteScope call_site(site);
   Tensor given = std::move(a);  // the caller's handle is gone: only `given` holds it
   Tensor out = o::add_relu(std::move(given), b);

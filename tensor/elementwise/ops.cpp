@@ -505,17 +505,8 @@ static const OpInfo& binary_info(BinaryOp op) {
 }
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
-  const OpInfo& info = binary_info(op);
-  check_same_device(info.name, a.device(), b.device());
-  DispatchScope scope(info, a, b);
-  const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), info.name);
-  DType dt = promote_types(a.dtype(), b.dtype());
-  if (op == BinaryOp::div && !is_floating(dt)) dt = DType::float32;
-  const Tensor ea = expand(to(a, dt), shape);
-  const Tensor eb = expand(to(b, dt), shape);
-  Tensor out = alloc_output(shape, is_compare(op) ? DType::bool_ : dt, a.device());
-  elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary)(op, out, ea, eb);
-  return out;
+  Tensor held = a;  // a second handle: `a` is never given up
+  return binary_over(op, std::move(held), b);
 }
 
 static Tensor binary_scalar_impl(BinaryOp op, const Tensor& a, double b, bool reverse) {
@@ -540,11 +531,12 @@ Tensor binary_over(BinaryOp op, Tensor&& a, const Tensor& b) {
   DType dt = promote_types(a.dtype(), b.dtype());
   if (op == BinaryOp::div && !is_floating(dt)) dt = DType::float32;
   const DType out_dt = is_compare(op) ? DType::bool_ : dt;
-  // Donation first, while `a` is the only handle of its buffer.
-  Tensor out = out_dt == dt ? alloc_output_over(a, shape, out_dt, a.device())
-                            : alloc_output(shape, out_dt, a.device());
-  const Tensor ea = out.storage().is_same(a.storage()) ? out : expand(to(a, dt), shape);
+  // Donation first, while `a` is the only handle of its buffer; else the output comes after
+  // the operands' conversions.
+  Tensor out = out_dt == dt ? donated_output(a, shape, dt, a.device()) : Tensor();
+  const Tensor ea = out.defined() ? out : expand(to(a, dt), shape);
   const Tensor eb = expand(to(b, dt), shape);
+  if (!out.defined()) out = alloc_output(shape, out_dt, a.device());
   elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary)(op, out, ea, eb);
   return out;
 }

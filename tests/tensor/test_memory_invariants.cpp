@@ -259,6 +259,10 @@ TEST_P(MemoryInvariants, AddReluOverItsDyingInput) {
   Tensor view = base.reshape({16, 32}).reshape({32, 16});
   const Tensor w = add_relu(std::move(view), b);
   EXPECT_NE(w.data_ptr(), base.data_ptr()) << "a view: its base still holds the buffer";
+  Tensor both = x * 2.0;
+  const Tensor doubled = add_relu(std::move(both), both);  // b is a: nothing is given up
+  EXPECT_EQ(doubled.to(Device::cpu()).tolist(),
+            add_relu(x * 2.0, x * 2.0).to(Device::cpu()).tolist());
   check_step(dev(), {x, b}, [&] { return sum(add_relu(x * 2.0, b)); });
 }
 
