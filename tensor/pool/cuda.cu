@@ -3,7 +3,6 @@
 // the CPU's order, so the sums round exactly as the CPU's do). Window rules, divisors, tie and NaN
 // handling are the CPU kernels' (tensor/pool/cpu.cpp), line for line.
 #include <algorithm>
-#include <limits>
 
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/fast_div.h"
