@@ -2,7 +2,10 @@
 """The dry runs against the GPU, in one command on the GPU machine: the accuracy of the
 predicted memory and the memory planner's choices (issue 17's tables in bench/RESULTS.md).
 
-    python3 bench/predict.py BUILD_DIR [--out DIR]
+    python3 bench/predict.py BUILD_DIR [--out DIR] [--only GRID,...]
+
+`--only` runs the named grids of (1) alone (gpt2, gpt2-levers, resnet50, gpt2-medium,
+resnet34); the planner runs when the grids it draws on (gpt2, gpt2-levers, resnet50) all ran.
 
 1. Accuracy: `ab_memory --device cuda` dry-runs every configuration for this GPU and then runs
    it (5 steps), for GPT-2 124M B16 T1024 bf16 over 8 checkpointing plans and ResNet-50 bs64
@@ -11,7 +14,8 @@ predicted memory and the memory planner's choices (issue 17's tables in bench/RE
    the issue's bars hold (allocated within 1%, reserved within 3%, every category within 2% or
    16 MiB).
    GPT-2 again with the levers of issue 18 (`gpt2-levers`: the fused classifier, each plan with
-   and without activation offload).
+   and without activation offload). Two models no other test runs: GPT-2-medium (350M) B8 T1024
+   bf16 over 4 plans, and ResNet-34 bs64 224x224 over 4 plans x {float32, bf16, fp16}.
 2. The planner: `train_gpt` / `train_resnet --checkpoint auto --amp auto --memory-budget B` at
    30/50/75% of the no-checkpointing peak reserved measured in (1) (GPT-2's with
    `--fused-classifier --offload auto`); the chosen plan's measured peak against the budget,
@@ -37,7 +41,17 @@ GRIDS = {
     "resnet50": (["--model", "resnet", "--arch", "resnet50", "--dataset", "synthetic",
                   "--image-size", "224", "--batch", "64", "--checkpoint", plans.format(q=4, h=8, t=12),
                   "--amp", "off,bf16,fp16"], "off"),
+    # Two models of our own: no other test or grid runs them.
+    "gpt2-medium": (["--model", "gpt", "--preset", "gpt2-medium", "--batch", "8", "--seq", "1024",
+                     "--checkpoint", "none,selective,blocks,2-segments", "--amp", "bf16"], "bf16"),
+    "resnet34": (["--model", "resnet", "--arch", "resnet34", "--dataset", "synthetic",
+                  "--image-size", "224", "--batch", "64", "--checkpoint", "none,8-blocks,blocks,4-segments",
+                  "--amp", "off,bf16,fp16"], "off"),
 }
+only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else list(GRIDS)
+for g in only:
+    if g not in GRIDS:
+        sys.exit(f"predict.py: --only: unknown grid '{g}' (expected {', '.join(GRIDS)})")
 
 
 def grid(name, args):
@@ -49,9 +63,11 @@ def grid(name, args):
 
 bad = 0
 grids = {}
-print(f"{'model':9} {'configuration':26} {'alloc MiB':>9} {'pred':>9} {'err':>7} {'resv MiB':>8} "
+print(f"{'model':11} {'configuration':26} {'alloc MiB':>9} {'pred':>9} {'err':>7} {'resv MiB':>8} "
       f"{'pred':>8} {'err':>7} {'worst category':>24}  bars")
 for name, (args, _) in GRIDS.items():
+    if name not in only:
+        continue
     grids[name] = grid(name, args)
     for r in grids[name]:
         pa, ea = r["peak_allocated"], r["estimated_peak_allocated"]
@@ -63,12 +79,14 @@ for name, (args, _) in GRIDS.items():
                    for c in r["at_peak"])
         bad += not (ok_a and ok_r and ok_c)
         bars = "".join(["a" if ok_a else "-", "r" if ok_r else "-", "c" if ok_c else "-"])
-        print(f"{name:9} {r['name']:26} {pa / MIB:9.1f} {ea / MIB:9.1f} {100 * (ea - pa) / pa:+6.2f}% "
+        print(f"{name:11} {r['name']:26} {pa / MIB:9.1f} {ea / MIB:9.1f} {100 * (ea - pa) / pa:+6.2f}% "
               f"{pr / MIB:8.1f} {er / MIB:8.1f} {100 * (er - pr) / pr:+6.2f}% {cat:>15} {off / MIB:6.1f} MiB  {bars}")
 print(f"{bad} of {sum(len(g) for g in grids.values())} configurations miss a bar "
       "(a: allocated within 1%, r: reserved within 3%, c: categories within 2% or 16 MiB)\n")
 
-print(f"{'model':9} {'budget':>10} {'chosen':34} {'measured resv':>13} {'chosen ms':>9} {'best fitting':34} {'ms':>6}")
+if not all(g in grids for g in ("gpt2", "gpt2-levers", "resnet50")):
+    sys.exit(0)
+print(f"{'model':11} {'budget':>10} {'chosen':34} {'measured resv':>13} {'chosen ms':>9} {'best fitting':34} {'ms':>6}")
 for name in ("gpt2", "resnet50"):
     baseline_amp = GRIDS[name][1]
     base = next(r for r in grids[name] if r["name"] == f"ckpt=none amp={baseline_amp}")
@@ -92,7 +110,7 @@ for name in ("gpt2", "resnet50"):
         m = re.search(r"Chosen: checkpoint ([^,]+), amp (\w+)(?:, offload ([\w-]+))?", text)
         if not m:
             err = text.strip().splitlines()[-1] if text.strip() else f"exit {p.returncode}"
-            print(f"{name:9} {budget / MIB:8.0f}Mi  no plan: {err[:150]}")
+            print(f"{name:11} {budget / MIB:8.0f}Mi  no plan: {err[:150]}")
             continue
         amp = {"bfloat16": "bf16", "float16": "fp16", "off": "off"}[m.group(2)]
         chosen = f"ckpt={m.group(1)} amp={amp}"
@@ -100,6 +118,6 @@ for name in ("gpt2", "resnet50"):
             chosen = f"levers {chosen} offload={m.group(3) or 'none'}"
         resv = re.search(r"peak reserved ([\d.]+) (\w+)", text)
         row = next((r for r in rows if r["name"] == chosen), None)
-        print(f"{name:9} {budget / MIB:8.0f}Mi  {chosen:34} {resv.group(1) + ' ' + resv.group(2) if resv else '?':>13} "
+        print(f"{name:11} {budget / MIB:8.0f}Mi  {chosen:34} {resv.group(1) + ' ' + resv.group(2) if resv else '?':>13} "
               f"{row['median_ms'] if row else float('nan'):9.1f} {best['name'] if best else '-':34} "
               f"{best['median_ms'] if best else float('nan'):6.1f}")

@@ -1,6 +1,6 @@
-// record_workspaces: the cuDNN workspace of every convolution call that ResNet-50 training
-// makes on this GPU (224x224 images, batch 32, 64 and 128, float32 with TF32 allowed, float16
-// and bfloat16), written as a CUDA target's table for the dry runs
+// record_workspaces: the cuDNN workspace of every convolution call that ResNet-50 and ResNet-34
+// training makes on this GPU (224x224 images, batch 32, 64 and 128, float32 with TF32 allowed,
+// float16 and bfloat16), written as a CUDA target's table for the dry runs
 // (tensor/conv/workspaces_<target>.inc, read by tensor/conv/meta.cpp).
 //
 //   record_workspaces tensor/conv/workspaces_h200.inc h200
@@ -30,30 +30,34 @@ int main(int argc, char** argv) {
     return 2;
   }
   const Device dev = Device::cuda(0);
-  for (const int64_t batch : {32, 64, 128}) {
-    for (const auto amp : {std::optional<DType>{}, std::optional<DType>{DType::float16},
-                           std::optional<DType>{DType::bfloat16}}) {
-      auto model = nn::resnet50({.num_classes = 10});
-      model->to(dev);
-      optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
-      const Tensor x = ops::randn({batch, 3, 224, 224}, DType::float32, dev);
-      const Tensor y = ops::randint(0, 10, {batch}, DType::int64, dev);
-      Tensor loss;
-      {
-        AutocastGuard autocast(DeviceType::cuda, amp.value_or(DType::float16), amp.has_value());
-        loss = cross_entropy((*model)(x), y);
+  // ResNet-34's convolutions are ResNet-18's too (same stages, more blocks).
+  for (const char* arch : {"resnet50", "resnet34"})
+    for (const int64_t batch : {32, 64, 128}) {
+      for (const auto amp : {std::optional<DType>{}, std::optional<DType>{DType::float16},
+                             std::optional<DType>{DType::bfloat16}}) {
+        auto model = nn::resnet_by_name(arch, {.num_classes = 10});
+        model->to(dev);
+        optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
+        const Tensor x = ops::randn({batch, 3, 224, 224}, DType::float32, dev);
+        const Tensor y = ops::randint(0, 10, {batch}, DType::int64, dev);
+        Tensor loss;
+        {
+          AutocastGuard autocast(DeviceType::cuda, amp.value_or(DType::float16), amp.has_value());
+          loss = cross_entropy((*model)(x), y);
+        }
+        loss.backward();
+        opt.step();
+        memory::synchronize(dev);
+        fmt::print("{} batch {} {}: {} planned calls so far\n", arch, batch,
+                   amp ? dtype_name(*amp) : "float32", cuda::conv_planned_workspaces().size());
       }
-      loss.backward();
-      opt.step();
-      memory::synchronize(dev);
-      fmt::print("batch {} {}: {} planned calls so far\n", batch,
-                 amp ? dtype_name(*amp) : "float32", cuda::conv_planned_workspaces().size());
     }
-  }
   std::vector<ConvWorkspace> rows = cuda::conv_planned_workspaces();
   std::sort(rows.begin(), rows.end(), [](const ConvWorkspace& a, const ConvWorkspace& b) {
-    return std::tie(a.dtype, a.x[0], a.kind, a.w[0], a.w[1], a.w[2], a.x[2]) <
-           std::tie(b.dtype, b.x[0], b.kind, b.w[0], b.w[1], b.w[2], b.x[2]);
+    return std::tie(a.dtype, a.x[0], a.kind, a.w[0], a.w[1], a.w[2], a.x[2], a.stride[0],
+                    a.accumulate, a.tf32) < std::tie(b.dtype, b.x[0], b.kind, b.w[0], b.w[1],
+                                                     b.w[2], b.x[2], b.stride[0], b.accumulate,
+                                                     b.tf32);
   });
   std::string body;
   for (const ConvWorkspace& r : rows)
@@ -69,11 +73,12 @@ int main(int argc, char** argv) {
   if (!upper.empty()) upper = upper.substr(0, 1) + std::string(name.begin() + 1, name.end());
   const std::string text = fmt::format(
       "// The cuDNN workspace of each convolution call planned on the {} ({}), written by\n"
-      "// bench/record_workspaces: ResNet-50 training steps, 224x224, at batch 32, 64 and 128 in\n"
-      "// float32 (TF32 allowed), float16 and bfloat16. Fields: kind (0 forward, 1 backward data,\n"
-      "// 2 backward filter), dtype, tf32, x, w, y, padding, stride, dilation, groups, "
-      "accumulate,\n"
-      "// workspace bytes. Read by tensor/conv/meta.cpp for dry runs of the \"{}\" target.\n"
+      "// bench/record_workspaces: ResNet-50 and ResNet-34 training steps, 224x224, at batch 32, "
+      "64\n"
+      "// and 128 in float32 (TF32 allowed), float16 and bfloat16. Fields: kind (0 forward, 1\n"
+      "// backward data, 2 backward filter), dtype, tf32, x, w, y, padding, stride, dilation,\n"
+      "// groups, accumulate, workspace bytes. Read by tensor/conv/meta.cpp for dry runs of the "
+      "\"{}\" target.\n"
       "// clang-format off\n"
       "#pragma once\n#include <array>\n#include \"tensor/conv/kernels.h\"\n"
       "namespace tally::meta {{\n"
