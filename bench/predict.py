@@ -80,7 +80,8 @@ for name, (args, _) in GRIDS.items():
         bad += not (ok_a and ok_r and ok_c)
         bars = "".join(["a" if ok_a else "-", "r" if ok_r else "-", "c" if ok_c else "-"])
         print(f"{name:11} {r['name']:26} {pa / MIB:9.1f} {ea / MIB:9.1f} {100 * (ea - pa) / pa:+6.2f}% "
-              f"{pr / MIB:8.1f} {er / MIB:8.1f} {100 * (er - pr) / pr:+6.2f}% {cat:>15} {off / MIB:6.1f} MiB  {bars}")
+              f"{pr / MIB:8.1f} {er / MIB:8.1f} {100 * (er - pr) / pr:+6.2f}% {cat:>15} {off / MIB:6.1f} MiB  {bars}"
+              + (f"  (GradScaler skipped {r['skipped_steps']} of 5 steps)" if r.get("skipped_steps") else ""))
 print(f"{bad} of {sum(len(g) for g in grids.values())} configurations miss a bar "
       "(a: allocated within 1%, r: reserved within 3%, c: categories within 2% or 16 MiB)\n")
 

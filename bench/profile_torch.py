@@ -6,8 +6,11 @@ torch.profiler (CPU+CUDA activities, profile_memory, record_shapes, with_stack) 
 overhead in %, and the sum of the CUDA kernel times per step against the synchronised step
 time. Runs BUILD_DIR/examples/profile_models first (same models, same settings) and prints
 one table with both frameworks. Needs a GPU and torch + torchvision (the GPU machine).
+With --rounds N both frameworks alternate plain and profiled measurements N times: the
+figures are medians over the rounds, and the overhead's spread (lowest..highest round) is
+printed next to them.
 
-    python3 bench/profile_torch.py BUILD_DIR [--out DIR] [--steps 8] [--gpt-batch 8]
+    python3 bench/profile_torch.py BUILD_DIR [--out DIR] [--steps 8] [--gpt-batch 8] [--rounds 5]
 """
 import argparse
 import json
@@ -26,6 +29,7 @@ ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--resnet-batch", type=int, default=64)
 ap.add_argument("--gpt-batch", type=int, default=8)
 ap.add_argument("--models", default="resnet,gpt")
+ap.add_argument("--rounds", type=int, default=1, help="alternating plain / profiled measurements")
 ap.add_argument("--skip-tally", action="store_true", help="only torch")
 ap.add_argument("--amp", default="off", choices=["off", "fp16", "bf16"],
                 help="the forward under autocast (both frameworks)")
@@ -38,7 +42,7 @@ if not args.skip_tally:
     exe = os.path.join(args.build, "examples", "profile_models")
     cmd = [exe, "--device", "cuda", "--out", args.out, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--resnet-batch", str(args.resnet_batch), "--gpt-batch", str(args.gpt_batch), "--models", args.models,
-           "--amp", args.amp]
+           "--amp", args.amp, "--rounds", str(args.rounds)]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     tally = json.load(open(os.path.join(args.out, "profile_models.json")))
@@ -97,23 +101,36 @@ for which in [m for m in args.models.split(",") if m]:
     print(f"== torch: {desc}", flush=True)
     for _ in range(args.warmup):
         timed(step)
-    plain = statistics.median(timed(step) for _ in range(args.steps))
-    profiled = []
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True,
-                 record_shapes=True, with_stack=True,
-                 schedule=schedule(wait=1, warmup=1, active=args.steps, repeat=1)) as prof:
-        for i in range(args.steps + 2):
-            ms = timed(step)
-            if i >= 2:
-                profiled.append(ms)
-            prof.step()
-    prof.export_chrome_trace(os.path.join(args.out, f"torch_{which}.trace.json"))
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    kernel_ms = sum(e.device_time for e in kernels) / 1e3 / args.steps
-    med = statistics.median(profiled)
-    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12))
+    plains, meds, overheads = [], [], []
+    for rnd in range(args.rounds):
+        plain = statistics.median(timed(step) for _ in range(args.steps))
+        profiled = []
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True,
+                     record_shapes=True, with_stack=True,
+                     schedule=schedule(wait=1, warmup=1, active=args.steps, repeat=1)) as prof:
+            for i in range(args.steps + 2):
+                ms = timed(step)
+                if i >= 2:
+                    profiled.append(ms)
+                prof.step()
+        med = statistics.median(profiled)
+        plains.append(plain)
+        meds.append(med)
+        overheads.append(100 * (med - plain) / plain)
+        if args.rounds > 1:
+            print(f"torch {desc} round {rnd + 1}: {plain:.2f} ms, profiled {med:.2f} ms: {overheads[-1]:+.1f}%",
+                  flush=True)
+        if rnd == 0:
+            prof.export_chrome_trace(os.path.join(args.out, f"torch_{which}.trace.json"))
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            kernel_ms = sum(e.device_time for e in kernels) / 1e3 / args.steps
+            table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12)
+        del prof
+    plain, med = statistics.median(plains), statistics.median(meds)
+    print(table)
     row = {"model": which, "desc": desc, "median_ms": plain, "median_ms_profiled": med,
-           "overhead_pct": 100 * (med - plain) / plain, "kernel_ms_per_step": kernel_ms}
+           "overhead_pct": 100 * (med - plain) / plain, "overhead_min_pct": min(overheads),
+           "overhead_max_pct": max(overheads), "rounds": args.rounds, "kernel_ms_per_step": kernel_ms}
     print(f"torch {desc}: median step {plain:.2f} ms, profiled {med:.2f} ms, overhead {row['overhead_pct']:+.1f}%, "
           f"kernels {kernel_ms:.2f} ms/step ({100 * kernel_ms / plain:.1f}% of the step)", flush=True)
     torch_rows.append(row)
@@ -122,11 +139,13 @@ for which in [m for m in args.models.split(",") if m]:
 
 json.dump(torch_rows, open(os.path.join(args.out, "profile_torch.json"), "w"), indent=1)
 print()
-print(f"{'framework':<8} {'model':<32} {'step ms':>9} {'profiled':>9} {'overhead':>9} {'kernels ms/step':>16} "
-      f"{'kernels/step':>13}")
+print(f"{'framework':<8} {'model':<32} {'step ms':>9} {'profiled':>9} {'overhead':>9} {'spread (rounds)':>17} "
+      f"{'kernels ms/step':>16} {'kernels/step':>13}")
 for fw, rows in (("tally", tally), ("torch", torch_rows)):
     for r in rows:
         ratio = 100 * r["kernel_ms_per_step"] / r["median_ms"] if r["median_ms"] else math.nan
+        spread = (f"{r.get('overhead_min_pct', r['overhead_pct']):+.1f}..{r.get('overhead_max_pct', r['overhead_pct']):+.1f}%"
+                  f" ({r.get('rounds', 1)})")
         print(f"{fw:<8} {r['desc']:<32} {r['median_ms']:>9.2f} {r['median_ms_profiled']:>9.2f} "
-              f"{r['overhead_pct']:>8.1f}% {r['kernel_ms_per_step']:>16.2f} {ratio:>12.1f}%")
+              f"{r['overhead_pct']:>8.1f}% {spread:>17} {r['kernel_ms_per_step']:>16.2f} {ratio:>12.1f}%")
 sys.exit(0)

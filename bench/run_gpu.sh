@@ -9,9 +9,11 @@
 #   equiv       equivalence_dump (resnet18, gpt-small; cpu and cuda) vs PyTorch 2.11
 #   train       train_resnet resnet18 on Fashion-MNIST (the >= 92% bar) and train_gpt on fortunes
 #   ops         bench/ops_gpu.py: per-op Tally vs PyTorch
-#   trainbench  bench/train.py: ResNet-50 and GPT-2 124M steps vs PyTorch (needs .ref/torch_baseline.py)
+#   trainbench  bench/train.py --compile: ResNet-50 and GPT-2 124M steps vs PyTorch eager and
+#               torch.compile (needs .ref/torch_baseline.py)
 #   ab          ab_memory on ResNet-50 and GPT-2 (report + snapshots)
-#   profile     profiler on ResNet-50 / GPT-2 (overhead, kernel time vs step time)
+#   profile     profiler on ResNet-50 bs64 / GPT-2 B16 bf16 (overhead: medians of 5 alternating
+#               rounds with their spread; kernel time vs step time)
 #   kernels     GPT-2 B16 fp32 and bf16 steps profiled in both frameworks, kernel time per
 #               class side by side (bench/kernel_compare.py)
 #   predict     dry runs against the GPU: predicted vs measured memory over GPT-2 and ResNet-50
@@ -132,8 +134,8 @@ if has ops && [ -f bench/ops_gpu.py ]; then
 fi
 
 if has trainbench; then
-  python3 bench/train.py $B > "$OUT/train_bench.txt" 2>&1; log "bench/train.py: exit $?"
-  grep -v "^JSON" "$OUT/train_bench.txt" | tail -30 | tee -a "$OUT/summary.txt"
+  python3 bench/train.py $B --compile > "$OUT/train_bench.txt" 2>&1; log "bench/train.py: exit $?"
+  grep -v "^JSON" "$OUT/train_bench.txt" | tail -45 | tee -a "$OUT/summary.txt"
 fi
 
 if has ab; then
@@ -149,7 +151,7 @@ if has ab; then
 fi
 
 if has profile; then
-  python3 bench/profile_torch.py $B --out "$OUT/profile" > "$OUT/profile.txt" 2>&1
+  python3 bench/profile_torch.py $B --gpt-batch 16 --amp bf16 --rounds 5 --out "$OUT/profile" > "$OUT/profile.txt" 2>&1
   log "profile (Tally profiler vs torch.profiler): exit $?"
   tail -30 "$OUT/profile.txt" >> "$OUT/summary.txt"
   # Where a bf16 GPT-2 step goes (Tally's kernel table; PyTorch's step time is in trainbench).

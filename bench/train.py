@@ -5,7 +5,12 @@ not part of this repository; the caller copies it into the git-ignored .ref/) in
 call. Prints step time and peak allocated/reserved memory for each configuration, both
 sides, and their ratios (PyTorch / Tally: >= 1 means Tally is as fast or as lean).
 
-    python3 bench/train.py BUILD_DIR [resnet] [gpt] [--configs baseline-fp32,ckpt4,...]
+With --compile, PyTorch's torch.compile runs each configuration too (the same model and
+step, `torch.compile(model)`; GPT-2 with fused AdamW, ResNet-50's 16-bit runs in
+channels_last, as their best published eager-vs-compile comparisons do), in the same call:
+a "compile ms" column and Tally's speed against it. Compiling takes 30-90 s a configuration.
+
+    python3 bench/train.py BUILD_DIR [resnet] [gpt] [--configs baseline-fp32,ckpt4,...] [--compile]
 """
 import importlib.util
 import json
@@ -44,27 +49,100 @@ def run_tally(build, which, configs):
     return rows
 
 
-def run_torch(which, configs):
+def load_baseline():
     path = os.path.join(ROOT, ".ref", "torch_baseline.py")
     if not os.path.exists(path):
         print(f"no {path}: copy the PyTorch baseline script torch_baseline.py (kept outside "
               "this repository) there to compare with PyTorch")
-        return []
+        return None
     spec = importlib.util.spec_from_file_location("torch_baseline", path)
     tb = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tb)
-    plan = {
-        "resnet": [("baseline-fp32", {}), ("ckpt4", {"ckpt": True}), ("amp-fp16", {"amp": "fp16"}),
-                   ("amp-bf16", {"amp": "bf16"}), ("amp-fp16+ckpt4", {"ckpt": True, "amp": "fp16"})],
-        "gpt": [("baseline-fp32", {}), ("ckpt-per-block", {"ckpt": True}), ("amp-bf16", {"amp": "bf16"}),
-                ("amp-bf16+ckpt", {"ckpt": True, "amp": "bf16"})],
-    }
+    return tb
+
+
+# The configurations of both frameworks: name -> checkpointing and autocast.
+PLAN = {
+    "resnet": [("baseline-fp32", {}), ("ckpt4", {"ckpt": True}), ("amp-fp16", {"amp": "fp16"}),
+               ("amp-bf16", {"amp": "bf16"}), ("amp-fp16+ckpt4", {"ckpt": True, "amp": "fp16"})],
+    "gpt": [("baseline-fp32", {}), ("ckpt-per-block", {"ckpt": True}), ("amp-bf16", {"amp": "bf16"}),
+            ("amp-bf16+ckpt", {"ckpt": True, "amp": "bf16"})],
+}
+
+
+def run_compiled(tb, w, name, ckpt=False, amp=None):
+    """One configuration under torch.compile: the baseline's model and step, the model compiled
+    (default mode). GPT-2 steps with fused AdamW; ResNet-50's 16-bit runs use channels_last."""
+    import torch
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    dev = "cuda"
+    dtype = torch.float16 if amp == "fp16" else torch.bfloat16
+    scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
+    if w == "resnet":
+        import torchvision
+        base = torchvision.models.resnet50(num_classes=10).to(dev)
+        model = tb.CkptResNet(base, 4) if ckpt else base
+        x = torch.randn(64, 3, 224, 224, device=dev)
+        y = torch.randint(0, 10, (64,), device=dev)
+        if amp:
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        label, warm, n = "resnet50-bs64", 3, 10
+    else:
+        model = tb.GPT(ckpt=ckpt).to(dev)
+        x = torch.randint(0, 50257, (16, 1024), device=dev)
+        y = torch.randint(0, 50257, (16, 1024), device=dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+        label, warm, n = "gpt2-124M-B16T1024", 2, 8
+    model.train()
+    compiled = torch.compile(model)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=dtype, enabled=amp is not None):
+            out = compiled(x)
+            loss = F.cross_entropy(out.view(-1, out.size(-1)), y.view(-1))
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+
+    import time
+    t0 = time.perf_counter()
+    step()  # compiles
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    torch.cuda.empty_cache()
+    med, mn = tb.timed_steps(step, warm=warm, n=n)
+    r = dict(model=label, cfg=name, step_ms=round(med, 2), step_ms_min=round(mn, 2),
+             compile_s=round(compile_s, 1),
+             peak_alloc_mib=round(torch.cuda.max_memory_allocated() / 2**20, 1),
+             peak_reserved_mib=round(torch.cuda.max_memory_reserved() / 2**20, 1))
+    print("compile " + json.dumps(r), flush=True)
+    del compiled, model, opt
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    return r
+
+
+def run_torch(which, configs, compile_too=False):
+    tb = load_baseline()
+    if tb is None:
+        return [], []
+    compiled = []
     for w in which:
-        for name, kw in plan[w]:
+        for name, kw in PLAN[w]:
             if configs and name not in configs:
                 continue
             (tb.resnet_cfg if w == "resnet" else tb.gpt_cfg)(name, **kw)
-    return tb.results
+            if compile_too:
+                compiled.append(run_compiled(tb, w, name, **kw))
+    return tb.results, compiled
 
 
 def main():
@@ -77,9 +155,11 @@ def main():
     configs = []
     if "--configs" in args:
         configs = args[args.index("--configs") + 1].split(",")
+    compile_too = "--compile" in args
     tally = run_tally(build, which, configs)
-    torch_rows = run_torch(which, configs)
+    torch_rows, compiled_rows = run_torch(which, configs, compile_too)
     tkey = {(r["model"], r["cfg"]): r for r in torch_rows}
+    ckey = {(r["model"], r["cfg"]): r for r in compiled_rows}
     print_header(f"{'model':22} {'cfg':16} {'tally ms':>9} {'torch ms':>9} {'speed':>6} "
                  f"{'tally MiB':>10} {'torch MiB':>10} {'mem':>6} {'tally resv':>10} {'torch resv':>10} "
                  f"{'floor ms':>9}")
@@ -97,7 +177,22 @@ def main():
         else:
             print(f"{r['model']:22} {r['cfg']:16} {r['step_ms']:9.1f} {'-':>9} {'-':>6} "
                   f"{r['peak_alloc_mib']:10.0f} {'-':>10} {'-':>6} {r['peak_reserved_mib']:10.0f} {'-':>10} {floor}")
-        out.append({"tally": r, "torch": t})
+        out.append({"tally": r, "torch": t, "torch_compile": ckey.get((r["model"], r["cfg"]))})
+    if compile_too:
+        print_header(f"{'model':22} {'cfg':16} {'tally ms':>9} {'eager ms':>9} {'compile ms':>10} "
+                     f"{'vs eager':>8} {'vs compile':>10} {'compile MiB':>11} {'compile resv':>12} "
+                     f"{'compile s':>9} {'floor ms':>9}")
+        for r in tally:
+            t, c = tkey.get((r["model"], r["cfg"])), ckey.get((r["model"], r["cfg"]))
+            if not c:
+                continue
+            flops = FLOORS.get(r["model"])
+            floor = f"{flops / 790e12 * 1e3:9.2f}" if flops else f"{'':9}"
+            eager = f"{t['step_ms']:9.1f}" if t else f"{'-':>9}"
+            vs_eager = f"{t['step_ms'] / r['step_ms']:8.2f}" if t else f"{'-':>8}"
+            print(f"{r['model']:22} {r['cfg']:16} {r['step_ms']:9.1f} {eager} {c['step_ms']:10.1f} "
+                  f"{vs_eager} {c['step_ms'] / r['step_ms']:10.2f} {c['peak_alloc_mib']:11.0f} "
+                  f"{c['peak_reserved_mib']:12.0f} {c['compile_s']:9.1f} {floor}")
     print("JSON " + json.dumps(out))
     return 0
 

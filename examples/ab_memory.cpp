@@ -520,7 +520,9 @@ int main(int argc, char** argv) {
           loss = gpt ? (*gpt)(batch.input, batch.target).second
                      : cross_entropy((*model)(batch.input), batch.target);
         }
+        const double scale = prec.scaler().get_scale();
         prec.backward_and_step(loss, *opt);
+        if (!dry && prec.scaler().get_scale() < scale) ++r.skipped_steps;  // backed off: inf
         if (!dry) loss_value = loss.item();
         batch = {};
         loss = Tensor();
@@ -730,6 +732,7 @@ int main(int argc, char** argv) {
                   {"peak_reserved", r.peak_reserved},
                   {"median_ms", number(r.median_ms, 3)},
                   {"final_loss", number(r.final_loss, 6)},
+                  {"skipped_steps", r.skipped_steps},
                   {"at_peak", by_category(r.at_peak)}};
         if (r.predicted) {
           o["estimate_target"] = r.estimate.target.name;

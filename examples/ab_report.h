@@ -35,6 +35,9 @@ struct ConfigResult {
   memory::CategoryBytes at_peak{};  // bytes per category when allocated memory peaked
   double median_ms = 0;
   double final_loss = 0;
+  // Steps the fp16 GradScaler skipped (inf/NaN gradients: no optimizer step). A dry run has
+  // no values and takes every step as finite, so its allocations match a run without skips.
+  int64_t skipped_steps = 0;
   memory::MemoryTimeline timeline;  // the last (recorded) step
   std::vector<PhaseRun> phases;     // that step's phases (PhaseRecorder)
   // The files written for it (snapshot, timeline JSON and HTML, the diff against the first

@@ -3,12 +3,15 @@
 // model: the median step time without the profiler, the median with it (CPU+CUDA
 // activities, profile_memory, record_shapes, with_stack) and the overhead in %, and per
 // step the sum of the GPU kernel times and the GPU busy time (union of kernel intervals)
-// next to the step time measured with device synchronisation. Writes the Chrome trace,
-// the memory timeline html and the key_averages tables (by op, by module) to --out, and
-// the numbers to --out/profile_models.json (bench/profile_torch.py prints them next to
+// next to the step time measured with device synchronisation. With --rounds N the two
+// measurements alternate N times (plain, profiled, plain, ...): the figures are the medians
+// of the rounds' medians, and the overhead's spread over the rounds is printed beside them. Writes
+// the Chrome trace, the memory timeline html and the key_averages tables (by op, by module) to
+// --out, and the numbers to --out/profile_models.json (bench/profile_torch.py prints them next to
 // torch.profiler's).
 //
 //   profile_models --device cuda --out prof_out            # the GPU machine
+//   profile_models --device cuda --gpt-batch 16 --amp bf16 --rounds 5 --out prof_out
 //   profile_models --device cpu --small --out prof_out     # tiny models, CI
 #include <fmt/format.h>
 
@@ -45,11 +48,14 @@ struct Args {
   int64_t resnet_batch = 64;
   int64_t gpt_batch = 8;
   std::string amp = "off";  // off | fp16 | bf16: the forward under autocast
+  int rounds = 1;           // alternating plain / profiled measurements
 };
 
 struct Result {
   std::string model, desc, trace, timeline;
   double median_ms = 0, median_ms_profiled = 0, overhead_pct = 0;
+  double overhead_min_pct = 0, overhead_max_pct = 0;  // over the rounds
+  int rounds = 0;
   double kernel_ms_per_step = 0, gpu_busy_ms_per_step = 0, step_ms_in_window = 0;
   size_t kernels = 0;
 };
@@ -155,18 +161,13 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
   fmt::print("== {} on {}\n", r.desc, dev.str());
   std::fflush(stdout);
   for (int i = 0; i < a.warmup; ++i) timed_step();
-  std::vector<double> plain;
-  for (int i = 0; i < a.steps; ++i) plain.push_back(timed_step());
-  r.median_ms = median(plain);
 
-  // Profiled: wait 1, warmup 1, then `steps` recorded steps.
+  // Profiled: wait 1, warmup 1, then `steps` recorded steps. The first round's profile is
+  // written out and accounted (after its timed steps: the window closes at the last
+  // prof.step()).
   const std::string stem = a.out + "/" + which;
-  profiler::ProfilerOptions po;
-  po.profile_memory = po.record_shapes = po.with_stack = true;
-  po.schedule = profiler::schedule(/*wait=*/1, /*warmup=*/1, /*active=*/a.steps, /*repeat=*/1);
-  std::vector<double> profiled;
   bool saved = false;
-  po.on_trace_ready = [&](profiler::Profiler& p) {
+  auto write_profile = [&](profiler::Profiler& p) {
     saved = true;
     r.trace = which + ".trace.json";
     r.timeline = which + ".timeline.html";
@@ -192,22 +193,45 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
     r.kernel_ms_per_step = sum / n;
     r.gpu_busy_ms_per_step = busy / n;
   };
-  {
-    profiler::Profiler prof(po);
-    profiler::ProfilerGuard guard(prof);
-    for (int i = 0; i < a.steps + 2; ++i) {
-      const double ms = timed_step();
-      if (i >= 2) profiled.push_back(ms);
-      prof.step();
+  std::vector<double> plain_medians, profiled_medians, overheads;
+  for (int round = 0; round < a.rounds; ++round) {
+    std::vector<double> plain;
+    for (int i = 0; i < a.steps; ++i) plain.push_back(timed_step());
+    profiler::ProfilerOptions po;
+    po.profile_memory = po.record_shapes = po.with_stack = true;
+    po.schedule = profiler::schedule(/*wait=*/1, /*warmup=*/1, /*active=*/a.steps, /*repeat=*/1);
+    if (round == 0) po.on_trace_ready = write_profile;
+    std::vector<double> profiled;
+    {
+      profiler::Profiler prof(po);
+      profiler::ProfilerGuard guard(prof);
+      for (int i = 0; i < a.steps + 2; ++i) {
+        const double ms = timed_step();
+        if (i >= 2) profiled.push_back(ms);
+        prof.step();
+      }
     }
+    plain_medians.push_back(median(plain));
+    profiled_medians.push_back(median(profiled));
+    overheads.push_back(100.0 * (profiled_medians.back() - plain_medians.back()) /
+                        plain_medians.back());
+    if (a.rounds > 1)
+      fmt::print("{} round {}: {:.2f} ms, profiled {:.2f} ms: {:+.1f}%\n", r.desc, round + 1,
+                 plain_medians.back(), profiled_medians.back(), overheads.back());
   }
   if (!saved) throw std::logic_error("profile_models: the profiler's window never closed");
-  r.median_ms_profiled = median(profiled);
+  r.rounds = a.rounds;
+  r.median_ms = median(plain_medians);
+  r.median_ms_profiled = median(profiled_medians);
   r.step_ms_in_window = r.median_ms_profiled;
   r.overhead_pct = 100.0 * (r.median_ms_profiled - r.median_ms) / r.median_ms;
+  r.overhead_min_pct = *std::min_element(overheads.begin(), overheads.end());
+  r.overhead_max_pct = *std::max_element(overheads.begin(), overheads.end());
   fmt::print(
-      "{}: median step {:.2f} ms without the profiler, {:.2f} ms with it: overhead {:+.1f}%\n",
-      r.desc, r.median_ms, r.median_ms_profiled, r.overhead_pct);
+      "{}: median step {:.2f} ms without the profiler, {:.2f} ms with it: overhead {:+.1f}% "
+      "({} round{}: {:+.1f}% .. {:+.1f}%)\n",
+      r.desc, r.median_ms, r.median_ms_profiled, r.overhead_pct, a.rounds, a.rounds == 1 ? "" : "s",
+      r.overhead_min_pct, r.overhead_max_pct);
   if (dev.type == DeviceType::cuda) {
     fmt::print(
         "{}: per step: GPU kernels {:.2f} ms summed ({} kernels in the window), GPU busy {:.2f} "
@@ -242,6 +266,9 @@ int main(int argc, char** argv) {
   ex::add_checked_option(app, "--gpt-batch", a.gpt_batch,
                          "GPT-2 batch (x 1024 tokens; not with --small)",
                          ex::int_range(1, 1 << 16));
+  ex::add_checked_option(app, "--rounds", a.rounds,
+                         "alternating plain / profiled measurements (medians over the rounds)",
+                         ex::int_range(1, 100));
   app.add_option("--amp", a.amp,
                  "off | fp16 | bf16 (forward under autocast; fp16 without a GradScaler)")
       ->capture_default_str();
@@ -273,21 +300,25 @@ int main(int argc, char** argv) {
     ex::check_output_dir(a.out, "--out");
     std::vector<Result> rs;
     for (const std::string& m : models) rs.push_back(profile_model(a, m, dev));
-    fmt::print("{:<32} {:>12} {:>14} {:>10} {:>14} {:>12}\n", "model", "step ms", "profiled ms",
-               "overhead", "kernels ms/st", "GPU busy ms");
+    fmt::print("{:<32} {:>12} {:>14} {:>10} {:>17} {:>14} {:>12}\n", "model", "step ms",
+               "profiled ms", "overhead", "spread (rounds)", "kernels ms/st", "GPU busy ms");
     std::string j = "[";
     for (size_t i = 0; i < rs.size(); ++i) {
       const Result& r = rs[i];
-      fmt::print("{:<32} {:>12.2f} {:>14.2f} {:>9.1f}% {:>14.2f} {:>12.2f}\n", r.desc, r.median_ms,
-                 r.median_ms_profiled, r.overhead_pct, r.kernel_ms_per_step,
-                 r.gpu_busy_ms_per_step);
+      fmt::print(
+          "{:<32} {:>12.2f} {:>14.2f} {:>9.1f}% {:>17} {:>14.2f} {:>12.2f}\n", r.desc, r.median_ms,
+          r.median_ms_profiled, r.overhead_pct,
+          fmt::format("{:+.1f}..{:+.1f}% ({})", r.overhead_min_pct, r.overhead_max_pct, r.rounds),
+          r.kernel_ms_per_step, r.gpu_busy_ms_per_step);
       j += fmt::format(
           R"({}{{"model": {}, "desc": {}, "device": {}, "median_ms": {}, "median_ms_profiled": {}, )"
-          R"("overhead_pct": {}, "kernel_ms_per_step": {}, "gpu_busy_ms_per_step": {}, "kernels": {}, )"
+          R"("overhead_pct": {}, "overhead_min_pct": {}, "overhead_max_pct": {}, "rounds": {}, )"
+          R"("kernel_ms_per_step": {}, "gpu_busy_ms_per_step": {}, "kernels": {}, )"
           R"("trace": {}, "timeline": {}}})",
           i ? ", " : "", memory::json_quote(r.model), memory::json_quote(r.desc),
           memory::json_quote(dev.str()), r.median_ms, r.median_ms_profiled, r.overhead_pct,
-          r.kernel_ms_per_step, r.gpu_busy_ms_per_step, r.kernels, memory::json_quote(r.trace),
+          r.overhead_min_pct, r.overhead_max_pct, r.rounds, r.kernel_ms_per_step,
+          r.gpu_busy_ms_per_step, r.kernels, memory::json_quote(r.trace),
           memory::json_quote(r.timeline));
     }
     memory::write_file_atomic(a.out + "/profile_models.json", j + "]\n", "profile_models");

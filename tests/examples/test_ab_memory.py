@@ -122,6 +122,8 @@ for r in res:
     check(r["at_peak"]["unknown"] == 0, f"{r['name']}: unknown bytes at the peak: {r['at_peak']['unknown']}")
     check(r["at_peak"]["parameter"] > 0, f"{r['name']}: no parameter bytes at the peak")
     check(r["final_loss"] == r["final_loss"] and r["final_loss"] > 0, f"{r['name']}: bad loss {r['final_loss']}")
+    # bf16 and float32 have no loss scaler: no step is ever skipped.
+    check(r["skipped_steps"] == 0, f"{r['name']}: skipped_steps {r['skipped_steps']} without a GradScaler")
 # Each run next to its prediction: on the CPU the dry run replays the same allocations, so
 # the predicted peak and categories are the measured ones exactly.
 for r in res:
@@ -212,8 +214,8 @@ check("largest activations at the predicted peak" in ep.stdout and "ckpt=blocks 
 eres = json.load(open(os.path.join(est, "results.json")))
 check(len(eres) == 2, f"--estimate: 2 configurations expected, got {len(eres)}")
 for r in eres:
-    check(r["measured"] is False and r["median_ms"] is None and r["final_loss"] is None,
-          f"--estimate {r['name']}: a dry run has no time or loss: {r}")
+    check(r["measured"] is False and r["median_ms"] is None and r["final_loss"] is None
+          and r["skipped_steps"] == 0, f"--estimate {r['name']}: a dry run has no time, loss or skipped step: {r}")
     check(r["estimate_target"] == "h200" and r["estimated_peak_allocated"] == r["peak_allocated"] > 0,
           f"--estimate {r['name']}: the figures are the prediction's")
     check_nothing_unknown(r["snapshot"], pickle.load(open(r["snapshot"], "rb")))

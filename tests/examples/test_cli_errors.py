@@ -182,7 +182,7 @@ cases = [
     # ---- profile_models
     *bad_values("profile_models", {
         "--steps": ["0"], "--warmup": ["-1"], "--resnet-batch": ["0"], "--gpt-batch": ["abc"],
-        "--models": ["resnet,vit", ","], "--out": ["/proc/tally_prof"],
+        "--models": ["resnet,vit", ","], "--out": ["/proc/tally_prof"], "--rounds": ["0", "101"],
     }, base=CPU),
     (["profile_models", *CPU, "--small", "--resnet-batch", "8"], "--resnet-batch", {}),
     (["profile_models", *CPU, "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'", {}),

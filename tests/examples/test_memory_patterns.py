@@ -124,7 +124,8 @@ check(any(len(t) > 0 for t in leak_snap["device_traces"]), "leak.pickle has no t
 # ---- profile_models, small CPU path
 if len(sys.argv) > 2:
     pout = tempfile.mkdtemp(prefix="profile_models_")
-    q = subprocess.run([sys.argv[2], "--device", "cpu", "--small", "--steps", "3", "--out", pout],
+    q = subprocess.run([sys.argv[2], "--device", "cpu", "--small", "--steps", "3", "--rounds", "2",
+                        "--out", pout],
                        capture_output=True, text=True, timeout=300)
     print(q.stdout)
     print(q.stderr, file=sys.stderr)
@@ -134,6 +135,8 @@ if len(sys.argv) > 2:
         check({r["model"] for r in rows} == {"resnet", "gpt"}, f"models {[r['model'] for r in rows]}")
         for r in rows:
             check(r["median_ms"] > 0 and r["median_ms_profiled"] > 0, f"{r['model']}: times {r}")
+            check(r["rounds"] == 2 and r["overhead_min_pct"] <= r["overhead_max_pct"],
+                  f"{r['model']}: rounds {r['rounds']}, spread {r['overhead_min_pct']}..{r['overhead_max_pct']}")
             for f in ("trace", "timeline"):
                 check(os.path.getsize(os.path.join(pout, r[f])) > 100, f"{r['model']}: {f} file empty")
             json.load(open(os.path.join(pout, r["trace"])))
