@@ -8,7 +8,7 @@ bool available() {
   return false;
 }
 void start(int64_t) {}
-void stop(std::vector<GpuEvent>&) {}
+void stop(std::vector<GpuEvent>&, bool) {}
 void push_external_id(uint64_t) {}
 void pop_external_id() {}
 

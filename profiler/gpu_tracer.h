@@ -17,8 +17,11 @@ bool available();
 // Begin recording. `steady_origin_ns` is the profiler's time zero on
 // std::chrono::steady_clock; GpuEvent times are reported relative to it.
 void start(int64_t steady_origin_ns);
-// Flush CUPTI's buffers, stop recording and append what was recorded.
-void stop(std::vector<GpuEvent>& out);
+// Flush CUPTI's buffers, stop recording and append what was recorded. With `detach`, CUPTI
+// then leaves the process (cuptiFinalize: CUDA calls stop paying for it; the next start()
+// attaches it again); without, it stays attached for a window that opens right away (a
+// schedule's warm-up followed by its active steps).
+void stop(std::vector<GpuEvent>& out, bool detach = true);
 // Op entry / exit: GPU work launched in between carries `id` as its external id.
 void push_external_id(uint64_t id);
 void pop_external_id();

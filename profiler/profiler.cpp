@@ -354,6 +354,7 @@ void Profiler::step() {
 void Profiler::transition(ProfilerAction from, ProfilerAction to) {
   using A = ProfilerAction;
   const bool rec_to = to == A::record || to == A::record_and_save;
+  const bool reopen = rec_to || to == A::warmup;  // a window opens right after this one
   Collector& c = collector();
   if (from == A::record) {
     if (rec_to) {  // continue: next step span
@@ -363,11 +364,11 @@ void Profiler::transition(ProfilerAction from, ProfilerAction to) {
       session_->steps.push_back(step_num_);
       return;
     }
-    end_window(true);
+    end_window(true, reopen);
   } else if (from == A::record_and_save) {
-    end_window(true);
+    end_window(true, reopen);
   } else if (from == A::warmup) {
-    end_window(false);
+    end_window(false, reopen);
   }
   if (to == A::warmup) begin_window(true);
   if (rec_to) begin_window(false);
@@ -506,7 +507,7 @@ std::vector<MemoryEvent> merge_memory(const Buffers& buffers, bool with_stack) {
 
 }  // namespace
 
-void Profiler::end_window(bool save) {
+void Profiler::end_window(bool save, bool reopen) {
   Collector& c = collector();
   c.uninstall();
   // Threads still inside a callback finish their event; later ones are dropped. The window
@@ -515,7 +516,7 @@ void Profiler::end_window(bool save) {
   const int64_t end = steady_ns() - session_->origin;
   collecting_ = false;
   std::vector<GpuEvent> gpu;
-  if (session_->gpu) gpu_tracer::stop(gpu);
+  if (session_->gpu) gpu_tracer::stop(gpu, /*detach=*/!reopen);
   auto data = std::make_unique<ProfileData>();
   if (save && !session_->warmup) {
     data->base_time_ns = session_->base_epoch_ns;

@@ -96,7 +96,8 @@ class Profiler {
 
  private:
   void begin_window(bool warmup);
-  void end_window(bool save);
+  // `reopen`: another window begins right after this one (the GPU tracer stays attached).
+  void end_window(bool save, bool reopen = false);
   void transition(ProfilerAction from, ProfilerAction to);
   memory::Device timeline_device() const;
 

@@ -2,7 +2,9 @@
 // CUDA training step profiled with CUPTI; kernels appear in the data and the Chrome trace,
 // each attributed (external correlation id) to the op that launched it, with launch ->
 // kernel flows; key_averages has CUDA time and CUDA memory columns; the CUDA op's
-// kernel time is the row's Self CUDA; the memory timeline picks the GPU.
+// kernel time is the row's Self CUDA; the memory timeline picks the GPU. A window detaches
+// CUPTI when it ends: the next window (and a repeating schedule's next cycle) attaches it
+// again and records its kernels.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -78,6 +80,46 @@ TEST(ProfilerCuda, KernelsAreRecordedAndAttributed) {
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   prof.export_memory_timeline((dir / "timeline.html").string());  // cuda:0 chosen
   prof.export_memory_timeline((dir / "timeline.json").string(), gpu);
+}
+
+// Each stop() detaches CUPTI (profiler/cupti_tracer.cpp); three windows in a row, the last
+// one through a schedule with a warm-up, each record their own kernels and only theirs.
+TEST(ProfilerCuda, EachWindowAttachesCuptiAgain) {
+  REQUIRE_GPU();
+  const Device gpu = testing::kGpu;
+  manual_seed(0);
+  Tensor a = randn({256, 256}).to(gpu);
+  Tensor warm = matmul(a, a);
+  (void)warm.to(Device::cpu());
+  auto relu_kernels = [](const profiler::ProfileData& d) {
+    int n = 0;
+    for (const auto& g : d.gpu) n += g.kind == profiler::GpuKind::kernel;
+    return n;
+  };
+  for (int window = 0; window < 2; ++window) {
+    profiler::Profiler prof;
+    prof.start();
+    for (int i = 0; i < 3 + window; ++i) a = relu(a);
+    prof.stop();
+    EXPECT_EQ(relu_kernels(prof.data()), 3 + window) << "window " << window;
+  }
+  // wait 1, warmup 1, active 2, two cycles: four windows opened and closed.
+  profiler::ProfilerOptions o;
+  o.schedule = profiler::schedule(/*wait=*/1, /*warmup=*/1, /*active=*/2, /*repeat=*/2);
+  int ready = 0;
+  o.on_trace_ready = [&](profiler::Profiler& p) {
+    ++ready;
+    EXPECT_EQ(relu_kernels(p.data()), 2 * 5) << "cycle " << ready;  // 2 active steps
+  };
+  {
+    profiler::Profiler prof(o);
+    profiler::ProfilerGuard guard(prof);
+    for (int step = 0; step < 8; ++step) {
+      for (int i = 0; i < 5; ++i) a = relu(a);
+      prof.step();
+    }
+  }
+  EXPECT_EQ(ready, 2);
 }
 
 }  // namespace
