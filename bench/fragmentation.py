@@ -3,7 +3,8 @@
 batch x T rows, T random in 64..2048 each step) on the GPU, Tally and PyTorch side by side in
 one call, each allocator with its default settings and with expandable segments: peak
 allocated, peak reserved and their ratio. PyTorch replays Tally's lengths (read from
-patterns.json), each setting in a fresh process.
+patterns.json), each setting in a fresh process. Tally's reclaim_on_growth row has no
+PyTorch setting beside it (PyTorch has none).
 
     python3 bench/fragmentation.py BUILD_DIR [--steps N] [--batch N]
 
@@ -75,6 +76,9 @@ def main():
     rows = []
     for name, v in fr.items():
         if v["padded"] or name.startswith("max_split"):
+            continue
+        if "reclaim_on_growth" in v["conf"]:  # Tally's own setting
+            rows.append((name, v, None))
             continue
         spec = {"conf": v["conf"], "batch": v["batch"], "lengths": v["lengths"]}
         env = dict(os.environ)

@@ -423,11 +423,15 @@ std::string fragmentation(const Args& a, Device dev) {
     FragResult r;
   };
   // The fourth: one growing segment per stream (PyTorch's expandable_segments), so freed
-  // ranges of any size are reused and reserved follows the largest step.
-  std::vector<Variant> vs = {{"default", "", false, {}},
-                             {split_conf, split_conf, false, {}},
-                             {"padded to 2048", "", true, {}},
-                             {"expandable_segments:True", "expandable_segments:True", false, {}}};
+  // ranges of any size are reused and reserved follows the largest step. The fifth: the
+  // same, and a request that only scattered free pages could hold takes them back before
+  // the segment grows (Tally's reclaim_on_growth).
+  std::vector<Variant> vs = {
+      {"default", "", false, {}},
+      {split_conf, split_conf, false, {}},
+      {"padded to 2048", "", true, {}},
+      {"expandable_segments:True", "expandable_segments:True", false, {}},
+      {"+ reclaim_on_growth:True", "expandable_segments:True,reclaim_on_growth:True", false, {}}};
   for (size_t i = 0; i < vs.size(); ++i) {
     fmt::print("-- variant: {}\n", vs[i].name);
     vs[i].r =
@@ -452,7 +456,7 @@ std::string fragmentation(const Args& a, Device dev) {
         ex::fmt_bytes(v.r.peak_reserved - v.r.peak_allocated),
         100.0 * (v.r.peak_reserved - v.r.peak_allocated) / std::max<int64_t>(1, v.r.peak_reserved),
         v.r.summary_line.empty() ? "" : "\n    summary: " + v.r.summary_line);
-  const FragResult &d = vs[0].r, &m = vs[1].r, &p = vs[2].r, &e = vs[3].r;
+  const FragResult &d = vs[0].r, &m = vs[1].r, &p = vs[2].r, &e = vs[3].r, &g = vs[4].r;
   const size_t last = d.reserved.size() - 1;
   fmt::print(
       "diagnosis: with random lengths the allocator keeps segments cut for earlier shapes: "
@@ -467,6 +471,8 @@ std::string fragmentation(const Args& a, Device dev) {
       "cap, where "
       "those whole blocks are freed and retried instead of an OOM. expandable_segments:True "
       "grows one segment and reuses any free range of it: reserved {} for a peak of {} "
+      "({:.3f}x); with reclaim_on_growth:True the free pages scattered between live blocks are "
+      "unmapped before it grows (a device synchronisation each time): reserved {} for {} "
       "({:.3f}x).\n",
       ex::fmt_bytes(d.peak_reserved), double(d.peak_reserved) / double(d.peak_allocated),
       ex::fmt_bytes(d.peak_allocated), ex::fmt_bytes(d.allocated_peak[last]),
@@ -475,9 +481,12 @@ std::string fragmentation(const Args& a, Device dev) {
       ex::fmt_bytes(d.peak_reserved - d.peak_allocated), vs[1].name, a.max_split_mb,
       ex::fmt_bytes(m.peak_reserved), ex::fmt_bytes(e.peak_reserved),
       ex::fmt_bytes(e.peak_allocated),
-      double(e.peak_reserved) / double(std::max<int64_t>(1, e.peak_allocated)));
+      double(e.peak_reserved) / double(std::max<int64_t>(1, e.peak_allocated)),
+      ex::fmt_bytes(g.peak_reserved), ex::fmt_bytes(g.peak_allocated),
+      double(g.peak_reserved) / double(std::max<int64_t>(1, g.peak_allocated)));
   fmt::print(
-      "wrote {0}/fragmentation_{{0,1,2,3}}.pickle (memory_viz's Allocator State History shows the "
+      "wrote {0}/fragmentation_{{0,1,2,3,4}}.pickle (memory_viz's Allocator State History shows "
+      "the "
       "split segments)\n\n",
       a.out);
   std::string j = "{";

@@ -154,6 +154,8 @@ AllocatorConfig AllocatorConfig::parse(std::string_view conf) {
       cfg.garbage_collection_threshold = t;
     } else if (key == "expandable_segments") {
       cfg.expandable_segments = parse_bool(key, value);
+    } else if (key == "reclaim_on_growth") {
+      cfg.reclaim_on_growth = parse_bool(key, value);
     } else if (key == "release_lock_on_cudamalloc" || key == "pinned_use_cuda_host_register") {
       parse_bool(key, value);  // accepted for compatibility; no effect
     } else if (key == "backend") {
@@ -164,6 +166,10 @@ AllocatorConfig AllocatorConfig::parse(std::string_view conf) {
       throw std::invalid_argument(fmt::format("TALLY_ALLOC_CONF: unknown key '{}'", key));
     }
   }
+  if (cfg.reclaim_on_growth && !cfg.expandable_segments)
+    throw std::invalid_argument(
+        "TALLY_ALLOC_CONF: reclaim_on_growth:True needs expandable_segments:True (it unmaps the "
+        "free pages of expandable segments)");
   return cfg;
 }
 

@@ -2,7 +2,10 @@
 //   max_split_size_mb:128,roundup_power2_divisions:4,garbage_collection_threshold:0.8
 // roundup_power2_divisions also takes the per-interval form [64:8,256:4,>:1] (MiB).
 // expandable_segments:True grows one segment per stream and pool instead of allocating new
-// ones (PyTorch's meaning; memory/caching_allocator.h).
+// ones (PyTorch's meaning; memory/caching_allocator.h). reclaim_on_growth:True (Tally's own,
+// with expandable segments only) unmaps free pages before mapping new ones for a request no
+// free block holds: reserved stops growing from fragmentation, at the price of a device
+// synchronisation whenever that happens.
 #pragma once
 
 #include <array>
@@ -22,6 +25,7 @@ struct AllocatorConfig {
   size_t large_segment_size = 20 * kMiB;
   double garbage_collection_threshold = 0.0;  // 0 = off
   bool expandable_segments = false;
+  bool reclaim_on_growth = false;  // needs expandable_segments
   // Index i covers sizes in [2^(20+i), 2^(21+i)) bytes; 0 = no power-of-two rounding.
   std::array<size_t, kRoundupIntervals> roundup_power2_divisions{};
   std::string oom_snapshot_path;  // Tally: where to dump a snapshot on OOM ("" = no dump)

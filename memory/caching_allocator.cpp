@@ -350,6 +350,7 @@ bool CachingAllocator::alloc_segment(AllocParams& p, bool is_retry) {
 // needs at the lowest address where free and unmapped space together fit it, merging them
 // into one free block, and hand that block on to alloc_found_block.
 bool CachingAllocator::alloc_expandable(AllocParams& p) {
+  if (config_.reclaim_on_growth) reclaim_for(p);
   Block* candidate = find_expandable_block(p);
   if (!candidate) candidate = new_expandable_segment(p);
   if (!candidate) return false;  // larger than a whole segment: the device cannot hold it
@@ -379,6 +380,25 @@ bool CachingAllocator::alloc_expandable(AllocParams& p) {
   candidate->gc_count = 0;
   candidate->pool_node = p.pool->blocks.extract(candidate);
   return true;
+}
+
+// reclaim_on_growth (caching_allocator.h): unmap the whole pages of the stream's free
+// expandable blocks, largest first, until `p.size` bytes are given back (or none is left).
+// Each unmap_block merges only with unmapped neighbours and leaves the other gathered blocks
+// alone (as in release_pool).
+void CachingAllocator::reclaim_for(const AllocParams& p) {
+  std::vector<Block*> free_blocks;
+  for (Block* b : p.pool->blocks)
+    if (b->expandable() && b->stream == p.stream && b->event_count == 0 && b->stream_uses.empty())
+      free_blocks.push_back(b);
+  std::sort(free_blocks.begin(), free_blocks.end(), [](const Block* a, const Block* b) {
+    return a->size != b->size ? a->size > b->size : a->addr() < b->addr();
+  });
+  const size_t reserved_before = total_reserved_;
+  for (Block* b : free_blocks) {
+    if (reserved_before - total_reserved_ >= p.size) break;
+    unmap_block(b);
+  }
 }
 
 // The lowest unmapped range of the request's stream and pool that, with the free block

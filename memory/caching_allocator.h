@@ -27,6 +27,12 @@
 // entries. As in PyTorch, free blocks of expandable segments are not inactive_split (their
 // pages can always be released), max_split_size does not stop their splitting, and garbage
 // collection and the oversize release leave them alone.
+// reclaim_on_growth:True (Tally's): before a miss maps new pages, the whole pages of the
+// free blocks of the request's stream in that pool's expandable segments (free memory
+// scattered between live blocks, too small for the request) are unmapped, the largest
+// blocks first, until the request's size has been given back or none is left; the map that
+// follows reuses that memory. Unmapping waits for the device, so a miss that reclaims
+// synchronises.
 // Stats, history and snapshot live in their own files; this file is the policy.
 #pragma once
 
@@ -193,6 +199,7 @@ class CachingAllocator {
   bool alloc_segment(AllocParams& p, bool is_retry);
   // Expandable segments (the file comment).
   bool alloc_expandable(AllocParams& p);
+  void reclaim_for(const AllocParams& p);
   detail::Block* find_expandable_block(const AllocParams& p);
   detail::Block* new_expandable_segment(const AllocParams& p);
   bool map_block(detail::Block* block, size_t size, const AllocTag& tag);

@@ -86,8 +86,8 @@ check(good["leaking_lines"] == [], f"the leak detector should find nothing in th
 # ---- fragmentation
 fr = res["fragmentation"]
 names = list(fr)
-check(len(names) == 4, f"four fragmentation variants expected: {names}")
-default, split, padded, expandable = (fr[n] for n in names)
+check(len(names) == 5, f"five fragmentation variants expected: {names}")
+default, split, padded, expandable, reclaim = (fr[n] for n in names)
 check(default["peak_reserved"] > 1.15 * default["peak_allocated"],
       f"random lengths should leave reserved well above allocated: {default['peak_reserved']} vs "
       f"{default['peak_allocated']}")
@@ -103,6 +103,12 @@ check(expandable["peak_allocated"] == default["peak_allocated"],
       f"{default['peak_allocated']}")
 check(gap(expandable) < gap(default),
       f"expandable segments should shrink the reserved-allocated gap: {gap(expandable)} vs {gap(default)}")
+# reclaim_on_growth: the scattered free pages go back before the segment grows.
+check(reclaim["conf"] == "expandable_segments:True,reclaim_on_growth:True", f"fifth variant conf {reclaim['conf']}")
+check(reclaim["peak_allocated"] == expandable["peak_allocated"],
+      f"reclaim_on_growth changes what is allocated: {reclaim['peak_allocated']} vs {expandable['peak_allocated']}")
+check(gap(reclaim) <= gap(expandable),
+      f"reclaim_on_growth should not widen the reserved-allocated gap: {gap(reclaim)} vs {gap(expandable)}")
 
 # ---- files
 for stem in ("staircase", "staircase_ckpt", "leak"):
@@ -115,7 +121,8 @@ for stem in ("staircase", "staircase_ckpt", "leak"):
     html = open(os.path.join(out, stem + ".timeline.html")).read()
     check("<html" in html.lower() and len(html) > 1000, f"{stem}.timeline.html looks empty")
 for name in ("staircase.pickle", "staircase_ckpt.pickle", "leak.pickle", "fragmentation_0.pickle",
-             "fragmentation_1.pickle", "fragmentation_2.pickle", "fragmentation_3.pickle"):
+             "fragmentation_1.pickle", "fragmentation_2.pickle", "fragmentation_3.pickle",
+             "fragmentation_4.pickle"):
     snap = pickle.load(open(os.path.join(out, name), "rb"))
     check("segments" in snap and "device_traces" in snap, f"{name}: keys {list(snap)}")
 leak_snap = pickle.load(open(os.path.join(out, "leak.pickle"), "rb"))

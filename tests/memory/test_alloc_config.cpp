@@ -76,6 +76,14 @@ TEST(AllocConfig, ExpandableSegments) {
   EXPECT_TRUE(c.expandable_segments);
   EXPECT_EQ(c.max_split_size, 64 * kMiB);
   EXPECT_EQ(c.large_segment_size, 4 * kMiB);
+  // reclaim_on_growth (Tally's) needs expandable segments.
+  EXPECT_FALSE(AllocatorConfig::parse("expandable_segments:True").reclaim_on_growth);
+  EXPECT_TRUE(
+      AllocatorConfig::parse("expandable_segments:True,reclaim_on_growth:True").reclaim_on_growth);
+  EXPECT_THROW(AllocatorConfig::parse("reclaim_on_growth:True"), std::invalid_argument);
+  EXPECT_THROW(AllocatorConfig::parse("expandable_segments:True,reclaim_on_growth:maybe"),
+               std::invalid_argument);
+  EXPECT_NO_THROW(AllocatorConfig::parse("reclaim_on_growth:False"));
   // The last occurrence wins, as for every key.
   EXPECT_FALSE(AllocatorConfig::parse("expandable_segments:True,expandable_segments:False")
                    .expandable_segments);

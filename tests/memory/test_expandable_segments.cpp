@@ -217,6 +217,72 @@ TEST(ExpandableSegments, GrowingBatchDoesNotFragment) {
   EXPECT_LE(with, 1.05) << "without expandable segments: " << without;
 }
 
+// reclaim_on_growth: x [0, 40), y [40, 60), z [60, 100), w [100, 120) MiB; with x and z free
+// (80 MiB scattered in two holes) 60 MiB fit in no free block. Plain expandable segments
+// map three more pages at the end (reserved 180 MiB); with the reclaim, x's and z's pages go
+// back first (the largest, then the next, until 60 MiB are unmapped) and the end's mapping
+// reuses them (reserved 100 MiB; the peak stays 120). The next request refills a hole.
+size_t reclaim_pattern(const std::string& conf, bool check) {
+  auto alloc = cpu_allocator(size_t{1} << 30, conf);
+  void* x = alloc->allocate(40 * kMiB);
+  void* y = alloc->allocate(20 * kMiB);
+  void* z = alloc->allocate(40 * kMiB);
+  void* w = alloc->allocate(20 * kMiB);
+  const uintptr_t base = addr(x);
+  fill(y, 20 * kMiB, 1);
+  fill(w, 20 * kMiB, 2);
+  EXPECT_EQ(alloc->memory_reserved(), 120 * kMiB);
+  alloc->deallocate(x);
+  alloc->deallocate(z);
+  const int64_t unmaps = stat(*alloc, "num_device_free");
+  void* big = alloc->allocate(60 * kMiB);
+  EXPECT_EQ(addr(big), base + 120 * kMiB);  // no hole holds it: the end
+  fill(big, 60 * kMiB, 3);
+  const size_t reserved = alloc->memory_reserved();
+  if (check) {
+    EXPECT_EQ(stat(*alloc, "num_device_free"), unmaps + 2);  // x's and z's pages
+    EXPECT_EQ(alloc->max_memory_reserved(), 120 * kMiB);
+    // Nothing free is left to take back: a request now maps (the lowest hole) without
+    // unmapping anything.
+    void* v = alloc->allocate(40 * kMiB);
+    EXPECT_EQ(addr(v), base);
+    EXPECT_EQ(alloc->memory_reserved(), 140 * kMiB);
+    EXPECT_EQ(stat(*alloc, "num_device_free"), unmaps + 2);
+    fill(v, 40 * kMiB, 4);
+    alloc->deallocate(v);
+  }
+  EXPECT_TRUE(intact(y, 20 * kMiB, 1));
+  EXPECT_TRUE(intact(w, 20 * kMiB, 2));
+  EXPECT_TRUE(intact(big, 60 * kMiB, 3));
+  testing::expect_consistent(*alloc);
+  for (void* p : {y, w, big}) alloc->deallocate(p);
+  alloc->empty_cache();
+  EXPECT_EQ(alloc->memory_reserved(), 0u);
+  return reserved;
+}
+
+TEST(ExpandableSegments, ReclaimOnGrowthMapsFreedPagesInsteadOfNewOnes) {
+  EXPECT_EQ(reclaim_pattern(kExpandable, false), 180 * kMiB);
+  EXPECT_EQ(reclaim_pattern("expandable_segments:True,reclaim_on_growth:True", true), 100 * kMiB);
+}
+
+// Less free than the request: what there is goes back, the rest is new. Only whole pages:
+// x [0, 30) gives [0, 20) back, its [20, 30) stays mapped and free.
+TEST(ExpandableSegments, ReclaimOnGrowthTakesBackWhatThereIs) {
+  auto alloc = cpu_allocator(size_t{1} << 30, "expandable_segments:True,reclaim_on_growth:True");
+  void* x = alloc->allocate(30 * kMiB);
+  void* y = alloc->allocate(30 * kMiB);
+  alloc->deallocate(x);
+  void* z = alloc->allocate(50 * kMiB);  // 3 pages at the end, where 1 went back
+  EXPECT_EQ(stat(*alloc, "num_device_free"), 1);
+  EXPECT_EQ(alloc->memory_reserved(), 100 * kMiB);  // 60 - 20 + 60 (plain: 120)
+  void* w = alloc->allocate(10 * kMiB);             // the free [20, 30): no miss, no unmap
+  EXPECT_EQ(addr(w), addr(y) - 10 * kMiB);
+  EXPECT_EQ(stat(*alloc, "num_device_free"), 1);
+  testing::expect_consistent(*alloc);
+  for (void* p : {y, z, w}) alloc->deallocate(p);
+}
+
 TEST(ExpandableSegments, OutOfMemoryWhileGrowingIsTheUsualError) {
   auto alloc = cpu_allocator(64 * kMiB);
   CategoryScope cat(Category::activation);
@@ -475,14 +541,17 @@ TEST(ExpandableSegments, RandomWorkKeepsDataAndInvariants) {
   testing::expect_consistent(*alloc);
 }
 
-// A dry run on the meta device maps the same pages as the device it replays.
-TEST(ExpandableSegments, MetaDevicePredictsTheCpu) {
+// A dry run on the meta device maps the same pages as the device it replays, with and
+// without reclaim_on_growth.
+class ExpandableMeta : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ExpandableMeta, MetaDevicePredictsTheCpu) {
   const size_t capacity = 512 * kMiB;
-  auto cpu = cpu_allocator(capacity);
+  auto cpu = cpu_allocator(capacity, GetParam());
   const Device meta = new_meta_device(
       MetaTarget{.name = "expandable-test", .type = DeviceType::cpu, .capacity = capacity});
   CachingAllocator& dry = meta_allocator(meta.index);
-  dry.set_config(AllocatorConfig::parse(kExpandable));
+  dry.set_config(AllocatorConfig::parse(GetParam()));
   for (CachingAllocator* a : {cpu.get(), &dry}) {
     std::mt19937_64 rng(5);
     std::vector<void*> live;
@@ -511,6 +580,9 @@ TEST(ExpandableSegments, MetaDevicePredictsTheCpu) {
   dry.empty_cache();
   EXPECT_EQ(dry.memory_reserved(), 0u);
 }
+INSTANTIATE_TEST_SUITE_P(Configs, ExpandableMeta,
+                         ::testing::Values(kExpandable,
+                                           "expandable_segments:True,reclaim_on_growth:True"));
 
 // ---- snapshots: what PyTorch writes for expandable segments, read back by Python
 
