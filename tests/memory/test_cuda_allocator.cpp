@@ -236,6 +236,42 @@ TEST(CudaExpandableSegments, InteriorPagesUnmapAndTheHoleIsRefilled) {
 #endif
 }
 
+// reclaim_on_growth on the device: x [0, 40), y [40, 60), z [60, 100), w [100, 120) MiB;
+// x and z are freed while a kernel still writes them (stream order), then 60 MiB miss: their
+// pages are unmapped (after the device synchronisation) and the end's mapping reuses them.
+// The live blocks keep their bytes; the new block takes writes.
+TEST(CudaExpandableSegments, ReclaimOnGrowthUnmapsScatteredPages) {
+  REQUIRE_GPU();
+#ifdef TALLY_WITH_CUDA
+  REQUIRE_VMM();
+  auto a = expandable_cuda(",reclaim_on_growth:True");
+  void* x = a->allocate(40 * kMiB);
+  void* y = a->allocate(20 * kMiB);
+  void* z = a->allocate(40 * kMiB);
+  void* w = a->allocate(20 * kMiB);
+  const auto base = reinterpret_cast<uintptr_t>(x);
+  ASSERT_EQ(cudaMemset(y, 0x61, 20 * kMiB), cudaSuccess);
+  ASSERT_EQ(cudaMemset(w, 0x62, 20 * kMiB), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(x, 0x63, 40 * kMiB), cudaSuccess);  // in flight when freed
+  ASSERT_EQ(cudaMemsetAsync(z, 0x64, 40 * kMiB), cudaSuccess);
+  a->deallocate(x);
+  a->deallocate(z);
+  void* big = a->allocate(60 * kMiB);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big), base + 120 * kMiB);
+  EXPECT_EQ(a->memory_reserved(), 100 * kMiB);  // 120 - 80 + 60; plain expandable: 180
+  EXPECT_EQ(a->max_memory_reserved(), 120 * kMiB);
+  ASSERT_EQ(cudaMemset(big, 0x65, 60 * kMiB), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(device_bytes_are(y, 20 * kMiB, 0x61));
+  EXPECT_TRUE(device_bytes_are(w, 20 * kMiB, 0x62));
+  EXPECT_TRUE(device_bytes_are(big, 60 * kMiB, 0x65));
+  testing::expect_consistent(*a);
+  for (void* p : {y, w, big}) a->deallocate(p);
+  a->empty_cache();
+  EXPECT_EQ(a->memory_reserved(), 0u);
+#endif
+}
+
 TEST(CudaExpandableSegments, OomWhileGrowingIsRecoverable) {
   REQUIRE_GPU();
 #ifdef TALLY_WITH_CUDA
