@@ -161,6 +161,8 @@ for name, conf in [
         ("expandable", b"expandable_segments:True"),
         ("expandable-mixed", b"expandable_segments:True,max_split_size_mb:32,large_segment_size_mb:4,garbage_collection_threshold:0.5"),
         ("expandable-bad-value", b"expandable_segments:yes"),
+        ("expandable-reclaim", b"expandable_segments:True,reclaim_on_growth:True,large_segment_size_mb:2"),
+        ("reclaim-alone", b"reclaim_on_growth:True"),
 ]:
     write("alloc_conf", name, conf + b"\x00" + ops)
 

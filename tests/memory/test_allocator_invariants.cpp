@@ -115,6 +115,13 @@ TEST(AllocatorInvariants, RandomExpandableTightMemoryWithOoms) {
   random_walk("expandable_segments:True,max_split_size_mb:24,large_segment_size_mb:4", 6,
               300 * kMiB);
 }
+TEST(AllocatorInvariants, RandomExpandableReclaim) {
+  random_walk("expandable_segments:True,reclaim_on_growth:True", 7, size_t{8} << 30);
+}
+TEST(AllocatorInvariants, RandomExpandableReclaimTightMemoryWithOoms) {
+  random_walk("expandable_segments:True,reclaim_on_growth:True,large_segment_size_mb:4", 8,
+              300 * kMiB);
+}
 
 TEST(AllocatorInvariants, PeakIsAtLeastCurrentAndCountsTheHighWaterMark) {
   CachingAllocator alloc(std::make_unique<testing::FakeProvider>(size_t{1} << 32),
@@ -167,6 +174,10 @@ TEST(AllocatorInvariants, MultiThreadedStress) {
 // Blocks of mprotect'ed pages: one handed out unmapped faults, one handed out twice clashes.
 TEST(AllocatorInvariants, MultiThreadedStressExpandable) {
   multi_threaded_stress("expandable_segments:True");
+}
+// reclaim_on_growth unmaps free pages while the other threads write into their blocks.
+TEST(AllocatorInvariants, MultiThreadedStressExpandableReclaim) {
+  multi_threaded_stress("expandable_segments:True,reclaim_on_growth:True");
 }
 
 // What one snapshot shows must hold on its own, whatever other threads do meanwhile: blocks
