@@ -161,9 +161,9 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 }
 
 // Once attached, CUPTI stays between the program and the driver after its activities are
-// disabled, and every CUDA call pays for it: on the H200 a ResNet-50 bf16 step took 20.2 ms
-// before the first profiled window and 23.5 ms in every plain round after it (PyTorch's
-// profiler shows the same; Kineto tears CUPTI down for it). stop() detaches CUPTI with
+// disabled, and later CUDA calls can pay for it (Kineto tears CUPTI down for this reason;
+// Tally's own before/after figure was taken on a noisy host and does not isolate it, see
+// bench/RESULTS.md, session 17). stop() detaches CUPTI with
 // cuptiFinalize, after the device synchronisation and forced flush that CUPTI's
 // documentation asks for outside an API callback, with no op pushing correlation ids any
 // more (the profiler uninstalls its observers before it stops the tracer). The next start()
