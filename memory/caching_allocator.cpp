@@ -24,6 +24,7 @@ struct Segment {
   size_t size = 0;  // an expandable segment: its reserved addresses
   StreamId stream = 0;
   bool small = false;
+  MempoolId pool_id = 0;  // a graph-private pool's segment, or 0
   AllocTag tag;
   Block* head = nullptr;
   // Set for an expandable segment: the provider's pages (blocks then may be unmapped).
@@ -97,10 +98,11 @@ inline bool AddressLess::operator()(const Block* a, const Block* b) const {
 }
 
 struct BlockPool {
-  explicit BlockPool(bool small) : small(small) {}
+  explicit BlockPool(bool small, MempoolId owner = 0) : small(small), owner(owner) {}
   PoolSet blocks;  // free mapped blocks
   std::set<Block*, AddressLess> unmapped;
   const bool small;
+  const MempoolId owner;  // the private pool this belongs to, or 0
 
   void insert(Block* b) {
     if (b->pool_node) {
@@ -116,6 +118,7 @@ struct BlockPool {
 
 namespace {
 std::atomic<AllocationObserver*> g_allocation_observer{nullptr};
+std::atomic<MempoolId> g_next_pool_id{1};
 
 // The user's line (the innermost CallSiteScope) or, with none open, the API's call site.
 SourceLoc user_site_or(const std::source_location& api_call) {
@@ -123,6 +126,10 @@ SourceLoc user_site_or(const std::source_location& api_call) {
   return site.line != 0 ? site : SourceLoc::from(api_call);
 }
 }  // namespace
+
+MempoolId graph_pool_handle() {
+  return g_next_pool_id.fetch_add(1, std::memory_order_relaxed);
+}
 
 void set_allocation_observer(AllocationObserver* observer) {
   g_allocation_observer.store(observer);
@@ -149,6 +156,13 @@ void CachingAllocator::notify(AllocationObserver* o, uint64_t addr, int64_t byte
 using detail::Block;
 using detail::BlockPool;
 using detail::Segment;
+
+// A graph-private pool: its own free lists, small and large, and the captures that use it.
+struct CachingAllocator::PrivatePool {
+  explicit PrivatePool(MempoolId id) : small(true, id), large(false, id) {}
+  int use_count = 0;
+  BlockPool small, large;
+};
 
 struct CachingAllocator::AllocParams {
   size_t requested = 0;   // what the caller asked for
@@ -228,7 +242,8 @@ void* CachingAllocator::allocate(size_t bytes, StreamId stream, std::source_loca
   if (tag.loc.line == 0) tag.loc = SourceLoc::from(loc);  // no CallSiteScope open
 
   std::unique_lock lock(mu_);
-  process_events();
+  const bool capturing = !capture_streams_.empty();
+  if (!capturing) process_events();  // an event query is not allowed while capturing
 
   AllocParams p;
   p.requested = bytes;
@@ -236,6 +251,11 @@ void* CachingAllocator::allocate(size_t bytes, StreamId stream, std::source_loca
   p.size = round_size(bytes);
   p.stream = stream;
   p.pool = p.size <= kSmallSize ? small_pool_.get() : large_pool_.get();
+  for (const auto& [id, s] : capture_streams_) {
+    if (s != stream) continue;
+    PrivatePool& pp = *private_pools_.at(id);
+    p.pool = p.size <= kSmallSize ? &pp.small : &pp.large;
+  }
   if (p.size > largest_request_) {
     largest_request_ = p.size;
     largest_request_small_ = p.pool->small;
@@ -255,7 +275,10 @@ void* CachingAllocator::allocate(size_t bytes, StreamId stream, std::source_loca
         bytes, p.alloc_size));
 
   bool found = get_free_block(p);
-  if (!found) {
+  if (!found && capturing) {
+    // Freeing segments synchronises: not while a capture is open.
+    found = alloc_segment(p, false);
+  } else if (!found) {
     if (memory_fraction_ > 0 && config_.garbage_collection_threshold > 0)
       garbage_collect_cached_blocks();
     found = alloc_segment(p, false) ||
@@ -310,7 +333,8 @@ bool CachingAllocator::get_free_block(AllocParams& p) {
 
 bool CachingAllocator::alloc_segment(AllocParams& p, bool is_retry) {
   if (is_retry) ++stats_.num_alloc_retries;
-  if (config_.expandable_segments) return alloc_expandable(p);
+  // A private pool's memory stays mapped until its graph is gone: ordinary segments.
+  if (config_.expandable_segments && p.pool->owner == 0) return alloc_expandable(p);
   const size_t size = p.alloc_size;
   if (memory_fraction_ > 0 &&
       (total_reserved_ > allowed_maximum_ || size > allowed_maximum_ - total_reserved_))
@@ -326,6 +350,7 @@ bool CachingAllocator::alloc_segment(AllocParams& p, bool is_retry) {
   seg->size = size;
   seg->stream = p.stream;
   seg->small = p.pool->small;
+  seg->pool_id = p.pool->owner;
   seg->tag = p.tag;
   auto* block = new Block();
   block->ptr = ptr;
@@ -700,7 +725,9 @@ void CachingAllocator::deallocate(void* ptr, std::source_location loc) {
   record(TraceAction::free_requested, block->addr(), block->requested, block->stream, tag);
   if (AllocationObserver* o = allocation_observer())
     notify(o, block->addr(), -size, tag, false, tag.category);
-  if (!block->stream_uses.empty()) {
+  if (!block->stream_uses.empty() && !capture_streams_.empty()) {
+    deferred_frees_.push_back(block);  // no event may be recorded and queried mid-capture
+  } else if (!block->stream_uses.empty()) {
     insert_events(block);  // stays in active_ until its events complete
   } else {
     block->active_node = active_.extract(it);
@@ -857,7 +884,96 @@ bool CachingAllocator::release_cached_blocks() {
   provider_->synchronize();
   release_pool(*large_pool_);
   release_pool(*small_pool_);
+  release_unused_private_pools();
   return true;
+}
+
+void CachingAllocator::release_unused_private_pools() {
+  for (auto it = private_pools_.begin(); it != private_pools_.end();) {
+    PrivatePool& pp = *it->second;
+    if (pp.use_count > 0) {
+      ++it;
+      continue;
+    }
+    release_pool(pp.large);
+    release_pool(pp.small);
+    const MempoolId id = it->first;
+    const bool empty = std::none_of(segments_.begin(), segments_.end(),
+                                    [&](const auto& kv) { return kv.second->pool_id == id; });
+    it = empty ? private_pools_.erase(it) : std::next(it);
+  }
+}
+
+void CachingAllocator::begin_allocate_to_pool(MempoolId pool, StreamId stream) {
+  std::lock_guard lock(mu_);
+  if (pool == 0)
+    throw std::invalid_argument(
+        "CachingAllocator::begin_allocate_to_pool: pool 0 is the default pool; take a private "
+        "one from graph_pool_handle()");
+  for (const auto& [id, s] : capture_streams_)
+    if (s == stream)
+      throw std::logic_error(fmt::format(
+          "CachingAllocator::begin_allocate_to_pool on {}: stream {:#x} already allocates to "
+          "private pool {}",
+          provider_->device_name(), stream, id));
+  auto& pp = private_pools_[pool];
+  if (!pp) pp = std::make_unique<PrivatePool>(pool);
+  ++pp->use_count;
+  capture_streams_.emplace_back(pool, stream);
+}
+
+void CachingAllocator::end_allocate_to_pool(MempoolId pool) {
+  std::lock_guard lock(mu_);
+  auto it = std::find_if(capture_streams_.begin(), capture_streams_.end(),
+                         [&](const auto& e) { return e.first == pool; });
+  if (it == capture_streams_.end())
+    throw std::logic_error(fmt::format(
+        "CachingAllocator::end_allocate_to_pool on {}: private pool {} is not being allocated to",
+        provider_->device_name(), pool));
+  capture_streams_.erase(it);
+  if (!capture_streams_.empty()) return;
+  std::vector<Block*> deferred;
+  deferred.swap(deferred_frees_);
+  for (Block* b : deferred) insert_events(b);
+}
+
+void CachingAllocator::release_pool(MempoolId pool) {
+  std::lock_guard lock(mu_);
+  auto it = private_pools_.find(pool);
+  if (it == private_pools_.end() || it->second->use_count == 0)
+    throw std::invalid_argument(
+        fmt::format("CachingAllocator::release_pool on {}: private pool {} is not in use",
+                    provider_->device_name(), pool));
+  for (const auto& [id, s] : capture_streams_)
+    if (id == pool)
+      throw std::logic_error(fmt::format(
+          "CachingAllocator::release_pool on {}: private pool {} is still being captured into",
+          provider_->device_name(), pool));
+  if (--it->second->use_count > 0 || !capture_streams_.empty()) return;
+  release_unused_private_pools();
+}
+
+bool CachingAllocator::capturing() const {
+  std::lock_guard lock(mu_);
+  return !capture_streams_.empty();
+}
+
+std::vector<PoolInfo> CachingAllocator::graph_pools() const {
+  std::lock_guard lock(mu_);
+  std::vector<PoolInfo> out;
+  for (const auto& [id, pp] : private_pools_) {
+    PoolInfo info{.id = id, .use_count = pp->use_count};
+    for (const auto& [base, seg] : segments_) {
+      if (seg->pool_id != id) continue;
+      ++info.segments;
+      for (const Block* b = seg->head; b; b = b->next) {
+        info.reserved += b->size;
+        if (b->allocated) info.allocated += b->size;
+      }
+    }
+    out.push_back(info);
+  }
+  return out;
 }
 
 bool CachingAllocator::release_available_cached_blocks(const AllocParams& p) {
@@ -1091,6 +1207,11 @@ AllocTag CachingAllocator::block_tag(const void* ptr) const {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard lock(mu_);
+  if (!capture_streams_.empty())
+    throw std::logic_error(
+        fmt::format("empty_cache on {}: a CUDA graph capture is open (freeing segments "
+                    "synchronises the device, which a capture does not allow)",
+                    provider_->device_name()));
   release_cached_blocks();
 }
 
@@ -1134,7 +1255,14 @@ std::string CachingAllocator::memory_summary(bool abbreviated) const {
     st = stats_;
     frag = fragmentation_locked();
   }
-  return format_memory_summary(st, device_, provider_->device_name(), abbreviated, &frag);
+  std::string out =
+      format_memory_summary(st, device_, provider_->device_name(), abbreviated, &frag);
+  // The graphs' private pools: memory held for captured kernels, out of the cache's reach.
+  for (const PoolInfo& pool : graph_pools())
+    out += fmt::format(
+        "Graph pool {}: {} graph(s) use it, {} segment(s), reserved {}, allocated {}\n", pool.id,
+        pool.use_count, pool.segments, fmt_bytes(pool.reserved), fmt_bytes(pool.allocated));
+  return out;
 }
 
 FragmentationInfo CachingAllocator::fragmentation() const {
@@ -1222,6 +1350,7 @@ SnapshotData CachingAllocator::snapshot_locked() const {
     s.address = first->addr();
     s.stream = seg.stream;
     s.small = seg.small;
+    s.pool_id = seg.pool_id;
     s.expandable = seg.expandable != nullptr;
     s.tag = seg.tag;
     for (const Block* b = first; b != end; b = b->next) {
@@ -1236,8 +1365,8 @@ SnapshotData CachingAllocator::snapshot_locked() const {
         s.allocated_size += b->size;
         s.active_size += b->size;
         s.requested_size += b->requested;
-      } else if (b->event_count > 0) {
-        bi.state = BlockState::active_pending_free;
+      } else if (b->event_count > 0 || !b->stream_uses.empty()) {  // events, or held to a
+        bi.state = BlockState::active_pending_free;                // capture's end
         bi.tag = b->tag;
         s.active_size += b->size;
         s.requested_size += b->requested;

@@ -33,6 +33,15 @@
 // blocks first, until the request's size has been given back or none is left; the map that
 // follows reuses that memory. Unmapping waits for the device, so a miss that reclaims
 // synchronises.
+// Graph-private pools (PyTorch's MempoolId_t, c10's begin_allocate_to_pool): between
+// begin_allocate_to_pool(pool, stream) and end_allocate_to_pool(pool), requests on that stream
+// are served from segments that belong to the pool alone, and a block of such a segment goes
+// back to its pool when freed, whatever is being captured then. A CUDA graph's kernels keep
+// the addresses they were captured with, so the memory must stay out of everyone else's reach
+// until the graph is gone: release_pool(pool) drops the graph's use, and a pool nobody uses
+// gives back its free segments (then, and at empty_cache as the rest are freed). While a
+// capture is open nothing synchronises: no event query, no segment freed (an out-of-memory
+// raises at once), and a block freed with stream uses waits for the capture's end.
 // Stats, history and snapshot live in their own files; this file is the policy.
 #pragma once
 
@@ -100,6 +109,21 @@ struct AllocationObserver {
 void set_allocation_observer(AllocationObserver* observer);
 AllocationObserver* allocation_observer();
 
+// A private memory pool's id (PyTorch's MempoolId_t, written in snapshots as
+// segment_pool_id (0, id)); 0 is the default pool.
+using MempoolId = uint64_t;
+// A new private pool id, unique in the process (torch.cuda.graph_pool_handle()).
+MempoolId graph_pool_handle();
+
+// One private pool's account (memory_summary's "Graph pools" lines).
+struct PoolInfo {
+  MempoolId id = 0;
+  int use_count = 0;     // captures that hold it (graphs not reset)
+  size_t reserved = 0;   // bytes of its segments
+  size_t allocated = 0;  // bytes of its live blocks
+  size_t segments = 0;
+};
+
 namespace detail {
 struct Block;
 struct Segment;
@@ -140,8 +164,24 @@ class CachingAllocator {
   size_t block_size(const void* ptr) const;
   AllocTag block_tag(const void* ptr) const;
 
-  // Release all unused cached segments to the device.
+  // Release all unused cached segments to the device (a private pool's only once no graph
+  // uses it).
   void empty_cache();
+
+  // Graph-private pools (the file comment). begin: requests on `stream` come from `pool`
+  // (made on first use; its use count goes up by one) until end_allocate_to_pool(pool).
+  // Throws for pool 0 or a stream that already allocates to a pool.
+  void begin_allocate_to_pool(MempoolId pool, StreamId stream);
+  // Stops routing to `pool`; the frees held back during the capture are done now.
+  void end_allocate_to_pool(MempoolId pool);
+  // One user of `pool` (a graph) is gone: at zero its free segments go back to the device,
+  // and the rest as their blocks are freed and the cache is emptied. Throws for an unknown
+  // pool or one still capturing.
+  void release_pool(MempoolId pool);
+  // Whether any stream is allocating to a private pool (a capture is open).
+  bool capturing() const;
+  // The private pools in id order.
+  std::vector<PoolInfo> graph_pools() const;
   // Cap reserved memory at fraction * device total (enables garbage_collection_threshold).
   void set_memory_fraction(double fraction);
   // The most memory this allocator may reserve: the set_memory_fraction cap, else the
@@ -216,6 +256,8 @@ class CachingAllocator {
   bool release_available_cached_blocks(const AllocParams& p);
   bool release_cached_blocks();
   void release_pool(detail::BlockPool& pool);
+  struct PrivatePool;
+  void release_unused_private_pools();
   void release_block(detail::Block* block);
   void garbage_collect_cached_blocks();
   bool should_split(const detail::Block* block, size_t size) const;
@@ -235,6 +277,9 @@ class CachingAllocator {
   mutable std::mutex mu_;
   std::unique_ptr<detail::BlockPool> small_pool_;
   std::unique_ptr<detail::BlockPool> large_pool_;
+  std::map<MempoolId, std::unique_ptr<PrivatePool>> private_pools_;
+  std::vector<std::pair<MempoolId, StreamId>> capture_streams_;  // open begin_allocate_to_pool
+  std::vector<detail::Block*> deferred_frees_;  // freed with stream uses in capture
   std::unordered_map<const void*, detail::Block*> active_;
   std::map<uintptr_t, detail::Segment*> segments_;
   std::vector<std::pair<EventId, detail::Block*>> outstanding_events_;

@@ -198,7 +198,7 @@ class SnapshotPickler {
     w_.key("segment_pool_id");
     w_.begin_tuple();
     w_.integer(0);
-    w_.integer(0);
+    w_.integer(static_cast<int64_t>(s.pool_id));
     w_.end_tuple();
     w_.key("is_expandable");
     w_.boolean(s.expandable);

@@ -38,7 +38,8 @@ struct SegmentInfo {
   size_t active_size = 0;
   size_t requested_size = 0;
   StreamId stream = 0;
-  bool small = false;  // segment_type "small" / "large"
+  bool small = false;    // segment_type "small" / "large"
+  uint64_t pool_id = 0;  // segment_pool_id (0, pool_id): a graph-private pool's, else (0, 0)
   // is_expandable: one run of mapped pages of an expandable segment (PyTorch writes each
   // contiguous mapped range of one as a segment of its own).
   bool expandable = false;
