@@ -5,13 +5,14 @@
 // with the baseline's keys: model, cfg, step_ms (median), step_ms_min, peak_alloc_mib,
 // peak_reserved_mib (peaks over the timed steps, after warm-up, like the baseline).
 //
-//   bench_train [--resnet] [--gpt] [--configs baseline-fp32,ckpt4,...] [--steps N]
+//   bench_train [--resnet] [--gpt] [--configs baseline-fp32,ckpt4,...] [--steps N] [--cuda-graphs]
 //
 // The memory levers run when named with their model: "gpt:amp-bf16+offload",
 // "resnet:amp-bf16+sib" (tokens: offload = every block's activations to pinned host memory,
 // sib = step-in-backward, adamw8bit = GPT's optimizer with 8-bit moments, fusedce = GPT's
 // fused chunked classifier, v50257 = GPT's real vocabulary, varyseq = GPT's sequence length
-// varying per step; amp-bf16 / amp-fp16 as above). Each
+// varying per step; graphs = the step captured into a CUDA graph and replayed, as
+// --cuda-graphs does for every configuration; amp-bf16 / amp-fp16 as above). Each
 // line also carries the bytes of activation, gradient, optimizer_state and temporary at the
 // allocated peak. The analysis tools' cost (bench/analysis.py) runs the same way: hist = memory
 // history recorded through the timed steps, leaks = a memory::LeakDetector step() after each.
@@ -40,6 +41,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "optim/step_in_backward.h"
+#include "tensor/graph.h"
 
 using namespace tally;
 
@@ -115,9 +117,32 @@ std::optional<DType> amp_of(const std::string& cfg) {
   return std::nullopt;
 }
 
+// "graphs": the step runs eagerly once (its first calls search algorithms and make the
+// optimizer's state), is captured into a CUDA graph at the second call, and every call from
+// then on replays it (tensor/graph.h). What a replay cannot repeat is refused up front.
+std::function<void()> graphed(const std::string& cfg, Device dev, std::function<void()> eager) {
+  const auto amp = amp_of(cfg);
+  if (amp && *amp == DType::float16)
+    throw std::invalid_argument(
+        "graphs with amp-fp16: the GradScaler reads found_inf on the host every step, which a "
+        "CUDA graph cannot capture; use amp-bf16 or fp32");
+  for (const char* token : {"sib", "offload", "varyseq", "hist", "leaks"})
+    if (has(cfg, token))
+      throw std::invalid_argument(fmt::format(
+          "graphs with {}: a replayed step cannot change per step or run host work", token));
+  auto graph = std::make_shared<cuda::Graph>();
+  auto calls = std::make_shared<int>(0);
+  return [=] {
+    if ((*calls)++ == 0) return eager();
+    if (!graph->captured()) graph->capture(eager, dev.index);
+    graph->replay();
+  };
+}
+
 // One training step of `cfg` (autocast to the dtype its name holds, with a GradScaler for
 // fp16): zero_grad, the forward `loss_fn` under autocast, the scaled backward, the optimizer step.
-// A cfg with "sib" steps in backward (optim/step_in_backward.h) instead.
+// A cfg with "sib" steps in backward (optim/step_in_backward.h) instead; one with "graphs"
+// replays a CUDA graph of the step (graphed()).
 std::function<void()> train_step(const std::string& cfg, Device dev, optim::Optimizer& opt,
                                  std::function<Tensor()> loss_fn) {
   const auto amp = amp_of(cfg);
@@ -137,7 +162,7 @@ std::function<void()> train_step(const std::string& cfg, Device dev, optim::Opti
       (void)sib;
     };
   }
-  return [=, &opt] {
+  std::function<void()> step = [=, &opt] {
     opt.zero_grad(true);
     Tensor loss;
     {
@@ -152,6 +177,7 @@ std::function<void()> train_step(const std::string& cfg, Device dev, optim::Opti
     scaler->step(opt);
     scaler->update();
   };
+  return has(cfg, "graphs") ? graphed(cfg, dev, std::move(step)) : step;
 }
 
 void resnet_cfg(const std::string& cfg, Device dev, int steps) {
@@ -188,7 +214,8 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
     opt_ptr =
         std::make_unique<optim::AdamW8bit>(model->parameters(), optim::AdamOptions{.lr = 3e-4});
   else
-    opt_ptr = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = 3e-4});
+    opt_ptr = std::make_unique<optim::AdamW>(
+        model->parameters(), optim::AdamOptions{.lr = 3e-4, .capturable = has(cfg, "graphs")});
   optim::Optimizer& opt = *opt_ptr;
   const int64_t B = 16, T = 1024;
   const Tensor idx =
@@ -213,7 +240,7 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool resnet = false, gpt = false;
+  bool resnet = false, gpt = false, graphs = false;
   int steps = 10;
   std::vector<std::string> configs;
   for (int i = 1; i < argc; ++i) {
@@ -222,13 +249,17 @@ int main(int argc, char** argv) {
       resnet = true;
     else if (a == "--gpt")
       gpt = true;
+    else if (a == "--cuda-graphs")
+      graphs = true;
     else if (a == "--steps" && i + 1 < argc)
       steps = std::stoi(argv[++i]);
     else if (a == "--configs" && i + 1 < argc) {
       std::stringstream ss(argv[++i]);
       for (std::string c; std::getline(ss, c, ',');) configs.push_back(c);
     } else {
-      fmt::print(stderr, "usage: bench_train [--resnet] [--gpt] [--configs a,b] [--steps N]\n");
+      fmt::print(stderr,
+                 "usage: bench_train [--resnet] [--gpt] [--configs a,b] [--steps N] "
+                 "[--cuda-graphs]\n");
       return 2;
     }
   }
@@ -242,20 +273,35 @@ int main(int argc, char** argv) {
     return configs.empty() || std::find(configs.begin(), configs.end(), c) != configs.end();
   };
   try {
+    // --cuda-graphs: every configuration as "<cfg>+graphs"; fp16's (a host-side loss scaler)
+    // are left out, saying so.
+    auto run = [&](const std::string& c, auto cfg_fn, int n) {
+      if (!graphs) return cfg_fn(c, dev, n);
+      if (amp_of(c) == DType::float16) {
+        fmt::print(stderr,
+                   "bench_train: --cuda-graphs leaves out {} (fp16's GradScaler reads "
+                   "found_inf on the host every step)\n",
+                   c);
+        return;
+      }
+      cfg_fn(c + "+graphs", dev, n);
+    };
     if (resnet)
       for (const char* c : {"baseline-fp32", "ckpt4", "amp-fp16", "amp-bf16", "amp-fp16+ckpt4"})
-        if (want(c)) resnet_cfg(c, dev, steps);
+        if (want(c)) run(c, resnet_cfg, steps);
     if (gpt)
       for (const char* c : {"baseline-fp32", "ckpt-per-block", "amp-bf16", "amp-bf16+ckpt"})
-        if (want(c)) gpt_cfg(c, dev, std::max(steps - 2, 3));
+        if (want(c)) run(c, gpt_cfg, std::max(steps - 2, 3));
     // The levers (bench/levers.py) and the analysis tools (bench/analysis.py): asked for by
     // name only.
     for (const std::string& c : configs) {
       if (!has(c, "offload") && !has(c, "sib") && !has(c, "adamw8bit") && !has(c, "fusedce") &&
-          !has(c, "v50257") && !has(c, "hist") && !has(c, "leaks") && !has(c, "varyseq"))
+          !has(c, "v50257") && !has(c, "hist") && !has(c, "leaks") && !has(c, "varyseq") &&
+          !has(c, "graphs"))
         continue;
-      if (resnet && c.rfind("resnet:", 0) == 0) resnet_cfg(c.substr(7), dev, steps);
-      if (gpt && c.rfind("gpt:", 0) == 0) gpt_cfg(c.substr(4), dev, std::max(steps - 2, 3));
+      const std::string named = graphs && !has(c, "graphs") ? c + "+graphs" : c;
+      if (resnet && named.rfind("resnet:", 0) == 0) resnet_cfg(named.substr(7), dev, steps);
+      if (gpt && named.rfind("gpt:", 0) == 0) gpt_cfg(named.substr(4), dev, std::max(steps - 2, 3));
     }
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_train: error: {}\n", e.what());

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "optim/multi_tensor.h"
+#include "tensor/ops.h"
 
 namespace tally::optim {
 
@@ -16,7 +17,8 @@ GroupOptions AdamOptions::to_map() const {
           {"eps", eps},
           {"weight_decay", weight_decay},
           {"amsgrad", amsgrad ? 1.0 : 0.0},
-          {"maximize", maximize ? 1.0 : 0.0}};
+          {"maximize", maximize ? 1.0 : 0.0},
+          {"capturable", capturable ? 1.0 : 0.0}};
 }
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
@@ -48,6 +50,11 @@ void Adam::check_options(const GroupOptions& o) const {
         fmt::format("{}: invalid weight_decay {}", n, o.at("weight_decay")));
 }
 
+std::optional<StateSpec> Adam::state_spec(size_t index, const std::string& name) const {
+  if (name == "device_step") return StateSpec{{}, DType::float32, true};
+  return Optimizer::state_spec(index, name);
+}
+
 AdamHyper adam_hyper(const ParamGroup& group, bool decoupled) {
   AdamHyper h;
   h.lr = group.get("lr");
@@ -57,6 +64,7 @@ AdamHyper adam_hyper(const ParamGroup& group, bool decoupled) {
   h.weight_decay = group.get("weight_decay");
   h.amsgrad = group.flag("amsgrad");
   h.maximize = group.flag("maximize");
+  h.capturable = group.options.count("capturable") != 0 && group.flag("capturable");
   h.decoupled = decoupled;
   return h;
 }
@@ -67,7 +75,7 @@ void Adam::update_group(const ParamGroup& group, const std::vector<size_t>& indi
   auto step_of = [&](size_t i) { return state(i).step; };
   for (const std::vector<size_t>& bucket : buckets(indices, step_of)) {
     const Tensor& first = param_at(bucket[0]);
-    TensorLists lists(first.device(), first.dtype(), h.amsgrad ? 5 : 4);
+    TensorLists lists(first.device(), first.dtype(), 4 + h.amsgrad + h.capturable);
     for (size_t i : bucket) {
       const Tensor& p = param_at(i);
       const Tensor g = p.grad();
@@ -78,12 +86,21 @@ void Adam::update_group(const ParamGroup& group, const std::vector<size_t>& indi
       }
       if (h.amsgrad && !s.tensors.count("max_exp_avg_sq"))
         s.tensors["max_exp_avg_sq"] = make_state(p);
+      if (h.capturable && !s.tensors.count("device_step")) {  // counts on from the host's count
+        s.tensors["device_step"] = make_state({}, DType::float32, p.device());
+        if (s.step) ops::fill_(s.tensors["device_step"], static_cast<double>(s.step));
+      }
       ++s.step;
       void* m = s.tensors["exp_avg"].data_ptr();
       void* v = s.tensors["exp_avg_sq"].data_ptr();
-      if (h.amsgrad)
-        lists.add({p.data_ptr(), g.data_ptr(), m, v, s.tensors["max_exp_avg_sq"].data_ptr()},
-                  p.numel());
+      void* vmax = h.amsgrad ? s.tensors["max_exp_avg_sq"].data_ptr() : nullptr;
+      void* step = h.capturable ? s.tensors["device_step"].data_ptr() : nullptr;
+      if (h.amsgrad && h.capturable)
+        lists.add({p.data_ptr(), g.data_ptr(), m, v, vmax, step}, p.numel());
+      else if (h.amsgrad)
+        lists.add({p.data_ptr(), g.data_ptr(), m, v, vmax}, p.numel());
+      else if (h.capturable)
+        lists.add({p.data_ptr(), g.data_ptr(), m, v, step}, p.numel());
       else
         lists.add({p.data_ptr(), g.data_ptr(), m, v}, p.numel());
     }

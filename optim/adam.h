@@ -17,6 +17,10 @@ struct AdamOptions {
   double weight_decay = 0;  // Adam: 0; AdamW: PyTorch's default is 1e-2
   bool amsgrad = false;
   bool maximize = false;
+  // PyTorch's capturable=True: each parameter's step count is also kept on its device (state
+  // "device_step", a float32 scalar) and the update takes the bias corrections from it, so a
+  // CUDA graph can replay the step (tensor/graph.h). Adam and AdamW only.
+  bool capturable = false;
   GroupOptions to_map() const;
 };
 
@@ -30,6 +34,7 @@ class Adam : public Optimizer {
   Adam(std::vector<ParamGroup> groups, AdamOptions defaults, bool decoupled);
   void update_group(const ParamGroup& group, const std::vector<size_t>& indices) override;
   void check_options(const GroupOptions& o) const override;
+  std::optional<StateSpec> state_spec(size_t index, const std::string& name) const override;
 
  private:
   bool decoupled_ = false;
@@ -47,8 +52,8 @@ class AdamW : public Adam {
   AdamW(std::vector<ParamGroup> groups, AdamOptions defaults);
 };
 
-// A group's Adam hyperparameters (lr, betas, eps, weight_decay, amsgrad, maximize) for the
-// fused kernels; the step count is the caller's.
+// A group's Adam hyperparameters (lr, betas, eps, weight_decay, amsgrad, maximize,
+// capturable) for the fused kernels; the step count is the caller's.
 AdamHyper adam_hyper(const ParamGroup& group, bool decoupled);
 
 }  // namespace tally::optim

@@ -63,6 +63,9 @@ void AdamW8bit::check_options(const GroupOptions& o) const {
   if (o.at("amsgrad") != 0)
     throw std::invalid_argument(
         fmt::format("AdamW8bit: amsgrad is not supported (amsgrad = {})", o.at("amsgrad")));
+  if (o.count("capturable") && o.at("capturable") != 0)
+    throw std::invalid_argument(
+        "AdamW8bit: capturable is not supported (its step count stays on the host); use AdamW");
 }
 
 void AdamW8bit::check_params() const {

@@ -13,6 +13,7 @@
 #include "optim/multi_tensor.h"
 #include "optim/update_math.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/graph.h"
 #include "tensor/ops.h"
 
 namespace tally::optim::cuda {
@@ -21,6 +22,7 @@ namespace {
 using tally::cuda::check;
 using tally::cuda::check_launch;
 using tally::cuda::DeviceGuard;
+using tally::cuda::keep_for_replay;
 using tally::cuda::NvtxRange;
 using tally::cuda::stream;
 
@@ -68,8 +70,10 @@ DeviceTable upload(const TensorLists& l, const char* op) {
     memory::CategoryScope category(memory::Category::temporary);
     t.storage = Storage::allocate(bytes, l.device);
   }
-  // From pageable memory: returns once the bytes are staged, so `host` may go.
-  check(cudaMemcpyAsync(t.storage.data(), host.data(), bytes, cudaMemcpyHostToDevice,
+  // From pageable memory: returns once the bytes are staged, so `host` may go. A capture copies
+  // from a pinned copy its graph keeps (every replay copies the table again).
+  const void* from = keep_for_replay(l.device.index, host.data(), bytes);
+  check(cudaMemcpyAsync(t.storage.data(), from ? from : host.data(), bytes, cudaMemcpyHostToDevice,
                         stream(l.device.index)),
         op);
   t.entries = static_cast<const Entry*>(t.storage.data());
@@ -100,12 +104,21 @@ __global__ void sgd_kernel(const Entry* entries, const Chunk* chunks, detail::SG
     detail::sgd_element(s, p[i], g[i], buf ? buf + i : nullptr);
 }
 
+// Capturable Adam: each tensor's step (a float32 on the device, list `slot`) += 1, before the
+// update reads it.
+__global__ void step_increment_kernel(const Entry* entries, int64_t n, int slot) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) *static_cast<float*>(entries[i].ptr[slot]) += 1.0f;
+}
+
+// step_slot >= 0 (capturable): the bias corrections come from the tensor's step in that list.
 template <typename T>
 __global__ void adam_kernel(const Entry* entries, const Chunk* chunks, detail::AdamScalars<T> s,
-                            bool has_max) {
+                            bool has_max, int step_slot) {
   const Chunk c = chunks[blockIdx.x];
   const Entry& e = entries[c.tensor];
   const Range r = chunk_range(e, c);
+  if (step_slot >= 0) s.set_step(static_cast<double>(*static_cast<const float*>(e.ptr[step_slot])));
   T* p = static_cast<T*>(e.ptr[0]);
   const T* g = static_cast<const T*>(e.ptr[1]);
   T* m = static_cast<T*>(e.ptr[2]);
@@ -398,8 +411,14 @@ void adam_(const TensorLists& l, const AdamHyper& h) {
   launch_update(l, "optim::adam (multi-tensor)", "Adam.step", "Adam.step (multi-tensor)",
                 [&](auto zero, const DeviceTable& t, cudaStream_t s) {
                   using T = decltype(zero);
+                  const int slot = h.capturable ? l.depth - 1 : -1;
+                  if (h.capturable) {
+                    const auto n = static_cast<int64_t>(l.size());
+                    step_increment_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(
+                        t.entries, n, slot);
+                  }
                   adam_kernel<T><<<grid(t), kThreads, 0, s>>>(
-                      t.entries, t.chunks, detail::AdamScalars<T>(h), l.depth > 4);
+                      t.entries, t.chunks, detail::AdamScalars<T>(h), h.amsgrad, slot);
                 });
 }
 

@@ -111,12 +111,18 @@ void sgd_(const TensorLists& l, const SGDHyper& h) {
 }
 
 void adam_(const TensorLists& l, const AdamHyper& h) {
-  update_each<detail::AdamScalars>(l, "Adam", h, [&](const auto& s, auto lists, size_t t) {
+  update_each<detail::AdamScalars>(l, "Adam", h, [&](const auto& s0, auto lists, size_t t) {
     auto* p = lists(t, 0);
     const auto* g = lists(t, 1);
     auto* m = lists(t, 2);
     auto* v = lists(t, 3);
-    auto* vmax = l.depth > 4 ? lists(t, 4) : nullptr;
+    auto* vmax = h.amsgrad ? lists(t, 4) : nullptr;
+    auto s = s0;
+    if (h.capturable) {  // the tensor's own step, counted here (the last list)
+      float* step = static_cast<float*>(l.ptrs[t][static_cast<size_t>(l.depth - 1)]);
+      *step += 1.0f;
+      s.set_step(static_cast<double>(*step));
+    }
     for (int64_t i = 0; i < l.numels[t]; ++i)
       detail::adam_element(s, p[i], g[i], m[i], v[i], vmax ? &vmax[i] : nullptr);
   });
@@ -245,6 +251,12 @@ void fused_adam_(const TensorLists& l, const AdamHyper& h) {
   static const OpInfo adam("_fused_adam_"), adamw("_fused_adamw_");
   const OpInfo& info = h.decoupled ? adamw : adam;
   DispatchScope scope(info, l.device);
+  const int depth = 4 + (h.amsgrad ? 1 : 0) + (h.capturable ? 1 : 0);
+  if (l.depth != depth)
+    throw std::logic_error(
+        fmt::format("{}: a list of depth {}, {} expected (amsgrad {}, "
+                    "capturable {})",
+                    info.name, l.depth, depth, h.amsgrad, h.capturable));
   multi_tensor_backends.get(info, l.device, &MultiTensorKernels::adam)(l, h);
 }
 

@@ -38,11 +38,15 @@ struct SGDHyper {
 };
 
 // Adam / AdamW (torch.optim.Adam(W), _single_tensor_adam). Lists: param, grad, exp_avg,
-// exp_avg_sq[, max_exp_avg_sq]. Bias corrections come from the host-side step count.
+// exp_avg_sq[, max_exp_avg_sq][, step]. Bias corrections come from the host-side step count,
+// or with `capturable` (PyTorch's capturable=True) from each tensor's own step, a float32
+// scalar on its device (the last list) that the update first adds 1 to: a CUDA graph that
+// replays the update then counts its steps without the host.
 struct AdamHyper {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   bool decoupled = false;  // AdamW: param *= 1 - lr * weight_decay
   bool amsgrad = false, maximize = false;
+  bool capturable = false;
   int64_t step = 1;
 };
 

@@ -177,7 +177,11 @@ OptimizerStateDict Optimizer::state_dict() const {
   for (size_t i = 0; i < state_.size(); ++i) {
     const ParamState& s = state_[i];
     if (!s.initialized()) continue;
-    sd.scalars[fmt::format("state.{}.step", i)] = static_cast<double>(s.step);
+    // Capturable Adam counts on the device too, where graph replays count without the host.
+    const auto device_step = s.tensors.find("device_step");
+    sd.scalars[fmt::format("state.{}.step", i)] = device_step == s.tensors.end()
+                                                      ? static_cast<double>(s.step)
+                                                      : ops::item(device_step->second);
     for (const auto& [k, t] : s.tensors) sd.tensors[fmt::format("state.{}.{}", i, k)] = t;
   }
   for (size_t g = 0; g < groups_.size(); ++g) {

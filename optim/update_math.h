@@ -76,6 +76,7 @@ struct AdamScalars {
   T weight_decay, decay_factor, lerp_weight, beta2, one_minus_beta2, eps, step_size_neg,
       bias_correction2_sqrt;
   bool decoupled, amsgrad, maximize;
+  double lr_d, beta1_d, beta2_d;  // what set_step needs
   explicit AdamScalars(const AdamHyper& h)
       : weight_decay(static_cast<T>(h.weight_decay)),
         decay_factor(static_cast<T>(1.0 - h.lr * h.weight_decay)),
@@ -85,10 +86,17 @@ struct AdamScalars {
         eps(static_cast<T>(h.eps)),
         decoupled(h.decoupled),
         amsgrad(h.amsgrad),
-        maximize(h.maximize) {
-    const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
-    const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
-    step_size_neg = static_cast<T>(-(h.lr / bc1));
+        maximize(h.maximize),
+        lr_d(h.lr),
+        beta1_d(h.beta1),
+        beta2_d(h.beta2) {
+    set_step(static_cast<double>(h.step));
+  }
+  // The bias corrections of step `step` (capturable updates call it with the device's count).
+  TALLY_OPTIM_HD void set_step(double step) {
+    const double bc1 = 1.0 - std::pow(beta1_d, step);
+    const double bc2 = 1.0 - std::pow(beta2_d, step);
+    step_size_neg = static_cast<T>(-(lr_d / bc1));
     bias_correction2_sqrt = static_cast<T>(std::sqrt(bc2));
   }
 };

@@ -35,7 +35,8 @@ std::vector<Tensor> params_of(py::handle params) {
 }
 
 optim::AdamOptions adam_options(double lr, std::pair<double, double> betas, double eps,
-                                double weight_decay, bool amsgrad, bool maximize) {
+                                double weight_decay, bool amsgrad, bool maximize,
+                                bool capturable = false) {
   optim::AdamOptions o;
   o.lr = lr;
   o.beta1 = betas.first;
@@ -44,6 +45,7 @@ optim::AdamOptions adam_options(double lr, std::pair<double, double> betas, doub
   o.weight_decay = weight_decay;
   o.amsgrad = amsgrad;
   o.maximize = maximize;
+  o.capturable = capturable;
   return o;
 }
 
@@ -230,22 +232,24 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
            py::arg("maximize") = false);
   py::class_<optim::Adam, Optimizer>(optim_mod, "Adam")
       .def(py::init([](py::object params, double lr, std::pair<double, double> betas, double eps,
-                       double weight_decay, bool amsgrad, bool maximize) {
+                       double weight_decay, bool amsgrad, bool maximize, bool capturable) {
              return std::make_unique<optim::Adam>(
-                 params_of(params), adam_options(lr, betas, eps, weight_decay, amsgrad, maximize));
+                 params_of(params),
+                 adam_options(lr, betas, eps, weight_decay, amsgrad, maximize, capturable));
            }),
            py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
            py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.0, py::arg("amsgrad") = false,
-           py::arg("maximize") = false);
+           py::arg("maximize") = false, py::arg("capturable") = false);
   py::class_<optim::AdamW, optim::Adam>(optim_mod, "AdamW")
       .def(py::init([](py::object params, double lr, std::pair<double, double> betas, double eps,
-                       double weight_decay, bool amsgrad, bool maximize) {
+                       double weight_decay, bool amsgrad, bool maximize, bool capturable) {
              return std::make_unique<optim::AdamW>(
-                 params_of(params), adam_options(lr, betas, eps, weight_decay, amsgrad, maximize));
+                 params_of(params),
+                 adam_options(lr, betas, eps, weight_decay, amsgrad, maximize, capturable));
            }),
            py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
            py::arg("eps") = 1e-8, py::arg("weight_decay") = 1e-2, py::arg("amsgrad") = false,
-           py::arg("maximize") = false);
+           py::arg("maximize") = false, py::arg("capturable") = false);
   py::class_<optim::AdamW8bit, Optimizer>(optim_mod, "AdamW8bit")
       .def(py::init([](py::object params, double lr, std::pair<double, double> betas, double eps,
                        double weight_decay, int64_t block_size, int64_t min_8bit_size) {

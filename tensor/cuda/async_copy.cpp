@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "tensor/cuda/runtime.h"
+#include "tensor/graph.h"
 #include "tensor/ops.h"
 
 namespace tally::cuda {
@@ -43,6 +44,7 @@ void copy_to_host_on_copy_stream(const Tensor& dev, const Tensor& host) {
   NvtxRange range("offload (D2H)");
   if (dev.nbytes() == 0) return;
   const int d = dev.device().index;
+  check_not_capturing(d, "activation offload (copies on a second stream, fenced by the host)");
   DeviceGuard g(d);
   copy_stream_after_compute(d);
   check(cudaMemcpyAsync(host.data_ptr(), dev.data_ptr(), dev.nbytes(), cudaMemcpyDeviceToHost,
@@ -56,6 +58,7 @@ void copy_to_device_on_copy_stream(const Tensor& host, const Tensor& dev) {
   NvtxRange range("prefetch (H2D)");
   if (dev.nbytes() == 0) return;
   const int d = dev.device().index;
+  check_not_capturing(d, "activation offload (copies on a second stream, fenced by the host)");
   DeviceGuard g(d);
   copy_stream_after_compute(d);
   check(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), dev.nbytes(), cudaMemcpyHostToDevice,

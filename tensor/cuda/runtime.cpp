@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "tensor/graph.h"
+
 namespace tally::cuda {
 
 void check(cudaError_t err, const char* what) {
@@ -58,6 +60,7 @@ DeviceGuard::~DeviceGuard() {
 }
 
 void synchronize(int device) {
+  check_not_capturing(device, "synchronize (a wait for the device)");
   DeviceGuard g(device);
   check(cudaStreamSynchronize(stream(device)), "cudaStreamSynchronize");
 }

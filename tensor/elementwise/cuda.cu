@@ -11,6 +11,7 @@
 #include "tensor/cuda/vectorized.cuh"
 #include "tensor/elementwise/kernels.h"
 #include "tensor/elementwise/math.h"
+#include "tensor/graph.h"
 #include "tensor/op_alloc.h"
 
 namespace tally::cuda {
@@ -193,14 +194,17 @@ void copy(const Tensor& dst, const Tensor& src) {
         direct ? dst
                : ops::view(alloc_scratch(dst.numel(), dst.dtype(), dst.device()), dst.sizes());
     DeviceGuard g(dst.device().index);
-    // From pageable memory the call returns once the host buffer has been staged.
-    check(cudaMemcpyAsync(target.data_ptr(), host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice,
-                          stream(dst.device().index)),
+    // From pageable memory the call returns once the host buffer has been staged. A capture
+    // copies from a pinned copy the graph keeps (its replays read it again).
+    const void* from = keep_for_replay(dst.device().index, host.data_ptr(), host.nbytes());
+    check(cudaMemcpyAsync(target.data_ptr(), from ? from : host.data_ptr(), host.nbytes(),
+                          cudaMemcpyHostToDevice, stream(dst.device().index)),
           "copy_ (H2D)");
     if (!direct) copy_device(dst, target);
     return;
   }
   // device -> host: the caller reads the host memory next, so this waits for the stream.
+  check_not_capturing(src.device().index, "copy_ (device to host)");
   NvtxRange range("copy_ (D2H)");
   Tensor s = src;
   if (!s.is_contiguous()) {

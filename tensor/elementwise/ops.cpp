@@ -10,6 +10,7 @@
 #include "memory/checked.h"
 #include "tensor/dispatch.h"
 #include "tensor/elementwise/kernels.h"
+#include "tensor/graph.h"
 #include "tensor/op_alloc.h"
 
 namespace tally::ops {
@@ -63,6 +64,7 @@ using RandomFill = void (*ElementwiseKernels::*)(const Tensor&, PhiloxState);
 Tensor random_floating(const OpInfo& info, RandomFill fill, const Shape& shape, DType dtype,
                        Device device, Generator* gen) {
   DispatchScope scope(info, device);
+  if (device.type == DeviceType::cuda) cuda::check_not_capturing(device.index, info.name);
   if (!is_floating(dtype)) unsupported_dtype(info.name, dtype);
   Tensor t = alloc_output(shape, dtype, device);
   Generator& g = gen ? *gen : default_generator();
@@ -86,6 +88,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype, Devic
                Generator* gen) {
   static const OpInfo info("randint");
   DispatchScope scope(info, device);
+  if (device.type == DeviceType::cuda) cuda::check_not_capturing(device.index, info.name);
   if (high <= low)
     throw std::invalid_argument(fmt::format("randint: empty range [{}, {})", low, high));
   Tensor t = alloc_output(shape, dtype, device);

@@ -104,6 +104,13 @@ TEST(CudaOptim, AdamAndAdamWMatchTheCpu) {
            "Adam");
   run_both(of<optim::AdamW>(optim::AdamOptions{.lr = 0.01, .weight_decay = 0.05, .amsgrad = true}),
            "AdamW");
+  // capturable: the step counted on the device, the bias corrections taken from it there.
+  run_both(
+      of<optim::AdamW>(optim::AdamOptions{.lr = 0.01, .weight_decay = 0.05, .capturable = true}),
+      "AdamW");
+  run_both(of<optim::Adam>(optim::AdamOptions{
+               .lr = 0.01, .weight_decay = 0.05, .amsgrad = true, .capturable = true}),
+           "Adam");
 }
 
 TEST(CudaOptim, AdamW8bitMatchesTheCpu) {

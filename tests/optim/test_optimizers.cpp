@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <memory>
 
 #include "memory/memory.h"
 #include "optim/adam.h"
+#include "optim/adamw8bit.h"
 #include "optim/sgd.h"
 #include "optim_testing.h"
 #include "testing/gradcheck.h"
@@ -390,6 +392,61 @@ TEST(Optimizer, StateDictRoundTrips) {
   Adam opt3({c, b2});
   testing::expect_error<std::invalid_argument>([&] { opt3.load_state_dict(sd); },
                                                {"state.0.exp_avg", "[3]"});
+}
+
+// capturable=True keeps each parameter's step on its device and takes the bias corrections
+// from it: the same numbers as the host's count, bit for bit, and a state dict that reads it.
+TEST(Adam, CapturableCountsOnTheDeviceWithTheSameResults) {
+  for (const bool amsgrad : {false, true}) {
+    for (const bool decoupled : {false, true}) {
+      AdamOptions o{.lr = 0.05, .weight_decay = 0.01, .amsgrad = amsgrad};
+      Tensor a = param({0.3, -1.2, 0.7}), b = param({0.3, -1.2, 0.7});
+      AdamOptions oc = o;
+      oc.capturable = true;
+      std::unique_ptr<optim::Optimizer> plain, capt;
+      if (decoupled) {
+        plain = std::make_unique<AdamW>(std::vector<Tensor>{a}, o);
+        capt = std::make_unique<AdamW>(std::vector<Tensor>{b}, oc);
+      } else {
+        plain = std::make_unique<Adam>(std::vector<Tensor>{a}, o);
+        capt = std::make_unique<Adam>(std::vector<Tensor>{b}, oc);
+      }
+      for (int step = 0; step < 5; ++step) {
+        const std::vector<double> g{0.1 * step - 0.2, 0.5, -0.05 * step};
+        set_grad(a, g);
+        set_grad(b, g);
+        plain->step();
+        capt->step();
+      }
+      EXPECT_TRUE(near_rel(b, ops::to_vector(a), 0)) << "amsgrad " << amsgrad;
+      const Tensor device_step = capt->state(0).tensors.at("device_step");
+      EXPECT_EQ(device_step.dim(), 0);
+      EXPECT_EQ(device_step.storage().category(), memory::Category::optimizer_state);
+      EXPECT_EQ(ops::item(device_step), 5.0);
+      EXPECT_FALSE(plain->state(0).tensors.count("device_step"));
+    }
+  }
+  // The state dict's step is the device's count (a graph's replays move only that one), and it
+  // round-trips: the loaded optimizer counts on from it, on the device and on the host.
+  Tensor b = param({1.0, 2.0});
+  Adam capt({b}, {.lr = 0.1, .capturable = true});
+  set_grad(b, {0.3, -0.1});
+  capt.step();
+  ops::fill_(capt.state(0).tensors.at("device_step"), 7.0);
+  const optim::OptimizerStateDict sd = capt.state_dict();
+  EXPECT_EQ(sd.scalars.at("state.0.step"), 7.0);
+  EXPECT_EQ(sd.scalars.at("param_groups.0.capturable"), 1.0);
+  ASSERT_EQ(sd.tensors.count("state.0.device_step"), 1u);
+  Tensor c = param(ops::to_vector(b));
+  Adam resumed({c}, {.lr = 0.1});
+  resumed.load_state_dict(sd);  // the saved options win, capturable included (as in PyTorch)
+  set_grad(c, {0.2, 0.2});
+  resumed.step();
+  EXPECT_EQ(ops::item(resumed.state(0).tensors.at("device_step")), 8.0);
+  EXPECT_EQ(resumed.state(0).step, 8);
+  testing::expect_error<std::invalid_argument>(
+      [&] { optim::AdamW8bit bad({param({1.0})}, {.lr = 0.1, .capturable = true}); },
+      {"AdamW8bit", "capturable"});
 }
 
 TEST(Optimizer, TrainsWithAutograd) {
