@@ -10,7 +10,13 @@ step, `torch.compile(model)`; GPT-2 with fused AdamW, ResNet-50's 16-bit runs in
 channels_last, as their best published eager-vs-compile comparisons do), in the same call:
 a "compile ms" column and Tally's speed against it. Compiling takes 30-90 s a configuration.
 
+With --cuda-graphs, Tally also runs each configuration captured into a CUDA graph and replayed
+(bench_train --cuda-graphs: rows "<cfg>+graphs", compared with PyTorch's eager and compiled rows
+of <cfg>), and a last table shows what the graph saved against Tally's own eager step. fp16
+configurations have no graphed row (their GradScaler reads found_inf on the host every step).
+
     python3 bench/train.py BUILD_DIR [resnet] [gpt] [--configs baseline-fp32,ckpt4,...] [--compile]
+        [--cuda-graphs]
 """
 import importlib.util
 import json
@@ -33,9 +39,9 @@ FLOORS = {
 }
 
 
-def run_tally(build, which, configs):
+def run_tally(build, which, configs, extra=()):
     exe = os.path.join(build, "bench", "bench_train")
-    cmd = [exe] + [f"--{w}" for w in which]
+    cmd = [exe] + [f"--{w}" for w in which] + list(extra)
     if configs:
         cmd += ["--configs", ",".join(configs)]
     print("$", " ".join(cmd), flush=True)
@@ -156,10 +162,19 @@ def main():
     if "--configs" in args:
         configs = args[args.index("--configs") + 1].split(",")
     compile_too = "--compile" in args
+    graphs = "--cuda-graphs" in args
     tally = run_tally(build, which, configs)
+    if graphs:
+        tally += run_tally(build, which, configs, ["--cuda-graphs"])
     torch_rows, compiled_rows = run_torch(which, configs, compile_too)
+    # A graphed row ("amp-bf16+graphs") is compared with PyTorch's rows of its configuration.
     tkey = {(r["model"], r["cfg"]): r for r in torch_rows}
     ckey = {(r["model"], r["cfg"]): r for r in compiled_rows}
+    for r in tally:
+        base = r["cfg"].replace("+graphs", "")
+        if base != r["cfg"]:
+            tkey.setdefault((r["model"], r["cfg"]), tkey.get((r["model"], base)))
+            ckey.setdefault((r["model"], r["cfg"]), ckey.get((r["model"], base)))
     print_header(f"{'model':22} {'cfg':16} {'tally ms':>9} {'torch ms':>9} {'speed':>6} "
                  f"{'tally MiB':>10} {'torch MiB':>10} {'mem':>6} {'tally resv':>10} {'torch resv':>10} "
                  f"{'floor ms':>9}")
@@ -193,6 +208,22 @@ def main():
             print(f"{r['model']:22} {r['cfg']:16} {r['step_ms']:9.1f} {eager} {c['step_ms']:10.1f} "
                   f"{vs_eager} {c['step_ms'] / r['step_ms']:10.2f} {c['peak_alloc_mib']:11.0f} "
                   f"{c['peak_reserved_mib']:12.0f} {c['compile_s']:9.1f} {floor}")
+    if graphs:
+        eager = {(r["model"], r["cfg"]): r for r in tally if "+graphs" not in r["cfg"]}
+        print_header(f"{'model':22} {'cfg':16} {'eager ms':>9} {'graphs ms':>9} {'saved ms':>8} "
+                     f"{'saved':>6} {'eager MiB':>9} {'graphs MiB':>10} {'eager resv':>10} "
+                     f"{'graphs resv':>11} {'floor ms':>9}")
+        for r in tally:
+            e = eager.get((r["model"], r["cfg"].replace("+graphs", "")))
+            if "+graphs" not in r["cfg"] or not e:
+                continue
+            flops = FLOORS.get(r["model"])
+            floor = f"{flops / 790e12 * 1e3:9.2f}" if flops else f"{'':9}"
+            saved = e["step_ms"] - r["step_ms"]
+            print(f"{r['model']:22} {e['cfg']:16} {e['step_ms']:9.2f} {r['step_ms']:9.2f} "
+                  f"{saved:8.2f} {100 * saved / e['step_ms']:5.1f}% {e['peak_alloc_mib']:9.0f} "
+                  f"{r['peak_alloc_mib']:10.0f} {e['peak_reserved_mib']:10.0f} "
+                  f"{r['peak_reserved_mib']:11.0f} {floor}")
     print("JSON " + json.dumps(out))
     return 0
 
