@@ -1,7 +1,7 @@
 // What the training programs share: the --checkpoint / --amp / --offload / --device flags, a
 // training step that applies them (autocast region, GradScaler for fp16, phases for the history),
 // the --detect-leaks check (LeakCheck), --memory-limit and the out-of-memory report (what would
-// fit), a one-line progress bar, and byte formatting.
+// fit), --cuda-graphs (GraphedStep), a one-line progress bar, and byte formatting.
 #pragma once
 
 #include <fmt/format.h>
@@ -31,6 +31,7 @@
 #include "optim/optimizer.h"
 #include "optim/sgd.h"
 #include "optim/step_in_backward.h"
+#include "tensor/graph.h"
 
 namespace tally::examples {
 
@@ -316,6 +317,72 @@ inline void check_step_in_backward(bool on, const std::string& amp, double clip)
         "--step-in-backward with --clip: clipping by the total norm needs every gradient before "
         "any step; use --clip 0");
 }
+
+// --cuda-graphs: what a replayed step cannot do, named before any work (tensor/graph.h).
+// `estimate` is the --estimate target (a dry run has no device to capture on).
+inline void check_cuda_graphs(bool on, const std::string& device, const std::string& estimate,
+                              const std::string& amp, const std::string& offload,
+                              bool step_in_backward, const std::string& optimizer) {
+  if (!on) return;
+  if (!estimate.empty())
+    throw std::invalid_argument(
+        "--cuda-graphs with --estimate: a dry run has no device to capture on; leave one out");
+  if (device != "cuda")
+    throw std::invalid_argument(
+        fmt::format("--cuda-graphs captures CUDA work: it needs --device cuda, not {}", device));
+  if (amp == "fp16" || amp == "auto")
+    throw std::invalid_argument(fmt::format(
+        "--cuda-graphs with --amp {}: fp16's GradScaler reads found_inf on the host every step, "
+        "which a graph cannot replay; use --amp bf16 or off",
+        amp));
+  if (offload != "none")
+    throw std::invalid_argument(
+        "--cuda-graphs with --offload: the copies are fenced by the host; use --offload none");
+  if (step_in_backward)
+    throw std::invalid_argument(
+        "--cuda-graphs with --step-in-backward: the hooks step from the host; leave one out");
+  if (optimizer == "adamw8bit")
+    throw std::invalid_argument(
+        "--cuda-graphs with --optimizer adamw8bit: its step count stays on the host; use adamw");
+}
+
+// --cuda-graphs: the training step (forward, backward, optimizer step; the caller's `step`) runs
+// eagerly at the first call, is captured into a CUDA graph at the second and replayed from then
+// on (tensor/graph.h). The step reads its inputs from tensors kept here, into which each call's
+// inputs are copied (their shapes must not change); its outputs (the loss, the logits) are the
+// graph's, overwritten by the next replay: read them before it. Disabled, it calls `step`.
+class GraphedStep {
+ public:
+  using Step = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+  GraphedStep(bool enabled, Device device) : enabled_(enabled), device_(device) {}
+  bool enabled() const { return enabled_; }
+  std::vector<Tensor> operator()(const std::vector<Tensor>& inputs, const Step& step) {
+    if (!enabled_) return step(inputs);
+    if (statics_.empty()) {
+      memory::CategoryScope input(memory::Category::input);
+      for (const Tensor& t : inputs) statics_.push_back(ops::clone(t));
+      return step(statics_);
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].sizes() != statics_[i].sizes() || inputs[i].dtype() != statics_[i].dtype())
+        throw std::invalid_argument(fmt::format(
+            "--cuda-graphs: the step's input {} is {} {}, the captured step's {} {}: a graph "
+            "replays fixed shapes",
+            i, dtype_name(inputs[i].dtype()), inputs[i].shape_string(),
+            dtype_name(statics_[i].dtype()), statics_[i].shape_string()));
+      ops::copy_(statics_[i], inputs[i]);
+    }
+    if (!graph_.captured()) graph_.capture([&] { outputs_ = step(statics_); }, device_.index);
+    graph_.replay();
+    return outputs_;
+  }
+
+ private:
+  bool enabled_;
+  Device device_;
+  cuda::Graph graph_;
+  std::vector<Tensor> statics_, outputs_;
+};
 
 // Mixed precision for one training loop: an autocast region around the forward and, for
 // fp16, dynamic loss scaling.

@@ -58,6 +58,7 @@ struct Args {
   std::string memory_budget;  // --checkpoint auto: the planner's budget
   std::string memory_limit;   // caps what the device may reserve
   bool detect_leaks = false;
+  bool cuda_graphs = false;
 };
 
 // Greedy-with-temperature sampling of `n` bytes after `prompt`.
@@ -133,6 +134,9 @@ int main(int argc, char** argv) {
   app.add_flag("--step-in-backward", a.step_in_backward,
                "update each parameter as soon as its gradient is ready and free the gradient "
                "(needs --clip 0, the default with it; not with --amp fp16)");
+  app.add_flag("--cuda-graphs", a.cuda_graphs,
+               "capture the training step into a CUDA graph at step 2 and replay it (--device "
+               "cuda; not with --amp fp16, --offload, --step-in-backward, adamw8bit)");
   app.add_option("--sample", a.sample, "print a sample of this many bytes at the end (text data)")
       ->check(ex::int_range(0, 1 << 20));
   ex::add_checked_option(app, "--eval-batches", a.eval_batches, "validation batches",
@@ -144,6 +148,9 @@ int main(int argc, char** argv) {
 
   return ex::run_cli("train_gpt", app, argc, argv, [&] {
     // ---- everything is checked before the first step ----
+    // Before the device is parsed: what --cuda-graphs cannot do is the first thing said.
+    ex::check_cuda_graphs(a.cuda_graphs, a.device, a.estimate, a.amp, a.offload, a.step_in_backward,
+                          a.optimizer);
     const std::unique_ptr<memory::DryRun> dry =
         ex::make_dry_run(a.estimate, app.count("--device") > 0);
     const Device dev = dry ? dry->device() : ex::parse_device(a.device);
@@ -155,10 +162,14 @@ int main(int argc, char** argv) {
     ex::check_optimizer(a.optimizer, {"adamw", "adamw8bit", "sgd"});
     if (a.step_in_backward && app.count("--clip") == 0) a.clip = 0;  // clipping needs every grad
     ex::check_step_in_backward(a.step_in_backward, a.amp, a.clip);
-    const optim::AdamOptions adam_options{
-        .lr = a.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = a.weight_decay};
+    const optim::AdamOptions adam_options{.lr = a.lr,
+                                          .beta1 = 0.9,
+                                          .beta2 = 0.95,
+                                          .eps = 1e-8,
+                                          .weight_decay = a.weight_decay,
+                                          .capturable = a.cuda_graphs};
     const optim::SGDOptions sgd_options{
-        .lr = a.lr, .momentum = 0.9, .weight_decay = a.weight_decay};
+        .lr = a.lr, .momentum = 0.9, .weight_decay = a.weight_decay, .capturable = a.cuda_graphs};
     std::optional<DType> amp = auto_plan.amp_auto ? std::nullopt : ex::parse_amp(a.amp);
     nn::CheckpointSpec ckpt =
         auto_plan.checkpoint_auto ? nn::CheckpointSpec{} : nn::parse_checkpoint_spec(a.checkpoint);
@@ -279,6 +290,7 @@ int main(int argc, char** argv) {
       optim::WarmupCosineLR sched(opt, warmup, a.steps, a.lr * 0.1);
       ex::Precision prec(amp, dev);
       if (a.step_in_backward) prec.step_in_backward(opt);
+      ex::GraphedStep graphed(a.cuda_graphs, dev);
       Generator gen(a.seed + 17);
       data::SyntheticTokens synth(1 << 20, cfg.vocab_size, {T}, a.seed);
 
@@ -303,12 +315,13 @@ int main(int argc, char** argv) {
       fmt::print(
           "Tally train_gpt: preset {} ({:.2f} M parameters), data {}{}, device {}, batch {} x {} "
           "tokens, "
-          "{} steps, {} lr {}, checkpoint {}, amp {}{}\n",
+          "{} steps, {} lr {}, checkpoint {}, amp {}{}{}\n",
           a.preset, model->num_parameters() / 1e6, synthetic ? "synthetic" : a.data,
           synthetic ? "" : fmt::format(" ({} tokens)", corpus->num_tokens()), dev.str(), a.batch, T,
           a.steps, std::string(opt.name()) + (a.step_in_backward ? " (step-in-backward)" : ""),
           a.lr, a.checkpoint, prec.name(),
-          offload.enabled() ? ", offload " + offload.str() : std::string());
+          offload.enabled() ? ", offload " + offload.str() : std::string(),
+          a.cuda_graphs ? ", CUDA graphs" : "");
 
       model->train();
       ex::Progress bar(a.steps, isatty(fileno(stdout)));
@@ -321,25 +334,31 @@ int main(int argc, char** argv) {
       const int64_t steps = dry ? std::min(a.steps, ex::kEstimateSteps) : a.steps;
       for (int64_t step = 1; step <= steps; ++step) {
         const data::Example batch = next_batch(data::Split::train);
-        opt.zero_grad(true);
-        Tensor loss;
-        {
-          memory::PhaseScope phase("forward");
-          auto guard = prec.autocast();
-          loss = (*model)(batch.input, batch.target).second;
-        }
-        {
-          memory::PhaseScope phase("backward");
-          prec.scaler().scale(loss).backward();
-        }
-        if (!a.step_in_backward) {  // else every parameter stepped inside backward
-          if (a.clip > 0) {
-            prec.scaler().unscale_(opt);
-            optim::clip_grad_norm_(model->parameters(), a.clip);
-          }
-          prec.scaler().step(opt);
-          prec.scaler().update();
-        }
+        // zero_grad, forward, backward, clipping, optimizer step: replayed from step 2 with
+        // --cuda-graphs.
+        const Tensor loss =
+            graphed({batch.input, batch.target}, [&](const std::vector<Tensor>& in) {
+              opt.zero_grad(true);
+              Tensor l;
+              {
+                memory::PhaseScope phase("forward");
+                auto guard = prec.autocast();
+                l = (*model)(in[0], in[1]).second;
+              }
+              {
+                memory::PhaseScope phase("backward");
+                prec.scaler().scale(l).backward();
+              }
+              if (!a.step_in_backward) {  // else every parameter stepped inside backward
+                if (a.clip > 0) {
+                  prec.scaler().unscale_(opt);
+                  optim::clip_grad_norm_(model->parameters(), a.clip);
+                }
+                prec.scaler().step(opt);
+                prec.scaler().update();
+              }
+              return std::vector<Tensor>{l};
+            })[0];
         sched.step();
         {
           NoGradGuard ng;

@@ -59,14 +59,18 @@ struct Args {
   std::string memory_budget;  // --checkpoint auto: the planner's budget
   std::string memory_limit;   // caps what the device may reserve
   bool detect_leaks = false;
+  bool cuda_graphs = false;
 };
 
 // --optimizer over the model's parameters.
 std::unique_ptr<optim::Optimizer> make_optimizer(const Args& a, nn::Module& model) {
   return ex::make_optimizer(
       a.optimizer, model.parameters(),
-      optim::AdamOptions{.lr = a.lr, .weight_decay = a.weight_decay},
-      optim::SGDOptions{.lr = a.lr, .momentum = a.momentum, .weight_decay = a.weight_decay});
+      optim::AdamOptions{.lr = a.lr, .weight_decay = a.weight_decay, .capturable = a.cuda_graphs},
+      optim::SGDOptions{.lr = a.lr,
+                        .momentum = a.momentum,
+                        .weight_decay = a.weight_decay,
+                        .capturable = a.cuda_graphs});
 }
 
 std::shared_ptr<nn::Module> make_model(const Args& a, int64_t classes, int64_t channels) {
@@ -118,6 +122,9 @@ int main(int argc, char** argv) {
                "update each parameter as soon as its gradient is ready and free the gradient "
                "(not with --amp fp16)");
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
+  app.add_flag("--cuda-graphs", a.cuda_graphs,
+               "capture the training step into a CUDA graph at step 2 and replay it (--device "
+               "cuda; not with --amp fp16, --offload, --step-in-backward, adamw8bit)");
   app.add_option("--image-size", a.image_size,
                  "resize images to this size (an integer multiple; 0: the dataset's own)")
       ->check(ex::int_range(0, 4096));
@@ -141,6 +148,9 @@ int main(int argc, char** argv) {
 
   return ex::run_cli("train_resnet", app, argc, argv, [&] {
     // ---- everything is checked before the first step ----
+    // Before the device is parsed: what --cuda-graphs cannot do is the first thing said.
+    ex::check_cuda_graphs(a.cuda_graphs, a.device, a.estimate, a.amp, a.offload, a.step_in_backward,
+                          a.optimizer);
     const std::unique_ptr<memory::DryRun> dry =
         ex::make_dry_run(a.estimate, app.count("--device") > 0);
     const Device dev = dry ? dry->device() : ex::parse_device(a.device);
@@ -310,14 +320,16 @@ int main(int argc, char** argv) {
       optim::WarmupCosineLR sched(*opt, warmup, total, a.lr * 0.01);
       ex::Precision prec(amp, dev);
       if (a.step_in_backward) prec.step_in_backward(*opt);
+      ex::GraphedStep graphed(a.cuda_graphs, dev);
 
       fmt::print(
           "Tally train_resnet: {} ({:.2f} M parameters) on {} ({} train / {} test), device {}, "
-          "batch {}, {} steps, {} {}, checkpoint {}, amp {}{}\n",
+          "batch {}, {} steps, {} {}, checkpoint {}, amp {}{}{}\n",
           a.arch, model->num_parameters() / 1e6, a.dataset, train->size(), test->size(), dev.str(),
           a.batch, total, a.optimizer + (a.step_in_backward ? " (step-in-backward)" : ""), a.lr,
           a.checkpoint, prec.name(),
-          offload.enabled() ? ", offload " + offload.str() : std::string());
+          offload.enabled() ? ", offload " + offload.str() : std::string(),
+          a.cuda_graphs ? ", CUDA graphs" : "");
 
       // ---- train ----
       model->train();
@@ -335,15 +347,21 @@ int main(int argc, char** argv) {
         for (const data::Example& batch : loader) {
           if (step >= total) break;
           const Tensor x = resize(batch.input, image_size);
-          opt->zero_grad(true);
-          Tensor logits, loss;
-          {
-            memory::PhaseScope phase("forward");
-            auto guard = prec.autocast();
-            logits = (*model)(x);
-            loss = cross_entropy(logits, batch.target);
-          }
-          prec.backward_and_step(loss, *opt);
+          // zero_grad, forward, backward, optimizer step: replayed from step 2 with --cuda-graphs.
+          const std::vector<Tensor> out =
+              graphed({x, batch.target}, [&](const std::vector<Tensor>& in) {
+                opt->zero_grad(true);
+                Tensor logits, loss;
+                {
+                  memory::PhaseScope phase("forward");
+                  auto guard = prec.autocast();
+                  logits = (*model)(in[0]);
+                  loss = cross_entropy(logits, in[1]);
+                }
+                prec.backward_and_step(loss, *opt);
+                return std::vector<Tensor>{logits, loss};
+              });
+          const Tensor &logits = out[0], &loss = out[1];
           sched.step();
           {
             NoGradGuard ng;

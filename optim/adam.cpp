@@ -105,6 +105,7 @@ void Adam::update_group(const ParamGroup& group, const std::vector<size_t>& indi
         lists.add({p.data_ptr(), g.data_ptr(), m, v}, p.numel());
     }
     h.step = state(bucket[0]).step;
+    h.lr_device = h.capturable ? device_lr(group, first.device()) : nullptr;
     fused_adam_(lists, h);
   }
 }

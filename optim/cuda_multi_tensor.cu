@@ -93,7 +93,8 @@ __device__ __forceinline__ Range chunk_range(const Entry& e, const Chunk& c) {
 
 template <typename T>
 __global__ void sgd_kernel(const Entry* entries, const Chunk* chunks, detail::SGDScalars<T> s,
-                           bool has_buf) {
+                           bool has_buf, const double* lr) {
+  if (lr) s.set_lr(*lr);
   const Chunk c = chunks[blockIdx.x];
   const Entry& e = entries[c.tensor];
   const Range r = chunk_range(e, c);
@@ -114,10 +115,11 @@ __global__ void step_increment_kernel(const Entry* entries, int64_t n, int slot)
 // step_slot >= 0 (capturable): the bias corrections come from the tensor's step in that list.
 template <typename T>
 __global__ void adam_kernel(const Entry* entries, const Chunk* chunks, detail::AdamScalars<T> s,
-                            bool has_max, int step_slot) {
+                            bool has_max, int step_slot, const double* lr) {
   const Chunk c = chunks[blockIdx.x];
   const Entry& e = entries[c.tensor];
   const Range r = chunk_range(e, c);
+  if (lr) s.set_lr(*lr);
   if (step_slot >= 0) s.set_step(static_cast<double>(*static_cast<const float*>(e.ptr[step_slot])));
   T* p = static_cast<T*>(e.ptr[0]);
   const T* g = static_cast<const T*>(e.ptr[1]);
@@ -402,8 +404,8 @@ void sgd_(const TensorLists& l, const SGDHyper& h) {
   launch_update(l, "optim::sgd (multi-tensor)", "SGD.step", "SGD.step (multi-tensor)",
                 [&](auto zero, const DeviceTable& t, cudaStream_t s) {
                   using T = decltype(zero);
-                  sgd_kernel<T><<<grid(t), kThreads, 0, s>>>(t.entries, t.chunks,
-                                                             detail::SGDScalars<T>(h), l.depth > 2);
+                  sgd_kernel<T><<<grid(t), kThreads, 0, s>>>(
+                      t.entries, t.chunks, detail::SGDScalars<T>(h), l.depth > 2, h.lr_device);
                 });
 }
 
@@ -418,7 +420,7 @@ void adam_(const TensorLists& l, const AdamHyper& h) {
                         t.entries, n, slot);
                   }
                   adam_kernel<T><<<grid(t), kThreads, 0, s>>>(
-                      t.entries, t.chunks, detail::AdamScalars<T>(h), h.amsgrad, slot);
+                      t.entries, t.chunks, detail::AdamScalars<T>(h), h.amsgrad, slot, h.lr_device);
                 });
 }
 

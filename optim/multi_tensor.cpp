@@ -101,7 +101,9 @@ void update_each(const TensorLists& l, const char* op, const Hyper& h, F update)
 }
 
 void sgd_(const TensorLists& l, const SGDHyper& h) {
-  update_each<detail::SGDScalars>(l, "SGD", h, [&](const auto& s, auto lists, size_t t) {
+  update_each<detail::SGDScalars>(l, "SGD", h, [&](const auto& s0, auto lists, size_t t) {
+    auto s = s0;
+    if (h.lr_device) s.set_lr(*h.lr_device);
     auto* p = lists(t, 0);
     const auto* g = lists(t, 1);
     auto* buf = l.depth > 2 ? lists(t, 2) : nullptr;
@@ -118,6 +120,7 @@ void adam_(const TensorLists& l, const AdamHyper& h) {
     auto* v = lists(t, 3);
     auto* vmax = h.amsgrad ? lists(t, 4) : nullptr;
     auto s = s0;
+    if (h.lr_device) s.set_lr(*h.lr_device);
     if (h.capturable) {  // the tensor's own step, counted here (the last list)
       float* step = static_cast<float*>(l.ptrs[t][static_cast<size_t>(l.depth - 1)]);
       *step += 1.0f;

@@ -31,10 +31,14 @@ struct TensorLists {
 };
 
 // SGD (torch.optim.SGD, _single_tensor_sgd). Lists: param, grad[, momentum_buffer].
+// lr_device (capturable optimizers, Adam's too): the lr read on the list's device (a float64
+// scalar the optimizer keeps equal to its option), so that a CUDA graph's replays see what a
+// scheduler sets between them; `lr` is then the same value, for the host's own uses.
 struct SGDHyper {
   double lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false, maximize = false;
   bool first_step = false;  // momentum buffers are new: buf = grad
+  const double* lr_device = nullptr;
 };
 
 // Adam / AdamW (torch.optim.Adam(W), _single_tensor_adam). Lists: param, grad, exp_avg,
@@ -48,6 +52,7 @@ struct AdamHyper {
   bool amsgrad = false, maximize = false;
   bool capturable = false;
   int64_t step = 1;
+  const double* lr_device = nullptr;  // capturable: as SGDHyper's
 };
 
 // AdamW8bit (bitsandbytes' AdamW8bit, block-wise quantized states). Lists: param, grad (float32),

@@ -8,6 +8,7 @@
 
 #include "autograd/grad_mode.h"
 #include "memory/context.h"
+#include "tensor/graph.h"
 #include "tensor/ops.h"
 
 namespace tally::optim {
@@ -107,6 +108,41 @@ void Optimizer::set_lr(double lr, size_t group) {
   if (group >= groups_.size())
     throw std::out_of_range(fmt::format("{}: param group {} of {}", name(), group, groups_.size()));
   groups_[group].options["lr"] = lr;
+  write_device_lr(group);
+}
+
+void Optimizer::write_device_lr(size_t group) {
+  const double lr = groups_[group].get("lr");
+  for (auto& [key, slot] : device_lr_) {
+    if (std::get<0>(key) != group || slot.written == lr) continue;
+    const Device d = slot.value.device();
+    if (d.type == DeviceType::cuda && cuda::is_capturing(d.index))
+      throw std::logic_error(fmt::format(
+          "{}: lr of param group {} changed to {} inside a CUDA graph capture (the write would "
+          "be captured and repeated by every replay); change it between replays",
+          name(), group, lr));
+    ops::fill_(slot.value, lr);
+    slot.written = lr;
+  }
+}
+
+const double* Optimizer::device_lr(const ParamGroup& group, Device device) {
+  const auto g = static_cast<size_t>(&group - groups_.data());
+  if (g >= groups_.size()) throw std::logic_error("Optimizer::device_lr: not one of its groups");
+  const auto key = std::make_tuple(g, static_cast<int>(device.type), device.index);
+  auto it = device_lr_.find(key);
+  if (it == device_lr_.end()) {
+    if (device.type == DeviceType::cuda && cuda::is_capturing(device.index))
+      throw std::logic_error(fmt::format(
+          "{}: a capturable update's first step is inside a CUDA graph capture; run one step "
+          "before capturing (its lr must be on the device already)",
+          name()));
+    Tensor value = make_state({}, DType::float64, device);
+    ops::fill_(value, group.get("lr"));
+    it = device_lr_.emplace(key, DeviceLr{value, group.get("lr")}).first;
+  }
+  write_device_lr(g);  // the option may have been set directly (param_groups())
+  return static_cast<const double*>(it->second.value.data_ptr());
 }
 
 Tensor Optimizer::make_state(const Tensor& param) {
@@ -251,6 +287,7 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
       if (it != sd.scalars.end()) v = it->second;
     }
   state_ = std::move(fresh);
+  for (size_t g = 0; g < groups_.size(); ++g) write_device_lr(g);
 }
 
 }  // namespace tally::optim

@@ -101,6 +101,12 @@ class Optimizer {
   std::vector<std::vector<size_t>> buckets(const std::vector<size_t>& indices, Key key);
   // Checks a group's options (ranges), throwing std::invalid_argument.
   virtual void check_options(const GroupOptions&) const {}
+  // The group's lr as a float64 scalar on `device` (capturable updates read it there, so that
+  // a CUDA graph's replays see the lr a scheduler sets between them): made at the group's first
+  // capturable update, kept equal to the option by set_lr and load_state_dict, and by each
+  // update outside a capture. Throws inside a capture when it would have to be made or changed
+  // (the change would be captured and repeated): run a step first, change lr with set_lr.
+  const double* device_lr(const ParamGroup& group, Device device);
   // A zero state tensor like `param`, under the optimizer_state category.
   static Tensor make_state(const Tensor& param);
   // A zero state tensor of the given shape and dtype on `device`, under optimizer_state
@@ -118,6 +124,13 @@ class Optimizer {
   const Tensor& param_at(size_t global_index) const;
 
  private:
+  void write_device_lr(size_t group);  // every device's copy of the group's lr, from the option
+  struct DeviceLr {
+    Tensor value;    // float64, shape {}
+    double written;  // what the host last wrote there
+  };
+  // By (group, device type, device index).
+  std::map<std::tuple<size_t, int, int>, DeviceLr> device_lr_;
   std::vector<ParamGroup> groups_;
   std::vector<ParamState> state_;
   std::vector<std::pair<size_t, size_t>> where_;  // global index -> (group, position)

@@ -15,7 +15,8 @@ GroupOptions SGDOptions::to_map() const {
           {"dampening", dampening},
           {"weight_decay", weight_decay},
           {"nesterov", nesterov ? 1.0 : 0.0},
-          {"maximize", maximize ? 1.0 : 0.0}};
+          {"maximize", maximize ? 1.0 : 0.0},
+          {"capturable", capturable ? 1.0 : 0.0}};
 }
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions options)
@@ -44,6 +45,7 @@ void SGD::update_group(const ParamGroup& group, const std::vector<size_t>& indic
   h.weight_decay = group.get("weight_decay");
   h.nesterov = group.flag("nesterov");
   h.maximize = group.flag("maximize");
+  const bool capturable = group.options.count("capturable") != 0 && group.flag("capturable");
   const bool use_momentum = h.momentum != 0;
   // Bucket by (device, dtype, whether the momentum buffer is new).
   auto fresh = [&](size_t i) {
@@ -65,6 +67,7 @@ void SGD::update_group(const ParamGroup& group, const std::vector<size_t>& indic
       }
       ++s.step;
     }
+    h.lr_device = capturable ? device_lr(group, first.device()) : nullptr;
     fused_sgd_(lists, h);
   }
 }

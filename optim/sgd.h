@@ -13,6 +13,9 @@ struct SGDOptions {
   double weight_decay = 0;
   bool nesterov = false;
   bool maximize = false;
+  // The lr is read on the parameters' device (Optimizer::device_lr), so that a CUDA graph of
+  // the step (tensor/graph.h) follows an lr scheduler. SGD has no other host-side value.
+  bool capturable = false;
   GroupOptions to_map() const;
 };
 

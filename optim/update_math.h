@@ -55,6 +55,7 @@ struct SGDScalars {
         nesterov(h.nesterov),
         maximize(h.maximize),
         first_step(h.first_step) {}
+  TALLY_OPTIM_HD void set_lr(double lr) { lr_neg = static_cast<T>(-lr); }
 };
 
 // grad = -grad if maximize; grad += wd * param; buf = grad (first) or buf * momentum +
@@ -76,7 +77,7 @@ struct AdamScalars {
   T weight_decay, decay_factor, lerp_weight, beta2, one_minus_beta2, eps, step_size_neg,
       bias_correction2_sqrt;
   bool decoupled, amsgrad, maximize;
-  double lr_d, beta1_d, beta2_d;  // what set_step needs
+  double lr_d, beta1_d, beta2_d, wd_d;  // what set_step and set_lr need
   explicit AdamScalars(const AdamHyper& h)
       : weight_decay(static_cast<T>(h.weight_decay)),
         decay_factor(static_cast<T>(1.0 - h.lr * h.weight_decay)),
@@ -89,8 +90,14 @@ struct AdamScalars {
         maximize(h.maximize),
         lr_d(h.lr),
         beta1_d(h.beta1),
-        beta2_d(h.beta2) {
+        beta2_d(h.beta2),
+        wd_d(h.weight_decay) {
     set_step(static_cast<double>(h.step));
+  }
+  // The lr read on the device (capturable updates); set_step after it.
+  TALLY_OPTIM_HD void set_lr(double lr) {
+    lr_d = lr;
+    decay_factor = static_cast<T>(1.0 - lr * wd_d);
   }
   // The bias corrections of step `step` (capturable updates call it with the device's count).
   TALLY_OPTIM_HD void set_step(double step) {

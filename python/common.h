@@ -56,6 +56,7 @@ void bind_nn(py::module_& m, py::module_& nn);
 void bind_optim(py::module_& m, py::module_& optim, py::module_& amp);
 void bind_memory(py::module_& m, py::module_& memory);
 void bind_profiler(py::module_& m, py::module_& profiler);
+void bind_cuda(py::module_& cuda);
 // tally.utils.data; after bind_nn, which makes tally.utils.
 void bind_data(py::module_& m);
 

@@ -55,6 +55,7 @@ PYBIND11_MODULE(_C, m) {
   py::module_ amp = m.def_submodule("amp", "torch.amp: autocast, GradScaler");
   py::module_ memory = m.def_submodule("memory", "the allocator's figures, snapshots, estimates");
   py::module_ profiler = m.def_submodule("profiler", "torch.profiler");
+  py::module_ cuda = m.def_submodule("cuda", "torch.cuda's CUDA graphs");
 
   bind_tensor(m);
   bind_functional(m, functional);
@@ -63,4 +64,5 @@ PYBIND11_MODULE(_C, m) {
   bind_optim(m, optim, amp);
   bind_memory(m, memory);
   bind_profiler(m, profiler);
+  bind_cuda(cuda);
 }

@@ -217,7 +217,7 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
 
   py::class_<optim::SGD, Optimizer>(optim_mod, "SGD")
       .def(py::init([](py::object params, double lr, double momentum, double dampening,
-                       double weight_decay, bool nesterov, bool maximize) {
+                       double weight_decay, bool nesterov, bool maximize, bool capturable) {
              optim::SGDOptions o;
              o.lr = lr;
              o.momentum = momentum;
@@ -225,11 +225,12 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
              o.weight_decay = weight_decay;
              o.nesterov = nesterov;
              o.maximize = maximize;
+             o.capturable = capturable;
              return std::make_unique<optim::SGD>(params_of(params), o);
            }),
            py::arg("params"), py::arg("lr") = 1e-3, py::arg("momentum") = 0.0,
            py::arg("dampening") = 0.0, py::arg("weight_decay") = 0.0, py::arg("nesterov") = false,
-           py::arg("maximize") = false);
+           py::arg("maximize") = false, py::arg("capturable") = false);
   py::class_<optim::Adam, Optimizer>(optim_mod, "Adam")
       .def(py::init([](py::object params, double lr, std::pair<double, double> betas, double eps,
                        double weight_decay, bool amsgrad, bool maximize, bool capturable) {

@@ -214,6 +214,12 @@ void Graph::reset() {
 }
 
 void Graph::capture(const std::function<void()>& fn, int device, memory::MempoolId pool) {
+  if (!impl_->capturing && !captured() && device >= 0 && device < memory::cuda_device_count()) {
+    // As torch.cuda.graph does: the cache's free segments go back first, so that the pool the
+    // capture fills is not reserved on top of them.
+    synchronize(device);
+    memory::empty_cache(memory::Device::cuda(device));
+  }
   capture_begin(device, pool);
   try {
     fn();

@@ -43,8 +43,9 @@ class Graph {
   // End the capture and instantiate the graph. Throws, naming the CUDA error, when the
   // captured work was invalid; the graph is then empty again.
   void capture_end();
-  // capture_begin, fn(), capture_end. An exception from fn ends the capture, drops it (the
-  // graph stays empty) and propagates.
+  // empty_cache (as torch.cuda.graph does: the pool is then not reserved on top of the cache's
+  // free segments), capture_begin, fn(), capture_end. An exception from fn ends the capture,
+  // drops it (the graph stays empty) and propagates.
   void capture(const std::function<void()>& fn, int device = 0, memory::MempoolId pool = 0);
   // Launch the captured work on the device's stream (asynchronous, like any op).
   void replay();

@@ -17,12 +17,12 @@ from . import _C
 from ._C import *  # noqa: F401,F403  Tensor, dtype, device, the factories and ops
 from ._C import (OutOfMemoryError, Tensor, UnpickleError, autograd, device, dtype,  # noqa: F401
                  is_grad_enabled)
-from ._C import amp, memory, nn, optim, profiler, utils  # noqa: F401
+from ._C import amp, cuda, memory, nn, optim, profiler, utils  # noqa: F401
 
 __version__ = _C.__version__
 
 for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("optim", optim),
-                    ("amp", amp), ("memory", memory), ("profiler", profiler),
+                    ("amp", amp), ("memory", memory), ("profiler", profiler), ("cuda", cuda),
                     ("autograd", autograd), ("utils", utils),
                     ("utils.checkpoint", utils.checkpoint), ("utils.data", utils.data),
                     ("optim.lr_scheduler", optim.lr_scheduler),
@@ -32,6 +32,9 @@ for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("optim", opti
 from ._grad import enable_grad, no_grad, set_grad_enabled  # noqa: E402,F401
 from ._nn import Parameter  # noqa: E402,F401
 from . import ab  # noqa: E402,F401
+from ._cuda import graph as _graph  # noqa: E402
+
+cuda.graph = _graph
 
 autocast = amp.autocast
 GradScaler = amp.GradScaler

@@ -417,6 +417,9 @@ TEST(Adam, CapturableCountsOnTheDeviceWithTheSameResults) {
         set_grad(b, g);
         plain->step();
         capt->step();
+        // A scheduler's change reaches the device's copy of the lr (a graph reads it there).
+        plain->set_lr(0.05 / (step + 2));
+        capt->set_lr(0.05 / (step + 2));
       }
       EXPECT_TRUE(near_rel(b, ops::to_vector(a), 0)) << "amsgrad " << amsgrad;
       const Tensor device_step = capt->state(0).tensors.at("device_step");
@@ -447,6 +450,27 @@ TEST(Adam, CapturableCountsOnTheDeviceWithTheSameResults) {
   testing::expect_error<std::invalid_argument>(
       [&] { optim::AdamW8bit bad({param({1.0})}, {.lr = 0.1, .capturable = true}); },
       {"AdamW8bit", "capturable"});
+}
+
+// SGD's capturable: the lr read from the device's copy, which set_lr and a group's option keep
+// equal to the host's; the same bits as the plain update.
+TEST(SGD, CapturableReadsTheLrOnTheDevice) {
+  Tensor a = param({0.3, -1.2, 0.7}), b = param({0.3, -1.2, 0.7});
+  SGD plain({a}, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+  SGD capt({b}, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .capturable = true});
+  for (int step = 0; step < 4; ++step) {
+    set_grad(a, {0.2, -0.1 * step, 0.05});
+    set_grad(b, {0.2, -0.1 * step, 0.05});
+    plain.step();
+    capt.step();
+    plain.set_lr(0.1 / (step + 2));
+    if (step == 1)
+      capt.param_groups()[0].options["lr"] = 0.1 / (step + 2);  // set directly: still seen
+    else
+      capt.set_lr(0.1 / (step + 2));
+  }
+  EXPECT_TRUE(near_rel(b, ops::to_vector(a), 0));
+  EXPECT_EQ(capt.state_dict().scalars.at("param_groups.0.capturable"), 1.0);
 }
 
 TEST(Optimizer, TrainsWithAutograd) {
