@@ -12,8 +12,8 @@ a "compile ms" column and Tally's speed against it. Compiling takes 30-90 s a co
 
 With --cuda-graphs, Tally also runs each configuration captured into a CUDA graph and replayed
 (bench_train --cuda-graphs: rows "<cfg>+graphs", compared with PyTorch's eager and compiled rows
-of <cfg>), and a last table shows what the graph saved against Tally's own eager step. fp16
-configurations have no graphed row (their GradScaler reads found_inf on the host every step).
+of <cfg>), and a last table shows what the graph saved against Tally's own eager step (fp16's
+with a capturable GradScaler: the skip and the next scale decided on the device).
 
     python3 bench/train.py BUILD_DIR [resnet] [gpt] [--configs baseline-fp32,ckpt4,...] [--compile]
         [--cuda-graphs]

@@ -321,7 +321,7 @@ inline void check_step_in_backward(bool on, const std::string& amp, double clip)
 // --cuda-graphs: what a replayed step cannot do, named before any work (tensor/graph.h).
 // `estimate` is the --estimate target (a dry run has no device to capture on).
 inline void check_cuda_graphs(bool on, const std::string& device, const std::string& estimate,
-                              const std::string& amp, const std::string& offload,
+                              const std::string& /*amp*/, const std::string& offload,
                               bool step_in_backward, const std::string& optimizer) {
   if (!on) return;
   if (!estimate.empty())
@@ -330,11 +330,6 @@ inline void check_cuda_graphs(bool on, const std::string& device, const std::str
   if (device != "cuda")
     throw std::invalid_argument(
         fmt::format("--cuda-graphs captures CUDA work: it needs --device cuda, not {}", device));
-  if (amp == "fp16" || amp == "auto")
-    throw std::invalid_argument(fmt::format(
-        "--cuda-graphs with --amp {}: fp16's GradScaler reads found_inf on the host every step, "
-        "which a graph cannot replay; use --amp bf16 or off",
-        amp));
   if (offload != "none")
     throw std::invalid_argument(
         "--cuda-graphs with --offload: the copies are fenced by the host; use --offload none");
@@ -388,10 +383,12 @@ class GraphedStep {
 // fp16, dynamic loss scaling.
 class Precision {
  public:
-  Precision(std::optional<DType> amp, Device device)
+  // capturable: fp16's GradScaler decides on the device (--cuda-graphs; optim/grad_scaler.h).
+  Precision(std::optional<DType> amp, Device device, bool capturable = false)
       : amp_(amp),
         device_(device),
-        scaler_(optim::GradScalerOptions{.enabled = amp && *amp == DType::float16}) {}
+        scaler_(optim::GradScalerOptions{.enabled = amp && *amp == DType::float16,
+                                         .capturable = capturable}) {}
 
   bool enabled() const { return amp_.has_value(); }
   std::optional<DType> dtype() const { return amp_; }

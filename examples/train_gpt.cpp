@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
                "(needs --clip 0, the default with it; not with --amp fp16)");
   app.add_flag("--cuda-graphs", a.cuda_graphs,
                "capture the training step into a CUDA graph at step 2 and replay it (--device "
-               "cuda; not with --amp fp16, --offload, --step-in-backward, adamw8bit)");
+               "cuda; not with --offload, --step-in-backward, adamw8bit)");
   app.add_option("--sample", a.sample, "print a sample of this many bytes at the end (text data)")
       ->check(ex::int_range(0, 1 << 20));
   ex::add_checked_option(app, "--eval-batches", a.eval_batches, "validation batches",
@@ -288,7 +288,7 @@ int main(int argc, char** argv) {
       // Warm-up: 10% of the steps, at least 1 and fewer than all (none for a 1-step run).
       const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, a.steps / 10), a.steps - 1);
       optim::WarmupCosineLR sched(opt, warmup, a.steps, a.lr * 0.1);
-      ex::Precision prec(amp, dev);
+      ex::Precision prec(amp, dev, a.cuda_graphs);
       if (a.step_in_backward) prec.step_in_backward(opt);
       ex::GraphedStep graphed(a.cuda_graphs, dev);
       Generator gen(a.seed + 17);

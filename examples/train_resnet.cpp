@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   app.add_flag("--cuda-graphs", a.cuda_graphs,
                "capture the training step into a CUDA graph at step 2 and replay it (--device "
-               "cuda; not with --amp fp16, --offload, --step-in-backward, adamw8bit)");
+               "cuda; not with --offload, --step-in-backward, adamw8bit)");
   app.add_option("--image-size", a.image_size,
                  "resize images to this size (an integer multiple; 0: the dataset's own)")
       ->check(ex::int_range(0, 4096));
@@ -318,7 +318,7 @@ int main(int argc, char** argv) {
       // Warm-up: 5% of the steps, at least 1 and fewer than all (none for a 1-step run).
       const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, total / 20), total - 1);
       optim::WarmupCosineLR sched(*opt, warmup, total, a.lr * 0.01);
-      ex::Precision prec(amp, dev);
+      ex::Precision prec(amp, dev, a.cuda_graphs);
       if (a.step_in_backward) prec.step_in_backward(*opt);
       ex::GraphedStep graphed(a.cuda_graphs, dev);
 

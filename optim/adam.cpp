@@ -106,6 +106,7 @@ void Adam::update_group(const ParamGroup& group, const std::vector<size_t>& indi
     }
     h.step = state(bucket[0]).step;
     h.lr_device = h.capturable ? device_lr(group, first.device()) : nullptr;
+    h.found_inf = found_inf_on(first.device());
     fused_adam_(lists, h);
   }
 }

@@ -110,6 +110,11 @@ void AdamW8bit::update_group(const ParamGroup& group, const std::vector<size_t>&
   AdamHyper h = adam_hyper(group, /*decoupled=*/true);
   h.amsgrad = false;
   check_params();  // a group added after construction
+  for (const size_t i : indices)
+    if (found_inf_on(param_at(i).device()))
+      throw std::invalid_argument(
+          "AdamW8bit: a capturable GradScaler's skip on the device is not supported; use a "
+          "GradScaler without capturable");
   // Bucket by (device, step count, 8-bit or not): the bias corrections are per step, and the
   // two kinds of state are two kernels.
   auto key = [&](size_t i) { return state(i).step * 2 + (is_8bit(param_at(i)) ? 1 : 0); };

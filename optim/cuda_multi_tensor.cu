@@ -93,7 +93,8 @@ __device__ __forceinline__ Range chunk_range(const Entry& e, const Chunk& c) {
 
 template <typename T>
 __global__ void sgd_kernel(const Entry* entries, const Chunk* chunks, detail::SGDScalars<T> s,
-                           bool has_buf, const double* lr) {
+                           bool has_buf, const double* lr, const float* found_inf) {
+  if (found_inf && *found_inf != 0.0f) return;  // a capturable GradScaler's skip
   if (lr) s.set_lr(*lr);
   const Chunk c = chunks[blockIdx.x];
   const Entry& e = entries[c.tensor];
@@ -107,15 +108,25 @@ __global__ void sgd_kernel(const Entry* entries, const Chunk* chunks, detail::SG
 
 // Capturable Adam: each tensor's step (a float32 on the device, list `slot`) += 1, before the
 // update reads it.
-__global__ void step_increment_kernel(const Entry* entries, int64_t n, int slot) {
+__global__ void step_increment_kernel(const Entry* entries, int64_t n, int slot,
+                                      const float* found_inf) {
+  if (found_inf && *found_inf != 0.0f) return;  // the update is skipped: no step
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) *static_cast<float*>(entries[i].ptr[slot]) += 1.0f;
+}
+
+__global__ void update_scale_kernel(float* scale, int64_t* growth_tracker, const float* found_inf,
+                                    float growth_factor, float backoff_factor,
+                                    int64_t growth_interval) {
+  detail::update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                       growth_interval);
 }
 
 // step_slot >= 0 (capturable): the bias corrections come from the tensor's step in that list.
 template <typename T>
 __global__ void adam_kernel(const Entry* entries, const Chunk* chunks, detail::AdamScalars<T> s,
-                            bool has_max, int step_slot, const double* lr) {
+                            bool has_max, int step_slot, const double* lr, const float* found_inf) {
+  if (found_inf && *found_inf != 0.0f) return;  // a capturable GradScaler's skip
   const Chunk c = chunks[blockIdx.x];
   const Entry& e = entries[c.tensor];
   const Range r = chunk_range(e, c);
@@ -356,7 +367,8 @@ __global__ void clip_scale_kernel(const Entry* entries, const Chunk* chunks, con
 
 template <typename T>
 __global__ void unscale_kernel(const Entry* entries, const Chunk* chunks, T inv_scale,
-                               float* found_inf) {
+                               const float* scale, float* found_inf) {
+  if (scale) inv_scale = static_cast<T>(static_cast<float>(1.0 / static_cast<double>(*scale)));
   const Chunk c = chunks[blockIdx.x];
   const Entry& e = entries[c.tensor];
   const Range r = chunk_range(e, c);
@@ -404,8 +416,9 @@ void sgd_(const TensorLists& l, const SGDHyper& h) {
   launch_update(l, "optim::sgd (multi-tensor)", "SGD.step", "SGD.step (multi-tensor)",
                 [&](auto zero, const DeviceTable& t, cudaStream_t s) {
                   using T = decltype(zero);
-                  sgd_kernel<T><<<grid(t), kThreads, 0, s>>>(
-                      t.entries, t.chunks, detail::SGDScalars<T>(h), l.depth > 2, h.lr_device);
+                  sgd_kernel<T><<<grid(t), kThreads, 0, s>>>(t.entries, t.chunks,
+                                                             detail::SGDScalars<T>(h), l.depth > 2,
+                                                             h.lr_device, h.found_inf);
                 });
 }
 
@@ -417,10 +430,11 @@ void adam_(const TensorLists& l, const AdamHyper& h) {
                   if (h.capturable) {
                     const auto n = static_cast<int64_t>(l.size());
                     step_increment_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(
-                        t.entries, n, slot);
+                        t.entries, n, slot, h.found_inf);
                   }
-                  adam_kernel<T><<<grid(t), kThreads, 0, s>>>(
-                      t.entries, t.chunks, detail::AdamScalars<T>(h), h.amsgrad, slot, h.lr_device);
+                  adam_kernel<T><<<grid(t), kThreads, 0, s>>>(t.entries, t.chunks,
+                                                              detail::AdamScalars<T>(h), h.amsgrad,
+                                                              slot, h.lr_device, h.found_inf);
                 });
 }
 
@@ -505,7 +519,7 @@ void clip_scale_(const TensorLists& l, const Tensor& total_norm, double max_norm
   check_launch("clip_grad_norm_ (scale)");
 }
 
-void unscale_(const TensorLists& l, float inv_scale, const Tensor& found_inf) {
+void unscale_(const TensorLists& l, float inv_scale, const float* scale, const Tensor& found_inf) {
   NvtxRange range("optim::unscale (multi-tensor)");
   DeviceGuard guard(l.device.index);
   if (found_inf.dtype() != DType::float32 || found_inf.numel() != 1 ||
@@ -517,9 +531,19 @@ void unscale_(const TensorLists& l, float inv_scale, const Tensor& found_inf) {
   for_dtype(l.dtype, "GradScaler.unscale_", [&](auto zero) {
     using T = decltype(zero);
     unscale_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(
-        t.entries, t.chunks, static_cast<T>(inv_scale), found_inf.data<float>());
+        t.entries, t.chunks, static_cast<T>(inv_scale), scale, found_inf.data<float>());
   });
   check_launch("GradScaler.unscale_ (multi-tensor)");
+}
+
+void update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                  double growth_factor, double backoff_factor, int64_t growth_interval) {
+  NvtxRange range("optim::update_scale");
+  DeviceGuard guard(scale.device().index);
+  update_scale_kernel<<<1, 1, 0, stream(scale.device().index)>>>(
+      scale.data<float>(), growth_tracker.data<int64_t>(), found_inf.data<float>(),
+      static_cast<float>(growth_factor), static_cast<float>(backoff_factor), growth_interval);
+  check_launch("GradScaler.update (_amp_update_scale_)");
 }
 
 }  // namespace
@@ -531,6 +555,7 @@ const MultiTensorKernels multi_tensor_kernels{
     .total_norm = &total_norm,
     .clip_scale = &clip_scale_,
     .unscale = &unscale_,
+    .update_scale = &update_scale,
 };
 
 }  // namespace tally::optim::cuda

@@ -10,6 +10,7 @@
 #include "autograd/ops.h"
 #include "memory/context.h"
 #include "optim/multi_tensor.h"
+#include "tensor/graph.h"
 #include "tensor/ops.h"
 
 namespace tally::optim {
@@ -30,9 +31,37 @@ GradScaler::GradScaler(GradScalerOptions options)
         fmt::format("GradScaler: growth_interval {} must be positive", options.growth_interval));
 }
 
+double GradScaler::get_scale() const {
+  if (!enabled_) return 1.0;
+  if (opts_.capturable && device_) {
+    for (const Tensor& t : scale_tensors_)
+      if (t.device() == *device_) return ops::item(t);  // where update() changed it
+  }
+  return static_cast<double>(scale_);
+}
+
+int64_t GradScaler::get_growth_tracker() const {
+  if (opts_.capturable && tracker_tensor_.defined())
+    return static_cast<int64_t>(ops::item(tracker_tensor_));
+  return growth_tracker_;
+}
+
+Tensor GradScaler::growth_tracker_tensor(Device device) {
+  if (!tracker_tensor_.defined()) {
+    // Made inside a capture, its initial value would be written again by every replay.
+    if (device.type == DeviceType::cuda)
+      tally::cuda::check_not_capturing(device.index, "GradScaler: the first update()");
+    memory::CategoryScope category(memory::Category::optimizer_state);
+    tracker_tensor_ = ops::full({}, static_cast<double>(growth_tracker_), DType::int64, device);
+  }
+  return tracker_tensor_;
+}
+
 Tensor GradScaler::scale_tensor(Device device) {
   for (const Tensor& t : scale_tensors_)
     if (t.device() == device) return t;
+  if (opts_.capturable && device.type == DeviceType::cuda)  // as growth_tracker_tensor's
+    tally::cuda::check_not_capturing(device.index, "GradScaler: the first scale()");
   memory::CategoryScope category(memory::Category::optimizer_state);
   Tensor t = ops::full({}, scale_, DType::float32, device);
   scale_tensors_.push_back(t);
@@ -62,6 +91,19 @@ void GradScaler::unscale_(Optimizer& optimizer, std::source_location site) {
   memory::PhaseScope phase("optimizer");
   memory::CategoryScope category(memory::Category::temporary);
   const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
+  if (opts_.capturable) {
+    for (const ParamGroup& group : optimizer.param_groups())
+      for (const Tensor& p : group.params) {
+        const Tensor g = p.grad();
+        if (!g.defined()) continue;
+        if (!device_) device_ = g.device();
+        if (!(g.device() == *device_))
+          throw std::invalid_argument(fmt::format(
+              "GradScaler(capturable): gradients on {} and {}; a capturable scaler keeps its "
+              "scale on one device",
+              device_->str(), g.device().str()));
+      }
+  }
   // Bucket the gradients by (device, dtype).
   std::vector<TensorLists> lists;
   std::vector<Tensor> touched;
@@ -88,7 +130,9 @@ void GradScaler::unscale_(Optimizer& optimizer, std::source_location site) {
       flag = ops::zeros({1}, DType::float32, l.device);
       st.found_inf.push_back(flag);
     }
-    optim::unscale_(l, inv_scale, flag);
+    // capturable: 1 / scale taken on the device, from the scale update() left there.
+    optim::unscale_(l, inv_scale, opts_.capturable ? scale_tensor(l.device).data<float>() : nullptr,
+                    flag);
   }
   for (const Tensor& g : touched) g.storage().bump_version();
   st.unscaled = true;
@@ -117,6 +161,18 @@ bool GradScaler::step(Optimizer& optimizer, std::source_location site) {
     throw std::logic_error(
         "GradScaler.step: step() has already been called since the last update()");
   unscale_(optimizer);
+  if (opts_.capturable) {  // the update skips itself on the device
+    optimizer.set_found_inf(st.found_inf);
+    try {
+      optimizer.step();
+    } catch (...) {
+      optimizer.set_found_inf({});
+      throw;
+    }
+    optimizer.set_found_inf({});
+    st.stepped = true;
+    return true;
+  }
   const bool skip = read_found_inf(st);
   if (!skip) optimizer.step();
   st.stepped = true;
@@ -127,6 +183,21 @@ void GradScaler::update() {
   if (!enabled_) return;
   if (per_opt_.empty())
     throw std::logic_error("GradScaler.update: no inf checks were recorded prior to update()");
+  if (opts_.capturable) {
+    // found_inf of every optimizer on the scaler's device, summed there; then
+    // _amp_update_scale_ on the device.
+    NoGradGuard no_grad;
+    memory::CategoryScope category(memory::Category::temporary);
+    Tensor found;
+    for (auto& [opt, st] : per_opt_)
+      for (const Tensor& f : st.found_inf) found = found.defined() ? ops::add(found, f) : f;
+    per_opt_.clear();
+    if (!found.defined()) return;  // no gradient was unscaled: nothing was found
+    optim::amp_update_scale_(scale_tensor(found.device()), growth_tracker_tensor(found.device()),
+                             found, opts_.growth_factor, opts_.backoff_factor,
+                             opts_.growth_interval);
+    return;
+  }
   bool found = false;
   for (auto& [opt, st] : per_opt_) found = read_found_inf(st) || found;
   per_opt_.clear();
@@ -151,6 +222,12 @@ void GradScaler::update(double new_scale) {
 
 std::map<std::string, double> GradScaler::state_dict() const {
   if (!enabled_) return {};
+  if (opts_.capturable)
+    return {{"scale", get_scale()},
+            {"growth_factor", opts_.growth_factor},
+            {"backoff_factor", opts_.backoff_factor},
+            {"growth_interval", static_cast<double>(opts_.growth_interval)},
+            {"_growth_tracker", static_cast<double>(get_growth_tracker())}};
   return {{"scale", scale_},
           {"growth_factor", opts_.growth_factor},
           {"backoff_factor", opts_.backoff_factor},
@@ -171,6 +248,7 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& sd) {
   opts_.backoff_factor = sd.at("backoff_factor");
   opts_.growth_interval = static_cast<int64_t>(sd.at("growth_interval"));
   growth_tracker_ = static_cast<int64_t>(sd.at("_growth_tracker"));
+  if (tracker_tensor_.defined()) ops::fill_(tracker_tensor_, static_cast<double>(growth_tracker_));
   set_scale(static_cast<float>(sd.at("scale")));
 }
 

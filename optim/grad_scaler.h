@@ -10,10 +10,18 @@
 // on the host from the one found-inf read per step, so get_scale() does not synchronise.
 // unscale_ is one fused multi-tensor launch per (device, dtype) over all gradients: multiply
 // by 1/scale and raise a found_inf flag on the device. step() reads that flag once.
+//
+// capturable (for CUDA graphs, tensor/graph.h; the gradients on one device): nothing is read
+// on the host. unscale_ takes 1/scale on the device, step() hands the flag to the optimizer
+// (Optimizer::set_found_inf), whose fused update skips itself on the device, and update() runs
+// torch's _amp_update_scale_ there (the growth tracker is a device tensor too). The scales are
+// the host rule's, bit for bit; get_scale(), get_growth_tracker() and state_dict() read them
+// back (a synchronisation each).
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <source_location>
 #include <string>
 #include <vector>
@@ -28,6 +36,7 @@ struct GradScalerOptions {
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;
   bool enabled = true;
+  bool capturable = false;  // the file comment
 };
 
 class GradScaler {
@@ -51,8 +60,8 @@ class GradScaler {
   // Sets the scale explicitly (torch: update(new_scale)).
   void update(double new_scale);
 
-  double get_scale() const { return enabled_ ? static_cast<double>(scale_) : 1.0; }
-  int64_t get_growth_tracker() const { return growth_tracker_; }
+  double get_scale() const;
+  int64_t get_growth_tracker() const;
   bool is_enabled() const { return enabled_; }
   const GradScalerOptions& options() const { return opts_; }
   // The scale tensor on `device` (created on first use).
@@ -77,6 +86,10 @@ class GradScaler {
   float scale_;
   int64_t growth_tracker_ = 0;
   std::vector<Tensor> scale_tensors_;  // one per device used
+  Tensor tracker_tensor_;              // capturable: the growth tracker (int64, on the device)
+  Tensor growth_tracker_tensor(Device device);
+  // capturable: the one device the gradients are on (set at the first unscale_)
+  std::optional<Device> device_;
   std::map<const Optimizer*, PerOptimizer> per_opt_;
 };
 

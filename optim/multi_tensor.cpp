@@ -101,6 +101,7 @@ void update_each(const TensorLists& l, const char* op, const Hyper& h, F update)
 }
 
 void sgd_(const TensorLists& l, const SGDHyper& h) {
+  if (h.found_inf && *h.found_inf != 0) return;  // a capturable GradScaler's skip
   update_each<detail::SGDScalars>(l, "SGD", h, [&](const auto& s0, auto lists, size_t t) {
     auto s = s0;
     if (h.lr_device) s.set_lr(*h.lr_device);
@@ -113,6 +114,7 @@ void sgd_(const TensorLists& l, const SGDHyper& h) {
 }
 
 void adam_(const TensorLists& l, const AdamHyper& h) {
+  if (h.found_inf && *h.found_inf != 0) return;  // a capturable GradScaler's skip (no step)
   update_each<detail::AdamScalars>(l, "Adam", h, [&](const auto& s0, auto lists, size_t t) {
     auto* p = lists(t, 0);
     const auto* g = lists(t, 1);
@@ -220,8 +222,16 @@ void clip_scale(const TensorLists& l, const Tensor& total_norm, double max_norm)
   clip_scale_(l, ops::item(total_norm), max_norm);
 }
 
-void unscale(const TensorLists& l, float inv_scale, const Tensor& found_inf) {
+void unscale(const TensorLists& l, float inv_scale, const float* scale, const Tensor& found_inf) {
+  if (scale) inv_scale = static_cast<float>(1.0 / static_cast<double>(*scale));
   if (unscale_(l, inv_scale)) ops::fill_(found_inf, 1.0);
+}
+
+void update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                  double growth_factor, double backoff_factor, int64_t growth_interval) {
+  detail::update_scale(scale.data<float>(), growth_tracker.data<int64_t>(), found_inf.data<float>(),
+                       static_cast<float>(growth_factor), static_cast<float>(backoff_factor),
+                       growth_interval);
 }
 
 }  // namespace
@@ -233,6 +243,7 @@ const MultiTensorKernels multi_tensor_kernels{
     .total_norm = &total_norm,
     .clip_scale = &clip_scale,
     .unscale = &unscale,
+    .update_scale = &update_scale,
 };
 
 }  // namespace cpu
@@ -289,10 +300,30 @@ void clip_scale_(const TensorLists& l, const Tensor& total_norm, double max_norm
                                                                              max_norm);
 }
 
-void unscale_(const TensorLists& l, float inv_scale, const Tensor& found_inf) {
+void amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                       double growth_factor, double backoff_factor, int64_t growth_interval) {
+  static const OpInfo info("_amp_update_scale_");
+  DispatchScope scope(info, scale.device());
+  if (scale.dtype() != DType::float32 || scale.numel() != 1 ||
+      growth_tracker.dtype() != DType::int64 || growth_tracker.numel() != 1 ||
+      found_inf.dtype() != DType::float32 || found_inf.numel() != 1 ||
+      !(growth_tracker.device() == scale.device()) || !(found_inf.device() == scale.device()))
+    throw std::invalid_argument(fmt::format(
+        "_amp_update_scale_: expected float32 scale, int64 growth_tracker and float32 found_inf, "
+        "one element each on one device; got {} {} on {}, {} {} on {}, {} {} on {}",
+        dtype_name(scale.dtype()), scale.shape_string(), scale.device().str(),
+        dtype_name(growth_tracker.dtype()), growth_tracker.shape_string(),
+        growth_tracker.device().str(), dtype_name(found_inf.dtype()), found_inf.shape_string(),
+        found_inf.device().str()));
+  multi_tensor_backends.get(info, scale.device(), &MultiTensorKernels::update_scale)(
+      scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
+}
+
+void unscale_(const TensorLists& l, float inv_scale, const float* scale, const Tensor& found_inf) {
   static const OpInfo info("_amp_foreach_non_finite_check_and_unscale_");
   DispatchScope scope(info, l.device);
-  multi_tensor_backends.get(info, l.device, &MultiTensorKernels::unscale)(l, inv_scale, found_inf);
+  multi_tensor_backends.get(info, l.device, &MultiTensorKernels::unscale)(l, inv_scale, scale,
+                                                                          found_inf);
 }
 
 }  // namespace tally::optim

@@ -39,6 +39,9 @@ struct SGDHyper {
   bool nesterov = false, maximize = false;
   bool first_step = false;  // momentum buffers are new: buf = grad
   const double* lr_device = nullptr;
+  // A capturable GradScaler's decision, made on the device (Adam's too): the update does
+  // nothing (Adam's step count included) when *found_inf != 0.
+  const float* found_inf = nullptr;
 };
 
 // Adam / AdamW (torch.optim.Adam(W), _single_tensor_adam). Lists: param, grad, exp_avg,
@@ -53,6 +56,7 @@ struct AdamHyper {
   bool capturable = false;
   int64_t step = 1;
   const double* lr_device = nullptr;  // capturable: as SGDHyper's
+  const float* found_inf = nullptr;   // as SGDHyper's
 };
 
 // AdamW8bit (bitsandbytes' AdamW8bit, block-wise quantized states). Lists: param, grad (float32),
@@ -93,8 +97,16 @@ struct MultiTensorKernels {
   // list 0 *= clip_coef(total_norm, max_norm) (update_math.h), total_norm from total_norm().
   void (*clip_scale)(const TensorLists& l, const Tensor& total_norm, double max_norm);
   // list 0 *= inv_scale; sets found_inf (float32, one element, on the list's device) to 1 when
-  // any value (before scaling) was inf or NaN, and leaves it alone otherwise.
-  void (*unscale)(const TensorLists& l, float inv_scale, const Tensor& found_inf);
+  // any value (before scaling) was inf or NaN, and leaves it alone otherwise. With `scale` (a
+  // float32 on the device: a capturable GradScaler's), inv_scale is 1 / *scale, taken there.
+  void (*unscale)(const TensorLists& l, float inv_scale, const float* scale,
+                  const Tensor& found_inf);
+  // torch's _amp_update_scale_ on the scale's device (float32 arithmetic, as GradScaler's host
+  // rule): when *found_inf != 0, scale *= backoff_factor and growth_tracker = 0; else
+  // growth_tracker += 1 and, at growth_interval, scale *= growth_factor (if finite) and
+  // growth_tracker = 0. scale float32 {}, growth_tracker int64 {}, found_inf float32 {1}.
+  void (*update_scale)(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                       double growth_factor, double backoff_factor, int64_t growth_interval);
 };
 // The chunk table a fused CUDA launch uploads (optim/cuda_multi_tensor.cu) into a `temporary`
 // block: one entry per tensor, one chunk per kChunkSize elements of each (AdamW8bit's launch
@@ -131,7 +143,11 @@ Tensor foreach_norm(const TensorLists& l, double norm_type);  // "_foreach_norm"
 void clip_scale_(const TensorLists& l, const Tensor& total_norm,  // "_foreach_mul_"
                  double max_norm);
 void unscale_(const TensorLists& l, float inv_scale,  // "_amp_foreach_non_finite_
-              const Tensor& found_inf);               //  check_and_unscale_"
+              const float* scale,                     //  check_and_unscale_"
+              const Tensor& found_inf);
+// "_amp_update_scale_" (MultiTensorKernels::update_scale), on the scale's device.
+void amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                       double growth_factor, double backoff_factor, int64_t growth_interval);
 // "_fused_adamw8bit_" (checks the block size and the list's depth first)
 void fused_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h);
 

@@ -65,9 +65,12 @@ void clip_scale(const TensorLists& l, const Tensor& /*total_norm*/, double /*max
   upload(l);
 }
 
-void unscale(const TensorLists& l, float /*inv_scale*/, const Tensor& /*found_inf*/) {
+void unscale(const TensorLists& l, float /*inv_scale*/, const float* /*scale*/,
+             const Tensor& /*found_inf*/) {
   upload(l);
 }
+
+void update_scale(const Tensor&, const Tensor&, const Tensor&, double, double, int64_t) {}
 
 }  // namespace
 
@@ -78,6 +81,7 @@ const MultiTensorKernels multi_tensor_kernels{
     .total_norm = &total_norm,
     .clip_scale = &clip_scale,
     .unscale = &unscale,
+    .update_scale = &update_scale,
 };
 
 }  // namespace tally::optim::meta

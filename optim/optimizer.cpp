@@ -116,7 +116,7 @@ void Optimizer::write_device_lr(size_t group) {
   for (auto& [key, slot] : device_lr_) {
     if (std::get<0>(key) != group || slot.written == lr) continue;
     const Device d = slot.value.device();
-    if (d.type == DeviceType::cuda && cuda::is_capturing(d.index))
+    if (d.type == DeviceType::cuda && tally::cuda::is_capturing(d.index))
       throw std::logic_error(fmt::format(
           "{}: lr of param group {} changed to {} inside a CUDA graph capture (the write would "
           "be captured and repeated by every replay); change it between replays",
@@ -126,13 +126,19 @@ void Optimizer::write_device_lr(size_t group) {
   }
 }
 
+const float* Optimizer::found_inf_on(Device device) const {
+  for (const Tensor& f : found_inf_)
+    if (f.device() == device) return f.data<float>();
+  return nullptr;
+}
+
 const double* Optimizer::device_lr(const ParamGroup& group, Device device) {
   const auto g = static_cast<size_t>(&group - groups_.data());
   if (g >= groups_.size()) throw std::logic_error("Optimizer::device_lr: not one of its groups");
   const auto key = std::make_tuple(g, static_cast<int>(device.type), device.index);
   auto it = device_lr_.find(key);
   if (it == device_lr_.end()) {
-    if (device.type == DeviceType::cuda && cuda::is_capturing(device.index))
+    if (device.type == DeviceType::cuda && tally::cuda::is_capturing(device.index))
       throw std::logic_error(fmt::format(
           "{}: a capturable update's first step is inside a CUDA graph capture; run one step "
           "before capturing (its lr must be on the device already)",

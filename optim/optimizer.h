@@ -84,6 +84,11 @@ class Optimizer {
   const ParamState& state(size_t param_index) const;
   size_t num_params() const { return state_.size(); }
 
+  // A capturable GradScaler's step (optim/grad_scaler.h): until set again, each fused update on
+  // a flag's device does nothing when that flag (float32, one element) is nonzero, so the skip is
+  // decided on the device. Optimizers whose update cannot skip that way (AdamW8bit) throw.
+  void set_found_inf(std::vector<Tensor> flags) { found_inf_ = std::move(flags); }
+
   OptimizerStateDict state_dict() const;
   // Restores state and group options; shapes, devices and group sizes must match.
   void load_state_dict(const OptimizerStateDict& sd);
@@ -107,6 +112,8 @@ class Optimizer {
   // update outside a capture. Throws inside a capture when it would have to be made or changed
   // (the change would be captured and repeated): run a step first, change lr with set_lr.
   const double* device_lr(const ParamGroup& group, Device device);
+  // set_found_inf's flag for `device`, or nullptr.
+  const float* found_inf_on(Device device) const;
   // A zero state tensor like `param`, under the optimizer_state category.
   static Tensor make_state(const Tensor& param);
   // A zero state tensor of the given shape and dtype on `device`, under optimizer_state
@@ -131,6 +138,7 @@ class Optimizer {
   };
   // By (group, device type, device index).
   std::map<std::tuple<size_t, int, int>, DeviceLr> device_lr_;
+  std::vector<Tensor> found_inf_;
   std::vector<ParamGroup> groups_;
   std::vector<ParamState> state_;
   std::vector<std::pair<size_t, size_t>> where_;  // global index -> (group, position)

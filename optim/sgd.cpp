@@ -68,6 +68,7 @@ void SGD::update_group(const ParamGroup& group, const std::vector<size_t>& indic
       ++s.step;
     }
     h.lr_device = capturable ? device_lr(group, first.device()) : nullptr;
+    h.found_inf = found_inf_on(first.device());
     fused_sgd_(lists, h);
   }
 }

@@ -212,4 +212,24 @@ TALLY_OPTIM_HD T clip_coef(T total, T max_norm) {
   return c > T(1) ? T(1) : c;
 }
 
+// torch's _amp_update_scale_ (MultiTensorKernels::update_scale), one thread: float32 arithmetic
+// as GradScaler::update()'s host rule, so both give the same scales.
+TALLY_OPTIM_HD void update_scale(float* scale, int64_t* growth_tracker, const float* found_inf,
+                                 float growth_factor, float backoff_factor,
+                                 int64_t growth_interval) {
+  if (*found_inf != 0.0f) {
+    *scale = *scale * backoff_factor;
+    *growth_tracker = 0;
+    return;
+  }
+  const int64_t successful = *growth_tracker + 1;
+  if (successful == growth_interval) {
+    const float grown = *scale * growth_factor;
+    if (std::isfinite(grown)) *scale = grown;
+    *growth_tracker = 0;
+  } else {
+    *growth_tracker = successful;
+  }
+}
+
 }  // namespace tally::optim::detail

@@ -302,18 +302,19 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
 
   py::class_<optim::GradScaler>(amp, "GradScaler", "torch.amp.GradScaler: dynamic loss scaling")
       .def(py::init([](double init_scale, double growth_factor, double backoff_factor,
-                       int64_t growth_interval, bool enabled) {
+                       int64_t growth_interval, bool enabled, bool capturable) {
              optim::GradScalerOptions o;
              o.init_scale = init_scale;
              o.growth_factor = growth_factor;
              o.backoff_factor = backoff_factor;
              o.growth_interval = growth_interval;
              o.enabled = enabled;
+             o.capturable = capturable;
              return std::make_unique<optim::GradScaler>(o);
            }),
            py::arg("init_scale") = 65536.0, py::arg("growth_factor") = 2.0,
            py::arg("backoff_factor") = 0.5, py::arg("growth_interval") = 2000,
-           py::arg("enabled") = true)
+           py::arg("enabled") = true, py::arg("capturable") = false)
       .def("scale", [](optim::GradScaler& s, const Tensor& loss) { return s.scale(loss); })
       .def("unscale_", [](optim::GradScaler& s, Optimizer& o) { s.unscale_(o); })
       .def(

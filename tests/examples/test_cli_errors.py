@@ -75,8 +75,6 @@ cases = [
     (["train_gpt", "--offload", "activations,blocks"], "--offload", {}),
     # --cuda-graphs: what a replayed step cannot do is refused before any work.
     (["train_resnet", "--cuda-graphs"], "--cuda-graphs captures CUDA work: it needs --device cuda", {}),
-    (["train_gpt", "--cuda-graphs", "--device", "cuda", "--amp", "fp16"],
-     "--cuda-graphs with --amp fp16", {}),
     (["train_gpt", "--cuda-graphs", "--estimate", "h200"], "--cuda-graphs with --estimate", {}),
     (["train_resnet", "--cuda-graphs", "--device", "cuda", "--optimizer", "adamw8bit"],
      "--cuda-graphs with --optimizer adamw8bit", {}),

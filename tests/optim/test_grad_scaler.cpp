@@ -5,7 +5,11 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <vector>
 
+#include "optim/adam.h"
+#include "optim/adamw8bit.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "optim_testing.h"
@@ -145,6 +149,57 @@ TEST(GradScaler, DisabledIsATransparentWrapper) {
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 1.0);
   EXPECT_TRUE(scaler.state_dict().empty());
+}
+
+// capturable: the skip and the next scale decided on the device (for CUDA graphs) give the host
+// rule's parameters and scales bit for bit, through skipped steps (inf, NaN) and growth; Adam's
+// device step count does not advance on a skipped step.
+TEST(GradScaler, CapturableDecidesOnTheDeviceLikeTheHost) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::vector<double>> grads{{8, -4}, {inf, 1}, {16, 2}, {NAN, 0},
+                                               {4, 4},  {2, -8},  {1, 1},  {-4, 2}};
+  for (const bool adam : {false, true}) {
+    Tensor a = param({1.0, -2.0}), b = param({1.0, -2.0});
+    std::unique_ptr<Optimizer> host, dev;
+    if (adam) {
+      host = std::make_unique<Adam>(std::vector<Tensor>{a}, AdamOptions{.lr = 0.1});
+      dev = std::make_unique<Adam>(std::vector<Tensor>{b},
+                                   AdamOptions{.lr = 0.1, .capturable = true});
+    } else {
+      host = std::make_unique<SGD>(std::vector<Tensor>{a}, SGDOptions{.lr = 0.1, .momentum = 0.9});
+      dev = std::make_unique<SGD>(std::vector<Tensor>{b},
+                                  SGDOptions{.lr = 0.1, .momentum = 0.9, .capturable = true});
+    }
+    GradScaler hs(small(64, 2));
+    GradScalerOptions o = small(64, 2);
+    o.capturable = true;
+    GradScaler ds(o);
+    int stepped = 0;
+    for (const auto& g : grads) {
+      (void)hs.scale(tally::sum(a));  // makes the scale tensors, as a step's scale(loss) does
+      (void)ds.scale(tally::sum(b));
+      set_grad(a, g);
+      set_grad(b, g);
+      stepped += hs.step(*host);
+      EXPECT_TRUE(ds.step(*dev));  // it cannot know on the host
+      hs.update();
+      ds.update();
+      EXPECT_EQ(ds.get_scale(), hs.get_scale()) << "adam " << adam;
+      EXPECT_EQ(ds.get_growth_tracker(), hs.get_growth_tracker()) << "adam " << adam;
+    }
+    EXPECT_EQ(stepped, 6);
+    EXPECT_TRUE(near_rel(b, ops::to_vector(a), 0)) << "adam " << adam;
+    if (adam) EXPECT_EQ(ops::item(dev->state(0).tensors.at("device_step")), 6.0);
+    EXPECT_EQ(ds.state_dict().at("scale"), hs.state_dict().at("scale"));
+  }
+  // One device only; AdamW8bit cannot skip on the device.
+  GradScalerOptions o;
+  o.capturable = true;
+  GradScaler ds(o);
+  Tensor w = param({1.0});
+  set_grad(w, {1.0});
+  AdamW8bit q({w}, AdamOptions{.lr = 0.1});
+  testing::expect_error<std::invalid_argument>([&] { ds.step(q); }, {"AdamW8bit", "capturable"});
 }
 
 TEST(GradScaler, StateDictAndErrors) {
