@@ -279,23 +279,10 @@ std::string CudaProvider::device_name() const {
   return fmt::format("cuda:{}", device_);
 }
 
-// cudaMalloc enqueues nothing on a stream, but a capture in the default modes refuses it. The
-// allocator makes a graph-private pool's segments while a graph is captured, and they outlive
-// the graph's replays (the pool keeps them), so the call is let through (as PyTorch does).
-class RelaxedCapture {
- public:
-  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
-
 void* CudaProvider::allocate(size_t bytes) {
   CudaDeviceGuard g(device_, check);
   void* p = nullptr;
+  // The allocator makes a graph-private pool's segments while a graph is captured.
   const RelaxedCapture relaxed;
   const cudaError_t err = cudaMalloc(&p, bytes);
   if (err == cudaErrorMemoryAllocation) {

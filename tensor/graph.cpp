@@ -14,6 +14,7 @@
 #ifdef TALLY_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "memory/cuda_device_guard.h"
 #include "tensor/cuda/runtime.h"
 #endif
 
@@ -40,17 +41,7 @@ std::map<int, std::vector<void*>*> g_open;
 std::atomic<int> g_open_count{0};
 
 #ifdef TALLY_WITH_CUDA
-// cudaHostAlloc / cudaFreeHost enqueue nothing; a capture in the default modes refuses them.
-class RelaxedCapture {
- public:
-  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
+using memory::RelaxedCapture;  // cudaHostAlloc / cudaFreeHost: a capture refuses them otherwise
 
 void free_host_buffers(std::vector<void*>& buffers) {
   const RelaxedCapture relaxed;

@@ -12,14 +12,9 @@ import subprocess
 import sys
 import tempfile
 
+from example_checks import check, fails
+
 build = sys.argv[1]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what)
 
 
 def run(cmd):
@@ -61,5 +56,5 @@ with tempfile.TemporaryDirectory() as d:
         print(f"{prog}: {len(eager)} records agree: "
               + ", ".join(f"{r.get('loss', r.get('val_loss', r.get('test_loss')))}" for r in graphed))
 
-print("FAILED" if failures else "ok")
-sys.exit(1 if failures else 0)
+print("FAILED" if fails else "ok")
+sys.exit(1 if fails else 0)
