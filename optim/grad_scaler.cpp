@@ -91,20 +91,7 @@ void GradScaler::unscale_(Optimizer& optimizer, std::source_location site) {
   memory::PhaseScope phase("optimizer");
   memory::CategoryScope category(memory::Category::temporary);
   const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
-  if (opts_.capturable) {
-    for (const ParamGroup& group : optimizer.param_groups())
-      for (const Tensor& p : group.params) {
-        const Tensor g = p.grad();
-        if (!g.defined()) continue;
-        if (!device_) device_ = g.device();
-        if (!(g.device() == *device_))
-          throw std::invalid_argument(fmt::format(
-              "GradScaler(capturable): gradients on {} and {}; a capturable scaler keeps its "
-              "scale on one device",
-              device_->str(), g.device().str()));
-      }
-  }
-  // Bucket the gradients by (device, dtype).
+  // Bucket the gradients by (device, dtype); nothing runs before all of them are checked.
   std::vector<TensorLists> lists;
   std::vector<Tensor> touched;
   size_t index = 0;
@@ -113,6 +100,14 @@ void GradScaler::unscale_(Optimizer& optimizer, std::source_location site) {
       const Tensor g = p.grad();
       if (g.defined()) {
         check_grad(p, g, index, "GradScaler.unscale_");
+        if (opts_.capturable) {
+          if (!device_) device_ = g.device();
+          if (!(g.device() == *device_))
+            throw std::invalid_argument(fmt::format(
+                "GradScaler(capturable): gradients on {} and {}; a capturable scaler keeps its "
+                "scale on one device",
+                device_->str(), g.device().str()));
+        }
         size_t b = 0;
         while (b < lists.size() && !(lists[b].device == g.device() && lists[b].dtype == g.dtype()))
           ++b;
@@ -222,17 +217,13 @@ void GradScaler::update(double new_scale) {
 
 std::map<std::string, double> GradScaler::state_dict() const {
   if (!enabled_) return {};
-  if (opts_.capturable)
-    return {{"scale", get_scale()},
-            {"growth_factor", opts_.growth_factor},
-            {"backoff_factor", opts_.backoff_factor},
-            {"growth_interval", static_cast<double>(opts_.growth_interval)},
-            {"_growth_tracker", static_cast<double>(get_growth_tracker())}};
-  return {{"scale", scale_},
+  // A capturable scaler's values live on the device; get_scale() and get_growth_tracker() read
+  // them there, and the host copies otherwise.
+  return {{"scale", get_scale()},
           {"growth_factor", opts_.growth_factor},
           {"backoff_factor", opts_.backoff_factor},
           {"growth_interval", static_cast<double>(opts_.growth_interval)},
-          {"_growth_tracker", static_cast<double>(growth_tracker_)}};
+          {"_growth_tracker", static_cast<double>(get_growth_tracker())}};
 }
 
 void GradScaler::load_state_dict(const std::map<std::string, double>& sd) {

@@ -41,11 +41,14 @@ std::map<int, std::vector<void*>*> g_open;
 std::atomic<int> g_open_count{0};
 
 #ifdef TALLY_WITH_CUDA
-using memory::RelaxedCapture;  // cudaHostAlloc / cudaFreeHost: a capture refuses them otherwise
+// The pinned allocator may query events or call cudaHostAlloc / cudaFreeHost, which a capture
+// in the thread-local mode refuses otherwise. None of it touches the capturing stream.
+using memory::RelaxedCapture;
 
 void free_host_buffers(std::vector<void*>& buffers) {
   const RelaxedCapture relaxed;
-  for (void* p : buffers) cudaFreeHost(p);
+  memory::CachingAllocator& pinned = memory::get_pinned_allocator();
+  for (void* p : buffers) pinned.deallocate(p);
   buffers.clear();
 }
 #endif
@@ -228,17 +231,23 @@ bool is_capturing(int device) {
 }
 
 const void* keep_for_replay(int device, const void* src, size_t bytes) {
-  if (g_open_count.load(std::memory_order_relaxed) == 0) return nullptr;
-  std::lock_guard lock(g_mu);
-  auto it = g_open.find(device);
-  if (it == g_open.end()) return nullptr;
+  if (g_open_count.load(std::memory_order_relaxed) == 0 || !is_capturing(device)) return nullptr;
+  // From the pinned caching allocator, so that the copy is counted and tagged like every other
+  // byte (a captured copy's source table is scratch of the op that made it: workspace).
   void* p = nullptr;
   {
     const RelaxedCapture relaxed;
-    check(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocDefault),
-          "cuda::Graph: cudaHostAlloc (a captured host-to-device copy's source)");
+    const memory::CategoryScope cat(memory::Category::workspace);
+    p = memory::get_pinned_allocator().allocate(bytes == 0 ? 1 : bytes);
   }
   std::memcpy(p, src, bytes);
+  std::lock_guard lock(g_mu);
+  auto it = g_open.find(device);
+  if (it == g_open.end()) {  // the capture ended meanwhile (another thread): nothing keeps it
+    const RelaxedCapture relaxed;
+    memory::get_pinned_allocator().deallocate(p);
+    return nullptr;
+  }
   it->second->push_back(p);
   return p;
 }

@@ -68,7 +68,8 @@ bool is_capturing(int device);
 // file comment says what cannot be captured and why).
 void check_not_capturing(int device, const char* what);
 // A host-to-device copy inside a capture reads its host memory at every replay: a pinned copy
-// of `bytes` from `src`, kept until the capturing graph is reset, to copy from instead.
+// of `bytes` from `src` (from memory::get_pinned_allocator(), tagged workspace), kept until the
+// capturing graph is reset, to copy from instead.
 // nullptr when no capture is open on `device`.
 const void* keep_for_replay(int device, const void* src, size_t bytes);
 

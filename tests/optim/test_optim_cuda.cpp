@@ -5,12 +5,15 @@
 
 #include <functional>
 #include <memory>
+#include <stdexcept>
+#include <vector>
 
 #include "memory/memory.h"
 #include "optim/adam.h"
 #include "optim/adamw8bit.h"
 #include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
+#include "optim/multi_tensor.h"
 #include "optim/sgd.h"
 #include "testing/cuda_testing.h"
 
@@ -214,6 +217,37 @@ TEST(CudaOptim, GradScalerMatchesTheCpuAndSkipsOnInf) {
   const Tensor scaled = sg.scale(loss);
   EXPECT_TRUE(scaled.is_cuda());
   EXPECT_EQ(scaled.item(), 3.0 * 512);
+}
+
+// _amp_update_scale_ on the device against the CPU kernel, step by step through growth, a
+// backoff, a growth that overflows float32 (kept), and growth_interval 1.
+TEST(CudaOptim, AmpUpdateScaleMatchesTheCpu) {
+  REQUIRE_GPU();
+  struct Case {
+    float scale;
+    int64_t tracker, interval;
+    std::vector<int> infs;  // found_inf per step
+  };
+  const std::vector<Case> cases{{1024.f, 0, 2, {0, 0, 1, 0, 0, 0}},
+                                {3.0e38f, 1, 2, {0, 0, 0}},
+                                {65536.f, 0, 1, {0, 1, 0, 1, 1}}};
+  for (const Case& c : cases) {
+    const Device cpu = Device::cpu();
+    Tensor sc = ops::full({}, c.scale, DType::float32, cpu);
+    Tensor tc = ops::full({}, static_cast<double>(c.tracker), DType::int64, cpu);
+    Tensor sg = ops::to(sc, kGpu, DType::float32), tg = ops::to(tc, kGpu, DType::int64);
+    for (size_t k = 0; k < c.infs.size(); ++k) {
+      const Tensor fc = ops::full({1}, c.infs[k], DType::float32, cpu);
+      optim::amp_update_scale_(sc, tc, fc, 2.0, 0.5, c.interval);
+      optim::amp_update_scale_(sg, tg, ops::to(fc, kGpu, DType::float32), 2.0, 0.5, c.interval);
+      EXPECT_EQ(ops::item(sg), ops::item(sc)) << "scale " << c.scale << " step " << k;
+      EXPECT_EQ(ops::item(tg), ops::item(tc)) << "scale " << c.scale << " step " << k;
+    }
+  }
+  EXPECT_THROW(optim::amp_update_scale_(ops::full({}, 1.0, DType::float32, kGpu),
+                                        ops::full({}, 0.0, DType::int64, Device::cpu()),
+                                        ops::full({1}, 0.0, DType::float32, kGpu), 2.0, 0.5, 2),
+               std::invalid_argument);
 }
 
 }  // namespace

@@ -181,9 +181,17 @@ TEST(CudaGraph, PoolIsShownAndGivenBackAfterReset) {
     return loss;
   };
   step();
+  // The captured optimizer step copies its chunk table from host memory the graph keeps: from
+  // the pinned caching allocator, tagged workspace, until the graph is reset.
+  memory::CachingAllocator& pinned = memory::get_pinned_allocator();
+  auto pinned_workspace = [&] {
+    return pinned.stats().cat_bytes(memory::Category::workspace).current;
+  };
+  const int64_t pinned_before = pinned_workspace();
   auto g = std::make_unique<cuda::Graph>();
   Tensor loss;
   g->capture([&] { loss = step(); });
+  EXPECT_GT(pinned_workspace(), pinned_before);
   bool listed = false;
   for (const memory::PoolInfo& p : alloc.graph_pools()) {
     if (p.id != g->pool()) continue;
@@ -198,6 +206,7 @@ TEST(CudaGraph, PoolIsShownAndGivenBackAfterReset) {
   g->replay();
   const memory::MempoolId pool = g->pool();
   g.reset();  // the graph's use ends; its live blocks (loss, gradients) keep the segments
+  EXPECT_EQ(pinned_workspace(), pinned_before);
   loss = Tensor();
   opt.zero_grad(true);
   memory::empty_cache(kGpu);
