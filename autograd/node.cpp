@@ -102,6 +102,21 @@ Edge gradient_edge(const Tensor& t) {
 std::shared_ptr<FunctionNode> record(const char* name, const TensorList& inputs,
                                      const TensorList& outputs, const TensorList& saved,
                                      BackwardFn fn) {
+  return record_saved(name, inputs, outputs, save_inputs(name, inputs, saved), std::move(fn));
+}
+
+std::vector<SavedTensor> save_inputs(const char* name, const TensorList& inputs,
+                                     const TensorList& saved) {
+  std::vector<SavedTensor> out;
+  if (!needs_grad(inputs)) return out;
+  out.reserve(saved.size());
+  for (const Tensor& s : saved) out.emplace_back(s, name);
+  return out;
+}
+
+std::shared_ptr<FunctionNode> record_saved(const char* name, const TensorList& inputs,
+                                           const TensorList& outputs,
+                                           std::vector<SavedTensor> saved, BackwardFn fn) {
   if (!needs_grad(inputs)) return nullptr;
   auto node = std::make_shared<FunctionNode>(name, std::move(fn));
   node->sequence_nr = next_sequence_nr();
@@ -110,7 +125,7 @@ std::shared_ptr<FunctionNode> record(const char* name, const TensorList& inputs,
     node->needs_input_grad.push_back(req);
     node->next_edges.push_back(req ? gradient_edge(in) : Edge{});
   }
-  for (const Tensor& s : saved) node->saved.emplace_back(s, name);
+  node->saved = std::move(saved);
   uint32_t nr = 0;
   for (const Tensor& out : outputs) {
     node->outputs.push_back({out.sizes(), out.dtype(), out.device()});

@@ -127,6 +127,17 @@ Edge gradient_edge(const Tensor& t);
 std::shared_ptr<FunctionNode> record(const char* name, const TensorList& inputs,
                                      const TensorList& outputs, const TensorList& saved,
                                      BackwardFn fn);
+// The same with `saved` made before the op computed (save_inputs).
+std::shared_ptr<FunctionNode> record_saved(const char* name, const TensorList& inputs,
+                                           const TensorList& outputs,
+                                           std::vector<SavedTensor> saved, BackwardFn fn);
+// For an op that saves only its inputs: the saved tensors made before it computes, as PyTorch's
+// generated code makes them. Saving runs the saved-tensor hooks, so a checkpoint recompute that
+// has every tensor backward needs stops here, before the op's work (nn/checkpoint.h: early
+// stop); e.g. the last matrix product of a transformer block is never recomputed. Empty when
+// record() would record nothing (no input requires grad, or grad mode is off).
+std::vector<SavedTensor> save_inputs(const char* name, const TensorList& inputs,
+                                     const TensorList& saved);
 
 uint64_t next_sequence_nr();
 

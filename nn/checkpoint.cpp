@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <exception>
 #include <memory>
 #include <stdexcept>
 
@@ -25,6 +26,7 @@ struct Frame {
   std::vector<SavedTensor> inputs;
   std::vector<bool> input_requires_grad;
   bool preserve_rng = true;
+  bool early_stop = true;
   PhiloxState rng;
   autocast::State autocast_state;
   memory::StrId module = 0;  // the module path the segment ran under in forward
@@ -41,8 +43,18 @@ struct Frame {
   std::vector<Slot> slots;
   bool recomputed = false;
   bool recomputing = false;
+  bool stopped = false;  // the recompute stopped early (StopRecompute)
 
   void recompute();
+};
+
+// Thrown by the recompute's pack hook once every tensor backward still waits for is back: the
+// rest of the segment is not run again (PyTorch's _StopRecomputationError). Caught by
+// Frame::recompute; a what() in case something between the two catches it first.
+struct StopRecompute : std::exception {
+  const char* what() const noexcept override {
+    return "checkpoint: recompute stopped early (every tensor backward needs was recomputed)";
+  }
 };
 
 // What a saved tensor's handle holds: the frame and its index, or the kept tensor.
@@ -106,9 +118,15 @@ void Frame::recompute() {
     args.push_back(t);
   }
 
+  // Early stop: the last slot a handle still waits for; once it is recomputed, the rest of
+  // the segment (what follows the last save, e.g. a block's last matrix product, whose inputs
+  // autograd::save_inputs saves before computing) is skipped.
+  size_t last_needed = 0;
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i].waiting && !slots[i].recomputed) last_needed = i;
   size_t next = 0;
   SavedTensorHooks hooks;
-  hooks.pack = [this, &next](const Tensor& t) -> std::any {
+  hooks.pack = [this, &next, last_needed](const Tensor& t) -> std::any {
     const size_t i = next++;
     if (i >= slots.size())
       throw std::runtime_error(
@@ -126,16 +144,26 @@ void Frame::recompute() {
       slot.recomputed = std::make_unique<SavedTensor>(t, "checkpoint (recomputed)", false);
       ++tls_stats.tensors_recomputed;
     }
+    if (early_stop && i == last_needed) {
+      stopped = true;
+      throw StopRecompute();
+    }
     return {};
   };
   hooks.unpack = [](const std::any&) -> Tensor {
     throw std::logic_error("checkpoint: a tensor saved during a recompute was unpacked");
   };
-  {
+  stopped = false;
+  try {
     SavedTensorHooksScope scope(std::move(hooks));
     fn(args);
+  } catch (...) {
+    // The stop, however it arrives: a function written in Python hands it back as a Python
+    // error. Anything else is the function's own error.
+    if (!stopped) throw;
   }
-  if (next != slots.size())
+  if (stopped) ++tls_stats.early_stops;
+  if (!stopped && next != slots.size())
     throw std::runtime_error(fmt::format(
         "checkpoint: the recomputed segment saved {} tensors for backward, its forward saved "
         "{}; the function must compute the same ops when run again",
@@ -176,6 +204,7 @@ Tensor checkpoint(std::function<Tensor(const TensorList&)> fn, const TensorList&
   auto frame = std::make_shared<Frame>();
   frame->fn = fn;
   frame->preserve_rng = options.preserve_rng_state;
+  frame->early_stop = options.early_stop;
   frame->rng = get_rng_state();
   frame->autocast_state = autocast::current_state();
   frame->module = memory::current_tag().module;

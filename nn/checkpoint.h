@@ -14,6 +14,13 @@
 // when the node holding the handle releases it after its backward. The RNG is restored
 // after the recompute, so checkpointing never shifts the random stream.
 //
+// Early stop (PyTorch's default, torch.utils.checkpoint.set_checkpoint_early_stop): the
+// recompute stops as soon as the last tensor backward still waits for is back, so whatever
+// the segment computes after its last save is not run again. Products save their operands
+// before they compute (autograd::save_inputs), so a transformer block's recompute ends before
+// its MLP's second matrix product and the residual add. CheckpointOptions::early_stop = false
+// runs the whole segment again.
+//
 // Nesting works (an inner checkpoint's inputs are saved through the outer checkpoint's
 // hooks, so they are dropped and recomputed too) and the segment's output may have any
 // number of consumers: the graph is the ordinary one; only what it saved is recomputed.
@@ -23,9 +30,10 @@
 // create_selective_checkpoint_contexts. It sees the op that produced the tensor: the op
 // under which its storage was allocated (the allocator's block tag, e.g. "linear",
 // "matmul", "conv2d", "relu"), its shape, dtype and size. Limitation: a recompute
-// re-runs the whole segment (Tally has no op-level output replay yet), so a policy buys
-// memory (kept tensors are not dropped) and skips recomputes entirely when backward needs
-// only kept tensors, but once a dropped tensor is needed the segment's ops all run again.
+// re-runs the segment from its start up to its last dropped tensor (Tally has no op-level
+// output replay yet), so a policy buys memory (kept tensors are not dropped) and skips
+// recomputes entirely when backward needs only kept tensors, but once a dropped tensor is
+// needed the segment's ops before it all run again.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +63,7 @@ CheckpointPolicy save_ops(std::vector<std::string> ops);
 
 struct CheckpointOptions {
   bool preserve_rng_state = true;
+  bool early_stop = true;   // stop the recompute once backward has all it needs
   CheckpointPolicy policy;  // empty: keep nothing (plain checkpointing)
 };
 
@@ -78,6 +87,7 @@ struct CheckpointStats {
   int64_t tensors_dropped = 0;     // saved tensors replaced by a handle in forward
   int64_t tensors_kept = 0;        // saved tensors a policy kept
   int64_t tensors_recomputed = 0;  // dropped tensors restored by a recompute
+  int64_t early_stops = 0;         // recomputes that stopped before the segment's end
 };
 CheckpointStats checkpoint_stats();
 void reset_checkpoint_stats();

@@ -660,6 +660,26 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
 
   py::module_ utils = m.def_submodule("utils", "torch.utils");
   py::module_ ckpt = utils.def_submodule("checkpoint", "torch.utils.checkpoint");
+  // torch.utils.checkpoint.set_checkpoint_early_stop: a context manager over whether the
+  // segments checkpointed inside it stop their recompute once backward has all it needs
+  // (nn/checkpoint.h; on by default). Python state, so the GIL guards it.
+  struct EarlyStopSetting {
+    bool enable = true, prev = true;
+  };
+  static bool early_stop = true;
+  py::class_<EarlyStopSetting>(ckpt, "set_checkpoint_early_stop",
+                               "with set_checkpoint_early_stop(False): the recomputes of the "
+                               "segments checkpointed inside run the whole segment again")
+      .def(py::init([](bool enable) {
+             return EarlyStopSetting{enable, early_stop};
+           }),
+           py::arg("enable"))
+      .def("__enter__",
+           [](EarlyStopSetting& s) {
+             s.prev = early_stop;
+             early_stop = s.enable;
+           })
+      .def("__exit__", [](EarlyStopSetting& s, py::args) { early_stop = s.prev; });
   ckpt.def(
       "checkpoint",
       [](py::function fn, py::args inputs, bool preserve_rng_state) {
@@ -667,6 +687,7 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
         for (py::handle h : inputs) in.push_back(h.cast<Tensor>());
         nn::CheckpointOptions o;
         o.preserve_rng_state = preserve_rng_state;
+        o.early_stop = early_stop;
         return nn::checkpoint(
             [fn](const TensorList& xs) {
               py::tuple args(xs.size());
@@ -687,7 +708,9 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
         } else {
           for (py::handle f : functions) stages.push_back(stage_of(f));
         }
-        return nn::checkpoint_sequential(std::move(stages), segments, input);
+        nn::CheckpointOptions o;
+        o.early_stop = early_stop;
+        return nn::checkpoint_sequential(std::move(stages), segments, input, o);
       },
       py::arg("functions"), py::arg("segments"), py::arg("input"));
   ckpt.def("checkpoint_stats", []() {
@@ -698,6 +721,7 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
     d["tensors_dropped"] = s.tensors_dropped;
     d["tensors_kept"] = s.tensors_kept;
     d["tensors_recomputed"] = s.tensors_recomputed;
+    d["early_stops"] = s.early_stops;
     return d;
   });
   ckpt.def("reset_checkpoint_stats", &nn::reset_checkpoint_stats);

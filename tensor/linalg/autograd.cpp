@@ -49,14 +49,21 @@ TensorList product_backward(const Tensor& g, const Tensor& a, const Tensor& b, c
   return {ga, gb};
 }
 
-Tensor record_product(const char* name, const Tensor& a, const Tensor& b, const Tensor& out) {
+// Saves the operands first (autograd::save_inputs: a checkpoint recompute that needs nothing
+// more stops before the product), then computes out = compute() and records it.
+template <typename Compute>
+Tensor record_product(const char* name, const Tensor& a, const Tensor& b, Compute compute) {
   const bool need_a = a.requires_grad(), need_b = b.requires_grad();
-  record(name, {a, b}, {out}, {need_b ? a : Tensor(), need_a ? b : Tensor()},
-         [sa = a.sizes(), sb = b.sizes()](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           const bool na = ctx.needs_input_grad(0), nb = ctx.needs_input_grad(1);
-           return product_backward(g[0], nb ? ctx.saved(0) : Tensor(), na ? ctx.saved(1) : Tensor(),
-                                   sa, sb, na, nb);
-         });
+  std::vector<SavedTensor> saved =
+      autograd::save_inputs(name, {a, b}, {need_b ? a : Tensor(), need_a ? b : Tensor()});
+  Tensor out = compute();
+  autograd::record_saved(
+      name, {a, b}, {out}, std::move(saved),
+      [sa = a.sizes(), sb = b.sizes()](BackwardContext& ctx, const TensorList& g) -> TensorList {
+        const bool na = ctx.needs_input_grad(0), nb = ctx.needs_input_grad(1);
+        return product_backward(g[0], nb ? ctx.saved(0) : Tensor(), na ? ctx.saved(1) : Tensor(),
+                                sa, sb, na, nb);
+      });
   return out;
 }
 
@@ -65,39 +72,42 @@ Tensor record_product(const char* name, const Tensor& a, const Tensor& b, const 
 Tensor matmul(const Tensor& a_, const Tensor& b_, CallSite site) {
   memory::CallSiteScope call_site(site);
   const auto [a, b] = autocast::lower("matmul", a_, b_);
-  return record_product("MatmulBackward", a, b, o::matmul(a, b));
+  return record_product("MatmulBackward", a, b, [&] { return o::matmul(a, b); });
 }
 
 Tensor mm(const Tensor& a_, const Tensor& b_, CallSite site) {
   memory::CallSiteScope call_site(site);
   const auto [a, b] = autocast::lower("mm", a_, b_);
-  return record_product("MmBackward", a, b, o::mm(a, b));
+  return record_product("MmBackward", a, b, [&] { return o::mm(a, b); });
 }
 
 Tensor bmm(const Tensor& a_, const Tensor& b_, CallSite site) {
   memory::CallSiteScope call_site(site);
   const auto [a, b] = autocast::lower("bmm", a_, b_);
-  return record_product("BmmBackward", a, b, o::bmm(a, b));
+  return record_product("BmmBackward", a, b, [&] { return o::bmm(a, b); });
 }
 
 Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, CallSite site) {
   memory::CallSiteScope call_site(site);
   const auto [x, weight, bias] = autocast::lower("linear", x_, weight_, bias_);
-  Tensor out = o::linear(x, weight, bias);
   const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
-  record("LinearBackward", {x, weight, bias}, {out},
-         {need_w ? x : Tensor(), need_x ? weight : Tensor()},
-         [sx = x.sizes(), out_f = weight.size(0), in = weight.size(1)](
-             BackwardContext& ctx, const TensorList& g) -> TensorList {
-           const int64_t rows = shape_numel(Shape(sx.begin(), sx.end() - 1));
-           const Tensor g2 = o::reshape(g[0], {rows, out_f});
-           Tensor gx, gw, gb;
-           if (ctx.needs_input_grad(0)) gx = o::reshape(o::mm(g2, ctx.saved(1)), sx);
-           if (ctx.needs_input_grad(1))
-             gw = o::mm(o::transpose(g2, 0, 1), o::reshape(ctx.saved(0), {rows, in}));
-           if (ctx.needs_input_grad(2)) gb = o::sum(g2, {0});
-           return {gx, gw, gb};
-         });
+  // Saved before the product (record_product's comment).
+  std::vector<SavedTensor> saved = autograd::save_inputs(
+      "LinearBackward", {x, weight, bias}, {need_w ? x : Tensor(), need_x ? weight : Tensor()});
+  Tensor out = o::linear(x, weight, bias);
+  autograd::record_saved(
+      "LinearBackward", {x, weight, bias}, {out}, std::move(saved),
+      [sx = x.sizes(), out_f = weight.size(0), in = weight.size(1)](
+          BackwardContext& ctx, const TensorList& g) -> TensorList {
+        const int64_t rows = shape_numel(Shape(sx.begin(), sx.end() - 1));
+        const Tensor g2 = o::reshape(g[0], {rows, out_f});
+        Tensor gx, gw, gb;
+        if (ctx.needs_input_grad(0)) gx = o::reshape(o::mm(g2, ctx.saved(1)), sx);
+        if (ctx.needs_input_grad(1))
+          gw = o::mm(o::transpose(g2, 0, 1), o::reshape(ctx.saved(0), {rows, in}));
+        if (ctx.needs_input_grad(2)) gb = o::sum(g2, {0});
+        return {gx, gw, gb};
+      });
   return out;
 }
 

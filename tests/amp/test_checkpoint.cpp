@@ -331,14 +331,52 @@ TEST(Checkpoint, ARecomputeThatSavesDifferentlyThrows) {
   const Tensor w = param({8, 8}, 0.3, 1);
   const Tensor x = data({4, 8}, 2);
   int calls = 0;
+  // The extra save comes after the last one backward needs: only a full recompute sees it.
+  nn::CheckpointOptions full;
+  full.early_stop = false;
   Tensor loss = sum(checkpoint(
       [&](const Tensor& t) {
         Tensor h = relu(linear(t, w));
         if (calls++ > 0) h = relu(h);  // the recompute saves one tensor more
         return h;
       },
-      x));
+      x, full));
   testing::expect_error<std::runtime_error>([&] { loss.backward(); }, {"checkpoint", "same ops"});
+  // A recompute that saves a different shape before it has all it needs throws either way.
+  calls = 0;
+  loss = sum(checkpoint(
+      [&](const Tensor& t) { return relu(linear(calls++ > 0 ? ops::narrow(t, 0, 0, 2) : t, w)); },
+      x));
+  testing::expect_error<std::runtime_error>([&] { loss.backward(); },
+                                            {"checkpoint", "recomputed tensor 0"});
+}
+
+// Early stop: the recompute ends at the last tensor backward needs; with products saving their
+// operands before they compute, a segment ending in a linear layer never runs that product
+// again. The gradients are the plain run's, bit for bit, either way.
+TEST(Checkpoint, EarlyStopSkipsWhatFollowsTheLastSave) {
+  const Tensor w1 = param({16, 8}, 0.3, 1), w2 = param({8, 16}, 0.3, 3);
+  const Tensor x = data({4, 8}, 2);
+  int finished = 0;
+  auto fn = [&](const Tensor& t) {
+    Tensor h = linear(gelu(linear(t, w1)), w2);
+    ++finished;
+    return h;
+  };
+  const auto plain = run([&] { return sum(fn(x)); }, {w1, w2});
+  for (bool early : {true, false}) {
+    finished = 0;
+    nn::reset_checkpoint_stats();
+    nn::CheckpointOptions o;
+    o.early_stop = early;
+    const auto got = run([&] { return sum(checkpoint(fn, x, o)); }, {w1, w2});
+    EXPECT_EQ(got, plain) << "early_stop " << early;
+    const nn::CheckpointStats st = nn::checkpoint_stats();
+    EXPECT_EQ(finished, early ? 1 : 2) << "early_stop " << early;  // forward (+ full recompute)
+    EXPECT_EQ(st.recomputations, 1);
+    EXPECT_EQ(st.early_stops, early ? 1 : 0);
+    EXPECT_EQ(st.tensors_recomputed, st.tensors_dropped);
+  }
 }
 
 TEST(Checkpoint, SecondBackwardWithoutRetainGraphThrows) {

@@ -155,3 +155,31 @@ def test_checkpoint_function_recomputes():
     np.testing.assert_allclose(g, w.grad.numpy(), rtol=1e-5)
     s = checkpoint_stats()
     assert s["segments"] == 1 and s["recomputations"] == 1
+
+
+def test_checkpoint_early_stop_from_a_python_function():
+    # The recompute stops inside the last product (its operands are all backward needs): the
+    # stop crosses the Python function and the gradients are the full recompute's.
+    from tally.utils.checkpoint import (checkpoint, checkpoint_stats, reset_checkpoint_stats,
+                                        set_checkpoint_early_stop)
+    w = tally.randn(4, 4, requires_grad=True)
+    x = tally.randn(2, 4)
+    finished = []
+
+    def fn(a):
+        out = (a @ w).tanh() @ w
+        finished.append(1)
+        return out
+
+    grads = []
+    for early in (True, False):
+        reset_checkpoint_stats()
+        finished.clear()
+        w.grad = None
+        with set_checkpoint_early_stop(early):
+            y = checkpoint(fn, x).sum()
+        y.backward()
+        grads.append(w.grad.numpy().copy())
+        assert len(finished) == (1 if early else 2)
+        assert checkpoint_stats()["early_stops"] == (1 if early else 0)
+    np.testing.assert_array_equal(grads[0], grads[1])
