@@ -442,6 +442,19 @@ TEST(Synthetic, ImagesDeterministic) {
   double sum = 0;
   for (double v : ops::to_vector(a.get_batch({0, 1, 2, 3}).input)) sum += std::abs(v);
   EXPECT_GT(sum / (4 * 48), 0.8);
+  // A batch large enough to be filled over several threads holds what each example gives
+  // alone (one example is below the parallel grain: filled by this thread).
+  SyntheticImages big(40, {3, 32, 32}, 10, 3);
+  std::vector<int64_t> idx;
+  for (int64_t i = 39; i >= 0; i -= 2) idx.push_back(i);
+  const Example many = big.get_batch(idx);
+  for (size_t j = 0; j < idx.size(); ++j) {
+    const Example one = big.get(idx[j]);
+    ASSERT_EQ(ops::to_vector(many.input.select(0, static_cast<int64_t>(j))),
+              ops::to_vector(one.input))
+        << "example " << idx[j];
+    EXPECT_EQ(ops::to_vector(many.target)[j], ops::to_vector(one.target)[0]);
+  }
 }
 
 TEST(Synthetic, TokensShifted) {
