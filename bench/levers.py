@@ -33,6 +33,7 @@ LEVERS = {
         ("amp-bf16+adamw8bit", None),
         ("amp-bf16+fusedce", None),
         ("amp-bf16+v50257", "amp-bf16+v50257"),
+        ("amp-bf16+v50257+nopad", None),  # the classifier's products unpadded (slow kernels)
         ("amp-bf16+v50257+fusedce", None),
         ("amp-bf16+fusedce+sib+adamw8bit", None),
         ("amp-bf16+varyseq", "amp-bf16+varyseq"),

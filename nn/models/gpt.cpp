@@ -167,11 +167,32 @@ std::pair<Tensor, Tensor> GPT::forward(const Tensor& idx, const Tensor& targets)
     });
     return {Tensor(), loss};
   }
-  Tensor logits = (*lm_head)(x);
+  const int64_t V = config.vocab_size, m = config.classifier_pad_multiple;
+  if (m <= 1 || V % m == 0) {
+    Tensor logits = (*lm_head)(x);
+    Tensor loss;
+    if (targets.defined())
+      loss = cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), -1);
+    return {logits, loss};
+  }
+  // The padded classifier (GPTConfig::classifier_pad_multiple), under lm_head's scope as its
+  // call would be.
+  const Tensor& w = lm_head->weight;
+  const int64_t Vp = memory::checked_add<int64_t>(V, m - V % m, "GPT classifier padding");
+  Tensor full = lm_head->call([&] {
+    Tensor pad, bias;
+    {
+      NoGradGuard no_grad;
+      pad = ops::zeros({Vp - V, w.size(1)}, w.dtype(), w.device());
+      bias = ops::cat({ops::zeros({V}, w.dtype(), w.device()),
+                       ops::full({Vp - V}, -INFINITY, w.dtype(), w.device())},
+                      0);
+    }
+    return linear(x, cat({w, pad}, 0), bias);  // [B, T, Vp]; the padding's logits are -inf
+  });
   Tensor loss;
-  if (targets.defined())
-    loss = cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), -1);
-  return {logits, loss};
+  if (targets.defined()) loss = cross_entropy(full.reshape({-1, Vp}), targets.reshape({-1}), -1);
+  return {full.narrow(-1, 0, V), loss};
 }
 
 }  // namespace tally::nn

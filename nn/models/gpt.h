@@ -31,6 +31,13 @@ struct GPTConfig {
   // The fused classifier's budget for one chunk's logits and their gradient (its
   // max_chunk_bytes; the chunk's rows follow from it and the vocabulary).
   int64_t fused_classifier_chunk_bytes = kLinearCrossEntropyChunkBytes;
+  // The unfused classifier computes over the vocabulary rounded up to a multiple of this
+  // (<= 1: never): lm_head's weight gets zero rows and a bias of -inf there, so those logits
+  // are -inf and the loss, the softmax and every gradient are the unpadded ones, while the
+  // products' dimensions are multiples of 64, which cuBLAS's fast 16-bit kernels need (GPT-2's
+  // 50,257 otherwise takes as long as 50,304 plus 70%). The logits returned are a view of the
+  // first vocab_size columns. The parameters are unchanged (state_dict as without).
+  int64_t classifier_pad_multiple = 64;
 
   // "gpt2" (124M), "gpt2-medium", "tiny" (byte-level vocab 256, block 64, 2 layers, 2
   // heads, 64 dims), "small" (byte-level, block 128, 4 layers, 4 heads, 128 dims).

@@ -92,6 +92,39 @@ TEST(GPT, Gpt2ParameterCountAndNames) {
   EXPECT_EQ(p.size(), 148u);
 }
 
+// A vocabulary that is not a multiple of 64: the classifier computes over 128 columns, the
+// 28 extra at -inf, and gives the unpadded model's logits, loss and gradients (to roundings:
+// the products run at another width). Ignored targets (-1) too.
+TEST(GPT, PaddedClassifierMatchesUnpadded) {
+  manual_seed(3);
+  GPTConfig cfg = GPTConfig::preset("tiny");
+  cfg.vocab_size = 100;
+  GPT padded(cfg);
+  cfg.classifier_pad_multiple = 0;
+  GPT plain(cfg);
+  plain.load_state_dict(padded.state_dict());
+  Generator g(4);
+  const Tensor idx = ops::randint(0, 100, {2, 16}, DType::int64, Device::cpu(), &g);
+  Tensor tgt = ops::randint(0, 100, {2, 16}, DType::int64, Device::cpu(), &g);
+  ops::fill_(ops::narrow(ops::select(tgt, 0, 1), 0, 12, 4), -1.0);
+  auto [lp, loss_p] = padded(idx, tgt);
+  auto [lu, loss_u] = plain(idx, tgt);
+  EXPECT_EQ(lp.sizes(), (Shape{2, 16, 100}));
+  EXPECT_TRUE(tally::testing::values_near(lp, ops::to_vector(lu), 1e-6));
+  EXPECT_NEAR(loss_p.item(), loss_u.item(), 1e-6);
+  loss_p.backward();
+  loss_u.backward();
+  const auto pp = padded.named_parameters(), pu = plain.named_parameters();
+  ASSERT_EQ(pp.size(), pu.size());
+  for (size_t i = 0; i < pp.size(); ++i) {
+    ASSERT_TRUE(pp[i].second.grad().defined()) << pp[i].first;
+    EXPECT_EQ(pp[i].second.grad().sizes(), pu[i].second.sizes()) << pp[i].first;
+    EXPECT_TRUE(
+        tally::testing::values_near(pp[i].second.grad(), ops::to_vector(pu[i].second.grad()), 1e-6))
+        << pp[i].first;
+  }
+}
+
 TEST(GPT, TinyForwardLossAndInit) {
   manual_seed(1);
   GPT gpt(GPTConfig::preset("tiny"));
