@@ -8,6 +8,7 @@
 #include <functional>
 #include <stdexcept>
 
+#include "autograd/autocast.h"
 #include "nn/checkpoint.h"
 #include "nn/init.h"
 
@@ -177,9 +178,10 @@ std::pair<Tensor, Tensor> GPT::forward(const Tensor& idx, const Tensor& targets)
   }
   // The padded classifier (GPTConfig::classifier_pad_multiple), under lm_head's scope as its
   // call would be.
-  const Tensor& w = lm_head->weight;
   const int64_t Vp = memory::checked_add<int64_t>(V, m - V % m, "GPT classifier padding");
   Tensor full = lm_head->call([&] {
+    // linear's autocast rule first, so that the padded copy is made in the product's dtype.
+    const auto [xc, w] = autocast::lower("linear", x, lm_head->weight);
     Tensor pad, bias;
     {
       NoGradGuard no_grad;
@@ -188,7 +190,7 @@ std::pair<Tensor, Tensor> GPT::forward(const Tensor& idx, const Tensor& targets)
                        ops::full({Vp - V}, -INFINITY, w.dtype(), w.device())},
                       0);
     }
-    return linear(x, cat({w, pad}, 0), bias);  // [B, T, Vp]; the padding's logits are -inf
+    return linear(xc, cat({w, pad}, 0), bias);  // [B, T, Vp]; the padding's logits are -inf
   });
   Tensor loss;
   if (targets.defined()) loss = cross_entropy(full.reshape({-1, Vp}), targets.reshape({-1}), -1);
