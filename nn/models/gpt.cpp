@@ -168,8 +168,13 @@ std::pair<Tensor, Tensor> GPT::forward(const Tensor& idx, const Tensor& targets)
     });
     return {Tensor(), loss};
   }
+  // The classifier's product dtype: autocast's where it applies (linear's rule), else the
+  // weight's. Only a 16-bit product is padded (GPTConfig::classifier_pad_multiple).
   const int64_t V = config.vocab_size, m = config.classifier_pad_multiple;
-  if (m <= 1 || V % m == 0) {
+  const DType product =
+      autocast::is_active(x.device()) ? autocast_dtype(x.device().type) : lm_head->weight.dtype();
+  const bool low = product == DType::float16 || product == DType::bfloat16;
+  if (m <= 1 || V % m == 0 || !low) {
     Tensor logits = (*lm_head)(x);
     Tensor loss;
     if (targets.defined())

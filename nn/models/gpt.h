@@ -31,12 +31,14 @@ struct GPTConfig {
   // The fused classifier's budget for one chunk's logits and their gradient (its
   // max_chunk_bytes; the chunk's rows follow from it and the vocabulary).
   int64_t fused_classifier_chunk_bytes = kLinearCrossEntropyChunkBytes;
-  // The unfused classifier computes over the vocabulary rounded up to a multiple of this
-  // (<= 1: never): lm_head's weight gets zero rows and a bias of -inf there, so those logits
-  // are -inf and the loss, the softmax and every gradient are the unpadded ones, while the
-  // products' dimensions are multiples of 64, which cuBLAS's fast 16-bit kernels need (GPT-2's
-  // 50,257 otherwise takes as long as 50,304 plus 70%). The logits returned are a view of the
-  // first vocab_size columns. The parameters are unchanged (state_dict as without).
+  // A 16-bit unfused classifier (under fp16/bf16 autocast, or a 16-bit model) computes over
+  // the vocabulary rounded up to a multiple of this (<= 1: never): lm_head's weight gets zero
+  // rows and a bias of -inf there, so those logits are -inf and the loss, the softmax and every
+  // gradient are the unpadded ones, while the products' dimensions are multiples of 64, which
+  // cuBLAS's fast 16-bit kernels need (GPT-2's 50,257 otherwise takes 1.7x as long as 50,304).
+  // The logits returned are a view of the first vocab_size columns; the parameters are
+  // unchanged. float32 is not padded: its kernels gain 1% and the padded float32 copy of the
+  // weight, saved for backward, would cost 150 MiB at GPT-2's peak.
   int64_t classifier_pad_multiple = 64;
 
   // "gpt2" (124M), "gpt2-medium", "tiny" (byte-level vocab 256, block 64, 2 layers, 2

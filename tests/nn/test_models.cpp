@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "autograd/autocast.h"
 #include "nn/models/gpt.h"
@@ -93,9 +94,10 @@ TEST(GPT, Gpt2ParameterCountAndNames) {
   EXPECT_EQ(p.size(), 148u);
 }
 
-// A vocabulary that is not a multiple of 64: the classifier computes over 128 columns, the
-// 28 extra at -inf, and gives the unpadded model's logits, loss and gradients (to roundings:
-// the products run at another width). Ignored targets (-1) too.
+// A vocabulary that is not a multiple of 64, under bf16 autocast: the classifier computes over
+// 128 columns, the 28 extra at -inf, and gives the unpadded model's logits, loss and gradients
+// (to bf16 roundings: the products run at another width). Ignored targets (-1) too. float32 is
+// not padded: the logits are then the whole (contiguous) product.
 TEST(GPT, PaddedClassifierMatchesUnpadded) {
   manual_seed(3);
   GPTConfig cfg = GPTConfig::preset("tiny");
@@ -108,26 +110,33 @@ TEST(GPT, PaddedClassifierMatchesUnpadded) {
   const Tensor idx = ops::randint(0, 100, {2, 16}, DType::int64, Device::cpu(), &g);
   Tensor tgt = ops::randint(0, 100, {2, 16}, DType::int64, Device::cpu(), &g);
   ops::fill_(ops::narrow(ops::select(tgt, 0, 1), 0, 12, 4), -1.0);
-  auto [lp, loss_p] = padded(idx, tgt);
-  auto [lu, loss_u] = plain(idx, tgt);
+  EXPECT_TRUE(padded(idx, tgt).first.is_contiguous());  // float32: unpadded
+  Tensor lp, loss_p, lu, loss_u;
+  {
+    AutocastGuard autocast(DeviceType::cpu, DType::bfloat16);
+    std::tie(lp, loss_p) = padded(idx, tgt);
+    std::tie(lu, loss_u) = plain(idx, tgt);
+  }
   EXPECT_EQ(lp.sizes(), (Shape{2, 16, 100}));
-  EXPECT_TRUE(tally::testing::values_near(lp, ops::to_vector(lu), 1e-6));
-  EXPECT_NEAR(loss_p.item(), loss_u.item(), 1e-6);
+  EXPECT_FALSE(lp.is_contiguous());  // a view of the padded product's first 100 columns
+  EXPECT_TRUE(tally::testing::values_near(lp, ops::to_vector(lu), 2e-2));
+  EXPECT_NEAR(loss_p.item(), loss_u.item(), 1e-3 * std::abs(loss_u.item()));
   loss_p.backward();
   loss_u.backward();
   const auto pp = padded.named_parameters(), pu = plain.named_parameters();
   ASSERT_EQ(pp.size(), pu.size());
   for (size_t i = 0; i < pp.size(); ++i) {
-    ASSERT_TRUE(pp[i].second.grad().defined()) << pp[i].first;
-    EXPECT_EQ(pp[i].second.grad().sizes(), pu[i].second.sizes()) << pp[i].first;
-    EXPECT_TRUE(
-        tally::testing::values_near(pp[i].second.grad(), ops::to_vector(pu[i].second.grad()), 1e-6))
-        << pp[i].first;
+    const Tensor gp = pp[i].second.grad(), gu = pu[i].second.grad();
+    ASSERT_TRUE(gp.defined()) << pp[i].first;
+    EXPECT_EQ(gp.sizes(), pu[i].second.sizes()) << pp[i].first;
+    double err = 0, scale = 0;
+    const std::vector<double> a = ops::to_vector(gp), b = ops::to_vector(gu);
+    for (size_t k = 0; k < a.size(); ++k) {
+      err = std::max(err, std::abs(a[k] - b[k]));
+      scale = std::max(scale, std::abs(b[k]));
+    }
+    EXPECT_LE(err, 2e-2 * scale) << pp[i].first;
   }
-  // Under bf16 autocast the padded copy is made in bfloat16 (linear's rule first).
-  AutocastGuard autocast(DeviceType::cpu, DType::bfloat16);
-  const Tensor lb = padded(idx, tgt).second, ub = plain(idx, tgt).second;
-  EXPECT_NEAR(lb.item(), ub.item(), 1e-3 * std::abs(ub.item()));
 }
 
 TEST(GPT, TinyForwardLossAndInit) {
