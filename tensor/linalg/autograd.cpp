@@ -50,13 +50,13 @@ TensorList product_backward(const Tensor& g, const Tensor& a, const Tensor& b, c
 }
 
 // Saves the operands first (autograd::save_inputs: a checkpoint recompute that needs nothing
-// more stops before the product), then computes out = compute() and records it.
+// more stops before the product), then computes out = product(a, b) and records it.
 template <typename Compute>
-Tensor record_product(const char* name, const Tensor& a, const Tensor& b, Compute compute) {
+Tensor record_product(const char* name, const Tensor& a, const Tensor& b, Compute product) {
   const bool need_a = a.requires_grad(), need_b = b.requires_grad();
   std::vector<SavedTensor> saved =
       autograd::save_inputs(name, {a, b}, {need_b ? a : Tensor(), need_a ? b : Tensor()});
-  Tensor out = compute();
+  Tensor out = product(a, b);
   autograd::record_saved(
       name, {a, b}, {out}, std::move(saved),
       [sa = a.sizes(), sb = b.sizes()](BackwardContext& ctx, const TensorList& g) -> TensorList {
@@ -72,19 +72,19 @@ Tensor record_product(const char* name, const Tensor& a, const Tensor& b, Comput
 Tensor matmul(const Tensor& a_, const Tensor& b_, CallSite site) {
   memory::CallSiteScope call_site(site);
   const auto [a, b] = autocast::lower("matmul", a_, b_);
-  return record_product("MatmulBackward", a, b, [&] { return o::matmul(a, b); });
+  return record_product("MatmulBackward", a, b, o::matmul);
 }
 
 Tensor mm(const Tensor& a_, const Tensor& b_, CallSite site) {
   memory::CallSiteScope call_site(site);
   const auto [a, b] = autocast::lower("mm", a_, b_);
-  return record_product("MmBackward", a, b, [&] { return o::mm(a, b); });
+  return record_product("MmBackward", a, b, o::mm);
 }
 
 Tensor bmm(const Tensor& a_, const Tensor& b_, CallSite site) {
   memory::CallSiteScope call_site(site);
   const auto [a, b] = autocast::lower("bmm", a_, b_);
-  return record_product("BmmBackward", a, b, [&] { return o::bmm(a, b); });
+  return record_product("BmmBackward", a, b, o::bmm);
 }
 
 Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, CallSite site) {
