@@ -43,8 +43,9 @@ struct Args {
   std::string models = "resnet,gpt";
   std::string out = "profile_models_out";
   bool small = false;
-  int steps = 8;   // timed steps per measurement
-  int warmup = 3;  // untimed steps first
+  bool fused_classifier = false;  // GPT's lm_head + cross-entropy fused and chunked
+  int steps = 8;                  // timed steps per measurement
+  int warmup = 3;                 // untimed steps first
   int64_t resnet_batch = 64;
   int64_t gpt_batch = 8;
   std::string amp = "off";  // off | fp16 | bf16: the forward under autocast
@@ -113,10 +114,12 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
     y = randint(0, o.num_classes, {b}).to(dev);
   } else if (which == "gpt") {
     nn::GPTConfig c = nn::GPTConfig::preset(a.small ? "tiny" : "gpt2");
+    c.fused_classifier = a.fused_classifier;
     const int64_t b = a.small ? 4 : a.gpt_batch, t = c.block_size;
     gpt = std::make_shared<nn::GPT>(c);
     model = gpt;
-    r.desc = fmt::format("GPT {} B={} T={}", a.small ? "tiny" : "gpt2 (124M)", b, t);
+    r.desc = fmt::format("GPT {} B={} T={}{}", a.small ? "tiny" : "gpt2 (124M)", b, t,
+                         a.fused_classifier ? ", fused classifier" : "");
     memory::CategoryScope in(memory::Category::input);
     x = randint(0, c.vocab_size, {b, t}).to(dev);
     y = randint(0, c.vocab_size, {b, t}).to(dev);
@@ -269,6 +272,8 @@ int main(int argc, char** argv) {
   ex::add_checked_option(app, "--rounds", a.rounds,
                          "alternating plain / profiled measurements (medians over the rounds)",
                          ex::int_range(1, 100));
+  app.add_flag("--fused-classifier", a.fused_classifier,
+               "GPT: lm_head and cross-entropy fused and chunked (GPTConfig::fused_classifier)");
   app.add_option("--amp", a.amp,
                  "off | fp16 | bf16 (forward under autocast; fp16 without a GradScaler)")
       ->capture_default_str();
@@ -297,6 +302,8 @@ int main(int argc, char** argv) {
       models.push_back(m);
     }
     if (models.empty()) throw std::invalid_argument("--models: empty list");
+    if (a.fused_classifier && std::find(models.begin(), models.end(), "gpt") == models.end())
+      throw std::invalid_argument("--fused-classifier applies to GPT: add gpt to --models");
     ex::check_output_dir(a.out, "--out");
     std::vector<Result> rs;
     for (const std::string& m : models) rs.push_back(profile_model(a, m, dev));

@@ -28,7 +28,7 @@ struct GPTConfig {
   // and their gradient never exist whole; forward then returns undefined logits. Without
   // targets the logits are computed as usual. Off: logits always, the loss from them.
   bool fused_classifier = false;
-  // The fused classifier's budget for one chunk's logits and their gradient (its
+  // The fused classifier's budget for one chunk's logits, whose gradient overwrites them (its
   // max_chunk_bytes; the chunk's rows follow from it and the vocabulary).
   int64_t fused_classifier_chunk_bytes = kLinearCrossEntropyChunkBytes;
   // A 16-bit unfused classifier (under fp16/bf16 autocast, or a 16-bit model) computes over

@@ -67,6 +67,15 @@ cublasComputeType_t compute_type(DType d, bool tf32) {
   return CUBLAS_COMPUTE_32F;  // float32 exactly; float16/bfloat16 accumulate in float32
 }
 
+// The output dtype is the operands', or float32 for float16/bfloat16 operands.
+void check_dtypes(const Gemm& g, const char* op) {
+  const bool sixteen = g.dtype == DType::float16 || g.dtype == DType::bfloat16;
+  if (g.out_dtype != g.dtype && !(sixteen && g.out_dtype == DType::float32))
+    throw std::logic_error(fmt::format("{}: unsupported GEMM dtypes (operands {}, output {}): {}",
+                                       op, dtype_name(g.dtype), dtype_name(g.out_dtype),
+                                       describe(g)));
+}
+
 // The largest power of two (<= 256) dividing the address of every matrix of the batch.
 uint32_t alignment(const void* p, int64_t stride_elems, size_t esize, int64_t batch) {
   uint64_t v = reinterpret_cast<uintptr_t>(p);
@@ -99,6 +108,7 @@ struct Preference {
 struct PlanKey {
   int device = 0;
   int dtype = 0;
+  int out_dtype = 0;
   int compute = 0;
   bool trans_a = false, trans_b = false, accumulate = false, bias = false;
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0;
@@ -182,11 +192,12 @@ cublasLtHandle_t handle(int device) {
 
 std::string describe(const Gemm& g) {
   return fmt::format(
-      "{} m={} n={} k={} opA={} lda={} strideA={} opB={} ldb={} strideB={} ldd={} strideD={} "
-      "batch={} accumulate={} bias={} tf32={}",
-      dtype_name(g.dtype), g.m, g.n, g.k, g.trans_a ? "T" : "N", g.lda, g.stride_a,
-      g.trans_b ? "T" : "N", g.ldb, g.stride_b, g.ldd, g.stride_d, g.batch, g.accumulate,
-      g.bias != nullptr, g.dtype == DType::float32 && allow_tf32());
+      "{}{}{} m={} n={} k={} opA={} lda={} strideA={} opB={} ldb={} strideB={} ldd={} "
+      "strideD={} batch={} accumulate={} bias={} tf32={}",
+      dtype_name(g.dtype), g.out_dtype != g.dtype ? " -> " : "",
+      g.out_dtype != g.dtype ? dtype_name(g.out_dtype) : "", g.m, g.n, g.k, g.trans_a ? "T" : "N",
+      g.lda, g.stride_a, g.trans_b ? "T" : "N", g.ldb, g.stride_b, g.ldd, g.stride_d, g.batch,
+      g.accumulate, g.bias != nullptr, g.dtype == DType::float32 && allow_tf32());
 }
 
 cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace_bytes,
@@ -199,14 +210,15 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
   if (g.batch > INT32_MAX)
     throw std::invalid_argument(
         fmt::format("{}: batch too large for cuBLASLt: {}", op, describe(g)));
+  check_dtypes(g, op);
   if (g_force_fallback.load()) return CUBLAS_STATUS_NOT_SUPPORTED;
   DeviceGuard guard(device);
   cublasLtHandle_t lt = handle(device);
-  const cudaDataType type = data_type(g.dtype);
+  const cudaDataType type = data_type(g.dtype), out_type = data_type(g.out_dtype);
   const bool tf32 = g.dtype == DType::float32 && allow_tf32();
   const cublasComputeType_t compute = compute_type(g.dtype, tf32);
   const cudaDataType scale = g.dtype == DType::float64 ? CUDA_R_64F : CUDA_R_32F;
-  const size_t esize = dtype_size(g.dtype);
+  const size_t esize = dtype_size(g.dtype), out_esize = dtype_size(g.out_dtype);
 
   MatmulDesc desc;
   TALLY_LT_CHECK(cublasLtMatmulDescCreate(&desc.h, compute, scale));
@@ -224,8 +236,9 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
                                                   &g.bias, sizeof(g.bias)));
   }
 
-  auto make_layout = [&](Layout& l, int64_t rows, int64_t cols, int64_t ld, int64_t stride) {
-    TALLY_LT_CHECK(cublasLtMatrixLayoutCreate(&l.h, type, static_cast<uint64_t>(rows),
+  auto make_layout = [&](Layout& l, cudaDataType t, int64_t rows, int64_t cols, int64_t ld,
+                         int64_t stride) {
+    TALLY_LT_CHECK(cublasLtMatrixLayoutCreate(&l.h, t, static_cast<uint64_t>(rows),
                                               static_cast<uint64_t>(cols), ld));
     if (g.batch > 1) {
       const int32_t count = static_cast<int32_t>(g.batch);
@@ -236,13 +249,14 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
     }
   };
   Layout la, lb, ld;
-  make_layout(la, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.stride_a);
-  make_layout(lb, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.stride_b);
-  make_layout(ld, g.m, g.n, g.ldd, g.stride_d);
+  make_layout(la, type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.stride_a);
+  make_layout(lb, type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.stride_b);
+  make_layout(ld, out_type, g.m, g.n, g.ldd, g.stride_d);
 
   const PlanKey key{
       .device = device,
       .dtype = static_cast<int>(g.dtype),
+      .out_dtype = static_cast<int>(g.out_dtype),
       .compute = static_cast<int>(compute),
       .trans_a = g.trans_a,
       .trans_b = g.trans_b,
@@ -260,7 +274,7 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
       .batch = g.batch,
       .align_a = alignment(g.a, g.stride_a, esize, g.batch),
       .align_b = alignment(g.b, g.stride_b, esize, g.batch),
-      .align_d = alignment(g.d, g.stride_d, esize, g.batch),
+      .align_d = alignment(g.d, g.stride_d, out_esize, g.batch),
       .align_bias = g.bias ? alignment(g.bias, 0, esize, 1) : 0,
       .workspace = workspace ? workspace_bytes : 0,
   };
@@ -277,7 +291,7 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
   }
   if (!cached) {
     cublasLtMatmulHeuristicResult_t result{};
-    const bool sixteen = g.dtype == DType::float16 || g.dtype == DType::bfloat16;
+    const bool sixteen = g.out_dtype == DType::float16 || g.out_dtype == DType::bfloat16;
     // 16-bit outputs: keep split-K partial sums in float32 when an algorithm allows it.
     plan.status = query(lt, desc, la, lb, ld, key, sixteen, &result, op, g);
     if (plan.status != CUBLAS_STATUS_SUCCESS && sixteen)
@@ -321,6 +335,7 @@ void gemm_classic(int device, const Gemm& g, void* workspace, size_t workspace_b
                   const char* op) {
   if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0 || g.bias)
     throw std::logic_error(fmt::format("{}: unsupported classic GEMM: {}", op, describe(g)));
+  check_dtypes(g, op);
   for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.batch})
     if (v > INT32_MAX)
       throw std::invalid_argument(
@@ -337,11 +352,11 @@ void gemm_classic(int device, const Gemm& g, void* workspace, size_t workspace_b
   // partial sums for 16-bit types.
   ok(cublasSetStream(h, stream(device)), "cublasSetStream");
   ok(cublasSetWorkspace(h, workspace, workspace ? workspace_bytes : 0), "cublasSetWorkspace");
-  const bool sixteen = g.dtype == DType::float16 || g.dtype == DType::bfloat16;
+  const bool sixteen = g.out_dtype == DType::float16 || g.out_dtype == DType::bfloat16;
   ok(cublasSetMathMode(
          h, sixteen ? CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION : CUBLAS_DEFAULT_MATH),
      "cublasSetMathMode");
-  const cudaDataType type = data_type(g.dtype);
+  const cudaDataType type = data_type(g.dtype), out_type = data_type(g.out_dtype);
   const cublasComputeType_t compute =
       compute_type(g.dtype, g.dtype == DType::float32 && allow_tf32());
   const float alpha_f = 1.0f, beta_f = g.accumulate ? 1.0f : 0.0f;
@@ -354,7 +369,7 @@ void gemm_classic(int device, const Gemm& g, void* workspace, size_t workspace_b
          h, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
          static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), alpha, g.a, type,
          static_cast<int>(g.lda), batched ? g.stride_a : 0, g.b, type, static_cast<int>(g.ldb),
-         batched ? g.stride_b : 0, beta, g.d, type, static_cast<int>(g.ldd),
+         batched ? g.stride_b : 0, beta, g.d, out_type, static_cast<int>(g.ldd),
          batched ? g.stride_d : g.m * g.n, static_cast<int>(g.batch), compute, CUBLAS_GEMM_DEFAULT),
      "cublasGemmStridedBatchedEx");
   ++g_classic_calls;

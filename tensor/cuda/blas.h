@@ -25,11 +25,14 @@ cublasLtHandle_t handle(int device);
 //   D[i] (m x n, ldd) = op(A[i]) (m x k) * op(B[i]) (k x n)  [+ D[i] when accumulate]
 //                       [+ bias (length m, broadcast over the n columns)]
 // for i < batch, with X[i] = X + i * stride_x elements (a stride of 0 broadcasts). A is
-// stored k x m when trans_a, else m x k (likewise B), column-major with its ld. All four
-// matrices have `dtype`; float32 multiplies in float32 (TF32 only when allow_tf32()),
-// float16/bfloat16 accumulate in float32, float64 in float64.
+// stored k x m when trans_a, else m x k (likewise B), column-major with its ld. A and B have
+// `dtype`; D (and C, the same matrix) has `out_dtype`: the same, or float32 for float16/
+// bfloat16 operands (the product and the sum it accumulates onto stay in float32: no 16-bit
+// rounding). float32 multiplies in float32 (TF32 only when allow_tf32()), float16/bfloat16
+// accumulate in float32, float64 in float64.
 struct Gemm {
   DType dtype = DType::float32;
+  DType out_dtype = DType::float32;
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;

@@ -66,7 +66,11 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
                     a.shape_string(), b.shape_string()));
   switch (out.dtype()) {
     case DType::float32:
-      matmul_blas<float>(out, a, b, accumulate);
+      if (a.dtype() == DType::float32) {
+        matmul_blas<float>(out, a, b, accumulate);
+      } else {  // float16/bfloat16 operands, a float32 product (mm_out): no rounding
+        matmul_blas<float>(out, ops::to(a, DType::float32), ops::to(b, DType::float32), accumulate);
+      }
       break;
     case DType::float64:
       matmul_blas<double>(out, a, b, accumulate);

@@ -47,10 +47,11 @@ using Operand = ops::GemmOperand;
 // D^T[N, M] = op(B^T)[N, K] op(A^T)[K, M]: cuBLAS's "A" is our b, its "B" our a. A
 // row-major matrix (trans = false) read column-major is its own transpose, which is what
 // this formulation wants, so blas_layout's trans flag maps straight to the op.
-blas::Gemm make_gemm(DType dtype, const Operand& oa, const Operand& ob, int64_t M, int64_t N,
-                     int64_t K, int64_t ldd, bool accumulate) {
+blas::Gemm make_gemm(DType dtype, DType out_dtype, const Operand& oa, const Operand& ob, int64_t M,
+                     int64_t N, int64_t K, int64_t ldd, bool accumulate) {
   blas::Gemm g;
   g.dtype = dtype;
+  g.out_dtype = out_dtype;
   g.m = N;
   g.n = M;
   g.k = K;
@@ -85,9 +86,12 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
         fmt::format("{}: matrix dimensions of {} and {} exceed the BLAS "
                     "int range",
                     op, a.shape_string(), b.shape_string()));
-  if (a.dtype() != out.dtype() || b.dtype() != out.dtype())
+  // The operands have out's dtype, or are float16/bfloat16 with a float32 out (mm_out).
+  const bool widened = out.dtype() == DType::float32 &&
+                       (a.dtype() == DType::float16 || a.dtype() == DType::bfloat16);
+  if (b.dtype() != a.dtype() || (a.dtype() != out.dtype() && !widened))
     throw std::logic_error(
-        fmt::format("{} (CUDA): operand dtypes {} and {} differ from the "
+        fmt::format("{} (CUDA): operand dtypes {} and {} do not fit the "
                     "output's {}",
                     op, dtype_name(a.dtype()), dtype_name(b.dtype()), dtype_name(out.dtype())));
   const int64_t M = out.size(-2), N = out.size(-1), K = a.size(-1);
@@ -95,6 +99,7 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
   const int64_t count = shape_numel(batch);
   if (M == 0 || N == 0 || count == 0) return;
   const int64_t esize = static_cast<int64_t>(out.element_size());
+  const int64_t in_esize = static_cast<int64_t>(a.element_size());
   const int64_t ldd = ops::output_ld(out);  // N, or a padded output's row stride (mm_out)
   if (K == 0) {  // an empty sum: out = 0 (or unchanged when accumulating); padding untouched
     if (!accumulate)
@@ -131,14 +136,14 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
   }
   const int64_t outer = count / inner;
 
-  blas::Gemm g = make_gemm(out.dtype(), oa, ob, M, N, K, ldd, accumulate);
+  blas::Gemm g = make_gemm(a.dtype(), out.dtype(), oa, ob, M, N, K, ldd, accumulate);
   const Storage ws = workspace(device);
   std::vector<int64_t> idx(static_cast<size_t>(split), 0);
   int64_t off_a = 0, off_b = 0;
   for (int64_t e = 0; e < outer; ++e) {
     char* d_base = static_cast<char*>(out.data_ptr()) + e * inner * M * ldd * esize;
-    const char* a_base = byte_ptr(a) + off_a * esize;
-    const char* b_base = byte_ptr(b) + off_b * esize;
+    const char* a_base = byte_ptr(a) + off_a * in_esize;
+    const char* b_base = byte_ptr(b) + off_b * in_esize;
     g.a = b_base;  // cuBLAS's A is our b (see make_gemm)
     g.b = a_base;
     g.d = d_base;
@@ -174,7 +179,7 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& 
   if (epilogue) {
     const Operand ox = ops::gemm_operand(x, {}, "matmul kernel (CUDA)", "x");
     const Operand ow = ops::gemm_operand(wt, {}, "matmul kernel (CUDA)", "weight^T");
-    blas::Gemm g = make_gemm(out.dtype(), ox, ow, M, N, K, N, false);
+    blas::Gemm g = make_gemm(out.dtype(), out.dtype(), ox, ow, M, N, K, N, false);
     g.a = wt.data_ptr();
     g.b = x.data_ptr();
     g.d = out.data_ptr();

@@ -27,13 +27,15 @@ struct LinalgKernels {
   // buffer's first N columns; ops::output_ld is the ldc; the padding is not touched); a is
   // [batch_a..., M, K] and b [batch_b..., K, N] whose batch dims broadcast (aligned right) to
   // out's batch dims, both with a BLAS-readable matrix layout (ops::blas_layout) and
-  // out's dtype.
+  // out's dtype, or both float16/bfloat16 with a float32 out (ops::mm_out: the product and
+  // the sum it accumulates onto are never rounded to 16 bits).
   // CPU: float32/float64 call sgemm/dgemm once per batch entry (no copies); float16/bfloat16
-  // convert to float32, multiply, convert back.
+  // convert to float32, multiply, convert back (a float32 out is written directly).
   // CUDA: batch dims that can be addressed with one stride per operand run as one
   // strided-batched cuBLASLt call (broadcast dims with stride 0); the rest are looped over
   // on the host. Problems cuBLASLt has no algorithm for go through classic cuBLAS
-  // (cublasGemmStridedBatchedEx).
+  // (cublasGemmStridedBatchedEx). A float32 out of 16-bit operands is cuBLAS's mixed GEMM
+  // (A/B 16-bit, C/D float32, float32 compute).
   void (*matmul)(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate);
 
   // out [M, N] (contiguous) = x [M, K] @ wt [K, N] + bias [N] (broadcast over rows); x and wt

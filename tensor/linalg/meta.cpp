@@ -1,9 +1,9 @@
 // Meta kernels of the linalg family (tensor/meta/target.h): what the replayed backend's
 // matmul allocates. CPU: 16-bit products widen their operands and output to float32
-// (tensor/linalg/cpu.cpp). CUDA: one cuBLASLt workspace per product
-// (tensor/linalg/cuda_matmul.cpp; the linear layer's bias epilogue is taken to apply). Each
-// product costs 2 M N K FLOPs (tensor/meta/target.h: cost). ops::mm_out's output (a padded
-// view, say) is the caller's: as on both backends, nothing is allocated for it.
+// (tensor/linalg/cpu.cpp; a float32 product of 16-bit operands widens the operands only). CUDA: one
+// cuBLASLt workspace per product (tensor/linalg/cuda_matmul.cpp; the linear layer's bias epilogue
+// is taken to apply). Each product costs 2 M N K FLOPs (tensor/meta/target.h: cost). ops::mm_out's
+// output (a padded view, say) is the caller's: as on both backends, nothing is allocated for it.
 #include "tensor/linalg/kernels.h"
 #include "tensor/meta/target.h"
 
@@ -18,8 +18,9 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
     if (out.numel() > 0 && a.size(-1) > 0) matmul_workspace(out);
     return;
   }
-  if (out.dtype() != DType::float16 && out.dtype() != DType::bfloat16) return;
+  if (a.dtype() != DType::float16 && a.dtype() != DType::bfloat16) return;
   const Tensor a32 = ops::to(a, DType::float32), b32 = ops::to(b, DType::float32);
+  if (out.dtype() == DType::float32) return;  // a float32 product of 16-bit operands
   const Tensor o32 = accumulate ? ops::to(out, DType::float32)
                                 : ops::empty(out.sizes(), DType::float32, out.device());
   ops::copy_(out, o32);

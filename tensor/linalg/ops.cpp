@@ -188,10 +188,13 @@ void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
   if (out.dim() != 2 || out.size(0) != M || out.size(1) != N)
     throw std::invalid_argument(
         fmt::format("{}: out must have shape [{}, {}] ({})", op, M, N, shapes));
-  if (out.dtype() != a.dtype())
-    throw std::invalid_argument(fmt::format("{}: out must have the operands' dtype {}, got {} ({})",
-                                            op, dtype_name(a.dtype()), dtype_name(out.dtype()),
-                                            shapes));
+  const bool widened = out.dtype() == DType::float32 &&
+                       (a.dtype() == DType::float16 || a.dtype() == DType::bfloat16);
+  if (out.dtype() != a.dtype() && !widened)
+    throw std::invalid_argument(fmt::format(
+        "{}: out must have the operands' dtype {}{}, got {} ({})", op, dtype_name(a.dtype()),
+        a.dtype() == DType::float16 || a.dtype() == DType::bfloat16 ? " or float32" : "",
+        dtype_name(out.dtype()), shapes));
   check_same_device(op, out.device(), a.device());
   if ((N > 1 && out.stride(1) != 1) || (M > 1 && (out.stride(0) < N || out.stride(0) > INT_MAX)))
     throw std::invalid_argument(fmt::format(

@@ -25,7 +25,9 @@ Tensor mm(const Tensor& a, const Tensor& b);
 // [B, M, K] x [B, K, N] -> [B, M, N]; both must be 3-D with the same B (no broadcasting).
 Tensor bmm(const Tensor& a, const Tensor& b);
 // mm into a given output: out [M, N] <- a [M, K] @ b [K, N], or out += a @ b when
-// `accumulate` (BLAS beta = 1; no temporary). out must be 2-D with a's dtype and device,
+// `accumulate` (BLAS beta = 1; no temporary). out must be 2-D on a's device with a's dtype,
+// or float32 for float16/bfloat16 operands (torch.mm's out_dtype=torch.float32: the float32
+// product, or the float32 sum it accumulates onto, is never rounded to 16 bits),
 // unit column stride and rows at least N elements apart (out.stride(1) == 1,
 // out.stride(0) >= N): a contiguous matrix, a row range of one, or the first N columns of a
 // wider (padded) buffer, whose row stride the GEMM takes as its leading dimension (ldc). The

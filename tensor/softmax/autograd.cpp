@@ -100,7 +100,7 @@ Tensor nll_loss(const Tensor& input_, const Tensor& target, int64_t ignore_index
 
 // ---------------------------------------------------------------- linear_cross_entropy
 
-int64_t linear_cross_entropy_chunk_rows(int64_t N, int64_t V, int64_t element_size, bool grad,
+int64_t linear_cross_entropy_chunk_rows(int64_t N, int64_t V, int64_t element_size,
                                         int64_t chunk_rows, int64_t max_chunk_bytes) {
   if (chunk_rows < 0)
     throw std::invalid_argument(
@@ -113,10 +113,9 @@ int64_t linear_cross_entropy_chunk_rows(int64_t N, int64_t V, int64_t element_si
   int64_t rows = chunk_rows;
   if (rows == 0) {
     const char* what = "linear_cross_entropy: the bytes of one logits row";
-    const int64_t row_bytes =
-        memory::checked_mul(memory::checked_mul(std::max<int64_t>(V, 1), element_size, what),
-                            int64_t{grad ? 2 : 1}, what);
-    rows = max_chunk_bytes / row_bytes;
+    const int64_t v = std::max<int64_t>(V, 1);
+    const int64_t Vp = memory::checked_add<int64_t>(v, (64 - v % 64) % 64, what);
+    rows = max_chunk_bytes / memory::checked_mul(Vp, element_size, what);
     if (rows >= 64) rows -= rows % 64;
     rows = std::max<int64_t>(rows, 1);
   }
@@ -184,15 +183,15 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
   const bool grad = need_h || need_w;
   const int64_t N = hidden.size(0), C = hidden.size(1), V = weight.size(0);
   const int64_t rows = linear_cross_entropy_chunk_rows(N, V, static_cast<int64_t>(dtype_size(dt)),
-                                                       grad, chunk_rows, max_chunk_bytes);
+                                                       chunk_rows, max_chunk_bytes);
   const bool mean = red == o::LossReduction::mean;
   // A class count that is not a multiple of 64 (V = 50257) gives every product an odd
   // dimension and logits rows that are not 16-byte aligned: cuBLASLt then picks slow kernels
   // for all three. Such a weight is copied once per call into a [Vp, C] buffer, Vp = V rounded
   // up to 64, whose last Vp - V rows are zero; the logits are [rows, Vp] products, exactly 0
-  // in the padding columns, of which the cross-entropy sees the first V columns; its gradient
-  // overwrites them in place (the padding stays 0), and d(weight) is the first V rows of a
-  // [Vp, C] product. Every GEMM then has aligned dimensions and leading dimensions.
+  // in the padding columns, of which the cross-entropy sees the first V columns; and d(weight)
+  // is the first V rows of a [Vp, C] product. Every GEMM then has aligned dimensions and
+  // leading dimensions.
   const bool padded = V % 64 != 0;
   const int64_t Vp = padded ? memory::checked_add<int64_t>(V, 64 - V % 64, info.name) : V;
 
@@ -224,25 +223,22 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
     }
     if (!g.defined()) g = o::full({}, 1.0, dt, device);
   }
-  // d(weight)'s accumulator: float32 for 16-bit operands.
+  // d(weight)'s accumulator, [Vp, C]: float32 for 16-bit operands, whose products the GEMM
+  // adds into it in float32 (mm_out with a float32 out: no 16-bit [Vp, C] temporary a chunk).
   const DType acc = low ? DType::float32 : dt;
   Tensor loss, grad_h, grad_w;
   if (need_h) grad_h = alloc_output({N, C}, dt, device);
+  if (need_w && N > 0) grad_w = o::empty({Vp, C}, acc, device);
   try {
     for (int64_t start = 0; start < N; start += rows) {
       const int64_t r = std::min(rows, N - start);
       const Tensor h = o::narrow(hidden, 0, start, r);
       const Tensor t = o::narrow(target, 0, start, r);
-      // The logits: a contiguous [r, V] product, or, when padded, the first V columns of a
-      // [r, Vp] buffer (rows Vp elements apart for every GEMM that touches them).
-      Tensor logits, full;  // full: [r, Vp], its padding columns 0
-      if (padded) {
-        full = o::mm(h, wt);
-        logits = o::narrow(full, 1, 0, V);
-      } else {
-        logits = o::linear(h, weight);
-        full = logits;
-      }
+      // One [r, Vp] buffer a chunk: the logits (their first V columns; the padding columns
+      // are 0), then their gradient written over them in place (the backward reads each
+      // element once, before writing it, given the lse; the padding stays 0).
+      Tensor full = o::mm(h, wt);
+      const Tensor logits = padded ? o::narrow(full, 1, 0, V) : full;
       o::CrossEntropyOutput ce =
           o::cross_entropy_with_lse(logits, t, ignore_index, 0.0, o::LossReduction::sum,
                                     low ? std::optional<DType>(DType::float32) : std::nullopt);
@@ -251,35 +247,21 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
       else
         loss = ce.loss;
       if (!grad) continue;
-      // Padded: the gradient overwrites the logits in their buffer (the backward reads each
-      // element once, before writing it, given the lse), so one [r, Vp] buffer a chunk.
-      Tensor dlogits =
-          o::cross_entropy_backward(g, logits, t, ignore_index, 0.0, o::LossReduction::sum, ce.lse,
-                                    padded ? logits : Tensor());
-      if (padded) dlogits = full;  // [r, Vp]: the gradient, 0 in the padding columns
-      logits = Tensor();
-      full = Tensor();
-      ce.lse = Tensor();
+      o::cross_entropy_backward(g, logits, t, ignore_index, 0.0, o::LossReduction::sum, ce.lse,
+                                logits);
+      const Tensor& dlogits = full;  // [r, Vp]
       if (need_h) {
         const Tensor dst = o::narrow(grad_h, 0, start, r);  // rows of a contiguous [N, C]
         if (scale32.defined()) {
-          // float32, rounded once by the copy
-          o::copy_(dst, o::mul(o::mm(dlogits, wpad), scale32));
+          // The float32 product, scaled, rounded once by the copy.
+          const Tensor d32 = o::empty({r, C}, DType::float32, device);
+          o::mm_out(d32, dlogits, wpad);
+          o::copy_(dst, o::mul(d32, scale32));
         } else {
           o::mm_out(dst, dlogits, wpad);
         }
       }
-      if (need_w) {
-        const Tensor dlogits_t = o::transpose(dlogits, 0, 1);
-        if (!grad_w.defined()) {
-          grad_w = o::to(o::mm(dlogits_t, h), acc);
-        } else if (acc == dt) {
-          o::mm_out(grad_w, dlogits_t, h, /*accumulate=*/true);  // no [V, C] temporary
-        } else {
-          o::add_(grad_w, o::mm(dlogits_t, h));  // 16-bit product into the float32 sum
-        }
-        dlogits = Tensor();
-      }
+      if (need_w) o::mm_out(grad_w, o::transpose(dlogits, 0, 1), h, /*accumulate=*/start > 0);
     }
   } catch (const std::out_of_range& e) {
     throw std::out_of_range(
@@ -290,10 +272,10 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
   if (mean) loss = o::div(loss, count);                                         // float64
   loss = o::to(loss, loss_dtype);
   if (need_w) {
-    if (!grad_w.defined()) grad_w = o::zeros({Vp, C}, acc, device);  // N = 0
-    if (scale32.defined()) grad_w = o::mul(grad_w, scale32);
-    grad_w = o::to(grad_w, dt);
-    if (padded) grad_w = o::contiguous(o::narrow(grad_w, 0, 0, V));
+    if (!grad_w.defined()) grad_w = o::zeros({V, C}, acc, device);  // N = 0
+    if (padded && N > 0) grad_w = o::narrow(grad_w, 0, 0, V);
+    if (scale32.defined()) grad_w = o::mul(grad_w, scale32);  // contiguous float32 [V, C]
+    grad_w = o::to(grad_w, dt);                               // the first V rows: contiguous
   }
   // Saved: the inputs' gradients for a loss gradient of 1 (the backward scales them).
   record("LinearCrossEntropyBackward", {hidden, weight}, {loss}, {grad_h, grad_w},

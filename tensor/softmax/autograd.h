@@ -37,7 +37,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
 Tensor nll_loss(const Tensor& input, const Tensor& target, int64_t ignore_index = -100,
                 const std::string& reduction = "mean", CallSite site = CallSite::current());
 
-// linear_cross_entropy's default budget for the [rows, V] buffers of one chunk (below).
+// linear_cross_entropy's default budget for the [rows, Vp] buffer of one chunk (below).
 inline constexpr int64_t kLinearCrossEntropyChunkBytes = int64_t{256} << 20;  // 256 MiB
 
 // cross_entropy(linear(hidden, weight), target, ignore_index, reduction) without the [N, V]
@@ -55,27 +55,27 @@ inline constexpr int64_t kLinearCrossEntropyChunkBytes = int64_t{256} << 20;  //
 // [N, C] and d(weight) [V, C] (each only when that input requires grad; tagged `activation`
 // as all saved tensors), which the backward scales by the incoming gradient. So the
 // gradient is computed in the forward: under no_grad, or when neither input requires grad,
-// only the loss is (one [rows, V] buffer a chunk).
+// only the loss is.
 //
 // The chunk size: chunk_rows > 0 is taken as given (at most N). chunk_rows = 0 chooses it
-// so that the [rows, V] buffers alive at once (the logits, and their gradient when a
-// gradient is computed) fit max_chunk_bytes:
-//   rows = max_chunk_bytes / (V * element_size * (grad ? 2 : 1)),
+// so that the chunk's one [rows, Vp] buffer (below; Vp = V rounded up to 64) fits
+// max_chunk_bytes:
+//   rows = max_chunk_bytes / (Vp * element_size),
 // rounded down to a multiple of 64 when at least 64 (GEMM-friendly), at least 1, at most N.
 // element_size is the logits' dtype's (the computation dtype below). GPT-2's V = 50257 in
-// bfloat16 with a gradient: 1,335 rows a chunk -> 1,280 rows.
+// bfloat16: 2,668 rows -> 2,624 a chunk.
 //
-// Padding: with V a multiple of 64 each chunk's logits are a contiguous [rows, V] tensor (from
-// ops::linear) and their gradient another. Otherwise (GPT-2's V = 50257, whose rows would not
-// be 16-byte aligned, so cuBLASLt would pick slow kernels) each chunk allocates one
-// [rows, Vp] buffer, Vp = V rounded up to 64, and works on its first V columns: the logits
-// are written there by ops::mm_out (ldc = Vp), the gradient overwrites them in place
-// (ops::cross_entropy_backward with out = the logits, given the forward's lse), and
-// d(hidden) and d(weight) read it with ld = Vp. So the padded path keeps one buffer a chunk,
-// rows * Vp elements: within the rule's 2 * rows * V with a gradient, up to 63 columns more
-// than rows * V without one. d(hidden) is written straight into its rows (ops::mm_out) unless
-// the float32 mean scale applies; d(weight) of float32/float64 operands accumulates in place
-// (mm_out with accumulate), 16-bit products are added to the float32 sum.
+// One buffer a chunk: the logits are written into a [rows, Vp] buffer by a GEMM (Vp = V when V
+// is a multiple of 64; otherwise, GPT-2's V = 50257, whose rows would not be 16-byte aligned
+// so that cuBLASLt would pick slow kernels, the weight is copied once per call into a [Vp, C]
+// buffer with Vp - V zero rows, so the padding columns of the logits are 0 and the
+// cross-entropy sees the first V columns); the logits' gradient overwrites them in place
+// (ops::cross_entropy_backward with out = the logits, given the forward's lse), and d(hidden)
+// and d(weight) read it with ld = Vp. d(hidden) is written straight into its rows
+// (ops::mm_out) unless the float32 mean scale applies (then a float32 product is scaled and
+// rounded once); d(weight) accumulates in place over the chunks (ops::mm_out with
+// accumulate; for 16-bit operands into a float32 sum, the GEMM's float32 output, so no
+// [Vp, C] temporary a chunk).
 //
 // Dtypes: hidden and weight of one floating dtype (after autocast). Under autocast both are
 // cast like linear's operands (the region's 16-bit dtype, a parameter's cast cached) and the
@@ -94,9 +94,9 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
                             CallSite site = CallSite::current());
 
 // The chunk size linear_cross_entropy uses for N rows of a V-class classifier whose logits
-// have `element_size` bytes an element (the rule above; `grad`: the logits' gradient is
-// computed too). Throws std::invalid_argument for chunk_rows < 0 or max_chunk_bytes <= 0.
-int64_t linear_cross_entropy_chunk_rows(int64_t N, int64_t V, int64_t element_size, bool grad,
+// have `element_size` bytes an element (the rule above). Throws std::invalid_argument for
+// chunk_rows < 0 or max_chunk_bytes <= 0.
+int64_t linear_cross_entropy_chunk_rows(int64_t N, int64_t V, int64_t element_size,
                                         int64_t chunk_rows = 0,
                                         int64_t max_chunk_bytes = kLinearCrossEntropyChunkBytes);
 

@@ -195,6 +195,8 @@ cases = [
     }, base=CPU),
     (["profile_models", *CPU, "--small", "--resnet-batch", "8"], "--resnet-batch", {}),
     (["profile_models", *CPU, "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'", {}),
+    (["profile_models", *CPU, "--models", "resnet", "--fused-classifier"],
+     "--fused-classifier applies to GPT", {}),
     (["profile_models", *CPU], "TALLY_ALLOC_CONF", BAD_CONF),
     # ---- tally_memdiff (bad snapshots: tests/examples/test_memdiff.py)
     (["tally_memdiff"], "A is required", {}),

@@ -244,9 +244,10 @@ TEST(GPTFusedClassifier, MatchesUnfusedOneChunk) {
 }
 
 TEST(GPTFusedClassifier, MatchesUnfusedManyChunks) {
-  // 16 KiB: 8 rows of 256 float32 logits and their gradient, 6 chunks of the 48 rows.
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(48, 256, 4, true, 0, 16 << 10), 8);
-  compare_gpt(16 << 10, false, 1e-6, 1e-5);
+  // 8 KiB: 8 rows of 256 float32 logits (their gradient overwrites them), 6 chunks of the
+  // 48 rows.
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(48, 256, 4, 0, 8 << 10), 8);
+  compare_gpt(8 << 10, false, 1e-6, 1e-5);
 }
 
 TEST(GPTFusedClassifier, MatchesUnfusedUnderBf16Autocast) {
@@ -268,7 +269,7 @@ TEST(GPTFusedClassifier, AllocationsCarryLmHead) {
   for (const memory::TraceEntry& e : memory::get_allocator(cpu).history()) {
     const std::string module = memory::interned(e.tag.module);
     const std::string op = memory::interned(e.tag.op);
-    if (e.action == memory::TraceAction::alloc && module == "lm_head" && op == "linear" &&
+    if (e.action == memory::TraceAction::alloc && module == "lm_head" && op == "mm" &&
         e.tag.category == Category::temporary)
       saw_head_logits = true;
     if (e.action == memory::TraceAction::retag && module == "lm_head" &&
@@ -310,26 +311,25 @@ TEST(LinearCrossEntropyMemory, OpPeakSmallerByAtLeastTheLogits) {
   EXPECT_LE(fused + logits_bytes, unfused);
 }
 
-// The padded path (V % 64 != 0) keeps one [rows, Vp] buffer a chunk (the gradient overwrites
-// the logits in place), the unpadded one two [rows, V] (logits and their gradient), and a
-// zero-padded [Vp, C] copy of the weight: V = 1000 (Vp = 1024) peaks lower than V = 1024 by
-// about one chunk buffer less that copy.
-TEST(LinearCrossEntropyMemory, PaddedPathKeepsOneBufferAChunk) {
-  const int64_t N = 512, C = 32, rows = 64;
-  auto peak = [&](int64_t V) {
+// Each chunk keeps one [rows, Vp] buffer (the gradient overwrites the logits in place), padded
+// (V = 1000, Vp = 1024, plus a zero-padded [Vp, C] copy of the weight) or not (V = 1024): the
+// peak holds the buffer, the two gradients and the copy, and less than a second buffer more.
+TEST(LinearCrossEntropyMemory, OneBufferAChunk) {
+  const int64_t N = 512, C = 32, rows = 64, Vp = 1024;
+  const int64_t buffer = rows * Vp * 4;    // one chunk's [64, 1024] float32
+  const int64_t grads = (N + Vp) * C * 4;  // d(hidden) [N, C], d(weight) [Vp, C]
+  for (const int64_t V : {int64_t{1000}, Vp}) {
     Tensor h = leaf({N, C}, DType::float32, 51);
     Tensor w = leaf({V, C}, DType::float32, 52);
     const Tensor t = targets(N, V, -100, 5, 53);
-    return cpu_peak_of([&] { linear_cross_entropy(h, w, t, -100, "mean", rows).backward(); });
-  };
-  const int64_t padded = peak(1000), plain = peak(1024);
-  const int64_t buffer = rows * 1024 * 4;             // one chunk's [64, 1024] float32
-  const int64_t weight_rows = (1024 - 1000) * C * 4;  // what V = 1024 holds more a [V, C]
-  const int64_t weight_copy = 1024 * C * 4;           // the padded path's [Vp, C] weight
-  std::printf("linear_cross_entropy N=%lld C=%lld rows %lld: peak V=1000 %lld B, V=1024 %lld B\n",
-              (long long)N, (long long)C, (long long)rows, (long long)padded, (long long)plain);
-  EXPECT_GE(plain - padded, buffer - weight_copy - 4 * weight_rows);
-  EXPECT_LE(plain - padded, buffer - weight_copy + 4 * weight_rows);
+    const int64_t peak =
+        cpu_peak_of([&] { linear_cross_entropy(h, w, t, -100, "mean", rows).backward(); });
+    const int64_t copy = V == Vp ? 0 : Vp * C * 4;  // the padded weight
+    std::printf("linear_cross_entropy N=%lld C=%lld V=%lld rows %lld: peak %lld B\n", (long long)N,
+                (long long)C, (long long)V, (long long)rows, (long long)peak);
+    EXPECT_GE(peak, buffer + grads + copy) << V;
+    EXPECT_LT(peak, 2 * buffer + grads + copy) << V;
+  }
 }
 
 // GPT-tiny with a 4096-token vocabulary, batch 4 x 64: logits [256, 4096] float32 (4 MiB).
@@ -439,15 +439,18 @@ TEST(LinearCrossEntropyMemory, PaddedDryRunOnTheH200Target) {
 // ------------------------------------------------------------------ chunk size and errors
 
 TEST(LinearCrossEntropy, ChunkRowsRule) {
-  // GPT-2's vocabulary in bfloat16 with the gradient: 256 MiB / (50257 * 2 * 2) = 1335 -> 1280.
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(8192, 50257, 2, true), 1280);
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(8192, 50257, 4, false), 1280);      // 1335 too
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(8192, 50257, 4, true), 640);        // 667
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 50257, 2, true), 100);         // at most N
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 4, true, 0, 40000), 5);  // < 64: as is
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 4, true, 0, 1), 1);      // at least 1
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 4, true, 7), 7);         // given
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 4, true, 700), 100);
+  // One [rows, Vp] buffer a chunk, Vp = V rounded up to 64. GPT-2's vocabulary in bfloat16:
+  // 256 MiB / (50304 * 2) = 2668 -> 2624.
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(8192, 50257, 2), 2624);
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(8192, 50257, 4), 1280);       // 1334
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(8192, 50304, 4), 1280);       // the same Vp
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 50257, 2), 100);         // at most N
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 4, 0, 40000), 9);  // < 64: as is
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 4, 0, 1), 1);      // at least 1
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 4, 7), 7);         // given
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 4, 700), 100);
+  EXPECT_THROW(linear_cross_entropy_chunk_rows(100, 1000, 4, -1), std::invalid_argument);
+  EXPECT_THROW(linear_cross_entropy_chunk_rows(100, 1000, 4, 0, 0), std::invalid_argument);
 }
 
 TEST(LinearCrossEntropy, BadInputErrors) {

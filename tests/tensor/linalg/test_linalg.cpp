@@ -5,7 +5,8 @@
 // values against hand-computed cases and a naive loop, float64 gradient checks (broadcast
 // batches, 1-D operands, transposed and non-contiguous operands), what backward saves, empty
 // dimensions and 16-bit dtypes, embedding lookups and scatter-add with padding, mm_out into
-// padded rows (padding untouched, accumulate, K = 0) and its errors, and errors.
+// padded rows (padding untouched, accumulate, K = 0), its float32 product of 16-bit operands
+// and its errors, and errors.
 // The CPU alone: BLAS layouts that must not copy (peak memory of the op).
 //
 // On CUDA against the CPU reference (suite LinalgVsCpu, accelerators only): matmul/mm/bmm/
@@ -489,6 +490,36 @@ TEST_P(Linalg, MmOutWritesIntoPaddedRows) {
   }
 }
 
+// mm_out with float16/bfloat16 operands and a float32 out (torch.mm's out_dtype=float32): the
+// float32 product of the 16-bit values, with no 16-bit rounding (a 16-bit result would be
+// off by up to ~0.1 at these magnitudes), accumulating onto float32 values a 16-bit sum
+// could not hold; a transposed operand and a padded out as the fused classifier uses them.
+TEST_P(Linalg, MmOutFloat32OfSixteenBitOperands) {
+  const int64_t M = 6, K = 256, N = 40, Np = 48;
+  for (DType dt : {kBF16, kF16}) {
+    SCOPED_TRACE(dname(dt));
+    Generator g(12);
+    const Tensor a16 = ops::to(ops::randn({K, M}, kF32, Device::cpu(), &g), dt);  // [K, M]
+    const Tensor b16 = ops::to(ops::randn({K, N}, kF32, Device::cpu(), &g), dt);
+    const std::vector<double> ref =
+        naive_matmul(ops::to(ops::contiguous(ops::transpose(a16, 0, 1)), kF64), ops::to(b16, kF64));
+    const Tensor a = ops::transpose(put(a16), 0, 1);  // [M, K], read transposed
+    const Tensor b = put(b16);
+    const Tensor buf = ops::full({M, Np}, 7.0, kF32, dev());
+    const Tensor out = ops::narrow(buf, 1, 0, N);
+    ops::mm_out(out, a, b);
+    EXPECT_EQ(out.dtype(), kF32);
+    EXPECT_TRUE(values_near(out, ref, 1e-3));
+    EXPECT_TRUE(values_near(ops::narrow(buf, 1, N, Np - N),
+                            std::vector<double>(static_cast<size_t>(M * (Np - N)), 7.0), 0.0));
+    ops::fill_(out, 1000.125);  // not a 16-bit value
+    ops::mm_out(out, a, b, /*accumulate=*/true);
+    std::vector<double> shifted = ref;
+    for (double& v : shifted) v += 1000.125;
+    EXPECT_TRUE(values_near(out, shifted, 1e-3));
+  }
+}
+
 TEST_P(Linalg, MmOutErrors) {
   const TensorOptions o = on({});
   const Tensor a = zeros({2, 3}, o), b = zeros({3, 5}, o);
@@ -514,6 +545,14 @@ TEST_P(Linalg, MmOutErrors) {
          ops::mm_out(zeros({2, 5}, on(f64)), a, b);
        },
        "mm_out: out must have the operands' dtype float32, got float64"},
+      {[&] {
+         ops::mm_out(zeros({2, 5}, on(f64)), ops::to(a, kBF16), ops::to(b, kBF16));
+       },
+       "mm_out: out must have the operands' dtype bfloat16 or float32, got float64"},
+      {[&] {
+         ops::mm_out(zeros({2, 5}, o), ops::to(a, kF64), ops::to(b, kF64));
+       },
+       "mm_out: out must have the operands' dtype float64, got float32"},
       {[&] {
          ops::mm_out(zeros({2, 5}, o), zeros({1, 2, 3}, o), b);
        },
@@ -949,6 +988,41 @@ TEST_P(LinalgVsCpu, ClassicCublasFallbackMatchesTheCpu) {
     EXPECT_GE(after.classic_calls - before.classic_calls, 7u) << dname(d);
     EXPECT_EQ(after.lt_calls, before.lt_calls) << dname(d);
     EXPECT_EQ(after.bias_fallback - before.bias_fallback, 1u) << dname(d);
+  }
+}
+
+// mm_out's float32 product of 16-bit operands (cuBLAS's mixed GEMM: A/B 16-bit, C/D float32)
+// against the CPU kernel's, through cuBLASLt and through classic cuBLAS, in the fused
+// classifier's shapes: d(weight) += dlogits^T h (a transposed operand, accumulated) and
+// d(hidden) from a padded [rows, Vp] gradient read with ld = Vp.
+TEST_P(LinalgVsCpu, MixedMmOutMatchesTheCpu) {
+  struct Reset {
+    ~Reset() { cuda::set_force_cublas_fallback(false); }
+  } reset;
+  for (const bool fallback : {false, true}) {
+    cuda::set_force_cublas_fallback(fallback);
+    for (DType d : {kF16, kBF16}) {
+      SCOPED_TRACE(std::string(dname(d)) + (fallback ? " classic cuBLAS" : " cuBLASLt"));
+      const Pair dl = narrowed(pair({96, 136}, d, 21), 1, 0, 131);  // [96, 131] of [96, 136]
+      const Pair h = pair({96, 40}, d, 22), w = pair({131, 40}, d, 23);
+      const Pair gw = pair({131, 40}, kF32, 24);  // a float32 sum to accumulate onto
+      const cuda::MatmulStats before = cuda::matmul_stats();
+      ops::mm_out(gw.gpu, ops::transpose(dl.gpu, 0, 1), h.gpu, /*accumulate=*/true);
+      ops::mm_out(gw.cpu, ops::transpose(dl.cpu, 0, 1), h.cpu, /*accumulate=*/true);
+      EXPECT_TRUE(close_scaled(gw.gpu, gw.cpu, product_tol(kF32, 96)));
+      const Tensor dh_gpu = ops::empty({96, 40}, kF32, dev());
+      const Tensor dh_cpu = ops::empty({96, 40}, kF32, Device::cpu());
+      ops::mm_out(dh_gpu, dl.gpu, w.gpu);
+      ops::mm_out(dh_cpu, dl.cpu, w.cpu);
+      EXPECT_TRUE(close_scaled(dh_gpu, dh_cpu, product_tol(kF32, 131)));
+      EXPECT_TRUE(
+          close_scaled(dh_gpu, ops::mm(cpu64(dl.cpu), cpu64(w.cpu)), product_tol(kF32, 131)));
+      const cuda::MatmulStats after = cuda::matmul_stats();
+      if (fallback) {
+        EXPECT_EQ(after.classic_calls - before.classic_calls, 2u);
+        EXPECT_EQ(after.lt_calls, before.lt_calls);
+      }
+    }
   }
 }
 
