@@ -43,7 +43,6 @@ struct Frame {
   std::vector<Slot> slots;
   bool recomputed = false;
   bool recomputing = false;
-  bool stopped = false;  // the recompute stopped early (StopRecompute)
 
   void recompute();
 };
@@ -125,8 +124,9 @@ void Frame::recompute() {
   for (size_t i = 0; i < slots.size(); ++i)
     if (slots[i].waiting && !slots[i].recomputed) last_needed = i;
   size_t next = 0;
+  bool stopped = false;  // this recompute stopped early (StopRecompute)
   SavedTensorHooks hooks;
-  hooks.pack = [this, &next, last_needed](const Tensor& t) -> std::any {
+  hooks.pack = [this, &next, &stopped, last_needed](const Tensor& t) -> std::any {
     const size_t i = next++;
     if (i >= slots.size())
       throw std::runtime_error(
@@ -153,7 +153,6 @@ void Frame::recompute() {
   hooks.unpack = [](const std::any&) -> Tensor {
     throw std::logic_error("checkpoint: a tensor saved during a recompute was unpacked");
   };
-  stopped = false;
   try {
     SavedTensorHooksScope scope(std::move(hooks));
     fn(args);

@@ -95,19 +95,25 @@ Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, Call
   std::vector<SavedTensor> saved = autograd::save_inputs(
       "LinearBackward", {x, weight, bias}, {need_w ? x : Tensor(), need_x ? weight : Tensor()});
   Tensor out = o::linear(x, weight, bias);
-  autograd::record_saved(
-      "LinearBackward", {x, weight, bias}, {out}, std::move(saved),
-      [sx = x.sizes(), out_f = weight.size(0), in = weight.size(1)](
-          BackwardContext& ctx, const TensorList& g) -> TensorList {
-        const int64_t rows = shape_numel(Shape(sx.begin(), sx.end() - 1));
-        const Tensor g2 = o::reshape(g[0], {rows, out_f});
-        Tensor gx, gw, gb;
-        if (ctx.needs_input_grad(0)) gx = o::reshape(o::mm(g2, ctx.saved(1)), sx);
-        if (ctx.needs_input_grad(1))
-          gw = o::mm(o::transpose(g2, 0, 1), o::reshape(ctx.saved(0), {rows, in}));
-        if (ctx.needs_input_grad(2)) gb = o::sum(g2, {0});
-        return {gx, gw, gb};
-      });
+  autograd::record_saved("LinearBackward", {x, weight, bias}, {out}, std::move(saved),
+                         [sx = x.sizes(), out_f = weight.size(0)](
+                             BackwardContext& ctx, const TensorList& g) -> TensorList {
+                           const bool nx = ctx.needs_input_grad(0), nw = ctx.needs_input_grad(1),
+                                      nb = ctx.needs_input_grad(2);
+                           if (!nw) {  // x was not saved (only the weight, when x needs a gradient)
+                             const int64_t rows = shape_numel(Shape(sx.begin(), sx.end() - 1));
+                             const Tensor g2 = o::reshape(g[0], {rows, out_f});
+                             Tensor gx, gb;
+                             if (nx) gx = o::reshape(o::mm(g2, ctx.saved(1)), sx);
+                             if (nb) gb = o::sum(g2, {0});
+                             return {gx, Tensor(), gb};
+                           }
+                           // The weight's and the bias's gradients from one GEMM where the backend
+                           // can.
+                           auto [gx, gw, gb] = o::linear_backward(
+                               ctx.saved(0), g[0], nx ? ctx.saved(1) : Tensor(), {nx, true, nb});
+                           return {gx, gw, gb};
+                         });
   return out;
 }
 

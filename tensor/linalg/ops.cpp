@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
 
 #include "memory/checked.h"
@@ -241,6 +242,55 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         out, blas_ready(x2), blas_ready(transpose(weight, 0, 1)), false);
   shape.push_back(out_f);
   return view(out, shape);
+}
+
+std::tuple<Tensor, Tensor, Tensor> linear_backward(const Tensor& input, const Tensor& grad_output,
+                                                   const Tensor& weight,
+                                                   std::array<bool, 3> output_mask) {
+  static const OpInfo info("linear_backward");
+  if (!input.defined() || !grad_output.defined() || (output_mask[0] && !weight.defined()))
+    throw std::invalid_argument(
+        "linear_backward: input and grad_output must be defined, and weight too for "
+        "grad_input");
+  if (weight.defined()) check_matrix(info.name, weight, "[out_features, in_features]");
+  if (input.dim() == 0 || grad_output.dim() == 0)
+    throw std::invalid_argument(
+        fmt::format("linear_backward: input {} and grad_output {} must have at least one dim",
+                    input.shape_string(), grad_output.shape_string()));
+  const int64_t out_f = grad_output.size(-1), in = input.size(-1);
+  const bool fits =
+      grad_output.dim() == input.dim() &&
+      std::equal(input.sizes().begin(), input.sizes().end() - 1, grad_output.sizes().begin()) &&
+      (!weight.defined() || (weight.size(0) == out_f && weight.size(1) == in));
+  if (!fits)
+    throw std::invalid_argument(
+        fmt::format("linear_backward: input {} and grad_output {} do not fit weight {} (expected "
+                    "[..., in_features] and [..., out_features] with the same leading dims)",
+                    input.shape_string(), grad_output.shape_string(),
+                    weight.defined() ? weight.shape_string() : std::string("(undefined)")));
+  check_pair(info.name, input, grad_output);
+  if (weight.defined()) check_pair(info.name, grad_output, weight);
+  DispatchScope scope(info, input, grad_output, weight);
+  const int64_t rows = shape_numel(Shape(input.sizes().begin(), input.sizes().end() - 1));
+  const Tensor g2 = reshape(grad_output, {rows, out_f});  // a view unless g's layout forbids it
+  Tensor gi, gw, gb;
+  if (output_mask[0]) gi = reshape(mm(g2, weight), input.sizes());
+  if (output_mask[1]) {
+    const Tensor gt = blas_ready(transpose(g2, 0, 1)), x2 = blas_ready(reshape(input, {rows, in}));
+    gw = alloc_output({out_f, in}, grad_output.dtype(), grad_output.device());
+    bool summed = false;
+    if (output_mask[2]) {
+      gb = alloc_output({out_f}, grad_output.dtype(), grad_output.device());
+      summed = linalg_backends.get(info, input.device(), &LinalgKernels::matmul_row_sums)(gw, gb,
+                                                                                          gt, x2);
+    } else {
+      linalg_backends.get(info, input.device(), &LinalgKernels::matmul)(gw, gt, x2, false);
+    }
+    if (output_mask[2] && !summed) gb = sum(g2, {0});
+  } else if (output_mask[2]) {
+    gb = sum(g2, {0});
+  }
+  return {gi, gw, gb};
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {

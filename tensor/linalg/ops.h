@@ -8,7 +8,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "tensor/ops.h"
@@ -39,6 +41,21 @@ void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
 // y = x W^T + b: x [..., in] (any number of leading dims, 1-D allowed), weight [out, in],
 // bias [out] or undefined -> [..., out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// PyTorch's aten::linear_backward: the gradients of y = linear(input, weight, bias) given
+// grad_output (y's shape: input [..., in], weight [out, in], grad_output [..., out]), as
+// (grad_input [..., in], grad_weight [out, in], grad_bias [out]); each only where output_mask
+// asks for it (undefined otherwise). grad_input = g W, grad_weight = g^T x and grad_bias = the
+// sums of g over the rows, in grad_output's dtype. weight is read only for grad_input: it may
+// be undefined when output_mask[0] is false (autograd saves it only when the input needs a
+// gradient). With both weight and bias gradients the backend may form the bias gradient in
+// the weight gradient's GEMM (CUDA: cuBLASLt's bias-gradient epilogue,
+// LinalgKernels::matmul_row_sums), one read of g fewer; otherwise it is a sum. Errors
+// (std::invalid_argument naming linear_backward and the shapes): weight not 2-D or missing
+// for grad_input, shapes that do not fit, dtypes, devices.
+std::tuple<Tensor, Tensor, Tensor> linear_backward(const Tensor& input, const Tensor& grad_output,
+                                                   const Tensor& weight,
+                                                   std::array<bool, 3> output_mask);
 
 // Rows of weight [V, D] picked by integer `indices` (int64 or int32, any shape) ->
 // [..., D]. An index outside [0, V) throws std::out_of_range naming it and V.

@@ -6,7 +6,7 @@
 // batches, 1-D operands, transposed and non-contiguous operands), what backward saves, empty
 // dimensions and 16-bit dtypes, embedding lookups and scatter-add with padding, mm_out into
 // padded rows (padding untouched, accumulate, K = 0), its float32 product of 16-bit operands
-// and its errors, and errors.
+// and its errors, linear_backward against its composite, and errors.
 // The CPU alone: BLAS layouts that must not copy (peak memory of the op).
 //
 // On CUDA against the CPU reference (suite LinalgVsCpu, accelerators only): matmul/mm/bmm/
@@ -19,7 +19,11 @@
 // Products are compared with the CPU result computed in float64 from the same (rounded)
 // inputs: max |got - ref| / max |ref| below 1e-5 * sqrt(K) (float32), 1e-12 * sqrt(K)
 // (float64), 2e-2 (float16/bfloat16).
+#include <fmt/format.h>
+
+#include <array>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <set>
@@ -518,6 +522,53 @@ TEST_P(Linalg, MmOutFloat32OfSixteenBitOperands) {
     for (double& v : shifted) v += 1000.125;
     EXPECT_TRUE(values_near(out, shifted, 1e-3));
   }
+}
+
+// linear_backward (aten::linear_backward) against its composite (g W, g^T x, the sums of g) for
+// every output mask, with leading batch dims, an undefined weight when grad_input is not
+// asked for, and its errors.
+TEST_P(Linalg, LinearBackwardMatchesTheComposite) {
+  const Tensor x = put(rand_input({2, 3, 5}, -1, 1, 31));
+  const Tensor w = put(rand_input({4, 5}, -1, 1, 32));
+  const Tensor g = put(rand_input({2, 3, 4}, -1, 1, 33));
+  const Tensor g2 = ops::reshape(g, {6, 4});
+  const std::vector<double> ref_x = ops::to_vector(ops::matmul(g, w));
+  const std::vector<double> ref_w =
+      ops::to_vector(ops::mm(ops::transpose(g2, 0, 1), ops::reshape(x, {6, 5})));
+  const std::vector<double> ref_b = ops::to_vector(ops::sum(g2, {0}));
+  for (int m = 0; m < 8; ++m) {
+    const std::array<bool, 3> mask{(m & 1) != 0, (m & 2) != 0, (m & 4) != 0};
+    SCOPED_TRACE(m);
+    auto [gx, gw, gb] = ops::linear_backward(x, g, mask[0] ? w : Tensor(), mask);
+    EXPECT_EQ(gx.defined(), mask[0]);
+    EXPECT_EQ(gw.defined(), mask[1]);
+    EXPECT_EQ(gb.defined(), mask[2]);
+    if (gx.defined()) {
+      EXPECT_EQ(gx.sizes(), x.sizes());
+      EXPECT_TRUE(values_near(gx, ref_x, 1e-12));
+    }
+    if (gw.defined()) {
+      EXPECT_EQ(gw.sizes(), w.sizes());
+      EXPECT_TRUE(values_near(gw, ref_w, 1e-12));
+    }
+    if (gb.defined()) {
+      EXPECT_EQ(gb.sizes(), Shape{4});
+      EXPECT_TRUE(values_near(gb, ref_b, 1e-12));
+    }
+  }
+  const std::array<bool, 3> all{true, true, true};
+  expect_error<std::invalid_argument>([&] { ops::linear_backward(x, g, Tensor(), all); },
+                                      {"linear_backward", "weight too for grad_input"});
+  expect_error<std::invalid_argument>(
+      [&] {
+        ops::linear_backward(x, ops::reshape(g, {3, 2, 4}), w, all);
+      },
+      {"linear_backward: input [2, 3, 5] and grad_output [3, 2, 4] do not fit weight [4, 5]"});
+  expect_error<std::invalid_argument>(
+      [&] { ops::linear_backward(ops::narrow(x, 2, 0, 4), g, w, all); },
+      {"linear_backward", "do not fit weight [4, 5]"});
+  expect_error<std::invalid_argument>([&] { ops::linear_backward(x, ops::to(g, kF32), w, all); },
+                                      {"linear_backward", "dtype"});
 }
 
 TEST_P(Linalg, MmOutErrors) {
@@ -1022,6 +1073,36 @@ TEST_P(LinalgVsCpu, MixedMmOutMatchesTheCpu) {
         EXPECT_EQ(after.classic_calls - before.classic_calls, 2u);
         EXPECT_EQ(after.lt_calls, before.lt_calls);
       }
+    }
+  }
+}
+
+// linear_backward's weight and bias gradients from one cuBLASLt GEMM (the bias-gradient
+// epilogue, where the heuristic offers it; else the product and a sum) against the CPU's
+// composite in float64, in GPT-2's shapes scaled down and in odd ones.
+TEST_P(LinalgVsCpu, LinearBackwardMatchesTheCpu) {
+  for (DType d : {kF32, kF16, kBF16, kF64}) {
+    for (const auto& [rows, in, out] :
+         std::vector<std::array<int64_t, 3>>{{512, 96, 384}, {300, 37, 53}, {1, 8, 16}}) {
+      SCOPED_TRACE(fmt::format("{} rows {} in {} out {}", dname(d), rows, in, out));
+      const Pair x = pair({rows, in}, d, 41), g = pair({rows, out}, d, 42);
+      const Pair w = pair({out, in}, d, 43);
+      const cuda::MatmulStats before = cuda::matmul_stats();
+      auto [gx, gw, gb] = ops::linear_backward(x.gpu, g.gpu, w.gpu, {true, true, true});
+      const cuda::MatmulStats after = cuda::matmul_stats();
+      EXPECT_EQ(after.row_sums_epilogue + after.row_sums_fallback -
+                    (before.row_sums_epilogue + before.row_sums_fallback),
+                1u);
+      std::printf("linear_backward %s rows %lld in %lld out %lld: bias gradient %s\n",
+                  dname(d).c_str(), (long long)rows, (long long)in, (long long)out,
+                  after.row_sums_epilogue > before.row_sums_epilogue ? "in the GEMM's epilogue"
+                                                                     : "by a sum");
+      const Tensor g64 = cpu64(g.cpu);
+      EXPECT_TRUE(close_scaled(gx, ops::mm(g64, cpu64(w.cpu)), product_tol(d, out)));
+      EXPECT_TRUE(
+          close_scaled(gw, ops::mm(ops::transpose(g64, 0, 1), cpu64(x.cpu)), product_tol(d, rows)));
+      EXPECT_TRUE(close_scaled(gb, ops::sum(g64, {0}), product_tol(d, rows)));
+      EXPECT_EQ(gb.dtype(), d);
     }
   }
 }
