@@ -451,6 +451,20 @@ struct ScalarF {
   }
 };
 
+// a (op) s, or s (op) a when reversed, with s one element in device memory (a 0-D or
+// one-element tensor broadcast over a: a loss scale, a mean's 1 / count, a clipping factor),
+// read by every thread.
+template <ops::BinaryOp OP, typename T>
+struct DeviceScalarF {
+  const T* s;
+  bool reverse;
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x) const {
+    const A y = load(*s);
+    return reverse ? math::binary_value<A>(OP, y, x) : math::binary_value<A>(OP, x, y);
+  }
+};
+
 template <ops::UnaryOp OP, typename T>
 struct UnaryF {
   template <typename A>
@@ -498,6 +512,22 @@ bool binary_fast(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Ten
     const char* name = ops::binary_op_name(op);
     return with_arith_op(op, [&](auto c) {
       vec::launch_map<T, 2>(name, out, a, &b, BinaryF<decltype(c)::value>{});
+    });
+  }
+}
+
+// out = a (op) one, `one` a single element of a's dtype (reverse: one (op) a).
+template <typename T>
+bool device_scalar_fast(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& one,
+                        bool reverse) {
+  if constexpr (!std::is_floating_point_v<dacc_t<T>>) {
+    return false;
+  } else {
+    const char* name = ops::binary_op_name(op);
+    return with_arith_op(op, [&](auto c) {
+      vec::launch_map<T, 1>(
+          name, out, a, nullptr,
+          DeviceScalarF<decltype(c)::value, T>{static_cast<const T*>(one.data_ptr()), reverse});
     });
   }
 }
@@ -563,6 +593,21 @@ void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& 
   TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
     using T = dev_t<scalar_t>;
     if (!math::is_compare(op) && vec::applies(out, a, &b) && binary_fast<T>(op, out, a, b)) return;
+    // A full operand and a broadcast single element (not out's own: an in-place op must not
+    // overwrite the element other threads still read): the fast path, the element read on the
+    // device.
+    auto one = [&](const Tensor& t) {  // t (broadcast to out's shape) addresses one element
+      for (int64_t d = 0; d < t.dim(); ++d)
+        if (t.size(d) != 1 && t.stride(d) != 0) return false;
+      return t.numel() > 0 && t.dtype() == out.dtype() &&
+             t.storage().data() != out.storage().data();
+    };
+    if (!math::is_compare(op) && one(b) && vec::applies(out, a) &&
+        device_scalar_fast<T>(op, out, a, b, false))
+      return;
+    if (!math::is_compare(op) && one(a) && vec::applies(out, b) &&
+        device_scalar_fast<T>(op, out, b, a, true))
+      return;
     if (math::is_compare(op)) {
       launch<3>(ops::binary_op_name(op), out, {&out, &a, &b},
                 BinaryKernelOp<T, true>{op, static_cast<bool*>(out.storage().data()),

@@ -414,6 +414,30 @@ TEST_P(ElementwiseVsCpu, BinaryUnaryMatchTheCpu) {
   }
 }
 
+// A full operand and a one-element device tensor (a loss scale, a mean's 1 / count): the
+// vectorised path reads the element on the device, either operand order, with a tail (1003
+// elements) and a misaligned view (the strided path), like the CPU.
+TEST_P(ElementwiseVsCpu, OneElementOperandMatchesTheCpu) {
+  using ops::BinaryOp;
+  for (DType d : {DType::float32, DType::float16, DType::bfloat16, DType::float64}) {
+    const Tensor a = rand_tensor({1003}, d, 5), s0 = rand_tensor({}, d, 6, 0.5, 2);
+    const Tensor s1 = ops::reshape(s0, {1});
+    const Tensor ga = put(a), gs0 = put(s0), gs1 = put(s1);
+    for (auto op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div}) {
+      const std::string name = std::string(dtype_name(d)) + " " + ops::binary_op_name(op);
+      EXPECT_EQ(max_pointwise_error_lenient(ops::binary(op, ga, gs0), ops::binary(op, a, s0)), 0.0)
+          << name;
+      EXPECT_EQ(max_pointwise_error_lenient(ops::binary(op, gs1, ga), ops::binary(op, s1, a)), 0.0)
+          << name << " (reversed)";
+      const Tensor off = ops::narrow(ga, 0, 1, 1002);
+      EXPECT_EQ(max_pointwise_error_lenient(ops::binary(op, off, gs0),
+                                            ops::binary(op, ops::narrow(a, 0, 1, 1002), s0)),
+                0.0)
+          << name << " (misaligned)";
+    }
+  }
+}
+
 // float16 / bfloat16 GELU (exact and tanh) take their own float32 formulas on CUDA (one exp2, no
 // erff / tanhf; elementwise.cu). Every one of the 65,536 bit patterns, through the contiguous fast
 // path and the strided path: each finite result within one ulp of the 16-bit type of a long-double
