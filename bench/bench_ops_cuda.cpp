@@ -78,6 +78,10 @@ int main(int argc, char** argv) {
     const double n = static_cast<double>(a.numel());
     cases.push_back({"add", "[67108864]", "float32", 12 * n, n, [=] { (void)ops::add(a, b); }});
     cases.push_back({"mul", "[67108864]", "float32", 12 * n, n, [=] { (void)ops::mul(a, b); }});
+    // times a 0-D device tensor (a loss scale, a mean's 1 / count)
+    const Tensor s = rnd({}, DType::float32);
+    cases.push_back(
+        {"mul_0d_tensor", "[67108864]", "float32", 8 * n, n, [=] { (void)ops::mul(a, s); }});
     cases.push_back({"relu", "[67108864]", "float32", 8 * n, n, [=] { (void)relu(a); }});
     cases.push_back({"gelu", "[67108864]", "float32", 8 * n, 8 * n, [=] { (void)gelu(a); }});
     cases.push_back({"add", "[67108864]", "bfloat16", 6 * n, n, [=] { (void)ops::add(h, k); }});
@@ -173,6 +177,17 @@ int main(int argc, char** argv) {
                        x.set_grad(Tensor());
                        w.set_grad(Tensor());
                        linear(x, w).backward(g);
+                     }});
+    // with a bias: its gradient from the weight gradient's GEMM (cuBLASLt's BGRADB epilogue)
+    Tensor bias = rnd({2304}, DType::bfloat16);
+    bias.requires_grad_();
+    cases.push_back({"linear_bias_fwd_bwd", "[16384,768]x[2304,768]^T+b", "bfloat16",
+                     2.0 * 3 * (x.numel() + w.numel() + 16384.0 * 2304),
+                     3 * 2.0 * 16384 * 768 * 2304, [=] {
+                       x.set_grad(Tensor());
+                       w.set_grad(Tensor());
+                       bias.set_grad(Tensor());
+                       linear(x, w, bias).backward(g);
                      }});
     Tensor a = rnd({16, 12, 1024, 64}, DType::bfloat16),
            b = rnd({16, 12, 64, 1024}, DType::bfloat16);

@@ -86,6 +86,8 @@ def torch_cases():
     h64, k64 = rnd(n, dtype=bf), rnd(n, dtype=bf)
     TORCH[("add", "[67108864]", "float32")] = lambda: a64 + b64
     TORCH[("mul", "[67108864]", "float32")] = lambda: a64 * b64
+    s0 = rnd()
+    TORCH[("mul_0d_tensor", "[67108864]", "float32")] = lambda: a64 * s0
     TORCH[("relu", "[67108864]", "float32")] = lambda: F.relu(a64)
     TORCH[("gelu", "[67108864]", "float32")] = lambda: F.gelu(a64)
     TORCH[("add", "[67108864]", "bfloat16")] = lambda: h64 + k64
@@ -113,6 +115,9 @@ def torch_cases():
     gl = rnd(16384, 2304, dtype=bf)
     TORCH[("linear_fwd_bwd", "[16384,768]x[2304,768]^T", "bfloat16")] = fwd_bwd(
         lambda: F.linear(xlg, wlg), (xlg, wlg), gl)
+    blg = rnd(2304, dtype=bf).requires_grad_()
+    TORCH[("linear_bias_fwd_bwd", "[16384,768]x[2304,768]^T+b", "bfloat16")] = fwd_bwd(
+        lambda: F.linear(xlg, wlg, blg), (xlg, wlg, blg), gl)
     ma, mb = rnd(16, 12, 1024, 64, dtype=bf).requires_grad_(), rnd(16, 12, 64, 1024, dtype=bf).requires_grad_()
     gm = rnd(16, 12, 1024, 1024, dtype=bf)
     TORCH[("matmul_fwd_bwd", "[16,12,1024,64]x[16,12,64,1024]", "bfloat16")] = fwd_bwd(
