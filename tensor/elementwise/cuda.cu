@@ -2,7 +2,9 @@
 // fills, Philox random fills (the same numbers as the CPU), binary/unary maps, where,
 // clamp, and the sum reduction. Floating binary/unary maps and same-dtype copies over
 // contiguous operands take the vectorised fast path (tensor/cuda/vectorized.cuh, the op a
-// template parameter); everything else the strided general path.
+// template parameter), and so does a binary map of a contiguous operand and a broadcast single
+// element (a 0-D tensor: read on the device by every thread); everything else the strided
+// general path.
 #include <algorithm>
 #include <cmath>
 
