@@ -86,7 +86,7 @@ def torch_cases():
     h64, k64 = rnd(n, dtype=bf), rnd(n, dtype=bf)
     TORCH[("add", "[67108864]", "float32")] = lambda: a64 + b64
     TORCH[("mul", "[67108864]", "float32")] = lambda: a64 * b64
-    s0 = rnd()
+    s0 = torch.randn((), device=dev)
     TORCH[("mul_0d_tensor", "[67108864]", "float32")] = lambda: a64 * s0
     TORCH[("relu", "[67108864]", "float32")] = lambda: F.relu(a64)
     TORCH[("gelu", "[67108864]", "float32")] = lambda: F.gelu(a64)
