@@ -42,8 +42,7 @@ namespace blas {
 
 namespace {
 
-std::atomic<uint64_t> g_lt_calls{0}, g_heuristic_queries{0}, g_bias_calls{0}, g_bias_grad_calls{0},
-    g_classic_calls{0};
+std::atomic<uint64_t> g_lt_calls{0}, g_heuristic_queries{0}, g_bias_calls{0}, g_classic_calls{0};
 std::atomic<bool> g_force_fallback{false};
 
 [[noreturn]] void fail(cublasStatus_t s, const char* call, const char* op, const Gemm& g) {
@@ -111,10 +110,10 @@ struct PlanKey {
   int dtype = 0;
   int out_dtype = 0;
   int compute = 0;
-  bool trans_a = false, trans_b = false, accumulate = false, bias = false, bias_grad = false;
+  bool trans_a = false, trans_b = false, accumulate = false, bias = false;
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0;
   int64_t stride_a = 0, stride_b = 0, stride_d = 0, batch = 0;
-  uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0, align_bias_grad = 0;
+  uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
   uint64_t workspace = 0;
   auto operator<=>(const PlanKey&) const = default;
 };
@@ -194,12 +193,11 @@ cublasLtHandle_t handle(int device) {
 std::string describe(const Gemm& g) {
   return fmt::format(
       "{}{}{} m={} n={} k={} opA={} lda={} strideA={} opB={} ldb={} strideB={} ldd={} "
-      "strideD={} batch={} accumulate={} bias={} bias_grad={} tf32={}",
+      "strideD={} batch={} accumulate={} bias={} tf32={}",
       dtype_name(g.dtype), g.out_dtype != g.dtype ? " -> " : "",
       g.out_dtype != g.dtype ? dtype_name(g.out_dtype) : "", g.m, g.n, g.k, g.trans_a ? "T" : "N",
       g.lda, g.stride_a, g.trans_b ? "T" : "N", g.ldb, g.stride_b, g.ldd, g.stride_d, g.batch,
-      g.accumulate, g.bias != nullptr, g.bias_grad != nullptr,
-      g.dtype == DType::float32 && allow_tf32());
+      g.accumulate, g.bias != nullptr, g.dtype == DType::float32 && allow_tf32());
 }
 
 cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace_bytes,
@@ -207,11 +205,8 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
   if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0)
     throw std::logic_error(
         fmt::format("{}: degenerate GEMM reached cuBLASLt: {}", op, describe(g)));
-  if ((g.bias || g.bias_grad) && g.batch != 1)
+  if (g.bias && g.batch != 1)
     throw std::logic_error(fmt::format("{}: bias epilogue with a batch: {}", op, describe(g)));
-  if (g.bias && g.bias_grad)
-    throw std::logic_error(
-        fmt::format("{}: bias and bias-gradient epilogues together: {}", op, describe(g)));
   if (g.batch > INT32_MAX)
     throw std::invalid_argument(
         fmt::format("{}: batch too large for cuBLASLt: {}", op, describe(g)));
@@ -240,13 +235,6 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
     TALLY_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                   &g.bias, sizeof(g.bias)));
   }
-  if (g.bias_grad) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BGRADB;
-    TALLY_LT_CHECK(
-        cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    TALLY_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                  &g.bias_grad, sizeof(g.bias_grad)));
-  }
 
   auto make_layout = [&](Layout& l, cudaDataType t, int64_t rows, int64_t cols, int64_t ld,
                          int64_t stride) {
@@ -274,7 +262,6 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
       .trans_b = g.trans_b,
       .accumulate = g.accumulate,
       .bias = g.bias != nullptr,
-      .bias_grad = g.bias_grad != nullptr,
       .m = g.m,
       .n = g.n,
       .k = g.k,
@@ -289,7 +276,6 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
       .align_b = alignment(g.b, g.stride_b, esize, g.batch),
       .align_d = alignment(g.d, g.stride_d, out_esize, g.batch),
       .align_bias = g.bias ? alignment(g.bias, 0, esize, 1) : 0,
-      .align_bias_grad = g.bias_grad ? alignment(g.bias_grad, 0, out_esize, 1) : 0,
       .workspace = workspace ? workspace_bytes : 0,
   };
 
@@ -335,7 +321,6 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
                                 stream(device)));
   ++g_lt_calls;
   if (g.bias) ++g_bias_calls;
-  if (g.bias_grad) ++g_bias_grad_calls;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -348,7 +333,7 @@ cublasHandle_t classic_handle(int device) {
 
 void gemm_classic(int device, const Gemm& g, void* workspace, size_t workspace_bytes,
                   const char* op) {
-  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0 || g.bias || g.bias_grad)
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0 || g.bias)
     throw std::logic_error(fmt::format("{}: unsupported classic GEMM: {}", op, describe(g)));
   check_dtypes(g, op);
   for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.batch})
@@ -405,9 +390,6 @@ uint64_t heuristic_queries() {
 }
 uint64_t bias_epilogue_calls() {
   return g_bias_calls.load();
-}
-uint64_t bias_grad_calls() {
-  return g_bias_grad_calls.load();
 }
 
 }  // namespace blas

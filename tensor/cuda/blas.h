@@ -44,10 +44,6 @@ struct Gemm {
   int64_t batch = 1;
   bool accumulate = false;     // beta = 1, C = D in place
   const void* bias = nullptr;  // CUBLASLT_EPILOGUE_BIAS when set (batch must be 1)
-  // CUBLASLT_EPILOGUE_BGRADB when set (batch 1, no bias): also writes the sums of op(B) over
-  // the k dimension, one per column of D (n values of out_dtype): a linear layer's bias
-  // gradient formed by its weight-gradient product.
-  void* bias_grad = nullptr;
 };
 
 // Enqueues the product on Tally's stream for `device` with the given workspace and
@@ -76,7 +72,6 @@ std::string describe(const Gemm& g);
 uint64_t lt_calls();             // cublasLtMatmul calls enqueued
 uint64_t heuristic_queries();    // cublasLtMatmulAlgoGetHeuristic calls (plan-cache misses)
 uint64_t bias_epilogue_calls();  // of lt_calls, those with the bias epilogue
-uint64_t bias_grad_calls();      // of lt_calls, those with the bias-gradient epilogue
 uint64_t classic_calls();        // cublasGemmStridedBatchedEx calls enqueued
 
 }  // namespace tally::cuda::blas

@@ -97,13 +97,6 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& 
   matmul(out, x, wt, /*accumulate=*/true);
 }
 
-// The product alone: the op forms the row sums (ops::linear_backward's bias gradient).
-bool matmul_row_sums(const Tensor& out, const Tensor& /*row_sums*/, const Tensor& a,
-                     const Tensor& b) {
-  matmul(out, a, b, /*accumulate=*/false);
-  return false;
-}
-
 // Index e of `indices` (any layout) as int64, walking it in row-major order.
 template <typename I>
 void for_each_index(const Tensor& indices, const std::function<void(int64_t, int64_t)>& fn) {
@@ -180,7 +173,6 @@ void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Ten
 const LinalgKernels linalg_kernels{
     .matmul = &matmul,
     .linear = &linear,
-    .matmul_row_sums = &matmul_row_sums,
     .embedding = &embedding,
     .embedding_backward = &embedding_backward,
 };

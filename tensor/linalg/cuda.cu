@@ -216,7 +216,6 @@ void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Ten
 const LinalgKernels linalg_kernels{
     .matmul = &matmul,
     .linear = &linear,
-    .matmul_row_sums = &matmul_row_sums,
     .embedding = &embedding,
     .embedding_backward = &embedding_backward,
 };

@@ -27,9 +27,6 @@ struct MatmulStats {
   uint64_t bias_epilogue = 0;      // linear calls done with CUBLASLT_EPILOGUE_BIAS
   uint64_t bias_fallback = 0;      // linear calls done as bias copy + accumulate
   uint64_t classic_calls = 0;      // products cuBLASLt had no algorithm for (classic cuBLAS)
-  uint64_t row_sums_epilogue = 0;  // linear_backward's weight gradients that also formed the
-                                   // bias gradient (CUBLASLT_EPILOGUE_BGRADB)
-  uint64_t row_sums_fallback = 0;  // ... that could not (the product, then a sum)
 };
 MatmulStats matmul_stats();
 

@@ -1,5 +1,4 @@
-// The CUDA matrix products of the linear-algebra family (cuda::matmul, cuda::linear,
-// cuda::matmul_row_sums): the
+// The CUDA matrix products of the linear-algebra family (cuda::matmul, cuda::linear): the
 // row-major tensors are handed to cuBLASLt as column-major transposes (C^T = B^T A^T), so
 // transposed, narrowed and broadcast operands go as they are, never copied here. Batch
 // dims fold into one strided-batched call where one stride per operand addresses them;
@@ -26,8 +25,7 @@ namespace tally::cuda {
 
 namespace {
 
-std::atomic<uint64_t> g_bias_epilogue{0}, g_bias_fallback{0}, g_row_sums_epilogue{0},
-    g_row_sums_fallback{0};
+std::atomic<uint64_t> g_bias_epilogue{0}, g_bias_fallback{0};
 
 // cuBLASLt's workspace for one product: scratch from the caching allocator on Tally's stream
 // (alloc_scratch_bytes: tagged `workspace` and, through the enclosing DispatchScope, with the
@@ -198,35 +196,6 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& 
   matmul(out, x, wt, /*accumulate=*/true);
 }
 
-bool matmul_row_sums(const Tensor& out, const Tensor& row_sums, const Tensor& a, const Tensor& b) {
-  const char* op = current_op_name();
-  const int device = out.device().index;
-  DeviceGuard guard(device);
-  const int64_t M = out.size(0), N = out.size(1), K = a.size(1);
-  // cuBLAS's B is our a (make_gemm), so the bias-gradient epilogue over B (BGRADB) sums a's
-  // rows over k: one value per row of out.
-  const bool fits = M > 0 && N > 0 && K > 0 && M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX &&
-                    a.dtype() == out.dtype() && row_sums.dtype() == out.dtype();
-  if (fits) {
-    NvtxRange range("matmul + row sums (cuBLASLt)");
-    const Operand oa = ops::gemm_operand(a, {}, "matmul kernel (CUDA)", "a");
-    const Operand ob = ops::gemm_operand(b, {}, "matmul kernel (CUDA)", "b");
-    blas::Gemm g = make_gemm(out.dtype(), out.dtype(), oa, ob, M, N, K, ops::output_ld(out), false);
-    g.a = b.data_ptr();
-    g.b = a.data_ptr();
-    g.d = out.data_ptr();
-    g.bias_grad = row_sums.data_ptr();
-    const Storage ws = workspace(device);
-    if (blas::gemm(device, g, ws.data(), ws.nbytes(), op) == CUBLAS_STATUS_SUCCESS) {
-      ++g_row_sums_epilogue;
-      return true;
-    }
-  }
-  ++g_row_sums_fallback;  // no algorithm with the epilogue: the product alone, the op sums
-  matmul(out, a, b, /*accumulate=*/false);
-  return false;
-}
-
 MatmulStats matmul_stats() {
   MatmulStats s;
   s.lt_calls = blas::lt_calls();
@@ -234,8 +203,6 @@ MatmulStats matmul_stats() {
   s.bias_epilogue = g_bias_epilogue.load();
   s.bias_fallback = g_bias_fallback.load();
   s.classic_calls = blas::classic_calls();
-  s.row_sums_epilogue = g_row_sums_epilogue.load();
-  s.row_sums_fallback = g_row_sums_fallback.load();
   return s;
 }
 

@@ -12,8 +12,6 @@ namespace tally::cuda {
 // LinalgKernels::matmul and LinalgKernels::linear (tensor/linalg/cuda_matmul.cpp).
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate);
 void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& bias);
-// LinalgKernels::matmul_row_sums (tensor/linalg/cuda_matmul.cpp).
-bool matmul_row_sums(const Tensor& out, const Tensor& row_sums, const Tensor& a, const Tensor& b);
 
 // out [rows, cols] (contiguous) = row [cols] (any stride) in every row: linear's bias
 // when the epilogue is not used (tensor/linalg/cuda.cu).

@@ -45,15 +45,6 @@ struct LinalgKernels {
   // writes the bias into out and accumulates the product onto it (the CPU path's arithmetic).
   void (*linear)(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& bias);
 
-  // out [M, N] (2-D, as matmul's) = a [M, K] @ b [K, N], and, where the backend forms them in
-  // the product, row_sums [M] (contiguous, out's dtype) = the sums of a's rows (over K).
-  // Returns whether it wrote row_sums; when it did not, the caller sums (ops::linear_backward:
-  // a linear layer's weight gradient g^T x and its bias gradient, the sums of g's columns).
-  // CPU: the product; false. CUDA: cuBLASLt's CUBLASLT_EPILOGUE_BGRADB where its heuristic
-  // offers an algorithm for the problem (one dtype, M, N, K > 0), else matmul's path; false.
-  bool (*matmul_row_sums)(const Tensor& out, const Tensor& row_sums, const Tensor& a,
-                          const Tensor& b);
-
   // out [N..., D] (contiguous) <- weight[indices[...], :]; weight any layout and dtype,
   // indices int64/int32 in any layout.
   // CPU: throws std::out_of_range for an index outside [0, V).

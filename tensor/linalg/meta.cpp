@@ -37,20 +37,9 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& 
   matmul(out, x, wt, /*accumulate=*/true);
 }
 
-// CUDA forms the row sums in the product's epilogue (nothing more allocated); the CPU leaves
-// them to the op.
-bool matmul_row_sums(const Tensor& out, const Tensor& /*row_sums*/, const Tensor& a,
-                     const Tensor& b) {
-  matmul(out, a, b, /*accumulate=*/false);
-  return replays_cuda(out);
-}
-
 }  // namespace
 
-const LinalgKernels linalg_kernels{.matmul = &matmul,
-                                   .linear = &linear,
-                                   .matmul_row_sums = &matmul_row_sums,
-                                   .embedding = nothing,
-                                   .embedding_backward = nothing};
+const LinalgKernels linalg_kernels{
+    .matmul = &matmul, .linear = &linear, .embedding = nothing, .embedding_backward = nothing};
 
 }  // namespace tally::meta

@@ -276,20 +276,11 @@ std::tuple<Tensor, Tensor, Tensor> linear_backward(const Tensor& input, const Te
   Tensor gi, gw, gb;
   if (output_mask[0]) gi = reshape(mm(g2, weight), input.sizes());
   if (output_mask[1]) {
-    const Tensor gt = blas_ready(transpose(g2, 0, 1)), x2 = blas_ready(reshape(input, {rows, in}));
     gw = alloc_output({out_f, in}, grad_output.dtype(), grad_output.device());
-    bool summed = false;
-    if (output_mask[2]) {
-      gb = alloc_output({out_f}, grad_output.dtype(), grad_output.device());
-      summed = linalg_backends.get(info, input.device(), &LinalgKernels::matmul_row_sums)(gw, gb,
-                                                                                          gt, x2);
-    } else {
-      linalg_backends.get(info, input.device(), &LinalgKernels::matmul)(gw, gt, x2, false);
-    }
-    if (output_mask[2] && !summed) gb = sum(g2, {0});
-  } else if (output_mask[2]) {
-    gb = sum(g2, {0});
+    linalg_backends.get(info, input.device(), &LinalgKernels::matmul)(
+        gw, blas_ready(transpose(g2, 0, 1)), blas_ready(reshape(input, {rows, in})), false);
   }
+  if (output_mask[2]) gb = sum(g2, {0});
   return {gi, gw, gb};
 }
 
