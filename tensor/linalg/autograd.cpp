@@ -108,8 +108,7 @@ Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, Call
                              if (nb) gb = o::sum(g2, {0});
                              return {gx, Tensor(), gb};
                            }
-                           // The weight's and the bias's gradients from one GEMM where the backend
-                           // can.
+                           // x saved: the raw op (its bias gradient a sum, as PyTorch's).
                            auto [gx, gw, gb] = o::linear_backward(
                                ctx.saved(0), g[0], nx ? ctx.saved(1) : Tensor(), {nx, true, nb});
                            return {gx, gw, gb};
