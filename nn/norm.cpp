@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "autograd/autocast.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 
@@ -84,7 +85,11 @@ void LayerNorm::reset_parameters() {
 }
 
 Tensor LayerNorm::forward(const Tensor& x) {
-  return layer_norm(x, normalized_shape, weight, bias, eps);
+  std::optional<DType> out_dtype;
+  if (autocast_output && autocast::is_active(x.device()) && is_floating(x.dtype()) &&
+      x.dtype() != DType::float64)
+    out_dtype = autocast_dtype(x.device().type);
+  return layer_norm(x, normalized_shape, weight, bias, eps, out_dtype);
 }
 
 std::string LayerNorm::extra_repr() const {

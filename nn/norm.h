@@ -42,6 +42,13 @@ class LayerNorm : public Module {
   Shape normalized_shape;
   double eps;
   Tensor weight, bias;
+  // Inside an autocast region for the input's device, write the output in the autocast dtype:
+  // the cast the next lower-precision op (a Linear) would make, fused into the normalization
+  // (tally::layer_norm's out_dtype). The values are the same as without it, rounded once; a
+  // float32 output and a conversion each way (forward and backward) are saved. Off by default
+  // (PyTorch's LayerNorm returns float32 under autocast); GPT's blocks set it for ln_1 and
+  // ln_2, whose outputs feed only their Linears.
+  bool autocast_output = false;
 };
 
 }  // namespace tally::nn

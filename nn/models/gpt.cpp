@@ -74,6 +74,9 @@ Block::Block(const GPTConfig& cfg) : Module("Block") {
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(cfg));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(cfg.n_embd, 1e-5, true, cfg.bias));
   mlp = register_module("mlp", std::make_shared<MLP>(cfg));
+  // Each feeds only a Linear (c_attn, c_fc), which autocast would give the 16-bit copy.
+  ln_1->autocast_output = true;
+  ln_2->autocast_output = true;
 }
 
 Tensor Block::forward(const Tensor& x) {

@@ -129,19 +129,20 @@ void rand_int(const Tensor& dst, int64_t low, int64_t high, PhiloxState state) {
 }
 
 // out = f(a, b) elementwise (broadcast strides), in parallel over large tensors; a run
-// with every operand contiguous takes the vectorizable loop.
-template <typename O, typename T, typename F>
+// with every operand contiguous takes the vectorizable loop. b's elements are B (T but for
+// a widened 16-bit b: ops::binary_widens).
+template <typename O, typename T, typename F, typename B = T>
 void binary_map(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
   O* po = base<O>(out);
   const T* pa = base<T>(a);
-  const T* pb = base<T>(b);
+  const B* pb = base<B>(b);
   parallel_strided_runs<3>(out.sizes(),
                            {out.strides().data(), a.strides().data(), b.strides().data()},
                            {out.storage_offset(), a.storage_offset(), b.storage_offset()},
                            [&](std::array<int64_t, 3> o, int64_t n, std::array<int64_t, 3> s) {
                              O* ro = po + o[0];
                              const T* ra = pa + o[1];
-                             const T* rb = pb + o[2];
+                             const B* rb = pb + o[2];
                              if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
                                TALLY_SIMD
                                for (int64_t i = 0; i < n; ++i) ro[i] = f(ra[i], rb[i]);
@@ -162,7 +163,33 @@ void binary_fixed(const Tensor& out, const Tensor& a, const Tensor& b) {
   });
 }
 
+// out = a (op) b with a float32 a and out and a 16-bit b (ops::binary_widens): b widened
+// exactly, so the result is a (op) to(b, float32).
+template <typename B>
+void binary_widened(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  using ops::BinaryOp;
+  auto run = [&]<BinaryOp Op>() {
+    const auto f = [](const float& x, const B& y) {
+      return math::binary_value<float>(Op, x, convert<float, B>(y));
+    };
+    binary_map<float, float, decltype(f), B>(out, a, b, f);
+  };
+  // Fixed at compile time, as binary_fixed, so the loops vectorise.
+  if (op == BinaryOp::add) return run.template operator()<BinaryOp::add>();
+  if (op == BinaryOp::sub) return run.template operator()<BinaryOp::sub>();
+  run.template operator()<BinaryOp::mul>();
+}
+
 void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  if (b.dtype() != a.dtype()) {
+    if (!ops::binary_widens(op, a.dtype(), b.dtype()) || out.dtype() != a.dtype())
+      unsupported_dtype(ops::binary_op_name(op), b.dtype());
+    if (b.dtype() == DType::bfloat16)
+      binary_widened<BFloat16>(op, out, a, b);
+    else
+      binary_widened<Half>(op, out, a, b);
+    return;
+  }
   TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
     using T = scalar_t;
     using A = acc_t<T>;

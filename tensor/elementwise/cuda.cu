@@ -591,7 +591,82 @@ bool applies(const Tensor& out, const Tensor& a, const Tensor* b) {
 
 namespace {
 
+// out = a (op) b with out and a float32 and b 16-bit (B: __half or __nv_bfloat16, widened on
+// load; ops::binary_widens). Contiguous operands of one shape: a thread a pack of 4 elements
+// (16 bytes of a and out, 8 of b) at a time, the tail by block 0.
+template <typename B, typename F>
+__global__ void __launch_bounds__(vec::kThreads)
+    widened_map_kernel(float* out, const float* a, const B* b, int64_t n, F f) {
+  struct alignas(8) B4 {
+    B v[4];
+  };
+  const int64_t packs = n / 4;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const auto* pa = reinterpret_cast<const float4*>(a);
+  const auto* pb = reinterpret_cast<const B4*>(b);
+  auto* po = reinterpret_cast<float4*>(out);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < packs;
+       i += stride) {
+    const float4 x = pa[i];
+    const B4 y = pb[i];
+    po[i] = float4{f(x.x, load(y.v[0])), f(x.y, load(y.v[1])), f(x.z, load(y.v[2])),
+                   f(x.w, load(y.v[3]))};
+  }
+  if (blockIdx.x == 0) {
+    const int64_t j = packs * 4 + threadIdx.x;
+    if (j < n) out[j] = f(a[j], load(b[j]));
+  }
+}
+
+// The same over any strides (broadcast operands).
+template <typename B>
+struct WidenedBinaryOp {
+  ops::BinaryOp op;
+  float* out;
+  const float* a;
+  const B* b;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    out[o[0]] = math::binary_value<float>(op, a[o[1]], load(b[o[2]]));
+  }
+};
+
+template <typename B>
+void binary_widened(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  const char* name = ops::binary_op_name(op);
+  auto contiguous_aligned = [&](const Tensor& t, size_t align) {
+    return t.sizes() == out.sizes() && t.is_contiguous() &&
+           reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0;
+  };
+  const int64_t n = out.numel();
+  if (n > 0 && contiguous_aligned(out, 16) && contiguous_aligned(a, 16) &&
+      contiguous_aligned(b, 8) && with_arith_op(op, [&](auto c) {
+        NvtxRange range(name);
+        const int dev = out.device().index;
+        DeviceGuard g(dev);
+        const int64_t blocks =
+            std::clamp<int64_t>((n / 4 + vec::kThreads - 1) / vec::kThreads, 1, int64_t{1} << 20);
+        widened_map_kernel<B><<<static_cast<unsigned>(blocks), vec::kThreads, 0, stream(dev)>>>(
+            static_cast<float*>(out.data_ptr()), static_cast<const float*>(a.data_ptr()),
+            static_cast<const B*>(b.data_ptr()), n, BinaryF<decltype(c)::value>{});
+        check_launch(name);
+      }))
+    return;
+  launch<3>(name, out, {&out, &a, &b},
+            WidenedBinaryOp<B>{op, static_cast<float*>(out.storage().data()),
+                               static_cast<const float*>(a.storage().data()),
+                               static_cast<const B*>(b.storage().data())});
+}
+
 void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  if (b.dtype() != a.dtype()) {
+    if (!ops::binary_widens(op, a.dtype(), b.dtype()) || out.dtype() != a.dtype())
+      unsupported_dtype(ops::binary_op_name(op), b.dtype());
+    if (b.dtype() == DType::bfloat16)
+      binary_widened<__nv_bfloat16>(op, out, a, b);
+    else
+      binary_widened<__half>(op, out, a, b);
+    return;
+  }
   TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
     using T = dev_t<scalar_t>;
     if (!math::is_compare(op) && vec::applies(out, a, &b) && binary_fast<T>(op, out, a, b)) return;

@@ -18,6 +18,16 @@
 
 namespace tally {
 
+namespace ops {
+// Whether the binary kernel takes a `b` of dtype b beside an `a` and out of dtype a for `op`
+// (besides b == a): float32 with a float16 or bfloat16 b for add, sub and mul, b read widened,
+// so a float32 residual plus a 16-bit autocast branch makes no float32 copy of the branch.
+inline bool binary_widens(BinaryOp op, DType a, DType b) {
+  return (op == BinaryOp::add || op == BinaryOp::sub || op == BinaryOp::mul) &&
+         a == DType::float32 && (b == DType::float16 || b == DType::bfloat16);
+}
+}  // namespace ops
+
 struct ElementwiseKernels {
   // dst = src, same shape (src pre-broadcast), any dtypes, any strides. CUDA: same-device copy
   // with dtype conversion; or host<->device (the host side must be contiguous after
@@ -28,7 +38,9 @@ struct ElementwiseKernels {
   void (*rand_uniform)(const Tensor& dst, PhiloxState state);
   void (*rand_normal)(const Tensor& dst, PhiloxState state);
   void (*rand_int)(const Tensor& dst, int64_t low, int64_t high, PhiloxState state);
-  // out = a (op) b; a, b already broadcast to out's shape and converted to the compute dtype.
+  // out = a (op) b; a, b already broadcast to out's shape and converted to the compute dtype,
+  // except that b may be float16 or bfloat16 beside a float32 a and out for add, sub and mul
+  // (ops::binary_widens), read widened.
   void (*binary)(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b);
   void (*binary_scalar)(ops::BinaryOp op, const Tensor& out, const Tensor& a, double b,
                         bool reverse);

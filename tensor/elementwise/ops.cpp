@@ -534,13 +534,22 @@ Tensor binary_over(BinaryOp op, Tensor&& a, const Tensor& b) {
   DType dt = promote_types(a.dtype(), b.dtype());
   if (op == BinaryOp::div && !is_floating(dt)) dt = DType::float32;
   const DType out_dt = is_compare(op) ? DType::bool_ : dt;
+  // A 16-bit operand beside a float32 one goes to the kernel as it is (binary_widens): b, or a
+  // when the op commutes (a + b and a * b are b + a and b * a to the bit).
+  const bool widen_b = binary_widens(op, a.dtype(), b.dtype()) && dt == a.dtype();
+  const bool widen_a = !widen_b && (op == BinaryOp::add || op == BinaryOp::mul) &&
+                       binary_widens(op, b.dtype(), a.dtype()) && dt == b.dtype();
   // Donation first, while `a` is the only handle of its buffer; else the output comes after
   // the operands' conversions.
   Tensor out = out_dt == dt ? donated_output(a, shape, dt, a.device()) : Tensor();
-  const Tensor ea = out.defined() ? out : expand(to(a, dt), shape);
-  const Tensor eb = expand(to(b, dt), shape);
+  const Tensor ea = out.defined() ? out : expand(widen_a ? a : to(a, dt), shape);
+  const Tensor eb = expand(widen_b ? b : to(b, dt), shape);
   if (!out.defined()) out = alloc_output(shape, out_dt, a.device());
-  elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary)(op, out, ea, eb);
+  const auto kernel = elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary);
+  if (widen_a)
+    kernel(op, out, eb, ea);
+  else
+    kernel(op, out, ea, eb);
   return out;
 }
 

@@ -34,10 +34,10 @@ DType dtype_or(const Tensor& t, DType fallback) {
 // ---------------------------------------------------------------- layer_norm
 
 Tensor layer_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor& weight_,
-                  const Tensor& bias_, double eps, CallSite site) {
+                  const Tensor& bias_, double eps, std::optional<DType> out_dtype, CallSite site) {
   memory::CallSiteScope call_site(site);
   const auto [x, weight, bias] = autocast::fp32("layer_norm", x_, weight_, bias_);
-  auto [out, mean, rstd] = o::layer_norm(x, normalized_shape, weight, bias, eps);
+  auto [out, mean, rstd] = o::layer_norm(x, normalized_shape, weight, bias, eps, out_dtype);
   const bool need_dx = x.requires_grad();
   const bool need_dw = weight.defined() && weight.requires_grad();
   // dbias = sum(dy) needs nothing saved; dx and dweight need x, mean, rstd; dx also weight.

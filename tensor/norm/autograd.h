@@ -13,9 +13,14 @@ namespace tally {
 
 // Normalizes over the trailing dims `normalized_shape` (x [*, normalized_shape...]) with
 // the biased variance: (x - mean) / sqrt(var + eps) * weight + bias. weight and bias
-// (shape normalized_shape) may be undefined.
+// (shape normalized_shape) may be undefined. out_dtype (nullopt: the input's, after autocast)
+// gives the output's dtype, exactly to(layer_norm(...), out_dtype) but without the
+// intermediate output when the input is float32 and out_dtype 16-bit (see ops::layer_norm);
+// the gradient that comes back in out_dtype is read as is.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
-                  const Tensor& bias = {}, double eps = 1e-5, CallSite site = CallSite::current());
+                  const Tensor& bias = {}, double eps = 1e-5,
+                  std::optional<DType> out_dtype = std::nullopt,
+                  CallSite site = CallSite::current());
 
 // x / sqrt(mean(x^2) + eps) * weight over the trailing dims; eps defaults to the machine
 // epsilon of x's dtype (PyTorch's eps=None).

@@ -23,12 +23,13 @@ T* ptr(const Tensor& t) {
   return t.defined() ? static_cast<T*>(t.storage().data()) + t.storage_offset() : nullptr;
 }
 
-// The element pointers both backward kernels read and write: x, dy, dx in T; dweight, dbias,
-// mean, rstd (invstd), weight in the statistics dtype.
-template <typename T, typename A = acc_t<T>>
+// The element pointers both backward kernels read and write: x, dx in T, dy in G (T, or a
+// 16-bit type beside a float32 T for layer_norm); dweight, dbias, mean, rstd (invstd), weight
+// in the statistics dtype.
+template <typename T, typename G = T, typename A = acc_t<T>>
 struct BackwardPtrs {
   const T* x;
-  const T* dy;
+  const G* dy;
   T* dx;
   A* dweight;
   A* dbias;
@@ -36,22 +37,21 @@ struct BackwardPtrs {
   const A* rstd;
   const A* weight;
 };
-template <typename T>
-BackwardPtrs<T> backward_ptrs(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                              const Tensor& dy, const Tensor& x, const Tensor& mean,
-                              const Tensor& rstd, const Tensor& weight) {
+template <typename T, typename G = T>
+BackwardPtrs<T, G> backward_ptrs(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                 const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& weight) {
   using A = acc_t<T>;
-  return {ptr<const T>(x), ptr<const T>(dy),   ptr<T>(dx),         ptr<A>(dweight),
+  return {ptr<const T>(x), ptr<const G>(dy),   ptr<T>(dx),         ptr<A>(dweight),
           ptr<A>(dbias),   ptr<const A>(mean), ptr<const A>(rstd), ptr<const A>(weight)};
 }
 
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                 const Tensor& weight, const Tensor& bias, int64_t rows, int64_t cols, double eps) {
-  TALLY_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
-    using T = scalar_t;
+  dispatch_row_pair(x.dtype(), out.dtype(), "layer_norm", [&]<typename T, typename O>() {
     using A = acc_t<T>;
     const T* px = ptr<const T>(x);
-    T* po = ptr<T>(out);
+    O* po = ptr<O>(out);
     A* pm = ptr<A>(mean);
     A* pr = ptr<A>(rstd);
     const A* pw = ptr<const A>(weight);
@@ -60,7 +60,7 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
     parallel_for(rows, grain_of(cols), [&](int64_t row0, int64_t row1) {
       for (int64_t i = row0; i < row1; ++i) {
         const T* xr = px + i * cols;
-        T* orow = po + i * cols;
+        O* orow = po + i * cols;
         double mu = 0.0;
         if (center) {
           double s = 0.0;
@@ -78,7 +78,7 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
         if (center) pm[i] = m;
         pr[i] = r;
         for (int64_t j = 0; j < cols; ++j) {
-          orow[j] = T(math::scale_shift(math::xhat(static_cast<A>(xr[j]), m, r), pw, pb, j));
+          orow[j] = O(math::scale_shift(math::xhat(static_cast<A>(xr[j]), m, r), pw, pb, j));
         }
       }
     });
@@ -88,10 +88,9 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
 void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                          const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                          const Tensor& weight, int64_t rows, int64_t cols) {
-  TALLY_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&] {
-    using T = scalar_t;
+  dispatch_row_pair(x.dtype(), dy.dtype(), "layer_norm_backward", [&]<typename T, typename G>() {
     using A = acc_t<T>;
-    const BackwardPtrs<T> p = backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, rstd, weight);
+    const BackwardPtrs<T, G> p = backward_ptrs<T, G>(dx, dweight, dbias, dy, x, mean, rstd, weight);
     const bool center = p.mean != nullptr;
     // dweight += dy * xhat, dbias += dy: per column, the rows in order.
     if (p.dweight || p.dbias) {
@@ -115,7 +114,7 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
     parallel_for(rows, grain_of(cols), [&](int64_t row0, int64_t row1) {
       for (int64_t i = row0; i < row1; ++i) {
         const T* xr = p.x + i * cols;
-        const T* gr = p.dy + i * cols;
+        const G* gr = p.dy + i * cols;
         const A m = center ? p.mean[i] : A(0);
         const A r = p.rstd[i];
         // With g = dy * weight and xhat = (x - mean) * rstd:

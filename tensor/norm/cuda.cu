@@ -31,6 +31,7 @@
 #include "tensor/norm/kernels.h"
 #include "tensor/norm/launch.h"
 #include "tensor/norm/math.h"
+#include "tensor/norm/ops.h"
 #include "tensor/op_alloc.h"
 
 namespace tally::cuda {
@@ -72,21 +73,21 @@ void expect_cuda(const char* op, int device, std::initializer_list<Named> ts) {
 }
 
 // The argument checks of both forward launchers: every defined tensor on cuda:device; out in
-// the input's dtype, the rest in its statistics dtype. `stat` is rstd or invstd.
-void expect_forward(const char* op, int device, const Tensor& out, const Tensor& x,
+// `out_dtype`, the rest in the input's statistics dtype. `stat` is rstd or invstd.
+void expect_forward(const char* op, int device, DType out_dtype, const Tensor& out, const Tensor& x,
                     const Tensor& mean, Named stat, const Tensor& weight, const Tensor& bias) {
   expect_cuda(
       op, device,
       {{&out, "out"}, {&x, "input"}, {&mean, "mean"}, stat, {&weight, "weight"}, {&bias, "bias"}});
-  expect_dtype(op, x.dtype(), {{&out, "out"}});
+  expect_dtype(op, out_dtype, {{&out, "out"}});
   expect_dtype(op, stat_dtype(x.dtype()),
                {{&mean, "mean"}, stat, {&weight, "weight"}, {&bias, "bias"}});
 }
 
-// The argument checks of both backward launchers: every defined tensor on cuda:device; dx,
-// grad_output and input in `dtype`; the rest in its statistics dtype. `stat` is rstd
-// (layer_norm) or invstd (batch_norm).
-void expect_backward(const char* op, int device, DType dtype, const Tensor& dx,
+// The argument checks of both backward launchers: every defined tensor on cuda:device; dx and
+// input in `dtype`, grad_output in dy_dtype; the rest in dtype's statistics dtype. `stat` is
+// rstd (layer_norm) or invstd (batch_norm).
+void expect_backward(const char* op, int device, DType dtype, DType dy_dtype, const Tensor& dx,
                      const Tensor& dweight, const Tensor& dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& mean, Named stat, const Tensor& weight) {
   expect_cuda(op, device,
@@ -98,7 +99,8 @@ void expect_backward(const char* op, int device, DType dtype, const Tensor& dx,
                {&mean, "mean"},
                stat,
                {&weight, "weight"}});
-  expect_dtype(op, dtype, {{&dx, "dx"}, {&dy, "grad_output"}, {&x, "input"}});
+  expect_dtype(op, dtype, {{&dx, "dx"}, {&x, "input"}});
+  expect_dtype(op, dy_dtype, {{&dy, "grad_output"}});
   expect_dtype(
       op, stat_dtype(dtype),
       {{&dweight, "dweight"}, {&dbias, "dbias"}, {&mean, "mean"}, stat, {&weight, "weight"}});
@@ -159,17 +161,18 @@ __device__ __forceinline__ C block_sum(C a, C* red) {
 
 // ------------------------------------------------------------------ layer_norm / rms_norm
 
-// out = (x - mean) * rstd * w + b per row; mean null: rms_norm (no centering).
-template <typename T, typename A>
+// out = (x - mean) * rstd * w + b per row; mean null: rms_norm (no centering). out in O: T,
+// or a 16-bit type beside a float T (autocast's cast, fused).
+template <typename T, typename O, typename A>
 __global__ void __launch_bounds__(kRowMaxThreads)
-    layer_norm_fwd_kernel(T* __restrict__ out, A* __restrict__ mean, A* __restrict__ rstd,
+    layer_norm_fwd_kernel(O* __restrict__ out, A* __restrict__ mean, A* __restrict__ rstd,
                           const T* __restrict__ x, const A* __restrict__ w, const A* __restrict__ b,
                           int64_t rows, int64_t cols, A eps) {
   __shared__ A red[64];
   const bool center = mean != nullptr;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * cols;
-    T* orow = out + row * cols;
+    O* orow = out + row * cols;
     A mu = 0;
     if (center) {
       A s = 0;
@@ -191,7 +194,7 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     }
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       orow[j] =
-          store<T>(math::scale_shift(math::xhat(static_cast<A>(load(xr[j])), mu, r), w, b, j));
+          store<O>(math::scale_shift(math::xhat(static_cast<A>(load(xr[j])), mu, r), w, b, j));
     }
   }
 }
@@ -202,11 +205,11 @@ __global__ void __launch_bounds__(kRowMaxThreads)
 // rows into part[blockIdx.x] ([2][cols]: dweight then dbias). Column j is owned by thread
 // j % blockDim.x throughout, so the accumulators need no synchronisation. smem: accumulate
 // in dynamic shared memory (2 * cols values) and write the partial row once at the end;
-// otherwise accumulate in the partial row itself.
-template <typename T, typename A>
+// otherwise accumulate in the partial row itself. dy in G: T, or a 16-bit type beside a float T.
+template <typename T, typename G, typename A>
 __global__ void __launch_bounds__(kRowMaxThreads)
     layer_norm_bwd_kernel(T* __restrict__ dx, A* __restrict__ part, bool smem,
-                          const T* __restrict__ dy, const T* __restrict__ x,
+                          const G* __restrict__ dy, const T* __restrict__ x,
                           const A* __restrict__ mean, const A* __restrict__ rstd,
                           const A* __restrict__ w, int64_t rows, int64_t cols) {
   __shared__ A red[64];
@@ -223,7 +226,7 @@ __global__ void __launch_bounds__(kRowMaxThreads)
   const A inv_n = cols > 0 ? A(1) / static_cast<A>(cols) : A(0);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * cols;
-    const T* gr = dy + row * cols;
+    const G* gr = dy + row * cols;
     const A m = center ? mean[row] : A(0);
     const A r = rstd[row];
     A sg = 0, sgx = 0;
@@ -528,9 +531,10 @@ __global__ void bn_bwd_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy,
 // cols % V == 0, 16-byte aligned rows): one warp a row, the row read once into registers
 // (K 16-byte packs a lane), mean and variance by warp shuffles (two passes over the
 // registers, as the block kernel's over memory), no shared memory or block barriers.
-template <typename T, typename A, int K>
+// out in O (a pack of V elements: 16 bytes of T, 8 of a 16-bit O beside a float T).
+template <typename T, typename O, typename A, int K>
 __global__ void __launch_bounds__(256)
-    layer_norm_fwd_warp_kernel(T* __restrict__ out, A* __restrict__ mean, A* __restrict__ rstd,
+    layer_norm_fwd_warp_kernel(O* __restrict__ out, A* __restrict__ mean, A* __restrict__ rstd,
                                const T* __restrict__ x, const A* __restrict__ w,
                                const A* __restrict__ b, int64_t rows, int cols, A eps) {
   constexpr int V = 16 / sizeof(T);
@@ -575,15 +579,15 @@ __global__ void __launch_bounds__(256)
       if (center) mean[row] = mu;
       rstd[row] = r;
     }
-    T* orow = out + row * cols;
+    O* orow = out + row * cols;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int c = (k * 32 + lane) * V;
       if (c >= cols) continue;
-      P o;
+      Pack<O, V> o;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        o.v[e] = store<T>(math::scale_shift(math::xhat(v[k][e], mu, r), w, b, c + e));
+        o.v[e] = store<O>(math::scale_shift(math::xhat(v[k][e], mu, r), w, b, c + e));
       }
       store_pack<V>(orow, c / V, o);
     }
@@ -598,23 +602,24 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
   if (rows <= 0) return;
   NvtxRange range(name);
   const int dev = x.device().index;
-  expect_forward(name, dev, out, x, mean, {&rstd, "rstd"}, weight, bias);
+  expect_forward(name, dev, out.dtype(), out, x, mean, {&rstd, "rstd"}, weight, bias);
   DeviceGuard guard(dev);
   const int threads = row_threads(cols);
   const auto grid = static_cast<unsigned>(std::min(rows, kMaxGrid));
-  TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
-    using T = dev_t<scalar_t>;
-    using A = acc_t<scalar_t>;
+  dispatch_row_pair(x.dtype(), out.dtype(), name, [&]<typename HT, typename HO>() {
+    using T = dev_t<HT>;
+    using O = dev_t<HO>;
+    using A = acc_t<HT>;
     // Rows that fit a warp's registers (GPT's 768): the one-read warp kernel.
     constexpr int V = static_cast<int>(16 / sizeof(T));
     const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
-                         reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
+                         reinterpret_cast<uintptr_t>(out.data_ptr()) % (sizeof(O) * V) == 0;
     if (aligned && cols > 0 && cols % V == 0 && cols <= 32 * V * 8) {
       const int64_t packs_per_lane = (cols / V + 31) / 32;
       const auto wgrid = static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, kMaxGrid));
       auto go = [&]<int K>() {
-        layer_norm_fwd_warp_kernel<T, A, K><<<wgrid, 256, 0, stream(dev)>>>(
-            ptr<T>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
+        layer_norm_fwd_warp_kernel<T, O, A, K><<<wgrid, 256, 0, stream(dev)>>>(
+            ptr<O>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
             ptr<const A>(bias), rows, static_cast<int>(cols), static_cast<A>(eps));
       };
       if (packs_per_lane <= 1)
@@ -628,8 +633,8 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
       check_launch(name);
       return;
     }
-    layer_norm_fwd_kernel<T, A><<<grid, threads, 0, stream(dev)>>>(
-        ptr<T>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
+    layer_norm_fwd_kernel<T, O, A><<<grid, threads, 0, stream(dev)>>>(
+        ptr<O>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
         ptr<const A>(bias), rows, cols, static_cast<A>(eps));
     check_launch(name);
   });
@@ -644,13 +649,15 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   NvtxRange range(name);
   const int dev = x.device().index;
   const DType stat = stat_dtype(x.dtype());
-  expect_backward(name, dev, x.dtype(), dx, dweight, dbias, dy, x, mean, {&rstd, "rstd"}, weight);
+  expect_backward(name, dev, x.dtype(), dy.dtype(), dx, dweight, dbias, dy, x, mean,
+                  {&rstd, "rstd"}, weight);
   DeviceGuard guard(dev);
   const cudaStream_t st = stream(dev);
   const int threads = row_threads(cols);
-  TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
-    using T = dev_t<scalar_t>;
-    using A = acc_t<scalar_t>;
+  dispatch_row_pair(x.dtype(), dy.dtype(), name, [&]<typename HT, typename HG>() {
+    using T = dev_t<HT>;
+    using G = dev_t<HG>;
+    using A = acc_t<HT>;
     // dweight/dbias partials: one [2][cols] row per block of the row kernel.
     const bool want_params = params && cols > 0;
     int64_t nparts = 0;
@@ -666,8 +673,8 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
     }
     if (rows > 0 && cols > 0) {
       const auto grid = static_cast<unsigned>(want_params ? nparts : std::min(rows, kMaxGrid));
-      layer_norm_bwd_kernel<T, A><<<grid, threads, smem_bytes, st>>>(
-          ptr<T>(dx), ptr<A>(part), smem, ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
+      layer_norm_bwd_kernel<T, G, A><<<grid, threads, smem_bytes, st>>>(
+          ptr<T>(dx), ptr<A>(part), smem, ptr<const G>(dy), ptr<const T>(x), ptr<const A>(mean),
           ptr<const A>(rstd), ptr<const A>(weight), rows, cols);
       check_launch(name);
     }
@@ -728,7 +735,7 @@ void batch_norm_elemt(const Tensor& out, const Tensor& x, const Tensor& mean, co
   if (total == 0) return;
   NvtxRange range(name);
   const int dev = x.device().index;
-  expect_forward(name, dev, out, x, mean, {&invstd, "invstd"}, weight, bias);
+  expect_forward(name, dev, x.dtype(), out, x, mean, {&invstd, "invstd"}, weight, bias);
   DeviceGuard guard(dev);
   const cudaStream_t st = stream(dev);
   TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
@@ -762,8 +769,8 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   NvtxRange range(name);
   const int dev = dy.device().index;
   const DType stat = stat_dtype(dy.dtype());
-  expect_backward(name, dev, dy.dtype(), dx, dweight, dbias, dy, x, mean, {&invstd, "invstd"},
-                  weight);
+  expect_backward(name, dev, dy.dtype(), dy.dtype(), dx, dweight, dbias, dy, x, mean,
+                  {&invstd, "invstd"}, weight);
   const int64_t count = n * s, total = n * c * s;
   const bool need_xhat = dweight.defined() || (dx.defined() && training);
   const bool need_sums = dbias.defined() || need_xhat;

@@ -4,10 +4,11 @@
 //
 // Called only by the raw ops (tensor/norm/ops.cpp), which check the arguments, make the
 // operands contiguous and convert weight/bias to the statistics dtype first. Conventions:
-// x, out, dy, dx are contiguous in x's dtype; statistics (mean, rstd, var, invstd), weight,
-// bias, dweight and dbias are contiguous in the statistics dtype (ops::norm_stat_dtype:
-// float for the 16-bit types, else x's dtype). A tensor argument may be undefined where
-// noted. No kernel synchronises with the host; scratch comes from alloc_scratch.
+// x, out, dy, dx are contiguous in x's dtype (the row kernels' out and dy: see below);
+// statistics (mean, rstd, var, invstd), weight, bias, dweight and dbias are contiguous in the
+// statistics dtype (ops::norm_stat_dtype: float for the 16-bit types, else x's dtype). A tensor
+// argument may be undefined where noted. No kernel synchronises with the host; scratch comes from
+// alloc_scratch.
 #pragma once
 
 #include <cstdint>
@@ -30,13 +31,15 @@ inline NCS ncs(const Tensor& x) {
 struct NormKernels {
   // Normalizes each row of x viewed as [rows, cols]: writes out, rstd [rows] and, when mean
   // is defined, mean [rows] (layer_norm). An undefined mean means rms_norm: no centering.
-  // weight, bias: [cols] or undefined.
+  // weight, bias: [cols] or undefined. out may also be float16 or bfloat16 beside a float32 x
+  // (ops::norm_writes_dtype): each value rounded once, from the statistics dtype.
   void (*layer_norm)(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                      const Tensor& weight, const Tensor& bias, int64_t rows, int64_t cols,
                      double eps);
 
   // One pass over the rows computing whichever of dx, dweight, dbias is defined (dweight and
-  // dbias [cols] are overwritten, not accumulated into). mean undefined: rms_norm.
+  // dbias [cols] are overwritten, not accumulated into). mean undefined: rms_norm. dy may
+  // also be float16 or bfloat16 beside a float32 x (ops::norm_writes_dtype), read widened.
   void (*layer_norm_backward)(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                               const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& rstd, const Tensor& weight, int64_t rows, int64_t cols);
@@ -57,6 +60,22 @@ struct NormKernels {
                               const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& invstd, const Tensor& weight, bool training);
 };
+
+// Runs f.template operator()<T, O>() with T the C++ type of x_dtype and O that of other_dtype,
+// for the pairs the row kernels take (ops::norm_writes_dtype): O = T, or a 16-bit O beside a
+// float32 T. Any other pair is unsupported_dtype(op, other_dtype).
+template <typename F>
+void dispatch_row_pair(DType x_dtype, DType other_dtype, const char* op, F&& f) {
+  if (x_dtype == other_dtype) {
+    TALLY_DISPATCH_FLOAT(x_dtype, op, [&] { f.template operator()<scalar_t, scalar_t>(); });
+  } else if (x_dtype == DType::float32 && other_dtype == DType::bfloat16) {
+    f.template operator()<float, BFloat16>();
+  } else if (x_dtype == DType::float32 && other_dtype == DType::float16) {
+    f.template operator()<float, Half>();
+  } else {
+    unsupported_dtype(op, other_dtype);
+  }
+}
 
 // cpu::norm_kernels (tensor/norm/cpu.cpp), cuda::norm_kernels (tensor/norm/cuda.cu), norm_backends
 // (tensor/backends.cpp).

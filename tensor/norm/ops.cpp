@@ -139,25 +139,36 @@ DType norm_stat_dtype(DType dtype) {
   return dtype == DType::float16 || dtype == DType::bfloat16 ? DType::float32 : dtype;
 }
 
+bool norm_writes_dtype(DType x, DType other) {
+  return other == x ||
+         (x == DType::float32 && (other == DType::float16 || other == DType::bfloat16));
+}
+
 // ---------------------------------------------------------------- layer_norm
 
 std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Shape& normalized_shape,
-                                              const Tensor& weight, const Tensor& bias,
-                                              double eps) {
+                                              const Tensor& weight, const Tensor& bias, double eps,
+                                              std::optional<DType> out_dtype) {
   static const OpInfo info("layer_norm");
   DispatchScope scope(info, x);
   check_floating(info.name, "input", x);
   const RowShape rs = row_shape(info.name, x, normalized_shape);
   check_affine(info.name, "weight", weight, x, normalized_shape);
   check_affine(info.name, "bias", bias, x, normalized_shape);
+  const DType out_dt = out_dtype.value_or(x.dtype());
+  if (!is_floating(out_dt))
+    throw std::invalid_argument(fmt::format(
+        "{}: out_dtype must be a floating dtype, got {} (input of shape {} and dtype {})",
+        info.name, dtype_name(out_dt), x.shape_string(), dtype_name(x.dtype())));
+  const bool fused = norm_writes_dtype(x.dtype(), out_dt);
   const DType stat = norm_stat_dtype(x.dtype());
   const Tensor xc = contiguous(x);
-  Tensor out = alloc_output(x.sizes(), x.dtype(), x.device());
+  Tensor out = alloc_output(x.sizes(), fused ? out_dt : x.dtype(), x.device());
   Tensor mean = alloc_output(rs.stat_shape, stat, x.device());
   Tensor rstd = alloc_output(rs.stat_shape, stat, x.device());
   norm_backends.get(info, x.device(), &NormKernels::layer_norm)(
       out, mean, rstd, xc, as_stat(weight, stat), as_stat(bias, stat), rs.rows, rs.cols, eps);
-  return {out, mean, rstd};
+  return {fused ? out : to(out, out_dt), mean, rstd};
 }
 
 namespace {
@@ -183,9 +194,11 @@ std::tuple<Tensor, Tensor, Tensor> row_norm_backward(const OpInfo& info, bool ce
   Tensor db = output_mask[2] ? alloc_output(normalized_shape, stat, x.device()) : Tensor();
   if (dx.defined() || dw.defined() || db.defined())
     norm_backends.get(info, x.device(), &NormKernels::layer_norm_backward)(
-        dx, dw, db, contiguous(to(grad_out, x.dtype())), contiguous(x),
-        centered ? contiguous(mean) : Tensor(), contiguous(rstd), as_stat(weight, stat), rs.rows,
-        rs.cols);
+        dx, dw, db,
+        contiguous(norm_writes_dtype(x.dtype(), grad_out.dtype()) ? grad_out
+                                                                  : to(grad_out, x.dtype())),
+        contiguous(x), centered ? contiguous(mean) : Tensor(), contiguous(rstd),
+        as_stat(weight, stat), rs.rows, rs.cols);
   return {dx, dw, db};
 }
 

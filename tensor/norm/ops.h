@@ -25,16 +25,28 @@ namespace tally::ops {
 // The dtype normalization statistics are kept in for inputs of `dtype`.
 DType norm_stat_dtype(DType dtype);
 
+// Whether the row kernels (layer_norm, rms_norm) read and write `other` alongside an input of
+// dtype x: x's own dtype, or a 16-bit dtype beside a float32 input (layer_norm's out under
+// autocast, and the 16-bit gradient that comes back for it).
+bool norm_writes_dtype(DType x, DType other);
+
 // ---- layer_norm: normalizes over the trailing dims given by normalized_shape ----
 // x [*, normalized_shape...]; weight, bias: normalized_shape or undefined.
 // Returns {out (x's shape), mean, rstd}, mean and rstd of shape [*, 1, ..., 1] (x's
 // leading dims, then one 1 per normalized dim), rstd = 1 / sqrt(biased var + eps).
+// out_dtype (a floating dtype; nullopt: x's) gives out's dtype, exactly
+// to(layer_norm(x), out_dtype): a float32 input with a 16-bit out_dtype is written in that
+// dtype by the kernel itself (autocast's cast for the next matmul, fused: no float32 output
+// is made); any other pair computes in x's dtype, then converts.
 std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Shape& normalized_shape,
                                               const Tensor& weight = {}, const Tensor& bias = {},
-                                              double eps = 1e-5);
+                                              double eps = 1e-5,
+                                              std::optional<DType> out_dtype = std::nullopt);
 
 // Gradients of layer_norm w.r.t. {x, weight, bias}, all in one pass over the rows. mean
-// and rstd are layer_norm's.
+// and rstd are layer_norm's. grad_out may have any floating dtype: it is read as
+// to(grad_out, x.dtype()) (a 16-bit grad_out of a float32 input is widened in the kernel,
+// never converted into a float32 copy); dx has x's dtype.
 std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
                                                        const Shape& normalized_shape,
                                                        const Tensor& mean, const Tensor& rstd,

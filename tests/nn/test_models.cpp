@@ -139,6 +139,50 @@ TEST(GPT, PaddedClassifierMatchesUnpadded) {
   }
 }
 
+// Under bf16 autocast the blocks' ln_1 and ln_2 write bfloat16 themselves (LayerNorm::
+// autocast_output): the loss, the logits and every gradient are those of the same model
+// with the float32 outputs cast by the Linears, to the bit; outside autocast nothing changes.
+TEST(GPT, BlockLayerNormsWriteTheAutocastDtype) {
+  manual_seed(5);
+  const GPTConfig cfg = GPTConfig::preset("tiny");
+  GPT fused(cfg), plain(cfg);
+  plain.load_state_dict(fused.state_dict());
+  for (const auto& m : *plain.transformer->h) {
+    auto block = std::dynamic_pointer_cast<Block>(m);
+    ASSERT_TRUE(block && block->ln_1->autocast_output && block->ln_2->autocast_output);
+    block->ln_1->autocast_output = block->ln_2->autocast_output = false;
+  }
+  EXPECT_FALSE(fused.transformer->ln_f->autocast_output);  // its output leaves the blocks
+  Generator g(6);
+  const Tensor idx = ops::randint(0, 256, {2, 16}, DType::int64, Device::cpu(), &g);
+  const Tensor tgt = ops::randint(0, 256, {2, 16}, DType::int64, Device::cpu(), &g);
+  Tensor lf, loss_f, lp, loss_p, ln_out;
+  {
+    AutocastGuard autocast(DeviceType::cpu, DType::bfloat16);
+    std::tie(lf, loss_f) = fused(idx, tgt);
+    std::tie(lp, loss_p) = plain(idx, tgt);
+    auto block = std::dynamic_pointer_cast<Block>((*fused.transformer->h)[0]);
+    ln_out = (*block->ln_1)(ops::randn({2, 16, cfg.n_embd}, DType::float32, Device::cpu(), &g));
+  }
+  EXPECT_EQ(ln_out.dtype(), DType::bfloat16);
+  EXPECT_EQ(loss_f.item(), loss_p.item());
+  const std::vector<double> a = ops::to_vector(lf), b = ops::to_vector(lp);
+  EXPECT_EQ(a, b);
+  loss_f.backward();
+  loss_p.backward();
+  const auto pf = fused.named_parameters(), pp = plain.named_parameters();
+  ASSERT_EQ(pf.size(), pp.size());
+  for (size_t i = 0; i < pf.size(); ++i) {
+    ASSERT_TRUE(pf[i].second.grad().defined()) << pf[i].first;
+    EXPECT_EQ(ops::to_vector(pf[i].second.grad()), ops::to_vector(pp[i].second.grad()))
+        << pf[i].first;
+  }
+  // Outside autocast: float32, as PyTorch's LayerNorm.
+  auto block = std::dynamic_pointer_cast<Block>((*fused.transformer->h)[0]);
+  EXPECT_EQ((*block->ln_1)(ops::zeros({1, 2, cfg.n_embd}, DType::float32, Device::cpu())).dtype(),
+            DType::float32);
+}
+
 TEST(GPT, TinyForwardLossAndInit) {
   manual_seed(1);
   GPT gpt(GPTConfig::preset("tiny"));

@@ -155,6 +155,42 @@ TEST_P(Elementwise, DtypesPromoteAndConvert) {
   EXPECT_TRUE(values_near(bf, {0.333984375, 1.765625 * std::ldexp(1.0, 127)}, 1e30));
 }
 
+// A float32 operand and a 16-bit one (an autocast branch added to a float32 residual): add,
+// sub and mul read the 16-bit operand widened in the kernel, to the bit what converting it
+// first gives: either order, the vectorised path with a tail (1003 elements), a misaligned
+// view and a broadcast operand (the strided paths), an output donated by a temporary, and
+// gradients in each operand's dtype.
+TEST_P(Elementwise, SixteenBitOperandBesideFloat32IsWidenedExactly) {
+  using ops::BinaryOp;
+  const auto same = [](const Tensor& got, const Tensor& want) {
+    return got.dtype() == want.dtype() && got.sizes() == want.sizes() &&
+           ops::to_vector(got) == ops::to_vector(want);
+  };
+  const Tensor a = put(rand_tensor({3, 1003}, DType::float32, 11));
+  for (DType d : {DType::bfloat16, DType::float16}) {
+    const Tensor h = put(rand_tensor({3, 1003}, d, 12)), row = put(rand_tensor({1003}, d, 13));
+    const Tensor h32 = ops::to(h, DType::float32), row32 = ops::to(row, DType::float32);
+    for (auto op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul}) {
+      const std::string name = std::string(dtype_name(d)) + " " + ops::binary_op_name(op);
+      EXPECT_TRUE(same(ops::binary(op, a, h), ops::binary(op, a, h32))) << name;
+      EXPECT_TRUE(same(ops::binary(op, h, a), ops::binary(op, h32, a))) << name << " (reversed)";
+      EXPECT_TRUE(same(ops::binary(op, a, row), ops::binary(op, a, row32))) << name << " (row)";
+      const Tensor an = ops::narrow(a, 1, 1, 1002), hn = ops::narrow(h, 1, 1, 1002);
+      EXPECT_TRUE(same(ops::binary(op, an, hn), ops::binary(op, an, ops::to(hn, DType::float32))))
+          << name << " (misaligned)";
+      Tensor temp = ops::mul(a, 2.0);
+      const Tensor want = ops::binary(op, temp, h32);
+      EXPECT_TRUE(same(ops::binary_over(op, std::move(temp), h), want)) << name << " (donated)";
+    }
+  }
+  const Tensor x = put(rand_tensor({4, 5}, DType::float32, 14)).requires_grad_(true);
+  const Tensor y = put(rand_tensor({4, 5}, DType::bfloat16, 15)).requires_grad_(true);
+  sum(mul(add(x, y), x)).backward();
+  EXPECT_EQ(x.grad().dtype(), DType::float32);
+  EXPECT_EQ(y.grad().dtype(), DType::bfloat16);
+  EXPECT_TRUE(values_near(y.grad(), ops::to_vector(x), 1e-2));
+}
+
 TEST_P(Elementwise, Gradients) {
   const Tensor a = rand_input({2, 3}, -1, 1, 1);
   const Tensor b = rand_input({3}, 0.5, 2, 2);  // broadcast

@@ -186,6 +186,84 @@ TEST_P(Norm, LayerNormDtypes) {
   EXPECT_TRUE(values_near(x.grad(), std::vector<double>(8, 0.0), 2e-2));
 }
 
+// The same values, element for element, and the same dtype (to_vector reads 16-bit values
+// exactly, so equal vectors are equal bits up to the sign of zero).
+::testing::AssertionResult same_values(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.sizes() != b.sizes())
+    return ::testing::AssertionFailure() << dtype_name(a.dtype()) << a.shape_string() << " vs "
+                                         << dtype_name(b.dtype()) << b.shape_string();
+  const std::vector<double> va = ops::to_vector(a), vb = ops::to_vector(b);
+  for (size_t i = 0; i < va.size(); ++i)
+    if (va[i] != vb[i])
+      return ::testing::AssertionFailure() << "element " << i << ": " << va[i] << " vs " << vb[i];
+  return ::testing::AssertionSuccess();
+}
+
+// out_dtype: a float32 input's output written in a 16-bit dtype is to(layer_norm(x), dtype)
+// to the bit, on the warp kernel's rows (768, 64) and the block kernel's (50); the 16-bit
+// gradient of such an output gives the gradients of its float32 copy to the bit. Pairs the
+// kernels do not fuse (a 16-bit input to float32, float64 to bfloat16) convert afterwards.
+TEST_P(Norm, LayerNormOutDtypeIsTheCastFused) {
+  uint64_t seed = 40;
+  for (const Shape& xs : {Shape{6, 768}, Shape{2, 3, 64}, Shape{7, 50}}) {
+    const Shape ns{xs.back()};
+    const auto f32 = [&](const Shape& s, double lo, double hi) {
+      return ops::to(rand_tensor(s, DType::float32, ++seed, lo, hi), dev(), DType::float32);
+    };
+    const Tensor x = f32(xs, -3, 3), w = f32(ns, 0.5, 1.5), b = f32(ns, -1, 1);
+    for (DType d : {DType::bfloat16, DType::float16}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(d) << ", rows of " << xs.back());
+      auto [ref, mr, rr] = ops::layer_norm(x, ns, w, b, 1e-5);
+      auto [out, m, r] = ops::layer_norm(x, ns, w, b, 1e-5, d);
+      EXPECT_TRUE(same_values(out, ops::to(ref, d)));
+      EXPECT_TRUE(same_values(m, mr));
+      EXPECT_TRUE(same_values(r, rr));
+      const Tensor dy = ops::to(f32(xs, -2, 2), d);
+      for (std::array<bool, 3> mask :
+           {std::array<bool, 3>{true, true, true}, {true, false, false}, {false, true, true}}) {
+        auto [dx, dw, db] = ops::layer_norm_backward(dy, x, ns, m, r, w, mask);
+        auto [dx32, dw32, db32] =
+            ops::layer_norm_backward(ops::to(dy, DType::float32), x, ns, m, r, w, mask);
+        EXPECT_EQ(dx.defined(), mask[0]);
+        if (mask[0]) EXPECT_TRUE(same_values(dx, dx32));
+        if (mask[1]) EXPECT_TRUE(same_values(dw, dw32));
+        if (mask[2]) EXPECT_TRUE(same_values(db, db32));
+      }
+      // Through autograd: the gradients of the float32 output followed by the cast.
+      const Tensor xl = x.detach().requires_grad_(true), wl = w.detach().requires_grad_(true),
+                   bl = b.detach().requires_grad_(true);
+      const Tensor x2 = x.detach().requires_grad_(true), w2 = w.detach().requires_grad_(true),
+                   b2 = b.detach().requires_grad_(true);
+      const Tensor fused = layer_norm(xl, ns, wl, bl, 1e-5, d);
+      const Tensor composite = layer_norm(x2, ns, w2, b2, 1e-5).to(d);
+      EXPECT_TRUE(same_values(fused, composite));
+      sum(mul(fused, dy)).backward();
+      sum(mul(composite, dy)).backward();
+      EXPECT_TRUE(same_values(xl.grad(), x2.grad()));
+      EXPECT_TRUE(same_values(wl.grad(), w2.grad()));
+      EXPECT_TRUE(same_values(bl.grad(), b2.grad()));
+    }
+  }
+  // Not fused: computed in the input's dtype, then converted.
+  const Tensor xb = ops::to(rand_tensor({3, 40}, DType::float32, 7), dev(), DType::bfloat16);
+  EXPECT_TRUE(same_values(std::get<0>(ops::layer_norm(xb, {40}, {}, {}, 1e-5, DType::float32)),
+                          ops::to(std::get<0>(ops::layer_norm(xb, {40})), DType::float32)));
+  const Tensor xd = ops::to(rand_tensor({3, 40}, DType::float32, 8), dev(), DType::float64);
+  EXPECT_TRUE(same_values(std::get<0>(ops::layer_norm(xd, {40}, {}, {}, 1e-5, DType::bfloat16)),
+                          ops::to(std::get<0>(ops::layer_norm(xd, {40})), DType::bfloat16)));
+  const Tensor gb = ops::to(ops::ones({3, 40}, DType::float32, dev()), DType::float16);
+  auto [sd, md, rd] = ops::layer_norm(xd, {40});
+  EXPECT_TRUE(same_values(
+      std::get<0>(ops::layer_norm_backward(gb, xd, {40}, md, rd, {}, {true, false, false})),
+      std::get<0>(ops::layer_norm_backward(ops::to(gb, DType::float64), xd, {40}, md, rd, {},
+                                           {true, false, false}))));
+  const std::string m = error_of<std::invalid_argument>([&] {
+    ops::layer_norm(ops::zeros({2, 3}, DType::float32, dev()), {3}, {}, {}, 1e-5, DType::int64);
+  });
+  EXPECT_TRUE(contains(m, "layer_norm: out_dtype") && contains(m, "int64") && contains(m, "[2, 3]"))
+      << m;
+}
+
 TEST_P(Norm, LayerNormErrors) {
   const Tensor x = zeros({2, 3}, on({}));
   std::string m = error_of<std::invalid_argument>([&] { layer_norm(x, {4}); });
