@@ -97,6 +97,10 @@ int main(int argc, char** argv) {
     const double m = static_cast<double>(r.numel());
     cases.push_back({"add", "[16,1024,768]", "bfloat16", 6 * m, m, [=] { (void)ops::add(r, s); }});
     cases.push_back({"sum", "[16,1024,768]", "bfloat16", 2 * m, m, [=] { (void)ops::sum(r); }});
+    // a float32 residual plus a bfloat16 branch (autocast), the branch widened in the kernel
+    const Tensor r32 = rnd({16, 1024, 768}, DType::float32);
+    cases.push_back(
+        {"add_f32_bf16", "[16,1024,768]", "float32", 10 * m, m, [=] { (void)ops::add(r32, s); }});
   }
   // --- heavier ops: run when their CUDA kernels exist
   {
@@ -114,6 +118,30 @@ int main(int argc, char** argv) {
                  b = rnd({768}, DType::float32);
     cases.push_back({"layer_norm", "[16384,768]", "bfloat16", 4.0 * x.numel(), 8.0 * x.numel(),
                      [=] { (void)layer_norm(x, {768}, g, b); }});
+    // forward + backward of a float32 row (GPT's residual stream), and the same with the output
+    // written in bfloat16 and its bfloat16 gradient read back (autocast's ln_1 / ln_2; PyTorch:
+    // layer_norm then .to(bfloat16)).
+    Tensor x32 = rnd({16384, 768}, DType::float32), g32 = rnd({768}, DType::float32),
+           b32 = rnd({768}, DType::float32);
+    x32.requires_grad_();
+    g32.requires_grad_();
+    b32.requires_grad_();
+    const Tensor dy32 = rnd({16384, 768}, DType::float32),
+                 dy16 = rnd({16384, 768}, DType::bfloat16);
+    cases.push_back({"layer_norm_fwd_bwd", "[16384,768]", "float32", 20.0 * x32.numel(),
+                     18.0 * x32.numel(), [=] {
+                       x32.set_grad(Tensor());
+                       g32.set_grad(Tensor());
+                       b32.set_grad(Tensor());
+                       layer_norm(x32, {768}, g32, b32).backward(dy32);
+                     }});
+    cases.push_back({"layer_norm_to_bf16_fwd_bwd", "[16384,768]", "float32", 16.0 * x32.numel(),
+                     18.0 * x32.numel(), [=] {
+                       x32.set_grad(Tensor());
+                       g32.set_grad(Tensor());
+                       b32.set_grad(Tensor());
+                       layer_norm(x32, {768}, g32, b32, 1e-5, DType::bfloat16).backward(dy16);
+                     }});
   }
   {
     const Tensor logits = rnd({16384, 50257}, DType::bfloat16);

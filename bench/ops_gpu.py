@@ -61,6 +61,8 @@ def torch_cases():
     TORCH[("gelu_tanh", "[16,1024,3072]", "bfloat16")] = lambda: F.gelu(x, approximate="tanh")
     r, s = rnd(16, 1024, 768, dtype=bf), rnd(16, 1024, 768, dtype=bf)
     TORCH[("add", "[16,1024,768]", "bfloat16")] = lambda: r + s
+    r32 = rnd(16, 1024, 768)
+    TORCH[("add_f32_bf16", "[16,1024,768]", "float32")] = lambda: r32 + s
     TORCH[("sum", "[16,1024,768]", "bfloat16")] = lambda: r.sum()
     xl, wl = rnd(16384, 768, dtype=bf), rnd(2304, 768, dtype=bf)
     TORCH[("linear", "[16384,768]x[2304,768]^T", "bfloat16")] = lambda: F.linear(xl, wl)
@@ -122,6 +124,12 @@ def torch_cases():
     gm = rnd(16, 12, 1024, 1024, dtype=bf)
     TORCH[("matmul_fwd_bwd", "[16,12,1024,64]x[16,12,64,1024]", "bfloat16")] = fwd_bwd(
         lambda: ma @ mb, (ma, mb), gm)
+    xn32, gn32, bn32 = (t.requires_grad_() for t in (rnd(16384, 768), rnd(768), rnd(768)))
+    dyn32, dyn16 = rnd(16384, 768), rnd(16384, 768, dtype=bf)
+    TORCH[("layer_norm_fwd_bwd", "[16384,768]", "float32")] = fwd_bwd(
+        lambda: F.layer_norm(xn32, (768,), gn32, bn32), (xn32, gn32, bn32), dyn32)
+    TORCH[("layer_norm_to_bf16_fwd_bwd", "[16384,768]", "float32")] = fwd_bwd(
+        lambda: F.layer_norm(xn32, (768,), gn32, bn32).to(bf), (xn32, gn32, bn32), dyn16)
     xcg, wcg = xc.detach().clone().requires_grad_(), wc.detach().clone().requires_grad_()
     gc = rnd(64, 64, 56, 56)
     TORCH[("conv2d_fwd_bwd", "[64,64,56,56]*[64,64,3,3]", "float32")] = fwd_bwd(
