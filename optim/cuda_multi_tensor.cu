@@ -4,9 +4,11 @@
 // copies it to the device with one cudaMemcpyAsync into a `temporary` block from the caching
 // allocator, and each thread block walks one chunk (AdamW8bit's, one quantization block of a
 // chunk). Nothing here waits for the device.
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "memory/context.h"
@@ -137,7 +139,31 @@ __global__ void adam_kernel(const Entry* entries, const Chunk* chunks, detail::A
   T* m = static_cast<T*>(e.ptr[2]);
   T* v = static_cast<T*>(e.ptr[3]);
   T* vmax = has_max ? static_cast<T*>(e.ptr[4]) : nullptr;
-  for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x)
+  int64_t tail = r.begin;
+  if constexpr (std::is_same_v<T, float>) {
+    // float32 without amsgrad, the four lists 16-byte aligned (a chunk starts at a multiple of
+    // kChunkSize elements): 16-byte loads and stores, four elements a thread a step, so more
+    // bytes are in flight (the update is the same function of each element).
+    auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+    if (!vmax && aligned(p) && aligned(g) && aligned(m) && aligned(v)) {
+      tail = r.begin + (r.end - r.begin) / 4 * 4;
+      for (int64_t i = r.begin + 4 * static_cast<int64_t>(threadIdx.x); i < tail;
+           i += 4 * static_cast<int64_t>(blockDim.x)) {
+        float4 pp = *reinterpret_cast<const float4*>(p + i);
+        const float4 gg = *reinterpret_cast<const float4*>(g + i);
+        float4 mm = *reinterpret_cast<const float4*>(m + i);
+        float4 vv = *reinterpret_cast<const float4*>(v + i);
+        detail::adam_element(s, pp.x, gg.x, mm.x, vv.x, static_cast<float*>(nullptr));
+        detail::adam_element(s, pp.y, gg.y, mm.y, vv.y, static_cast<float*>(nullptr));
+        detail::adam_element(s, pp.z, gg.z, mm.z, vv.z, static_cast<float*>(nullptr));
+        detail::adam_element(s, pp.w, gg.w, mm.w, vv.w, static_cast<float*>(nullptr));
+        *reinterpret_cast<float4*>(p + i) = pp;
+        *reinterpret_cast<float4*>(m + i) = mm;
+        *reinterpret_cast<float4*>(v + i) = vv;
+      }
+    }
+  }
+  for (int64_t i = tail + threadIdx.x; i < r.end; i += blockDim.x)
     detail::adam_element(s, p[i], g[i], m[i], v[i], vmax ? vmax + i : nullptr);
 }
 
