@@ -599,11 +599,12 @@ __global__ void __launch_bounds__(256)
 
 // layer_norm / rms_norm backward for the rows the forward's warp kernel takes (cols % V == 0,
 // 16-byte aligned rows, V = 16 bytes of T; at most 32 values of a row a lane): one warp a row,
-// x and dy read once, xhat and g * w kept in registers for dx. A lane owns the same columns in
-// every row, so it accumulates dweight and dbias for them in registers; at the end the block's
-// warps add theirs into shared memory one warp after another (a fixed order: deterministic)
-// and the block writes its partial row part[blockIdx.x] ([2][cols]), as the row kernel does.
-// dy in G: T, or a 16-bit type beside a float T (8-byte packs).
+// the sums by warp shuffles. A lane owns the same columns in every row, so it accumulates
+// dweight and dbias for them in registers (the only per-element state kept across rows: the
+// dx pass reads its x and dy again, from the cache, to keep the registers few and the SMs
+// full); at the end the block's warps add theirs into shared memory one warp after another
+// (a fixed order: deterministic) and the block writes its partial row part[blockIdx.x]
+// ([2][cols]), as the row kernel does. dy in G: T, or a 16-bit type beside a float T.
 template <typename T, typename G, typename A, int K>
 __global__ void __launch_bounds__(256)
     layer_norm_bwd_warp_kernel(T* __restrict__ dx, A* __restrict__ part, const G* __restrict__ dy,
@@ -627,7 +628,6 @@ __global__ void __launch_bounds__(256)
     const G* gr = dy + row * cols;
     const A m = center ? mean[row] : A(0);
     const A r = rstd[row];
-    A xh[K][V], gw[K][V];
     A sg = 0, sgx = 0;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -637,13 +637,13 @@ __global__ void __launch_bounds__(256)
         const Pack<G, V> pg = load_pack<V>(gr, c / V);
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          xh[k][e] = math::xhat(static_cast<A>(load(px.v[e])), m, r);
+          const A xh = math::xhat(static_cast<A>(load(px.v[e])), m, r);
           const A g = static_cast<A>(load(pg.v[e]));
-          dw[k][e] += g * xh[k][e];
+          dw[k][e] += g * xh;
           db[k][e] += g;
-          gw[k][e] = w ? g * w[c + e] : g;
-          sg += gw[k][e];
-          sgx += gw[k][e] * xh[k][e];
+          const A gw = w ? g * w[c + e] : g;
+          sg += gw;
+          sgx += gw * xh;
         }
       }
     }
@@ -655,10 +655,16 @@ __global__ void __launch_bounds__(256)
     for (int k = 0; k < K; ++k) {
       const int c = (k * 32 + lane) * V;
       if (c >= cols) continue;
+      const Pack<T, V> px = load_pack<V>(xr, c / V);
+      const Pack<G, V> pg = load_pack<V>(gr, c / V);
       Pack<T, V> o;
 #pragma unroll
-      for (int e = 0; e < V; ++e)
-        o.v[e] = store<T>(math::norm_input_grad(r, gw[k][e], mg, xh[k][e], mgx));
+      for (int e = 0; e < V; ++e) {
+        const A xh = math::xhat(static_cast<A>(load(px.v[e])), m, r);
+        const A g = static_cast<A>(load(pg.v[e]));
+        const A gw = w ? g * w[c + e] : g;
+        o.v[e] = store<T>(math::norm_input_grad(r, gw, mg, xh, mgx));
+      }
       store_pack<V>(dr, c / V, o);
     }
   }
