@@ -417,7 +417,10 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
              return std::make_shared<nn::LayerNorm>(s, eps, affine, bias);
            }),
            py::arg("normalized_shape"), py::arg("eps") = 1e-5, py::arg("elementwise_affine") = true,
-           py::arg("bias") = true);
+           py::arg("bias") = true)
+      .def_readwrite("autocast_output", &nn::LayerNorm::autocast_output,
+                     "Under autocast, write the output in the autocast dtype (the next Linear's "
+                     "cast, fused); off by default");
   py::class_<nn::CrossEntropyLoss, Module, std::shared_ptr<nn::CrossEntropyLoss>>(
       nn_mod, "CrossEntropyLoss", py::dynamic_attr())
       .def(py::init([](int64_t ignore_index, const std::string& reduction, double smoothing) {

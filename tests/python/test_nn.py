@@ -122,6 +122,19 @@ def test_autocast_and_grad_scaler():
     assert scaler.get_scale() == 1024.0
 
 
+def test_layer_norm_autocast_output():
+    ln = nn.LayerNorm(8)
+    assert ln.autocast_output is False
+    x = tally.randn(3, 8)
+    with tally.autocast("cpu", dtype=tally.bfloat16):
+        plain = ln(x)
+        ln.autocast_output = True
+        fused = ln(x)
+    assert plain.dtype == tally.float32 and fused.dtype == tally.bfloat16
+    np.testing.assert_array_equal(fused.float().numpy(), plain.to(tally.bfloat16).float().numpy())
+    assert ln(x).dtype == tally.float32  # outside autocast
+
+
 def test_checkpointing_lowers_the_activation_peak():
     def peak(spec):
         tally.manual_seed(0)
