@@ -4,13 +4,10 @@
 // double for float64).
 //
 // Rows (layer_norm, rms_norm): one block per row, 32..512 threads by row length, block-wide
-// reductions in A; rows of at most 32 values a lane (GPT's 768) take warp kernels instead (one
-// warp a row, the row read once into registers, warp-shuffle reductions). The backward
-// accumulates dweight/dbias per block in shared memory (or, for very long rows, in the block's
-// own slice of the scratch; the warp kernel in each lane's registers, its warps then added in
-// order), writes one partial row per block into an A-typed scratch from the caching allocator,
-// and a second kernel sums the partials per column: deterministic, no atomics, no host
-// synchronisation.
+// reductions in A. The backward accumulates dweight/dbias per block in shared memory (or,
+// for very long rows, in the block's own slice of the scratch), writes one partial row per
+// block into an A-typed scratch from the caching allocator, and a second kernel sums the
+// partials per column: deterministic, no atomics, no host synchronisation.
 //
 // Channels (batch_norm): the N * spatial elements of a channel are split over a few blocks
 // (enough blocks in all to fill the device), each summing in double (the statistics shifted
@@ -597,99 +594,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// layer_norm / rms_norm backward for the rows the forward's warp kernel takes (cols % V == 0,
-// 16-byte aligned rows, V = 16 bytes of T; at most 32 values of a row a lane): one warp a row,
-// the sums by warp shuffles. A lane owns the same columns in every row, so it accumulates
-// dweight and dbias for them in registers (the only per-element state kept across rows: the
-// dx pass reads its x and dy again, from the cache, to keep the registers few and the SMs
-// full); at the end the block's warps add theirs into shared memory one warp after another
-// (a fixed order: deterministic) and the block writes its partial row part[blockIdx.x]
-// ([2][cols]), as the row kernel does. dy in G: T, or a 16-bit type beside a float T.
-template <typename T, typename G, typename A, int K>
-__global__ void __launch_bounds__(256)
-    layer_norm_bwd_warp_kernel(T* __restrict__ dx, A* __restrict__ part, const G* __restrict__ dy,
-                               const T* __restrict__ x, const A* __restrict__ mean,
-                               const A* __restrict__ rstd, const A* __restrict__ w, int64_t rows,
-                               int cols) {
-  constexpr int V = 16 / sizeof(T);
-  extern __shared__ __align__(16) unsigned char dyn_smem[];
-  const bool center = mean != nullptr;
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int nwarps = static_cast<int>(blockDim.x / 32);
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * nwarps;
-  const A inv_n = A(1) / static_cast<A>(cols);
-  A dw[K][V], db[K][V];
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-#pragma unroll
-    for (int e = 0; e < V; ++e) dw[k][e] = db[k][e] = A(0);
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * nwarps + warp; row < rows; row += warps) {
-    const T* xr = x + row * cols;
-    const G* gr = dy + row * cols;
-    const A m = center ? mean[row] : A(0);
-    const A r = rstd[row];
-    A sg = 0, sgx = 0;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int c = (k * 32 + lane) * V;
-      if (c < cols) {
-        const Pack<T, V> px = load_pack<V>(xr, c / V);
-        const Pack<G, V> pg = load_pack<V>(gr, c / V);
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          const A xh = math::xhat(static_cast<A>(load(px.v[e])), m, r);
-          const A g = static_cast<A>(load(pg.v[e]));
-          dw[k][e] += g * xh;
-          db[k][e] += g;
-          const A gw = w ? g * w[c + e] : g;
-          sg += gw;
-          sgx += gw * xh;
-        }
-      }
-    }
-    if (!dx) continue;  // uniform over the grid
-    const A mg = center ? warp_sum(sg) * inv_n : A(0);
-    const A mgx = warp_sum(sgx) * inv_n;
-    T* dr = dx + row * cols;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int c = (k * 32 + lane) * V;
-      if (c >= cols) continue;
-      const Pack<T, V> px = load_pack<V>(xr, c / V);
-      const Pack<G, V> pg = load_pack<V>(gr, c / V);
-      Pack<T, V> o;
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const A xh = math::xhat(static_cast<A>(load(px.v[e])), m, r);
-        const A g = static_cast<A>(load(pg.v[e]));
-        const A gw = w ? g * w[c + e] : g;
-        o.v[e] = store<T>(math::norm_input_grad(r, gw, mg, xh, mgx));
-      }
-      store_pack<V>(dr, c / V, o);
-    }
-  }
-  if (!part) return;                        // uniform over the grid
-  A* acc = reinterpret_cast<A*>(dyn_smem);  // [2][cols]: dweight, then dbias
-  for (int turn = 0; turn < nwarps; ++turn) {
-    if (warp == turn) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const int c = (k * 32 + lane) * V;
-        if (c >= cols) continue;
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          acc[c + e] = turn == 0 ? dw[k][e] : acc[c + e] + dw[k][e];
-          acc[cols + c + e] = turn == 0 ? db[k][e] : acc[cols + c + e] + db[k][e];
-        }
-      }
-    }
-    __syncthreads();
-  }
-  A* prow = part + static_cast<int64_t>(blockIdx.x) * 2 * cols;
-  for (int j = static_cast<int>(threadIdx.x); j < 2 * cols; j += static_cast<int>(blockDim.x))
-    prow[j] = acc[j];
-}
-
 // ------------------------------------------------------------------ launchers
 
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
@@ -767,40 +671,7 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
       smem = smem_bytes <= kMaxSmemAcc;
       if (!smem) smem_bytes = 0;
     }
-    // Rows that fit a warp's registers (GPT's 768): the one-read warp kernel, the same partial
-    // rows (one a block), the row's values kept in at most 32 registers a lane per array.
-    constexpr int V = static_cast<int>(16 / sizeof(T));
-    const int64_t packs_per_lane = (cols / V + 31) / 32;
-    auto aligned = [](const Tensor& t, size_t a) {
-      return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % a == 0;
-    };
-    bool warp_done = false;
-    if (rows > 0 && cols > 0 && cols % V == 0 && packs_per_lane <= 8 && packs_per_lane * V <= 32 &&
-        aligned(x, 16) && aligned(dx, 16) && aligned(dy, sizeof(G) * V)) {
-      const auto grid =
-          static_cast<unsigned>(want_params ? nparts : std::min<int64_t>((rows + 7) / 8, kMaxGrid));
-      const size_t acc_bytes = want_params ? static_cast<size_t>(2 * cols) * sizeof(A) : 0;
-      auto go = [&]<int K>() {
-        if constexpr (K * V <= 32) {
-          layer_norm_bwd_warp_kernel<T, G, A, K><<<grid, 256, acc_bytes, st>>>(
-              ptr<T>(dx), ptr<A>(part), ptr<const G>(dy), ptr<const T>(x), ptr<const A>(mean),
-              ptr<const A>(rstd), ptr<const A>(weight), rows, static_cast<int>(cols));
-          check_launch(name);
-          warp_done = true;
-        }
-      };
-      if (packs_per_lane <= 1)
-        go.template operator()<1>();
-      else if (packs_per_lane <= 2)
-        go.template operator()<2>();
-      else if (packs_per_lane <= 4)
-        go.template operator()<4>();
-      else if (packs_per_lane <= 6)
-        go.template operator()<6>();
-      else
-        go.template operator()<8>();
-    }
-    if (!warp_done && rows > 0 && cols > 0) {
+    if (rows > 0 && cols > 0) {
       const auto grid = static_cast<unsigned>(want_params ? nparts : std::min(rows, kMaxGrid));
       layer_norm_bwd_kernel<T, G, A><<<grid, threads, smem_bytes, st>>>(
           ptr<T>(dx), ptr<A>(part), smem, ptr<const G>(dy), ptr<const T>(x), ptr<const A>(mean),
