@@ -731,6 +731,43 @@ TEST_P(NormVsCpu, LayerNormManyRowsAndLongRows) {
   for (const auto& [c, d] : cases) check_row_norm(false, c, d, ++seed);
 }
 
+// The backward's register kernel takes rows of at most 512 aligned 16-byte packs (2048 float32,
+// 4096 bfloat16 columns); a longer row, a row not of whole packs or a misaligned tensor takes the
+// general kernel. Both sides of each edge, and inputs one element off their allocation's start.
+TEST_P(NormVsCpu, LayerNormBackwardPackedRowsAndTheirEdges) {
+  const std::pair<RowNormCase, DType> cases[] = {
+      {{{300, 2048}, 1, true, true, false}, DType::float32},
+      {{{300, 2052}, 1, true, true, false}, DType::float32},
+      {{{100, 4096}, 1, true, true, false}, DType::bfloat16},
+      {{{100, 4104}, 1, true, true, false}, DType::bfloat16},
+      {{{300, 36}, 1, false, false, false}, DType::float16},
+      {{{300, 1024}, 1, true, true, false}, DType::float64},
+      {{{300, 1026}, 1, true, true, false}, DType::float64},
+  };
+  uint64_t seed = 900;
+  for (const auto& [c, d] : cases) check_row_norm(false, c, d, ++seed);
+  const auto shifted = [](const Tensor& flat, int64_t rows, int64_t cols) {
+    return ops::view(ops::narrow(flat, 0, 1, rows * cols), {rows, cols});
+  };
+  for (DType d : {DType::float32, DType::bfloat16}) {
+    SCOPED_TRACE(dtype_name(d));
+    const int64_t rows = 64, cols = 768;
+    const Pair xf = both({rows * cols + 1}, d, ++seed), gf = both({rows * cols + 1}, d, ++seed);
+    const Pair w = both({cols}, param_dtype(d), ++seed, false, 0.5, 1.5);
+    const Tensor xc = shifted(xf.cpu, rows, cols), xg = shifted(xf.gpu, rows, cols);
+    const Tensor gc = shifted(gf.cpu, rows, cols), gg = shifted(gf.gpu, rows, cols);
+    ASSERT_TRUE(xg.is_contiguous());
+    auto [oc, mc, rc] = ops::layer_norm(xc, {cols}, w.cpu, {}, 1e-5);
+    auto [og, mg, rg] = ops::layer_norm(xg, {cols}, w.gpu, {}, 1e-5);
+    auto [dxc, dwc, dbc] = ops::layer_norm_backward(gc, xc, {cols}, mc, rc, w.cpu, kMasks3[0]);
+    auto [dxg, dwg, dbg] = ops::layer_norm_backward(gg, xg, {cols}, mg, rg, w.gpu, kMasks3[0]);
+    const Tol tol = tol_for(d);
+    EXPECT_TRUE(close(dxg, dxc, tol.elem, "dx", dx_floor(gc, w.cpu, rc)));
+    EXPECT_TRUE(close(dwg, dwc, tol.red, "dweight"));
+    EXPECT_TRUE(close(dbg, dbc, tol.red, "dbias"));
+  }
+}
+
 TEST_P(NormVsCpu, RmsNormMatchesTheCpu) {
   const RowNormCase cases[] = {
       {{4, 16, 768}, 1, true, false, false}, {{37, 50}, 1, true, false, false},
