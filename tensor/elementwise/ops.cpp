@@ -536,9 +536,10 @@ Tensor binary_over(BinaryOp op, Tensor&& a, const Tensor& b) {
   const DType out_dt = is_compare(op) ? DType::bool_ : dt;
   // A 16-bit operand beside a float32 one goes to the kernel as it is (binary_widens): b, or a
   // when the op commutes (a + b and a * b are b + a and b * a to the bit).
-  const bool widen_b = binary_widens(op, a.dtype(), b.dtype()) && dt == a.dtype();
+  // (float32 beside a 16-bit type promotes to float32: dt is the wide operand's dtype.)
+  const bool widen_b = binary_widens(op, a.dtype(), b.dtype());
   const bool widen_a = !widen_b && (op == BinaryOp::add || op == BinaryOp::mul) &&
-                       binary_widens(op, b.dtype(), a.dtype()) && dt == b.dtype();
+                       binary_widens(op, b.dtype(), a.dtype());
   // Donation first, while `a` is the only handle of its buffer; else the output comes after
   // the operands' conversions.
   Tensor out = out_dt == dt ? donated_output(a, shape, dt, a.device()) : Tensor();
