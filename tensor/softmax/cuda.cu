@@ -32,13 +32,20 @@ template <typename A>
 __device__ __forceinline__ A quiet_nan() {
   return std::numeric_limits<A>::quiet_NaN();
 }
-// exp/log in the accumulation type (float or double), never through the other.
+// exp/log in the accumulation type (float or double), never through the other. float's exp is
+// 2^(v log2 e) on the special-function unit (ex2.approx: relative error under 2^-22, results below
+// 2^-126 flushed to 0, exp(-inf) = 0): one multiply and one MUFU.EX2 where expf's range
+// reduction takes ten instructions, which made the cross-entropy rows (50,257 exponentials each)
+// instruction-bound. double keeps exp.
 template <typename A>
 __device__ __forceinline__ A exp_(A v) {
-  if constexpr (std::is_same_v<A, float>)
-    return expf(v);
-  else
+  if constexpr (std::is_same_v<A, float>) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
+    return r;
+  } else {
     return exp(v);
+  }
 }
 template <typename A>
 __device__ __forceinline__ A log_(A v) {
@@ -83,9 +90,9 @@ __device__ __forceinline__ void row_stats(const T* p, int64_t n, int64_t s, A& m
       e *= exp_(m - mc);  // m = -inf: e is 0 and stays 0
       m = mc;
     }
+    const A ms = m == neg_inf<A>() ? A(0) : m;  // as in row_stats_contig below
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (v[j] != neg_inf<A>()) e += exp_(v[j] - m);
+    for (int j = 0; j < 4; ++j) e += exp_(v[j] - ms);
   }
   for (; i < n; i += G) online_add(static_cast<A>(load(p[i * s])), m, e);
   const A mr = rows::group_reduce<M>(m, rows::MaxOp{});
@@ -139,11 +146,14 @@ __device__ __forceinline__ void row_stats_contig(const T* p, int64_t n, A& max, 
       e *= exp_(m - mc);  // m = -inf: e is 0 and stays 0
       m = mc;
     }
+    // While m is -inf every value so far is -inf: shift by 0 instead, so that -inf - m is -inf
+    // (exp 0) rather than NaN, with no test an element.
+    const A ms = m == neg_inf<A>() ? A(0) : m;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const A a = static_cast<A>(load(x0.v[k])), b = static_cast<A>(load(x1.v[k]));
-      if (a != neg_inf<A>()) e += exp_(a - m);
-      if (b != neg_inf<A>()) e += exp_(b - m);
+      e += exp_(a - ms);
+      e += exp_(b - ms);
     }
   }
   for (; j < sp.packs; j += G) {
