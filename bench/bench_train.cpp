@@ -10,7 +10,8 @@
 // The memory levers run when named with their model: "gpt:amp-bf16+offload",
 // "resnet:amp-bf16+sib" (tokens: offload = every block's activations to pinned host memory,
 // sib = step-in-backward, adamw8bit = GPT's optimizer with 8-bit moments, fusedce = GPT's
-// fused chunked classifier, v50257 = GPT's real vocabulary (nopad: its products not padded to a
+// fused chunked classifier, unfusedmlp = GPT's MLP as three modules (GPTConfig::fused_mlp
+// off), v50257 = GPT's real vocabulary (nopad: its products not padded to a
 // multiple of 64), varyseq = GPT's sequence length
 // varying per step; graphs = the step captured into a CUDA graph and replayed, as
 // --cuda-graphs does for every configuration; amp-bf16 / amp-fp16 as above). Each
@@ -206,6 +207,7 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
   nn::GPTConfig c = nn::GPTConfig::preset("gpt2");
   c.vocab_size = has(cfg, "v50257") ? 50257 : 50304;  // the baseline's padded vocabulary
   c.fused_classifier = has(cfg, "fusedce");
+  c.fused_mlp = !has(cfg, "unfusedmlp");
   if (has(cfg, "nopad")) c.classifier_pad_multiple = 0;  // 50257's products unpadded
   auto model = std::make_shared<nn::GPT>(c);
   model->to(dev);
@@ -292,8 +294,8 @@ int main(int argc, char** argv) {
     // name only.
     for (const std::string& c : configs) {
       if (!has(c, "offload") && !has(c, "sib") && !has(c, "adamw8bit") && !has(c, "fusedce") &&
-          !has(c, "v50257") && !has(c, "hist") && !has(c, "leaks") && !has(c, "varyseq") &&
-          !has(c, "graphs"))
+          !has(c, "unfusedmlp") && !has(c, "v50257") && !has(c, "hist") && !has(c, "leaks") &&
+          !has(c, "varyseq") && !has(c, "graphs"))
         continue;
       const std::string named = graphs && !has(c, "graphs") ? c + "+graphs" : c;
       if (resnet && named.rfind("resnet:", 0) == 0) resnet_cfg(named.substr(7), dev, steps);

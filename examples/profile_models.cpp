@@ -44,6 +44,7 @@ struct Args {
   std::string out = "profile_models_out";
   bool small = false;
   bool fused_classifier = false;  // GPT's lm_head + cross-entropy fused and chunked
+  bool unfused_mlp = false;       // GPT's MLP as three modules (GPTConfig::fused_mlp off)
   int steps = 8;                  // timed steps per measurement
   int warmup = 3;                 // untimed steps first
   int64_t resnet_batch = 64;
@@ -115,11 +116,13 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
   } else if (which == "gpt") {
     nn::GPTConfig c = nn::GPTConfig::preset(a.small ? "tiny" : "gpt2");
     c.fused_classifier = a.fused_classifier;
+    c.fused_mlp = !a.unfused_mlp;
     const int64_t b = a.small ? 4 : a.gpt_batch, t = c.block_size;
     gpt = std::make_shared<nn::GPT>(c);
     model = gpt;
-    r.desc = fmt::format("GPT {} B={} T={}{}", a.small ? "tiny" : "gpt2 (124M)", b, t,
-                         a.fused_classifier ? ", fused classifier" : "");
+    r.desc = fmt::format("GPT {} B={} T={}{}{}", a.small ? "tiny" : "gpt2 (124M)", b, t,
+                         a.fused_classifier ? ", fused classifier" : "",
+                         a.unfused_mlp ? ", unfused MLP" : "");
     memory::CategoryScope in(memory::Category::input);
     x = randint(0, c.vocab_size, {b, t}).to(dev);
     y = randint(0, c.vocab_size, {b, t}).to(dev);
@@ -274,6 +277,8 @@ int main(int argc, char** argv) {
                          ex::int_range(1, 100));
   app.add_flag("--fused-classifier", a.fused_classifier,
                "GPT: lm_head and cross-entropy fused and chunked (GPTConfig::fused_classifier)");
+  app.add_flag("--unfused-mlp", a.unfused_mlp,
+               "GPT: each MLP as c_fc, gelu and c_proj, not one fused node (GPTConfig::fused_mlp)");
   app.add_option("--amp", a.amp,
                  "off | fp16 | bf16 (forward under autocast; fp16 without a GradScaler)")
       ->capture_default_str();
@@ -304,6 +309,8 @@ int main(int argc, char** argv) {
     if (models.empty()) throw std::invalid_argument("--models: empty list");
     if (a.fused_classifier && std::find(models.begin(), models.end(), "gpt") == models.end())
       throw std::invalid_argument("--fused-classifier applies to GPT: add gpt to --models");
+    if (a.unfused_mlp && std::find(models.begin(), models.end(), "gpt") == models.end())
+      throw std::invalid_argument("--unfused-mlp applies to GPT: add gpt to --models");
     ex::check_output_dir(a.out, "--out");
     std::vector<Result> rs;
     for (const std::string& m : models) rs.push_back(profile_model(a, m, dev));

@@ -137,6 +137,15 @@ void bind_functional(py::module_& m, py::module_& F) {
       [](T x, T w, std::optional<Tensor> b) { return linear(x, w, b.value_or(Tensor())); },
       py::arg("input"), py::arg("weight"), py::arg("bias") = py::none());
   F.def(
+      "linear_gelu_linear",
+      [](T x, T w1, std::optional<Tensor> b1, T w2, std::optional<Tensor> b2) {
+        return linear_gelu_linear(x, w1, b1.value_or(Tensor()), w2, b2.value_or(Tensor()));
+      },
+      py::arg("input"), py::arg("fc_weight"), py::arg("fc_bias"), py::arg("proj_weight"),
+      py::arg("proj_bias"),
+      "linear(gelu(linear(input, fc_weight, fc_bias), approximate='tanh'), proj_weight, "
+      "proj_bias) as one autograd node (GELU in cuBLASLt's epilogues on CUDA)");
+  F.def(
       "conv2d",
       [](T x, T w, std::optional<Tensor> b, py::object stride, py::object padding,
          py::object dilation, int64_t groups) {

@@ -57,7 +57,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   return (*resid_dropout)((*c_proj)(y));
 }
 
-MLP::MLP(const GPTConfig& cfg) : Module("MLP") {
+MLP::MLP(const GPTConfig& cfg) : Module("MLP"), fused(cfg.fused_mlp) {
   c_fc = register_module("c_fc", std::make_shared<Linear>(cfg.n_embd, 4 * cfg.n_embd, cfg.bias));
   gelu = register_module("gelu", std::make_shared<GELU>("tanh"));
   c_proj =
@@ -66,6 +66,10 @@ MLP::MLP(const GPTConfig& cfg) : Module("MLP") {
 }
 
 Tensor MLP::forward(const Tensor& x) {
+  const auto alone = [](const Module& m) { return m.is_checkpointed() || m.offloader(); };
+  if (fused && gelu->approximate == "tanh" && !alone(*c_fc) && !alone(*gelu) && !alone(*c_proj))
+    return (*dropout)(
+        linear_gelu_linear(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
   return (*dropout)((*c_proj)((*gelu)((*c_fc)(x))));
 }
 

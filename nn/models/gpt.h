@@ -31,6 +31,13 @@ struct GPTConfig {
   // The fused classifier's budget for one chunk's logits, whose gradient overwrites them (its
   // max_chunk_bytes; the chunk's rows follow from it and the vocabulary).
   int64_t fused_classifier_chunk_bytes = kLinearCrossEntropyChunkBytes;
+  // Each block's MLP (c_fc -> GELU(tanh) -> c_proj) as one autograd node,
+  // linear_gelu_linear (tensor/linalg/autograd.h): the GELU's forward and backward inside the
+  // two products (cuBLASLt epilogues on CUDA), and the gradient of the GELU's output never
+  // made. Its allocations carry the MLP's module ("...mlp"), not c_fc's and c_proj's. The
+  // separate modules run instead when off, or when c_fc, gelu or c_proj is checkpointed or
+  // offloaded on its own.
+  bool fused_mlp = true;
   // A 16-bit unfused classifier (under fp16/bf16 autocast, or a 16-bit model) computes over
   // the vocabulary rounded up to a multiple of this (<= 1: never): lm_head's weight gets zero
   // rows and a bias of -inf there, so those logits are -inf and the loss, the softmax and every
@@ -63,6 +70,7 @@ class MLP : public Module {
   std::shared_ptr<Linear> c_fc, c_proj;
   std::shared_ptr<GELU> gelu;
   std::shared_ptr<Dropout> dropout;
+  bool fused;  // GPTConfig::fused_mlp
 };
 
 class Block : public Module {

@@ -42,7 +42,8 @@ namespace blas {
 
 namespace {
 
-std::atomic<uint64_t> g_lt_calls{0}, g_heuristic_queries{0}, g_bias_calls{0}, g_classic_calls{0};
+std::atomic<uint64_t> g_lt_calls{0}, g_heuristic_queries{0}, g_bias_calls{0}, g_gelu_calls{0},
+    g_classic_calls{0};
 std::atomic<bool> g_force_fallback{false};
 
 [[noreturn]] void fail(cublasStatus_t s, const char* call, const char* op, const Gemm& g) {
@@ -111,9 +112,10 @@ struct PlanKey {
   int out_dtype = 0;
   int compute = 0;
   bool trans_a = false, trans_b = false, accumulate = false, bias = false;
-  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0;
+  int act = 0;
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0, ldaux = 0;
   int64_t stride_a = 0, stride_b = 0, stride_d = 0, batch = 0;
-  uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
+  uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0, align_aux = 0;
   uint64_t workspace = 0;
   auto operator<=>(const PlanKey&) const = default;
 };
@@ -193,11 +195,16 @@ cublasLtHandle_t handle(int device) {
 std::string describe(const Gemm& g) {
   return fmt::format(
       "{}{}{} m={} n={} k={} opA={} lda={} strideA={} opB={} ldb={} strideB={} ldd={} "
-      "strideD={} batch={} accumulate={} bias={} tf32={}",
+      "strideD={} batch={} accumulate={} bias={}{}{} tf32={}",
       dtype_name(g.dtype), g.out_dtype != g.dtype ? " -> " : "",
       g.out_dtype != g.dtype ? dtype_name(g.out_dtype) : "", g.m, g.n, g.k, g.trans_a ? "T" : "N",
       g.lda, g.stride_a, g.trans_b ? "T" : "N", g.ldb, g.stride_b, g.ldd, g.stride_d, g.batch,
-      g.accumulate, g.bias != nullptr, g.dtype == DType::float32 && allow_tf32());
+      g.accumulate, g.bias != nullptr,
+      g.act == Gemm::Act::gelu_aux ? " epilogue=gelu_aux"
+      : g.act == Gemm::Act::dgelu  ? " epilogue=dgelu"
+                                   : "",
+      g.act != Gemm::Act::none ? fmt::format(" ldaux={}", g.ldaux) : std::string(),
+      g.dtype == DType::float32 && allow_tf32());
 }
 
 cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace_bytes,
@@ -207,6 +214,14 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
         fmt::format("{}: degenerate GEMM reached cuBLASLt: {}", op, describe(g)));
   if (g.bias && g.batch != 1)
     throw std::logic_error(fmt::format("{}: bias epilogue with a batch: {}", op, describe(g)));
+  if (g.act != Gemm::Act::none &&
+      (g.batch != 1 || g.accumulate || !g.aux || g.ldaux < g.m || g.ldaux % 8 != 0 ||
+       (g.act == Gemm::Act::dgelu && g.bias) || g.out_dtype != g.dtype))
+    throw std::logic_error(
+        fmt::format("{}: GELU epilogue needs batch 1, no accumulation, an "
+                    "aux matrix with ldaux >= m and a multiple of 8, the "
+                    "operands' output dtype (and no bias for dgelu): {}",
+                    op, describe(g)));
   if (g.batch > INT32_MAX)
     throw std::invalid_argument(
         fmt::format("{}: batch too large for cuBLASLt: {}", op, describe(g)));
@@ -228,12 +243,22 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
       cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   TALLY_LT_CHECK(
       cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-  if (g.bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  cublasLtEpilogue_t epi = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (g.act == Gemm::Act::gelu_aux)
+    epi = g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  else if (g.act == Gemm::Act::dgelu)
+    epi = CUBLASLT_EPILOGUE_DGELU;
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT)
     TALLY_LT_CHECK(
         cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  if (g.bias)
     TALLY_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                   &g.bias, sizeof(g.bias)));
+  if (g.act != Gemm::Act::none) {
+    TALLY_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                  &g.aux, sizeof(g.aux)));
+    TALLY_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                  &g.ldaux, sizeof(g.ldaux)));
   }
 
   auto make_layout = [&](Layout& l, cudaDataType t, int64_t rows, int64_t cols, int64_t ld,
@@ -262,12 +287,14 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
       .trans_b = g.trans_b,
       .accumulate = g.accumulate,
       .bias = g.bias != nullptr,
+      .act = static_cast<int>(g.act),
       .m = g.m,
       .n = g.n,
       .k = g.k,
       .lda = g.lda,
       .ldb = g.ldb,
       .ldd = g.ldd,
+      .ldaux = g.ldaux,
       .stride_a = g.batch > 1 ? g.stride_a : 0,
       .stride_b = g.batch > 1 ? g.stride_b : 0,
       .stride_d = g.batch > 1 ? g.stride_d : 0,
@@ -276,6 +303,7 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
       .align_b = alignment(g.b, g.stride_b, esize, g.batch),
       .align_d = alignment(g.d, g.stride_d, out_esize, g.batch),
       .align_bias = g.bias ? alignment(g.bias, 0, esize, 1) : 0,
+      .align_aux = g.aux ? alignment(g.aux, 0, out_esize, 1) : 0,
       .workspace = workspace ? workspace_bytes : 0,
   };
 
@@ -321,6 +349,7 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
                                 stream(device)));
   ++g_lt_calls;
   if (g.bias) ++g_bias_calls;
+  if (g.act != Gemm::Act::none) ++g_gelu_calls;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -333,7 +362,7 @@ cublasHandle_t classic_handle(int device) {
 
 void gemm_classic(int device, const Gemm& g, void* workspace, size_t workspace_bytes,
                   const char* op) {
-  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0 || g.bias)
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0 || g.bias || g.act != Gemm::Act::none)
     throw std::logic_error(fmt::format("{}: unsupported classic GEMM: {}", op, describe(g)));
   check_dtypes(g, op);
   for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.batch})
@@ -390,6 +419,9 @@ uint64_t heuristic_queries() {
 }
 uint64_t bias_epilogue_calls() {
   return g_bias_calls.load();
+}
+uint64_t gelu_epilogue_calls() {
+  return g_gelu_calls.load();
 }
 
 }  // namespace blas

@@ -44,6 +44,16 @@ struct Gemm {
   int64_t batch = 1;
   bool accumulate = false;     // beta = 1, C = D in place
   const void* bias = nullptr;  // CUBLASLT_EPILOGUE_BIAS when set (batch must be 1)
+  // A GELU epilogue (cuBLASLt's GELU is the tanh approximation, GPT-2's), batch 1, no
+  // accumulate; `aux` is an m x n column-major matrix of D's dtype, its leading dimension
+  // `ldaux` a multiple of 8 and at least m:
+  //   gelu_aux: D = gelu(product [+ bias]) and aux = product [+ bias] (the GELU's input,
+  //             kept for backward): CUBLASLT_EPILOGUE_GELU_AUX[_BIAS];
+  //   dgelu:    D = product * gelu'(aux): CUBLASLT_EPILOGUE_DGELU (no bias).
+  enum class Act : uint8_t { none, gelu_aux, dgelu };
+  Act act = Act::none;
+  void* aux = nullptr;
+  int64_t ldaux = 0;
 };
 
 // Enqueues the product on Tally's stream for `device` with the given workspace and
@@ -54,7 +64,7 @@ struct Gemm {
 cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace_bytes,
                     const char* op);
 
-// The same product (no bias) through classic cuBLAS, cublasGemmStridedBatchedEx, which
+// The same product (no bias, no GELU) through classic cuBLAS, cublasGemmStridedBatchedEx, which
 // takes any element-aligned pointers and batch strides: the fallback when cuBLASLt offers
 // no algorithm. One cublasHandle_t per device, its workspace set to ours before each
 // call (never cuBLAS's own pool). Throws std::runtime_error naming `op` on failure.
@@ -72,6 +82,7 @@ std::string describe(const Gemm& g);
 uint64_t lt_calls();             // cublasLtMatmul calls enqueued
 uint64_t heuristic_queries();    // cublasLtMatmulAlgoGetHeuristic calls (plan-cache misses)
 uint64_t bias_epilogue_calls();  // of lt_calls, those with the bias epilogue
+uint64_t gelu_epilogue_calls();  // of lt_calls, those with a GELU epilogue (gelu_aux or dgelu)
 uint64_t classic_calls();        // cublasGemmStridedBatchedEx calls enqueued
 
 }  // namespace tally::cuda::blas

@@ -116,6 +116,54 @@ Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, Call
   return out;
 }
 
+Tensor linear_gelu_linear(const Tensor& x_, const Tensor& fc_weight_, const Tensor& fc_bias_,
+                          const Tensor& proj_weight_, const Tensor& proj_bias_, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  const auto [x, w1, b1, w2, b2] =
+      autocast::lower("linear", x_, fc_weight_, fc_bias_, proj_weight_, proj_bias_);
+  if (w2.dim() == 2 && w1.dim() == 2 && w2.size(1) != w1.size(0))
+    throw std::invalid_argument(
+        fmt::format("linear_gelu_linear: fc_weight {} makes {} features but proj_weight {} "
+                    "expects {}",
+                    w1.shape_string(), w1.size(0), w2.shape_string(), w2.size(1)));
+  auto [h, pre] = o::linear_gelu(x, w1, b1);
+  // Saved before the second product, so a checkpoint recompute stops there (early stop, as
+  // linear's: a transformer block's last product is never run again).
+  const char* name = "LinearGeluLinearBackward";
+  std::vector<SavedTensor> saved =
+      autograd::save_inputs(name, {x, w1, b1, w2, b2}, {x, w1, pre, h, w2});
+  Tensor out = o::linear(h, w2, b2);
+  autograd::record_saved(
+      name, {x, w1, b1, w2, b2}, {out}, std::move(saved),
+      [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+        const bool nx = ctx.needs_input_grad(0), nw1 = ctx.needs_input_grad(1),
+                   nb1 = ctx.needs_input_grad(2), nw2 = ctx.needs_input_grad(3),
+                   nb2 = ctx.needs_input_grad(4);
+        const Tensor w2s = ctx.saved(4);
+        Tensor gw2, gb2, gx, gw1, gb1;
+        if (nw2 || nb2) {
+          auto [unused, gw, gb] = o::linear_backward(ctx.saved(3), g[0], w2s, {false, nw2, nb2});
+          gw2 = gw;
+          gb2 = gb;
+        }
+        if (nx || nw1 || nb1) {
+          const Tensor pre_s = ctx.saved(2);
+          const int64_t hidden = pre_s.size(-1), out_f = w2s.size(0);
+          const int64_t rows = out_f ? g[0].numel() / out_f : 0;
+          // d(pre) = (g W2) * gelu'(pre), in one product.
+          const Tensor dpre =
+              o::mm_dgelu(o::reshape(g[0], {rows, out_f}), w2s, o::reshape(pre_s, {rows, hidden}));
+          auto [gx_, gw_, gb_] = o::linear_backward(ctx.saved(0), o::reshape(dpre, pre_s.sizes()),
+                                                    ctx.saved(1), {nx, nw1, nb1});
+          gx = gx_;
+          gw1 = gw_;
+          gb1 = gb_;
+        }
+        return {gx, gw1, gb1, gw2, gb2};
+      });
+  return out;
+}
+
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx, CallSite site) {
   memory::CallSiteScope call_site(site);
   const int64_t V = weight.dim() == 2 ? weight.size(0) : 0;

@@ -21,6 +21,18 @@ Tensor bmm(const Tensor& a, const Tensor& b, CallSite site = CallSite::current()
 // or undefined -> [..., out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               CallSite site = CallSite::current());
+// A GELU(tanh) MLP as one autograd node: linear(gelu(linear(x, fc_weight, fc_bias),
+// approximate="tanh"), proj_weight, proj_bias), x [..., in] -> [..., out] (biases optional;
+// autocast casts the five as linear does). Forward is ops::linear_gelu then ops::linear; it
+// saves x, fc_weight, the GELU's input and output and proj_weight (what the three separate
+// ops would save), before the second product, so a checkpoint recompute stops there.
+// Backward computes the GELU's gradient inside the product that makes its
+// output's gradient (ops::mm_dgelu), so the [..., hidden] gradient of the GELU's output is
+// never made: on CUDA the GELU's forward and backward both run in cuBLASLt epilogues. The
+// values are those of the three ops to rounding. Errors: as linear's.
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
+                          const Tensor& proj_weight, const Tensor& proj_bias,
+                          CallSite site = CallSite::current());
 // Rows of weight [V, D] picked by int64 (or int32) indices of any shape -> [..., D].
 // padding_idx in [0, V): that row receives no gradient; -1 (the default) means none. An
 // index outside [0, V) throws std::out_of_range. Saves only the indices for backward.

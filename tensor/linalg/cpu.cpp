@@ -173,6 +173,10 @@ void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Ten
 const LinalgKernels linalg_kernels{
     .matmul = &matmul,
     .linear = &linear,
+    .linear_gelu = [](const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                      const Tensor&) { return false; },
+    .matmul_dgelu = [](const Tensor&, const Tensor&, const Tensor&,
+                       const Tensor&) { return false; },
     .embedding = &embedding,
     .embedding_backward = &embedding_backward,
 };

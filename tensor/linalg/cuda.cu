@@ -216,6 +216,8 @@ void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Ten
 const LinalgKernels linalg_kernels{
     .matmul = &matmul,
     .linear = &linear,
+    .linear_gelu = &linear_gelu,
+    .matmul_dgelu = &matmul_dgelu,
     .embedding = &embedding,
     .embedding_backward = &embedding_backward,
 };

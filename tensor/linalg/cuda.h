@@ -27,6 +27,8 @@ struct MatmulStats {
   uint64_t bias_epilogue = 0;      // linear calls done with CUBLASLT_EPILOGUE_BIAS
   uint64_t bias_fallback = 0;      // linear calls done as bias copy + accumulate
   uint64_t classic_calls = 0;      // products cuBLASLt had no algorithm for (classic cuBLAS)
+  uint64_t gelu_epilogue = 0;      // linear_gelu / mm_dgelu calls done with a GELU epilogue
+  uint64_t gelu_fallback = 0;      // those done as the product and a separate GELU kernel
 };
 MatmulStats matmul_stats();
 

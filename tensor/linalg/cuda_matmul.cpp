@@ -25,7 +25,8 @@ namespace tally::cuda {
 
 namespace {
 
-std::atomic<uint64_t> g_bias_epilogue{0}, g_bias_fallback{0};
+std::atomic<uint64_t> g_bias_epilogue{0}, g_bias_fallback{0}, g_gelu_epilogue{0},
+    g_gelu_fallback{0};
 
 // cuBLASLt's workspace for one product: scratch from the caching allocator on Tally's stream
 // (alloc_scratch_bytes: tagged `workspace` and, through the enclosing DispatchScope, with the
@@ -196,6 +197,63 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& 
   matmul(out, x, wt, /*accumulate=*/true);
 }
 
+namespace {
+
+// One product with a GELU epilogue (linear_gelu: act gelu_aux, aux = pre; matmul_dgelu: act
+// dgelu, aux = the GELU's input), or false where it does not apply: 16-bit or float32 (cuBLASLt
+// has no float64 epilogue), N a multiple of 8 (the aux leading dimension), PyTorch's limits of
+// the bias epilogue on the dimensions, a dense bias, and an algorithm for the problem.
+bool gelu_gemm(const char* kernel, blas::Gemm::Act act, const Tensor& out, const Tensor& aux,
+               const Tensor& x, const Tensor& b, const Tensor& bias) {
+  const char* op = current_op_name();
+  NvtxRange range(kernel);
+  const int device = out.device().index;
+  DeviceGuard guard(device);
+  const int64_t M = out.size(0), N = out.size(1), K = x.size(1);
+  if (x.dtype() != out.dtype() || b.dtype() != out.dtype() || aux.dtype() != out.dtype() ||
+      (bias.defined() && bias.dtype() != out.dtype()))
+    throw std::logic_error(fmt::format("{} (CUDA): dtypes differ: {}, {}, {}, output {}", op,
+                                       dtype_name(x.dtype()), dtype_name(b.dtype()),
+                                       dtype_name(aux.dtype()), dtype_name(out.dtype())));
+  constexpr int64_t kMaxDim = 65535LL * 32;
+  const bool applies = out.dtype() != DType::float64 && N % 8 == 0 && M > 1 && N > 1 && K > 1 &&
+                       M < kMaxDim && N < kMaxDim && K < kMaxDim &&
+                       (!bias.defined() || bias.stride(0) == 1) && out.is_contiguous() &&
+                       aux.is_contiguous();
+  if (!applies) {
+    ++g_gelu_fallback;
+    return false;
+  }
+  const Operand ox = ops::gemm_operand(x, {}, "matmul kernel (CUDA)", "a");
+  const Operand ob = ops::gemm_operand(b, {}, "matmul kernel (CUDA)", "b");
+  blas::Gemm g = make_gemm(out.dtype(), out.dtype(), ox, ob, M, N, K, N, false);
+  g.a = b.data_ptr();
+  g.b = x.data_ptr();
+  g.d = out.data_ptr();
+  g.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  g.act = act;
+  g.aux = aux.data_ptr();
+  g.ldaux = N;
+  const Storage ws = workspace(device);
+  if (blas::gemm(device, g, ws.data(), ws.nbytes(), op) != CUBLAS_STATUS_SUCCESS) {
+    ++g_gelu_fallback;
+    return false;
+  }
+  ++g_gelu_epilogue;
+  return true;
+}
+
+}  // namespace
+
+bool linear_gelu(const Tensor& out, const Tensor& pre, const Tensor& x, const Tensor& wt,
+                 const Tensor& bias) {
+  return gelu_gemm("linear_gelu (cuBLASLt)", blas::Gemm::Act::gelu_aux, out, pre, x, wt, bias);
+}
+
+bool matmul_dgelu(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre) {
+  return gelu_gemm("mm_dgelu (cuBLASLt)", blas::Gemm::Act::dgelu, out, pre, a, b, Tensor());
+}
+
 MatmulStats matmul_stats() {
   MatmulStats s;
   s.lt_calls = blas::lt_calls();
@@ -203,6 +261,8 @@ MatmulStats matmul_stats() {
   s.bias_epilogue = g_bias_epilogue.load();
   s.bias_fallback = g_bias_fallback.load();
   s.classic_calls = blas::classic_calls();
+  s.gelu_epilogue = g_gelu_epilogue.load();
+  s.gelu_fallback = g_gelu_fallback.load();
   return s;
 }
 

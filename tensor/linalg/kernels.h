@@ -45,6 +45,20 @@ struct LinalgKernels {
   // writes the bias into out and accumulates the product onto it (the CPU path's arithmetic).
   void (*linear)(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& bias);
 
+  // The GELU(tanh) epilogues of ops::linear_gelu and ops::mm_dgelu. Each returns false, having
+  // written nothing, where the backend has no fused kernel for the problem; the raw op then
+  // runs the family's product and the elementwise family's GELU kernel one after the other.
+  // All matrices are 2-D and of out's dtype, out and pre contiguous, the operands BLAS-readable.
+  //   linear_gelu:  pre [M, N] = x [M, K] @ wt [K, N] (+ bias [N] when defined) and
+  //                 out [M, N] = gelu_tanh(pre);
+  //   matmul_dgelu: out [M, N] = (a [M, K] @ b [K, N]) * gelu_tanh'(pre [M, N]).
+  // CPU: none (false). CUDA: cuBLASLt's CUBLASLT_EPILOGUE_GELU_AUX[_BIAS] / _DGELU for
+  // float16/bfloat16/float32 when N is a multiple of 8, M, N, K > 1 and cuBLASLt has an
+  // algorithm; false otherwise.
+  bool (*linear_gelu)(const Tensor& out, const Tensor& pre, const Tensor& x, const Tensor& wt,
+                      const Tensor& bias);
+  bool (*matmul_dgelu)(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre);
+
   // out [N..., D] (contiguous) <- weight[indices[...], :]; weight any layout and dtype,
   // indices int64/int32 in any layout.
   // CPU: throws std::out_of_range for an index outside [0, V).

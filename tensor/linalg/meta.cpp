@@ -4,6 +4,7 @@
 // cuBLASLt workspace per product (tensor/linalg/cuda_matmul.cpp; the linear layer's bias epilogue
 // is taken to apply). Each product costs 2 M N K FLOPs (tensor/meta/target.h: cost). ops::mm_out's
 // output (a padded view, say) is the caller's: as on both backends, nothing is allocated for it.
+// linear_gelu / mm_dgelu: CUDA's GELU epilogue where it applies (one workspace), else false.
 #include "tensor/linalg/kernels.h"
 #include "tensor/meta/target.h"
 
@@ -37,9 +38,39 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& 
   matmul(out, x, wt, /*accumulate=*/true);
 }
 
+// The GELU epilogues: fused where CUDA's would be (tensor/linalg/cuda_matmul.cpp: gelu_gemm's
+// conditions, an algorithm taken to exist), one workspace; otherwise false, and the raw op
+// replays the product and the GELU kernel.
+bool gelu_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& c,
+               const Tensor& d) {
+  const int64_t M = out.size(0), N = out.size(1), K = a.size(1);
+  constexpr int64_t kMaxDim = 65535LL * 32;
+  if (!replays_cuda(out) || out.dtype() == DType::float64 || N % 8 != 0 || M <= 1 || N <= 1 ||
+      K <= 1 || M >= kMaxDim || N >= kMaxDim || K >= kMaxDim)
+    return false;
+  cost(out, 2.0 * static_cast<double>(out.numel()) * static_cast<double>(K),
+       tensor_bytes(out, a, b, c, d));
+  matmul_workspace(out);
+  return true;
+}
+
+bool linear_gelu(const Tensor& out, const Tensor& pre, const Tensor& x, const Tensor& wt,
+                 const Tensor& bias) {
+  if (bias.defined() && bias.stride(0) != 1) return false;
+  return gelu_gemm(out, x, pre, wt, bias);
+}
+
+bool matmul_dgelu(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre) {
+  return gelu_gemm(out, a, b, pre, Tensor());
+}
+
 }  // namespace
 
-const LinalgKernels linalg_kernels{
-    .matmul = &matmul, .linear = &linear, .embedding = nothing, .embedding_backward = nothing};
+const LinalgKernels linalg_kernels{.matmul = &matmul,
+                                   .linear = &linear,
+                                   .linear_gelu = &linear_gelu,
+                                   .matmul_dgelu = &matmul_dgelu,
+                                   .embedding = nothing,
+                                   .embedding_backward = nothing};
 
 }  // namespace tally::meta

@@ -11,6 +11,7 @@
 
 #include "memory/checked.h"
 #include "tensor/dispatch.h"
+#include "tensor/elementwise/kernels.h"
 #include "tensor/linalg/kernels.h"
 #include "tensor/op_alloc.h"
 
@@ -211,24 +212,29 @@ void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
                                                                 accumulate);
 }
 
+namespace {
+// linear's (and linear_gelu's) argument checks, naming `op`.
+void check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_matrix(op, weight, "[out_features, in_features]");
+  if (x.dim() == 0 || x.size(-1) != weight.size(1))
+    throw std::invalid_argument(fmt::format("{}: input {} has {} features but weight {} expects {}",
+                                            op, x.shape_string(), x.dim() ? x.size(-1) : 0,
+                                            weight.shape_string(), weight.size(1)));
+  check_pair(op, x, weight);
+  if (bias.defined()) {
+    if (bias.dim() != 1 || bias.size(0) != weight.size(0))
+      throw std::invalid_argument(fmt::format("{}: bias must have shape [{}] for weight {}, got {}",
+                                              op, weight.size(0), weight.shape_string(),
+                                              bias.shape_string()));
+    check_pair(op, x, bias);
+  }
+}
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   static const OpInfo info("linear");
-  check_matrix(info.name, weight, "[out_features, in_features]");
-  if (x.dim() == 0 || x.size(-1) != weight.size(1))
-    throw std::invalid_argument(fmt::format(
-        "linear: input {} has {} features but weight {} "
-        "expects {}",
-        x.shape_string(), x.dim() ? x.size(-1) : 0, weight.shape_string(), weight.size(1)));
-  check_pair(info.name, x, weight);
+  check_linear(info.name, x, weight, bias);
   const int64_t in = weight.size(1), out_f = weight.size(0);
-  if (bias.defined()) {
-    if (bias.dim() != 1 || bias.size(0) != out_f)
-      throw std::invalid_argument(
-          fmt::format("linear: bias must have shape [{}] for weight {}, "
-                      "got {}",
-                      out_f, weight.shape_string(), bias.shape_string()));
-    check_pair(info.name, x, bias);
-  }
   DispatchScope scope(info, x, weight, bias);
   Shape shape(x.sizes().begin(), x.sizes().end() - 1);  // leading dims
   const int64_t rows = shape_numel(shape);
@@ -242,6 +248,58 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         out, blas_ready(x2), blas_ready(transpose(weight, 0, 1)), false);
   shape.push_back(out_f);
   return view(out, shape);
+}
+
+std::pair<Tensor, Tensor> linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  static const OpInfo info("linear_gelu");
+  check_linear(info.name, x, weight, bias);
+  const int64_t in = weight.size(1), out_f = weight.size(0);
+  DispatchScope scope(info, x, weight, bias);
+  Shape shape(x.sizes().begin(), x.sizes().end() - 1);  // leading dims
+  const int64_t rows = shape_numel(shape);
+  const Tensor x2 = blas_ready(x.dim() == 2 ? x : reshape(x, {rows, in}));
+  const Tensor wt = blas_ready(transpose(weight, 0, 1));
+  // The GELU's input first, then its output: the order linear and gelu allocate them in.
+  Tensor pre = alloc_output({rows, out_f}, x.dtype(), x.device());
+  Tensor out = alloc_output({rows, out_f}, x.dtype(), x.device());
+  if (!linalg_backends.get(info, x.device(), &LinalgKernels::linear_gelu)(out, pre, x2, wt, bias)) {
+    if (bias.defined())
+      linalg_backends.get(info, x.device(), &LinalgKernels::linear)(pre, x2, wt, bias);
+    else
+      linalg_backends.get(info, x.device(), &LinalgKernels::matmul)(pre, x2, wt, false);
+    elementwise_backends.get(info, x.device(), &ElementwiseKernels::unary)(UnaryOp::gelu_tanh, out,
+                                                                           pre);
+  }
+  shape.push_back(out_f);
+  return {view(out, shape), view(pre, shape)};
+}
+
+Tensor mm_dgelu(const Tensor& a, const Tensor& b, const Tensor& pre) {
+  static const OpInfo info("mm_dgelu");
+  if (!a.defined() || !b.defined() || !pre.defined())
+    throw std::invalid_argument("mm_dgelu: a, b and pre must all be defined");
+  if (a.dim() != 2 || b.dim() != 2 || pre.dim() != 2)
+    throw std::invalid_argument(
+        fmt::format("mm_dgelu: expected 2-D a, b and pre, got shapes {}, {} and {}",
+                    a.shape_string(), b.shape_string(), pre.shape_string()));
+  check_pair(info.name, a, b);
+  check_pair(info.name, a, pre);
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  if (b.size(0) != K || pre.size(0) != M || pre.size(1) != N)
+    throw std::invalid_argument(
+        fmt::format("mm_dgelu: a {} @ b {} does not fit pre {} (expected [{}, K] @ [K, {}] and "
+                    "pre [{}, {}])",
+                    a.shape_string(), b.shape_string(), pre.shape_string(), M, N, M, N));
+  DispatchScope scope(info, a, b, pre);
+  const Tensor pc = pre.is_contiguous() ? pre : contiguous(pre);
+  const Tensor ar = blas_ready(a), br = blas_ready(b);
+  Tensor out = alloc_output({M, N}, a.dtype(), a.device());
+  if (!linalg_backends.get(info, a.device(), &LinalgKernels::matmul_dgelu)(out, ar, br, pc)) {
+    linalg_backends.get(info, a.device(), &LinalgKernels::matmul)(out, ar, br, false);
+    elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary)(
+        BinaryOp::gelu_tanh_backward, out, out, pc);
+  }
+  return out;
 }
 
 std::tuple<Tensor, Tensor, Tensor> linear_backward(const Tensor& input, const Tensor& grad_output,

@@ -11,6 +11,7 @@
 #include <array>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tensor/ops.h"
@@ -41,6 +42,23 @@ void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
 // y = x W^T + b: x [..., in] (any number of leading dims, 1-D allowed), weight [out, in],
 // bias [out] or undefined -> [..., out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// The first half of a GELU MLP, fused: pre = x W^T + b (linear's shapes and checks; bias
+// optional) and out = gelu(pre, approximate="tanh"), returned as {out, pre} (pre is what the
+// GELU's backward needs). On CUDA the GELU runs in the product's epilogue (cuBLASLt's
+// CUBLASLT_EPILOGUE_GELU_AUX_BIAS: one kernel writes both; float16/bfloat16/float32 with
+// out_features a multiple of 8); elsewhere, and where the epilogue does not apply, the product
+// and then the GELU kernel. pre is allocated first, then out. Errors as linear's, naming
+// linear_gelu.
+std::pair<Tensor, Tensor> linear_gelu(const Tensor& x, const Tensor& weight,
+                                      const Tensor& bias = Tensor());
+// The GELU's backward fused into the product that produces its output's gradient:
+// (a @ b) * gelu'(pre) with gelu the tanh approximation, a [M, K], b [K, N], pre [M, N] (the
+// GELU's input; any layout) -> [M, N]. On CUDA one cuBLASLt GEMM with CUBLASLT_EPILOGUE_DGELU
+// (under linear_gelu's conditions); elsewhere the product, then the GELU's backward in place.
+// Errors (std::invalid_argument naming mm_dgelu and the shapes): operands not 2-D, shapes that
+// do not fit, dtypes, devices.
+Tensor mm_dgelu(const Tensor& a, const Tensor& b, const Tensor& pre);
 
 // PyTorch's aten::linear_backward: the gradients of y = linear(input, weight, bias) given
 // grad_output (y's shape: input [..., in], weight [out, in], grad_output [..., out]), as

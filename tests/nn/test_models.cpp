@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "autograd/autocast.h"
@@ -136,6 +137,60 @@ TEST(GPT, PaddedClassifierMatchesUnpadded) {
       scale = std::max(scale, std::abs(b[k]));
     }
     EXPECT_LE(err, 2e-2 * scale) << pp[i].first;
+  }
+}
+
+// GPTConfig::fused_mlp: each MLP as one LinearGeluLinearBackward node gives the loss and every
+// gradient of c_fc -> gelu -> c_proj as three modules, in float32 and under bf16 autocast; a
+// module checkpointed on its own turns the fusion off for its MLP.
+TEST(GPT, FusedMlpMatchesTheThreeModules) {
+  manual_seed(5);
+  GPTConfig cfg = GPTConfig::preset("tiny");
+  cfg.vocab_size = 96;
+  GPT fused(cfg);
+  cfg.fused_mlp = false;
+  GPT three(cfg);
+  three.load_state_dict(fused.state_dict());
+  Generator g(6);
+  const Tensor idx = ops::randint(0, 96, {2, 16}, DType::int64, Device::cpu(), &g);
+  const Tensor tgt = ops::randint(0, 96, {2, 16}, DType::int64, Device::cpu(), &g);
+  Tensor h = ops::randn({2, 16, cfg.n_embd});
+  h.requires_grad_();
+  auto& mlp = *std::dynamic_pointer_cast<Block>((*fused.transformer->h)[0])->mlp;
+  EXPECT_EQ(mlp(h).autograd_meta()->grad_fn->name(), "LinearGeluLinearBackward");
+  auto& mlp3 = *std::dynamic_pointer_cast<Block>((*three.transformer->h)[0])->mlp;
+  EXPECT_EQ(mlp3(h).autograd_meta()->grad_fn->name(), "LinearBackward");
+  mlp.c_fc->set_checkpoint(true);
+  EXPECT_EQ(mlp(h).autograd_meta()->grad_fn->name(), "LinearBackward");
+  mlp.c_fc->set_checkpoint(false);
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 autocast" : "float32");
+    fused.zero_grad();
+    three.zero_grad();
+    Tensor loss_f, loss_t;
+    {
+      std::optional<AutocastGuard> autocast;
+      if (bf16) autocast.emplace(DeviceType::cpu, DType::bfloat16);
+      loss_f = fused(idx, tgt).second;
+      loss_t = three(idx, tgt).second;
+    }
+    const double tol = bf16 ? 1e-2 : 1e-5;
+    EXPECT_NEAR(loss_f.item(), loss_t.item(), tol * std::abs(loss_t.item()));
+    loss_f.backward();
+    loss_t.backward();
+    const auto pf = fused.named_parameters(), pt = three.named_parameters();
+    ASSERT_EQ(pf.size(), pt.size());
+    for (size_t i = 0; i < pf.size(); ++i) {
+      ASSERT_TRUE(pf[i].second.grad().defined()) << pf[i].first;
+      const std::vector<double> a = ops::to_vector(pf[i].second.grad()),
+                                b = ops::to_vector(pt[i].second.grad());
+      double err = 0, scale = 0;
+      for (size_t k = 0; k < a.size(); ++k) {
+        err = std::max(err, std::abs(a[k] - b[k]));
+        scale = std::max(scale, std::abs(b[k]));
+      }
+      EXPECT_LE(err, (bf16 ? 3e-2 : 1e-5) * scale) << pf[i].first;
+    }
   }
 }
 

@@ -30,6 +30,7 @@
 #include <string>
 
 #include "autograd/node.h"
+#include "autograd/ops.h"
 #include "tensor/linalg/autograd.h"
 #include "tensor/linalg/kernels.h"
 #include "testing/cuda_testing.h"
@@ -371,6 +372,102 @@ std::vector<bool> saved_defined(const Tensor& t) {
   std::vector<bool> out;
   for (const SavedTensor* s : node_of(t)->saved_tensors()) out.push_back(s->defined());
   return out;
+}
+
+// linear(gelu(linear(x, w1, b1), "tanh"), w2, b2), three ops: the fused node's reference.
+Tensor mlp_composite(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                     const Tensor& b2) {
+  return linear(gelu(linear(x, w1, b1), "tanh"), w2, b2);
+}
+
+TEST_P(Linalg, LinearGeluLinearIsTheThreeOps) {
+  const Tensor x = put(rand_input({2, 3, 4}, -2, 2, 41)), w1 = put(rand_input({6, 4}, -1, 1, 42));
+  const Tensor b1 = put(rand_input({6}, -1, 1, 43)), w2 = put(rand_input({5, 6}, -1, 1, 44));
+  const Tensor b2 = put(rand_input({5}, -1, 1, 45));
+  const Tensor y = linear_gelu_linear(x, w1, b1, w2, b2);
+  EXPECT_EQ(y.sizes(), (Shape{2, 3, 5}));
+  EXPECT_TRUE(values_near(y, ops::to_vector(mlp_composite(x, w1, b1, w2, b2)), 1e-12));
+  // The raw ops: {gelu(pre), pre}, and the GELU's backward inside a product.
+  auto [h, pre] = ops::linear_gelu(x, w1, b1);
+  EXPECT_EQ(h.sizes(), (Shape{2, 3, 6}));
+  EXPECT_TRUE(values_near(pre, ops::to_vector(ops::linear(x, w1, b1)), 1e-12));
+  EXPECT_TRUE(values_near(h, ops::to_vector(ops::unary(ops::UnaryOp::gelu_tanh, pre)), 1e-12));
+  auto [h0, pre0] = ops::linear_gelu(x, w1);  // no bias
+  EXPECT_TRUE(values_near(pre0, ops::to_vector(ops::linear(x, w1)), 1e-12));
+  const Tensor g = put(rand_input({6, 5}, -1, 1, 46));
+  const Tensor p2 = ops::reshape(pre, {6, 6});
+  const Tensor dp = ops::mm_dgelu(g, w2, p2);
+  EXPECT_TRUE(values_near(
+      dp, ops::to_vector(ops::binary(ops::BinaryOp::gelu_tanh_backward, ops::mm(g, w2), p2)),
+      1e-12));
+  // pre in any layout.
+  const Tensor p2t = ops::transpose(ops::contiguous(ops::transpose(p2, 0, 1)), 0, 1);
+  EXPECT_TRUE(values_near(ops::mm_dgelu(g, w2, p2t), ops::to_vector(dp), 1e-12));
+  // One node, saving x, w1, the GELU's input and output, and w2.
+  const Tensor xl = leaf(rand_input({3, 4}, -1, 1, 47));
+  const Tensor yl = linear_gelu_linear(xl, w1, b1, w2, b2);
+  EXPECT_EQ(node_of(yl)->name(), "LinearGeluLinearBackward");
+  EXPECT_EQ(saved_defined(yl), (std::vector<bool>(5, true)));
+}
+
+TEST_P(Linalg, LinearGeluLinearGradients) {
+  const Fn mlp = [](const TensorList& t) {
+    return linear_gelu_linear(t[0], t[1], t[2], t[3], t[4]);
+  };
+  const Tensor x = rand_input({2, 3, 4}, -2, 2, 51), w1 = rand_input({6, 4}, -1, 1, 52);
+  const Tensor b1 = rand_input({6}, -1, 1, 53), w2 = rand_input({5, 6}, -1, 1, 54);
+  const Tensor b2 = rand_input({5}, -1, 1, 55);
+  const std::vector<GradCase> cases = {
+      {"3-D input with biases", mlp, {x, w1, b1, w2, b2}},
+      {"no biases",
+       [](const TensorList& t) { return linear_gelu_linear(t[0], t[1], Tensor(), t[2], Tensor()); },
+       {x, w1, w2}},
+      {"1-D input", mlp, {rand_input({4}, -2, 2, 56), w1, b1, w2, b2}},
+      {"non-contiguous input",
+       [](const TensorList& t) { return linear_gelu_linear(rev(t[0]), t[1], t[2], t[3], t[4]); },
+       {noncontig_leaf({3, 4}, 57), w1, b1, w2, b2}},
+      // Only the second layer's weight needs a gradient: no d(pre) is made.
+      {"proj weight only",
+       [=](const TensorList& t) {
+         return linear_gelu_linear(put(x), put(w1), put(b1), t[0], put(b2));
+       },
+       {w2}},
+      {"input only",
+       [=](const TensorList& t) {
+         return linear_gelu_linear(t[0], put(w1), put(b1), put(w2), put(b2));
+       },
+       {x}},
+  };
+  for (const GradCase& c : cases) EXPECT_TRUE(gradcheck_on(dev(), c.fn, c.inputs)) << c.what;
+}
+
+TEST_P(Linalg, LinearGeluLinearErrors) {
+  const Tensor x = put(rand_input({3, 4})), w1 = put(rand_input({6, 4}));
+  const Tensor w2 = put(rand_input({5, 7}));
+  expect_error<std::invalid_argument>(
+      [&] { linear_gelu_linear(x, w1, Tensor(), w2, Tensor()); },
+      {"linear_gelu_linear: fc_weight [6, 4] makes 6 features but proj_weight [5, 7] expects 7"});
+  expect_error<std::invalid_argument>(
+      [&] {
+        linear_gelu_linear(put(rand_input({3, 5})), w1, Tensor(), put(rand_input({5, 6})),
+                           Tensor());
+      },
+      {"linear_gelu: input [3, 5] has 5 features but weight [6, 4] expects 4"});
+  expect_error<std::invalid_argument>([&] { ops::linear_gelu(x, w1, put(rand_input({5}))); },
+                                      {"linear_gelu: bias must have shape [6]"});
+  const Tensor a = put(rand_input({3, 5})), b = put(rand_input({5, 6}));
+  expect_error<std::invalid_argument>(
+      [&] {
+        ops::mm_dgelu(a, b, put(rand_input({3, 5})));
+      },
+      {"mm_dgelu: a [3, 5] @ b [5, 6] does not fit pre [3, 5]"});
+  expect_error<std::invalid_argument>([&] { ops::mm_dgelu(a, b, put(rand_input({18}))); },
+                                      {"mm_dgelu: expected 2-D"});
+  expect_error<std::invalid_argument>(
+      [&] {
+        ops::mm_dgelu(a, b, ops::to(put(rand_input({3, 6})), kF32));
+      },
+      {"mm_dgelu", "dtype"});
 }
 
 TEST_P(Linalg, SavesOnlyWhatThePartnerNeeds) {
@@ -1014,6 +1111,41 @@ TEST_P(LinalgVsCpu, LinearUsesTheBiasEpilogue) {
   const uint64_t queries = cuda::matmul_stats().heuristic_queries;
   (void)ops::mm(p.gpu, q.gpu);
   EXPECT_EQ(cuda::matmul_stats().heuristic_queries, queries);
+}
+
+// linear_gelu_linear's GELU epilogues (cuBLASLt GELU_AUX_BIAS forward, DGELU backward) against
+// the three ops in float64 on the CPU, and where they do not apply (float64, a hidden size not
+// a multiple of 8, no algorithm): the product and the GELU kernel.
+TEST_P(LinalgVsCpu, GeluEpiloguesMatchTheCpu) {
+  const Fn mlp = [](const TensorList& t) {
+    return linear_gelu_linear(t[0], t[1], t[2], t[3], t[4]);
+  };
+  const Fn three = [](const TensorList& t) { return mlp_composite(t[0], t[1], t[2], t[3], t[4]); };
+  for (DType d : {kF32, kF16, kBF16, kF64}) {
+    for (int64_t hidden : {128, 100}) {
+      const double tol = d == kF16 || d == kBF16 ? 3e-2 : product_tol(d, hidden);
+      const cuda::MatmulStats before = cuda::matmul_stats();
+      check_grads(fmt::format("fused, hidden {}", hidden), mlp,
+                  {{2, 40, 96}, {hidden, 96}, {hidden}, {48, hidden}, {48}}, d, tol, 900);
+      const cuda::MatmulStats after = cuda::matmul_stats();
+      const bool fused = d != kF64 && hidden % 8 == 0;
+      SCOPED_TRACE(fmt::format("{} hidden {}", dname(d), hidden));
+      EXPECT_EQ(after.gelu_epilogue - before.gelu_epilogue, fused ? 2u : 0u);
+      EXPECT_EQ(after.gelu_fallback - before.gelu_fallback, fused ? 0u : 2u);
+      // The same gradients as the three ops' on this device.
+      if (d != kF64)
+        check_grads("three ops", three, {{2, 40, 96}, {hidden, 96}, {hidden}, {48, hidden}, {48}},
+                    d, tol, 900);
+    }
+  }
+  // No cuBLASLt algorithm: the product (classic cuBLAS) and the GELU kernels.
+  cuda::set_force_cublas_fallback(true);
+  const cuda::MatmulStats before = cuda::matmul_stats();
+  check_grads("forced fallback", mlp, {{64, 96}, {128, 96}, {128}, {48, 128}, {48}}, kBF16, 3e-2,
+              901);
+  cuda::set_force_cublas_fallback(false);
+  EXPECT_EQ(cuda::matmul_stats().gelu_fallback - before.gelu_fallback, 2u);
+  EXPECT_EQ(cuda::matmul_stats().gelu_epilogue, before.gelu_epilogue);
 }
 
 // Every product through the fallbacks (classic cuBLAS, the bias kernel), as happens when
