@@ -3,12 +3,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "autograd/node.h"
 #include "memory/context.h"
+#include "tensor/ops.h"
 
 namespace tally {
 namespace {
@@ -161,6 +164,60 @@ Tensor cast(const char* /*op*/, const Tensor& t, CastPolicy policy, Device devic
   if (policy == CastPolicy::lower_precision_fp && cacheable(t, target))
     return cached_cast(t, target);
   return t.to(target);
+}
+
+void cache_casts(const TensorList& params, const std::vector<std::string>& module_names) {
+  if (!module_names.empty() && module_names.size() != params.size())
+    throw std::invalid_argument(fmt::format(
+        "autocast::cache_casts: {} module names for {} tensors (give one each, or none)",
+        module_names.size(), params.size()));
+  // What each lower-precision op's cached_cast would make and does not have yet, grouped by
+  // (device, target dtype): one multi-tensor copy per group.
+  struct Group {
+    Device device;
+    DType target;
+    TensorList src, dst;
+  };
+  std::vector<Group> groups;
+  std::unordered_set<const TensorImpl*> seen;  // a tied weight listed twice is cast once
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    if (!p.defined() || !is_active(p.device())) continue;
+    const DType target = tls.state.dtype[device_slot(p.device().type)];
+    if (!cacheable(p, target) || !seen.insert(p.unsafe_impl()).second) continue;
+    const auto& cache = tls.cache[dtype_slot(target)];
+    const auto it = cache.find(p.unsafe_impl());
+    if (it != cache.end() && it->second.version == p.storage().version() &&
+        (!GradMode::is_enabled() || it->second.cast.requires_grad()))
+      continue;  // cached_cast would reuse it
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) {
+      return x.device == p.device() && x.target == target;
+    });
+    if (g == groups.end()) g = groups.insert(groups.end(), Group{p.device(), target, {}, {}});
+    // Allocated as the lazy cast would be: category autocast_cache, op "to", in the module
+    // whose op would have cast it.
+    memory::ModuleScope module(module_names.empty() ? std::string_view() : module_names[i]);
+    memory::CategoryScope category(memory::Category::autocast_cache);
+    memory::OpScope op("to");
+    g->src.push_back(p);
+    g->dst.push_back(ops::empty(p.sizes(), target, p.device()));
+  }
+  for (Group& g : groups) {
+    ops::foreach_copy_(g.dst, g.src);
+    auto& cache = tls.cache[dtype_slot(g.target)];
+    for (size_t i = 0; i < g.src.size(); ++i) {
+      const Tensor& p = g.src[i];
+      // The graph of p.to(target): ToCopyBackward, the gradient back in p's dtype.
+      autograd::record("ToCopyBackward", {p}, {g.dst[i]}, {},
+                       [d = p.device(), t = p.dtype()](autograd::BackwardContext&,
+                                                       const TensorList& grad) -> TensorList {
+                         return {ops::to(grad[0], d, t)};
+                       });
+      if (cache.find(p.unsafe_impl()) == cache.end())
+        tls.order[dtype_slot(g.target)].push_back(p.unsafe_impl());
+      cache[p.unsafe_impl()] = CacheEntry{p, p.storage().version(), g.dst[i]};
+    }
+  }
 }
 
 }  // namespace autocast

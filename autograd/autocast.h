@@ -38,6 +38,8 @@
 
 #include <array>
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "memory/scope_guard.h"
 #include "tensor/tensor.h"
@@ -104,6 +106,18 @@ enum class CastPolicy { lower_precision_fp, fp32 };
 
 // `t` as the policy wants it for an op on `device` (t itself when nothing changes).
 Tensor cast(const char* op, const Tensor& t, CastPolicy policy, Device device);
+
+// Fills the weight cache now, as the lower-precision ops would fill it one cast at a time on
+// first use: every tensor of `params` that such an op would cast and cache (a leaf float32
+// tensor that requires grad, on a device where autocast is active, with the cache enabled)
+// and that is not cached yet is cast in one multi-tensor copy per device and dtype
+// (ops::foreach_copy_: one CUDA launch for up to 80 tensors) instead of one copy each. Each
+// cast is allocated as the lazy one would be (category autocast_cache, op "to") under
+// memory::ModuleScope(module_names[i]) (a path relative to the current module; no names: the
+// current module), and has the lazy cast's value and graph (ToCopyBackward). A model calls it
+// at the top of its forward with the weights of its Linear and Conv2d layers (nn/models);
+// nothing else changes. Does nothing outside an autocast region.
+void cache_casts(const TensorList& params, const std::vector<std::string>& module_names = {});
 
 namespace detail {
 template <typename... Ts>

@@ -10,10 +10,10 @@
 // The memory levers run when named with their model: "gpt:amp-bf16+offload",
 // "resnet:amp-bf16+sib" (tokens: offload = every block's activations to pinned host memory,
 // sib = step-in-backward, adamw8bit = GPT's optimizer with 8-bit moments, fusedce = GPT's
-// fused chunked classifier, unfusedmlp = GPT's MLP as three modules (GPTConfig::fused_mlp
-// off), v50257 = GPT's real vocabulary (nopad: its products not padded to a
-// multiple of 64), varyseq = GPT's sequence length
-// varying per step; graphs = the step captured into a CUDA graph and replayed, as
+// fused chunked classifier (chunk512: its chunks of 512 MiB, not 256), unfusedmlp = GPT's MLP as
+// three modules (GPTConfig::fused_mlp off), v50257 = GPT's real vocabulary (nopad: its products not
+// padded to a multiple of 64), varyseq = GPT's sequence length varying per step; graphs = the step
+// captured into a CUDA graph and replayed, as
 // --cuda-graphs does for every configuration; amp-bf16 / amp-fp16 as above). Each
 // line also carries the bytes of activation, gradient, optimizer_state and temporary at the
 // allocated peak. The analysis tools' cost (bench/analysis.py) runs the same way: hist = memory
@@ -207,6 +207,7 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
   nn::GPTConfig c = nn::GPTConfig::preset("gpt2");
   c.vocab_size = has(cfg, "v50257") ? 50257 : 50304;  // the baseline's padded vocabulary
   c.fused_classifier = has(cfg, "fusedce");
+  if (has(cfg, "chunk512")) c.fused_classifier_chunk_bytes = int64_t{512} << 20;
   c.fused_mlp = !has(cfg, "unfusedmlp");
   if (has(cfg, "nopad")) c.classifier_pad_multiple = 0;  // 50257's products unpadded
   auto model = std::make_shared<nn::GPT>(c);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "autograd/autocast.h"
 #include "nn/init.h"
 
 namespace tally::nn {
@@ -192,6 +193,32 @@ std::string AdaptiveAvgPool2d::extra_repr() const {
 Flatten::Flatten(int64_t s, int64_t e) : Module("Flatten"), start_dim(s), end_dim(e) {}
 Tensor Flatten::forward(const Tensor& x) {
   return x.flatten(start_dim, end_dim);
+}
+
+void cache_autocast_casts(const Module& root) {
+  // Autocast's state is per device type: no region open on any, nothing to walk.
+  if (!autocast::is_active(Device::cpu()) && !autocast::is_active(Device::cuda(0)) &&
+      !autocast::is_active(Device::meta()))
+    return;
+  TensorList params;
+  std::vector<std::string> names;
+  for (const auto& [name, m] : root.named_modules()) {
+    const Tensor *w = nullptr, *b = nullptr;
+    if (const auto* l = dynamic_cast<const Linear*>(m)) {
+      w = &l->weight;
+      b = &l->bias;
+    } else if (const auto* c = dynamic_cast<const Conv2d*>(m)) {
+      w = &c->weight;
+      b = &c->bias;
+    }
+    if (!w) continue;
+    for (const Tensor* t : {w, b}) {
+      if (!t->defined()) continue;
+      params.push_back(*t);
+      names.push_back(name);
+    }
+  }
+  autocast::cache_casts(params, names);
 }
 
 }  // namespace tally::nn

@@ -138,4 +138,11 @@ class Identity : public Module {
   Tensor forward(const Tensor& x) override { return x; }
 };
 
+// Under autocast, casts the weights and biases of every Linear and Conv2d in `root` (root
+// included) into autocast's weight cache now, in one multi-tensor copy
+// (autocast::cache_casts), each under its layer's module path, instead of one cast per layer
+// when the layer first runs: GPT and ResNet call it at the top of their forward. Outside an
+// autocast region it does nothing and walks nothing.
+void cache_autocast_casts(const Module& root);
+
 }  // namespace tally::nn

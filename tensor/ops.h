@@ -42,6 +42,14 @@ Tensor ones_like(const Tensor& t);
 // ---- copies and conversion ----
 // dst <- src, broadcasting src to dst's shape, converting dtype, across devices.
 void copy_(const Tensor& dst, const Tensor& src);
+// torch._foreach_copy_: dsts[i] <- srcs[i] for every i (converting dtype), as one pass: on
+// CUDA one launch for up to 80 contiguous float32/float16/bfloat16 pairs whose both sides are
+// 16-byte aligned (autocast's weight casts, autocast::cache_casts); any other pair is copied
+// as copy_ would. Each pair has one shape (no broadcasting); every tensor is on one device;
+// the dsts share one dtype and the srcs another; no dst overlaps its src. Errors
+// (std::invalid_argument naming _foreach_copy_, the pair and the shapes) before anything is
+// written.
+void foreach_copy_(const TensorList& dsts, const TensorList& srcs);
 void fill_(const Tensor& dst, double value);
 void zero_(const Tensor& dst);
 Tensor contiguous(const Tensor& t);  // returns t itself when already contiguous

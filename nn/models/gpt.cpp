@@ -165,6 +165,7 @@ std::pair<Tensor, Tensor> GPT::forward(const Tensor& idx, const Tensor& targets)
   if (targets.defined() && targets.sizes() != idx.sizes())
     throw std::invalid_argument(fmt::format("GPT: targets {} do not match idx {}",
                                             targets.shape_string(), idx.shape_string()));
+  cache_autocast_casts(*this);  // under autocast: every layer's weight cast in one launch
   Tensor x = (*transformer)(idx);
   if (config.fused_classifier && targets.defined()) {
     // lm_head's product and the loss in one op, under lm_head's scope as its call would be.

@@ -100,6 +100,8 @@ class GPT : public Module {
  public:
   // `gen`: the generator for the initialisation (null: the default generator).
   explicit GPT(const GPTConfig& cfg, Generator* gen = nullptr);
+  // Under autocast the Linear weights are cast at the top (nn::cache_autocast_casts: one
+  // multi-tensor launch, not one per layer).
   // logits [B, T, vocab] and, when targets [B, T] (int64) are given, the mean
   // cross-entropy over the targets that are not -1 (undefined otherwise). With
   // config.fused_classifier and targets: undefined logits and the loss from

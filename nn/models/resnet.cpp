@@ -152,6 +152,7 @@ Tensor run_stages_checkpointed(const std::vector<std::shared_ptr<Sequential>>& s
 }  // namespace
 
 Tensor ResNet::forward(const Tensor& x) {
+  cache_autocast_casts(*this);  // under autocast: every layer's weight cast in one launch
   Tensor y = (*maxpool)((*relu)((*bn1)((*conv1)(x))));
   if (checkpoint_segments > 0)
     y = run_stages_checkpointed({layer1, layer2, layer3, layer4}, checkpoint_segments, y);

@@ -86,6 +86,10 @@ void copy(const Tensor& dst, const Tensor& src) {
   });
 }
 
+void copy_many(const TensorList& dsts, const TensorList& srcs) {
+  for (size_t i = 0; i < dsts.size(); ++i) copy(dsts[i], srcs[i]);
+}
+
 void fill(const Tensor& dst, double value) {
   TALLY_DISPATCH_ALL(dst.dtype(), "fill_", [&] {
     const scalar_t v = convert<scalar_t, double>(value);

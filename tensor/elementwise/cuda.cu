@@ -170,6 +170,99 @@ struct FillOp {
   __device__ void operator()(const int64_t* o, int64_t) const { dst[o[0]] = value; }
 };
 
+// ---- copy_many: a list's float-family casts in one launch (autocast's weight casts). The
+// pairs travel in the kernel's parameters (__grid_constant__: read in place, never copied to
+// local memory), so there is no table to upload and a CUDA graph captures them as they are.
+// Block b copies chunk b - first[i] of pair i (kManyChunk elements, eight a thread step with
+// vector loads and stores; a chunk starts at a multiple of 8 elements, so 16-byte aligned
+// tensors stay aligned), the pair's last few elements one by one.
+constexpr int kManyMax = 80;
+constexpr int64_t kManyChunk = int64_t{vec::kThreads} * 8 * 4;
+struct ManyArgs {
+  const void* src[kManyMax];
+  void* dst[kManyMax];
+  int64_t numel[kManyMax];
+  int32_t first[kManyMax + 1];  // blocks before pair i; first[n] = the grid
+  int n;
+};
+
+template <typename D, typename S>
+__global__ void __launch_bounds__(vec::kThreads)
+    cast_many_kernel(const __grid_constant__ ManyArgs a) {
+  const int b = static_cast<int>(blockIdx.x);
+  int lo = 0, hi = a.n - 1;  // the last pair whose first block is <= b
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.first[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const S* src = static_cast<const S*>(a.src[lo]);
+  D* dst = static_cast<D*>(a.dst[lo]);
+  const int64_t begin = static_cast<int64_t>(b - a.first[lo]) * kManyChunk;
+  const int64_t end = std::min(begin + kManyChunk, a.numel[lo]);
+  const int64_t oct_end = begin + (end - begin) / 8 * 8;
+  for (int64_t e = begin + threadIdx.x * 8; e < oct_end; e += int64_t{vec::kThreads} * 8) {
+    const Oct<S> x = *reinterpret_cast<const Oct<S>*>(src + e);
+    Oct<D> y;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) y.v[k] = store<D>(static_cast<float>(load(x.v[k])));
+    *reinterpret_cast<Oct<D>*>(dst + e) = y;
+  }
+  for (int64_t e = oct_end + threadIdx.x; e < end; e += vec::kThreads)
+    dst[e] = store<D>(static_cast<float>(load(src[e])));
+}
+
+void copy(const Tensor& dst, const Tensor& src);
+
+void copy_many(const TensorList& dsts, const TensorList& srcs) {
+  if (dsts.empty()) return;
+  const auto batched = [](const Tensor& d, const Tensor& s) {
+    return is_float_family(d.dtype()) && is_float_family(s.dtype()) && d.is_cuda() && s.is_cuda() &&
+           d.device() == s.device() && d.is_contiguous() && s.is_contiguous() && d.numel() > 0 &&
+           reinterpret_cast<uintptr_t>(d.data_ptr()) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(s.data_ptr()) % 16 == 0;
+  };
+  std::vector<size_t> pairs;
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    if (batched(dsts[i], srcs[i]))
+      pairs.push_back(i);
+    else
+      copy(dsts[i], srcs[i]);
+  }
+  if (pairs.empty()) return;
+  NvtxRange range("_foreach_copy_");
+  const int dev = dsts[pairs[0]].device().index;
+  DeviceGuard g(dev);
+  with_float_family(dsts[pairs[0]].dtype(), [&]<typename D>() {
+    with_float_family(srcs[pairs[0]].dtype(), [&]<typename S>() {
+      ManyArgs a{};
+      const auto flush = [&] {
+        if (a.n == 0) return;
+        cast_many_kernel<D, S>
+            <<<static_cast<unsigned>(a.first[a.n]), vec::kThreads, 0, stream(dev)>>>(a);
+        check_launch("_foreach_copy_");
+        a = ManyArgs{};
+      };
+      for (size_t i : pairs) {
+        const int64_t blocks = (dsts[i].numel() + kManyChunk - 1) / kManyChunk;
+        if (a.n == kManyMax || a.first[a.n] + blocks > INT32_MAX) flush();
+        if (blocks > INT32_MAX) {  // one pair alone past the grid: its own copy
+          copy(dsts[i], srcs[i]);
+          continue;
+        }
+        a.src[a.n] = srcs[i].data_ptr();
+        a.dst[a.n] = dsts[i].data_ptr();
+        a.numel[a.n] = dsts[i].numel();
+        a.first[a.n + 1] = a.first[a.n] + static_cast<int32_t>(blocks);
+        ++a.n;
+      }
+      flush();
+    });
+  });
+}
+
 void copy(const Tensor& dst, const Tensor& src) {
   const bool dcuda = dst.is_cuda(), scuda = src.is_cuda();
   if (dcuda && scuda) {

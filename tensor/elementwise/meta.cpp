@@ -17,9 +17,14 @@ void copy(const Tensor& dst, const Tensor& src) {
     alloc_scratch(dst.numel(), dst.dtype(), dst.device());
 }
 
+void copy_many(const TensorList& dsts, const TensorList& srcs) {
+  for (size_t i = 0; i < dsts.size(); ++i) copy(dsts[i], srcs[i]);
+}
+
 }  // namespace
 
 const ElementwiseKernels elementwise_kernels{.copy = &copy,
+                                             .copy_many = &copy_many,
                                              .fill = nothing,
                                              .rand_uniform = nothing,
                                              .rand_normal = nothing,

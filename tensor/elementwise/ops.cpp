@@ -145,6 +145,38 @@ void copy_(const Tensor& dst, const Tensor& src) {
   dst.storage().bump_version();
 }
 
+void foreach_copy_(const TensorList& dsts, const TensorList& srcs) {
+  static const OpInfo info("_foreach_copy_");
+  const char* op = info.name;
+  if (dsts.size() != srcs.size())
+    throw std::invalid_argument(
+        fmt::format("{}: {} destinations for {} sources", op, dsts.size(), srcs.size()));
+  if (dsts.empty()) return;
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const Tensor &d = dsts[i], &s = srcs[i];
+    if (!d.defined() || !s.defined())
+      throw std::invalid_argument(fmt::format("{}: pair {} has an undefined tensor", op, i));
+    if (d.sizes() != s.sizes())
+      throw std::invalid_argument(fmt::format("{}: pair {}: destination {} and source {} differ",
+                                              op, i, d.shape_string(), s.shape_string()));
+    if (d.device() != dsts[0].device() || s.device() != dsts[0].device())
+      throw std::invalid_argument(fmt::format(
+          "{}: pair {}: destination on {} and source on {}, expected every tensor on {}", op, i,
+          d.device().str(), s.device().str(), dsts[0].device().str()));
+    if (d.dtype() != dsts[0].dtype() || s.dtype() != srcs[0].dtype())
+      throw std::invalid_argument(
+          fmt::format("{}: pair {}: destination {} and source {}, expected {} and {} as pair 0's",
+                      op, i, dtype_name(d.dtype()), dtype_name(s.dtype()),
+                      dtype_name(dsts[0].dtype()), dtype_name(srcs[0].dtype())));
+    if (d.numel() > 0 && d.storage().data() == s.storage().data())
+      throw std::invalid_argument(
+          fmt::format("{}: pair {}: the destination shares the source's storage", op, i));
+  }
+  DispatchScope scope(info, dsts[0], srcs[0]);
+  elementwise_backends.get(info, dsts[0].device(), &ElementwiseKernels::copy_many)(dsts, srcs);
+  for (const Tensor& d : dsts) d.storage().bump_version();
+}
+
 void fill_(const Tensor& dst, double value) {
   static const OpInfo info("fill_");
   DispatchScope scope(info, dst);

@@ -53,7 +53,7 @@ struct LinalgKernels {
   //                 out [M, N] = gelu_tanh(pre);
   //   matmul_dgelu: out [M, N] = (a [M, K] @ b [K, N]) * gelu_tanh'(pre [M, N]).
   // CPU: none (false). CUDA: cuBLASLt's CUBLASLT_EPILOGUE_GELU_AUX[_BIAS] / _DGELU for
-  // float16/bfloat16/float32 when N is a multiple of 8, M, N, K > 1 and cuBLASLt has an
+  // float16/bfloat16 when N is a multiple of 8, M, N, K > 1 and cuBLASLt has an
   // algorithm; false otherwise.
   bool (*linear_gelu)(const Tensor& out, const Tensor& pre, const Tensor& x, const Tensor& wt,
                       const Tensor& bias);

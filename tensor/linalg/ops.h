@@ -46,7 +46,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // The first half of a GELU MLP, fused: pre = x W^T + b (linear's shapes and checks; bias
 // optional) and out = gelu(pre, approximate="tanh"), returned as {out, pre} (pre is what the
 // GELU's backward needs). On CUDA the GELU runs in the product's epilogue (cuBLASLt's
-// CUBLASLT_EPILOGUE_GELU_AUX_BIAS: one kernel writes both; float16/bfloat16/float32 with
+// CUBLASLT_EPILOGUE_GELU_AUX_BIAS: one kernel writes both; float16/bfloat16 with
 // out_features a multiple of 8); elsewhere, and where the epilogue does not apply, the product
 // and then the GELU kernel. pre is allocated first, then out. Errors as linear's, naming
 // linear_gelu.

@@ -186,6 +186,64 @@ TEST(Autocast, WeightCastIsCachedOncePerRegionAndFreedAtExit) {
   EXPECT_EQ(cat_bytes(Category::autocast_cache), 0);
 }
 
+// autocast::cache_casts fills the cache in one multi-tensor copy: the ops then find every
+// weight cached, and the outputs and gradients are the lazy casts', to the bit. A tensor
+// listed twice (a tied weight) is cast once; what the ops would not cache (an activation, a
+// float64 or frozen tensor) is skipped; a cast already cached is kept; outside a region,
+// nothing happens.
+TEST(Autocast, CacheCastsFillsTheCacheAsTheOpsWould) {
+  const Tensor x = data({4, 16}, 1);
+  auto run = [&](bool prefill, const TensorList& p) {
+    AutocastGuard guard(DeviceType::cpu, DType::bfloat16);
+    if (prefill) {
+      const int64_t blocks = cat_blocks_allocated(Category::autocast_cache);
+      autocast::cache_casts({p[0], p[1], p[2], p[0], data({3}, 9)}, {"a", "a", "b", "a", "c"});
+      EXPECT_EQ(autocast_cache_size(), 3u);
+      EXPECT_EQ(cat_blocks_allocated(Category::autocast_cache) - blocks, 3);
+    }
+    const int64_t blocks = cat_blocks_allocated(Category::autocast_cache);
+    Tensor y = linear(tanh(linear(x, p[0], p[1])), p[2]);
+    // With the prefill the ops cast nothing more.
+    EXPECT_EQ(cat_blocks_allocated(Category::autocast_cache) - blocks, prefill ? 0 : 3);
+    EXPECT_EQ(autocast_cache_size(), 3u);
+    return y;
+  };
+  const TensorList lazy = {param({16, 16}, 0.2, 3), param({16}, 0.1, 4), param({8, 16}, 0.2, 5)};
+  TensorList pre;
+  for (const Tensor& t : lazy) pre.push_back(param(t.sizes(), 0.0, 0));
+  {
+    NoGradGuard ng;
+    for (size_t i = 0; i < lazy.size(); ++i) ops::copy_(pre[i], lazy[i]);
+  }
+  Tensor yl = run(false, lazy), yp = run(true, pre);
+  EXPECT_EQ(max_abs_diff(yl, yp), 0.0);
+  sum(yl).backward();
+  sum(yp).backward();
+  for (size_t i = 0; i < lazy.size(); ++i) {
+    ASSERT_TRUE(pre[i].grad().defined()) << i;
+    EXPECT_EQ(pre[i].grad().dtype(), DType::float32);
+    EXPECT_EQ(max_abs_diff(lazy[i].grad(), pre[i].grad()), 0.0) << i;
+  }
+  // Skipped: float64, frozen; kept: an entry already cached; outside a region: nothing.
+  {
+    AutocastGuard guard(DeviceType::cpu, DType::bfloat16);
+    Tensor c = linear(x, pre[0]);  // caches pre[0]
+    const int64_t blocks = cat_blocks_allocated(Category::autocast_cache);
+    autocast::cache_casts(
+        {pre[0], ops::to(pre[1], DType::float64).requires_grad_(), data({16, 16}, 2)});
+    EXPECT_EQ(autocast_cache_size(), 1u);
+    EXPECT_EQ(cat_blocks_allocated(Category::autocast_cache), blocks);
+    testing::expect_error<std::invalid_argument>(
+        [&] {
+          autocast::cache_casts({pre[0]}, {"a", "b"});
+        },
+        {"autocast::cache_casts: 2 module names for 1 tensors"});
+  }
+  autocast::cache_casts({pre[0]});
+  EXPECT_EQ(autocast_cache_size(), 0u);
+  EXPECT_EQ(cat_bytes(Category::autocast_cache), 0);
+}
+
 TEST(Autocast, CacheCanBeDisabled) {
   const Tensor w = param({8, 8}, 0.1, 2);
   AutocastGuard guard(DeviceType::cpu, DType::bfloat16, true, /*cache_enabled=*/false);

@@ -155,6 +155,61 @@ TEST_P(Elementwise, DtypesPromoteAndConvert) {
   EXPECT_TRUE(values_near(bf, {0.333984375, 1.765625 * std::ldexp(1.0, 127)}, 1e30));
 }
 
+// ops::foreach_copy_ (torch._foreach_copy_) is one copy_ per pair, to the bit: float32 ->
+// bfloat16 and float16 -> float32 over more pairs than one CUDA launch takes (80), sizes with
+// and without a tail of 8 and past one block's chunk, a misaligned view and a transposed
+// source (copied alone); and its errors, raised before anything is written.
+TEST_P(Elementwise, ForeachCopyIsOneCopyEach) {
+  const std::vector<int64_t> sizes = {1, 7, 8, 9, 1000, 8192, 8199, 40000};
+  for (auto [from, to] :
+       {std::pair{DType::float32, DType::bfloat16}, std::pair{DType::float16, DType::float32}}) {
+    SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + dtype_name(to));
+    TensorList srcs, dsts;
+    for (int i = 0; i < 90; ++i) {
+      const int64_t n = sizes[static_cast<size_t>(i) % sizes.size()];
+      srcs.push_back(
+          put(ops::to(rand_input({n}, -300, 300, 100 + static_cast<uint64_t>(i)), from)));
+    }
+    const Tensor base = put(ops::to(rand_input({2, 1001}, -3, 3, 7), from));
+    srcs.push_back(ops::narrow(ops::reshape(base, {2002}), 0, 1, 2000));  // misaligned
+    srcs.push_back(
+        ops::transpose(ops::reshape(ops::narrow(ops::reshape(base, {2002}), 0, 0, 2000), {40, 50}),
+                       0, 1));  // not contiguous
+    for (const Tensor& t : srcs) dsts.push_back(ops::empty(t.sizes(), to, dev()));
+    ops::foreach_copy_(dsts, srcs);
+    for (size_t i = 0; i < srcs.size(); ++i) {
+      EXPECT_EQ(ops::to_vector(dsts[i]), ops::to_vector(ops::to(srcs[i], to))) << "pair " << i;
+      EXPECT_EQ(dsts[i].storage().version(), 1u) << "pair " << i;
+    }
+  }
+  const Tensor a = put(ops::to(rand_input({4}), DType::float32));
+  const Tensor b = ops::empty({4}, DType::bfloat16, dev()),
+               c = ops::empty({5}, DType::bfloat16, dev());
+  expect_error<std::invalid_argument>(
+      [&] {
+        ops::foreach_copy_({b}, {a, a});
+      },
+      {"_foreach_copy_: 1 destinations for 2 sources"});
+  expect_error<std::invalid_argument>(
+      [&] {
+        ops::foreach_copy_({b, c}, {a, a});
+      },
+      {"_foreach_copy_: pair 1: destination [5] and source [4]"});
+  expect_error<std::invalid_argument>(
+      [&] {
+        ops::foreach_copy_({b, ops::empty({4}, DType::float16, dev())}, {a, a});
+      },
+      {"_foreach_copy_: pair 1: destination float16 and source float32, expected bfloat16"});
+  expect_error<std::invalid_argument>(
+      [&] {
+        ops::foreach_copy_({b, a}, {a, a});
+      },
+      {"_foreach_copy_"});
+  expect_error<std::invalid_argument>([&] { ops::foreach_copy_({b}, {Tensor()}); },
+                                      {"_foreach_copy_: pair 0 has an undefined tensor"});
+  EXPECT_EQ(b.storage().version(), 0u);
+}
+
 // A float32 operand and a 16-bit one (an autocast branch added to a float32 residual): add,
 // sub and mul read the 16-bit operand widened in the kernel, to the bit what converting it
 // first gives: either order, the vectorised path with a tail (1003 elements), a misaligned
