@@ -61,6 +61,20 @@ bool cacheable(const Tensor& t, DType target) {
          t.is_leaf() && (target == DType::float16 || target == DType::bfloat16);
 }
 
+// The graph of a cached weight cast `out` of the float32 leaf `src`: ToCopyBackward, as
+// src.to(dtype) records, but declaring its gradient float32 (autograd::grad_dtype), so an op
+// that can write the parameter's gradient in float32 (linear's GEMM) hands it over without a
+// 16-bit copy and a conversion; a 16-bit gradient is converted by the engine, as before.
+void record_weight_cast(const Tensor& src, const Tensor& out) {
+  auto node =
+      autograd::record("ToCopyBackward", {src}, {out}, {},
+                       [d = src.device(), t = src.dtype()](autograd::BackwardContext&,
+                                                           const TensorList& grad) -> TensorList {
+                         return {ops::to(grad[0], d, t)};
+                       });
+  if (node) node->outputs[0].dtype = src.dtype();
+}
+
 Tensor cached_cast(const Tensor& t, DType target) {
   auto& cache = tls.cache[dtype_slot(target)];
   const uint64_t version = t.storage().version();
@@ -72,8 +86,9 @@ Tensor cached_cast(const Tensor& t, DType target) {
   Tensor out;
   {
     memory::CategoryScope category(memory::Category::autocast_cache);
-    out = t.to(target);
+    out = ops::to(t, target);
   }
+  record_weight_cast(t, out);
   if (it == cache.end()) tls.order[dtype_slot(target)].push_back(t.unsafe_impl());
   cache[t.unsafe_impl()] = CacheEntry{t, version, out};
   return out;
@@ -207,12 +222,7 @@ void cache_casts(const TensorList& params, const std::vector<std::string>& modul
     auto& cache = tls.cache[dtype_slot(g.target)];
     for (size_t i = 0; i < g.src.size(); ++i) {
       const Tensor& p = g.src[i];
-      // The graph of p.to(target): ToCopyBackward, the gradient back in p's dtype.
-      autograd::record("ToCopyBackward", {p}, {g.dst[i]}, {},
-                       [d = p.device(), t = p.dtype()](autograd::BackwardContext&,
-                                                       const TensorList& grad) -> TensorList {
-                         return {ops::to(grad[0], d, t)};
-                       });
+      record_weight_cast(p, g.dst[i]);
       if (cache.find(p.unsafe_impl()) == cache.end())
         tls.order[dtype_slot(g.target)].push_back(p.unsafe_impl());
       cache[p.unsafe_impl()] = CacheEntry{p, p.storage().version(), g.dst[i]};

@@ -13,9 +13,12 @@
 //     const auto [x, weight, bias] = autocast::lower("linear", x_, w_, b_);
 //     ...
 //
-// The casts are ordinary differentiable Tensor::to() calls, so backward hands each input
+// The casts are ordinary differentiable casts (ToCopyBackward), so backward hands each input
 // its gradient in its own dtype (a float32 parameter gets a float32 .grad), and every
-// backward formula runs in the dtype its forward ran in (the saved tensors carry it).
+// backward formula runs in the dtype its forward ran in (the saved tensors carry it). A
+// cached weight cast (below) declares its gradient float32 (autograd::grad_dtype): linear's
+// weight gradient is then written in float32 by the GEMM instead of rounded to 16 bits and
+// converted.
 //
 // Policies (PyTorch's CUDA op lists, used for both CPU and CUDA so that a CPU run is a
 // faithful reference of a CUDA run; note PyTorch's own CPU lists are narrower: there

@@ -84,6 +84,13 @@ bool needs_grad(const TensorList& tensors) {
   return false;
 }
 
+DType grad_dtype(const Tensor& t) {
+  const AutogradMeta* meta = t.autograd_meta();
+  if (meta && meta->grad_fn && meta->output_nr < meta->grad_fn->outputs.size())
+    return meta->grad_fn->outputs[meta->output_nr].dtype;
+  return t.dtype();
+}
+
 Edge gradient_edge(const Tensor& t) {
   AutogradMeta* meta = t.autograd_meta();
   if (!meta || !meta->requires_grad) return {};

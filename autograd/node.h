@@ -121,6 +121,14 @@ bool needs_grad(const TensorList& tensors);
 // The edge a gradient for `t` flows into: its grad_fn, or its leaf accumulator.
 Edge gradient_edge(const Tensor& t);
 
+// The dtype backward delivers t's gradient in: what t's grad_fn declares for that output (a
+// tensor's own dtype, except autocast's cached weight casts, whose gradient goes back to the
+// float32 parameter and is taken in float32: record_weight_cast), or t's own dtype for a leaf
+// or a tensor that needs no gradient. An op may produce that dtype directly (linear's weight
+// gradient: the GEMM writes float32 from 16-bit operands) instead of a 16-bit gradient the
+// engine would convert.
+DType grad_dtype(const Tensor& t);
+
 // Build a FunctionNode for `outputs` computed from `inputs`, saving `saved` (undefined
 // entries allowed) and attach it to the outputs (which become non-leaf, requires_grad).
 // Does nothing when no input requires grad or grad mode is off.

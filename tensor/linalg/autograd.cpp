@@ -49,6 +49,14 @@ TensorList product_backward(const Tensor& g, const Tensor& a, const Tensor& b, c
   return {ga, gb};
 }
 
+// The dtype linear_backward writes a weight's gradient in: float32 when backward delivers the
+// weight's gradient in float32 (autograd::grad_dtype) and the product is 16-bit, so the GEMM
+// writes it; otherwise the gradient's own dtype (the engine converts any other wish).
+DType weight_grad(const Tensor& grad_output, DType wanted) {
+  const DType g = grad_output.dtype();
+  return wanted == DType::float32 && (g == DType::float16 || g == DType::bfloat16) ? wanted : g;
+}
+
 // Saves the operands first (autograd::save_inputs: a checkpoint recompute that needs nothing
 // more stops before the product), then computes out = product(a, b) and records it.
 template <typename Compute>
@@ -95,8 +103,11 @@ Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, Call
   std::vector<SavedTensor> saved = autograd::save_inputs(
       "LinearBackward", {x, weight, bias}, {need_w ? x : Tensor(), need_x ? weight : Tensor()});
   Tensor out = o::linear(x, weight, bias);
+  // The weight's gradient in the dtype backward delivers it in (float32 for autocast's cast of
+  // a float32 parameter: written so by the GEMM).
+  const DType gw_dtype = autograd::grad_dtype(weight);
   autograd::record_saved("LinearBackward", {x, weight, bias}, {out}, std::move(saved),
-                         [sx = x.sizes(), out_f = weight.size(0)](
+                         [sx = x.sizes(), out_f = weight.size(0), gw_dtype](
                              BackwardContext& ctx, const TensorList& g) -> TensorList {
                            const bool nx = ctx.needs_input_grad(0), nw = ctx.needs_input_grad(1),
                                       nb = ctx.needs_input_grad(2);
@@ -109,8 +120,9 @@ Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, Call
                              return {gx, Tensor(), gb};
                            }
                            // x saved: the raw op (its bias gradient a sum, as PyTorch's).
-                           auto [gx, gw, gb] = o::linear_backward(
-                               ctx.saved(0), g[0], nx ? ctx.saved(1) : Tensor(), {nx, true, nb});
+                           auto [gx, gw, gb] =
+                               o::linear_backward(ctx.saved(0), g[0], nx ? ctx.saved(1) : Tensor(),
+                                                  {nx, true, nb}, weight_grad(g[0], gw_dtype));
                            return {gx, gw, gb};
                          });
   return out;
@@ -133,16 +145,18 @@ Tensor linear_gelu_linear(const Tensor& x_, const Tensor& fc_weight_, const Tens
   std::vector<SavedTensor> saved =
       autograd::save_inputs(name, {x, w1, b1, w2, b2}, {x, w1, pre, h, w2});
   Tensor out = o::linear(h, w2, b2);
+  const DType gw1_dtype = autograd::grad_dtype(w1), gw2_dtype = autograd::grad_dtype(w2);
   autograd::record_saved(
       name, {x, w1, b1, w2, b2}, {out}, std::move(saved),
-      [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+      [gw1_dtype, gw2_dtype](BackwardContext& ctx, const TensorList& g) -> TensorList {
         const bool nx = ctx.needs_input_grad(0), nw1 = ctx.needs_input_grad(1),
                    nb1 = ctx.needs_input_grad(2), nw2 = ctx.needs_input_grad(3),
                    nb2 = ctx.needs_input_grad(4);
         const Tensor w2s = ctx.saved(4);
         Tensor gw2, gb2, gx, gw1, gb1;
         if (nw2 || nb2) {
-          auto [unused, gw, gb] = o::linear_backward(ctx.saved(3), g[0], w2s, {false, nw2, nb2});
+          auto [unused, gw, gb] = o::linear_backward(ctx.saved(3), g[0], w2s, {false, nw2, nb2},
+                                                     weight_grad(g[0], gw2_dtype));
           gw2 = gw;
           gb2 = gb;
         }
@@ -153,8 +167,9 @@ Tensor linear_gelu_linear(const Tensor& x_, const Tensor& fc_weight_, const Tens
           // d(pre) = (g W2) * gelu'(pre), in one product.
           const Tensor dpre =
               o::mm_dgelu(o::reshape(g[0], {rows, out_f}), w2s, o::reshape(pre_s, {rows, hidden}));
-          auto [gx_, gw_, gb_] = o::linear_backward(ctx.saved(0), o::reshape(dpre, pre_s.sizes()),
-                                                    ctx.saved(1), {nx, nw1, nb1});
+          auto [gx_, gw_, gb_] =
+              o::linear_backward(ctx.saved(0), o::reshape(dpre, pre_s.sizes()), ctx.saved(1),
+                                 {nx, nw1, nb1}, weight_grad(dpre, gw1_dtype));
           gx = gx_;
           gw1 = gw_;
           gb1 = gb_;

@@ -69,7 +69,11 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
       if (a.dtype() == DType::float32) {
         matmul_blas<float>(out, a, b, accumulate);
       } else {  // float16/bfloat16 operands, a float32 product (mm_out): no rounding
-        matmul_blas<float>(out, ops::to(a, DType::float32), ops::to(b, DType::float32), accumulate);
+        // a widened before b (in the order the meta kernel replays), not as arguments of one
+        // call, whose evaluation order is unspecified.
+        const Tensor a32 = ops::to(a, DType::float32);
+        const Tensor b32 = ops::to(b, DType::float32);
+        matmul_blas<float>(out, a32, b32, accumulate);
       }
       break;
     case DType::float64:

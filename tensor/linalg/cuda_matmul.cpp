@@ -219,10 +219,9 @@ bool gelu_gemm(const char* kernel, blas::Gemm::Act act, const Tensor& out, const
                                        dtype_name(aux.dtype()), dtype_name(out.dtype())));
   constexpr int64_t kMaxDim = 65535LL * 32;
   const bool sixteen = out.dtype() == DType::float16 || out.dtype() == DType::bfloat16;
-  const bool applies = sixteen && N % 8 == 0 && M > 1 && N > 1 && K > 1 &&
-                       M < kMaxDim && N < kMaxDim && K < kMaxDim &&
-                       (!bias.defined() || bias.stride(0) == 1) && out.is_contiguous() &&
-                       aux.is_contiguous();
+  const bool applies = sixteen && N % 8 == 0 && M > 1 && N > 1 && K > 1 && M < kMaxDim &&
+                       N < kMaxDim && K < kMaxDim && (!bias.defined() || bias.stride(0) == 1) &&
+                       out.is_contiguous() && aux.is_contiguous();
   if (!applies) {
     ++g_gelu_fallback;
     return false;

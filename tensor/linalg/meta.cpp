@@ -46,8 +46,8 @@ bool gelu_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor
   const int64_t M = out.size(0), N = out.size(1), K = a.size(1);
   constexpr int64_t kMaxDim = 65535LL * 32;
   const bool sixteen = out.dtype() == DType::float16 || out.dtype() == DType::bfloat16;
-  if (!replays_cuda(out) || !sixteen || N % 8 != 0 || M <= 1 || N <= 1 ||
-      K <= 1 || M >= kMaxDim || N >= kMaxDim || K >= kMaxDim)
+  if (!replays_cuda(out) || !sixteen || N % 8 != 0 || M <= 1 || N <= 1 || K <= 1 || M >= kMaxDim ||
+      N >= kMaxDim || K >= kMaxDim)
     return false;
   cost(out, 2.0 * static_cast<double>(out.numel()) * static_cast<double>(K),
        tensor_bytes(out, a, b, c, d));

@@ -304,7 +304,8 @@ Tensor mm_dgelu(const Tensor& a, const Tensor& b, const Tensor& pre) {
 
 std::tuple<Tensor, Tensor, Tensor> linear_backward(const Tensor& input, const Tensor& grad_output,
                                                    const Tensor& weight,
-                                                   std::array<bool, 3> output_mask) {
+                                                   std::array<bool, 3> output_mask,
+                                                   std::optional<DType> weight_grad_dtype) {
   static const OpInfo info("linear_backward");
   if (!input.defined() || !grad_output.defined() || (output_mask[0] && !weight.defined()))
     throw std::invalid_argument(
@@ -328,13 +329,20 @@ std::tuple<Tensor, Tensor, Tensor> linear_backward(const Tensor& input, const Te
                     weight.defined() ? weight.shape_string() : std::string("(undefined)")));
   check_pair(info.name, input, grad_output);
   if (weight.defined()) check_pair(info.name, grad_output, weight);
+  const DType gw_dtype = weight_grad_dtype.value_or(grad_output.dtype());
+  const bool sixteen =
+      grad_output.dtype() == DType::float16 || grad_output.dtype() == DType::bfloat16;
+  if (gw_dtype != grad_output.dtype() && !(sixteen && gw_dtype == DType::float32))
+    throw std::invalid_argument(fmt::format(
+        "linear_backward: weight_grad_dtype {} must be grad_output's dtype {}{}",
+        dtype_name(gw_dtype), dtype_name(grad_output.dtype()), sixteen ? " or float32" : ""));
   DispatchScope scope(info, input, grad_output, weight);
   const int64_t rows = shape_numel(Shape(input.sizes().begin(), input.sizes().end() - 1));
   const Tensor g2 = reshape(grad_output, {rows, out_f});  // a view unless g's layout forbids it
   Tensor gi, gw, gb;
   if (output_mask[0]) gi = reshape(mm(g2, weight), input.sizes());
   if (output_mask[1]) {
-    gw = alloc_output({out_f, in}, grad_output.dtype(), grad_output.device());
+    gw = alloc_output({out_f, in}, gw_dtype, grad_output.device());
     linalg_backends.get(info, input.device(), &LinalgKernels::matmul)(
         gw, blas_ready(transpose(g2, 0, 1)), blas_ready(reshape(input, {rows, in})), false);
   }

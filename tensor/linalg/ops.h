@@ -70,9 +70,13 @@ Tensor mm_dgelu(const Tensor& a, const Tensor& b, const Tensor& pre);
 // undefined when output_mask[0] is false (autograd saves it only when the input needs a
 // gradient). Errors (std::invalid_argument naming linear_backward and the shapes): weight not
 // 2-D or missing for grad_input, shapes that do not fit, dtypes, devices.
+// weight_grad_dtype: grad_weight's dtype, grad_output's (the default) or float32 when
+// grad_output is float16/bfloat16: the GEMM then writes the float32 product (cuBLAS's mixed
+// GEMM), never rounded to 16 bits (autocast's float32 parameters: autograd::grad_dtype).
 std::tuple<Tensor, Tensor, Tensor> linear_backward(const Tensor& input, const Tensor& grad_output,
                                                    const Tensor& weight,
-                                                   std::array<bool, 3> output_mask);
+                                                   std::array<bool, 3> output_mask,
+                                                   std::optional<DType> weight_grad_dtype = {});
 
 // Rows of weight [V, D] picked by integer `indices` (int64 or int32, any shape) ->
 // [..., D]. An index outside [0, V) throws std::out_of_range naming it and V.

@@ -6,6 +6,7 @@
 
 #include "amp_testing.h"
 #include "autograd/autocast.h"
+#include "autograd/node.h"
 #include "autograd/ops.h"
 #include "memory/memory.h"
 #include "testing/gradcheck.h"
@@ -144,12 +145,12 @@ TEST(Autocast, BackwardRunsInTheForwardDtype) {
   const std::vector<Tensor> saved = testing::saved_by(y);
   ASSERT_EQ(saved.size(), 1u);
   EXPECT_EQ(saved[0].dtype(), DType::bfloat16);
-  // The weight's gradient was computed in bfloat16, then widened: every value is a
-  // bfloat16 number, and it matches the float32 product to bfloat16 precision.
+  // The weight's gradient is the product of the bfloat16 operands, written in float32 (the
+  // cached cast declares a float32 gradient: LinearWeightGradientIsNeverRoundedTo16Bits), and
+  // matches the float32 product to bfloat16 precision.
   sum(mul(y, 1.0)).backward();
   const Tensor gw = w.grad();
   ASSERT_EQ(gw.dtype(), DType::float32);
-  EXPECT_EQ(max_abs_diff(gw, ops::to(ops::to(gw, DType::bfloat16), DType::float32)), 0.0);
   const Tensor expect = ops::mm(ops::ones({6, 4}), x);
   EXPECT_LT(max_abs_diff(gw, expect), 1e-2 * max_abs(expect));
 }
@@ -242,6 +243,38 @@ TEST(Autocast, CacheCastsFillsTheCacheAsTheOpsWould) {
   autocast::cache_casts({pre[0]});
   EXPECT_EQ(autocast_cache_size(), 0u);
   EXPECT_EQ(cat_bytes(Category::autocast_cache), 0);
+}
+
+// A cached weight cast declares a float32 gradient (autograd::grad_dtype), so linear's GEMM
+// writes the weight's gradient in float32 from the bfloat16 operands: d(w) = g^T x, never
+// rounded to 16 bits (a bfloat16 gradient converted after would be off by up to 2^-9).
+TEST(Autocast, LinearWeightGradientIsNeverRoundedTo16Bits) {
+  const Tensor w = param({3, 64}, 0.1, 7), b = param({3}, 0.1, 9);
+  const Tensor x = data({256, 64}, 8);
+  {
+    AutocastGuard guard(DeviceType::cpu, DType::bfloat16);
+    const Tensor y = linear(x, w, b);
+    EXPECT_EQ(autograd::grad_dtype(y), DType::bfloat16);
+    sum(y).backward();
+  }
+  ASSERT_EQ(w.grad().dtype(), DType::float32);
+  // The output's gradient is 1: d(w)[o, k] = the sum over rows of bfloat16(x)[r, k].
+  const std::vector<double> ref =
+      ops::to_vector(ops::sum(ops::to(ops::to(x, DType::bfloat16), DType::float64), {0}));
+  const std::vector<double> got = ops::to_vector(w.grad());
+  double err = 0, scale = 0, off16 = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double r = ref[i % ref.size()];
+    err = std::max(err, std::abs(got[i] - r));
+    scale = std::max(scale, std::abs(r));
+    const double rounded =
+        ops::to_vector(ops::to(ops::full({}, got[i], DType::float32, kCpu), DType::bfloat16))[0];
+    off16 = std::max(off16, std::abs(rounded - got[i]));
+  }
+  EXPECT_LE(err, 1e-5 * scale);
+  EXPECT_GT(off16, 1e-4 * scale) << "every gradient element is a bfloat16 value";
+  EXPECT_EQ(b.grad().dtype(), DType::float32);
+  EXPECT_TRUE(std::abs(ops::to_vector(b.grad())[0] - 256.0) < 1e-9);
 }
 
 TEST(Autocast, CacheCanBeDisabled) {

@@ -148,5 +148,34 @@ TEST(AutocastCuda, CheckpointMatchesPlainUnderAutocast) {
   }
 }
 
+// linear's weight gradient under autocast comes from the GEMM in float32 (the cached cast
+// declares a float32 gradient): cuBLAS's mixed GEMM of the 16-bit operands, the CPU's product
+// of the same operands to float32 precision, not rounded to 16 bits. The prefilled casts
+// (autocast::cache_casts: one launch) give the lazy casts' gradients to the bit.
+TEST(AutocastCuda, WeightGradientsAreFloat32Products) {
+  REQUIRE_GPU();
+  for (DType d : kAmpDtypes) {
+    SCOPED_TRACE(dtype_name(d));
+    TensorList grads;
+    for (bool prefill : {false, true}) {
+      const Tensor w = rnd({48, 64}, 0.1, 11, kGpu, true), b = rnd({48}, 0.1, 12, kGpu, true);
+      const Tensor x = rnd({512, 64}, 1.0, 13, kGpu), g = rnd({512, 48}, 1.0, 14, kGpu);
+      {
+        AutocastGuard guard(DeviceType::cuda, d);
+        if (prefill) autocast::cache_casts({w, b});
+        sum(mul(linear(x, w, b), g)).backward();
+      }
+      ASSERT_EQ(w.grad().dtype(), DType::float32);
+      // The reference: the 16-bit operands' product in float64 on the CPU.
+      const Tensor g16 = ops::to(ops::to(g, d), Device::cpu(), DType::float64);
+      const Tensor x16 = ops::to(ops::to(x, d), Device::cpu(), DType::float64);
+      const Tensor ref = ops::mm(ops::transpose(g16, 0, 1), x16);
+      EXPECT_TRUE(close_scaled(w.grad(), ref, 1e-5));
+      grads.push_back(ops::to(w.grad(), Device::cpu(), DType::float32));
+    }
+    EXPECT_EQ(ops::to_vector(grads[0]), ops::to_vector(grads[1]));
+  }
+}
+
 }  // namespace
 }  // namespace tally
