@@ -101,6 +101,22 @@ def test_resnet_and_gpt():
     assert "transformer.h.0.attn.c_attn.weight" in dict(g.named_parameters())
 
 
+def test_linear_gelu_linear_and_gpt_fused_mlp():
+    tally.manual_seed(0)
+    fc, proj = nn.Linear(8, 16), nn.Linear(16, 4)
+    x = tally.randn(3, 8)
+    y = F.linear_gelu_linear(x, fc.weight, fc.bias, proj.weight, proj.bias)
+    ref = F.linear(F.gelu(F.linear(x, fc.weight, fc.bias), approximate="tanh"), proj.weight,
+                   proj.bias)
+    np.testing.assert_allclose(y.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    y.sum().backward()
+    assert fc.weight.grad is not None and proj.bias.grad is not None
+    cfg = nn.GPTConfig.preset("tiny", n_layer=1)
+    assert cfg.fused_mlp is True
+    cfg.fused_mlp = False
+    assert nn.GPT(cfg).config.fused_mlp is False
+
+
 def test_autocast_and_grad_scaler():
     lin = nn.Linear(8, 4)
     x = tally.randn(3, 8)
