@@ -666,6 +666,18 @@ TEST_P(Linalg, LinearBackwardMatchesTheComposite) {
       {"linear_backward", "do not fit weight [4, 5]"});
   expect_error<std::invalid_argument>([&] { ops::linear_backward(x, ops::to(g, kF32), w, all); },
                                       {"linear_backward", "dtype"});
+  // weight_grad_dtype: grad_output's, or float32 for 16-bit gradients only.
+  expect_error<std::invalid_argument>(
+      [&] { ops::linear_backward(x, g, w, all, DType::float32); },
+      {"linear_backward: weight_grad_dtype float32 must be grad_output's dtype float64"});
+  const Tensor x16 = ops::to(x, kBF16), g16 = ops::to(g, kBF16), w16 = ops::to(w, kBF16);
+  expect_error<std::invalid_argument>(
+      [&] { ops::linear_backward(x16, g16, w16, all, DType::float64); },
+      {"weight_grad_dtype float64 must be grad_output's dtype bfloat16 or float32"});
+  auto [gx32, gw32, gb32] = ops::linear_backward(x16, g16, w16, all, DType::float32);
+  EXPECT_EQ(gw32.dtype(), kF32);
+  EXPECT_EQ(gx32.dtype(), kBF16);
+  EXPECT_TRUE(values_near(gw32, ref_w, 5e-2));
 }
 
 TEST_P(Linalg, MmOutErrors) {
