@@ -97,8 +97,9 @@ Tensor dropout(const Tensor& x, double p, bool train = true, Generator* gen = nu
                CallSite site = CallSite::current());
 
 // ---- reductions ----
+// dtype: the result's dtype, as torch.sum's (the gradient comes back in x's dtype).
 Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false,
-           CallSite site = CallSite::current());
+           std::optional<DType> dtype = std::nullopt, CallSite site = CallSite::current());
 Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false,
             CallSite site = CallSite::current());
 

@@ -97,6 +97,13 @@ int main(int argc, char** argv) {
     const double m = static_cast<double>(r.numel());
     cases.push_back({"add", "[16,1024,768]", "bfloat16", 6 * m, m, [=] { (void)ops::add(r, s); }});
     cases.push_back({"sum", "[16,1024,768]", "bfloat16", 2 * m, m, [=] { (void)ops::sum(r); }});
+    // GPT-2's bias gradients: bfloat16 [16384, N] summed over the rows into float32
+    for (int64_t N : {768, 2304, 3072}) {
+      const Tensor g = rnd({16384, N}, DType::bfloat16);
+      const double e = static_cast<double>(g.numel());
+      cases.push_back({"sum_dim0_f32", fmt::format("[16384,{}]", N), "bfloat16", 2 * e, e,
+                       [=] { (void)ops::sum(g, {0}, false, DType::float32); }});
+    }
     // a float32 residual plus a bfloat16 branch (autocast), the branch widened in the kernel
     const Tensor r32 = rnd({16, 1024, 768}, DType::float32);
     cases.push_back(

@@ -14,7 +14,8 @@
 // three modules (GPTConfig::fused_mlp off), v50257 = GPT's real vocabulary (nopad: its products not
 // padded to a multiple of 64), varyseq = GPT's sequence length varying per step; graphs = the step
 // captured into a CUDA graph and replayed, as
-// --cuda-graphs does for every configuration; amp-bf16 / amp-fp16 as above). Each
+// --cuda-graphs does for every configuration; tuned = products with cuBLASLt's algorithms timed
+// once per problem (set_tunable_enabled, PyTorch's TunableOp); amp-bf16 / amp-fp16 as above). Each
 // line also carries the bytes of activation, gradient, optimizer_state and temporary at the
 // allocated peak. The analysis tools' cost (bench/analysis.py) runs the same way: hist = memory
 // history recorded through the timed steps, leaks = a memory::LeakDetector step() after each.
@@ -44,6 +45,7 @@
 #include "optim/sgd.h"
 #include "optim/step_in_backward.h"
 #include "tensor/graph.h"
+#include "tensor/precision.h"
 
 using namespace tally;
 
@@ -186,6 +188,7 @@ std::function<void()> train_step(const std::string& cfg, Device dev, optim::Opti
 
 void resnet_cfg(const std::string& cfg, Device dev, int steps) {
   manual_seed(0);
+  set_tunable_enabled(has(cfg, "tuned"));
   auto model = nn::resnet50({.num_classes = 10});
   model->to(dev);
   model->train();
@@ -204,6 +207,7 @@ void resnet_cfg(const std::string& cfg, Device dev, int steps) {
 
 void gpt_cfg(const std::string& cfg, Device dev, int steps) {
   manual_seed(0);
+  set_tunable_enabled(has(cfg, "tuned"));
   nn::GPTConfig c = nn::GPTConfig::preset("gpt2");
   c.vocab_size = has(cfg, "v50257") ? 50257 : 50304;  // the baseline's padded vocabulary
   c.fused_classifier = has(cfg, "fusedce");
@@ -296,7 +300,7 @@ int main(int argc, char** argv) {
     for (const std::string& c : configs) {
       if (!has(c, "offload") && !has(c, "sib") && !has(c, "adamw8bit") && !has(c, "fusedce") &&
           !has(c, "unfusedmlp") && !has(c, "v50257") && !has(c, "hist") && !has(c, "leaks") &&
-          !has(c, "varyseq") && !has(c, "graphs"))
+          !has(c, "varyseq") && !has(c, "graphs") && !has(c, "tuned"))
         continue;
       const std::string named = graphs && !has(c, "graphs") ? c + "+graphs" : c;
       if (resnet && named.rfind("resnet:", 0) == 0) resnet_cfg(named.substr(7), dev, steps);

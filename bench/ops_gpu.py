@@ -64,6 +64,9 @@ def torch_cases():
     r32 = rnd(16, 1024, 768)
     TORCH[("add_f32_bf16", "[16,1024,768]", "float32")] = lambda: r32 + s
     TORCH[("sum", "[16,1024,768]", "bfloat16")] = lambda: r.sum()
+    for n in (768, 2304, 3072):
+        gb = rnd(16384, n, dtype=bf)
+        TORCH[("sum_dim0_f32", f"[16384,{n}]", "bfloat16")] = (lambda g: lambda: g.sum(0, dtype=torch.float32))(gb)
     xl, wl = rnd(16384, 768, dtype=bf), rnd(2304, 768, dtype=bf)
     TORCH[("linear", "[16384,768]x[2304,768]^T", "bfloat16")] = lambda: F.linear(xl, wl)
     x2, w2 = rnd(16384, 768), rnd(768, 768)

@@ -54,8 +54,13 @@ void bind_functional(py::module_& m, py::module_& F) {
   m.def("le", [](T a, T b) { return le(a, b); });
   m.def("ge", [](T a, T b) { return ge(a, b); });
   m.def(
-      "sum", [](T x, py::object dim, bool keepdim) { return sum(x, dims_of(dim), keepdim); },
-      py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
+      "sum",
+      [](T x, py::object dim, bool keepdim, py::object dtype) {
+        return sum(x, dims_of(dim), keepdim,
+                   dtype.is_none() ? std::nullopt : std::optional<DType>(to_dtype(dtype)));
+      },
+      py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false, py::kw_only(),
+      py::arg("dtype") = py::none());
   m.def(
       "mean", [](T x, py::object dim, bool keepdim) { return mean(x, dims_of(dim), keepdim); },
       py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false);

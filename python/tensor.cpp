@@ -628,10 +628,13 @@ void bind_tensor(py::module_& m) {
       // reductions and elementwise methods
       .def(
           "sum",
-          [](const Tensor& x, py::object dim, bool keepdim) {
-            return tally::sum(x, dims_arg(dim), keepdim);
+          [](const Tensor& x, py::object dim, bool keepdim, py::object dtype) {
+            return tally::sum(
+                x, dims_arg(dim), keepdim,
+                dtype.is_none() ? std::nullopt : std::optional<DType>(to_dtype(dtype)));
           },
-          py::arg("dim") = py::none(), py::arg("keepdim") = false)
+          py::arg("dim") = py::none(), py::arg("keepdim") = false, py::kw_only(),
+          py::arg("dtype") = py::none())
       .def(
           "mean",
           [](const Tensor& x, py::object dim, bool keepdim) {

@@ -176,8 +176,12 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);
 
 // ---- reductions ----
-// Sum over `dims` (empty = all) in a wide accumulator; result in t's dtype.
-Tensor sum(const Tensor& t, const Shape& dims = {}, bool keepdim = false);
+// Sum over `dims` (empty = all) in a wide accumulator; result in t's dtype (int64 for an
+// integral t), or in `dtype`, as torch.sum(t, dims, keepdim, dtype=dtype): the input taken
+// as that dtype. A floating input with a floating dtype is read widened by the kernel (a
+// bfloat16 gradient summed into a float32 bias gradient: no float32 copy, no cast after).
+Tensor sum(const Tensor& t, const Shape& dims = {}, bool keepdim = false,
+           std::optional<DType> dtype = std::nullopt);
 Tensor mean(const Tensor& t, const Shape& dims = {}, bool keepdim = false);
 // Reduce a broadcast gradient back to `shape` (sums the broadcast dimensions).
 Tensor sum_to(const Tensor& t, const Shape& shape);

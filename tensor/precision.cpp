@@ -35,6 +35,12 @@ bool cudnn_benchmark() {
 void set_cudnn_sdp_enabled(bool enabled) {
   cuda::set_cudnn_sdp_enabled(enabled);
 }
+void set_tunable_enabled(bool enabled) {
+  cuda::set_tunable_enabled(enabled);
+}
+bool tunable_enabled() {
+  return cuda::tunable_enabled();
+}
 bool cudnn_sdp_enabled() {
   return cuda::cudnn_sdp_enabled();
 }
@@ -47,6 +53,7 @@ std::atomic<bool> g_allow_tf32{false};
 std::atomic<bool> g_cudnn_allow_tf32{true};
 std::atomic<bool> g_cudnn_benchmark{false};
 std::atomic<bool> g_cudnn_sdp{true};
+std::atomic<bool> g_tunable{false};
 }  // namespace
 
 void set_allow_tf32(bool allow) {
@@ -72,6 +79,12 @@ void set_cudnn_sdp_enabled(bool enabled) {
 }
 bool cudnn_sdp_enabled() {
   return g_cudnn_sdp;
+}
+void set_tunable_enabled(bool enabled) {
+  g_tunable = enabled;
+}
+bool tunable_enabled() {
+  return g_tunable;
 }
 
 #endif

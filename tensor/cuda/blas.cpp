@@ -15,12 +15,15 @@
 
 #include "memory/meta.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/graph.h"
 #include "tensor/linalg/cuda.h"
+#include "tensor/op_alloc.h"
 
 namespace tally::cuda {
 
 namespace {
 std::atomic<bool> g_allow_tf32{false};
+std::atomic<bool> g_tunable{env_switch("TALLY_TUNABLEOP_ENABLED", false)};
 
 std::atomic<size_t> g_workspace_bytes{memory::cublaslt_workspace_bytes_from_env()};
 }  // namespace
@@ -30,6 +33,12 @@ void set_allow_tf32(bool allow) {
 }
 bool allow_tf32() {
   return g_allow_tf32.load();
+}
+void set_tunable_enabled(bool enabled) {
+  g_tunable.store(enabled);
+}
+bool tunable_enabled() {
+  return g_tunable.load();
 }
 void set_matmul_workspace_bytes(size_t bytes) {
   g_workspace_bytes.store(bytes);
@@ -43,7 +52,7 @@ namespace blas {
 namespace {
 
 std::atomic<uint64_t> g_lt_calls{0}, g_heuristic_queries{0}, g_bias_calls{0}, g_gelu_calls{0},
-    g_classic_calls{0};
+    g_classic_calls{0}, g_tuned{0};
 std::atomic<bool> g_force_fallback{false};
 
 [[noreturn]] void fail(cublasStatus_t s, const char* call, const char* op, const Gemm& g) {
@@ -117,6 +126,7 @@ struct PlanKey {
   int64_t stride_a = 0, stride_b = 0, stride_d = 0, batch = 0;
   uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0, align_aux = 0;
   uint64_t workspace = 0;
+  bool tuned = false;  // the algorithm was picked by timing (tunable_enabled()), not the heuristic
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -134,10 +144,11 @@ std::map<PlanKey, Plan>& plan_cache() {
 
 // Asks the heuristic for the best algorithm; `mask_output_reduction` excludes split-K
 // reductions in the (16-bit) output type.
+// Asks for up to `want` algorithms, best first, into results; *returned gets their count.
 cublasStatus_t query(cublasLtHandle_t lt, const MatmulDesc& desc, const Layout& la,
                      const Layout& lb, const Layout& ld, const PlanKey& key,
-                     bool mask_output_reduction, cublasLtMatmulHeuristicResult_t* result,
-                     const char* op, const Gemm& g) {
+                     bool mask_output_reduction, cublasLtMatmulHeuristicResult_t* results, int want,
+                     int* returned, const char* op, const Gemm& g) {
   ++g_heuristic_queries;
   Preference pref;
   TALLY_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref.h));
@@ -156,13 +167,73 @@ cublasStatus_t query(cublasLtHandle_t lt, const MatmulDesc& desc, const Layout& 
     TALLY_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref.h, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask)));
   }
-  int returned = 0;
+  *returned = 0;
   const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt, desc.h, la.h, lb.h, ld.h, ld.h,
-                                                          pref.h, 1, result, &returned);
+                                                          pref.h, want, results, returned);
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) return s;
   TALLY_LT_CHECK(s);
-  if (returned < 1) return CUBLAS_STATUS_NOT_SUPPORTED;
-  return result->state;
+  if (*returned < 1) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return results[0].state;
+}
+
+// Tuning (tunable_enabled()): the heuristic's first kTuneCandidates algorithms each run
+// kTuneRuns times on the real operands, after one warm-up run, into a scratch D (and a scratch
+// aux for gelu_aux, whose aux is an output), so the caller's output (which an accumulating
+// product reads) is untouched; the fastest by total time wins. Host-blocking (an event wait),
+// once per problem. Returns the index of the winner in results.
+constexpr int kTuneCandidates = 8, kTuneRuns = 5;
+
+int time_candidates(int device, cublasLtHandle_t lt, const MatmulDesc& desc, const Layout& la,
+                    const Layout& lb, const Layout& ld, const Gemm& g, const void* alpha,
+                    const void* beta, void* workspace, size_t workspace_bytes,
+                    const cublasLtMatmulHeuristicResult_t* results, int count, const char* op) {
+  const size_t out_esize = dtype_size(g.out_dtype);
+  const int64_t d_elems = g.ldd * g.n + (g.batch > 1 ? g.stride_d * (g.batch - 1) : 0);
+  const Storage d_scratch =
+      alloc_scratch_bytes(static_cast<size_t>(d_elems) * out_esize, Device::cuda(device));
+  Storage aux_scratch;
+  if (g.act == Gemm::Act::gelu_aux) {
+    aux_scratch =
+        alloc_scratch_bytes(static_cast<size_t>(g.ldaux * g.n) * out_esize, Device::cuda(device));
+    void* aux = aux_scratch.data();
+    TALLY_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                  &aux, sizeof(aux)));
+  }
+  struct Event {
+    cudaEvent_t e = nullptr;
+    Event() { check(cudaEventCreate(&e), "cudaEventCreate (GEMM tuning)"); }
+    ~Event() { cudaEventDestroy(e); }
+  } start_ev, stop_ev;
+  const cudaEvent_t start = start_ev.e, stop = stop_ev.e;
+  const cudaStream_t st = stream(device);
+  int best = -1;
+  float best_ms = 0;
+  for (int i = 0; i < count; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > workspace_bytes)
+      continue;
+    auto run = [&] {
+      return cublasLtMatmul(lt, desc.h, alpha, g.a, la.h, g.b, lb.h, beta, d_scratch.data(), ld.h,
+                            d_scratch.data(), ld.h, &results[i].algo,
+                            workspace_bytes ? workspace : nullptr, workspace_bytes, st);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // an algorithm that refuses the problem
+    check(cudaEventRecord(start, st), "cudaEventRecord (GEMM tuning)");
+    bool ok = true;
+    for (int r = 0; r < kTuneRuns && ok; ++r) ok = run() == CUBLAS_STATUS_SUCCESS;
+    check(cudaEventRecord(stop, st), "cudaEventRecord (GEMM tuning)");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize (GEMM tuning)");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime (GEMM tuning)");
+    if (ok && (best < 0 || ms < best_ms)) {
+      best = i;
+      best_ms = ms;
+    }
+  }
+  if (g.act == Gemm::Act::gelu_aux)
+    TALLY_LT_CHECK(cublasLtMatmulDescSetAttribute(desc.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                  &g.aux, sizeof(g.aux)));
+  ++g_tuned;
+  return best < 0 ? 0 : best;  // the scratch goes back to the cache after the timed work (waited)
 }
 
 }  // namespace
@@ -306,30 +377,57 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
       .align_aux = g.aux ? alignment(g.aux, 0, out_esize, 1) : 0,
       .workspace = workspace ? workspace_bytes : 0,
   };
+  const float alpha_f = 1.0f, beta_f = g.accumulate ? 1.0f : 0.0f;
+  const double alpha_d = 1.0, beta_d = g.accumulate ? 1.0 : 0.0;
+  const void* alpha = g.dtype == DType::float64 ? static_cast<const void*>(&alpha_d)
+                                                : static_cast<const void*>(&alpha_f);
+  const void* beta = g.dtype == DType::float64 ? static_cast<const void*>(&beta_d)
+                                               : static_cast<const void*>(&beta_f);
+  // With tuning on, the timed plan; inside a CUDA graph capture (where nothing may wait) a
+  // problem not tuned before takes the heuristic's plan.
+  const bool capturing = is_capturing(device);
+  const bool tune = tunable_enabled();
+  PlanKey tuned_key = key;
+  tuned_key.tuned = true;
 
   Plan plan;
   bool cached = false;
+  const PlanKey* use_key = &key;
   {
     std::lock_guard lock(g_plan_mu);
-    auto it = plan_cache().find(key);
+    auto it = tune ? plan_cache().find(tuned_key) : plan_cache().end();
+    if (it != plan_cache().end()) {
+      use_key = &tuned_key;
+    } else {
+      it = plan_cache().find(key);
+      if (tune && !capturing) it = plan_cache().end();  // to be tuned now
+    }
     if (it != plan_cache().end()) {
       plan = it->second;
       cached = true;
     }
   }
   if (!cached) {
-    cublasLtMatmulHeuristicResult_t result{};
+    const bool tuning = tune && !capturing;
+    cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
+    const int want = tuning ? kTuneCandidates : 1;
+    int returned = 0;
     const bool sixteen = g.out_dtype == DType::float16 || g.out_dtype == DType::bfloat16;
     // 16-bit outputs: keep split-K partial sums in float32 when an algorithm allows it.
-    plan.status = query(lt, desc, la, lb, ld, key, sixteen, &result, op, g);
+    plan.status = query(lt, desc, la, lb, ld, key, sixteen, results, want, &returned, op, g);
     if (plan.status != CUBLAS_STATUS_SUCCESS && sixteen)
-      plan.status = query(lt, desc, la, lb, ld, key, false, &result, op, g);
+      plan.status = query(lt, desc, la, lb, ld, key, false, results, want, &returned, op, g);
     if (plan.status == CUBLAS_STATUS_SUCCESS) {
-      plan.algo = result.algo;
-      plan.workspace = result.workspaceSize;
+      const int pick = tuning && returned > 1
+                           ? time_candidates(device, lt, desc, la, lb, ld, g, alpha, beta,
+                                             workspace, key.workspace, results, returned, op)
+                           : 0;
+      plan.algo = results[pick].algo;
+      plan.workspace = results[pick].workspaceSize;
     }
+    if (tuning) use_key = &tuned_key;
     std::lock_guard lock(g_plan_mu);
-    plan_cache().emplace(key, plan);
+    plan_cache().emplace(*use_key, plan);
   }
   if (plan.status != CUBLAS_STATUS_SUCCESS) return plan.status;
   if (plan.workspace > key.workspace)
@@ -338,12 +436,6 @@ cublasStatus_t gemm(int device, const Gemm& g, void* workspace, size_t workspace
                     "given, for {}",
                     op, plan.workspace, key.workspace, describe(g)));
 
-  const float alpha_f = 1.0f, beta_f = g.accumulate ? 1.0f : 0.0f;
-  const double alpha_d = 1.0, beta_d = g.accumulate ? 1.0 : 0.0;
-  const void* alpha = g.dtype == DType::float64 ? static_cast<const void*>(&alpha_d)
-                                                : static_cast<const void*>(&alpha_f);
-  const void* beta = g.dtype == DType::float64 ? static_cast<const void*>(&beta_d)
-                                               : static_cast<const void*>(&beta_f);
   TALLY_LT_CHECK(cublasLtMatmul(lt, desc.h, alpha, g.a, la.h, g.b, lb.h, beta, g.d, ld.h, g.d, ld.h,
                                 &plan.algo, key.workspace ? workspace : nullptr, key.workspace,
                                 stream(device)));
@@ -413,6 +505,9 @@ uint64_t classic_calls() {
 }
 uint64_t lt_calls() {
   return g_lt_calls.load();
+}
+uint64_t tuned_problems() {
+  return g_tuned.load();
 }
 uint64_t heuristic_queries() {
   return g_heuristic_queries.load();

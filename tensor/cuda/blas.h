@@ -4,7 +4,9 @@
 // column-major GEMM entry point that enqueues on Tally's stream for the device. The
 // workspace is the caller's (taken from the caching allocator under Category::workspace,
 // see tensor/linalg/cuda_matmul.cpp); nothing here allocates tensor memory or synchronises (the
-// libraries' handles keep a little device memory of their own, made at creation).
+// libraries' handles keep a little device memory of their own, made at creation), except
+// tuning (tunable_enabled(), tensor/linalg/cuda.h): the first product of a problem then times
+// the candidates into scratch outputs (Category::workspace) and waits for them.
 #pragma once
 
 #include <cublasLt.h>
@@ -81,6 +83,7 @@ std::string describe(const Gemm& g);
 // Counters for tests and profiling (process-wide, monotonic).
 uint64_t lt_calls();             // cublasLtMatmul calls enqueued
 uint64_t heuristic_queries();    // cublasLtMatmulAlgoGetHeuristic calls (plan-cache misses)
+uint64_t tuned_problems();       // problems whose algorithm was picked by timing (tunable)
 uint64_t bias_epilogue_calls();  // of lt_calls, those with the bias epilogue
 uint64_t gelu_epilogue_calls();  // of lt_calls, those with a GELU epilogue (gelu_aux or dgelu)
 uint64_t classic_calls();        // cublasGemmStridedBatchedEx calls enqueued

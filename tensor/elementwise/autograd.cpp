@@ -496,13 +496,21 @@ Tensor unreduce(const Tensor& g, const Shape& shape, const Shape& dims, bool kee
 }
 }  // namespace
 
-Tensor sum(const Tensor& x_, const Shape& dims, bool keepdim, CallSite site) {
+Tensor sum(const Tensor& x_, const Shape& dims, bool keepdim, std::optional<DType> dtype,
+           CallSite site) {
   memory::CallSiteScope call_site(site);
-  const auto [x] = autocast::fp32("sum", x_);  // fp32_set_opt_dtype: a float32 result
-  Tensor out = o::sum(x, dims, keepdim);
+  // Autocast's fp32_set_opt_dtype: without a dtype, a 16-bit input is summed into a float32
+  // result, read widened by the kernel (no float32 copy of the input).
+  const bool sixteen =
+      x_.defined() && (x_.dtype() == DType::float16 || x_.dtype() == DType::bfloat16);
+  if (!dtype && sixteen && autocast::is_active(x_.device())) dtype = DType::float32;
+  const Tensor& x = x_;
+  Tensor out = o::sum(x, dims, keepdim, dtype);
   record("SumBackward", {x}, {out}, {},
-         [shape = x.sizes(), dims, keepdim](BackwardContext&, const TensorList& g) -> TensorList {
-           return {o::contiguous(unreduce(g[0], shape, dims, keepdim))};
+         [shape = x.sizes(), dims, keepdim, xdt = x.dtype()](BackwardContext&,
+                                                             const TensorList& g) -> TensorList {
+           const Tensor gx = o::contiguous(unreduce(g[0], shape, dims, keepdim));
+           return {gx.dtype() == xdt ? gx : o::to(gx, xdt)};
          });
   return out;
 }

@@ -680,8 +680,14 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
 
 // ---------------------------------------------------------------- reductions
 
-Tensor sum(const Tensor& t, const Shape& dims, bool keepdim) {
+Tensor sum(const Tensor& t, const Shape& dims, bool keepdim, std::optional<DType> dtype) {
   static const OpInfo info("sum");
+  const DType natural = is_floating(t.dtype()) ? t.dtype() : DType::int64;
+  if (dtype && *dtype != natural && !(is_floating(t.dtype()) && is_floating(*dtype))) {
+    // An integral side: the input cast first (torch.sum's dtype=), the result cast to dtype.
+    Tensor r = sum(to(t, *dtype), dims, keepdim);
+    return r.dtype() == *dtype ? r : to(r, *dtype);
+  }
   DispatchScope scope(info, t);
   std::vector<bool> reduce(static_cast<size_t>(t.dim()), dims.empty());
   for (int64_t d : dims) {
@@ -694,8 +700,7 @@ Tensor sum(const Tensor& t, const Shape& dims, bool keepdim) {
     kept.push_back(reduce[ui] ? 1 : t.sizes()[ui]);
     if (!reduce[ui]) squeezed.push_back(t.sizes()[ui]);
   }
-  const DType out_dt = is_floating(t.dtype()) ? t.dtype() : DType::int64;
-  Tensor out = alloc_output(kept, out_dt, t.device());
+  Tensor out = alloc_output(kept, dtype.value_or(natural), t.device());
   elementwise_backends.get(info, t.device(), &ElementwiseKernels::sum)(out, t);
   return keepdim ? out : view(out, squeezed);
 }

@@ -57,6 +57,18 @@ DType weight_grad(const Tensor& grad_output, DType wanted) {
   return wanted == DType::float32 && (g == DType::float16 || g == DType::bfloat16) ? wanted : g;
 }
 
+// A bias's gradient: grad_output summed over its leading dims, written in the dtype backward
+// delivers the bias's gradient in (float32 for autocast's cast of a float32 parameter,
+// autograd::grad_dtype) by the sum itself, so no cast follows.
+Tensor bias_grad(const Tensor& grad_output, DType wanted) {
+  Shape lead;
+  for (int64_t d = 0; d + 1 < grad_output.dim(); ++d) lead.push_back(d);
+  const DType dtype = weight_grad(grad_output, wanted);
+  if (lead.empty())  // a 1-D input: the gradient itself (no dims is a full sum to o::sum)
+    return grad_output.dtype() == dtype ? grad_output : o::to(grad_output, dtype);
+  return o::sum(grad_output, lead, false, dtype);
+}
+
 // Saves the operands first (autograd::save_inputs: a checkpoint recompute that needs nothing
 // more stops before the product), then computes out = product(a, b) and records it.
 template <typename Compute>
@@ -106,25 +118,26 @@ Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, Call
   // The weight's gradient in the dtype backward delivers it in (float32 for autocast's cast of
   // a float32 parameter: written so by the GEMM).
   const DType gw_dtype = autograd::grad_dtype(weight);
-  autograd::record_saved("LinearBackward", {x, weight, bias}, {out}, std::move(saved),
-                         [sx = x.sizes(), out_f = weight.size(0), gw_dtype](
-                             BackwardContext& ctx, const TensorList& g) -> TensorList {
-                           const bool nx = ctx.needs_input_grad(0), nw = ctx.needs_input_grad(1),
-                                      nb = ctx.needs_input_grad(2);
-                           if (!nw) {  // x was not saved (only the weight, when x needs a gradient)
-                             const int64_t rows = shape_numel(Shape(sx.begin(), sx.end() - 1));
-                             const Tensor g2 = o::reshape(g[0], {rows, out_f});
-                             Tensor gx, gb;
-                             if (nx) gx = o::reshape(o::mm(g2, ctx.saved(1)), sx);
-                             if (nb) gb = o::sum(g2, {0});
-                             return {gx, Tensor(), gb};
-                           }
-                           // x saved: the raw op (its bias gradient a sum, as PyTorch's).
-                           auto [gx, gw, gb] =
-                               o::linear_backward(ctx.saved(0), g[0], nx ? ctx.saved(1) : Tensor(),
-                                                  {nx, true, nb}, weight_grad(g[0], gw_dtype));
-                           return {gx, gw, gb};
-                         });
+  const DType gb_dtype = bias.defined() ? autograd::grad_dtype(bias) : DType::float32;
+  autograd::record_saved(
+      "LinearBackward", {x, weight, bias}, {out}, std::move(saved),
+      [sx = x.sizes(), out_f = weight.size(0), gw_dtype, gb_dtype](
+          BackwardContext& ctx, const TensorList& g) -> TensorList {
+        const bool nx = ctx.needs_input_grad(0), nw = ctx.needs_input_grad(1),
+                   nb = ctx.needs_input_grad(2);
+        // The bias gradient a sum, as PyTorch's (in the bias's gradient dtype).
+        const Tensor gb = nb ? bias_grad(g[0], gb_dtype) : Tensor();
+        if (!nw) {  // x was not saved (only the weight, when x needs a gradient)
+          const int64_t rows = shape_numel(Shape(sx.begin(), sx.end() - 1));
+          Tensor gx;
+          if (nx) gx = o::reshape(o::mm(o::reshape(g[0], {rows, out_f}), ctx.saved(1)), sx);
+          return {gx, Tensor(), gb};
+        }
+        // x saved: the raw op.
+        auto [gx, gw, unused] = o::linear_backward(ctx.saved(0), g[0], nx ? ctx.saved(1) : Tensor(),
+                                                   {nx, true, false}, weight_grad(g[0], gw_dtype));
+        return {gx, gw, gb};
+      });
   return out;
 }
 
@@ -146,20 +159,23 @@ Tensor linear_gelu_linear(const Tensor& x_, const Tensor& fc_weight_, const Tens
       autograd::save_inputs(name, {x, w1, b1, w2, b2}, {x, w1, pre, h, w2});
   Tensor out = o::linear(h, w2, b2);
   const DType gw1_dtype = autograd::grad_dtype(w1), gw2_dtype = autograd::grad_dtype(w2);
+  const DType gb1_dtype = b1.defined() ? autograd::grad_dtype(b1) : DType::float32,
+              gb2_dtype = b2.defined() ? autograd::grad_dtype(b2) : DType::float32;
   autograd::record_saved(
       name, {x, w1, b1, w2, b2}, {out}, std::move(saved),
-      [gw1_dtype, gw2_dtype](BackwardContext& ctx, const TensorList& g) -> TensorList {
+      [gw1_dtype, gw2_dtype, gb1_dtype, gb2_dtype](BackwardContext& ctx,
+                                                   const TensorList& g) -> TensorList {
         const bool nx = ctx.needs_input_grad(0), nw1 = ctx.needs_input_grad(1),
                    nb1 = ctx.needs_input_grad(2), nw2 = ctx.needs_input_grad(3),
                    nb2 = ctx.needs_input_grad(4);
         const Tensor w2s = ctx.saved(4);
         Tensor gw2, gb2, gx, gw1, gb1;
-        if (nw2 || nb2) {
-          auto [unused, gw, gb] = o::linear_backward(ctx.saved(3), g[0], w2s, {false, nw2, nb2},
-                                                     weight_grad(g[0], gw2_dtype));
+        if (nw2) {
+          auto [unused, gw, unused_b] = o::linear_backward(
+              ctx.saved(3), g[0], w2s, {false, true, false}, weight_grad(g[0], gw2_dtype));
           gw2 = gw;
-          gb2 = gb;
         }
+        if (nb2) gb2 = bias_grad(g[0], gb2_dtype);
         if (nx || nw1 || nb1) {
           const Tensor pre_s = ctx.saved(2);
           const int64_t hidden = pre_s.size(-1), out_f = w2s.size(0);
@@ -167,12 +183,14 @@ Tensor linear_gelu_linear(const Tensor& x_, const Tensor& fc_weight_, const Tens
           // d(pre) = (g W2) * gelu'(pre), in one product.
           const Tensor dpre =
               o::mm_dgelu(o::reshape(g[0], {rows, out_f}), w2s, o::reshape(pre_s, {rows, hidden}));
-          auto [gx_, gw_, gb_] =
-              o::linear_backward(ctx.saved(0), o::reshape(dpre, pre_s.sizes()), ctx.saved(1),
-                                 {nx, nw1, nb1}, weight_grad(dpre, gw1_dtype));
-          gx = gx_;
-          gw1 = gw_;
-          gb1 = gb_;
+          if (nx || nw1) {
+            auto [gx_, gw_, unused] =
+                o::linear_backward(ctx.saved(0), o::reshape(dpre, pre_s.sizes()), ctx.saved(1),
+                                   {nx, nw1, false}, weight_grad(dpre, gw1_dtype));
+            gx = gx_;
+            gw1 = gw_;
+          }
+          if (nb1) gb1 = bias_grad(dpre, gb1_dtype);
         }
         return {gx, gw1, gb1, gw2, gb2};
       });

@@ -18,6 +18,16 @@ bool allow_tf32();
 // the algorithm heuristic may ask for). Default 32 MiB, or CUBLASLT_WORKSPACE_SIZE (KiB,
 // as PyTorch reads it) from the environment; 0 disables the workspace.
 void set_matmul_workspace_bytes(size_t bytes);
+
+// PyTorch's torch.cuda.tunable.enable (PYTORCH_TUNABLEOP_ENABLED): the first product of each
+// problem (shapes, layouts, dtypes, alignments, epilogue) times cuBLASLt's first 8 heuristic
+// algorithms on its own operands (5 runs each into scratch outputs, one host wait) and keeps
+// the fastest for the rest of the process; later products of the problem run it with no
+// wait. A problem first met inside a CUDA graph capture takes the heuristic's algorithm.
+// Which algorithm wins can differ between processes, and with it the last bits of results.
+// Off by default; TALLY_TUNABLEOP_ENABLED=1 in the environment starts it on. Process-wide.
+void set_tunable_enabled(bool enabled);
+bool tunable_enabled();
 size_t matmul_workspace_bytes();
 
 // Counters (process-wide, monotonic) for tests and profiling.
@@ -29,6 +39,7 @@ struct MatmulStats {
   uint64_t classic_calls = 0;      // products cuBLASLt had no algorithm for (classic cuBLAS)
   uint64_t gelu_epilogue = 0;      // linear_gelu / mm_dgelu calls done with a GELU epilogue
   uint64_t gelu_fallback = 0;      // those done as the product and a separate GELU kernel
+  uint64_t tuned = 0;              // problems whose algorithm was picked by timing
 };
 MatmulStats matmul_stats();
 

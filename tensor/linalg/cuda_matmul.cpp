@@ -265,6 +265,7 @@ MatmulStats matmul_stats() {
   s.classic_calls = blas::classic_calls();
   s.gelu_epilogue = g_gelu_epilogue.load();
   s.gelu_fallback = g_gelu_fallback.load();
+  s.tuned = blas::tuned_problems();
   return s;
 }
 

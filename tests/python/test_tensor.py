@@ -49,6 +49,17 @@ def test_numpy_of_a_view_and_bfloat16():
     assert np.asarray(t).shape == (2, 3)
 
 
+def test_sum_dtype_like_torch():
+    x = tally.tensor(np.arange(12, dtype=np.float32).reshape(3, 4) / 8, dtype=tally.bfloat16)
+    s = x.sum(0, dtype=tally.float32)
+    assert s.dtype == tally.float32
+    np.testing.assert_array_equal(s.numpy(), (np.arange(12, dtype=np.float32).reshape(3, 4) / 8).sum(0))
+    assert tally.sum(x, dim=1, keepdim=True, dtype="float64").dtype == tally.float64
+    assert tally.tensor([2.75, 2.75]).sum(dtype=tally.int32).item() == 4
+    with pytest.raises(TypeError):
+        x.sum(0, False, tally.float32)  # dtype is keyword-only, as torch's
+
+
 def test_python_lists_and_factories():
     assert tally.tensor([1.0, 2.0]).dtype == tally.float32
     assert tally.tensor([1, 2]).dtype == tally.int64

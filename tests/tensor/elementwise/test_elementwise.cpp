@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "testing/cuda_testing.h"
 #include "testing/devices.h"
 
@@ -329,6 +330,55 @@ TEST_P(Reductions, Gradients) {
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return mean(x[0]); }, {a}));
 }
 
+// sum's dtype (torch.sum(x, dims, dtype=)): a 16-bit input summed straight into float32
+// equals the sum of its float32 copy; integral sides cast the input first, as PyTorch; the
+// gradient comes back in the input's dtype; autocast sums a 16-bit input into float32 the
+// same way (fp32_set_opt_dtype) with no float32 copy of the input.
+TEST_P(Reductions, SumDtype) {
+  const Device d = dev();
+  for (DType in : {DType::bfloat16, DType::float16}) {
+    const Tensor x = ops::to(rand_tensor({6, 40, 24}, DType::float32, 31), d, in);
+    const Tensor wide = ops::to(x, DType::float32);
+    for (const Shape& dims : std::vector<Shape>{{0, 1}, {2}, {}}) {
+      const Tensor got = ops::sum(x, dims, false, DType::float32);
+      EXPECT_EQ(got.dtype(), DType::float32);
+      EXPECT_LT(max_pointwise_error_lenient(got, ops::sum(wide, dims)), 1e-6)
+          << dtype_name(in) << " dims " << shape_str(dims);
+    }
+    const Tensor keep = ops::sum(x, {1}, true, DType::float64);
+    EXPECT_EQ(keep.dtype(), DType::float64);
+    EXPECT_EQ(keep.sizes(), (Shape{6, 1, 24}));
+  }
+  const Tensor i = ops::to(ops::randint(-50, 50, {5, 7}), d, DType::int64);
+  const Tensor fi = ops::sum(i, {1}, false, DType::float32);
+  EXPECT_EQ(fi.dtype(), DType::float32);
+  EXPECT_EQ(max_pointwise_error_lenient(fi, ops::sum(i, {1})), 0.0);
+  const Tensor f = ops::to(ops::full({4}, 2.75, DType::float32, Device::cpu()), d, DType::float32);
+  const Tensor i32 = ops::sum(f, {}, false, DType::int32);  // the input cast first: 4 x 2
+  EXPECT_EQ(i32.dtype(), DType::int32);
+  EXPECT_EQ(ops::item(i32), 8.0);
+  // Autograd: the result in dtype, the gradient in the input's.
+  Tensor xb = ops::to(rand_tensor({3, 5}, DType::float32, 32), d, DType::bfloat16);
+  xb.requires_grad_();
+  const Tensor s = sum(xb, {0}, false, DType::float32);
+  EXPECT_EQ(s.dtype(), DType::float32);
+  sum(mul(s, 2.0)).backward();
+  ASSERT_TRUE(xb.grad().defined());
+  EXPECT_EQ(xb.grad().dtype(), DType::bfloat16);
+  EXPECT_TRUE(values_near(xb.grad(), std::vector<double>(15, 2.0), 0));
+  // Autocast: float32 out, no float32 copy of the input made (only the [5] result).
+  {
+    AutocastGuard guard(d.type, DType::bfloat16);
+    const size_t before = memory::memory_allocated(d);
+    const Tensor big = ops::to(rand_tensor({64, 512}, DType::float32, 33), d, DType::bfloat16);
+    const size_t with_input = memory::memory_allocated(d);
+    const Tensor r = sum(big, {0});
+    EXPECT_EQ(r.dtype(), DType::float32);
+    EXPECT_LT(memory::memory_allocated(d) - with_input, with_input - before)
+        << "a float32 copy of the input was made";
+  }
+}
+
 TEST_P(Views, NeverAllocate) {
   const Tensor a = zeros({4, 6}, on({}));
   const size_t before = memory::memory_allocated(dev());
@@ -609,8 +659,13 @@ TEST_P(ElementwiseVsCpu, ColumnAndFullSumsMatchTheCpu) {
   uint64_t seed = 60;
   for (DType d : {DType::float32, DType::bfloat16, DType::float16, DType::float64}) {
     const double tol = d == DType::float32 ? 1e-5 : d == DType::float64 ? 1e-12 : 2e-2;
-    for (const Shape& shape : std::vector<Shape>{
-             {4, 1000, 33}, {3, 517, 768}, {2, 4099, 64}, {2, 4099, 1}, {64, 3, 5}, {100003}}) {
+    for (const Shape& shape : std::vector<Shape>{{4, 1000, 33},
+                                                 {3, 517, 768},
+                                                 {2, 4099, 64},
+                                                 {2, 4099, 1},
+                                                 {64, 3, 5},
+                                                 {100003},
+                                                 {8, 1031, 256}}) {
       const Tensor a = rand_tensor(shape, d, ++seed);
       const Tensor g = put(a);
       const std::string what = std::string(dtype_name(d)) + " " + a.shape_string();
@@ -621,6 +676,12 @@ TEST_P(ElementwiseVsCpu, ColumnAndFullSumsMatchTheCpu) {
             << what;
         const Tensor once = ops::sum(g, {0, 1}), twice = ops::sum(g, {0, 1});
         EXPECT_EQ(max_pointwise_error_lenient(once, twice), 0.0) << what << " is deterministic";
+        // Into float32 (a bias gradient of 16-bit activations): the CPU's float32 sum.
+        const Tensor f32 = ops::sum(g, {0, 1}, false, DType::float32);
+        EXPECT_EQ(f32.dtype(), DType::float32);
+        EXPECT_LT(max_pointwise_error_lenient(f32, ops::sum(a, {0, 1}, false, DType::float32)),
+                  1e-5)
+            << what << " into float32";
       }
       EXPECT_LT(max_pointwise_error_lenient(ops::sum(g), ops::sum(a)), tol) << what;
       EXPECT_EQ(max_pointwise_error_lenient(ops::sum(g), ops::sum(g)), 0.0)

@@ -36,7 +36,9 @@
 #include "testing/cuda_testing.h"
 #include "testing/devices.h"
 #if defined(TALLY_WITH_CUDA)
+#include "tensor/graph.h"
 #include "tensor/linalg/cuda.h"
+#include "tensor/precision.h"
 #endif
 
 namespace tally {
@@ -1219,6 +1221,56 @@ TEST_P(LinalgVsCpu, MixedMmOutMatchesTheCpu) {
       }
     }
   }
+}
+
+// Tuning (set_tunable_enabled, PyTorch's TunableOp): the timed algorithms give the CPU's
+// products, an accumulating product adds onto its output once (the timing runs write scratch
+// outputs), the GELU epilogue still writes its aux, and a problem met inside a CUDA graph
+// capture takes the heuristic's algorithm with no host wait.
+TEST_P(LinalgVsCpu, TunableProductsMatchTheCpu) {
+  struct Reset {
+    ~Reset() { set_tunable_enabled(false); }
+  } reset;
+  set_tunable_enabled(true);
+  EXPECT_TRUE(tunable_enabled());
+  const cuda::MatmulStats before = cuda::matmul_stats();
+  for (DType d : {kF32, kBF16}) {
+    uint64_t seed = 1300;
+    auto P = [&](const Shape& s) { return pair(s, d, seed++); };
+    // Shapes no other test uses: each is tuned here, then run again from the tuned cache.
+    for (int rep = 0; rep < 2; ++rep) {
+      check_product("tuned mm", kMm, {P({257, 192}), P({192, 136})}, 192);
+      check_product("tuned linear", kLinear, {P({3, 97, 160}), P({144, 160}), P({144})}, 160);
+      check_product("tuned bmm", kBmm, {P({5, 65, 72}), P({5, 72, 88})}, 72);
+    }
+  }
+  // Accumulating (mixed) product: gw += dl^T h, added once.
+  for (int rep = 0; rep < 2; ++rep) {
+    const Pair dl = pair({160, 136}, kBF16, 1330), h = pair({160, 56}, kBF16, 1331);
+    const Pair gw = pair({136, 56}, kF32, 1332);
+    ops::mm_out(gw.gpu, ops::transpose(dl.gpu, 0, 1), h.gpu, /*accumulate=*/true);
+    ops::mm_out(gw.cpu, ops::transpose(dl.cpu, 0, 1), h.cpu, /*accumulate=*/true);
+    EXPECT_TRUE(close_scaled(gw.gpu, gw.cpu, product_tol(kF32, 160))) << "accumulate, rep " << rep;
+  }
+  // The GELU epilogues (gelu_aux writes the aux the backward's dgelu reads).
+  const Fn mlp = [](const TensorList& t) {
+    return linear_gelu_linear(t[0], t[1], t[2], t[3], t[4]);
+  };
+  check_grads("tuned fused MLP", mlp, {{2, 48, 104}, {136, 104}, {136}, {56, 136}, {56}}, kBF16,
+              3e-2, 1340);
+  const cuda::MatmulStats mid = cuda::matmul_stats();
+  EXPECT_GT(mid.tuned, before.tuned) << "no problem was timed";
+  // Inside a capture: a new problem runs the heuristic's algorithm (a wait would fail the
+  // capture), and the replay computes the product.
+  const Pair a = pair({211, 120}, kBF16, 1350), b = pair({120, 152}, kBF16, 1351);
+  const Tensor out = ops::empty({211, 152}, kBF16, dev());
+  ops::mm_out(out, a.gpu, b.gpu);  // warm-up outside: allocations and the tuned plan
+  const Pair a2 = pair({219, 120}, kBF16, 1352);
+  const Tensor out2 = ops::empty({219, 152}, kBF16, dev());
+  cuda::Graph graph;
+  graph.capture([&] { ops::mm_out(out2, a2.gpu, b.gpu); });  // a problem first met in it
+  graph.replay();
+  EXPECT_TRUE(close_scaled(out2, ops::mm(cpu64(a2.cpu), cpu64(b.cpu)), product_tol(kBF16, 120)));
 }
 
 // linear_backward's three gradients on the device against the CPU's composite in float64, in
