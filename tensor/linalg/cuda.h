@@ -22,10 +22,11 @@ void set_matmul_workspace_bytes(size_t bytes);
 // PyTorch's torch.cuda.tunable.enable (PYTORCH_TUNABLEOP_ENABLED): the first product of each
 // problem (shapes, layouts, dtypes, alignments, epilogue) times cuBLASLt's first 8 heuristic
 // algorithms on its own operands (5 runs each into scratch outputs, one host wait) and keeps
-// the fastest for the rest of the process; later products of the problem run it with no
-// wait. A problem first met inside a CUDA graph capture takes the heuristic's algorithm.
-// Which algorithm wins can differ between processes, and with it the last bits of results.
-// Off by default; TALLY_TUNABLEOP_ENABLED=1 in the environment starts it on. Process-wide.
+// the fastest, when it beats the heuristic's first choice by 3%, for the rest of the process;
+// later products of the problem run it with no wait. A problem first met inside a CUDA graph
+// capture takes the heuristic's algorithm. Which algorithm wins can differ between processes, and
+// with it the last bits of results. Off by default; TALLY_TUNABLEOP_ENABLED=1 in the environment
+// starts it on. Process-wide.
 void set_tunable_enabled(bool enabled);
 bool tunable_enabled();
 size_t matmul_workspace_bytes();
