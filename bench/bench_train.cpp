@@ -11,7 +11,8 @@
 // "resnet:amp-bf16+sib" (tokens: offload = every block's activations to pinned host memory,
 // sib = step-in-backward, adamw8bit = GPT's optimizer with 8-bit moments, fusedce = GPT's
 // fused chunked classifier (chunk512: its chunks of 512 MiB, not 256), unfusedmlp = GPT's MLP as
-// three modules (GPTConfig::fused_mlp off), v50257 = GPT's real vocabulary (nopad: its products not
+// three modules (GPTConfig::fused_mlp off), unfusedaddnorm = GPT's residual add and ln_2 apart
+// (GPTConfig::fused_add_norm off), v50257 = GPT's real vocabulary (nopad: its products not
 // padded to a multiple of 64), varyseq = GPT's sequence length varying per step; graphs = the step
 // captured into a CUDA graph and replayed, as
 // --cuda-graphs does for every configuration; tuned = products with cuBLASLt's algorithms timed
@@ -213,6 +214,7 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
   c.fused_classifier = has(cfg, "fusedce");
   if (has(cfg, "chunk512")) c.fused_classifier_chunk_bytes = int64_t{512} << 20;
   c.fused_mlp = !has(cfg, "unfusedmlp");
+  c.fused_add_norm = !has(cfg, "unfusedaddnorm");
   if (has(cfg, "nopad")) c.classifier_pad_multiple = 0;  // 50257's products unpadded
   auto model = std::make_shared<nn::GPT>(c);
   model->to(dev);
@@ -299,8 +301,9 @@ int main(int argc, char** argv) {
     // name only.
     for (const std::string& c : configs) {
       if (!has(c, "offload") && !has(c, "sib") && !has(c, "adamw8bit") && !has(c, "fusedce") &&
-          !has(c, "unfusedmlp") && !has(c, "v50257") && !has(c, "hist") && !has(c, "leaks") &&
-          !has(c, "varyseq") && !has(c, "graphs") && !has(c, "tuned"))
+          !has(c, "unfusedmlp") && !has(c, "unfusedaddnorm") && !has(c, "v50257") &&
+          !has(c, "hist") && !has(c, "leaks") && !has(c, "varyseq") && !has(c, "graphs") &&
+          !has(c, "tuned"))
         continue;
       const std::string named = graphs && !has(c, "graphs") ? c + "+graphs" : c;
       if (resnet && named.rfind("resnet:", 0) == 0) resnet_cfg(named.substr(7), dev, steps);

@@ -84,12 +84,28 @@ void LayerNorm::reset_parameters() {
   if (bias.defined()) init::zeros_(bias);
 }
 
-Tensor LayerNorm::forward(const Tensor& x) {
-  std::optional<DType> out_dtype;
+namespace {
+std::optional<DType> layer_norm_out_dtype(bool autocast_output, const Tensor& x) {
   if (autocast_output && autocast::is_active(x.device()) && is_floating(x.dtype()) &&
       x.dtype() != DType::float64)
-    out_dtype = autocast_dtype(x.device().type);
-  return layer_norm(x, normalized_shape, weight, bias, eps, out_dtype);
+    return autocast_dtype(x.device().type);
+  return std::nullopt;
+}
+}  // namespace
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  return layer_norm(x, normalized_shape, weight, bias, eps,
+                    layer_norm_out_dtype(autocast_output, x));
+}
+
+std::pair<Tensor, Tensor> LayerNorm::forward_with_residual(const Tensor& x, const Tensor& residual,
+                                                           const std::source_location& site) {
+  return call(
+      [&] {
+        return add_layer_norm(x, residual, normalized_shape, weight, bias, eps,
+                              layer_norm_out_dtype(autocast_output, x));
+      },
+      site);
 }
 
 std::string LayerNorm::extra_repr() const {

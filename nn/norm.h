@@ -36,6 +36,11 @@ class LayerNorm : public Module {
                      bool bias = true)
       : LayerNorm(Shape{normalized_size}, eps, elementwise_affine, bias) {}
   Tensor forward(const Tensor& x) override;
+  // {x + residual, this(x + residual)} as one node (tally::add_layer_norm): a pre-norm
+  // transformer block's residual add and the normalization after it, under this module's scope.
+  std::pair<Tensor, Tensor> forward_with_residual(
+      const Tensor& x, const Tensor& residual,
+      const std::source_location& site = std::source_location::current());
   void reset_parameters();
   std::string extra_repr() const override;
 

@@ -186,6 +186,17 @@ void bind_functional(py::module_& m, py::module_& F) {
       py::arg("input"), py::arg("normalized_shape"), py::arg("weight") = py::none(),
       py::arg("bias") = py::none(), py::arg("eps") = 1e-5);
   F.def(
+      "add_layer_norm",
+      [](T x, T residual, py::object shape, std::optional<Tensor> w, std::optional<Tensor> b,
+         double eps) {
+        return add_layer_norm(x, residual, dims_of(shape), w.value_or(Tensor()),
+                              b.value_or(Tensor()), eps);
+      },
+      py::arg("input"), py::arg("residual"), py::arg("normalized_shape"),
+      py::arg("weight") = py::none(), py::arg("bias") = py::none(), py::arg("eps") = 1e-5,
+      "(input + residual, layer_norm(input + residual)) as one node (Tally's own: a "
+      "transformer block's residual add fused into the normalization after it)");
+  F.def(
       "dropout", [](T x, double p, bool training) { return dropout(x, p, training); },
       py::arg("input"), py::arg("p") = 0.5, py::arg("training") = true);
   F.def(

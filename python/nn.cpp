@@ -556,6 +556,7 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
       .def_readwrite("bias", &nn::GPTConfig::bias)
       .def_readwrite("fused_classifier", &nn::GPTConfig::fused_classifier)
       .def_readwrite("fused_mlp", &nn::GPTConfig::fused_mlp)
+      .def_readwrite("fused_add_norm", &nn::GPTConfig::fused_add_norm)
       .def_readwrite("fused_classifier_chunk_bytes", &nn::GPTConfig::fused_classifier_chunk_bytes)
       .def_readwrite("classifier_pad_multiple", &nn::GPTConfig::classifier_pad_multiple)
       .def("__repr__", [](const nn::GPTConfig& c) {

@@ -73,7 +73,7 @@ Tensor MLP::forward(const Tensor& x) {
   return (*dropout)((*c_proj)((*gelu)((*c_fc)(x))));
 }
 
-Block::Block(const GPTConfig& cfg) : Module("Block") {
+Block::Block(const GPTConfig& cfg) : Module("Block"), fused_add_norm(cfg.fused_add_norm) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(cfg.n_embd, 1e-5, true, cfg.bias));
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(cfg));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(cfg.n_embd, 1e-5, true, cfg.bias));
@@ -84,7 +84,13 @@ Block::Block(const GPTConfig& cfg) : Module("Block") {
 }
 
 Tensor Block::forward(const Tensor& x) {
-  Tensor y = add(x, (*attn)((*ln_1)(x)));
+  const Tensor a = (*attn)((*ln_1)(x));
+  if (fused_add_norm && !ln_2->is_checkpointed() && !ln_2->offloader()) {
+    // y = x + a and ln_2(y) in one node (the residual add fused into the norm).
+    auto [y, h] = ln_2->forward_with_residual(x, a);
+    return add(y, (*mlp)(h));
+  }
+  const Tensor y = add(x, a);
   return add(y, (*mlp)((*ln_2)(y)));
 }
 

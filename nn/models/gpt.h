@@ -38,6 +38,11 @@ struct GPTConfig {
   // separate modules run instead when off, or when c_fc, gelu or c_proj is checkpointed or
   // offloaded on its own.
   bool fused_mlp = true;
+  // Each block's first residual add and ln_2 as one node (LayerNorm::forward_with_residual,
+  // tally::add_layer_norm): the sum normalized as it is written, and its two gradients added
+  // inside layer_norm's backward. Its allocations carry ln_2's module. The add and ln_2 run
+  // apart when off, or when ln_2 is checkpointed or offloaded on its own.
+  bool fused_add_norm = true;
   // A 16-bit unfused classifier (under fp16/bf16 autocast, or a 16-bit model) computes over
   // the vocabulary rounded up to a multiple of this (<= 1: never): lm_head's weight gets zero
   // rows and a bias of -inf there, so those logits are -inf and the loss, the softmax and every
@@ -81,6 +86,7 @@ class Block : public Module {
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<MLP> mlp;
+  bool fused_add_norm;  // GPTConfig::fused_add_norm
 };
 
 // nanoGPT's `transformer` ModuleDict: idx [B, T] -> final hidden states [B, T, C]; with

@@ -59,6 +59,52 @@ Tensor layer_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor&
   return out;
 }
 
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual,
+                                         const Shape& normalized_shape, const Tensor& weight_,
+                                         const Tensor& bias_, double eps,
+                                         std::optional<DType> out_dtype, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  const bool sixteen_sum = x.defined() && residual.defined() && is_floating(x.dtype()) &&
+                           is_floating(residual.dtype()) &&
+                           (promote_types(x.dtype(), residual.dtype()) == DType::float16 ||
+                            promote_types(x.dtype(), residual.dtype()) == DType::bfloat16);
+  if (sixteen_sum && autocast::is_active(x.device())) {  // the two ops, as autocast runs them
+    Tensor s = add(x, residual);
+    return {s, layer_norm(s, normalized_shape, weight_, bias_, eps, out_dtype)};
+  }
+  const auto [weight, bias] = autocast::fp32("layer_norm", weight_, bias_);
+  auto [sum, out, mean, rstd] =
+      o::add_layer_norm(x, residual, normalized_shape, weight, bias, eps, out_dtype);
+  const bool need_d = x.requires_grad() || residual.requires_grad();
+  const bool need_dw = weight.defined() && weight.requires_grad();
+  const bool save_stats = need_d || need_dw;
+  record(
+      "AddLayerNormBackward", {x, residual, weight, bias}, {sum, out},
+      {defined_if(save_stats, sum), defined_if(save_stats, mean), defined_if(save_stats, rstd),
+       defined_if(need_d, weight)},
+      [normalized_shape, xdt = x.dtype(), rdt = residual.dtype(), wdt = dtype_or(weight, x.dtype()),
+       bdt = dtype_or(bias, x.dtype())](BackwardContext& ctx, const TensorList& g) -> TensorList {
+        const bool mx = ctx.needs_input_grad(0), mr = ctx.needs_input_grad(1),
+                   mw = ctx.needs_input_grad(2), mb = ctx.needs_input_grad(3);
+        const bool md = mx || mr;
+        Tensor d, dw, db;
+        if (!md && !mw) {
+          db = o::sum_to(g[1], normalized_shape);
+        } else {
+          // d(sum) = the normalization's gradient + the sum's own, in one pass.
+          auto [d_, dw_, db_] = o::layer_norm_backward(g[1], ctx.saved(0), normalized_shape,
+                                                       ctx.saved(1), ctx.saved(2), ctx.saved(3),
+                                                       {md, mw, mb}, md ? g[0] : Tensor());
+          d = d_;
+          dw = dw_;
+          db = db_;
+        }
+        return {mx ? as_param_grad(d, xdt) : Tensor(), mr ? as_param_grad(d, rdt) : Tensor(),
+                as_param_grad(dw, wdt), as_param_grad(db, bdt)};
+      });
+  return {sum, out};
+}
+
 // ---------------------------------------------------------------- rms_norm
 
 Tensor rms_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor& weight_,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <optional>
+#include <utility>
 
 #include "autograd/ops.h"
 #include "tensor/norm/ops.h"
@@ -21,6 +22,17 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   const Tensor& bias = {}, double eps = 1e-5,
                   std::optional<DType> out_dtype = std::nullopt,
                   CallSite site = CallSite::current());
+
+// {x + residual, layer_norm(x + residual, ...)}: a pre-norm transformer block's residual add
+// and the next normalization as one node (ops::add_layer_norm: the sum is normalized as it is
+// written, and in backward the sum's gradient is added to the normalization's in the same
+// pass). The same values and gradients as add followed by layer_norm; the sum has add's dtype.
+// Under autocast a 16-bit sum takes the two ops (layer_norm's float32 policy).
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual,
+                                         const Shape& normalized_shape, const Tensor& weight = {},
+                                         const Tensor& bias = {}, double eps = 1e-5,
+                                         std::optional<DType> out_dtype = std::nullopt,
+                                         CallSite site = CallSite::current());
 
 // x / sqrt(mean(x^2) + eps) * weight over the trailing dims; eps defaults to the machine
 // epsilon of x's dtype (PyTorch's eps=None).

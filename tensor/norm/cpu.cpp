@@ -47,10 +47,22 @@ BackwardPtrs<T, G> backward_ptrs(const Tensor& dx, const Tensor& dweight, const 
 }
 
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                const Tensor& weight, const Tensor& bias, int64_t rows, int64_t cols, double eps) {
+                const Tensor& weight, const Tensor& bias, int64_t rows, int64_t cols, double eps,
+                const Tensor& residual, const Tensor& sum) {
   dispatch_row_pair(x.dtype(), out.dtype(), "layer_norm", [&]<typename T, typename O>() {
     using A = acc_t<T>;
-    const T* px = ptr<const T>(x);
+    const T* px = residual.defined() ? ptr<const T>(sum) : ptr<const T>(x);
+    if (residual.defined()) {  // sum = x + residual, rounded to x's dtype, then normalized
+      const T* xs = ptr<const T>(x);
+      T* ps = ptr<T>(sum);
+      const bool as_x = residual.dtype() == x.dtype();
+      const T* rt = as_x ? ptr<const T>(residual) : nullptr;
+      const O* ro = as_x ? nullptr : ptr<const O>(residual);
+      parallel_for(rows * cols, grain_of(1), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i)
+          ps[i] = T(static_cast<A>(xs[i]) + (rt ? static_cast<A>(rt[i]) : static_cast<A>(ro[i])));
+      });
+    }
     O* po = ptr<O>(out);
     A* pm = ptr<A>(mean);
     A* pr = ptr<A>(rstd);
@@ -87,7 +99,7 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
 
 void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                          const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& weight, int64_t rows, int64_t cols) {
+                         const Tensor& weight, int64_t rows, int64_t cols, const Tensor& dx_add) {
   dispatch_row_pair(x.dtype(), dy.dtype(), "layer_norm_backward", [&]<typename T, typename G>() {
     using A = acc_t<T>;
     const BackwardPtrs<T, G> p = backward_ptrs<T, G>(dx, dweight, dbias, dy, x, mean, rstd, weight);
@@ -110,6 +122,7 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
       });
     }
     if (!p.dx) return;
+    const T* pa = dx_add.defined() ? ptr<const T>(dx_add) : nullptr;
     const double inv_n = cols > 0 ? 1.0 / static_cast<double>(cols) : 0.0;
     parallel_for(rows, grain_of(cols), [&](int64_t row0, int64_t row1) {
       for (int64_t i = row0; i < row1; ++i) {
@@ -130,11 +143,13 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
         const A mg = center ? static_cast<A>(sg * inv_n) : A(0);
         const A mgx = static_cast<A>(sgx * inv_n);
         T* dr = p.dx + i * cols;
+        const T* ar = pa ? pa + i * cols : nullptr;
         for (int64_t j = 0; j < cols; ++j) {
           const A xh = math::xhat(static_cast<A>(xr[j]), m, r);
           const A g = static_cast<A>(gr[j]);
           const A gw = p.weight ? g * p.weight[j] : g;
-          dr[j] = T(math::norm_input_grad(r, gw, mg, xh, mgx));
+          const A d = math::norm_input_grad(r, gw, mg, xh, mgx);
+          dr[j] = T(ar ? d + static_cast<A>(ar[j]) : d);
         }
       }
     });

@@ -226,7 +226,8 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     layer_norm_bwd_kernel(T* __restrict__ dx, A* __restrict__ part, bool smem,
                           const G* __restrict__ dy, const T* __restrict__ x,
                           const A* __restrict__ mean, const A* __restrict__ rstd,
-                          const A* __restrict__ w, int64_t rows, int64_t cols) {
+                          const A* __restrict__ w, int64_t rows, int64_t cols,
+                          const T* __restrict__ dxa) {
   __shared__ A red[64];
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   const bool center = mean != nullptr;
@@ -261,11 +262,13 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     const A mg = center ? sg * inv_n : A(0);
     const A mgx = sgx * inv_n;
     T* dr = dx + row * cols;
+    const T* ar = dxa ? dxa + row * cols : nullptr;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       const A xh = math::xhat(static_cast<A>(load(xr[j])), m, r);
       const A g = static_cast<A>(load(gr[j]));
       const A gw = w ? g * w[j] : g;
-      dr[j] = store<T>(math::norm_input_grad(r, gw, mg, xh, mgx));
+      const A d = math::norm_input_grad(r, gw, mg, xh, mgx);
+      dr[j] = store<T>(ar ? d + static_cast<A>(load(ar[j])) : d);
     }
   }
   if (acc && smem) {
@@ -286,7 +289,7 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     layer_norm_bwd_pack_kernel(T* __restrict__ dx, A* __restrict__ part, const G* __restrict__ dy,
                                const T* __restrict__ x, const A* __restrict__ mean,
                                const A* __restrict__ rstd, const A* __restrict__ w, int64_t rows,
-                               int cols) {
+                               int cols, const T* __restrict__ dxa) {
   __shared__ A red[64];
   const bool center = mean != nullptr;
   const int t = static_cast<int>(threadIdx.x);
@@ -323,10 +326,13 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     const A mg = center ? sg * inv_n : A(0);
     const A mgx = sgx * inv_n;
     if (active) {
-      Pack<T, V> o;
+      Pack<T, V> o, a;
+      if (dxa) a = load_pack<V>(dxa + row * cols, t);  // the residual's gradient, added
 #pragma unroll
-      for (int e = 0; e < V; ++e)
-        o.v[e] = store<T>(math::norm_input_grad(r, gw[e], mg, xh[e], mgx));
+      for (int e = 0; e < V; ++e) {
+        const A d = math::norm_input_grad(r, gw[e], mg, xh[e], mgx);
+        o.v[e] = store<T>(dxa ? d + static_cast<A>(load(a.v[e])) : d);
+      }
       store_pack<V>(dx + row * cols, t, o);
     }
   }
@@ -597,11 +603,14 @@ __global__ void bn_bwd_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy,
 // (K 16-byte packs a lane), mean and variance by warp shuffles (two passes over the
 // registers, as the block kernel's over memory), no shared memory or block barriers.
 // out in O (a pack of V elements: 16 bytes of T, 8 of a 16-bit O beside a float T).
-template <typename T, typename O, typename A, int K>
+// With res non-null (R: T or O), the row is x + res, each sum rounded to T and written to
+// sum (ops::add_layer_norm), then normalized from the registers.
+template <typename T, typename O, typename A, int K, typename R>
 __global__ void __launch_bounds__(256)
     layer_norm_fwd_warp_kernel(O* __restrict__ out, A* __restrict__ mean, A* __restrict__ rstd,
                                const T* __restrict__ x, const A* __restrict__ w,
-                               const A* __restrict__ b, int64_t rows, int cols, A eps) {
+                               const A* __restrict__ b, int64_t rows, int cols, A eps,
+                               const R* __restrict__ res, T* __restrict__ sum) {
   constexpr int V = 16 / sizeof(T);
   using P = Pack<T, V>;
   const bool center = mean != nullptr;
@@ -617,10 +626,22 @@ __global__ void __launch_bounds__(256)
       const int c = (k * 32 + lane) * V;
       if (c < cols) {
         const P pk = load_pack<V>(xr, c / V);
+        if (res) {
+          const Pack<R, V> rp = load_pack<V>(res + row * cols, c / V);
+          P sp;
 #pragma unroll
-        for (int e = 0; e < V; ++e) {
-          v[k][e] = static_cast<A>(load(pk.v[e]));
-          s += v[k][e];
+          for (int e = 0; e < V; ++e) {
+            sp.v[e] = store<T>(static_cast<A>(load(pk.v[e])) + static_cast<A>(load(rp.v[e])));
+            v[k][e] = static_cast<A>(load(sp.v[e]));
+            s += v[k][e];
+          }
+          store_pack<V>(sum + row * cols, c / V, sp);
+        } else {
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            v[k][e] = static_cast<A>(load(pk.v[e]));
+            s += v[k][e];
+          }
         }
       } else {
 #pragma unroll
@@ -659,15 +680,37 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// sum = x + res elementwise, rounded to T: add_layer_norm's sum when the rows take the block
+// kernel (which then normalizes sum).
+template <typename T, typename R, typename A>
+__global__ void add_rows_kernel(T* __restrict__ sum, const T* __restrict__ x,
+                                const R* __restrict__ res, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    sum[i] = store<T>(static_cast<A>(load(x[i])) + static_cast<A>(load(res[i])));
+}
+
 // ------------------------------------------------------------------ launchers
 
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                const Tensor& weight, const Tensor& bias, int64_t rows, int64_t cols, double eps) {
+                const Tensor& weight, const Tensor& bias, int64_t rows, int64_t cols, double eps,
+                const Tensor& residual, const Tensor& sum) {
   const char* name = mean.defined() ? "layer_norm" : "rms_norm";
   if (rows <= 0) return;
   NvtxRange range(name);
   const int dev = x.device().index;
   expect_forward(name, dev, out.dtype(), out, x, mean, {&rstd, "rstd"}, weight, bias);
+  const bool add = residual.defined();
+  if (add) {
+    expect_cuda(name, dev, {{&residual, "residual"}, {&sum, "sum"}});
+    if (sum.dtype() != x.dtype() ||
+        (residual.dtype() != x.dtype() && residual.dtype() != out.dtype()))
+      throw std::invalid_argument(std::string("add_layer_norm (CUDA): residual ") +
+                                  dtype_name(residual.dtype()) + " and sum " +
+                                  dtype_name(sum.dtype()) + " must have the input's dtype " +
+                                  dtype_name(x.dtype()) + " (the residual may also have out's, " +
+                                  dtype_name(out.dtype()) + ")");
+  }
   DeviceGuard guard(dev);
   const int threads = row_threads(cols);
   const auto grid = static_cast<unsigned>(std::min(rows, kMaxGrid));
@@ -675,39 +718,59 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
     using T = dev_t<HT>;
     using O = dev_t<HO>;
     using A = acc_t<HT>;
-    // Rows that fit a warp's registers (GPT's 768): the one-read warp kernel.
-    constexpr int V = static_cast<int>(16 / sizeof(T));
-    const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
-                         reinterpret_cast<uintptr_t>(out.data_ptr()) % (sizeof(O) * V) == 0;
-    if (aligned && cols > 0 && cols % V == 0 && cols <= 32 * V * 8) {
-      const int64_t packs_per_lane = (cols / V + 31) / 32;
-      const auto wgrid = static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, kMaxGrid));
-      auto go = [&]<int K>() {
-        layer_norm_fwd_warp_kernel<T, O, A, K><<<wgrid, 256, 0, stream(dev)>>>(
-            ptr<O>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
-            ptr<const A>(bias), rows, static_cast<int>(cols), static_cast<A>(eps));
+    // The residual in T or O (R), or none.
+    auto with_residual = [&]<typename R>() {
+      const R* res = add ? ptr<const R>(residual) : nullptr;
+      T* sp = add ? ptr<T>(sum) : nullptr;
+      // Rows that fit a warp's registers (GPT's 768): the one-read warp kernel.
+      constexpr int V = static_cast<int>(16 / sizeof(T));
+      const auto at = [](const void* p, size_t bytes) {
+        return reinterpret_cast<uintptr_t>(p) % bytes == 0;
       };
-      if (packs_per_lane <= 1)
-        go.template operator()<1>();
-      else if (packs_per_lane <= 2)
-        go.template operator()<2>();
-      else if (packs_per_lane <= 4)
-        go.template operator()<4>();
-      else
-        go.template operator()<8>();
+      const bool aligned = at(x.data_ptr(), 16) && at(out.data_ptr(), sizeof(O) * V) &&
+                           (!add || (at(res, sizeof(R) * V) && at(sp, 16)));
+      if (aligned && cols > 0 && cols % V == 0 && cols <= 32 * V * 8) {
+        const int64_t packs_per_lane = (cols / V + 31) / 32;
+        const auto wgrid = static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, kMaxGrid));
+        auto go = [&]<int K>() {
+          layer_norm_fwd_warp_kernel<T, O, A, K, R><<<wgrid, 256, 0, stream(dev)>>>(
+              ptr<O>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
+              ptr<const A>(bias), rows, static_cast<int>(cols), static_cast<A>(eps), res, sp);
+        };
+        if (packs_per_lane <= 1)
+          go.template operator()<1>();
+        else if (packs_per_lane <= 2)
+          go.template operator()<2>();
+        else if (packs_per_lane <= 4)
+          go.template operator()<4>();
+        else
+          go.template operator()<8>();
+        check_launch(name);
+        return;
+      }
+      const T* src = ptr<const T>(x);
+      if (add) {  // the sum first, then the block kernel normalizes it
+        const int64_t n = rows * cols;
+        const auto agrid = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, kMaxGrid));
+        add_rows_kernel<T, R, A><<<agrid, 256, 0, stream(dev)>>>(sp, src, res, n);
+        check_launch(name);
+        src = sp;
+      }
+      layer_norm_fwd_kernel<T, O, A><<<grid, threads, 0, stream(dev)>>>(
+          ptr<O>(out), ptr<A>(mean), ptr<A>(rstd), src, ptr<const A>(weight), ptr<const A>(bias),
+          rows, cols, static_cast<A>(eps));
       check_launch(name);
-      return;
-    }
-    layer_norm_fwd_kernel<T, O, A><<<grid, threads, 0, stream(dev)>>>(
-        ptr<O>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
-        ptr<const A>(bias), rows, cols, static_cast<A>(eps));
-    check_launch(name);
+    };
+    if (!add || residual.dtype() == x.dtype())
+      with_residual.template operator()<T>();
+    else
+      with_residual.template operator()<O>();
   });
 }
 
 void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                          const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& weight, int64_t rows, int64_t cols) {
+                         const Tensor& weight, int64_t rows, int64_t cols, const Tensor& dx_add) {
   const char* name = mean.defined() ? "layer_norm_backward" : "rms_norm_backward";
   const bool params = dweight.defined() || dbias.defined();
   if (!dx.defined() && !params) return;
@@ -716,6 +779,10 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   const DType stat = stat_dtype(x.dtype());
   expect_backward(name, dev, x.dtype(), dy.dtype(), dx, dweight, dbias, dy, x, mean,
                   {&rstd, "rstd"}, weight);
+  if (dx_add.defined()) {
+    expect_cuda(name, dev, {{&dx_add, "dx_add"}});
+    expect_dtype(name, x.dtype(), {{&dx_add, "dx_add"}});
+  }
   DeviceGuard guard(dev);
   const cudaStream_t st = stream(dev);
   const int threads = row_threads(cols);
@@ -743,16 +810,17 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
       const auto aligned = [](const Tensor& t, size_t bytes) {
         return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % bytes == 0;
       };
+      const T* dxa = dx.defined() && dx_add.defined() ? ptr<const T>(dx_add) : nullptr;
       if (cols % V == 0 && cols / V <= kRowMaxThreads && aligned(x, 16) && aligned(dx, 16) &&
-          aligned(dy, sizeof(G) * V)) {
+          aligned(dy, sizeof(G) * V) && aligned(dx_add, 16)) {
         const int pack_threads = static_cast<int>((cols / V + 31) / 32 * 32);
         layer_norm_bwd_pack_kernel<T, G, A, V><<<grid, pack_threads, 0, st>>>(
             ptr<T>(dx), ptr<A>(part), ptr<const G>(dy), ptr<const T>(x), ptr<const A>(mean),
-            ptr<const A>(rstd), ptr<const A>(weight), rows, static_cast<int>(cols));
+            ptr<const A>(rstd), ptr<const A>(weight), rows, static_cast<int>(cols), dxa);
       } else {
         layer_norm_bwd_kernel<T, G, A><<<grid, threads, smem_bytes, st>>>(
             ptr<T>(dx), ptr<A>(part), smem, ptr<const G>(dy), ptr<const T>(x), ptr<const A>(mean),
-            ptr<const A>(rstd), ptr<const A>(weight), rows, cols);
+            ptr<const A>(rstd), ptr<const A>(weight), rows, cols, dxa);
       }
       check_launch(name);
     }

@@ -33,16 +33,22 @@ struct NormKernels {
   // is defined, mean [rows] (layer_norm). An undefined mean means rms_norm: no centering.
   // weight, bias: [cols] or undefined. out may also be float16 or bfloat16 beside a float32 x
   // (ops::norm_writes_dtype): each value rounded once, from the statistics dtype.
+  // With `residual` defined (x's shape, contiguous, x's dtype or out's), the rows normalized
+  // are x + residual, each sum rounded to x's dtype and written to `sum` (x's dtype and
+  // shape) first: ops::add_layer_norm, the residual add of a transformer block fused.
   void (*layer_norm)(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                      const Tensor& weight, const Tensor& bias, int64_t rows, int64_t cols,
-                     double eps);
+                     double eps, const Tensor& residual, const Tensor& sum);
 
   // One pass over the rows computing whichever of dx, dweight, dbias is defined (dweight and
   // dbias [cols] are overwritten, not accumulated into). mean undefined: rms_norm. dy may
   // also be float16 or bfloat16 beside a float32 x (ops::norm_writes_dtype), read widened.
+  // dx_add (x's dtype and shape, contiguous; undefined: none) is added to dx before it is
+  // rounded: the gradient a residual connection brings to the same tensor.
   void (*layer_norm_backward)(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                               const Tensor& dy, const Tensor& x, const Tensor& mean,
-                              const Tensor& rstd, const Tensor& weight, int64_t rows, int64_t cols);
+                              const Tensor& rstd, const Tensor& weight, int64_t rows, int64_t cols,
+                              const Tensor& dx_add);
 
   // Per channel c of x [N, C, *]: mean, biased var and invstd = 1 / sqrt(var + eps), [C]
   // each. An empty batch gives mean 0 and var 0.

@@ -167,26 +167,79 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Shape& norm
   Tensor mean = alloc_output(rs.stat_shape, stat, x.device());
   Tensor rstd = alloc_output(rs.stat_shape, stat, x.device());
   norm_backends.get(info, x.device(), &NormKernels::layer_norm)(
-      out, mean, rstd, xc, as_stat(weight, stat), as_stat(bias, stat), rs.rows, rs.cols, eps);
+      out, mean, rstd, xc, as_stat(weight, stat), as_stat(bias, stat), rs.rows, rs.cols, eps,
+      Tensor(), Tensor());
   return {fused ? out : to(out, out_dt), mean, rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual,
+                                                          const Shape& normalized_shape,
+                                                          const Tensor& weight, const Tensor& bias,
+                                                          double eps,
+                                                          std::optional<DType> out_dtype) {
+  static const OpInfo info("add_layer_norm");
+  check_floating(info.name, "input", x);
+  check_floating(info.name, "residual", residual);
+  check_same_device(info.name, x.device(), residual.device());
+  if (residual.sizes() != x.sizes())
+    throw std::invalid_argument(
+        fmt::format("{}: residual of shape {} does not match input of shape {} (no broadcasting)",
+                    info.name, residual.shape_string(), x.shape_string()));
+  // The sum is in the dtype add would give it (type promotion); the kernel adds into x's dtype.
+  const DType sum_dt = promote_types(x.dtype(), residual.dtype());
+  if (sum_dt != x.dtype()) {  // a wider residual: the composite
+    const Tensor s = add(x, residual);
+    auto [out, mean, rstd] = layer_norm(s, normalized_shape, weight, bias, eps, out_dtype);
+    return {s, out, mean, rstd};
+  }
+  DispatchScope scope(info, x, residual);
+  const RowShape rs = row_shape(info.name, x, normalized_shape);
+  check_affine(info.name, "weight", weight, x, normalized_shape);
+  check_affine(info.name, "bias", bias, x, normalized_shape);
+  const DType out_dt = out_dtype.value_or(x.dtype());
+  if (!is_floating(out_dt))
+    throw std::invalid_argument(fmt::format(
+        "{}: out_dtype must be a floating dtype, got {} (input of shape {} and dtype {})",
+        info.name, dtype_name(out_dt), x.shape_string(), dtype_name(x.dtype())));
+  const bool fused = norm_writes_dtype(x.dtype(), out_dt);
+  const DType o_dt = fused ? out_dt : x.dtype();
+  // The kernel reads a residual of x's dtype or of out's.
+  const Tensor rc = contiguous(residual.dtype() == x.dtype() || residual.dtype() == o_dt
+                                   ? residual
+                                   : to(residual, x.dtype()));
+  const DType stat = norm_stat_dtype(x.dtype());
+  Tensor sum = alloc_output(x.sizes(), x.dtype(), x.device());
+  Tensor out = alloc_output(x.sizes(), o_dt, x.device());
+  Tensor mean = alloc_output(rs.stat_shape, stat, x.device());
+  Tensor rstd = alloc_output(rs.stat_shape, stat, x.device());
+  norm_backends.get(info, x.device(), &NormKernels::layer_norm)(
+      out, mean, rstd, contiguous(x), as_stat(weight, stat), as_stat(bias, stat), rs.rows, rs.cols,
+      eps, rc, sum);
+  return {sum, fused ? out : to(out, out_dt), mean, rstd};
 }
 
 namespace {
 
 // layer_norm_backward, and rms_norm_backward (centered false: no mean, no dbias): the checks,
 // the gradients the mask asks for, and the kernel.
-std::tuple<Tensor, Tensor, Tensor> row_norm_backward(const OpInfo& info, bool centered,
-                                                     const Tensor& grad_out, const Tensor& x,
-                                                     const Shape& normalized_shape,
-                                                     const Tensor& mean, const Tensor& rstd,
-                                                     const Tensor& weight,
-                                                     std::array<bool, 3> output_mask) {
+std::tuple<Tensor, Tensor, Tensor> row_norm_backward(
+    const OpInfo& info, bool centered, const Tensor& grad_out, const Tensor& x,
+    const Shape& normalized_shape, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+    std::array<bool, 3> output_mask, const Tensor& grad_residual) {
   DispatchScope scope(info, x);
   check_floating(info.name, "input", x);
   check_grad_out(info.name, grad_out, x);
   const RowShape rs = row_shape(info.name, x, normalized_shape);
   check_affine(info.name, "weight", weight, x, normalized_shape);
   if (centered) check_stat(info.name, "mean", mean, rs.rows, x);
+  if (grad_residual.defined()) {
+    check_floating(info.name, "grad_residual", grad_residual);
+    check_same_device(info.name, x.device(), grad_residual.device());
+    if (grad_residual.sizes() != x.sizes())
+      throw std::invalid_argument(
+          fmt::format("{}: grad_residual of shape {} for an input of shape {}", info.name,
+                      grad_residual.shape_string(), x.shape_string()));
+  }
   check_stat(info.name, "rstd", rstd, rs.rows, x);
   const DType stat = norm_stat_dtype(x.dtype());
   Tensor dx = output_mask[0] ? alloc_output(x.sizes(), x.dtype(), x.device()) : Tensor();
@@ -198,7 +251,9 @@ std::tuple<Tensor, Tensor, Tensor> row_norm_backward(const OpInfo& info, bool ce
         contiguous(norm_writes_dtype(x.dtype(), grad_out.dtype()) ? grad_out
                                                                   : to(grad_out, x.dtype())),
         contiguous(x), centered ? contiguous(mean) : Tensor(), contiguous(rstd),
-        as_stat(weight, stat), rs.rows, rs.cols);
+        as_stat(weight, stat), rs.rows, rs.cols,
+        dx.defined() && grad_residual.defined() ? contiguous(to(grad_residual, x.dtype()))
+                                                : Tensor());
   return {dx, dw, db};
 }
 
@@ -208,10 +263,11 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
                                                        const Shape& normalized_shape,
                                                        const Tensor& mean, const Tensor& rstd,
                                                        const Tensor& weight,
-                                                       std::array<bool, 3> output_mask) {
+                                                       std::array<bool, 3> output_mask,
+                                                       const Tensor& grad_residual) {
   static const OpInfo info("layer_norm_backward");
   return row_norm_backward(info, true, grad_out, x, normalized_shape, mean, rstd, weight,
-                           output_mask);
+                           output_mask, grad_residual);
 }
 
 // ---------------------------------------------------------------- rms_norm
@@ -229,7 +285,7 @@ std::tuple<Tensor, Tensor> rms_norm(const Tensor& x, const Shape& normalized_sha
   Tensor rstd = alloc_output(rs.stat_shape, stat, x.device());
   norm_backends.get(info, x.device(), &NormKernels::layer_norm)(
       out, Tensor(), rstd, xc, as_stat(weight, stat), Tensor(), rs.rows, rs.cols,
-      eps ? *eps : default_eps(x.dtype()));
+      eps ? *eps : default_eps(x.dtype()), Tensor(), Tensor());
   return {out, rstd};
 }
 
@@ -239,7 +295,7 @@ std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tenso
                                              std::array<bool, 2> output_mask) {
   static const OpInfo info("rms_norm_backward");
   auto [dx, dw, db] = row_norm_backward(info, false, grad_out, x, normalized_shape, Tensor(), rstd,
-                                        weight, {output_mask[0], output_mask[1], false});
+                                        weight, {output_mask[0], output_mask[1], false}, Tensor());
   return {dx, dw};
 }
 

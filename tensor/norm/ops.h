@@ -43,15 +43,28 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Shape& norm
                                               double eps = 1e-5,
                                               std::optional<DType> out_dtype = std::nullopt);
 
+// A transformer block's residual add and the layer_norm after it, in one pass:
+// sum = x + residual (x's shape, no broadcasting), out = layer_norm(sum) as above. Returns
+// {sum, out, mean, rstd}. sum has add's dtype; when that is x's (a 16-bit residual beside a
+// float32 x, or equal dtypes) the kernel adds, rounds the sum to x's dtype, writes it and
+// normalizes it without reading it back; a wider residual takes add, then layer_norm.
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm(
+    const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+    const Tensor& weight = {}, const Tensor& bias = {}, double eps = 1e-5,
+    std::optional<DType> out_dtype = std::nullopt);
+
 // Gradients of layer_norm w.r.t. {x, weight, bias}, all in one pass over the rows. mean
 // and rstd are layer_norm's. grad_out may have any floating dtype: it is read as
 // to(grad_out, x.dtype()) (a 16-bit grad_out of a float32 input is widened in the kernel,
-// never converted into a float32 copy); dx has x's dtype.
+// never converted into a float32 copy); dx has x's dtype. grad_residual (x's shape; undefined:
+// none) is added to dx in the same pass, before dx is rounded: add_layer_norm's backward,
+// where the sum's own gradient and the normalization's meet.
 std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
                                                        const Shape& normalized_shape,
                                                        const Tensor& mean, const Tensor& rstd,
                                                        const Tensor& weight,
-                                                       std::array<bool, 3> output_mask);
+                                                       std::array<bool, 3> output_mask,
+                                                       const Tensor& grad_residual = {});
 
 // ---- rms_norm: x * rsqrt(mean(x^2) + eps) * weight over the trailing dims ----
 // eps defaults (nullopt) to the machine epsilon of x's dtype, as PyTorch.

@@ -115,6 +115,15 @@ def test_linear_gelu_linear_and_gpt_fused_mlp():
     assert cfg.fused_mlp is True
     cfg.fused_mlp = False
     assert nn.GPT(cfg).config.fused_mlp is False
+    # The residual add fused into ln_2 (GPTConfig.fused_add_norm) gives the unfused model's loss.
+    idx = tally.randint(0, 64, (2, 8))
+    losses = []
+    for fused in (True, False):
+        c = nn.GPTConfig.preset("tiny", n_layer=2)
+        c.fused_add_norm = fused
+        tally.manual_seed(1)
+        losses.append(nn.GPT(c)(idx, idx)[1].item())
+    assert abs(losses[0] - losses[1]) < 1e-6
 
 
 def test_autocast_and_grad_scaler():

@@ -60,6 +60,24 @@ def test_sum_dtype_like_torch():
         x.sum(0, False, tally.float32)  # dtype is keyword-only, as torch's
 
 
+def test_add_layer_norm_is_the_two_ops():
+    rng = np.random.default_rng(3)
+    x = tally.tensor(rng.standard_normal((2, 5, 16)).astype(np.float32), requires_grad=True)
+    r = tally.tensor(rng.standard_normal((2, 5, 16)).astype(np.float32), requires_grad=True)
+    w = tally.tensor(rng.standard_normal(16).astype(np.float32), requires_grad=True)
+    s, h = F.add_layer_norm(x, r, (16,), w)
+    np.testing.assert_array_equal(s.numpy(), (x + r).detach().numpy())
+    np.testing.assert_allclose(h.numpy(), F.layer_norm(x + r, (16,), w).detach().numpy(), rtol=1e-6, atol=1e-6)
+    (s.sum() + (h * h).sum()).backward()
+    gx, gr = x.grad.numpy().copy(), r.grad.numpy().copy()
+    np.testing.assert_array_equal(gx, gr)
+    x2 = tally.tensor(x.detach().numpy(), requires_grad=True)
+    s2 = x2 + r.detach()
+    h2 = F.layer_norm(s2, (16,), w.detach())
+    (s2.sum() + (h2 * h2).sum()).backward()
+    np.testing.assert_allclose(gx, x2.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_python_lists_and_factories():
     assert tally.tensor([1.0, 2.0]).dtype == tally.float32
     assert tally.tensor([1, 2]).dtype == tally.int64

@@ -630,8 +630,103 @@ std::string label(const char* op, const Shape& s, DType d, const char* extra = "
 }
 
 // The cases that compare a device's kernels with the CPU's (accelerators only).
+// max |a - b| over two same-shaped tensors (any devices, read as float64).
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = ops::to_vector(a), y = ops::to_vector(b);
+  EXPECT_EQ(x.size(), y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+// add_layer_norm: the same values as add, then layer_norm (the sum bit for bit), and its
+// gradients float64 finite differences'; a float32 input with a 16-bit residual and output
+// (GPT's blocks under autocast) and a wider residual (the composite) keep add's dtypes.
+TEST_P(Norm, AddLayerNormIsTheTwoOps) {
+  const Tensor x = rand_input({3, 5, 8}, -1, 1, 21), r = rand_input({3, 5, 8}, -1, 1, 22);
+  const Tensor w = rand_input({8}, 0.5, 1.5, 23), b = rand_input({8}, -1, 1, 24);
+  {
+    NoGradGuard ng;
+    auto [s, h] = add_layer_norm(x, r, {8}, w, b);
+    EXPECT_EQ(max_abs_diff(s, ops::add(x, r)), 0.0);
+    EXPECT_LT(max_abs_diff(h, layer_norm(ops::add(x, r), {8}, w, b)), 1e-12);
+  }
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& t) {
+                             auto [s, h] = add_layer_norm(t[0], t[1], {8}, t[2], t[3]);
+                             return add(mul(s, 0.5), h);  // both outputs' gradients meet in d(sum)
+                           },
+                           {x, r, w, b}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [](const TensorList& t) { return add_layer_norm(t[0], t[1], {8}).second; }, {x, r}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [](const TensorList& t) { return add_layer_norm(t[0], t[1], {8}).first; }, {x, r}));
+  // float32 x, bfloat16 residual, bfloat16 out: the sum float32, as add's.
+  const Tensor x32 = ops::to(x, DType::float32), r16 = ops::to(r, DType::bfloat16);
+  auto [s32, o32, m32, rs32] =
+      ops::add_layer_norm(x32, r16, {8}, ops::to(w, DType::float32), {}, 1e-5, DType::bfloat16);
+  EXPECT_EQ(s32.dtype(), DType::float32);
+  EXPECT_EQ(o32.dtype(), DType::bfloat16);
+  EXPECT_EQ(max_abs_diff(s32, ops::add(x32, r16)), 0.0);
+  const Tensor ref = std::get<0>(ops::layer_norm(
+      ops::add(x32, r16), {8}, ops::to(w, DType::float32), {}, 1e-5, DType::bfloat16));
+  EXPECT_EQ(max_abs_diff(o32, ref), 0.0);
+  // A wider residual: add's promotion, then layer_norm.
+  auto [sw, ow, mw, rw] = ops::add_layer_norm(r16, x32, {8});
+  EXPECT_EQ(sw.dtype(), DType::float32);
+  EXPECT_EQ(max_abs_diff(sw, ops::add(r16, x32)), 0.0);
+  // Errors name the op and the shapes.
+  testing::expect_error<std::invalid_argument>(
+      [&] { ops::add_layer_norm(x, ops::narrow(r, 2, 0, 4), {8}); },
+      {"add_layer_norm", "residual of shape [3, 5, 4]", "[3, 5, 8]"});
+  testing::expect_error<std::invalid_argument>([&] { ops::add_layer_norm(x, r, {5}); },
+                                               {"add_layer_norm", "normalized_shape"});
+}
+
 class NormVsCpu : public VsCpu {};
 TALLY_VS_CPU(NormVsCpu);
+
+// add_layer_norm on the device against the CPU: the sum, the output and statistics, and the
+// backward with the sum's gradient added (the warp kernel's rows, GPT's 768 float32 with a
+// bfloat16 residual; and rows that take the block kernels).
+TEST_P(NormVsCpu, AddLayerNormMatchesTheCpu) {
+  uint64_t seed = 1500;
+  struct Case {
+    Shape xs;
+    DType d, rd, od;
+  };
+  const Case cases[] = {{{4, 16, 768}, DType::float32, DType::bfloat16, DType::bfloat16},
+                        {{4, 16, 768}, DType::float32, DType::float32, DType::float32},
+                        {{64, 768}, DType::bfloat16, DType::bfloat16, DType::bfloat16},
+                        {{37, 50}, DType::float32, DType::float32, DType::float32},
+                        {{9, 5000}, DType::float32, DType::bfloat16, DType::bfloat16},
+                        {{300, 1026}, DType::float64, DType::float64, DType::float64}};
+  for (const Case& c : cases) {
+    const std::string extra =
+        std::string(" residual ") + dtype_name(c.rd) + " out " + dtype_name(c.od);
+    SCOPED_TRACE(label("add_layer_norm", c.xs, c.d, extra.c_str()));
+    const int64_t cols = c.xs.back();
+    const Pair x = both(c.xs, c.d, seed += 10, false), r = both(c.xs, c.rd, seed + 1, false);
+    const Pair w = both({cols}, param_dtype(c.d), seed + 2, false, 0.5, 1.5);
+    const Pair b = both({cols}, param_dtype(c.d), seed + 3, false, -1, 1);
+    auto [sc, oc, mc, rc] = ops::add_layer_norm(x.cpu, r.cpu, {cols}, w.cpu, b.cpu, 1e-5, c.od);
+    auto [sg, og, mg, rg] = ops::add_layer_norm(x.gpu, r.gpu, {cols}, w.gpu, b.gpu, 1e-5, c.od);
+    const Tol tol = tol_for(c.od == DType::float64 ? c.d : c.od);
+    EXPECT_TRUE(close(sg, sc, 0.0, "sum"));
+    EXPECT_TRUE(close(og, oc, tol.elem, "out"));
+    EXPECT_TRUE(close(mg, mc, tol_for(c.d).elem, "mean"));
+    EXPECT_TRUE(close(rg, rc, tol_for(c.d).elem, "rstd"));
+    const Pair dy = both(c.xs, c.od, seed + 4, false), ds = both(c.xs, c.d, seed + 5, false);
+    auto [dxc, dwc, dbc] =
+        ops::layer_norm_backward(dy.cpu, sc, {cols}, mc, rc, w.cpu, kMasks3[0], ds.cpu);
+    auto [dxg, dwg, dbg] =
+        ops::layer_norm_backward(dy.gpu, sg, {cols}, mg, rg, w.gpu, kMasks3[0], ds.gpu);
+    const Tol dt = tol_for(c.d);
+    EXPECT_TRUE(close(dxg, dxc, dt.elem, "dx + d(sum)", dx_floor(dy.cpu, w.cpu, rc)));
+    EXPECT_TRUE(close(dwg, dwc, dt.red, "dweight"));
+    EXPECT_TRUE(close(dbg, dbc, dt.red, "dbias"));
+  }
+}
 
 // ---------------------------------------------------------------- layer_norm / rms_norm
 
