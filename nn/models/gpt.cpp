@@ -94,6 +94,23 @@ Tensor Block::forward(const Tensor& x) {
   return add(y, (*mlp)((*ln_2)(y)));
 }
 
+bool Block::can_defer() const {
+  const auto alone = [](const Module& m) { return m.is_checkpointed() || m.offloader(); };
+  return fused_add_norm && !alone(*this) && !alone(*ln_1) && !alone(*ln_2);
+}
+
+std::pair<Tensor, Tensor> Block::forward_deferred(const Tensor& x_in, const Tensor& delta) {
+  return call([&] {
+    Tensor x = x_in, h1;
+    if (delta.defined())
+      std::tie(x, h1) = ln_1->forward_with_residual(x_in, delta);
+    else
+      h1 = (*ln_1)(x_in);
+    auto [y, h2] = ln_2->forward_with_residual(x, (*attn)(h1));
+    return std::pair<Tensor, Tensor>{y, (*mlp)(h2)};
+  });
+}
+
 GPTTransformer::GPTTransformer(const GPTConfig& cfg) : StagedModule("ModuleDict"), config(cfg) {
   wte = register_module("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.n_embd));
   wpe = register_module("wpe", std::make_shared<Embedding>(cfg.block_size, cfg.n_embd));
@@ -127,6 +144,20 @@ Tensor GPTTransformer::forward(const Tensor& idx) {
   } else {
     // Under h's scope, so the blocks' allocations carry "transformer.h.0...", their names
     // in named_modules(), as in the checkpointed path above.
+    std::vector<Block*> blocks;
+    bool defer = !ln_f->is_checkpointed() && !ln_f->offloader();
+    for (const auto& m : *h) {
+      auto* b = dynamic_cast<Block*>(m.get());
+      defer = defer && b && b->can_defer();
+      blocks.push_back(b);
+    }
+    if (defer && !blocks.empty()) {
+      // Each block's last residual add rides in the next normalization (ln_1, then ln_f).
+      Tensor delta;
+      for (Block* b : blocks)
+        std::tie(x, delta) = h->call([&] { return b->forward_deferred(x, delta); });
+      return ln_f->forward_with_residual(x, delta).second;
+    }
     for (const auto& block : *h) x = h->call([&] { return (*block)(x); });
   }
   return (*ln_f)(x);

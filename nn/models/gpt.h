@@ -38,10 +38,13 @@ struct GPTConfig {
   // separate modules run instead when off, or when c_fc, gelu or c_proj is checkpointed or
   // offloaded on its own.
   bool fused_mlp = true;
-  // Each block's first residual add and ln_2 as one node (LayerNorm::forward_with_residual,
-  // tally::add_layer_norm): the sum normalized as it is written, and its two gradients added
-  // inside layer_norm's backward. Its allocations carry ln_2's module. The add and ln_2 run
-  // apart when off, or when ln_2 is checkpointed or offloaded on its own.
+  // Every residual add fused into the layer norm that reads its sum (tally::add_layer_norm,
+  // LayerNorm::forward_with_residual): a block's first add into its ln_2, and, without
+  // checkpoint segments, a block's last add into the next block's ln_1 (the last block's into
+  // ln_f; Block::forward_deferred). The sum is normalized as it is written and its two
+  // gradients meet inside layer_norm's backward, so neither the add's kernel nor the
+  // gradient accumulation runs. The sums' allocations carry the norm's module. The adds run
+  // apart when off, or where a block or a norm is checkpointed or offloaded on its own.
   bool fused_add_norm = true;
   // A 16-bit unfused classifier (under fp16/bf16 autocast, or a 16-bit model) computes over
   // the vocabulary rounded up to a multiple of this (<= 1: never): lm_head's weight gets zero
@@ -82,6 +85,14 @@ class Block : public Module {
  public:
   explicit Block(const GPTConfig& cfg);
   Tensor forward(const Tensor& x) override;
+  // The block with its last residual add left to the caller: returns {y, m}, the block's
+  // output being y + m. A defined `delta` (the previous block's m) is added to x inside ln_1
+  // (LayerNorm::forward_with_residual), so every residual add of the stack is fused into the
+  // normalization after it. Under this block's module scope, as operator().
+  std::pair<Tensor, Tensor> forward_deferred(const Tensor& x, const Tensor& delta);
+  // Whether forward_deferred may stand in for operator(): fused_add_norm on, and neither the
+  // block nor its layer norms checkpointed or offloaded on their own.
+  bool can_defer() const;
   bool is_checkpoint_block() const override { return true; }
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "autograd/autocast.h"
+#include "nn/checkpoint.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "testing/gradcheck.h"
@@ -184,6 +185,57 @@ TEST(GPT, FusedMlpMatchesTheThreeModules) {
       ASSERT_TRUE(pf[i].second.grad().defined()) << pf[i].first;
       const std::vector<double> a = ops::to_vector(pf[i].second.grad()),
                                 b = ops::to_vector(pt[i].second.grad());
+      double err = 0, scale = 0;
+      for (size_t k = 0; k < a.size(); ++k) {
+        err = std::max(err, std::abs(a[k] - b[k]));
+        scale = std::max(scale, std::abs(b[k]));
+      }
+      EXPECT_LE(err, (bf16 ? 3e-2 : 1e-5) * scale) << pf[i].first;
+    }
+  }
+}
+
+// GPTConfig::fused_add_norm: every residual add inside a layer norm (AddLayerNormBackward nodes,
+// the blocks' outputs deferred to the next ln_1 and to ln_f) gives the loss and gradients of
+// the adds run apart, in float32 (to the bit: the same arithmetic) and under bf16 autocast;
+// per-block checkpointing takes the unfused blocks and still agrees.
+TEST(GPT, FusedAddNormMatchesTheAdds) {
+  manual_seed(7);
+  GPTConfig cfg = GPTConfig::preset("tiny");
+  cfg.vocab_size = 96;
+  GPT fused(cfg);
+  cfg.fused_add_norm = false;
+  GPT apart(cfg);
+  apart.load_state_dict(fused.state_dict());
+  Generator g(8);
+  const Tensor idx = ops::randint(0, 96, {2, 16}, DType::int64, Device::cpu(), &g);
+  const Tensor tgt = ops::randint(0, 96, {2, 16}, DType::int64, Device::cpu(), &g);
+  const Tensor hidden = fused.transformer->forward(idx);
+  EXPECT_EQ(hidden.autograd_meta()->grad_fn->name(), "AddLayerNormBackward");
+  EXPECT_EQ(apart.transformer->forward(idx).autograd_meta()->grad_fn->name(), "LayerNormBackward");
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool bf16 = mode == 1, ckpt = mode == 2;
+    SCOPED_TRACE(bf16 ? "bf16 autocast" : ckpt ? "checkpointed blocks" : "float32");
+    if (ckpt) enable_checkpointing(fused, parse_checkpoint_spec("blocks"));
+    fused.zero_grad();
+    apart.zero_grad();
+    Tensor loss_f, loss_a;
+    {
+      std::optional<AutocastGuard> autocast;
+      if (bf16) autocast.emplace(DeviceType::cpu, DType::bfloat16);
+      loss_f = fused(idx, tgt).second;
+      loss_a = apart(idx, tgt).second;
+    }
+    if (!bf16) EXPECT_EQ(loss_f.item(), loss_a.item());
+    EXPECT_NEAR(loss_f.item(), loss_a.item(), 1e-3 * std::abs(loss_a.item()));
+    loss_f.backward();
+    loss_a.backward();
+    const auto pf = fused.named_parameters(), pa = apart.named_parameters();
+    ASSERT_EQ(pf.size(), pa.size());
+    for (size_t i = 0; i < pf.size(); ++i) {
+      ASSERT_TRUE(pf[i].second.grad().defined()) << pf[i].first;
+      const std::vector<double> a = ops::to_vector(pf[i].second.grad()),
+                                b = ops::to_vector(pa[i].second.grad());
       double err = 0, scale = 0;
       for (size_t k = 0; k < a.size(); ++k) {
         err = std::max(err, std::abs(a[k] - b[k]));
