@@ -146,11 +146,15 @@ bool norm_writes_dtype(DType x, DType other) {
 
 // ---------------------------------------------------------------- layer_norm
 
-std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Shape& normalized_shape,
-                                              const Tensor& weight, const Tensor& bias, double eps,
-                                              std::optional<DType> out_dtype) {
-  static const OpInfo info("layer_norm");
-  DispatchScope scope(info, x);
+namespace {
+
+// layer_norm, and add_layer_norm with a defined residual (x's shape, floating, add's dtype
+// x's): the checks, the outputs and the kernel. Returns {sum (undefined without a residual),
+// out, mean, rstd}.
+std::tuple<Tensor, Tensor, Tensor, Tensor> row_layer_norm(
+    const OpInfo& info, const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+    const Tensor& weight, const Tensor& bias, double eps, std::optional<DType> out_dtype) {
+  DispatchScope scope(info, x, residual);
   check_floating(info.name, "input", x);
   const RowShape rs = row_shape(info.name, x, normalized_shape);
   check_affine(info.name, "weight", weight, x, normalized_shape);
@@ -161,15 +165,34 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Shape& norm
         "{}: out_dtype must be a floating dtype, got {} (input of shape {} and dtype {})",
         info.name, dtype_name(out_dt), x.shape_string(), dtype_name(x.dtype())));
   const bool fused = norm_writes_dtype(x.dtype(), out_dt);
+  const DType o_dt = fused ? out_dt : x.dtype();
   const DType stat = norm_stat_dtype(x.dtype());
-  const Tensor xc = contiguous(x);
-  Tensor out = alloc_output(x.sizes(), fused ? out_dt : x.dtype(), x.device());
+  Tensor rc, sum;
+  if (residual.defined()) {
+    // The kernel reads a residual of x's dtype or of out's.
+    rc = contiguous(residual.dtype() == x.dtype() || residual.dtype() == o_dt
+                        ? residual
+                        : to(residual, x.dtype()));
+    sum = alloc_output(x.sizes(), x.dtype(), x.device());
+  }
+  Tensor out = alloc_output(x.sizes(), o_dt, x.device());
   Tensor mean = alloc_output(rs.stat_shape, stat, x.device());
   Tensor rstd = alloc_output(rs.stat_shape, stat, x.device());
   norm_backends.get(info, x.device(), &NormKernels::layer_norm)(
-      out, mean, rstd, xc, as_stat(weight, stat), as_stat(bias, stat), rs.rows, rs.cols, eps,
-      Tensor(), Tensor());
-  return {fused ? out : to(out, out_dt), mean, rstd};
+      out, mean, rstd, contiguous(x), as_stat(weight, stat), as_stat(bias, stat), rs.rows, rs.cols,
+      eps, rc, sum);
+  return {sum, fused ? out : to(out, out_dt), mean, rstd};
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Shape& normalized_shape,
+                                              const Tensor& weight, const Tensor& bias, double eps,
+                                              std::optional<DType> out_dtype) {
+  static const OpInfo info("layer_norm");
+  auto [sum, out, mean, rstd] =
+      row_layer_norm(info, x, Tensor(), normalized_shape, weight, bias, eps, out_dtype);
+  return {out, mean, rstd};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual,
@@ -185,37 +208,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm(const Tensor& x, const
     throw std::invalid_argument(
         fmt::format("{}: residual of shape {} does not match input of shape {} (no broadcasting)",
                     info.name, residual.shape_string(), x.shape_string()));
-  // The sum is in the dtype add would give it (type promotion); the kernel adds into x's dtype.
-  const DType sum_dt = promote_types(x.dtype(), residual.dtype());
-  if (sum_dt != x.dtype()) {  // a wider residual: the composite
+  // The sum has add's dtype (type promotion); the kernel adds into x's dtype, so a wider
+  // residual takes the two ops.
+  if (promote_types(x.dtype(), residual.dtype()) != x.dtype()) {
     const Tensor s = add(x, residual);
     auto [out, mean, rstd] = layer_norm(s, normalized_shape, weight, bias, eps, out_dtype);
     return {s, out, mean, rstd};
   }
-  DispatchScope scope(info, x, residual);
-  const RowShape rs = row_shape(info.name, x, normalized_shape);
-  check_affine(info.name, "weight", weight, x, normalized_shape);
-  check_affine(info.name, "bias", bias, x, normalized_shape);
-  const DType out_dt = out_dtype.value_or(x.dtype());
-  if (!is_floating(out_dt))
-    throw std::invalid_argument(fmt::format(
-        "{}: out_dtype must be a floating dtype, got {} (input of shape {} and dtype {})",
-        info.name, dtype_name(out_dt), x.shape_string(), dtype_name(x.dtype())));
-  const bool fused = norm_writes_dtype(x.dtype(), out_dt);
-  const DType o_dt = fused ? out_dt : x.dtype();
-  // The kernel reads a residual of x's dtype or of out's.
-  const Tensor rc = contiguous(residual.dtype() == x.dtype() || residual.dtype() == o_dt
-                                   ? residual
-                                   : to(residual, x.dtype()));
-  const DType stat = norm_stat_dtype(x.dtype());
-  Tensor sum = alloc_output(x.sizes(), x.dtype(), x.device());
-  Tensor out = alloc_output(x.sizes(), o_dt, x.device());
-  Tensor mean = alloc_output(rs.stat_shape, stat, x.device());
-  Tensor rstd = alloc_output(rs.stat_shape, stat, x.device());
-  norm_backends.get(info, x.device(), &NormKernels::layer_norm)(
-      out, mean, rstd, contiguous(x), as_stat(weight, stat), as_stat(bias, stat), rs.rows, rs.cols,
-      eps, rc, sum);
-  return {sum, fused ? out : to(out, out_dt), mean, rstd};
+  return row_layer_norm(info, x, residual, normalized_shape, weight, bias, eps, out_dtype);
 }
 
 namespace {

@@ -96,6 +96,27 @@ TEST(GPT, Gpt2ParameterCountAndNames) {
   EXPECT_EQ(p.size(), 148u);
 }
 
+// Every parameter of `a` has a gradient within tol * max |b's| of b's parameter of the same
+// place (two models of one architecture after backward).
+namespace {
+void expect_same_grads(GPT& a, GPT& b, double tol) {
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    ASSERT_TRUE(pa[i].second.grad().defined()) << pa[i].first;
+    EXPECT_EQ(pa[i].second.grad().sizes(), pb[i].second.sizes()) << pa[i].first;
+    const std::vector<double> x = ops::to_vector(pa[i].second.grad()),
+                              y = ops::to_vector(pb[i].second.grad());
+    double err = 0, scale = 0;
+    for (size_t k = 0; k < x.size() && k < y.size(); ++k) {
+      err = std::max(err, std::abs(x[k] - y[k]));
+      scale = std::max(scale, std::abs(y[k]));
+    }
+    EXPECT_LE(err, tol * scale) << pa[i].first;
+  }
+}
+}  // namespace
+
 // A vocabulary that is not a multiple of 64, under bf16 autocast: the classifier computes over
 // 128 columns, the 28 extra at -inf, and gives the unpadded model's logits, loss and gradients
 // (to bf16 roundings: the products run at another width). Ignored targets (-1) too. float32 is
@@ -125,20 +146,7 @@ TEST(GPT, PaddedClassifierMatchesUnpadded) {
   EXPECT_NEAR(loss_p.item(), loss_u.item(), 1e-3 * std::abs(loss_u.item()));
   loss_p.backward();
   loss_u.backward();
-  const auto pp = padded.named_parameters(), pu = plain.named_parameters();
-  ASSERT_EQ(pp.size(), pu.size());
-  for (size_t i = 0; i < pp.size(); ++i) {
-    const Tensor gp = pp[i].second.grad(), gu = pu[i].second.grad();
-    ASSERT_TRUE(gp.defined()) << pp[i].first;
-    EXPECT_EQ(gp.sizes(), pu[i].second.sizes()) << pp[i].first;
-    double err = 0, scale = 0;
-    const std::vector<double> a = ops::to_vector(gp), b = ops::to_vector(gu);
-    for (size_t k = 0; k < a.size(); ++k) {
-      err = std::max(err, std::abs(a[k] - b[k]));
-      scale = std::max(scale, std::abs(b[k]));
-    }
-    EXPECT_LE(err, 2e-2 * scale) << pp[i].first;
-  }
+  expect_same_grads(padded, plain, 2e-2);
 }
 
 // GPTConfig::fused_mlp: each MLP as one LinearGeluLinearBackward node gives the loss and every
@@ -179,19 +187,7 @@ TEST(GPT, FusedMlpMatchesTheThreeModules) {
     EXPECT_NEAR(loss_f.item(), loss_t.item(), tol * std::abs(loss_t.item()));
     loss_f.backward();
     loss_t.backward();
-    const auto pf = fused.named_parameters(), pt = three.named_parameters();
-    ASSERT_EQ(pf.size(), pt.size());
-    for (size_t i = 0; i < pf.size(); ++i) {
-      ASSERT_TRUE(pf[i].second.grad().defined()) << pf[i].first;
-      const std::vector<double> a = ops::to_vector(pf[i].second.grad()),
-                                b = ops::to_vector(pt[i].second.grad());
-      double err = 0, scale = 0;
-      for (size_t k = 0; k < a.size(); ++k) {
-        err = std::max(err, std::abs(a[k] - b[k]));
-        scale = std::max(scale, std::abs(b[k]));
-      }
-      EXPECT_LE(err, (bf16 ? 3e-2 : 1e-5) * scale) << pf[i].first;
-    }
+    expect_same_grads(fused, three, bf16 ? 3e-2 : 1e-5);
   }
 }
 
@@ -230,19 +226,7 @@ TEST(GPT, FusedAddNormMatchesTheAdds) {
     EXPECT_NEAR(loss_f.item(), loss_a.item(), 1e-3 * std::abs(loss_a.item()));
     loss_f.backward();
     loss_a.backward();
-    const auto pf = fused.named_parameters(), pa = apart.named_parameters();
-    ASSERT_EQ(pf.size(), pa.size());
-    for (size_t i = 0; i < pf.size(); ++i) {
-      ASSERT_TRUE(pf[i].second.grad().defined()) << pf[i].first;
-      const std::vector<double> a = ops::to_vector(pf[i].second.grad()),
-                                b = ops::to_vector(pa[i].second.grad());
-      double err = 0, scale = 0;
-      for (size_t k = 0; k < a.size(); ++k) {
-        err = std::max(err, std::abs(a[k] - b[k]));
-        scale = std::max(scale, std::abs(b[k]));
-      }
-      EXPECT_LE(err, (bf16 ? 3e-2 : 1e-5) * scale) << pf[i].first;
-    }
+    expect_same_grads(fused, apart, bf16 ? 3e-2 : 1e-5);
   }
 }
 
