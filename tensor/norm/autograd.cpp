@@ -4,6 +4,8 @@
 // for dx), never the normalized output.
 #include "tensor/norm/autograd.h"
 
+#include <tuple>
+
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "memory/context.h"
@@ -86,21 +88,18 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual
        bdt = dtype_or(bias, x.dtype())](BackwardContext& ctx, const TensorList& g) -> TensorList {
         const bool mx = ctx.needs_input_grad(0), mr = ctx.needs_input_grad(1),
                    mw = ctx.needs_input_grad(2), mb = ctx.needs_input_grad(3);
-        const bool md = mx || mr;
-        Tensor d, dw, db;
-        if (!md && !mw) {
+        Tensor dx, dr, dw, db;
+        if (!mx && !mr && !mw) {
           db = o::sum_to(g[1], normalized_shape);
         } else {
-          // d(sum) = the normalization's gradient + the sum's own, in one pass.
-          auto [d_, dw_, db_] = o::layer_norm_backward(g[1], ctx.saved(0), normalized_shape,
-                                                       ctx.saved(1), ctx.saved(2), ctx.saved(3),
-                                                       {md, mw, mb}, md ? g[0] : Tensor());
-          d = d_;
-          dw = dw_;
-          db = db_;
+          // d(sum) = the normalization's gradient + the sum's own, in one pass; a 16-bit
+          // residual's copy of it from the same pass.
+          std::tie(dx, dr, dw, db) =
+              o::add_layer_norm_backward(g[0], g[1], ctx.saved(0), normalized_shape, ctx.saved(1),
+                                         ctx.saved(2), ctx.saved(3), rdt, {mx, mr, mw, mb});
         }
-        return {mx ? as_param_grad(d, xdt) : Tensor(), mr ? as_param_grad(d, rdt) : Tensor(),
-                as_param_grad(dw, wdt), as_param_grad(db, bdt)};
+        return {as_param_grad(dx, xdt), as_param_grad(dr, rdt), as_param_grad(dw, wdt),
+                as_param_grad(db, bdt)};
       });
   return {sum, out};
 }

@@ -99,7 +99,8 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
 
 void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                          const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& weight, int64_t rows, int64_t cols, const Tensor& dx_add) {
+                         const Tensor& weight, int64_t rows, int64_t cols, const Tensor& dx_add,
+                         const Tensor& dx_low) {
   dispatch_row_pair(x.dtype(), dy.dtype(), "layer_norm_backward", [&]<typename T, typename G>() {
     using A = acc_t<T>;
     const BackwardPtrs<T, G> p = backward_ptrs<T, G>(dx, dweight, dbias, dy, x, mean, rstd, weight);
@@ -123,6 +124,7 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
     }
     if (!p.dx) return;
     const T* pa = dx_add.defined() ? ptr<const T>(dx_add) : nullptr;
+    G* pl = dx_low.defined() ? ptr<G>(dx_low) : nullptr;
     const double inv_n = cols > 0 ? 1.0 / static_cast<double>(cols) : 0.0;
     parallel_for(rows, grain_of(cols), [&](int64_t row0, int64_t row1) {
       for (int64_t i = row0; i < row1; ++i) {
@@ -144,12 +146,14 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
         const A mgx = static_cast<A>(sgx * inv_n);
         T* dr = p.dx + i * cols;
         const T* ar = pa ? pa + i * cols : nullptr;
+        G* lr = pl ? pl + i * cols : nullptr;
         for (int64_t j = 0; j < cols; ++j) {
           const A xh = math::xhat(static_cast<A>(xr[j]), m, r);
           const A g = static_cast<A>(gr[j]);
           const A gw = p.weight ? g * p.weight[j] : g;
           const A d = math::norm_input_grad(r, gw, mg, xh, mgx);
           dr[j] = T(ar ? d + static_cast<A>(ar[j]) : d);
+          if (lr) lr[j] = G(dr[j]);
         }
       }
     });

@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kRowMaxThreads)
                           const G* __restrict__ dy, const T* __restrict__ x,
                           const A* __restrict__ mean, const A* __restrict__ rstd,
                           const A* __restrict__ w, int64_t rows, int64_t cols,
-                          const T* __restrict__ dxa) {
+                          const T* __restrict__ dxa, G* __restrict__ dxl) {
   __shared__ A red[64];
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   const bool center = mean != nullptr;
@@ -263,12 +263,15 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     const A mgx = sgx * inv_n;
     T* dr = dx + row * cols;
     const T* ar = dxa ? dxa + row * cols : nullptr;
+    G* lr = dxl ? dxl + row * cols : nullptr;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       const A xh = math::xhat(static_cast<A>(load(xr[j])), m, r);
       const A g = static_cast<A>(load(gr[j]));
       const A gw = w ? g * w[j] : g;
       const A d = math::norm_input_grad(r, gw, mg, xh, mgx);
-      dr[j] = store<T>(ar ? d + static_cast<A>(load(ar[j])) : d);
+      const T v = store<T>(ar ? d + static_cast<A>(load(ar[j])) : d);
+      dr[j] = v;
+      if (lr) lr[j] = store<G>(static_cast<A>(load(v)));
     }
   }
   if (acc && smem) {
@@ -289,7 +292,7 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     layer_norm_bwd_pack_kernel(T* __restrict__ dx, A* __restrict__ part, const G* __restrict__ dy,
                                const T* __restrict__ x, const A* __restrict__ mean,
                                const A* __restrict__ rstd, const A* __restrict__ w, int64_t rows,
-                               int cols, const T* __restrict__ dxa) {
+                               int cols, const T* __restrict__ dxa, G* __restrict__ dxl) {
   __shared__ A red[64];
   const bool center = mean != nullptr;
   const int t = static_cast<int>(threadIdx.x);
@@ -334,6 +337,12 @@ __global__ void __launch_bounds__(kRowMaxThreads)
         o.v[e] = store<T>(dxa ? d + static_cast<A>(load(a.v[e])) : d);
       }
       store_pack<V>(dx + row * cols, t, o);
+      if (dxl) {  // the 16-bit copy, from the rounded values (to(dx, G)'s bits)
+        Pack<G, V> l;
+#pragma unroll
+        for (int e = 0; e < V; ++e) l.v[e] = store<G>(static_cast<A>(load(o.v[e])));
+        store_pack<V>(dxl + row * cols, t, l);
+      }
     }
   }
   if (part && active) {
@@ -770,7 +779,8 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
 
 void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                          const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& weight, int64_t rows, int64_t cols, const Tensor& dx_add) {
+                         const Tensor& weight, int64_t rows, int64_t cols, const Tensor& dx_add,
+                         const Tensor& dx_low) {
   const char* name = mean.defined() ? "layer_norm_backward" : "rms_norm_backward";
   const bool params = dweight.defined() || dbias.defined();
   if (!dx.defined() && !params) return;
@@ -782,6 +792,10 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   if (dx_add.defined()) {
     expect_cuda(name, dev, {{&dx_add, "dx_add"}});
     expect_dtype(name, x.dtype(), {{&dx_add, "dx_add"}});
+  }
+  if (dx_low.defined()) {
+    expect_cuda(name, dev, {{&dx_low, "dx_low"}});
+    expect_dtype(name, dy.dtype(), {{&dx_low, "dx_low"}});
   }
   DeviceGuard guard(dev);
   const cudaStream_t st = stream(dev);
@@ -811,16 +825,17 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
         return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % bytes == 0;
       };
       const T* dxa = dx.defined() && dx_add.defined() ? ptr<const T>(dx_add) : nullptr;
+      G* dxl = dx.defined() && dx_low.defined() ? ptr<G>(dx_low) : nullptr;
       if (cols % V == 0 && cols / V <= kRowMaxThreads && aligned(x, 16) && aligned(dx, 16) &&
-          aligned(dy, sizeof(G) * V) && aligned(dx_add, 16)) {
+          aligned(dy, sizeof(G) * V) && aligned(dx_add, 16) && aligned(dx_low, sizeof(G) * V)) {
         const int pack_threads = static_cast<int>((cols / V + 31) / 32 * 32);
         layer_norm_bwd_pack_kernel<T, G, A, V><<<grid, pack_threads, 0, st>>>(
             ptr<T>(dx), ptr<A>(part), ptr<const G>(dy), ptr<const T>(x), ptr<const A>(mean),
-            ptr<const A>(rstd), ptr<const A>(weight), rows, static_cast<int>(cols), dxa);
+            ptr<const A>(rstd), ptr<const A>(weight), rows, static_cast<int>(cols), dxa, dxl);
       } else {
         layer_norm_bwd_kernel<T, G, A><<<grid, threads, smem_bytes, st>>>(
             ptr<T>(dx), ptr<A>(part), smem, ptr<const G>(dy), ptr<const T>(x), ptr<const A>(mean),
-            ptr<const A>(rstd), ptr<const A>(weight), rows, cols, dxa);
+            ptr<const A>(rstd), ptr<const A>(weight), rows, cols, dxa, dxl);
       }
       check_launch(name);
     }

@@ -44,11 +44,14 @@ struct NormKernels {
   // dbias [cols] are overwritten, not accumulated into). mean undefined: rms_norm. dy may
   // also be float16 or bfloat16 beside a float32 x (ops::norm_writes_dtype), read widened.
   // dx_add (x's dtype and shape, contiguous; undefined: none) is added to dx before it is
-  // rounded: the gradient a residual connection brings to the same tensor.
+  // rounded: the gradient a residual connection brings to the same tensor. dx_low (undefined:
+  // none; otherwise dx defined, dy's dtype, x's shape, contiguous) receives each value of dx
+  // once more, converted from its x-dtype value: the gradient of a 16-bit residual branch
+  // beside a float32 sum (ops::add_layer_norm_backward), equal to to(dx, dy's dtype).
   void (*layer_norm_backward)(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                               const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& rstd, const Tensor& weight, int64_t rows, int64_t cols,
-                              const Tensor& dx_add);
+                              const Tensor& dx_add, const Tensor& dx_low);
 
   // Per channel c of x [N, C, *]: mean, biased var and invstd = 1 / sqrt(var + eps), [C]
   // each. An empty batch gives mean 0 and var 0.

@@ -13,8 +13,9 @@ namespace {
 
 void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                          const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& weight, int64_t rows, int64_t cols, const Tensor& dx_add) {
-  cost(x, 0, tensor_bytes(dx, dweight, dbias, dy, x, mean, rstd, weight, dx_add));
+                         const Tensor& weight, int64_t rows, int64_t cols, const Tensor& dx_add,
+                         const Tensor& dx_low) {
+  cost(x, 0, tensor_bytes(dx, dweight, dbias, dy, x, mean, rstd, weight, dx_add, dx_low));
   const bool params = dweight.defined() || dbias.defined();
   if (!replays_cuda(x) || (!dx.defined() && !params) || !params || cols <= 0 || rows <= 0) return;
   const int64_t parts = norm_launch::layer_norm_backward_parts(rows, cols, target(x).sm_count);

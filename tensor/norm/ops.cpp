@@ -221,11 +221,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm(const Tensor& x, const
 namespace {
 
 // layer_norm_backward, and rms_norm_backward (centered false: no mean, no dbias): the checks,
-// the gradients the mask asks for, and the kernel.
-std::tuple<Tensor, Tensor, Tensor> row_norm_backward(
+// the gradients the mask asks for, and the kernel. Returns {dx, dx_low, dweight, dbias}: dx_low
+// is dx in `low` (a 16-bit residual branch's dtype, add_layer_norm_backward), written by the
+// kernel when that is grad_out's 16-bit dtype beside a float32 x, converted otherwise.
+std::tuple<Tensor, Tensor, Tensor, Tensor> row_norm_backward(
     const OpInfo& info, bool centered, const Tensor& grad_out, const Tensor& x,
     const Shape& normalized_shape, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
-    std::array<bool, 3> output_mask, const Tensor& grad_residual) {
+    std::array<bool, 3> output_mask, const Tensor& grad_residual,
+    std::optional<DType> low = std::nullopt) {
   DispatchScope scope(info, x);
   check_floating(info.name, "input", x);
   check_grad_out(info.name, grad_out, x);
@@ -242,19 +245,23 @@ std::tuple<Tensor, Tensor, Tensor> row_norm_backward(
   }
   check_stat(info.name, "rstd", rstd, rs.rows, x);
   const DType stat = norm_stat_dtype(x.dtype());
+  const bool widened = norm_writes_dtype(x.dtype(), grad_out.dtype());
   Tensor dx = output_mask[0] ? alloc_output(x.sizes(), x.dtype(), x.device()) : Tensor();
   Tensor dw = output_mask[1] ? alloc_output(normalized_shape, stat, x.device()) : Tensor();
   Tensor db = output_mask[2] ? alloc_output(normalized_shape, stat, x.device()) : Tensor();
+  const bool low_in_kernel =
+      dx.defined() && low && *low != x.dtype() && widened && *low == grad_out.dtype();
+  Tensor dx_low = low_in_kernel ? alloc_output(x.sizes(), *low, x.device()) : Tensor();
   if (dx.defined() || dw.defined() || db.defined())
     norm_backends.get(info, x.device(), &NormKernels::layer_norm_backward)(
-        dx, dw, db,
-        contiguous(norm_writes_dtype(x.dtype(), grad_out.dtype()) ? grad_out
-                                                                  : to(grad_out, x.dtype())),
-        contiguous(x), centered ? contiguous(mean) : Tensor(), contiguous(rstd),
-        as_stat(weight, stat), rs.rows, rs.cols,
+        dx, dw, db, contiguous(widened ? grad_out : to(grad_out, x.dtype())), contiguous(x),
+        centered ? contiguous(mean) : Tensor(), contiguous(rstd), as_stat(weight, stat), rs.rows,
+        rs.cols,
         dx.defined() && grad_residual.defined() ? contiguous(to(grad_residual, x.dtype()))
-                                                : Tensor());
-  return {dx, dw, db};
+                                                : Tensor(),
+        dx_low);
+  if (dx.defined() && low && !low_in_kernel) dx_low = to(dx, *low);
+  return {dx, dx_low, dw, db};
 }
 
 }  // namespace
@@ -266,8 +273,27 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
                                                        std::array<bool, 3> output_mask,
                                                        const Tensor& grad_residual) {
   static const OpInfo info("layer_norm_backward");
-  return row_norm_backward(info, true, grad_out, x, normalized_shape, mean, rstd, weight,
-                           output_mask, grad_residual);
+  const auto grads = row_norm_backward(info, true, grad_out, x, normalized_shape, mean, rstd,
+                                       weight, output_mask, grad_residual);
+  return {std::get<0>(grads), std::get<2>(grads), std::get<3>(grads)};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(
+    const Tensor& grad_sum, const Tensor& grad_out, const Tensor& sum,
+    const Shape& normalized_shape, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+    DType residual_dtype, std::array<bool, 4> output_mask) {
+  static const OpInfo info("add_layer_norm_backward");
+  if (!is_floating(residual_dtype))
+    throw std::invalid_argument(fmt::format("{}: residual dtype {} is not a floating dtype",
+                                            info.name, dtype_name(residual_dtype)));
+  const bool md = output_mask[0] || output_mask[1];
+  auto [d, d_low, dw, db] = row_norm_backward(
+      info, true, grad_out, sum, normalized_shape, mean, rstd, weight,
+      {md, output_mask[2], output_mask[3]}, grad_sum,
+      output_mask[1] && residual_dtype != sum.dtype() ? std::optional<DType>(residual_dtype)
+                                                      : std::nullopt);
+  Tensor d_residual = output_mask[1] ? (d_low.defined() ? d_low : d) : Tensor();
+  return {output_mask[0] ? d : Tensor(), d_residual, dw, db};
 }
 
 // ---------------------------------------------------------------- rms_norm
@@ -294,9 +320,9 @@ std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tenso
                                              const Tensor& weight,
                                              std::array<bool, 2> output_mask) {
   static const OpInfo info("rms_norm_backward");
-  auto [dx, dw, db] = row_norm_backward(info, false, grad_out, x, normalized_shape, Tensor(), rstd,
-                                        weight, {output_mask[0], output_mask[1], false}, Tensor());
-  return {dx, dw};
+  const auto grads = row_norm_backward(info, false, grad_out, x, normalized_shape, Tensor(), rstd,
+                                       weight, {output_mask[0], output_mask[1], false}, Tensor());
+  return {std::get<0>(grads), std::get<2>(grads)};
 }
 
 // ---------------------------------------------------------------- batch_norm

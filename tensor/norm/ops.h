@@ -66,6 +66,18 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
                                                        std::array<bool, 3> output_mask,
                                                        const Tensor& grad_residual = {});
 
+// add_layer_norm's backward: {d_x, d_residual, d_weight, d_bias} for the mask {x, residual,
+// weight, bias}. d(sum) = grad_sum (undefined: none) + layer_norm's gradient through grad_out,
+// in one pass (layer_norm_backward with grad_residual); d_x is it in sum's dtype, d_residual
+// the same values in residual_dtype. When that is grad_out's 16-bit dtype beside a float32 sum
+// (a transformer's bfloat16 branch output beside its float32 residual stream under autocast),
+// the same pass writes that copy too, equal to to(d_x, residual_dtype); otherwise it is
+// converted. mean, rstd: add_layer_norm's; sum: its first output.
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(
+    const Tensor& grad_sum, const Tensor& grad_out, const Tensor& sum,
+    const Shape& normalized_shape, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+    DType residual_dtype, std::array<bool, 4> output_mask);
+
 // ---- rms_norm: x * rsqrt(mean(x^2) + eps) * weight over the trailing dims ----
 // eps defaults (nullopt) to the machine epsilon of x's dtype, as PyTorch.
 // Returns {out, rstd}; rstd of shape [*, 1, ..., 1] as in layer_norm.

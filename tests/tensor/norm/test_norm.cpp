@@ -671,6 +671,27 @@ TEST_P(Norm, AddLayerNormIsTheTwoOps) {
   const Tensor ref = std::get<0>(ops::layer_norm(
       ops::add(x32, r16), {8}, ops::to(w, DType::float32), {}, 1e-5, DType::bfloat16));
   EXPECT_EQ(max_abs_diff(o32, ref), 0.0);
+  // Its backward: d(sum) in float32 and, for the bfloat16 residual, the same values in
+  // bfloat16 from the same pass; another 16-bit dtype is converted. Both are to(d_x)'s bits.
+  const Tensor g16 = ops::to(rand_input({3, 5, 8}, -1, 1, 25), DType::bfloat16);
+  const Tensor gs = ops::to(rand_input({3, 5, 8}, -1, 1, 26), DType::float32);
+  for (const DType rd : {DType::bfloat16, DType::float16, DType::float32}) {
+    SCOPED_TRACE(dtype_name(rd));
+    auto [d_x, d_r, d_w, d_b] = ops::add_layer_norm_backward(
+        gs, g16, s32, {8}, m32, rs32, ops::to(w, DType::float32), rd, {true, true, false, false});
+    const Tensor ref_dx = std::get<0>(ops::layer_norm_backward(
+        g16, s32, {8}, m32, rs32, ops::to(w, DType::float32), {true, false, false}, gs));
+    EXPECT_EQ(max_abs_diff(d_x, ref_dx), 0.0);
+    EXPECT_EQ(d_r.dtype(), rd);
+    EXPECT_EQ(max_abs_diff(d_r, ops::to(ref_dx, rd)), 0.0);
+    EXPECT_FALSE(d_w.defined() || d_b.defined());
+  }
+  testing::expect_error<std::invalid_argument>(
+      [&] {
+        ops::add_layer_norm_backward(gs, g16, s32, {8}, m32, rs32, {}, DType::int64,
+                                     {true, true, false, false});
+      },
+      {"add_layer_norm_backward", "int64"});
   // A wider residual: add's promotion, then layer_norm.
   auto [sw, ow, mw, rw] = ops::add_layer_norm(r16, x32, {8});
   EXPECT_EQ(sw.dtype(), DType::float32);
@@ -725,6 +746,22 @@ TEST_P(NormVsCpu, AddLayerNormMatchesTheCpu) {
     EXPECT_TRUE(close(dxg, dxc, dt.elem, "dx + d(sum)", dx_floor(dy.cpu, w.cpu, rc)));
     EXPECT_TRUE(close(dwg, dwc, dt.red, "dweight"));
     EXPECT_TRUE(close(dbg, dbc, dt.red, "dbias"));
+    // add_layer_norm_backward: d(sum) once more in the residual's dtype, to(d_x)'s bits on
+    // each device (GPT's bfloat16 branch: written by the same kernel).
+    const auto fused = [&](const char* where, const Tensor& g_sum, const Tensor& g_out,
+                           const Tensor& sum, const Tensor& m, const Tensor& rs, const Tensor& wt,
+                           const Tensor& dx, const Tensor& dw, const Tensor& db) {
+      SCOPED_TRACE(where);
+      auto [d_x, d_r, d_w, d_b] = ops::add_layer_norm_backward(g_sum, g_out, sum, {cols}, m, rs, wt,
+                                                               c.rd, {true, true, true, true});
+      EXPECT_EQ(max_abs_diff(d_x, dx), 0.0);
+      EXPECT_EQ(d_r.dtype(), c.rd);
+      EXPECT_EQ(max_abs_diff(d_r, ops::to(d_x, c.rd)), 0.0);
+      EXPECT_EQ(max_abs_diff(d_w, dw), 0.0);
+      EXPECT_EQ(max_abs_diff(d_b, db), 0.0);
+    };
+    fused("cpu", ds.cpu, dy.cpu, sc, mc, rc, w.cpu, dxc, dwc, dbc);
+    fused("device", ds.gpu, dy.gpu, sg, mg, rg, w.gpu, dxg, dwg, dbg);
   }
 }
 
