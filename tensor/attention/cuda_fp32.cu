@@ -309,6 +309,33 @@ __global__ void attention_bwd_prep_fp32_kernel(Operand dout, Operand out, float*
   if (lane == 0) dvec[row] = acc;
 }
 
+// The same for rows of 16-byte aligned float4s (dO, O and dq): D / 4 lanes a row, each one
+// float4 of the three, so a warp covers 32 / (D / 4) rows with one load of each operand.
+template <int D>
+__global__ void attention_bwd_prep_fp32_vec_kernel(Operand dout, Operand out, float* dvec,
+                                                   OutOperand dq, int H, int L, int E,
+                                                   int64_t rows) {
+  constexpr int kLanes = D / 4;  // divides 32: a row's lanes sit in one warp
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = tid / kLanes;
+  const int col = static_cast<int>(tid % kLanes) * 4;
+  float acc = 0.f;
+  if (row < rows && col < E) {
+    const int bh = static_cast<int>(row / L), i = static_cast<int>(row % L);
+    const float4 g = *reinterpret_cast<const float4*>(dout.rows(bh, H) +
+                                                      static_cast<int64_t>(i) * dout.st + col);
+    const float4 o =
+        *reinterpret_cast<const float4*>(out.rows(bh, H) + static_cast<int64_t>(i) * out.st + col);
+    acc = dot4(g, o, 0.f);
+    *reinterpret_cast<float4*>(dq.rows(bh, H) + static_cast<int64_t>(i) * dq.st + col) =
+        make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  // Every lane takes part (no early exit), so the full mask holds.
+#pragma unroll
+  for (int s = kLanes / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+  if (row < rows && col == 0) dvec[row] = acc;
+}
+
 struct BwdArgs {
   Operand q, k, v, dout;
   const float* lse;   // [B, H, L]
@@ -537,10 +564,19 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
   Tensor dvec = alloc_scratch(rows, DType::float32, q.device());  // [B, H, L]
   const OutOperand dqp = out_operand(dq);
   if (rows > 0) {
-    attention_bwd_prep_fp32_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0,
-                                     stream(dev)>>>(
-        operand(dout), operand(out), static_cast<float*>(dvec.data_ptr()), dqp, static_cast<int>(H),
-        static_cast<int>(L), static_cast<int>(E), rows);
+    float* dv_ptr = static_cast<float*>(dvec.data_ptr());
+    if (rows_aligned(dout) && rows_aligned(out) && rows_aligned(dq)) {
+      const int64_t threads = rows * (D / 4);
+      attention_bwd_prep_fp32_vec_kernel<D>
+          <<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream(dev)>>>(
+              operand(dout), operand(out), dv_ptr, dqp, static_cast<int>(H), static_cast<int>(L),
+              static_cast<int>(E), rows);
+    } else {
+      attention_bwd_prep_fp32_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0,
+                                       stream(dev)>>>(operand(dout), operand(out), dv_ptr, dqp,
+                                                      static_cast<int>(H), static_cast<int>(L),
+                                                      static_cast<int>(E), rows);
+    }
     check_launch("flash_attention_backward (float32, dO . O)");
   }
   if (S == 0) return;
