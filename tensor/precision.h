@@ -20,7 +20,8 @@ bool cudnn_allow_tf32();
 void set_cudnn_benchmark(bool enabled);
 bool cudnn_benchmark();
 // Products time cuBLASLt's candidate algorithms once per problem and keep the fastest
-// (torch.cuda.tunable.enable). Off by default (TALLY_TUNABLEOP_ENABLED=1 starts it on).
+// (torch.cuda.tunable.enable); 16-bit attention times cuDNN's engine configurations the same
+// way (tensor/attention/cuda.h). Off by default (TALLY_TUNABLEOP_ENABLED=1 starts it on).
 void set_tunable_enabled(bool enabled);
 bool tunable_enabled();
 // float16/bfloat16 attention may run cuDNN's fused kernels. On by default (TALLY_CUDNN_SDP=0

@@ -20,9 +20,14 @@ void set_cudnn_sdp_enabled(bool enabled);
 bool cudnn_sdp_enabled();
 // Calls served by cuDNN, and calls that asked for it but fell back to Tally's kernels
 // because cuDNN declined the problem (remembered per problem; the reason via
-// cudnn_sdp_supported).
+// cudnn_sdp_supported). tuned: forward and backward problems whose engine configurations were
+// timed: with tunable ops on (set_tunable_enabled, tensor/precision.h) the first call of a
+// problem outside a CUDA graph capture runs each of cuDNN's first 8 usable configurations
+// 4 times on its own tensors (one host wait each) and keeps the fastest when it is 3% faster
+// than the heuristics' first; the choice is cached per problem for the process (a capture
+// takes the tuned plan when there is one, else the heuristics' first).
 struct CudnnSdpCounts {
-  int64_t forward = 0, backward = 0, fallbacks = 0;
+  int64_t forward = 0, backward = 0, fallbacks = 0, tuned = 0;
 };
 CudnnSdpCounts cudnn_sdp_counts();
 // Whether cuDNN runs the forward of this [B, H, T, D] problem (building and caching its plan

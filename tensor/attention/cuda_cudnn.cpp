@@ -3,7 +3,9 @@
 // strides, causal, scale), built on first use and cached for the process; problems cuDNN
 // cannot run are remembered too and go to Tally's own kernels (tensor/attention/cuda.cu).
 // Workspaces come from the caching allocator on Tally's stream under Category::workspace
-// (alloc_scratch_bytes).
+// (alloc_scratch_bytes). With tunable ops on (set_tunable_enabled, PyTorch's TunableOp) the
+// first call of a problem outside a graph capture times cuDNN's usable engine configurations
+// on the call's own tensors and keeps the fastest (pick_fastest below).
 #include "tensor/attention/cuda_cudnn.h"
 
 #include <fmt/format.h>
@@ -11,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -21,7 +24,9 @@
 #include "tensor/attention/cuda_cudnn_sdpa.h"
 #include "tensor/cuda/cudnn.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/graph.h"
 #include "tensor/op_alloc.h"
+#include "tensor/precision.h"
 #include "tensor/storage.h"
 
 namespace tally::cuda {
@@ -41,15 +46,22 @@ bool enabled() {
   }
   return v == 1;
 }
-std::atomic<int64_t> g_forward{0}, g_backward{0}, g_fallback{0};
+std::atomic<int64_t> g_forward{0}, g_backward{0}, g_fallback{0}, g_tuned{0};
+
+// Tuning: up to kTuneConfigs configurations (the heuristics' first included), each run once
+// to warm up and then kTuneRuns times between two events (one host wait a candidate); the
+// fastest is kept when it beats the heuristics' first by kTuneMargin (GEMM tuning's rule,
+// tensor/cuda/blas.cpp: back-to-back runs on L2-warm operands flatter some kernels).
+constexpr int kTuneConfigs = 8, kTuneRuns = 3;
+constexpr float kTuneMargin = 0.97f;
 
 cudnn_sdpa::Strides strides_of(const Tensor& t) {
   return {t.strides()[0], t.strides()[1], t.strides()[2], t.strides()[3]};
 }
 
-// Everything a plan depends on, as one ordered key.
+// Everything a plan depends on, as one ordered key; the last field: the plan was tuned.
 using Key = std::tuple<int, cudnnHandle_t, bool, int, std::array<int64_t, 5>, bool, uint32_t,
-                       std::array<cudnn_sdpa::Strides, 8>>;
+                       std::array<cudnn_sdpa::Strides, 8>, bool>;
 
 Key key_of(bool backward, int device, cudnnHandle_t h, const cudnn_sdpa::Problem& p) {
   uint32_t scale_bits = 0;
@@ -61,7 +73,8 @@ Key key_of(bool backward, int device, cudnnHandle_t h, const cudnn_sdpa::Problem
           {p.b, p.h, p.s_q, p.s_kv, p.d},
           p.causal,
           scale_bits,
-          {p.q, p.k, p.v, p.o, p.dout, p.dq, p.dk, p.dv}};
+          {p.q, p.k, p.v, p.o, p.dout, p.dq, p.dk, p.dv},
+          false};
 }
 
 template <typename Plan>
@@ -70,14 +83,82 @@ struct Entry {
   std::string why;
 };
 
+// The plan's workspace size in bytes for alloc_scratch_bytes (none, an empty Storage, for
+// a size <= 0).
+template <typename Plan>
+size_t plan_workspace_bytes(const Plan& plan) {
+  return static_cast<size_t>(std::max<int64_t>(plan.workspace_size(), 0));
+}
+
+// Replaces e.plan by the fastest of cuDNN's first kTuneConfigs usable configurations for p,
+// timed through run(plan, workspace) (one call of the plan on the caller's tensors; every
+// run writes the outputs, the caller's own run writes them last).
+template <typename Plan>
+void pick_fastest(Entry<Plan>& e, cudnnHandle_t h, const cudnn_sdpa::Problem& p, int device,
+                  const std::function<void(const Plan&, void*)>& run) {
+  std::vector<std::unique_ptr<Plan>> cands;
+  cands.push_back(std::move(e.plan));
+  for (int c = 1; c < kTuneConfigs; ++c) {
+    try {
+      cands.push_back(std::make_unique<Plan>(h, p, c));
+    } catch (const cudnn_graph::CudnnGraphError&) {
+      break;  // no more configurations
+    }
+  }
+  g_tuned.fetch_add(1);
+  size_t best = 0;
+  if (cands.size() > 1) {
+    struct Event {
+      cudaEvent_t e = nullptr;
+      Event() { check(cudaEventCreate(&e), "cudaEventCreate (cuDNN attention tuning)"); }
+      ~Event() { cudaEventDestroy(e); }
+    } start, stop;
+    const cudaStream_t st = stream(device);
+    float best_ms = 0, first_ms = 0;
+    for (size_t i = 0; i < cands.size(); ++i) {
+      const Storage ws = alloc_scratch_bytes(plan_workspace_bytes(*cands[i]), Device::cuda(device));
+      run(*cands[i], ws.data());
+      check(cudaEventRecord(start.e, st), "cudaEventRecord (cuDNN attention tuning)");
+      for (int r = 0; r < kTuneRuns; ++r) run(*cands[i], ws.data());
+      check(cudaEventRecord(stop.e, st), "cudaEventRecord (cuDNN attention tuning)");
+      check(cudaEventSynchronize(stop.e), "cudaEventSynchronize (cuDNN attention tuning)");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, start.e, stop.e), "cudaEventElapsedTime");
+      if (i == 0) first_ms = best_ms = ms;
+      if (ms < best_ms) {
+        best = i;
+        best_ms = ms;
+      }
+    }
+    if (best_ms > kTuneMargin * first_ms) best = 0;
+  }
+  e.plan = std::move(cands[best]);
+}
+
 template <typename Plan>
 struct Cache {
   std::mutex mu;
   std::map<Key, std::shared_ptr<Entry<Plan>>> entries;
 
-  // The cached plan, building it on first use; null when cuDNN cannot run the problem.
-  std::shared_ptr<Entry<Plan>> get(const Key& key, cudnnHandle_t h, const cudnn_sdpa::Problem& p) {
+  // The cached plan of p, building it on first use; null when cuDNN cannot run the problem.
+  // With tunable ops on, a problem met outside a graph capture is tuned (pick_fastest, through
+  // run) and cached as such; inside a capture the tuned plan is used when there is one, else
+  // the heuristics' first (no host wait may happen there).
+  // An empty run: never tuned (a support query, no tensors to time on).
+  std::shared_ptr<Entry<Plan>> get(Key key, int device, cudnnHandle_t h,
+                                   const cudnn_sdpa::Problem& p,
+                                   const std::function<void(const Plan&, void*)>& run) {
     std::lock_guard<std::mutex> lock(mu);
+    bool tune = run && tunable_enabled();
+    if (tune) {
+      std::get<8>(key) = true;
+      auto it = entries.find(key);
+      if (it != entries.end()) return it->second;
+      if (is_capturing(device)) {
+        tune = false;
+        std::get<8>(key) = false;
+      }
+    }
     auto it = entries.find(key);
     if (it != entries.end()) return it->second;
     auto e = std::make_shared<Entry<Plan>>();
@@ -86,6 +167,7 @@ struct Cache {
     } catch (const cudnn_graph::CudnnGraphError& err) {
       e->why = err.what();
     }
+    if (tune && e->plan) pick_fastest(*e, h, p, device, run);
     entries.emplace(key, e);
     return e;
   }
@@ -128,13 +210,6 @@ cudnn_sdpa::Problem problem(const Tensor& q, const Tensor& k, const Tensor& v, b
   return p;
 }
 
-// The plan's workspace size in bytes for alloc_scratch_bytes (none, an empty Storage, for
-// a size <= 0).
-template <typename Plan>
-size_t plan_workspace_bytes(const Plan& plan) {
-  return static_cast<size_t>(std::max<int64_t>(plan.workspace_size(), 0));
-}
-
 template <typename T = void>
 T* ptr(const Tensor& t) {
   return reinterpret_cast<T*>(static_cast<char*>(t.storage().data()) +
@@ -172,7 +247,7 @@ bool cudnn_sdp_enabled() {
 }
 
 CudnnSdpCounts cudnn_sdp_counts() {
-  return {g_forward.load(), g_backward.load(), g_fallback.load()};
+  return {g_forward.load(), g_backward.load(), g_fallback.load(), g_tuned.load()};
 }
 
 bool cudnn_sdp_supported(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
@@ -190,7 +265,7 @@ bool cudnn_sdp_supported(const Tensor& q, const Tensor& k, const Tensor& v, bool
   const cudnn_sdpa::Problem p =
       problem(q, k, v, causal, scale,
               {q.size(1) * q.size(2) * v.size(3), q.size(2) * v.size(3), v.size(3), 1});
-  const auto e = forward_cache().get(key_of(false, device, h, p), h, p);
+  const auto e = forward_cache().get(key_of(false, device, h, p), device, h, p, {});
   if (why) *why = e->why;
   return e->plan != nullptr;
 }
@@ -202,11 +277,14 @@ bool cudnn_flash_attention_forward(const Tensor& out, const Tensor& lse, const T
   DeviceGuard g(device);
   cudnnHandle_t h = cudnn_handle(device);
   const cudnn_sdpa::Problem p = problem(q, k, v, causal, scale, strides_of(out));
-  const auto e = forward_cache().get(key_of(false, device, h, p), h, p);
+  const auto run = [&](const cudnn_sdpa::Forward& plan, void* ws) {
+    plan.run(h, ptr(q), ptr(k), ptr(v), ptr(out), ptr<float>(lse), ws);
+  };
+  const auto e = forward_cache().get(key_of(false, device, h, p), device, h, p, run);
   if (!e->plan) return fall_back();
   NvtxRange range("flash_attention_forward (cuDNN)");
   const Storage ws = alloc_scratch_bytes(plan_workspace_bytes(*e->plan), Device::cuda(device));
-  e->plan->run(h, ptr(q), ptr(k), ptr(v), ptr(out), ptr<float>(lse), ws.data());
+  run(*e->plan, ws.data());
   g_forward.fetch_add(1);
   return true;
 }
@@ -224,12 +302,15 @@ bool cudnn_flash_attention_backward(const Tensor& dq, const Tensor& dk, const Te
   p.dq = strides_of(dq);
   p.dk = strides_of(dk);
   p.dv = strides_of(dv);
-  const auto e = backward_cache().get(key_of(true, device, h, p), h, p);
+  const auto run = [&](const cudnn_sdpa::Backward& plan, void* ws) {
+    plan.run(h, ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr<float>(lse), ptr(dq), ptr(dk),
+             ptr(dv), ws);
+  };
+  const auto e = backward_cache().get(key_of(true, device, h, p), device, h, p, run);
   if (!e->plan) return fall_back();
   NvtxRange range("flash_attention_backward (cuDNN)");
   const Storage ws = alloc_scratch_bytes(plan_workspace_bytes(*e->plan), Device::cuda(device));
-  e->plan->run(h, ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr<float>(lse), ptr(dq), ptr(dk),
-               ptr(dv), ws.data());
+  run(*e->plan, ws.data());
   g_backward.fetch_add(1);
   return true;
 }

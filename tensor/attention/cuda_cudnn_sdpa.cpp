@@ -33,7 +33,7 @@ int64_t causal_mask(cudnn_graph::Graph& g, int64_t scores, const Dims& dims) {
 
 }  // namespace
 
-Forward::Forward(cudnnHandle_t handle, const Problem& p) {
+Forward::Forward(cudnnHandle_t handle, const Problem& p, int config) {
   cudnn_graph::Graph& g = graph_;
   const int64_t b = p.b, h = p.h, sq = p.s_q, skv = p.s_kv, d = p.d;
   const Dims scores{b, h, sq, skv}, rows{b, h, sq, 1};
@@ -63,7 +63,7 @@ Forward::Forward(cudnnHandle_t handle, const Problem& p) {
   const int64_t prob = g.virt(p.dtype, scores);
   g.pointwise(CUDNN_POINTWISE_DIV, e, sum, 0, prob);
   g.matmul(prob, v_, o_);
-  g.build(handle);
+  g.build(handle, {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}, {}, config);
 }
 
 void Forward::run(cudnnHandle_t handle, const void* q, const void* k, const void* v, void* o,
@@ -77,7 +77,7 @@ void Forward::run(cudnnHandle_t handle, const void* q, const void* k, const void
                  workspace);
 }
 
-Backward::Backward(cudnnHandle_t handle, const Problem& p) {
+Backward::Backward(cudnnHandle_t handle, const Problem& p, int config) {
   cudnn_graph::Graph& g = graph_;
   const int64_t b = p.b, h = p.h, sq = p.s_q, skv = p.s_kv, d = p.d;
   const Dims scores{b, h, sq, skv}, rows{b, h, sq, 1};
@@ -139,7 +139,7 @@ Backward::Backward(cudnnHandle_t handle, const Problem& p) {
   accum_ = g.tensor(CUDNN_DATA_FLOAT, {b, h, sq, d}, {h * sq * d, sq * d, d, 1}, false);
   g.matmul(ds1, k_rows, accum_);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, accum_, 0, 0, dq_);
-  g.build(handle);
+  g.build(handle, {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}, {}, config);
 
   accum_offset_ = (g.workspace_size() + 255) / 256 * 256;
   accum_bytes_ = b * h * sq * d * static_cast<int64_t>(sizeof(float));

@@ -33,7 +33,8 @@ struct Problem {
 
 class Forward {
  public:
-  Forward(cudnnHandle_t handle, const Problem& p);
+  // config: which of cuDNN's usable engine configurations (0: the heuristics' first).
+  Forward(cudnnHandle_t handle, const Problem& p, int config = 0);
   int64_t workspace_size() const { return graph_.workspace_size(); }
   int64_t engine_id() const { return graph_.engine_id(); }
   void run(cudnnHandle_t handle, const void* q, const void* k, const void* v, void* o, float* stats,
@@ -46,7 +47,7 @@ class Forward {
 
 class Backward {
  public:
-  Backward(cudnnHandle_t handle, const Problem& p);
+  Backward(cudnnHandle_t handle, const Problem& p, int config = 0);
   // The plan's workspace plus the float32 dQ accumulator and rowsum(dO * O) it reads back.
   int64_t workspace_size() const { return accum_offset_ + accum_bytes_ + sum_bytes_; }
   int64_t engine_id() const { return graph_.engine_id(); }

@@ -229,7 +229,7 @@ void Graph::convolution(ConvKind kind, int64_t x, int64_t w, int64_t y,
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 void Graph::build(cudnnHandle_t handle, const std::vector<cudnnBackendHeurMode_t>& modes,
-                  const NoteFilter& reject) {
+                  const NoteFilter& reject, int skip) {
   op_graph_ =
       std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
   std::vector<cudnnBackendDescriptor_t> raw;
@@ -303,6 +303,11 @@ void Graph::build(cudnnHandle_t handle, const std::vector<cudnnBackendHeurMode_t
       if (st != CUDNN_STATUS_SUCCESS) {
         tried +=
             fmt::format(" engine {}: {} {};", engine_id, cudnnGetErrorString(st), last_error());
+        continue;
+      }
+      if (skip > 0) {
+        --skip;
+        tried += fmt::format(" engine {}: skipped;", engine_id);
         continue;
       }
       int64_t n = 0;

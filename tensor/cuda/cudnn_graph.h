@@ -94,12 +94,13 @@ class Graph {
                    cudnnDataType_t compute, double alpha, double beta);
 
   // Builds the operation graph and the execution plan for `handle`'s device from the
-  // heuristics' configurations (each mode's list in turn), skipping engines `reject` refuses.
-  // Throws CudnnGraphError (not_supported() when no configuration finalises).
+  // heuristics' configurations (each mode's list in turn), skipping engines `reject` refuses
+  // and the first `skip` configurations that finalise (a tuner's later candidates). Throws
+  // CudnnGraphError (not_supported() when no configuration, or no more than `skip`, finalise).
   void build(cudnnHandle_t handle,
              const std::vector<cudnnBackendHeurMode_t>& modes = {CUDNN_HEUR_MODE_A,
                                                                  CUDNN_HEUR_MODE_FALLBACK},
-             const NoteFilter& reject = {});
+             const NoteFilter& reject = {}, int skip = 0);
   int64_t workspace_size() const { return workspace_; }
   // Runs on `handle`'s stream. `pointers` maps every non-virtual, non-scalar uid to its
   // device pointer; `workspace` has workspace_size() bytes (may be null when 0). The variant

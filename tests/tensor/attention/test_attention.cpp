@@ -38,6 +38,8 @@
 #if defined(TALLY_WITH_CUDA)
 #include "tensor/attention/cuda.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/graph.h"
+#include "tensor/precision.h"
 #endif
 
 namespace tally {
@@ -586,6 +588,69 @@ TEST(CudaRuntime, EnvSwitchTakesZeroOrOneAndNamesABadValue) {
     }
   }
   ::unsetenv(name);
+}
+
+// Tuning (set_tunable_enabled): a problem's first cuDNN forward and backward time the usable
+// engine configurations on the call's own tensors and still give Tally's kernels' answer; the
+// second call takes the cached choice; a problem first met inside a CUDA graph capture takes
+// the heuristics' plan (no host wait) and its replay computes the same.
+TEST_P(AttentionVsCpu, TunedCudnnPlansGiveTheSameAnswer) {
+  struct Reset {
+    ~Reset() { set_tunable_enabled(false); }
+  } reset;
+  const int64_t B = 2, H = 3, T = 320, D = 64;  // a shape no other test uses
+  const double scale = 0.125;
+  const Tensor q = put(rand_tensor({B, H, T, D}, DType::bfloat16, 720, -2, 2));
+  const Tensor k = put(rand_tensor({B, H, T, D}, DType::bfloat16, 721, -2, 2));
+  const Tensor v = put(rand_tensor({B, H, T, D}, DType::bfloat16, 722, -2, 2));
+  const Tensor dout = put(rand_tensor({B, H, T, D}, DType::bfloat16, 723, -1, 1));
+  std::string why;
+  if (!cuda::cudnn_sdp_supported(q, k, v, true, scale, &why)) GTEST_SKIP() << why;
+  ops::FlashAttentionOutput ref;
+  ops::FlashAttentionGrads ref_g;
+  {
+    const Route route(false);
+    ref = ops::flash_attention_forward(q, k, v, true, scale);
+    ref_g = ops::flash_attention_backward(dout, q, k, v, ref.out, ref.lse, true, scale);
+  }
+  const Route route(true);
+  set_tunable_enabled(true);
+  for (int rep = 0; rep < 2; ++rep) {
+    SCOPED_TRACE(rep == 0 ? "tuned now" : "the cached choice");
+    const cuda::CudnnSdpCounts before = cuda::cudnn_sdp_counts();
+    const ops::FlashAttentionOutput f = ops::flash_attention_forward(q, k, v, true, scale);
+    const ops::FlashAttentionGrads g =
+        ops::flash_attention_backward(dout, q, k, v, f.out, f.lse, true, scale);
+    const cuda::CudnnSdpCounts after = cuda::cudnn_sdp_counts();
+    EXPECT_EQ(after.forward - before.forward, 1);
+    EXPECT_EQ(after.backward - before.backward, 1);
+    EXPECT_EQ(after.tuned - before.tuned, rep == 0 ? 2 : 0);
+    EXPECT_TRUE(close_scaled(f32_cpu(f.out), f32_cpu(ref.out), 1e-2));
+    EXPECT_TRUE(close_scaled(f32_cpu(f.lse), f32_cpu(ref.lse), 1e-4));
+    EXPECT_TRUE(close_scaled(f32_cpu(g.dq), f32_cpu(ref_g.dq), 2e-2));
+    EXPECT_TRUE(close_scaled(f32_cpu(g.dk), f32_cpu(ref_g.dk), 2e-2));
+    EXPECT_TRUE(close_scaled(f32_cpu(g.dv), f32_cpu(ref_g.dv), 2e-2));
+  }
+  // A new problem inside a capture: not tuned, and the replay gives the answer.
+  const Tensor q2 = put(rand_tensor({B, H, T + 64, D}, DType::bfloat16, 724, -2, 2));
+  ops::FlashAttentionOutput ref2;
+  {
+    const Route tally_kernels(false);
+    ref2 = ops::flash_attention_forward(q2, q2, q2, true, scale);
+  }
+  const Tensor out = ops::empty({B, H, T + 64, D}, DType::bfloat16, dev());
+  const Tensor lse = ops::empty({B, H, T + 64}, DType::float32, dev());
+  const cuda::CudnnSdpCounts before = cuda::cudnn_sdp_counts();
+  cuda::Graph graph;
+  graph.capture([&] {
+    const ops::FlashAttentionOutput f = ops::flash_attention_forward(q2, q2, q2, true, scale);
+    ops::copy_(out, f.out);
+    ops::copy_(lse, f.lse);
+  });
+  graph.replay();
+  EXPECT_EQ(cuda::cudnn_sdp_counts().tuned, before.tuned);
+  EXPECT_TRUE(close_scaled(f32_cpu(out), f32_cpu(ref2.out), 1e-2));
+  EXPECT_TRUE(close_scaled(f32_cpu(lse), f32_cpu(ref2.lse), 1e-4));
 }
 
 // A problem cuDNN declines falls back to Tally's kernels with the right answer, and is
