@@ -226,6 +226,11 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
   // d(weight)'s accumulator, [Vp, C]: float32 for 16-bit operands, whose products the GEMM
   // adds into it in float32 (mm_out with a float32 out: no 16-bit [Vp, C] temporary a chunk).
   const DType acc = low ? DType::float32 : dt;
+  // d(weight) is kept in the dtype backward delivers the weight's gradient in: float32 for
+  // autocast's cast of a float32 parameter (autograd::grad_dtype; GPT's tied wte), straight
+  // from the float32 accumulator (no rounding to 16 bits and no conversion back), else dt.
+  const DType gw_dtype =
+      acc == DType::float32 && autograd::grad_dtype(weight) == DType::float32 ? acc : dt;
   Tensor loss, grad_h, grad_w;
   if (need_h) grad_h = alloc_output({N, C}, dt, device);
   if (need_w && N > 0) grad_w = o::empty({Vp, C}, acc, device);
@@ -275,7 +280,7 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
     if (!grad_w.defined()) grad_w = o::zeros({V, C}, acc, device);  // N = 0
     if (padded && N > 0) grad_w = o::narrow(grad_w, 0, 0, V);
     if (scale32.defined()) grad_w = o::mul(grad_w, scale32);  // contiguous float32 [V, C]
-    grad_w = o::to(grad_w, dt);                               // the first V rows: contiguous
+    grad_w = o::to(grad_w, gw_dtype);                         // the first V rows: contiguous
   }
   // Saved: the inputs' gradients for a loss gradient of 1 (the backward scales them).
   record("LinearCrossEntropyBackward", {hidden, weight}, {loss}, {grad_h, grad_w},

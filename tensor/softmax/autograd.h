@@ -53,8 +53,10 @@ inline constexpr int64_t kLinearCrossEntropyChunkBytes = int64_t{256} << 20;  //
 // d(hidden) = dlogits W and d(weight) += dlogits^T h are formed at once; the chunk's logits
 // and their gradient are dropped before the next chunk. Saved for backward: only d(hidden)
 // [N, C] and d(weight) [V, C] (each only when that input requires grad; tagged `activation`
-// as all saved tensors), which the backward scales by the incoming gradient. So the
-// gradient is computed in the forward: under no_grad, or when neither input requires grad,
+// as all saved tensors), which the backward scales by the incoming gradient. With 16-bit
+// operands d(weight) is summed in float32 and kept so when the weight's gradient goes to a
+// float32 parameter (autocast's cast; autograd::grad_dtype), else rounded to the operands' dtype.
+// So the gradient is computed in the forward: under no_grad, or when neither input requires grad,
 // only the loss is.
 //
 // The chunk size: chunk_rows > 0 is taken as given (at most N). chunk_rows = 0 chooses it

@@ -165,6 +165,37 @@ TEST(LinearCrossEntropy, SavesOnlyTheGradientsTaggedActivation) {
   EXPECT_EQ(loss.autograd_meta()->grad_fn->name(), "LinearCrossEntropyBackward");
 }
 
+// Under bfloat16 autocast a float32 weight's gradient is saved (and delivered) in float32,
+// straight from the float32 accumulator, as linear's GEMM writes it; a bfloat16 weight's stays
+// bfloat16.
+TEST(LinearCrossEntropy, Float32WeightKeepsAFloat32GradientUnderAutocast) {
+  const Tensor t = targets(12, 70, -100, 2, 90);
+  for (const DType wd : {DType::float32, DType::bfloat16}) {
+    SCOPED_TRACE(dtype_name(wd));
+    const Tensor h = leaf({12, 8}, DType::float32, 91);
+    const Tensor w = leaf({70, 8}, wd, 92, 0.5);
+    Tensor loss;
+    {
+      AutocastGuard autocast(DeviceType::cpu, DType::bfloat16, true);
+      loss = linear_cross_entropy(h, w, t, -100, "mean", 5);
+    }
+    const std::vector<Tensor> saved = testing::saved_by(loss);
+    ASSERT_EQ(saved.size(), 2u);
+    EXPECT_EQ(saved[1].dtype(), wd);
+    loss.backward();
+    ASSERT_TRUE(w.grad().defined());
+    EXPECT_EQ(w.grad().dtype(), wd);
+    Tensor wr = ops::clone(w);
+    wr.requires_grad_(true);
+    {
+      AutocastGuard autocast(DeviceType::cpu, DType::bfloat16, true);
+      Tensor lr = cross_entropy(linear(ops::clone(h), wr), t);
+      lr.backward();
+    }
+    EXPECT_LE(rel_err(w.grad(), wr.grad()), 2e-2);
+  }
+}
+
 TEST(LinearCrossEntropy, EveryRowIgnoredMeanIsNaN) {
   const Tensor h = leaf({4, 3}, DType::float64, 9);
   const Tensor w = leaf({5, 3}, DType::float64, 10);
