@@ -244,16 +244,22 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
       // element once, before writing it, given the lse; the padding stays 0).
       Tensor full = o::mm(h, wt);
       const Tensor logits = padded ? o::narrow(full, 1, 0, V) : full;
-      o::CrossEntropyOutput ce =
-          o::cross_entropy_with_lse(logits, t, ignore_index, 0.0, o::LossReduction::sum,
-                                    low ? std::optional<DType>(DType::float32) : std::nullopt);
+      // The loss and, when a gradient is wanted, d(logits) over the logits in place: one
+      // pass over each row on CUDA (ops::cross_entropy_and_backward).
+      const std::optional<DType> loss_dt =
+          low ? std::optional<DType>(DType::float32) : std::nullopt;
+      const Tensor chunk_loss =
+          grad ? o::cross_entropy_and_backward(logits, t, g, ignore_index, 0.0,
+                                               o::LossReduction::sum, loss_dt, logits)
+                     .loss
+               : o::cross_entropy_with_lse(logits, t, ignore_index, 0.0, o::LossReduction::sum,
+                                           loss_dt)
+                     .loss;
       if (loss.defined())
-        o::add_(loss, ce.loss);
+        o::add_(loss, chunk_loss);
       else
-        loss = ce.loss;
+        loss = chunk_loss;
       if (!grad) continue;
-      o::cross_entropy_backward(g, logits, t, ignore_index, 0.0, o::LossReduction::sum, ce.lse,
-                                logits);
       const Tensor& dlogits = full;  // [r, Vp]
       if (need_h) {
         const Tensor dst = o::narrow(grad_h, 0, start, r);  // rows of a contiguous [N, C]

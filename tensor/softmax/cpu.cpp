@@ -299,6 +299,17 @@ void nll_loss_backward(const Tensor& grad_input, const Tensor& grad, const Tenso
   });
 }
 
+// The forward, then the backward from its lse (which reads each logit before writing it, so
+// grad_input may be input itself).
+void cross_entropy_and_backward(const Tensor& out, const Tensor& lse, const Tensor& grad_input,
+                                const Tensor& grad, const Tensor& input, const Tensor& target,
+                                int64_t ignore_index, double label_smoothing,
+                                ops::LossReduction reduction) {
+  cross_entropy(out, lse, input, target, ignore_index, label_smoothing, reduction);
+  cross_entropy_backward(grad_input, grad, input, target, lse, ignore_index, label_smoothing,
+                         reduction);
+}
+
 }  // namespace
 
 const SoftmaxKernels softmax_kernels{TALLY_SOFTMAX_KERNELS};

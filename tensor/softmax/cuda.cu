@@ -11,6 +11,10 @@
 // each row counted) into a scratch buffer that a second kernel adds up in double, in a fixed
 // order (deterministic: chunks a block, then one block over the chunks); the backward's
 // "mean" counts the non-ignored targets on the device. Nothing is read back to the host.
+#include <algorithm>
+#include <array>
+#include <atomic>
+
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/reduce.cuh"
 #include "tensor/cuda/runtime.h"
@@ -446,6 +450,113 @@ __global__ void cross_entropy_backward_kernel(T* grad_input, const T* grad, cons
   }
 }
 
+// cross_entropy and its backward for a 0-D incoming gradient in one pass over the logits
+// (the fused classifier's chunks: [rows, C] with contiguous, 16-byte aligned rows). One row a
+// block, grid-strided: the row is copied into shared memory with cp.async (every 16-byte
+// load of the row in flight at once, no registers held), then read from there three times
+// (max, sum of exponentials, gradient), so the logits cross DRAM once each way where the two
+// kernels read them twice. grad_input may be x itself: a row is in shared memory before any
+// of its gradient is written. Per row: the loss into partial[r] with partial[nrows + r] = 1
+// when it counts (summed by sum_partials), lse[r * lse_s] = its log-sum-exp (0 when ignored).
+constexpr int kFusedThreads = Walk<Mode::block>::kThreads;
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kFusedThreads)
+    cross_entropy_fused_kernel(T* grad_input, double* partial, float* lse, const T* x,
+                               const int64_t* target, const T* grad, const int64_t* count,
+                               int64_t nrows, int64_t C, int64_t xrs, int64_t grs, int64_t ts,
+                               int64_t lse_s, int64_t ignore_index) {
+  using A = float;
+  using P = RowPack<T>;
+  constexpr int V = RowSplit<T>::V;
+  extern __shared__ uint4 row_smem[];
+  P* sp = reinterpret_cast<P*>(row_smem);
+  const T* st = reinterpret_cast<const T*>(row_smem);
+  const int tid = threadIdx.x;
+  const int64_t packs = C / V;
+  A g = load(grad[0]);
+  if (count) g = g / static_cast<A>(*count);
+  for (int64_t r = blockIdx.x; r < nrows; r += gridDim.x) {
+    const int64_t t = target[r * ts];
+    const bool counted = t != ignore_index;
+    const bool valid = counted && t >= 0 && t < C;  // the same for the whole block
+    T* gi = grad_input + r * grs;
+    const T* px = x + r * xrs;
+    if (!valid) {  // ignored: loss 0, gradient 0; out of bounds: NaN (cannot throw here)
+      const A fill = counted ? quiet_nan<A>() : A(0);
+      for (int64_t c = tid; c < C; c += kFusedThreads) gi[c] = store<T>(fill);
+      if (tid == 0) {
+        lse[r * lse_s] = A(0);
+        partial[r] = counted ? quiet_nan<double>() : 0.0;
+        partial[nrows + r] = counted ? 1.0 : 0.0;
+      }
+      continue;
+    }
+    __syncthreads();  // the previous row's gradient pass is done with the buffer
+    const P* xp = reinterpret_cast<const P*>(px);
+    for (int64_t j = tid; j < packs; j += kFusedThreads) cp_async16(sp + j, xp + j);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    T* stail = reinterpret_cast<T*>(row_smem);
+    for (int64_t c = packs * V + tid; c < C; c += kFusedThreads) stail[c] = px[c];
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+
+    A m = neg_inf<A>();
+    for (int64_t j = tid; j < packs; j += kFusedThreads) {
+      const P v = sp[j];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const A a = load(v.v[k]);
+        m = a > m ? a : m;  // a NaN is skipped here and reaches the sum below
+      }
+    }
+    for (int64_t c = packs * V + tid; c < C; c += kFusedThreads) {
+      const A a = load(st[c]);
+      m = a > m ? a : m;
+    }
+    m = rows::group_reduce<Mode::block>(m, rows::MaxOp{});
+    // A row of -inf: shift by 0 so that -inf - m is -inf (exp 0), not NaN.
+    const A ms = m == neg_inf<A>() ? A(0) : m;
+    A e = 0;
+    for (int64_t j = tid; j < packs; j += kFusedThreads) {
+      const P v = sp[j];
+#pragma unroll
+      for (int k = 0; k < V; ++k) e += exp_(load(v.v[k]) - ms);
+    }
+    for (int64_t c = packs * V + tid; c < C; c += kFusedThreads) e += exp_(load(st[c]) - ms);
+    e = rows::group_reduce<Mode::block>(e, rows::SumOp{});
+    const A log_sum = log_(e);
+    if (tid == 0) {
+      lse[r * lse_s] = m + log_sum;
+      // -log_softmax_t = (max - x_t) + log(sum), as cross_entropy_kernel.
+      partial[r] = static_cast<double>((m - load(st[t])) + log_sum);
+      partial[nrows + r] = 1.0;
+    }
+    // d/dx = (softmax - onehot(t)) * g, the softmax as exp(x - max) / sum.
+    const A inv = A(1) / e;
+    auto value = [&](A xv, int64_t c) {
+      const A p = exp_(xv - ms) * inv;
+      return store<T>((c == t ? p - A(1) : p) * g);
+    };
+    P* gp = reinterpret_cast<P*>(gi);
+    for (int64_t j = tid; j < packs; j += kFusedThreads) {
+      const P v = sp[j];
+      P y;
+#pragma unroll
+      for (int k = 0; k < V; ++k) y.v[k] = value(load(v.v[k]), j * V + k);
+      gp[j] = y;
+    }
+    for (int64_t c = packs * V + tid; c < C; c += kFusedThreads) gi[c] = value(load(st[c]), c);
+  }
+}
+
 // grad_input is zero-filled by the caller. kept operands: grad_input, target, grad.
 template <typename T>
 __global__ void nll_loss_backward_kernel(T* grad_input, const T* grad, const int64_t* target,
@@ -671,6 +782,107 @@ void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const 
     });
   });
   check_launch("cross_entropy_backward");
+}
+
+namespace {
+
+// The shared memory the fused kernel needs for a row of C elements of `size` bytes (the row
+// rounded up to 16 bytes), or 0 when the layout does not qualify: 16-bit or float32 logits,
+// rank 2 (the classes contiguous, rows 16-byte aligned, grad_input's too), a 0-D grad, no
+// label smoothing.
+size_t fused_row_bytes(const Tensor& grad_input, const Tensor& input, double label_smoothing,
+                       ops::LossReduction reduction) {
+  const DType dt = input.dtype();
+  if (reduction == ops::LossReduction::none || label_smoothing != 0.0 || input.dim() != 2 ||
+      !(dt == DType::float32 || dt == DType::float16 || dt == DType::bfloat16))
+    return 0;
+  const int64_t C = input.sizes()[1], size = static_cast<int64_t>(dtype_size(dt));
+  auto aligned = [&](const Tensor& t) {
+    return (C <= 1 || t.strides()[1] == 1) &&
+           (t.sizes()[0] <= 1 || (t.strides()[0] * size) % 16 == 0) &&
+           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  if (C == 0 || input.sizes()[0] == 0 || !aligned(input) || !aligned(grad_input)) return 0;
+  return static_cast<size_t>((C * size + 15) / 16 * 16);
+}
+
+// The device's opt-in shared memory a block, looked up once per device.
+size_t max_block_smem(int dev) {
+  static std::array<std::atomic<int>, 64> cache{};
+  const auto d = static_cast<size_t>(dev);
+  int v = d < cache.size() ? cache[d].load() : 0;
+  if (v == 0) {
+    check(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+          "cross_entropy_and_backward (shared memory)");
+    if (d < cache.size()) cache[d].store(v);
+  }
+  return static_cast<size_t>(v);
+}
+
+}  // namespace
+
+void cross_entropy_and_backward(const Tensor& out, const Tensor& lse, const Tensor& grad_input,
+                                const Tensor& grad, const Tensor& input, const Tensor& target,
+                                int64_t ignore_index, double label_smoothing,
+                                ops::LossReduction reduction) {
+  const int dev = input.device().index;
+  const size_t smem = fused_row_bytes(grad_input, input, label_smoothing, reduction);
+  if (smem == 0 || smem > max_block_smem(dev)) {
+    cross_entropy(out, lse, input, target, ignore_index, label_smoothing, reduction);
+    cross_entropy_backward(grad_input, grad, input, target, lse, ignore_index, label_smoothing,
+                           reduction);
+    return;
+  }
+  NvtxRange range("cross_entropy_and_backward");
+  DeviceGuard guard(dev);
+  const int64_t nrows = input.sizes()[0], C = input.sizes()[1];
+  const Tensor count = mean_count(reduction, target, loss_rows(input), nrows, ignore_index, dev,
+                                  "cross_entropy_and_backward (count)");
+  Tensor partial = alloc_scratch(2 * nrows, DType::float64, input.device());
+  double* pp = static_cast<double*>(partial.data_ptr());
+  auto run = [&]<typename T>() {
+    auto kernel = cross_entropy_fused_kernel<T>;
+    set_max_dynamic_smem(kernel, smem, "cross_entropy_and_backward");
+    int per_sm = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFusedThreads, smem),
+          "cross_entropy_and_backward (occupancy)");
+    const int64_t blocks =
+        std::clamp<int64_t>(static_cast<int64_t>(sm_count(dev)) * std::max(per_sm, 1), 1, nrows);
+    kernel<<<static_cast<unsigned>(blocks), kFusedThreads, smem, stream(dev)>>>(
+        static_cast<T*>(grad_input.data_ptr()), pp, static_cast<float*>(lse.data_ptr()),
+        static_cast<const T*>(input.data_ptr()), static_cast<const int64_t*>(target.data_ptr()),
+        static_cast<const T*>(grad.data_ptr()),
+        count.defined() ? static_cast<const int64_t*>(count.data_ptr()) : nullptr, nrows, C,
+        input.strides()[0], grad_input.strides()[0], target.strides()[0], lse.strides()[0],
+        ignore_index);
+    check_launch("cross_entropy_and_backward");
+  };
+  const bool mean = reduction == ops::LossReduction::mean;
+  const char* total = "cross_entropy_and_backward (total)";
+  switch (input.dtype()) {  // fused_row_bytes admits these three
+    case DType::bfloat16:
+      run.template operator()<__nv_bfloat16>();
+      break;
+    case DType::float16:
+      run.template operator()<__half>();
+      break;
+    default:
+      run.template operator()<float>();
+      break;
+  }
+  // The loss: float32 for 16-bit logits under autocast, else the logits' dtype.
+  switch (out.dtype()) {
+    case DType::bfloat16:
+      sum_partials(static_cast<__nv_bfloat16*>(out.data_ptr()), pp, nrows, mean, input.device(),
+                   total);
+      break;
+    case DType::float16:
+      sum_partials(static_cast<__half*>(out.data_ptr()), pp, nrows, mean, input.device(), total);
+      break;
+    default:
+      sum_partials(static_cast<float*>(out.data_ptr()), pp, nrows, mean, input.device(), total);
+      break;
+  }
 }
 
 void nll_loss(const Tensor& out, const Tensor& input, const Tensor& target, int64_t ignore_index,

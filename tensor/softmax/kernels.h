@@ -46,6 +46,13 @@ struct SoftmaxKernels {
   void (*cross_entropy_backward)(const Tensor& grad_input, const Tensor& grad, const Tensor& input,
                                  const Tensor& target, const Tensor& lse, int64_t ignore_index,
                                  double label_smoothing, ops::LossReduction reduction);
+  // cross_entropy (out, lse: both defined) then cross_entropy_backward (grad_input, grad, with
+  // that lse) in one call; grad_input may be input itself (in place). The CUDA kernel fuses
+  // the two for contiguous aligned rows (see ops::cross_entropy_and_backward).
+  void (*cross_entropy_and_backward)(const Tensor& out, const Tensor& lse, const Tensor& grad_input,
+                                     const Tensor& grad, const Tensor& input, const Tensor& target,
+                                     int64_t ignore_index, double label_smoothing,
+                                     ops::LossReduction reduction);
   void (*nll_loss)(const Tensor& out, const Tensor& input, const Tensor& target,
                    int64_t ignore_index, ops::LossReduction reduction);
   // grad_input (zero-filled by the caller, grad's dtype) <- -g at each [r, target_r].
@@ -62,7 +69,8 @@ TALLY_DECLARE_KERNELS(SoftmaxKernels, softmax_kernels, softmax_backends);
 // the list of kernels is written once.
 #define TALLY_SOFTMAX_KERNELS                                                                  \
   .softmax = &softmax, .softmax_backward = &softmax_backward, .cross_entropy = &cross_entropy, \
-  .cross_entropy_backward = &cross_entropy_backward, .nll_loss = &nll_loss,                    \
+  .cross_entropy_backward = &cross_entropy_backward,                                           \
+  .cross_entropy_and_backward = &cross_entropy_and_backward, .nll_loss = &nll_loss,            \
   .nll_loss_backward = &nll_loss_backward
 
 }  // namespace tally

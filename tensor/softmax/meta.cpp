@@ -44,6 +44,20 @@ void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const 
   mean_count(grad_input, reduction);
 }
 
+// One read of the logits and one write of the gradient (the CUDA kernel's fused path; its
+// two-kernel fallback allocates the same scratch).
+void cross_entropy_and_backward(const Tensor& out, const Tensor& lse, const Tensor& grad_input,
+                                const Tensor& grad, const Tensor& input, const Tensor& target,
+                                int64_t /*ignore_index*/, double /*label_smoothing*/,
+                                ops::LossReduction reduction) {
+  cost(input, 0, tensor_bytes(out, lse, grad_input, grad, input, target));
+  // The fused path holds the target count (mean) while the partials are summed.
+  Tensor count;
+  if (replays_cuda(input) && reduction == ops::LossReduction::mean)
+    count = alloc_scratch(1, DType::int64, input.device());
+  loss_partials(input, reduction);
+}
+
 void nll_loss(const Tensor& out, const Tensor& input, const Tensor& target,
               int64_t /*ignore_index*/, ops::LossReduction reduction) {
   cost(input, 0, tensor_bytes(out, target) + 8.0 * static_cast<double>(target.numel()));
@@ -62,6 +76,7 @@ const SoftmaxKernels softmax_kernels{.softmax = nothing,
                                      .softmax_backward = nothing,
                                      .cross_entropy = &cross_entropy,
                                      .cross_entropy_backward = &cross_entropy_backward,
+                                     .cross_entropy_and_backward = &cross_entropy_and_backward,
                                      .nll_loss = &nll_loss,
                                      .nll_loss_backward = &nll_loss_backward};
 

@@ -289,6 +289,44 @@ Tensor cross_entropy_backward(const Tensor& grad, const Tensor& input, const Ten
   return out.defined() ? out : view(result, input.sizes());
 }
 
+CrossEntropyAndGrad cross_entropy_and_backward(const Tensor& input, const Tensor& target,
+                                               const Tensor& grad, int64_t ignore_index,
+                                               double label_smoothing, LossReduction reduction,
+                                               std::optional<DType> loss_dtype, const Tensor& out) {
+  static const OpInfo info("cross_entropy_and_backward");
+  check_same_device(info.name, input.device(), target.device());
+  check_same_device(info.name, input.device(), grad.device());
+  DispatchScope scope(info, input, grad, target);
+  check_floating(info.name, input);
+  check_label_smoothing(info.name, label_smoothing);
+  const DType out_dtype = loss_dtype.value_or(input.dtype());
+  if (out_dtype != input.dtype() &&
+      !(out_dtype == DType::float32 &&
+        (input.dtype() == DType::float16 || input.dtype() == DType::bfloat16)))
+    throw std::invalid_argument(fmt::format(
+        "{}: the loss dtype must be the input's ({}), or float32 for float16/bfloat16 input; "
+        "got {}",
+        info.name, dtype_name(input.dtype()), dtype_name(out_dtype)));
+  const LossLayout l = loss_layout(info.name, input.sizes(), target);
+  const Tensor x = batched(input);
+  const Tensor g = loss_grad(info.name, grad, l, reduction, input.dtype());
+  if (out.defined()) check_backward_out(info.name, out, input, /*with_lse=*/true);
+  const bool none = reduction == LossReduction::none;
+  CrossEntropyAndGrad r;
+  r.loss = alloc_output(none ? row_shape(l.input_sizes) : Shape{}, out_dtype, input.device());
+  r.lse = alloc_output(row_shape(l.input_sizes), lse_dtype(input.dtype()), input.device());
+  Tensor gi =
+      out.defined() ? batched(out) : alloc_output(l.input_sizes, input.dtype(), input.device());
+  with_target_context(info.name, input.sizes(), target, [&] {
+    softmax_backends.get(info, input.device(), &SoftmaxKernels::cross_entropy_and_backward)(
+        r.loss, r.lse, gi, g, x, l.target, ignore_index, label_smoothing, reduction);
+  });
+  if (none) r.loss = view(r.loss, l.loss_shape);
+  r.lse = view(r.lse, l.loss_shape);
+  r.grad_input = out.defined() ? out : view(gi, input.sizes());
+  return r;
+}
+
 Tensor nll_loss(const Tensor& input, const Tensor& target, int64_t ignore_index,
                 LossReduction reduction) {
   static const OpInfo info("nll_loss");

@@ -72,6 +72,28 @@ Tensor cross_entropy_backward(const Tensor& grad, const Tensor& input, const Ten
                               int64_t ignore_index, double label_smoothing, LossReduction reduction,
                               const Tensor& lse = Tensor(), const Tensor& out = Tensor());
 
+// cross_entropy_with_lse and cross_entropy_backward in one call, for a gradient known at the
+// forward (the fused classifier, which forms its inputs' gradients chunk by chunk in the
+// forward): the loss and lse as cross_entropy_with_lse's, and d(loss)/d(input) for the
+// incoming gradient `grad` as cross_entropy_backward's (same arguments, same `out` rules: out
+// may be input itself, overwriting the logits in place; undefined: a new tensor). On CUDA,
+// rows of contiguous, 16-byte aligned classes with a 0-D grad (reductions sum and mean, no
+// label smoothing, 16-bit or float32 logits) take one kernel that reads each row once into
+// shared memory and writes its gradient from there: one read and one write of the logits
+// instead of two reads and a write. Other layouts run the two kernels. Errors name
+// cross_entropy_and_backward and the shapes.
+struct CrossEntropyAndGrad {
+  Tensor loss;
+  Tensor lse;
+  Tensor grad_input;
+};
+CrossEntropyAndGrad cross_entropy_and_backward(const Tensor& input, const Tensor& target,
+                                               const Tensor& grad, int64_t ignore_index = -100,
+                                               double label_smoothing = 0.0,
+                                               LossReduction reduction = LossReduction::mean,
+                                               std::optional<DType> loss_dtype = std::nullopt,
+                                               const Tensor& out = Tensor());
+
 // PyTorch's nll_loss: loss_r = -input_r[target_r] over log-probabilities `input`, with
 // cross_entropy's shapes, ignore_index, reduction and out-of-range error.
 Tensor nll_loss(const Tensor& input, const Tensor& target, int64_t ignore_index = -100,

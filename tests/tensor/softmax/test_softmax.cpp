@@ -349,6 +349,77 @@ TEST_P(CrossEntropy, BackwardIntoPaddedOutAndInPlace) {
                                       {"cross_entropy_backward: out shares storage with input"});
 }
 
+// cross_entropy_and_backward is cross_entropy_with_lse then cross_entropy_backward: the same
+// loss, lse and gradient, into a new tensor, into the first C columns of a padded buffer and
+// over the logits in place; its argument errors name it.
+TEST_P(CrossEntropy, AndBackwardIsTheTwoOps) {
+  const int64_t N = 5, C = 13, Cp = 16;
+  const Tensor t = targets({0, 12, -100, 3, 7}, {5});
+  for (DType dt : {DType::float64, DType::float32, DType::bfloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double tol = dt == DType::bfloat16 ? 1e-2 : dt == DType::float32 ? 1e-5 : 1e-12;
+    for (auto red : {ops::LossReduction::mean, ops::LossReduction::sum}) {
+      SCOPED_TRACE(ops::loss_reduction_name(red));
+      const Tensor buf = ops::zeros({N, Cp}, dt, dev());
+      const Tensor x = ops::narrow(buf, 1, 0, C);  // [N, C], rows Cp apart
+      ops::copy_(x, ops::to(put(rand_input({N, C}, -4, 4, 31).detach()), dt));
+      const Tensor g = ops::full({}, 0.75, dt, dev());
+      const ops::CrossEntropyOutput r = ops::cross_entropy_with_lse(x, t, -100, 0.0, red);
+      const Tensor ref = ops::cross_entropy_backward(g, x, t, -100, 0.0, red, r.lse);
+      const ops::CrossEntropyAndGrad a = ops::cross_entropy_and_backward(x, t, g, -100, 0.0, red);
+      EXPECT_TRUE(values_near(a.loss, r.loss.tolist(), tol));
+      EXPECT_TRUE(values_near(a.lse, r.lse.tolist(), tol));
+      EXPECT_TRUE(values_near(a.grad_input, ref.tolist(), tol));
+      // In place over the logits: the padding stays as it was.
+      const ops::CrossEntropyAndGrad b =
+          ops::cross_entropy_and_backward(x, t, g, -100, 0.0, red, std::nullopt, x);
+      EXPECT_EQ(b.grad_input.data_ptr(), x.data_ptr());
+      EXPECT_TRUE(values_near(b.loss, r.loss.tolist(), tol));
+      EXPECT_TRUE(values_near(x, ref.tolist(), tol));
+      EXPECT_TRUE(values_near(ops::narrow(buf, 1, C, Cp - C),
+                              std::vector<double>(static_cast<size_t>(N * (Cp - C)), 0.0), 0.0));
+    }
+  }
+  // Reduction none takes a per-row gradient; float32 loss for bfloat16 logits.
+  const Tensor x = ops::to(put(rand_input({N, C}, -4, 4, 32).detach()), DType::bfloat16);
+  const Tensor gr = ops::to(put(rand_input({N}, -1, 1, 33).detach()), DType::bfloat16);
+  const ops::CrossEntropyAndGrad a = ops::cross_entropy_and_backward(
+      x, t, gr, -100, 0.1, ops::LossReduction::none, DType::float32);
+  EXPECT_EQ(a.loss.dtype(), DType::float32);
+  EXPECT_EQ(a.loss.sizes(), (Shape{N}));
+  EXPECT_TRUE(values_near(
+      a.loss,
+      ops::cross_entropy_with_lse(x, t, -100, 0.1, ops::LossReduction::none, DType::float32)
+          .loss.tolist(),
+      1e-6));
+  EXPECT_TRUE(values_near(
+      a.grad_input,
+      ops::cross_entropy_backward(gr, x, t, -100, 0.1, ops::LossReduction::none).tolist(), 1e-2));
+  const Tensor g = ops::full({}, 1.0, DType::float32, dev());
+  const Tensor xf = put(rand_input({N, C}, -4, 4, 34).detach());
+  expect_error<std::invalid_argument>(
+      [&] { (void)ops::cross_entropy_and_backward(xf, t, ops::ones({N}, DType::float32, dev())); },
+      {"cross_entropy_and_backward: grad [5] does not match the loss", "reduction mean"});
+  expect_error<std::invalid_argument>(
+      [&] {
+        (void)ops::cross_entropy_and_backward(xf, t, g, -100, 0.0, ops::LossReduction::mean,
+                                              DType::float16);
+      },
+      {"cross_entropy_and_backward: the loss dtype must be the input's", "got float16"});
+  expect_error<std::invalid_argument>(
+      [&] {
+        (void)ops::cross_entropy_and_backward(xf, t, g, -100, 0.0, ops::LossReduction::mean,
+                                              std::nullopt,
+                                              ops::zeros({N, C + 1}, DType::float32, dev()));
+      },
+      {"cross_entropy_and_backward: out must have input's shape and dtype"});
+  expect_error<std::invalid_argument>(
+      [&] {
+        (void)ops::cross_entropy_and_backward(xf, targets({0, 1, 2}, {3}), g);
+      },
+      {"cross_entropy_and_backward: input [5, 13] expects target [5], got target [3]"});
+}
+
 // Under autocast, float16/bfloat16 logits stay as they are (no float32 copy is made or
 // saved), the loss is float32 and the gradient comes back in the logits' dtype.
 TEST_P(CrossEntropy, AutocastReadsLowPrecisionLogitsInPlace) {
@@ -815,6 +886,81 @@ TEST_P(SoftmaxVsCpu, SavedLseAndFloat32LossMatchTheCpu) {
             << "offset backward " << what;
       }
     }
+  }
+}
+
+// The fused classifier's one-pass kernel (aligned contiguous rows, 0-D grad) and its
+// two-kernel fallback (unaligned rows, reduction none, label smoothing, float64) against the
+// CPU's two ops: loss, lse and gradient, into a new tensor and in place, with ignored rows,
+// GPT's vocabularies and a class count that leaves a tail past the last 16-byte pack.
+TEST_P(SoftmaxVsCpu, CrossEntropyAndBackwardMatchTheCpu) {
+  uint64_t seed = 950;
+  for (DType d : kFloatDtypes) {
+    const bool low = d == DType::float16 || d == DType::bfloat16;
+    const std::optional<DType> loss_dtype =
+        low ? std::optional<DType>(DType::float32) : std::nullopt;
+    const DType ld = loss_dtype.value_or(d);
+    for (int64_t C : {int64_t{7}, int64_t{8}, int64_t{1003}, int64_t{50257}, int64_t{50304}}) {
+      for (LossReduction r : kReductions) {
+        for (double eps : {0.0, 0.1}) {
+          for (int64_t offset : {int64_t{0}, int64_t{1}}) {  // 1: rows not 16-byte aligned
+            const std::string what = std::string(dtype_name(d)) + " C " + std::to_string(C) + " " +
+                                     red_name(r) + " eps " + std::to_string(eps) + " offset " +
+                                     std::to_string(offset);
+            const int64_t N = C > 2000 ? 9 : 37, Cp = C + (8 - C % 8);
+            const Tensor x = rand_tensor({N, C}, d, ++seed, -6, 6);
+            const Tensor t = random_targets({N}, C, ++seed, 0.2);
+            const Tensor g = r == LossReduction::none ? rand_tensor({N}, d, ++seed, -1.5, 1.5)
+                                                      : ops::full({}, 0.75, d);
+            const ops::CrossEntropyOutput fc =
+                ops::cross_entropy_with_lse(x, t, -100, eps, r, loss_dtype);
+            const Tensor bc = ops::cross_entropy_backward(g, x, t, -100, eps, r);
+            // On the device: the logits as columns [offset, offset + C) of a [N, Cp + 1] buffer.
+            const Tensor buf = put(ops::zeros({N, Cp + 1}, d));
+            const Tensor xg = ops::narrow(buf, 1, offset, C);
+            ops::copy_(xg, put(x));
+            const Tensor tg = put(t), gg = put(g);
+            const ops::CrossEntropyAndGrad a =
+                ops::cross_entropy_and_backward(xg, tg, gg, -100, eps, r, loss_dtype);
+            EXPECT_EQ(a.loss.dtype(), ld) << what;
+            EXPECT_TRUE(close_pointwise(a.loss, fc.loss, pointwise_tol(ld))) << "loss " << what;
+            EXPECT_TRUE(close_pointwise(a.lse, fc.lse,
+                                        pointwise_tol(d == DType::float64 ? d : DType::float32)))
+                << "lse " << what;
+            EXPECT_TRUE(close_pointwise(a.grad_input, bc, pointwise_tol(d))) << "grad " << what;
+            const ops::CrossEntropyAndGrad b =
+                ops::cross_entropy_and_backward(xg, tg, gg, -100, eps, r, loss_dtype, xg);
+            EXPECT_TRUE(close_pointwise(b.loss, fc.loss, pointwise_tol(ld))) << "loss " << what;
+            EXPECT_TRUE(close_pointwise(xg, bc, pointwise_tol(d))) << "in place " << what;
+            // The columns outside the view are untouched.
+            EXPECT_EQ(
+                ops::item(ops::sum(ops::unary(
+                    ops::UnaryOp::abs, ops::to(ops::narrow(buf, 1, offset + C, Cp + 1 - offset - C),
+                                               DType::float64)))),
+                0.0)
+                << what;
+          }
+        }
+      }
+    }
+  }
+  // Every row ignored: mean NaN, sum 0, gradient 0; an out-of-range target: NaN loss and row.
+  const Tensor x = put(rand_tensor({4, 16}, DType::bfloat16, 990));
+  const Tensor one = put(ops::full({}, 1.0, DType::bfloat16));
+  const ops::CrossEntropyAndGrad ig =
+      ops::cross_entropy_and_backward(x, put(ops::full({4}, -100, DType::int64)), one, -100, 0.0,
+                                      LossReduction::mean, DType::float32);
+  EXPECT_TRUE(std::isnan(ops::item(ig.loss)));
+  EXPECT_TRUE(close_pointwise(ig.grad_input, ops::zeros({4, 16}, DType::bfloat16), 0.0));
+  const ops::CrossEntropyAndGrad bad =
+      ops::cross_entropy_and_backward(x, put(ops::from_vector({1, 16, 2, -100}, {4}, DType::int64)),
+                                      one, -100, 0.0, LossReduction::sum, DType::float32);
+  EXPECT_TRUE(std::isnan(ops::item(bad.loss)));
+  const std::vector<double> gb = ops::to_vector(bad.grad_input);
+  for (int c = 0; c < 16; ++c) {
+    EXPECT_TRUE(std::isnan(gb[static_cast<size_t>(16 + c)])) << c;
+    EXPECT_FALSE(std::isnan(gb[static_cast<size_t>(c)])) << c;
+    EXPECT_EQ(gb[static_cast<size_t>(48 + c)], 0.0) << c;
   }
 }
 
