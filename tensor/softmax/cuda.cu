@@ -452,13 +452,25 @@ __global__ void cross_entropy_backward_kernel(T* grad_input, const T* grad, cons
 
 // cross_entropy and its backward for a 0-D incoming gradient in one pass over the logits
 // (the fused classifier's chunks: [rows, C] with contiguous, 16-byte aligned rows). One row a
-// block, grid-strided: the row is copied into shared memory with cp.async (every 16-byte
-// load of the row in flight at once, no registers held), then read from there three times
-// (max, sum of exponentials, gradient), so the logits cross DRAM once each way where the two
-// kernels read them twice. grad_input may be x itself: a row is in shared memory before any
-// of its gradient is written. Per row: the loss into partial[r] with partial[nrows + r] = 1
-// when it counts (summed by sum_partials), lse[r * lse_s] = its log-sum-exp (0 when ignored).
+// block at a time, grid-strided: the row is copied into shared memory with cp.async (every
+// 16-byte load of the row in flight at once, no registers held), then read from there three
+// times (max, sum of exponentials, gradient), so the logits cross DRAM once each way where the
+// two kernels read them twice. With kTwo (two row buffers, when they fit) the next row's copy
+// is in flight while this one is computed, so the SM's loads never wait on its exponentials.
+// grad_input may be x itself: a row is in shared memory before any of its gradient is
+// written, and no other block touches it. Per row: the loss into partial[r] with
+// partial[nrows + r] = 1 when it counts (summed by sum_partials), lse[r * lse_s] = its
+// log-sum-exp (0 when ignored).
 constexpr int kFusedThreads = Walk<Mode::block>::kThreads;
+
+struct FusedRows {
+  double* partial;
+  float* lse;
+  const int64_t* target;
+  const int64_t* count;
+  int64_t nrows, C, xrs, grs, ts, lse_s, ignore_index;
+  size_t row_bytes;  // one row buffer: C elements rounded up to 16 bytes
+};
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
@@ -467,45 +479,64 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
                : "memory");
 }
 
-template <typename T>
+template <typename T, bool kTwo>
 __global__ void __launch_bounds__(kFusedThreads)
-    cross_entropy_fused_kernel(T* grad_input, double* partial, float* lse, const T* x,
-                               const int64_t* target, const T* grad, const int64_t* count,
-                               int64_t nrows, int64_t C, int64_t xrs, int64_t grs, int64_t ts,
-                               int64_t lse_s, int64_t ignore_index) {
+    cross_entropy_fused_kernel(T* grad_input, const T* x, const T* grad, FusedRows a) {
   using A = float;
   using P = RowPack<T>;
   constexpr int V = RowSplit<T>::V;
   extern __shared__ uint4 row_smem[];
-  P* sp = reinterpret_cast<P*>(row_smem);
-  const T* st = reinterpret_cast<const T*>(row_smem);
   const int tid = threadIdx.x;
-  const int64_t packs = C / V;
+  const int64_t packs = a.C / V, C = a.C;
+  auto buffer = [&](int i) {
+    return reinterpret_cast<char*>(row_smem) + (kTwo ? (i & 1) * a.row_bytes : 0);
+  };
+  auto valid_row = [&](int64_t r) {
+    const int64_t t = a.target[r * a.ts];
+    return t != a.ignore_index && t >= 0 && t < C;
+  };
+  // Starts the copy of row r's whole 16-byte packs into buf (nothing for an invalid row);
+  // always one commit group, so the groups count rows.
+  auto prefetch = [&](int64_t r, char* buf) {
+    if (r < a.nrows && valid_row(r)) {
+      const P* xp = reinterpret_cast<const P*>(x + r * a.xrs);
+      P* sp = reinterpret_cast<P*>(buf);
+      for (int64_t j = tid; j < packs; j += kFusedThreads) cp_async16(sp + j, xp + j);
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
   A g = load(grad[0]);
-  if (count) g = g / static_cast<A>(*count);
-  for (int64_t r = blockIdx.x; r < nrows; r += gridDim.x) {
-    const int64_t t = target[r * ts];
-    const bool counted = t != ignore_index;
+  if (a.count) g = g / static_cast<A>(*a.count);
+  if (kTwo) prefetch(blockIdx.x, buffer(0));
+  int i = 0;
+  for (int64_t r = blockIdx.x; r < a.nrows; r += gridDim.x, ++i) {
+    char* buf = buffer(i);
+    const int64_t t = a.target[r * a.ts];
+    const bool counted = t != a.ignore_index;
     const bool valid = counted && t >= 0 && t < C;  // the same for the whole block
-    T* gi = grad_input + r * grs;
-    const T* px = x + r * xrs;
+    T* gi = grad_input + r * a.grs;
+    const T* px = x + r * a.xrs;
+    if (kTwo) {
+      // The other buffer was last read by the previous row, finished at its closing barrier.
+      prefetch(r + gridDim.x, buffer(i + 1));
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // this row's copy has landed
+    } else {
+      prefetch(r, buf);
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    }
     if (!valid) {  // ignored: loss 0, gradient 0; out of bounds: NaN (cannot throw here)
       const A fill = counted ? quiet_nan<A>() : A(0);
       for (int64_t c = tid; c < C; c += kFusedThreads) gi[c] = store<T>(fill);
       if (tid == 0) {
-        lse[r * lse_s] = A(0);
-        partial[r] = counted ? quiet_nan<double>() : 0.0;
-        partial[nrows + r] = counted ? 1.0 : 0.0;
+        a.lse[r * a.lse_s] = A(0);
+        a.partial[r] = counted ? quiet_nan<double>() : 0.0;
+        a.partial[a.nrows + r] = counted ? 1.0 : 0.0;
       }
       continue;
     }
-    __syncthreads();  // the previous row's gradient pass is done with the buffer
-    const P* xp = reinterpret_cast<const P*>(px);
-    for (int64_t j = tid; j < packs; j += kFusedThreads) cp_async16(sp + j, xp + j);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    T* stail = reinterpret_cast<T*>(row_smem);
-    for (int64_t c = packs * V + tid; c < C; c += kFusedThreads) stail[c] = px[c];
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    const P* sp = reinterpret_cast<const P*>(buf);
+    T* st = reinterpret_cast<T*>(buf);
+    for (int64_t c = packs * V + tid; c < C; c += kFusedThreads) st[c] = px[c];  // the tail
     __syncthreads();
 
     A m = neg_inf<A>();
@@ -513,13 +544,13 @@ __global__ void __launch_bounds__(kFusedThreads)
       const P v = sp[j];
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const A a = load(v.v[k]);
-        m = a > m ? a : m;  // a NaN is skipped here and reaches the sum below
+        const A e = load(v.v[k]);
+        m = e > m ? e : m;  // a NaN is skipped here and reaches the sum below
       }
     }
     for (int64_t c = packs * V + tid; c < C; c += kFusedThreads) {
-      const A a = load(st[c]);
-      m = a > m ? a : m;
+      const A e = load(st[c]);
+      m = e > m ? e : m;
     }
     m = rows::group_reduce<Mode::block>(m, rows::MaxOp{});
     // A row of -inf: shift by 0 so that -inf - m is -inf (exp 0), not NaN.
@@ -534,10 +565,10 @@ __global__ void __launch_bounds__(kFusedThreads)
     e = rows::group_reduce<Mode::block>(e, rows::SumOp{});
     const A log_sum = log_(e);
     if (tid == 0) {
-      lse[r * lse_s] = m + log_sum;
+      a.lse[r * a.lse_s] = m + log_sum;
       // -log_softmax_t = (max - x_t) + log(sum), as cross_entropy_kernel.
-      partial[r] = static_cast<double>((m - load(st[t])) + log_sum);
-      partial[nrows + r] = 1.0;
+      a.partial[r] = static_cast<double>((m - load(st[t])) + log_sum);
+      a.partial[a.nrows + r] = 1.0;
     }
     // d/dx = (softmax - onehot(t)) * g, the softmax as exp(x - max) / sum.
     const A inv = A(1) / e;
@@ -554,7 +585,9 @@ __global__ void __launch_bounds__(kFusedThreads)
       gp[j] = y;
     }
     for (int64_t c = packs * V + tid; c < C; c += kFusedThreads) gi[c] = value(load(st[c]), c);
+    __syncthreads();  // everyone is done with buf before it is refilled
   }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // no copy outlives the block
 }
 
 // grad_input is zero-filled by the caller. kept operands: grad_input, target, grad.
@@ -840,21 +873,33 @@ void cross_entropy_and_backward(const Tensor& out, const Tensor& lse, const Tens
                                   "cross_entropy_and_backward (count)");
   Tensor partial = alloc_scratch(2 * nrows, DType::float64, input.device());
   double* pp = static_cast<double*>(partial.data_ptr());
+  const FusedRows rows_args{
+      pp,
+      static_cast<float*>(lse.data_ptr()),
+      static_cast<const int64_t*>(target.data_ptr()),
+      count.defined() ? static_cast<const int64_t*>(count.data_ptr()) : nullptr,
+      nrows,
+      C,
+      input.strides()[0],
+      grad_input.strides()[0],
+      target.strides()[0],
+      lse.strides()[0],
+      ignore_index,
+      smem};
+  // Two row buffers (the next row's copy in flight) when they fit in one block's shared memory.
+  const bool two = 2 * smem <= max_block_smem(dev);
   auto run = [&]<typename T>() {
-    auto kernel = cross_entropy_fused_kernel<T>;
-    set_max_dynamic_smem(kernel, smem, "cross_entropy_and_backward");
+    auto kernel = two ? cross_entropy_fused_kernel<T, true> : cross_entropy_fused_kernel<T, false>;
+    const size_t bytes = two ? 2 * smem : smem;
+    set_max_dynamic_smem(kernel, bytes, "cross_entropy_and_backward");
     int per_sm = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFusedThreads, smem),
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFusedThreads, bytes),
           "cross_entropy_and_backward (occupancy)");
     const int64_t blocks =
         std::clamp<int64_t>(static_cast<int64_t>(sm_count(dev)) * std::max(per_sm, 1), 1, nrows);
-    kernel<<<static_cast<unsigned>(blocks), kFusedThreads, smem, stream(dev)>>>(
-        static_cast<T*>(grad_input.data_ptr()), pp, static_cast<float*>(lse.data_ptr()),
-        static_cast<const T*>(input.data_ptr()), static_cast<const int64_t*>(target.data_ptr()),
-        static_cast<const T*>(grad.data_ptr()),
-        count.defined() ? static_cast<const int64_t*>(count.data_ptr()) : nullptr, nrows, C,
-        input.strides()[0], grad_input.strides()[0], target.strides()[0], lse.strides()[0],
-        ignore_index);
+    kernel<<<static_cast<unsigned>(blocks), kFusedThreads, bytes, stream(dev)>>>(
+        static_cast<T*>(grad_input.data_ptr()), static_cast<const T*>(input.data_ptr()),
+        static_cast<const T*>(grad.data_ptr()), rows_args);
     check_launch("cross_entropy_and_backward");
   };
   const bool mean = reduction == ops::LossReduction::mean;

@@ -915,8 +915,9 @@ TEST_P(SoftmaxVsCpu, CrossEntropyAndBackwardMatchTheCpu) {
             const ops::CrossEntropyOutput fc =
                 ops::cross_entropy_with_lse(x, t, -100, eps, r, loss_dtype);
             const Tensor bc = ops::cross_entropy_backward(g, x, t, -100, eps, r);
-            // On the device: the logits as columns [offset, offset + C) of a [N, Cp + 1] buffer.
-            const Tensor buf = put(ops::zeros({N, Cp + 1}, d));
+            // On the device: the logits as columns [offset, offset + C) of a [N, Cp + 8]
+            // buffer, whose rows start 16-byte aligned (Cp is a multiple of 8).
+            const Tensor buf = put(ops::zeros({N, Cp + 8}, d));
             const Tensor xg = ops::narrow(buf, 1, offset, C);
             ops::copy_(xg, put(x));
             const Tensor tg = put(t), gg = put(g);
@@ -935,7 +936,7 @@ TEST_P(SoftmaxVsCpu, CrossEntropyAndBackwardMatchTheCpu) {
             // The columns outside the view are untouched.
             EXPECT_EQ(
                 ops::item(ops::sum(ops::unary(
-                    ops::UnaryOp::abs, ops::to(ops::narrow(buf, 1, offset + C, Cp + 1 - offset - C),
+                    ops::UnaryOp::abs, ops::to(ops::narrow(buf, 1, offset + C, Cp + 8 - offset - C),
                                                DType::float64)))),
                 0.0)
                 << what;
