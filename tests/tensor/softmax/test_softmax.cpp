@@ -923,15 +923,20 @@ TEST_P(SoftmaxVsCpu, CrossEntropyAndBackwardMatchTheCpu) {
             const Tensor tg = put(t), gg = put(g);
             const ops::CrossEntropyAndGrad a =
                 ops::cross_entropy_and_backward(xg, tg, gg, -100, eps, r, loss_dtype);
+            // Label smoothing's loss adds C terms (max - x_c) in float on the device: over GPT's
+            // vocabulary that is 2e-5 off the CPU's double sum (the cross_entropy kernel's own
+            // precision; the fused kernel takes no smoothing).
+            const double loss_tol =
+                eps > 0 && C > 2000 && ld == DType::float32 ? 1e-4 : pointwise_tol(ld);
             EXPECT_EQ(a.loss.dtype(), ld) << what;
-            EXPECT_TRUE(close_pointwise(a.loss, fc.loss, pointwise_tol(ld))) << "loss " << what;
+            EXPECT_TRUE(close_pointwise(a.loss, fc.loss, loss_tol)) << "loss " << what;
             EXPECT_TRUE(close_pointwise(a.lse, fc.lse,
                                         pointwise_tol(d == DType::float64 ? d : DType::float32)))
                 << "lse " << what;
             EXPECT_TRUE(close_pointwise(a.grad_input, bc, pointwise_tol(d))) << "grad " << what;
             const ops::CrossEntropyAndGrad b =
                 ops::cross_entropy_and_backward(xg, tg, gg, -100, eps, r, loss_dtype, xg);
-            EXPECT_TRUE(close_pointwise(b.loss, fc.loss, pointwise_tol(ld))) << "loss " << what;
+            EXPECT_TRUE(close_pointwise(b.loss, fc.loss, loss_tol)) << "loss " << what;
             EXPECT_TRUE(close_pointwise(xg, bc, pointwise_tol(d))) << "in place " << what;
             // The columns outside the view are untouched.
             EXPECT_EQ(
