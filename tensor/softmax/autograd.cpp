@@ -232,6 +232,7 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
   const DType gw_dtype =
       acc == DType::float32 && autograd::grad_dtype(weight) == DType::float32 ? acc : dt;
   Tensor loss, grad_h, grad_w;
+  Tensor w_scale;  // 0-D float32: what the backward still owes grad_w (a mean's 1 / count)
   if (need_h) grad_h = alloc_output({N, C}, dt, device);
   if (need_w && N > 0) grad_w = o::empty({Vp, C}, acc, device);
   try {
@@ -284,18 +285,29 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
   loss = o::to(loss, loss_dtype);
   if (need_w) {
     if (!grad_w.defined()) grad_w = o::zeros({V, C}, acc, device);  // N = 0
-    if (padded && N > 0) grad_w = o::narrow(grad_w, 0, 0, V);
-    if (scale32.defined()) grad_w = o::mul(grad_w, scale32);  // contiguous float32 [V, C]
-    grad_w = o::to(grad_w, gw_dtype);                         // the first V rows: contiguous
+    if (padded && N > 0) grad_w = o::narrow(grad_w, 0, 0, V);       // the first V rows: contiguous
+    if (scale32.defined()) {
+      // A float32 d(weight) stays unscaled: the backward multiplies it by the mean's scale and
+      // the loss gradient at once (one pass over [V, C] rather than two). One that is rounded
+      // to 16 bits is scaled first, in float32.
+      if (gw_dtype == acc)
+        w_scale = scale32;
+      else
+        grad_w = o::mul(grad_w, scale32);
+    }
+    grad_w = o::to(grad_w, gw_dtype);
   }
-  // Saved: the inputs' gradients for a loss gradient of 1 (the backward scales them).
+  // Saved: the inputs' gradients for a loss gradient of 1 (the backward scales them), but for
+  // w_scale, which the backward applies to d(weight) with the loss gradient.
   record("LinearCrossEntropyBackward", {hidden, weight}, {loss}, {grad_h, grad_w},
-         [](BackwardContext& ctx, const TensorList& g) -> TensorList {
+         [w_scale](BackwardContext& ctx, const TensorList& g) -> TensorList {
            TensorList out(2);
            for (size_t i = 0; i < 2; ++i) {
              if (!ctx.needs_input_grad(i)) continue;
              const Tensor s = ctx.saved(i);
-             out[i] = o::mul(s, o::to(g[0], s.dtype()));
+             Tensor factor = o::to(g[0], s.dtype());
+             if (i == 1 && w_scale.defined()) factor = o::mul(factor, w_scale);  // 0-D
+             out[i] = o::mul(s, factor);
            }
            return out;
          });

@@ -193,6 +193,18 @@ TEST(LinearCrossEntropy, Float32WeightKeepsAFloat32GradientUnderAutocast) {
       lr.backward();
     }
     EXPECT_LE(rel_err(w.grad(), wr.grad()), 2e-2);
+    // A loss gradient other than 1 scales d(weight) (with the mean's 1 / count the backward
+    // applies to a float32 one) and d(hidden) alike.
+    const Tensor h2 = leaf({12, 8}, DType::float32, 91);
+    const Tensor w2 = leaf({70, 8}, wd, 92, 0.5);
+    {
+      AutocastGuard autocast(DeviceType::cpu, DType::bfloat16, true);
+      Tensor l2 = linear_cross_entropy(h2, w2, t, -100, "mean", 5);
+      l2.backward(ops::full({}, 2.5, l2.dtype()));
+    }
+    EXPECT_LE(rel_err(w2.grad(), ops::mul(w.grad(), 2.5)), 1e-6);
+    // d(hidden) is 16-bit and scaled there: the product rounds again.
+    EXPECT_LE(rel_err(h2.grad(), ops::mul(h.grad(), 2.5)), 1e-2);
   }
 }
 
