@@ -206,6 +206,20 @@ DType lse_dtype(DType input) {
   return input == DType::float64 ? DType::float64 : DType::float32;
 }
 
+// The loss's dtype: loss_dtype (input's by default), which may be float32 for float16/bfloat16
+// input (autocast) and must otherwise be input's.
+DType loss_out_dtype(const char* op, const Tensor& input, std::optional<DType> loss_dtype) {
+  const DType out_dtype = loss_dtype.value_or(input.dtype());
+  if (out_dtype != input.dtype() &&
+      !(out_dtype == DType::float32 &&
+        (input.dtype() == DType::float16 || input.dtype() == DType::bfloat16)))
+    throw std::invalid_argument(fmt::format(
+        "{}: the loss dtype must be the input's ({}), or float32 for float16/bfloat16 input; "
+        "got {}",
+        op, dtype_name(input.dtype()), dtype_name(out_dtype)));
+  return out_dtype;
+}
+
 // cross_entropy's forward; the row log-sum-exp too when with_lse.
 CrossEntropyOutput cross_entropy_impl(const Tensor& input, const Tensor& target,
                                       int64_t ignore_index, double label_smoothing,
@@ -216,14 +230,7 @@ CrossEntropyOutput cross_entropy_impl(const Tensor& input, const Tensor& target,
   DispatchScope scope(info, input, target);
   check_floating(info.name, input);
   check_label_smoothing(info.name, label_smoothing);
-  const DType out_dtype = loss_dtype.value_or(input.dtype());
-  if (out_dtype != input.dtype() &&
-      !(out_dtype == DType::float32 &&
-        (input.dtype() == DType::float16 || input.dtype() == DType::bfloat16)))
-    throw std::invalid_argument(fmt::format(
-        "{}: the loss dtype must be the input's ({}), or float32 for float16/bfloat16 input; "
-        "got {}",
-        info.name, dtype_name(input.dtype()), dtype_name(out_dtype)));
+  const DType out_dtype = loss_out_dtype(info.name, input, loss_dtype);
   const LossLayout l = loss_layout(info.name, input.sizes(), target);
   const Tensor x = batched(input);
   const bool none = reduction == LossReduction::none;
@@ -299,14 +306,7 @@ CrossEntropyAndGrad cross_entropy_and_backward(const Tensor& input, const Tensor
   DispatchScope scope(info, input, grad, target);
   check_floating(info.name, input);
   check_label_smoothing(info.name, label_smoothing);
-  const DType out_dtype = loss_dtype.value_or(input.dtype());
-  if (out_dtype != input.dtype() &&
-      !(out_dtype == DType::float32 &&
-        (input.dtype() == DType::float16 || input.dtype() == DType::bfloat16)))
-    throw std::invalid_argument(fmt::format(
-        "{}: the loss dtype must be the input's ({}), or float32 for float16/bfloat16 input; "
-        "got {}",
-        info.name, dtype_name(input.dtype()), dtype_name(out_dtype)));
+  const DType out_dtype = loss_out_dtype(info.name, input, loss_dtype);
   const LossLayout l = loss_layout(info.name, input.sizes(), target);
   const Tensor x = batched(input);
   const Tensor g = loss_grad(info.name, grad, l, reduction, input.dtype());
