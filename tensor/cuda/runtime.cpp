@@ -97,6 +97,12 @@ int sm_count(int device) {
                                       "cudaDeviceGetAttribute(multiProcessorCount)"));
 }
 
+size_t max_block_smem_optin(int device) {
+  return static_cast<size_t>(
+      cached_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device,
+                       "cudaDeviceGetAttribute(maxSharedMemoryPerBlockOptin)"));
+}
+
 int compute_capability(int device) {
   return 10 * cached_attribute(cudaDevAttrComputeCapabilityMajor, device,
                                "cudaDeviceGetAttribute(computeCapabilityMajor)") +

@@ -63,6 +63,9 @@ void check_launch(const char* what);
 void synchronize(int device);
 // The device's multiprocessor count, looked up once per device (grid sizing).
 int sm_count(int device);
+// The shared memory one block may opt into (cudaFuncSetAttribute's ceiling), looked up once
+// per device.
+size_t max_block_smem_optin(int device);
 // A 0/1 switch from the environment (TALLY_CUDNN_SDP, TALLY_CUDNN_CONV_LEGACY): `fallback` when
 // unset or empty; throws std::invalid_argument naming the variable and its value otherwise.
 bool env_switch(const char* name, bool fallback);

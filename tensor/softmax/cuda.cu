@@ -12,8 +12,6 @@
 // order (deterministic: chunks a block, then one block over the chunks); the backward's
 // "mean" counts the non-ignored targets on the device. Nothing is read back to the host.
 #include <algorithm>
-#include <array>
-#include <atomic>
 
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/reduce.cuh"
@@ -818,19 +816,6 @@ size_t fused_row_bytes(const Tensor& grad_input, const Tensor& input, double lab
   return static_cast<size_t>((C * size + 15) / 16 * 16);
 }
 
-// The device's opt-in shared memory a block, looked up once per device.
-size_t max_block_smem(int dev) {
-  static std::array<std::atomic<int>, 64> cache{};
-  const auto d = static_cast<size_t>(dev);
-  int v = d < cache.size() ? cache[d].load() : 0;
-  if (v == 0) {
-    check(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-          "cross_entropy_and_backward (shared memory)");
-    if (d < cache.size()) cache[d].store(v);
-  }
-  return static_cast<size_t>(v);
-}
-
 }  // namespace
 
 void cross_entropy_and_backward(const Tensor& out, const Tensor& lse, const Tensor& grad_input,
@@ -839,7 +824,7 @@ void cross_entropy_and_backward(const Tensor& out, const Tensor& lse, const Tens
                                 ops::LossReduction reduction) {
   const int dev = input.device().index;
   const size_t smem = fused_row_bytes(grad_input, input, label_smoothing, reduction);
-  if (smem == 0 || smem > max_block_smem(dev)) {
+  if (smem == 0 || smem > max_block_smem_optin(dev)) {
     cross_entropy(out, lse, input, target, ignore_index, label_smoothing, reduction);
     cross_entropy_backward(grad_input, grad, input, target, lse, ignore_index, label_smoothing,
                            reduction);
