@@ -21,14 +21,17 @@
 // allocated peak. The analysis tools' cost (bench/analysis.py) runs the same way: hist = memory
 // history recorded through the timed steps, leaks = a memory::LeakDetector step() after each.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -250,6 +253,50 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
   memory::record_memory_history(false, 0, dev);
 }
 
+constexpr const char* kResnetBase[] = {"baseline-fp32", "ckpt4", "amp-fp16", "amp-bf16",
+                                       "amp-fp16+ckpt4"};
+constexpr const char* kGptBase[] = {"baseline-fp32", "ckpt-per-block", "amp-bf16", "amp-bf16+ckpt"};
+
+bool is_base(const std::string& c, bool resnet, bool gpt) {
+  auto in = [&](const auto& list) {
+    return std::any_of(std::begin(list), std::end(list), [&](const char* b) { return c == b; });
+  };
+  return (resnet && in(kResnetBase)) || (gpt && in(kGptBase));
+}
+
+// A configuration is a base name of a chosen model ("ckpt-per-block") or a chosen model's
+// prefix and '+'-joined tokens ("gpt:amp-bf16+fusedce"); anything else is an error, so that a
+// misspelt configuration never measures nothing (or the wrong thing) in silence.
+void check_config(const std::string& c, bool resnet, bool gpt) {
+  static const char* const kTokens[] = {
+      "baseline-fp32", "ckpt4",   "ckpt",       "ckpt-per-block", "amp-fp16",
+      "amp-bf16",      "offload", "sib",        "adamw8bit",      "fusedce",
+      "chunk512",      "nopad",   "unfusedmlp", "unfusedaddnorm", "v50257",
+      "varyseq",       "hist",    "leaks",      "graphs",         "tuned"};
+  const size_t colon = c.find(':');
+  if (colon == std::string::npos) {
+    if (is_base(c, resnet, gpt)) return;
+    throw std::invalid_argument(fmt::format(
+        "--configs: '{}' is not a configuration of the chosen models (ResNet: {}; GPT: {}; the "
+        "levers take their model's prefix: resnet:TOKENS or gpt:TOKENS)",
+        c, fmt::join(kResnetBase, ", "), fmt::join(kGptBase, ", ")));
+  }
+  const std::string model = c.substr(0, colon);
+  if (model != "resnet" && model != "gpt")
+    throw std::invalid_argument(
+        fmt::format("--configs: '{}': the prefix is resnet: or gpt:, not {}:", c, model));
+  if ((model == "resnet" && !resnet) || (model == "gpt" && !gpt))
+    throw std::invalid_argument(
+        fmt::format("--configs: '{}' needs --{} (or neither --resnet nor --gpt)", c, model));
+  std::stringstream ss(c.substr(colon + 1));
+  int n = 0;
+  for (std::string t; std::getline(ss, t, '+'); ++n)
+    if (std::none_of(std::begin(kTokens), std::end(kTokens), [&](const char* k) { return t == k; }))
+      throw std::invalid_argument(fmt::format("--configs: '{}': unknown token '{}' (tokens: {})", c,
+                                              t, fmt::join(kTokens, ", ")));
+  if (n == 0) throw std::invalid_argument(fmt::format("--configs: '{}' names no tokens", c));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -264,9 +311,16 @@ int main(int argc, char** argv) {
       gpt = true;
     else if (a == "--cuda-graphs")
       graphs = true;
-    else if (a == "--steps" && i + 1 < argc)
-      steps = std::stoi(argv[++i]);
-    else if (a == "--configs" && i + 1 < argc) {
+    else if (a == "--steps" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 1 || n > 100000) {
+        fmt::print(stderr, "bench_train: --steps takes an integer in [1, 100000], got '{}'\n", v);
+        return 2;
+      }
+      steps = static_cast<int>(n);
+    } else if (a == "--configs" && i + 1 < argc) {
       std::stringstream ss(argv[++i]);
       for (std::string c; std::getline(ss, c, ',');) configs.push_back(c);
     } else {
@@ -277,6 +331,12 @@ int main(int argc, char** argv) {
     }
   }
   if (!resnet && !gpt) resnet = gpt = true;
+  try {
+    for (const std::string& c : configs) check_config(c, resnet, gpt);
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "bench_train: {}\n", e.what());
+    return 2;
+  }
   if (!memory::cuda_available()) {
     fmt::print("bench_train: no GPU, nothing to measure\n");
     return 0;
@@ -292,19 +352,15 @@ int main(int argc, char** argv) {
       cfg_fn(graphs ? c + "+graphs" : c, dev, n);
     };
     if (resnet)
-      for (const char* c : {"baseline-fp32", "ckpt4", "amp-fp16", "amp-bf16", "amp-fp16+ckpt4"})
+      for (const char* c : kResnetBase)
         if (want(c)) run(c, resnet_cfg, steps);
     if (gpt)
-      for (const char* c : {"baseline-fp32", "ckpt-per-block", "amp-bf16", "amp-bf16+ckpt"})
+      for (const char* c : kGptBase)
         if (want(c)) run(c, gpt_cfg, std::max(steps - 2, 3));
-    // The levers (bench/levers.py) and the analysis tools (bench/analysis.py): asked for by
-    // name only.
+    // The levers (bench/levers.py), the analysis tools (bench/analysis.py) and any other
+    // model-prefixed configuration: asked for by name only.
     for (const std::string& c : configs) {
-      if (!has(c, "offload") && !has(c, "sib") && !has(c, "adamw8bit") && !has(c, "fusedce") &&
-          !has(c, "unfusedmlp") && !has(c, "unfusedaddnorm") && !has(c, "v50257") &&
-          !has(c, "hist") && !has(c, "leaks") && !has(c, "varyseq") && !has(c, "graphs") &&
-          !has(c, "tuned"))
-        continue;
+      if (c.find(':') == std::string::npos) continue;
       const std::string named = graphs && !has(c, "graphs") ? c + "+graphs" : c;
       if (resnet && named.rfind("resnet:", 0) == 0) resnet_cfg(named.substr(7), dev, steps);
       if (gpt && named.rfind("gpt:", 0) == 0) gpt_cfg(named.substr(4), dev, std::max(steps - 2, 3));

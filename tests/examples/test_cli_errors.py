@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Bad command lines and environments of every example program fail fast and cleanly.
+"""Bad command lines and environments of every example program (and bench/bench_train) fail
+fast and cleanly.
 
     test_cli_errors.py BUILD_DIR
 
@@ -36,6 +37,7 @@ with open(short_text, "w") as f:
 a_file = os.path.join(tmp, "a_file")
 open(a_file, "w").close()
 
+BENCH_TRAIN = "../bench/bench_train"  # bench/, beside examples/ in the build tree
 NO_DIR = "/nonexistent/dir/out.pickle"  # the folder does not exist
 PROC = "/proc/tally_cli_test.pickle"  # the folder exists but takes no new file, even for root
 BAD_CONF = {"TALLY_ALLOC_CONF": "max_split_size_mb:abc"}
@@ -207,6 +209,15 @@ cases = [
     (["tally_memdiff", SNAP, "missing.pickle"], "missing.pickle: cannot open", {}),
     (["tally_memdiff", a_file, SNAP], "a_file: empty file: not a pickle", {}),
     (["tally_memdiff", SNAP, SNAP], "TALLY_ALLOC_CONF", BAD_CONF),
+    # ---- bench/bench_train (checked before it looks for a GPU)
+    ([BENCH_TRAIN, "--gpt", "--configs", "gpt:ckpt-per-blok"], "unknown token 'ckpt-per-blok'", {}),
+    ([BENCH_TRAIN, "--configs", "amp-bf16,ckpt-per-blok"], "'ckpt-per-blok' is not a configuration", {}),
+    ([BENCH_TRAIN, "--gpt", "--configs", "amp-bf16+fusedce"], "levers take their model's prefix", {}),
+    ([BENCH_TRAIN, "--resnet", "--configs", "ckpt-per-block"], "not a configuration", {}),
+    ([BENCH_TRAIN, "--resnet", "--configs", "gpt:amp-bf16"], "needs --gpt", {}),
+    ([BENCH_TRAIN, "--configs", "vit:amp-bf16"], "the prefix is resnet: or gpt:", {}),
+    ([BENCH_TRAIN, "--configs", "gpt:"], "names no tokens", {}),
+    *bad_values(BENCH_TRAIN, {"--steps": ["0", "abc", "99999999999999999999"]}),
 ]
 
 # Valid boundary values that must still run (exit 0), and the files they must write.
@@ -222,6 +233,7 @@ good = [
     (["train_resnet", "--help"], []),
     (["tally_memdiff", SNAP, SNAP, "--top", "0", "--html", "d.html", "--json", "d.json"], ["d.html", "d.json"]),
     (["equivalence_dump", "--help"], []),
+    ([BENCH_TRAIN, "--resnet", "--steps", "1", "--configs", "amp-bf16,resnet:amp-bf16+tuned"], []),
     # --estimate: a dry run for a CUDA target on this machine, its snapshot the only file.
     (["train_gpt", "--data", "synthetic", "--batch", "2", "--seq", "16", "--amp", "bf16",
       "--estimate", "h200", "--snapshot", "e.pickle"], ["e.pickle"]),
@@ -252,7 +264,7 @@ def run(args, env_extra):
 def check_bad(case):
     args, want, env_extra = case
     rc, out, err, secs, left = run(args, env_extra)
-    prog = args[0]
+    prog = os.path.basename(args[0])
     lines = err.strip().splitlines()
     last = lines[-1] if lines else ""
     why = []
@@ -282,6 +294,11 @@ def check_good(case):
     return True, f"ok ({secs:.1f} s, valid): {' '.join(args)}"
 
 
+# bench/ is built only with TALLY_BUILD_BENCH and Google Benchmark: without it, its cases go.
+if not os.path.exists(os.path.join(ex, BENCH_TRAIN)):
+    print("bench/bench_train is not built: its cases are skipped")
+    cases = [c for c in cases if c[0][0] != BENCH_TRAIN]
+    good = [g for g in good if g[0][0] != BENCH_TRAIN]
 t0 = time.monotonic()
 with ThreadPoolExecutor(max_workers=4) as pool:
     results = list(pool.map(check_bad, cases)) + list(pool.map(check_good, good))
@@ -289,11 +306,13 @@ fails = 0
 for ok, msg in results:
     print(msg)
     fails += not ok
-programs = {c[0][0] for c in cases}
+programs = {os.path.basename(c[0][0]) for c in cases}
 print(f"{len(cases)} bad invocations of {len(programs)} programs, {len(good)} valid ones, "
       f"{fails} failures, {time.monotonic() - t0:.1f} s")
 expected = {"train_resnet", "train_gpt", "train_ddp", "ab_memory", "memory_demo", "profile_demo",
             "equivalence_dump", "memory_patterns", "profile_models", "tally_memdiff"}
+if any(c[0][0] == BENCH_TRAIN for c in cases):
+    expected.add("bench_train")
 if programs != expected:
     print(f"FAIL: the table must cover {sorted(expected)}, it covers {sorted(programs)}")
     fails += 1
