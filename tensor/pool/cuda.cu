@@ -145,6 +145,94 @@ __global__ void max_pool_backward_kernel(T* __restrict__ gx, const T* __restrict
   }
 }
 
+// The same gather a cell of sH x sW input elements a thread (undilated windows, strides up to
+// 4, 32-bit indices): the windows that can cover the cell are found once (a 3x3 stride-2 pool's
+// cell of 2 x 2 has 4) and each window's argmax is compared with the cell's elements, so a
+// window's index and gradient are read once a cell, not once an element, and no element needs
+// a division. Each element still sums its windows in (oh, ow) order: the same sums as the CPU.
+struct Cells32 {
+  FastDiv by_cw, by_ch;  // cells a row, cell rows a plane
+  int32_t H, W, OH, OW, kH, kW, sH, sW, pH, pW;
+};
+constexpr int kMaxCell = 4;
+
+template <typename T>
+__global__ void max_pool_backward_cells_kernel(T* __restrict__ gx, const T* __restrict__ gy,
+                                               const int64_t* __restrict__ idx, Cells32 g,
+                                               uint32_t n) {
+  for (uint32_t c = blockIdx.x * blockDim.x + threadIdx.x; c < n; c += gridDim.x * blockDim.x) {
+    uint32_t rest, cw, pl, ch;
+    g.by_cw.divmod(c, rest, cw);
+    g.by_ch.divmod(rest, pl, ch);
+    const int32_t h0 = static_cast<int32_t>(ch) * g.sH, w0 = static_cast<int32_t>(cw) * g.sW;
+    const int32_t nh = min(g.sH, g.H - h0), nw = min(g.sW, g.W - w0);
+    // Window oh covers row h when oh * sH <= h + pH and oh * sH >= h + pH - (kH - 1).
+    const int32_t rh = h0 + g.pH - (g.kH - 1), rw = w0 + g.pW - (g.kW - 1);
+    const int32_t oh0 = rh <= 0 ? 0 : (rh + g.sH - 1) / g.sH;
+    const int32_t oh1 = min((h0 + nh - 1 + g.pH) / g.sH, g.OH - 1);
+    const int32_t ow0 = rw <= 0 ? 0 : (rw + g.sW - 1) / g.sW;
+    const int32_t ow1 = min((w0 + nw - 1 + g.pW) / g.sW, g.OW - 1);
+    const uint32_t plane_out = pl * static_cast<uint32_t>(g.OH * g.OW);
+    const int64_t corner = static_cast<int64_t>(h0) * g.W + w0;  // in the plane
+    dacc_t<T> acc[kMaxCell][kMaxCell];
+#pragma unroll
+    for (int a = 0; a < kMaxCell; ++a)
+#pragma unroll
+      for (int b = 0; b < kMaxCell; ++b) acc[a][b] = 0;
+    for (int32_t oh = oh0; oh <= oh1; ++oh)
+      for (int32_t ow = ow0; ow <= ow1; ++ow) {
+        const uint32_t o = plane_out + static_cast<uint32_t>(oh * g.OW + ow);
+        const int64_t j = idx[o] - corner;
+        const dacc_t<T> v = load(gy[o]);
+#pragma unroll
+        for (int a = 0; a < kMaxCell; ++a)
+#pragma unroll
+          for (int b = 0; b < kMaxCell; ++b)
+            if (a < nh && b < nw && j == static_cast<int64_t>(a) * g.W + b) acc[a][b] += v;
+      }
+    T* out = gx + static_cast<size_t>(pl) * static_cast<uint32_t>(g.H * g.W) + corner;
+#pragma unroll
+    for (int a = 0; a < kMaxCell; ++a)
+#pragma unroll
+      for (int b = 0; b < kMaxCell; ++b)
+        if (a < nh && b < nw) out[a * g.W + b] = store<T>(acc[a][b]);
+  }
+}
+
+// Whether max_pool_backward_cells_kernel applies: no dilation, strides of 1 to kMaxCell, every
+// flat index of input, output and cells below 2^31.
+bool max_pool_backward_cells_fit(const Tensor& grad_input, const Tensor& grad_output,
+                                 const ops::Pool2dParams& p) {
+  constexpr int64_t kMax = FastDiv::kMaxNumerator;
+  if (p.dH != 1 || p.dW != 1 || p.sH < 1 || p.sW < 1 || p.sH > kMaxCell || p.sW > kMaxCell)
+    return false;
+  const int64_t params[] = {p.kH, p.kW, p.pH, p.pW};
+  for (int64_t v : params)
+    if (v < 0 || v > (int64_t{1} << 15)) return false;
+  return grad_input.numel() <= kMax && grad_output.numel() <= kMax &&
+         grad_input.size(2) + p.pH + p.kH <= kMax && grad_input.size(3) + p.pW + p.kW <= kMax &&
+         grad_output.size(2) >= 1 && grad_output.size(3) >= 1;
+}
+
+Cells32 cells32_of(const Tensor& grad_input, const Tensor& grad_output,
+                   const ops::Pool2dParams& p) {
+  auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
+  const int64_t CH = (grad_input.size(2) + p.sH - 1) / p.sH,
+                CW = (grad_input.size(3) + p.sW - 1) / p.sW;
+  return {FastDiv(CW),
+          FastDiv(CH),
+          i32(grad_input.size(2)),
+          i32(grad_input.size(3)),
+          i32(grad_output.size(2)),
+          i32(grad_output.size(3)),
+          i32(p.kH),
+          i32(p.kW),
+          i32(p.sH),
+          i32(p.sW),
+          i32(p.pH),
+          i32(p.pW)};
+}
+
 // Whether max_pool_backward_kernel's int32_t arithmetic holds: every flat index of the input
 // and the output, and every padded coordinate, below 2^30 (the grid-stride step added to an
 // index stays below 2^31).
@@ -298,9 +386,16 @@ void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output, co
     return;
   }
   const bool use32 = max_pool_backward_fits_32(grad_input, grad_output, p);
+  const bool cells = max_pool_backward_cells_fit(grad_input, grad_output, p);
   TALLY_DISPATCH_FLOAT(grad_output.dtype(), "max_pool2d_backward", [&] {
     using T = dev_t<scalar_t>;
-    if (use32)
+    if (cells) {
+      const Cells32 c = cells32_of(grad_input, grad_output, p);
+      const int64_t ncells = g.planes * ((g.H + p.sH - 1) / p.sH) * ((g.W + p.sW - 1) / p.sW);
+      max_pool_backward_cells_kernel<T><<<blocks_for(ncells), kThreads, 0, l.stream_>>>(
+          ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), c,
+          static_cast<uint32_t>(ncells));
+    } else if (use32)
       max_pool_backward_kernel<T, int32_t><<<blocks_for(n), kThreads, 0, l.stream_>>>(
           ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), g, p,
           static_cast<int32_t>(n));
