@@ -55,8 +55,7 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   double factor = momentum.value_or(0.0);
   if (is_training() && track_running_stats) {
     NoGradGuard ng;
-    memory::CategoryScope cat(memory::Category::temporary);
-    ops::add_(num_batches_tracked, ops::ones({}, DType::int64, num_batches_tracked.device()));
+    ops::add_(num_batches_tracked, 1.0);                           // one kernel, nothing allocated
     if (!momentum) factor = 1.0 / ops::item(num_batches_tracked);  // cumulative average
   }
   // Batch statistics while training, or always when no running statistics are kept.

@@ -166,6 +166,9 @@ inline Tensor neg(const Tensor& a) {
 }
 // a += b (b broadcast to a), in place; bumps a's version.
 void add_(const Tensor& a, const Tensor& b, double alpha = 1.0);
+// a += b, a *= b (b a scalar), in place, one kernel; bump a's version. An integer a takes an
+// integral b only (a bool a none).
+void add_(const Tensor& a, double b);
 void mul_(const Tensor& a, double b);
 
 // (x * a + b) elementwise with scalars, in one pass.

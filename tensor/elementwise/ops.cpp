@@ -625,9 +625,28 @@ void add_(const Tensor& a, const Tensor& b, double alpha) {
   a.storage().bump_version();
 }
 
+// The scalar of an in-place op must keep an integer tensor integral (a bool one takes none).
+static void check_inplace_scalar(const char* op, const Tensor& a, double b) {
+  if (a.dtype() == DType::bool_ || (!is_floating(a.dtype()) && b != std::floor(b)))
+    throw std::invalid_argument(
+        fmt::format("{}: the scalar {} cannot be applied in place to a {} "
+                    "tensor of shape {} (the result would not be {})",
+                    op, b, dtype_name(a.dtype()), a.shape_string(), dtype_name(a.dtype())));
+}
+
+void add_(const Tensor& a, double b) {
+  static const OpInfo info("add_");
+  DispatchScope scope(info, a);
+  check_inplace_scalar(info.name, a, b);
+  elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary_scalar)(BinaryOp::add, a,
+                                                                                 a, b, false);
+  a.storage().bump_version();
+}
+
 void mul_(const Tensor& a, double b) {
   static const OpInfo info("mul_");
   DispatchScope scope(info, a);
+  check_inplace_scalar(info.name, a, b);
   elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary_scalar)(BinaryOp::mul, a,
                                                                                  a, b, false);
   a.storage().bump_version();

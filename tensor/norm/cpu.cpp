@@ -161,7 +161,8 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
 }
 
 void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
-                      double eps) {
+                      double eps, const Tensor& running_mean, const Tensor& running_var,
+                      double momentum) {
   TALLY_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
@@ -169,6 +170,8 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
     A* pm = ptr<A>(mean);
     A* pv = ptr<A>(var);
     A* pi = ptr<A>(invstd);
+    A* prm = running_mean.defined() ? ptr<A>(running_mean) : nullptr;
+    A* prv = running_var.defined() ? ptr<A>(running_var) : nullptr;
     const NCS dims = ncs(x);  // not a structured binding: clang 14 cannot capture one
     const int64_t n = dims.n, c = dims.c, s = dims.s;
     const int64_t count = n * s;
@@ -192,6 +195,10 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
         pm[ch] = static_cast<A>(mu);
         pv[ch] = static_cast<A>(v);
         pi[ch] = static_cast<A>(1.0 / std::sqrt(v + eps));
+        if (prm && count > 0) {
+          prm[ch] = static_cast<A>(math::running_stat(prm[ch], mu, momentum));
+          prv[ch] = static_cast<A>(math::running_stat(prv[ch], math::unbiased(v, count), momentum));
+        }
       }
     });
   });

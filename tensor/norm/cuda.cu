@@ -461,7 +461,8 @@ template <typename T, typename A>
 __global__ void bn_stats_finalize_kernel(A* __restrict__ mean, A* __restrict__ var,
                                          A* __restrict__ invstd, const double* __restrict__ part,
                                          const T* __restrict__ x, int64_t n, int64_t c, int64_t s,
-                                         int splits, double eps) {
+                                         int splits, double eps, A* __restrict__ running_mean,
+                                         A* __restrict__ running_var, double momentum) {
   const int64_t count = n * s;
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
@@ -486,6 +487,11 @@ __global__ void bn_stats_finalize_kernel(A* __restrict__ mean, A* __restrict__ v
     mean[ch] = static_cast<A>(mu);
     var[ch] = static_cast<A>(v);
     invstd[ch] = static_cast<A>(1.0 / sqrt(v + eps));
+    if (running_mean && count > 0) {
+      running_mean[ch] = static_cast<A>(math::running_stat(running_mean[ch], mu, momentum));
+      running_var[ch] =
+          static_cast<A>(math::running_stat(running_var[ch], math::unbiased(v, count), momentum));
+    }
   }
 }
 
@@ -850,7 +856,8 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
 }
 
 void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
-                      double eps) {
+                      double eps, const Tensor& running_mean, const Tensor& running_var,
+                      double momentum) {
   constexpr const char* name = "batch_norm_stats";
   const NCS d = ncs(x);
   const int64_t n = d.n, c = d.c, s = d.s;
@@ -859,6 +866,11 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
   const int dev = x.device().index;
   expect_cuda(name, dev, {{&mean, "mean"}, {&var, "var"}, {&invstd, "invstd"}, {&x, "input"}});
   expect_dtype(name, stat_dtype(x.dtype()), {{&mean, "mean"}, {&var, "var"}, {&invstd, "invstd"}});
+  if (running_mean.defined() != running_var.defined())
+    throw std::invalid_argument("batch_norm_stats: running_mean and running_var go together");
+  expect_cuda(name, dev, {{&running_mean, "running_mean"}, {&running_var, "running_var"}});
+  expect_dtype(name, stat_dtype(x.dtype()),
+               {{&running_mean, "running_mean"}, {&running_var, "running_var"}});
   DeviceGuard guard(dev);
   const cudaStream_t st = stream(dev);
   const int64_t count = n * s;
@@ -883,7 +895,7 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
     check_launch(name);
     bn_stats_finalize_kernel<T, A><<<warp_blocks(c), kEltThreads, 0, st>>>(
         ptr<A>(mean), ptr<A>(var), ptr<A>(invstd), ptr<const double>(part), ptr<const T>(x), n, c,
-        s, splits, eps);
+        s, splits, eps, ptr<A>(running_mean), ptr<A>(running_var), momentum);
     check_launch(name);
   });
 }

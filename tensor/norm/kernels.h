@@ -54,9 +54,14 @@ struct NormKernels {
                               const Tensor& dx_add, const Tensor& dx_low);
 
   // Per channel c of x [N, C, *]: mean, biased var and invstd = 1 / sqrt(var + eps), [C]
-  // each. An empty batch gives mean 0 and var 0.
+  // each. An empty batch gives mean 0 and var 0. When running_mean is defined (then
+  // running_var too: contiguous [C] of the stat dtype on x's device) and the batch is not
+  // empty, the running statistics move in the same pass: running = (1 - momentum) * running +
+  // momentum * batch, the variance unbiased (var * count / (count - 1)), in float64, rounded
+  // once.
   void (*batch_norm_stats)(const Tensor& mean, const Tensor& var, const Tensor& invstd,
-                           const Tensor& x, double eps);
+                           const Tensor& x, double eps, const Tensor& running_mean,
+                           const Tensor& running_var, double momentum);
 
   // out = (x - mean[c]) * invstd[c] * weight[c] + bias[c] (weight, bias may be undefined).
   void (*batch_norm_elemt)(const Tensor& out, const Tensor& x, const Tensor& mean,

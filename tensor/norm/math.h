@@ -38,4 +38,16 @@ TALLY_HOST_DEVICE TALLY_FORCE_INLINE A norm_input_grad(A scale, A g, A mean_g, A
   return scale * (g - mean_g - xhat * mean_gx);
 }
 
+// batch_norm's running statistics (PyTorch's momentum rule), in float64: the new running value
+// from the old one and the batch's.
+template <typename A>
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE double running_stat(A running, double batch, double momentum) {
+  return (1.0 - momentum) * static_cast<double>(running) + momentum * batch;
+}
+
+// The unbiased variance of `count` values from their biased one (count > 1; count 1 keeps it).
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE double unbiased(double var, int64_t count) {
+  return count > 1 ? var * static_cast<double>(count) / static_cast<double>(count - 1) : var;
+}
+
 }  // namespace tally::math

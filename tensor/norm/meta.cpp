@@ -23,8 +23,10 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
 }
 
 void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invstd, const Tensor& x,
-                      double /*eps*/) {
-  cost(x, 0, tensor_bytes(mean, var, invstd, x));
+                      double /*eps*/, const Tensor& running_mean, const Tensor& running_var,
+                      double /*momentum*/) {
+  cost(x, 0,
+       tensor_bytes(mean, var, invstd, x, running_mean, running_var, running_mean, running_var));
   const NCS d = ncs(x);
   if (!replays_cuda(x) || d.c == 0) return;
   const int splits = norm_launch::bn_splits(d.c, d.n * d.s, target(x).sm_count);

@@ -360,8 +360,20 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& run
     mean = alloc_output({c}, stat, x.device());
     invstd = alloc_output({c}, stat, x.device());
     Tensor var = alloc_output({c}, stat, x.device());
-    norm_backends.get(info, x.device(), &NormKernels::batch_norm_stats)(mean, var, invstd, xc, eps);
-    if (running_mean.defined() && count > 0) {
+    // The running statistics move inside the statistics kernel when they are contiguous
+    // buffers of the stat dtype on x's device (as nn::BatchNorm2d's are); else in four ops.
+    const bool fuse_running = running_mean.defined() && count > 0 && running_mean.dtype() == stat &&
+                              running_var.dtype() == stat && running_mean.device() == x.device() &&
+                              running_var.device() == x.device() && running_mean.is_contiguous() &&
+                              running_var.is_contiguous();
+    norm_backends.get(info, x.device(), &NormKernels::batch_norm_stats)(
+        mean, var, invstd, xc, eps, fuse_running ? running_mean : Tensor(),
+        fuse_running ? running_var : Tensor(), momentum);
+    if (fuse_running) {
+      running_mean.storage().bump_version();
+      running_var.storage().bump_version();
+    }
+    if (running_mean.defined() && count > 0 && !fuse_running) {
       // running = (1 - momentum) * running + momentum * batch (variance unbiased)
       mul_(running_mean, 1.0 - momentum);
       add_(running_mean, mean, momentum);

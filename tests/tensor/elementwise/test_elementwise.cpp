@@ -135,6 +135,36 @@ TEST_P(Elementwise, FactorySizesThatOverflowAreErrors) {
       {"Tensor::make: the extent of the layout"});
 }
 
+// add_ and mul_ with a scalar: in place, one kernel, the version bumped; an integer tensor
+// takes integral scalars only, a bool tensor none.
+TEST_P(Elementwise, InPlaceScalarAddAndMul) {
+  const Tensor i = put(from_vector({1, 2, 3}, {3}, TensorOptions{}.with_dtype(DType::int64)));
+  const Tensor f = put(from_vector({0.5, -1.5}, {2}));
+  const uint64_t vi = i.storage().version(), vf = f.storage().version();
+  ops::add_(i, 1.0);
+  ops::add_(i, -3.0);
+  ops::mul_(i, 2.0);
+  ops::add_(f, 0.25);
+  ops::mul_(f, -2.0);
+  EXPECT_EQ(i.dtype(), DType::int64);
+  EXPECT_TRUE(values_near(i, {-2, 0, 2}, 0));
+  EXPECT_TRUE(values_near(f, {-1.5, 2.5}, 0));
+  EXPECT_EQ(i.storage().version(), vi + 3);
+  EXPECT_EQ(f.storage().version(), vf + 2);
+  std::string m = error_of<std::invalid_argument>([&] { ops::add_(i, 0.5); });
+  EXPECT_TRUE(contains(m,
+                       "add_: the scalar 0.5 cannot be applied in place to a int64 tensor of "
+                       "shape [3]"))
+      << m;
+  m = error_of<std::invalid_argument>([&] { ops::mul_(i, 1.5); });
+  EXPECT_TRUE(contains(m, "mul_: the scalar 1.5")) << m;
+  const Tensor b = put(from_vector({1, 0}, {2}, TensorOptions{}.with_dtype(DType::bool_)));
+  m = error_of<std::invalid_argument>([&] { ops::add_(b, 1.0); });
+  EXPECT_TRUE(contains(m, "add_: the scalar 1 cannot be applied in place to a bool")) << m;
+  EXPECT_TRUE(values_near(i, {-2, 0, 2}, 0));  // the refused calls changed nothing
+  EXPECT_EQ(i.storage().version(), vi + 3);
+}
+
 TEST_P(Elementwise, DtypesPromoteAndConvert) {
   const Tensor i = put(from_vector({1, 2, 3}, {3}, TensorOptions{}.with_dtype(DType::int64)));
   const Tensor f = put(from_vector({0.5, 0.5, 0.5}, {3}));

@@ -393,6 +393,56 @@ TEST_P(Norm, BatchNormRunningStatsAreNotInTheGraph) {
   EXPECT_TRUE(w.grad().defined());
 }
 
+// The running statistics move inside the statistics kernel when they are contiguous buffers
+// of the stat dtype (float32 here); a float64 pair or a strided pair takes the four in-place
+// ops. Both rules give the same numbers, and each bumps the buffers' versions.
+TEST_P(Norm, BatchNormRunningStatsFusedOrNotAgree) {
+  const Tensor x = put(ops::to(rand_input({8, 3, 4, 5}, -2, 3, 40), DType::float32));
+  const Tensor rm = zeros({3}, on({})), rv = ones({3}, on({}));  // fused
+  const Tensor rm64 = zeros({3}, on(f64)), rv64 = ones({3}, on(f64));
+  const Tensor buf_m = zeros({3, 2}, on({})), buf_v = ones({3, 2}, on({}));
+  const Tensor rms = ops::select(buf_m, 1, 0), rvs = ops::select(buf_v, 1, 0);  // stride 2
+  ASSERT_FALSE(rms.is_contiguous());
+  for (const double momentum : {0.1, 0.35}) {
+    const uint64_t v0 = rm.storage().version(), v1 = rv.storage().version();
+    batch_norm(x, rm, rv, {}, {}, true, momentum);
+    EXPECT_GT(rm.storage().version(), v0);
+    EXPECT_GT(rv.storage().version(), v1);
+    batch_norm(x, rm64, rv64, {}, {}, true, momentum);
+    batch_norm(x, rms, rvs, {}, {}, true, momentum);
+  }
+  const std::vector<double> m = ops::to_vector(rm), v = ops::to_vector(rv);
+  EXPECT_TRUE(values_near(rm64, m, 1e-6));
+  EXPECT_TRUE(values_near(rv64, v, 1e-5));
+  EXPECT_TRUE(values_near(rms, m, 1e-6));
+  EXPECT_TRUE(values_near(rvs, v, 1e-5));
+  // The other column of the strided buffers is untouched.
+  EXPECT_TRUE(values_near(ops::select(buf_m, 1, 1), {0, 0, 0}));
+  EXPECT_TRUE(values_near(ops::select(buf_v, 1, 1), {1, 1, 1}));
+  // Against the float64 formula from the batch itself: momentum 0.1, then 0.35.
+  const std::vector<double> xs = ops::to_vector(x);
+  for (int64_t ch = 0; ch < 3; ++ch) {
+    double s = 0, ss = 0;
+    int64_t k = 0;
+    for (int64_t b = 0; b < 8; ++b)
+      for (int64_t i = 0; i < 20; ++i, ++k) s += xs[static_cast<size_t>((b * 3 + ch) * 20 + i)];
+    const double mu = s / static_cast<double>(k);
+    for (int64_t b = 0; b < 8; ++b)
+      for (int64_t i = 0; i < 20; ++i) {
+        const double d = xs[static_cast<size_t>((b * 3 + ch) * 20 + i)] - mu;
+        ss += d * d;
+      }
+    const double var = ss / static_cast<double>(k - 1);
+    double em = 0, ev = 1;
+    for (const double mo : {0.1, 0.35}) {
+      em = (1 - mo) * em + mo * mu;
+      ev = (1 - mo) * ev + mo * var;
+    }
+    EXPECT_NEAR(m[static_cast<size_t>(ch)], em, 1e-5) << "channel " << ch;
+    EXPECT_NEAR(v[static_cast<size_t>(ch)], ev, 1e-4) << "channel " << ch;
+  }
+}
+
 TEST_P(Norm, BatchNormEvalUsesRunningStats) {
   const Tensor x = from_vector({1, 2, 3, 5}, {2, 2}, on(f64));
   const Tensor rm = from_vector({1, 2}, {2}, on(f64));
