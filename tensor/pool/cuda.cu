@@ -156,7 +156,9 @@ struct Cells32 {
 };
 constexpr int kMaxCell = 4;
 
-template <typename T>
+// S: the cell's side bound at compile time (sH, sW <= S), so a 2 x 2 cell compares 4
+// positions a window, not 16.
+template <typename T, int S>
 __global__ void max_pool_backward_cells_kernel(T* __restrict__ gx, const T* __restrict__ gy,
                                                const int64_t* __restrict__ idx, Cells32 g,
                                                uint32_t n) {
@@ -174,27 +176,27 @@ __global__ void max_pool_backward_cells_kernel(T* __restrict__ gx, const T* __re
     const int32_t ow1 = min((w0 + nw - 1 + g.pW) / g.sW, g.OW - 1);
     const uint32_t plane_out = pl * static_cast<uint32_t>(g.OH * g.OW);
     const int64_t corner = static_cast<int64_t>(h0) * g.W + w0;  // in the plane
-    dacc_t<T> acc[kMaxCell][kMaxCell];
+    dacc_t<T> acc[S][S];
 #pragma unroll
-    for (int a = 0; a < kMaxCell; ++a)
+    for (int a = 0; a < S; ++a)
 #pragma unroll
-      for (int b = 0; b < kMaxCell; ++b) acc[a][b] = 0;
+      for (int b = 0; b < S; ++b) acc[a][b] = 0;
     for (int32_t oh = oh0; oh <= oh1; ++oh)
       for (int32_t ow = ow0; ow <= ow1; ++ow) {
         const uint32_t o = plane_out + static_cast<uint32_t>(oh * g.OW + ow);
         const int64_t j = idx[o] - corner;
         const dacc_t<T> v = load(gy[o]);
 #pragma unroll
-        for (int a = 0; a < kMaxCell; ++a)
+        for (int a = 0; a < S; ++a)
 #pragma unroll
-          for (int b = 0; b < kMaxCell; ++b)
+          for (int b = 0; b < S; ++b)
             if (a < nh && b < nw && j == static_cast<int64_t>(a) * g.W + b) acc[a][b] += v;
       }
     T* out = gx + static_cast<size_t>(pl) * static_cast<uint32_t>(g.H * g.W) + corner;
 #pragma unroll
-    for (int a = 0; a < kMaxCell; ++a)
+    for (int a = 0; a < S; ++a)
 #pragma unroll
-      for (int b = 0; b < kMaxCell; ++b)
+      for (int b = 0; b < S; ++b)
         if (a < nh && b < nw) out[a * g.W + b] = store<T>(acc[a][b]);
   }
 }
@@ -392,9 +394,18 @@ void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output, co
     if (cells) {
       const Cells32 c = cells32_of(grad_input, grad_output, p);
       const int64_t ncells = g.planes * ((g.H + p.sH - 1) / p.sH) * ((g.W + p.sW - 1) / p.sW);
-      max_pool_backward_cells_kernel<T><<<blocks_for(ncells), kThreads, 0, l.stream_>>>(
-          ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), c,
-          static_cast<uint32_t>(ncells));
+      auto go = [&]<int S>() {
+        max_pool_backward_cells_kernel<T, S><<<blocks_for(ncells), kThreads, 0, l.stream_>>>(
+            ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), c,
+            static_cast<uint32_t>(ncells));
+      };
+      const int64_t side = std::max(p.sH, p.sW);
+      if (side == 1)
+        go.template operator()<1>();
+      else if (side == 2)
+        go.template operator()<2>();
+      else
+        go.template operator()<kMaxCell>();
     } else if (use32)
       max_pool_backward_kernel<T, int32_t><<<blocks_for(n), kThreads, 0, l.stream_>>>(
           ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), g, p,
