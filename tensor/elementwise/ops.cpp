@@ -625,31 +625,28 @@ void add_(const Tensor& a, const Tensor& b, double alpha) {
   a.storage().bump_version();
 }
 
-// The scalar of an in-place op must keep an integer tensor integral (a bool one takes none).
-static void check_inplace_scalar(const char* op, const Tensor& a, double b) {
+// a (op)= b in place with a scalar b, one kernel; the scalar must keep an integer tensor
+// integral (a bool one takes none).
+static void binary_scalar_inplace(const OpInfo& info, BinaryOp op, const Tensor& a, double b) {
+  DispatchScope scope(info, a);
   if (a.dtype() == DType::bool_ || (!is_floating(a.dtype()) && b != std::floor(b)))
     throw std::invalid_argument(
         fmt::format("{}: the scalar {} cannot be applied in place to a {} "
                     "tensor of shape {} (the result would not be {})",
-                    op, b, dtype_name(a.dtype()), a.shape_string(), dtype_name(a.dtype())));
+                    info.name, b, dtype_name(a.dtype()), a.shape_string(), dtype_name(a.dtype())));
+  elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary_scalar)(op, a, a, b,
+                                                                                 false);
+  a.storage().bump_version();
 }
 
 void add_(const Tensor& a, double b) {
   static const OpInfo info("add_");
-  DispatchScope scope(info, a);
-  check_inplace_scalar(info.name, a, b);
-  elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary_scalar)(BinaryOp::add, a,
-                                                                                 a, b, false);
-  a.storage().bump_version();
+  binary_scalar_inplace(info, BinaryOp::add, a, b);
 }
 
 void mul_(const Tensor& a, double b) {
   static const OpInfo info("mul_");
-  DispatchScope scope(info, a);
-  check_inplace_scalar(info.name, a, b);
-  elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary_scalar)(BinaryOp::mul, a,
-                                                                                 a, b, false);
-  a.storage().bump_version();
+  binary_scalar_inplace(info, BinaryOp::mul, a, b);
 }
 
 Tensor affine(const Tensor& x, double a, double b) {
