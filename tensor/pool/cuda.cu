@@ -1,6 +1,7 @@
 // CUDA 2-D pooling: one thread per output element for the forward kernels, one thread per
 // input element for the backward kernels (a gather over the windows that cover it, visited in
-// the CPU's order, so the sums round exactly as the CPU's do). Window rules, divisors, tie and NaN
+// the CPU's order, so the sums round exactly as the CPU's do; max_pool2d's backward takes a
+// stride cell of elements a thread where its windows allow). Window rules, divisors, tie and NaN
 // handling are the CPU kernels' (tensor/pool/cpu.cpp), line for line.
 #include <algorithm>
 
