@@ -56,6 +56,13 @@ def tally_rows(build, model, cfgs, steps, env=None):
     print("$", " ".join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     sys.stderr.write(p.stderr[-3000:])
+    if p.returncode == 2:  # a refused command line: nothing of this run can be measured
+        print("levers.py: bench_train refused the command line (exit 2, its message above)",
+              file=sys.stderr)
+        sys.exit(2)
+    if p.returncode != 0:
+        print(f"levers.py: bench_train failed (exit {p.returncode}); its rows so far are kept",
+              file=sys.stderr)
     rows = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
     for r in rows:
         print("  tally", json.dumps(r), flush=True)
@@ -165,11 +172,36 @@ def main():
         sys.exit(2)
     build = sys.argv[1]
     args = sys.argv[2:]
-    steps = 10
-    if "--steps" in args:
-        steps = int(args[args.index("--steps") + 1])
-    only = args[args.index("--only") + 1] if "--only" in args else None
-    models = [m for m in ("gpt", "resnet") if m in args] or ["gpt", "resnet"]
+
+    def fail(msg):
+        print(f"levers.py: {msg}", file=sys.stderr)
+        sys.exit(2)
+
+    # The whole command line is checked before anything runs.
+    steps, only, models, i = 10, None, [], 0
+    while i < len(args):
+        a = args[i]
+        if a in ("gpt", "resnet"):
+            models.append(a)
+        elif a in ("--steps", "--only"):
+            if i + 1 >= len(args):
+                fail(f"{a} needs a value")
+            i += 1
+            if a == "--only":
+                only = args[i]
+            elif not args[i].isdigit() or not 1 <= int(args[i]) <= 100000:
+                fail(f"--steps takes an integer in [1, 100000], got '{args[i]}'")
+            else:
+                steps = int(args[i])
+        else:
+            fail(f"unknown argument '{a}' (usage: levers.py BUILD [gpt] [resnet] [--steps N] "
+                 "[--only TOKEN])")
+        i += 1
+    models = models or ["gpt", "resnet"]
+    if only is not None and not any(
+            only in t for m in models for t, _ in LEVERS[m]) and only not in "expandable":
+        fail(f"--only '{only}' names no lever of {', '.join(models)} (levers: "
+             f"{', '.join(sorted({t for m in models for t, _ in LEVERS[m]}))}, expandable)")
     table = []
     for model in models:
         levers = [(t, p) for t, p in LEVERS[model]

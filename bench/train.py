@@ -39,6 +39,21 @@ FLOORS = {
 }
 
 
+FAILED = []  # bench_train runs that failed part-way (their rows so far still count)
+
+
+def check_tally_exit(prog, code):
+    """A refused command line (exit 2) stops the script before PyTorch's side runs; any other
+    failure is remembered, and the script exits 1 after printing what it has."""
+    if code == 2:
+        print(f"{prog}: bench_train refused the command line (exit 2, its message above)",
+              file=sys.stderr)
+        sys.exit(2)
+    if code != 0:
+        print(f"{prog}: bench_train failed (exit {code}); its rows so far are kept", file=sys.stderr)
+        FAILED.append(code)
+
+
 def run_tally(build, which, configs, extra=()):
     exe = os.path.join(build, "bench", "bench_train")
     cmd = [exe] + [f"--{w}" for w in which] + list(extra)
@@ -48,6 +63,7 @@ def run_tally(build, which, configs, extra=()):
     p = subprocess.run(cmd, capture_output=True, text=True)
     sys.stdout.write(p.stdout)
     sys.stderr.write(p.stderr[-4000:])
+    check_tally_exit("train.py", p.returncode)
     rows = []
     for line in p.stdout.splitlines():
         if line.startswith("{"):
@@ -225,7 +241,7 @@ def main():
                   f"{r['peak_alloc_mib']:10.0f} {e['peak_reserved_mib']:10.0f} "
                   f"{r['peak_reserved_mib']:11.0f} {floor}")
     print("JSON " + json.dumps(out))
-    return 0
+    return 1 if FAILED else 0
 
 
 if __name__ == "__main__":

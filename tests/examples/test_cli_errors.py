@@ -302,6 +302,26 @@ if not os.path.exists(os.path.join(ex, BENCH_TRAIN)):
 t0 = time.monotonic()
 with ThreadPoolExecutor(max_workers=4) as pool:
     results = list(pool.map(check_bad, cases)) + list(pool.map(check_good, good))
+# bench/'s scripts: a bad command line exits 2 before any measuring (train.py's through
+# bench_train's own check, so it needs bench_train built).
+src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+build = os.path.abspath(sys.argv[1])
+scripts = [
+    (["levers.py", build, "gpt", "--only", "bogus"], "--only 'bogus' names no lever of gpt"),
+    (["levers.py", build, "--steps", "0"], "--steps takes an integer"),
+    (["levers.py", build, "gpt", "--frob"], "unknown argument '--frob'"),
+]
+if os.path.exists(os.path.join(ex, BENCH_TRAIN)):
+    scripts.append((["train.py", build, "gpt", "--configs", "gpt:bogus"],
+                    "bench_train refused the command line"))
+for args, want in scripts:
+    p = subprocess.run([sys.executable, os.path.join(src, "bench", args[0])] + args[1:],
+                       capture_output=True, text=True, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    last = lines[-1] if lines else ""
+    ok = p.returncode == 2 and last.startswith(args[0]) and want in last
+    results.append((ok, f"{'ok' if ok else 'FAIL'}: bench/{' '.join(args)} -> exit {p.returncode}: "
+                        f"{last if ok else p.stderr[-600:]!r}"))
 fails = 0
 for ok, msg in results:
     print(msg)
