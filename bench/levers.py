@@ -49,6 +49,9 @@ LEVERS = {
 EXPANDABLE = {"gpt": ["amp-bf16", "amp-bf16+varyseq"], "resnet": ["amp-bf16"]}
 
 
+FAILED = []  # bench_train runs that failed part-way: the script exits 1 after its table
+
+
 def tally_rows(build, model, cfgs, steps, env=None):
     exe = os.path.join(build, "bench", "bench_train")
     cmd = [exe, f"--{model}", "--steps", str(steps), "--configs",
@@ -63,6 +66,7 @@ def tally_rows(build, model, cfgs, steps, env=None):
     if p.returncode != 0:
         print(f"levers.py: bench_train failed (exit {p.returncode}); its rows so far are kept",
               file=sys.stderr)
+        FAILED.append(p.returncode)
     rows = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
     for r in rows:
         print("  tally", json.dumps(r), flush=True)
@@ -247,6 +251,8 @@ def main():
             floor_ms = 2 * t.get("offloaded_host_peak_mib", 0) * 1048576 / 50e9 * 1e3
             print(f"{'':7} {'':32} copy floor (offloaded bytes both ways at 50 GB/s): "
                   f"{floor_ms:.1f} ms")
+    if FAILED:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
