@@ -560,9 +560,9 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
             rows_aligned(q) && rows_aligned(k) && rows_aligned(v),
             vec_out && rows_aligned(out)};
   constexpr size_t smem = sizeof(float) * fwd_smem_floats<D>();
+  set_max_dynamic_smem(attention_fwd_fp32_kernel<D>, smem, "flash_attention_forward (float32)");
   const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)),
                   static_cast<unsigned>((p.L + kBM - 1) / kBM));
-  set_max_dynamic_smem(attention_fwd_fp32_kernel<D>, smem, "flash_attention_forward (float32)");
   attention_fwd_fp32_kernel<D><<<grid, kThreads, smem, stream(q.device().index)>>>(p);
   check_launch("flash_attention_forward (float32)");
 }
@@ -628,15 +628,11 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
 }  // namespace
 
 bool flash_attention_fp32_fits(int device, int64_t E) {
-  int optin = 0;
-  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-      cudaSuccess)
-    return false;
   size_t need = 0;
   with_dim(E, [&]<int D>() {
     need = sizeof(float) * std::max(fwd_smem_floats<D>(), bwd_smem_floats<D, kBwdQM<D>>());
   });
-  return need <= static_cast<size_t>(optin);
+  return need <= max_block_smem_optin(device);
 }
 
 void flash_attention_forward_fp32(const Tensor& out, const Tensor& lse, const Tensor& q,
