@@ -11,6 +11,7 @@
 
 #include "autograd/node.h"
 #include "memory/context.h"
+#include "tensor/op_alloc.h"
 #include "tensor/ops.h"
 
 namespace tally {
@@ -215,10 +216,21 @@ void cache_casts(const TensorList& params, const std::vector<std::string>& modul
     memory::CategoryScope category(memory::Category::autocast_cache);
     memory::OpScope op("to");
     g->src.push_back(p);
-    g->dst.push_back(ops::empty(p.sizes(), target, p.device()));
+    Tensor dst = ops::empty(p.sizes(), target, p.device());
+    if (p.suggest_memory_format() == MemoryFormat::channels_last)  // the cast keeps the layout
+      dst = Tensor::make(dst.storage(), dst.sizes(), p.strides(), 0, dst.dtype());
+    g->dst.push_back(dst);
   }
   for (Group& g : groups) {
-    ops::foreach_copy_(g.dst, g.src);
+    // A channels_last pair as its flat run of memory (the two share a layout), so that
+    // foreach_copy_ takes it in its one launch like the row-major ones.
+    TensorList dst_runs, src_runs;
+    for (size_t i = 0; i < g.src.size(); ++i) {
+      const bool cl = all_channels_last({&g.dst[i], &g.src[i]}, g.src[i].sizes());
+      dst_runs.push_back(cl ? flat_view(g.dst[i]) : g.dst[i]);
+      src_runs.push_back(cl ? flat_view(g.src[i]) : g.src[i]);
+    }
+    ops::foreach_copy_(dst_runs, src_runs);
     auto& cache = tls.cache[dtype_slot(g.target)];
     for (size_t i = 0; i < g.src.size(); ++i) {
       const Tensor& p = g.src[i];

@@ -50,7 +50,10 @@ TensorList AccumulateGrad::apply(const TensorList& grad_outputs) {
     // Steal the incoming buffer when nothing else holds it (the tensor is held here and by
     // the engine's list alone: a backward that hands one gradient to two inputs, as add's,
     // gives each leaf a copy, else the two .grads would share their memory); else copy it.
-    if (g.use_count() <= 2 && g.storage().use_count() == 1 && g.is_contiguous() &&
+    // The .grad takes the variable's memory format (a channels_last parameter's is
+    // channels_last), as PyTorch's does.
+    const MemoryFormat f = variable_.suggest_memory_format();
+    if (g.use_count() <= 2 && g.storage().use_count() == 1 && g.is_contiguous(f) &&
         g.sizes() == variable_.sizes() && g.dtype() == variable_.dtype()) {
       if (g.storage().category() != memory::Category::gradient)
         g.storage().retag(memory::Category::gradient);
@@ -58,6 +61,7 @@ TensorList AccumulateGrad::apply(const TensorList& grad_outputs) {
     } else {
       meta->grad = ops::to(ops::expand(g, variable_.sizes()), variable_.device(), variable_.dtype(),
                            /*copy=*/true);
+      if (!meta->grad.is_contiguous(f)) meta->grad = ops::contiguous(meta->grad, f);
     }
   } else {
     ops::add_(meta->grad, g);

@@ -118,6 +118,12 @@ Tensor Tensor::contiguous() const {
                  [](const Tensor& g) { return g; });
 }
 
+Tensor Tensor::contiguous(MemoryFormat f) const {
+  if (is_contiguous(f)) return *this;
+  return view_op("ContiguousBackward", *this, o::contiguous(*this, f),
+                 [](const Tensor& g) { return g; });
+}
+
 Tensor Tensor::to(Device device, DType dtype, std::source_location site) const {
   if (this->device() == device && this->dtype() == dtype) return *this;
   memory::CallSiteScope call_site(site);

@@ -13,7 +13,8 @@
 // fused chunked classifier (chunk512: its chunks of 512 MiB, not 256), unfusedmlp = GPT's MLP as
 // three modules (GPTConfig::fused_mlp off), unfusedaddnorm = GPT's residual add and ln_2 apart
 // (GPTConfig::fused_add_norm off), v50257 = GPT's real vocabulary (nopad: its products not
-// padded to a multiple of 64), varyseq = GPT's sequence length varying per step; graphs = the step
+// padded to a multiple of 64), varyseq = GPT's sequence length varying per step, channels-last =
+// ResNet's images and so its activations channels_last (NHWC memory); graphs = the step
 // captured into a CUDA graph and replayed, as
 // --cuda-graphs does for every configuration; tuned = products with cuBLASLt's algorithms timed
 // once per problem (set_tunable_enabled, PyTorch's TunableOp); amp-bf16 / amp-fp16 as above). Each
@@ -195,12 +196,16 @@ void resnet_cfg(const std::string& cfg, Device dev, int steps) {
   set_tunable_enabled(has(cfg, "tuned"));
   auto model = nn::resnet50({.num_classes = 10});
   model->to(dev);
+  if (has(cfg, "channels-last")) model->to(MemoryFormat::channels_last);
   model->train();
   if (cfg.find("ckpt4") != std::string::npos)
     nn::enable_checkpointing(*model, nn::parse_checkpoint_spec("4-segments"));
   if (has(cfg, "offload")) nn::offload_activations(*model, nn::parse_offload_spec("activations"));
   optim::SGD opt(model->parameters(), {.lr = 1e-3, .momentum = 0.9});
-  const Tensor x = randn({64, 3, 224, 224}, TensorOptions{}.with_device(dev));
+  Tensor x = randn({64, 3, 224, 224}, TensorOptions{}.with_device(dev));
+  // channels-last: the weights and images in NHWC memory (PyTorch's
+  // model.to(memory_format=channels_last) and x.to(...)), so every activation is too.
+  if (has(cfg, "channels-last")) x = x.contiguous(MemoryFormat::channels_last);
   const Tensor y = randint(0, 10, {64}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
   const auto step = with_analysis(
       cfg, dev, train_step(cfg, dev, opt, [&] { return cross_entropy((*model)(x), y); }));
@@ -272,7 +277,8 @@ void check_config(const std::string& c, bool resnet, bool gpt) {
       "baseline-fp32", "ckpt4",   "ckpt",       "ckpt-per-block", "amp-fp16",
       "amp-bf16",      "offload", "sib",        "adamw8bit",      "fusedce",
       "chunk512",      "nopad",   "unfusedmlp", "unfusedaddnorm", "v50257",
-      "varyseq",       "hist",    "leaks",      "graphs",         "tuned"};
+      "varyseq",       "hist",    "leaks",      "graphs",         "tuned",
+      "channels-last"};
   const size_t colon = c.find(':');
   if (colon == std::string::npos) {
     if (is_base(c, resnet, gpt)) return;

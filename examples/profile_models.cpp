@@ -45,6 +45,7 @@ struct Args {
   bool small = false;
   bool fused_classifier = false;  // GPT's lm_head + cross-entropy fused and chunked
   bool unfused_mlp = false;       // GPT's MLP as three modules (GPTConfig::fused_mlp off)
+  bool channels_last = false;     // ResNet's weights and images channels_last
   int steps = 8;                  // timed steps per measurement
   int warmup = 3;                 // untimed steps first
   int64_t resnet_batch = 64;
@@ -113,6 +114,7 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
     memory::CategoryScope in(memory::Category::input);
     x = randn({b, 3, s, s}).to(dev);
     y = randint(0, o.num_classes, {b}).to(dev);
+    if (a.channels_last) x = x.contiguous(MemoryFormat::channels_last);
   } else if (which == "gpt") {
     nn::GPTConfig c = nn::GPTConfig::preset(a.small ? "tiny" : "gpt2");
     c.fused_classifier = a.fused_classifier;
@@ -130,6 +132,7 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
     throw std::invalid_argument(fmt::format("--models: expected resnet or gpt, got '{}'", which));
   }
   model->to(dev);
+  if (a.channels_last && !gpt) model->to(MemoryFormat::channels_last);
   model->train();
   if (gpt)
     opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = 1e-4});
@@ -277,6 +280,9 @@ int main(int argc, char** argv) {
                          ex::int_range(1, 100));
   app.add_flag("--fused-classifier", a.fused_classifier,
                "GPT: lm_head and cross-entropy fused and chunked (GPTConfig::fused_classifier)");
+  app.add_flag(
+      "--channels-last", a.channels_last,
+      "ResNet: weights and images in channels_last (NHWC) memory (Module::to(MemoryFormat))");
   app.add_flag("--unfused-mlp", a.unfused_mlp,
                "GPT: each MLP as c_fc, gelu and c_proj, not one fused node (GPTConfig::fused_mlp)");
   app.add_option("--amp", a.amp,

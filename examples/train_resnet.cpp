@@ -60,6 +60,7 @@ struct Args {
   std::string memory_limit;   // caps what the device may reserve
   bool detect_leaks = false;
   bool cuda_graphs = false;
+  bool channels_last = false;
 };
 
 // --optimizer over the model's parameters.
@@ -87,6 +88,13 @@ Tensor resize(const Tensor& x, int64_t size) {
   const int64_t k = size / h;
   const int64_t B = x.size(0), C = x.size(1);
   return x.reshape({B, C, h, 1, w, 1}).expand({B, C, h, k, w, k}).reshape({B, C, size, size});
+}
+
+// The images of a step as the model takes them: --image-size's, channels_last with
+// --channels-last (PyTorch's x.to(memory_format=torch.channels_last)).
+Tensor model_input(const Tensor& x, int64_t size, bool channels_last) {
+  const Tensor r = resize(x, size);
+  return channels_last ? r.contiguous(MemoryFormat::channels_last) : r;
 }
 
 // The shape of a dataset's first image, [C, H, W] (the example read to learn it is `input`).
@@ -122,6 +130,10 @@ int main(int argc, char** argv) {
                "update each parameter as soon as its gradient is ready and free the gradient "
                "(not with --amp fp16)");
   app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
+  app.add_flag("--channels-last", a.channels_last,
+               "weights and images in channels_last (NHWC) memory, PyTorch's "
+               "memory_format=torch.channels_last: cuDNN's tensor-core convolutions then read "
+               "them without transposing");
   app.add_flag("--cuda-graphs", a.cuda_graphs,
                "capture the training step into a CUDA graph at step 2 and replay it (--device "
                "cuda; not with --offload, --step-in-backward, adamw8bit)");
@@ -263,6 +275,7 @@ int main(int argc, char** argv) {
       const nn::PlanCandidate& c = shape.plan;
       auto m = build();
       m->to(d);
+      if (a.channels_last) m->to(MemoryFormat::channels_last);
       nn::enable_checkpointing(*m, c.checkpoint);
       nn::offload_activations(*m, c.offload);
       auto o = make_optimizer(a, *m);
@@ -272,6 +285,7 @@ int main(int argc, char** argv) {
       {
         memory::CategoryScope input(memory::Category::input);
         x = ops::randn({shape.batch, channels, side, side}, DType::float32, d);
+        if (a.channels_last) x = ops::contiguous(x, MemoryFormat::channels_last);
         y = ops::randint(0, classes, {shape.batch}, DType::int64, d);
       }
       for (int64_t s = 0; s < ex::kEstimateSteps; ++s) {
@@ -311,6 +325,7 @@ int main(int argc, char** argv) {
       // ---- model and optimizer ----
       auto model = make_model(a, classes, channels);
       model->to(dev);
+      if (a.channels_last) model->to(MemoryFormat::channels_last);
       nn::enable_checkpointing(*model, ckpt);
       const std::shared_ptr<ActivationOffloader> offloader =
           nn::offload_activations(*model, offload);
@@ -346,7 +361,7 @@ int main(int argc, char** argv) {
         const int64_t step_at_epoch_start = step;
         for (const data::Example& batch : loader) {
           if (step >= total) break;
-          const Tensor x = resize(batch.input, image_size);
+          const Tensor x = model_input(batch.input, image_size, a.channels_last);
           // zero_grad, forward, backward, optimizer step: replayed from step 2 with --cuda-graphs.
           const std::vector<Tensor> out =
               graphed({x, batch.target}, [&](const std::vector<Tensor>& in) {
@@ -416,7 +431,7 @@ int main(int argc, char** argv) {
         for (const data::Example& batch : test_loader) {
           if (a.eval_batches > 0 && nb >= a.eval_batches) break;
           auto guard = prec.autocast();
-          const Tensor logits = (*model)(resize(batch.input, image_size));
+          const Tensor logits = (*model)(model_input(batch.input, image_size, a.channels_last));
           right += sum(eq(argmax(logits, 1), batch.target)).item<int64_t>();
           count += batch.input.size(0);
           ++nb;

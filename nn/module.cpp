@@ -311,7 +311,21 @@ void Module::apply_to_tensors(const std::function<Tensor(const Tensor&)>& conver
 
 Module& Module::to(Device device, CallSite site) {
   memory::CallSiteScope call_site(site);
-  apply_to_tensors([&](const Tensor& t) { return ops::to(t, device, t.dtype()); });
+  // A channels_last tensor stays so on its new device.
+  apply_to_tensors([&](const Tensor& t) {
+    const Tensor moved = ops::to(t, device, t.dtype());
+    return t.suggest_memory_format() == MemoryFormat::channels_last
+               ? ops::contiguous(moved, MemoryFormat::channels_last)
+               : moved;
+  });
+  return *this;
+}
+
+Module& Module::to(MemoryFormat f, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  apply_to_tensors([&](const Tensor& t) {
+    return t.dim() == 4 && is_floating(t.dtype()) ? ops::contiguous(t, f) : t;
+  });
   return *this;
 }
 

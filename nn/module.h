@@ -161,6 +161,11 @@ class Module {
   Module& to(Device device, CallSite site = CallSite::current());
   Module& to(DType dtype, CallSite site = CallSite::current());
   Module& to(Device device, DType dtype, CallSite site = CallSite::current());
+  // Lays every 4-D floating parameter and buffer (and its gradient) out as `f`, like PyTorch's
+  // model.to(memory_format=torch.channels_last): a convolution with a channels_last weight
+  // runs channels_last (NHWC memory). Call it before creating the optimizer or loading its
+  // state (the optimizer's state keeps the layout its parameters had then).
+  Module& to(MemoryFormat f, CallSite site = CallSite::current());
   void zero_grad(bool set_to_none = true);
 
   // ---- state dict ----

@@ -31,9 +31,12 @@ void check_param(const Tensor& p, size_t index, const char* what) {
   if (!p.is_leaf())
     throw std::invalid_argument(fmt::format("{}: parameter {} (shape {}) is not a leaf tensor",
                                             what, index, p.shape_string()));
-  if (!p.is_contiguous())
-    throw std::invalid_argument(fmt::format("{}: parameter {} (shape {}) is not contiguous", what,
-                                            index, p.shape_string()));
+  // Updates run over each tensor's memory as one flat run: a parameter must be dense (row-major
+  // or channels_last, Module::to(MemoryFormat)); its gradient and state share its layout.
+  if (!p.is_contiguous() && !p.is_contiguous(MemoryFormat::channels_last))
+    throw std::invalid_argument(
+        fmt::format("{}: parameter {} (shape {}) is neither contiguous nor channels_last", what,
+                    index, p.shape_string()));
 }
 
 void check_grad(const Tensor& p, const Tensor& g, size_t index, const char* what) {
@@ -49,10 +52,11 @@ void check_grad(const Tensor& p, const Tensor& g, size_t index, const char* what
     throw std::invalid_argument(
         fmt::format("{}: gradient of parameter {} (shape {}) is on {}, the parameter on {}", what,
                     index, p.shape_string(), g.device().str(), p.device().str()));
-  if (!g.is_contiguous())
-    throw std::invalid_argument(
-        fmt::format("{}: gradient of parameter {} (shape {}) is not contiguous", what, index,
-                    p.shape_string()));
+  const MemoryFormat f = p.suggest_memory_format();
+  if (!g.is_contiguous(f))
+    throw std::invalid_argument(fmt::format(
+        "{}: gradient of parameter {} (shape {}) is not {} like the parameter", what, index,
+        p.shape_string(), f == MemoryFormat::contiguous ? "contiguous" : "channels_last"));
 }
 
 void Optimizer::add_param_group(ParamGroup group) {
@@ -151,8 +155,20 @@ const double* Optimizer::device_lr(const ParamGroup& group, Device device) {
   return static_cast<const double*>(it->second.value.data_ptr());
 }
 
+namespace {
+// `zeros` (a fresh row-major zero tensor of param's shape) in param's memory format: the same
+// storage restrided (all zeros, so no values move). The flat updates then pair each element of
+// the state with the parameter's element at the same memory offset.
+Tensor in_layout_of(const Tensor& zeros, const Tensor& param) {
+  if (param.suggest_memory_format() != MemoryFormat::channels_last ||
+      zeros.sizes() != param.sizes())
+    return zeros;
+  return Tensor::make(zeros.storage(), zeros.sizes(), param.strides(), 0, zeros.dtype());
+}
+}  // namespace
+
 Tensor Optimizer::make_state(const Tensor& param) {
-  return make_state(param.sizes(), param.dtype(), param.device());
+  return in_layout_of(make_state(param.sizes(), param.dtype(), param.device()), param);
 }
 
 Tensor Optimizer::make_state(const Shape& sizes, DType dtype, Device device) {
@@ -282,7 +298,7 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
       throw std::invalid_argument(fmt::format(
           "{}.load_state_dict: '{}' has dtype {}, parameter {} (shape {}) keeps it as {}", name(),
           key, dtype_name(t.dtype()), i, p.shape_string(), dtype_name(spec->dtype)));
-    Tensor s = make_state(spec->sizes, spec->dtype, p.device());
+    Tensor s = in_layout_of(make_state(spec->sizes, spec->dtype, p.device()), p);
     ops::copy_(s, t);
     fresh[i].tensors[rest] = s;
   }

@@ -231,10 +231,13 @@ Tensor to_any(const Tensor& t, const py::args& args, const py::kwargs& kw) {
   for (py::handle a : args) take(a);
   if (kw.contains("device")) device = to_device(kw["device"]);
   if (kw.contains("dtype")) dtype = to_dtype(kw["dtype"]);
-  if (device && dtype) return t.to(*device, *dtype);
-  if (device) return t.to(*device);
-  if (dtype) return t.to(*dtype);
-  return t;
+  Tensor out = device && dtype ? t.to(*device, *dtype)
+               : device        ? t.to(*device)
+               : dtype         ? t.to(*dtype)
+                               : t;
+  // memory_format=tally.channels_last (PyTorch's x.to(memory_format=...)).
+  if (kw.contains("memory_format")) out = out.contiguous(kw["memory_format"].cast<MemoryFormat>());
+  return out;
 }
 
 Shape dims_arg(const py::object& dim) {
@@ -426,6 +429,20 @@ void bind_tensor(py::module_& m) {
           "__repr__", [](DType d) { return std::string("tally.") + dtype_name(d); }, py::prepend());
   for (const auto& n : kDTypeNames) m.attr(n.name) = py::cast(n.dtype);
 
+  // torch.memory_format: tally.contiguous_format and tally.channels_last.
+  py::enum_<MemoryFormat>(m, "memory_format",
+                          "Memory layouts (tally.contiguous_format, tally.channels_last)")
+      .value("contiguous_format", MemoryFormat::contiguous)
+      .value("channels_last", MemoryFormat::channels_last)
+      .def(
+          "__str__", [](MemoryFormat f) { return std::string("tally.") + memory_format_name(f); },
+          py::prepend())
+      .def(
+          "__repr__", [](MemoryFormat f) { return std::string("tally.") + memory_format_name(f); },
+          py::prepend());
+  m.attr("contiguous_format") = py::cast(MemoryFormat::contiguous);
+  m.attr("channels_last") = py::cast(MemoryFormat::channels_last);
+
   py::class_<Device>(m, "device", "A device: tally.device('cpu'), 'cuda:0', 'meta:1'")
       .def(py::init([](const std::string& s) { return parse_device(s); }), py::arg("spec"))
       .def(py::init([](const std::string& type, int index) {
@@ -480,7 +497,9 @@ void bind_tensor(py::module_& m) {
       .def_property_readonly("is_cuda", &Tensor::is_cuda)
       .def_property_readonly("is_meta", [](const Tensor& x) { return x.device().is_meta(); })
       .def_property_readonly("is_leaf", &Tensor::is_leaf)
-      .def("is_contiguous", &Tensor::is_contiguous)
+      .def(
+          "is_contiguous", [](const Tensor& x, MemoryFormat f) { return x.is_contiguous(f); },
+          py::arg("memory_format") = MemoryFormat::contiguous)
       .def("data_ptr", [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.data_ptr()); })
       .def("storage_offset", &Tensor::storage_offset)
       .def_property("requires_grad", &Tensor::requires_grad,
@@ -510,7 +529,9 @@ void bind_tensor(py::module_& m) {
           py::arg("hook"))
       .def("detach", &Tensor::detach)
       .def("clone", &Tensor::clone)
-      .def("contiguous", &Tensor::contiguous)
+      .def(
+          "contiguous", [](const Tensor& x, MemoryFormat f) { return x.contiguous(f); },
+          py::arg("memory_format") = MemoryFormat::contiguous)
       .def("numpy", &to_numpy, "A numpy array over this CPU tensor's memory (no copy)")
       .def(
           "__array__",
@@ -527,7 +548,9 @@ void bind_tensor(py::module_& m) {
              if (!is_floating(x.dtype())) return py::int_(static_cast<int64_t>(v));
              return py::float_(v);
            })
-      .def("to", &to_any, "to(device), to(dtype), to(device, dtype), to(other)")
+      .def("to", &to_any,
+           "to(device), to(dtype), to(device, dtype), to(other); memory_format= lays the "
+           "result out as tally.channels_last or tally.contiguous_format")
       .def("cpu", [](const Tensor& x) { return x.to(Device::cpu()); })
       .def(
           "cuda", [](const Tensor& x, int index) { return x.to(Device::cuda(index)); },

@@ -17,11 +17,22 @@ namespace tally {
 
 // A contiguous tensor of `shape` for an op's result.
 Tensor alloc_output(const Shape& shape, DType dtype, Device device);
+// The same laid out as `f` (channels_last: `shape` must be 4-D).
+Tensor alloc_output(const Shape& shape, DType dtype, Device device, MemoryFormat f);
+
+// Channels-last operands. True when every tensor in `ts` is laid out channels_last (and not
+// also row-major: Tensor::suggest_memory_format) with `shape` as its sizes: an elementwise
+// op over them then gives a channels_last result and runs on their flat views.
+bool all_channels_last(std::initializer_list<const Tensor*> ts, const Shape& shape);
+// A dense tensor's elements in memory order as a 1-D view [numel] (stride 1, same storage
+// and offset). `t` must be contiguous in some memory format (std::logic_error otherwise).
+Tensor flat_view(const Tensor& t);
 
 // An op's result written over `donor`, an input the caller gave up (buffer donation, as
 // PyTorch's in-place ops do): donor's block, handed to the running op (Storage::reassign),
 // when nothing else holds it (no other handle, view or saved reference) and it is a contiguous
-// `shape` of `dtype` on `device` at offset 0 on the current stream; otherwise an undefined
+// or channels_last `shape` of `dtype` on `device` at offset 0 on the current stream (the result
+// keeps the donor's layout); otherwise an undefined
 // tensor, and the op allocates (alloc_output). The caller must not read donor's values after a
 // donation.
 Tensor donated_output(const Tensor& donor, const Shape& shape, DType dtype, Device device);

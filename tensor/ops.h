@@ -53,8 +53,14 @@ void foreach_copy_(const TensorList& dsts, const TensorList& srcs);
 void fill_(const Tensor& dst, double value);
 void zero_(const Tensor& dst);
 Tensor contiguous(const Tensor& t);  // returns t itself when already contiguous
-Tensor clone(const Tensor& t);       // always a new contiguous tensor
-// To `device`/`dtype`; returns t itself when nothing changes, unless `copy`.
+// t laid out as `f` (t itself when it already is); channels_last needs a 4-D tensor.
+Tensor contiguous(const Tensor& t, MemoryFormat f);
+// Always a new tensor: channels_last when t is (Tensor::suggest_memory_format), else
+// contiguous.
+Tensor clone(const Tensor& t);
+// To `device`/`dtype`; returns t itself when nothing changes, unless `copy`. A channels_last
+// t gives a channels_last result on its own device (PyTorch's preserve_format), a row-major
+// one on another device.
 Tensor to(const Tensor& t, Device device, DType dtype, bool copy = false);
 Tensor to(const Tensor& t, DType dtype);
 double item(const Tensor& t);

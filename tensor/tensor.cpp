@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -31,6 +32,21 @@ Shape contiguous_strides(const Shape& sizes) {
     acc *= std::max<int64_t>(sizes[i], 1);
   }
   return st;
+}
+
+const char* memory_format_name(MemoryFormat f) {
+  return f == MemoryFormat::channels_last ? "channels_last" : "contiguous_format";
+}
+
+Shape memory_format_strides(const Shape& sizes, MemoryFormat f, const char* what) {
+  if (f == MemoryFormat::contiguous) return contiguous_strides(sizes);
+  if (sizes.size() != 4)
+    throw std::invalid_argument(fmt::format(
+        "{}: channels_last needs a 4-D [N, C, H, W] tensor, got shape {}", what, shape_str(sizes)));
+  (void)memory::checked_numel(sizes, what);
+  const int64_t c = std::max<int64_t>(sizes[1], 1), h = std::max<int64_t>(sizes[2], 1),
+                w = std::max<int64_t>(sizes[3], 1);
+  return {h * w * c, 1, w * c, c};
 }
 
 Tensor Tensor::make(Storage storage, Shape sizes, Shape strides, int64_t offset, DType dtype) {
@@ -97,6 +113,25 @@ bool Tensor::is_contiguous() const {
     expected *= t.sizes[i];
   }
   return true;
+}
+
+bool Tensor::is_contiguous(MemoryFormat f) const {
+  if (f == MemoryFormat::contiguous) return is_contiguous();
+  const TensorImpl& t = impl();
+  if (t.sizes.size() != 4) return false;
+  int64_t expected = 1;
+  for (const size_t i : {size_t{1}, size_t{3}, size_t{2}, size_t{0}}) {
+    if (t.sizes[i] == 1) continue;
+    if (t.strides[i] != expected) return false;
+    expected *= t.sizes[i];
+  }
+  return true;
+}
+
+MemoryFormat Tensor::suggest_memory_format() const {
+  return dim() == 4 && !is_contiguous() && is_contiguous(MemoryFormat::channels_last)
+             ? MemoryFormat::channels_last
+             : MemoryFormat::contiguous;
 }
 
 void* Tensor::data_ptr() const {

@@ -33,6 +33,16 @@ std::string shape_str(const Shape& s);  // "[2, 3]"
 int64_t shape_numel(const Shape& s);
 Shape contiguous_strides(const Shape& sizes);
 
+// PyTorch's memory formats (torch.memory_format). `contiguous`: row-major strides.
+// `channels_last`: a 4-D [N, C, H, W] tensor laid out as NHWC in memory, strides
+// [H * W * C, 1, W * C, C] (cuDNN's tensor-core convolutions read it without transposing).
+// The sizes, indexing and every op's results are the same in both; only the layout differs.
+enum class MemoryFormat { contiguous, channels_last };
+const char* memory_format_name(MemoryFormat f);  // "contiguous_format", "channels_last"
+// The strides of `f` for `sizes`; channels_last needs 4-D sizes (std::invalid_argument
+// naming `what` and the shape otherwise).
+Shape memory_format_strides(const Shape& sizes, MemoryFormat f, const char* what);
+
 struct TensorOptions {
   DType dtype = DType::float32;
   Device device = Device::cpu();
@@ -88,6 +98,11 @@ class Tensor {
     return memory::checked_mul(static_cast<size_t>(numel()), element_size(), "Tensor::nbytes");
   }
   bool is_contiguous() const;
+  // Laid out as `f` (dimensions of size 1 take any stride, as in PyTorch).
+  bool is_contiguous(MemoryFormat f) const;
+  // channels_last when the tensor is 4-D, channels-last-contiguous and not row-major
+  // contiguous; else contiguous (PyTorch's suggest_memory_format for dense tensors).
+  MemoryFormat suggest_memory_format() const;
   void* data_ptr() const;
   template <typename T>
   T* data() const {
@@ -121,6 +136,8 @@ class Tensor {
   Tensor unsqueeze(int64_t dim) const;
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
   Tensor contiguous() const;
+  // This tensor laid out as `f` (itself when it already is); differentiable.
+  Tensor contiguous(MemoryFormat f) const;
   // `site`, defaulted at the caller, is the user's line the copy is attributed to
   // (memory::CallSiteScope), as for backward() and the factories.
   Tensor to(Device device, std::source_location site = std::source_location::current()) const;

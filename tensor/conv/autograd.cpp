@@ -18,21 +18,31 @@ Tensor conv2d(const Tensor& input_, const Tensor& weight_, const Tensor& bias_, 
   Tensor out = o::conv2d(input, weight, bias, stride, padding, dilation, groups);
   // d/d(input) needs the weight; d/d(weight) needs the input; d/d(bias) needs neither.
   const bool input_grad = input.requires_grad(), weight_grad = weight.requires_grad();
-  record("Conv2dBackward", {input, weight, bias}, {out},
-         {weight_grad ? input : Tensor(), input_grad ? weight : Tensor()},
-         [in_sizes = input.sizes(), w_sizes = weight.sizes(), stride, padding, dilation, groups](
-             BackwardContext& ctx, const TensorList& g) -> TensorList {
-           Tensor gx, gw, gb;
-           if (ctx.needs_input_grad(0))
-             gx = o::conv2d_backward_input(g[0], ctx.saved(1), in_sizes, stride, padding, dilation,
-                                           groups);
-           if (ctx.needs_input_grad(1))
-             gw = o::conv2d_backward_weight(g[0], ctx.saved(0), w_sizes, stride, padding, dilation,
-                                            groups);
-           if (ctx.needs_input_grad(2))
-             gb = in_sizes.size() == 4 ? o::sum(g[0], {0, 2, 3}) : o::sum(g[0], {1, 2});
-           return {gx, gw, gb};
-         });
+  record(
+      "Conv2dBackward", {input, weight, bias}, {out},
+      {weight_grad ? input : Tensor(), input_grad ? weight : Tensor()},
+      [in_sizes = input.sizes(), w_sizes = weight.sizes(),
+       w_format = weight.suggest_memory_format(), out_format = out.suggest_memory_format(), stride,
+       padding, dilation, groups](BackwardContext& ctx, const TensorList& g) -> TensorList {
+        // The gradients run in the forward's layout (a row-major upstream gradient of a
+        // channels_last convolution is laid out channels_last first, as PyTorch does).
+        const Tensor gy = out_format == MemoryFormat::channels_last
+                              ? o::contiguous(g[0], MemoryFormat::channels_last)
+                              : g[0];
+        Tensor gx, gw, gb;
+        if (ctx.needs_input_grad(0))
+          gx = o::conv2d_backward_input(gy, ctx.saved(1), in_sizes, stride, padding, dilation,
+                                        groups);
+        if (ctx.needs_input_grad(1))
+          // In the weight's layout (a channels_last product of channels_last activations
+          // goes back to a row-major weight's).
+          gw = o::contiguous(o::conv2d_backward_weight(gy, ctx.saved(0), w_sizes, stride, padding,
+                                                       dilation, groups),
+                             w_format);
+        if (ctx.needs_input_grad(2))
+          gb = in_sizes.size() == 4 ? o::sum(g[0], {0, 2, 3}) : o::sum(g[0], {1, 2});
+        return {gx, gw, gb};
+      });
   return out;
 }
 

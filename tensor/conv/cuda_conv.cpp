@@ -1,5 +1,6 @@
-// CUDA 2-D convolution through cuDNN over NCHW tensors (groups too); the bias is added by a
-// small kernel (cuda.cu).
+// CUDA 2-D convolution through cuDNN over NCHW tensors, or channels_last ones (NHWC in memory:
+// input, filter and output all so; what cuDNN's tensor-core kernels read without transposing),
+// groups too; the bias is added by a small kernel (cuda.cu), or by a broadcast add in NHWC.
 //
 // Algorithm choice. Each cuDNN call is described by a key (direction, device, dtype, the
 // three tensors' dims and strides, padding, stride, dilation, groups, benchmark switch).
@@ -81,7 +82,8 @@ std::atomic<int64_t> g_max_call_elements{INT_MAX};
 // ------------------------------------------------------------------ one cuDNN call
 
 // The geometry of one cuDNN call: x [N, C, H, W], w [O, C/g, kH, kW], y [N, O, OH, OW],
-// x and y with NCHW-contiguous strides.
+// all three NCHW-contiguous, or all three channels_last (`nhwc`: NHWC in memory, the filter
+// as [O, kH, kW, C/g]).
 struct Problem {
   Kind kind = Kind::forward;
   int device = 0;
@@ -90,6 +92,7 @@ struct Problem {
   int pad[2] = {}, stride[2] = {}, dilation[2] = {};
   int groups = 1;
   bool tf32 = false;  // float32 may use TF32 (cudnn_allow_tf32() when the call was made)
+  bool nhwc = false;  // channels_last tensors (x's and y's strides say so too)
 
   std::string str() const {
     return fmt::format(
@@ -97,10 +100,11 @@ struct Problem {
         "output "
         "[{}, {}, {}, {}] strides [{}, {}, {}, {}], padding [{}, {}], stride [{}, {}], dilation "
         "[{}, {}], "
-        "groups {}{}",
+        "groups {}{}{}",
         info(kind).name, dtype_name(dtype), x[0], x[1], x[2], x[3], xs[0], xs[1], xs[2], xs[3],
         w[0], w[1], w[2], w[3], y[0], y[1], y[2], y[3], ys[0], ys[1], ys[2], ys[3], pad[0], pad[1],
-        stride[0], stride[1], dilation[0], dilation[1], groups, tf32 ? ", tf32 allowed" : "");
+        stride[0], stride[1], dilation[0], dilation[1], groups, tf32 ? ", tf32 allowed" : "",
+        nhwc ? ", channels_last" : "");
   }
 
   std::vector<int64_t> key(bool benchmark) const {
@@ -109,6 +113,7 @@ struct Problem {
                            benchmark ? 1 : 0,           tf32 ? 1 : 0};
     for (const int* a : {x, xs, w, y, ys}) k.insert(k.end(), a, a + 4);
     for (const int* a : {pad, stride, dilation}) k.insert(k.end(), a, a + 2);
+    k.push_back(nhwc ? 1 : 0);
     return k;
   }
 };
@@ -133,7 +138,7 @@ struct Descriptors {
     const cudnnDataType_t dt = cudnn_data_type(pb.dtype);
     x.set(dt, pb.x, pb.xs);
     y.set(dt, pb.y, pb.ys);
-    w.set(dt, pb.w);
+    w.set(dt, pb.w, pb.nhwc);
     conv.set(pb.pad, pb.stride, pb.dilation, pb.groups, compute_type(pb.dtype),
              default_math(pb.dtype, pb.tf32));
   }
@@ -364,7 +369,15 @@ bool not_supported(cudnnStatus_t s) {
 
 // ------------------------------------------------------------------ the backend route
 
-void contiguous_strides4(const int d[4], int s[4]) {
+// The strides of dims d [N, C, H, W]: row-major, or NHWC in memory when `nhwc`.
+void strides4(const int d[4], int s[4], bool nhwc) {
+  if (nhwc) {
+    s[1] = 1;
+    s[3] = d[1];
+    s[2] = d[3] * d[1];
+    s[0] = d[2] * d[3] * d[1];
+    return;
+  }
   s[3] = 1;
   s[2] = d[3];
   s[1] = d[2] * d[3];
@@ -393,7 +406,7 @@ std::shared_ptr<BackendPlan> build_plan(const Problem& pb, cudnnHandle_t h, bool
   const cudnnDataType_t dt = cudnn_data_type(pb.dtype);
   auto dims = [](const int* a) { return std::vector<int64_t>(a, a + 4); };
   int ws[4];
-  contiguous_strides4(pb.w, ws);
+  strides4(pb.w, ws, pb.nhwc);
   plan->x = g.tensor(dt, dims(pb.x), dims(pb.xs), false);
   plan->w = g.tensor(dt, dims(pb.w), dims(ws), false);
   plan->y = g.tensor(dt, dims(pb.y), dims(pb.ys), false);
@@ -527,21 +540,40 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// Dense NCHW with a pointer cuDNN's vectorised kernels accept (16-byte aligned).
-bool dense(const Tensor& t) {
-  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+// The layout a call runs in: NHWC when any of its tensors is channels_last (ops::conv2d
+// hands all three over in one layout; a caller of the kernel directly may mix them).
+bool any_nhwc(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && t->dim() == 4 && t->suggest_memory_format() == MemoryFormat::channels_last)
+      return true;
+  return false;
 }
 
-Tensor make_dense(const Tensor& t) {
-  if (!t.defined() || dense(t)) return t;
-  return ops::clone(t);
+MemoryFormat format_of(bool nhwc) {
+  return nhwc ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+}
+
+// Dense in the call's layout (NCHW, or NHWC when `nhwc`) with a pointer cuDNN's vectorised
+// kernels accept (16-byte aligned).
+bool dense(const Tensor& t, bool nhwc) {
+  return t.is_contiguous(format_of(nhwc)) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+Tensor make_dense(const Tensor& t, bool nhwc) {
+  if (!t.defined() || dense(t, nhwc)) return t;
+  Tensor out = alloc_output(t.sizes(), t.dtype(), t.device(), format_of(nhwc));
+  ops::copy_(out, t);
+  return out;
 }
 
 // The output to compute into: `out` itself when dense, else a dense buffer copied back.
 class DenseOutput {
  public:
-  explicit DenseOutput(const Tensor& out)
-      : target_(out), buf_(dense(out) ? out : ops::empty(out.sizes(), out.dtype(), out.device())) {}
+  DenseOutput(const Tensor& out, bool nhwc)
+      : target_(out),
+        buf_(dense(out, nhwc)
+                 ? out
+                 : alloc_output(out.sizes(), out.dtype(), out.device(), format_of(nhwc))) {}
   const Tensor& get() const { return buf_; }
   void finish() const {
     if (!buf_.storage().is_same(target_.storage())) ops::copy_(target_, buf_);
@@ -553,10 +585,11 @@ class DenseOutput {
 };
 
 // Splits the batch into slices that cuDNN's int-sized tensors can hold and runs each.
-// x [N, C, H, W], w [O, C/g, kH, kW], y [N, O, OH, OW] dense; the pointers are the
-// tensors' data. For backward filter, slices after the first accumulate.
-void run(Kind kind, const Tensor& x, const Tensor& w, const Tensor& y,
-         const ops::Conv2dParams& prm) {
+// x [N, C, H, W], w [O, C/g, kH, kW], y [N, O, OH, OW] dense in one layout (NHWC when
+// `nhwc`); the pointers are the tensors' data. For backward filter, slices after the first
+// accumulate (a sample is a contiguous run of memory in either layout).
+void run(Kind kind, const Tensor& x, const Tensor& w, const Tensor& y, const ops::Conv2dParams& prm,
+         bool nhwc) {
   const int64_t N = x.size(0);
   const int64_t per_x = x.numel() / N, per_y = y.numel() / N;
   const int64_t limit = g_max_call_elements.load();
@@ -574,6 +607,7 @@ void run(Kind kind, const Tensor& x, const Tensor& w, const Tensor& y,
   pb.device = x.device().index;
   pb.dtype = x.dtype();
   pb.tf32 = pb.dtype == DType::float32 && cudnn_allow_tf32();
+  pb.nhwc = nhwc;
   for (int i = 1; i < 4; ++i) {
     pb.x[i] = to_int(x.size(i), "an input dimension");
     pb.y[i] = to_int(y.size(i), "an output dimension");
@@ -591,8 +625,8 @@ void run(Kind kind, const Tensor& x, const Tensor& w, const Tensor& y,
   for (int64_t n0 = 0; n0 < N; n0 += chunk) {
     const int n = static_cast<int>(std::min(chunk, N - n0));
     pb.x[0] = pb.y[0] = n;
-    contiguous_strides4(pb.x, pb.xs);
-    contiguous_strides4(pb.y, pb.ys);
+    strides4(pb.x, pb.xs, nhwc);
+    strides4(pb.y, pb.ys, nhwc);
     const Pointers p{xp + static_cast<size_t>(n0 * per_x) * es, w.data_ptr(),
                      yp + static_cast<size_t>(n0 * per_y) * es};
     run_call(pb, p, kind == Kind::backward_filter && n0 > 0);
@@ -613,18 +647,22 @@ void conv2d_forward(const Tensor& out, const Tensor& input, const Tensor& weight
   check_dtypes("conv2d", input, weight);
   check_dtypes("conv2d", input, out);
   if (out.numel() == 0) return;  // an empty batch
-  const DenseOutput y(out);
+  const bool nhwc = any_nhwc({&out, &input, &weight});
+  const DenseOutput y(out, nhwc);
   if (input.numel() == 0) {
     // An empty input plane with padding: every window lies in the padding.
     check(cudaMemsetAsync(y.get().data_ptr(), 0, y.get().nbytes(), stream(input.device().index)),
           "conv2d (zero)");
   } else {
-    const Tensor x = make_dense(input), w = make_dense(weight);
-    run(Kind::forward, x, w, y.get(), p);
+    const Tensor x = make_dense(input, nhwc), w = make_dense(weight, nhwc);
+    run(Kind::forward, x, w, y.get(), p, nhwc);
   }
   if (bias.defined()) {
     check_dtypes("conv2d", input, bias);
-    conv2d_add_bias(y.get(), make_dense(bias));
+    if (nhwc)  // the bias over the last memory dimension: a broadcast add
+      ops::add_(y.get(), ops::view(bias, {1, bias.numel(), 1, 1}));
+    else
+      conv2d_add_bias(y.get(), make_dense(bias, false));
   }
   y.finish();
 }
@@ -636,9 +674,10 @@ void conv2d_backward_input(const Tensor& grad_input, const Tensor& grad_output,
   check_dtypes("conv2d_backward_input", grad_output, weight);
   check_dtypes("conv2d_backward_input", grad_output, grad_input);
   if (grad_input.numel() == 0) return;
-  const Tensor gy = make_dense(grad_output), w = make_dense(weight);
-  const DenseOutput gx(grad_input);
-  run(Kind::backward_data, gx.get(), w, gy, p);
+  const bool nhwc = any_nhwc({&grad_input, &grad_output, &weight});
+  const Tensor gy = make_dense(grad_output, nhwc), w = make_dense(weight, nhwc);
+  const DenseOutput gx(grad_input, nhwc);
+  run(Kind::backward_data, gx.get(), w, gy, p, nhwc);
   gx.finish();
 }
 
@@ -649,13 +688,14 @@ void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output
   DeviceGuard g(dev);
   check_dtypes("conv2d_backward_weight", grad_output, input);
   check_dtypes("conv2d_backward_weight", grad_output, grad_weight);
-  const DenseOutput gw(grad_weight);
+  const bool nhwc = any_nhwc({&grad_weight, &grad_output, &input});
+  const DenseOutput gw(grad_weight, nhwc);
   if (input.numel() == 0 || grad_output.numel() == 0) {  // an empty batch: the sum over no samples
     check(cudaMemsetAsync(gw.get().data_ptr(), 0, gw.get().nbytes(), stream(dev)),
           "conv2d_backward_weight (zero)");
   } else {
-    const Tensor gy = make_dense(grad_output), x = make_dense(input);
-    run(Kind::backward_filter, x, gw.get(), gy, p);
+    const Tensor gy = make_dense(grad_output, nhwc), x = make_dense(input, nhwc);
+    run(Kind::backward_filter, x, gw.get(), gy, p, nhwc);
   }
   gw.finish();
 }
@@ -673,7 +713,8 @@ std::vector<ConvWorkspace> conv_planned_workspaces() {
   std::lock_guard lock(g_plan_mu);
   for (const auto& [key, plan] : g_plans) {
     if (!plan) continue;
-    // The key's layout: Problem::key(false), then accumulate and the handle.
+    // The key's layout: Problem::key(false) (32 numbers, then nhwc), then accumulate and the
+    // handle.
     ConvWorkspace r{};
     r.kind = static_cast<int>(key[0]);
     r.dtype = static_cast<int>(key[2]);
@@ -689,7 +730,7 @@ std::vector<ConvWorkspace> conv_planned_workspaces() {
       r.stride[i] = static_cast<int>(key[28 + i]);
       r.dilation[i] = static_cast<int>(key[30 + i]);
     }
-    r.accumulate = static_cast<int>(key[32]);
+    r.accumulate = static_cast<int>(key[33]);
     r.bytes = plan->graph.workspace_size();
     const bool seen =
         std::any_of(out.begin(), out.end(), [&](const ConvWorkspace& o) { return o.same_call(r); });

@@ -33,9 +33,23 @@ DType compute_dtype(DType d, Device device) {
   return d == DType::float64 ? DType::float64 : DType::float32;
 }
 
-// `t` as a contiguous tensor of dtype `dt` (itself when it already is one).
-Tensor prepare(const Tensor& t, DType dt) {
-  return contiguous(to(t, dt));
+// `t` of dtype `dt` laid out as `f` (itself when it already is).
+Tensor prepare(const Tensor& t, DType dt, MemoryFormat f = MemoryFormat::contiguous) {
+  return contiguous(to(t, dt), f);
+}
+
+// The layout a convolution runs in (PyTorch's rule): channels_last when either 4-D operand is
+// channels_last (Tensor::suggest_memory_format), else contiguous.
+MemoryFormat conv_format(const Tensor& a, const Tensor& b) {
+  const bool cl = (a.dim() == 4 && a.suggest_memory_format() == MemoryFormat::channels_last) ||
+                  (b.dim() == 4 && b.suggest_memory_format() == MemoryFormat::channels_last);
+  return cl ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+}
+
+// The layout a device's kernels take: cuDNN (and the meta device, which stands for it) run
+// channels_last as it is; the CPU kernels compute row-major and the result is converted.
+MemoryFormat kernel_format(Device device, MemoryFormat f) {
+  return memory::behaves_as(device) == DeviceType::cuda ? f : MemoryFormat::contiguous;
 }
 
 std::string params_str(const Conv2dParams& p) {
@@ -176,12 +190,14 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
                                               dtype_name(bias.dtype())));
   }
   const DType ct = compute_dtype(input.dtype(), input.device());
-  const Tensor x = prepare(as_batched(input), ct);
-  const Tensor w = prepare(weight, ct);
+  const MemoryFormat f = conv_format(input, weight);
+  const MemoryFormat kf = kernel_format(input.device(), f);
+  const Tensor x = prepare(as_batched(input), ct, kf);
+  const Tensor w = prepare(weight, ct, kf);
   const Tensor b = bias.defined() ? prepare(bias, ct) : Tensor();
-  Tensor out = alloc_output(out_shape, ct, input.device());
+  Tensor out = alloc_output(out_shape, ct, input.device(), kf);
   conv_backends.get(info, input.device(), &ConvKernels::conv2d_forward)(out, x, w, b, p);
-  out = to(out, input.dtype());
+  out = contiguous(to(out, input.dtype()), f);
   return input.dim() == 3 ? squeeze(out, 0) : out;
 }
 
@@ -194,11 +210,13 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight,
   const Conv2dParams p{stride, padding, dilation, groups};
   const Shape in4 = check_backward(info.name, grad_output, input_sizes, weight.sizes(), p);
   const DType ct = compute_dtype(grad_output.dtype(), grad_output.device());
-  const Tensor gy = prepare(as_batched(grad_output), ct);
-  const Tensor w = prepare(weight, ct);
-  Tensor gx = alloc_output(in4, ct, grad_output.device());
+  const MemoryFormat f = conv_format(grad_output, weight);
+  const MemoryFormat kf = kernel_format(grad_output.device(), f);
+  const Tensor gy = prepare(as_batched(grad_output), ct, kf);
+  const Tensor w = prepare(weight, ct, kf);
+  Tensor gx = alloc_output(in4, ct, grad_output.device(), kf);
   conv_backends.get(info, grad_output.device(), &ConvKernels::conv2d_backward_input)(gx, gy, w, p);
-  gx = to(gx, grad_output.dtype());
+  gx = contiguous(to(gx, grad_output.dtype()), f);
   return input_sizes.size() == 3 ? squeeze(gx, 0) : gx;
 }
 
@@ -211,11 +229,13 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
   const Conv2dParams p{stride, padding, dilation, groups};
   check_backward(info.name, grad_output, input.sizes(), weight_sizes, p);
   const DType ct = compute_dtype(grad_output.dtype(), grad_output.device());
-  const Tensor gy = prepare(as_batched(grad_output), ct);
-  const Tensor x = prepare(as_batched(input), ct);
-  Tensor gw = alloc_output(weight_sizes, ct, grad_output.device());
+  const MemoryFormat f = conv_format(grad_output, input);
+  const MemoryFormat kf = kernel_format(grad_output.device(), f);
+  const Tensor gy = prepare(as_batched(grad_output), ct, kf);
+  const Tensor x = prepare(as_batched(input), ct, kf);
+  Tensor gw = alloc_output(weight_sizes, ct, grad_output.device(), kf);
   conv_backends.get(info, grad_output.device(), &ConvKernels::conv2d_backward_weight)(gw, gy, x, p);
-  return to(gw, grad_output.dtype());
+  return contiguous(to(gw, grad_output.dtype()), f);
 }
 
 }  // namespace tally::ops

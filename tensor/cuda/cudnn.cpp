@@ -62,11 +62,12 @@ void TensorDescriptor::set(cudnnDataType_t dt, const int dims[4], const int stri
                           dims[2], dims[3], strides[0], strides[1], strides[2], strides[3]));
 }
 
-void FilterDescriptor::set(cudnnDataType_t dt, const int dims[4]) {
-  check_cudnn(
-      cudnnSetFilter4dDescriptor(desc_, dt, CUDNN_TENSOR_NCHW, dims[0], dims[1], dims[2], dims[3]),
-      "cudnnSetFilter4dDescriptor",
-      fmt::format("dims [{}, {}, {}, {}]", dims[0], dims[1], dims[2], dims[3]));
+void FilterDescriptor::set(cudnnDataType_t dt, const int dims[4], bool nhwc) {
+  check_cudnn(cudnnSetFilter4dDescriptor(desc_, dt, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                         dims[0], dims[1], dims[2], dims[3]),
+              "cudnnSetFilter4dDescriptor",
+              fmt::format("dims [{}, {}, {}, {}]{}", dims[0], dims[1], dims[2], dims[3],
+                          nhwc ? ", NHWC" : ""));
 }
 
 void ConvolutionDescriptor::set(const int pad[2], const int stride[2], const int dilation[2],

@@ -65,8 +65,8 @@ class FilterDescriptor
                              cudnnDestroyFilterDescriptor> {
  public:
   FilterDescriptor() : OwnedDescriptor("cudnnCreateFilterDescriptor") {}
-  // [out, in / groups, kH, kW], NCHW.
-  void set(cudnnDataType_t dt, const int dims[4]);
+  // [out, in / groups, kH, kW]: NCHW in memory, or NHWC ([out, kH, kW, in / groups]).
+  void set(cudnnDataType_t dt, const int dims[4], bool nhwc);
 };
 
 class ConvolutionDescriptor

@@ -122,7 +122,69 @@ void with_float_family(DType t, F&& f) {
     f.template operator()<__nv_bfloat16>();
 }
 
+// dst[b][k][r] = src[b][r][k]: a batch of [rows, cols] row-major matrices transposed, through
+// 32 x 32 tiles in shared memory (reads and writes both coalesced). U moves an element's bytes.
+template <typename U>
+__global__ void __launch_bounds__(256)
+    batched_transpose_kernel(U* __restrict__ dst, const U* __restrict__ src, int64_t batch,
+                             int64_t rows, int64_t cols) {
+  __shared__ U tile[32][33];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * 32,
+                k0 = static_cast<int64_t>(blockIdx.x) * 32;
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
+    const U* s = src + b * rows * cols;
+    U* d = dst + b * rows * cols;
+    for (int i = ty; i < 32; i += 8) {
+      const int64_t r = r0 + i, k = k0 + tx;
+      if (r < rows && k < cols) tile[i][tx] = s[r * cols + k];
+    }
+    __syncthreads();
+    for (int i = ty; i < 32; i += 8) {
+      const int64_t k = k0 + i, r = r0 + tx;
+      if (r < rows && k < cols) d[k * rows + r] = tile[tx][i];
+    }
+    __syncthreads();
+  }
+}
+
+// A same-dtype copy between the two 4-D layouts (row-major NCHW and channels_last NHWC) as a
+// batched transpose: per sample, [C, H * W] <-> [H * W, C]. False when it does not apply.
+bool copy_layout_transpose(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() != src.dtype() || dst.sizes() != src.sizes() || dst.dim() != 4 ||
+      dst.device() != src.device() || dst.numel() == 0)
+    return false;
+  const bool to_last =
+      src.is_contiguous() && dst.suggest_memory_format() == MemoryFormat::channels_last;
+  const bool to_first =
+      dst.is_contiguous() && src.suggest_memory_format() == MemoryFormat::channels_last;
+  if (!to_last && !to_first) return false;
+  const size_t es = dst.element_size();
+  if (es != 2 && es != 4 && es != 8) return false;
+  const int64_t n = dst.size(0), c = dst.size(1), hw = dst.size(2) * dst.size(3);
+  const int64_t rows = to_last ? c : hw, cols = to_last ? hw : c;
+  const int dev = dst.device().index;
+  DeviceGuard g(dev);
+  NvtxRange range("copy_ (layout)");
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32),
+                  static_cast<unsigned>(std::min<int64_t>(n, 65535)));
+  if (grid.y > 65535) return false;
+  auto go = [&]<typename U>() {
+    batched_transpose_kernel<U><<<grid, dim3(32, 8), 0, stream(dev)>>>(
+        static_cast<U*>(dst.data_ptr()), static_cast<const U*>(src.data_ptr()), n, rows, cols);
+  };
+  if (es == 2)
+    go.template operator()<uint16_t>();
+  else if (es == 4)
+    go.template operator()<uint32_t>();
+  else
+    go.template operator()<uint64_t>();
+  check_launch("copy_ (layout)");
+  return true;
+}
+
 void copy_device(const Tensor& dst, const Tensor& src) {
+  if (copy_layout_transpose(dst, src)) return;
   if (dst.dtype() == src.dtype() && dst.sizes() == src.sizes() && dst.is_contiguous() &&
       src.is_contiguous() && dst.device() == src.device()) {
     if (dst.numel() == 0) return;

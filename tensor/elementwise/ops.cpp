@@ -126,7 +126,11 @@ void copy_(const Tensor& dst, const Tensor& src) {
   Tensor s = src.sizes() == dst.sizes() ? src : expand(src, dst.sizes());
   if (dst.device() == s.device()) {
     DispatchScope scope(info, dst);
-    elementwise_backends.get(info, dst.device(), &ElementwiseKernels::copy)(dst, s);
+    const auto kernel = elementwise_backends.get(info, dst.device(), &ElementwiseKernels::copy);
+    if (all_channels_last({&dst, &s}, dst.sizes()) && dst.strides() == s.strides())
+      kernel(flat_view(dst), flat_view(s));  // one layout: a flat copy
+    else
+      kernel(dst, s);
   } else if (dst.device().is_meta()) {
     // Onto a meta tensor: shapes only; the meta kernel replays the staging a host-to-device
     // copy takes on the target.
@@ -189,13 +193,32 @@ void zero_(const Tensor& dst) {
 }
 
 Tensor contiguous(const Tensor& t) {
-  return t.is_contiguous() ? t : clone(t);
+  if (t.is_contiguous()) return t;
+  static const OpInfo info("clone");  // PyTorch's contiguous() runs aten::clone
+  DispatchScope scope(info, t);
+  Tensor out = alloc_output(t.sizes(), t.dtype(), t.device());
+  copy_(out, t);
+  return out;
+}
+
+Tensor contiguous(const Tensor& t, MemoryFormat f) {
+  if (f == MemoryFormat::contiguous) return contiguous(t);
+  static const OpInfo info("clone");
+  DispatchScope scope(info, t);
+  if (t.dim() != 4)
+    throw std::invalid_argument(
+        fmt::format("contiguous: channels_last needs a 4-D [N, C, H, W] tensor, got shape {}",
+                    t.shape_string()));
+  if (t.is_contiguous(f)) return t;
+  Tensor out = alloc_output(t.sizes(), t.dtype(), t.device(), f);
+  copy_(out, t);
+  return out;
 }
 
 Tensor clone(const Tensor& t) {
   static const OpInfo info("clone");
   DispatchScope scope(info, t);
-  Tensor out = alloc_output(t.sizes(), t.dtype(), t.device());
+  Tensor out = alloc_output(t.sizes(), t.dtype(), t.device(), t.suggest_memory_format());
   copy_(out, t);
   return out;
 }
@@ -204,7 +227,11 @@ Tensor to(const Tensor& t, Device device, DType dtype, bool copy) {
   if (!copy && t.device() == device && t.dtype() == dtype) return t;
   static const OpInfo info("to");
   DispatchScope scope(info, device);
-  Tensor out = alloc_output(t.sizes(), dtype, device);
+  // A channels_last tensor stays so on its device (PyTorch's preserve_format); a copy to
+  // another device is row-major.
+  const MemoryFormat f =
+      device == t.device() ? t.suggest_memory_format() : MemoryFormat::contiguous;
+  Tensor out = alloc_output(t.sizes(), dtype, device, f);
   copy_(out, t);
   return out;
 }
@@ -214,7 +241,7 @@ Tensor to(const Tensor& t, DType dtype) {
 }
 
 std::vector<double> to_vector(const Tensor& t) {
-  Tensor host = to(t, Device::cpu(), DType::float64, /*copy=*/true);
+  Tensor host = contiguous(to(t, Device::cpu(), DType::float64, /*copy=*/true));
   const double* p = host.data<double>();
   return std::vector<double>(p, p + host.numel());
 }
@@ -552,9 +579,15 @@ static Tensor binary_scalar_impl(BinaryOp op, const Tensor& a, double b, bool re
   if (!is_floating(dt) && !is_compare(op) && (op == BinaryOp::div || b != std::floor(b)))
     dt = DType::float32;
   const Tensor ca = to(a, dt);
-  Tensor out = alloc_output(a.sizes(), is_compare(op) ? DType::bool_ : dt, a.device());
-  elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary_scalar)(op, out, ca, b,
-                                                                                 reverse);
+  const bool cl = all_channels_last({&ca}, a.sizes());
+  Tensor out = alloc_output(a.sizes(), is_compare(op) ? DType::bool_ : dt, a.device(),
+                            cl ? MemoryFormat::channels_last : MemoryFormat::contiguous);
+  const auto kernel =
+      elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary_scalar);
+  if (cl)
+    kernel(op, flat_view(out), flat_view(ca), b, reverse);
+  else
+    kernel(op, out, ca, b, reverse);
   return out;
 }
 
@@ -577,12 +610,18 @@ Tensor binary_over(BinaryOp op, Tensor&& a, const Tensor& b) {
   Tensor out = out_dt == dt ? donated_output(a, shape, dt, a.device()) : Tensor();
   const Tensor ea = out.defined() ? out : expand(widen_a ? a : to(a, dt), shape);
   const Tensor eb = expand(widen_b ? b : to(b, dt), shape);
-  if (!out.defined()) out = alloc_output(shape, out_dt, a.device());
+  // Channels-last operands of one layout give a channels_last result, computed flat.
+  const bool cl = all_channels_last({&ea, &eb}, shape) && ea.strides() == eb.strides();
+  if (!out.defined())
+    out = alloc_output(shape, out_dt, a.device(),
+                       cl ? MemoryFormat::channels_last : MemoryFormat::contiguous);
   const auto kernel = elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary);
+  const Tensor fo = cl ? flat_view(out) : out;
+  const Tensor fa = cl ? flat_view(ea) : ea, fb = cl ? flat_view(eb) : eb;
   if (widen_a)
-    kernel(op, out, eb, ea);
+    kernel(op, fo, fb, fa);
   else
-    kernel(op, out, ea, eb);
+    kernel(op, fo, fa, fb);
   return out;
 }
 
@@ -603,8 +642,14 @@ Tensor unary(UnaryOp op, const Tensor& a) {
   DispatchScope scope(info, a);
   // Integer inputs: neg/abs/sign/relu/square keep their dtype via float32 math.
   const Tensor ca = is_floating(a.dtype()) ? a : to(a, DType::float32);
-  Tensor out = alloc_output(a.sizes(), ca.dtype(), a.device());
-  elementwise_backends.get(info, a.device(), &ElementwiseKernels::unary)(op, out, ca);
+  const bool cl = all_channels_last({&ca}, a.sizes());
+  Tensor out = alloc_output(a.sizes(), ca.dtype(), a.device(),
+                            cl ? MemoryFormat::channels_last : MemoryFormat::contiguous);
+  const auto kernel = elementwise_backends.get(info, a.device(), &ElementwiseKernels::unary);
+  if (cl)
+    kernel(op, flat_view(out), flat_view(ca));
+  else
+    kernel(op, out, ca);
   if (!is_floating(a.dtype()) && (op == UnaryOp::neg || op == UnaryOp::abs || op == UnaryOp::sign ||
                                   op == UnaryOp::relu || op == UnaryOp::square))
     return to(out, a.dtype());
@@ -621,7 +666,11 @@ void add_(const Tensor& a, const Tensor& b, double alpha) {
                                             b.shape_string(), a.shape_string()));
   Tensor eb = expand(to(b, a.dtype()), shape);
   if (alpha != 1.0) eb = binary_scalar(BinaryOp::mul, eb, alpha);
-  elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary)(BinaryOp::add, a, a, eb);
+  const auto kernel = elementwise_backends.get(info, a.device(), &ElementwiseKernels::binary);
+  if (all_channels_last({&a, &eb}, shape) && a.strides() == eb.strides())
+    kernel(BinaryOp::add, flat_view(a), flat_view(a), flat_view(eb));
+  else
+    kernel(BinaryOp::add, a, a, eb);
   a.storage().bump_version();
 }
 

@@ -407,7 +407,8 @@ bool fits_u32(int64_t total) {
 
 // The batch_norm kernels take packs (above) of V = 4 when the plane size S is a multiple of 4
 // and every tensor they stream is aligned to 4 elements (so a pack never straddles two
-// channels), else V = 1. Their index variables count packs.
+// channels), else V = 1. Their index variables count packs. Channels-last tensors pass the
+// channel count C for S: a pack is 4 channels of one position.
 // The pack width for tensors of plane size s: 4 when s % 4 == 0 and all are 4-aligned.
 int bn_width(int64_t s, size_t elem, std::initializer_list<const void*> ptrs) {
   if (s % 4 != 0) return 1;
@@ -416,11 +417,41 @@ int bn_width(int64_t s, size_t elem, std::initializer_list<const void*> ptrs) {
   return 4;
 }
 
+// The grid of a channels_last partial-sum kernel: column tiles of min(cv, kBnThreads) packs
+// (NhwcTile) by splits.
+dim3 nhwc_grid(int64_t cv, int splits) {
+  const int64_t tc = std::min<int64_t>(cv, kBnThreads);
+  return dim3(static_cast<unsigned>((cv + tc - 1) / tc), static_cast<unsigned>(splits));
+}
+
 // go(std::integral_constant<int, V>{}) with V = bn_width(s, elem, ptrs): the launch lambda
 // instantiated for the pack width.
 template <typename F>
 void with_bn_width(int64_t s, size_t elem, std::initializer_list<const void*> ptrs, F&& go) {
   if (bn_width(s, elem, ptrs) == 4)
+    go(std::integral_constant<int, 4>{});
+  else
+    go(std::integral_constant<int, 1>{});
+}
+
+// The channels_last launchers' pack width: 16 bytes of T (8 channels of a 16-bit type, 4 of
+// float) when C is a multiple of it and every streamed tensor (`ptrs`, elements of `elem`
+// bytes) is 16-byte aligned, else 4 channels (8 bytes of half), else 1; each statistics pointer
+// (`stats`, elements of `stat_elem` bytes: mean, invstd, weight, bias, the coefficients) must
+// be aligned to the pack too (the elementwise kernels load V of them at once).
+template <typename F>
+void with_bn_width_last(int64_t c, size_t elem, std::initializer_list<const void*> ptrs,
+                        size_t stat_elem, std::initializer_list<const void*> stats, F&& go) {
+  auto aligned = [&](int v) {
+    for (const void* p : ptrs)
+      if (p && reinterpret_cast<uintptr_t>(p) % (elem * v) != 0) return false;
+    for (const void* p : stats)
+      if (p && reinterpret_cast<uintptr_t>(p) % (stat_elem * v) != 0) return false;
+    return c % v == 0;
+  };
+  if (elem == 2 && aligned(8))
+    go(std::integral_constant<int, 8>{});
+  else if (aligned(4))
     go(std::integral_constant<int, 4>{});
   else
     go(std::integral_constant<int, 1>{});
@@ -455,14 +486,130 @@ __global__ void __launch_bounds__(kBnThreads)
   }
 }
 
+// Channels-last (NHWC) partial sums: x read as [rows, c] (rows = N * H * W), packs of V
+// channels. Block (tile, split): a tile of tc = min(c / V, kBnThreads) column packs, one a
+// thread, and rpp = kBnThreads / tc rows at a time, over rows split, split + splits, ...
+// of rpp-row groups. Each thread sums its V channels in double; the rpp row lanes of a column
+// are then summed through shared memory, in order, into part[ch][split][2].
+struct NhwcTile {
+  int tc, rpp, tx, ty;
+  __device__ NhwcTile(int64_t cv) {
+    tc = static_cast<int>(cv < kBnThreads ? cv : kBnThreads);
+    rpp = kBnThreads / tc;
+    tx = static_cast<int>(threadIdx.x) % tc;
+    ty = static_cast<int>(threadIdx.x) / tc;
+  }
+};
+
+// Sums s[V][2] of every row lane of the block into part (thread ty == 0 of each column).
+template <int V>
+__device__ __forceinline__ void nhwc_tile_store(double* __restrict__ part, double (&s)[V][2],
+                                                const NhwcTile& t, int64_t cp, int64_t splits,
+                                                int64_t split, double* red) {
+  // red: kBnThreads * V * 2 doubles; lane (ty, tx) at [(ty * tc + tx) * V + j][2].
+  const bool active = t.ty < t.rpp;
+  if (active)
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      red[((t.ty * t.tc + t.tx) * V + j) * 2] = s[j][0];
+      red[((t.ty * t.tc + t.tx) * V + j) * 2 + 1] = s[j][1];
+    }
+  __syncthreads();
+  if (t.ty == 0 && cp >= 0) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      double a = 0, b = 0;
+      for (int r = 0; r < t.rpp; ++r) {
+        a += red[((r * t.tc + t.tx) * V + j) * 2];
+        b += red[((r * t.tc + t.tx) * V + j) * 2 + 1];
+      }
+      double* p = part + ((cp * V + j) * splits + split) * 2;
+      p[0] = a;
+      p[1] = b;
+    }
+  }
+}
+
+template <typename T, typename I, int V>
+__global__ void __launch_bounds__(kBnThreads)
+    bn_stats_partial_nhwc_kernel(double* __restrict__ part, const T* __restrict__ x, I rows, I c) {
+  __shared__ double red[kBnThreads * V * 2];
+  const I cv = c / V;
+  const NhwcTile t(cv);
+  const I split = blockIdx.y, splits = gridDim.y;
+  const I cp = static_cast<I>(blockIdx.x) * t.tc + t.tx;  // this thread's column pack
+  const bool col = t.ty < t.rpp && cp < cv;
+  double s[V][2] = {};
+  if (col) {
+    const Pack<T, V> k = load_pack<V>(x, cp);  // row 0: the shift K of each channel
+    double k0[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) k0[j] = static_cast<double>(load(k.v[j]));
+    for (I r = split * t.rpp + t.ty; r < rows; r += splits * t.rpp) {
+      const Pack<T, V> pk = load_pack<V>(x, r * cv + cp);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const double d = static_cast<double>(load(pk.v[j])) - k0[j];
+        s[j][0] += d;
+        s[j][1] += d * d;
+      }
+    }
+  }
+  nhwc_tile_store<V>(part, s, t, col ? static_cast<int64_t>(cp) : -1, splits, split, red);
+}
+
+// The backward's sums in channels_last: sum dy and (need_xhat) sum dy * xhat per channel.
+template <typename T, typename A, typename I, int V>
+__global__ void __launch_bounds__(kBnThreads)
+    bn_bwd_partial_nhwc_kernel(double* __restrict__ part, const T* __restrict__ dy,
+                               const T* __restrict__ x, const A* __restrict__ mean,
+                               const A* __restrict__ invstd, bool need_xhat, I rows, I c) {
+  __shared__ double red[kBnThreads * V * 2];
+  const I cv = c / V;
+  const NhwcTile t(cv);
+  const I split = blockIdx.y, splits = gridDim.y;
+  const I cp = static_cast<I>(blockIdx.x) * t.tc + t.tx;
+  const bool col = t.ty < t.rpp && cp < cv;
+  double s[V][2] = {};
+  if (col) {
+    A r[V], m[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      r[j] = invstd[cp * V + j];
+      m[j] = need_xhat ? mean[cp * V + j] : A(0);
+    }
+    for (I row = split * t.rpp + t.ty; row < rows; row += splits * t.rpp) {
+      const I off = row * cv + cp;
+      const Pack<T, V> g = load_pack<V>(dy, off);
+      if (need_xhat) {
+        const Pack<T, V> xv = load_pack<V>(x, off);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const A gj = static_cast<A>(load(g.v[j]));
+          const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m[j], r[j]);
+          s[j][0] += static_cast<double>(gj);
+          s[j][1] += static_cast<double>(gj) * static_cast<double>(xh);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) s[j][0] += static_cast<double>(static_cast<A>(load(g.v[j])));
+      }
+    }
+  }
+  nhwc_tile_store<V>(part, s, t, col ? static_cast<int64_t>(cp) : -1, splits, split, red);
+}
+
 // Per channel: mean, biased var and invstd from the partial sums. One warp a channel: the
 // lanes sum the splits (strided), then a butterfly sum.
+// The shift K of channel ch is x[ch * k_stride] (its first element: k_stride = S for NCHW, 1
+// for channels_last).
 template <typename T, typename A>
 __global__ void bn_stats_finalize_kernel(A* __restrict__ mean, A* __restrict__ var,
                                          A* __restrict__ invstd, const double* __restrict__ part,
                                          const T* __restrict__ x, int64_t n, int64_t c, int64_t s,
-                                         int splits, double eps, A* __restrict__ running_mean,
-                                         A* __restrict__ running_var, double momentum) {
+                                         int64_t k_stride, int splits, double eps,
+                                         A* __restrict__ running_mean, A* __restrict__ running_var,
+                                         double momentum) {
   const int64_t count = n * s;
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
@@ -478,7 +625,7 @@ __global__ void bn_stats_finalize_kernel(A* __restrict__ mean, A* __restrict__ v
     if (lane != 0) continue;
     double mu = 0, v = 0;
     if (count > 0) {
-      const double k0 = static_cast<double>(load(x[ch * s]));
+      const double k0 = static_cast<double>(load(x[ch * k_stride]));
       const double dm = s1 / static_cast<double>(count);
       mu = k0 + dm;
       v = s2 / static_cast<double>(count) - dm * dm;
@@ -497,21 +644,38 @@ __global__ void bn_stats_finalize_kernel(A* __restrict__ mean, A* __restrict__ v
 
 // out = (x - mean[c]) * scale + shift, scale = invstd[c] * w[c], shift = b[c]. total and s
 // in packs of V.
-template <typename T, typename A, typename I, int V>
+// Channels-last (L): the pack holds V channels, (i % (c / V)) * V + j; s is unused.
+template <typename T, typename A, typename I, int V, bool L>
 __global__ void bn_elemt_kernel(T* __restrict__ out, const T* __restrict__ x,
                                 const A* __restrict__ mean, const A* __restrict__ invstd,
                                 const A* __restrict__ w, const A* __restrict__ b, I total, I c,
                                 I s) {
   for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const I ch = (i / s) % c;
-    const A scale = w ? invstd[ch] * w[ch] : invstd[ch];
-    const A shift = b ? b[ch] : A(0);
-    const A m = mean[ch];
     const Pack<T, V> in = load_pack<V>(x, i);
     Pack<T, V> o;
+    if constexpr (L) {
+      // The pack's V channels' statistics, V at a time (with_bn_width_last aligned them).
+      const I cp = i % (c / V);
+      const Pack<A, V> m = load_pack<V>(mean, cp), r = load_pack<V>(invstd, cp);
+      Pack<A, V> wv, bv;
+      if (w) wv = load_pack<V>(w, cp);
+      if (b) bv = load_pack<V>(b, cp);
 #pragma unroll
-    for (int j = 0; j < V; ++j)
-      o.v[j] = store<T>(math::batch_norm_value(static_cast<A>(load(in.v[j])), m, scale, shift));
+      for (int j = 0; j < V; ++j) {
+        const A scale = w ? r.v[j] * wv.v[j] : r.v[j];
+        const A shift = b ? bv.v[j] : A(0);
+        o.v[j] =
+            store<T>(math::batch_norm_value(static_cast<A>(load(in.v[j])), m.v[j], scale, shift));
+      }
+    } else {
+      const I ch = (i / s) % c;
+      const A scale = w ? invstd[ch] * w[ch] : invstd[ch];
+      const A shift = b ? b[ch] : A(0);
+      const A m = mean[ch];
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        o.v[j] = store<T>(math::batch_norm_value(static_cast<A>(load(in.v[j])), m, scale, shift));
+    }
     store_pack<V>(out, i, o);
   }
 }
@@ -586,28 +750,55 @@ __global__ void bn_bwd_finalize_kernel(A* __restrict__ dw, A* __restrict__ db, A
 
 // training (coef non-null): dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat));
 // eval: dx = w * invstd * dy. total and s in packs of V.
-template <typename T, typename A, typename I, int V>
+// Channels-last (L): the pack holds V channels, as bn_elemt_kernel's.
+template <typename T, typename A, typename I, int V, bool L>
 __global__ void bn_bwd_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy,
                                  const T* __restrict__ x, const A* __restrict__ mean,
                                  const A* __restrict__ invstd, const A* __restrict__ w,
                                  const A* __restrict__ coef, I total, I c, I s) {
   for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const I ch = (i / s) % c;
-    const A r = invstd[ch];
-    const A scale = w ? r * w[ch] : r;
     const Pack<T, V> g = load_pack<V>(dy, i);
     Pack<T, V> o;
-    if (coef) {
-      const A m = mean[ch], c0 = coef[2 * ch], c1 = coef[2 * ch + 1];
-      const Pack<T, V> xv = load_pack<V>(x, i);
+    if constexpr (L) {
+      // The pack's V channels' statistics, V at a time (coef: 2V, interleaved).
+      const I cp = i % (c / V);
+      const Pack<A, V> r = load_pack<V>(invstd, cp);
+      Pack<A, V> wv;
+      if (w) wv = load_pack<V>(w, cp);
+      if (coef) {
+        const Pack<T, V> xv = load_pack<V>(x, i);
+        const Pack<A, V> m = load_pack<V>(mean, cp);
+        const Pack<A, 2 * V> k = load_pack<2 * V>(coef, cp);
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m, r);
-        o.v[j] = store<T>(math::norm_input_grad(scale, static_cast<A>(load(g.v[j])), c0, xh, c1));
+        for (int j = 0; j < V; ++j) {
+          const A scale = w ? r.v[j] * wv.v[j] : r.v[j];
+          const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m.v[j], r.v[j]);
+          o.v[j] = store<T>(math::norm_input_grad(scale, static_cast<A>(load(g.v[j])), k.v[2 * j],
+                                                  xh, k.v[2 * j + 1]));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const A scale = w ? r.v[j] * wv.v[j] : r.v[j];
+          o.v[j] = store<T>(scale * static_cast<A>(load(g.v[j])));
+        }
       }
     } else {
+      const I ch = (i / s) % c;
+      const A r = invstd[ch];
+      const A scale = w ? r * w[ch] : r;
+      if (coef) {
+        const A m = mean[ch], c0 = coef[2 * ch], c1 = coef[2 * ch + 1];
+        const Pack<T, V> xv = load_pack<V>(x, i);
 #pragma unroll
-      for (int j = 0; j < V; ++j) o.v[j] = store<T>(scale * static_cast<A>(load(g.v[j])));
+        for (int j = 0; j < V; ++j) {
+          const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m, r);
+          o.v[j] = store<T>(math::norm_input_grad(scale, static_cast<A>(load(g.v[j])), c0, xh, c1));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) o.v[j] = store<T>(scale * static_cast<A>(load(g.v[j])));
+      }
     }
     store_pack<V>(dx, i, o);
   }
@@ -874,13 +1065,26 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
   DeviceGuard guard(dev);
   const cudaStream_t st = stream(dev);
   const int64_t count = n * s;
-  const int splits = bn_splits(c, count, dev);
+  const bool last = bn_channels_last(x);
+  const int splits =
+      last ? norm_launch::bn_splits_nhwc(c, count, sm_count(dev)) : bn_splits(c, count, dev);
   const Tensor part = alloc_scratch(c * splits * 2, DType::float64, x.device());
   const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(splits));
   TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
     using T = dev_t<scalar_t>;
     using A = acc_t<scalar_t>;
     const bool small = fits_u32(n * c * s);
+    auto go_last = [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      const dim3 g = nhwc_grid(c / V, splits);
+      if (small)
+        bn_stats_partial_nhwc_kernel<T, uint32_t, V>
+            <<<g, kBnThreads, 0, st>>>(ptr<double>(part), ptr<const T>(x),
+                                       static_cast<uint32_t>(count), static_cast<uint32_t>(c));
+      else
+        bn_stats_partial_nhwc_kernel<T, int64_t, V>
+            <<<g, kBnThreads, 0, st>>>(ptr<double>(part), ptr<const T>(x), count, c);
+    };
     auto go = [&](auto width) {
       constexpr int V = decltype(width)::value;
       if (small)
@@ -891,11 +1095,14 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
         bn_stats_partial_kernel<T, int64_t, V>
             <<<grid, kBnThreads, 0, st>>>(ptr<double>(part), ptr<const T>(x), n, c, s);
     };
-    with_bn_width(s, sizeof(T), {x.data_ptr()}, go);
+    if (last)
+      with_bn_width_last(c, sizeof(T), {x.data_ptr()}, sizeof(A), {}, go_last);
+    else
+      with_bn_width(s, sizeof(T), {x.data_ptr()}, go);
     check_launch(name);
     bn_stats_finalize_kernel<T, A><<<warp_blocks(c), kEltThreads, 0, st>>>(
         ptr<A>(mean), ptr<A>(var), ptr<A>(invstd), ptr<const double>(part), ptr<const T>(x), n, c,
-        s, splits, eps, ptr<A>(running_mean), ptr<A>(running_var), momentum);
+        s, last ? 1 : s, splits, eps, ptr<A>(running_mean), ptr<A>(running_var), momentum);
     check_launch(name);
   });
 }
@@ -911,23 +1118,34 @@ void batch_norm_elemt(const Tensor& out, const Tensor& x, const Tensor& mean, co
   expect_forward(name, dev, x.dtype(), out, x, mean, {&invstd, "invstd"}, weight, bias);
   DeviceGuard guard(dev);
   const cudaStream_t st = stream(dev);
+  const bool last = bn_channels_last(x);
+  if (last != bn_channels_last(out))
+    throw std::invalid_argument("batch_norm_elemt (CUDA): input and out differ in layout");
   TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
     using T = dev_t<scalar_t>;
     using A = acc_t<scalar_t>;
-    auto go = [&](auto width) {
+    auto go = [&](auto width, auto layout) {
       constexpr int V = decltype(width)::value;
+      constexpr bool L = decltype(layout)::value;
       const int64_t tv = total / V, sv = s / V;  // in packs
       if (fits_u32(total))
-        bn_elemt_kernel<T, A, uint32_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+        bn_elemt_kernel<T, A, uint32_t, V, L><<<elt_blocks(tv), kEltThreads, 0, st>>>(
             ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
             ptr<const A>(weight), ptr<const A>(bias), static_cast<uint32_t>(tv),
             static_cast<uint32_t>(c), static_cast<uint32_t>(sv));
       else
-        bn_elemt_kernel<T, A, int64_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+        bn_elemt_kernel<T, A, int64_t, V, L><<<elt_blocks(tv), kEltThreads, 0, st>>>(
             ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
             ptr<const A>(weight), ptr<const A>(bias), tv, c, sv);
     };
-    with_bn_width(s, sizeof(T), {out.data_ptr(), x.data_ptr()}, go);
+    if (last)
+      with_bn_width_last(
+          c, sizeof(T), {out.data_ptr(), x.data_ptr()}, sizeof(A),
+          {mean.data_ptr(), invstd.data_ptr(), ptr<const A>(weight), ptr<const A>(bias)},
+          [&](auto width) { go(width, std::true_type{}); });
+    else
+      with_bn_width(s, sizeof(T), {out.data_ptr(), x.data_ptr()},
+                    [&](auto width) { go(width, std::false_type{}); });
     check_launch(name);
   });
 }
@@ -954,15 +1172,34 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   DeviceGuard guard(dev);
   const cudaStream_t st = stream(dev);
   const bool small = fits_u32(total);
+  const bool last = bn_channels_last(dy);
+  for (const Tensor* t : {&dx, &x})
+    if (t->defined() && bn_channels_last(*t) != last)
+      throw std::invalid_argument(
+          "batch_norm_backward (CUDA): grad_output, input and dx differ in layout");
   TALLY_DISPATCH_FLOAT(dy.dtype(), name, [&] {
     using T = dev_t<scalar_t>;
     using A = acc_t<scalar_t>;
     Tensor coef;  // [c][2] in A: mean(dy), mean(dy * xhat) (training dx only)
     if (need_sums) {
-      const int splits = bn_splits(c, count, dev);
+      const int splits =
+          last ? norm_launch::bn_splits_nhwc(c, count, sm_count(dev)) : bn_splits(c, count, dev);
       const Tensor part = alloc_scratch(c * splits * 2, DType::float64, dy.device());
       if (dx.defined() && training) coef = alloc_scratch(c * 2, stat, dy.device());
       const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(splits));
+      auto go_last = [&](auto width) {
+        constexpr int V = decltype(width)::value;
+        const dim3 g = nhwc_grid(c / V, splits);
+        if (small)
+          bn_bwd_partial_nhwc_kernel<T, A, uint32_t, V>
+              <<<g, kBnThreads, 0, st>>>(ptr<double>(part), ptr<const T>(dy), ptr<const T>(x),
+                                         ptr<const A>(mean), ptr<const A>(invstd), need_xhat,
+                                         static_cast<uint32_t>(count), static_cast<uint32_t>(c));
+        else
+          bn_bwd_partial_nhwc_kernel<T, A, int64_t, V><<<g, kBnThreads, 0, st>>>(
+              ptr<double>(part), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
+              ptr<const A>(invstd), need_xhat, count, c);
+      };
       auto go = [&](auto width) {
         constexpr int V = decltype(width)::value;
         if (small)
@@ -975,28 +1212,41 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
               ptr<double>(part), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
               ptr<const A>(invstd), need_xhat, n, c, s);
       };
-      with_bn_width(s, sizeof(T), {dy.data_ptr(), need_xhat ? x.data_ptr() : nullptr}, go);
+      if (last)
+        with_bn_width_last(c, sizeof(T), {dy.data_ptr(), need_xhat ? x.data_ptr() : nullptr},
+                           sizeof(A), {}, go_last);
+      else
+        with_bn_width(s, sizeof(T), {dy.data_ptr(), need_xhat ? x.data_ptr() : nullptr}, go);
       check_launch(name);
       bn_bwd_finalize_kernel<A><<<warp_blocks(c), kEltThreads, 0, st>>>(
           ptr<A>(dweight), ptr<A>(dbias), ptr<A>(coef), ptr<const double>(part), c, splits, count);
       check_launch(name);
     }
     if (dx.defined() && total > 0) {
-      auto go = [&](auto width) {
+      auto go = [&](auto width, auto layout) {
         constexpr int V = decltype(width)::value;
+        constexpr bool L = decltype(layout)::value;
         const int64_t tv = total / V, sv = s / V;  // in packs
         if (small)
-          bn_bwd_dx_kernel<T, A, uint32_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+          bn_bwd_dx_kernel<T, A, uint32_t, V, L><<<elt_blocks(tv), kEltThreads, 0, st>>>(
               ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
               ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef),
               static_cast<uint32_t>(tv), static_cast<uint32_t>(c), static_cast<uint32_t>(sv));
         else
-          bn_bwd_dx_kernel<T, A, int64_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+          bn_bwd_dx_kernel<T, A, int64_t, V, L><<<elt_blocks(tv), kEltThreads, 0, st>>>(
               ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
               ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef), tv, c, sv);
       };
-      with_bn_width(s, sizeof(T),
-                    {dx.data_ptr(), dy.data_ptr(), coef.defined() ? x.data_ptr() : nullptr}, go);
+      // coef (2 values a channel, loaded 2V at a time) is allocator scratch: 512-byte aligned.
+      if (last)
+        with_bn_width_last(c, sizeof(T),
+                           {dx.data_ptr(), dy.data_ptr(), coef.defined() ? x.data_ptr() : nullptr},
+                           sizeof(A), {ptr<const A>(mean), invstd.data_ptr(), ptr<const A>(weight)},
+                           [&](auto width) { go(width, std::true_type{}); });
+      else
+        with_bn_width(s, sizeof(T),
+                      {dx.data_ptr(), dy.data_ptr(), coef.defined() ? x.data_ptr() : nullptr},
+                      [&](auto width) { go(width, std::false_type{}); });
       check_launch(name);
     }
   });

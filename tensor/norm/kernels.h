@@ -4,7 +4,8 @@
 //
 // Called only by the raw ops (tensor/norm/ops.cpp), which check the arguments, make the
 // operands contiguous and convert weight/bias to the statistics dtype first. Conventions:
-// x, out, dy, dx are contiguous in x's dtype (the row kernels' out and dy: see below);
+// x, out, dy, dx are contiguous in x's dtype (the row kernels' out and dy: see below; the
+// batch_norm CUDA kernels also take them all channels_last, bn_channels_last);
 // statistics (mean, rstd, var, invstd), weight, bias, dweight and dbias are contiguous in the
 // statistics dtype (ops::norm_stat_dtype: float for the 16-bit types, else x's dtype). A tensor
 // argument may be undefined where noted. No kernel synchronises with the host; scratch comes from
@@ -26,6 +27,12 @@ inline NCS ncs(const Tensor& x) {
   int64_t s = 1;
   for (int64_t d = 2; d < x.dim(); ++d) s *= x.sizes()[static_cast<size_t>(d)];
   return {x.sizes()[0], x.sizes()[1], s};
+}
+
+// True when a batch_norm tensor is laid out channels_last (and not also row-major): the CUDA
+// kernels then read it as [N * H * W, C] rows.
+inline bool bn_channels_last(const Tensor& x) {
+  return x.dim() == 4 && x.suggest_memory_format() == MemoryFormat::channels_last;
 }
 
 struct NormKernels {

@@ -37,4 +37,16 @@ inline int bn_splits(int64_t c, int64_t count, int sm_count) {
   return static_cast<int>(std::clamp<int64_t>(splits, 1, 65535));
 }
 
+// Blocks a channels_last batch_norm's rows are split over (the layout [rows = N * H * W, C]:
+// a block a tile of up to kBnThreads * 4 channels and a share of the rows): enough blocks in
+// all to fill the device (8 per SM), at least 64 rows a block, at most 65535 (the scratch is
+// c * splits * 2 doubles, as for the NCHW kernels).
+inline int bn_splits_nhwc(int64_t c, int64_t rows, int sm_count) {
+  const int64_t tiles = std::max<int64_t>(1, (c + 4 * kBnThreads - 1) / (4 * kBnThreads));
+  const int64_t target = static_cast<int64_t>(sm_count) * 8;
+  int64_t splits = (target + tiles - 1) / tiles;
+  splits = std::min(splits, std::max<int64_t>(1, rows / 64));
+  return static_cast<int>(std::clamp<int64_t>(splits, 1, 65535));
+}
+
 }  // namespace tally::norm_launch

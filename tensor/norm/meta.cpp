@@ -29,7 +29,9 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
        tensor_bytes(mean, var, invstd, x, running_mean, running_var, running_mean, running_var));
   const NCS d = ncs(x);
   if (!replays_cuda(x) || d.c == 0) return;
-  const int splits = norm_launch::bn_splits(d.c, d.n * d.s, target(x).sm_count);
+  const int splits = bn_channels_last(x)
+                         ? norm_launch::bn_splits_nhwc(d.c, d.n * d.s, target(x).sm_count)
+                         : norm_launch::bn_splits(d.c, d.n * d.s, target(x).sm_count);
   alloc_scratch(d.c * splits * 2, DType::float64, x.device());
 }
 
@@ -43,7 +45,9 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
     return;
   const bool need_xhat = dweight.defined() || (dx.defined() && training);
   if (!dbias.defined() && !need_xhat) return;
-  const int splits = norm_launch::bn_splits(d.c, d.n * d.s, target(dy).sm_count);
+  const int splits = bn_channels_last(dy)
+                         ? norm_launch::bn_splits_nhwc(d.c, d.n * d.s, target(dy).sm_count)
+                         : norm_launch::bn_splits(d.c, d.n * d.s, target(dy).sm_count);
   const Tensor part = alloc_scratch(d.c * splits * 2, DType::float64, dy.device());
   if (dx.defined() && training)
     alloc_scratch(d.c * 2, ops::norm_stat_dtype(dy.dtype()), dy.device());

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "memory/meta.h"
 #include "tensor/dispatch.h"
 #include "tensor/norm/kernels.h"
 #include "tensor/op_alloc.h"
@@ -327,6 +328,13 @@ std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tenso
 
 // ---------------------------------------------------------------- batch_norm
 
+// The layout batch_norm's kernels take: the CUDA kernels (and the meta device, standing for
+// them) read channels_last as it is; the CPU kernels read NCHW, so a channels_last tensor is
+// converted there and its results converted back.
+static MemoryFormat bn_kernel_format(Device device, MemoryFormat f) {
+  return memory::behaves_as(device) == DeviceType::cuda ? f : MemoryFormat::contiguous;
+}
+
 std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& running_mean,
                                               const Tensor& running_var, const Tensor& weight,
                                               const Tensor& bias, bool training, double momentum,
@@ -354,7 +362,9 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& run
         "{}: running_mean and running_var must be defined in evaluation mode (input of shape {})",
         info.name, x.shape_string()));
   const DType stat = norm_stat_dtype(x.dtype());
-  const Tensor xc = contiguous(x);
+  const MemoryFormat f = x.suggest_memory_format();
+  const MemoryFormat kf = bn_kernel_format(x.device(), f);
+  const Tensor xc = contiguous(x, kf);
   Tensor mean, invstd;
   if (training) {
     mean = alloc_output({c}, stat, x.device());
@@ -385,10 +395,10 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& run
     mean = to(running_mean, x.device(), stat, /*copy=*/true);
     invstd = unary(UnaryOp::rsqrt, add(to(running_var, stat), eps));
   }
-  Tensor out = alloc_output(x.sizes(), x.dtype(), x.device());
+  Tensor out = alloc_output(x.sizes(), x.dtype(), x.device(), kf);
   norm_backends.get(info, x.device(), &NormKernels::batch_norm_elemt)(
       out, xc, contiguous(mean), contiguous(invstd), as_stat(weight, stat), as_stat(bias, stat));
-  return {out, mean, invstd};
+  return {contiguous(out, f), mean, invstd};
 }
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, const Tensor& x,
@@ -407,21 +417,24 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, c
     check_batch_input(info.name, x);
     check_grad_out(info.name, grad_out, x);
   }
-  // dy in the input's dtype (when the input is known), like the gradient dx.
-  const Tensor dy = contiguous(x.defined() ? to(grad_out, x.dtype()) : grad_out);
+  // dy in the input's dtype (when the input is known), like the gradient dx; all in the
+  // input's layout (channels_last stays so).
+  const MemoryFormat f = (x.defined() ? x : grad_out).suggest_memory_format();
+  const MemoryFormat kf = bn_kernel_format(grad_out.device(), f);
+  const Tensor dy = contiguous(x.defined() ? to(grad_out, x.dtype()) : grad_out, kf);
   const int64_t c = dy.sizes()[1];
   const DType stat = norm_stat_dtype(dy.dtype());
   if (need_x) check_stat(info.name, "mean", mean, c, dy);
   check_stat(info.name, "invstd", invstd, c, dy);
   check_channels(info.name, "weight", weight, dy);
-  Tensor dx = output_mask[0] ? alloc_output(dy.sizes(), dy.dtype(), dy.device()) : Tensor();
+  Tensor dx = output_mask[0] ? alloc_output(dy.sizes(), dy.dtype(), dy.device(), kf) : Tensor();
   Tensor dw = output_mask[1] ? alloc_output({c}, stat, dy.device()) : Tensor();
   Tensor db = output_mask[2] ? alloc_output({c}, stat, dy.device()) : Tensor();
   if (dx.defined() || dw.defined() || db.defined())
     norm_backends.get(info, dy.device(), &NormKernels::batch_norm_backward)(
-        dx, dw, db, dy, need_x ? contiguous(x) : Tensor(), need_x ? contiguous(mean) : Tensor(),
+        dx, dw, db, dy, need_x ? contiguous(x, kf) : Tensor(), need_x ? contiguous(mean) : Tensor(),
         contiguous(invstd), as_stat(weight, stat), training);
-  return {dx, dw, db};
+  return {dx.defined() ? contiguous(dx, f) : dx, dw, db};
 }
 
 }  // namespace tally::ops

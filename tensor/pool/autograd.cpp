@@ -19,10 +19,11 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Int2 kernel_s
   auto [out, indices] =
       o::max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode);
   record("MaxPool2DWithIndicesBackward", {x}, {out}, {indices},
-         [in_sizes = x.sizes(), kernel_size, stride, padding, dilation, ceil_mode](
-             BackwardContext& ctx, const TensorList& g) -> TensorList {
-           return {o::max_pool2d_backward(g[0], ctx.saved(0), in_sizes, kernel_size, stride,
-                                          padding, dilation, ceil_mode)};
+         [in_sizes = x.sizes(), f = x.suggest_memory_format(), kernel_size, stride, padding,
+          dilation, ceil_mode](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {o::contiguous(o::max_pool2d_backward(g[0], ctx.saved(0), in_sizes, kernel_size,
+                                                        stride, padding, dilation, ceil_mode),
+                                 f)};
          });
   return {out, indices};
 }
@@ -38,12 +39,15 @@ Tensor avg_pool2d(const Tensor& x, Int2 kernel_size, Int2 stride, Int2 padding, 
   memory::CallSiteScope call_site(site);
   Tensor out = o::avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
                              divisor_override);
-  record("AvgPool2DBackward", {x}, {out}, {},
-         [in_sizes = x.sizes(), kernel_size, stride, padding, ceil_mode, count_include_pad,
-          divisor_override](BackwardContext&, const TensorList& g) -> TensorList {
-           return {o::avg_pool2d_backward(g[0], in_sizes, kernel_size, stride, padding, ceil_mode,
-                                          count_include_pad, divisor_override)};
-         });
+  record(
+      "AvgPool2DBackward", {x}, {out}, {},
+      [in_sizes = x.sizes(), f = x.suggest_memory_format(), kernel_size, stride, padding, ceil_mode,
+       count_include_pad, divisor_override](BackwardContext&, const TensorList& g) -> TensorList {
+        return {
+            o::contiguous(o::avg_pool2d_backward(g[0], in_sizes, kernel_size, stride, padding,
+                                                 ceil_mode, count_include_pad, divisor_override),
+                          f)};
+      });
   return out;
 }
 
@@ -51,8 +55,10 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size, CallSite site) {
   memory::CallSiteScope call_site(site);
   Tensor out = o::adaptive_avg_pool2d(x, output_size);
   record("AdaptiveAvgPool2DBackward", {x}, {out}, {},
-         [in_sizes = x.sizes()](BackwardContext&, const TensorList& g) -> TensorList {
-           return {o::adaptive_avg_pool2d_backward(g[0], in_sizes)};
+         [in_sizes = x.sizes(), f = x.suggest_memory_format()](BackwardContext&,
+                                                               const TensorList& g) -> TensorList {
+           // The gradient in the input's layout (a channels_last input's stays so).
+           return {o::contiguous(o::adaptive_avg_pool2d_backward(g[0], in_sizes), f)};
          });
   return out;
 }

@@ -36,6 +36,12 @@ Shape batched(const char* op, const Shape& in) {
   return s;
 }
 
+// The layout of a pool's result: a channels_last input's is channels_last (the kernels run
+// on NCHW copies), else contiguous.
+MemoryFormat input_format(const Tensor& input) {
+  return input.suggest_memory_format();
+}
+
 Tensor as_batched(const Tensor& t) {
   return t.dim() == 3 ? unsqueeze(t, 0) : t;
 }
@@ -137,7 +143,8 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, Int2 kern
   Tensor indices = alloc_output(out4, DType::int64, input.device());
   pool_backends.get(info, input.device(), &PoolKernels::max_pool2d_forward)(out, indices, x, p);
   const size_t rank = input.sizes().size();
-  return {unbatched_like(out, rank), unbatched_like(indices, rank)};
+  return {unbatched_like(contiguous(out, input_format(input)), rank),
+          unbatched_like(indices, rank)};
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
@@ -174,7 +181,7 @@ Tensor avg_pool2d(const Tensor& input, Int2 kernel_size, Int2 stride, Int2 paddi
   const Tensor x = contiguous(as_batched(input));
   Tensor out = alloc_output(out4, input.dtype(), input.device());
   pool_backends.get(info, input.device(), &PoolKernels::avg_pool2d_forward)(out, x, p);
-  return unbatched_like(out, input.sizes().size());
+  return unbatched_like(contiguous(out, input_format(input)), input.sizes().size());
 }
 
 Tensor avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes, Int2 kernel_size,
@@ -205,7 +212,7 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size) {
   Tensor out =
       alloc_output({in4[0], in4[1], output_size.h, output_size.w}, input.dtype(), input.device());
   pool_backends.get(info, input.device(), &PoolKernels::adaptive_avg_pool2d_forward)(out, x);
-  return unbatched_like(out, input.sizes().size());
+  return unbatched_like(contiguous(out, input_format(input)), input.sizes().size());
 }
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes) {
