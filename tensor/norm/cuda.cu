@@ -417,6 +417,15 @@ int bn_width(int64_t s, size_t elem, std::initializer_list<const void*> ptrs) {
   return 4;
 }
 
+// Blocks of a channels_last elementwise kernel (NhwcWalk) over `packs` packs of cv column
+// packs on `device`: one wave (8 blocks an SM), so that each thread walks many rows with the
+// statistics it loaded once; fewer for small tensors, and at least one thread a column pack.
+unsigned nhwc_walk_blocks(int64_t packs, int64_t cv, int device) {
+  const int64_t wave = static_cast<int64_t>(sm_count(device)) * 8;
+  const int64_t need = (cv + kEltThreads - 1) / kEltThreads;
+  return static_cast<unsigned>(std::max<int64_t>(std::min<int64_t>(elt_blocks(packs), wave), need));
+}
+
 // The grid of a channels_last partial-sum kernel: column tiles of min(cv, kBnThreads) packs
 // (NhwcTile) by splits.
 dim3 nhwc_grid(int64_t cv, int splits) {
@@ -434,19 +443,14 @@ void with_bn_width(int64_t s, size_t elem, std::initializer_list<const void*> pt
     go(std::integral_constant<int, 1>{});
 }
 
-// The channels_last launchers' pack width: 16 bytes of T (8 channels of a 16-bit type, 4 of
-// float) when C is a multiple of it and every streamed tensor (`ptrs`, elements of `elem`
-// bytes) is 16-byte aligned, else 4 channels (8 bytes of half), else 1; each statistics pointer
-// (`stats`, elements of `stat_elem` bytes: mean, invstd, weight, bias, the coefficients) must
-// be aligned to the pack too (the elementwise kernels load V of them at once).
+// The channels_last launchers' pack width: 16 bytes of T (8 channels of a 16-bit type) when C
+// is a multiple of it and every streamed tensor (`ptrs`, elements of `elem` bytes) is 16-byte
+// aligned, else 4 channels, else 1.
 template <typename F>
-void with_bn_width_last(int64_t c, size_t elem, std::initializer_list<const void*> ptrs,
-                        size_t stat_elem, std::initializer_list<const void*> stats, F&& go) {
+void with_bn_width_last(int64_t c, size_t elem, std::initializer_list<const void*> ptrs, F&& go) {
   auto aligned = [&](int v) {
     for (const void* p : ptrs)
       if (p && reinterpret_cast<uintptr_t>(p) % (elem * v) != 0) return false;
-    for (const void* p : stats)
-      if (p && reinterpret_cast<uintptr_t>(p) % (stat_elem * v) != 0) return false;
     return c % v == 0;
   };
   if (elem == 2 && aligned(8))
@@ -501,32 +505,29 @@ struct NhwcTile {
   }
 };
 
-// Sums s[V][2] of every row lane of the block into part (thread ty == 0 of each column).
+// Sums s[V][2] of every row lane of the block into part: the lanes' values go to shared
+// memory, then each of the tile's tc * V * 2 sums is formed by one thread (the whole block
+// shares them out), over the rpp row lanes in order. cv: column packs of the tensor.
 template <int V>
 __device__ __forceinline__ void nhwc_tile_store(double* __restrict__ part, double (&s)[V][2],
-                                                const NhwcTile& t, int64_t cp, int64_t splits,
+                                                const NhwcTile& t, int64_t cv, int64_t splits,
                                                 int64_t split, double* red) {
-  // red: kBnThreads * V * 2 doubles; lane (ty, tx) at [(ty * tc + tx) * V + j][2].
-  const bool active = t.ty < t.rpp;
-  if (active)
+  // red: kBnThreads * V * 2 doubles; lane (ty, tx) at [ty][(tx * V + j) * 2 + k].
+  const int width = t.tc * V * 2;
+  if (t.ty < t.rpp)
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      red[((t.ty * t.tc + t.tx) * V + j) * 2] = s[j][0];
-      red[((t.ty * t.tc + t.tx) * V + j) * 2 + 1] = s[j][1];
+      red[t.ty * width + (t.tx * V + j) * 2] = s[j][0];
+      red[t.ty * width + (t.tx * V + j) * 2 + 1] = s[j][1];
     }
   __syncthreads();
-  if (t.ty == 0 && cp >= 0) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      double a = 0, b = 0;
-      for (int r = 0; r < t.rpp; ++r) {
-        a += red[((r * t.tc + t.tx) * V + j) * 2];
-        b += red[((r * t.tc + t.tx) * V + j) * 2 + 1];
-      }
-      double* p = part + ((cp * V + j) * splits + split) * 2;
-      p[0] = a;
-      p[1] = b;
-    }
+  const int64_t ch0 = static_cast<int64_t>(blockIdx.x) * t.tc * V;  // the tile's first channel
+  for (int e = static_cast<int>(threadIdx.x); e < width; e += kBnThreads) {
+    const int64_t ch = ch0 + e / 2;
+    if (ch >= cv * V) break;
+    double a = 0;
+    for (int r = 0; r < t.rpp; ++r) a += red[r * width + e];
+    part[(ch * splits + split) * 2 + (e & 1)] = a;
   }
 }
 
@@ -555,7 +556,7 @@ __global__ void __launch_bounds__(kBnThreads)
       }
     }
   }
-  nhwc_tile_store<V>(part, s, t, col ? static_cast<int64_t>(cp) : -1, splits, split, red);
+  nhwc_tile_store<V>(part, s, t, cv, splits, split, red);
 }
 
 // The backward's sums in channels_last: sum dy and (need_xhat) sum dy * xhat per channel.
@@ -596,7 +597,7 @@ __global__ void __launch_bounds__(kBnThreads)
       }
     }
   }
-  nhwc_tile_store<V>(part, s, t, col ? static_cast<int64_t>(cp) : -1, splits, split, red);
+  nhwc_tile_store<V>(part, s, t, cv, splits, split, red);
 }
 
 // Per channel: mean, biased var and invstd from the partial sums. One warp a channel: the
@@ -644,38 +645,66 @@ __global__ void bn_stats_finalize_kernel(A* __restrict__ mean, A* __restrict__ v
 
 // out = (x - mean[c]) * scale + shift, scale = invstd[c] * w[c], shift = b[c]. total and s
 // in packs of V.
-// Channels-last (L): the pack holds V channels, (i % (c / V)) * V + j; s is unused.
-template <typename T, typename A, typename I, int V, bool L>
+template <typename T, typename A, typename I, int V>
 __global__ void bn_elemt_kernel(T* __restrict__ out, const T* __restrict__ x,
                                 const A* __restrict__ mean, const A* __restrict__ invstd,
                                 const A* __restrict__ w, const A* __restrict__ b, I total, I c,
                                 I s) {
   for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const I ch = (i / s) % c;
+    const A scale = w ? invstd[ch] * w[ch] : invstd[ch];
+    const A shift = b ? b[ch] : A(0);
+    const A m = mean[ch];
     const Pack<T, V> in = load_pack<V>(x, i);
     Pack<T, V> o;
-    if constexpr (L) {
-      // The pack's V channels' statistics, V at a time (with_bn_width_last aligned them).
-      const I cp = i % (c / V);
-      const Pack<A, V> m = load_pack<V>(mean, cp), r = load_pack<V>(invstd, cp);
-      Pack<A, V> wv, bv;
-      if (w) wv = load_pack<V>(w, cp);
-      if (b) bv = load_pack<V>(b, cp);
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const A scale = w ? r.v[j] * wv.v[j] : r.v[j];
-        const A shift = b ? bv.v[j] : A(0);
-        o.v[j] =
-            store<T>(math::batch_norm_value(static_cast<A>(load(in.v[j])), m.v[j], scale, shift));
-      }
-    } else {
-      const I ch = (i / s) % c;
-      const A scale = w ? invstd[ch] * w[ch] : invstd[ch];
-      const A shift = b ? b[ch] : A(0);
-      const A m = mean[ch];
+    for (int j = 0; j < V; ++j)
+      o.v[j] = store<T>(math::batch_norm_value(static_cast<A>(load(in.v[j])), m, scale, shift));
+    store_pack<V>(out, i, o);
+  }
+}
+
+// The channels_last elementwise kernels' threads: of the grid's threads, the first
+// (threads / cv) * cv each keep one column pack cp = t % cv (V channels) and walk the rows
+// t / cv, t / cv + threads / cv, ...: their channels' statistics are loaded once.
+template <typename I>
+struct NhwcWalk {
+  I cp, row, step;
+  bool active;
+  __device__ NhwcWalk(I cv) {
+    const I threads = static_cast<I>(gridDim.x) * blockDim.x;
+    const I t = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x;
+    step = threads / cv;
+    active = t < step * cv;
+    cp = t % cv;
+    row = t / cv;
+  }
+};
+
+// bn_elemt_kernel over channels_last x [rows, c] (cv = c / V column packs).
+template <typename T, typename A, typename I, int V>
+__global__ void bn_elemt_nhwc_kernel(T* __restrict__ out, const T* __restrict__ x,
+                                     const A* __restrict__ mean, const A* __restrict__ invstd,
+                                     const A* __restrict__ w, const A* __restrict__ b, I rows,
+                                     I cv) {
+  const NhwcWalk<I> k(cv);
+  if (!k.active) return;
+  A m[V], scale[V], shift[V];
 #pragma unroll
-      for (int j = 0; j < V; ++j)
-        o.v[j] = store<T>(math::batch_norm_value(static_cast<A>(load(in.v[j])), m, scale, shift));
-    }
+  for (int j = 0; j < V; ++j) {
+    const I ch = k.cp * V + j;
+    m[j] = mean[ch];
+    scale[j] = w ? invstd[ch] * w[ch] : invstd[ch];
+    shift[j] = b ? b[ch] : A(0);
+  }
+  for (I row = k.row; row < rows; row += k.step) {
+    const I i = row * cv + k.cp;
+    const Pack<T, V> in = load_pack<V>(x, i);
+    Pack<T, V> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      o.v[j] =
+          store<T>(math::batch_norm_value(static_cast<A>(load(in.v[j])), m[j], scale[j], shift[j]));
     store_pack<V>(out, i, o);
   }
 }
@@ -750,55 +779,67 @@ __global__ void bn_bwd_finalize_kernel(A* __restrict__ dw, A* __restrict__ db, A
 
 // training (coef non-null): dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat));
 // eval: dx = w * invstd * dy. total and s in packs of V.
-// Channels-last (L): the pack holds V channels, as bn_elemt_kernel's.
-template <typename T, typename A, typename I, int V, bool L>
+template <typename T, typename A, typename I, int V>
 __global__ void bn_bwd_dx_kernel(T* __restrict__ dx, const T* __restrict__ dy,
                                  const T* __restrict__ x, const A* __restrict__ mean,
                                  const A* __restrict__ invstd, const A* __restrict__ w,
                                  const A* __restrict__ coef, I total, I c, I s) {
   for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const I ch = (i / s) % c;
+    const A r = invstd[ch];
+    const A scale = w ? r * w[ch] : r;
     const Pack<T, V> g = load_pack<V>(dy, i);
     Pack<T, V> o;
-    if constexpr (L) {
-      // The pack's V channels' statistics, V at a time (coef: 2V, interleaved).
-      const I cp = i % (c / V);
-      const Pack<A, V> r = load_pack<V>(invstd, cp);
-      Pack<A, V> wv;
-      if (w) wv = load_pack<V>(w, cp);
-      if (coef) {
-        const Pack<T, V> xv = load_pack<V>(x, i);
-        const Pack<A, V> m = load_pack<V>(mean, cp);
-        const Pack<A, 2 * V> k = load_pack<2 * V>(coef, cp);
+    if (coef) {
+      const A m = mean[ch], c0 = coef[2 * ch], c1 = coef[2 * ch + 1];
+      const Pack<T, V> xv = load_pack<V>(x, i);
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const A scale = w ? r.v[j] * wv.v[j] : r.v[j];
-          const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m.v[j], r.v[j]);
-          o.v[j] = store<T>(math::norm_input_grad(scale, static_cast<A>(load(g.v[j])), k.v[2 * j],
-                                                  xh, k.v[2 * j + 1]));
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const A scale = w ? r.v[j] * wv.v[j] : r.v[j];
-          o.v[j] = store<T>(scale * static_cast<A>(load(g.v[j])));
-        }
+      for (int j = 0; j < V; ++j) {
+        const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m, r);
+        o.v[j] = store<T>(math::norm_input_grad(scale, static_cast<A>(load(g.v[j])), c0, xh, c1));
       }
     } else {
-      const I ch = (i / s) % c;
-      const A r = invstd[ch];
-      const A scale = w ? r * w[ch] : r;
-      if (coef) {
-        const A m = mean[ch], c0 = coef[2 * ch], c1 = coef[2 * ch + 1];
-        const Pack<T, V> xv = load_pack<V>(x, i);
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m, r);
-          o.v[j] = store<T>(math::norm_input_grad(scale, static_cast<A>(load(g.v[j])), c0, xh, c1));
-        }
-      } else {
+      for (int j = 0; j < V; ++j) o.v[j] = store<T>(scale * static_cast<A>(load(g.v[j])));
+    }
+    store_pack<V>(dx, i, o);
+  }
+}
+
+// bn_bwd_dx_kernel over channels_last dy, x, dx [rows, c] (cv = c / V column packs; the
+// walk of bn_elemt_nhwc_kernel).
+template <typename T, typename A, typename I, int V>
+__global__ void bn_bwd_dx_nhwc_kernel(T* __restrict__ dx, const T* __restrict__ dy,
+                                      const T* __restrict__ x, const A* __restrict__ mean,
+                                      const A* __restrict__ invstd, const A* __restrict__ w,
+                                      const A* __restrict__ coef, I rows, I cv) {
+  const NhwcWalk<I> k(cv);
+  if (!k.active) return;
+  A r[V], scale[V], m[V], c0[V], c1[V];
 #pragma unroll
-        for (int j = 0; j < V; ++j) o.v[j] = store<T>(scale * static_cast<A>(load(g.v[j])));
+  for (int j = 0; j < V; ++j) {
+    const I ch = k.cp * V + j;
+    r[j] = invstd[ch];
+    scale[j] = w ? r[j] * w[ch] : r[j];
+    m[j] = coef ? mean[ch] : A(0);
+    c0[j] = coef ? coef[2 * ch] : A(0);
+    c1[j] = coef ? coef[2 * ch + 1] : A(0);
+  }
+  for (I row = k.row; row < rows; row += k.step) {
+    const I i = row * cv + k.cp;
+    const Pack<T, V> g = load_pack<V>(dy, i);
+    Pack<T, V> o;
+    if (coef) {
+      const Pack<T, V> xv = load_pack<V>(x, i);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m[j], r[j]);
+        o.v[j] = store<T>(
+            math::norm_input_grad(scale[j], static_cast<A>(load(g.v[j])), c0[j], xh, c1[j]));
       }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = store<T>(scale[j] * static_cast<A>(load(g.v[j])));
     }
     store_pack<V>(dx, i, o);
   }
@@ -1096,7 +1137,7 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
             <<<grid, kBnThreads, 0, st>>>(ptr<double>(part), ptr<const T>(x), n, c, s);
     };
     if (last)
-      with_bn_width_last(c, sizeof(T), {x.data_ptr()}, sizeof(A), {}, go_last);
+      with_bn_width_last(c, sizeof(T), {x.data_ptr()}, go_last);
     else
       with_bn_width(s, sizeof(T), {x.data_ptr()}, go);
     check_launch(name);
@@ -1124,28 +1165,37 @@ void batch_norm_elemt(const Tensor& out, const Tensor& x, const Tensor& mean, co
   TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
     using T = dev_t<scalar_t>;
     using A = acc_t<scalar_t>;
-    auto go = [&](auto width, auto layout) {
+    auto go_last = [&](auto width) {
       constexpr int V = decltype(width)::value;
-      constexpr bool L = decltype(layout)::value;
+      const int64_t cv = c / V, rows = total / c;
+      const unsigned blocks = nhwc_walk_blocks(total / V, cv, dev);
+      if (fits_u32(total))
+        bn_elemt_nhwc_kernel<T, A, uint32_t, V><<<blocks, kEltThreads, 0, st>>>(
+            ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
+            ptr<const A>(weight), ptr<const A>(bias), static_cast<uint32_t>(rows),
+            static_cast<uint32_t>(cv));
+      else
+        bn_elemt_nhwc_kernel<T, A, int64_t, V><<<blocks, kEltThreads, 0, st>>>(
+            ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
+            ptr<const A>(weight), ptr<const A>(bias), rows, cv);
+    };
+    auto go = [&](auto width) {
+      constexpr int V = decltype(width)::value;
       const int64_t tv = total / V, sv = s / V;  // in packs
       if (fits_u32(total))
-        bn_elemt_kernel<T, A, uint32_t, V, L><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+        bn_elemt_kernel<T, A, uint32_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
             ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
             ptr<const A>(weight), ptr<const A>(bias), static_cast<uint32_t>(tv),
             static_cast<uint32_t>(c), static_cast<uint32_t>(sv));
       else
-        bn_elemt_kernel<T, A, int64_t, V, L><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+        bn_elemt_kernel<T, A, int64_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
             ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
             ptr<const A>(weight), ptr<const A>(bias), tv, c, sv);
     };
     if (last)
-      with_bn_width_last(
-          c, sizeof(T), {out.data_ptr(), x.data_ptr()}, sizeof(A),
-          {mean.data_ptr(), invstd.data_ptr(), ptr<const A>(weight), ptr<const A>(bias)},
-          [&](auto width) { go(width, std::true_type{}); });
+      with_bn_width_last(c, sizeof(T), {out.data_ptr(), x.data_ptr()}, go_last);
     else
-      with_bn_width(s, sizeof(T), {out.data_ptr(), x.data_ptr()},
-                    [&](auto width) { go(width, std::false_type{}); });
+      with_bn_width(s, sizeof(T), {out.data_ptr(), x.data_ptr()}, go);
     check_launch(name);
   });
 }
@@ -1214,7 +1264,7 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
       };
       if (last)
         with_bn_width_last(c, sizeof(T), {dy.data_ptr(), need_xhat ? x.data_ptr() : nullptr},
-                           sizeof(A), {}, go_last);
+                           go_last);
       else
         with_bn_width(s, sizeof(T), {dy.data_ptr(), need_xhat ? x.data_ptr() : nullptr}, go);
       check_launch(name);
@@ -1223,30 +1273,39 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
       check_launch(name);
     }
     if (dx.defined() && total > 0) {
-      auto go = [&](auto width, auto layout) {
+      auto go_last = [&](auto width) {
         constexpr int V = decltype(width)::value;
-        constexpr bool L = decltype(layout)::value;
+        const int64_t cv = c / V, rows = total / c;
+        const unsigned blocks = nhwc_walk_blocks(total / V, cv, dev);
+        if (small)
+          bn_bwd_dx_nhwc_kernel<T, A, uint32_t, V><<<blocks, kEltThreads, 0, st>>>(
+              ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
+              ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef),
+              static_cast<uint32_t>(rows), static_cast<uint32_t>(cv));
+        else
+          bn_bwd_dx_nhwc_kernel<T, A, int64_t, V><<<blocks, kEltThreads, 0, st>>>(
+              ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
+              ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef), rows, cv);
+      };
+      auto go = [&](auto width) {
+        constexpr int V = decltype(width)::value;
         const int64_t tv = total / V, sv = s / V;  // in packs
         if (small)
-          bn_bwd_dx_kernel<T, A, uint32_t, V, L><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+          bn_bwd_dx_kernel<T, A, uint32_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
               ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
               ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef),
               static_cast<uint32_t>(tv), static_cast<uint32_t>(c), static_cast<uint32_t>(sv));
         else
-          bn_bwd_dx_kernel<T, A, int64_t, V, L><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+          bn_bwd_dx_kernel<T, A, int64_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
               ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
               ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef), tv, c, sv);
       };
-      // coef (2 values a channel, loaded 2V at a time) is allocator scratch: 512-byte aligned.
+      const std::initializer_list<const void*> streamed = {dx.data_ptr(), dy.data_ptr(),
+                                                           coef.defined() ? x.data_ptr() : nullptr};
       if (last)
-        with_bn_width_last(c, sizeof(T),
-                           {dx.data_ptr(), dy.data_ptr(), coef.defined() ? x.data_ptr() : nullptr},
-                           sizeof(A), {ptr<const A>(mean), invstd.data_ptr(), ptr<const A>(weight)},
-                           [&](auto width) { go(width, std::true_type{}); });
+        with_bn_width_last(c, sizeof(T), streamed, go_last);
       else
-        with_bn_width(s, sizeof(T),
-                      {dx.data_ptr(), dy.data_ptr(), coef.defined() ? x.data_ptr() : nullptr},
-                      [&](auto width) { go(width, std::false_type{}); });
+        with_bn_width(s, sizeof(T), streamed, go);
       check_launch(name);
     }
   });
