@@ -10,6 +10,11 @@ step, `torch.compile(model)`; GPT-2 with fused AdamW, ResNet-50's 16-bit runs in
 channels_last, as their best published eager-vs-compile comparisons do), in the same call:
 a "compile ms" column and Tally's speed against it. Compiling takes 30-90 s a configuration.
 
+ResNet-50's channels_last configurations (amp-fp16+channels-last, amp-bf16+channels-last,
+baseline-fp32+channels-last: weights and images in NHWC memory on both sides, Tally's
+Module::to(MemoryFormat) and PyTorch's memory_format=torch.channels_last) run when --configs
+names them.
+
 With --cuda-graphs, Tally also runs each configuration captured into a CUDA graph and replayed
 (bench_train --cuda-graphs: rows "<cfg>+graphs", compared with PyTorch's eager and compiled rows
 of <cfg>), and a last table shows what the graph saved against Tally's own eager step (fp16's
@@ -58,7 +63,8 @@ def run_tally(build, which, configs, extra=()):
     exe = os.path.join(build, "bench", "bench_train")
     cmd = [exe] + [f"--{w}" for w in which] + list(extra)
     if configs:
-        cmd += ["--configs", ",".join(configs)]
+        cmd += ["--configs",
+                ",".join("resnet:" + c if c.endswith(CHANNELS_LAST) else c for c in configs)]
     print("$", " ".join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True)
     sys.stdout.write(p.stdout)
@@ -90,11 +96,56 @@ PLAN = {
     "gpt": [("baseline-fp32", {}), ("ckpt-per-block", {"ckpt": True}), ("amp-bf16", {"amp": "bf16"}),
             ("amp-bf16+ckpt", {"ckpt": True, "amp": "bf16"})],
 }
+# Named in --configs only: bench_train takes them as resnet:<cfg>.
+CHANNELS_LAST = "+channels-last"
+PLAN["resnet"] += [("amp-fp16" + CHANNELS_LAST, {"amp": "fp16", "cl": True}),
+                   ("amp-bf16" + CHANNELS_LAST, {"amp": "bf16", "cl": True}),
+                   ("baseline-fp32" + CHANNELS_LAST, {"cl": True})]
 
 
-def run_compiled(tb, w, name, ckpt=False, amp=None):
+def torch_resnet_channels_last(tb, name, amp=None, cl=True):
+    """The baseline's ResNet-50 step (torch_baseline.resnet_cfg) with the model and the images
+    in torch.channels_last; its row joins the baseline's results."""
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+    torch.manual_seed(0)
+    dev = "cuda"
+    model = torchvision.models.resnet50(num_classes=10).to(dev).to(memory_format=torch.channels_last)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    x = torch.randn(64, 3, 224, 224, device=dev).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (64,), device=dev)
+    scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
+    dtype = torch.float16 if amp == "fp16" else torch.bfloat16
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=dtype, enabled=amp is not None):
+            loss = F.cross_entropy(model(x), y)
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+
+    torch.cuda.empty_cache()
+    med, mn = tb.timed_steps(step)
+    r = dict(model="resnet50-bs64", cfg=name, step_ms=round(med, 2), step_ms_min=round(mn, 2),
+             peak_alloc_mib=round(torch.cuda.max_memory_allocated() / 2**20, 1),
+             peak_reserved_mib=round(torch.cuda.max_memory_reserved() / 2**20, 1))
+    print(json.dumps(r), flush=True)
+    tb.results.append(r)
+    del model, opt, x, y
+    torch.cuda.empty_cache()
+
+
+def run_compiled(tb, w, name, ckpt=False, amp=None, cl=False):
     """One configuration under torch.compile: the baseline's model and step, the model compiled
-    (default mode). GPT-2 steps with fused AdamW; ResNet-50's 16-bit runs use channels_last."""
+    (default mode). GPT-2 steps with fused AdamW; ResNet-50's 16-bit and channels-last runs use
+    channels_last."""
     import torch
     import torch.nn.functional as F
     torch.manual_seed(0)
@@ -107,7 +158,7 @@ def run_compiled(tb, w, name, ckpt=False, amp=None):
         model = tb.CkptResNet(base, 4) if ckpt else base
         x = torch.randn(64, 3, 224, 224, device=dev)
         y = torch.randint(0, 10, (64,), device=dev)
-        if amp:
+        if amp or cl:
             model = model.to(memory_format=torch.channels_last)
             x = x.contiguous(memory_format=torch.channels_last)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -159,9 +210,12 @@ def run_torch(which, configs, compile_too=False):
     compiled = []
     for w in which:
         for name, kw in PLAN[w]:
-            if configs and name not in configs:
+            if (configs or kw.get("cl")) and name not in configs:
                 continue
-            (tb.resnet_cfg if w == "resnet" else tb.gpt_cfg)(name, **kw)
+            if kw.get("cl"):
+                torch_resnet_channels_last(tb, name, **kw)
+            else:
+                (tb.resnet_cfg if w == "resnet" else tb.gpt_cfg)(name, **kw)
             if compile_too:
                 compiled.append(run_compiled(tb, w, name, **kw))
     return tb.results, compiled

@@ -218,3 +218,33 @@ def test_item_assignment_and_in_place_fills():
     with tally.no_grad():
         w.fill_(2.0)
     assert w.tolist() == [2.0, 2.0]
+
+
+def test_channels_last_memory_format():
+    a = np.random.default_rng(1).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    t = tally.tensor(a)
+    assert t.is_contiguous() and not t.is_contiguous(memory_format=tally.channels_last)
+    c = t.contiguous(memory_format=tally.channels_last)
+    assert c.is_contiguous(memory_format=tally.channels_last) and not c.is_contiguous()
+    assert c.stride() == (60, 1, 15, 3)
+    np.testing.assert_array_equal(c.contiguous().numpy(), a)  # the same values
+    d = t.to(tally.float64, memory_format=tally.channels_last)
+    assert d.dtype == tally.float64 and d.stride() == (60, 1, 15, 3)
+    r = c.relu()  # elementwise ops keep the layout
+    assert r.is_contiguous(memory_format=tally.channels_last)
+    assert str(tally.channels_last) == "tally.channels_last"
+    with pytest.raises(Exception, match="channels_last needs a 4-D"):
+        tally.tensor(a[0]).contiguous(memory_format=tally.channels_last)
+
+
+def test_module_to_channels_last():
+    import tally.nn
+
+    conv = tally.nn.Conv2d(3, 4, 3, padding=1)
+    assert conv.to(memory_format=tally.channels_last) is conv
+    assert conv.weight.is_contiguous(memory_format=tally.channels_last)
+    x = tally.tensor(np.ones((1, 3, 5, 5), np.float32)).to(memory_format=tally.channels_last)
+    y = conv(x)
+    assert y.is_contiguous(memory_format=tally.channels_last)
+    y.sum().backward()
+    assert conv.weight.grad.is_contiguous(memory_format=tally.channels_last)

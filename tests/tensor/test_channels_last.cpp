@@ -19,6 +19,11 @@
 
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "nn/container.h"
+#include "nn/layers.h"
+#include "nn/norm.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
 #include "tensor/conv/autograd.h"
 #include "tensor/conv/ops.h"
 #include "tensor/norm/autograd.h"
@@ -1019,6 +1024,81 @@ TEST(ChannelsLast, ErrorsNameTheOpAndShape) {
         flat_view(ops::slice(ops::zeros({2, 3, 4, 6}), 3, 0, 6, 2));
       },
       {"flat_view", "[2, 3, 4, 3]"});
+}
+
+// ================================================================ modules and optimizers
+
+// Module::to(MemoryFormat) lays the 4-D parameters out channels_last in place (same handles; a
+// 1x1 kernel's [O, C, 1, 1] is the same memory either way, so is_contiguous(channels_last) is
+// what is checked);
+// SGD with momentum and AdamW then train a conv-bn-relu model exactly as the row-major copy
+// does (the CPU kernels run both as NCHW): the parameters, their gradients and the optimizer
+// state stay channels_last, and the optimizer's state_dict round trip keeps the values.
+TEST(ChannelsLast, ModuleToChannelsLastTrainsLikeRowMajor) {
+  for (const bool adam : {false, true}) {
+    SCOPED_TRACE(adam ? "AdamW" : "SGD momentum");
+    auto make = [] {
+      Generator gen(7);
+      return std::make_shared<nn::Sequential>(
+          std::make_shared<nn::Conv2d>(3, 8, 3, nn::Conv2dOptions{.padding = 1}, &gen),
+          std::make_shared<nn::BatchNorm2d>(8), std::make_shared<nn::ReLU>(),
+          std::make_shared<nn::Conv2d>(8, 4, 1, nn::Conv2dOptions{.bias = false}, &gen));
+    };
+    auto rm_model = make(), cl_model = make();
+    const Tensor w_handle = cl_model->parameters()[0];
+    cl_model->to(kCL);
+    EXPECT_TRUE(w_handle.is_same(cl_model->parameters()[0])) << "the same handle, restrided";
+    for (const Tensor& p : cl_model->parameters())
+      if (p.dim() == 4) EXPECT_TRUE(p.is_contiguous(kCL)) << p.shape_string();
+    auto make_opt = [&](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
+      if (adam)
+        return std::make_unique<optim::AdamW>(m.parameters(), optim::AdamOptions{.lr = 1e-2});
+      return std::make_unique<optim::SGD>(m.parameters(),
+                                          optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    };
+    auto rm_opt = make_opt(*rm_model), cl_opt = make_opt(*cl_model);
+    const Tensor x = rand_tensor({2, 3, 6, 5}, DType::float32, 11);
+    for (int step = 0; step < 3; ++step) {
+      for (auto [m, o, in] : {std::tuple{rm_model.get(), rm_opt.get(), x},
+                              std::tuple{cl_model.get(), cl_opt.get(), cl(x)}}) {
+        o->zero_grad(true);
+        const Tensor y = (*m)(in);
+        tally::mul(y, y).sum().backward();
+        o->step();
+      }
+    }
+    const auto rp = rm_model->parameters(), cp = cl_model->parameters();
+    ASSERT_EQ(rp.size(), cp.size());
+    for (size_t i = 0; i < rp.size(); ++i) {
+      EXPECT_TRUE(close(cp[i], rp[i], 1e-5)) << "parameter " << i;
+      if (cp[i].dim() == 4) {
+        EXPECT_TRUE(cp[i].grad().is_contiguous(kCL)) << "gradient " << i;
+        for (const auto& [name, t] : cl_opt->state(i).tensors)
+          if (t.dim() == 4)
+            EXPECT_TRUE(t.is_contiguous(kCL)) << "state " << name << " of parameter " << i;
+      }
+    }
+    // The state_dict's values are the element values (a row-major optimizer's, here).
+    const optim::OptimizerStateDict rs = rm_opt->state_dict(), cs = cl_opt->state_dict();
+    for (const auto& [key, t] : rs.tensors) EXPECT_TRUE(close(cs.tensors.at(key), t, 1e-5)) << key;
+    cl_opt->load_state_dict(cs);
+    for (size_t i = 0; i < cp.size(); ++i)
+      for (const auto& [name, t] : cl_opt->state(i).tensors)
+        if (t.dim() == 4) EXPECT_TRUE(t.is_contiguous(kCL)) << "reloaded state " << name;
+  }
+}
+
+// A parameter that is neither row-major nor channels_last is refused by name.
+TEST(ChannelsLast, OptimizerRefusesAParameterInNoMemoryFormat) {
+  Tensor p = ops::permute(rand_tensor({2, 3, 4, 5}, DType::float32, 3), {0, 2, 1, 3});
+  p.requires_grad_(true);
+  try {
+    optim::SGD opt({p}, optim::SGDOptions{.lr = 0.1});
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("neither contiguous nor channels_last"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
