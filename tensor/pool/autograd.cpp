@@ -58,7 +58,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size, CallSite site) {
          [in_sizes = x.sizes(), f = x.suggest_memory_format()](BackwardContext&,
                                                                const TensorList& g) -> TensorList {
            // The gradient in the input's layout (a channels_last input's stays so).
-           return {o::contiguous(o::adaptive_avg_pool2d_backward(g[0], in_sizes), f)};
+           return {o::contiguous(o::adaptive_avg_pool2d_backward(g[0], in_sizes, f), f)};
          });
   return out;
 }

@@ -2,7 +2,9 @@
 // input element for the backward kernels (a gather over the windows that cover it, visited in
 // the CPU's order, so the sums round exactly as the CPU's do; max_pool2d's backward takes a
 // stride cell of elements a thread where its windows allow). Window rules, divisors, tie and NaN
-// handling are the CPU kernels' (tensor/pool/cpu.cpp), line for line.
+// handling are the CPU kernels' (tensor/pool/cpu.cpp), line for line. max_pool2d and
+// adaptive_avg_pool2d have channels_last (NHWC) twins: the same windows, orders and indices over
+// channels_last tensors, a thread an element in memory order.
 #include <algorithm>
 
 #include "tensor/cuda/device_types.cuh"
@@ -40,9 +42,10 @@ struct MaxWindow {
 };
 
 // Output cell (oh, ow) of plane `xp`: the window's largest value and its flat index in the plane.
+// es: the distance between two positions of the plane in memory (1, or C for channels_last).
 template <typename T, typename I>
 __device__ __forceinline__ void max_of_window(const T* __restrict__ xp, I oh, I ow,
-                                              const MaxWindow<I>& g, T& y, int64_t& idx) {
+                                              const MaxWindow<I>& g, T& y, int64_t& idx, I es = 1) {
   using A = dacc_t<T>;
   I h0 = oh * g.sH - g.pH;
   const I h1 = min(h0 + (g.kH - 1) * g.dH + 1, g.H);
@@ -54,7 +57,7 @@ __device__ __forceinline__ void max_of_window(const T* __restrict__ xp, I oh, I 
   A best_v = -static_cast<A>(INFINITY);
   for (I h = h0; h < h1; h += g.dH)
     for (I w = w0; w < w1; w += g.dW) {
-      const A v = load(xp[h * g.W + w]);
+      const A v = load(xp[(h * g.W + w) * es]);
       if (v > best_v || v != v) {  // NaN propagates (as PyTorch: the last one)
         best_v = v;
         best = h * g.W + w;
@@ -292,6 +295,99 @@ __global__ void avg_pool_backward_kernel(dacc_t<T>* __restrict__ gx, const T* __
   }
 }
 
+// ---- channels_last (NHWC) twins: element (n, c, h, w) at ((n * H + h) * W + w) * C + c; a
+// thread an element in memory order (consecutive threads, consecutive channels: coalesced),
+// the same windows, orders and indices (h * W + w) as the NCHW kernels. I: int32_t when every
+// flat index fits, else int64_t.
+
+template <typename I>
+struct Nhwc {
+  I C, H, W, OH, OW;
+};
+
+template <typename T, typename I>
+__global__ void max_pool_forward_nhwc_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                             int64_t* __restrict__ idx, Nhwc<I> g, MaxWindow<I> win,
+                                             I n) {
+  for (I o = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+       o < n; o += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I c = o % g.C, rest = o / g.C;
+    const I ow = rest % g.OW, rest2 = rest / g.OW;
+    const I oh = rest2 % g.OH, b = rest2 / g.OH;
+    max_of_window(x + b * g.H * g.W * g.C + c, oh, ow, win, y[o], idx[o], g.C);
+  }
+}
+
+// The per-element gather of max_pool_backward_kernel in NHWC.
+template <typename T, typename I>
+__global__ void max_pool_backward_nhwc_kernel(T* __restrict__ gx, const T* __restrict__ gy,
+                                              const int64_t* __restrict__ idx, Nhwc<I> g,
+                                              MaxWindow<I> win, I n) {
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+       i < n; i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I c = i % g.C, rest = i / g.C;
+    const I w = rest % g.W, rest2 = rest / g.W;
+    const I h = rest2 % g.H, b = rest2 / g.H;
+    const I base = b * g.OH * g.OW;
+    const int64_t self = static_cast<int64_t>(h) * g.W + w;
+    dacc_t<T> s = 0;
+    math::covering_rows<I>(h, g.OH, win.kH, win.sH, win.pH, win.dH, [&](I oh) {
+      math::covering_rows<I>(w, g.OW, win.kW, win.sW, win.pW, win.dW, [&](I ow) {
+        const I o = (base + oh * g.OW + ow) * g.C + c;
+        if (idx[o] == self) s += load(gy[o]);
+      });
+    });
+    gx[i] = store<T>(s);
+  }
+}
+
+template <typename T, typename I>
+__global__ void adaptive_forward_nhwc_kernel(const T* __restrict__ x, T* __restrict__ y, Nhwc<I> g,
+                                             I n) {
+  using A = dacc_t<T>;
+  for (I o = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+       o < n; o += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I c = o % g.C, rest = o / g.C;
+    const I ow = rest % g.OW, rest2 = rest / g.OW;
+    const I oh = rest2 % g.OH, b = rest2 / g.OH;
+    const T* xp = x + b * g.H * g.W * g.C + c;
+    const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
+    const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
+    A s = 0;
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t w = w0; w < w1; ++w) s += load(xp[(h * g.W + w) * g.C]);
+    y[o] = store<T>(s / static_cast<A>((h1 - h0) * (w1 - w0)));
+  }
+}
+
+template <typename T, typename I>
+__global__ void adaptive_backward_nhwc_kernel(dacc_t<T>* __restrict__ gx, const T* __restrict__ gy,
+                                              Nhwc<I> g, I n) {
+  using A = dacc_t<T>;
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+       i < n; i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+    const I c = i % g.C, rest = i / g.C;
+    const int64_t w = rest % g.W, rest2 = rest / g.W;
+    const int64_t h = rest2 % g.H, b = rest2 / g.H;
+    const T* gp = gy + b * g.OH * g.OW * g.C + c;
+    const int64_t oh0 = (h * g.OH) / g.H,
+                  oh1 = min(((h + 1) * g.OH + g.H - 1) / g.H, static_cast<int64_t>(g.OH));
+    const int64_t ow0 = (w * g.OW) / g.W,
+                  ow1 = min(((w + 1) * g.OW + g.W - 1) / g.W, static_cast<int64_t>(g.OW));
+    A s = 0;
+    for (int64_t oh = oh0; oh < oh1; ++oh) {
+      const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
+      if (h < h0 || h >= h1) continue;
+      for (int64_t ow = ow0; ow < ow1; ++ow) {
+        const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
+        if (w < w0 || w >= w1) continue;
+        s += load(gp[(oh * g.OW + ow) * g.C]) / static_cast<A>((h1 - h0) * (w1 - w0));
+      }
+    }
+    gx[i] = s;
+  }
+}
+
 template <typename T>
 __global__ void adaptive_forward_kernel(const T* __restrict__ x, T* __restrict__ y, Planes g,
                                         int64_t n) {
@@ -357,11 +453,48 @@ void check_grad_dtype(const char* op, const Tensor& grad_input, const Tensor& gr
                                 dtype_name(grad_input.dtype()));
 }
 
+// Whether a pooling kernel's tensor is channels_last (the NHWC kernels run).
+bool nhwc(const Tensor& t) {
+  return t.suggest_memory_format() == MemoryFormat::channels_last;
+}
+
+// go(Nhwc<I>, MaxWindow<I>, I n) with I = int32_t when every flat index of `in` and `out` (and
+// a window's reach) fits in 31 bits, else int64_t.
+template <typename F>
+void with_nhwc(const Tensor& in, const Tensor& out, const ops::Pool2dParams& p, F&& go) {
+  const int64_t reach_h = (out.size(2) - 1) * p.sH + (p.kH - 1) * p.dH + 1 + p.pH;
+  const int64_t reach_w = (out.size(3) - 1) * p.sW + (p.kW - 1) * p.dW + 1 + p.pW;
+  const int64_t most =
+      std::max({in.numel(), out.numel(), (reach_h * in.size(3) + reach_w) * in.size(1)});
+  auto run = [&]<typename I>() {
+    auto i = [](int64_t v) { return static_cast<I>(v); };
+    go(Nhwc<I>{i(in.size(1)), i(in.size(2)), i(in.size(3)), i(out.size(2)), i(out.size(3))},
+       MaxWindow<I>{i(in.size(2)), i(in.size(3)), i(p.kH), i(p.kW), i(p.sH), i(p.sW), i(p.pH),
+                    i(p.pW), i(p.dH), i(p.dW)});
+  };
+  if (most < (int64_t{1} << 31))
+    run.template operator()<int32_t>();
+  else
+    run.template operator()<int64_t>();
+}
+
 void max_pool2d_forward(const Tensor& out, const Tensor& indices, const Tensor& input,
                         const ops::Pool2dParams& p) {
   const Planes g = planes_of(input, out);
   const int64_t n = out.numel();
   if (n == 0) return;
+  if (nhwc(input)) {
+    Launch l("max_pool2d (CUDA, channels_last)", input);
+    TALLY_DISPATCH_FLOAT(input.dtype(), "max_pool2d", [&] {
+      using T = dev_t<scalar_t>;
+      with_nhwc(input, out, p, [&]<typename I>(Nhwc<I> d, MaxWindow<I> win) {
+        max_pool_forward_nhwc_kernel<T, I><<<blocks_for(n), kThreads, 0, l.stream_>>>(
+            ptr<const T>(input), ptr<T>(out), ptr<int64_t>(indices), d, win, static_cast<I>(n));
+      });
+    });
+    check_launch(l.name_);
+    return;
+  }
   const bool use32 = fits_32(input, out, p);
   Launch l("max_pool2d (CUDA)", input);
   TALLY_DISPATCH_FLOAT(input.dtype(), "max_pool2d", [&] {
@@ -386,6 +519,18 @@ void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output, co
   if (grad_output.numel() == 0) {
     check(cudaMemsetAsync(grad_input.data_ptr(), 0, grad_input.nbytes(), l.stream_),
           "max_pool2d_backward (zero)");
+    return;
+  }
+  if (nhwc(grad_input)) {
+    TALLY_DISPATCH_FLOAT(grad_output.dtype(), "max_pool2d_backward", [&] {
+      using T = dev_t<scalar_t>;
+      with_nhwc(grad_input, grad_output, p, [&]<typename I>(Nhwc<I> d, MaxWindow<I> win) {
+        max_pool_backward_nhwc_kernel<T, I><<<blocks_for(n), kThreads, 0, l.stream_>>>(
+            ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), d, win,
+            static_cast<I>(n));
+      });
+    });
+    check_launch(l.name_);
     return;
   }
   const bool use32 = max_pool_backward_fits_32(grad_input, grad_output, p);
@@ -451,7 +596,32 @@ void avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
                  });
 }
 
+// The adaptive pools' channels_last launches: with_nhwc's index type over a window of 1 (the
+// adaptive windows never reach past the plane).
+void adaptive_nhwc(const char* name, const char* op, const Tensor& in, const Tensor& out,
+                   const Tensor& dtype_of, bool backward) {
+  ops::Pool2dParams unit;
+  unit.kH = unit.kW = unit.sH = unit.sW = unit.dH = unit.dW = 1;
+  unit.pH = unit.pW = 0;
+  const int64_t n = backward ? in.numel() : out.numel();
+  launch_average(name, op, n, dtype_of, [&]<typename T>(int64_t, cudaStream_t st) {
+    with_nhwc(in, out, unit, [&]<typename I>(Nhwc<I> d, MaxWindow<I>) {
+      if (backward)
+        adaptive_backward_nhwc_kernel<T, I><<<blocks_for(n), kThreads, 0, st>>>(
+            ptr<dacc_t<T>>(in), ptr<const T>(out), d, static_cast<I>(n));
+      else
+        adaptive_forward_nhwc_kernel<T, I><<<blocks_for(n), kThreads, 0, st>>>(
+            ptr<const T>(in), ptr<T>(out), d, static_cast<I>(n));
+    });
+  });
+}
+
 void adaptive_avg_pool2d_forward(const Tensor& out, const Tensor& input) {
+  if (nhwc(input)) {
+    adaptive_nhwc("adaptive_avg_pool2d (CUDA, channels_last)", "adaptive_avg_pool2d", input, out,
+                  input, false);
+    return;
+  }
   const Planes g = planes_of(input, out);
   launch_average("adaptive_avg_pool2d (CUDA)", "adaptive_avg_pool2d", out.numel(), input,
                  [&]<typename T>(int64_t n, cudaStream_t st) {
@@ -463,6 +633,11 @@ void adaptive_avg_pool2d_forward(const Tensor& out, const Tensor& input) {
 void adaptive_avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output) {
   const Planes g = planes_of(grad_input, grad_output);
   check_grad_dtype("adaptive_avg_pool2d_backward", grad_input, grad_output);
+  if (nhwc(grad_input)) {
+    adaptive_nhwc("adaptive_avg_pool2d_backward (CUDA, channels_last)",
+                  "adaptive_avg_pool2d_backward", grad_input, grad_output, grad_output, true);
+    return;
+  }
   launch_average("adaptive_avg_pool2d_backward (CUDA)", "adaptive_avg_pool2d_backward",
                  grad_input.numel(), grad_output, [&]<typename T>(int64_t n, cudaStream_t st) {
                    adaptive_backward_kernel<T><<<blocks_for(n), kThreads, 0, st>>>(

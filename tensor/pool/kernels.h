@@ -4,7 +4,8 @@
 // tensor/backends.cpp registers them.
 //
 // Called only by the raw ops (tensor/pool/ops.cpp). Tensors arrive 4-D [N, C, H, W] and
-// contiguous, shapes checked. Forward kernels read and write the input's dtype
+// contiguous, shapes checked; the CUDA max_pool2d and adaptive_avg_pool2d kernels (forward and
+// backward) also take them all channels_last (NHWC memory; the indices too), the CPU ones never. Forward kernels read and write the input's dtype
 // (accumulating in acc_t: float, double for float64); backward kernels write a
 // float32/float64 gradient (acc_t of the grad_output's dtype), which they zero first, so
 // overlapping windows add exactly.

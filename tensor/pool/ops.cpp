@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "memory/meta.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_alloc.h"
 #include "tensor/ops.h"
@@ -36,10 +37,17 @@ Shape batched(const char* op, const Shape& in) {
   return s;
 }
 
-// The layout of a pool's result: a channels_last input's is channels_last (the kernels run
-// on NCHW copies), else contiguous.
+// The layout of a pool's result: a channels_last input's is channels_last, else contiguous.
 MemoryFormat input_format(const Tensor& input) {
   return input.suggest_memory_format();
+}
+
+// The layout the kernels of max_pool2d and adaptive_avg_pool2d take: the CUDA kernels (and the
+// meta device, standing for them) read channels_last as it is; the CPU kernels read NCHW (a
+// channels_last tensor is converted there, and the result back). avg_pool2d's kernels are
+// NCHW on both.
+MemoryFormat kernel_format(Device device, MemoryFormat f) {
+  return memory::behaves_as(device) == DeviceType::cuda ? f : MemoryFormat::contiguous;
 }
 
 Tensor as_batched(const Tensor& t) {
@@ -138,9 +146,10 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, Int2 kern
   Pool2dParams p;
   const Shape out4 =
       pool_output_shape(info.name, in4, kernel_size, stride, padding, dilation, ceil_mode, p);
-  const Tensor x = contiguous(as_batched(input));
-  Tensor out = alloc_output(out4, input.dtype(), input.device());
-  Tensor indices = alloc_output(out4, DType::int64, input.device());
+  const MemoryFormat kf = kernel_format(input.device(), input_format(input));
+  const Tensor x = contiguous(as_batched(input), kf);
+  Tensor out = alloc_output(out4, input.dtype(), input.device(), kf);
+  Tensor indices = alloc_output(out4, DType::int64, input.device(), kf);
   pool_backends.get(info, input.device(), &PoolKernels::max_pool2d_forward)(out, indices, x, p);
   const size_t rank = input.sizes().size();
   return {unbatched_like(contiguous(out, input_format(input)), rank),
@@ -162,9 +171,11 @@ Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
   const Shape out4 =
       pool_output_shape(info.name, in4, kernel_size, stride, padding, dilation, ceil_mode, p);
   grad_output_batched(info.name, grad_output, input_sizes, in4, &out4);
-  const Tensor gy = contiguous(as_batched(grad_output));
-  const Tensor idx = contiguous(as_batched(indices));
-  Tensor gx = alloc_output(in4, grad_output.dtype(), grad_output.device());
+  // In grad_output's layout (channels_last when the forward's input was: its indices are too).
+  const MemoryFormat kf = kernel_format(grad_output.device(), input_format(grad_output));
+  const Tensor gy = contiguous(as_batched(grad_output), kf);
+  const Tensor idx = contiguous(as_batched(indices), kf);
+  Tensor gx = alloc_output(in4, grad_output.dtype(), grad_output.device(), kf);
   pool_backends.get(info, grad_output.device(), &PoolKernels::max_pool2d_backward)(gx, gy, idx, p);
   return unbatched_like(gx, input_sizes.size());
 }
@@ -208,20 +219,28 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size) {
   if (!output_size.set || output_size.h <= 0 || output_size.w <= 0)
     throw std::invalid_argument(fmt::format("{}: output_size must be positive, got {} (input {})",
                                             info.name, output_size.str(), input.shape_string()));
-  const Tensor x = contiguous(as_batched(input));
-  Tensor out =
-      alloc_output({in4[0], in4[1], output_size.h, output_size.w}, input.dtype(), input.device());
+  const MemoryFormat kf = kernel_format(input.device(), input_format(input));
+  const Tensor x = contiguous(as_batched(input), kf);
+  // Its output keeps the input's layout (a [N, C, 1, 1] result is the same memory either way).
+  Tensor out = alloc_output({in4[0], in4[1], output_size.h, output_size.w}, input.dtype(),
+                            input.device(), kf);
   pool_backends.get(info, input.device(), &PoolKernels::adaptive_avg_pool2d_forward)(out, x);
   return unbatched_like(contiguous(out, input_format(input)), input.sizes().size());
 }
 
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes) {
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes,
+                                    MemoryFormat input_format) {
   static const OpInfo info("adaptive_avg_pool2d_backward");
   DispatchScope scope(info, grad_output);
   const Shape in4 = batched(info.name, input_sizes);
   grad_output_batched(info.name, grad_output, input_sizes, in4);
-  const Tensor gy = contiguous(as_batched(grad_output));
-  Tensor gx = alloc_output(in4, accumulate_dtype(grad_output.dtype()), grad_output.device());
+  if (input_format == MemoryFormat::channels_last && input_sizes.size() != 4)
+    throw std::invalid_argument(
+        fmt::format("{}: a channels_last gradient needs 4-D input sizes, got {}", info.name,
+                    shape_str(input_sizes)));
+  const MemoryFormat kf = kernel_format(grad_output.device(), input_format);
+  const Tensor gy = contiguous(as_batched(grad_output), kf);
+  Tensor gx = alloc_output(in4, accumulate_dtype(grad_output.dtype()), grad_output.device(), kf);
   pool_backends.get(info, grad_output.device(), &PoolKernels::adaptive_avg_pool2d_backward)(gx, gy);
   return unbatched_like(to(gx, grad_output.dtype()), input_sizes.size());
 }

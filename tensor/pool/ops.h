@@ -39,7 +39,10 @@ Tensor avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes, 
 // Output cell i averages rows [floor(i * H / OH), ceil((i + 1) * H / OH)) (same for
 // columns).
 Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size);
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes);
+// The gradient is laid out as `input_format` (the forward input's: grad_output's [N, C, 1, 1]
+// cannot tell).
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes,
+                                    MemoryFormat input_format = MemoryFormat::contiguous);
 
 // The geometry every pooling kernel (CPU, CUDA) receives, fully resolved.
 struct Pool2dParams {

@@ -569,5 +569,61 @@ TEST(ChannelsLastCuda, ConvBnReluAddReluBlockTrainStepMatchesRowMajor) {
   }
 }
 
+// ================================================================ pools
+
+// max_pool2d and adaptive_avg_pool2d's NHWC kernels (forward and backward, through autograd)
+// against the CPU's row-major run: the same values, indices and gradients (the same windows
+// in the same order: to the bit in float32), the results and the input gradient channels_last.
+TEST(ChannelsLastCuda, PoolsMatchTheCpu) {
+  REQUIRE_GPU();
+  struct MaxCase {
+    Shape in;
+    Int2 k, stride, pad, dil;
+    bool ceil;
+  };
+  const MaxCase max_cases[] = {{{2, 16, 13, 11}, 3, 2, 1, 1, false},  // ResNet's stem pool
+                               {{3, 6, 8, 8}, 2, 2, 0, 1, false},
+                               {{1, 5, 9, 10}, {3, 2}, {1, 2}, {1, 0}, 2, true},
+                               {{2, 3, 7, 7}, 3, 1, 1, 1, false}};
+  for (const DType dt : {DType::float32, DType::float16, DType::bfloat16}) {
+    const double tol = dt == DType::float32 ? 0.0 : tol_for(dt).elem;
+    uint64_t seed = 40;
+    for (const MaxCase& mc : max_cases) {
+      const std::string what = label("max_pool2d", mc.in, dt);
+      const Tensor x_cpu = ops::to(rand_tensor(mc.in, DType::float32, ++seed), dt);
+      Tensor xc = ops::clone(x_cpu), xg = gpu_cl(x_cpu);
+      xc.requires_grad_(true);
+      xg.requires_grad_(true);
+      auto [yc, ic] = max_pool2d_with_indices(xc, mc.k, mc.stride, mc.pad, mc.dil, mc.ceil);
+      auto [yg, ig] = max_pool2d_with_indices(xg, mc.k, mc.stride, mc.pad, mc.dil, mc.ceil);
+      EXPECT_TRUE(is_cl(yg) || yg.is_contiguous(kCL)) << what;
+      EXPECT_TRUE(close(yg, yc, tol, what + " out"));
+      EXPECT_EQ(ops::to_vector(ig), ops::to_vector(ic)) << what << ": indices";
+      const Tensor gy = ops::to(rand_tensor(yc.sizes(), DType::float32, ++seed), dt);
+      yc.backward(gy);
+      yg.backward(gpu_cl(gy));
+      EXPECT_TRUE(xg.grad().is_contiguous(kCL)) << what;
+      EXPECT_TRUE(close(xg.grad(), xc.grad(), tol, what + " grad"));
+    }
+    const std::pair<Shape, Int2> adaptive_cases[] = {
+        {{4, 32, 7, 7}, 1}, {{2, 8, 9, 7}, {3, 2}}, {{1, 3, 5, 6}, {5, 6}}};
+    for (const auto& [in, size] : adaptive_cases) {
+      const std::string what = label("adaptive_avg_pool2d", in, dt);
+      const Tensor x_cpu = ops::to(rand_tensor(in, DType::float32, ++seed), dt);
+      Tensor xc = ops::clone(x_cpu), xg = gpu_cl(x_cpu);
+      xc.requires_grad_(true);
+      xg.requires_grad_(true);
+      const Tensor yc = adaptive_avg_pool2d(xc, size), yg = adaptive_avg_pool2d(xg, size);
+      EXPECT_TRUE(yg.is_contiguous(kCL)) << what;
+      EXPECT_TRUE(close(yg, yc, tol_for(dt).elem, what + " out"));
+      const Tensor gy = ops::to(rand_tensor(yc.sizes(), DType::float32, ++seed), dt);
+      yc.backward(gy);
+      yg.backward(gpu_cl(gy));
+      EXPECT_TRUE(xg.grad().is_contiguous(kCL)) << what;
+      EXPECT_TRUE(close(xg.grad(), xc.grad(), tol_for(dt).elem, what + " grad"));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tally
