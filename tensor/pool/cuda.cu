@@ -205,6 +205,58 @@ __global__ void max_pool_backward_cells_kernel(T* __restrict__ gx, const T* __re
   }
 }
 
+// The cells gather in channels_last: a thread a (sample, cell, channel), consecutive threads
+// consecutive channels (their indices, gradients and results adjacent in memory); the same
+// windows, comparisons and (oh, ow) order as max_pool_backward_cells_kernel.
+struct CellsNhwc32 {
+  FastDiv by_c, by_cw, by_ch;  // channels, cells a row, cell rows a plane
+  int32_t C, H, W, OH, OW, kH, kW, sH, sW, pH, pW;
+};
+
+template <typename T, int S>
+__global__ void max_pool_backward_cells_nhwc_kernel(T* __restrict__ gx, const T* __restrict__ gy,
+                                                    const int64_t* __restrict__ idx, CellsNhwc32 g,
+                                                    uint32_t n) {
+  for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < n; t += gridDim.x * blockDim.x) {
+    uint32_t r1, c, r2, cw, b, ch;
+    g.by_c.divmod(t, r1, c);
+    g.by_cw.divmod(r1, r2, cw);
+    g.by_ch.divmod(r2, b, ch);
+    const int32_t h0 = static_cast<int32_t>(ch) * g.sH, w0 = static_cast<int32_t>(cw) * g.sW;
+    const int32_t nh = min(g.sH, g.H - h0), nw = min(g.sW, g.W - w0);
+    const int32_t rh = h0 + g.pH - (g.kH - 1), rw = w0 + g.pW - (g.kW - 1);
+    const int32_t oh0 = rh <= 0 ? 0 : (rh + g.sH - 1) / g.sH;
+    const int32_t oh1 = min((h0 + nh - 1 + g.pH) / g.sH, g.OH - 1);
+    const int32_t ow0 = rw <= 0 ? 0 : (rw + g.sW - 1) / g.sW;
+    const int32_t ow1 = min((w0 + nw - 1 + g.pW) / g.sW, g.OW - 1);
+    const uint32_t C = static_cast<uint32_t>(g.C);
+    const uint32_t sample_out = b * static_cast<uint32_t>(g.OH * g.OW);
+    const int64_t corner = static_cast<int64_t>(h0) * g.W + w0;  // in the plane
+    dacc_t<T> acc[S][S];
+#pragma unroll
+    for (int a = 0; a < S; ++a)
+#pragma unroll
+      for (int e = 0; e < S; ++e) acc[a][e] = 0;
+    for (int32_t oh = oh0; oh <= oh1; ++oh)
+      for (int32_t ow = ow0; ow <= ow1; ++ow) {
+        const uint32_t o = (sample_out + static_cast<uint32_t>(oh * g.OW + ow)) * C + c;
+        const int64_t j = idx[o] - corner;
+        const dacc_t<T> v = load(gy[o]);
+#pragma unroll
+        for (int a = 0; a < S; ++a)
+#pragma unroll
+          for (int e = 0; e < S; ++e)
+            if (a < nh && e < nw && j == static_cast<int64_t>(a) * g.W + e) acc[a][e] += v;
+      }
+    T* out = gx + (static_cast<size_t>(b) * static_cast<uint32_t>(g.H * g.W) + corner) * C + c;
+#pragma unroll
+    for (int a = 0; a < S; ++a)
+#pragma unroll
+      for (int e = 0; e < S; ++e)
+        if (a < nh && e < nw) out[(static_cast<size_t>(a) * g.W + e) * C] = store<T>(acc[a][e]);
+  }
+}
+
 // Whether max_pool_backward_cells_kernel applies: no dilation, strides of 1 to kMaxCell, every
 // flat index of input, output and cells below 2^31.
 bool max_pool_backward_cells_fit(const Tensor& grad_input, const Tensor& grad_output,
@@ -519,6 +571,32 @@ void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output, co
   if (grad_output.numel() == 0) {
     check(cudaMemsetAsync(grad_input.data_ptr(), 0, grad_input.nbytes(), l.stream_),
           "max_pool2d_backward (zero)");
+    return;
+  }
+  if (nhwc(grad_input) && max_pool_backward_cells_fit(grad_input, grad_output, p)) {
+    // The cells gather (ResNet's 3x3 stride-2 pool: 4 elements a thread).
+    auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
+    const int64_t CH = (g.H + p.sH - 1) / p.sH, CW = (g.W + p.sW - 1) / p.sW;
+    const int64_t C = grad_input.size(1), nthreads = grad_input.size(0) * CH * CW * C;
+    const CellsNhwc32 cg{FastDiv(C), FastDiv(CW), FastDiv(CH), i32(C),    i32(g.H),
+                         i32(g.W),   i32(g.OH),   i32(g.OW),   i32(p.kH), i32(p.kW),
+                         i32(p.sH),  i32(p.sW),   i32(p.pH),   i32(p.pW)};
+    TALLY_DISPATCH_FLOAT(grad_output.dtype(), "max_pool2d_backward", [&] {
+      using T = dev_t<scalar_t>;
+      auto go = [&]<int S>() {
+        max_pool_backward_cells_nhwc_kernel<T, S><<<blocks_for(nthreads), kThreads, 0, l.stream_>>>(
+            ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), cg,
+            static_cast<uint32_t>(nthreads));
+      };
+      const int64_t side = std::max(p.sH, p.sW);
+      if (side == 1)
+        go.template operator()<1>();
+      else if (side == 2)
+        go.template operator()<2>();
+      else
+        go.template operator()<kMaxCell>();
+    });
+    check_launch(l.name_);
     return;
   }
   if (nhwc(grad_input)) {
