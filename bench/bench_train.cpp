@@ -301,6 +301,9 @@ void check_config(const std::string& c, bool resnet, bool gpt) {
       throw std::invalid_argument(fmt::format("--configs: '{}': unknown token '{}' (tokens: {})", c,
                                               t, fmt::join(kTokens, ", ")));
   if (n == 0) throw std::invalid_argument(fmt::format("--configs: '{}' names no tokens", c));
+  if (model == "gpt" && has(c, "channels-last"))
+    throw std::invalid_argument(fmt::format(
+        "--configs: '{}': channels-last is ResNet's (GPT has no 4-D activations)", c));
 }
 
 }  // namespace

@@ -217,6 +217,7 @@ cases = [
     ([BENCH_TRAIN, "--resnet", "--configs", "gpt:amp-bf16"], "needs --gpt", {}),
     ([BENCH_TRAIN, "--configs", "vit:amp-bf16"], "the prefix is resnet: or gpt:", {}),
     ([BENCH_TRAIN, "--configs", "gpt:"], "names no tokens", {}),
+    ([BENCH_TRAIN, "--gpt", "--configs", "gpt:amp-bf16+channels-last"], "channels-last is ResNet's", {}),
     *bad_values(BENCH_TRAIN, {"--steps": ["0", "abc", "99999999999999999999"]}),
 ]
 
@@ -230,10 +231,15 @@ good = [
       "--snapshot", "g.pickle"], ["g.pickle"]),
     (["train_resnet", "--dataset", "synthetic", "--steps", "1", "--batch", "1", "--image-size", "8",
       "--eval-batches", "1", "--log-every", "1", "--momentum", "0"], []),
+    (["train_resnet", "--dataset", "synthetic", "--steps", "1", "--batch", "2", "--image-size", "8",
+      "--eval-batches", "1", "--channels-last"], []),
+    (["train_resnet", "--dataset", "synthetic", "--batch", "2", "--image-size", "8", "--channels-last",
+      "--estimate", "h200"], []),
     (["train_resnet", "--help"], []),
     (["tally_memdiff", SNAP, SNAP, "--top", "0", "--html", "d.html", "--json", "d.json"], ["d.html", "d.json"]),
     (["equivalence_dump", "--help"], []),
     ([BENCH_TRAIN, "--resnet", "--steps", "1", "--configs", "amp-bf16,resnet:amp-bf16+tuned"], []),
+    ([BENCH_TRAIN, "--resnet", "--steps", "1", "--configs", "resnet:amp-fp16+channels-last"], []),
     # --estimate: a dry run for a CUDA target on this machine, its snapshot the only file.
     (["train_gpt", "--data", "synthetic", "--batch", "2", "--seq", "16", "--amp", "bf16",
       "--estimate", "h200", "--snapshot", "e.pickle"], ["e.pickle"]),
