@@ -302,8 +302,8 @@ void check_config(const std::string& c, bool resnet, bool gpt) {
                                               t, fmt::join(kTokens, ", ")));
   if (n == 0) throw std::invalid_argument(fmt::format("--configs: '{}' names no tokens", c));
   if (model == "gpt" && has(c, "channels-last"))
-    throw std::invalid_argument(fmt::format(
-        "--configs: '{}': channels-last is ResNet's (GPT has no 4-D activations)", c));
+    throw std::invalid_argument(
+        fmt::format("--configs: '{}': channels-last is ResNet's (GPT has no 4-D activations)", c));
 }
 
 }  // namespace
