@@ -5,10 +5,10 @@
 //
 // Called only by the raw ops (tensor/pool/ops.cpp). Tensors arrive 4-D [N, C, H, W] and
 // contiguous, shapes checked; the CUDA max_pool2d and adaptive_avg_pool2d kernels (forward and
-// backward) also take them all channels_last (NHWC memory; the indices too), the CPU ones never. Forward kernels read and write the input's dtype
-// (accumulating in acc_t: float, double for float64); backward kernels write a
-// float32/float64 gradient (acc_t of the grad_output's dtype), which they zero first, so
-// overlapping windows add exactly.
+// backward) also take them all channels_last (NHWC memory; the indices too), the CPU ones
+// never. Forward kernels read and write the input's dtype (accumulating in acc_t: float,
+// double for float64); backward kernels write a float32/float64 gradient (acc_t of the
+// grad_output's dtype), which they zero first, so overlapping windows add exactly.
 //
 // The CUDA kernels are twins of the CPU ones with the same semantics to the bit: the same
 // window rules (padding, dilation, ceil_mode, count_include_pad, divisor_override), the same
