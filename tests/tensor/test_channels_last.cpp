@@ -1048,8 +1048,11 @@ TEST(ChannelsLast, ModuleToChannelsLastTrainsLikeRowMajor) {
     const Tensor w_handle = cl_model->parameters()[0];
     cl_model->to(kCL);
     EXPECT_TRUE(w_handle.is_same(cl_model->parameters()[0])) << "the same handle, restrided";
-    for (const Tensor& p : cl_model->parameters())
-      if (p.dim() == 4) EXPECT_TRUE(p.is_contiguous(kCL)) << p.shape_string();
+    for (const Tensor& p : cl_model->parameters()) {
+      if (p.dim() == 4) {
+        EXPECT_TRUE(p.is_contiguous(kCL)) << p.shape_string();
+      }
+    }
     auto make_opt = [&](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
       if (adam)
         return std::make_unique<optim::AdamW>(m.parameters(), optim::AdamOptions{.lr = 1e-2});
@@ -1073,18 +1076,24 @@ TEST(ChannelsLast, ModuleToChannelsLastTrainsLikeRowMajor) {
       EXPECT_TRUE(close(cp[i], rp[i], 1e-5)) << "parameter " << i;
       if (cp[i].dim() == 4) {
         EXPECT_TRUE(cp[i].grad().is_contiguous(kCL)) << "gradient " << i;
-        for (const auto& [name, t] : cl_opt->state(i).tensors)
-          if (t.dim() == 4)
+        for (const auto& [name, t] : cl_opt->state(i).tensors) {
+          if (t.dim() == 4) {
             EXPECT_TRUE(t.is_contiguous(kCL)) << "state " << name << " of parameter " << i;
+          }
+        }
       }
     }
     // The state_dict's values are the element values (a row-major optimizer's, here).
     const optim::OptimizerStateDict rs = rm_opt->state_dict(), cs = cl_opt->state_dict();
     for (const auto& [key, t] : rs.tensors) EXPECT_TRUE(close(cs.tensors.at(key), t, 1e-5)) << key;
     cl_opt->load_state_dict(cs);
-    for (size_t i = 0; i < cp.size(); ++i)
-      for (const auto& [name, t] : cl_opt->state(i).tensors)
-        if (t.dim() == 4) EXPECT_TRUE(t.is_contiguous(kCL)) << "reloaded state " << name;
+    for (size_t i = 0; i < cp.size(); ++i) {
+      for (const auto& [name, t] : cl_opt->state(i).tensors) {
+        if (t.dim() == 4) {
+          EXPECT_TRUE(t.is_contiguous(kCL)) << "reloaded state " << name;
+        }
+      }
+    }
   }
 }
 
