@@ -26,6 +26,9 @@ py::object numpy_dtype(DType d);
 // A device from tally.device or a string: "cpu", "cuda", "cuda:1", "meta", "meta:2". None
 // gives memory::default_device() (cuda:0 when present, else cpu). ValueError otherwise.
 Device to_device(py::handle h);
+// A memory_format= argument: tally.channels_last or tally.contiguous_format (ValueError
+// naming the value otherwise).
+MemoryFormat to_memory_format(py::handle h);
 Device parse_device(const std::string& s);
 // "cpu", "cuda:0", "meta:1": the spelling the other direction reads.
 std::string device_str(Device d);

@@ -292,7 +292,7 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
              else if (dtype)
                mod.to(*dtype);
              // model.to(memory_format=tally.channels_last): 4-D parameters and buffers.
-             if (kw.contains("memory_format")) mod.to(kw["memory_format"].cast<MemoryFormat>());
+             if (kw.contains("memory_format")) mod.to(to_memory_format(kw["memory_format"]));
              return self;
            })
       .def("zero_grad", &Module::zero_grad, py::arg("set_to_none") = true)

@@ -236,7 +236,7 @@ Tensor to_any(const Tensor& t, const py::args& args, const py::kwargs& kw) {
                : dtype         ? t.to(*dtype)
                                : t;
   // memory_format=tally.channels_last (PyTorch's x.to(memory_format=...)).
-  if (kw.contains("memory_format")) out = out.contiguous(kw["memory_format"].cast<MemoryFormat>());
+  if (kw.contains("memory_format")) out = out.contiguous(to_memory_format(kw["memory_format"]));
   return out;
 }
 
@@ -247,6 +247,13 @@ Shape dims_arg(const py::object& dim) {
 }
 
 }  // namespace
+
+MemoryFormat to_memory_format(py::handle h) {
+  if (py::isinstance<MemoryFormat>(h)) return h.cast<MemoryFormat>();
+  throw py::value_error(
+      "memory_format must be tally.channels_last or tally.contiguous_format, got " +
+      py::repr(h).cast<std::string>());
+}
 
 DType to_dtype(py::handle h) {
   if (py::isinstance<DType>(h)) return h.cast<DType>();

@@ -4,6 +4,7 @@
 
 #include "memory/checked.h"
 #include "memory/context.h"
+#include "memory/meta.h"
 
 namespace tally {
 
@@ -47,6 +48,10 @@ bool all_channels_last(std::initializer_list<const Tensor*> ts, const Shape& sha
         t->suggest_memory_format() != MemoryFormat::channels_last)
       return false;
   return ts.size() > 0;
+}
+
+MemoryFormat kernel_memory_format(Device device, MemoryFormat f) {
+  return memory::behaves_as(device) == DeviceType::cuda ? f : MemoryFormat::contiguous;
 }
 
 Tensor flat_view(const Tensor& t) {

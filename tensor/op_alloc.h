@@ -24,6 +24,11 @@ Tensor alloc_output(const Shape& shape, DType dtype, Device device, MemoryFormat
 // also row-major: Tensor::suggest_memory_format) with `shape` as its sizes: an elementwise
 // op over them then gives a channels_last result and runs on their flat views.
 bool all_channels_last(std::initializer_list<const Tensor*> ts, const Shape& shape);
+// The layout a family's kernels on `device` take for a tensor whose format is `f`: the CUDA
+// kernels of conv2d, batch_norm, max_pool2d and adaptive_avg_pool2d (and the meta device,
+// which stands for them) read channels_last as it is; the CPU kernels read NCHW, so their ops
+// convert a channels_last operand first and the result back.
+MemoryFormat kernel_memory_format(Device device, MemoryFormat f);
 // A dense tensor's elements in memory order as a 1-D view [numel] (stride 1, same storage
 // and offset). `t` must be contiguous in some memory format (std::logic_error otherwise).
 Tensor flat_view(const Tensor& t);

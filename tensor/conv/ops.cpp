@@ -46,12 +46,6 @@ MemoryFormat conv_format(const Tensor& a, const Tensor& b) {
   return cl ? MemoryFormat::channels_last : MemoryFormat::contiguous;
 }
 
-// The layout a device's kernels take: cuDNN (and the meta device, which stands for it) run
-// channels_last as it is; the CPU kernels compute row-major and the result is converted.
-MemoryFormat kernel_format(Device device, MemoryFormat f) {
-  return memory::behaves_as(device) == DeviceType::cuda ? f : MemoryFormat::contiguous;
-}
-
 std::string params_str(const Conv2dParams& p) {
   return fmt::format("stride {}, padding {}, dilation {}, groups {}", p.stride.str(),
                      p.padding.str(), p.dilation.str(), p.groups);
@@ -191,7 +185,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
   }
   const DType ct = compute_dtype(input.dtype(), input.device());
   const MemoryFormat f = conv_format(input, weight);
-  const MemoryFormat kf = kernel_format(input.device(), f);
+  const MemoryFormat kf = kernel_memory_format(input.device(), f);
   const Tensor x = prepare(as_batched(input), ct, kf);
   const Tensor w = prepare(weight, ct, kf);
   const Tensor b = bias.defined() ? prepare(bias, ct) : Tensor();
@@ -211,7 +205,7 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight,
   const Shape in4 = check_backward(info.name, grad_output, input_sizes, weight.sizes(), p);
   const DType ct = compute_dtype(grad_output.dtype(), grad_output.device());
   const MemoryFormat f = conv_format(grad_output, weight);
-  const MemoryFormat kf = kernel_format(grad_output.device(), f);
+  const MemoryFormat kf = kernel_memory_format(grad_output.device(), f);
   const Tensor gy = prepare(as_batched(grad_output), ct, kf);
   const Tensor w = prepare(weight, ct, kf);
   Tensor gx = alloc_output(in4, ct, grad_output.device(), kf);
@@ -230,7 +224,7 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
   check_backward(info.name, grad_output, input.sizes(), weight_sizes, p);
   const DType ct = compute_dtype(grad_output.dtype(), grad_output.device());
   const MemoryFormat f = conv_format(grad_output, input);
-  const MemoryFormat kf = kernel_format(grad_output.device(), f);
+  const MemoryFormat kf = kernel_memory_format(grad_output.device(), f);
   const Tensor gy = prepare(as_batched(grad_output), ct, kf);
   const Tensor x = prepare(as_batched(input), ct, kf);
   Tensor gw = alloc_output(weight_sizes, ct, grad_output.device(), kf);

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 
-#include "memory/meta.h"
 #include "tensor/dispatch.h"
 #include "tensor/norm/kernels.h"
 #include "tensor/op_alloc.h"
@@ -328,13 +327,6 @@ std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tenso
 
 // ---------------------------------------------------------------- batch_norm
 
-// The layout batch_norm's kernels take: the CUDA kernels (and the meta device, standing for
-// them) read channels_last as it is; the CPU kernels read NCHW, so a channels_last tensor is
-// converted there and its results converted back.
-static MemoryFormat bn_kernel_format(Device device, MemoryFormat f) {
-  return memory::behaves_as(device) == DeviceType::cuda ? f : MemoryFormat::contiguous;
-}
-
 std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& running_mean,
                                               const Tensor& running_var, const Tensor& weight,
                                               const Tensor& bias, bool training, double momentum,
@@ -363,7 +355,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& run
         info.name, x.shape_string()));
   const DType stat = norm_stat_dtype(x.dtype());
   const MemoryFormat f = x.suggest_memory_format();
-  const MemoryFormat kf = bn_kernel_format(x.device(), f);
+  const MemoryFormat kf = kernel_memory_format(x.device(), f);
   const Tensor xc = contiguous(x, kf);
   Tensor mean, invstd;
   if (training) {
@@ -420,7 +412,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, c
   // dy in the input's dtype (when the input is known), like the gradient dx; all in the
   // input's layout (channels_last stays so).
   const MemoryFormat f = (x.defined() ? x : grad_out).suggest_memory_format();
-  const MemoryFormat kf = bn_kernel_format(grad_out.device(), f);
+  const MemoryFormat kf = kernel_memory_format(grad_out.device(), f);
   const Tensor dy = contiguous(x.defined() ? to(grad_out, x.dtype()) : grad_out, kf);
   const int64_t c = dy.sizes()[1];
   const DType stat = norm_stat_dtype(dy.dtype());

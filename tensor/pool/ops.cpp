@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 
-#include "memory/meta.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_alloc.h"
 #include "tensor/ops.h"
@@ -40,14 +39,6 @@ Shape batched(const char* op, const Shape& in) {
 // The layout of a pool's result: a channels_last input's is channels_last, else contiguous.
 MemoryFormat input_format(const Tensor& input) {
   return input.suggest_memory_format();
-}
-
-// The layout the kernels of max_pool2d and adaptive_avg_pool2d take: the CUDA kernels (and the
-// meta device, standing for them) read channels_last as it is; the CPU kernels read NCHW (a
-// channels_last tensor is converted there, and the result back). avg_pool2d's kernels are
-// NCHW on both.
-MemoryFormat kernel_format(Device device, MemoryFormat f) {
-  return memory::behaves_as(device) == DeviceType::cuda ? f : MemoryFormat::contiguous;
 }
 
 Tensor as_batched(const Tensor& t) {
@@ -146,7 +137,7 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, Int2 kern
   Pool2dParams p;
   const Shape out4 =
       pool_output_shape(info.name, in4, kernel_size, stride, padding, dilation, ceil_mode, p);
-  const MemoryFormat kf = kernel_format(input.device(), input_format(input));
+  const MemoryFormat kf = kernel_memory_format(input.device(), input_format(input));
   const Tensor x = contiguous(as_batched(input), kf);
   Tensor out = alloc_output(out4, input.dtype(), input.device(), kf);
   Tensor indices = alloc_output(out4, DType::int64, input.device(), kf);
@@ -172,7 +163,7 @@ Tensor max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
       pool_output_shape(info.name, in4, kernel_size, stride, padding, dilation, ceil_mode, p);
   grad_output_batched(info.name, grad_output, input_sizes, in4, &out4);
   // In grad_output's layout (channels_last when the forward's input was: its indices are too).
-  const MemoryFormat kf = kernel_format(grad_output.device(), input_format(grad_output));
+  const MemoryFormat kf = kernel_memory_format(grad_output.device(), input_format(grad_output));
   const Tensor gy = contiguous(as_batched(grad_output), kf);
   const Tensor idx = contiguous(as_batched(indices), kf);
   Tensor gx = alloc_output(in4, grad_output.dtype(), grad_output.device(), kf);
@@ -219,7 +210,7 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size) {
   if (!output_size.set || output_size.h <= 0 || output_size.w <= 0)
     throw std::invalid_argument(fmt::format("{}: output_size must be positive, got {} (input {})",
                                             info.name, output_size.str(), input.shape_string()));
-  const MemoryFormat kf = kernel_format(input.device(), input_format(input));
+  const MemoryFormat kf = kernel_memory_format(input.device(), input_format(input));
   const Tensor x = contiguous(as_batched(input), kf);
   // Its output keeps the input's layout (a [N, C, 1, 1] result is the same memory either way).
   Tensor out = alloc_output({in4[0], in4[1], output_size.h, output_size.w}, input.dtype(),
@@ -238,7 +229,7 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& inpu
     throw std::invalid_argument(
         fmt::format("{}: a channels_last gradient needs 4-D input sizes, got {}", info.name,
                     shape_str(input_sizes)));
-  const MemoryFormat kf = kernel_format(grad_output.device(), input_format);
+  const MemoryFormat kf = kernel_memory_format(grad_output.device(), input_format);
   const Tensor gy = contiguous(as_batched(grad_output), kf);
   Tensor gx = alloc_output(in4, accumulate_dtype(grad_output.dtype()), grad_output.device(), kf);
   pool_backends.get(info, grad_output.device(), &PoolKernels::adaptive_avg_pool2d_backward)(gx, gy);

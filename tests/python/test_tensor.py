@@ -235,6 +235,8 @@ def test_channels_last_memory_format():
     assert str(tally.channels_last) == "tally.channels_last"
     with pytest.raises(Exception, match="channels_last needs a 4-D"):
         tally.tensor(a[0]).contiguous(memory_format=tally.channels_last)
+    with pytest.raises(ValueError, match="memory_format must be tally.channels_last"):
+        t.to(memory_format="channels_last")
 
 
 def test_module_to_channels_last():
@@ -243,6 +245,8 @@ def test_module_to_channels_last():
     conv = tally.nn.Conv2d(3, 4, 3, padding=1)
     assert conv.to(memory_format=tally.channels_last) is conv
     assert conv.weight.is_contiguous(memory_format=tally.channels_last)
+    with pytest.raises(ValueError, match="memory_format must be"):
+        conv.to(memory_format=1)
     x = tally.tensor(np.ones((1, 3, 5, 5), np.float32)).to(memory_format=tally.channels_last)
     y = conv(x)
     assert y.is_contiguous(memory_format=tally.channels_last)

@@ -197,6 +197,45 @@ TEST_P(MemoryInvariants, Cnn) {
   });
 }
 
+// The same network in channels_last (images and convolution weights NHWC in memory): the
+// layout conversions, the NHWC kernels and the weight gradients in the weights' layout keep
+// every invariant.
+TEST_P(MemoryInvariants, CnnChannelsLast) {
+  constexpr MemoryFormat kCL = MemoryFormat::channels_last;
+  auto cl_param = [&](const Shape& shape, uint64_t seed, double scale) {
+    const Tensor p = param(dev(), shape, seed, scale);
+    memory::CategoryScope c(Category::parameter);
+    Tensor t = ops::contiguous(p.detach(), kCL);
+    t.requires_grad_(true);
+    return t;
+  };
+  const TensorList params = {cl_param({8, 3, 3, 3}, 5, 0.3), param(dev(), {8}, 6, 0.1),
+                             param(dev(), {8}, 7, 0.1),      cl_param({16, 8, 3, 3}, 8, 0.2),
+                             param(dev(), {10, 16}, 9, 0.2), param(dev(), {10}, 10, 0.1)};
+  Tensor running_mean, running_var;
+  {
+    memory::CategoryScope c(Category::parameter);
+    running_mean = ops::zeros({8}, DType::float32, dev());
+    running_var = ops::ones({8}, DType::float32, dev());
+  }
+  Tensor x = input(dev(), ops::randn({4, 3, 16, 16}));
+  {
+    memory::CategoryScope c(Category::input);
+    x = ops::contiguous(x, kCL);
+  }
+  const Tensor y = input(dev(), ops::randint(0, 10, {4}));
+  check_step(dev(), params, [&] {
+    Tensor h = conv2d(x, params[0], {}, {1, 1}, {1, 1});
+    EXPECT_TRUE(h.is_contiguous(kCL) && !h.is_contiguous());
+    h = relu(batch_norm(h, running_mean, running_var, params[1], params[2], /*training=*/true));
+    h = max_pool2d(h, 2);
+    h = relu(conv2d(h, params[3], {}, {2, 2}, {1, 1}));
+    h = adaptive_avg_pool2d(h, {1, 1}).flatten(1);
+    return cross_entropy(linear(h, params[4], params[5]), y);
+  });
+  EXPECT_TRUE(params[0].grad().is_contiguous(kCL) && params[3].grad().is_contiguous(kCL));
+}
+
 // A residual block's tail: add_relu never holds the sum, so its forward peaks one output
 // buffer lower than add then relu, and the one buffer it keeps is its saved output.
 TEST_P(MemoryInvariants, AddReluHoldsNoSum) {
