@@ -505,7 +505,8 @@ void bind_tensor(py::module_& m) {
       .def_property_readonly("is_meta", [](const Tensor& x) { return x.device().is_meta(); })
       .def_property_readonly("is_leaf", &Tensor::is_leaf)
       .def(
-          "is_contiguous", [](const Tensor& x, MemoryFormat f) { return x.is_contiguous(f); },
+          "is_contiguous",
+          [](const Tensor& x, py::handle f) { return x.is_contiguous(to_memory_format(f)); },
           py::arg("memory_format") = MemoryFormat::contiguous)
       .def("data_ptr", [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.data_ptr()); })
       .def("storage_offset", &Tensor::storage_offset)
@@ -537,7 +538,8 @@ void bind_tensor(py::module_& m) {
       .def("detach", &Tensor::detach)
       .def("clone", &Tensor::clone)
       .def(
-          "contiguous", [](const Tensor& x, MemoryFormat f) { return x.contiguous(f); },
+          "contiguous",
+          [](const Tensor& x, py::handle f) { return x.contiguous(to_memory_format(f)); },
           py::arg("memory_format") = MemoryFormat::contiguous)
       .def("numpy", &to_numpy, "A numpy array over this CPU tensor's memory (no copy)")
       .def(

@@ -237,6 +237,11 @@ def test_channels_last_memory_format():
         tally.tensor(a[0]).contiguous(memory_format=tally.channels_last)
     with pytest.raises(ValueError, match="memory_format must be tally.channels_last"):
         t.to(memory_format="channels_last")
+    for bad in ("nhwc", 3, None):
+        with pytest.raises(ValueError, match="memory_format must be tally.channels_last"):
+            t.contiguous(memory_format=bad)
+        with pytest.raises(ValueError, match="memory_format must be tally.channels_last"):
+            t.is_contiguous(memory_format=bad)
 
 
 def test_module_to_channels_last():
