@@ -46,22 +46,6 @@ Tensor cl(const Tensor& t) {
   return ops::contiguous(t, kCL);
 }
 
-// suggest_memory_format() == channels_last, with the strides in the failure message.
-::testing::AssertionResult is_cl(const Tensor& t) {
-  if (!t.defined()) return ::testing::AssertionFailure() << "undefined tensor";
-  if (t.suggest_memory_format() == kCL) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "not channels_last: sizes " << t.shape_string()
-                                       << " strides " << shape_str(t.strides());
-}
-
-// Row-major contiguous (suggest_memory_format() == contiguous and is_contiguous()).
-::testing::AssertionResult is_rm(const Tensor& t) {
-  if (!t.defined()) return ::testing::AssertionFailure() << "undefined tensor";
-  if (t.is_contiguous() && t.suggest_memory_format() == kRM) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "not row-major contiguous: sizes " << t.shape_string()
-                                       << " strides " << shape_str(t.strides());
-}
-
 // The same sizes, dtype and values, bit for bit (read back as float64 in row-major order).
 ::testing::AssertionResult same_values(const Tensor& got, const Tensor& want) {
   if (got.sizes() != want.sizes())
@@ -249,7 +233,7 @@ TEST(ChannelsLast, ContiguousConvertsKeepsValuesAndReturnsItselfWhenAlready) {
   EXPECT_EQ(again.strides(), y.strides());
   // Back to row-major, same values.
   const Tensor back = ops::contiguous(y, kRM);
-  EXPECT_TRUE(is_rm(back));
+  EXPECT_TRUE(is_row_major(back));
   EXPECT_EQ(ops::to_vector(back), ops::to_vector(x));
   EXPECT_EQ(ops::contiguous(y).strides(), contiguous_strides(x.sizes()));
   // Row-major asked of a row-major tensor: itself.
@@ -258,7 +242,7 @@ TEST(ChannelsLast, ContiguousConvertsKeepsValuesAndReturnsItselfWhenAlready) {
   const Tensor wide = rand_tensor({2, 3, 4, 10}, DType::float64, 2);
   const Tensor sl = ops::slice(wide, 3, 0, 10, 2);
   const Tensor slc = ops::contiguous(sl, kCL);
-  EXPECT_TRUE(is_cl(slc));
+  EXPECT_TRUE(is_channels_last(slc));
   EXPECT_EQ(ops::to_vector(slc), ops::to_vector(sl));
   // Empty batch and size-1 dims convert too.
   const Tensor e = ops::contiguous(ops::zeros({0, 3, 4, 5}), kCL);
@@ -271,7 +255,7 @@ TEST(ChannelsLast, ContiguousConvertsKeepsValuesAndReturnsItselfWhenAlready) {
   const Tensor ints = ops::arange(0, 120, 1, DType::int64);
   const Tensor i4 = ops::reshape(ints, {2, 3, 4, 5});
   const Tensor i4c = ops::contiguous(i4, kCL);
-  EXPECT_TRUE(is_cl(i4c));
+  EXPECT_TRUE(is_channels_last(i4c));
   EXPECT_EQ(i4c.dtype(), DType::int64);
   EXPECT_EQ(ops::to_vector(i4c), ops::to_vector(i4));
 }
@@ -279,14 +263,14 @@ TEST(ChannelsLast, ContiguousConvertsKeepsValuesAndReturnsItselfWhenAlready) {
 TEST(ChannelsLast, TensorContiguousIsDifferentiable) {
   const Tensor x = leaf_as(rand_tensor({2, 3, 4, 5}, DType::float64, 4), kRM);
   const Tensor y = x.contiguous(kCL);
-  EXPECT_TRUE(is_cl(y));
+  EXPECT_TRUE(is_channels_last(y));
   EXPECT_TRUE(y.requires_grad());
   EXPECT_EQ(ops::to_vector(y), ops::to_vector(x));
   const Tensor g = rand_tensor({2, 3, 4, 5}, DType::float64, 5);
   sum(mul(y, g)).backward();
   ASSERT_TRUE(x.grad().defined());
   EXPECT_TRUE(same_values(x.grad(), g));
-  EXPECT_TRUE(is_rm(x.grad())) << "the .grad of a row-major leaf";
+  EXPECT_TRUE(is_row_major(x.grad())) << "the .grad of a row-major leaf";
   // Already channels_last: itself (the same autograd identity).
   const Tensor z = leaf_as(rand_tensor({2, 3, 4, 5}, DType::float64, 6), kCL);
   const Tensor z2 = z.contiguous(kCL);
@@ -304,35 +288,35 @@ TEST(ChannelsLast, CloneAndToKeepTheLayout) {
   // clone: a new channels_last tensor.
   const Tensor c = ops::clone(x);
   EXPECT_NE(c.storage().data(), x.storage().data());
-  EXPECT_TRUE(is_cl(c));
+  EXPECT_TRUE(is_channels_last(c));
   EXPECT_EQ(c.strides(), x.strides());
   EXPECT_TRUE(same_values(c, x));
   // clone of row-major and of a non-dense view stay/come out row-major.
-  EXPECT_TRUE(is_rm(ops::clone(rand_tensor({2, 3, 4, 5}, DType::float32, 9))));
+  EXPECT_TRUE(is_row_major(ops::clone(rand_tensor({2, 3, 4, 5}, DType::float32, 9))));
   const Tensor t2 = ops::transpose(rand_tensor({3, 4}, DType::float32, 10), 0, 1);
-  EXPECT_TRUE(is_rm(ops::clone(t2)));
+  EXPECT_TRUE(is_row_major(ops::clone(t2)));
   EXPECT_TRUE(same_values(ops::clone(t2), t2));
   // to(dtype): channels_last on the same device, values converted.
   for (DType d : {DType::float64, DType::float16, DType::bfloat16}) {
     SCOPED_TRACE(dtype_name(d));
     const Tensor y = ops::to(x, d);
     EXPECT_EQ(y.dtype(), d);
-    EXPECT_TRUE(is_cl(y));
+    EXPECT_TRUE(is_channels_last(y));
     EXPECT_TRUE(same_values(y, ops::to(ops::contiguous(x, kRM), d)));
     // and back
     const Tensor z = ops::to(y, DType::float32);
-    EXPECT_TRUE(is_cl(z));
+    EXPECT_TRUE(is_channels_last(z));
   }
   // to(device, dtype) on the same device, copy=true: a channels_last copy.
   const Tensor cp = ops::to(x, Device::cpu(), DType::float32, /*copy=*/true);
   EXPECT_NE(cp.storage().data(), x.storage().data());
-  EXPECT_TRUE(is_cl(cp));
+  EXPECT_TRUE(is_channels_last(cp));
   EXPECT_TRUE(same_values(cp, x));
   // Nothing to change: x itself.
   EXPECT_EQ(ops::to(x, DType::float32).storage().data(), x.storage().data());
   // Tensor::to (autograd) keeps it too.
   const Tensor ag = x.to(DType::float64);
-  EXPECT_TRUE(is_cl(ag));
+  EXPECT_TRUE(is_channels_last(ag));
   EXPECT_TRUE(same_values(ag, ops::to(x, DType::float64)));
 }
 
@@ -342,7 +326,7 @@ TEST(ChannelsLast, CopyBetweenLayouts) {
   // channels_last -> channels_last (the flat copy)
   const Tensor dst_cl = cl(ops::zeros({2, 5, 3, 4}));
   ops::copy_(dst_cl, src_cl);
-  EXPECT_TRUE(is_cl(dst_cl));
+  EXPECT_TRUE(is_channels_last(dst_cl));
   EXPECT_TRUE(same_values(dst_cl, src_rm));
   // channels_last -> row-major and row-major -> channels_last
   const Tensor dst_rm = ops::zeros({2, 5, 3, 4});
@@ -350,7 +334,7 @@ TEST(ChannelsLast, CopyBetweenLayouts) {
   EXPECT_TRUE(same_values(dst_rm, src_rm));
   const Tensor dst_cl2 = cl(ops::zeros({2, 5, 3, 4}));
   ops::copy_(dst_cl2, src_rm);
-  EXPECT_TRUE(is_cl(dst_cl2));
+  EXPECT_TRUE(is_channels_last(dst_cl2));
   EXPECT_TRUE(same_values(dst_cl2, src_rm));
   // With a dtype change (float64 channels_last into float32 channels_last).
   const Tensor dst_cl3 = cl(ops::zeros({2, 5, 3, 4}));
@@ -384,31 +368,31 @@ TEST(ChannelsLast, UnaryOpsGiveChannelsLastResults) {
                           ops::UnaryOp::tanh, ops::UnaryOp::square, ops::UnaryOp::sigmoid}) {
     SCOPED_TRACE(ops::unary_op_name(op));
     const Tensor y = ops::unary(op, xc);
-    EXPECT_TRUE(is_cl(y));
+    EXPECT_TRUE(is_channels_last(y));
     EXPECT_TRUE(same_values(y, ops::unary(op, x)));
   }
   // Autograd's relu and its gradient.
   const Tensor a = leaf_as(x, kCL), b = leaf_as(x, kRM);
   const Tensor ya = relu(a), yb = relu(b);
-  EXPECT_TRUE(is_cl(ya));
+  EXPECT_TRUE(is_channels_last(ya));
   EXPECT_TRUE(same_values(ya, yb));
   const Tensor g = rand_tensor({3, 5, 4, 6}, DType::float32, 21);
   sum(mul(ya, cl(g))).backward();
   sum(mul(yb, g)).backward();
-  EXPECT_TRUE(is_cl(a.grad()));
+  EXPECT_TRUE(is_channels_last(a.grad()));
   EXPECT_TRUE(same_values(a.grad(), b.grad()));
   // An integer channels_last tensor: relu keeps the dtype and the layout.
   const Tensor ints = cl(ops::reshape(ops::arange(-60, 60, 1, DType::int64), {2, 3, 4, 5}));
   const Tensor ri = ops::unary(ops::UnaryOp::relu, ints);
   EXPECT_EQ(ri.dtype(), DType::int64);
-  EXPECT_TRUE(is_cl(ri));
+  EXPECT_TRUE(is_channels_last(ri));
   EXPECT_TRUE(same_values(ri, ops::unary(ops::UnaryOp::relu, ops::contiguous(ints, kRM))));
   // A batch slice (storage offset) of a channels_last tensor.
   const Tensor big = cl(rand_tensor({5, 5, 4, 6}, DType::float32, 22));
   const Tensor part = ops::narrow(big, 0, 2, 3);
   ASSERT_EQ(part.suggest_memory_format(), kCL);
   const Tensor rp = ops::unary(ops::UnaryOp::exp, part);
-  EXPECT_TRUE(is_cl(rp));
+  EXPECT_TRUE(is_channels_last(rp));
   EXPECT_TRUE(same_values(rp, ops::unary(ops::UnaryOp::exp, ops::contiguous(part, kRM))));
 }
 
@@ -421,22 +405,22 @@ TEST(ChannelsLast, BinaryOpsOnChannelsLastOperands) {
         ops::BinaryOp::relu_backward, ops::BinaryOp::maximum}) {
     SCOPED_TRACE(ops::binary_op_name(op));
     const Tensor y = ops::binary(op, ac, bc);
-    EXPECT_TRUE(is_cl(y));
+    EXPECT_TRUE(is_channels_last(y));
     EXPECT_TRUE(same_values(y, ops::binary(op, a, b)));
   }
   // A comparison: bool, channels_last.
   const Tensor gt = ops::binary(ops::BinaryOp::gt, ac, bc);
   EXPECT_EQ(gt.dtype(), DType::bool_);
-  EXPECT_TRUE(is_cl(gt));
+  EXPECT_TRUE(is_channels_last(gt));
   EXPECT_TRUE(same_values(gt, ops::binary(ops::BinaryOp::gt, a, b)));
   // Autograd's add and add_relu, with gradients.
   const Tensor la = leaf_as(a, kCL), lb = leaf_as(b, kCL);
   const Tensor ra = leaf_as(a, kRM), rb = leaf_as(b, kRM);
   const Tensor s = add(la, lb), sr = add(ra, rb);
-  EXPECT_TRUE(is_cl(s));
+  EXPECT_TRUE(is_channels_last(s));
   EXPECT_TRUE(same_values(s, sr));
   const Tensor ar = add_relu(la, lb), arr = add_relu(ra, rb);
-  EXPECT_TRUE(is_cl(ar));
+  EXPECT_TRUE(is_channels_last(ar));
   EXPECT_TRUE(same_values(ar, arr));
   const Tensor g = rand_tensor(a.sizes(), DType::float32, 32);
   sum(mul(add(s, ar), cl(g))).backward();
@@ -444,25 +428,25 @@ TEST(ChannelsLast, BinaryOpsOnChannelsLastOperands) {
   for (auto [name, got, want] :
        {std::tuple{"a", la.grad(), ra.grad()}, std::tuple{"b", lb.grad(), rb.grad()}}) {
     SCOPED_TRACE(name);
-    EXPECT_TRUE(is_cl(got));
+    EXPECT_TRUE(is_channels_last(got));
     EXPECT_TRUE(same_values(got, want));
   }
   // Type promotion: float32 channels_last + float64 channels_last.
   const Tensor b64 = ops::to(bc, DType::float64);
   const Tensor p = ops::add(ac, b64);
   EXPECT_EQ(p.dtype(), DType::float64);
-  EXPECT_TRUE(is_cl(p));
+  EXPECT_TRUE(is_channels_last(p));
   EXPECT_TRUE(same_values(p, ops::add(a, ops::to(b, DType::float64))));
   // A float32 channels_last with a 16-bit channels_last (read widened).
   const Tensor bh = ops::to(bc, DType::bfloat16);
   const Tensor w = ops::add(ac, bh);
-  EXPECT_TRUE(is_cl(w));
+  EXPECT_TRUE(is_channels_last(w));
   EXPECT_TRUE(same_values(w, ops::add(a, ops::to(ops::to(b, DType::bfloat16), DType::float32))));
   // Batch slices (offsets) of channels_last tensors.
   const Tensor big = cl(rand_tensor({6, 6, 5, 4}, DType::float32, 33));
   const Tensor p1 = ops::narrow(big, 0, 1, 3), p2 = ops::narrow(big, 0, 3, 3);
   const Tensor ps = ops::add(p1, p2);
-  EXPECT_TRUE(is_cl(ps));
+  EXPECT_TRUE(is_channels_last(ps));
   EXPECT_TRUE(same_values(ps, ops::add(ops::contiguous(p1, kRM), ops::contiguous(p2, kRM))));
 }
 
@@ -481,19 +465,19 @@ TEST(ChannelsLast, BinaryWithScalarGivesChannelsLast) {
         std::tuple{"scalar / t", ops::scalar_binary(ops::BinaryOp::div, 2.0, ac),
                    ops::scalar_binary(ops::BinaryOp::div, 2.0, a)}}) {
     SCOPED_TRACE(name);
-    EXPECT_TRUE(is_cl(got));
+    EXPECT_TRUE(is_channels_last(got));
     EXPECT_TRUE(same_values(got, want));
   }
   // An integer channels_last tensor times a fraction: float32, channels_last.
   const Tensor ints = cl(ops::reshape(ops::arange(0, 24, 1, DType::int64), {1, 2, 3, 4}));
   const Tensor f = ops::mul(ints, 0.5);
   EXPECT_EQ(f.dtype(), DType::float32);
-  EXPECT_TRUE(is_cl(f));
+  EXPECT_TRUE(is_channels_last(f));
   EXPECT_TRUE(same_values(f, ops::mul(ops::contiguous(ints, kRM), 0.5)));
   // Autograd's scalar ops.
   const Tensor l = leaf_as(a, kCL);
   const Tensor y = l * 2.0 + 1.0;
-  EXPECT_TRUE(is_cl(y));
+  EXPECT_TRUE(is_channels_last(y));
   EXPECT_TRUE(same_values(y, a * 2.0 + 1.0));
 }
 
@@ -537,8 +521,8 @@ TEST(ChannelsLast, MixedLayoutsAndBroadcastsGiveCorrectValues) {
   // Autograd through a mixed op: each .grad in its leaf's layout.
   const Tensor la = leaf_as(a, kCL), lb = leaf_as(b, kRM);
   sum(mul(la, lb)).backward();
-  EXPECT_TRUE(is_cl(la.grad()));
-  EXPECT_TRUE(is_rm(lb.grad()));
+  EXPECT_TRUE(is_channels_last(la.grad()));
+  EXPECT_TRUE(is_row_major(lb.grad()));
   EXPECT_TRUE(same_values(la.grad(), b));
   EXPECT_TRUE(same_values(lb.grad(), a));
 }
@@ -552,18 +536,18 @@ TEST(ChannelsLast, InPlaceAddAndDonatedAddRelu) {
     const void* p = t.storage().data();
     ops::add_(t, cl(b), 2.0);
     EXPECT_EQ(t.storage().data(), p);
-    EXPECT_TRUE(is_cl(t));
+    EXPECT_TRUE(is_channels_last(t));
     const Tensor want = ops::add(a, ops::mul(b, 2.0));
     EXPECT_TRUE(close(t, want, 1e-6));
   }
   {
     const Tensor t = cl(a);
     ops::add_(t, b);  // row-major operand
-    EXPECT_TRUE(is_cl(t));
+    EXPECT_TRUE(is_channels_last(t));
     EXPECT_TRUE(same_values(t, ops::add(a, b)));
     const Tensor u = ops::clone(a);
     ops::add_(u, cl(b));  // row-major destination, channels_last operand
-    EXPECT_TRUE(is_rm(u));
+    EXPECT_TRUE(is_row_major(u));
     EXPECT_TRUE(same_values(u, ops::add(a, b)));
   }
   // add_relu over a dying channels_last intermediate: the result written over it, still
@@ -581,7 +565,7 @@ TEST(ChannelsLast, InPlaceAddAndDonatedAddRelu) {
     ASSERT_EQ(t.suggest_memory_format(), kCL);
     const void* p = t.storage().data();
     const Tensor out = ops::add_relu(std::move(t), cl(b));
-    EXPECT_TRUE(is_cl(out));
+    EXPECT_TRUE(is_channels_last(out));
     EXPECT_TRUE(same_values(out, want));
     EXPECT_EQ(out.storage().data(), p) << "the donor's buffer";
   }
@@ -644,16 +628,16 @@ TEST(ChannelsLast, Conv2dForwardBackwardMatchesRowMajor) {
     const Tensor gy = rand_tensor(ys, DType::float32, ++seed, -1, 1);
     const ConvRun ref =
         run_conv(x, w, b, gy, kRM, kRM, kRM, c.stride, c.padding, c.dilation, c.groups);
-    EXPECT_TRUE(is_rm(ref.out));
-    EXPECT_TRUE(is_rm(ref.gx));
-    EXPECT_TRUE(is_rm(ref.gw));
+    EXPECT_TRUE(is_row_major(ref.out));
+    EXPECT_TRUE(is_row_major(ref.gx));
+    EXPECT_TRUE(is_row_major(ref.gw));
     // A channels_last input (the upstream gradient channels_last too, as a following
     // batch_norm or relu gives it).
     const ConvRun got =
         run_conv(x, w, b, gy, kCL, kRM, kCL, c.stride, c.padding, c.dilation, c.groups);
-    EXPECT_TRUE(is_cl(got.out)) << "output";
-    EXPECT_TRUE(is_cl(got.gx)) << "input gradient";
-    EXPECT_TRUE(is_rm(got.gw)) << "a row-major weight's gradient";
+    EXPECT_TRUE(is_channels_last(got.out)) << "output";
+    EXPECT_TRUE(is_channels_last(got.gx)) << "input gradient";
+    EXPECT_TRUE(is_row_major(got.gw)) << "a row-major weight's gradient";
     EXPECT_TRUE(close(got.out, ref.out)) << "output";
     EXPECT_TRUE(close(got.gx, ref.gx)) << "input gradient";
     EXPECT_TRUE(close(got.gw, ref.gw)) << "weight gradient";
@@ -661,9 +645,9 @@ TEST(ChannelsLast, Conv2dForwardBackwardMatchesRowMajor) {
     // The upstream gradient row-major: the same values, the leaves' layouts.
     const ConvRun mixed =
         run_conv(x, w, b, gy, kCL, kRM, kRM, c.stride, c.padding, c.dilation, c.groups);
-    EXPECT_TRUE(is_cl(mixed.out));
-    EXPECT_TRUE(is_cl(mixed.gx)) << "input gradient (row-major upstream)";
-    EXPECT_TRUE(is_rm(mixed.gw));
+    EXPECT_TRUE(is_channels_last(mixed.out));
+    EXPECT_TRUE(is_channels_last(mixed.gx)) << "input gradient (row-major upstream)";
+    EXPECT_TRUE(is_row_major(mixed.gw));
     EXPECT_TRUE(close(mixed.gx, ref.gx));
     EXPECT_TRUE(close(mixed.gw, ref.gw));
     // A channels_last weight with a row-major input: channels_last output (PyTorch's rule),
@@ -671,10 +655,10 @@ TEST(ChannelsLast, Conv2dForwardBackwardMatchesRowMajor) {
     const ConvRun wcl =
         run_conv(x, w, b, gy, kRM, kCL, kRM, c.stride, c.padding, c.dilation, c.groups);
     if (c.w[1] > 1 && c.w[2] * c.w[3] > 1) {  // else the weight is row-major as well
-      EXPECT_TRUE(is_cl(wcl.out)) << "output of a channels_last weight";
-      EXPECT_TRUE(is_cl(wcl.gw)) << "a channels_last weight's gradient";
+      EXPECT_TRUE(is_channels_last(wcl.out)) << "output of a channels_last weight";
+      EXPECT_TRUE(is_channels_last(wcl.gw)) << "a channels_last weight's gradient";
     }
-    EXPECT_TRUE(is_rm(wcl.gx)) << "a row-major input's gradient";
+    EXPECT_TRUE(is_row_major(wcl.gx)) << "a row-major input's gradient";
     EXPECT_TRUE(close(wcl.out, ref.out));
     EXPECT_TRUE(close(wcl.gx, ref.gx));
     EXPECT_TRUE(close(wcl.gw, ref.gw));
@@ -682,7 +666,7 @@ TEST(ChannelsLast, Conv2dForwardBackwardMatchesRowMajor) {
     // Both channels_last.
     const ConvRun both_cl =
         run_conv(x, w, b, gy, kCL, kCL, kCL, c.stride, c.padding, c.dilation, c.groups);
-    EXPECT_TRUE(is_cl(both_cl.out));
+    EXPECT_TRUE(is_channels_last(both_cl.out));
     EXPECT_TRUE(close(both_cl.out, ref.out));
     EXPECT_TRUE(close(both_cl.gx, ref.gx));
     EXPECT_TRUE(close(both_cl.gw, ref.gw));
@@ -697,23 +681,23 @@ TEST(ChannelsLast, Conv2dRawOpsLayouts) {
   const Tensor gy = rand_tensor(y.sizes(), DType::float32, 122, -1, 1);
   const Tensor gx = ops::conv2d_backward_input(gy, w, x.sizes(), 1, 1, 1, 1);
   const Tensor gw = ops::conv2d_backward_weight(gy, x, w.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_rm(y));
-  EXPECT_TRUE(is_rm(gx));
-  EXPECT_TRUE(is_rm(gw));
+  EXPECT_TRUE(is_row_major(y));
+  EXPECT_TRUE(is_row_major(gx));
+  EXPECT_TRUE(is_row_major(gw));
   const Tensor yc = ops::conv2d(cl(x), w, {}, 1, 1);
-  EXPECT_TRUE(is_cl(yc));
+  EXPECT_TRUE(is_channels_last(yc));
   EXPECT_TRUE(close(yc, y));
   const Tensor gxc = ops::conv2d_backward_input(cl(gy), w, x.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_cl(gxc));
+  EXPECT_TRUE(is_channels_last(gxc));
   EXPECT_TRUE(close(gxc, gx));
   const Tensor gxw = ops::conv2d_backward_input(gy, cl(w), x.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_cl(gxw));
+  EXPECT_TRUE(is_channels_last(gxw));
   EXPECT_TRUE(close(gxw, gx));
   const Tensor gwc = ops::conv2d_backward_weight(cl(gy), x, w.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_cl(gwc));
+  EXPECT_TRUE(is_channels_last(gwc));
   EXPECT_TRUE(close(gwc, gw));
   const Tensor gwx = ops::conv2d_backward_weight(gy, cl(x), w.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_cl(gwx));
+  EXPECT_TRUE(is_channels_last(gwx));
   EXPECT_TRUE(close(gwx, gw));
   // float64 and bfloat16 keep the layout too.
   for (DType d : {DType::float64, DType::bfloat16}) {
@@ -721,7 +705,7 @@ TEST(ChannelsLast, Conv2dRawOpsLayouts) {
     const Tensor xd = ops::to(x, d), wd = ops::to(w, d);
     const Tensor r = ops::conv2d(cl(xd), wd, {}, 1, 1);
     EXPECT_EQ(r.dtype(), d);
-    EXPECT_TRUE(is_cl(r));
+    EXPECT_TRUE(is_channels_last(r));
     EXPECT_TRUE(same_values(r, ops::conv2d(xd, wd, {}, 1, 1)));
   }
   // Unbatched [C, H, W] with a channels_last weight: the values.
@@ -749,10 +733,11 @@ TEST(ChannelsLast, Conv2dInputGradientFollowsTheInputLayout) {
   const Tensor gy = rand_tensor(y.sizes(), DType::float32, 132, -1, 1);
   sum(mul(y, gy)).backward();
   ASSERT_TRUE(seen.defined());
-  EXPECT_TRUE(is_cl(seen)) << "gradient into a channels_last input from a row-major upstream";
+  EXPECT_TRUE(is_channels_last(seen))
+      << "gradient into a channels_last input from a row-major upstream";
   const Tensor ref = ops::conv2d_backward_input(gy, w.detach(), x0.sizes(), 1, 1, 1, 1);
   EXPECT_TRUE(close(seen, ref));
-  EXPECT_TRUE(is_cl(x.grad()));
+  EXPECT_TRUE(is_channels_last(x.grad()));
 }
 
 // ================================================================ batch_norm
@@ -780,9 +765,9 @@ TEST(ChannelsLast, BatchNormTrainingMatchesRowMajor) {
       return Run{out, x.grad(), w.grad(), b.grad(), rm, rv};
     };
     const Run ref = run(kRM), got = run(kCL);
-    EXPECT_TRUE(is_rm(ref.out));
-    EXPECT_TRUE(is_cl(got.out)) << "output";
-    EXPECT_TRUE(is_cl(got.gx)) << "input gradient";
+    EXPECT_TRUE(is_row_major(ref.out));
+    EXPECT_TRUE(is_channels_last(got.out)) << "output";
+    EXPECT_TRUE(is_channels_last(got.gx)) << "input gradient";
     EXPECT_TRUE(close(got.out, ref.out, 1e-6)) << "out";
     EXPECT_TRUE(close(got.gx, ref.gx, 1e-6)) << "dx";
     EXPECT_TRUE(close(got.gw, ref.gw, 1e-6)) << "dweight";
@@ -805,7 +790,7 @@ TEST(ChannelsLast, BatchNormRawOpsAndEval) {
     SCOPED_TRACE(training ? "training" : "eval");
     auto [o, m, i] = ops::batch_norm(x, rm, rv, w, b, training);
     auto [oc, mc, ic] = ops::batch_norm(cl(x), rm, rv, w, b, training);
-    EXPECT_TRUE(is_cl(oc));
+    EXPECT_TRUE(is_channels_last(oc));
     EXPECT_TRUE(close(oc, o));
     EXPECT_TRUE(close(mc, m));
     EXPECT_TRUE(close(ic, i));
@@ -815,7 +800,7 @@ TEST(ChannelsLast, BatchNormRawOpsAndEval) {
       auto [dx, dw, db] = ops::batch_norm_backward(dy, x, m, i, w, training, {true, true, true});
       auto [dxc, dwc, dbc] = ops::batch_norm_backward(dy_cl ? cl(dy) : dy, cl(x), mc, ic, w,
                                                       training, {true, true, true});
-      EXPECT_TRUE(is_cl(dxc));
+      EXPECT_TRUE(is_channels_last(dxc));
       EXPECT_TRUE(close(dxc, dx));
       EXPECT_TRUE(close(dwc, dw));
       EXPECT_TRUE(close(dbc, db));
@@ -828,7 +813,7 @@ TEST(ChannelsLast, BatchNormRawOpsAndEval) {
     auto [o, m, i] = ops::batch_norm(xd, {}, {}, w, b, true);
     auto [oc, mc, ic] = ops::batch_norm(cl(xd), {}, {}, w, b, true);
     EXPECT_EQ(oc.dtype(), d);
-    EXPECT_TRUE(is_cl(oc));
+    EXPECT_TRUE(is_channels_last(oc));
     EXPECT_TRUE(close(oc, o, 1e-3));
   }
 }
@@ -849,28 +834,28 @@ TEST(ChannelsLast, MaxPoolMatchesRowMajor) {
     const Tensor xr = leaf_as(x0, kRM), xc = leaf_as(x0, kCL);
     auto [yr, ir] = max_pool2d_with_indices(xr, c.k, c.s, c.p, c.d, c.ceil);
     auto [yc, ic] = max_pool2d_with_indices(xc, c.k, c.s, c.p, c.d, c.ceil);
-    EXPECT_TRUE(is_cl(yc)) << "output";
+    EXPECT_TRUE(is_channels_last(yc)) << "output";
     EXPECT_TRUE(same_values(yc, yr));
     EXPECT_TRUE(same_values(ic, ir)) << "indices";
     const Tensor gy = rand_tensor(yr.sizes(), DType::float32, 301, -1, 1);
     sum(mul(yr, gy)).backward();
     sum(mul(yc, cl(gy))).backward();
-    EXPECT_TRUE(is_cl(xc.grad()));
+    EXPECT_TRUE(is_channels_last(xc.grad()));
     EXPECT_TRUE(same_values(xc.grad(), xr.grad()));
   }
   // max_pool2d (no indices) and avg_pool2d.
   const Tensor xr = leaf_as(x0, kRM), xc = leaf_as(x0, kCL);
   const Tensor mr = max_pool2d(xr, 2), mc = max_pool2d(xc, 2);
-  EXPECT_TRUE(is_cl(mc));
+  EXPECT_TRUE(is_channels_last(mc));
   EXPECT_TRUE(same_values(mc, mr));
   const Tensor ar = avg_pool2d(xr, 3, 2, 1), ac = avg_pool2d(xc, 3, 2, 1);
-  EXPECT_TRUE(is_cl(ac));
+  EXPECT_TRUE(is_channels_last(ac));
   EXPECT_TRUE(same_values(ac, ar));
   const Tensor g1 = rand_tensor(mr.sizes(), DType::float32, 302, -1, 1);
   const Tensor g2 = rand_tensor(ar.sizes(), DType::float32, 303, -1, 1);
   sum(add(sum(mul(mr, g1)), sum(mul(ar, g2)))).backward();
   sum(add(sum(mul(mc, g1)), sum(mul(ac, g2)))).backward();
-  EXPECT_TRUE(is_cl(xc.grad()));
+  EXPECT_TRUE(is_channels_last(xc.grad()));
   EXPECT_TRUE(close(xc.grad(), xr.grad()));
 }
 
@@ -900,7 +885,7 @@ TEST(ChannelsLast, PoolGradientsComeBackInTheInputLayout) {
     const Tensor y = fn(xi);
     sum(mul(y, rand_tensor(y.sizes(), DType::float32, 311, -1, 1))).backward();
     ASSERT_TRUE(seen.defined());
-    EXPECT_TRUE(is_cl(seen));
+    EXPECT_TRUE(is_channels_last(seen));
   }
 }
 
@@ -911,7 +896,7 @@ TEST(ChannelsLast, AdaptiveAvgPoolMatchesRowMajor) {
     const Tensor xr = leaf_as(x0, kRM), xc = leaf_as(x0, kCL);
     const Tensor yr = adaptive_avg_pool2d(xr, o), yc = adaptive_avg_pool2d(xc, o);
     if (o.h * o.w > 1) {
-      EXPECT_TRUE(is_cl(yc)) << "output";
+      EXPECT_TRUE(is_channels_last(yc)) << "output";
     } else {
       EXPECT_TRUE(yc.is_contiguous(kCL)) << "[N, C, 1, 1]: both layouts";
     }
@@ -919,7 +904,7 @@ TEST(ChannelsLast, AdaptiveAvgPoolMatchesRowMajor) {
     const Tensor gy = rand_tensor(yr.sizes(), DType::float32, 321, -1, 1);
     sum(mul(yr, gy)).backward();
     sum(mul(yc, gy)).backward();
-    EXPECT_TRUE(is_cl(xc.grad()));
+    EXPECT_TRUE(is_channels_last(xc.grad()));
     EXPECT_TRUE(close(xc.grad(), xr.grad()));
   }
 }
@@ -932,32 +917,32 @@ TEST(ChannelsLast, AccumulatedGradTakesTheParameterLayout) {
   const Tensor p = leaf_as(v, kCL);
   const Tensor g = rand_tensor({2, 3, 4, 5}, DType::float32, 401);
   sum(mul(p, g)).backward();
-  EXPECT_TRUE(is_cl(p.grad()));
+  EXPECT_TRUE(is_channels_last(p.grad()));
   EXPECT_TRUE(same_values(p.grad(), g));
   // A second backward accumulates into it, in place, layout kept.
   sum(mul(p, g)).backward();
-  EXPECT_TRUE(is_cl(p.grad()));
+  EXPECT_TRUE(is_channels_last(p.grad()));
   EXPECT_TRUE(same_values(p.grad(), ops::mul(g, 2.0)));
   // The expanded gradient of a sum (stride 0 everywhere).
   const Tensor q = leaf_as(v, kCL);
   sum(q).backward();
-  EXPECT_TRUE(is_cl(q.grad()));
+  EXPECT_TRUE(is_channels_last(q.grad()));
   EXPECT_TRUE(same_values(q.grad(), ops::ones({2, 3, 4, 5})));
   // A row-major leaf getting a channels_last gradient: row-major .grad.
   const Tensor r = leaf_as(v, kRM);
   sum(mul(r, cl(g))).backward();
-  EXPECT_TRUE(is_rm(r.grad()));
+  EXPECT_TRUE(is_row_major(r.grad()));
   EXPECT_TRUE(same_values(r.grad(), g));
   // A channels_last leaf getting a channels_last gradient.
   const Tensor s = leaf_as(v, kCL);
   sum(mul(s, cl(g))).backward();
-  EXPECT_TRUE(is_cl(s.grad()));
+  EXPECT_TRUE(is_channels_last(s.grad()));
   EXPECT_TRUE(same_values(s.grad(), g));
   // A float64 gradient into a float32 channels_last leaf (dtype and layout both converted).
   const Tensor t = leaf_as(v, kCL);
   sum(mul(t.to(DType::float64), ops::to(g, DType::float64))).backward();
   EXPECT_EQ(t.grad().dtype(), DType::float32);
-  EXPECT_TRUE(is_cl(t.grad()));
+  EXPECT_TRUE(is_channels_last(t.grad()));
   EXPECT_TRUE(same_values(t.grad(), g));
 }
 
@@ -982,10 +967,10 @@ TEST(ChannelsLast, ConvBnReluBlockMatchesRowMajor) {
     return Run{out, x.grad(), w1.grad(), w2.grad(), bw.grad(), bb.grad()};
   };
   const Run ref = run(kRM), got = run(kCL);
-  EXPECT_TRUE(is_cl(got.out));
-  EXPECT_TRUE(is_cl(got.gx));
-  EXPECT_TRUE(is_cl(got.gw1));
-  EXPECT_TRUE(is_cl(got.gw2));
+  EXPECT_TRUE(is_channels_last(got.out));
+  EXPECT_TRUE(is_channels_last(got.gx));
+  EXPECT_TRUE(is_channels_last(got.gw1));
+  EXPECT_TRUE(is_channels_last(got.gw2));
   EXPECT_TRUE(close(got.out, ref.out, 1e-5)) << "out";
   EXPECT_TRUE(close(got.gx, ref.gx, 1e-5)) << "dx";
   EXPECT_TRUE(close(got.gw1, ref.gw1, 1e-5)) << "dw1";

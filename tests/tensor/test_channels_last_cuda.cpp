@@ -45,99 +45,6 @@ Tensor gpu_cl(const Tensor& cpu) {
   return ops::contiguous(to_gpu(cpu), kCL);
 }
 
-::testing::AssertionResult is_cl(const Tensor& t) {
-  if (!t.defined()) return ::testing::AssertionFailure() << "undefined tensor";
-  if (t.suggest_memory_format() == kCL) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "not channels_last: sizes " << t.shape_string()
-                                       << " strides " << shape_str(t.strides());
-}
-
-::testing::AssertionResult is_rm(const Tensor& t) {
-  if (!t.defined()) return ::testing::AssertionFailure() << "undefined tensor";
-  if (t.is_contiguous()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << "not row-major: sizes " << t.shape_string() << " strides " << shape_str(t.strides());
-}
-
-// Tolerances relative to max |reference| (test_norm_cuda's): elementwise-ish results and
-// reductions.
-struct Tol {
-  double elem, red;
-};
-Tol tol_for(DType d) {
-  switch (d) {
-    case DType::float32:
-      return {1e-5, 1e-4};
-    case DType::float64:
-      return {1e-12, 1e-11};
-    default:
-      return {2e-2, 2e-2};
-  }
-}
-
-DType param_dtype(DType d) {
-  return d == DType::float64 ? DType::float64 : DType::float32;
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0;
-  if (t.defined())
-    for (double v : ops::to_vector(t)) m = std::max(m, std::abs(v));
-  return m;
-}
-
-std::string shape_dtype(const Tensor& t) {
-  return t.shape_string() + " " + dtype_name(t.dtype());
-}
-
-// gpu (on the device) against cpu: same definedness, shape and dtype, and
-// max |gpu - cpu| <= tol * max(max |cpu|, floor); the failure names the worst element.
-::testing::AssertionResult close(const Tensor& gpu, const Tensor& cpu, double tol,
-                                 const std::string& what, double floor = 0) {
-  if (gpu.defined() != cpu.defined())
-    return ::testing::AssertionFailure()
-           << what << ": defined on gpu " << gpu.defined() << ", on cpu " << cpu.defined();
-  if (!gpu.defined()) return ::testing::AssertionSuccess();
-  if (!gpu.is_cuda())
-    return ::testing::AssertionFailure() << what << ": result is on " << gpu.device().str();
-  if (gpu.sizes() != cpu.sizes() || gpu.dtype() != cpu.dtype())
-    return ::testing::AssertionFailure()
-           << what << ": gpu " << shape_dtype(gpu) << " vs cpu " << shape_dtype(cpu);
-  const std::vector<double> a = ops::to_vector(gpu), b = ops::to_vector(cpu);
-  double max_ref = 0, max_diff = 0;
-  size_t worst = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (std::isnan(a[i]) != std::isnan(b[i]) || std::isinf(a[i]) != std::isinf(b[i]))
-      return ::testing::AssertionFailure() << what << ": element " << i << " gpu " << a[i]
-                                           << " cpu " << b[i] << " (" << shape_dtype(cpu) << ")";
-    if (std::isnan(b[i]) || std::isinf(b[i])) continue;
-    max_ref = std::max(max_ref, std::abs(b[i]));
-    const double diff = std::abs(a[i] - b[i]);
-    if (diff > max_diff) {
-      max_diff = diff;
-      worst = i;
-    }
-  }
-  const double denom = std::max(max_ref, floor);
-  const double rel = denom > 0 ? max_diff / denom : max_diff;
-  if (rel <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << ": relative error " << rel << " > " << tol << " (" << shape_dtype(cpu)
-         << ", max|ref| " << max_ref << ", floor " << floor << ", worst at flat index " << worst
-         << ": gpu " << a[worst] << " vs cpu " << b[worst] << ")";
-}
-
-// The size of batch_norm dx's terms: max |dy| * max |weight| * max |invstd| (dx can cancel).
-double dx_floor(const Tensor& dy, const Tensor& w, const Tensor& invstd) {
-  return max_abs(dy) * (w.defined() ? max_abs(w) : 1.0) * max_abs(invstd);
-}
-
-std::string label(const char* op, const Shape& s, DType d) {
-  std::ostringstream o;
-  o << op << " " << shape_str(s) << " " << dtype_name(d);
-  return o.str();
-}
-
 // ================================================================ conversions, elementwise
 
 TEST(ChannelsLastCuda, ConversionsAndElementwiseKeepTheLayout) {
@@ -147,23 +54,23 @@ TEST(ChannelsLastCuda, ConversionsAndElementwiseKeepTheLayout) {
   const Tensor ag = gpu_cl(a), bg = gpu_cl(b);
   ASSERT_TRUE(ag.is_cuda());
   EXPECT_EQ(ag.strides(), (Shape{420, 1, 84, 12}));
-  EXPECT_TRUE(is_cl(ag));
+  EXPECT_TRUE(is_channels_last(ag));
   EXPECT_EQ(ops::to_vector(ag), ops::to_vector(a));
   // Back to the CPU: row-major there, the same values.
   const Tensor back = ops::to(ag, kCpu, DType::float32);
-  EXPECT_TRUE(is_rm(back));
+  EXPECT_TRUE(is_row_major(back));
   EXPECT_EQ(ops::to_vector(back), ops::to_vector(a));
   // clone, to(dtype), contiguous(row-major) on the device.
-  EXPECT_TRUE(is_cl(ops::clone(ag)));
+  EXPECT_TRUE(is_channels_last(ops::clone(ag)));
   EXPECT_EQ(ops::to_vector(ops::clone(ag)), ops::to_vector(a));
   for (DType d : {DType::float16, DType::bfloat16, DType::float64}) {
     SCOPED_TRACE(dtype_name(d));
     const Tensor t = ops::to(ag, d);
-    EXPECT_TRUE(is_cl(t));
+    EXPECT_TRUE(is_channels_last(t));
     EXPECT_EQ(ops::to_vector(t), ops::to_vector(ops::to(a, d)));
   }
   const Tensor rm = ops::contiguous(ag, kRM);
-  EXPECT_TRUE(is_rm(rm));
+  EXPECT_TRUE(is_row_major(rm));
   EXPECT_EQ(ops::to_vector(rm), ops::to_vector(a));
   // Elementwise ops: channels_last results, the CPU's values (exact ops only).
   for (auto [name, got, want] :
@@ -176,27 +83,28 @@ TEST(ChannelsLastCuda, ConversionsAndElementwiseKeepTheLayout) {
         std::tuple{"mul scalar", ops::mul(ag, 0.5), ops::mul(a, 0.5)},
         std::tuple{"add scalar", ops::add(ag, -1.0), ops::add(a, -1.0)}}) {
     SCOPED_TRACE(name);
-    EXPECT_TRUE(is_cl(got));
-    EXPECT_TRUE(close(got, want, 0, name));
+    EXPECT_TRUE(is_channels_last(got));
+    EXPECT_TRUE(close_to_cpu(got, want, 0, name));
   }
   // Mixed layouts: the CPU's values.
-  EXPECT_TRUE(close(ops::add(ag, to_gpu(b)), ops::add(a, b), 0, "cl + row-major"));
-  EXPECT_TRUE(close(ops::add_relu(to_gpu(a), bg), ops::add_relu(a, b), 0, "row-major + cl"));
+  EXPECT_TRUE(close_to_cpu(ops::add(ag, to_gpu(b)), ops::add(a, b), 0, "cl + row-major"));
+  EXPECT_TRUE(close_to_cpu(ops::add_relu(to_gpu(a), bg), ops::add_relu(a, b), 0, "row-major + cl"));
   // In place.
   const Tensor t = ops::clone(ag);
   ops::add_(t, bg, 2.0);
-  EXPECT_TRUE(is_cl(t));
-  EXPECT_TRUE(close(t, ops::add(a, ops::mul(b, 2.0)), 1e-6, "add_"));
+  EXPECT_TRUE(is_channels_last(t));
+  EXPECT_TRUE(close_to_cpu(t, ops::add(a, ops::mul(b, 2.0)), 1e-6, "add_"));
   // 16-bit beside float32, channels_last both.
   const Tensor bh = ops::to(bg, DType::bfloat16);
-  EXPECT_TRUE(close(ops::add(ag, bh),
-                    ops::add(a, ops::to(ops::to(b, DType::bfloat16), DType::float32)), 0,
-                    "float32 + bfloat16"));
+  EXPECT_TRUE(close_to_cpu(ops::add(ag, bh),
+                           ops::add(a, ops::to(ops::to(b, DType::bfloat16), DType::float32)), 0,
+                           "float32 + bfloat16"));
   // A batch slice (offset) of a channels_last tensor on the device.
   const Tensor part = ops::narrow(ag, 0, 1, 2);
-  ASSERT_TRUE(is_cl(part));
-  EXPECT_TRUE(close(ops::unary(ops::UnaryOp::relu, part),
-                    ops::unary(ops::UnaryOp::relu, ops::narrow(a, 0, 1, 2)), 0, "offset relu"));
+  ASSERT_TRUE(is_channels_last(part));
+  EXPECT_TRUE(close_to_cpu(ops::unary(ops::UnaryOp::relu, part),
+                           ops::unary(ops::UnaryOp::relu, ops::narrow(a, 0, 1, 2)), 0,
+                           "offset relu"));
 }
 
 // ================================================================ batch_norm
@@ -209,9 +117,9 @@ const std::array<bool, 3> kMasks[] = {
 // run: training forward (two steps of running statistics, and none), training backward for
 // every mask (dy channels_last, then row-major), eval forward and backward.
 void check_batch_norm_cl(const Shape& xs, DType d, uint64_t seed) {
-  SCOPED_TRACE(label("batch_norm channels_last", xs, d));
-  const Tol tol = tol_for(d);
-  const DType pd = param_dtype(d);
+  SCOPED_TRACE(case_label("batch_norm channels_last", xs, d));
+  const NormTol tol = norm_tol(d);
+  const DType pd = ops::norm_stat_dtype(d);
   const int64_t c = xs[1];
   const Tensor x = rand_tensor(xs, d, seed);
   const Tensor w = rand_tensor({c}, pd, seed + 1, 0.5, 1.5);
@@ -224,7 +132,7 @@ void check_batch_norm_cl(const Shape& xs, DType d, uint64_t seed) {
   // layout checks are moot.
   const bool distinct = xs[1] > 1 && xs[2] * xs[3] > 1;
   if (distinct) {
-    ASSERT_TRUE(is_cl(xg));
+    ASSERT_TRUE(is_channels_last(xg));
   }
   const Tensor rmg = to_gpu(rm), rvg = to_gpu(rv);
 
@@ -232,31 +140,31 @@ void check_batch_norm_cl(const Shape& xs, DType d, uint64_t seed) {
     auto [oc, mc, ic] = ops::batch_norm(x, rm, rv, w, b, training, momentum, 1e-5);
     auto [og, mg, ig] = ops::batch_norm(xg, rmg, rvg, wg, bg, training, momentum, 1e-5);
     if (distinct) {
-      EXPECT_TRUE(is_cl(og)) << phase << " out";
+      EXPECT_TRUE(is_channels_last(og)) << phase << " out";
     }
     EXPECT_EQ(og.dtype(), d);
-    EXPECT_TRUE(close(og, oc, tol.elem, phase + " out"));
-    EXPECT_TRUE(close(mg, mc, tol.elem, phase + " mean"));
-    EXPECT_TRUE(close(ig, ic, tol.elem, phase + " invstd"));
+    EXPECT_TRUE(close_to_cpu(og, oc, tol.elem, phase + " out"));
+    EXPECT_TRUE(close_to_cpu(mg, mc, tol.elem, phase + " mean"));
+    EXPECT_TRUE(close_to_cpu(ig, ic, tol.elem, phase + " invstd"));
     return std::array<Tensor, 4>{mc, ic, mg, ig};
   };
 
   const auto [mc, ic, mg, ig] = forward(true, 0.1, "train");
-  EXPECT_TRUE(close(rmg, rm, tol.elem, "running_mean after step 1"));
-  EXPECT_TRUE(close(rvg, rv, tol.elem, "running_var after step 1"));
+  EXPECT_TRUE(close_to_cpu(rmg, rm, tol.elem, "running_mean after step 1"));
+  EXPECT_TRUE(close_to_cpu(rvg, rv, tol.elem, "running_var after step 1"));
   forward(true, 0.5, "train step 2");
-  EXPECT_TRUE(close(rmg, rm, tol.elem, "running_mean after step 2"));
-  EXPECT_TRUE(close(rvg, rv, tol.elem, "running_var after step 2"));
+  EXPECT_TRUE(close_to_cpu(rmg, rm, tol.elem, "running_mean after step 2"));
+  EXPECT_TRUE(close_to_cpu(rvg, rv, tol.elem, "running_var after step 2"));
   {
     const Tensor og = std::get<0>(ops::batch_norm(xg, {}, {}, wg, bg, true));
     if (distinct) {
-      EXPECT_TRUE(is_cl(og));
+      EXPECT_TRUE(is_channels_last(og));
     }
-    EXPECT_TRUE(close(og, std::get<0>(ops::batch_norm(x, {}, {}, w, b, true)), tol.elem,
-                      "train out (no running stats, affine)"));
+    EXPECT_TRUE(close_to_cpu(og, std::get<0>(ops::batch_norm(x, {}, {}, w, b, true)), tol.elem,
+                             "train out (no running stats, affine)"));
     const Tensor on = std::get<0>(ops::batch_norm(xg, {}, {}, {}, {}, true));
-    EXPECT_TRUE(close(on, std::get<0>(ops::batch_norm(x, {}, {}, {}, {}, true)), tol.elem,
-                      "train out (no affine)"));
+    EXPECT_TRUE(close_to_cpu(on, std::get<0>(ops::batch_norm(x, {}, {}, {}, {}, true)), tol.elem,
+                             "train out (no affine)"));
   }
 
   for (std::array<bool, 3> mask : kMasks) {
@@ -267,11 +175,11 @@ void check_batch_norm_cl(const Shape& xs, DType d, uint64_t seed) {
       auto [dxg, dwg, dbg] =
           ops::batch_norm_backward(dy_cl ? dyg : to_gpu(dy), xg, mg, ig, wg, true, mask);
       if (mask[0] && distinct) {
-        EXPECT_TRUE(is_cl(dxg)) << "dx";
+        EXPECT_TRUE(is_channels_last(dxg)) << "dx";
       }
-      EXPECT_TRUE(close(dxg, dxc, tol.elem, "dx", dx_floor(dy, w, ic)));
-      EXPECT_TRUE(close(dwg, dwc, tol.elem, "dweight"));
-      EXPECT_TRUE(close(dbg, dbc, tol.elem, "dbias"));
+      EXPECT_TRUE(close_to_cpu(dxg, dxc, tol.elem, "dx", norm_dx_floor(dy, w, ic)));
+      EXPECT_TRUE(close_to_cpu(dwg, dwc, tol.elem, "dweight"));
+      EXPECT_TRUE(close_to_cpu(dbg, dbc, tol.elem, "dbias"));
     }
   }
 
@@ -282,11 +190,11 @@ void check_batch_norm_cl(const Shape& xs, DType d, uint64_t seed) {
     auto [dxg, dwg, dbg] =
         ops::batch_norm_backward(dyg, xg, emg, eig, wg, false, {true, true, true});
     if (distinct) {
-      EXPECT_TRUE(is_cl(dxg));
+      EXPECT_TRUE(is_channels_last(dxg));
     }
-    EXPECT_TRUE(close(dxg, dxc, tol.elem, "eval dx"));
-    EXPECT_TRUE(close(dwg, dwc, tol.elem, "eval dweight"));
-    EXPECT_TRUE(close(dbg, dbc, tol.elem, "eval dbias"));
+    EXPECT_TRUE(close_to_cpu(dxg, dxc, tol.elem, "eval dx"));
+    EXPECT_TRUE(close_to_cpu(dwg, dwc, tol.elem, "eval dweight"));
+    EXPECT_TRUE(close_to_cpu(dbg, dbc, tol.elem, "eval dbias"));
   }
 }
 
@@ -313,10 +221,10 @@ TEST(ChannelsLastCuda, BatchNormManyRowsFewChannels) {
   const Tensor xc = ops::add(rand_tensor({6, 12, 17, 19}, DType::float32, 3), 1000.0);
   auto [oc, mc, ic] = ops::batch_norm(xc, {}, {}, {}, {}, true);
   auto [og, mg, ig] = ops::batch_norm(gpu_cl(xc), {}, {}, {}, {}, true);
-  EXPECT_TRUE(is_cl(og));
-  EXPECT_TRUE(close(mg, mc, 1e-6, "mean of offset data"));
-  EXPECT_TRUE(close(ig, ic, 1e-4, "invstd of offset data"));
-  EXPECT_TRUE(close(og, oc, 1e-3, "out of offset data"));
+  EXPECT_TRUE(is_channels_last(og));
+  EXPECT_TRUE(close_to_cpu(mg, mc, 1e-6, "mean of offset data"));
+  EXPECT_TRUE(close_to_cpu(ig, ic, 1e-4, "invstd of offset data"));
+  EXPECT_TRUE(close_to_cpu(og, oc, 1e-3, "out of offset data"));
 }
 
 TEST(ChannelsLastCuda, BatchNormEmptyBatch) {
@@ -333,8 +241,8 @@ TEST(ChannelsLastCuda, BatchNormEmptyBatch) {
   EXPECT_EQ(ops::to_vector(rv), rv0);
   auto [dx, dw, db] = ops::batch_norm_backward(x, x, mean, invstd, w, true, {true, true, true});
   EXPECT_EQ(dx.sizes(), s);
-  EXPECT_TRUE(close(dw, ops::zeros({6}), 0, "dweight of an empty batch"));
-  EXPECT_TRUE(close(db, ops::zeros({6}), 0, "dbias of an empty batch"));
+  EXPECT_TRUE(close_to_cpu(dw, ops::zeros({6}), 0, "dweight of an empty batch"));
+  EXPECT_TRUE(close_to_cpu(db, ops::zeros({6}), 0, "dbias of an empty batch"));
 }
 
 // Autograd's batch_norm (what nn::BatchNorm2d calls) on a channels_last GPU input.
@@ -355,16 +263,16 @@ TEST(ChannelsLastCuda, BatchNormAutogradMatchesTheCpu) {
   const Tensor ic = std::get<2>(ops::batch_norm(x0, {}, {}, w0, b0, true));
   const Tensor yc = batch_norm(xc, rmc, rvc, wc, bc, true);
   const Tensor yg = batch_norm(xg, rmg, rvg, wg, bg, true);
-  EXPECT_TRUE(is_cl(yg));
-  EXPECT_TRUE(close(yg, yc, 1e-5, "out"));
+  EXPECT_TRUE(is_channels_last(yg));
+  EXPECT_TRUE(close_to_cpu(yg, yc, 1e-5, "out"));
   yc.backward(gy);
   yg.backward(gpu_cl(gy));
-  EXPECT_TRUE(is_cl(xg.grad()));
-  EXPECT_TRUE(close(xg.grad(), xc.grad(), 1e-5, "dx", dx_floor(gy, w0, ic)));
-  EXPECT_TRUE(close(wg.grad(), wc.grad(), 1e-5, "dweight"));
-  EXPECT_TRUE(close(bg.grad(), bc.grad(), 1e-5, "dbias"));
-  EXPECT_TRUE(close(rmg, rmc, 1e-5, "running_mean"));
-  EXPECT_TRUE(close(rvg, rvc, 1e-5, "running_var"));
+  EXPECT_TRUE(is_channels_last(xg.grad()));
+  EXPECT_TRUE(close_to_cpu(xg.grad(), xc.grad(), 1e-5, "dx", norm_dx_floor(gy, w0, ic)));
+  EXPECT_TRUE(close_to_cpu(wg.grad(), wc.grad(), 1e-5, "dweight"));
+  EXPECT_TRUE(close_to_cpu(bg.grad(), bc.grad(), 1e-5, "dbias"));
+  EXPECT_TRUE(close_to_cpu(rmg, rmc, 1e-5, "running_mean"));
+  EXPECT_TRUE(close_to_cpu(rvg, rvc, 1e-5, "running_var"));
 }
 
 // ================================================================ conv2d
@@ -432,21 +340,21 @@ TEST(ChannelsLastCuda, Conv2dMatchesTheCpu) {
         const bool expect_cl = xf == kCL || has_distinct_cl(c.w);
         const Tensor yg = ops::conv2d(xg, wg, to_gpu(b), c.stride, c.padding, c.dilation, c.groups);
         if (expect_cl) {
-          EXPECT_TRUE(is_cl(yg)) << "forward";
+          EXPECT_TRUE(is_channels_last(yg)) << "forward";
         }
-        EXPECT_TRUE(close(yg, y, tol, "forward"));
+        EXPECT_TRUE(close_to_cpu(yg, y, tol, "forward"));
         const Tensor gxg =
             ops::conv2d_backward_input(gyg, wg, c.x, c.stride, c.padding, c.dilation, c.groups);
         if (expect_cl) {
-          EXPECT_TRUE(is_cl(gxg)) << "backward input";
+          EXPECT_TRUE(is_channels_last(gxg)) << "backward input";
         }
-        EXPECT_TRUE(close(gxg, gx, tol, "backward input"));
+        EXPECT_TRUE(close_to_cpu(gxg, gx, tol, "backward input"));
         const Tensor gwg =
             ops::conv2d_backward_weight(gyg, xg, c.w, c.stride, c.padding, c.dilation, c.groups);
         if (xf == kCL && has_distinct_cl(c.w)) {
-          EXPECT_TRUE(is_cl(gwg)) << "backward weight";
+          EXPECT_TRUE(is_channels_last(gwg)) << "backward weight";
         }
-        EXPECT_TRUE(close(gwg, gw, tol, "backward weight"));
+        EXPECT_TRUE(close_to_cpu(gwg, gw, tol, "backward weight"));
       }
     }
 }
@@ -468,18 +376,18 @@ TEST(ChannelsLastCuda, Conv2dAutogradMatchesTheCpu) {
     Tensor xg = gpu_cl(x0), wg = ops::contiguous(to_gpu(w0), wf), bg = to_gpu(b0);
     xg.requires_grad_(), wg.requires_grad_(), bg.requires_grad_();
     const Tensor yg = conv2d(xg, wg, bg, 2, 1, 1, 2);
-    EXPECT_TRUE(is_cl(yg));
-    EXPECT_TRUE(close(yg, yc, 1e-4, "forward"));
+    EXPECT_TRUE(is_channels_last(yg));
+    EXPECT_TRUE(close_to_cpu(yg, yc, 1e-4, "forward"));
     yg.backward(gpu_cl(gy));
-    EXPECT_TRUE(is_cl(xg.grad())) << "input gradient";
+    EXPECT_TRUE(is_channels_last(xg.grad())) << "input gradient";
     if (wf == kRM) {
-      EXPECT_TRUE(is_rm(wg.grad())) << "a row-major weight's gradient";
+      EXPECT_TRUE(is_row_major(wg.grad())) << "a row-major weight's gradient";
     } else {
-      EXPECT_TRUE(is_cl(wg.grad())) << "a channels_last weight's gradient";
+      EXPECT_TRUE(is_channels_last(wg.grad())) << "a channels_last weight's gradient";
     }
-    EXPECT_TRUE(close(xg.grad(), xc.grad(), 1e-4, "grad x"));
-    EXPECT_TRUE(close(wg.grad(), wc.grad(), 1e-4, "grad w"));
-    EXPECT_TRUE(close(bg.grad(), bc.grad(), 1e-4, "grad b"));
+    EXPECT_TRUE(close_to_cpu(xg.grad(), xc.grad(), 1e-4, "grad x"));
+    EXPECT_TRUE(close_to_cpu(wg.grad(), wc.grad(), 1e-4, "grad w"));
+    EXPECT_TRUE(close_to_cpu(bg.grad(), bc.grad(), 1e-4, "grad b"));
   }
 }
 
@@ -537,14 +445,14 @@ BlockRun run_block(MemoryFormat f) {
 TEST(ChannelsLastCuda, ConvBnReluAddReluBlockTrainStepMatchesRowMajor) {
   REQUIRE_GPU();
   const BlockRun ref = run_block(kRM), got = run_block(kCL);
-  EXPECT_TRUE(is_rm(ref.out));
-  EXPECT_TRUE(is_cl(got.out)) << "block output";
-  EXPECT_TRUE(is_cl(got.out_after)) << "block output after the step";
-  EXPECT_TRUE(is_cl(got.gx)) << "input gradient";
-  EXPECT_TRUE(is_cl(got.gw1)) << "conv1 weight gradient";
-  EXPECT_TRUE(is_cl(got.gw2)) << "conv2 weight gradient";
-  EXPECT_TRUE(is_cl(got.w1_after)) << "conv1 weight after the step";
-  // Both runs are on the device (close() wants the reference on the CPU).
+  EXPECT_TRUE(is_row_major(ref.out));
+  EXPECT_TRUE(is_channels_last(got.out)) << "block output";
+  EXPECT_TRUE(is_channels_last(got.out_after)) << "block output after the step";
+  EXPECT_TRUE(is_channels_last(got.gx)) << "input gradient";
+  EXPECT_TRUE(is_channels_last(got.gw1)) << "conv1 weight gradient";
+  EXPECT_TRUE(is_channels_last(got.gw2)) << "conv2 weight gradient";
+  EXPECT_TRUE(is_channels_last(got.w1_after)) << "conv1 weight after the step";
+  // Both runs are on the device (close_to_cpu() wants the reference on the CPU).
   auto cpu = [](const Tensor& t) { return ops::to(t, kCpu, t.dtype()); };
   const std::vector<std::tuple<const char*, Tensor, Tensor, double>> checks = {
       {"out", got.out, ref.out, 1e-4},
@@ -565,7 +473,7 @@ TEST(ChannelsLastCuda, ConvBnReluAddReluBlockTrainStepMatchesRowMajor) {
   };
   for (const auto& [name, g, r, tol] : checks) {
     ASSERT_TRUE(g.defined() && r.defined()) << name;
-    EXPECT_TRUE(close(g, cpu(r), tol, name));
+    EXPECT_TRUE(close_to_cpu(g, cpu(r), tol, name));
   }
 }
 
@@ -586,41 +494,41 @@ TEST(ChannelsLastCuda, PoolsMatchTheCpu) {
                                {{1, 5, 9, 10}, {3, 2}, {1, 2}, {1, 0}, 2, true},
                                {{2, 3, 7, 7}, 3, 1, 1, 1, false}};
   for (const DType dt : {DType::float32, DType::float16, DType::bfloat16}) {
-    const double tol = dt == DType::float32 ? 0.0 : tol_for(dt).elem;
+    const double tol = dt == DType::float32 ? 0.0 : norm_tol(dt).elem;
     uint64_t seed = 40;
     for (const MaxCase& mc : max_cases) {
-      const std::string what = label("max_pool2d", mc.in, dt);
+      const std::string what = case_label("max_pool2d", mc.in, dt);
       const Tensor x_cpu = ops::to(rand_tensor(mc.in, DType::float32, ++seed), dt);
       Tensor xc = ops::clone(x_cpu), xg = gpu_cl(x_cpu);
       xc.requires_grad_(true);
       xg.requires_grad_(true);
       auto [yc, ic] = max_pool2d_with_indices(xc, mc.k, mc.stride, mc.pad, mc.dil, mc.ceil);
       auto [yg, ig] = max_pool2d_with_indices(xg, mc.k, mc.stride, mc.pad, mc.dil, mc.ceil);
-      EXPECT_TRUE(is_cl(yg) || yg.is_contiguous(kCL)) << what;
-      EXPECT_TRUE(close(yg, yc, tol, what + " out"));
+      EXPECT_TRUE(is_channels_last(yg) || yg.is_contiguous(kCL)) << what;
+      EXPECT_TRUE(close_to_cpu(yg, yc, tol, what + " out"));
       EXPECT_EQ(ops::to_vector(ig), ops::to_vector(ic)) << what << ": indices";
       const Tensor gy = ops::to(rand_tensor(yc.sizes(), DType::float32, ++seed), dt);
       yc.backward(gy);
       yg.backward(gpu_cl(gy));
       EXPECT_TRUE(xg.grad().is_contiguous(kCL)) << what;
-      EXPECT_TRUE(close(xg.grad(), xc.grad(), tol, what + " grad"));
+      EXPECT_TRUE(close_to_cpu(xg.grad(), xc.grad(), tol, what + " grad"));
     }
     const std::pair<Shape, Int2> adaptive_cases[] = {
         {{4, 32, 7, 7}, 1}, {{2, 8, 9, 7}, {3, 2}}, {{1, 3, 5, 6}, {5, 6}}};
     for (const auto& [in, size] : adaptive_cases) {
-      const std::string what = label("adaptive_avg_pool2d", in, dt);
+      const std::string what = case_label("adaptive_avg_pool2d", in, dt);
       const Tensor x_cpu = ops::to(rand_tensor(in, DType::float32, ++seed), dt);
       Tensor xc = ops::clone(x_cpu), xg = gpu_cl(x_cpu);
       xc.requires_grad_(true);
       xg.requires_grad_(true);
       const Tensor yc = adaptive_avg_pool2d(xc, size), yg = adaptive_avg_pool2d(xg, size);
       EXPECT_TRUE(yg.is_contiguous(kCL)) << what;
-      EXPECT_TRUE(close(yg, yc, tol_for(dt).elem, what + " out"));
+      EXPECT_TRUE(close_to_cpu(yg, yc, norm_tol(dt).elem, what + " out"));
       const Tensor gy = ops::to(rand_tensor(yc.sizes(), DType::float32, ++seed), dt);
       yc.backward(gy);
       yg.backward(gpu_cl(gy));
       EXPECT_TRUE(xg.grad().is_contiguous(kCL)) << what;
-      EXPECT_TRUE(close(xg.grad(), xc.grad(), tol_for(dt).elem, what + " grad"));
+      EXPECT_TRUE(close_to_cpu(xg.grad(), xc.grad(), norm_tol(dt).elem, what + " grad"));
     }
   }
 }

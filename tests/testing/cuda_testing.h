@@ -76,6 +76,105 @@ inline Pair both(const Shape& s, DType d, uint64_t seed, bool noncontig = false,
 // "pointwise": the error of an element is |got - ref| / max(1, |ref|), the worst one counts.
 // "scaled": the error is max |got - ref| / max |ref| over the whole tensor.
 
+// max |t| (0 for an undefined or empty tensor).
+inline double max_abs(const Tensor& t) {
+  double m = 0;
+  if (t.defined())
+    for (double v : ops::to_vector(t)) m = std::max(m, std::abs(v));
+  return m;
+}
+
+// "[2, 3] float16": a tensor's shape and dtype, for failure messages.
+inline std::string shape_dtype(const Tensor& t) {
+  return t.shape_string() + " " + dtype_name(t.dtype());
+}
+
+// Scaled, with a floor and a label (the normalization tests' comparison): gpu (on the device)
+// against cpu, both defined or both undefined, the same shape and dtype, NaN and infinities at
+// the same elements, and max |gpu - cpu| <= tol * max(max |cpu|, floor) over the finite ones.
+// The failure names `what` and the worst element.
+inline ::testing::AssertionResult close_to_cpu(const Tensor& gpu, const Tensor& cpu, double tol,
+                                               const std::string& what, double floor = 0) {
+  if (gpu.defined() != cpu.defined())
+    return ::testing::AssertionFailure()
+           << what << ": defined on gpu " << gpu.defined() << ", on cpu " << cpu.defined();
+  if (!gpu.defined()) return ::testing::AssertionSuccess();
+  if (!gpu.is_cuda())
+    return ::testing::AssertionFailure() << what << ": result is on " << gpu.device().str();
+  if (gpu.sizes() != cpu.sizes() || gpu.dtype() != cpu.dtype())
+    return ::testing::AssertionFailure()
+           << what << ": gpu " << shape_dtype(gpu) << " vs cpu " << shape_dtype(cpu);
+  const std::vector<double> a = ops::to_vector(gpu), b = ops::to_vector(cpu);
+  double max_ref = 0, max_diff = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i]) || std::isinf(a[i]) != std::isinf(b[i]))
+      return ::testing::AssertionFailure() << what << ": element " << i << " gpu " << a[i]
+                                           << " cpu " << b[i] << " (" << shape_dtype(cpu) << ")";
+    if (std::isnan(b[i]) || std::isinf(b[i])) continue;
+    max_ref = std::max(max_ref, std::abs(b[i]));
+    const double diff = std::abs(a[i] - b[i]);
+    if (diff > max_diff) {
+      max_diff = diff;
+      worst = i;
+    }
+  }
+  const double denom = std::max(max_ref, floor);
+  const double rel = denom > 0 ? max_diff / denom : max_diff;
+  if (rel <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": relative error " << rel << " > " << tol << " (" << shape_dtype(cpu)
+         << ", max|ref| " << max_ref << ", floor " << floor << ", worst at flat index " << worst
+         << ": gpu " << a[worst] << " vs cpu " << b[worst] << ")";
+}
+
+// The normalization kernels' tolerances relative to max |reference|: elementwise-ish results
+// (out, dx, per-row or per-channel statistics) and reductions over many rows (dweight, dbias).
+struct NormTol {
+  double elem, red;
+};
+inline NormTol norm_tol(DType d) {
+  switch (d) {
+    case DType::float32:
+      return {1e-5, 1e-4};
+    case DType::float64:
+      return {1e-12, 1e-11};
+    default:
+      return {2e-2, 2e-2};
+  }
+}
+
+// The size of a normalization dx's terms: max |dy| * max |weight| (1 without) * max |rstd or
+// invstd| (dx can cancel, so its error is measured against this floor).
+inline double norm_dx_floor(const Tensor& dy, const Tensor& w, const Tensor& rstd) {
+  return max_abs(dy) * (w.defined() ? max_abs(w) : 1.0) * max_abs(rstd);
+}
+
+// "batch_norm [2, 3, 4, 4] float16<extra>": a case's name for failure messages.
+inline std::string case_label(const char* op, const Shape& s, DType d, const char* extra = "") {
+  std::ostringstream o;
+  o << op << " " << shape_str(s) << " " << dtype_name(d) << extra;
+  return o.str();
+}
+
+// The memory-format predicates, with the sizes and strides in the failure message:
+// suggest_memory_format() == channels_last, and row-major contiguous (is_contiguous() and
+// suggest_memory_format() == contiguous).
+inline ::testing::AssertionResult is_channels_last(const Tensor& t) {
+  if (!t.defined()) return ::testing::AssertionFailure() << "undefined tensor";
+  if (t.suggest_memory_format() == MemoryFormat::channels_last)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "not channels_last: sizes " << t.shape_string()
+                                       << " strides " << shape_str(t.strides());
+}
+inline ::testing::AssertionResult is_row_major(const Tensor& t) {
+  if (!t.defined()) return ::testing::AssertionFailure() << "undefined tensor";
+  if (t.is_contiguous() && t.suggest_memory_format() == MemoryFormat::contiguous)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "not row-major contiguous: sizes " << t.shape_string()
+                                       << " strides " << shape_str(t.strides());
+}
+
 // Pointwise, lenient: elements equal (equal infinities too) or both NaN count 0; an element
 // whose error comes out NaN (a NaN against a number, anything but the same infinity against
 // an infinite reference) is passed over. Sizes are EXPECTed equal.

@@ -587,22 +587,6 @@ TEST_P(Norm, BatchNormEmptyBatch) {
 
 // ================================================================ CUDA against the CPU
 
-// Tolerances relative to max |reference|: elementwise-ish results (out, dx, per-row or
-// per-channel statistics) and reductions over many rows (layer_norm's dweight, dbias).
-struct Tol {
-  double elem, red;
-};
-Tol tol_for(DType d) {
-  switch (d) {
-    case DType::float32:
-      return {1e-5, 1e-4};
-    case DType::float64:
-      return {1e-12, 1e-11};
-    default:
-      return {2e-2, 2e-2};
-  }
-}
-
 // The output masks (dx, dweight, dbias) a three-gradient backward is checked for.
 const std::array<bool, 3> kMasks3[] = {{true, true, true},
                                        {true, false, false},
@@ -610,76 +594,10 @@ const std::array<bool, 3> kMasks3[] = {{true, true, true},
                                        {false, false, true},
                                        {false, true, true}};
 
-// Parameters (weight, bias, running stats) are float32 for 16-bit inputs.
-DType param_dtype(DType d) {
-  return d == DType::float64 ? DType::float64 : DType::float32;
-}
-
-std::string shape_dtype(const Tensor& t) {
-  return t.shape_string() + " " + dtype_name(t.dtype());
-}
-
-// max |t| (0 for an undefined or empty tensor).
-double max_abs(const Tensor& t) {
-  double m = 0;
-  if (t.defined())
-    for (double v : ops::to_vector(t)) m = std::max(m, std::abs(v));
-  return m;
-}
-
-// gpu (on the device) against cpu: same definedness, shape and dtype, and
-// max |gpu - cpu| <= tol * max(max |cpu|, floor); the failure names the worst element.
-::testing::AssertionResult close(const Tensor& gpu, const Tensor& cpu, double tol,
-                                 const std::string& what, double floor = 0) {
-  if (gpu.defined() != cpu.defined())
-    return ::testing::AssertionFailure()
-           << what << ": defined on gpu " << gpu.defined() << ", on cpu " << cpu.defined();
-  if (!gpu.defined()) return ::testing::AssertionSuccess();
-  if (!gpu.is_cuda())
-    return ::testing::AssertionFailure() << what << ": result is on " << gpu.device().str();
-  if (gpu.sizes() != cpu.sizes() || gpu.dtype() != cpu.dtype())
-    return ::testing::AssertionFailure()
-           << what << ": gpu " << shape_dtype(gpu) << " vs cpu " << shape_dtype(cpu);
-  const std::vector<double> a = ops::to_vector(gpu), b = ops::to_vector(cpu);
-  double max_ref = 0, max_diff = 0;
-  size_t worst = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (std::isnan(a[i]) != std::isnan(b[i]) || std::isinf(a[i]) != std::isinf(b[i]))
-      return ::testing::AssertionFailure() << what << ": element " << i << " gpu " << a[i]
-                                           << " cpu " << b[i] << " (" << shape_dtype(cpu) << ")";
-    if (std::isnan(b[i]) || std::isinf(b[i])) continue;
-    max_ref = std::max(max_ref, std::abs(b[i]));
-    const double diff = std::abs(a[i] - b[i]);
-    if (diff > max_diff) {
-      max_diff = diff;
-      worst = i;
-    }
-  }
-  const double denom = std::max(max_ref, floor);
-  const double rel = denom > 0 ? max_diff / denom : max_diff;
-  if (rel <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << ": relative error " << rel << " > " << tol << " (" << shape_dtype(cpu)
-         << ", max|ref| " << max_ref << ", floor " << floor << ", worst at flat index " << worst
-         << ": gpu " << a[worst] << " vs cpu " << b[worst] << ")";
-}
-
 Pair undefined_both() {
   return {Tensor(), Tensor()};
 }
 
-// The size of dx's terms: max |dy| * max |weight| (1 without) * max |rstd or invstd|.
-double dx_floor(const Tensor& dy, const Tensor& w, const Tensor& rstd) {
-  return max_abs(dy) * (w.defined() ? max_abs(w) : 1.0) * max_abs(rstd);
-}
-
-std::string label(const char* op, const Shape& s, DType d, const char* extra = "") {
-  std::ostringstream o;
-  o << op << " " << shape_str(s) << " " << dtype_name(d) << extra;
-  return o.str();
-}
-
-// The cases that compare a device's kernels with the CPU's (accelerators only).
 // max |a - b| over two same-shaped tensors (any devices, read as float64).
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   const std::vector<double> x = ops::to_vector(a), y = ops::to_vector(b);
@@ -754,6 +672,7 @@ TEST_P(Norm, AddLayerNormIsTheTwoOps) {
                                                {"add_layer_norm", "normalized_shape"});
 }
 
+// The cases that compare a device's kernels with the CPU's (accelerators only).
 class NormVsCpu : public VsCpu {};
 TALLY_VS_CPU(NormVsCpu);
 
@@ -775,27 +694,27 @@ TEST_P(NormVsCpu, AddLayerNormMatchesTheCpu) {
   for (const Case& c : cases) {
     const std::string extra =
         std::string(" residual ") + dtype_name(c.rd) + " out " + dtype_name(c.od);
-    SCOPED_TRACE(label("add_layer_norm", c.xs, c.d, extra.c_str()));
+    SCOPED_TRACE(case_label("add_layer_norm", c.xs, c.d, extra.c_str()));
     const int64_t cols = c.xs.back();
     const Pair x = both(c.xs, c.d, seed += 10, false), r = both(c.xs, c.rd, seed + 1, false);
-    const Pair w = both({cols}, param_dtype(c.d), seed + 2, false, 0.5, 1.5);
-    const Pair b = both({cols}, param_dtype(c.d), seed + 3, false, -1, 1);
+    const Pair w = both({cols}, ops::norm_stat_dtype(c.d), seed + 2, false, 0.5, 1.5);
+    const Pair b = both({cols}, ops::norm_stat_dtype(c.d), seed + 3, false, -1, 1);
     auto [sc, oc, mc, rc] = ops::add_layer_norm(x.cpu, r.cpu, {cols}, w.cpu, b.cpu, 1e-5, c.od);
     auto [sg, og, mg, rg] = ops::add_layer_norm(x.gpu, r.gpu, {cols}, w.gpu, b.gpu, 1e-5, c.od);
-    const Tol tol = tol_for(c.od == DType::float64 ? c.d : c.od);
-    EXPECT_TRUE(close(sg, sc, 0.0, "sum"));
-    EXPECT_TRUE(close(og, oc, tol.elem, "out"));
-    EXPECT_TRUE(close(mg, mc, tol_for(c.d).elem, "mean"));
-    EXPECT_TRUE(close(rg, rc, tol_for(c.d).elem, "rstd"));
+    const NormTol tol = norm_tol(c.od == DType::float64 ? c.d : c.od);
+    EXPECT_TRUE(close_to_cpu(sg, sc, 0.0, "sum"));
+    EXPECT_TRUE(close_to_cpu(og, oc, tol.elem, "out"));
+    EXPECT_TRUE(close_to_cpu(mg, mc, norm_tol(c.d).elem, "mean"));
+    EXPECT_TRUE(close_to_cpu(rg, rc, norm_tol(c.d).elem, "rstd"));
     const Pair dy = both(c.xs, c.od, seed + 4, false), ds = both(c.xs, c.d, seed + 5, false);
     auto [dxc, dwc, dbc] =
         ops::layer_norm_backward(dy.cpu, sc, {cols}, mc, rc, w.cpu, kMasks3[0], ds.cpu);
     auto [dxg, dwg, dbg] =
         ops::layer_norm_backward(dy.gpu, sg, {cols}, mg, rg, w.gpu, kMasks3[0], ds.gpu);
-    const Tol dt = tol_for(c.d);
-    EXPECT_TRUE(close(dxg, dxc, dt.elem, "dx + d(sum)", dx_floor(dy.cpu, w.cpu, rc)));
-    EXPECT_TRUE(close(dwg, dwc, dt.red, "dweight"));
-    EXPECT_TRUE(close(dbg, dbc, dt.red, "dbias"));
+    const NormTol dt = norm_tol(c.d);
+    EXPECT_TRUE(close_to_cpu(dxg, dxc, dt.elem, "dx + d(sum)", norm_dx_floor(dy.cpu, w.cpu, rc)));
+    EXPECT_TRUE(close_to_cpu(dwg, dwc, dt.red, "dweight"));
+    EXPECT_TRUE(close_to_cpu(dbg, dbc, dt.red, "dbias"));
     // add_layer_norm_backward: d(sum) once more in the residual's dtype, to(d_x)'s bits on
     // each device (GPT's bfloat16 branch: written by the same kernel).
     const auto fused = [&](const char* where, const Tensor& g_sum, const Tensor& g_out,
@@ -829,11 +748,11 @@ struct RowNormCase {
 void check_row_norm(bool rms, const RowNormCase& c, DType d, uint64_t seed) {
   const auto& [xs, k, affine, with_bias, noncontig] = c;
   const char* op = rms ? "rms_norm" : "layer_norm";
-  const std::string where = label(op, xs, d, noncontig ? " noncontig" : "") +
+  const std::string where = case_label(op, xs, d, noncontig ? " noncontig" : "") +
                             (affine ? " affine" : "") + (with_bias ? " bias" : "");
   SCOPED_TRACE(where);
-  const Tol tol = tol_for(d);
-  const DType pd = param_dtype(d);
+  const NormTol tol = norm_tol(d);
+  const DType pd = ops::norm_stat_dtype(d);
   const Shape ns(xs.end() - static_cast<std::ptrdiff_t>(k), xs.end());
   const Pair x = both(xs, d, seed, noncontig);
   const Pair w = affine ? both(ns, pd, seed + 1, false, 0.5, 1.5) : undefined_both();
@@ -845,35 +764,36 @@ void check_row_norm(bool rms, const RowNormCase& c, DType d, uint64_t seed) {
     const double eps = 1e-6;
     auto [oc, rc] = ops::rms_norm(x.cpu, ns, w.cpu, eps);
     auto [og, rg] = ops::rms_norm(x.gpu, ns, w.gpu, eps);
-    EXPECT_TRUE(close(og, oc, tol.elem, "out"));
-    EXPECT_TRUE(close(rg, rc, tol.elem, "rstd"));
+    EXPECT_TRUE(close_to_cpu(og, oc, tol.elem, "out"));
+    EXPECT_TRUE(close_to_cpu(rg, rc, tol.elem, "rstd"));
     rstd_c = rc;
     rstd_g = rg;
     // default eps (the dtype's machine epsilon)
-    EXPECT_TRUE(close(std::get<0>(ops::rms_norm(x.gpu, ns, w.gpu)),
-                      std::get<0>(ops::rms_norm(x.cpu, ns, w.cpu)), tol.elem, "out (default eps)"));
+    EXPECT_TRUE(close_to_cpu(std::get<0>(ops::rms_norm(x.gpu, ns, w.gpu)),
+                             std::get<0>(ops::rms_norm(x.cpu, ns, w.cpu)), tol.elem,
+                             "out (default eps)"));
     for (std::array<bool, 2> mask :
          {std::array<bool, 2>{true, true}, {true, false}, {false, true}}) {
       SCOPED_TRACE(::testing::Message() << "mask " << mask[0] << mask[1]);
       auto [dxc, dwc] = ops::rms_norm_backward(dy.cpu, x.cpu, ns, rstd_c, w.cpu, mask);
       auto [dxg, dwg] = ops::rms_norm_backward(dy.gpu, x.gpu, ns, rstd_g, w.gpu, mask);
-      EXPECT_TRUE(close(dxg, dxc, tol.elem, "dx", dx_floor(dy.cpu, w.cpu, rstd_c)));
-      EXPECT_TRUE(close(dwg, dwc, tol.red, "dweight"));
+      EXPECT_TRUE(close_to_cpu(dxg, dxc, tol.elem, "dx", norm_dx_floor(dy.cpu, w.cpu, rstd_c)));
+      EXPECT_TRUE(close_to_cpu(dwg, dwc, tol.red, "dweight"));
     }
     return;
   }
   auto [oc, mc, rc] = ops::layer_norm(x.cpu, ns, w.cpu, b.cpu, 1e-5);
   auto [og, mg, rg] = ops::layer_norm(x.gpu, ns, w.gpu, b.gpu, 1e-5);
-  EXPECT_TRUE(close(og, oc, tol.elem, "out"));
-  EXPECT_TRUE(close(mg, mc, tol.elem, "mean"));
-  EXPECT_TRUE(close(rg, rc, tol.elem, "rstd"));
+  EXPECT_TRUE(close_to_cpu(og, oc, tol.elem, "out"));
+  EXPECT_TRUE(close_to_cpu(mg, mc, tol.elem, "mean"));
+  EXPECT_TRUE(close_to_cpu(rg, rc, tol.elem, "rstd"));
   for (std::array<bool, 3> mask : kMasks3) {
     SCOPED_TRACE(::testing::Message() << "mask " << mask[0] << mask[1] << mask[2]);
     auto [dxc, dwc, dbc] = ops::layer_norm_backward(dy.cpu, x.cpu, ns, mc, rc, w.cpu, mask);
     auto [dxg, dwg, dbg] = ops::layer_norm_backward(dy.gpu, x.gpu, ns, mg, rg, w.gpu, mask);
-    EXPECT_TRUE(close(dxg, dxc, tol.elem, "dx", dx_floor(dy.cpu, w.cpu, rc)));
-    EXPECT_TRUE(close(dwg, dwc, tol.red, "dweight"));
-    EXPECT_TRUE(close(dbg, dbc, tol.red, "dbias"));
+    EXPECT_TRUE(close_to_cpu(dxg, dxc, tol.elem, "dx", norm_dx_floor(dy.cpu, w.cpu, rc)));
+    EXPECT_TRUE(close_to_cpu(dwg, dwc, tol.red, "dweight"));
+    EXPECT_TRUE(close_to_cpu(dbg, dbc, tol.red, "dbias"));
   }
 }
 
@@ -935,7 +855,7 @@ TEST_P(NormVsCpu, LayerNormBackwardPackedRowsAndTheirEdges) {
     SCOPED_TRACE(dtype_name(d));
     const int64_t rows = 64, cols = 768;
     const Pair xf = both({rows * cols + 1}, d, ++seed), gf = both({rows * cols + 1}, d, ++seed);
-    const Pair w = both({cols}, param_dtype(d), ++seed, false, 0.5, 1.5);
+    const Pair w = both({cols}, ops::norm_stat_dtype(d), ++seed, false, 0.5, 1.5);
     const Tensor xc = shifted(xf.cpu, rows, cols), xg = shifted(xf.gpu, rows, cols);
     const Tensor gc = shifted(gf.cpu, rows, cols), gg = shifted(gf.gpu, rows, cols);
     ASSERT_TRUE(xg.is_contiguous());
@@ -943,10 +863,10 @@ TEST_P(NormVsCpu, LayerNormBackwardPackedRowsAndTheirEdges) {
     auto [og, mg, rg] = ops::layer_norm(xg, {cols}, w.gpu, {}, 1e-5);
     auto [dxc, dwc, dbc] = ops::layer_norm_backward(gc, xc, {cols}, mc, rc, w.cpu, kMasks3[0]);
     auto [dxg, dwg, dbg] = ops::layer_norm_backward(gg, xg, {cols}, mg, rg, w.gpu, kMasks3[0]);
-    const Tol tol = tol_for(d);
-    EXPECT_TRUE(close(dxg, dxc, tol.elem, "dx", dx_floor(gc, w.cpu, rc)));
-    EXPECT_TRUE(close(dwg, dwc, tol.red, "dweight"));
-    EXPECT_TRUE(close(dbg, dbc, tol.red, "dbias"));
+    const NormTol tol = norm_tol(d);
+    EXPECT_TRUE(close_to_cpu(dxg, dxc, tol.elem, "dx", norm_dx_floor(gc, w.cpu, rc)));
+    EXPECT_TRUE(close_to_cpu(dwg, dwc, tol.red, "dweight"));
+    EXPECT_TRUE(close_to_cpu(dbg, dbc, tol.red, "dbias"));
   }
 }
 
@@ -977,16 +897,16 @@ TEST_P(NormVsCpu, LayerNormEmptyInputs) {
   EXPECT_EQ(mean.sizes(), (Shape{0, 1}));
   auto [dx, dw, db] = ops::layer_norm_backward(x, x, {8}, mean, rstd, w, {true, true, true});
   EXPECT_EQ(dx.sizes(), (Shape{0, 8}));
-  EXPECT_TRUE(close(dw, ops::zeros({8}), 0, "dweight of no rows"));
-  EXPECT_TRUE(close(db, ops::zeros({8}), 0, "dbias of no rows"));
+  EXPECT_TRUE(close_to_cpu(dw, ops::zeros({8}), 0, "dweight of no rows"));
+  EXPECT_TRUE(close_to_cpu(db, ops::zeros({8}), 0, "dbias of no rows"));
   auto [rdx, rdw] = ops::rms_norm_backward(x, x, {8}, rstd, w, {true, true});
-  EXPECT_TRUE(close(rdw, ops::zeros({8}), 0, "rms dweight of no rows"));
+  EXPECT_TRUE(close_to_cpu(rdw, ops::zeros({8}), 0, "rms dweight of no rows"));
   // Empty rows: mean 0, rstd 1 / sqrt(eps), as the CPU.
   const Tensor xe = ops::zeros({3, 0}, DType::float32, dev());
   auto [oe, me, re] = ops::layer_norm(xe, {0}, {}, {}, 1e-4);
   auto [oc, mc, rc] = ops::layer_norm(ops::zeros({3, 0}), {0}, {}, {}, 1e-4);
-  EXPECT_TRUE(close(me, mc, 1e-6, "mean of empty rows"));
-  EXPECT_TRUE(close(re, rc, 1e-6, "rstd of empty rows"));
+  EXPECT_TRUE(close_to_cpu(me, mc, 1e-6, "mean of empty rows"));
+  EXPECT_TRUE(close_to_cpu(re, rc, 1e-6, "rstd of empty rows"));
 }
 
 // ---------------------------------------------------------------- batch_norm
@@ -994,10 +914,10 @@ TEST_P(NormVsCpu, LayerNormEmptyInputs) {
 // Training forward (with running statistics, two steps), training backward for every
 // output mask, eval forward and eval backward, on x of shape xs.
 void check_batch_norm(const Shape& xs, DType d, bool affine, bool noncontig, uint64_t seed) {
-  SCOPED_TRACE(label("batch_norm", xs, d, noncontig ? " noncontig" : "") +
+  SCOPED_TRACE(case_label("batch_norm", xs, d, noncontig ? " noncontig" : "") +
                (affine ? " affine" : ""));
-  const Tol tol = tol_for(d);
-  const DType pd = param_dtype(d);
+  const NormTol tol = norm_tol(d);
+  const DType pd = ops::norm_stat_dtype(d);
   const int64_t c = xs[1];
   const Pair x = both(xs, d, seed, noncontig);
   const Pair w = affine ? both({c}, pd, seed + 1, false, 0.5, 1.5) : undefined_both();
@@ -1014,44 +934,44 @@ void check_batch_norm(const Shape& xs, DType d, bool affine, bool noncontig, uin
         ops::batch_norm(x.cpu, rm.cpu, rv.cpu, w.cpu, b.cpu, training, momentum, 1e-5);
     auto [og, mg, ig] =
         ops::batch_norm(x.gpu, rm.gpu, rv.gpu, w.gpu, b.gpu, training, momentum, 1e-5);
-    EXPECT_TRUE(close(og, oc, tol.elem, phase + " out"));
-    EXPECT_TRUE(close(mg, mc, tol.elem, phase + " mean"));
-    EXPECT_TRUE(close(ig, ic, tol.elem, phase + " invstd"));
+    EXPECT_TRUE(close_to_cpu(og, oc, tol.elem, phase + " out"));
+    EXPECT_TRUE(close_to_cpu(mg, mc, tol.elem, phase + " mean"));
+    EXPECT_TRUE(close_to_cpu(ig, ic, tol.elem, phase + " invstd"));
     return std::array<Tensor, 4>{mc, ic, mg, ig};
   };
 
   // ---- training forward, two steps (momentum 0.1, then 0.5)
   const auto [mc, ic, mg, ig] = forward(true, 0.1, "train");
-  EXPECT_TRUE(close(rm.gpu, rm.cpu, tol.elem, "running_mean after step 1"));
-  EXPECT_TRUE(close(rv.gpu, rv.cpu, tol.elem, "running_var after step 1"));
+  EXPECT_TRUE(close_to_cpu(rm.gpu, rm.cpu, tol.elem, "running_mean after step 1"));
+  EXPECT_TRUE(close_to_cpu(rv.gpu, rv.cpu, tol.elem, "running_var after step 1"));
   forward(true, 0.5, "train step 2");
-  EXPECT_TRUE(close(rm.gpu, rm.cpu, tol.elem, "running_mean after step 2"));
-  EXPECT_TRUE(close(rv.gpu, rv.cpu, tol.elem, "running_var after step 2"));
+  EXPECT_TRUE(close_to_cpu(rm.gpu, rm.cpu, tol.elem, "running_mean after step 2"));
+  EXPECT_TRUE(close_to_cpu(rv.gpu, rv.cpu, tol.elem, "running_var after step 2"));
   // without running statistics
-  EXPECT_TRUE(close(std::get<0>(ops::batch_norm(x.gpu, {}, {}, w.gpu, b.gpu, true)),
-                    std::get<0>(ops::batch_norm(x.cpu, {}, {}, w.cpu, b.cpu, true)), tol.elem,
-                    "train out (no running stats)"));
+  EXPECT_TRUE(close_to_cpu(std::get<0>(ops::batch_norm(x.gpu, {}, {}, w.gpu, b.gpu, true)),
+                           std::get<0>(ops::batch_norm(x.cpu, {}, {}, w.cpu, b.cpu, true)),
+                           tol.elem, "train out (no running stats)"));
 
   // ---- training backward
   for (std::array<bool, 3> mask : kMasks3) {
     SCOPED_TRACE(::testing::Message() << "train mask " << mask[0] << mask[1] << mask[2]);
     auto [dxc, dwc, dbc] = ops::batch_norm_backward(dy.cpu, x.cpu, mc, ic, w.cpu, true, mask);
     auto [dxg, dwg, dbg] = ops::batch_norm_backward(dy.gpu, x.gpu, mg, ig, w.gpu, true, mask);
-    EXPECT_TRUE(close(dxg, dxc, tol.elem, "dx", dx_floor(dy.cpu, w.cpu, ic)));
-    EXPECT_TRUE(close(dwg, dwc, tol.elem, "dweight"));
-    EXPECT_TRUE(close(dbg, dbc, tol.elem, "dbias"));
+    EXPECT_TRUE(close_to_cpu(dxg, dxc, tol.elem, "dx", norm_dx_floor(dy.cpu, w.cpu, ic)));
+    EXPECT_TRUE(close_to_cpu(dwg, dwc, tol.elem, "dweight"));
+    EXPECT_TRUE(close_to_cpu(dbg, dbc, tol.elem, "dbias"));
   }
 
   // ---- eval forward and backward (running statistics as constants)
   const auto [emc, eic, emg, eig] = forward(false, 0.1, "eval");
-  EXPECT_TRUE(close(rm.gpu, rm.cpu, tol.elem, "running_mean after eval"));
+  EXPECT_TRUE(close_to_cpu(rm.gpu, rm.cpu, tol.elem, "running_mean after eval"));
   for (std::array<bool, 3> mask : {std::array<bool, 3>{true, true, true}, {false, true, false}}) {
     SCOPED_TRACE(::testing::Message() << "eval mask " << mask[0] << mask[1] << mask[2]);
     auto [dxc, dwc, dbc] = ops::batch_norm_backward(dy.cpu, x.cpu, emc, eic, w.cpu, false, mask);
     auto [dxg, dwg, dbg] = ops::batch_norm_backward(dy.gpu, x.gpu, emg, eig, w.gpu, false, mask);
-    EXPECT_TRUE(close(dxg, dxc, tol.elem, "eval dx"));
-    EXPECT_TRUE(close(dwg, dwc, tol.elem, "eval dweight"));
-    EXPECT_TRUE(close(dbg, dbc, tol.elem, "eval dbias"));
+    EXPECT_TRUE(close_to_cpu(dxg, dxc, tol.elem, "eval dx"));
+    EXPECT_TRUE(close_to_cpu(dwg, dwc, tol.elem, "eval dweight"));
+    EXPECT_TRUE(close_to_cpu(dbg, dbc, tol.elem, "eval dbias"));
   }
   // eval dx and dbias need neither the input nor the mean
   {
@@ -1060,9 +980,9 @@ void check_batch_norm(const Shape& xs, DType d, bool affine, bool noncontig, uin
                                                     {true, false, true});
     auto [dxg, dwg, dbg] = ops::batch_norm_backward(dy.gpu, Tensor(), Tensor(), eig, w.gpu, false,
                                                     {true, false, true});
-    EXPECT_TRUE(close(dxg, dxc, tol.elem, "eval dx"));
+    EXPECT_TRUE(close_to_cpu(dxg, dxc, tol.elem, "eval dx"));
     EXPECT_FALSE(dwg.defined());
-    EXPECT_TRUE(close(dbg, dbc, tol.elem, "eval dbias"));
+    EXPECT_TRUE(close_to_cpu(dbg, dbc, tol.elem, "eval dbias"));
   }
 }
 
@@ -1093,9 +1013,9 @@ TEST_P(NormVsCpu, BatchNormLargeChannels) {
   const Tensor xg = ops::to(xc, dev(), DType::float32);
   auto [oc, mc, ic] = ops::batch_norm(xc, {}, {}, {}, {}, true);
   auto [og, mg, ig] = ops::batch_norm(xg, {}, {}, {}, {}, true);
-  EXPECT_TRUE(close(mg, mc, 1e-6, "mean of offset data"));
-  EXPECT_TRUE(close(ig, ic, 1e-4, "invstd of offset data"));
-  EXPECT_TRUE(close(og, oc, 1e-3, "out of offset data"));
+  EXPECT_TRUE(close_to_cpu(mg, mc, 1e-6, "mean of offset data"));
+  EXPECT_TRUE(close_to_cpu(ig, ic, 1e-4, "invstd of offset data"));
+  EXPECT_TRUE(close_to_cpu(og, oc, 1e-3, "out of offset data"));
 }
 
 TEST_P(NormVsCpu, BatchNormEmptyBatch) {
@@ -1111,12 +1031,12 @@ TEST_P(NormVsCpu, BatchNormEmptyBatch) {
     EXPECT_EQ(ops::to_vector(rm), rm0);  // nothing to learn from
     EXPECT_EQ(ops::to_vector(rv), rv0);
     auto [oc, mc, ic] = ops::batch_norm(ops::zeros(s), {}, {}, {}, {}, true);
-    EXPECT_TRUE(close(mean, mc, 1e-6, "mean of an empty batch"));
-    EXPECT_TRUE(close(invstd, ic, 1e-6, "invstd of an empty batch"));
+    EXPECT_TRUE(close_to_cpu(mean, mc, 1e-6, "mean of an empty batch"));
+    EXPECT_TRUE(close_to_cpu(invstd, ic, 1e-6, "invstd of an empty batch"));
     auto [dx, dw, db] = ops::batch_norm_backward(x, x, mean, invstd, w, true, {true, true, true});
     EXPECT_EQ(dx.sizes(), s);
-    EXPECT_TRUE(close(dw, ops::zeros({3}), 0, "dweight of an empty batch"));
-    EXPECT_TRUE(close(db, ops::zeros({3}), 0, "dbias of an empty batch"));
+    EXPECT_TRUE(close_to_cpu(dw, ops::zeros({3}), 0, "dweight of an empty batch"));
+    EXPECT_TRUE(close_to_cpu(db, ops::zeros({3}), 0, "dbias of an empty batch"));
   }
 }
 
@@ -1147,7 +1067,7 @@ TEST_P(NormVsCpu, AutogradMatchesTheCpu) {
   const std::vector<Tensor> c = run(Device::cpu()), gpu = run(dev());
   const char* names[] = {"out",        "dx",       "dweight",      "dbias",
                          "bn dweight", "bn dbias", "running_mean", "running_var"};
-  for (size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(close(gpu[i], c[i], 1e-4, names[i]));
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_TRUE(close_to_cpu(gpu[i], c[i], 1e-4, names[i]));
 }
 
 TEST_P(NormVsCpu, ScratchIsTemporaryUnderTheOpAndFreed) {
