@@ -51,7 +51,7 @@ struct DataLoaderOptions {
   // Data parallel: visit only this rank's shard (PyTorch's DataLoader(sampler=...)). The
   // loader's epoch e uses the sampler's epoch e (no separate set_epoch call needed); the
   // sampler shuffles, so `shuffle` must stay false; its dataset size must be the dataset's.
-  std::optional<DistributedSampler> sampler;
+  std::optional<DistributedSampler> sampler = std::nullopt;
 };
 
 // A uniform random permutation of [0, n) (Fisher-Yates over `gen`'s Philox stream),

@@ -101,7 +101,9 @@ void expect_replay_matches(const MakeOpt& make, const char* what, bool fp16 = fa
     eager_losses.push_back(ops::item(step(eager, *opt_e, scaler_e, batch_x(k, fp16), batch_y(k))));
     eager_scales.push_back(scaler_e.get_scale());
   }
-  if (fp16) EXPECT_EQ(eager_scales[3], eager_scales[2] / 2) << what << ": step 3 was not skipped";
+  if (fp16) {
+    EXPECT_EQ(eager_scales[3], eager_scales[2] / 2) << what << ": step 3 was not skipped";
+  }
 
   // The graphed copy: static inputs, one eager warm-up step, then the capture.
   const Tensor x = batch_x(0, fp16), y = batch_y(0);

@@ -124,7 +124,8 @@ Scan scan(Device d) {
   return s;
 }
 
-bool has_op_prefix(const std::vector<std::string>& ops, const std::string& prefix) {
+[[maybe_unused]] bool has_op_prefix(const std::vector<std::string>& ops,
+                                    const std::string& prefix) {
   for (const std::string& op : ops)
     if (op.rfind(prefix, 0) == 0) return true;
   return false;

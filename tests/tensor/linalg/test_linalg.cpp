@@ -430,12 +430,12 @@ TEST_P(Linalg, LinearGeluLinearGradients) {
        {noncontig_leaf({3, 4}, 57), w1, b1, w2, b2}},
       // Only the second layer's weight needs a gradient: no d(pre) is made.
       {"proj weight only",
-       [=](const TensorList& t) {
+       [=, this](const TensorList& t) {
          return linear_gelu_linear(put(x), put(w1), put(b1), t[0], put(b2));
        },
        {w2}},
       {"input only",
-       [=](const TensorList& t) {
+       [=, this](const TensorList& t) {
          return linear_gelu_linear(t[0], put(w1), put(b1), put(w2), put(b2));
        },
        {x}},

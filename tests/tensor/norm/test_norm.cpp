@@ -225,9 +225,15 @@ TEST_P(Norm, LayerNormOutDtypeIsTheCastFused) {
         auto [dx32, dw32, db32] =
             ops::layer_norm_backward(ops::to(dy, DType::float32), x, ns, m, r, w, mask);
         EXPECT_EQ(dx.defined(), mask[0]);
-        if (mask[0]) EXPECT_TRUE(same_values(dx, dx32));
-        if (mask[1]) EXPECT_TRUE(same_values(dw, dw32));
-        if (mask[2]) EXPECT_TRUE(same_values(db, db32));
+        if (mask[0]) {
+          EXPECT_TRUE(same_values(dx, dx32));
+        }
+        if (mask[1]) {
+          EXPECT_TRUE(same_values(dw, dw32));
+        }
+        if (mask[2]) {
+          EXPECT_TRUE(same_values(db, db32));
+        }
       }
       // Through autograd: the gradients of the float32 output followed by the cast.
       const Tensor xl = x.detach().requires_grad_(true), wl = w.detach().requires_grad_(true),
