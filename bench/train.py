@@ -103,6 +103,37 @@ PLAN["resnet"] += [("amp-fp16" + CHANNELS_LAST, {"amp": "fp16", "cl": True}),
                    ("baseline-fp32" + CHANNELS_LAST, {"cl": True})]
 
 
+def amp_train_step(opt, loss_fn, amp=None):
+    """The baseline's training step around loss_fn() (the forward and the loss): zero_grad,
+    autocast to amp ("fp16" / "bf16" / None), backward and the optimizer step, through a
+    GradScaler for fp16."""
+    import torch
+    dtype = torch.float16 if amp == "fp16" else torch.bfloat16
+    scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=dtype, enabled=amp is not None):
+            loss = loss_fn()
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+
+    return step
+
+
+def result_row(label, name, med, mn, **extra):
+    """A results row with the baseline's keys: the step times and the CUDA allocator's peaks."""
+    import torch
+    return dict(model=label, cfg=name, step_ms=round(med, 2), step_ms_min=round(mn, 2), **extra,
+                peak_alloc_mib=round(torch.cuda.max_memory_allocated() / 2**20, 1),
+                peak_reserved_mib=round(torch.cuda.max_memory_reserved() / 2**20, 1))
+
+
 def torch_resnet_channels_last(tb, name, amp=None, cl=True):
     """The baseline's ResNet-50 step (torch_baseline.resnet_cfg) with the model and the images
     in torch.channels_last; its row joins the baseline's results."""
@@ -116,26 +147,10 @@ def torch_resnet_channels_last(tb, name, amp=None, cl=True):
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     x = torch.randn(64, 3, 224, 224, device=dev).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (64,), device=dev)
-    scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
-    dtype = torch.float16 if amp == "fp16" else torch.bfloat16
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=dtype, enabled=amp is not None):
-            loss = F.cross_entropy(model(x), y)
-        if scaler:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
-
+    step = amp_train_step(opt, lambda: F.cross_entropy(model(x), y), amp)
     torch.cuda.empty_cache()
     med, mn = tb.timed_steps(step)
-    r = dict(model="resnet50-bs64", cfg=name, step_ms=round(med, 2), step_ms_min=round(mn, 2),
-             peak_alloc_mib=round(torch.cuda.max_memory_allocated() / 2**20, 1),
-             peak_reserved_mib=round(torch.cuda.max_memory_reserved() / 2**20, 1))
+    r = result_row("resnet50-bs64", name, med, mn)
     print(json.dumps(r), flush=True)
     tb.results.append(r)
     del model, opt, x, y
@@ -150,8 +165,6 @@ def run_compiled(tb, w, name, ckpt=False, amp=None, cl=False):
     import torch.nn.functional as F
     torch.manual_seed(0)
     dev = "cuda"
-    dtype = torch.float16 if amp == "fp16" else torch.bfloat16
-    scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
     if w == "resnet":
         import torchvision
         base = torchvision.models.resnet50(num_classes=10).to(dev)
@@ -172,18 +185,11 @@ def run_compiled(tb, w, name, ckpt=False, amp=None, cl=False):
     model.train()
     compiled = torch.compile(model)
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=dtype, enabled=amp is not None):
-            out = compiled(x)
-            loss = F.cross_entropy(out.view(-1, out.size(-1)), y.view(-1))
-        if scaler:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
+    def loss_fn():
+        out = compiled(x)
+        return F.cross_entropy(out.view(-1, out.size(-1)), y.view(-1))
+
+    step = amp_train_step(opt, loss_fn, amp)
 
     import time
     t0 = time.perf_counter()
@@ -192,10 +198,7 @@ def run_compiled(tb, w, name, ckpt=False, amp=None, cl=False):
     compile_s = time.perf_counter() - t0
     torch.cuda.empty_cache()
     med, mn = tb.timed_steps(step, warm=warm, n=n)
-    r = dict(model=label, cfg=name, step_ms=round(med, 2), step_ms_min=round(mn, 2),
-             compile_s=round(compile_s, 1),
-             peak_alloc_mib=round(torch.cuda.max_memory_allocated() / 2**20, 1),
-             peak_reserved_mib=round(torch.cuda.max_memory_reserved() / 2**20, 1))
+    r = result_row(label, name, med, mn, compile_s=round(compile_s, 1))
     print("compile " + json.dumps(r), flush=True)
     del compiled, model, opt
     torch._dynamo.reset()
