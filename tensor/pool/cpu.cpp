@@ -21,8 +21,7 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
 
-using math::adaptive_end;
-using math::adaptive_start;
+using math::adaptive_window;
 using math::avg_window;
 using math::AvgWindow;
 
@@ -110,9 +109,14 @@ void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output, co
   });
 }
 
-void avg_pool2d_forward(const Tensor& out, const Tensor& input, const ops::Pool2dParams& p) {
+// The average pools over their windows: window(oh, ow, g) is output (oh, ow)'s AvgWindow (an
+// empty one averages to 0 forward and takes no gradient). Each plane runs its outputs in
+// (oh, ow) order; the backward accumulates in A (acc_t, float for 16-bit inputs: the grad_input
+// it writes is A, see PoolKernels).
+template <typename Window>
+void window_avg_forward(const char* op, const Tensor& out, const Tensor& input, Window window) {
   const Planes g = planes_of(input, out);
-  TALLY_DISPATCH_FLOAT(input.dtype(), "avg_pool2d", [&] {
+  TALLY_DISPATCH_FLOAT(input.dtype(), op, [&] {
     using A = acc_t<scalar_t>;
     const scalar_t* x = ptr<scalar_t>(input);
     scalar_t* y = ptr<scalar_t>(out);
@@ -121,7 +125,7 @@ void avg_pool2d_forward(const Tensor& out, const Tensor& input, const ops::Pool2
         const scalar_t* xp = x + pl * g.H * g.W;
         for (int64_t oh = 0; oh < g.OH; ++oh)
           for (int64_t ow = 0; ow < g.OW; ++ow) {
-            const AvgWindow win = avg_window(oh, ow, g.H, g.W, p);
+            const AvgWindow win = window(oh, ow, g);
             A s = 0;
             if (!win.empty()) {
               for (int64_t h = win.h0; h < win.h1; ++h)
@@ -135,10 +139,11 @@ void avg_pool2d_forward(const Tensor& out, const Tensor& input, const ops::Pool2
   });
 }
 
-void avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
-                         const ops::Pool2dParams& p) {
+template <typename Window>
+void window_avg_backward(const char* op, const Tensor& grad_input, const Tensor& grad_output,
+                         Window window) {
   const Planes g = planes_of(grad_input, grad_output);
-  TALLY_DISPATCH_FLOAT(grad_output.dtype(), "avg_pool2d_backward", [&] {
+  TALLY_DISPATCH_FLOAT(grad_output.dtype(), op, [&] {
     using A = acc_t<scalar_t>;
     A* gx = ptr<A>(grad_input);
     const scalar_t* gy = ptr<scalar_t>(grad_output);
@@ -148,7 +153,7 @@ void avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
         A* gp = gx + pl * g.H * g.W;
         for (int64_t oh = 0; oh < g.OH; ++oh)
           for (int64_t ow = 0; ow < g.OW; ++ow) {
-            const AvgWindow win = avg_window(oh, ow, g.H, g.W, p);
+            const AvgWindow win = window(oh, ow, g);
             if (win.empty()) continue;
             const A v =
                 static_cast<A>(gy[(pl * g.OH + oh) * g.OW + ow]) / static_cast<A>(win.divisor);
@@ -160,53 +165,31 @@ void avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
   });
 }
 
-void adaptive_avg_pool2d_forward(const Tensor& out, const Tensor& input) {
-  const Planes g = planes_of(input, out);
-  TALLY_DISPATCH_FLOAT(input.dtype(), "adaptive_avg_pool2d", [&] {
-    using A = acc_t<scalar_t>;
-    const scalar_t* x = ptr<scalar_t>(input);
-    scalar_t* y = ptr<scalar_t>(out);
-    parallel_for(g.planes, grain_of(g.H * g.W), [&](int64_t pl0, int64_t pl1) {
-      for (int64_t pl = pl0; pl < pl1; ++pl) {
-        const scalar_t* xp = x + pl * g.H * g.W;
-        for (int64_t oh = 0; oh < g.OH; ++oh) {
-          const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
-          for (int64_t ow = 0; ow < g.OW; ++ow) {
-            const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
-            A s = 0;
-            for (int64_t h = h0; h < h1; ++h)
-              for (int64_t w = w0; w < w1; ++w) s += static_cast<A>(xp[h * g.W + w]);
-            y[(pl * g.OH + oh) * g.OW + ow] = scalar_t(s / static_cast<A>((h1 - h0) * (w1 - w0)));
-          }
-        }
-      }
-    });
+void avg_pool2d_forward(const Tensor& out, const Tensor& input, const ops::Pool2dParams& p) {
+  window_avg_forward("avg_pool2d", out, input, [&](int64_t oh, int64_t ow, const Planes& g) {
+    return avg_window(oh, ow, g.H, g.W, p);
   });
 }
 
+void avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output,
+                         const ops::Pool2dParams& p) {
+  window_avg_backward(
+      "avg_pool2d_backward", grad_input, grad_output,
+      [&](int64_t oh, int64_t ow, const Planes& g) { return avg_window(oh, ow, g.H, g.W, p); });
+}
+
+void adaptive_avg_pool2d_forward(const Tensor& out, const Tensor& input) {
+  window_avg_forward("adaptive_avg_pool2d", out, input,
+                     [](int64_t oh, int64_t ow, const Planes& g) {
+                       return adaptive_window(oh, ow, g.OH, g.OW, g.H, g.W);
+                     });
+}
+
 void adaptive_avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output) {
-  const Planes g = planes_of(grad_input, grad_output);
-  TALLY_DISPATCH_FLOAT(grad_output.dtype(), "adaptive_avg_pool2d_backward", [&] {
-    using A = acc_t<scalar_t>;
-    A* gx = ptr<A>(grad_input);
-    const scalar_t* gy = ptr<scalar_t>(grad_output);
-    std::fill(gx, gx + grad_input.numel(), A(0));
-    parallel_for(g.planes, grain_of(g.H * g.W), [&](int64_t pl0, int64_t pl1) {
-      for (int64_t pl = pl0; pl < pl1; ++pl) {
-        A* gp = gx + pl * g.H * g.W;
-        for (int64_t oh = 0; oh < g.OH; ++oh) {
-          const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
-          for (int64_t ow = 0; ow < g.OW; ++ow) {
-            const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
-            const A v = static_cast<A>(gy[(pl * g.OH + oh) * g.OW + ow]) /
-                        static_cast<A>((h1 - h0) * (w1 - w0));
-            for (int64_t h = h0; h < h1; ++h)
-              for (int64_t w = w0; w < w1; ++w) gp[h * g.W + w] += v;
-          }
-        }
-      }
-    });
-  });
+  window_avg_backward("adaptive_avg_pool2d_backward", grad_input, grad_output,
+                      [](int64_t oh, int64_t ow, const Planes& g) {
+                        return adaptive_window(oh, ow, g.OH, g.OW, g.H, g.W);
+                      });
 }
 
 }  // namespace

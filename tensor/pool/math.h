@@ -36,6 +36,15 @@ TALLY_HOST_DEVICE TALLY_FORCE_INLINE AvgWindow avg_window(int64_t oh, int64_t ow
   return {h0, h1, w0, w1, divisor};
 }
 
+// adaptive_avg_pool2d's window of output (oh, ow) over an H x W input pooled to OH x OW: never
+// empty (H, W >= 1), its divisor the window's size.
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE AvgWindow adaptive_window(int64_t oh, int64_t ow, int64_t OH,
+                                                               int64_t OW, int64_t H, int64_t W) {
+  const int64_t h0 = adaptive_start(oh, OH, H), h1 = adaptive_end(oh, OH, H);
+  const int64_t w0 = adaptive_start(ow, OW, W), w1 = adaptive_end(ow, OW, W);
+  return {h0, h1, w0, w1, (h1 - h0) * (w1 - w0)};
+}
+
 // The output rows (or columns) of a max pool whose windows cover input row h: oh with
 // oh * s - pad + kk * d == h for some kk in [0, k), 0 <= oh < OH. visit(oh) is called in
 // ascending oh, the order the CPU's sums run in. The candidates lie between two divisions
