@@ -272,6 +272,19 @@ bool max_pool_backward_cells_fit(const Tensor& grad_input, const Tensor& grad_ou
          grad_output.size(2) >= 1 && grad_output.size(3) >= 1;
 }
 
+// go(std::integral_constant<int, S>{}) with S the cells kernels' cell side for pool p: 1, 2,
+// or kMaxCell for strides of 3 and 4 (max_pool_backward_cells_fit holds).
+template <typename F>
+void with_cell_side(const ops::Pool2dParams& p, F&& go) {
+  const int64_t side = std::max(p.sH, p.sW);
+  if (side == 1)
+    go(std::integral_constant<int, 1>{});
+  else if (side == 2)
+    go(std::integral_constant<int, 2>{});
+  else
+    go(std::integral_constant<int, kMaxCell>{});
+}
+
 Cells32 cells32_of(const Tensor& grad_input, const Tensor& grad_output,
                    const ops::Pool2dParams& p) {
   auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
@@ -583,18 +596,12 @@ void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output, co
                          i32(p.sH),  i32(p.sW),   i32(p.pH),   i32(p.pW)};
     TALLY_DISPATCH_FLOAT(grad_output.dtype(), "max_pool2d_backward", [&] {
       using T = dev_t<scalar_t>;
-      auto go = [&]<int S>() {
-        max_pool_backward_cells_nhwc_kernel<T, S><<<blocks_for(nthreads), kThreads, 0, l.stream_>>>(
-            ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), cg,
-            static_cast<uint32_t>(nthreads));
-      };
-      const int64_t side = std::max(p.sH, p.sW);
-      if (side == 1)
-        go.template operator()<1>();
-      else if (side == 2)
-        go.template operator()<2>();
-      else
-        go.template operator()<kMaxCell>();
+      with_cell_side(p, [&](auto side) {
+        max_pool_backward_cells_nhwc_kernel<T, decltype(side)::value>
+            <<<blocks_for(nthreads), kThreads, 0, l.stream_>>>(
+                ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), cg,
+                static_cast<uint32_t>(nthreads));
+      });
     });
     check_launch(l.name_);
     return;
@@ -618,18 +625,12 @@ void max_pool2d_backward(const Tensor& grad_input, const Tensor& grad_output, co
     if (cells) {
       const Cells32 c = cells32_of(grad_input, grad_output, p);
       const int64_t ncells = g.planes * ((g.H + p.sH - 1) / p.sH) * ((g.W + p.sW - 1) / p.sW);
-      auto go = [&]<int S>() {
-        max_pool_backward_cells_kernel<T, S><<<blocks_for(ncells), kThreads, 0, l.stream_>>>(
-            ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), c,
-            static_cast<uint32_t>(ncells));
-      };
-      const int64_t side = std::max(p.sH, p.sW);
-      if (side == 1)
-        go.template operator()<1>();
-      else if (side == 2)
-        go.template operator()<2>();
-      else
-        go.template operator()<kMaxCell>();
+      with_cell_side(p, [&](auto side) {
+        max_pool_backward_cells_kernel<T, decltype(side)::value>
+            <<<blocks_for(ncells), kThreads, 0, l.stream_>>>(
+                ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), c,
+                static_cast<uint32_t>(ncells));
+      });
     } else if (use32)
       max_pool_backward_kernel<T, int32_t><<<blocks_for(n), kThreads, 0, l.stream_>>>(
           ptr<T>(grad_input), ptr<const T>(grad_output), ptr<const int64_t>(indices), g, p,
