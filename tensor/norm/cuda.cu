@@ -405,6 +405,16 @@ bool fits_u32(int64_t total) {
   return total < (int64_t{1} << 31);
 }
 
+// go(std::type_identity<I>{}) with the kernels' index type I: uint32_t when `small` (fits_u32),
+// else int64_t.
+template <typename F>
+void with_index(bool small, F&& go) {
+  if (small)
+    go(std::type_identity<uint32_t>{});
+  else
+    go(std::type_identity<int64_t>{});
+}
+
 // The batch_norm kernels take packs (above) of V = 4 when the plane size S is a multiple of 4
 // and every tensor they stream is aligned to 4 elements (so a pack never straddles two
 // channels), else V = 1. Their index variables count packs. Channels-last tensors pass the
@@ -1127,24 +1137,20 @@ void batch_norm_stats(const Tensor& mean, const Tensor& var, const Tensor& invst
     const bool small = fits_u32(n * c * s);
     auto go_last = [&](auto width) {
       constexpr int V = decltype(width)::value;
-      const dim3 g = nhwc_grid(c / V, splits);
-      if (small)
-        bn_stats_partial_nhwc_kernel<T, uint32_t, V>
-            <<<g, kBnThreads, 0, st>>>(ptr<double>(part), ptr<const T>(x),
-                                       static_cast<uint32_t>(count), static_cast<uint32_t>(c));
-      else
-        bn_stats_partial_nhwc_kernel<T, int64_t, V>
-            <<<g, kBnThreads, 0, st>>>(ptr<double>(part), ptr<const T>(x), count, c);
+      with_index(small, [&](auto index) {
+        using I = typename decltype(index)::type;
+        bn_stats_partial_nhwc_kernel<T, I, V><<<nhwc_grid(c / V, splits), kBnThreads, 0, st>>>(
+            ptr<double>(part), ptr<const T>(x), static_cast<I>(count), static_cast<I>(c));
+      });
     };
     auto go = [&](auto width) {
       constexpr int V = decltype(width)::value;
-      if (small)
-        bn_stats_partial_kernel<T, uint32_t, V><<<grid, kBnThreads, 0, st>>>(
-            ptr<double>(part), ptr<const T>(x), static_cast<uint32_t>(n), static_cast<uint32_t>(c),
-            static_cast<uint32_t>(s));
-      else
-        bn_stats_partial_kernel<T, int64_t, V>
-            <<<grid, kBnThreads, 0, st>>>(ptr<double>(part), ptr<const T>(x), n, c, s);
+      with_index(small, [&](auto index) {
+        using I = typename decltype(index)::type;
+        bn_stats_partial_kernel<T, I, V>
+            <<<grid, kBnThreads, 0, st>>>(ptr<double>(part), ptr<const T>(x), static_cast<I>(n),
+                                          static_cast<I>(c), static_cast<I>(s));
+      });
     };
     if (last)
       with_bn_width_last(c, sizeof(T), {x.data_ptr()}, go_last);
@@ -1179,28 +1185,23 @@ void batch_norm_elemt(const Tensor& out, const Tensor& x, const Tensor& mean, co
       constexpr int V = decltype(width)::value;
       const int64_t cv = c / V, rows = total / c;
       const unsigned blocks = nhwc_walk_blocks(total / V, cv, dev);
-      if (fits_u32(total))
-        bn_elemt_nhwc_kernel<T, A, uint32_t, V><<<blocks, kEltThreads, 0, st>>>(
+      with_index(fits_u32(total), [&](auto index) {
+        using I = typename decltype(index)::type;
+        bn_elemt_nhwc_kernel<T, A, I, V><<<blocks, kEltThreads, 0, st>>>(
             ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
-            ptr<const A>(weight), ptr<const A>(bias), static_cast<uint32_t>(rows),
-            static_cast<uint32_t>(cv));
-      else
-        bn_elemt_nhwc_kernel<T, A, int64_t, V><<<blocks, kEltThreads, 0, st>>>(
-            ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
-            ptr<const A>(weight), ptr<const A>(bias), rows, cv);
+            ptr<const A>(weight), ptr<const A>(bias), static_cast<I>(rows), static_cast<I>(cv));
+      });
     };
     auto go = [&](auto width) {
       constexpr int V = decltype(width)::value;
       const int64_t tv = total / V, sv = s / V;  // in packs
-      if (fits_u32(total))
-        bn_elemt_kernel<T, A, uint32_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+      with_index(fits_u32(total), [&](auto index) {
+        using I = typename decltype(index)::type;
+        bn_elemt_kernel<T, A, I, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
             ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
-            ptr<const A>(weight), ptr<const A>(bias), static_cast<uint32_t>(tv),
-            static_cast<uint32_t>(c), static_cast<uint32_t>(sv));
-      else
-        bn_elemt_kernel<T, A, int64_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
-            ptr<T>(out), ptr<const T>(x), ptr<const A>(mean), ptr<const A>(invstd),
-            ptr<const A>(weight), ptr<const A>(bias), tv, c, sv);
+            ptr<const A>(weight), ptr<const A>(bias), static_cast<I>(tv), static_cast<I>(c),
+            static_cast<I>(sv));
+      });
     };
     if (last)
       with_bn_width_last(c, sizeof(T), {out.data_ptr(), x.data_ptr()}, go_last);
@@ -1249,28 +1250,22 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
       const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(splits));
       auto go_last = [&](auto width) {
         constexpr int V = decltype(width)::value;
-        const dim3 g = nhwc_grid(c / V, splits);
-        if (small)
-          bn_bwd_partial_nhwc_kernel<T, A, uint32_t, V>
-              <<<g, kBnThreads, 0, st>>>(ptr<double>(part), ptr<const T>(dy), ptr<const T>(x),
-                                         ptr<const A>(mean), ptr<const A>(invstd), need_xhat,
-                                         static_cast<uint32_t>(count), static_cast<uint32_t>(c));
-        else
-          bn_bwd_partial_nhwc_kernel<T, A, int64_t, V><<<g, kBnThreads, 0, st>>>(
+        with_index(small, [&](auto index) {
+          using I = typename decltype(index)::type;
+          bn_bwd_partial_nhwc_kernel<T, A, I, V><<<nhwc_grid(c / V, splits), kBnThreads, 0, st>>>(
               ptr<double>(part), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
-              ptr<const A>(invstd), need_xhat, count, c);
+              ptr<const A>(invstd), need_xhat, static_cast<I>(count), static_cast<I>(c));
+        });
       };
       auto go = [&](auto width) {
         constexpr int V = decltype(width)::value;
-        if (small)
-          bn_bwd_partial_kernel<T, A, uint32_t, V><<<grid, kBnThreads, 0, st>>>(
+        with_index(small, [&](auto index) {
+          using I = typename decltype(index)::type;
+          bn_bwd_partial_kernel<T, A, I, V><<<grid, kBnThreads, 0, st>>>(
               ptr<double>(part), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
-              ptr<const A>(invstd), need_xhat, static_cast<uint32_t>(n), static_cast<uint32_t>(c),
-              static_cast<uint32_t>(s));
-        else
-          bn_bwd_partial_kernel<T, A, int64_t, V><<<grid, kBnThreads, 0, st>>>(
-              ptr<double>(part), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
-              ptr<const A>(invstd), need_xhat, n, c, s);
+              ptr<const A>(invstd), need_xhat, static_cast<I>(n), static_cast<I>(c),
+              static_cast<I>(s));
+        });
       };
       if (last)
         with_bn_width_last(c, sizeof(T), {dy.data_ptr(), need_xhat ? x.data_ptr() : nullptr},
@@ -1287,28 +1282,24 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
         constexpr int V = decltype(width)::value;
         const int64_t cv = c / V, rows = total / c;
         const unsigned blocks = nhwc_walk_blocks(total / V, cv, dev);
-        if (small)
-          bn_bwd_dx_nhwc_kernel<T, A, uint32_t, V><<<blocks, kEltThreads, 0, st>>>(
+        with_index(small, [&](auto index) {
+          using I = typename decltype(index)::type;
+          bn_bwd_dx_nhwc_kernel<T, A, I, V><<<blocks, kEltThreads, 0, st>>>(
               ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
-              ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef),
-              static_cast<uint32_t>(rows), static_cast<uint32_t>(cv));
-        else
-          bn_bwd_dx_nhwc_kernel<T, A, int64_t, V><<<blocks, kEltThreads, 0, st>>>(
-              ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
-              ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef), rows, cv);
+              ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef), static_cast<I>(rows),
+              static_cast<I>(cv));
+        });
       };
       auto go = [&](auto width) {
         constexpr int V = decltype(width)::value;
         const int64_t tv = total / V, sv = s / V;  // in packs
-        if (small)
-          bn_bwd_dx_kernel<T, A, uint32_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
+        with_index(small, [&](auto index) {
+          using I = typename decltype(index)::type;
+          bn_bwd_dx_kernel<T, A, I, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
               ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
-              ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef),
-              static_cast<uint32_t>(tv), static_cast<uint32_t>(c), static_cast<uint32_t>(sv));
-        else
-          bn_bwd_dx_kernel<T, A, int64_t, V><<<elt_blocks(tv), kEltThreads, 0, st>>>(
-              ptr<T>(dx), ptr<const T>(dy), ptr<const T>(x), ptr<const A>(mean),
-              ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef), tv, c, sv);
+              ptr<const A>(invstd), ptr<const A>(weight), ptr<const A>(coef), static_cast<I>(tv),
+              static_cast<I>(c), static_cast<I>(sv));
+        });
       };
       const std::initializer_list<const void*> streamed = {dx.data_ptr(), dy.data_ptr(),
                                                            coef.defined() ? x.data_ptr() : nullptr};
