@@ -4,7 +4,8 @@
 #   bash bench/run_gpu.sh [STAGE...]      (default: tests sanitizer demo equiv train ops trainbench)
 # Stages:
 #   tests       ctest -L gpu
-#   sanitizer   compute-sanitizer memcheck over the gpu test binaries (+ racecheck on attention)
+#   sanitizer   compute-sanitizer memcheck over the gpu test binaries (+ racecheck on attention,
+#               batch_norm and the channels_last kernels)
 #   demo        memory_demo on CUDA, _memory_viz and check_snapshot on the snapshots
 #   equiv       equivalence_dump (resnet18, gpt-small; cpu and cuda) vs PyTorch 2.11
 #   train       train_resnet resnet18 on Fashion-MNIST (the >= 92% bar) and train_gpt on fortunes
@@ -62,6 +63,12 @@ if has sanitizer && command -v compute-sanitizer >/dev/null; then
   done
   TALLY_CUDNN_SDP=0 timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/tests/test_attention_cuda --gtest_filter='*Forward*:*Backward*' \
     >> "$OUT/memcheck.log" 2>&1 || { fails=$((fails+1)); echo "racecheck attention failed" | tee -a "$OUT/summary.txt"; }
+  # The shared-memory reductions of batch_norm's partial sums (NCHW and channels_last) and the
+  # pools' NHWC kernels.
+  timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/tests/test_channels_last_cuda --gtest_filter='*BatchNorm*:*Pools*' \
+    >> "$OUT/memcheck.log" 2>&1 || { fails=$((fails+1)); echo "racecheck channels_last failed" | tee -a "$OUT/summary.txt"; }
+  timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/tests/test_norm_cuda --gtest_filter='*BatchNorm*' \
+    >> "$OUT/memcheck.log" 2>&1 || { fails=$((fails+1)); echo "racecheck batch_norm failed" | tee -a "$OUT/summary.txt"; }
   log "compute-sanitizer ($(( $(date +%s) - t0 )) s): $fails binaries with errors"
 fi
 
