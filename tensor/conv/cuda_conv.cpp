@@ -730,6 +730,7 @@ std::vector<ConvWorkspace> conv_planned_workspaces() {
       r.stride[i] = static_cast<int>(key[28 + i]);
       r.dilation[i] = static_cast<int>(key[30 + i]);
     }
+    r.nhwc = static_cast<int>(key[32]);
     r.accumulate = static_cast<int>(key[33]);
     r.bytes = plan->graph.workspace_size();
     const bool seen =

@@ -57,6 +57,9 @@ struct ConvWorkspace {
   int pad[2], stride[2], dilation[2], groups;
   int accumulate;  // backward filter into an existing gradient (a batch split in slices)
   int64_t bytes;
+  // channels_last: NHWC tensors and filter (cuDNN plans those apart from NCHW ones). Last, so
+  // that a table recorded before it existed (every row NCHW) still reads.
+  int nhwc = 0;
 
   // Everything but the bytes: the call a row describes.
   bool same_call(const ConvWorkspace& o) const;

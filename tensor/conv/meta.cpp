@@ -4,7 +4,8 @@
 // heuristics pick on the device: looked up in the target's table, recorded on that GPU
 // (tensor/conv/workspaces_h200.inc, written by bench/record_workspaces). A call the table
 // has no row for counts no workspace and is noted (memory::note_unreplayed), so the report
-// says what the prediction could not replay.
+// says what the prediction could not replay; a channels_last call without a channels_last row
+// counts the NCHW call's workspace, noted too.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -43,10 +44,28 @@ void cuda_workspace(int kind, const Tensor& x, const Tensor& w, const Tensor& y,
   c.stride[0] = static_cast<int>(p.stride.h), c.stride[1] = static_cast<int>(p.stride.w);
   c.dilation[0] = static_cast<int>(p.dilation.h), c.dilation[1] = static_cast<int>(p.dilation.w);
   c.groups = static_cast<int>(p.groups);
+  // The CUDA kernels' layout rule (tensor/conv/cuda_conv.cpp): NHWC when any tensor is
+  // channels_last.
+  c.nhwc = 0;
+  for (const Tensor* t : {&x, &w, &y})
+    if (t->dim() == 4 && t->suggest_memory_format() == MemoryFormat::channels_last) c.nhwc = 1;
   const memory::MetaTarget& t = target(x);
   const auto table = table_of(t);
-  const auto row = std::find_if(table.begin(), table.end(),
-                                [&](const ConvWorkspace& r) { return r.same_call(c); });
+  auto find = [&](const ConvWorkspace& call) {
+    return std::find_if(table.begin(), table.end(),
+                        [&](const ConvWorkspace& r) { return r.same_call(call); });
+  };
+  auto row = find(c);
+  if (row == table.end() && c.nhwc) {
+    ConvWorkspace nchw = c;
+    nchw.nhwc = 0;
+    row = find(nchw);
+    if (row != table.end())
+      memory::note_unreplayed(
+          x.device(), fmt::format("cuDNN convolution workspace of a channels_last call (no "
+                                  "channels_last row in the {} table; counted as the NCHW call's)",
+                                  t.workspace_tables));
+  }
   if (row == table.end()) {
     memory::note_unreplayed(
         x.device(),

@@ -240,7 +240,8 @@ bool ConvWorkspace::same_call(const ConvWorkspace& o) const {
   auto eq = [](const int* a, const int* b, int n) { return std::equal(a, a + n, b); };
   return kind == o.kind && dtype == o.dtype && tf32 == o.tf32 && eq(x, o.x, 4) && eq(w, o.w, 4) &&
          eq(y, o.y, 4) && eq(pad, o.pad, 2) && eq(stride, o.stride, 2) &&
-         eq(dilation, o.dilation, 2) && groups == o.groups && accumulate == o.accumulate;
+         eq(dilation, o.dilation, 2) && groups == o.groups && accumulate == o.accumulate &&
+         nhwc == o.nhwc;
 }
 
 }  // namespace tally

@@ -233,6 +233,44 @@ TEST(Estimate, CudaConvolutionWorkspacesComeFromTheTargetsRecordedTable) {
   EXPECT_NE(notes[0].first.find("cuDNN convolution workspace"), std::string::npos);
 }
 
+TEST(Estimate, ChannelsLastConvolutionsTakeTheirOwnRowsOrTheNchwCallsNoted) {
+  // A channels_last call is a different cuDNN plan (tensor/conv/cuda_conv.cpp keys it apart):
+  // its own row when the table has one, else the NCHW call's bytes and a note saying so.
+  const auto& table = meta::kConvWorkspacesH200;
+  const auto row = std::find_if(table.begin(), table.end(), [](const ConvWorkspace& r) {
+    return r.kind == 0 && r.bytes > 0 && r.nhwc == 0;
+  });
+  ASSERT_NE(row, table.end());
+  ConvWorkspace cl_call = *row;
+  cl_call.nhwc = 1;
+  EXPECT_FALSE(cl_call.same_call(*row)) << "the layout is part of the call";
+  const auto cl_row = std::find_if(table.begin(), table.end(),
+                                   [&](const ConvWorkspace& r) { return r.same_call(cl_call); });
+  const Device d = memory::new_meta_device(memory::meta_target("h200"));
+  const DType dt = static_cast<DType>(row->dtype);
+  const MemoryFormat cl = MemoryFormat::channels_last;
+  const Tensor x =
+      ops::contiguous(ops::empty({row->x[0], row->x[1], row->x[2], row->x[3]}, dt, d), cl);
+  const Tensor w =
+      ops::contiguous(ops::empty({row->w[0], row->w[1], row->w[2], row->w[3]}, dt, d), cl);
+  memory::reset_peak_memory_stats(d);
+  const Tensor y =
+      ops::conv2d(x, w, {}, {row->stride[0], row->stride[1]}, {row->pad[0], row->pad[1]},
+                  {row->dilation[0], row->dilation[1]}, row->groups);
+  EXPECT_TRUE(y.is_contiguous(cl)) << "the meta device runs the CUDA kernels' layout";
+  const int64_t bytes = cl_row != table.end() ? cl_row->bytes : row->bytes;
+  EXPECT_EQ(memory::get_allocator(d).stats().cat_bytes(Category::workspace).peak,
+            static_cast<int64_t>(memory::get_allocator(d).round_size(bytes)));
+  const auto notes = memory::unreplayed(d);
+  if (cl_row != table.end()) {
+    EXPECT_TRUE(notes.empty());
+  } else {
+    ASSERT_EQ(notes.size(), 1u);
+    EXPECT_NE(notes[0].first.find("channels_last call"), std::string::npos) << notes[0].first;
+    EXPECT_NE(notes[0].first.find("NCHW call's"), std::string::npos) << notes[0].first;
+  }
+}
+
 TEST(Estimate, TooSmallACapacityIsReportedNotThrown) {
   const memory::Estimate e =
       memory::estimate([&](Device d) { train_two_steps(d, Config{.model = "resnet"}); },
