@@ -17,6 +17,8 @@
 #               rounds with their spread; kernel time vs step time)
 #   kernels     GPT-2 B16 fp32 and bf16 steps profiled in both frameworks, kernel time per
 #               class side by side (bench/kernel_compare.py)
+#   workspaces  bench/record_workspaces: the dry runs' cuDNN workspace table (NCHW and
+#               channels_last) recorded again, as $OUT/workspaces_h200.inc
 #   predict     dry runs against the GPU: predicted vs measured memory over GPT-2 and ResNet-50
 #               checkpointing x precision grids, and the memory planner's choices (bench/predict.py)
 #   levers      bench/levers.py: the memory levers (offload, step-in-backward, AdamW8bit, the
@@ -178,6 +180,14 @@ if has kernels; then
     log "kernel_compare amp=$amp: exit $?"
     tail -3 "$OUT/kern_run_$amp.txt" >> "$OUT/kernels_$amp.txt"; rm -rf "$OUT/kern_$amp" "$OUT/kern_run_$amp.txt"
   done
+fi
+
+if has workspaces; then
+  # The dry runs' cuDNN workspace table, recorded again on this GPU (both layouts): the new
+  # file comes back in $OUT; copy it over tensor/conv/workspaces_h200.inc and commit it.
+  t0=$(date +%s)
+  $B/bench/record_workspaces "$OUT/workspaces_h200.inc" h200 > "$OUT/workspaces.log" 2>&1
+  log "record_workspaces ($(( $(date +%s) - t0 )) s): exit $? ($(tail -1 "$OUT/workspaces.log"))"
 fi
 
 if has predict; then
