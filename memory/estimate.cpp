@@ -175,27 +175,43 @@ size_t parse_bytes(std::string_view text, std::string_view what) {
         "{}: '{}' is not a size (expected e.g. 6GiB, 900MiB, 512KiB, 1.5GB or plain bytes)", what,
         text));
   std::string unit(end);
-  static const std::map<std::string, double> units = {{"", 1},
-                                                      {"B", 1},
-                                                      {"KiB", 1024.0},
-                                                      {"MiB", 1048576.0},
-                                                      {"GiB", 1073741824.0},
-                                                      {"TiB", 1099511627776.0},
-                                                      {"KB", 1e3},
-                                                      {"MB", 1e6},
-                                                      {"GB", 1e9},
-                                                      {"TB", 1e12},
-                                                      {"K", 1024.0},
-                                                      {"M", 1048576.0},
-                                                      {"G", 1073741824.0}};
+  // Each unit's bytes (all exact in a double and in 64 bits).
+  static const std::map<std::string, uint64_t> units = {{"", 1},
+                                                        {"B", 1},
+                                                        {"KiB", uint64_t{1} << 10},
+                                                        {"MiB", uint64_t{1} << 20},
+                                                        {"GiB", uint64_t{1} << 30},
+                                                        {"TiB", uint64_t{1} << 40},
+                                                        {"KB", 1000},
+                                                        {"MB", 1000000},
+                                                        {"GB", 1000000000},
+                                                        {"TB", 1000000000000},
+                                                        {"K", uint64_t{1} << 10},
+                                                        {"M", uint64_t{1} << 20},
+                                                        {"G", uint64_t{1} << 30}};
   const auto it = units.find(unit);
   if (it == units.end())
     throw std::invalid_argument(fmt::format(
         "{}: unknown unit '{}' in '{}' (expected B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)", what,
         unit, text));
-  const double bytes = std::floor(v * it->second);
-  if (bytes >= 9.2233720368547758e18)
-    throw std::invalid_argument(fmt::format("{}: '{}' is larger than 2^63 bytes", what, text));
+  const uint64_t limit = uint64_t{1} << 63;
+  auto too_large = [&] {
+    return std::invalid_argument(fmt::format("{}: '{}' is larger than 2^63 bytes", what, text));
+  };
+  // A whole number (digits only) counts exactly, past 2^53 too; a fraction or an exponent
+  // goes through the double.
+  const std::string_view number(begin, static_cast<size_t>(end - begin));
+  if (number.find_first_not_of("0123456789") == std::string_view::npos) {
+    uint64_t n = 0;
+    for (const char c : number) {
+      if (n > (limit - 1 - static_cast<uint64_t>(c - '0')) / 10) throw too_large();
+      n = n * 10 + static_cast<uint64_t>(c - '0');
+    }
+    if (n != 0 && it->second > (limit - 1) / n) throw too_large();
+    return static_cast<size_t>(n * it->second);
+  }
+  const double bytes = std::floor(v * static_cast<double>(it->second));
+  if (bytes >= 9.2233720368547758e18) throw too_large();
   return static_cast<size_t>(bytes);
 }
 

@@ -175,6 +175,18 @@ for name, spec in [("none", b"none"), ("off", b"off"), ("empty", b""), ("blocks"
                    ("overflow-segments", b"99999999999-segments"), ("segment", b"3-segment")]:
     write("checkpoint_spec", name, spec)
 
+# ---- specs: a byte choosing the parser (0 sizes, 1 offload, 2 category), then the text ----
+for name, text in [("gib", b"6GiB"), ("mib", b"900MiB"), ("fraction", b"1.5GB"), ("plain", b"4096"),
+                   ("past-2-53", b"9007199254740993"), ("max", b"9223372036854775807"),
+                   ("over", b"9223372036854775808"), ("exponent", b"1e18"), ("hex", b"0x10GiB"),
+                   ("negative", b"-1GiB"), ("space", b" 5 GiB"), ("nan", b"nan"), ("empty", b"")]:
+    write("specs", "bytes-" + name, b"\x00" + text)
+for name, text in [("none", b"none"), ("activations", b"activations"), ("6-blocks", b"6-blocks"),
+                   ("zero-blocks", b"0-blocks"), ("long-blocks", b"1234567-blocks"), ("off", b"off")]:
+    write("specs", "offload-" + name, b"\x01" + text)
+for name in [b"activation", b"gradient", b"optimizer_state", b"offloaded", b"Activation"]:
+    write("specs", "category-" + name.decode(), b"\x02" + name)
+
 # ---- sizes: bytes a FuzzedDataProvider reads (integers from the end): pseudo-random starts of
 # several lengths; the fuzzer finds the rest ----
 rng = 12345

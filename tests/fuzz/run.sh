@@ -23,6 +23,7 @@ targets=(
   "checkpoint_spec 5000 64"
   "sizes 10000 256"
   "unpickle 8000 8192"
+  "specs 10000 64"
 )
 if (($#)); then
   picked=()

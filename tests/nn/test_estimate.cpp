@@ -345,6 +345,14 @@ TEST(ParseBytes, UnitsAndErrors) {
   EXPECT_EQ(memory::parse_bytes("4096"), size_t{4096});
   for (const char* bad : {"", "-1GiB", "six", "6 parsecs", "nan", "1e30", "inf"})
     EXPECT_THROW(memory::parse_bytes(bad, "--memory-budget"), std::invalid_argument) << bad;
+  // Whole numbers count exactly past 2^53 (a double would round them), up to 2^63 - 1.
+  EXPECT_EQ(memory::parse_bytes("9007199254740993"), size_t{9007199254740993});
+  EXPECT_EQ(memory::parse_bytes("9223372036854775807"), size_t{9223372036854775807});
+  EXPECT_EQ(memory::parse_bytes("8589934591GiB"), size_t{8589934591} << 30);
+  EXPECT_EQ(memory::parse_bytes("0GiB"), size_t{0});
+  for (const char* bad :
+       {"9223372036854775808", "8589934592GiB", "99999999999999999999999", "9.3e18", "8388608TiB"})
+    EXPECT_THROW(memory::parse_bytes(bad), std::invalid_argument) << bad;
   try {
     memory::parse_bytes("-3GiB", "--memory-budget");
   } catch (const std::invalid_argument& e) {
