@@ -5,10 +5,15 @@
 #include <fmt/format.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <stdexcept>
 
@@ -61,6 +66,49 @@ int64_t steady_ns() {
       .count();
 }
 
+// The events' timestamps. The recording threads read ticks: the CPU's time-stamp counter where
+// it runs at a constant rate (x86-64 with CPUID's invariant-TSC bit: one instruction, half the
+// cost of a clock_gettime, as PyTorch's profiler's approximate clock), else the steady clock's
+// nanoseconds. A window turns its ticks into nanoseconds since its start at its end (TickMap),
+// linearly between the (ticks, ns) pairs read at its start and its end.
+bool use_tsc() {
+#if defined(__x86_64__)
+  static const bool invariant = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(0x80000007, &a, &b, &c, &d) != 0 && ((d >> 8) & 1) != 0;
+  }();
+  return invariant;
+#else
+  return false;
+#endif
+}
+
+int64_t now_ticks() {
+#if defined(__x86_64__)
+  if (use_tsc()) return static_cast<int64_t>(__rdtsc());
+#endif
+  return steady_ns();
+}
+
+// Ticks -> nanoseconds since the window's start (its origin).
+struct TickMap {
+  int64_t origin_ticks = 0;
+  double ns_per_tick = 1;
+  int64_t ns(int64_t ticks) const {
+    return static_cast<int64_t>(
+        std::llround(static_cast<double>(ticks - origin_ticks) * ns_per_tick));
+  }
+};
+
+// The map of a window that started at (origin_ns, origin_ticks) and ended at (end_ns,
+// end_ticks): exact (1 ns a tick from the origin) when the ticks are the steady clock's.
+TickMap tick_map(int64_t origin_ns, int64_t origin_ticks, int64_t end_ns, int64_t end_ticks) {
+  if (!use_tsc()) return {origin_ns, 1.0};
+  const int64_t ticks = end_ticks - origin_ticks;
+  return {origin_ticks,
+          ticks > 0 ? static_cast<double>(end_ns - origin_ns) / static_cast<double>(ticks) : 0.0};
+}
+
 uint64_t os_tid() {
   return static_cast<uint64_t>(::syscall(SYS_gettid));
 }
@@ -72,8 +120,8 @@ struct RawSpan {
   memory::StrId module;
   memory::StrId phase;
   int depth;
-  int64_t start;
-  int64_t end;  // -1 while open
+  int64_t start;  // ticks (now_ticks)
+  int64_t end;    // ticks; -1 while open
   uint64_t id;
   uint64_t parent;
   uint64_t parent_op;
@@ -84,7 +132,7 @@ struct RawSpan {
 };
 
 struct RawMem {
-  int64_t time;
+  int64_t time;  // ticks (now_ticks)
   uint64_t seq;
   uint64_t op_id;
   memory::StrId scope_module;
@@ -121,7 +169,6 @@ class Collector final : public DispatchObserver,
   std::atomic<uint64_t> mem_seq{0};
   // Set by begin_window, read by the recording threads (atomics: a thread from the previous
   // window may still be in a callback).
-  std::atomic<int64_t> origin{0};
   std::atomic<bool> record_shapes{false}, profile_memory{false}, with_stack{false}, cuda{false};
   std::mutex mu;  // guards `buffers`
   std::vector<std::shared_ptr<ThreadBuffer>> buffers;
@@ -203,7 +250,7 @@ class Collector final : public DispatchObserver,
     s.line = 0;
     b.open.push_back(static_cast<uint32_t>(b.spans.size()));
     b.spans.push_back(s);
-    b.spans.back().start = steady_ns() - origin.load(std::memory_order_relaxed);
+    b.spans.back().start = now_ticks();
     return b.spans.back();
   }
   void push(SpanKind kind, memory::StrId name, memory::Device device) {
@@ -213,7 +260,7 @@ class Collector final : public DispatchObserver,
   // Close the innermost open span of `kind` (with `name` unless 0) and anything opened
   // inside it. Returns false when there is none (its start preceded the window).
   bool pop(SpanKind kind, memory::StrId name) {
-    const int64_t t = steady_ns() - origin.load(std::memory_order_relaxed);
+    const int64_t t = now_ticks();
     bool found = false;
     write([&](ThreadBuffer& b) {
       for (size_t i = b.open.size(); i-- > 0;) {
@@ -264,7 +311,7 @@ class Collector final : public DispatchObserver,
   void on_allocation_event(const memory::AllocationEvent& e) override {
     write([&](ThreadBuffer& b) {
       RawMem m;
-      m.time = steady_ns() - origin.load(std::memory_order_relaxed);
+      m.time = now_ticks();
       m.seq = mem_seq.fetch_add(1, std::memory_order_relaxed);
       m.op_id = innermost_op(b);
       m.scope_module = memory::current_tag().module;
@@ -303,7 +350,8 @@ std::vector<memory::Device> allocator_devices() {
 }  // namespace
 
 struct Profiler::Session {
-  int64_t origin = 0;
+  int64_t origin = 0;        // steady_ns() at the window's start
+  int64_t origin_ticks = 0;  // now_ticks() then
   int64_t base_epoch_ns = 0;
   bool warmup = false;
   bool gpu = false;
@@ -406,7 +454,7 @@ void Profiler::begin_window(bool warmup) {
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count();
   session_->origin = steady_ns();
-  c.origin = session_->origin;
+  session_->origin_ticks = now_ticks();
   if (c.cuda.load()) {
     gpu_tracer::start(session_->origin);
     session_->gpu = true;
@@ -424,7 +472,8 @@ namespace {
 
 using Buffers = std::vector<std::shared_ptr<ThreadBuffer>>;
 
-std::vector<CpuSpan> merge_spans(const Buffers& buffers, int64_t end, bool with_stack) {
+std::vector<CpuSpan> merge_spans(const Buffers& buffers, const TickMap& map, int64_t end,
+                                 bool with_stack) {
   std::vector<CpuSpan> out;
   for (auto& bp : buffers) {
     ThreadBuffer& b = *bp;
@@ -434,8 +483,8 @@ std::vector<CpuSpan> merge_spans(const Buffers& buffers, int64_t end, bool with_
       s.name = memory::interned(r.name);
       s.module = memory::interned(r.module);
       s.phase = memory::interned(r.phase);
-      s.start_ns = r.start;
-      s.end_ns = r.end < 0 ? end : r.end;
+      s.start_ns = map.ns(r.start);
+      s.end_ns = r.end < 0 ? end : map.ns(r.end);
       s.id = r.id;
       s.parent = r.parent;
       s.parent_op = r.parent_op;
@@ -469,12 +518,12 @@ std::vector<CpuSpan> merge_spans(const Buffers& buffers, int64_t end, bool with_
   return out;
 }
 
-std::vector<MemoryEvent> merge_memory(const Buffers& buffers, bool with_stack) {
+std::vector<MemoryEvent> merge_memory(const Buffers& buffers, const TickMap& map, bool with_stack) {
   std::vector<MemoryEvent> out;
   for (auto& bp : buffers) {
     for (const RawMem& r : bp->mem) {
       MemoryEvent m;
-      m.time_ns = r.time;
+      m.time_ns = map.ns(r.time);
       m.seq = r.seq;
       m.addr = r.e.addr;
       m.bytes = r.e.bytes;
@@ -513,7 +562,10 @@ void Profiler::end_window(bool save, bool reopen) {
   // Threads still inside a callback finish their event; later ones are dropped. The window
   // ends after the last event it holds.
   const Buffers buffers = c.close(c.generation.load());
-  const int64_t end = steady_ns() - session_->origin;
+  const int64_t end_ticks = now_ticks();
+  const int64_t end_ns = steady_ns();
+  const int64_t end = end_ns - session_->origin;
+  const TickMap map = tick_map(session_->origin, session_->origin_ticks, end_ns, end_ticks);
   collecting_ = false;
   std::vector<GpuEvent> gpu;
   if (session_->gpu) gpu_tracer::stop(gpu, /*detach=*/!reopen);
@@ -525,8 +577,8 @@ void Profiler::end_window(bool save, bool reopen) {
     data->profile_memory = options_.profile_memory;
     data->record_shapes = options_.record_shapes;
     data->with_stack = options_.with_stack;
-    data->spans = merge_spans(buffers, end, options_.with_stack);
-    data->memory = merge_memory(buffers, options_.with_stack);
+    data->spans = merge_spans(buffers, map, end, options_.with_stack);
+    data->memory = merge_memory(buffers, map, options_.with_stack);
     std::sort(gpu.begin(), gpu.end(),
               [](const GpuEvent& a, const GpuEvent& b) { return a.start_ns < b.start_ns; });
     data->gpu = std::move(gpu);

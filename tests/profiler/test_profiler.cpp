@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -141,6 +143,43 @@ TEST(Profiler, RecordsOpsModulesRangesPhasesAndShapes) {
   // Memory events are tagged.
   ASSERT_FALSE(d.memory.empty());
   for (const auto& m : d.memory) EXPECT_NE(m.category, memory::Category::unknown) << m.op;
+}
+
+// The times are nanoseconds of the steady clock since the window's start, whatever the
+// recording threads read (the time-stamp counter where it is invariant): a range around a
+// sleep lasts the sleep (steady-clock times around it bound it), inside the window.
+TEST(Profiler, SpanTimesAreSteadyClockNanoseconds) {
+  using clock = std::chrono::steady_clock;
+  auto ns = [](clock::duration d) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  };
+  Profiler prof(full_options());
+  prof.start();
+  const auto t0 = clock::now();
+  int64_t inner = 0, outer = 0;
+  {
+    profiler::record_function outer_range("outer");
+    const auto o0 = clock::now();
+    {
+      profiler::record_function range("sleep");
+      const auto s0 = clock::now();
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      inner = ns(clock::now() - s0);
+    }
+    outer = ns(clock::now() - o0);
+  }
+  const int64_t window = ns(clock::now() - t0);
+  prof.stop();
+  const profiler::ProfileData& d = prof.data();
+  const auto it = std::find_if(d.spans.begin(), d.spans.end(),
+                               [](const profiler::CpuSpan& s) { return s.name == "sleep"; });
+  ASSERT_NE(it, d.spans.end());
+  // Recorded inside what the steady clock measured around it, to 50 us.
+  EXPECT_GE(it->duration_ns(), inner - 50000) << "steady clock: " << inner << " ns";
+  EXPECT_LE(it->duration_ns(), outer + 50000) << "steady clock: " << outer << " ns";
+  EXPECT_GE(it->start_ns, 0);
+  EXPECT_LE(it->end_ns, d.duration_ns);
+  EXPECT_LE(d.duration_ns, window + 1000000);
 }
 
 TEST(Profiler, ChromeTraceParsesAndNests) {
