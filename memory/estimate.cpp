@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -203,11 +204,9 @@ size_t parse_bytes(std::string_view text, std::string_view what) {
   const std::string_view number(begin, static_cast<size_t>(end - begin));
   if (number.find_first_not_of("0123456789") == std::string_view::npos) {
     uint64_t n = 0;
-    for (const char c : number) {
-      if (n > (limit - 1 - static_cast<uint64_t>(c - '0')) / 10) throw too_large();
-      n = n * 10 + static_cast<uint64_t>(c - '0');
-    }
-    if (n != 0 && it->second > (limit - 1) / n) throw too_large();
+    if (std::from_chars(number.data(), number.data() + number.size(), n).ec != std::errc() ||
+        n > (limit - 1) / it->second)
+      throw too_large();
     return static_cast<size_t>(n * it->second);
   }
   const double bytes = std::floor(v * static_cast<double>(it->second));

@@ -543,10 +543,7 @@ int to_int(int64_t v, const char* what) {
 // The layout a call runs in: NHWC when any of its tensors is channels_last (ops::conv2d
 // hands all three over in one layout; a caller of the kernel directly may mix them).
 bool any_nhwc(std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (t->defined() && t->dim() == 4 && t->suggest_memory_format() == MemoryFormat::channels_last)
-      return true;
-  return false;
+  return conv_memory_format(ts) == MemoryFormat::channels_last;
 }
 
 MemoryFormat format_of(bool nhwc) {

@@ -20,6 +20,8 @@
 // `workspace` under the calling op.
 #pragma once
 
+#include <initializer_list>
+
 #include "tensor/conv/ops.h"
 #include "tensor/dispatch.h"
 #include "tensor/tensor.h"
@@ -44,6 +46,11 @@ struct ConvKernels {
 // cpu::conv_kernels (tensor/conv/cpu.cpp), cuda::conv_kernels (tensor/conv/cuda_conv.cpp),
 // conv_backends (tensor/backends.cpp).
 TALLY_DECLARE_KERNELS(ConvKernels, conv_kernels, conv_backends);
+
+// The layout a convolution runs in (PyTorch's rule): channels_last when any of its defined 4-D
+// tensors is (Tensor::suggest_memory_format), else contiguous. ops::conv2d, the CUDA kernels
+// (a caller of a kernel directly may mix layouts) and the meta replay of their workspaces.
+MemoryFormat conv_memory_format(std::initializer_list<const Tensor*> ts);
 
 // One cuDNN convolution call of the CUDA backend's default route (an execution plan of
 // cuDNN's graph API, tensor/conv/cuda_conv.cpp) and the workspace its plan takes: a row of a

@@ -44,11 +44,7 @@ void cuda_workspace(int kind, const Tensor& x, const Tensor& w, const Tensor& y,
   c.stride[0] = static_cast<int>(p.stride.h), c.stride[1] = static_cast<int>(p.stride.w);
   c.dilation[0] = static_cast<int>(p.dilation.h), c.dilation[1] = static_cast<int>(p.dilation.w);
   c.groups = static_cast<int>(p.groups);
-  // The CUDA kernels' layout rule (tensor/conv/cuda_conv.cpp): NHWC when any tensor is
-  // channels_last.
-  c.nhwc = 0;
-  for (const Tensor* t : {&x, &w, &y})
-    if (t->dim() == 4 && t->suggest_memory_format() == MemoryFormat::channels_last) c.nhwc = 1;
+  c.nhwc = conv_memory_format({&x, &w, &y}) == MemoryFormat::channels_last ? 1 : 0;
   const memory::MetaTarget& t = target(x);
   const auto table = table_of(t);
   auto find = [&](const ConvWorkspace& call) {

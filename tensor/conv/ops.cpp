@@ -41,9 +41,7 @@ Tensor prepare(const Tensor& t, DType dt, MemoryFormat f = MemoryFormat::contigu
 // The layout a convolution runs in (PyTorch's rule): channels_last when either 4-D operand is
 // channels_last (Tensor::suggest_memory_format), else contiguous.
 MemoryFormat conv_format(const Tensor& a, const Tensor& b) {
-  const bool cl = (a.dim() == 4 && a.suggest_memory_format() == MemoryFormat::channels_last) ||
-                  (b.dim() == 4 && b.suggest_memory_format() == MemoryFormat::channels_last);
-  return cl ? MemoryFormat::channels_last : MemoryFormat::contiguous;
+  return conv_memory_format({&a, &b});
 }
 
 std::string params_str(const Conv2dParams& p) {
@@ -235,6 +233,13 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
 }  // namespace tally::ops
 
 namespace tally {
+
+MemoryFormat conv_memory_format(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && t->dim() == 4 && t->suggest_memory_format() == MemoryFormat::channels_last)
+      return MemoryFormat::channels_last;
+  return MemoryFormat::contiguous;
+}
 
 bool ConvWorkspace::same_call(const ConvWorkspace& o) const {
   auto eq = [](const int* a, const int* b, int n) { return std::equal(a, a + n, b); };
