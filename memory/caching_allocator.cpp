@@ -1320,13 +1320,13 @@ FragmentationInfo CachingAllocator::fragmentation_locked() const {
 
 void CachingAllocator::record_memory_history(bool enabled, size_t max_entries) {
   std::lock_guard lock(mu_);
-  recording_ = enabled;
   if (enabled) {
     if (ring_.capacity() != max_entries) ring_.set_capacity(max_entries);
   } else {
     ring_.clear();
     ring_.set_capacity(0);
   }
+  recording_ = enabled;  // after the ring changed (set_capacity may throw)
 }
 
 bool CachingAllocator::history_enabled() const {

@@ -1,6 +1,7 @@
 #include "memory/history.h"
 
 #include <chrono>
+#include <cstddef>
 
 #include "memory/enum_table.h"
 
@@ -19,36 +20,38 @@ int64_t now_us() {
 }
 
 void TraceRing::set_capacity(size_t max_entries) {
-  std::vector<TraceEntry> old = entries();
+  // Everything that can throw (the copy) happens before the ring changes.
+  std::vector<TraceEntry> kept = entries();
+  if (kept.size() > max_entries)
+    kept.erase(kept.begin(), kept.end() - static_cast<std::ptrdiff_t>(max_entries));
+  buf_ = std::move(kept);
   capacity_ = max_entries;
-  buf_.assign(capacity_, TraceEntry{});
-  head_ = count_ = 0;
-  const size_t keep = old.size() > capacity_ ? capacity_ : old.size();
-  for (size_t i = old.size() - keep; i < old.size(); ++i) {
-    buf_[head_] = old[i];
-    head_ = (head_ + 1) % (capacity_ ? capacity_ : 1);
-    ++count_;
-  }
+  oldest_ = 0;
 }
 
 void TraceRing::clear() {
-  head_ = count_ = 0;
+  buf_.clear();
+  oldest_ = 0;
   pushed_ = 0;
 }
 
 void TraceRing::push(const TraceEntry& e) {
   ++pushed_;
   if (capacity_ == 0) return;
-  buf_[head_] = e;
-  head_ = head_ + 1 == capacity_ ? 0 : head_ + 1;
-  if (count_ < capacity_) ++count_;
+  if (buf_.size() < capacity_) {
+    buf_.push_back(e);
+    return;
+  }
+  buf_[oldest_] = e;
+  oldest_ = oldest_ + 1 == capacity_ ? 0 : oldest_ + 1;
 }
 
 std::vector<TraceEntry> TraceRing::entries() const {
   std::vector<TraceEntry> out;
-  out.reserve(count_);
-  const size_t start = (head_ + capacity_ - count_) % (capacity_ ? capacity_ : 1);
-  for (size_t i = 0; i < count_; ++i) out.push_back(buf_[(start + i) % capacity_]);
+  out.reserve(buf_.size());
+  const auto split = buf_.begin() + static_cast<std::ptrdiff_t>(oldest_);
+  out.insert(out.end(), split, buf_.end());
+  out.insert(out.end(), buf_.begin(), split);
   return out;
 }
 

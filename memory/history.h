@@ -41,23 +41,26 @@ struct TraceEntry {
 // Microseconds since the Unix epoch.
 int64_t now_us();
 
+// The newest `capacity` entries. The buffer grows as entries come, up to the capacity, and
+// then overwrites the oldest (PyTorch's alloc_trace): a capacity is a bound, not memory set
+// aside, so record_memory_history(true, SIZE_MAX) keeps everything.
 class TraceRing {
  public:
+  // Keeps the newest min(size(), max_entries) entries. Strong exception guarantee.
   void set_capacity(size_t max_entries);
   size_t capacity() const { return capacity_; }
   void clear();
   void push(const TraceEntry& e);
-  size_t size() const { return count_; }
+  size_t size() const { return buf_.size(); }
   // Entries oldest first.
   std::vector<TraceEntry> entries() const;
   // Total pushed since clear(), including those the ring dropped.
   uint64_t total_pushed() const { return pushed_; }
 
  private:
-  std::vector<TraceEntry> buf_;
+  std::vector<TraceEntry> buf_;  // size() <= capacity_
   size_t capacity_ = 0;
-  size_t head_ = 0;  // next write position
-  size_t count_ = 0;
+  size_t oldest_ = 0;  // once full: the oldest entry, which the next push overwrites
   uint64_t pushed_ = 0;
 };
 

@@ -182,9 +182,15 @@ void bind_memory(py::module_& m, py::module_& mem) {
         bool on = true;
         if (enabled.is_none())
           on = false;
-        else if (py::isinstance<py::str>(enabled))
-          on = enabled.cast<std::string>() != "none";
-        else
+        else if (py::isinstance<py::str>(enabled)) {
+          const std::string e = enabled.cast<std::string>();
+          if (e != "all" && e != "state" && e != "none")
+            throw py::value_error(
+                "record_memory_history: enabled must be 'all', 'state', "
+                "None, True or False, got '" +
+                e + "'");
+          on = e != "none";
+        } else
           on = enabled.cast<bool>();
         memory::record_memory_history(on, max_entries, dev(d));
       },

@@ -1,6 +1,10 @@
 // The history ring buffer: order, dropping the oldest, actions and logical stacks.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
+#include <vector>
+
 #include "memory/caching_allocator.h"
 #include "memory/fake_provider.h"
 
@@ -24,6 +28,57 @@ TEST(TraceRing, KeepsNewestOldestFirst) {
   const auto w = ring.entries();
   ASSERT_EQ(w.size(), 2u);
   EXPECT_EQ(w[0].addr, 3u);
+}
+
+// A capacity is a bound, not memory set aside: PyTorch's default max_entries is sys.maxsize.
+// The ring keeps order across wrapping, growing and shrinking.
+TEST(TraceRing, CapacityIsABoundThatGrowsAndShrinksInOrder) {
+  TraceRing ring;
+  ring.set_capacity(std::numeric_limits<size_t>::max());
+  auto push = [&](uint64_t from, uint64_t to) {
+    for (uint64_t i = from; i < to; ++i) {
+      TraceEntry e;
+      e.addr = i;
+      ring.push(e);
+    }
+  };
+  auto addrs = [&] {
+    std::vector<uint64_t> out;
+    for (const TraceEntry& e : ring.entries()) out.push_back(e.addr);
+    return out;
+  };
+  push(0, 1000);
+  EXPECT_EQ(ring.size(), 1000u);
+  EXPECT_EQ(addrs().front(), 0u);
+  EXPECT_EQ(addrs().back(), 999u);
+  ring.set_capacity(4);  // the newest 4
+  EXPECT_EQ(addrs(), (std::vector<uint64_t>{996, 997, 998, 999}));
+  push(1000, 1006);  // wraps
+  EXPECT_EQ(addrs(), (std::vector<uint64_t>{1002, 1003, 1004, 1005}));
+  ring.set_capacity(6);  // grows from a wrapped ring: order kept, room for 2 more
+  push(1006, 1009);
+  EXPECT_EQ(addrs(), (std::vector<uint64_t>{1003, 1004, 1005, 1006, 1007, 1008}));
+  ring.set_capacity(0);
+  push(0, 3);
+  EXPECT_EQ(ring.size(), 0u);
+  EXPECT_EQ(ring.total_pushed(), 1012u);
+  ring.clear();
+  EXPECT_EQ(ring.total_pushed(), 0u);
+}
+
+// record_memory_history(true, SIZE_MAX) used to reserve SIZE_MAX entries: the reservation
+// threw after recording was switched on, and the next allocation wrote past the buffer.
+TEST(History, HugeMaxEntriesRecordsWithoutReservingThem) {
+  CachingAllocator alloc(std::make_unique<testing::FakeProvider>(size_t{1} << 32),
+                         AllocatorConfig{});
+  alloc.record_memory_history(true, std::numeric_limits<size_t>::max());
+  EXPECT_TRUE(alloc.history_enabled());
+  for (int i = 0; i < 100; ++i) alloc.deallocate(alloc.allocate(1000));
+  EXPECT_EQ(alloc.history().size(), 1u + 100u * 3u);  // segment_alloc, then alloc + 2 frees each
+  alloc.record_memory_history(true, size_t{1} << 62);
+  EXPECT_EQ(alloc.history().size(), 301u);
+  alloc.record_memory_history(false);
+  EXPECT_TRUE(alloc.history().empty());
 }
 
 TEST(History, RecordsActionsWithContextAndDropsOldest) {

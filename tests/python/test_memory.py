@@ -4,6 +4,7 @@ profiler and the A/B runner."""
 import json
 import os
 import pickle
+import sys
 
 import numpy as np
 import pytest
@@ -66,6 +67,24 @@ def test_snapshot_is_a_pickle_with_the_context_tags(tmpdir_path):
     assert tagged[0]["category"] == "input"
     assert "phase=loading" in tagged[0]["user_metadata"]
     assert y.shape == (12345,)
+
+
+def test_record_memory_history_takes_pytorchs_max_entries(tmpdir_path):
+    # PyTorch's default max_entries is sys.maxsize: a bound, not memory set aside (a reservation
+    # of that size used to fail after recording was on, and the next allocation crashed).
+    tally.record_memory_history("all", max_entries=sys.maxsize, device="cpu")
+    path = os.path.join(tmpdir_path, "huge.pickle")
+    try:
+        x = tally.zeros(1000) + 1.0
+        tally.dump_snapshot(path, device="cpu")
+    finally:
+        tally.record_memory_history(None, device="cpu")
+    assert float(x.sum().item()) == 1000.0
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    assert any(e["action"] == "alloc" for trace in snap["device_traces"] for e in trace)
+    with pytest.raises(ValueError, match="enabled must be 'all', 'state', None"):
+        tally.record_memory_history("yes", device="cpu")
 
 
 def test_unknown_category_is_a_value_error():
