@@ -1,18 +1,32 @@
 #include "memory/cpu_provider.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
+#include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
+#include <string_view>
 
 #include "memory/checked.h"
 
 namespace tally::memory {
 namespace {
+
+// Whether the system can give `bytes` and keep CpuProvider::kOsReserve (small requests are
+// not asked about: reading /proc/meminfo costs about 3 us).
+bool system_can_give(size_t bytes, CpuProvider::AvailableFn available) {
+  if (bytes < CpuProvider::kOsCheckBytes) return true;
+  const size_t a = available();
+  return a >= CpuProvider::kOsReserve && bytes <= a - CpuProvider::kOsReserve;
+}
 
 // Addresses reserved with mmap(PROT_NONE) (no memory, no commit charge); mprotect makes
 // pages readable and writable (the kernel backs them on first touch); mmap(MAP_FIXED,
@@ -21,10 +35,11 @@ namespace {
 class CpuExpandableSegment final : public ExpandableSegment {
  public:
   CpuExpandableSegment(void* base, size_t page_size, size_t pages, std::atomic<size_t>& used,
-                       size_t capacity)
+                       size_t capacity, CpuProvider::AvailableFn available)
       : ExpandableSegment(reinterpret_cast<uintptr_t>(base), page_size, pages),
         used_(used),
-        capacity_(capacity) {}
+        capacity_(capacity),
+        available_(available) {}
 
   ~CpuExpandableSegment() override {
     munmap(reinterpret_cast<void*>(base_), size());
@@ -32,6 +47,7 @@ class CpuExpandableSegment final : public ExpandableSegment {
   }
 
   bool map(size_t offset, size_t bytes) override {
+    if (!system_can_give(bytes, available_)) return false;
     size_t used = used_.load();
     do {
       if (bytes > capacity_ - used) return false;
@@ -67,6 +83,7 @@ class CpuExpandableSegment final : public ExpandableSegment {
  private:
   std::atomic<size_t>& used_;  // the provider's, which outlives its segments
   size_t capacity_;
+  CpuProvider::AvailableFn available_;
   size_t mapped_ = 0;
 };
 
@@ -79,11 +96,40 @@ size_t HostMemoryProvider::physical_memory() {
                                : (size_t{1} << 34);
 }
 
-CpuProvider::CpuProvider(size_t capacity)
-    : HostMemoryProvider(capacity ? capacity : physical_memory()) {}
+size_t CpuProvider::os_available_memory() {
+  // MemAvailable: what can be allocated without swapping, page cache included (Linux 3.14+).
+  const int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::numeric_limits<size_t>::max();
+  std::array<char, 4096> buf{};
+  const ssize_t n = read(fd, buf.data(), buf.size() - 1);
+  close(fd);
+  if (n <= 0) return std::numeric_limits<size_t>::max();
+  const std::string_view text(buf.data(), static_cast<size_t>(n));
+  constexpr std::string_view kKey = "MemAvailable:";
+  size_t at = text.find(kKey);
+  if (at == std::string_view::npos) return std::numeric_limits<size_t>::max();
+  at = text.find_first_not_of(' ', at + kKey.size());
+  if (at == std::string_view::npos) return std::numeric_limits<size_t>::max();
+  uint64_t kib = 0;
+  const auto [ptr, ec] = std::from_chars(text.data() + at, text.data() + text.size(), kib);
+  if (ec != std::errc() || kib > std::numeric_limits<size_t>::max() / 1024)
+    return std::numeric_limits<size_t>::max();
+  return static_cast<size_t>(kib) * 1024;  // the file's "kB" are KiB
+}
+
+CpuProvider::CpuProvider(size_t capacity, AvailableFn available)
+    : HostMemoryProvider(capacity ? capacity : physical_memory()), available_(available) {}
+
+size_t CpuProvider::free_memory() const {
+  const size_t left = capacity_ - used_.load();
+  const size_t a = available_();
+  const size_t system = a > kOsReserve ? a - kOsReserve : 0;
+  return left < system ? left : system;
+}
 
 void* CpuProvider::allocate(size_t bytes) {
   const size_t rounded = checked_round_up(bytes, kAlignment, "CpuProvider::allocate");
+  if (!system_can_give(rounded, available_)) return nullptr;
   size_t used = used_.load();
   do {
     if (bytes > capacity_ - used) return nullptr;
@@ -115,7 +161,8 @@ std::unique_ptr<ExpandableSegment> CpuProvider::create_expandable_segment(Stream
     throw std::runtime_error(fmt::format(
         "mmap(PROT_NONE) reserving {} bytes for an expandable segment on cpu failed: {}", bytes,
         std::strerror(errno)));
-  return std::make_unique<CpuExpandableSegment>(base, page_size, pages, used_, capacity_);
+  return std::make_unique<CpuExpandableSegment>(base, page_size, pages, used_, capacity_,
+                                                available_);
 }
 
 }  // namespace tally::memory

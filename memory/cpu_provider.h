@@ -30,18 +30,34 @@ class HostMemoryProvider : public MemoryProvider {
 
 class CpuProvider final : public HostMemoryProvider {
  public:
-  // capacity 0 = the machine's physical memory.
-  explicit CpuProvider(size_t capacity = 0);
+  // What the operating system can still give (bytes); SIZE_MAX where it does not say.
+  using AvailableFn = size_t (*)();
+
+  // capacity 0 = the machine's physical memory. A request of kOsCheckBytes or more must also
+  // leave kOsReserve of what the system can still give (`available`, MemAvailable of
+  // /proc/meminfo): past that it fails as out-of-memory, with the allocator's report, where
+  // touching the memory would have brought the kernel's out-of-memory killer.
+  explicit CpuProvider(size_t capacity = 0, AvailableFn available = os_available_memory);
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) override;
+  // The capacity left, or less when the system has less to give.
+  size_t free_memory() const override;
   std::string device_name() const override { return "cpu"; }
   // Pages count against the capacity while mapped; page_size must be a multiple of the
   // system's page size.
   std::unique_ptr<ExpandableSegment> create_expandable_segment(StreamId stream, size_t page_size,
                                                                size_t pages) override;
 
+  // MemAvailable of /proc/meminfo; SIZE_MAX where it cannot be read.
+  static size_t os_available_memory();
+
   static constexpr size_t kAlignment = 4096;
+  static constexpr size_t kOsCheckBytes = size_t{1} << 20;
+  static constexpr size_t kOsReserve = size_t{256} << 20;
+
+ private:
+  AvailableFn available_;
 };
 
 }  // namespace tally::memory

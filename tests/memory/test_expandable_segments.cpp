@@ -659,5 +659,53 @@ TEST(ExpandableSegments, SnapshotMarksThemAndPythonReadsIt) {
   for (void* p : live) alloc->deallocate(p);
 }
 
+// The CPU's memory is the system's too: a large request the system cannot give (less
+// CpuProvider::kOsReserve) fails as out-of-memory, in ordinary and expandable segments, where
+// touching it would have brought the kernel's out-of-memory killer.
+size_t g_system_available = 0;
+size_t system_available() {
+  return g_system_available;
+}
+
+TEST(CpuProvider, LargeRequestsNeedWhatTheSystemCanGive) {
+  g_system_available = CpuProvider::kOsReserve + 64 * kMiB;
+  CpuProvider p(size_t{8} << 30, system_available);
+  EXPECT_EQ(p.free_memory(), 64 * kMiB);  // less than the capacity: the system's
+  EXPECT_EQ(p.allocate(65 * kMiB), nullptr);
+  void* fits = p.allocate(64 * kMiB);
+  ASSERT_NE(fits, nullptr);
+  p.deallocate(fits, 64 * kMiB);
+  g_system_available = 0;  // small requests do not ask
+  void* small = p.allocate(CpuProvider::kOsCheckBytes - 4096);
+  ASSERT_NE(small, nullptr);
+  p.deallocate(small, CpuProvider::kOsCheckBytes - 4096);
+  EXPECT_EQ(p.free_memory(), 0u);
+
+  for (const char* conf : {"", kExpandable}) {
+    SCOPED_TRACE(conf);
+    g_system_available = CpuProvider::kOsReserve + 100 * kMiB;
+    CachingAllocator a(std::make_unique<CpuProvider>(size_t{8} << 30, system_available),
+                       AllocatorConfig::parse(conf));
+    void* ok = a.allocate(60 * kMiB);
+    g_system_available -= 60 * kMiB;  // what the first request took from the system
+    try {
+      a.allocate(60 * kMiB);
+      FAIL() << "expected OutOfMemoryError";
+    } catch (const OutOfMemoryError& e) {
+      EXPECT_NE(std::string(e.what()).find("tried to allocate 60.00 MiB"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("free 40.00 MiB"), std::string::npos) << e.what();
+    }
+    a.deallocate(ok);
+  }
+}
+
+TEST(CpuProvider, ReadsTheSystemsAvailableMemory) {
+  const size_t a = CpuProvider::os_available_memory();
+  if (!fs::exists("/proc/meminfo")) GTEST_SKIP() << "no /proc/meminfo";
+  EXPECT_GT(a, size_t{0});
+  EXPECT_LE(a, HostMemoryProvider::physical_memory());
+}
+
 }  // namespace
 }  // namespace tally::memory
