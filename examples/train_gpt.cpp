@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "examples/cli_common.h"
 #include "examples/metrics_log.h"
@@ -61,7 +62,8 @@ struct Args {
   bool cuda_graphs = false;
 };
 
-// Greedy-with-temperature sampling of `n` bytes after `prompt`.
+// Sampling at temperature 0.8 of `n` bytes after `prompt`, from the logits of the 256 byte
+// tokens (a preset's vocabulary can be larger; the text has no other tokens).
 std::string sample_text(nn::GPT& model, const std::string& prompt, int64_t n, Device dev,
                         Generator& gen) {
   NoGradGuard ng;
@@ -73,8 +75,9 @@ std::string sample_text(nn::GPT& model, const std::string& prompt, int64_t n, De
         text.size() > static_cast<size_t>(T) ? text.substr(text.size() - T) : text;
     const Tensor idx =
         data::TextCorpus::encode(ctx).reshape({1, static_cast<int64_t>(ctx.size())}).to(dev);
-    const Tensor logits =
-        model(idx).first.select(1, static_cast<int64_t>(ctx.size()) - 1);  // [1, V]
+    const Tensor logits = model(idx)
+                              .first.select(1, static_cast<int64_t>(ctx.size()) - 1)
+                              .narrow(1, 0, data::TextCorpus::kVocabSize);  // [1, 256]
     const Tensor probs = softmax(div(logits.to(DType::float32), 0.8), -1).to(Device::cpu());
     const std::vector<double> p = probs.tolist();
     const double u = rand({1}, {}, &gen).item();
@@ -91,6 +94,25 @@ std::string sample_text(nn::GPT& model, const std::string& prompt, int64_t n, De
   }
   model.train();
   return text;
+}
+
+// Text fit for a terminal: a byte sequence that is not UTF-8, or a control character other
+// than a line break or tab (an untrained model's bytes often are), becomes U+FFFD.
+std::string printable(const std::string& text) {
+  const std::string utf8 =
+      nlohmann::json::parse(nlohmann::json(text).dump(-1, ' ', /*ensure_ascii=*/false,
+                                                      nlohmann::json::error_handler_t::replace))
+          .get<std::string>();
+  std::string out;
+  out.reserve(utf8.size());
+  for (const char c : utf8) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7f)
+      out += "\xEF\xBF\xBD";
+    else
+      out += c;
+  }
+  return out;
 }
 
 }  // namespace
@@ -419,7 +441,7 @@ int main(int argc, char** argv) {
       if (a.sample > 0 && !synthetic) {
         Generator sgen(a.seed + 99);
         fmt::print("--- sample ---\n{}\n--------------\n",
-                   sample_text(*model, "Q:", a.sample, dev, sgen));
+                   printable(sample_text(*model, "Q:", a.sample, dev, sgen)));
       }
       ex::write_memory_outputs(dev, a.summary, a.snapshot);
       return 0;
