@@ -388,7 +388,9 @@ Tensor to_tensor(py::handle h, std::optional<DType> dtype, std::optional<Device>
     }
   }
   const DType staged = target == DType::bfloat16 ? DType::float32 : target;
-  arr = np.attr("ascontiguousarray")(arr, numpy_dtype(staged));
+  // asarray(order="C"), not ascontiguousarray: that one makes a 0-D array 1-D, and
+  // tensor(3.0) is 0-D in PyTorch.
+  arr = np.attr("asarray")(arr, numpy_dtype(staged), "C");
   Shape sizes;
   for (py::ssize_t d = 0; d < arr.ndim(); ++d) sizes.push_back(arr.shape(d));
   TensorOptions o;
@@ -640,6 +642,14 @@ void bind_tensor(py::module_& m) {
              if (x.dim() == 0) throw py::type_error("len() of a 0-d tensor");
              return x.size(0);
            })
+      .def("__iter__",
+           [](const Tensor& x) {
+             // PyTorch's: the rows along dim 0 (views); a 0-D tensor has none to give.
+             if (x.dim() == 0) throw py::type_error("iteration over a 0-d tensor");
+             py::list rows;
+             for (int64_t i = 0; i < x.size(0); ++i) rows.append(x.select(0, i));
+             return py::iter(rows);
+           })
       .def("__repr__", &Tensor::str)
       .def("__hash__", [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.unsafe_impl()); })
       .def("__bool__",
@@ -856,13 +866,25 @@ void bind_tensor(py::module_& m) {
       py::arg("low"), py::arg("high"), py::arg("size"));
   m.def(
       "arange",
-      [](double a, py::object b, double step, py::kwargs kw) {
-        const bool ints = std::floor(a) == a && std::floor(step) == step &&
-                          (b.is_none() || std::floor(b.cast<double>()) == b.cast<double>());
+      [](py::object a, py::object b, py::object step, py::kwargs kw) {
+        // PyTorch's rule: int64 when every bound is an integer (Python's or numpy's), by
+        // type: arange(10.0) is float32.
+        auto integer = [](const py::object& h) { return h.is_none() || PyIndex_Check(h.ptr()); };
+        auto number = [](const py::object& h, const char* name) {
+          try {
+            return h.cast<double>();
+          } catch (const py::cast_error&) {
+            throw py::type_error(std::string("arange: ") + name + " must be a number, got " +
+                                 std::string(py::str(py::type::of(h).attr("__name__"))));
+          }
+        };
+        const bool ints = integer(a) && integer(b) && integer(step);
         TensorOptions o = options_from(kw, ints ? DType::int64 : DType::float32);
-        return b.is_none() ? arange(0.0, a, step, o) : arange(a, b.cast<double>(), step, o);
+        const double st = step.is_none() ? 1.0 : number(step, "step");
+        return b.is_none() ? arange(0.0, number(a, "end"), st, o)
+                           : arange(number(a, "start"), number(b, "end"), st, o);
       },
-      py::arg("start"), py::arg("end") = py::none(), py::arg("step") = 1.0);
+      py::arg("start"), py::arg("end") = py::none(), py::arg("step") = 1);
   m.def("zeros_like", [](const Tensor& x) { return zeros_like(x); });
   m.def("ones_like", [](const Tensor& x) { return ones_like(x); });
   m.def("manual_seed", &manual_seed, py::arg("seed"), "Seeds the default generator");

@@ -142,72 +142,179 @@ void* Tensor::data_ptr() const {
 
 namespace {
 
-// Format a CPU tensor's elements recursively.
-void format_elems(std::ostringstream& os, const Tensor& t, std::vector<int64_t>& idx, size_t d,
-                  const std::string& indent) {
-  const bool fp = is_floating(t.dtype());
-  auto elem = [&]() -> std::string {
-    int64_t off = t.storage_offset();
-    for (size_t i = 0; i < idx.size(); ++i) off += idx[i] * t.strides()[i];
-    const char* base = static_cast<const char*>(t.storage().data());
+// Printing follows torch/_tensor_str.py with its default options: precision 4, a summary
+// (3 items at each end of every dimension) past 1,000 elements, 80 columns.
+constexpr int64_t kPrintThreshold = 1000;
+constexpr int64_t kEdgeItems = 3;
+constexpr int64_t kLineWidth = 80;
+
+// The element at `idx` of a CPU tensor, as a double (floating and integer dtypes) or a bool.
+double element(const Tensor& t, const std::vector<int64_t>& idx) {
+  int64_t off = t.storage_offset();
+  for (size_t i = 0; i < idx.size(); ++i) off += idx[i] * t.strides()[i];
+  const char* base = static_cast<const char*>(t.storage().data());
+  double x = 0;
+  TALLY_DISPATCH_ALL(t.dtype(), "print", [&] {
+    const scalar_t v = reinterpret_cast<const scalar_t*>(base)[off];
+    if constexpr (std::is_same_v<scalar_t, bool>)
+      x = v ? 1 : 0;
+    else
+      x = static_cast<double>(static_cast<acc_t<scalar_t>>(v));
+  });
+  return x;
+}
+
+// The indices printed along a dimension of size n: all, or 3 at each end with a gap.
+std::vector<int64_t> shown(int64_t n, bool summarize) {
+  std::vector<int64_t> out;
+  if (summarize && n > 2 * kEdgeItems) {
+    for (int64_t i = 0; i < kEdgeItems; ++i) out.push_back(i);
+    for (int64_t i = n - kEdgeItems; i < n; ++i) out.push_back(i);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out.push_back(i);
+  }
+  return out;
+}
+
+// PyTorch's _Formatter: one style and width for every element printed.
+class Formatter {
+ public:
+  Formatter(DType dtype, const std::vector<double>& values)
+      : floating_(is_floating(dtype)), boolean_(dtype == DType::bool_) {
+    if (!floating_) {
+      for (double v : values) width_ = std::max(width_, plain(v).size());
+      return;
+    }
+    std::vector<double> finite;  // nonzero and finite, absolute
+    for (double v : values)
+      if (std::isfinite(v) && v != 0) finite.push_back(v);
+    if (finite.empty()) return;  // zeros, nan, inf: int mode, width 1
+    double lo = std::abs(finite[0]), hi = lo;
+    for (double v : finite) {
+      lo = std::min(lo, std::abs(v));
+      hi = std::max(hi, std::abs(v));
+      if (v != std::ceil(v)) int_mode_ = false;
+    }
+    sci_ = hi / lo > 1000.0 || hi > 1.0e8 || (!int_mode_ && lo < 1.0e-4);
+    for (double v : finite) {
+      const size_t w = sci_        ? fmt::format("{:.4e}", v).size()
+                       : int_mode_ ? fmt::format("{:.0f}", v).size() + 1
+                                   : fmt::format("{:.4f}", v).size();
+      width_ = std::max(width_, w);
+    }
+  }
+
+  size_t width() const { return width_; }
+
+  std::string format(double v) const {
     std::string s;
-    TALLY_DISPATCH_ALL(t.dtype(), "print", [&] {
-      const scalar_t v = reinterpret_cast<const scalar_t*>(base)[off];
-      if constexpr (std::is_same_v<scalar_t, bool>) {
-        s = v ? "True" : "False";
-      } else if (fp) {
-        const double x = static_cast<double>(static_cast<acc_t<scalar_t>>(v));
-        s = std::isfinite(x) ? fmt::format("{:.4f}", x)
-                             : (std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf"));
-      } else {
-        s = fmt::format("{}", static_cast<int64_t>(v));
-      }
-    });
-    return s;
-  };
-  if (t.dim() == 0) {
-    os << elem();
+    if (!floating_) {
+      s = plain(v);
+    } else if (!std::isfinite(v)) {
+      s = std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+    } else if (sci_) {
+      s = fmt::format("{:.4e}", v);
+    } else if (int_mode_) {
+      s = fmt::format("{:.0f}.", v);
+    } else {
+      s = fmt::format("{:.4f}", v);
+    }
+    return s.size() < width_ ? std::string(width_ - s.size(), ' ') + s : s;
+  }
+
+ private:
+  std::string plain(double v) const {
+    if (boolean_) return v != 0 ? "True" : "False";
+    return fmt::format("{}", static_cast<int64_t>(v));
+  }
+
+  bool floating_, boolean_;
+  bool int_mode_ = true;
+  bool sci_ = false;
+  size_t width_ = 1;
+};
+
+void collect(const Tensor& t, std::vector<int64_t>& idx, size_t d, bool summarize,
+             std::vector<double>& out) {
+  if (d == idx.size()) {
+    out.push_back(element(t, idx));
     return;
   }
-  os << "[";
-  const int64_t n = t.sizes()[d];
-  const bool last = d + 1 == static_cast<size_t>(t.dim());
-  const int64_t edge = 3;
-  for (int64_t i = 0; i < n; ++i) {
-    if (n > 2 * edge + 1 && i == edge) {
-      os << (last ? "..., " : "...,\n" + indent + " ");
-      i = n - edge - 1;
-      continue;
-    }
+  for (int64_t i : shown(t.sizes()[d], summarize)) {
     idx[d] = i;
-    if (last) {
-      os << elem();
-    } else {
-      format_elems(os, t, idx, d + 1, indent + " ");
-    }
-    if (i + 1 < n) os << (last ? ", " : ",\n" + indent + " ");
+    collect(t, idx, d + 1, summarize, out);
   }
-  os << "]";
+}
+
+// _tensor_str_with_formatter: `indent` is the column of this bracket's contents.
+std::string format_dims(const Tensor& t, std::vector<int64_t>& idx, size_t d, bool summarize,
+                        const Formatter& f, int64_t indent) {
+  const int64_t n = t.sizes()[d];
+  const std::vector<int64_t> items = shown(n, summarize);
+  std::vector<std::string> parts;
+  if (d + 1 == idx.size()) {  // _vector_str: as many items a line as fit in 80 columns
+    for (size_t k = 0; k < items.size(); ++k) {
+      if (k == static_cast<size_t>(kEdgeItems) && items.size() < static_cast<size_t>(n))
+        parts.push_back(" ...");
+      idx[d] = items[k];
+      parts.push_back(f.format(element(t, idx)));
+    }
+    const auto per_line = static_cast<size_t>(
+        std::max<int64_t>(1, (kLineWidth - indent) / static_cast<int64_t>(f.width() + 2)));
+    std::string out = "[";
+    for (size_t k = 0; k < parts.size(); ++k) {
+      if (k > 0) out += k % per_line == 0 ? ",\n" + std::string(indent + 1, ' ') : ", ";
+      out += parts[k];
+    }
+    return out + "]";
+  }
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (k == static_cast<size_t>(kEdgeItems) && items.size() < static_cast<size_t>(n))
+      parts.push_back("...");
+    idx[d] = items[k];
+    parts.push_back(format_dims(t, idx, d + 1, summarize, f, indent + 1));
+  }
+  const std::string sep =
+      "," + std::string(idx.size() - d - 1, '\n') + std::string(indent + 1, ' ');
+  std::string out = "[";
+  for (size_t k = 0; k < parts.size(); ++k) out += (k ? sep : "") + parts[k];
+  return out + "]";
 }
 
 }  // namespace
 
 std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
-  std::ostringstream os;
-  os << "tensor(";
+  std::string out = "tensor(";
+  // PyTorch's suffixes, in its order: device, size (an empty tensor that is not 1-D), dtype
+  // (not the defaults; always for an empty tensor, which has no values to tell).
+  std::vector<std::string> suffixes;
+  if (device().type != DeviceType::cpu) suffixes.push_back("device='" + device().str() + "'");
+  bool default_dtype =
+      dtype() == DType::float32 || dtype() == DType::int64 || dtype() == DType::bool_;
   if (device().type != DeviceType::cpu) {
-    os << "<" << shape_str(sizes()) << " on " << device().str() << ">";
+    // The values stay on the device: printing does not synchronise.
+    out += "<" + shape_str(sizes()) + " on " + device().str() + ">";
+  } else if (numel() == 0) {
+    out += "[]";
+    if (dim() != 1) {
+      std::string size = "size=(";
+      for (int64_t i = 0; i < dim(); ++i) size += (i ? ", " : "") + std::to_string(sizes()[i]);
+      suffixes.push_back(size + ")");
+    }
+    default_dtype = dtype() == DType::float32;
   } else {
+    const bool summarize = numel() > kPrintThreshold;
     std::vector<int64_t> idx(static_cast<size_t>(dim()), 0);
-    format_elems(os, *this, idx, 0, "       ");
+    std::vector<double> values;
+    collect(*this, idx, 0, summarize, values);
+    const Formatter f(dtype(), values);
+    out += dim() == 0 ? f.format(values[0]) : format_dims(*this, idx, 0, summarize, f, 7);
   }
-  if (dtype() != DType::float32 && dtype() != DType::int64 && dtype() != DType::bool_)
-    os << ", dtype=" << dtype_name(dtype());
-  if (device().type != DeviceType::cpu) os << ", device='" << device().str() << "'";
-  if (requires_grad()) os << ", requires_grad=True";
-  os << ")";
-  return os.str();
+  if (!default_dtype) suffixes.push_back(std::string("dtype=") + dtype_name(dtype()));
+  if (requires_grad()) suffixes.push_back("requires_grad=True");
+  for (const std::string& x : suffixes) out += ", " + x;
+  return out + ")";
 }
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) {

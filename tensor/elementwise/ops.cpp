@@ -382,8 +382,17 @@ Tensor transpose(const Tensor& t, int64_t d0, int64_t d1) {
   return as_strided(t, sz, st, t.storage_offset());
 }
 
+// The dimension select, narrow and slice index: a 0-D tensor has none (wrap_dim lets a
+// reduction take dim 0 or -1 of it).
+static size_t indexed_dim(const Tensor& t, int64_t dim, const char* op) {
+  if (t.dim() == 0)
+    throw std::out_of_range(
+        fmt::format("{}: cannot be applied to a 0-D tensor (dim {} asked)", op, dim));
+  return static_cast<size_t>(wrap_dim(dim, t.dim(), op));
+}
+
 Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step) {
-  const auto d = static_cast<size_t>(wrap_dim(dim, t.dim(), "slice"));
+  const size_t d = indexed_dim(t, dim, "slice");
   if (step <= 0)
     throw std::invalid_argument(fmt::format("slice: step must be positive, got {}", step));
   const int64_t n = t.sizes()[d];
@@ -392,23 +401,24 @@ Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t s
   start = std::clamp<int64_t>(start, 0, n);
   end = std::clamp<int64_t>(end, start, n);
   Shape sz = t.sizes(), st = t.strides();
-  sz[d] = (end - start + step - 1) / step;
+  sz[d] = end == start ? 0 : (end - start - 1) / step + 1;  // no overflow for a huge step
   st[d] = t.strides()[d] * step;
   return as_strided(t, sz, st, t.storage_offset() + start * t.strides()[d]);
 }
 
 Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
-  const auto d = static_cast<size_t>(wrap_dim(dim, t.dim(), "narrow"));
+  const size_t d = indexed_dim(t, dim, "narrow");
   const int64_t n = t.sizes()[d];
-  if (start < 0) start += n;
-  if (start < 0 || length < 0 || start + length > n)
+  const int64_t asked = start;
+  if (start < 0 && start >= -n) start += n;
+  if (start < 0 || start > n || length < 0 || length > n - start)
     throw std::out_of_range(fmt::format(
-        "narrow: start {} length {} out of range for dim {} of size {}", start, length, dim, n));
+        "narrow: start {} length {} out of range for dim {} of size {}", asked, length, dim, n));
   return slice(t, dim, start, start + length);
 }
 
 Tensor select(const Tensor& t, int64_t dim, int64_t index) {
-  const auto d = static_cast<size_t>(wrap_dim(dim, t.dim(), "select"));
+  const size_t d = indexed_dim(t, dim, "select");
   const int64_t n = t.sizes()[d];
   if (index < -n || index >= n)
     throw std::out_of_range(

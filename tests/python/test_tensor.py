@@ -144,6 +144,23 @@ def test_bad_matmul_raises_value_error_with_tally_message():
         tally.zeros(1, device="tpu")
 
 
+def test_zero_dim_tensors_index_and_iterate_like_torch():
+    s = tally.tensor(3.0)
+    for bad in (lambda: s.select(0, 0), lambda: s.narrow(-1, 0, 0), lambda: s[0]):
+        with pytest.raises(IndexError):  # crashed for select and narrow before
+            bad()
+    with pytest.raises(TypeError, match="iteration over a 0-d tensor"):
+        iter(s)
+    with pytest.raises(TypeError, match="len"):
+        len(s)
+    a = tally.tensor([[1.0, 2.0], [3.0, 4.0]])
+    rows = list(a)
+    assert [r.tolist() for r in rows] == [[1.0, 2.0], [3.0, 4.0]]
+    assert list(tally.zeros(0, 3)) == []
+    with pytest.raises(IndexError, match="narrow"):
+        a.narrow(1, 1, 2**63 - 1)
+
+
 def test_gradients_match_finite_differences():
     rng = np.random.default_rng(3)
     x0 = rng.standard_normal((3, 4))

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -452,6 +453,40 @@ TEST_P(Views, ValuesAndGradients) {
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& t) { return t[0].flatten(1).squeeze(); }, {x}));
 }
 
+// Out-of-range indices and the 0-D tensor (no dimension to index) are errors naming the op;
+// sums near int64's ends do not wrap past the checks.
+TEST_P(Views, IndicesOutOfRangeAreErrors) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  const Tensor s = zeros({}, on({}));
+  for (const int64_t dim : {0, -1}) {
+    EXPECT_THROW(
+        {
+          try {
+            (void)s.select(dim, 0);
+          } catch (const std::out_of_range& e) {
+            EXPECT_NE(std::string(e.what()).find("select: cannot be applied to a 0-D tensor"),
+                      std::string::npos)
+                << e.what();
+            throw;
+          }
+        },
+        std::out_of_range);
+    EXPECT_THROW((void)s.narrow(dim, 0, 0), std::out_of_range);
+    EXPECT_THROW((void)s.slice(dim, 0, 1), std::out_of_range);
+  }
+  const Tensor a = zeros({2, 3}, on({}));
+  EXPECT_THROW((void)a.select(1, kMin), std::out_of_range);
+  EXPECT_THROW((void)a.select(1, 3), std::out_of_range);
+  EXPECT_THROW((void)a.narrow(1, 1, kMax), std::out_of_range);  // 1 + kMax wrapped before
+  EXPECT_THROW((void)a.narrow(1, kMin, 1), std::out_of_range);
+  EXPECT_THROW((void)a.narrow(1, 4, 0), std::out_of_range);
+  EXPECT_EQ(a.narrow(1, 3, 0).sizes(), (Shape{2, 0}));
+  EXPECT_EQ(a.narrow(1, -3, 3).sizes(), (Shape{2, 3}));
+  EXPECT_EQ(a.slice(1, 0, 3, kMax).sizes(), (Shape{2, 1}));  // end - start + step wrapped before
+  EXPECT_EQ(a.slice(1, kMin, kMax, 2).sizes(), (Shape{2, 2}));
+}
+
 // str() of a tensor on the device under test: on the CPU its values, like PyTorch; on a
 // device its shape and device (the values stay where they are), then PyTorch's suffixes.
 class Printing : public OnDevice {
@@ -471,9 +506,65 @@ TEST_P(Printing, PrintsLikePyTorch) {
   EXPECT_EQ(put(from_vector({1, 2, 3, 4}, {2, 2}, TensorOptions{}.with_dtype(DType::int64))).str(),
             want("[[1, 2],\n        [3, 4]]", "[2, 2]"));
   EXPECT_EQ(ones({1}, on(TensorOptions{}.with_dtype(DType::float16))).str(),
-            want("[1.0000]", "[1]", ", dtype=float16"));
+            want("[1.]", "[1]", ", dtype=float16"));
   EXPECT_EQ(ones({1}, on(TensorOptions{}.with_requires_grad())).str(),
-            want("[1.0000]", "[1]", "", /*requires_grad=*/true));
+            want("[1.]", "[1]", "", /*requires_grad=*/true));
+}
+
+// The rest of torch/_tensor_str.py's rules, on the CPU (where the values print); each
+// expected string is what PyTorch 2.11 prints for the same tensor, but for the dtype's name
+// (torch.int64 there).
+TEST(PrintingCpu, PrintsLikePyTorchsFormatter) {
+  auto vec = [](std::vector<double> v, DType d = DType::float32) {
+    const int64_t n = static_cast<int64_t>(v.size());
+    return ops::to(from_vector(std::move(v), {n}), d);
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  // Whole numbers: int mode ("1."), right-aligned to the widest.
+  EXPECT_EQ(vec({1, 10}).str(), "tensor([ 1., 10.])");
+  EXPECT_EQ(zeros({2}).str(), "tensor([0., 0.])");
+  EXPECT_EQ(vec({nan, 1, -inf}).str(), "tensor([nan, 1., -inf])");
+  // Scientific past a ratio of 1000, above 1e8, or (not whole) below 1e-4.
+  EXPECT_EQ(vec({1e-5, 1}).str(), "tensor([1.0000e-05, 1.0000e+00])");
+  EXPECT_EQ(vec({1, 1e9}).str(), "tensor([1.0000e+00, 1.0000e+09])");
+  EXPECT_EQ(vec({0.1, 0.25}).str(), "tensor([0.1000, 0.2500])");
+  // Integers and bools padded; 0-D; empty tensors with their size and dtype.
+  EXPECT_EQ(vec({1, 10, -100}, DType::int64).str(), "tensor([   1,   10, -100])");
+  EXPECT_EQ(vec({1, 0}, DType::bool_).str(), "tensor([ True, False])");
+  EXPECT_EQ(full({}, -0.0).str(), "tensor(-0.)");
+  EXPECT_EQ(full({}, 2.5).str(), "tensor(2.5000)");
+  EXPECT_EQ(zeros({2, 0}).str(), "tensor([], size=(2, 0))");
+  EXPECT_EQ(zeros({0}, TensorOptions{}.with_dtype(DType::int64)).str(), "tensor([], dtype=int64)");
+  // Every element up to 1,000 of them; blank lines between the 2-D blocks of a 3-D tensor.
+  EXPECT_EQ(arange(0, 10, 1).str(), "tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9])");
+  EXPECT_EQ(arange(0, 12, 1, TensorOptions{}).reshape({3, 2, 2}).str(),
+            "tensor([[[ 0.,  1.],\n"
+            "         [ 2.,  3.]],\n"
+            "\n"
+            "        [[ 4.,  5.],\n"
+            "         [ 6.,  7.]],\n"
+            "\n"
+            "        [[ 8.,  9.],\n"
+            "         [10., 11.]]])");
+  // Past 1,000 elements: 3 at each end of every dimension, the width from those shown.
+  EXPECT_EQ(arange(1000, 3000, 1, TensorOptions{}).str(),
+            "tensor([1000., 1001., 1002.,  ..., 2997., 2998., 2999.])");
+  EXPECT_EQ(arange(0, 2000, 1, TensorOptions{}).str(),  // 1999 / 1 > 1000: scientific
+            "tensor([0.0000e+00, 1.0000e+00, 2.0000e+00,  ..., 1.9970e+03, 1.9980e+03,\n"
+            "        1.9990e+03])");
+  EXPECT_EQ(arange(0, 1600, 1).reshape({40, 40}).str(),
+            "tensor([[   0,    1,    2,  ...,   37,   38,   39],\n"
+            "        [  40,   41,   42,  ...,   77,   78,   79],\n"
+            "        [  80,   81,   82,  ...,  117,  118,  119],\n"
+            "        ...,\n"
+            "        [1480, 1481, 1482,  ..., 1517, 1518, 1519],\n"
+            "        [1520, 1521, 1522,  ..., 1557, 1558, 1559],\n"
+            "        [1560, 1561, 1562,  ..., 1597, 1598, 1599]])");
+  // 80 columns: 9 items of width 6 (+2) a line after the 7-column indent.
+  EXPECT_EQ(div(arange(0, 12, 1, TensorOptions{}), 7.0).str(),
+            "tensor([0.0000, 0.1429, 0.2857, 0.4286, 0.5714, 0.7143, 0.8571, 1.0000, 1.1429,\n"
+            "        1.2857, 1.4286, 1.5714])");
 }
 
 TEST_P(Random, SameSeedSameNumbers) {
