@@ -3,9 +3,10 @@ here, or executes a notebook, with PYTHONPATH pointing at the built package.
 
     run.py --built ON|OFF --pythonpath DIR pytest [pytest args...]
     run.py --built ON|OFF --pythonpath DIR notebook NOTEBOOK.ipynb OUTDIR
+    run.py --built ON|OFF --pythonpath DIR script SCRIPT.py [args...]
 
 Exits 77 (ctest's skip) with a message when the module was not built or the interpreter
-lacks pytest / nbclient; otherwise the tests' or the notebook's status.
+lacks pytest / nbclient; otherwise the tests', the notebook's or the script's status.
 """
 
 import argparse
@@ -28,7 +29,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--built", required=True)
     ap.add_argument("--pythonpath", required=True)
-    ap.add_argument("mode", choices=["pytest", "notebook"])
+    ap.add_argument("mode", choices=["pytest", "notebook", "script"])
     ap.add_argument("rest", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     if a.built.upper() not in ("ON", "TRUE", "1"):
@@ -46,6 +47,8 @@ def main():
             skip(f"{sys.executable} has no pytest (Debian: python3-pytest)")
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", HERE] + a.rest
         sys.exit(subprocess.call(cmd, env=env, cwd=HERE))
+    if a.mode == "script":
+        sys.exit(subprocess.call([sys.executable] + a.rest, env=env, cwd=HERE))
     notebook, outdir = a.rest[0], a.rest[1]
     try:
         import nbformat
