@@ -51,10 +51,11 @@ Tensor Tensor::reshape(const Shape& shape) const {
 }
 
 Tensor Tensor::permute(const Shape& dims) const {
+  Tensor out = o::permute(*this, dims);  // checks dims: one per dimension, each once
   Shape inv(dims.size());
   for (size_t i = 0; i < dims.size(); ++i)
     inv[static_cast<size_t>(o::wrap_dim(dims[i], dim(), "permute"))] = static_cast<int64_t>(i);
-  return view_op("PermuteBackward", *this, o::permute(*this, dims),
+  return view_op("PermuteBackward", *this, std::move(out),
                  [inv](const Tensor& g) { return o::permute(g, inv); });
 }
 
