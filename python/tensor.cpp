@@ -15,6 +15,12 @@ namespace tally::python {
 
 namespace {
 
+// iter(tensor): the rows along dim 0, each made when asked for.
+struct RowIterator {
+  Tensor tensor;
+  int64_t next;
+};
+
 struct DTypeName {
   const char* name;
   DType dtype;
@@ -477,6 +483,12 @@ void bind_tensor(py::module_& m) {
       .def("__repr__", [](Device d) { return "device('" + device_str(d) + "')"; });
   py::implicitly_convertible<py::str, Device>();
 
+  py::class_<RowIterator>(m, "_TensorRowIterator")
+      .def("__iter__", [](RowIterator& it) -> RowIterator& { return it; })
+      .def("__next__", [](RowIterator& it) {
+        if (it.next >= it.tensor.size(0)) throw py::stop_iteration();
+        return it.tensor.select(0, it.next++);
+      });
   py::class_<Tensor> t(m, "Tensor", py::dynamic_attr(),
                        "A tensor: a layout over a block of Tally's caching allocator");
   t.def(py::init([](py::object data) { return to_tensor(data); }), py::arg("data"))
@@ -644,11 +656,10 @@ void bind_tensor(py::module_& m) {
            })
       .def("__iter__",
            [](const Tensor& x) {
-             // PyTorch's: the rows along dim 0 (views); a 0-D tensor has none to give.
+             // PyTorch's: the rows along dim 0 (views), made one at a time; a 0-D tensor has
+             // none to give.
              if (x.dim() == 0) throw py::type_error("iteration over a 0-d tensor");
-             py::list rows;
-             for (int64_t i = 0; i < x.size(0); ++i) rows.append(x.select(0, i));
-             return py::iter(rows);
+             return RowIterator{x, 0};
            })
       .def("__repr__", &Tensor::str)
       .def("__hash__", [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.unsafe_impl()); })
