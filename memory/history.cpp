@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
 
 #include "memory/enum_table.h"
 
@@ -35,13 +36,19 @@ void TraceRing::clear() {
   pushed_ = 0;
 }
 
-void TraceRing::push(const TraceEntry& e) {
+void TraceRing::push(const TraceEntry& e) noexcept {
   ++pushed_;
-  if (capacity_ == 0) return;
   if (buf_.size() < capacity_) {
-    buf_.push_back(e);
-    return;
+    try {
+      buf_.push_back(e);
+      return;
+    } catch (const std::exception&) {  // bad_alloc
+      // No host memory to grow into: the ring keeps the size it has and drops the oldest
+      // from now on (the allocation being recorded must not fail for its history).
+      capacity_ = buf_.size();
+    }
   }
+  if (capacity_ == 0) return;
   buf_[oldest_] = e;
   oldest_ = oldest_ + 1 == capacity_ ? 0 : oldest_ + 1;
 }

@@ -50,7 +50,8 @@ class TraceRing {
   void set_capacity(size_t max_entries);
   size_t capacity() const { return capacity_; }
   void clear();
-  void push(const TraceEntry& e);
+  // Never throws: where the buffer cannot grow, its size becomes the capacity.
+  void push(const TraceEntry& e) noexcept;
   size_t size() const { return buf_.size(); }
   // Entries oldest first.
   std::vector<TraceEntry> entries() const;
