@@ -146,6 +146,10 @@ def test_bad_matmul_raises_value_error_with_tally_message():
 
 def test_zero_dim_tensors_index_and_iterate_like_torch():
     s = tally.tensor(3.0)
+    assert s.shape == () and s.dim() == 0  # numpy's ascontiguousarray made it 1-D
+    assert tally.arange(10.0).dtype == tally.float32  # by type, as torch.arange
+    assert tally.arange(10).dtype == tally.int64
+    assert tally.arange(1, 4, 0.5).dtype == tally.float32
     for bad in (lambda: s.select(0, 0), lambda: s.narrow(-1, 0, 0), lambda: s[0]):
         with pytest.raises(IndexError):  # crashed for select and narrow before
             bad()
