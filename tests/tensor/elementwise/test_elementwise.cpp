@@ -500,8 +500,9 @@ class Printing : public OnDevice {
   std::string want(const std::string& values, const std::string& shape,
                    const std::string& dtype_suffix = "", bool requires_grad = false) const {
     const std::string d = dev().str();
-    return "tensor(" + (on_cpu() ? values : "<" + shape + " on " + d + ">") + dtype_suffix +
-           (on_cpu() ? "" : ", device='" + d + "'") +
+    // PyTorch's order of suffixes: device, then dtype, then requires_grad.
+    return "tensor(" + (on_cpu() ? values : "<" + shape + " on " + d + ">") +
+           (on_cpu() ? "" : ", device='" + d + "'") + dtype_suffix +
            (requires_grad ? ", requires_grad=True" : "") + ")";
   }
 };
