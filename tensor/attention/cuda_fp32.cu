@@ -495,6 +495,246 @@ __global__ void __launch_bounds__(kThreads, QM == 32 ? 3 : 0) attention_bwd_fp32
   store_rows<D>(p.dk.rows(bh, p.H), p.dk.st, dk, one, k0 + ty, p.S, p.E, tx, p.vec_out);
 }
 
+// ------------------------------------------------------------------ backward, 3xTF32 (D = 64)
+//
+// The same backward on the tensor cores (mma.sync m16n8k8 in TF32), with float32 accuracy
+// kept by splitting each operand x into big = tf32(x) and small = tf32(x - big) and summing
+// big * big + big * small + small * big (3xTF32; the small * small term is below float32's
+// rounding). This is the arithmetic of PyTorch's float32 memory-efficient attention on
+// sm_80+ (CUTLASS's OpMultiplyAddFastF32).
+//
+// A block: 64 keys, 4 warps; warp w owns keys 16 w .. 16 w + 15. Per 64-row query tile:
+// S^T = K Q^T and dP^T = V dO^T in registers (a warp's 16 keys x 64 queries), P^T and dS^T
+// from them in registers, dV += P^T dO and dK += dS^T Q straight from those registers (the
+// accumulator's columns 2t, 2t + 1 are taken as the A operand's k-columns t, t + 4, and dO's /
+// Q's rows are read in the same order), dS^T through shared memory for dQ = dS K (warp w:
+// queries 16 w .. 16 w + 15), added to dq with float2 atomics. Fragment layouts (PTX ISA,
+// mma.m16n8k8 .tf32): lane = 4 g + t; A a0 (g, t), a1 (g + 8, t), a2 (g, t + 4),
+// a3 (g + 8, t + 4); B b0 (k t, n g), b1 (k t + 4, n g); C c0 (g, 2t), c1 (g, 2t + 1),
+// c2 (g + 8, 2t), c3 (g + 8, 2t + 1). Leading dims 68 (K, V, Q, dO) and 72 (dS^T) keep every
+// fragment load but dQ's K operand (two-way) free of bank conflicts.
+
+constexpr int kTcQM = 64;          // query rows a tile
+constexpr int kTcLdT = kTcQM + 8;  // dS^T's leading dim
+
+struct Tf32Pair {
+  uint32_t big, small;
+};
+
+__device__ __forceinline__ Tf32Pair split_tf32(float x) {
+  Tf32Pair r{0u, 0u};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r.big) : "f"(x));
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r.small) : "f"(x - __uint_as_float(r.big)));
+#endif
+  return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// d += a b in 3xTF32 (the small terms first).
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const Tf32Pair (&a)[4],
+                                           const Tf32Pair (&b)[2]) {
+  mma_tf32(d, a[0].big, a[1].big, a[2].big, a[3].big, b[0].small, b[1].small);
+  mma_tf32(d, a[0].small, a[1].small, a[2].small, a[3].small, b[0].big, b[1].big);
+  mma_tf32(d, a[0].big, a[1].big, a[2].big, a[3].big, b[0].big, b[1].big);
+}
+
+__device__ __forceinline__ void add2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
+constexpr size_t bwd_tc_smem_floats() {
+  constexpr int ld = Cfg<64>::ld;
+  return 4 * static_cast<size_t>(64) * ld + static_cast<size_t>(kBN) * kTcLdT + 2 * kTcQM;
+}
+
+__global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdArgs p) {
+  constexpr int D = 64, ld = Cfg<D>::ld, QM = kTcQM, kLdT = kTcLdT;
+  extern __shared__ float4 smem_f4[];
+  float* sK = reinterpret_cast<float*>(smem_f4);
+  float* sV = sK + 64 * ld;
+  float* sQ = sV + 64 * ld;
+  float* sdO = sQ + QM * ld;
+  float* sdSt = sdO + QM * ld;  // dS^T [64 keys][kLdT]
+  float* sLse = sdSt + kBN * kLdT;
+  float* sDv = sLse + QM;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int kt = blockIdx.y, bh = blockIdx.x;
+  const int k0 = kt * kBN;
+  const int kr = 16 * warp + g;  // this lane's key rows in the tile: kr, kr + 8
+  const float* qrows = p.q.rows(bh, p.H);
+  const float* dorows = p.dout.rows(bh, p.H);
+  const int64_t row_base = static_cast<int64_t>(bh) * p.L;
+
+  load_tile<D>(sK, p.k.rows(bh, p.H), p.k.st, p.k.sd, k0, p.S, p.E, p.vec_in);
+  load_tile<D>(sV, p.v.rows(bh, p.H), p.v.st, p.v.sd, k0, p.S, p.E, p.vec_in);
+
+  // dv[n], dk[n]: keys kr (c0, c1) and kr + 8 (c2, c3), columns 8 n + 2 t, + 1
+  float dv[8][4], dk[8][4];
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dv[n][e] = dk[n][e] = 0.f;
+
+  const int qtiles = (p.L + QM - 1) / QM;
+  for (int qt = p.causal ? kt : 0; qt < qtiles; ++qt) {
+    const int q0 = qt * QM;
+    __syncthreads();  // the previous tile's Q, dO, dS^T are free
+    load_tile<D, QM>(sQ, qrows, p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
+    load_tile<D, QM>(sdO, dorows, p.dout.st, p.dout.sd, q0, p.L, p.E, p.vec_in);
+    for (int i = threadIdx.x; i < QM; i += kThreads) {
+      const bool ok = q0 + i < p.L;
+      sLse[i] = ok ? p.lse[row_base + q0 + i] * kLog2e : 0.f;
+      sDv[i] = ok ? p.dvec[row_base + q0 + i] : 0.f;
+    }
+    __syncthreads();
+
+    // S^T and dP^T: [j] = queries 8 j .. 8 j + 7 of the tile
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+#pragma unroll 2
+    for (int kk = 0; kk < D; kk += 8) {
+      const float* ka = sK + kr * ld + kk + t;
+      const float* va = sV + kr * ld + kk + t;
+      const Tf32Pair fk[4] = {split_tf32(ka[0]), split_tf32(ka[8 * ld]), split_tf32(ka[4]),
+                              split_tf32(ka[8 * ld + 4])};
+      const Tf32Pair fv[4] = {split_tf32(va[0]), split_tf32(va[8 * ld]), split_tf32(va[4]),
+                              split_tf32(va[8 * ld + 4])};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float* qb = sQ + (8 * j + g) * ld + kk + t;
+        const float* ob = sdO + (8 * j + g) * ld + kk + t;
+        const Tf32Pair fq[2] = {split_tf32(qb[0]), split_tf32(qb[4])};
+        const Tf32Pair fo[2] = {split_tf32(ob[0]), split_tf32(ob[4])};
+        mma_3xtf32(s[j], fk, fq);
+        mma_3xtf32(dp[j], fv, fo);
+      }
+    }
+
+    // P^T into s, dS^T into dp (and shared memory)
+    const bool need_mask = q0 + QM > p.L || k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + kr + (e >= 2 ? 8 : 0);
+        const int qi = 8 * j + 2 * t + (e & 1), q = q0 + qi;
+        const bool ok = !need_mask || (key < p.S && q < p.L && (!p.causal || key <= q));
+        const float pr = ok ? exp2f(fmaf(s[j][e], p.scale_log2, -sLse[qi])) : 0.f;
+        s[j][e] = pr;
+        dp[j][e] = pr * (dp[j][e] - sDv[qi]) * p.scale;
+      }
+      *reinterpret_cast<float2*>(sdSt + kr * kLdT + 8 * j + 2 * t) =
+          make_float2(dp[j][0], dp[j][1]);
+      *reinterpret_cast<float2*>(sdSt + (kr + 8) * kLdT + 8 * j + 2 * t) =
+          make_float2(dp[j][2], dp[j][3]);
+    }
+
+    // dV += P^T dO, dK += dS^T Q: k-step j over queries 8 j .. 8 j + 7, in the order
+    // (2t, 2t + 1) for the A operand's columns (t, t + 4)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const Tf32Pair fp[4] = {split_tf32(s[j][0]), split_tf32(s[j][2]), split_tf32(s[j][1]),
+                              split_tf32(s[j][3])};
+      const Tf32Pair fs[4] = {split_tf32(dp[j][0]), split_tf32(dp[j][2]), split_tf32(dp[j][1]),
+                              split_tf32(dp[j][3])};
+      const float* ob = sdO + (8 * j + 2 * t) * ld + g;
+      const float* qb = sQ + (8 * j + 2 * t) * ld + g;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const Tf32Pair fo[2] = {split_tf32(ob[8 * n]), split_tf32(ob[ld + 8 * n])};
+        const Tf32Pair fq[2] = {split_tf32(qb[8 * n]), split_tf32(qb[ld + 8 * n])};
+        mma_3xtf32(dv[n], fp, fo);
+        mma_3xtf32(dk[n], fs, fq);
+      }
+    }
+    __syncthreads();  // dS^T complete
+
+    // dQ = dS K: warp w's queries 16 w + g (c0, c1) and + 8 (c2, c3), columns 8 n + 2 t, + 1
+    {
+      float dq[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
+      const int qr = 16 * warp + g;
+#pragma unroll 2
+      for (int kk = 0; kk < kBN; kk += 8) {
+        const float* da = sdSt + (kk + t) * kLdT + qr;
+        const Tf32Pair fa[4] = {split_tf32(da[0]), split_tf32(da[8]), split_tf32(da[4 * kLdT]),
+                                split_tf32(da[4 * kLdT + 8])};
+        const float* kb = sK + (kk + t) * ld + g;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          const Tf32Pair fb[2] = {split_tf32(kb[8 * n]), split_tf32(kb[4 * ld + 8 * n])};
+          mma_3xtf32(dq[n], fa, fb);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int q = q0 + qr + 8 * h;
+        if (q >= p.L) continue;
+        float* dst = p.dq.rows(bh, p.H) + static_cast<int64_t>(q) * p.dq.st;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          const int col = 8 * n + 2 * t;
+          if (col >= p.E) continue;
+          if (p.vec_out) {
+            add2(dst + col, dq[n][2 * h], dq[n][2 * h + 1]);
+          } else {
+            atomicAdd(dst + col, dq[n][2 * h]);
+            if (col + 1 < p.E) atomicAdd(dst + col + 1, dq[n][2 * h + 1]);
+          }
+        }
+      }
+    }
+  }
+
+  // dV and dK rows k0 + kr (+ 8)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = k0 + kr + 8 * h;
+    if (key >= p.S) continue;
+    float* dvr = p.dv.rows(bh, p.H) + static_cast<int64_t>(key) * p.dv.st;
+    float* dkr = p.dk.rows(bh, p.H) + static_cast<int64_t>(key) * p.dk.st;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const int col = 8 * n + 2 * t;
+      if (col >= p.E) continue;
+      if (p.vec_out) {
+        *reinterpret_cast<float2*>(dvr + col) = make_float2(dv[n][2 * h], dv[n][2 * h + 1]);
+        *reinterpret_cast<float2*>(dkr + col) = make_float2(dk[n][2 * h], dk[n][2 * h + 1]);
+      } else {
+        dvr[col] = dv[n][2 * h];
+        dkr[col] = dk[n][2 * h];
+        if (col + 1 < p.E) {
+          dvr[col + 1] = dv[n][2 * h + 1];
+          dkr[col + 1] = dk[n][2 * h + 1];
+        }
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------ launchers
 
 Operand operand(const Tensor& t) {
@@ -616,12 +856,18 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
             causal,
             rows_aligned(q) && rows_aligned(k) && rows_aligned(v) && rows_aligned(dout),
             rows_aligned(dq) && rows_aligned(dk) && rows_aligned(dv)};
-  constexpr int QM = kBwdQM<D>;
-  constexpr size_t smem = sizeof(float) * bwd_smem_floats<D, QM>();
-  set_max_dynamic_smem(attention_bwd_fp32_kernel<D, QM>, smem,
-                       "flash_attention_backward (float32)");
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((S + kBN - 1) / kBN));
-  attention_bwd_fp32_kernel<D, QM><<<grid, kThreads, smem, stream(dev)>>>(p);
+  if constexpr (D == 64) {
+    constexpr size_t smem = sizeof(float) * bwd_tc_smem_floats();
+    set_max_dynamic_smem(attention_bwd_tf32x3_kernel, smem, "flash_attention_backward (float32)");
+    attention_bwd_tf32x3_kernel<<<grid, kThreads, smem, stream(dev)>>>(p);
+  } else {
+    constexpr int QM = kBwdQM<D>;
+    constexpr size_t smem = sizeof(float) * bwd_smem_floats<D, QM>();
+    set_max_dynamic_smem(attention_bwd_fp32_kernel<D, QM>, smem,
+                         "flash_attention_backward (float32)");
+    attention_bwd_fp32_kernel<D, QM><<<grid, kThreads, smem, stream(dev)>>>(p);
+  }
   check_launch("flash_attention_backward (float32)");
 }
 
@@ -630,7 +876,8 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
 bool flash_attention_fp32_fits(int device, int64_t E) {
   size_t need = 0;
   with_dim(E, [&]<int D>() {
-    need = sizeof(float) * std::max(fwd_smem_floats<D>(), bwd_smem_floats<D, kBwdQM<D>>());
+    const size_t bwd = D == 64 ? bwd_tc_smem_floats() : bwd_smem_floats<D, kBwdQM<D>>();
+    need = sizeof(float) * std::max(fwd_smem_floats<D>(), bwd);
   });
   return need <= max_block_smem_optin(device);
 }
