@@ -562,6 +562,150 @@ constexpr size_t bwd_tc_smem_floats() {
   return 4 * static_cast<size_t>(64) * ld + static_cast<size_t>(kBN) * kTcLdT + 2 * kTcQM;
 }
 
+// The forward on the tensor cores: warp w owns query rows 16 w + g (c0, c1) and + 8 (c2, c3)
+// of the block's 64; S = Q K^T and O += P V as above (P stays in registers), the online
+// softmax's row max and sum over the row's 4 lanes (t) with shuffles.
+constexpr size_t fwd_tc_smem_floats() {
+  return 3 * static_cast<size_t>(64) * Cfg<64>::ld;
+}
+
+__global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs p) {
+  constexpr int D = 64, ld = Cfg<D>::ld;
+  extern __shared__ float4 smem_f4[];
+  float* sQ = reinterpret_cast<float*>(smem_f4);
+  float* sK = sQ + kBM * ld;
+  float* sV = sK + kBN * ld;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int qt = p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;  // heaviest first
+  const int bh = blockIdx.x;
+  const int q0 = qt * kBM;
+  const int qr = 16 * warp + g;  // this lane's query rows in the tile: qr, qr + 8
+
+  load_tile<D>(sQ, p.q.rows(bh, p.H), p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[8][4];
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+
+  int ntiles = (p.S + kBN - 1) / kBN;
+  if (p.causal) ntiles = min(ntiles, qt + 1);  // keys <= q0 + 63
+  const float* krows = p.k.rows(bh, p.H);
+  const float* vrows = p.v.rows(bh, p.H);
+  for (int kt = 0; kt < ntiles; ++kt) {
+    const int k0 = kt * kBN;
+    __syncthreads();  // everyone is done with the previous K and V
+    load_tile<D>(sK, krows, p.k.st, p.k.sd, k0, p.S, p.E, p.vec_in);
+    load_tile<D>(sV, vrows, p.v.st, p.v.sd, k0, p.S, p.E, p.vec_in);
+    __syncthreads();
+
+    // S: [j] = keys 8 j .. 8 j + 7 of the tile
+    float s[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+#pragma unroll 2
+    for (int kk = 0; kk < D; kk += 8) {
+      const float* qa = sQ + qr * ld + kk + t;
+      const Tf32Pair fq[4] = {split_tf32(qa[0]), split_tf32(qa[8 * ld]), split_tf32(qa[4]),
+                              split_tf32(qa[8 * ld + 4])};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float* kb = sK + (8 * j + g) * ld + kk + t;
+        const Tf32Pair fk[2] = {split_tf32(kb[0]), split_tf32(kb[4])};
+        mma_3xtf32(s[j], fq, fk);
+      }
+    }
+
+    const bool need_mask = k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = q0 + qr + 8 * h;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          float x = s[j][e] * p.scale_log2;
+          if (need_mask) {
+            const int col = k0 + 8 * j + 2 * t + (e & 1);
+            if (col >= p.S || (p.causal && col > row)) x = -INFINITY;
+          }
+          s[j][e] = x;
+          mx = fmaxf(mx, x);
+        }
+      }
+      // the row's 4 lanes are 4 g .. 4 g + 3
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mnew = fmaxf(m[h], mx);
+      const float mref = mnew == -INFINITY ? 0.f : mnew;
+      const float alpha = exp2f(m[h] - mref);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          const float pe = exp2f(s[j][e] - mref);
+          s[j][e] = pe;
+          sum += pe;
+        }
+      }
+      l[h] = l[h] * alpha + sum;  // this lane's part of the row sum
+      m[h] = mnew;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        o[n][2 * h] *= alpha;
+        o[n][2 * h + 1] *= alpha;
+      }
+    }
+
+    // O += P V: k-step j over keys 8 j .. 8 j + 7 in the order (2t, 2t + 1)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const Tf32Pair fp[4] = {split_tf32(s[j][0]), split_tf32(s[j][2]), split_tf32(s[j][1]),
+                              split_tf32(s[j][3])};
+      const float* vb = sV + (8 * j + 2 * t) * ld + g;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const Tf32Pair fv[2] = {split_tf32(vb[8 * n]), split_tf32(vb[ld + 8 * n])};
+        mma_3xtf32(o[n], fp, fv);
+      }
+    }
+  }
+
+  float* orows = p.o.rows(bh, p.H);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float li = l[h];
+    li += __shfl_xor_sync(0xffffffffu, li, 1);
+    li += __shfl_xor_sync(0xffffffffu, li, 2);
+    const float inv = li > 0.f ? 1.f / li : 0.f;
+    const int row = q0 + qr + 8 * h;
+    if (row >= p.L) continue;
+    if (t == 0)
+      p.lse[static_cast<int64_t>(bh) * p.L + row] =
+          li > 0.f ? (m[h] + log2f(li)) * kLn2 : -INFINITY;
+    float* out = orows + static_cast<int64_t>(row) * p.o.st;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const int col = 8 * n + 2 * t;
+      if (col >= p.E) continue;
+      if (p.vec_out) {
+        *reinterpret_cast<float2*>(out + col) =
+            make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      } else {
+        out[col] = o[n][2 * h] * inv;
+        if (col + 1 < p.E) out[col + 1] = o[n][2 * h + 1] * inv;
+      }
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdArgs p) {
   constexpr int D = 64, ld = Cfg<D>::ld, QM = kTcQM, kLdT = kTcLdT;
   extern __shared__ float4 smem_f4[];
@@ -799,11 +943,17 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
             causal,
             rows_aligned(q) && rows_aligned(k) && rows_aligned(v),
             vec_out && rows_aligned(out)};
-  constexpr size_t smem = sizeof(float) * fwd_smem_floats<D>();
-  set_max_dynamic_smem(attention_fwd_fp32_kernel<D>, smem, "flash_attention_forward (float32)");
   const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)),
                   static_cast<unsigned>((p.L + kBM - 1) / kBM));
-  attention_fwd_fp32_kernel<D><<<grid, kThreads, smem, stream(q.device().index)>>>(p);
+  if constexpr (D == 64) {
+    constexpr size_t smem = sizeof(float) * fwd_tc_smem_floats();
+    set_max_dynamic_smem(attention_fwd_tf32x3_kernel, smem, "flash_attention_forward (float32)");
+    attention_fwd_tf32x3_kernel<<<grid, kThreads, smem, stream(q.device().index)>>>(p);
+  } else {
+    constexpr size_t smem = sizeof(float) * fwd_smem_floats<D>();
+    set_max_dynamic_smem(attention_fwd_fp32_kernel<D>, smem, "flash_attention_forward (float32)");
+    attention_fwd_fp32_kernel<D><<<grid, kThreads, smem, stream(q.device().index)>>>(p);
+  }
   check_launch("flash_attention_forward (float32)");
 }
 
