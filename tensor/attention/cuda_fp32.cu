@@ -1,6 +1,8 @@
-// Fused float32 attention on CUDA (memory-efficient attention on the CUDA cores, after
-// FlashAttention-2; plain float32 FMA, no TF32, so results match the float64 CPU reference
-// to ~1e-5).
+// Fused float32 attention on CUDA (memory-efficient attention after FlashAttention-2). At head
+// dim 64 (GPT-2's) on the tensor cores in 3xTF32, as PyTorch's float32 memory-efficient
+// attention does on sm_80+ (the kernels under "3xTF32" below); at other head dims on the CUDA
+// cores in plain float32 FMA (this comment down to "3xTF32"). Both match the float64 CPU
+// reference to ~1e-5.
 //
 // Tiles: 64 query rows x 64 keys, 128 threads a block. Thread (tx = tid % 8, ty = tid / 8)
 // owns rows ty + 16 i (i < 4) and key columns tx + 8 j (j < 8) of a score tile (32 scores),
@@ -13,9 +15,9 @@
 // the 8 lanes of a row with shuffles, the row sum stays per lane until the end), P to shared
 // memory, O += P V. Saves out and lse (natural log).
 // Backward: Dv = rowsum(dO * O) (one warp a row; the same kernel zeroes dq). One block per
-// 64-key tile walks the query tiles (of 32 rows at D = 64: 71 KB of shared memory and at most
-// 168 registers, three blocks an SM, 2% faster than 64 rows at two blocks an SM; of 64 rows
-// otherwise): S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse),
+// 64-key tile walks the query tiles of QM rows (64 at the head dims this path takes; the
+// kernel also takes 32, which ran 2% faster at D = 64 before the tensor-core kernel took
+// that head dim): S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse),
 // dS^T = P^T (dP^T - Dv) scale, dV += P^T dO and dK += dS^T Q in registers, dQ = dS K per
 // query tile added to dq with atomics (float4 atomics on sm_90). Causal blocks skip the
 // tiles above the diagonal and mask only the diagonal one; the heaviest tiles start first.
@@ -571,6 +573,7 @@ constexpr size_t fwd_tc_smem_floats() {
 
 __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs p) {
   constexpr int D = 64, ld = Cfg<D>::ld;
+  constexpr int kNT = 4 * Cfg<D>::kCols;  // 8-column tiles of the head dim
   extern __shared__ float4 smem_f4[];
   float* sQ = reinterpret_cast<float*>(smem_f4);
   float* sK = sQ + kBM * ld;
@@ -585,9 +588,9 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
 
   load_tile<D>(sQ, p.q.rows(bh, p.H), p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
 
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[8][4];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[kNT][4];
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < kNT; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
 
@@ -658,7 +661,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
       l[h] = l[h] * alpha + sum;  // this lane's part of the row sum
       m[h] = mnew;
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < kNT; ++n) {
         o[n][2 * h] *= alpha;
         o[n][2 * h + 1] *= alpha;
       }
@@ -671,7 +674,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
                               split_tf32(s[j][3])};
       const float* vb = sV + (8 * j + 2 * t) * ld + g;
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < kNT; ++n) {
         const Tf32Pair fv[2] = {split_tf32(vb[8 * n]), split_tf32(vb[ld + 8 * n])};
         mma_3xtf32(o[n], fp, fv);
       }
@@ -692,7 +695,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
           li > 0.f ? (m[h] + log2f(li)) * kLn2 : -INFINITY;
     float* out = orows + static_cast<int64_t>(row) * p.o.st;
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+    for (int n = 0; n < kNT; ++n) {
       const int col = 8 * n + 2 * t;
       if (col >= p.E) continue;
       if (p.vec_out) {
@@ -708,6 +711,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
 
 __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdArgs p) {
   constexpr int D = 64, ld = Cfg<D>::ld, QM = kTcQM, kLdT = kTcLdT;
+  constexpr int kNT = 4 * Cfg<D>::kCols;  // 8-column tiles of the head dim
   extern __shared__ float4 smem_f4[];
   float* sK = reinterpret_cast<float*>(smem_f4);
   float* sV = sK + 64 * ld;
@@ -730,9 +734,9 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
   load_tile<D>(sV, p.v.rows(bh, p.H), p.v.st, p.v.sd, k0, p.S, p.E, p.vec_in);
 
   // dv[n], dk[n]: keys kr (c0, c1) and kr + 8 (c2, c3), columns 8 n + 2 t, + 1
-  float dv[8][4], dk[8][4];
+  float dv[kNT][4], dk[kNT][4];
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < kNT; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dv[n][e] = dk[n][e] = 0.f;
 
@@ -804,7 +808,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
       const float* ob = sdO + (8 * j + 2 * t) * ld + g;
       const float* qb = sQ + (8 * j + 2 * t) * ld + g;
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < kNT; ++n) {
         const Tf32Pair fo[2] = {split_tf32(ob[8 * n]), split_tf32(ob[ld + 8 * n])};
         const Tf32Pair fq[2] = {split_tf32(qb[8 * n]), split_tf32(qb[ld + 8 * n])};
         mma_3xtf32(dv[n], fp, fo);
@@ -815,9 +819,9 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
 
     // dQ = dS K: warp w's queries 16 w + g (c0, c1) and + 8 (c2, c3), columns 8 n + 2 t, + 1
     {
-      float dq[8][4];
+      float dq[kNT][4];
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < kNT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
       const int qr = 16 * warp + g;
@@ -828,7 +832,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
                                 split_tf32(da[4 * kLdT + 8])};
         const float* kb = sK + (kk + t) * ld + g;
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
+        for (int n = 0; n < kNT; ++n) {
           const Tf32Pair fb[2] = {split_tf32(kb[8 * n]), split_tf32(kb[4 * ld + 8 * n])};
           mma_3xtf32(dq[n], fa, fb);
         }
@@ -839,7 +843,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
         if (q >= p.L) continue;
         float* dst = p.dq.rows(bh, p.H) + static_cast<int64_t>(q) * p.dq.st;
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
+        for (int n = 0; n < kNT; ++n) {
           const int col = 8 * n + 2 * t;
           if (col >= p.E) continue;
           if (p.vec_out) {
@@ -861,7 +865,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
     float* dvr = p.dv.rows(bh, p.H) + static_cast<int64_t>(key) * p.dv.st;
     float* dkr = p.dk.rows(bh, p.H) + static_cast<int64_t>(key) * p.dk.st;
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+    for (int n = 0; n < kNT; ++n) {
       const int col = 8 * n + 2 * t;
       if (col >= p.E) continue;
       if (p.vec_out) {
@@ -957,10 +961,8 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
   check_launch("flash_attention_forward (float32)");
 }
 
-// The backward's query tile by head dim: 32 rows at D = 64 (71 KB of shared memory, at most
-// 168 registers: three blocks an SM), 64 otherwise.
-template <int D>
-constexpr int kBwdQM = D == 64 ? 32 : 64;
+// The CUDA-core backward's query tile (head dims 32 and 128).
+constexpr int kBwdQM = 64;
 
 template <int D>
 void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
@@ -1012,11 +1014,10 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
     set_max_dynamic_smem(attention_bwd_tf32x3_kernel, smem, "flash_attention_backward (float32)");
     attention_bwd_tf32x3_kernel<<<grid, kThreads, smem, stream(dev)>>>(p);
   } else {
-    constexpr int QM = kBwdQM<D>;
-    constexpr size_t smem = sizeof(float) * bwd_smem_floats<D, QM>();
-    set_max_dynamic_smem(attention_bwd_fp32_kernel<D, QM>, smem,
+    constexpr size_t smem = sizeof(float) * bwd_smem_floats<D, kBwdQM>();
+    set_max_dynamic_smem(attention_bwd_fp32_kernel<D, kBwdQM>, smem,
                          "flash_attention_backward (float32)");
-    attention_bwd_fp32_kernel<D, QM><<<grid, kThreads, smem, stream(dev)>>>(p);
+    attention_bwd_fp32_kernel<D, kBwdQM><<<grid, kThreads, smem, stream(dev)>>>(p);
   }
   check_launch("flash_attention_backward (float32)");
 }
@@ -1026,7 +1027,7 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
 bool flash_attention_fp32_fits(int device, int64_t E) {
   size_t need = 0;
   with_dim(E, [&]<int D>() {
-    const size_t bwd = D == 64 ? bwd_tc_smem_floats() : bwd_smem_floats<D, kBwdQM<D>>();
+    const size_t bwd = D == 64 ? bwd_tc_smem_floats() : bwd_smem_floats<D, kBwdQM>();
     need = sizeof(float) * std::max(fwd_smem_floats<D>(), bwd);
   });
   return need <= max_block_smem_optin(device);
