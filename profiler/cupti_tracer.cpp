@@ -1,9 +1,8 @@
 // The GPU tracer over CUPTI's activity API (compiled only with the CUDA backend; see
-// gpu_tracer.h). Records CONCURRENT_KERNEL, MEMCPY, MEMSET and EXTERNAL_CORRELATION
-// activity, and the runtime and driver calls that put work on the GPU or wait for it (kLaunch*
-// below), into buffers CUPTI fills asynchronously; stop() waits for the device once, flushes,
-// and joins kernels to the ops that launched them through the external correlation id each op
-// pushes while it runs, then detaches CUPTI (below).
+// gpu_tracer.h). Records CONCURRENT_KERNEL, MEMCPY, MEMSET, RUNTIME, DRIVER and
+// EXTERNAL_CORRELATION activity into buffers CUPTI fills asynchronously; stop() waits for
+// the device once, flushes, and joins kernels to the ops that launched them through the
+// external correlation id each op pushes while it runs, then detaches CUPTI (below).
 #include "profiler/gpu_tracer.h"
 
 #ifdef TALLY_WITH_CUPTI
@@ -175,70 +174,11 @@ void detach() {
 }
 
 constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
-                                         CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+                                         CUPTI_ACTIVITY_KIND_MEMCPY,
+                                         CUPTI_ACTIVITY_KIND_MEMSET,
+                                         CUPTI_ACTIVITY_KIND_RUNTIME,
+                                         CUPTI_ACTIVITY_KIND_DRIVER,
                                          CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
-
-// The API calls recorded (the trace's launch rows and their flows to the kernels). Every other
-// runtime call (an op's cudaGetDevice and cudaGetLastError, four calls a launch in all) is
-// left out: each record costs host time on the op's path, which shows in host-bound steps
-// (Kineto drops those calls from its traces too, after recording them).
-constexpr CUpti_CallbackId kLaunchRuntime[] = {
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_ptds_v7000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2D_v3020,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2D_ptds_v7000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DAsync_v3020,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DAsync_ptsz_v7000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyPeerAsync_v4000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemset_v3020,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemset_ptds_v7000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020,
-    CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_ptsz_v7000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020,
-    CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000,
-    CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020,
-    CUPTI_RUNTIME_TRACE_CBID_cudaEventSynchronize_v3020,
-    CUPTI_RUNTIME_TRACE_CBID_cudaStreamWaitEvent_v3020,
-    CUPTI_RUNTIME_TRACE_CBID_cudaStreamWaitEvent_ptsz_v7000};
-// Libraries that launch through the driver (cuDNN's runtime-compiled kernels).
-constexpr CUpti_CallbackId kLaunchDriver[] = {CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
-                                              CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
-                                              CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
-                                              CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
-                                              CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
-                                              CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
-                                              CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
-                                              CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync,
-                                              CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async,
-                                              CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async};
-
-// Turns the recorded API calls on or off. Where this CUPTI cannot pick calls one by one, all
-// runtime and driver calls are recorded (as before).
-void enable_api_calls(bool on) {
-  bool picked = true;
-  for (CUpti_CallbackId id : kLaunchRuntime)
-    picked = picked && cuptiActivityEnableRuntimeApi(id, on ? 1 : 0) == CUPTI_SUCCESS;
-  for (CUpti_CallbackId id : kLaunchDriver)
-    picked = picked && cuptiActivityEnableDriverApi(id, on ? 1 : 0) == CUPTI_SUCCESS;
-  if (picked) return;
-  if (on) {
-    check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME), "cuptiActivityEnable");
-    check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER), "cuptiActivityEnable");
-  } else {
-    cuptiActivityDisable(CUPTI_ACTIVITY_KIND_RUNTIME);
-    cuptiActivityDisable(CUPTI_ACTIVITY_KIND_DRIVER);
-  }
-}
 
 }  // namespace
 
@@ -266,7 +206,6 @@ void start(int64_t steady_origin_ns) {
     s.running = true;
   }
   for (CUpti_ActivityKind k : kKinds) check(cuptiActivityEnable(k), "cuptiActivityEnable");
-  enable_api_calls(true);
 }
 
 void stop(std::vector<GpuEvent>& out, bool detach_after) {
@@ -274,7 +213,6 @@ void stop(std::vector<GpuEvent>& out, bool detach_after) {
   cudaDeviceSynchronize();  // once per window: the kernels must have finished
   check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
   for (CUpti_ActivityKind k : kKinds) cuptiActivityDisable(k);
-  enable_api_calls(false);
   if (detach_after) detach();  // not under s.mu: a last buffer may come to buffer_completed
   std::lock_guard lock(s.mu);
   s.running = false;
