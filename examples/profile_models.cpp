@@ -13,6 +13,11 @@
 //   profile_models --device cuda --out prof_out            # the GPU machine
 //   profile_models --device cuda --gpt-batch 16 --amp bf16 --rounds 5 --out prof_out
 //   profile_models --device cpu --small --out prof_out     # tiny models, CI
+//   profile_models --device meta:h200 --models resnet --amp fp16 --rounds 5 --out prof_out
+//
+// On a meta device (a dry run replaying a target: memory/meta.h) no kernel runs, so a step's
+// time is the host's alone: the ops, the allocator and autograd. Its overhead is the
+// profiler's host cost (its collector, without CUPTI), measurable on any machine.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -27,6 +32,7 @@
 #include "examples/train_common.h"
 #include "memory/atomic_file.h"
 #include "memory/json.h"
+#include "memory/meta.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 #include "optim/adam.h"
@@ -261,7 +267,9 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
 int main(int argc, char** argv) {
   Args a;
   CLI::App app{"Profiler overhead and GPU time accounting on ResNet-50 and GPT-2."};
-  app.add_option("--device", a.device, "cpu | cuda")->capture_default_str();
+  app.add_option("--device", a.device,
+                 "cpu | cuda | meta:TARGET (host time only; TARGET: cpu, h200, cuda)")
+      ->capture_default_str();
   app.add_option("--models", a.models, "comma list of resnet, gpt")->capture_default_str();
   app.add_option("--out", a.out, "output folder")->capture_default_str();
   app.add_flag(
@@ -290,7 +298,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   return ex::run_cli("profile_models", app, argc, argv, [&] {
-    const Device dev = ex::parse_device(a.device);
+    auto meta_device = [&] {
+      try {
+        return memory::new_meta_device(memory::meta_target(a.device.substr(5)));
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(fmt::format("--device {}: {}", a.device, e.what()));
+      }
+    };
+    const Device dev = a.device.starts_with("meta:") ? meta_device() : ex::parse_device(a.device);
     ex::parse_amp(a.amp);  // a bad --amp fails here, before any model is built
     if (a.small && (app.count("--resnet-batch") > 0 || app.count("--gpt-batch") > 0))
       throw std::invalid_argument(

@@ -197,6 +197,7 @@ cases = [
     }, base=CPU),
     (["profile_models", *CPU, "--small", "--resnet-batch", "8"], "--resnet-batch", {}),
     (["profile_models", *CPU, "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'", {}),
+    (["profile_models", "--device", "meta:tpu"], "--device meta:tpu: unknown target device 'tpu'", {}),
     (["profile_models", *CPU, "--models", "resnet", "--fused-classifier"],
      "--fused-classifier applies to GPT", {}),
     (["profile_models", *CPU], "TALLY_ALLOC_CONF", BAD_CONF),

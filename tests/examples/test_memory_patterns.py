@@ -147,6 +147,20 @@ if len(sys.argv) > 2:
             for f in ("trace", "timeline"):
                 check(os.path.getsize(os.path.join(pout, r[f])) > 100, f"{r['model']}: {f} file empty")
             json.load(open(os.path.join(pout, r["trace"])))
+    # On a meta device replaying the H200 (ResNet-50 at batch 64 in shapes only): the step's
+    # host time, profiled and not, and no GPU time.
+    q = subprocess.run([sys.argv[2], "--device", "meta:h200", "--models", "resnet", "--amp", "fp16",
+                        "--steps", "2", "--warmup", "1", "--rounds", "1", "--out", pout],
+                       capture_output=True, text=True, timeout=300)
+    print(q.stdout)
+    print(q.stderr, file=sys.stderr)
+    check(q.returncode == 0, f"profile_models --device meta:h200 exited {q.returncode}")
+    if q.returncode == 0:
+        [r] = json.load(open(os.path.join(pout, "profile_models.json")))
+        check(r["device"].startswith("meta:") and r["desc"] == "ResNet-50 batch 64 224x224",
+              f"meta run: {r['device']}, {r['desc']}")
+        check(r["median_ms"] > 0 and r["median_ms_profiled"] > 0 and r["kernel_ms_per_step"] == 0,
+              f"meta run: {r}")
 
 if fails:
     print(f"{len(fails)} check(s) failed")
