@@ -1,8 +1,8 @@
-// Fused float32 attention on CUDA (memory-efficient attention after FlashAttention-2). At head
-// dim 64 (GPT-2's) on the tensor cores in 3xTF32, as PyTorch's float32 memory-efficient
-// attention does on sm_80+ (the kernels under "3xTF32" below); at other head dims on the CUDA
-// cores in plain float32 FMA (this comment down to "3xTF32"). Both match the float64 CPU
-// reference to ~1e-5.
+// Fused float32 attention on CUDA (memory-efficient attention after FlashAttention-2), two
+// kinds of kernels. Both match the float64 CPU reference to ~1e-5.
+// - Head dim 64 (GPT-2's): on the tensor cores in 3xTF32, as PyTorch's float32
+//   memory-efficient attention does on sm_80+. See "backward, 3xTF32" below.
+// - Other head dims (up to 128): on the CUDA cores in plain float32 FMA, described here.
 //
 // Tiles: 64 query rows x 64 keys, 128 threads a block. Thread (tx = tid % 8, ty = tid / 8)
 // owns rows ty + 16 i (i < 4) and key columns tx + 8 j (j < 8) of a score tile (32 scores),
