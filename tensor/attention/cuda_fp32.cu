@@ -1,7 +1,7 @@
 // Fused float32 attention on CUDA (memory-efficient attention after FlashAttention-2), two
 // kinds of kernels. Both match the float64 CPU reference to ~1e-5.
 // - Head dim 64 (GPT-2's): on the tensor cores in 3xTF32, as PyTorch's float32
-//   memory-efficient attention does on sm_80+. See "backward, 3xTF32" below.
+//   memory-efficient attention does on sm_80+. See "3xTF32" below.
 // - Other head dims (up to 128): on the CUDA cores in plain float32 FMA, described here.
 //
 // Tiles: 64 query rows x 64 keys, 128 threads a block. Thread (tx = tid % 8, ty = tid / 8)
@@ -497,15 +497,15 @@ __global__ void __launch_bounds__(kThreads, QM == 32 ? 3 : 0) attention_bwd_fp32
   store_rows<D>(p.dk.rows(bh, p.H), p.dk.st, dk, one, k0 + ty, p.S, p.E, tx, p.vec_out);
 }
 
-// ------------------------------------------------------------------ backward, 3xTF32 (D = 64)
+// ------------------------------------------------------------------ 3xTF32 (D = 64)
 //
-// The same backward on the tensor cores (mma.sync m16n8k8 in TF32), with float32 accuracy
-// kept by splitting each operand x into big = tf32(x) and small = tf32(x - big) and summing
-// big * big + big * small + small * big (3xTF32; the small * small term is below float32's
-// rounding). This is the arithmetic of PyTorch's float32 memory-efficient attention on
-// sm_80+ (CUTLASS's OpMultiplyAddFastF32).
+// The same forward and backward on the tensor cores (mma.sync m16n8k8 in TF32), with float32
+// accuracy kept by splitting each operand x into big = tf32(x) and small = tf32(x - big) and
+// summing big * big + big * small + small * big (3xTF32; the small * small term is below
+// float32's rounding). This is the arithmetic of PyTorch's float32 memory-efficient attention
+// on sm_80+ (CUTLASS's OpMultiplyAddFastF32).
 //
-// A block: 64 keys, 4 warps; warp w owns keys 16 w .. 16 w + 15. Per 64-row query tile:
+// Backward: a block: 64 keys, 4 warps; warp w owns keys 16 w .. 16 w + 15. Per 64-row query tile:
 // S^T = K Q^T and dP^T = V dO^T in registers (a warp's 16 keys x 64 queries), P^T and dS^T
 // from them in registers, dV += P^T dO and dK += dS^T Q straight from those registers (the
 // accumulator's columns 2t, 2t + 1 are taken as the A operand's k-columns t, t + 4, and dO's /
