@@ -359,17 +359,6 @@ constexpr size_t bwd_smem_floats() {
          2 * kBN * (QM + 8) + 2 * QM;
 }
 
-__device__ __forceinline__ void add4(float* dst, float a, float b, float c, float d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4*>(dst), make_float4(a, b, c, d));
-#else
-  atomicAdd(dst, a);
-  atomicAdd(dst + 1, b);
-  atomicAdd(dst + 2, c);
-  atomicAdd(dst + 3, d);
-#endif
-}
-
 template <int D, int QM>
 __global__ void __launch_bounds__(kThreads, QM == 32 ? 3 : 0) attention_bwd_fp32_kernel(BwdArgs p) {
   using C = Cfg<D>;
@@ -548,15 +537,6 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const Tf32Pair (&a)[4]
   mma_tf32(d, a[0].big, a[1].big, a[2].big, a[3].big, b[0].small, b[1].small);
   mma_tf32(d, a[0].small, a[1].small, a[2].small, a[3].small, b[0].big, b[1].big);
   mma_tf32(d, a[0].big, a[1].big, a[2].big, a[3].big, b[0].big, b[1].big);
-}
-
-__device__ __forceinline__ void add2(float* dst, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
-#else
-  atomicAdd(dst, a);
-  atomicAdd(dst + 1, b);
-#endif
 }
 
 constexpr size_t bwd_tc_smem_floats() {
