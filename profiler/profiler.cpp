@@ -437,6 +437,9 @@ void Profiler::begin_window(bool warmup) {
   c.drop_buffers();
   c.mem_seq.store(0);
   c.generation.fetch_add(1, std::memory_order_acq_rel);
+  // This thread's buffers now, before the window's origin: reserving them (megabytes of
+  // address space; longer under ASan, which poisons what it hands out) is not the window's.
+  (void)c.buffer();
   if (options_.profile_memory) {
     for (memory::Device d : allocator_devices()) {
       memory::CachingAllocator& a = memory::get_allocator(d);
