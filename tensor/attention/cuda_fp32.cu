@@ -910,6 +910,22 @@ void with_dim(int64_t E, F&& f) {
     f.template operator()<128>();
 }
 
+// The CUDA-core backward's query tile (head dims 32 and 128).
+constexpr int kBwdQM = 64;
+
+// Which kernels a head dim takes (the 3xTF32 ones at 64, the CUDA-core ones otherwise) and
+// the dynamic shared memory their launches ask for.
+template <int D>
+constexpr bool kTf32x3 = D == 64;
+template <int D>
+constexpr size_t fwd_smem_bytes() {
+  return sizeof(float) * (kTf32x3<D> ? fwd_tc_smem_floats() : fwd_smem_floats<D>());
+}
+template <int D>
+constexpr size_t bwd_smem_bytes() {
+  return sizeof(float) * (kTf32x3<D> ? bwd_tc_smem_floats() : bwd_smem_floats<D, kBwdQM>());
+}
+
 template <int D>
 void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                   const Tensor& v, bool causal, double scale) {
@@ -929,20 +945,16 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
             vec_out && rows_aligned(out)};
   const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)),
                   static_cast<unsigned>((p.L + kBM - 1) / kBM));
-  if constexpr (D == 64) {
-    constexpr size_t smem = sizeof(float) * fwd_tc_smem_floats();
+  constexpr size_t smem = fwd_smem_bytes<D>();
+  if constexpr (kTf32x3<D>) {
     set_max_dynamic_smem(attention_fwd_tf32x3_kernel, smem, "flash_attention_forward (float32)");
     attention_fwd_tf32x3_kernel<<<grid, kThreads, smem, stream(q.device().index)>>>(p);
   } else {
-    constexpr size_t smem = sizeof(float) * fwd_smem_floats<D>();
     set_max_dynamic_smem(attention_fwd_fp32_kernel<D>, smem, "flash_attention_forward (float32)");
     attention_fwd_fp32_kernel<D><<<grid, kThreads, smem, stream(q.device().index)>>>(p);
   }
   check_launch("flash_attention_forward (float32)");
 }
-
-// The CUDA-core backward's query tile (head dims 32 and 128).
-constexpr int kBwdQM = 64;
 
 template <int D>
 void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
@@ -989,12 +1001,11 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
             rows_aligned(q) && rows_aligned(k) && rows_aligned(v) && rows_aligned(dout),
             rows_aligned(dq) && rows_aligned(dk) && rows_aligned(dv)};
   const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((S + kBN - 1) / kBN));
-  if constexpr (D == 64) {
-    constexpr size_t smem = sizeof(float) * bwd_tc_smem_floats();
+  constexpr size_t smem = bwd_smem_bytes<D>();
+  if constexpr (kTf32x3<D>) {
     set_max_dynamic_smem(attention_bwd_tf32x3_kernel, smem, "flash_attention_backward (float32)");
     attention_bwd_tf32x3_kernel<<<grid, kThreads, smem, stream(dev)>>>(p);
   } else {
-    constexpr size_t smem = sizeof(float) * bwd_smem_floats<D, kBwdQM>();
     set_max_dynamic_smem(attention_bwd_fp32_kernel<D, kBwdQM>, smem,
                          "flash_attention_backward (float32)");
     attention_bwd_fp32_kernel<D, kBwdQM><<<grid, kThreads, smem, stream(dev)>>>(p);
@@ -1006,10 +1017,7 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
 
 bool flash_attention_fp32_fits(int device, int64_t E) {
   size_t need = 0;
-  with_dim(E, [&]<int D>() {
-    const size_t bwd = D == 64 ? bwd_tc_smem_floats() : bwd_smem_floats<D, kBwdQM>();
-    need = sizeof(float) * std::max(fwd_smem_floats<D>(), bwd);
-  });
+  with_dim(E, [&]<int D>() { need = std::max(fwd_smem_bytes<D>(), bwd_smem_bytes<D>()); });
   return need <= max_block_smem_optin(device);
 }
 
