@@ -135,7 +135,7 @@ void set_allocation_observer(AllocationObserver* observer) {
   g_allocation_observer.store(observer);
 }
 AllocationObserver* allocation_observer() {
-  return g_allocation_observer.load(std::memory_order_relaxed);
+  return g_allocation_observer.load(std::memory_order_acquire);
 }
 
 void CachingAllocator::notify(AllocationObserver* o, uint64_t addr, int64_t bytes,

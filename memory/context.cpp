@@ -40,7 +40,7 @@ void set_context_observer(ContextObserver* observer) {
   g_context_observer.store(observer);
 }
 ContextObserver* context_observer() {
-  return g_context_observer.load(std::memory_order_relaxed);
+  return g_context_observer.load(std::memory_order_acquire);
 }
 
 StrId intern(std::string_view s) {

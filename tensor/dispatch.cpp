@@ -14,7 +14,7 @@ void set_dispatch_observer(DispatchObserver* observer) {
   g_observer.store(observer);
 }
 DispatchObserver* dispatch_observer() {
-  return g_observer.load(std::memory_order_relaxed);
+  return g_observer.load(std::memory_order_acquire);
 }
 
 // An op's output with no more specific category is a temporary until autograd saves it
