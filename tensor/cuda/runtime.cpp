@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "memory/memory.h"
 #include "tensor/graph.h"
 
 namespace tally::cuda {
@@ -49,12 +50,19 @@ cudaStream_t copy_stream(int device) {
   return stream_of(mu, streams, device, "cuda::copy_stream");
 }
 
+// With one visible device, device 0 is always current (cudaSetDevice cannot name another),
+// so a guard for it has nothing to do. Most ops take a guard: this spares each of them two
+// cudaGetDevice calls, which the profiler's CUPTI tracer records as runtime API activity.
 DeviceGuard::DeviceGuard(int device) {
+  static const int visible = memory::cuda_device_count();  // fixed once CUDA is initialised
+  if (visible == 1 && device == 0) return;
+  active_ = true;
   check(cudaGetDevice(&prev_), "cudaGetDevice");
   if (prev_ != device) check(cudaSetDevice(device), "cudaSetDevice");
 }
 
 DeviceGuard::~DeviceGuard() {
+  if (!active_) return;
   int cur = 0;
   if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) cudaSetDevice(prev_);
 }

@@ -26,7 +26,7 @@ cudaStream_t copy_stream(int device);
 inline memory::StreamId copy_stream_id(int device) {
   return reinterpret_cast<memory::StreamId>(copy_stream(device));
 }
-// Sets the current device for the scope.
+// Sets the current device for the scope. With one visible device it makes no CUDA call.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
@@ -36,6 +36,7 @@ class DeviceGuard {
 
  private:
   int prev_ = 0;
+  bool active_ = false;  // false: the device was the only one, nothing to restore
 };
 
 // The object for `device` in a per-device table (a stream, a library handle): `create()` makes
