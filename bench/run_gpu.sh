@@ -14,7 +14,8 @@
 #               torch.compile (needs .ref/torch_baseline.py)
 #   ab          ab_memory on ResNet-50 and GPT-2 (report + snapshots)
 #   profile     profiler on ResNet-50 bs64 / GPT-2 B16 bf16 (overhead: medians of 5 alternating
-#               rounds with their spread; kernel time vs step time)
+#               rounds with their spread; kernel time vs step time), and ResNet-50's overhead
+#               without CUPTI (--activities cpu) and with op spans only (--options none)
 #   kernels     GPT-2 B16 fp32 and bf16 steps profiled in both frameworks, kernel time per
 #               class side by side (bench/kernel_compare.py)
 #   workspaces  bench/record_workspaces: the dry runs' cuDNN workspace table (NCHW and
@@ -167,6 +168,13 @@ if has profile; then
   $B/examples/profile_models --models gpt --amp bf16 --gpt-batch 16 --steps 4 --out "$OUT/profile/bf16" \
     > "$OUT/profile_bf16.txt" 2>&1
   log "profile GPT-2 bf16 B16: exit $?"
+  # ResNet-50's overhead split by part: the collector alone (no CUPTI), then CUPTI with op
+  # spans only (no memory, shapes, stacks); the full profiler is profile_torch.py's run above.
+  for parts in "--activities cpu" "--options none"; do
+    $B/examples/profile_models --models resnet --amp bf16 --rounds 5 $parts --out "$OUT/profile/parts" \
+      > "$OUT/profile_parts.txt" 2>&1
+    log "profile ResNet-50 bf16, $parts: exit $? ($(grep -m1 'median step' "$OUT/profile_parts.txt"))"
+  done
   tar czf "$OUT/profile.tgz" -C "$OUT" profile 2>/dev/null; rm -rf "$OUT/profile"
 fi
 

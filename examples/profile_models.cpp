@@ -1,23 +1,28 @@
 // profile_models: what the profiler costs and whether its GPU times add up, on ResNet-50
 // (batch 64, 224x224, SGD with momentum) and GPT-2 124M (B x 1024 tokens, AdamW). For each
-// model: the median step time without the profiler, the median with it (CPU+CUDA
-// activities, profile_memory, record_shapes, with_stack) and the overhead in %, and per
-// step the sum of the GPU kernel times and the GPU busy time (union of kernel intervals)
-// next to the step time measured with device synchronisation. With --rounds N the two
-// measurements alternate N times (plain, profiled, plain, ...): the figures are the medians
-// of the rounds' medians, and the overhead's spread over the rounds is printed beside them. Writes
-// the Chrome trace, the memory timeline html and the key_averages tables (by op, by module) to
-// --out, and the numbers to --out/profile_models.json (bench/profile_torch.py prints them next to
-// torch.profiler's).
+// model: the median step time without the profiler, the median with it (by default the CPU
+// and, on a CUDA device, CUDA activities, profile_memory, record_shapes and with_stack;
+// --activities and --options pick) and the overhead in %, and per step the sum of the GPU
+// kernel times and the GPU busy time (union of kernel intervals) next to the step time
+// measured with device synchronisation. With --rounds N the two measurements alternate N
+// times (plain, profiled, plain, ...): the figures are the medians of the rounds' medians, and
+// the overhead's spread over the rounds is printed beside them. Writes the Chrome trace, the
+// memory timeline html (with profile_memory) and the key_averages tables (by op, by module)
+// to --out, and the numbers to --out/profile_models.json (bench/profile_torch.py prints them
+// next to torch.profiler's).
 //
 //   profile_models --device cuda --out prof_out            # the GPU machine
 //   profile_models --device cuda --gpt-batch 16 --amp bf16 --rounds 5 --out prof_out
 //   profile_models --device cpu --small --out prof_out     # tiny models, CI
 //   profile_models --device meta:h200 --models resnet --amp fp16 --rounds 5 --out prof_out
+//   profile_models --device cuda --models resnet --activities cpu --options none --rounds 5
 //
+// --activities cpu leaves CUPTI out (the collector's cost alone); --options none records op,
+// module and phase spans only. Runs that differ in one of them split the overhead by part.
 // On a meta device (a dry run replaying a target: memory/meta.h) no kernel runs, so a step's
 // time is the host's alone: the ops, the allocator and autograd. Its overhead is the
-// profiler's host cost (its collector, without CUPTI), measurable on any machine.
+// profiler's host cost (its collector; no CUPTI, the default off a CUDA device), measurable
+// on any machine.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -25,6 +30,7 @@
 #include <filesystem>
 #include <memory>
 #include <ostream>
+#include <set>
 #include <sstream>
 
 #include "autograd/autocast.h"
@@ -56,9 +62,50 @@ struct Args {
   int warmup = 3;                 // untimed steps first
   int64_t resnet_batch = 64;
   int64_t gpt_batch = 8;
-  std::string amp = "off";  // off | fp16 | bf16: the forward under autocast
-  int rounds = 1;           // alternating plain / profiled measurements
+  std::string amp = "off";                      // off | fp16 | bf16: the forward under autocast
+  int rounds = 1;                               // alternating plain / profiled measurements
+  std::string activities = "cpu,cuda";          // ProfilerOptions::activities
+  std::string options = "memory,shapes,stack";  // profile_memory, record_shapes, with_stack
 };
+
+// The comma list `text` of `flag`, each item one of `allowed`; "none" (when allowed_none) is the
+// empty list. Throws std::invalid_argument naming the flag and the bad item.
+std::set<std::string> parse_set(const std::string& text, const char* flag,
+                                const std::vector<std::string>& allowed, bool allowed_none) {
+  std::string expected;
+  for (size_t i = 0; i < allowed.size(); ++i)
+    expected += (i ? (i + 1 == allowed.size() && !allowed_none ? " or " : ", ") : "") + allowed[i];
+  if (allowed_none) expected += " or none";
+  if (allowed_none && text == "none") return {};
+  std::set<std::string> out;
+  std::stringstream list(text);
+  for (std::string item; std::getline(list, item, ',');) {
+    if (std::find(allowed.begin(), allowed.end(), item) == allowed.end())
+      throw std::invalid_argument(
+          fmt::format("{}: expected a comma list of {}, got '{}'", flag, expected, item));
+    out.insert(item);
+  }
+  if (out.empty()) throw std::invalid_argument(fmt::format("{}: empty list", flag));
+  return out;
+}
+
+// The profiler's options from --activities and --options.
+profiler::ProfilerOptions profiler_options(const Args& a) {
+  profiler::ProfilerOptions po;
+  const std::set<std::string> act = parse_set(a.activities, "--activities", {"cpu", "cuda"}, false);
+  if (!act.contains("cpu"))
+    throw std::invalid_argument(fmt::format(
+        "--activities: the profiler always records the CPU's ops (cpu or cpu,cuda), got '{}'",
+        a.activities));
+  po.activities = {profiler::ProfilerActivity::cpu};
+  if (act.contains("cuda")) po.activities.insert(profiler::ProfilerActivity::cuda);
+  const std::set<std::string> opt =
+      parse_set(a.options, "--options", {"memory", "shapes", "stack"}, true);
+  po.profile_memory = opt.contains("memory");
+  po.record_shapes = opt.contains("shapes");
+  po.with_stack = opt.contains("stack");
+  return po;
+}
 
 struct Result {
   std::string model, desc, trace, timeline;
@@ -173,7 +220,8 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
     return sw.ms();
   };
 
-  fmt::print("== {} on {}\n", r.desc, dev.str());
+  fmt::print("== {} on {} (profiler: activities {}; options {})\n", r.desc, dev.str(), a.activities,
+             a.options);
   std::fflush(stdout);
   for (int i = 0; i < a.warmup; ++i) timed_step();
 
@@ -185,9 +233,11 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
   auto write_profile = [&](profiler::Profiler& p) {
     saved = true;
     r.trace = which + ".trace.json";
-    r.timeline = which + ".timeline.html";
     p.export_chrome_trace(stem + ".trace.json");
-    p.export_memory_timeline(stem + ".timeline.html", dev);
+    if (p.data().profile_memory) {  // the timeline is made of the memory events
+      r.timeline = which + ".timeline.html";
+      p.export_memory_timeline(stem + ".timeline.html", dev);
+    }
     const bool cuda = dev.type == DeviceType::cuda;
     memory::write_file_atomic(
         stem + ".key_averages.txt",
@@ -212,8 +262,7 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
   for (int round = 0; round < a.rounds; ++round) {
     std::vector<double> plain;
     for (int i = 0; i < a.steps; ++i) plain.push_back(timed_step());
-    profiler::ProfilerOptions po;
-    po.profile_memory = po.record_shapes = po.with_stack = true;
+    profiler::ProfilerOptions po = profiler_options(a);
     po.schedule = profiler::schedule(/*wait=*/1, /*warmup=*/1, /*active=*/a.steps, /*repeat=*/1);
     if (round == 0) po.on_trace_ready = write_profile;
     std::vector<double> profiled;
@@ -258,7 +307,8 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
         r.median_ms, 100.0 * r.kernel_ms_per_step / r.median_ms_profiled,
         100.0 * std::abs(r.kernel_ms_per_step - r.median_ms) / r.median_ms);
   }
-  fmt::print("wrote {0}.trace.json, {0}.timeline.html, {0}.key_averages.txt\n\n", stem);
+  fmt::print("wrote {0}.trace.json, {1}{0}.key_averages.txt\n\n", stem,
+             r.timeline.empty() ? "" : stem + ".timeline.html, ");
   return r;
 }
 
@@ -296,6 +346,13 @@ int main(int argc, char** argv) {
   app.add_option("--amp", a.amp,
                  "off | fp16 | bf16 (forward under autocast; fp16 without a GradScaler)")
       ->capture_default_str();
+  app.add_option("--activities", a.activities,
+                 "the profiler's activities: cpu (no CUPTI) or cpu,cuda (kernels and CUDA calls; "
+                 "the default on a CUDA device)");
+  app.add_option("--options", a.options,
+                 "what the profiler records besides the op spans: a comma list of memory "
+                 "(profile_memory), shapes (record_shapes), stack (with_stack), or none")
+      ->capture_default_str();
 
   return ex::run_cli("profile_models", app, argc, argv, [&] {
     auto meta_device = [&] {
@@ -307,6 +364,9 @@ int main(int argc, char** argv) {
     };
     const Device dev = a.device.starts_with("meta:") ? meta_device() : ex::parse_device(a.device);
     ex::parse_amp(a.amp);  // a bad --amp fails here, before any model is built
+    // CUPTI has nothing to trace off a CUDA device (a meta device's steps launch no kernels).
+    if (app.count("--activities") == 0 && dev.type != DeviceType::cuda) a.activities = "cpu";
+    profiler_options(a);  // and a bad --activities or --options
     if (a.small && (app.count("--resnet-batch") > 0 || app.count("--gpt-batch") > 0))
       throw std::invalid_argument(
           "--resnet-batch and --gpt-batch do not apply with --small (its batches are fixed)");
@@ -349,11 +409,12 @@ int main(int argc, char** argv) {
           R"({}{{"model": {}, "desc": {}, "device": {}, "median_ms": {}, "median_ms_profiled": {}, )"
           R"("overhead_pct": {}, "overhead_min_pct": {}, "overhead_max_pct": {}, "rounds": {}, )"
           R"("kernel_ms_per_step": {}, "gpu_busy_ms_per_step": {}, "kernels": {}, )"
-          R"("trace": {}, "timeline": {}}})",
+          R"("activities": {}, "options": {}, "trace": {}, "timeline": {}}})",
           i ? ", " : "", memory::json_quote(r.model), memory::json_quote(r.desc),
           memory::json_quote(dev.str()), r.median_ms, r.median_ms_profiled, r.overhead_pct,
           r.overhead_min_pct, r.overhead_max_pct, r.rounds, r.kernel_ms_per_step,
-          r.gpu_busy_ms_per_step, r.kernels, memory::json_quote(r.trace),
+          r.gpu_busy_ms_per_step, r.kernels, memory::json_quote(a.activities),
+          memory::json_quote(a.options), memory::json_quote(r.trace),
           memory::json_quote(r.timeline));
     }
     memory::write_file_atomic(a.out + "/profile_models.json", j + "]\n", "profile_models");

@@ -194,7 +194,12 @@ cases = [
     *bad_values("profile_models", {
         "--steps": ["0"], "--warmup": ["-1"], "--resnet-batch": ["0"], "--gpt-batch": ["abc"],
         "--models": ["resnet,vit", ","], "--out": ["/proc/tally_prof"], "--rounds": ["0", "101"],
+        "--activities": ["gpu", ","], "--options": ["heap", "none,memory", ""],
     }, base=CPU),
+    (["profile_models", *CPU, "--options", "memory,heap"],
+     "--options: expected a comma list of memory, shapes, stack or none, got 'heap'", {}),
+    (["profile_models", *CPU, "--activities", "cuda"],
+     "--activities: the profiler always records the CPU's ops (cpu or cpu,cuda), got 'cuda'", {}),
     (["profile_models", *CPU, "--small", "--resnet-batch", "8"], "--resnet-batch", {}),
     (["profile_models", *CPU, "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'", {}),
     (["profile_models", "--device", "meta:tpu"], "--device meta:tpu: unknown target device 'tpu'", {}),

@@ -161,6 +161,29 @@ if len(sys.argv) > 2:
               f"meta run: {r['device']}, {r['desc']}")
         check(r["median_ms"] > 0 and r["median_ms_profiled"] > 0 and r["kernel_ms_per_step"] == 0,
               f"meta run: {r}")
+        check(r["activities"] == "cpu" and r["options"] == "memory,shapes,stack",
+              f"meta run: profiler settings {r['activities']}; {r['options']}")
+        trace = json.load(open(os.path.join(pout, r["trace"])))["traceEvents"]
+        check(any(e.get("name") == "[memory]" for e in trace), "meta run: no [memory] events")
+        check(any("Input Dims" in e.get("args", {}) for e in trace), "meta run: no Input Dims")
+    # The same with the profiler's options off: op spans only, no memory events, no shapes, no
+    # memory timeline.
+    q = subprocess.run([sys.argv[2], "--device", "meta:h200", "--models", "resnet", "--steps", "2",
+                        "--warmup", "1", "--activities", "cpu", "--options", "none", "--out", pout],
+                       capture_output=True, text=True, timeout=300)
+    print(q.stdout)
+    print(q.stderr, file=sys.stderr)
+    check(q.returncode == 0, f"profile_models --options none exited {q.returncode}")
+    check("(profiler: activities cpu; options none)" in q.stdout, "--options none: header line")
+    if q.returncode == 0:
+        [r] = json.load(open(os.path.join(pout, "profile_models.json")))
+        check(r["activities"] == "cpu" and r["options"] == "none" and r["timeline"] == "",
+              f"--options none: {r}")
+        trace = json.load(open(os.path.join(pout, r["trace"])))["traceEvents"]
+        ops = [e for e in trace if e.get("cat") == "cpu_op"]
+        check(len(ops) > 100, f"--options none: {len(ops)} op spans")
+        check(not any(e.get("name") == "[memory]" for e in trace), "--options none: [memory] events")
+        check(not any("Input Dims" in e.get("args", {}) for e in trace), "--options none: Input Dims")
 
 if fails:
     print(f"{len(fails)} check(s) failed")
