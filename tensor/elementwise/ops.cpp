@@ -121,8 +121,26 @@ Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device) {
 
 // ---------------------------------------------------------------- copies
 
+namespace {
+// PyTorch's assert_no_internal_overlap: a destination with a dimension of size > 1 and stride
+// 0 (what expand makes) holds several elements at one memory location, so an in-place write
+// would race with itself, and over a huge expanded size it would run for hours. Refused before
+// any work, as PyTorch refuses it.
+void check_no_internal_overlap(const char* op, const Tensor& dst) {
+  if (dst.numel() == 0) return;
+  for (int64_t d = 0; d < dst.dim(); ++d)
+    if (dst.sizes()[static_cast<size_t>(d)] > 1 && dst.strides()[static_cast<size_t>(d)] == 0)
+      throw std::invalid_argument(fmt::format(
+          "{}: the written-to tensor of shape {} has more than one element at a single memory "
+          "location (dimension {} has stride 0, as expand makes): clone() it before writing "
+          "in place",
+          op, dst.shape_string(), d));
+}
+}  // namespace
+
 void copy_(const Tensor& dst, const Tensor& src) {
   static const OpInfo info("copy_");
+  check_no_internal_overlap(info.name, dst);
   Tensor s = src.sizes() == dst.sizes() ? src : expand(src, dst.sizes());
   if (dst.device() == s.device()) {
     DispatchScope scope(info, dst);
@@ -175,6 +193,7 @@ void foreach_copy_(const TensorList& dsts, const TensorList& srcs) {
     if (d.numel() > 0 && d.storage().data() == s.storage().data())
       throw std::invalid_argument(
           fmt::format("{}: pair {}: the destination shares the source's storage", op, i));
+    check_no_internal_overlap(op, d);
   }
   DispatchScope scope(info, dsts[0], srcs[0]);
   elementwise_backends.get(info, dsts[0].device(), &ElementwiseKernels::copy_many)(dsts, srcs);
@@ -183,6 +202,7 @@ void foreach_copy_(const TensorList& dsts, const TensorList& srcs) {
 
 void fill_(const Tensor& dst, double value) {
   static const OpInfo info("fill_");
+  check_no_internal_overlap(info.name, dst);
   DispatchScope scope(info, dst);
   elementwise_backends.get(info, dst.device(), &ElementwiseKernels::fill)(dst, value);
   dst.storage().bump_version();
@@ -669,6 +689,7 @@ Tensor unary(UnaryOp op, const Tensor& a) {
 void add_(const Tensor& a, const Tensor& b, double alpha) {
   static const OpInfo info("add_");
   check_same_device(info.name, a.device(), b.device());
+  check_no_internal_overlap(info.name, a);
   DispatchScope scope(info, a, b);
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), info.name);
   if (shape != a.sizes())
@@ -687,6 +708,7 @@ void add_(const Tensor& a, const Tensor& b, double alpha) {
 // a (op)= b in place with a scalar b, one kernel; the scalar must keep an integer tensor
 // integral (a bool one takes none).
 static void binary_scalar_inplace(const OpInfo& info, BinaryOp op, const Tensor& a, double b) {
+  check_no_internal_overlap(info.name, a);
   DispatchScope scope(info, a);
   if (a.dtype() == DType::bool_ || (!is_floating(a.dtype()) && b != std::floor(b)))
     throw std::invalid_argument(

@@ -241,6 +241,18 @@ def test_item_assignment_and_in_place_fills():
     assert w.tolist() == [2.0, 2.0]
 
 
+def test_in_place_writes_refuse_expanded_tensors_like_torch():
+    # torch: "more than one element of the written-to tensor refers to a single memory location"
+    base = tally.ones(1)
+    for write in (lambda t: t.fill_(0.0), lambda t: t.zero_(), lambda t: t.copy_(tally.zeros(4)),
+                  lambda t: t.__setitem__(slice(None), 2.0)):
+        with pytest.raises(ValueError, match="single memory location"):
+            write(base.expand(4))
+    with pytest.raises(ValueError, match=r"fill_: .* shape \[4611686018427387904\]"):
+        base.expand(2 ** 62).fill_(1.0)  # refused at once, not a loop over 2^62 elements
+    assert base.tolist() == [1.0]
+
+
 def test_channels_last_memory_format():
     a = np.random.default_rng(1).standard_normal((2, 3, 4, 5)).astype(np.float32)
     t = tally.tensor(a)

@@ -166,6 +166,39 @@ TEST_P(Elementwise, InPlaceScalarAddAndMul) {
   EXPECT_EQ(i.storage().version(), vi + 3);
 }
 
+// PyTorch's assert_no_internal_overlap: an expanded destination (stride 0 over a size > 1) is
+// refused by every in-place write, before any work (a [2^62] expansion of one element would
+// otherwise loop for hours); size-1 and empty expansions are still writable.
+TEST_P(Elementwise, InPlaceWritesRefuseExpandedDestinations) {
+  const Tensor one = put(from_vector({5}, {1}));
+  const Tensor wide = ops::expand(one, {int64_t{1} << 62});
+  const Tensor grid = ops::expand(put(from_vector({1, 2}, {2, 1})), {2, 3});
+  const Tensor src = put(from_vector({1, 2, 3, 4, 5, 6}, {2, 3}));
+  const uint64_t v = one.storage().version();
+  const std::vector<std::pair<std::string, std::function<void()>>> writes = {
+      {"fill_", [&] { ops::fill_(wide, 1.0); }},
+      {"copy_", [&] { ops::copy_(grid, src); }},
+      {"add_", [&] { ops::add_(grid, src); }},
+      {"add_", [&] { ops::add_(wide, 1.0); }},
+      {"mul_", [&] { ops::mul_(grid, 2.0); }},
+      {"_foreach_copy_", [&] { ops::foreach_copy_({grid}, {src}); }},
+  };
+  for (const auto& [op, write] : writes) {
+    const std::string m = error_of<std::invalid_argument>(write);
+    EXPECT_TRUE(contains(m, op + ": the written-to tensor of shape")) << m;
+    EXPECT_TRUE(contains(m, "more than one element at a single memory location")) << m;
+  }
+  const std::string m = error_of<std::invalid_argument>([&] { ops::copy_(grid, src); });
+  EXPECT_TRUE(contains(m, "shape [2, 3]") && contains(m, "dimension 1 has stride 0")) << m;
+  EXPECT_EQ(one.storage().version(), v);  // nothing was written
+  EXPECT_TRUE(values_near(one, {5}, 0));
+  // A size-1 expansion and an empty one hold no two elements at one place.
+  const Tensor same = ops::expand(put(from_vector({7}, {1, 1})), {1, 1});
+  ops::fill_(same, 3.0);
+  EXPECT_TRUE(values_near(same, {3}, 0));
+  ops::fill_(ops::expand(put(from_vector({7}, {1})), {0}), 3.0);
+}
+
 TEST_P(Elementwise, DtypesPromoteAndConvert) {
   const Tensor i = put(from_vector({1, 2, 3}, {3}, TensorOptions{}.with_dtype(DType::int64)));
   const Tensor f = put(from_vector({0.5, 0.5, 0.5}, {3}));
