@@ -1,5 +1,6 @@
 #include "memory/history.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <exception>
@@ -20,11 +21,18 @@ int64_t now_us() {
   return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
 }
 
+namespace {
+// Room reserved when recording starts: address space only (pages are touched as entries
+// come), so that the buffer does not grow by copying inside the allocations it records.
+constexpr size_t kReserveEntries = size_t{1} << 17;
+}  // namespace
+
 void TraceRing::set_capacity(size_t max_entries) {
   // Everything that can throw (the copy) happens before the ring changes.
   std::vector<TraceEntry> kept = entries();
   if (kept.size() > max_entries)
     kept.erase(kept.begin(), kept.end() - static_cast<std::ptrdiff_t>(max_entries));
+  kept.reserve(std::min(max_entries, kReserveEntries));
   buf_ = std::move(kept);
   capacity_ = max_entries;
   oldest_ = 0;

@@ -43,7 +43,9 @@ int64_t now_us();
 
 // The newest `capacity` entries. The buffer grows as entries come, up to the capacity, and
 // then overwrites the oldest (PyTorch's alloc_trace): a capacity is a bound, not memory set
-// aside, so record_memory_history(true, SIZE_MAX) keeps everything.
+// aside, so record_memory_history(true, SIZE_MAX) keeps everything. set_capacity reserves
+// room for up to 131,072 entries (12 MiB of address space; pages are touched as entries come)
+// so that a recording does not copy the buffer as it grows.
 class TraceRing {
  public:
   // Keeps the newest min(size(), max_entries) entries. Strong exception guarantee.
