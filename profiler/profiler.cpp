@@ -140,9 +140,11 @@ struct RawMem {
 };
 
 // Room reserved per thread and window (address space only: pages are touched as events
-// come). Past it a vector grows by copying megabytes inside an op: at 1 << 15 a window of 16
-// ResNet-50 steps (2,700 allocator events and 1,700 spans a step) cost 0.33 ms of host time a
-// step against 0.21 at 8 steps; at 1 << 17 both cost 0.21 (profile_models --device meta:h200).
+// come; a closed window's storage, touched pages included, goes to the next window's threads
+// as a SpareStorage). Past it a vector grows by copying megabytes inside an op: at 1 << 15 a
+// window of 16 ResNet-50 steps (2,700 allocator events and 1,700 spans a step) cost 0.33 ms of
+// host time a step against 0.21 at 8 steps; at 1 << 17 both cost 0.21 (profile_models
+// --device meta:h200).
 constexpr size_t kReserveSpans = 1 << 17;
 constexpr size_t kReserveMem = 1 << 17;
 
@@ -164,6 +166,17 @@ struct ThreadBuffer {
   std::vector<uint32_t> open;  // indices into spans, innermost last
 };
 
+// A closed window's vectors, emptied with their capacity and touched pages kept, for the next
+// window's threads: on a fresh vector every event that reaches a new page takes a page fault
+// inside an op (a ResNet-50 step writes about 0.5 MB of events).
+struct SpareStorage {
+  std::vector<RawSpan> spans;
+  std::vector<RawMem> mem;
+  std::vector<int64_t> shape_pool;
+};
+// At most this many are kept (one per thread that recorded; each at most the reserve).
+constexpr size_t kMaxSpare = 4;
+
 class Collector final : public DispatchObserver,
                         public memory::ContextObserver,
                         public memory::AllocationObserver {
@@ -174,8 +187,9 @@ class Collector final : public DispatchObserver,
   // Set by begin_window, read by the recording threads (atomics: a thread from the previous
   // window may still be in a callback).
   std::atomic<bool> record_shapes{false}, profile_memory{false}, with_stack{false}, cuda{false};
-  std::mutex mu;  // guards `buffers`
+  std::mutex mu;  // guards `buffers` and `spare`
   std::vector<std::shared_ptr<ThreadBuffer>> buffers;
+  std::vector<SpareStorage> spare;
 
   // The calling thread's buffer for the current window (made on its first event).
   ThreadBuffer& buffer() {
@@ -186,15 +200,21 @@ class Collector final : public DispatchObserver,
       auto b = std::make_shared<ThreadBuffer>();
       b->generation = g;
       b->tid = os_tid();
-      b->spans.reserve(kReserveSpans);
-      b->mem.reserve(kReserveMem);
-      b->shape_pool.reserve(kReserveSpans * 4);
-      b->open.reserve(64);
       {
         std::lock_guard lock(mu);
+        if (!spare.empty()) {
+          b->spans = std::move(spare.back().spans);
+          b->mem = std::move(spare.back().mem);
+          b->shape_pool = std::move(spare.back().shape_pool);
+          spare.pop_back();
+        }
         b->index = buffers.size() + 1;
         buffers.push_back(b);
       }
+      b->spans.reserve(kReserveSpans);  // no-ops on a spare's vectors
+      b->mem.reserve(kReserveMem);
+      b->shape_pool.reserve(kReserveSpans * 4);
+      b->open.reserve(64);
       buf = std::move(b);
       gen = g;
     }
@@ -226,6 +246,26 @@ class Collector final : public DispatchObserver,
   void drop_buffers() {
     std::lock_guard lock(mu);
     buffers.clear();
+  }
+  // Empties a closed buffer (the caller holds b.mu), keeping its vectors' storage as a spare
+  // while there is room for one; the rest is freed now, not at the thread's exit.
+  void recycle(ThreadBuffer& b) {
+    b.spans.clear();
+    b.mem.clear();
+    b.shape_pool.clear();
+    {
+      std::lock_guard lock(mu);
+      if (spare.size() < kMaxSpare && b.mem.capacity() > 0) {
+        spare.push_back({std::move(b.spans), std::move(b.mem), std::move(b.shape_pool)});
+        b.spans = {};
+        b.mem = {};
+        b.shape_pool = {};
+      }
+    }
+    std::vector<RawSpan>().swap(b.spans);
+    std::vector<RawMem>().swap(b.mem);
+    std::vector<int64_t>().swap(b.shape_pool);
+    std::vector<uint32_t>().swap(b.open);
   }
 
   uint64_t innermost_op(const ThreadBuffer& b) const {
@@ -597,12 +637,9 @@ void Profiler::end_window(bool save, bool reopen) {
   }
   for (memory::Device d : session_->history_turned_on)
     memory::get_allocator(d).record_memory_history(false);
-  for (const auto& b : buffers) {  // closed: free what they hold now, not at the thread's exit
+  for (const auto& b : buffers) {  // closed: their storage goes to the next window's threads
     std::lock_guard lock(b->mu);
-    std::vector<RawSpan>().swap(b->spans);
-    std::vector<RawMem>().swap(b->mem);
-    std::vector<int64_t>().swap(b->shape_pool);
-    std::vector<uint32_t>().swap(b->open);
+    c.recycle(*b);
   }
   c.drop_buffers();
   session_.reset();

@@ -306,6 +306,7 @@ TEST(Profiler, ScheduleRecordsOnlyActiveSteps) {
   std::vector<int> ready_at;
   std::vector<std::vector<int>> steps;
   std::vector<long> convs;
+  std::vector<size_t> memory_events;
   o.on_trace_ready = [&](Profiler& p) {
     ready_at.push_back(p.step_num());
     steps.push_back(p.data().steps);
@@ -313,6 +314,7 @@ TEST(Profiler, ScheduleRecordsOnlyActiveSteps) {
     convs.push_back(std::count_if(s.begin(), s.end(), [](const auto& e) {
       return e.kind == profiler::SpanKind::op && e.name == "conv2d";
     }));
+    memory_events.push_back(p.data().memory.size());
   };
   Profiler prof(o);
   {
@@ -343,6 +345,15 @@ TEST(Profiler, ScheduleRecordsOnlyActiveSteps) {
   EXPECT_EQ(steps[0], (std::vector<int>{0, 1}));
   EXPECT_EQ(steps[1], (std::vector<int>{2, 3}));
   EXPECT_EQ(steps[2], (std::vector<int>{4, 5}));  // step() opened ProfilerStep#5 before stop()
+  // Each window holds its own steps' events only: a window's buffers reuse the storage of
+  // the one before (emptied), and nothing of it carries over.
+  ASSERT_EQ(convs.size(), 4u);  // the first profiler's window, then the three cycles
+  EXPECT_EQ(convs[1], 2);
+  EXPECT_EQ(convs[2], 2);
+  EXPECT_EQ(convs[3], 1);
+  EXPECT_GT(memory_events[1], 0u);
+  EXPECT_EQ(memory_events[2], memory_events[1]);
+  EXPECT_EQ(memory_events[3] * 2, memory_events[1]);
   EXPECT_THROW(profiler::schedule(1, 1, 0), std::invalid_argument);
 }
 
