@@ -147,39 +147,38 @@ if len(sys.argv) > 2:
             for f in ("trace", "timeline"):
                 check(os.path.getsize(os.path.join(pout, r[f])) > 100, f"{r['model']}: {f} file empty")
             json.load(open(os.path.join(pout, r["trace"])))
-    # On a meta device replaying the H200 (ResNet-50 at batch 64 in shapes only): the step's
-    # host time, profiled and not, and no GPU time.
-    q = subprocess.run([sys.argv[2], "--device", "meta:h200", "--models", "resnet", "--amp", "fp16",
-                        "--steps", "2", "--warmup", "1", "--rounds", "1", "--out", pout],
-                       capture_output=True, text=True, timeout=300)
-    print(q.stdout)
-    print(q.stderr, file=sys.stderr)
-    check(q.returncode == 0, f"profile_models --device meta:h200 exited {q.returncode}")
-    if q.returncode == 0:
+    def meta_run(extra, what):
+        """profile_models on a meta device replaying the H200 (ResNet-50 at batch 64 in shapes
+        only): its JSON row and its Chrome trace's events, or (None, None) when it failed."""
+        q = subprocess.run([sys.argv[2], "--device", "meta:h200", "--models", "resnet", "--steps", "2",
+                            "--warmup", "1", "--rounds", "1", "--out", pout, *extra],
+                           capture_output=True, text=True, timeout=300)
+        print(q.stdout)
+        print(q.stderr, file=sys.stderr)
+        check(q.returncode == 0, f"profile_models {what} exited {q.returncode}")
+        if q.returncode != 0:
+            return None, None
         [r] = json.load(open(os.path.join(pout, "profile_models.json")))
+        check(f"(profiler: activities {r['activities']}; options {r['options']})" in q.stdout,
+              f"{what}: header line")
+        return r, json.load(open(os.path.join(pout, r["trace"])))["traceEvents"]
+
+    # The step's host time, profiled and not, and no GPU time; memory events and shapes.
+    r, trace = meta_run(["--amp", "fp16"], "--device meta:h200")
+    if r:
         check(r["device"].startswith("meta:") and r["desc"] == "ResNet-50 batch 64 224x224",
               f"meta run: {r['device']}, {r['desc']}")
         check(r["median_ms"] > 0 and r["median_ms_profiled"] > 0 and r["kernel_ms_per_step"] == 0,
               f"meta run: {r}")
         check(r["activities"] == "cpu" and r["options"] == "memory,shapes,stack",
               f"meta run: profiler settings {r['activities']}; {r['options']}")
-        trace = json.load(open(os.path.join(pout, r["trace"])))["traceEvents"]
         check(any(e.get("name") == "[memory]" for e in trace), "meta run: no [memory] events")
         check(any("Input Dims" in e.get("args", {}) for e in trace), "meta run: no Input Dims")
-    # The same with the profiler's options off: op spans only, no memory events, no shapes, no
-    # memory timeline.
-    q = subprocess.run([sys.argv[2], "--device", "meta:h200", "--models", "resnet", "--steps", "2",
-                        "--warmup", "1", "--activities", "cpu", "--options", "none", "--out", pout],
-                       capture_output=True, text=True, timeout=300)
-    print(q.stdout)
-    print(q.stderr, file=sys.stderr)
-    check(q.returncode == 0, f"profile_models --options none exited {q.returncode}")
-    check("(profiler: activities cpu; options none)" in q.stdout, "--options none: header line")
-    if q.returncode == 0:
-        [r] = json.load(open(os.path.join(pout, "profile_models.json")))
+    # The profiler's options off: op spans only, no memory events, no shapes, no timeline.
+    r, trace = meta_run(["--activities", "cpu", "--options", "none"], "--options none")
+    if r:
         check(r["activities"] == "cpu" and r["options"] == "none" and r["timeline"] == "",
               f"--options none: {r}")
-        trace = json.load(open(os.path.join(pout, r["trace"])))["traceEvents"]
         ops = [e for e in trace if e.get("cat") == "cpu_op"]
         check(len(ops) > 100, f"--options none: {len(ops)} op spans")
         check(not any(e.get("name") == "[memory]" for e in trace), "--options none: [memory] events")
