@@ -174,7 +174,7 @@ struct SpareStorage {
   std::vector<RawMem> mem;
   std::vector<int64_t> shape_pool;
 };
-// At most this many are kept (one per thread that recorded; each at most the reserve).
+// At most this many are kept (one per thread that recorded; each the size its window needed).
 constexpr size_t kMaxSpare = 4;
 
 class Collector final : public DispatchObserver,
