@@ -16,6 +16,8 @@
 #include <cmath>
 #include <mutex>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "memory/context.h"
 #include "memory/enum_table.h"
@@ -248,24 +250,16 @@ class Collector final : public DispatchObserver,
     buffers.clear();
   }
   // Empties a closed buffer (the caller holds b.mu), keeping its vectors' storage as a spare
-  // while there is room for one; the rest is freed now, not at the thread's exit.
+  // while there is room for one; otherwise it is freed now, not at the thread's exit.
   void recycle(ThreadBuffer& b) {
-    b.spans.clear();
-    b.mem.clear();
-    b.shape_pool.clear();
-    {
-      std::lock_guard lock(mu);
-      if (spare.size() < kMaxSpare && b.mem.capacity() > 0) {
-        spare.push_back({std::move(b.spans), std::move(b.mem), std::move(b.shape_pool)});
-        b.spans = {};
-        b.mem = {};
-        b.shape_pool = {};
-      }
-    }
-    std::vector<RawSpan>().swap(b.spans);
-    std::vector<RawMem>().swap(b.mem);
-    std::vector<int64_t>().swap(b.shape_pool);
+    SpareStorage s{std::exchange(b.spans, {}), std::exchange(b.mem, {}),
+                   std::exchange(b.shape_pool, {})};
     std::vector<uint32_t>().swap(b.open);
+    s.spans.clear();
+    s.mem.clear();
+    s.shape_pool.clear();
+    std::lock_guard lock(mu);
+    if (spare.size() < kMaxSpare && s.mem.capacity() > 0) spare.push_back(std::move(s));
   }
 
   uint64_t innermost_op(const ThreadBuffer& b) const {
