@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "memory/caching_allocator.h"
+#include "memory/cpu_provider.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_alloc.h"
 
@@ -106,6 +108,33 @@ Tensor stack(const TensorList& tensors, int64_t dim) {
   return cat_impl(info.name, parts, d);
 }
 
+namespace {
+
+// What one returned view holds on the host: the tensor with its sizes and strides, and the
+// Python object around it where Python called (372 bytes a view measured from Python).
+constexpr uint64_t kBytesPerView = 384;
+
+// Refuses, before making any, more views than the system can hold: an op over a huge
+// (expanded) or empty dimension can be asked for billions of pieces, which PyTorch makes
+// until the kernel's out-of-memory killer ends the process.
+void check_view_count(const char* op, uint64_t views, const Tensor& t, int64_t d) {
+  if (views <= (uint64_t{1} << 16)) return;
+  uint64_t bytes = 0;
+  const bool overflow = __builtin_mul_overflow(views, kBytesPerView, &bytes);
+  const uint64_t available = memory::CpuProvider::os_available_memory();
+  const uint64_t reserve = memory::CpuProvider::kOsReserve;
+  if (!overflow && (available == SIZE_MAX || bytes + reserve <= available)) return;
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  throw memory::OutOfMemoryError(
+      fmt::format("{}: dimension {} of shape {} would give {} tensors, {:.2f} GiB of views, "
+                  "and the system can give {:.2f} GiB",
+                  op, d, t.shape_string(), views, static_cast<double>(views) * kBytesPerView / kGiB,
+                  available / kGiB),
+      overflow ? SIZE_MAX : bytes);
+}
+
+}  // namespace
+
 TensorList split(const Tensor& t, int64_t split_size, int64_t dim) {
   if (t.dim() == 0) throw std::invalid_argument("split: cannot split a 0-D tensor");
   const int64_t d = wrap_dim(dim, t.dim(), "split");
@@ -116,8 +145,10 @@ TensorList split(const Tensor& t, int64_t split_size, int64_t dim) {
                     "dimension of size 0), got {} for dimension {} of "
                     "shape {}",
                     split_size, d, t.shape_string()));
+  // n / split_size rounded up, without the overflow of n + split_size - 1.
   const int64_t pieces =
-      split_size == 0 ? 1 : std::max<int64_t>((n + split_size - 1) / split_size, 1);
+      split_size == 0 ? 1 : std::max<int64_t>(n / split_size + (n % split_size != 0), 1);
+  check_view_count("split", static_cast<uint64_t>(pieces), t, d);
   TensorList out;
   out.reserve(static_cast<size_t>(pieces));
   for (int64_t i = 0; i < pieces; ++i) {
@@ -135,7 +166,10 @@ TensorList split(const Tensor& t, const std::vector<int64_t>& sizes, int64_t dim
     if (s < 0)
       throw std::invalid_argument(
           fmt::format("split: split sizes must be non-negative, got {}", shape_str(sizes)));
-    total += s;
+    if (__builtin_add_overflow(total, s, &total))
+      throw std::invalid_argument(fmt::format(
+          "split: split sizes {} sum past 2^63 but dimension {} of shape {} has size {}",
+          shape_str(sizes), d, t.shape_string(), t.size(d)));
   }
   if (total != t.size(d))
     throw std::invalid_argument(
@@ -159,8 +193,11 @@ TensorList chunk(const Tensor& t, int64_t chunks, int64_t dim) {
   if (t.dim() == 0) throw std::invalid_argument("chunk: cannot chunk a 0-D tensor");
   const int64_t d = wrap_dim(dim, t.dim(), "chunk");
   const int64_t n = t.size(d);
-  if (n == 0) return split(t, std::vector<int64_t>(static_cast<size_t>(chunks), 0), d);
-  return split(t, (n + chunks - 1) / chunks, d);
+  if (n == 0) {  // `chunks` empty pieces, as PyTorch returns
+    check_view_count("chunk", static_cast<uint64_t>(chunks), t, d);
+    return split(t, std::vector<int64_t>(static_cast<size_t>(chunks), 0), d);
+  }
+  return split(t, n / chunks + (n % chunks != 0), d);
 }
 
 }  // namespace tally::ops

@@ -2,8 +2,10 @@
 // promotion, float64 gradient checks (non-contiguous inputs, unused pieces) and errors; every
 // case runs on each device (tests/testing/devices.h): the CPU in test_shape, CUDA in
 // test_shape_cuda.
+#include <limits>
 #include <string>
 
+#include "memory/caching_allocator.h"
 #include "tensor/shape/autograd.h"
 #include "testing/devices.h"
 #include "testing/gradcheck.h"
@@ -256,6 +258,36 @@ TEST_P(ShapeOps, Errors) {
                                       {"chunk: number of chunks must be greater than 0, got 0"});
   expect_error<std::out_of_range>([&] { (void)chunk(a, 2, -3); },
                                   {"chunk: dimension -3 out of range"});
+  // Sizes that sum past 2^63 are an error, not a wrapped sum.
+  const int64_t half = int64_t{1} << 62;
+  expect_error<std::invalid_argument>(
+      [&] {
+        (void)split(a, std::vector<int64_t>{half, half, 3}, 1);
+      },
+      {"split: split sizes [4611686018427387904, 4611686018427387904, 3] sum past 2^63 but "
+       "dimension 1 of shape [2, 3] has size 3"});
+}
+
+// More pieces than the host can hold are refused before any is made: an empty dimension in
+// 2^40 chunks, an expanded one of 2^50 elements split by 1. Counts near 2^63 do not overflow.
+TEST_P(ShapeOps, PiecesBeyondTheHostsMemoryAreRefused) {
+  const int64_t many = int64_t{1} << 40;
+  expect_error<memory::OutOfMemoryError>(
+      [&] {
+        (void)chunk(zeros({2, 0}, on({})), many, 1);
+      },
+      {"chunk: dimension 1 of shape [2, 0] would give 1099511627776 tensors, 393216.00 GiB of "
+       "views, "
+       "and the system can give"});
+  const Tensor huge = ones({1}, on({})).expand({int64_t{1} << 50});
+  expect_error<memory::OutOfMemoryError>(
+      [&] { (void)split(huge, 1); },
+      {"split: dimension 0 of shape [1125899906842624] would give 1125899906842624 tensors"});
+  const int64_t top = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(chunk(seq(0, {5}), top).size(), 5u);  // ceil(5 / 2^63-1) = 1 per piece
+  EXPECT_EQ(split(huge, top).size(), 1u);
+  EXPECT_EQ(split(huge, (int64_t{1} << 50) - 1).size(), 2u);
+  EXPECT_EQ(chunk(zeros({0}, on({})), 1 << 16).size(), size_t{1} << 16);  // below the check
 }
 
 }  // namespace
