@@ -1,6 +1,7 @@
 // tally.nn: Module (subclassable from Python: a Python `forward`, attributes that are modules
 // or nn.Parameter register themselves), the layers, containers, ResNet and GPT, and
 // checkpointing (tally.nn.enable_checkpointing, tally.utils.checkpoint).
+#include <fmt/format.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
@@ -46,6 +47,20 @@ py::list named_tensors(const nn::NamedTensors& ts) {
   py::list out;
   for (const auto& [n, t] : ts) out.append(py::make_tuple(n, t));
   return out;
+}
+
+// dict(obj) for a mapping or a list or tuple of (key, value) pairs, else a TypeError naming
+// `what`. dict() of any other iterable would walk it: a tensor row by row, and an expanded
+// tensor has billions of rows.
+py::dict mapping_arg(py::handle obj, const char* what, const char* expected) {
+  if (py::isinstance<py::dict>(obj)) return py::reinterpret_borrow<py::dict>(obj);
+  const py::object mapping = py::module_::import("collections.abc").attr("Mapping");
+  if (py::isinstance(obj, mapping) || py::isinstance<py::list>(obj) ||
+      py::isinstance<py::tuple>(obj))
+    return py::dict(py::reinterpret_borrow<py::object>(obj));
+  throw py::type_error(
+      fmt::format("{}: expected {}, got {}", what, expected,
+                  py::str(py::type::of(obj).attr("__name__")).cast<std::string>()));
 }
 
 bool is_parameter_object(py::handle value) {
@@ -478,7 +493,8 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
       .def(py::init([](py::object modules) {
              auto d = std::make_shared<nn::ModuleDict>();
              if (!modules.is_none())
-               for (auto item : modules.cast<py::dict>())
+               for (auto item :
+                    mapping_arg(modules, "ModuleDict", "a dict (or pairs) of name -> Module"))
                  d->insert(py::str(item.first), item.second.cast<ModulePtr>());
              return d;
            }),
@@ -609,7 +625,8 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
         if (py::isinstance<Module>(tensors)) {
           ts = tensors.cast<Module&>().state_dict();
         } else {
-          for (auto item : tensors.cast<py::dict>())
+          for (auto item :
+               mapping_arg(tensors, "save_safetensors", "a Module or a dict of name -> Tensor"))
             ts.emplace_back(py::str(item.first), to_tensor(item.second));
         }
         nn::save_safetensors(path, ts);

@@ -73,6 +73,24 @@ def test_python_module_attributes_and_state_dict():
         m.nope
 
 
+def test_dict_arguments_take_mappings_or_pairs_only(tmp_path):
+    path = str(tmp_path / "w.safetensors")
+    nn.save_safetensors(path, {"a": tally.ones(2)})
+    nn.save_safetensors(path, [("a", tally.ones(2)), ("b", tally.zeros(3))])
+    assert sorted(nn.load_safetensors(path)) == ["a", "b"]
+    d = nn.ModuleDict({"fc": nn.Linear(2, 3)})
+    assert isinstance(d["fc"], nn.Linear)
+    assert isinstance(nn.ModuleDict([("act", nn.ReLU())])["act"], nn.ReLU)
+    # Any other iterable is refused by type, not walked: dict() of this tensor would list its
+    # 2^31 rows (the API walk's seed 111 was killed at that).
+    big = tally.zeros(1, 2 ** 31, 0)
+    with pytest.raises(TypeError, match="save_safetensors: expected a Module or a dict of "
+                                        "name -> Tensor, got Tensor"):
+        nn.save_safetensors(path, big)
+    with pytest.raises(TypeError, match="ModuleDict: expected a dict"):
+        nn.ModuleDict(big)
+
+
 def test_sequential_and_module_errors_name_the_module():
     seq = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     assert len(seq) == 3 and isinstance(seq[0], nn.Linear)
