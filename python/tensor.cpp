@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common.h"
+#include "memory/cpu_provider.h"
 
 namespace tally::python {
 
@@ -426,6 +427,33 @@ py::array to_numpy(const Tensor& t_in) {
                    base);
 }
 
+// Raises MemoryError, naming the op and the shape, where what `op` builds outside Tally's
+// allocator (`bytes_per_element` for each of the tensor's elements: Python objects, a numpy
+// copy) would leave the system less than the CPU allocator's reserve. Past that, filling it
+// brings the kernel's out-of-memory killer rather than an error: an expanded tensor of 2^31
+// elements (one float of storage) is 64 GiB of Python floats.
+namespace {
+
+void check_host_room(const char* op, const Tensor& t, uint64_t bytes_per_element) {
+  const uint64_t elements = static_cast<uint64_t>(t.numel());
+  uint64_t bytes = 0;
+  const bool overflow = __builtin_mul_overflow(elements, bytes_per_element, &bytes);
+  const uint64_t available = memory::CpuProvider::os_available_memory();
+  const uint64_t reserve = memory::CpuProvider::kOsReserve;
+  if (!overflow && (available == SIZE_MAX || bytes + reserve <= available)) return;
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const std::string need =
+      overflow ? std::string("more than 2^64 bytes") : fmt::format("{:.2f} GiB", bytes / kGiB);
+  PyErr_SetString(PyExc_MemoryError,
+                  fmt::format("Tensor.{}: a tensor of shape {} ({} elements) needs {} outside the "
+                              "allocator, and the system can give {:.2f} GiB (keeping {} MiB)",
+                              op, t.shape_string(), elements, need, available / kGiB, reserve >> 20)
+                      .c_str());
+  throw py::error_already_set();
+}
+
+}  // namespace
+
 void bind_tensor(py::module_& m) {
   py::enum_<DType>(m, "dtype", "Element types (tally.float32, tally.bfloat16, ...)")
       .value("float32", DType::float32)
@@ -560,10 +588,18 @@ void bind_tensor(py::module_& m) {
           "__array__",
           [](const Tensor& x, py::object dtype) {
             py::array a = to_numpy(x);
-            return dtype.is_none() ? a : py::array(a.attr("astype")(dtype));
+            if (dtype.is_none()) return a;
+            // astype copies every element, an expanded tensor's repeats too.
+            check_host_room("__array__", x, py::dtype::from_args(dtype).itemsize());
+            return py::array(a.attr("astype")(dtype));
           },
           py::arg("dtype") = py::none())
-      .def("tolist", [](const Tensor& x) { return to_numpy(x).attr("tolist")(); })
+      .def("tolist",
+           [](const Tensor& x) {
+             // A Python object and a list slot for each element: 24 + 8 bytes for a float.
+             check_host_room("tolist", x, 32);
+             return to_numpy(x).attr("tolist")();
+           })
       .def("item",
            [](const Tensor& x) -> py::object {
              const double v = x.item();
@@ -607,6 +643,18 @@ void bind_tensor(py::module_& m) {
           },
           py::arg("dim") = py::none())
       .def("flatten", &Tensor::flatten, py::arg("start_dim") = 0, py::arg("end_dim") = -1)
+      .def(
+          "split",  // torch.Tensor.split: one size for every piece, or a list of sizes
+          [](const Tensor& x, py::object size, int64_t dim) {
+            return py::isinstance<py::int_>(size)
+                       ? split(x, size.cast<int64_t>(), dim)
+                       : split(x, size.cast<std::vector<int64_t>>(), dim);
+          },
+          py::arg("split_size"), py::arg("dim") = 0)
+      .def(
+          "chunk",
+          [](const Tensor& x, int64_t chunks, int64_t dim) { return chunk(x, chunks, dim); },
+          py::arg("chunks"), py::arg("dim") = 0)
       .def("narrow", &Tensor::narrow, py::arg("dim"), py::arg("start"), py::arg("length"))
       .def("select", &Tensor::select, py::arg("dim"), py::arg("index"))
       .def("__getitem__", &getitem)

@@ -253,6 +253,36 @@ def test_in_place_writes_refuse_expanded_tensors_like_torch():
     assert base.tolist() == [1.0]
 
 
+def test_tolist_refuses_what_the_machine_cannot_hold():
+    # 2^40 floats from one float of storage: 32 TiB of Python objects, refused before any is
+    # made (the API walk's seed 61 was killed by the kernel at 24 GB on 2^31 of them).
+    big = tally.ones(1).expand(2 ** 40)
+    with pytest.raises(MemoryError, match=r"tolist: a tensor of shape \[1099511627776\]"):
+        big.tolist()
+    with pytest.raises(MemoryError, match=r"__array__: .* needs 8192\.00 GiB"):
+        np.asarray(big, dtype=np.float64)
+    with pytest.raises(MemoryError, match=r"more than 2\^64 bytes"):
+        tally.ones(1).expand(2 ** 62).tolist()
+    view = np.asarray(big)  # no copy: numpy's view keeps the zero stride
+    assert view.shape == (2 ** 40,) and view.strides == (0,)
+    assert tally.ones(1).expand(3).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_chunk_and_split_refuse_more_pieces_than_memory_holds():
+    # torch.chunk(torch.empty(0), 2**31) makes empty views until the process is killed.
+    with pytest.raises(tally.OutOfMemoryError, match=r"chunk: dimension 0 of shape \[0\]"):
+        tally.chunk(tally.zeros(0), 2 ** 40)
+    with pytest.raises(tally.OutOfMemoryError, match="split: .* 1099511627776 tensors"):
+        tally.ones(1).expand(2 ** 40).split(1)
+    assert len(tally.chunk(tally.zeros(0), 3)) == 3
+    # The methods, as torch.Tensor's: views of the same values.
+    x = tally.arange(0.0, 10.0, 1.0)
+    assert [p.tolist() for p in x.split(4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert [p.tolist() for p in x.split([3, 7])] == [[0, 1, 2], [3, 4, 5, 6, 7, 8, 9]]
+    assert [len(p) for p in x.reshape(2, 5).chunk(3, dim=1)] == [2, 2, 2]
+    assert [p.shape[1] for p in x.reshape(2, 5).chunk(3, dim=1)] == [2, 2, 1]
+
+
 def test_channels_last_memory_format():
     a = np.random.default_rng(1).standard_normal((2, 3, 4, 5)).astype(np.float32)
     t = tally.tensor(a)
