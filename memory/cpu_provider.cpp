@@ -117,6 +117,16 @@ size_t CpuProvider::os_available_memory() {
   return static_cast<size_t>(kib) * 1024;  // the file's "kB" are KiB
 }
 
+bool CpuProvider::host_can_hold(uint64_t count, uint64_t item_bytes, uint64_t& bytes,
+                                uint64_t& available) {
+  available = os_available_memory();
+  if (__builtin_mul_overflow(count, item_bytes, &bytes)) {
+    bytes = std::numeric_limits<uint64_t>::max();
+    return false;
+  }
+  return available == std::numeric_limits<size_t>::max() || bytes + kOsReserve <= available;
+}
+
 CpuProvider::CpuProvider(size_t capacity, AvailableFn available)
     : HostMemoryProvider(capacity ? capacity : physical_memory()), available_(available) {}
 

@@ -51,6 +51,12 @@ class CpuProvider final : public HostMemoryProvider {
 
   // MemAvailable of /proc/meminfo; SIZE_MAX where it cannot be read.
   static size_t os_available_memory();
+  // Whether `count` items of `item_bytes` each, built outside the allocator (Python objects,
+  // views, a numpy copy), leave kOsReserve of what the system can still give. Sets `bytes`
+  // to their size (SIZE_MAX where count * item_bytes overflows) and `available` to what the
+  // system can give.
+  static bool host_can_hold(uint64_t count, uint64_t item_bytes, uint64_t& bytes,
+                            uint64_t& available);
 
   static constexpr size_t kAlignment = 4096;
   static constexpr size_t kOsCheckBytes = size_t{1} << 20;

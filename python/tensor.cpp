@@ -427,27 +427,25 @@ py::array to_numpy(const Tensor& t_in) {
                    base);
 }
 
+namespace {
+
 // Raises MemoryError, naming the op and the shape, where what `op` builds outside Tally's
 // allocator (`bytes_per_element` for each of the tensor's elements: Python objects, a numpy
 // copy) would leave the system less than the CPU allocator's reserve. Past that, filling it
 // brings the kernel's out-of-memory killer rather than an error: an expanded tensor of 2^31
 // elements (one float of storage) is 64 GiB of Python floats.
-namespace {
-
 void check_host_room(const char* op, const Tensor& t, uint64_t bytes_per_element) {
   const uint64_t elements = static_cast<uint64_t>(t.numel());
-  uint64_t bytes = 0;
-  const bool overflow = __builtin_mul_overflow(elements, bytes_per_element, &bytes);
-  const uint64_t available = memory::CpuProvider::os_available_memory();
-  const uint64_t reserve = memory::CpuProvider::kOsReserve;
-  if (!overflow && (available == SIZE_MAX || bytes + reserve <= available)) return;
+  uint64_t bytes = 0, available = 0;
+  if (memory::CpuProvider::host_can_hold(elements, bytes_per_element, bytes, available)) return;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  const std::string need =
-      overflow ? std::string("more than 2^64 bytes") : fmt::format("{:.2f} GiB", bytes / kGiB);
+  const std::string need = bytes == UINT64_MAX ? std::string("more than 2^64 bytes")
+                                               : fmt::format("{:.2f} GiB", bytes / kGiB);
   PyErr_SetString(PyExc_MemoryError,
                   fmt::format("Tensor.{}: a tensor of shape {} ({} elements) needs {} outside the "
                               "allocator, and the system can give {:.2f} GiB (keeping {} MiB)",
-                              op, t.shape_string(), elements, need, available / kGiB, reserve >> 20)
+                              op, t.shape_string(), elements, need, available / kGiB,
+                              memory::CpuProvider::kOsReserve >> 20)
                       .c_str());
   throw py::error_already_set();
 }

@@ -119,18 +119,15 @@ constexpr uint64_t kBytesPerView = 384;
 // until the kernel's out-of-memory killer ends the process.
 void check_view_count(const char* op, uint64_t views, const Tensor& t, int64_t d) {
   if (views <= (uint64_t{1} << 16)) return;
-  uint64_t bytes = 0;
-  const bool overflow = __builtin_mul_overflow(views, kBytesPerView, &bytes);
-  const uint64_t available = memory::CpuProvider::os_available_memory();
-  const uint64_t reserve = memory::CpuProvider::kOsReserve;
-  if (!overflow && (available == SIZE_MAX || bytes + reserve <= available)) return;
+  uint64_t bytes = 0, available = 0;
+  if (memory::CpuProvider::host_can_hold(views, kBytesPerView, bytes, available)) return;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   throw memory::OutOfMemoryError(
       fmt::format("{}: dimension {} of shape {} would give {} tensors, {:.2f} GiB of views, "
                   "and the system can give {:.2f} GiB",
                   op, d, t.shape_string(), views, static_cast<double>(views) * kBytesPerView / kGiB,
                   available / kGiB),
-      overflow ? SIZE_MAX : bytes);
+      bytes);
 }
 
 }  // namespace

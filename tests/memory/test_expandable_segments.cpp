@@ -707,5 +707,18 @@ TEST(CpuProvider, ReadsTheSystemsAvailableMemory) {
   EXPECT_LE(a, HostMemoryProvider::physical_memory());
 }
 
+// What is built outside the allocator must leave the reserve of what the system can give.
+TEST(CpuProvider, HostCanHoldChecksSizeAndOverflow) {
+  if (!fs::exists("/proc/meminfo")) GTEST_SKIP() << "no /proc/meminfo";
+  uint64_t bytes = 0, available = 0;
+  EXPECT_TRUE(CpuProvider::host_can_hold(1000, 32, bytes, available));
+  EXPECT_EQ(bytes, 32000u);
+  EXPECT_GT(available, CpuProvider::kOsReserve);
+  // Twice what is available (the figure moves as other processes run).
+  EXPECT_FALSE(CpuProvider::host_can_hold(available, 2, bytes, available));
+  EXPECT_FALSE(CpuProvider::host_can_hold(uint64_t{1} << 62, 8, bytes, available));
+  EXPECT_EQ(bytes, UINT64_MAX);  // 2^65 bytes: overflow, not a wrapped small size
+}
+
 }  // namespace
 }  // namespace tally::memory
