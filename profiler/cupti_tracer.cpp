@@ -180,6 +180,19 @@ constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
                                          CUPTI_ACTIVITY_KIND_DRIVER,
                                          CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
 
+// Runtime calls that only ask the runtime something: their records would outnumber the
+// launches (every launch is followed by a cudaGetLastError), and each costs CUPTI a record.
+// PyTorch's Kineto drops the same calls from its traces. Launches, copies, sets, syncs and
+// event calls are still recorded, with every driver call: cuBLAS launches through the driver
+// API, and its kernels are attributed to their ops through those records' correlation ids.
+constexpr CUpti_CallbackId kUnrecordedRuntimeCalls[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaGetLastError_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaPeekAtLastError_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGetDeviceCount_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaStreamIsCapturing_v10000,
+};
+
 }  // namespace
 
 bool available() {
@@ -206,6 +219,9 @@ void start(int64_t steady_origin_ns) {
     s.running = true;
   }
   for (CUpti_ActivityKind k : kKinds) check(cuptiActivityEnable(k), "cuptiActivityEnable");
+  // After the RUNTIME kind: enabling a kind resets its per-call choices.
+  for (CUpti_CallbackId cbid : kUnrecordedRuntimeCalls)
+    check(cuptiActivityEnableRuntimeApi(cbid, 0), "cuptiActivityEnableRuntimeApi");
 }
 
 void stop(std::vector<GpuEvent>& out, bool detach_after) {

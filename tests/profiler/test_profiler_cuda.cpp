@@ -2,7 +2,8 @@
 // CUDA training step profiled with CUPTI; kernels appear in the data and the Chrome trace,
 // each attributed (external correlation id) to the op that launched it, with launch ->
 // kernel flows; key_averages has CUDA time and CUDA memory columns; the CUDA op's
-// kernel time is the row's Self CUDA; the memory timeline picks the GPU. A window detaches
+// kernel time is the row's Self CUDA; the memory timeline picks the GPU; launches are recorded
+// and the runtime's queries (cudaGetLastError, cudaGetDevice) are not. A window detaches
 // CUPTI when it ends: the next window (and a repeating schedule's next cycle) attaches it
 // again and records its kernels.
 #include <fmt/format.h>
@@ -60,6 +61,18 @@ TEST(ProfilerCuda, KernelsAreRecordedAndAttributed) {
   }
   EXPECT_GE(kernels, 8);  // 4 matmuls + 4 relus at least
   EXPECT_GE(attributed_to_matmul, 4);
+
+  // Launches are recorded as runtime calls; the queries that follow each launch
+  // (cudaGetLastError) are left out of the record (profiler/cupti_tracer.cpp).
+  int launches = 0, queries = 0;
+  for (const auto& g : d.gpu) {
+    if (g.kind != profiler::GpuKind::runtime) continue;
+    launches += g.name.find("Launch") != std::string::npos;
+    queries += g.name.find("GetLastError") != std::string::npos ||
+               g.name.find("GetDevice") != std::string::npos;
+  }
+  EXPECT_GE(launches, 4);  // the relus at least
+  EXPECT_EQ(queries, 0);
 
   const profiler::EventList rows = prof.key_averages();
   EXPECT_GT(rows.at("matmul").self_cuda_time_total, 0);
