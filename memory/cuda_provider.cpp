@@ -186,13 +186,18 @@ class CudaExpandableSegment final : public ExpandableSegment {
 
 CudaProvider::CudaProvider(int device) : device_(device) {}
 
+// Asked once: the visible devices are fixed when the runtime initialises
+// (CUDA_VISIBLE_DEVICES is read then), and get_allocator asks on every CUDA allocation.
 int CudaProvider::device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device" error
-    return 0;
-  }
-  return n;
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky "no device" error
+      return 0;
+    }
+    return n;
+  }();
+  return count;
 }
 
 int CudaProvider::multiprocessor_count(int device) {
