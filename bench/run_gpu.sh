@@ -14,7 +14,7 @@
 #               torch.compile (needs .ref/torch_baseline.py)
 #   ab          ab_memory on ResNet-50 and GPT-2 (report + snapshots)
 #   profile     profiler on ResNet-50 bs64 / GPT-2 B16 bf16 (overhead: medians of 5 alternating
-#               rounds with their spread; kernel time vs step time), and ResNet-50's overhead
+#               40-step rounds with their spread; kernel time vs step time), and ResNet-50's overhead
 #               without CUPTI (--activities cpu) and with op spans only (--options none)
 #   kernels     GPT-2 B16 fp32 and bf16 steps profiled in both frameworks, kernel time per
 #               class side by side (bench/kernel_compare.py)
@@ -161,7 +161,7 @@ if has ab; then
 fi
 
 if has profile; then
-  python3 bench/profile_torch.py $B --gpt-batch 16 --amp bf16 --rounds 5 --out "$OUT/profile" > "$OUT/profile.txt" 2>&1
+  python3 bench/profile_torch.py $B --gpt-batch 16 --amp bf16 --rounds 5 --steps 40 --out "$OUT/profile" > "$OUT/profile.txt" 2>&1
   log "profile (Tally profiler vs torch.profiler): exit $?"
   tail -30 "$OUT/profile.txt" >> "$OUT/summary.txt"
   # Where a bf16 GPT-2 step goes (Tally's kernel table; PyTorch's step time is in trainbench).
@@ -171,7 +171,7 @@ if has profile; then
   # ResNet-50's overhead split by part: the collector alone (no CUPTI), then CUPTI with op
   # spans only (no memory, shapes, stacks); the full profiler is profile_torch.py's run above.
   for parts in "--activities cpu" "--options none"; do
-    $B/examples/profile_models --models resnet --amp bf16 --rounds 5 $parts --out "$OUT/profile/parts" \
+    $B/examples/profile_models --models resnet --amp bf16 --rounds 5 --steps 40 $parts --out "$OUT/profile/parts" \
       > "$OUT/profile_parts.txt" 2>&1
     log "profile ResNet-50 bf16, $parts: exit $? ($(grep -m1 'median step' "$OUT/profile_parts.txt"))"
   done
