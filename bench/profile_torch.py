@@ -122,7 +122,10 @@ for which in [m for m in args.models.split(",") if m]:
                   flush=True)
         if rnd == 0:
             prof.export_chrome_trace(os.path.join(args.out, f"torch_{which}.trace.json"))
-            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            # Device-side ranges of record_function ("## Forward Pass ##", "Optimizer.step#...") are
+            # CUDA events too, spanning kernels already counted: leave them out.
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                       and not getattr(e, "is_user_annotation", False)]
             kernel_ms = sum(e.device_time for e in kernels) / 1e3 / args.steps
             table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12)
         del prof
