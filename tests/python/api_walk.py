@@ -9,8 +9,7 @@ them odd on purpose (negative or huge integers, NaN, empty or long strings, path
 be written, tensors of other shapes and dtypes, objects of the wrong type). Results are kept
 and fed to later calls (a module built by one call is trained by the next). A call may raise
 any ordinary exception with a message; it may not crash the interpreter, hang, or raise an
-exception without a message. The walk runs in a child process, so a crash is reported with
-the calls that led to it. CPU memory is capped at 1 GiB, so a huge tensor is an
+exception without a message. The walk runs in a child process (PYTHONHASHSEED=0), so a crash is reported with the calls that led to it. CPU memory is capped at 1 GiB, so a huge tensor is an
 out-of-memory error rather than a machine-sized allocation.
 """
 import inspect
@@ -217,8 +216,11 @@ def main():
     for k in range(0, len(pairs), 2):
         seed, calls = pairs[k], pairs[k + 1]
         try:
+            # String hashing pinned, so a set's order repeats from run to run. Checks against the
+            # memory the system has free can still answer differently in two runs of a seed.
             p = subprocess.run([sys.executable, __file__, "--child", seed, calls],
-                               capture_output=True, text=True, errors="replace", timeout=600)
+                               capture_output=True, text=True, errors="replace", timeout=600,
+                               env={**os.environ, "PYTHONHASHSEED": "0"})
         except subprocess.TimeoutExpired as e:
             log = (e.stderr or b"").decode(errors="replace").splitlines()[-10:]
             sys.exit("FAIL: seed {} hung (600 s); last calls:\n{}".format(seed, "\n".join(log)))
