@@ -9,8 +9,9 @@ them odd on purpose (negative or huge integers, NaN, empty or long strings, path
 be written, tensors of other shapes and dtypes, objects of the wrong type). Results are kept
 and fed to later calls (a module built by one call is trained by the next). A call may raise
 any ordinary exception with a message; it may not crash the interpreter, hang, or raise an
-exception without a message. The walk runs in a child process (PYTHONHASHSEED=0), so a crash is reported with the calls that led to it. CPU memory is capped at 1 GiB, so a huge tensor is an
-out-of-memory error rather than a machine-sized allocation.
+exception without a message. The walk runs in a child process (PYTHONHASHSEED=0), so a crash
+is reported with the calls that led to it. CPU memory is capped at 1 GiB, so a huge tensor is
+an out-of-memory error rather than a machine-sized allocation.
 """
 import inspect
 import os
