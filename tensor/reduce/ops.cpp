@@ -59,11 +59,26 @@ void check_nonempty_reduction(const Plan& p, const Tensor& x, const char* op) {
                                           i, x.shape_string()));
 }
 
+// A reduced dim of stride 0 (an expanded one) holds one value over and over: its first element
+// is the extreme and the first index of it, so the selections read that element alone. Exact,
+// and ones(1).expand(2**62).amin() is one read rather than 2^62.
+void read_repeated_values_once(Plan& p) {
+  Shape sizes = p.x.sizes();
+  bool narrowed = false;
+  for (size_t i = 0; i < p.reduce.size(); ++i)
+    if (p.reduce[i] && p.x.strides()[i] == 0 && sizes[i] > 1) {
+      sizes[i] = 1;
+      narrowed = true;
+    }
+  if (narrowed) p.x = as_strided(p.x, sizes, p.x.strides(), p.x.storage_offset());
+}
+
 ValuesIndices select_dim(const OpInfo& info, SelectDimKernel kernel, const Tensor& x, int64_t dim,
                          bool keepdim, bool want_values) {
   DispatchScope scope(info, x);
-  const Plan p = plan(x, {dim}, keepdim, info.name);
+  Plan p = plan(x, {dim}, keepdim, info.name);
   check_nonempty_reduction(p, x, info.name);
+  read_repeated_values_once(p);
   const int64_t d = x.dim() == 0 ? 0 : wrap_dim(dim, x.dim(), info.name);
   ValuesIndices r;
   if (want_values) r.values = alloc_output(p.kept, x.dtype(), x.device());
@@ -79,8 +94,9 @@ ValuesIndices select_dim(const OpInfo& info, SelectDimKernel kernel, const Tenso
 Tensor extreme(const OpInfo& info, MaskReduceKernel kernel, const Tensor& x, const Shape& dims,
                bool keepdim) {
   DispatchScope scope(info, x);
-  const Plan p = plan(x, dims, keepdim, info.name);
+  Plan p = plan(x, dims, keepdim, info.name);
   check_nonempty_reduction(p, x, info.name);
+  read_repeated_values_once(p);
   Tensor out = alloc_output(p.kept, x.dtype(), x.device());
   reduce_backends.get(info, x.device(), kernel)(out, p.x, p.reduce);
   return p.out_shape == p.kept ? out : view(out, p.out_shape);

@@ -90,6 +90,38 @@ TEST_P(Reduce, AmaxAmin) {
   EXPECT_EQ(amax(zeros({0, 3}, on({})), {1}).sizes(), (Shape{0}));
 }
 
+// An expanded (stride 0) reduced dim repeats one value: the selections read it once. The API
+// walk's seed 153 spent minutes in ones(1).expand(2**62).amin().
+TEST_P(Reduce, SelectionsReadAnExpandedDimOnce) {
+  const Tensor huge = put(from_vector({3}, {1})).expand({int64_t{1} << 62});
+  EXPECT_TRUE(values_near(amin(huge), {3}));
+  EXPECT_TRUE(values_near(amax(huge, {0}, true), {3}));
+  EXPECT_EQ(amax(huge, {0}, true).sizes(), (Shape{1}));
+  EXPECT_TRUE(values_near(max(huge), {3}));
+  EXPECT_TRUE(values_near(min(huge, 0).values, {3}));
+  EXPECT_TRUE(values_near(min(huge, 0).indices, {0}));  // the first of the ties
+  EXPECT_TRUE(values_near(argmax(huge), {0}));
+  // Rows expanded over 2^40 columns, reduced along them.
+  const Tensor column = put(from_vector({2, -1, NAN}, {3, 1}));
+  const Tensor rows = column.expand({3, int64_t{1} << 40});
+  const Tensor lo = amin(rows, {1});
+  EXPECT_EQ(lo.sizes(), (Shape{3}));
+  EXPECT_EQ(lo.to(Device::cpu()).data<float>()[0], 2.0f);
+  EXPECT_EQ(lo.to(Device::cpu()).data<float>()[1], -1.0f);
+  EXPECT_TRUE(std::isnan(lo.to(Device::cpu()).data<float>()[2]));
+  const ValuesIndices hi = max(rows, 1, /*keepdim=*/true);
+  EXPECT_EQ(hi.indices.sizes(), (Shape{3, 1}));
+  EXPECT_TRUE(values_near(hi.indices, {0, 0, 0}));
+  EXPECT_TRUE(values_near(argmin(rows, -1), {0, 0, 0}));
+  // A kept expanded dim keeps every position; a reduced dim that is not expanded is read whole.
+  const Tensor wide = column.expand({3, 4});
+  EXPECT_EQ(amax(wide, {0}).sizes(), (Shape{4}));
+  EXPECT_TRUE(std::isnan(amax(wide, {0}).to(Device::cpu()).data<float>()[3]));
+  const Tensor grid = put(from_vector({5, 1, 4}, {1, 3})).expand({1 << 20, 3});
+  EXPECT_TRUE(values_near(amin(grid), {1}));
+  EXPECT_TRUE(values_near(max(grid, 1).indices.narrow(0, 0, 2), {0, 0}));
+}
+
 // ---------------------------------------------------------------- statistics
 
 TEST_P(Reduce, VarStd) {
