@@ -44,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "memory/scope_guard.h"
+#include "base/scope_guard.h"
 #include "tensor/tensor.h"
 
 namespace tally {
@@ -52,7 +52,7 @@ namespace tally {
 // RAII, like `with torch.autocast(device_type, dtype, enabled, cache_enabled)`: nestable
 // and thread-local; restores the previous settings on exit. dtype must be float16 or
 // bfloat16.
-class AutocastGuard : memory::ScopeGuard<void> {
+class AutocastGuard : base::ScopeGuard<void> {
  public:
   AutocastGuard(DeviceType device, DType dtype, bool enabled = true, bool cache_enabled = true);
   // The device's default dtype (float16 for CUDA, bfloat16 for CPU, as PyTorch).
@@ -87,7 +87,7 @@ State current_state();
 
 // RAII: this thread's autocast state set to `state`; the previous state restored on exit.
 // Counts as an autocast region for the cache (cleared when the outermost one exits).
-class StateScope : memory::ScopeGuard<State> {
+class StateScope : base::ScopeGuard<State> {
  public:
   explicit StateScope(const State& state);
   ~StateScope();
@@ -96,7 +96,7 @@ class StateScope : memory::ScopeGuard<State> {
 // RAII: autocast off for the ops inside (PyTorch excludes the Autocast dispatch key while
 // an autocast wrapper runs). A composite op that made its own casts wraps its body in one,
 // so its inner ops run in the dtype it chose.
-class ExcludeScope : memory::ScopeGuard<bool> {
+class ExcludeScope : base::ScopeGuard<bool> {
  public:
   ExcludeScope();
   ~ExcludeScope();

@@ -1,7 +1,7 @@
 // Grad mode: whether ops record the autograd graph (thread-local), and PyTorch's guards.
 #pragma once
 
-#include "memory/scope_guard.h"
+#include "base/scope_guard.h"
 
 namespace tally {
 
@@ -11,7 +11,7 @@ struct GradMode {
 };
 
 // c10::AutoGradMode: grad mode set to `enabled` inside, the previous mode restored on exit.
-class AutoGradMode : memory::ScopeGuard<bool> {
+class AutoGradMode : base::ScopeGuard<bool> {
  public:
   explicit AutoGradMode(bool enabled) : ScopeGuard(GradMode::is_enabled()) {
     GradMode::set_enabled(enabled);

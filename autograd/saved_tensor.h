@@ -12,7 +12,7 @@
 #include <functional>
 #include <memory>
 
-#include "memory/scope_guard.h"
+#include "base/scope_guard.h"
 #include "tensor/tensor.h"
 
 namespace tally {
@@ -23,7 +23,7 @@ struct SavedTensorHooks {
 };
 
 // RAII: hooks for every tensor saved inside the scope on this thread.
-class SavedTensorHooksScope : memory::ScopeGuard<void> {
+class SavedTensorHooksScope : base::ScopeGuard<void> {
  public:
   explicit SavedTensorHooksScope(SavedTensorHooks hooks);
   ~SavedTensorHooksScope();

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
-#include "memory/json.h"
+#include "base/json.h"
 #ifdef TALLY_WITH_CUDA
 #include "tensor/cuda/runtime.h"
 #endif
@@ -266,7 +266,7 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       fmt::print("{{\"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"error\": {}}}\n",
                  c.name, c.shape, c.dtype,
-                 memory::json_quote(std::string_view(e.what()).substr(0, 120)));
+                 base::json_quote(std::string_view(e.what()).substr(0, 120)));
     }
     std::fflush(stdout);
   }

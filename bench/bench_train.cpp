@@ -20,7 +20,7 @@
 // once per problem (set_tunable_enabled, PyTorch's TunableOp); amp-bf16 / amp-fp16 as above). Each
 // line also carries the bytes of activation, gradient, optimizer_state and temporary at the
 // allocated peak. The analysis tools' cost (bench/analysis.py) runs the same way: hist = memory
-// history recorded through the timed steps, leaks = a memory::LeakDetector step() after each.
+// history recorded through the timed steps, leaks = a inspect::LeakDetector step() after each.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -38,7 +38,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
-#include "memory/leak_detector.h"
+#include "inspect/leak_detector.h"
 #include "memory/memory.h"
 #include "nn/checkpoint.h"
 #include "nn/models/gpt.h"
@@ -71,7 +71,7 @@ std::function<void()> with_analysis(const std::string& cfg, Device dev,
                                     std::function<void()> step) {
   if (has(cfg, "hist")) memory::record_memory_history(true, 1000000, dev);
   if (!has(cfg, "leaks")) return step;
-  auto leaks = std::make_shared<memory::LeakDetector>(dev);
+  auto leaks = std::make_shared<inspect::LeakDetector>(dev);
   return [step = std::move(step), leaks] {
     step();
     leaks->step();

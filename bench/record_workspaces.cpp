@@ -11,7 +11,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
-#include "memory/atomic_file.h"
+#include "base/atomic_file.h"
 #include "memory/memory.h"
 #include "nn/models/resnet.h"
 #include "optim/sgd.h"
@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
       "}}  // namespace tally::meta\n// clang-format on\n",
       name, memory::get_allocator(dev).provider().device_name(), name, rows.size(),
       name == "h200" ? std::string("H200") : upper, body);
-  memory::write_file_atomic(out, text, "record_workspaces");
+  base::write_file_atomic(out, text, "record_workspaces");
   fmt::print("{} rows written to {}\n", rows.size(), out);
   return 0;
 }

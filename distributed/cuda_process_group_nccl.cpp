@@ -11,8 +11,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "base/enum_table.h"
 #include "distributed/process_group.h"
-#include "memory/enum_table.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
 
@@ -31,7 +31,7 @@ ncclDataType_t nccl_dtype(DType d, const char* op) {
   // By DType's order; bool travels as bytes.
   static constexpr ncclDataType_t kTypes[] = {ncclFloat32, ncclFloat16, ncclBfloat16, ncclFloat64,
                                               ncclInt32,   ncclInt64,   ncclUint8};
-  const ncclDataType_t t = memory::enum_table<DType::bool_>(d, kTypes, ncclNumTypes);
+  const ncclDataType_t t = base::enum_table<DType::bool_>(d, kTypes, ncclNumTypes);
   if (t == ncclNumTypes)
     throw std::invalid_argument(
         fmt::format("ProcessGroupNCCL::{}: unsupported dtype {}", op, dtype_name(d)));

@@ -10,7 +10,7 @@
 // stacked memory-by-category of one training step per configuration on the same scale, the
 // forward staircase labelled by module, and the table. Every configuration after the first
 // also gets its snapshot diff against the first (diff/<configuration>.html, .txt, .json:
-// memory/memdiff.h, the same as tally_memdiff).
+// inspect/memdiff.h, the same as tally_memdiff).
 //
 // Each configuration is dry-run first (memory/estimate.h: the same steps on a meta device
 // replaying the run's device) and shown next to its prediction. --estimate TARGET runs only
@@ -40,11 +40,11 @@
 #include <optional>
 #include <sstream>
 
+#include "base/atomic_file.h"
 #include "examples/ab_report.h"
 #include "examples/cli_common.h"
 #include "examples/train_common.h"
-#include "memory/atomic_file.h"
-#include "memory/memdiff.h"
+#include "inspect/memdiff.h"
 #include "memory/timeline.h"
 #include "nn/checkpoint.h"
 #include "nn/data/mnist.h"
@@ -209,7 +209,7 @@ std::string safe_name(std::string s) {
   return s;
 }
 
-// The snapshot diff (memory/memdiff.h) of every configuration against the first:
+// The snapshot diff (inspect/memdiff.h) of every configuration against the first:
 // <out>/diff/<configuration>.{txt,html,json} (ConfigResult::diff_path is the page). Returns
 // the HTML pages' paths.
 std::vector<std::string> write_diffs(const std::string& out,
@@ -217,16 +217,16 @@ std::vector<std::string> write_diffs(const std::string& out,
   std::vector<std::string> pages;
   if (results.size() < 2) return pages;
   std::filesystem::create_directories(out + "/diff");
-  const memory::SnapshotSummary base = memory::read_snapshot_summary(results[0].snapshot_path);
+  const inspect::SnapshotSummary base = inspect::read_snapshot_summary(results[0].snapshot_path);
   for (size_t i = 1; i < results.size(); ++i) {
     // Every run is of the same device; a dry run's (--estimate) is a meta device of its own.
-    const memory::SnapshotDiff d = memory::diff_snapshots(
-        base, memory::read_snapshot_summary(results[i].snapshot_path), {.any_device = true});
+    const inspect::SnapshotDiff d = inspect::diff_snapshots(
+        base, inspect::read_snapshot_summary(results[i].snapshot_path), {.any_device = true});
     const std::string page = results[i].diff_path;
     const std::string stem = page.substr(0, page.size() - 5);  // less ".html"
-    memory::write_file_atomic(stem + ".txt", memory::format_snapshot_diff(d), "ab_memory");
-    memory::write_snapshot_diff_json(stem + ".json", d);
-    memory::write_snapshot_diff_html(page, d);
+    base::write_file_atomic(stem + ".txt", inspect::format_snapshot_diff(d), "ab_memory");
+    inspect::write_snapshot_diff_json(stem + ".json", d);
+    inspect::write_snapshot_diff_html(page, d);
     pages.push_back(page);
   }
   return pages;
@@ -668,7 +668,7 @@ int main(int argc, char** argv) {
         {
           const profiler::MemoryTimeline page =
               timeline_page(r.timeline, history, r.phases, recorded, st.reserved_bytes[0].current);
-          memory::write_file_atomic(
+          base::write_file_atomic(
               r.timeline_html_path,
               [&](std::ostream& o) { profiler::write_memory_timeline_html(page, o); }, "ab_memory");
         }
@@ -748,9 +748,9 @@ int main(int argc, char** argv) {
         j.push_back(std::move(o));
       }
       // A path that is not UTF-8 gets U+FFFD for its odd bytes rather than failing the run.
-      memory::write_file_atomic(a.out + "/results.json",
-                                j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n",
-                                "ab_memory");
+      base::write_file_atomic(a.out + "/results.json",
+                              j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n",
+                              "ab_memory");
     }
     // The diffs first: the report links them.
     const std::vector<std::string> diffs = write_diffs(a.out, results);

@@ -10,10 +10,10 @@
 #include <functional>
 #include <stdexcept>
 
-#include "memory/atomic_file.h"
+#include "base/atomic_file.h"
+#include "base/json.h"
+#include "inspect/svg_chart.h"
 #include "memory/context.h"
-#include "memory/json.h"
-#include "memory/svg_chart.h"
 
 namespace tally::examples {
 
@@ -338,12 +338,12 @@ void write_report(const std::string& path, const std::string& title,
   const fs::path dir =
       fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
   // ---- data ----
-  std::string data = "{\"title\":" + memory::json_quote(title) + ",\"categories\":[";
+  std::string data = "{\"title\":" + base::json_quote(title) + ",\"categories\":[";
   for (size_t k = 0; k < std::size(kOrder); ++k)
-    data += (k ? "," : "") + memory::json_quote(memory::category_name(kOrder[k]));
+    data += (k ? "," : "") + base::json_quote(memory::category_name(kOrder[k]));
   data += "],\"measured\":" +
           std::string(!results.empty() && results.front().measured ? "true" : "false");
-  data += ",\"caveat\":" + memory::json_quote(cpu_autocast_caveat(results));
+  data += ",\"caveat\":" + base::json_quote(cpu_autocast_caveat(results));
   data += ",\"configs\":[";
   for (size_t i = 0; i < results.size(); ++i) {
     const ConfigResult& r = results[i];
@@ -358,9 +358,9 @@ void write_report(const std::string& path, const std::string& title,
     if (n && keep.back() != n - 1) keep.push_back(n - 1);
     std::sort(keep.begin(), keep.end());
     const int64_t t0 = n ? t.times_us.front() : 0;
-    data += std::string(i ? "," : "") + "{\"name\":" + memory::json_quote(r.name);
-    data += ",\"label\":" + memory::json_quote(i ? describe_change(results, i) : "baseline");
-    data += ",\"headline\":" + memory::json_quote(i ? headline(results, i) : "");
+    data += std::string(i ? "," : "") + "{\"name\":" + base::json_quote(r.name);
+    data += ",\"label\":" + base::json_quote(i ? describe_change(results, i) : "baseline");
+    data += ",\"headline\":" + base::json_quote(i ? headline(results, i) : "");
     // A dry run (--estimate) has no step time and no loss: null. `predicted`: the dry run's
     // peak next to a measured run (the dashed line), else null.
     data += fmt::format(
@@ -387,9 +387,8 @@ void write_report(const std::string& path, const std::string& title,
     }
     data += fmt::format("],\"samples\":{},\"phases\":[", n);
     for (size_t k = 0; k < r.phases.size(); ++k)
-      data +=
-          fmt::format("{}[{},{:.3f},{:.3f}]", k ? "," : "", memory::json_quote(r.phases[k].name),
-                      r.phases[k].start_ms, r.phases[k].end_ms);
+      data += fmt::format("{}[{},{:.3f},{:.3f}]", k ? "," : "", base::json_quote(r.phases[k].name),
+                          r.phases[k].start_ms, r.phases[k].end_ms);
     // The forward staircase, from every sample (not only the kept ones).
     data += "],\"stairs\":[";
     std::string cur_group;
@@ -400,7 +399,7 @@ void write_report(const std::string& path, const std::string& title,
       if (g.empty() || g == cur_group) continue;
       cur_group = g;
       data += fmt::format("{}[{:.3f},{},{},{}]", first_stair ? "" : ",",
-                          (t.times_us[s] - t0) / 1000.0, memory::json_quote(g), t.total(s), s);
+                          (t.times_us[s] - t0) / 1000.0, base::json_quote(g), t.total(s), s);
       first_stair = false;
     }
     // Links to the files written for it, relative to the report's folder (those that exist).
@@ -413,8 +412,8 @@ void write_report(const std::string& path, const std::string& title,
           {"diff against 1", &r.diff_path}}) {
       std::error_code ec;
       if (file->empty() || !fs::is_regular_file(*file, ec)) continue;
-      data += fmt::format("{}[{},{}]", first_link ? "" : ",", memory::json_quote(label),
-                          memory::json_quote(relative_to(*file, dir)));
+      data += fmt::format("{}[{},{}]", first_link ? "" : ",", base::json_quote(label),
+                          base::json_quote(relative_to(*file, dir)));
       first_link = false;
     }
     data += "]}";
@@ -474,9 +473,9 @@ activation "staircase"). Dashed line: the dry run's predicted peak. Hover a char
 per category at the moment allocated memory peaked; changes against the first configuration. Snapshots open
 in PyTorch's memory_viz.</p>
 <script id="data" type="application/json">)HTML";
-  html += memory::script_safe(data);  // never close the <script> early
+  html += base::script_safe(data);  // never close the <script> early
   html += "</script>\n<script>\n";
-  html += memory::chart_script();
+  html += inspect::chart_script();
   html += R"HTML(</script>
 <script>
 (function(){
@@ -662,7 +661,7 @@ document.body.setAttribute('data-rendered','1');
 </script>
 </body></html>
 )HTML";
-  memory::write_file_atomic(path, html, "write_report");
+  base::write_file_atomic(path, html, "write_report");
 }
 
 }  // namespace tally::examples

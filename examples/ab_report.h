@@ -1,6 +1,6 @@
 // The A/B runner's outputs: the comparison table (stdout), the headline of each configuration
 // against the first, and the self-contained HTML report (inline SVG drawn by an inline script
-// from inline data, through memory/svg_chart.h's renderer and palette; no network requests).
+// from inline data, through inspect/svg_chart.h's renderer and palette; no network requests).
 #pragma once
 
 #include <cstdint>

@@ -35,6 +35,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/checked.h"
 #include "memory/alloc_config.h"
 
 namespace tally::examples {
@@ -135,14 +136,6 @@ template <class T>
 CLI::Option* add_checked_option(CLI::App& app, const std::string& name, T& value,
                                 const std::string& help, const CLI::Validator& validator) {
   return app.add_option(name, value, help)->check(validator)->capture_default_str();
-}
-
-// a * b, or an error naming `what` when it does not fit in int64_t (both >= 0).
-inline int64_t checked_mul(int64_t a, int64_t b, std::string_view what) {
-  int64_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r))
-    throw std::invalid_argument(fmt::format("{}: {} x {} overflows 64 bits", what, a, b));
-  return r;
 }
 
 // f(), with an error it throws prefixed by the flag whose value it was given:

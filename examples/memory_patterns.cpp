@@ -6,7 +6,7 @@
 //                   then the same step with --checkpoint blocks (both peaks printed).
 //   leak          - a loss history that keeps graph-holding tensors (history.push_back(loss)):
 //                   memory_allocated grows every step by `activation` bytes, and the leak
-//                   detector (memory::LeakDetector) names the model call's line; the fix
+//                   detector (inspect::LeakDetector) names the model call's line; the fix
 //                   (loss.item()) keeps it flat.
 //   fragmentation - an MLP fed random sequence lengths: reserved grows past allocated; the
 //                   same run with max_split_size_mb and with padded (bucketed) lengths.
@@ -25,12 +25,12 @@
 #include <sstream>
 #include <vector>
 
+#include "base/atomic_file.h"
+#include "base/json.h"
 #include "examples/cli_common.h"
 #include "examples/train_common.h"
+#include "inspect/leak_detector.h"
 #include "memory/alloc_config.h"
-#include "memory/atomic_file.h"
-#include "memory/json.h"
-#include "memory/leak_detector.h"
 #include "memory/summary.h"
 #include "nn/checkpoint.h"
 #include "nn/models/gpt.h"
@@ -209,8 +209,8 @@ std::string staircase(const Args& a, Device dev) {
 // ---------------------------------------------------------------- leak
 struct LeakResult {
   std::vector<int64_t> allocated, activation;
-  std::vector<memory::LeakingLine> lines;  // the leak detector's finding, by line
-  std::string report;                      // and its report
+  std::vector<inspect::LeakingLine> lines;  // the leak detector's finding, by line
+  std::string report;                       // and its report
 };
 
 LeakResult leak_run(const Args& a, Device dev, bool leaky) {
@@ -221,9 +221,9 @@ LeakResult leak_run(const Args& a, Device dev, bool leaky) {
   gpt->to(dev);
   gpt->train();
   optim::AdamW opt(gpt->parameters(), optim::AdamOptions{.lr = 1e-3});
-  std::vector<Tensor> history;         // the bug: keeps every loss and, through it, its graph
-  std::vector<double> history_fixed;   // the fix: plain numbers
-  memory::LeakDetector detector(dev);  // told each step's end: names the line that leaks
+  std::vector<Tensor> history;          // the bug: keeps every loss and, through it, its graph
+  std::vector<double> history_fixed;    // the fix: plain numbers
+  inspect::LeakDetector detector(dev);  // told each step's end: names the line that leaks
   const std::string stem = a.out + "/leak";
   std::unique_ptr<profiler::Profiler> prof;
   if (leaky) {
@@ -307,7 +307,7 @@ std::string leak(const Args& a, Device dev) {
       "(the kept graphs' saved tensors); with history.push_back(loss.item()) it moves {} per "
       "step.\n",
       ex::fmt_bytes(per_step), ex::fmt_bytes(act_per_step), ex::fmt_bytes(fixed_per_step));
-  // The leak detector (memory/leak_detector.h) on both runs: the leaky one's line is the
+  // The leak detector (inspect/leak_detector.h) on both runs: the leaky one's line is the
   // model call whose graphs the history keeps.
   fmt::print("leak detector, history.push_back(loss):\n{}", bad.report);
   fmt::print("leak detector, history.push_back(loss.item()):\n{}", good.report);
@@ -317,11 +317,11 @@ std::string leak(const Args& a, Device dev) {
       "wrote {0}/leak.pickle (memory_viz: the staircase of blocks that are never freed), "
       "{0}/leak.timeline.{{json,html}}, {0}/leak.trace.json\n\n",
       a.out);
-  auto lines_json = [](const std::vector<memory::LeakingLine>& lines) {
+  auto lines_json = [](const std::vector<inspect::LeakingLine>& lines) {
     std::string s;
-    for (const memory::LeakingLine& l : lines)
+    for (const inspect::LeakingLine& l : lines)
       s += fmt::format(R"({}{{"location": {}, "bytes_per_step": {:.1f}, "sites": {}}})",
-                       s.empty() ? "" : ", ", memory::json_quote(l.location), l.bytes_per_step,
+                       s.empty() ? "" : ", ", base::json_quote(l.location), l.bytes_per_step,
                        l.sites);
     return "[" + s + "]";
   };
@@ -494,9 +494,9 @@ std::string fragmentation(const Args& a, Device dev) {
     const auto& v = vs[i];
     j += fmt::format(
         R"({}{}: {{"conf": {}, "padded": {}, "batch": {}, "lengths": {}, "peak_allocated": {}, "peak_reserved": {}, "step_peak_allocated": {}, "reserved": {}}})",
-        i ? ", " : "", memory::json_quote(v.name), memory::json_quote(v.conf),
-        v.pad ? "true" : "false", a.batch, json_list(v.r.lengths), v.r.peak_allocated,
-        v.r.peak_reserved, json_list(v.r.allocated_peak), json_list(v.r.reserved));
+        i ? ", " : "", base::json_quote(v.name), base::json_quote(v.conf), v.pad ? "true" : "false",
+        a.batch, json_list(v.r.lengths), v.r.peak_allocated, v.r.peak_reserved,
+        json_list(v.r.allocated_peak), json_list(v.r.reserved));
   }
   return j + "}";
 }
@@ -536,10 +536,10 @@ int main(int argc, char** argv) {
     if (a.pattern == "leak" || a.pattern == "all") parts.push_back("\"leak\": " + leak(a, dev));
     if (a.pattern == "fragmentation" || a.pattern == "all")
       parts.push_back("\"fragmentation\": " + fragmentation(a, dev));
-    memory::write_file_atomic(a.out + "/patterns.json",
-                              fmt::format("{{\"device\": {}, {}}}\n", memory::json_quote(dev.str()),
-                                          fmt::join(parts, ", ")),
-                              "memory_patterns");
+    base::write_file_atomic(a.out + "/patterns.json",
+                            fmt::format("{{\"device\": {}, {}}}\n", base::json_quote(dev.str()),
+                                        fmt::join(parts, ", ")),
+                            "memory_patterns");
     fmt::print("wrote {}/patterns.json\n", a.out);
     return 0;
   });

@@ -1,6 +1,6 @@
 // --metrics FILE.jsonl: one JSON object per logged step (JSON Lines), for plotting a run's
 // curves without parsing its progress bar. Each record is formed by nlohmann-json; after each
-// one the whole file is rewritten through memory::write_file_atomic (a temporary file renamed
+// one the whole file is rewritten through base::write_file_atomic (a temporary file renamed
 // into place), so FILE.jsonl always holds every record so far and is never half-written,
 // even when the run dies. The records are few (one per --log-every steps).
 #pragma once
@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "memory/atomic_file.h"
+#include "base/atomic_file.h"
 
 namespace tally::examples {
 
@@ -25,7 +25,7 @@ class MetricsLog {
     if (path_.empty()) return;
     text_ += record.dump();
     text_ += '\n';
-    memory::write_file_atomic(path_, text_, "--metrics");
+    base::write_file_atomic(path_, text_, "--metrics");
   }
 
   const std::string& path() const { return path_; }

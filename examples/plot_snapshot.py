@@ -35,7 +35,7 @@ runs to read, the phase bands are left out.
 
 Categories and phases keep the colours of every Tally page (the A/B report, the timeline and
 diff pages): memory::category_color (memory/category.cpp) and memory::phase_color
-(memory/svg_chart.cpp); tests/memory/test_plot_snapshot.py checks that the tables below equal
+(inspect/svg_chart.cpp); tests/memory/test_plot_snapshot.py checks that the tables below equal
 those. An unknown category name gets a grey. Only categories with bytes appear in the chart and
 legend. Ticks fall on 1, 2 or 5 times a power of ten (MiB, or GiB from a 1 GiB peak).
 
@@ -73,7 +73,7 @@ COLOURS = {
     "unknown": "#7f7f7f",
 }
 EXTRA_COLOURS = ("#555555", "#999999", "#444444", "#aaaaaa")
-# memory::phase_color (memory/svg_chart.cpp).
+# memory::phase_color (inspect/svg_chart.cpp).
 PHASE_COLOURS = {
     "forward": "#c6dbef",
     "backward": "#fdd0a2",
@@ -694,7 +694,7 @@ def plot(r, x_mode, x_reason, title, device, width, height):
 
 def write_atomic(path, text):
     """Writes `text` to `path` through a temporary file in the same folder, fsync'ed and renamed
-    into place (as Tally's C++ writers do, memory/atomic_file.h): a write cut short leaves the
+    into place (as Tally's C++ writers do, base/atomic_file.h): a write cut short leaves the
     previous file intact. The replacement keeps the old file's permission bits; a target that is
     not a regular file (/dev/stdout, a FIFO) is written in place."""
     if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):

@@ -34,10 +34,10 @@
 #include <sstream>
 
 #include "autograd/autocast.h"
+#include "base/atomic_file.h"
+#include "base/json.h"
 #include "examples/cli_common.h"
 #include "examples/train_common.h"
-#include "memory/atomic_file.h"
-#include "memory/json.h"
 #include "memory/meta.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
@@ -239,7 +239,7 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
       p.export_memory_timeline(stem + ".timeline.html", dev);
     }
     const bool cuda = dev.type == DeviceType::cuda;
-    memory::write_file_atomic(
+    base::write_file_atomic(
         stem + ".key_averages.txt",
         [&](std::ostream& t) {
           t << p.key_averages().table(cuda ? "self_cuda_time_total" : "self_cpu_time_total", 30)
@@ -410,14 +410,13 @@ int main(int argc, char** argv) {
           R"("overhead_pct": {}, "overhead_min_pct": {}, "overhead_max_pct": {}, "rounds": {}, )"
           R"("kernel_ms_per_step": {}, "gpu_busy_ms_per_step": {}, "kernels": {}, )"
           R"("activities": {}, "options": {}, "trace": {}, "timeline": {}}})",
-          i ? ", " : "", memory::json_quote(r.model), memory::json_quote(r.desc),
-          memory::json_quote(dev.str()), r.median_ms, r.median_ms_profiled, r.overhead_pct,
+          i ? ", " : "", base::json_quote(r.model), base::json_quote(r.desc),
+          base::json_quote(dev.str()), r.median_ms, r.median_ms_profiled, r.overhead_pct,
           r.overhead_min_pct, r.overhead_max_pct, r.rounds, r.kernel_ms_per_step,
-          r.gpu_busy_ms_per_step, r.kernels, memory::json_quote(a.activities),
-          memory::json_quote(a.options), memory::json_quote(r.trace),
-          memory::json_quote(r.timeline));
+          r.gpu_busy_ms_per_step, r.kernels, base::json_quote(a.activities),
+          base::json_quote(a.options), base::json_quote(r.trace), base::json_quote(r.timeline));
     }
-    memory::write_file_atomic(a.out + "/profile_models.json", j + "]\n", "profile_models");
+    base::write_file_atomic(a.out + "/profile_models.json", j + "]\n", "profile_models");
     return 0;
   });
 }

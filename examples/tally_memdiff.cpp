@@ -1,5 +1,5 @@
 // tally_memdiff: what changed in memory between two runs, from their memory snapshots
-// (Tally's, or PyTorch's own torch.cuda.memory._dump_snapshot pickles; memory/memdiff.h).
+// (Tally's, or PyTorch's own torch.cuda.memory._dump_snapshot pickles; inspect/memdiff.h).
 // Prints the peaks and, per category, phase, module (matched by dotted path), op and frame, the
 // bytes live at each run's peak, the allocation counts and the deltas (B - A). --html writes a
 // self-contained page with both allocated-memory timelines overlaid and the tables; --json
@@ -16,7 +16,7 @@
 #include <cstdio>
 
 #include "examples/cli_common.h"
-#include "memory/memdiff.h"
+#include "inspect/memdiff.h"
 
 using namespace tally;
 namespace ex = tally::examples;
@@ -44,16 +44,16 @@ int main(int argc, char** argv) {
     if (!html.empty()) ex::check_output_file(html, "--html");
     if (!json.empty()) ex::check_output_file(json, "--json");
     const int dev = static_cast<int>(device);
-    const memory::SnapshotSummary a = memory::read_snapshot_summary(a_path, dev);
-    const memory::SnapshotSummary b = memory::read_snapshot_summary(b_path, dev);
-    const memory::SnapshotDiff d = memory::diff_snapshots(a, b, {.any_device = any_device});
-    fmt::print("{}", memory::format_snapshot_diff(d, static_cast<size_t>(top)));
+    const inspect::SnapshotSummary a = inspect::read_snapshot_summary(a_path, dev);
+    const inspect::SnapshotSummary b = inspect::read_snapshot_summary(b_path, dev);
+    const inspect::SnapshotDiff d = inspect::diff_snapshots(a, b, {.any_device = any_device});
+    fmt::print("{}", inspect::format_snapshot_diff(d, static_cast<size_t>(top)));
     if (!html.empty()) {
-      memory::write_snapshot_diff_html(html, d, static_cast<size_t>(top));
+      inspect::write_snapshot_diff_html(html, d, static_cast<size_t>(top));
       fmt::print("\nhtml: {}\n", html);
     }
     if (!json.empty()) {
-      memory::write_snapshot_diff_json(json, d);
+      inspect::write_snapshot_diff_json(json, d);
       fmt::print("{}json: {}\n", html.empty() ? "\n" : "", json);
     }
     std::fflush(stdout);

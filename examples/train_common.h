@@ -20,8 +20,8 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
+#include "inspect/leak_detector.h"
 #include "memory/estimate.h"
-#include "memory/leak_detector.h"
 #include "memory/memory.h"
 #include "nn/offload.h"
 #include "nn/plan.h"
@@ -439,7 +439,7 @@ inline void print_offload(const std::shared_ptr<ActivationOffloader>& offloader,
       s.tensors_deduplicated / n);
 }
 
-// --detect-leaks: a memory::LeakDetector on the run's device, told each step's end. A line
+// --detect-leaks: a inspect::LeakDetector on the run's device, told each step's end. A line
 // found leaking gets a one-line warning when first found (on a line of its own after the
 // progress bar); report() prints the detector's report at the end. Off, it does nothing.
 class LeakCheck {
@@ -450,7 +450,7 @@ class LeakCheck {
   bool enabled() const { return detector_.has_value(); }
   void step() {
     if (!detector_) return;
-    for (const memory::LeakingLine& l : memory::group_by_line(detector_->step())) {
+    for (const inspect::LeakingLine& l : inspect::group_by_line(detector_->step())) {
       if (!warned_.insert(l.location).second) continue;
       std::fprintf(stdout, "%swarning: memory leak: %s\n", tty_ ? "\n" : "", l.describe().c_str());
       std::fflush(stdout);
@@ -461,7 +461,7 @@ class LeakCheck {
   }
 
  private:
-  std::optional<memory::LeakDetector> detector_;
+  std::optional<inspect::LeakDetector> detector_;
   std::set<std::string> warned_;
   bool tty_;
 };

@@ -18,10 +18,10 @@
 #include <iostream>
 #include <memory>
 
+#include "base/rank_path.h"
 #include "distributed/ddp.h"
 #include "examples/cli_common.h"
 #include "examples/train_common.h"
-#include "memory/rank_path.h"
 #include "nn/data/distributed_sampler.h"
 #include "nn/data/synthetic.h"
 #include "nn/models/gpt.h"
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   app.add_flag("--summary", a.summary, "print memory_summary() per rank at the end");
   app.add_flag("--detect-leaks", a.detect_leaks,
                "report allocations that survive each step and grow, by source line, per rank "
-               "(memory::LeakDetector)");
+               "(inspect::LeakDetector)");
   ex::add_checked_option(app, "--seed", a.seed, "seed (the same on every rank)", ex::seed_value());
 
   std::string program = "train_ddp";  // "train_ddp (rank R)" once the environment is read
@@ -142,11 +142,12 @@ int main(int argc, char** argv) {
     }
     const int64_t steps_total = a.warmup + a.steps;
     // Every rank's shard must hold its batches: B x world x steps examples in all.
-    const int64_t n_examples = std::max<int64_t>(
-        ex::checked_mul(ex::checked_mul(B, env.world_size, "--batch x WORLD_SIZE"), steps_total,
-                        "--batch x WORLD_SIZE x (--warmup + --steps)"),
-        256);
-    if (!a.snapshot.empty()) ex::check_output_file(memory::per_rank_path(a.snapshot), "--snapshot");
+    const int64_t n_examples =
+        std::max<int64_t>(base::checked_mul<int64_t>(
+                              base::checked_mul<int64_t>(B, env.world_size, "--batch x WORLD_SIZE"),
+                              steps_total, "--batch x WORLD_SIZE x (--warmup + --steps)"),
+                          256);
+    if (!a.snapshot.empty()) ex::check_output_file(base::per_rank_path(a.snapshot), "--snapshot");
     manual_seed(a.seed);
     // First, before any other CUDA work: it makes cuda:LOCAL_RANK this process's device, so
     // no rank creates a context on another rank's GPU.
@@ -297,7 +298,7 @@ int main(int argc, char** argv) {
     if (!a.snapshot.empty()) {
       memory::dump_snapshot(a.snapshot, dev);
       fmt::print("rank {}: snapshot written to {} (open it at https://pytorch.org/memory_viz)\n",
-                 rank, memory::per_rank_path(a.snapshot));
+                 rank, base::per_rank_path(a.snapshot));
     }
     return 0;
   });

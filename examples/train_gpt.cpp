@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
                  "write one JSON record per logged step (and the validation) to FILE.jsonl");
   app.add_flag("--detect-leaks", a.detect_leaks,
                "report allocations that survive each step and grow, by source line "
-               "(memory::LeakDetector)");
+               "(inspect::LeakDetector)");
   ex::add_checked_option(app, "--seed", a.seed, "seed", ex::seed_value());
   ex::add_memory_options(app, a.checkpoint, a.amp, a.memory_budget, a.estimate, a.offload);
   app.add_option("--memory-limit", a.memory_limit,

@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
                  "write one JSON record per logged step (and the test accuracy) to FILE.jsonl");
   app.add_flag("--detect-leaks", a.detect_leaks,
                "report allocations that survive each step and grow, by source line "
-               "(memory::LeakDetector)");
+               "(inspect::LeakDetector)");
   ex::add_checked_option(app, "--seed", a.seed, "seed of weights, data order and dropout",
                          ex::seed_value());
   ex::add_memory_options(app, a.checkpoint, a.amp, a.memory_budget, a.estimate, a.offload);
@@ -219,7 +219,8 @@ int main(int argc, char** argv) {
     } else if (a.dataset == "synthetic") {
       const int64_t s = a.image_size ? a.image_size : 32;
       const int64_t n = std::max<int64_t>(
-          ex::checked_mul(a.batch, std::max<int64_t>(a.steps, 8), "--batch x --steps"), 1024);
+          base::checked_mul<int64_t>(a.batch, std::max<int64_t>(a.steps, 8), "--batch x --steps"),
+          1024);
       train = std::make_unique<data::SyntheticImages>(n, Shape{3, s, s}, classes, a.seed);
       test = std::make_unique<data::SyntheticImages>(std::max<int64_t>(a.batch * 4, 256),
                                                      Shape{3, s, s}, classes, a.seed + 1);
@@ -260,7 +261,8 @@ int main(int argc, char** argv) {
                                          .device = dev});
     const int64_t per_epoch = loader.len();  // >= 1 (checked above)
     const int64_t total =
-        a.steps > 0 ? a.steps : ex::checked_mul(per_epoch, a.epochs, "steps per epoch x --epochs");
+        a.steps > 0 ? a.steps
+                    : base::checked_mul<int64_t>(per_epoch, a.epochs, "steps per epoch x --epochs");
     // The side of the images a step sees (dry runs make batches of it).
     const int64_t side = image_size ? image_size : first_image_shape(*train).at(1);
 

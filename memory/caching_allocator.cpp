@@ -6,8 +6,8 @@
 #include <atomic>
 #include <bit>
 
-#include "memory/checked.h"
-#include "memory/rank_path.h"
+#include "base/checked.h"
+#include "base/rank_path.h"
 #include "memory/summary.h"
 
 namespace tally::memory {
@@ -217,10 +217,10 @@ size_t CachingAllocator::round_size(size_t bytes) const {
       !std::has_single_bit(bytes)) {
     const size_t floor2 = std::bit_floor(bytes);
     const size_t step = floor2 / divisions;
-    if (step == 0) return checked_mul(floor2, size_t{2}, what);
-    return checked_round_up(bytes, step, what);
+    if (step == 0) return base::checked_mul(floor2, size_t{2}, what);
+    return base::checked_round_up(bytes, step, what);
   }
-  return checked_round_up(bytes, kMinBlockSize, what);
+  return base::checked_round_up(bytes, kMinBlockSize, what);
 }
 
 void CachingAllocator::record(TraceAction action, uint64_t addr, size_t size, StreamId stream,
@@ -264,12 +264,12 @@ void* CachingAllocator::allocate(size_t bytes, StreamId stream, std::source_loca
     p.alloc_size = kSmallBuffer;
   } else {
     p.alloc_size =
-        checked_round_up(p.size, kRoundLarge, "CachingAllocator: rounding the segment size");
+        base::checked_round_up(p.size, kRoundLarge, "CachingAllocator: rounding the segment size");
     // Mid-size requests share a large segment (20 MiB unless large_segment_size_mb says).
     if (p.size < kMinLargeAlloc) p.alloc_size = std::max(p.alloc_size, config_.large_segment_size);
   }
   // Sizes are counted in int64 statistics (as in PyTorch): a segment must fit in 63 bits.
-  if (p.alloc_size > kMaxBytes)
+  if (p.alloc_size > base::kMaxBytes)
     throw std::length_error(fmt::format(
         "CachingAllocator: a request of {} bytes needs a segment of {} bytes, more than 2^63 - 1",
         bytes, p.alloc_size));
@@ -456,17 +456,17 @@ Block* CachingAllocator::new_expandable_segment(const AllocParams& p) {
   // PyTorch's pages: kSmallBuffer for the small pool, kLargeBuffer (Tally: the large segment
   // size) for the large one.
   const size_t page = p.pool->small ? kSmallBuffer : config_.large_segment_size;
-  if (page > kMaxBytes)
+  if (page > base::kMaxBytes)
     throw std::length_error(fmt::format(
         "{}: pages of {} bytes (large_segment_size_mb) are more than 2^63 - 1", what, page));
   // Addresses for 1 1/8 of the device's memory, as PyTorch reserves: room to map pages at
   // the end while earlier ones are still mapped. The segment's size fits in 63 bits.
   const size_t total = provider_->total_memory();
-  const size_t want = total > kMaxBytes / 9 * 8 ? kMaxBytes : total + total / 8;
+  const size_t want = total > base::kMaxBytes / 9 * 8 ? base::kMaxBytes : total + total / 8;
   size_t pages = want / page;
-  if (want % page != 0 && pages < kMaxBytes / page) ++pages;
+  if (want % page != 0 && pages < base::kMaxBytes / page) ++pages;
   pages = std::max<size_t>(pages, 1);
-  if (p.size > checked_mul(page, pages, what)) return nullptr;
+  if (p.size > base::checked_mul(page, pages, what)) return nullptr;
 
   std::unique_ptr<ExpandableSegment> es =
       provider_->create_expandable_segment(p.stream, page, pages);
@@ -499,7 +499,7 @@ bool CachingAllocator::map_block(Block* block, size_t size, const AllocTag& tag)
   Segment* seg = block->segment;
   ExpandableSegment& es = *seg->expandable;
   const size_t bytes =
-      checked_round_up(size, es.page_size(), "CachingAllocator: rounding to whole pages");
+      base::checked_round_up(size, es.page_size(), "CachingAllocator: rounding to whole pages");
   if (memory_fraction_ > 0 &&
       (total_reserved_ > allowed_maximum_ || bytes > allowed_maximum_ - total_reserved_))
     return false;
@@ -1123,7 +1123,7 @@ void CachingAllocator::raise_oom(const AllocParams& p, std::unique_lock<std::mut
     try {
       if (!dump_error.empty()) throw std::runtime_error(dump_error);
       write_snapshot_file(snap, path);
-      msg += fmt::format(" Snapshot written to {}{}.", per_rank_path(path),
+      msg += fmt::format(" Snapshot written to {}{}.", base::per_rank_path(path),
                          with_trace ? "" : " (segments and blocks; no trace: history is off)");
     } catch (const std::exception& e) {
       msg += fmt::format(" Writing the snapshot to {} failed: {}", path, e.what());

@@ -219,7 +219,7 @@ class CachingAllocator {
   void dump_snapshot(const std::string& path);
   // The blocks handed out and not yet returned (active_allocated), in no particular order:
   // a snapshot's allocated blocks without its segments and history, for a cheap look at
-  // every step (memory::LeakDetector). Records nothing.
+  // every step (inspect::LeakDetector). Records nothing.
   std::vector<BlockInfo> allocated_blocks() const;
 
   const AllocatorConfig& config() const { return config_; }

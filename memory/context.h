@@ -11,8 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "base/scope_guard.h"
 #include "memory/category.h"
-#include "memory/scope_guard.h"
 
 namespace tally::memory {
 
@@ -63,7 +63,7 @@ void set_context_observer(ContextObserver* observer);
 ContextObserver* context_observer();
 
 // RAII: allocations inside are tagged with `category`.
-class CategoryScope : ScopeGuard<Category> {
+class CategoryScope : base::ScopeGuard<Category> {
  public:
   explicit CategoryScope(Category c);
   ~CategoryScope();
@@ -71,7 +71,7 @@ class CategoryScope : ScopeGuard<Category> {
 
 // RAII: appends `name` to the module path ("" + "layer1" -> "layer1", then "layer1.0"),
 // or, given AbsolutePath, sets the whole path (nn::Module: a child called past its parent).
-class ModuleScope : ScopeGuard<StrId> {
+class ModuleScope : base::ScopeGuard<StrId> {
  public:
   struct AbsolutePath {};
   explicit ModuleScope(std::string_view name);
@@ -80,7 +80,7 @@ class ModuleScope : ScopeGuard<StrId> {
 };
 
 // RAII: sets the op name for everything the op allocates.
-class OpScope : ScopeGuard<StrId> {
+class OpScope : base::ScopeGuard<StrId> {
  public:
   explicit OpScope(std::string_view op);
   explicit OpScope(StrId op);
@@ -88,7 +88,7 @@ class OpScope : ScopeGuard<StrId> {
 };
 
 // RAII: sets the training phase ("forward", "backward", "optimizer", ...).
-class PhaseScope : ScopeGuard<StrId> {
+class PhaseScope : base::ScopeGuard<StrId> {
  public:
   explicit PhaseScope(std::string_view phase);
   ~PhaseScope();
@@ -104,7 +104,7 @@ class PhaseScope : ScopeGuard<StrId> {
 // Tally's own (nn/models/) called from `train.cpp:42` is attributed to train.cpp:42. With
 // no site open, a library site is taken (the outermost: `nn/linear.cpp:31` for a Linear
 // built outside any scope) until a user site opens inside it.
-class CallSiteScope : ScopeGuard<SourceLoc> {
+class CallSiteScope : base::ScopeGuard<SourceLoc> {
  public:
   explicit CallSiteScope(const std::source_location& site = std::source_location::current());
   ~CallSiteScope();
@@ -127,7 +127,7 @@ std::string_view relative_source_path(const char* file);
 std::string_view display_source_path(const char* file);
 
 // RAII: all four at once (category required, the rest optional/empty keeps the current).
-class AllocContextScope : ScopeGuard<AllocTag> {
+class AllocContextScope : base::ScopeGuard<AllocTag> {
  public:
   AllocContextScope(Category c, std::string_view module = {}, std::string_view op = {},
                     std::string_view phase = {});

@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "memory/checked.h"
+#include "base/checked.h"
 
 namespace tally::memory {
 namespace {
@@ -138,7 +138,7 @@ size_t CpuProvider::free_memory() const {
 }
 
 void* CpuProvider::allocate(size_t bytes) {
-  const size_t rounded = checked_round_up(bytes, kAlignment, "CpuProvider::allocate");
+  const size_t rounded = base::checked_round_up(bytes, kAlignment, "CpuProvider::allocate");
   if (!system_can_give(rounded, available_)) return nullptr;
   size_t used = used_.load();
   do {
@@ -164,8 +164,8 @@ std::unique_ptr<ExpandableSegment> CpuProvider::create_expandable_segment(Stream
         "expandable_segments on cpu: pages of {} bytes are not a multiple of the system's page "
         "size, {} bytes",
         page_size, system_page));
-  const size_t bytes =
-      checked_mul(page_size, pages, "CpuProvider::create_expandable_segment: the segment's size");
+  const size_t bytes = base::checked_mul(
+      page_size, pages, "CpuProvider::create_expandable_segment: the segment's size");
   void* base = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED)
     throw std::runtime_error(fmt::format(

@@ -6,11 +6,11 @@
 
 #include <cuda_runtime.h>
 
-#include "memory/scope_guard.h"
+#include "base/scope_guard.h"
 
 namespace tally::memory {
 
-class CudaDeviceGuard : ScopeGuard<void> {
+class CudaDeviceGuard : base::ScopeGuard<void> {
  public:
   // A failed cudaSetDevice is reported through check(err, "cudaSetDevice", device).
   template <typename Check>

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "memory/checked.h"
+#include "base/checked.h"
 #include "memory/cuda_device_guard.h"
 
 namespace tally::memory {
@@ -272,8 +272,8 @@ std::unique_ptr<ExpandableSegment> CudaProvider::create_expandable_segment(Strea
         "expandable_segments on cuda:{}: pages of {} bytes are not a multiple of the device's "
         "allocation granularity, {} bytes (cuMemGetAllocationGranularity)",
         device_, page_size, granularity));
-  const size_t bytes =
-      checked_mul(page_size, pages, "CudaProvider::create_expandable_segment: the segment's size");
+  const size_t bytes = base::checked_mul(
+      page_size, pages, "CudaProvider::create_expandable_segment: the segment's size");
   CUdeviceptr base = 0;
   check_driver(api.cuMemAddressReserve(&base, bytes, 0, 0, 0),
                fmt::format("cuMemAddressReserve({} bytes)", bytes), device_);

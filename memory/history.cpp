@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <exception>
 
-#include "memory/enum_table.h"
+#include "base/enum_table.h"
 
 namespace tally::memory {
 
@@ -13,7 +13,7 @@ const char* trace_action_name(TraceAction a) {
   static constexpr const char* kNames[] = {
       "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "snapshot",
       "oom",   "retag",          "segment_map",    "segment_unmap"};
-  return enum_table<TraceAction::segment_unmap>(a, kNames, "?");
+  return base::enum_table<TraceAction::segment_unmap>(a, kNames, "?");
 }
 
 int64_t now_us() {

@@ -12,7 +12,7 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "memory/checked.h"
+#include "base/checked.h"
 #include "memory/cpu_provider.h"
 #ifdef TALLY_WITH_CUDA
 #include "memory/cuda_provider.h"
@@ -33,7 +33,7 @@ class MetaProvider final : public MemoryProvider {
 
   void* allocate(size_t bytes) override {
     if (bytes > target_.capacity - std::min(used_, target_.capacity)) return nullptr;
-    const size_t span = checked_round_up(bytes, kAlignment, "MetaProvider::allocate");
+    const size_t span = base::checked_round_up(bytes, kAlignment, "MetaProvider::allocate");
     used_ += bytes;
     return reinterpret_cast<void*>(g_next_address.fetch_add(span));
   }
@@ -71,9 +71,9 @@ class MetaProvider final : public MemoryProvider {
   std::unique_ptr<ExpandableSegment> create_expandable_segment(StreamId /*stream*/,
                                                                size_t page_size,
                                                                size_t pages) override {
-    const size_t span =
-        checked_round_up(checked_mul(page_size, pages, "MetaProvider::create_expandable_segment"),
-                         kAlignment, "MetaProvider::create_expandable_segment");
+    const size_t span = base::checked_round_up(
+        base::checked_mul(page_size, pages, "MetaProvider::create_expandable_segment"), kAlignment,
+        "MetaProvider::create_expandable_segment");
     return std::make_unique<Segment>(g_next_address.fetch_add(span), page_size, pages, *this);
   }
 

@@ -42,17 +42,17 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "memory/atomic_file.h"
+#include "base/atomic_file.h"
+#include "base/enum_table.h"
+#include "base/rank_path.h"
 #include "memory/context.h"
-#include "memory/enum_table.h"
 #include "memory/pickle.h"
-#include "memory/rank_path.h"
 
 namespace tally::memory {
 
 const char* block_state_name(BlockState s) {
   static constexpr const char* kNames[] = {"active_allocated", "active_pending_free", "inactive"};
-  return enum_table<BlockState::inactive>(s, kNames, "inactive");
+  return base::enum_table<BlockState::inactive>(s, kNames, "inactive");
 }
 
 namespace {
@@ -314,8 +314,8 @@ void write_snapshot_pickle(const SnapshotData& snap, std::ostream& out) {
 }
 
 void write_snapshot_file(const SnapshotData& snap, const std::string& path_in) {
-  const std::string path = per_rank_path(path_in);  // "x.rank1.pickle" in a multi-rank job
-  write_file_atomic(
+  const std::string path = base::per_rank_path(path_in);  // "x.rank1.pickle" in a multi-rank job
+  base::write_file_atomic(
       path, [&](std::ostream& out) { write_snapshot_pickle(snap, out); }, "write_snapshot_file");
 }
 

@@ -56,7 +56,7 @@ struct SnapshotData {
 
 // Encode as a protocol-2 pickle of dicts/lists (memoized strings and frame lists).
 void write_snapshot_pickle(const SnapshotData& snap, std::ostream& out);
-// Write to `path` (per_rank_path applied) atomically (memory/atomic_file.h): a failed write
+// Write to `path` (per_rank_path applied) atomically (base/atomic_file.h): a failed write
 // leaves an existing file intact. Throws std::runtime_error naming the path on I/O failure.
 void write_snapshot_file(const SnapshotData& snap, const std::string& path);
 

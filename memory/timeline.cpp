@@ -4,9 +4,9 @@
 
 #include <stdexcept>
 
-#include "memory/atomic_file.h"
-#include "memory/enum_table.h"
-#include "memory/rank_path.h"
+#include "base/atomic_file.h"
+#include "base/enum_table.h"
+#include "base/rank_path.h"
 
 namespace tally::memory {
 
@@ -14,7 +14,7 @@ int timeline_column(Category c) {
   // By Category's order: parameter, gradient, optimizer_state, activation, input, temporary,
   // workspace, autocast_cache, communication, offloaded, unknown.
   static constexpr int kColumns[] = {1, 6, 2, 5, 3, 4, 9, 10, 11, 12, 8};
-  return enum_table<Category::unknown>(c, kColumns, 8);
+  return base::enum_table<Category::unknown>(c, kColumns, 8);
 }
 
 int64_t MemoryTimeline::total(size_t i) const {
@@ -90,7 +90,7 @@ MemoryTimeline timeline_from_history(const std::vector<TraceEntry>& history,
 }
 
 void write_timeline_json(const MemoryTimeline& t, const std::string& path_in) {
-  const std::string path = per_rank_path(path_in);  // "x.rank1.json" in a multi-rank job
+  const std::string path = base::per_rank_path(path_in);  // "x.rank1.json" in a multi-rank job
   std::string out = "[[";
   for (size_t i = 0; i < t.size(); ++i) {
     if (i) out += ", ";
@@ -109,7 +109,7 @@ void write_timeline_json(const MemoryTimeline& t, const std::string& path_in) {
     out += "]";
   }
   out += "]]";
-  write_file_atomic(path, out, "write_timeline_json");
+  base::write_file_atomic(path, out, "write_timeline_json");
 }
 
 }  // namespace tally::memory

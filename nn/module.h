@@ -23,8 +23,8 @@
 
 #include "autograd/offload.h"
 #include "autograd/ops.h"
+#include "base/scope_guard.h"
 #include "memory/context.h"
-#include "memory/scope_guard.h"
 
 namespace tally::nn {
 
@@ -37,7 +37,7 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 // checkpoint into); a model that re-initialises everything anyway (GPT-2's and ResNet's
 // schemes) builds its layers under it so that no weight is initialised twice.
 // Normalisation layers still set their ones/zeros (cheap, no generator).
-class SkipInitGuard : memory::ScopeGuard<bool> {
+class SkipInitGuard : base::ScopeGuard<bool> {
  public:
   SkipInitGuard();
   ~SkipInitGuard();

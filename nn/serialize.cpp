@@ -15,10 +15,10 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "memory/atomic_file.h"
-#include "memory/checked.h"
-#include "memory/enum_table.h"
-#include "memory/json.h"
+#include "base/atomic_file.h"
+#include "base/checked.h"
+#include "base/enum_table.h"
+#include "base/json.h"
 
 namespace tally::nn {
 
@@ -31,7 +31,7 @@ namespace {
 constexpr const char* kStDtypes[] = {"F32", "F16", "BF16", "F64", "I32", "I64", "BOOL", "U8"};
 
 const char* st_dtype(DType d) {
-  return memory::enum_table<DType::uint8>(d, kStDtypes, "?");
+  return base::enum_table<DType::uint8>(d, kStDtypes, "?");
 }
 
 bool parse_st_dtype(const std::string& s, DType* d) {
@@ -190,7 +190,7 @@ Header parse_header(const std::string& text, const std::string& path,
   corrupt_header(path, offset, what);
 }
 
-// A size or offset: a non-negative JSON integer of at most 2^63 - 1 (memory/checked.h), else
+// A size or offset: a non-negative JSON integer of at most 2^63 - 1 (base/checked.h), else
 // nullopt. Fractions and exponents ("4.0", "1e3") are not integers, as in safetensors' own
 // reader.
 std::optional<uint64_t> as_size(const Json& v) {
@@ -202,11 +202,11 @@ std::optional<uint64_t> as_size(const Json& v) {
 
 // std::invalid_argument naming the file unless `s` is valid UTF-8: JSON text is, and
 // safetensors' readers reject a header that is not. The message shows `s` with U+FFFD for its
-// invalid bytes (memory::json_quote).
+// invalid bytes (base::json_quote).
 void require_utf8(const std::string& path, const std::string& s, std::string_view what) {
   if (!is_utf8(s))
     throw std::invalid_argument(fmt::format("save_safetensors: {}: {} {} is not valid UTF-8", path,
-                                            what, memory::json_quote(s)));
+                                            what, base::json_quote(s)));
 }
 
 }  // namespace
@@ -240,7 +240,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
       memory::CategoryScope cat(memory::Category::temporary);
       c = ops::contiguous(ops::to(t.detach(), Device::cpu(), t.dtype()));
     }
-    const uint64_t end = memory::checked_add(offset, uint64_t{c.nbytes()}, "save_safetensors");
+    const uint64_t end = base::checked_add(offset, uint64_t{c.nbytes()}, "save_safetensors");
     require_utf8(path, name, "tensor name");
     doc[name] = {
         {"dtype", st_dtype(c.dtype())}, {"shape", c.sizes()}, {"data_offsets", {offset, end}}};
@@ -251,7 +251,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   while ((8 + header.size()) % 8 != 0) header += ' ';  // align the data to 8 bytes
 
   // Atomic: a write cut short (disk full, a file-size limit) leaves the previous file intact.
-  memory::write_file_atomic(
+  base::write_file_atomic(
       path,
       [&](std::ostream& out) {
         const uint64_t n = header.size();
@@ -350,7 +350,7 @@ NamedTensors load_safetensors(const std::string& path,
     e.begin = *begin;
     e.end = *end;
     uint64_t expect;
-    if (!memory::try_nbytes(e.shape, dtype_size(e.dtype), &expect))
+    if (!base::try_nbytes(e.shape, dtype_size(e.dtype), &expect))
       corrupt_value(header, path, at / "shape",
                     fmt::format("tensor '{}': shape {} of {} holds more than 2^63 - 1 bytes "
                                 "(its dimensions multiply past 64 bits)",

@@ -20,7 +20,7 @@ namespace tally::nn {
 // Writes `tensors` (any device; copied to the CPU) in the given order. Names must be
 // unique, and names and metadata valid UTF-8 (JSON text is; std::invalid_argument naming the
 // file otherwise). dtypes: F32, F16, BF16, F64, I32, I64, BOOL, U8. The write is atomic (a
-// temporary file in the same folder, fsync'ed and renamed into place: memory/atomic_file.h),
+// temporary file in the same folder, fsync'ed and renamed into place: base/atomic_file.h),
 // so a failed save leaves an existing file at `path` intact. Throws std::runtime_error naming
 // the path and the errno text on I/O failure.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,

@@ -10,15 +10,15 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "memory/atomic_file.h"
-#include "memory/json.h"
+#include "base/atomic_file.h"
+#include "base/json.h"
 #include "profiler/key_averages.h"
 #include "profiler/profiler.h"
 
 namespace tally::profiler {
 
 std::string json_string(const std::string& s) {
-  return memory::json_quote(s);
+  return base::json_quote(s);
 }
 
 namespace {
@@ -223,7 +223,7 @@ void write_chrome_trace(const ProfileData& d, std::ostream& out) {
 }
 
 void write_chrome_trace_file(const ProfileData& data, const std::string& path) {
-  memory::write_file_atomic(
+  base::write_file_atomic(
       path, [&](std::ostream& out) { write_chrome_trace(data, out); }, "export_chrome_trace");
 }
 

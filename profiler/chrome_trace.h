@@ -17,7 +17,7 @@ void write_chrome_trace(const ProfileData& data, std::ostream& out);
 // Writes `path`; throws std::runtime_error naming it on I/O failure.
 void write_chrome_trace_file(const ProfileData& data, const std::string& path);
 
-// JSON string literal (quotes included) for `s`: memory::json_quote.
+// JSON string literal (quotes included) for `s`: base::json_quote.
 std::string json_string(const std::string& s);
 
 }  // namespace tally::profiler

@@ -9,10 +9,10 @@
 #include <ostream>
 #include <stdexcept>
 
-#include "memory/atomic_file.h"
-#include "memory/json.h"
-#include "memory/rank_path.h"
-#include "memory/svg_chart.h"
+#include "base/atomic_file.h"
+#include "base/json.h"
+#include "base/rank_path.h"
+#include "inspect/svg_chart.h"
 #include "memory/timeline.h"
 #include "profiler/chrome_trace.h"
 #include "profiler/profiler.h"
@@ -91,7 +91,7 @@ std::string column_color(int column) {
   return "#bbbbbb";
 }
 
-// The page's drawing script (after memory/svg_chart.h's TallyChart). It reads the JSON in
+// The page's drawing script (after inspect/svg_chart.h's TallyChart). It reads the JSON in
 // <script id="data">, draws a step-wise stacked area per non-empty category into
 // <svg id="chart">, one band per phase above it, round ticks on both axes, the reserved line
 // and a legend, a hover readout, then marks the body with data-rendered / data-paths.
@@ -232,21 +232,21 @@ void write_memory_timeline_html(const MemoryTimeline& t, std::ostream& out) {
          "viewBox=\"0 0 1200 560\"></svg>\n";
   out << "<div id=\"readout\" class=\"readout\">&nbsp;</div>\n";
   out << "<div id=\"legend\"></div>\n";
-  out << "<script type=\"application/json\" id=\"data\">" << memory::script_safe(data)
+  out << "<script type=\"application/json\" id=\"data\">" << base::script_safe(data)
       << "</script>\n";
-  out << "<script>" << memory::chart_script() << "</script>\n";
+  out << "<script>" << inspect::chart_script() << "</script>\n";
   out << "<script>" << kScript << "</script>\n</body></html>\n";
 }
 
 void Profiler::export_memory_timeline(const std::string& path_in, memory::Device device) const {
-  const std::string path = memory::per_rank_path(path_in);  // "x.rank1.html" in a multi-rank job
+  const std::string path = base::per_rank_path(path_in);  // "x.rank1.html" in a multi-rank job
   const ProfileData& d = data();
   if (!d.profile_memory)
     throw std::logic_error(fmt::format(
         "Profiler::export_memory_timeline({}): needs ProfilerOptions::profile_memory", path));
   const MemoryTimeline t = build_memory_timeline(d, device);
   const bool html = path.size() >= 5 && path.compare(path.size() - 5, 5, ".html") == 0;
-  memory::write_file_atomic(
+  base::write_file_atomic(
       path,
       [&](std::ostream& out) {
         if (html)

@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/enum_table.h"
 #include "memory/context.h"
-#include "memory/enum_table.h"
 #include "profiler/gpu_tracer.h"
 #include "tensor/dispatch.h"
 
@@ -28,18 +28,18 @@ namespace tally::profiler {
 
 const char* span_kind_name(SpanKind k) {
   static constexpr const char* kNames[] = {"cpu_op", "module", "user_annotation", "phase"};
-  return memory::enum_table<SpanKind::phase>(k, kNames, "?");
+  return base::enum_table<SpanKind::phase>(k, kNames, "?");
 }
 
 const char* gpu_kind_name(GpuKind k) {
   static constexpr const char* kNames[] = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime",
                                            "cuda_driver"};
-  return memory::enum_table<GpuKind::driver>(k, kNames, "?");
+  return base::enum_table<GpuKind::driver>(k, kNames, "?");
 }
 
 const char* action_name(ProfilerAction a) {
   static constexpr const char* kNames[] = {"NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE"};
-  return memory::enum_table<ProfilerAction::record_and_save>(a, kNames, "?");
+  return base::enum_table<ProfilerAction::record_and_save>(a, kNames, "?");
 }
 
 Schedule schedule(int wait, int warmup, int active, int repeat, int skip_first) {

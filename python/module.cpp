@@ -4,8 +4,8 @@
 #include <pybind11/pybind11.h>
 
 #include "common.h"
+#include "inspect/unpickle.h"
 #include "memory/caching_allocator.h"
-#include "memory/unpickle.h"
 #include "tally/version.h"
 
 namespace py = pybind11;
@@ -31,7 +31,7 @@ PYBIND11_MODULE(_C, m) {
   // as tally.UnpickleError (a ValueError), the rest as RuntimeError; the message is Tally's.
   py::register_exception<tally::memory::OutOfMemoryError>(m, "OutOfMemoryError",
                                                           PyExc_RuntimeError);
-  py::register_exception<tally::memory::UnpickleError>(m, "UnpickleError", PyExc_ValueError);
+  py::register_exception<tally::inspect::UnpickleError>(m, "UnpickleError", PyExc_ValueError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "memory/checked.h"
+#include "base/checked.h"
 #include "memory/context.h"
 #include "memory/meta.h"
 
@@ -19,15 +19,15 @@ const char* op_name() {
 // error (the hot path takes no lock).
 size_t output_nbytes(const Shape& shape, DType dtype) {
   uint64_t n;
-  if (memory::try_nbytes(shape, dtype_size(dtype), &n)) [[likely]]
+  if (base::try_nbytes(shape, dtype_size(dtype), &n)) [[likely]]
     return n;
-  return memory::checked_nbytes(shape, dtype_size(dtype), op_name());  // throws
+  return base::checked_nbytes(shape, dtype_size(dtype), op_name());  // throws
 }
 
 }  // namespace
 
 size_t checked_nbytes(const Shape& shape, size_t element_size, const char* what) {
-  return memory::checked_nbytes(shape, element_size, what);
+  return base::checked_nbytes(shape, element_size, what);
 }
 
 Tensor alloc_output(const Shape& shape, DType dtype, Device device) {

@@ -50,7 +50,7 @@ Storage alloc_scratch_bytes(size_t bytes, Device device);
 
 // shape's element count times `element_size`; std::invalid_argument naming `what` and the
 // shape for a negative size, std::length_error when the product does not fit in 63 bits
-// (memory::checked_nbytes).
+// (base::checked_nbytes).
 size_t checked_nbytes(const Shape& shape, size_t element_size, const char* what);
 
 }  // namespace tally

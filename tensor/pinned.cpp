@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "memory/checked.h"
+#include "base/checked.h"
 #include "memory/context.h"
 #include "memory/meta.h"
 #include "tensor/dispatch.h"
@@ -16,7 +16,7 @@ namespace tally::ops {
 Tensor empty_pinned(const Shape& shape, DType dtype) {
   static const OpInfo info("empty_pinned");
   DispatchScope scope(info, Device::cpu());
-  const size_t bytes = memory::checked_nbytes(shape, dtype_size(dtype), "empty_pinned");
+  const size_t bytes = base::checked_nbytes(shape, dtype_size(dtype), "empty_pinned");
   Storage s = Storage::allocate(bytes, Device::cpu(), memory::get_pinned_allocator());
   return Tensor::make(std::move(s), shape, contiguous_strides(shape), 0, dtype);
 }

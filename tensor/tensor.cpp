@@ -6,7 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "memory/checked.h"
+#include "base/checked.h"
 
 namespace tally {
 
@@ -17,13 +17,13 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
-  return memory::checked_numel(s, "numel");
+  return base::checked_numel(s, "numel");
 }
 
 Shape contiguous_strides(const Shape& sizes) {
   // Checked once: the strides below are partial products of a shape whose dimensions
   // (zeros as ones) multiply to at most 2^63 - 1.
-  (void)memory::checked_numel(sizes, "contiguous_strides");
+  (void)base::checked_numel(sizes, "contiguous_strides");
   Shape st(sizes.size());
   int64_t acc = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
@@ -42,7 +42,7 @@ Shape memory_format_strides(const Shape& sizes, MemoryFormat f, const char* what
   if (sizes.size() != 4)
     throw std::invalid_argument(fmt::format(
         "{}: channels_last needs a 4-D [N, C, H, W] tensor, got shape {}", what, shape_str(sizes)));
-  (void)memory::checked_numel(sizes, what);
+  (void)base::checked_numel(sizes, what);
   const int64_t c = std::max<int64_t>(sizes[1], 1), h = std::max<int64_t>(sizes[2], 1),
                 w = std::max<int64_t>(sizes[3], 1);
   return {h * w * c, 1, w * c, c};
@@ -57,15 +57,15 @@ Tensor Tensor::make(Storage storage, Shape sizes, Shape strides, int64_t offset,
       throw std::invalid_argument(
           fmt::format("Tensor::make: negative size in {}", shape_str(sizes)));
   // Bounds: the largest reachable element must lie inside the storage.
-  if (memory::checked_numel(sizes, "Tensor::make") > 0) {
+  if (base::checked_numel(sizes, "Tensor::make") > 0) {
     static constexpr const char* what = "Tensor::make: the extent of the layout";
     int64_t hi = offset, lo = offset;
     for (size_t i = 0; i < sizes.size(); ++i) {
-      const int64_t span = memory::checked_mul(sizes[i] - 1, strides[i], what);
+      const int64_t span = base::checked_mul(sizes[i] - 1, strides[i], what);
       if (span > 0)
-        hi = memory::checked_add(hi, span, what);
+        hi = base::checked_add(hi, span, what);
       else
-        lo = memory::checked_add(lo, span, what);
+        lo = base::checked_add(lo, span, what);
     }
     const auto cap = static_cast<int64_t>(storage.nbytes() / dtype_size(dtype));
     if (lo < 0 || hi >= cap)

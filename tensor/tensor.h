@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "memory/checked.h"
+#include "base/checked.h"
 #include "tensor/dtype.h"
 #include "tensor/storage.h"
 
@@ -29,7 +29,7 @@ using Shape = std::vector<int64_t>;
 
 std::string shape_str(const Shape& s);  // "[2, 3]"
 // The number of elements; std::invalid_argument for a negative dimension, std::length_error
-// naming the shape when it exceeds 2^63 - 1 (memory::checked_numel).
+// naming the shape when it exceeds 2^63 - 1 (base::checked_numel).
 int64_t shape_numel(const Shape& s);
 Shape contiguous_strides(const Shape& sizes);
 
@@ -95,7 +95,7 @@ class Tensor {
   int64_t storage_offset() const { return impl().offset; }
   size_t element_size() const { return dtype_size(impl().dtype); }
   size_t nbytes() const {
-    return memory::checked_mul(static_cast<size_t>(numel()), element_size(), "Tensor::nbytes");
+    return base::checked_mul(static_cast<size_t>(numel()), element_size(), "Tensor::nbytes");
   }
   bool is_contiguous() const;
   // Laid out as `f` (dimensions of size 1 take any stride, as in PyTorch).

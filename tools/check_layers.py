@@ -2,8 +2,8 @@
 """The layer rules of docs/architecture.md, checked on every build.
 
 Usage: check_layers.py REPO_ROOT. Exits 1, naming file:line and the rule, when
-  - a source file includes a header of a layer above its own (memory < tensor+autograd <
-    nn < optim; tensor+autograd < profiler; nn < distributed);
+  - a source file includes a header of a layer above its own (base < memory < tensor+autograd
+    < nn < optim; memory < inspect; inspect, tensor+autograd < profiler; nn < distributed);
   - a file of the tensor layer outside an op family's autograd.{h,cpp} includes autograd/
     (the op families' differentiable wrappers are the tensor layer's only way up; Tensor's
     autograd methods are declared in tensor/tensor.h and defined in
@@ -13,7 +13,7 @@ Usage: check_layers.py REPO_ROOT. Exits 1, naming file:line and the rule, when
     the registration point (tensor/backends.cpp, via TALLY_CUDA_TABLE);
   - a C++ file of the library or of examples/ opens a file for writing itself (std::ofstream,
     std::fstream, fopen with "w"/"a"/"+", open with O_WRONLY/O_RDWR/O_CREAT): every writer goes
-    through memory/atomic_file.h (write_file_atomic), so a write cut short never destroys the
+    through base/atomic_file.h (write_file_atomic), so a write cut short never destroys the
     previous file.
 """
 import os
@@ -21,13 +21,15 @@ import re
 import sys
 
 ALLOWED = {
-    "memory": {"memory"},
-    "tensor": {"memory", "tensor", "autograd"},
-    "autograd": {"memory", "tensor", "autograd"},
-    "nn": {"memory", "tensor", "autograd", "nn"},
-    "optim": {"memory", "tensor", "autograd", "nn", "optim"},
-    "profiler": {"memory", "tensor", "autograd", "profiler"},
-    "distributed": {"memory", "tensor", "autograd", "nn", "distributed"},
+    "base": {"base"},
+    "memory": {"base", "memory"},
+    "inspect": {"base", "memory", "inspect"},
+    "tensor": {"base", "memory", "tensor", "autograd"},
+    "autograd": {"base", "memory", "tensor", "autograd"},
+    "nn": {"base", "memory", "tensor", "autograd", "nn"},
+    "optim": {"base", "memory", "tensor", "autograd", "nn", "optim"},
+    "profiler": {"base", "memory", "inspect", "tensor", "autograd", "profiler"},
+    "distributed": {"base", "memory", "tensor", "autograd", "nn", "distributed"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/')
 EXTS = (".h", ".cpp", ".cu", ".cuh")
@@ -66,12 +68,12 @@ def check(root):
     return errors
 
 
-# Opening a file for writing, outside memory/atomic_file.cpp (the one place that does).
+# Opening a file for writing, outside base/atomic_file.cpp (the one place that does).
 WRITE_OPEN = re.compile(r'\b(?:std::)?o?fstream\b|\bfopen\s*\([^;]*"[^"]*[wa+][^"]*"'
                         r'|\bO_(?:WRONLY|RDWR|CREAT)\b|\bcreat\s*\(')
-WRITE_DIRS = ("memory", "tensor", "autograd", "nn", "optim", "profiler", "distributed",
+WRITE_DIRS = ("base", "memory", "inspect", "tensor", "autograd", "nn", "optim", "profiler", "distributed",
               "examples")
-ATOMIC_WRITER = os.path.join("memory", "atomic_file.cpp")
+ATOMIC_WRITER = os.path.join("base", "atomic_file.cpp")
 
 
 def check_writes(root):
@@ -90,7 +92,7 @@ def check_writes(root):
                         code = line.split("//", 1)[0]
                         if not code.lstrip().startswith("#") and WRITE_OPEN.search(code):
                             errors.append(f"{rel}:{n}: opens a file for writing; write through "
-                                          "memory/atomic_file.h (write_file_atomic)")
+                                          "base/atomic_file.h (write_file_atomic)")
     return errors
 
 

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "base/checked.h"
 #include "memory/caching_allocator.h"
-#include "memory/checked.h"
 #include "memory/context.h"
 
 namespace tally::data {
@@ -51,13 +51,13 @@ CIFAR10::CIFAR10(const std::string& root, bool train, std::array<double, 3> mean
           f, bytes / kRecordBytes * kRecordBytes, bytes / kRecordBytes, kRecordBytes,
           bytes % kRecordBytes, bytes, kRecordBytes));
     counts.push_back(bytes / kRecordBytes);
-    n_ = memory::checked_add(n_, counts.back(), "CIFAR10: the number of records");
+    n_ = base::checked_add(n_, counts.back(), "CIFAR10: the number of records");
   }
 
   memory::CategoryScope scope(memory::Category::input);
   try {
     images_ = Storage::allocate(
-        static_cast<size_t>(memory::checked_mul(n_, kImageBytes, "CIFAR10: the image bytes")),
+        static_cast<size_t>(base::checked_mul(n_, kImageBytes, "CIFAR10: the image bytes")),
         Device::cpu());
     labels_ = empty_host({n_}, DType::int64, false);
   } catch (const memory::OutOfMemoryError& e) {

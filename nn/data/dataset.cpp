@@ -5,7 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "memory/checked.h"
+#include "base/checked.h"
 #include "tensor/ops.h"
 #include "tensor/pinned.h"
 
@@ -13,7 +13,7 @@ namespace tally::data {
 
 Tensor empty_host(const Shape& shape, DType dtype, bool pinned) {
   if (pinned) return ops::empty_pinned(shape, dtype);
-  const size_t bytes = memory::checked_nbytes(shape, dtype_size(dtype), "empty_host");
+  const size_t bytes = base::checked_nbytes(shape, dtype_size(dtype), "empty_host");
   return Tensor::make(Storage::allocate(bytes, Device::cpu()), shape, contiguous_strides(shape), 0,
                       dtype);
 }

@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "base/checked.h"
 #include "memory/caching_allocator.h"
-#include "memory/checked.h"
 #include "memory/context.h"
 
 namespace tally::data {
@@ -140,19 +140,19 @@ ByteArray read_idx(const std::string& path) {
   // excuse the other dimensions.
   int64_t product = 1;
   for (int d = 0; d < rank; ++d)
-    product = memory::checked_mul(
+    product = base::checked_mul(
         product, std::max<int64_t>(shape[static_cast<size_t>(d)], 1),
         fmt::format("read_idx: '{}': the header's dimensions {} multiply past 2^63 - 1 at "
                     "dimension {} (byte offset {})",
                     path, shape_str(shape), d, 4 + 4 * d));
-  const int64_t numel = memory::checked_numel(shape, "read_idx");  // (cannot fail now)
+  const int64_t numel = base::checked_numel(shape, "read_idx");  // (cannot fail now)
   // Against what the file can hold before anything is allocated: a plain file its size after
   // the header, a gzip'd one at most kMaxDeflateRatio bytes per compressed byte.
   const auto bytes = static_cast<uint64_t>(numel);
   const uint64_t data_offset = r.offset();
   const uint64_t file_bytes = std::filesystem::file_size(path);
   if (r.gzipped()) {
-    const uint64_t most = memory::checked_mul(file_bytes, kMaxDeflateRatio, "read_idx");
+    const uint64_t most = base::checked_mul(file_bytes, kMaxDeflateRatio, "read_idx");
     if (bytes > most)
       throw std::runtime_error(fmt::format(
           "read_idx: '{}': the header (byte offsets 4 to {}) gives shape {}, {} bytes of data "

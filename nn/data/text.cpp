@@ -6,8 +6,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "base/checked.h"
 #include "memory/caching_allocator.h"
-#include "memory/checked.h"
 #include "memory/context.h"
 #include "tensor/ops.h"
 
@@ -84,7 +84,7 @@ TextCorpus::TextCorpus(const std::string& path, double val_fraction) : path_(pat
         "TextCorpus: '{}' does not exist or is not a file{}", path,
         path == kDefaultPath ? " (Debian/Ubuntu: install the package fortunes-min)" : ""));
   const uintmax_t file_bytes = fs::file_size(path);
-  if (file_bytes > static_cast<uintmax_t>(memory::kMaxElements))
+  if (file_bytes > static_cast<uintmax_t>(base::kMaxElements))
     throw std::runtime_error(
         fmt::format("TextCorpus: '{}' has {} bytes, more than 2^63 - 1", path, file_bytes));
   total_ = static_cast<int64_t>(file_bytes);
@@ -131,9 +131,9 @@ Example TextCorpus::get_batch(int64_t batch, int64_t seq_len, Generator& gen, Sp
         "batch >= 1 and 1 <= seq_len < {}",
         batch, seq_len, split == Split::train ? "train" : "val", path_, n, n));
   uint64_t batch_bytes;  // (the error names the corpus before empty_host would throw)
-  if (!memory::try_nbytes(Shape{batch, seq_len}, sizeof(int64_t), &batch_bytes))
-    (void)memory::checked_nbytes(Shape{batch, seq_len}, sizeof(int64_t),
-                                 fmt::format("TextCorpus::get_batch: '{}'", path_));
+  if (!base::try_nbytes(Shape{batch, seq_len}, sizeof(int64_t), &batch_bytes))
+    (void)base::checked_nbytes(Shape{batch, seq_len}, sizeof(int64_t),
+                               fmt::format("TextCorpus::get_batch: '{}'", path_));
   const Tensor starts = ops::randint(0, n - seq_len, {batch}, DType::int64, Device::cpu(), &gen);
   const int64_t* s = starts.data<int64_t>();
   const auto* p = static_cast<const uint8_t*>(bytes_.data()) + split_offset(split);

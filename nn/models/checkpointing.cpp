@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "memory/enum_table.h"
+#include "base/enum_table.h"
 #include "nn/checkpoint.h"
 #include "nn/module.h"
 
@@ -17,7 +17,7 @@ std::string CheckpointSpec::str() const {
   if (kind == Kind::segments) return fmt::format("{}-segments", segments);
   if (kind == Kind::blocks && blocks > 0) return fmt::format("{}-blocks", blocks);
   static constexpr const char* kNames[] = {"none", "blocks", "segments", "selective"};
-  return memory::enum_table<Kind::selective>(kind, kNames, "none");
+  return base::enum_table<Kind::selective>(kind, kNames, "none");
 }
 
 CheckpointSpec parse_checkpoint_spec(const std::string& s) {

@@ -228,7 +228,7 @@ std::pair<Tensor, Tensor> GPT::forward(const Tensor& idx, const Tensor& targets)
   }
   // The padded classifier (GPTConfig::classifier_pad_multiple), under lm_head's scope as its
   // call would be.
-  const int64_t Vp = memory::checked_add<int64_t>(V, m - V % m, "GPT classifier padding");
+  const int64_t Vp = base::checked_add<int64_t>(V, m - V % m, "GPT classifier padding");
   Tensor full = lm_head->call([&] {
     // linear's autocast rule first, so that the padded copy is made in the product's dtype.
     const auto [xc, w] = autocast::lower("linear", x, lm_head->weight);

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "memory/checked.h"
+#include "base/checked.h"
 #include "tensor/dispatch.h"
 #include "tensor/elementwise/kernels.h"
 #include "tensor/graph.h"
@@ -114,7 +114,7 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType 
 }
 
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device) {
-  const size_t bytes = memory::checked_nbytes(shape, dtype_size(dtype), "from_blob");
+  const size_t bytes = base::checked_nbytes(shape, dtype_size(dtype), "from_blob");
   return Tensor::make(Storage::borrow(data, bytes, device), shape, contiguous_strides(shape), 0,
                       dtype);
 }
@@ -312,7 +312,7 @@ static Shape infer_shape(Shape shape, int64_t numel, const Tensor& t, const char
           fmt::format("{}: invalid size {} in {}", op, shape[i], shape_str(shape)));
     }
   }
-  if (!memory::try_numel(known_dims, &known))
+  if (!base::try_numel(known_dims, &known))
     throw std::length_error(
         fmt::format("{}: shape {} has more than 2^63 - 1 elements", op, shape_str(shape)));
   if (infer >= 0) {

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <climits>
 
-#include "memory/checked.h"
+#include "base/checked.h"
 #include "tensor/dispatch.h"
 #include "tensor/elementwise/kernels.h"
 #include "tensor/linalg/kernels.h"
@@ -69,7 +69,7 @@ Tensor product(const OpInfo& info, const Tensor& a, const Tensor& b, const Shape
   out_shape.push_back(N);
   if (bb.empty() && !ba.empty()) {
     // A batch of matrices times one matrix: fold the batch into the rows, one GEMM.
-    const int64_t rows = memory::checked_mul(shape_numel(ba), M, info.name);
+    const int64_t rows = base::checked_mul(shape_numel(ba), M, info.name);
     const Tensor a2 = reshape(a, {rows, K});  // a view unless a's layout forbids it
     Tensor out = alloc_output({rows, N}, a.dtype(), a.device());
     linalg_backends.get(info, a.device(), &LinalgKernels::matmul)(out, blas_ready(a2),

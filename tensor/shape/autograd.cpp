@@ -4,7 +4,7 @@
 #include "tensor/shape/autograd.h"
 
 #include "autograd/node.h"
-#include "memory/checked.h"
+#include "base/checked.h"
 #include "memory/context.h"
 
 namespace tally {
@@ -49,8 +49,8 @@ Tensor joined_view(const TensorList& g, int64_t d, const Shape& sizes, DType dty
   }
   if (at != sizes[static_cast<size_t>(d)]) return {};
   static constexpr const char* what = "joined_view: the end of the joined gradient";
-  const size_t end = memory::checked_mul(
-      static_cast<size_t>(memory::checked_add(first.storage_offset(), shape_numel(sizes), what)),
+  const size_t end = base::checked_mul(
+      static_cast<size_t>(base::checked_add(first.storage_offset(), shape_numel(sizes), what)),
       dtype_size(dtype), what);
   if (end > first.storage().nbytes()) return {};
   return o::as_strided(first, sizes, strides, first.storage_offset());

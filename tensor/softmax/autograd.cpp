@@ -13,7 +13,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
-#include "memory/checked.h"
+#include "base/checked.h"
 #include "memory/context.h"
 #include "tensor/dispatch.h"
 #include "tensor/linalg/ops.h"
@@ -114,8 +114,8 @@ int64_t linear_cross_entropy_chunk_rows(int64_t N, int64_t V, int64_t element_si
   if (rows == 0) {
     const char* what = "linear_cross_entropy: the bytes of one logits row";
     const int64_t v = std::max<int64_t>(V, 1);
-    const int64_t Vp = memory::checked_add<int64_t>(v, (64 - v % 64) % 64, what);
-    rows = max_chunk_bytes / memory::checked_mul(Vp, element_size, what);
+    const int64_t Vp = base::checked_add<int64_t>(v, (64 - v % 64) % 64, what);
+    rows = max_chunk_bytes / base::checked_mul(Vp, element_size, what);
     if (rows >= 64) rows -= rows % 64;
     rows = std::max<int64_t>(rows, 1);
   }
@@ -193,7 +193,7 @@ Tensor linear_cross_entropy(const Tensor& hidden_, const Tensor& weight_, const 
   // is the first V rows of a [Vp, C] product. Every GEMM then has aligned dimensions and
   // leading dimensions.
   const bool padded = V % 64 != 0;
-  const int64_t Vp = padded ? memory::checked_add<int64_t>(V, 64 - V % 64, info.name) : V;
+  const int64_t Vp = padded ? base::checked_add<int64_t>(V, 64 - V % 64, info.name) : V;
 
   DispatchScope scope(info, hidden, weight, target);
   Tensor wpad = weight;  // [Vp, C]

@@ -11,9 +11,9 @@
 #include <optional>
 #include <thread>
 
+#include "base/rank_path.h"
 #include "distributed/rendezvous.h"
 #include "memory/memory.h"
-#include "memory/rank_path.h"
 #include "memory/timeline.h"
 
 namespace tally::distributed {
@@ -183,19 +183,19 @@ TEST(DistEnv, FromTorchrunVariables) {
 }
 
 TEST(RankPath, RankGoesBeforeTheExtension) {
-  using memory::per_rank_path;
-  EXPECT_EQ(per_rank_path("x.pickle", 1, 2), "x.rank1.pickle");
-  EXPECT_EQ(per_rank_path("out/run.timeline.json", 0, 4), "out/run.timeline.rank0.json");
-  EXPECT_EQ(per_rank_path("dir.d/snap", 3, 4), "dir.d/snap.rank3");
-  EXPECT_EQ(per_rank_path("x.pickle", 0, 1), "x.pickle");              // single process
-  EXPECT_EQ(per_rank_path("x.rank1.pickle", 1, 2), "x.rank1.pickle");  // already there
+  using base::per_rank_path;
+  EXPECT_EQ(base::per_rank_path("x.pickle", 1, 2), "x.rank1.pickle");
+  EXPECT_EQ(base::per_rank_path("out/run.timeline.json", 0, 4), "out/run.timeline.rank0.json");
+  EXPECT_EQ(base::per_rank_path("dir.d/snap", 3, 4), "dir.d/snap.rank3");
+  EXPECT_EQ(base::per_rank_path("x.pickle", 0, 1), "x.pickle");              // single process
+  EXPECT_EQ(base::per_rank_path("x.rank1.pickle", 1, 2), "x.rank1.pickle");  // already there
   {
     EnvGuard g({{"RANK", "1"}, {"WORLD_SIZE", "2"}});
-    EXPECT_EQ(per_rank_path("a.pickle"), "a.rank1.pickle");
+    EXPECT_EQ(base::per_rank_path("a.pickle"), "a.rank1.pickle");
   }
   {
     EnvGuard g({{"RANK", nullptr}, {"WORLD_SIZE", nullptr}});
-    EXPECT_EQ(per_rank_path("a.pickle"), "a.pickle");
+    EXPECT_EQ(base::per_rank_path("a.pickle"), "a.pickle");
   }
 }
 

@@ -171,7 +171,7 @@ for r in res:
     check(max(row[8] for row in sizes) == 0, f"{r['timeline']}: unknown column not zero")
 
 # The snapshot diff of every configuration against the first (diff/<name>.{html,txt,json},
-# memory/memdiff.h): listed in the output; the JSON names both snapshots, its rows add up to each
+# inspect/memdiff.h): listed in the output; the JSON names both snapshots, its rows add up to each
 # peak (requested bytes: at most the allocator's rounded peak), and checkpointing shows as less
 # activation at the peak; the page is self-contained.
 check("snapshot diffs against ckpt=none amp=off" in p.stdout, "ab_memory lists its snapshot diffs")

@@ -1,5 +1,5 @@
-// The pickle reader (memory/unpickle.cpp) and the snapshot reader on top of it
-// (memory/memdiff.cpp): the input is the pickle. What unpickles and is small enough to walk
+// The pickle reader (inspect/unpickle.cpp) and the snapshot reader on top of it
+// (inspect/memdiff.cpp): the input is the pickle. What unpickles and is small enough to walk
 // must survive Tally's PickleWriter and unpickle again equal (when the writer can express it:
 // ASCII strings, no bytes, tuples of 0 or 2 items); what summarises as a snapshot must add up:
 // the bytes at the peak by key are the peak, the timeline's largest sample is the peak, and a
@@ -8,12 +8,13 @@
 #include <sstream>
 
 #include "fuzz_common.h"
-#include "memory/memdiff.h"
+#include "inspect/memdiff.h"
+#include "inspect/unpickle.h"
 #include "memory/pickle.h"
-#include "memory/unpickle.h"
 
 using namespace tally;
 using namespace tally::memory;
+using namespace tally::inspect;
 
 namespace {
 

@@ -197,7 +197,7 @@ for i in range(12):
         data.append(rng >> 16 & 0xFF)
     write("sizes", "random-%02d" % i, bytes(data))
 
-# ---- unpickle: the pickle (memory/unpickle.h); small snapshots in Tally's layout and PyTorch's,
+# ---- unpickle: the pickle (inspect/unpickle.h); small snapshots in Tally's layout and PyTorch's,
 # Python's protocols 2-5, and broken ones ----
 import pickle  # noqa: E402
 

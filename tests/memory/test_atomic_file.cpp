@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "memory/atomic_file.h"
+#include "base/atomic_file.h"
 #include "memory/snapshot.h"
 #include "testing/file_limit.h"
 
@@ -58,13 +58,13 @@ std::string pattern(size_t n, char seed) {
 TEST(AtomicFile, WritesThenReplaces) {
   const fs::path d = fresh_dir();
   const fs::path f = d / "out.bin";
-  write_file_atomic(f.string(), pattern(100000, 'a'), "test");
+  base::write_file_atomic(f.string(), pattern(100000, 'a'), "test");
   EXPECT_EQ(slurp(f), pattern(100000, 'a'));
   // A shorter second version replaces the first completely (no tail of the old one).
-  write_file_atomic(
+  base::write_file_atomic(
       f.string(), [](std::ostream& out) { out << "short"; }, "test");
   EXPECT_EQ(slurp(f), "short");
-  write_file_atomic(f.string(), std::string_view(), "test");  // empty files are files too
+  base::write_file_atomic(f.string(), std::string_view(), "test");  // empty files are files too
   EXPECT_TRUE(fs::exists(f));
   EXPECT_EQ(fs::file_size(f), 0u);
   EXPECT_EQ(names_in(d), std::set<std::string>{"out.bin"});
@@ -74,13 +74,13 @@ TEST(AtomicFile, FileSizeLimitLeavesPreviousFileIntact) {
   const fs::path d = fresh_dir();
   const fs::path f = d / "weights.bin";
   const std::string good = pattern(3000, 'g');
-  write_file_atomic(f.string(), good, "test");
+  base::write_file_atomic(f.string(), good, "test");
 
   // Streamed in small pieces, as the pickle and trace writers do, and as one block of bytes;
   // both pass the 8 KiB limit part way.
   const std::string big = pattern(200000, 'b');
   const testing::LimitedRun streamed = testing::run_with_file_size_limit(8192, [&] {
-    write_file_atomic(
+    base::write_file_atomic(
         f.string(),
         [&](std::ostream& out) {
           for (size_t i = 0; i < big.size(); i += 100) out.write(big.data() + i, 100);
@@ -88,7 +88,7 @@ TEST(AtomicFile, FileSizeLimitLeavesPreviousFileIntact) {
         "streamed_writer");
   });
   const testing::LimitedRun block = testing::run_with_file_size_limit(
-      8192, [&] { write_file_atomic(f.string(), big, "block_writer"); });
+      8192, [&] { base::write_file_atomic(f.string(), big, "block_writer"); });
 
   for (const auto* r : {&streamed, &block}) {
     ASSERT_TRUE(r->threw) << "status " << r->status << ": " << r->what;
@@ -103,7 +103,7 @@ TEST(AtomicFile, FileSizeLimitLeavesPreviousFileIntact) {
 
   // The same limit with a write that fits succeeds: the limit is what failed above.
   const testing::LimitedRun fits = testing::run_with_file_size_limit(
-      8192, [&] { write_file_atomic(f.string(), pattern(4000, 'c'), "test"); });
+      8192, [&] { base::write_file_atomic(f.string(), pattern(4000, 'c'), "test"); });
   EXPECT_TRUE(WIFEXITED(fits.status) && WEXITSTATUS(fits.status) == 0) << fits.what;
   EXPECT_EQ(slurp(f), pattern(4000, 'c'));
 }
@@ -111,9 +111,9 @@ TEST(AtomicFile, FileSizeLimitLeavesPreviousFileIntact) {
 TEST(AtomicFile, WriterThatThrowsLeavesPreviousFileIntact) {
   const fs::path d = fresh_dir();
   const fs::path f = d / "report.html";
-  write_file_atomic(f.string(), "<html>good</html>", "test");
+  base::write_file_atomic(f.string(), "<html>good</html>", "test");
   try {
-    write_file_atomic(
+    base::write_file_atomic(
         f.string(),
         [](std::ostream& out) {
           out << pattern(150000, 'x');  // past the stream's buffer: bytes reach the temp file
@@ -129,7 +129,7 @@ TEST(AtomicFile, WriterThatThrowsLeavesPreviousFileIntact) {
 
   // Without a previous file there is nothing afterwards, not an empty or partial file.
   const fs::path g = d / "new.bin";
-  EXPECT_THROW(write_file_atomic(
+  EXPECT_THROW(base::write_file_atomic(
                    g.string(), [](std::ostream&) { throw std::runtime_error("no"); }, "test"),
                std::runtime_error);
   EXPECT_FALSE(fs::exists(g));
@@ -140,7 +140,7 @@ TEST(AtomicFile, ErrorsNameThePathAndTheReason) {
   const fs::path d = fresh_dir();
   const std::string missing = (d / "no-such-folder" / "x.pickle").string();
   try {
-    write_file_atomic(missing, "x", "dump_snapshot");
+    base::write_file_atomic(missing, "x", "dump_snapshot");
     FAIL() << "no exception";
   } catch (const std::runtime_error& e) {
     const std::string w = e.what();
@@ -148,38 +148,38 @@ TEST(AtomicFile, ErrorsNameThePathAndTheReason) {
     EXPECT_TRUE(contains(w, std::strerror(ENOENT))) << w;
   }
   try {
-    write_file_atomic(d.string(), "x", "test");
+    base::write_file_atomic(d.string(), "x", "test");
     FAIL() << "no exception";
   } catch (const std::runtime_error& e) {
     EXPECT_TRUE(contains(e.what(), d.string()) && contains(e.what(), std::strerror(EISDIR)))
         << e.what();
   }
-  EXPECT_THROW(write_file_atomic("", "x", "test"), std::invalid_argument);
+  EXPECT_THROW(base::write_file_atomic("", "x", "test"), std::invalid_argument);
   EXPECT_TRUE(names_in(d).empty());
 }
 
 TEST(AtomicFile, KeepsPermissionsAndFollowsSymlinks) {
   const fs::path d = fresh_dir();
   const fs::path f = d / "w.safetensors";
-  write_file_atomic(f.string(), "one", "test");
+  base::write_file_atomic(f.string(), "one", "test");
   const mode_t mask = ::umask(0);
   ::umask(mask);
   EXPECT_EQ(fs::status(f).permissions(), static_cast<fs::perms>(0666 & ~mask));
 
   fs::permissions(f, static_cast<fs::perms>(0640));
-  write_file_atomic(f.string(), "two", "test");
+  base::write_file_atomic(f.string(), "two", "test");
   EXPECT_EQ(slurp(f), "two");
   EXPECT_EQ(fs::status(f).permissions(), static_cast<fs::perms>(0640));
 
   // latest -> w.safetensors (relative): the file behind the link is replaced, the link stays.
   const fs::path link = d / "latest";
   fs::create_symlink("w.safetensors", link);
-  write_file_atomic(link.string(), "three", "test");
+  base::write_file_atomic(link.string(), "three", "test");
   EXPECT_TRUE(fs::is_symlink(link));
   EXPECT_EQ(slurp(f), "three");
   // A dangling link names the file to create, as an ordinary open would.
   fs::create_symlink(d / "target.bin", d / "dangling");
-  write_file_atomic((d / "dangling").string(), "four", "test");
+  base::write_file_atomic((d / "dangling").string(), "four", "test");
   EXPECT_TRUE(fs::is_symlink(d / "dangling"));
   EXPECT_EQ(slurp(d / "target.bin"), "four");
   EXPECT_EQ(names_in(d),
@@ -188,7 +188,7 @@ TEST(AtomicFile, KeepsPermissionsAndFollowsSymlinks) {
 
 TEST(AtomicFile, DeviceTargetIsWrittenInPlace) {
   // /dev/null cannot be replaced by a rename (and must not be): it is written in place.
-  EXPECT_NO_THROW(write_file_atomic("/dev/null", pattern(100000, 'n'), "test"));
+  EXPECT_NO_THROW(base::write_file_atomic("/dev/null", pattern(100000, 'n'), "test"));
 }
 
 TEST(AtomicFile, ConcurrentWritersNeverInterleave) {
@@ -199,7 +199,7 @@ TEST(AtomicFile, ConcurrentWritersNeverInterleave) {
   std::vector<std::thread> threads;
   for (const std::string& v : versions)
     threads.emplace_back([&f, &v] {
-      for (int i = 0; i < 5; ++i) write_file_atomic(f.string(), v, "test");
+      for (int i = 0; i < 5; ++i) base::write_file_atomic(f.string(), v, "test");
     });
   for (auto& t : threads) t.join();
   const std::string got = slurp(f);

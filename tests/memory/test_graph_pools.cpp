@@ -7,12 +7,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "inspect/unpickle.h"
 #include "memory/caching_allocator.h"
 #include "memory/fake_provider.h"
 #include "memory/snapshot.h"
-#include "memory/unpickle.h"
 
 namespace tally::memory {
+using namespace tally::inspect;
 namespace {
 
 using testing::FakeProvider;

@@ -1,13 +1,13 @@
-// memory/json.h: json_quote (nlohmann-json's escaping; invalid UTF-8 becomes U+FFFD, never an
+// base/json.h: json_quote (nlohmann-json's escaping; invalid UTF-8 becomes U+FFFD, never an
 // exception) and script_safe (JSON text inside an HTML <script>).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-#include "memory/json.h"
+#include "base/json.h"
 
-using tally::memory::json_quote;
-using tally::memory::script_safe;
+using tally::base::json_quote;
+using tally::base::script_safe;
 
 TEST(JsonQuote, EscapesQuotesBackslashesAndControlCharacters) {
   EXPECT_EQ(json_quote(""), R"("")");

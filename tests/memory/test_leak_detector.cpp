@@ -1,4 +1,4 @@
-// memory::LeakDetector on the CPU: a synthetic leak (a vector keeping a tensor each step) and
+// inspect::LeakDetector on the CPU: a synthetic leak (a vector keeping a tensor each step) and
 // memory_patterns' leak (a loss history of graph-holding losses) are found at this file's
 // lines with their bytes per step; clean ResNet and GPT training loops (AdamW, a DataLoader,
 // with and without autocast and a GradScaler) raise nothing.
@@ -11,7 +11,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
-#include "memory/leak_detector.h"
+#include "inspect/leak_detector.h"
 #include "memory/memory.h"
 #include "nn/data/dataloader.h"
 #include "nn/data/synthetic.h"
@@ -23,8 +23,8 @@
 namespace tally {
 namespace {
 
-using memory::Leak;
-using memory::LeakDetector;
+using inspect::Leak;
+using inspect::LeakDetector;
 
 constexpr const char* kThisFile = "tests/memory/test_leak_detector.cpp";
 const Device cpu = Device::cpu();
@@ -65,7 +65,7 @@ TEST(LeakDetector, FindsATensorKeptEveryStepAtItsLine) {
   const std::string report = detector.report();
   EXPECT_NE(report.find("LEAK: 1.0 KiB per step"), std::string::npos) << report;
   EXPECT_NE(report.find(l.site.location()), std::string::npos) << report;
-  const std::vector<memory::LeakingLine> lines = detector.leaking_lines();
+  const std::vector<inspect::LeakingLine> lines = detector.leaking_lines();
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0].location, l.site.location());
 
@@ -219,7 +219,7 @@ TEST(LeakDetector, FindsALossHistoryThatKeepsGraphs) {
     else
       resnet_loop(detector, o, line);
     ASSERT_TRUE(detector.found()) << detector.report();
-    const std::vector<memory::LeakingLine> lines = detector.leaking_lines();
+    const std::vector<inspect::LeakingLine> lines = detector.leaking_lines();
     ASSERT_FALSE(lines.empty());
     EXPECT_EQ(lines[0].location, std::string(kThisFile) + ":" + std::to_string(line))
         << detector.report();
@@ -228,7 +228,7 @@ TEST(LeakDetector, FindsALossHistoryThatKeepsGraphs) {
     // The rest (the inputs that the graphs save; for the ResNet, cross_entropy, a raw op
     // without a site of its own) is small next to the model's activations.
     double total = 0;
-    for (const memory::LeakingLine& l : lines) total += l.bytes_per_step;
+    for (const inspect::LeakingLine& l : lines) total += l.bytes_per_step;
     EXPECT_GT(lines[0].bytes_per_step, 0.8 * total) << detector.report();
   }
 }

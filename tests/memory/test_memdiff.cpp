@@ -1,4 +1,4 @@
-// The snapshot diff (memory/memdiff.h): two Tally snapshots made here with known allocations
+// The snapshot diff (inspect/memdiff.h): two Tally snapshots made here with known allocations
 // (exact bytes at each peak, allocation counts and deltas per category, module, op and phase, a
 // re-tag, a parameter live before the trace), two runs of a small nn model, PyTorch's own
 // snapshots (tests/memory/fixtures: peaks and frames checked against an independent replay in
@@ -14,9 +14,9 @@
 #include <sstream>
 
 #include "autograd/ops.h"
+#include "inspect/memdiff.h"
 #include "memory/caching_allocator.h"
 #include "memory/fake_provider.h"
-#include "memory/memdiff.h"
 #include "memory/memory.h"
 #include "memory/pickle.h"
 #include "nn/container.h"
@@ -24,6 +24,7 @@
 #include "tensor/ops.h"
 
 namespace tally::memory {
+using namespace tally::inspect;
 namespace {
 
 namespace fs = std::filesystem;

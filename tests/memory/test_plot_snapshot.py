@@ -12,7 +12,7 @@ before the trace, a free with no alloc, a re-tag written as free_requested + fre
 that bad input (not a pickle, a missing key) exits 2 with a message naming the file. Checks
 that the script's palette is Tally's one palette: its category colours equal
 memory::category_color's table (memory/category.cpp) and its phase colours
-memory::phase_color's (memory/svg_chart.cpp), read from the C++ sources; and that every tick
+memory::phase_color's (inspect/svg_chart.cpp), read from the C++ sources; and that every tick
 falls on 1, 2 or 5 times a power of ten.
 
 Exit 0 when all checks pass, 1 on a failure, 2 on bad usage. Stdlib only.
@@ -77,7 +77,7 @@ def parse_svg(path):
 
 def cpp_palette(root=ROOT):
     """The C++ palette: ({category: colour} from memory/category.cpp's kNames and kColors,
-    {phase: colour} from memory/svg_chart.cpp's kPhaseColors)."""
+    {phase: colour} from inspect/svg_chart.cpp's kPhaseColors)."""
     def array(src, name):
         m = re.search(name + r"\[\]\s*=\s*\{(.*?)\};", src, re.S)
         return re.findall(r'"([^"]*)"', m.group(1)) if m else []

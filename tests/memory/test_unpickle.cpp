@@ -1,4 +1,4 @@
-// The pickle reader (memory/unpickle.h): what Tally's PickleWriter writes reads back
+// The pickle reader (inspect/unpickle.h): what Tally's PickleWriter writes reads back
 // exactly; what Python writes (protocols 2-5) and PyTorch's own snapshots
 // (tests/memory/fixtures/torch211-*.pickle) read back as Python reads them (a canonical text
 // of both sides compared); truncated input at every cut, foreign pickles and bad opcodes are
@@ -14,10 +14,11 @@
 #include <limits>
 #include <sstream>
 
+#include "inspect/unpickle.h"
 #include "memory/pickle.h"
-#include "memory/unpickle.h"
 
 namespace tally::memory {
+using namespace tally::inspect;
 namespace {
 
 namespace fs = std::filesystem;

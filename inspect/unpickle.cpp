@@ -1,6 +1,6 @@
 // The pickle reader of unpickle.h: a loop over opcodes with Python's stack and MARK stack,
 // every read bounded by the bytes left, every container's nesting counted.
-#include "memory/unpickle.h"
+#include "inspect/unpickle.h"
 
 #include <fmt/format.h>
 
@@ -13,9 +13,9 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "memory/checked.h"
+#include "base/checked.h"
 
-namespace tally::memory {
+namespace tally::inspect {
 
 // ---- PickleDict, PickleValue
 
@@ -714,4 +714,4 @@ PickleValue unpickle_file(const std::string& path, const UnpickleLimits& limits)
   return unpickle(bytes, path, limits);
 }
 
-}  // namespace tally::memory
+}  // namespace tally::inspect

@@ -7,7 +7,7 @@
 
 #include <utility>
 
-namespace tally::memory {
+namespace tally::base {
 
 template <typename T>
 class ScopeGuard {
@@ -34,4 +34,4 @@ class ScopeGuard<void> {
   ~ScopeGuard() = default;
 };
 
-}  // namespace tally::memory
+}  // namespace tally::base

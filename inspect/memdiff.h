@@ -1,7 +1,7 @@
 // Snapshot diff: what changed in memory between two runs, read from their memory snapshots
 // (Tally's, docs/memory-formats.md §1, or PyTorch's own `_dump_snapshot` pickles).
 //
-// Reading. read_snapshot_summary() unpickles a snapshot (memory/unpickle.h) and replays one
+// Reading. read_snapshot_summary() unpickles a snapshot (inspect/unpickle.h) and replays one
 // device's trace (device_traces: alloc, free_completed, segment events) into the allocated-bytes
 // timeline and its peak. Blocks live before the trace began count from its start: those the
 // trace frees without having allocated them, and the active blocks of the snapshot's segments
@@ -41,9 +41,9 @@
 #include <string_view>
 #include <vector>
 
-#include "memory/unpickle.h"
+#include "inspect/unpickle.h"
 
-namespace tally::memory {
+namespace tally::inspect {
 
 // What an allocation is attributed to. Empty fields are unknown (PyTorch's snapshots have no
 // category, module, op or phase; Tally's have no frame).
@@ -130,4 +130,4 @@ void write_snapshot_diff_json(const std::string& path, const SnapshotDiff& d);
 // "activation layer1.0.conv1 conv2d forward": the key's non-empty fields, for tables.
 std::string alloc_key_str(const AllocKey& k);
 
-}  // namespace tally::memory
+}  // namespace tally::inspect

@@ -1,8 +1,8 @@
-#include "memory/json.h"
+#include "base/json.h"
 
 #include <nlohmann/json.hpp>
 
-namespace tally::memory {
+namespace tally::base {
 
 std::string json_quote(std::string_view s) {
   return nlohmann::json(std::string(s))
@@ -25,4 +25,4 @@ std::string script_safe(std::string_view json) {
   return out;
 }
 
-}  // namespace tally::memory
+}  // namespace tally::base

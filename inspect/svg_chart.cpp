@@ -1,4 +1,4 @@
-#include "memory/svg_chart.h"
+#include "inspect/svg_chart.h"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,11 @@
 
 #include "memory/category.h"
 
-namespace tally::memory {
+namespace tally::inspect {
+
+using memory::category_color;
+using memory::category_name;
+using memory::kAllCategories;
 
 namespace {
 
@@ -265,4 +269,4 @@ const std::string& chart_script() {
   return script;
 }
 
-}  // namespace tally::memory
+}  // namespace tally::inspect

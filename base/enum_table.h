@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <type_traits>
 
-namespace tally::memory {
+namespace tally::base {
 
 template <auto Last, typename V, size_t N>
 constexpr V enum_table(decltype(Last) e, const V (&table)[N], V fallback) {
@@ -18,4 +18,4 @@ constexpr V enum_table(decltype(Last) e, const V (&table)[N], V fallback) {
   return i < N ? table[i] : fallback;
 }
 
-}  // namespace tally::memory
+}  // namespace tally::base

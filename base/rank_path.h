@@ -6,7 +6,7 @@
 
 #include <string>
 
-namespace tally::memory {
+namespace tally::base {
 
 // `path` with ".rank<R>" before its extension (appended when it has none) when WORLD_SIZE
 // > 1; unchanged for a single process or when the name already carries ".rank<R>.".
@@ -14,4 +14,4 @@ std::string per_rank_path(const std::string& path);
 // The same with an explicit rank and world size (tests).
 std::string per_rank_path(const std::string& path, int rank, int world_size);
 
-}  // namespace tally::memory
+}  // namespace tally::base

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace tally::memory {
+namespace tally::base {
 
 // `s` as a JSON string literal, quotes included (nlohmann-json's escaping): `"`, `\` and
 // control characters escaped (\b, \f, \n, \r, \t by name, others as \u00XX); other characters,
@@ -21,4 +21,4 @@ std::string json_quote(std::string_view s);
 // holds. The JSON value is unchanged.
 std::string script_safe(std::string_view json);
 
-}  // namespace tally::memory
+}  // namespace tally::base

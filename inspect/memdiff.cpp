@@ -1,6 +1,6 @@
 // Snapshot diff (memdiff.h): the snapshot reader (trace replay, keys, peak attribution), the
 // diff, and its text, JSON and HTML outputs.
-#include "memory/memdiff.h"
+#include "inspect/memdiff.h"
 
 #include <fmt/format.h>
 
@@ -14,13 +14,16 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "memory/atomic_file.h"
+#include "base/atomic_file.h"
+#include "base/checked.h"
+#include "base/json.h"
+#include "inspect/svg_chart.h"
 #include "memory/category.h"
-#include "memory/checked.h"
-#include "memory/json.h"
-#include "memory/svg_chart.h"
 
-namespace tally::memory {
+namespace tally::inspect {
+
+using memory::Category;
+using memory::category_color;
 
 namespace {
 
@@ -213,7 +216,7 @@ class SnapshotReader {
 
     // 3. The timeline and its peak.
     int64_t total = 0;
-    for (const auto& [addr, b] : initial) total = checked_add(total, b.size, summing_);
+    for (const auto& [addr, b] : initial) total = base::checked_add(total, b.size, summing_);
     s.start_allocated = total;
     s.t.push_back(0);
     s.allocated.push_back(total);
@@ -230,11 +233,11 @@ class SnapshotReader {
             total -= it->second.size;
             it->second = {e.size, e.key};
           }
-          total = checked_add(total, e.size, summing_);
+          total = base::checked_add(total, e.size, summing_);
           s.allocations += 1;
           KeyStats& k = s.keys[keys_[e.key]];
           k.allocations += 1;
-          k.allocated_bytes = checked_add(k.allocated_bytes, e.size, summing_);
+          k.allocated_bytes = base::checked_add(k.allocated_bytes, e.size, summing_);
           break;
         }
         case EventKind::free: {
@@ -248,11 +251,11 @@ class SnapshotReader {
           if (auto it = live.find(e.addr); it != live.end()) it->second.key = e.key;
           continue;
         case EventKind::segment_add:
-          net_reserved = checked_add(net_reserved, e.size, summing_);
+          net_reserved = base::checked_add(net_reserved, e.size, summing_);
           reserved_max = std::max(reserved_max, net_reserved);
           continue;
         case EventKind::segment_remove:
-          net_reserved = checked_add(net_reserved, -e.size, summing_);
+          net_reserved = base::checked_add(net_reserved, -e.size, summing_);
           continue;
       }
       s.t.push_back(e.t);
@@ -265,7 +268,7 @@ class SnapshotReader {
     }
     // Reserved: the segments at the end less what the trace added gives the start.
     const int64_t reserved_start = std::max<int64_t>(0, reserved_end - net_reserved);
-    s.peak_reserved = checked_add(reserved_start, reserved_max, summing_);
+    s.peak_reserved = base::checked_add(reserved_start, reserved_max, summing_);
     s.peak_reserved = std::max(s.peak_reserved, s.peak_allocated);
 
     // 4. Who held the bytes at the peak.
@@ -480,8 +483,8 @@ class SnapshotReader {
       if (!sv.is_dict()) fail(fmt::format("{}: {}, expected a dict", where(), sv.a_type_name()));
       const PickleDict& seg = sv.as_dict();
       if (int_field(seg, "device", where, false) != device) continue;
-      *reserved = checked_add(*reserved, int_field(seg, "total_size", where, true),
-                              fmt::format("{}: {}: total_size", name_, where()));
+      *reserved = base::checked_add(*reserved, int_field(seg, "total_size", where, true),
+                                    fmt::format("{}: {}: total_size", name_, where()));
       const PickleValue& blocks = field(seg, "blocks", where);
       if (!blocks.is_list())
         fail(fmt::format("{}: 'blocks' is {}, expected a list", where(), blocks.a_type_name()));
@@ -582,9 +585,9 @@ std::string summary_json(const SnapshotSummary& s) {
       "{{\"path\": {}, \"format\": \"{}\", \"device\": {}, \"entries\": {}, \"has_time\": {}, "
       "\"start_allocated\": {}, \"peak_allocated\": {}, \"peak_reserved\": {}, "
       "\"allocations\": {}, \"peak_t\": {:.3f}, \"peak_reached_by\": {}}}",
-      json_quote(s.path), s.tally ? "tally" : "pytorch", s.device, s.entries,
+      base::json_quote(s.path), s.tally ? "tally" : "pytorch", s.device, s.entries,
       s.has_time ? "true" : "false", s.start_allocated, s.peak_allocated, s.peak_reserved,
-      s.allocations, s.peak_t, json_quote(s.peak_reached_by));
+      s.allocations, s.peak_t, base::json_quote(s.peak_reached_by));
 }
 
 // At most ~2 * kBuckets samples: the lowest and highest of each run of samples, in order, so
@@ -627,7 +630,7 @@ std::string series_json(const SnapshotSummary& s) {
   return out;
 }
 
-// The page's drawing script (after memory/svg_chart.h's TallyChart): reads
+// The page's drawing script (after inspect/svg_chart.h's TallyChart): reads
 // <script id="data">, draws both timelines into <svg id="chart"> (round ticks, peak markers,
 // hover readout), fills the tables, then marks the body with data-rendered and data-series.
 constexpr const char* kScript = R"JS(
@@ -887,14 +890,14 @@ std::string snapshot_diff_json(const SnapshotDiff& d) {
   for (size_t si = 0; si < d.sections.size(); ++si) {
     const DiffSection& sec = d.sections[si];
     out += fmt::format("{}\n  {{\"dimension\": {}, \"rows\": [", si ? "," : "",
-                       json_quote(sec.dimension));
+                       base::json_quote(sec.dimension));
     for (size_t i = 0; i < sec.rows.size(); ++i) {
       const DiffRow& r = sec.rows[i];
       out += fmt::format(
           "{}\n   {{\"name\": {}, \"a_bytes\": {}, \"b_bytes\": {}, \"delta_bytes\": {}, "
           "\"a_allocations\": {}, \"b_allocations\": {}, \"delta_allocations\": {}}}",
-          i ? "," : "", json_quote(r.name), r.a_bytes, r.b_bytes, r.bytes_delta(), r.a_allocations,
-          r.b_allocations, r.allocations_delta());
+          i ? "," : "", base::json_quote(r.name), r.a_bytes, r.b_bytes, r.bytes_delta(),
+          r.a_allocations, r.b_allocations, r.allocations_delta());
     }
     out += "]}";
   }
@@ -902,7 +905,7 @@ std::string snapshot_diff_json(const SnapshotDiff& d) {
 }
 
 void write_snapshot_diff_json(const std::string& path, const SnapshotDiff& d) {
-  write_file_atomic(path, snapshot_diff_json(d), "write_snapshot_diff_json");
+  base::write_file_atomic(path, snapshot_diff_json(d), "write_snapshot_diff_json");
 }
 
 void write_snapshot_diff_html(const std::string& path, const SnapshotDiff& d, size_t top) {
@@ -915,16 +918,16 @@ void write_snapshot_diff_html(const std::string& path, const SnapshotDiff& d, si
     const DiffSection& sec = d.sections[si];
     const size_t n = top == 0 ? sec.rows.size() : std::min(top, sec.rows.size());
     data += fmt::format("{}\n{{\"dimension\": {}, \"more\": {}, \"rows\": [", si ? "," : "",
-                        json_quote(sec.dimension), sec.rows.size() - n);
+                        base::json_quote(sec.dimension), sec.rows.size() - n);
     for (size_t i = 0; i < n; ++i) {
       const DiffRow& r = sec.rows[i];
-      data += fmt::format("{}[{}, {}, {}, {}, {}]", i ? "," : "", json_quote(r.name), r.a_bytes,
-                          r.b_bytes, r.a_allocations, r.b_allocations);
+      data += fmt::format("{}[{}, {}, {}, {}, {}]", i ? "," : "", base::json_quote(r.name),
+                          r.a_bytes, r.b_bytes, r.a_allocations, r.b_allocations);
     }
     data += "]}";
   }
   data += "]}";
-  data = script_safe(data);
+  data = base::script_safe(data);
   std::string html = R"HTML(<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>Tally memory diff</title>
@@ -954,11 +957,11 @@ run has shows 0 for the other. Green: B uses less than A.</p>
 <script id="data" type="application/json">)HTML";
   html += data;
   html += "</script>\n<script>";
-  html += chart_script();  // the renderer and palette of every page (memory/svg_chart.h)
+  html += chart_script();  // the renderer and palette of every page (inspect/svg_chart.h)
   html += "</script>\n<script>";
   html += kScript;
   html += "</script>\n</body></html>\n";
-  write_file_atomic(path, html, "write_snapshot_diff_html");
+  base::write_file_atomic(path, html, "write_snapshot_diff_html");
 }
 
-}  // namespace tally::memory
+}  // namespace tally::inspect

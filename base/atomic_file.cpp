@@ -1,4 +1,4 @@
-#include "memory/atomic_file.h"
+#include "base/atomic_file.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -15,7 +15,7 @@
 #include <streambuf>
 #include <vector>
 
-namespace tally::memory {
+namespace tally::base {
 namespace {
 
 // A stream buffer over a file descriptor that checks every write(2): on the first failure it
@@ -242,4 +242,4 @@ void write_file_atomic(const std::string& path, std::string_view bytes, std::str
       path, [bytes](std::ostream& out) { out.write(bytes.data(), std::ssize(bytes)); }, who);
 }
 
-}  // namespace tally::memory
+}  // namespace tally::base

@@ -1,6 +1,6 @@
 // LeakDetector: surviving allocations grouped by site, growth counted per step boundary (see
 // leak_detector.h for the rule).
-#include "memory/leak_detector.h"
+#include "inspect/leak_detector.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,12 @@
 #include <stdexcept>
 #include <string_view>
 
-namespace tally::memory {
+namespace tally::inspect {
+
+using memory::category_name;
+using memory::display_source_path;
+using memory::intern;
+using memory::interned;
 namespace {
 
 std::string fmt_bytes(double b) {
@@ -258,4 +263,4 @@ std::string LeakDetector::report(size_t max_sites) const {
   return out;
 }
 
-}  // namespace tally::memory
+}  // namespace tally::inspect

@@ -1,8 +1,8 @@
-#include "memory/rank_path.h"
+#include "base/rank_path.h"
 
 #include <cstdlib>
 
-namespace tally::memory {
+namespace tally::base {
 
 std::string per_rank_path(const std::string& path, int rank, int world_size) {
   if (world_size <= 1 || rank < 0) return path;
@@ -27,4 +27,4 @@ std::string per_rank_path(const std::string& path) {
   return per_rank_path(path, rank, world);
 }
 
-}  // namespace tally::memory
+}  // namespace tally::base

@@ -40,7 +40,7 @@
 #include <variant>
 #include <vector>
 
-namespace tally::memory {
+namespace tally::inspect {
 
 class PickleValue;
 
@@ -149,4 +149,4 @@ PickleValue unpickle_file(const std::string& path, const UnpickleLimits& limits 
 // Python's name of an opcode byte ("BINUNICODE"), or "unknown".
 std::string_view pickle_opcode_name(uint8_t op);
 
-}  // namespace tally::memory
+}  // namespace tally::inspect

@@ -27,7 +27,7 @@
 #include <string>
 #include <string_view>
 
-namespace tally::memory {
+namespace tally::inspect {
 
 // The colour of a phase band ("forward", "backward", "optimizer", "recompute", "data"; any
 // other phase: a light grey), as CSS "#rrggbb".
@@ -43,4 +43,4 @@ std::string phase_colors_json();
 // before the page's own drawing code.
 const std::string& chart_script();
 
-}  // namespace tally::memory
+}  // namespace tally::inspect

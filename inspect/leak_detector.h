@@ -1,7 +1,7 @@
 // LeakDetector: finds the allocations of a training loop that outlive their step and pile up
 // from step to step, and names the line that makes them.
 //
-//   memory::LeakDetector leaks(dev);
+//   inspect::LeakDetector leaks(dev);
 //   for (...) { ...forward, backward, step...; leaks.step(); }
 //   std::cout << leaks.report();
 //
@@ -40,7 +40,16 @@
 #include "memory/context.h"
 #include "memory/memory.h"
 
-namespace tally::memory {
+namespace tally::inspect {
+
+// The allocator's public records this detector reads.
+using memory::AllocTag;
+using memory::BlockInfo;
+using memory::CachingAllocator;
+using memory::Category;
+using memory::default_device;
+using memory::Device;
+using memory::StrId;
 
 struct LeakDetectorOptions {
   // Boundaries whose growth is not counted (the first steps build optimizer state and the
@@ -167,4 +176,4 @@ class LeakDetector {
   std::vector<SiteKey> confirmed_;                // the leaking sites, in the order found
 };
 
-}  // namespace tally::memory
+}  // namespace tally::inspect

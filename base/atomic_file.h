@@ -23,7 +23,7 @@
 #include <string>
 #include <string_view>
 
-namespace tally::memory {
+namespace tally::base {
 
 // Writes what `write` puts into the stream to `path`, atomically as above. `who` starts the
 // error message (the public function that writes, e.g. "save_safetensors"). Throws
@@ -37,4 +37,4 @@ void write_file_atomic(const std::string& path, const std::function<void(std::os
 // The same for bytes already in memory.
 void write_file_atomic(const std::string& path, std::string_view bytes, std::string_view who);
 
-}  // namespace tally::memory
+}  // namespace tally::base

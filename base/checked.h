@@ -25,7 +25,7 @@
 #include <string_view>
 #include <type_traits>
 
-namespace tally::memory {
+namespace tally::base {
 
 inline constexpr int64_t kMaxElements = std::numeric_limits<int64_t>::max();
 inline constexpr uint64_t kMaxBytes = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
@@ -173,4 +173,4 @@ template <class Range>
   detail::too_many_bytes(what, dims, element_size);
 }
 
-}  // namespace tally::memory
+}  // namespace tally::base
