@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the memory analysis tools cost on the GPU machine, Tally and PyTorch side by side in
 one call: memory history recorded through every step (what a snapshot needs; every frame
-names the user's line, memory::CallSiteScope) and the leak detector (a memory::LeakDetector
+names the user's line, memory::CallSiteScope) and the leak detector (a inspect::LeakDetector
 boundary after every step), on GPT-2 124M (B16, T1024, bf16 autocast, AdamW) and ResNet-50
 (bs64, 224x224, bf16 autocast, SGD momentum 0.9). PyTorch's row is
 torch.cuda.memory._record_memory_history(max_entries=1e6) (Python and C++ stacks, its

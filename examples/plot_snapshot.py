@@ -34,7 +34,7 @@ of its allocation, not the phase it happens in); when a long trace has too many 
 runs to read, the phase bands are left out.
 
 Categories and phases keep the colours of every Tally page (the A/B report, the timeline and
-diff pages): memory::category_color (memory/category.cpp) and memory::phase_color
+diff pages): memory::category_color (memory/category.cpp) and inspect::phase_color
 (inspect/svg_chart.cpp); tests/memory/test_plot_snapshot.py checks that the tables below equal
 those. An unknown category name gets a grey. Only categories with bytes appear in the chart and
 legend. Ticks fall on 1, 2 or 5 times a power of ten (MiB, or GiB from a 1 GiB peak).
@@ -73,7 +73,7 @@ COLOURS = {
     "unknown": "#7f7f7f",
 }
 EXTRA_COLOURS = ("#555555", "#999999", "#444444", "#aaaaaa")
-# memory::phase_color (inspect/svg_chart.cpp).
+# inspect::phase_color (inspect/svg_chart.cpp).
 PHASE_COLOURS = {
     "forward": "#c6dbef",
     "backward": "#fdd0a2",

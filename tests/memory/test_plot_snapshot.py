@@ -12,7 +12,7 @@ before the trace, a free with no alloc, a re-tag written as free_requested + fre
 that bad input (not a pickle, a missing key) exits 2 with a message naming the file. Checks
 that the script's palette is Tally's one palette: its category colours equal
 memory::category_color's table (memory/category.cpp) and its phase colours
-memory::phase_color's (inspect/svg_chart.cpp), read from the C++ sources; and that every tick
+inspect::phase_color's (inspect/svg_chart.cpp), read from the C++ sources; and that every tick
 falls on 1, 2 or 5 times a power of ten.
 
 Exit 0 when all checks pass, 1 on a failure, 2 on bad usage. Stdlib only.
@@ -84,7 +84,7 @@ def cpp_palette(root=ROOT):
     with open(os.path.join(root, "memory", "category.cpp"), encoding="utf-8") as f:
         cat = f.read()
     names, colours = array(cat, "kNames"), array(cat, "kColors")
-    with open(os.path.join(root, "memory", "svg_chart.cpp"), encoding="utf-8") as f:
+    with open(os.path.join(root, "inspect", "svg_chart.cpp"), encoding="utf-8") as f:
         chart = f.read()
     m = re.search(r"kPhaseColors\[\]\s*=\s*\{(.*?)\};", chart, re.S)
     phases = dict(re.findall(r'\{"(\w+)",\s*"(#[0-9a-fA-F]{6})"\}', m.group(1))) if m else {}
@@ -103,7 +103,7 @@ def check_palette():
     check(len(phases) >= 5 and "other" in phases, f"could not read kPhaseColors: {phases}")
     pyph = {k: v.lower() for k, v in plot_snapshot.PHASE_COLOURS.items()}
     pyph["other"] = plot_snapshot.PHASE_OTHER.lower()
-    check(pyph == phases, f"plot_snapshot.py's phase colours differ from memory::phase_color: {pyph} vs {phases}")
+    check(pyph == phases, f"plot_snapshot.py's phase colours differ from inspect::phase_color: {pyph} vs {phases}")
     for span, n in ((1.0, 6), (6.2, 6), (18.7, 6), (0.37, 5), (1234.0, 8), (3e9, 7)):
         step = plot_snapshot.nice_step(span, n)
         m = step / 10 ** math.floor(math.log10(step) + 1e-12)
