@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the README's printed CPU examples and check that they still print what the README shows.
 
-Usage: check_readme_examples.py BUILD_DIR [MARKDOWN_FILE ...]   (default: README.md next to tests/)
+Usage: check_readme_examples.py BUILD_DIR [MARKDOWN_FILE ...]   (default: README.md, docs/guide.md)
 
 An example is a fenced block right after a line `<!-- check -->` (or `<!-- check exit=N -->`
 for a command that exits with N; 0 otherwise). The block's first line is `$ COMMAND` (lines
@@ -107,7 +107,7 @@ def main(argv):
         return 2
     build = os.path.abspath(argv[1])
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    files = argv[2:] or [os.path.join(root, "README.md")]
+    files = argv[2:] or [os.path.join(root, "README.md"), os.path.join(root, "docs/guide.md")]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     found = [(path, ex) for path in files for ex in examples(path)]
