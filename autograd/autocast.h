@@ -6,37 +6,7 @@
 // cross_entropy is the one exception in form, not in numbers: float16/bfloat16 logits are
 // read as they are and the arithmetic and the loss are float32 (PyTorch reaches the same
 // through log_softmax(dtype=float32)), so no float32 copy of the logits is made.
-//
-// How it hooks in: one call at the top of each affected wrapper in tensor/<family>/autograd.cpp,
-//
-//   Tensor linear(const Tensor& x_, const Tensor& w_, const Tensor& b_) {
-//     const auto [x, weight, bias] = autocast::lower("linear", x_, w_, b_);
-//     ...
-//
-// The casts are ordinary differentiable casts (ToCopyBackward), so backward hands each input
-// its gradient in its own dtype (a float32 parameter gets a float32 .grad), and every
-// backward formula runs in the dtype its forward ran in (the saved tensors carry it). A
-// cached weight cast (below) declares its gradient float32 (autograd::grad_dtype): linear's
-// weight gradient is then written in float32 by the GEMM instead of rounded to 16 bits and
-// converted.
-//
-// Policies (PyTorch's CUDA op lists, used for both CPU and CUDA so that a CPU run is a
-// faithful reference of a CUDA run; note PyTorch's own CPU lists are narrower: there
-// softmax and layer_norm stay in bfloat16):
-// - lower_precision_fp: floating inputs except float64 -> the region's dtype.
-// - fp32: floating inputs except float64 -> float32. `sum` is PyTorch's
-//   fp32_set_opt_dtype op: a 16-bit input is summed into a float32 result.
-// - not listed (runs in the input dtype): everything else. batch_norm is not listed
-//   (PyTorch runs it in the input dtype through cuDNN with float32 weight and statistics);
-//   Tally follows that: bfloat16 in, bfloat16 out, float32 statistics and parameters.
-// - promote (add, sub, mul, div, where, cat, stack of mixed dtypes): the raw ops already
-//   promote to the widest input type (PyTorch's type promotion), so they need no hook.
-//
-// Weight cache: a cast of a leaf float32 tensor that requires grad (a parameter) to the
-// lower-precision dtype is cached for the outermost autocast region (key: the tensor's
-// identity and storage version, so an in-place update misses), allocated under category
-// `autocast_cache`, and dropped when the outermost AutocastGuard exits. Two uses of one
-// weight in a region therefore cast it once.
+// How it hooks into the ops, the policies and the weight cache: docs/notes.md §3.
 #pragma once
 
 #include <array>

@@ -1,40 +1,7 @@
 // Activation offload: what autograd saves for backward is kept in host memory instead of on
 // the device, PyTorch's torch.autograd.graph.save_on_cpu(pin_memory=True), built on the
 // saved-tensor hooks (autograd/saved_tensor.h).
-//
-// How it works. Inside a SaveOnCpu scope every tensor an op saves is packed by an
-// ActivationOffloader: a contiguous tensor whose block is an activation (the op's own
-// output or input, not a parameter, gradient or state) is copied to pinned host memory on
-// the device's copy stream (tensor/pinned.h) while the forward goes on, and the device
-// block is freed as soon as the forward drops it (its reuse waits for the copy). The host
-// copies are tagged `offloaded`. A non-contiguous view of an activation (attention's q, k and
-// v, views of one qkv projection) is offloaded by copying its whole block, once for every
-// view of it, when the block is at most 4x the view's bytes; backward rebuilds the views over
-// the restored block. Other tensors (parameters, tensors under `min_bytes`, views of much
-// larger blocks) are kept as usual. A tensor saved twice (a ReLU's output that the next
-// convolution saves too) is copied once.
-//
-// Saves are numbered into groups: each SaveOnCpu scope that opens or closes on an
-// offloader starts a new group, so a model whose blocks each run in a scope (what
-// nn::offload_activations sets up) has one group per block, plus the groups between them.
-// In backward, the first unpack of a group prefetches the previous group (the one backward
-// needs next) on the copy stream; Tally's stream waits for a prefetch only where a tensor
-// of it is used, and the host waits for a group's restore before it prefetches the next
-// (running ahead of the streams, it would otherwise restore and free every group before the
-// copy stream got there; the freed blocks would wait for it). A tensor backward needs before
-// its prefetch was issued is fetched then.
-// A restored tensor is tagged `activation` and lives until every node that saved it has
-// released it.
-//
-// Copies in flight are bounded (OffloadOptions::max_inflight_bytes, 1 GiB): past it the forward
-// waits on the host for the oldest copy, so that the blocks the copies read return to the
-// allocator while the forward still runs rather than after it (a host link is slower than
-// the ops: unbounded, the forward frees blocks faster than the copies release them, and
-// reserved memory stays at the no-offload level).
-//
-// On the CPU the copies are plain copies (pinned memory is ordinary memory without a GPU),
-// so offloading only re-tags activations as `offloaded`; on a meta device the dry run
-// allocates what the real run allocates, host copies on the host's meta allocator.
+// How saves are copied, grouped, prefetched and bounded: docs/notes.md §4.
 #pragma once
 
 #include <cstddef>

@@ -7,15 +7,7 @@
 // renamed over the target; the folder is then fsync'ed (best effort: some file systems refuse
 // to fsync a folder, and the new file is already in place). On any failure the temporary
 // file is removed and the target is left as it was.
-//
-// Details:
-// - the new file keeps the permission bits of the file it replaces; a new target gets 0666
-//   less the umask, as an ordinary open would;
-// - a symbolic link as the target is followed: the file it points to is replaced, the link
-//   stays;
-// - a target that exists and is not a regular file (/dev/null, /dev/stdout, a FIFO) cannot be
-//   replaced by a rename; it is opened and written in place, every write still checked;
-// - a folder as the target is an error (EISDIR).
+// Permissions, links and special files: docs/notes.md §25.
 #pragma once
 
 #include <functional>

@@ -11,10 +11,7 @@
 //                                                dimension, std::length_error when too large
 //   try_numel, try_nbytes                        the same without throwing (false), for hot
 //                                                paths whose context is costly to build
-//
-// A shape is too large when its non-zero dimensions multiply past 2^63 - 1, even when another
-// dimension is 0 (its contiguous strides could not be represented). The failure paths are out
-// of line, so the checks cost a flag test on hot paths (Tensor::numel()).
+// When a shape is too large, and the cost: docs/notes.md §29.
 #pragma once
 
 #include <concepts>

@@ -4,23 +4,7 @@
 // with TF32 off, with checkpointing and mixed precision. One JSON line per configuration
 // with the baseline's keys: model, cfg, step_ms (median), step_ms_min, peak_alloc_mib,
 // peak_reserved_mib (peaks over the timed steps, after warm-up, like the baseline).
-//
-//   bench_train [--resnet] [--gpt] [--configs baseline-fp32,ckpt4,...] [--steps N] [--cuda-graphs]
-//
-// The memory levers run when named with their model: "gpt:amp-bf16+offload",
-// "resnet:amp-bf16+sib" (tokens: offload = every block's activations to pinned host memory,
-// sib = step-in-backward, adamw8bit = GPT's optimizer with 8-bit moments, fusedce = GPT's
-// fused chunked classifier (chunk512: its chunks of 512 MiB, not 256), unfusedmlp = GPT's MLP as
-// three modules (GPTConfig::fused_mlp off), unfusedaddnorm = GPT's residual add and ln_2 apart
-// (GPTConfig::fused_add_norm off), v50257 = GPT's real vocabulary (nopad: its products not
-// padded to a multiple of 64), varyseq = GPT's sequence length varying per step, channels-last =
-// ResNet's images and so its activations channels_last (NHWC memory); graphs = the step
-// captured into a CUDA graph and replayed, as
-// --cuda-graphs does for every configuration; tuned = products with cuBLASLt's algorithms timed
-// once per problem (set_tunable_enabled, PyTorch's TunableOp); amp-bf16 / amp-fp16 as above). Each
-// line also carries the bytes of activation, gradient, optimizer_state and temporary at the
-// allocated peak. The analysis tools' cost (bench/analysis.py) runs the same way: hist = memory
-// history recorded through the timed steps, leaks = a inspect::LeakDetector step() after each.
+// Configurations and options: docs/notes.md §18.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

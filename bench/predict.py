@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The dry runs against the GPU, in one command on the GPU machine: the accuracy of the
-predicted memory and the memory planner's choices (issue 17's tables in bench/RESULTS.md).
+predicted memory and the memory planner's choices (issue 17's tables in bench/results/planner.md).
 
     python3 bench/predict.py BUILD_DIR [--out DIR] [--only GRID,...]
 

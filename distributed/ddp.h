@@ -6,32 +6,7 @@
 //   Tensor loss = loss_fn(ddp(x), y);       // forward = the model's forward
 //   loss.backward();                        // grads all-reduced (averaged) in buckets
 //   opt.step();
-//
-// - Construction broadcasts rank 0's parameters and buffers to every rank (and checks the
-//   ranks hold the same number and sizes of parameters).
-// - Gradients are averaged in buckets (bucket_cap_mb, default 25 MiB; the first bucket of
-//   each dtype is capped at first_bucket_cap_mb, default 1 MiB, like PyTorch). Parameters
-//   are assigned to buckets in REVERSE order of model.parameters(); after the first
-//   iteration the buckets are rebuilt once in the order the gradients actually became
-//   ready (rank 0's order, broadcast), as PyTorch does.
-// - A post-accumulate-grad hook on every parameter copies its gradient into its bucket's
-//   flat buffer; when a bucket is full (and every earlier bucket has launched) its
-//   all-reduce is launched on the process group's communication stream, overlapping with
-//   the rest of backward. An engine callback at the end of backward makes the compute
-//   stream wait for every bucket and copies the averaged values back into each .grad.
-//   (Not gradient_as_bucket_view: .grad keeps its own storage, tagged `gradient`, and the
-//   buckets are a second copy tagged `communication`.)
-// - Bucket buffers come from the caching allocator under category `communication`,
-//   module path `ddp`, op `allreduce_bucket`, allocated once (and again on the rebuild).
-// - A parameter that gets no gradient in an iteration is an error naming it (PyTorch's
-//   message), unless find_unused_parameters: then it counts as a zero gradient, and its
-//   .grad is set from the averaged bucket (other ranks may have used it).
-// - no_sync(): backward accumulates into .grad locally with no communication; the next
-//   backward outside no_sync() all-reduces the accumulated gradients.
-// - World size 1 (LocalProcessGroup): no collectives, but the same buckets and copies, so
-//   results are bitwise those of the plain model.
-// - Mixed precision: buckets hold the parameters' dtype (gradients are in the param dtype);
-//   dtypes are never mixed in a bucket.
+// Use, buckets, hooks, memory tags and errors: docs/notes.md §8.
 #pragma once
 
 #include <memory>

@@ -11,21 +11,7 @@
 // forward staircase labelled by module, and the table. Every configuration after the first
 // also gets its snapshot diff against the first (diff/<configuration>.html, .txt, .json:
 // inspect/memdiff.h, the same as tally_memdiff).
-//
-// Each configuration is dry-run first (memory/estimate.h: the same steps on a meta device
-// replaying the run's device) and shown next to its prediction. --estimate TARGET runs only
-// the dry runs, for any target, on any machine. A --checkpoint entry `auto` (with
-// --memory-budget; `auto` in --amp lets it choose the precision too) is the memory planner's
-// choice (nn/plan.h).
-//
-//   ab_memory --model resnet --arch tiny --steps 4 --out ab_report
-//   ab_memory --model gpt --preset gpt2 --batch 16 --seq 1024 --estimate h200 --out gpt2_h200
-//   ab_memory --model gpt --preset gpt2 --batch 8 --seq 1024 --device cuda
-//             --checkpoint none,blocks --amp off,bf16
-//   ab_memory --model gpt --amp bf16 --checkpoint none --offload none,activations
-//             --optimizer adamw,adamw8bit --step-in-backward off,on
-//   ab_memory --model gpt --checkpoint none --amp bf16 --alloc-conf default
-//             --alloc-conf expandable_segments:True
+// Flags and outputs in full: docs/notes.md §14.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>

@@ -9,12 +9,7 @@
 //     body and turns every error (a CLI11 parse or validation error, or any exception the
 //     body throws) into one line "PROGRAM: message" on stderr and exit status 2. Nothing
 //     escapes main, so no bad input aborts.
-//
-//   int main(int argc, char** argv) {
-//     CLI::App app{"..."};
-//     ex::add_checked_option(app, "--steps", steps, "training steps", ex::int_range(1));
-//     return ex::run_cli("my_program", app, argc, argv, [&] { ...; return 0; });
-//   }
+// A program's main with run_cli: docs/notes.md §28.
 #pragma once
 
 #include <fmt/format.h>

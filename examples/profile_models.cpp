@@ -10,19 +10,7 @@
 // memory timeline html (with profile_memory) and the key_averages tables (by op, by module)
 // to --out, and the numbers to --out/profile_models.json (bench/profile_torch.py prints them
 // next to torch.profiler's).
-//
-//   profile_models --device cuda --out prof_out            # the GPU machine
-//   profile_models --device cuda --gpt-batch 16 --amp bf16 --rounds 5 --out prof_out
-//   profile_models --device cpu --small --out prof_out     # tiny models, CI
-//   profile_models --device meta:h200 --models resnet --amp fp16 --rounds 5 --out prof_out
-//   profile_models --device cuda --models resnet --activities cpu --options none --rounds 5
-//
-// --activities cpu leaves CUPTI out (the collector's cost alone); --options none records op,
-// module and phase spans only. Runs that differ in one of them split the overhead by part.
-// On a meta device (a dry run replaying a target: memory/meta.h) no kernel runs, so a step's
-// time is the host's alone: the ops, the allocator and autograd. Its overhead is the
-// profiler's host cost (its collector; no CUPTI, the default off a CUDA device), measurable
-// on any machine.
+// Options in full: docs/notes.md §15.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>

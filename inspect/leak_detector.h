@@ -4,30 +4,7 @@
 //   inspect::LeakDetector leaks(dev);
 //   for (...) { ...forward, backward, step...; leaks.step(); }
 //   std::cout << leaks.report();
-//
-// At each step() boundary it lists the device's allocated blocks (one pass over the
-// allocator's live blocks under its lock: CachingAllocator::allocated_blocks), and groups them
-// by allocation site: the block's tag (category, module path, op, phase) and its user line
-// (AllocTag::loc, memory::CallSiteScope: the line in the user's code that called the module,
-// factory, backward() or step() that allocated it). A block is a survivor when it is alive at a
-// boundary and was not alive, with the same site, at the previous one. A site grows at a
-// boundary when it has survivors and its live bytes rose since the previous boundary (a site
-// that frees as much as it keeps, such as a loss variable reassigned every step, does not).
-// After `warmup_steps` boundaries (what a run builds once: optimizer state at the first step,
-// the GradScaler's scale and flags, the DataLoader's prefetch queue), a site that grows at each
-// of `window` consecutive boundaries is a leak; its rate is the bytes it gained over its growth
-// run divided by the run's steps. Caches never show (cached blocks are not allocated, and the
-// autocast cache is dropped at the end of each autocast region); neither does a tensor that
-// lives across a step and is replaced by the next step's.
-//
-// The report names each leaking site with its line, relative to the source root or the
-// working directory (memory::display_source_path), and sums the sites by line: a model called
-// from `train.cpp:42` whose saved activations are kept by a loss history leaks at every module
-// and op of the model, all at train.cpp:42.
-//
-// Cost: a lock, a copy of the live blocks' tags and a sort per step (about 0.03 ms for the
-// hundreds of live blocks of a small model's loop on the CPU); nothing between boundaries, no
-// device synchronisation. One thread calls step(); the blocks it sees may come from any.
+// The rule, what a site is, and the cost: docs/notes.md §11.
 #pragma once
 
 #include <cstddef>

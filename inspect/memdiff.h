@@ -1,36 +1,6 @@
 // Snapshot diff: what changed in memory between two runs, read from their memory snapshots
 // (Tally's, docs/memory-formats.md §1, or PyTorch's own `_dump_snapshot` pickles).
-//
-// Reading. read_snapshot_summary() unpickles a snapshot (inspect/unpickle.h) and replays one
-// device's trace (device_traces: alloc, free_completed, segment events) into the allocated-bytes
-// timeline and its peak. Blocks live before the trace began count from its start: those the
-// trace frees without having allocated them, and the active blocks of the snapshot's segments
-// the trace never allocated (a model's parameters when history was turned on after building
-// it). Bytes are the entries' `size` (requested bytes, as the trace records them). Every
-// allocation gets a key:
-//   - Tally's snapshots: category, module path, op and phase, from the entry's `category` and
-//     `user_metadata` ("category=… module=… op=… phase=…"; for blocks, from their frames);
-//   - PyTorch's (no categories): the innermost frame outside torch, "file.py:line:function"
-//     (the first Python frame not under torch/, else the first Python frame; a native-only
-//     stack, as autograd's thread has, by its outermost ATen op, "at::_ops::mm::call"; else
-//     the first named native frame).
-// Tally writes a re-tag as free_requested + free_completed + alloc of one block at one time
-// (snapshot.h); the summary takes that triple as a re-tag: the block changes key, no
-// allocation is counted and the timeline does not dip.
-//
-// Diffing. diff_snapshots() aligns the keys of both runs by name, per dimension: category,
-// phase, module (by dotted path), op, frame, and the whole key; each row has the bytes live at
-// each run's own peak, the allocations over each trace, and the deltas (B - A). Rows are sorted
-// by the size of the bytes delta. Two snapshots of different devices are an error naming both.
-//
-// Outputs: a text table (format_snapshot_diff), JSON (snapshot_diff_json) and a self-contained
-// HTML page (write_snapshot_diff_html: both allocated-memory timelines overlaid in inline SVG,
-// hover readout, then the tables; no network requests).
-//
-// Errors: std::runtime_error naming the file and what is wrong ("b.pickle: not a memory
-// snapshot: the pickle holds an int, expected a dict with 'segments' and 'device_traces'",
-// "a.pickle: device_traces[0][17]: an 'alloc' entry without 'addr'"); unpickling errors name
-// the byte offset and the opcode (UnpickleError).
+// What is compared and how runs are matched: docs/notes.md §10.
 #pragma once
 
 #include <compare>

@@ -4,29 +4,7 @@
 // docs/memory-formats.md §2). Classes, functions, persistent ids and every other opcode are
 // refused: a pickle that names a class is not data this reader was made for, and loading it
 // would run code in Python.
-//
-// Opcodes: PROTO (2..5), FRAME, STOP, MARK, POP, POP_MARK, EMPTY_DICT / EMPTY_LIST /
-// EMPTY_TUPLE, DICT / LIST / TUPLE / TUPLE1..3, SETITEM(S), APPEND(S), BININT / BININT1 /
-// BININT2, LONG1 / LONG4 (values that fit in int64), BINFLOAT, NONE, NEWTRUE / NEWFALSE,
-// SHORT_BINUNICODE / BINUNICODE / BINUNICODE8, SHORT_BINBYTES / BINBYTES / BINBYTES8, MEMOIZE,
-// BINPUT / LONG_BINPUT, BINGET / LONG_BINGET.
-//
-// Sharing. A memo reference (BINGET) shares the container or string it names instead of
-// copying it, so a snapshot whose entries share one frames list stays one list in memory, and a
-// pickle built to blow up when copied ("billion laughs") costs no more than its bytes. A
-// container that has been fetched from the memo can no longer be appended to: that is what a
-// self-referencing (recursive) pickle does, and the reader refuses it, so values are always
-// acyclic. Values may still be shared DAGs: walk them with a budget, not blindly.
-//
-// Limits: containers nest at most UnpickleLimits::max_depth deep (the MARK stack too), and
-// every length is checked against the bytes left, so nothing is allocated that the input does
-// not pay for. The reader is a loop over opcodes, never recursive; destroying a value recurses
-// at most max_depth levels.
-//
-// Errors: UnpickleError (a std::runtime_error) whose message names the file (or "<buffer>"),
-// the byte offset of the opcode and the opcode, then what is wrong:
-//   "snap.pickle: byte 1234: opcode BINUNICODE (0x58): the string's 9000 bytes run past the end
-//   of the file (8000 bytes)"
+// Limits and errors: docs/notes.md §12.
 #pragma once
 
 #include <cstddef>

@@ -407,7 +407,7 @@ bool CachingAllocator::alloc_expandable(AllocParams& p) {
   return true;
 }
 
-// reclaim_on_growth (caching_allocator.h): unmap the whole pages of the stream's free
+// reclaim_on_growth (docs/notes.md §1): unmap the whole pages of the stream's free
 // expandable blocks, largest first, until `p.size` bytes are given back (or none is left).
 // Each unmap_block merges only with unmapped neighbours and leaves the other gathered blocks
 // alone (as in release_pool).

@@ -1,48 +1,8 @@
 // The caching allocator: PyTorch's CUDA caching policy (c10 CUDACachingAllocator) as
 // plain C++ over a MemoryProvider, instrumented so that every block carries the
 // allocation context (category, module, op, phase, C++ call site) it was made under.
-//
-// Policy, with PyTorch's numbers (docs/memory-formats.md §4):
-// - requests round up to 512 B (or to a power-of-two division, roundup_power2_divisions);
-// - rounded sizes <= 1 MiB use the small pool (2 MiB segments), larger ones the large pool
-//   (20 MiB segments below 10 MiB, else the size rounded up to 2 MiB);
-// - best fit among cached free blocks of the same pool and stream; split the remainder
-//   (small: >= 512 B; large: > 1 MiB and the request < max_split_size); merge free
-//   neighbours on free;
-// - on device OOM: free oversize cached blocks (when max_split_size is set), then all
-//   unsplit cached segments, retry; then write the oom_snapshot file (when set; history on
-//   or off) and raise OutOfMemoryError with a full account. The request is kept for
-//   memory_summary()'s fragmentation diagnosis.
-//
-// Expandable segments (expandable_segments:True, PyTorch's Note [Expandable Segments]):
-// instead of a new segment per miss, one segment per stream and pool reserves addresses for
-// 1 1/8 of the device's memory and maps pages into them as it grows (2 MiB pages for the
-// small pool, large_segment_size_mb, 20 MiB, for the large one). A miss maps the pages a
-// request needs at the lowest address where free and unmapped space together fit it
-// (usually the end of the segment); blocks split down to 512 B in both pools and merge with
-// free neighbours as usual; empty_cache and the OOM retry unmap every whole free page, the
-// end's and the interior's, and give a segment back once nothing in it is mapped. Reserved
-// memory is mapped memory; each run of mapped pages is a segment in the stats and the
-// snapshot (is_expandable), and mapping / unmapping are segment_map / segment_unmap trace
-// entries. As in PyTorch, free blocks of expandable segments are not inactive_split (their
-// pages can always be released), max_split_size does not stop their splitting, and garbage
-// collection and the oversize release leave them alone.
-// reclaim_on_growth:True (Tally's): before a miss maps new pages, the whole pages of the
-// free blocks of the request's stream in that pool's expandable segments (free memory
-// scattered between live blocks, too small for the request) are unmapped, the largest
-// blocks first, until the request's size has been given back or none is left; the map that
-// follows reuses that memory. Unmapping waits for the device, so a miss that reclaims
-// synchronises.
-// Graph-private pools (PyTorch's MempoolId_t, c10's begin_allocate_to_pool): between
-// begin_allocate_to_pool(pool, stream) and end_allocate_to_pool(pool), requests on that stream
-// are served from segments that belong to the pool alone, and a block of such a segment goes
-// back to its pool when freed, whatever is being captured then. A CUDA graph's kernels keep
-// the addresses they were captured with, so the memory must stay out of everyone else's reach
-// until the graph is gone: release_pool(pool) drops the graph's use, and a pool nobody uses
-// gives back its free segments (then, and at empty_cache as the rest are freed). While a
-// capture is open nothing synchronises: no event query, no segment freed (an out-of-memory
-// raises at once), and a block freed with stream uses waits for the capture's end.
-// Stats, history and snapshot live in their own files; this file is the policy.
+// The policy with PyTorch's numbers, expandable segments, reclaim_on_growth, graph-private
+// pools; stats, history and snapshot live in their own files: docs/notes.md §1.
 #pragma once
 
 #include <cstddef>

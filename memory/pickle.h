@@ -4,28 +4,7 @@
 // with it so they open unchanged in `pickle.load`, `torch.cuda._memory_viz` and
 // pytorch.org/memory_viz. Nothing else of pickle (classes, bytes, protocol 4+ framing) is
 // needed, so none of it is here.
-//
-// Usage: construct on a stream (writes PROTO 2), write exactly one top-level value with
-// the calls below, then finish() (writes STOP and flushes):
-//
-//   PickleWriter w(out);
-//   w.begin_dict();
-//   w.key("segments"); w.begin_list(); ... w.end_list();
-//   w.key("n"); w.integer(3);
-//   w.end_dict();
-//   w.finish();
-//
-// Lists and dicts are written as EMPTY_LIST/EMPTY_DICT followed by MARK ... APPENDS/SETITEMS
-// batches of at most kBatchSize items, as CPython does: the viewer's JavaScript unpickler
-// spreads a batch into one function call and overflows its stack on huge batches.
-//
-// Memoization keeps snapshots small: memo_string() (and key()) write each distinct string
-// once and a BINGET afterwards; a list, dict or tuple can be remembered under a
-// caller-chosen key and later written again as a reference with write_ref(), so entries
-// with the same frames share one frames list, as PyTorch's own snapshots do.
-//
-// Misuse (a non-string dict key, unbalanced begin/end, a second top-level value, an int
-// too large for 64 bits) throws std::logic_error or std::out_of_range.
+// Encoding details: docs/notes.md §13.
 #pragma once
 
 #include <concepts>

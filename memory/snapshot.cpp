@@ -1,38 +1,6 @@
 // Snapshot export: SnapshotData as the pickle PyTorch's memory tools read
 // (docs/memory-formats.md §1, Tally's choices in §7).
-//
-// Frames. Tally records a logical stack, not a native one; it is written as up to three
-// frames, innermost first, so the viewer (which prints `filename:line:name`) shows e.g.
-//
-//   examples/train_gpt.cpp:250:linear           the op and the user's line
-//   module:0:layer3.1.fc                        the module path (omitted when empty)
-//   category=activation:0:phase forward         the category and the training phase
-//
-// The line is the tag's call site: the user's line that asked for the work (the innermost
-// memory::CallSiteScope: a module call, a factory, backward(), step()), else the C++ caller
-// of the allocator. Its file is named relative to the source root Tally was built from
-// ("examples/train_gpt.cpp", "nn/layers.cpp"); a file outside it relative to the working
-// directory when it lies under it ("train.cpp" for a project run from its folder); any other
-// file by its full path (memory::display_source_path), "??" when unknown.
-// An op-less tag names the C++ function of the call site instead ("<no op>" if unknown);
-// an empty phase is written "phase none". Entries with the same tag share one frames list
-// (a memo reference), as PyTorch's snapshots do.
-//
-// Expandable segments. Each run of mapped pages is a segment with is_expandable True, and
-// mapping / unmapping pages are `segment_map` / `segment_unmap` entries, as PyTorch writes
-// them: the viewer's Allocator State History splits and merges its segments by them.
-//
-// Categories. Every trace entry carries `category` and `user_metadata`
-// ("category=… module=… op=… phase=…"). Segment events belong to no category: they are
-// written as `unknown`, their frames still showing which request made the segment. The
-// viewer breaks when entries have categories but none is `unknown` (§7 pitfall 1); if a
-// snapshot has trace entries and none of them is `unknown`, a `snapshot` entry (addr 0,
-// size = the device's active bytes, category `unknown`) is appended to the first
-// non-empty device trace, at its last entry's time: the timelines ignore `snapshot`
-// entries, so nothing else changes.
-//
-// Re-tags are written as `free_requested` + `free_completed` (old category) + `alloc` (new
-// tag), see snapshot.h.
+// Frames, expandable segments, categories and re-tags as written: docs/notes.md §6.
 #include "memory/snapshot.h"
 
 #include <fmt/format.h>

@@ -1,39 +1,6 @@
 // Recompute-based activation checkpointing, PyTorch's torch.utils.checkpoint in its
 // non-reentrant form: checkpoint, checkpoint_sequential and selective checkpointing.
-//
-// How it works. checkpoint(fn, inputs) runs fn with saved-tensor hooks
-// (autograd/saved_tensor.h) that keep nothing: every tensor an op inside saves for
-// backward is replaced by a small handle numbered in the order of saving. The segment's
-// inputs (as saved tensors, so they count as `activation`, or are themselves dropped by an
-// enclosing checkpoint), the default generator's state (tensor/random.h: one Philox
-// generator serves CPU and CUDA) and the autocast state are remembered. When backward first
-// unpacks one of the handles, the segment is run again once, with grad enabled, the
-// recorded RNG and autocast state, under memory::PhaseScope("recompute"); the tensors its
-// ops save are collected by order of saving (held as saved tensors, so tagged
-// `activation`) and each handle returns its recomputed tensor. A handle's tensor is freed
-// when the node holding the handle releases it after its backward. The RNG is restored
-// after the recompute, so checkpointing never shifts the random stream.
-//
-// Early stop (PyTorch's default, torch.utils.checkpoint.set_checkpoint_early_stop): the
-// recompute stops as soon as the last tensor backward still waits for is back, so whatever
-// the segment computes after its last save is not run again. Products save their operands
-// before they compute (autograd::save_inputs), so a transformer block's recompute ends before
-// its MLP's second matrix product and the residual add. CheckpointOptions::early_stop = false
-// runs the whole segment again.
-//
-// Nesting works (an inner checkpoint's inputs are saved through the outer checkpoint's
-// hooks, so they are dropped and recomputed too) and the segment's output may have any
-// number of consumers: the graph is the ordinary one; only what it saved is recomputed.
-//
-// Selective checkpointing: a CheckpointPolicy decides, for each tensor the segment saves,
-// whether to keep it (true) or drop it and recompute (false), like PyTorch's
-// create_selective_checkpoint_contexts. It sees the op that produced the tensor: the op
-// under which its storage was allocated (the allocator's block tag, e.g. "linear",
-// "matmul", "conv2d", "relu"), its shape, dtype and size. Limitation: a recompute
-// re-runs the segment from its start up to its last dropped tensor (Tally has no op-level
-// output replay yet), so a policy buys memory (kept tensors are not dropped) and skips
-// recomputes entirely when backward needs only kept tensors, but once a dropped tensor is
-// needed the segment's ops before it all run again.
+// How the recompute works, early stop, nesting and selective checkpointing: docs/notes.md §5.
 #pragma once
 
 #include <cstdint>

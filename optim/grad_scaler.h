@@ -10,13 +10,7 @@
 // on the host from the one found-inf read per step, so get_scale() does not synchronise.
 // unscale_ is one fused multi-tensor launch per (device, dtype) over all gradients: multiply
 // by 1/scale and raise a found_inf flag on the device. step() reads that flag once.
-//
-// capturable (for CUDA graphs, tensor/graph.h; the gradients on one device): nothing is read
-// on the host. unscale_ takes 1/scale on the device, step() hands the flag to the optimizer
-// (Optimizer::set_found_inf), whose fused update skips itself on the device, and update() runs
-// torch's _amp_update_scale_ there (the growth tracker is a device tensor too). The scales are
-// the host rule's, bit for bit; get_scale(), get_growth_tracker() and state_dict() read them
-// back (a synchronisation each).
+// The capturable form (CUDA graphs): docs/notes.md §24.
 #pragma once
 
 #include <cstdint>

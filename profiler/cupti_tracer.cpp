@@ -163,7 +163,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 // Once attached, CUPTI stays between the program and the driver after its activities are
 // disabled, and later CUDA calls can pay for it (Kineto tears CUPTI down for this reason;
 // Tally's own before/after figure was taken on a noisy host and does not isolate it, see
-// bench/RESULTS.md, session 17). stop() detaches CUPTI with
+// bench/results/profiler.md, session 17). stop() detaches CUPTI with
 // cuptiFinalize, after the device synchronisation and forced flush that CUPTI's
 // documentation asks for outside an API callback, with no op pushing correlation ids any
 // more (the profiler uninstalls its observers before it stops the tracer). The next start()
@@ -186,7 +186,7 @@ constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
 // reason. Launches, copies, sets, syncs and event calls are still recorded, with every driver
 // call: cuBLAS launches through the driver API, and its kernels are attributed to their ops
 // through those records' correlation ids. On a ResNet-50 step this halves the records (38,177
-// to 20,257 over 8 steps; bench/RESULTS.md, session 34).
+// to 20,257 over 8 steps; bench/results/profiler.md, session 34).
 constexpr CUpti_CallbackId kUnrecordedRuntimeCalls[] = {
     CUPTI_RUNTIME_TRACE_CBID_cudaGetLastError_v3020,
     CUPTI_RUNTIME_TRACE_CBID_cudaPeekAtLastError_v3020,

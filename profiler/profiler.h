@@ -12,14 +12,7 @@
 //     for (...) { { record_function r("## Forward Pass ##"); ... } prof.step(); }
 //   }
 //   std::cout << prof.key_averages().table("self_cpu_time_total", 10);
-//
-// Sources of events: ops from the one dispatch point (tensor/dispatch.h), modules and
-// phases from memory::ModuleScope / PhaseScope (memory/context.h), memory from the
-// caching allocator's observer, GPU kernels from CUPTI (profiler/gpu_tracer.h). When no
-// profiler is recording, each of those pays one pointer check. While recording, events go
-// to per-thread buffers (each behind its own lock, which only the window's end contends for;
-// no tensor allocations) that are merged at stop(); other threads may keep running ops
-// while a window opens or closes.
+// Use, what is recorded and exported: docs/notes.md §19.
 #pragma once
 
 #include <functional>

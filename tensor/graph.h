@@ -5,20 +5,7 @@
 //   step();                        // warm up first: algorithm searches, optimizer state, ...
 //   g.capture([&] { step(); });    // forward + backward + optimizer, queued once
 //   for (...) { copy_(static_x, batch); g.replay(); }
-//
-// While a graph is captured, the caching allocator serves the device's stream from a
-// graph-private pool (memory/caching_allocator.h): the captured kernels keep their addresses,
-// so that memory stays the graph's until reset() (pool() may be passed to another capture to
-// share it, as PyTorch's graph_pool_handle()). Tensors the step leaves alive (its loss, the
-// gradients) live in the pool and are overwritten by every replay; tensors made before the
-// capture that it reads (inputs, parameters, optimizer state) must stay alive while the graph
-// is replayed.
-//
-// A replay repeats the device work only. What needs the host each step cannot be captured and
-// is refused while capturing, naming what it was: a host synchronisation (item(), a
-// device-to-host copy, a GradScaler's found_inf check, an algorithm search on first use) and
-// random numbers (rand, randn, dropout: their Philox offsets are chosen by the host). Values
-// copied from host memory during the capture are kept and copied again at every replay.
+// Use, the private pool and what cannot be captured: docs/notes.md §22.
 #pragma once
 
 #include <cstddef>

@@ -7,14 +7,7 @@
 //
 // With `.sampler = data::DistributedSampler(dataset.size(), world, rank, {...})` each rank
 // iterates its own shard (same number of batches on every rank).
-//
-// The worker fills the next `prefetch` batches (in pinned host memory when the target device
-// is CUDA and pin_memory is on, else ordinary CPU memory) while the training step runs; the
-// consumer copies each batch to the device asynchronously (ops::to_device_async). Every
-// byte is tagged `input`. Each begin() starts a new epoch (epoch e's order depends only on
-// seed and e); destroying the loader or starting another epoch mid-epoch stops the worker
-// and frees its batches. An exception in the worker is rethrown by the consumer, with the
-// epoch and batch it happened in.
+// The worker, pinned memory, epochs and errors: docs/notes.md §27.
 #pragma once
 
 #include <condition_variable>

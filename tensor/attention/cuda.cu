@@ -86,38 +86,7 @@ __global__ void dq_convert_kernel(OutOperand<T> dst, const float* src, int H, in
 }
 
 // ================================================ FlashAttention-2 kernels (mma.sync PTX)
-//
-// Register layouts of mma.sync.aligned.m16n8k16 (16-bit A/B, float C), PTX ISA "Matrix
-// Fragments for mma.m16n8k16". Per lane: g = lane / 4 (group), t = lane % 4 (thread in group).
-//   A (16 x 16, row-major, 4 x b32 = 8 elements):
-//     a0 = A[g    ][2t, 2t+1]     a1 = A[g + 8][2t, 2t+1]
-//     a2 = A[g    ][2t+8, 2t+9]   a3 = A[g + 8][2t+8, 2t+9]
-//   B (16 x 8, "col", 2 x b32):    b0 = B[2t, 2t+1][g]       b1 = B[2t+8, 2t+9][g]
-//   C (16 x 8, float, 4 regs):     c0, c1 = C[g][2t, 2t+1]   c2, c3 = C[g + 8][2t, 2t+1]
-//   In every b32 the lower-indexed element sits in the low 16 bits.
-// Consequence used throughout: the C fragments of two neighbouring n8 tiles (columns
-// 16kk..16kk+7 and 16kk+8..16kk+15), rounded to 16 bits and packed in pairs, are exactly the
-// A fragment of the k16 step kk: a0 = C[2kk](c0,c1), a1 = C[2kk](c2,c3), a2 = C[2kk+1](c0,c1),
-// a3 = C[2kk+1](c2,c3). So P (forward) and P^T, dS^T (backward) feed the next MMA straight
-// from registers.
-//
-// ldmatrix.m8n8.x4: lanes 8i..8i+7 give the row addresses of 8 x 8 matrix i (16 bytes a row);
-// register i of a lane receives row lane/4, columns 2(lane%4), +1 of matrix i; with .trans it
-// receives rows 2(lane%4), +1 of column lane/4 instead. Hence, for a tile stored row-major in
-// shared memory (row stride ld):
-//   A fragment of rows r0.., cols c0..:  lane address (r0 + (lane&7) + ((lane>>3)&1)*8,
-//                                                      c0 + (lane>>4)*8)            [no trans]
-//   B fragments of two n8 tiles where B[k][n] = M[n][k] (M = K or Q, [key][d]):
-//     lane address (n0 + (lane&7) + (lane>>4)*8, k0 + ((lane>>3)&1)*8)  [no trans]
-//     -> regs {b0, b1} of n-tile n0, {b0, b1} of n-tile n0 + 8
-//   B fragments of two n8 tiles where B[k][n] = M[k][n] (M = V, dO, Q, K, [row][d]):
-//     lane address (k0 + (lane&7) + ((lane>>3)&1)*8, n0 + (lane>>4)*8)  [.trans]
-//     -> same register order
-//   A fragment where A[m][k] = M[k][m] (dS from dS^T stored [key][query]):
-//     lane address (k0 + (lane&7) + (lane>>4)*8, m0 + ((lane>>3)&1)*8)  [.trans]
-// Shared-memory rows are padded by 8 elements (16 bytes): the 8 row addresses of one
-// ldmatrix matrix then start 4 banks apart and cover all 32 banks (no conflicts), and the
-// 16-byte cp.async chunks stay aligned.
+// mma.sync and ldmatrix register layouts, shared-memory padding: docs/notes.md §9.
 
 namespace fa2 {
 

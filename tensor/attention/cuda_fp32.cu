@@ -3,24 +3,7 @@
 // - Head dim 64 (GPT-2's): on the tensor cores in 3xTF32, as PyTorch's float32
 //   memory-efficient attention does on sm_80+. See "3xTF32" below.
 // - Other head dims (up to 128): on the CUDA cores in plain float32 FMA, described here.
-//
-// Tiles: 64 query rows x 64 keys, 128 threads a block. Thread (tx = tid % 8, ty = tid / 8)
-// owns rows ty + 16 i (i < 4) and key columns tx + 8 j (j < 8) of a score tile (32 scores),
-// and the same rows x columns tx * 4 + 32 c .. + 3 (c < D / 32) of an output tile. Q, K, V,
-// dO tiles sit row-major in shared memory with a leading dim of D + 4 floats, probability
-// tiles with 64 + 8: every float4 read and every scalar probability store below is free of
-// bank conflicts. Each inner step loads 12 float4 for 128 FMAs.
-//
-// Forward: per key tile S = Q K^T, an online softmax in base 2 (the row max is shared by
-// the 8 lanes of a row with shuffles, the row sum stays per lane until the end), P to shared
-// memory, O += P V. Saves out and lse (natural log).
-// Backward: Dv = rowsum(dO * O) (one warp a row; the same kernel zeroes dq). One block per
-// 64-key tile walks the query tiles of QM rows (64 at the head dims this path takes; the
-// kernel also takes 32, which ran 2% faster at D = 64 before the tensor-core kernel took
-// that head dim): S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse),
-// dS^T = P^T (dP^T - Dv) scale, dV += P^T dO and dK += dS^T Q in registers, dQ = dS K per
-// query tile added to dq with atomics (float4 atomics on sm_90). Causal blocks skip the
-// tiles above the diagonal and mask only the diagonal one; the heaviest tiles start first.
+// Tiles, forward and backward of the CUDA-core kernels: docs/notes.md §17.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

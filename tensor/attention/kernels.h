@@ -3,18 +3,7 @@
 // math in double, computing the same log-sum-exp the CUDA kernels save) and the CUDA kernels
 // (tensor/attention/cuda.cu) each define one AttentionKernels; tensor/backends.cpp
 // registers them.
-//
-// Called only by the raw ops (tensor/attention/ops.cpp). On CUDA, float16/bfloat16 run
-// cuDNN's fused flash attention (tensor/attention/cuda_cudnn_sdpa.h; Hopper wgmma kernels,
-// what PyTorch's SDPA runs there) where cuDNN takes the problem, else Tally's
-// FlashAttention-2 kernels (mma.sync tensor-core instructions with float accumulators,
-// tensor/attention/cuda.cu); float32 runs tensor/attention/cuda_fp32.cu. CUDA inputs:
-// float16/bfloat16 with head dim E == Ev <= 128 and a multiple of 8 (padded to 64 or 128
-// inside Tally's kernel), or float32 with E == Ev <= 128; the last dim dense and the other
-// strides multiples of 8 elements (tensor/attention/ops.cpp ensures it). CUDA launchers
-// enqueue on Tally's stream and never synchronise with the host; scratch comes from
-// alloc_scratch / alloc_scratch_bytes. The CUDA-only settings (the cuDNN route switch, its
-// counters) are in tensor/attention/cuda.h.
+// Routes (cuDNN, FlashAttention-2, float32) and what CUDA inputs must be: docs/notes.md §26.
 #pragma once
 
 #include <cstdint>

@@ -1,37 +1,7 @@
 // CUDA 2-D convolution through cuDNN over NCHW tensors, or channels_last ones (NHWC in memory:
 // input, filter and output all so; what cuDNN's tensor-core kernels read without transposing),
 // groups too; the bias is added by a small kernel (cuda.cu), or by a broadcast add in NHWC.
-//
-// Algorithm choice. Each cuDNN call is described by a key (direction, device, dtype, the
-// three tensors' dims and strides, padding, stride, dilation, groups, benchmark switch).
-// With cudnn_benchmark() off (the default), the call runs through cuDNN's backend graph API
-// (tensor/cuda/cudnn_graph.h), as PyTorch's does: on the first call with a key, an operation
-// graph of the one convolution, cuDNN's heuristics (instant mode, then the fallback list), the
-// first engine whose numerical notes suit the precision (below) and whose plan finalises;
-// the execution plan is cached, so later calls only bind pointers and launch. Keys the backend
-// declines, or whose workspace cannot be had, take the legacy API (cudnnConvolutionForward,
-// cudnnConvolutionBackwardData, cudnnConvolutionBackwardFilter) the way benchmark mode does:
-// algorithms ranked by heuristics (cudnnGet*Algorithm_v7) or, with cudnn_benchmark() on, by
-// timing each one on the real tensors (cudnnFind*AlgorithmEx: host-blocking, once per key,
-// like PyTorch's cudnn.benchmark); the ranked list (algorithm, math type, workspace bytes) is
-// cached and every call takes the first entry whose workspace the allocator can provide,
-// falling back down the list on out-of-memory or on a "not supported" status.
-// TALLY_CUDNN_CONV_LEGACY=1 in the environment keeps every call on the legacy API (0 or unset:
-// the default; anything else is an error).
-//
-// Memory. Workspaces (and the benchmark's scratch output) come from the caching allocator
-// on Tally's stream through alloc_scratch_bytes (Category::workspace), so they show up in
-// the op's memory accounting; they return to the allocator's cache when the call has been
-// enqueued (the allocator is stream-ordered, so a later block on the same stream is safe to
-// reuse).
-//
-// Precision. float32: with cudnn_allow_tf32() on (the default, like PyTorch's
-// torch.backends.cudnn.allow_tf32) CUDNN_DEFAULT_MATH, so cuDNN may run TF32 tensor cores;
-// with it off CUDNN_FMA_MATH (results match the CPU to float32 rounding; the tests run so);
-// float16/bfloat16: tensor-op math with float accumulation (compute type float);
-// float64: double throughout. On the backend route the same rules pick engines by their
-// numerical notes: never one that down-converts its inputs; for exact float32 none on
-// tensor cores, FFT or Winograd (whose rounding differs from a direct sum).
+// Algorithm choice (cached cuDNN plans, the legacy API), memory and precision: docs/notes.md §7.
 #include <fmt/format.h>
 
 #include <algorithm>

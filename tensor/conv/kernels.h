@@ -2,22 +2,7 @@
 // kernel's signature, once. The CPU reference (tensor/conv/cpu.cpp) and the CUDA kernels
 // (tensor/conv/cuda_conv.cpp, cuDNN host code) each define one ConvKernels;
 // tensor/backends.cpp registers them.
-//
-// Called only by the raw ops (tensor/conv/ops.cpp), which check the shapes and convert the
-// operands first. Tensors arrive 4-D, all of one dtype:
-// - CPU: contiguous, float32 or float64 (the raw op converts 16-bit inputs to float32).
-//   im2col (per sample, per group) + a BLAS GEMM, and col2im for the input gradient.
-// - CUDA: any of the four floating dtypes (float32, float64, float16, bfloat16: on CUDA the
-//   raw op does not widen 16-bit inputs), through cuDNN (cached backend-API execution plans
-//   by default, the legacy cudnnConvolution* API in benchmark mode and as fallback).
-//   Precision: float32 runs with TF32 allowed when cudnn_allow_tf32() (the default, like
-//   PyTorch), with CUDNN_FMA_MATH (exact float32) when not; float16/bfloat16 with tensor
-//   cores and float accumulation, float64 in double. The algorithm is chosen once per
-//   (direction, device, dtype, shapes, strides, stride/padding/dilation/groups) key: by
-//   cuDNN's heuristics (as an execution plan), or by timing them all when cudnn_benchmark()
-//   is on (see cuda_conv.cpp; the settings and caches are in tensor/conv/cuda.h).
-// Scratch (the CPU's unrolled matrix, cuDNN's workspaces) comes from alloc_scratch, tagged
-// `workspace` under the calling op.
+// The signatures' conventions: docs/notes.md §23.
 #pragma once
 
 #include <initializer_list>

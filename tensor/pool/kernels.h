@@ -9,11 +9,7 @@
 // never. Forward kernels read and write the input's dtype (accumulating in acc_t: float,
 // double for float64); backward kernels write a float32/float64 gradient (acc_t of the
 // grad_output's dtype), which they zero first, so overlapping windows add exactly.
-//
-// The CUDA kernels are twins of the CPU ones with the same semantics to the bit: the same
-// window rules (padding, dilation, ceil_mode, count_include_pad, divisor_override), the same
-// first-max-on-ties and NaN rules and the same flat h * W + w indices for max pooling, and
-// the same summation order for the averages.
+// The CUDA kernels as the CPU's twins: docs/notes.md §30.
 #pragma once
 
 #include "tensor/dispatch.h"

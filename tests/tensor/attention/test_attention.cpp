@@ -1,24 +1,5 @@
 // Attention, one file for every device (tests/testing/devices.h).
-//
-// On each device (the CPU in test_attention, CUDA in test_attention_cuda):
-// scaled_dot_product_attention in float64 (the composite path on both): values against a hand
-// composition, causal and explicit masks, dropout, gradients.
-//
-// On the CPU only: the fused attention op's CPU reference (ops::flash_attention_forward/backward,
-// tally::flash_attention), which the CUDA kernels are measured against: equal to the composite in
-// float64, its log-sum-exp, its gradients by finite differences, strided inputs, packed q, k, v,
-// errors. The CUDA kernels take float32 and 16-bit inputs only.
-//
-// On CUDA only, against that CPU reference: both CUDA routes of bfloat16/float16 (cuDNN's fused
-// kernels where cuDNN takes the problem, and Tally's own FlashAttention-2 kernels): forward output
-// and log-sum-exp, backward dQ, dK, dV, in bfloat16 and float16 (compared in float32 against the
-// reference run in float32 on the same rounded values), causal and not, sequence lengths that are
-// not multiples of the tiles (128 query rows forward, 64 keys backward), L != S (causal too), head
-// dims 64, 128 and padded 8, 40, 120, long sequences with large scores, many (batch, head) pairs,
-// GPT's strided split-head views; the float32 kernels against the float64 reference;
-// scaled_dot_product_attention's routing to the fused path; cuDNN's fallback; and the memory: no
-// T x T matrix during a causal forward + backward. The environment switches (host only) run in
-// both binaries of a CUDA build.
+// What the cases cover: docs/notes.md §21.
 #include <fmt/format.h>
 
 #include <cmath>

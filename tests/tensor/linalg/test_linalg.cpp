@@ -1,24 +1,6 @@
 // Linear algebra: matmul (all of PyTorch's cases), mm, bmm, linear, embedding, written once
 // against the device under test (tests/testing/devices.h).
-//
-// On every device (suite Linalg: the CPU in test_linalg, CUDA device 0 in test_linalg_cuda):
-// values against hand-computed cases and a naive loop, float64 gradient checks (broadcast
-// batches, 1-D operands, transposed and non-contiguous operands), what backward saves, empty
-// dimensions and 16-bit dtypes, embedding lookups and scatter-add with padding, mm_out into
-// padded rows (padding untouched, accumulate, K = 0), its float32 product of 16-bit operands
-// and its errors, linear_backward against its composite, and errors.
-// The CPU alone: BLAS layouts that must not copy (peak memory of the op).
-//
-// On CUDA against the CPU reference (suite LinalgVsCpu, accelerators only): matmul/mm/bmm/
-// linear through cuBLASLt in every shape class (2-D, 1-D promotions, broadcast batches,
-// folded batches, transposed, strided, narrowed and misaligned operands), float32 with TF32
-// off, float16/bfloat16, float64; the backward of the products; embedding gather and
-// scatter-add with repeated indices and padding; and the backend's internals: the TF32
-// switch, the bias epilogue and its fallbacks, classic cuBLAS, cuBLASLt's workspace tagged
-// `workspace` in the allocator with the op that asked, NaN rows for out-of-range indices.
-// Products are compared with the CPU result computed in float64 from the same (rounded)
-// inputs: max |got - ref| / max |ref| below 1e-5 * sqrt(K) (float32), 1e-12 * sqrt(K)
-// (float64), 2e-2 (float16/bfloat16).
+// What the cases cover: docs/notes.md §20.
 #include <fmt/format.h>
 
 #include <array>
