@@ -11,7 +11,7 @@
 // unscale_ is one fused multi-tensor launch per (device, dtype) over all gradients: multiply
 // by 1/scale and raise a found_inf flag on the device. step() reads that flag once.
 //
-// capturable (for CUDA graphs, tensor/graph.h; the gradients on one device): nothing is read
+// capturable (for CUDA graphs, tensor/cuda/graph.h; the gradients on one device): nothing is read
 // on the host. unscale_ takes 1/scale on the device, step() hands the flag to the optimizer
 // (Optimizer::set_found_inf), whose fused update skips itself on the device, and update() runs
 // torch's _amp_update_scale_ there (the growth tracker is a device tensor too). The scales are
