@@ -249,5 +249,20 @@ Tensor Tensor::sum() const {
 Tensor Tensor::mean() const {
   return tally::mean(*this);
 }
+Tensor Tensor::sin() const {
+  return tally::sin(*this);
+}
+Tensor Tensor::cos() const {
+  return tally::cos(*this);
+}
+Tensor Tensor::erf() const {
+  return tally::erf(*this);
+}
+Tensor Tensor::lerp(const Tensor& end, const Tensor& weight) const {
+  return tally::lerp(*this, end, weight);
+}
+Tensor Tensor::lerp(const Tensor& end, double weight) const {
+  return tally::lerp(*this, end, weight);
+}
 
 }  // namespace tally

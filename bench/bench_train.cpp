@@ -33,7 +33,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "optim/step_in_backward.h"
-#include "tensor/graph.h"
+#include "tensor/cuda/graph.h"
 #include "tensor/precision.h"
 
 using namespace tally;
@@ -115,7 +115,7 @@ std::optional<DType> amp_of(const std::string& cfg) {
 
 // "graphs": the step runs eagerly once (its first calls search algorithms and make the
 // optimizer's state), is captured into a CUDA graph at the second call, and every call from
-// then on replays it (tensor/graph.h). What a replay cannot repeat is refused up front.
+// then on replays it (tensor/cuda/graph.h). What a replay cannot repeat is refused up front.
 std::function<void()> graphed(const std::string& cfg, Device dev, std::function<void()> eager) {
   for (const char* token : {"sib", "offload", "varyseq", "hist", "leaks"})
     if (has(cfg, token))

@@ -31,7 +31,7 @@
 #include "optim/optimizer.h"
 #include "optim/sgd.h"
 #include "optim/step_in_backward.h"
-#include "tensor/graph.h"
+#include "tensor/cuda/graph.h"
 
 namespace tally::examples {
 
@@ -318,7 +318,7 @@ inline void check_step_in_backward(bool on, const std::string& amp, double clip)
         "any step; use --clip 0");
 }
 
-// --cuda-graphs: what a replayed step cannot do, named before any work (tensor/graph.h).
+// --cuda-graphs: what a replayed step cannot do, named before any work (tensor/cuda/graph.h).
 // `estimate` is the --estimate target (a dry run has no device to capture on).
 inline void check_cuda_graphs(bool on, const std::string& device, const std::string& estimate,
                               const std::string& /*amp*/, const std::string& offload,
@@ -343,9 +343,9 @@ inline void check_cuda_graphs(bool on, const std::string& device, const std::str
 
 // --cuda-graphs: the training step (forward, backward, optimizer step; the caller's `step`) runs
 // eagerly at the first call, is captured into a CUDA graph at the second and replayed from then
-// on (tensor/graph.h). The step reads its inputs from tensors kept here, into which each call's
-// inputs are copied (their shapes must not change); its outputs (the loss, the logits) are the
-// graph's, overwritten by the next replay: read them before it. Disabled, it calls `step`.
+// on (tensor/cuda/graph.h). The step reads its inputs from tensors kept here, into which each
+// call's inputs are copied (their shapes must not change); its outputs (the loss, the logits) are
+// the graph's, overwritten by the next replay: read them before it. Disabled, it calls `step`.
 class GraphedStep {
  public:
   using Step = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;

@@ -56,8 +56,8 @@ struct Estimate {
   std::string out_of_memory;
   // What the dry run could not replay exactly, and how often (memory::note_unreplayed).
   std::vector<std::pair<std::string, int64_t>> unreplayed;
-  // The predicted time of the ops the dry run ran, by the target's cost model (0 when the
-  // target has no rates; see MetaTarget).
+  // The predicted time of the ops the dry run ran, by the cost model (tensor/meta/cost.h: a
+  // recorded GPU's rates, or those the caller set on device(); 0 without rates).
   double predicted_seconds = 0;
 
   bool fits() const { return out_of_memory.empty(); }

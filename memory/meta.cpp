@@ -186,22 +186,11 @@ MetaTarget meta_target(std::string_view name) {
                       .capacity = size_t{143771} * kMiB,
                       .sm_count = 132,
                       .matmul_workspace = cublaslt_workspace_bytes_from_env(),
-                      .workspace_tables = "h200",
-                      // What Tally's kernels reach on it (bench/RESULTS.md, ops_gpu.py):
-                      // bf16 linear 610 TFLOP/s, float32 linear 48, TF32 convolution 100,
-                      // elementwise 3.9-4.2 TB/s; a launch and its gap ~4 us.
-                      .flops_16bit = 600e12,
-                      .flops_32bit = 48e12,
-                      .flops_tf32 = 100e12,
-                      .flops_64bit = 30e12,
-                      .bandwidth = 3.9e12,
-                      .launch_seconds = 4e-6,
-                      // PCIe Gen5 x16 with pinned memory, each way.
-                      .host_bandwidth = 50e9};
+                      .workspace_tables = "h200"};
 #ifdef TALLY_WITH_CUDA
   if (n == "cuda" && cuda_available()) {
     // This machine's GPU: its capacity and multiprocessors; an H200 also takes the h200
-    // target's recorded tables and rates.
+    // target's recorded tables (workspaces and, tensor/meta/cost.h, rates).
     CachingAllocator& a = get_allocator(Device::cuda(0));
     const std::string product = CudaProvider::product_name(0);
     MetaTarget t = product.find("H200") != std::string::npos
@@ -280,14 +269,14 @@ double* slot(std::deque<double>& list, Device meta_device) {
 }
 }  // namespace
 
-void add_meta_seconds(Device meta_device, double seconds) {
+void add_meta_seconds(Device meta_device, double seconds, double launch_seconds) {
   MetaDevices& d = devices();
   std::lock_guard lock(d.mu);
   double* now = slot(d.seconds, meta_device);
   double* host = slot(d.host, meta_device);
   if (!now || !host) return;
   *now = std::max(*now, *host) + seconds;
-  *host += d.targets[static_cast<size_t>(meta_device.index)].launch_seconds;
+  *host += launch_seconds;
 }
 
 namespace {
@@ -308,14 +297,13 @@ double meta_host_seconds(Device meta_device) {
   return read_clock(&MetaDevices::host, meta_device);
 }
 
-double queue_meta_copy(Device meta_device, size_t bytes) {
+double queue_meta_copy(Device meta_device, double seconds) {
   MetaDevices& d = devices();
   std::lock_guard lock(d.mu);
   double* done = slot(d.copies_done, meta_device);
   const double* now = slot(d.seconds, meta_device);
   if (!done || !now) return 0;
-  const double bw = d.targets[static_cast<size_t>(meta_device.index)].host_bandwidth;
-  *done = std::max(*done, *now) + (bw > 0 ? static_cast<double>(bytes) / bw : 0.0);
+  *done = std::max(*done, *now) + seconds;
   return *done;
 }
 

@@ -29,20 +29,10 @@ struct MetaTarget {
   size_t capacity = 0;                // the device's total memory in bytes
   int sm_count = 0;                   // cuda: multiprocessors (partial-sum buffers scale with it)
   size_t matmul_workspace = 0;        // cuda: cuBLASLt's workspace per product
-  // cuda: the name of the recorded library-workspace tables to replay (cuDNN's convolution
-  // plans, tensor/conv/workspaces_<name>.inc); empty when none was recorded for this GPU.
+  // cuda: the name of the recorded tables of this GPU to replay (cuDNN's convolution plans'
+  // workspaces, tensor/conv/workspaces_<name>.inc; the cost model's rates,
+  // tensor/meta/cost.h); empty when none was recorded for it.
   std::string workspace_tables{};
-  // The cost model of the memory planner (nn/plan.h): the rates an op's time is predicted
-  // from, max(FLOPs / rate, bytes / bandwidth) + a launch overhead. Rates in FLOP/s for
-  // products in 16-bit floats (tensor cores), float32 products (matmul: no TF32 by default;
-  // cuDNN convolutions: TF32), float64; bytes/s for memory traffic. 0: not calibrated (the CPU
-  // target is calibrated by a short timed run, nn::calibrate_cpu_target).
-  double flops_16bit = 0, flops_32bit = 0, flops_tf32 = 0, flops_64bit = 0;
-  double bandwidth = 0;
-  double launch_seconds = 0;
-  // cuda: bytes/s of a copy between pinned host memory and the device, each way (activation
-  // offload's copies); 0 on the CPU, where offloading copies within host memory.
-  double host_bandwidth = 0;
 };
 
 // The names meta_target() accepts: "cpu", "h200", and "cuda" where a GPU is present.
@@ -75,26 +65,26 @@ void note_unreplayed(Device meta_device, const std::string& what);
 std::vector<std::pair<std::string, int64_t>> unreplayed(Device meta_device);
 
 // A meta device keeps three clocks, in seconds: its compute stream's (the predicted time of
-// the ops run so far: each meta kernel adds its cost under the target's rates, starting no
-// earlier than the host launched it), its copy stream's, and the host's (each kernel launch
-// takes the target's launch_seconds; the host runs ahead of the streams until it waits).
-// A kernel of `seconds` launched now.
-void add_meta_seconds(Device meta_device, double seconds);
+// the ops run so far: each meta kernel adds its cost, tensor/meta/cost.h, starting no earlier
+// than the host launched it), its copy stream's, and the host's (each kernel launch takes
+// the target's launch overhead; the host runs ahead of the streams until it waits).
+// A kernel of `seconds` launched now, its launch taking the host `launch_seconds`.
+void add_meta_seconds(Device meta_device, double seconds, double launch_seconds);
 // The compute stream's clock: the predicted time so far.
 double meta_seconds(Device meta_device);
 // The host's clock.
 double meta_host_seconds(Device meta_device);
 
 // The copy stream of a meta device that replays a GPU: activation offload's copies to and
-// from pinned host memory run there one after another at the target's host_bandwidth, each
+// from pinned host memory run there one after another (at the cost model's host bandwidth), each
 // starting once the ops issued before it and the copies queued before it are done. A block
 // such a copy reads or writes is recorded on kMetaCopyStream (CachingAllocator::record_stream):
 // freed, it is reused only once the copies queued before the free are done by the host's
 // clock, when the allocator looks, so a dry run holds the blocks a real run holds while its
 // copies drain and its host runs ahead.
 inline constexpr StreamId kMetaCopyStream = 1;
-// Queues a copy of `bytes` on the copy stream; returns when it ends.
-double queue_meta_copy(Device meta_device, size_t bytes);
+// Queues a copy taking `seconds` on the copy stream; returns when it ends.
+double queue_meta_copy(Device meta_device, double seconds);
 // When the copies queued so far end.
 double meta_copies_done(Device meta_device);
 // The compute stream waits for `seconds` (a fence: cudaStreamWaitEvent).

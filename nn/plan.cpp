@@ -83,25 +83,25 @@ std::vector<CheckpointSpec> checkpoint_plans(int blocks) {
   return out;
 }
 
-memory::MetaTarget calibrated_target(const std::string& name) {
-  memory::MetaTarget t = memory::meta_target(name);
-  if (t.bandwidth > 0) return t;
+meta::Rates calibrated_rates(const memory::MetaTarget& t) {
+  meta::Rates r = meta::rates_for(t);
+  if (r.bandwidth > 0) return r;
   if (t.type == DeviceType::cpu) {
     static std::once_flag once;
     static CpuRates rates{};
     std::call_once(once, [] { rates = measure_cpu(); });
-    t.flops_32bit = t.flops_tf32 = rates.flops_32;
-    t.flops_64bit = rates.flops_32 / 2;
-    t.flops_16bit = rates.flops_16;
-    t.bandwidth = rates.bandwidth;
-    t.launch_seconds = rates.launch;
-    return t;
+    r.flops_32bit = r.flops_tf32 = rates.flops_32;
+    r.flops_64bit = rates.flops_32 / 2;
+    r.flops_16bit = rates.flops_16;
+    r.bandwidth = rates.bandwidth;
+    r.launch_seconds = rates.launch;
+    return r;
   }
   // A GPU without recorded rates: the H200's, as a relative model (ranks plans, not seconds).
-  const memory::MetaTarget h = memory::meta_target("h200");
-  t.flops_16bit = h.flops_16bit, t.flops_32bit = h.flops_32bit, t.flops_tf32 = h.flops_tf32;
-  t.flops_64bit = h.flops_64bit, t.bandwidth = h.bandwidth, t.launch_seconds = h.launch_seconds;
-  return t;
+  const meta::Rates h = meta::rates_for(memory::meta_target("h200"));
+  r.flops_16bit = h.flops_16bit, r.flops_32bit = h.flops_32bit, r.flops_tf32 = h.flops_tf32;
+  r.flops_64bit = h.flops_64bit, r.bandwidth = h.bandwidth, r.launch_seconds = h.launch_seconds;
+  return r;
 }
 
 MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& run,
@@ -112,7 +112,8 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
     throw std::invalid_argument("plan_memory: no precision to search");
   if (options.steps < 1)
     throw std::invalid_argument(fmt::format("plan_memory: {} steps", options.steps));
-  const memory::MetaTarget target = calibrated_target(options.target);
+  const memory::MetaTarget target = memory::meta_target(options.target);
+  const meta::Rates rates = calibrated_rates(target);
   if (options.budget > target.capacity)
     throw std::invalid_argument(
         fmt::format("memory budget {} is larger than the {} target's memory ({})",
@@ -146,6 +147,7 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
     PlannedCandidate pc;
     pc.candidate = candidate;
     memory::DryRun dry({.spec = target, .max_history = 0});
+    meta::set_rates(dry.device(), rates);
     try {
       run(dry.device(), pc.candidate);
       pc.estimate = dry.finish();

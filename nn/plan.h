@@ -2,7 +2,7 @@
 // training run fit a memory budget at the least cost in time. Every candidate is dry-run on
 // the target (memory/estimate.h), so its memory is the allocator's own prediction: peaks,
 // caching, workspaces. Its time comes from a cost model: each op's FLOPs and bytes, counted by
-// the meta kernels during the dry run, over the target's rates (memory::MetaTarget; the CPU
+// the meta kernels during the dry run, over the target's rates (tensor/meta/cost.h; the CPU
 // target's are measured by a short timed run). The fastest candidate predicted to fit wins.
 //
 //   nn::PlanOptions o{.target = "h200", .budget = memory::parse_bytes("6GiB")};
@@ -22,6 +22,7 @@
 #include "nn/checkpoint.h"
 #include "nn/offload.h"
 #include "tensor/dtype.h"
+#include "tensor/meta/cost.h"
 
 namespace tally::nn {
 
@@ -89,8 +90,9 @@ std::vector<CheckpointSpec> checkpoint_plans(int blocks);
 MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& run,
                        int checkpoint_blocks, const PlanOptions& options);
 
-// The target `name` with rates for the cost model: the CPU's measured now by a short timed
-// run (a float32 and a bfloat16 GEMM, a large copy), once per process; others as recorded.
-memory::MetaTarget calibrated_target(const std::string& name);
+// The cost model's rates for `target` (tensor/meta/cost.h): the CPU's measured now by a short
+// timed run (a float32 and a bfloat16 GEMM, a large copy), once per process; a recorded GPU's
+// as recorded; another GPU takes the H200's (a relative model: ranks plans, not seconds).
+meta::Rates calibrated_rates(const memory::MetaTarget& target);
 
 }  // namespace tally::nn

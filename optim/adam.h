@@ -19,7 +19,7 @@ struct AdamOptions {
   bool maximize = false;
   // PyTorch's capturable=True: each parameter's step count is also kept on its device (state
   // "device_step", a float32 scalar) and the update takes the bias corrections from it, so a
-  // CUDA graph can replay the step (tensor/graph.h); the lr is read there too
+  // CUDA graph can replay the step (tensor/cuda/graph.h); the lr is read there too
   // (Optimizer::device_lr), so a scheduler's changes reach the replays. Adam and AdamW only.
   bool capturable = false;
   GroupOptions to_map() const;

@@ -14,8 +14,8 @@
 #include "memory/context.h"
 #include "optim/multi_tensor.h"
 #include "optim/update_math.h"
+#include "tensor/cuda/graph.h"
 #include "tensor/cuda/runtime.h"
-#include "tensor/graph.h"
 #include "tensor/ops.h"
 
 namespace tally::optim::cuda {

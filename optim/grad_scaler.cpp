@@ -10,7 +10,7 @@
 #include "autograd/ops.h"
 #include "memory/context.h"
 #include "optim/multi_tensor.h"
-#include "tensor/graph.h"
+#include "tensor/cuda/graph.h"
 #include "tensor/ops.h"
 
 namespace tally::optim {

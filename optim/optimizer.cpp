@@ -8,7 +8,7 @@
 
 #include "autograd/grad_mode.h"
 #include "memory/context.h"
-#include "tensor/graph.h"
+#include "tensor/cuda/graph.h"
 #include "tensor/ops.h"
 
 namespace tally::optim {

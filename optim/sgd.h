@@ -14,7 +14,7 @@ struct SGDOptions {
   bool nesterov = false;
   bool maximize = false;
   // The lr is read on the parameters' device (Optimizer::device_lr), so that a CUDA graph of
-  // the step (tensor/graph.h) follows an lr scheduler. SGD has no other host-side value.
+  // the step (tensor/cuda/graph.h) follows an lr scheduler. SGD has no other host-side value.
   bool capturable = false;
   GroupOptions to_map() const;
 };

@@ -55,6 +55,8 @@ py::object tensor_or_none(const Tensor& t);
 
 void bind_tensor(py::module_& m);
 void bind_functional(py::module_& m, py::module_& functional);
+// tally.sin, cos, erf, lerp and their Tensor methods (python/elementwise.cpp); after bind_tensor.
+void bind_elementwise(py::module_& m);
 void bind_nn(py::module_& m, py::module_& nn);
 void bind_optim(py::module_& m, py::module_& optim, py::module_& amp);
 void bind_memory(py::module_& m, py::module_& memory);

@@ -4,14 +4,14 @@
 
 #include "common.h"
 #include "memory/caching_allocator.h"
-#include "tensor/graph.h"
+#include "tensor/cuda/graph.h"
 
 namespace tally::python {
 
 void bind_cuda(py::module_& cuda_mod) {
   py::class_<cuda::Graph>(cuda_mod, "CUDAGraph",
                           "torch.cuda.CUDAGraph: capture the work queued on a device's stream, "
-                          "replay it with one launch (tensor/graph.h)")
+                          "replay it with one launch (tensor/cuda/graph.h)")
       .def(py::init<>())
       .def(
           "capture_begin",

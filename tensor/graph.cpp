@@ -1,5 +1,7 @@
-// cuda::Graph (tensor/graph.h): stream capture into a graph-private pool, replay, reset.
-#include "tensor/graph.h"
+// cuda::Graph (tensor/cuda/graph.h): stream capture into a graph-private pool, replay, reset.
+// Here, not under tensor/cuda/ (CUDA-only sources), because it builds on every backend: without
+// CUDA its calls throw and is_capturing() is false.
+#include "tensor/cuda/graph.h"
 
 #include <fmt/format.h>
 

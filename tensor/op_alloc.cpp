@@ -81,10 +81,4 @@ Tensor alloc_scratch(int64_t numel, DType dtype, Device device) {
   return Tensor::make(Storage::allocate(bytes, device), shape, Shape{1}, 0, dtype);
 }
 
-Storage alloc_scratch_bytes(size_t bytes, Device device) {
-  if (bytes == 0) return {};
-  memory::CategoryScope cat(memory::Category::workspace);
-  return Storage::allocate(bytes, device);
-}
-
 }  // namespace tally

@@ -45,8 +45,7 @@ Tensor donated_output(const Tensor& donor, const Shape& shape, DType dtype, Devi
 // A contiguous 1-D tensor of `numel` elements of scratch, tagged `workspace`.
 Tensor alloc_scratch(int64_t numel, DType dtype, Device device);
 
-// `bytes` of untyped scratch, tagged `workspace`; an empty Storage for 0 bytes.
-Storage alloc_scratch_bytes(size_t bytes, Device device);
+// alloc_scratch_bytes (untyped scratch) is declared in tensor/storage.h.
 
 // shape's element count times `element_size`; std::invalid_argument naming `what` and the
 // shape for a negative size, std::length_error when the product does not fit in 63 bits

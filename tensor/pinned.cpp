@@ -6,7 +6,8 @@
 #include "memory/context.h"
 #include "memory/meta.h"
 #include "tensor/dispatch.h"
-#include "tensor/ops.h"
+#include "tensor/elementwise/ops.h"
+#include "tensor/meta/cost.h"
 #ifdef TALLY_WITH_CUDA
 #include "tensor/cuda/async_copy.h"
 #endif
@@ -46,7 +47,9 @@ Tensor to_device_async(const Tensor& host, Device device, memory::Category categ
       is_pinned(host)) {
     static const OpInfo info("to_device_async");
     DispatchScope scope(info, device);
-    return cuda::copy_pinned_to_device(host, device);
+    Tensor out = empty(host.sizes(), host.dtype(), device);
+    cuda::copy_pinned_to_device(host, out);
+    return out;
   }
 #endif
   return to(host, device, host.dtype());
@@ -72,13 +75,15 @@ Device meta_host(Device d) {
 // time (none without a host link) goes on the clock.
 void meta_copy(const Tensor& block, bool async) {
   const Device meta = block.device();
+  const meta::Rates rates = meta::rates_of(meta);
+  const double bw = rates.host_bandwidth;
+  const double seconds = bw > 0 ? static_cast<double>(block.nbytes()) / bw : 0.0;
   if (async && memory::behaves_as(meta) == DeviceType::cuda) {
-    memory::queue_meta_copy(meta, block.nbytes());
+    memory::queue_meta_copy(meta, seconds);
     block.storage().record_stream(memory::kMetaCopyStream);
     return;
   }
-  const double bw = memory::meta_target_of(meta).host_bandwidth;
-  if (bw > 0) memory::add_meta_seconds(meta, static_cast<double>(block.nbytes()) / bw);
+  if (bw > 0) memory::add_meta_seconds(meta, seconds, rates.launch_seconds);
   memory::sync_meta_host(meta, memory::meta_seconds(meta));
 }
 }  // namespace

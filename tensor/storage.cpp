@@ -1,5 +1,7 @@
 #include "tensor/storage.h"
 
+#include "memory/context.h"
+
 #ifdef TALLY_WITH_CUDA
 #include "tensor/cuda/runtime.h"
 #endif
@@ -81,6 +83,12 @@ size_t Storage::block_bytes() const {
 memory::Category Storage::category() const {
   if (!owned() || !impl_->data) return memory::Category::unknown;
   return impl_->allocator->block_tag(impl_->data).category;
+}
+
+Storage alloc_scratch_bytes(size_t bytes, Device device) {
+  if (bytes == 0) return {};
+  memory::CategoryScope cat(memory::Category::workspace);
+  return Storage::allocate(bytes, device);
 }
 
 }  // namespace tally

@@ -77,4 +77,9 @@ class Storage {
   std::shared_ptr<Impl> impl_;
 };
 
+// `bytes` of untyped scratch, tagged `workspace`; an empty Storage for 0 bytes. Here rather
+// than beside alloc_scratch (tensor/op_alloc.h) so that backend code (tensor/cuda/) takes
+// its library workspaces without reaching up to the op layer.
+Storage alloc_scratch_bytes(size_t bytes, Device device);
+
 }  // namespace tally

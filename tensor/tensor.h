@@ -167,6 +167,12 @@ class Tensor {
 
   Tensor sum() const;
   Tensor mean() const;
+  // Elementwise maps, as torch.Tensor's methods (tensor/elementwise/autograd.h).
+  Tensor sin() const;
+  Tensor cos() const;
+  Tensor erf() const;
+  Tensor lerp(const Tensor& end, const Tensor& weight) const;
+  Tensor lerp(const Tensor& end, double weight) const;
 
  private:
   TensorImpl& impl() const;

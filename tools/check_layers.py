@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The layer rules of docs/architecture.md, checked on every build.
 
-Usage: check_layers.py REPO_ROOT. Exits 1, naming file:line and the rule, when
+Usage: check_layers.py REPO_ROOT [--back-arrows]. Exits 1, naming file:line and the rule, when
   - a source file includes a header of a layer above its own (base < memory < tensor+autograd
     < nn < optim; memory < inspect; inspect, tensor+autograd < profiler; nn < distributed);
   - a file of the tensor layer outside an op family's autograd.{h,cpp} includes autograd/
@@ -11,6 +11,11 @@ Usage: check_layers.py REPO_ROOT. Exits 1, naming file:line and the rule, when
   - a file of an op family folder (tensor/<family>/) other than its CUDA files (cuda.*,
     cuda_*) spells the CUDA build switch: backend #ifdefs stand only in backend files and
     the registration point (tensor/backends.cpp, via TALLY_CUDA_TABLE);
+  - a file of the backend infrastructure (tensor/cpu/, tensor/cuda/) includes anything of the
+    tensor layer but tensor/cpu/, tensor/cuda/ and the core headers (BACKEND_CORE): no op
+    family, no dispatch, no op_alloc, no umbrella;
+  - an include inside tensor/ points from a lower level to a higher one (a back-arrow; the
+    levels are TENSOR_LEVELS: core < backends < plumbing < families < registration);
   - a C++ file of the library or of examples/ opens a file for writing itself (std::ofstream,
     std::fstream, fopen with "w"/"a"/"+", open with O_WRONLY/O_RDWR/O_CREAT): every writer goes
     through base/atomic_file.h (write_file_atomic), so a write cut short never destroys the
@@ -34,6 +39,58 @@ ALLOWED = {
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/')
 EXTS = (".h", ".cpp", ".cu", ".cuh")
 FAMILY_CORE = {"cpu", "cuda"}  # tensor/cpu, tensor/cuda: backend infrastructure, not families
+
+# What tensor/cpu/ and tensor/cuda/ may include from the tensor layer besides themselves.
+BACKEND_CORE = {"tensor/tensor.h", "tensor/dtype.h", "tensor/storage.h"}
+
+# The levels inside tensor/, lowest first; an include may point to its own level or below.
+# Keys are paths relative to tensor/ (a folder ends in "/"); any other folder is an op family.
+CORE, BACKEND, PLUMBING, FAMILY, REGISTRATION = range(5)
+TENSOR_LEVELS = {
+    "tensor.": CORE, "dtype.": CORE, "storage.": CORE, "random.": CORE,
+    "cpu/": BACKEND, "cuda/": BACKEND,
+    "graph.cpp": BACKEND,  # tensor/cuda/graph.h's definitions (built without CUDA too)
+    "dispatch.": PLUMBING, "op_alloc.": PLUMBING, "meta/": PLUMBING,
+    "pinned.": FAMILY,  # to_device_async and the offload copies: ops of their own
+    "precision.": REGISTRATION,  # the process-wide precision switches of several families
+    "backends.cpp": REGISTRATION, "ops.h": REGISTRATION,
+}
+
+
+# Back-arrows that stay, each with its reason; any other one fails the build.
+KNOWN_BACK_ARROWS = {
+    # Half converts through the branch-free float16 routines the CPU loops vectorize.
+    ("tensor/dtype.h", "tensor/cpu/convert.h"),
+    # A CUDA block freed while a stream still uses it is recorded on that stream.
+    ("tensor/storage.cpp", "tensor/cuda/runtime.h"),
+}
+
+
+def tensor_level(rel):
+    """The level of a path under tensor/ (relative to the repository)."""
+    sub = rel[len("tensor/"):]
+    for key, level in TENSOR_LEVELS.items():
+        if sub.startswith(key):
+            return level
+    return FAMILY
+
+
+def back_arrows(root, include_known=False):
+    """The includes inside tensor/ from a lower level to a higher one (the known ones too
+    when include_known)."""
+    out = []
+    for dirpath, _, files in os.walk(os.path.join(root, "tensor")):
+        for f in sorted(files):
+            if not f.endswith(EXTS):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/")
+            with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as fh:
+                for n, line in enumerate(fh, 1):
+                    m = re.match(r'^\s*#\s*include\s+"(tensor/[^"]+)"', line)
+                    if (m and tensor_level(m.group(1)) > tensor_level(rel)
+                            and (include_known or (rel, m.group(1)) not in KNOWN_BACK_ARROWS)):
+                        out.append(f"{rel}:{n}: includes {m.group(1)} (a level above)")
+    return out
 
 
 def check(root):
@@ -61,6 +118,14 @@ def check(root):
                                     and not (family and stem == "autograd")):
                                 errors.append(f"{rel}:{n}: only an op family's autograd.h/.cpp "
                                               "may include autograd/ from tensor/")
+                        full = re.match(r'^\s*#\s*include\s+"(tensor/[^"]+)"', line)
+                        if (layer == "tensor" and len(parts) >= 3 and parts[1] in FAMILY_CORE
+                                and full and not full.group(1).startswith(("tensor/cpu/",
+                                                                           "tensor/cuda/"))
+                                and full.group(1) not in BACKEND_CORE):
+                            errors.append(f"{rel}:{n}: backend infrastructure includes "
+                                          f"{full.group(1)} (allowed from tensor/: cpu/, cuda/, "
+                                          f"{', '.join(sorted(BACKEND_CORE))})")
                         if (family and "TALLY_WITH_CUDA" in line
                                 and not (stem == "cuda" or stem.startswith("cuda_"))):
                             errors.append(f"{rel}:{n}: a backend #ifdef in an op family's "
@@ -97,10 +162,16 @@ def check_writes(root):
 
 
 def main():
-    if len(sys.argv) != 2:
-        print("usage: check_layers.py REPO_ROOT", file=sys.stderr)
+    if len(sys.argv) not in (2, 3):
+        print("usage: check_layers.py REPO_ROOT [--back-arrows]", file=sys.stderr)
         return 2
-    errors = check(sys.argv[1])
+    if len(sys.argv) == 3 and sys.argv[2] == "--back-arrows":
+        arrows = back_arrows(sys.argv[1], include_known=True)
+        for a in arrows:
+            print(a)
+        print(f"{len(arrows)} back-arrows inside tensor/")
+        return 0
+    errors = check(sys.argv[1]) + [f"back-arrow: {a}" for a in back_arrows(sys.argv[1])]
     for e in errors:
         print(f"layer rule: {e}", file=sys.stderr)
     write_errors = check_writes(sys.argv[1])

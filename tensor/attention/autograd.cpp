@@ -12,6 +12,7 @@
 #include "memory/context.h"
 #include "memory/meta.h"
 #include "tensor/attention/ops.h"
+#include "tensor/linalg/autograd.h"
 #include "tensor/softmax/autograd.h"
 
 namespace tally {

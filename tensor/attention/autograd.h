@@ -7,7 +7,7 @@
 
 #include <optional>
 
-#include "autograd/ops.h"
+#include "tensor/elementwise/autograd.h"
 
 namespace tally {
 

@@ -23,10 +23,10 @@
 #include "tensor/attention/cuda.h"
 #include "tensor/attention/cuda_cudnn_sdpa.h"
 #include "tensor/cuda/cudnn.h"
+#include "tensor/cuda/graph.h"
 #include "tensor/cuda/runtime.h"
-#include "tensor/graph.h"
 #include "tensor/op_alloc.h"
-#include "tensor/precision.h"
+#include "tensor/cuda/matmul_settings.h"  // tunable_enabled
 #include "tensor/storage.h"
 
 namespace tally::cuda {

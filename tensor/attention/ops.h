@@ -9,7 +9,7 @@
 // on CUDA when flash_attention_supported() holds.
 #pragma once
 
-#include "tensor/ops.h"
+#include "tensor/elementwise/ops.h"
 
 namespace tally::ops {
 

@@ -2,8 +2,8 @@
 // forward, what backward saves, and backward are in tensor/conv/autograd.cpp.
 #pragma once
 
-#include "autograd/ops.h"
 #include "tensor/conv/ops.h"
+#include "tensor/elementwise/autograd.h"
 
 namespace tally {
 

@@ -19,8 +19,8 @@
 #include "tensor/cuda/cudnn.h"
 #include "tensor/cuda/cudnn_graph.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/elementwise/ops.h"
 #include "tensor/op_alloc.h"
-#include "tensor/ops.h"
 
 namespace tally::cuda {
 

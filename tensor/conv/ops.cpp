@@ -10,8 +10,8 @@
 #include "memory/meta.h"
 #include "tensor/conv/kernels.h"
 #include "tensor/dispatch.h"
+#include "tensor/elementwise/ops.h"
 #include "tensor/op_alloc.h"
-#include "tensor/ops.h"
 
 namespace tally {
 

@@ -3,9 +3,8 @@
 #include <mutex>
 #include <vector>
 
+#include "tensor/cuda/graph.h"
 #include "tensor/cuda/runtime.h"
-#include "tensor/graph.h"
-#include "tensor/ops.h"
 
 namespace tally::cuda {
 namespace {
@@ -27,17 +26,16 @@ void copy_stream_after_compute(int device) {
 
 }  // namespace
 
-Tensor copy_pinned_to_device(const Tensor& host, Device device) {
+void copy_pinned_to_device(const Tensor& host, const Tensor& dev) {
   NvtxRange range("to_device_async (H2D)");
-  Tensor out = ops::empty(host.sizes(), host.dtype(), device);
-  if (host.nbytes() == 0) return out;
-  DeviceGuard g(device.index);
-  check(cudaMemcpyAsync(out.data_ptr(), host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice,
-                        stream(device.index)),
+  if (host.nbytes() == 0) return;
+  const int d = dev.device().index;
+  DeviceGuard g(d);
+  check(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), host.nbytes(), cudaMemcpyHostToDevice,
+                        stream(d)),
         "to_device_async (H2D from pinned memory)");
   // The pinned block is read by the stream until the copy completes: keep it out of reuse.
-  host.storage().record_stream(stream_id(device.index));
-  return out;
+  host.storage().record_stream(stream_id(d));
 }
 
 void copy_to_host_on_copy_stream(const Tensor& dev, const Tensor& host) {

@@ -11,9 +11,10 @@
 
 namespace tally::cuda {
 
-// A new contiguous tensor on `device` (allocated under the current context), filled from
-// the contiguous pinned CPU tensor `host` by cudaMemcpyAsync on Tally's stream.
-Tensor copy_pinned_to_device(const Tensor& host, Device device);
+// `dev` (contiguous, on a CUDA device, allocated by the caller: ops::to_device_async) filled
+// from the contiguous pinned CPU tensor `host` of its shape by cudaMemcpyAsync on Tally's
+// stream.
+void copy_pinned_to_device(const Tensor& host, const Tensor& dev);
 
 // `host` (a contiguous CPU tensor of dev's shape, pinned for an asynchronous copy) filled
 // from the contiguous CUDA tensor `dev` on the copy stream, after the work queued so far

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "memory/meta.h"
+#include "tensor/cuda/graph.h"
+#include "tensor/cuda/matmul_settings.h"
 #include "tensor/cuda/runtime.h"
-#include "tensor/graph.h"
-#include "tensor/linalg/cuda.h"
-#include "tensor/op_alloc.h"
+#include "tensor/storage.h"
 
 namespace tally::cuda {
 

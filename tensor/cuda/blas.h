@@ -5,8 +5,8 @@
 // workspace is the caller's (taken from the caching allocator under Category::workspace,
 // see tensor/linalg/cuda_matmul.cpp); nothing here allocates tensor memory or synchronises (the
 // libraries' handles keep a little device memory of their own, made at creation), except
-// tuning (tunable_enabled(), tensor/linalg/cuda.h): the first product of a problem then times
-// the candidates into scratch outputs (Category::workspace) and waits for them.
+// tuning (tunable_enabled(), tensor/cuda/matmul_settings.h): the first product of a problem then
+// times the candidates into scratch outputs (Category::workspace) and waits for them.
 #pragma once
 
 #include <cublasLt.h>

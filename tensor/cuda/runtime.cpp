@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "memory/memory.h"
-#include "tensor/graph.h"
+#include "tensor/cuda/graph.h"
 
 namespace tally::cuda {
 

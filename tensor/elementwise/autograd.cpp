@@ -1,11 +1,12 @@
 // Differentiable elementwise ops, activations and basic reductions: forward, what is
 // saved, and backward, one function each.
+#include "tensor/elementwise/autograd.h"
+
 #include <cmath>
 #include <utility>
 
 #include "autograd/autocast.h"
 #include "autograd/node.h"
-#include "autograd/ops.h"
 #include "memory/context.h"
 
 namespace tally {
@@ -256,6 +257,69 @@ Tensor rsqrt(const Tensor& a_, CallSite site) {
                   [](const Tensor& g, const Tensor& r) -> Tensor {
                     return o::mul(g, o::mul(o::mul(r, o::mul(r, r)), -0.5));
                   });
+}
+
+Tensor sin(const Tensor& a, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  return unary_op(o::UnaryOp::sin, "SinBackward", Saves::input, a,
+                  [](const Tensor& g, const Tensor& x) -> Tensor {
+                    return o::mul(g, o::unary(o::UnaryOp::cos, x));
+                  });
+}
+
+Tensor cos(const Tensor& a, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  return unary_op(o::UnaryOp::cos, "CosBackward", Saves::input, a,
+                  [](const Tensor& g, const Tensor& x) -> Tensor {
+                    return o::mul(g, o::mul(o::unary(o::UnaryOp::sin, x), -1.0));
+                  });
+}
+
+Tensor erf(const Tensor& a, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  // d/dx erf(x) = 2 / sqrt(pi) * exp(-x^2).
+  return unary_op(o::UnaryOp::erf, "ErfBackward", Saves::input, a,
+                  [](const Tensor& g, const Tensor& x) -> Tensor {
+                    const Tensor e =
+                        o::unary(o::UnaryOp::exp, o::mul(o::unary(o::UnaryOp::square, x), -1.0));
+                    return o::mul(g, o::mul(e, 2.0 / std::sqrt(M_PI)));
+                  });
+}
+
+Tensor lerp(const Tensor& input, const Tensor& end, const Tensor& weight, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  Tensor out = o::lerp(input, end, weight);
+  // d/dinput = 1 - w, d/dend = w, d/dweight = end - input.
+  const bool gw_needed = weight.requires_grad();
+  const bool gie_needed = input.requires_grad() || end.requires_grad();
+  record("LerpBackward", {input, end, weight}, {out},
+         {gw_needed ? input : Tensor(), gw_needed ? end : Tensor(), gie_needed ? weight : Tensor()},
+         [si = input.sizes(), se = end.sizes(), sw = weight.sizes(), dt = input.dtype()](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor w = ctx.saved(2);
+           Tensor gi, ge, gw;
+           if (ctx.needs_input_grad(0))
+             gi = reduce_like(o::mul(g[0], o::affine(w, -1.0, 1.0)), si, dt);
+           if (ctx.needs_input_grad(1)) ge = reduce_like(o::mul(g[0], w), se, dt);
+           if (ctx.needs_input_grad(2))
+             gw = reduce_like(o::mul(g[0], o::sub(ctx.saved(1), ctx.saved(0))), sw, dt);
+           return {gi, ge, gw};
+         });
+  return out;
+}
+
+Tensor lerp(const Tensor& input, const Tensor& end, double weight, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  Tensor out = o::lerp(input, end, weight);
+  record("LerpBackward", {input, end}, {out}, {},
+         [si = input.sizes(), se = end.sizes(), dt = input.dtype(), weight](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           Tensor gi, ge;
+           if (ctx.needs_input_grad(0)) gi = reduce_like(o::mul(g[0], 1.0 - weight), si, dt);
+           if (ctx.needs_input_grad(1)) ge = reduce_like(o::mul(g[0], weight), se, dt);
+           return {gi, ge};
+         });
+  return out;
 }
 
 Tensor abs(const Tensor& a, CallSite site) {

@@ -282,6 +282,39 @@ void unary(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
   });
 }
 
+void lerp(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& w, double w_scalar) {
+  TALLY_DISPATCH_FLOAT(out.dtype(), "lerp", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    T* po = base<T>(out);
+    const T* pa = base<T>(a);
+    const T* pb = base<T>(b);
+    auto at = [](const T* p, int64_t i) { return static_cast<A>(p[i]); };
+    if (!w.defined()) {
+      const A ws = static_cast<A>(w_scalar);
+      parallel_strided_runs<3>(
+          out.sizes(), {out.strides().data(), a.strides().data(), b.strides().data()},
+          {out.storage_offset(), a.storage_offset(), b.storage_offset()},
+          [&](std::array<int64_t, 3> o, int64_t n, std::array<int64_t, 3> s) {
+            for (int64_t i = 0; i < n; ++i)
+              po[o[0] + i * s[0]] =
+                  T(math::lerp_value<A>(at(pa, o[1] + i * s[1]), at(pb, o[2] + i * s[2]), ws));
+          });
+      return;
+    }
+    const T* pw = base<T>(w);
+    parallel_strided_runs<4>(
+        out.sizes(),
+        {out.strides().data(), a.strides().data(), b.strides().data(), w.strides().data()},
+        {out.storage_offset(), a.storage_offset(), b.storage_offset(), w.storage_offset()},
+        [&](std::array<int64_t, 4> o, int64_t n, std::array<int64_t, 4> s) {
+          for (int64_t i = 0; i < n; ++i)
+            po[o[0] + i * s[0]] = T(math::lerp_value<A>(
+                at(pa, o[1] + i * s[1]), at(pb, o[2] + i * s[2]), at(pw, o[3] + i * s[3])));
+        });
+  });
+}
+
 void affine(const Tensor& out, const Tensor& x, double a, double b) {
   TALLY_DISPATCH_FLOAT(x.dtype(), "affine", [&] {
     using T = scalar_t;

@@ -9,11 +9,11 @@
 #include <cmath>
 
 #include "tensor/cuda/device_types.cuh"
+#include "tensor/cuda/graph.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/cuda/vectorized.cuh"
 #include "tensor/elementwise/kernels.h"
 #include "tensor/elementwise/math.h"
-#include "tensor/graph.h"
 #include "tensor/op_alloc.h"
 
 namespace tally::cuda {
@@ -587,6 +587,21 @@ struct WhereOp {
   }
 };
 
+// out = lerp(a, b, w), w a tensor (HasW) or the scalar ws; arithmetic in the accumulation type.
+template <typename T, bool HasW>
+struct LerpOp {
+  T* out;
+  const T* a;
+  const T* b;
+  const T* w;
+  double ws;
+  __device__ void operator()(const int64_t* o, int64_t) const {
+    using A = dacc_t<T>;
+    const A wv = HasW ? static_cast<A>(load(w[o[3]])) : static_cast<A>(ws);
+    out[o[0]] = store<T>(math::lerp_value<A>(load(a[o[1]]), load(b[o[2]]), wv));
+  }
+};
+
 // ---- the contiguous fast path: the op as a template parameter
 
 template <ops::BinaryOp OP>
@@ -903,6 +918,20 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
     launch<4>("where", out, {&out, &cond, &a, &b},
               WhereOp<T>{dptr<scalar_t>(out), static_cast<const bool*>(cond.storage().data()),
                          dptr<scalar_t>(a), dptr<scalar_t>(b)});
+  });
+}
+
+void lerp(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& w, double w_scalar) {
+  TALLY_DISPATCH_FLOAT(out.dtype(), "lerp", [&] {
+    using T = dev_t<scalar_t>;
+    if (w.defined())
+      launch<4>("lerp", out, {&out, &a, &b, &w},
+                LerpOp<T, true>{dptr<scalar_t>(out), dptr<scalar_t>(a), dptr<scalar_t>(b),
+                                dptr<scalar_t>(w), 0.0});
+    else
+      launch<3>("lerp", out, {&out, &a, &b},
+                LerpOp<T, false>{dptr<scalar_t>(out), dptr<scalar_t>(a), dptr<scalar_t>(b), nullptr,
+                                 w_scalar});
   });
 }
 

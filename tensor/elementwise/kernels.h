@@ -1,5 +1,5 @@
 // The kernel table of the core ops (copy, fill, random fills, binary/unary maps, affine,
-// clamp, where, sum): each kernel's signature, once. The CPU kernels (tensor/elementwise/
+// clamp, where, lerp, sum): each kernel's signature, once. The CPU kernels (tensor/elementwise/
 // cpu.cpp: simple, exactly right, float64 capable, the reference for every other backend)
 // and the CUDA kernels (tensor/elementwise/cuda.cu) each define one ElementwiseKernels;
 // tensor/backends.cpp registers them.
@@ -14,7 +14,7 @@
 #include <optional>
 
 #include "tensor/dispatch.h"
-#include "tensor/ops.h"
+#include "tensor/elementwise/ops.h"
 
 namespace tally {
 
@@ -53,6 +53,10 @@ struct ElementwiseKernels {
   void (*clamp)(const Tensor& out, const Tensor& a, std::optional<double> lo,
                 std::optional<double> hi);
   void (*where)(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b);
+  // out = lerp(a, b, w) (math::lerp_value), floating dtypes; a, b and w (when defined) already
+  // broadcast to out's shape in out's dtype; an undefined w means the scalar w_scalar.
+  void (*lerp)(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& w,
+               double w_scalar);
   // out has t's rank with reduced dims of size 1.
   void (*sum)(const Tensor& out, const Tensor& t);
 };
@@ -68,6 +72,6 @@ TALLY_DECLARE_KERNELS(ElementwiseKernels, elementwise_kernels, elementwise_backe
   .copy = &copy, .copy_many = &copy_many, .fill = &fill, .rand_uniform = &rand_uniform, \
   .rand_normal = &rand_normal, .rand_int = &rand_int, .binary = &binary,                \
   .binary_scalar = &binary_scalar, .unary = &unary, .affine = &affine, .clamp = &clamp, \
-  .where = &where, .sum = &sum
+  .where = &where, .lerp = &lerp, .sum = &sum
 
 }  // namespace tally

@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "tensor/ops.h"
+#include "tensor/elementwise/ops.h"
 #include "tensor/random.h"
 
 // TALLY_HOST_DEVICE (tensor/random.h): __host__ __device__ under nvcc, nothing for the host
@@ -238,6 +238,14 @@ TALLY_HOST_DEVICE TALLY_FORCE_INLINE A unary_value(ops::UnaryOp op, A x) {
       return erf(x);
   }
   return x;
+}
+
+// torch.lerp's value: a + w * (b - a), computed from the nearer end (b - (b - a) * (1 - w)
+// when |w| >= 0.5) as PyTorch does, so w = 1 gives b exactly.
+template <typename A>
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE A lerp_value(A a, A b, A w) {
+  const A d = b - a;
+  return (w < A(0.5) && w > A(-0.5)) ? a + w * d : b - d * (A(1) - w);
 }
 
 // x * a + b in A.

@@ -35,6 +35,7 @@ const ElementwiseKernels elementwise_kernels{.copy = &copy,
                                              .affine = nothing,
                                              .clamp = nothing,
                                              .where = nothing,
+                                             .lerp = nothing,
                                              .sum = nothing};
 
 }  // namespace tally::meta

@@ -1,6 +1,6 @@
 // The core raw ops: argument checks, output allocation and the dispatch into kernels.
 // Views are pure layout arithmetic and need no kernel.
-#include "tensor/ops.h"
+#include "tensor/elementwise/ops.h"
 
 #include <fmt/format.h>
 
@@ -8,9 +8,9 @@
 #include <numeric>
 
 #include "base/checked.h"
+#include "tensor/cuda/graph.h"
 #include "tensor/dispatch.h"
 #include "tensor/elementwise/kernels.h"
-#include "tensor/graph.h"
 #include "tensor/op_alloc.h"
 
 namespace tally::ops {
@@ -762,6 +762,37 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   elementwise_backends.get(info, a.device(), &ElementwiseKernels::where)(
       out, expand(cond, shape), expand(to(a, dt), shape), expand(to(b, dt), shape));
   return out;
+}
+
+namespace {
+// torch.lerp with a tensor weight `w`, or the scalar `ws` when w is undefined.
+Tensor lerp_impl(const Tensor& a, const Tensor& b, const Tensor& w, double ws) {
+  static const OpInfo info("lerp");
+  check_same_device(info.name, a.device(), b.device());
+  if (w.defined()) check_same_device(info.name, a.device(), w.device());
+  DispatchScope scope(info, a, b);
+  if (!is_floating(a.dtype())) unsupported_dtype(info.name, a.dtype());
+  if (b.dtype() != a.dtype() || (w.defined() && w.dtype() != a.dtype()))
+    throw std::invalid_argument(
+        fmt::format("lerp: expected input, end{} of one dtype, got {}, {}{}",
+                    w.defined() ? " and weight" : "", dtype_name(a.dtype()), dtype_name(b.dtype()),
+                    w.defined() ? fmt::format(", {}", dtype_name(w.dtype())) : std::string()));
+  Shape shape = broadcast_shapes(a.sizes(), b.sizes(), "lerp");
+  if (w.defined()) shape = broadcast_shapes(shape, w.sizes(), "lerp");
+  Tensor out = alloc_output(shape, a.dtype(), a.device());
+  elementwise_backends.get(info, a.device(), &ElementwiseKernels::lerp)(
+      out, expand(a, shape), expand(b, shape), w.defined() ? expand(w, shape) : Tensor(), ws);
+  return out;
+}
+}  // namespace
+
+Tensor lerp(const Tensor& input, const Tensor& end, const Tensor& weight) {
+  if (!weight.defined()) throw std::invalid_argument("lerp: weight is an undefined tensor");
+  return lerp_impl(input, end, weight, 0.0);
+}
+
+Tensor lerp(const Tensor& input, const Tensor& end, double weight) {
+  return lerp_impl(input, end, Tensor(), weight);
 }
 
 Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {

@@ -4,7 +4,7 @@
 // one's gradient needs (dA = dC B^T needs B, dB = A^T dC needs A).
 #pragma once
 
-#include "autograd/ops.h"
+#include "tensor/elementwise/autograd.h"
 #include "tensor/linalg/ops.h"
 
 namespace tally {

@@ -5,6 +5,7 @@
 // is taken to apply). Each product costs 2 M N K FLOPs (tensor/meta/target.h: cost). ops::mm_out's
 // output (a padded view, say) is the caller's: as on both backends, nothing is allocated for it.
 // linear_gelu / mm_dgelu: CUDA's GELU epilogue where it applies (one workspace), else false.
+#include "tensor/elementwise/ops.h"
 #include "tensor/linalg/kernels.h"
 #include "tensor/meta/target.h"
 

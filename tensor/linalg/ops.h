@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/ops.h"
+#include "tensor/elementwise/ops.h"
 
 namespace tally::ops {
 

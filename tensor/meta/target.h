@@ -1,8 +1,8 @@
 // What the meta kernels (tensor/<family>/meta.cpp) share: the target a meta tensor's device
 // replays (memory/meta.h), and the entry of a kernel that allocates nothing on the replayed
-// backend. A meta kernel writes nothing; it asks the caching allocator, through
-// alloc_scratch, for the scratch the replayed backend's kernel asks for, so a dry run's
-// allocations are the real run's.
+// backend, charged by the cost model (tensor/meta/cost.h). A meta kernel writes nothing; it asks
+// the caching allocator, through alloc_scratch, for the scratch the replayed backend's kernel asks
+// for, so a dry run's allocations are the real run's.
 #pragma once
 
 #include <algorithm>
@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "memory/meta.h"
+#include "tensor/meta/cost.h"
 #include "tensor/op_alloc.h"
-#include "tensor/ops.h"
 #include "tensor/tensor.h"
 
 namespace tally::meta {
@@ -21,24 +21,6 @@ inline const memory::MetaTarget& target(const Tensor& t) {
 }
 inline bool replays_cuda(const Tensor& t) {
   return target(t).type == DeviceType::cuda;
-}
-
-// The predicted time of one kernel on the target (the planner's cost model, memory/meta.h):
-// max(flops / the rate of its dtype's products, bytes / bandwidth) + the launch overhead.
-// `tf32`: a float32 product on TF32 tensor cores (cuDNN's convolutions). Nothing when the
-// target has no rates.
-inline void cost(Device device, DType d, double flops, double bytes, bool tf32 = false) {
-  const memory::MetaTarget& t = memory::meta_target_of(device);
-  if (t.bandwidth <= 0) return;
-  const double rate = d == DType::float16 || d == DType::bfloat16 ? t.flops_16bit
-                      : d == DType::float64                       ? t.flops_64bit
-                      : tf32                                      ? t.flops_tf32
-                                                                  : t.flops_32bit;
-  const double s = std::max(rate > 0 ? flops / rate : 0.0, bytes / t.bandwidth) + t.launch_seconds;
-  memory::add_meta_seconds(device, s);
-}
-inline void cost(const Tensor& like, double flops, double bytes, bool tf32 = false) {
-  cost(like.device(), like.dtype(), flops, bytes, tf32);
 }
 
 // The bytes of a kernel's tensor arguments (each read or written once).

@@ -7,7 +7,7 @@
 #include <optional>
 #include <utility>
 
-#include "autograd/ops.h"
+#include "tensor/elementwise/autograd.h"
 #include "tensor/norm/ops.h"
 
 namespace tally {

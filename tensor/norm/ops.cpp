@@ -9,9 +9,9 @@
 #include <algorithm>
 
 #include "tensor/dispatch.h"
+#include "tensor/elementwise/ops.h"
 #include "tensor/norm/kernels.h"
 #include "tensor/op_alloc.h"
-#include "tensor/ops.h"
 
 namespace tally::ops {
 

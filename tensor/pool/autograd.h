@@ -6,7 +6,7 @@
 #include <optional>
 #include <utility>
 
-#include "autograd/ops.h"
+#include "tensor/elementwise/autograd.h"
 #include "tensor/pool/ops.h"
 
 namespace tally {

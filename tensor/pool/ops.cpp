@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 
 #include "tensor/dispatch.h"
+#include "tensor/elementwise/ops.h"
 #include "tensor/op_alloc.h"
-#include "tensor/ops.h"
 #include "tensor/pool/kernels.h"
 
 namespace tally::ops {

@@ -7,7 +7,7 @@
 // tied extreme elements, as PyTorch does, saving the input and the result.
 #pragma once
 
-#include "autograd/ops.h"
+#include "tensor/elementwise/autograd.h"
 #include "tensor/reduce/ops.h"
 
 namespace tally {

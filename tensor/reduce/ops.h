@@ -11,7 +11,7 @@
 // in double; results keep the input's (floating) dtype.
 #pragma once
 
-#include "tensor/ops.h"
+#include "tensor/elementwise/ops.h"
 
 namespace tally {
 

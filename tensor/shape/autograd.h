@@ -3,7 +3,7 @@
 // pieces' gradients, a piece nobody used contributing zeros). None saves a tensor.
 #pragma once
 
-#include "autograd/ops.h"
+#include "tensor/elementwise/autograd.h"
 #include "tensor/shape/ops.h"
 
 namespace tally {

@@ -3,7 +3,7 @@
 // differentiable versions live in tensor/shape/autograd.h.
 #pragma once
 
-#include "tensor/ops.h"
+#include "tensor/elementwise/ops.h"
 
 namespace tally::ops {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "autograd/ops.h"
+#include "tensor/elementwise/autograd.h"
 #include "tensor/softmax/ops.h"
 
 namespace tally {

@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-#include "tensor/ops.h"
+#include "tensor/elementwise/ops.h"
 
 namespace tally::ops {
 

@@ -320,3 +320,38 @@ def test_module_to_channels_last():
     assert y.is_contiguous(memory_format=tally.channels_last)
     y.sum().backward()
     assert conv.weight.grad.is_contiguous(memory_format=tally.channels_last)
+
+
+def test_sin_cos_erf_functions_methods_and_gradients():
+    import math
+
+    xs = np.array([-2.5, -1.0, 0.0, 0.5, 3.0])
+    x = tally.tensor(xs, requires_grad=True)
+    np.testing.assert_allclose(tally.sin(x).detach().numpy(), np.sin(xs), rtol=1e-15)
+    np.testing.assert_allclose(x.cos().detach().numpy(), np.cos(xs), rtol=1e-15)
+    erf = np.array([math.erf(v) for v in xs])
+    np.testing.assert_allclose(tally.erf(input=x).detach().numpy(), erf, atol=1e-15)
+    (x.sin() + tally.cos(x) + x.erf()).sum().backward()
+    want = np.cos(xs) - np.sin(xs) + 2 / math.sqrt(math.pi) * np.exp(-xs * xs)
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-12)
+
+
+def test_lerp_like_torch():
+    a = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    b = np.array([10.0, 20.0, 30.0])
+    ta = tally.tensor(a, requires_grad=True)
+    tb = tally.tensor(b, requires_grad=True)
+    # a float weight, positional and by name, function and method
+    np.testing.assert_allclose(tally.lerp(ta, tb, 0.25).detach().numpy(), a + 0.25 * (b - a))
+    np.testing.assert_allclose(ta.lerp(tb, weight=1).detach().numpy(), np.broadcast_to(b, (2, 3)))
+    # a tensor weight broadcasting with both
+    w = np.array([[0.0], [0.5]])
+    tw = tally.tensor(w, requires_grad=True)
+    out = tally.lerp(input=ta, end=tb, weight=tw)
+    np.testing.assert_allclose(out.detach().numpy(), a + w * (b - a))
+    out.sum().backward()
+    np.testing.assert_allclose(ta.grad.numpy(), np.broadcast_to(1 - w, (2, 3)))
+    np.testing.assert_allclose(tb.grad.numpy(), (w * np.ones((2, 3))).sum(0))
+    np.testing.assert_allclose(tw.grad.numpy(), (b - a).sum(1, keepdims=True))
+    with pytest.raises(ValueError, match="lerp"):
+        tally.lerp(ta, tally.tensor(np.zeros(3, np.float32)), 0.5)

@@ -1,4 +1,4 @@
-// CUDA graphs (tensor/graph.h) on device 0 (label gpu; skipped without a device, except the
+// CUDA graphs (tensor/cuda/graph.h) on device 0 (label gpu; skipped without a device, except the
 // error a build or a machine without CUDA gives): a captured training step replays to the same
 // bits as the same step run op by op, its memory lives in a graph-private pool that snapshots
 // and memory_summary show and that nothing else reuses, and what a replay cannot repeat is
@@ -19,7 +19,7 @@
 #include "optim/adam.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
-#include "tensor/graph.h"
+#include "tensor/cuda/graph.h"
 #include "testing/cuda_testing.h"
 
 namespace tally {

@@ -18,8 +18,8 @@
 
 #if defined(TALLY_WITH_CUDA)
 #include "tensor/attention/cuda.h"
+#include "tensor/cuda/graph.h"
 #include "tensor/cuda/runtime.h"
-#include "tensor/graph.h"
 #include "tensor/precision.h"
 #endif
 

@@ -18,7 +18,7 @@
 #include "testing/cuda_testing.h"
 #include "testing/devices.h"
 #if defined(TALLY_WITH_CUDA)
-#include "tensor/graph.h"
+#include "tensor/cuda/graph.h"
 #include "tensor/linalg/cuda.h"
 #include "tensor/precision.h"
 #endif
