@@ -54,4 +54,37 @@ check(r.returncode == 77, "a skip (77) propagates", r)
 r = subprocess.run([sys.executable, launcher, "--nproc-per-node", "2", "/nonexistent/prog"], capture_output=True,
                    text=True, timeout=30)
 check(r.returncode != 0 and "nonexistent" in r.stderr, "a missing program is a clear error", r)
+
+
+def alive(pid):
+    """Whether `pid` runs (a zombie, dead but not yet reaped, counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+# Issue 54: the launcher killed with SIGKILL (no handler runs) took its ranks with it (the
+# parent-death signal each rank sets between fork and exec).
+import signal
+import tempfile
+d = tempfile.mkdtemp(prefix="tally_launch_")
+launcher_proc = subprocess.Popen([sys.executable, launcher, "--nproc-per-node", "2", "--master-port", "0",
+                                  "sh", "-c", f'echo $$ > {d}/pid$RANK.tmp && mv {d}/pid$RANK.tmp {d}/pid$RANK; '
+                                  "exec sleep 60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+deadline = time.time() + 20
+while time.time() < deadline and not all(os.path.exists(f"{d}/pid{k}") for k in range(2)):
+    time.sleep(0.05)
+pids = [int(open(f"{d}/pid{k}").read()) for k in range(2) if os.path.exists(f"{d}/pid{k}")]
+check(len(pids) == 2 and all(alive(p) for p in pids), f"two ranks run before the kill ({pids})")
+launcher_proc.send_signal(signal.SIGKILL)
+launcher_proc.wait()
+deadline = time.time() + 10
+while time.time() < deadline and any(alive(p) for p in pids):
+    time.sleep(0.05)
+left = [p for p in pids if alive(p)]
+for p in left:
+    os.kill(p, signal.SIGKILL)
+check(not left, f"ranks {left} outlived their launcher (SIGKILL)")
 print("tally_launch: OK")
