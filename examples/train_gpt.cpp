@@ -30,7 +30,7 @@ namespace ex = tally::examples;
 namespace {
 
 struct Args {
-  ex::TrainFlags t{.lr = 1e-3, .weight_decay = 0.1, .clip = 1.0};  // and --optimizer adamw
+  ex::TrainFlags t;  // defaults set by add_flags
   std::string preset = "tiny";
   std::string data = data::TextCorpus::kDefaultPath;
   int64_t seq = 0;  // 0: the preset's block size
@@ -45,6 +45,9 @@ struct Args {
 void add_flags(CLI::App& app, Args& a) {
   ex::TrainFlags& t = a.t;
   t.optimizer = "adamw";
+  t.lr = 1e-3;
+  t.weight_decay = 0.1;
+  t.clip = 1.0;
   app.add_option("--preset", a.preset, "tiny | small | gpt2 | gpt2-medium")->capture_default_str();
   app.add_option("--data", a.data, "a text file (byte-level tokens) or 'synthetic'")
       ->capture_default_str();

@@ -32,7 +32,7 @@ namespace ex = tally::examples;
 namespace {
 
 struct Args {
-  ex::TrainFlags t{.lr = 0.05, .weight_decay = 5e-4};  // and --optimizer sgd
+  ex::TrainFlags t;  // defaults set by add_flags
   std::string arch = "tiny";
   std::string dataset = "fashion-mnist";
   std::string data_root;
@@ -48,6 +48,8 @@ struct Args {
 void add_flags(CLI::App& app, Args& a) {
   ex::TrainFlags& t = a.t;
   t.optimizer = "sgd";
+  t.lr = 0.05;
+  t.weight_decay = 5e-4;
   app.add_option("--arch", a.arch, "tiny | resnet18 | resnet34 | resnet50")->capture_default_str();
   app.add_option("--dataset", a.dataset, "fashion-mnist | mnist | cifar10 | synthetic")
       ->capture_default_str();

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "examples/cli_common.h"
+#include "nn/module.h"
 
 namespace tally::examples {
 
