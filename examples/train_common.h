@@ -27,6 +27,7 @@
 #include "nn/plan.h"
 #include "optim/adam.h"
 #include "optim/adamw8bit.h"
+#include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/sgd.h"
@@ -404,15 +405,23 @@ class Precision {
       throw std::invalid_argument("step-in-backward cannot be combined with fp16 loss scaling");
     sib_ = std::make_unique<optim::StepInBackward>(opt);
   }
-  // backward (scaled for fp16) + optimizer step (skipped on inf/NaN for fp16). Their
-  // allocations name the caller's line (`site`), not this file's.
-  void backward_and_step(const Tensor& loss, optim::Optimizer& opt,
+  // backward (scaled for fp16), clipping of the gradients' total norm to `clip` (0: off) and
+  // the optimizer step (skipped on inf/NaN for fp16). Their allocations name the caller's line
+  // (`site`), not this file's.
+  void backward_and_step(const Tensor& loss, optim::Optimizer& opt, double clip = 0,
                          std::source_location site = std::source_location::current()) {
     {
       memory::PhaseScope phase("backward");
       scaler_.scale(loss, site).backward(Tensor(), false, site);
     }
     if (sib_) return;  // every parameter already stepped in backward
+    if (clip > 0) {
+      scaler_.unscale_(opt, site);
+      std::vector<Tensor> params;
+      for (const optim::ParamGroup& g : opt.param_groups())
+        params.insert(params.end(), g.params.begin(), g.params.end());
+      optim::clip_grad_norm_(params, clip);
+    }
     scaler_.step(opt, site);
     scaler_.update();
   }

@@ -21,7 +21,7 @@
 #include "base/rank_path.h"
 #include "distributed/ddp.h"
 #include "examples/cli_common.h"
-#include "examples/train_common.h"
+#include "examples/trainer.h"
 #include "nn/data/distributed_sampler.h"
 #include "nn/data/synthetic.h"
 #include "nn/models/gpt.h"
@@ -57,11 +57,7 @@ bool is_gpt(const std::string& m) {
   return m == "gpt2" || m == "gpt-small" || m == "gpt-tiny";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Args a;
-  CLI::App app{"Data-parallel training with Tally over NCCL (start it with tools/tally_launch)."};
+void add_flags(CLI::App& app, Args& a) {
   app.add_option("--model", a.model, "resnet50 | resnet18 | tiny | gpt2 | gpt-small | gpt-tiny")
       ->capture_default_str();
   app.add_option("--batch", a.batch, "batch size per rank (0: 64 for ResNet, 8 for GPT)")
@@ -91,6 +87,153 @@ int main(int argc, char** argv) {
                "report allocations that survive each step and grow, by source line, per rank "
                "(inspect::LeakDetector)");
   ex::add_checked_option(app, "--seed", a.seed, "seed (the same on every rank)", ex::seed_value());
+}
+
+// --device: the CPU (world size 1) or this rank's GPU, cuda:LOCAL_RANK.
+Device pick_device(const Args& a, const distributed::DistEnv& env) {
+  if (a.device == "cpu") {
+    if (env.world_size > 1)
+      throw std::invalid_argument(
+          "--device cpu: only world size 1 (multi-process runs need one GPU per rank)");
+    return Device::cpu();
+  } else if (a.device == "cuda") {
+    if (!memory::cuda_available())
+      throw std::invalid_argument(
+          "--device cuda: this build has no CUDA backend or no GPU is present");
+    if (env.local_rank >= memory::cuda_device_count())
+      throw std::invalid_argument(fmt::format("LOCAL_RANK {} but only {} GPU(s) are visible",
+                                              env.local_rank, memory::cuda_device_count()));
+    return Device::cuda(env.local_rank);
+  } else {
+    throw std::invalid_argument(fmt::format("--device: expected cuda or cpu, got '{}'", a.device));
+  }
+}
+
+// The model (GPT or ResNet) and the synthetic dataset of the run: B x world x steps examples.
+struct Run {
+  std::shared_ptr<nn::Module> model;
+  std::shared_ptr<nn::GPT> gpt;  // the same model, when it is a GPT
+  std::shared_ptr<data::Dataset> dataset;
+  int64_t image_size = 0;
+};
+Run make_run(const Args& a, bool gpt, const nn::GPTConfig& cfg, int64_t T, int64_t n_examples) {
+  Run r;
+  if (gpt) {
+    r.gpt = std::make_shared<nn::GPT>(cfg);
+    r.model = r.gpt;
+    r.dataset =
+        std::make_shared<data::SyntheticTokens>(n_examples, cfg.vocab_size, Shape{T}, a.seed);
+  } else {
+    nn::ResNetOptions o;
+    o.num_classes = 1000;
+    const int64_t s = a.model == "tiny" ? std::min<int64_t>(a.image_size, 32) : a.image_size;
+    r.image_size = s;
+    if (a.model == "tiny") o.num_classes = 10;
+    if (a.model == "resnet50")
+      r.model = nn::resnet50(o);
+    else if (a.model == "resnet18")
+      r.model = nn::resnet18(o);
+    else
+      r.model = nn::resnet_tiny(o);
+    r.dataset =
+        std::make_shared<data::SyntheticImages>(n_examples, Shape{3, s, s}, o.num_classes, a.seed);
+  }
+  return r;
+}
+
+// GPT: AdamW (betas 0.9, 0.95, weight decay 0.1); ResNet: SGD (momentum 0.9, weight decay 5e-4).
+std::unique_ptr<optim::Optimizer> make_optimizer(bool gpt, std::vector<Tensor> params, double lr) {
+  if (gpt)
+    return std::make_unique<optim::AdamW>(
+        std::move(params),
+        optim::AdamOptions{.lr = lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1});
+  return std::make_unique<optim::SGD>(
+      std::move(params), optim::SGDOptions{.lr = lr, .momentum = 0.9, .weight_decay = 5e-4});
+}
+
+// The rank's `n` batches of `B` (its shard of the sampler, in order), assembled once into
+// pinned host memory and cycled: making synthetic 224x224 images on the CPU costs more than a
+// GPU step, and the point here is the step and its all-reduces, not the data.
+std::vector<data::Example> rank_batches(const data::Dataset& dataset,
+                                        const std::vector<int64_t>& shard, int64_t B, int64_t n,
+                                        bool pinned) {
+  std::vector<data::Example> batches;
+  for (int64_t b = 0; b < n; ++b) {
+    std::vector<int64_t> idx(static_cast<size_t>(B));
+    for (int64_t i = 0; i < B; ++i)
+      idx[static_cast<size_t>(i)] =
+          shard[static_cast<size_t>((b * B + i) % static_cast<int64_t>(shard.size()))];
+    batches.push_back(dataset.get_batch(idx, pinned));
+  }
+  return batches;
+}
+
+// What a run was: the model kind, the batch per rank, GPT's tokens per example, the steps.
+struct RunInfo {
+  bool gpt = false;
+  int64_t B = 0, T = 0, steps_total = 0;
+  std::string amp;
+};
+
+// The end: each rank's step time, throughput and peaks, rank 0's totals and RESULT line, the
+// leak report, memory_summary() and the per-rank snapshot.
+void report(const Args& a, const distributed::DistEnv& env, distributed::ProcessGroup& pg,
+            distributed::DistributedDataParallel& ddp, Device dev, const RunInfo& shape, double ms,
+            double last_loss, const ex::LeakCheck& leak_check) {
+  // Every rank's step time; throughput over all ranks uses the slowest.
+  const std::vector<double> all_ms =
+      pg.all_gather(ops::from_vector({ms}, {}, DType::float64, dev)).tolist();
+  const double slowest = *std::max_element(all_ms.begin(), all_ms.end());
+  const double per_step_items =
+      static_cast<double>(shape.B * (shape.gpt ? shape.T : 1) * env.world_size);
+  const double throughput = per_step_items / (slowest / 1000.0);
+  const auto stats = memory::get_allocator(dev).stats();
+  const int64_t comm_peak = stats.cat_bytes(memory::Category::communication).peak;
+  fmt::print(
+      "rank {}: {:.2f} ms/step, {:.0f} {}/s on this rank, loss {:.4f}, peak allocated {}, peak "
+      "reserved {}, "
+      "communication {} (peak), gradient {} (peak)\n",
+      env.rank, ms, per_step_items / env.world_size / (ms / 1000.0),
+      shape.gpt ? "tokens" : "images", last_loss,
+      ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
+      ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))),
+      ex::fmt_bytes(static_cast<double>(comm_peak)),
+      ex::fmt_bytes(static_cast<double>(stats.cat_bytes(memory::Category::gradient).peak)));
+  std::fflush(stdout);
+  pg.barrier();
+  if (env.rank == 0) {
+    fmt::print("all {} ranks: {:.0f} {}/s (slowest rank {:.2f} ms/step), {} all-reduces per step\n",
+               env.world_size, throughput, shape.gpt ? "tokens" : "images", slowest,
+               ddp.num_allreduces() / std::max<int64_t>(shape.steps_total, 1));
+    fmt::print(
+        "RESULT model={} world={} batch={} seq={} amp={} step_ms={:.3f} throughput={:.1f} "
+        "unit={} "
+        "peak_alloc_mib={:.1f} peak_reserved_mib={:.1f} comm_mib={:.1f}\n",
+        a.model, env.world_size, shape.B, shape.T, shape.amp, slowest, throughput,
+        shape.gpt ? "tokens/s" : "images/s",
+        static_cast<double>(memory::max_memory_allocated(dev)) / 1048576.0,
+        static_cast<double>(memory::max_memory_reserved(dev)) / 1048576.0,
+        static_cast<double>(comm_peak) / 1048576.0);
+  }
+  if (leak_check.enabled()) {
+    fmt::print("rank {}: ", env.rank);
+    std::fflush(stdout);
+    leak_check.report();
+  }
+  if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
+  if (!a.snapshot.empty()) {
+    memory::dump_snapshot(a.snapshot, dev);
+    fmt::print("rank {}: snapshot written to {} (open it at https://pytorch.org/memory_viz)\n",
+               env.rank, base::per_rank_path(a.snapshot));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"Data-parallel training with Tally over NCCL (start it with tools/tally_launch)."};
+  add_flags(app, a);
 
   std::string program = "train_ddp";  // "train_ddp (rank R)" once the environment is read
   return ex::run_cli(program, app, argc, argv, [&] {
@@ -98,24 +241,7 @@ int main(int argc, char** argv) {
     const distributed::DistEnv env = distributed::DistEnv::from_env();
     const int rank = env.rank;
     program = fmt::format("train_ddp (rank {})", rank);
-    Device dev;
-    if (a.device == "cpu") {
-      if (env.world_size > 1)
-        throw std::invalid_argument(
-            "--device cpu: only world size 1 (multi-process runs need one GPU per rank)");
-      dev = Device::cpu();
-    } else if (a.device == "cuda") {
-      if (!memory::cuda_available())
-        throw std::invalid_argument(
-            "--device cuda: this build has no CUDA backend or no GPU is present");
-      if (env.local_rank >= memory::cuda_device_count())
-        throw std::invalid_argument(fmt::format("LOCAL_RANK {} but only {} GPU(s) are visible",
-                                                env.local_rank, memory::cuda_device_count()));
-      dev = Device::cuda(env.local_rank);
-    } else {
-      throw std::invalid_argument(
-          fmt::format("--device: expected cuda or cpu, got '{}'", a.device));
-    }
+    const Device dev = pick_device(a, env);
     const auto amp = ex::parse_amp(a.amp);
     const bool gpt = is_gpt(a.model);
     if (!gpt && a.model != "resnet50" && a.model != "resnet18" && a.model != "tiny")
@@ -155,43 +281,15 @@ int main(int argc, char** argv) {
     if (!a.snapshot.empty()) memory::record_memory_history(true, 1000000, dev);
 
     // ---- model, data, optimizer ----
-    std::shared_ptr<nn::Module> model;
-    std::shared_ptr<nn::GPT> gpt_model;
-    std::unique_ptr<data::Dataset> dataset;
-    int64_t image_size = 0;
-    if (gpt) {
-      gpt_model = std::make_shared<nn::GPT>(cfg);
-      model = gpt_model;
-      dataset =
-          std::make_unique<data::SyntheticTokens>(n_examples, cfg.vocab_size, Shape{T}, a.seed);
-    } else {
-      nn::ResNetOptions o;
-      o.num_classes = 1000;
-      const int64_t s = a.model == "tiny" ? std::min<int64_t>(a.image_size, 32) : a.image_size;
-      image_size = s;
-      if (a.model == "tiny") o.num_classes = 10;
-      if (a.model == "resnet50")
-        model = nn::resnet50(o);
-      else if (a.model == "resnet18")
-        model = nn::resnet18(o);
-      else
-        model = nn::resnet_tiny(o);
-      dataset = std::make_unique<data::SyntheticImages>(n_examples, Shape{3, s, s}, o.num_classes,
-                                                        a.seed);
-    }
+    Run run = make_run(a, gpt, cfg, T, n_examples);
+    std::shared_ptr<nn::Module>& model = run.model;
+    const std::shared_ptr<data::Dataset>& dataset = run.dataset;
+    const int64_t image_size = run.image_size;
     model->to(dev);
     distributed::DistributedDataParallel ddp(
         model, pg,
         {.bucket_cap_mb = a.bucket_cap_mb, .first_bucket_cap_mb = a.first_bucket_cap_mb});
-    std::unique_ptr<optim::Optimizer> opt;
-    if (gpt) {
-      opt = std::make_unique<optim::AdamW>(
-          model->parameters(),
-          optim::AdamOptions{.lr = lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1});
-    } else {
-      opt = std::make_unique<optim::SGD>(
-          model->parameters(), optim::SGDOptions{.lr = lr, .momentum = 0.9, .weight_decay = 5e-4});
-    }
+    const std::unique_ptr<optim::Optimizer> opt = make_optimizer(gpt, model->parameters(), lr);
     ex::Precision prec(amp, dev);
     data::DistributedSampler sampler(dataset->size(), env.world_size, env.rank,
                                      {.shuffle = true, .seed = a.seed});
@@ -212,18 +310,8 @@ int main(int argc, char** argv) {
     // ---- train ----
     model->train();
     const bool pinned = dev.type == DeviceType::cuda;
-    // The rank's batches (its shard of the sampler, in order), assembled once into pinned host
-    // memory and cycled: making synthetic 224x224 images on the CPU costs more than a GPU step,
-    // and the point here is the step and its all-reduces, not the data.
     const int64_t n_batches = std::min<int64_t>(steps_total, 4);
-    std::vector<data::Example> batches;
-    for (int64_t b = 0; b < n_batches; ++b) {
-      std::vector<int64_t> idx(static_cast<size_t>(B));
-      for (int64_t i = 0; i < B; ++i)
-        idx[static_cast<size_t>(i)] =
-            shard[static_cast<size_t>((b * B + i) % static_cast<int64_t>(shard.size()))];
-      batches.push_back(dataset->get_batch(idx, pinned));
-    }
+    const std::vector<data::Example> batches = rank_batches(*dataset, shard, B, n_batches, pinned);
     ex::Stopwatch clock;
     ex::LeakCheck leak_check(a.detect_leaks, dev);
     double last_loss = 0;
@@ -241,65 +329,17 @@ int main(int argc, char** argv) {
         x = ops::to_device_async(host.input, dev);
         y = ops::to_device_async(host.target, dev);
       }
-      opt->zero_grad(true);
-      Tensor loss;
-      {
-        memory::PhaseScope phase("forward");
-        auto guard = prec.autocast();
-        loss =
-            gpt ? ddp.forward([&] { return (*gpt_model)(x, y).second; }) : cross_entropy(ddp(x), y);
-      }
-      prec.backward_and_step(loss, *opt);
+      const Tensor loss = ex::train_step(*opt, prec, {x, y}, [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{
+            gpt ? ddp.forward([&] { return (*run.gpt)(in[0], in[1]).second; })
+                : cross_entropy(ddp(in[0]), in[1])};
+      })[0];
       leak_check.step();
       if (step == steps_total - 1) last_loss = loss.item();
     }
     memory::synchronize(dev);
     const double ms = clock.ms() / static_cast<double>(a.steps);
-    // Every rank's step time; throughput over all ranks uses the slowest.
-    const std::vector<double> all_ms =
-        pg->all_gather(ops::from_vector({ms}, {}, DType::float64, dev)).tolist();
-    const double slowest = *std::max_element(all_ms.begin(), all_ms.end());
-    const double per_step_items = static_cast<double>(B * (gpt ? T : 1) * env.world_size);
-    const double throughput = per_step_items / (slowest / 1000.0);
-    const auto stats = memory::get_allocator(dev).stats();
-    const int64_t comm_peak = stats.cat_bytes(memory::Category::communication).peak;
-    fmt::print(
-        "rank {}: {:.2f} ms/step, {:.0f} {}/s on this rank, loss {:.4f}, peak allocated {}, peak "
-        "reserved {}, "
-        "communication {} (peak), gradient {} (peak)\n",
-        rank, ms, per_step_items / env.world_size / (ms / 1000.0), gpt ? "tokens" : "images",
-        last_loss, ex::fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev))),
-        ex::fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev))),
-        ex::fmt_bytes(static_cast<double>(comm_peak)),
-        ex::fmt_bytes(static_cast<double>(stats.cat_bytes(memory::Category::gradient).peak)));
-    std::fflush(stdout);
-    pg->barrier();
-    if (rank == 0) {
-      fmt::print(
-          "all {} ranks: {:.0f} {}/s (slowest rank {:.2f} ms/step), {} all-reduces per step\n",
-          env.world_size, throughput, gpt ? "tokens" : "images", slowest,
-          ddp.num_allreduces() / std::max<int64_t>(steps_total, 1));
-      fmt::print(
-          "RESULT model={} world={} batch={} seq={} amp={} step_ms={:.3f} throughput={:.1f} "
-          "unit={} "
-          "peak_alloc_mib={:.1f} peak_reserved_mib={:.1f} comm_mib={:.1f}\n",
-          a.model, env.world_size, B, T, prec.name(), slowest, throughput,
-          gpt ? "tokens/s" : "images/s",
-          static_cast<double>(memory::max_memory_allocated(dev)) / 1048576.0,
-          static_cast<double>(memory::max_memory_reserved(dev)) / 1048576.0,
-          static_cast<double>(comm_peak) / 1048576.0);
-    }
-    if (leak_check.enabled()) {
-      fmt::print("rank {}: ", rank);
-      std::fflush(stdout);
-      leak_check.report();
-    }
-    if (a.summary) std::cout << memory::memory_summary(dev) << std::flush;
-    if (!a.snapshot.empty()) {
-      memory::dump_snapshot(a.snapshot, dev);
-      fmt::print("rank {}: snapshot written to {} (open it at https://pytorch.org/memory_viz)\n",
-                 rank, base::per_rank_path(a.snapshot));
-    }
+    report(a, env, *pg, ddp, dev, {gpt, B, T, steps_total, prec.name()}, ms, last_loss, leak_check);
     return 0;
   });
 }

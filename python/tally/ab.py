@@ -21,15 +21,30 @@ from . import _C
 __all__ = ["Report", "run", "load", "program"]
 
 
+def _installed_bin():
+    """P/bin of the prefix this package was installed into (cmake --install --prefix P);
+    None in the build tree, which has no _prefix.py."""
+    try:
+        from . import _prefix
+    except ImportError:
+        return None
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), _prefix.BIN))
+
+
 def program():
-    """The ab_memory executable: $TALLY_AB_MEMORY, the build tree's, or one on PATH."""
-    candidates = [os.environ.get("TALLY_AB_MEMORY"), _C._ab_memory_path, shutil.which("ab_memory")]
+    """The ab_memory executable: $TALLY_AB_MEMORY, the install prefix's bin (next to an
+    installed package), the build tree's, or one on PATH."""
+    installed = _installed_bin()
+    candidates = [os.environ.get("TALLY_AB_MEMORY"),
+                  installed and os.path.join(installed, "ab_memory"),
+                  _C._ab_memory_path, shutil.which("ab_memory")]
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     raise FileNotFoundError(
-        "ab_memory not found: build it (cmake --build build --target ab_memory), put it on "
-        "PATH, or set TALLY_AB_MEMORY")
+        "ab_memory not found: install Tally (cmake --install build --prefix P puts it in P/bin), "
+        "build it (cmake --build build --target ab_memory), put it on PATH, or set "
+        "TALLY_AB_MEMORY")
 
 
 def _mib(b):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the build (cmake --install BUILD --prefix), builds tests/install/ against it with
-# find_package(Tally), runs it, and checks what it printed and wrote.
+# find_package(Tally), runs it, and checks what it printed and wrote; then the tools in P/bin,
+# and that the installed Python package (when built) finds ab_memory there.
 #   check_install.sh SOURCE_DIR BUILD_DIR WORK_DIR
 set -euo pipefail
 src=$1 build=$2 work=$3
@@ -18,3 +19,21 @@ grep -q "^tally [0-9]*\.[0-9]*\.[0-9]* allow_tf32=false loss=" "$work/run.log"
 grep -q "activation" "$work/run.log"
 test -s "$work/step.pickle"
 echo "install: the consumer built against $work/prefix and ran"
+
+# The tools and the training programs in P/bin, each one runnable.
+for prog in minimal ab_memory tally_memdiff train_resnet train_gpt train_ddp; do
+  test -x "$work/prefix/bin/$prog" || { echo "no executable bin/$prog"; exit 1; }
+  "$work/prefix/bin/$prog" --help >/dev/null || { echo "bin/$prog --help failed"; exit 1; }
+done
+echo "install: the tools are in $work/prefix/bin"
+
+# The installed Python package (built when pybind11 was found) runs P/bin/ab_memory, not the
+# build tree's: tally.ab.program() names it.
+pkg=$(ls -d "$work"/prefix/lib*/python*/*-packages/tally 2>/dev/null | head -1 || true)
+if [ -n "$pkg" ]; then
+  found=$(cd "$work" && env -u TALLY_AB_MEMORY PYTHONPATH="$(dirname "$pkg")" \
+    "${PYTHON:-python3}" -c 'import tally.ab; print(tally.ab.program())')
+  want=$(readlink -f "$work/prefix/bin/ab_memory")
+  [ "$(readlink -f "$found")" = "$want" ] || { echo "tally.ab.program() is $found, not $want"; exit 1; }
+  echo "install: the Python package finds $found"
+fi

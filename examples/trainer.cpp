@@ -1,0 +1,196 @@
+// examples::Trainer (trainer.h): the preflight, planner, step, progress and outputs of the
+// training programs.
+#include "examples/trainer.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "examples/cli_common.h"
+#include "nn/module.h"
+
+namespace tally::examples {
+
+void add_output_flags(CLI::App& app, TrainFlags& f, const std::string& metrics_help,
+                      const std::string& seed_help) {
+  app.add_option("--snapshot", f.snapshot, "write a memory_viz snapshot of the run to FILE");
+  app.add_flag("--summary", f.summary, "print memory_summary() at the end");
+  app.add_option("--metrics", f.metrics, metrics_help);
+  app.add_flag("--detect-leaks", f.detect_leaks,
+               "report allocations that survive each step and grow, by source line "
+               "(inspect::LeakDetector)");
+  add_checked_option(app, "--seed", f.seed, seed_help, seed_value());
+  add_memory_options(app, f.checkpoint, f.amp, f.memory_budget, f.estimate, f.offload);
+  app.add_option("--memory-limit", f.memory_limit,
+                 "cap what the device may reserve (6GiB, 900MiB, ...): past it the run stops with "
+                 "out-of-memory and reports what would fit");
+}
+
+void Trainer::check_flags(const CLI::App& app, const std::vector<std::string>& optimizers) {
+  // Before the device is parsed: what --cuda-graphs cannot do is the first thing said.
+  check_cuda_graphs(f_.cuda_graphs, f_.device, f_.estimate, f_.amp, f_.offload, f_.step_in_backward,
+                    f_.optimizer);
+  dry_ = make_dry_run(f_.estimate, app.count("--device") > 0);
+  dev_ = dry_ ? dry_->device() : parse_device(f_.device);
+  apply_memory_limit(f_.memory_limit, dev_);
+  auto_plan_ = parse_auto_plan(f_.checkpoint, f_.amp, f_.memory_budget, f_.offload);
+  offload = auto_plan_.offload;
+  amp = auto_plan_.amp_auto ? std::nullopt : parse_amp(f_.amp);
+  checkpoint =
+      auto_plan_.checkpoint_auto ? nn::CheckpointSpec{} : nn::parse_checkpoint_spec(f_.checkpoint);
+  check_optimizer(f_.optimizer, optimizers);
+  const CLI::Option* clip = app.get_option_no_throw("--clip");
+  if (f_.step_in_backward && (clip == nullptr || clip->count() == 0))
+    f_.clip = 0;  // clipping needs every gradient
+  check_step_in_backward(f_.step_in_backward, f_.amp, f_.clip);
+}
+
+void Trainer::start() {
+  if (!f_.snapshot.empty()) check_output_file(f_.snapshot, "--snapshot");
+  if (!f_.metrics.empty()) check_output_file(f_.metrics, "--metrics");
+  manual_seed(f_.seed);
+  if (!f_.snapshot.empty() && !dry_) memory::record_memory_history(true, 1000000, dev_);
+}
+
+std::optional<nn::PlanCandidate> Trainer::plan(const std::function<int()>& blocks,
+                                               const DrySteps& dry_steps, int64_t batch,
+                                               std::vector<int64_t> classifier_chunks) {
+  if (!auto_plan_.checkpoint_auto) return std::nullopt;
+  const nn::PlanCandidate chosen = plan_run(
+      auto_plan_, amp, dev_, blocks(),
+      [&](Device d, const nn::PlanCandidate& c) {
+        dry_steps(d, {c, batch});
+      },
+      kEstimateSteps, std::move(classifier_chunks));
+  checkpoint = chosen.checkpoint;
+  amp = chosen.amp;
+  offload = chosen.offload;
+  f_.checkpoint = checkpoint.str();
+  return chosen;
+}
+
+void Trainer::dry_train(
+    Device d, const nn::PlanCandidate& c, nn::Module& m,
+    const std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>& make_opt,
+    const std::function<std::vector<Tensor>()>& make_inputs, const Forward& forward,
+    const std::function<void(const std::vector<Tensor>&)>& eval) const {
+  nn::enable_checkpointing(m, c.checkpoint);
+  nn::offload_activations(m, c.offload);
+  const std::unique_ptr<optim::Optimizer> o = make_opt(m);
+  Precision p(c.amp, d);
+  if (f_.step_in_backward) p.step_in_backward(*o);
+  std::vector<Tensor> in;
+  {
+    memory::CategoryScope input(memory::Category::input);
+    in = make_inputs();
+  }
+  for (int64_t s = 0; s < kEstimateSteps; ++s) train_step(*o, p, in, forward);
+  // Then the evaluation the program runs after training: its blocks can need segments that
+  // training left no room for (GPT-2 B16, 2 segments: about 100 MiB more after validation).
+  NoGradGuard ng;
+  m.eval();
+  auto guard = p.autocast();
+  eval(in);
+}
+
+int Trainer::run(const RunShape& shape, const DrySteps& dry_steps,
+                 const std::function<int()>& body) {
+  // What the program holds on the device before the model (the data on the CPU).
+  const size_t held = dry_ ? 0 : memory::memory_allocated(dev_);
+  try {
+    return body();
+  } catch (const memory::OutOfMemoryError& e) {
+    // A real run: the error and what would fit. A dry run: its report, marked as not fitting.
+    if (!dry_) return report_out_of_memory(program_, e, dev_, shape, held, dry_steps);
+    return finish_dry_run(*dry_, e.what(), f_.snapshot, f_.summary);
+  }
+}
+
+std::string Trainer::describe() const {
+  return fmt::format("checkpoint {}, amp {}{}{}", f_.checkpoint,
+                     prec_ ? prec_->name() : Precision(amp, dev_).name(),
+                     offload.enabled() ? ", offload " + offload.str() : std::string(),
+                     f_.cuda_graphs ? ", CUDA graphs" : "");
+}
+
+void Trainer::begin(optim::Optimizer& opt, int64_t total) {
+  opt_ = &opt;
+  total_ = total;
+  prec_ = std::make_unique<Precision>(amp, dev_, f_.cuda_graphs);
+  if (f_.step_in_backward) prec_->step_in_backward(opt);
+  graphed_ = std::make_unique<GraphedStep>(f_.cuda_graphs, dev_);
+  const bool tty = isatty(fileno(stdout));
+  bar_ = std::make_unique<Progress>(total, tty);
+  metrics_ = std::make_unique<MetricsLog>(dry_ ? std::string() : f_.metrics);
+  leak_check_ = std::make_unique<LeakCheck>(f_.detect_leaks && !dry_, dev_, tty);
+  clock_.reset();
+  loss_acc_ = zeros({}, TensorOptions{}.with_device(dev_));
+  window_ = 0;
+}
+
+std::vector<Tensor> Trainer::step(const std::vector<Tensor>& in, const Forward& forward,
+                                  std::source_location site) {
+  return (*graphed_)(in, [&](const std::vector<Tensor>& x) {
+    return train_step(*opt_, *prec_, x, forward, f_.clip, site);
+  });
+}
+
+bool Trainer::end_step(int64_t step, const Tensor& loss) {
+  {
+    NoGradGuard ng;
+    loss_acc_ = add(loss_acc_, loss.detach().to(DType::float32));
+  }
+  ++window_;
+  leak_check_->step();
+  if (dry_) return false;  // no values to read
+  return step % f_.log_every == 0 || step == total_;
+}
+
+Trainer::Window Trainer::read_window() {
+  Window w;
+  w.steps = window_;
+  w.loss = loss_acc_.item() / static_cast<double>(window_);  // one sync per update
+  memory::synchronize(dev_);
+  w.ms = clock_.ms() / static_cast<double>(window_);
+  clock_.reset();
+  loss_acc_ = zeros({}, TensorOptions{}.with_device(dev_));
+  window_ = 0;
+  return w;
+}
+
+void Trainer::log(int64_t step, const Window& w, nlohmann::json record, const std::string& text) {
+  record["step"] = step;
+  record["loss"] = w.loss;
+  record["ms_per_step"] = w.ms;
+  record["lr"] = opt_->get_lr();
+  record["peak_allocated"] = memory::max_memory_allocated(dev_);
+  record["peak_reserved"] = memory::max_memory_reserved(dev_);
+  metrics_->write(record);
+  bar_->update(step,
+               fmt::format("{} | peak {}", text,
+                           fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev_)))));
+}
+
+std::optional<int> Trainer::end_training() {
+  if (dry_) return finish_dry_run(*dry_, "", f_.snapshot, f_.summary);
+  bar_->done();
+  return std::nullopt;
+}
+
+std::string Trainer::peaks() const {
+  return fmt::format("peak allocated {}, peak reserved {}",
+                     fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev_))),
+                     fmt_bytes(static_cast<double>(memory::max_memory_reserved(dev_))));
+}
+
+int Trainer::finish(const std::shared_ptr<ActivationOffloader>& offloader, int64_t steps,
+                    const std::function<void()>& extra) {
+  print_offload(offloader, steps);
+  leak_check_->report();
+  if (extra) extra();
+  write_memory_outputs(dev_, f_.summary, f_.snapshot);
+  return 0;
+}
+
+}  // namespace tally::examples

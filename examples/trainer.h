@@ -1,0 +1,167 @@
+// examples::Trainer: what train_gpt and train_resnet share around their model and data: the
+// common flags, the preflight (every flag and output path checked before any work), the
+// planner (--checkpoint auto), the training step (written once: train_step), the progress bar
+// and --metrics records, and the outputs at the end (offload totals, leak report, summary,
+// snapshot), with a dry run's report (--estimate) and the out-of-memory report in their place.
+//
+//   ex::Trainer tr("train_x", flags);           // flags: ex::TrainFlags, filled by CLI11
+//   tr.check_flags(app, {"sgd", "adamw"});       // then the program's own checks
+//   tr.start();                                  // outputs checked, seed, history
+//   return tr.run(shape, dry_steps, [&] { ...; tr.begin(*opt, total); loop { tr.step(...);
+//                                           if (tr.end_step(...)) tr.log(...); } ... });
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "examples/metrics_log.h"
+#include "examples/train_common.h"
+#include "nn/checkpoint.h"
+
+namespace tally::examples {
+
+// The flags every training program has (a program sets its own defaults before parsing).
+struct TrainFlags {
+  std::string device = "cpu";
+  std::string snapshot;
+  std::string metrics;  // --metrics FILE.jsonl
+  bool summary = false;
+  uint64_t seed = 0;
+  std::string checkpoint = "none";
+  std::string amp = "off";
+  std::string offload = "none";
+  std::string optimizer;
+  bool step_in_backward = false;
+  bool cuda_graphs = false;
+  bool detect_leaks = false;
+  double lr = 0;
+  double weight_decay = 0;
+  double clip = 0;  // train_gpt's --clip; 0: off
+  int64_t log_every = 10;
+  std::string estimate;       // a dry run's target: predict memory instead of training
+  std::string memory_budget;  // --checkpoint auto: the planner's budget
+  std::string memory_limit;   // caps what the device may reserve
+};
+
+// --snapshot, --summary, --metrics, --detect-leaks, --seed, the memory flags and
+// --memory-limit, in this order (--help lists them so).
+void add_output_flags(CLI::App& app, TrainFlags& f, const std::string& metrics_help,
+                      const std::string& seed_help);
+
+// One training step, the only one of the programs: zero_grad, forward(in) under autocast
+// (phase "forward"; it returns the loss first, then anything else the caller reads), backward,
+// clipping to `clip` (0: off) and the optimizer step (Precision::backward_and_step). Its
+// allocations name the caller's line (`site`).
+template <class Forward>
+std::vector<Tensor> train_step(optim::Optimizer& opt, Precision& prec,
+                               const std::vector<Tensor>& in, Forward&& forward, double clip = 0,
+                               std::source_location site = std::source_location::current()) {
+  opt.zero_grad(true);
+  std::vector<Tensor> out;
+  {
+    memory::PhaseScope phase("forward");
+    auto guard = prec.autocast();
+    out = forward(in);
+  }
+  prec.backward_and_step(out.at(0), opt, clip, site);
+  return out;
+}
+
+class Trainer {
+ public:
+  using Forward = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+  using DrySteps = std::function<void(Device, const RunShape&)>;
+
+  Trainer(std::string program, TrainFlags& flags) : program_(std::move(program)), f_(flags) {}
+
+  // Preflight, before any work: --cuda-graphs, --estimate, --device, --memory-limit, the
+  // memory flags, --optimizer (one of `optimizers`), --step-in-backward (which sets --clip to
+  // 0 when --clip was not given).
+  void check_flags(const CLI::App& app, const std::vector<std::string>& optimizers);
+  // Then: the output paths checked writable, the seed set, and with --snapshot the history
+  // recorded from before the data and the model exist (memory_viz shows a block from before
+  // the recording as `unknown`).
+  void start();
+
+  bool dry() const { return dry_ != nullptr; }
+  Device device() const { return dev_; }
+  // The run's checkpointing, precision and offload: the flags', or the planner's choice.
+  nn::CheckpointSpec checkpoint;
+  std::optional<DType> amp;
+  nn::OffloadSpec offload;
+
+  // --checkpoint auto: the planner dry-runs each candidate (`dry_steps` with `batch`; `blocks`:
+  // the model's checkpoint blocks) and its
+  // choice becomes the run's; else nothing. Returns the choice (its classifier chunk for GPT).
+  std::optional<nn::PlanCandidate> plan(const std::function<int()>& blocks,
+                                        const DrySteps& dry_steps, int64_t batch,
+                                        std::vector<int64_t> classifier_chunks = {});
+  // kEstimateSteps steps of train_step and the evaluation after them (`eval`, in eval mode,
+  // without gradients, under autocast) for a dry run's device: `m` is already there.
+  void dry_train(Device d, const nn::PlanCandidate& c, nn::Module& m,
+                 const std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>& make_opt,
+                 const std::function<std::vector<Tensor>()>& make_inputs, const Forward& forward,
+                 const std::function<void(const std::vector<Tensor>&)>& eval) const;
+
+  // body() (the model, the loop, the outputs); out of memory: the error and what would fit
+  // (a real run, `shape` and `dry_steps` vary it) or the dry run's report. Returns the status.
+  int run(const RunShape& shape, const DrySteps& dry_steps, const std::function<int()>& body);
+
+  // "checkpoint none, amp fp32[, offload ...][, CUDA graphs]" for the program's first line.
+  std::string describe() const;
+  // The precision, the graphed step, the progress bar, --metrics and --detect-leaks of a
+  // loop of `total` steps of `opt`.
+  void begin(optim::Optimizer& opt, int64_t total);
+  Precision& precision() { return *prec_; }
+  // train_step on `in`, captured and replayed with --cuda-graphs (outputs overwritten by the
+  // next step: read them before it).
+  std::vector<Tensor> step(const std::vector<Tensor>& in, const Forward& forward,
+                           std::source_location site = std::source_location::current());
+  // After each step: the loss summed on the device (no sync), the leak check. True when
+  // `step` is one to log (every --log-every and the last; never on a dry run).
+  bool end_step(int64_t step, const Tensor& loss);
+  // At a logged step: the window's mean loss (one sync) and time per step; the window restarts.
+  struct Window {
+    int64_t steps = 0;
+    double loss = 0;
+    double ms = 0;
+  };
+  Window read_window();
+  // A --metrics record (`record` plus the step, the window's loss and ms, lr and peaks) and
+  // the progress line (`text` plus the peak allocated).
+  void log(int64_t step, const Window& w, nlohmann::json record, const std::string& text);
+  // After the loop: a dry run's report and its exit status; else the progress bar's end.
+  std::optional<int> end_training();
+  // "peak allocated 1.2 MiB, peak reserved 2.0 MiB"
+  std::string peaks() const;
+  void write_metrics(const nlohmann::json& record) { metrics_->write(record); }
+  // The end: offload totals, the leak report, `extra` (e.g. a text sample), memory_summary()
+  // and the snapshot. Returns 0.
+  int finish(const std::shared_ptr<ActivationOffloader>& offloader, int64_t steps,
+             const std::function<void()>& extra = {});
+
+ private:
+  std::string program_;
+  TrainFlags& f_;
+  std::unique_ptr<memory::DryRun> dry_;
+  Device dev_ = Device::cpu();
+  AutoPlan auto_plan_;
+  optim::Optimizer* opt_ = nullptr;
+  int64_t total_ = 0;
+  std::unique_ptr<Precision> prec_;
+  std::unique_ptr<GraphedStep> graphed_;
+  std::unique_ptr<Progress> bar_;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<LeakCheck> leak_check_;
+  Stopwatch clock_;
+  Tensor loss_acc_;
+  int64_t window_ = 0;
+};
+
+}  // namespace tally::examples
