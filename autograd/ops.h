@@ -120,7 +120,9 @@ Tensor operator/(double a, const Tensor& b);
 
 }  // namespace tally
 #include "tensor/attention/autograd.h"
+#include "tensor/compose/autograd.h"
 #include "tensor/conv/autograd.h"
+#include "tensor/index/autograd.h"
 #include "tensor/linalg/autograd.h"
 #include "tensor/norm/autograd.h"
 #include "tensor/pool/autograd.h"
