@@ -101,6 +101,11 @@ MaskPlan plan_mask(const char* op, const Tensor& mask, const Shape& shape, Devic
     throw std::invalid_argument(
         fmt::format("{}: mask must be bool, got {}", op, dtype_name(mask.dtype())));
   check_same_device(op, device, mask.device());
+  if (need_count && device.type == DeviceType::meta)
+    throw std::invalid_argument(fmt::format(
+        "{}: the number of selected elements depends on the mask's values, which a meta "
+        "tensor does not have (mask {})",
+        op, mask.shape_string()));
   MaskPlan p;
   p.mask = expand(mask, shape);
   const Tensor flat = reshape(to(p.mask, DType::int64), {shape_numel(shape)});
@@ -311,7 +316,10 @@ void masked_scatter_(const Tensor& x, const Tensor& mask, const Tensor& source) 
   if (broadcast_shapes(x.sizes(), mask.sizes(), info.name) != x.sizes())
     throw std::invalid_argument(fmt::format("masked_scatter_: mask {} must broadcast to x {}",
                                             mask.shape_string(), x.shape_string()));
-  MaskPlan p = plan_mask(info.name, mask, x.sizes(), x.device(), true);
+  // A meta x has no mask values to count: the check and the kernel need none there.
+  const bool meta = x.device().type == DeviceType::meta;
+  MaskPlan p = plan_mask(info.name, mask, x.sizes(), x.device(), !meta);
+  if (meta) return;
   if (source.numel() < p.count)
     throw std::invalid_argument(
         fmt::format("masked_scatter_: source {} has fewer elements than mask's {} true entries",
