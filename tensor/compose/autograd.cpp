@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "autograd/node.h"
+#include "base/checked.h"
 #include "memory/context.h"
 
 namespace tally {
@@ -62,7 +63,7 @@ Tensor repeat(const Tensor& x, const Shape& sizes, CallSite site) {
           fmt::format("repeat: repeats must be non-negative, got {}", shape_str(sizes)));
     split.insert(split.end(), {1, padded[d]});
     tiled.insert(tiled.end(), {sizes[d], padded[d]});
-    out.push_back(sizes[d] * padded[d]);
+    out.push_back(base::checked_mul(sizes[d], padded[d], "repeat"));
   }
   return x.reshape(split).expand(tiled).reshape(out);
 }
@@ -77,7 +78,7 @@ Tensor constant_pad(const Tensor& x, const Shape& pad, double value) {
   for (size_t i = 0; i < pad.size() / 2; ++i) {
     const auto d = sizes.size() - 1 - i;
     const int64_t l = pad[2 * i], r = pad[2 * i + 1], n = x.sizes()[d];
-    const int64_t size = n + l + r;
+    const int64_t size = base::checked_add(base::checked_add(n, l, "pad"), r, "pad");
     if (size < 0)
       throw std::invalid_argument(
           fmt::format("pad: the padded size of dim {} is negative ({} + {} + {}), input {}", d, n,

@@ -157,6 +157,7 @@ TEST_P(Index, ComposedShapeOps) {
                            },
                            {rand_input({2, 4})}));
   EXPECT_THROW(pad(x, {3, 0}, "reflect"), std::invalid_argument);
+  EXPECT_THROW(repeat(x, {int64_t{1} << 62, 4}), std::overflow_error);  // sizes checked
 }
 
 TEST_P(Index, NormEinsum) {
