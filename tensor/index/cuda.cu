@@ -101,8 +101,7 @@ __global__ void gather_kernel(T* out, const int64_t* index, const T* x, int64_t 
     l.get(k, o);
     int64_t i = index[o[1]];
     if (i < 0) i += n;
-    if (i < 0 || i >= n) continue;
-    out[o[0]] = x[o[2] + i * xs];
+    out[o[0]] = i < 0 || i >= n ? T{} : x[o[2] + i * xs];  // out of range: 0 (cannot throw)
   }
 }
 

@@ -6,7 +6,7 @@
 //
 // Indices out of range: the CPU kernels throw std::out_of_range naming the op; the CUDA
 // kernels cannot throw without reading the indices back, so they skip such an entry (as
-// value_selecting_reduction_backward does).
+// value_selecting_reduction_backward does; gather writes 0 there).
 #pragma once
 
 #include <cstdint>
