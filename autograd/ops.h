@@ -5,8 +5,10 @@
 #pragma once
 
 #include "tensor/attention/autograd.h"
+#include "tensor/compose/autograd.h"
 #include "tensor/conv/autograd.h"
 #include "tensor/elementwise/autograd.h"
+#include "tensor/index/autograd.h"
 #include "tensor/linalg/autograd.h"
 #include "tensor/norm/autograd.h"
 #include "tensor/pool/autograd.h"

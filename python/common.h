@@ -54,6 +54,9 @@ Int2 int2(py::handle h);
 py::object tensor_or_none(const Tensor& t);
 
 void bind_tensor(py::module_& m);
+// Index, scan, sort and shape ops, x[mask], the arithmetic methods; after bind_tensor and
+// bind_functional.
+void bind_ops(py::module_& m, py::module_& functional);
 void bind_functional(py::module_& m, py::module_& functional);
 // tally.sin, cos, erf, lerp and their Tensor methods (python/elementwise.cpp); after bind_tensor.
 void bind_elementwise(py::module_& m);

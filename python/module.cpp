@@ -60,6 +60,7 @@ PYBIND11_MODULE(_C, m) {
   bind_tensor(m);
   bind_functional(m, functional);
   bind_elementwise(m);
+  bind_ops(m, functional);
   bind_nn(m, nn);
   bind_data(m);
   bind_optim(m, optim, amp);

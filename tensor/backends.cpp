@@ -9,6 +9,7 @@
 #include "tensor/attention/kernels.h"
 #include "tensor/conv/kernels.h"
 #include "tensor/elementwise/kernels.h"
+#include "tensor/index/kernels.h"
 #include "tensor/linalg/kernels.h"
 #include "tensor/norm/kernels.h"
 #include "tensor/pool/kernels.h"
@@ -21,6 +22,7 @@ namespace tally {
 const Backends<AttentionKernels>   attention_backends  {&cpu::attention_kernels,   TALLY_CUDA_TABLE(cuda::attention_kernels), &meta::attention_kernels};
 const Backends<ConvKernels>        conv_backends       {&cpu::conv_kernels,        TALLY_CUDA_TABLE(cuda::conv_kernels), &meta::conv_kernels};
 const Backends<ElementwiseKernels> elementwise_backends{&cpu::elementwise_kernels, TALLY_CUDA_TABLE(cuda::elementwise_kernels), &meta::elementwise_kernels};
+const Backends<IndexKernels>       index_backends      {&cpu::index_kernels,       TALLY_CUDA_TABLE(cuda::index_kernels), &meta::index_kernels};
 const Backends<LinalgKernels>      linalg_backends     {&cpu::linalg_kernels,      TALLY_CUDA_TABLE(cuda::linalg_kernels), &meta::linalg_kernels};
 const Backends<NormKernels>        norm_backends       {&cpu::norm_kernels,        TALLY_CUDA_TABLE(cuda::norm_kernels), &meta::norm_kernels};
 const Backends<PoolKernels>        pool_backends       {&cpu::pool_kernels,        TALLY_CUDA_TABLE(cuda::pool_kernels), &meta::pool_kernels};

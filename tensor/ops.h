@@ -7,6 +7,7 @@
 #include "tensor/attention/ops.h"
 #include "tensor/conv/ops.h"
 #include "tensor/elementwise/ops.h"
+#include "tensor/index/ops.h"
 #include "tensor/linalg/ops.h"
 #include "tensor/norm/ops.h"
 #include "tensor/pool/ops.h"

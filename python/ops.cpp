@@ -1,0 +1,331 @@
+// Index, scan, sort and shape ops from Python, as PyTorch users write them: tally.gather,
+// x.scatter_add(...), tally.topk, F.pad, F.one_hot, tally.einsum, x[mask], x[mask] = v, and
+// the arithmetic methods (x.add(y, alpha=2), x.pow(2), ...). Bound after bind_tensor and
+// bind_functional: the methods go onto the Tensor class those made, and x[mask] wraps the
+// indexing bind_tensor defined.
+#include <fmt/format.h>
+#include <pybind11/stl.h>
+
+#include "common.h"
+
+namespace tally::python {
+
+namespace {
+
+using T = const Tensor&;
+
+Shape dims_list(const py::object& d) {
+  if (d.is_none()) return {};
+  if (py::isinstance<py::int_>(d)) return {d.cast<int64_t>()};
+  return d.cast<Shape>();
+}
+
+// A Python number or tensor as the other operand of an arithmetic method on x: a number
+// takes x's dtype when x is floating (or when both are integers), float32 otherwise.
+Tensor other_of(py::handle h, const Tensor& x) {
+  if (py::isinstance<Tensor>(h)) return h.cast<Tensor>();
+  if (py::isinstance<py::bool_>(h) || py::isinstance<py::int_>(h) ||
+      py::isinstance<py::float_>(h)) {
+    const bool int_value = !py::isinstance<py::float_>(h);
+    const DType d = is_floating(x.dtype()) || int_value ? x.dtype() : DType::float32;
+    return ops::full({}, h.cast<double>(), d, x.device());
+  }
+  return to_tensor(h, std::nullopt, x.device());
+}
+
+// (values, indices) as PyTorch's named tuple: r.values, r.indices, or unpacked.
+py::object values_indices(const ValuesIndices& r, const char* name) {
+  static auto* types = new py::dict();  // never freed: outlives the interpreter's teardown
+  py::dict& d = *types;
+  if (!d.contains(name))
+    d[name] = py::module_::import("collections").attr("namedtuple")(name, "values indices");
+  return d[name](r.values, r.indices);
+}
+
+double norm_p(const py::object& p) {
+  if (p.is_none()) return 2.0;
+  if (py::isinstance<py::str>(p)) {
+    const auto s = p.cast<std::string>();
+    if (s == "fro") return 2.0;
+    throw py::value_error("norm: p='" + s + "' is not supported (numbers, inf and 'fro' are)");
+  }
+  return p.cast<double>();
+}
+
+Shape ints_of(const py::object& o) {
+  if (py::isinstance<py::int_>(o)) return {o.cast<int64_t>()};
+  return o.cast<Shape>();
+}
+
+// x's mask index: a bool tensor (or numpy bool array) whose shape is x's leading dims
+// (PyTorch's rule).
+bool is_mask(py::handle h) {
+  if (py::isinstance<py::array>(h)) return h.cast<py::array>().dtype().kind() == 'b';
+  return py::isinstance<Tensor>(h) && h.cast<Tensor>().dtype() == DType::bool_;
+}
+
+Tensor mask_of(py::handle h, const Tensor& x) {
+  return py::isinstance<Tensor>(h) ? h.cast<Tensor>() : to_tensor(h, std::nullopt, x.device());
+}
+
+// The mask expanded over x's trailing dims, and the shape x[mask] has.
+std::pair<Tensor, Shape> mask_plan(const Tensor& x, const Tensor& mask) {
+  const int64_t k = mask.dim();
+  bool ok = k <= x.dim();
+  for (int64_t d = 0; ok && d < k; ++d) ok = mask.size(d) == x.size(d);
+  if (!ok)
+    throw py::index_error(
+        fmt::format("tensor[mask]: the mask {} must match the leading dims of "
+                    "the indexed tensor {}",
+                    mask.shape_string(), x.shape_string()));
+  Shape full = mask.sizes(), rest;
+  for (int64_t d = k; d < x.dim(); ++d) {
+    full.push_back(1);
+    rest.push_back(x.size(d));
+  }
+  Shape out{-1};
+  out.insert(out.end(), rest.begin(), rest.end());
+  return {ops::expand(ops::view(mask, full), x.sizes()), out};
+}
+
+}  // namespace
+
+void bind_ops(py::module_& m, py::module_& F) {
+  auto cls = py::reinterpret_borrow<py::class_<Tensor>>(m.attr("Tensor"));
+
+  // ---- gather / scatter / index ----
+  m.def(
+      "gather", [](T x, int64_t dim, T index) { return gather(x, dim, index); }, py::arg("input"),
+      py::arg("dim"), py::arg("index"));
+  cls.def(
+      "gather", [](T x, int64_t dim, T index) { return gather(x, dim, index); }, py::arg("dim"),
+      py::arg("index"));
+  auto scatter_fn = [](T x, int64_t dim, T index, py::object src, py::object value) {
+    if (!src.is_none() && !py::isinstance<Tensor>(src))
+      return scatter(x, dim, index, src.cast<double>());
+    if (!src.is_none()) return scatter(x, dim, index, src.cast<Tensor>());
+    if (value.is_none()) throw py::type_error("scatter: give src (a tensor) or value (a number)");
+    return scatter(x, dim, index, value.cast<double>());
+  };
+  m.def("scatter", scatter_fn, py::arg("input"), py::arg("dim"), py::arg("index"),
+        py::arg("src") = py::none(), py::kw_only(), py::arg("value") = py::none());
+  cls.def("scatter", scatter_fn, py::arg("dim"), py::arg("index"), py::arg("src") = py::none(),
+          py::kw_only(), py::arg("value") = py::none());
+  auto scatter_add_fn = [](T x, int64_t dim, T index, T src) {
+    return scatter_add(x, dim, index, src);
+  };
+  m.def("scatter_add", scatter_add_fn, py::arg("input"), py::arg("dim"), py::arg("index"),
+        py::arg("src"));
+  cls.def("scatter_add", scatter_add_fn, py::arg("dim"), py::arg("index"), py::arg("src"));
+  cls.def(
+      "scatter_add_",
+      [](Tensor& x, int64_t dim, T index, T src) -> Tensor& {
+        if (x.requires_grad() && GradMode::is_enabled())
+          throw py::value_error(
+              "scatter_add_: a tensor that requires grad cannot be written in "
+              "place outside tally.no_grad()");
+        ops::scatter_add_(x, dim, index, src);
+        return x;
+      },
+      py::arg("dim"), py::arg("index"), py::arg("src"));
+  auto index_select_fn = [](T x, int64_t dim, T index) { return index_select(x, dim, index); };
+  m.def("index_select", index_select_fn, py::arg("input"), py::arg("dim"), py::arg("index"));
+  cls.def("index_select", index_select_fn, py::arg("dim"), py::arg("index"));
+  auto index_add_fn = [](T x, int64_t dim, T index, T source, double alpha) {
+    return index_add(x, dim, index, source, alpha);
+  };
+  m.def("index_add", index_add_fn, py::arg("input"), py::arg("dim"), py::arg("index"),
+        py::arg("source"), py::kw_only(), py::arg("alpha") = 1.0);
+  cls.def("index_add", index_add_fn, py::arg("dim"), py::arg("index"), py::arg("source"),
+          py::kw_only(), py::arg("alpha") = 1.0);
+
+  // ---- scans and sorting ----
+  auto cumsum_fn = [](T x, int64_t dim, py::object dtype) {
+    const Tensor in = dtype.is_none() ? x : x.to(to_dtype(dtype));
+    return cumsum(in, dim);
+  };
+  m.def("cumsum", cumsum_fn, py::arg("input"), py::arg("dim"), py::kw_only(),
+        py::arg("dtype") = py::none());
+  cls.def("cumsum", cumsum_fn, py::arg("dim"), py::kw_only(), py::arg("dtype") = py::none());
+  auto sort_fn = [](T x, int64_t dim, bool descending) {
+    return values_indices(sort(x, dim, descending), "sort");
+  };
+  m.def("sort", sort_fn, py::arg("input"), py::arg("dim") = -1, py::arg("descending") = false);
+  cls.def("sort", sort_fn, py::arg("dim") = -1, py::arg("descending") = false);
+  auto topk_fn = [](T x, int64_t k, int64_t dim, bool largest, bool sorted) {
+    return values_indices(topk(x, k, dim, largest, sorted), "topk");
+  };
+  m.def("topk", topk_fn, py::arg("input"), py::arg("k"), py::arg("dim") = -1,
+        py::arg("largest") = true, py::arg("sorted") = true);
+  cls.def("topk", topk_fn, py::arg("k"), py::arg("dim") = -1, py::arg("largest") = true,
+          py::arg("sorted") = true);
+
+  // ---- shape ----
+  auto tril_fn = [](T x, int64_t diagonal) { return tril(x, diagonal); };
+  auto triu_fn = [](T x, int64_t diagonal) { return triu(x, diagonal); };
+  m.def("tril", tril_fn, py::arg("input"), py::arg("diagonal") = 0);
+  m.def("triu", triu_fn, py::arg("input"), py::arg("diagonal") = 0);
+  cls.def("tril", tril_fn, py::arg("diagonal") = 0);
+  cls.def("triu", triu_fn, py::arg("diagonal") = 0);
+  cls.def("repeat", [](T x, py::args sizes) {
+    Shape s;
+    if (sizes.size() == 1 && !py::isinstance<py::int_>(sizes[0]))
+      s = sizes[0].cast<Shape>();
+    else
+      for (py::handle h : sizes) s.push_back(h.cast<int64_t>());
+    return repeat(x, s);
+  });
+  auto flip_fn = [](T x, py::object dims) { return flip(x, ints_of(dims)); };
+  m.def("flip", flip_fn, py::arg("input"), py::arg("dims"));
+  cls.def("flip", [](T x, py::args dims) {
+    if (dims.size() == 1) return flip(x, ints_of(dims[0]));
+    return flip(x, dims.cast<Shape>());
+  });
+  auto roll_fn = [](T x, py::object shifts, py::object dims) {
+    return roll(x, ints_of(shifts), dims_list(dims));
+  };
+  m.def("roll", roll_fn, py::arg("input"), py::arg("shifts"), py::arg("dims") = py::none());
+  cls.def("roll", roll_fn, py::arg("shifts"), py::arg("dims") = py::none());
+  F.def(
+      "pad",
+      [](T x, py::object pad_, const std::string& mode, py::object value) {
+        return pad(x, pad_.cast<Shape>(), mode, value.is_none() ? 0.0 : value.cast<double>());
+      },
+      py::arg("input"), py::arg("pad"), py::arg("mode") = "constant",
+      py::arg("value") = py::none());
+  F.def(
+      "one_hot", [](T x, int64_t num_classes) { return one_hot(x, num_classes); },
+      py::arg("tensor"), py::arg("num_classes") = -1);
+
+  // ---- masks ----
+  auto masked_select_fn = [](T x, T mask) { return masked_select(x, mask); };
+  m.def("masked_select", masked_select_fn, py::arg("input"), py::arg("mask"));
+  cls.def("masked_select", masked_select_fn, py::arg("mask"));
+  auto masked_fill_fn = [](T x, T mask, py::object value) {
+    const double v =
+        py::isinstance<Tensor>(value) ? value.cast<Tensor>().item() : value.cast<double>();
+    return masked_fill(x, mask, v);
+  };
+  m.def("masked_fill", masked_fill_fn, py::arg("input"), py::arg("mask"), py::arg("value"));
+  cls.def("masked_fill", masked_fill_fn, py::arg("mask"), py::arg("value"));
+  auto check_in_place = [](const Tensor& x, const char* what) {
+    if (x.requires_grad() && GradMode::is_enabled())
+      throw py::value_error(std::string(what) +
+                            ": a tensor that requires grad cannot be written in place outside "
+                            "tally.no_grad()");
+  };
+  cls.def(
+      "masked_fill_",
+      [check_in_place](Tensor& x, T mask, double value) -> Tensor& {
+        check_in_place(x, "masked_fill_");
+        ops::masked_fill_(x, mask, value);
+        return x;
+      },
+      py::arg("mask"), py::arg("value"));
+  cls.def(
+      "masked_scatter_",
+      [check_in_place](Tensor& x, T mask, T source) -> Tensor& {
+        check_in_place(x, "masked_scatter_");
+        ops::masked_scatter_(x, mask, source);
+        return x;
+      },
+      py::arg("mask"), py::arg("source"));
+  // x[mask] and x[mask] = v, for a bool tensor (PyTorch's mask over x's leading dims);
+  // every other index goes to bind_tensor's __getitem__ / __setitem__.
+  // (Deleted first: pybind11 would otherwise chain the new ones after the old, which throw.)
+  py::object getitem = cls.attr("__getitem__");
+  py::object setitem = cls.attr("__setitem__");
+  py::delattr(cls, "__getitem__");
+  py::delattr(cls, "__setitem__");
+  cls.def("__getitem__", [getitem](T x, py::object index) -> py::object {
+    if (!is_mask(index)) return getitem(x, index);
+    const Tensor mask = mask_of(index, x);
+    auto [full, shape] = mask_plan(x, mask);
+    return py::cast(masked_select(x, full).reshape(shape));
+  });
+  cls.def("__setitem__", [setitem, check_in_place](T x, py::object index, py::object value) {
+    if (!is_mask(index)) {
+      setitem(x, index, value);
+      return;
+    }
+    check_in_place(x, "item assignment");
+    const Tensor mask = mask_of(index, x);
+    auto [full, shape] = mask_plan(x, mask);
+    if (!py::isinstance<Tensor>(value)) {
+      ops::masked_fill_(x, full, value.cast<double>());
+      return;
+    }
+    Tensor v = value.cast<Tensor>();
+    if (v.dtype() != x.dtype()) v = v.to(x.dtype());
+    if (v.device() != x.device()) v = v.to(x.device());
+    if (v.numel() == 1) {
+      ops::masked_fill_(x, full, v.item());
+      return;
+    }
+    // v broadcast to x[mask]'s shape [count, rest...], read in order.
+    const int64_t count = static_cast<int64_t>(ops::item(ops::sum(ops::to(mask, DType::int64))));
+    shape[0] = count;
+    ops::masked_scatter_(x, full, ops::contiguous(ops::expand(v, shape)));
+  });
+
+  // ---- norm, einsum ----
+  auto norm_fn = [](T x, py::object p, py::object dim, bool keepdim) {
+    return norm(x, norm_p(p), dims_list(dim), keepdim);
+  };
+  m.def("norm", norm_fn, py::arg("input"), py::arg("p") = "fro", py::arg("dim") = py::none(),
+        py::arg("keepdim") = false);
+  cls.def("norm", norm_fn, py::arg("p") = "fro", py::arg("dim") = py::none(),
+          py::arg("keepdim") = false);
+  m.def("einsum", [](const std::string& eq, py::args operands) {
+    TensorList ts;
+    if (operands.size() == 1 && !py::isinstance<Tensor>(operands[0]))
+      ts = operands[0].cast<TensorList>();
+    else
+      for (py::handle h : operands) ts.push_back(h.cast<Tensor>());
+    return einsum(eq, ts);
+  });
+
+  // ---- arithmetic methods (PyTorch's names and arguments) ----
+  cls.def(
+      "add", [](T x, py::object o, double alpha) { return add(x, other_of(o, x), alpha); },
+      py::arg("other"), py::kw_only(), py::arg("alpha") = 1.0);
+  cls.def(
+      "sub", [](T x, py::object o, double alpha) { return sub(x, other_of(o, x), alpha); },
+      py::arg("other"), py::kw_only(), py::arg("alpha") = 1.0);
+  cls.def(
+      "mul", [](T x, py::object o) { return mul(x, other_of(o, x)); }, py::arg("other"));
+  cls.def(
+      "div", [](T x, py::object o) { return div(x, other_of(o, x)); }, py::arg("other"));
+  cls.def(
+      "pow",
+      [](T x, py::object e) {
+        return py::isinstance<Tensor>(e) ? pow(x, e.cast<Tensor>()) : pow(x, e.cast<double>());
+      },
+      py::arg("exponent"));
+  cls.def("neg", [](T x) { return neg(x); });
+  cls.def("rsqrt", [](T x) { return rsqrt(x); });
+  cls.def(
+      "maximum", [](T x, T o) { return maximum(x, o); }, py::arg("other"));
+  cls.def(
+      "minimum", [](T x, T o) { return minimum(x, o); }, py::arg("other"));
+  for (const char* name : {"eq", "ne", "lt", "le", "gt", "ge"}) {
+    const std::string n = name;
+    cls.def(
+        name,
+        [n](T x, py::object o) {
+          const Tensor y = other_of(o, x);
+          return n == "eq"   ? eq(x, y)
+                 : n == "ne" ? ne(x, y)
+                 : n == "lt" ? lt(x, y)
+                 : n == "le" ? le(x, y)
+                 : n == "gt" ? gt(x, y)
+                             : ge(x, y);
+        },
+        py::arg("other"));
+  }
+  cls.def(
+      "where", [](T x, T cond, py::object o) { return where(cond, x, other_of(o, x)); },
+      py::arg("condition"), py::arg("other"));
+}
+
+}  // namespace tally::python

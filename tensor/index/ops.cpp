@@ -1,0 +1,347 @@
+// Raw ops of the index family: argument checks, output allocation and the dispatch into the
+// kernels of tensor/index/cpu.cpp and tensor/index/cuda.cu (their table: IndexKernels,
+// tensor/index/kernels.h).
+#include "tensor/index/ops.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "tensor/dispatch.h"
+#include "tensor/index/kernels.h"
+#include "tensor/op_alloc.h"
+
+namespace tally::ops {
+
+namespace {
+
+// index as int64 on x's device (int32 converted; anything else is an error naming the op).
+Tensor int64_index(const Tensor& index, const Tensor& x, const char* op) {
+  if (index.dtype() != DType::int64 && index.dtype() != DType::int32)
+    throw std::invalid_argument(fmt::format("{}: index must be int64 or int32, got {} {}", op,
+                                            dtype_name(index.dtype()), index.shape_string()));
+  check_same_device(op, x.device(), index.device());
+  return index.dtype() == DType::int64 ? index : to(index, DType::int64);
+}
+
+// A 0-D tensor as a 1-element 1-D view (gather/scatter treat 0-D operands as [1]).
+Tensor as_1d(const Tensor& t) {
+  return t.dim() == 0 ? as_strided(t, {1}, {1}, t.storage_offset()) : t;
+}
+
+// gather/scatter's shape rules: index has x's rank, index.size(d) <= other.size(d) for every
+// d != dim (and <= src.size(d) for every d when src is given).
+void check_index_shape(const char* op, const Tensor& x, const Tensor& index, int64_t dim,
+                       const Tensor* src) {
+  if (index.dim() != x.dim())
+    throw std::invalid_argument(fmt::format("{}: index {} must have the input's rank ({})", op,
+                                            index.shape_string(), x.shape_string()));
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    const auto u = static_cast<size_t>(d);
+    if (d != dim && index.sizes()[u] > x.sizes()[u])
+      throw std::invalid_argument(fmt::format("{}: index {} is larger than the input {} at dim {}",
+                                              op, index.shape_string(), x.shape_string(), d));
+    if (src && index.sizes()[u] > src->sizes()[u])
+      throw std::invalid_argument(fmt::format("{}: index {} is larger than src {} at dim {}", op,
+                                              index.shape_string(), src->shape_string(), d));
+  }
+}
+
+// A view of the 1-D `index` (stride s) with `shape`, varying only along dim (index_select's
+// and index_add's index as gather/scatter take it).
+Tensor index_along(const Tensor& index, const Shape& shape, int64_t dim) {
+  Shape strides(shape.size(), 0);
+  strides[static_cast<size_t>(dim)] = index.strides()[0];
+  return as_strided(index, shape, strides, index.storage_offset());
+}
+
+Tensor index_1d(const Tensor& index, const Tensor& x, const char* op) {
+  Tensor i = int64_index(index, x, op);
+  if (i.dim() > 1)
+    throw std::invalid_argument(
+        fmt::format("{}: index must be 0-D or 1-D, got {}", op, i.shape_string()));
+  return as_1d(i);
+}
+
+void scatter_into(const OpInfo& info, const Tensor& out, int64_t dim, const Tensor& index,
+                  const Tensor& src, bool add, double alpha) {
+  if (index.numel() == 0) return;
+  index_backends.get(info, out.device(), &IndexKernels::scatter)(out, src, index, dim, add, alpha);
+}
+
+Tensor scatter_impl(const OpInfo& info, const Tensor& x, int64_t dim, const Tensor& index,
+                    const Tensor& src, bool add) {
+  DispatchScope scope(info, x, index, src);
+  const Tensor x1 = as_1d(x), i1 = as_1d(int64_index(index, x, info.name));
+  const Tensor s1 = as_1d(src);
+  const int64_t d = wrap_dim(dim, x1.dim(), info.name);
+  check_same_device(info.name, x.device(), src.device());
+  if (src.dtype() != x.dtype())
+    throw std::invalid_argument(fmt::format("{}: src's dtype {} must be the input's ({})",
+                                            info.name, dtype_name(src.dtype()),
+                                            dtype_name(x.dtype())));
+  if (add && x.dtype() == DType::bool_)
+    throw std::invalid_argument(fmt::format("{}: bool tensors cannot be added", info.name));
+  check_index_shape(info.name, x1, i1, d, &s1);
+  Tensor out = clone(x);
+  scatter_into(info, as_1d(out), d, i1, s1, add, 1.0);
+  return out;
+}
+
+// The mask broadcast to `shape` and its inclusive running count (int64, contiguous).
+struct MaskPlan {
+  Tensor mask;
+  Tensor positions;
+  int64_t count = 0;
+};
+
+MaskPlan plan_mask(const char* op, const Tensor& mask, const Shape& shape, Device device,
+                   bool need_count) {
+  if (mask.dtype() != DType::bool_)
+    throw std::invalid_argument(
+        fmt::format("{}: mask must be bool, got {}", op, dtype_name(mask.dtype())));
+  check_same_device(op, device, mask.device());
+  if (need_count && device.type == DeviceType::meta)
+    throw std::invalid_argument(fmt::format(
+        "{}: the number of selected elements depends on the mask's values, which a meta "
+        "tensor does not have (mask {})",
+        op, mask.shape_string()));
+  MaskPlan p;
+  p.mask = expand(mask, shape);
+  const Tensor flat = reshape(to(p.mask, DType::int64), {shape_numel(shape)});
+  p.positions = cumsum(flat, 0);
+  if (need_count && flat.numel() > 0)
+    p.count = static_cast<int64_t>(item(select(p.positions, 0, flat.numel() - 1)));
+  return p;
+}
+
+}  // namespace
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  static const OpInfo info("gather");
+  DispatchScope scope(info, x, index);
+  const Tensor x1 = as_1d(x), i1 = as_1d(int64_index(index, x, info.name));
+  const int64_t d = wrap_dim(dim, x1.dim(), info.name);
+  check_index_shape(info.name, x1, i1, d, nullptr);
+  if (i1.numel() > 0 && x1.sizes()[static_cast<size_t>(d)] == 0)
+    throw std::out_of_range(
+        fmt::format("gather: index into dim {} of size 0 (input {})", d, x.shape_string()));
+  Tensor out = alloc_output(i1.sizes(), x.dtype(), x.device());
+  if (out.numel() > 0) index_backends.get(info, x.device(), &IndexKernels::gather)(out, x1, i1, d);
+  return index.dim() == 0 ? view(out, {}) : out;
+}
+
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  static const OpInfo info("scatter");
+  return scatter_impl(info, x, dim, index, src, false);
+}
+
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value) {
+  const Tensor v = full({}, value, x.dtype(), x.device());
+  return scatter(x, dim, index, expand(v, index.sizes()));
+}
+
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  static const OpInfo info("scatter_add");
+  return scatter_impl(info, x, dim, index, src, true);
+}
+
+void scatter_add_(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  static const OpInfo info("scatter_add_");
+  DispatchScope scope(info, x, index, src);
+  const Tensor x1 = as_1d(x), i1 = as_1d(int64_index(index, x, info.name)), s1 = as_1d(src);
+  const int64_t d = wrap_dim(dim, x1.dim(), info.name);
+  check_same_device(info.name, x.device(), src.device());
+  if (src.dtype() != x.dtype() || x.dtype() == DType::bool_)
+    throw std::invalid_argument(
+        fmt::format("scatter_add_: src's dtype {} must be the input's ({}), not bool",
+                    dtype_name(src.dtype()), dtype_name(x.dtype())));
+  check_index_shape(info.name, x1, i1, d, &s1);
+  scatter_into(info, x1, d, i1, s1, true, 1.0);
+  x.storage().bump_version();
+}
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  static const OpInfo info("index_select");
+  DispatchScope scope(info, x, index);
+  const Tensor x1 = as_1d(x), i1 = index_1d(index, x, info.name);
+  const int64_t d = wrap_dim(dim, x1.dim(), info.name);
+  Shape shape = x1.sizes();
+  shape[static_cast<size_t>(d)] = i1.numel();
+  if (i1.numel() > 0 && x1.sizes()[static_cast<size_t>(d)] == 0)
+    throw std::out_of_range(
+        fmt::format("index_select: index into dim {} of size 0 (input {})", d, x.shape_string()));
+  Tensor out = alloc_output(shape, x.dtype(), x.device());
+  if (out.numel() > 0)
+    index_backends.get(info, x.device(), &IndexKernels::gather)(out, x1, index_along(i1, shape, d),
+                                                                d);
+  return x.dim() == 0 ? view(out, {}) : out;
+}
+
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source,
+                 double alpha) {
+  static const OpInfo info("index_add");
+  DispatchScope scope(info, x, index, source);
+  const Tensor x1 = as_1d(x), i1 = index_1d(index, x, info.name), s1 = as_1d(source);
+  const int64_t d = wrap_dim(dim, x1.dim(), info.name);
+  check_same_device(info.name, x.device(), source.device());
+  if (source.dtype() != x.dtype() || x.dtype() == DType::bool_)
+    throw std::invalid_argument(
+        fmt::format("index_add: source's dtype {} must be the input's ({}), not bool",
+                    dtype_name(source.dtype()), dtype_name(x.dtype())));
+  Shape want = x1.sizes();
+  want[static_cast<size_t>(d)] = i1.numel();
+  if (s1.sizes() != want)
+    throw std::invalid_argument(fmt::format(
+        "index_add: source {} must be {} (the input {} with index's {} entries at dim {})",
+        source.shape_string(), shape_str(want), x.shape_string(), i1.numel(), d));
+  Tensor out = clone(x);
+  if (s1.numel() > 0)
+    index_backends.get(info, x.device(), &IndexKernels::scatter)(
+        as_1d(out), s1, index_along(i1, want, d), d, true, alpha);
+  return out;
+}
+
+Tensor cumsum(const Tensor& x, int64_t dim, bool reverse) {
+  static const OpInfo info("cumsum");
+  DispatchScope scope(info, x);
+  const Tensor x1 = as_1d(x);
+  const int64_t d = wrap_dim(dim, x1.dim(), info.name);
+  const DType dt = is_floating(x.dtype()) ? x.dtype() : DType::int64;
+  Tensor out = alloc_output(x1.sizes(), dt, x.device());
+  if (out.numel() > 0)
+    index_backends.get(info, x.device(), &IndexKernels::cumsum)(out, x1, d, reverse);
+  return x.dim() == 0 ? view(out, {}) : out;
+}
+
+ValuesIndices sort(const Tensor& x, int64_t dim, bool descending) {
+  static const OpInfo info("sort");
+  DispatchScope scope(info, x);
+  const Tensor x1 = as_1d(x);
+  const int64_t d = wrap_dim(dim, x1.dim(), info.name);
+  ValuesIndices r{alloc_output(x1.sizes(), x.dtype(), x.device()),
+                  alloc_output(x1.sizes(), DType::int64, x.device())};
+  if (x1.numel() > 0)
+    index_backends.get(info, x.device(), &IndexKernels::sort)(r.values, r.indices, x1, d,
+                                                              descending);
+  if (x.dim() == 0) r = {view(r.values, {}), view(r.indices, {})};
+  return r;
+}
+
+ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim, bool largest, bool sorted) {
+  static const OpInfo info("topk");
+  (void)sorted;  // always sorted: the order sort gives
+  DispatchScope scope(info, x);
+  const Tensor x1 = as_1d(x);
+  const int64_t d = wrap_dim(dim, x1.dim(), info.name);
+  const int64_t n = x1.sizes()[static_cast<size_t>(d)];
+  if (k < 0 || k > n)
+    throw std::out_of_range(fmt::format("topk: k ({}) is out of range for dim {} of size {} ({})",
+                                        k, d, n, x.shape_string()));
+  ValuesIndices s = sort(x1, d, largest);
+  if (k == n) return x.dim() == 0 ? ValuesIndices{view(s.values, {}), view(s.indices, {})} : s;
+  return {contiguous(narrow(s.values, d, 0, k)), contiguous(narrow(s.indices, d, 0, k))};
+}
+
+namespace {
+
+Tensor remap(const OpInfo& info, const Tensor& x, const std::vector<bool>& flip,
+             const std::vector<int64_t>& shift) {
+  if (x.dim() > 10)
+    throw std::invalid_argument(
+        fmt::format("{}: at most 10 dims, got {}", info.name, x.shape_string()));
+  Tensor out = alloc_output(x.sizes(), x.dtype(), x.device());
+  if (out.numel() > 0)
+    index_backends.get(info, x.device(), &IndexKernels::remap)(out, x, flip, shift);
+  return out;
+}
+
+}  // namespace
+
+Tensor flip(const Tensor& x, const Shape& dims) {
+  static const OpInfo info("flip");
+  DispatchScope scope(info, x);
+  std::vector<bool> f(static_cast<size_t>(x.dim()), false);
+  for (int64_t d : dims) {
+    const auto w = static_cast<size_t>(wrap_dim(d, x.dim(), info.name));
+    if (f[w])
+      throw std::invalid_argument(
+          fmt::format("flip: dim {} appears multiple times in dims {}", w, shape_str(dims)));
+    f[w] = true;
+  }
+  return remap(info, x, f, std::vector<int64_t>(f.size(), 0));
+}
+
+Tensor roll(const Tensor& x, const Shape& shifts, const Shape& dims) {
+  static const OpInfo info("roll");
+  DispatchScope scope(info, x);
+  if (dims.empty()) {
+    if (shifts.size() != 1)
+      throw std::invalid_argument(
+          fmt::format("roll: without dims, shifts must hold one value, got {}", shape_str(shifts)));
+    const Tensor flat = reshape(x, {x.numel()});
+    return view(roll(flat, shifts, {0}), x.sizes());
+  }
+  if (shifts.size() != dims.size())
+    throw std::invalid_argument(fmt::format("roll: shifts {} and dims {} must have one length",
+                                            shape_str(shifts), shape_str(dims)));
+  std::vector<int64_t> s(static_cast<size_t>(x.dim()), 0);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const auto w = static_cast<size_t>(wrap_dim(dims[i], x.dim(), info.name));
+    const int64_t n = x.sizes()[w];
+    if (n > 0) s[w] = (((s[w] + shifts[i]) % n) + n) % n;
+  }
+  return remap(info, x, std::vector<bool>(s.size(), false), s);
+}
+
+Tensor masked_select(const Tensor& x, const Tensor& mask) {
+  static const OpInfo info("masked_select");
+  DispatchScope scope(info, x, mask);
+  const Shape shape = broadcast_shapes(x.sizes(), mask.sizes(), info.name);
+  MaskPlan p = plan_mask(info.name, mask, shape, x.device(), true);
+  Tensor out = alloc_output({p.count}, x.dtype(), x.device());
+  if (p.count > 0)
+    index_backends.get(info, x.device(), &IndexKernels::masked_select)(out, expand(x, shape),
+                                                                       p.mask, p.positions);
+  return out;
+}
+
+void masked_scatter_(const Tensor& x, const Tensor& mask, const Tensor& source) {
+  static const OpInfo info("masked_scatter_");
+  DispatchScope scope(info, x, mask, source);
+  check_same_device(info.name, x.device(), source.device());
+  if (source.dtype() != x.dtype())
+    throw std::invalid_argument(fmt::format("masked_scatter_: source's dtype {} must be x's ({})",
+                                            dtype_name(source.dtype()), dtype_name(x.dtype())));
+  if (broadcast_shapes(x.sizes(), mask.sizes(), info.name) != x.sizes())
+    throw std::invalid_argument(fmt::format("masked_scatter_: mask {} must broadcast to x {}",
+                                            mask.shape_string(), x.shape_string()));
+  // A meta x has no mask values to count: the check and the kernel need none there.
+  const bool meta = x.device().type == DeviceType::meta;
+  MaskPlan p = plan_mask(info.name, mask, x.sizes(), x.device(), !meta);
+  if (meta) return;
+  if (source.numel() < p.count)
+    throw std::invalid_argument(
+        fmt::format("masked_scatter_: source {} has fewer elements than mask's {} true entries",
+                    source.shape_string(), p.count));
+  if (p.count == 0) return;
+  const Tensor src = reshape(source, {source.numel()});
+  index_backends.get(info, x.device(), &IndexKernels::masked_scatter)(x, src, p.mask, p.positions);
+  x.storage().bump_version();
+}
+
+void masked_fill_(const Tensor& x, const Tensor& mask, double value) {
+  static const OpInfo info("masked_fill_");
+  DispatchScope scope(info, x, mask);
+  if (broadcast_shapes(x.sizes(), mask.sizes(), info.name) != x.sizes())
+    throw std::invalid_argument(fmt::format("masked_fill_: mask {} must broadcast to x {}",
+                                            mask.shape_string(), x.shape_string()));
+  MaskPlan p = plan_mask(info.name, mask, x.sizes(), x.device(), false);
+  if (x.numel() == 0) return;
+  const Tensor v = full({1}, value, x.dtype(), x.device());
+  index_backends.get(info, x.device(), &IndexKernels::masked_scatter)(x, as_strided(v, {1}, {0}, 0),
+                                                                      p.mask, p.positions);
+  x.storage().bump_version();
+}
+
+}  // namespace tally::ops

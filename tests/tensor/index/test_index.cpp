@@ -1,0 +1,268 @@
+// Index family and the composed ops: gather/scatter/scatter_add, index_select/index_add,
+// cumsum, sort/topk, flip/roll, masked_select and the in-place mask writes, tril/triu,
+// repeat, pad, one_hot, norm and einsum. One file for every device (tests/testing/devices.h):
+// the OnDevice suite Index runs on the CPU (test_index) and on CUDA device 0
+// (test_index_cuda): hand-computed values, float64 gradient checks and errors. The VsCpu
+// suite IndexVsCpu runs on CUDA only: each kernel against the CPU reference over dtypes and
+// non-contiguous layouts.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "testing/cuda_testing.h"
+#include "testing/devices.h"
+
+namespace tally {
+namespace {
+
+using namespace testing;
+
+class Index : public OnDevice {
+ protected:
+  Tensor i64(const std::vector<double>& v, const Shape& s) const {
+    return put(from_vector(v, s, TensorOptions{}.with_dtype(DType::int64)));
+  }
+  Tensor f(const std::vector<double>& v, const Shape& s) const { return put(from_vector(v, s)); }
+};
+TALLY_ON_DEVICES(Index);
+
+TEST_P(Index, GatherScatter) {
+  const Tensor x = f({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor idx = i64({2, 0, 1, 1}, {2, 2});
+  EXPECT_TRUE(values_near(gather(x, 1, idx), {3, 1, 5, 5}));
+  EXPECT_TRUE(values_near(gather(x, 0, i64({1, 0, 1}, {1, 3})), {4, 2, 6}));
+  EXPECT_TRUE(values_near(gather(x, 1, i64({-1}, {1, 1})), {3}));  // negative counts from the end
+  const Tensor src = f({10, 20, 30, 40}, {2, 2});
+  EXPECT_TRUE(values_near(scatter(x, 1, i64({2, 0, 1, 0}, {2, 2}), src), {20, 2, 10, 40, 30, 6}));
+  EXPECT_TRUE(values_near(scatter(x, 1, i64({2, 0}, {2, 1}), 0.0), {1, 2, 0, 0, 5, 6}));
+  EXPECT_TRUE(values_near(scatter_add(x, 1, i64({0, 0, 2, 2}, {2, 2}), src), {31, 2, 3, 4, 5, 76}));
+  EXPECT_TRUE(values_near(index_select(x, 1, i64({2, 0, 2}, {3})), {3, 1, 3, 6, 4, 6}));
+  EXPECT_TRUE(values_near(index_select(x, 0, i64({1}, {1})), {4, 5, 6}));
+  EXPECT_TRUE(values_near(index_add(x, 0, i64({1, 1}, {2}), f({1, 1, 1, 2, 2, 2}, {2, 3}), 2.0),
+                          {1, 2, 3, 10, 11, 12}));
+}
+
+TEST_P(Index, GatherScatterGradients) {
+  const Tensor idx = i64({2, 0, 1, 1, 0, 0}, {2, 3});
+  EXPECT_TRUE(gradcheck_on(dev(), [&](const TensorList& in) { return gather(in[0], 1, idx); },
+                           {rand_input({2, 4})}));
+  const Tensor uniq = i64({2, 0, 1, 1, 0, 2}, {2, 3});  // no duplicates along dim 1
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [&](const TensorList& in) { return scatter(in[0], 1, uniq, in[1]); },
+                           {rand_input({2, 4}), rand_input({2, 3}, -1, 1, 2)}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [&](const TensorList& in) { return scatter_add(in[0], 1, idx, in[1]); },
+                           {rand_input({2, 4}), rand_input({2, 4}, -1, 1, 3)}));
+  const Tensor rows = i64({2, 0, 2}, {3});
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [&](const TensorList& in) { return index_select(in[0], 0, rows); },
+                           {rand_input_noncontig({3, 2})}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& in) { return index_add(in[0], 1, rows, in[1], -0.5); },
+      {rand_input({2, 3}), rand_input({2, 3}, -1, 1, 4)}));
+}
+
+TEST_P(Index, CumsumSortTopk) {
+  const Tensor x = f({3, 1, 2, 1, 5, 4}, {2, 3});
+  EXPECT_TRUE(values_near(cumsum(x, 1), {3, 4, 6, 1, 6, 10}));
+  EXPECT_TRUE(values_near(cumsum(x, 0), {3, 1, 2, 4, 6, 6}));
+  const Tensor ints = i64({1, 2, 3}, {3});
+  EXPECT_EQ(cumsum(ints, 0).dtype(), DType::int64);
+  EXPECT_TRUE(values_near(cumsum(ints, 0), {1, 3, 6}));
+  auto [v, i] = sort(x, 1);
+  EXPECT_TRUE(values_near(v, {1, 2, 3, 1, 4, 5}));
+  EXPECT_TRUE(values_near(i, {1, 2, 0, 0, 2, 1}));
+  auto [vd, id] = sort(f({1, NAN, 2, 1}, {4}), 0, true);
+  EXPECT_TRUE(std::isnan(ops::to_vector(vd)[0]));
+  EXPECT_TRUE(values_near(id, {1, 2, 0, 3}));  // NaN largest; ties keep their order
+  auto [tv, ti] = topk(x, 2, 1);
+  EXPECT_TRUE(values_near(tv, {3, 2, 5, 4}));
+  EXPECT_TRUE(values_near(ti, {0, 2, 1, 2}));
+  auto [bv, bi] = topk(x, 1, 0, /*largest=*/false);
+  EXPECT_TRUE(values_near(bv, {1, 1, 2}));
+  EXPECT_TRUE(values_near(bi, {1, 0, 0}));
+  EXPECT_TRUE(gradcheck_on(dev(), [](const TensorList& in) { return cumsum(in[0], 1); },
+                           {rand_input_noncontig({3, 4})}));
+  EXPECT_TRUE(gradcheck_on(dev(), [](const TensorList& in) { return sort(in[0], 0, true).values; },
+                           {rand_input({5, 2})}));
+  EXPECT_TRUE(gradcheck_on(dev(), [](const TensorList& in) { return topk(in[0], 2, -1).values; },
+                           {rand_input({3, 4})}));
+  EXPECT_THROW(topk(x, 4, 1), std::out_of_range);
+}
+
+TEST_P(Index, FlipRollMasks) {
+  const Tensor x = f({1, 2, 3, 4, 5, 6}, {2, 3});
+  EXPECT_TRUE(values_near(flip(x, {1}), {3, 2, 1, 6, 5, 4}));
+  EXPECT_TRUE(values_near(flip(x, {0, 1}), {6, 5, 4, 3, 2, 1}));
+  EXPECT_TRUE(values_near(flip(x.t(), {0}), {3, 6, 2, 5, 1, 4}));
+  EXPECT_TRUE(values_near(roll(x, {1}, {1}), {3, 1, 2, 6, 4, 5}));
+  EXPECT_TRUE(values_near(roll(x, {-1, 1}, {0, 1}), {6, 4, 5, 3, 1, 2}));
+  EXPECT_TRUE(values_near(roll(x, {2}), {5, 6, 1, 2, 3, 4}));
+  const Tensor mask = ops::binary_scalar(ops::BinaryOp::gt, x, 2.5);
+  EXPECT_TRUE(values_near(masked_select(x, mask), {3, 4, 5, 6}));
+  const Tensor row = put(from_vector({1, 0, 1}, {3}, TensorOptions{}.with_dtype(DType::bool_)));
+  EXPECT_TRUE(values_near(masked_select(x, row), {1, 3, 4, 6}));  // mask broadcast
+  Tensor y = ops::clone(x);
+  masked_fill_(y, row, -1);
+  EXPECT_TRUE(values_near(y, {-1, 2, -1, -1, 5, -1}));
+  masked_scatter_(y, mask, f({7, 8, 9, 10, 11}, {5}));
+  EXPECT_TRUE(values_near(y, {-1, 2, 7, 8, 9, 10}));
+  EXPECT_THROW(masked_scatter_(y, mask, f({1}, {1})), std::invalid_argument);
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& in) {
+                             return flip(in[0], {0, 1});
+                           },
+                           {rand_input_noncontig({3, 2})}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& in) {
+                             return roll(in[0], {1, -3}, {0, 1});
+                           },
+                           {rand_input({3, 4})}));
+  EXPECT_TRUE(gradcheck_on(dev(), [&](const TensorList& in) { return masked_select(in[0], row); },
+                           {rand_input({2, 3})}));
+}
+
+TEST_P(Index, ComposedShapeOps) {
+  const Tensor x = f({1, 2, 3, 4, 5, 6, 7, 8, 9}, {3, 3});
+  EXPECT_TRUE(values_near(tril(x), {1, 0, 0, 4, 5, 0, 7, 8, 9}));
+  EXPECT_TRUE(values_near(triu(x, 1), {0, 2, 3, 0, 0, 6, 0, 0, 0}));
+  EXPECT_TRUE(values_near(tril(x, -1), {0, 0, 0, 4, 0, 0, 7, 8, 0}));
+  const Tensor r = repeat(f({1, 2}, {2}), {2, 2});
+  EXPECT_EQ(r.sizes(), (Shape{2, 4}));
+  EXPECT_TRUE(values_near(r, {1, 2, 1, 2, 1, 2, 1, 2}));
+  const Tensor p = pad(f({1, 2, 3, 4}, {2, 2}), {1, 0, 0, 1}, "constant", 9);
+  EXPECT_EQ(p.sizes(), (Shape{3, 3}));
+  EXPECT_TRUE(values_near(p, {9, 1, 2, 9, 3, 4, 9, 9, 9}));
+  EXPECT_TRUE(values_near(pad(f({1, 2, 3}, {1, 3}), {2, 1}, "reflect"), {3, 2, 1, 2, 3, 2}));
+  EXPECT_TRUE(values_near(pad(f({1, 2, 3}, {1, 3}), {-1, 1}), {2, 3, 0}));
+  const Tensor oh = one_hot(i64({0, 2, 1}, {3}), 4);
+  EXPECT_EQ(oh.dtype(), DType::int64);
+  EXPECT_TRUE(values_near(oh, {1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0}));
+  EXPECT_EQ(one_hot(i64({0, 2}, {2})).sizes(), (Shape{2, 3}));
+  EXPECT_TRUE(gradcheck_on(dev(), [](const TensorList& in) { return tril(in[0], 1); },
+                           {rand_input({2, 3, 4})}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& in) {
+                             return repeat(in[0], {2, 1, 3});
+                           },
+                           {rand_input({2, 2})}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& in) {
+                             return pad(in[0], {1, 2, -1, 1});
+                           },
+                           {rand_input({3, 4})}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& in) {
+                             return pad(in[0], {2, 1}, "reflect");
+                           },
+                           {rand_input({2, 4})}));
+  EXPECT_THROW(pad(x, {3, 0}, "reflect"), std::invalid_argument);
+  EXPECT_THROW(repeat(x, {int64_t{1} << 62, 4}), std::overflow_error);  // sizes checked
+}
+
+TEST_P(Index, NormEinsum) {
+  const Tensor x = f({3, -4, 0, 0}, {2, 2});
+  EXPECT_TRUE(values_near(norm(x), {5}));
+  EXPECT_TRUE(values_near(norm(x, 1, {1}), {7, 0}));
+  EXPECT_TRUE(values_near(norm(x, INFINITY), {4}));
+  EXPECT_TRUE(values_near(norm(x, 3, {1}, true), {std::cbrt(91.0), 0}, 1e-5));
+  // The gradient at a zero norm is 0, not NaN.
+  EXPECT_TRUE(gradcheck_on(dev(), [](const TensorList& in) { return norm(in[0], 2, {1}); },
+                           {rand_input({3, 4})}));
+  EXPECT_TRUE(gradcheck_on(dev(), [](const TensorList& in) { return norm(in[0], 3); },
+                           {rand_input({3, 4})}));
+  Tensor z = put(ops::zeros({2}, DType::float64));
+  z.requires_grad_(true);
+  norm(z).backward();
+  EXPECT_TRUE(values_near(z.grad(), {0, 0}));
+
+  const Tensor a = f({1, 2, 3, 4, 5, 6}, {2, 3}), b = f({1, 0, 0, 1, 1, 1}, {3, 2});
+  EXPECT_TRUE(values_near(einsum("ij,jk->ik", {a, b}), {4, 5, 10, 11}));
+  EXPECT_TRUE(values_near(einsum("ij->ji", {a}), {1, 4, 2, 5, 3, 6}));
+  EXPECT_TRUE(values_near(einsum("ij->", {a}), {21}));
+  EXPECT_TRUE(values_near(einsum("ij,ij->i", {a, a}), {14, 77}));
+  EXPECT_TRUE(values_near(einsum("i,j", {f({1, 2}, {2}), f({3, 4}, {2})}), {3, 4, 6, 8}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& in) {
+                             return einsum("bij,bkj->bki", {in[0], in[1]});
+                           },
+                           {rand_input({2, 3, 4}), rand_input({2, 2, 4}, -1, 1, 5)}));
+  try {
+    einsum("ii->i", {x});
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("einsum('ii->i')"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------- the CUDA kernels vs the CPU
+
+class IndexVsCpu : public VsCpu {};
+TALLY_VS_CPU(IndexVsCpu);
+
+TEST_P(IndexVsCpu, KernelsMatchTheCpu) {
+  // Integer cumsum and sort too (exact).
+  const Tensor ints = ops::randint(-5, 5, {6, 300}, DType::int64, kCpu);
+  EXPECT_TRUE(close_pointwise(ops::cumsum(to_gpu(ints), 1), ops::cumsum(ints, 1), 0.0));
+  EXPECT_TRUE(close_pointwise(ops::sort(to_gpu(ints), 1).indices, ops::sort(ints, 1).indices, 0.0));
+  for (DType d : {DType::float32, DType::float64, DType::float16, DType::bfloat16}) {
+    for (bool nc : {false, true}) {
+      const std::string what = std::string(dtype_name(d)) + (nc ? " noncontig" : "");
+      const Pair x = both({37, 29}, d, 7, nc);
+      const Tensor ic = ops::randint(0, 29, {37, 40}, DType::int64, kCpu);
+      const Tensor ig = to_gpu(ic);
+      EXPECT_TRUE(close_pointwise(ops::gather(x.gpu, 1, ig), ops::gather(x.cpu, 1, ic), 0.0))
+          << what;
+      const Tensor rc = ops::randint(0, 37, {50}, DType::int64, kCpu);
+      EXPECT_TRUE(close_pointwise(ops::index_select(x.gpu, 0, to_gpu(rc)),
+                                  ops::index_select(x.cpu, 0, rc), 0.0))
+          << what;
+      const Pair s = both({37, 40}, d, 8);
+      const Tensor perm = ops::sort(ops::rand({37, 29}, DType::float32, kCpu), 1).indices;
+      const Tensor pc = ops::contiguous(ops::narrow(perm, 1, 0, 20));
+      const Tensor sc = ops::contiguous(ops::narrow(s.cpu, 1, 0, 20));
+      EXPECT_TRUE(close_pointwise(ops::scatter(x.gpu, 1, to_gpu(pc), to_gpu(sc)),
+                                  ops::scatter(x.cpu, 1, pc, sc), 0.0))
+          << what;
+      const double tol = pointwise_tol(d) * 10;
+      EXPECT_TRUE(close_pointwise(ops::scatter_add(x.gpu, 1, ig, s.gpu),
+                                  ops::scatter_add(x.cpu, 1, ic, s.cpu), tol))
+          << what;
+      const Pair src = both({50, 29}, d, 9);
+      EXPECT_TRUE(close_pointwise(ops::index_add(x.gpu, 0, to_gpu(rc), src.gpu, 0.5),
+                                  ops::index_add(x.cpu, 0, rc, src.cpu, 0.5), tol))
+          << what;
+      EXPECT_TRUE(close_pointwise(ops::cumsum(x.gpu, 0), ops::cumsum(x.cpu, 0), 0.0)) << what;
+      EXPECT_TRUE(close_pointwise(ops::cumsum(x.gpu, 1, true), ops::cumsum(x.cpu, 1, true), 0.0))
+          << what;
+      for (bool desc : {false, true}) {
+        const ValuesIndices g = ops::sort(x.gpu, 1, desc), c = ops::sort(x.cpu, 1, desc);
+        EXPECT_TRUE(close_pointwise(g.values, c.values, 0.0)) << what;
+        EXPECT_TRUE(close_pointwise(g.indices, c.indices, 0.0)) << what;
+      }
+      EXPECT_TRUE(
+          close_pointwise(ops::topk(x.gpu, 5, 0).values, ops::topk(x.cpu, 5, 0).values, 0.0))
+          << what;
+      EXPECT_TRUE(close_pointwise(ops::flip(x.gpu, {0, 1}), ops::flip(x.cpu, {0, 1}), 0.0)) << what;
+      EXPECT_TRUE(close_pointwise(ops::roll(x.gpu, {3, -30}, {0, 1}),
+                                  ops::roll(x.cpu, {3, -30}, {0, 1}), 0.0))
+          << what;
+      const Tensor mc = ops::binary_scalar(ops::BinaryOp::gt, x.cpu, 0.0);
+      const Tensor mg = to_gpu(mc);
+      EXPECT_TRUE(
+          close_pointwise(ops::masked_select(x.gpu, mg), ops::masked_select(x.cpu, mc), 0.0))
+          << what;
+      Tensor yc = ops::clone(x.cpu), yg = ops::clone(x.gpu);
+      ops::masked_fill_(yc, mc, 3.0);
+      ops::masked_fill_(yg, mg, 3.0);
+      EXPECT_TRUE(close_pointwise(yg, yc, 0.0)) << what;
+      const Pair many = both({37 * 29}, d, 10);
+      ops::masked_scatter_(yc, ops::binary_scalar(ops::BinaryOp::lt, x.cpu, 0.0), many.cpu);
+      ops::masked_scatter_(yg, ops::binary_scalar(ops::BinaryOp::lt, x.gpu, 0.0), many.gpu);
+      EXPECT_TRUE(close_pointwise(yg, yc, 0.0)) << what;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tally
