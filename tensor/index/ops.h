@@ -4,7 +4,7 @@
 // converted); negative indices count from the end, as in PyTorch.
 #pragma once
 
-#include "tensor/ops.h"
+#include "tensor/elementwise/ops.h"
 #include "tensor/reduce/ops.h"
 
 namespace tally::ops {
