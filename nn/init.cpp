@@ -88,4 +88,50 @@ void kaiming_normal_(const Tensor& t, double a, const std::string& mode, const s
   normal_(t, 0.0, kaiming_std(t, a, mode, nl), gen);
 }
 
+static double xavier_std(const Tensor& t, double gain) {
+  auto [fan_in, fan_out] = calculate_fan_in_and_fan_out(t);
+  if (fan_in + fan_out == 0)
+    throw std::invalid_argument(
+        fmt::format("init: xavier initialisation of a zero-element tensor {}", t.shape_string()));
+  return gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out));
+}
+
+void xavier_uniform_(const Tensor& t, double gain, Generator* gen) {
+  const double a = std::sqrt(3.0) * xavier_std(t, gain);
+  uniform_(t, -a, a, gen);
+}
+
+void xavier_normal_(const Tensor& t, double gain, Generator* gen) {
+  normal_(t, 0.0, xavier_std(t, gain), gen);
+}
+
+void trunc_normal_(const Tensor& t, double mean, double std, double a, double b, Generator* gen) {
+  if (!(a < b) || !(std > 0.0))
+    throw std::invalid_argument(
+        fmt::format("trunc_normal_: needs a < b and std > 0, got a={}, b={}, std={}", a, b, std));
+  const double lo = (a - mean) / std, hi = (b - mean) / std;
+  // The chance one draw lands in [lo, hi]; below ~1e-6 the redraws would not end.
+  const double p_in = 0.5 * (std::erf(hi / std::sqrt(2.0)) - std::erf(lo / std::sqrt(2.0)));
+  if (p_in < 1e-6)
+    throw std::invalid_argument(fmt::format(
+        "trunc_normal_: [{}, {}] lies too far in the tail of N({}, {}^2) (probability {:.3g})", a,
+        b, mean, std, p_in));
+  NoGradGuard ng;
+  memory::CategoryScope cat(memory::Category::temporary);
+  // Out of range: |r - mid| > half, the interval's centre and half width.
+  const double mid = 0.5 * (lo + hi), half = 0.5 * (hi - lo);
+  const Tensor half_t = ops::full({}, half, DType::float32, t.device());
+  Tensor r = ops::randn(t.sizes(), DType::float32, t.device(), gen);
+  // Each round redraws every element and keeps the new value only where the old was out of
+  // range; the expected number of rounds grows as log(numel) / -log(1 - p_in).
+  for (int round = 0; t.device().type != DeviceType::meta; ++round) {
+    const Tensor out = ops::binary(
+        ops::BinaryOp::gt, ops::unary(ops::UnaryOp::abs, ops::affine(r, 1.0, -mid)), half_t);
+    if (ops::item(ops::sum(ops::to(out, DType::float32))) == 0.0) break;
+    if (round > 100000) throw std::runtime_error("trunc_normal_: redraws did not converge");
+    r = ops::where(out, ops::randn(t.sizes(), DType::float32, t.device(), gen), r);
+  }
+  ops::copy_(t, ops::affine(r, std, mean));
+}
+
 }  // namespace tally::nn::init
