@@ -8,6 +8,7 @@
 #include "nn/functional.h"
 #include "nn/init.h"
 #include "nn/layers.h"
+#include "tensor/conv/transpose.h"
 
 namespace tally::nn {
 

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "base/checked.h"
 
@@ -66,7 +67,9 @@ Tensor difference(const char* op, const Tensor& input, const Tensor& target) {
   if (input.device() != target.device())
     throw std::invalid_argument(fmt::format("{}: input {} and target {} are on different devices",
                                             op, input.shape_string(), target.shape_string()));
-  return sub(input, target);
+  // Under autocast these losses run in float32, as PyTorch's autocast lists them.
+  const auto [in, tg] = autocast::fp32(op, input, target);
+  return sub(in, tg);
 }
 }  // namespace
 
@@ -104,10 +107,11 @@ Tensor huber_loss(const Tensor& input, const Tensor& target, const std::string& 
   return reduce_loss(loss, reduction, "huber_loss");
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+Tensor binary_cross_entropy_with_logits(const Tensor& input_, const Tensor& target_,
                                         const Tensor& weight, const std::string& reduction,
                                         const Tensor& pos_weight) {
   constexpr const char* op = "binary_cross_entropy_with_logits";
+  const auto [input, target] = autocast::fp32(op, input_, target_);
   check_reduction(reduction, op);
   check_floating(op, input, "input");
   check_floating(op, target, "target");
@@ -134,8 +138,9 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   return reduce_loss(loss, reduction, op);
 }
 
-Tensor kl_div(const Tensor& input, const Tensor& target, const std::string& reduction,
+Tensor kl_div(const Tensor& input_, const Tensor& target_, const std::string& reduction,
               bool log_target) {
+  const auto [input, target] = autocast::fp32("kl_div", input_, target_);
   check_reduction(reduction, "kl_div", /*batchmean=*/true);
   check_floating("kl_div", input, "input");
   check_floating("kl_div", target, "target");
@@ -155,8 +160,9 @@ Tensor kl_div(const Tensor& input, const Tensor& target, const std::string& redu
   return reduce_loss(loss, reduction, "kl_div");
 }
 
-Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias,
+Tensor group_norm(const Tensor& x_, int64_t num_groups, const Tensor& weight_, const Tensor& bias_,
                   double eps) {
+  const auto [x, weight, bias] = autocast::fp32("group_norm", x_, weight_, bias_);
   if (x.dim() < 2)
     throw std::invalid_argument(fmt::format(
         "group_norm: expected an input of at least 2 dims [N, C, *], got {}", x.shape_string()));

@@ -226,10 +226,13 @@ Tensor RMSNorm::forward(const Tensor& x) {
 }
 
 std::string RMSNorm::extra_repr() const {
-  std::string s =
-      fmt::format("{}, eps={}, elementwise_affine={}", shape_str(normalized_shape),
-                  eps ? fmt::format("{}", *eps) : "None", weight.defined() ? "True" : "False");
-  return s;
+  // PyTorch's tuple: (5,) or (2, 3).
+  std::string shape = "(";
+  for (size_t i = 0; i < normalized_shape.size(); ++i)
+    shape += (i ? ", " : "") + std::to_string(normalized_shape[i]);
+  shape += normalized_shape.size() == 1 ? ",)" : ")";
+  return fmt::format("{}, eps={}, elementwise_affine={}", shape,
+                     eps ? fmt::format("{}", *eps) : "None", weight.defined() ? "True" : "False");
 }
 
 }  // namespace tally::nn

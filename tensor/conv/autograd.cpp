@@ -4,6 +4,7 @@
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "memory/context.h"
+#include "tensor/conv/transpose.h"
 
 namespace tally {
 

@@ -14,12 +14,4 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
               Int2 stride = {1, 1}, Int2 padding = {0, 0}, Int2 dilation = {1, 1},
               int64_t groups = 1, CallSite site = CallSite::current());
 
-// PyTorch's conv_transpose2d (see ops::conv_transpose2d): weight [C, O / groups, kH, kW].
-// Its backward is conv2d (input) and conv2d's weight gradient with the roles of gradient and
-// input exchanged; it saves what conv2d saves.
-Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
-                        Int2 stride = {1, 1}, Int2 padding = {0, 0}, Int2 output_padding = {0, 0},
-                        int64_t groups = 1, Int2 dilation = {1, 1},
-                        CallSite site = CallSite::current());
-
 }  // namespace tally

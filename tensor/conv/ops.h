@@ -45,15 +45,6 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
                               const Shape& weight_sizes, Int2 stride, Int2 padding, Int2 dilation,
                               int64_t groups);
 
-// PyTorch's conv_transpose2d: the adjoint of conv2d (its backward-data) with weight
-// [C, O / groups, kH, kW] read as a conv2d weight from O channels to C. input [N, C, H, W]
-// or [C, H, W]; output [N, O, OH, OW] with
-//   OH = (H - 1) * stride.h - 2 * padding.h + dilation.h * (kH - 1) + output_padding.h + 1.
-// output_padding must be smaller than the stride.
-Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
-                        Int2 stride = {1, 1}, Int2 padding = {0, 0}, Int2 output_padding = {0, 0},
-                        int64_t groups = 1, Int2 dilation = {1, 1});
-
 // The geometry every conv2d kernel (CPU, CUDA) receives.
 struct Conv2dParams {
   Int2 stride{1, 1}, padding{0, 0}, dilation{1, 1};
