@@ -60,6 +60,7 @@ PYBIND11_MODULE(_C, m) {
   bind_tensor(m);
   bind_functional(m, functional);
   bind_nn(m, nn);
+  bind_layers(m, nn, functional);
   bind_data(m);
   bind_optim(m, optim, amp);
   bind_memory(m, memory);
