@@ -256,7 +256,12 @@ Tensor interpolate(const Tensor& x, std::optional<std::array<int64_t, 2>> size,
       if (!(s > 0.0) || !std::isfinite(s))
         throw std::invalid_argument(
             fmt::format("interpolate: scale_factor must be positive and finite, got {}", s));
-      out[k] = static_cast<int64_t>(std::floor(static_cast<double>(in[k]) * s));
+      const double scaled = std::floor(static_cast<double>(in[k]) * s);
+      if (scaled >= 9.2e18)
+        throw std::invalid_argument(
+            fmt::format("interpolate: scale_factor {} makes the output of input {} too large", s,
+                        x.shape_string()));
+      out[k] = static_cast<int64_t>(scaled);
     }
     if (out[k] <= 0 || in[k] <= 0)
       throw std::invalid_argument(

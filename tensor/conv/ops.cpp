@@ -249,7 +249,11 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
         fmt::format("conv_transpose2d: output_padding {} must be smaller than stride {}",
                     output_padding.str(), stride.str()));
   auto out_size = [](int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, int64_t op) {
-    return (in - 1) * s - 2 * p + d * (k - 1) + op + 1;
+    constexpr const char* what = "conv_transpose2d output size";
+    const int64_t grown =
+        base::checked_add(base::checked_mul(in - 1, s, what),
+                          base::checked_add(base::checked_mul(d, k - 1, what), op + 1, what), what);
+    return grown - base::checked_mul(p, int64_t{2}, what);
   };
   const int64_t oh =
       out_size(in4[2], weight.size(2), stride.h, padding.h, dilation.h, output_padding.h);
