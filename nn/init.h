@@ -26,4 +26,14 @@ void kaiming_uniform_(const Tensor& t, double a = 0.0, const std::string& mode =
 void kaiming_normal_(const Tensor& t, double a = 0.0, const std::string& mode = "fan_in",
                      const std::string& nonlinearity = "leaky_relu", Generator* gen = nullptr);
 
+// U(-a, a) with a = gain * sqrt(6 / (fan_in + fan_out)).
+void xavier_uniform_(const Tensor& t, double gain = 1.0, Generator* gen = nullptr);
+// N(0, std^2) with std = gain * sqrt(2 / (fan_in + fan_out)).
+void xavier_normal_(const Tensor& t, double gain = 1.0, Generator* gen = nullptr);
+// N(mean, std^2) conditioned on [a, b] (a < b): out-of-range draws are drawn again, on the
+// tensor's device, until none is left, so the values follow the truncated law exactly. [a, b]
+// must hold at least 5% of N(mean, std^2) (std::invalid_argument otherwise).
+void trunc_normal_(const Tensor& t, double mean = 0.0, double std = 1.0, double a = -2.0,
+                   double b = 2.0, Generator* gen = nullptr);
+
 }  // namespace tally::nn::init

@@ -345,6 +345,12 @@ Module& Module::to(Device device, DType dtype, CallSite site) {
   return to(dtype);
 }
 
+Module& Module::apply(const std::function<void(Module&)>& fn) {
+  for (auto& [name, child] : children_) child->apply(fn);
+  fn(*this);
+  return *this;
+}
+
 void Module::zero_grad(bool set_to_none) {
   NoGradGuard ng;
   for (const Tensor& p : parameters()) {

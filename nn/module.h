@@ -167,6 +167,9 @@ class Module {
   // state (the optimizer's state keeps the layout its parameters had then).
   Module& to(MemoryFormat f, CallSite site = CallSite::current());
   void zero_grad(bool set_to_none = true);
+  // torch.nn.Module.apply: fn on every submodule, children first (depth-first, registration
+  // order), then on this module; returns this module. Typical use: a custom initialisation.
+  Module& apply(const std::function<void(Module&)>& fn);
 
   // ---- state dict ----
   // Parameters and buffers, every name (tied weights under each of their names), detached

@@ -1,5 +1,5 @@
-// Normalisation layers (torch.nn.BatchNorm2d, torch.nn.LayerNorm): weight ones, bias
-// zeros; BatchNorm2d's buffers running_mean (zeros), running_var (ones) and
+// Normalisation layers (torch.nn.BatchNorm2d, BatchNorm1d, LayerNorm, GroupNorm, RMSNorm):
+// weight ones, bias zeros; the batch norms' buffers running_mean (zeros), running_var (ones) and
 // num_batches_tracked (int64, 0-D), allocated under Category::parameter like the weights.
 #pragma once
 
@@ -54,6 +54,57 @@ class LayerNorm : public Module {
   // (PyTorch's LayerNorm returns float32 under autocast); GPT's blocks set it for ln_1 and
   // ln_2, whose outputs feed only their Linears.
   bool autocast_output = false;
+};
+
+// BatchNorm2d's rules over [N, C] or [N, C, L] (the BatchNorm2d kernels, at unit width).
+class BatchNorm1d : public Module {
+ public:
+  explicit BatchNorm1d(int64_t num_features, double eps = 1e-5,
+                       std::optional<double> momentum = 0.1, bool affine = true,
+                       bool track_running_stats = true);
+  Tensor forward(const Tensor& x) override;
+  void reset_running_stats();
+  void reset_parameters();
+  std::string extra_repr() const override;
+
+  int64_t num_features;
+  double eps;
+  std::optional<double> momentum;
+  bool affine, track_running_stats;
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+};
+
+// x [N, num_channels, *] normalized per group of num_channels / num_groups channels; weight
+// and bias [num_channels] when affine.
+class GroupNorm : public Module {
+ public:
+  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();
+  std::string extra_repr() const override;
+
+  int64_t num_groups, num_channels;
+  double eps;
+  bool affine;
+  Tensor weight, bias;
+};
+
+// torch.nn.RMSNorm: x / sqrt(mean(x^2) + eps) * weight over normalized_shape; eps nullopt is
+// the machine epsilon of the input's dtype.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(Shape normalized_shape, std::optional<double> eps = std::nullopt,
+                   bool elementwise_affine = true);
+  explicit RMSNorm(int64_t normalized_size, std::optional<double> eps = std::nullopt,
+                   bool elementwise_affine = true)
+      : RMSNorm(Shape{normalized_size}, eps, elementwise_affine) {}
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();
+  std::string extra_repr() const override;
+
+  Shape normalized_shape;
+  std::optional<double> eps;
+  Tensor weight;
 };
 
 }  // namespace tally::nn

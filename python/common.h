@@ -61,6 +61,9 @@ void bind_functional(py::module_& m, py::module_& functional);
 // tally.sin, cos, erf, lerp and their Tensor methods (python/elementwise.cpp); after bind_tensor.
 void bind_elementwise(py::module_& m);
 void bind_nn(py::module_& m, py::module_& nn);
+// tally.nn's activations, losses, norms, Conv1d, ConvTranspose2d, pooling and resampling, their
+// functional forms, tally.nn.init and Module.apply; after bind_nn and bind_functional.
+void bind_layers(py::module_& m, py::module_& nn, py::module_& functional);
 void bind_optim(py::module_& m, py::module_& optim, py::module_& amp);
 void bind_memory(py::module_& m, py::module_& memory);
 void bind_profiler(py::module_& m, py::module_& profiler);

@@ -169,11 +169,14 @@ void bind_functional(py::module_& m, py::module_& F) {
       py::arg("padding") = 0, py::arg("dilation") = 1, py::arg("ceil_mode") = false);
   F.def(
       "avg_pool2d",
-      [](T x, py::object k, py::object stride, py::object padding) {
-        return avg_pool2d(x, int2(k), int2(stride), int2(padding));
+      [](T x, py::object k, py::object stride, py::object padding, bool ceil_mode,
+         bool count_include_pad, std::optional<int64_t> divisor_override) {
+        return avg_pool2d(x, int2(k), int2(stride), int2(padding), ceil_mode, count_include_pad,
+                          divisor_override);
       },
       py::arg("input"), py::arg("kernel_size"), py::arg("stride") = py::none(),
-      py::arg("padding") = 0);
+      py::arg("padding") = 0, py::arg("ceil_mode") = false, py::arg("count_include_pad") = true,
+      py::arg("divisor_override") = py::none());
   F.def(
       "adaptive_avg_pool2d",
       [](T x, py::object size) { return adaptive_avg_pool2d(x, int2(size)); }, py::arg("input"),
@@ -200,8 +203,15 @@ void bind_functional(py::module_& m, py::module_& F) {
       "dropout", [](T x, double p, bool training) { return dropout(x, p, training); },
       py::arg("input"), py::arg("p") = 0.5, py::arg("training") = true);
   F.def(
-      "embedding", [](T indices, T weight) { return embedding(weight, indices); }, py::arg("input"),
-      py::arg("weight"));
+      "embedding",
+      [](T indices, T weight, std::optional<int64_t> padding_idx) {
+        int64_t pad = -1;
+        if (padding_idx)
+          pad =
+              *padding_idx < 0 && weight.dim() == 2 ? *padding_idx + weight.size(0) : *padding_idx;
+        return embedding(weight, indices, pad);
+      },
+      py::arg("input"), py::arg("weight"), py::arg("padding_idx") = py::none());
   F.def(
       "scaled_dot_product_attention",
       [](T q, T k, T v, std::optional<Tensor> mask, double dropout_p, bool is_causal,

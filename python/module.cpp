@@ -62,6 +62,7 @@ PYBIND11_MODULE(_C, m) {
   bind_elementwise(m);
   bind_ops(m, functional);
   bind_nn(m, nn);
+  bind_layers(m, nn, functional);
   bind_data(m);
   bind_optim(m, optim, amp);
   bind_memory(m, memory);

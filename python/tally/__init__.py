@@ -21,7 +21,8 @@ from ._C import amp, cuda, memory, nn, optim, profiler, utils  # noqa: F401
 
 __version__ = _C.__version__
 
-for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("optim", optim),
+for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("nn.init", nn.init),
+                    ("optim", optim),
                     ("amp", amp), ("memory", memory), ("profiler", profiler), ("cuda", cuda),
                     ("autograd", autograd), ("utils", utils),
                     ("utils.checkpoint", utils.checkpoint), ("utils.data", utils.data),

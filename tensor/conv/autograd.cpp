@@ -4,6 +4,7 @@
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "memory/context.h"
+#include "tensor/conv/transpose.h"
 
 namespace tally {
 
@@ -43,6 +44,33 @@ Tensor conv2d(const Tensor& input_, const Tensor& weight_, const Tensor& bias_, 
           gb = in_sizes.size() == 4 ? o::sum(g[0], {0, 2, 3}) : o::sum(g[0], {1, 2});
         return {gx, gw, gb};
       });
+  return out;
+}
+
+Tensor conv_transpose2d(const Tensor& input_, const Tensor& weight_, const Tensor& bias_,
+                        Int2 stride, Int2 padding, Int2 output_padding, int64_t groups,
+                        Int2 dilation, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  const auto [input, weight, bias] = autocast::lower("conv_transpose2d", input_, weight_, bias_);
+  Tensor out =
+      o::conv_transpose2d(input, weight, bias, stride, padding, output_padding, groups, dilation);
+  const bool input_grad = input.requires_grad(), weight_grad = weight.requires_grad();
+  record("ConvolutionBackward", {input, weight, bias}, {out},
+         {weight_grad ? input : Tensor(), input_grad ? weight : Tensor()},
+         [in_sizes = input.sizes(), w_sizes = weight.sizes(), stride, padding, dilation, groups](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           Tensor gx, gw, gb;
+           // out = conv2d's input gradient of `input`, so d/d(input) is conv2d itself and
+           // d/d(weight) conv2d's weight gradient with `input` as the output's gradient.
+           if (ctx.needs_input_grad(0))
+             gx = o::conv2d(g[0], ctx.saved(1), {}, stride, padding, dilation, groups);
+           if (ctx.needs_input_grad(1))
+             gw = o::conv2d_backward_weight(ctx.saved(0), g[0], w_sizes, stride, padding, dilation,
+                                            groups);
+           if (ctx.needs_input_grad(2))
+             gb = in_sizes.size() == 4 ? o::sum(g[0], {0, 2, 3}) : o::sum(g[0], {1, 2});
+           return {gx, gw, gb};
+         });
   return out;
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "base/checked.h"
 #include "memory/meta.h"
 #include "tensor/conv/kernels.h"
 #include "tensor/dispatch.h"
@@ -210,6 +211,72 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight,
   conv_backends.get(info, grad_output.device(), &ConvKernels::conv2d_backward_input)(gx, gy, w, p);
   gx = contiguous(to(gx, grad_output.dtype()), f);
   return input_sizes.size() == 3 ? squeeze(gx, 0) : gx;
+}
+
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int2 stride,
+                        Int2 padding, Int2 output_padding, int64_t groups, Int2 dilation) {
+  static const OpInfo info("conv_transpose2d");
+  check_same_device(info.name, input.device(), weight.device());
+  if (bias.defined()) check_same_device(info.name, input.device(), bias.device());
+  DispatchScope scope(info, input, weight, bias);
+  check_floating(info.name, "input", input);
+  if (input.dim() != 3 && input.dim() != 4)
+    throw std::invalid_argument(
+        fmt::format("conv_transpose2d: expected a 3-D or 4-D input, got {}", input.shape_string()));
+  if (weight.dim() != 4)
+    throw std::invalid_argument(
+        fmt::format("conv_transpose2d: expected a 4-D weight [C, O / groups, kH, kW], got {}",
+                    weight.shape_string()));
+  if (weight.dtype() != input.dtype())
+    throw std::invalid_argument(fmt::format("conv_transpose2d: input {} is {} but weight {} is {}",
+                                            input.shape_string(), dtype_name(input.dtype()),
+                                            weight.shape_string(), dtype_name(weight.dtype())));
+  const Shape in4 = batched(info.name, input.sizes());
+  if (groups <= 0 || in4[1] != weight.size(0) || weight.size(0) % groups != 0)
+    throw std::invalid_argument(fmt::format(
+        "conv_transpose2d: input {} has {} channels; weight {} expects {} (divisible by groups "
+        "{})",
+        input.shape_string(), in4[1], weight.shape_string(), weight.size(0), groups));
+  const int64_t out_channels = base::checked_mul(weight.size(1), groups, "conv_transpose2d");
+  if (stride.h <= 0 || stride.w <= 0 || dilation.h <= 0 || dilation.w <= 0 || padding.h < 0 ||
+      padding.w < 0 || output_padding.h < 0 || output_padding.w < 0)
+    throw std::invalid_argument(
+        fmt::format("conv_transpose2d: stride {} and dilation {} must be positive, padding {} and "
+                    "output_padding {} non-negative",
+                    stride.str(), dilation.str(), padding.str(), output_padding.str()));
+  if (output_padding.h >= stride.h || output_padding.w >= stride.w)
+    throw std::invalid_argument(
+        fmt::format("conv_transpose2d: output_padding {} must be smaller than stride {}",
+                    output_padding.str(), stride.str()));
+  auto out_size = [](int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, int64_t op) {
+    constexpr const char* what = "conv_transpose2d output size";
+    const int64_t grown =
+        base::checked_add(base::checked_mul(in - 1, s, what),
+                          base::checked_add(base::checked_mul(d, k - 1, what), op + 1, what), what);
+    return grown - base::checked_mul(p, int64_t{2}, what);
+  };
+  const int64_t oh =
+      out_size(in4[2], weight.size(2), stride.h, padding.h, dilation.h, output_padding.h);
+  const int64_t ow =
+      out_size(in4[3], weight.size(3), stride.w, padding.w, dilation.w, output_padding.w);
+  if (oh <= 0 || ow <= 0)
+    throw std::invalid_argument(fmt::format(
+        "conv_transpose2d: input {} with weight {}, stride {}, padding {} gives an empty output "
+        "({}, {})",
+        input.shape_string(), weight.shape_string(), stride.str(), padding.str(), oh, ow));
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != out_channels))
+    throw std::invalid_argument(
+        fmt::format("conv_transpose2d: bias {} does not match the {} output channels of weight {}",
+                    bias.shape_string(), out_channels, weight.shape_string()));
+  Shape out_sizes = {in4[0], out_channels, oh, ow};
+  if (input.dim() == 3) out_sizes.erase(out_sizes.begin());
+  Tensor out = conv2d_backward_input(input, weight, out_sizes, stride, padding, dilation, groups);
+  if (bias.defined()) {
+    const Shape per_channel =
+        input.dim() == 3 ? Shape{out_channels, 1, 1} : Shape{1, out_channels, 1, 1};
+    out = add(out, reshape(to(bias, out.dtype()), per_channel));
+  }
+  return out;
 }
 
 Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
