@@ -12,6 +12,7 @@
 // A program's main with run_cli: docs/notes.md §28.
 #pragma once
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <stdlib.h>
 #include <sys/stat.h>
