@@ -1,7 +1,7 @@
 // Allocations made from Python name the Python line that asked for them: a hook
 // (memory::set_user_site_hook) reads the innermost Python frame outside the tally package
 // when a library call site opens, so snapshots, traces and the leak detector show
-// `train.py:42` rather than the binding's C++ line. It costs one atomic load per call unless
+// `train.py:42` rather than the binding's C++ line. It costs a few atomic loads per call unless
 // history is being recorded or an allocation observer (the profiler, the leak detector) is
 // installed. A module called from Python runs under the phase "forward" when no phase is open.
 #include <Python.h>
