@@ -30,6 +30,9 @@
 #               _record_memory_history (medians of alternating fresh-process runs)
 #   ddp         data parallel: the 2-rank DDP check, train_ddp with per-rank snapshots, and
 #               bench/ddp.py (Tally and PyTorch DDP at 1 and N GPUs, scaling efficiency)
+#   python      the Python module (built with the image's pybind11 package): tests/python with
+#               its CUDA cases (PyTorch parity included), then docs/memory_course.ipynb executed
+#               on cuda (nbclient when present, else tests/python/run.py's cell runner)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -42,7 +45,9 @@ log "commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null |
 
 B=${B:-build-gpu}  # B=/tmp/tally-build keeps the build between calls on a warm machine
 t0=$(date +%s)
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DTALLY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+# pybind11 comes as the image's Python package (no pybind11-dev): its CMake files build tally._C.
+PYBIND=(); PYBIND_DIR=$(python3 -m pybind11 --cmakedir 2>/dev/null) && PYBIND=(-Dpybind11_DIR="$PYBIND_DIR")
+cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DTALLY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 "${PYBIND[@]}" \
   > "$OUT/configure.log" 2>&1 || { log "configure FAILED"; tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build $B -j 16 -- -k 0 > "$OUT/build.log" 2>&1 || { log "build FAILED"; grep -E "error" "$OUT/build.log" | head -40; }
 log "build done in $(( $(date +%s) - t0 )) s"
@@ -231,9 +236,29 @@ if has ddp; then
   grep -v "^JSON" "$OUT/ddp_bench.txt" | tail -25 | tee -a "$OUT/summary.txt"
 fi
 
+if has python; then
+  t0=$(date +%s)
+  PY=$(cd $B && pwd)/python
+  if ls "$PY"/tally/_C.*.so >/dev/null 2>&1; then
+    TALLY_TEST_TMP=/tmp/tally_pytests PYTHONPATH=$PY python3 -m pytest -q -rs -p no:cacheprovider tests/python \
+      > "$OUT/python_tests.log" 2>&1
+    rc=$?
+    log "python tests on $(python3 -V 2>&1) ($(( $(date +%s) - t0 )) s): exit $rc $(tail -1 "$OUT/python_tests.log")"
+    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/python_tests.log" | head -30 | tee -a "$OUT/summary.txt"
+    t0=$(date +%s)
+    TALLY_COURSE_DEVICE=cuda python3 tests/python/run.py --built ON --pythonpath "$PY" notebook \
+      docs/memory_course.ipynb /tmp/tally_course > "$OUT/python_notebook.log" 2>&1
+    rc=$?
+    log "memory_course.ipynb on cuda ($(( $(date +%s) - t0 )) s): exit $rc $(tail -1 "$OUT/python_notebook.log")"
+    cp /tmp/tally_course/memory_course.ipynb "$OUT/memory_course_cuda.ipynb" 2>/dev/null
+  else
+    log "python: the module was not built (configure.log: $(grep 'Tally Python module' "$OUT/configure.log"))"
+  fi
+fi
+
 # keep only a few files for the way back
 tar czf "$OUT/memviz_outputs.tgz" -C "$OUT" $(cd "$OUT" && ls -d memviz_*/ 2>/dev/null) 2>/dev/null
 rm -rf "$OUT"/memviz_*/ "$OUT"/*.pickle
-for f in configure.log build.log memviz_*.log gpu.txt memory_demo.txt equiv.log train_resnet18_off.txt train_resnet18_fp16.txt train_resnet18_bf16.txt train_gpt.txt ab.txt profile.txt profile_bf16.txt equiv_torch_cpu.log ddp_train.txt ddp_ctest.log; do
+for f in configure.log build.log python_tests.log python_notebook.log memviz_*.log gpu.txt memory_demo.txt equiv.log train_resnet18_off.txt train_resnet18_fp16.txt train_resnet18_bf16.txt train_gpt.txt ab.txt profile.txt profile_bf16.txt equiv_torch_cpu.log ddp_train.txt ddp_ctest.log; do
   [ -f "$OUT/$f" ] && { echo "##### $f"; cat "$OUT/$f"; } >> "$OUT/logs.txt" && rm -f "$OUT/$f"
 done

@@ -9,6 +9,7 @@
 #include "base/checked.h"
 #include "base/rank_path.h"
 #include "memory/summary.h"
+#include "memory/user_site.h"
 
 namespace tally::memory {
 namespace detail {
@@ -119,11 +120,13 @@ struct BlockPool {
 namespace {
 std::atomic<AllocationObserver*> g_allocation_observer{nullptr};
 std::atomic<MempoolId> g_next_pool_id{1};
+std::atomic<int> g_recording_allocators{0};  // allocators recording history now
 
 // The user's line (the innermost CallSiteScope) or, with none open, the API's call site.
 SourceLoc user_site_or(const std::source_location& api_call) {
-  const SourceLoc site = current_tag().loc;
-  return site.line != 0 ? site : SourceLoc::from(api_call);
+  SourceLoc site = current_tag().loc;
+  if (site.line == 0 && !hooked_user_site(site)) site = SourceLoc::from(api_call);
+  return site;
 }
 }  // namespace
 
@@ -187,6 +190,7 @@ CachingAllocator::CachingAllocator(std::unique_ptr<MemoryProvider> provider, All
 CachingAllocator::~CachingAllocator() {
   // Give every segment back, live blocks included: the process is done with this device.
   std::lock_guard lock(mu_);
+  if (recording_) g_recording_allocators.fetch_sub(1);
   for (auto& [base, seg] : segments_) {
     Block* b = seg->head;
     while (b) {
@@ -239,7 +243,8 @@ void CachingAllocator::record(TraceAction action, uint64_t addr, size_t size, St
 void* CachingAllocator::allocate(size_t bytes, StreamId stream, std::source_location loc) {
   if (bytes == 0) return nullptr;
   AllocTag tag = current_tag();
-  if (tag.loc.line == 0) tag.loc = SourceLoc::from(loc);  // no CallSiteScope open
+  // No CallSiteScope open: the interpreter's line, else the allocator API's caller.
+  if (tag.loc.line == 0 && !hooked_user_site(tag.loc)) tag.loc = SourceLoc::from(loc);
 
   std::unique_lock lock(mu_);
   const bool capturing = !capture_streams_.empty();
@@ -1168,7 +1173,7 @@ void CachingAllocator::retag(void* ptr, Category category, std::source_location 
 
 bool CachingAllocator::reassign(void* ptr, StreamId stream, std::source_location loc) {
   AllocTag tag = current_tag();
-  if (tag.loc.line == 0) tag.loc = SourceLoc::from(loc);
+  if (tag.loc.line == 0 && !hooked_user_site(tag.loc)) tag.loc = SourceLoc::from(loc);
   std::lock_guard lock(mu_);
   Block* block = find_active(ptr);
   if (!block || !block->allocated || block->stream != stream || !block->stream_uses.empty())
@@ -1326,7 +1331,12 @@ void CachingAllocator::record_memory_history(bool enabled, size_t max_entries) {
     ring_.clear();
     ring_.set_capacity(0);
   }
+  if (enabled != recording_) g_recording_allocators.fetch_add(enabled ? 1 : -1);
   recording_ = enabled;  // after the ring changed (set_capacity may throw)
+}
+
+bool any_history_recording() {
+  return g_recording_allocators.load(std::memory_order_relaxed) > 0;
 }
 
 bool CachingAllocator::history_enabled() const {

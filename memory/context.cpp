@@ -8,6 +8,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "memory/user_site.h"
+
 namespace tally::memory {
 namespace {
 
@@ -33,12 +35,21 @@ struct ThreadContext {
 thread_local ThreadContext tls;
 
 std::atomic<ContextObserver*> g_context_observer{nullptr};
+std::atomic<UserSiteHook> g_user_site_hook{nullptr};
 
 }  // namespace
 
 void set_context_observer(ContextObserver* observer) {
   g_context_observer.store(observer);
 }
+void set_user_site_hook(UserSiteHook hook) {
+  g_user_site_hook.store(hook);
+}
+bool hooked_user_site(SourceLoc& site) {
+  const UserSiteHook hook = g_user_site_hook.load(std::memory_order_acquire);
+  return hook != nullptr && hook(site);
+}
+
 ContextObserver* context_observer() {
   return g_context_observer.load(std::memory_order_acquire);
 }
@@ -105,8 +116,8 @@ std::string_view display_source_path(const char* file) {
 bool is_library_source(const char* file) {
   const std::string_view rel = relative_source_path(file);
   if (rel.starts_with('/')) return false;  // not under the source root
-  for (std::string_view dir :
-       {"memory/", "tensor/", "autograd/", "nn/", "optim/", "profiler/", "distributed/"}) {
+  for (std::string_view dir : {"memory/", "tensor/", "autograd/", "nn/", "optim/", "profiler/",
+                               "distributed/", "python/"}) {
     if (rel.starts_with(dir)) return true;
   }
   return false;
@@ -125,7 +136,13 @@ CallSiteScope::CallSiteScope(const std::source_location& site) : ScopeGuard(tls.
     last_is_library = is_library_source(file);
     last_file = file;
   }
-  if (!last_is_library || tls.site.line == 0) tls.site = SourceLoc::from(site);
+  if (!last_is_library) {
+    tls.site = SourceLoc::from(site);
+  } else if (SourceLoc user; hooked_user_site(user)) {
+    tls.site = user;  // the interpreter's innermost user line (Python calling the library)
+  } else if (tls.site.line == 0) {
+    tls.site = SourceLoc::from(site);
+  }
 }
 
 CallSiteScope::~CallSiteScope() {

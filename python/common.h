@@ -10,6 +10,7 @@
 #include <string>
 
 #include "autograd/ops.h"
+#include "memory/context.h"
 #include "memory/memory.h"
 #include "tensor/conv/ops.h"
 #include "tensor/tensor.h"
@@ -68,6 +69,21 @@ void bind_optim(py::module_& m, py::module_& optim, py::module_& amp);
 void bind_memory(py::module_& m, py::module_& memory);
 void bind_profiler(py::module_& m, py::module_& profiler);
 void bind_cuda(py::module_& cuda);
+// tally._C._backends: the precision switches (tensor/precision.h).
+void bind_backends(py::module_& m);
+// tally._C._enable_python_call_sites: allocations name the calling Python line (the hook of
+// memory/user_site.h).
+void bind_call_sites(py::module_& m);
+
+// RAII: a module called from Python runs under the phase "forward" unless a phase is open
+// (backward, recompute, the user's own tally.memory.context(phase=...)).
+class ForwardPhase {
+ public:
+  ForwardPhase();
+
+ private:
+  std::optional<memory::PhaseScope> scope_;
+};
 // tally.utils.data; after bind_nn, which makes tally.utils.
 void bind_data(py::module_& m);
 

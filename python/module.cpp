@@ -68,4 +68,6 @@ PYBIND11_MODULE(_C, m) {
   bind_memory(m, memory);
   bind_profiler(m, profiler);
   bind_cuda(cuda);
+  bind_backends(m);
+  bind_call_sites(m);
 }

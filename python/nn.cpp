@@ -161,6 +161,7 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
       .def("forward", &Module::forward, py::arg("input"))
       .def("__call__",
            [](py::object self, py::args args, py::kwargs kw) -> py::object {
+             const ForwardPhase phase;
              Module& mod = self.cast<Module&>();
              py::object fwd = py::getattr(py::type::of(self), "forward", py::none());
              const bool python_forward = PyFunction_Check(fwd.ptr());
@@ -446,6 +447,7 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
            py::arg("ignore_index") = -100, py::arg("reduction") = "mean",
            py::arg("label_smoothing") = 0.0)
       .def("__call__", [](nn::CrossEntropyLoss& l, const Tensor& input, const Tensor& target) {
+        const ForwardPhase phase;
         return l(input, target);
       });
 
@@ -600,6 +602,7 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
       .def(
           "__call__",
           [](nn::GPT& g, const Tensor& idx, std::optional<Tensor> targets) {
+            const ForwardPhase phase;
             auto [logits, loss] = g(idx, targets.value_or(Tensor()));
             return py::make_tuple(tensor_or_none(logits), tensor_or_none(loss));
           },

@@ -273,6 +273,15 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
                                       max_norm, norm_type);
       },
       py::arg("parameters"), py::arg("max_norm"), py::arg("norm_type") = 2.0);
+  optim_mod.def(
+      "clip_grad_value_",
+      [](py::object params, double clip_value) {
+        optim::clip_grad_value_(py::isinstance<Tensor>(params)
+                                    ? std::vector<Tensor>{params.cast<Tensor>()}
+                                    : params.cast<std::vector<Tensor>>(),
+                                clip_value);
+      },
+      py::arg("parameters"), py::arg("clip_value"));
 
   // ---- mixed precision ----
   py::class_<Autocast>(amp, "autocast",

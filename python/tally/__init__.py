@@ -33,9 +33,15 @@ for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("nn.init", nn
 from ._grad import enable_grad, no_grad, set_grad_enabled  # noqa: E402,F401
 from ._nn import Parameter  # noqa: E402,F401
 from . import ab  # noqa: E402,F401
+from ._torch import (backends, get_float32_matmul_precision, inference_mode,  # noqa: E402,F401
+                     is_tensor, load, save, set_float32_matmul_precision)
 from ._cuda import graph as _graph  # noqa: E402
 
 cuda.graph = _graph
+
+# Allocations name the Python line outside this package that asked for them (when history is
+# recorded or the profiler or leak detector watches; python/call_sites.cpp).
+_C._enable_python_call_sites(__import__("os").path.dirname(__file__))
 
 autocast = amp.autocast
 GradScaler = amp.GradScaler

@@ -31,20 +31,31 @@ def _installed_bin():
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), _prefix.BIN))
 
 
-def program():
-    """The ab_memory executable: $TALLY_AB_MEMORY, the install prefix's bin (next to an
-    installed package), the build tree's, or one on PATH."""
+def _tool(name, env):
+    """A program of Tally's: $env; next to the package (pip install puts it there); P/bin of
+    the prefix P that `cmake --install` put the package under (P/lib/python3.X/site-packages/
+    tally); the build tree this module was built in; PATH."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.environ.get(env), os.path.join(here, name),
+                  os.path.normpath(os.path.join(here, "..", "..", "..", "..", "bin", name))]
     installed = _installed_bin()
-    candidates = [os.environ.get("TALLY_AB_MEMORY"),
-                  installed and os.path.join(installed, "ab_memory"),
-                  _C._ab_memory_path, shutil.which("ab_memory")]
+    if installed:
+        candidates.append(os.path.join(installed, name))
+    if name == "ab_memory":
+        candidates.append(_C._ab_memory_path)
+    candidates.append(shutil.which(name))
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     raise FileNotFoundError(
-        "ab_memory not found: install Tally (cmake --install build --prefix P puts it in P/bin), "
-        "build it (cmake --build build --target ab_memory), put it on PATH, or set "
-        "TALLY_AB_MEMORY")
+        f"{name} not found next to the package, in the install prefix's bin/, in the build tree "
+        f"or on PATH: build it (cmake --build build --target {name}), or set {env}")
+
+
+def program():
+    """The ab_memory executable ($TALLY_AB_MEMORY, next to the package, P/bin, the build
+    tree's, or one on PATH)."""
+    return _tool("ab_memory", "TALLY_AB_MEMORY")
 
 
 def _mib(b):

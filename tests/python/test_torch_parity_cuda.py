@@ -1,0 +1,217 @@
+"""Tally against PyTorch on the GPU, in one process: a small CNN and a small transformer written
+in tally.nn and the same models in torch.nn, PyTorch's weights copied into Tally's. Under bf16
+autocast, the first step's loss and every gradient, then the losses of 10 AdamW steps and the
+parameters after them, agree within bf16's tolerances. Skips without CUDA or without torch."""
+import math
+
+import numpy as np
+import pytest
+
+import tally
+import tally.nn as tnn
+import tally.nn.functional as TF
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(
+    not (tally.cuda.is_available() and torch.cuda.is_available()),
+    reason="needs a CUDA device for both Tally and PyTorch")
+tn = torch.nn
+F = torch.nn.functional
+
+STEPS = 10
+LR = 1e-3
+# bf16 keeps 8 bits of mantissa: one rounding is 2**-9 relative; sums of a few hundred
+# products in different orders (cuBLAS and cuDNN pick their own algorithms in each framework)
+# differ by a few of those. The norm-wise errors below are measured over whole tensors.
+LOSS_RTOL = 2e-2
+GRAD_RTOL = 5e-2
+PARAM_RTOL = 2e-2
+
+
+# ---- the models, written twice with the same attribute names ----
+
+class TallyCNN(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = tnn.Conv2d(3, 16, 3, padding=1)
+        self.bn1 = tnn.BatchNorm2d(16)
+        self.conv2 = tnn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.bn2 = tnn.BatchNorm2d(32)
+        self.pool = tnn.AdaptiveAvgPool2d(1)
+        self.fc = tnn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.bn1(self.conv1(x)).relu()
+        x = self.bn2(self.conv2(x)).relu()
+        return self.fc(self.pool(x).flatten(1))
+
+
+class TorchCNN(tn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = tn.Conv2d(3, 16, 3, padding=1)
+        self.bn1 = tn.BatchNorm2d(16)
+        self.conv2 = tn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.bn2 = tn.BatchNorm2d(32)
+        self.pool = tn.AdaptiveAvgPool2d(1)
+        self.fc = tn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.bn1(self.conv1(x)).relu()
+        x = self.bn2(self.conv2(x)).relu()
+        return self.fc(self.pool(x).flatten(1))
+
+
+D, HEADS, VOCAB, T = 64, 4, 96, 32
+
+
+def _heads(x, b):
+    return x.view(b, T, HEADS, D // HEADS).transpose(1, 2)
+
+
+class TallyBlock(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1 = tnn.LayerNorm(D)
+        self.qkv = tnn.Linear(D, 3 * D)
+        self.proj = tnn.Linear(D, D)
+        self.ln2 = tnn.LayerNorm(D)
+        self.fc = tnn.Linear(D, 4 * D)
+        self.out = tnn.Linear(4 * D, D)
+
+    def forward(self, x):
+        b = x.shape[0]
+        q, k, v = self.qkv(self.ln1(x)).split(D, 2)
+        a = TF.scaled_dot_product_attention(_heads(q, b), _heads(k, b), _heads(v, b),
+                                            is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, T, D))
+        return x + self.out(TF.gelu(self.fc(self.ln2(x))))
+
+
+class TorchBlock(tn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1 = tn.LayerNorm(D)
+        self.qkv = tn.Linear(D, 3 * D)
+        self.proj = tn.Linear(D, D)
+        self.ln2 = tn.LayerNorm(D)
+        self.fc = tn.Linear(D, 4 * D)
+        self.out = tn.Linear(4 * D, D)
+
+    def forward(self, x):
+        b = x.shape[0]
+        q, k, v = self.qkv(self.ln1(x)).split(D, 2)
+        a = F.scaled_dot_product_attention(_heads(q, b), _heads(k, b), _heads(v, b),
+                                           is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, T, D))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class TallyTransformer(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = tnn.Embedding(VOCAB, D)
+        self.pos = tnn.Embedding(T, D)
+        blocks = [TallyBlock(), TallyBlock()]
+        self.blocks = tnn.ModuleList(blocks)
+        self._python_blocks = blocks  # keeps the Python side (its forward) of each block alive
+        self.ln_f = tnn.LayerNorm(D)
+        self.head = tnn.Linear(D, VOCAB)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(tally.arange(T, device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln_f(x)).view(-1, VOCAB)
+
+
+class TorchTransformer(tn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = tn.Embedding(VOCAB, D)
+        self.pos = tn.Embedding(T, D)
+        self.blocks = tn.ModuleList([TorchBlock(), TorchBlock()])
+        self.ln_f = tn.LayerNorm(D)
+        self.head = tn.Linear(D, VOCAB)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln_f(x)).view(-1, VOCAB)
+
+
+# ---- helpers ----
+
+def _copy_weights(tmodel, pmodel):
+    """PyTorch's initial weights (and BatchNorm's buffers) into Tally's model."""
+    ours = dict(tmodel.state_dict())
+    theirs = {k: v for k, v in pmodel.state_dict().items() if not k.endswith("num_batches_tracked")}
+    assert set(theirs) <= set(ours), sorted(set(theirs) ^ set(ours))
+    tmodel.load_state_dict(
+        {k: tally.tensor(v.detach().cpu().numpy()).to("cuda") for k, v in theirs.items()},
+        strict=False)
+    for k, v in theirs.items():
+        np.testing.assert_array_equal(tmodel.state_dict()[k].numpy(), v.detach().cpu().numpy())
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
+
+
+def _run(make, inputs, targets):
+    torch.manual_seed(0)
+    pmodel = make[1]().cuda()
+    tmodel = make[0]()
+    tmodel.to("cuda")
+    _copy_weights(tmodel, pmodel)
+    pmodel.train()
+    tmodel.train()
+    p_opt = torch.optim.AdamW(pmodel.parameters(), lr=LR, weight_decay=0.01)
+    t_opt = tally.optim.AdamW(tmodel.parameters(), lr=LR, weight_decay=0.01)
+    x_p = torch.from_numpy(inputs).cuda()
+    y_p = torch.from_numpy(targets).cuda()
+    x_t = tally.tensor(inputs).to("cuda")
+    y_t = tally.tensor(targets).to("cuda")
+    tparams = dict(tmodel.named_parameters())
+    losses = []
+    for step in range(STEPS + 1):
+        p_opt.zero_grad()
+        t_opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            p_loss = F.cross_entropy(pmodel(x_p), y_p)
+        with tally.autocast("cuda", dtype=tally.bfloat16):
+            t_loss = TF.cross_entropy(tmodel(x_t), y_t)
+        p_loss.backward()
+        t_loss.backward()
+        losses.append((t_loss.item(), p_loss.item()))
+        if step == 0:
+            assert math.isfinite(losses[0][0])
+            assert abs(losses[0][0] - losses[0][1]) <= LOSS_RTOL * abs(losses[0][1]), losses[0]
+            for name, p in pmodel.named_parameters():
+                err = _rel(tparams[name].grad.numpy(), p.grad.float().cpu().numpy())
+                assert err < GRAD_RTOL, f"gradient of {name}: relative error {err:.3g}"
+        if step < STEPS:
+            p_opt.step()
+            t_opt.step()
+    for t_l, p_l in losses:
+        assert abs(t_l - p_l) <= LOSS_RTOL * abs(p_l), losses
+    assert losses[-1][1] < losses[0][1]  # both trained
+    for name, p in pmodel.named_parameters():
+        err = _rel(tparams[name].numpy(), p.detach().cpu().numpy())
+        assert err < PARAM_RTOL, f"{name} after {STEPS} AdamW steps: relative error {err:.3g}"
+
+
+def test_cnn_matches_pytorch_under_bf16_autocast():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 3, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 10, 16).astype(np.int64)
+    _run((TallyCNN, TorchCNN), x, y)
+
+
+def test_transformer_matches_pytorch_under_bf16_autocast():
+    rng = np.random.default_rng(1)
+    idx = rng.integers(0, VOCAB, (8, T)).astype(np.int64)
+    targets = np.roll(idx, -1, axis=1).reshape(-1)
+    _run((TallyTransformer, TorchTransformer), idx, targets)
