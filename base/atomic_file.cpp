@@ -1,7 +1,9 @@
 #include "base/atomic_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -106,6 +108,51 @@ std::string unique_name(const std::string& prefix) {
   return s;
 }
 
+// Whether `name` is `prefix` followed by the 6 characters unique_name appends.
+bool is_temp_name(std::string_view name, std::string_view prefix) {
+  if (name.size() != prefix.size() + 6 || !name.starts_with(prefix)) return false;
+  return std::all_of(
+      name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(), [](char c) {
+        return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+      });
+}
+
+// Removes the temporary files that earlier writes of `target` left behind (a writer killed
+// half-way: "<target>.tmpXXXXXX", and the folder's ".tally-tmpXXXXXX" of long names).
+// A writer holds an exclusive flock on its temporary file from its creation until after the
+// rename, so a file whose lock this process can take has no live writer (the lock dies with
+// the process, whatever killed it; no pid is reused or guessed, no clock is trusted). A writer
+// that created its file but has not locked it yet finds it unlinked (st_nlink 0) once locked,
+// and starts again with a new name. Best effort: a file that cannot be opened or locked (a file
+// system without locks) stays.
+void remove_stale_temps(const std::string& target) {
+  namespace fs = std::filesystem;
+  const fs::path t(target);
+  const fs::path dir = t.parent_path().empty() ? fs::path(".") : t.parent_path();
+  const std::string own = t.filename().string() + ".tmp";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  std::vector<std::string> candidates;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    if (is_temp_name(name, own) || is_temp_name(name, ".tally-tmp")) candidates.emplace_back(name);
+  }
+  ::closedir(d);
+  for (const std::string& name : candidates) {
+    const std::string path = (dir / name).string();
+    int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0 && errno == EACCES)  // kept a write-only file's mode: flock needs any descriptor
+      fd = ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat held {
+    }, now{};
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &held) == 0 && S_ISREG(held.st_mode) &&
+        ::lstat(path.c_str(), &now) == 0 && now.st_dev == held.st_dev && now.st_ino == held.st_ino)
+      ::unlink(path.c_str());
+    ::close(fd);  // releases the lock
+  }
+}
+
 class AtomicWriter {
  public:
   AtomicWriter(const std::string& path, std::string_view who) : path_(path), who_(who) {}
@@ -118,10 +165,12 @@ class AtomicWriter {
     existed_ = exists;
     if (exists && S_ISDIR(st.st_mode)) fail(EISDIR, "the target is a folder");
     in_place_ = exists && !S_ISREG(st.st_mode);
-    if (in_place_)
+    if (in_place_) {
       open_in_place();
-    else
+    } else {
+      remove_stale_temps(target_);  // before this write needs the space
       open_temp(exists ? &st : nullptr);
+    }
 
     FdBuf buf(fd_);
     std::ostream out(&buf);
@@ -138,6 +187,7 @@ class AtomicWriter {
     if (::rename(temp_.c_str(), target_.c_str()) != 0)
       fail(errno, fmt::format("renaming '{}' to '{}'", temp_, target_));
     temp_.clear();
+    unlock();
     sync_folder();
   }
 
@@ -169,6 +219,12 @@ class AtomicWriter {
         name = unique_name((dir / ".tally-tmp").string());
         fd_ = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       }
+      if (fd_ >= 0 && !lock_temp()) {  // another write's cleanup removed it: a new name
+        ::close(fd_);
+        fd_ = -1;
+        err = EEXIST;
+        continue;
+      }
       if (fd_ >= 0) {
         temp_ = std::move(name);
         // The replacement keeps the old file's permission bits (best effort: the content is
@@ -180,6 +236,25 @@ class AtomicWriter {
       if (err != EEXIST && err != EINTR) break;
     }
     fail(err, fmt::format("creating a temporary file '{}.tmpXXXXXX' next to it", target_));
+  }
+
+  // Locks the new temporary file until it is renamed or removed (remove_stale_temps), through
+  // a duplicate descriptor that outlives fd_'s close. False when the file was unlinked before
+  // the lock was taken. A file system without flock: unlocked, and never cleaned up by others.
+  bool lock_temp() {
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) return true;
+    struct stat st {};
+    if (::fstat(fd_, &st) == 0 && st.st_nlink == 0) {
+      ::flock(fd_, LOCK_UN);
+      return false;
+    }
+    lock_fd_ = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+    return true;
+  }
+
+  void unlock() noexcept {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    lock_fd_ = -1;
   }
 
   void open_in_place() {
@@ -207,6 +282,7 @@ class AtomicWriter {
     fd_ = -1;
     if (!temp_.empty()) ::unlink(temp_.c_str());
     temp_.clear();
+    unlock();  // after the unlink: no other writer sees this file unlocked
   }
 
   [[noreturn]] void fail(int err, const std::string& step) {
@@ -223,6 +299,7 @@ class AtomicWriter {
   std::string temp_;    // the temporary file while it exists
   std::string_view who_;
   int fd_ = -1;
+  int lock_fd_ = -1;       // holds the temporary file's flock until the rename
   bool existed_ = false;   // the target existed: a failure leaves it unchanged
   bool in_place_ = false;  // a device or FIFO, written in place
 };

@@ -15,7 +15,10 @@
 //   stays;
 // - a target that exists and is not a regular file (/dev/null, /dev/stdout, a FIFO) cannot be
 //   replaced by a rename; it is opened and written in place, every write still checked;
-// - a folder as the target is an error (EISDIR).
+// - a folder as the target is an error (EISDIR);
+// - a writer holds a flock on its temporary file until the rename, and each write first
+//   removes the target's temporary files that no live writer holds (left by a writer that was
+//   killed), so a crash leaves at most one stale file per target until its next write.
 #pragma once
 
 #include <functional>

@@ -211,17 +211,22 @@ std::string safe_name(std::string s) {
 
 // The snapshot diff (inspect/memdiff.h) of every configuration against the first:
 // <out>/diff/<configuration>.{txt,html,json} (ConfigResult::diff_path is the page). Returns
-// the HTML pages' paths.
-std::vector<std::string> write_diffs(const std::string& out,
+// the HTML pages' paths. The diffs name each snapshot as `out` will (StagedOutputDir::shown).
+std::vector<std::string> write_diffs(const ex::StagedOutputDir& out,
                                      const std::vector<ex::ConfigResult>& results) {
   std::vector<std::string> pages;
   if (results.size() < 2) return pages;
-  std::filesystem::create_directories(out + "/diff");
-  const inspect::SnapshotSummary base = inspect::read_snapshot_summary(results[0].snapshot_path);
+  std::filesystem::create_directories(out.path() + "/diff");
+  auto read = [&](const std::string& path) {
+    inspect::SnapshotSummary s = inspect::read_snapshot_summary(path);
+    s.path = out.shown(path);
+    return s;
+  };
+  const inspect::SnapshotSummary base = read(results[0].snapshot_path);
   for (size_t i = 1; i < results.size(); ++i) {
     // Every run is of the same device; a dry run's (--estimate) is a meta device of its own.
-    const inspect::SnapshotDiff d = inspect::diff_snapshots(
-        base, inspect::read_snapshot_summary(results[i].snapshot_path), {.any_device = true});
+    const inspect::SnapshotDiff d =
+        inspect::diff_snapshots(base, read(results[i].snapshot_path), {.any_device = true});
     const std::string page = results[i].diff_path;
     const std::string stem = page.substr(0, page.size() - 5);  // less ".html"
     base::write_file_atomic(stem + ".txt", inspect::format_snapshot_diff(d), "ab_memory");
@@ -442,6 +447,13 @@ int main(int argc, char** argv) {
       }
     }
     ex::check_output_dir(a.out, "--out");
+    // Every file goes to a fresh folder beside --out, swapped into place once the report is
+    // complete: a run that fails leaves the previous report whole (ex::StagedOutputDir).
+    ex::StagedOutputDir staged(a.out, [](const std::string& n) {
+      return n == "results.json" || n == "report.html" || n == "diff" || n.ends_with(".pickle") ||
+             n.ends_with(".timeline.json") || n.ends_with(".timeline.html");
+    });
+    const std::string& out = staged.path();
     int64_t classes = 10, channels = 3, seq = 0;
     Batches batches;
     {
@@ -658,11 +670,11 @@ int main(int argc, char** argv) {
           p.start_ms = std::max(0.0, p.start_ms - static_cast<double>(t0) / 1000.0);
           p.end_ms = std::max(p.start_ms, p.end_ms - static_cast<double>(t0) / 1000.0);
         }
-        const std::string stem = a.out + "/" + safe_name(r.name);
+        const std::string stem = out + "/" + safe_name(r.name);
         r.snapshot_path = stem + ".pickle";
         r.timeline_path = stem + ".timeline.json";
         r.timeline_html_path = stem + ".timeline.html";
-        if (!results.empty()) r.diff_path = a.out + "/diff/" + safe_name(r.name) + ".html";
+        if (!results.empty()) r.diff_path = out + "/diff/" + safe_name(r.name) + ".html";
         memory::dump_snapshot(r.snapshot_path, recorded);
         memory::write_timeline_json(r.timeline, r.timeline_path);
         {
@@ -741,21 +753,23 @@ int main(int argc, char** argv) {
           o["estimated_at_peak"] = by_category(r.estimate.at_peak);
         }
         o["measured"] = r.measured;
-        o["snapshot"] = r.snapshot_path;
-        o["timeline"] = r.timeline_path;
-        o["timeline_html"] = r.timeline_html_path;
-        o["diff"] = r.diff_path;
+        o["snapshot"] = staged.shown(r.snapshot_path);
+        o["timeline"] = staged.shown(r.timeline_path);
+        o["timeline_html"] = staged.shown(r.timeline_html_path);
+        o["diff"] = staged.shown(r.diff_path);
         j.push_back(std::move(o));
       }
       // A path that is not UTF-8 gets U+FFFD for its odd bytes rather than failing the run.
-      base::write_file_atomic(a.out + "/results.json",
+      base::write_file_atomic(out + "/results.json",
                               j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n",
                               "ab_memory");
     }
     // The diffs first: the report links them.
-    const std::vector<std::string> diffs = write_diffs(a.out, results);
+    std::vector<std::string> diffs = write_diffs(staged, results);
+    ex::write_report(out + "/report.html", title, results);
+    staged.commit();
     const std::string report = a.out + "/report.html";
-    ex::write_report(report, title, results);
+    for (std::string& d : diffs) d = staged.shown(d);
     fmt::print(
         "report: {}\nper configuration: *.pickle (open at https://pytorch.org/memory_viz), "
         "*.timeline.json (PyTorch's memory-timeline layout), *.timeline.html (its chart)\n",

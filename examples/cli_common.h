@@ -17,8 +17,10 @@
 //   }
 #pragma once
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -30,10 +32,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/checked.h"
 #include "memory/alloc_config.h"
@@ -150,7 +154,8 @@ auto for_flag(std::string_view flag, F&& f) -> decltype(f()) {
 }
 
 namespace detail {
-// Creates and removes a file in `dir`; throws naming `flag` and `path` if it cannot.
+// Creates a file in `dir`, writes a byte to it (a full disk or quota fails here, not after the
+// run) and removes it; throws naming `flag` and `path` if it cannot.
 inline void probe_folder(const std::filesystem::path& dir, std::string_view flag,
                          std::string_view path) {
   std::string name = (dir / ".tally-write-check-XXXXXX").string();
@@ -158,14 +163,44 @@ inline void probe_folder(const std::filesystem::path& dir, std::string_view flag
   if (fd < 0)
     throw std::invalid_argument(fmt::format("{} {}: cannot create a file in the folder '{}': {}",
                                             flag, path, dir.string(), std::strerror(errno)));
+  ssize_t w = 0;
+  do {
+    w = ::write(fd, "\n", 1);
+  } while (w < 0 && errno == EINTR);
+  const int err = w == 1 ? 0 : w < 0 ? errno : EIO;
   ::close(fd);
   ::unlink(name.c_str());
+  if (err)
+    throw std::invalid_argument(fmt::format("{} {}: cannot write a file in the folder '{}': {}",
+                                            flag, path, dir.string(), std::strerror(err)));
+}
+
+// An existing target that is not a regular file (/dev/null, /dev/full, a FIFO) is written in
+// place (base/atomic_file.h): open it and write zero bytes, which reaches the device's own
+// write without writing anything (/dev/full answers ENOSPC). A FIFO without a reader yet
+// (ENXIO) passes: its reader may come.
+inline void probe_device(const std::string& path, bool fifo, std::string_view flag) {
+  int fd = -1;
+  do {
+    fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0 && fifo && errno == ENXIO) return;
+  if (fd < 0)
+    throw std::invalid_argument(
+        fmt::format("{} {}: cannot open it for writing: {}", flag, path, std::strerror(errno)));
+  const ssize_t w = ::write(fd, "", 0);
+  const int err = errno;
+  ::close(fd);
+  if (w < 0 && err != EAGAIN)
+    throw std::invalid_argument(
+        fmt::format("{} {}: writing to it fails: {}", flag, path, std::strerror(err)));
 }
 }  // namespace detail
 
 // `path` (the value of `flag`) names a file this program can write: not a folder, its folder
-// exists and takes a new file, and an existing file there is writable. Checked before the
-// run, so an unwritable output does not lose a finished run.
+// exists and takes a new file with a byte in it, and an existing file there is writable; an
+// existing device or FIFO takes a write. Checked by writing, before the run, so an unwritable
+// output does not lose a finished run.
 inline void check_output_file(const std::string& path, std::string_view flag) {
   namespace fs = std::filesystem;
   if (path.empty()) throw std::invalid_argument(fmt::format("{}: empty path", flag));
@@ -179,6 +214,11 @@ inline void check_output_file(const std::string& path, std::string_view flag) {
     throw std::invalid_argument(
         fmt::format("{} {}: '{}' {}", flag, path, dir.string(),
                     fs::exists(dir, ec) ? "is not a folder" : "does not exist"));
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {  // written in place
+    detail::probe_device(path, S_ISFIFO(st.st_mode), flag);
+    return;
+  }
   detail::probe_folder(dir, flag, path);
   if (fs::exists(p, ec) && ::access(path.c_str(), W_OK) != 0)
     throw std::invalid_argument(fmt::format("{} {}: the file exists and is not writable: {}", flag,
@@ -198,6 +238,92 @@ inline void check_output_dir(const std::string& dir, std::string_view flag) {
         fmt::format("{} {}: cannot create the folder: {}", flag, dir, ec.message()));
   detail::probe_folder(dir, flag, dir);
 }
+
+// An output folder written whole or not at all (ab_memory --out): the run writes into a fresh
+// folder next to it ("<out>.tmpXXXXXX", path()), and commit() swaps that folder into place
+// (renameat2's RENAME_EXCHANGE, else: rename the old folder away, the new one in), then
+// removes the old one. A run that fails leaves the old report whole and removes its own
+// folder. What the old folder holds besides `is_output(name)` entries (a nested report, the
+// user's own files) moves into the new one first. Where no folder can be made beside `out`
+// (".", a mount point under a read-only folder), path() is `out` itself, as before.
+class StagedOutputDir {
+ public:
+  StagedOutputDir(const std::string& out, std::function<bool(const std::string&)> is_output)
+      : out_(out), path_(out), is_output_(std::move(is_output)) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path real = fs::canonical(out, ec);  // a symbolic link: its folder is replaced
+    if (ec || real.filename().empty() || real == real.root_path()) return;
+    std::string name = real.string() + ".tmpXXXXXX";
+    if (!::mkdtemp(name.data())) return;
+    real_ = real.string();
+    path_ = std::move(name);
+  }
+  ~StagedOutputDir() {
+    if (!committed_ && path_ != out_) {
+      std::error_code ec;
+      std::filesystem::remove_all(path_, ec);
+    }
+  }
+  StagedOutputDir(const StagedOutputDir&) = delete;
+  StagedOutputDir& operator=(const StagedOutputDir&) = delete;
+
+  // Where the run writes.
+  const std::string& path() const { return path_; }
+  // `p` (under path()) as it will be named once committed (under `out`): for what the run
+  // prints and records.
+  std::string shown(const std::string& p) const {
+    if (path_ == out_ || !p.starts_with(path_)) return p;
+    return out_ + p.substr(path_.size());
+  }
+
+  void commit() {
+    namespace fs = std::filesystem;
+    if (path_ == out_ || committed_) return;
+    std::vector<std::string> carried;  // the old folder's other entries, moved into the new one
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(real_, ec)) {
+      const std::string name = e.path().filename().string();
+      if (is_output_(name) || fs::exists(fs::path(path_) / name, ec)) continue;
+      if (::rename(e.path().c_str(), (fs::path(path_) / name).c_str()) == 0)
+        carried.push_back(name);
+    }
+    int err = 0;
+    if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, real_.c_str(), RENAME_EXCHANGE) == 0) {
+      committed_ = true;
+      fs::remove_all(path_, ec);  // the old report, now at path_
+      return;
+    }
+    // No atomic exchange here (an old kernel or file system): old away, new in, old removed.
+    std::string old = real_ + ".oldXXXXXX";
+    if (::mkdtemp(old.data()) && ::rename(real_.c_str(), old.c_str()) == 0) {
+      if (::rename(path_.c_str(), real_.c_str()) == 0) {
+        committed_ = true;
+        fs::remove_all(old, ec);
+        return;
+      }
+      err = errno;
+      (void)::rename(old.c_str(), real_.c_str());
+    } else {
+      err = errno;
+      ::rmdir(old.c_str());
+    }
+    for (const std::string& name : carried)
+      (void)::rename((fs::path(path_) / name).c_str(), (fs::path(real_) / name).c_str());
+    committed_ = true;  // the new report stays where it is, named in the error
+    throw std::runtime_error(fmt::format(
+        "cannot put the new report in place of '{}': {}; it is complete in '{}', and '{}' is "
+        "unchanged",
+        out_, std::strerror(err), path_, out_));
+  }
+
+ private:
+  std::string out_;   // as given
+  std::string path_;  // where the run writes (out_ when not staged)
+  std::string real_;  // out_ with symbolic links resolved: the folder replaced
+  std::function<bool(const std::string&)> is_output_;
+  bool committed_ = false;
+};
 
 // The environment every program reads: TALLY_ALLOC_CONF (parsed now, not at the first
 // allocation; its oom_snapshot file must be writable).

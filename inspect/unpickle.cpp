@@ -8,6 +8,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -704,6 +705,9 @@ PickleValue unpickle(std::string_view bytes, std::string_view name, const Unpick
 }
 
 PickleValue unpickle_file(const std::string& path, const UnpickleLimits& limits) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))  // (an ifstream reads a folder as an empty file)
+    throw std::runtime_error(fmt::format("{}: is a directory, not a file", path));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   std::ostringstream ss;

@@ -56,8 +56,15 @@ size_t checked_mib(std::string_view key, std::string_view v) {
 
 void parse_divisions(std::string_view key, std::string_view v, AllocatorConfig& cfg) {
   v = trim(v);
+  // PyTorch's rule: 0 (no rounding) or a power of 2. Bounded by 2^30 (PyTorch read the value
+  // as an int for years, and 2^30 steps cut even a 1 GiB interval to single bytes): a value
+  // like 2^63 would disable rounding silently and leave int64's range in the snapshot.
   auto check_pow2 = [&](size_t d, std::string_view text) {
     if (d != 0 && !std::has_single_bit(d)) bad(key, text, "divisions must be a power of 2");
+    if (d > kMaxRoundupDivisions)
+      bad(key, text,
+          fmt::format("divisions must be at most 2^30 ({}), a power of 2 or 0",
+                      kMaxRoundupDivisions));
   };
   if (v.empty()) bad(key, v, "empty value");
   if (v.front() != '[') {
@@ -70,6 +77,7 @@ void parse_divisions(std::string_view key, std::string_view v, AllocatorConfig& 
   std::string_view body = v.substr(1, v.size() - 2);
   size_t last_index = 0;
   bool first = true;
+  std::vector<std::string_view> intervals;  // as written: an interval given twice is an error
   while (!body.empty()) {
     const size_t comma = body.find(',');
     std::string_view item = trim(body.substr(0, comma));
@@ -77,6 +85,9 @@ void parse_divisions(std::string_view key, std::string_view v, AllocatorConfig& 
     const size_t colon = item.find(':');
     if (colon == std::string_view::npos) bad(key, item, "expected interval:divisions");
     const std::string_view interval = trim(item.substr(0, colon));
+    if (std::find(intervals.begin(), intervals.end(), interval) != intervals.end())
+      bad(key, v, fmt::format("interval '{}' is given twice", interval));
+    intervals.push_back(interval);
     const size_t d = parse_uint(key, item.substr(colon + 1));
     check_pow2(d, item);
     if (interval == ">") {
@@ -128,6 +139,7 @@ AllocatorConfig AllocatorConfig::parse(std::string_view conf) {
   AllocatorConfig cfg;
   cfg.settings = std::string(conf);
   if (trim(conf).empty()) return cfg;
+  std::vector<std::string_view> keys;  // a key given twice is refused, not "the last one wins"
   for (std::string_view item : split_top_level(conf)) {
     item = trim(item);
     if (item.empty()) continue;
@@ -137,6 +149,10 @@ AllocatorConfig AllocatorConfig::parse(std::string_view conf) {
           fmt::format("TALLY_ALLOC_CONF: expected key:value, got '{}'", item));
     const std::string_view key = trim(item.substr(0, colon));
     const std::string_view value = item.substr(colon + 1);
+    if (std::find(keys.begin(), keys.end(), key) != keys.end())
+      throw std::invalid_argument(fmt::format(
+          "TALLY_ALLOC_CONF: key '{}' is given twice (in '{}'); give each key once", key, conf));
+    keys.push_back(key);
     if (key == "max_split_size_mb") {
       const size_t mb = std::max<size_t>(checked_mib(key, value), 20);
       cfg.max_split_size = mb * kMiB;

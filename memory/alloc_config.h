@@ -18,6 +18,7 @@ namespace tally::memory {
 
 inline constexpr size_t kMiB = size_t{1} << 20;
 inline constexpr size_t kRoundupIntervals = 16;
+inline constexpr size_t kMaxRoundupDivisions = size_t{1} << 30;  // roundup_power2_divisions
 
 struct AllocatorConfig {
   size_t max_split_size = std::numeric_limits<size_t>::max();  // unlimited
@@ -35,7 +36,8 @@ struct AllocatorConfig {
   // Divisions for a request of `size` bytes.
   size_t divisions_for(size_t size) const;
 
-  // Throws std::invalid_argument naming the key (and the value) on malformed input.
+  // Throws std::invalid_argument naming the key (and the value) on malformed input, and on a
+  // key given twice.
   static AllocatorConfig parse(std::string_view conf);
   // TALLY_ALLOC_CONF from the environment, or defaults.
   static AllocatorConfig from_env();

@@ -76,8 +76,8 @@ std::vector<CheckpointSpec> checkpoint_plans(int blocks) {
         names.push_back(fmt::format("{}-blocks", k));
     names.push_back("blocks");
   }
-  names.push_back("2-segments");
-  names.push_back("4-segments");
+  for (const int segments : {2, 4})  // no more segments than blocks (enable_checkpointing refuses)
+    if (blocks <= 0 || segments <= blocks) names.push_back(fmt::format("{}-segments", segments));
   std::vector<CheckpointSpec> out;
   for (const std::string& s : names) out.push_back(parse_checkpoint_spec(s));
   return out;

@@ -75,7 +75,7 @@ struct MemoryPlan {
 
 // The checkpointing plans searched for a model with `blocks` checkpoint blocks: none,
 // selective, the first quarter, half and three quarters of the blocks, all of them, and 2
-// and 4 segments.
+// and 4 segments (those no larger than `blocks`, when it is known).
 std::vector<CheckpointSpec> checkpoint_plans(int blocks);
 
 // Dry-runs `run(device, candidate)` for every checkpointing plan x precision (x offload, x

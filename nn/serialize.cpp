@@ -19,6 +19,7 @@
 #include "base/checked.h"
 #include "base/enum_table.h"
 #include "base/json.h"
+#include "base/path_kind.h"
 
 namespace tally::nn {
 
@@ -100,9 +101,16 @@ struct Header {
   std::vector<std::string> names;
 };
 
+// "tensor 'w': " while the parser reads the entry of tensor w, else "".
+std::string in_tensor(const std::string& name) {
+  return name.empty() || !is_utf8(name) ? std::string() : fmt::format("tensor '{}': ", name);
+}
+
 // Parses the header `text` with nlohmann-json. Syntax errors (nlohmann's parse_error, whose
-// byte is 1-based in the header), a tensor name given twice and nesting deeper than 64 levels
-// throw naming the file and the byte offset in the file. With `find`, *found receives the file
+// byte is 1-based in the header), every other nlohmann exception of the parse (a number out of
+// range, "1e400": out_of_range.406), a tensor name given twice and nesting deeper than 64
+// levels throw naming the file, the tensor being read (where known) and the byte offset in the
+// file. With `find`, *found receives the file
 // offset where the value at that JSON pointer starts: the semantic errors parse the header
 // again for it (corrupt_value), so that a valid header is parsed once and keeps no offsets.
 //
@@ -139,6 +147,7 @@ Header parse_header(const std::string& text, const std::string& path,
   std::vector<Level> levels;
   Header h;
   std::set<std::string> seen;
+  std::string tensor;  // the top-level entry being read, for the error messages
   auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
     using E = Json::parse_event_t;
     if (event == E::key && depth == 1) {
@@ -146,6 +155,10 @@ Header parse_header(const std::string& text, const std::string& path,
       if (!seen.insert(name).second)
         corrupt_header(path, value_start(), fmt::format("duplicate tensor name '{}'", name));
       h.names.push_back(name);
+      tensor = name;
+    } else if (depth == 1 &&
+               (event == E::value || event == E::object_end || event == E::array_end)) {
+      tensor.clear();  // the entry's value has ended
     }
     if ((event == E::object_start || event == E::array_start) && depth >= 64)
       corrupt_header(path, value_start(), "JSON nested too deeply");
@@ -178,7 +191,14 @@ Header parse_header(const std::string& text, const std::string& path,
     const size_t colon = what.find(": ");
     if (colon != std::string::npos) what.erase(0, colon + 2);
     if (!is_utf8(what)) what.erase(std::min(what.size(), what.find("; last read: ")));
-    corrupt_header(path, kHeaderStart + (e.byte ? e.byte - 1 : 0), what);
+    corrupt_header(path, kHeaderStart + (e.byte ? e.byte - 1 : 0), in_tensor(tensor) + what);
+  } catch (const Json::exception& e) {
+    // Errors with no byte of their own ("[json.exception.out_of_range.406] number overflow
+    // parsing '1e400'"): the offset is where the value being read starts.
+    std::string what = e.what();
+    if (what.starts_with("[json.exception.")) what.erase(0, what.find("] ") + 2);
+    if (!is_utf8(what)) what = "invalid value";
+    corrupt_header(path, value_start(), in_tensor(tensor) + what);
   }
 }
 
@@ -267,6 +287,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 
 NamedTensors load_safetensors(const std::string& path,
                               std::map<std::string, std::string>* metadata) {
+  base::refuse_directory(path, "load_safetensors");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(fmt::format("load_safetensors: cannot open {}", path));
   in.seekg(0, std::ios::end);

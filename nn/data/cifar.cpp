@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "base/checked.h"
+#include "base/path_kind.h"
 #include "memory/caching_allocator.h"
 #include "memory/context.h"
 
@@ -32,6 +33,9 @@ CIFAR10::CIFAR10(const std::string& root, bool train, std::array<double, 3> mean
   namespace fs = std::filesystem;
   for (double s : std)
     if (!(s > 0)) throw std::invalid_argument(fmt::format("CIFAR10: std must be > 0, got {}", s));
+  if (fs::exists(root) && !fs::is_directory(root))
+    missing(fmt::format("'{}' is not a directory ({})", root,
+                        fs::is_regular_file(root) ? "a file" : "not a folder"));
   if (!fs::is_directory(root)) missing(fmt::format("directory '{}' does not exist", root));
   std::vector<std::string> files;
   if (train) {
@@ -42,6 +46,7 @@ CIFAR10::CIFAR10(const std::string& root, bool train, std::array<double, 3> mean
   }
   std::vector<int64_t> counts;
   for (const std::string& f : files) {
+    base::refuse_directory(f, "CIFAR10");
     if (!fs::is_regular_file(f)) missing(fmt::format("'{}' does not exist", f));
     const auto bytes = static_cast<int64_t>(fs::file_size(f));
     if (bytes == 0 || bytes % kRecordBytes != 0)

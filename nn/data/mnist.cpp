@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "base/checked.h"
+#include "base/path_kind.h"
 #include "memory/caching_allocator.h"
 #include "memory/context.h"
 
@@ -32,6 +33,7 @@ class IdxReader {
   explicit IdxReader(std::string path) : path_(std::move(path)) {
     if (!std::filesystem::exists(path_))
       throw std::runtime_error(fmt::format("read_idx: '{}' does not exist", path_));
+    base::refuse_directory(path_, "read_idx");
     if (ends_with(path_, ".gz")) {
       gzipped_ = true;
       unsigned char head[2] = {0, 0};
@@ -104,11 +106,10 @@ uint32_t big_endian(const unsigned char* b) {
 // The first of `names` that exists in `root` (the .gz or the extracted file).
 std::string find_file(const std::string& root, const std::string& stem) {
   namespace fs = std::filesystem;
-  if (!fs::is_directory(root))
-    throw std::runtime_error(fmt::format(
-        "MNIST: directory '{}' does not exist (expected {}.gz in it; Debian/Ubuntu ship "
-        "Fashion-MNIST as the package dataset-fashion-mnist)",
-        root, stem));
+  base::require_directory(root, "MNIST",
+                          fmt::format(" (expected {}.gz in it; Debian/Ubuntu ship Fashion-MNIST "
+                                      "as the package dataset-fashion-mnist)",
+                                      stem));
   for (const std::string& name : {stem + ".gz", stem}) {
     const fs::path p = fs::path(root) / name;
     if (fs::exists(p)) return p.string();
@@ -180,9 +181,13 @@ ByteArray read_idx(const std::string& path) {
   return a;
 }
 
-MNIST::MNIST(const std::string& root, bool train, double mean, double std)
+MNIST::MNIST(const std::string& root, bool train, double mean, double std, int64_t rows,
+             int64_t cols)
     : mean_(mean), std_(std) {
   if (!(std > 0)) throw std::invalid_argument(fmt::format("MNIST: std must be > 0, got {}", std));
+  if ((rows != -1 && rows < 1) || (cols != -1 && cols < 1))
+    throw std::invalid_argument(fmt::format(
+        "MNIST: the image size must be at least 1x1 (or -1: any), got {}x{}", rows, cols));
   memory::CategoryScope scope(memory::Category::input);
   const std::string prefix = train ? "train" : "t10k";
   const std::string images_path = find_file(root, prefix + "-images-idx3-ubyte");
@@ -193,6 +198,20 @@ MNIST::MNIST(const std::string& root, bool train, double mean, double std)
         fmt::format("MNIST: '{}' holds a {}-dimensional array {}, expected "
                     "images [N, rows, cols]",
                     images_path, images_.shape.size(), shape_str(images_.shape)));
+  // The header's image size (byte offsets 8 to 15), before the labels are read: a 0x0 image
+  // is no image, and another size than the dataset's would be read as scrambled images.
+  const int64_t h = images_.size(1), w = images_.size(2);
+  if (h < 1 || w < 1)
+    throw std::runtime_error(
+        fmt::format("MNIST: '{}': the header (byte offsets 8 to 15) gives {}x{} images; an "
+                    "image needs at least 1x1 pixels",
+                    images_path, h, w));
+  if ((rows != -1 && h != rows) || (cols != -1 && w != cols))
+    throw std::runtime_error(fmt::format(
+        "MNIST: '{}': the header (byte offsets 8 to 15) gives {}x{} images, expected {}x{} "
+        "(the dataset's image size)",
+        images_path, h, w, rows == -1 ? std::string("any") : std::to_string(rows),
+        cols == -1 ? std::string("any") : std::to_string(cols)));
   const ByteArray raw = read_idx(labels_path);
   if (raw.shape.size() != 1 || raw.size(0) != images_.size(0))
     throw std::runtime_error(fmt::format(

@@ -29,9 +29,15 @@ class MNIST : public Dataset {
  public:
   static constexpr int64_t kClasses = 10;
 
-  // Reads {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] from `root`.
+  // MNIST's and Fashion-MNIST's images are 28x28.
+  static constexpr int64_t kRows = 28, kCols = 28;
+
+  // Reads {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] from `root`. The images file's
+  // header must give `rows` x `cols` images (-1: any size of at least 1x1), else an error names
+  // the file, the header's size and the expected one: a 14x56 file read as 28x28 scrambles
+  // every image.
   explicit MNIST(const std::string& root, bool train = true, double mean = 0.1307,
-                 double std = 0.3081);
+                 double std = 0.3081, int64_t rows = kRows, int64_t cols = kCols);
 
   int64_t size() const override { return images_.size(0); }
   int64_t rows() const { return images_.size(1); }
@@ -59,8 +65,9 @@ class FashionMNIST : public MNIST {
   static constexpr const char* kDefaultRoot = "/usr/share/datasets/fashion-mnist";
 
   explicit FashionMNIST(const std::string& root = kDefaultRoot, bool train = true,
-                        double mean = 0.2860, double std = 0.3530)
-      : MNIST(root, train, mean, std) {}
+                        double mean = 0.2860, double std = 0.3530, int64_t rows = kRows,
+                        int64_t cols = kCols)
+      : MNIST(root, train, mean, std, rows, cols) {}
 };
 
 }  // namespace tally::data

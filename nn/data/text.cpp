@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "base/checked.h"
+#include "base/path_kind.h"
 #include "memory/caching_allocator.h"
 #include "memory/context.h"
 #include "tensor/ops.h"
@@ -79,6 +80,7 @@ TextCorpus::TextCorpus(const std::string& path, double val_fraction) : path_(pat
   if (!(val_fraction >= 0 && val_fraction < 1))
     throw std::invalid_argument(
         fmt::format("TextCorpus: val_fraction must be in [0, 1), got {}", val_fraction));
+  base::refuse_directory(path, "TextCorpus");
   if (!fs::is_regular_file(path))
     throw std::runtime_error(fmt::format(
         "TextCorpus: '{}' does not exist or is not a file{}", path,

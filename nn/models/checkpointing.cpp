@@ -90,9 +90,22 @@ void enable_checkpointing(Module& model, const CheckpointSpec& spec) {
                       model.type_name(), n));
     return;
   }
+  // A segment holds at least one stage: the most a staged module's forward can cut is its
+  // blocks (ResNet's residual blocks once N exceeds its layers, GPT's transformer blocks). More
+  // segments than that would be cut down silently while the run reports N.
   int n = 0;
-  for (auto& [name, m] : model.named_modules())
-    if (m->set_checkpoint_segments(spec.segments)) ++n;
+  for (auto& [name, m] : model.named_modules()) {
+    if (!m->set_checkpoint_segments(0)) continue;
+    const int stages = checkpoint_block_count(*m);
+    if (stages > 0 && spec.segments > stages)
+      throw std::invalid_argument(fmt::format(
+          "enable_checkpointing({}): the model ({}) has {} stages (its blocks){}, so N-segments "
+          "takes N from 1 to {}",
+          spec.str(), model.type_name(), stages,
+          name.empty() ? std::string() : fmt::format(" in '{}'", name), stages));
+    m->set_checkpoint_segments(spec.segments);
+    ++n;
+  }
   if (n == 0)
     throw std::invalid_argument(
         fmt::format("enable_checkpointing({}): {} has no stage list to segment", spec.str(),

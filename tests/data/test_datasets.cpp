@@ -44,6 +44,15 @@ void write_small_mnist(const TempDir& dir, const std::string& prefix = "train") 
   dt::write_gzip(dir.file(prefix + "-labels-idx1-ubyte.gz"), dt::idx_bytes({3}, {2, 0, 9}));
 }
 
+// 3 images rows x cols (header dimensions as given, pixels (n * k) % 256) and labels 2, 0, 9.
+void write_mnist(const TempDir& dir, const std::string& prefix, uint32_t rows, uint32_t cols) {
+  std::vector<uint8_t> px;
+  for (uint32_t n = 0; n < 3; ++n)
+    for (uint32_t k = 0; k < rows * cols; ++k) px.push_back(static_cast<uint8_t>((n * k) % 256));
+  dt::write_gzip(dir.file(prefix + "-images-idx3-ubyte.gz"), dt::idx_bytes({3, rows, cols}, px));
+  dt::write_gzip(dir.file(prefix + "-labels-idx1-ubyte.gz"), dt::idx_bytes({3}, {2, 0, 9}));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- IDX / MNIST
@@ -70,7 +79,7 @@ TEST(Idx, UncompressedFileToo) {
 TEST(Mnist, ShapesValuesNormalisation) {
   TempDir dir;
   write_small_mnist(dir);
-  MNIST ds(dir.str(), /*train=*/true, /*mean=*/0.5, /*std=*/0.25);
+  MNIST ds(dir.str(), /*train=*/true, /*mean=*/0.5, /*std=*/0.25, /*rows=*/2, /*cols=*/4);
   ASSERT_EQ(ds.size(), 3);
   const Example ex = ds.get(1);
   EXPECT_EQ(ex.input.sizes(), (Shape{1, 2, 4}));
@@ -90,7 +99,7 @@ TEST(Mnist, ShapesValuesNormalisation) {
 
 TEST(Mnist, FashionDefaultsNormalise) {
   TempDir dir;
-  write_small_mnist(dir, "t10k");
+  write_mnist(dir, "t10k", 28, 28);
   FashionMNIST ds(dir.str(), /*train=*/false);
   EXPECT_DOUBLE_EQ(ds.mean(), 0.2860);
   EXPECT_DOUBLE_EQ(ds.std(), 0.3530);
@@ -171,10 +180,12 @@ TEST(MnistErrors, MissingFilesAndLabels) {
   expect_error([&] { MNIST m(dir.str()); }, {dir.str(), "train-images-idx3-ubyte"});
   dt::write_gzip(dir.file("train-images-idx3-ubyte.gz"), dt::idx_bytes({2, 1, 1}, {0, 0}));
   dt::write_gzip(dir.file("train-labels-idx1-ubyte.gz"), dt::idx_bytes({2}, {3, 10}));
-  expect_error([&] { MNIST m(dir.str()); }, {"train-labels-idx1-ubyte.gz", "label 10 of example 1",
-                                             "byte offset 9", "out of range [0, 10)"});
+  expect_error([&] { MNIST m(dir.str(), true, 0.1307, 0.3081, 1, 1); },
+               {"train-labels-idx1-ubyte.gz", "label 10 of example 1", "byte offset 9",
+                "out of range [0, 10)"});
   dt::write_gzip(dir.file("train-labels-idx1-ubyte.gz"), dt::idx_bytes({3}, {1, 2, 3}));
-  expect_error([&] { MNIST m(dir.str()); }, {"labels of shape [3]", "expected [2]"});
+  expect_error([&] { MNIST m(dir.str(), true, 0.1307, 0.3081, 1, 1); },
+               {"labels of shape [3]", "expected [2]"});
 }
 
 // Header dimensions that multiply past 2^63 - 1 (issue 22: past 2^64 they crashed the reader):
@@ -471,4 +482,27 @@ TEST(Synthetic, TokensShifted) {
   }
   EXPECT_EQ(ops::to_vector(SyntheticTokens(20, 11, {3, 8}, 3).get(4).input), x);
   EXPECT_EQ(ops::to_vector(ds.get_batch({1, 4}).input.select(0, 1)), x);
+}
+
+// Issue 54: the images' size in the header must be the dataset's (a 14x56 file read as 28x28
+// trained on scrambled images), and a 0x0 header is refused by the reader, naming the file
+// (it used to reach conv2d as a shape error).
+TEST(MnistErrors, ImageSizeMustBeTheDatasets) {
+  TempDir dir;
+  write_mnist(dir, "train", 14, 56);
+  const std::string f = dir.file("train-images-idx3-ubyte.gz");
+  expect_error([&] { FashionMNIST ds(dir.str()); },
+               {"MNIST: '" + f + "'", "gives 14x56 images, expected 28x28"});
+  expect_error([&] { MNIST ds(dir.str()); }, {f, "gives 14x56 images, expected 28x28"});
+  // Another expected size, or any (-1), reads the file.
+  EXPECT_EQ(MNIST(dir.str(), true, 0.1307, 0.3081, 14, 56).rows(), 14);
+  EXPECT_EQ(MNIST(dir.str(), true, 0.1307, 0.3081, -1, -1).cols(), 56);
+  write_mnist(dir, "train", 28, 28);
+  EXPECT_EQ(FashionMNIST(dir.str()).size(), 3);
+  write_mnist(dir, "train", 0, 0);
+  for (int64_t any : {int64_t{-1}, int64_t{28}})
+    expect_error([&] { MNIST ds(dir.str(), true, 0.1307, 0.3081, any, any); },
+                 {"MNIST: '" + f + "'", "gives 0x0 images", "at least 1x1"});
+  expect_error([&] { MNIST ds(dir.str(), true, 0.1307, 0.3081, 0, 28); },
+               {"image size must be at least 1x1", "got 0x28"});
 }

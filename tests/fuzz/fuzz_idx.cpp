@@ -72,7 +72,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fuzz::write_file(root / "t10k-images-idx3-ubyte", body + 2, cut);
       fuzz::write_file(root / "t10k-labels-idx1-ubyte", body + 2 + cut, n - 2 - cut);
       fuzz::accepts([&] {
-        const data::MNIST m(root.string(), /*train=*/false);
+        const data::MNIST m(root.string(), /*train=*/false, 0.1307, 0.3081, /*rows=*/-1,
+                            /*cols=*/-1);
         FUZZ_CHECK(m.size() == m.labels().numel());
         for (int64_t i = 0; i < m.size(); ++i) {
           const data::Example ex = m.get(i);

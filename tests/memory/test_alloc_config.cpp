@@ -98,5 +98,36 @@ TEST(AllocConfig, FromEnvironment) {
   unsetenv("TALLY_ALLOC_CONF");
 }
 
+// Issue 54: a key given twice took the last value silently; now refused, naming the key.
+TEST(AllocConfig, DuplicateKeysAreRefused) {
+  const std::string e =
+      error_of("max_split_size_mb:64,garbage_collection_threshold:0.5, max_split_size_mb :128");
+  EXPECT_NE(e.find("key 'max_split_size_mb' is given twice"), std::string::npos) << e;
+  EXPECT_NE(error_of("expandable_segments:True,expandable_segments:True").find("given twice"),
+            std::string::npos);
+  const std::string i = error_of("roundup_power2_divisions:[64:8,64:4]");
+  EXPECT_NE(i.find("interval '64' is given twice"), std::string::npos) << i;
+  EXPECT_NE(error_of("roundup_power2_divisions:[>:8,>:4]").find("given twice"), std::string::npos);
+  EXPECT_EQ(error_of("max_split_size_mb:64,roundup_power2_divisions:[64:8,128:4]"), "");
+}
+
+// Issue 54: roundup_power2_divisions:9223372036854775808 (2^63) was accepted; the divisions are
+// 0 or a power of 2 up to 2^30, in both forms.
+TEST(AllocConfig, DivisionsAreRangeChecked) {
+  for (const char* conf :
+       {"roundup_power2_divisions:9223372036854775808", "roundup_power2_divisions:2147483648",
+        "roundup_power2_divisions:[64:2147483648]",
+        "roundup_power2_divisions:[>:9223372036854775808]"}) {
+    const std::string e = error_of(conf);
+    EXPECT_NE(e.find("roundup_power2_divisions"), std::string::npos) << conf << ": " << e;
+    EXPECT_NE(e.find("at most 2^30"), std::string::npos) << conf << ": " << e;
+  }
+  EXPECT_NE(error_of("roundup_power2_divisions:18446744073709551616").find("non-negative integer"),
+            std::string::npos);
+  const AllocatorConfig c = AllocatorConfig::parse("roundup_power2_divisions:1073741824");
+  EXPECT_EQ(c.roundup_power2_divisions[3], kMaxRoundupDivisions);
+  EXPECT_EQ(error_of("roundup_power2_divisions:[1:0,>:64]"), "");
+}
+
 }  // namespace
 }  // namespace tally::memory

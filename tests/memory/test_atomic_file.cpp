@@ -2,11 +2,16 @@
 // exception in the writer) leaves the previous file intact byte for byte and no temporary
 // file behind; errors name the path and the errno text; permissions and symbolic links are
 // kept; concurrent writers never interleave.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -233,6 +238,76 @@ TEST(AtomicFile, SnapshotWriteCutShortKeepsPreviousSnapshot) {
   EXPECT_TRUE(contains(r.what, f.string()) && contains(r.what, std::strerror(EFBIG))) << r.what;
   EXPECT_EQ(slurp(f), good);
   EXPECT_EQ(names_in(d), std::set<std::string>{"snap.pickle"});
+}
+
+// Issue 54: a save killed half-way left its "<target>.tmpXXXXXX" behind for good. The next
+// write of the target removes the temporary files no live writer holds (their flock), and
+// keeps a live writer's, in this process or another.
+TEST(AtomicFile, StaleTemporaryFilesAreRemovedAtTheNextWrite) {
+  const fs::path d = fresh_dir();
+  const fs::path f = d / "w.safetensors";
+  auto spit = [](const fs::path& p, const std::string& s) { std::ofstream(p) << s; };
+  spit(d / "w.safetensors.tmpAb12Cd", "left by a killed save");
+  spit(d / ".tally-tmpXy34Zw", "left by a killed save of a long name");
+  spit(d / "w.safetensors.tmpToolong1", "not a temporary name");
+  spit(d / "other.bin.tmpAb12Cd", "another target's");
+  // A live writer's file: locked through another open file description.
+  spit(d / "w.safetensors.tmpLive00", "being written");
+  const int live = ::open((d / "w.safetensors.tmpLive00").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(live, 0);
+  ASSERT_EQ(::flock(live, LOCK_EX | LOCK_NB), 0);
+  base::write_file_atomic(f.string(), pattern(1000, 'w'), "test");
+  EXPECT_EQ(names_in(d), (std::set<std::string>{"w.safetensors", "w.safetensors.tmpToolong1",
+                                                "other.bin.tmpAb12Cd", "w.safetensors.tmpLive00"}));
+  ::close(live);  // the writer is gone: the next write removes its file
+  base::write_file_atomic(f.string(), pattern(1000, 'v'), "test");
+  EXPECT_EQ(names_in(d), (std::set<std::string>{"w.safetensors", "w.safetensors.tmpToolong1",
+                                                "other.bin.tmpAb12Cd"}));
+  EXPECT_EQ(slurp(f), pattern(1000, 'v'));
+}
+
+// A writer process in the middle of its write keeps its temporary file while another process
+// writes the same target; killed with SIGKILL, its file goes at the next write.
+TEST(AtomicFile, KilledWritersTemporaryFileGoesAtTheNextWrite) {
+  const fs::path d = fresh_dir();
+  const fs::path f = d / "big.bin";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    try {
+      base::write_file_atomic(
+          f.string(),
+          [](std::ostream& out) {
+            out << "half";
+            out.flush();
+            for (;;) ::pause();  // killed here, half-way
+          },
+          "test");
+    } catch (...) {
+    }
+    ::_exit(1);
+  }
+  auto temps = [&] {
+    std::set<std::string> t;
+    for (const std::string& n : names_in(d))
+      if (n.starts_with("big.bin.tmp")) t.insert(n);
+    return t;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (temps().empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const std::set<std::string> writing = temps();
+  ASSERT_EQ(writing.size(), 1u);
+  base::write_file_atomic(f.string(), pattern(100, 'a'), "test");  // a concurrent write
+  EXPECT_EQ(temps(), writing) << "a live writer's temporary file was removed";
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_EQ(temps(), writing);  // left behind by the kill
+  base::write_file_atomic(f.string(), pattern(100, 'b'), "test");
+  EXPECT_TRUE(temps().empty());
+  EXPECT_EQ(names_in(d), std::set<std::string>{"big.bin"});
+  EXPECT_EQ(slurp(f), pattern(100, 'b'));
 }
 
 }  // namespace

@@ -215,5 +215,27 @@ TEST(Plan, PartialBlockPlansParseAndApply) {
                std::invalid_argument);  // the small GPT has 4
 }
 
+// Issue 54: more segments than the model has stages was cut down silently while the run said
+// N-segments; now refused, naming the stage count. The planner offers no such plan.
+TEST(Plan, SegmentsBeyondTheStagesAreRefused) {
+  nn::BuildOnDevice on(Device::meta());
+  nn::GPT gpt(nn::GPTConfig::preset("tiny"));  // 2 transformer blocks
+  nn::enable_checkpointing(gpt, nn::parse_checkpoint_spec("2-segments"));
+  try {
+    nn::enable_checkpointing(gpt, nn::parse_checkpoint_spec("7-segments"));
+    ADD_FAILURE() << "7-segments on a 2-block GPT was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("enable_checkpointing(7-segments)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("has 2 stages"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("from 1 to 2"), std::string::npos) << msg;
+  }
+  for (const nn::CheckpointSpec& s : nn::checkpoint_plans(2))
+    EXPECT_NO_THROW(nn::enable_checkpointing(gpt, s)) << s.str();
+  bool four = false;
+  for (const nn::CheckpointSpec& s : nn::checkpoint_plans(2)) four |= s.str() == "4-segments";
+  EXPECT_FALSE(four);
+}
+
 }  // namespace
 }  // namespace tally

@@ -401,3 +401,23 @@ TEST(Safetensors, HeaderErrorsNameFileTensorAndOffset) {
   h = R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
   expect(error(h, std::string(4, '\0')), {"tensor 'a' ends at data byte 8", "only 4 data bytes"});
 }
+
+// nlohmann's exceptions other than parse_error (a number out of a double's range:
+// out_of_range.406) are corrupt headers too, naming the file, the tensor and the number's byte.
+TEST(Safetensors, NumberOverflowNamesFileTensorAndOffset) {
+  const fs::path p = temp_dir() / "overflow_number.safetensors";
+  const std::string h = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 1e400]}})";
+  spit(p, st_file(h, std::string(4, '\0')));
+  const std::string e = load_error(p);
+  EXPECT_TRUE(contains(e, "load_safetensors: " + p.string() + ": ")) << e;
+  EXPECT_TRUE(contains(e, "corrupt header at byte " + std::to_string(8 + h.find("1e400")) + ":"))
+      << e;
+  EXPECT_TRUE(contains(e, "tensor 'w': number overflow parsing '1e400'")) << e;
+  EXPECT_FALSE(contains(e, "json.exception")) << e;
+  const std::string m = R"({"__metadata__": {"k": "v"}, "x": -1e999})";
+  spit(p, st_file(m));
+  const std::string e2 = load_error(p);
+  EXPECT_TRUE(contains(e2, "corrupt header at byte " + std::to_string(8 + m.find("-1e999")) + ":"))
+      << e2;
+  EXPECT_TRUE(contains(e2, "tensor 'x': number overflow")) << e2;
+}
