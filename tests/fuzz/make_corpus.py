@@ -56,6 +56,7 @@ write("idx", "mnist-valid", b"\x03" + struct.pack(">H", len(images)) + images + 
 write("idx", "mnist-count-mismatch", b"\x03" + struct.pack(">H", len(images)) + images + labels)
 write("idx", "mnist-label-range", b"\x03" + struct.pack(">H", len(images)) + images + idx([3], b"\x01\x0a\x02"))
 write("idx", "mnist-images-rank2", b"\x03" + struct.pack(">H", 4 + 8 + 6) + idx([2, 3]) + idx([2]))
+write("idx", "mnist-zero-by-zero", b"\x03" + struct.pack(">H", 16) + idx([3, 0, 0]) + idx([3]))
 
 # ---- cifar: mode byte (bit 0 train, bit 1 no data_batch_5); train: 5 big-endian lengths ----
 REC = 1 + 3 * 32 * 32
@@ -142,6 +143,7 @@ write("safetensors", "overlap", framed(b'{"a":{"dtype":"F32","shape":[1],"data_o
 write("safetensors", "big-shape", framed(b'{"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}}', b""))
 write("safetensors", "float-shape", framed(b'{"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}}', b"\x00" * 4))
 write("safetensors", "nested", framed(b'{"__metadata__":{"k":"v"},"a":{"dtype":"I64","shape":[[1]],"data_offsets":[0,8]}}', b"\x00" * 8))
+write("safetensors", "number-overflow", framed(b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,1e400]}}', b"\x00" * 4))
 
 # ---- alloc_conf: the setting, a NUL, then bytes that drive allocations ----
 ops = bytes([0, 1, 2, 3, 4, 5, 6, 7, 8, 9] * 12) + bytes(range(0, 256, 3))
@@ -163,6 +165,9 @@ for name, conf in [
         ("expandable-bad-value", b"expandable_segments:yes"),
         ("expandable-reclaim", b"expandable_segments:True,reclaim_on_growth:True,large_segment_size_mb:2"),
         ("reclaim-alone", b"reclaim_on_growth:True"),
+        ("duplicate-key", b"max_split_size_mb:64,max_split_size_mb:128"),
+        ("divisions-2-63", b"roundup_power2_divisions:9223372036854775808"),
+        ("divisions-duplicate-interval", b"roundup_power2_divisions:[64:8,64:4]"),
 ]:
     write("alloc_conf", name, conf + b"\x00" + ops)
 

@@ -333,6 +333,14 @@ TEST(Unpickle, TruncatedFileNamesTheFile) {
   } catch (const std::runtime_error& e) {
     EXPECT_TRUE(contains(e.what(), "no-such-tally-file.pickle: cannot open")) << e.what();
   }
+  // A folder is said to be one (issue 54: it read as an empty file).
+  try {
+    unpickle_file(fs::temp_directory_path().string());
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(contains(e.what(), "is a directory, not a file")) << e.what();
+    EXPECT_FALSE(contains(e.what(), "empty file")) << e.what();
+  }
 }
 
 TEST(Unpickle, BadOpcodesAreNamed) {
