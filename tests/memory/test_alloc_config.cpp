@@ -84,9 +84,9 @@ TEST(AllocConfig, ExpandableSegments) {
   EXPECT_THROW(AllocatorConfig::parse("expandable_segments:True,reclaim_on_growth:maybe"),
                std::invalid_argument);
   EXPECT_NO_THROW(AllocatorConfig::parse("reclaim_on_growth:False"));
-  // The last occurrence wins, as for every key.
-  EXPECT_FALSE(AllocatorConfig::parse("expandable_segments:True,expandable_segments:False")
-                   .expandable_segments);
+  // A key given twice is refused, as every key (issue 54: the last one won silently).
+  EXPECT_THROW(AllocatorConfig::parse("expandable_segments:True,expandable_segments:False"),
+               std::invalid_argument);
 }
 
 TEST(AllocConfig, FromEnvironment) {
