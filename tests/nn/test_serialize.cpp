@@ -420,4 +420,6 @@ TEST(Safetensors, NumberOverflowNamesFileTensorAndOffset) {
   EXPECT_TRUE(contains(e2, "corrupt header at byte " + std::to_string(8 + m.find("-1e999")) + ":"))
       << e2;
   EXPECT_TRUE(contains(e2, "tensor 'x': number overflow")) << e2;
+  // A folder is said to be one.
+  EXPECT_TRUE(contains(load_error(temp_dir()), "is a directory, not a file"));
 }
