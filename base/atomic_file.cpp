@@ -314,6 +314,20 @@ void write_file_atomic(const std::string& path, const std::function<void(std::os
   AtomicWriter(path, who).run(write);
 }
 
+int probe_in_place_write(const std::string& path) noexcept {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return errno;
+  int fd = -1;
+  do {
+    fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return S_ISFIFO(st.st_mode) && errno == ENXIO ? 0 : errno;
+  const ssize_t w = ::write(fd, "", 0);
+  const int err = w < 0 && errno != EAGAIN ? errno : 0;
+  ::close(fd);
+  return err;
+}
+
 void write_file_atomic(const std::string& path, std::string_view bytes, std::string_view who) {
   write_file_atomic(
       path, [bytes](std::ostream& out) { out.write(bytes.data(), std::ssize(bytes)); }, who);

@@ -37,6 +37,12 @@ namespace tally::base {
 void write_file_atomic(const std::string& path, const std::function<void(std::ostream&)>& write,
                        std::string_view who);
 
+// For a target that exists and is not a regular file (written in place): opens it for writing
+// and writes zero bytes, which reaches the device's own write without writing anything
+// (/dev/full answers ENOSPC). Returns 0 when it would take a write, else the errno. A FIFO
+// without a reader yet passes (its reader may come). For checks before a run.
+int probe_in_place_write(const std::string& path) noexcept;
+
 // The same for bytes already in memory.
 void write_file_atomic(const std::string& path, std::string_view bytes, std::string_view who);
 

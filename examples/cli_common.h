@@ -17,7 +17,6 @@
 //   }
 #pragma once
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -39,6 +38,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/atomic_file.h"
 #include "base/checked.h"
 #include "memory/alloc_config.h"
 
@@ -175,26 +175,6 @@ inline void probe_folder(const std::filesystem::path& dir, std::string_view flag
                                             flag, path, dir.string(), std::strerror(err)));
 }
 
-// An existing target that is not a regular file (/dev/null, /dev/full, a FIFO) is written in
-// place (base/atomic_file.h): open it and write zero bytes, which reaches the device's own
-// write without writing anything (/dev/full answers ENOSPC). A FIFO without a reader yet
-// (ENXIO) passes: its reader may come.
-inline void probe_device(const std::string& path, bool fifo, std::string_view flag) {
-  int fd = -1;
-  do {
-    fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  } while (fd < 0 && errno == EINTR);
-  if (fd < 0 && fifo && errno == ENXIO) return;
-  if (fd < 0)
-    throw std::invalid_argument(
-        fmt::format("{} {}: cannot open it for writing: {}", flag, path, std::strerror(errno)));
-  const ssize_t w = ::write(fd, "", 0);
-  const int err = errno;
-  ::close(fd);
-  if (w < 0 && err != EAGAIN)
-    throw std::invalid_argument(
-        fmt::format("{} {}: writing to it fails: {}", flag, path, std::strerror(err)));
-}
 }  // namespace detail
 
 // `path` (the value of `flag`) names a file this program can write: not a folder, its folder
@@ -216,7 +196,9 @@ inline void check_output_file(const std::string& path, std::string_view flag) {
                     fs::exists(dir, ec) ? "is not a folder" : "does not exist"));
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {  // written in place
-    detail::probe_device(path, S_ISFIFO(st.st_mode), flag);
+    if (const int err = base::probe_in_place_write(path))
+      throw std::invalid_argument(
+          fmt::format("{} {}: writing to it fails: {}", flag, path, std::strerror(err)));
     return;
   }
   detail::probe_folder(dir, flag, path);

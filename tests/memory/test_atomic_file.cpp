@@ -310,5 +310,16 @@ TEST(AtomicFile, KilledWritersTemporaryFileGoesAtTheNextWrite) {
   EXPECT_EQ(slurp(f), pattern(100, 'b'));
 }
 
+// The check before a run of a target written in place: /dev/full fails when written (issue 54:
+// it passed a look at its permissions and failed after training).
+TEST(AtomicFile, InPlaceTargetsAreProbedByWriting) {
+  EXPECT_EQ(base::probe_in_place_write("/dev/null"), 0);
+  if (fs::exists("/dev/full")) EXPECT_EQ(base::probe_in_place_write("/dev/full"), ENOSPC);
+  EXPECT_EQ(base::probe_in_place_write("/nonexistent/x"), ENOENT);
+  const fs::path fifo = fresh_dir() / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(base::probe_in_place_write(fifo.string()), 0);  // no reader yet: it may come
+}
+
 }  // namespace
 }  // namespace tally::memory
