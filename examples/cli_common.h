@@ -17,6 +17,7 @@
 //   }
 #pragma once
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <stdlib.h>
 #include <sys/stat.h>
