@@ -122,7 +122,7 @@ def leftovers():
 p, _ = run(AB + ["--checkpoint", "none,blocks", "--out", out])
 if check(p.returncode == 0, f"ab_memory first run (exit {p.returncode}: {p.stderr[-400:]!r})"):
     before = contents(out)
-    check("report.html" in before and "none.pickle" in before and "diff/blocks.html" in before,
+    check("report.html" in before and "ckpt_none_amp_off.pickle" in before and "diff/ckpt_blocks_amp_off.html" in before,
           f"the first report's files: {sorted(before)}")
     p, _ = run(AB + ["--checkpoint", "none,99-segments", "--out", out])
     check(p.returncode == 2 and "99-segments" in p.stderr, f"ab_memory fails part-way (exit {p.returncode})")
@@ -134,11 +134,11 @@ if check(p.returncode == 0, f"ab_memory first run (exit {p.returncode}: {p.stder
     p, _ = run(AB + ["--checkpoint", "blocks", "--out", out])
     check(p.returncode == 0, f"ab_memory re-run (exit {p.returncode}: {p.stderr[-400:]!r})")
     after = contents(out)
-    check("none.pickle" not in after and "diff/blocks.html" not in after and "blocks.pickle" in after,
+    check("ckpt_none_amp_off.pickle" not in after and "diff/ckpt_blocks_amp_off.html" not in after and "ckpt_blocks_amp_off.pickle" in after,
           f"the new report alone: {sorted(after)}")
     check(open(os.path.join(out, "notes.txt")).read() == "mine", "the user's own file is kept")
     results = open(os.path.join(out, "results.json")).read()
-    check(os.path.join(out, "blocks.pickle") in results and ".tmp" not in results,
+    check(os.path.join(out, "ckpt_blocks_amp_off.pickle") in results and ".tmp" not in results,
           "results.json names the files under --out")
     check(f"report: {out}/report.html" in p.stdout, "the printed report path is under --out")
     check(not leftovers(), f"no staging or old folder left: {leftovers()}")
