@@ -24,9 +24,9 @@
 #include "tensor/attention/cuda_cudnn_sdpa.h"
 #include "tensor/cuda/cudnn.h"
 #include "tensor/cuda/graph.h"
+#include "tensor/cuda/matmul_settings.h"  // tunable_enabled
 #include "tensor/cuda/runtime.h"
 #include "tensor/op_alloc.h"
-#include "tensor/cuda/matmul_settings.h"  // tunable_enabled
 #include "tensor/storage.h"
 
 namespace tally::cuda {
