@@ -293,8 +293,17 @@ TEST(AtomicFile, KilledWritersTemporaryFileGoesAtTheNextWrite) {
       if (n.starts_with("big.bin.tmp")) t.insert(n);
     return t;
   };
+  // Wait until the child has written into its file: it holds the file's lock by then (a file
+  // seen before the lock may be taken by a cleanup, and its writer picks another name).
+  auto written = [&] {
+    for (const std::string& n : temps()) {
+      std::error_code ec;
+      if (fs::file_size(d / n, ec) >= 4 && !ec) return true;
+    }
+    return false;
+  };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (temps().empty() && std::chrono::steady_clock::now() < deadline)
+  while (!written() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   const std::set<std::string> writing = temps();
   ASSERT_EQ(writing.size(), 1u);

@@ -290,9 +290,13 @@ TEST(CachingAllocator, RequestsNearTwoToThe64AreErrorsNotWraps) {
   EXPECT_EQ(g.alloc->round_size((size_t{1} << 63) + 1), (size_t{1} << 63) + (size_t{1} << 61));
   EXPECT_THROW((void)g.alloc->round_size(std::numeric_limits<size_t>::max() - 5),
                std::overflow_error);
-  // A division count from the config that 512 * divisions would wrap: plain rounding.
-  Fixture h(size_t{1} << 34, "roundup_power2_divisions:36028797018963968");  // 2^55
-  EXPECT_EQ(h.alloc->round_size(12000), 12288u);
+  // A division count that 512 * divisions would wrap is refused by the config (at most 2^30).
+  try {
+    Fixture h(size_t{1} << 34, "roundup_power2_divisions:36028797018963968");  // 2^55
+    ADD_FAILURE() << "2^55 divisions accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("at most 2^30"), std::string::npos) << e.what();
+  }
 }
 
 // max_non_split_rounding near 2^64 (the config allows it): "block >= size + rounding" used to
