@@ -240,9 +240,15 @@ class AtomicWriter {
 
   // Locks the new temporary file until it is renamed or removed (remove_stale_temps), through
   // a duplicate descriptor that outlives fd_'s close. False when the file was unlinked before
-  // the lock was taken. A file system without flock: unlocked, and never cleaned up by others.
+  // the lock was taken. It waits for the lock: another write's cleanup may hold it for the
+  // moment it takes to look at the file (and remove it), and a writer that went on unlocked
+  // could have its file removed under it. A file system without flock: unlocked, and never
+  // cleaned up by others.
   bool lock_temp() {
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) return true;
+    int r = 0;
+    do r = ::flock(fd_, LOCK_EX);
+    while (r != 0 && errno == EINTR);
+    if (r != 0) return true;
     struct stat st {};
     if (::fstat(fd_, &st) == 0 && st.st_nlink == 0) {
       ::flock(fd_, LOCK_UN);
