@@ -1,0 +1,107 @@
+#include "nn/models/registry.h"
+
+#include <fmt/format.h>
+
+#include <numeric>
+#include <stdexcept>
+
+#include "nn/data/synthetic.h"
+#include "tensor/softmax/autograd.h"
+#include "nn/models/gpt.h"
+#include "nn/models/resnet.h"
+
+namespace tally::nn {
+namespace {
+
+std::vector<int64_t> batch_indices(int64_t batch, int64_t step) {
+  std::vector<int64_t> idx(static_cast<size_t>(batch));
+  std::iota(idx.begin(), idx.end(), step * batch);
+  return idx;
+}
+
+ModelEntry resnet_entry() {
+  ModelEntry e;
+  e.name = "resnet";
+  e.description = "torchvision's ResNet (tiny | resnet18 | resnet34 | resnet50 | resnet101)";
+  e.presets = {"tiny", "resnet18", "resnet34", "resnet50", "resnet101"};
+  e.input = ModelEntry::Input::images;
+  e.build = [](const ModelOptions& o) {
+    return resnet_by_name(o.preset, {.num_classes = o.num_classes, .in_channels = o.in_channels});
+  };
+  e.synthetic_batch = [](const ModelOptions& o, int64_t batch, int64_t step, uint64_t seed) {
+    const data::SyntheticImages ds((step + 1) * batch, {o.in_channels, o.image_size, o.image_size},
+                                   o.num_classes, seed);
+    return ds.get_batch(batch_indices(batch, step));
+  };
+  e.loss = [](Module& m, const data::Example& b) { return cross_entropy(m(b.input), b.target); };
+  return e;
+}
+
+ModelEntry gpt_entry() {
+  ModelEntry e;
+  e.name = "gpt";
+  e.description = "nanoGPT's GPT-2 (tiny | small | gpt2 | gpt2-medium)";
+  e.presets = {"tiny", "small", "gpt2", "gpt2-medium"};
+  e.input = ModelEntry::Input::tokens;
+  e.context = [](const std::string& p) { return GPTConfig::preset(p).block_size; };
+  e.build = [](const ModelOptions& o) -> std::shared_ptr<Module> {
+    GPTConfig cfg = GPTConfig::preset(o.preset);
+    cfg.fused_classifier = o.fused_classifier;
+    return std::make_shared<GPT>(cfg);
+  };
+  e.synthetic_batch = [](const ModelOptions& o, int64_t batch, int64_t step, uint64_t seed) {
+    const GPTConfig cfg = GPTConfig::preset(o.preset);
+    const data::SyntheticTokens ds((step + 1) * batch, cfg.vocab_size, {o.seq}, seed);
+    return ds.get_batch(batch_indices(batch, step));
+  };
+  e.loss = [](Module& m, const data::Example& b) {
+    return dynamic_cast<GPT&>(m)(b.input, b.target).second;
+  };
+  return e;
+}
+
+}  // namespace
+
+const std::vector<ModelEntry>& model_registry() {
+  // One line per model; each NAME_entry() lives beside its model (or above, for the first two).
+  static const std::vector<ModelEntry> entries = {
+      resnet_entry(),
+      gpt_entry(),
+  };
+  return entries;
+}
+
+std::string model_names() {
+  std::string s;
+  for (const ModelEntry& e : model_registry()) s += (s.empty() ? "" : " | ") + e.name;
+  return s;
+}
+
+const ModelEntry& model_entry(const std::string& name) {
+  for (const ModelEntry& e : model_registry())
+    if (e.name == name) return e;
+  throw std::invalid_argument(
+      fmt::format("--model: unknown model '{}' (expected {})", name, model_names()));
+}
+
+ModelOptions resolve_options(const ModelEntry& entry, ModelOptions o) {
+  if (o.preset.empty()) o.preset = entry.presets.at(0);
+  bool known = false;
+  for (const std::string& p : entry.presets) known = known || p == o.preset;
+  if (!known) {
+    std::string list;
+    for (const std::string& p : entry.presets) list += (list.empty() ? "" : ", ") + p;
+    throw std::invalid_argument(fmt::format("--model {}: unknown preset '{}' (expected {})",
+                                            entry.name, o.preset, list));
+  }
+  if (entry.input == ModelEntry::Input::images) {
+    if (o.num_classes == 0) o.num_classes = 10;
+    if (o.in_channels == 0) o.in_channels = 3;
+    if (o.image_size == 0) o.image_size = 32;
+  } else if (o.seq == 0 && entry.context) {
+    o.seq = entry.context(o.preset);
+  }
+  return o;
+}
+
+}  // namespace tally::nn
