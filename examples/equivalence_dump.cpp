@@ -6,8 +6,11 @@
 // parameter) to DIR/grads.safetensors. The metadata of weights.safetensors says which
 // model and configuration to build on the PyTorch side.
 //
-//   equivalence_dump --model resnet18|resnet_tiny|gpt-small|gpt-tiny [--device cpu|cuda]
-//                    --out DIR [--seed N] [--batch N] [--float64] [--print-norms]
+//   equivalence_dump --model resnet18|resnet_tiny|gpt-small|gpt-tiny|NAME[:PRESET]
+//                    [--device cpu|cuda] --out DIR [--seed N] [--batch N] [--float64]
+//                    [--print-norms]
+// NAME is any model of nn/models/registry.h (its batch and loss are the entry's); the
+// PyTorch side of such a model is bench/models/NAME.py (tests/nn/check_torch_equivalence.py).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -17,6 +20,7 @@
 
 #include "examples/cli_common.h"
 #include "nn/models/gpt.h"
+#include "nn/models/registry.h"
 #include "nn/models/resnet.h"
 #include "nn/serialize.h"
 #ifdef TALLY_WITH_CUDA
@@ -40,7 +44,9 @@ int main(int argc, char** argv) {
   int64_t batch = 4;
   bool float64 = false, print_norms = false;
   CLI::App app{"One fp32 training step of a Tally model, written out for PyTorch to replay."};
-  app.add_option("--model", model_name, "resnet18 | resnet_tiny | gpt-small | gpt-tiny")
+  app.add_option("--model", model_name,
+                 "resnet18 | resnet_tiny | gpt-small | gpt-tiny | NAME[:PRESET] (" +
+                     nn::model_names() + ")")
       ->required();
   app.add_option("--device", device_name, "cpu | cuda")->capture_default_str();
   app.add_option("--out", out, "output folder (weights, batch, grads .safetensors)")->required();
@@ -52,10 +58,16 @@ int main(int argc, char** argv) {
   app.add_flag("--print-norms", print_norms, "print every gradient's norm");
 
   return ex::run_cli("equivalence_dump", app, argc, argv, [&] {
+    // A registry model: NAME or NAME:PRESET (the legacy four keep their own set-up below).
+    const nn::ModelEntry* entry = nullptr;
+    nn::ModelOptions entry_opts;
     if (model_name != "resnet18" && model_name != "resnet_tiny" && model_name != "gpt-small" &&
-        model_name != "gpt-tiny")
-      throw std::invalid_argument(fmt::format(
-          "--model: expected resnet18, resnet_tiny, gpt-small or gpt-tiny, got '{}'", model_name));
+        model_name != "gpt-tiny") {
+      const size_t colon = model_name.find(':');
+      entry = &nn::model_entry(model_name.substr(0, colon));
+      if (colon != std::string::npos) entry_opts.preset = model_name.substr(colon + 1);
+      entry_opts = nn::resolve_options(*entry, entry_opts);
+    }
     Device device = Device::cpu();
     if (device_name == "cuda") {
       if (!memory::cuda_available())
@@ -82,7 +94,15 @@ int main(int argc, char** argv) {
     Tensor input, target;
     {
       memory::CategoryScope cat(memory::Category::input);
-      if (model_name == "resnet18" || model_name == "resnet_tiny") {
+      if (entry) {
+        model = entry->build(entry_opts);
+        meta["model"] = entry->name;
+        meta["preset"] = entry_opts.preset;
+        meta["registry"] = "1";
+        const data::Example b = entry->synthetic_batch(entry_opts, batch, 0, seed + 1);
+        input = b.input;
+        target = b.target;
+      } else if (model_name == "resnet18" || model_name == "resnet_tiny") {
         const int64_t classes = 10;
         const bool tiny = model_name == "resnet_tiny";
         const int64_t channels = tiny ? 1 : 3, hw = tiny ? 28 : 64;
@@ -126,7 +146,9 @@ int main(int argc, char** argv) {
     Tensor loss;
     {
       memory::PhaseScope phase("forward");
-      if (gpt)
+      if (entry)
+        loss = entry->loss(*model, {x, y});
+      else if (gpt)
         loss = (*gpt)(x, y).second;
       else
         loss = cross_entropy((*model)(x), y);

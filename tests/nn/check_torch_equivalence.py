@@ -160,7 +160,20 @@ def check_dir(d, device, tol):
     batch, _ = load(os.path.join(d, "batch.safetensors"))
     grads, _ = load(os.path.join(d, "grads.safetensors"))
     name = meta["model"]
-    if name == "resnet18":
+    registry = None
+    if meta.get("registry") == "1":
+        # A model of nn/models/registry.h: bench/models/<name>.py defines build(preset) and
+        # loss(model, input, target), the model as PyTorch writes it.
+        import importlib.util
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench",
+                            "models", f"{name}.py")
+        if not os.path.exists(path):
+            raise FormatError(f"{d}: model {name!r} has no PyTorch definition at {path}")
+        spec = importlib.util.spec_from_file_location(f"tally_ref_{name}", path)
+        registry = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(registry)
+        model = registry.build(meta["preset"])
+    elif name == "resnet18":
         import torchvision
         model = torchvision.models.resnet18(num_classes=int(meta["num_classes"]))
         cin = int(meta["in_channels"])
@@ -179,7 +192,9 @@ def check_dir(d, device, tol):
     model.train()
     x = batch["input"].to(device)
     y = batch["target"].to(device)
-    if name.startswith("gpt"):
+    if registry is not None:
+        loss = registry.loss(model, x, y)
+    elif name.startswith("gpt"):
         loss = model(x, y)
     else:
         loss = F.cross_entropy(model(x), y)
