@@ -55,7 +55,7 @@ export TALLY_SNAPSHOT_DIR=$OUT
 
 if has tests; then
   t0=$(date +%s)
-  ctest --test-dir $B -L gpu --output-on-failure --timeout 300 > "$OUT/ctest_gpu.log" 2>&1
+  ctest --test-dir $B -L gpu -j 8 --output-on-failure --timeout 300 > "$OUT/ctest_gpu.log" 2>&1
   log "gpu tests ($(( $(date +%s) - t0 )) s): $(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log")"
   grep -E "\*\*\*Failed|\*\*\*Timeout|Skipped|\(Failed\)" "$OUT/ctest_gpu.log" | head -30 | tee -a "$OUT/summary.txt"
 fi
@@ -247,7 +247,7 @@ if has python; then
     grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/python_tests.log" | head -30 | tee -a "$OUT/summary.txt"
     t0=$(date +%s)
     TALLY_COURSE_DEVICE=cuda python3 tests/python/run.py --built ON --pythonpath "$PY" notebook \
-      docs/memory_course.ipynb /tmp/tally_course > "$OUT/python_notebook.log" 2>&1
+      "$PWD/docs/memory_course.ipynb" /tmp/tally_course > "$OUT/python_notebook.log" 2>&1
     rc=$?
     log "memory_course.ipynb on cuda ($(( $(date +%s) - t0 )) s): exit $rc $(tail -1 "$OUT/python_notebook.log")"
     cp /tmp/tally_course/memory_course.ipynb "$OUT/memory_course_cuda.ipynb" 2>/dev/null
