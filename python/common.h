@@ -86,5 +86,8 @@ class ForwardPhase {
 };
 // tally.utils.data; after bind_nn, which makes tally.utils.
 void bind_data(py::module_& m);
+// tally.nn.MultiheadAttention, TransformerEncoderLayer, TransformerEncoder (python/attention.cpp);
+// after bind_nn.
+void bind_attention(py::module_& m, py::module_& nn);
 
 }  // namespace tally::python

@@ -215,12 +215,13 @@ void bind_functional(py::module_& m, py::module_& F) {
   F.def(
       "scaled_dot_product_attention",
       [](T q, T k, T v, std::optional<Tensor> mask, double dropout_p, bool is_causal,
-         std::optional<double> scale) {
+         std::optional<double> scale, bool enable_gqa) {
         return scaled_dot_product_attention(q, k, v, mask.value_or(Tensor()), dropout_p, is_causal,
-                                            scale);
+                                            scale, enable_gqa);
       },
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("attn_mask") = py::none(),
-      py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none());
+      py::arg("dropout_p") = 0.0, py::arg("is_causal") = false, py::arg("scale") = py::none(),
+      py::arg("enable_gqa") = false);
 }
 
 }  // namespace tally::python

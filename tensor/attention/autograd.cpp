@@ -13,19 +13,58 @@
 #include "memory/meta.h"
 #include "tensor/attention/ops.h"
 #include "tensor/linalg/autograd.h"
+#include "tensor/reduce/ops.h"
 #include "tensor/softmax/autograd.h"
 
 namespace tally {
 
+namespace {
+
+// k or v [..., Hkv, S, D] with each head repeated `groups` times in a row ([..., Hkv * groups,
+// S, D], torch.repeat_interleave on dim -3): the heads grouped-query attention gives each
+// query head. One copy, differentiable (the expand's backward sums the group's gradients).
+Tensor repeat_heads(const Tensor& t, int64_t groups) {
+  if (groups == 1) return t;
+  Shape grouped = t.sizes();
+  grouped.insert(grouped.end() - 2, groups);
+  Shape merged = t.sizes();
+  merged[merged.size() - 3] *= groups;
+  return t.unsqueeze(-3).expand(grouped).reshape(merged);
+}
+
+// The checks PyTorch makes before any work: the mask's dtype and that it broadcasts to the
+// attention weights' shape [batch..., L, S] (batch: q's, k's and v's leading dims broadcast).
+void check_mask(const Tensor& mask, const Shape& weights, const Tensor& q, const Tensor& k) {
+  if (mask.dtype() != DType::bool_ && !is_floating(mask.dtype()))
+    throw std::invalid_argument(fmt::format(
+        "scaled_dot_product_attention: attn_mask must be bool (True = take part) or floating "
+        "(added to the scores), got {}",
+        dtype_name(mask.dtype())));
+  bool ok = mask.dim() <= static_cast<int64_t>(weights.size());
+  for (int64_t i = 1; ok && i <= mask.dim(); ++i) {
+    const int64_t m = mask.size(-i), w = weights[weights.size() - static_cast<size_t>(i)];
+    ok = m == w || m == 1;
+  }
+  if (!ok)
+    throw std::invalid_argument(fmt::format(
+        "scaled_dot_product_attention: attn_mask of shape {} does not broadcast to the attention "
+        "weights' shape {} (q {}, k {})",
+        mask.shape_string(), shape_str(weights), q.shape_string(), k.shape_string()));
+}
+
+}  // namespace
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& attn_mask, double dropout_p, bool is_causal,
-                                    std::optional<double> scale, Generator* gen, CallSite site) {
+                                    std::optional<double> scale, bool enable_gqa, Generator* gen,
+                                    CallSite site) {
   memory::CallSiteScope call_site(site);
   if (autocast::is_active(q.device())) {  // cast once here; the body runs in that dtype
     const auto [q2, k2, v2, m2] =
         autocast::lower("scaled_dot_product_attention", q, k, v, attn_mask);
     autocast::ExcludeScope exclude;
-    return scaled_dot_product_attention(q2, k2, v2, m2, dropout_p, is_causal, scale, gen);
+    return scaled_dot_product_attention(q2, k2, v2, m2, dropout_p, is_causal, scale, enable_gqa,
+                                        gen);
   }
   if (q.dim() < 2 || k.dim() < 2 || v.dim() < 2)
     throw std::invalid_argument(
@@ -40,14 +79,43 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   if (is_causal && attn_mask.defined())
     throw std::invalid_argument(
         "scaled_dot_product_attention: is_causal cannot be combined with an explicit attn_mask");
+  if (!(dropout_p >= 0.0 && dropout_p <= 1.0))
+    throw std::invalid_argument(fmt::format(
+        "scaled_dot_product_attention: dropout_p must be in [0, 1], got {}", dropout_p));
+  // Grouped-query attention: each key/value head serves q.size(-3) / k.size(-3) query heads.
+  Tensor key = k, value = v;
+  if (enable_gqa && q.dim() >= 3 && k.dim() >= 3 && v.dim() >= 3) {
+    const int64_t hq = q.size(-3), hk = k.size(-3), hv = v.size(-3);
+    if (hk <= 0 || hv <= 0 || hq % hk != 0 || hq % hv != 0)
+      throw std::invalid_argument(fmt::format(
+          "scaled_dot_product_attention: enable_gqa needs the query heads ({}) to be a multiple "
+          "of the key heads ({}) and the value heads ({}) (dim -3 of q {}, k {}, v {})",
+          hq, hk, hv, q.shape_string(), k.shape_string(), v.shape_string()));
+    key = repeat_heads(k, hq / hk);
+    value = repeat_heads(v, hq / hv);
+  }
+  Shape weights;  // the attention weights' shape: the batch dims broadcast, then [L, S]
+  try {
+    const auto lead = [](const Tensor& t) { return Shape(t.sizes().begin(), t.sizes().end() - 2); };
+    weights = ops::broadcast_shapes(ops::broadcast_shapes(lead(q), lead(key), "sdpa"), lead(value),
+                                    "sdpa");
+  } catch (const std::invalid_argument&) {
+    throw std::invalid_argument(fmt::format(
+        "scaled_dot_product_attention: the batch dims of q {}, k {}, v {} do not broadcast{}",
+        q.shape_string(), k.shape_string(), v.shape_string(),
+        enable_gqa ? "" : " (different head counts need enable_gqa=True)"));
+  }
+  weights.push_back(L);
+  weights.push_back(S);
+  if (attn_mask.defined()) check_mask(attn_mask, weights, q, k);
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
   if (memory::behaves_as(q.device()) == DeviceType::cuda && !attn_mask.defined() &&
       dropout_p == 0.0 &&
       (q.dtype() == DType::bfloat16 || q.dtype() == DType::float16 ||
        q.dtype() == DType::float32) &&
-      ops::flash_attention_supported(q, k, v))
-    return flash_attention(q, k, v, is_causal, s);
-  Tensor scores = mul(matmul(q, k.transpose(-2, -1)), s);
+      ops::flash_attention_supported(q, key, value))
+    return flash_attention(q, key, value, is_causal, s);
+  Tensor scores = mul(matmul(q, key.transpose(-2, -1)), s);
   const double ninf = -std::numeric_limits<double>::infinity();
   if (is_causal) {
     // keep j <= i: mask out j > i
@@ -63,9 +131,19 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
       scores = add(scores, attn_mask.to(scores.dtype()));
     }
   }
-  Tensor attn = softmax(scores, -1);
+  Tensor attn;
+  if (attn_mask.defined() && S > 0) {
+    // PyTorch's _safe_softmax: a row with no key left (all -inf) attends to nothing (zeros,
+    // and zero gradients) instead of NaN. The row is set finite before the softmax so that
+    // no NaN reaches the backward either.
+    const Tensor dead =
+        ops::binary_scalar(ops::BinaryOp::eq, ops::amax(scores.detach(), {-1}, true), ninf);
+    attn = masked_fill(softmax(masked_fill(scores, dead, 0.0), -1), dead, 0.0);
+  } else {
+    attn = softmax(scores, -1);
+  }
   if (dropout_p > 0.0) attn = dropout(attn, dropout_p, true, gen);
-  return matmul(attn, v);
+  return matmul(attn, value);
 }
 
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,

@@ -11,15 +11,20 @@
 
 namespace tally {
 
-// q [..., L, E], k [..., S, E], v [..., S, Ev] -> [..., L, Ev]. attn_mask: bool (true =
-// attend) or floating (added to the scores), broadcast to [..., L, S]. is_causal masks
-// j > i (top-left aligned) and cannot be combined with attn_mask. scale defaults to
-// 1/sqrt(E).
+// q [..., L, E], k [..., S, E], v [..., S, Ev] -> [..., L, Ev]; the leading dims broadcast.
+// attn_mask: bool (true = take part) or floating (added to the scores), broadcast to the
+// weights' [..., L, S]; a row that a mask leaves without any key gives zeros (PyTorch's
+// _safe_softmax). is_causal masks j > i (top-left aligned) and cannot be combined with
+// attn_mask. scale defaults to 1/sqrt(E). enable_gqa: k and v may have fewer heads (dim -3)
+// than q, dividing them; key/value head h serves query heads h*G .. h*G+G-1 (G the ratio).
+// The fused path (flash_attention) runs on CUDA without mask and dropout, GQA's heads
+// repeated for it; everything else is the composite of matmul, masked_fill, softmax, dropout.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
                                     bool is_causal = false,
                                     std::optional<double> scale = std::nullopt,
-                                    Generator* gen = nullptr, CallSite site = CallSite::current());
+                                    bool enable_gqa = false, Generator* gen = nullptr,
+                                    CallSite site = CallSite::current());
 
 // The fused, memory-efficient attention (tensor/attention/ops.h) as a differentiable op:
 // softmax(scale * q k^T [causal]) v without mask or dropout, saving only q, k, v, the output

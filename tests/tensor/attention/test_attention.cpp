@@ -89,10 +89,133 @@ TEST_P(Attention, DropoutReplaysWithTheSameGenerator) {
   const Tensor q = put(rand_input({8, 4}, -1, 1, 9)), k = put(rand_input({8, 4}, -1, 1, 10)),
                v = put(rand_input({8, 4}, -1, 1, 11));
   Generator g1(3), g2(3);
-  const Tensor a = scaled_dot_product_attention(q, k, v, {}, 0.5, false, std::nullopt, &g1);
-  const Tensor b = scaled_dot_product_attention(q, k, v, {}, 0.5, false, std::nullopt, &g2);
+  const Tensor a = scaled_dot_product_attention(q, k, v, {}, 0.5, false, std::nullopt, false, &g1);
+  const Tensor b = scaled_dot_product_attention(q, k, v, {}, 0.5, false, std::nullopt, false, &g2);
   EXPECT_TRUE(values_near(a, b.tolist(), 0));
   EXPECT_FALSE(values_near(a, scaled_dot_product_attention(q, k, v).tolist(), 1e-9));
+}
+
+// Masks broadcast over the batch and heads; a bool mask and the float mask of 0 / -inf agree.
+TEST_P(Attention, MasksBroadcastBoolAndFloatAgree) {
+  const Tensor q = put(rand_input({2, 3, 4, 5}, -1, 1, 21)),
+               k = put(rand_input({2, 3, 6, 5}, -1, 1, 22)),
+               v = put(rand_input({2, 3, 6, 2}, -1, 1, 23));
+  const auto b = on(TensorOptions{}.with_dtype(DType::bool_));
+  // [L, S]: row i may see keys j <= i + 1, and [2, 1, 1, S]: batch 1 drops the last key.
+  std::vector<double> m(24), pad(12, 1.0);
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 6; ++j) m[static_cast<size_t>(i * 6 + j)] = j <= i + 1;
+  pad[11] = 0;
+  const Tensor lm = from_vector(m, {4, 6}, b), pm = from_vector(pad, {2, 1, 1, 6}, b);
+  const double ninf = -std::numeric_limits<double>::infinity();
+  const auto as_float = [&](const std::vector<double>& x, const Shape& shape) {
+    std::vector<double> f(x.size());
+    for (size_t i = 0; i < x.size(); ++i) f[i] = x[i] != 0 ? 0.0 : ninf;
+    return from_vector(f, shape, on(f64));
+  };
+  EXPECT_TRUE(values_near(scaled_dot_product_attention(q, k, v, lm),
+                          scaled_dot_product_attention(q, k, v, as_float(m, {4, 6})).tolist(),
+                          1e-12));
+  EXPECT_TRUE(values_near(
+      scaled_dot_product_attention(q, k, v, pm),
+      scaled_dot_product_attention(q, k, v, as_float(pad, {2, 1, 1, 6})).tolist(), 1e-12));
+  // The padding mask leaves batch 0 as without a mask and batch 1 as without its last key.
+  const Tensor out = scaled_dot_product_attention(q, k, v, pm);
+  EXPECT_TRUE(values_near(out.select(0, 0),
+                          scaled_dot_product_attention(q, k, v).select(0, 0).tolist(), 1e-12));
+  EXPECT_TRUE(
+      values_near(out.select(0, 1),
+                  scaled_dot_product_attention(q.select(0, 1), k.select(0, 1).narrow(1, 0, 5),
+                                               v.select(0, 1).narrow(1, 0, 5))
+                      .tolist(),
+                  1e-12));
+}
+
+// A row the mask leaves without any key gives zeros (PyTorch's _safe_softmax), with finite
+// gradients.
+TEST_P(Attention, FullyMaskedRowGivesZeros) {
+  const auto b = on(TensorOptions{}.with_dtype(DType::bool_));
+  const Tensor mask = from_vector({1, 1, 0, 0, 0, 0, 0, 1, 1}, {3, 3}, b);
+  const Tensor q = rand_input({2, 3, 4}, -1, 1, 24), k = rand_input({2, 3, 4}, -1, 1, 25),
+               v = rand_input({2, 3, 2}, -1, 1, 26);
+  const std::vector<double> out =
+      scaled_dot_product_attention(put(q), put(k), put(v), mask).tolist();
+  for (int n = 0; n < 2; ++n)
+    for (int c = 0; c < 2; ++c) EXPECT_EQ(out[static_cast<size_t>(n * 6 + 2 + c)], 0.0);
+  EXPECT_TRUE(gradcheck_on(
+      dev(),
+      [&](const TensorList& x) { return scaled_dot_product_attention(x[0], x[1], x[2], mask); },
+      {q, k, v}));
+}
+
+// enable_gqa: 4 query heads over 2 key/value heads equal attention with each key/value head
+// repeated for its two query heads; gradients for masks, causal and GQA in float64.
+TEST_P(Attention, GroupedQueryAttention) {
+  const Tensor q = rand_input({2, 4, 3, 4}, -1, 1, 27), k = rand_input({2, 2, 5, 4}, -1, 1, 28),
+               v = rand_input({2, 2, 5, 3}, -1, 1, 29);
+  for (const bool causal : {false, true}) {
+    const Tensor out =
+        scaled_dot_product_attention(put(q), put(k), put(v), {}, 0.0, causal, std::nullopt, true);
+    EXPECT_EQ(out.sizes(), (Shape{2, 4, 3, 3}));
+    for (int64_t h = 0; h < 4; ++h) {
+      const Tensor ref = scaled_dot_product_attention(put(q).select(1, h), put(k).select(1, h / 2),
+                                                      put(v).select(1, h / 2), {}, 0.0, causal);
+      EXPECT_TRUE(values_near(out.select(1, h), ref.tolist(), 1e-12)) << "head " << h;
+    }
+  }
+  const auto b = on(TensorOptions{}.with_dtype(DType::bool_));
+  const Tensor mask = from_vector({1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1}, {3, 5}, b);
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [&](const TensorList& x) {
+                             return scaled_dot_product_attention(x[0], x[1], x[2], mask, 0.0, false,
+                                                                 std::nullopt, true);
+                           },
+                           {q, k, v}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [&](const TensorList& x) {
+                             return scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, true,
+                                                                 std::nullopt, true);
+                           },
+                           {q, k, v}));
+  const Tensor bias = put(rand_input({1, 3, 5}, -2, 2, 30));  // float mask over batch and heads
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [&](const TensorList& x) {
+                             return scaled_dot_product_attention(x[0], x[1], x[2], bias, 0.0, false,
+                                                                 0.4, true);
+                           },
+                           {q, k, v}));
+}
+
+TEST_P(Attention, BadMasksAndHeadsNameTheShapes) {
+  const Tensor q = put(rand_input({2, 4, 3, 4}, -1, 1, 31)),
+               k = put(rand_input({2, 2, 5, 4}, -1, 1, 32)),
+               v = put(rand_input({2, 2, 5, 4}, -1, 1, 33));
+  const auto expect_error = [](const auto& fn, const std::string& part) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected one naming " << part;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  const Tensor k4 = put(rand_input({2, 4, 5, 4}, -1, 1, 34)),
+               v4 = put(rand_input({2, 4, 5, 4}, -1, 1, 35));
+  expect_error(
+      [&] {
+        scaled_dot_product_attention(q, k4, v4, put(rand_input({3, 4}, -1, 1, 36)));
+      },
+      "attn_mask of shape [3, 4] does not broadcast to the attention weights' shape [2, 4, 3, 5]");
+  expect_error(
+      [&] {
+        scaled_dot_product_attention(
+            q, k4, v4,
+            from_vector({1, 0, 1, 0, 1}, {5}, on(TensorOptions{}.with_dtype(DType::int64))));
+      },
+      "attn_mask must be bool");
+  expect_error([&] { scaled_dot_product_attention(q, k, v); }, "need enable_gqa=True");
+  const Tensor k3 = put(rand_input({2, 3, 5, 4}, -1, 1, 37));
+  expect_error([&] { scaled_dot_product_attention(q, k3, k3, {}, 0.0, false, std::nullopt, true); },
+               "query heads (4) to be a multiple of the key heads (3)");
 }
 
 // The fused op's CPU reference kernel, in float64: a CPU internal (the CUDA kernels take float32

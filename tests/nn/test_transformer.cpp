@@ -1,0 +1,268 @@
+// MultiheadAttention, TransformerEncoderLayer and TransformerEncoder (nn/transformer.h), on each
+// device of the binary (CPU here, CUDA in the _cuda twin): PyTorch's parameter names and
+// initialisation, outputs against a reference computed head by head with 2-D products, masks
+// (bool and float, key padding), float64 gradient checks, deep copies, errors naming the
+// shapes, and a dry run on the meta device.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "nn/transformer.h"
+#include "testing/devices.h"
+
+namespace tally {
+namespace {
+
+using namespace testing;
+
+std::vector<double> host(const Tensor& t) {
+  return ops::to_vector(ops::to(t.detach(), Device::cpu(), DType::float64));
+}
+
+std::vector<std::string> names(const nn::Module& m) {
+  std::vector<std::string> out;
+  for (const auto& [n, p] : m.named_parameters()) out.push_back(n);
+  return out;
+}
+
+template <typename Fn>
+void expect_error(const Fn& fn, const std::string& part) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one containing " << part;
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+// MultiheadAttention by its definition, one batch element and one head at a time with 2-D
+// products: q, k, v [N, T, E] (batch first), mask [N, L, S] floating (added) or undefined.
+// Returns the output [N, L, E] and the head-averaged weights [N, L, S].
+std::pair<Tensor, Tensor> reference(const nn::MultiheadAttention& m, const Tensor& q,
+                                    const Tensor& k, const Tensor& v, const Tensor& mask) {
+  const int64_t E = m.embed_dim, H = m.num_heads, hd = m.head_dim, N = q.size(0);
+  TensorList outs, weights;
+  for (int64_t n = 0; n < N; ++n) {
+    TensorList heads;
+    Tensor wsum;
+    for (int64_t h = 0; h < H; ++h) {
+      const auto proj = [&](const Tensor& x, int64_t part) {
+        const Tensor w = m.in_proj_weight.narrow(0, part * E + h * hd, hd);
+        const Tensor b = m.in_proj_bias.narrow(0, part * E + h * hd, hd);
+        return add(matmul(x.select(0, n), w.t()), b);
+      };
+      Tensor s = mul(matmul(proj(q, 0), proj(k, 1).t()), 1.0 / std::sqrt(double(hd)));
+      if (mask.defined()) s = add(s, mask.select(0, n));
+      const Tensor p = softmax(s, -1);
+      heads.push_back(matmul(p, proj(v, 2)));
+      wsum = wsum.defined() ? add(wsum, p) : p;
+    }
+    outs.push_back(add(matmul(cat(heads, 1), m.out_proj->weight.t()), m.out_proj->bias));
+    weights.push_back(mul(wsum, 1.0 / double(H)));
+  }
+  return {stack(outs, 0), stack(weights, 0)};
+}
+
+class Transformer : public OnDevice {
+ protected:
+  // A float64 module on the device under test, with nonzero biases (the initialisation's are 0).
+  template <typename M>
+  std::shared_ptr<M> prepared(std::shared_ptr<M> m) {
+    m->to(dev(), DType::float64);
+    NoGradGuard ng;
+    uint64_t seed = 100;
+    for (const auto& [n, p] : m->named_parameters())
+      if (n.find("bias") != std::string::npos)
+        ops::copy_(p, ops::to(rand_input(p.sizes(), -0.5, 0.5, seed++), dev(), DType::float64));
+    return m;
+  }
+};
+TALLY_ON_DEVICES(Transformer);
+
+TEST_P(Transformer, MultiheadAttentionNamesAndInitialisation) {
+  manual_seed(0);
+  nn::MultiheadAttention m(8, 2);
+  EXPECT_EQ(names(m), (std::vector<std::string>{"in_proj_weight", "in_proj_bias", "out_proj.weight",
+                                                "out_proj.bias"}));
+  EXPECT_EQ(m.in_proj_weight.sizes(), (Shape{24, 8}));
+  for (double b : host(m.in_proj_bias)) EXPECT_EQ(b, 0.0);
+  for (double b : host(m.out_proj->bias)) EXPECT_EQ(b, 0.0);
+  const double bound = std::sqrt(6.0 / (8 + 24));  // xavier_uniform_ over [3E, E]
+  double most = 0;
+  for (double w : host(m.in_proj_weight)) most = std::max(most, std::abs(w));
+  EXPECT_LE(most, bound);
+  EXPECT_GT(most, 0.8 * bound);
+  nn::MultiheadAttention kv(8, 2, 0.0, false, false, false, 5, 3);
+  EXPECT_EQ(names(kv), (std::vector<std::string>{"q_proj_weight", "k_proj_weight", "v_proj_weight",
+                                                 "out_proj.weight"}));
+  EXPECT_EQ(kv.k_proj_weight.sizes(), (Shape{8, 5}));
+  EXPECT_EQ(kv.v_proj_weight.sizes(), (Shape{8, 3}));
+}
+
+TEST_P(Transformer, MultiheadAttentionMatchesTheDefinition) {
+  manual_seed(1);
+  for (const bool batch_first : {true, false}) {
+    auto m = prepared(std::make_shared<nn::MultiheadAttention>(
+        6, 2, 0.0, true, false, false, std::nullopt, std::nullopt, batch_first));
+    const Tensor q = put(rand_input({2, 3, 6}, -1, 1, 1)), k = put(rand_input({2, 4, 6}, -1, 1, 2)),
+                 v = put(rand_input({2, 4, 6}, -1, 1, 3));
+    const auto io = [&](const Tensor& t) { return batch_first ? t : t.transpose(0, 1); };
+    // A key padding mask (batch 1 drops its last key) and a float attention mask [L, S].
+    const Tensor kpm =
+        from_vector({0, 0, 0, 0, 0, 0, 0, 1}, {2, 4}, on(TensorOptions{}.with_dtype(DType::bool_)));
+    const Tensor am = put(rand_input({3, 4}, -1, 1, 4));
+    std::vector<double> merged = host(am.unsqueeze(0).expand({2, 3, 4}).contiguous());
+    for (int i = 0; i < 3; ++i) merged[static_cast<size_t>(12 + i * 4 + 3)] = -INFINITY;
+    const Tensor mask = from_vector(merged, {2, 3, 4}, on(f64));
+    const auto [want, want_w] = reference(*m, q, k, v, mask);
+    const auto [out, w] = (*m)(io(q), io(k), io(v), kpm, true, am);
+    EXPECT_TRUE(values_near(io(out), host(want), 1e-12)) << "batch_first " << batch_first;
+    EXPECT_TRUE(values_near(w, host(want_w), 1e-12));
+    // need_weights=False takes scaled_dot_product_attention: the same output, no weights.
+    const auto [out2, none] = (*m)(io(q), io(k), io(v), kpm, false, am);
+    EXPECT_FALSE(none.defined());
+    EXPECT_TRUE(values_near(io(out2), host(want), 1e-12));
+    // The float key padding mask of -inf is the bool one.
+    const Tensor kpm_f = from_vector({0, 0, 0, 0, 0, 0, 0, -INFINITY}, {2, 4}, on(f64));
+    EXPECT_TRUE(values_near((*m)(io(q), io(k), io(v), kpm_f, false, am).first, host(out), 1e-12));
+  }
+}
+
+TEST_P(Transformer, SelfAttentionCausalHintAndUnbatched) {
+  manual_seed(2);
+  auto m = prepared(std::make_shared<nn::MultiheadAttention>(4, 2, 0.0, true, false, false,
+                                                             std::nullopt, std::nullopt, true));
+  const Tensor x = put(rand_input({2, 5, 4}, -1, 1, 5));
+  const Tensor causal = nn::generate_square_subsequent_mask(5, DType::float64, dev());
+  const auto [want, w] = (*m)(x, x, x, {}, true, causal);
+  // is_causal with the mask and no weights runs the causal kernel: the same values.
+  EXPECT_TRUE(values_near((*m)(x, x, x, {}, false, causal, true, true).first, host(want), 1e-12));
+  // The weights above the diagonal are zero.
+  const std::vector<double> wv = host(w);
+  EXPECT_EQ(wv[1], 0.0);
+  EXPECT_EQ(wv[4], 0.0);
+  // Unbatched [L, E] is batch 1 squeezed.
+  const Tensor x0 = x.select(0, 0);
+  const auto [y0, w0] = (*m)(x0, x0, x0, {}, true, causal);
+  EXPECT_EQ(y0.sizes(), (Shape{5, 4}));
+  EXPECT_EQ(w0.sizes(), (Shape{5, 5}));
+  EXPECT_TRUE(values_near(y0, host(want.select(0, 0)), 1e-12));
+  // Per-head weights.
+  EXPECT_EQ((*m)(x, x, x, {}, true, {}, false).second.sizes(), (Shape{2, 2, 5, 5}));
+}
+
+TEST_P(Transformer, MultiheadAttentionGradients) {
+  manual_seed(3);
+  auto m = prepared(std::make_shared<nn::MultiheadAttention>(4, 2));
+  auto kv = prepared(std::make_shared<nn::MultiheadAttention>(4, 2, 0.0, true, false, false, 3, 5));
+  const Tensor q = rand_input({3, 2, 4}, -1, 1, 6), k = rand_input({5, 2, 3}, -1, 1, 7),
+               v = rand_input({5, 2, 5}, -1, 1, 8), k4 = rand_input({5, 2, 4}, -1, 1, 9);
+  const Tensor kpm = from_vector({0, 0, 1, 0, 0, 0, 0, 0, 0, 1}, {2, 5},
+                                 on(TensorOptions{}.with_dtype(DType::bool_)));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& x) { return (*m)(x[0], x[0], x[0], {}, true).first; }, {q}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [&](const TensorList& x) {
+                             const auto [o, w] = (*m)(x[0], x[1], x[1], kpm, true);
+                             return add(o.sum(), w.sum());
+                           },
+                           {q, k4}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& x) { return (*kv)(x[0], x[1], x[2], kpm, false).first; },
+      {q, k, v}));
+}
+
+TEST_P(Transformer, EncoderLayerPostAndPreNorm) {
+  for (const bool norm_first : {false, true}) {
+    manual_seed(4);
+    auto layer = prepared(std::make_shared<nn::TransformerEncoderLayer>(4, 2, 8, 0.0, "gelu", 1e-5,
+                                                                        true, norm_first));
+    EXPECT_EQ(names(*layer),
+              (std::vector<std::string>{
+                  "self_attn.in_proj_weight", "self_attn.in_proj_bias", "self_attn.out_proj.weight",
+                  "self_attn.out_proj.bias", "linear1.weight", "linear1.bias", "linear2.weight",
+                  "linear2.bias", "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias"}));
+    const Tensor x = put(rand_input({2, 3, 4}, -1, 1, 10));
+    const auto sa = [&](const Tensor& h) { return (*layer->self_attn)(h, h, h, {}, false).first; };
+    const auto ff = [&](const Tensor& h) { return (*layer->linear2)(gelu((*layer->linear1)(h))); };
+    Tensor want;
+    if (norm_first) {
+      const Tensor h = add(x, sa((*layer->norm1)(x)));
+      want = add(h, ff((*layer->norm2)(h)));
+    } else {
+      const Tensor h = (*layer->norm1)(add(x, sa(x)));
+      want = (*layer->norm2)(add(h, ff(h)));
+    }
+    EXPECT_TRUE(values_near((*layer)(x), host(want), 1e-12));
+    EXPECT_TRUE(gradcheck_on(dev(), [&](const TensorList& in) { return (*layer)(in[0]); },
+                             {rand_input({2, 3, 4}, -1, 1, 11)}));
+  }
+}
+
+TEST_P(Transformer, EncoderDeepCopiesTheLayer) {
+  manual_seed(5);
+  nn::TransformerEncoderLayer proto(4, 2, 8, 0.0);
+  nn::TransformerEncoder enc(proto, 2, std::make_shared<nn::LayerNorm>(4));
+  const std::vector<std::string> n = names(enc);
+  EXPECT_EQ(n.size(), 2 * 12u + 2);
+  EXPECT_EQ(n.front(), "layers.0.self_attn.in_proj_weight");
+  EXPECT_EQ(n[12], "layers.1.self_attn.in_proj_weight");
+  EXPECT_EQ(n.back(), "norm.bias");
+  // Copies: the same values as the prototype, separate tensors.
+  EXPECT_EQ(host(enc.layer(1).linear1->weight), host(proto.linear1->weight));
+  EXPECT_FALSE(enc.layer(0).linear1->weight.is_same(enc.layer(1).linear1->weight));
+  enc.to(dev(), DType::float64);
+  // Sequence first [S, N, E] with masks: layer by layer, then the norm.
+  const Tensor x = put(rand_input({3, 2, 4}, -1, 1, 12));
+  const Tensor mask = nn::generate_square_subsequent_mask(3, DType::float64, dev());
+  const Tensor kpm =
+      from_vector({0, 0, 1, 0, 0, 0}, {2, 3}, on(TensorOptions{}.with_dtype(DType::bool_)));
+  Tensor want = x;
+  for (size_t i = 0; i < 2; ++i) want = enc.layer(i)(want, mask, kpm);
+  want = (*enc.norm)(want);
+  EXPECT_TRUE(values_near(enc(x, mask, kpm), host(want), 1e-12));
+}
+
+TEST_P(Transformer, ErrorsNameTheShapes) {
+  nn::MultiheadAttention m(8, 2);
+  m.to(dev());
+  const Tensor x = ops::zeros({3, 2, 8}, DType::float32, dev());
+  expect_error(
+      [&] {
+        (void)m(x, x, ops::zeros({4, 2, 8}, DType::float32, dev()));
+      },
+      "value [4, 2, 8]");
+  expect_error(
+      [&] {
+        (void)m(x, x, x, ops::zeros({3, 3}, DType::bool_, dev()));
+      },
+      "key_padding_mask should have shape [2, 3], got [3, 3]");
+  expect_error(
+      [&] {
+        (void)m(x, x, x, {}, true, ops::zeros({3, 4}, DType::bool_, dev()));
+      },
+      "attn_mask should have shape [3, 3] or [4, 3, 3]");
+  expect_error([&] { (void)m(x, x, x, {}, false, {}, true, true); }, "Need attn_mask");
+  expect_error([&] { (void)m(ops::zeros({3, 2, 6}, DType::float32, dev())); }, "embed_dim (8)");
+  expect_error([&] { nn::MultiheadAttention(8, 3); }, "divisible by num_heads");
+  expect_error([&] { nn::MultiheadAttention(8, 2, 0.0, true, true); }, "add_bias_kv");
+  expect_error([&] { nn::TransformerEncoderLayer(8, 2, 16, 0.1, "tanh"); }, "relu/gelu");
+}
+
+TEST_P(Transformer, DryRunOnTheMetaDevice) {
+  if (!on_cpu()) GTEST_SKIP() << "one dry run is enough";
+  const Device meta = Device::meta();
+  nn::BuildOnDevice on_meta(meta);
+  nn::TransformerEncoder enc(nn::TransformerEncoderLayer(16, 4, 32, 0.1, "relu", 1e-5, true), 2);
+  EXPECT_EQ(enc.layer(1).linear1->weight.device(), meta);
+  const Tensor x = ops::empty({2, 5, 16}, DType::float32, meta);
+  const Tensor kpm = ops::empty({2, 5}, DType::bool_, meta);
+  const Tensor y = enc(x, {}, kpm);
+  EXPECT_EQ(y.sizes(), (Shape{2, 5, 16}));
+  y.sum().backward();
+  EXPECT_EQ(enc.layer(0).self_attn->in_proj_weight.grad().device(), meta);
+}
+
+}  // namespace
+}  // namespace tally
