@@ -165,11 +165,15 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
   return set_named(params_, name, std::move(t));
 }
 
-Tensor& Module::register_buffer(const std::string& name, Tensor t) {
+Tensor& Module::register_buffer(const std::string& name, Tensor t, bool persistent) {
   if (name.empty() || name.find('.') != std::string::npos)
     throw std::invalid_argument(fmt::format("{}: bad buffer name '{}'", type_name_, name));
   if (t.defined() && t.storage().category() != memory::Category::parameter)
     t.storage().retag(memory::Category::parameter);
+  if (persistent)
+    non_persistent_.erase(name);
+  else
+    non_persistent_.insert(name);
   return set_named(buffers_, name, std::move(t));
 }
 
@@ -367,7 +371,7 @@ void Module::collect_state(const std::string& prefix, NamedTensors& out) const {
   for (const auto& [n, p] : params_)
     if (p.defined()) out.emplace_back(prefix + n, p.detach());
   for (const auto& [n, b] : buffers_)
-    if (b.defined()) out.emplace_back(prefix + n, b.detach());
+    if (b.defined() && !non_persistent_.count(n)) out.emplace_back(prefix + n, b.detach());
   for (const auto& [n, c] : children_) c->collect_state(prefix + n + ".", out);
 }
 
@@ -390,7 +394,7 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
     for (const auto& [n, p] : m->params_)
       if (p.defined()) own.emplace_back(prefix + n, p);
     for (const auto& [n, b] : m->buffers_)
-      if (b.defined()) own.emplace_back(prefix + n, b);
+      if (b.defined() && !m->non_persistent_.count(n)) own.emplace_back(prefix + n, b);
     for (const auto& [n, c] : m->children_) walk(prefix + n + ".", c.get());
   };
   walk("", this);

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <source_location>
 #include <stdexcept>
 #include <string>
@@ -115,7 +116,9 @@ class Module {
   // tensor's memory is re-tagged `parameter` (a buffer's too) whatever made it:
   // register_parameter("w", randn({4, 4}) * 0.02) is a parameter, not a temporary.
   Tensor& register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
-  Tensor& register_buffer(const std::string& name, Tensor t);
+  // persistent = false (torch's register_buffer(..., persistent=False)): the buffer moves with
+  // the module but is left out of state_dict() and not expected by load_state_dict().
+  Tensor& register_buffer(const std::string& name, Tensor t, bool persistent = true);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     add_child(name, m);
@@ -210,6 +213,7 @@ class Module {
   const Module* parent_ = nullptr;
   NamedTensors params_;
   NamedTensors buffers_;
+  std::set<std::string> non_persistent_;  // buffers_ names left out of the state dict
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 

@@ -211,10 +211,10 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
           py::arg("name"), py::arg("param"), py::arg("requires_grad") = true)
       .def(
           "register_buffer",
-          [](Module& mod, const std::string& name, py::object t) {
-            return mod.register_buffer(name, to_tensor(t));
+          [](Module& mod, const std::string& name, py::object t, bool persistent) {
+            return mod.register_buffer(name, to_tensor(t), persistent);
           },
-          py::arg("name"), py::arg("tensor"))
+          py::arg("name"), py::arg("tensor"), py::arg("persistent") = true)
       .def(
           "register_module",
           [](py::object self, const std::string& name, py::object child) {
