@@ -13,5 +13,6 @@
 #include "tensor/norm/autograd.h"
 #include "tensor/pool/autograd.h"
 #include "tensor/reduce/autograd.h"
+#include "tensor/rnn/autograd.h"
 #include "tensor/shape/autograd.h"
 #include "tensor/softmax/autograd.h"

@@ -14,6 +14,7 @@
 #include "tensor/norm/kernels.h"
 #include "tensor/pool/kernels.h"
 #include "tensor/reduce/kernels.h"
+#include "tensor/rnn/kernels.h"
 #include "tensor/softmax/kernels.h"
 
 namespace tally {
@@ -28,6 +29,7 @@ const Backends<NormKernels>        norm_backends       {&cpu::norm_kernels,     
 const Backends<PoolKernels>        pool_backends       {&cpu::pool_kernels,        TALLY_CUDA_TABLE(cuda::pool_kernels), &meta::pool_kernels};
 const Backends<ReduceKernels>      reduce_backends     {&cpu::reduce_kernels,      TALLY_CUDA_TABLE(cuda::reduce_kernels), &meta::reduce_kernels};
 const Backends<SoftmaxKernels>     softmax_backends    {&cpu::softmax_kernels,     TALLY_CUDA_TABLE(cuda::softmax_kernels), &meta::softmax_kernels};
+const Backends<RnnKernels>         rnn_backends        {&cpu::rnn_kernels,         TALLY_CUDA_TABLE(cuda::rnn_kernels), &meta::rnn_kernels};
 // clang-format on
 
 }  // namespace tally

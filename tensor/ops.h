@@ -12,5 +12,6 @@
 #include "tensor/norm/ops.h"
 #include "tensor/pool/ops.h"
 #include "tensor/reduce/ops.h"
+#include "tensor/rnn/ops.h"
 #include "tensor/shape/ops.h"
 #include "tensor/softmax/ops.h"

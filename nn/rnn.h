@@ -1,0 +1,93 @@
+// Recurrent layers (torch.nn.LSTM, torch.nn.GRU) with PyTorch's constructor arguments,
+// parameter names (weight_ih_l{k}, weight_hh_l{k}, bias_ih_l{k}, bias_hh_l{k}, and the
+// `_reverse` twins of a bidirectional layer), gate order (LSTM i, f, g, o; GRU r, z, n) and
+// initialisation (every parameter U(-1/sqrt(hidden_size), 1/sqrt(hidden_size))).
+//
+// Each layer and direction projects the whole sequence at once (one linear over [T, B, I]);
+// each step is one linear of the hidden state and one fused gate op (tensor/rnn/autograd.h:
+// lstm_cell_gates, gru_cell_gates). proj_size is not supported.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace tally::nn {
+
+// The parameters and loop shared by LSTM and GRU; `gates` is 4 (LSTM) or 3 (GRU).
+class RNNBase : public Module {
+ public:
+  RNNBase(const char* mode, int64_t gates, int64_t input_size, int64_t hidden_size,
+          int64_t num_layers, bool bias, bool batch_first, double dropout, bool bidirectional,
+          Generator* gen);
+  // Every parameter U(-1/sqrt(hidden_size), 1/sqrt(hidden_size)), in registration order.
+  void reset_parameters(Generator* gen = nullptr);
+  std::string extra_repr() const override;
+
+  int64_t input_size, hidden_size, num_layers;
+  bool bias, batch_first;
+  double dropout;
+  bool bidirectional;
+  Generator* gen = nullptr;  // dropout's generator (null: the default one)
+
+ protected:
+  struct Cell {
+    Tensor w_ih, w_hh, b_ih, b_hh;
+  };
+  // (output [T, B, D * H] or batch-first, the final states per layer and direction): runs
+  // every layer; `step` maps (gates_x, gates_h, state) to the new state, whose first tensor
+  // is the output. state0: one list of [L * D, B, H] tensors (h, or h and c).
+  std::pair<Tensor, TensorList> run(const Tensor& input, const TensorList& state0,
+                                    size_t state_count);
+  virtual TensorList step(const Tensor& gates_x, const Tensor& gates_h,
+                          const TensorList& state) = 0;
+
+  const char* mode_;
+  int64_t gates_;
+  std::vector<Cell> cells_;  // layer * directions + direction
+};
+
+// torch.nn.LSTM. input [T, B, input_size] ([B, T, input_size] with batch_first, or unbatched
+// [T, input_size]); hx (h_0, c_0), each [num_layers * D, B, hidden_size] (unbatched: without
+// B), zeros when absent. Returns (output [T, B, D * hidden_size], (h_n, c_n)).
+class LSTM : public RNNBase {
+ public:
+  LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true,
+       bool batch_first = false, double dropout = 0.0, bool bidirectional = false,
+       Generator* gen = nullptr);
+  std::pair<Tensor, std::pair<Tensor, Tensor>> forward(
+      const Tensor& input, const std::optional<std::pair<Tensor, Tensor>>& hx);
+  // The output alone (Module's single-tensor forward, for containers).
+  Tensor forward(const Tensor& input) override { return forward(input, std::nullopt).first; }
+  std::pair<Tensor, std::pair<Tensor, Tensor>> operator()(
+      const Tensor& input, const std::optional<std::pair<Tensor, Tensor>>& hx = std::nullopt,
+      const std::source_location& site = std::source_location::current()) {
+    return call([&] { return forward(input, hx); }, site);
+  }
+
+ protected:
+  TensorList step(const Tensor& gates_x, const Tensor& gates_h, const TensorList& state) override;
+};
+
+// torch.nn.GRU: as LSTM with one state, h. Returns (output, h_n).
+class GRU : public RNNBase {
+ public:
+  GRU(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true,
+      bool batch_first = false, double dropout = 0.0, bool bidirectional = false,
+      Generator* gen = nullptr);
+  std::pair<Tensor, Tensor> forward(const Tensor& input, const Tensor& hx);
+  Tensor forward(const Tensor& input) override { return forward(input, Tensor()).first; }
+  std::pair<Tensor, Tensor> operator()(
+      const Tensor& input, const Tensor& hx = Tensor(),
+      const std::source_location& site = std::source_location::current()) {
+    return call([&] { return forward(input, hx); }, site);
+  }
+
+ protected:
+  TensorList step(const Tensor& gates_x, const Tensor& gates_h, const TensorList& state) override;
+};
+
+}  // namespace tally::nn

@@ -1,0 +1,119 @@
+// Raw recurrent-cell ops: argument checks (every message names the op, the shapes and the
+// dtypes), allocation, and the dispatch into the device's kernel.
+#include "tensor/rnn/ops.h"
+
+#include <fmt/format.h>
+
+#include "tensor/dispatch.h"
+#include "tensor/op_alloc.h"
+#include "tensor/rnn/kernels.h"
+
+namespace tally::ops {
+
+namespace {
+
+// Checks that `t` is a defined 2-D [rows, cols] tensor of `like`'s dtype and device.
+void check_2d(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t cols,
+              const Tensor& like) {
+  if (!t.defined()) throw std::invalid_argument(fmt::format("{}: {} is undefined", op, name));
+  if (t.dim() != 2 || t.size(0) != rows || t.size(1) != cols)
+    throw std::invalid_argument(
+        fmt::format("{}: {} must be [{}, {}], got {}", op, name, rows, cols, t.shape_string()));
+  if (t.dtype() != like.dtype())
+    throw std::invalid_argument(fmt::format("{}: {} is {} but the gates are {}", op, name,
+                                            dtype_name(t.dtype()), dtype_name(like.dtype())));
+  check_same_device(op, like.device(), t.device());
+}
+
+// The hidden size of [B, k * H] gates (k = 4 for the LSTM, 3 for the GRU), checked floating.
+int64_t hidden_of(const char* op, const Tensor& gates, int64_t k) {
+  if (!gates.defined()) throw std::invalid_argument(fmt::format("{}: gates are undefined", op));
+  if (gates.dim() != 2 || gates.size(1) % k != 0)
+    throw std::invalid_argument(fmt::format("{}: gates must be 2-D [batch, {} * hidden], got {}",
+                                            op, k, gates.shape_string()));
+  if (!is_floating(gates.dtype()))
+    throw std::invalid_argument(
+        fmt::format("{}: gates must be floating, got {}", op, dtype_name(gates.dtype())));
+  return gates.size(1) / k;
+}
+
+// An optional gradient, checked like check_2d and made contiguous (undefined stays so).
+Tensor optional_grad(const char* op, const char* name, const Tensor& g, int64_t rows, int64_t cols,
+                     const Tensor& like) {
+  if (!g.defined()) return g;
+  check_2d(op, name, g, rows, cols, like);
+  return contiguous(g);
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> lstm_cell_gates(const Tensor& gates_x, const Tensor& gates_h,
+                                                   const Tensor& c_prev) {
+  static const OpInfo info("lstm_cell_gates");
+  DispatchScope scope(info, gates_x, gates_h, c_prev);
+  const int64_t H = hidden_of(info.name, gates_x, 4), B = gates_x.size(0);
+  check_2d(info.name, "gates_h", gates_h, B, 4 * H, gates_x);
+  check_2d(info.name, "c_prev", c_prev, B, H, gates_x);
+  const Tensor gx = contiguous(gates_x), gh = contiguous(gates_h), cp = contiguous(c_prev);
+  const Device dev = gates_x.device();
+  Tensor h = alloc_output({B, H}, gates_x.dtype(), dev);
+  Tensor c = alloc_output({B, H}, gates_x.dtype(), dev);
+  Tensor ws = alloc_output({B, 4 * H}, gates_x.dtype(), dev);
+  if (B * H > 0) rnn_backends.get(info, dev, &RnnKernels::lstm_cell_forward)(h, c, ws, gx, gh, cp);
+  return {h, c, ws};
+}
+
+std::pair<Tensor, Tensor> lstm_cell_gates_backward(const Tensor& grad_h, const Tensor& grad_c,
+                                                   const Tensor& c_prev, const Tensor& c,
+                                                   const Tensor& workspace) {
+  static const OpInfo info("lstm_cell_gates_backward");
+  DispatchScope scope(info, workspace, grad_h, grad_c, c_prev, c);
+  const int64_t H = hidden_of(info.name, workspace, 4), B = workspace.size(0);
+  check_2d(info.name, "c_prev", c_prev, B, H, workspace);
+  check_2d(info.name, "c", c, B, H, workspace);
+  const Tensor gh = optional_grad(info.name, "grad_h", grad_h, B, H, workspace);
+  const Tensor gc = optional_grad(info.name, "grad_c", grad_c, B, H, workspace);
+  const Device dev = workspace.device();
+  Tensor grad_gates = alloc_output({B, 4 * H}, workspace.dtype(), dev);
+  Tensor grad_c_prev = alloc_output({B, H}, workspace.dtype(), dev);
+  if (B * H > 0)
+    rnn_backends.get(info, dev, &RnnKernels::lstm_cell_backward)(
+        grad_gates, grad_c_prev, gh, gc, contiguous(c_prev), contiguous(c), contiguous(workspace));
+  return {grad_gates, grad_c_prev};
+}
+
+std::pair<Tensor, Tensor> gru_cell_gates(const Tensor& gates_x, const Tensor& gates_h,
+                                         const Tensor& h_prev) {
+  static const OpInfo info("gru_cell_gates");
+  DispatchScope scope(info, gates_x, gates_h, h_prev);
+  const int64_t H = hidden_of(info.name, gates_x, 3), B = gates_x.size(0);
+  check_2d(info.name, "gates_h", gates_h, B, 3 * H, gates_x);
+  check_2d(info.name, "h_prev", h_prev, B, H, gates_x);
+  const Device dev = gates_x.device();
+  Tensor h = alloc_output({B, H}, gates_x.dtype(), dev);
+  Tensor ws = alloc_output({B, 4 * H}, gates_x.dtype(), dev);
+  if (B * H > 0)
+    rnn_backends.get(info, dev, &RnnKernels::gru_cell_forward)(
+        h, ws, contiguous(gates_x), contiguous(gates_h), contiguous(h_prev));
+  return {h, ws};
+}
+
+std::tuple<Tensor, Tensor, Tensor> gru_cell_gates_backward(const Tensor& grad_h,
+                                                           const Tensor& h_prev,
+                                                           const Tensor& workspace) {
+  static const OpInfo info("gru_cell_gates_backward");
+  DispatchScope scope(info, workspace, grad_h, h_prev);
+  const int64_t H = hidden_of(info.name, workspace, 4), B = workspace.size(0);
+  check_2d(info.name, "h_prev", h_prev, B, H, workspace);
+  const Tensor gh = optional_grad(info.name, "grad_h", grad_h, B, H, workspace);
+  const Device dev = workspace.device();
+  Tensor gx = alloc_output({B, 3 * H}, workspace.dtype(), dev);
+  Tensor ghh = alloc_output({B, 3 * H}, workspace.dtype(), dev);
+  Tensor gh_prev = alloc_output({B, H}, workspace.dtype(), dev);
+  if (B * H > 0)
+    rnn_backends.get(info, dev, &RnnKernels::gru_cell_backward)(
+        gx, ghh, gh_prev, gh, contiguous(h_prev), contiguous(workspace));
+  return {gx, ghh, gh_prev};
+}
+
+}  // namespace tally::ops
