@@ -6,9 +6,10 @@
 #include <stdexcept>
 
 #include "nn/data/synthetic.h"
-#include "tensor/softmax/autograd.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
+#include "nn/models/unet.h"
+#include "tensor/softmax/autograd.h"
 
 namespace tally::nn {
 namespace {
@@ -67,6 +68,7 @@ const std::vector<ModelEntry>& model_registry() {
   static const std::vector<ModelEntry> entries = {
       resnet_entry(),
       gpt_entry(),
+      unet_entry(),
   };
   return entries;
 }
@@ -91,8 +93,8 @@ ModelOptions resolve_options(const ModelEntry& entry, ModelOptions o) {
   if (!known) {
     std::string list;
     for (const std::string& p : entry.presets) list += (list.empty() ? "" : ", ") + p;
-    throw std::invalid_argument(fmt::format("--model {}: unknown preset '{}' (expected {})",
-                                            entry.name, o.preset, list));
+    throw std::invalid_argument(
+        fmt::format("--model {}: unknown preset '{}' (expected {})", entry.name, o.preset, list));
   }
   if (entry.input == ModelEntry::Input::images) {
     if (o.num_classes == 0) o.num_classes = 10;
