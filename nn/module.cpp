@@ -127,6 +127,14 @@ Tensor Module::checkpointed_forward(const Tensor& x) {
   return checkpoint([this](const Tensor& in) { return forward(in); }, x, o);
 }
 
+Tensor Module::checkpointed_call(const std::function<Tensor(const TensorList&)>& fn,
+                                 const TensorList& inputs) {
+  if (!checkpoint_) return fn(inputs);
+  CheckpointOptions o;
+  o.policy = *checkpoint_;
+  return checkpoint(fn, inputs, o);
+}
+
 Tensor Module::forward(const Tensor&) {
   throw std::logic_error(fmt::format("{} has no single-tensor forward", type_name_));
 }

@@ -79,6 +79,11 @@ class Module {
   // or stop checkpointing it (enabled = false).
   void set_checkpoint(bool enabled, std::function<bool(const SavedTensorInfo&)> policy = {});
   bool is_checkpointed() const { return checkpoint_ != nullptr; }
+  // fn(inputs), under nn::checkpoint with this module's policy while set_checkpoint is on: how a
+  // forward of several tensors (a U-Net's ResBlock(x, temb)) checkpoints as operator() does the
+  // single-tensor one. Call it inside call().
+  Tensor checkpointed_call(const std::function<Tensor(const TensorList&)>& fn,
+                           const TensorList& inputs);
   // What nn::enable_checkpointing may do with this module, declared by the model itself:
   // a residual or transformer block is a unit `blocks` and `selective` checkpoint, and a
   // model with a stage list runs it under checkpoint_sequential with `n` segments (0 = off)

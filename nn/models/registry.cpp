@@ -9,6 +9,7 @@
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
 #include "nn/models/resnet.h"
+#include "nn/models/unet.h"
 #include "tensor/softmax/autograd.h"
 
 namespace tally::nn {
@@ -69,6 +70,7 @@ const std::vector<ModelEntry>& model_registry() {
       resnet_entry(),
       gpt_entry(),
       llama_entry(),
+      unet_entry(),
   };
   return entries;
 }
