@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "memory/caching_allocator.h"
+#include "memory/cpu_provider.h"
 
 namespace tally::memory {
 
@@ -103,6 +104,19 @@ DryRun::DryRun(const EstimateOptions& options)
     : target_(options.spec ? *options.spec : meta_target(options.target)) {
   if (options.capacity) target_.capacity = options.capacity;
   device_ = new_meta_device(target_);
+  host_memory_ = options.host_memory ? options.host_memory : host_memory_total();
+  // A GPU target's host memory is meta:0's, shared by every dry run: its figures are counted
+  // from here (its cache of earlier runs emptied first).
+  host_ = behaves_as(device_) == DeviceType::cpu ? device_ : Device::meta(0);
+  if (!(host_ == device_)) {
+    CachingAllocator& h = get_allocator(host_);
+    h.empty_cache();
+    h.reset_peak_memory_stats();
+    const DeviceStats st = h.stats();
+    host_base_allocated_ = st.allocated_bytes[kAllPools].current;
+    host_base_reserved_ = st.reserved_bytes[kAllPools].current;
+    for (size_t c = 0; c < kNumCategories; ++c) host_base_[c] = st.category_bytes[c].current;
+  }
   if (options.max_history) get_allocator(device_).record_memory_history(true, options.max_history);
   tracker_ = std::make_unique<PeakTracker>(device_.index);
   start_ = now_seconds();
@@ -123,6 +137,20 @@ Estimate DryRun::finish(const std::string& out_of_memory) {
   e.at_peak = st.category_at_peak;
   e.allocations = st.allocation[kAllPools].allocated;
   e.unreplayed = unreplayed(device_);
+  e.host = host_;
+  e.host_memory = host_memory_;
+  if (host_ == device_) {
+    e.host_peak_allocated = e.peak_allocated;
+    e.host_peak_reserved = e.peak_reserved;
+    e.host_at_peak = e.at_peak;
+  } else {
+    const DeviceStats h = get_allocator(host_).stats();
+    e.host_peak_allocated = h.allocated_bytes[kAllPools].peak - host_base_allocated_;
+    e.host_peak_reserved = h.reserved_bytes[kAllPools].peak - host_base_reserved_;
+    for (size_t c = 0; c < kNumCategories; ++c)
+      e.host_at_peak[c] = h.category_at_peak[c] - host_base_[c];
+    e.host_out_of_memory = host_memory_error(e.host_peak_reserved, host_memory_);
+  }
   e.predicted_seconds = meta_seconds(device_);
   return e;
 }
@@ -159,10 +187,33 @@ std::string Estimate::report(size_t top_modules) const {
           activations_at_peak[i].module.empty() ? "(no module)" : activations_at_peak[i].module,
           human(activations_at_peak[i].bytes));
   }
+  if (!(host == device)) {
+    if (!host_out_of_memory.empty())
+      s += fmt::format("  DOES NOT FIT on the host: {}\n", host_out_of_memory);
+    s += fmt::format("  host peak      {:>12}   ({} B reserved; the host has {})\n",
+                     human(host_peak_reserved), host_peak_reserved,
+                     human(static_cast<int64_t>(host_memory)));
+    for (const Category c : kAllCategories) {
+      const int64_t b = host_at_peak[static_cast<size_t>(c)];
+      if (b) s += fmt::format("    host {:<11}{:>12}\n", category_name(c), human(b));
+    }
+  }
   for (const auto& [what, count] : unreplayed)
     s +=
         fmt::format("  not replayed exactly ({} time{}): {}\n", count, count == 1 ? "" : "s", what);
   return s;
+}
+
+size_t host_memory_total() {
+  return HostMemoryProvider::physical_memory();
+}
+
+std::string host_memory_error(int64_t host_peak, size_t host_memory) {
+  if (host_peak <= static_cast<int64_t>(host_memory)) return "";
+  return fmt::format(
+      "the host's peak, {} ({} B: pinned optimizer state, offloaded activations), exceeds the "
+      "host's memory, {} ({} B)",
+      human(host_peak), host_peak, human(static_cast<int64_t>(host_memory)), host_memory);
 }
 
 size_t parse_bytes(std::string_view text, std::string_view what) {

@@ -35,6 +35,10 @@ struct EstimateOptions {
   size_t capacity = 0;  // the device memory to replay; 0: the target's
   // Trace entries the meta allocator keeps for snapshots and timelines (0: none).
   size_t max_history = 1'000'000;
+  // The host memory the run will have (pinned optimizer state, offloaded activations); 0:
+  // this machine's (MemTotal, host_memory_total()). A GPU target's host peak above it is a
+  // plan that does not fit (Estimate::host_out_of_memory).
+  size_t host_memory = 0;
 };
 
 struct ModuleBytes {
@@ -56,11 +60,22 @@ struct Estimate {
   std::string out_of_memory;
   // What the dry run could not replay exactly, and how often (memory::note_unreplayed).
   std::vector<std::pair<std::string, int64_t>> unreplayed;
+  // The host side: what the run holds in host memory (the pinned state of an offloaded
+  // optimizer, optim/cpu_offload.h; offloaded activations). A GPU target's host is meta:0;
+  // a CPU target's host is its device, and these repeat the device's figures.
+  Device host;
+  int64_t host_peak_allocated = 0;
+  int64_t host_peak_reserved = 0;
+  std::array<int64_t, kNumCategories> host_at_peak{};  // bytes per category at the host's peak
+  size_t host_memory = 0;                              // what the host has
+  // Set when the host's peak reserved exceeds host_memory: the figures, named.
+  std::string host_out_of_memory;
+
   // The predicted time of the ops the dry run ran, by the cost model (tensor/meta/cost.h: a
   // recorded GPU's rates, or those the caller set on device(); 0 without rates).
   double predicted_seconds = 0;
 
-  bool fits() const { return out_of_memory.empty(); }
+  bool fits() const { return out_of_memory.empty() && host_out_of_memory.empty(); }
   // The report a user reads: target, peaks, the categories at the peak, the largest
   // activations by module.
   std::string report(size_t top_modules = 8) const;
@@ -89,6 +104,10 @@ class DryRun {
  private:
   MetaTarget target_;
   Device device_;
+  Device host_;
+  size_t host_memory_ = 0;
+  int64_t host_base_allocated_ = 0, host_base_reserved_ = 0;  // the host's bytes at the start
+  std::array<int64_t, kNumCategories> host_base_{};
   std::unique_ptr<PeakTracker> tracker_;
   double start_ = 0;
 };
@@ -98,6 +117,12 @@ class DryRun {
 // itself); an unknown target or a capacity too small for anything is std::invalid_argument
 // before anything runs.
 Estimate estimate(const std::function<void(Device)>& run, const EstimateOptions& options = {});
+
+// This machine's memory (MemTotal: sysconf's physical pages).
+size_t host_memory_total();
+// The host check of a plan: "" when `host_peak` bytes fit in `host_memory`, else an error
+// naming both figures and what holds host memory.
+std::string host_memory_error(int64_t host_peak, size_t host_memory);
 
 // "6GiB", "900MiB", "512KiB", "1.5GB" (decimal units too) or plain bytes, as a byte count.
 // std::invalid_argument naming `what` for anything else, a negative or non-finite size, or

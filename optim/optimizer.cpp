@@ -59,6 +59,10 @@ void check_grad(const Tensor& p, const Tensor& g, size_t index, const char* what
         p.shape_string(), f == MemoryFormat::contiguous ? "contiguous" : "channels_last"));
 }
 
+void Optimizer::check_parameter(const Tensor& p, size_t index) const {
+  check_param(p, index, name());
+}
+
 void Optimizer::add_param_group(ParamGroup group) {
   for (const auto& [k, v] : defaults_) group.options.try_emplace(k, v);
   for (const auto& [k, v] : group.options)
@@ -67,7 +71,7 @@ void Optimizer::add_param_group(ParamGroup group) {
   check_options(group.options);
   for (size_t j = 0; j < group.params.size(); ++j) {
     const Tensor& p = group.params[j];
-    check_param(p, state_.size() + j, name());
+    check_parameter(p, state_.size() + j);
     bool repeated = false;
     for (const ParamGroup& g : groups_)
       for (const Tensor& q : g.params) repeated = repeated || q.is_same(p);

@@ -106,6 +106,9 @@ class Optimizer {
   std::vector<std::vector<size_t>> buckets(const std::vector<size_t>& indices, Key key);
   // Checks a group's options (ranges), throwing std::invalid_argument.
   virtual void check_options(const GroupOptions&) const {}
+  // Checks a new parameter (index: its position across groups): check_param by default;
+  // CpuOffload also takes 16-bit parameters (its float32 master copies live on the host).
+  virtual void check_parameter(const Tensor& p, size_t index) const;
   // The group's lr as a float64 scalar on `device` (capturable updates read it there, so that
   // a CUDA graph's replays see the lr a scheduler sets between them): made at the group's first
   // capturable update, kept equal to the option by set_lr and load_state_dict, and by each

@@ -63,12 +63,6 @@ void check_contiguous(const Tensor& t, const char* what) {
                     t.defined() ? t.shape_string() + " (non-contiguous)" : "undefined"));
 }
 
-// The host a meta device's copies go to: itself when it replays the CPU (where host memory
-// is its own), meta:0 (the host) when it replays a GPU.
-Device meta_host(Device d) {
-  return memory::behaves_as(d) == DeviceType::cpu ? d : Device::meta(0);
-}
-
 // A meta copy between `block` and pinned host memory on the copy stream of a meta device
 // that replays a GPU: queued behind the copies before it, and `block` kept out of reuse until
 // it ends, as the GPU's copy stream keeps it. On a CPU target the copy is synchronous: its
@@ -88,13 +82,57 @@ void meta_copy(const Tensor& block, bool async) {
 }
 }  // namespace
 
+Device host_of(Device device) {
+  if (device.is_meta())
+    return memory::behaves_as(device) == DeviceType::cpu ? device : Device::meta(0);
+  return Device::cpu();
+}
+
+Tensor empty_host(const Shape& shape, DType dtype, Device device) {
+  const Device host = host_of(device);
+  if (host.is_meta() || device.type != DeviceType::cuda) return empty(shape, dtype, host);
+  return empty_pinned(shape, dtype);
+}
+
+void copy_on_copy_stream_(const Tensor& dst, const Tensor& src) {
+  static const OpInfo info("copy_on_copy_stream_");
+  check_contiguous(dst, "copy_on_copy_stream_");
+  check_contiguous(src, "copy_on_copy_stream_");
+  if (dst.sizes() != src.sizes() || dst.dtype() != src.dtype())
+    throw std::invalid_argument(fmt::format(
+        "copy_on_copy_stream_: destination {} {} and source {} {} differ in shape or dtype",
+        dtype_name(dst.dtype()), dst.shape_string(), dtype_name(src.dtype()), src.shape_string()));
+  const bool to_device = host_of(dst.device()) == src.device() && !(dst.device() == src.device());
+  const Tensor& dev = to_device ? dst : src;
+  const Tensor& host = to_device ? src : dst;
+  if (!(dev.device() == host.device()) && !(host_of(dev.device()) == host.device()))
+    throw std::invalid_argument(
+        fmt::format("copy_on_copy_stream_: {} and {} are not a device and its host",
+                    dst.device().str(), src.device().str()));
+  DispatchScope scope(info, dev);
+  if (dev.device().is_meta()) {
+    meta_copy(dev, true);
+    return;
+  }
+#ifdef TALLY_WITH_CUDA
+  if (dev.is_cuda() && is_pinned(host)) {
+    if (to_device)
+      cuda::copy_to_device_on_copy_stream(host, dev);
+    else
+      cuda::copy_to_host_on_copy_stream(dev, host);
+    return;
+  }
+#endif
+  copy_(dst, src);
+}
+
 Tensor to_host_async(const Tensor& t, memory::Category category, bool pin_memory) {
   static const OpInfo info("to_host_async");
   check_contiguous(t, "to_host_async");
   DispatchScope scope(info, t);
   memory::CategoryScope cat(category);
   if (t.device().is_meta()) {
-    Tensor h = empty(t.sizes(), t.dtype(), meta_host(t.device()));
+    Tensor h = empty(t.sizes(), t.dtype(), host_of(t.device()));
     meta_copy(t, pin_memory);
     return h;
   }

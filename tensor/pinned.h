@@ -48,6 +48,20 @@ Tensor to_host_async(const Tensor& t, memory::Category category, bool pin_memory
 // wait for a fence recorded after this call.
 Tensor to_device_on_copy_stream(const Tensor& host, Device device, memory::Category category);
 
+// dst.copy_(src) between a tensor on a device and one on its host (host_of), both contiguous,
+// of one shape and dtype: on the copy stream for a CUDA device with a pinned host side, after
+// the work queued so far on Tally's stream, both blocks kept out of reuse until the copy is
+// done (wait for a fence recorded after this call before reading the result); a plain copy_ on
+// the CPU; on a meta device, timed on its copy stream (nothing copied). The offloaded
+// optimizer's gradients and weights (optim/cpu_offload.h) move this way.
+void copy_on_copy_stream_(const Tensor& dst, const Tensor& src);
+// The host memory of `device`: the CPU for the CPU and CUDA; for a meta device, the meta
+// device itself when it replays the CPU, meta:0 (the host of every dry run) otherwise.
+Device host_of(Device device);
+// An uninitialised contiguous tensor in the host memory of `device` (host_of), pinned when
+// the device is a GPU (empty_pinned), allocated under the current allocation context.
+Tensor empty_host(const Shape& shape, DType dtype, Device device);
+
 // A point on a device's copy stream. wait() makes Tally's stream wait until the copies
 // issued before the fence have finished (no host synchronisation); empty for the CPU, where
 // copies are done when they return. On a meta device that replays a GPU, the point's time on

@@ -1,0 +1,21 @@
+// The offloaded optimizer's update on the host (optim/cpu_offload.h): Adam(W) and AdamW8bit over
+// every core. The lists are those of the fused ops (optim/multi_tensor.h) and the element math is
+// update_math.h's, so the result equals the CPU backend's fused_adam_ / fused_adamw8bit_ bit for
+// bit, whatever the thread count: each tensor is cut into runs of kChunkSize elements (whole
+// quantization blocks), each run updated by one thread as the serial kernel updates it.
+// float32 runs are vectorised (AVX-512, AVX2 or SSE2, chosen at load time); the file compiles
+// without FMA contraction and with a sqrt that sets no errno, so the vector code rounds each
+// operation exactly as the scalar one does.
+#pragma once
+
+#include "optim/multi_tensor.h"
+
+namespace tally::optim {
+
+// fused_adam_'s update (lists: param, grad, exp_avg, exp_avg_sq[, max_exp_avg_sq]) of CPU
+// tensors, float32 or float64, multi-threaded. Not capturable; found_inf is honoured.
+void parallel_adam_(const TensorLists& l, const AdamHyper& h);
+// fused_adamw8bit_'s update of CPU tensors (lists as AdamW8bitHyper's), multi-threaded.
+void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h);
+
+}  // namespace tally::optim

@@ -1,0 +1,366 @@
+// CpuOffload: AdamW / AdamW8bit with the state in pinned host memory (see cpu_offload.h).
+#include "optim/cpu_offload.h"
+
+#include <fmt/format.h>
+
+#include <set>
+#include <stdexcept>
+#include <tuple>
+
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "memory/context.h"
+#include "optim/cpu_adam.h"
+#include "tensor/ops.h"
+
+namespace tally::optim {
+namespace {
+
+constexpr const char* kMoments[] = {"exp_avg", "exp_avg_sq"};
+constexpr const char* kScales[] = {"exp_avg_absmax", "exp_avg_sq_absmax"};
+
+bool is_16bit(DType t) {
+  return t == DType::bfloat16 || t == DType::float16;
+}
+
+// t's memory as one flat run (a dense tensor: row-major or channels_last).
+Tensor flat(const Tensor& t) {
+  return Tensor::make(t.storage(), {t.numel()}, {1}, t.storage_offset(), t.dtype());
+}
+
+int64_t num_blocks(int64_t n, int64_t block) {
+  return (n + block - 1) / block;
+}
+
+// A zero host tensor under optimizer_state for a parameter on `device`.
+Tensor host_state(const Shape& sizes, DType dtype, Device device) {
+  memory::CategoryScope category(memory::Category::optimizer_state);
+  Tensor t = ops::empty_host(sizes, dtype, device);
+  ops::zero_(t);
+  return t;
+}
+
+}  // namespace
+
+CpuOffload::CpuOffload(std::vector<Tensor> params, AdamOptions options, CpuOffloadOptions offload)
+    : CpuOffload(std::vector<ParamGroup>{{std::move(params), {}}}, options, offload) {}
+
+CpuOffload::CpuOffload(std::vector<ParamGroup> groups, AdamOptions defaults,
+                       CpuOffloadOptions offload)
+    : Optimizer(defaults.to_map()), offload_(offload) {
+  if (offload_.bucket_bytes <= 0)
+    throw std::invalid_argument(
+        fmt::format("CpuOffload: bucket_bytes must be positive, got {}", offload_.bucket_bytes));
+  const int64_t bs = offload_.quant.block_size;
+  if (offload_.adamw8bit && (bs < kMin8bitBlock || bs > kMax8bitBlock || (bs & (bs - 1)) != 0))
+    throw std::invalid_argument(
+        fmt::format("CpuOffload(AdamW8bit): block_size {} is not a power of two from {} to {}", bs,
+                    kMin8bitBlock, kMax8bitBlock));
+  for (ParamGroup& g : groups) add_param_group(std::move(g));
+  staged_.resize(num_params());
+  if (offload_.overlap_backward) install_hooks();
+}
+
+CpuOffload::~CpuOffload() {
+  for (auto& [p, h] : hooks_) autograd::remove_post_accumulate_grad_hook(p, h);
+}
+
+void CpuOffload::check_options(const GroupOptions& o) const {
+  if (!(o.at("lr") >= 0))
+    throw std::invalid_argument(fmt::format("{}: invalid learning rate {}", name(), o.at("lr")));
+  if (!(o.at("eps") >= 0))
+    throw std::invalid_argument(fmt::format("{}: invalid epsilon {}", name(), o.at("eps")));
+  for (const char* b : {"beta1", "beta2"})
+    if (!(o.at(b) >= 0 && o.at(b) < 1))
+      throw std::invalid_argument(
+          fmt::format("{}: invalid {} {} (must be in [0, 1))", name(), b, o.at(b)));
+  if (!(o.at("weight_decay") >= 0))
+    throw std::invalid_argument(
+        fmt::format("{}: invalid weight_decay {}", name(), o.at("weight_decay")));
+  if (o.at("capturable") != 0)
+    throw std::invalid_argument(fmt::format(
+        "{}: capturable is not supported (the update runs on the host, outside any CUDA graph)",
+        name()));
+  if (offload_.adamw8bit && o.at("amsgrad") != 0)
+    throw std::invalid_argument(fmt::format("{}: amsgrad is not supported", name()));
+}
+
+void CpuOffload::check_parameter(const Tensor& p, size_t index) const {
+  if (p.defined() && is_16bit(p.dtype())) {
+    // check_param's other conditions (its dtype check asks for float32 or float64).
+    if (!p.is_leaf())
+      throw std::invalid_argument(fmt::format("{}: parameter {} (shape {}) is not a leaf tensor",
+                                              name(), index, p.shape_string()));
+    if (!p.is_contiguous() && !p.is_contiguous(MemoryFormat::channels_last))
+      throw std::invalid_argument(
+          fmt::format("{}: parameter {} (shape {}) is neither contiguous nor channels_last", name(),
+                      index, p.shape_string()));
+    return;
+  }
+  check_param(p, index, name());
+}
+
+DType CpuOffload::master_dtype(size_t index) const {
+  const DType t = param_at(index).dtype();
+  return is_16bit(t) ? DType::float32 : t;
+}
+
+bool CpuOffload::is_8bit(size_t index) const {
+  return offload_.adamw8bit && param_at(index).numel() >= offload_.quant.min_8bit_size;
+}
+
+std::optional<StateSpec> CpuOffload::state_spec(size_t index, const std::string& n) const {
+  const Tensor& p = param_at(index);
+  const Shape flat_shape{p.numel()};
+  if (n == "master") return StateSpec{flat_shape, master_dtype(index)};
+  if (n == "exp_avg" || n == "exp_avg_sq")
+    return is_8bit(index) ? StateSpec{flat_shape, DType::uint8, true}
+                          : StateSpec{flat_shape, master_dtype(index)};
+  if (n == "max_exp_avg_sq" && !offload_.adamw8bit)
+    return StateSpec{flat_shape, master_dtype(index)};
+  if ((n == "exp_avg_absmax" || n == "exp_avg_sq_absmax") && is_8bit(index))
+    return StateSpec{{num_blocks(p.numel(), offload_.quant.block_size)}, DType::float32, true};
+  return std::nullopt;
+}
+
+void CpuOffload::install_hooks() {
+  size_t index = 0;
+  try {
+    for (const ParamGroup& g : param_groups())
+      for (const Tensor& p : g.params) {
+        const size_t i = index++;
+        // A CPU parameter's gradient is on the host already: step() reads it in place.
+        if (!p.requires_grad() || p.device() == Device::cpu()) continue;
+        const uint64_t h = autograd::register_post_accumulate_grad_hook(
+            p, [this, i](const Tensor&) { on_grad_ready(i); });
+        hooks_.emplace_back(p, h);
+      }
+  } catch (...) {
+    for (auto& [p, h] : hooks_) autograd::remove_post_accumulate_grad_hook(p, h);
+    hooks_.clear();
+    throw;
+  }
+}
+
+bool CpuOffload::fresh(size_t i) const {
+  const std::optional<Staged>& s = staged_[i];
+  const Tensor g = param_at(i).grad();
+  return s && g.defined() && s->key == g.storage().key() && s->version == g.storage().version();
+}
+
+void CpuOffload::send(size_t i, uint64_t bucket) {
+  const Tensor& p = param_at(i);
+  const Tensor g = p.grad();
+  const Tensor src = flat(g);
+  std::optional<Staged>& s = staged_[i];
+  if (p.device() == Device::cpu()) {
+    s = Staged{src, false, g.storage().key(), g.storage().version(), bucket};
+    return;
+  }
+  // An earlier buffer of this parameter (an earlier backward of an accumulation) is reused.
+  Tensor host = s && s->owned ? s->host_grad : Tensor();
+  if (!host.defined()) {
+    memory::CategoryScope category(memory::Category::gradient);
+    host = ops::empty_host({g.numel()}, g.dtype(), g.device());
+  }
+  ops::copy_on_copy_stream_(host, src);
+  s = Staged{host, true, g.storage().key(), g.storage().version(), bucket};
+}
+
+void CpuOffload::close_bucket(std::vector<size_t> indices) {
+  if (indices.empty()) return;
+  const Device d = param_at(indices.front()).device();
+  buckets_[next_bucket_ - 1] = Bucket{std::move(indices), ops::CopyFence::record(d)};
+  ++buckets_sent_;
+}
+
+void CpuOffload::on_grad_ready(size_t i) {
+  const Tensor g = param_at(i).grad();
+  if (!g.defined()) return;
+  NoGradGuard no_grad;
+  // A bucket holds one device's gradients (its fence is that device's).
+  if (!pending_.empty() && !(param_at(pending_.front()).device() == g.device())) flush_pending();
+  if (pending_.empty()) ++next_bucket_;
+  send(i, next_bucket_ - 1);
+  ++hooked_copies_;
+  pending_.push_back(i);
+  pending_bytes_ += static_cast<int64_t>(g.nbytes());
+  if (pending_bytes_ >= offload_.bucket_bytes) flush_pending();
+}
+
+void CpuOffload::flush_pending() {
+  std::vector<size_t> indices;
+  indices.swap(pending_);
+  pending_bytes_ = 0;
+  close_bucket(std::move(indices));
+}
+
+void CpuOffload::init_state(const std::vector<size_t>& indices, bool amsgrad) {
+  std::set<std::pair<int, int>> devices;
+  for (size_t i : indices) {
+    const Tensor& p = param_at(i);
+    ParamState& s = state(i);
+    auto& t = s.tensors;
+    const Device d = p.device();
+    const Shape n{p.numel()};
+    // A state loaded by load_state_dict is made on the parameter's device: move it home.
+    for (auto& [key, value] : t)
+      if (!(value.device() == ops::host_of(d))) {
+        memory::CategoryScope category(memory::Category::optimizer_state);
+        Tensor h = ops::empty_host(value.sizes(), value.dtype(), d);
+        ops::copy_(h, value);
+        value = h;
+      }
+    if (!t.count("master")) {
+      Tensor master = host_state(n, master_dtype(i), d);
+      if (p.dtype() == master.dtype()) {
+        ops::copy_on_copy_stream_(master, flat(p));
+      } else {
+        memory::CategoryScope category(memory::Category::temporary);
+        Tensor tmp = ops::empty_host(n, p.dtype(), d);
+        ops::copy_on_copy_stream_(tmp, flat(p));
+        ops::CopyFence::record(d).synchronize();
+        ops::copy_(master, tmp);
+      }
+      t["master"] = master;
+      devices.insert({static_cast<int>(d.type), d.index});
+    }
+    if (!t.count("exp_avg")) {
+      if (is_8bit(i)) {
+        const int64_t blocks = num_blocks(p.numel(), offload_.quant.block_size);
+        for (const char* m : kMoments) t[m] = host_state(n, DType::uint8, d);
+        for (const char* m : kScales) t[m] = host_state({blocks}, DType::float32, d);
+      } else {
+        for (const char* m : kMoments) t[m] = host_state(n, master_dtype(i), d);
+      }
+    }
+    if (amsgrad && !t.count("max_exp_avg_sq"))
+      t["max_exp_avg_sq"] = host_state(n, master_dtype(i), d);
+  }
+  for (const auto& [type, index] : devices)
+    ops::CopyFence::record(Device{static_cast<DeviceType>(type), index}).synchronize();
+}
+
+void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_t>& indices) {
+  AdamHyper h = adam_hyper(group, /*decoupled=*/true);
+  const Device device = param_at(indices.front()).device();
+  const bool meta = ops::host_of(device).is_meta();  // a dry run: nothing to compute
+  // Lists by (step count, 8-bit or not, master dtype): the bias corrections are per step.
+  std::map<std::tuple<int64_t, bool, int>, std::vector<size_t>> lists_of;
+  for (size_t i : indices) {
+    ++state(i).step;
+    lists_of[{state(i).step, is_8bit(i), static_cast<int>(master_dtype(i))}].push_back(i);
+  }
+  for (const auto& [key, members] : lists_of) {
+    const auto [step, q8, dtype] = key;
+    TensorLists lists(Device::cpu(), static_cast<DType>(dtype), q8 ? 6 : 4 + (h.amsgrad ? 1 : 0));
+    std::vector<Tensor> grads32;  // 16-bit gradients widened for the update
+    for (size_t i : members) {
+      auto& t = state(i).tensors;
+      Tensor g = staged_[i]->host_grad;
+      if (g.dtype() != static_cast<DType>(dtype)) {
+        memory::CategoryScope category(memory::Category::temporary);
+        Tensor w = ops::empty_host(g.sizes(), static_cast<DType>(dtype), device);
+        ops::copy_(w, g);
+        grads32.push_back(w);
+        g = w;
+      }
+      void* p = t.at("master").data_ptr();
+      void* m = t.at("exp_avg").data_ptr();
+      void* v = t.at("exp_avg_sq").data_ptr();
+      const int64_t n = param_at(i).numel();
+      if (q8)
+        lists.add({p, g.data_ptr(), m, v, t.at("exp_avg_absmax").data_ptr(),
+                   t.at("exp_avg_sq_absmax").data_ptr()},
+                  n);
+      else if (h.amsgrad)
+        lists.add({p, g.data_ptr(), m, v, t.at("max_exp_avg_sq").data_ptr()}, n);
+      else
+        lists.add({p, g.data_ptr(), m, v}, n);
+    }
+    if (meta) continue;
+    h.step = step;
+    if (q8) {
+      AdamHyper a = h;
+      a.amsgrad = false;
+      parallel_adamw8bit_(lists, AdamW8bitHyper{a, offload_.quant.block_size});
+    } else {
+      parallel_adam_(lists, h);
+    }
+  }
+}
+
+void CpuOffload::write_back(size_t i) {
+  Tensor& p = param_at(i);
+  const Tensor& master = state(i).tensors.at("master");
+  const Tensor dst = flat(p);
+  if (p.dtype() == master.dtype()) {
+    ops::copy_on_copy_stream_(dst, master);
+    return;
+  }
+  // The weights in the parameter's dtype, rounded on the host: into the gradient's buffer,
+  // which the update has read (it has the parameter's dtype), or a new one on the CPU, where
+  // that buffer is the gradient itself.
+  Staged& s = *staged_[i];
+  Tensor buf = s.owned ? s.host_grad : Tensor();
+  if (!buf.defined()) {
+    memory::CategoryScope category(memory::Category::temporary);
+    buf = ops::empty_host({p.numel()}, p.dtype(), p.device());
+  }
+  ops::copy_(buf, master);
+  ops::copy_on_copy_stream_(dst, buf);
+}
+
+void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>& indices) {
+  for (size_t i : indices)
+    if (found_inf_on(param_at(i).device()))
+      throw std::invalid_argument(fmt::format(
+          "{}: a capturable GradScaler's skip on the device is not supported; use a GradScaler "
+          "without capturable",
+          name()));
+  flush_pending();
+  // What the hooks did not send, or what changed since (clip_grad_norm_, GradScaler::unscale_):
+  // one bucket per device.
+  std::map<std::pair<int, int>, std::vector<size_t>> late;
+  for (size_t i : indices)
+    if (!fresh(i)) {
+      const Device d = param_at(i).device();
+      late[{static_cast<int>(d.type), d.index}].push_back(i);
+    }
+  for (auto& [d, list] : late) {
+    ++next_bucket_;
+    for (size_t i : list) send(i, next_bucket_ - 1);
+    close_bucket(std::move(list));
+  }
+  init_state(indices, group.flag("amsgrad"));
+
+  const std::set<size_t> wanted(indices.begin(), indices.end());
+  std::set<std::pair<int, int>> devices;
+  for (auto it = buckets_.begin(); it != buckets_.end();) {
+    std::vector<size_t> mine;
+    size_t left = 0;
+    for (size_t i : it->second.indices) {
+      if (!staged_[i] || staged_[i]->bucket != it->first) continue;  // sent again later
+      if (wanted.count(i))
+        mine.push_back(i);
+      else
+        ++left;
+    }
+    if (!mine.empty()) {
+      it->second.fence.synchronize();  // its gradients are on the host
+      update_on_host(group, mine);
+      for (size_t i : mine) {
+        write_back(i);
+        const Device d = param_at(i).device();
+        devices.insert({static_cast<int>(d.type), d.index});
+        staged_[i].reset();  // the host gradient is spent
+      }
+    }
+    it = left == 0 ? buckets_.erase(it) : std::next(it);
+  }
+  // The next forward reads the weights after their copies (Tally's stream waits, not the host).
+  for (const auto& [type, index] : devices)
+    ops::CopyFence::record(Device{static_cast<DeviceType>(type), index}).wait();
+}
+
+}  // namespace tally::optim

@@ -1,0 +1,225 @@
+// CpuOffload (optim/cpu_offload.h) with the CPU playing the device: its steps equal AdamW's and
+// AdamW8bit's bit for bit (an MLP, a tiny GPT, channels_last-free dense parameters, gradient
+// clipping between backward and step), its host update equals the CPU backend's fused kernels
+// at any thread count, its state is tagged optimizer_state on the host, and a dry run for a GPU
+// keeps that state on the host (meta:0), not on the device.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "autograd/ops.h"
+#include "memory/estimate.h"
+#include "memory/memory.h"
+#include "nn/models/gpt.h"
+#include "optim/adam.h"
+#include "optim/adamw8bit.h"
+#include "optim/clip_grad.h"
+#include "optim/cpu_adam.h"
+#include "optim/cpu_offload.h"
+#include "tensor/cpu/threads.h"
+
+namespace tally {
+namespace {
+
+std::vector<Tensor> mlp_params() {
+  manual_seed(5);
+  return {ops::randn({128, 64}).requires_grad_(), ops::randn({128}).requires_grad_(),
+          ops::randn({10, 128}).requires_grad_()};
+}
+
+Tensor mlp_loss(const std::vector<Tensor>& p, int step) {
+  manual_seed(100 + step);
+  const Tensor x = ops::randn({16, 64});
+  return mean(pow(matmul(relu(linear(x, p[0], p[1])), p[2].t()), 2.0));
+}
+
+std::vector<std::vector<double>> values(const std::vector<Tensor>& ps) {
+  std::vector<std::vector<double>> v;
+  for (const Tensor& p : ps) v.push_back(ops::to_vector(p));
+  return v;
+}
+
+// `plain` and `offloaded` over two copies of the MLP, `steps` steps each, compared bitwise
+// after every step (float32 values are exact in double).
+template <typename Plain, typename Offloaded>
+void expect_steps_equal(Plain make_plain, Offloaded make_offloaded, double clip = 0) {
+  std::vector<Tensor> a = mlp_params(), b = mlp_params();
+  auto oa = make_plain(a);
+  auto ob = make_offloaded(b);
+  for (int s = 0; s < 3; ++s) {
+    const std::pair<std::vector<Tensor>*, optim::Optimizer*> runs[] = {{&a, oa.get()},
+                                                                       {&b, ob.get()}};
+    for (const auto& [params, opt] : runs) {
+      opt->zero_grad();
+      mlp_loss(*params, s).backward();
+      if (clip > 0) optim::clip_grad_norm_(*params, clip);
+      opt->step();
+    }
+    ASSERT_EQ(values(a), values(b)) << "step " << s;
+  }
+}
+
+TEST(CpuOffload, EqualsAdamWStepForStep) {
+  const optim::AdamOptions o{.lr = 1e-2, .weight_decay = 0.1};
+  expect_steps_equal([&](auto& p) { return std::make_unique<optim::AdamW>(p, o); },
+                     [&](auto& p) { return std::make_unique<optim::CpuOffload>(p, o); });
+}
+
+TEST(CpuOffload, EqualsAdamWWithAmsgradMaximizeAndClipping) {
+  const optim::AdamOptions o{
+      .lr = 1e-2, .beta1 = 0.3, .weight_decay = 0.01, .amsgrad = true, .maximize = true};
+  expect_steps_equal([&](auto& p) { return std::make_unique<optim::AdamW>(p, o); },
+                     [&](auto& p) { return std::make_unique<optim::CpuOffload>(p, o); }, 0.5);
+}
+
+TEST(CpuOffload, EqualsAdamW8bitStepForStep) {
+  const optim::AdamOptions o{.lr = 1e-2, .weight_decay = 0.1};
+  const optim::AdamW8bitOptions q{.block_size = 64, .min_8bit_size = 1024};
+  expect_steps_equal([&](auto& p) { return std::make_unique<optim::AdamW8bit>(p, o, q); },
+                     [&](auto& p) {
+                       return std::make_unique<optim::CpuOffload>(
+                           p, o, optim::CpuOffloadOptions{.adamw8bit = true, .quant = q});
+                     });
+}
+
+TEST(CpuOffload, TinyGptEqualsAdamW) {
+  auto run = [](bool offload) {
+    manual_seed(0);
+    nn::GPT gpt(nn::GPTConfig::preset("tiny"));
+    std::unique_ptr<optim::Optimizer> opt;
+    if (offload)
+      opt = std::make_unique<optim::CpuOffload>(gpt.parameters(), optim::AdamOptions{.lr = 1e-3});
+    else
+      opt = std::make_unique<optim::AdamW>(gpt.parameters(), optim::AdamOptions{.lr = 1e-3});
+    for (int s = 0; s < 2; ++s) {
+      const Tensor x = ops::randint(0, 256, {2, 16}, DType::int64);
+      opt->zero_grad();
+      gpt(x, x).second.backward();
+      opt->step();
+    }
+    return values(gpt.parameters());
+  };
+  EXPECT_EQ(run(true), run(false));
+}
+
+TEST(CpuOffload, StateIsOptimizerStateOnTheHost) {
+  std::vector<Tensor> p = mlp_params();
+  optim::CpuOffload opt(p);
+  auto& cpu = memory::get_allocator(Device::cpu());
+  const int64_t before = cpu.stats().cat_bytes(memory::Category::optimizer_state).current;
+  mlp_loss(p, 0).backward();
+  opt.step();
+  const int64_t numel = 128 * 64 + 128 + 10 * 128;
+  const int64_t state = cpu.stats().cat_bytes(memory::Category::optimizer_state).current - before;
+  EXPECT_GE(state, 3 * 4 * numel);            // master, exp_avg, exp_avg_sq
+  EXPECT_LE(state, 3 * 4 * numel + 9 * 512);  // each of 9 blocks rounded up
+  const optim::OptimizerStateDict sd = opt.state_dict();
+  EXPECT_EQ(sd.tensors.at("state.0.master").sizes(), (Shape{128 * 64}));
+  EXPECT_EQ(sd.tensors.at("state.2.exp_avg_sq").device(), Device::cpu());
+}
+
+// A 16-bit model: master weights in float32 on the host, the device weights their rounding.
+TEST(CpuOffload, Bfloat16WeightsKeepAFloat32Master) {
+  manual_seed(3);
+  Tensor w = ops::to(ops::randn({64, 32}), Device::cpu(), DType::bfloat16).requires_grad_();
+  optim::CpuOffload opt(std::vector<Tensor>{w}, optim::AdamOptions{.lr = 1e-2});
+  for (int s = 0; s < 2; ++s) {
+    opt.zero_grad();
+    sum(mul(w, w)).backward();
+    opt.step();
+  }
+  const Tensor master = opt.state(0).tensors.at("master");
+  EXPECT_EQ(master.dtype(), DType::float32);
+  EXPECT_EQ(ops::to_vector(ops::to(master.view({64, 32}), Device::cpu(), DType::bfloat16)),
+            ops::to_vector(w));
+  EXPECT_THROW(optim::CpuOffload(std::vector<Tensor>{ops::randn({3}).requires_grad_()},
+                                 optim::AdamOptions{.capturable = true}),
+               std::invalid_argument);
+}
+
+// The host update over several threads equals the CPU backend's serial kernels bit for bit.
+TEST(CpuOffload, ParallelHostUpdateEqualsTheCpuKernels) {
+  const int64_t sizes[] = {1, 17, 66000};  // 66000 crosses a 64K-element run
+  uint32_t state = 1;
+  auto next = [&] {  // a cheap generator: values in [-1, 1)
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / 8388608.0f - 1.0f;
+  };
+  const int threads_before = tally::cpu::num_threads();
+  tally::cpu::set_num_threads(2);
+  for (const bool amsgrad : {false, true})
+    for (const double beta1 : {0.9, 0.3})
+      for (const auto& [wd, decoupled] : {std::pair{0.0, true}, {0.05, true}, {0.05, false}}) {
+        optim::AdamHyper h{.lr = 1e-2,
+                           .beta1 = beta1,
+                           .weight_decay = wd,
+                           .decoupled = decoupled,
+                           .amsgrad = amsgrad,
+                           .maximize = beta1 < 0.5,
+                           .step = 3};
+        const int depth = amsgrad ? 5 : 4;
+        std::vector<std::vector<float>> ref, par;
+        for (const int64_t n : sizes)
+          for (int k = 0; k < depth; ++k) {
+            std::vector<float> x(static_cast<size_t>(n));
+            for (float& e : x) e = k == 3 || k == 4 ? std::abs(next()) : next();
+            ref.push_back(x);
+            par.push_back(x);
+          }
+        auto lists = [&](std::vector<std::vector<float>>& d) {
+          optim::TensorLists l(Device::cpu(), DType::float32, depth);
+          for (size_t t = 0; t < 3; ++t) {
+            auto at = [&](int k) { return d[t * depth + k].data(); };
+            if (amsgrad)
+              l.add({at(0), at(1), at(2), at(3), at(4)}, sizes[t]);
+            else
+              l.add({at(0), at(1), at(2), at(3)}, sizes[t]);
+          }
+          return l;
+        };
+        optim::cpu::multi_tensor_kernels.adam(lists(ref), h);
+        optim::parallel_adam_(lists(par), h);
+        for (size_t i = 0; i < ref.size(); ++i)
+          ASSERT_EQ(std::memcmp(ref[i].data(), par[i].data(), ref[i].size() * 4), 0)
+              << "amsgrad " << amsgrad << " beta1 " << beta1 << " wd " << wd << " list " << i;
+      }
+  tally::cpu::set_num_threads(threads_before);
+}
+
+// A dry run for an H200: the device holds the weights and gradients, the host the state.
+TEST(CpuOffload, ADryRunForAGpuKeepsTheStateOnTheHost) {
+  memory::DryRun dry({.target = "h200"});
+  const Device d = dry.device();
+  const Tensor w = ops::empty({1024, 1024}, DType::float32, d).requires_grad_();
+  optim::CpuOffload opt(std::vector<Tensor>{w});
+  sum(mul(w, w)).backward();
+  opt.step();
+  EXPECT_EQ(opt.state(0).tensors.at("master").device(), Device::meta(0));
+  EXPECT_EQ(opt.hooked_copies(), 1);
+  const memory::Estimate e = dry.finish();
+  EXPECT_EQ(e.at_peak[static_cast<size_t>(memory::Category::optimizer_state)], 0);
+  EXPECT_GE(e.host_peak_allocated, 3 * 4 * 1024 * 1024);
+}
+
+// The host check: a plan whose host peak exceeds the host's memory does not fit, and says so
+// with the figures.
+TEST(CpuOffload, TheHostCheckRefusesAPlanOverTheHostsMemory) {
+  memory::DryRun dry({.target = "h200", .host_memory = size_t{4} << 20});
+  const Tensor w = ops::empty({1024, 1024}, DType::float32, dry.device()).requires_grad_();
+  optim::CpuOffload opt(std::vector<Tensor>{w});
+  sum(mul(w, w)).backward();
+  opt.step();
+  const memory::Estimate e = dry.finish();
+  EXPECT_TRUE(e.out_of_memory.empty());  // the device has room
+  EXPECT_FALSE(e.fits());
+  EXPECT_NE(e.host_out_of_memory.find("exceeds the host's memory, 4.0 MiB (4194304 B)"),
+            std::string::npos)
+      << e.host_out_of_memory;
+  EXPECT_NE(e.report().find("DOES NOT FIT on the host"), std::string::npos) << e.report();
+  EXPECT_EQ(memory::host_memory_error(100, 200), "");
+  EXPECT_NE(memory::host_memory_error(300, 200).find("300 B"), std::string::npos);
+  EXPECT_GT(memory::host_memory_total(), size_t{0});
+}
+
+}  // namespace
+}  // namespace tally
