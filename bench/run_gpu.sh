@@ -7,7 +7,8 @@
 #   sanitizer   compute-sanitizer memcheck over the gpu test binaries (+ racecheck on attention,
 #               batch_norm and the channels_last kernels)
 #   demo        memory_demo on CUDA, _memory_viz and check_snapshot on the snapshots
-#   equiv       equivalence_dump (resnet18, gpt-small; cpu and cuda) vs PyTorch 2.11
+#   equiv       equivalence_dump (resnet18, gpt-small; the registry's llama vit bert unet lstm;
+#               cpu and cuda) vs PyTorch 2.11
 #   train       train_resnet resnet18 on Fashion-MNIST (the >= 92% bar) and train_gpt on fortunes
 #   ops         bench/ops_gpu.py: per-op Tally vs PyTorch
 #   trainbench  bench/train.py --compile: ResNet-50 and GPT-2 124M steps vs PyTorch eager and
@@ -101,6 +102,15 @@ if has equiv; then
   done
   python3 tests/nn/check_torch_equivalence.py /tmp/eq/* >> "$OUT/equiv.log" 2>&1
   log "equivalence with PyTorch ($(( $(date +%s) - t0 )) s): exit $?"
+  # The registry's other models (nn/models/registry.h; PyTorch side in bench/models/NAME.py),
+  # at the bar: 1e-5 in fp32 with TF32 off.
+  for m in ${EQUIV_MODELS:-llama vit bert unet lstm}; do
+    for d in cpu cuda; do
+      $B/examples/equivalence_dump --model $m --device $d --out /tmp/eqr/$m-$d >> "$OUT/equiv.log" 2>&1 || log "equivalence_dump $m $d failed"
+    done
+  done
+  python3 tests/nn/check_torch_equivalence.py --tol 1e-5 /tmp/eqr/* >> "$OUT/equiv.log" 2>&1
+  log "registry models vs PyTorch, tol 1e-5: exit $? ($(grep -E '^  (PASS|FAIL)' "$OUT/equiv.log" | tail -10 | tr '\n' ' '))"
   tail -40 "$OUT/equiv.log" >> "$OUT/summary.txt"
   # The same dumps against PyTorch on the CPU: which side moves when the device changes.
   python3 tests/nn/check_torch_equivalence.py --device cpu /tmp/eq/resnet18-cpu /tmp/eq/resnet18-cuda \
