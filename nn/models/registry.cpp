@@ -9,6 +9,7 @@
 #include "tensor/softmax/autograd.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
+#include "nn/models/lstm.h"
 
 namespace tally::nn {
 namespace {
@@ -67,6 +68,7 @@ const std::vector<ModelEntry>& model_registry() {
   static const std::vector<ModelEntry> entries = {
       resnet_entry(),
       gpt_entry(),
+      lstm_entry(),
   };
   return entries;
 }
