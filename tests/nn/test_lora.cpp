@@ -39,8 +39,7 @@ TEST(Lora, AdaptersTrainAloneAndStartAtTheBaseOutput) {
   const Tensor before = (*t.model)(t.idx, t.targets).first.detach();
   const auto names = lora::inject(*t.model, {"c_attn", "mlp.c_fc"}, 4, 8.0);
   ASSERT_EQ(names.size(), 4u);  // two blocks, two targets each
-  auto* c_attn = dynamic_cast<Linear*>(t.model->get_submodule(names[0]));
-  ASSERT_NE(c_attn, nullptr);
+  auto* c_attn = &t.model->get_submodule<Linear>(names[0]);
   EXPECT_EQ(c_attn->lora_A->weight.sizes(), (Shape{4, 64}));
   EXPECT_EQ(c_attn->lora_B->weight.sizes(), (Shape{192, 4}));
   EXPECT_DOUBLE_EQ(c_attn->lora_scaling, 2.0);
@@ -68,8 +67,11 @@ TEST(Lora, AdaptersTrainAloneAndStartAtTheBaseOutput) {
   }
   optim::SGD opt(t.model->parameters(), {.lr = 0.1});
   opt.step();
-  for (const auto& [name, p] : t.model->named_parameters())
-    if (!p.requires_grad()) EXPECT_EQ(ops::to_vector(p), base[name]) << name;
+  for (const auto& [name, p] : t.model->named_parameters()) {
+    if (!p.requires_grad()) {
+      EXPECT_EQ(ops::to_vector(p), base[name]) << name;
+    }
+  }
   // lora_B moved (A's gradient is zero while B is zero), so the output now differs.
   EXPECT_NE(ops::to_vector(c_attn->lora_B->weight), std::vector<double>(192 * 4, 0.0));
   EXPECT_NE(ops::to_vector((*t.model)(t.idx, t.targets).first), ops::to_vector(before));
