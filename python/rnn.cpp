@@ -8,6 +8,26 @@
 
 namespace tally::python {
 
+namespace {
+
+// PyTorch's constructor, and forward(input, hx=None) as both __call__ and forward.
+template <typename M, typename Forward>
+void bind_rnn_class(py::module_& nn_mod, const char* name, Forward forward) {
+  py::class_<M, nn::RNNBase, std::shared_ptr<M>>(nn_mod, name, py::dynamic_attr())
+      .def(py::init([](int64_t input_size, int64_t hidden_size, int64_t num_layers, bool bias,
+                       bool batch_first, double dropout, bool bidirectional) {
+             return std::make_shared<M>(input_size, hidden_size, num_layers, bias, batch_first,
+                                        dropout, bidirectional);
+           }),
+           py::arg("input_size"), py::arg("hidden_size"), py::arg("num_layers") = 1,
+           py::arg("bias") = true, py::arg("batch_first") = false, py::arg("dropout") = 0.0,
+           py::arg("bidirectional") = false)
+      .def("__call__", forward, py::arg("input"), py::arg("hx") = py::none())
+      .def("forward", forward, py::arg("input"), py::arg("hx") = py::none());
+}
+
+}  // namespace
+
 void bind_rnn(py::module_& nn_mod) {
   using nn::Module;
   py::class_<nn::RNNBase, Module, std::shared_ptr<nn::RNNBase>>(nn_mod, "RNNBase",
@@ -27,33 +47,12 @@ void bind_rnn(py::module_& nn_mod) {
     if (!hx.is_none()) state = hx.cast<std::pair<Tensor, Tensor>>();
     return m(input, state);
   };
-  py::class_<nn::LSTM, nn::RNNBase, std::shared_ptr<nn::LSTM>>(nn_mod, "LSTM", py::dynamic_attr())
-      .def(py::init([](int64_t input_size, int64_t hidden_size, int64_t num_layers, bool bias,
-                       bool batch_first, double dropout, bool bidirectional) {
-             return std::make_shared<nn::LSTM>(input_size, hidden_size, num_layers, bias,
-                                               batch_first, dropout, bidirectional);
-           }),
-           py::arg("input_size"), py::arg("hidden_size"), py::arg("num_layers") = 1,
-           py::arg("bias") = true, py::arg("batch_first") = false, py::arg("dropout") = 0.0,
-           py::arg("bidirectional") = false)
-      .def("__call__", lstm_forward, py::arg("input"), py::arg("hx") = py::none())
-      .def("forward", lstm_forward, py::arg("input"), py::arg("hx") = py::none());
-
-  auto gru_forward = [](nn::GRU& m, const Tensor& input, std::optional<Tensor> hx) {
-    const ForwardPhase phase;
-    return m(input, hx.value_or(Tensor()));
-  };
-  py::class_<nn::GRU, nn::RNNBase, std::shared_ptr<nn::GRU>>(nn_mod, "GRU", py::dynamic_attr())
-      .def(py::init([](int64_t input_size, int64_t hidden_size, int64_t num_layers, bool bias,
-                       bool batch_first, double dropout, bool bidirectional) {
-             return std::make_shared<nn::GRU>(input_size, hidden_size, num_layers, bias,
-                                              batch_first, dropout, bidirectional);
-           }),
-           py::arg("input_size"), py::arg("hidden_size"), py::arg("num_layers") = 1,
-           py::arg("bias") = true, py::arg("batch_first") = false, py::arg("dropout") = 0.0,
-           py::arg("bidirectional") = false)
-      .def("__call__", gru_forward, py::arg("input"), py::arg("hx") = py::none())
-      .def("forward", gru_forward, py::arg("input"), py::arg("hx") = py::none());
+  bind_rnn_class<nn::LSTM>(nn_mod, "LSTM", lstm_forward);
+  bind_rnn_class<nn::GRU>(nn_mod, "GRU",
+                          [](nn::GRU& m, const Tensor& input, std::optional<Tensor> hx) {
+                            const ForwardPhase phase;
+                            return m(input, hx.value_or(Tensor()));
+                          });
 }
 
 }  // namespace tally::python
