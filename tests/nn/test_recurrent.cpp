@@ -2,12 +2,13 @@
 // output and state shapes (batch_first, bidirectional, unbatched), the values against the
 // recurrence written out with unfused ops, float64 gradient checks of a 2-layer
 // bidirectional batch-first LSTM and GRU (input, initial state and every parameter), and
-// the errors.
+// the errors; a dry run on the meta device; on an accelerator, both modules against the CPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "autograd/ops.h"
+#include "nn/layers.h"
 #include "nn/rnn.h"
 #include "testing/devices.h"
 #include "testing/gradcheck.h"
@@ -135,6 +136,21 @@ TEST(Recurrent, DropoutBetweenLayersOnlyInTraining) {
   lstm.eval();
   const Tensor a = lstm(x).first, b = lstm(x).first;
   EXPECT_TRUE(testing::values_near(a, ops::to_vector(b), 0));
+}
+
+// A dry run on the meta device: forward and backward allocate with the right shapes.
+TEST(Recurrent, RunsOnTheMetaDevice) {
+  const Device meta = Device::meta();
+  BuildOnDevice on(meta);
+  LSTM lstm(3, 4, 2, true, true, 0.0, true);
+  GRU gru(8, 4);
+  auto [out, hc] = lstm(ops::empty({2, 5, 3}, DType::float32, meta));
+  EXPECT_EQ(out.sizes(), (Shape{2, 5, 8}));
+  auto [o2, h2] = gru(out.transpose(0, 1));
+  EXPECT_EQ(h2.sizes(), (Shape{1, 2, 4}));
+  sum(o2).backward();
+  EXPECT_EQ(lstm.parameters()[0].grad().device(), meta);
+  EXPECT_EQ(lstm.parameters()[0].grad().sizes(), (Shape{16, 3}));
 }
 
 TEST(Recurrent, ErrorsNameTheModuleAndShapes) {
