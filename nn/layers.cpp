@@ -52,7 +52,10 @@ void Linear::reset_parameters(Generator* gen) {
 }
 
 Tensor Linear::forward(const Tensor& x) {
-  return linear(x, weight, bias);
+  Tensor y = linear(x, weight, bias);
+  if (!lora_A) return y;
+  const Tensor d = lora_dropout ? (*lora_dropout)(x) : x;
+  return add(y, mul((*lora_B)((*lora_A)(d)), lora_scaling));
 }
 
 std::string Linear::extra_repr() const {

@@ -42,6 +42,11 @@ class Linear : public Module {
 
   int64_t in_features, out_features;
   Tensor weight, bias;
+  // A LoRA adapter (nn/lora.h, set by nn::lora::inject): when lora_A is set, forward adds
+  // lora_scaling * lora_B(lora_A(lora_dropout(x))). The three are registered children.
+  std::shared_ptr<Linear> lora_A, lora_B;
+  std::shared_ptr<Module> lora_dropout;
+  double lora_scaling = 0.0;
 };
 
 struct Conv2dOptions {

@@ -11,6 +11,12 @@
 namespace py = pybind11;
 using namespace tally::python;
 
+// tally.nn.LSTM, tally.nn.GRU (python/rnn.cpp) and tally.nn.lora (python/lora.cpp).
+namespace tally::python {
+void bind_rnn(py::module_& nn);
+void bind_lora(py::module_& nn);
+}  // namespace tally::python
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Tally: a C++20/CUDA training framework with an instrumented caching allocator";
   m.attr("__version__") = TALLY_VERSION;
@@ -71,4 +77,6 @@ PYBIND11_MODULE(_C, m) {
   bind_backends(m);
   bind_call_sites(m);
   bind_attention(m, nn);
+  bind_rnn(nn);
+  bind_lora(nn);
 }

@@ -67,7 +67,10 @@ MLP::MLP(const GPTConfig& cfg) : Module("MLP"), fused(cfg.fused_mlp) {
 
 Tensor MLP::forward(const Tensor& x) {
   const auto alone = [](const Module& m) { return m.is_checkpointed() || m.offloader(); };
-  if (fused && gelu->approximate == "tanh" && !alone(*c_fc) && !alone(*gelu) && !alone(*c_proj))
+  // A LoRA adapter on either Linear (nn/lora.h) runs in its own forward.
+  const bool lora = c_fc->lora_A || c_proj->lora_A;
+  if (fused && !lora && gelu->approximate == "tanh" && !alone(*c_fc) && !alone(*gelu) &&
+      !alone(*c_proj))
     return (*dropout)(
         linear_gelu_linear(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
   return (*dropout)((*c_proj)((*gelu)((*c_fc)(x))));

@@ -11,6 +11,7 @@
 #include "nn/models/resnet.h"
 #include "nn/models/unet.h"
 #include "tensor/softmax/autograd.h"
+#include "nn/models/lstm.h"
 
 namespace tally::nn {
 namespace {
@@ -71,6 +72,7 @@ const std::vector<ModelEntry>& model_registry() {
       gpt_entry(),
       llama_entry(),
       unet_entry(),
+      lstm_entry(),
   };
   return entries;
 }

@@ -27,7 +27,7 @@ for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("nn.init", nn
                     ("autograd", autograd), ("utils", utils),
                     ("utils.checkpoint", utils.checkpoint), ("utils.data", utils.data),
                     ("optim.lr_scheduler", optim.lr_scheduler),
-                    ("autograd.graph", autograd.graph)):
+                    ("autograd.graph", autograd.graph), ("nn.lora", nn.lora)):
     _sys.modules[__name__ + "." + _name] = _mod
 
 from ._grad import enable_grad, no_grad, set_grad_enabled  # noqa: E402,F401

@@ -2,13 +2,15 @@
 // output and state shapes (batch_first, bidirectional, unbatched), the values against the
 // recurrence written out with unfused ops, float64 gradient checks of a 2-layer
 // bidirectional batch-first LSTM and GRU (input, initial state and every parameter), and
-// the errors.
+// the errors; a dry run on the meta device; on an accelerator, both modules against the CPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "autograd/ops.h"
+#include "nn/layers.h"
 #include "nn/rnn.h"
+#include "testing/devices.h"
 #include "testing/gradcheck.h"
 
 namespace tally::nn {
@@ -136,6 +138,21 @@ TEST(Recurrent, DropoutBetweenLayersOnlyInTraining) {
   EXPECT_TRUE(testing::values_near(a, ops::to_vector(b), 0));
 }
 
+// A dry run on the meta device: forward and backward allocate with the right shapes.
+TEST(Recurrent, RunsOnTheMetaDevice) {
+  const Device meta = Device::meta();
+  BuildOnDevice on(meta);
+  LSTM lstm(3, 4, 2, true, true, 0.0, true);
+  GRU gru(8, 4);
+  auto [out, hc] = lstm(ops::empty({2, 5, 3}, DType::float32, meta));
+  EXPECT_EQ(out.sizes(), (Shape{2, 5, 8}));
+  auto [o2, h2] = gru(out.transpose(0, 1));
+  EXPECT_EQ(h2.sizes(), (Shape{1, 2, 4}));
+  sum(o2).backward();
+  EXPECT_EQ(lstm.parameters()[0].grad().device(), meta);
+  EXPECT_EQ(lstm.parameters()[0].grad().sizes(), (Shape{16, 3}));
+}
+
 TEST(Recurrent, ErrorsNameTheModuleAndShapes) {
   LSTM lstm(3, 4);
   try {
@@ -157,6 +174,47 @@ TEST(Recurrent, ErrorsNameTheModuleAndShapes) {
   }
   EXPECT_THROW(GRU(3, 4, 1, true, false, 1.5), std::invalid_argument);
 }
+
+}  // namespace
+}  // namespace tally::nn
+
+namespace tally::nn {
+namespace {
+
+// On an accelerator: a 2-layer bidirectional batch-first LSTM and GRU moved to the device
+// give the CPU's outputs, final states and parameter gradients (float32, tolerance 1e-4).
+class RecurrentVsCpu : public testing::VsCpu {};
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  const std::vector<double> a = ops::to_vector(got.to(Device::cpu())), b = ops::to_vector(want);
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4) << what << " at " << i;
+}
+
+TEST_P(RecurrentVsCpu, LstmAndGruMatchTheCpu) {
+  for (bool is_lstm : {true, false}) {
+    Generator g1(5), g2(5);
+    std::shared_ptr<RNNBase> cpu, dev_m;
+    if (is_lstm) {
+      cpu = std::make_shared<LSTM>(5, 7, 2, true, true, 0.0, true, &g1);
+      dev_m = std::make_shared<LSTM>(5, 7, 2, true, true, 0.0, true, &g2);
+    } else {
+      cpu = std::make_shared<GRU>(5, 7, 2, true, true, 0.0, true, &g1);
+      dev_m = std::make_shared<GRU>(5, 7, 2, true, true, 0.0, true, &g2);
+    }
+    dev_m->to(dev());
+    const Tensor x = randn({3, 6, 5});
+    const Tensor out_c = (*cpu)(x), out_d = (*dev_m)(x.to(dev()));
+    expect_close(out_d, out_c, is_lstm ? "lstm output" : "gru output");
+    sum(mul(out_c, out_c)).backward();
+    sum(mul(out_d, out_d)).backward();
+    const auto pc = cpu->named_parameters(), pd = dev_m->named_parameters();
+    for (size_t i = 0; i < pc.size(); ++i)
+      expect_close(pd[i].second.grad(), pc[i].second.grad(), pc[i].first);
+  }
+}
+
+TALLY_VS_CPU(RecurrentVsCpu);
 
 }  // namespace
 }  // namespace tally::nn
