@@ -8,10 +8,10 @@
 #include "nn/data/synthetic.h"
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
+#include "nn/models/lstm.h"
 #include "nn/models/resnet.h"
 #include "nn/models/unet.h"
 #include "tensor/softmax/autograd.h"
-#include "nn/models/lstm.h"
 
 namespace tally::nn {
 namespace {
@@ -67,6 +67,7 @@ ModelEntry gpt_entry() {
 
 const std::vector<ModelEntry>& model_registry() {
   // One line per model; each NAME_entry() lives beside its model (or above, for the first two).
+  // clang-format off
   static const std::vector<ModelEntry> entries = {
       resnet_entry(),
       gpt_entry(),
@@ -74,6 +75,7 @@ const std::vector<ModelEntry>& model_registry() {
       unet_entry(),
       lstm_entry(),
   };
+  // clang-format on
   return entries;
 }
 
