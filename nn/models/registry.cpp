@@ -6,9 +6,11 @@
 #include <stdexcept>
 
 #include "nn/data/synthetic.h"
-#include "tensor/softmax/autograd.h"
+#include "nn/models/bert.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
+#include "nn/models/vit.h"
+#include "tensor/softmax/autograd.h"
 
 namespace tally::nn {
 namespace {
@@ -67,6 +69,8 @@ const std::vector<ModelEntry>& model_registry() {
   static const std::vector<ModelEntry> entries = {
       resnet_entry(),
       gpt_entry(),
+      vit_entry(),
+      bert_entry(),
   };
   return entries;
 }
@@ -91,13 +95,13 @@ ModelOptions resolve_options(const ModelEntry& entry, ModelOptions o) {
   if (!known) {
     std::string list;
     for (const std::string& p : entry.presets) list += (list.empty() ? "" : ", ") + p;
-    throw std::invalid_argument(fmt::format("--model {}: unknown preset '{}' (expected {})",
-                                            entry.name, o.preset, list));
+    throw std::invalid_argument(
+        fmt::format("--model {}: unknown preset '{}' (expected {})", entry.name, o.preset, list));
   }
   if (entry.input == ModelEntry::Input::images) {
     if (o.num_classes == 0) o.num_classes = 10;
     if (o.in_channels == 0) o.in_channels = 3;
-    if (o.image_size == 0) o.image_size = 32;
+    if (o.image_size == 0) o.image_size = entry.context ? entry.context(o.preset) : 32;
   } else if (o.seq == 0 && entry.context) {
     o.seq = entry.context(o.preset);
   }
