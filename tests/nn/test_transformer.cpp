@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "nn/models/bert.h"
+#include "nn/models/registry.h"
 #include "nn/models/vit.h"
 #include "nn/transformer.h"
 #include "testing/devices.h"
@@ -323,6 +324,26 @@ TEST(TransformerModels, BertTiesItsDecoderAndCountsLikeBertBase) {
   nn::BuildOnDevice on_meta(Device::meta());
   nn::SkipInitGuard skip;
   EXPECT_EQ(nn::Bert(nn::BertConfig::preset("bert-base")).num_parameters(), 109514298);
+}
+
+// Each model's training step as a dry run on the meta device (what --estimate replays).
+TEST(TransformerModels, TrainingStepsRunOnTheMetaDevice) {
+  for (const char* name : {"vit", "bert"}) {
+    SCOPED_TRACE(name);
+    const nn::ModelEntry& e = nn::model_entry(name);
+    const nn::ModelOptions o = nn::resolve_options(e, {});
+    const data::Example b = e.synthetic_batch(o, 2, 0, 3);
+    const Device meta = Device::meta();
+    nn::BuildOnDevice on_meta(meta);
+    std::shared_ptr<nn::Module> m = e.build(o);
+    Tensor loss = e.loss(
+        *m, {ops::to(b.input, meta, b.input.dtype()), ops::to(b.target, meta, b.target.dtype())});
+    loss.backward();
+    for (const auto& [n, p] : m->named_parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << n;
+      EXPECT_EQ(p.grad().device(), meta) << n;
+    }
+  }
 }
 
 }  // namespace
