@@ -10,17 +10,7 @@ import pytest
 import tally
 import tally.nn as nn
 import tally.nn.functional as F
-
-
-def t64(a, requires_grad=False):
-    x = tally.tensor(np.asarray(a, dtype=np.float64))
-    if requires_grad:
-        x.requires_grad_(True)
-    return x
-
-
-def npy(t):
-    return np.asarray(t.detach().numpy(), dtype=np.float64)
+from test_layers_habits import npy, t64  # float64 tensors from numpy and back
 
 
 def softmax(s):
