@@ -8,7 +8,7 @@
 //
 //   equivalence_dump --model resnet18|resnet_tiny|gpt-small|gpt-tiny|NAME[:PRESET]
 //                    [--device cpu|cuda] --out DIR [--seed N] [--batch N] [--float64]
-//                    [--print-norms]
+//                    [--print-norms] [--perturb STD]
 // NAME is any model of nn/models/registry.h (its batch and loss are the entry's); the
 // PyTorch side of such a model is bench/models/NAME.py (tests/nn/check_torch_equivalence.py).
 #include <fmt/format.h>
@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1235;
   int64_t batch = 4;
   bool float64 = false, print_norms = false;
+  double perturb = 0.0;
   CLI::App app{"One fp32 training step of a Tally model, written out for PyTorch to replay."};
   app.add_option("--model", model_name,
                  "resnet18 | resnet_tiny | gpt-small | gpt-tiny | NAME[:PRESET] (" +
@@ -56,6 +57,10 @@ int main(int argc, char** argv) {
   app.add_flag("--float64", float64,
                "compute the step in float64 (weights still saved as float32)");
   app.add_flag("--print-norms", print_norms, "print every gradient's norm");
+  app.add_option("--perturb", perturb,
+                 "add N(0, STD) to every parameter before the step (a zero-initialised head, "
+                 "ViT's, leaves every other gradient of a first step zero)")
+      ->check(CLI::Range(0.0, 1.0));
 
   return ex::run_cli("equivalence_dump", app, argc, argv, [&] {
     // A registry model: NAME or NAME:PRESET (the legacy four keep their own set-up below).
@@ -132,6 +137,13 @@ int main(int argc, char** argv) {
       }
     }
     model->train();
+    if (perturb > 0.0) {
+      NoGradGuard ng;
+      Generator noise_gen(seed + 2);
+      for (const auto& [name, p] : model->named_parameters())
+        if (is_floating(p.dtype()))
+          ops::add_(p, ops::randn(p.sizes(), p.dtype(), p.device(), &noise_gen), perturb);
+    }
     nn::save_safetensors(out + "/weights.safetensors", model->state_dict(), meta);
     nn::save_safetensors(out + "/batch.safetensors", {{"input", input}, {"target", target}}, meta);
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "base/checked.h"
 #include "nn/init.h"
 
 namespace tally::nn {
@@ -33,12 +34,17 @@ Tensor canonical_mask(const Tensor& mask, DType dtype, const char* what) {
 }
 
 Tensor generate_square_subsequent_mask(int64_t sz, DType dtype, Device device) {
+  if (sz < 0 || !is_floating(dtype))
+    throw std::invalid_argument(fmt::format(
+        "generate_square_subsequent_mask: needs sz >= 0 and a floating dtype, got sz {} and {}", sz,
+        dtype_name(dtype)));
+  // The [sz, sz] result first: a size too large for memory fails here, before anything else.
+  const Tensor zero = ops::zeros({sz, sz}, dtype, device);
   const Tensor rows =
       ops::reshape(ops::arange(0, static_cast<double>(sz), 1, DType::int64, device), {sz, 1});
   const Tensor cols =
       ops::reshape(ops::arange(0, static_cast<double>(sz), 1, DType::int64, device), {1, sz});
-  const Tensor above = ops::binary(ops::BinaryOp::gt, cols, rows);
-  return ops::masked_fill(ops::zeros({sz, sz}, dtype, device), above,
+  return ops::masked_fill(zero, ops::binary(ops::BinaryOp::gt, cols, rows),
                           -std::numeric_limits<double>::infinity());
 }
 

@@ -6,11 +6,13 @@
 #include <stdexcept>
 
 #include "nn/data/synthetic.h"
+#include "nn/models/bert.h"
 #include "nn/models/gpt.h"
 #include "nn/models/llama.h"
 #include "nn/models/lstm.h"
 #include "nn/models/resnet.h"
 #include "nn/models/unet.h"
+#include "nn/models/vit.h"
 #include "tensor/softmax/autograd.h"
 
 namespace tally::nn {
@@ -74,6 +76,8 @@ const std::vector<ModelEntry>& model_registry() {
       llama_entry(),
       unet_entry(),
       lstm_entry(),
+      vit_entry(),
+      bert_entry(),
   };
   // clang-format on
   return entries;
@@ -105,7 +109,7 @@ ModelOptions resolve_options(const ModelEntry& entry, ModelOptions o) {
   if (entry.input == ModelEntry::Input::images) {
     if (o.num_classes == 0) o.num_classes = 10;
     if (o.in_channels == 0) o.in_channels = 3;
-    if (o.image_size == 0) o.image_size = 32;
+    if (o.image_size == 0) o.image_size = entry.context ? entry.context(o.preset) : 32;
   } else if (o.seq == 0 && entry.context) {
     o.seq = entry.context(o.preset);
   }

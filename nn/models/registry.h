@@ -17,11 +17,11 @@ namespace tally::nn {
 
 // What the user chose; 0 / empty fields take the entry's defaults.
 struct ModelOptions {
-  std::string preset;       // the entry's presets (GPT: tiny | small | gpt2 ...)
-  int64_t num_classes = 0;  // image models: classes of the labels
-  int64_t in_channels = 0;  // image models: input channels
-  int64_t image_size = 0;   // image models: height = width
-  int64_t seq = 0;          // token models: sequence length (0: the preset's context)
+  std::string preset;             // the entry's presets (GPT: tiny | small | gpt2 ...)
+  int64_t num_classes = 0;        // image models: classes of the labels
+  int64_t in_channels = 0;        // image models: input channels
+  int64_t image_size = 0;         // image models: height = width
+  int64_t seq = 0;                // token models: sequence length (0: the preset's context)
   bool fused_classifier = false;  // models with a vocabulary-sized classifier that fuse it
 };
 
@@ -32,15 +32,15 @@ struct ModelEntry {
   // (tests/nn/test_model_registry.cpp trains every entry's first preset).
   std::vector<std::string> presets;
   enum class Input { images, tokens } input = Input::tokens;
-  // Token models: the context length of a preset (the default --seq).
+  // Token models: the context length of a preset (the default --seq); image models, where
+  // set: the image size of a preset (the default --image-size, else 32).
   std::function<int64_t(const std::string& preset)> context;
   // Builds the model (on the device of an enclosing nn::BuildOnDevice, as every layer does).
   std::function<std::shared_ptr<Module>(const ModelOptions&)> build;
   // Batch number `step` of a synthetic dataset seeded with `seed` (deterministic in both):
   // images [B, C, H, W] float32 with int64 labels [B], or tokens [B, T] int64 with
   // next-token targets [B, T]. On the CPU; `opts` resolved (resolve_options).
-  std::function<data::Example(const ModelOptions& opts, int64_t batch, int64_t step,
-                              uint64_t seed)>
+  std::function<data::Example(const ModelOptions& opts, int64_t batch, int64_t step, uint64_t seed)>
       synthetic_batch;
   // The training loss of one batch (already on the model's device): the forward and the loss.
   std::function<Tensor(Module& model, const data::Example& batch)> loss;

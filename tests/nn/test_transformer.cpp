@@ -2,12 +2,19 @@
 // device of the binary (CPU here, CUDA in the _cuda twin): PyTorch's parameter names and
 // initialisation, outputs against a reference computed head by head with 2-D products, masks
 // (bool and float, key padding), float64 gradient checks, deep copies, errors naming the
-// shapes, and a dry run on the meta device.
+// shapes, and a dry run on the meta device. Then the two reference models built on them, ViT
+// (torchvision's names and parameter counts) and the BERT-style encoder.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "nn/checkpoint.h"
+#include "nn/init.h"
+#include "nn/models/bert.h"
+#include "nn/models/registry.h"
+#include "nn/models/vit.h"
 #include "nn/transformer.h"
 #include "testing/devices.h"
 
@@ -262,6 +269,110 @@ TEST_P(Transformer, DryRunOnTheMetaDevice) {
   EXPECT_EQ(y.sizes(), (Shape{2, 5, 16}));
   y.sum().backward();
   EXPECT_EQ(enc.layer(0).self_attn->in_proj_weight.grad().device(), meta);
+}
+
+// ---- the reference models on these layers (their training step: test_model_registry) ----
+bool has(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+TEST(TransformerModels, VitHasTorchvisionsNamesAndCounts) {
+  manual_seed(6);
+  nn::VisionTransformer vit(nn::ViTConfig::preset("tiny"));
+  const std::vector<std::string> n = names(vit);
+  EXPECT_EQ(n.front(), "class_token");  // the root's own parameter first, as PyTorch lists it
+  for (const char* want :
+       {"conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding",
+        "encoder.layers.encoder_layer_0.ln_1.weight",
+        "encoder.layers.encoder_layer_0.self_attention.in_proj_weight",
+        "encoder.layers.encoder_layer_0.self_attention.out_proj.bias",
+        "encoder.layers.encoder_layer_1.mlp.0.weight", "encoder.layers.encoder_layer_1.mlp.3.bias",
+        "encoder.layers.encoder_layer_1.ln_2.bias", "encoder.ln.weight", "heads.head.weight",
+        "heads.head.bias"})
+    EXPECT_TRUE(has(n, want)) << want;
+  EXPECT_EQ(vit.encoder->pos_embedding.sizes(), (Shape{1, 17, 64}));  // 4 x 4 patches + class
+  for (double w : host(vit.heads->get_submodule<nn::Linear>("head").weight)) EXPECT_EQ(w, 0.0);
+  const Tensor logits = vit(ops::randn({2, 3, 32, 32}));
+  EXPECT_EQ(logits.sizes(), (Shape{2, 10}));
+  expect_error([&] { (void)vit(ops::randn({2, 3, 28, 28})); }, "[2, 3, 28, 28]");
+  // torchvision's vit_b_16 (1000 classes) has 86,567,656 parameters; built on meta, no memory.
+  nn::BuildOnDevice on_meta(Device::meta());
+  nn::SkipInitGuard skip;
+  nn::ViTConfig b16 = nn::ViTConfig::preset("vit_b_16");
+  EXPECT_EQ(nn::VisionTransformer(b16).num_parameters(), 86567656);
+}
+
+TEST(TransformerModels, BertTiesItsDecoderAndCountsLikeBertBase) {
+  manual_seed(7);
+  nn::Bert bert(nn::BertConfig::preset("tiny"));
+  const std::vector<std::string> n = names(bert);
+  EXPECT_TRUE(has(n, "embeddings.word_embeddings.weight"));
+  EXPECT_TRUE(has(n, "encoder.layers.1.self_attn.in_proj_weight"));
+  EXPECT_TRUE(has(n, "mlm_head.decoder.bias"));
+  EXPECT_FALSE(has(n, "mlm_head.decoder.weight"));  // tied: listed once, as PyTorch does
+  EXPECT_TRUE(bert.mlm_head->decoder->weight.is_same(bert.embeddings->word_embeddings->weight));
+  const Tensor ids = ops::randint(0, 256, {2, 8});
+  EXPECT_EQ(bert(ids).sizes(), (Shape{2, 8, 256}));
+  // Padding: the real tokens' logits do not depend on what the padded ones hold.
+  const Tensor mask =
+      ops::from_vector({1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 8}, DType::int64);
+  Tensor ids2 = ids.clone();
+  ops::fill_(ids2.select(0, 0).narrow(0, 6, 2), 5.0);
+  const Tensor a = bert.forward(ids, {}, mask), b = bert.forward(ids2, {}, mask);
+  EXPECT_TRUE(
+      values_near(a.select(0, 0).narrow(0, 0, 6), host(b.select(0, 0).narrow(0, 0, 6)), 1e-5));
+  expect_error([&] { (void)bert(ops::randint(0, 256, {2, 40})); }, "[2, 40]");
+  // BERT-base's masked-LM parameter count (HuggingFace's BertForMaskedLM: 109,514,298).
+  nn::BuildOnDevice on_meta(Device::meta());
+  nn::SkipInitGuard skip;
+  EXPECT_EQ(nn::Bert(nn::BertConfig::preset("bert-base")).num_parameters(), 109514298);
+}
+
+// Each model's training step as a dry run on the meta device (what --estimate replays).
+TEST(TransformerModels, TrainingStepsRunOnTheMetaDevice) {
+  for (const char* name : {"vit", "bert"}) {
+    SCOPED_TRACE(name);
+    const nn::ModelEntry& e = nn::model_entry(name);
+    const nn::ModelOptions o = nn::resolve_options(e, {});
+    const data::Example b = e.synthetic_batch(o, 2, 0, 3);
+    const Device meta = Device::meta();
+    nn::BuildOnDevice on_meta(meta);
+    std::shared_ptr<nn::Module> m = e.build(o);
+    Tensor loss = e.loss(
+        *m, {ops::to(b.input, meta, b.input.dtype()), ops::to(b.target, meta, b.target.dtype())});
+    loss.backward();
+    for (const auto& [n, p] : m->named_parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << n;
+      EXPECT_EQ(p.grad().device(), meta) << n;
+    }
+  }
+}
+
+// ViT's encoder blocks and BERT's encoder layers are checkpoint blocks: the step with
+// --checkpoint blocks gives the same loss and gradients as without.
+TEST(TransformerModels, CheckpointedBlocksGiveTheSameGradients) {
+  for (const char* name : {"vit", "bert"}) {
+    SCOPED_TRACE(name);
+    const nn::ModelEntry& e = nn::model_entry(name);
+    const nn::ModelOptions o = nn::resolve_options(e, {});
+    const data::Example b = e.synthetic_batch(o, 2, 0, 4);
+    std::vector<std::vector<double>> grads[2];
+    for (const bool ckpt : {false, true}) {
+      manual_seed(8);
+      std::shared_ptr<nn::Module> m = e.build(o);
+      // ViT's head starts at zero (torchvision's), which would zero every other gradient.
+      for (const auto& [n, p] : m->named_parameters())
+        if (n == "heads.head.weight") nn::init::normal_(p, 0.0, 0.1);
+      if (ckpt) {
+        nn::enable_checkpointing(*m, nn::parse_checkpoint_spec("blocks"));
+        EXPECT_EQ(nn::checkpoint_block_count(*m), 2);
+      }
+      e.loss(*m, b).backward();
+      for (const auto& [n, p] : m->named_parameters()) grads[ckpt].push_back(host(p.grad()));
+    }
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_EQ(grads[0][i], grads[1][i]) << i;
+  }
 }
 
 }  // namespace

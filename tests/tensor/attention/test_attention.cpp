@@ -2,6 +2,7 @@
 // What the cases cover: docs/notes.md §21.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -921,6 +922,45 @@ TEST_P(AttentionVsCpu, Fp32SdpaTakesTheFusedPathWithTheCompositesGradients) {
     const Case c{2, 4, T, T, 64, causal};
     expect_fused_sdpa_matches_composite(DType::float32, DType::float64, T, causal,
                                         causal ? 800 : 810, fp32_tol(c, 1e-5), fp32_tol(c, 2e-5));
+  }
+}
+
+// Grouped-query attention (the fused path, key/value heads repeated) and masked attention (the
+// composite path) on the device against the CPU in float64: outputs and the three gradients.
+TEST_P(AttentionVsCpu, GqaAndMasksMatchTheCpu) {
+  const auto rel = [](const Tensor& a, const Tensor& b) {
+    const Tensor d = ops::to(a, Device::cpu(), DType::float64),
+                 r = ops::to(b, Device::cpu(), DType::float64);
+    double most = 0, err = 0;
+    const std::vector<double> dv = ops::to_vector(d), rv = ops::to_vector(r);
+    for (size_t i = 0; i < dv.size(); ++i) {
+      most = std::max(most, std::abs(rv[i]));
+      err = std::max(err, std::abs(dv[i] - rv[i]));
+    }
+    return err / std::max(most, 1e-30);
+  };
+  const Tensor keep = ops::binary_scalar(ops::BinaryOp::gt, ops::rand({45, 45}), 0.3);
+  for (const DType d : {DType::float32, DType::bfloat16}) {
+    for (const int mode : {0, 1, 2}) {  // 0: GQA causal, 1: GQA, 2: bool mask + GQA (composite)
+      SCOPED_TRACE(fmt::format("{} mode {}", dtype_name(d), mode));
+      Generator g(900 + mode);
+      const Tensor q64 = ops::randn({2, 4, 45, 64}, DType::float64, Device::cpu(), &g),
+                   k64 = ops::randn({2, 2, 45, 64}, DType::float64, Device::cpu(), &g),
+                   v64 = ops::randn({2, 2, 45, 64}, DType::float64, Device::cpu(), &g),
+                   w64 = ops::randn({2, 4, 45, 64}, DType::float64, Device::cpu(), &g);
+      const auto run = [&](Device dev_, DType dt) {
+        Tensor q = ops::to(q64, dev_, dt), k = ops::to(k64, dev_, dt), v = ops::to(v64, dev_, dt);
+        for (Tensor* t : {&q, &k, &v}) t->requires_grad_(true);
+        const Tensor mask = mode == 2 ? ops::to(keep, dev_, DType::bool_) : Tensor();
+        const Tensor out =
+            scaled_dot_product_attention(q, k, v, mask, 0.0, mode == 0, std::nullopt, true);
+        mul(out.to(DType::float64), ops::to(w64, dev_, DType::float64)).sum().backward();
+        return std::vector<Tensor>{out, q.grad(), k.grad(), v.grad()};
+      };
+      const std::vector<Tensor> got = run(dev(), d), want = run(Device::cpu(), DType::float64);
+      const double tol = d == DType::float32 ? 1e-4 : 3e-2;
+      for (size_t i = 0; i < 4; ++i) EXPECT_LT(rel(got[i], want[i]), tol) << "tensor " << i;
+    }
   }
 }
 
