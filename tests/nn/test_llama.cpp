@@ -10,9 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "memory/estimate.h"
+#include "memory/memory.h"
 #include "nn/checkpoint.h"
 #include "nn/models/llama.h"
+#include "optim/adam.h"
 #include "testing/gradcheck.h"
 
 using namespace tally;
@@ -53,7 +56,74 @@ Tensor tokens(int64_t vocab, const Shape& shape, uint64_t seed) {
   return ops::randint(0, vocab, shape, DType::int64, Device::cpu(), &g);
 }
 
+// Two AdamW steps of tiny under bf16 autocast with its first block checkpointed, built on `d`.
+void two_steps(Device d) {
+  manual_seed(0);
+  std::shared_ptr<LlamaForCausalLM> m;
+  {
+    BuildOnDevice on(d);
+    m = std::make_shared<LlamaForCausalLM>(LlamaConfig::preset("tiny"));
+  }
+  enable_checkpointing(*m, parse_checkpoint_spec("1-blocks"));
+  Tensor x, y;
+  {
+    memory::CategoryScope input(memory::Category::input);
+    x = ops::randint(0, 256, {2, 32}, DType::int64, d);
+    y = ops::randint(0, 256, {2, 32}, DType::int64, d);
+  }
+  optim::AdamW opt(m->parameters(), optim::AdamOptions{.lr = 1e-3});
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad(true);
+    Tensor loss;
+    {
+      memory::PhaseScope phase("forward");
+      AutocastGuard autocast(d.type, DType::bfloat16);
+      loss = (*m)(x, y).second;
+    }
+    {
+      memory::PhaseScope phase("backward");
+      loss.backward();
+    }
+    opt.step();
+  }
+}
+
+// Every allocation, free and re-tag of `d`'s history: action, size, category, module, op.
+std::vector<std::string> events_of(Device d) {
+  std::vector<std::string> out;
+  for (const memory::TraceEntry& e : memory::get_allocator(d).history())
+    if (e.action == memory::TraceAction::alloc || e.action == memory::TraceAction::free_requested ||
+        e.action == memory::TraceAction::retag)
+      out.push_back(std::string(memory::trace_action_name(e.action)) + " " +
+                    std::to_string(e.size) + " " +
+                    std::string(memory::category_name(e.tag.category)) + " '" +
+                    memory::interned(e.tag.module) + "' '" + memory::interned(e.tag.op) + "'");
+  return out;
+}
+
 }  // namespace
+
+TEST(Llama, DryRunReplaysTheCpuStepExactly) {
+  const Device cpu = Device::cpu();
+  memory::empty_cache(cpu);
+  ASSERT_EQ(memory::memory_allocated(cpu), 0u);
+  memory::reset_peak_memory_stats(cpu);
+  memory::record_memory_history(true, 1000000, cpu);
+  two_steps(cpu);
+  const std::vector<std::string> real = events_of(cpu);
+  const auto peak = memory::max_memory_allocated(cpu);
+  const auto at_peak = memory::get_allocator(cpu).stats().category_at_peak;
+  memory::record_memory_history(false, 0, cpu);
+  const memory::Estimate e = memory::estimate(two_steps, {.target = "cpu"});
+  ASSERT_TRUE(e.fits()) << e.out_of_memory;
+  const std::vector<std::string> dry = events_of(e.device);
+  ASSERT_GT(real.size(), 100u);
+  for (size_t i = 0; i < std::min(real.size(), dry.size()); ++i)
+    ASSERT_EQ(dry[i], real[i]) << "event " << i;
+  EXPECT_EQ(dry.size(), real.size());
+  EXPECT_EQ(e.peak_allocated, static_cast<int64_t>(peak));
+  EXPECT_EQ(e.at_peak, at_peak);
+}
 
 TEST(Llama, TinyNamesAndCount) {
   LlamaForCausalLM m(LlamaConfig::preset("tiny"));
