@@ -81,6 +81,7 @@ void LlamaConfig::validate() const {
 
 LlamaRotaryEmbedding::LlamaRotaryEmbedding(const LlamaConfig& cfg)
     : Module("LlamaRotaryEmbedding") {
+  cfg.validate();
   // angle(t, i) = t * theta^(-2i / D) in float64, rounded to float32 once (the PyTorch side,
   // bench/models/llama.py, computes the same); columns i and i + D/2 share a frequency.
   const int64_t T = cfg.max_position_embeddings, D = cfg.head_dim(), half = D / 2;
