@@ -15,6 +15,7 @@
 
 #include "examples/cli_common.h"
 #include "examples/trainer.h"
+#include "memory/estimate.h"
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "nn/models/registry.h"
@@ -154,8 +155,7 @@ int main(int argc, char** argv) {
       return entry.build(a.opts);
     };
     const ex::Trainer::DrySteps dry_steps = [&](Device d, const ex::RunShape& shape) {
-      auto m = build_on(Device::meta());
-      m->to(d);
+      auto m = build_on(d);  // as the real run builds it: on the device
       tr.dry_train(
           d, shape.plan, *m, [&](nn::Module& mm) { return make_optimizer(t, mm); },
           [&] {
@@ -173,8 +173,16 @@ int main(int argc, char** argv) {
             (void)entry.loss(*m, {in[0], in[1]});
           });
     };
-    tr.plan([&] { return nn::checkpoint_block_count(*build_on(Device::meta())); }, dry_steps,
-            a.batch);
+    // The model's blocks, and --checkpoint checked against them, before any real work: on a
+    // meta device of its own whose capacity no model reaches (the default meta device replays
+    // this host's memory, which a 7B model's parameters exceed).
+    const int blocks = [&] {
+      memory::DryRun scratch({.capacity = size_t{1} << 50, .max_history = 0});
+      const std::shared_ptr<nn::Module> m = build_on(scratch.device());
+      nn::enable_checkpointing(*m, tr.checkpoint);
+      return nn::checkpoint_block_count(*m);
+    }();
+    tr.plan([&] { return blocks; }, dry_steps, a.batch);
 
     return tr.run({{tr.checkpoint, tr.amp, tr.offload}, a.batch}, dry_steps, [&] {
       // Built and initialised on the device itself: no host copy of a large model.

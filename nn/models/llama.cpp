@@ -81,32 +81,34 @@ void LlamaConfig::validate() const {
 
 LlamaRotaryEmbedding::LlamaRotaryEmbedding(const LlamaConfig& cfg)
     : Module("LlamaRotaryEmbedding") {
+  cfg.validate();
   // angle(t, i) = t * theta^(-2i / D) in float64, rounded to float32 once (the PyTorch side,
   // bench/models/llama.py, computes the same); columns i and i + D/2 share a frequency.
   const int64_t T = cfg.max_position_embeddings, D = cfg.head_dim(), half = D / 2;
   const Device dev = build_device();
-  memory::CategoryScope cat(memory::Category::parameter);
-  if (dev.is_meta()) {  // a dry run's model: shapes only
+  {
+    // The same allocations on every device (a dry run's meta device replays them): the
+    // tables are made empty, then filled from host memory Tally does not own.
+    memory::CategoryScope cat(memory::Category::parameter);
     cos_cached = register_buffer("cos_cached", ops::empty({T, D}, DType::float32, dev), false);
     sin_cached = register_buffer("sin_cached", ops::empty({T, D}, DType::float32, dev), false);
-    return;
   }
-  std::vector<double> c(static_cast<size_t>(T * D)), s(c.size());
+  if (dev.is_meta()) return;  // shapes only
+  std::vector<float> c(static_cast<size_t>(T * D)), s(c.size());
   for (int64_t i = 0; i < half; ++i) {
     const double inv_freq =
         1.0 / std::pow(cfg.rope_theta, static_cast<double>(2 * i) / static_cast<double>(D));
     for (int64_t t = 0; t < T; ++t) {
       const double a = static_cast<double>(t) * inv_freq;
       for (const int64_t col : {i, i + half}) {
-        c[static_cast<size_t>(t * D + col)] = std::cos(a);
-        s[static_cast<size_t>(t * D + col)] = std::sin(a);
+        c[static_cast<size_t>(t * D + col)] = static_cast<float>(std::cos(a));
+        s[static_cast<size_t>(t * D + col)] = static_cast<float>(std::sin(a));
       }
     }
   }
-  cos_cached =
-      register_buffer("cos_cached", ops::from_vector(c, {T, D}, DType::float32, dev), false);
-  sin_cached =
-      register_buffer("sin_cached", ops::from_vector(s, {T, D}, DType::float32, dev), false);
+  NoGradGuard no_grad;
+  ops::copy_(cos_cached, ops::from_blob(c.data(), {T, D}, DType::float32, Device::cpu()));
+  ops::copy_(sin_cached, ops::from_blob(s.data(), {T, D}, DType::float32, Device::cpu()));
 }
 
 Tensor rotate_half(const Tensor& x) {

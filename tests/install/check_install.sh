@@ -21,7 +21,7 @@ test -s "$work/step.pickle"
 echo "install: the consumer built against $work/prefix and ran"
 
 # The tools and the training programs in P/bin, each one runnable.
-for prog in minimal ab_memory tally_memdiff train_resnet train_gpt train_ddp; do
+for prog in minimal ab_memory tally_memdiff train_resnet train_gpt train_ddp train_model; do
   test -x "$work/prefix/bin/$prog" || { echo "no executable bin/$prog"; exit 1; }
   "$work/prefix/bin/$prog" --help >/dev/null || { echo "bin/$prog --help failed"; exit 1; }
 done

@@ -1,8 +1,9 @@
 // The LLaMA-style decoder (nn/models/llama.h): HF's parameter names and counts (tiny, and 1b to
-// 13b built on the meta device), the rotary tables kept out of the state dict, rotary
+// 13b built on a dry run's meta device), the rotary tables kept out of the state dict, rotary
 // embeddings' properties, grouped-query attention against multi-head attention with the kv
-// heads repeated, a float64 gradcheck of a whole forward, checkpointing, the fused classifier
-// and tied embeddings.
+// heads repeated, a float64 gradcheck of a whole forward, checkpointing, the fused classifier,
+// tied embeddings; on each device (test_llama_cuda on the GPU): a dry run's prediction of two
+// steps, the model built on the device, and (accelerators) a step against the CPU's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,10 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "memory/estimate.h"
+#include "memory/memory.h"
 #include "nn/checkpoint.h"
 #include "nn/models/llama.h"
-#include "testing/gradcheck.h"
+#include "optim/adam.h"
+#include "testing/devices.h"
 
 using namespace tally;
 using namespace tally::nn;
@@ -26,6 +30,16 @@ LlamaConfig micro() {
   c.vocab_size = 11, c.hidden_size = 8, c.intermediate_size = 12, c.num_hidden_layers = 1;
   c.num_attention_heads = 2, c.num_key_value_heads = 1, c.max_position_embeddings = 8;
   return c;
+}
+
+// Norm-wise relative error of a against b (both read back to the host).
+double rel_err(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = ops::to_vector(a.to(Device::cpu())),
+                            y = ops::to_vector(b.to(Device::cpu()));
+  if (x.size() != y.size()) return INFINITY;
+  double d = 0, n = 0;
+  for (size_t i = 0; i < x.size(); ++i) d += (x[i] - y[i]) * (x[i] - y[i]), n += y[i] * y[i];
+  return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
@@ -53,7 +67,137 @@ Tensor tokens(int64_t vocab, const Shape& shape, uint64_t seed) {
   return ops::randint(0, vocab, shape, DType::int64, Device::cpu(), &g);
 }
 
+// Two AdamW steps of tiny under bf16 autocast with its first block checkpointed, built on `d`.
+void two_steps(Device d) {
+  manual_seed(0);
+  std::shared_ptr<LlamaForCausalLM> m;
+  {
+    BuildOnDevice on(d);
+    m = std::make_shared<LlamaForCausalLM>(LlamaConfig::preset("tiny"));
+  }
+  enable_checkpointing(*m, parse_checkpoint_spec("1-blocks"));
+  Tensor x, y;
+  {
+    memory::CategoryScope input(memory::Category::input);
+    x = ops::randint(0, 256, {2, 32}, DType::int64, d);
+    y = ops::randint(0, 256, {2, 32}, DType::int64, d);
+  }
+  optim::AdamW opt(m->parameters(), optim::AdamOptions{.lr = 1e-3});
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad(true);
+    Tensor loss;
+    {
+      memory::PhaseScope phase("forward");
+      AutocastGuard autocast(d.type, DType::bfloat16);
+      loss = (*m)(x, y).second;
+    }
+    {
+      memory::PhaseScope phase("backward");
+      loss.backward();
+    }
+    opt.step();
+  }
+}
+
+// Every allocation, free and re-tag of `d`'s history: action, size, category, module, op.
+std::vector<std::string> events_of(Device d) {
+  std::vector<std::string> out;
+  for (const memory::TraceEntry& e : memory::get_allocator(d).history())
+    if (e.action == memory::TraceAction::alloc || e.action == memory::TraceAction::free_requested ||
+        e.action == memory::TraceAction::retag)
+      out.push_back(std::string(memory::trace_action_name(e.action)) + " " +
+                    std::to_string(e.size) + " " +
+                    std::string(memory::category_name(e.tag.category)) + " '" +
+                    memory::interned(e.tag.module) + "' '" + memory::interned(e.tag.op) + "'");
+  return out;
+}
+
 }  // namespace
+
+class LlamaOnDevice : public tally::testing::OnDevice {};
+TALLY_ON_DEVICES(LlamaOnDevice);
+
+// A dry run predicts two bf16 checkpointed AdamW steps: on the CPU, the very same allocator
+// events (sizes, categories, modules, ops), peak and categories at the peak; on CUDA (the meta
+// target "cuda" replays its backend: cuBLAS workspaces, flash attention) the peak within 1%.
+TEST_P(LlamaOnDevice, DryRunPredictsTwoSteps) {
+  const Device d = dev();
+  memory::empty_cache(d);
+  const int64_t before = static_cast<int64_t>(memory::memory_allocated(d));
+  memory::reset_peak_memory_stats(d);
+  memory::record_memory_history(true, 1000000, d);
+  two_steps(d);
+  const std::vector<std::string> real = events_of(d);
+  const int64_t peak = static_cast<int64_t>(memory::max_memory_allocated(d)) - before;
+  const auto at_peak = memory::get_allocator(d).stats().category_at_peak;
+  memory::record_memory_history(false, 0, d);
+  const memory::Estimate e = memory::estimate(two_steps, {.target = on_cpu() ? "cpu" : "cuda"});
+  ASSERT_TRUE(e.fits()) << e.out_of_memory;
+  if (!on_cpu()) {
+    EXPECT_NEAR(static_cast<double>(e.peak_allocated), static_cast<double>(peak), 0.01 * peak);
+    return;
+  }
+  const std::vector<std::string> dry = events_of(e.device);
+  ASSERT_GT(real.size(), 100u);
+  for (size_t i = 0; i < std::min(real.size(), dry.size()); ++i)
+    ASSERT_EQ(dry[i], real[i]) << "event " << i;
+  EXPECT_EQ(dry.size(), real.size());
+  EXPECT_EQ(e.peak_allocated, peak);
+  EXPECT_EQ(e.at_peak, at_peak);
+}
+
+// Built under BuildOnDevice: parameters and rotary tables made on the device itself (no host
+// copy of a large model), the tables equal to the CPU's.
+TEST_P(LlamaOnDevice, BuiltOnTheDevice) {
+  std::shared_ptr<LlamaForCausalLM> m;
+  {
+    BuildOnDevice on(dev());
+    m = std::make_shared<LlamaForCausalLM>(LlamaConfig::preset("tiny"));
+  }
+  for (const auto& [n, p] : m->named_parameters()) {
+    EXPECT_EQ(p.device(), dev()) << n;
+    EXPECT_EQ(p.storage().category(), memory::Category::parameter) << n;
+  }
+  const LlamaRotaryEmbedding host(LlamaConfig::preset("tiny"));
+  const LlamaRotaryEmbedding& rope = *m->model->rotary_emb;
+  EXPECT_EQ(rope.cos_cached.device(), dev());
+  EXPECT_EQ(max_abs_diff(rope.cos_cached.to(Device::cpu()), host.cos_cached), 0);
+  EXPECT_EQ(max_abs_diff(rope.sin_cached.to(Device::cpu()), host.sin_cached), 0);
+  const Tensor idx = ops::to(tokens(256, {2, 8}, 3), dev(), DType::int64);
+  EXPECT_TRUE(std::isfinite((*m)(idx, idx).second.item()));
+}
+
+class LlamaVsCpu : public tally::testing::VsCpu {};
+TALLY_VS_CPU(LlamaVsCpu);
+
+// One step of tiny on the accelerator against the CPU: float32 (TF32 off), and under bf16
+// autocast (the flash attention path there), loss and every gradient norm-wise.
+TEST_P(LlamaVsCpu, StepMatchesTheCpu) {
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 autocast" : "float32");
+    manual_seed(41);
+    LlamaForCausalLM cpu(LlamaConfig::preset("tiny")), acc(LlamaConfig::preset("tiny"));
+    acc.load_state_dict(cpu.state_dict());
+    acc.to(dev());
+    const Tensor idx = tokens(256, {4, 32}, 42), tgt = tokens(256, {4, 32}, 43);
+    Tensor lc, la;
+    {
+      AutocastGuard autocast(DeviceType::cpu, DType::bfloat16, bf16);
+      lc = cpu(idx, tgt).second;
+    }
+    {
+      AutocastGuard autocast(dev().type, DType::bfloat16, bf16);
+      la = acc(put(idx), put(tgt)).second;
+    }
+    lc.backward();
+    la.backward();
+    EXPECT_LE(rel_err(la, lc), bf16 ? 1e-2 : 1e-5) << la.item() << " vs " << lc.item();
+    const NamedTensors pc = cpu.named_parameters(), pa = acc.named_parameters();
+    for (size_t i = 0; i < pc.size(); ++i)
+      EXPECT_LE(rel_err(pa[i].second.grad(), pc[i].second.grad()), bf16 ? 5e-2 : 1e-4)
+          << pc[i].first;
+  }
+}
 
 TEST(Llama, TinyNamesAndCount) {
   LlamaForCausalLM m(LlamaConfig::preset("tiny"));

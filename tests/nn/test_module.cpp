@@ -374,3 +374,25 @@ TEST(Module, ChildCalledDirectlyCarriesItsFullPath) {
   EXPECT_EQ(paths,
             (std::set<std::string>{"model.blocks.0.0", "model.blocks.1.0", "model.heads.out"}));
 }
+
+// register_buffer(name, t, /*persistent=*/false), torch's persistent=False: the buffer is a
+// buffer (named_buffers, moved and converted with the module) but not in the state dict, and a
+// strict load does not ask for it. Registering it again as persistent puts it back.
+TEST(Module, NonPersistentBuffersStayOutOfTheStateDict) {
+  struct Custom : Module {
+    Custom() : Module("Custom") {
+      w = register_parameter("w", ones({2}));
+      table = register_buffer("table", ones({3}), /*persistent=*/false);
+    }
+    Tensor w, table;
+  } m;
+  EXPECT_EQ(m.named_buffers().size(), 1u);
+  const NamedTensors sd = m.state_dict();
+  ASSERT_EQ(sd.size(), 1u);
+  EXPECT_EQ(sd[0].first, "w");
+  m.load_state_dict(sd);  // strict: "table" is not missing
+  m.to(DType::float64);
+  EXPECT_EQ(m.table.dtype(), DType::float64);
+  m.register_buffer("table", m.table);
+  EXPECT_EQ(m.state_dict().size(), 2u);
+}

@@ -73,6 +73,19 @@ def test_python_module_attributes_and_state_dict():
         m.nope
 
 
+def test_non_persistent_buffers_stay_out_of_the_state_dict():
+    class Rope(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", tally.ones(3), persistent=False)
+            self.register_buffer("count", tally.ones(1))
+
+    m = Rope()
+    assert [n for n, _ in m.named_buffers()] == ["table", "count"]
+    assert set(m.state_dict()) == {"count"}
+    m.load_state_dict(m.state_dict())  # strict: "table" is not asked for
+
+
 def test_dict_arguments_take_mappings_or_pairs_only(tmp_path):
     path = str(tmp_path / "w.safetensors")
     nn.save_safetensors(path, {"a": tally.ones(2)})
