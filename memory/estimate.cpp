@@ -110,6 +110,9 @@ DryRun::DryRun(const EstimateOptions& options)
   host_ = behaves_as(device_) == DeviceType::cpu ? device_ : Device::meta(0);
   if (!(host_ == device_)) {
     CachingAllocator& h = get_allocator(host_);
+    // dump_snapshot(path, device()) writes the host's segments and trace beside the device's.
+    if (options.max_history && !h.history_enabled())
+      h.record_memory_history(true, options.max_history);
     h.empty_cache();
     h.reset_peak_memory_stats();
     const DeviceStats st = h.stats();

@@ -6,9 +6,9 @@
 #include <stdexcept>
 
 #include "nn/data/synthetic.h"
-#include "tensor/softmax/autograd.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
+#include "tensor/softmax/autograd.h"
 
 namespace tally::nn {
 namespace {
@@ -40,8 +40,8 @@ ModelEntry resnet_entry() {
 ModelEntry gpt_entry() {
   ModelEntry e;
   e.name = "gpt";
-  e.description = "nanoGPT's GPT-2 (tiny | small | gpt2 | gpt2-medium)";
-  e.presets = {"tiny", "small", "gpt2", "gpt2-medium"};
+  e.description = "nanoGPT's GPT-2 (tiny | small | gpt2 | gpt2-medium | gpt2-large | gpt2-xl)";
+  e.presets = {"tiny", "small", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
   e.input = ModelEntry::Input::tokens;
   e.context = [](const std::string& p) { return GPTConfig::preset(p).block_size; };
   e.build = [](const ModelOptions& o) -> std::shared_ptr<Module> {
@@ -91,8 +91,8 @@ ModelOptions resolve_options(const ModelEntry& entry, ModelOptions o) {
   if (!known) {
     std::string list;
     for (const std::string& p : entry.presets) list += (list.empty() ? "" : ", ") + p;
-    throw std::invalid_argument(fmt::format("--model {}: unknown preset '{}' (expected {})",
-                                            entry.name, o.preset, list));
+    throw std::invalid_argument(
+        fmt::format("--model {}: unknown preset '{}' (expected {})", entry.name, o.preset, list));
   }
   if (entry.input == ModelEntry::Input::images) {
     if (o.num_classes == 0) o.num_classes = 10;
