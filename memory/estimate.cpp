@@ -198,7 +198,7 @@ std::string Estimate::report(size_t top_modules) const {
                      human(static_cast<int64_t>(host_memory)));
     for (const Category c : kAllCategories) {
       const int64_t b = host_at_peak[static_cast<size_t>(c)];
-      if (b) s += fmt::format("    host {:<11}{:>12}\n", category_name(c), human(b));
+      if (b) s += fmt::format("    {:<16}{:>12}   (host)\n", category_name(c), human(b));
     }
   }
   for (const auto& [what, count] : unreplayed)
