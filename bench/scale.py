@@ -117,6 +117,7 @@ try:
         import torch.distributed as dist
         from torch.distributed.fsdp import fully_shard, CPUOffloadPolicy
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29533")
+        torch.cuda.set_device(0)
         dist.init_process_group("nccl", rank=0, world_size=1)
         model = GPT(V=V, T=T, L=L, d=d, h=h, init_std=0.02)
         policy = CPUOffloadPolicy(pin_memory=True)
