@@ -28,6 +28,7 @@
 #include "optim/adam.h"
 #include "optim/adamw8bit.h"
 #include "optim/clip_grad.h"
+#include "optim/cpu_offload.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/sgd.h"
@@ -294,12 +295,17 @@ inline void check_optimizer(const std::string& name, const std::vector<std::stri
   throw std::invalid_argument(fmt::format("--optimizer: expected one of {}, got '{}'", list, name));
 }
 // The optimizer `name` over `params`: SGD with `sgd`'s options, Adam / AdamW / AdamW8bit
-// (block-wise 8-bit moments, optim/adamw8bit.h) with `adam`'s.
+// (block-wise 8-bit moments, optim/adamw8bit.h) with `adam`'s; `adamw:cpu` and
+// `adamw8bit:cpu` keep the master weights and the moments in pinned host memory and update them
+// there (optim/cpu_offload.h).
 inline std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name,
                                                         std::vector<Tensor> params,
                                                         const optim::AdamOptions& adam,
                                                         const optim::SGDOptions& sgd) {
-  check_optimizer(name, {"sgd", "adam", "adamw", "adamw8bit"});
+  check_optimizer(name, {"sgd", "adam", "adamw", "adamw8bit", "adamw:cpu", "adamw8bit:cpu"});
+  if (name == "adamw:cpu" || name == "adamw8bit:cpu")
+    return std::make_unique<optim::CpuOffload>(
+        std::move(params), adam, optim::CpuOffloadOptions{.adamw8bit = name == "adamw8bit:cpu"});
   if (name == "sgd") return std::make_unique<optim::SGD>(std::move(params), sgd);
   if (name == "adam") return std::make_unique<optim::Adam>(std::move(params), adam);
   if (name == "adamw8bit") return std::make_unique<optim::AdamW8bit>(std::move(params), adam);
@@ -340,6 +346,9 @@ inline void check_cuda_graphs(bool on, const std::string& device, const std::str
   if (optimizer == "adamw8bit")
     throw std::invalid_argument(
         "--cuda-graphs with --optimizer adamw8bit: its step count stays on the host; use adamw");
+  if (optimizer.ends_with(":cpu"))
+    throw std::invalid_argument(fmt::format(
+        "--cuda-graphs with --optimizer {}: its update runs on the host; use adamw", optimizer));
 }
 
 // --cuda-graphs: the training step (forward, backward, optimizer step; the caller's `step`) runs

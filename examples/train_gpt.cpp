@@ -13,6 +13,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "examples/cli_common.h"
 #include "examples/trainer.h"
@@ -48,7 +49,8 @@ void add_flags(CLI::App& app, Args& a) {
   t.lr = 1e-3;
   t.weight_decay = 0.1;
   t.clip = 1.0;
-  app.add_option("--preset", a.preset, "tiny | small | gpt2 | gpt2-medium")->capture_default_str();
+  app.add_option("--preset", a.preset, "tiny | small | gpt2 | gpt2-medium | gpt2-large | gpt2-xl")
+      ->capture_default_str();
   app.add_option("--data", a.data, "a text file (byte-level tokens) or 'synthetic'")
       ->capture_default_str();
   app.add_option("--seq", a.seq, "sequence length (0: the preset's block size)")
@@ -65,7 +67,9 @@ void add_flags(CLI::App& app, Args& a) {
   ex::add_output_flags(
       app, t, "write one JSON record per logged step (and the validation) to FILE.jsonl", "seed");
   app.add_option("--optimizer", t.optimizer,
-                 "adamw | adamw8bit (block-wise 8-bit moments) | sgd (momentum 0.9)")
+                 "adamw | adamw8bit (block-wise 8-bit moments) | sgd (momentum 0.9) | adamw:cpu, "
+                 "adamw8bit:cpu (master weights and moments in pinned host memory, updated on "
+                 "the CPU)")
       ->capture_default_str();
   app.add_flag("--fused-classifier", a.fused_classifier,
                "lm_head and cross-entropy fused and chunked over rows: the [B*T, vocab] logits "
@@ -76,7 +80,7 @@ void add_flags(CLI::App& app, Args& a) {
                "(needs --clip 0, the default with it; not with --amp fp16)");
   app.add_flag("--cuda-graphs", t.cuda_graphs,
                "capture the training step into a CUDA graph at step 2 and replay it (--device "
-               "cuda; not with --offload, --step-in-backward, adamw8bit)");
+               "cuda; not with --offload, --step-in-backward, adamw8bit, :cpu optimizers)");
   app.add_option("--sample", a.sample, "print a sample of this many bytes at the end (text data)")
       ->check(ex::int_range(0, 1 << 20));
   ex::add_checked_option(app, "--eval-batches", a.eval_batches, "validation batches",
@@ -262,7 +266,7 @@ int main(int argc, char** argv) {
   return ex::run_cli("train_gpt", app, argc, argv, [&] {
     // ---- everything is checked before the first step ----
     ex::Trainer tr("train_gpt", t);
-    tr.check_flags(app, {"adamw", "adamw8bit", "sgd"});
+    tr.check_flags(app, {"adamw", "adamw8bit", "sgd", "adamw:cpu", "adamw8bit:cpu"});
     tr.start();
     const Device dev = tr.device();
     Text text = load_text(a);
@@ -304,7 +308,13 @@ int main(int argc, char** argv) {
                               cfg.fused_classifier ? cfg.fused_classifier_chunk_bytes : 0},
                              a.batch};
     return tr.run(shape, dry_steps, [&] {
-      auto model = std::make_shared<nn::GPT>(cfg);
+      // On a GPU the parameters are made and initialised there (nn::BuildOnDevice): no float32
+      // copy of the model passes through host memory (GPT-2 XL's is 6 GB).
+      auto model = [&] {
+        std::optional<nn::BuildOnDevice> on;
+        if (dev.type == DeviceType::cuda) on.emplace(dev);
+        return std::make_shared<nn::GPT>(cfg);
+      }();
       model->to(dev);
       nn::enable_checkpointing(*model, tr.checkpoint);
       const auto offloader = nn::offload_activations(*model, tr.offload);

@@ -65,8 +65,10 @@ void add_flags(CLI::App& app, Args& a) {
                          ex::real_range({.lo = 0, .hi = 1}));
   ex::add_checked_option(app, "--weight-decay", t.weight_decay, "weight decay",
                          ex::non_negative_real());
-  app.add_option("--optimizer", t.optimizer,
-                 "sgd | adam | adamw | adamw8bit (block-wise 8-bit moments)")
+  app.add_option(
+         "--optimizer", t.optimizer,
+         "sgd | adam | adamw | adamw8bit (block-wise 8-bit moments) | adamw:cpu, adamw8bit:cpu "
+         "(master weights and moments in pinned host memory, updated on the CPU)")
       ->capture_default_str();
   app.add_flag("--step-in-backward", t.step_in_backward,
                "update each parameter as soon as its gradient is ready and free the gradient "
@@ -245,7 +247,7 @@ int main(int argc, char** argv) {
   return ex::run_cli("train_resnet", app, argc, argv, [&] {
     // ---- everything is checked before the first step ----
     ex::Trainer tr("train_resnet", t);
-    tr.check_flags(app, {"sgd", "adam", "adamw", "adamw8bit"});
+    tr.check_flags(app, {"sgd", "adam", "adamw", "adamw8bit", "adamw:cpu", "adamw8bit:cpu"});
     if (tr.dry())
       a.steps = ex::kEstimateSteps;  // the dry run's (the synthetic set is sized by them)
     if (a.arch != "tiny" && a.arch != "resnet18" && a.arch != "resnet34" && a.arch != "resnet50")

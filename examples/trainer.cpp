@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "examples/cli_common.h"
+#include "memory/host_memory.h"
 #include "nn/module.h"
 
 namespace tally::examples {
@@ -50,7 +51,10 @@ void Trainer::start() {
   if (!f_.snapshot.empty()) check_output_file(f_.snapshot, "--snapshot");
   if (!f_.metrics.empty()) check_output_file(f_.metrics, "--metrics");
   manual_seed(f_.seed);
-  if (!f_.snapshot.empty() && !dry_) memory::record_memory_history(true, 1000000, dev_);
+  if (!f_.snapshot.empty() && !dry_) {
+    memory::record_memory_history(true, 1000000, dev_);
+    memory::record_pinned_host_memory(true, 1000000, dev_);  // the snapshot's host_segments
+  }
 }
 
 std::optional<nn::PlanCandidate> Trainer::plan(const std::function<int()>& blocks,
@@ -166,6 +170,11 @@ void Trainer::log(int64_t step, const Window& w, nlohmann::json record, const st
   record["lr"] = opt_->get_lr();
   record["peak_allocated"] = memory::max_memory_allocated(dev_);
   record["peak_reserved"] = memory::max_memory_reserved(dev_);
+  // The host side (a :cpu optimizer's pinned state, offloaded activations), where it has one.
+  if (memory::CachingAllocator* host = memory::host_allocator(dev_)) {
+    record["host_peak_allocated"] = host->max_memory_allocated();
+    record["host_peak_reserved"] = host->max_memory_reserved();
+  }
   metrics_->write(record);
   bar_->update(step,
                fmt::format("{} | peak {}", text,

@@ -110,6 +110,9 @@ DryRun::DryRun(const EstimateOptions& options)
   host_ = behaves_as(device_) == DeviceType::cpu ? device_ : Device::meta(0);
   if (!(host_ == device_)) {
     CachingAllocator& h = get_allocator(host_);
+    // dump_snapshot(path, device()) writes the host's segments and trace beside the device's.
+    if (options.max_history && !h.history_enabled())
+      h.record_memory_history(true, options.max_history);
     h.empty_cache();
     h.reset_peak_memory_stats();
     const DeviceStats st = h.stats();
@@ -195,7 +198,7 @@ std::string Estimate::report(size_t top_modules) const {
                      human(static_cast<int64_t>(host_memory)));
     for (const Category c : kAllCategories) {
       const int64_t b = host_at_peak[static_cast<size_t>(c)];
-      if (b) s += fmt::format("    host {:<11}{:>12}\n", category_name(c), human(b));
+      if (b) s += fmt::format("    {:<16}{:>12}   (host)\n", category_name(c), human(b));
     }
   }
   for (const auto& [what, count] : unreplayed)

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "memory/cpu_provider.h"
+#include "memory/host_memory.h"
 #include "memory/meta.h"
+#include "memory/snapshot.h"
 #ifdef TALLY_WITH_CUDA
 #include "memory/cuda_pinned_provider.h"
 #include "memory/cuda_provider.h"
@@ -132,13 +134,36 @@ std::map<std::string, int64_t> memory_stats(Device d) {
   return get_allocator(d).memory_stats();
 }
 std::string memory_summary(Device d, bool abbreviated) {
-  return get_allocator(d).memory_summary(abbreviated);
+  std::string s = get_allocator(d).memory_summary(abbreviated);
+  // The host side (an offloaded optimizer's state, offloaded activations), when it holds any.
+  if (CachingAllocator* host = host_allocator(d); host && host->memory_reserved() > 0)
+    s += fmt::format("\nHost memory of {} ({}):\n{}", d.str(), host->provider().device_name(),
+                     host->memory_summary(abbreviated));
+  return s;
 }
+
+CachingAllocator* host_allocator(Device d) {
+  if (d.type == DeviceType::cuda)
+    return pinned_memory_available() ? &get_pinned_allocator() : nullptr;
+  if (d.is_meta() && d.index != 0 && behaves_as(d) == DeviceType::cuda)
+    return &get_allocator(Device::meta(0));
+  return nullptr;
+}
+
 void record_memory_history(bool enabled, size_t max_entries, Device d) {
   get_allocator(d).record_memory_history(enabled, max_entries);
 }
+
+void record_pinned_host_memory(bool enabled, size_t max_entries, Device d) {
+  if (CachingAllocator* host = host_allocator(d)) host->record_memory_history(enabled, max_entries);
+}
+
 void dump_snapshot(const std::string& path, Device d) {
-  get_allocator(d).dump_snapshot(path);
+  CachingAllocator& a = get_allocator(d);
+  CachingAllocator* host = host_allocator(d);
+  if (host == nullptr || !host->history_enabled()) return a.dump_snapshot(path);
+  const SnapshotData host_snap = host->snapshot();
+  write_snapshot_file(a.snapshot(), &host_snap, path);
 }
 
 }  // namespace tally::memory

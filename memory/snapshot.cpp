@@ -14,6 +14,7 @@
 #include "base/enum_table.h"
 #include "base/rank_path.h"
 #include "memory/context.h"
+#include "memory/host_memory.h"
 #include "memory/pickle.h"
 
 namespace tally::memory {
@@ -36,7 +37,8 @@ class SnapshotPickler {
  public:
   explicit SnapshotPickler(std::ostream& out) : w_(out) {}
 
-  void write(const SnapshotData& snap) {
+  // `host`: the host allocator's snapshot, written as host_segments and host_traces.
+  void write(const SnapshotData& snap, const SnapshotData* host = nullptr) {
     w_.begin_dict();
     w_.key("segments");
     w_.begin_list();
@@ -56,6 +58,18 @@ class SnapshotPickler {
       w_.end_list();
     }
     w_.end_list();
+
+    if (host) {
+      w_.key("host_segments");
+      w_.begin_list();
+      for (const SegmentInfo& seg : host->segments) segment(seg);
+      w_.end_list();
+      w_.key("host_traces");  // one flat list: the host is one allocator
+      w_.begin_list();
+      for (const std::vector<TraceEntry>& trace : host->device_traces)
+        for (const TraceEntry& e : trace) trace_entry(e);
+      w_.end_list();
+    }
 
     w_.key("allocator_settings");
     allocator_settings(snap.config);
@@ -282,9 +296,15 @@ void write_snapshot_pickle(const SnapshotData& snap, std::ostream& out) {
 }
 
 void write_snapshot_file(const SnapshotData& snap, const std::string& path_in) {
+  write_snapshot_file(snap, nullptr, path_in);
+}
+
+void write_snapshot_file(const SnapshotData& snap, const SnapshotData* host,
+                         const std::string& path_in) {
   const std::string path = base::per_rank_path(path_in);  // "x.rank1.pickle" in a multi-rank job
   base::write_file_atomic(
-      path, [&](std::ostream& out) { write_snapshot_pickle(snap, out); }, "write_snapshot_file");
+      path, [&](std::ostream& out) { SnapshotPickler(out).write(snap, host); },
+      "write_snapshot_file");
 }
 
 }  // namespace tally::memory

@@ -566,7 +566,8 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
             set_config(c, kw);
             return c;
           },
-          py::arg("name"), "gpt2, gpt2-medium, tiny or small, fields overridden by keywords")
+          py::arg("name"),
+          "gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny or small, fields overridden by keywords")
       .def_readwrite("vocab_size", &nn::GPTConfig::vocab_size)
       .def_readwrite("block_size", &nn::GPTConfig::block_size)
       .def_readwrite("n_layer", &nn::GPTConfig::n_layer)

@@ -1,6 +1,6 @@
-// tally.optim (SGD, Adam, AdamW, AdamW8bit, clip_grad_norm_, state_dict and its load, the
-// learning-rate schedulers of tally.optim.lr_scheduler, StepInBackward) and tally.amp
-// (autocast as a context manager, GradScaler).
+// tally.optim (SGD, Adam, AdamW, AdamW8bit, CpuOffload, clip_grad_norm_, state_dict and its load,
+// the learning-rate schedulers of tally.optim.lr_scheduler, StepInBackward) and tally.amp (autocast
+// as a context manager, GradScaler).
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
@@ -9,6 +9,7 @@
 #include "optim/adam.h"
 #include "optim/adamw8bit.h"
 #include "optim/clip_grad.h"
+#include "optim/cpu_offload.h"
 #include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
@@ -263,6 +264,28 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
            py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
            py::arg("eps") = 1e-8, py::arg("weight_decay") = 1e-2, py::arg("block_size") = 256,
            py::arg("min_8bit_size") = 4096);
+
+  // torchao's CPUOffloadOptimizer for AdamW: master weights and moments in pinned host memory.
+  py::class_<optim::CpuOffload, Optimizer>(optim_mod, "CpuOffload")
+      .def(py::init([](py::object params, double lr, std::pair<double, double> betas, double eps,
+                       double weight_decay, bool amsgrad, bool maximize, bool adamw8bit,
+                       int64_t block_size, int64_t min_8bit_size, bool overlap_backward,
+                       int64_t bucket_bytes) {
+             optim::CpuOffloadOptions o;
+             o.adamw8bit = adamw8bit;
+             o.quant.block_size = block_size;
+             o.quant.min_8bit_size = min_8bit_size;
+             o.overlap_backward = overlap_backward;
+             o.bucket_bytes = bucket_bytes;
+             return std::make_unique<optim::CpuOffload>(
+                 params_of(params), adam_options(lr, betas, eps, weight_decay, amsgrad, maximize),
+                 o);
+           }),
+           py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
+           py::arg("eps") = 1e-8, py::arg("weight_decay") = 1e-2, py::arg("amsgrad") = false,
+           py::arg("maximize") = false, py::arg("adamw8bit") = false, py::arg("block_size") = 256,
+           py::arg("min_8bit_size") = 4096, py::arg("overlap_backward") = true,
+           py::arg("bucket_bytes") = int64_t{32} << 20);
 
   optim_mod.def(
       "clip_grad_norm_",

@@ -21,6 +21,14 @@ GPTConfig GPTConfig::preset(const std::string& name) {
     c.n_layer = 24, c.n_head = 16, c.n_embd = 1024;
     return c;
   }
+  if (name == "gpt2-large") {  // 774M
+    c.n_layer = 36, c.n_head = 20, c.n_embd = 1280;
+    return c;
+  }
+  if (name == "gpt2-xl") {  // 1.56B
+    c.n_layer = 48, c.n_head = 25, c.n_embd = 1600;
+    return c;
+  }
   if (name == "tiny") {
     c.vocab_size = 256, c.block_size = 64, c.n_layer = 2, c.n_head = 2, c.n_embd = 64;
     return c;
@@ -30,7 +38,9 @@ GPTConfig GPTConfig::preset(const std::string& name) {
     return c;
   }
   throw std::invalid_argument(
-      fmt::format("GPTConfig::preset: unknown preset '{}' (gpt2, gpt2-medium, tiny, small)", name));
+      fmt::format("GPTConfig::preset: unknown preset '{}' (gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+                  "tiny, small)",
+                  name));
 }
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg)

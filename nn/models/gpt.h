@@ -56,8 +56,9 @@ struct GPTConfig {
   // weight, saved for backward, would cost 150 MiB at GPT-2's peak.
   int64_t classifier_pad_multiple = 64;
 
-  // "gpt2" (124M), "gpt2-medium", "tiny" (byte-level vocab 256, block 64, 2 layers, 2
-  // heads, 64 dims), "small" (byte-level, block 128, 4 layers, 4 heads, 128 dims).
+  // "gpt2" (124M), "gpt2-medium" (350M), "gpt2-large" (774M: 36 layers, 20 heads, 1280),
+  // "gpt2-xl" (1.56B: 48 layers, 25 heads, 1600), "tiny" (byte-level vocab 256, block 64, 2 layers,
+  // 2 heads, 64 dims), "small" (byte-level, block 128, 4 layers, 4 heads, 128 dims).
   static GPTConfig preset(const std::string& name);
 };
 

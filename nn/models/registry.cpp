@@ -45,8 +45,8 @@ ModelEntry resnet_entry() {
 ModelEntry gpt_entry() {
   ModelEntry e;
   e.name = "gpt";
-  e.description = "nanoGPT's GPT-2 (tiny | small | gpt2 | gpt2-medium)";
-  e.presets = {"tiny", "small", "gpt2", "gpt2-medium"};
+  e.description = "nanoGPT's GPT-2 (tiny | small | gpt2 | gpt2-medium | gpt2-large | gpt2-xl)";
+  e.presets = {"tiny", "small", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
   e.input = ModelEntry::Input::tokens;
   e.context = [](const std::string& p) { return GPTConfig::preset(p).block_size; };
   e.build = [](const ModelOptions& o) -> std::shared_ptr<Module> {

@@ -80,6 +80,8 @@ cases = [
     (["train_gpt", "--cuda-graphs", "--estimate", "h200"], "--cuda-graphs with --estimate", {}),
     (["train_resnet", "--cuda-graphs", "--device", "cuda", "--optimizer", "adamw8bit"],
      "--cuda-graphs with --optimizer adamw8bit", {}),
+    (["train_gpt", "--cuda-graphs", "--device", "cuda", "--optimizer", "adamw:cpu"],
+     "--cuda-graphs with --optimizer adamw:cpu: its update runs on the host", {}),
     (["train_gpt", "--cuda-graphs", "--device", "cuda", "--step-in-backward"],
      "--cuda-graphs with --step-in-backward", {}),
     (["train_resnet", "--cuda-graphs", "--device", "cuda", "--offload", "activations"],

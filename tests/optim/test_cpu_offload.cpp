@@ -4,10 +4,13 @@
 // at any thread count, its state is tagged optimizer_state on the host, and a dry run for a GPU
 // keeps that state on the host (meta:0), not on the device.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "autograd/ops.h"
+#include "inspect/unpickle.h"
 #include "memory/estimate.h"
 #include "memory/memory.h"
 #include "nn/models/gpt.h"
@@ -199,6 +202,37 @@ TEST(CpuOffload, ADryRunForAGpuKeepsTheStateOnTheHost) {
   const memory::Estimate e = dry.finish();
   EXPECT_EQ(e.at_peak[static_cast<size_t>(memory::Category::optimizer_state)], 0);
   EXPECT_GE(e.host_peak_allocated, 3 * 4 * 1024 * 1024);
+}
+
+// The snapshot of a dry run for a GPU shows the host side as PyTorch's record_pinned_host_memory
+// does: host_segments with the state's blocks, tagged optimizer_state, and host_traces; the
+// summary has the host's table.
+TEST(CpuOffload, SnapshotsAndTheSummaryShowTheHostSide) {
+  memory::DryRun dry({.target = "h200"});
+  const Tensor w = ops::empty({256, 256}, DType::float32, dry.device()).requires_grad_();
+  optim::CpuOffload opt(std::vector<Tensor>{w});
+  sum(mul(w, w)).backward();
+  opt.step();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("tally_cpu_offload_" + std::to_string(::getpid()) + ".pickle"))
+                               .string();
+  memory::dump_snapshot(path, dry.device());
+  const inspect::PickleValue root = inspect::unpickle_file(path);
+  std::filesystem::remove(path);
+  const inspect::PickleValue* segments = root.as_dict().find("host_segments");
+  ASSERT_NE(segments, nullptr);
+  int64_t state_bytes = 0;
+  for (const inspect::PickleValue& seg : segments->as_list())
+    for (const inspect::PickleValue& b : seg.as_dict().find("blocks")->as_list()) {
+      const auto& frames = b.as_dict().find("frames")->as_list();
+      if (!frames.empty() &&
+          frames.back().as_dict().find("filename")->as_string() == "category=optimizer_state")
+        state_bytes += b.as_dict().find("size")->as_int();
+    }
+  EXPECT_GE(state_bytes, 3 * 4 * 256 * 256);
+  ASSERT_NE(root.as_dict().find("host_traces"), nullptr);
+  EXPECT_FALSE(root.as_dict().find("host_traces")->as_list().empty());
+  EXPECT_NE(memory::memory_summary(dry.device()).find("Host memory of"), std::string::npos);
 }
 
 // The host check: a plan whose host peak exceeds the host's memory does not fit, and says so

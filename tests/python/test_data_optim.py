@@ -179,6 +179,23 @@ def test_step_in_backward_matches_a_plain_step_and_frees_gradients():
     assert all(p.grad is not None for p in hooked.parameters())
 
 
+def test_cpu_offload_equals_adamw_step_for_step():
+    tally.manual_seed(0)
+    x, y = tally.randn(8, 6), tally.randint(0, 4, (8,))
+    plain = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
+    off = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
+    off.load_state_dict(plain.state_dict())
+    opt = tally.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_o = tally.optim.CpuOffload(off.parameters(), lr=1e-2, weight_decay=0.1)
+    for _ in range(3):
+        for model, o in ((plain, opt), (off, opt_o)):
+            o.zero_grad()
+            _grads(model, x, y)
+            o.step()
+    for p, q in zip(plain.parameters(), off.parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())  # bit for bit
+
+
 def test_save_on_cpu_and_offload_activations_keep_gradients():
     tally.manual_seed(0)
     model = nn.resnet_tiny(num_classes=10, in_channels=1)
