@@ -66,7 +66,8 @@ void add_flags(CLI::App& app, Args& a) {
   ex::add_output_flags(
       app, t, "write one JSON record per logged step (and the validation) to FILE.jsonl", "seed");
   app.add_option("--optimizer", t.optimizer,
-                 "adamw | adam | adamw8bit (block-wise 8-bit moments) | sgd (momentum 0.9)")
+                 "adamw | adam | adamw8bit (block-wise 8-bit moments) | sgd (momentum 0.9) | "
+                 "adamw:cpu | adamw8bit:cpu (state and master weights in pinned host memory)")
       ->capture_default_str();
   app.add_flag("--step-in-backward", t.step_in_backward,
                "update each parameter as soon as its gradient is ready and free the gradient "
@@ -140,7 +141,7 @@ int main(int argc, char** argv) {
   return ex::run_cli("train_model", app, argc, argv, [&] {
     // ---- everything is checked before the first step ----
     ex::Trainer tr("train_model", t);
-    tr.check_flags(app, {"adamw", "adam", "adamw8bit", "sgd"});
+    tr.check_flags(app, {"adamw", "adam", "adamw8bit", "sgd", "adamw:cpu", "adamw8bit:cpu"});
     const nn::ModelEntry& entry = resolve(a);
     tr.start();
     const Device dev = tr.device();
