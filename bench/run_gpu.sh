@@ -64,7 +64,7 @@ fi
 if has sanitizer && command -v compute-sanitizer >/dev/null; then
   t0=$(date +%s)
   fails=0
-  for t in ${SAN_TESTS:-$B/tests/test_cuda_allocator $B/tests/test_*_cuda}; do
+  for t in ${SAN_TESTS:-$B/tests/test_*_cuda}; do
     [ -x "$t" ] || continue
     # API errors are off: the OOM tests make cudaMalloc fail on purpose.
     timeout 240 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 "$t" >> "$OUT/memcheck.log" 2>&1 \
@@ -74,7 +74,7 @@ if has sanitizer && command -v compute-sanitizer >/dev/null; then
     >> "$OUT/memcheck.log" 2>&1 || { fails=$((fails+1)); echo "racecheck attention failed" | tee -a "$OUT/summary.txt"; }
   # The shared-memory reductions of batch_norm's partial sums (NCHW and channels_last) and the
   # pools' NHWC kernels.
-  timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/tests/test_channels_last_cuda --gtest_filter='*BatchNorm*:*Pools*' \
+  timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/tests/test_tensor_cuda --gtest_filter='ChannelsLastCuda.*BatchNorm*:ChannelsLastCuda.*Pools*' \
     >> "$OUT/memcheck.log" 2>&1 || { fails=$((fails+1)); echo "racecheck channels_last failed" | tee -a "$OUT/summary.txt"; }
   timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/tests/test_norm_cuda --gtest_filter='*BatchNorm*' \
     >> "$OUT/memcheck.log" 2>&1 || { fails=$((fails+1)); echo "racecheck batch_norm failed" | tee -a "$OUT/summary.txt"; }

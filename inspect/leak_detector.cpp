@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "base/bytes.h"
+
 namespace tally::inspect {
 
 using memory::category_name;
@@ -18,13 +20,7 @@ using memory::interned;
 namespace {
 
 std::string fmt_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024.0 && u < 4) {
-    b /= 1024.0;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{:.0f} {}", b, units[u]) : fmt::format("{:.1f} {}", b, units[u]);
+  return base::format_bytes(b);
 }
 
 bool by_address(uint64_t a_addr, size_t a_size, uint64_t b_addr, size_t b_size) {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <bit>
 
+#include "base/bytes.h"
 #include "base/checked.h"
 #include "base/rank_path.h"
 #include "memory/summary.h"
@@ -1043,14 +1044,7 @@ void CachingAllocator::garbage_collect_cached_blocks() {
 }
 
 static std::string fmt_bytes(size_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.2f} {}", v, units[u]);
+  return base::format_bytes(static_cast<double>(b), 2);
 }
 
 void CachingAllocator::raise_oom(const AllocParams& p, std::unique_lock<std::mutex>& lock) {

@@ -11,9 +11,9 @@
 
 namespace tally::nn {
 
-BatchNorm2d::BatchNorm2d(int64_t n, double eps_, std::optional<double> momentum_, bool affine_,
-                         bool track)
-    : Module("BatchNorm2d"),
+BatchNormBase::BatchNormBase(const char* name, int64_t n, double eps_,
+                             std::optional<double> momentum_, bool affine_, bool track)
+    : Module(name),
       num_features(n),
       eps(eps_),
       momentum(momentum_),
@@ -31,14 +31,14 @@ BatchNorm2d::BatchNorm2d(int64_t n, double eps_, std::optional<double> momentum_
   reset_parameters();  // cheap and deterministic: no generator involved
 }
 
-void BatchNorm2d::reset_running_stats() {
+void BatchNormBase::reset_running_stats() {
   if (!track_running_stats) return;
   init::zeros_(running_mean);
   init::ones_(running_var);
   init::zeros_(num_batches_tracked);
 }
 
-void BatchNorm2d::reset_parameters() {
+void BatchNormBase::reset_parameters() {
   reset_running_stats();
   if (affine) {
     init::ones_(weight);
@@ -46,14 +46,14 @@ void BatchNorm2d::reset_parameters() {
   }
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) {
-  if (x.dim() != 4)
-    throw std::invalid_argument(fmt::format("BatchNorm2d: expected 4D input (got {}D input {})",
-                                            x.dim(), x.shape_string()));
+void BatchNormBase::check_channels(const Tensor& x) const {
   if (x.size(1) != num_features)
     throw std::invalid_argument(
-        fmt::format("BatchNorm2d: input {} has {} channels, expected num_features={}",
+        fmt::format("{}: input {} has {} channels, expected num_features={}", type_name(),
                     x.shape_string(), x.size(1), num_features));
+}
+
+Tensor BatchNormBase::normalize(const Tensor& x) {
   double factor = momentum.value_or(0.0);
   if (is_training() && track_running_stats) {
     NoGradGuard ng;
@@ -65,10 +65,19 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   return batch_norm(x, running_mean, running_var, weight, bias, use_batch_stats, factor, eps);
 }
 
-std::string BatchNorm2d::extra_repr() const {
+std::string BatchNormBase::extra_repr() const {
   return fmt::format("{}, eps={}, momentum={}, affine={}, track_running_stats={}", num_features,
                      eps, momentum ? fmt::format("{}", *momentum) : "None",
                      affine ? "True" : "False", track_running_stats ? "True" : "False");
+}
+
+template <>
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  if (x.dim() != 4)
+    throw std::invalid_argument(fmt::format("BatchNorm2d: expected 4D input (got {}D input {})",
+                                            x.dim(), x.shape_string()));
+  check_channels(x);
+  return normalize(x);
 }
 
 LayerNorm::LayerNorm(Shape shape, double eps_, bool affine, bool has_bias)
@@ -114,71 +123,19 @@ std::string LayerNorm::extra_repr() const {
                      weight.defined() ? "True" : "False");
 }
 
-BatchNorm1d::BatchNorm1d(int64_t n, double eps_, std::optional<double> momentum_, bool affine_,
-                         bool track)
-    : Module("BatchNorm1d"),
-      num_features(n),
-      eps(eps_),
-      momentum(momentum_),
-      affine(affine_),
-      track_running_stats(track) {
-  if (affine) {
-    weight = register_parameter("weight", make_parameter({n}));
-    bias = register_parameter("bias", make_parameter({n}));
-  }
-  if (track) {
-    running_mean = register_buffer("running_mean", make_parameter({n}));
-    running_var = register_buffer("running_var", make_parameter({n}));
-    num_batches_tracked = register_buffer("num_batches_tracked", make_parameter({}, DType::int64));
-  }
-  reset_parameters();
-}
-
-void BatchNorm1d::reset_running_stats() {
-  if (!track_running_stats) return;
-  init::zeros_(running_mean);
-  init::ones_(running_var);
-  init::zeros_(num_batches_tracked);
-}
-
-void BatchNorm1d::reset_parameters() {
-  reset_running_stats();
-  if (affine) {
-    init::ones_(weight);
-    init::zeros_(bias);
-  }
-}
-
+template <>
 Tensor BatchNorm1d::forward(const Tensor& x) {
   if (x.dim() != 2 && x.dim() != 3)
     throw std::invalid_argument(fmt::format(
         "BatchNorm1d: expected 2D or 3D input (got {}D input {})", x.dim(), x.shape_string()));
-  if (x.size(1) != num_features)
-    throw std::invalid_argument(
-        fmt::format("BatchNorm1d: input {} has {} channels, expected num_features={}",
-                    x.shape_string(), x.size(1), num_features));
+  check_channels(x);
   if (is_training() && x.numel() / num_features <= 1)
     throw std::invalid_argument(fmt::format(
         "BatchNorm1d: expected more than 1 value per channel when training, got input {}",
         x.shape_string()));
-  double factor = momentum.value_or(0.0);
-  if (is_training() && track_running_stats) {
-    NoGradGuard ng;
-    ops::add_(num_batches_tracked, 1.0);
-    if (!momentum) factor = 1.0 / ops::item(num_batches_tracked);
-  }
-  const bool use_batch_stats = is_training() || !track_running_stats;
   // [N, C] -> [N, C, 1, 1], [N, C, L] -> [N, C, L, 1]: the same per-channel statistics.
-  const Tensor x4 = x.dim() == 2 ? x.unsqueeze(2).unsqueeze(3) : x.unsqueeze(3);
-  const Tensor y =
-      batch_norm(x4, running_mean, running_var, weight, bias, use_batch_stats, factor, eps);
+  const Tensor y = normalize(x.dim() == 2 ? x.unsqueeze(2).unsqueeze(3) : x.unsqueeze(3));
   return x.dim() == 2 ? y.squeeze(3).squeeze(2) : y.squeeze(3);
-}
-
-std::string BatchNorm1d::extra_repr() const {
-  return fmt::format("{}, eps={}, momentum={}, affine={}, track_running_stats={}", num_features,
-                     eps, momentum ? fmt::format("{}", *momentum) : "None",
-                     affine ? "True" : "False", track_running_stats ? "True" : "False");
 }
 
 GroupNorm::GroupNorm(int64_t groups, int64_t channels, double eps_, bool affine_)

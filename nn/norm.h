@@ -9,14 +9,11 @@
 
 namespace tally::nn {
 
+// PyTorch's _BatchNorm: the parameters, buffers and running-stats rules both batch norms share.
 // Training: batch statistics, running stats updated with `momentum` (nullopt: cumulative
 // average over num_batches_tracked, as PyTorch's momentum=None); eval: running stats.
-class BatchNorm2d : public Module {
+class BatchNormBase : public Module {
  public:
-  explicit BatchNorm2d(int64_t num_features, double eps = 1e-5,
-                       std::optional<double> momentum = 0.1, bool affine = true,
-                       bool track_running_stats = true);
-  Tensor forward(const Tensor& x) override;
   void reset_running_stats();
   void reset_parameters();
   std::string extra_repr() const override;
@@ -26,7 +23,34 @@ class BatchNorm2d : public Module {
   std::optional<double> momentum;
   bool affine, track_running_stats;
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ protected:
+  BatchNormBase(const char* name, int64_t num_features, double eps, std::optional<double> momentum,
+                bool affine, bool track_running_stats);
+  // Checks x's channels (dim 1) against num_features, naming this module's type.
+  void check_channels(const Tensor& x) const;
+  // batch_norm over x [N, C, H, W] with this module's state (updating the running stats).
+  Tensor normalize(const Tensor& x);
 };
+
+// torch.nn.BatchNorm1d (Dims 1: x [N, C] or [N, C, L], through the 2-D kernels at unit width)
+// and torch.nn.BatchNorm2d (Dims 2: x [N, C, H, W]).
+template <int Dims>
+class BatchNormNd : public BatchNormBase {
+ public:
+  explicit BatchNormNd(int64_t num_features, double eps = 1e-5,
+                       std::optional<double> momentum = 0.1, bool affine = true,
+                       bool track_running_stats = true)
+      : BatchNormBase(Dims == 1 ? "BatchNorm1d" : "BatchNorm2d", num_features, eps, momentum,
+                      affine, track_running_stats) {}
+  Tensor forward(const Tensor& x) override;
+};
+template <>
+Tensor BatchNormNd<1>::forward(const Tensor& x);
+template <>
+Tensor BatchNormNd<2>::forward(const Tensor& x);
+using BatchNorm1d = BatchNormNd<1>;
+using BatchNorm2d = BatchNormNd<2>;
 
 class LayerNorm : public Module {
  public:
@@ -54,24 +78,6 @@ class LayerNorm : public Module {
   // (PyTorch's LayerNorm returns float32 under autocast); GPT's blocks set it for ln_1 and
   // ln_2, whose outputs feed only their Linears.
   bool autocast_output = false;
-};
-
-// BatchNorm2d's rules over [N, C] or [N, C, L] (the BatchNorm2d kernels, at unit width).
-class BatchNorm1d : public Module {
- public:
-  explicit BatchNorm1d(int64_t num_features, double eps = 1e-5,
-                       std::optional<double> momentum = 0.1, bool affine = true,
-                       bool track_running_stats = true);
-  Tensor forward(const Tensor& x) override;
-  void reset_running_stats();
-  void reset_parameters();
-  std::string extra_repr() const override;
-
-  int64_t num_features;
-  double eps;
-  std::optional<double> momentum;
-  bool affine, track_running_stats;
-  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 };
 
 // x [N, num_channels, *] normalized per group of num_channels / num_groups channels; weight

@@ -411,30 +411,19 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value, CallSite s
   return out;
 }
 
-Tensor eq(const Tensor& a, const Tensor& b, CallSite site) {
-  memory::CallSiteScope call_site(site);
-  return o::binary(o::BinaryOp::eq, a, b);
-}
-Tensor ne(const Tensor& a, const Tensor& b, CallSite site) {
-  memory::CallSiteScope call_site(site);
-  return o::binary(o::BinaryOp::ne, a, b);
-}
-Tensor lt(const Tensor& a, const Tensor& b, CallSite site) {
-  memory::CallSiteScope call_site(site);
-  return o::binary(o::BinaryOp::lt, a, b);
-}
-Tensor gt(const Tensor& a, const Tensor& b, CallSite site) {
-  memory::CallSiteScope call_site(site);
-  return o::binary(o::BinaryOp::gt, a, b);
-}
-Tensor le(const Tensor& a, const Tensor& b, CallSite site) {
-  memory::CallSiteScope call_site(site);
-  return o::binary(o::BinaryOp::le, a, b);
-}
-Tensor ge(const Tensor& a, const Tensor& b, CallSite site) {
-  memory::CallSiteScope call_site(site);
-  return o::binary(o::BinaryOp::ge, a, b);
-}
+// The comparisons: a bool output, no gradient, so no node.
+#define TALLY_COMPARISON(NAME)                                   \
+  Tensor NAME(const Tensor& a, const Tensor& b, CallSite site) { \
+    memory::CallSiteScope call_site(site);                       \
+    return o::binary(o::BinaryOp::NAME, a, b);                   \
+  }
+TALLY_COMPARISON(eq)
+TALLY_COMPARISON(ne)
+TALLY_COMPARISON(lt)
+TALLY_COMPARISON(gt)
+TALLY_COMPARISON(le)
+TALLY_COMPARISON(ge)
+#undef TALLY_COMPARISON
 
 // ---------------------------------------------------------------- activations
 

@@ -17,6 +17,19 @@ Tensor gather_backward(const Tensor& g, const Shape& sizes, int64_t dim, const T
   return o::scatter_add(o::zeros(sizes, g.dtype(), g.device()), dim, index, g);
 }
 
+// Gradient of a scatter's src: g gathered at index, in zeros of src's shape where src is
+// larger than index (the rest of src was never read).
+Tensor scatter_src_backward(const Tensor& g, int64_t dim, const Tensor& index,
+                            const Shape& src_sizes) {
+  Tensor gs = o::gather(g, dim, index);
+  if (gs.sizes() == src_sizes) return gs;
+  Tensor z = o::zeros(src_sizes, gs.dtype(), gs.device());
+  Tensor part = z;
+  for (int64_t d = 0; d < gs.dim(); ++d) part = o::narrow(part, d, 0, gs.size(d));
+  o::copy_(part, gs);
+  return z;
+}
+
 }  // namespace
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, CallSite site) {
@@ -38,16 +51,7 @@ Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& 
            const Tensor& i = ctx.saved(0);
            Tensor gx, gs;
            if (ctx.needs_input_grad(0)) gx = o::scatter(g[0], dim, i, 0.0);
-           if (ctx.needs_input_grad(1)) {
-             gs = o::gather(g[0], dim, i);
-             if (gs.sizes() != ss) {  // src larger than index: the rest was never read
-               Tensor z = o::zeros(ss, gs.dtype(), gs.device());
-               Tensor part = z;
-               for (int64_t d = 0; d < gs.dim(); ++d) part = o::narrow(part, d, 0, gs.size(d));
-               o::copy_(part, gs);
-               gs = z;
-             }
-           }
+           if (ctx.needs_input_grad(1)) gs = scatter_src_backward(g[0], dim, i, ss);
            return {gx, gs};
          });
   return out;
@@ -70,16 +74,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
   record("ScatterAddBackward", {x, src}, {out}, {index},
          [dim, ss = src.sizes()](BackwardContext& ctx, const TensorList& g) -> TensorList {
            Tensor gs;
-           if (ctx.needs_input_grad(1)) {
-             gs = o::gather(g[0], dim, ctx.saved(0));
-             if (gs.sizes() != ss) {
-               Tensor z = o::zeros(ss, gs.dtype(), gs.device());
-               Tensor part = z;
-               for (int64_t d = 0; d < gs.dim(); ++d) part = o::narrow(part, d, 0, gs.size(d));
-               o::copy_(part, gs);
-               gs = z;
-             }
-           }
+           if (ctx.needs_input_grad(1)) gs = scatter_src_backward(g[0], dim, ctx.saved(0), ss);
            return {g[0], gs};
          });
   return out;

@@ -35,17 +35,25 @@ void for_each_kept(const Shape& sizes, const std::vector<bool>& reduce,
                   });
 }
 
-// The same over tensors of one shape: the kept positions of operands[0]'s sizes, offsets[k]
-// from operands[k]'s strides and storage offset.
-template <size_t N, typename Fn>
-void for_each_kept(const std::vector<bool>& reduce, const std::array<const Tensor*, N>& operands,
-                   Fn&& fn) {
+// Each operand's strides and storage offset.
+template <size_t N>
+std::pair<std::array<const int64_t*, N>, std::array<int64_t, N>> strides_and_offsets(
+    const std::array<const Tensor*, N>& operands) {
   std::array<const int64_t*, N> strides;
   std::array<int64_t, N> offsets;
   for (size_t k = 0; k < N; ++k) {
     strides[k] = operands[k]->strides().data();
     offsets[k] = operands[k]->storage_offset();
   }
+  return {strides, offsets};
+}
+
+// The same over tensors of one shape: the kept positions of operands[0]'s sizes, offsets[k]
+// from operands[k]'s strides and storage offset.
+template <size_t N, typename Fn>
+void for_each_kept(const std::vector<bool>& reduce, const std::array<const Tensor*, N>& operands,
+                   Fn&& fn) {
+  const auto [strides, offsets] = strides_and_offsets(operands);
   for_each_kept<N>(operands[0]->sizes(), reduce, strides, offsets, std::forward<Fn>(fn));
 }
 
@@ -57,12 +65,7 @@ template <size_t N, typename Fn>
 void parallel_for_each_kept(const std::vector<bool>& reduce,
                             const std::array<const Tensor*, N>& operands, int64_t per_position,
                             Fn&& fn) {
-  std::array<const int64_t*, N> strides;
-  std::array<int64_t, N> offsets;
-  for (size_t k = 0; k < N; ++k) {
-    strides[k] = operands[k]->strides().data();
-    offsets[k] = operands[k]->storage_offset();
-  }
+  const auto [strides, offsets] = strides_and_offsets(operands);
   Shape kept = operands[0]->sizes();
   for (size_t d = 0; d < kept.size(); ++d)
     if (reduce[d]) kept[d] = 1;

@@ -1,5 +1,5 @@
 // Out of memory in the middle of training, and the same process training on: what the CPU
-// test (tests/nn/test_out_of_memory.cpp) and the CUDA one (tests/memory/test_cuda_allocator.cpp)
+// test (tests/nn/test_out_of_memory.cpp) and the CUDA one (tests/memory/test_allocator_cuda.cpp)
 // share. The device's allocator is capped with set_memory_fraction, oom_snapshot is set and
 // history is off; a batch too large runs out, a smaller one then trains.
 #pragma once
@@ -19,6 +19,7 @@
 #include "memory/memory.h"
 #include "nn/models/gpt.h"
 #include "optim/adam.h"
+#include "testing/files.h"
 
 namespace tally::testing {
 
@@ -50,17 +51,6 @@ inline double train_tiny_gpt(Device d, int64_t batch) {
     loss_value = loss.item();
   }
   return loss_value;
-}
-
-// The output of a shell command, and its exit status in `status`.
-inline std::string run_command(const std::string& cmd, int* status) {
-  const std::filesystem::path out = std::filesystem::temp_directory_path() /
-                                    ("tally_oom_cmd_" + std::to_string(::getpid()) + ".out");
-  *status = std::system((cmd + " > " + out.string() + " 2>&1").c_str());
-  std::stringstream ss;
-  ss << std::ifstream(out).rdbuf();
-  std::filesystem::remove(out);
-  return ss.str();
 }
 
 // Caps `d` at what its allocator holds now plus `headroom`; `big` must run out there, with
@@ -96,18 +86,18 @@ inline void expect_oom_then_recovery(Device d, size_t headroom, int64_t big, int
   EXPECT_TRUE(fs::exists(snap));
   int status = 0;
   const std::string python = TALLY_PYTHON;
-  std::string out = run_command(
-      python + " " + TALLY_SOURCE_DIR + "/tests/memory/check_snapshot.py " + snap.string(),
-      &status);
+  std::string out =
+      run(python + " " + TALLY_SOURCE_DIR + "/tests/memory/check_snapshot.py " + snap.string(),
+          &status);
   EXPECT_EQ(status, 0) << out;
-  out = run_command(python +
-                        " -c \"import pickle,sys; d=pickle.load(open(sys.argv[1],'rb')); "
-                        "assert all(t==[] for t in d['device_traces']); "
-                        "print(sorted({f['filename'] for s in d['segments'] for b in s['blocks'] "
-                        "if b['state']=='active_allocated' for f in b['frames'] "
-                        "if f['filename'].startswith('category=')}))\" " +
-                        snap.string(),
-                    &status);
+  out = run(python +
+                " -c \"import pickle,sys; d=pickle.load(open(sys.argv[1],'rb')); "
+                "assert all(t==[] for t in d['device_traces']); "
+                "print(sorted({f['filename'] for s in d['segments'] for b in s['blocks'] "
+                "if b['state']=='active_allocated' for f in b['frames'] "
+                "if f['filename'].startswith('category=')}))\" " +
+                snap.string(),
+            &status);
   EXPECT_EQ(status, 0) << out;
   for (const char* category : {"'category=parameter'", "'category=activation'"})
     EXPECT_NE(out.find(category), std::string::npos) << out;

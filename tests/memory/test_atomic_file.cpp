@@ -22,15 +22,14 @@
 #include "base/atomic_file.h"
 #include "memory/snapshot.h"
 #include "testing/file_limit.h"
+#include "testing/files.h"
 
 namespace tally::memory {
 namespace {
 
 namespace fs = std::filesystem;
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using namespace tally::testing;
 
 // A fresh, empty folder per test.
 fs::path fresh_dir() {
@@ -40,11 +39,6 @@ fs::path fresh_dir() {
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 std::set<std::string> names_in(const fs::path& d) {
@@ -64,11 +58,11 @@ TEST(AtomicFile, WritesThenReplaces) {
   const fs::path d = fresh_dir();
   const fs::path f = d / "out.bin";
   base::write_file_atomic(f.string(), pattern(100000, 'a'), "test");
-  EXPECT_EQ(slurp(f), pattern(100000, 'a'));
+  EXPECT_EQ(read_file(f), pattern(100000, 'a'));
   // A shorter second version replaces the first completely (no tail of the old one).
   base::write_file_atomic(
       f.string(), [](std::ostream& out) { out << "short"; }, "test");
-  EXPECT_EQ(slurp(f), "short");
+  EXPECT_EQ(read_file(f), "short");
   base::write_file_atomic(f.string(), std::string_view(), "test");  // empty files are files too
   EXPECT_TRUE(fs::exists(f));
   EXPECT_EQ(fs::file_size(f), 0u);
@@ -103,14 +97,14 @@ TEST(AtomicFile, FileSizeLimitLeavesPreviousFileIntact) {
   }
   EXPECT_TRUE(contains(streamed.what, "streamed_writer: cannot write")) << streamed.what;
   EXPECT_TRUE(contains(block.what, "block_writer: cannot write")) << block.what;
-  EXPECT_EQ(slurp(f), good);
+  EXPECT_EQ(read_file(f), good);
   EXPECT_EQ(names_in(d), std::set<std::string>{"weights.bin"});
 
   // The same limit with a write that fits succeeds: the limit is what failed above.
   const testing::LimitedRun fits = testing::run_with_file_size_limit(
       8192, [&] { base::write_file_atomic(f.string(), pattern(4000, 'c'), "test"); });
   EXPECT_TRUE(WIFEXITED(fits.status) && WEXITSTATUS(fits.status) == 0) << fits.what;
-  EXPECT_EQ(slurp(f), pattern(4000, 'c'));
+  EXPECT_EQ(read_file(f), pattern(4000, 'c'));
 }
 
 TEST(AtomicFile, WriterThatThrowsLeavesPreviousFileIntact) {
@@ -129,7 +123,7 @@ TEST(AtomicFile, WriterThatThrowsLeavesPreviousFileIntact) {
   } catch (const std::logic_error& e) {  // the writer's own exception, unchanged
     EXPECT_STREQ(e.what(), "halfway");
   }
-  EXPECT_EQ(slurp(f), "<html>good</html>");
+  EXPECT_EQ(read_file(f), "<html>good</html>");
   EXPECT_EQ(names_in(d), std::set<std::string>{"report.html"});
 
   // Without a previous file there is nothing afterwards, not an empty or partial file.
@@ -173,7 +167,7 @@ TEST(AtomicFile, KeepsPermissionsAndFollowsSymlinks) {
 
   fs::permissions(f, static_cast<fs::perms>(0640));
   base::write_file_atomic(f.string(), "two", "test");
-  EXPECT_EQ(slurp(f), "two");
+  EXPECT_EQ(read_file(f), "two");
   EXPECT_EQ(fs::status(f).permissions(), static_cast<fs::perms>(0640));
 
   // latest -> w.safetensors (relative): the file behind the link is replaced, the link stays.
@@ -181,12 +175,12 @@ TEST(AtomicFile, KeepsPermissionsAndFollowsSymlinks) {
   fs::create_symlink("w.safetensors", link);
   base::write_file_atomic(link.string(), "three", "test");
   EXPECT_TRUE(fs::is_symlink(link));
-  EXPECT_EQ(slurp(f), "three");
+  EXPECT_EQ(read_file(f), "three");
   // A dangling link names the file to create, as an ordinary open would.
   fs::create_symlink(d / "target.bin", d / "dangling");
   base::write_file_atomic((d / "dangling").string(), "four", "test");
   EXPECT_TRUE(fs::is_symlink(d / "dangling"));
-  EXPECT_EQ(slurp(d / "target.bin"), "four");
+  EXPECT_EQ(read_file(d / "target.bin"), "four");
   EXPECT_EQ(names_in(d),
             (std::set<std::string>{"dangling", "latest", "target.bin", "w.safetensors"}));
 }
@@ -207,7 +201,7 @@ TEST(AtomicFile, ConcurrentWritersNeverInterleave) {
       for (int i = 0; i < 5; ++i) base::write_file_atomic(f.string(), v, "test");
     });
   for (auto& t : threads) t.join();
-  const std::string got = slurp(f);
+  const std::string got = read_file(f);
   EXPECT_NE(std::find(versions.begin(), versions.end(), got), versions.end())
       << "the file is a mix of versions (" << got.size() << " bytes)";
   EXPECT_EQ(names_in(d), std::set<std::string>{"trace.json"});
@@ -219,7 +213,7 @@ TEST(AtomicFile, SnapshotWriteCutShortKeepsPreviousSnapshot) {
   const fs::path f = d / "snap.pickle";
   SnapshotData small;
   write_snapshot_file(small, f.string());
-  const std::string good = slurp(f);
+  const std::string good = read_file(f);
   ASSERT_GT(good.size(), 16u);
 
   SnapshotData big;  // many segments: a pickle far past the limit below
@@ -236,7 +230,7 @@ TEST(AtomicFile, SnapshotWriteCutShortKeepsPreviousSnapshot) {
       static_cast<rlim_t>(good.size()) + 64, [&] { write_snapshot_file(big, f.string()); });
   ASSERT_TRUE(r.threw) << "status " << r.status << ": " << r.what;
   EXPECT_TRUE(contains(r.what, f.string()) && contains(r.what, std::strerror(EFBIG))) << r.what;
-  EXPECT_EQ(slurp(f), good);
+  EXPECT_EQ(read_file(f), good);
   EXPECT_EQ(names_in(d), std::set<std::string>{"snap.pickle"});
 }
 
@@ -263,7 +257,7 @@ TEST(AtomicFile, StaleTemporaryFilesAreRemovedAtTheNextWrite) {
   base::write_file_atomic(f.string(), pattern(1000, 'v'), "test");
   EXPECT_EQ(names_in(d), (std::set<std::string>{"w.safetensors", "w.safetensors.tmpToolong1",
                                                 "other.bin.tmpAb12Cd"}));
-  EXPECT_EQ(slurp(f), pattern(1000, 'v'));
+  EXPECT_EQ(read_file(f), pattern(1000, 'v'));
 }
 
 // A writer process in the middle of its write keeps its temporary file while another process
@@ -316,7 +310,7 @@ TEST(AtomicFile, KilledWritersTemporaryFileGoesAtTheNextWrite) {
   base::write_file_atomic(f.string(), pattern(100, 'b'), "test");
   EXPECT_TRUE(temps().empty());
   EXPECT_EQ(names_in(d), std::set<std::string>{"big.bin"});
-  EXPECT_EQ(slurp(f), pattern(100, 'b'));
+  EXPECT_EQ(read_file(f), pattern(100, 'b'));
 }
 
 // The check before a run of a target written in place: /dev/full fails when written (issue 54:

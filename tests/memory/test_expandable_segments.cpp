@@ -1,7 +1,7 @@
 // expandable_segments:True (PyTorch's Note [Expandable Segments]) without a GPU: the CPU
 // provider's segments reserve addresses with mmap(PROT_NONE) and map 2 MiB / 20 MiB pages with
 // mprotect, so the growing-segment policy runs here exactly as on CUDA (the driver path is in
-// test_cuda_allocator.cpp). The fake device checks the page bookkeeping and fails on demand;
+// test_allocator_cuda.cpp). The fake device checks the page bookkeeping and fails on demand;
 // the meta device predicts what the CPU does.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -17,11 +17,13 @@
 #include "memory/fake_provider.h"
 #include "memory/invariants.h"
 #include "memory/meta.h"
+#include "testing/files.h"
 
 namespace tally::memory {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace tally::testing;
 
 constexpr const char* kExpandable = "expandable_segments:True";
 
@@ -339,6 +341,15 @@ TEST(ExpandableSegments, OomRetryUnmapsFreePagesForAnotherPool) {
   EXPECT_EQ(alloc->memory_reserved(), 0u);
 }
 
+// Empties the cache and checks that nothing is left: no reserved byte, segment or page.
+void expect_all_given_back(CachingAllocator& alloc, const testing::FakeProvider& dev) {
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.memory_reserved(), 0u);
+  EXPECT_EQ(dev.live_expandable, 0);
+  EXPECT_EQ(dev.live_segments(), 0u);
+  EXPECT_EQ(dev.used(), 0u);
+}
+
 TEST(ExpandableSegments, StreamsGetSegmentsOfTheirOwn) {
   auto fake = std::make_unique<testing::FakeProvider>(size_t{1} << 32);
   testing::FakeProvider* dev = fake.get();
@@ -360,10 +371,7 @@ TEST(ExpandableSegments, StreamsGetSegmentsOfTheirOwn) {
   testing::expect_consistent(alloc);
   dev->events_complete = true;
   for (void* p : {b, c, e}) alloc.deallocate(p);
-  alloc.empty_cache();
-  EXPECT_EQ(alloc.memory_reserved(), 0u);
-  EXPECT_EQ(dev->live_expandable, 0);
-  EXPECT_EQ(dev->used(), 0u);
+  expect_all_given_back(alloc, *dev);
 }
 
 TEST(ExpandableSegments, MaxSplitSizeDoesNotKeepTheirBlocksWhole) {
@@ -428,10 +436,7 @@ TEST(ExpandableSegments, ProviderFailuresLeaveTheAllocatorUsable) {
   alloc.empty_cache();
   EXPECT_EQ(alloc.memory_reserved(), 20 * kMiB);
   alloc.deallocate(a);
-  alloc.empty_cache();
-  EXPECT_EQ(alloc.memory_reserved(), 0u);
-  EXPECT_EQ(dev->live_expandable, 0);
-  EXPECT_EQ(dev->used(), 0u);
+  expect_all_given_back(alloc, *dev);
   testing::expect_consistent(alloc);
 }
 
@@ -486,10 +491,7 @@ TEST(ExpandableSegments, TurnedOffLater) {
   testing::expect_consistent(alloc);
   alloc.deallocate(b);
   alloc.deallocate(c);
-  alloc.empty_cache();
-  EXPECT_EQ(alloc.memory_reserved(), 0u);
-  EXPECT_EQ(dev->live_expandable, 0);
-  EXPECT_EQ(dev->live_segments(), 0u);
+  expect_all_given_back(alloc, *dev);
 }
 
 // Random work on real memory: every block is written at both ends and checked when freed,
@@ -586,21 +588,6 @@ INSTANTIATE_TEST_SUITE_P(Configs, ExpandableMeta,
 
 // ---- snapshots: what PyTorch writes for expandable segments, read back by Python
 
-fs::path temp_file(const std::string& stem) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return fs::temp_directory_path() / (stem + "_" + info->name() + "_" + std::to_string(::getpid()));
-}
-
-std::string run(const std::string& cmd, int* status) {
-  const fs::path out = temp_file("tally_cmd_out");
-  *status = std::system((cmd + " > " + out.string() + " 2>&1").c_str());
-  std::ifstream in(out);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  fs::remove(out);
-  return ss.str();
-}
-
 TEST(ExpandableSegments, SnapshotMarksThemAndPythonReadsIt) {
   auto alloc = cpu_allocator(size_t{1} << 30);
   alloc->record_memory_history(true, 100000);
@@ -640,21 +627,15 @@ TEST(ExpandableSegments, SnapshotMarksThemAndPythonReadsIt) {
       "  if e['action'] in ('segment_map','segment_unmap'):\n"
       "    assert e['category']=='unknown' and e['size']>0 and e['size']%(2<<20)==0, e\n"
       "print(len(segs))\n";
-  const fs::path script = temp_file("tally_expandable_check") += ".py";
-  std::ofstream(script) << py;
-  int status = 0;
-  std::string out =
-      run(std::string(TALLY_PYTHON) + " " + script.string() + " " + file.string(), &status);
-  EXPECT_EQ(status, 0) << out;
-  EXPECT_EQ(out, std::to_string(runs) + "\n");
+  EXPECT_EQ(run_python(py, file.string()), std::to_string(runs) + "\n");
   // The format checker (docs/memory-formats.md) replays the trace, segment_map and
   // segment_unmap included, as the viewer's Allocator State History does.
-  out =
+  int status = 0;
+  const std::string out =
       run(std::string(TALLY_PYTHON) + " " + TALLY_SOURCE_DIR + "/tests/memory/check_snapshot.py " +
               file.string() + " --expect-live " + std::to_string(live.size()),
           &status);
   EXPECT_EQ(status, 0) << out;
-  fs::remove(script);
   fs::remove(file);
   for (void* p : live) alloc->deallocate(p);
 }

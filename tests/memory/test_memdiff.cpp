@@ -22,6 +22,7 @@
 #include "nn/container.h"
 #include "nn/layers.h"
 #include "tensor/ops.h"
+#include "testing/files.h"
 
 namespace tally::memory {
 using namespace tally::inspect;
@@ -29,25 +30,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using namespace tally::testing;
+
 fs::path temp_file(const std::string& stem) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return fs::temp_directory_path() /
-         (stem + "_" + info->name() + "_" + std::to_string(::getpid()) + ".pickle");
-}
-
-std::string fixture(const std::string& name) {
-  return std::string(TALLY_SOURCE_DIR) + "/tests/memory/fixtures/" + name;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool contains(const std::string& s, std::string_view part) {
-  return s.find(part) != std::string::npos;
+  return tally::testing::temp_file(stem, ".pickle");
 }
 
 // A "training step" on a fake device with known sizes. B doubles layer1's activation and adds a
@@ -194,7 +180,7 @@ TEST(MemDiff, TallySnapshotsKnownDeltas) {
   EXPECT_TRUE(contains(json, "\"name\": \"layer1\", \"a_bytes\": 4096, \"b_bytes\": 8192")) << json;
   const fs::path html = temp_file("diff") += ".html";
   write_snapshot_diff_html(html.string(), d);
-  const std::string page = read_text(html);
+  const std::string page = read_file(html);
   EXPECT_TRUE(contains(page, "<svg id=\"chart\"")) << page.substr(0, 200);
   EXPECT_TRUE(contains(page, "data-rendered"));
   EXPECT_FALSE(contains(page, "http")) << "the page must not reference the network";
@@ -202,7 +188,7 @@ TEST(MemDiff, TallySnapshotsKnownDeltas) {
   SnapshotDiff odd = d;
   odd.a.path = "a</script><script>alert(1)</script>.pickle";
   write_snapshot_diff_html(html.string(), odd);
-  const std::string odd_page = read_text(html);
+  const std::string odd_page = read_file(html);
   EXPECT_FALSE(contains(odd_page, "alert(1)</script>"));
   EXPECT_TRUE(contains(odd_page, "a\\u003c/script\\u003e"));
 }
@@ -363,6 +349,23 @@ fs::path write_pickle(const fs::path& p, const std::function<void(PickleWriter&)
   return p;
 }
 
+// {'segments': [], 'device_traces': [[<entries>]]}: one device's trace, no segments.
+fs::path write_trace(const fs::path& p, const std::function<void(PickleWriter&)>& entries) {
+  return write_pickle(p, [&](PickleWriter& w) {
+    w.begin_dict();
+    w.key("segments");
+    w.begin_list();
+    w.end_list();
+    w.key("device_traces");
+    w.begin_list();
+    w.begin_list();
+    entries(w);
+    w.end_list();
+    w.end_list();
+    w.end_dict();
+  });
+}
+
 TEST(MemDiff, ForeignAndBrokenFilesAreNamed) {
   const fs::path an_int = write_pickle(temp_file("int"), [](PickleWriter& w) { w.integer(5); });
   EXPECT_EQ(error_of([&] { read_snapshot_summary(an_int.string()); }),
@@ -383,30 +386,12 @@ TEST(MemDiff, ForeignAndBrokenFilesAreNamed) {
                 ": not a memory snapshot: the dict has no 'segments' (its keys: "
                 "'device_traces', 'blocks')");
   // A snapshot taken without history.
-  const fs::path empty = write_pickle(temp_file("empty"), [](PickleWriter& w) {
-    w.begin_dict();
-    w.key("segments");
-    w.begin_list();
-    w.end_list();
-    w.key("device_traces");
-    w.begin_list();
-    w.begin_list();
-    w.end_list();
-    w.end_list();
-    w.end_dict();
-  });
+  const fs::path empty = write_trace(temp_file("empty"), [](PickleWriter&) {});
   EXPECT_TRUE(contains(error_of([&] { read_snapshot_summary(empty.string()); }),
                        empty.string() + ": no allocation history"));
   // An entry without its address, and one with a negative size.
   auto entry_file = [&](const char* name, bool with_addr, int64_t size) {
-    return write_pickle(temp_file(name), [&](PickleWriter& w) {
-      w.begin_dict();
-      w.key("segments");
-      w.begin_list();
-      w.end_list();
-      w.key("device_traces");
-      w.begin_list();
-      w.begin_list();
+    return write_trace(temp_file(name), [&](PickleWriter& w) {
       w.begin_dict();
       w.key("action");
       w.string("alloc");
@@ -416,9 +401,6 @@ TEST(MemDiff, ForeignAndBrokenFilesAreNamed) {
       }
       w.key("size");
       w.integer(size);
-      w.end_dict();
-      w.end_list();
-      w.end_list();
       w.end_dict();
     });
   };
@@ -430,7 +412,7 @@ TEST(MemDiff, ForeignAndBrokenFilesAreNamed) {
             negative.string() + ": device_traces[0][0] ('alloc'): 'size' is negative (-5)");
   // Truncated: the unpickler's error, naming the file and the byte.
   const fs::path whole = tally_run(false, temp_file("whole"));
-  const std::string bytes = read_text(whole);
+  const std::string bytes = read_file(whole);
   const fs::path cut = temp_file("cut");
   std::ofstream(cut, std::ios::binary).write(bytes.data(), 300);
   const std::string msg = error_of([&] { read_snapshot_summary(cut.string()); });

@@ -17,6 +17,7 @@
 
 #include "memory/pickle.h"
 #include "memory/snapshot.h"
+#include "testing/files.h"
 
 #ifndef TALLY_SOURCE_DIR
 #error "define TALLY_SOURCE_DIR as the repository root (tests/memory/*.py live there)"
@@ -69,15 +70,7 @@ bool have_python() {
   return ok;
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary);
-  out << text;
-}
+using namespace tally::testing;
 
 class TempDir {
  public:

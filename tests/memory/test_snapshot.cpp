@@ -13,26 +13,13 @@
 #include "memory/caching_allocator.h"
 #include "memory/cpu_provider.h"
 #include "memory/fake_provider.h"
+#include "testing/files.h"
 
 namespace tally::memory {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A per-test, per-process file name (ctest runs tests in parallel).
-fs::path temp_file(const std::string& stem) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return fs::temp_directory_path() / (stem + "_" + info->name() + "_" + std::to_string(::getpid()));
-}
-
-std::string run(const std::string& cmd, int* status) {
-  const fs::path out = temp_file("tally_cmd_out");
-  *status = std::system((cmd + " > " + out.string() + " 2>&1").c_str());
-  std::ifstream in(out);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using namespace tally::testing;
 
 // One line per block, from the C++ side.
 std::string canonical(const SnapshotData& s) {
@@ -57,13 +44,7 @@ std::string canonical_from_python(const fs::path& file) {
       "  print('segment',s['address'],s['total_size'],s['allocated_size'],s['segment_type'])\n"
       "  for b in s['blocks']:\n"
       "    print('  block',b['address'],b['size'],b['state'])\n";
-  const fs::path script = temp_file("tally_canonical") += ".py";
-  std::ofstream(script) << py;
-  int status = 0;
-  std::string out =
-      run(std::string(TALLY_PYTHON) + " " + script.string() + " " + file.string(), &status);
-  EXPECT_EQ(status, 0) << out;
-  return out;
+  return run_python(py, file.string());
 }
 
 std::string checker() {

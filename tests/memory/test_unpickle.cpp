@@ -16,6 +16,7 @@
 
 #include "inspect/unpickle.h"
 #include "memory/pickle.h"
+#include "testing/files.h"
 
 namespace tally::memory {
 using namespace tally::inspect;
@@ -23,32 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path temp_file(const std::string& stem) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return fs::temp_directory_path() / (stem + "_" + info->name() + "_" + std::to_string(::getpid()));
-}
-
-std::string fixture(const std::string& name) {
-  return std::string(TALLY_SOURCE_DIR) + "/tests/memory/fixtures/" + name;
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_bytes(const fs::path& p, std::string_view bytes) {
-  std::ofstream(p, std::ios::binary)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::string run(const std::string& cmd, int* status) {
-  const fs::path out = temp_file("tally_unpickle_cmd");
-  *status = std::system((cmd + " > " + out.string() + " 2>&1").c_str());
-  return read_bytes(out);
-}
+using namespace tally::testing;
 
 std::string hex(std::string_view s) {
   static const char* d = "0123456789abcdef";
@@ -114,13 +90,7 @@ sys.stdout.write(c(pickle.load(open(sys.argv[1], "rb"))))
 
 // Python's canonical text of the pickle in `file`.
 std::string python_canonical(const fs::path& file) {
-  const fs::path script = temp_file("tally_unpickle_canonical") += ".py";
-  std::ofstream(script) << kPythonCanonical;
-  int status = 0;
-  const std::string out =
-      run(std::string(TALLY_PYTHON) + " " + script.string() + " " + file.string(), &status);
-  EXPECT_EQ(status, 0) << out;
-  return out;
+  return run_python(kPythonCanonical, file.string());
 }
 
 UnpickleError error_of(std::string_view bytes, std::string_view name = "<buffer>") {
@@ -131,10 +101,6 @@ UnpickleError error_of(std::string_view bytes, std::string_view name = "<buffer>
   }
   ADD_FAILURE() << "no error for " << hex(bytes);
   return UnpickleError("", 0);
-}
-
-bool contains(const std::string& s, std::string_view part) {
-  return s.find(part) != std::string::npos;
 }
 
 // ---- Tally's writer
@@ -237,7 +203,7 @@ TEST(Unpickle, ReadsWhatTallysWriterWrites) {
   EXPECT_EQ(v.height(), 3);  // dict > list > list
   // Python reads the same thing.
   const fs::path p = temp_file("tally_unpickle_writer") += ".pickle";
-  write_bytes(p, tally_pickle());
+  write_file(p, tally_pickle());
   EXPECT_EQ(python_canonical(p), canonical(v));
 }
 
@@ -257,16 +223,11 @@ if p >= 3:
     obj["bytes"] = [b"by", b"", b"x" * 300]
 pickle.dump(obj, open(sys.argv[1], "wb"), protocol=p)
 )PY";
-  const fs::path script = temp_file("tally_unpickle_make") += ".py";
-  std::ofstream(script) << make;
   for (int proto = 2; proto <= 5; ++proto) {
     SCOPED_TRACE("protocol " + std::to_string(proto));
     const fs::path p = temp_file("tally_unpickle_p" + std::to_string(proto)) += ".pickle";
-    int status = 0;
-    const std::string out = run(std::string(TALLY_PYTHON) + " " + script.string() + " " +
-                                    p.string() + " " + std::to_string(proto),
-                                &status);
-    ASSERT_EQ(status, 0) << out;
+    run_python(make, p.string() + " " + std::to_string(proto));
+    ASSERT_FALSE(::testing::Test::HasFailure());
     const PickleValue v = unpickle_file(p.string());
     EXPECT_EQ(canonical(v), python_canonical(p));
     EXPECT_EQ(v.as_dict().find("bigdict")->as_dict().find("39")->as_int(), 39);
@@ -291,7 +252,7 @@ TEST(Unpickle, ReadsPyTorchSnapshotsAsPythonDoes) {
 // ---- errors
 
 TEST(Unpickle, TruncatedInputNamesTheOffsetAndOpcode) {
-  const std::string full = read_bytes(fixture("torch211-snapshot-pending-free.pickle"));
+  const std::string full = read_file(fixture("torch211-snapshot-pending-free.pickle"));
   for (size_t cut : {size_t{1}, size_t{2}, size_t{11}, size_t{12}, size_t{100}, full.size() / 2,
                      full.size() - 2, full.size() - 1}) {
     SCOPED_TRACE(cut);
@@ -318,9 +279,9 @@ TEST(Unpickle, TruncatedInputNamesTheOffsetAndOpcode) {
 }
 
 TEST(Unpickle, TruncatedFileNamesTheFile) {
-  const std::string full = read_bytes(fixture("torch211-snapshot-expandable.pickle"));
+  const std::string full = read_file(fixture("torch211-snapshot-expandable.pickle"));
   const fs::path p = temp_file("tally_unpickle_truncated") += ".pickle";
-  write_bytes(p, std::string_view(full).substr(0, 5000));
+  write_file(p, std::string_view(full).substr(0, 5000));
   try {
     unpickle_file(p.string());
     FAIL();

@@ -1,6 +1,6 @@
 // Out of memory on the CPU under a memory fraction: the oom_snapshot post-mortem is written
 // with history off and named by the error, and the same process then trains a smaller batch
-// (tests/memory/oom_recovery.h; the CUDA twin is in tests/memory/test_cuda_allocator.cpp).
+// (tests/memory/oom_recovery.h; the CUDA twin is in tests/memory/test_allocator_cuda.cpp).
 #include <gtest/gtest.h>
 
 #include "memory/oom_recovery.h"

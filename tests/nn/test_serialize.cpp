@@ -17,7 +17,7 @@
 
 using namespace tally;
 using namespace tally::nn;
-using tally::testing::contains;
+using namespace tally::testing;
 namespace fs = std::filesystem;
 
 namespace {
@@ -25,14 +25,6 @@ fs::path temp_dir() {
   fs::path d = fs::temp_directory_path() / ("tally_nn_" + std::to_string(::getpid()));
   fs::create_directories(d);
   return d;
-}
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-void spit(const fs::path& p, const std::string& s) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << s;
 }
 std::string load_error(const fs::path& p) {
   return tally::testing::error_of<std::runtime_error>([&] { load_safetensors(p.string()); });
@@ -63,7 +55,7 @@ TEST(Safetensors, StateDictRoundTrip) {
   Tensor x = ops::randn({2, 1, 28, 28});
   EXPECT_EQ((*a)(x).tolist(), (*b)(x).tolist());
   // The data section starts 8-byte aligned.
-  const std::string raw = slurp(file);
+  const std::string raw = read_file(file);
   uint64_t n;
   std::memcpy(&n, raw.data(), 8);
   EXPECT_EQ(n % 8, 0u);
@@ -124,16 +116,16 @@ TEST(Safetensors, CorruptFilesNameFileAndOffset) {
   const fs::path dir = temp_dir();
   const fs::path good = dir / "good.safetensors";
   save_safetensors(good.string(), {{"a", ops::ones({4})}, {"b", ops::ones({2, 2}, DType::int64)}});
-  const std::string raw = slurp(good);
+  const std::string raw = read_file(good);
   uint64_t n;
   std::memcpy(&n, raw.data(), 8);
 
   const fs::path p = dir / "bad.safetensors";
-  spit(p, raw.substr(0, 5));
+  write_file(p, raw.substr(0, 5));
   std::string e = load_error(p);
   EXPECT_TRUE(contains(e, p.string()) && contains(e, "shorter than the 8-byte")) << e;
 
-  spit(p, raw.substr(0, raw.size() - 3));
+  write_file(p, raw.substr(0, raw.size() - 3));
   e = load_error(p);
   EXPECT_TRUE(contains(e, p.string()) && contains(e, "tensor 'b'") && contains(e, "truncated"))
       << e;
@@ -141,20 +133,20 @@ TEST(Safetensors, CorruptFilesNameFileAndOffset) {
   std::string big = raw;
   const uint64_t huge = 1ull << 40;
   std::memcpy(big.data(), &huge, 8);
-  spit(p, big);
+  write_file(p, big);
   e = load_error(p);
   EXPECT_TRUE(contains(e, "header length") && contains(e, "at byte 0")) << e;
 
   std::string garbled = raw;
   garbled[8 + 5] = '#';
-  spit(p, garbled);
+  write_file(p, garbled);
   e = load_error(p);
   EXPECT_TRUE(contains(e, "corrupt header at byte 13")) << e;
 
   std::string wrong_dtype = raw;
   const size_t pos = wrong_dtype.find("\"F32\"");
   wrong_dtype.replace(pos, 5, "\"Q32\"");
-  spit(p, wrong_dtype);
+  write_file(p, wrong_dtype);
   e = load_error(p);
   EXPECT_TRUE(contains(e, "unsupported dtype 'Q32'") && contains(e, "byte " + std::to_string(pos)))
       << e;
@@ -162,7 +154,7 @@ TEST(Safetensors, CorruptFilesNameFileAndOffset) {
   std::string wrong_shape = raw;
   const size_t sp = wrong_shape.find("[4]");
   wrong_shape.replace(sp, 3, "[5]");
-  spit(p, wrong_shape);
+  write_file(p, wrong_shape);
   e = load_error(p);
   EXPECT_TRUE(contains(e, "tensor 'a'") && contains(e, "need 20")) << e;
 
@@ -179,7 +171,7 @@ TEST(Safetensors, SaveCutShortKeepsPreviousFile) {
   const fs::path file = dir / "w.safetensors";
   const Tensor good = ops::randn({1000});
   save_safetensors(file.string(), {{"w", good}});
-  const std::string before = slurp(file);
+  const std::string before = read_file(file);
 
   const tally::testing::LimitedRun r = tally::testing::run_with_file_size_limit(64 * 1024, [&] {
     save_safetensors(file.string(), {{"w", ops::randn({200000})}});
@@ -188,7 +180,7 @@ TEST(Safetensors, SaveCutShortKeepsPreviousFile) {
   EXPECT_TRUE(contains(r.what, "save_safetensors: cannot write '" + file.string() + "'")) << r.what;
   EXPECT_TRUE(contains(r.what, std::strerror(EFBIG))) << r.what;
 
-  EXPECT_EQ(slurp(file), before);
+  EXPECT_EQ(read_file(file), before);
   const NamedTensors loaded = load_safetensors(file.string());
   ASSERT_EQ(loaded.size(), 1u);
   EXPECT_EQ(loaded[0].second.tolist(), good.tolist());
@@ -214,7 +206,7 @@ TEST(Safetensors, OverflowingShapesAreCorruptHeaders) {
   const fs::path p = temp_dir() / "overflow.safetensors";
   const std::string h1 =
       R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})";
-  spit(p, st_file(h1));
+  write_file(p, st_file(h1));
   std::string e = load_error(p);
   const std::string at = "corrupt header at byte " + std::to_string(8 + h1.find("[4294967296"));
   EXPECT_TRUE(contains(e, p.string()) && contains(e, at) && contains(e, "tensor 'w'") &&
@@ -223,7 +215,7 @@ TEST(Safetensors, OverflowingShapesAreCorruptHeaders) {
   // Elements fit in 63 bits, bytes do not: [2^31, 2^31] of int32 is 2^64 bytes.
   const std::string h2 =
       R"({"__metadata__":{"k":"v"},"i":{"dtype":"I32","shape":[2147483648,2147483648],"data_offsets":[0,0]}})";
-  spit(p, st_file(h2));
+  write_file(p, st_file(h2));
   e = load_error(p);
   EXPECT_TRUE(contains(e, p.string()) &&
               contains(e, "at byte " + std::to_string(8 + h2.find("[2147483648"))) &&
@@ -232,7 +224,7 @@ TEST(Safetensors, OverflowingShapesAreCorruptHeaders) {
   // Three dimensions that each pass the 9e15 limit on one number but multiply past 2^64.
   const std::string h3 =
       R"({"z":{"dtype":"BOOL","shape":[3000000,3000000,3000000,0],"data_offsets":[0,0]}})";
-  spit(p, st_file(h3));
+  write_file(p, st_file(h3));
   e = load_error(p);
   EXPECT_TRUE(contains(e, "at byte " + std::to_string(8 + h3.find("[3000000"))) &&
               contains(e, "tensor 'z'"))
@@ -244,7 +236,7 @@ TEST(Safetensors, OverflowingShapesAreCorruptHeaders) {
 TEST(Safetensors, HugeShapesAreCheckedAgainstOffsetsAndFileSize) {
   const fs::path p = temp_dir() / "huge.safetensors";
   const std::string h1 = R"({"w":{"dtype":"F32","shape":[1000000,1000000],"data_offsets":[0,16]}})";
-  spit(p, st_file(h1, std::string(16, '\0')));
+  write_file(p, st_file(h1, std::string(16, '\0')));
   std::string e = load_error(p);
   EXPECT_TRUE(contains(e, p.string()) &&
               contains(e, "at byte " + std::to_string(8 + h1.find("\"data_offsets\"") + 15)) &&
@@ -253,14 +245,14 @@ TEST(Safetensors, HugeShapesAreCheckedAgainstOffsetsAndFileSize) {
       << e;
   const std::string h2 =
       R"({"w":{"dtype":"F32","shape":[1000000,1000000],"data_offsets":[0,4000000000000]}})";
-  spit(p, st_file(h2, std::string(16, '\0')));
+  write_file(p, st_file(h2, std::string(16, '\0')));
   e = load_error(p);
   EXPECT_TRUE(contains(e, p.string()) && contains(e, "corrupt file at byte") &&
               contains(e, "ends at data byte 4000000000000") && contains(e, "only 16 data bytes"))
       << e;
   // A valid file of a 0-element tensor with a large other dimension still loads.
   const std::string h3 = R"({"e":{"dtype":"F32","shape":[0,1000000],"data_offsets":[0,0]}})";
-  spit(p, st_file(h3));
+  write_file(p, st_file(h3));
   const NamedTensors t = load_safetensors(p.string());
   ASSERT_EQ(t.size(), 1u);
   EXPECT_EQ(t[0].second.sizes(), (Shape{0, 1000000}));
@@ -273,7 +265,7 @@ TEST(Safetensors, HeaderBytes) {
   save_safetensors(p.string(),
                    {{"w", ops::ones({2, 3})}, {"a\"b\xc3\xa9", ops::ones({0}, DType::int64)}},
                    {{"format", "pt"}});
-  const std::string raw = slurp(p);
+  const std::string raw = read_file(p);
   uint64_t n;
   std::memcpy(&n, raw.data(), 8);
   EXPECT_EQ((8 + n) % 8, 0u);
@@ -324,7 +316,7 @@ TEST(Safetensors, EqualOffsetsLoadInFileOrder) {
 TEST(Safetensors, HeaderErrorsNameFileTensorAndOffset) {
   const fs::path p = temp_dir() / "header.safetensors";
   auto error = [&](const std::string& header, const std::string& data = "") {
-    spit(p, st_file(header, data));
+    write_file(p, st_file(header, data));
     return load_error(p);
   };
   // `part` at the byte offset of `at` in `header` (the file's offset: 8 + the index).
@@ -343,8 +335,8 @@ TEST(Safetensors, HeaderErrorsNameFileTensorAndOffset) {
   h = R"({"a\q":1})";
   expect(error(h), {at(h, "q"), "invalid string"});
   h = R"({"w":{"dtype":"F32")";  // cut short: the parser stops at the end of the header
-  spit(p, st_file(h));
-  expect(load_error(p), {"corrupt header at byte " + std::to_string(slurp(p).size()) + ":",
+  write_file(p, st_file(h));
+  expect(load_error(p), {"corrupt header at byte " + std::to_string(read_file(p).size()) + ":",
                          "unexpected end of input"});
   h = "{" + w + "} x";
   expect(error(h, std::string(4, '\0')), {at(h, "x"), "syntax error"});
@@ -407,7 +399,7 @@ TEST(Safetensors, HeaderErrorsNameFileTensorAndOffset) {
 TEST(Safetensors, NumberOverflowNamesFileTensorAndOffset) {
   const fs::path p = temp_dir() / "overflow_number.safetensors";
   const std::string h = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 1e400]}})";
-  spit(p, st_file(h, std::string(4, '\0')));
+  write_file(p, st_file(h, std::string(4, '\0')));
   const std::string e = load_error(p);
   EXPECT_TRUE(contains(e, "load_safetensors: " + p.string() + ": ")) << e;
   EXPECT_TRUE(contains(e, "corrupt header at byte " + std::to_string(8 + h.find("1e400")) + ":"))
@@ -415,7 +407,7 @@ TEST(Safetensors, NumberOverflowNamesFileTensorAndOffset) {
   EXPECT_TRUE(contains(e, "tensor 'w': number overflow parsing '1e400'")) << e;
   EXPECT_FALSE(contains(e, "json.exception")) << e;
   const std::string m = R"({"__metadata__": {"k": "v"}, "x": -1e999})";
-  spit(p, st_file(m));
+  write_file(p, st_file(m));
   const std::string e2 = load_error(p);
   EXPECT_TRUE(contains(e2, "corrupt header at byte " + std::to_string(8 + m.find("-1e999")) + ":"))
       << e2;

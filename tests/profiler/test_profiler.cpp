@@ -30,6 +30,7 @@
 #include "profiler/profiler.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops.h"
+#include "testing/files.h"
 #include "tiny_cnn.h"
 
 namespace tally {
@@ -38,18 +39,12 @@ namespace {
 namespace fs = std::filesystem;
 using profiler::Profiler;
 using profiler::ProfilerOptions;
+using tally::testing::read_file;
 
 fs::path temp_dir() {
   fs::path d = fs::temp_directory_path() / fmt::format("tally_profiler_{}", ::getpid());
   fs::create_directories(d);
   return d;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
 }
 
 ProfilerOptions full_options() {
@@ -192,7 +187,7 @@ TEST(Profiler, ChromeTraceParsesAndNests) {
   const std::string cmd = fmt::format("{} {}/tests/profiler/check_trace.py {}", TALLY_PYTHON,
                                       TALLY_SOURCE_DIR, trace.string());
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  const std::string text = slurp(trace);
+  const std::string text = read_file(trace);
   EXPECT_NE(text.find("\"Input Dims\""), std::string::npos);
   EXPECT_NE(text.find("\"Stack\""), std::string::npos);
 }
@@ -409,7 +404,7 @@ TEST(Profiler, MemoryTimelineJsonRoundTripsAndSumsToAllocated) {
 
   const fs::path json = temp_dir() / "timeline.json";
   p.prof.export_memory_timeline(json.string());
-  const auto [times, rows] = read_timeline(slurp(json));
+  const auto [times, rows] = read_timeline(read_file(json));
   ASSERT_EQ(times, t.times_us);
   ASSERT_EQ(rows.size(), t.sizes.size());
   for (size_t i = 0; i < rows.size(); ++i)
@@ -427,7 +422,7 @@ TEST(Profiler, MemoryTimelineHtmlIsSelfContained) {
   Profiled p(2);
   const fs::path html = temp_dir() / "timeline.html";
   p.prof.export_memory_timeline(html.string());
-  const std::string text = slurp(html);
+  const std::string text = read_file(html);
   size_t svgs = 0;
   for (size_t i = text.find("<svg"); i != std::string::npos; i = text.find("<svg", i + 1)) ++svgs;
   EXPECT_EQ(svgs, 1u);
@@ -453,7 +448,7 @@ TEST(Profiler, MemoryTimelineHtmlRendersInHeadlessChromium) {
       "file://{} > {} 2>/dev/null",
       browser, (dir / "chromium-profile").string(), html.string(), dom.string());
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  const std::string out = slurp(dom);
+  const std::string out = read_file(dom);
   EXPECT_NE(out.find("data-rendered=\"1\""), std::string::npos) << out.substr(0, 2000);
   std::smatch m;
   ASSERT_TRUE(std::regex_search(out, m, std::regex("data-paths=\"([0-9]+)\"")));

@@ -17,6 +17,7 @@
 
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "testing/files.h"
 
 namespace tally::testing {
 
@@ -132,10 +133,6 @@ inline std::vector<double> iota_values(int64_t n, double start = 0) {
   std::vector<double> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = start + static_cast<double>(i);
   return v;
-}
-
-inline bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 // The message of the E that `f` throws, or "<no exception>" when it throws none.
