@@ -108,7 +108,7 @@ class Sampler:
         pass
 
     def __iter__(self):
-        raise NotImplementedError
+        raise NotImplementedError("Subclasses of Sampler should implement __iter__.")
 
 
 class SequentialSampler(Sampler):
@@ -148,25 +148,21 @@ class RandomSampler(Sampler):
     def num_samples(self):
         return len(self.data_source) if self._num_samples is None else self._num_samples
 
-    def __iter__(self):
+    def __iter__(self):  # lazy: a long epoch is drawn as it is read
         n = len(self.data_source)
         gen = self.generator
         if gen is None:
             gen = _C.Generator().manual_seed(_fresh_seed())
-        if self.replacement:
-            # PyTorch's chunks of 32 draws.
-            out = []
+        if self.replacement:  # PyTorch's chunks of 32 draws
             for start in range(0, self.num_samples, 32):
                 k = min(32, self.num_samples - start)
-                out.extend(int(i) for i in _C._randint_generator(0, n, k, gen).tolist())
-            return iter(out)
-        out = []
+                yield from (int(i) for i in _C._randint_generator(0, n, k, gen).tolist())
+            return
         for _ in range(self.num_samples // n):
-            out.extend(int(i) for i in _C.randperm(n, generator=gen).tolist())
+            yield from (int(i) for i in _C.randperm(n, generator=gen).tolist())
         rest = self.num_samples % n
         if rest:
-            out.extend(int(i) for i in _C.randperm(n, generator=gen).tolist()[:rest])
-        return iter(out)
+            yield from (int(i) for i in _C.randperm(n, generator=gen).tolist()[:rest])
 
     def __len__(self):
         return self.num_samples
