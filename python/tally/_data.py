@@ -208,6 +208,31 @@ def _as_tensor(array):
     return _C.tensor(_np.ascontiguousarray(array))
 
 
+def _rebuild_mapping(elem, values):
+    # `values` (a dict) in elem's mapping type where it can be rebuilt, else a dict (PyTorch's).
+    try:
+        if isinstance(elem, collections.abc.MutableMapping):
+            clone = copy.copy(elem)
+            clone.update(values)
+            return clone
+        return type(elem)(values)
+    except TypeError:
+        return values
+
+
+def _rebuild_sequence(elem, items):
+    # `items` (a list) in elem's sequence type where it can be rebuilt, else the list.
+    try:
+        if isinstance(elem, collections.abc.MutableSequence):
+            clone = copy.copy(elem)
+            for i, item in enumerate(items):
+                clone[i] = item
+            return clone
+        return type(elem)(items)
+    except TypeError:
+        return items
+
+
 def default_collate(batch):
     """torch.utils.data.default_collate: tensors and numpy arrays stacked along a new first
     dimension, Python floats to float64, ints to int64 and bools to bool tensors, strings kept
@@ -235,14 +260,8 @@ def default_collate(batch):
     if isinstance(elem, (str, bytes)):
         return batch
     if isinstance(elem, collections.abc.Mapping):
-        try:
-            if isinstance(elem, collections.abc.MutableMapping):
-                clone = copy.copy(elem)
-                clone.update({key: default_collate([d[key] for d in batch]) for key in elem})
-                return clone
-            return elem_type({key: default_collate([d[key] for d in batch]) for key in elem})
-        except TypeError:
-            return {key: default_collate([d[key] for d in batch]) for key in elem}
+        return _rebuild_mapping(elem, {key: default_collate([d[key] for d in batch])
+                                       for key in elem})
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple
         return elem_type(*(default_collate(samples) for samples in zip(*batch)))
     if isinstance(elem, collections.abc.Sequence):
@@ -251,17 +270,8 @@ def default_collate(batch):
         if not all(len(e) == elem_size for e in it):
             raise RuntimeError("each element in list of batch should be of equal size")
         transposed = list(zip(*batch))
-        if isinstance(elem, tuple):
-            return [default_collate(samples) for samples in transposed]
-        try:
-            if isinstance(elem, collections.abc.MutableSequence):
-                clone = copy.copy(elem)
-                for i, samples in enumerate(transposed):
-                    clone[i] = default_collate(samples)
-                return clone
-            return elem_type([default_collate(samples) for samples in transposed])
-        except TypeError:
-            return [default_collate(samples) for samples in transposed]
+        collated = [default_collate(samples) for samples in transposed]
+        return collated if isinstance(elem, tuple) else _rebuild_sequence(elem, collated)
     raise TypeError(_collate_err.format(elem_type))
 
 
@@ -277,28 +287,13 @@ def default_convert(data):
             return data
         return _as_tensor(data)
     if isinstance(data, collections.abc.Mapping):
-        try:
-            if isinstance(data, collections.abc.MutableMapping):
-                clone = copy.copy(data)
-                clone.update({key: default_convert(data[key]) for key in data})
-                return clone
-            return elem_type({key: default_convert(data[key]) for key in data})
-        except TypeError:
-            return {key: default_convert(data[key]) for key in data}
+        return _rebuild_mapping(data, {key: default_convert(data[key]) for key in data})
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return elem_type(*(default_convert(d) for d in data))
     if isinstance(data, tuple):
         return [default_convert(d) for d in data]
     if isinstance(data, collections.abc.Sequence) and not isinstance(data, (str, bytes)):
-        try:
-            if isinstance(data, collections.abc.MutableSequence):
-                clone = copy.copy(data)
-                for i, d in enumerate(data):
-                    clone[i] = default_convert(d)
-                return clone
-            return elem_type([default_convert(d) for d in data])
-        except TypeError:
-            return [default_convert(d) for d in data]
+        return _rebuild_sequence(data, [default_convert(d) for d in data])
     return data
 
 
