@@ -264,5 +264,69 @@ Tensor Tensor::lerp(const Tensor& end, const Tensor& weight) const {
 Tensor Tensor::lerp(const Tensor& end, double weight) const {
   return tally::lerp(*this, end, weight);
 }
+Tensor Tensor::gather(int64_t dim, const Tensor& index) const {
+  return tally::gather(*this, dim, index);
+}
+Tensor Tensor::scatter(int64_t dim, const Tensor& index, const Tensor& src) const {
+  return tally::scatter(*this, dim, index, src);
+}
+Tensor Tensor::scatter(int64_t dim, const Tensor& index, double value) const {
+  return tally::scatter(*this, dim, index, value);
+}
+Tensor Tensor::scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const {
+  return tally::scatter_add(*this, dim, index, src);
+}
+Tensor Tensor::index_select(int64_t dim, const Tensor& index) const {
+  return tally::index_select(*this, dim, index);
+}
+Tensor Tensor::index_add(int64_t dim, const Tensor& index, const Tensor& source,
+                         double alpha) const {
+  return tally::index_add(*this, dim, index, source, alpha);
+}
+Tensor Tensor::cumsum(int64_t dim) const {
+  return tally::cumsum(*this, dim);
+}
+ValuesIndices Tensor::sort(int64_t dim, bool descending) const {
+  return tally::sort(*this, dim, descending);
+}
+Tensor Tensor::argsort(int64_t dim, bool descending) const {
+  return tally::sort(*this, dim, descending).indices;
+}
+ValuesIndices Tensor::topk(int64_t k, int64_t dim, bool largest, bool sorted) const {
+  return tally::topk(*this, k, dim, largest, sorted);
+}
+Tensor Tensor::flip(const Shape& dims) const {
+  return tally::flip(*this, dims);
+}
+Tensor Tensor::roll(const Shape& shifts, const Shape& dims) const {
+  return tally::roll(*this, shifts, dims);
+}
+Tensor Tensor::masked_select(const Tensor& mask) const {
+  return tally::masked_select(*this, mask);
+}
+Tensor Tensor::masked_fill(const Tensor& mask, double value) const {
+  return tally::masked_fill(*this, mask, value);
+}
+Tensor Tensor::tril(int64_t diagonal) const {
+  return tally::tril(*this, diagonal);
+}
+Tensor Tensor::triu(int64_t diagonal) const {
+  return tally::triu(*this, diagonal);
+}
+Tensor Tensor::repeat(const Shape& sizes) const {
+  return tally::repeat(*this, sizes);
+}
+Tensor& Tensor::masked_fill_(const Tensor& mask, double value) {
+  ops::masked_fill_(*this, mask, value);
+  return *this;
+}
+Tensor& Tensor::masked_scatter_(const Tensor& mask, const Tensor& source) {
+  ops::masked_scatter_(*this, mask, source);
+  return *this;
+}
+Tensor& Tensor::scatter_add_(int64_t dim, const Tensor& index, const Tensor& src) {
+  ops::scatter_add_(*this, dim, index, src);
+  return *this;
+}
 
 }  // namespace tally

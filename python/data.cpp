@@ -66,6 +66,52 @@ class LoaderIterator {
 }  // namespace
 
 void bind_data(py::module_& m) {
+  // torch.Generator and torch.randperm: the shuffling DataLoader's (python/tally/_data.py).
+  py::class_<Generator>(m, "Generator",
+                        "torch.Generator: a Philox random generator of its own, seeded with "
+                        "manual_seed (the CPU's; the device argument is accepted for 'cpu')")
+      .def(py::init([](py::object device) {
+             if (!device.is_none() && to_device(device).type != DeviceType::cpu)
+               throw py::value_error(
+                   "Generator: only device='cpu' is supported (it seeds "
+                   "Tally's host-side shuffles and permutations)");
+             return std::make_unique<Generator>();
+           }),
+           py::arg("device") = py::none())
+      .def(
+          "manual_seed",
+          [](Generator& g, uint64_t seed) -> Generator& {
+            g.manual_seed(seed);
+            return g;
+          },
+          py::arg("seed"), py::return_value_policy::reference_internal)
+      .def("initial_seed", [](const Generator& g) { return g.state().seed; });
+  m.def(
+      "randperm",
+      [](int64_t n, Generator* generator, py::object dtype, py::object device) {
+        if (n < 0)
+          throw py::value_error("randperm: n must be non-negative, got " + std::to_string(n));
+        const std::vector<int64_t> perm =
+            data::randperm(n, generator ? *generator : default_generator());
+        const Tensor t = from_vector(
+            std::vector<double>(perm.begin(), perm.end()), {n},
+            TensorOptions{}.with_dtype(dtype.is_none() ? DType::int64 : to_dtype(dtype)));
+        return device.is_none() ? t : t.to(to_device(device));
+      },
+      py::arg("n"), py::kw_only(), py::arg("generator") = nullptr, py::arg("dtype") = py::none(),
+      py::arg("device") = py::none(),
+      "torch.randperm: a uniform random permutation of [0, n) drawn from `generator` (the "
+      "default generator when None)");
+
+  m.def(
+      "_randint_generator",
+      [](int64_t low, int64_t high, int64_t n, Generator* generator) {
+        return ops::randint(low, high, {n}, DType::int64, Device::cpu(),
+                            generator ? generator : &default_generator());
+      },
+      py::arg("low"), py::arg("high"), py::arg("n"), py::arg("generator").none(true),
+      "n int64 values uniform in [low, high) from `generator` (None: the default one)");
+
   py::module_ utils = m.attr("utils").cast<py::module_>();
   py::module_ d = utils.def_submodule(
       "data", "torch.utils.data: Tally's datasets and the DataLoader (a C++ worker thread)");

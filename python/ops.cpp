@@ -152,6 +152,83 @@ void bind_ops(py::module_& m, py::module_& F) {
   };
   m.def("sort", sort_fn, py::arg("input"), py::arg("dim") = -1, py::arg("descending") = false);
   cls.def("sort", sort_fn, py::arg("dim") = -1, py::arg("descending") = false);
+  // argsort: sort's indices (Tally's sort is stable, so `stable` changes nothing); msort: sort
+  // along dim 0's values.
+  auto argsort_fn = [](T x, int64_t dim, bool descending, bool /*stable*/) {
+    return sort(x, dim, descending).indices;
+  };
+  m.def("argsort", argsort_fn, py::arg("input"), py::arg("dim") = -1, py::arg("descending") = false,
+        py::kw_only(), py::arg("stable") = false);
+  cls.def("argsort", argsort_fn, py::arg("dim") = -1, py::arg("descending") = false, py::kw_only(),
+          py::arg("stable") = false);
+  auto msort_fn = [](T x) { return sort(x, 0).values; };
+  m.def("msort", msort_fn, py::arg("input"));
+  cls.def("msort", msort_fn);
+  // max / min along a dim as PyTorch's (values, indices) named tuple (they were plain tuples),
+  // argmax over every element when dim is None, and torch.max / torch.min / torch.argmax.
+  py::delattr(cls, "max");
+  py::delattr(cls, "min");
+  py::delattr(cls, "argmax");
+  auto max_fn = [](T x, py::object dim, bool keepdim) -> py::object {
+    if (dim.is_none()) return py::cast(max(x));
+    return values_indices(max(x, dim.cast<int64_t>(), keepdim), "max");
+  };
+  auto min_fn = [](T x, py::object dim, bool keepdim) -> py::object {
+    if (dim.is_none()) return py::cast(min(x));
+    return values_indices(min(x, dim.cast<int64_t>(), keepdim), "min");
+  };
+  auto argmax_fn = [](T x, py::object dim, bool keepdim) {
+    if (dim.is_none()) return max(x.reshape({-1}), 0, false).indices;
+    return max(x, dim.cast<int64_t>(), keepdim).indices;
+  };
+  cls.def("max", max_fn, py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  cls.def("min", min_fn, py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  cls.def("argmax", argmax_fn, py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  m.def("max", max_fn, py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  m.def("min", min_fn, py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  if (py::hasattr(m, "argmax")) py::delattr(m, "argmax");
+  m.def("argmax", argmax_fn, py::arg("input"), py::arg("dim") = py::none(),
+        py::arg("keepdim") = false);
+  // all / any: whether every (some) element is nonzero, over dim or everything; bool results.
+  auto nonzero_f32 = [](T x) {
+    return ne(x, ops::full({}, 0.0, x.dtype(), x.device())).to(DType::float32);
+  };
+  auto all_fn = [nonzero_f32](T x, py::object dim, bool keepdim) {
+    return amin(nonzero_f32(x), dims_list(dim), keepdim).to(DType::bool_);
+  };
+  auto any_fn = [nonzero_f32](T x, py::object dim, bool keepdim) {
+    return amax(nonzero_f32(x), dims_list(dim), keepdim).to(DType::bool_);
+  };
+  m.def("all", all_fn, py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  m.def("any", any_fn, py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  cls.def("all", all_fn, py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  cls.def("any", any_fn, py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  // torch.nonzero: the indices of the nonzero elements, [N, x.dim()] (as_tuple: one 1-D tensor
+  // per dim), row-major; each dim's coordinates read under the mask.
+  auto nonzero_fn = [](T x, bool as_tuple) -> py::object {
+    if (x.dim() == 0) throw py::value_error("nonzero: a 0-d input is not supported; reshape(1) it");
+    const Tensor mask = ne(x, ops::full({}, 0.0, x.dtype(), x.device()));
+    std::vector<Tensor> coords;
+    for (int64_t d = 0; d < x.dim(); ++d) {
+      Shape shape(static_cast<size_t>(x.dim()), 1);
+      shape[static_cast<size_t>(d)] = x.size(d);
+      const Tensor idx = arange(static_cast<double>(x.size(d)),
+                                TensorOptions{}.with_dtype(DType::int64).with_device(x.device()))
+                             .view(shape)
+                             .expand(x.sizes());
+      coords.push_back(ops::masked_select(idx, mask));
+    }
+    if (as_tuple) return py::tuple(py::cast(coords));
+    return py::cast(stack(coords, 1));
+  };
+  m.def("nonzero", nonzero_fn, py::arg("input"), py::kw_only(), py::arg("as_tuple") = false);
+  cls.def("nonzero", nonzero_fn, py::kw_only(), py::arg("as_tuple") = false);
+  // base ** x for a number base: pow(full(base), x), differentiable in x.
+  cls.def("__rpow__", [](T x, double base) {
+    return pow(
+        ops::full(x.sizes(), base, is_floating(x.dtype()) ? x.dtype() : DType::float32, x.device()),
+        x);
+  });
   auto topk_fn = [](T x, int64_t k, int64_t dim, bool largest, bool sorted) {
     return values_indices(topk(x, k, dim, largest, sorted), "topk");
   };
@@ -181,6 +258,19 @@ void bind_ops(py::module_& m, py::module_& F) {
     if (dims.size() == 1) return flip(x, ints_of(dims[0]));
     return flip(x, dims.cast<Shape>());
   });
+  // fliplr / flipud: flip over dim 1 / dim 0 (PyTorch's errors for too few dims).
+  auto fliplr_fn = [](T x) {
+    if (x.dim() < 2) throw py::value_error("fliplr: Input must be >= 2-d, got " + x.shape_string());
+    return flip(x, {1});
+  };
+  auto flipud_fn = [](T x) {
+    if (x.dim() < 1) throw py::value_error("flipud: Input must be >= 1-d, got " + x.shape_string());
+    return flip(x, {0});
+  };
+  m.def("fliplr", fliplr_fn, py::arg("input"));
+  m.def("flipud", flipud_fn, py::arg("input"));
+  cls.def("fliplr", fliplr_fn);
+  cls.def("flipud", flipud_fn);
   auto roll_fn = [](T x, py::object shifts, py::object dims) {
     return roll(x, ints_of(shifts), dims_list(dims));
   };

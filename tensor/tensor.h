@@ -64,6 +64,7 @@ struct TensorOptions {
 
 class Tensor;
 using TensorList = std::vector<Tensor>;
+struct ValuesIndices;  // tensor/reduce/ops.h: (values, indices) of sort, topk, max, ...
 
 struct TensorImpl {
   Storage storage;
@@ -173,6 +174,31 @@ class Tensor {
   Tensor erf() const;
   Tensor lerp(const Tensor& end, const Tensor& weight) const;
   Tensor lerp(const Tensor& end, double weight) const;
+  // The index and mask ops as torch.Tensor's methods, each the free function of
+  // tensor/index/autograd.h (tril, triu, repeat: tensor/compose; masked_fill: elementwise).
+  Tensor gather(int64_t dim, const Tensor& index) const;
+  Tensor scatter(int64_t dim, const Tensor& index, const Tensor& src) const;
+  Tensor scatter(int64_t dim, const Tensor& index, double value) const;
+  Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const;
+  Tensor index_select(int64_t dim, const Tensor& index) const;
+  Tensor index_add(int64_t dim, const Tensor& index, const Tensor& source,
+                   double alpha = 1.0) const;
+  Tensor cumsum(int64_t dim) const;
+  ValuesIndices sort(int64_t dim = -1, bool descending = false) const;
+  Tensor argsort(int64_t dim = -1, bool descending = false) const;  // sort's indices
+  ValuesIndices topk(int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true) const;
+  Tensor flip(const Shape& dims) const;
+  Tensor roll(const Shape& shifts, const Shape& dims = {}) const;
+  Tensor masked_select(const Tensor& mask) const;
+  Tensor masked_fill(const Tensor& mask, double value) const;
+  Tensor tril(int64_t diagonal = 0) const;
+  Tensor triu(int64_t diagonal = 0) const;
+  Tensor repeat(const Shape& sizes) const;
+  // In place and not recorded by autograd (ops::masked_fill_, masked_scatter_, scatter_add_);
+  // return this tensor, as PyTorch's.
+  Tensor& masked_fill_(const Tensor& mask, double value);
+  Tensor& masked_scatter_(const Tensor& mask, const Tensor& source);
+  Tensor& scatter_add_(int64_t dim, const Tensor& index, const Tensor& src);
 
  private:
   TensorImpl& impl() const;

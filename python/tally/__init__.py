@@ -30,6 +30,14 @@ for _name, _mod in (("nn", nn), ("nn.functional", nn.functional), ("nn.init", nn
                     ("autograd.graph", autograd.graph), ("nn.lora", nn.lora)):
     _sys.modules[__name__ + "." + _name] = _mod
 
+from . import _data  # noqa: E402
+
+# torch.utils.data over Python datasets (python/tally/_data.py); Tally's C++ datasets stay.
+for _name in ("Dataset", "TensorDataset", "ConcatDataset", "Subset", "Sampler",
+              "SequentialSampler", "RandomSampler", "BatchSampler", "default_collate",
+              "default_convert", "DataLoader"):
+    setattr(utils.data, _name, getattr(_data, _name))
+
 from ._grad import enable_grad, no_grad, set_grad_enabled  # noqa: E402,F401
 from ._nn import Parameter  # noqa: E402,F401
 from . import ab  # noqa: E402,F401

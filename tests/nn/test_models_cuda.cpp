@@ -1,14 +1,18 @@
 // nn on the GPU: Module::to(cuda) keeps the parameter handles and their `parameter` tag,
-// and one fp32 training step of resnet_tiny and gpt-tiny (plain and with the fused
-// classifier) on CUDA matches the CPU (loss and every gradient, norm-wise relative error), as
-// does linear_cross_entropy alone in float32 and bf16 autocast. Skips without a device.
+// and one fp32 training step of resnet_tiny, gpt-tiny (plain and with the fused
+// classifier) and the U-Net (tiny; and an fp16 autocast step is finite) on CUDA matches the CPU
+// (loss and every gradient, norm-wise relative error), as does linear_cross_entropy alone in
+// float32 and bf16 autocast. Skips without a device.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "autograd/autocast.h"
 #include "nn/models/gpt.h"
+#include "nn/models/registry.h"
 #include "nn/models/resnet.h"
+#include "nn/models/unet.h"
+#include "tensor/precision.h"
 #include "testing/cuda_testing.h"
 
 using namespace tally;
@@ -159,4 +163,45 @@ TEST(NNCuda, GpuAllocationsCarryModulePath) {
              memory::interned(e.tag.module) == "layer2.0.conv1";
   alloc.record_memory_history(false);
   EXPECT_TRUE(found);
+}
+
+namespace {
+data::Example on_device(const data::Example& b, Device d) {
+  return {ops::to(b.input, d, b.input.dtype()), ops::to(b.target, d, b.target.dtype())};
+}
+}  // namespace
+
+TEST(NNCuda, UNetTinyStepMatchesCpu) {
+  REQUIRE_GPU();
+  set_allow_tf32(false);
+  manual_seed(11);
+  const ModelEntry& e = model_entry("unet");
+  const ModelOptions o = resolve_options(e, {});
+  std::shared_ptr<Module> cpu = e.build(o), gpu = e.build(o);
+  gpu->load_state_dict(cpu->state_dict());
+  gpu->to(kGpu);
+  const data::Example b = e.synthetic_batch(o, 4, 0, 1);
+  compare_step(*cpu, *gpu, [&](Module& m, Device d) { return e.loss(m, on_device(b, d)); });
+  set_allow_tf32(true);
+}
+
+TEST(NNCuda, UNetFp16AutocastStepIsFinite) {
+  REQUIRE_GPU();
+  manual_seed(12);
+  const ModelEntry& e = model_entry("unet");
+  const ModelOptions o = resolve_options(e, {});
+  std::shared_ptr<Module> m = e.build(o);
+  m->to(kGpu);
+  const data::Example b = on_device(e.synthetic_batch(o, 4, 0, 2), kGpu);
+  Tensor loss;
+  {
+    AutocastGuard autocast(DeviceType::cuda, DType::float16);
+    loss = e.loss(*m, b);
+  }
+  EXPECT_TRUE(std::isfinite(loss.item()));
+  loss.backward();
+  for (const auto& [name, p] : m->named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_EQ(p.grad().dtype(), DType::float32) << name;
+  }
 }

@@ -197,6 +197,40 @@ TEST_P(Index, NormEinsum) {
 
 // ---------------------------------------------------------------- the CUDA kernels vs the CPU
 
+// The Tensor methods (tensor/tensor.h) give the free functions' results; the in-place ones
+// return the tensor itself.
+TEST_P(Index, TensorMethods) {
+  const Tensor x = f({3, 1, 2, 6, 5, 4}, {2, 3});
+  const Tensor idx = i64({2, 0, 1, 1}, {2, 2});
+  EXPECT_TRUE(values_near(x.gather(1, idx), {2, 3, 5, 5}));
+  EXPECT_TRUE(values_near(x.index_select(0, i64({1}, {1})), {6, 5, 4}));
+  EXPECT_TRUE(values_near(x.scatter(1, i64({0, 0}, {2, 1}), 0.0), {0, 1, 2, 0, 5, 4}));
+  EXPECT_TRUE(values_near(x.scatter_add(1, i64({0, 0}, {2, 1}), f({10, 20}, {2, 1})),
+                          {13, 1, 2, 26, 5, 4}));
+  EXPECT_TRUE(
+      values_near(x.index_add(1, i64({2}, {1}), f({1, 1}, {2, 1}), 2.0), {3, 1, 4, 6, 5, 6}));
+  EXPECT_TRUE(values_near(x.cumsum(1), {3, 4, 6, 6, 11, 15}));
+  const auto [v, i] = x.sort(1, true);
+  EXPECT_TRUE(values_near(v, {3, 2, 1, 6, 5, 4}));
+  EXPECT_TRUE(values_near(i, {0, 2, 1, 0, 1, 2}));
+  EXPECT_TRUE(values_near(x.argsort(1), {1, 2, 0, 2, 1, 0}));
+  EXPECT_TRUE(values_near(x.topk(1, 1).values, {3, 6}));
+  EXPECT_TRUE(values_near(x.flip({0}), {6, 5, 4, 3, 1, 2}));
+  EXPECT_TRUE(values_near(x.roll({1}, {1}), {2, 3, 1, 4, 6, 5}));
+  const Tensor mask =
+      put(from_vector({0, 0, 0, 1, 1, 1}, {2, 3}, TensorOptions{}.with_dtype(DType::bool_)));
+  EXPECT_TRUE(values_near(x.masked_select(mask), {6, 5, 4}));
+  EXPECT_TRUE(values_near(x.masked_fill(mask, -1.0), {3, 1, 2, -1, -1, -1}));
+  EXPECT_TRUE(values_near(x.tril(), {3, 0, 0, 6, 5, 0}));
+  EXPECT_TRUE(values_near(x.triu(1), {0, 1, 2, 0, 0, 4}));
+  EXPECT_EQ(x.repeat({2, 1}).sizes(), (Shape{4, 3}));
+  Tensor y = x.clone();
+  EXPECT_TRUE(y.masked_fill_(mask, 0.0).is_same(y));
+  EXPECT_TRUE(values_near(y, {3, 1, 2, 0, 0, 0}));
+  EXPECT_TRUE(
+      values_near(y.scatter_add_(1, i64({1, 1}, {2, 1}), f({1, 1}, {2, 1})), {3, 2, 2, 0, 1, 0}));
+}
+
 class IndexVsCpu : public VsCpu {};
 TALLY_VS_CPU(IndexVsCpu);
 
