@@ -79,9 +79,9 @@ struct CheckpointSpec {
   enum class Kind { none, blocks, segments, selective, modules };
   Kind kind = Kind::none;
   int segments = 0;
-  int blocks = 0;          // Kind::blocks: checkpoint only the first `blocks` (0: every block)
-  ModuleSelector modules;  // Kind::modules: which modules
-  bool selective = false;  // Kind::modules: keep what selective_policy() keeps
+  int blocks = 0;               // Kind::blocks: checkpoint only the first `blocks` (0: every block)
+  ModuleSelector modules = {};  // Kind::modules: which modules
+  bool selective = false;       // Kind::modules: keep what selective_policy() keeps
   std::string str() const;
 };
 // The module policy `check_fn` (FSDP's apply_activation_checkpointing(check_fn)) as a spec;

@@ -21,8 +21,8 @@ class Module;
 struct OffloadSpec {
   enum class Kind { none, activations, blocks, modules };
   Kind kind = Kind::none;
-  int blocks = 0;          // Kind::blocks
-  ModuleSelector modules;  // Kind::modules
+  int blocks = 0;               // Kind::blocks
+  ModuleSelector modules = {};  // Kind::modules
   std::string str() const;
   bool enabled() const { return kind != Kind::none; }
 };

@@ -35,7 +35,7 @@ struct PlanCandidate {
   int64_t classifier_chunk_bytes = 0;
   // The levers of the planner for any model (optim/plan_training.h); their defaults leave the
   // run as it is.
-  std::string optimizer;          // "adamw", "adamw8bit"; empty: the program's own
+  std::string optimizer = {};     // "adamw", "adamw8bit"; empty: the program's own
   bool step_in_backward = false;  // optim/step_in_backward.h
   int64_t micro_batches = 1;      // gradient accumulation: the batch in this many parts
   bool fused_classifier = false;  // the model's fused classifier (the factory reads it)
