@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 
@@ -67,24 +68,33 @@ ModuleSelector parse_module_selector(std::string_view spec, std::string_view fla
 }
 
 bool glob_match(std::string_view p, std::string_view s) {
-  if (p.empty()) return s.empty();
-  if (p.starts_with("**")) {
-    const std::string_view rest = p.substr(2);
-    for (size_t i = 0; i <= s.size(); ++i)
-      if (glob_match(rest, s.substr(i))) return true;
-    return false;
-  }
-  if (p[0] == '*') {
-    const std::string_view rest = p.substr(1);
-    for (size_t i = 0; i <= s.size(); ++i) {
-      if (glob_match(rest, s.substr(i))) return true;
-      if (i < s.size() && s[i] == '.') break;
+  // Dynamic programming over (pattern position, name position): linear in each, so a pattern
+  // of many stars costs no more than its length times the name's.
+  const size_t n = s.size();
+  std::vector<char> row(n + 1, 0), next(n + 1, 0);
+  row[0] = 1;  // the empty pattern matches the empty prefix
+  size_t i = 0;
+  while (i < p.size()) {
+    std::fill(next.begin(), next.end(), 0);
+    if (p.compare(i, 2, "**") == 0) {  // any run of characters, dots included
+      char any = 0;
+      for (size_t j = 0; j <= n; ++j) next[j] = any = static_cast<char>(any | row[j]);
+      i += 2;
+    } else if (p[i] == '*') {  // any run without a dot
+      char any = 0;
+      for (size_t j = 0; j <= n; ++j) {
+        if (j > 0 && s[j - 1] == '.') any = 0;
+        next[j] = any = static_cast<char>(any | row[j]);
+      }
+      ++i;
+    } else {
+      for (size_t j = 0; j < n; ++j)
+        if (row[j] && (p[i] == '?' ? s[j] != '.' : p[i] == s[j])) next[j + 1] = 1;
+      ++i;
     }
-    return false;
+    row.swap(next);
   }
-  if (s.empty()) return false;
-  if (p[0] == '?') return s[0] != '.' && glob_match(p.substr(1), s.substr(1));
-  return p[0] == s[0] && glob_match(p.substr(1), s.substr(1));
+  return row[n] != 0;
 }
 
 std::vector<std::pair<std::string, int>> repeated_module_types(Module& model) {
