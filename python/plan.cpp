@@ -57,20 +57,7 @@ void bind_plan(py::module_& mem) {
       .def_readonly("target", &nn::MemoryPlan::target)
       .def("report", &nn::MemoryPlan::report)
       .def("__str__", &nn::MemoryPlan::report)
-      .def("_repr_html_", [](const nn::MemoryPlan& p) {
-        std::string out = "<pre>";
-        for (const char c : p.report()) {
-          if (c == '<')
-            out += "&lt;";
-          else if (c == '>')
-            out += "&gt;";
-          else if (c == '&')
-            out += "&amp;";
-          else
-            out += c;
-        }
-        return out + "</pre>";
-      });
+      .def("__repr__", &nn::MemoryPlan::report);
   mem.def(
       "plan",
       [](py::object model, py::object loss_fn, std::vector<Tensor> batch, py::object budget,
