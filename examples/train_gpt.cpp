@@ -349,7 +349,15 @@ int main(int argc, char** argv) {
                fmt::format("loss {:.4f} | {:.0f} tok/s | {:.1f} ms/step | lr {:.2e}", w.loss, tok_s,
                            w.ms, opt->get_lr()));
       }
-      if (const std::optional<int> rc = tr.end_training()) return *rc;  // a dry run's report
+      // A dry run's report, its validation dry-run too (one batch, as validate() runs them).
+      const auto dry_eval = [&] {
+        NoGradGuard ng;
+        model->eval();
+        const data::Example b = batches.next(data::Split::val);
+        auto guard = tr.precision().autocast();
+        (void)(*model)(b.input, b.target);
+      };
+      if (const std::optional<int> rc = tr.end_training(dry_eval)) return *rc;
 
       const double val = validate(*model, batches, tr.precision(), a.eval_batches);
       tr.write_metrics({{"step", a.steps}, {"val_loss", val}});

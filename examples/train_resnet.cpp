@@ -342,7 +342,17 @@ int main(int argc, char** argv) {
           throw std::logic_error(fmt::format("the training loader yielded no batch in epoch {}",
                                              d.loader->epoch() - 1));
       }
-      if (const std::optional<int> rc = tr.end_training()) return *rc;  // a dry run's report
+      // A dry run's report, its evaluation dry-run too (one test batch's forward).
+      const auto dry_eval = [&] {
+        NoGradGuard ng;
+        model->eval();
+        for (const data::Example& batch : *d.test_loader) {
+          auto guard = tr.precision().autocast();
+          (void)(*model)(model_input(batch.input, d.image_size, a.channels_last));
+          break;
+        }
+      };
+      if (const std::optional<int> rc = tr.end_training(dry_eval)) return *rc;
 
       const auto [right, count] = evaluate(*model, *d.test_loader, tr.precision(), a, d.image_size);
       const double accuracy =

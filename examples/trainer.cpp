@@ -89,7 +89,9 @@ void Trainer::dry_train(
     memory::CategoryScope input(memory::Category::input);
     in = make_inputs();
   }
+  memory::dry_run_phase(d, "train");
   for (int64_t s = 0; s < kEstimateSteps; ++s) train_step(*o, p, in, forward);
+  memory::dry_run_phase(d, "eval");
   // Then the evaluation the program runs after training: its blocks can need segments that
   // training left no room for (GPT-2 B16, 2 segments: about 100 MiB more after validation).
   NoGradGuard ng;
@@ -128,6 +130,7 @@ void Trainer::begin(optim::Optimizer& opt, int64_t total) {
   bar_ = std::make_unique<Progress>(total, tty);
   metrics_ = std::make_unique<MetricsLog>(dry_ ? std::string() : f_.metrics);
   leak_check_ = std::make_unique<LeakCheck>(f_.detect_leaks && !dry_, dev_, tty);
+  if (dry_) dry_->phase("train");
   clock_.reset();
   loss_acc_ = zeros({}, TensorOptions{}.with_device(dev_));
   window_ = 0;
@@ -157,6 +160,7 @@ Trainer::Window Trainer::read_window() {
   w.loss = loss_acc_.item() / static_cast<double>(window_);  // one sync per update
   memory::synchronize(dev_);
   w.ms = clock_.ms() / static_cast<double>(window_);
+  if (dry_) dry_->phase("train");
   clock_.reset();
   loss_acc_ = zeros({}, TensorOptions{}.with_device(dev_));
   window_ = 0;
@@ -181,8 +185,13 @@ void Trainer::log(int64_t step, const Window& w, nlohmann::json record, const st
                            fmt_bytes(static_cast<double>(memory::max_memory_allocated(dev_)))));
 }
 
-std::optional<int> Trainer::end_training() {
-  if (dry_) return finish_dry_run(*dry_, "", f_.snapshot, f_.summary);
+std::optional<int> Trainer::end_training(const std::function<void()>& dry_eval) {
+  if (dry_) {
+    // The estimate covers the whole program: the evaluation after training too.
+    dry_->phase("eval");
+    if (dry_eval) dry_eval();
+    return finish_dry_run(*dry_, "", f_.snapshot, f_.summary);
+  }
   bar_->done();
   return std::nullopt;
 }

@@ -136,8 +136,9 @@ class Trainer {
   // A --metrics record (`record` plus the step, the window's loss and ms, lr and peaks) and
   // the progress line (`text` plus the peak allocated).
   void log(int64_t step, const Window& w, nlohmann::json record, const std::string& text);
-  // After the loop: a dry run's report and its exit status; else the progress bar's end.
-  std::optional<int> end_training();
+  // After the loop: a dry run's report and its exit status (after `dry_eval`, the program's
+  // evaluation on the dry run's device, its phase "eval"); else the progress bar's end.
+  std::optional<int> end_training(const std::function<void()>& dry_eval = {});
   // "peak allocated 1.2 MiB, peak reserved 2.0 MiB"
   std::string peaks() const;
   void write_metrics(const nlohmann::json& record) { metrics_->write(record); }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -86,6 +87,13 @@ class PeakTracker final : public AllocationObserver {
 
 namespace {
 
+// The running dry runs by meta device index (dry_run_phase).
+std::mutex dry_runs_mu;
+std::map<int, DryRun*>& dry_runs() {
+  static std::map<int, DryRun*> m;
+  return m;
+}
+
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -123,9 +131,47 @@ DryRun::DryRun(const EstimateOptions& options)
   if (options.max_history) get_allocator(device_).record_memory_history(true, options.max_history);
   tracker_ = std::make_unique<PeakTracker>(device_.index);
   start_ = now_seconds();
+  std::lock_guard lock(dry_runs_mu);
+  dry_runs()[device_.index] = this;
 }
 
-DryRun::~DryRun() = default;
+DryRun::~DryRun() {
+  std::lock_guard lock(dry_runs_mu);
+  dry_runs().erase(device_.index);
+}
+
+void DryRun::close_phase() {
+  CachingAllocator& a = get_allocator(device_);
+  const DeviceStats st = a.stats();
+  phases_.push_back(
+      {phase_, st.allocated_bytes[kAllPools].peak, st.reserved_bytes[kAllPools].peak});
+  if (!highest_ || st.allocated_bytes[kAllPools].peak > highest_->allocated_bytes[kAllPools].peak) {
+    const int64_t reserved = highest_ ? highest_->reserved_bytes[kAllPools].peak : 0;
+    highest_ = st;
+    highest_->reserved_bytes[kAllPools].peak =
+        std::max(reserved, st.reserved_bytes[kAllPools].peak);
+  } else {
+    highest_->reserved_bytes[kAllPools].peak =
+        std::max(highest_->reserved_bytes[kAllPools].peak, st.reserved_bytes[kAllPools].peak);
+  }
+  a.reset_peak_memory_stats();
+}
+
+void DryRun::phase(const std::string& name) {
+  close_phase();
+  phase_ = name;
+}
+
+void dry_run_phase(Device device, const std::string& name) {
+  if (!device.is_meta()) return;
+  DryRun* dry = nullptr;
+  {
+    std::lock_guard lock(dry_runs_mu);
+    const auto it = dry_runs().find(device.index);
+    if (it != dry_runs().end()) dry = it->second;
+  }
+  if (dry) dry->phase(name);
+}
 
 Estimate DryRun::finish(const std::string& out_of_memory) {
   Estimate e;
@@ -134,7 +180,14 @@ Estimate DryRun::finish(const std::string& out_of_memory) {
   e.out_of_memory = out_of_memory;
   e.seconds = now_seconds() - start_;
   e.activations_at_peak = tracker_->activations_at_peak();
-  const DeviceStats st = get_allocator(device_).stats();
+  DeviceStats st = get_allocator(device_).stats();
+  if (!phases_.empty()) {  // the run named its phases: the highest of theirs and this one's
+    close_phase();
+    e.phases = phases_;
+    const int64_t reserved = highest_->reserved_bytes[kAllPools].peak;
+    st = *highest_;
+    st.reserved_bytes[kAllPools].peak = reserved;
+  }
   e.peak_allocated = st.allocated_bytes[kAllPools].peak;
   e.peak_reserved = st.reserved_bytes[kAllPools].peak;
   e.at_peak = st.category_at_peak;
@@ -177,6 +230,12 @@ std::string Estimate::report(size_t top_modules) const {
   s += fmt::format("  peak allocated {:>12}   ({} B)\n", human(peak_allocated), peak_allocated);
   s += fmt::format("  peak reserved  {:>12}   ({} B; the device has {})\n", human(peak_reserved),
                    peak_reserved, human(static_cast<int64_t>(target.capacity)));
+  if (!phases.empty()) {
+    s += "  peak by phase (allocated / reserved):\n";
+    for (const PhasePeak& p : phases)
+      s += fmt::format("    {:<16}{:>12} / {}\n", p.phase, human(p.peak_allocated),
+                       human(p.peak_reserved));
+  }
   s += "  at the peak, by category:\n";
   for (const Category c : kAllCategories) {
     const int64_t b = at_peak[static_cast<size_t>(c)];

@@ -25,6 +25,7 @@
 
 #include "memory/category.h"
 #include "memory/meta.h"
+#include "memory/stats.h"
 
 namespace tally::memory {
 
@@ -44,6 +45,13 @@ struct EstimateOptions {
 struct ModuleBytes {
   std::string module;  // dotted module path ("" for allocations outside any module)
   int64_t bytes = 0;
+};
+
+// The peaks of one phase of a dry run (DryRun::phase): "setup", "train", "eval", ...
+struct PhasePeak {
+  std::string phase;
+  int64_t peak_allocated = 0;
+  int64_t peak_reserved = 0;
 };
 
 struct Estimate {
@@ -74,6 +82,9 @@ struct Estimate {
   // The predicted time of the ops the dry run ran, by the cost model (tensor/meta/cost.h: a
   // recorded GPU's rates, or those the caller set on device(); 0 without rates).
   double predicted_seconds = 0;
+  // Each phase's peaks, in order, when the run named its phases (DryRun::phase, dry_run_phase):
+  // e.g. the training steps and the evaluation after them. Empty otherwise.
+  std::vector<PhasePeak> phases;
 
   bool fits() const { return out_of_memory.empty() && host_out_of_memory.empty(); }
   // The report a user reads: target, peaks, the categories at the peak, the largest
@@ -97,6 +108,9 @@ class DryRun {
   DryRun& operator=(const DryRun&) = delete;
 
   Device device() const { return device_; }
+  // From now on the run is in phase `name` (the part before the first call is "setup"): the
+  // estimate then names each phase's peaks (Estimate::phases).
+  void phase(const std::string& name);
   // The figures of everything allocated on device() so far. `out_of_memory`: the message of
   // the OutOfMemoryError that stopped the run, if one did.
   Estimate finish(const std::string& out_of_memory = "");
@@ -110,7 +124,15 @@ class DryRun {
   std::array<int64_t, kNumCategories> host_base_{};
   std::unique_ptr<PeakTracker> tracker_;
   double start_ = 0;
+  std::string phase_ = "setup";
+  std::vector<PhasePeak> phases_;
+  std::optional<DeviceStats> highest_;  // the stats of the phase with the highest peak so far
+  void close_phase();
 };
+
+// DryRun::phase for the dry run whose device is `device` (code that has the device, not the
+// DryRun); nothing for a device no dry run is running on (a real run).
+void dry_run_phase(Device device, const std::string& name);
 
 // Runs `run` on a fresh meta device replaying options.target. Exceptions from `run` other
 // than running out of the target's memory propagate (an op without a meta kernel names

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <mutex>
+#include <stdexcept>
 #include <vector>
 
 #include "memory/cpu_provider.h"
@@ -58,8 +59,21 @@ Registry& registry() {
 }
 }  // namespace
 
+thread_local CachingAllocator* tls_private_cpu = nullptr;
+
+PrivateCpuAllocatorScope::PrivateCpuAllocatorScope()
+    : allocator_(std::make_unique<CachingAllocator>(std::make_unique<CpuProvider>())) {
+  if (tls_private_cpu) throw std::logic_error("PrivateCpuAllocatorScope: scopes do not nest");
+  tls_private_cpu = allocator_.get();
+}
+PrivateCpuAllocatorScope::~PrivateCpuAllocatorScope() {
+  tls_private_cpu = nullptr;
+  allocator_->empty_cache();
+}
+
 CachingAllocator& get_allocator(Device device) {
   if (device.type == DeviceType::meta) return meta_allocator(device.index);
+  if (device.type == DeviceType::cpu && tls_private_cpu) return *tls_private_cpu;
   Registry& r = registry();
   std::lock_guard lock(r.mu);
   if (device.type == DeviceType::cpu) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 
 #include "memory/caching_allocator.h"
@@ -33,6 +34,21 @@ Device default_device();
 // The allocator for `device`, created on first use with TALLY_ALLOC_CONF's settings.
 // Throws std::invalid_argument for a device that does not exist.
 CachingAllocator& get_allocator(Device device = default_device());
+
+// While alive, on this thread, get_allocator(Device::cpu()) is an allocator of this scope's own
+// (its stats, cache and history; released at the end): work that must leave no trace in the
+// CPU's allocator, such as the memory planner's timing of the CPU. Tensors made inside must not
+// outlive the scope. Scopes do not nest.
+class PrivateCpuAllocatorScope {
+ public:
+  PrivateCpuAllocatorScope();
+  ~PrivateCpuAllocatorScope();
+  PrivateCpuAllocatorScope(const PrivateCpuAllocatorScope&) = delete;
+  PrivateCpuAllocatorScope& operator=(const PrivateCpuAllocatorScope&) = delete;
+
+ private:
+  std::unique_ptr<CachingAllocator> allocator_;
+};
 
 size_t memory_allocated(Device device = default_device());
 size_t max_memory_allocated(Device device = default_device());

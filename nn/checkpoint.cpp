@@ -13,6 +13,7 @@
 #include "autograd/saved_tensor.h"
 #include "memory/context.h"
 #include "memory/memory.h"
+#include "nn/container.h"
 #include "tensor/random.h"
 
 namespace tally::nn {
@@ -278,6 +279,14 @@ Tensor checkpoint_sequential(std::vector<std::function<Tensor(const Tensor&)>> s
     input = checkpoint(run(start, end), input, options);
   }
   return run(end + 1, n - 1)(input);
+}
+
+Tensor checkpoint_sequential(const Sequential& functions, int segments, Tensor input,
+                             CheckpointOptions options) {
+  std::vector<std::function<Tensor(const Tensor&)>> stages;
+  for (const auto& [name, child] : functions.named_children())
+    stages.push_back([child](const Tensor& x) { return (*child)(x); });
+  return checkpoint_sequential(std::move(stages), segments, std::move(input), std::move(options));
 }
 
 CheckpointStats checkpoint_stats() {

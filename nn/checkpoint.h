@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "nn/module_select.h"
 
 namespace tally::nn {
 
@@ -59,6 +60,11 @@ struct CheckpointStats {
 CheckpointStats checkpoint_stats();
 void reset_checkpoint_stats();
 
+// torch.utils.checkpoint.checkpoint_sequential over a Sequential's children, in order.
+class Sequential;
+Tensor checkpoint_sequential(const Sequential& functions, int segments, Tensor input,
+                             CheckpointOptions options = {});
+
 // ---- checkpointing a model from the command line (--checkpoint) ----
 class Module;
 
@@ -66,22 +72,31 @@ class Module;
 // blocks, in forward order: the partial plans the memory planner searches) | "N-segments"
 // (checkpoint_sequential over the model's stages: ResNet's layer1..layer4 when N <= 4, its
 // blocks otherwise; GPT's blocks) | "selective" (every block, keeping the outputs of the
-// matrix products and convolutions: selective_policy()).
+// matrix products and convolutions: selective_policy()) | a module policy for any model:
+// "type:Block", "name:blocks.*", each optionally "/K" (every K-th match) and "+selective"
+// ("type:Block/2+selective"; nn/module_select.h, docs/notes.md).
 struct CheckpointSpec {
-  enum class Kind { none, blocks, segments, selective };
+  enum class Kind { none, blocks, segments, selective, modules };
   Kind kind = Kind::none;
   int segments = 0;
-  int blocks = 0;  // Kind::blocks: checkpoint only the first `blocks` (0: every block)
+  int blocks = 0;               // Kind::blocks: checkpoint only the first `blocks` (0: every block)
+  ModuleSelector modules = {};  // Kind::modules: which modules
+  bool selective = false;       // Kind::modules: keep what selective_policy() keeps
   std::string str() const;
 };
+// The module policy `check_fn` (FSDP's apply_activation_checkpointing(check_fn)) as a spec;
+// `label` names it in reports.
+CheckpointSpec checkpoint_modules(ModulePredicate check_fn, std::string label = "custom",
+                                  int every = 1, bool selective = false);
 // Throws std::invalid_argument naming the accepted spellings.
 CheckpointSpec parse_checkpoint_spec(const std::string& s);
 // The selective policy of --checkpoint selective: keep what linear, matmul, mm, bmm,
 // conv2d and attention produced; recompute norms, activations and elementwise ops.
 CheckpointPolicy selective_policy();
 // Applies `spec` to a ResNet, ResNetTiny or GPT (and any model whose blocks are BasicBlock,
-// Bottleneck or GPT Block modules); replaces what an earlier call set. Throws for
-// "N-segments" on a model without a stage list.
+// Bottleneck or GPT Block modules), or a module policy to any model (each selected module's
+// single-tensor forward runs under checkpoint); replaces what an earlier call set. Throws for
+// "N-segments" on a model without a stage list, and for a module policy nothing matches.
 void enable_checkpointing(Module& model, const CheckpointSpec& spec);
 // The blocks "blocks" and "N-blocks" choose from (residual or transformer blocks).
 int checkpoint_block_count(Module& model);

@@ -16,6 +16,8 @@ std::string OffloadSpec::str() const {
       return "activations";
     case Kind::blocks:
       return fmt::format("{}-blocks", blocks);
+    case Kind::modules:
+      return modules.str();
   }
   return "none";
 }
@@ -25,6 +27,11 @@ OffloadSpec parse_offload_spec(const std::string& s) {
   if (s == "none" || s == "off" || s.empty()) return spec;
   if (s == "activations") {
     spec.kind = OffloadSpec::Kind::activations;
+    return spec;
+  }
+  if (is_module_selector(s)) {
+    spec.kind = OffloadSpec::Kind::modules;
+    spec.modules = parse_module_selector(s, "--offload");
     return spec;
   }
   const std::string suffix = "-blocks";
@@ -40,7 +47,9 @@ OffloadSpec parse_offload_spec(const std::string& s) {
     }
   }
   throw std::invalid_argument(fmt::format(
-      "--offload: expected none, activations or N-blocks (e.g. 6-blocks), got '{}'", s));
+      "--offload: expected none, activations, N-blocks (e.g. 6-blocks), type:TYPE or name:GLOB "
+      "(optionally /K), got '{}'",
+      s));
 }
 
 std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const OffloadSpec& spec,
@@ -48,6 +57,20 @@ std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const Of
   const auto modules = model.named_modules();
   for (auto& [name, m] : modules) m->set_offload(nullptr);
   if (!spec.enabled()) return nullptr;
+  // Each block's saves are copied as the next block opens; the head's (the logits, which
+  // backward needs first) stay on the device rather than going out and straight back.
+  if (options.defer_groups < 0) options.defer_groups = 2;
+  if (spec.kind == OffloadSpec::Kind::modules) {
+    const auto selected = spec.modules.select(model);
+    if (selected.empty())
+      throw std::invalid_argument(
+          fmt::format("offload_activations({}): no module of the model "
+                      "({}) matches",
+                      spec.str(), model.type_name()));
+    auto offloader = ActivationOffloader::create(options);
+    for (auto& [name, m] : selected) m->set_offload(offloader);
+    return offloader;
+  }
   int blocks = 0;
   for (auto& [name, m] : modules)
     if (m->is_checkpoint_block()) ++blocks;
@@ -58,9 +81,6 @@ std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const Of
   if (spec.kind == OffloadSpec::Kind::blocks && spec.blocks > blocks)
     throw std::invalid_argument(fmt::format("offload_activations({}): the model ({}) has {} blocks",
                                             spec.str(), model.type_name(), blocks));
-  // Each block's saves are copied as the next block opens; the head's (the logits, which
-  // backward needs first) stay on the device rather than going out and straight back.
-  if (options.defer_groups < 0) options.defer_groups = 2;
   auto offloader = ActivationOffloader::create(options);
   if (spec.kind == OffloadSpec::Kind::activations) model.set_offload(offloader);
   int n = 0;

@@ -37,6 +37,9 @@ struct CpuRates {
 };
 
 CpuRates measure_cpu() {
+  // On an allocator of its own: its buffers (32 MiB of them) must not stay cached in, or raise
+  // the peaks of, the CPU's allocator, whose budget the planner is choosing for.
+  memory::PrivateCpuAllocatorScope own_allocator;
   const int64_t n = 384;
   const Tensor a = ops::randn({n, n}), b = ops::randn({n, n});
   const Tensor a16 = ops::to(a, DType::bfloat16), b16 = ops::to(b, DType::bfloat16);
@@ -59,12 +62,17 @@ CpuRates measure_cpu() {
 }  // namespace
 
 std::string PlanCandidate::str() const {
-  return fmt::format("checkpoint {}, amp {}{}{}", checkpoint.str(),
-                     amp ? std::string(dtype_name(*amp)) : std::string("off"),
-                     offload.enabled() ? ", offload " + offload.str() : std::string(),
-                     classifier_chunk_bytes > 0
-                         ? ", classifier chunks " + mib(classifier_chunk_bytes)
-                         : std::string());
+  std::string s =
+      fmt::format("checkpoint {}, amp {}{}{}", checkpoint.str(),
+                  amp ? std::string(dtype_name(*amp)) : std::string("off"),
+                  offload.enabled() ? ", offload " + offload.str() : std::string(),
+                  classifier_chunk_bytes > 0 ? ", classifier chunks " + mib(classifier_chunk_bytes)
+                                             : std::string());
+  if (!optimizer.empty()) s += ", " + optimizer;
+  if (step_in_backward) s += ", step-in-backward";
+  if (micro_batches > 1) s += fmt::format(", {} micro-batches", micro_batches);
+  if (fused_classifier) s += ", fused classifier";
+  return s;
 }
 
 std::vector<CheckpointSpec> checkpoint_plans(int blocks) {
@@ -144,24 +152,7 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
       grid.push_back({parse_checkpoint_spec("blocks"), amp, offload, first_chunk});
     }
   auto dry_run = [&](const PlanCandidate& candidate) {
-    PlannedCandidate pc;
-    pc.candidate = candidate;
-    memory::DryRun dry({.spec = target, .max_history = 0});
-    meta::set_rates(dry.device(), rates);
-    try {
-      run(dry.device(), pc.candidate);
-      pc.estimate = dry.finish();
-    } catch (const memory::OutOfMemoryError& e) {
-      pc.estimate = dry.finish(e.what());
-    } catch (const std::invalid_argument& e) {
-      pc.error = e.what();
-      pc.estimate = dry.finish();
-    }
-    memory::empty_cache(dry.device());
-    pc.step_seconds = pc.estimate.predicted_seconds / static_cast<double>(options.steps);
-    pc.fits = pc.error.empty() && pc.estimate.fits() &&
-              pc.estimate.peak_reserved <= static_cast<int64_t>(options.budget);
-    return pc;
+    return dry_run_candidate(run, candidate, target, rates, options.steps, options.budget);
   };
   // A smaller chunk lowers the peak by at most twice the difference of the chunk budgets (the
   // chunk's buffers are all it changes; training and the validation after it can each keep a
@@ -183,6 +174,39 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
       if (plan.candidates.back().fits || !plan.candidates.back().error.empty()) break;
     }
   }
+  plan = choose_plan(std::move(plan.candidates), options.budget, target);
+  return plan;
+}
+
+PlannedCandidate dry_run_candidate(const std::function<void(Device, const PlanCandidate&)>& run,
+                                   const PlanCandidate& candidate, const memory::MetaTarget& target,
+                                   const meta::Rates& rates, int64_t steps, size_t budget) {
+  PlannedCandidate pc;
+  pc.candidate = candidate;
+  memory::DryRun dry({.spec = target, .max_history = 0});
+  meta::set_rates(dry.device(), rates);
+  try {
+    run(dry.device(), pc.candidate);
+    pc.estimate = dry.finish();
+  } catch (const memory::OutOfMemoryError& e) {
+    pc.estimate = dry.finish(e.what());
+  } catch (const std::invalid_argument& e) {
+    pc.error = e.what();
+    pc.estimate = dry.finish();
+  }
+  memory::empty_cache(dry.device());
+  pc.step_seconds = pc.estimate.predicted_seconds / static_cast<double>(steps);
+  pc.fits = pc.error.empty() && pc.estimate.fits() &&
+            pc.estimate.peak_reserved <= static_cast<int64_t>(budget);
+  return pc;
+}
+
+MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
+                       const memory::MetaTarget& target) {
+  MemoryPlan plan;
+  plan.budget = budget;
+  plan.target = target.name;
+  plan.candidates = std::move(candidates);
   const PlannedCandidate* best = nullptr;
   const PlannedCandidate* smallest = nullptr;
   for (const PlannedCandidate& c : plan.candidates) {
@@ -206,17 +230,16 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
       if (const int64_t b = at[static_cast<size_t>(c)]; b > 0)
         parts +=
             fmt::format("{}{} {}", parts.empty() ? "" : ", ", memory::category_name(c), mib(b));
-    if (static_cast<int64_t>(options.budget) < floor)
+    if (static_cast<int64_t>(budget) < floor)
       throw std::invalid_argument(fmt::format(
           "memory budget {} is below the parameters plus optimizer state ({}), which every plan "
-          "keeps on {}: no checkpointing or precision plan can fit",
-          mib(static_cast<int64_t>(options.budget)), mib(floor), target.name));
+          "keeps on {}: no plan the planner searched can fit",
+          mib(static_cast<int64_t>(budget)), mib(floor), target.name));
     throw std::invalid_argument(fmt::format(
         "memory budget {}: no plan fits on {}. The smallest peak is {} reserved ({} allocated) "
         "with {}, made of {} at its peak",
-        mib(static_cast<int64_t>(options.budget)), target.name,
-        mib(smallest->estimate.peak_reserved), mib(smallest->estimate.peak_allocated),
-        smallest->candidate.str(), parts));
+        mib(static_cast<int64_t>(budget)), target.name, mib(smallest->estimate.peak_reserved),
+        mib(smallest->estimate.peak_allocated), smallest->candidate.str(), parts));
   }
   plan.chosen = *best;
   return plan;

@@ -33,8 +33,14 @@ struct PlanCandidate {
   // The fused classifier's chunk budget (linear_cross_entropy's max_chunk_bytes, GPT's
   // GPTConfig::fused_classifier_chunk_bytes); 0: the model's own.
   int64_t classifier_chunk_bytes = 0;
+  // The levers of the planner for any model (optim/plan_training.h); their defaults leave the
+  // run as it is.
+  std::string optimizer = {};     // "adamw", "adamw8bit"; empty: the program's own
+  bool step_in_backward = false;  // optim/step_in_backward.h
+  int64_t micro_batches = 1;      // gradient accumulation: the batch in this many parts
+  bool fused_classifier = false;  // the model's fused classifier (the factory reads it)
   // "checkpoint 6-blocks, amp bf16" (", offload activations" when it offloads, ", classifier
-  // chunks 64 MiB" when it sets a chunk budget)
+  // chunks 64 MiB" when it sets a chunk budget, then the other levers set)
   std::string str() const;
 };
 
@@ -89,6 +95,17 @@ std::vector<CheckpointSpec> checkpoint_plans(int blocks);
 // optimizer state that every plan keeps, that floor.
 MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& run,
                        int checkpoint_blocks, const PlanOptions& options);
+
+// One candidate's dry run: `run(device, candidate)` on a fresh meta device replaying `target`
+// with `rates`; its predicted time per step (of `steps`) and whether it fits `budget`. A
+// candidate the model rejects (std::invalid_argument) comes back with its error.
+PlannedCandidate dry_run_candidate(const std::function<void(Device, const PlanCandidate&)>& run,
+                                   const PlanCandidate& candidate, const memory::MetaTarget& target,
+                                   const meta::Rates& rates, int64_t steps, size_t budget);
+// The fastest of `candidates` that fits `budget` (ties: the smaller peak); the errors of
+// plan_memory when none does.
+MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
+                       const memory::MetaTarget& target);
 
 // The cost model's rates for `target` (tensor/meta/cost.h): the CPU's measured now by a short
 // timed run (a float32 and a bfloat16 GEMM, a large copy), once per process; a recorded GPU's

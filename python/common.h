@@ -67,6 +67,8 @@ void bind_nn(py::module_& m, py::module_& nn);
 void bind_layers(py::module_& m, py::module_& nn, py::module_& functional);
 void bind_optim(py::module_& m, py::module_& optim, py::module_& amp);
 void bind_memory(py::module_& m, py::module_& memory);
+// tally.memory.plan: the planner for any model (optim/plan_training.h); after bind_memory.
+void bind_plan(py::module_& memory);
 void bind_profiler(py::module_& m, py::module_& profiler);
 void bind_cuda(py::module_& cuda);
 // tally._C._backends: the precision switches (tensor/precision.h).

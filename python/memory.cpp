@@ -83,6 +83,7 @@ class PyDryRun {
  public:
   explicit PyDryRun(const memory::EstimateOptions& o) : dry_(std::make_unique<memory::DryRun>(o)) {}
   Device device() const { return dry_->device(); }
+  void phase(const std::string& name) { dry_->phase(name); }
   memory::Estimate finish(const std::string& oom) {
     estimate_ = dry_->finish(oom);
     return *estimate_;
@@ -241,6 +242,14 @@ void bind_memory(py::module_& m, py::module_& mem) {
       .def("__repr__", [](const memory::ModuleBytes& b) {
         return "ModuleBytes('" + b.module + "', " + std::to_string(b.bytes) + ")";
       });
+  py::class_<memory::PhasePeak>(mem, "PhasePeak")
+      .def_readonly("phase", &memory::PhasePeak::phase)
+      .def_readonly("peak_allocated", &memory::PhasePeak::peak_allocated)
+      .def_readonly("peak_reserved", &memory::PhasePeak::peak_reserved)
+      .def("__repr__", [](const memory::PhasePeak& p) {
+        return "PhasePeak('" + p.phase + "', peak_allocated=" + std::to_string(p.peak_allocated) +
+               ", peak_reserved=" + std::to_string(p.peak_reserved) + ")";
+      });
   py::class_<memory::Estimate>(mem, "Estimate", "A dry run's prediction (memory/estimate.h)")
       .def_property_readonly("target", [](const memory::Estimate& e) { return e.target.name; })
       .def_property_readonly("target_description",
@@ -258,6 +267,7 @@ void bind_memory(py::module_& m, py::module_& mem) {
       .def_readonly("predicted_seconds", &memory::Estimate::predicted_seconds)
       .def_readonly("out_of_memory", &memory::Estimate::out_of_memory)
       .def_readonly("unreplayed", &memory::Estimate::unreplayed)
+      .def_readonly("phases", &memory::Estimate::phases)
       .def_property_readonly("fits", &memory::Estimate::fits)
       .def("report", &memory::Estimate::report, py::arg("top_modules") = 8)
       .def("__str__", [](const memory::Estimate& e) { return e.report(); })
@@ -289,6 +299,9 @@ void bind_memory(py::module_& m, py::module_& mem) {
            py::arg("target") = "cpu", py::arg("capacity") = py::none(),
            py::arg("max_history") = 1000000)
       .def_property_readonly("device", &PyDryRun::device)
+      .def("phase", &PyDryRun::phase, py::arg("name"),
+           "From now on the run is in phase `name` (before the first call: 'setup'); the "
+           "estimate names each phase's peaks")
       .def_property_readonly("estimate", &PyDryRun::estimate)
       .def("finish", &PyDryRun::finish, py::arg("out_of_memory") = "")
       .def("__enter__", [](py::object self) { return self; })

@@ -72,6 +72,7 @@ PYBIND11_MODULE(_C, m) {
   bind_data(m);
   bind_optim(m, optim, amp);
   bind_memory(m, memory);
+  bind_plan(memory);
   bind_profiler(m, profiler);
   bind_cuda(cuda);
   bind_backends(m);

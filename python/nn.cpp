@@ -149,6 +149,42 @@ class SaveOnCpuScope {
   std::unique_ptr<SaveOnCpu> scope_;
 };
 
+// A Python check_fn(name, module) -> bool as a module selector (every K-th match).
+nn::ModuleSelector selector_of(py::object check_fn, int every) {
+  if (!PyCallable_Check(check_fn.ptr()))
+    throw py::type_error("expected a spec string or a callable check_fn(name, module) -> bool");
+  nn::ModuleSelector sel;
+  sel.every = every;
+  sel.label = py::str(py::getattr(check_fn, "__name__", py::str("custom")));
+  // Called only while the policy is applied (under the GIL), never during training.
+  sel.predicate = [check_fn](const std::string& name, const Module& m) {
+    return check_fn(name, py::cast(const_cast<Module&>(m), py::return_value_policy::reference))
+        .cast<bool>();
+  };
+  return sel;
+}
+
+nn::CheckpointSpec checkpoint_spec_arg(py::object spec, int every, bool selective) {
+  if (py::isinstance<py::str>(spec)) {
+    nn::CheckpointSpec s = nn::parse_checkpoint_spec(spec.cast<std::string>());
+    if (every != 1 || selective) {
+      if (s.kind != nn::CheckpointSpec::Kind::modules)
+        throw py::value_error(
+            "every= and selective= apply to a module policy (type:, name: or a "
+            "callable), not '" +
+            spec.cast<std::string>() + "'");
+      if (every != 1) s.modules.every = every;
+      s.selective = s.selective || selective;
+    }
+    return s;
+  }
+  nn::CheckpointSpec s;
+  s.kind = nn::CheckpointSpec::Kind::modules;
+  s.modules = selector_of(spec, every);
+  s.selective = selective;
+  return s;
+}
+
 }  // namespace
 
 void bind_nn(py::module_& m, py::module_& nn_mod) {
@@ -615,11 +651,14 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
   // ---- checkpointing ----
   nn_mod.def(
       "enable_checkpointing",
-      [](Module& model, const std::string& spec) {
-        nn::enable_checkpointing(model, nn::parse_checkpoint_spec(spec));
+      [](Module& model, py::object spec, int every, bool selective) {
+        nn::enable_checkpointing(model, checkpoint_spec_arg(spec, every, selective));
       },
-      py::arg("model"), py::arg("spec"),
-      "--checkpoint's plans: none, blocks, N-blocks, N-segments, selective");
+      py::arg("model"), py::arg("spec"), py::kw_only(), py::arg("every") = 1,
+      py::arg("selective") = false,
+      "Checkpoint a model: spec is none, blocks, N-blocks, N-segments, selective, type:TYPE or "
+      "name:GLOB (optionally /K, +selective), or check_fn(name, module) -> bool (FSDP's "
+      "apply_activation_checkpointing); every=K keeps every K-th module check_fn selects");
   nn_mod.def("checkpoint_block_count", &nn::checkpoint_block_count, py::arg("model"));
 
   nn_mod.def(
@@ -664,18 +703,27 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
       });
   nn_mod.def(
       "offload_activations",
-      [](Module& model, const std::string& spec, bool pin_memory, size_t min_bytes, bool prefetch) {
+      [](Module& model, py::object spec, bool pin_memory, size_t min_bytes, bool prefetch,
+         int every) {
         OffloadOptions o;
         o.pin_memory = pin_memory;
         o.min_bytes = min_bytes;
         o.prefetch = prefetch;
-        return nn::offload_activations(model, nn::parse_offload_spec(spec), o);
+        nn::OffloadSpec s;
+        if (py::isinstance<py::str>(spec)) {
+          s = nn::parse_offload_spec(spec.cast<std::string>());
+        } else {
+          s.kind = nn::OffloadSpec::Kind::modules;
+          s.modules = selector_of(spec, every);
+        }
+        return nn::offload_activations(model, s, o);
       },
       py::arg("model"), py::arg("spec"), py::kw_only(), py::arg("pin_memory") = true,
-      py::arg("min_bytes") = 0, py::arg("prefetch") = true,
-      "--offload's plans (none, activations, N-blocks) on a ResNet or GPT: the blocks' saved "
-      "activations go to host memory, tagged `offloaded`; returns the offloader (None for "
-      "none)");
+      py::arg("min_bytes") = 0, py::arg("prefetch") = true, py::arg("every") = 1,
+      "--offload's plans (none, activations, N-blocks) on a ResNet or GPT, or a module policy on "
+      "any model (type:TYPE, name:GLOB, optionally /K, or check_fn(name, module) -> bool): the "
+      "modules' saved activations go to host memory, tagged `offloaded`; returns the offloader "
+      "(None for none)");
   // `with tally.autograd.graph.save_on_cpu():` tensors saved inside go to host memory.
   py::module_ graph = m.attr("autograd")
                           .cast<py::module_>()

@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "base/enum_table.h"
@@ -14,6 +15,7 @@
 namespace tally::nn {
 
 std::string CheckpointSpec::str() const {
+  if (kind == Kind::modules) return modules.str() + (selective ? "+selective" : "");
   if (kind == Kind::segments) return fmt::format("{}-segments", segments);
   if (kind == Kind::blocks && blocks > 0) return fmt::format("{}-blocks", blocks);
   static constexpr const char* kNames[] = {"none", "blocks", "segments", "selective"};
@@ -29,6 +31,16 @@ CheckpointSpec parse_checkpoint_spec(const std::string& s) {
   }
   if (s == "selective") {
     spec.kind = CheckpointSpec::Kind::selective;
+    return spec;
+  }
+  if (is_module_selector(s)) {
+    std::string_view body = s;
+    if (body.ends_with("+selective")) {
+      spec.selective = true;
+      body.remove_suffix(std::string_view("+selective").size());
+    }
+    spec.kind = CheckpointSpec::Kind::modules;
+    spec.modules = parse_module_selector(body, "--checkpoint");
     return spec;
   }
   // "N-segments" and "N-blocks": a count >= 1 and the suffix.
@@ -52,10 +64,10 @@ CheckpointSpec parse_checkpoint_spec(const std::string& s) {
       return spec;
     }
   }
-  throw std::invalid_argument(
-      fmt::format("--checkpoint: expected none, blocks, N-blocks (e.g. 6-blocks), N-segments (e.g. "
-                  "4-segments) or selective, got '{}'",
-                  s));
+  throw std::invalid_argument(fmt::format(
+      "--checkpoint: expected none, blocks, N-blocks (e.g. 6-blocks), N-segments (e.g. "
+      "4-segments), selective, type:TYPE or name:GLOB (optionally /K and +selective), got '{}'",
+      s));
 }
 
 CheckpointPolicy selective_policy() {
@@ -71,6 +83,16 @@ void enable_checkpointing(Module& model, const CheckpointSpec& spec) {
   }
   using Kind = CheckpointSpec::Kind;
   if (spec.kind == Kind::none) return;
+  if (spec.kind == Kind::modules) {
+    const auto selected = spec.modules.select(model);
+    if (selected.empty())
+      throw std::invalid_argument(
+          fmt::format("enable_checkpointing({}): no module of the model ({}) matches", spec.str(),
+                      model.type_name()));
+    for (auto& [name, m] : selected)
+      m->set_checkpoint(true, spec.selective ? selective_policy() : CheckpointPolicy{});
+    return;
+  }
   if (spec.kind == Kind::blocks || spec.kind == Kind::selective) {
     int n = 0;
     for (auto& [name, m] : model.named_modules())
@@ -110,6 +132,18 @@ void enable_checkpointing(Module& model, const CheckpointSpec& spec) {
     throw std::invalid_argument(
         fmt::format("enable_checkpointing({}): {} has no stage list to segment", spec.str(),
                     model.type_name()));
+}
+
+CheckpointSpec checkpoint_modules(ModulePredicate check_fn, std::string label, int every,
+                                  bool selective) {
+  if (!check_fn) throw std::invalid_argument("checkpoint_modules: check_fn is empty");
+  CheckpointSpec spec;
+  spec.kind = CheckpointSpec::Kind::modules;
+  spec.modules.predicate = std::move(check_fn);
+  spec.modules.label = std::move(label);
+  spec.modules.every = every;
+  spec.selective = selective;
+  return spec;
 }
 
 int checkpoint_block_count(Module& model) {

@@ -1,0 +1,204 @@
+#include "optim/plan_training.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "autograd/autocast.h"
+#include "memory/context.h"
+#include "memory/memory.h"
+#include "nn/layers.h"
+#include "optim/adamw8bit.h"
+#include "optim/grad_scaler.h"
+#include "optim/step_in_backward.h"
+
+namespace tally::nn {
+namespace {
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, Module& model,
+                                                 const optim::AdamOptions& adam) {
+  if (name == "adamw8bit") return std::make_unique<optim::AdamW8bit>(model.parameters(), adam);
+  if (name.empty() || name == "adamw")
+    return std::make_unique<optim::AdamW>(model.parameters(), adam);
+  throw std::invalid_argument(
+      fmt::format("plan_memory: optimizer '{}': expected adamw or adamw8bit", name));
+}
+
+}  // namespace
+
+std::vector<PlanCandidate> training_plan_grid(Module& model, int64_t batch,
+                                              const TrainingPlanOptions& options) {
+  const memory::MetaTarget target = memory::meta_target(options.target);
+  std::vector<CheckpointSpec> checkpoints = options.checkpoints;
+  std::vector<OffloadSpec> offloads = options.offloads;
+  const auto repeated = repeated_module_types(model);
+  if (checkpoints.empty()) {
+    checkpoints.push_back(CheckpointSpec{});
+    for (size_t i = 0; i < repeated.size() && i < 2; ++i) {
+      const auto& [type, count] = repeated[i];
+      checkpoints.push_back(parse_checkpoint_spec("type:" + type));
+      if (count >= 4) checkpoints.push_back(parse_checkpoint_spec("type:" + type + "/2"));
+      checkpoints.push_back(parse_checkpoint_spec("type:" + type + "+selective"));
+    }
+    if (repeated.empty() && checkpoint_block_count(model) > 0)
+      for (const CheckpointSpec& s : checkpoint_plans(checkpoint_block_count(model)))
+        if (s.kind != CheckpointSpec::Kind::none) checkpoints.push_back(s);
+  }
+  std::vector<std::optional<DType>> precisions = options.precisions;
+  if (precisions.empty()) {
+    precisions = {std::nullopt, DType::bfloat16};
+    if (target.type == DeviceType::cuda) precisions.push_back(DType::float16);
+  }
+  if (offloads.empty()) {
+    offloads.push_back(OffloadSpec{});
+    // Host offload from a CPU device moves nothing off it.
+    if (target.type == DeviceType::cuda && !repeated.empty())
+      offloads.push_back(parse_offload_spec("type:" + repeated.front().first));
+  }
+  std::vector<PlanCandidate> grid;
+  for (const bool fused : options.fused_classifier)
+    for (const std::optional<DType>& amp : precisions)
+      for (const std::string& opt : options.optimizers)
+        for (const bool sib : options.step_in_backward)
+          for (const int64_t mb : options.micro_batches) {
+            if (mb < 1 || batch % mb != 0) continue;
+            // Step-in-backward steps inside each backward: not with several backwards a step,
+            // nor with fp16's loss scaling (optim/step_in_backward.h).
+            if (sib && (mb > 1 || (amp && *amp == DType::float16))) continue;
+            for (const OffloadSpec& off : offloads)
+              for (const CheckpointSpec& ck : checkpoints) {
+                // Offload with no checkpointing, or with the first policy's checkpoints.
+                if (off.enabled() && ck.kind != CheckpointSpec::Kind::none &&
+                    ck.str() != checkpoints[std::min<size_t>(1, checkpoints.size() - 1)].str())
+                  continue;
+                PlanCandidate c;
+                c.checkpoint = ck;
+                c.amp = amp;
+                c.offload = off;
+                c.optimizer = opt;
+                c.step_in_backward = sib;
+                c.micro_batches = mb;
+                c.fused_classifier = fused;
+                grid.push_back(std::move(c));
+              }
+          }
+  return grid;
+}
+
+Tensor train_candidate(Module& model, const PlanCandidate& c, const LossFn& loss_fn,
+                       const std::vector<Tensor>& batch, int64_t steps,
+                       const TrainingPlanOptions& options) {
+  if (batch.empty()) throw std::invalid_argument("plan_memory: the batch has no tensors");
+  const int64_t n = batch.front().dim() > 0 ? batch.front().size(0) : 1;
+  if (c.micro_batches < 1 || n % c.micro_batches != 0)
+    throw std::invalid_argument(fmt::format(
+        "plan_memory: {} micro-batches do not divide the batch of {}", c.micro_batches, n));
+  for (const Tensor& t : batch)
+    if (t.dim() == 0 || t.size(0) != n)
+      throw std::invalid_argument(fmt::format(
+          "plan_memory: every batch tensor splits along dim 0 into micro-batches; got {} and {}",
+          batch.front().shape_string(), t.shape_string()));
+  enable_checkpointing(model, c.checkpoint);
+  const auto offloader = offload_activations(model, c.offload);
+  const std::unique_ptr<optim::Optimizer> opt = make_optimizer(c.optimizer, model, options.adam);
+  const bool fp16 = c.amp && *c.amp == DType::float16;
+  if (c.step_in_backward && (fp16 || c.micro_batches > 1))
+    throw std::invalid_argument(
+        "plan_memory: step-in-backward cannot be combined with fp16 or micro-batches");
+  optim::GradScaler scaler(optim::GradScalerOptions{.enabled = fp16});
+  std::unique_ptr<optim::StepInBackward> sib;
+  if (c.step_in_backward) sib = std::make_unique<optim::StepInBackward>(*opt);
+  const Device device = batch.front().device();
+  const int64_t mb = n / c.micro_batches;
+  auto autocast = [&] {
+    return AutocastGuard(device.type, c.amp.value_or(DType::bfloat16), c.amp.has_value());
+  };
+  Tensor last;
+  model.train();
+  for (int64_t s = 0; s < steps; ++s) {
+    if (!sib) opt->zero_grad(true);
+    Tensor total;
+    for (int64_t i = 0; i < c.micro_batches; ++i) {
+      std::vector<Tensor> part;
+      for (const Tensor& t : batch)
+        part.push_back(c.micro_batches == 1 ? t : t.narrow(0, i * mb, mb));
+      Tensor loss;
+      {
+        memory::PhaseScope phase("forward");
+        auto guard = autocast();
+        loss = loss_fn(model, part);
+        if (c.micro_batches > 1) loss = div(loss, static_cast<double>(c.micro_batches));
+      }
+      {
+        memory::PhaseScope phase("backward");
+        scaler.scale(loss).backward();
+      }
+      total = total.defined() ? add(total, loss.detach()) : loss.detach();
+    }
+    if (!sib) {
+      scaler.step(*opt);
+      scaler.update();
+    }
+    last = total;
+  }
+  if (options.eval) {
+    memory::dry_run_phase(device, "eval");
+    NoGradGuard ng;
+    model.eval();
+    auto guard = autocast();
+    options.eval(model, batch);
+    model.train();
+  }
+  return last;
+}
+
+MemoryPlan plan_memory(const ModelFactory& model_factory, const LossFn& loss_fn,
+                       const std::vector<Tensor>& batch, const TrainingPlanOptions& options) {
+  if (!model_factory) throw std::invalid_argument("plan_memory: no model factory");
+  if (!loss_fn) throw std::invalid_argument("plan_memory: no loss function");
+  if (options.budget == 0)
+    throw std::invalid_argument("memory budget: 0 bytes (give one, e.g. 6GiB or 900MiB)");
+  if (options.steps < 1)
+    throw std::invalid_argument(fmt::format("plan_memory: {} steps", options.steps));
+  if (batch.empty() || batch.front().dim() == 0)
+    throw std::invalid_argument("plan_memory: the batch needs a tensor with a batch dimension");
+  const memory::MetaTarget target = memory::meta_target(options.target);
+  if (options.budget > target.capacity)
+    throw std::invalid_argument(
+        fmt::format("memory budget {} B is larger than the {} target's memory ({} B)",
+                    options.budget, target.name, target.capacity));
+  const meta::Rates rates = calibrated_rates(target);
+  // The candidates come from the model's modules: one built on a meta device.
+  std::vector<PlanCandidate> grid;
+  {
+    memory::DryRun probe({.spec = target, .max_history = 0});
+    std::shared_ptr<Module> model;
+    {
+      BuildOnDevice on(probe.device());
+      model = model_factory(PlanCandidate{});
+    }
+    if (!model) throw std::invalid_argument("plan_memory: the model factory returned no model");
+    grid = training_plan_grid(*model, batch.front().size(0), options);
+  }
+  auto run = [&](Device d, const PlanCandidate& c) {
+    std::shared_ptr<Module> model;
+    {
+      BuildOnDevice on(d);
+      model = model_factory(c);
+    }
+    std::vector<Tensor> in;
+    {
+      memory::CategoryScope input(memory::Category::input);
+      for (const Tensor& t : batch) in.push_back(ops::empty(t.sizes(), t.dtype(), d));
+    }
+    memory::dry_run_phase(d, "train");
+    train_candidate(*model, c, loss_fn, in, options.steps, options);
+  };
+  std::vector<PlannedCandidate> planned;
+  planned.reserve(grid.size());
+  for (const PlanCandidate& c : grid)
+    planned.push_back(dry_run_candidate(run, c, target, rates, options.steps, options.budget));
+  return choose_plan(std::move(planned), options.budget, target);
+}
+
+}  // namespace tally::nn

@@ -1,0 +1,84 @@
+// The memory planner for any model: nn::plan_memory(model_factory, loss_fn, batch, options)
+// dry-runs (memory/estimate.h) the user's model and training step under every combination of
+// the memory levers and returns the fastest predicted to fit the budget (nn/plan.h's cost
+// model). The levers: checkpoint policies derived from the model's repeated module types
+// (`type:T`, every other one, `+selective`) and its own `N-blocks` where it declares blocks;
+// precision; optimizer (AdamW / AdamW8bit); activation offload; step-in-backward; gradient
+// accumulation with the same effective batch (micro-batches); the fused classifier where the
+// factory builds one. The step is the planner's own (zero_grad, forward and loss under
+// autocast per micro-batch, backward, one optimizer step), then `eval` in eval mode under
+// no_grad: the estimate names each phase's peak (train, eval).
+//
+//   nn::TrainingPlanOptions o{.budget = memory::parse_bytes("40MiB")};
+//   nn::MemoryPlan plan = nn::plan_memory(
+//       [](const nn::PlanCandidate&) { return std::make_shared<MyNet>(); },
+//       [](nn::Module& m, const std::vector<Tensor>& b) { return cross_entropy(m(b[0]), b[1]); },
+//       {x, y}, o);
+//   nn::apply_plan(*model, plan.chosen.candidate);   // then train with its other levers
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+#include "nn/plan.h"
+#include "optim/adam.h"
+#include "optim/optimizer.h"
+
+namespace tally::nn {
+
+// Builds the model for a candidate (inside nn::BuildOnDevice of the dry run's device: build
+// as usual, no .to()); a factory with a fused classifier reads candidate.fused_classifier.
+using ModelFactory = std::function<std::shared_ptr<Module>(const PlanCandidate& candidate)>;
+// The training loss of one (micro-)batch: forward and loss, on the model's device.
+using LossFn = std::function<Tensor(Module& model, const std::vector<Tensor>& batch)>;
+// The evaluation after training (eval mode, no gradients, under the candidate's autocast).
+using EvalFn = std::function<void(Module& model, const std::vector<Tensor>& batch)>;
+
+struct TrainingPlanOptions {
+  std::string target = "cpu";  // memory::meta_target's names
+  size_t budget = 0;           // bytes the run may reserve on the device (its peak reserved)
+  // Each lever's values; empty: the default shown. Checkpoint policies: none, then for each
+  // repeated composite module type T (repeated_module_types): type:T, type:T/2 and
+  // type:T+selective; "blocks" and half of them where the model declares blocks.
+  std::vector<CheckpointSpec> checkpoints;
+  // {fp32, bf16}, and fp16 on a CUDA target.
+  std::vector<std::optional<DType>> precisions;
+  std::vector<std::string> optimizers = {"adamw", "adamw8bit"};
+  // none, and `type:T` for the first repeated type (with no checkpointing and with it).
+  std::vector<OffloadSpec> offloads;
+  std::vector<bool> step_in_backward = {false, true};
+  // Micro-batches per step; those that do not divide the batch are left out.
+  std::vector<int64_t> micro_batches = {1, 2, 4};
+  // {false}: set {false, true} for a factory that builds a fused classifier on request.
+  std::vector<bool> fused_classifier = {false};
+  optim::AdamOptions adam = optim::AdamW::default_options();
+  // Training steps per dry run (the time per step divides by it).
+  int64_t steps = 3;
+  EvalFn eval;  // the evaluation after training, if any
+};
+
+// The candidates plan_memory searches for `model` (built on a meta device by the caller).
+std::vector<PlanCandidate> training_plan_grid(Module& model, int64_t batch,
+                                              const TrainingPlanOptions& options);
+
+// Dry-runs every candidate of training_plan_grid on options.target and chooses the fastest
+// predicted to fit options.budget. `batch` (the step's inputs, any device: only shapes and
+// dtypes are used) is split along dim 0 into micro-batches. Errors as nn::plan_memory's (a
+// budget of 0, an unknown target, nothing fits: the smallest peak and what it is made of).
+MemoryPlan plan_memory(const ModelFactory& model_factory, const LossFn& loss_fn,
+                       const std::vector<Tensor>& batch, const TrainingPlanOptions& options);
+
+// The planner's training step, as it is dry-run, for a real run of a candidate: `steps`
+// steps of `batch` split into candidate.micro_batches (zero_grad, forward and loss under
+// autocast, loss / micro_batches, backward; one optimizer step; fp16 with loss scaling), then
+// `eval`. Checkpoint and offload are applied to `model` here. Returns the last step's loss
+// (summed over the micro-batches).
+Tensor train_candidate(Module& model, const PlanCandidate& candidate, const LossFn& loss_fn,
+                       const std::vector<Tensor>& batch, int64_t steps,
+                       const TrainingPlanOptions& options);
+
+}  // namespace tally::nn

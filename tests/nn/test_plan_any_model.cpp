@@ -1,0 +1,332 @@
+// Memory policies and the planner for any model (issue 51): checkpoint and offload policies by
+// module type, dotted-name glob, every k-th and predicate on a user-defined module; the planner
+// over every lever for a user's model and step, whose chosen run stays within the budget on the
+// CPU; and nothing the planner measures stays in the CPU's allocator.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "autograd/ops.h"
+#include "memory/caching_allocator.h"
+#include "memory/estimate.h"
+#include "memory/memory.h"
+#include "nn/checkpoint.h"
+#include "nn/container.h"
+#include "nn/layers.h"
+#include "nn/norm.h"
+#include "nn/offload.h"
+#include "optim/plan_training.h"
+
+namespace tally {
+namespace {
+
+// A user's residual MLP block and a model of them: nothing Tally's models declare.
+class MyBlock : public nn::Module {
+ public:
+  explicit MyBlock(int64_t d) : Module("MyBlock") {
+    norm = register_module("norm", std::make_shared<nn::LayerNorm>(d));
+    up = register_module("up", std::make_shared<nn::Linear>(d, 4 * d));
+    down = register_module("down", std::make_shared<nn::Linear>(4 * d, d));
+  }
+  Tensor forward(const Tensor& x) override { return add(x, (*down)(gelu((*up)((*norm)(x))))); }
+  std::shared_ptr<nn::LayerNorm> norm;
+  std::shared_ptr<nn::Linear> up, down;
+};
+
+class MyNet : public nn::Module {
+ public:
+  MyNet(int64_t in, int64_t d, int64_t n_blocks, int64_t classes) : Module("MyNet") {
+    stem = register_module("stem", std::make_shared<nn::Linear>(in, d));
+    blocks = register_module("blocks", std::make_shared<nn::Sequential>());
+    for (int64_t i = 0; i < n_blocks; ++i) blocks->push_back(std::make_shared<MyBlock>(d));
+    head = register_module("head", std::make_shared<nn::Linear>(d, classes));
+  }
+  Tensor forward(const Tensor& x) override { return (*head)((*blocks)((*stem)(x))); }
+  std::shared_ptr<nn::Linear> stem, head;
+  std::shared_ptr<nn::Sequential> blocks;
+};
+
+// |a - b| <= atol + rtol |b| everywhere (same shapes).
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  const std::vector<double> x = a.contiguous().reshape({-1}).tolist();
+  const std::vector<double> y = b.contiguous().reshape({-1}).tolist();
+  if (x.size() != y.size()) return false;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (std::abs(x[i] - y[i]) > atol + rtol * std::abs(y[i])) return false;
+  return true;
+}
+
+constexpr int64_t kIn = 16, kD = 32, kBlocks = 4, kClasses = 10, kBatch = 1024;
+
+std::shared_ptr<MyNet> make_net() {
+  manual_seed(0);
+  return std::make_shared<MyNet>(kIn, kD, kBlocks, kClasses);
+}
+
+std::vector<Tensor> make_batch() {
+  manual_seed(1);
+  memory::CategoryScope input(memory::Category::input);
+  return {randn({kBatch, kIn}), randint(0, kClasses, {kBatch})};
+}
+
+Tensor my_loss(nn::Module& m, const std::vector<Tensor>& b) {
+  return cross_entropy(m(b[0]), b[1]);
+}
+
+// One forward and backward; the loss, the gradients and the peak activation bytes of the step.
+struct StepResult {
+  double loss = 0;
+  std::vector<Tensor> grads;
+  int64_t activation_peak = 0;
+};
+StepResult step(nn::Module& model, const std::vector<Tensor>& batch) {
+  memory::reset_peak_memory_stats(Device::cpu());
+  const Tensor loss = my_loss(model, batch);
+  loss.backward();
+  StepResult r;
+  r.activation_peak = memory::get_allocator(Device::cpu())
+                          .stats()
+                          .category_bytes[static_cast<size_t>(memory::Category::activation)]
+                          .peak;
+  r.loss = loss.item();
+  for (const Tensor& p : model.parameters()) r.grads.push_back(p.grad().clone());
+  return r;
+}
+
+nn::TrainingPlanOptions small_grid(size_t budget) {
+  nn::TrainingPlanOptions o;
+  o.budget = budget;
+  o.precisions = {std::nullopt};
+  o.micro_batches = {1, 4};
+  o.step_in_backward = {false};  // TheGridSearchesEveryLever covers it; this keeps the test short
+  o.eval = [](nn::Module& m, const std::vector<Tensor>& b) { (void)my_loss(m, b); };
+  return o;
+}
+
+nn::MemoryPlan plan_for(size_t budget) {
+  return nn::plan_memory([](const nn::PlanCandidate&) { return make_net(); }, my_loss, make_batch(),
+                         small_grid(budget));
+}
+
+// First in this binary: the planner's first call also times the CPU for its cost model.
+TEST(PlanAnyModel, NothingThePlannerMeasuresStaysInTheCpuAllocator) {
+  const std::vector<Tensor> batch = make_batch();
+  memory::empty_cache(Device::cpu());
+  const memory::DeviceStats before = memory::get_allocator(Device::cpu()).stats();
+  (void)nn::plan_memory([](const nn::PlanCandidate&) { return make_net(); }, my_loss, batch,
+                        small_grid(size_t{1} << 30));
+  const memory::DeviceStats after = memory::get_allocator(Device::cpu()).stats();
+  EXPECT_EQ(after.reserved_bytes[memory::kAllPools].current,
+            before.reserved_bytes[memory::kAllPools].current);
+  EXPECT_EQ(after.reserved_bytes[memory::kAllPools].peak,
+            before.reserved_bytes[memory::kAllPools].peak);
+  EXPECT_EQ(after.allocated_bytes[memory::kAllPools].peak,
+            before.allocated_bytes[memory::kAllPools].peak);
+  EXPECT_EQ(after.num_device_alloc, before.num_device_alloc);
+}
+
+TEST(PlanAnyModel, PoliciesSelectByTypeNameEveryAndPredicate) {
+  auto net = make_net();
+  auto checkpointed = [&] {
+    std::vector<std::string> out;
+    for (auto& [name, m] : net->named_modules())
+      if (m->is_checkpointed()) out.push_back(name);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  nn::enable_checkpointing(*net, nn::parse_checkpoint_spec("type:MyBlock"));
+  EXPECT_EQ(checkpointed(), (V{"blocks.0", "blocks.1", "blocks.2", "blocks.3"}));
+  nn::enable_checkpointing(*net, nn::parse_checkpoint_spec("type:MyBlock/2"));
+  EXPECT_EQ(checkpointed(), (V{"blocks.0", "blocks.2"}));
+  nn::enable_checkpointing(*net, nn::parse_checkpoint_spec("name:blocks.*"));
+  EXPECT_EQ(checkpointed(), (V{"blocks.0", "blocks.1", "blocks.2", "blocks.3"}));
+  nn::enable_checkpointing(*net, nn::parse_checkpoint_spec("name:blocks.*.up"));
+  EXPECT_EQ(checkpointed(), (V{"blocks.0.up", "blocks.1.up", "blocks.2.up", "blocks.3.up"}));
+  nn::enable_checkpointing(*net, nn::parse_checkpoint_spec("name:**.down/4"));
+  EXPECT_EQ(checkpointed(), (V{"blocks.0.down"}));
+  nn::enable_checkpointing(*net, nn::checkpoint_modules(
+                                     [](const std::string& name, const nn::Module& m) {
+                                       return m.type_name() == "MyBlock" && name != "blocks.0";
+                                     },
+                                     "not-first"));
+  EXPECT_EQ(checkpointed(), (V{"blocks.1", "blocks.2", "blocks.3"}));
+  nn::enable_checkpointing(*net, nn::parse_checkpoint_spec("none"));
+  EXPECT_TRUE(checkpointed().empty());
+
+  for (const std::string s : {"type:MyBlock", "name:blocks.*/2", "type:MyBlock+selective"})
+    EXPECT_EQ(nn::parse_checkpoint_spec(s).str(), s);
+  EXPECT_EQ(nn::parse_offload_spec("type:MyBlock/2").str(), "type:MyBlock/2");
+  EXPECT_THROW(nn::parse_checkpoint_spec("type:"), std::invalid_argument);
+  EXPECT_THROW(nn::parse_checkpoint_spec("type:MyBlock/0"), std::invalid_argument);
+  EXPECT_THROW(nn::parse_offload_spec("name:x/y"), std::invalid_argument);
+  try {
+    nn::enable_checkpointing(*net, nn::parse_checkpoint_spec("type:Nothing"));
+    FAIL() << "no module matches";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("type:Nothing"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("MyNet"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(nn::glob_match("blocks.*", "blocks.10"));
+  EXPECT_FALSE(nn::glob_match("blocks.*", "blocks.1.up"));
+  EXPECT_TRUE(nn::glob_match("blocks.**", "blocks.1.up"));
+  EXPECT_TRUE(nn::glob_match("blocks.?", "blocks.1"));
+  const auto repeated = nn::repeated_module_types(*net);
+  ASSERT_EQ(repeated.size(), 1u);
+  EXPECT_EQ(repeated[0].first, "MyBlock");
+  EXPECT_EQ(repeated[0].second, 4);
+}
+
+TEST(PlanAnyModel, CheckpointedStepEqualsThePlainStepWithALowerActivationPeak) {
+  const std::vector<Tensor> batch = make_batch();
+  auto plain_net = make_net();
+  const StepResult plain = step(*plain_net, batch);
+  for (const std::string spec : {"name:blocks.*/2", "type:MyBlock+selective"}) {
+    SCOPED_TRACE(spec);
+    auto net = make_net();
+    nn::enable_checkpointing(*net, nn::parse_checkpoint_spec(spec));
+    const StepResult r = step(*net, batch);
+    EXPECT_EQ(r.loss, plain.loss);
+    ASSERT_EQ(r.grads.size(), plain.grads.size());
+    for (size_t i = 0; i < r.grads.size(); ++i)
+      EXPECT_TRUE(allclose(r.grads[i], plain.grads[i], 1e-6, 1e-7)) << i;
+    EXPECT_LT(r.activation_peak, plain.activation_peak);
+  }
+  auto net = make_net();
+  nn::enable_checkpointing(*net,
+                           nn::checkpoint_modules([](const std::string&, const nn::Module& m) {
+                             return m.type_name() == "MyBlock";
+                           }));
+  const StepResult r = step(*net, batch);
+  EXPECT_EQ(r.loss, plain.loss);
+  EXPECT_LT(r.activation_peak, plain.activation_peak);
+}
+
+TEST(PlanAnyModel, OffloadPolicyOnAUserModule) {
+  const std::vector<Tensor> batch = make_batch();
+  auto plain_net = make_net();
+  const StepResult plain = step(*plain_net, batch);
+  auto net = make_net();
+  const auto offloader = nn::offload_activations(*net, nn::parse_offload_spec("type:MyBlock/2"));
+  ASSERT_NE(offloader, nullptr);
+  int offloading = 0;
+  for (auto& [name, m] : net->named_modules()) offloading += m->offloader() != nullptr;
+  EXPECT_EQ(offloading, 2);
+  const StepResult r = step(*net, batch);
+  EXPECT_EQ(r.loss, plain.loss);
+  for (size_t i = 0; i < r.grads.size(); ++i)
+    EXPECT_TRUE(allclose(r.grads[i], plain.grads[i], 1e-6, 1e-7)) << i;
+  EXPECT_GT(offloader->stats().tensors_offloaded + offloader->stats().tensors_kept, 0);
+  EXPECT_EQ(nn::offload_activations(*net, nn::OffloadSpec{}), nullptr);
+  EXPECT_THROW(nn::offload_activations(*net, nn::parse_offload_spec("name:nothing")),
+               std::invalid_argument);
+}
+
+TEST(PlanAnyModel, CheckpointSequentialOverASequential) {
+  const std::vector<Tensor> batch = make_batch();
+  auto plain_net = make_net();
+  const Tensor x = (*plain_net->stem)(batch[0]);
+  const Tensor want = (*plain_net->blocks)(x);
+  sum(want).backward();
+  const Tensor want_grad = plain_net->blocks->parameters()[0].grad().clone();
+  auto net = make_net();
+  nn::reset_checkpoint_stats();
+  const Tensor got = nn::checkpoint_sequential(*net->blocks, 2, (*net->stem)(batch[0]));
+  sum(got).backward();
+  EXPECT_TRUE(allclose(got, want, 0, 0));
+  EXPECT_TRUE(allclose(net->blocks->parameters()[0].grad(), want_grad, 1e-6, 1e-7));
+  EXPECT_EQ(nn::checkpoint_stats().segments, 1);
+}
+
+std::string adamw_plain() {
+  nn::PlanCandidate c;
+  c.optimizer = "adamw";
+  return c.str();
+}
+
+// The chosen candidate trained for real on the CPU: its peak reserved, from a clean cache.
+int64_t measured_peak_reserved(const nn::PlanCandidate& c, const nn::TrainingPlanOptions& o) {
+  const std::vector<Tensor> batch = make_batch();
+  memory::empty_cache(Device::cpu());
+  memory::reset_peak_memory_stats(Device::cpu());
+  const int64_t base = static_cast<int64_t>(memory::memory_reserved(Device::cpu()));
+  {
+    auto net = make_net();
+    std::vector<Tensor> in;
+    {
+      memory::CategoryScope input(memory::Category::input);
+      for (const Tensor& t : batch) in.push_back(t.clone());
+    }
+    (void)nn::train_candidate(*net, c, my_loss, in, o.steps, o);
+  }
+  const int64_t peak = static_cast<int64_t>(memory::max_memory_reserved(Device::cpu())) - base;
+  memory::empty_cache(Device::cpu());
+  return peak;
+}
+
+TEST(PlanAnyModel, TheChosenRunStaysWithinThreeBudgets) {
+  // The grid's peaks at a budget everything fits: the plain run's and the smallest.
+  const nn::MemoryPlan all = plan_for(size_t{1} << 30);
+  int64_t plain = 0, smallest = INT64_MAX;
+  for (const nn::PlannedCandidate& c : all.candidates) {
+    ASSERT_TRUE(c.error.empty()) << c.candidate.str() << ": " << c.error;
+    smallest = std::min(smallest, c.estimate.peak_reserved);
+    if (c.candidate.str() == adamw_plain()) plain = c.estimate.peak_reserved;
+  }
+  ASSERT_GT(plain, smallest) << all.report();
+  for (const int64_t budget : {plain, (plain + smallest) / 2, smallest}) {
+    SCOPED_TRACE(budget);
+    const nn::MemoryPlan plan = plan_for(static_cast<size_t>(budget));
+    EXPECT_LE(plan.chosen.estimate.peak_reserved, budget);
+    EXPECT_LE(measured_peak_reserved(plan.chosen.candidate, small_grid(0)), budget)
+        << plan.report();
+  }
+  // Below the smallest: the error names it and the candidate that reaches it.
+  try {
+    (void)plan_for(static_cast<size_t>(smallest - 1));
+    FAIL() << "nothing fits";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("The smallest peak"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PlanAnyModel, TheEstimateNamesTrainAndEvalPeaks) {
+  const nn::MemoryPlan plan = plan_for(size_t{1} << 30);
+  const auto& phases = plan.chosen.estimate.phases;
+  ASSERT_EQ(phases.size(), 3u) << plan.chosen.estimate.report();
+  EXPECT_EQ(phases[0].phase, "setup");
+  EXPECT_EQ(phases[1].phase, "train");
+  EXPECT_EQ(phases[2].phase, "eval");
+  EXPECT_EQ(
+      plan.chosen.estimate.peak_allocated,
+      std::max({phases[0].peak_allocated, phases[1].peak_allocated, phases[2].peak_allocated}));
+  EXPECT_GT(phases[1].peak_allocated, phases[2].peak_allocated);
+  EXPECT_NE(plan.chosen.estimate.report().find("peak by phase"), std::string::npos);
+}
+
+TEST(PlanAnyModel, TheGridSearchesEveryLever) {
+  std::shared_ptr<MyNet> net;
+  {
+    nn::BuildOnDevice on(Device::meta());
+    net = make_net();
+  }
+  nn::TrainingPlanOptions o;
+  o.target = "h200";
+  const auto grid = nn::training_plan_grid(*net, kBatch, o);
+  bool ckpt = false, bf16 = false, fp16 = false, eight = false, sib = false, mb = false,
+       off = false;
+  for (const nn::PlanCandidate& c : grid) {
+    ckpt |= c.checkpoint.kind == nn::CheckpointSpec::Kind::modules;
+    bf16 |= c.amp == DType::bfloat16;
+    fp16 |= c.amp == DType::float16;
+    eight |= c.optimizer == "adamw8bit";
+    sib |= c.step_in_backward;
+    mb |= c.micro_batches > 1;
+    off |= c.offload.enabled();
+    EXPECT_FALSE(c.step_in_backward && c.micro_batches > 1) << c.str();
+  }
+  EXPECT_TRUE(ckpt && bf16 && fp16 && eight && sib && mb && off);
+}
+
+}  // namespace
+}  // namespace tally
