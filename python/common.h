@@ -86,5 +86,7 @@ class ForwardPhase {
 };
 // tally.utils.data; after bind_nn, which makes tally.utils.
 void bind_data(py::module_& m);
+// tally._C._ab: the A/B runner in process (python/ab.cpp).
+void bind_ab(py::module_& m);
 
 }  // namespace tally::python

@@ -70,4 +70,5 @@ PYBIND11_MODULE(_C, m) {
   bind_cuda(cuda);
   bind_backends(m);
   bind_call_sites(m);
+  bind_ab(m);
 }

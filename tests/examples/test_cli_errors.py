@@ -145,16 +145,18 @@ cases = [
     *bad_values("ab_memory", {
         "--batch": ["0"], "--steps": ["1"], "--lr": ["nan"], "--image-size": ["-1"],
         "--checkpoint": ["none,bogus", ","], "--arch": ["vgg"], "--out": ["/proc/tally_ab"],
+        "--grad-accum": ["0", "x", "64"], "--rounds": ["-1"],
     }),
     (["ab_memory", "--amp", "off,fp8"], "--amp", {}),
     (["ab_memory", "--alloc-conf", "default", "--alloc-conf", "bogus_key:1"], "--alloc-conf 'bogus_key:1'", {}),  # the bad second value fails before the first runs
-    (["ab_memory", "--model", "vit"], "--model: expected resnet or gpt, got 'vit'", {}),
+    (["ab_memory", "--model", "vit"], "--model: unknown model 'vit' (expected resnet | gpt", {}),
+    (["ab_memory", "--step-in-backward", "on", "--amp", "off", "--grad-accum", "2"], "grad_accum 2", {}),
     (["ab_memory", "--model", "gpt", "--dataset", "fashion-mnist"], "--dataset", {}),
     (["ab_memory", "--model", "gpt", "--seq", "4096"], "--seq", {}),
     (["ab_memory", "--model", "gpt", "--preset", "huge"], "--preset", {}),
     (["ab_memory", "--model", "gpt", "--arch", "resnet18"], "--arch", {}),
     (["ab_memory", "--preset", "gpt2"], "--preset", {}),  # --model resnet has no preset
-    (["ab_memory", "--fused-classifier"], "--fused-classifier applies to --model gpt only", {}),
+    (["ab_memory", "--fused-classifier"], "--fused-classifier applies to token models only", {}),
     (["ab_memory", "--out", a_file], "--out", {}),
     (["ab_memory"], "TALLY_ALLOC_CONF", BAD_CONF),
     # ---- memory_demo
