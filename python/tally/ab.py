@@ -89,7 +89,8 @@ class Report:
         raise KeyError(f"no configuration {name!r} (have {self.names})")
 
     def summary(self):
-        """One line per configuration against the first: peak and step time."""
+        """One line per configuration against the first: peak and step time (with the timing
+        rounds' range)."""
         base = self.results[0]
         lines = []
         for r in self.results:
@@ -99,6 +100,8 @@ class Report:
                 line += f" ({change:+.0%})"
             if r.get("median_ms") is not None:
                 line += f", step {r['median_ms']:.1f} ms"
+                if len(r.get("round_ms") or []) > 1:
+                    line += f" [{r['min_ms']:.1f}-{r['max_ms']:.1f} over {len(r['round_ms'])} rounds]"
                 if r is not base and base.get("median_ms"):
                     line += f" ({r['median_ms'] / base['median_ms'] - 1:+.0%})"
             lines.append(line)

@@ -74,6 +74,8 @@ cases = [
     (["train_gpt", "--optimizer", "rmsprop"], "--optimizer: expected one of adamw, adamw8bit, sgd", {}),
     (["train_gpt", "--step-in-backward", "--clip", "1"], "--clip", {}),
     (["train_gpt", "--step-in-backward", "--amp", "fp16"], "--amp fp16", {}),
+    (["train_gpt", "--step-in-backward", "--grad-accum", "2"], "--grad-accum 2 with --step-in-backward", {}),
+    (["train_resnet", "--grad-accum", "0"], "--grad-accum", {}),
     (["train_gpt", "--offload", "activations,blocks"], "--offload", {}),
     # --cuda-graphs: what a replayed step cannot do is refused before any work.
     (["train_resnet", "--cuda-graphs"], "--cuda-graphs captures CUDA work: it needs --device cuda", {}),
@@ -255,6 +257,13 @@ good = [
       "--checkpoint", "blocks", "--estimate", "cpu"], []),
     (["train_gpt", "--data", "synthetic", "--batch", "2", "--seq", "16", "--checkpoint", "auto",
       "--memory-budget", "64MiB", "--amp", "auto", "--estimate", "h200"], []),
+    # Gradient accumulation: 2 micro-batches a step, run and dry-run.
+    (["train_gpt", "--data", "synthetic", "--batch", "2", "--seq", "16", "--steps", "2",
+      "--grad-accum", "2"], []),
+    (["train_resnet", "--dataset", "synthetic", "--steps", "1", "--batch", "2", "--image-size", "8",
+      "--eval-batches", "1", "--grad-accum", "2"], []),
+    (["train_gpt", "--data", "synthetic", "--batch", "4", "--seq", "16", "--grad-accum", "2",
+      "--estimate", "h200"], []),
 ]
 
 
