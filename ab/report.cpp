@@ -286,7 +286,10 @@ std::string headline(const std::vector<ConfigResult>& results, size_t i) {
   if (spread > 0 && std::abs(s - s0) <= spread)
     return out + fmt::format(", step within noise (difference {:.2f} ms, rounds' spread {:.2f} ms)",
                              std::abs(s - s0), spread);
-  return out + ", " + (r.measured ? "step " : "predicted step ") + signed_percent(s - s0, s0);
+  out +=
+      std::string(", ") + (r.measured ? "step " : "predicted step ") + signed_percent(s - s0, s0);
+  if (spread > 0) out += fmt::format(" (rounds' spread {:.2f} ms)", spread);
+  return out;
 }
 
 std::string cpu_autocast_caveat(const std::vector<ConfigResult>& results) {

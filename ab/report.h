@@ -71,7 +71,8 @@ std::string format_table(const std::vector<ConfigResult>& results);
 std::string describe_change(const std::vector<ConfigResult>& results, size_t i);
 
 // The headline of configuration i >= 1 against the first: "4-segment checkpointing: peak
-// allocated −38% (−2,084 MiB), reserved −30% (−1,600 MiB), step +19%" (step: the median step
+// allocated −38% (−2,084 MiB), reserved −30% (−1,600 MiB), step +19% (rounds' spread 0.52 ms)"
+// (step: the median step
 // time, or the cost model's "predicted step" for a dry run, left out when there is none; when
 // the difference is within the timing rounds' spread, "step within noise (difference 0.31 ms,
 // rounds' spread 1.20 ms)" instead of a percentage). Percentages have no decimals from 1% up

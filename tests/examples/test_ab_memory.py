@@ -94,7 +94,7 @@ def check_headline(text, r, b, where):
         check(abs(float(noise.group(2)) - spread) <= 0.01 and float(noise.group(1)) <= float(noise.group(2)),
               f"{where}: {text!r}: results.json's rounds give a spread of {spread:.3f} ms")
         return
-    m = re.search(r", step ([+\u2212\u00b1])([\d.]+)%$", text)
+    m = re.search(r", step ([+\u2212\u00b1])([\d.]+)%(?: \(rounds' spread ([\d.]+) ms\))?$", text)
     if check(m is not None, f"{where}: no step change in {text!r}"):
         check(abs(r["median_ms"] - b["median_ms"]) >= spread - 0.002,
               f"{where}: {text!r} gives a percentage inside the rounds' spread {spread:.3f} ms")
