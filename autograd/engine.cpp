@@ -99,7 +99,9 @@ void run(const std::vector<Edge>& roots, const TensorList& root_grads, bool reta
     if (e.fn && deps[e.fn.get()] == 0) ready.push({e.fn.get()});
   std::unordered_set<Node*> queued;
 
-  memory::PhaseScope phase("backward");
+  // A micro-batch's backward ("backward.0", gradient accumulation) keeps its phase.
+  const std::string& outer = memory::interned(memory::current_tag().phase);
+  memory::PhaseScope phase(outer.starts_with("backward.") ? std::string_view(outer) : "backward");
   while (!ready.empty()) {
     Node* n = ready.top().node;
     ready.pop();

@@ -106,7 +106,10 @@ struct ActivationOffloader::State {
           todo.push_back(std::move(e));
       prefetched[static_cast<size_t>(k)] = true;
       if (todo.empty()) continue;
-      memory::PhaseScope phase("backward");
+      // A micro-batch's backward ("backward.0", gradient accumulation) keeps its phase.
+      const std::string& outer = memory::interned(memory::current_tag().phase);
+      memory::PhaseScope phase(outer.starts_with("backward.") ? std::string_view(outer)
+                                                              : "backward");
       for (const std::shared_ptr<Entry>& e : todo) {
         e->restored =
             ops::to_device_on_copy_stream(e->host, e->device, memory::Category::activation);

@@ -28,14 +28,21 @@
 #include "optim/adam.h"
 #include "optim/adamw8bit.h"
 #include "optim/clip_grad.h"
-#include "optim/cpu_offload.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
+#include "optim/precision.h"
 #include "optim/sgd.h"
 #include "optim/step_in_backward.h"
 #include "tensor/cuda/graph.h"
 
 namespace tally::examples {
+
+// The precision and optimizer levers live in the library (optim/precision.h).
+using optim::check_optimizer;
+using optim::check_step_in_backward;
+using optim::make_optimizer;
+using optim::parse_amp;
+using optim::Precision;
 
 inline Device parse_device(const std::string& s) {
   if (s == "cpu") return Device::cpu();
@@ -163,14 +170,6 @@ inline nn::PlanCandidate plan_run(const AutoPlan& ap, std::optional<DType> amp, 
   return plan.chosen.candidate;
 }
 
-// --amp off|fp16|bf16: the autocast dtype (nullopt: off).
-inline std::optional<DType> parse_amp(const std::string& s) {
-  if (s == "off" || s == "none" || s == "fp32") return std::nullopt;
-  if (s == "fp16") return DType::float16;
-  if (s == "bf16") return DType::bfloat16;
-  throw std::invalid_argument(fmt::format("--amp: expected off, fp16 or bf16, got '{}'", s));
-}
-
 inline std::string fmt_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -286,45 +285,6 @@ inline int report_out_of_memory(const std::string& program, const memory::OutOfM
   return kExitOutOfMemory;
 }
 
-// --optimizer NAME: the optimizers the programs offer (`allowed`, e.g. {"sgd", "adam", "adamw",
-// "adamw8bit"}); an unknown name is an error naming the flag and the choices.
-inline void check_optimizer(const std::string& name, const std::vector<std::string>& allowed) {
-  if (std::find(allowed.begin(), allowed.end(), name) != allowed.end()) return;
-  std::string list;
-  for (const std::string& n : allowed) list += (list.empty() ? "" : ", ") + n;
-  throw std::invalid_argument(fmt::format("--optimizer: expected one of {}, got '{}'", list, name));
-}
-// The optimizer `name` over `params`: SGD with `sgd`'s options, Adam / AdamW / AdamW8bit
-// (block-wise 8-bit moments, optim/adamw8bit.h) with `adam`'s; `adamw:cpu` and
-// `adamw8bit:cpu` keep the master weights and the moments in pinned host memory and update them
-// there (optim/cpu_offload.h).
-inline std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name,
-                                                        std::vector<Tensor> params,
-                                                        const optim::AdamOptions& adam,
-                                                        const optim::SGDOptions& sgd) {
-  check_optimizer(name, {"sgd", "adam", "adamw", "adamw8bit", "adamw:cpu", "adamw8bit:cpu"});
-  if (name == "adamw:cpu" || name == "adamw8bit:cpu")
-    return std::make_unique<optim::CpuOffload>(
-        std::move(params), adam, optim::CpuOffloadOptions{.adamw8bit = name == "adamw8bit:cpu"});
-  if (name == "sgd") return std::make_unique<optim::SGD>(std::move(params), sgd);
-  if (name == "adam") return std::make_unique<optim::Adam>(std::move(params), adam);
-  if (name == "adamw8bit") return std::make_unique<optim::AdamW8bit>(std::move(params), adam);
-  return std::make_unique<optim::AdamW>(std::move(params), adam);
-}
-// --step-in-backward: what it cannot be combined with, named (optim/step_in_backward.h).
-inline void check_step_in_backward(bool on, const std::string& amp, double clip) {
-  if (!on) return;
-  if (amp == "fp16" || amp == "auto")
-    throw std::invalid_argument(fmt::format(
-        "--step-in-backward with --amp {}: fp16 loss scaling must see every gradient before any "
-        "step; use --amp bf16 or off",
-        amp));
-  if (clip > 0)
-    throw std::invalid_argument(
-        "--step-in-backward with --clip: clipping by the total norm needs every gradient before "
-        "any step; use --clip 0");
-}
-
 // --cuda-graphs: what a replayed step cannot do, named before any work (tensor/cuda/graph.h).
 // `estimate` is the --estimate target (a dry run has no device to capture on).
 inline void check_cuda_graphs(bool on, const std::string& device, const std::string& estimate,
@@ -387,60 +347,6 @@ class GraphedStep {
   Device device_;
   cuda::Graph graph_;
   std::vector<Tensor> statics_, outputs_;
-};
-
-// Mixed precision for one training loop: an autocast region around the forward and, for
-// fp16, dynamic loss scaling.
-class Precision {
- public:
-  // capturable: fp16's GradScaler decides on the device (--cuda-graphs; optim/grad_scaler.h).
-  Precision(std::optional<DType> amp, Device device, bool capturable = false)
-      : amp_(amp),
-        device_(device),
-        scaler_(optim::GradScalerOptions{.enabled = amp && *amp == DType::float16,
-                                         .capturable = capturable}) {}
-
-  bool enabled() const { return amp_.has_value(); }
-  std::optional<DType> dtype() const { return amp_; }
-  std::string name() const { return !amp_ ? "fp32" : (*amp_ == DType::float16 ? "fp16" : "bf16"); }
-  // The autocast guard for a forward (disabled when amp is off).
-  AutocastGuard autocast() const {
-    return AutocastGuard(device_.type, amp_.value_or(DType::bfloat16), amp_.has_value());
-  }
-  // From now on `opt` steps each parameter inside backward (optim/step_in_backward.h);
-  // backward_and_step then only runs backward.
-  void step_in_backward(optim::Optimizer& opt) {
-    if (scaler_.is_enabled())
-      throw std::invalid_argument("step-in-backward cannot be combined with fp16 loss scaling");
-    sib_ = std::make_unique<optim::StepInBackward>(opt);
-  }
-  // backward (scaled for fp16), clipping of the gradients' total norm to `clip` (0: off) and
-  // the optimizer step (skipped on inf/NaN for fp16). Their allocations name the caller's line
-  // (`site`), not this file's.
-  void backward_and_step(const Tensor& loss, optim::Optimizer& opt, double clip = 0,
-                         std::source_location site = std::source_location::current()) {
-    {
-      memory::PhaseScope phase("backward");
-      scaler_.scale(loss, site).backward(Tensor(), false, site);
-    }
-    if (sib_) return;  // every parameter already stepped in backward
-    if (clip > 0) {
-      scaler_.unscale_(opt, site);
-      std::vector<Tensor> params;
-      for (const optim::ParamGroup& g : opt.param_groups())
-        params.insert(params.end(), g.params.begin(), g.params.end());
-      optim::clip_grad_norm_(params, clip);
-    }
-    scaler_.step(opt, site);
-    scaler_.update();
-  }
-  optim::GradScaler& scaler() { return scaler_; }
-
- private:
-  std::optional<DType> amp_;
-  Device device_;
-  optim::GradScaler scaler_;
-  std::unique_ptr<optim::StepInBackward> sib_;
 };
 
 // The offloader's totals as a line ("offload: 2.1 GiB a step to host memory, ..."); nothing

@@ -23,6 +23,10 @@ void add_output_flags(CLI::App& app, TrainFlags& f, const std::string& metrics_h
                "(inspect::LeakDetector)");
   add_checked_option(app, "--seed", f.seed, seed_help, seed_value());
   add_memory_options(app, f.checkpoint, f.amp, f.memory_budget, f.estimate, f.offload);
+  add_checked_option(app, "--grad-accum", f.grad_accum,
+                     "micro-batches per optimizer step: the batch split into N, N forwards and "
+                     "backwards (losses scaled by 1/N), one optimizer step",
+                     int_range(1, 1 << 20));
   app.add_option("--memory-limit", f.memory_limit,
                  "cap what the device may reserve (6GiB, 900MiB, ...): past it the run stops with "
                  "out-of-memory and reports what would fit");
@@ -45,6 +49,37 @@ void Trainer::check_flags(const CLI::App& app, const std::vector<std::string>& o
   if (f_.step_in_backward && (clip == nullptr || clip->count() == 0))
     f_.clip = 0;  // clipping needs every gradient
   check_step_in_backward(f_.step_in_backward, f_.amp, f_.clip);
+  if (f_.grad_accum > 1 && f_.step_in_backward)
+    throw std::invalid_argument(
+        fmt::format("--grad-accum {} with --step-in-backward: each parameter would step at every "
+                    "micro-batch; leave one out",
+                    f_.grad_accum));
+}
+
+void PhasePeaks::on_allocation_event(const memory::AllocationEvent& e) {
+  if (next_) next_->on_allocation_event(e);
+  if (e.bytes <= 0 || e.retag || e.tag.phase == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [phase, peak] : peaks_)
+    if (phase == e.tag.phase) {
+      peak = std::max(peak, e.total_allocated);
+      return;
+    }
+  peaks_.emplace_back(e.tag.phase, e.total_allocated);
+}
+
+void PhasePeaks::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peaks_.clear();
+}
+
+std::string PhasePeaks::str() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  for (const auto& [phase, peak] : peaks_)
+    out += fmt::format("{}{} {}", out.empty() ? "" : ", ", memory::interned(phase),
+                       fmt_bytes(static_cast<double>(peak)));
+  return out;
 }
 
 void Trainer::start() {
@@ -90,7 +125,7 @@ void Trainer::dry_train(
     in = make_inputs();
   }
   memory::dry_run_phase(d, "train");
-  for (int64_t s = 0; s < kEstimateSteps; ++s) train_step(*o, p, in, forward);
+  for (int64_t s = 0; s < kEstimateSteps; ++s) train_step(*o, p, in, forward, 0, f_.grad_accum);
   memory::dry_run_phase(d, "eval");
   // Then the evaluation the program runs after training: its blocks can need segments that
   // training left no room for (GPT-2 B16, 2 segments: about 100 MiB more after validation).
@@ -114,10 +149,12 @@ int Trainer::run(const RunShape& shape, const DrySteps& dry_steps,
 }
 
 std::string Trainer::describe() const {
-  return fmt::format("checkpoint {}, amp {}{}{}", f_.checkpoint,
-                     prec_ ? prec_->name() : Precision(amp, dev_).name(),
-                     offload.enabled() ? ", offload " + offload.str() : std::string(),
-                     f_.cuda_graphs ? ", CUDA graphs" : "");
+  return fmt::format(
+      "checkpoint {}, amp {}{}{}{}", f_.checkpoint,
+      prec_ ? prec_->name() : Precision(amp, dev_).name(),
+      offload.enabled() ? ", offload " + offload.str() : std::string(),
+      f_.grad_accum > 1 ? fmt::format(", {} micro-batches", f_.grad_accum) : std::string(),
+      f_.cuda_graphs ? ", CUDA graphs" : "");
 }
 
 void Trainer::begin(optim::Optimizer& opt, int64_t total) {
@@ -131,6 +168,7 @@ void Trainer::begin(optim::Optimizer& opt, int64_t total) {
   metrics_ = std::make_unique<MetricsLog>(dry_ ? std::string() : f_.metrics);
   leak_check_ = std::make_unique<LeakCheck>(f_.detect_leaks && !dry_, dev_, tty);
   if (dry_) dry_->phase("train");
+  if (f_.grad_accum > 1) phase_peaks_ = std::make_unique<PhasePeaks>();
   clock_.reset();
   loss_acc_ = zeros({}, TensorOptions{}.with_device(dev_));
   window_ = 0;
@@ -139,7 +177,8 @@ void Trainer::begin(optim::Optimizer& opt, int64_t total) {
 std::vector<Tensor> Trainer::step(const std::vector<Tensor>& in, const Forward& forward,
                                   std::source_location site) {
   return (*graphed_)(in, [&](const std::vector<Tensor>& x) {
-    return train_step(*opt_, *prec_, x, forward, f_.clip, site);
+    if (phase_peaks_) phase_peaks_->clear();  // the last step's
+    return train_step(*opt_, *prec_, x, forward, f_.clip, f_.grad_accum, site);
   });
 }
 
@@ -206,6 +245,13 @@ int Trainer::finish(const std::shared_ptr<ActivationOffloader>& offloader, int64
                     const std::function<void()>& extra) {
   print_offload(offloader, steps);
   leak_check_->report();
+  if (phase_peaks_) {
+    const std::string peaks = phase_peaks_->str();
+    phase_peaks_.reset();
+    if (!peaks.empty())
+      fmt::print("peak allocated by micro-batch phase (last step, {} micro-batches): {}\n",
+                 f_.grad_accum, peaks);
+  }
   if (extra) extra();
   write_memory_outputs(dev_, f_.summary, f_.snapshot);
   return 0;

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <source_location>
@@ -38,6 +39,7 @@ struct TrainFlags {
   std::string offload = "none";
   std::string optimizer;
   bool step_in_backward = false;
+  int64_t grad_accum = 1;  // --grad-accum: micro-batches per optimizer step
   bool cuda_graphs = false;
   bool detect_leaks = false;
   double lr = 0;
@@ -49,29 +51,88 @@ struct TrainFlags {
   std::string memory_limit;   // caps what the device may reserve
 };
 
-// --snapshot, --summary, --metrics, --detect-leaks, --seed, the memory flags and
+// --snapshot, --summary, --metrics, --detect-leaks, --seed, the memory flags, --grad-accum and
 // --memory-limit, in this order (--help lists them so).
 void add_output_flags(CLI::App& app, TrainFlags& f, const std::string& metrics_help,
                       const std::string& seed_help);
 
 // One training step, the only one of the programs: zero_grad, forward(in) under autocast
 // (phase "forward"; it returns the loss first, then anything else the caller reads), backward,
-// clipping to `clip` (0: off) and the optimizer step (Precision::backward_and_step). Its
-// allocations name the caller's line (`site`).
+// clipping to `clip` (0: off) and the optimizer step (Precision::backward_and_step). With
+// `accum` > 1 micro-batches (gradient accumulation) the inputs are split into `accum` equal
+// parts along their first dimension, each forwarded (phase "forward.K") and its loss, scaled
+// by 1/accum, backpropagated ("backward.K") in turn, then one clipping and optimizer step; the
+// loss returned is their sum (the batch's mean) and the other outputs are the micro-batches'
+// joined along the first dimension, detached. Its allocations name the caller's line (`site`).
 template <class Forward>
 std::vector<Tensor> train_step(optim::Optimizer& opt, Precision& prec,
                                const std::vector<Tensor>& in, Forward&& forward, double clip = 0,
+                               int64_t accum = 1,
                                std::source_location site = std::source_location::current()) {
   opt.zero_grad(true);
-  std::vector<Tensor> out;
-  {
-    memory::PhaseScope phase("forward");
-    auto guard = prec.autocast();
-    out = forward(in);
+  if (accum <= 1) {
+    std::vector<Tensor> out;
+    {
+      memory::PhaseScope phase("forward");
+      auto guard = prec.autocast();
+      out = forward(in);
+    }
+    prec.backward_and_step(out.at(0), opt, clip, site);
+    return out;
   }
-  prec.backward_and_step(out.at(0), opt, clip, site);
+  const int64_t rows = in.at(0).dim() > 0 ? in.at(0).size(0) : 0;
+  if (rows < accum || rows % accum != 0)
+    throw std::invalid_argument(fmt::format(
+        "--grad-accum {}: a batch of {} rows does not split into {} equal micro-batches", accum,
+        rows, accum));
+  const int64_t len = rows / accum;
+  std::vector<std::vector<Tensor>> outs;
+  for (int64_t k = 0; k < accum; ++k) {
+    std::vector<Tensor> micro;
+    for (const Tensor& t : in)
+      micro.push_back(t.dim() > 0 && t.size(0) == rows ? ops::narrow(t, 0, k * len, len) : t);
+    std::vector<Tensor> out;
+    {
+      memory::PhaseScope phase(fmt::format("forward.{}", k));
+      auto guard = prec.autocast();
+      out = forward(micro);
+      out.at(0) = mul(out.at(0), 1.0 / static_cast<double>(accum));
+    }
+    prec.backward(out.at(0), fmt::format("backward.{}", k), site);
+    for (Tensor& t : out) t = t.detach();
+    outs.push_back(std::move(out));
+  }
+  prec.step(opt, clip, site);
+  NoGradGuard ng;
+  std::vector<Tensor> out = outs.front();
+  for (size_t k = 1; k < outs.size(); ++k) out[0] = add(out[0], outs[k][0]);
+  for (size_t i = 1; i < out.size(); ++i) {
+    if (out[i].dim() == 0) continue;
+    std::vector<Tensor> parts;
+    for (const auto& o : outs) parts.push_back(o.at(i));
+    out[i] = cat(parts, 0);
+  }
   return out;
 }
+
+// The peak allocated bytes reached by each phase's allocations ("forward.0", "backward.0", ...)
+// since the last clear(), through the allocator's observer (chained to the one before it).
+class PhasePeaks : public memory::AllocationObserver {
+ public:
+  PhasePeaks() : next_(memory::allocation_observer()) { memory::set_allocation_observer(this); }
+  ~PhasePeaks() override { memory::set_allocation_observer(next_); }
+  PhasePeaks(const PhasePeaks&) = delete;
+  PhasePeaks& operator=(const PhasePeaks&) = delete;
+  void on_allocation_event(const memory::AllocationEvent& e) override;
+  void clear();
+  // "forward.0 1.2 MiB, backward.0 2.3 MiB, ..." in order of first use.
+  std::string str() const;
+
+ private:
+  memory::AllocationObserver* next_;
+  mutable std::mutex mu_;
+  std::vector<std::pair<memory::StrId, size_t>> peaks_;
+};
 
 class Trainer {
  public:
@@ -160,6 +221,7 @@ class Trainer {
   std::unique_ptr<Progress> bar_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<LeakCheck> leak_check_;
+  std::unique_ptr<PhasePeaks> phase_peaks_;  // --grad-accum: each micro-batch's peak
   Stopwatch clock_;
   Tensor loss_acc_;
   int64_t window_ = 0;

@@ -128,7 +128,9 @@ constexpr const char* kLibrary = R"JS(
     }
     return g;
   }
-  function phaseColor(name) { return COLORS.phases[name] || COLORS.phases.other; }
+  function phaseColor(name) {
+    return COLORS.phases[name] || COLORS.phases[String(name).replace(/\.\d+$/, '')] || COLORS.phases.other;
+  }
   // Runs [{name, start, end}] in time order -> one band per phase: `outer` (in order, each
   // ending where the next begins at the latest) and `inner` (the runs of a phase that lies
   // mostly inside another one's span, as recompute inside backward).
@@ -243,6 +245,11 @@ constexpr const char* kLibrary = R"JS(
 std::string_view phase_color(std::string_view phase) {
   for (const auto& [name, color] : kPhaseColors)
     if (name == phase) return color;
+  // A micro-batch's phase ("forward.0", "backward.1") has its phase's colour.
+  const size_t dot = phase.rfind('.');
+  if (dot != std::string_view::npos && dot + 1 < phase.size() &&
+      phase.find_first_not_of("0123456789", dot + 1) == std::string_view::npos)
+    return phase_color(phase.substr(0, dot));
   return kPhaseColors[std::size(kPhaseColors) - 1].second;
 }
 

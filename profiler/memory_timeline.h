@@ -43,6 +43,10 @@ struct MemoryTimeline {
   std::vector<size_t> allocated;  // memory_allocated() after each row's event
   std::vector<size_t> reserved;   // memory_reserved() after each row's event
   std::vector<PhaseBand> phases;  // outermost phase spans of the thread that had them
+  // The HTML page's: a title (e.g. the A/B configuration) and a link back to the page that
+  // lists it (relative), both left out when empty.
+  std::string title;
+  std::string back_link;
 };
 
 MemoryTimeline build_memory_timeline(const ProfileData& data, memory::Device device);

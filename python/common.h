@@ -91,5 +91,7 @@ void bind_data(py::module_& m);
 // tally.nn.MultiheadAttention, TransformerEncoderLayer, TransformerEncoder (python/attention.cpp);
 // after bind_nn.
 void bind_attention(py::module_& m, py::module_& nn);
+// tally._C._ab: the A/B runner in process (python/ab.cpp).
+void bind_ab(py::module_& m);
 
 }  // namespace tally::python

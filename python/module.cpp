@@ -80,4 +80,5 @@ PYBIND11_MODULE(_C, m) {
   bind_attention(m, nn);
   bind_rnn(nn);
   bind_lora(nn);
+  bind_ab(m);
 }

@@ -3,7 +3,8 @@
 
 Usage: check_layers.py REPO_ROOT [--back-arrows]. Exits 1, naming file:line and the rule, when
   - a source file includes a header of a layer above its own (base < memory < tensor+autograd
-    < nn < optim; memory < inspect; inspect, tensor+autograd < profiler; nn < distributed);
+    < nn < optim; memory < inspect; inspect, tensor+autograd < profiler; nn < distributed;
+    optim, profiler < ab);
   - a file of the tensor layer outside an op family's autograd.{h,cpp} includes autograd/
     (the op families' differentiable wrappers are the tensor layer's only way up; Tensor's
     autograd methods are declared in tensor/tensor.h and defined in
@@ -35,6 +36,7 @@ ALLOWED = {
     "optim": {"base", "memory", "tensor", "autograd", "nn", "optim"},
     "profiler": {"base", "memory", "inspect", "tensor", "autograd", "profiler"},
     "distributed": {"base", "memory", "tensor", "autograd", "nn", "distributed"},
+    "ab": {"base", "memory", "inspect", "tensor", "autograd", "nn", "optim", "profiler", "ab"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/')
 EXTS = (".h", ".cpp", ".cu", ".cuh")
@@ -137,7 +139,7 @@ def check(root):
 WRITE_OPEN = re.compile(r'\b(?:std::)?o?fstream\b|\bfopen\s*\([^;]*"[^"]*[wa+][^"]*"'
                         r'|\bO_(?:WRONLY|RDWR|CREAT)\b|\bcreat\s*\(')
 WRITE_DIRS = ("base", "memory", "inspect", "tensor", "autograd", "nn", "optim", "profiler", "distributed",
-              "examples")
+              "ab", "examples")
 ATOMIC_WRITER = os.path.join("base", "atomic_file.cpp")
 
 

@@ -1,10 +1,13 @@
-"""The A/B memory runner from Python: tally.ab.run(...) runs Tally's `ab_memory` program
-(examples/ab_memory.cpp: every configuration of checkpointing x precision x the memory
-levers, with the same seed and data) and returns a Report, which Jupyter displays inline
+"""The A/B memory runner from Python, in process: tally.ab.run(...) trains every combination
+of the memory levers (checkpointing x precision x optimizer x offload x step-in-backward x
+gradient accumulation x allocator settings) on the same model, seed and data, through the
+library call tally::ab::run (ab/ab.h), and returns a Report, which Jupyter displays inline
 (report.html in an iframe); tally.ab.load(folder) reads a finished run.
 
-    report = tally.ab.run(model="resnet", arch="tiny", steps=3,
-                          checkpoint=["none", "blocks"], amp=["off", "bf16"])
+    report = tally.ab.run(model="resnet", preset="tiny", steps=3,
+                          checkpoint=["none", "blocks"], precision=["off", "bf16"])
+    report = tally.ab.run(model=MyNet(), step=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                          data=[(x, y)] * 3, grad_accum=[1, 2])
     report            # in a notebook: the HTML report
     report.results    # results.json: one dict per configuration (bytes, ms, loss)
 """
@@ -13,7 +16,6 @@ import html
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 
 from . import _C
@@ -63,12 +65,15 @@ def _mib(b):
 
 
 class Report:
-    """One A/B run: `results` (results.json's rows), `table` (the program's text table),
-    `folder`, `report_path`; displays as the HTML report in Jupyter."""
+    """One A/B run: `results` (results.json's rows), `headlines` (each configuration against the
+    first), `table` (the text table), `folder`, `report_path`; displays as the HTML report in
+    Jupyter."""
 
     def __init__(self, folder, stdout=""):
         self.folder = os.path.abspath(folder)
         self.stdout = stdout
+        self.table = stdout
+        self.headlines = []
         with open(os.path.join(self.folder, "results.json"), encoding="utf-8") as f:
             self.results = json.load(f)
         self.report_path = os.path.join(self.folder, "report.html")
@@ -84,7 +89,8 @@ class Report:
         raise KeyError(f"no configuration {name!r} (have {self.names})")
 
     def summary(self):
-        """One line per configuration against the first: peak and step time."""
+        """One line per configuration against the first: peak and step time (with the timing
+        rounds' range)."""
         base = self.results[0]
         lines = []
         for r in self.results:
@@ -94,6 +100,8 @@ class Report:
                 line += f" ({change:+.0%})"
             if r.get("median_ms") is not None:
                 line += f", step {r['median_ms']:.1f} ms"
+                if len(r.get("round_ms") or []) > 1:
+                    line += f" [{r['min_ms']:.1f}-{r['max_ms']:.1f} over {len(r['round_ms'])} rounds]"
                 if r is not base and base.get("median_ms"):
                     line += f" ({r['median_ms'] / base['median_ms'] - 1:+.0%})"
             lines.append(line)
@@ -146,32 +154,75 @@ def load(folder):
     return Report(folder)
 
 
-def _comma(v):
+def _list(v, kind=str):
+    """A lever's values: a list or tuple, or a comma string ("none,blocks"); None stays None."""
     if v is None:
         return None
-    return v if isinstance(v, str) else ",".join(str(x) for x in v)
+    if isinstance(v, str):
+        v = [x for x in v.split(",") if x]
+    elif not isinstance(v, (list, tuple)):
+        v = [v]
+    if kind is bool:
+        out = []
+        for x in v:
+            if isinstance(x, str):
+                if x not in ("on", "off"):
+                    raise ValueError(f"step_in_backward: expected on or off, got {x!r}")
+                x = x == "on"
+            out.append(bool(x))
+        return out
+    return [kind(x) for x in v]
 
 
-def run(model="resnet", out=None, *, arch=None, preset=None, steps=3, batch=None,
-        checkpoint=("none", "blocks"), amp=("off", "bf16"), device=None, optimizer=None,
-        offload=None, estimate=None, seed=None, extra_args=(), timeout=None):
-    """Runs ab_memory and returns its Report. `checkpoint`, `amp`, `optimizer`, `offload`:
-    lists (or comma strings) of the configurations to compare; `out`: the output folder
-    (default: a new temporary folder; give a folder under the notebook's for the report's
-    links to open from the notebook). Raises RuntimeError with the program's output when
-    it fails."""
+def run(model="resnet", step=None, data=None, *, eval=None, checkpoint=None, precision=None,
+        optimizer=None, offload=None, step_in_backward=None, grad_accum=None, alloc_conf=None,
+        steps=None, batch=None, seed=None, lr=None, rounds=None, device=None, estimate=None,
+        out=None, title=None, preset=None, verbose=False, amp=None, arch=None, **model_options):
+    """Runs every combination of the levers in this process and returns the Report.
+
+    model: a registry model's name ("resnet", "gpt", ...; `preset=` and model options such as
+      image_size=, seq=), a tally.nn.Module (every configuration starts from its state now, and
+      it has that state again afterwards), or a factory building one (a Module subclass, a
+      function of no arguments), called under the device being measured.
+    step: step(model, (input, target)) -> loss; default: the registry model's loss, else
+      cross_entropy(model(input), target). eval: eval(model, batch) after the last step.
+    data: a list of batches ((input, target) tuples of tensors or numpy arrays), or a function
+      of the step number returning one; default: the registry model's synthetic batches.
+    checkpoint, precision (amp), optimizer, offload, step_in_backward, grad_accum, alloc_conf:
+      lists (or comma strings) of each lever's values to compare.
+    out: the output folder (default: a new temporary folder; give a folder under the
+      notebook's for the report's links to open from the notebook). rounds: interleaved timing
+      rounds (default 3). verbose: print the table and the headlines."""
+    if precision is not None and amp is not None:
+        raise ValueError("tally.ab.run: precision and amp name the same lever: give one")
+    if preset is not None and arch is not None:
+        raise ValueError("tally.ab.run: preset and arch name the same thing: give one")
+    named = isinstance(model, str)
+    if checkpoint is None:
+        checkpoint = ["none", "blocks"] if named else ["none"]
+    if precision is None:
+        precision = amp if amp is not None else ["off", "bf16"]
     if out is None:
         out = tempfile.mkdtemp(prefix="tally_ab_")
-    args = [program(), "--model", model, "--out", str(out)]
-    for flag, value in (("--arch", arch), ("--preset", preset), ("--steps", steps),
-                        ("--batch", batch), ("--checkpoint", _comma(checkpoint)),
-                        ("--amp", _comma(amp)), ("--device", device),
-                        ("--optimizer", _comma(optimizer)), ("--offload", _comma(offload)),
-                        ("--estimate", estimate), ("--seed", seed)):
-        if value is not None:
-            args += [flag, str(value)]
-    args += [str(a) for a in extra_args]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"ab_memory exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
-    return Report(out, proc.stdout)
+    options = dict(checkpoint=_list(checkpoint), precision=_list(precision),
+                   optimizer=_list(optimizer), offload=_list(offload),
+                   step_in_backward=_list(step_in_backward, bool),
+                   grad_accum=_list(grad_accum, int), alloc_conf=_list(alloc_conf),
+                   steps=steps, batch=batch, seed=seed, lr=lr, rounds=rounds, device=device,
+                   estimate=estimate, out=str(out), title=title, verbose=bool(verbose),
+                   preset=preset if preset is not None else arch)
+    for k, v in model_options.items():
+        if k not in ("image_size", "seq", "num_classes", "in_channels", "fused_classifier"):
+            raise TypeError(f"tally.ab.run() got an unexpected keyword argument {k!r}")
+        options[k] = v
+    if not named and options["preset"] is not None:
+        raise ValueError("tally.ab.run: preset names a registry model's preset; model is not a name")
+    result = _C._ab.run(model, step, eval, data, {k: v for k, v in options.items() if v is not None})
+    text = result.table
+    if result.headlines:
+        text += "what each option bought, against " + result.configs[0].name + ":\n"
+        text += "".join("  " + h + "\n" for h in result.headlines)
+    report = Report(out, text)
+    report.headlines = list(result.headlines)
+    report.table = result.table
+    return report

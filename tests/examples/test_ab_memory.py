@@ -72,18 +72,32 @@ def describe(name, base_name):
     return " + ".join(words[(k, v)] for k, v in cfg.items() if base.get(k) != v)
 
 
+def change(v, b):
+    d = v - b
+    return f"{signed_percent(d, b)} ({signed_size(d)})"
+
+
 def expected_headline(r, b):
     """(text up to the step, the step's signed percent) of r against b, from results.json."""
-    d = r["peak_allocated"] - b["peak_allocated"]
-    head = f"{describe(r['name'], b['name'])}: peak {signed_percent(d, b['peak_allocated'])} ({signed_size(d)})"
+    head = (f"{describe(r['name'], b['name'])}: peak allocated {change(r['peak_allocated'], b['peak_allocated'])}, "
+            f"reserved {change(r['peak_reserved'], b['peak_reserved'])}")
     return head, 100.0 * (r["median_ms"] - b["median_ms"]) / b["median_ms"]
 
 
 def check_headline(text, r, b, where):
     head, step = expected_headline(r, b)
     check(text.startswith(head + ", step "), f"{where}: headline {text!r}, expected it to start {head + ', step '!r}")
-    m = re.search(r", step ([+\u2212\u00b1])([\d.]+)%$", text)
+    # Inside the timing rounds' spread the headline says so instead of a percentage.
+    spread = max(r["max_ms"] - r["min_ms"], b["max_ms"] - b["min_ms"])
+    noise = re.search(r", step within noise \(difference ([\d.]+) ms, rounds' spread ([\d.]+) ms\)$", text)
+    if noise:
+        check(abs(float(noise.group(2)) - spread) <= 0.01 and float(noise.group(1)) <= float(noise.group(2)),
+              f"{where}: {text!r}: results.json's rounds give a spread of {spread:.3f} ms")
+        return
+    m = re.search(r", step ([+\u2212\u00b1])([\d.]+)%(?: \(rounds' spread ([\d.]+) ms\))?$", text)
     if check(m is not None, f"{where}: no step change in {text!r}"):
+        check(abs(r["median_ms"] - b["median_ms"]) >= spread - 0.002,
+              f"{where}: {text!r} gives a percentage inside the rounds' spread {spread:.3f} ms")
         got = float(m.group(2)) * (-1 if m.group(1) == MINUS else 1 if m.group(1) == "+" else 0)
         # results.json rounds the times to µs: allow the last digit to differ.
         check(abs(got - step) <= 1.0 and (m.group(1) == PLUSMINUS or (got > 0) == (step > 0)),
@@ -106,7 +120,7 @@ if check(f"what each option bought, against {res[0]['name']}:" in lines, "no hea
     for k, r in enumerate(res[1:]):
         check_headline(lines[at + 1 + k].strip(), r, res[0], f"stdout ({r['name']})")
 ck_line = [l for l in lines if l.strip().startswith("per-block checkpointing: peak ")]
-check(ck_line and ck_line[0].strip().startswith("per-block checkpointing: peak " + MINUS),
+check(ck_line and ck_line[0].strip().startswith("per-block checkpointing: peak allocated " + MINUS),
       f"checkpointing's headline should show a lower peak: {ck_line}")
 CAVEAT = "Caveat: these steps ran on the CPU, where 16-bit autocast (bf16) saves memory but not time"
 check(CAVEAT in p.stdout and "float32" in p.stdout, "no caveat on stdout for a CPU bf16 run")
@@ -122,6 +136,9 @@ for r in res:
     check(r["at_peak"]["unknown"] == 0, f"{r['name']}: unknown bytes at the peak: {r['at_peak']['unknown']}")
     check(r["at_peak"]["parameter"] > 0, f"{r['name']}: no parameter bytes at the peak")
     check(r["final_loss"] == r["final_loss"] and r["final_loss"] > 0, f"{r['name']}: bad loss {r['final_loss']}")
+    # Step times from 3 interleaved rounds: the median of the rounds, within their range.
+    check(len(r["round_ms"]) == 3 and r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+          and r["median_ms"] in r["round_ms"], f"{r['name']}: rounds {r['round_ms']}, median {r['median_ms']}")
     # bf16 and float32 have no loss scaler: no step is ever skipped.
     check(r["skipped_steps"] == 0, f"{r['name']}: skipped_steps {r['skipped_steps']} without a GradScaler")
 # Each run next to its prediction: on the CPU the dry run replays the same allocations, so
@@ -240,7 +257,8 @@ check(not ext, f"report.html references external resources: {ext}")
 lever_out = tempfile.mkdtemp(prefix="ab_levers_")
 lp = run_program([exe, "--model", "gpt", "--preset", "tiny", "--batch", "4", "--seq", "32", "--steps", "2",
                   "--checkpoint", "none", "--amp", "off", "--offload", "none,activations",
-                  "--optimizer", "adamw,adamw8bit", "--step-in-backward", "off,on", "--out", lever_out],
+                  "--optimizer", "adamw,adamw8bit", "--step-in-backward", "off,on", "--rounds", "0",
+                  "--out", lever_out],
                  "ab_memory levers", timeout=600)
 check("Caveat" not in lp.stdout, "levers: no 16-bit autocast, so no caveat")
 check("  8-bit AdamW: peak " in lp.stdout and "  activation offload: peak " in lp.stdout
@@ -266,6 +284,29 @@ for r in lv.values():
           f"{r['name']}: predicted peak {r.get('estimated_peak_allocated')} != measured {r['peak_allocated']}")
     check_nothing_unknown(r["snapshot"], pickle.load(open(r["snapshot"], "rb")))
 shutil.rmtree(lever_out, ignore_errors=True)
+
+# Gradient accumulation: the batch in 2 micro-batches, each with its own forward and backward
+# phases (forward.0, backward.0, forward.1, backward.1), one optimizer step; the activations of
+# half the batch at the peak, predicted exactly.
+acc_out = tempfile.mkdtemp(prefix="ab_accum_")
+ap = run_program([exe, "--model", "gpt", "--preset", "tiny", "--batch", "4", "--seq", "32", "--steps", "2",
+                  "--checkpoint", "none", "--amp", "off", "--grad-accum", "1,2", "--rounds", "1",
+                  "--out", acc_out], "ab_memory --grad-accum", timeout=600)
+acc = {r["name"]: r for r in json.load(open(os.path.join(acc_out, "results.json")))}
+a1, a2 = acc.get("ckpt=none amp=off accum=1"), acc.get("ckpt=none amp=off accum=2")
+if check(a1 is not None and a2 is not None, f"grad-accum configuration names: {list(acc)}"):
+    check(a2["settings"].get("accum") == "2", f"accum setting: {a2['settings']}")
+    check(["forward.0", "backward.0", "forward.1", "backward.1"] == list(a2["phase_peaks"]),
+          f"micro-batch phases: {list(a2['phase_peaks'])}")
+    check("forward" in a1["phase_peaks"] and "forward.0" not in a1["phase_peaks"], f"accum=1 phases: {list(a1['phase_peaks'])}")
+    check(a2["at_peak"]["activation"] < a1["at_peak"]["activation"],
+          f"2 micro-batches should hold fewer activations: {a2['at_peak']['activation']} vs {a1['at_peak']['activation']}")
+    check(a2["estimated_peak_allocated"] == a2["peak_allocated"], "grad-accum: the dry run predicts the peak exactly")
+    check(abs(a2["final_loss"] - a1["final_loss"]) < 1e-3,
+          f"the same batch's mean loss either way: {a2['final_loss']} vs {a1['final_loss']}")
+    check("peak by phase, ckpt=none amp=off accum=2: forward.0 " in ap.stdout, "the micro-batches' peaks on stdout")
+    check("  accum" in ap.stdout or "2 micro-batches" in ap.stdout, f"a headline for the micro-batches: {ap.stdout[-800:]}")
+shutil.rmtree(acc_out, ignore_errors=True)
 
 chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 if not chromium:
@@ -427,6 +468,9 @@ for width in (1400, 1920):
 # The timeline page and the diff page: the same renderer, ticks and palette.
 tl = os.path.join(out, re.sub(r"[^A-Za-z0-9_-]", "_", res[1]["name"]) + ".timeline.html")
 df = os.path.join(out, "diff", re.sub(r"[^A-Za-z0-9_-]", "_", res[1]["name"]) + ".html")
+tl_html = open(tl, encoding="utf-8").read()
+check(f"<title>{res[1]['name']}: memory timeline" in tl_html and 'href="report.html"' in tl_html,
+      f"{tl}: not titled with its configuration or no link back to the report")
 for page in (tl, df):
     for width in (1400, 1920):
         d = check_page(render(page, width), f"{os.path.basename(page)} at {width} px", width)

@@ -74,6 +74,8 @@ cases = [
     (["train_gpt", "--optimizer", "rmsprop"], "--optimizer: expected one of adamw, adamw8bit, sgd", {}),
     (["train_gpt", "--step-in-backward", "--clip", "1"], "--clip", {}),
     (["train_gpt", "--step-in-backward", "--amp", "fp16"], "--amp fp16", {}),
+    (["train_gpt", "--step-in-backward", "--grad-accum", "2"], "--grad-accum 2 with --step-in-backward", {}),
+    (["train_resnet", "--grad-accum", "0"], "--grad-accum", {}),
     (["train_gpt", "--offload", "activations,blocks"], "--offload", {}),
     # --cuda-graphs: what a replayed step cannot do is refused before any work.
     (["train_resnet", "--cuda-graphs"], "--cuda-graphs captures CUDA work: it needs --device cuda", {}),
@@ -147,16 +149,18 @@ cases = [
     *bad_values("ab_memory", {
         "--batch": ["0"], "--steps": ["1"], "--lr": ["nan"], "--image-size": ["-1"],
         "--checkpoint": ["none,bogus", ","], "--arch": ["vgg"], "--out": ["/proc/tally_ab"],
+        "--grad-accum": ["0", "x", "64"], "--rounds": ["-1"],
     }),
     (["ab_memory", "--amp", "off,fp8"], "--amp", {}),
     (["ab_memory", "--alloc-conf", "default", "--alloc-conf", "bogus_key:1"], "--alloc-conf 'bogus_key:1'", {}),  # the bad second value fails before the first runs
-    (["ab_memory", "--model", "vit"], "--model: expected resnet or gpt, got 'vit'", {}),
+    (["ab_memory", "--model", "vit"], "--model: unknown model 'vit' (expected resnet | gpt", {}),
+    (["ab_memory", "--step-in-backward", "on", "--amp", "off", "--grad-accum", "2"], "grad_accum 2", {}),
     (["ab_memory", "--model", "gpt", "--dataset", "fashion-mnist"], "--dataset", {}),
     (["ab_memory", "--model", "gpt", "--seq", "4096"], "--seq", {}),
     (["ab_memory", "--model", "gpt", "--preset", "huge"], "--preset", {}),
     (["ab_memory", "--model", "gpt", "--arch", "resnet18"], "--arch", {}),
     (["ab_memory", "--preset", "gpt2"], "--preset", {}),  # --model resnet has no preset
-    (["ab_memory", "--fused-classifier"], "--fused-classifier applies to --model gpt only", {}),
+    (["ab_memory", "--fused-classifier"], "--fused-classifier applies to token models only", {}),
     (["ab_memory", "--out", a_file], "--out", {}),
     (["ab_memory"], "TALLY_ALLOC_CONF", BAD_CONF),
     # ---- memory_demo
@@ -255,6 +259,13 @@ good = [
       "--checkpoint", "blocks", "--estimate", "cpu"], []),
     (["train_gpt", "--data", "synthetic", "--batch", "2", "--seq", "16", "--checkpoint", "auto",
       "--memory-budget", "64MiB", "--amp", "auto", "--estimate", "h200"], []),
+    # Gradient accumulation: 2 micro-batches a step, run and dry-run.
+    (["train_gpt", "--data", "synthetic", "--batch", "2", "--seq", "16", "--steps", "2",
+      "--grad-accum", "2"], []),
+    (["train_resnet", "--dataset", "synthetic", "--steps", "1", "--batch", "2", "--image-size", "8",
+      "--eval-batches", "1", "--grad-accum", "2"], []),
+    (["train_gpt", "--data", "synthetic", "--batch", "4", "--seq", "16", "--grad-accum", "2",
+      "--estimate", "h200"], []),
 ]
 
 

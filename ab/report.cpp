@@ -1,4 +1,4 @@
-#include "examples/ab_report.h"
+#include "ab/report.h"
 
 #include <fmt/format.h>
 
@@ -15,7 +15,7 @@
 #include "inspect/svg_chart.h"
 #include "memory/context.h"
 
-namespace tally::examples {
+namespace tally::ab {
 
 namespace {
 
@@ -110,6 +110,8 @@ std::string format_table(const std::vector<ConfigResult>& results) {
                                              : 0.0));
     if (measured) {
       row.push_back(fmt::format("{:.1f}", r.median_ms) +
+                    (r.round_ms.size() > 1 ? fmt::format(" [{:.1f}-{:.1f}]", r.min_ms, r.max_ms)
+                                           : std::string()) +
                     (i ? delta(r.median_ms, base.median_ms) : ""));
       row.push_back(fmt::format("{:.4f}", r.final_loss));
     }
@@ -218,6 +220,7 @@ std::string describe_setting(const std::string& axis, const std::string& v) {
   }
   if (axis == "sib") return v == "on" ? "step-in-backward" : "no step-in-backward";
   if (axis == "alloc") return v == "default" ? "default allocator settings" : v;
+  if (axis == "accum") return v == "1" ? "no gradient accumulation" : v + " micro-batches";
   return axis + "=" + v;
 }
 
@@ -264,16 +267,28 @@ std::string describe_change(const std::vector<ConfigResult>& results, size_t i) 
 std::string headline(const std::vector<ConfigResult>& results, size_t i) {
   const ConfigResult& r = results.at(i);
   const ConfigResult& base = results.front();
-  const double d = static_cast<double>(r.peak_allocated - base.peak_allocated);
-  std::string out =
-      describe_change(results, i) + ": " + (r.measured ? "" : "predicted ") + "peak " +
-      (base.peak_allocated ? signed_percent(d, static_cast<double>(base.peak_allocated)) + " (" +
-                                 signed_size(d) + ")"
-                           : signed_size(d));
+  const auto change = [](int64_t v, int64_t b) {
+    const double d = static_cast<double>(v - b);
+    return b ? signed_percent(d, static_cast<double>(b)) + " (" + signed_size(d) + ")"
+             : signed_size(d);
+  };
+  std::string out = describe_change(results, i) + ": " + (r.measured ? "" : "predicted ") +
+                    "peak allocated " + change(r.peak_allocated, base.peak_allocated) +
+                    ", reserved " + change(r.peak_reserved, base.peak_reserved);
   const double s = step_ms(r), s0 = step_ms(base);
-  if (std::isfinite(s) && std::isfinite(s0) && s0 > 0)
-    out +=
-        std::string(", ") + (r.measured ? "step " : "predicted step ") + signed_percent(s - s0, s0);
+  if (!std::isfinite(s) || !std::isfinite(s0) || s0 <= 0) return out;
+  // The rounds' spread (max - min of either configuration): a difference inside it is noise.
+  const double spread =
+      r.measured
+          ? std::max(std::isfinite(r.max_ms - r.min_ms) ? r.max_ms - r.min_ms : 0.0,
+                     std::isfinite(base.max_ms - base.min_ms) ? base.max_ms - base.min_ms : 0.0)
+          : 0.0;
+  if (spread > 0 && std::abs(s - s0) <= spread)
+    return out + fmt::format(", step within noise (difference {:.2f} ms, rounds' spread {:.2f} ms)",
+                             std::abs(s - s0), spread);
+  out +=
+      std::string(", ") + (r.measured ? "step " : "predicted step ") + signed_percent(s - s0, s0);
+  if (spread > 0) out += fmt::format(" (rounds' spread {:.2f} ms)", spread);
   return out;
 }
 
@@ -365,11 +380,17 @@ void write_report(const std::string& path, const std::string& title,
     // peak next to a measured run (the dashed line), else null.
     data += fmt::format(
         ",\"peak_allocated\":{},\"peak_reserved\":{},\"median_ms\":{},\"final_loss\":{},"
-        "\"predicted\":{},\"predicted_ms\":{}",
+        "\"predicted\":{},\"predicted_ms\":{},\"min_ms\":{},\"max_ms\":{},\"rounds\":{}",
         r.peak_allocated, r.peak_reserved, number_or_null(r.measured ? r.median_ms : NAN, 3),
         number_or_null(r.measured ? r.final_loss : NAN, 6),
         r.measured && r.predicted ? std::to_string(r.estimate.peak_allocated) : "null",
-        number_or_null(r.predicted_step_ms, 3));
+        number_or_null(r.predicted_step_ms, 3), number_or_null(r.measured ? r.min_ms : NAN, 3),
+        number_or_null(r.measured ? r.max_ms : NAN, 3), r.round_ms.size());
+    data += ",\"phase_peaks\":[";
+    for (size_t k = 0; k < r.phase_peaks.size(); ++k)
+      data += fmt::format("{}[{},{}]", k ? "," : "", base::json_quote(r.phase_peaks[k].first),
+                          r.phase_peaks[k].second);
+    data += "]";
     data += ",\"at_peak\":[";
     for (size_t k = 0; k < std::size(kOrder); ++k)
       data += fmt::format("{}{}", k ? "," : "", r.at_peak[static_cast<size_t>(kOrder[k])]);
@@ -625,11 +646,16 @@ D.configs.forEach((cf, ci)=>{
 // ---- the table, transposed: one column per configuration; split until it fits ----
 const rows=[['peak allocated (MiB)',c=>c.peak_allocated,mib,true]];
 if (D.configs.some(cf=>stepOf(cf)!==null)) rows.push([D.measured?'step time (ms)':'predicted step (ms)',c=>stepOf(c),v=>v.toFixed(1),true]);
+if (D.measured && D.configs.some(cf=>cf.rounds>1)) rows.push(['step time, rounds\' range (ms)',c=>c.rounds>1?[c.min_ms,c.max_ms,c.rounds]:null,v=>v[0].toFixed(1)+'\u2013'+v[1].toFixed(1)+' ('+v[2]+' rounds)',false,true]);
 if (D.measured) rows.push(['final loss',c=>c.final_loss,v=>v.toFixed(4),true,true]);
 rows.push(['peak reserved (MiB)',c=>c.peak_reserved,mib]);
 if (D.configs.some(cf=>cf.predicted!==null)) rows.push(['predicted peak (MiB)',c=>c.predicted,mib]);
 D.categories.forEach((c,k)=>{ if(D.configs.some(cf=>cf.at_peak[k]>0)) rows.push([c+' at the peak (MiB)',cf=>cf.at_peak[k],mib]); });
 rows.push(['reserved \u2212 allocated (MiB)',c=>c.peak_reserved-c.peak_allocated,mib]);
+// The peak within each phase of the recorded step (forward.0, backward.0, ... with micro-batches).
+const phaseNames=[]; D.configs.forEach(cf=>cf.phase_peaks.forEach(p=>{ if(phaseNames.indexOf(p[0])<0) phaseNames.push(p[0]); }));
+if (D.configs.some(cf=>cf.phase_peaks.some(p=>/\.\d+$/.test(p[0]))))
+  phaseNames.forEach(n=>rows.push(['peak in '+esc(n)+' (MiB)',cf=>{ const p=cf.phase_peaks.find(q=>q[0]===n); return p?p[1]:null; },mib]));
 function cell(row, cf, i){
   const v=row[1](cf), bv=row[1](base);
   if (v===null||v===undefined) return '<td>\u2013</td>';
@@ -664,4 +690,4 @@ document.body.setAttribute('data-rendered','1');
   base::write_file_atomic(path, html, "write_report");
 }
 
-}  // namespace tally::examples
+}  // namespace tally::ab

@@ -1,6 +1,7 @@
-// The A/B runner's outputs: the comparison table (stdout), the headline of each configuration
-// against the first, and the self-contained HTML report (inline SVG drawn by an inline script
-// from inline data, through inspect/svg_chart.h's renderer and palette; no network requests).
+// The A/B runner's outputs (ab/ab.h): the comparison table (stdout), the headline of each
+// configuration against the first, and the self-contained HTML report (inline SVG drawn by an
+// inline script from inline data, through inspect/svg_chart.h's renderer and palette; no network
+// requests).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,7 @@
 #include "memory/history.h"
 #include "memory/timeline.h"
 
-namespace tally::examples {
+namespace tally::ab {
 
 // A run of one phase over the recorded step, in ms from the step's first sample.
 struct PhaseRun {
@@ -33,13 +34,22 @@ struct ConfigResult {
   int64_t peak_allocated = 0;
   int64_t peak_reserved = 0;
   memory::CategoryBytes at_peak{};  // bytes per category when allocated memory peaked
+  // The step time: the median over the timing rounds (ab::Options::rounds) of each round's
+  // median warm step, and the rounds' range (min_ms..max_ms); without rounds, the recorded
+  // run's median step.
   double median_ms = 0;
+  double min_ms = std::numeric_limits<double>::quiet_NaN();
+  double max_ms = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> round_ms;  // each round's figure, in order
   double final_loss = 0;
   // Steps the fp16 GradScaler skipped (inf/NaN gradients: no optimizer step). A dry run has
   // no values and takes every step as finite, so its allocations match a run without skips.
   int64_t skipped_steps = 0;
   memory::MemoryTimeline timeline;  // the last (recorded) step
   std::vector<PhaseRun> phases;     // that step's phases (PhaseRecorder)
+  // The peak allocated bytes within each phase of that step, in order (forward.0, backward.0,
+  // forward.1, ... with gradient accumulation; eval with an eval function).
+  std::vector<std::pair<std::string, int64_t>> phase_peaks;
   // The files written for it (snapshot, timeline JSON and HTML, the diff against the first
   // configuration); the report links those that exist.
   std::string snapshot_path, timeline_path, timeline_html_path, diff_path;
@@ -60,12 +70,15 @@ std::string format_table(const std::vector<ConfigResult>& results);
 // "per-block checkpointing + bf16 autocast", "8-bit AdamW" (its name when nothing differs).
 std::string describe_change(const std::vector<ConfigResult>& results, size_t i);
 
-// The headline of configuration i >= 1 against the first: "4-segment checkpointing: peak −38%
-// (−2,084 MiB), step +19%" (peak allocated; step: the median step time, or the cost model's
-// "predicted step" for a dry run, left out when there is none). Percentages have no decimals
-// from 1% up and one below ("−0.4%", "±0%"); bytes are MiB with no decimals from 100 MiB up
-// (thousands separated), one from 1 MiB, else KiB with none (no change: "±0 MiB"). The minus
-// sign is U+2212.
+// The headline of configuration i >= 1 against the first: "4-segment checkpointing: peak
+// allocated −38% (−2,084 MiB), reserved −30% (−1,600 MiB), step +19% (rounds' spread 0.52 ms)"
+// (step: the median step
+// time, or the cost model's "predicted step" for a dry run, left out when there is none; when
+// the difference is within the timing rounds' spread, "step within noise (difference 0.31 ms,
+// rounds' spread 1.20 ms)" instead of a percentage). Percentages have no decimals from 1% up
+// and one below ("−0.4%", "±0%"); bytes are MiB with no decimals from 100 MiB up (thousands
+// separated), one from 1 MiB, else KiB with none (no change: "±0 MiB"). The minus sign is
+// U+2212.
 std::string headline(const std::vector<ConfigResult>& results, size_t i);
 
 // A sentence saying why a measured CPU run under 16-bit autocast is slower, or "" when no
@@ -113,4 +126,4 @@ void write_report(const std::string& path, const std::string& title,
 // "layer2.1.conv1" -> "layer2.1", "transformer.h.3.attn.c_attn" -> "h.3", "fc" -> "fc".
 std::string module_group(const std::string& path);
 
-}  // namespace tally::examples
+}  // namespace tally::ab
