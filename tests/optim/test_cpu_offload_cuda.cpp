@@ -81,10 +81,17 @@ void expect_equal_runs(const std::string& preset, bool bf16) {
   REQUIRE_GPU();
   const Run plain = train(preset, false, bf16), offloaded = train(preset, true, bf16);
   EXPECT_GT(offloaded.hooked, 0) << "gradients sent from the post-accumulate-grad hooks";
-  // The host update equals the CUDA kernel bit for bit (update_math.h); what is left is the
-  // device's own nondeterminism (atomics in a few backward kernels).
-  const double tol = bf16 ? 1e-3 : 1e-5;
-  EXPECT_LE(max_abs_diff(plain, offloaded), tol) << preset << (bf16 ? " bf16" : " fp32");
+  // The host update equals the CUDA kernel's math (update_math.h), but backward is not
+  // deterministic on the device (atomics in a few backward kernels, e.g. the embedding's), and
+  // Adam turns a flipped rounding of a near-zero gradient into a step of about lr (after 20
+  // steps of GPT small the offloaded run differed from a plain one by 1.4e-5 in fp32 and
+  // 8.5e-3 under bf16 on an H100). So the offloaded run may differ from a plain one by as much
+  // as a second plain run does, with room.
+  const Run plain2 = train(preset, false, bf16);
+  const double noise = max_abs_diff(plain, plain2);
+  const double tol = std::max(bf16 ? 1e-3 : 1e-5, 4 * noise);
+  EXPECT_LE(max_abs_diff(plain, offloaded), tol)
+      << preset << (bf16 ? " bf16" : " fp32") << "; two plain runs differ by " << noise;
   for (size_t s = 0; s < plain.losses.size(); ++s)
     EXPECT_NEAR(plain.losses[s], offloaded.losses[s], bf16 ? 1e-2 : 1e-4) << "step " << s;
 }
