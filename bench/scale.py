@@ -91,7 +91,8 @@ def run_tally(build, row, steps, out):
     banner = re.search(r"\(([0-9.]+) M parameters\)", real.stdout)
     records = [json.loads(line) for line in open(metrics) if line.strip()]
     steps_ = [r for r in records if "ms_per_step" in r and r.get("step", 0) > 2]
-    last = records[-1]
+    # The last step's record (the validation's, after it, has no peaks).
+    last = next((r for r in reversed(records) if "peak_reserved" in r), {})
     return {
         "predicted_device": predicted[0], "predicted_host": predicted[1],
         "device_peak": last.get("peak_reserved"), "host_peak": last.get("host_peak_reserved"),
