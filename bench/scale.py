@@ -2,7 +2,7 @@
 """The largest models one GPU trains (issue 52), one row per model size, on the GPU machine:
 
     python3 bench/scale.py BUILD_DIR [--out DIR] [--only gpt2-large,gpt2-xl] [--steps N]
-                                     [--no-torch]
+                                     [--no-torch] [--checkpoint SPEC]
 
 For each row, Tally's `train_gpt --optimizer adamw:cpu` (fp32 master weights and moments in
 pinned host memory, optim/cpu_offload.h) under bf16 autocast:
@@ -60,6 +60,8 @@ def flops_per_token(n_params, L, d, T):
 
 
 def tally_command(build, row, extra):
+    if "--checkpoint" in sys.argv:  # e.g. blocks: an 80 GB card needs it for the 7B row
+        extra = [*extra, "--checkpoint", sys.argv[sys.argv.index("--checkpoint") + 1]]
     if row in GPT_ROWS:
         preset, *_, batch, seq = GPT_ROWS[row]
         return [os.path.join(build, "examples", "train_gpt"), "--preset", preset, "--data",
