@@ -153,7 +153,7 @@ cases = [
     }),
     (["ab_memory", "--amp", "off,fp8"], "--amp", {}),
     (["ab_memory", "--alloc-conf", "default", "--alloc-conf", "bogus_key:1"], "--alloc-conf 'bogus_key:1'", {}),  # the bad second value fails before the first runs
-    (["ab_memory", "--model", "vit"], "--model: unknown model 'vit' (expected resnet | gpt", {}),
+    (["ab_memory", "--model", "mycnn"], "--model: unknown model 'mycnn' (expected resnet | gpt | llama", {}),
     (["ab_memory", "--step-in-backward", "on", "--amp", "off", "--grad-accum", "2"], "grad_accum 2", {}),
     (["ab_memory", "--model", "gpt", "--dataset", "fashion-mnist"], "--dataset", {}),
     (["ab_memory", "--model", "gpt", "--seq", "4096"], "--seq", {}),
