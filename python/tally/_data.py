@@ -13,7 +13,6 @@ import collections.abc
 import copy
 import re
 
-import numpy as _np
 
 from . import _C
 
@@ -204,8 +203,14 @@ _collate_err = ("default_collate: batch must contain tensors, numpy arrays, numb
                 "lists; found {}")
 
 
+def _np():
+    # numpy only where a batch holds numpy arrays: `import tally` works without it.
+    import numpy
+    return numpy
+
+
 def _as_tensor(array):
-    return _C.tensor(_np.ascontiguousarray(array))
+    return _C.tensor(_np().ascontiguousarray(array))
 
 
 def _rebuild_mapping(elem, values):
@@ -250,9 +255,9 @@ def default_collate(batch):
             if len(shapes) != 1:
                 raise RuntimeError(f"stack expects each tensor to be equal size, but got "
                                    f"{sorted(shapes)}")
-            return _as_tensor(_np.stack(batch))
+            return _as_tensor(_np().stack(batch))
         if elem.shape == ():  # numpy scalars
-            return _as_tensor(_np.array(batch))
+            return _as_tensor(_np().array(batch))
     if isinstance(elem, float):
         return _C.tensor(list(batch), dtype=_C.float64)
     if isinstance(elem, int):  # bool too: a bool tensor
