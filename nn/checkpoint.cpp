@@ -284,8 +284,8 @@ Tensor checkpoint_sequential(std::vector<std::function<Tensor(const Tensor&)>> s
 Tensor checkpoint_sequential(const Sequential& functions, int segments, Tensor input,
                              CheckpointOptions options) {
   std::vector<std::function<Tensor(const Tensor&)>> stages;
-  for (const auto& [name, child] : functions.named_children())
-    stages.push_back([child](const Tensor& x) { return (*child)(x); });
+  for (const auto& named : functions.named_children())
+    stages.push_back([child = named.second](const Tensor& x) { return (*child)(x); });
   return checkpoint_sequential(std::move(stages), segments, std::move(input), std::move(options));
 }
 

@@ -65,7 +65,10 @@ template <size_t N, typename Fn>
 void parallel_for_each_kept(const std::vector<bool>& reduce,
                             const std::array<const Tensor*, N>& operands, int64_t per_position,
                             Fn&& fn) {
-  const auto [strides, offsets] = strides_and_offsets(operands);
+  // Not a structured binding: clang 14 cannot capture one in the lambda below.
+  const auto strides_offsets = strides_and_offsets(operands);
+  const auto& strides = strides_offsets.first;
+  const auto& offsets = strides_offsets.second;
   Shape kept = operands[0]->sizes();
   for (size_t d = 0; d < kept.size(); ++d)
     if (reduce[d]) kept[d] = 1;
