@@ -2,7 +2,7 @@
 """The largest models one GPU trains (issue 52), one row per model size, on the GPU machine:
 
     python3 bench/scale.py BUILD_DIR [--out DIR] [--only gpt2-large,gpt2-xl] [--steps N]
-                                     [--no-torch] [--checkpoint SPEC]
+                                     [--no-torch] [--checkpoint SPEC] [--grad-accum K]
 
 For each row, Tally's `train_gpt --optimizer adamw:cpu` (fp32 master weights and moments in
 pinned host memory, optim/cpu_offload.h) under bf16 autocast:
@@ -20,6 +20,10 @@ pinned host memory, optim/cpu_offload.h) under bf16 autocast:
 Printed: one table row per model and the errors of the predicted peaks (targets: device within
 2%, host within 5%), and the speed ratio against PyTorch (target >= 1.2x, or PyTorch cannot run
 it). JSON of every row in OUT/scale.json.
+
+--grad-accum K: K micro-batches of the row's batch a step (the batch is K times larger, one
+optimizer step; PyTorch accumulates the same way). The host update is paid once a step, so
+its share of the step falls as K grows.
 
 The LLaMA rows (1B, 3B, 7B, 13B) run `train_model --model llama --preset P` (its --optimizer
 list must include adamw:cpu) and, for PyTorch, bench/models/llama.py's build(preset) and loss.
@@ -59,15 +63,24 @@ def flops_per_token(n_params, L, d, T):
     return 6 * n_params + 12 * L * T * d
 
 
+def grad_accum():
+    return int(sys.argv[sys.argv.index("--grad-accum") + 1]) if "--grad-accum" in sys.argv else 1
+
+
 def tally_command(build, row, extra):
     if "--checkpoint" in sys.argv:  # e.g. blocks: an 80 GB card needs it for the 7B row
         extra = [*extra, "--checkpoint", sys.argv[sys.argv.index("--checkpoint") + 1]]
+    k = grad_accum()
+    if k > 1:
+        extra = [*extra, "--grad-accum", str(k)]
     if row in GPT_ROWS:
         preset, *_, batch, seq = GPT_ROWS[row]
+        batch *= k
         return [os.path.join(build, "examples", "train_gpt"), "--preset", preset, "--data",
                 "synthetic", "--batch", str(batch), "--seq", str(seq), "--amp", "bf16",
                 "--optimizer", "adamw:cpu", *extra]
     preset, _, _, batch, seq = LLAMA_ROWS[row]
+    batch *= k
     return [os.path.join(build, "examples", "train_model"), "--model", "llama", "--preset", preset,
             "--batch", str(batch), "--seq", str(seq), "--amp", "bf16", "--optimizer", "adamw:cpu",
             *extra]
@@ -106,7 +119,7 @@ def run_tally(build, row, steps, out):
 TORCH_WORKER = r"""
 import json, os, sys, time, torch
 root, spec = sys.argv[1], json.loads(sys.argv[2])
-kind, shape, B, T, mode, steps = spec
+kind, shape, B, T, mode, steps, K = spec
 torch.manual_seed(0)
 dev = torch.device("cuda")
 if kind == "gpt":
@@ -151,9 +164,11 @@ try:
     for s in range(steps):
         x = torch.randint(0, V_tokens, (B, T), device=dev)
         torch.cuda.synchronize(); t0 = time.perf_counter()
-        with torch.autocast("cuda", torch.bfloat16):
-            loss = step_loss(model, x)
-        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        for k in range(K):  # micro-batches of B rows (gradient accumulation)
+            with torch.autocast("cuda", torch.bfloat16):
+                loss = step_loss(model, x) / K
+            loss.backward()
+        opt.step(); opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize(); times.append(time.perf_counter() - t0)
     t = sorted(times[2:] or times)
     print(json.dumps({"mode": mode, "device_peak": torch.cuda.max_memory_reserved(),
@@ -173,7 +188,7 @@ def run_torch(row, steps):
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for mode in ("plain", "fsdp2-cpu-offload"):
         p = subprocess.run([sys.executable, "-c", TORCH_WORKER, here,
-                            json.dumps([kind, shape, B, T, mode, steps])],
+                            json.dumps([kind, shape, B, T, mode, steps, grad_accum()])],
                            capture_output=True, text=True)
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
         if not lines:
@@ -216,7 +231,7 @@ def main():
             print(f"{row:<11} Tally failed: {t['error'][-300:]}")
             continue
         ms = t["ms_per_step"]
-        tok_s = B * T / (ms / 1000) if ms else 0
+        tok_s = B * grad_accum() * T / (ms / 1000) if ms else 0
         n = t.get("params") or (gpt_params(L, d, V, T) if row in GPT_ROWS else 0)
         mfu = flops_per_token(n, L, d, T) * tok_s / PEAK_FLOPS
         g = lambda b: f"{b / GIB:.1f}" if b else "-"

@@ -98,7 +98,13 @@ std::vector<Tensor> train_step(optim::Optimizer& opt, Precision& prec,
       out = forward(micro);
       out.at(0) = mul(out.at(0), 1.0 / static_cast<double>(accum));
     }
-    prec.backward(out.at(0), fmt::format("backward.{}", k), site);
+    {
+      // The offloaded optimizer sends gradients once, after the last micro-batch's backward.
+      auto* offload = dynamic_cast<optim::CpuOffload*>(&opt);
+      std::optional<optim::CpuOffload::NoSyncGuard> no_sync;
+      if (offload && k + 1 < accum) no_sync.emplace(*offload);
+      prec.backward(out.at(0), fmt::format("backward.{}", k), site);
+    }
     for (Tensor& t : out) t = t.detach();
     outs.push_back(std::move(out));
   }

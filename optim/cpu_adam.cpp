@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <vector>
 
@@ -83,6 +84,25 @@ TALLY_VECTOR_CLONES void adam_run_f32(const detail::AdamScalars<float>& s, float
     adam_loop_d<false>(s, p, g, m, v, n);
 }
 
+// adam_run_f32 over float32 masters whose gradients are 16-bit (G: BFloat16 or Half), in blocks
+// that stay in the L1 cache: each block's gradient widened into a buffer, updated, and the new
+// weights rounded into `out` (which may be the gradient's own memory: the block was read
+// first). Widening is exact and the rounding is G's own, so the result equals a cast, the
+// float32 update and a cast back, with two fewer passes over memory.
+template <typename G>
+void adam_run_16(const detail::AdamScalars<float>& s, float* p, const G* g, float* m, float* v,
+                 G* out, int64_t n) {
+  constexpr int64_t kBlock = 2048;
+  float buf[kBlock];
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t k = std::min(kBlock, n - b);
+    for (int64_t i = 0; i < k; ++i) buf[i] = static_cast<float>(g[b + i]);
+    adam_run_f32(s, p + b, buf, m + b, v + b, k);
+    if (out)
+      for (int64_t i = 0; i < k; ++i) out[b + i] = G(p[b + i]);
+  }
+}
+
 template <typename T>
 void adam_run(const detail::AdamScalars<T>& s, T* p, const T* g, T* m, T* v, T* vmax, int64_t n) {
   if constexpr (sizeof(T) == 4) {
@@ -140,6 +160,41 @@ void parallel_adam_(const TensorLists& l, const AdamHyper& h) {
   else
     throw std::invalid_argument(fmt::format(
         "parallel_adam_: parameters must be float32 or float64, got {}", dtype_name(l.dtype)));
+}
+
+void parallel_adam_16_(const TensorLists& l, const AdamHyper& h, DType grad,
+                       const std::vector<void*>& out) {
+  check_cpu(l, "parallel_adam_16_");
+  if (h.capturable || h.amsgrad || l.depth != 4 || l.dtype != DType::float32)
+    throw std::invalid_argument(fmt::format(
+        "parallel_adam_16_: float32 lists of depth 4 without amsgrad or capturable expected, "
+        "got {} of depth {} (amsgrad {})",
+        dtype_name(l.dtype), l.depth, h.amsgrad));
+  if (grad != DType::bfloat16 && grad != DType::float16)
+    throw std::invalid_argument(fmt::format(
+        "parallel_adam_16_: gradients must be bfloat16 or float16, got {}", dtype_name(grad)));
+  if (!out.empty() && out.size() != l.size())
+    throw std::invalid_argument(
+        fmt::format("parallel_adam_16_: {} output pointers for {} tensors", out.size(), l.size()));
+  if (h.found_inf && *h.found_inf != 0) return;
+  auto run_all = [&](auto zero) {
+    using G = decltype(zero);
+    const detail::AdamScalars<float> s(h);
+    const std::vector<Run> runs = runs_of(l);
+    tally::cpu::parallel_for(static_cast<int64_t>(runs.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const Run& x = runs[static_cast<size_t>(r)];
+        auto at = [&](int k) { return static_cast<float*>(l.ptrs[x.tensor][k]) + x.begin; };
+        G* o = out.empty() ? nullptr : static_cast<G*>(out[x.tensor]) + x.begin;
+        adam_run_16<G>(s, at(0), static_cast<const G*>(l.ptrs[x.tensor][1]) + x.begin, at(2), at(3),
+                       o, x.n);
+      }
+    });
+  };
+  if (grad == DType::bfloat16)
+    run_all(BFloat16{});
+  else
+    run_all(Half{});
 }
 
 void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {

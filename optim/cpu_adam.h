@@ -8,6 +8,8 @@
 // operation exactly as the scalar one does.
 #pragma once
 
+#include <vector>
+
 #include "optim/multi_tensor.h"
 
 namespace tally::optim {
@@ -15,6 +17,12 @@ namespace tally::optim {
 // fused_adam_'s update (lists: param, grad, exp_avg, exp_avg_sq[, max_exp_avg_sq]) of CPU
 // tensors, float32 or float64, multi-threaded. Not capturable; found_inf is honoured.
 void parallel_adam_(const TensorLists& l, const AdamHyper& h);
+// parallel_adam_ (no amsgrad) of float32 masters whose gradients (list 1) are `grad` (bfloat16
+// or float16); with `out` (one pointer per tensor, possibly the gradient's own), the updated
+// weights are also written rounded to `grad`'s dtype. Equal bit for bit to widening the
+// gradient, parallel_adam_ and a cast, in one pass over memory.
+void parallel_adam_16_(const TensorLists& l, const AdamHyper& h, DType grad,
+                       const std::vector<void*>& out);
 // fused_adamw8bit_'s update of CPU tensors (lists as AdamW8bitHyper's), multi-threaded.
 void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h);
 

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <tuple>
@@ -154,7 +155,7 @@ void CpuOffload::send(size_t i, uint64_t bucket) {
   const Tensor src = flat(g);
   std::optional<Staged>& s = staged_[i];
   if (p.device() == Device::cpu()) {
-    s = Staged{src, false, g.storage().key(), g.storage().version(), bucket};
+    s = Staged{src, false, g.storage().key(), g.storage().version(), bucket, false};
     return;
   }
   // An earlier buffer of this parameter (an earlier backward of an accumulation) is reused.
@@ -164,7 +165,7 @@ void CpuOffload::send(size_t i, uint64_t bucket) {
     host = ops::empty_host({g.numel()}, g.dtype(), g.device());
   }
   ops::copy_on_copy_stream_(host, src);
-  s = Staged{host, true, g.storage().key(), g.storage().version(), bucket};
+  s = Staged{host, true, g.storage().key(), g.storage().version(), bucket, false};
 }
 
 void CpuOffload::close_bucket(std::vector<size_t> indices) {
@@ -176,7 +177,7 @@ void CpuOffload::close_bucket(std::vector<size_t> indices) {
 
 void CpuOffload::on_grad_ready(size_t i) {
   const Tensor g = param_at(i).grad();
-  if (!g.defined()) return;
+  if (!g.defined() || !sync_) return;
   NoGradGuard no_grad;
   // A bucket holds one device's gradients (its fence is that device's).
   if (!pending_.empty() && !(param_at(pending_.front()).device() == g.device())) flush_pending();
@@ -254,10 +255,28 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
   for (const auto& [key, members] : lists_of) {
     const auto [step, q8, dtype] = key;
     TensorLists lists(Device::cpu(), static_cast<DType>(dtype), q8 ? 6 : 4 + (h.amsgrad ? 1 : 0));
+    // A 16-bit parameter's gradient in this optimizer's buffer: read as it is, and the new
+    // weights rounded into that buffer in the same pass (parallel_adam_16_), for write_back.
+    std::map<DType, std::pair<TensorLists, std::vector<void*>>> lists16;
     std::vector<Tensor> grads32;  // 16-bit gradients widened for the update
     for (size_t i : members) {
       auto& t = state(i).tensors;
-      Tensor g = staged_[i]->host_grad;
+      Staged& staged = *staged_[i];
+      Tensor g = staged.host_grad;
+      if (!q8 && !h.amsgrad && staged.owned && is_16bit(g.dtype()) &&
+          g.dtype() == param_at(i).dtype() && static_cast<DType>(dtype) == DType::float32) {
+        auto& [l16, out] =
+            lists16
+                .try_emplace(g.dtype(), TensorLists(Device::cpu(), DType::float32, 4),
+                             std::vector<void*>{})
+                .first->second;
+        l16.add({t.at("master").data_ptr(), g.data_ptr(), t.at("exp_avg").data_ptr(),
+                 t.at("exp_avg_sq").data_ptr()},
+                param_at(i).numel());
+        out.push_back(g.data_ptr());
+        staged.weights_ready = true;
+        continue;
+      }
       if (g.dtype() != static_cast<DType>(dtype)) {
         memory::CategoryScope category(memory::Category::temporary);
         Tensor w = ops::empty_host(g.sizes(), static_cast<DType>(dtype), device);
@@ -280,6 +299,8 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
     }
     if (meta) continue;
     h.step = step;
+    for (const auto& [gdtype, l16] : lists16) parallel_adam_16_(l16.first, h, gdtype, l16.second);
+    if (lists.empty()) continue;
     if (q8) {
       AdamHyper a = h;
       a.amsgrad = false;
@@ -302,6 +323,10 @@ void CpuOffload::write_back(size_t i) {
   // which the update has read (it has the parameter's dtype), or a new one on the CPU, where
   // that buffer is the gradient itself.
   Staged& s = *staged_[i];
+  if (s.weights_ready) {  // parallel_adam_16_ wrote them into the gradient's buffer
+    ops::copy_on_copy_stream_(dst, s.host_grad);
+    return;
+  }
   Tensor buf = s.owned ? s.host_grad : Tensor();
   if (!buf.defined()) {
     memory::CategoryScope category(memory::Category::temporary);

@@ -57,6 +57,22 @@ class CpuOffload : public Optimizer {
   }
 
   const CpuOffloadOptions& offload_options() const { return offload_; }
+
+  // RAII, as DistributedDataParallel::no_sync: while alive, backward's gradients are not final
+  // (gradient accumulation: more micro-batches follow), so the hooks do not send them; the last
+  // micro-batch's backward, outside the guard, sends the accumulated ones.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(CpuOffload& o) : o_(o), prev_(o.sync_) { o_.sync_ = false; }
+    ~NoSyncGuard() { o_.sync_ = prev_; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    CpuOffload& o_;
+    bool prev_;
+  };
+  NoSyncGuard no_sync() { return NoSyncGuard(*this); }
   // Gradients sent by the hooks, and buckets sent (hooks' and step()'s), since construction.
   int64_t hooked_copies() const { return hooked_copies_; }
   int64_t buckets_sent() const { return buckets_sent_; }
@@ -74,6 +90,7 @@ class CpuOffload : public Optimizer {
     const void* key;   // the device gradient's storage and version when it was sent
     uint64_t version;
     uint64_t bucket;
+    bool weights_ready = false;  // host_grad holds the updated weights (parameter's dtype)
   };
   struct Bucket {
     std::vector<size_t> indices;
@@ -100,6 +117,7 @@ class CpuOffload : public Optimizer {
   std::vector<size_t> pending_;  // sent by the hooks, bucket not closed yet
   int64_t pending_bytes_ = 0;
   int64_t hooked_copies_ = 0, buckets_sent_ = 0;
+  bool sync_ = true;  // false under no_sync()
 };
 
 }  // namespace tally::optim

@@ -189,6 +189,56 @@ TEST(CpuOffload, ParallelHostUpdateEqualsTheCpuKernels) {
   tally::cpu::set_num_threads(threads_before);
 }
 
+// The 16-bit path (bfloat16/float16 gradients read as they are, the new weights rounded into
+// the gradient's buffer) equals widening, the float32 kernel and a cast, bit for bit.
+TEST(CpuOffload, SixteenBitHostUpdateEqualsWidenUpdateRound) {
+  const int64_t sizes[] = {1, 2049, 66000};  // across the 2048-element blocks and a 64K run
+  uint32_t state = 7;
+  auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / 8388608.0f - 1.0f;
+  };
+  for (const DType g16 : {DType::bfloat16, DType::float16}) {
+    const optim::AdamHyper h{.lr = 1e-2, .weight_decay = 0.01, .decoupled = true, .step = 2};
+    std::vector<Tensor> ref, fused;  // per tensor: p, g (16-bit), m, v
+    for (const int64_t n : sizes)
+      for (int k = 0; k < 4; ++k) {
+        std::vector<float> x(static_cast<size_t>(n));
+        for (float& e : x) e = k == 3 ? std::abs(next()) : next();
+        Tensor t = ops::from_vector(std::vector<double>(x.begin(), x.end()), {n});
+        if (k == 1) t = ops::to(t, Device::cpu(), g16);
+        ref.push_back(t);
+        fused.push_back(ops::clone(t));
+      }
+    optim::TensorLists lr(Device::cpu(), DType::float32, 4), lf = lr;
+    std::vector<Tensor> wide, rounded;
+    std::vector<void*> out;
+    for (size_t t = 0; t < 3; ++t) {
+      wide.push_back(ops::to(ref[t * 4 + 1], Device::cpu(), DType::float32));
+      lr.add({ref[t * 4].data_ptr(), wide.back().data_ptr(), ref[t * 4 + 2].data_ptr(),
+              ref[t * 4 + 3].data_ptr()},
+             sizes[t]);
+      lf.add({fused[t * 4].data_ptr(), fused[t * 4 + 1].data_ptr(), fused[t * 4 + 2].data_ptr(),
+              fused[t * 4 + 3].data_ptr()},
+             sizes[t]);
+      out.push_back(fused[t * 4 + 1].data_ptr());  // into the gradient's own buffer
+    }
+    optim::parallel_adam_(lr, h);
+    optim::parallel_adam_16_(lf, h, g16, out);
+    for (size_t t = 0; t < 3; ++t) {
+      for (int k : {0, 2, 3})
+        EXPECT_EQ(ops::to_vector(ref[t * 4 + k]), ops::to_vector(fused[t * 4 + k]))
+            << dtype_name(g16) << " tensor " << t << " list " << k;
+      EXPECT_EQ(ops::to_vector(ops::to(ref[t * 4], Device::cpu(), g16)),
+                ops::to_vector(fused[t * 4 + 1]))
+          << dtype_name(g16) << " tensor " << t << ": the rounded weights";
+    }
+  }
+  optim::TensorLists bad(Device::cpu(), DType::float32, 4);
+  EXPECT_THROW(optim::parallel_adam_16_(bad, optim::AdamHyper{}, DType::float32, {}),
+               std::invalid_argument);
+}
+
 // A dry run for an H200: the device holds the weights and gradients, the host the state.
 TEST(CpuOffload, ADryRunForAGpuKeepsTheStateOnTheHost) {
   memory::DryRun dry({.target = "h200"});
@@ -202,6 +252,24 @@ TEST(CpuOffload, ADryRunForAGpuKeepsTheStateOnTheHost) {
   const memory::Estimate e = dry.finish();
   EXPECT_EQ(e.at_peak[static_cast<size_t>(memory::Category::optimizer_state)], 0);
   EXPECT_GE(e.host_peak_allocated, 3 * 4 * 1024 * 1024);
+}
+
+// Gradient accumulation: under no_sync() the hooks send nothing; the last backward sends the
+// sum, which the step uses (a dry run for a GPU, where the hooks are installed).
+TEST(CpuOffload, NoSyncSendsOnlyTheLastMicroBatchsGradients) {
+  memory::DryRun dry({.target = "h200"});
+  const Tensor w = ops::empty({256, 256}, DType::float32, dry.device()).requires_grad_();
+  optim::CpuOffload opt(std::vector<Tensor>{w});
+  {
+    auto guard = opt.no_sync();
+    sum(mul(w, w)).backward();
+    EXPECT_EQ(opt.hooked_copies(), 0);
+  }
+  sum(mul(w, w)).backward();
+  EXPECT_EQ(opt.hooked_copies(), 1);
+  opt.step();
+  EXPECT_EQ(opt.buckets_sent(), 1);  // the hook's bucket was fresh: step() sent nothing more
+  dry.finish();
 }
 
 // The snapshot of a dry run for a GPU shows the host side as PyTorch's record_pinned_host_memory
