@@ -8,10 +8,13 @@ namespace tally::autograd {
 
 namespace {
 thread_local bool tls_grad_enabled = true;
-// From 1: AccumulateGrad nodes keep sequence_nr 0, the lowest priority of the engine's ready
-// queue, so no op node ever ties with them (the process's first op once did, and the order of
-// the backward then depended on what ran before it).
+// Op nodes count from 1. AccumulateGrad nodes take the highest number (kAccumulateGradSeq), as
+// PyTorch's do: the engine's ready queue runs the latest op first, so a leaf's gradient lands
+// in .grad (and its post-accumulate-grad hooks run: CpuOffload's copies, step-in-backward, DDP)
+// as soon as it is complete, not at the end of backward with every other gradient held until
+// then. No op node ever ties with them.
 std::atomic<uint64_t> g_sequence{1};
+constexpr uint64_t kAccumulateGradSeq = UINT64_MAX;
 }  // namespace
 
 uint64_t next_sequence_nr() {
@@ -103,6 +106,7 @@ Edge gradient_edge(const Tensor& t) {
   if (!acc) {
     // The accumulator refers to the leaf tensor itself (shares its impl).
     acc = std::make_shared<AccumulateGrad>(t);
+    acc->sequence_nr = kAccumulateGradSeq;
     acc->outputs.push_back({t.sizes(), t.dtype(), t.device()});
     acc->output_hooks.resize(1);
     meta->grad_accumulator = acc;

@@ -122,6 +122,22 @@ ex::Trainer::Forward forward_of(const nn::ModelEntry& e, nn::Module& m) {
   };
 }
 
+// The entry's loss over `in` without gradients, in `parts` equal micro-batches as training
+// splits it (--grad-accum), so that evaluation needs no more memory than a training
+// micro-batch: the mean of their losses.
+Tensor eval_loss(const nn::ModelEntry& e, nn::Module& m, const std::vector<Tensor>& in,
+                 int64_t parts) {
+  NoGradGuard ng;
+  const int64_t len = in[0].size(0) / parts;
+  Tensor total;
+  for (int64_t k = 0; k < parts; ++k) {
+    const Tensor l =
+        e.loss(m, {ops::narrow(in[0], 0, k * len, len), ops::narrow(in[1], 0, k * len, len)});
+    total = total.defined() ? add(total, l) : l;
+  }
+  return parts > 1 ? mul(total, 1.0 / static_cast<double>(parts)) : total;
+}
+
 // Batch `step` of the synthetic set seeded `seed`, on `dev` (both copies tagged `input`).
 std::vector<Tensor> batch_on(const nn::ModelEntry& e, const Args& a, int64_t step, uint64_t seed,
                              Device dev) {
@@ -170,9 +186,7 @@ int main(int argc, char** argv) {
             return in;
           },
           forward_of(entry, *m),
-          [&](const std::vector<Tensor>& in) {
-            (void)entry.loss(*m, {in[0], in[1]});
-          });
+          [&](const std::vector<Tensor>& in) { (void)eval_loss(entry, *m, in, tr.grad_accum()); });
     };
     // The model's blocks, and --checkpoint checked against them, before any real work: on a
     // meta device of its own whose capacity no model reaches (the default meta device replays
@@ -233,7 +247,7 @@ int main(int argc, char** argv) {
         for (int64_t i = 0; i < a.eval_batches; ++i) {
           const std::vector<Tensor> b = batch_on(entry, a, i, t.seed + 1000003, dev);
           auto guard = tr.precision().autocast();
-          val += entry.loss(*model, {b[0], b[1]}).item();
+          val += eval_loss(entry, *model, b, tr.grad_accum()).item();
         }
         model->train();
         val /= static_cast<double>(a.eval_batches);

@@ -157,6 +157,7 @@ class Trainer {
   void start();
 
   bool dry() const { return dry_ != nullptr; }
+  int64_t grad_accum() const { return f_.grad_accum; }
   Device device() const { return dev_; }
   // The run's checkpointing, precision and offload: the flags', or the planner's choice.
   nn::CheckpointSpec checkpoint;
