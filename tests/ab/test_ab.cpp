@@ -186,6 +186,35 @@ TEST(AbRun, RegistryModelByName) {
   fs::remove_all(o.out);
 }
 
+// An optimizer with its state in pinned host memory, predicted for an H200 (no run): the host's
+// peak gets a column and its JSON fields, the host update costs predicted time, and the host
+// memory the dry runs check against is the caller's.
+TEST(AbRun, OffloadedOptimizerShowsTheHostPeak) {
+  ab::Options o;
+  o.model = "gpt";
+  o.model_options.seq = 16;
+  o.batch = 2;
+  o.steps = 2;
+  o.optimizer = {"adamw", "adamw:cpu"};
+  o.estimate = "h200";
+  o.host_memory = size_t{64} << 10;  // 64 KiB: the offloaded state does not fit
+  o.rounds = 0;
+  o.verbose = false;
+  o.out = temp_dir("host");
+  const ab::Results r = ab::run(o);
+  ASSERT_EQ(r.configs.size(), 2u);
+  EXPECT_GT(r.configs[1].host_peak_allocated, r.configs[0].host_peak_allocated);
+  EXPECT_EQ(r.configs[1].estimate.host_memory, size_t{64} << 10);
+  EXPECT_TRUE(r.configs[0].estimate.host_out_of_memory.empty());
+  EXPECT_FALSE(r.configs[1].estimate.host_out_of_memory.empty());
+  EXPECT_GT(r.configs[1].predicted_step_ms, r.configs[0].predicted_step_ms);
+  EXPECT_NE(r.table.find("host peak"), std::string::npos) << r.table;
+  std::ifstream f(o.out + "/results.json");
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_GT(j[1]["host_peak_allocated"].get<int64_t>(), 0);
+  fs::remove_all(o.out);
+}
+
 TEST(AbRun, BadOptionsFailBeforeAnyRun) {
   ab::Options o;
   o.out = temp_dir("bad");
