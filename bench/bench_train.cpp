@@ -467,7 +467,13 @@ int main(int argc, char** argv) {
         throw std::invalid_argument(
             "--model runs one registry model: not with --resnet, --gpt, --configs or "
             "--cuda-graphs");
-      const nn::ModelEntry& e = nn::model_entry(mr.model);  // names the models if unknown
+      const nn::ModelEntry& e = [&]() -> const nn::ModelEntry& {
+        try {
+          return nn::model_entry(mr.model);
+        } catch (const std::invalid_argument& err) {
+          throw std::invalid_argument(fmt::format("--model: {}", err.what()));
+        }
+      }();
       const bool images = e.input == nn::ModelEntry::Input::images;
       if (images && mr.opts.seq > 0)
         throw std::invalid_argument(
@@ -475,7 +481,11 @@ int main(int argc, char** argv) {
       if (!images && mr.opts.image_size > 0)
         throw std::invalid_argument(
             fmt::format("--image-size applies to image models (--model {} takes tokens)", e.name));
-      mr.opts = nn::resolve_options(e, mr.opts);
+      try {
+        mr.opts = nn::resolve_options(e, mr.opts);
+      } catch (const std::invalid_argument& err) {
+        throw std::invalid_argument(fmt::format("--preset: {}", err.what()));
+      }
       if (!images && e.context && mr.opts.seq > e.context(mr.opts.preset))
         throw std::invalid_argument(fmt::format("--seq {} exceeds --preset {}'s context {}",
                                                 mr.opts.seq, mr.opts.preset,
