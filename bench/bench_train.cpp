@@ -309,11 +309,14 @@ StepCounts count_step(const nn::ModelEntry& e, const ModelRun& m, const data::Ex
   return c;
 }
 
-// The floor of a step on the H200: its 16-bit FLOPs at 790 TFLOP/s (bf16 tensor cores,
-// measured) plus its other FLOPs at 67 TFLOP/s (float32 without TF32, nominal), or its bytes at
-// 4.3 TB/s (measured copy bandwidth), whichever is longer.
-double floor_ms(const StepCounts& c) {
-  return 1e3 * std::max(c.flops16 / 790e12 + c.flops32 / 67e12, c.bytes / 4.3e12);
+// The floor of a step on the H200: its FLOPs at 790 TFLOP/s (bf16 tensor cores, measured) under
+// 16-bit autocast, at 67 TFLOP/s (float32 without TF32, nominal) in float32, or its bytes at
+// 4.3 TB/s (measured copy bandwidth), whichever is longer. All of an autocast step's FLOPs count
+// at the 16-bit rate: the cost model files a product under its output's dtype, and a weight
+// gradient's float32 output comes from 16-bit operands (a third of ViT-B/16's FLOPs).
+double floor_ms(const StepCounts& c, bool autocast) {
+  const double flops = c.flops16 + c.flops32;
+  return 1e3 * std::max(flops / (autocast ? 790e12 : 67e12), c.bytes / 4.3e12);
 }
 
 void model_cfg(const ModelRun& m, Device dev, int steps) {
@@ -342,7 +345,7 @@ void model_cfg(const ModelRun& m, Device dev, int steps) {
       ", \"params\": {}, \"gflop_16bit\": {:.2f}, \"gflop_32bit\": {:.2f}, \"gbytes\": {:.3f}, "
       "\"floor_ms\": {:.3f}, \"device\": \"{}\"",
       model->num_parameters(), counts.flops16 / 1e9, counts.flops32 / 1e9, counts.bytes / 1e9,
-      floor_ms(counts), dev.str());
+      floor_ms(counts, m.amp != "off"), dev.str());
   report(m.label, cfg, timed(step, dev, m.warmup, steps), dev, tokens ? m.batch * m.opts.seq : 0,
          extra);
 }

@@ -249,7 +249,7 @@ namespace {
 // the weights' copies back, queued after it, start no earlier than it ends (the device stream
 // waits for them before the next forward in any case).
 void charge_host_update(Device device, double bytes) {
-  const meta::Rates r = meta::rates_of(device);
+  const tally::meta::Rates r = tally::meta::rates_of(device);
   const double rate = r.host_update_bandwidth > 0                     ? r.host_update_bandwidth
                       : memory::behaves_as(device) == DeviceType::cpu ? r.bandwidth
                                                                       : 0.0;
