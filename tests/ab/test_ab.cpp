@@ -187,8 +187,8 @@ TEST(AbRun, RegistryModelByName) {
 }
 
 // An optimizer with its state in pinned host memory, predicted for an H200 (no run): the host's
-// peak gets a column and its JSON fields, the host update costs predicted time, and the host
-// memory the dry runs check against is the caller's.
+// peak gets a column and its JSON fields, and the host memory the dry runs check against is the
+// caller's (the host update's time: CpuOffload.ADryRunChargesTheHostUpdate).
 TEST(AbRun, OffloadedOptimizerShowsTheHostPeak) {
   ab::Options o;
   o.model = "gpt";
@@ -207,7 +207,6 @@ TEST(AbRun, OffloadedOptimizerShowsTheHostPeak) {
   EXPECT_EQ(r.configs[1].estimate.host_memory, size_t{64} << 10);
   EXPECT_TRUE(r.configs[0].estimate.host_out_of_memory.empty());
   EXPECT_FALSE(r.configs[1].estimate.host_out_of_memory.empty());
-  EXPECT_GT(r.configs[1].predicted_step_ms, r.configs[0].predicted_step_ms);
   EXPECT_NE(r.table.find("host peak"), std::string::npos) << r.table;
   std::ifstream f(o.out + "/results.json");
   const nlohmann::json j = nlohmann::json::parse(f);
