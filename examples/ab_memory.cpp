@@ -230,7 +230,11 @@ int main(int argc, char** argv) {
     o.lr = a.lr;
     o.device = dev;
     o.estimate = a.estimate;
-    if (!a.host_memory.empty()) o.host_memory = memory::parse_bytes(a.host_memory, "--host-memory");
+    if (!a.host_memory.empty()) {
+      o.host_memory = memory::parse_bytes(a.host_memory, "--host-memory");
+      if (o.host_memory == 0)
+        throw std::invalid_argument("--host-memory: expected a size above 0 (128GiB, say)");
+    }
     o.rounds = a.rounds;
     o.checkpoint = split_list(a.checkpoints);
     o.precision = split_list(a.amps);
