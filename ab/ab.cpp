@@ -22,6 +22,7 @@
 #include "inspect/memdiff.h"
 #include "memory/alloc_config.h"
 #include "memory/estimate.h"
+#include "memory/host_memory.h"
 #include "memory/memory.h"
 #include "memory/timeline.h"
 #include "nn/checkpoint.h"
@@ -250,7 +251,7 @@ std::vector<Config> configurations(const Options& o) {
     optimizers = {images ? "sgd" : "adamw"};
   }
   for (const std::string& s : optimizers)
-    optim::check_optimizer(s, {"sgd", "adam", "adamw", "adamw8bit"});
+    optim::check_optimizer(s, {"sgd", "adam", "adamw", "adamw8bit", "adamw:cpu", "adamw8bit:cpu"});
   for (int64_t n : o.grad_accum)
     need(n >= 1, fmt::format("grad_accum {}: micro-batches per step must be at least 1", n));
   for (bool sib : o.step_in_backward)
@@ -540,7 +541,8 @@ Results run(const Options& o) {
   // step began.
   auto predict = [&](const nn::CheckpointSpec& spec, std::optional<DType> amp, const Config& c,
                      ConfigResult& r, int64_t& last_step_us) {
-    memory::DryRun dry({.target = target, .max_history = kHistoryEntries});
+    memory::DryRun dry(
+        {.target = target, .max_history = kHistoryEntries, .host_memory = o.host_memory});
     AllocConfScope conf(memory::get_allocator(dry.device()), c.alloc_conf);
     std::string oom;
     try {
@@ -577,7 +579,7 @@ Results run(const Options& o) {
     std::string ck_name = c.checkpoint, am_name = c.precision;
     if (c.checkpoint == "auto") {
       // The planner's choice for this row, planned for the prediction's target.
-      memory::DryRun probe({.target = target});
+      memory::DryRun probe({.target = target, .host_memory = o.host_memory});
       const int blocks = nn::checkpoint_block_count(*make_model(Device::meta(), Device::meta()));
       const nn::PlanCandidate cand =
           o.planner(c, probe.device(), blocks, [&](Device d, const nn::PlanCandidate& pc) {
@@ -632,12 +634,24 @@ Results run(const Options& o) {
       r.peak_allocated = r.estimate.peak_allocated;
       r.peak_reserved = r.estimate.peak_reserved;
       r.at_peak = r.estimate.at_peak;
+      if (!(r.estimate.host == r.estimate.device)) {
+        r.host_peak_allocated = r.estimate.host_peak_allocated;
+        r.host_peak_reserved = r.estimate.host_peak_reserved;
+      }
     } else {
       memory::record_memory_history(false, 0, recorded);
       recorded = dev;
       memory::empty_cache(dev);
       run_conf.emplace(memory::get_allocator(dev), c.alloc_conf);
       memory::reset_peak_memory_stats(dev);
+      memory::CachingAllocator* host = memory::host_allocator(dev);
+      int64_t host_base_allocated = 0, host_base_reserved = 0;
+      if (host) {
+        host->reset_peak_memory_stats();
+        const memory::DeviceStats h = host->stats();
+        host_base_allocated = h.allocated_bytes[0].current;
+        host_base_reserved = h.reserved_bytes[0].current;
+      }
       // What the device holds before the run is not the run's (on the CPU: the caller's own
       // batches, say): the figures count from it, as the dry run's do from nothing.
       {
@@ -657,6 +671,11 @@ Results run(const Options& o) {
       r.at_peak = st.category_at_peak;
       for (size_t k = 0; k < r.at_peak.size(); ++k)
         r.at_peak[k] = std::max<int64_t>(0, r.at_peak[k] - base_categories[k]);
+      if (host) {
+        const memory::DeviceStats h = host->stats();
+        r.host_peak_allocated = h.allocated_bytes[0].peak - host_base_allocated;
+        r.host_peak_reserved = h.reserved_bytes[0].peak - host_base_reserved;
+      }
     }
     auto& alloc = memory::get_allocator(recorded);
     const memory::DeviceStats st = alloc.stats();
@@ -794,6 +813,8 @@ Results run(const Options& o) {
                 {"settings", std::move(settings)},
                 {"peak_allocated", r.peak_allocated},
                 {"peak_reserved", r.peak_reserved},
+                {"host_peak_allocated", r.host_peak_allocated},
+                {"host_peak_reserved", r.host_peak_reserved},
                 {"median_ms", number(r.measured ? r.median_ms : NAN, 3)},
                 {"min_ms", number(r.measured ? r.min_ms : NAN, 3)},
                 {"max_ms", number(r.measured ? r.max_ms : NAN, 3)},
@@ -807,6 +828,8 @@ Results run(const Options& o) {
         e["estimated_peak_allocated"] = r.estimate.peak_allocated;
         e["estimated_peak_reserved"] = r.estimate.peak_reserved;
         e["estimated_at_peak"] = by_category(r.estimate.at_peak);
+        e["estimated_host_peak_allocated"] = r.estimate.host_peak_allocated;
+        e["estimated_host_peak_reserved"] = r.estimate.host_peak_reserved;
       }
       e["measured"] = r.measured;
       e["snapshot"] = staged.shown(r.snapshot_path);

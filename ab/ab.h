@@ -46,8 +46,9 @@ using BatchFn = std::function<data::Example(int64_t step)>;
 struct Config {
   std::string checkpoint = "none";  // nn::parse_checkpoint_spec's spellings, or "auto"
   std::string precision = "off";    // off | fp16 | bf16 (auto: with checkpoint auto)
-  std::string optimizer = "adamw";  // sgd | adam | adamw | adamw8bit
-  std::string offload = "none";     // nn::parse_offload_spec's spellings
+  // sgd | adam | adamw | adamw8bit | adamw:cpu | adamw8bit:cpu (state in pinned host memory)
+  std::string optimizer = "adamw";
+  std::string offload = "none";  // nn::parse_offload_spec's spellings
   bool step_in_backward = false;
   int64_t grad_accum = 1;  // micro-batches per optimizer step
   std::string alloc_conf;  // TALLY_ALLOC_CONF's syntax; "": the environment's
@@ -96,6 +97,8 @@ struct Options {
   Device device = Device::cpu();
   // A dry run's target (cpu | h200 | cuda): predict every configuration, run none.
   std::string estimate;
+  // The host memory the dry runs check a GPU target's host peak against (0: this machine's).
+  size_t host_memory = 0;
   // Timing rounds after the recorded runs: each round runs every configuration once, in
   // order, so that a machine's load falls on all of them alike (0: none, the recorded run's
   // steps are timed).

@@ -67,6 +67,11 @@ std::string format_table(const std::vector<ConfigResult>& results) {
       {"peak alloc", [](const ConfigResult& r) { return static_cast<double>(r.peak_allocated); }});
   cols.push_back(
       {"peak resv", [](const ConfigResult& r) { return static_cast<double>(r.peak_reserved); }});
+  if (std::any_of(results.begin(), results.end(),
+                  [](const ConfigResult& r) { return r.host_peak_allocated > 0; }))
+    cols.push_back({"host peak", [](const ConfigResult& r) {
+                      return static_cast<double>(r.host_peak_allocated);
+                    }});
   for (Category c : kOrder) {
     bool any = false;
     for (const auto& r : results) any = any || r.at_peak[static_cast<size_t>(c)] != 0;
@@ -379,9 +384,11 @@ void write_report(const std::string& path, const std::string& title,
     // A dry run (--estimate) has no step time and no loss: null. `predicted`: the dry run's
     // peak next to a measured run (the dashed line), else null.
     data += fmt::format(
-        ",\"peak_allocated\":{},\"peak_reserved\":{},\"median_ms\":{},\"final_loss\":{},"
+        ",\"peak_allocated\":{},\"peak_reserved\":{},\"host_peak_allocated\":{},"
+        "\"median_ms\":{},\"final_loss\":{},"
         "\"predicted\":{},\"predicted_ms\":{},\"min_ms\":{},\"max_ms\":{},\"rounds\":{}",
-        r.peak_allocated, r.peak_reserved, number_or_null(r.measured ? r.median_ms : NAN, 3),
+        r.peak_allocated, r.peak_reserved, r.host_peak_allocated,
+        number_or_null(r.measured ? r.median_ms : NAN, 3),
         number_or_null(r.measured ? r.final_loss : NAN, 6),
         r.measured && r.predicted ? std::to_string(r.estimate.peak_allocated) : "null",
         number_or_null(r.predicted_step_ms, 3), number_or_null(r.measured ? r.min_ms : NAN, 3),
@@ -649,6 +656,7 @@ if (D.configs.some(cf=>stepOf(cf)!==null)) rows.push([D.measured?'step time (ms)
 if (D.measured && D.configs.some(cf=>cf.rounds>1)) rows.push(['step time, rounds\' range (ms)',c=>c.rounds>1?[c.min_ms,c.max_ms,c.rounds]:null,v=>v[0].toFixed(1)+'\u2013'+v[1].toFixed(1)+' ('+v[2]+' rounds)',false,true]);
 if (D.measured) rows.push(['final loss',c=>c.final_loss,v=>v.toFixed(4),true,true]);
 rows.push(['peak reserved (MiB)',c=>c.peak_reserved,mib]);
+if (D.configs.some(cf=>cf.host_peak_allocated>0)) rows.push(['host peak allocated (MiB)',c=>c.host_peak_allocated,mib]);
 if (D.configs.some(cf=>cf.predicted!==null)) rows.push(['predicted peak (MiB)',c=>c.predicted,mib]);
 D.categories.forEach((c,k)=>{ if(D.configs.some(cf=>cf.at_peak[k]>0)) rows.push([c+' at the peak (MiB)',cf=>cf.at_peak[k],mib]); });
 rows.push(['reserved \u2212 allocated (MiB)',c=>c.peak_reserved-c.peak_allocated,mib]);

@@ -34,6 +34,11 @@ struct ConfigResult {
   int64_t peak_allocated = 0;
   int64_t peak_reserved = 0;
   memory::CategoryBytes at_peak{};  // bytes per category when allocated memory peaked
+  // The host side's peaks (a :cpu optimizer's pinned state, offloaded activations): the pinned
+  // allocator's for a CUDA run, the dry run's host for a GPU target; 0 where the host is the
+  // device (the CPU).
+  int64_t host_peak_allocated = 0;
+  int64_t host_peak_reserved = 0;
   // The step time: the median over the timing rounds (ab::Options::rounds) of each round's
   // median warm step, and the rounds' range (min_ms..max_ms); without rounds, the recorded
   // run's median step.

@@ -13,6 +13,8 @@
 
 #include "autograd/ops.h"
 #include "base/json.h"
+#include "nn/layers.h"
+#include "nn/rnn.h"
 #ifdef TALLY_WITH_CUDA
 #include "tensor/cuda/runtime.h"
 #endif
@@ -249,6 +251,135 @@ int main(int argc, char** argv) {
                        w.set_grad(Tensor());
                        conv2d(x, w, {}, 1, 1).backward(g);
                      }});
+  }
+  // --- attention with a mask and with grouped key/value heads (MultiheadAttention's key
+  // padding, LLaMA-1B's 32 query heads over 8 key/value heads)
+  {
+    const Tensor q = rnd({16, 12, 1024, 64}, DType::bfloat16),
+                 k = rnd({16, 12, 1024, 64}, DType::bfloat16),
+                 v = rnd({16, 12, 1024, 64}, DType::bfloat16);
+    // key padding: about half the keys of each sequence take part (true = take part)
+    const Tensor mask =
+        ge(rnd({16, 1, 1, 1024}, DType::float32), ops::zeros({}, DType::float32, kGpu));
+    const double flops = 4.0 * 16 * 12 * 1024 * 1024 * 64;
+    const double bytes = 2.0 * 4 * q.numel() + 16.0 * 1024;
+    cases.push_back({"sdpa_mask", "[16,12,1024,64] bool[16,1,1,1024]", "bfloat16", bytes, flops,
+                     [=] { (void)scaled_dot_product_attention(q, k, v, mask); }});
+    Tensor qg = ops::clone(q), kg = ops::clone(k), vg = ops::clone(v);
+    qg.requires_grad_();
+    kg.requires_grad_();
+    vg.requires_grad_();
+    const Tensor g = rnd({16, 12, 1024, 64}, DType::bfloat16);
+    cases.push_back({"sdpa_mask_fwd_bwd", "[16,12,1024,64] bool[16,1,1,1024]", "bfloat16",
+                     2.0 * 10 * q.numel(), 3.5 * flops, [=] {
+                       qg.set_grad(Tensor());
+                       kg.set_grad(Tensor());
+                       vg.set_grad(Tensor());
+                       scaled_dot_product_attention(qg, kg, vg, mask).backward(g);
+                     }});
+  }
+  {
+    const Tensor q = rnd({8, 32, 2048, 64}, DType::bfloat16),
+                 k = rnd({8, 8, 2048, 64}, DType::bfloat16),
+                 v = rnd({8, 8, 2048, 64}, DType::bfloat16);
+    const double flops = 4.0 * 8 * 32 * 2048 * 2048 * 64 / 2;  // causal: half the scores
+    const double bytes = 2.0 * (2 * q.numel() + 2 * k.numel());
+    cases.push_back(
+        {"sdpa_gqa_causal", "[8,32|8,2048,64]", "bfloat16", bytes, flops,
+         [=] { (void)scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, true); }});
+    Tensor qg = ops::clone(q), kg = ops::clone(k), vg = ops::clone(v);
+    qg.requires_grad_();
+    kg.requires_grad_();
+    vg.requires_grad_();
+    const Tensor g = rnd({8, 32, 2048, 64}, DType::bfloat16);
+    cases.push_back(
+        {"sdpa_gqa_causal_fwd_bwd", "[8,32|8,2048,64]", "bfloat16",
+         2.0 * (5 * q.numel() + 4 * k.numel()), 3.5 * flops, [=] {
+           qg.set_grad(Tensor());
+           kg.set_grad(Tensor());
+           vg.set_grad(Tensor());
+           scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true, std::nullopt, true).backward(g);
+         }});
+  }
+  // --- the recurrent cells' fused gate steps (one timestep: PyTorch's _thnn_fused_lstm_cell and
+  // _thnn_fused_gru_cell) and whole LSTM / GRU layers (PyTorch: cuDNN's), float32
+  {
+    const int64_t B = 256, H = 1024;
+    Tensor gx = rnd({B, 4 * H}, DType::float32), gh = rnd({B, 4 * H}, DType::float32),
+           c0 = rnd({B, H}, DType::float32);
+    const double n = static_cast<double>(B * H);
+    // gates_x, gates_h, c_prev read; h, c and the activated gates written
+    cases.push_back({"lstm_cell_gates", "[256,4096]", "float32", 4.0 * (9 * n + 6 * n), 30 * n,
+                     [=] { (void)lstm_cell_gates(gx, gh, c0); }});
+    gx.requires_grad_();
+    gh.requires_grad_();
+    c0.requires_grad_();
+    const Tensor dh = rnd({B, H}, DType::float32);
+    cases.push_back({"lstm_cell_gates_fwd_bwd", "[256,4096]", "float32", 4.0 * 30 * n, 60 * n, [=] {
+                       gx.set_grad(Tensor());
+                       gh.set_grad(Tensor());
+                       c0.set_grad(Tensor());
+                       auto hc = lstm_cell_gates(gx, gh, c0);
+                       (hc.first + hc.second).backward(dh);
+                     }});
+    Tensor rx = rnd({B, 3 * H}, DType::float32), rh = rnd({B, 3 * H}, DType::float32),
+           h0 = rnd({B, H}, DType::float32);
+    cases.push_back({"gru_cell_gates", "[256,3072]", "float32", 4.0 * (7 * n + 5 * n), 20 * n,
+                     [=] { (void)gru_cell_gates(rx, rh, h0); }});
+    rx.requires_grad_();
+    rh.requires_grad_();
+    h0.requires_grad_();
+    cases.push_back({"gru_cell_gates_fwd_bwd", "[256,3072]", "float32", 4.0 * 24 * n, 40 * n, [=] {
+                       rx.set_grad(Tensor());
+                       rh.set_grad(Tensor());
+                       h0.set_grad(Tensor());
+                       gru_cell_gates(rx, rh, h0).backward(dh);
+                     }});
+  }
+  {
+    // The LSTM LM's recurrent layers (bench/train.py's lstm row): 2 layers of 650, batch 64,
+    // 35 steps, batch_first; forward and backward, the input's gradient included.
+    const int64_t B = 64, T = 35, H = 650;
+    nn::BuildOnDevice on(kGpu);
+    auto lstm = std::make_shared<nn::LSTM>(H, H, 2, true, true);
+    auto gru = std::make_shared<nn::GRU>(H, H, 2, true, true);
+    Tensor x = rnd({B, T, H}, DType::float32);
+    x.requires_grad_();
+    const Tensor g = rnd({B, T, H}, DType::float32);
+    const double params = 2.0 * 4 * H * (2 * H + 2);       // per gate row: w_ih, w_hh, two biases
+    const double products = 2.0 * 3 * B * T * params / 2;  // 2 FLOPs a weight; fwd + 2x bwd
+    cases.push_back({"lstm_fwd_bwd", "[64,35,650] 2 layers", "float32",
+                     4.0 * (3 * params + 2 * 12.0 * B * T * H), products, [=] {
+                       lstm->zero_grad();
+                       x.set_grad(Tensor());
+                       (*lstm)(x).first.backward(g);
+                     }});
+    cases.push_back({"gru_fwd_bwd", "[64,35,650] 2 layers", "float32",
+                     4.0 * (3 * params * 0.75 + 2 * 10.0 * B * T * H), 0.75 * products, [=] {
+                       gru->zero_grad();
+                       x.set_grad(Tensor());
+                       (*gru)(x).first.backward(g);
+                     }});
+  }
+  // --- indexing: gather along rows, an embedding's index_select, and its backward's
+  // scatter_add (random rows, atomics where they collide)
+  {
+    const Tensor x = rnd({4096, 4096}, DType::float32);
+    const Tensor idx = ops::randint(0, 4096, {4096, 1024}, DType::int64, kGpu);
+    const double n = static_cast<double>(idx.numel());
+    cases.push_back({"gather", "[4096,4096] dim1 [4096,1024]", "float32", 16 * n, 0,
+                     [=] { (void)gather(x, 1, idx); }});
+    const Tensor table = rnd({50304, 768}, DType::float32);
+    const Tensor rows = ops::randint(0, 50304, {16384}, DType::int64, kGpu);
+    const double m = 16384.0 * 768;
+    cases.push_back({"index_select", "[50304,768] dim0 [16384]", "float32", 8 * m + 8 * 16384.0, 0,
+                     [=] { (void)index_select(table, 0, rows); }});
+    const Tensor src = rnd({16384, 768}, DType::float32);
+    const Tensor sidx = ops::randint(0, 50304, {16384, 768}, DType::int64, kGpu);
+    // out-of-place: x copied (read and written), then src and the index read, out updated
+    cases.push_back({"scatter_add", "[50304,768] dim0 [16384,768]", "float32",
+                     8.0 * table.numel() + 16 * m, m,
+                     [=] { (void)scatter_add(table, 0, sidx, src); }});
   }
   for (const Case& c : cases) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;

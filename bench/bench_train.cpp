@@ -5,6 +5,13 @@
 // with the baseline's keys: model, cfg, step_ms (median), step_ms_min, peak_alloc_mib,
 // peak_reserved_mib (peaks over the timed steps, after warm-up, like the baseline).
 // Configurations and options: docs/notes.md §18.
+//
+// --model NAME: a registry model (nn/models/registry.h) instead, bench/train.py's rows for
+// LLaMA, ViT, the U-Net and the LSTM LM: its preset, batch and shape, autocast to --amp,
+// AdamW (lr 1e-4, weight decay 0.01, as PyTorch's side), on --device (cpu: the plumbing with a
+// tiny preset). Its row adds the step's FLOPs (16-bit and 32-bit products) and bytes as the
+// meta device's cost model counts them on an H200 dry run, and the floor they give.
+//   bench_train --model llama --preset 1b --batch 4 --seq 2048 --amp bf16
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -23,9 +30,12 @@
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "inspect/leak_detector.h"
+#include "memory/estimate.h"
 #include "memory/memory.h"
 #include "nn/checkpoint.h"
+#include "nn/layers.h"
 #include "nn/models/gpt.h"
+#include "nn/models/registry.h"
 #include "nn/models/resnet.h"
 #include "nn/offload.h"
 #include "optim/adam.h"
@@ -34,6 +44,8 @@
 #include "optim/sgd.h"
 #include "optim/step_in_backward.h"
 #include "tensor/cuda/graph.h"
+#include "tensor/meta/cost.h"
+#include "tensor/pinned.h"
 #include "tensor/precision.h"
 
 using namespace tally;
@@ -82,10 +94,9 @@ Result timed(const std::function<void()>& step, Device dev, int warm, int n,
 }
 
 void report(const std::string& model, const std::string& cfg, Result r, Device dev,
-            int64_t tokens = 0) {
+            int64_t tokens = 0, std::string extra = "") {
   const double mib = 1024.0 * 1024.0;
-  std::string extra;
-  if (tokens) extra = fmt::format(", \"tok_per_s\": {:.0f}", tokens / (r.median_ms / 1000.0));
+  if (tokens) extra += fmt::format(", \"tok_per_s\": {:.0f}", tokens / (r.median_ms / 1000.0));
   // Bytes per category at the allocated peak (the levers' accounting).
   const auto& at = memory::get_allocator(dev).stats().category_at_peak;
   for (const char* c : {"activation", "gradient", "optimizer_state", "temporary"})
@@ -242,6 +253,103 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
   memory::record_memory_history(false, 0, dev);
 }
 
+// ---- registry models (--model) ----
+
+struct ModelRun {
+  std::string model, label;
+  nn::ModelOptions opts;
+  int64_t batch = 8;
+  std::string amp = "off";  // off | fp16 | bf16
+  int warmup = 3;
+};
+
+std::string cfg_of(const ModelRun& m) {
+  return m.amp == "off" ? "baseline-fp32" : "amp-" + m.amp;
+}
+
+// The FLOPs and bytes one training step's kernels cost, as the meta device's cost model counts
+// them (tensor/meta/cost.h) on an H200 dry run. The rates make the compute clock count one
+// quantity: 16-bit products' FLOPs, the other products' FLOPs, or the bytes moved (a kernel's
+// time is max(FLOPs / rate, bytes / bandwidth), a rate of 0 leaving its FLOPs out). The second
+// step is counted (the first also makes the optimizer's state).
+struct StepCounts {
+  double flops16 = 0, flops32 = 0, bytes = 0;
+};
+
+double count_step(const nn::ModelEntry& e, const ModelRun& m, const data::Example& shapes,
+                  const meta::Rates& rates) {
+  memory::DryRun dry({.target = "h200", .capacity = size_t{1} << 50, .max_history = 0});
+  const Device d = dry.device();
+  meta::set_rates(d, rates);
+  manual_seed(0);
+  std::shared_ptr<nn::Module> model;
+  {
+    nn::BuildOnDevice on(d);
+    model = e.build(m.opts);
+  }
+  model->train();
+  optim::AdamW opt(model->parameters(), {.lr = 1e-4, .weight_decay = 0.01});
+  const Tensor x = ops::empty(shapes.input.sizes(), shapes.input.dtype(), d);
+  const Tensor y = ops::empty(shapes.target.sizes(), shapes.target.dtype(), d);
+  const auto step = train_step(cfg_of(m), d, opt, [&] { return e.loss(*model, {x, y}); });
+  step();
+  const double before = memory::meta_seconds(d);
+  step();
+  return memory::meta_seconds(d) - before;
+}
+
+StepCounts count_step(const nn::ModelEntry& e, const ModelRun& m, const data::Example& shapes) {
+  constexpr double kUnit = 1, kNever = 1e300;  // a unit rate counts; a rate of kNever does not
+  StepCounts c;
+  c.flops16 = count_step(e, m, shapes, {.flops_16bit = kUnit, .bandwidth = kNever});
+  c.flops32 = count_step(
+      e, m, shapes,
+      {.flops_32bit = kUnit, .flops_tf32 = kUnit, .flops_64bit = kUnit, .bandwidth = kNever});
+  c.bytes = count_step(e, m, shapes, {.bandwidth = kUnit});
+  return c;
+}
+
+// The floor of a step on the H200: its FLOPs at 790 TFLOP/s (bf16 tensor cores, measured) under
+// 16-bit autocast, at 67 TFLOP/s (float32 without TF32, nominal) in float32, or its bytes at
+// 4.3 TB/s (measured copy bandwidth), whichever is longer. All of an autocast step's FLOPs count
+// at the 16-bit rate: the cost model files a product under its output's dtype, and a weight
+// gradient's float32 output comes from 16-bit operands (a third of ViT-B/16's FLOPs).
+double floor_ms(const StepCounts& c, bool autocast) {
+  const double flops = c.flops16 + c.flops32;
+  return 1e3 * std::max(flops / (autocast ? 790e12 : 67e12), c.bytes / 4.3e12);
+}
+
+void model_cfg(const ModelRun& m, Device dev, int steps) {
+  const nn::ModelEntry& e = nn::model_entry(m.model);
+  const data::Example batch = e.synthetic_batch(m.opts, m.batch, 0, 0);
+  const StepCounts counts = count_step(e, m, batch);
+  manual_seed(0);
+  std::shared_ptr<nn::Module> model;
+  {
+    nn::BuildOnDevice on(dev);  // no host copy of a large model
+    model = e.build(m.opts);
+  }
+  model->train();
+  optim::AdamW opt(model->parameters(), {.lr = 1e-4, .weight_decay = 0.01});
+  Tensor x, y;
+  {
+    memory::CategoryScope input(memory::Category::input);
+    x = ops::to_device_async(batch.input, dev);
+    y = ops::to_device_async(batch.target, dev);
+  }
+  const std::string cfg = cfg_of(m);
+  const auto step = train_step(cfg, dev, opt, [&] { return e.loss(*model, {x, y}); });
+  memory::empty_cache(dev);
+  const bool tokens = e.input == nn::ModelEntry::Input::tokens;
+  const std::string extra = fmt::format(
+      ", \"params\": {}, \"gflop_16bit\": {:.2f}, \"gflop_32bit\": {:.2f}, \"gbytes\": {:.3f}, "
+      "\"floor_ms\": {:.3f}, \"device\": \"{}\"",
+      model->num_parameters(), counts.flops16 / 1e9, counts.flops32 / 1e9, counts.bytes / 1e9,
+      floor_ms(counts, m.amp != "off"), dev.str());
+  report(m.label, cfg, timed(step, dev, m.warmup, steps), dev, tokens ? m.batch * m.opts.seq : 0,
+         extra);
+}
+
 constexpr const char* kResnetBase[] = {"baseline-fp32", "ckpt4", "amp-fp16", "amp-bf16",
                                        "amp-fp16+ckpt4"};
 constexpr const char* kGptBase[] = {"baseline-fp32", "ckpt-per-block", "amp-bf16", "amp-bf16+ckpt"};
@@ -290,38 +398,128 @@ void check_config(const std::string& c, bool resnet, bool gpt) {
         fmt::format("--configs: '{}': channels-last is ResNet's (GPT has no 4-D activations)", c));
 }
 
+// An integer flag's value in [lo, hi]; std::invalid_argument naming the flag otherwise.
+int64_t int_flag(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  const long long n = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n < lo || n > hi)
+    throw std::invalid_argument(
+        fmt::format("{} takes an integer in [{}, {}], got '{}'", flag, lo, hi, v));
+  return n;
+}
+
+constexpr const char* kUsage =
+    "usage: bench_train [--resnet] [--gpt] [--configs a,b] [--steps N] [--cuda-graphs]\n"
+    "       bench_train --model NAME [--preset P] [--batch B] [--seq T] [--image-size S]\n"
+    "                   [--amp off|fp16|bf16] [--device cuda|cpu] [--steps N] [--warmup N]\n"
+    "                   [--label L]\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool resnet = false, gpt = false, graphs = false;
   int steps = 10;
   std::vector<std::string> configs;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--resnet")
-      resnet = true;
-    else if (a == "--gpt")
-      gpt = true;
-    else if (a == "--cuda-graphs")
-      graphs = true;
-    else if (a == "--steps" && i + 1 < argc) {
-      const std::string v = argv[++i];
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 1 || n > 100000) {
-        fmt::print(stderr, "bench_train: --steps takes an integer in [1, 100000], got '{}'\n", v);
+  ModelRun mr;
+  std::string device = "cuda";
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      const bool has_value = i + 1 < argc;
+      if (a == "--resnet")
+        resnet = true;
+      else if (a == "--gpt")
+        gpt = true;
+      else if (a == "--cuda-graphs")
+        graphs = true;
+      else if (a == "--steps" && has_value)
+        steps = static_cast<int>(int_flag(a, argv[++i], 1, 100000));
+      else if (a == "--configs" && has_value) {
+        std::stringstream ss(argv[++i]);
+        for (std::string c; std::getline(ss, c, ',');) configs.push_back(c);
+      } else if (a == "--model" && has_value)
+        mr.model = argv[++i];
+      else if (a == "--preset" && has_value)
+        mr.opts.preset = argv[++i];
+      else if (a == "--batch" && has_value)
+        mr.batch = int_flag(a, argv[++i], 1, 1 << 20);
+      else if (a == "--seq" && has_value)
+        mr.opts.seq = int_flag(a, argv[++i], 1, 1 << 24);
+      else if (a == "--image-size" && has_value)
+        mr.opts.image_size = int_flag(a, argv[++i], 1, 1 << 14);
+      else if (a == "--warmup" && has_value)
+        mr.warmup = static_cast<int>(int_flag(a, argv[++i], 0, 1000));
+      else if (a == "--label" && has_value)
+        mr.label = argv[++i];
+      else if (a == "--amp" && has_value) {
+        mr.amp = argv[++i];
+        if (mr.amp != "off" && mr.amp != "fp16" && mr.amp != "bf16")
+          throw std::invalid_argument(
+              fmt::format("--amp takes off, fp16 or bf16, got '{}'", mr.amp));
+      } else if (a == "--device" && has_value) {
+        device = argv[++i];
+        if (device != "cuda" && device != "cpu")
+          throw std::invalid_argument(fmt::format("--device takes cuda or cpu, got '{}'", device));
+      } else {
+        fmt::print(stderr, "{}", kUsage);
         return 2;
       }
-      steps = static_cast<int>(n);
-    } else if (a == "--configs" && i + 1 < argc) {
-      std::stringstream ss(argv[++i]);
-      for (std::string c; std::getline(ss, c, ',');) configs.push_back(c);
-    } else {
-      fmt::print(stderr,
-                 "usage: bench_train [--resnet] [--gpt] [--configs a,b] [--steps N] "
-                 "[--cuda-graphs]\n");
-      return 2;
     }
+    if (!mr.model.empty()) {
+      if (resnet || gpt || graphs || !configs.empty())
+        throw std::invalid_argument(
+            "--model runs one registry model: not with --resnet, --gpt, --configs or "
+            "--cuda-graphs");
+      const nn::ModelEntry& e = [&]() -> const nn::ModelEntry& {
+        try {
+          return nn::model_entry(mr.model);
+        } catch (const std::invalid_argument& err) {
+          throw std::invalid_argument(fmt::format("--model: {}", err.what()));
+        }
+      }();
+      const bool images = e.input == nn::ModelEntry::Input::images;
+      if (images && mr.opts.seq > 0)
+        throw std::invalid_argument(
+            fmt::format("--seq applies to token models (--model {} takes images)", e.name));
+      if (!images && mr.opts.image_size > 0)
+        throw std::invalid_argument(
+            fmt::format("--image-size applies to image models (--model {} takes tokens)", e.name));
+      try {
+        mr.opts = nn::resolve_options(e, mr.opts);
+      } catch (const std::invalid_argument& err) {
+        throw std::invalid_argument(fmt::format("--preset: {}", err.what()));
+      }
+      if (!images && e.context && mr.opts.seq > e.context(mr.opts.preset))
+        throw std::invalid_argument(fmt::format("--seq {} exceeds --preset {}'s context {}",
+                                                mr.opts.seq, mr.opts.preset,
+                                                e.context(mr.opts.preset)));
+      if (mr.label.empty())
+        mr.label = fmt::format(
+            "{}-{}-B{}{}", e.name, mr.opts.preset, mr.batch,
+            images ? fmt::format("S{}", mr.opts.image_size) : fmt::format("T{}", mr.opts.seq));
+    } else if (device != "cuda" || mr.amp != "off" || mr.batch != 8 || mr.warmup != 3 ||
+               !mr.label.empty() || !mr.opts.preset.empty() || mr.opts.seq > 0 ||
+               mr.opts.image_size > 0) {
+      throw std::invalid_argument(
+          "--preset, --batch, --seq, --image-size, --amp, --device, --warmup and --label apply "
+          "to --model");
+    }
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "bench_train: {}\n", e.what());
+    return 2;
+  }
+  if (!mr.model.empty()) {
+    if (device == "cuda" && !memory::cuda_available()) {
+      fmt::print("bench_train: no GPU, nothing to measure (--device cpu runs on the CPU)\n");
+      return 0;
+    }
+    try {
+      model_cfg(mr, device == "cuda" ? Device::cuda(0) : Device::cpu(), steps);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "bench_train: error: {}\n", e.what());
+      return 1;
+    }
+    return 0;
   }
   if (!resnet && !gpt) resnet = gpt = true;
   try {

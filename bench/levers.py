@@ -75,7 +75,6 @@ def tally_rows(build, model, cfgs, steps, env=None):
 
 # ---- PyTorch side: one configuration per process (allocator settings are per process) ----
 def torch_one(model, cfg, steps):
-    import time
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -136,20 +135,11 @@ def torch_one(model, cfg, steps):
 
     if "hist" in cfg:  # bench/analysis.py: PyTorch's memory history (Python + C++ stacks)
         torch.cuda.memory._record_memory_history(max_entries=1000000)
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    ts = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    ts.sort()
+    from train import timed_steps
+    med, mn = timed_steps(step, 3, steps)
     mib = 1024 * 1024
-    print(json.dumps({"model": model, "cfg": cfg, "step_ms": round(ts[len(ts) // 2], 2),
-                      "step_ms_min": round(ts[0], 2),
+    print(json.dumps({"model": model, "cfg": cfg, "step_ms": round(med, 2),
+                      "step_ms_min": round(mn, 2),
                       "peak_alloc_mib": round(torch.cuda.max_memory_allocated() / mib, 1),
                       "peak_reserved_mib": round(torch.cuda.max_memory_reserved() / mib, 1)}))
 

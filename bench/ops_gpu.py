@@ -138,6 +138,76 @@ def torch_cases():
     TORCH[("conv2d_fwd_bwd", "[64,64,56,56]*[64,64,3,3]", "float32")] = fwd_bwd(
         lambda: F.conv2d(xcg, wcg, padding=1), (xcg, wcg), gc)
 
+    # Attention with a key padding mask (bool, True = take part) and with grouped key/value
+    # heads (LLaMA-1B: 32 query heads over 8, causal).
+    mask = torch.randn(16, 1, 1, 1024, device=dev) >= 0
+    TORCH[("sdpa_mask", "[16,12,1024,64] bool[16,1,1,1024]", "bfloat16")] = (
+        lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    TORCH[("sdpa_mask_fwd_bwd", "[16,12,1024,64] bool[16,1,1,1024]", "bfloat16")] = fwd_bwd(
+        lambda: F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask), (qg, kg, vg), gq)
+    qa = rnd(8, 32, 2048, 64, dtype=bf)
+    ka, va = rnd(8, 8, 2048, 64, dtype=bf), rnd(8, 8, 2048, 64, dtype=bf)
+    TORCH[("sdpa_gqa_causal", "[8,32|8,2048,64]", "bfloat16")] = (
+        lambda: F.scaled_dot_product_attention(qa, ka, va, is_causal=True, enable_gqa=True))
+    qag, kag, vag = (t.detach().clone().requires_grad_() for t in (qa, ka, va))
+    ga = rnd(8, 32, 2048, 64, dtype=bf)
+    TORCH[("sdpa_gqa_causal_fwd_bwd", "[8,32|8,2048,64]", "bfloat16")] = fwd_bwd(
+        lambda: F.scaled_dot_product_attention(qag, kag, vag, is_causal=True, enable_gqa=True),
+        (qag, kag, vag), ga)
+    # The recurrent cells' fused gate steps: PyTorch's own fused CUDA kernels (what LSTMCell and
+    # GRUCell run on CUDA), biases already in the projections as Tally's take them.
+    Bc, Hc = 256, 1024
+    gx, gh, c0 = rnd(Bc, 4 * Hc), rnd(Bc, 4 * Hc), rnd(Bc, Hc)
+    TORCH[("lstm_cell_gates", "[256,4096]", "float32")] = (
+        lambda: torch._thnn_fused_lstm_cell(gx, gh, c0))
+    gxg, ghg, c0g = (t.detach().clone().requires_grad_() for t in (gx, gh, c0))
+    dh = rnd(Bc, Hc)
+
+    def lstm_cell_sum():
+        hy, cy, _ = torch._thnn_fused_lstm_cell(gxg, ghg, c0g)
+        return hy + cy
+    TORCH[("lstm_cell_gates_fwd_bwd", "[256,4096]", "float32")] = fwd_bwd(
+        lstm_cell_sum, (gxg, ghg, c0g), dh)
+    rx, rh, h0 = rnd(Bc, 3 * Hc), rnd(Bc, 3 * Hc), rnd(Bc, Hc)
+    TORCH[("gru_cell_gates", "[256,3072]", "float32")] = (
+        lambda: torch._thnn_fused_gru_cell(rx, rh, h0))
+    rxg, rhg, h0g = (t.detach().clone().requires_grad_() for t in (rx, rh, h0))
+    TORCH[("gru_cell_gates_fwd_bwd", "[256,3072]", "float32")] = fwd_bwd(
+        lambda: torch._thnn_fused_gru_cell(rxg, rhg, h0g)[0], (rxg, rhg, h0g), dh)
+    # Whole layers: the LSTM LM's 2 x 650 at batch 64, 35 steps (cuDNN on PyTorch's side, TF32
+    # off for these rows alone, as Tally's float32 products).
+    def no_tf32(run):
+        def wrapped():
+            prev = torch.backends.cudnn.allow_tf32
+            torch.backends.cudnn.allow_tf32 = False
+            try:
+                run()
+            finally:
+                torch.backends.cudnn.allow_tf32 = prev
+        return wrapped
+
+    lstm = torch.nn.LSTM(650, 650, 2, batch_first=True, device=dev)
+    gru = torch.nn.GRU(650, 650, 2, batch_first=True, device=dev)
+    xr = rnd(64, 35, 650).requires_grad_()
+    gr = rnd(64, 35, 650)
+    TORCH[("lstm_fwd_bwd", "[64,35,650] 2 layers", "float32")] = no_tf32(fwd_bwd(
+        lambda: lstm(xr)[0], (xr, *lstm.parameters()), gr))
+    TORCH[("gru_fwd_bwd", "[64,35,650] 2 layers", "float32")] = no_tf32(fwd_bwd(
+        lambda: gru(xr)[0], (xr, *gru.parameters()), gr))
+    # Indexing: gather along rows, an embedding's index_select and its backward's scatter_add.
+    xg = rnd(4096, 4096)
+    ig = torch.randint(0, 4096, (4096, 1024), device=dev)
+    TORCH[("gather", "[4096,4096] dim1 [4096,1024]", "float32")] = (
+        lambda: torch.gather(xg, 1, ig))
+    table = rnd(50304, 768)
+    rows = torch.randint(0, 50304, (16384,), device=dev)
+    TORCH[("index_select", "[50304,768] dim0 [16384]", "float32")] = (
+        lambda: torch.index_select(table, 0, rows))
+    src = rnd(16384, 768)
+    sidx = torch.randint(0, 50304, (16384, 768), device=dev)
+    TORCH[("scatter_add", "[50304,768] dim0 [16384,768]", "float32")] = (
+        lambda: torch.scatter_add(table, 0, sidx, src))
+
 
 def main():
     build = sys.argv[1] if len(sys.argv) > 1 else "build"
@@ -147,16 +217,16 @@ def main():
     if out.returncode != 0:
         print(out.stderr[-2000:])
     torch_cases()
-    print(f"{'op':<20} {'shape':<32} {'dtype':<9} {'tally ms':>9} {'torch ms':>9} {'ratio':>6} {'floor ms':>9} "
+    print(f"{'op':<24} {'shape':<36} {'dtype':<9} {'tally ms':>9} {'torch ms':>9} {'ratio':>6} {'floor ms':>9} "
           f"{'GB/s|TF/s':>10}")
     for r in rows:
         key = (r["op"], r["shape"], r["dtype"])
         tms = t_ms(TORCH[key]) if key in TORCH else float("nan")
         if "error" in r:
-            print(f"{r['op']:<20} {r['shape']:<32} {r['dtype']:<9} {'-':>9} {tms:9.3f}   (tally: {r['error'][:60]})")
+            print(f"{r['op']:<24} {r['shape']:<36} {r['dtype']:<9} {'-':>9} {tms:9.3f}   (tally: {r['error'][:60]})")
             continue
         rate = f"{r['tflops']:6.1f} TF" if r.get("bound") == "compute" else f"{r['gbps']:7.0f} GB"
-        print(f"{r['op']:<20} {r['shape']:<32} {r['dtype']:<9} {r['tally_ms']:9.3f} {tms:9.3f} "
+        print(f"{r['op']:<24} {r['shape']:<36} {r['dtype']:<9} {r['tally_ms']:9.3f} {tms:9.3f} "
               f"{tms / r['tally_ms']:6.2f} {r['floor_ms']:9.3f} {rate:>10}")
         r["torch_ms"] = tms
     print("JSON", json.dumps(rows))

@@ -13,6 +13,9 @@
 #   ops         bench/ops_gpu.py: per-op Tally vs PyTorch
 #   trainbench  bench/train.py --compile: ResNet-50 and GPT-2 124M steps vs PyTorch eager and
 #               torch.compile (needs .ref/torch_baseline.py)
+#   models      bench/train.py --only llama,vit,unet,lstm --compile: the registry models' steps
+#               (LLaMA-1B bf16, ViT-B/16 bf16, U-Net fp16, LSTM LM fp32) vs PyTorch eager and
+#               torch.compile, with peaks and floors (MODELS=llama,vit picks rows)
 #   ab          ab_memory on ResNet-50 and GPT-2 (report + snapshots)
 #   profile     profiler on ResNet-50 bs64 / GPT-2 B16 bf16 (overhead: medians of 5 alternating
 #               40-step rounds with their spread; kernel time vs step time), and ResNet-50's overhead
@@ -163,6 +166,14 @@ fi
 if has trainbench; then
   python3 bench/train.py $B --compile > "$OUT/train_bench.txt" 2>&1; log "bench/train.py: exit $?"
   grep -v "^JSON" "$OUT/train_bench.txt" | tail -45 | tee -a "$OUT/summary.txt"
+fi
+
+if has models; then
+  t0=$(date +%s)
+  python3 bench/train.py $B --only ${MODELS:-llama,vit,unet,lstm} --compile > "$OUT/train_models.txt" 2>&1
+  rc=$?
+  log "bench/train.py --only ${MODELS:-llama,vit,unet,lstm} ($(( $(date +%s) - t0 )) s): exit $rc"
+  grep -v "^JSON" "$OUT/train_models.txt" | tail -12 | tee -a "$OUT/summary.txt"
 fi
 
 if has ab; then

@@ -22,6 +22,20 @@ with a capturable GradScaler: the skip and the next scale decided on the device)
 
     python3 bench/train.py BUILD_DIR [resnet] [gpt] [--configs baseline-fp32,ckpt4,...] [--compile]
         [--cuda-graphs]
+
+The registry models (nn/models/registry.h), one row each, chosen with --only (MODEL_ROWS):
+LLaMA-1B in bf16, ViT-B/16 in bf16, the DDPM U-Net in fp16, the LSTM LM in fp32. Tally's side
+is `bench_train --model NAME` (the registry's model and synthetic batch); PyTorch's builds the
+same model from bench/models/NAME.py (build(preset), loss(model, input, target): the
+definitions the equivalence tests compare with), eager and, with --compile, torch.compile, both
+with fused AdamW (lr 1e-4, weight decay 0.01) and autocast to the row's dtype (a GradScaler for
+fp16), TF32 off. The floor is bench_train's: the step's FLOPs and bytes as the meta device's
+cost model counts them (an H200 dry run of the same step), the FLOPs over 790 TFLOP/s under
+autocast (67 TFLOP/s for the float32 row), the bytes over 4.3 TB/s, whichever is longer.
+
+    python3 bench/train.py BUILD_DIR --only llama,vit,unet,lstm [--compile] [--steps N]
+    python3 bench/train.py BUILD_DIR --only llama,vit,unet,lstm --smoke   (tiny presets on the
+        CPU, Tally's side only, no torch: the plumbing)
 """
 import importlib.util
 import json
@@ -41,6 +55,20 @@ FLOORS = {
     "resnet50-bs64": 3 * 4.09e9 * 64,
     # GPT-2 124M: 6 * params * tokens + attention 12 * L * T^2 * C per sequence (fwd+bwd).
     "gpt2-124M-B16T1024": 6 * 124.4e6 * 16 * 1024 + 12 * 12 * 1024 * 1024 * 768 * 16,
+}
+
+
+# The registry models' rows (--only): Tally's bench_train --model flags, and the smoke run's
+# (--smoke: the tiny preset on the CPU).
+MODEL_ROWS = {
+    "llama": dict(model="llama", preset="1b", batch=8, seq=2048, amp="bf16",
+                  smoke=dict(preset="tiny", batch=2, seq=32)),
+    "vit": dict(model="vit", preset="vit_b_16", batch=64, image_size=224, amp="bf16",
+                smoke=dict(preset="tiny", batch=2, image_size=32)),
+    "unet": dict(model="unet", preset="ddpm-cifar", batch=128, image_size=32, amp="fp16",
+                 smoke=dict(preset="tiny", batch=2, image_size=8)),
+    "lstm": dict(model="lstm", preset="medium", batch=64, seq=35, amp="off",
+                 smoke=dict(preset="tiny", batch=2, seq=16)),
 }
 
 
@@ -75,6 +103,173 @@ def run_tally(build, which, configs, extra=()):
         if line.startswith("{"):
             rows.append(json.loads(line))
     return rows
+
+
+def model_row(name, smoke=False):
+    """MODEL_ROWS[name] with the smoke run's values over it when `smoke`."""
+    row = {k: v for k, v in MODEL_ROWS[name].items() if k != "smoke"}
+    if smoke:
+        row.update(MODEL_ROWS[name]["smoke"])
+    return row
+
+
+def tally_model_command(build, row, steps, warmup, device):
+    cmd = [os.path.join(build, "bench", "bench_train"), "--model", row["model"], "--preset",
+           row["preset"], "--batch", str(row["batch"]), "--amp", row["amp"], "--device", device,
+           "--steps", str(steps), "--warmup", str(warmup)]
+    if "seq" in row:
+        cmd += ["--seq", str(row["seq"])]
+    if "image_size" in row:
+        cmd += ["--image-size", str(row["image_size"])]
+    return cmd
+
+
+def run_tally_models(build, names, steps, warmup, smoke):
+    """One bench_train --model run per row (a process each: one model's memory at a time)."""
+    rows = []
+    for name in names:
+        cmd = tally_model_command(build, model_row(name, smoke), steps, warmup,
+                                  "cpu" if smoke else "cuda")
+        print("$", " ".join(cmd), flush=True)
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stdout.write(p.stdout)
+        sys.stderr.write(p.stderr[-4000:])
+        check_tally_exit("train.py", p.returncode)
+        for line in p.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                r["row"] = name
+                rows.append(r)
+    return rows
+
+
+def torch_model_batch(row, mod):
+    """The registry's synthetic batch's shapes and ranges, on the GPU: tokens [B, T] int64 with
+    targets [B, T]; ViT images [B, 3, S, S] float32 with 10 classes; the U-Net's [B, 6, S, S]
+    (x0 and the noise) with timesteps [B] in [0, 1000)."""
+    import torch
+    dev = "cuda"
+    B = row["batch"]
+    if row["model"] == "llama":
+        V = mod.PRESETS[row["preset"]]["vocab"]
+        return (torch.randint(0, V, (B, row["seq"]), device=dev),
+                torch.randint(0, V, (B, row["seq"]), device=dev))
+    if row["model"] == "lstm":
+        V = mod.PRESETS[row["preset"]][0]
+        return (torch.randint(0, V, (B, row["seq"]), device=dev),
+                torch.randint(0, V, (B, row["seq"]), device=dev))
+    S = row["image_size"]
+    if row["model"] == "unet":
+        return (torch.randn(B, 6, S, S, device=dev), torch.randint(0, 1000, (B,), device=dev))
+    return torch.randn(B, 3, S, S, device=dev), torch.randint(0, 10, (B,), device=dev)
+
+
+def timed_steps(step, warm, n):
+    """Median and minimum ms of n steps after warm ones, each synchronized (bench_train's
+    timing); the CUDA allocator's peaks reset after the warm-up."""
+    import time
+    import torch
+    for _ in range(warm):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        ts.append(1e3 * (time.perf_counter() - t0))
+    ts.sort()
+    return ts[len(ts) // 2], ts[0]
+
+
+def torch_model_row(name, steps, warmup, compiled):
+    """PyTorch's step of MODEL_ROWS[name], eager or under torch.compile (the model compiled,
+    default mode): bench/models/NAME.py's model built on the GPU, its loss, fused AdamW. Run out
+    of memory, the row says so."""
+    import gc
+    import time
+    import torch
+    label = "torch.compile" if compiled else "eager"
+
+    def measure():
+        row = model_row(name)
+        sys.path.insert(0, os.path.join(HERE, "models"))
+        mod = importlib.import_module(row["model"])
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = mod.build(row["preset"])
+        model.train()
+        x, y = torch_model_batch(row, mod)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+        fwd = torch.compile(model) if compiled else model
+        amp = None if row["amp"] == "off" else row["amp"]
+        step = amp_train_step(opt, lambda: mod.loss(fwd, x, y), amp)
+        extra = {}
+        if compiled:
+            t0 = time.perf_counter()
+            step()  # compiles
+            torch.cuda.synchronize()
+            extra["compile_s"] = round(time.perf_counter() - t0, 1)
+        torch.cuda.empty_cache()
+        med, mn = timed_steps(step, warmup, steps)
+        return result_row(name, label, med, mn, **extra)
+
+    # float32 as Tally's: no TF32 in matmuls or cuDNN (the LSTM row's float32 products).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        r = measure()
+    except torch.cuda.OutOfMemoryError as e:
+        r = dict(model=name, cfg=label, oom=str(e)[:200])
+    print(("compile " if compiled else "") + json.dumps(r), flush=True)
+    gc.collect()
+    if compiled:
+        torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    return r
+
+
+def models_table(names, tally_rows, eager, compiled, smoke):
+    """One line per registry model: Tally against PyTorch eager and torch.compile (speed: their
+    time over Tally's, >= 1 when Tally is as fast), peak allocated of each, and the floor."""
+    def ms(r):
+        return f"{r['step_ms']:9.1f}" if r and "step_ms" in r else f"{'OOM' if r else '-':>9}"
+
+    def mib(r):
+        return f"{r['peak_alloc_mib']:9.0f}" if r and "peak_alloc_mib" in r else f"{'-':>9}"
+
+    def ratio(r, t):
+        return f"{r['step_ms'] / t['step_ms']:7.2f}" if r and "step_ms" in r else f"{'-':>7}"
+
+    print_header(f"{'model':26} {'cfg':13} {'tally ms':>9} {'eager ms':>9} {'compile ms':>10} "
+                 f"{'vs eager':>8} {'vs comp':>7} {'tally MiB':>9} {'eager MiB':>9} "
+                 f"{'comp MiB':>9} {'floor ms':>9} {'GFLOP':>8} {'GB':>7}")
+    out = []
+    for t in tally_rows:
+        e, c = eager.get(t["row"]), compiled.get(t["row"])
+        flops = t["gflop_16bit"] + t["gflop_32bit"]
+        print(f"{t['model']:26} {t['cfg']:13} {t['step_ms']:9.1f} {ms(e)} {ms(c):>10} "
+              f"{ratio(e, t):>8} {ratio(c, t)} {t['peak_alloc_mib']:9.0f} {mib(e)} {mib(c)} "
+              f"{t['floor_ms']:9.2f} {flops:8.1f} {t['gbytes']:7.2f}")
+        out.append({"tally": t, "torch": e, "torch_compile": c})
+    if smoke:
+        print("(--smoke: tiny presets on the CPU, no PyTorch; the floor is the H200's)")
+    return out
+
+
+def run_models(build, names, args):
+    smoke = "--smoke" in args
+    steps = int(args[args.index("--steps") + 1]) if "--steps" in args else (2 if smoke else 10)
+    warmup = 1 if smoke else 3
+    tally = run_tally_models(build, names, steps, warmup, smoke)
+    eager, compiled = {}, {}
+    if not smoke and "--no-torch" not in args:
+        for name in names:
+            eager[name] = torch_model_row(name, steps, warmup, False)
+            if "--compile" in args:
+                compiled[name] = torch_model_row(name, steps, warmup, True)
+    return models_table(names, tally, eager, compiled, smoke)
 
 
 def load_baseline():
@@ -230,6 +425,16 @@ def main():
         print(__doc__)
         return 2
     build = args[0]
+    if "--only" in args:
+        names = args[args.index("--only") + 1].split(",")
+        unknown = [n for n in names if n not in MODEL_ROWS]
+        if unknown:
+            print(f"train.py: --only: unknown row(s) {', '.join(unknown)} (rows: "
+                  f"{', '.join(MODEL_ROWS)})", file=sys.stderr)
+            return 2
+        out = run_models(build, names, args)
+        print("JSON " + json.dumps(out))
+        return 1 if FAILED else 0
     which = [a for a in args[1:] if a in ("resnet", "gpt")] or ["resnet", "gpt"]
     configs = []
     if "--configs" in args:

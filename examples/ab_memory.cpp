@@ -15,6 +15,7 @@
 #include "ab/ab.h"
 #include "examples/cli_common.h"
 #include "examples/train_common.h"
+#include "memory/estimate.h"
 #include "nn/data/mnist.h"
 #include "nn/data/text.h"
 #include "nn/models/registry.h"
@@ -47,6 +48,7 @@ struct Args {
   double lr = 0.01;
   std::string estimate;           // a dry run's target: predict every configuration, run none
   std::string memory_budget;      // --checkpoint auto: the planner's budget
+  std::string host_memory;        // the dry runs' host memory ("": this machine's)
   bool fused_classifier = false;  // token models: the classifier and cross-entropy fused
 };
 
@@ -108,22 +110,22 @@ int main(int argc, char** argv) {
                          "steps per configuration (the last one is recorded)",
                          ex::int_range(2, 1 << 20));
   ex::add_checked_option(app, "--seed", a.seed, "seed", ex::seed_value());
-  app.add_option("--checkpoint", a.checkpoints,
-                 "comma list of none | blocks | N-segments | selective")
-      ->capture_default_str();
-  app.add_option("--amp", a.amps, "comma list of off | fp16 | bf16 | auto (with --checkpoint auto)")
-      ->capture_default_str();
-  app.add_option("--offload", a.offloads,
-                 "comma list of none | activations | N-blocks (activation offload to pinned host "
-                 "memory)")
-      ->capture_default_str();
+  // The levers' axes: comma lists, their defaults shown.
+  auto axis = [&app](const std::string& flag, std::string& list, const std::string& help) {
+    return app.add_option(flag, list, "comma list of " + help)->capture_default_str();
+  };
+  axis("--checkpoint", a.checkpoints, "none | blocks | N-segments | selective");
+  axis("--amp", a.amps, "off | fp16 | bf16 | auto (with --checkpoint auto)");
+  axis("--offload", a.offloads,
+       "none | activations | N-blocks (activation offload to pinned host memory)");
   app.add_option("--optimizer", a.optimizers,
-                 "comma list of sgd | adam | adamw | adamw8bit (default: sgd with momentum 0.9 for "
-                 "image models, adamw for the others)");
-  app.add_option("--grad-accum", a.grad_accums,
-                 "comma list of micro-batch counts: the batch split into N, N forwards and "
-                 "backwards (losses scaled by 1/N), one optimizer step")
-      ->capture_default_str();
+                 "comma list of sgd | adam | adamw | adamw8bit | adamw:cpu | adamw8bit:cpu (the "
+                 "last two keep master weights and moments in pinned host memory; the report "
+                 "then shows the host's peak) (default: sgd with momentum 0.9 for image models, "
+                 "adamw for the others)");
+  axis("--grad-accum", a.grad_accums,
+       "micro-batch counts: the batch split into N, N forwards and backwards (losses scaled by "
+       "1/N), one optimizer step");
   app.add_option("--rounds", a.rounds,
                  "timing rounds after the recorded runs: each runs every configuration once, "
                  "interleaved (A B A B ...), for step times with their spread")
@@ -135,9 +137,8 @@ int main(int argc, char** argv) {
                  "configuration each; 'default' is the environment's")
       ->take_all()
       ->allow_extra_args(false);
-  app.add_option("--step-in-backward", a.step_in_backward,
-                 "comma list of off | on (each parameter steps as soon as its gradient is ready)")
-      ->capture_default_str();
+  axis("--step-in-backward", a.step_in_backward,
+       "off | on (each parameter steps as soon as its gradient is ready)");
   app.add_option("--memory-budget", a.memory_budget,
                  "device memory a run may reserve, for the --checkpoint entry auto (the planner "
                  "picks the fastest plan that fits: 6GiB, 900MiB, ...)");
@@ -152,6 +153,10 @@ int main(int argc, char** argv) {
                  "predict every configuration on TARGET (cpu | h200 | cuda) with shapes-only dry "
                  "runs and run none (no GPU needed); without it each run is shown next to its "
                  "prediction");
+  app.add_option("--host-memory", a.host_memory,
+                 "the host memory the dry runs check a GPU target's host peak against (pinned "
+                 "optimizer state, offloaded activations): 128GiB, 64GB or bytes (default: this "
+                 "machine's)");
 
   return ex::run_cli("ab_memory", app, argc, argv, [&] {
     // ---- everything is checked before the first configuration runs ----
@@ -225,6 +230,11 @@ int main(int argc, char** argv) {
     o.lr = a.lr;
     o.device = dev;
     o.estimate = a.estimate;
+    if (!a.host_memory.empty()) {
+      o.host_memory = memory::parse_bytes(a.host_memory, "--host-memory");
+      if (o.host_memory == 0)
+        throw std::invalid_argument("--host-memory: expected a size above 0 (128GiB, say)");
+    }
     o.rounds = a.rounds;
     o.checkpoint = split_list(a.checkpoints);
     o.precision = split_list(a.amps);

@@ -65,15 +65,25 @@ inline constexpr int64_t kEstimateSteps = 3;
 inline constexpr int kExitOutOfMemory = 3;
 
 // The dry run for --estimate (none when the flag is empty). --device names where a real run
-// goes, so the two together are an error.
-inline std::unique_ptr<memory::DryRun> make_dry_run(const std::string& target, bool device_given) {
-  if (target.empty()) return nullptr;
+// goes, so the two together are an error. `host_memory` (--host-memory): what the target's host
+// has ("": this machine's memory).
+inline std::unique_ptr<memory::DryRun> make_dry_run(const std::string& target, bool device_given,
+                                                    const std::string& host_memory = "") {
+  if (target.empty()) {
+    if (!host_memory.empty())
+      throw std::invalid_argument("--host-memory applies to a dry run: it needs --estimate");
+    return nullptr;
+  }
   if (device_given)
     throw std::invalid_argument(
         "--estimate: it predicts a run on its target device (cpu, h200, cuda): leave out "
         "--device");
+  const size_t host = host_memory.empty() ? 0 : memory::parse_bytes(host_memory, "--host-memory");
+  if (!host_memory.empty() && host == 0)
+    throw std::invalid_argument("--host-memory: expected a size above 0 (128GiB, say)");
   try {
-    return std::make_unique<memory::DryRun>(memory::EstimateOptions{.target = target});
+    return std::make_unique<memory::DryRun>(
+        memory::EstimateOptions{.target = target, .host_memory = host});
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("--estimate: {}", e.what()));
   }

@@ -23,6 +23,10 @@ void add_output_flags(CLI::App& app, TrainFlags& f, const std::string& metrics_h
                "(inspect::LeakDetector)");
   add_checked_option(app, "--seed", f.seed, seed_help, seed_value());
   add_memory_options(app, f.checkpoint, f.amp, f.memory_budget, f.estimate, f.offload);
+  app.add_option("--host-memory", f.host_memory,
+                 "with --estimate: the host memory the target will have, which the host's peak "
+                 "(pinned optimizer state, offloaded activations) must fit (128GiB, ...; default: "
+                 "this machine's)");
   add_checked_option(app, "--grad-accum", f.grad_accum,
                      "micro-batches per optimizer step: the batch split into N, N forwards and "
                      "backwards (losses scaled by 1/N), one optimizer step",
@@ -36,7 +40,7 @@ void Trainer::check_flags(const CLI::App& app, const std::vector<std::string>& o
   // Before the device is parsed: what --cuda-graphs cannot do is the first thing said.
   check_cuda_graphs(f_.cuda_graphs, f_.device, f_.estimate, f_.amp, f_.offload, f_.step_in_backward,
                     f_.optimizer);
-  dry_ = make_dry_run(f_.estimate, app.count("--device") > 0);
+  dry_ = make_dry_run(f_.estimate, app.count("--device") > 0, f_.host_memory);
   dev_ = dry_ ? dry_->device() : parse_device(f_.device);
   apply_memory_limit(f_.memory_limit, dev_);
   auto_plan_ = parse_auto_plan(f_.checkpoint, f_.amp, f_.memory_budget, f_.offload);

@@ -47,6 +47,7 @@ struct TrainFlags {
   double clip = 0;  // train_gpt's --clip; 0: off
   int64_t log_every = 10;
   std::string estimate;       // a dry run's target: predict memory instead of training
+  std::string host_memory;    // the dry run's host memory for its host check ("": this host's)
   std::string memory_budget;  // --checkpoint auto: the planner's budget
   std::string memory_limit;   // caps what the device may reserve
 };

@@ -11,7 +11,9 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "memory/context.h"
+#include "memory/meta.h"
 #include "optim/cpu_adam.h"
+#include "tensor/meta/cost.h"
 #include "tensor/ops.h"
 
 namespace tally::optim {
@@ -242,6 +244,23 @@ void CpuOffload::init_state(const std::vector<size_t>& indices, bool amsgrad) {
     ops::CopyFence::record(Device{static_cast<DeviceType>(type), index}).synchronize();
 }
 
+namespace {
+// A dry run's time for the host's update of `bytes`: the host computes (its clock advances by
+// the bytes over the target's host update bandwidth; on a CPU target, over its bandwidth), and
+// the weights' copies back, queued after it, start no earlier than it ends (the device stream
+// waits for them before the next forward in any case).
+void charge_host_update(Device device, double bytes) {
+  const tally::meta::Rates r = tally::meta::rates_of(device);
+  const double rate = r.host_update_bandwidth > 0                     ? r.host_update_bandwidth
+                      : memory::behaves_as(device) == DeviceType::cpu ? r.bandwidth
+                                                                      : 0.0;
+  if (rate <= 0 || bytes <= 0) return;
+  const double end = memory::meta_host_seconds(device) + bytes / rate;
+  memory::sync_meta_host(device, end);
+  memory::wait_meta_clock(device, end);
+}
+}  // namespace
+
 void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_t>& indices) {
   AdamHyper h = adam_hyper(group, /*decoupled=*/true);
   const Device device = param_at(indices.front()).device();
@@ -252,8 +271,10 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
     ++state(i).step;
     lists_of[{state(i).step, is_8bit(i), static_cast<int>(master_dtype(i))}].push_back(i);
   }
+  double bytes = 0;  // what the update moves through host memory (a dry run's time for it)
   for (const auto& [key, members] : lists_of) {
     const auto [step, q8, dtype] = key;
+    const double master = static_cast<double>(dtype_size(static_cast<DType>(dtype)));
     TensorLists lists(Device::cpu(), static_cast<DType>(dtype), q8 ? 6 : 4 + (h.amsgrad ? 1 : 0));
     // A 16-bit parameter's gradient in this optimizer's buffer: read as it is, and the new
     // weights rounded into that buffer in the same pass (parallel_adam_16_), for write_back.
@@ -288,6 +309,13 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
       void* m = t.at("exp_avg").data_ptr();
       void* v = t.at("exp_avg_sq").data_ptr();
       const int64_t n = param_at(i).numel();
+      // The master read and written, the gradient read (widened first: read, written, read
+      // again), the moments read and written (8-bit: a byte each), the rounded weights written.
+      const double grad = static_cast<double>(dtype_size(staged_[i]->host_grad.dtype()));
+      const double param = static_cast<double>(dtype_size(param_at(i).dtype()));
+      bytes += static_cast<double>(n) *
+               (2 * master + (grad == master ? grad : grad + 2 * master) + (q8 ? 4.0 : 4 * master) +
+                (h.amsgrad ? 2 * master : 0.0) + (param == master ? 0.0 : master + param));
       if (q8)
         lists.add({p, g.data_ptr(), m, v, t.at("exp_avg_absmax").data_ptr(),
                    t.at("exp_avg_sq_absmax").data_ptr()},
@@ -309,6 +337,7 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
       parallel_adam_(lists, h);
     }
   }
+  if (meta) charge_host_update(device, bytes);
 }
 
 void CpuOffload::write_back(size_t i) {

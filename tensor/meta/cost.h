@@ -20,6 +20,10 @@ struct Rates {
   // bytes/s of a copy between pinned host memory and the device, each way (activation
   // offload's copies); 0 on the CPU, where offloading copies within host memory.
   double host_bandwidth = 0;
+  // bytes/s the host's cores move through host memory in an update they run over every core
+  // (optim/cpu_offload.h's AdamW on the host: master weights, gradients and moments read and
+  // written); 0: a dry run charges the host no time for it.
+  double host_update_bandwidth = 0;
 };
 
 // The recorded rates of `target` (its workspace_tables names the GPU: "h200"); all 0 for

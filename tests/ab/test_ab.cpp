@@ -168,21 +168,48 @@ TEST(AbRun, FactoryWithEvalAndPrecisions) {
   fs::remove_all(o.out);
 }
 
-TEST(AbRun, RegistryModelByName) {
+// The registry's tiny GPT, `seq` tokens by `batch`, 2 steps, no timing rounds, quiet.
+ab::Options registry_gpt(int64_t seq, int64_t batch, const std::string& out) {
   ab::Options o;
   o.model = "gpt";
-  o.model_options.seq = 32;
-  o.batch = 4;
+  o.model_options.seq = seq;
+  o.batch = batch;
   o.steps = 2;
-  o.checkpoint = {"none", "blocks"};
   o.rounds = 0;
   o.verbose = false;
-  o.out = temp_dir("gpt");
+  o.out = temp_dir(out);
+  return o;
+}
+
+TEST(AbRun, RegistryModelByName) {
+  ab::Options o = registry_gpt(32, 4, "gpt");
+  o.checkpoint = {"none", "blocks"};
   const ab::Results r = ab::run(o);
   ASSERT_EQ(r.configs.size(), 2u);
   EXPECT_LT(r.configs[1].at_peak[static_cast<size_t>(memory::Category::activation)],
             r.configs[0].at_peak[static_cast<size_t>(memory::Category::activation)]);
   EXPECT_EQ(r.configs[0].settings[3].second, "adamw");  // a token model's default optimizer
+  fs::remove_all(o.out);
+}
+
+// An optimizer with its state in pinned host memory, predicted for an H200 (no run): the host's
+// peak gets a column and its JSON fields, and the host memory the dry runs check against is the
+// caller's (the host update's time: CpuOffload.ADryRunChargesTheHostUpdate).
+TEST(AbRun, OffloadedOptimizerShowsTheHostPeak) {
+  ab::Options o = registry_gpt(16, 2, "host");
+  o.optimizer = {"adamw", "adamw:cpu"};
+  o.estimate = "h200";
+  o.host_memory = size_t{64} << 10;  // 64 KiB: the offloaded state does not fit
+  const ab::Results r = ab::run(o);
+  ASSERT_EQ(r.configs.size(), 2u);
+  EXPECT_GT(r.configs[1].host_peak_allocated, r.configs[0].host_peak_allocated);
+  EXPECT_EQ(r.configs[1].estimate.host_memory, size_t{64} << 10);
+  EXPECT_TRUE(r.configs[0].estimate.host_out_of_memory.empty());
+  EXPECT_FALSE(r.configs[1].estimate.host_out_of_memory.empty());
+  EXPECT_NE(r.table.find("host peak"), std::string::npos) << r.table;
+  std::ifstream f(o.out + "/results.json");
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_GT(j[1]["host_peak_allocated"].get<int64_t>(), 0);
   fs::remove_all(o.out);
 }
 

@@ -92,6 +92,11 @@ cases = [
      "--memory-budget", {}),
     (["train_gpt", "--checkpoint", "auto", "--memory-budget", "0"], "--memory-budget", {}),
     (["ab_memory", "--checkpoint", "none,auto"], "--memory-budget", {}),
+    (["ab_memory", "--host-memory", "lots"], "--host-memory", {}),
+    (["train_gpt", "--host-memory", "64GiB"], "--host-memory applies to a dry run", {}),
+    (["train_gpt", "--estimate", "h200", "--host-memory", "lots"], "--host-memory", {}),
+    (["ab_memory", "--host-memory", "0"], "--host-memory", {}),
+    (["ab_memory", "--optimizer", "adamw:gpu"], "--optimizer", {}),
     (["train_resnet", "--estimate", "tpu-v9"], "--estimate", {}),
     (["train_resnet", "--estimate", "h200", "--device", "cpu"], "--estimate", {}),
     (["train_gpt", "--estimate", "a100"], "--estimate", {}),
@@ -231,6 +236,13 @@ cases = [
     ([BENCH_TRAIN, "--configs", "gpt:"], "names no tokens", {}),
     ([BENCH_TRAIN, "--gpt", "--configs", "gpt:amp-bf16+channels-last"], "channels-last is ResNet's", {}),
     *bad_values(BENCH_TRAIN, {"--steps": ["0", "abc", "99999999999999999999"]}),
+    ([BENCH_TRAIN, "--model", "bogus"], "--model", {}),
+    ([BENCH_TRAIN, "--model", "lstm", "--preset", "huge"], "--preset", {}),
+    ([BENCH_TRAIN, "--model", "lstm", "--image-size", "8"], "--image-size applies to image models", {}),
+    ([BENCH_TRAIN, "--model", "vit", "--amp", "fp8"], "--amp", {}),
+    ([BENCH_TRAIN, "--model", "vit", "--gpt"], "--model runs one registry model", {}),
+    ([BENCH_TRAIN, "--batch", "2"], "apply to --model", {}),
+    *bad_values(BENCH_TRAIN, {"--batch": ["0"], "--warmup": ["-1"]}, ["--model", "lstm"]),
 ]
 
 # Valid boundary values that must still run (exit 0), and the files they must write.
@@ -252,11 +264,15 @@ good = [
     (["equivalence_dump", "--help"], []),
     ([BENCH_TRAIN, "--resnet", "--steps", "1", "--configs", "amp-bf16,resnet:amp-bf16+tuned"], []),
     ([BENCH_TRAIN, "--resnet", "--steps", "1", "--configs", "resnet:amp-fp16+channels-last"], []),
+    ([BENCH_TRAIN, "--model", "lstm", "--device", "cpu", "--batch", "2", "--seq", "8", "--steps", "1",
+      "--warmup", "0"], []),
     # --estimate: a dry run for a CUDA target on this machine, its snapshot the only file.
     (["train_gpt", "--data", "synthetic", "--batch", "2", "--seq", "16", "--amp", "bf16",
       "--estimate", "h200", "--snapshot", "e.pickle"], ["e.pickle"]),
     (["train_resnet", "--dataset", "synthetic", "--batch", "2", "--image-size", "8",
       "--checkpoint", "blocks", "--estimate", "cpu"], []),
+    (["train_gpt", "--data", "synthetic", "--batch", "2", "--seq", "16", "--optimizer", "adamw:cpu",
+      "--estimate", "h200", "--host-memory", "64GiB"], []),
     (["train_gpt", "--data", "synthetic", "--batch", "2", "--seq", "16", "--checkpoint", "auto",
       "--memory-budget", "64MiB", "--amp", "auto", "--estimate", "h200"], []),
     # Gradient accumulation: 2 micro-batches a step, run and dry-run.
@@ -335,6 +351,7 @@ scripts = [
     (["levers.py", build, "gpt", "--only", "bogus"], "--only 'bogus' names no lever of gpt"),
     (["levers.py", build, "--steps", "0"], "--steps takes an integer"),
     (["levers.py", build, "gpt", "--frob"], "unknown argument '--frob'"),
+    (["train.py", build, "--only", "llama,bogus"], "--only: unknown row(s) bogus"),
 ]
 if os.path.exists(os.path.join(ex, BENCH_TRAIN)):
     scripts.append((["train.py", build, "gpt", "--configs", "gpt:bogus"],
@@ -347,6 +364,15 @@ for args, want in scripts:
     ok = p.returncode == 2 and last.startswith(args[0]) and want in last
     results.append((ok, f"{'ok' if ok else 'FAIL'}: bench/{' '.join(args)} -> exit {p.returncode}: "
                         f"{last if ok else p.stderr[-600:]!r}"))
+# bench/train.py's registry rows on the CPU (--smoke: a tiny preset, no PyTorch): the plumbing
+# from bench_train --model to the table.
+if os.path.exists(os.path.join(ex, BENCH_TRAIN)):
+    args = ["train.py", build, "--only", "lstm", "--smoke"]
+    p = subprocess.run([sys.executable, os.path.join(src, "bench", args[0])] + args[1:],
+                       capture_output=True, text=True, timeout=120)
+    ok = p.returncode == 0 and "lstm-tiny-B2T16" in p.stdout and "floor ms" in p.stdout
+    results.append((ok, f"{'ok' if ok else 'FAIL'} (valid): bench/{' '.join(args)} -> exit "
+                        f"{p.returncode}{'' if ok else ': ' + repr(p.stdout[-600:] + p.stderr[-600:])}"))
 fails = 0
 for ok, msg in results:
     print(msg)

@@ -20,6 +20,7 @@
 #include "optim/cpu_adam.h"
 #include "optim/cpu_offload.h"
 #include "tensor/cpu/threads.h"
+#include "tensor/meta/cost.h"
 
 namespace tally {
 namespace {
@@ -301,6 +302,28 @@ TEST(CpuOffload, SnapshotsAndTheSummaryShowTheHostSide) {
   ASSERT_NE(root.as_dict().find("host_traces"), nullptr);
   EXPECT_FALSE(root.as_dict().find("host_traces")->as_list().empty());
   EXPECT_NE(memory::memory_summary(dry.device()).find("Host memory of"), std::string::npos);
+}
+
+// A dry run charges the host's update time: a 1M-parameter step takes at least its 28 bytes a
+// parameter (master, gradient, two moments) over the host update bandwidth longer than with that
+// charge off.
+double predicted_offloaded_step(bool charge_host) {
+  memory::DryRun dry({.target = "h200"});
+  meta::Rates rates = meta::rates_for(memory::meta_target("h200"));
+  if (!charge_host) rates.host_update_bandwidth = 0;
+  meta::set_rates(dry.device(), rates);
+  const Tensor w = ops::empty({1024, 1024}, DType::float32, dry.device()).requires_grad_();
+  optim::CpuOffload opt(std::vector<Tensor>{w});
+  sum(mul(w, w)).backward();
+  opt.step();
+  return dry.finish().predicted_seconds;
+}
+
+TEST(CpuOffload, ADryRunChargesTheHostUpdate) {
+  const double bw = meta::rates_for(memory::meta_target("h200")).host_update_bandwidth;
+  ASSERT_GT(bw, 0);
+  EXPECT_GE(predicted_offloaded_step(true) - predicted_offloaded_step(false),
+            0.999 * 28.0 * 1024 * 1024 / bw);
 }
 
 // The host check: a plan whose host peak exceeds the host's memory does not fit, and says so
