@@ -38,14 +38,6 @@ namespace {
 
 using namespace testing;
 
-constexpr MemoryFormat kCL = MemoryFormat::channels_last;
-constexpr MemoryFormat kRM = MemoryFormat::contiguous;
-
-// t laid out channels_last (a new tensor unless it already is).
-Tensor cl(const Tensor& t) {
-  return ops::contiguous(t, kCL);
-}
-
 // The same sizes, dtype and values, bit for bit (read back as float64 in row-major order).
 ::testing::AssertionResult same_values(const Tensor& got, const Tensor& want) {
   if (got.sizes() != want.sizes())
@@ -106,6 +98,14 @@ TEST(ChannelsLast, MemoryFormatStridesAndNames) {
                                       {"scalar_op"});
 }
 
+// t's layout predicates in one line: is_contiguous(channels_last), is_contiguous() and
+// suggest_memory_format() (cl or rm).
+std::string layout(const Tensor& t) {
+  return std::string("cl=") + (t.is_contiguous(kCL) ? "1" : "0") +
+         " rm=" + (t.is_contiguous() ? "1" : "0") +
+         " suggest=" + (t.suggest_memory_format() == kCL ? "cl" : "rm");
+}
+
 TEST(ChannelsLast, IsContiguousAndSuggestOnHandMadeStrides) {
   const Tensor base = ops::zeros({4096}, DType::float32);
   auto view = [&](const Shape& sizes, const Shape& strides, int64_t offset = 0) {
@@ -113,43 +113,32 @@ TEST(ChannelsLast, IsContiguousAndSuggestOnHandMadeStrides) {
   };
   // Canonical channels_last [2, 3, 4, 5]: strides [60, 1, 15, 3].
   const Tensor a = view({2, 3, 4, 5}, {60, 1, 15, 3});
-  EXPECT_TRUE(a.is_contiguous(kCL));
-  EXPECT_FALSE(a.is_contiguous());
+  EXPECT_EQ(layout(a), "cl=1 rm=0 suggest=cl");
   EXPECT_FALSE(a.is_contiguous(kRM));
-  EXPECT_EQ(a.suggest_memory_format(), kCL);
   // With a storage offset it still is.
   EXPECT_EQ(view({2, 3, 4, 5}, {60, 1, 15, 3}, 17).suggest_memory_format(), kCL);
   // Row-major [2, 3, 4, 5].
   const Tensor r = view({2, 3, 4, 5}, {60, 20, 5, 1});
-  EXPECT_TRUE(r.is_contiguous());
+  EXPECT_EQ(layout(r), "cl=0 rm=1 suggest=rm");
   EXPECT_TRUE(r.is_contiguous(kRM));
-  EXPECT_FALSE(r.is_contiguous(kCL));
-  EXPECT_EQ(r.suggest_memory_format(), kRM);
   // A permuted NHWC buffer is channels_last.
   const Tensor nhwc = ops::permute(view({2, 4, 5, 3}, {60, 15, 3, 1}), {0, 3, 1, 2});
   EXPECT_EQ(nhwc.strides(), (Shape{60, 1, 15, 3}));
   EXPECT_EQ(nhwc.suggest_memory_format(), kCL);
   // NCWH (H and W swapped) and NWHC are neither.
   const Tensor ncwh = view({2, 3, 4, 5}, {60, 20, 1, 4});
-  EXPECT_FALSE(ncwh.is_contiguous(kCL));
-  EXPECT_FALSE(ncwh.is_contiguous());
-  EXPECT_EQ(ncwh.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(ncwh), "cl=0 rm=0 suggest=rm");
   const Tensor nwhc = view({2, 3, 4, 5}, {60, 1, 3, 12});
-  EXPECT_FALSE(nwhc.is_contiguous(kCL));
-  EXPECT_EQ(nwhc.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(nwhc), "cl=0 rm=0 suggest=rm");
   // Not dense: every other W column of a channels_last [2, 3, 4, 10].
   const Tensor gaps = view({2, 3, 4, 5}, {120, 1, 30, 6});
-  EXPECT_FALSE(gaps.is_contiguous(kCL));
-  EXPECT_FALSE(gaps.is_contiguous());
-  EXPECT_EQ(gaps.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(gaps), "cl=0 rm=0 suggest=rm");
   // A channel slice of a channels_last tensor is not dense either.
   const Tensor cslice = ops::narrow(cl(ops::zeros({2, 6, 4, 5})), 1, 1, 3);
-  EXPECT_FALSE(cslice.is_contiguous(kCL));
-  EXPECT_EQ(cslice.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(cslice), "cl=0 rm=0 suggest=rm");
   // A batch slice is (N is the outermost dim).
   const Tensor nslice = ops::narrow(cl(ops::zeros({4, 3, 4, 5})), 0, 1, 2);
-  EXPECT_TRUE(nslice.is_contiguous(kCL));
-  EXPECT_EQ(nslice.suggest_memory_format(), kCL);
+  EXPECT_EQ(layout(nslice), "cl=1 rm=0 suggest=cl");
 }
 
 TEST(ChannelsLast, SizeOneDimsTakeAnyStride) {
@@ -161,31 +150,22 @@ TEST(ChannelsLast, SizeOneDimsTakeAnyStride) {
   for (int64_t hs : {15, 999, 0, 1}) {
     SCOPED_TRACE(hs);
     const Tensor t = view({2, 3, 1, 5}, {15, 1, hs, 3});
-    EXPECT_TRUE(t.is_contiguous(kCL));
-    EXPECT_FALSE(t.is_contiguous());
-    EXPECT_EQ(t.suggest_memory_format(), kCL);
+    EXPECT_EQ(layout(t), "cl=1 rm=0 suggest=cl");
   }
   // N = 1: likewise.
   EXPECT_EQ(view({1, 3, 4, 5}, {7, 1, 15, 3}).suggest_memory_format(), kCL);
   // C = 1: channels_last strides [H*W, 1, W, 1] are also row-major: contiguous wins.
   const Tensor c1 = view({2, 1, 4, 5}, {20, 1, 5, 1});
-  EXPECT_TRUE(c1.is_contiguous(kCL));
-  EXPECT_TRUE(c1.is_contiguous());
-  EXPECT_EQ(c1.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(c1), "cl=1 rm=1 suggest=rm");
   // H = W = 1 ([N, C, 1, 1], a pooled feature map): both layouts again; contiguous.
   const Tensor hw1 = view({2, 3, 1, 1}, {3, 1, 3, 3});
-  EXPECT_TRUE(hw1.is_contiguous(kCL));
-  EXPECT_TRUE(hw1.is_contiguous());
-  EXPECT_EQ(hw1.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(hw1), "cl=1 rm=1 suggest=rm");
   // All ones.
   const Tensor ones4 = view({1, 1, 1, 1}, {5, 7, 9, 11});
-  EXPECT_TRUE(ones4.is_contiguous(kCL));
-  EXPECT_EQ(ones4.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(ones4), "cl=1 rm=1 suggest=rm");
   // W = 1 with C > 1 and H > 1: channels_last strides [H*C, 1, C, C] are not row-major.
   const Tensor w1 = view({2, 3, 4, 1}, {12, 1, 3, 42});
-  EXPECT_TRUE(w1.is_contiguous(kCL));
-  EXPECT_FALSE(w1.is_contiguous());
-  EXPECT_EQ(w1.suggest_memory_format(), kCL);
+  EXPECT_EQ(layout(w1), "cl=1 rm=0 suggest=cl");
   // A size-1 dim does not excuse a wrong stride elsewhere.
   EXPECT_FALSE(view({2, 3, 1, 5}, {16, 1, 15, 3}).is_contiguous(kCL));
 }
