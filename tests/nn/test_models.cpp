@@ -238,7 +238,9 @@ TEST(GPT, FusedAddNormMatchesTheAdds) {
     SCOPED_TRACE(bf16 ? "bf16 autocast" : ckpt ? "checkpointed blocks" : "float32");
     if (ckpt) enable_checkpointing(fused, parse_checkpoint_spec("blocks"));
     const auto losses = expect_same_step(fused, apart, idx, tgt, bf16, 1e-3, bf16 ? 3e-2 : 1e-5);
-    if (!bf16) EXPECT_EQ(losses.first, losses.second);
+    if (!bf16) {
+      EXPECT_EQ(losses.first, losses.second);
+    }
   }
 }
 

@@ -65,6 +65,17 @@ using namespace testing;
   return ::testing::AssertionFailure() << d.str() << " > " << tol;
 }
 
+// A channels_last result against the row-major run's: is_channels_last(got), then
+// close(got, ref) or same_values(got, ref).
+::testing::AssertionResult cl_close(const Tensor& got, const Tensor& ref) {
+  ::testing::AssertionResult layout = is_channels_last(got);
+  return layout ? close(got, ref) : layout;
+}
+::testing::AssertionResult cl_same(const Tensor& got, const Tensor& want) {
+  ::testing::AssertionResult layout = is_channels_last(got);
+  return layout ? same_values(got, want) : layout;
+}
+
 // A float32 leaf with t's values, laid out as f, requiring grad.
 Tensor leaf_as(const Tensor& t, MemoryFormat f) {
   Tensor l = ops::contiguous(ops::clone(ops::contiguous(t, MemoryFormat::contiguous)), f);
@@ -290,8 +301,7 @@ TEST(ChannelsLast, CloneAndToKeepTheLayout) {
   // to(device, dtype) on the same device, copy=true: a channels_last copy.
   const Tensor cp = ops::to(x, Device::cpu(), DType::float32, /*copy=*/true);
   EXPECT_NE(cp.storage().data(), x.storage().data());
-  EXPECT_TRUE(is_channels_last(cp));
-  EXPECT_TRUE(same_values(cp, x));
+  EXPECT_TRUE(cl_same(cp, x));
   // Nothing to change: x itself.
   EXPECT_EQ(ops::to(x, DType::float32).storage().data(), x.storage().data());
   // Tensor::to (autograd) keeps it too.
@@ -306,16 +316,14 @@ TEST(ChannelsLast, CopyBetweenLayouts) {
   // channels_last -> channels_last (the flat copy)
   const Tensor dst_cl = cl(ops::zeros({2, 5, 3, 4}));
   ops::copy_(dst_cl, src_cl);
-  EXPECT_TRUE(is_channels_last(dst_cl));
-  EXPECT_TRUE(same_values(dst_cl, src_rm));
+  EXPECT_TRUE(cl_same(dst_cl, src_rm));
   // channels_last -> row-major and row-major -> channels_last
   const Tensor dst_rm = ops::zeros({2, 5, 3, 4});
   ops::copy_(dst_rm, src_cl);
   EXPECT_TRUE(same_values(dst_rm, src_rm));
   const Tensor dst_cl2 = cl(ops::zeros({2, 5, 3, 4}));
   ops::copy_(dst_cl2, src_rm);
-  EXPECT_TRUE(is_channels_last(dst_cl2));
-  EXPECT_TRUE(same_values(dst_cl2, src_rm));
+  EXPECT_TRUE(cl_same(dst_cl2, src_rm));
   // With a dtype change (float64 channels_last into float32 channels_last).
   const Tensor dst_cl3 = cl(ops::zeros({2, 5, 3, 4}));
   ops::copy_(dst_cl3, ops::to(src_cl, DType::float64));
@@ -354,8 +362,7 @@ TEST(ChannelsLast, UnaryOpsGiveChannelsLastResults) {
   // Autograd's relu and its gradient.
   const Tensor a = leaf_as(x, kCL), b = leaf_as(x, kRM);
   const Tensor ya = relu(a), yb = relu(b);
-  EXPECT_TRUE(is_channels_last(ya));
-  EXPECT_TRUE(same_values(ya, yb));
+  EXPECT_TRUE(cl_same(ya, yb));
   const Tensor g = rand_tensor({3, 5, 4, 6}, DType::float32, 21);
   sum(mul(ya, cl(g))).backward();
   sum(mul(yb, g)).backward();
@@ -397,19 +404,16 @@ TEST(ChannelsLast, BinaryOpsOnChannelsLastOperands) {
   const Tensor la = leaf_as(a, kCL), lb = leaf_as(b, kCL);
   const Tensor ra = leaf_as(a, kRM), rb = leaf_as(b, kRM);
   const Tensor s = add(la, lb), sr = add(ra, rb);
-  EXPECT_TRUE(is_channels_last(s));
-  EXPECT_TRUE(same_values(s, sr));
+  EXPECT_TRUE(cl_same(s, sr));
   const Tensor ar = add_relu(la, lb), arr = add_relu(ra, rb);
-  EXPECT_TRUE(is_channels_last(ar));
-  EXPECT_TRUE(same_values(ar, arr));
+  EXPECT_TRUE(cl_same(ar, arr));
   const Tensor g = rand_tensor(a.sizes(), DType::float32, 32);
   sum(mul(add(s, ar), cl(g))).backward();
   sum(mul(add(sr, arr), g)).backward();
   for (auto [name, got, want] :
        {std::tuple{"a", la.grad(), ra.grad()}, std::tuple{"b", lb.grad(), rb.grad()}}) {
     SCOPED_TRACE(name);
-    EXPECT_TRUE(is_channels_last(got));
-    EXPECT_TRUE(same_values(got, want));
+    EXPECT_TRUE(cl_same(got, want));
   }
   // Type promotion: float32 channels_last + float64 channels_last.
   const Tensor b64 = ops::to(bc, DType::float64);
@@ -445,8 +449,7 @@ TEST(ChannelsLast, BinaryWithScalarGivesChannelsLast) {
         std::tuple{"scalar / t", ops::scalar_binary(ops::BinaryOp::div, 2.0, ac),
                    ops::scalar_binary(ops::BinaryOp::div, 2.0, a)}}) {
     SCOPED_TRACE(name);
-    EXPECT_TRUE(is_channels_last(got));
-    EXPECT_TRUE(same_values(got, want));
+    EXPECT_TRUE(cl_same(got, want));
   }
   // An integer channels_last tensor times a fraction: float32, channels_last.
   const Tensor ints = cl(ops::reshape(ops::arange(0, 24, 1, DType::int64), {1, 2, 3, 4}));
@@ -545,8 +548,7 @@ TEST(ChannelsLast, InPlaceAddAndDonatedAddRelu) {
     ASSERT_EQ(t.suggest_memory_format(), kCL);
     const void* p = t.storage().data();
     const Tensor out = ops::add_relu(std::move(t), cl(b));
-    EXPECT_TRUE(is_channels_last(out));
-    EXPECT_TRUE(same_values(out, want));
+    EXPECT_TRUE(cl_same(out, want));
     EXPECT_EQ(out.storage().data(), p) << "the donor's buffer";
   }
   {  // donated channels_last, the other operand row-major
@@ -665,20 +667,15 @@ TEST(ChannelsLast, Conv2dRawOpsLayouts) {
   EXPECT_TRUE(is_row_major(gx));
   EXPECT_TRUE(is_row_major(gw));
   const Tensor yc = ops::conv2d(cl(x), w, {}, 1, 1);
-  EXPECT_TRUE(is_channels_last(yc));
-  EXPECT_TRUE(close(yc, y));
+  EXPECT_TRUE(cl_close(yc, y));
   const Tensor gxc = ops::conv2d_backward_input(cl(gy), w, x.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_channels_last(gxc));
-  EXPECT_TRUE(close(gxc, gx));
+  EXPECT_TRUE(cl_close(gxc, gx));
   const Tensor gxw = ops::conv2d_backward_input(gy, cl(w), x.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_channels_last(gxw));
-  EXPECT_TRUE(close(gxw, gx));
+  EXPECT_TRUE(cl_close(gxw, gx));
   const Tensor gwc = ops::conv2d_backward_weight(cl(gy), x, w.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_channels_last(gwc));
-  EXPECT_TRUE(close(gwc, gw));
+  EXPECT_TRUE(cl_close(gwc, gw));
   const Tensor gwx = ops::conv2d_backward_weight(gy, cl(x), w.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_channels_last(gwx));
-  EXPECT_TRUE(close(gwx, gw));
+  EXPECT_TRUE(cl_close(gwx, gw));
   // float64 and bfloat16 keep the layout too.
   for (DType d : {DType::float64, DType::bfloat16}) {
     SCOPED_TRACE(dtype_name(d));
@@ -770,8 +767,7 @@ TEST(ChannelsLast, BatchNormRawOpsAndEval) {
     SCOPED_TRACE(training ? "training" : "eval");
     auto [o, m, i] = ops::batch_norm(x, rm, rv, w, b, training);
     auto [oc, mc, ic] = ops::batch_norm(cl(x), rm, rv, w, b, training);
-    EXPECT_TRUE(is_channels_last(oc));
-    EXPECT_TRUE(close(oc, o));
+    EXPECT_TRUE(cl_close(oc, o));
     EXPECT_TRUE(close(mc, m));
     EXPECT_TRUE(close(ic, i));
     // dy and x channels_last; dy row-major with x channels_last: dx channels_last both times.
@@ -780,8 +776,7 @@ TEST(ChannelsLast, BatchNormRawOpsAndEval) {
       auto [dx, dw, db] = ops::batch_norm_backward(dy, x, m, i, w, training, {true, true, true});
       auto [dxc, dwc, dbc] = ops::batch_norm_backward(dy_cl ? cl(dy) : dy, cl(x), mc, ic, w,
                                                       training, {true, true, true});
-      EXPECT_TRUE(is_channels_last(dxc));
-      EXPECT_TRUE(close(dxc, dx));
+      EXPECT_TRUE(cl_close(dxc, dx));
       EXPECT_TRUE(close(dwc, dw));
       EXPECT_TRUE(close(dbc, db));
     }
@@ -826,11 +821,9 @@ TEST(ChannelsLast, MaxPoolMatchesRowMajor) {
   // max_pool2d (no indices) and avg_pool2d.
   const Tensor xr = leaf_as(x0, kRM), xc = leaf_as(x0, kCL);
   const Tensor mr = max_pool2d(xr, 2), mc = max_pool2d(xc, 2);
-  EXPECT_TRUE(is_channels_last(mc));
-  EXPECT_TRUE(same_values(mc, mr));
+  EXPECT_TRUE(cl_same(mc, mr));
   const Tensor ar = avg_pool2d(xr, 3, 2, 1), ac = avg_pool2d(xc, 3, 2, 1);
-  EXPECT_TRUE(is_channels_last(ac));
-  EXPECT_TRUE(same_values(ac, ar));
+  EXPECT_TRUE(cl_same(ac, ar));
   const Tensor g1 = rand_tensor(mr.sizes(), DType::float32, 302, -1, 1);
   const Tensor g2 = rand_tensor(ar.sizes(), DType::float32, 303, -1, 1);
   sum(add(sum(mul(mr, g1)), sum(mul(ar, g2)))).backward();
