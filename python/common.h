@@ -54,6 +54,26 @@ Int2 int2(py::handle h);
 // "None" for an undefined tensor.
 py::object tensor_or_none(const Tensor& t);
 
+// In-place writes are not recorded by autograd: refused (ValueError naming `what`) on a tensor
+// that needs a gradient while grad mode is on (wrap them in tally.no_grad()), as PyTorch
+// refuses a leaf's.
+void check_in_place(const Tensor& x, const char* what);
+
+// Python's `with` for a class whose T has enter() and exit(): __enter__ calls enter() and
+// returns the object, __exit__ calls exit() and lets any exception through. Returns `cls`.
+template <typename T, typename... Options>
+py::class_<T, Options...>& def_enter_exit(py::class_<T, Options...>& cls) {
+  cls.def("__enter__", [](py::object self) {
+    self.cast<T&>().enter();
+    return self;
+  });
+  cls.def("__exit__", [](T& t, py::args) {
+    t.exit();
+    return false;
+  });
+  return cls;
+}
+
 void bind_tensor(py::module_& m);
 // Index, scan, sort and shape ops, x[mask], the arithmetic methods; after bind_tensor and
 // bind_functional.

@@ -1,6 +1,6 @@
 // tally.nn's everyday layers beside the core ones of python/nn.cpp: activations (SiLU, Tanh,
 // Sigmoid, Softmax, LogSoftmax, LeakyReLU), losses (MSELoss, L1Loss, SmoothL1Loss, HuberLoss,
-// BCEWithLogitsLoss, NLLLoss, KLDivLoss), norms (BatchNorm1d, GroupNorm, RMSNorm), Conv1d,
+// BCEWithLogitsLoss, NLLLoss, KLDivLoss), norms (GroupNorm, RMSNorm), Conv1d,
 // ConvTranspose2d, AvgPool2d, Upsample; their tally.nn.functional functions; tally.nn.init;
 // Module.apply. PyTorch's names, argument names and defaults.
 #include <fmt/format.h>
@@ -186,15 +186,6 @@ void bind_layers(py::module_& m, py::module_& nn_mod, py::module_& Fm) {
       py::arg("log_target") = false);
 
   // ---- norms ----
-  py::class_<nn::BatchNorm1d, Module, std::shared_ptr<nn::BatchNorm1d>>(nn_mod, "BatchNorm1d",
-                                                                        py::dynamic_attr())
-      .def(py::init(
-               [](int64_t n, double eps, std::optional<double> momentum, bool affine, bool track) {
-                 return std::make_shared<nn::BatchNorm1d>(n, eps, momentum, affine, track);
-               }),
-           py::arg("num_features"), py::arg("eps") = 1e-5, py::arg("momentum") = 0.1,
-           py::arg("affine") = true, py::arg("track_running_stats") = true)
-      .def_readonly("num_features", &nn::BatchNorm1d::num_features);
   py::class_<nn::GroupNorm, Module, std::shared_ptr<nn::GroupNorm>>(nn_mod, "GroupNorm",
                                                                     py::dynamic_attr())
       .def(py::init([](int64_t groups, int64_t channels, double eps, bool affine) {

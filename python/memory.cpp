@@ -115,6 +115,17 @@ std::string html_escape(const std::string& s) {
   return out;
 }
 
+// mem.NAME(device=None) for each memory::NAME(Device) of `fns` (None: the default device).
+template <typename R>
+void def_per_device(py::module_& mem,
+                    std::initializer_list<std::pair<const char*, R (*)(Device)>> fns) {
+  for (const auto& f : fns) {
+    R (*fn)(Device) = f.second;
+    mem.def(
+        f.first, [fn](py::object d) { return fn(to_device(d)); }, py::arg("device") = py::none());
+  }
+}
+
 }  // namespace
 
 void bind_memory(py::module_& m, py::module_& mem) {
@@ -125,25 +136,13 @@ void bind_memory(py::module_& m, py::module_& mem) {
   mem.def("cuda_available", &memory::cuda_available, "Whether this build has CUDA and a GPU");
   mem.def("device_count", &memory::cuda_device_count);
   mem.def("default_device", &memory::default_device, "cuda:0 when present, else cpu");
-  mem.def(
-      "memory_allocated", [dev](py::object d) { return memory::memory_allocated(dev(d)); },
-      device_arg);
-  mem.def(
-      "max_memory_allocated", [dev](py::object d) { return memory::max_memory_allocated(dev(d)); },
-      device_arg);
-  mem.def(
-      "memory_reserved", [dev](py::object d) { return memory::memory_reserved(dev(d)); },
-      device_arg);
-  mem.def(
-      "max_memory_reserved", [dev](py::object d) { return memory::max_memory_reserved(dev(d)); },
-      device_arg);
-  mem.def(
-      "reset_peak_memory_stats", [dev](py::object d) { memory::reset_peak_memory_stats(dev(d)); },
-      device_arg);
-  mem.def(
-      "empty_cache", [dev](py::object d) { memory::empty_cache(dev(d)); }, device_arg);
-  mem.def(
-      "synchronize", [dev](py::object d) { memory::synchronize(dev(d)); }, device_arg);
+  def_per_device<size_t>(mem, {{"memory_allocated", &memory::memory_allocated},
+                               {"max_memory_allocated", &memory::max_memory_allocated},
+                               {"memory_reserved", &memory::memory_reserved},
+                               {"max_memory_reserved", &memory::max_memory_reserved}});
+  def_per_device<void>(mem, {{"reset_peak_memory_stats", &memory::reset_peak_memory_stats},
+                             {"empty_cache", &memory::empty_cache},
+                             {"synchronize", &memory::synchronize}});
   mem.def(
       "memory_stats", [dev](py::object d) { return memory::memory_stats(dev(d)); }, device_arg,
       "PyTorch's keys (allocated_bytes.all.current, ...) and Tally's "
@@ -209,22 +208,14 @@ void bind_memory(py::module_& m, py::module_& mem) {
       "parse_bytes", [](const std::string& s) { return memory::parse_bytes(s); }, py::arg("text"),
       "'6GiB', '900MiB', '1.5GB' or plain bytes -> bytes");
 
-  py::class_<Context>(mem, "context",
-                      "with tally.memory.context(category='input', module='loader'): tags "
-                      "every allocation inside")
-      .def(py::init<std::optional<std::string>, std::optional<std::string>,
-                    std::optional<std::string>, std::optional<std::string>>(),
-           py::arg("category") = py::none(), py::arg("module") = py::none(),
-           py::arg("op") = py::none(), py::arg("phase") = py::none())
-      .def("__enter__",
-           [](py::object self) {
-             self.cast<Context&>().enter();
-             return self;
-           })
-      .def("__exit__", [](Context& c, py::args) {
-        c.exit();
-        return false;
-      });
+  def_enter_exit(
+      py::class_<Context>(mem, "context",
+                          "with tally.memory.context(category='input', module='loader'): tags "
+                          "every allocation inside")
+          .def(py::init<std::optional<std::string>, std::optional<std::string>,
+                        std::optional<std::string>, std::optional<std::string>>(),
+               py::arg("category") = py::none(), py::arg("module") = py::none(),
+               py::arg("op") = py::none(), py::arg("phase") = py::none()));
   mem.def("current_context", []() {
     const memory::AllocTag t = memory::current_tag();
     py::dict d;

@@ -1,6 +1,7 @@
 // tally.nn: Module (subclassable from Python: a Python `forward`, attributes that are modules
-// or nn.Parameter register themselves), the layers, containers, ResNet and GPT, and
-// checkpointing (tally.nn.enable_checkpointing, tally.utils.checkpoint).
+// or nn.Parameter register themselves), the layers (BatchNorm1d and BatchNorm2d among them),
+// containers, ResNet and GPT, and checkpointing (tally.nn.enable_checkpointing,
+// tally.utils.checkpoint).
 #include <fmt/format.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
@@ -183,6 +184,34 @@ nn::CheckpointSpec checkpoint_spec_arg(py::object spec, int every, bool selectiv
   s.modules = selector_of(spec, every);
   s.selective = selective;
   return s;
+}
+
+// torch.nn.BatchNorm1d or BatchNorm2d (BN).
+template <typename BN>
+void bind_batch_norm(py::module_& nn_mod, const char* name) {
+  py::class_<BN, Module, std::shared_ptr<BN>>(nn_mod, name, py::dynamic_attr())
+      .def(py::init(
+               [](int64_t n, double eps, std::optional<double> momentum, bool affine, bool track) {
+                 return std::make_shared<BN>(n, eps, momentum, affine, track);
+               }),
+           py::arg("num_features"), py::arg("eps") = 1e-5, py::arg("momentum") = 0.1,
+           py::arg("affine") = true, py::arg("track_running_stats") = true)
+      .def_readonly("num_features", &BN::num_features);
+}
+
+// Sequential's and ModuleList's list methods: append(m), len(), [i] (negative from the end;
+// IndexError naming `name` out of range) and iteration over the children.
+template <typename L, typename... Options>
+void def_list_methods(py::class_<L, Options...>& cls, const char* name) {
+  cls.def(
+      "append", [](L& l, ModulePtr mod) { l.push_back(std::move(mod)); }, py::keep_alive<1, 2>());
+  cls.def("__len__", &L::size);
+  cls.def("__getitem__", [name](const L& l, int64_t i) {
+    const auto n = static_cast<int64_t>(l.size());
+    if (i < -n || i >= n) throw py::index_error(std::string(name) + " index out of range");
+    return l[static_cast<size_t>(i < 0 ? i + n : i)];
+  });
+  cls.def("__iter__", [](const L& l) { return py::iter(py::cast(l.children())); });
 }
 
 }  // namespace
@@ -455,14 +484,8 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
   py::class_<nn::Identity, Module, std::shared_ptr<nn::Identity>>(nn_mod, "Identity",
                                                                   py::dynamic_attr())
       .def(py::init([]() { return std::make_shared<nn::Identity>(); }));
-  py::class_<nn::BatchNorm2d, Module, std::shared_ptr<nn::BatchNorm2d>>(nn_mod, "BatchNorm2d",
-                                                                        py::dynamic_attr())
-      .def(py::init(
-               [](int64_t n, double eps, std::optional<double> momentum, bool affine, bool track) {
-                 return std::make_shared<nn::BatchNorm2d>(n, eps, momentum, affine, track);
-               }),
-           py::arg("num_features"), py::arg("eps") = 1e-5, py::arg("momentum") = 0.1,
-           py::arg("affine") = true, py::arg("track_running_stats") = true);
+  bind_batch_norm<nn::BatchNorm1d>(nn_mod, "BatchNorm1d");
+  bind_batch_norm<nn::BatchNorm2d>(nn_mod, "BatchNorm2d");
   py::class_<nn::LayerNorm, Module, std::shared_ptr<nn::LayerNorm>>(nn_mod, "LayerNorm",
                                                                     py::dynamic_attr())
       .def(py::init([](py::object shape, double eps, bool affine, bool bias) {
@@ -487,45 +510,25 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
         return l(input, target);
       });
 
-  py::class_<nn::Sequential, Module, std::shared_ptr<nn::Sequential>>(nn_mod, "Sequential",
-                                                                      py::dynamic_attr())
-      .def(py::init([](py::args modules) {
-             auto s = std::make_shared<nn::Sequential>();
-             for (py::handle h : modules) s->push_back(h.cast<ModulePtr>());
-             return s;
-           }),
-           py::keep_alive<1, 2>())
-      .def(
-          "append", [](nn::Sequential& s, ModulePtr mod) { s.push_back(std::move(mod)); },
-          py::keep_alive<1, 2>())
-      .def("__len__", &nn::Sequential::size)
-      .def("__getitem__",
-           [](const nn::Sequential& s, int64_t i) {
-             const auto n = static_cast<int64_t>(s.size());
-             if (i < -n || i >= n) throw py::index_error("Sequential index out of range");
-             return s[static_cast<size_t>(i < 0 ? i + n : i)];
-           })
-      .def("__iter__", [](const nn::Sequential& s) { return py::iter(py::cast(s.children())); });
-  py::class_<nn::ModuleList, Module, std::shared_ptr<nn::ModuleList>>(nn_mod, "ModuleList",
-                                                                      py::dynamic_attr())
-      .def(py::init([](py::object modules) {
-             auto l = std::make_shared<nn::ModuleList>();
-             if (!modules.is_none())
-               for (py::handle h : modules) l->push_back(h.cast<ModulePtr>());
-             return l;
-           }),
-           py::arg("modules") = py::none(), py::keep_alive<1, 2>())
-      .def(
-          "append", [](nn::ModuleList& l, ModulePtr mod) { l.push_back(std::move(mod)); },
-          py::keep_alive<1, 2>())
-      .def("__len__", &nn::ModuleList::size)
-      .def("__getitem__",
-           [](const nn::ModuleList& l, int64_t i) {
-             const auto n = static_cast<int64_t>(l.size());
-             if (i < -n || i >= n) throw py::index_error("ModuleList index out of range");
-             return l[static_cast<size_t>(i < 0 ? i + n : i)];
-           })
-      .def("__iter__", [](const nn::ModuleList& l) { return py::iter(py::cast(l.children())); });
+  def_list_methods(py::class_<nn::Sequential, Module, std::shared_ptr<nn::Sequential>>(
+                       nn_mod, "Sequential", py::dynamic_attr())
+                       .def(py::init([](py::args modules) {
+                              auto s = std::make_shared<nn::Sequential>();
+                              for (py::handle h : modules) s->push_back(h.cast<ModulePtr>());
+                              return s;
+                            }),
+                            py::keep_alive<1, 2>()),
+                   "Sequential");
+  def_list_methods(py::class_<nn::ModuleList, Module, std::shared_ptr<nn::ModuleList>>(
+                       nn_mod, "ModuleList", py::dynamic_attr())
+                       .def(py::init([](py::object modules) {
+                              auto l = std::make_shared<nn::ModuleList>();
+                              if (!modules.is_none())
+                                for (py::handle h : modules) l->push_back(h.cast<ModulePtr>());
+                              return l;
+                            }),
+                            py::arg("modules") = py::none(), py::keep_alive<1, 2>()),
+                   "ModuleList");
   py::class_<nn::ModuleDict, Module, std::shared_ptr<nn::ModuleDict>>(nn_mod, "ModuleDict",
                                                                       py::dynamic_attr())
       .def(py::init([](py::object modules) {

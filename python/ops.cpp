@@ -88,6 +88,17 @@ std::pair<Tensor, Shape> mask_plan(const Tensor& x, const Tensor& mask) {
   return {ops::expand(ops::view(mask, full), x.sizes()), out};
 }
 
+// x.NAME_(mask, arg) for an in-place masked write op(x, mask, arg): refused where
+// check_in_place says, returns x.
+template <typename Arg, void (*op)(const Tensor&, const Tensor&, Arg)>
+auto masked_in_place(const char* what) {
+  return [what](Tensor& x, T mask, Arg arg) -> Tensor& {
+    check_in_place(x, what);
+    op(x, mask, arg);
+    return x;
+  };
+}
+
 }  // namespace
 
 void bind_ops(py::module_& m, py::module_& F) {
@@ -298,28 +309,10 @@ void bind_ops(py::module_& m, py::module_& F) {
   };
   m.def("masked_fill", masked_fill_fn, py::arg("input"), py::arg("mask"), py::arg("value"));
   cls.def("masked_fill", masked_fill_fn, py::arg("mask"), py::arg("value"));
-  auto check_in_place = [](const Tensor& x, const char* what) {
-    if (x.requires_grad() && GradMode::is_enabled())
-      throw py::value_error(std::string(what) +
-                            ": a tensor that requires grad cannot be written in place outside "
-                            "tally.no_grad()");
-  };
-  cls.def(
-      "masked_fill_",
-      [check_in_place](Tensor& x, T mask, double value) -> Tensor& {
-        check_in_place(x, "masked_fill_");
-        ops::masked_fill_(x, mask, value);
-        return x;
-      },
-      py::arg("mask"), py::arg("value"));
-  cls.def(
-      "masked_scatter_",
-      [check_in_place](Tensor& x, T mask, T source) -> Tensor& {
-        check_in_place(x, "masked_scatter_");
-        ops::masked_scatter_(x, mask, source);
-        return x;
-      },
-      py::arg("mask"), py::arg("source"));
+  cls.def("masked_fill_", masked_in_place<double, &ops::masked_fill_>("masked_fill_"),
+          py::arg("mask"), py::arg("value"));
+  cls.def("masked_scatter_", masked_in_place<T, &ops::masked_scatter_>("masked_scatter_"),
+          py::arg("mask"), py::arg("source"));
   // x[mask] and x[mask] = v, for a bool tensor (PyTorch's mask over x's leading dims);
   // every other index goes to bind_tensor's __getitem__ / __setitem__.
   // (Deleted first: pybind11 would otherwise chain the new ones after the old, which throw.)
@@ -333,7 +326,7 @@ void bind_ops(py::module_& m, py::module_& F) {
     auto [full, shape] = mask_plan(x, mask);
     return py::cast(masked_select(x, full).reshape(shape));
   });
-  cls.def("__setitem__", [setitem, check_in_place](T x, py::object index, py::object value) {
+  cls.def("__setitem__", [setitem](T x, py::object index, py::object value) {
     if (!is_mask(index)) {
       setitem(x, index, value);
       return;

@@ -38,16 +38,29 @@ std::vector<Tensor> params_of(py::handle params) {
 optim::AdamOptions adam_options(double lr, std::pair<double, double> betas, double eps,
                                 double weight_decay, bool amsgrad, bool maximize,
                                 bool capturable = false) {
-  optim::AdamOptions o;
-  o.lr = lr;
-  o.beta1 = betas.first;
-  o.beta2 = betas.second;
-  o.eps = eps;
-  o.weight_decay = weight_decay;
-  o.amsgrad = amsgrad;
-  o.maximize = maximize;
-  o.capturable = capturable;
-  return o;
+  return {.lr = lr,
+          .beta1 = betas.first,
+          .beta2 = betas.second,
+          .eps = eps,
+          .weight_decay = weight_decay,
+          .amsgrad = amsgrad,
+          .maximize = maximize,
+          .capturable = capturable};
+}
+
+// torch.optim.Adam's or AdamW's constructor for Opt (a Base); their weight_decay defaults differ.
+template <typename Opt, typename Base>
+void bind_adam(py::module_& optim_mod, const char* name, double default_weight_decay) {
+  py::class_<Opt, Base>(optim_mod, name)
+      .def(py::init([](py::object params, double lr, std::pair<double, double> betas, double eps,
+                       double weight_decay, bool amsgrad, bool maximize, bool capturable) {
+             return std::make_unique<Opt>(
+                 params_of(params),
+                 adam_options(lr, betas, eps, weight_decay, amsgrad, maximize, capturable));
+           }),
+           py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
+           py::arg("eps") = 1e-8, py::arg("weight_decay") = default_weight_decay,
+           py::arg("amsgrad") = false, py::arg("maximize") = false, py::arg("capturable") = false);
 }
 
 // `with tally.autocast("cpu", dtype=tally.bfloat16):`
@@ -219,39 +232,20 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
   py::class_<optim::SGD, Optimizer>(optim_mod, "SGD")
       .def(py::init([](py::object params, double lr, double momentum, double dampening,
                        double weight_decay, bool nesterov, bool maximize, bool capturable) {
-             optim::SGDOptions o;
-             o.lr = lr;
-             o.momentum = momentum;
-             o.dampening = dampening;
-             o.weight_decay = weight_decay;
-             o.nesterov = nesterov;
-             o.maximize = maximize;
-             o.capturable = capturable;
-             return std::make_unique<optim::SGD>(params_of(params), o);
+             return std::make_unique<optim::SGD>(params_of(params),
+                                                 optim::SGDOptions{.lr = lr,
+                                                                   .momentum = momentum,
+                                                                   .dampening = dampening,
+                                                                   .weight_decay = weight_decay,
+                                                                   .nesterov = nesterov,
+                                                                   .maximize = maximize,
+                                                                   .capturable = capturable});
            }),
            py::arg("params"), py::arg("lr") = 1e-3, py::arg("momentum") = 0.0,
            py::arg("dampening") = 0.0, py::arg("weight_decay") = 0.0, py::arg("nesterov") = false,
            py::arg("maximize") = false, py::arg("capturable") = false);
-  py::class_<optim::Adam, Optimizer>(optim_mod, "Adam")
-      .def(py::init([](py::object params, double lr, std::pair<double, double> betas, double eps,
-                       double weight_decay, bool amsgrad, bool maximize, bool capturable) {
-             return std::make_unique<optim::Adam>(
-                 params_of(params),
-                 adam_options(lr, betas, eps, weight_decay, amsgrad, maximize, capturable));
-           }),
-           py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
-           py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.0, py::arg("amsgrad") = false,
-           py::arg("maximize") = false, py::arg("capturable") = false);
-  py::class_<optim::AdamW, optim::Adam>(optim_mod, "AdamW")
-      .def(py::init([](py::object params, double lr, std::pair<double, double> betas, double eps,
-                       double weight_decay, bool amsgrad, bool maximize, bool capturable) {
-             return std::make_unique<optim::AdamW>(
-                 params_of(params),
-                 adam_options(lr, betas, eps, weight_decay, amsgrad, maximize, capturable));
-           }),
-           py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
-           py::arg("eps") = 1e-8, py::arg("weight_decay") = 1e-2, py::arg("amsgrad") = false,
-           py::arg("maximize") = false, py::arg("capturable") = false);
+  bind_adam<optim::Adam, Optimizer>(optim_mod, "Adam", 0.0);
+  bind_adam<optim::AdamW, optim::Adam>(optim_mod, "AdamW", 1e-2);
   py::class_<optim::AdamW8bit, Optimizer>(optim_mod, "AdamW8bit")
       .def(py::init([](py::object params, double lr, std::pair<double, double> betas, double eps,
                        double weight_decay, int64_t block_size, int64_t min_8bit_size) {
@@ -307,24 +301,18 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
       py::arg("parameters"), py::arg("clip_value"));
 
   // ---- mixed precision ----
-  py::class_<Autocast>(amp, "autocast",
-                       "with tally.autocast('cpu', dtype=tally.bfloat16): ... (torch.autocast)")
-      .def(py::init([](py::object device_type, py::object dtype, bool enabled, bool cache_enabled) {
-             std::optional<DType> d;
-             if (!dtype.is_none()) d = to_dtype(dtype);
-             return std::make_unique<Autocast>(to_device(device_type), d, enabled, cache_enabled);
-           }),
-           py::arg("device_type") = "cpu", py::arg("dtype") = py::none(), py::arg("enabled") = true,
-           py::arg("cache_enabled") = true)
-      .def("__enter__",
-           [](py::object self) {
-             self.cast<Autocast&>().enter();
-             return self;
-           })
-      .def("__exit__", [](Autocast& a, py::args) {
-        a.exit();
-        return false;
-      });
+  def_enter_exit(
+      py::class_<Autocast>(amp, "autocast",
+                           "with tally.autocast('cpu', dtype=tally.bfloat16): ... (torch.autocast)")
+          .def(py::init(
+                   [](py::object device_type, py::object dtype, bool enabled, bool cache_enabled) {
+                     std::optional<DType> d;
+                     if (!dtype.is_none()) d = to_dtype(dtype);
+                     return std::make_unique<Autocast>(to_device(device_type), d, enabled,
+                                                       cache_enabled);
+                   }),
+               py::arg("device_type") = "cpu", py::arg("dtype") = py::none(),
+               py::arg("enabled") = true, py::arg("cache_enabled") = true));
   m.attr("autocast") = amp.attr("autocast");
   amp.def(
       "is_autocast_enabled", [](py::object d) { return is_autocast_enabled(to_device(d).type); },
@@ -335,14 +323,13 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
   py::class_<optim::GradScaler>(amp, "GradScaler", "torch.amp.GradScaler: dynamic loss scaling")
       .def(py::init([](double init_scale, double growth_factor, double backoff_factor,
                        int64_t growth_interval, bool enabled, bool capturable) {
-             optim::GradScalerOptions o;
-             o.init_scale = init_scale;
-             o.growth_factor = growth_factor;
-             o.backoff_factor = backoff_factor;
-             o.growth_interval = growth_interval;
-             o.enabled = enabled;
-             o.capturable = capturable;
-             return std::make_unique<optim::GradScaler>(o);
+             return std::make_unique<optim::GradScaler>(
+                 optim::GradScalerOptions{.init_scale = init_scale,
+                                          .growth_factor = growth_factor,
+                                          .backoff_factor = backoff_factor,
+                                          .growth_interval = growth_interval,
+                                          .enabled = enabled,
+                                          .capturable = capturable});
            }),
            py::arg("init_scale") = 65536.0, py::arg("growth_factor") = 2.0,
            py::arg("backoff_factor") = 0.5, py::arg("growth_interval") = 2000,

@@ -59,6 +59,17 @@ py::dict row_dict(const profiler::FunctionEventAvg& r) {
   return d;
 }
 
+// A Profiler export as a method: export(path) with device=None (the profiled device), else
+// export(path, device).
+template <void (profiler::Profiler::*to_default)(const std::string&) const,
+          void (profiler::Profiler::*to_given)(const std::string&, memory::Device) const>
+void export_to_device(PyProfile& p, const std::string& path, py::object device) {
+  if (device.is_none())
+    (p.get().*to_default)(path);
+  else
+    (p.get().*to_given)(path, to_device(device));
+}
+
 }  // namespace
 
 void bind_profiler(py::module_& m, py::module_& prof) {
@@ -145,36 +156,18 @@ void bind_profiler(py::module_& m, py::module_& prof) {
           "export_chrome_trace",
           [](PyProfile& p, const std::string& path) { p.get().export_chrome_trace(path); },
           py::arg("path"), "A Chrome trace (open in Perfetto or chrome://tracing)")
-      .def(
-          "export_memory_timeline",
-          [](PyProfile& p, const std::string& path, py::object device) {
-            if (device.is_none())
-              p.get().export_memory_timeline(path);
-            else
-              p.get().export_memory_timeline(path, to_device(device));
-          },
-          py::arg("path"), py::arg("device") = py::none(), "'.json' or '.html'")
-      .def(
-          "export_memory_snapshot",
-          [](PyProfile& p, const std::string& path, py::object device) {
-            if (device.is_none())
-              p.get().export_memory_snapshot(path);
-            else
-              p.get().export_memory_snapshot(path, to_device(device));
-          },
-          py::arg("path"), py::arg("device") = py::none());
+      .def("export_memory_timeline",
+           &export_to_device<&profiler::Profiler::export_memory_timeline,
+                             &profiler::Profiler::export_memory_timeline>,
+           py::arg("path"), py::arg("device") = py::none(), "'.json' or '.html'")
+      .def("export_memory_snapshot",
+           &export_to_device<&profiler::Profiler::export_memory_snapshot,
+                             &profiler::Profiler::export_memory_snapshot>,
+           py::arg("path"), py::arg("device") = py::none());
 
-  py::class_<PyRecordFunction>(prof, "record_function", "A user range in the profile")
-      .def(py::init<std::string>(), py::arg("name"))
-      .def("__enter__",
-           [](py::object self) {
-             self.cast<PyRecordFunction&>().enter();
-             return self;
-           })
-      .def("__exit__", [](PyRecordFunction& r, py::args) {
-        r.exit();
-        return false;
-      });
+  def_enter_exit(
+      py::class_<PyRecordFunction>(prof, "record_function", "A user range in the profile")
+          .def(py::init<std::string>(), py::arg("name")));
 }
 
 }  // namespace tally::python

@@ -211,15 +211,6 @@ Tensor getitem(const Tensor& t, py::handle index) {
   return r;
 }
 
-// In-place writes are not recorded by autograd: refused on a tensor that needs a gradient
-// while grad mode is on (wrap them in tally.no_grad()), as PyTorch refuses a leaf's.
-void check_in_place(const Tensor& x, const char* what) {
-  if (x.requires_grad() && GradMode::is_enabled())
-    throw py::value_error(std::string(what) +
-                          ": a tensor that requires grad cannot be written in place outside "
-                          "tally.no_grad()");
-}
-
 Tensor to_any(const Tensor& t, const py::args& args, const py::kwargs& kw) {
   std::optional<Device> device;
   std::optional<DType> dtype;
@@ -254,6 +245,13 @@ Shape dims_arg(const py::object& dim) {
 }
 
 }  // namespace
+
+void check_in_place(const Tensor& x, const char* what) {
+  if (x.requires_grad() && GradMode::is_enabled())
+    throw py::value_error(std::string(what) +
+                          ": a tensor that requires grad cannot be written in place outside "
+                          "tally.no_grad()");
+}
 
 MemoryFormat to_memory_format(py::handle h) {
   if (py::isinstance<MemoryFormat>(h)) return h.cast<MemoryFormat>();

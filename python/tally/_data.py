@@ -127,21 +127,28 @@ def _fresh_seed():
     return int(_C._randint_generator(0, 2**62, 1, None).tolist()[0])
 
 
+def _require_bool(name, value, error):
+    # PyTorch's samplers' messages (RandomSampler raises TypeError, BatchSampler ValueError).
+    if not isinstance(value, bool):
+        raise error(f"{name} should be a boolean value, but got {name}={value}")
+
+
+def _require_positive_int(name, value, bool_ok=False):
+    if (isinstance(value, bool) and not bool_ok) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} should be a positive integer value, but got {name}={value}")
+
+
 class RandomSampler(Sampler):
     """torch.utils.data.RandomSampler: a new permutation each epoch from `generator` (without
     one: from a seed drawn from the default generator at each epoch)."""
 
     def __init__(self, data_source, replacement=False, num_samples=None, generator=None):
-        if not isinstance(replacement, bool):
-            raise TypeError(f"replacement should be a boolean value, but got "
-                            f"replacement={replacement}")
+        _require_bool("replacement", replacement, TypeError)
         self.data_source = data_source
         self.replacement = replacement
         self._num_samples = num_samples
         self.generator = generator
-        if not isinstance(self.num_samples, int) or self.num_samples <= 0:
-            raise ValueError(f"num_samples should be a positive integer value, but got "
-                             f"num_samples={self.num_samples}")
+        _require_positive_int("num_samples", self.num_samples, bool_ok=True)
 
     @property
     def num_samples(self):
@@ -171,12 +178,8 @@ class BatchSampler(Sampler):
     """torch.utils.data.BatchSampler: lists of batch_size indices from `sampler`."""
 
     def __init__(self, sampler, batch_size, drop_last):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size should be a positive integer value, but got "
-                             f"batch_size={batch_size}")
-        if not isinstance(drop_last, bool):
-            raise ValueError(f"drop_last should be a boolean value, but got "
-                             f"drop_last={drop_last}")
+        _require_positive_int("batch_size", batch_size)
+        _require_bool("drop_last", drop_last, ValueError)
         self.sampler = sampler
         self.batch_size = batch_size
         self.drop_last = drop_last

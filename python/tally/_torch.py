@@ -141,16 +141,16 @@ _register("cuda.memory", _cuda_memory)
 _B = _C._backends
 
 
+def _switch(name, doc=None):
+    """A property over the boolean switch _B.<name>() / _B.set_<name>(value)."""
+    return property(lambda self: getattr(_B, name)(),
+                    lambda self, value: getattr(_B, "set_" + name)(bool(value)), doc=doc)
+
+
 class _Matmul:
     """torch.backends.cuda.matmul: allow_tf32 (float32 matmuls may use TF32 tensor cores)."""
 
-    @property
-    def allow_tf32(self):
-        return _B.allow_tf32()
-
-    @allow_tf32.setter
-    def allow_tf32(self, value):
-        _B.set_allow_tf32(bool(value))
+    allow_tf32 = _switch("allow_tf32")
 
     def __setattr__(self, name, value):
         if name != "allow_tf32":
@@ -180,23 +180,11 @@ class _CudaBackend(types.ModuleType):
 
 
 class _CudnnBackend(types.ModuleType):
-    @property
-    def allow_tf32(self):
-        """float32 convolutions may use TF32 tensor cores (on by default, as in PyTorch)."""
-        return _B.cudnn_allow_tf32()
-
-    @allow_tf32.setter
-    def allow_tf32(self, value):
-        _B.set_cudnn_allow_tf32(bool(value))
-
-    @property
-    def benchmark(self):
-        """Convolutions time cuDNN's algorithms once per shape and keep the fastest."""
-        return _B.cudnn_benchmark()
-
-    @benchmark.setter
-    def benchmark(self, value):
-        _B.set_cudnn_benchmark(bool(value))
+    allow_tf32 = _switch(
+        "cudnn_allow_tf32",
+        "float32 convolutions may use TF32 tensor cores (on by default, as in PyTorch).")
+    benchmark = _switch("cudnn_benchmark",
+                        "Convolutions time cuDNN's algorithms once per shape and keep the fastest.")
 
     @property
     def enabled(self):

@@ -70,6 +70,15 @@ std::string temp_dir(const std::string& name) {
   return p.string();
 }
 
+// Options that run `rounds` timing rounds quietly into temp_dir(name).
+ab::Options quiet_options(const std::string& name, int rounds) {
+  ab::Options o;
+  o.rounds = rounds;
+  o.verbose = false;
+  o.out = temp_dir(name);
+  return o;
+}
+
 std::vector<float> values(const Tensor& t) {
   const Tensor c = t.contiguous();
   const float* p = static_cast<const float*>(c.data_ptr());
@@ -85,7 +94,7 @@ TEST(AbRun, ModuleInstanceWithItsLossAndGradientAccumulation) {
   manual_seed(0);
   auto model = std::make_shared<SmallCNN>();
   const std::vector<float> before = values(model->conv1->weight);
-  ab::Options o;
+  ab::Options o = quiet_options("cnn", 1);
   o.module = model;
   o.loss = [](nn::Module& m, const data::Example& b) {
     return cross_entropy(m(b.input), b.target);
@@ -94,9 +103,6 @@ TEST(AbRun, ModuleInstanceWithItsLossAndGradientAccumulation) {
   o.precision = {"off"};
   o.optimizer = {"sgd"};
   o.grad_accum = {1, 2};
-  o.rounds = 1;
-  o.verbose = false;
-  o.out = temp_dir("cnn");
   const ab::Results r = ab::run(o);
   ASSERT_EQ(r.configs.size(), 2u);
   EXPECT_EQ(r.configs[0].name, "ckpt=none amp=off accum=1");
@@ -130,7 +136,7 @@ TEST(AbRun, ModuleInstanceWithItsLossAndGradientAccumulation) {
 
 TEST(AbRun, FactoryWithEvalAndPrecisions) {
   int evals = 0;
-  ab::Options o;
+  ab::Options o = quiet_options("lm", 1);
   o.factory = [](Device) { return std::make_shared<TinyTransformer>(); };
   o.loss = [](nn::Module& m, const data::Example& b) {
     const Tensor logits = m(b.input);
@@ -149,9 +155,6 @@ TEST(AbRun, FactoryWithEvalAndPrecisions) {
   };
   o.steps = 2;
   o.precision = {"off", "bf16"};
-  o.rounds = 1;
-  o.verbose = false;
-  o.out = temp_dir("lm");
   const ab::Results r = ab::run(o);
   ASSERT_EQ(r.configs.size(), 2u);
   EXPECT_EQ(r.configs[1].settings[1], (std::pair<std::string, std::string>{"amp", "bf16"}));
@@ -170,14 +173,11 @@ TEST(AbRun, FactoryWithEvalAndPrecisions) {
 
 // The registry's tiny GPT, `seq` tokens by `batch`, 2 steps, no timing rounds, quiet.
 ab::Options registry_gpt(int64_t seq, int64_t batch, const std::string& out) {
-  ab::Options o;
+  ab::Options o = quiet_options(out, 0);
   o.model = "gpt";
   o.model_options.seq = seq;
   o.batch = batch;
   o.steps = 2;
-  o.rounds = 0;
-  o.verbose = false;
-  o.out = temp_dir(out);
   return o;
 }
 

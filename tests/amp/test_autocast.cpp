@@ -27,12 +27,7 @@ int64_t cat_blocks_allocated(Category c) {
   return memory::get_allocator(kCpu).stats().category_blocks[static_cast<size_t>(c)].allocated;
 }
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  const std::vector<double> va = ops::to_vector(a), vb = ops::to_vector(b);
-  double m = 0;
-  for (size_t i = 0; i < va.size(); ++i) m = std::max(m, std::abs(va[i] - vb[i]));
-  return m;
-}
+using testing::max_abs_diff;
 double max_abs(const Tensor& a) {
   double m = 0;
   for (double v : ops::to_vector(a)) m = std::max(m, std::abs(v));

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <initializer_list>
+
 #include "memory/caching_allocator.h"
 
 namespace tally::memory::testing {
@@ -78,6 +80,16 @@ inline void expect_consistent(CachingAllocator& alloc) {
     }
     EXPECT_EQ((*a)[kAllPools].current, (*a)[kSmallPool].current + (*a)[kLargePool].current);
   }
+}
+
+// A test's end: `alloc` is consistent; freeing `live` and emptying the cache leaves nothing
+// reserved.
+inline void expect_consistent_then_release(CachingAllocator& alloc,
+                                           std::initializer_list<void*> live) {
+  expect_consistent(alloc);
+  for (void* p : live) alloc.deallocate(p);
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.memory_reserved(), 0u);
 }
 
 }  // namespace tally::memory::testing

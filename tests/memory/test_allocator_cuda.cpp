@@ -229,10 +229,7 @@ TEST(CudaExpandableSegments, InteriorPagesUnmapAndTheHoleIsRefilled) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(device_bytes_are(w, 25 * kMiB, 0x55));
   EXPECT_TRUE(device_bytes_are(z, 30 * kMiB, 0x44));
-  testing::expect_consistent(*a);
-  for (void* p : {x, w, z}) a->deallocate(p);
-  a->empty_cache();
-  EXPECT_EQ(a->memory_reserved(), 0u);
+  testing::expect_consistent_then_release(*a, {x, w, z});
 #endif
 }
 
@@ -265,10 +262,7 @@ TEST(CudaExpandableSegments, ReclaimOnGrowthUnmapsScatteredPages) {
   EXPECT_TRUE(device_bytes_are(y, 20 * kMiB, 0x61));
   EXPECT_TRUE(device_bytes_are(w, 20 * kMiB, 0x62));
   EXPECT_TRUE(device_bytes_are(big, 60 * kMiB, 0x65));
-  testing::expect_consistent(*a);
-  for (void* p : {y, w, big}) a->deallocate(p);
-  a->empty_cache();
-  EXPECT_EQ(a->memory_reserved(), 0u);
+  testing::expect_consistent_then_release(*a, {y, w, big});
 #endif
 }
 

@@ -12,6 +12,7 @@
 
 #include "memory/caching_allocator.h"
 #include "memory/fake_provider.h"
+#include "testing/gradcheck.h"
 
 namespace tally::memory {
 namespace {
@@ -250,26 +251,17 @@ TEST(CachingAllocator, RequestsNearTwoToThe64AreErrorsNotWraps) {
   const size_t issue = std::numeric_limits<size_t>::max() - (size_t{1} << 20) + 1;
   for (size_t bytes : {issue, std::numeric_limits<size_t>::max(),
                        std::numeric_limits<size_t>::max() - kRoundLarge + 2}) {
-    try {
-      (void)f.alloc->allocate(bytes);
-      ADD_FAILURE() << "no error for a request of " << bytes << " bytes";
-    } catch (const std::overflow_error& e) {
-      const std::string m = e.what();
-      EXPECT_NE(m.find("CachingAllocator: rounding the"), std::string::npos) << m;
-      EXPECT_NE(m.find("overflows an unsigned 64-bit integer"), std::string::npos) << m;
-    }
+    SCOPED_TRACE(bytes);
+    tally::testing::expect_error<std::overflow_error>(
+        [&] { (void)f.alloc->allocate(bytes); },
+        {"CachingAllocator: rounding the", "overflows an unsigned 64-bit integer"});
   }
   EXPECT_THROW((void)f.alloc->round_size(std::numeric_limits<size_t>::max()), std::overflow_error);
   // Past 2^63 - 1 bytes (the int64 statistics' range) but not wrapping: refused by size.
-  try {
-    (void)f.alloc->allocate(std::numeric_limits<size_t>::max() >> 1);
-    ADD_FAILURE() << "no error for 2^63 - 1 bytes";
-  } catch (const std::length_error& e) {
-    EXPECT_NE(std::string(e.what()).find("a request of 9223372036854775807 bytes needs a segment "
-                                         "of 9223372036854775808 bytes, more than 2^63 - 1"),
-              std::string::npos)
-        << e.what();
-  }
+  tally::testing::expect_error<std::length_error>(
+      [&] { (void)f.alloc->allocate(std::numeric_limits<size_t>::max() >> 1); },
+      {"a request of 9223372036854775807 bytes needs a segment of 9223372036854775808 bytes, "
+       "more than 2^63 - 1"});
   EXPECT_EQ(f.fake->allocs, 0);  // nothing reached the device
   EXPECT_EQ(f.alloc->memory_reserved(), 0u);
   EXPECT_EQ(f.stat("allocation.all.current"), 0);

@@ -177,10 +177,7 @@ TEST(ExpandableSegments, EmptyCacheUnmapsInteriorPagesAndTheHoleIsRefilledFirst)
   EXPECT_EQ(stat(*alloc, "segment.large_pool.current"), 1);
   fill(w, 25 * kMiB, 5);
   EXPECT_TRUE(intact(t.z, 30 * kMiB, 3));
-  testing::expect_consistent(*alloc);
-  for (void* p : {t.x, w, t.z}) alloc->deallocate(p);
-  alloc->empty_cache();
-  EXPECT_EQ(alloc->memory_reserved(), 0u);
+  testing::expect_consistent_then_release(*alloc, {t.x, w, t.z});
 }
 
 // The pattern of PyTorch's note: a batch that grows a little every step, so every step's
@@ -256,10 +253,7 @@ size_t reclaim_pattern(const std::string& conf, bool check) {
   EXPECT_TRUE(intact(y, 20 * kMiB, 1));
   EXPECT_TRUE(intact(w, 20 * kMiB, 2));
   EXPECT_TRUE(intact(big, 60 * kMiB, 3));
-  testing::expect_consistent(*alloc);
-  for (void* p : {y, w, big}) alloc->deallocate(p);
-  alloc->empty_cache();
-  EXPECT_EQ(alloc->memory_reserved(), 0u);
+  testing::expect_consistent_then_release(*alloc, {y, w, big});
   return reserved;
 }
 

@@ -510,13 +510,7 @@ class SnapshotBuilder {
 };
 
 BlockInfo block(uint64_t addr, size_t size, size_t requested, BlockState st, AllocTag tag = {}) {
-  BlockInfo b;
-  b.address = addr;
-  b.size = size;
-  b.requested_size = requested;
-  b.state = st;
-  b.tag = tag;
-  return b;
+  return {addr, size, requested, st, tag};
 }
 
 // Two live segments with blocks in every state, and a trace with every action: segment

@@ -4,9 +4,11 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "memory/caching_allocator.h"
@@ -62,6 +64,12 @@ DeviceStats example_stats() {
   s.num_ooms = 1;
   s.num_alloc_retries = 2;
   return s;
+}
+
+// Every one of `parts` is in `text` (a failure prints the whole text).
+void expect_says(const std::string& text, std::initializer_list<std::string_view> parts) {
+  for (std::string_view p : parts)
+    EXPECT_NE(text.find(p), std::string::npos) << p << " in\n" << text;
 }
 
 TEST(MemorySummary, EveryLineIs77CharsAndBoxed) {
@@ -439,15 +447,11 @@ TEST(MemorySummaryDiagnosis, NamesThePoolTheInterleavedCategoriesAndTheSetting) 
             "| Diagnosis: largest free block 2.0 MiB < failed request 4.0 MiB            |");
   EXPECT_EQ(lines[1],
             "|   large pool, activation: 10.0 MiB free in the pool when it failed        |");
-  EXPECT_NE(text.find("free in the large pool: 10.0 MiB in 1 segment, 0 B releasable"),
-            std::string::npos)
-      << text;
-  EXPECT_NE(text.find("5 free blocks, 10.0 MiB free"), std::string::npos) << text;
-  // Three activations (6 MiB) and two parameters (4 MiB) sit between the holes.
-  EXPECT_NE(text.find("interleaved with: activation 6.0 MiB, parameter 4.0 MiB"), std::string::npos)
-      << text;
-  EXPECT_NE(text.find("would help: TALLY_ALLOC_CONF=expandable_segments:True"), std::string::npos)
-      << text;
+  expect_says(text, {"free in the large pool: 10.0 MiB in 1 segment, 0 B releasable",
+                     "5 free blocks, 10.0 MiB free",
+                     // Three activations (6 MiB) and two parameters (4 MiB) sit between the holes.
+                     "interleaved with: activation 6.0 MiB, parameter 4.0 MiB",
+                     "would help: TALLY_ALLOC_CONF=expandable_segments:True"});
   // A 4 MiB request is no case for max_split_size_mb (its floor is 20 MiB).
   EXPECT_EQ(text.find("max_split_size_mb"), std::string::npos) << text;
   EXPECT_EQ(text.find("small pool"), std::string::npos) << text;
@@ -473,15 +477,10 @@ TEST(MemorySummaryDiagnosis, LargeRequestsSuggestMaxSplitSize) {
   void* small = d.allocate(3 * MiB, Category::optimizer_state);  // split from the 60 MiB block
   EXPECT_THROW((void)d.allocate(60 * MiB, Category::activation), OutOfMemoryError);
   const std::string text = joined(d.diagnosis());
-  EXPECT_NE(text.find("Diagnosis: largest free block 57.0 MiB < failed request 60.0 MiB"),
-            std::string::npos)
-      << text;
-  EXPECT_NE(text.find("interleaved with: optimizer_state 3.0 MiB"), std::string::npos) << text;
-  EXPECT_NE(text.find("would help: TALLY_ALLOC_CONF=expandable_segments:True"), std::string::npos)
-      << text;
-  EXPECT_NE(text.find("or TALLY_ALLOC_CONF=max_split_size_mb:60 (blocks >= 60 MiB stay whole)"),
-            std::string::npos)
-      << text;
+  expect_says(text, {"Diagnosis: largest free block 57.0 MiB < failed request 60.0 MiB",
+                     "interleaved with: optimizer_state 3.0 MiB",
+                     "would help: TALLY_ALLOC_CONF=expandable_segments:True",
+                     "or TALLY_ALLOC_CONF=max_split_size_mb:60 (blocks >= 60 MiB stay whole)"});
   d.alloc->deallocate(small);
 }
 
@@ -494,14 +493,10 @@ TEST(MemorySummaryDiagnosis, WithoutFailureAndWithExpandableSegments) {
     void* b = d.allocate(1000, Category::parameter);
     d.alloc->deallocate(a);
     const std::string text = joined(d.diagnosis());
-    EXPECT_NE(text.find("Diagnosis: largest free block 30.0 MiB >= largest request 30.0 MiB"),
-              std::string::npos)
-        << text;
-    EXPECT_NE(text.find("would help: nothing needed; empty_cache() returns 30.0 MiB"),
-              std::string::npos)
-        << text;
-    // The small segment holds free bytes next to the parameter.
-    EXPECT_NE(text.find("free in the small pool"), std::string::npos) << text;
+    expect_says(text, {"Diagnosis: largest free block 30.0 MiB >= largest request 30.0 MiB",
+                       "would help: nothing needed; empty_cache() returns 30.0 MiB",
+                       // The small segment holds free bytes next to the parameter.
+                       "free in the small pool"});
     d.alloc->deallocate(b);
   }
   {
@@ -518,12 +513,9 @@ TEST(MemorySummaryDiagnosis, WithoutFailureAndWithExpandableSegments) {
     for (void* p : temps) d.alloc->deallocate(p);
     EXPECT_THROW((void)d.allocate(4 * MiB, Category::activation), OutOfMemoryError);
     const std::string text = joined(d.diagnosis());
-    EXPECT_NE(text.find("Diagnosis: largest free block 2.0 MiB < failed request 4.0 MiB"),
-              std::string::npos)
-        << text;
-    EXPECT_NE(text.find("interleaved with: activation"), std::string::npos) << text;
-    EXPECT_NE(text.find("would help: no setting (expandable_segments is on)"), std::string::npos)
-        << text;
+    expect_says(text, {"Diagnosis: largest free block 2.0 MiB < failed request 4.0 MiB",
+                       "interleaved with: activation",
+                       "would help: no setting (expandable_segments is on)"});
     for (void* p : kept) d.alloc->deallocate(p);
   }
   {

@@ -413,15 +413,22 @@ TEST(LinearCrossEntropyMemory, GptPeakSmallerByAtLeastTheLogits) {
 
 // ------------------------------------------------------------------ dry run (meta device)
 
+// 300 rows of 16 features (h) and a 1000-class weight (w), both requiring grad, and targets
+// (t), drawn on `d` from Generator(seed).
+struct DryRunOperands {
+  DryRunOperands(Device d, DType dtype, uint64_t seed) : g(seed) {
+    h = ops::randn({300, 16}, dtype, d, &g).requires_grad_(true);
+    w = ops::randn({1000, 16}, dtype, d, &g).requires_grad_(true);
+    t = ops::randint(0, 1000, {300}, DType::int64, d, &g);
+  }
+  Generator g;
+  Tensor h, w, t;
+};
+
 TEST(LinearCrossEntropyMemory, DryRunPeakEqualsCpuPeak) {
   auto op_step = [](Device d) {
-    Generator g(41);
-    Tensor h = ops::randn({300, 16}, DType::float32, d, &g);
-    Tensor w = ops::randn({1000, 16}, DType::float32, d, &g);
-    h.requires_grad_(true);
-    w.requires_grad_(true);
-    const Tensor t = ops::randint(0, 1000, {300}, DType::int64, d, &g);
-    linear_cross_entropy(h, w, t, -100, "mean", 0, 200 << 10).backward();  // 25-row chunks
+    const DryRunOperands x(d, DType::float32, 41);
+    linear_cross_entropy(x.h, x.w, x.t, -100, "mean", 0, 200 << 10).backward();  // 25-row chunks
   };
   for (const auto& [name, step] : std::vector<std::pair<std::string, std::function<void(Device)>>>{
            {"op", op_step}, {"gpt", [](Device d) { gpt_step(d, true); }}}) {
@@ -466,13 +473,8 @@ TEST(LinearCrossEntropy, PaddedVocabularyBf16MatchesUnfused) {
 TEST(LinearCrossEntropyMemory, PaddedDryRunOnTheH200Target) {
   const memory::Estimate e = memory::estimate(
       [](Device d) {
-        Generator g(71);
-        Tensor h = ops::randn({300, 16}, DType::bfloat16, d, &g);
-        Tensor w = ops::randn({1000, 16}, DType::bfloat16, d, &g);
-        h.requires_grad_(true);
-        w.requires_grad_(true);
-        const Tensor t = ops::randint(0, 1000, {300}, DType::int64, d, &g);
-        linear_cross_entropy(h, w, t, -100, "mean", 64).backward();
+        const DryRunOperands x(d, DType::bfloat16, 71);
+        linear_cross_entropy(x.h, x.w, x.t, -100, "mean", 64).backward();
       },
       {.target = "h200"});
   EXPECT_TRUE(e.fits()) << e.out_of_memory;

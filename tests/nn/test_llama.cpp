@@ -42,13 +42,7 @@ double rel_err(const Tensor& a, const Tensor& b) {
   return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
 }
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  const std::vector<double> x = ops::to_vector(a), y = ops::to_vector(b);
-  EXPECT_EQ(x.size(), y.size());
-  double d = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) d = std::max(d, std::abs(x[i] - y[i]));
-  return d;
-}
+using tally::testing::max_abs_diff;
 
 void expect_same_grads(const Module& a, const Module& b, double tol) {
   const NamedTensors pa = a.named_parameters(), pb = b.named_parameters();

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <optional>
 #include <tuple>
 
@@ -97,7 +98,7 @@ TEST(GPT, Gpt2ParameterCountAndNames) {
 }
 
 // Every parameter of `a` has a gradient within tol * max |b's| of b's parameter of the same
-// place (two models of one architecture after backward).
+// place (two models of one architecture after backward); tol 0: equal to the bit.
 namespace {
 void expect_same_grads(GPT& a, GPT& b, double tol) {
   const auto pa = a.named_parameters(), pb = b.named_parameters();
@@ -107,6 +108,10 @@ void expect_same_grads(GPT& a, GPT& b, double tol) {
     EXPECT_EQ(pa[i].second.grad().sizes(), pb[i].second.sizes()) << pa[i].first;
     const std::vector<double> x = ops::to_vector(pa[i].second.grad()),
                               y = ops::to_vector(pb[i].second.grad());
+    if (tol == 0) {
+      EXPECT_EQ(x, y) << pa[i].first;
+      continue;
+    }
     double err = 0, scale = 0;
     for (size_t k = 0; k < x.size() && k < y.size(); ++k) {
       err = std::max(err, std::abs(x[k] - y[k]));
@@ -114,6 +119,51 @@ void expect_same_grads(GPT& a, GPT& b, double tol) {
     }
     EXPECT_LE(err, tol * scale) << pa[i].first;
   }
+}
+
+// A tiny GPT of vocabulary 96 (weights drawn after manual_seed(seed)) and one with the same
+// weights whose config has `flag` off.
+struct TwinGpts {
+  GPTConfig cfg;  // on's
+  std::unique_ptr<GPT> on, off;
+};
+TwinGpts twin_gpts(uint64_t seed, bool GPTConfig::*flag) {
+  manual_seed(seed);
+  GPTConfig cfg = GPTConfig::preset("tiny");
+  cfg.vocab_size = 96;
+  auto on = std::make_unique<GPT>(cfg);
+  GPTConfig off_cfg = cfg;
+  off_cfg.*flag = false;
+  auto off = std::make_unique<GPT>(off_cfg);
+  off->load_state_dict(on->state_dict());
+  return {cfg, std::move(on), std::move(off)};
+}
+
+// (idx, targets) [2, 16] of tokens below `vocab`, drawn from `gen`.
+std::pair<Tensor, Tensor> random_tokens(int64_t vocab, Generator& gen) {
+  Tensor idx = ops::randint(0, vocab, {2, 16}, DType::int64, Device::cpu(), &gen);
+  return {idx, ops::randint(0, vocab, {2, 16}, DType::int64, Device::cpu(), &gen)};
+}
+
+// One step of `a` and `b` from zeroed gradients, under bf16 autocast when `bf16`: the losses
+// agree within loss_rtol (relative to b's) and every gradient within grad_tol
+// (expect_same_grads). Returns the two losses.
+std::pair<double, double> expect_same_step(GPT& a, GPT& b, const Tensor& idx, const Tensor& tgt,
+                                           bool bf16, double loss_rtol, double grad_tol) {
+  a.zero_grad();
+  b.zero_grad();
+  Tensor loss_a, loss_b;
+  {
+    std::optional<AutocastGuard> autocast;
+    if (bf16) autocast.emplace(DeviceType::cpu, DType::bfloat16);
+    loss_a = a(idx, tgt).second;
+    loss_b = b(idx, tgt).second;
+  }
+  EXPECT_NEAR(loss_a.item(), loss_b.item(), loss_rtol * std::abs(loss_b.item()));
+  loss_a.backward();
+  loss_b.backward();
+  expect_same_grads(a, b, grad_tol);
+  return {loss_a.item(), loss_b.item()};
 }
 }  // namespace
 
@@ -130,8 +180,7 @@ TEST(GPT, PaddedClassifierMatchesUnpadded) {
   GPT plain(cfg);
   plain.load_state_dict(padded.state_dict());
   Generator g(4);
-  const Tensor idx = ops::randint(0, 100, {2, 16}, DType::int64, Device::cpu(), &g);
-  Tensor tgt = ops::randint(0, 100, {2, 16}, DType::int64, Device::cpu(), &g);
+  const auto [idx, tgt] = random_tokens(100, g);
   ops::fill_(ops::narrow(ops::select(tgt, 0, 1), 0, 12, 4), -1.0);
   EXPECT_TRUE(padded(idx, tgt).first.is_contiguous());  // float32: unpadded
   Tensor lp, loss_p, lu, loss_u;
@@ -153,17 +202,11 @@ TEST(GPT, PaddedClassifierMatchesUnpadded) {
 // gradient of c_fc -> gelu -> c_proj as three modules, in float32 and under bf16 autocast; a
 // module checkpointed on its own turns the fusion off for its MLP.
 TEST(GPT, FusedMlpMatchesTheThreeModules) {
-  manual_seed(5);
-  GPTConfig cfg = GPTConfig::preset("tiny");
-  cfg.vocab_size = 96;
-  GPT fused(cfg);
-  cfg.fused_mlp = false;
-  GPT three(cfg);
-  three.load_state_dict(fused.state_dict());
+  const TwinGpts gpts = twin_gpts(5, &GPTConfig::fused_mlp);
+  GPT &fused = *gpts.on, &three = *gpts.off;
   Generator g(6);
-  const Tensor idx = ops::randint(0, 96, {2, 16}, DType::int64, Device::cpu(), &g);
-  const Tensor tgt = ops::randint(0, 96, {2, 16}, DType::int64, Device::cpu(), &g);
-  Tensor h = ops::randn({2, 16, cfg.n_embd});
+  const auto [idx, tgt] = random_tokens(96, g);
+  Tensor h = ops::randn({2, 16, gpts.cfg.n_embd});
   h.requires_grad_();
   auto& mlp = *std::dynamic_pointer_cast<Block>((*fused.transformer->h)[0])->mlp;
   EXPECT_EQ(mlp(h).autograd_meta()->grad_fn->name(), "LinearGeluLinearBackward");
@@ -174,20 +217,7 @@ TEST(GPT, FusedMlpMatchesTheThreeModules) {
   mlp.c_fc->set_checkpoint(false);
   for (bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16 autocast" : "float32");
-    fused.zero_grad();
-    three.zero_grad();
-    Tensor loss_f, loss_t;
-    {
-      std::optional<AutocastGuard> autocast;
-      if (bf16) autocast.emplace(DeviceType::cpu, DType::bfloat16);
-      loss_f = fused(idx, tgt).second;
-      loss_t = three(idx, tgt).second;
-    }
-    const double tol = bf16 ? 1e-2 : 1e-5;
-    EXPECT_NEAR(loss_f.item(), loss_t.item(), tol * std::abs(loss_t.item()));
-    loss_f.backward();
-    loss_t.backward();
-    expect_same_grads(fused, three, bf16 ? 3e-2 : 1e-5);
+    expect_same_step(fused, three, idx, tgt, bf16, bf16 ? 1e-2 : 1e-5, bf16 ? 3e-2 : 1e-5);
   }
 }
 
@@ -196,16 +226,10 @@ TEST(GPT, FusedMlpMatchesTheThreeModules) {
 // the adds run apart, in float32 (to the bit: the same arithmetic) and under bf16 autocast;
 // per-block checkpointing takes the unfused blocks and still agrees.
 TEST(GPT, FusedAddNormMatchesTheAdds) {
-  manual_seed(7);
-  GPTConfig cfg = GPTConfig::preset("tiny");
-  cfg.vocab_size = 96;
-  GPT fused(cfg);
-  cfg.fused_add_norm = false;
-  GPT apart(cfg);
-  apart.load_state_dict(fused.state_dict());
+  const TwinGpts gpts = twin_gpts(7, &GPTConfig::fused_add_norm);
+  GPT &fused = *gpts.on, &apart = *gpts.off;
   Generator g(8);
-  const Tensor idx = ops::randint(0, 96, {2, 16}, DType::int64, Device::cpu(), &g);
-  const Tensor tgt = ops::randint(0, 96, {2, 16}, DType::int64, Device::cpu(), &g);
+  const auto [idx, tgt] = random_tokens(96, g);
   const Tensor hidden = fused.transformer->forward(idx);
   EXPECT_EQ(hidden.autograd_meta()->grad_fn->name(), "AddLayerNormBackward");
   EXPECT_EQ(apart.transformer->forward(idx).autograd_meta()->grad_fn->name(), "LayerNormBackward");
@@ -213,20 +237,10 @@ TEST(GPT, FusedAddNormMatchesTheAdds) {
     const bool bf16 = mode == 1, ckpt = mode == 2;
     SCOPED_TRACE(bf16 ? "bf16 autocast" : ckpt ? "checkpointed blocks" : "float32");
     if (ckpt) enable_checkpointing(fused, parse_checkpoint_spec("blocks"));
-    fused.zero_grad();
-    apart.zero_grad();
-    Tensor loss_f, loss_a;
-    {
-      std::optional<AutocastGuard> autocast;
-      if (bf16) autocast.emplace(DeviceType::cpu, DType::bfloat16);
-      loss_f = fused(idx, tgt).second;
-      loss_a = apart(idx, tgt).second;
+    const auto losses = expect_same_step(fused, apart, idx, tgt, bf16, 1e-3, bf16 ? 3e-2 : 1e-5);
+    if (!bf16) {
+      EXPECT_EQ(losses.first, losses.second);
     }
-    if (!bf16) EXPECT_EQ(loss_f.item(), loss_a.item());
-    EXPECT_NEAR(loss_f.item(), loss_a.item(), 1e-3 * std::abs(loss_a.item()));
-    loss_f.backward();
-    loss_a.backward();
-    expect_same_grads(fused, apart, bf16 ? 3e-2 : 1e-5);
   }
 }
 
@@ -245,8 +259,7 @@ TEST(GPT, BlockLayerNormsWriteTheAutocastDtype) {
   }
   EXPECT_FALSE(fused.transformer->ln_f->autocast_output);  // its output leaves the blocks
   Generator g(6);
-  const Tensor idx = ops::randint(0, 256, {2, 16}, DType::int64, Device::cpu(), &g);
-  const Tensor tgt = ops::randint(0, 256, {2, 16}, DType::int64, Device::cpu(), &g);
+  const auto [idx, tgt] = random_tokens(256, g);
   Tensor lf, loss_f, lp, loss_p, ln_out;
   {
     AutocastGuard autocast(DeviceType::cpu, DType::bfloat16);
@@ -261,13 +274,7 @@ TEST(GPT, BlockLayerNormsWriteTheAutocastDtype) {
   EXPECT_EQ(a, b);
   loss_f.backward();
   loss_p.backward();
-  const auto pf = fused.named_parameters(), pp = plain.named_parameters();
-  ASSERT_EQ(pf.size(), pp.size());
-  for (size_t i = 0; i < pf.size(); ++i) {
-    ASSERT_TRUE(pf[i].second.grad().defined()) << pf[i].first;
-    EXPECT_EQ(ops::to_vector(pf[i].second.grad()), ops::to_vector(pp[i].second.grad()))
-        << pf[i].first;
-  }
+  expect_same_grads(fused, plain, 0);
   // Outside autocast: float32, as PyTorch's LayerNorm.
   auto block = std::dynamic_pointer_cast<Block>((*fused.transformer->h)[0]);
   EXPECT_EQ((*block->ln_1)(ops::zeros({1, 2, cfg.n_embd}, DType::float32, Device::cpu())).dtype(),
@@ -278,8 +285,7 @@ TEST(GPT, TinyForwardLossAndInit) {
   manual_seed(1);
   GPT gpt(GPTConfig::preset("tiny"));
   Generator g(2);
-  Tensor idx = ops::randint(0, 256, {2, 16}, DType::int64, Device::cpu(), &g);
-  Tensor tgt = ops::randint(0, 256, {2, 16}, DType::int64, Device::cpu(), &g);
+  const auto [idx, tgt] = random_tokens(256, g);
   auto [logits, loss] = gpt(idx, tgt);
   EXPECT_EQ(logits.sizes(), (Shape{2, 16, 256}));
   EXPECT_NEAR(loss.item(), std::log(256.0), 0.1);

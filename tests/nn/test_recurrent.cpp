@@ -155,23 +155,16 @@ TEST(Recurrent, RunsOnTheMetaDevice) {
 
 TEST(Recurrent, ErrorsNameTheModuleAndShapes) {
   LSTM lstm(3, 4);
-  try {
-    (void)lstm(randn({2, 5, 7}));
-    FAIL() << "expected an error";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("input.size(-1) must be equal to input_size. Expected 3, "
-                                         "got 7"),
-              std::string::npos)
-        << e.what();
-  }
-  try {
-    (void)lstm(randn({2, 5, 3}), std::make_pair(zeros({2, 5, 4}), zeros({1, 5, 4})));
-    FAIL() << "expected an error";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("Expected hidden[0] size [1, 5, 4], got [2, 5, 4]"),
-              std::string::npos)
-        << e.what();
-  }
+  testing::expect_error<std::invalid_argument>(
+      [&] {
+        (void)lstm(randn({2, 5, 7}));
+      },
+      {"input.size(-1) must be equal to input_size. Expected 3, got 7"});
+  testing::expect_error<std::invalid_argument>(
+      [&] {
+        (void)lstm(randn({2, 5, 3}), std::make_pair(zeros({2, 5, 4}), zeros({1, 5, 4})));
+      },
+      {"Expected hidden[0] size [1, 5, 4], got [2, 5, 4]"});
   EXPECT_THROW(GRU(3, 4, 1, true, false, 1.5), std::invalid_argument);
 }
 

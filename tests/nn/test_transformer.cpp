@@ -328,51 +328,53 @@ TEST(TransformerModels, BertTiesItsDecoderAndCountsLikeBertBase) {
   EXPECT_EQ(nn::Bert(nn::BertConfig::preset("bert-base")).num_parameters(), 109514298);
 }
 
+// ViT and BERT from the model registry, with their default options: each test below runs once
+// per model.
+class TransformerModel : public ::testing::TestWithParam<const char*> {
+ protected:
+  const nn::ModelEntry& e = nn::model_entry(GetParam());
+  const nn::ModelOptions o = nn::resolve_options(e, {});
+};
+INSTANTIATE_TEST_SUITE_P(Registry, TransformerModel, ::testing::Values("vit", "bert"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
+
 // Each model's training step as a dry run on the meta device (what --estimate replays).
-TEST(TransformerModels, TrainingStepsRunOnTheMetaDevice) {
-  for (const char* name : {"vit", "bert"}) {
-    SCOPED_TRACE(name);
-    const nn::ModelEntry& e = nn::model_entry(name);
-    const nn::ModelOptions o = nn::resolve_options(e, {});
-    const data::Example b = e.synthetic_batch(o, 2, 0, 3);
-    const Device meta = Device::meta();
-    nn::BuildOnDevice on_meta(meta);
-    std::shared_ptr<nn::Module> m = e.build(o);
-    Tensor loss = e.loss(
-        *m, {ops::to(b.input, meta, b.input.dtype()), ops::to(b.target, meta, b.target.dtype())});
-    loss.backward();
-    for (const auto& [n, p] : m->named_parameters()) {
-      ASSERT_TRUE(p.grad().defined()) << n;
-      EXPECT_EQ(p.grad().device(), meta) << n;
-    }
+TEST_P(TransformerModel, TrainingStepRunsOnTheMetaDevice) {
+  const data::Example b = e.synthetic_batch(o, 2, 0, 3);
+  const Device meta = Device::meta();
+  nn::BuildOnDevice on_meta(meta);
+  std::shared_ptr<nn::Module> m = e.build(o);
+  Tensor loss = e.loss(
+      *m, {ops::to(b.input, meta, b.input.dtype()), ops::to(b.target, meta, b.target.dtype())});
+  loss.backward();
+  for (const auto& [n, p] : m->named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << n;
+    EXPECT_EQ(p.grad().device(), meta) << n;
   }
 }
 
 // ViT's encoder blocks and BERT's encoder layers are checkpoint blocks: the step with
 // --checkpoint blocks gives the same loss and gradients as without.
-TEST(TransformerModels, CheckpointedBlocksGiveTheSameGradients) {
-  for (const char* name : {"vit", "bert"}) {
-    SCOPED_TRACE(name);
-    const nn::ModelEntry& e = nn::model_entry(name);
-    const nn::ModelOptions o = nn::resolve_options(e, {});
-    const data::Example b = e.synthetic_batch(o, 2, 0, 4);
-    std::vector<std::vector<double>> grads[2];
-    for (const bool ckpt : {false, true}) {
-      manual_seed(8);
-      std::shared_ptr<nn::Module> m = e.build(o);
-      // ViT's head starts at zero (torchvision's), which would zero every other gradient.
-      for (const auto& [n, p] : m->named_parameters())
-        if (n == "heads.head.weight") nn::init::normal_(p, 0.0, 0.1);
-      if (ckpt) {
-        nn::enable_checkpointing(*m, nn::parse_checkpoint_spec("blocks"));
-        EXPECT_EQ(nn::checkpoint_block_count(*m), 2);
-      }
-      e.loss(*m, b).backward();
-      for (const auto& [n, p] : m->named_parameters()) grads[ckpt].push_back(host(p.grad()));
+TEST_P(TransformerModel, CheckpointedBlocksGiveTheSameGradients) {
+  const data::Example b = e.synthetic_batch(o, 2, 0, 4);
+  std::vector<std::vector<double>> grads[2];
+  for (const bool ckpt : {false, true}) {
+    manual_seed(8);
+    std::shared_ptr<nn::Module> m = e.build(o);
+    // ViT's head starts at zero (torchvision's), which would zero every other gradient.
+    for (const auto& [n, p] : m->named_parameters())
+      if (n == "heads.head.weight") nn::init::normal_(p, 0.0, 0.1);
+    if (ckpt) {
+      nn::enable_checkpointing(*m, nn::parse_checkpoint_spec("blocks"));
+      EXPECT_EQ(nn::checkpoint_block_count(*m), 2);
     }
-    ASSERT_EQ(grads[0].size(), grads[1].size());
-    for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_EQ(grads[0][i], grads[1][i]) << i;
+    e.loss(*m, b).backward();
+    for (const auto& [n, p] : m->named_parameters()) grads[ckpt].push_back(host(p.grad()));
   }
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_EQ(grads[0][i], grads[1][i]) << i;
 }
 
 }  // namespace

@@ -21,33 +21,21 @@
 #include "optim/cpu_offload.h"
 #include "tensor/cpu/threads.h"
 #include "tensor/meta/cost.h"
+#include "testing/mlp.h"
 
 namespace tally {
 namespace {
 
-std::vector<Tensor> mlp_params() {
-  manual_seed(5);
-  return {ops::randn({128, 64}).requires_grad_(), ops::randn({128}).requires_grad_(),
-          ops::randn({10, 128}).requires_grad_()};
-}
-
-Tensor mlp_loss(const std::vector<Tensor>& p, int step) {
-  manual_seed(100 + step);
-  const Tensor x = ops::randn({16, 64});
-  return mean(pow(matmul(relu(linear(x, p[0], p[1])), p[2].t()), 2.0));
-}
-
-std::vector<std::vector<double>> values(const std::vector<Tensor>& ps) {
-  std::vector<std::vector<double>> v;
-  for (const Tensor& p : ps) v.push_back(ops::to_vector(p));
-  return v;
-}
+using testing::mlp_loss;
+using testing::mlp_params;
+using testing::values;
+constexpr int64_t kHidden = 128, kBatch = 16;  // the MLP's sizes here
 
 // `plain` and `offloaded` over two copies of the MLP, `steps` steps each, compared bitwise
 // after every step (float32 values are exact in double).
 template <typename Plain, typename Offloaded>
 void expect_steps_equal(Plain make_plain, Offloaded make_offloaded, double clip = 0) {
-  std::vector<Tensor> a = mlp_params(), b = mlp_params();
+  std::vector<Tensor> a = mlp_params(kHidden), b = mlp_params(kHidden);
   auto oa = make_plain(a);
   auto ob = make_offloaded(b);
   for (int s = 0; s < 3; ++s) {
@@ -55,7 +43,7 @@ void expect_steps_equal(Plain make_plain, Offloaded make_offloaded, double clip 
                                                                        {&b, ob.get()}};
     for (const auto& [params, opt] : runs) {
       opt->zero_grad();
-      mlp_loss(*params, s).backward();
+      mlp_loss(*params, s, kBatch).backward();
       if (clip > 0) optim::clip_grad_norm_(*params, clip);
       opt->step();
     }
@@ -107,11 +95,11 @@ TEST(CpuOffload, TinyGptEqualsAdamW) {
 }
 
 TEST(CpuOffload, StateIsOptimizerStateOnTheHost) {
-  std::vector<Tensor> p = mlp_params();
+  std::vector<Tensor> p = mlp_params(kHidden);
   optim::CpuOffload opt(p);
   auto& cpu = memory::get_allocator(Device::cpu());
   const int64_t before = cpu.stats().cat_bytes(memory::Category::optimizer_state).current;
-  mlp_loss(p, 0).backward();
+  mlp_loss(p, 0, kBatch).backward();
   opt.step();
   const int64_t numel = 128 * 64 + 128 + 10 * 128;
   const int64_t state = cpu.stats().cat_bytes(memory::Category::optimizer_state).current - before;

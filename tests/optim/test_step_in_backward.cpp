@@ -10,39 +10,27 @@
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "optim/step_in_backward.h"
+#include "testing/mlp.h"
 
 namespace tally {
 namespace {
 
-std::vector<Tensor> mlp_params() {
-  manual_seed(5);
-  return {ops::randn({256, 64}).requires_grad_(), ops::randn({256}).requires_grad_(),
-          ops::randn({10, 256}).requires_grad_()};
-}
-
-Tensor mlp_loss(const std::vector<Tensor>& p, int step) {
-  manual_seed(100 + step);
-  const Tensor x = ops::randn({32, 64});
-  return mean(pow(matmul(relu(linear(x, p[0], p[1])), p[2].t()), 2.0));
-}
-
-std::vector<std::vector<double>> values(const std::vector<Tensor>& ps) {
-  std::vector<std::vector<double>> v;
-  for (const Tensor& p : ps) v.push_back(ops::to_vector(p));
-  return v;
-}
+using testing::mlp_loss;
+using testing::mlp_params;
+using testing::values;
+constexpr int64_t kHidden = 256, kBatch = 32;  // the MLP's sizes here
 
 template <typename MakeOpt>
 void expect_same_as_plain(MakeOpt make) {
-  std::vector<Tensor> a = mlp_params(), b = mlp_params();
+  std::vector<Tensor> a = mlp_params(kHidden), b = mlp_params(kHidden);
   auto oa = make(a);
   auto ob = make(b);
   optim::StepInBackward sib(*ob);
   for (int s = 0; s < 4; ++s) {
     oa->zero_grad();
-    mlp_loss(a, s).backward();
+    mlp_loss(a, s, kBatch).backward();
     oa->step();
-    mlp_loss(b, s).backward();
+    mlp_loss(b, s, kBatch).backward();
     for (const Tensor& p : b) EXPECT_FALSE(p.grad().defined()) << "gradient freed after its step";
   }
   EXPECT_EQ(sib.updates(), 4 * 3);
@@ -64,12 +52,12 @@ TEST(StepInBackward, SgdWithMomentumUpdatesBitwiseAsAPlainStep) {
 TEST(StepInBackward, TheGradientCategoryHoldsOneParametersGradientAtMost) {
   const Device cpu = Device::cpu();
   auto peak_gradient = [&](bool in_backward) {
-    std::vector<Tensor> p = mlp_params();
+    std::vector<Tensor> p = mlp_params(kHidden);
     optim::SGD opt(p, {.lr = 0.1});
     std::unique_ptr<optim::StepInBackward> sib;
     if (in_backward) sib = std::make_unique<optim::StepInBackward>(opt);
     memory::reset_peak_memory_stats(cpu);
-    mlp_loss(p, 0).backward();
+    mlp_loss(p, 0, kBatch).backward();
     if (!in_backward) opt.step();
     return memory::get_allocator(cpu)
         .stats()
@@ -103,10 +91,10 @@ TEST(StepInBackward, GptWithATiedWeightMatchesPlainSteps) {
 }
 
 TEST(StepInBackward, HooksGoAwayWithTheObjectAndBadParametersAreErrors) {
-  std::vector<Tensor> p = mlp_params();
+  std::vector<Tensor> p = mlp_params(kHidden);
   optim::SGD opt(p, {.lr = 0.1});
   { optim::StepInBackward sib(opt); }
-  mlp_loss(p, 0).backward();
+  mlp_loss(p, 0, kBatch).backward();
   for (const Tensor& t : p) EXPECT_TRUE(t.grad().defined()) << "no step, the gradient stays";
   const Tensor frozen = ops::randn({3});
   optim::SGD opt2(std::vector<Tensor>{frozen}, {.lr = 0.1});

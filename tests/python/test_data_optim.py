@@ -156,12 +156,18 @@ def test_optimizer_state_dict_round_trip():
         opt_b.load_state_dict({**sd, "state.0.step": "three"})
 
 
-def test_step_in_backward_matches_a_plain_step_and_frees_gradients():
+def _twin_mlps():
+    """A batch and two MLPs with the same weights (seed 0)."""
     tally.manual_seed(0)
     x, y = tally.randn(8, 6), tally.randint(0, 4, (8,))
-    plain = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
-    hooked = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
-    hooked.load_state_dict(plain.state_dict())
+    a = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
+    b = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
+    b.load_state_dict(a.state_dict())
+    return x, y, a, b
+
+
+def test_step_in_backward_matches_a_plain_step_and_frees_gradients():
+    x, y, plain, hooked = _twin_mlps()
     opt = tally.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
     opt_h = tally.optim.SGD(hooked.parameters(), lr=0.1, momentum=0.9)
     with tally.optim.StepInBackward(opt_h) as sib:
@@ -180,11 +186,7 @@ def test_step_in_backward_matches_a_plain_step_and_frees_gradients():
 
 
 def test_cpu_offload_equals_adamw_step_for_step():
-    tally.manual_seed(0)
-    x, y = tally.randn(8, 6), tally.randint(0, 4, (8,))
-    plain = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
-    off = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
-    off.load_state_dict(plain.state_dict())
+    x, y, plain, off = _twin_mlps()
     opt = tally.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)
     opt_o = tally.optim.CpuOffload(off.parameters(), lr=1e-2, weight_decay=0.1)
     for _ in range(3):

@@ -32,41 +32,7 @@ UPDATE_MIN_COSINE = 0.9
 UPDATE_NORM_RTOL = 0.2
 
 
-# ---- the models, written twice with the same attribute names ----
-
-# The convolutions feed batch norms, so they have no bias (as ResNet's): a bias there has a
-# gradient of zero up to rounding, which no relative tolerance can compare.
-class TallyCNN(tnn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = tnn.Conv2d(3, 16, 3, padding=1, bias=False)
-        self.bn1 = tnn.BatchNorm2d(16)
-        self.conv2 = tnn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False)
-        self.bn2 = tnn.BatchNorm2d(32)
-        self.pool = tnn.AdaptiveAvgPool2d(1)
-        self.fc = tnn.Linear(32, 10)
-
-    def forward(self, x):
-        x = self.bn1(self.conv1(x)).relu()
-        x = self.bn2(self.conv2(x)).relu()
-        return self.fc(self.pool(x).flatten(1))
-
-
-class TorchCNN(tn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = tn.Conv2d(3, 16, 3, padding=1, bias=False)
-        self.bn1 = tn.BatchNorm2d(16)
-        self.conv2 = tn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False)
-        self.bn2 = tn.BatchNorm2d(32)
-        self.pool = tn.AdaptiveAvgPool2d(1)
-        self.fc = tn.Linear(32, 10)
-
-    def forward(self, x):
-        x = self.bn1(self.conv1(x)).relu()
-        x = self.bn2(self.conv2(x)).relu()
-        return self.fc(self.pool(x).flatten(1))
-
+# ---- the models, written once over either framework's nn, functional and arange ----
 
 D, HEADS, VOCAB, T = 64, 4, 96, 32
 
@@ -75,76 +41,66 @@ def _heads(x, b):
     return x.view(b, T, HEADS, D // HEADS).transpose(1, 2)
 
 
-class TallyBlock(tnn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1 = tnn.LayerNorm(D)
-        self.qkv = tnn.Linear(D, 3 * D)
-        self.proj = tnn.Linear(D, D)
-        self.ln2 = tnn.LayerNorm(D)
-        self.fc = tnn.Linear(D, 4 * D)
-        self.out = tnn.Linear(4 * D, D)
+def _models(nn, F, arange):
+    """(CNN, Transformer) classes built from one framework's modules."""
 
-    def forward(self, x):
-        b = x.shape[0]
-        q, k, v = self.qkv(self.ln1(x)).split(D, 2)
-        a = TF.scaled_dot_product_attention(_heads(q, b), _heads(k, b), _heads(v, b),
-                                            is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, T, D))
-        return x + self.out(TF.gelu(self.fc(self.ln2(x))))
+    # The convolutions feed batch norms, so they have no bias (as ResNet's): a bias there has a
+    # gradient of zero up to rounding, which no relative tolerance can compare.
+    class CNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(16)
+            self.conv2 = nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(32)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(32, 10)
+
+        def forward(self, x):
+            x = self.bn1(self.conv1(x)).relu()
+            x = self.bn2(self.conv2(x)).relu()
+            return self.fc(self.pool(x).flatten(1))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(D)
+            self.qkv = nn.Linear(D, 3 * D)
+            self.proj = nn.Linear(D, D)
+            self.ln2 = nn.LayerNorm(D)
+            self.fc = nn.Linear(D, 4 * D)
+            self.out = nn.Linear(4 * D, D)
+
+        def forward(self, x):
+            b = x.shape[0]
+            q, k, v = self.qkv(self.ln1(x)).split(D, 2)
+            a = F.scaled_dot_product_attention(_heads(q, b), _heads(k, b), _heads(v, b),
+                                               is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, T, D))
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class Transformer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(VOCAB, D)
+            self.pos = nn.Embedding(T, D)
+            blocks = [Block(), Block()]
+            self.blocks = nn.ModuleList(blocks)
+            self._python_blocks = blocks  # keeps Tally's Python side (forward) of each block alive
+            self.ln_f = nn.LayerNorm(D)
+            self.head = nn.Linear(D, VOCAB)
+
+        def forward(self, idx):
+            x = self.tok(idx) + self.pos(arange(T, device=idx.device))
+            for blk in self.blocks:
+                x = blk(x)
+            return self.head(self.ln_f(x)).view(-1, VOCAB)
+
+    return CNN, Transformer
 
 
-class TorchBlock(tn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1 = tn.LayerNorm(D)
-        self.qkv = tn.Linear(D, 3 * D)
-        self.proj = tn.Linear(D, D)
-        self.ln2 = tn.LayerNorm(D)
-        self.fc = tn.Linear(D, 4 * D)
-        self.out = tn.Linear(4 * D, D)
-
-    def forward(self, x):
-        b = x.shape[0]
-        q, k, v = self.qkv(self.ln1(x)).split(D, 2)
-        a = F.scaled_dot_product_attention(_heads(q, b), _heads(k, b), _heads(v, b),
-                                           is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, T, D))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class TallyTransformer(tnn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok = tnn.Embedding(VOCAB, D)
-        self.pos = tnn.Embedding(T, D)
-        blocks = [TallyBlock(), TallyBlock()]
-        self.blocks = tnn.ModuleList(blocks)
-        self._python_blocks = blocks  # keeps the Python side (its forward) of each block alive
-        self.ln_f = tnn.LayerNorm(D)
-        self.head = tnn.Linear(D, VOCAB)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(tally.arange(T, device=idx.device))
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.ln_f(x)).view(-1, VOCAB)
-
-
-class TorchTransformer(tn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok = tn.Embedding(VOCAB, D)
-        self.pos = tn.Embedding(T, D)
-        self.blocks = tn.ModuleList([TorchBlock(), TorchBlock()])
-        self.ln_f = tn.LayerNorm(D)
-        self.head = tn.Linear(D, VOCAB)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.ln_f(x)).view(-1, VOCAB)
+TallyCNN, TallyTransformer = _models(tnn, TF, tally.arange)
+TorchCNN, TorchTransformer = _models(tn, F, torch.arange)
 
 
 # ---- helpers ----

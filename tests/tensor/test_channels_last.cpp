@@ -38,14 +38,6 @@ namespace {
 
 using namespace testing;
 
-constexpr MemoryFormat kCL = MemoryFormat::channels_last;
-constexpr MemoryFormat kRM = MemoryFormat::contiguous;
-
-// t laid out channels_last (a new tensor unless it already is).
-Tensor cl(const Tensor& t) {
-  return ops::contiguous(t, kCL);
-}
-
 // The same sizes, dtype and values, bit for bit (read back as float64 in row-major order).
 ::testing::AssertionResult same_values(const Tensor& got, const Tensor& want) {
   if (got.sizes() != want.sizes())
@@ -71,6 +63,17 @@ Tensor cl(const Tensor& t) {
   const Diff d = diff_scaled(got, ref);
   if (d.err <= tol) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << d.str() << " > " << tol;
+}
+
+// A channels_last result against the row-major run's: is_channels_last(got), then
+// close(got, ref) or same_values(got, ref).
+::testing::AssertionResult cl_close(const Tensor& got, const Tensor& ref) {
+  ::testing::AssertionResult layout = is_channels_last(got);
+  return layout ? close(got, ref) : layout;
+}
+::testing::AssertionResult cl_same(const Tensor& got, const Tensor& want) {
+  ::testing::AssertionResult layout = is_channels_last(got);
+  return layout ? same_values(got, want) : layout;
 }
 
 // A float32 leaf with t's values, laid out as f, requiring grad.
@@ -106,6 +109,14 @@ TEST(ChannelsLast, MemoryFormatStridesAndNames) {
                                       {"scalar_op"});
 }
 
+// t's layout predicates in one line: is_contiguous(channels_last), is_contiguous() and
+// suggest_memory_format() (cl or rm).
+std::string layout(const Tensor& t) {
+  return std::string("cl=") + (t.is_contiguous(kCL) ? "1" : "0") +
+         " rm=" + (t.is_contiguous() ? "1" : "0") +
+         " suggest=" + (t.suggest_memory_format() == kCL ? "cl" : "rm");
+}
+
 TEST(ChannelsLast, IsContiguousAndSuggestOnHandMadeStrides) {
   const Tensor base = ops::zeros({4096}, DType::float32);
   auto view = [&](const Shape& sizes, const Shape& strides, int64_t offset = 0) {
@@ -113,43 +124,32 @@ TEST(ChannelsLast, IsContiguousAndSuggestOnHandMadeStrides) {
   };
   // Canonical channels_last [2, 3, 4, 5]: strides [60, 1, 15, 3].
   const Tensor a = view({2, 3, 4, 5}, {60, 1, 15, 3});
-  EXPECT_TRUE(a.is_contiguous(kCL));
-  EXPECT_FALSE(a.is_contiguous());
+  EXPECT_EQ(layout(a), "cl=1 rm=0 suggest=cl");
   EXPECT_FALSE(a.is_contiguous(kRM));
-  EXPECT_EQ(a.suggest_memory_format(), kCL);
   // With a storage offset it still is.
   EXPECT_EQ(view({2, 3, 4, 5}, {60, 1, 15, 3}, 17).suggest_memory_format(), kCL);
   // Row-major [2, 3, 4, 5].
   const Tensor r = view({2, 3, 4, 5}, {60, 20, 5, 1});
-  EXPECT_TRUE(r.is_contiguous());
+  EXPECT_EQ(layout(r), "cl=0 rm=1 suggest=rm");
   EXPECT_TRUE(r.is_contiguous(kRM));
-  EXPECT_FALSE(r.is_contiguous(kCL));
-  EXPECT_EQ(r.suggest_memory_format(), kRM);
   // A permuted NHWC buffer is channels_last.
   const Tensor nhwc = ops::permute(view({2, 4, 5, 3}, {60, 15, 3, 1}), {0, 3, 1, 2});
   EXPECT_EQ(nhwc.strides(), (Shape{60, 1, 15, 3}));
   EXPECT_EQ(nhwc.suggest_memory_format(), kCL);
   // NCWH (H and W swapped) and NWHC are neither.
   const Tensor ncwh = view({2, 3, 4, 5}, {60, 20, 1, 4});
-  EXPECT_FALSE(ncwh.is_contiguous(kCL));
-  EXPECT_FALSE(ncwh.is_contiguous());
-  EXPECT_EQ(ncwh.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(ncwh), "cl=0 rm=0 suggest=rm");
   const Tensor nwhc = view({2, 3, 4, 5}, {60, 1, 3, 12});
-  EXPECT_FALSE(nwhc.is_contiguous(kCL));
-  EXPECT_EQ(nwhc.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(nwhc), "cl=0 rm=0 suggest=rm");
   // Not dense: every other W column of a channels_last [2, 3, 4, 10].
   const Tensor gaps = view({2, 3, 4, 5}, {120, 1, 30, 6});
-  EXPECT_FALSE(gaps.is_contiguous(kCL));
-  EXPECT_FALSE(gaps.is_contiguous());
-  EXPECT_EQ(gaps.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(gaps), "cl=0 rm=0 suggest=rm");
   // A channel slice of a channels_last tensor is not dense either.
   const Tensor cslice = ops::narrow(cl(ops::zeros({2, 6, 4, 5})), 1, 1, 3);
-  EXPECT_FALSE(cslice.is_contiguous(kCL));
-  EXPECT_EQ(cslice.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(cslice), "cl=0 rm=0 suggest=rm");
   // A batch slice is (N is the outermost dim).
   const Tensor nslice = ops::narrow(cl(ops::zeros({4, 3, 4, 5})), 0, 1, 2);
-  EXPECT_TRUE(nslice.is_contiguous(kCL));
-  EXPECT_EQ(nslice.suggest_memory_format(), kCL);
+  EXPECT_EQ(layout(nslice), "cl=1 rm=0 suggest=cl");
 }
 
 TEST(ChannelsLast, SizeOneDimsTakeAnyStride) {
@@ -161,31 +161,22 @@ TEST(ChannelsLast, SizeOneDimsTakeAnyStride) {
   for (int64_t hs : {15, 999, 0, 1}) {
     SCOPED_TRACE(hs);
     const Tensor t = view({2, 3, 1, 5}, {15, 1, hs, 3});
-    EXPECT_TRUE(t.is_contiguous(kCL));
-    EXPECT_FALSE(t.is_contiguous());
-    EXPECT_EQ(t.suggest_memory_format(), kCL);
+    EXPECT_EQ(layout(t), "cl=1 rm=0 suggest=cl");
   }
   // N = 1: likewise.
   EXPECT_EQ(view({1, 3, 4, 5}, {7, 1, 15, 3}).suggest_memory_format(), kCL);
   // C = 1: channels_last strides [H*W, 1, W, 1] are also row-major: contiguous wins.
   const Tensor c1 = view({2, 1, 4, 5}, {20, 1, 5, 1});
-  EXPECT_TRUE(c1.is_contiguous(kCL));
-  EXPECT_TRUE(c1.is_contiguous());
-  EXPECT_EQ(c1.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(c1), "cl=1 rm=1 suggest=rm");
   // H = W = 1 ([N, C, 1, 1], a pooled feature map): both layouts again; contiguous.
   const Tensor hw1 = view({2, 3, 1, 1}, {3, 1, 3, 3});
-  EXPECT_TRUE(hw1.is_contiguous(kCL));
-  EXPECT_TRUE(hw1.is_contiguous());
-  EXPECT_EQ(hw1.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(hw1), "cl=1 rm=1 suggest=rm");
   // All ones.
   const Tensor ones4 = view({1, 1, 1, 1}, {5, 7, 9, 11});
-  EXPECT_TRUE(ones4.is_contiguous(kCL));
-  EXPECT_EQ(ones4.suggest_memory_format(), kRM);
+  EXPECT_EQ(layout(ones4), "cl=1 rm=1 suggest=rm");
   // W = 1 with C > 1 and H > 1: channels_last strides [H*C, 1, C, C] are not row-major.
   const Tensor w1 = view({2, 3, 4, 1}, {12, 1, 3, 42});
-  EXPECT_TRUE(w1.is_contiguous(kCL));
-  EXPECT_FALSE(w1.is_contiguous());
-  EXPECT_EQ(w1.suggest_memory_format(), kCL);
+  EXPECT_EQ(layout(w1), "cl=1 rm=0 suggest=cl");
   // A size-1 dim does not excuse a wrong stride elsewhere.
   EXPECT_FALSE(view({2, 3, 1, 5}, {16, 1, 15, 3}).is_contiguous(kCL));
 }
@@ -310,8 +301,7 @@ TEST(ChannelsLast, CloneAndToKeepTheLayout) {
   // to(device, dtype) on the same device, copy=true: a channels_last copy.
   const Tensor cp = ops::to(x, Device::cpu(), DType::float32, /*copy=*/true);
   EXPECT_NE(cp.storage().data(), x.storage().data());
-  EXPECT_TRUE(is_channels_last(cp));
-  EXPECT_TRUE(same_values(cp, x));
+  EXPECT_TRUE(cl_same(cp, x));
   // Nothing to change: x itself.
   EXPECT_EQ(ops::to(x, DType::float32).storage().data(), x.storage().data());
   // Tensor::to (autograd) keeps it too.
@@ -326,16 +316,14 @@ TEST(ChannelsLast, CopyBetweenLayouts) {
   // channels_last -> channels_last (the flat copy)
   const Tensor dst_cl = cl(ops::zeros({2, 5, 3, 4}));
   ops::copy_(dst_cl, src_cl);
-  EXPECT_TRUE(is_channels_last(dst_cl));
-  EXPECT_TRUE(same_values(dst_cl, src_rm));
+  EXPECT_TRUE(cl_same(dst_cl, src_rm));
   // channels_last -> row-major and row-major -> channels_last
   const Tensor dst_rm = ops::zeros({2, 5, 3, 4});
   ops::copy_(dst_rm, src_cl);
   EXPECT_TRUE(same_values(dst_rm, src_rm));
   const Tensor dst_cl2 = cl(ops::zeros({2, 5, 3, 4}));
   ops::copy_(dst_cl2, src_rm);
-  EXPECT_TRUE(is_channels_last(dst_cl2));
-  EXPECT_TRUE(same_values(dst_cl2, src_rm));
+  EXPECT_TRUE(cl_same(dst_cl2, src_rm));
   // With a dtype change (float64 channels_last into float32 channels_last).
   const Tensor dst_cl3 = cl(ops::zeros({2, 5, 3, 4}));
   ops::copy_(dst_cl3, ops::to(src_cl, DType::float64));
@@ -374,8 +362,7 @@ TEST(ChannelsLast, UnaryOpsGiveChannelsLastResults) {
   // Autograd's relu and its gradient.
   const Tensor a = leaf_as(x, kCL), b = leaf_as(x, kRM);
   const Tensor ya = relu(a), yb = relu(b);
-  EXPECT_TRUE(is_channels_last(ya));
-  EXPECT_TRUE(same_values(ya, yb));
+  EXPECT_TRUE(cl_same(ya, yb));
   const Tensor g = rand_tensor({3, 5, 4, 6}, DType::float32, 21);
   sum(mul(ya, cl(g))).backward();
   sum(mul(yb, g)).backward();
@@ -417,19 +404,16 @@ TEST(ChannelsLast, BinaryOpsOnChannelsLastOperands) {
   const Tensor la = leaf_as(a, kCL), lb = leaf_as(b, kCL);
   const Tensor ra = leaf_as(a, kRM), rb = leaf_as(b, kRM);
   const Tensor s = add(la, lb), sr = add(ra, rb);
-  EXPECT_TRUE(is_channels_last(s));
-  EXPECT_TRUE(same_values(s, sr));
+  EXPECT_TRUE(cl_same(s, sr));
   const Tensor ar = add_relu(la, lb), arr = add_relu(ra, rb);
-  EXPECT_TRUE(is_channels_last(ar));
-  EXPECT_TRUE(same_values(ar, arr));
+  EXPECT_TRUE(cl_same(ar, arr));
   const Tensor g = rand_tensor(a.sizes(), DType::float32, 32);
   sum(mul(add(s, ar), cl(g))).backward();
   sum(mul(add(sr, arr), g)).backward();
   for (auto [name, got, want] :
        {std::tuple{"a", la.grad(), ra.grad()}, std::tuple{"b", lb.grad(), rb.grad()}}) {
     SCOPED_TRACE(name);
-    EXPECT_TRUE(is_channels_last(got));
-    EXPECT_TRUE(same_values(got, want));
+    EXPECT_TRUE(cl_same(got, want));
   }
   // Type promotion: float32 channels_last + float64 channels_last.
   const Tensor b64 = ops::to(bc, DType::float64);
@@ -465,8 +449,7 @@ TEST(ChannelsLast, BinaryWithScalarGivesChannelsLast) {
         std::tuple{"scalar / t", ops::scalar_binary(ops::BinaryOp::div, 2.0, ac),
                    ops::scalar_binary(ops::BinaryOp::div, 2.0, a)}}) {
     SCOPED_TRACE(name);
-    EXPECT_TRUE(is_channels_last(got));
-    EXPECT_TRUE(same_values(got, want));
+    EXPECT_TRUE(cl_same(got, want));
   }
   // An integer channels_last tensor times a fraction: float32, channels_last.
   const Tensor ints = cl(ops::reshape(ops::arange(0, 24, 1, DType::int64), {1, 2, 3, 4}));
@@ -565,8 +548,7 @@ TEST(ChannelsLast, InPlaceAddAndDonatedAddRelu) {
     ASSERT_EQ(t.suggest_memory_format(), kCL);
     const void* p = t.storage().data();
     const Tensor out = ops::add_relu(std::move(t), cl(b));
-    EXPECT_TRUE(is_channels_last(out));
-    EXPECT_TRUE(same_values(out, want));
+    EXPECT_TRUE(cl_same(out, want));
     EXPECT_EQ(out.storage().data(), p) << "the donor's buffer";
   }
   {  // donated channels_last, the other operand row-major
@@ -685,20 +667,15 @@ TEST(ChannelsLast, Conv2dRawOpsLayouts) {
   EXPECT_TRUE(is_row_major(gx));
   EXPECT_TRUE(is_row_major(gw));
   const Tensor yc = ops::conv2d(cl(x), w, {}, 1, 1);
-  EXPECT_TRUE(is_channels_last(yc));
-  EXPECT_TRUE(close(yc, y));
+  EXPECT_TRUE(cl_close(yc, y));
   const Tensor gxc = ops::conv2d_backward_input(cl(gy), w, x.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_channels_last(gxc));
-  EXPECT_TRUE(close(gxc, gx));
+  EXPECT_TRUE(cl_close(gxc, gx));
   const Tensor gxw = ops::conv2d_backward_input(gy, cl(w), x.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_channels_last(gxw));
-  EXPECT_TRUE(close(gxw, gx));
+  EXPECT_TRUE(cl_close(gxw, gx));
   const Tensor gwc = ops::conv2d_backward_weight(cl(gy), x, w.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_channels_last(gwc));
-  EXPECT_TRUE(close(gwc, gw));
+  EXPECT_TRUE(cl_close(gwc, gw));
   const Tensor gwx = ops::conv2d_backward_weight(gy, cl(x), w.sizes(), 1, 1, 1, 1);
-  EXPECT_TRUE(is_channels_last(gwx));
-  EXPECT_TRUE(close(gwx, gw));
+  EXPECT_TRUE(cl_close(gwx, gw));
   // float64 and bfloat16 keep the layout too.
   for (DType d : {DType::float64, DType::bfloat16}) {
     SCOPED_TRACE(dtype_name(d));
@@ -790,8 +767,7 @@ TEST(ChannelsLast, BatchNormRawOpsAndEval) {
     SCOPED_TRACE(training ? "training" : "eval");
     auto [o, m, i] = ops::batch_norm(x, rm, rv, w, b, training);
     auto [oc, mc, ic] = ops::batch_norm(cl(x), rm, rv, w, b, training);
-    EXPECT_TRUE(is_channels_last(oc));
-    EXPECT_TRUE(close(oc, o));
+    EXPECT_TRUE(cl_close(oc, o));
     EXPECT_TRUE(close(mc, m));
     EXPECT_TRUE(close(ic, i));
     // dy and x channels_last; dy row-major with x channels_last: dx channels_last both times.
@@ -800,8 +776,7 @@ TEST(ChannelsLast, BatchNormRawOpsAndEval) {
       auto [dx, dw, db] = ops::batch_norm_backward(dy, x, m, i, w, training, {true, true, true});
       auto [dxc, dwc, dbc] = ops::batch_norm_backward(dy_cl ? cl(dy) : dy, cl(x), mc, ic, w,
                                                       training, {true, true, true});
-      EXPECT_TRUE(is_channels_last(dxc));
-      EXPECT_TRUE(close(dxc, dx));
+      EXPECT_TRUE(cl_close(dxc, dx));
       EXPECT_TRUE(close(dwc, dw));
       EXPECT_TRUE(close(dbc, db));
     }
@@ -846,11 +821,9 @@ TEST(ChannelsLast, MaxPoolMatchesRowMajor) {
   // max_pool2d (no indices) and avg_pool2d.
   const Tensor xr = leaf_as(x0, kRM), xc = leaf_as(x0, kCL);
   const Tensor mr = max_pool2d(xr, 2), mc = max_pool2d(xc, 2);
-  EXPECT_TRUE(is_channels_last(mc));
-  EXPECT_TRUE(same_values(mc, mr));
+  EXPECT_TRUE(cl_same(mc, mr));
   const Tensor ar = avg_pool2d(xr, 3, 2, 1), ac = avg_pool2d(xc, 3, 2, 1);
-  EXPECT_TRUE(is_channels_last(ac));
-  EXPECT_TRUE(same_values(ac, ar));
+  EXPECT_TRUE(cl_same(ac, ar));
   const Tensor g1 = rand_tensor(mr.sizes(), DType::float32, 302, -1, 1);
   const Tensor g2 = rand_tensor(ar.sizes(), DType::float32, 303, -1, 1);
   sum(add(sum(mul(mr, g1)), sum(mul(ar, g2)))).backward();

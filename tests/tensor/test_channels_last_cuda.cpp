@@ -37,12 +37,9 @@ namespace {
 
 using namespace testing;
 
-constexpr MemoryFormat kCL = MemoryFormat::channels_last;
-constexpr MemoryFormat kRM = MemoryFormat::contiguous;
-
 // A channels_last copy on the GPU of a CPU tensor (to() to another device is row-major).
 Tensor gpu_cl(const Tensor& cpu) {
-  return ops::contiguous(to_gpu(cpu), kCL);
+  return cl(to_gpu(cpu));
 }
 
 // ================================================================ conversions, elementwise

@@ -157,6 +157,14 @@ inline std::string case_label(const char* op, const Shape& s, DType d, const cha
   return o.str();
 }
 
+// The two memory formats, short, and a tensor laid out channels_last (a new tensor unless it
+// already is).
+inline constexpr MemoryFormat kCL = MemoryFormat::channels_last;
+inline constexpr MemoryFormat kRM = MemoryFormat::contiguous;
+inline Tensor cl(const Tensor& t) {
+  return ops::contiguous(t, kCL);
+}
+
 // The memory-format predicates, with the sizes and strides in the failure message:
 // suggest_memory_format() == channels_last, and row-major contiguous (is_contiguous() and
 // suggest_memory_format() == contiguous).

@@ -122,6 +122,16 @@ inline ::testing::AssertionResult values_near(const Tensor& t, const std::vector
   return ::testing::AssertionSuccess();
 }
 
+// max |a - b| over two tensors of the same number of elements (EXPECTed), any devices, read
+// as float64 in row-major order.
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = ops::to_vector(a), y = ops::to_vector(b);
+  EXPECT_EQ(x.size(), y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
 // Options for float64 and int64 tensors, and float64 leaves that require grad.
 inline const TensorOptions f64 = TensorOptions{}.with_dtype(DType::float64);
 inline const TensorOptions i64 = TensorOptions{}.with_dtype(DType::int64);

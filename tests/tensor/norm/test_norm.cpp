@@ -604,15 +604,6 @@ Pair undefined_both() {
   return {Tensor(), Tensor()};
 }
 
-// max |a - b| over two same-shaped tensors (any devices, read as float64).
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  const std::vector<double> x = ops::to_vector(a), y = ops::to_vector(b);
-  EXPECT_EQ(x.size(), y.size());
-  double m = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
-  return m;
-}
-
 // add_layer_norm: the same values as add, then layer_norm (the sum bit for bit), and its
 // gradients float64 finite differences'; a float32 input with a 16-bit residual and output
 // (GPT's blocks under autocast) and a wider residual (the composite) keep add's dtypes.

@@ -765,6 +765,12 @@ class SoftmaxVsCpu : public VsCpu {
 };
 TALLY_VS_CPU(SoftmaxVsCpu);
 
+// The loss dtype asked of 16-bit logits (float32, as under autocast); none for the others.
+std::optional<DType> autocast_loss_dtype(DType d) {
+  if (d == DType::float16 || d == DType::bfloat16) return DType::float32;
+  return std::nullopt;
+}
+
 // ------------------------------------------------------------------ softmax
 
 TEST_P(SoftmaxVsCpu, ForwardMatchesTheCpu) {
@@ -850,9 +856,7 @@ TEST_P(SoftmaxVsCpu, CrossEntropyForwardAndBackwardMatchTheCpu) {
 TEST_P(SoftmaxVsCpu, SavedLseAndFloat32LossMatchTheCpu) {
   uint64_t seed = 900;
   for (DType d : kFloatDtypes) {
-    const bool low = d == DType::float16 || d == DType::bfloat16;
-    const std::optional<DType> loss_dtype =
-        low ? std::optional<DType>(DType::float32) : std::nullopt;
+    const std::optional<DType> loss_dtype = autocast_loss_dtype(d);
     const DType ld = loss_dtype.value_or(d);
     for (int64_t C : {int64_t{7}, int64_t{1003}, int64_t{8195}}) {
       const Tensor x = rand_tensor({37, C}, d, ++seed, -6, 6);
@@ -896,9 +900,7 @@ TEST_P(SoftmaxVsCpu, SavedLseAndFloat32LossMatchTheCpu) {
 TEST_P(SoftmaxVsCpu, CrossEntropyAndBackwardMatchTheCpu) {
   uint64_t seed = 950;
   for (DType d : kFloatDtypes) {
-    const bool low = d == DType::float16 || d == DType::bfloat16;
-    const std::optional<DType> loss_dtype =
-        low ? std::optional<DType>(DType::float32) : std::nullopt;
+    const std::optional<DType> loss_dtype = autocast_loss_dtype(d);
     const DType ld = loss_dtype.value_or(d);
     for (int64_t C : {int64_t{7}, int64_t{8}, int64_t{1003}, int64_t{50257}, int64_t{50304}}) {
       for (LossReduction r : kReductions) {
