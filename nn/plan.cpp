@@ -218,6 +218,10 @@ MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
   plan.budget = budget;
   plan.target = target.name;
   plan.candidates = std::move(candidates);
+  // Whether each fits is this budget's (the dry runs may have been for another).
+  for (PlannedCandidate& c : plan.candidates)
+    c.fits = c.error.empty() && c.estimate.fits() &&
+             c.estimate.peak_reserved <= static_cast<int64_t>(budget);
   const PlannedCandidate* best = nullptr;
   const PlannedCandidate* smallest = nullptr;
   for (const PlannedCandidate& c : plan.candidates) {

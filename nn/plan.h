@@ -110,8 +110,8 @@ std::vector<PlannedCandidate> dry_run_grid(
     const std::function<void(Device, const PlanCandidate&)>& run,
     const std::vector<PlanCandidate>& grid, const std::vector<int64_t>& classifier_chunks,
     const memory::MetaTarget& target, const meta::Rates& rates, int64_t steps, size_t budget);
-// The fastest of `candidates` that fits `budget` (ties: the smaller peak); the errors of
-// plan_memory when none does.
+// The fastest of `candidates` that fits `budget` (each one's `fits` set for it) (ties: the smaller
+// peak); the errors of plan_memory when none does.
 MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
                        const memory::MetaTarget& target);
 

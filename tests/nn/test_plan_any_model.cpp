@@ -383,7 +383,7 @@ void check_three_budgets(const std::string& name, const nn::ModelOptions& mo, in
 }
 
 TEST(PlanReferenceModels, GptTinyStaysWithinThreeBudgets) {
-  check_three_budgets("gpt", {.preset = "tiny", .seq = 32}, 8);
+  check_three_budgets("gpt", {.preset = "tiny", .seq = 16}, 8);
 }
 
 TEST(PlanReferenceModels, ResnetTinyStaysWithinThreeBudgets) {
