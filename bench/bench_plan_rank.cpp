@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "memory/estimate.h"
 #include "memory/memory.h"
 #include "nn/container.h"
 #include "nn/layers.h"
@@ -129,7 +130,7 @@ int main(int argc, char** argv) {
     data = {randn({batch, kIn}), randint(0, kClasses, {batch})};
   }
   nn::TrainingPlanOptions o;
-  o.budget = size_t{1} << 40;  // everything fits: the grid's peaks and times
+  o.budget = memory::meta_target(o.target).capacity;  // everything fits: the peaks and times
   o.steps = steps;
   const nn::MemoryPlan all = nn::plan_memory(factory, loss, data, o);
 
