@@ -28,6 +28,7 @@
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "nn/offload.h"
+#include "optim/plan_training.h"
 #include "optim/precision.h"
 #include "profiler/memory_timeline.h"
 #include "tensor/pinned.h"
@@ -221,6 +222,35 @@ void assign(const Tensor& t, const Tensor& values) {
   impl->dtype = values.dtype();
 }
 
+// The library planner's choice for a checkpoint "auto" row (Options::memory_budget) on
+// `device`, a dry run's meta device: `model` (on a meta device) gives the checkpointing
+// policies, `rows` the micro-batch counts that divide the batch.
+nn::PlanCandidate plan_row(const Options& o, const Config& row, Device device, nn::Module& model,
+                           int64_t rows, int64_t steps, const DrySteps& dry_steps) {
+  nn::TrainingPlanOptions p;
+  p.target = memory::meta_target_of(device).name;
+  p.budget = o.memory_budget;
+  p.steps = steps;
+  if (row.precision != "auto") p.precisions = {optim::parse_amp(row.precision)};
+  p.offloads = {nn::parse_offload_spec(row.offload)};
+  p.optimizers = {row.optimizer};
+  if (o.optimizer.empty() && row.optimizer == "adamw") p.optimizers.push_back("adamw8bit");
+  if (row.step_in_backward || row.grad_accum > 1) {
+    p.step_in_backward = {row.step_in_backward};
+    p.micro_batches = {row.grad_accum};
+  }
+  try {
+    const nn::MemoryPlan plan = nn::plan_memory(model, rows, dry_steps, p);
+    if (o.verbose) {
+      fmt::print("{}", plan.report());
+      std::fflush(stdout);
+    }
+    return plan.chosen.candidate;
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("ab::run: checkpoint 'auto': {}", e.what()));
+  }
+}
+
 }  // namespace
 
 std::vector<Config> configurations(const Options& o) {
@@ -236,7 +266,9 @@ std::vector<Config> configurations(const Options& o) {
     if (ck != "auto") nn::parse_checkpoint_spec(ck);
   const bool ck_auto =
       std::find(o.checkpoint.begin(), o.checkpoint.end(), "auto") != o.checkpoint.end();
-  need(!ck_auto || o.planner, "checkpoint 'auto' needs a planner (Options::planner)");
+  need(!ck_auto || o.planner || o.memory_budget > 0,
+       "checkpoint 'auto' needs memory_budget (the bytes the run may reserve, e.g. 40MiB) or a "
+       "planner");
   for (const std::string& am : o.precision) {
     if (am == "auto")
       need(ck_auto, "precision 'auto' lets the planner choose: it needs checkpoint 'auto'");
@@ -580,17 +612,26 @@ Results run(const Options& o) {
     if (c.checkpoint == "auto") {
       // The planner's choice for this row, planned for the prediction's target.
       memory::DryRun probe({.target = target, .host_memory = o.host_memory});
-      const int blocks = nn::checkpoint_block_count(*make_model(Device::meta(), Device::meta()));
+      const std::shared_ptr<nn::Module> meta_model = make_model(Device::meta(), Device::meta());
+      // The row with a candidate's levers (those it sets).
+      auto with = [](Config l, const nn::PlanCandidate& pc) {
+        l.offload = pc.offload.str();
+        if (!pc.optimizer.empty()) l.optimizer = pc.optimizer;
+        l.step_in_backward = l.step_in_backward || pc.step_in_backward;
+        if (pc.micro_batches > 1) l.grad_accum = pc.micro_batches;
+        return l;
+      };
+      const DrySteps dry_steps = [&](Device d, const nn::PlanCandidate& pc) {
+        run_config(d, resident_batches(d), pc.checkpoint, pc.amp, with(c, pc), nullptr, nullptr,
+                   Device::meta());
+      };
       const nn::PlanCandidate cand =
-          o.planner(c, probe.device(), blocks, [&](Device d, const nn::PlanCandidate& pc) {
-            Config l = c;
-            l.offload = pc.offload.str();
-            run_config(d, resident_batches(d), pc.checkpoint, pc.amp, l, nullptr, nullptr,
-                       Device::meta());
-          });
+          o.planner
+              ? o.planner(c, probe.device(), nn::checkpoint_block_count(*meta_model), dry_steps)
+              : plan_row(o, c, probe.device(), *meta_model, rows, setup.steps, dry_steps);
       spec = cand.checkpoint;
       amp = cand.amp;
-      c.offload = cand.offload.str();
+      c = with(c, cand);
       ck_name = fmt::format("auto({})", spec.str());
       am_name = !amp ? "off" : *amp == DType::float16 ? "fp16" : "bf16";
       if (c.precision == "auto") am_name = fmt::format("auto({})", am_name);
@@ -609,10 +650,12 @@ Results run(const Options& o) {
       r.name += " alloc=" + conf;
     }
     if (name_offload || c.offload != "none") r.name += " offload=" + c.offload;
-    if (name_opt) r.name += " opt=" + c.optimizer;
+    // An "auto" row names the levers its planner changed.
+    if (name_opt || c.optimizer != row.optimizer) r.name += " opt=" + c.optimizer;
     if (name_sib || c.step_in_backward)
       r.name += std::string(" sib=") + (c.step_in_backward ? "on" : "off");
-    if (name_accum) r.name += fmt::format(" accum={}", c.grad_accum);
+    if (name_accum || c.grad_accum != row.grad_accum)
+      r.name += fmt::format(" accum={}", c.grad_accum);
     if (o.verbose) {
       fmt::print("== {}\n", r.name);
       std::fflush(stdout);

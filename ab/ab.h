@@ -57,7 +57,9 @@ struct Config {
 // Runs the steps of a configuration with a planner's candidate on a dry run's device.
 using DrySteps = std::function<void(Device, const nn::PlanCandidate&)>;
 // Resolves a checkpoint "auto" row: the planner's choice for `row` on `device` (a dry run's
-// meta device replaying the run's target), `blocks` the model's checkpoint blocks.
+// meta device replaying the run's target), `blocks` the model's checkpoint blocks. The
+// candidate's optimizer, step-in-backward and micro-batches, where it sets them, replace the
+// row's.
 using Planner = std::function<nn::PlanCandidate(const Config& row, Device device, int blocks,
                                                 const DrySteps& dry_steps)>;
 
@@ -90,7 +92,13 @@ struct Options {
   std::vector<int64_t> grad_accum = {1};
   // Allocator settings ("default": the environment's); empty: the environment's, unnamed.
   std::vector<std::string> alloc_conf;
-  Planner planner;  // resolves checkpoint "auto" (ab_memory's: nn/plan.h over a budget)
+  // Checkpoint "auto" rows: the library planner (optim/plan_training.h) chooses, within
+  // memory_budget bytes of peak reserved, the checkpointing policy, the precision (with
+  // precision "auto"), and the optimizer (AdamW or AdamW8bit), step-in-backward and
+  // micro-batches where the row leaves them at their defaults (optimizer not listed,
+  // step_in_backward {false}, grad_accum {1}); the row's offload stays. `planner` replaces it.
+  size_t memory_budget = 0;
+  Planner planner;
   double lr = 0.01;
 
   // ---- where and what ----

@@ -267,22 +267,15 @@ int main(int argc, char** argv) {
       o.grad_accum.push_back(n);
     }
     if (o.grad_accum.empty()) throw std::invalid_argument("--grad-accum: empty list");
-    // "auto" entries: the planner (nn/plan.h) resolves them per configuration.
+    // "auto" entries: the planner (optim/plan_training.h) resolves them per configuration.
     const bool ck_auto =
         std::find(o.checkpoint.begin(), o.checkpoint.end(), "auto") != o.checkpoint.end();
     const bool amp_auto =
         std::find(o.precision.begin(), o.precision.end(), "auto") != o.precision.end();
     const ex::AutoPlan auto_plan =
         ex::parse_auto_plan(ck_auto ? "auto" : "", amp_auto ? "auto" : "", a.memory_budget);
-    if (ck_auto)
-      o.planner = [&](const ab::Config& row, Device d, int blocks, const ab::DrySteps& steps) {
-        ex::AutoPlan p = auto_plan;
-        p.amp_auto = row.precision == "auto";
-        p.offload = nn::parse_offload_spec(row.offload);
-        return ex::plan_run(p, p.amp_auto ? std::nullopt : ex::parse_amp(row.precision), d, blocks,
-                            steps, a.steps);
-      };
-    ab::configurations(o);  // every lever's value checked before any data is read
+    o.memory_budget = auto_plan.budget;  // the library planner resolves "auto" rows
+    ab::configurations(o);               // every lever's value checked before any data is read
     ex::check_output_dir(a.out, "--out");
     o.out = a.out;
     if (a.dataset != "synthetic") o.batches = dataset_batches(a, mo);

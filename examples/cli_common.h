@@ -259,7 +259,8 @@ inline void add_memory_options(CLI::App& app, std::string& checkpoint, std::stri
                                std::string& offload) {
   app.add_option("--checkpoint", checkpoint,
                  "none | blocks | N-blocks | N-segments | selective | auto (the planner: fastest "
-                 "plan within --memory-budget)")
+                 "plan within --memory-budget, with the optimizer, --step-in-backward and "
+                 "--grad-accum the flags leave free)")
       ->capture_default_str();
   app.add_option("--amp", amp, "off | fp16 | bf16 | auto (with --checkpoint auto)")
       ->capture_default_str();

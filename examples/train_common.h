@@ -30,6 +30,7 @@
 #include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
+#include "optim/plan_training.h"
 #include "optim/precision.h"
 #include "optim/sgd.h"
 #include "optim/step_in_backward.h"
@@ -111,16 +112,23 @@ inline int finish_dry_run(memory::DryRun& dry, const std::string& out_of_memory,
 }
 
 // --checkpoint auto --memory-budget SIZE [--amp auto] [--offload auto]: the memory planner
-// (nn/plan.h) picks the checkpointing plan (and precision, with --amp auto; and whether to
-// offload activations, with --offload auto) for the run's device, or for the
-// --estimate target, and prints its grid. `run` dry-runs one candidate the way the program
-// trains. Errors name the flag.
+// for any model (optim/plan_training.h) picks the checkpointing plan, the optimizer (AdamW or
+// AdamW8bit), step-in-backward and the micro-batches (gradient accumulation) the flags leave
+// free, the precision with --amp auto and whether to offload activations with --offload auto,
+// for the run's device or the --estimate target, and prints its grid. `run` dry-runs one
+// candidate the way the program trains. Errors name the flag.
 struct AutoPlan {
   bool checkpoint_auto = false;
   bool amp_auto = false;
   bool offload_auto = false;
   nn::OffloadSpec offload;  // the --offload given (not auto)
   size_t budget = 0;
+  // The values searched of the levers the flags leave free, or the one a flag pins (empty:
+  // the planner's default, nn::TrainingPlanOptions).
+  std::vector<std::string> optimizers;
+  std::vector<bool> step_in_backward;
+  std::vector<int64_t> micro_batches;
+  std::vector<bool> fused_classifier;  // a model that builds one on request (train_gpt)
 };
 inline AutoPlan parse_auto_plan(const std::string& checkpoint, const std::string& amp,
                                 const std::string& budget, const std::string& offload = "none") {
@@ -146,14 +154,15 @@ inline AutoPlan parse_auto_plan(const std::string& checkpoint, const std::string
 }
 
 // The planner's choice, its grid printed. `device` is the run's (a dry run's meta device for
-// --estimate: its target is planned for).
-// `run` trains `steps` steps of a candidate; `classifier_chunks`: the fused classifier's chunk
-// budgets to search (nn::PlanOptions).
+// --estimate: its target is planned for); `model` (built on a meta device) gives the
+// checkpointing policies; `batch` the micro-batch counts that divide it. `run` trains `steps`
+// steps of a candidate; `classifier_chunks`: the fused classifier's chunk budgets to search
+// (nn::PlanOptions).
 inline nn::PlanCandidate plan_run(const AutoPlan& ap, std::optional<DType> amp, Device device,
-                                  int blocks,
+                                  nn::Module& model, int64_t batch,
                                   const std::function<void(Device, const nn::PlanCandidate&)>& run,
                                   int64_t steps, std::vector<int64_t> classifier_chunks = {}) {
-  nn::PlanOptions o;
+  nn::TrainingPlanOptions o;
   o.steps = steps;
   o.classifier_chunks = std::move(classifier_chunks);
   o.target = device.is_meta() ? memory::meta_target_of(device).name
@@ -169,9 +178,13 @@ inline nn::PlanCandidate plan_run(const AutoPlan& ap, std::optional<DType> amp, 
   o.offloads = ap.offload_auto ? std::vector<nn::OffloadSpec>{nn::OffloadSpec{},
                                                               nn::parse_offload_spec("activations")}
                                : std::vector<nn::OffloadSpec>{ap.offload};
+  if (!ap.optimizers.empty()) o.optimizers = ap.optimizers;
+  if (!ap.step_in_backward.empty()) o.step_in_backward = ap.step_in_backward;
+  if (!ap.micro_batches.empty()) o.micro_batches = ap.micro_batches;
+  if (!ap.fused_classifier.empty()) o.fused_classifier = ap.fused_classifier;
   nn::MemoryPlan plan;
   try {
-    plan = nn::plan_memory(run, blocks, o);
+    plan = nn::plan_memory(model, batch, run, o);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("--memory-budget: {}", e.what()));
   }

@@ -275,14 +275,15 @@ int main(int argc, char** argv) {
 
     // kEstimateSteps steps of a variation of this run and its validation on a dry run's device,
     // the model built without host memory: what the planner and the out-of-memory report predict.
-    auto build = [&](int64_t chunk_bytes = 0) {
+    auto build = [&](int64_t chunk_bytes = 0, bool fused = false) {
       nn::BuildOnDevice on(Device::meta());
       nn::GPTConfig c = cfg;
+      c.fused_classifier = c.fused_classifier || fused;
       if (chunk_bytes > 0) c.fused_classifier_chunk_bytes = chunk_bytes;
       return std::make_shared<nn::GPT>(c);
     };
     const ex::Trainer::DrySteps dry_steps = [&](Device d, const ex::RunShape& shape) {
-      auto m = build(shape.plan.classifier_chunk_bytes);
+      auto m = build(shape.plan.classifier_chunk_bytes, shape.plan.fused_classifier);
       m->to(d);
       tr.dry_train(
           d, shape.plan, *m, [&](nn::Module& mm) { return make_optimizer(t, mm); },
@@ -293,14 +294,15 @@ int main(int argc, char** argv) {
           },
           forward_of(*m), [&](const std::vector<Tensor>& in) { (void)(*m)(in[0], in[1]).second; });
     };
-    // --checkpoint auto: with --fused-classifier the chunk is searched too: the default 256 MiB,
-    // then smaller ones for a plan that a smaller chunk would bring under the budget.
+    // --checkpoint auto: without --fused-classifier the planner tries the fused classifier
+    // too; with it the chunk is searched: the default 256 MiB, then smaller ones for a plan
+    // that a smaller chunk would bring under the budget.
     std::vector<int64_t> chunks;
     if (cfg.fused_classifier)
       for (const int64_t mib : {256, 64, 16, 4})
         if ((mib << 20) <= cfg.fused_classifier_chunk_bytes) chunks.push_back(mib << 20);
-    const auto chosen =
-        tr.plan([&] { return nn::checkpoint_block_count(*build()); }, dry_steps, a.batch, chunks);
+    const auto chosen = tr.plan(*build(), dry_steps, a.batch, chunks, !cfg.fused_classifier);
+    if (chosen && chosen->fused_classifier) cfg.fused_classifier = true;
     if (chosen && chosen->classifier_chunk_bytes > 0)
       cfg.fused_classifier_chunk_bytes = chosen->classifier_chunk_bytes;
 

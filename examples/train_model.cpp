@@ -191,13 +191,12 @@ int main(int argc, char** argv) {
     // The model's blocks, and --checkpoint checked against them, before any real work: on a
     // meta device of its own whose capacity no model reaches (the default meta device replays
     // this host's memory, which a 7B model's parameters exceed).
-    const int blocks = [&] {
+    {
       memory::DryRun scratch({.capacity = size_t{1} << 50, .max_history = 0});
       const std::shared_ptr<nn::Module> m = build_on(scratch.device());
       nn::enable_checkpointing(*m, tr.checkpoint);
-      return nn::checkpoint_block_count(*m);
-    }();
-    tr.plan([&] { return blocks; }, dry_steps, a.batch);
+      tr.plan(*m, dry_steps, a.batch);
+    }
 
     return tr.run({{tr.checkpoint, tr.amp, tr.offload}, a.batch}, dry_steps, [&] {
       // Built and initialised on the device itself: no host copy of a large model.

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "examples/cli_common.h"
@@ -50,14 +51,29 @@ void Trainer::check_flags(const CLI::App& app, const std::vector<std::string>& o
       auto_plan_.checkpoint_auto ? nn::CheckpointSpec{} : nn::parse_checkpoint_spec(f_.checkpoint);
   check_optimizer(f_.optimizer, optimizers);
   const CLI::Option* clip = app.get_option_no_throw("--clip");
-  if (f_.step_in_backward && (clip == nullptr || clip->count() == 0))
-    f_.clip = 0;  // clipping needs every gradient
+  clip_given_ = clip != nullptr && clip->count() > 0;
+  if (f_.step_in_backward && !clip_given_) f_.clip = 0;  // clipping needs every gradient
   check_step_in_backward(f_.step_in_backward, f_.amp, f_.clip);
   if (f_.grad_accum > 1 && f_.step_in_backward)
     throw std::invalid_argument(
         fmt::format("--grad-accum {} with --step-in-backward: each parameter would step at every "
                     "micro-batch; leave one out",
                     f_.grad_accum));
+  if (auto_plan_.checkpoint_auto) {
+    // The levers a flag pins stay as given; the planner searches the others. AdamW's 8-bit
+    // form keeps its hyperparameters; CUDA graphs take neither it nor step-in-backward.
+    const bool graphs = f_.cuda_graphs;
+    auto given = [&](const char* flag) { return app.count(flag) > 0; };
+    auto_plan_.optimizers = {f_.optimizer};
+    if (f_.optimizer == "adamw" && !given("--optimizer") && !graphs &&
+        std::find(optimizers.begin(), optimizers.end(), "adamw8bit") != optimizers.end())
+      auto_plan_.optimizers.push_back("adamw8bit");
+    auto_plan_.step_in_backward = {f_.step_in_backward};
+    if (!given("--step-in-backward") && !clip_given_ && !graphs && !given("--grad-accum"))
+      auto_plan_.step_in_backward = {false, true};
+    auto_plan_.micro_batches = {f_.grad_accum};
+    if (!given("--grad-accum") && !f_.step_in_backward) auto_plan_.micro_batches = {1, 2, 4};
+  }
 }
 
 void PhasePeaks::on_allocation_event(const memory::AllocationEvent& e) {
@@ -96,12 +112,15 @@ void Trainer::start() {
   }
 }
 
-std::optional<nn::PlanCandidate> Trainer::plan(const std::function<int()>& blocks,
-                                               const DrySteps& dry_steps, int64_t batch,
-                                               std::vector<int64_t> classifier_chunks) {
+std::optional<nn::PlanCandidate> Trainer::plan(nn::Module& meta_model, const DrySteps& dry_steps,
+                                               int64_t batch,
+                                               std::vector<int64_t> classifier_chunks,
+                                               bool fused_lever) {
   if (!auto_plan_.checkpoint_auto) return std::nullopt;
+  AutoPlan ap = auto_plan_;
+  if (fused_lever) ap.fused_classifier = {false, true};
   const nn::PlanCandidate chosen = plan_run(
-      auto_plan_, amp, dev_, blocks(),
+      ap, amp, dev_, meta_model, batch,
       [&](Device d, const nn::PlanCandidate& c) {
         dry_steps(d, {c, batch});
       },
@@ -110,6 +129,10 @@ std::optional<nn::PlanCandidate> Trainer::plan(const std::function<int()>& block
   amp = chosen.amp;
   offload = chosen.offload;
   f_.checkpoint = checkpoint.str();
+  if (!chosen.optimizer.empty()) f_.optimizer = chosen.optimizer;
+  f_.step_in_backward = chosen.step_in_backward;
+  if (f_.step_in_backward) f_.clip = 0;  // searched only when --clip was not given
+  f_.grad_accum = chosen.micro_batches;
   return chosen;
 }
 
@@ -120,16 +143,29 @@ void Trainer::dry_train(
     const std::function<void(const std::vector<Tensor>&)>& eval) const {
   nn::enable_checkpointing(m, c.checkpoint);
   nn::offload_activations(m, c.offload);
-  const std::unique_ptr<optim::Optimizer> o = make_opt(m);
+  // make_opt reads the flags' optimizer: the candidate's while it builds this one.
+  std::unique_ptr<optim::Optimizer> o;
+  {
+    const std::string given = f_.optimizer;
+    if (!c.optimizer.empty()) f_.optimizer = c.optimizer;
+    try {
+      o = make_opt(m);
+    } catch (...) {
+      f_.optimizer = given;
+      throw;
+    }
+    f_.optimizer = given;
+  }
   Precision p(c.amp, d);
-  if (f_.step_in_backward) p.step_in_backward(*o);
+  if (c.step_in_backward || f_.step_in_backward) p.step_in_backward(*o);
+  const int64_t accum = c.micro_batches > 1 ? c.micro_batches : f_.grad_accum;
   std::vector<Tensor> in;
   {
     memory::CategoryScope input(memory::Category::input);
     in = make_inputs();
   }
   memory::dry_run_phase(d, "train");
-  for (int64_t s = 0; s < kEstimateSteps; ++s) train_step(*o, p, in, forward, 0, f_.grad_accum);
+  for (int64_t s = 0; s < kEstimateSteps; ++s) train_step(*o, p, in, forward, 0, accum);
   memory::dry_run_phase(d, "eval");
   // Then the evaluation the program runs after training: its blocks can need segments that
   // training left no room for (GPT-2 B16, 2 segments: about 100 MiB more after validation).

@@ -165,14 +165,18 @@ class Trainer {
   std::optional<DType> amp;
   nn::OffloadSpec offload;
 
-  // --checkpoint auto: the planner dry-runs each candidate (`dry_steps` with `batch`; `blocks`:
-  // the model's checkpoint blocks) and its
-  // choice becomes the run's; else nothing. Returns the choice (its classifier chunk for GPT).
-  std::optional<nn::PlanCandidate> plan(const std::function<int()>& blocks,
-                                        const DrySteps& dry_steps, int64_t batch,
-                                        std::vector<int64_t> classifier_chunks = {});
+  // --checkpoint auto: the planner dry-runs each candidate (`dry_steps` with `batch`; its
+  // checkpointing policies from `meta_model`, the model built on a meta device) over every
+  // lever the flags leave free (--optimizer adamw may become adamw8bit, --step-in-backward,
+  // --grad-accum; the fused classifier with `fused_lever`) and its choice becomes the run's,
+  // the flags included; else nothing. Returns the choice (its classifier for GPT).
+  std::optional<nn::PlanCandidate> plan(nn::Module& meta_model, const DrySteps& dry_steps,
+                                        int64_t batch, std::vector<int64_t> classifier_chunks = {},
+                                        bool fused_lever = false);
   // kEstimateSteps steps of train_step and the evaluation after them (`eval`, in eval mode,
-  // without gradients, under autocast) for a dry run's device: `m` is already there.
+  // without gradients, under autocast) for a dry run's device: `m` is already there. The
+  // candidate's optimizer, step-in-backward and micro-batches where it sets them, else the
+  // flags'.
   void dry_train(Device d, const nn::PlanCandidate& c, nn::Module& m,
                  const std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>& make_opt,
                  const std::function<std::vector<Tensor>()>& make_inputs, const Forward& forward,
@@ -222,6 +226,7 @@ class Trainer {
   std::unique_ptr<memory::DryRun> dry_;
   Device dev_ = Device::cpu();
   AutoPlan auto_plan_;
+  bool clip_given_ = false;  // --clip on the command line: step-in-backward stays off
   optim::Optimizer* opt_ = nullptr;
   int64_t total_ = 0;
   std::unique_ptr<Precision> prec_;

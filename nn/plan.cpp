@@ -132,14 +132,8 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
   plan.target = target.name;
   if (options.offloads.empty())
     throw std::invalid_argument("plan_memory: no offload plan to search");
-  const std::vector<int64_t>& chunks = options.classifier_chunks;
-  for (size_t i = 0; i < chunks.size(); ++i)
-    if (chunks[i] <= 0 || (i > 0 && chunks[i] >= chunks[i - 1]))
-      throw std::invalid_argument(
-          fmt::format("plan_memory: classifier chunk budgets must be positive and decreasing, "
-                      "got {} at position {}",
-                      chunks[i], i));
-  const int64_t first_chunk = chunks.empty() ? 0 : chunks.front();
+  const int64_t first_chunk =
+      options.classifier_chunks.empty() ? 0 : options.classifier_chunks.front();
   std::vector<PlanCandidate> grid;
   for (const std::optional<DType>& amp : options.precisions)
     for (const OffloadSpec& offload : options.offloads) {
@@ -151,31 +145,48 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
       grid.push_back({CheckpointSpec{}, amp, offload, first_chunk});
       grid.push_back({parse_checkpoint_spec("blocks"), amp, offload, first_chunk});
     }
+  plan.candidates = dry_run_grid(run, grid, options.classifier_chunks, target, rates, options.steps,
+                                 options.budget);
+  plan = choose_plan(std::move(plan.candidates), options.budget, target);
+  return plan;
+}
+
+std::vector<PlannedCandidate> dry_run_grid(
+    const std::function<void(Device, const PlanCandidate&)>& run,
+    const std::vector<PlanCandidate>& grid, const std::vector<int64_t>& chunks,
+    const memory::MetaTarget& target, const meta::Rates& rates, int64_t steps, size_t budget) {
+  for (size_t i = 0; i < chunks.size(); ++i)
+    if (chunks[i] <= 0 || (i > 0 && chunks[i] >= chunks[i - 1]))
+      throw std::invalid_argument(
+          fmt::format("plan_memory: classifier chunk budgets must be positive and decreasing, "
+                      "got {} at position {}",
+                      chunks[i], i));
+  const int64_t first_chunk = chunks.empty() ? 0 : chunks.front();
   auto dry_run = [&](const PlanCandidate& candidate) {
-    return dry_run_candidate(run, candidate, target, rates, options.steps, options.budget);
+    return dry_run_candidate(run, candidate, target, rates, steps, budget);
   };
   // A smaller chunk lowers the peak by at most twice the difference of the chunk budgets (the
   // chunk's buffers are all it changes; training and the validation after it can each keep a
   // segment of them), give or take a segment's rounding.
   constexpr int64_t kSegmentRounding = int64_t{20} << 20;
+  std::vector<PlannedCandidate> out;
   for (const PlanCandidate& candidate : grid) {
     PlannedCandidate pc = dry_run(candidate);
     const bool retry = pc.error.empty() && !pc.fits;
     // A dry run that ran out of the target's memory has no peak to compare: retry it.
     const bool completed = pc.estimate.fits();
-    const int64_t over = pc.estimate.peak_reserved - static_cast<int64_t>(options.budget);
-    plan.candidates.push_back(std::move(pc));
+    const int64_t over = pc.estimate.peak_reserved - static_cast<int64_t>(budget);
+    out.push_back(std::move(pc));
     if (!retry) continue;
     for (size_t i = 1; i < chunks.size(); ++i) {
       if (completed && over > 2 * (first_chunk - chunks[i]) + kSegmentRounding) continue;
       PlanCandidate smaller = candidate;
       smaller.classifier_chunk_bytes = chunks[i];
-      plan.candidates.push_back(dry_run(smaller));
-      if (plan.candidates.back().fits || !plan.candidates.back().error.empty()) break;
+      out.push_back(dry_run(smaller));
+      if (out.back().fits || !out.back().error.empty()) break;
     }
   }
-  plan = choose_plan(std::move(plan.candidates), options.budget, target);
-  return plan;
+  return out;
 }
 
 PlannedCandidate dry_run_candidate(const std::function<void(Device, const PlanCandidate&)>& run,
@@ -207,6 +218,10 @@ MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
   plan.budget = budget;
   plan.target = target.name;
   plan.candidates = std::move(candidates);
+  // Whether each fits is this budget's (the dry runs may have been for another).
+  for (PlannedCandidate& c : plan.candidates)
+    c.fits = c.error.empty() && c.estimate.fits() &&
+             c.estimate.peak_reserved <= static_cast<int64_t>(budget);
   const PlannedCandidate* best = nullptr;
   const PlannedCandidate* smallest = nullptr;
   for (const PlannedCandidate& c : plan.candidates) {

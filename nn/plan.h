@@ -102,8 +102,16 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
 PlannedCandidate dry_run_candidate(const std::function<void(Device, const PlanCandidate&)>& run,
                                    const PlanCandidate& candidate, const memory::MetaTarget& target,
                                    const meta::Rates& rates, int64_t steps, size_t budget);
-// The fastest of `candidates` that fits `budget` (ties: the smaller peak); the errors of
-// plan_memory when none does.
+// Every candidate of `grid` dry-run (dry_run_candidate), in order. `classifier_chunks`
+// (PlanOptions::classifier_chunks; the grid's candidates have its first): a candidate over the
+// budget by less than a smaller chunk saves is tried again with the next ones, down to the
+// first that fits. Errors (std::invalid_argument): chunk budgets not positive and decreasing.
+std::vector<PlannedCandidate> dry_run_grid(
+    const std::function<void(Device, const PlanCandidate&)>& run,
+    const std::vector<PlanCandidate>& grid, const std::vector<int64_t>& classifier_chunks,
+    const memory::MetaTarget& target, const meta::Rates& rates, int64_t steps, size_t budget);
+// The fastest of `candidates` that fits `budget` (each one's `fits` set for it) (ties: the smaller
+// peak); the errors of plan_memory when none does.
 MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
                        const memory::MetaTarget& target);
 

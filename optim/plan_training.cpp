@@ -1,6 +1,7 @@
 #include "optim/plan_training.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <stdexcept>
 
@@ -32,18 +33,24 @@ std::vector<PlanCandidate> training_plan_grid(Module& model, int64_t batch,
   std::vector<CheckpointSpec> checkpoints = options.checkpoints;
   std::vector<OffloadSpec> offloads = options.offloads;
   const auto repeated = repeated_module_types(model);
+  const int blocks = checkpoint_block_count(model);
   if (checkpoints.empty()) {
-    checkpoints.push_back(CheckpointSpec{});
-    for (size_t i = 0; i < repeated.size() && i < 2; ++i) {
-      const auto& [type, count] = repeated[i];
-      checkpoints.push_back(parse_checkpoint_spec("type:" + type));
-      if (count >= 4) checkpoints.push_back(parse_checkpoint_spec("type:" + type + "/2"));
-      checkpoints.push_back(parse_checkpoint_spec("type:" + type + "+selective"));
+    if (blocks > 0) {
+      checkpoints = checkpoint_plans(blocks);
+    } else {
+      checkpoints.push_back(CheckpointSpec{});
+      for (size_t i = 0; i < repeated.size() && i < 2; ++i) {
+        const std::string type = repeated[i].first;
+        checkpoints.push_back(parse_checkpoint_spec("type:" + type));
+        if (repeated[i].second >= 4)
+          checkpoints.push_back(parse_checkpoint_spec("type:" + type + "/2"));
+        checkpoints.push_back(parse_checkpoint_spec("type:" + type + "+selective"));
+      }
     }
-    if (repeated.empty() && checkpoint_block_count(model) > 0)
-      for (const CheckpointSpec& s : checkpoint_plans(checkpoint_block_count(model)))
-        if (s.kind != CheckpointSpec::Kind::none) checkpoints.push_back(s);
   }
+  // The checkpointing an offloading candidate is also tried with.
+  const std::string offload_with =
+      blocks > 0 ? "blocks" : checkpoints[std::min<size_t>(1, checkpoints.size() - 1)].str();
   std::vector<std::optional<DType>> precisions = options.precisions;
   if (precisions.empty()) {
     precisions = {std::nullopt, DType::bfloat16};
@@ -52,8 +59,9 @@ std::vector<PlanCandidate> training_plan_grid(Module& model, int64_t batch,
   if (offloads.empty()) {
     offloads.push_back(OffloadSpec{});
     // Host offload from a CPU device moves nothing off it.
-    if (target.type == DeviceType::cuda && !repeated.empty())
-      offloads.push_back(parse_offload_spec("type:" + repeated.front().first));
+    if (target.type == DeviceType::cuda && (blocks > 0 || !repeated.empty()))
+      offloads.push_back(parse_offload_spec(blocks > 0 ? std::string("activations")
+                                                       : "type:" + repeated.front().first));
   }
   std::vector<PlanCandidate> grid;
   for (const bool fused : options.fused_classifier)
@@ -69,7 +77,7 @@ std::vector<PlanCandidate> training_plan_grid(Module& model, int64_t batch,
               for (const CheckpointSpec& ck : checkpoints) {
                 // Offload with no checkpointing, or with the first policy's checkpoints.
                 if (off.enabled() && ck.kind != CheckpointSpec::Kind::none &&
-                    ck.str() != checkpoints[std::min<size_t>(1, checkpoints.size() - 1)].str())
+                    ck.str() != offload_with)
                   continue;
                 PlanCandidate c;
                 c.checkpoint = ck;
@@ -79,6 +87,8 @@ std::vector<PlanCandidate> training_plan_grid(Module& model, int64_t batch,
                 c.step_in_backward = sib;
                 c.micro_batches = mb;
                 c.fused_classifier = fused;
+                c.classifier_chunk_bytes =
+                    options.classifier_chunks.empty() ? 0 : options.classifier_chunks.front();
                 grid.push_back(std::move(c));
               }
           }
@@ -152,34 +162,65 @@ Tensor train_candidate(Module& model, const PlanCandidate& c, const LossFn& loss
   return last;
 }
 
-MemoryPlan plan_memory(const ModelFactory& model_factory, const LossFn& loss_fn,
-                       const std::vector<Tensor>& batch, const TrainingPlanOptions& options) {
-  if (!model_factory) throw std::invalid_argument("plan_memory: no model factory");
-  if (!loss_fn) throw std::invalid_argument("plan_memory: no loss function");
+namespace {
+
+// What both planners check before any dry run: the budget, the steps, the target.
+memory::MetaTarget check_plan_options(const TrainingPlanOptions& options) {
   if (options.budget == 0)
     throw std::invalid_argument("memory budget: 0 bytes (give one, e.g. 6GiB or 900MiB)");
   if (options.steps < 1)
     throw std::invalid_argument(fmt::format("plan_memory: {} steps", options.steps));
-  if (batch.empty() || batch.front().dim() == 0)
-    throw std::invalid_argument("plan_memory: the batch needs a tensor with a batch dimension");
   const memory::MetaTarget target = memory::meta_target(options.target);
   if (options.budget > target.capacity)
     throw std::invalid_argument(
         fmt::format("memory budget {} B is larger than the {} target's memory ({} B)",
                     options.budget, target.name, target.capacity));
+  return target;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(Module& model, int64_t batch, const CandidateRun& run,
+                       const TrainingPlanOptions& options) {
+  if (!run) throw std::invalid_argument("plan_memory: no run function");
+  if (batch < 1) throw std::invalid_argument(fmt::format("plan_memory: a batch of {}", batch));
+  const memory::MetaTarget target = check_plan_options(options);
+  // Every plan keeps the parameters on the device: a budget below them fails before any work.
+  int64_t parameters = 0;
+  for (const Tensor& p : model.parameters()) parameters += static_cast<int64_t>(p.nbytes());
+  if (static_cast<int64_t>(options.budget) < parameters)
+    throw std::invalid_argument(fmt::format(
+        "memory budget {:.1f} MiB is below the model's parameters ({:.1f} MiB), which every "
+        "plan keeps on {}: no plan can fit",
+        static_cast<double>(options.budget) / 1048576.0,
+        static_cast<double>(parameters) / 1048576.0, target.name));
+  const std::vector<PlanCandidate> grid = training_plan_grid(model, batch, options);
+  if (grid.empty())
+    throw std::invalid_argument(fmt::format(
+        "plan_memory: no candidate to search (no micro-batch count of {} divides the batch "
+        "of {}, or a lever's list is empty)",
+        fmt::join(options.micro_batches, ", "), batch));
   const meta::Rates rates = calibrated_rates(target);
+  return choose_plan(dry_run_grid(run, grid, options.classifier_chunks, target, rates,
+                                  options.steps, options.budget),
+                     options.budget, target);
+}
+
+MemoryPlan plan_memory(const ModelFactory& model_factory, const LossFn& loss_fn,
+                       const std::vector<Tensor>& batch, const TrainingPlanOptions& options) {
+  if (!model_factory) throw std::invalid_argument("plan_memory: no model factory");
+  if (!loss_fn) throw std::invalid_argument("plan_memory: no loss function");
+  const memory::MetaTarget target = check_plan_options(options);
+  if (batch.empty() || batch.front().dim() == 0)
+    throw std::invalid_argument("plan_memory: the batch needs a tensor with a batch dimension");
   // The candidates come from the model's modules: one built on a meta device.
-  std::vector<PlanCandidate> grid;
+  memory::DryRun probe({.spec = target, .max_history = 0});
+  std::shared_ptr<Module> probe_model;
   {
-    memory::DryRun probe({.spec = target, .max_history = 0});
-    std::shared_ptr<Module> model;
-    {
-      BuildOnDevice on(probe.device());
-      model = model_factory(PlanCandidate{});
-    }
-    if (!model) throw std::invalid_argument("plan_memory: the model factory returned no model");
-    grid = training_plan_grid(*model, batch.front().size(0), options);
+    BuildOnDevice on(probe.device());
+    probe_model = model_factory(PlanCandidate{});
   }
+  if (!probe_model) throw std::invalid_argument("plan_memory: the model factory returned no model");
   auto run = [&](Device d, const PlanCandidate& c) {
     std::shared_ptr<Module> model;
     {
@@ -194,11 +235,7 @@ MemoryPlan plan_memory(const ModelFactory& model_factory, const LossFn& loss_fn,
     memory::dry_run_phase(d, "train");
     train_candidate(*model, c, loss_fn, in, options.steps, options);
   };
-  std::vector<PlannedCandidate> planned;
-  planned.reserve(grid.size());
-  for (const PlanCandidate& c : grid)
-    planned.push_back(dry_run_candidate(run, c, target, rates, options.steps, options.budget));
-  return choose_plan(std::move(planned), options.budget, target);
+  return plan_memory(*probe_model, batch.front().size(0), run, options);
 }
 
 }  // namespace tally::nn

@@ -2,7 +2,8 @@
 // dry-runs (memory/estimate.h) the user's model and training step under every combination of
 // the memory levers and returns the fastest predicted to fit the budget (nn/plan.h's cost
 // model). The levers: checkpoint policies derived from the model's repeated module types
-// (`type:T`, every other one, `+selective`) and its own `N-blocks` where it declares blocks;
+// (`type:T`, every other one, `+selective`), or its own plans (`N-blocks`, `N-segments`,
+// `selective`) where it declares checkpoint blocks;
 // precision; optimizer (AdamW / AdamW8bit); activation offload; step-in-backward; gradient
 // accumulation with the same effective batch (micro-batches); the fused classifier where the
 // factory builds one. The step is the planner's own (zero_grad, forward and loss under
@@ -41,20 +42,26 @@ using EvalFn = std::function<void(Module& model, const std::vector<Tensor>& batc
 struct TrainingPlanOptions {
   std::string target = "cpu";  // memory::meta_target's names
   size_t budget = 0;           // bytes the run may reserve on the device (its peak reserved)
-  // Each lever's values; empty: the default shown. Checkpoint policies: none, then for each
-  // repeated composite module type T (repeated_module_types): type:T, type:T/2 and
-  // type:T+selective; "blocks" and half of them where the model declares blocks.
+  // Each lever's values; empty: the default shown. Checkpoint policies: for a model that
+  // declares checkpoint blocks, its own plans (nn::checkpoint_plans); else none, then for each
+  // of the first two repeated composite module types T (repeated_module_types): type:T,
+  // type:T/2 (4 or more of them) and type:T+selective.
   std::vector<CheckpointSpec> checkpoints;
   // {fp32, bf16}, and fp16 on a CUDA target.
   std::vector<std::optional<DType>> precisions;
   std::vector<std::string> optimizers = {"adamw", "adamw8bit"};
-  // none, and `type:T` for the first repeated type (with no checkpointing and with it).
+  // none, and on a CUDA target `type:T` for the first repeated type (or `activations` for a
+  // model with blocks), with no checkpointing and with the first checkpointing policy (every
+  // block for a model with blocks).
   std::vector<OffloadSpec> offloads;
   std::vector<bool> step_in_backward = {false, true};
   // Micro-batches per step; those that do not divide the batch are left out.
   std::vector<int64_t> micro_batches = {1, 2, 4};
   // {false}: set {false, true} for a factory that builds a fused classifier on request.
   std::vector<bool> fused_classifier = {false};
+  // The fused classifier's chunk budgets (nn::PlanOptions::classifier_chunks): the grid runs
+  // with the first, a candidate just over the budget is tried again with the next ones.
+  std::vector<int64_t> classifier_chunks;
   optim::AdamOptions adam = optim::AdamW::default_options();
   // Training steps per dry run (the time per step divides by it).
   int64_t steps = 3;
@@ -64,6 +71,19 @@ struct TrainingPlanOptions {
 // The candidates plan_memory searches for `model` (built on a meta device by the caller).
 std::vector<PlanCandidate> training_plan_grid(Module& model, int64_t batch,
                                               const TrainingPlanOptions& options);
+
+// How a program that trains its own way dry-runs a candidate: builds the model on `device` and
+// trains options.steps steps with every lever of the candidate (checkpoint, precision,
+// offload, optimizer, step-in-backward, micro-batches, fused classifier and its chunk).
+using CandidateRun = std::function<void(Device device, const PlanCandidate& candidate)>;
+
+// The planner over every lever for a program with its own training step (the example
+// programs' --checkpoint auto, ab::run's checkpoint "auto"): the candidates of
+// training_plan_grid(model, batch, options) (`model` built on a meta device), each dry-run by
+// `run` on options.target; the fastest predicted to fit options.budget is chosen. Errors as
+// the plan_memory below.
+MemoryPlan plan_memory(Module& model, int64_t batch, const CandidateRun& run,
+                       const TrainingPlanOptions& options);
 
 // Dry-runs every candidate of training_plan_grid on options.target and chooses the fastest
 // predicted to fit options.budget. `batch` (the step's inputs, any device: only shapes and

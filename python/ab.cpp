@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include "common.h"
+#include "memory/estimate.h"
 
 namespace tally::python {
 
@@ -108,6 +109,16 @@ ab::Results run(py::object model, py::object step, py::object eval, py::object d
   list("in_channels", o.model_options.in_channels);
   list("fused_classifier", o.model_options.fused_classifier);
   if (kw.contains("device") && !kw["device"].is_none()) o.device = to_device(kw["device"]);
+  if (kw.contains("memory_budget") && !kw["memory_budget"].is_none()) {
+    const py::object b = kw["memory_budget"];
+    if (py::isinstance<py::str>(b)) {
+      o.memory_budget = memory::parse_bytes(b.cast<std::string>(), "memory_budget");
+    } else {
+      const auto n = b.cast<int64_t>();
+      if (n <= 0) throw py::value_error(fmt::format("tally.ab.run: memory_budget: {} bytes", n));
+      o.memory_budget = static_cast<size_t>(n);
+    }
+  }
   return ab::run(o);
 }
 
@@ -137,7 +148,7 @@ void bind_ab(py::module_& m) {
          py::arg("options"),
          "tally::ab::run: every combination of the levers in `options` (checkpoint, precision, "
          "offload, optimizer, step_in_backward, grad_accum, alloc_conf lists; steps, batch, "
-         "seed, lr, rounds, device, estimate, out, title, preset, ...)");
+         "seed, lr, rounds, device, estimate, out, title, preset, memory_budget, ...)");
 }
 
 }  // namespace tally::python

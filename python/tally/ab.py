@@ -177,7 +177,8 @@ def _list(v, kind=str):
 def run(model="resnet", step=None, data=None, *, eval=None, checkpoint=None, precision=None,
         optimizer=None, offload=None, step_in_backward=None, grad_accum=None, alloc_conf=None,
         steps=None, batch=None, seed=None, lr=None, rounds=None, device=None, estimate=None,
-        out=None, title=None, preset=None, verbose=False, amp=None, arch=None, **model_options):
+        out=None, title=None, preset=None, verbose=False, amp=None, arch=None,
+        memory_budget=None, **model_options):
     """Runs every combination of the levers in this process and returns the Report.
 
     model: a registry model's name ("resnet", "gpt", ...; `preset=` and model options such as
@@ -190,6 +191,9 @@ def run(model="resnet", step=None, data=None, *, eval=None, checkpoint=None, pre
       of the step number returning one; default: the registry model's synthetic batches.
     checkpoint, precision (amp), optimizer, offload, step_in_backward, grad_accum, alloc_conf:
       lists (or comma strings) of each lever's values to compare.
+    memory_budget: bytes or '40MiB': checkpoint 'auto' (and precision 'auto') rows are planned by
+      tally.memory.plan's planner to fit it (checkpointing, precision, and the optimizer,
+      step-in-backward and micro-batches a row leaves at their defaults).
     out: the output folder (default: a new temporary folder; give a folder under the
       notebook's for the report's links to open from the notebook). rounds: interleaved timing
       rounds (default 3). verbose: print the table and the headlines."""
@@ -210,6 +214,7 @@ def run(model="resnet", step=None, data=None, *, eval=None, checkpoint=None, pre
                    grad_accum=_list(grad_accum, int), alloc_conf=_list(alloc_conf),
                    steps=steps, batch=batch, seed=seed, lr=lr, rounds=rounds, device=device,
                    estimate=estimate, out=str(out), title=title, verbose=bool(verbose),
+                   memory_budget=memory_budget,
                    preset=preset if preset is not None else arch)
     for k, v in model_options.items():
         if k not in ("image_size", "seq", "num_classes", "in_channels", "fused_classifier"):

@@ -1,8 +1,10 @@
 // tally::ab::run (ab/ab.h) on models written here, each with its own loss and data: a small
 // CNN as a module instance and a small transformer from a factory, plus a registry model by
 // name. Tiny shapes, 2 steps, one timing round.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -61,6 +63,83 @@ class TinyTransformer : public nn::Module {
   std::shared_ptr<nn::Embedding> tok;
   std::shared_ptr<nn::LayerNorm> ln;
   std::shared_ptr<nn::Linear> q, k, v, fc, out;
+};
+
+// A residual conv block, and a CNN of three: a repeated module type for the planner's
+// checkpointing policies (type:ConvBlock, ...).
+class ConvBlock : public nn::Module {
+ public:
+  ConvBlock() : Module("ConvBlock") {
+    conv = register_module("conv",
+                           std::make_shared<nn::Conv2d>(8, 8, 3, nn::Conv2dOptions{.padding = 1}));
+  }
+  Tensor forward(const Tensor& x) override { return add(x, relu((*conv)(x))); }
+  std::shared_ptr<nn::Conv2d> conv;
+};
+
+class BlockCNN : public nn::Module {
+ public:
+  BlockCNN() : Module("BlockCNN") {
+    stem = register_module("stem",
+                           std::make_shared<nn::Conv2d>(3, 8, 3, nn::Conv2dOptions{.padding = 1}));
+    for (int i = 0; i < 3; ++i)
+      blocks.push_back(register_module(fmt::format("b{}", i), std::make_shared<ConvBlock>()));
+    head = register_module("head", std::make_shared<nn::Linear>(8, 4));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = (*stem)(x);
+    for (const auto& b : blocks) h = (*b)(h);
+    return (*head)(mean(h, {2, 3}));
+  }
+  std::shared_ptr<nn::Conv2d> stem;
+  std::vector<std::shared_ptr<ConvBlock>> blocks;
+  std::shared_ptr<nn::Linear> head;
+};
+
+// A pre-norm transformer block (causal attention and an MLP, residual), and a language model
+// of two.
+class AttnBlock : public nn::Module {
+ public:
+  static constexpr int64_t kDim = 16, kHeads = 2;
+  AttnBlock() : Module("AttnBlock") {
+    ln = register_module("ln", std::make_shared<nn::LayerNorm>(kDim));
+    qkv = register_module("qkv", std::make_shared<nn::Linear>(kDim, 3 * kDim));
+    fc = register_module("fc", std::make_shared<nn::Linear>(kDim, 4 * kDim));
+    proj = register_module("proj", std::make_shared<nn::Linear>(4 * kDim, kDim));
+  }
+  Tensor forward(const Tensor& x) override {
+    const int64_t b = x.size(0), t = x.size(1);
+    const Tensor z = (*qkv)((*ln)(x));
+    auto heads = [&](const Tensor& z) {
+      return z.reshape({b, t, kHeads, kDim / kHeads}).transpose(1, 2);
+    };
+    const Tensor y = scaled_dot_product_attention(
+        heads(z.narrow(2, 0, kDim)), heads(z.narrow(2, kDim, kDim)),
+        heads(z.narrow(2, 2 * kDim, kDim)), Tensor(), 0.0, /*is_causal=*/true);
+    const Tensor h = add(x, y.transpose(1, 2).reshape({b, t, kDim}));
+    return add(h, (*proj)(gelu((*fc)(h))));
+  }
+  std::shared_ptr<nn::LayerNorm> ln;
+  std::shared_ptr<nn::Linear> qkv, fc, proj;
+};
+
+class BlockLM : public nn::Module {
+ public:
+  static constexpr int64_t kVocab = 32;
+  BlockLM() : Module("BlockLM") {
+    tok = register_module("tok", std::make_shared<nn::Embedding>(kVocab, AttnBlock::kDim));
+    for (int i = 0; i < 2; ++i)
+      blocks.push_back(register_module(fmt::format("h{}", i), std::make_shared<AttnBlock>()));
+    out = register_module("out", std::make_shared<nn::Linear>(AttnBlock::kDim, kVocab));
+  }
+  Tensor forward(const Tensor& idx) override {
+    Tensor h = (*tok)(idx);
+    for (const auto& b : blocks) h = (*b)(h);
+    return (*out)(h);
+  }
+  std::shared_ptr<nn::Embedding> tok;
+  std::vector<std::shared_ptr<AttnBlock>> blocks;
+  std::shared_ptr<nn::Linear> out;
 };
 
 std::string temp_dir(const std::string& name) {
@@ -221,7 +300,7 @@ TEST(AbRun, BadOptionsFailBeforeAnyRun) {
   o.checkpoint = {"bogus"};
   EXPECT_THROW(ab::run(o), std::invalid_argument);
   o.checkpoint = {"auto"};
-  EXPECT_THROW(ab::run(o), std::invalid_argument);  // no planner
+  EXPECT_THROW(ab::run(o), std::invalid_argument);  // no memory budget, no planner
   o.checkpoint = {"none"};
   o.grad_accum = {3};
   o.batch = 8;
@@ -231,6 +310,67 @@ TEST(AbRun, BadOptionsFailBeforeAnyRun) {
   EXPECT_THROW(ab::run(o), std::invalid_argument);
   EXPECT_FALSE(fs::exists(o.out + "/results.json"));
   fs::remove_all(o.out);
+}
+
+// checkpoint "auto" with a memory budget: the library planner resolves the row (no planner
+// given), its choice named in the row, and the run stays within the budget. `model` is a
+// module instance (the CNN) or a factory (the transformer).
+ab::Results run_planned(ab::Options o, size_t budget, const std::string& name) {
+  o.checkpoint = {"none", "auto"};
+  o.memory_budget = budget;
+  o.steps = 2;
+  o.rounds = 0;
+  o.verbose = false;
+  o.out = temp_dir(name);
+  ab::Results r = ab::run(o);
+  fs::remove_all(o.out);
+  return r;
+}
+
+TEST(AbRun, CheckpointAutoPlansAUserCnnWithinTheBudget) {
+  manual_seed(0);
+  ab::Options o;
+  o.module = std::make_shared<BlockCNN>();
+  for (int s = 0; s < 2; ++s) o.data.push_back({randn({8, 3, 16, 16}), randint(0, 4, {8})});
+  const size_t budget = size_t{64} << 20;
+  const ab::Results r = run_planned(o, budget, "plan_cnn");
+  ASSERT_EQ(r.configs.size(), 2u);
+  const ab::ConfigResult& planned = r.configs[1];
+  EXPECT_EQ(planned.name.rfind("ckpt=auto(", 0), 0u) << planned.name;
+  EXPECT_LE(planned.estimate.peak_reserved, static_cast<int64_t>(budget));
+  EXPECT_LE(planned.peak_reserved, static_cast<int64_t>(budget));
+  // A budget nothing meets: the planner's error, before that row runs.
+  o.module = std::make_shared<BlockCNN>();
+  try {
+    (void)run_planned(o, 1024, "plan_cnn_small");
+    FAIL() << "nothing fits in 1 KiB";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint 'auto'"), std::string::npos) << e.what();
+  }
+  (void)temp_dir("plan_cnn_small");  // removes what the failed run left
+}
+
+TEST(AbRun, CheckpointAutoPlansAUserTransformerWithinTheBudget) {
+  ab::Options o;
+  o.factory = [](Device) { return std::make_shared<BlockLM>(); };
+  o.loss = [](nn::Module& m, const data::Example& b) {
+    return cross_entropy(m(b.input).reshape({-1, BlockLM::kVocab}), b.target.reshape({-1}));
+  };
+  o.batches = [](int64_t step) {
+    Generator gen(static_cast<uint64_t>(step));
+    const Tensor idx =
+        randint(0, BlockLM::kVocab, {4, 16}, TensorOptions{}.with_dtype(DType::int64), &gen);
+    return data::Example{idx, idx};
+  };
+  o.precision = {"auto"};
+  const size_t budget = size_t{64} << 20;
+  const ab::Results r = run_planned(o, budget, "plan_lm");
+  ASSERT_EQ(r.configs.size(), 1u);  // precision auto belongs to the planned row
+  const ab::ConfigResult& planned = r.configs[0];
+  EXPECT_EQ(planned.name.rfind("ckpt=auto(", 0), 0u) << planned.name;
+  EXPECT_NE(planned.name.find("amp=auto("), std::string::npos) << planned.name;
+  EXPECT_LE(planned.peak_reserved, static_cast<int64_t>(budget));
+  EXPECT_TRUE(std::isfinite(planned.final_loss));
 }
 
 }  // namespace

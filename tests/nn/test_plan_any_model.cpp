@@ -14,6 +14,7 @@
 #include "nn/checkpoint.h"
 #include "nn/container.h"
 #include "nn/layers.h"
+#include "nn/models/registry.h"
 #include "nn/norm.h"
 #include "nn/offload.h"
 #include "optim/plan_training.h"
@@ -244,24 +245,31 @@ std::string adamw_plain() {
   return c.str();
 }
 
-// The chosen candidate trained for real on the CPU: its peak reserved, from a clean cache.
-int64_t measured_peak_reserved(const nn::PlanCandidate& c, const nn::TrainingPlanOptions& o) {
-  const std::vector<Tensor> batch = make_batch();
+// The chosen candidate of `factory`'s model trained for real on the CPU with `loss` on
+// `batch`: its peak reserved, from a clean cache.
+int64_t measured_peak_reserved(const nn::PlanCandidate& c, const nn::TrainingPlanOptions& o,
+                               const nn::ModelFactory& factory, const nn::LossFn& loss,
+                               const std::vector<Tensor>& batch) {
   memory::empty_cache(Device::cpu());
   memory::reset_peak_memory_stats(Device::cpu());
   const int64_t base = static_cast<int64_t>(memory::memory_reserved(Device::cpu()));
   {
-    auto net = make_net();
+    auto net = factory(c);
     std::vector<Tensor> in;
     {
       memory::CategoryScope input(memory::Category::input);
       for (const Tensor& t : batch) in.push_back(t.clone());
     }
-    (void)nn::train_candidate(*net, c, my_loss, in, o.steps, o);
+    (void)nn::train_candidate(*net, c, loss, in, o.steps, o);
   }
   const int64_t peak = static_cast<int64_t>(memory::max_memory_reserved(Device::cpu())) - base;
   memory::empty_cache(Device::cpu());
   return peak;
+}
+
+int64_t measured_peak_reserved(const nn::PlanCandidate& c, const nn::TrainingPlanOptions& o) {
+  return measured_peak_reserved(
+      c, o, [](const nn::PlanCandidate&) { return make_net(); }, my_loss, make_batch());
 }
 
 TEST(PlanAnyModel, TheChosenRunStaysWithinThreeBudgets) {
@@ -326,6 +334,60 @@ TEST(PlanAnyModel, TheGridSearchesEveryLever) {
     EXPECT_FALSE(c.step_in_backward && c.micro_batches > 1) << c.str();
   }
   EXPECT_TRUE(ckpt && bf16 && fp16 && eight && sib && mb && off);
+}
+
+// The registry's GPT and ResNet at their tiny presets under the planner at three budgets
+// (the plain run's peak, half way to the smallest, the smallest): the chosen run, trained for
+// real on the CPU, stays within each. One grid's dry runs serve the three budgets (choose_plan
+// over them is plan_memory's choice); the levers kept to a few for CI's time.
+void check_three_budgets(const std::string& name, const nn::ModelOptions& mo, int64_t rows) {
+  SCOPED_TRACE(name);
+  const nn::ModelEntry& entry = nn::model_entry(name);
+  const nn::ModelOptions opts = nn::resolve_options(entry, mo);
+  const data::Example b = entry.synthetic_batch(opts, rows, 0, 0);
+  std::vector<Tensor> batch;
+  {
+    memory::CategoryScope input(memory::Category::input);
+    batch = {b.input.clone(), b.target.clone()};
+  }
+  const nn::ModelFactory factory = [&](const nn::PlanCandidate&) {
+    manual_seed(0);
+    return entry.build(opts);
+  };
+  const nn::LossFn loss = [&](nn::Module& m, const std::vector<Tensor>& in) {
+    return entry.loss(m, {in[0], in[1]});
+  };
+  nn::TrainingPlanOptions o;
+  o.budget = size_t{1} << 30;
+  o.precisions = {std::nullopt};
+  o.micro_batches = {1, 2};
+  o.step_in_backward = {false};
+  o.steps = 2;
+  const nn::MemoryPlan all = nn::plan_memory(factory, loss, batch, o);
+  int64_t plain = 0, smallest = INT64_MAX;
+  for (const nn::PlannedCandidate& c : all.candidates) {
+    ASSERT_TRUE(c.error.empty()) << c.candidate.str() << ": " << c.error;
+    smallest = std::min(smallest, c.estimate.peak_reserved);
+    if (c.candidate.str() == adamw_plain()) plain = c.estimate.peak_reserved;
+  }
+  ASSERT_GT(plain, smallest) << all.report();
+  const memory::MetaTarget target = memory::meta_target(o.target);
+  for (const int64_t budget : {plain, (plain + smallest) / 2, smallest}) {
+    SCOPED_TRACE(budget);
+    const nn::MemoryPlan plan =
+        nn::choose_plan(all.candidates, static_cast<size_t>(budget), target);
+    EXPECT_LE(plan.chosen.estimate.peak_reserved, budget);
+    EXPECT_LE(measured_peak_reserved(plan.chosen.candidate, o, factory, loss, batch), budget)
+        << plan.report();
+  }
+}
+
+TEST(PlanReferenceModels, GptTinyStaysWithinThreeBudgets) {
+  check_three_budgets("gpt", {.preset = "tiny", .seq = 16}, 8);
+}
+
+TEST(PlanReferenceModels, ResnetTinyStaysWithinThreeBudgets) {
+  check_three_budgets("resnet", {.preset = "tiny", .image_size = 16}, 8);
 }
 
 }  // namespace

@@ -128,6 +128,18 @@ def test_a_registry_model_by_name(tmp_path):
     assert json.load(open(tmp_path / "gpt" / "results.json"))[1]["name"] == "ckpt=blocks amp=off"
 
 
+def test_checkpoint_auto_plans_a_python_model_within_its_budget(tmp_path):
+    # No planner given: the library's plans the row (tally.memory.plan's levers) for the budget.
+    rep = tally.ab.run(model=SmallCNN(), step=cnn_step, data=images(2), checkpoint=["auto"],
+                       precision=["off"], memory_budget="64MiB", rounds=0, out=tmp_path / "plan")
+    (row,) = rep.results
+    assert row["name"].startswith("ckpt=auto("), row["name"]
+    assert 0 < row["estimated_peak_reserved"] <= 64 << 20 and row["peak_reserved"] <= 64 << 20
+    with pytest.raises(ValueError, match="memory_budget"):
+        tally.ab.run(model=SmallCNN(), step=cnn_step, data=images(1), checkpoint=["auto"],
+                     out=tmp_path / "nobudget")
+
+
 def test_bad_arguments_fail_before_any_run(tmp_path):
     with pytest.raises(TypeError, match="model"):
         tally.ab.run(model=42, out=tmp_path / "a")
