@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ab/ab.h"
+#include "ab/staged_dir.h"
 #include "autograd/ops.h"
 #include "nn/layers.h"
 #include "nn/norm.h"
@@ -79,6 +80,35 @@ std::vector<float> values(const Tensor& t) {
 nlohmann::json results_json(const std::string& out) {
   std::ifstream f(out + "/results.json");
   return nlohmann::json::parse(f);
+}
+
+// A killed run (SIGKILL skips the destructor) leaves its "<out>.tmpXXXXXX" staging folder: the
+// next run for the same --out removes it (issue 54), and leaves a live run's folder and other
+// targets' alone.
+TEST(StagedOutputDir, NextRunRemovesStaleStagingFoldersOfItsTarget) {
+  std::string root_name = (fs::temp_directory_path() / "tally_staged_XXXXXX").string();
+  ASSERT_NE(::mkdtemp(root_name.data()), nullptr);
+  const fs::path root(root_name), out = root / "report";
+  fs::create_directories(out);
+  const auto keep = [](const std::string&) { return true; };
+  fs::create_directories(root / "report.tmpAbC123" / "sub");
+  std::ofstream(root / "report.tmpAbC123" / "sub" / "old.pickle") << "stale";
+  for (const char* other : {"reportx.tmpAbC123", "report.tmpAbC12", "report.oldAbC123"})
+    fs::create_directories(root / other);
+  {
+    ab::StagedOutputDir live(out.string(), keep);  // holds its lock, as a running ab_memory does
+    ASSERT_NE(live.path(), out.string());
+    ASSERT_TRUE(fs::is_directory(live.path()));
+    EXPECT_FALSE(fs::exists(root / "report.tmpAbC123"));  // a dead run's folder
+    {
+      ab::StagedOutputDir next(out.string(), keep);
+      EXPECT_TRUE(fs::is_directory(live.path()));  // a live run's folder stays
+      EXPECT_NE(next.path(), live.path());
+    }
+  }
+  for (const char* other : {"reportx.tmpAbC123", "report.tmpAbC12", "report.oldAbC123"})
+    EXPECT_TRUE(fs::is_directory(root / other)) << other;
+  fs::remove_all(root);
 }
 
 TEST(AbRun, ModuleInstanceWithItsLossAndGradientAccumulation) {
