@@ -161,7 +161,11 @@ TEST(AbRun, ModuleInstanceWithItsLossAndGradientAccumulation) {
 TEST(AbRun, FactoryWithEvalAndPrecisions) {
   int evals = 0;
   ab::Options o;
-  o.factory = [](Device) { return std::make_shared<TinyTransformer>(); };
+  o.factory = [](Device) {  // a frozen embedding: the report splits the parameters
+    auto m = std::make_shared<TinyTransformer>();
+    m->tok->weight.requires_grad_(false);
+    return m;
+  };
   o.loss = [](nn::Module& m, const data::Example& b) {
     const Tensor logits = m(b.input);
     return cross_entropy(logits.reshape({-1, TinyTransformer::kVocab}), b.target.reshape({-1}));
@@ -192,9 +196,19 @@ TEST(AbRun, FactoryWithEvalAndPrecisions) {
     EXPECT_TRUE(eval_phase) << c.name;
     EXPECT_TRUE(std::isfinite(c.final_loss));
   }
+  // The frozen embedding (32 x 16) beside the trainable rest, in the table, JSON and page.
+  const int64_t frozen = TinyTransformer::kVocab * TinyTransformer::kDim;
+  for (const ab::ConfigResult& c : r.configs) {
+    EXPECT_EQ(c.parameters.frozen, frozen) << c.name;
+    EXPECT_GE(c.parameters.frozen_bytes, 4 * frozen) << c.name;
+    EXPECT_GT(c.parameters.trainable, 0) << c.name;
+  }
+  EXPECT_NE(r.table.find("frozen param MiB"), std::string::npos) << r.table;
+  EXPECT_EQ(results_json(o.out)[0]["parameters"]["frozen"], frozen);
   std::ifstream f(r.report);
   const std::string html((std::istreambuf_iterator<char>(f)), {});
   EXPECT_NE(html.find("TinyTransformer"), std::string::npos);
+  EXPECT_NE(html.find("frozen parameters"), std::string::npos);
   fs::remove_all(o.out);
 }
 
