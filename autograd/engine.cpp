@@ -32,9 +32,15 @@ void accumulate(Tensor& slot, const Tensor& g) {
   }
 }
 
-// A gradient on its way to a leaf's AccumulateGrad (which runs last: sequence_nr 0) is that
-// leaf's gradient from the moment it arrives, not a `temporary`: a block held by this tensor
-// alone is re-tagged, a sum of two contributions is allocated as `gradient`.
+// A gradient on its way to a leaf's AccumulateGrad (which runs last: sequence_nr 0) that will
+// become the leaf's .grad (it has none yet) is `gradient` from the moment it arrives, not a
+// `temporary`: a block held by this tensor alone is re-tagged, a sum of two contributions is
+// allocated as `gradient`. (One added into an existing .grad stays `temporary`.)
+bool becomes_grad(const Node* n) {
+  const auto* acc = dynamic_cast<const AccumulateGrad*>(n);
+  return acc && !acc->variable().grad().defined();
+}
+
 void accumulate_leaf(Tensor& slot, const Tensor& g) {
   if (!g.defined()) return;
   memory::CategoryScope cat(memory::Category::gradient);
@@ -138,7 +144,7 @@ void run(const std::vector<Edge>& roots, const TensorList& root_grads, bool reta
     }
     // A leaf's gradient converted to its dtype is still its gradient.
     std::optional<memory::CategoryScope> leaf_cat;
-    if (dynamic_cast<AccumulateGrad*>(n)) leaf_cat.emplace(memory::Category::gradient);
+    if (becomes_grad(n)) leaf_cat.emplace(memory::Category::gradient);
     TensorList out;
     bool any = false;
     for (const Tensor& g : grads) any = any || g.defined();
@@ -163,7 +169,7 @@ void run(const std::vector<Edge>& roots, const TensorList& root_grads, bool reta
       TensorList& buf = buffers[e.fn.get()];
       buf.resize(e.fn->outputs.size());
       if (i < out.size()) {
-        if (!capture && dynamic_cast<AccumulateGrad*>(e.fn.get()))
+        if (!capture && becomes_grad(e.fn.get()))
           accumulate_leaf(buf[e.input_nr], out[i]);
         else
           accumulate(buf[e.input_nr], out[i]);
