@@ -29,6 +29,7 @@
 #include "nn/layers.h"
 #include "nn/offload.h"
 #include "optim/plan_training.h"
+#include "nn/parameter_split.h"
 #include "optim/precision.h"
 #include "profiler/memory_timeline.h"
 #include "tensor/pinned.h"
@@ -467,6 +468,7 @@ Results run(const Options& o) {
     const bool dry = on.is_meta();
     manual_seed(o.seed);
     std::shared_ptr<nn::Module> model = make_model(on, build_on);
+    if (r) r->parameters = nn::parameter_split(*model, on);
     // The caller's module gives its device memory back when the configuration ends (its
     // tensors then view the host copies), so the next one starts with nothing of it.
     struct Release {
@@ -865,6 +867,11 @@ Results run(const Options& o) {
                 {"final_loss", number(r.final_loss, 6)},
                 {"skipped_steps", r.skipped_steps},
                 {"at_peak", by_category(r.at_peak)},
+                {"parameters",
+                 {{"trainable", r.parameters.trainable},
+                  {"frozen", r.parameters.frozen},
+                  {"trainable_bytes", r.parameters.trainable_bytes},
+                  {"frozen_bytes", r.parameters.frozen_bytes}}},
                 {"phase_peaks", std::move(phases)}};
       if (r.predicted) {
         e["estimate_target"] = r.estimate.target.name;

@@ -72,6 +72,8 @@ std::string format_table(const std::vector<ConfigResult>& results) {
     cols.push_back({"host peak", [](const ConfigResult& r) {
                       return static_cast<double>(r.host_peak_allocated);
                     }});
+  bool frozen = false;  // a fine-tune (LoRA): the frozen parameters' share of `parameter`
+  for (const auto& r : results) frozen = frozen || r.parameters.frozen > 0;
   for (Category c : kOrder) {
     bool any = false;
     for (const auto& r : results) any = any || r.at_peak[static_cast<size_t>(c)] != 0;
@@ -79,6 +81,10 @@ std::string format_table(const std::vector<ConfigResult>& results) {
     cols.push_back({std::string(memory::category_name(c)), [c](const ConfigResult& r) {
                       return static_cast<double>(r.at_peak[static_cast<size_t>(c)]);
                     }});
+    if (c == Category::parameter && frozen)
+      cols.push_back({"frozen param", [](const ConfigResult& r) {
+                        return static_cast<double>(r.parameters.frozen_bytes);
+                      }});
   }
   cols.push_back({"frag (resv-alloc)", [](const ConfigResult& r) {
                     return static_cast<double>(r.peak_reserved - r.peak_allocated);
@@ -398,6 +404,8 @@ void write_report(const std::string& path, const std::string& title,
       data += fmt::format("{}[{},{}]", k ? "," : "", base::json_quote(r.phase_peaks[k].first),
                           r.phase_peaks[k].second);
     data += "]";
+    data += fmt::format(",\"params\":[{},{},{},{}]", r.parameters.trainable, r.parameters.frozen,
+                        r.parameters.trainable_bytes, r.parameters.frozen_bytes);
     data += ",\"at_peak\":[";
     for (size_t k = 0; k < std::size(kOrder); ++k)
       data += fmt::format("{}{}", k ? "," : "", r.at_peak[static_cast<size_t>(kOrder[k])]);
@@ -659,6 +667,7 @@ rows.push(['peak reserved (MiB)',c=>c.peak_reserved,mib]);
 if (D.configs.some(cf=>cf.host_peak_allocated>0)) rows.push(['host peak allocated (MiB)',c=>c.host_peak_allocated,mib]);
 if (D.configs.some(cf=>cf.predicted!==null)) rows.push(['predicted peak (MiB)',c=>c.predicted,mib]);
 D.categories.forEach((c,k)=>{ if(D.configs.some(cf=>cf.at_peak[k]>0)) rows.push([c+' at the peak (MiB)',cf=>cf.at_peak[k],mib]); });
+if (D.configs.some(cf=>cf.params[1]>0)) { const n=v=>v.toLocaleString('en-US'); rows.push(['trainable parameters',cf=>cf.params[0],n,false,true],['frozen parameters',cf=>cf.params[1],n,false,true],['frozen parameters (MiB)',cf=>cf.params[3],mib]); }
 rows.push(['reserved \u2212 allocated (MiB)',c=>c.peak_reserved-c.peak_allocated,mib]);
 // The peak within each phase of the recorded step (forward.0, backward.0, ... with micro-batches).
 const phaseNames=[]; D.configs.forEach(cf=>cf.phase_peaks.forEach(p=>{ if(phaseNames.indexOf(p[0])<0) phaseNames.push(p[0]); }));

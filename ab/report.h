@@ -14,6 +14,7 @@
 #include "memory/context.h"
 #include "memory/estimate.h"
 #include "memory/history.h"
+#include "memory/parameter_split.h"
 #include "memory/timeline.h"
 
 namespace tally::ab {
@@ -39,6 +40,9 @@ struct ConfigResult {
   // device (the CPU).
   int64_t host_peak_allocated = 0;
   int64_t host_peak_reserved = 0;
+  // The model's parameters, trainable and frozen (requires_grad), when it was built
+  // (nn::parameter_split): the table and the report split `parameter` when any is frozen.
+  memory::ParameterSplit parameters;
   // The step time: the median over the timing rounds (ab::Options::rounds) of each round's
   // median warm step, and the rounds' range (min_ms..max_ms); without rounds, the recorded
   // run's median step.

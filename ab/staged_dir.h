@@ -1,18 +1,24 @@
 // An output folder written whole or not at all: the A/B runner's (ab/ab.h) report folder.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tally::ab {
@@ -24,6 +30,9 @@ namespace tally::ab {
 // folder. What the old folder holds besides `is_output(name)` entries (a nested report, the
 // user's own files) moves into the new one first. Where no folder can be made beside `out`
 // (".", a mount point under a read-only folder), path() is `out` itself, as before.
+// A run holds an exclusive flock on its folder while it lives, so the next run for the same
+// `out` removes the folders of runs that were killed (SIGKILL skips the destructor), as
+// base::write_file_atomic does for files; a live run's folder stays.
 class StagedOutputDir {
  public:
   StagedOutputDir(const std::string& out, std::function<bool(const std::string&)> is_output)
@@ -32,16 +41,33 @@ class StagedOutputDir {
     std::error_code ec;
     const fs::path real = fs::canonical(out, ec);  // a symbolic link: its folder is replaced
     if (ec || real.filename().empty() || real == real.root_path()) return;
-    std::string name = real.string() + ".tmpXXXXXX";
-    if (!::mkdtemp(name.data())) return;
-    real_ = real.string();
-    path_ = std::move(name);
+    remove_stale(real);  // before this run needs the space
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      std::string name = real.string() + ".tmpXXXXXX";
+      if (!::mkdtemp(name.data())) return;
+      const int fd = ::open(name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd >= 0) {
+        int r = 0;
+        do r = ::flock(fd, LOCK_EX);  // waits while another run's cleanup looks at it
+        while (r != 0 && errno == EINTR);
+        struct stat st {};
+        if (r == 0 && ::fstat(fd, &st) == 0 && st.st_nlink == 0) {  // that cleanup removed it
+          ::close(fd);
+          continue;
+        }
+        lock_fd_ = fd;  // without flock (some network file systems): unlocked, never cleaned
+      }
+      real_ = real.string();
+      path_ = std::move(name);
+      return;
+    }
   }
   ~StagedOutputDir() {
     if (!committed_ && path_ != out_) {
       std::error_code ec;
       std::filesystem::remove_all(path_, ec);
     }
+    if (lock_fd_ >= 0) ::close(lock_fd_);
   }
   StagedOutputDir(const StagedOutputDir&) = delete;
   StagedOutputDir& operator=(const StagedOutputDir&) = delete;
@@ -90,9 +116,42 @@ class StagedOutputDir {
       (void)::rename((fs::path(path_) / name).c_str(), (fs::path(real_) / name).c_str());
     committed_ = true;  // the new report stays where it is, named in the error
     throw std::runtime_error(fmt::format(
-        "cannot put the new report in place of '{}': {}; it is complete in '{}', and '{}' is "
-        "unchanged",
-        out_, std::strerror(err), path_, out_));
+        "cannot put the new report in place of '{}': {}; it is complete in '{}' (until the next "
+        "run for '{}'), and '{}' is unchanged",
+        out_, std::strerror(err), path_, out_, out_));
+  }
+
+  // Removes the staging folders ("<real>.tmpXXXXXX") of earlier runs for `real` whose lock
+  // this process can take: their run is dead. Best effort: what cannot be opened stays.
+  static void remove_stale(const std::filesystem::path& real) {
+    namespace fs = std::filesystem;
+    const fs::path dir = real.parent_path();
+    const std::string own = real.filename().string() + ".tmp";
+    std::vector<std::string> candidates;
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (const dirent* e = ::readdir(d)) {
+        const std::string_view name = e->d_name;  // own + mkdtemp's 6 characters [A-Za-z0-9]
+        if (name.size() == own.size() + 6 && name.starts_with(own) &&
+            std::all_of(name.begin() + static_cast<std::ptrdiff_t>(own.size()), name.end(),
+                        [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; }))
+          candidates.emplace_back(name);
+      }
+      ::closedir(d);
+    }
+    for (const std::string& name : candidates) {
+      const fs::path path = dir / name;
+      const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0) continue;
+      struct stat held {
+      }, now{};
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &held) == 0 &&
+          ::lstat(path.c_str(), &now) == 0 && now.st_dev == held.st_dev &&
+          now.st_ino == held.st_ino) {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+      }
+      ::close(fd);  // releases the lock
+    }
   }
 
  private:
@@ -101,6 +160,7 @@ class StagedOutputDir {
   std::string real_;  // out_ with symbolic links resolved: the folder replaced
   std::function<bool(const std::string&)> is_output_;
   bool committed_ = false;
+  int lock_fd_ = -1;  // holds the flock on path_'s folder
 };
 
 }  // namespace tally::ab

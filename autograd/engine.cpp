@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -29,6 +30,24 @@ void accumulate(Tensor& slot, const Tensor& g) {
   } else {
     slot = ops::add(slot, g);
   }
+}
+
+// A gradient on its way to a leaf's AccumulateGrad (which runs last: sequence_nr 0) that will
+// become the leaf's .grad (it has none yet) is `gradient` from the moment it arrives, not a
+// `temporary`: a block held by this tensor alone is re-tagged, a sum of two contributions is
+// allocated as `gradient`. (One added into an existing .grad stays `temporary`.)
+bool becomes_grad(const Node* n) {
+  const auto* acc = dynamic_cast<const AccumulateGrad*>(n);
+  return acc && !acc->variable().grad().defined();
+}
+
+void accumulate_leaf(Tensor& slot, const Tensor& g) {
+  if (!g.defined()) return;
+  memory::CategoryScope cat(memory::Category::gradient);
+  if (!slot.defined() && g.use_count() == 1 && g.storage().use_count() == 1 &&
+      g.storage().category() != memory::Category::gradient)
+    g.storage().retag(memory::Category::gradient);
+  accumulate(slot, g);
 }
 
 // The callbacks queued during the outermost backward pass on this thread.
@@ -123,6 +142,9 @@ void run(const std::vector<Edge>& roots, const TensorList& root_grads, bool reta
       }
       if (dynamic_cast<AccumulateGrad*>(n)) continue;  // autograd.grad leaves .grad alone
     }
+    // A leaf's gradient converted to its dtype is still its gradient.
+    std::optional<memory::CategoryScope> leaf_cat;
+    if (becomes_grad(n)) leaf_cat.emplace(memory::Category::gradient);
     TensorList out;
     bool any = false;
     for (const Tensor& g : grads) any = any || g.defined();
@@ -146,7 +168,12 @@ void run(const std::vector<Edge>& roots, const TensorList& root_grads, bool reta
       if (!e.fn) continue;
       TensorList& buf = buffers[e.fn.get()];
       buf.resize(e.fn->outputs.size());
-      if (i < out.size()) accumulate(buf[e.input_nr], out[i]);
+      if (i < out.size()) {
+        if (!capture && becomes_grad(e.fn.get()))
+          accumulate_leaf(buf[e.input_nr], out[i]);
+        else
+          accumulate(buf[e.input_nr], out[i]);
+      }
       if (--deps[e.fn.get()] == 0) ready.push({e.fn.get()});
     }
   }

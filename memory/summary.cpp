@@ -22,8 +22,11 @@
 #include <iterator>
 #include <span>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
+
+#include "memory/parameter_split.h"
 
 namespace tally::memory {
 namespace {
@@ -318,6 +321,27 @@ void append_diagnosis(std::vector<std::string>& lines, const FragmentationInfo& 
 }
 
 }  // namespace
+
+std::string with_parameter_split(const std::string& summary, const ParameterSplit& split) {
+  const std::string row = "| " + std::string(category_name(Category::parameter)) + " ";
+  size_t at = summary.find(row);
+  if (at == std::string::npos) return summary;
+  at = summary.find('\n', at);
+  if (at == std::string::npos) return summary;
+  std::string rows;
+  for (const auto& [name, count, bytes] :
+       {std::tuple{"trainable", split.trainable, split.trainable_bytes},
+        std::tuple{"frozen", split.frozen, split.frozen_bytes}}) {
+    std::string n = format_count(count, count);  // "    294 K ": "294K"
+    std::erase(n, ' ');
+    rows +=
+        "|" +
+        fit(fmt::format(" {:<21} | {} | {:>10} | {:>10} | {:>7}", fmt::format("  {} {}", name, n),
+                        format_size(bytes, bytes), "", "", "")) +
+        "|\n";
+  }
+  return summary.substr(0, at + 1) + rows + summary.substr(at + 1);
+}
 
 std::string format_memory_summary(const DeviceStats& stats, int device_id,
                                   const std::string& device_label, bool abbreviated,

@@ -308,6 +308,33 @@ std::shared_ptr<TransformerEncoderLayer> TransformerEncoderLayer::clone() const 
   return copy;
 }
 
+bool detect_is_causal_mask(const Tensor& mask, std::optional<bool> is_causal, int64_t size) {
+  if (is_causal.has_value()) return *is_causal;
+  if (!mask.defined() || mask.dim() != 2 || mask.size(0) != size || mask.size(1) != size ||
+      mask.device().type == DeviceType::meta)
+    return false;
+  const bool is_bool = mask.dtype() == DType::bool_;
+  const auto causal_at = [&](int64_t i, int64_t j, double v) {
+    if (j > i) return is_bool ? v != 0 : v == -std::numeric_limits<double>::infinity();
+    return v == 0;
+  };
+  if (mask.device().type == DeviceType::cpu) {  // read in place: nothing allocated
+    bool ok = true;
+    TALLY_DISPATCH_ALL(mask.dtype(), "detect_is_causal_mask", [&] {
+      const auto* p = static_cast<const scalar_t*>(mask.storage().data()) + mask.storage_offset();
+      for (int64_t i = 0; ok && i < size; ++i)
+        for (int64_t j = 0; ok && j < size; ++j)
+          ok = causal_at(i, j, static_cast<double>(p[i * mask.stride(0) + j * mask.stride(1)]));
+    });
+    return ok;
+  }
+  const std::vector<double> v = ops::to_vector(mask);
+  for (int64_t i = 0; i < size; ++i)
+    for (int64_t j = 0; j < size; ++j)
+      if (!causal_at(i, j, v[static_cast<size_t>(i * size + j)])) return false;
+  return true;
+}
+
 // ---- TransformerEncoder ----
 TransformerEncoder::TransformerEncoder(const TransformerEncoderLayer& encoder_layer, int64_t n,
                                        std::shared_ptr<Module> norm_)
@@ -325,12 +352,16 @@ TransformerEncoderLayer& TransformerEncoder::layer(size_t i) const {
 }
 
 Tensor TransformerEncoder::forward(const Tensor& src, const Tensor& mask,
-                                   const Tensor& src_key_padding_mask, bool is_causal) {
+                                   const Tensor& src_key_padding_mask,
+                                   std::optional<bool> is_causal_hint) {
   Tensor x = src;
+  // The sequence length, as PyTorch's _get_seq_len: [S, E] unbatched, else dim 1 with batch_first.
+  const bool batch_first = layers->size() > 0 && layer(0).batch_first;
+  const int64_t seq_len = src.dim() == 2 ? src.size(0) : src.size(batch_first ? 1 : 0);
+  const bool is_causal = detect_is_causal_mask(mask, is_causal_hint, seq_len);
   const bool plain = !mask.defined() && !src_key_padding_mask.defined() && !is_causal;
   for (size_t i = 0; i < layers->size(); ++i) {
     TransformerEncoderLayer& l = layer(i);
-    // Without masks, the single-tensor call: it honours the layer's checkpointing.
     x = plain ? l(x) : l(x, mask, src_key_padding_mask, is_causal);
   }
   if (norm) x = (*norm)(x);

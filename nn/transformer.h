@@ -79,6 +79,12 @@ Tensor canonical_mask(const Tensor& mask, DType dtype, const char* what);
 Tensor generate_square_subsequent_mask(int64_t sz, DType dtype = DType::float32,
                                        Device device = Device::cpu());
 
+// PyTorch's _detect_is_causal_mask: is_causal when given; else, with a mask, whether it equals
+// generate_square_subsequent_mask(size) (a bool mask: True above the diagonal). It reads the
+// mask's values (a host copy for a device mask); on the meta device, where there are none,
+// a mask is not detected as causal.
+bool detect_is_causal_mask(const Tensor& mask, std::optional<bool> is_causal, int64_t size);
+
 // torch.nn.TransformerEncoderLayer: self-attention and a feed-forward block (linear1 ->
 // activation -> dropout -> linear2), each with a residual connection and a LayerNorm,
 // after them (post-norm) or before them (norm_first). activation "relu" | "gelu".
@@ -91,10 +97,20 @@ class TransformerEncoderLayer : public Module {
   // src [S, N, E] ([N, S, E] with batch_first); the masks as MultiheadAttention's.
   Tensor forward(const Tensor& src, const Tensor& src_mask, const Tensor& src_key_padding_mask = {},
                  bool is_causal = false);
+  // Under this module's scope, and under nn::checkpoint with the masks while set_checkpoint
+  // is on (as the single-tensor call).
   Tensor operator()(const Tensor& src, const Tensor& src_mask,
                     const Tensor& src_key_padding_mask = {}, bool is_causal = false,
                     const std::source_location& site = std::source_location::current()) {
-    return call([&] { return forward(src, src_mask, src_key_padding_mask, is_causal); }, site);
+    return call(
+        [&] {
+          return checkpointed_call(
+              [this, is_causal](const TensorList& in) {
+                return forward(in[0], in[1], in[2], is_causal);
+              },
+              {src, src_mask, src_key_padding_mask});
+        },
+        site);
   }
   using Module::operator();
   Tensor forward(const Tensor& src) override { return forward(src, {}, {}, false); }
@@ -120,15 +136,16 @@ class TransformerEncoder : public Module {
  public:
   TransformerEncoder(const TransformerEncoderLayer& encoder_layer, int64_t num_layers,
                      std::shared_ptr<Module> norm = nullptr);
+  // is_causal unset: detect_is_causal_mask(mask) decides, as in PyTorch.
   Tensor forward(const Tensor& src, const Tensor& mask, const Tensor& src_key_padding_mask = {},
-                 bool is_causal = false);
+                 std::optional<bool> is_causal = std::nullopt);
   Tensor operator()(const Tensor& src, const Tensor& mask, const Tensor& src_key_padding_mask = {},
-                    bool is_causal = false,
+                    std::optional<bool> is_causal = std::nullopt,
                     const std::source_location& site = std::source_location::current()) {
     return call([&] { return forward(src, mask, src_key_padding_mask, is_causal); }, site);
   }
   using Module::operator();
-  Tensor forward(const Tensor& src) override { return forward(src, {}, {}, false); }
+  Tensor forward(const Tensor& src) override { return forward(src, {}, {}, std::nullopt); }
   TransformerEncoderLayer& layer(size_t i) const;
 
   int64_t num_layers;

@@ -106,7 +106,7 @@ void bind_attention(py::module_& m, py::module_& nn_mod) {
   const auto enc_call = [](nn::TransformerEncoder& e, T src, OT mask, OT kpm,
                            std::optional<bool> is_causal) {
     const ForwardPhase phase;
-    return e(src, opt(mask), opt(kpm), is_causal.value_or(false));
+    return e(src, opt(mask), opt(kpm), is_causal);
   };
   enc.def(py::init([](const nn::TransformerEncoderLayer& encoder_layer, int64_t num_layers,
                       std::shared_ptr<Module> norm, bool, bool) {

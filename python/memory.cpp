@@ -9,6 +9,7 @@
 #include "memory/context.h"
 #include "memory/estimate.h"
 #include "memory/meta.h"
+#include "nn/parameter_split.h"
 
 namespace tally::python {
 
@@ -174,8 +175,13 @@ void bind_memory(py::module_& m, py::module_& mem) {
       py::arg("category"), "The category's colour on Tally's pages (CSS #rrggbb)");
   mem.def(
       "memory_summary",
-      [dev](py::object d, bool abbreviated) { return memory::memory_summary(dev(d), abbreviated); },
-      device_arg, py::arg("abbreviated") = false);
+      [dev](py::object d, bool abbreviated, py::object model) {
+        if (model.is_none()) return memory::memory_summary(dev(d), abbreviated);
+        return nn::memory_summary(model.cast<const nn::Module&>(), dev(d), abbreviated);
+      },
+      device_arg, py::arg("abbreviated") = false, py::arg("model") = py::none(),
+      "PyTorch's table and Tally's categories; with model=, the parameter row split into its "
+      "trainable and frozen parameters");
   mem.def(
       "record_memory_history",
       [dev](py::object enabled, size_t max_entries, py::object d) {

@@ -150,19 +150,20 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   if (T > max_t)
     throw std::invalid_argument(fmt::format(
         "LlamaAttention: sequence length {} exceeds max_position_embeddings {}", T, max_t));
-  // Heads stay in dim 2 ([B, T, H, D]) through the rotation and repeat_kv; one transpose to
-  // [B, H, T, D] views them for the attention, as GPT's heads are.
+  // Heads stay in dim 2 ([B, T, H, D]) through the rotation; one transpose to [B, H, T, D]
+  // views them for the attention, as GPT's heads are. The kv heads serve their query heads
+  // through SDPA's enable_gqa (PyTorch's; the repeat is SDPA's, as HF's sdpa path does).
   const Tensor q = (*q_proj)(x).view({B, T, num_heads, D});
   const Tensor k = (*k_proj)(x).view({B, T, num_key_value_heads, D});
   const Tensor v = (*v_proj)(x).view({B, T, num_key_value_heads, D});
   // The tables in the projections' dtype (HF casts them to the query's), [T, 1, D].
   const Tensor cos = rotary->cos_cached.narrow(0, 0, T).to(q.dtype()).unsqueeze(1);
   const Tensor sin = rotary->sin_cached.narrow(0, 0, T).to(q.dtype()).unsqueeze(1);
-  const int64_t rep = num_heads / num_key_value_heads;
   const Tensor qh = apply_rotary_pos_emb(q, cos, sin).transpose(1, 2);
-  const Tensor kh = repeat_kv(apply_rotary_pos_emb(k, cos, sin), rep).transpose(1, 2);
-  const Tensor vh = repeat_kv(v, rep).transpose(1, 2);
-  Tensor y = scaled_dot_product_attention(qh, kh, vh, Tensor(), 0.0, true);
+  const Tensor kh = apply_rotary_pos_emb(k, cos, sin).transpose(1, 2);
+  const Tensor vh = v.transpose(1, 2);
+  Tensor y = scaled_dot_product_attention(qh, kh, vh, Tensor(), 0.0, true, std::nullopt,
+                                          /*enable_gqa=*/num_heads != num_key_value_heads);
   y = y.transpose(1, 2).contiguous().view({B, T, num_heads * D});
   return (*o_proj)(y);
 }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ab/ab.h"
+#include "ab/staged_dir.h"
 #include "autograd/ops.h"
 #include "nn/layers.h"
 #include "nn/norm.h"
@@ -169,6 +170,35 @@ nlohmann::json results_json(const std::string& out) {
   return nlohmann::json::parse(f);
 }
 
+// A killed run (SIGKILL skips the destructor) leaves its "<out>.tmpXXXXXX" staging folder: the
+// next run for the same --out removes it (issue 54), and leaves a live run's folder and other
+// targets' alone.
+TEST(StagedOutputDir, NextRunRemovesStaleStagingFoldersOfItsTarget) {
+  std::string root_name = (fs::temp_directory_path() / "tally_staged_XXXXXX").string();
+  ASSERT_NE(::mkdtemp(root_name.data()), nullptr);
+  const fs::path root(root_name), out = root / "report";
+  fs::create_directories(out);
+  const auto keep = [](const std::string&) { return true; };
+  fs::create_directories(root / "report.tmpAbC123" / "sub");
+  std::ofstream(root / "report.tmpAbC123" / "sub" / "old.pickle") << "stale";
+  for (const char* other : {"reportx.tmpAbC123", "report.tmpAbC12", "report.oldAbC123"})
+    fs::create_directories(root / other);
+  {
+    ab::StagedOutputDir live(out.string(), keep);  // holds its lock, as a running ab_memory does
+    ASSERT_NE(live.path(), out.string());
+    ASSERT_TRUE(fs::is_directory(live.path()));
+    EXPECT_FALSE(fs::exists(root / "report.tmpAbC123"));  // a dead run's folder
+    {
+      ab::StagedOutputDir next(out.string(), keep);
+      EXPECT_TRUE(fs::is_directory(live.path()));  // a live run's folder stays
+      EXPECT_NE(next.path(), live.path());
+    }
+  }
+  for (const char* other : {"reportx.tmpAbC123", "report.tmpAbC12", "report.oldAbC123"})
+    EXPECT_TRUE(fs::is_directory(root / other)) << other;
+  fs::remove_all(root);
+}
+
 TEST(AbRun, ModuleInstanceWithItsLossAndGradientAccumulation) {
   manual_seed(0);
   auto model = std::make_shared<SmallCNN>();
@@ -216,7 +246,11 @@ TEST(AbRun, ModuleInstanceWithItsLossAndGradientAccumulation) {
 TEST(AbRun, FactoryWithEvalAndPrecisions) {
   int evals = 0;
   ab::Options o = quiet_options("lm", 1);
-  o.factory = [](Device) { return std::make_shared<TinyTransformer>(); };
+  o.factory = [](Device) {  // a frozen embedding: the report splits the parameters
+    auto m = std::make_shared<TinyTransformer>();
+    m->tok->weight.requires_grad_(false);
+    return m;
+  };
   o.loss = [](nn::Module& m, const data::Example& b) {
     const Tensor logits = m(b.input);
     return cross_entropy(logits.reshape({-1, TinyTransformer::kVocab}), b.target.reshape({-1}));
@@ -244,9 +278,19 @@ TEST(AbRun, FactoryWithEvalAndPrecisions) {
     EXPECT_TRUE(eval_phase) << c.name;
     EXPECT_TRUE(std::isfinite(c.final_loss));
   }
+  // The frozen embedding (32 x 16) beside the trainable rest, in the table, JSON and page.
+  const int64_t frozen = TinyTransformer::kVocab * TinyTransformer::kDim;
+  for (const ab::ConfigResult& c : r.configs) {
+    EXPECT_EQ(c.parameters.frozen, frozen) << c.name;
+    EXPECT_GE(c.parameters.frozen_bytes, 4 * frozen) << c.name;
+    EXPECT_GT(c.parameters.trainable, 0) << c.name;
+  }
+  EXPECT_NE(r.table.find("frozen param MiB"), std::string::npos) << r.table;
+  EXPECT_EQ(results_json(o.out)[0]["parameters"]["frozen"], frozen);
   std::ifstream f(r.report);
   const std::string html((std::istreambuf_iterator<char>(f)), {});
   EXPECT_NE(html.find("TinyTransformer"), std::string::npos);
+  EXPECT_NE(html.find("frozen parameters"), std::string::npos);
   fs::remove_all(o.out);
 }
 

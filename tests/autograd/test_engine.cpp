@@ -72,6 +72,30 @@ TEST(Autograd, SavedTensorsAreTaggedActivationAndReleased) {
   EXPECT_EQ(w.grad().storage().category(), memory::Category::gradient);
 }
 
+// A leaf's gradient is `gradient` from the moment its producer returns it, though its
+// AccumulateGrad runs last (issue 54: a peak inside backward showed gradient 0); a gradient
+// that autograd::grad returns to its caller stays `temporary`.
+TEST(Autograd, LeafGradientIsTaggedGradientDuringBackward) {
+  auto& alloc = memory::get_allocator(Device::cpu());
+  auto cat = [&](memory::Category c) { return alloc.stats().cat_bytes(c).current; };
+  const Tensor p = rand_input({64}, -1, 1, 6), w = rand_input({64}, -1, 1, 7);
+  const Tensor q = p * 3.0;  // its node runs after the one that computes w's gradient
+  int64_t during = -1;
+  q.register_hook([&](const Tensor& g) {
+    during = cat(memory::Category::gradient);
+    return g;
+  });
+  const int64_t grad0 = cat(memory::Category::gradient);
+  (q * w).sum().backward();
+  EXPECT_GE(during - grad0, 64 * 8);  // w's gradient, not yet in w.grad()
+  EXPECT_EQ(w.grad().storage().category(), memory::Category::gradient);
+  EXPECT_EQ(p.grad().storage().category(), memory::Category::gradient);
+  EXPECT_TRUE(values_near(w.grad(), q.detach().tolist(), 1e-12));
+
+  const TensorList g = autograd::grad({(q.detach() * w).sum()}, {w});
+  EXPECT_EQ(g[0].storage().category(), memory::Category::temporary);
+}
+
 // A backward that hands one gradient to two leaves (add's, add_relu's) gives each its own
 // .grad: were the two one buffer, a second backward would accumulate into both twice.
 TEST(Autograd, OneGradientForTwoLeavesIsTwoGrads) {

@@ -7,6 +7,7 @@
 #include "nn/layers.h"
 #include "nn/lora.h"
 #include "nn/models/gpt.h"
+#include "nn/parameter_split.h"
 #include "optim/sgd.h"
 
 namespace tally::nn {
@@ -56,6 +57,19 @@ TEST(Lora, AdaptersTrainAloneAndStartAtTheBaseOutput) {
   EXPECT_NE(lora::trainable_summary(*t.model).find("trainable params: 4,608 || all params: "),
             std::string::npos)
       << lora::trainable_summary(*t.model);
+  // memory_summary with the model: the `parameter` row, then its trainable and frozen rows.
+  const memory::ParameterSplit split = parameter_split(*t.model);
+  EXPECT_EQ(split.trainable, 4608);
+  EXPECT_GT(split.frozen, 0);
+  EXPECT_GE(split.trainable_bytes, 4 * 4608);
+  EXPECT_GE(split.frozen_bytes, 4 * split.frozen);
+  const std::string summary = memory_summary(*t.model, Device::cpu());
+  const size_t row = summary.find("| parameter ");
+  ASSERT_NE(row, std::string::npos) << summary;
+  const size_t next = summary.find('\n', row) + 1;
+  EXPECT_EQ(summary.compare(next, 19, "|   trainable 4608 "), 0) << summary;
+  EXPECT_EQ(summary.compare(summary.find('\n', next) + 1, 11, "|   frozen "), 0) << summary;
+  EXPECT_EQ(summary.find('\n', next) - next, summary.find('\n', row) - row);  // one width
 
   auto [logits, loss] = (*t.model)(t.idx, t.targets);
   EXPECT_EQ(ops::to_vector(logits), ops::to_vector(before));

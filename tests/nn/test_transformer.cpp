@@ -231,6 +231,62 @@ TEST_P(Transformer, EncoderDeepCopiesTheLayer) {
   EXPECT_TRUE(values_near(enc(x, mask, kpm), host(want), 1e-12));
 }
 
+// A checkpointed layer called with masks runs under nn::checkpoint (issue 50: the masked call
+// ignored set_checkpoint): the forward keeps only its inputs, backward recomputes, and the
+// gradients equal the plain layer's.
+TEST_P(Transformer, CheckpointedEncoderLayerWithMasks) {
+  manual_seed(6);
+  auto plain = prepared(std::make_shared<nn::TransformerEncoderLayer>(4, 2, 8, 0.0));
+  std::shared_ptr<nn::TransformerEncoderLayer> ckpt = plain->clone();
+  ckpt->set_checkpoint(true);
+  const Tensor mask = nn::generate_square_subsequent_mask(3, DType::float64, dev());
+  const Tensor kpm =
+      from_vector({0, 0, 1, 0, 0, 0}, {2, 3}, on(TensorOptions{}.with_dtype(DType::bool_)));
+  std::vector<std::vector<double>> grads[2];
+  for (const bool on_ckpt : {false, true}) {
+    nn::TransformerEncoderLayer& l = on_ckpt ? *ckpt : *plain;
+    const Tensor x = put(rand_input({3, 2, 4}, -1, 1, 13));
+    nn::reset_checkpoint_stats();
+    const Tensor y = l(x, mask, kpm);
+    EXPECT_EQ(nn::checkpoint_stats().segments, on_ckpt ? 1 : 0);
+    mul(y, y).sum().backward();
+    EXPECT_EQ(nn::checkpoint_stats().recomputations, on_ckpt ? 1 : 0);
+    grads[on_ckpt].push_back(host(x.grad()));
+    for (const auto& [n, p] : l.named_parameters()) grads[on_ckpt].push_back(host(p.grad()));
+  }
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_EQ(grads[0][i], grads[1][i]) << i;
+}
+
+// TransformerEncoder's is_causal, unset, is PyTorch's _detect_is_causal_mask: a float mask
+// equal to generate_square_subsequent_mask, or a bool mask True above the diagonal.
+TEST_P(Transformer, EncoderDetectsTheCausalMask) {
+  const Tensor causal = nn::generate_square_subsequent_mask(3, DType::float64, dev());
+  const auto bools = [&](std::vector<double> v) {
+    return from_vector(v, {3, 3}, on(TensorOptions{}.with_dtype(DType::bool_)));
+  };
+  const Tensor causal_bool = bools({0, 1, 1, 0, 0, 1, 0, 0, 0});
+  EXPECT_TRUE(nn::detect_is_causal_mask(causal, std::nullopt, 3));
+  EXPECT_TRUE(nn::detect_is_causal_mask(causal_bool, std::nullopt, 3));
+  EXPECT_TRUE(nn::detect_is_causal_mask(causal.t().t(), std::nullopt, 3));
+  EXPECT_FALSE(nn::detect_is_causal_mask(causal.t(), std::nullopt, 3));  // lower triangle
+  EXPECT_FALSE(nn::detect_is_causal_mask(bools({0, 1, 0, 0, 0, 1, 0, 0, 0}), std::nullopt, 3));
+  EXPECT_FALSE(nn::detect_is_causal_mask(causal, false, 3));  // an explicit hint wins
+  EXPECT_TRUE(nn::detect_is_causal_mask({}, true, 3));
+  EXPECT_FALSE(nn::detect_is_causal_mask({}, std::nullopt, 3));
+  EXPECT_FALSE(nn::detect_is_causal_mask(causal, std::nullopt, 4));  // not the sequence's size
+  EXPECT_FALSE(nn::detect_is_causal_mask(
+      nn::generate_square_subsequent_mask(3, DType::float32, Device::meta()), std::nullopt, 3));
+  // Detected, the causal kernel runs: the output is the masked one's.
+  manual_seed(7);
+  nn::TransformerEncoder enc(nn::TransformerEncoderLayer(4, 2, 8, 0.0), 2);
+  enc.to(dev(), DType::float64);
+  const Tensor x = put(rand_input({3, 2, 4}, -1, 1, 14));
+  Tensor want = x;
+  for (size_t i = 0; i < 2; ++i) want = enc.layer(i)(want, causal, {}, false);
+  EXPECT_TRUE(values_near(enc(x, causal_bool), host(want), 1e-12));
+}
+
 TEST_P(Transformer, ErrorsNameTheShapes) {
   nn::MultiheadAttention m(8, 2);
   m.to(dev());

@@ -31,6 +31,19 @@ def test_memory_stats_count_parameters():
                                               "activation", "input", "temporary", "workspace"}
 
 
+def test_memory_summary_splits_a_models_parameters():
+    # A frozen base beside a trainable head (as LoRA's): the parameter row, then its split.
+    model = nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 4))
+    model[0].weight.requires_grad_(False)
+    model[0].bias.requires_grad_(False)
+    lines = tally.memory.memory_summary("cpu", model=model).splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("| parameter "))
+    assert lines[row + 1].startswith("|   trainable 260 "), lines[row + 1]
+    assert lines[row + 2].startswith("|   frozen 2112 "), lines[row + 2]
+    assert len(lines[row + 1]) == len(lines[row])
+    assert "trainable" not in tally.memory.memory_summary("cpu")
+
+
 def test_training_step_fills_the_categories():
     tally.memory.reset_peak_memory_stats("cpu")
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
