@@ -215,12 +215,8 @@ struct Setup {
 
 // `t` now holds `values` (param.data = values); its gradient is dropped.
 void assign(const Tensor& t, const Tensor& values) {
-  TensorImpl* impl = t.unsafe_impl();
-  impl->storage = values.storage();
-  impl->sizes = values.sizes();
-  impl->strides = values.strides();
-  impl->offset = values.storage_offset();
-  impl->dtype = values.dtype();
+  nn::set_data(t, values);
+  if (t.grad().defined()) t.set_grad(Tensor());
 }
 
 // The library planner's choice for a checkpoint "auto" row (Options::memory_budget) on
@@ -417,7 +413,6 @@ Results run(const Options& o) {
       memory::CategoryScope cat(memory::Category::parameter);
       for (const auto& [t, values] : setup.module_state) {
         assign(t, ops::to(values, on, values.dtype(), /*copy=*/true));
-        if (t.grad().defined()) t.set_grad(Tensor());
       }
       return o.module;
     }
@@ -478,7 +473,6 @@ Results run(const Options& o) {
         if (!on) return;
         for (const auto& [t, values] : setup.module_state) {
           assign(t, values);
-          if (t.grad().defined()) t.set_grad(Tensor());
         }
       }
     } release{setup, o.module != nullptr};

@@ -22,7 +22,6 @@
 #include "nn/data/text.h"
 #include "nn/models/gpt.h"
 #include "optim/adam.h"
-#include "optim/lr_scheduler.h"
 #include "tensor/pinned.h"
 
 using namespace tally;
@@ -45,27 +44,13 @@ struct Args {
 
 void add_flags(CLI::App& app, Args& a) {
   ex::TrainFlags& t = a.t;
-  t.optimizer = "adamw";
-  t.lr = 1e-3;
-  t.weight_decay = 0.1;
-  t.clip = 1.0;
   app.add_option("--preset", a.preset, "tiny | small | gpt2 | gpt2-medium | gpt2-large | gpt2-xl")
       ->capture_default_str();
   app.add_option("--data", a.data, "a text file (byte-level tokens) or 'synthetic'")
       ->capture_default_str();
   app.add_option("--seq", a.seq, "sequence length (0: the preset's block size)")
       ->check(ex::int_range(0));
-  ex::add_checked_option(app, "--batch", a.batch, "batch size", ex::int_range(1));
-  ex::add_checked_option(app, "--steps", a.steps, "training steps", ex::int_range(1));
-  ex::add_checked_option(app, "--lr", t.lr, "peak learning rate (linear warm-up, cosine decay)",
-                         ex::positive_real());
-  ex::add_checked_option(app, "--weight-decay", t.weight_decay, "AdamW weight decay",
-                         ex::non_negative_real());
-  ex::add_checked_option(app, "--clip", t.clip, "gradient clipping norm (0: off)",
-                         ex::non_negative_real());
-  app.add_option("--device", t.device, "cpu | cuda")->capture_default_str();
-  ex::add_output_flags(
-      app, t, "write one JSON record per logged step (and the validation) to FILE.jsonl", "seed");
+  ex::add_token_model_flags(app, t, a.batch, a.steps, "AdamW weight decay");
   app.add_option("--optimizer", t.optimizer,
                  "adamw | adamw8bit (block-wise 8-bit moments) | sgd (momentum 0.9) | adamw:cpu, "
                  "adamw8bit:cpu (master weights and moments in pinned host memory, updated on "
@@ -75,12 +60,10 @@ void add_flags(CLI::App& app, Args& a) {
                "lm_head and cross-entropy fused and chunked over rows: the [B*T, vocab] logits "
                "never exist whole (with --checkpoint auto the planner also picks its chunk "
                "size from --memory-budget)");
-  app.add_flag("--step-in-backward", t.step_in_backward,
-               "update each parameter as soon as its gradient is ready and free the gradient "
-               "(needs --clip 0, the default with it; not with --amp fp16)");
-  app.add_flag("--cuda-graphs", t.cuda_graphs,
-               "capture the training step into a CUDA graph at step 2 and replay it (--device "
-               "cuda; not with --offload, --step-in-backward, adamw8bit, :cpu optimizers)");
+  ex::add_token_step_flags(app, t,
+                           "capture the training step into a CUDA graph at step 2 and replay it "
+                           "(--device cuda; not with --offload, --step-in-backward, adamw8bit, "
+                           ":cpu optimizers)");
   app.add_option("--sample", a.sample, "print a sample of this many bytes at the end (text data)")
       ->check(ex::int_range(0, 1 << 20));
   ex::add_checked_option(app, "--eval-batches", a.eval_batches, "validation batches",
@@ -91,18 +74,9 @@ void add_flags(CLI::App& app, Args& a) {
       ->check(ex::int_range(0, 1 << 24));
 }
 
-// --optimizer over `m`'s parameters (capturable for --cuda-graphs).
-std::unique_ptr<optim::Optimizer> make_optimizer(const ex::TrainFlags& t, nn::Module& m) {
-  return ex::make_optimizer(
-      t.optimizer, m.parameters(),
-      {.lr = t.lr,
-       .beta1 = 0.9,
-       .beta2 = 0.95,
-       .eps = 1e-8,
-       .weight_decay = t.weight_decay,
-       .capturable = t.cuda_graphs},
-      {.lr = t.lr, .momentum = 0.9, .weight_decay = t.weight_decay, .capturable = t.cuda_graphs});
-}
+// The --optimizer choices.
+const std::vector<std::string> kOptimizers = {"adamw", "adamw8bit", "sgd", "adamw:cpu",
+                                              "adamw8bit:cpu"};
 
 // The model's configuration, the sequence length and the text (none for synthetic tokens),
 // every flag about them checked.
@@ -263,10 +237,7 @@ int main(int argc, char** argv) {
   ex::TrainFlags& t = a.t;
   CLI::App app{"Train a GPT with Tally and see where its memory goes."};
   add_flags(app, a);
-  return ex::run_cli("train_gpt", app, argc, argv, [&] {
-    // ---- everything is checked before the first step ----
-    ex::Trainer tr("train_gpt", t);
-    tr.check_flags(app, {"adamw", "adamw8bit", "sgd", "adamw:cpu", "adamw8bit:cpu"});
+  return ex::run_trainer("train_gpt", app, t, argc, argv, kOptimizers, [&](ex::Trainer& tr) {
     tr.start();
     const Device dev = tr.device();
     Text text = load_text(a);
@@ -286,7 +257,7 @@ int main(int argc, char** argv) {
       auto m = build(shape.plan.classifier_chunk_bytes, shape.plan.fused_classifier);
       m->to(d);
       tr.dry_train(
-          d, shape.plan, *m, [&](nn::Module& mm) { return make_optimizer(t, mm); },
+          d, shape.plan, *m, [&](nn::Module& mm) { return ex::make_token_model_optimizer(t, mm); },
           [&] {
             return std::vector<Tensor>{
                 ops::randint(0, cfg.vocab_size, {shape.batch, T}, DType::int64, d),
@@ -318,16 +289,15 @@ int main(int argc, char** argv) {
         return std::make_shared<nn::GPT>(cfg);
       }();
       model->to(dev);
-      nn::enable_checkpointing(*model, tr.checkpoint);
-      const auto offloader = nn::offload_activations(*model, tr.offload);
-      const std::unique_ptr<optim::Optimizer> opt = make_optimizer(t, *model);
-      // Warm-up: 10% of the steps, at least 1 and fewer than all (none for a 1-step run).
-      const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, a.steps / 10), a.steps - 1);
-      optim::WarmupCosineLR sched(*opt, warmup, a.steps, t.lr * 0.1);
-      tr.begin(*opt, a.steps);
+      // Warm-up: 10% of the steps; down to lr / 10.
+      const ex::Trainer::Training run = tr.prepare(
+          *model, [&](nn::Module& mm) { return ex::make_token_model_optimizer(t, mm); }, a.steps,
+          10, 0.1);
+      optim::Optimizer* opt = run.opt.get();
       Batches batches(a, text, dev);
       fmt::print(
-          "Tally train_gpt: preset {} ({:.2f} M parameters), data {}{}, device {}, batch {} x {} "
+          "Tally train_gpt: preset {} ({:.2f} M parameters), data {}{}, device {}, batch {} x "
+          "{} "
           "tokens, {} steps, {} lr {}, {}\n",
           a.preset, model->num_parameters() / 1e6, text.synthetic ? "synthetic" : a.data,
           text.synthetic ? "" : fmt::format(" ({} tokens)", text.corpus->num_tokens()), dev.str(),
@@ -341,7 +311,7 @@ int main(int argc, char** argv) {
       for (int64_t step = 1; step <= steps; ++step) {
         const data::Example batch = batches.next(data::Split::train);
         const Tensor loss = tr.step({batch.input, batch.target}, forward_of(*model))[0];
-        sched.step();
+        run.sched->step();
         if (!tr.end_step(step, loss)) continue;
         const ex::Trainer::Window w = tr.read_window();
         last_loss = w.loss;
@@ -366,7 +336,7 @@ int main(int argc, char** argv) {
       fmt::print("val loss {:.4f} (chance: ln {} = {:.4f}), train loss {:.4f} -> {:.4f}, {}\n", val,
                  cfg.vocab_size, std::log(static_cast<double>(cfg.vocab_size)), first_loss,
                  last_loss, tr.peaks());
-      return tr.finish(offloader, a.steps, [&] {
+      return tr.finish(run.offloader, a.steps, [&] {
         if (a.sample == 0 || text.synthetic) return;
         Generator sgen(t.seed + 99);
         fmt::print("--- sample ---\n{}\n--------------\n",

@@ -19,7 +19,6 @@
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "nn/models/registry.h"
-#include "optim/lr_scheduler.h"
 #include "tensor/pinned.h"
 
 using namespace tally;
@@ -38,10 +37,6 @@ struct Args {
 
 void add_flags(CLI::App& app, Args& a) {
   ex::TrainFlags& t = a.t;
-  t.optimizer = "adamw";
-  t.lr = 1e-3;
-  t.weight_decay = 0.1;
-  t.clip = 1.0;
   app.add_option("--model", a.model, nn::model_names())->required();
   app.add_option("--preset", a.opts.preset,
                  "the model's preset (default: its first, the smallest)");
@@ -54,44 +49,23 @@ void add_flags(CLI::App& app, Args& a) {
   app.add_flag("--fused-classifier", a.opts.fused_classifier,
                "token models: the classifier and cross-entropy fused and chunked over rows (the "
                "[B*T, vocab] logits never exist whole)");
-  ex::add_checked_option(app, "--batch", a.batch, "batch size", ex::int_range(1));
-  ex::add_checked_option(app, "--steps", a.steps, "training steps", ex::int_range(1));
-  ex::add_checked_option(app, "--lr", t.lr, "peak learning rate (linear warm-up, cosine decay)",
-                         ex::positive_real());
-  ex::add_checked_option(app, "--weight-decay", t.weight_decay, "weight decay",
-                         ex::non_negative_real());
-  ex::add_checked_option(app, "--clip", t.clip, "gradient clipping norm (0: off)",
-                         ex::non_negative_real());
-  app.add_option("--device", t.device, "cpu | cuda")->capture_default_str();
-  ex::add_output_flags(
-      app, t, "write one JSON record per logged step (and the validation) to FILE.jsonl", "seed");
+  ex::add_token_model_flags(app, t, a.batch, a.steps, "weight decay");
   app.add_option("--optimizer", t.optimizer,
                  "adamw | adam | adamw8bit (block-wise 8-bit moments) | sgd (momentum 0.9) | "
                  "adamw:cpu | adamw8bit:cpu (state and master weights in pinned host memory)")
       ->capture_default_str();
-  app.add_flag("--step-in-backward", t.step_in_backward,
-               "update each parameter as soon as its gradient is ready and free the gradient "
-               "(needs --clip 0, the default with it; not with --amp fp16)");
-  app.add_flag("--cuda-graphs", t.cuda_graphs,
-               "capture the training step into a CUDA graph at step 2 and replay it (--device "
-               "cuda; not with --offload, --step-in-backward, adamw8bit)");
+  ex::add_token_step_flags(app, t,
+                           "capture the training step into a CUDA graph at step 2 and replay it "
+                           "(--device cuda; not with --offload, --step-in-backward, adamw8bit)");
   ex::add_checked_option(app, "--eval-batches", a.eval_batches, "validation batches",
                          ex::int_range(1));
   ex::add_checked_option(app, "--log-every", t.log_every, "progress update interval in steps",
                          ex::int_range(1));
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const ex::TrainFlags& t, nn::Module& m) {
-  return ex::make_optimizer(
-      t.optimizer, m.parameters(),
-      {.lr = t.lr,
-       .beta1 = 0.9,
-       .beta2 = 0.95,
-       .eps = 1e-8,
-       .weight_decay = t.weight_decay,
-       .capturable = t.cuda_graphs},
-      {.lr = t.lr, .momentum = 0.9, .weight_decay = t.weight_decay, .capturable = t.cuda_graphs});
-}
+// The --optimizer choices.
+const std::vector<std::string> kOptimizers = {"adamw", "adam",      "adamw8bit",
+                                              "sgd",   "adamw:cpu", "adamw8bit:cpu"};
 
 // The entry and its options, every model flag checked against the kind of model.
 const nn::ModelEntry& resolve(Args& a) {
@@ -154,10 +128,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Train any registry model (" + nn::model_names() +
                ") with Tally on synthetic batches and see where its memory goes."};
   add_flags(app, a);
-  return ex::run_cli("train_model", app, argc, argv, [&] {
-    // ---- everything is checked before the first step ----
-    ex::Trainer tr("train_model", t);
-    tr.check_flags(app, {"adamw", "adam", "adamw8bit", "sgd", "adamw:cpu", "adamw8bit:cpu"});
+  return ex::run_trainer("train_model", app, t, argc, argv, kOptimizers, [&](ex::Trainer& tr) {
     const nn::ModelEntry& entry = resolve(a);
     tr.start();
     const Device dev = tr.device();
@@ -174,7 +145,7 @@ int main(int argc, char** argv) {
     const ex::Trainer::DrySteps dry_steps = [&](Device d, const ex::RunShape& shape) {
       auto m = build_on(d);  // as the real run builds it: on the device
       tr.dry_train(
-          d, shape.plan, *m, [&](nn::Module& mm) { return make_optimizer(t, mm); },
+          d, shape.plan, *m, [&](nn::Module& mm) { return ex::make_token_model_optimizer(t, mm); },
           [&] {
             memory::CategoryScope input(memory::Category::input);
             std::vector<Tensor> in;
@@ -201,20 +172,19 @@ int main(int argc, char** argv) {
     return tr.run({{tr.checkpoint, tr.amp, tr.offload}, a.batch}, dry_steps, [&] {
       // Built and initialised on the device itself: no host copy of a large model.
       std::shared_ptr<nn::Module> model = build_on(dev);
-      nn::enable_checkpointing(*model, tr.checkpoint);
-      const auto offloader = nn::offload_activations(*model, tr.offload);
-      const std::unique_ptr<optim::Optimizer> opt = make_optimizer(t, *model);
-      // Warm-up: 10% of the steps, at least 1 and fewer than all (none for a 1-step run).
-      const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, a.steps / 10), a.steps - 1);
-      optim::WarmupCosineLR sched(*opt, warmup, a.steps, t.lr * 0.1);
-      tr.begin(*opt, a.steps);
+      // Warm-up: 10% of the steps; down to lr / 10.
+      const ex::Trainer::Training run = tr.prepare(
+          *model, [&](nn::Module& mm) { return ex::make_token_model_optimizer(t, mm); }, a.steps,
+          10, 0.1);
+      optim::Optimizer* opt = run.opt.get();
       const bool tokens = entry.input == nn::ModelEntry::Input::tokens;
       const std::string shape_text = tokens
                                          ? fmt::format("{} x {} tokens", a.batch, a.opts.seq)
                                          : fmt::format("{} x {}x{}x{}", a.batch, a.opts.in_channels,
                                                        a.opts.image_size, a.opts.image_size);
       fmt::print(
-          "Tally train_model: {} {} ({:.2f} M parameters), synthetic data, device {}, batch {}, "
+          "Tally train_model: {} {} ({:.2f} M parameters), synthetic data, device {}, batch "
+          "{}, "
           "{} steps, {} lr {}, {}\n",
           entry.name, a.opts.preset, model->num_parameters() / 1e6, dev.str(), shape_text, a.steps,
           t.optimizer + (t.step_in_backward ? " (step-in-backward)" : ""), t.lr, tr.describe());
@@ -225,7 +195,7 @@ int main(int argc, char** argv) {
       for (int64_t step = 1; step <= steps; ++step) {
         const Tensor loss =
             tr.step(batch_on(entry, a, step - 1, t.seed, dev), forward_of(entry, *model))[0];
-        sched.step();
+        run.sched->step();
         if (!tr.end_step(step, loss)) continue;
         const ex::Trainer::Window w = tr.read_window();
         last_loss = w.loss;
@@ -254,7 +224,7 @@ int main(int argc, char** argv) {
       tr.write_metrics({{"step", a.steps}, {"val_loss", val}});
       fmt::print("val loss {:.4f}, train loss {:.4f} -> {:.4f}, {}\n", val, first_loss, last_loss,
                  tr.peaks());
-      return tr.finish(offloader, a.steps);
+      return tr.finish(run.offloader, a.steps);
     });
   });
 }

@@ -23,7 +23,6 @@
 #include "nn/data/synthetic.h"
 #include "nn/models/resnet.h"
 #include "optim/adam.h"
-#include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
 
 using namespace tally;
@@ -92,6 +91,10 @@ void add_flags(CLI::App& app, Args& a) {
   ex::add_checked_option(app, "--log-every", t.log_every, "progress update interval in steps",
                          ex::int_range(1));
 }
+
+// The --optimizer choices.
+const std::vector<std::string> kOptimizers = {"sgd",       "adam",      "adamw",
+                                              "adamw8bit", "adamw:cpu", "adamw8bit:cpu"};
 
 // --optimizer over the model's parameters.
 std::unique_ptr<optim::Optimizer> make_optimizer(const Args& a, nn::Module& model) {
@@ -244,10 +247,7 @@ int main(int argc, char** argv) {
   ex::TrainFlags& t = a.t;
   CLI::App app{"Train a ResNet with Tally and see where its memory goes."};
   add_flags(app, a);
-  return ex::run_cli("train_resnet", app, argc, argv, [&] {
-    // ---- everything is checked before the first step ----
-    ex::Trainer tr("train_resnet", t);
-    tr.check_flags(app, {"sgd", "adam", "adamw", "adamw8bit", "adamw:cpu", "adamw8bit:cpu"});
+  return ex::run_trainer("train_resnet", app, t, argc, argv, kOptimizers, [&](ex::Trainer& tr) {
     if (tr.dry())
       a.steps = ex::kEstimateSteps;  // the dry run's (the synthetic set is sized by them)
     if (a.arch != "tiny" && a.arch != "resnet18" && a.arch != "resnet34" && a.arch != "resnet50")
@@ -265,9 +265,9 @@ int main(int argc, char** argv) {
                                       : base::checked_mul<int64_t>(d.loader->len(), a.epochs,
                                                                    "steps per epoch x --epochs");
 
-    // kEstimateSteps steps of a variation of this run (this run's optimizer, batches of its image
-    // shape) and its evaluation on a dry run's device, the model built without host memory: what
-    // the planner and the out-of-memory report predict.
+    // kEstimateSteps steps of a variation of this run (this run's optimizer, batches of its
+    // image shape) and its evaluation on a dry run's device, the model built without host
+    // memory: what the planner and the out-of-memory report predict.
     auto build = [&] {
       nn::BuildOnDevice on(Device::meta());
       return make_model(a, d.classes, d.channels);
@@ -295,13 +295,10 @@ int main(int argc, char** argv) {
       auto model = make_model(a, d.classes, d.channels);
       model->to(dev);
       if (a.channels_last) model->to(MemoryFormat::channels_last);
-      nn::enable_checkpointing(*model, tr.checkpoint);
-      const auto offloader = nn::offload_activations(*model, tr.offload);
-      const std::unique_ptr<optim::Optimizer> opt = make_optimizer(a, *model);
-      // Warm-up: 5% of the steps, at least 1 and fewer than all (none for a 1-step run).
-      const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, total / 20), total - 1);
-      optim::WarmupCosineLR sched(*opt, warmup, total, t.lr * 0.01);
-      tr.begin(*opt, total);
+      // Warm-up: 5% of the steps; down to lr / 100.
+      const ex::Trainer::Training run = tr.prepare(
+          *model, [&](nn::Module& mm) { return make_optimizer(a, mm); }, total, 20, 0.01);
+      optim::Optimizer* opt = run.opt.get();
       fmt::print(
           "Tally train_resnet: {} ({:.2f} M parameters) on {} ({} train / {} test), device {}, "
           "batch {}, {} steps, {} {}, {}\n",
@@ -321,7 +318,7 @@ int main(int argc, char** argv) {
           if (step >= total) break;
           const Tensor x = model_input(batch.input, d.image_size, a.channels_last);
           const std::vector<Tensor> out = tr.step({x, batch.target}, forward_of(*model));
-          sched.step();
+          run.sched->step();
           {
             NoGradGuard ng;
             correct =
@@ -360,7 +357,7 @@ int main(int argc, char** argv) {
       fmt::print("test accuracy {:.2f}% ({} / {}), {}\n", 100.0 * accuracy, right, count,
                  tr.peaks());
       tr.write_metrics({{"step", total}, {"test_accuracy", accuracy}});
-      return tr.finish(offloader, total);
+      return tr.finish(run.offloader, total);
     });
   });
 }

@@ -37,6 +37,42 @@ void add_output_flags(CLI::App& app, TrainFlags& f, const std::string& metrics_h
                  "out-of-memory and reports what would fit");
 }
 
+void add_token_model_flags(CLI::App& app, TrainFlags& f, int64_t& batch, int64_t& steps,
+                           const std::string& weight_decay_help) {
+  f.optimizer = "adamw";
+  f.lr = 1e-3;
+  f.weight_decay = 0.1;
+  f.clip = 1.0;
+  add_checked_option(app, "--batch", batch, "batch size", int_range(1));
+  add_checked_option(app, "--steps", steps, "training steps", int_range(1));
+  add_checked_option(app, "--lr", f.lr, "peak learning rate (linear warm-up, cosine decay)",
+                     positive_real());
+  add_checked_option(app, "--weight-decay", f.weight_decay, weight_decay_help, non_negative_real());
+  add_checked_option(app, "--clip", f.clip, "gradient clipping norm (0: off)", non_negative_real());
+  app.add_option("--device", f.device, "cpu | cuda")->capture_default_str();
+  add_output_flags(
+      app, f, "write one JSON record per logged step (and the validation) to FILE.jsonl", "seed");
+}
+
+void add_token_step_flags(CLI::App& app, TrainFlags& f, const std::string& cuda_graphs_help) {
+  app.add_flag("--step-in-backward", f.step_in_backward,
+               "update each parameter as soon as its gradient is ready and free the gradient "
+               "(needs --clip 0, the default with it; not with --amp fp16)");
+  app.add_flag("--cuda-graphs", f.cuda_graphs, cuda_graphs_help);
+}
+
+std::unique_ptr<optim::Optimizer> make_token_model_optimizer(const TrainFlags& f, nn::Module& m) {
+  return make_optimizer(
+      f.optimizer, m.parameters(),
+      {.lr = f.lr,
+       .beta1 = 0.9,
+       .beta2 = 0.95,
+       .eps = 1e-8,
+       .weight_decay = f.weight_decay,
+       .capturable = f.cuda_graphs},
+      {.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay, .capturable = f.cuda_graphs});
+}
+
 void Trainer::check_flags(const CLI::App& app, const std::vector<std::string>& optimizers) {
   // Before the device is parsed: what --cuda-graphs cannot do is the first thing said.
   check_cuda_graphs(f_.cuda_graphs, f_.device, f_.estimate, f_.amp, f_.offload, f_.step_in_backward,
@@ -74,6 +110,21 @@ void Trainer::check_flags(const CLI::App& app, const std::vector<std::string>& o
     auto_plan_.micro_batches = {f_.grad_accum};
     if (!given("--grad-accum") && !f_.step_in_backward) auto_plan_.micro_batches = {1, 2, 4};
   }
+}
+
+Trainer::Training Trainer::prepare(
+    nn::Module& model,
+    const std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>& make_opt, int64_t total,
+    int64_t warmup_div, double min_lr_factor) {
+  Training t;
+  nn::enable_checkpointing(model, checkpoint);
+  t.offloader = nn::offload_activations(model, offload);
+  t.opt = make_opt(model);
+  // None for a 1-step run.
+  const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, total / warmup_div), total - 1);
+  t.sched = std::make_unique<optim::WarmupCosineLR>(*t.opt, warmup, total, f_.lr * min_lr_factor);
+  begin(*t.opt, total);
+  return t;
 }
 
 void PhasePeaks::on_allocation_event(const memory::AllocationEvent& e) {

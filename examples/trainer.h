@@ -21,9 +21,11 @@
 #include <string>
 #include <vector>
 
+#include "examples/cli_common.h"
 #include "examples/metrics_log.h"
 #include "examples/train_common.h"
 #include "nn/checkpoint.h"
+#include "optim/lr_scheduler.h"
 
 namespace tally::examples {
 
@@ -56,6 +58,16 @@ struct TrainFlags {
 // --memory-limit, in this order (--help lists them so).
 void add_output_flags(CLI::App& app, TrainFlags& f, const std::string& metrics_help,
                       const std::string& seed_help);
+// The token models' programs (train_gpt, train_model): AdamW's defaults (lr 1e-3, weight decay
+// 0.1, clipping at 1), then --batch, --steps, --lr, --weight-decay, --clip, --device and the
+// output flags, in this order.
+void add_token_model_flags(CLI::App& app, TrainFlags& f, int64_t& batch, int64_t& steps,
+                           const std::string& weight_decay_help);
+// Their --step-in-backward, then --cuda-graphs (`cuda_graphs_help`).
+void add_token_step_flags(CLI::App& app, TrainFlags& f, const std::string& cuda_graphs_help);
+// Their --optimizer over `m`'s parameters: AdamW with betas (0.9, 0.95), SGD with momentum 0.9
+// (capturable for --cuda-graphs).
+std::unique_ptr<optim::Optimizer> make_token_model_optimizer(const TrainFlags& f, nn::Module& m);
 
 // One training step, the only one of the programs: zero_grad, forward(in) under autocast
 // (phase "forward"; it returns the loss first, then anything else the caller reads), backward,
@@ -186,6 +198,18 @@ class Trainer {
   // (a real run, `shape` and `dry_steps` vary it) or the dry run's report. Returns the status.
   int run(const RunShape& shape, const DrySteps& dry_steps, const std::function<int()>& body);
 
+  // The training of `model` (on the run's device) set up: the run's checkpointing and
+  // activation offload, then `make_opt`'s optimizer, a warm-up cosine schedule over `total`
+  // steps (warm-up: total / `warmup_div` steps, at least 1 and fewer than all; down to
+  // lr * `min_lr_factor`) and begin().
+  struct Training {
+    std::shared_ptr<ActivationOffloader> offloader;  // null when nothing is offloaded
+    std::unique_ptr<optim::Optimizer> opt;
+    std::unique_ptr<optim::WarmupCosineLR> sched;
+  };
+  Training prepare(nn::Module& model,
+                   const std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>& make_opt,
+                   int64_t total, int64_t warmup_div, double min_lr_factor);
   // "checkpoint none, amp fp32[, offload ...][, CUDA graphs]" for the program's first line.
   std::string describe() const;
   // The precision, the graphed step, the progress bar, --metrics and --detect-leaks of a
@@ -239,5 +263,19 @@ class Trainer {
   Tensor loss_acc_;
   int64_t window_ = 0;
 };
+
+// A training program's main: run_cli over `app` (its flags filling `flags`), with a Trainer of
+// `program` whose common flags are checked first (check_flags, `optimizers` its --optimizer
+// choices) for `body(trainer)`, which returns the exit status.
+template <class Body>
+int run_trainer(const std::string& program, CLI::App& app, TrainFlags& flags, int argc, char** argv,
+                const std::vector<std::string>& optimizers, Body&& body) {
+  return run_cli(program, app, argc, argv, [&] {
+    // ---- everything is checked before the first step ----
+    Trainer tr(program, flags);
+    tr.check_flags(app, optimizers);
+    return body(tr);
+  });
+}
 
 }  // namespace tally::examples

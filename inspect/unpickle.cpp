@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "base/checked.h"
+#include "base/enum_table.h"
 
 namespace tally::inspect {
 
@@ -55,57 +56,35 @@ void PickleDict::set(std::string key, PickleValue value) {
 }
 
 PickleValue PickleValue::boolean(bool v) {
-  PickleValue p;
-  p.type_ = Type::boolean;
-  p.v_ = v;
-  return p;
+  return {Type::boolean, v};
 }
 
 PickleValue PickleValue::integer(int64_t v) {
-  PickleValue p;
-  p.type_ = Type::integer;
-  p.v_ = v;
-  return p;
+  return {Type::integer, v};
 }
 
 PickleValue PickleValue::floating(double v) {
-  PickleValue p;
-  p.type_ = Type::floating;
-  p.v_ = v;
-  return p;
+  return {Type::floating, v};
 }
 
 PickleValue PickleValue::string(std::string s) {
-  PickleValue p;
-  p.type_ = Type::string;
-  p.v_ = std::make_shared<const std::string>(std::move(s));
-  return p;
+  return {Type::string, std::make_shared<const std::string>(std::move(s))};
 }
 
 PickleValue PickleValue::bytes(std::string s) {
-  PickleValue p = string(std::move(s));
-  p.type_ = Type::bytes;
-  return p;
+  return {Type::bytes, std::make_shared<const std::string>(std::move(s))};
 }
 
 PickleValue PickleValue::list(std::shared_ptr<PickleList> l) {
-  PickleValue p;
-  p.type_ = Type::list;
-  p.v_ = std::move(l);
-  return p;
+  return {Type::list, std::move(l)};
 }
 
 PickleValue PickleValue::tuple(std::shared_ptr<PickleList> t) {
-  PickleValue p = list(std::move(t));
-  p.type_ = Type::tuple;
-  return p;
+  return {Type::tuple, std::move(t)};
 }
 
 PickleValue PickleValue::dict(std::shared_ptr<PickleDict> d) {
-  PickleValue p;
-  p.type_ = Type::dict;
-  p.v_ = std::move(d);
-  return p;
+  return {Type::dict, std::move(d)};
 }
 
 namespace {
@@ -160,27 +139,9 @@ int PickleValue::height() const {
 }
 
 std::string_view PickleValue::type_name() const {
-  switch (type_) {
-    case Type::none:
-      return "None";
-    case Type::boolean:
-      return "bool";
-    case Type::integer:
-      return "int";
-    case Type::floating:
-      return "float";
-    case Type::string:
-      return "str";
-    case Type::bytes:
-      return "bytes";
-    case Type::list:
-      return "list";
-    case Type::tuple:
-      return "tuple";
-    case Type::dict:
-      return "dict";
-  }
-  return "?";
+  static constexpr std::string_view kNames[] = {"None",  "bool", "int",   "float", "str",
+                                                "bytes", "list", "tuple", "dict"};
+  return base::enum_table<Type::dict>(type_, kNames, std::string_view("?"));
 }
 
 std::string PickleValue::a_type_name() const {
@@ -465,7 +426,15 @@ class Unpickler {
     push(std::move(v));
   }
 
-  void text(uint64_t n, bool bytes) {
+  // SHORT_BINUNICODE, BINUNICODE, BINUNICODE8 and their BINBYTES twins: the length in 1, 4
+  // or 8 bytes, then the UTF-8 string or the bytes.
+  void text() {
+    const bool bytes =
+        code_ == op::SHORT_BINBYTES || code_ == op::BINBYTES || code_ == op::BINBYTES8;
+    const int width = code_ == op::SHORT_BINUNICODE || code_ == op::SHORT_BINBYTES ? 1
+                      : code_ == op::BINUNICODE8 || code_ == op::BINBYTES8         ? 8
+                                                                                   : 4;
+    const uint64_t n = take_le(width, bytes ? "the bytes' length" : "the string's length");
     std::string s(take(n, bytes ? "the bytes" : "the string"));
     push(bytes ? PickleValue::bytes(std::move(s)) : PickleValue::string(std::move(s)));
   }
@@ -533,19 +502,16 @@ class Unpickler {
         push(PickleValue());
         return;
       case op::NEWTRUE:
-        push(PickleValue::boolean(true));
-        return;
       case op::NEWFALSE:
-        push(PickleValue::boolean(false));
+        push(PickleValue::boolean(code_ == op::NEWTRUE));
         return;
       case op::BININT:
         push(PickleValue::integer(static_cast<int32_t>(take_le(4, "the integer"))));
         return;
-      case op::BININT1:
-        push(PickleValue::integer(static_cast<int64_t>(take_le(1, "the integer"))));
-        return;
+      case op::BININT1:  // unsigned, 1 or 2 bytes
       case op::BININT2:
-        push(PickleValue::integer(static_cast<int64_t>(take_le(2, "the integer"))));
+        push(PickleValue::integer(
+            static_cast<int64_t>(take_le(code_ == op::BININT1 ? 1 : 2, "the integer"))));
         return;
       case op::LONG1:
         long_int(take_le(1, "the integer's length"));
@@ -564,22 +530,12 @@ class Unpickler {
         return;
       }
       case op::SHORT_BINUNICODE:
-        text(take_le(1, "the string's length"), false);
-        return;
       case op::BINUNICODE:
-        text(take_le(4, "the string's length"), false);
-        return;
       case op::BINUNICODE8:
-        text(take_le(8, "the string's length"), false);
-        return;
       case op::SHORT_BINBYTES:
-        text(take_le(1, "the bytes' length"), true);
-        return;
       case op::BINBYTES:
-        text(take_le(4, "the bytes' length"), true);
-        return;
       case op::BINBYTES8:
-        text(take_le(8, "the bytes' length"), true);
+        text();
         return;
       case op::EMPTY_LIST:
         push(PickleValue::list(std::make_shared<PickleList>()));
@@ -651,17 +607,13 @@ class Unpickler {
       case op::MEMOIZE:
         memo_put(memo_.size());
         return;
-      case op::BINPUT:
-        memo_put(take_le(1, "the memo index"));
-        return;
+      case op::BINPUT:  // the index in 1 byte, LONG_ in 4
       case op::LONG_BINPUT:
-        memo_put(take_le(4, "the memo index"));
+        memo_put(take_le(code_ == op::BINPUT ? 1 : 4, "the memo index"));
         return;
       case op::BINGET:
-        memo_get(take_le(1, "the memo index"));
-        return;
       case op::LONG_BINGET:
-        memo_get(take_le(4, "the memo index"));
+        memo_get(take_le(code_ == op::BINGET ? 1 : 4, "the memo index"));
         return;
       case op::GLOBAL:
       case op::STACK_GLOBAL:

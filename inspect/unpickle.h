@@ -91,10 +91,12 @@ class PickleValue {
 
  private:
   friend class Unpickler;
+  using Value =
+      std::variant<std::monostate, bool, int64_t, double, std::shared_ptr<const std::string>,
+                   std::shared_ptr<PickleList>, std::shared_ptr<PickleDict>>;
+  PickleValue(Type type, Value v) : type_(type), v_(std::move(v)) {}
   Type type_ = Type::none;
-  std::variant<std::monostate, bool, int64_t, double, std::shared_ptr<const std::string>,
-               std::shared_ptr<PickleList>, std::shared_ptr<PickleDict>>
-      v_;
+  Value v_;
 };
 
 // Deep equality (a DAG is compared as the tree it stands for; keep inputs small).

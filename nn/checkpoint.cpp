@@ -289,6 +289,14 @@ Tensor checkpoint_sequential(const Sequential& functions, int segments, Tensor i
   return checkpoint_sequential(std::move(stages), segments, std::move(input), std::move(options));
 }
 
+Tensor checkpoint_sequential(ModuleList& list, int segments, Tensor input) {
+  std::vector<std::function<Tensor(const Tensor&)>> stages;
+  for (const auto& m : list)
+    stages.push_back([&list, m](const Tensor& x) { return list.call([&] { return (*m)(x); }); });
+  const int n = std::min<int>(segments, static_cast<int>(stages.size()));
+  return checkpoint_sequential(std::move(stages), n, std::move(input));
+}
+
 CheckpointStats checkpoint_stats() {
   return tls_stats;
 }

@@ -65,6 +65,12 @@ class Sequential;
 Tensor checkpoint_sequential(const Sequential& functions, int segments, Tensor input,
                              CheckpointOptions options = {});
 
+// The transformer models' checkpointed blocks: checkpoint_sequential over a ModuleList's
+// modules, each run under the list's module scope (its allocations carry "transformer.h.0...",
+// as the list's own calls do), with `segments` capped at the list's length.
+class ModuleList;
+Tensor checkpoint_sequential(ModuleList& list, int segments, Tensor input);
+
 // ---- checkpointing a model from the command line (--checkpoint) ----
 class Module;
 

@@ -283,8 +283,7 @@ void Module::train(bool on) {
   for (auto& [n, c] : children_) c->train(on);
 }
 
-// Replace the layout and storage of `t`'s TensorImpl by those of `n` (param.data = n).
-static void swap_data(const Tensor& t, const Tensor& n) {
+void set_data(const Tensor& t, const Tensor& n) {
   if (n.is_same(t)) return;
   TensorImpl* impl = t.unsafe_impl();
   impl->storage = n.storage();
@@ -307,7 +306,7 @@ void Module::apply_to_tensors(const std::function<Tensor(const Tensor&)>& conver
           converted = convert(t);
         }
         Tensor g = t.grad();
-        swap_data(t, converted);
+        set_data(t, converted);
         if (g.defined()) {
           memory::CategoryScope cat(memory::Category::gradient);
           Tensor ng2 = convert(g);

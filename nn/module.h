@@ -239,4 +239,8 @@ class StagedModule : public Module {
 
 std::ostream& operator<<(std::ostream& os, const Module& m);
 
+// PyTorch's `t.data = values`: `t`'s TensorImpl takes the storage and layout of `values`, so
+// every holder of `t` (a module, an optimizer's state) sees them; its autograd metadata stays.
+void set_data(const Tensor& t, const Tensor& values);
+
 }  // namespace tally::nn

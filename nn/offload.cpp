@@ -4,22 +4,16 @@
 
 #include <stdexcept>
 
+#include "base/enum_table.h"
 #include "nn/module.h"
 
 namespace tally::nn {
 
 std::string OffloadSpec::str() const {
-  switch (kind) {
-    case Kind::none:
-      return "none";
-    case Kind::activations:
-      return "activations";
-    case Kind::blocks:
-      return fmt::format("{}-blocks", blocks);
-    case Kind::modules:
-      return modules.str();
-  }
-  return "none";
+  if (kind == Kind::modules) return modules.str();
+  if (kind == Kind::blocks) return fmt::format("{}-blocks", blocks);
+  static constexpr const char* kNames[] = {"none", "activations"};
+  return base::enum_table<Kind::activations>(kind, kNames, "none");
 }
 
 OffloadSpec parse_offload_spec(const std::string& s) {

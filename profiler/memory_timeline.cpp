@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "base/atomic_file.h"
+#include "base/bytes.h"
 #include "base/json.h"
 #include "base/rank_path.h"
 #include "inspect/svg_chart.h"
@@ -207,11 +208,7 @@ std::string html_escape(const std::string& s) {
 }
 
 std::string human(size_t b) {
-  const double v = static_cast<double>(b);
-  if (v >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", v / (1024.0 * 1024 * 1024));
-  if (v >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", v / (1024.0 * 1024));
-  if (v >= 1024.0) return fmt::format("{:.2f} KiB", v / 1024.0);
-  return fmt::format("{} B", b);
+  return base::format_bytes(static_cast<double>(b), 2);
 }
 
 }  // namespace

@@ -3,10 +3,8 @@
 
 #include <fmt/format.h>
 
-#include <numeric>
 #include <stdexcept>
 
-#include "nn/data/synthetic.h"
 #include "nn/init.h"
 #include "tensor/softmax/autograd.h"
 
@@ -105,9 +103,8 @@ Tensor Bert::forward(const Tensor& ids, const Tensor& token_type_ids,
 ModelEntry bert_entry() {
   ModelEntry e;
   e.name = "bert";
-  e.description =
-      "a BERT-style masked language model on TransformerEncoder (tiny | bert-base | bert-large)";
-  e.presets = {"tiny", "bert-base", "bert-large"};
+  set_presets(e, "a BERT-style masked language model on TransformerEncoder",
+              {"tiny", "bert-base", "bert-large"});
   e.input = ModelEntry::Input::tokens;
   e.context = [](const std::string& p) { return BertConfig::preset(p).max_position_embeddings; };
   e.build = [](const ModelOptions& o) -> std::shared_ptr<Module> {
@@ -115,10 +112,7 @@ ModelEntry bert_entry() {
   };
   e.synthetic_batch = [](const ModelOptions& o, int64_t batch, int64_t step, uint64_t seed) {
     const BertConfig cfg = BertConfig::preset(o.preset);
-    const data::SyntheticTokens ds((step + 1) * batch, cfg.vocab_size, {o.seq}, seed);
-    std::vector<int64_t> idx(static_cast<size_t>(batch));
-    std::iota(idx.begin(), idx.end(), step * batch);
-    const data::Example tokens = ds.get_batch(idx);
+    const data::Example tokens = synthetic_token_batch(cfg.vocab_size, o, batch, step, seed);
     std::vector<double> input = ops::to_vector(tokens.input), target(input.size(), -100.0);
     const int64_t T = o.seq;
     for (int64_t b = 0; b < batch; ++b)

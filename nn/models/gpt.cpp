@@ -148,12 +148,7 @@ Tensor GPTTransformer::forward(const Tensor& idx) {
   }
   Tensor x = (*drop)(add((*wte)(idx), (*wpe)(pos)));
   if (checkpoint_segments > 0) {
-    std::vector<std::function<Tensor(const Tensor&)>> fns;
-    for (const auto& block : *h)
-      fns.push_back(
-          [this, block](const Tensor& in) { return h->call([&] { return (*block)(in); }); });
-    x = checkpoint_sequential(fns, std::min<int>(checkpoint_segments, static_cast<int>(fns.size())),
-                              x);
+    x = checkpoint_sequential(*h, checkpoint_segments, x);
   } else {
     // Under h's scope, so the blocks' allocations carry "transformer.h.0...", their names
     // in named_modules(), as in the checkpointed path above.
@@ -176,7 +171,7 @@ Tensor GPTTransformer::forward(const Tensor& idx) {
   return (*ln_f)(x);
 }
 
-GPT::GPT(const GPTConfig& cfg, Generator* gen) : Module("GPT"), config(cfg) {
+GPT::GPT(const GPTConfig& cfg, Generator* gen) : CausalLM("GPT"), config(cfg) {
   const bool skip_init = SkipInitGuard::active();  // the caller wants uninitialised weights
   {
     SkipInitGuard skip;  // init_weights() below initialises every weight once
@@ -212,33 +207,18 @@ int64_t GPT::get_num_params(bool non_embedding) const {
 }
 
 std::pair<Tensor, Tensor> GPT::forward(const Tensor& idx, const Tensor& targets) {
-  if (targets.defined() && targets.sizes() != idx.sizes())
-    throw std::invalid_argument(fmt::format("GPT: targets {} do not match idx {}",
-                                            targets.shape_string(), idx.shape_string()));
+  check_targets(idx, targets);
   cache_autocast_casts(*this);  // under autocast: every layer's weight cast in one launch
   Tensor x = (*transformer)(idx);
-  if (config.fused_classifier && targets.defined()) {
-    // lm_head's product and the loss in one op, under lm_head's scope as its call would be.
-    Tensor loss = lm_head->call([&] {
-      return linear_cross_entropy(x.reshape({-1, x.size(-1)}), lm_head->weight,
-                                  targets.reshape({-1}), -1, "mean", 0,
-                                  config.fused_classifier_chunk_bytes);
-    });
-    return {Tensor(), loss};
-  }
   // The classifier's product dtype: autocast's where it applies (linear's rule), else the
-  // weight's. Only a 16-bit product is padded (GPTConfig::classifier_pad_multiple).
+  // weight's. Only a 16-bit product is padded (GPTConfig::classifier_pad_multiple), and not
+  // the fused classifier's.
   const int64_t V = config.vocab_size, m = config.classifier_pad_multiple;
   const DType product =
       autocast::is_active(x.device()) ? autocast_dtype(x.device().type) : lm_head->weight.dtype();
   const bool low = product == DType::float16 || product == DType::bfloat16;
-  if (m <= 1 || V % m == 0 || !low) {
-    Tensor logits = (*lm_head)(x);
-    Tensor loss;
-    if (targets.defined())
-      loss = cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), -1);
-    return {logits, loss};
-  }
+  if ((config.fused_classifier && targets.defined()) || m <= 1 || V % m == 0 || !low)
+    return classify(x, targets, config.fused_classifier, config.fused_classifier_chunk_bytes);
   // The padded classifier (GPTConfig::classifier_pad_multiple), under lm_head's scope as its
   // call would be.
   const int64_t Vp = base::checked_add<int64_t>(V, m - V % m, "GPT classifier padding");

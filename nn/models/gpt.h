@@ -11,6 +11,7 @@
 
 #include "nn/container.h"
 #include "nn/layers.h"
+#include "nn/models/causal_lm.h"
 #include "nn/norm.h"
 
 namespace tally::nn {
@@ -114,30 +115,20 @@ class GPTTransformer : public StagedModule {
   std::shared_ptr<LayerNorm> ln_f;
 };
 
-class GPT : public Module {
+class GPT : public CausalLM {
  public:
   // `gen`: the generator for the initialisation (null: the default generator).
   explicit GPT(const GPTConfig& cfg, Generator* gen = nullptr);
-  // Under autocast the Linear weights are cast at the top (nn::cache_autocast_casts: one
-  // multi-tensor launch, not one per layer).
-  // logits [B, T, vocab] and, when targets [B, T] (int64) are given, the mean
-  // cross-entropy over the targets that are not -1 (undefined otherwise). With
-  // config.fused_classifier and targets: undefined logits and the loss from
-  // linear_cross_entropy, run under lm_head's module scope (its allocations carry
-  // "lm_head"); the gradient reaches the tied weight as through lm_head.
-  std::pair<Tensor, Tensor> forward(const Tensor& idx, const Tensor& targets = Tensor());
-  std::pair<Tensor, Tensor> operator()(
-      const Tensor& idx, const Tensor& targets = Tensor(),
-      const std::source_location& site = std::source_location::current()) {
-    return call([&] { return forward(idx, targets); }, site);
-  }
+  // CausalLM::forward. Under autocast the Linear weights are cast at the top
+  // (nn::cache_autocast_casts: one multi-tensor launch, not one per layer). With
+  // config.fused_classifier the gradient reaches the tied weight as through lm_head.
+  std::pair<Tensor, Tensor> forward(const Tensor& idx, const Tensor& targets = Tensor()) override;
   void init_weights(Generator* gen = nullptr);
   // Parameters, minus the position embeddings when non_embedding (nanoGPT's get_num_params).
   int64_t get_num_params(bool non_embedding = true) const;
 
   GPTConfig config;
   std::shared_ptr<GPTTransformer> transformer;
-  std::shared_ptr<Linear> lm_head;
 };
 
 }  // namespace tally::nn

@@ -7,13 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <numeric>
 #include <stdexcept>
 #include <vector>
 
 #include "autograd/autocast.h"
 #include "nn/checkpoint.h"
-#include "nn/data/synthetic.h"
 #include "nn/init.h"
 #include "nn/models/registry.h"
 
@@ -217,12 +215,7 @@ Tensor LlamaModel::forward(const Tensor& idx) {
                     idx.size(1), config.max_position_embeddings));
   Tensor x = (*embed_tokens)(idx);
   if (checkpoint_segments > 0) {
-    std::vector<std::function<Tensor(const Tensor&)>> fns;
-    for (const auto& layer : *layers)
-      fns.push_back(
-          [this, layer](const Tensor& in) { return layers->call([&] { return (*layer)(in); }); });
-    x = checkpoint_sequential(fns, std::min<int>(checkpoint_segments, static_cast<int>(fns.size())),
-                              x);
+    x = checkpoint_sequential(*layers, checkpoint_segments, x);
   } else {
     // Under layers' scope, so the layers' allocations carry "model.layers.0...".
     for (const auto& layer : *layers) x = layers->call([&] { return (*layer)(x); });
@@ -231,7 +224,7 @@ Tensor LlamaModel::forward(const Tensor& idx) {
 }
 
 LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& cfg, Generator* gen)
-    : Module("LlamaForCausalLM"), config(cfg) {
+    : CausalLM("LlamaForCausalLM"), config(cfg) {
   const bool skip_init = SkipInitGuard::active();  // the caller wants uninitialised weights
   {
     SkipInitGuard skip;  // init_weights() below initialises every weight once
@@ -262,51 +255,16 @@ void LlamaForCausalLM::init_weights(Generator* gen) {
 }
 
 std::pair<Tensor, Tensor> LlamaForCausalLM::forward(const Tensor& idx, const Tensor& targets) {
-  if (targets.defined() && targets.sizes() != idx.sizes())
-    throw std::invalid_argument(fmt::format("LlamaForCausalLM: targets {} do not match idx {}",
-                                            targets.shape_string(), idx.shape_string()));
+  check_targets(idx, targets);
   cache_autocast_casts(*this);  // under autocast: every layer's weight cast in one launch
-  const Tensor x = (*model)(idx);
-  if (config.fused_classifier && targets.defined()) {
-    Tensor loss = lm_head->call([&] {
-      return linear_cross_entropy(x.reshape({-1, x.size(-1)}), lm_head->weight,
-                                  targets.reshape({-1}), -1, "mean", 0,
-                                  config.fused_classifier_chunk_bytes);
-    });
-    return {Tensor(), loss};
-  }
-  Tensor logits = (*lm_head)(x);
-  Tensor loss;
-  if (targets.defined())
-    loss = cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), -1);
-  return {logits, loss};
+  return classify((*model)(idx), targets, config.fused_classifier,
+                  config.fused_classifier_chunk_bytes);
 }
 
 ModelEntry llama_entry() {
-  ModelEntry e;
-  e.name = "llama";
-  e.description =
-      "a LLaMA-style decoder, HF LlamaForCausalLM's names (tiny | small | 1b | 3b | "
-      "7b | 13b)";
-  e.presets = {"tiny", "small", "1b", "3b", "7b", "13b"};
-  e.input = ModelEntry::Input::tokens;
-  e.context = [](const std::string& p) { return LlamaConfig::preset(p).max_position_embeddings; };
-  e.build = [](const ModelOptions& o) -> std::shared_ptr<Module> {
-    LlamaConfig cfg = LlamaConfig::preset(o.preset);
-    cfg.fused_classifier = o.fused_classifier;
-    return std::make_shared<LlamaForCausalLM>(cfg);
-  };
-  e.synthetic_batch = [](const ModelOptions& o, int64_t batch, int64_t step, uint64_t seed) {
-    const LlamaConfig cfg = LlamaConfig::preset(o.preset);
-    const data::SyntheticTokens ds((step + 1) * batch, cfg.vocab_size, {o.seq}, seed);
-    std::vector<int64_t> idx(static_cast<size_t>(batch));
-    std::iota(idx.begin(), idx.end(), step * batch);
-    return ds.get_batch(idx);
-  };
-  e.loss = [](Module& m, const data::Example& b) {
-    return dynamic_cast<LlamaForCausalLM&>(m)(b.input, b.target).second;
-  };
-  return e;
+  return causal_lm_entry<LlamaForCausalLM, LlamaConfig>(
+      "llama", "a LLaMA-style decoder, HF LlamaForCausalLM's names",
+      {"tiny", "small", "1b", "3b", "7b", "13b"}, &LlamaConfig::max_position_embeddings);
 }
 
 }  // namespace tally::nn

@@ -13,6 +13,7 @@
 
 #include "nn/container.h"
 #include "nn/layers.h"
+#include "nn/models/causal_lm.h"
 #include "nn/norm.h"
 #include "tensor/softmax/autograd.h"
 
@@ -103,27 +104,18 @@ class LlamaModel : public StagedModule {
   std::shared_ptr<LlamaRotaryEmbedding> rotary_emb;
 };
 
-class LlamaForCausalLM : public Module {
+class LlamaForCausalLM : public CausalLM {
  public:
   // `gen`: the generator for the initialisation (null: the default generator).
   explicit LlamaForCausalLM(const LlamaConfig& cfg, Generator* gen = nullptr);
-  // logits [B, T, vocab] and, with targets [B, T] (int64), the mean cross-entropy over the
-  // targets that are not -1. With config.fused_classifier and targets: undefined logits and
-  // the loss from linear_cross_entropy under lm_head's module scope.
-  std::pair<Tensor, Tensor> forward(const Tensor& idx, const Tensor& targets = Tensor());
-  std::pair<Tensor, Tensor> operator()(
-      const Tensor& idx, const Tensor& targets = Tensor(),
-      const std::source_location& site = std::source_location::current()) {
-    return call([&] { return forward(idx, targets); }, site);
-  }
+  // CausalLM::forward.
+  std::pair<Tensor, Tensor> forward(const Tensor& idx, const Tensor& targets = Tensor()) override;
   void init_weights(Generator* gen = nullptr);
 
   LlamaConfig config;
   std::shared_ptr<LlamaModel> model;
-  std::shared_ptr<Linear> lm_head;
 };
 
-struct ModelEntry;
 // The registry's "llama" entry (nn/models/registry.h).
 ModelEntry llama_entry();
 

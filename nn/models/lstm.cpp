@@ -3,10 +3,7 @@
 
 #include <fmt/format.h>
 
-#include <numeric>
-
 #include "autograd/ops.h"
-#include "nn/data/synthetic.h"
 #include "nn/init.h"
 
 namespace tally::nn {
@@ -53,19 +50,14 @@ Tensor LSTMLM::forward(const Tensor& tokens) {
 ModelEntry lstm_entry() {
   ModelEntry e;
   e.name = "lstm";
-  e.description = "PyTorch's word_language_model LSTM (tiny | medium)";
-  e.presets = {"tiny", "medium"};
+  set_presets(e, "PyTorch's word_language_model LSTM", {"tiny", "medium"});
   e.input = ModelEntry::Input::tokens;
   e.context = [](const std::string& p) { return LSTMLMConfig::preset(p).seq_len; };
   e.build = [](const ModelOptions& o) -> std::shared_ptr<Module> {
     return std::make_shared<LSTMLM>(LSTMLMConfig::preset(o.preset));
   };
   e.synthetic_batch = [](const ModelOptions& o, int64_t batch, int64_t step, uint64_t seed) {
-    const data::SyntheticTokens ds((step + 1) * batch, LSTMLMConfig::preset(o.preset).vocab_size,
-                                   {o.seq}, seed);
-    std::vector<int64_t> idx(static_cast<size_t>(batch));
-    std::iota(idx.begin(), idx.end(), step * batch);
-    return ds.get_batch(idx);
+    return synthetic_token_batch(LSTMLMConfig::preset(o.preset).vocab_size, o, batch, step, seed);
   };
   e.loss = [](Module& m, const data::Example& b) {
     const Tensor logits = m(b.input);

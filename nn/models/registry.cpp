@@ -27,42 +27,22 @@ std::vector<int64_t> batch_indices(int64_t batch, int64_t step) {
 ModelEntry resnet_entry() {
   ModelEntry e;
   e.name = "resnet";
-  e.description = "torchvision's ResNet (tiny | resnet18 | resnet34 | resnet50 | resnet101)";
-  e.presets = {"tiny", "resnet18", "resnet34", "resnet50", "resnet101"};
+  set_presets(e, "torchvision's ResNet", {"tiny", "resnet18", "resnet34", "resnet50", "resnet101"});
   e.input = ModelEntry::Input::images;
   e.build = [](const ModelOptions& o) {
     return resnet_by_name(o.preset, {.num_classes = o.num_classes, .in_channels = o.in_channels});
   };
   e.synthetic_batch = [](const ModelOptions& o, int64_t batch, int64_t step, uint64_t seed) {
-    const data::SyntheticImages ds((step + 1) * batch, {o.in_channels, o.image_size, o.image_size},
-                                   o.num_classes, seed);
-    return ds.get_batch(batch_indices(batch, step));
+    return synthetic_image_batch(o.num_classes, o, batch, step, seed);
   };
   e.loss = [](Module& m, const data::Example& b) { return cross_entropy(m(b.input), b.target); };
   return e;
 }
 
 ModelEntry gpt_entry() {
-  ModelEntry e;
-  e.name = "gpt";
-  e.description = "nanoGPT's GPT-2 (tiny | small | gpt2 | gpt2-medium | gpt2-large | gpt2-xl)";
-  e.presets = {"tiny", "small", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
-  e.input = ModelEntry::Input::tokens;
-  e.context = [](const std::string& p) { return GPTConfig::preset(p).block_size; };
-  e.build = [](const ModelOptions& o) -> std::shared_ptr<Module> {
-    GPTConfig cfg = GPTConfig::preset(o.preset);
-    cfg.fused_classifier = o.fused_classifier;
-    return std::make_shared<GPT>(cfg);
-  };
-  e.synthetic_batch = [](const ModelOptions& o, int64_t batch, int64_t step, uint64_t seed) {
-    const GPTConfig cfg = GPTConfig::preset(o.preset);
-    const data::SyntheticTokens ds((step + 1) * batch, cfg.vocab_size, {o.seq}, seed);
-    return ds.get_batch(batch_indices(batch, step));
-  };
-  e.loss = [](Module& m, const data::Example& b) {
-    return dynamic_cast<GPT&>(m)(b.input, b.target).second;
-  };
-  return e;
+  return causal_lm_entry<GPT, GPTConfig>(
+      "gpt", "nanoGPT's GPT-2", {"tiny", "small", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"},
+      &GPTConfig::block_size);
 }
 
 }  // namespace
@@ -94,6 +74,26 @@ const ModelEntry& model_entry(const std::string& name) {
     if (e.name == name) return e;
   throw std::invalid_argument(
       fmt::format("--model: unknown model '{}' (expected {})", name, model_names()));
+}
+
+void set_presets(ModelEntry& e, const std::string& what, std::vector<std::string> presets) {
+  std::string list;
+  for (const std::string& p : presets) list += (list.empty() ? "" : " | ") + p;
+  e.description = fmt::format("{} ({})", what, list);
+  e.presets = std::move(presets);
+}
+
+data::Example synthetic_token_batch(int64_t vocab, const ModelOptions& o, int64_t batch,
+                                    int64_t step, uint64_t seed) {
+  const data::SyntheticTokens ds((step + 1) * batch, vocab, {o.seq}, seed);
+  return ds.get_batch(batch_indices(batch, step));
+}
+
+data::Example synthetic_image_batch(int64_t classes, const ModelOptions& o, int64_t batch,
+                                    int64_t step, uint64_t seed) {
+  const data::SyntheticImages ds((step + 1) * batch, {o.in_channels, o.image_size, o.image_size},
+                                 classes, seed);
+  return ds.get_batch(batch_indices(batch, step));
 }
 
 ModelOptions resolve_options(const ModelEntry& entry, ModelOptions o) {

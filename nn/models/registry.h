@@ -46,12 +46,23 @@ struct ModelEntry {
   std::function<Tensor(Module& model, const data::Example& batch)> loss;
 };
 
+// The entry's presets and its description: "WHAT (a | b | ...)".
+void set_presets(ModelEntry& e, const std::string& what, std::vector<std::string> presets);
+
 // Every registered model, in the order --help lists them.
 const std::vector<ModelEntry>& model_registry();
 // The entry called `name`; std::invalid_argument naming the known models otherwise.
 const ModelEntry& model_entry(const std::string& name);
 // "resnet | gpt | ...", for help texts and errors.
 std::string model_names();
+// Batch number `step` of `batch` rows of a synthetic dataset seeded with `seed`, for
+// synthetic_batch: tokens [B, opts.seq] below `vocab` with next-token targets
+// (data::SyntheticTokens), or images [B, in_channels, image_size, image_size] with labels
+// below `classes` (data::SyntheticImages).
+data::Example synthetic_token_batch(int64_t vocab, const ModelOptions& opts, int64_t batch,
+                                    int64_t step, uint64_t seed);
+data::Example synthetic_image_batch(int64_t classes, const ModelOptions& opts, int64_t batch,
+                                    int64_t step, uint64_t seed);
 // `opts` with the entry's defaults filled in (the first preset when none is given);
 // std::invalid_argument naming the entry's presets for an unknown one.
 ModelOptions resolve_options(const ModelEntry& entry, ModelOptions opts);

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "nn/data/synthetic.h"
 #include "nn/functional.h"
 #include "nn/models/registry.h"
 
@@ -309,8 +308,7 @@ Tensor ddpm_loss(UNet& model, const Tensor& x0, const Tensor& eps, const Tensor&
 ModelEntry unet_entry() {
   ModelEntry e;
   e.name = "unet";
-  e.description = "DDPM's diffusion U-Net, epsilon-prediction loss (tiny | ddpm-cifar)";
-  e.presets = {"tiny", "ddpm-cifar"};
+  set_presets(e, "DDPM's diffusion U-Net, epsilon-prediction loss", {"tiny", "ddpm-cifar"});
   e.input = ModelEntry::Input::images;
   e.build = [](const ModelOptions& o) -> std::shared_ptr<Module> {
     UNetConfig cfg = UNetConfig::preset(o.preset);
@@ -321,11 +319,7 @@ ModelEntry unet_entry() {
   e.synthetic_batch = [](const ModelOptions& o, int64_t batch, int64_t step, uint64_t seed) {
     // x0 and t: SyntheticImages' images and labels (1000 classes: a timestep each); eps: N(0, 1)
     // from a generator keyed by (seed, step).
-    const data::SyntheticImages ds((step + 1) * batch, {o.in_channels, o.image_size, o.image_size},
-                                   1000, seed);
-    std::vector<int64_t> idx(static_cast<size_t>(batch));
-    for (int64_t i = 0; i < batch; ++i) idx[static_cast<size_t>(i)] = step * batch + i;
-    data::Example ex = ds.get_batch(idx);
+    data::Example ex = synthetic_image_batch(1000, o, batch, step, seed);
     Generator gen(seed ^ (0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(step + 1)));
     const Tensor eps = ops::randn(ex.input.sizes(), DType::float32, Device::cpu(), &gen);
     ex.input = ops::cat({ex.input, eps}, 1);

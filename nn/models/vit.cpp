@@ -4,10 +4,8 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <numeric>
 #include <stdexcept>
 
-#include "nn/data/synthetic.h"
 #include "nn/init.h"
 #include "tensor/softmax/autograd.h"
 
@@ -138,8 +136,7 @@ Tensor VisionTransformer::forward(const Tensor& x) {
 ModelEntry vit_entry() {
   ModelEntry e;
   e.name = "vit";
-  e.description = "torchvision's VisionTransformer (tiny | vit_b_16 | vit_b_32 | vit_l_16)";
-  e.presets = {"tiny", "vit_b_16", "vit_b_32", "vit_l_16"};
+  set_presets(e, "torchvision's VisionTransformer", {"tiny", "vit_b_16", "vit_b_32", "vit_l_16"});
   e.input = ModelEntry::Input::images;
   e.context = [](const std::string& p) { return ViTConfig::preset(p).image_size; };
   e.build = [](const ModelOptions& o) -> std::shared_ptr<Module> {
@@ -150,11 +147,7 @@ ModelEntry vit_entry() {
     return std::make_shared<VisionTransformer>(cfg);
   };
   e.synthetic_batch = [](const ModelOptions& o, int64_t batch, int64_t step, uint64_t seed) {
-    const data::SyntheticImages ds((step + 1) * batch, {o.in_channels, o.image_size, o.image_size},
-                                   o.num_classes, seed);
-    std::vector<int64_t> idx(static_cast<size_t>(batch));
-    std::iota(idx.begin(), idx.end(), step * batch);
-    return ds.get_batch(idx);
+    return synthetic_image_batch(o.num_classes, o, batch, step, seed);
   };
   e.loss = [](Module& m, const data::Example& b) { return cross_entropy(m(b.input), b.target); };
   return e;
