@@ -222,15 +222,22 @@ MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
   for (PlannedCandidate& c : plan.candidates)
     c.fits = c.error.empty() && c.estimate.fits() &&
              c.estimate.peak_reserved <= static_cast<int64_t>(budget);
+  // An 8-bit optimizer changes what training computes, where every other lever changes only
+  // where and when: it is chosen only when no plan with the program's optimizer fits, however
+  // the cost model ranks their times (they are within its error of each other).
+  auto lossy = [](const PlannedCandidate& c) {
+    return c.candidate.optimizer.find("8bit") != std::string::npos;
+  };
   const PlannedCandidate* best = nullptr;
   const PlannedCandidate* smallest = nullptr;
   for (const PlannedCandidate& c : plan.candidates) {
     if (!c.error.empty()) continue;
     if (!smallest || c.estimate.peak_reserved < smallest->estimate.peak_reserved) smallest = &c;
     if (!c.fits) continue;
-    if (!best || c.step_seconds < best->step_seconds ||
-        (c.step_seconds == best->step_seconds &&
-         c.estimate.peak_reserved < best->estimate.peak_reserved))
+    if (!best || lossy(c) < lossy(*best) ||
+        (lossy(c) == lossy(*best) && (c.step_seconds < best->step_seconds ||
+                                      (c.step_seconds == best->step_seconds &&
+                                       c.estimate.peak_reserved < best->estimate.peak_reserved))))
       best = &c;
   }
   if (!smallest)
