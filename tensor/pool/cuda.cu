@@ -9,6 +9,7 @@
 
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/fast_div.h"
+#include "tensor/cuda/grid.cuh"
 #include "tensor/cuda/runtime.h"
 #include "tensor/pool/kernels.h"
 #include "tensor/pool/math.h"
@@ -16,13 +17,6 @@
 namespace tally::cuda {
 
 namespace {
-
-constexpr int kThreads = 256;
-
-int blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(b, 1), 65535 * 8));
-}
 
 #define TALLY_GRID_LOOP(i, n)                                                            \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
@@ -160,8 +154,47 @@ struct Cells32 {
 };
 constexpr int kMaxCell = 4;
 
-// S: the cell's side bound at compile time (sH, sW <= S), so a 2 x 2 cell compares 4
-// positions a window, not 16.
+// One cell's gather, in either layout (G: Cells32 or CellsNhwc32): the cell at cell row ch,
+// column cw of its plane sums, per element, the gradients gy[at(oh * OW + ow)] of the windows
+// (oh, ow) whose argmax idx[...] (the position in the plane) is that element, in (oh, ow)
+// order, and stores each through put(position in the plane, value). S: the cell's side bound
+// at compile time (sH, sW <= S), so a 2 x 2 cell compares 4 positions a window, not 16.
+template <typename T, int S, typename G, typename At, typename Put>
+__device__ __forceinline__ void gather_cell(const G& g, uint32_t ch, uint32_t cw,
+                                            const T* __restrict__ gy,
+                                            const int64_t* __restrict__ idx, At at, Put put) {
+  const int32_t h0 = static_cast<int32_t>(ch) * g.sH, w0 = static_cast<int32_t>(cw) * g.sW;
+  const int32_t nh = min(g.sH, g.H - h0), nw = min(g.sW, g.W - w0);
+  // Window oh covers row h when oh * sH <= h + pH and oh * sH >= h + pH - (kH - 1).
+  const int32_t rh = h0 + g.pH - (g.kH - 1), rw = w0 + g.pW - (g.kW - 1);
+  const int32_t oh0 = rh <= 0 ? 0 : (rh + g.sH - 1) / g.sH;
+  const int32_t oh1 = min((h0 + nh - 1 + g.pH) / g.sH, g.OH - 1);
+  const int32_t ow0 = rw <= 0 ? 0 : (rw + g.sW - 1) / g.sW;
+  const int32_t ow1 = min((w0 + nw - 1 + g.pW) / g.sW, g.OW - 1);
+  const int64_t corner = static_cast<int64_t>(h0) * g.W + w0;  // in the plane
+  dacc_t<T> acc[S][S];
+#pragma unroll
+  for (int a = 0; a < S; ++a)
+#pragma unroll
+    for (int b = 0; b < S; ++b) acc[a][b] = 0;
+  for (int32_t oh = oh0; oh <= oh1; ++oh)
+    for (int32_t ow = ow0; ow <= ow1; ++ow) {
+      const uint32_t o = at(static_cast<uint32_t>(oh * g.OW + ow));
+      const int64_t j = idx[o] - corner;
+      const dacc_t<T> v = load(gy[o]);
+#pragma unroll
+      for (int a = 0; a < S; ++a)
+#pragma unroll
+        for (int b = 0; b < S; ++b)
+          if (a < nh && b < nw && j == static_cast<int64_t>(a) * g.W + b) acc[a][b] += v;
+    }
+#pragma unroll
+  for (int a = 0; a < S; ++a)
+#pragma unroll
+    for (int b = 0; b < S; ++b)
+      if (a < nh && b < nw) put(corner + static_cast<int64_t>(a) * g.W + b, store<T>(acc[a][b]));
+}
+
 template <typename T, int S>
 __global__ void max_pool_backward_cells_kernel(T* __restrict__ gx, const T* __restrict__ gy,
                                                const int64_t* __restrict__ idx, Cells32 g,
@@ -170,38 +203,11 @@ __global__ void max_pool_backward_cells_kernel(T* __restrict__ gx, const T* __re
     uint32_t rest, cw, pl, ch;
     g.by_cw.divmod(c, rest, cw);
     g.by_ch.divmod(rest, pl, ch);
-    const int32_t h0 = static_cast<int32_t>(ch) * g.sH, w0 = static_cast<int32_t>(cw) * g.sW;
-    const int32_t nh = min(g.sH, g.H - h0), nw = min(g.sW, g.W - w0);
-    // Window oh covers row h when oh * sH <= h + pH and oh * sH >= h + pH - (kH - 1).
-    const int32_t rh = h0 + g.pH - (g.kH - 1), rw = w0 + g.pW - (g.kW - 1);
-    const int32_t oh0 = rh <= 0 ? 0 : (rh + g.sH - 1) / g.sH;
-    const int32_t oh1 = min((h0 + nh - 1 + g.pH) / g.sH, g.OH - 1);
-    const int32_t ow0 = rw <= 0 ? 0 : (rw + g.sW - 1) / g.sW;
-    const int32_t ow1 = min((w0 + nw - 1 + g.pW) / g.sW, g.OW - 1);
     const uint32_t plane_out = pl * static_cast<uint32_t>(g.OH * g.OW);
-    const int64_t corner = static_cast<int64_t>(h0) * g.W + w0;  // in the plane
-    dacc_t<T> acc[S][S];
-#pragma unroll
-    for (int a = 0; a < S; ++a)
-#pragma unroll
-      for (int b = 0; b < S; ++b) acc[a][b] = 0;
-    for (int32_t oh = oh0; oh <= oh1; ++oh)
-      for (int32_t ow = ow0; ow <= ow1; ++ow) {
-        const uint32_t o = plane_out + static_cast<uint32_t>(oh * g.OW + ow);
-        const int64_t j = idx[o] - corner;
-        const dacc_t<T> v = load(gy[o]);
-#pragma unroll
-        for (int a = 0; a < S; ++a)
-#pragma unroll
-          for (int b = 0; b < S; ++b)
-            if (a < nh && b < nw && j == static_cast<int64_t>(a) * g.W + b) acc[a][b] += v;
-      }
-    T* out = gx + static_cast<size_t>(pl) * static_cast<uint32_t>(g.H * g.W) + corner;
-#pragma unroll
-    for (int a = 0; a < S; ++a)
-#pragma unroll
-      for (int b = 0; b < S; ++b)
-        if (a < nh && b < nw) out[a * g.W + b] = store<T>(acc[a][b]);
+    T* out = gx + static_cast<size_t>(pl) * static_cast<uint32_t>(g.H * g.W);
+    gather_cell<T, S>(
+        g, ch, cw, gy, idx, [&](uint32_t w) { return plane_out + w; },
+        [&](int64_t pos, T v) { out[pos] = v; });
   }
 }
 
@@ -222,38 +228,12 @@ __global__ void max_pool_backward_cells_nhwc_kernel(T* __restrict__ gx, const T*
     g.by_c.divmod(t, r1, c);
     g.by_cw.divmod(r1, r2, cw);
     g.by_ch.divmod(r2, b, ch);
-    const int32_t h0 = static_cast<int32_t>(ch) * g.sH, w0 = static_cast<int32_t>(cw) * g.sW;
-    const int32_t nh = min(g.sH, g.H - h0), nw = min(g.sW, g.W - w0);
-    const int32_t rh = h0 + g.pH - (g.kH - 1), rw = w0 + g.pW - (g.kW - 1);
-    const int32_t oh0 = rh <= 0 ? 0 : (rh + g.sH - 1) / g.sH;
-    const int32_t oh1 = min((h0 + nh - 1 + g.pH) / g.sH, g.OH - 1);
-    const int32_t ow0 = rw <= 0 ? 0 : (rw + g.sW - 1) / g.sW;
-    const int32_t ow1 = min((w0 + nw - 1 + g.pW) / g.sW, g.OW - 1);
     const uint32_t C = static_cast<uint32_t>(g.C);
     const uint32_t sample_out = b * static_cast<uint32_t>(g.OH * g.OW);
-    const int64_t corner = static_cast<int64_t>(h0) * g.W + w0;  // in the plane
-    dacc_t<T> acc[S][S];
-#pragma unroll
-    for (int a = 0; a < S; ++a)
-#pragma unroll
-      for (int e = 0; e < S; ++e) acc[a][e] = 0;
-    for (int32_t oh = oh0; oh <= oh1; ++oh)
-      for (int32_t ow = ow0; ow <= ow1; ++ow) {
-        const uint32_t o = (sample_out + static_cast<uint32_t>(oh * g.OW + ow)) * C + c;
-        const int64_t j = idx[o] - corner;
-        const dacc_t<T> v = load(gy[o]);
-#pragma unroll
-        for (int a = 0; a < S; ++a)
-#pragma unroll
-          for (int e = 0; e < S; ++e)
-            if (a < nh && e < nw && j == static_cast<int64_t>(a) * g.W + e) acc[a][e] += v;
-      }
-    T* out = gx + (static_cast<size_t>(b) * static_cast<uint32_t>(g.H * g.W) + corner) * C + c;
-#pragma unroll
-    for (int a = 0; a < S; ++a)
-#pragma unroll
-      for (int e = 0; e < S; ++e)
-        if (a < nh && e < nw) out[(static_cast<size_t>(a) * g.W + e) * C] = store<T>(acc[a][e]);
+    T* out = gx + static_cast<size_t>(b) * static_cast<uint32_t>(g.H * g.W) * C + c;
+    gather_cell<T, S>(
+        g, ch, cw, gy, idx, [&](uint32_t w) { return (sample_out + w) * C + c; },
+        [&](int64_t pos, T v) { out[static_cast<size_t>(pos) * C] = v; });
   }
 }
 
