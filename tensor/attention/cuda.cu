@@ -236,10 +236,7 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
   cp_async_commit();
 
   float o[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  zero_tile(o);
   float m[2] = {-INFINITY, -INFINITY};  // rows g, g + 8 (scaled, base 2)
   float l[2] = {0.f, 0.f};              // this lane's partial row sums
   const bool warp_live = wr0 < p.L;
@@ -263,10 +260,7 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
       const T* vb = sV + buf * kN * ld;
       // S = Q K^T: [16 x 64] as 8 n8 tiles.
       float s[kN / 8][4];
-#pragma unroll
-      for (int n = 0; n < kN / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+      zero_tile(s);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a[4];  // Q fragments re-read from shared memory: fewer live registers
@@ -437,13 +431,8 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
   cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      dk[n][e] = 0.f;
-      dv[n][e] = 0.f;
-    }
+  zero_tile(dk);
+  zero_tile(dv);
 
   for (int qt = qt0; qt < qtiles; ++qt) {
     const int buf = (qt - qt0) & 1;
@@ -463,10 +452,7 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
 
     // S^T = K_w Q^T: [16 keys x 64 queries].
     float s[kN / 8][4];
-#pragma unroll
-    for (int n = 0; n < kN / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+    zero_tile(s);
 #pragma unroll 1  // bounds the hoisted ldmatrix registers
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[4];
@@ -514,10 +500,7 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
     }
     // dP^T = V_w dO^T, then dS^T = P^T (dP^T - D) * scale in place.
     float ds[kN / 8][4];
-#pragma unroll
-    for (int n = 0; n < kN / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ds[n][e] = 0.f;
+    zero_tile(ds);
 #pragma unroll 1  // bounds the hoisted ldmatrix registers
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[4];
@@ -574,10 +557,7 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
       for (int part = 0; part < kParts; ++part) {
         const int c0 = part * kCols;
         float dq[kCols / 8][4];
-#pragma unroll
-        for (int n = 0; n < kCols / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
+        zero_tile(dq);
 #pragma unroll
         for (int kk = 0; kk < kBwdN / 16; ++kk) {
           uint32_t a[4];
@@ -683,10 +663,7 @@ template <typename T, int D>
 void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                    const Tensor& lse, bool causal, double scale) {
-  const int dev = q.device().index;
-  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), S = k.size(2);
-  const int64_t rows = B * H * L;
-  Tensor dvec = alloc_scratch(B * H * L, DType::float32, q.device());        // [B, H, L]
+  const auto [dev, B, H, L, E, S, rows, dvec] = bwd_frame(q, k);
   Tensor dq_acc = alloc_scratch(B * H * L * E, DType::float32, q.device());  // [B, H, L, E]
   check(cudaMemsetAsync(dq_acc.data_ptr(), 0, dq_acc.nbytes(), stream(dev)),
         "flash_attention_backward");

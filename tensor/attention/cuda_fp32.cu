@@ -210,10 +210,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
     __syncthreads();
 
     float s[4][8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s[i][j] = 0.f;
+    zero_tile(s);
     score_tile<D>(s, sQ, sK, ty, tx);
 
     const bool need_mask = k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
@@ -374,10 +371,8 @@ __global__ void __launch_bounds__(kThreads, QM == 32 ? 3 : 0) attention_bwd_fp32
 
   // rows: keys k0 + ty + 16 i; columns 4 tx + 32 c + e
   float dk[4][4 * kCols], dv[4][4 * kCols];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int c = 0; c < 4 * kCols; ++c) dk[i][c] = dv[i][c] = 0.f;
+  zero_tile(dk);
+  zero_tile(dv);
 
   const int qtiles = (p.L + QM - 1) / QM;
   for (int qt = p.causal ? kt * (kBN / QM) : 0; qt < qtiles; ++qt) {
@@ -395,10 +390,8 @@ __global__ void __launch_bounds__(kThreads, QM == 32 ? 3 : 0) attention_bwd_fp32
     // S^T and dP^T: rows keys ty + 16 i, columns queries tx + 8 j
     {
       float s[4][kNJ], dp[4][kNJ];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < kNJ; ++j) s[i][j] = dp[i][j] = 0.f;
+      zero_tile(s);
+      zero_tile(dp);
       score_tile<D, kNJ>(s, sK, sQ, ty, tx);
       score_tile<D, kNJ>(dp, sV, sdO, ty, tx);
       const bool need_mask = q0 + QM > p.L || k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
@@ -423,10 +416,7 @@ __global__ void __launch_bounds__(kThreads, QM == 32 ? 3 : 0) attention_bwd_fp32
     {
       const int qg = kSplit == 1 ? ty : ty % kQG, cs = kSplit == 1 ? 0 : ty / kQG;
       float acc[4][4 * kColsQ];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int c = 0; c < 4 * kColsQ; ++c) acc[i][c] = 0.f;
+      zero_tile(acc);
 #pragma unroll 4
       for (int kk = 0; kk < kBN; ++kk) {
         const float4 a = *reinterpret_cast<const float4*>(sdSt + kk * kLdT + 4 * qg);
@@ -552,10 +542,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
   load_tile<D>(sQ, p.q.rows(bh, p.H), p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[kNT][4];
-#pragma unroll
-  for (int n = 0; n < kNT; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  zero_tile(o);
 
   int ntiles = (p.S + kBN - 1) / kBN;
   if (p.causal) ntiles = min(ntiles, qt + 1);  // keys <= q0 + 63
@@ -570,10 +557,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
 
     // S: [j] = keys 8 j .. 8 j + 7 of the tile
     float s[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+    zero_tile(s);
 #pragma unroll 2
     for (int kk = 0; kk < D; kk += 8) {
       const float* qa = sQ + qr * ld + kk + t;
@@ -698,10 +682,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
 
   // dv[n], dk[n]: keys kr (c0, c1) and kr + 8 (c2, c3), columns 8 n + 2 t, + 1
   float dv[kNT][4], dk[kNT][4];
-#pragma unroll
-  for (int n = 0; n < kNT; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dv[n][e] = dk[n][e] = 0.f;
+  zero_tile(dv);
+  zero_tile(dk);
 
   const int qtiles = (p.L + QM - 1) / QM;
   for (int qt = p.causal ? kt : 0; qt < qtiles; ++qt) {
@@ -718,10 +700,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
 
     // S^T and dP^T: [j] = queries 8 j .. 8 j + 7 of the tile
     float s[8][4], dp[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+    zero_tile(s);
+    zero_tile(dp);
 #pragma unroll 2
     for (int kk = 0; kk < D; kk += 8) {
       const float* ka = sK + kr * ld + kk + t;
@@ -783,10 +763,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
     // dQ = dS K: warp w's queries 16 w + g (c0, c1) and + 8 (c2, c3), columns 8 n + 2 t, + 1
     {
       float dq[kNT][4];
-#pragma unroll
-      for (int n = 0; n < kNT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
+      zero_tile(dq);
       const int qr = 16 * warp + g;
 #pragma unroll 2
       for (int kk = 0; kk < kBN; kk += 8) {
@@ -943,10 +920,7 @@ template <int D>
 void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                    const Tensor& lse, bool causal, double scale) {
-  const int dev = q.device().index;
-  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), S = k.size(2);
-  const int64_t rows = B * H * L;
-  Tensor dvec = alloc_scratch(rows, DType::float32, q.device());  // [B, H, L]
+  const auto [dev, B, H, L, E, S, rows, dvec] = bwd_frame(q, k);
   const OutOperand dqp = out_operand(dq);
   if (rows > 0) {
     float* dv_ptr = static_cast<float*>(dvec.data_ptr());

@@ -159,6 +159,15 @@ __device__ __forceinline__ C block_sum(C a, C* red) {
   return a;
 }
 
+// A block's partial sums s1, s2 (block_sum2 over red) into p[0], p[1] by thread 0.
+__device__ __forceinline__ void store_partial(double s1, double s2, double* red, double* p) {
+  block_sum2(s1, s2, red);
+  if (threadIdx.x == 0) {
+    p[0] = s1;
+    p[1] = s2;
+  }
+}
+
 // V consecutive elements loaded/stored at once (one 16-byte access for 4 floats, 8 bytes for
 // 4 halves); the pointer is aligned to a pack and i counts packs.
 template <typename T, int V>
@@ -492,12 +501,7 @@ __global__ void __launch_bounds__(kBnThreads)
       s2 += d * d;
     }
   }
-  block_sum2(s1, s2, red);
-  if (threadIdx.x == 0) {
-    double* p = part + (static_cast<int64_t>(ch) * splits + split) * 2;
-    p[0] = s1;
-    p[1] = s2;
-  }
+  store_partial(s1, s2, red, part + (static_cast<int64_t>(ch) * splits + split) * 2);
 }
 
 // Channels-last (NHWC) partial sums: x read as [rows, c] (rows = N * H * W), packs of V
@@ -761,12 +765,7 @@ __global__ void __launch_bounds__(kBnThreads)
       for (int j = 0; j < V; ++j) s1 += static_cast<double>(static_cast<A>(load(g.v[j])));
     }
   }
-  block_sum2(s1, s2, red);
-  if (threadIdx.x == 0) {
-    double* p = part + (static_cast<int64_t>(ch) * splits + split) * 2;
-    p[0] = s1;
-    p[1] = s2;
-  }
+  store_partial(s1, s2, red, part + (static_cast<int64_t>(ch) * splits + split) * 2);
 }
 
 // Per channel: dweight = sum dy * xhat, dbias = sum dy, and (coef non-null) the means
