@@ -176,6 +176,12 @@ void binary_fixed(const Tensor& out, const Tensor& a, const Tensor& b) {
   });
 }
 
+// binary_fixed for op where it is one of Ops (each with its own compiled loop); false otherwise.
+template <typename T, ops::BinaryOp... Ops>
+bool binary_fixed_of(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  return ((op == Ops && (binary_fixed<Ops, T>(out, a, b), true)) || ...);
+}
+
 // out = a (op) b with a float32 a and out and a 16-bit b (ops::binary_widens): b widened
 // exactly, so the result is a (op) to(b, float32).
 template <typename B>
@@ -209,22 +215,10 @@ void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& 
     }
     if constexpr (std::is_floating_point_v<A>) {
       using ops::BinaryOp;
-      switch (op) {  // the ops of a training step
-        case BinaryOp::add:
-          return binary_fixed<BinaryOp::add, T>(out, a, b);
-        case BinaryOp::sub:
-          return binary_fixed<BinaryOp::sub, T>(out, a, b);
-        case BinaryOp::mul:
-          return binary_fixed<BinaryOp::mul, T>(out, a, b);
-        case BinaryOp::div:
-          return binary_fixed<BinaryOp::div, T>(out, a, b);
-        case BinaryOp::relu_backward:
-          return binary_fixed<BinaryOp::relu_backward, T>(out, a, b);
-        case BinaryOp::add_relu:
-          return binary_fixed<BinaryOp::add_relu, T>(out, a, b);
-        default:
-          break;
-      }
+      // The ops of a training step.
+      if (binary_fixed_of<T, BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div,
+                          BinaryOp::relu_backward, BinaryOp::add_relu>(op, out, a, b))
+        return;
     }
     binary_map<T, T>(out, a, b, [op](const T& x, const T& y) {
       return T(math::binary_value<A>(op, static_cast<A>(x), static_cast<A>(y)));

@@ -168,6 +168,27 @@ __device__ __forceinline__ void store_partial(double s1, double s2, double* red,
   }
 }
 
+// The finalize kernels' channel loop, one warp a channel (grid-stride): the warp sums channel
+// ch's partials part[ch][0, splits)[2] (lanes strided over the splits, then a butterfly sum),
+// and lane 0 calls body(ch, sum of [0]s, sum of [1]s).
+template <typename Body>
+__device__ __forceinline__ void for_each_channel_sums(const double* __restrict__ part, int64_t c,
+                                                      int splits, Body&& body) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t ch = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; ch < c;
+       ch += warps) {
+    double s1 = 0, s2 = 0;
+    for (int p = lane; p < splits; p += 32) {
+      s1 += part[(ch * splits + p) * 2];
+      s2 += part[(ch * splits + p) * 2 + 1];
+    }
+    s1 = warp_sum(s1);
+    s2 = warp_sum(s2);
+    if (lane == 0) body(ch, s1, s2);
+  }
+}
+
 // V consecutive elements loaded/stored at once (one 16-byte access for 4 floats, 8 bytes for
 // 4 halves); the pointer is aligned to a pack and i counts packs.
 template <typename T, int V>
@@ -636,18 +657,7 @@ __global__ void bn_stats_finalize_kernel(A* __restrict__ mean, A* __restrict__ v
                                          A* __restrict__ running_mean, A* __restrict__ running_var,
                                          double momentum) {
   const int64_t count = n * s;
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t ch = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; ch < c;
-       ch += warps) {
-    double s1 = 0, s2 = 0;
-    for (int p = lane; p < splits; p += 32) {
-      s1 += part[(ch * splits + p) * 2];
-      s2 += part[(ch * splits + p) * 2 + 1];
-    }
-    s1 = warp_sum(s1);
-    s2 = warp_sum(s2);
-    if (lane != 0) continue;
+  for_each_channel_sums(part, c, splits, [&](int64_t ch, double s1, double s2) {
     double mu = 0, v = 0;
     if (count > 0) {
       const double k0 = static_cast<double>(load(x[ch * k_stride]));
@@ -664,7 +674,7 @@ __global__ void bn_stats_finalize_kernel(A* __restrict__ mean, A* __restrict__ v
       running_var[ch] =
           static_cast<A>(math::running_stat(running_var[ch], math::unbiased(v, count), momentum));
     }
-  }
+  });
 }
 
 // out = (x - mean[c]) * scale + shift, scale = invstd[c] * w[c], shift = b[c]. total and s
@@ -775,25 +785,14 @@ __global__ void bn_bwd_finalize_kernel(A* __restrict__ dw, A* __restrict__ db, A
                                        const double* __restrict__ part, int64_t c, int splits,
                                        int64_t count) {
   const double inv_count = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t ch = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; ch < c;
-       ch += warps) {
-    double sdy = 0, sdyx = 0;
-    for (int p = lane; p < splits; p += 32) {
-      sdy += part[(ch * splits + p) * 2];
-      sdyx += part[(ch * splits + p) * 2 + 1];
-    }
-    sdy = warp_sum(sdy);
-    sdyx = warp_sum(sdyx);
-    if (lane != 0) continue;
+  for_each_channel_sums(part, c, splits, [&](int64_t ch, double sdy, double sdyx) {
     if (dw) dw[ch] = static_cast<A>(sdyx);
     if (db) db[ch] = static_cast<A>(sdy);
     if (coef) {
       coef[2 * ch] = static_cast<A>(sdy * inv_count);
       coef[2 * ch + 1] = static_cast<A>(sdyx * inv_count);
     }
-  }
+  });
 }
 
 // training (coef non-null): dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat));

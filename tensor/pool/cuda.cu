@@ -27,6 +27,29 @@ using math::adaptive_start;
 using math::avg_window;
 using math::AvgWindow;
 
+// A grid-stride loop in index type I (int32_t where every index fits): this thread's first
+// index and the stride.
+template <typename I>
+__device__ __forceinline__ I grid_start() {
+  return static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+}
+template <typename I>
+__device__ __forceinline__ I grid_step() {
+  return static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x);
+}
+
+// Flat index i of a channels_last [B, Y, X, C] tensor as its coordinates.
+template <typename I>
+struct NhwcAt {
+  I b, y, x, c;
+};
+template <typename I>
+__device__ __forceinline__ NhwcAt<I> nhwc_at(I i, I C, I X, I Y) {
+  const I c = i % C, rest = i / C;
+  const I x = rest % X, rest2 = rest / X;
+  return {rest2 / Y, rest2 % Y, x, c};
+}
+
 // ------------------------------------------------------------------ kernels
 
 // A max-pooling window's geometry in index type I (int64_t, or int32_t when every index fits).
@@ -127,8 +150,7 @@ __global__ void max_pool_backward_kernel(T* __restrict__ gx, const T* __restrict
   const I kH = static_cast<I>(p.kH), kW = static_cast<I>(p.kW), sH = static_cast<I>(p.sH),
           sW = static_cast<I>(p.sW), pH = static_cast<I>(p.pH), pW = static_cast<I>(p.pW),
           dH = static_cast<I>(p.dH), dW = static_cast<I>(p.dW);
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-       i < n; i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I i = grid_start<I>(); i < n; i += grid_step<I>()) {
     const I row = i / W, w = i - row * W, pl = row / H, h = row - pl * H;
     const I base = pl * OH * OW;
     const int64_t self = static_cast<int64_t>(h) * g.W + w;
@@ -354,11 +376,10 @@ template <typename T, typename I>
 __global__ void max_pool_forward_nhwc_kernel(const T* __restrict__ x, T* __restrict__ y,
                                              int64_t* __restrict__ idx, Nhwc<I> g, MaxWindow<I> win,
                                              I n) {
-  for (I o = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-       o < n; o += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I c = o % g.C, rest = o / g.C;
-    const I ow = rest % g.OW, rest2 = rest / g.OW;
-    const I oh = rest2 % g.OH, b = rest2 / g.OH;
+  for (I o = grid_start<I>(); o < n; o += grid_step<I>()) {
+    const NhwcAt<I> at = nhwc_at<I>(o, g.C, g.OW, g.OH);
+    const I c = at.c;
+    const I ow = at.x, oh = at.y, b = at.b;
     max_of_window(x + b * g.H * g.W * g.C + c, oh, ow, win, y[o], idx[o], g.C);
   }
 }
@@ -368,11 +389,10 @@ template <typename T, typename I>
 __global__ void max_pool_backward_nhwc_kernel(T* __restrict__ gx, const T* __restrict__ gy,
                                               const int64_t* __restrict__ idx, Nhwc<I> g,
                                               MaxWindow<I> win, I n) {
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-       i < n; i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I c = i % g.C, rest = i / g.C;
-    const I w = rest % g.W, rest2 = rest / g.W;
-    const I h = rest2 % g.H, b = rest2 / g.H;
+  for (I i = grid_start<I>(); i < n; i += grid_step<I>()) {
+    const NhwcAt<I> at = nhwc_at<I>(i, g.C, g.W, g.H);
+    const I c = at.c;
+    const I w = at.x, h = at.y, b = at.b;
     const I base = b * g.OH * g.OW;
     const int64_t self = static_cast<int64_t>(h) * g.W + w;
     dacc_t<T> s = 0;
@@ -390,11 +410,10 @@ template <typename T, typename I>
 __global__ void adaptive_forward_nhwc_kernel(const T* __restrict__ x, T* __restrict__ y, Nhwc<I> g,
                                              I n) {
   using A = dacc_t<T>;
-  for (I o = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-       o < n; o += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I c = o % g.C, rest = o / g.C;
-    const I ow = rest % g.OW, rest2 = rest / g.OW;
-    const I oh = rest2 % g.OH, b = rest2 / g.OH;
+  for (I o = grid_start<I>(); o < n; o += grid_step<I>()) {
+    const NhwcAt<I> at = nhwc_at<I>(o, g.C, g.OW, g.OH);
+    const I c = at.c;
+    const I ow = at.x, oh = at.y, b = at.b;
     const T* xp = x + b * g.H * g.W * g.C + c;
     const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
     const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
@@ -409,11 +428,10 @@ template <typename T, typename I>
 __global__ void adaptive_backward_nhwc_kernel(dacc_t<T>* __restrict__ gx, const T* __restrict__ gy,
                                               Nhwc<I> g, I n) {
   using A = dacc_t<T>;
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-       i < n; i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I c = i % g.C, rest = i / g.C;
-    const int64_t w = rest % g.W, rest2 = rest / g.W;
-    const int64_t h = rest2 % g.H, b = rest2 / g.H;
+  for (I i = grid_start<I>(); i < n; i += grid_step<I>()) {
+    const NhwcAt<I> at = nhwc_at<I>(i, g.C, g.W, g.H);
+    const I c = at.c;
+    const int64_t w = at.x, h = at.y, b = at.b;
     const T* gp = gy + b * g.OH * g.OW * g.C + c;
     const int64_t oh0 = (h * g.OH) / g.H,
                   oh1 = min(((h + 1) * g.OH + g.H - 1) / g.H, static_cast<int64_t>(g.OH));
