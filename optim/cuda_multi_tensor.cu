@@ -424,8 +424,8 @@ unsigned grid(const DeviceTable& t) {
   return static_cast<unsigned>(t.num_chunks);
 }
 
-// The element-wise updates' launcher: the lists' table uploaded (`op` names it), then
-// launch(T{}, table, stream) for the lists' dtype T. `range` names the NVTX range,
+// The element-wise launcher (updates, clipping, unscaling): the lists' table uploaded (`op` names
+// it), then launch(T{}, table, stream) for the lists' dtype T. `range` names the NVTX range,
 // `launch_name` the launch in its error.
 template <typename Launch>
 void launch_update(const TensorLists& l, const char* range, const char* op, const char* launch_name,
@@ -530,36 +530,29 @@ Tensor total_norm(const TensorLists& l, double norm_type) {
 }
 
 void clip_scale_(const TensorLists& l, const Tensor& total_norm, double max_norm) {
-  NvtxRange range("optim::clip_scale (multi-tensor)");
-  DeviceGuard guard(l.device.index);
   if (total_norm.dtype() != l.dtype || !(total_norm.device() == l.device))
     throw std::invalid_argument(
         "clip_grad_norm_: the total norm must have the gradients' dtype and device");
-  const DeviceTable t = upload(l, "clip_grad_norm_");
-  if (t.num_chunks == 0) return;
-  for_dtype(l.dtype, "clip_grad_norm_", [&](auto zero) {
-    using T = decltype(zero);
-    clip_scale_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(
-        t.entries, t.chunks, total_norm.data<T>(), static_cast<T>(max_norm));
-  });
-  check_launch("clip_grad_norm_ (scale)");
+  launch_update(l, "optim::clip_scale (multi-tensor)", "clip_grad_norm_", "clip_grad_norm_ (scale)",
+                [&](auto zero, const DeviceTable& t, cudaStream_t s) {
+                  using T = decltype(zero);
+                  clip_scale_kernel<T><<<grid(t), kThreads, 0, s>>>(
+                      t.entries, t.chunks, total_norm.data<T>(), static_cast<T>(max_norm));
+                });
 }
 
 void unscale_(const TensorLists& l, float inv_scale, const float* scale, const Tensor& found_inf) {
-  NvtxRange range("optim::unscale (multi-tensor)");
-  DeviceGuard guard(l.device.index);
   if (found_inf.dtype() != DType::float32 || found_inf.numel() != 1 ||
       !(found_inf.device() == l.device))
     throw std::invalid_argument(
         "GradScaler.unscale_: found_inf must be one float32 on the gradients' device");
-  const DeviceTable t = upload(l, "GradScaler.unscale_");
-  if (t.num_chunks == 0) return;
-  for_dtype(l.dtype, "GradScaler.unscale_", [&](auto zero) {
-    using T = decltype(zero);
-    unscale_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(
-        t.entries, t.chunks, static_cast<T>(inv_scale), scale, found_inf.data<float>());
-  });
-  check_launch("GradScaler.unscale_ (multi-tensor)");
+  launch_update(
+      l, "optim::unscale (multi-tensor)", "GradScaler.unscale_",
+      "GradScaler.unscale_ (multi-tensor)", [&](auto zero, const DeviceTable& t, cudaStream_t s) {
+        using T = decltype(zero);
+        unscale_kernel<T><<<grid(t), kThreads, 0, s>>>(
+            t.entries, t.chunks, static_cast<T>(inv_scale), scale, found_inf.data<float>());
+      });
 }
 
 void update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,

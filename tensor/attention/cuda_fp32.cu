@@ -155,6 +155,34 @@ __device__ __forceinline__ void store_rows(float* dst, int64_t st,
   }
 }
 
+// Butterfly max and sum over the Lanes lanes (consecutive, a power of two) that share a row.
+template <int Lanes>
+__device__ __forceinline__ float lanes_max(float v) {
+#pragma unroll
+  for (int w = 1; w < Lanes; w *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, w));
+  return v;
+}
+template <int Lanes>
+__device__ __forceinline__ float lanes_sum(float v) {
+#pragma unroll
+  for (int w = 1; w < Lanes; w *= 2) v += __shfl_xor_sync(0xffffffffu, v, w);
+  return v;
+}
+
+// The online softmax's step for a row whose new tile has the max mx: the running max m
+// updated, the reference the tile's exponentials take (0 while the row is all -inf) and
+// alpha, the factor that rescales what was accumulated against the old max.
+struct OnlineStep {
+  float mref, alpha;
+};
+__device__ __forceinline__ OnlineStep online_step(float& m, float mx) {
+  const float mnew = fmaxf(m, mx);
+  const float mref = mnew == -INFINITY ? 0.f : mnew;
+  const float alpha = exp2f(m - mref);
+  m = mnew;
+  return {mref, alpha};
+}
+
 // ------------------------------------------------------------------ forward
 
 struct FwdArgs {
@@ -229,12 +257,8 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
         mx = fmaxf(mx, x);
       }
       // the row's 8 lanes are lanes 8 g .. 8 g + 7 of the warp
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      const float mnew = fmaxf(m[i], mx);
-      const float mref = mnew == -INFINITY ? 0.f : mnew;
-      const float alpha = exp2f(m[i] - mref);
+      const OnlineStep st = online_step(m[i], lanes_max<8>(mx));
+      const float mref = st.mref, alpha = st.alpha;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -243,7 +267,6 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
         sum += e;
       }
       l[i] = l[i] * alpha + sum;  // this lane's part of the row sum
-      m[i] = mnew;
 #pragma unroll
       for (int c = 0; c < 4 * C::kCols; ++c) o[i][c] *= alpha;
     }
@@ -259,10 +282,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
   float inv[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float li = l[i];
-    li += __shfl_xor_sync(0xffffffffu, li, 1);
-    li += __shfl_xor_sync(0xffffffffu, li, 2);
-    li += __shfl_xor_sync(0xffffffffu, li, 4);
+    const float li = lanes_sum<8>(l[i]);
     inv[i] = li > 0.f ? 1.f / li : 0.f;
     const int row = q0 + ty + 16 * i;
     if (tx == 0 && row < p.L)
@@ -590,11 +610,8 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
         }
       }
       // the row's 4 lanes are 4 g .. 4 g + 3
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mnew = fmaxf(m[h], mx);
-      const float mref = mnew == -INFINITY ? 0.f : mnew;
-      const float alpha = exp2f(m[h] - mref);
+      const OnlineStep st = online_step(m[h], lanes_max<4>(mx));
+      const float mref = st.mref, alpha = st.alpha;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -606,7 +623,6 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
         }
       }
       l[h] = l[h] * alpha + sum;  // this lane's part of the row sum
-      m[h] = mnew;
 #pragma unroll
       for (int n = 0; n < kNT; ++n) {
         o[n][2 * h] *= alpha;
@@ -631,9 +647,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
   float* orows = p.o.rows(bh, p.H);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float li = l[h];
-    li += __shfl_xor_sync(0xffffffffu, li, 1);
-    li += __shfl_xor_sync(0xffffffffu, li, 2);
+    const float li = lanes_sum<4>(l[h]);
     const float inv = li > 0.f ? 1.f / li : 0.f;
     const int row = q0 + qr + 8 * h;
     if (row >= p.L) continue;

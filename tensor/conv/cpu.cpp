@@ -156,6 +156,15 @@ Tensor col_scratch(const Geom& g, const Tensor& like) {
   return g.direct() ? Tensor() : alloc_scratch(g.K() * g.L(), like.dtype(), like.device());
 }
 
+// A kernel's frame: the geometry g of the call x [N, C, H, W], w, y [N, O, OH, OW], then
+// body(T{}, g, ws) in the dtype T of `like` with ws the im2col scratch (undefined when direct).
+template <typename Body>
+void conv_call(const char* op, const Tensor& like, const Tensor& x, const Tensor& w,
+               const Tensor& y, const ops::Conv2dParams& p, Body&& body) {
+  const Geom g = geometry(x.sizes(), w.sizes(), y.sizes(), p);
+  dispatch_blas(like.dtype(), op, [&](auto tag) { body(tag, g, col_scratch(g, like)); });
+}
+
 // Calls f(n, grp, cols) for each (image, group) plane of the input x, with cols the plane's
 // unrolled [K, L] matrix: the plane itself when direct, else im2col'd into `col`.
 template <typename T, typename F>
@@ -174,10 +183,8 @@ void for_each_plane_cols(const Geom& g, const T* x, T* col, F&& f) {
 
 void conv2d_forward(const Tensor& out, const Tensor& input, const Tensor& weight,
                     const Tensor& bias, const ops::Conv2dParams& p) {
-  const Geom g = geometry(input.sizes(), weight.sizes(), out.sizes(), p);
-  dispatch_blas(input.dtype(), "conv2d", [&](auto tag) {
+  conv_call("conv2d", input, input, weight, out, p, [&](auto tag, const Geom& g, const Tensor& ws) {
     using T = decltype(tag);
-    const Tensor ws = col_scratch(g, input);
     const T* w = ptr<T>(weight);
     const T* b = ptr<T>(bias);
     T* y = ptr<T>(out);
@@ -195,10 +202,8 @@ void conv2d_forward(const Tensor& out, const Tensor& input, const Tensor& weight
 
 void conv2d_backward_input(const Tensor& grad_input, const Tensor& grad_output,
                            const Tensor& weight, const ops::Conv2dParams& p) {
-  const Geom g = geometry(grad_input.sizes(), weight.sizes(), grad_output.sizes(), p);
-  dispatch_blas(weight.dtype(), "conv2d_backward_input", [&](auto tag) {
+  const auto body = [&](auto tag, const Geom& g, const Tensor& ws) {
     using T = decltype(tag);
-    const Tensor ws = col_scratch(g, weight);
     T* col = ptr<T>(ws);
     T* gx = ptr<T>(grad_input);
     const T* gy = ptr<T>(grad_output);
@@ -214,15 +219,14 @@ void conv2d_backward_input(const Tensor& grad_input, const Tensor& grad_output,
                 g.direct() ? gxs : col, L);
         if (!g.direct()) col2im(col, gxs, g);
       }
-  });
+  };
+  conv_call("conv2d_backward_input", weight, grad_input, weight, grad_output, p, body);
 }
 
 void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output,
                             const Tensor& input, const ops::Conv2dParams& p) {
-  const Geom g = geometry(input.sizes(), grad_weight.sizes(), grad_output.sizes(), p);
-  dispatch_blas(input.dtype(), "conv2d_backward_weight", [&](auto tag) {
+  const auto body = [&](auto tag, const Geom& g, const Tensor& ws) {
     using T = decltype(tag);
-    const Tensor ws = col_scratch(g, input);
     T* gw = ptr<T>(grad_weight);
     const T* gy = ptr<T>(grad_output);
     const int64_t K = g.K(), L = g.L();
@@ -232,7 +236,8 @@ void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output
       gemm<T>(false, true, g.Og, K, L, T(1), gy + (n * g.O + grp * g.Og) * L, L, cols, L, T(1),
               gw + grp * g.Og * K, K);
     });
-  });
+  };
+  conv_call("conv2d_backward_weight", input, input, grad_weight, grad_output, p, body);
 }
 
 }  // namespace
