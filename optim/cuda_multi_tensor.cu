@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "memory/context.h"
@@ -482,23 +483,13 @@ void adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
       kernel<<<spans, k8bitThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks, s,
                                                                  dynamic_maps());
     };
-    switch (bs) {
-      case 64:
-        launch(adamw8bit_warp_kernel<2>);
-        break;
-      case 128:
-        launch(adamw8bit_warp_kernel<4>);
-        break;
-      case 256:
-        launch(adamw8bit_warp_kernel<8>);
-        break;
-      case 512:
-        launch(adamw8bit_warp_kernel<16>);
-        break;
-      default:
-        throw std::invalid_argument("AdamW8bit.step: block size " + std::to_string(bs) +
-                                    " is not a power of two from 64 to 4096");
-    }
+    // The warp kernel of E = bs / 32 codes a lane, for the block sizes 64 to 512.
+    const auto launch_of = [&]<int... E>(std::integer_sequence<int, E...>) {
+      return ((bs == 32 * E && (launch(adamw8bit_warp_kernel<E>), true)) || ...);
+    };
+    if (!launch_of(std::integer_sequence<int, 2, 4, 8, 16>{}))
+      throw std::invalid_argument("AdamW8bit.step: block size " + std::to_string(bs) +
+                                  " is not a power of two from 64 to 4096");
     check_launch("AdamW8bit.step (multi-tensor)");
     return;
   }

@@ -84,55 +84,57 @@ void valid_range(int64_t off, int64_t s, int64_t W, int64_t OW, int64_t& lo, int
   hi = std::clamp(hi, lo, OW);
 }
 
-// col[K, L] <- receptive fields of x [Cg, H, W] (zeros where the window is in padding).
-template <typename T>
-void im2col(const T* x, T* col, const Geom& g) {
+// The walk of im2col and col2im: for each row (c, kh, kw) of col [K, L] and each output row
+// oh, f(col_off, x_off, lo, hi, inside): col_off the offset in col of that row's OW entries,
+// x_off the offset in x [Cg, H, W] of input column kw dW - pW of input row ih = oh sH - pH +
+// kh dH (an address only when inside: ih within [0, H)), [lo, hi) the output columns whose
+// input column is within [0, W).
+template <typename F>
+void for_each_col_row(const Geom& g, F&& f) {
   const int64_t L = g.L();
   for (int64_t c = 0; c < g.Cg; ++c)
     for (int64_t kh = 0; kh < g.kH; ++kh)
       for (int64_t kw = 0; kw < g.kW; ++kw) {
-        T* row = col + ((c * g.kH + kh) * g.kW + kw) * L;
+        const int64_t row = ((c * g.kH + kh) * g.kW + kw) * L;
         const int64_t off_w = kw * g.dW - g.pW;
         int64_t lo, hi;
         valid_range(off_w, g.sW, g.W, g.OW, lo, hi);
         for (int64_t oh = 0; oh < g.OH; ++oh) {
-          T* r = row + oh * g.OW;
           const int64_t ih = oh * g.sH - g.pH + kh * g.dH;
-          if (ih < 0 || ih >= g.H) {
-            std::fill(r, r + g.OW, T(0));
-            continue;
-          }
-          std::fill(r, r + lo, T(0));
-          std::fill(r + hi, r + g.OW, T(0));
-          const T* xr = x + (c * g.H + ih) * g.W + off_w;
-          if (g.sW == 1) {
-            if (hi > lo) std::memcpy(r + lo, xr + lo, static_cast<size_t>(hi - lo) * sizeof(T));
-          } else {
-            for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[ow * g.sW];
-          }
+          f(row + oh * g.OW, (c * g.H + ih) * g.W + off_w, lo, hi, ih >= 0 && ih < g.H);
         }
       }
+}
+
+// col[K, L] <- receptive fields of x [Cg, H, W] (zeros where the window is in padding).
+template <typename T>
+void im2col(const T* x, T* col, const Geom& g) {
+  for_each_col_row(g, [&](int64_t col_off, int64_t x_off, int64_t lo, int64_t hi, bool inside) {
+    T* r = col + col_off;
+    if (!inside) {
+      std::fill(r, r + g.OW, T(0));
+      return;
+    }
+    std::fill(r, r + lo, T(0));
+    std::fill(r + hi, r + g.OW, T(0));
+    const T* xr = x + x_off;
+    if (g.sW == 1) {
+      if (hi > lo) std::memcpy(r + lo, xr + lo, static_cast<size_t>(hi - lo) * sizeof(T));
+    } else {
+      for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[ow * g.sW];
+    }
+  });
 }
 
 // x [Cg, H, W] += the columns of col[K, L] folded back onto their input positions.
 template <typename T>
 void col2im(const T* col, T* x, const Geom& g) {
-  const int64_t L = g.L();
-  for (int64_t c = 0; c < g.Cg; ++c)
-    for (int64_t kh = 0; kh < g.kH; ++kh)
-      for (int64_t kw = 0; kw < g.kW; ++kw) {
-        const T* row = col + ((c * g.kH + kh) * g.kW + kw) * L;
-        const int64_t off_w = kw * g.dW - g.pW;
-        int64_t lo, hi;
-        valid_range(off_w, g.sW, g.W, g.OW, lo, hi);
-        for (int64_t oh = 0; oh < g.OH; ++oh) {
-          const int64_t ih = oh * g.sH - g.pH + kh * g.dH;
-          if (ih < 0 || ih >= g.H) continue;
-          const T* r = row + oh * g.OW;
-          T* xr = x + (c * g.H + ih) * g.W + off_w;
-          for (int64_t ow = lo; ow < hi; ++ow) xr[ow * g.sW] += r[ow];
-        }
-      }
+  for_each_col_row(g, [&](int64_t col_off, int64_t x_off, int64_t lo, int64_t hi, bool inside) {
+    if (!inside) return;
+    const T* r = col + col_off;
+    T* xr = x + x_off;
+    for (int64_t ow = lo; ow < hi; ++ow) xr[ow * g.sW] += r[ow];
+  });
 }
 
 template <typename T>

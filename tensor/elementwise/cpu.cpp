@@ -253,27 +253,21 @@ void unary_fixed(const Tensor& out, const Tensor& a) {
   map2<T, T>(out, a, [](T& d, const T& x) { d = T(math::unary_value<A>(Op, static_cast<A>(x))); });
 }
 
+// unary_fixed for op where it is one of Ops; false otherwise.
+template <typename T, ops::UnaryOp... Ops>
+bool unary_fixed_of(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
+  return ((op == Ops && (unary_fixed<Ops, T>(out, a), true)) || ...);
+}
+
 void unary(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
   TALLY_DISPATCH_FLOAT(a.dtype(), ops::unary_op_name(op), [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     using ops::UnaryOp;
-    switch (op) {  // the cheap ops, where the switch and branches would cost the most
-      case UnaryOp::relu:
-        return unary_fixed<UnaryOp::relu, T>(out, a);
-      case UnaryOp::neg:
-        return unary_fixed<UnaryOp::neg, T>(out, a);
-      case UnaryOp::abs:
-        return unary_fixed<UnaryOp::abs, T>(out, a);
-      case UnaryOp::square:
-        return unary_fixed<UnaryOp::square, T>(out, a);
-      case UnaryOp::sqrt:
-        return unary_fixed<UnaryOp::sqrt, T>(out, a);
-      case UnaryOp::rsqrt:
-        return unary_fixed<UnaryOp::rsqrt, T>(out, a);
-      default:
-        break;
-    }
+    // The cheap ops, where the switch and branches would cost the most.
+    if (unary_fixed_of<T, UnaryOp::relu, UnaryOp::neg, UnaryOp::abs, UnaryOp::square, UnaryOp::sqrt,
+                       UnaryOp::rsqrt>(op, out, a))
+      return;
     map2<T, T>(out, a,
                [&](T& d, const T& x) { d = T(math::unary_value<A>(op, static_cast<A>(x))); });
   });

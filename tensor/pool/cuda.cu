@@ -424,30 +424,40 @@ __global__ void adaptive_forward_nhwc_kernel(const T* __restrict__ x, T* __restr
   }
 }
 
+// adaptive_avg_pool2d's gradient at input element (h, w) of a plane: the sum, in (oh, ow)
+// order, of the gradients grad(oh * OW + ow) (as dacc_t) of the cells whose window holds it,
+// each divided by its window's area.
+template <typename G>
+__device__ __forceinline__ auto adaptive_gather(int64_t h, int64_t w, int64_t H, int64_t W,
+                                                int64_t OH, int64_t OW, G grad) {
+  using A = decltype(grad(int64_t{0}));
+  // Cells whose window [start, end) holds h: start(oh) <= h  <=>  oh < (h + 1) * OH / H,
+  // end(oh) > h  <=>  oh >= floor(h * OH / H). Checked again below.
+  const int64_t oh0 = (h * OH) / H, oh1 = min(((h + 1) * OH + H - 1) / H, OH);
+  const int64_t ow0 = (w * OW) / W, ow1 = min(((w + 1) * OW + W - 1) / W, OW);
+  A s = 0;
+  for (int64_t oh = oh0; oh < oh1; ++oh) {
+    const int64_t h0 = adaptive_start(oh, OH, H), h1 = adaptive_end(oh, OH, H);
+    if (h < h0 || h >= h1) continue;
+    for (int64_t ow = ow0; ow < ow1; ++ow) {
+      const int64_t w0 = adaptive_start(ow, OW, W), w1 = adaptive_end(ow, OW, W);
+      if (w < w0 || w >= w1) continue;
+      s += grad(oh * OW + ow) / static_cast<A>((h1 - h0) * (w1 - w0));
+    }
+  }
+  return s;
+}
+
 template <typename T, typename I>
 __global__ void adaptive_backward_nhwc_kernel(dacc_t<T>* __restrict__ gx, const T* __restrict__ gy,
                                               Nhwc<I> g, I n) {
-  using A = dacc_t<T>;
   for (I i = grid_start<I>(); i < n; i += grid_step<I>()) {
     const NhwcAt<I> at = nhwc_at<I>(i, g.C, g.W, g.H);
     const I c = at.c;
     const int64_t w = at.x, h = at.y, b = at.b;
     const T* gp = gy + b * g.OH * g.OW * g.C + c;
-    const int64_t oh0 = (h * g.OH) / g.H,
-                  oh1 = min(((h + 1) * g.OH + g.H - 1) / g.H, static_cast<int64_t>(g.OH));
-    const int64_t ow0 = (w * g.OW) / g.W,
-                  ow1 = min(((w + 1) * g.OW + g.W - 1) / g.W, static_cast<int64_t>(g.OW));
-    A s = 0;
-    for (int64_t oh = oh0; oh < oh1; ++oh) {
-      const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
-      if (h < h0 || h >= h1) continue;
-      for (int64_t ow = ow0; ow < ow1; ++ow) {
-        const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
-        if (w < w0 || w >= w1) continue;
-        s += load(gp[(oh * g.OW + ow) * g.C]) / static_cast<A>((h1 - h0) * (w1 - w0));
-      }
-    }
-    gx[i] = s;
+    gx[i] = adaptive_gather(h, w, g.H, g.W, g.OH, g.OW,
+                            [&](int64_t cell) { return load(gp[cell * g.C]); });
   }
 }
 
@@ -470,25 +480,11 @@ __global__ void adaptive_forward_kernel(const T* __restrict__ x, T* __restrict__
 template <typename T>
 __global__ void adaptive_backward_kernel(dacc_t<T>* __restrict__ gx, const T* __restrict__ gy,
                                          Planes g, int64_t n) {
-  using A = dacc_t<T>;
   TALLY_GRID_LOOP(i, n) {
     const int64_t w = i % g.W, h = (i / g.W) % g.H, pl = i / (g.W * g.H);
     const T* gp = gy + pl * g.OH * g.OW;
-    // Cells whose window [start, end) holds h: start(oh) <= h  <=>  oh < (h + 1) * OH / H,
-    // end(oh) > h  <=>  oh >= floor(h * OH / H). Checked again below.
-    const int64_t oh0 = (h * g.OH) / g.H, oh1 = min(((h + 1) * g.OH + g.H - 1) / g.H, g.OH);
-    const int64_t ow0 = (w * g.OW) / g.W, ow1 = min(((w + 1) * g.OW + g.W - 1) / g.W, g.OW);
-    A s = 0;
-    for (int64_t oh = oh0; oh < oh1; ++oh) {
-      const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
-      if (h < h0 || h >= h1) continue;
-      for (int64_t ow = ow0; ow < ow1; ++ow) {
-        const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
-        if (w < w0 || w >= w1) continue;
-        s += load(gp[oh * g.OW + ow]) / static_cast<A>((h1 - h0) * (w1 - w0));
-      }
-    }
-    gx[i] = s;
+    gx[i] =
+        adaptive_gather(h, w, g.H, g.W, g.OH, g.OW, [&](int64_t cell) { return load(gp[cell]); });
   }
 }
 
