@@ -207,6 +207,23 @@ constexpr size_t fwd_smem() {
 // double-buffered with cp.async. Causal: tiles past the diagonal are never loaded, tiles
 // past a warp's last row are skipped by that warp, and only tiles crossing a warp's
 // diagonal (or the end of S) are masked.
+// acc[Cols / 8][4] += a (a 16 x 16 A fragment) times rows kk * 16 .. kk * 16 + 15 of b, the
+// Cols columns from b on, in shared memory D + kPad apart: transposed ldmatrix, Cols / 16
+// n-steps.
+template <typename T, int D, int Cols>
+__device__ __forceinline__ void mma_rows(float (&acc)[Cols / 8][4], const uint32_t (&a)[4],
+                                         const T* b, int kk, int lane) {
+  constexpr int ld = D + kPad;
+#pragma unroll
+  for (int dp = 0; dp < Cols / 16; ++dp) {
+    uint32_t bf[4];
+    ldsm_x4_trans(bf, smem_addr(b + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + dp * 16 +
+                                (lane >> 4) * 8));
+    mma<T>(acc[2 * dp], a, bf[0], bf[1]);
+    mma<T>(acc[2 * dp + 1], a, bf[2], bf[3]);
+  }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdParams<T> p) {
   constexpr int ld = D + kPad;
@@ -319,14 +336,7 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
       for (int kk = 0; kk < kN / 16; ++kk) {
         uint32_t a[4];
         c_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t b[4];
-          ldsm_x4_trans(b, smem_addr(vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
-                                     dp * 16 + (lane >> 4) * 8));
-          mma<T>(o[2 * dp], a, b[0], b[1]);
-          mma<T>(o[2 * dp + 1], a, b[2], b[3]);
-        }
+        mma_rows<T, D, D>(o, a, vb, kk, lane);
       }
     }
     __syncthreads();  // buffer buf is refilled by the next iteration's prefetch
@@ -499,14 +509,7 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
       c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        ldsm_x4_trans(b, smem_addr(dob + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
-                                   dp * 16 + (lane >> 4) * 8));
-        mma<T>(dv[2 * dp], pa[kk], b[0], b[1]);
-        mma<T>(dv[2 * dp + 1], pa[kk], b[2], b[3]);
-      }
+      mma_rows<T, D, D>(dv, pa[kk], dob, kk, lane);
     }
     // dP^T = V_w dO^T, then dS^T = P^T (dP^T - D) * scale in place.
     float ds[kN / 8][4];
@@ -532,14 +535,7 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
       *reinterpret_cast<uint32_t*>(sdSw + (g + 8) * ldS + kk * 16 + 2 * t) = a[1];
       *reinterpret_cast<uint32_t*>(sdSw + g * ldS + kk * 16 + 8 + 2 * t) = a[2];
       *reinterpret_cast<uint32_t*>(sdSw + (g + 8) * ldS + kk * 16 + 8 + 2 * t) = a[3];
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        ldsm_x4_trans(b, smem_addr(qb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
-                                   dp * 16 + (lane >> 4) * 8));
-        mma<T>(dk[2 * dp], a, b[0], b[1]);
-        mma<T>(dk[2 * dp + 1], a, b[2], b[3]);
-      }
+      mma_rows<T, D, D>(dk, a, qb, kk, lane);
     }
     __syncthreads();  // dS^T complete; Q, dO of this tile no longer read
     // dQ rows q0 + 16w .. + 15 = dS K: A from dS^T (transposed), B = K [key][d] (.trans).
@@ -559,14 +555,7 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
           uint32_t a[4];
           ldsm_x4_trans(a, smem_addr(sdS + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * ldS +
                                      warp * 16 + ((lane >> 3) & 1) * 8));
-#pragma unroll
-          for (int dp = 0; dp < kCols / 16; ++dp) {
-            uint32_t b[4];
-            ldsm_x4_trans(b, smem_addr(sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
-                                       c0 + dp * 16 + (lane >> 4) * 8));
-            mma<T>(dq[2 * dp], a, b[0], b[1]);
-            mma<T>(dq[2 * dp + 1], a, b[2], b[3]);
-          }
+          mma_rows<T, D, kCols>(dq, a, sK + c0, kk, lane);
         }
 #pragma unroll
         for (int n = 0; n < kCols / 8; ++n) {

@@ -603,6 +603,24 @@ __global__ void __launch_bounds__(kBnThreads)
   nhwc_tile_store<V>(part, s, t, cv, splits, split, red);
 }
 
+// One pack of V elements at off (in packs) of the backward's sums, in both layouts:
+// add(j, dy_j, xhat_j, true) with xhat_j = xhat(j, x_j) where need_xhat, else
+// add(j, dy_j, 0, false) (x not read).
+template <int V, typename A, typename T, typename I, typename Xhat, typename Add>
+__device__ __forceinline__ void add_bwd_pack(const T* __restrict__ dy, const T* __restrict__ x,
+                                             I off, bool need_xhat, Xhat xhat, Add add) {
+  const Pack<T, V> g = load_pack<V>(dy, off);
+  if (need_xhat) {
+    const Pack<T, V> xv = load_pack<V>(x, off);
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      add(j, static_cast<A>(load(g.v[j])), xhat(j, static_cast<A>(load(xv.v[j]))), true);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) add(j, static_cast<A>(load(g.v[j])), A(0), false);
+  }
+}
+
 // The backward's sums in channels_last: sum dy and (need_xhat) sum dy * xhat per channel.
 template <typename T, typename A, typename I, int V>
 __global__ void __launch_bounds__(kBnThreads)
@@ -625,21 +643,12 @@ __global__ void __launch_bounds__(kBnThreads)
       m[j] = need_xhat ? mean[cp * V + j] : A(0);
     }
     for (I row = split * t.rpp + t.ty; row < rows; row += splits * t.rpp) {
-      const I off = row * cv + cp;
-      const Pack<T, V> g = load_pack<V>(dy, off);
-      if (need_xhat) {
-        const Pack<T, V> xv = load_pack<V>(x, off);
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const A gj = static_cast<A>(load(g.v[j]));
-          const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m[j], r[j]);
-          s[j][0] += static_cast<S>(gj);
-          s[j][1] += static_cast<S>(gj) * static_cast<S>(xh);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) s[j][0] += static_cast<S>(static_cast<A>(load(g.v[j])));
-      }
+      add_bwd_pack<V, A>(
+          dy, x, row * cv + cp, need_xhat, [&](int j, A xv) { return math::xhat(xv, m[j], r[j]); },
+          [&](int j, A gj, A xh, bool with_xhat) {
+            s[j][0] += static_cast<S>(gj);
+            if (with_xhat) s[j][1] += static_cast<S>(gj) * static_cast<S>(xh);
+          });
     }
   }
   nhwc_tile_store<V>(part, s, t, cv, splits, split, red);
@@ -759,21 +768,12 @@ __global__ void __launch_bounds__(kBnThreads)
   double s1 = 0, s2 = 0;
   for (I e = split * blockDim.x + threadIdx.x; e < count; e += splits * blockDim.x) {
     const I b = e / sv, k = e - b * sv;
-    const I off = (b * c + ch) * sv + k;
-    const Pack<T, V> g = load_pack<V>(dy, off);
-    if (need_xhat) {
-      const Pack<T, V> xv = load_pack<V>(x, off);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const A gj = static_cast<A>(load(g.v[j]));
-        const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m, r);
-        s1 += static_cast<double>(gj);
-        s2 += static_cast<double>(gj) * static_cast<double>(xh);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) s1 += static_cast<double>(static_cast<A>(load(g.v[j])));
-    }
+    add_bwd_pack<V, A>(
+        dy, x, (b * c + ch) * sv + k, need_xhat, [&](int, A xv) { return math::xhat(xv, m, r); },
+        [&](int, A gj, A xh, bool with_xhat) {
+          s1 += static_cast<double>(gj);
+          if (with_xhat) s2 += static_cast<double>(gj) * static_cast<double>(xh);
+        });
   }
   store_partial(s1, s2, red, part + (static_cast<int64_t>(ch) * splits + split) * 2);
 }
