@@ -169,6 +169,16 @@ __device__ __forceinline__ float lanes_sum(float v) {
   return v;
 }
 
+// A forward score of query row `row` and key `col` in log2 units (s * scale log2 e), -inf where
+// masked (need_mask: the tile reaches past S, or the causal diagonal): past S or, causal, a key
+// after the query.
+template <typename P>
+__device__ __forceinline__ float scaled_score(float s, const P& p, bool need_mask, int row,
+                                              int col) {
+  if (need_mask && (col >= p.S || (p.causal && col > row))) return -INFINITY;
+  return s * p.scale_log2;
+}
+
 // The online softmax's step for a row whose new tile has the max mx: the running max m
 // updated, the reference the tile's exponentials take (0 while the row is all -inf) and
 // alpha, the factor that rescales what was accumulated against the old max.
@@ -248,13 +258,8 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
       float mx = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        float x = s[i][j] * p.scale_log2;
-        if (need_mask) {
-          const int col = k0 + tx + 8 * j;
-          if (col >= p.S || (p.causal && col > row)) x = -INFINITY;
-        }
-        s[i][j] = x;
-        mx = fmaxf(mx, x);
+        s[i][j] = scaled_score(s[i][j], p, need_mask, row, k0 + tx + 8 * j);
+        mx = fmaxf(mx, s[i][j]);
       }
       // the row's 8 lanes are lanes 8 g .. 8 g + 7 of the warp
       const OnlineStep st = online_step(m[i], lanes_max<8>(mx));
@@ -600,13 +605,8 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          float x = s[j][e] * p.scale_log2;
-          if (need_mask) {
-            const int col = k0 + 8 * j + 2 * t + (e & 1);
-            if (col >= p.S || (p.causal && col > row)) x = -INFINITY;
-          }
-          s[j][e] = x;
-          mx = fmaxf(mx, x);
+          s[j][e] = scaled_score(s[j][e], p, need_mask, row, k0 + 8 * j + 2 * t + (e & 1));
+          mx = fmaxf(mx, s[j][e]);
         }
       }
       // the row's 4 lanes are 4 g .. 4 g + 3
