@@ -207,6 +207,37 @@ constexpr size_t fwd_smem() {
 // double-buffered with cp.async. Causal: tiles past the diagonal are never loaded, tiles
 // past a warp's last row are skipped by that warp, and only tiles crossing a warp's
 // diagonal (or the end of S) are masked.
+// acc = A_w B^T, 16 x kN (S = Q_w K^T; the backward's S^T = K_w Q^T, dP^T = V_w dO^T): A_w
+// this warp's 16 rows of a, B the kN rows of b, both in shared memory D + kPad apart, through
+// ldmatrix fragments over D / 16 k-steps. RolledK keeps the k loop rolled (the backward: it
+// bounds the hoisted ldmatrix registers); the forward unrolls it.
+template <typename T, int D, bool RolledK>
+__device__ __forceinline__ void warp_scores(float (&acc)[kN / 8][4], const T* a, const T* b,
+                                            int warp, int lane) {
+  constexpr int ld = D + kPad;
+  zero_tile(acc);
+  const auto step = [&](int kk) {
+    uint32_t af[4];
+    ldsm_x4(af, smem_addr(a + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk * 16 +
+                          (lane >> 4) * 8));
+#pragma unroll
+    for (int np = 0; np < kN / 16; ++np) {
+      uint32_t bf[4];
+      ldsm_x4(bf, smem_addr(b + (np * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk * 16 +
+                            ((lane >> 3) & 1) * 8));
+      mma<T>(acc[2 * np], af, bf[0], bf[1]);
+      mma<T>(acc[2 * np + 1], af, bf[2], bf[3]);
+    }
+  };
+  if constexpr (RolledK) {
+#pragma unroll 1
+    for (int kk = 0; kk < D / 16; ++kk) step(kk);
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) step(kk);
+  }
+}
+
 // acc[Cols / 8][4] += a (a 16 x 16 A fragment) times rows kk * 16 .. kk * 16 + 15 of b, the
 // Cols columns from b on, in shared memory D + kPad apart: transposed ldmatrix, Cols / 16
 // n-steps.
@@ -276,22 +307,9 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
       const T* kb = sK + buf * kN * ld;
       const T* vb = sV + buf * kN * ld;
       // S = Q K^T: [16 x 64] as 8 n8 tiles.
+      // Q fragments re-read from shared memory each k-step: fewer live registers.
       float s[kN / 8][4];
-      zero_tile(s);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4];  // Q fragments re-read from shared memory: fewer live registers
-        ldsm_x4(a, smem_addr(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk * 16 +
-                             (lane >> 4) * 8));
-#pragma unroll
-        for (int np = 0; np < kN / 16; ++np) {
-          uint32_t b[4];
-          ldsm_x4(b, smem_addr(kb + (np * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk * 16 +
-                               ((lane >> 3) & 1) * 8));
-          mma<T>(s[2 * np], a, b[0], b[1]);
-          mma<T>(s[2 * np + 1], a, b[2], b[3]);
-        }
-      }
+      warp_scores<T, D, false>(s, sQ, kb, warp, lane);
       const bool masked = k0 + kN > p.S || (p.causal && k0 + kN - 1 > wr0);
 #pragma unroll
       for (int n = 0; n < kN / 8; ++n) {
@@ -389,30 +407,6 @@ constexpr size_t bwd_smem() {
          sizeof(float) * 4 * kN;                                    // lse[2], D[2]
 }
 
-// The backward's 16 x kN products acc = A_w B^T (S^T = K_w Q^T, dP^T = V_w dO^T): A_w this
-// warp's 16 rows of a, B the kN rows of b, both in shared memory D + kPad apart, through
-// ldmatrix fragments over D / 16 k-steps.
-template <typename T, int D>
-__device__ __forceinline__ void warp_scores(float (&acc)[kN / 8][4], const T* a, const T* b,
-                                            int warp, int lane) {
-  constexpr int ld = D + kPad;
-  zero_tile(acc);
-#pragma unroll 1  // bounds the hoisted ldmatrix registers
-  for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t af[4];
-    ldsm_x4(af, smem_addr(a + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk * 16 +
-                          (lane >> 4) * 8));
-#pragma unroll
-    for (int np = 0; np < kN / 16; ++np) {
-      uint32_t bf[4];
-      ldsm_x4(bf, smem_addr(b + (np * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk * 16 +
-                            ((lane >> 3) & 1) * 8));
-      mma<T>(acc[2 * np], af, bf[0], bf[1]);
-      mma<T>(acc[2 * np + 1], af, bf[2], bf[3]);
-    }
-  }
-}
-
 // Backward: one block of 4 warps per 64 keys; warp w owns keys 16w..16w+15 and keeps dK, dV
 // of them in float registers. It walks the query tiles (64 rows, Q and dO double-buffered
 // with cp.async; causal: from the diagonal tile on), recomputes S^T = K Q^T and
@@ -486,7 +480,7 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
 
     // S^T = K_w Q^T: [16 keys x 64 queries].
     float s[kN / 8][4];
-    warp_scores<T, D>(s, sK, qb, warp, lane);
+    warp_scores<T, D, true>(s, sK, qb, warp, lane);
     // P^T, masked on the diagonal tile and at the ends of L and S.
     const bool masked = q0 + kN > p.L || k0 + kBwdN > p.S || (p.causal && k0 + kBwdN - 1 > q0);
 #pragma unroll
@@ -513,7 +507,7 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
     }
     // dP^T = V_w dO^T, then dS^T = P^T (dP^T - D) * scale in place.
     float ds[kN / 8][4];
-    warp_scores<T, D>(ds, sV, dob, warp, lane);
+    warp_scores<T, D, true>(ds, sV, dob, warp, lane);
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n) {
       // C tile n holds (c0, c1) in pa[n / 2][n % 2 * 2] and (c2, c3) in the next register.
