@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "memory/context.h"
@@ -424,8 +425,8 @@ unsigned grid(const DeviceTable& t) {
   return static_cast<unsigned>(t.num_chunks);
 }
 
-// The element-wise updates' launcher: the lists' table uploaded (`op` names it), then
-// launch(T{}, table, stream) for the lists' dtype T. `range` names the NVTX range,
+// The element-wise launcher (updates, clipping, unscaling): the lists' table uploaded (`op` names
+// it), then launch(T{}, table, stream) for the lists' dtype T. `range` names the NVTX range,
 // `launch_name` the launch in its error.
 template <typename Launch>
 void launch_update(const TensorLists& l, const char* range, const char* op, const char* launch_name,
@@ -482,23 +483,13 @@ void adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
       kernel<<<spans, k8bitThreads, 0, stream(l.device.index)>>>(t.entries, t.chunks, s,
                                                                  dynamic_maps());
     };
-    switch (bs) {
-      case 64:
-        launch(adamw8bit_warp_kernel<2>);
-        break;
-      case 128:
-        launch(adamw8bit_warp_kernel<4>);
-        break;
-      case 256:
-        launch(adamw8bit_warp_kernel<8>);
-        break;
-      case 512:
-        launch(adamw8bit_warp_kernel<16>);
-        break;
-      default:
-        throw std::invalid_argument("AdamW8bit.step: block size " + std::to_string(bs) +
-                                    " is not a power of two from 64 to 4096");
-    }
+    // The warp kernel of E = bs / 32 codes a lane, for the block sizes 64 to 512.
+    const auto launch_of = [&]<int... E>(std::integer_sequence<int, E...>) {
+      return ((bs == 32 * E && (launch(adamw8bit_warp_kernel<E>), true)) || ...);
+    };
+    if (!launch_of(std::integer_sequence<int, 2, 4, 8, 16>{}))
+      throw std::invalid_argument("AdamW8bit.step: block size " + std::to_string(bs) +
+                                  " is not a power of two from 64 to 4096");
     check_launch("AdamW8bit.step (multi-tensor)");
     return;
   }
@@ -530,36 +521,29 @@ Tensor total_norm(const TensorLists& l, double norm_type) {
 }
 
 void clip_scale_(const TensorLists& l, const Tensor& total_norm, double max_norm) {
-  NvtxRange range("optim::clip_scale (multi-tensor)");
-  DeviceGuard guard(l.device.index);
   if (total_norm.dtype() != l.dtype || !(total_norm.device() == l.device))
     throw std::invalid_argument(
         "clip_grad_norm_: the total norm must have the gradients' dtype and device");
-  const DeviceTable t = upload(l, "clip_grad_norm_");
-  if (t.num_chunks == 0) return;
-  for_dtype(l.dtype, "clip_grad_norm_", [&](auto zero) {
-    using T = decltype(zero);
-    clip_scale_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(
-        t.entries, t.chunks, total_norm.data<T>(), static_cast<T>(max_norm));
-  });
-  check_launch("clip_grad_norm_ (scale)");
+  launch_update(l, "optim::clip_scale (multi-tensor)", "clip_grad_norm_", "clip_grad_norm_ (scale)",
+                [&](auto zero, const DeviceTable& t, cudaStream_t s) {
+                  using T = decltype(zero);
+                  clip_scale_kernel<T><<<grid(t), kThreads, 0, s>>>(
+                      t.entries, t.chunks, total_norm.data<T>(), static_cast<T>(max_norm));
+                });
 }
 
 void unscale_(const TensorLists& l, float inv_scale, const float* scale, const Tensor& found_inf) {
-  NvtxRange range("optim::unscale (multi-tensor)");
-  DeviceGuard guard(l.device.index);
   if (found_inf.dtype() != DType::float32 || found_inf.numel() != 1 ||
       !(found_inf.device() == l.device))
     throw std::invalid_argument(
         "GradScaler.unscale_: found_inf must be one float32 on the gradients' device");
-  const DeviceTable t = upload(l, "GradScaler.unscale_");
-  if (t.num_chunks == 0) return;
-  for_dtype(l.dtype, "GradScaler.unscale_", [&](auto zero) {
-    using T = decltype(zero);
-    unscale_kernel<T><<<grid(t), kThreads, 0, stream(l.device.index)>>>(
-        t.entries, t.chunks, static_cast<T>(inv_scale), scale, found_inf.data<float>());
-  });
-  check_launch("GradScaler.unscale_ (multi-tensor)");
+  launch_update(
+      l, "optim::unscale (multi-tensor)", "GradScaler.unscale_",
+      "GradScaler.unscale_ (multi-tensor)", [&](auto zero, const DeviceTable& t, cudaStream_t s) {
+        using T = decltype(zero);
+        unscale_kernel<T><<<grid(t), kThreads, 0, s>>>(
+            t.entries, t.chunks, static_cast<T>(inv_scale), scale, found_inf.data<float>());
+      });
 }
 
 void update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,

@@ -207,6 +207,54 @@ constexpr size_t fwd_smem() {
 // double-buffered with cp.async. Causal: tiles past the diagonal are never loaded, tiles
 // past a warp's last row are skipped by that warp, and only tiles crossing a warp's
 // diagonal (or the end of S) are masked.
+// acc = A_w B^T, 16 x kN (S = Q_w K^T; the backward's S^T = K_w Q^T, dP^T = V_w dO^T): A_w
+// this warp's 16 rows of a, B the kN rows of b, both in shared memory D + kPad apart, through
+// ldmatrix fragments over D / 16 k-steps. RolledK keeps the k loop rolled (the backward: it
+// bounds the hoisted ldmatrix registers); the forward unrolls it.
+template <typename T, int D, bool RolledK>
+__device__ __forceinline__ void warp_scores(float (&acc)[kN / 8][4], const T* a, const T* b,
+                                            int warp, int lane) {
+  constexpr int ld = D + kPad;
+  zero_tile(acc);
+  const auto step = [&](int kk) {
+    uint32_t af[4];
+    ldsm_x4(af, smem_addr(a + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk * 16 +
+                          (lane >> 4) * 8));
+#pragma unroll
+    for (int np = 0; np < kN / 16; ++np) {
+      uint32_t bf[4];
+      ldsm_x4(bf, smem_addr(b + (np * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk * 16 +
+                            ((lane >> 3) & 1) * 8));
+      mma<T>(acc[2 * np], af, bf[0], bf[1]);
+      mma<T>(acc[2 * np + 1], af, bf[2], bf[3]);
+    }
+  };
+  if constexpr (RolledK) {
+#pragma unroll 1
+    for (int kk = 0; kk < D / 16; ++kk) step(kk);
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) step(kk);
+  }
+}
+
+// acc[Cols / 8][4] += a (a 16 x 16 A fragment) times rows kk * 16 .. kk * 16 + 15 of b, the
+// Cols columns from b on, in shared memory D + kPad apart: transposed ldmatrix, Cols / 16
+// n-steps.
+template <typename T, int D, int Cols>
+__device__ __forceinline__ void mma_rows(float (&acc)[Cols / 8][4], const uint32_t (&a)[4],
+                                         const T* b, int kk, int lane) {
+  constexpr int ld = D + kPad;
+#pragma unroll
+  for (int dp = 0; dp < Cols / 16; ++dp) {
+    uint32_t bf[4];
+    ldsm_x4_trans(bf, smem_addr(b + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + dp * 16 +
+                                (lane >> 4) * 8));
+    mma<T>(acc[2 * dp], a, bf[0], bf[1]);
+    mma<T>(acc[2 * dp + 1], a, bf[2], bf[3]);
+  }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdParams<T> p) {
   constexpr int ld = D + kPad;
@@ -236,10 +284,7 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
   cp_async_commit();
 
   float o[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  zero_tile(o);
   float m[2] = {-INFINITY, -INFINITY};  // rows g, g + 8 (scaled, base 2)
   float l[2] = {0.f, 0.f};              // this lane's partial row sums
   const bool warp_live = wr0 < p.L;
@@ -262,25 +307,9 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
       const T* kb = sK + buf * kN * ld;
       const T* vb = sV + buf * kN * ld;
       // S = Q K^T: [16 x 64] as 8 n8 tiles.
+      // Q fragments re-read from shared memory each k-step: fewer live registers.
       float s[kN / 8][4];
-#pragma unroll
-      for (int n = 0; n < kN / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4];  // Q fragments re-read from shared memory: fewer live registers
-        ldsm_x4(a, smem_addr(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk * 16 +
-                             (lane >> 4) * 8));
-#pragma unroll
-        for (int np = 0; np < kN / 16; ++np) {
-          uint32_t b[4];
-          ldsm_x4(b, smem_addr(kb + (np * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk * 16 +
-                               ((lane >> 3) & 1) * 8));
-          mma<T>(s[2 * np], a, b[0], b[1]);
-          mma<T>(s[2 * np + 1], a, b[2], b[3]);
-        }
-      }
+      warp_scores<T, D, false>(s, sQ, kb, warp, lane);
       const bool masked = k0 + kN > p.S || (p.causal && k0 + kN - 1 > wr0);
 #pragma unroll
       for (int n = 0; n < kN / 8; ++n) {
@@ -325,14 +354,7 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
       for (int kk = 0; kk < kN / 16; ++kk) {
         uint32_t a[4];
         c_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t b[4];
-          ldsm_x4_trans(b, smem_addr(vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
-                                     dp * 16 + (lane >> 4) * 8));
-          mma<T>(o[2 * dp], a, b[0], b[1]);
-          mma<T>(o[2 * dp + 1], a, b[2], b[3]);
-        }
+        mma_rows<T, D, D>(o, a, vb, kk, lane);
       }
     }
     __syncthreads();  // buffer buf is refilled by the next iteration's prefetch
@@ -437,13 +459,8 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
   cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      dk[n][e] = 0.f;
-      dv[n][e] = 0.f;
-    }
+  zero_tile(dk);
+  zero_tile(dv);
 
   for (int qt = qt0; qt < qtiles; ++qt) {
     const int buf = (qt - qt0) & 1;
@@ -463,24 +480,7 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
 
     // S^T = K_w Q^T: [16 keys x 64 queries].
     float s[kN / 8][4];
-#pragma unroll
-    for (int n = 0; n < kN / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
-#pragma unroll 1  // bounds the hoisted ldmatrix registers
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      ldsm_x4(a, smem_addr(sK + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk * 16 +
-                           (lane >> 4) * 8));
-#pragma unroll
-      for (int np = 0; np < kN / 16; ++np) {
-        uint32_t b[4];
-        ldsm_x4(b, smem_addr(qb + (np * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk * 16 +
-                             ((lane >> 3) & 1) * 8));
-        mma<T>(s[2 * np], a, b[0], b[1]);
-        mma<T>(s[2 * np + 1], a, b[2], b[3]);
-      }
-    }
+    warp_scores<T, D, true>(s, sK, qb, warp, lane);
     // P^T, masked on the diagonal tile and at the ends of L and S.
     const bool masked = q0 + kN > p.L || k0 + kBwdN > p.S || (p.causal && k0 + kBwdN - 1 > q0);
 #pragma unroll
@@ -503,35 +503,11 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
       c_to_a<T>(pa[kk], s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        ldsm_x4_trans(b, smem_addr(dob + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
-                                   dp * 16 + (lane >> 4) * 8));
-        mma<T>(dv[2 * dp], pa[kk], b[0], b[1]);
-        mma<T>(dv[2 * dp + 1], pa[kk], b[2], b[3]);
-      }
+      mma_rows<T, D, D>(dv, pa[kk], dob, kk, lane);
     }
     // dP^T = V_w dO^T, then dS^T = P^T (dP^T - D) * scale in place.
     float ds[kN / 8][4];
-#pragma unroll
-    for (int n = 0; n < kN / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ds[n][e] = 0.f;
-#pragma unroll 1  // bounds the hoisted ldmatrix registers
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      ldsm_x4(a, smem_addr(sV + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk * 16 +
-                           (lane >> 4) * 8));
-#pragma unroll
-      for (int np = 0; np < kN / 16; ++np) {
-        uint32_t b[4];
-        ldsm_x4(b, smem_addr(dob + (np * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk * 16 +
-                             ((lane >> 3) & 1) * 8));
-        mma<T>(ds[2 * np], a, b[0], b[1]);
-        mma<T>(ds[2 * np + 1], a, b[2], b[3]);
-      }
-    }
+    warp_scores<T, D, true>(ds, sV, dob, warp, lane);
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n) {
       // C tile n holds (c0, c1) in pa[n / 2][n % 2 * 2] and (c2, c3) in the next register.
@@ -553,14 +529,7 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
       *reinterpret_cast<uint32_t*>(sdSw + (g + 8) * ldS + kk * 16 + 2 * t) = a[1];
       *reinterpret_cast<uint32_t*>(sdSw + g * ldS + kk * 16 + 8 + 2 * t) = a[2];
       *reinterpret_cast<uint32_t*>(sdSw + (g + 8) * ldS + kk * 16 + 8 + 2 * t) = a[3];
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        ldsm_x4_trans(b, smem_addr(qb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
-                                   dp * 16 + (lane >> 4) * 8));
-        mma<T>(dk[2 * dp], a, b[0], b[1]);
-        mma<T>(dk[2 * dp + 1], a, b[2], b[3]);
-      }
+      mma_rows<T, D, D>(dk, a, qb, kk, lane);
     }
     __syncthreads();  // dS^T complete; Q, dO of this tile no longer read
     // dQ rows q0 + 16w .. + 15 = dS K: A from dS^T (transposed), B = K [key][d] (.trans).
@@ -574,23 +543,13 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
       for (int part = 0; part < kParts; ++part) {
         const int c0 = part * kCols;
         float dq[kCols / 8][4];
-#pragma unroll
-        for (int n = 0; n < kCols / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
+        zero_tile(dq);
 #pragma unroll
         for (int kk = 0; kk < kBwdN / 16; ++kk) {
           uint32_t a[4];
           ldsm_x4_trans(a, smem_addr(sdS + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * ldS +
                                      warp * 16 + ((lane >> 3) & 1) * 8));
-#pragma unroll
-          for (int dp = 0; dp < kCols / 16; ++dp) {
-            uint32_t b[4];
-            ldsm_x4_trans(b, smem_addr(sK + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld +
-                                       c0 + dp * 16 + (lane >> 4) * 8));
-            mma<T>(dq[2 * dp], a, b[0], b[1]);
-            mma<T>(dq[2 * dp + 1], a, b[2], b[3]);
-          }
+          mma_rows<T, D, kCols>(dq, a, sK + c0, kk, lane);
         }
 #pragma unroll
         for (int n = 0; n < kCols / 8; ++n) {
@@ -683,10 +642,7 @@ template <typename T, int D>
 void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                    const Tensor& lse, bool causal, double scale) {
-  const int dev = q.device().index;
-  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), S = k.size(2);
-  const int64_t rows = B * H * L;
-  Tensor dvec = alloc_scratch(B * H * L, DType::float32, q.device());        // [B, H, L]
+  const auto [dev, B, H, L, E, S, rows, dvec] = bwd_frame(q, k);
   Tensor dq_acc = alloc_scratch(B * H * L * E, DType::float32, q.device());  // [B, H, L, E]
   check(cudaMemsetAsync(dq_acc.data_ptr(), 0, dq_acc.nbytes(), stream(dev)),
         "flash_attention_backward");

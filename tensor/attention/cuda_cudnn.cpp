@@ -237,6 +237,21 @@ bool may_take(const Tensor& q, const Tensor& k, const Tensor& v,
   return aligned(ts) || fall_back();
 }
 
+// Runs p's cached plan from `cache` (built, and tuned through run, on first use) with a
+// workspace of its size, counted in `runs`; false (a fallback) where cuDNN has no plan for p.
+template <typename Plan, typename Run>
+bool run_cached(Cache<Plan>& cache, bool backward, int device, cudnnHandle_t h,
+                const cudnn_sdpa::Problem& p, const Run& run, const char* range_name,
+                std::atomic<int64_t>& runs) {
+  const auto e = cache.get(key_of(backward, device, h, p), device, h, p, run);
+  if (!e->plan) return fall_back();
+  NvtxRange range(range_name);
+  const Storage ws = alloc_scratch_bytes(plan_workspace_bytes(*e->plan), Device::cuda(device));
+  run(*e->plan, ws.data());
+  runs.fetch_add(1);
+  return true;
+}
+
 }  // namespace
 
 void set_cudnn_sdp_enabled(bool on) {
@@ -280,13 +295,8 @@ bool cudnn_flash_attention_forward(const Tensor& out, const Tensor& lse, const T
   const auto run = [&](const cudnn_sdpa::Forward& plan, void* ws) {
     plan.run(h, ptr(q), ptr(k), ptr(v), ptr(out), ptr<float>(lse), ws);
   };
-  const auto e = forward_cache().get(key_of(false, device, h, p), device, h, p, run);
-  if (!e->plan) return fall_back();
-  NvtxRange range("flash_attention_forward (cuDNN)");
-  const Storage ws = alloc_scratch_bytes(plan_workspace_bytes(*e->plan), Device::cuda(device));
-  run(*e->plan, ws.data());
-  g_forward.fetch_add(1);
-  return true;
+  return run_cached(forward_cache(), false, device, h, p, run, "flash_attention_forward (cuDNN)",
+                    g_forward);
 }
 
 bool cudnn_flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
@@ -306,13 +316,8 @@ bool cudnn_flash_attention_backward(const Tensor& dq, const Tensor& dk, const Te
     plan.run(h, ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr<float>(lse), ptr(dq), ptr(dk),
              ptr(dv), ws);
   };
-  const auto e = backward_cache().get(key_of(true, device, h, p), device, h, p, run);
-  if (!e->plan) return fall_back();
-  NvtxRange range("flash_attention_backward (cuDNN)");
-  const Storage ws = alloc_scratch_bytes(plan_workspace_bytes(*e->plan), Device::cuda(device));
-  run(*e->plan, ws.data());
-  g_backward.fetch_add(1);
-  return true;
+  return run_cached(backward_cache(), true, device, h, p, run, "flash_attention_backward (cuDNN)",
+                    g_backward);
 }
 
 }  // namespace tally::cuda

@@ -155,6 +155,44 @@ __device__ __forceinline__ void store_rows(float* dst, int64_t st,
   }
 }
 
+// Butterfly max and sum over the Lanes lanes (consecutive, a power of two) that share a row.
+template <int Lanes>
+__device__ __forceinline__ float lanes_max(float v) {
+#pragma unroll
+  for (int w = 1; w < Lanes; w *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, w));
+  return v;
+}
+template <int Lanes>
+__device__ __forceinline__ float lanes_sum(float v) {
+#pragma unroll
+  for (int w = 1; w < Lanes; w *= 2) v += __shfl_xor_sync(0xffffffffu, v, w);
+  return v;
+}
+
+// A forward score of query row `row` and key `col` in log2 units (s * scale log2 e), -inf where
+// masked (need_mask: the tile reaches past S, or the causal diagonal): past S or, causal, a key
+// after the query.
+template <typename P>
+__device__ __forceinline__ float scaled_score(float s, const P& p, bool need_mask, int row,
+                                              int col) {
+  if (need_mask && (col >= p.S || (p.causal && col > row))) return -INFINITY;
+  return s * p.scale_log2;
+}
+
+// The online softmax's step for a row whose new tile has the max mx: the running max m
+// updated, the reference the tile's exponentials take (0 while the row is all -inf) and
+// alpha, the factor that rescales what was accumulated against the old max.
+struct OnlineStep {
+  float mref, alpha;
+};
+__device__ __forceinline__ OnlineStep online_step(float& m, float mx) {
+  const float mnew = fmaxf(m, mx);
+  const float mref = mnew == -INFINITY ? 0.f : mnew;
+  const float alpha = exp2f(m - mref);
+  m = mnew;
+  return {mref, alpha};
+}
+
 // ------------------------------------------------------------------ forward
 
 struct FwdArgs {
@@ -210,10 +248,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
     __syncthreads();
 
     float s[4][8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s[i][j] = 0.f;
+    zero_tile(s);
     score_tile<D>(s, sQ, sK, ty, tx);
 
     const bool need_mask = k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
@@ -223,21 +258,12 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
       float mx = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        float x = s[i][j] * p.scale_log2;
-        if (need_mask) {
-          const int col = k0 + tx + 8 * j;
-          if (col >= p.S || (p.causal && col > row)) x = -INFINITY;
-        }
-        s[i][j] = x;
-        mx = fmaxf(mx, x);
+        s[i][j] = scaled_score(s[i][j], p, need_mask, row, k0 + tx + 8 * j);
+        mx = fmaxf(mx, s[i][j]);
       }
       // the row's 8 lanes are lanes 8 g .. 8 g + 7 of the warp
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      const float mnew = fmaxf(m[i], mx);
-      const float mref = mnew == -INFINITY ? 0.f : mnew;
-      const float alpha = exp2f(m[i] - mref);
+      const OnlineStep st = online_step(m[i], lanes_max<8>(mx));
+      const float mref = st.mref, alpha = st.alpha;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -246,7 +272,6 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
         sum += e;
       }
       l[i] = l[i] * alpha + sum;  // this lane's part of the row sum
-      m[i] = mnew;
 #pragma unroll
       for (int c = 0; c < 4 * C::kCols; ++c) o[i][c] *= alpha;
     }
@@ -262,10 +287,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
   float inv[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float li = l[i];
-    li += __shfl_xor_sync(0xffffffffu, li, 1);
-    li += __shfl_xor_sync(0xffffffffu, li, 2);
-    li += __shfl_xor_sync(0xffffffffu, li, 4);
+    const float li = lanes_sum<8>(l[i]);
     inv[i] = li > 0.f ? 1.f / li : 0.f;
     const int row = q0 + ty + 16 * i;
     if (tx == 0 && row < p.L)
@@ -374,10 +396,8 @@ __global__ void __launch_bounds__(kThreads, QM == 32 ? 3 : 0) attention_bwd_fp32
 
   // rows: keys k0 + ty + 16 i; columns 4 tx + 32 c + e
   float dk[4][4 * kCols], dv[4][4 * kCols];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int c = 0; c < 4 * kCols; ++c) dk[i][c] = dv[i][c] = 0.f;
+  zero_tile(dk);
+  zero_tile(dv);
 
   const int qtiles = (p.L + QM - 1) / QM;
   for (int qt = p.causal ? kt * (kBN / QM) : 0; qt < qtiles; ++qt) {
@@ -395,10 +415,8 @@ __global__ void __launch_bounds__(kThreads, QM == 32 ? 3 : 0) attention_bwd_fp32
     // S^T and dP^T: rows keys ty + 16 i, columns queries tx + 8 j
     {
       float s[4][kNJ], dp[4][kNJ];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < kNJ; ++j) s[i][j] = dp[i][j] = 0.f;
+      zero_tile(s);
+      zero_tile(dp);
       score_tile<D, kNJ>(s, sK, sQ, ty, tx);
       score_tile<D, kNJ>(dp, sV, sdO, ty, tx);
       const bool need_mask = q0 + QM > p.L || k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
@@ -423,10 +441,7 @@ __global__ void __launch_bounds__(kThreads, QM == 32 ? 3 : 0) attention_bwd_fp32
     {
       const int qg = kSplit == 1 ? ty : ty % kQG, cs = kSplit == 1 ? 0 : ty / kQG;
       float acc[4][4 * kColsQ];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int c = 0; c < 4 * kColsQ; ++c) acc[i][c] = 0.f;
+      zero_tile(acc);
 #pragma unroll 4
       for (int kk = 0; kk < kBN; ++kk) {
         const float4 a = *reinterpret_cast<const float4*>(sdSt + kk * kLdT + 4 * qg);
@@ -552,10 +567,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
   load_tile<D>(sQ, p.q.rows(bh, p.H), p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[kNT][4];
-#pragma unroll
-  for (int n = 0; n < kNT; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  zero_tile(o);
 
   int ntiles = (p.S + kBN - 1) / kBN;
   if (p.causal) ntiles = min(ntiles, qt + 1);  // keys <= q0 + 63
@@ -570,10 +582,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
 
     // S: [j] = keys 8 j .. 8 j + 7 of the tile
     float s[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+    zero_tile(s);
 #pragma unroll 2
     for (int kk = 0; kk < D; kk += 8) {
       const float* qa = sQ + qr * ld + kk + t;
@@ -596,21 +605,13 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          float x = s[j][e] * p.scale_log2;
-          if (need_mask) {
-            const int col = k0 + 8 * j + 2 * t + (e & 1);
-            if (col >= p.S || (p.causal && col > row)) x = -INFINITY;
-          }
-          s[j][e] = x;
-          mx = fmaxf(mx, x);
+          s[j][e] = scaled_score(s[j][e], p, need_mask, row, k0 + 8 * j + 2 * t + (e & 1));
+          mx = fmaxf(mx, s[j][e]);
         }
       }
       // the row's 4 lanes are 4 g .. 4 g + 3
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mnew = fmaxf(m[h], mx);
-      const float mref = mnew == -INFINITY ? 0.f : mnew;
-      const float alpha = exp2f(m[h] - mref);
+      const OnlineStep st = online_step(m[h], lanes_max<4>(mx));
+      const float mref = st.mref, alpha = st.alpha;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -622,7 +623,6 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
         }
       }
       l[h] = l[h] * alpha + sum;  // this lane's part of the row sum
-      m[h] = mnew;
 #pragma unroll
       for (int n = 0; n < kNT; ++n) {
         o[n][2 * h] *= alpha;
@@ -647,9 +647,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
   float* orows = p.o.rows(bh, p.H);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float li = l[h];
-    li += __shfl_xor_sync(0xffffffffu, li, 1);
-    li += __shfl_xor_sync(0xffffffffu, li, 2);
+    const float li = lanes_sum<4>(l[h]);
     const float inv = li > 0.f ? 1.f / li : 0.f;
     const int row = q0 + qr + 8 * h;
     if (row >= p.L) continue;
@@ -698,10 +696,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
 
   // dv[n], dk[n]: keys kr (c0, c1) and kr + 8 (c2, c3), columns 8 n + 2 t, + 1
   float dv[kNT][4], dk[kNT][4];
-#pragma unroll
-  for (int n = 0; n < kNT; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dv[n][e] = dk[n][e] = 0.f;
+  zero_tile(dv);
+  zero_tile(dk);
 
   const int qtiles = (p.L + QM - 1) / QM;
   for (int qt = p.causal ? kt : 0; qt < qtiles; ++qt) {
@@ -718,10 +714,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
 
     // S^T and dP^T: [j] = queries 8 j .. 8 j + 7 of the tile
     float s[8][4], dp[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+    zero_tile(s);
+    zero_tile(dp);
 #pragma unroll 2
     for (int kk = 0; kk < D; kk += 8) {
       const float* ka = sK + kr * ld + kk + t;
@@ -783,10 +777,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
     // dQ = dS K: warp w's queries 16 w + g (c0, c1) and + 8 (c2, c3), columns 8 n + 2 t, + 1
     {
       float dq[kNT][4];
-#pragma unroll
-      for (int n = 0; n < kNT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
+      zero_tile(dq);
       const int qr = 16 * warp + g;
 #pragma unroll 2
       for (int kk = 0; kk < kBN; kk += 8) {
@@ -943,10 +934,7 @@ template <int D>
 void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                    const Tensor& lse, bool causal, double scale) {
-  const int dev = q.device().index;
-  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), S = k.size(2);
-  const int64_t rows = B * H * L;
-  Tensor dvec = alloc_scratch(rows, DType::float32, q.device());  // [B, H, L]
+  const auto [dev, B, H, L, E, S, rows, dvec] = bwd_frame(q, k);
   const OutOperand dqp = out_operand(dq);
   if (rows > 0) {
     float* dv_ptr = static_cast<float*>(dvec.data_ptr());

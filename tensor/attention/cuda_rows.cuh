@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "tensor/op_alloc.h"
 #include "tensor/tensor.h"
 
 namespace tally::cuda {
@@ -24,6 +25,29 @@ template <typename T>
 BhtRows<T> bht_rows(const Tensor& t) {
   return {static_cast<T*>(t.storage().data()) + t.storage_offset(), t.strides()[0], t.strides()[1],
           t.strides()[2]};
+}
+
+// Where both flash-attention backwards (16-bit and float32) start: q [B, H, L, E] and k
+// [B, H, S, E] on device dev, rows = B H L, and the float32 scratch dvec [B, H, L] (dO . O).
+struct BwdFrame {
+  int dev;
+  int64_t B, H, L, E, S, rows;
+  Tensor dvec;
+};
+
+inline BwdFrame bwd_frame(const Tensor& q, const Tensor& k) {
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2);
+  return {q.device().index, q.size(0), q.size(1), q.size(2),
+          q.size(3),        k.size(2), rows,      alloc_scratch(rows, DType::float32, q.device())};
+}
+
+// Zeroes a register tile, unrolled (the tile stays in registers).
+template <int M, int N>
+__device__ __forceinline__ void zero_tile(float (&t)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int j = 0; j < N; ++j) t[i][j] = 0.f;
 }
 
 // dst[0] += a, dst[1] += b (dst 8-byte aligned): one float2 atomic on sm_90, two otherwise.

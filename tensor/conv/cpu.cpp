@@ -84,55 +84,57 @@ void valid_range(int64_t off, int64_t s, int64_t W, int64_t OW, int64_t& lo, int
   hi = std::clamp(hi, lo, OW);
 }
 
-// col[K, L] <- receptive fields of x [Cg, H, W] (zeros where the window is in padding).
-template <typename T>
-void im2col(const T* x, T* col, const Geom& g) {
+// The walk of im2col and col2im: for each row (c, kh, kw) of col [K, L] and each output row
+// oh, f(col_off, x_off, lo, hi, inside): col_off the offset in col of that row's OW entries,
+// x_off the offset in x [Cg, H, W] of input column kw dW - pW of input row ih = oh sH - pH +
+// kh dH (an address only when inside: ih within [0, H)), [lo, hi) the output columns whose
+// input column is within [0, W).
+template <typename F>
+void for_each_col_row(const Geom& g, F&& f) {
   const int64_t L = g.L();
   for (int64_t c = 0; c < g.Cg; ++c)
     for (int64_t kh = 0; kh < g.kH; ++kh)
       for (int64_t kw = 0; kw < g.kW; ++kw) {
-        T* row = col + ((c * g.kH + kh) * g.kW + kw) * L;
+        const int64_t row = ((c * g.kH + kh) * g.kW + kw) * L;
         const int64_t off_w = kw * g.dW - g.pW;
         int64_t lo, hi;
         valid_range(off_w, g.sW, g.W, g.OW, lo, hi);
         for (int64_t oh = 0; oh < g.OH; ++oh) {
-          T* r = row + oh * g.OW;
           const int64_t ih = oh * g.sH - g.pH + kh * g.dH;
-          if (ih < 0 || ih >= g.H) {
-            std::fill(r, r + g.OW, T(0));
-            continue;
-          }
-          std::fill(r, r + lo, T(0));
-          std::fill(r + hi, r + g.OW, T(0));
-          const T* xr = x + (c * g.H + ih) * g.W + off_w;
-          if (g.sW == 1) {
-            if (hi > lo) std::memcpy(r + lo, xr + lo, static_cast<size_t>(hi - lo) * sizeof(T));
-          } else {
-            for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[ow * g.sW];
-          }
+          f(row + oh * g.OW, (c * g.H + ih) * g.W + off_w, lo, hi, ih >= 0 && ih < g.H);
         }
       }
+}
+
+// col[K, L] <- receptive fields of x [Cg, H, W] (zeros where the window is in padding).
+template <typename T>
+void im2col(const T* x, T* col, const Geom& g) {
+  for_each_col_row(g, [&](int64_t col_off, int64_t x_off, int64_t lo, int64_t hi, bool inside) {
+    T* r = col + col_off;
+    if (!inside) {
+      std::fill(r, r + g.OW, T(0));
+      return;
+    }
+    std::fill(r, r + lo, T(0));
+    std::fill(r + hi, r + g.OW, T(0));
+    const T* xr = x + x_off;
+    if (g.sW == 1) {
+      if (hi > lo) std::memcpy(r + lo, xr + lo, static_cast<size_t>(hi - lo) * sizeof(T));
+    } else {
+      for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[ow * g.sW];
+    }
+  });
 }
 
 // x [Cg, H, W] += the columns of col[K, L] folded back onto their input positions.
 template <typename T>
 void col2im(const T* col, T* x, const Geom& g) {
-  const int64_t L = g.L();
-  for (int64_t c = 0; c < g.Cg; ++c)
-    for (int64_t kh = 0; kh < g.kH; ++kh)
-      for (int64_t kw = 0; kw < g.kW; ++kw) {
-        const T* row = col + ((c * g.kH + kh) * g.kW + kw) * L;
-        const int64_t off_w = kw * g.dW - g.pW;
-        int64_t lo, hi;
-        valid_range(off_w, g.sW, g.W, g.OW, lo, hi);
-        for (int64_t oh = 0; oh < g.OH; ++oh) {
-          const int64_t ih = oh * g.sH - g.pH + kh * g.dH;
-          if (ih < 0 || ih >= g.H) continue;
-          const T* r = row + oh * g.OW;
-          T* xr = x + (c * g.H + ih) * g.W + off_w;
-          for (int64_t ow = lo; ow < hi; ++ow) xr[ow * g.sW] += r[ow];
-        }
-      }
+  for_each_col_row(g, [&](int64_t col_off, int64_t x_off, int64_t lo, int64_t hi, bool inside) {
+    if (!inside) return;
+    const T* r = col + col_off;
+    T* xr = x + x_off;
+    for (int64_t ow = lo; ow < hi; ++ow) xr[ow * g.sW] += r[ow];
+  });
 }
 
 template <typename T>
@@ -156,6 +158,15 @@ Tensor col_scratch(const Geom& g, const Tensor& like) {
   return g.direct() ? Tensor() : alloc_scratch(g.K() * g.L(), like.dtype(), like.device());
 }
 
+// A kernel's frame: the geometry g of the call x [N, C, H, W], w, y [N, O, OH, OW], then
+// body(T{}, g, ws) in the dtype T of `like` with ws the im2col scratch (undefined when direct).
+template <typename Body>
+void conv_call(const char* op, const Tensor& like, const Tensor& x, const Tensor& w,
+               const Tensor& y, const ops::Conv2dParams& p, Body&& body) {
+  const Geom g = geometry(x.sizes(), w.sizes(), y.sizes(), p);
+  dispatch_blas(like.dtype(), op, [&](auto tag) { body(tag, g, col_scratch(g, like)); });
+}
+
 // Calls f(n, grp, cols) for each (image, group) plane of the input x, with cols the plane's
 // unrolled [K, L] matrix: the plane itself when direct, else im2col'd into `col`.
 template <typename T, typename F>
@@ -174,10 +185,8 @@ void for_each_plane_cols(const Geom& g, const T* x, T* col, F&& f) {
 
 void conv2d_forward(const Tensor& out, const Tensor& input, const Tensor& weight,
                     const Tensor& bias, const ops::Conv2dParams& p) {
-  const Geom g = geometry(input.sizes(), weight.sizes(), out.sizes(), p);
-  dispatch_blas(input.dtype(), "conv2d", [&](auto tag) {
+  conv_call("conv2d", input, input, weight, out, p, [&](auto tag, const Geom& g, const Tensor& ws) {
     using T = decltype(tag);
-    const Tensor ws = col_scratch(g, input);
     const T* w = ptr<T>(weight);
     const T* b = ptr<T>(bias);
     T* y = ptr<T>(out);
@@ -195,10 +204,8 @@ void conv2d_forward(const Tensor& out, const Tensor& input, const Tensor& weight
 
 void conv2d_backward_input(const Tensor& grad_input, const Tensor& grad_output,
                            const Tensor& weight, const ops::Conv2dParams& p) {
-  const Geom g = geometry(grad_input.sizes(), weight.sizes(), grad_output.sizes(), p);
-  dispatch_blas(weight.dtype(), "conv2d_backward_input", [&](auto tag) {
+  const auto body = [&](auto tag, const Geom& g, const Tensor& ws) {
     using T = decltype(tag);
-    const Tensor ws = col_scratch(g, weight);
     T* col = ptr<T>(ws);
     T* gx = ptr<T>(grad_input);
     const T* gy = ptr<T>(grad_output);
@@ -214,15 +221,14 @@ void conv2d_backward_input(const Tensor& grad_input, const Tensor& grad_output,
                 g.direct() ? gxs : col, L);
         if (!g.direct()) col2im(col, gxs, g);
       }
-  });
+  };
+  conv_call("conv2d_backward_input", weight, grad_input, weight, grad_output, p, body);
 }
 
 void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output,
                             const Tensor& input, const ops::Conv2dParams& p) {
-  const Geom g = geometry(input.sizes(), grad_weight.sizes(), grad_output.sizes(), p);
-  dispatch_blas(input.dtype(), "conv2d_backward_weight", [&](auto tag) {
+  const auto body = [&](auto tag, const Geom& g, const Tensor& ws) {
     using T = decltype(tag);
-    const Tensor ws = col_scratch(g, input);
     T* gw = ptr<T>(grad_weight);
     const T* gy = ptr<T>(grad_output);
     const int64_t K = g.K(), L = g.L();
@@ -232,7 +238,8 @@ void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output
       gemm<T>(false, true, g.Og, K, L, T(1), gy + (n * g.O + grp * g.Og) * L, L, cols, L, T(1),
               gw + grp * g.Og * K, K);
     });
-  });
+  };
+  conv_call("conv2d_backward_weight", input, input, grad_weight, grad_output, p, body);
 }
 
 }  // namespace

@@ -83,33 +83,30 @@ void conv_cost(const Tensor& x, const Tensor& w, const Tensor& y) {
   cost(x, flops, tensor_bytes(x, w, y), /*tf32=*/true);
 }
 
-void col_scratch(const Shape& input, const Shape& weight, const Shape& out,
-                 const ops::Conv2dParams& p, const Tensor& like) {
-  const int64_t n = cpu::conv_col_scratch_numel(input, weight, out, p);
+// One kernel call of x [N, C, H, W], w and y [N, O, OH, OW]: its FLOPs, then the scratch of the
+// kernel that `like` (the operand whose dtype the kernel computes in) runs on: cuDNN's
+// workspace where the target replays CUDA, the CPU kernel's im2col columns otherwise.
+void conv_call(Kind kind, const Tensor& x, const Tensor& w, const Tensor& y,
+               const ops::Conv2dParams& p, const Tensor& like) {
+  conv_cost(x, w, y);
+  if (replays_cuda(like)) return cuda_workspace(kind, x, w, y, p);
+  const int64_t n = cpu::conv_col_scratch_numel(x.sizes(), w.sizes(), y.sizes(), p);
   if (n > 0) alloc_scratch(n, like.dtype(), like.device());
 }
 
 void conv2d_forward(const Tensor& out, const Tensor& input, const Tensor& weight,
                     const Tensor& /*bias*/, const ops::Conv2dParams& p) {
-  conv_cost(input, weight, out);
-  if (replays_cuda(input)) return cuda_workspace(kForward, input, weight, out, p);
-  col_scratch(input.sizes(), weight.sizes(), out.sizes(), p, input);
+  conv_call(kForward, input, weight, out, p, input);
 }
 
 void conv2d_backward_input(const Tensor& grad_input, const Tensor& grad_output,
                            const Tensor& weight, const ops::Conv2dParams& p) {
-  conv_cost(grad_input, weight, grad_output);
-  if (replays_cuda(weight))
-    return cuda_workspace(kBackwardData, grad_input, weight, grad_output, p);
-  col_scratch(grad_input.sizes(), weight.sizes(), grad_output.sizes(), p, weight);
+  conv_call(kBackwardData, grad_input, weight, grad_output, p, weight);
 }
 
 void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output,
                             const Tensor& input, const ops::Conv2dParams& p) {
-  conv_cost(input, grad_weight, grad_output);
-  if (replays_cuda(input))
-    return cuda_workspace(kBackwardFilter, input, grad_weight, grad_output, p);
-  col_scratch(input.sizes(), grad_weight.sizes(), grad_output.sizes(), p, input);
+  conv_call(kBackwardFilter, input, grad_weight, grad_output, p, input);
 }
 
 }  // namespace

@@ -194,23 +194,36 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
   return input.dim() == 3 ? squeeze(out, 0) : out;
 }
 
+namespace {
+// conv2d's gradient for the input (for_input: `other` is the weight) or for the weight (`other`
+// is the forward input), computed in the format conv_format picks and returned in it.
+Tensor conv2d_backward(const OpInfo& info, const Tensor& grad_output, const Tensor& other,
+                       const Shape& input_sizes, const Shape& weight_sizes, const Conv2dParams& p,
+                       bool for_input) {
+  check_same_device(info.name, grad_output.device(), other.device());
+  DispatchScope scope(info, grad_output, other);
+  const Shape in4 = check_backward(info.name, grad_output, input_sizes, weight_sizes, p);
+  const Device dev = grad_output.device();
+  const DType ct = compute_dtype(grad_output.dtype(), dev);
+  const MemoryFormat f = conv_format(grad_output, other);
+  const MemoryFormat kf = kernel_memory_format(dev, f);
+  const Tensor gy = prepare(as_batched(grad_output), ct, kf);
+  const Tensor o = prepare(for_input ? other : as_batched(other), ct, kf);
+  Tensor g = alloc_output(for_input ? in4 : weight_sizes, ct, dev, kf);
+  conv_backends.get(info, dev,
+                    for_input ? &ConvKernels::conv2d_backward_input
+                              : &ConvKernels::conv2d_backward_weight)(g, gy, o, p);
+  g = contiguous(to(g, grad_output.dtype()), f);
+  return for_input && input_sizes.size() == 3 ? squeeze(g, 0) : g;
+}
+}  // namespace
+
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight,
                              const Shape& input_sizes, Int2 stride, Int2 padding, Int2 dilation,
                              int64_t groups) {
   static const OpInfo info("conv2d_backward_input");
-  check_same_device(info.name, grad_output.device(), weight.device());
-  DispatchScope scope(info, grad_output, weight);
-  const Conv2dParams p{stride, padding, dilation, groups};
-  const Shape in4 = check_backward(info.name, grad_output, input_sizes, weight.sizes(), p);
-  const DType ct = compute_dtype(grad_output.dtype(), grad_output.device());
-  const MemoryFormat f = conv_format(grad_output, weight);
-  const MemoryFormat kf = kernel_memory_format(grad_output.device(), f);
-  const Tensor gy = prepare(as_batched(grad_output), ct, kf);
-  const Tensor w = prepare(weight, ct, kf);
-  Tensor gx = alloc_output(in4, ct, grad_output.device(), kf);
-  conv_backends.get(info, grad_output.device(), &ConvKernels::conv2d_backward_input)(gx, gy, w, p);
-  gx = contiguous(to(gx, grad_output.dtype()), f);
-  return input_sizes.size() == 3 ? squeeze(gx, 0) : gx;
+  return conv2d_backward(info, grad_output, weight, input_sizes, weight.sizes(),
+                         {stride, padding, dilation, groups}, /*for_input=*/true);
 }
 
 Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int2 stride,
@@ -283,18 +296,8 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input,
                               const Shape& weight_sizes, Int2 stride, Int2 padding, Int2 dilation,
                               int64_t groups) {
   static const OpInfo info("conv2d_backward_weight");
-  check_same_device(info.name, grad_output.device(), input.device());
-  DispatchScope scope(info, grad_output, input);
-  const Conv2dParams p{stride, padding, dilation, groups};
-  check_backward(info.name, grad_output, input.sizes(), weight_sizes, p);
-  const DType ct = compute_dtype(grad_output.dtype(), grad_output.device());
-  const MemoryFormat f = conv_format(grad_output, input);
-  const MemoryFormat kf = kernel_memory_format(grad_output.device(), f);
-  const Tensor gy = prepare(as_batched(grad_output), ct, kf);
-  const Tensor x = prepare(as_batched(input), ct, kf);
-  Tensor gw = alloc_output(weight_sizes, ct, grad_output.device(), kf);
-  conv_backends.get(info, grad_output.device(), &ConvKernels::conv2d_backward_weight)(gw, gy, x, p);
-  return contiguous(to(gw, grad_output.dtype()), f);
+  return conv2d_backward(info, grad_output, input, input.sizes(), weight_sizes,
+                         {stride, padding, dilation, groups}, /*for_input=*/false);
 }
 
 }  // namespace tally::ops

@@ -24,6 +24,22 @@ void copy_stream_after_compute(int device) {
   check(cudaStreamWaitEvent(copy_stream(device), e, 0), "cudaStreamWaitEvent (offload copy)");
 }
 
+// dev -> host (to_host) or host -> dev on the copy stream, after the work queued so far on
+// Tally's stream; both blocks are kept out of reuse until the copy stream has passed the copy.
+void copy_on_copy_stream(const Tensor& dev, const Tensor& host, bool to_host, const char* what) {
+  if (dev.nbytes() == 0) return;
+  const int d = dev.device().index;
+  check_not_capturing(d, "activation offload (copies on a second stream, fenced by the host)");
+  DeviceGuard g(d);
+  copy_stream_after_compute(d);
+  check(cudaMemcpyAsync(to_host ? host.data_ptr() : dev.data_ptr(),
+                        to_host ? dev.data_ptr() : host.data_ptr(), dev.nbytes(),
+                        to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, copy_stream(d)),
+        what);
+  dev.storage().record_stream(copy_stream_id(d));
+  host.storage().record_stream(copy_stream_id(d));
+}
+
 }  // namespace
 
 void copy_pinned_to_device(const Tensor& host, const Tensor& dev) {
@@ -40,30 +56,12 @@ void copy_pinned_to_device(const Tensor& host, const Tensor& dev) {
 
 void copy_to_host_on_copy_stream(const Tensor& dev, const Tensor& host) {
   NvtxRange range("offload (D2H)");
-  if (dev.nbytes() == 0) return;
-  const int d = dev.device().index;
-  check_not_capturing(d, "activation offload (copies on a second stream, fenced by the host)");
-  DeviceGuard g(d);
-  copy_stream_after_compute(d);
-  check(cudaMemcpyAsync(host.data_ptr(), dev.data_ptr(), dev.nbytes(), cudaMemcpyDeviceToHost,
-                        copy_stream(d)),
-        "offload (D2H to pinned memory)");
-  dev.storage().record_stream(copy_stream_id(d));
-  host.storage().record_stream(copy_stream_id(d));
+  copy_on_copy_stream(dev, host, /*to_host=*/true, "offload (D2H to pinned memory)");
 }
 
 void copy_to_device_on_copy_stream(const Tensor& host, const Tensor& dev) {
   NvtxRange range("prefetch (H2D)");
-  if (dev.nbytes() == 0) return;
-  const int d = dev.device().index;
-  check_not_capturing(d, "activation offload (copies on a second stream, fenced by the host)");
-  DeviceGuard g(d);
-  copy_stream_after_compute(d);
-  check(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), dev.nbytes(), cudaMemcpyHostToDevice,
-                        copy_stream(d)),
-        "prefetch (H2D from pinned memory)");
-  dev.storage().record_stream(copy_stream_id(d));
-  host.storage().record_stream(copy_stream_id(d));
+  copy_on_copy_stream(dev, host, /*to_host=*/false, "prefetch (H2D from pinned memory)");
 }
 
 std::shared_ptr<void> record_copy_event(int device) {

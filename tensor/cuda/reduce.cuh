@@ -111,6 +111,19 @@ struct RowIter {
   }
 };
 
+// The row loop of a row kernel: body(it, o, len) for each row of this block's tiles, with o
+// the row's operand offsets from kept (zeros for a row past the end) and len its n elements
+// (0 for a row past the end: its lanes walk nothing but still join the group reductions).
+template <Mode M, int N, typename Body>
+__device__ __forceinline__ void for_each_row(int64_t nrows, int64_t n, const Indexer<N>& kept,
+                                             Body&& body) {
+  for (RowIter<M> it(nrows); it.more(); it.next()) {
+    int64_t o[N] = {};
+    if (it.active) kept.get(it.row, o);
+    body(it, o, it.active ? n : 0);
+  }
+}
+
 // A value and the (row-linear) index it came from; i < 0: no element yet.
 template <typename V>
 struct Pair {

@@ -40,6 +40,12 @@ Tensor unary_op(o::UnaryOp op, const char* backward_name, Saves saves, const Ten
   return out;
 }
 
+// The gradient g * d(x) of a unary op whose derivative is the unary op D of its input.
+template <o::UnaryOp D>
+Tensor times_unary(const Tensor& g, const Tensor& x) {
+  return o::mul(g, o::unary(D, x));
+}
+
 TensorOptions factory_opts(TensorOptions opts) {
   return opts;
 }
@@ -261,10 +267,7 @@ Tensor rsqrt(const Tensor& a_, CallSite site) {
 
 Tensor sin(const Tensor& a, CallSite site) {
   memory::CallSiteScope call_site(site);
-  return unary_op(o::UnaryOp::sin, "SinBackward", Saves::input, a,
-                  [](const Tensor& g, const Tensor& x) -> Tensor {
-                    return o::mul(g, o::unary(o::UnaryOp::cos, x));
-                  });
+  return unary_op(o::UnaryOp::sin, "SinBackward", Saves::input, a, &times_unary<o::UnaryOp::cos>);
 }
 
 Tensor cos(const Tensor& a, CallSite site) {
@@ -324,10 +327,7 @@ Tensor lerp(const Tensor& input, const Tensor& end, double weight, CallSite site
 
 Tensor abs(const Tensor& a, CallSite site) {
   memory::CallSiteScope call_site(site);
-  return unary_op(o::UnaryOp::abs, "AbsBackward", Saves::input, a,
-                  [](const Tensor& g, const Tensor& x) -> Tensor {
-                    return o::mul(g, o::unary(o::UnaryOp::sign, x));
-                  });
+  return unary_op(o::UnaryOp::abs, "AbsBackward", Saves::input, a, &times_unary<o::UnaryOp::sign>);
 }
 
 Tensor square(const Tensor& a, CallSite site) {

@@ -37,24 +37,36 @@ T* base(const Tensor& t) {
   return static_cast<T*>(t.storage().data());
 }
 
+// parallel_strided_runs over the operands ts (the first's shape), with their strides and
+// storage offsets in the order given.
+template <size_t N, typename Fn>
+void strided_runs(const std::array<const Tensor*, N>& ts, Fn&& fn) {
+  std::array<const int64_t*, N> strides;
+  std::array<int64_t, N> offsets;
+  for (size_t i = 0; i < N; ++i) {
+    strides[i] = ts[i]->strides().data();
+    offsets[i] = ts[i]->storage_offset();
+  }
+  parallel_strided_runs<N>(ts[0]->sizes(), strides, offsets, std::forward<Fn>(fn));
+}
+
 // Applies f(dst&, src) over dst (dtype D) and src (dtype S) of the same shape, in parallel
 // over large tensors.
 template <typename D, typename S, typename F>
 void map2(const Tensor& dst, const Tensor& src, F f) {
   D* d = base<D>(dst);
   const S* s = base<S>(src);
-  parallel_strided_runs<2>(dst.sizes(), {dst.strides().data(), src.strides().data()},
-                           {dst.storage_offset(), src.storage_offset()},
-                           [&](std::array<int64_t, 2> o, int64_t n, std::array<int64_t, 2> st) {
-                             D* dr = d + o[0];
-                             const S* sr = s + o[1];
-                             if (st[0] == 1 && st[1] == 1) {
-                               TALLY_SIMD
-                               for (int64_t i = 0; i < n; ++i) f(dr[i], sr[i]);
-                             } else {
-                               for (int64_t i = 0; i < n; ++i) f(dr[i * st[0]], sr[i * st[1]]);
-                             }
-                           });
+  strided_runs<2>({&dst, &src},
+                  [&](std::array<int64_t, 2> o, int64_t n, std::array<int64_t, 2> st) {
+                    D* dr = d + o[0];
+                    const S* sr = s + o[1];
+                    if (st[0] == 1 && st[1] == 1) {
+                      TALLY_SIMD
+                      for (int64_t i = 0; i < n; ++i) f(dr[i], sr[i]);
+                    } else {
+                      for (int64_t i = 0; i < n; ++i) f(dr[i * st[0]], sr[i * st[1]]);
+                    }
+                  });
 }
 
 template <typename D, typename S>
@@ -140,21 +152,18 @@ void binary_map(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
   O* po = base<O>(out);
   const T* pa = base<T>(a);
   const B* pb = base<B>(b);
-  parallel_strided_runs<3>(out.sizes(),
-                           {out.strides().data(), a.strides().data(), b.strides().data()},
-                           {out.storage_offset(), a.storage_offset(), b.storage_offset()},
-                           [&](std::array<int64_t, 3> o, int64_t n, std::array<int64_t, 3> s) {
-                             O* ro = po + o[0];
-                             const T* ra = pa + o[1];
-                             const B* rb = pb + o[2];
-                             if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
-                               TALLY_SIMD
-                               for (int64_t i = 0; i < n; ++i) ro[i] = f(ra[i], rb[i]);
-                             } else {
-                               for (int64_t i = 0; i < n; ++i)
-                                 ro[i * s[0]] = f(ra[i * s[1]], rb[i * s[2]]);
-                             }
-                           });
+  strided_runs<3>({&out, &a, &b},
+                  [&](std::array<int64_t, 3> o, int64_t n, std::array<int64_t, 3> s) {
+                    O* ro = po + o[0];
+                    const T* ra = pa + o[1];
+                    const B* rb = pb + o[2];
+                    if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+                      TALLY_SIMD
+                      for (int64_t i = 0; i < n; ++i) ro[i] = f(ra[i], rb[i]);
+                    } else {
+                      for (int64_t i = 0; i < n; ++i) ro[i * s[0]] = f(ra[i * s[1]], rb[i * s[2]]);
+                    }
+                  });
 }
 
 // binary_map with the arithmetic op fixed at compile time (math::binary_value's switch folds
@@ -165,6 +174,12 @@ void binary_fixed(const Tensor& out, const Tensor& a, const Tensor& b) {
   binary_map<T, T>(out, a, b, [](const T& x, const T& y) {
     return T(math::binary_value<A>(Op, static_cast<A>(x), static_cast<A>(y)));
   });
+}
+
+// binary_fixed for op where it is one of Ops (each with its own compiled loop); false otherwise.
+template <typename T, ops::BinaryOp... Ops>
+bool binary_fixed_of(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  return ((op == Ops && (binary_fixed<Ops, T>(out, a, b), true)) || ...);
 }
 
 // out = a (op) b with a float32 a and out and a 16-bit b (ops::binary_widens): b widened
@@ -185,15 +200,9 @@ void binary_widened(ops::BinaryOp op, const Tensor& out, const Tensor& a, const 
 }
 
 void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
-  if (b.dtype() != a.dtype()) {
-    if (!ops::binary_widens(op, a.dtype(), b.dtype()) || out.dtype() != a.dtype())
-      unsupported_dtype(ops::binary_op_name(op), b.dtype());
-    if (b.dtype() == DType::bfloat16)
-      binary_widened<BFloat16>(op, out, a, b);
-    else
-      binary_widened<Half>(op, out, a, b);
+  if (ops::binary_mixed<BFloat16, Half>(
+          op, out, a, b, [&](auto b16) { binary_widened<decltype(b16)>(op, out, a, b); }))
     return;
-  }
   TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
     using T = scalar_t;
     using A = acc_t<T>;
@@ -206,22 +215,10 @@ void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& 
     }
     if constexpr (std::is_floating_point_v<A>) {
       using ops::BinaryOp;
-      switch (op) {  // the ops of a training step
-        case BinaryOp::add:
-          return binary_fixed<BinaryOp::add, T>(out, a, b);
-        case BinaryOp::sub:
-          return binary_fixed<BinaryOp::sub, T>(out, a, b);
-        case BinaryOp::mul:
-          return binary_fixed<BinaryOp::mul, T>(out, a, b);
-        case BinaryOp::div:
-          return binary_fixed<BinaryOp::div, T>(out, a, b);
-        case BinaryOp::relu_backward:
-          return binary_fixed<BinaryOp::relu_backward, T>(out, a, b);
-        case BinaryOp::add_relu:
-          return binary_fixed<BinaryOp::add_relu, T>(out, a, b);
-        default:
-          break;
-      }
+      // The ops of a training step.
+      if (binary_fixed_of<T, BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div,
+                          BinaryOp::relu_backward, BinaryOp::add_relu>(op, out, a, b))
+        return;
     }
     binary_map<T, T>(out, a, b, [op](const T& x, const T& y) {
       return T(math::binary_value<A>(op, static_cast<A>(x), static_cast<A>(y)));
@@ -256,27 +253,21 @@ void unary_fixed(const Tensor& out, const Tensor& a) {
   map2<T, T>(out, a, [](T& d, const T& x) { d = T(math::unary_value<A>(Op, static_cast<A>(x))); });
 }
 
+// unary_fixed for op where it is one of Ops; false otherwise.
+template <typename T, ops::UnaryOp... Ops>
+bool unary_fixed_of(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
+  return ((op == Ops && (unary_fixed<Ops, T>(out, a), true)) || ...);
+}
+
 void unary(ops::UnaryOp op, const Tensor& out, const Tensor& a) {
   TALLY_DISPATCH_FLOAT(a.dtype(), ops::unary_op_name(op), [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     using ops::UnaryOp;
-    switch (op) {  // the cheap ops, where the switch and branches would cost the most
-      case UnaryOp::relu:
-        return unary_fixed<UnaryOp::relu, T>(out, a);
-      case UnaryOp::neg:
-        return unary_fixed<UnaryOp::neg, T>(out, a);
-      case UnaryOp::abs:
-        return unary_fixed<UnaryOp::abs, T>(out, a);
-      case UnaryOp::square:
-        return unary_fixed<UnaryOp::square, T>(out, a);
-      case UnaryOp::sqrt:
-        return unary_fixed<UnaryOp::sqrt, T>(out, a);
-      case UnaryOp::rsqrt:
-        return unary_fixed<UnaryOp::rsqrt, T>(out, a);
-      default:
-        break;
-    }
+    // The cheap ops, where the switch and branches would cost the most.
+    if (unary_fixed_of<T, UnaryOp::relu, UnaryOp::neg, UnaryOp::abs, UnaryOp::square, UnaryOp::sqrt,
+                       UnaryOp::rsqrt>(op, out, a))
+      return;
     map2<T, T>(out, a,
                [&](T& d, const T& x) { d = T(math::unary_value<A>(op, static_cast<A>(x))); });
   });
@@ -292,10 +283,8 @@ void lerp(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& w, 
     auto at = [](const T* p, int64_t i) { return static_cast<A>(p[i]); };
     if (!w.defined()) {
       const A ws = static_cast<A>(w_scalar);
-      parallel_strided_runs<3>(
-          out.sizes(), {out.strides().data(), a.strides().data(), b.strides().data()},
-          {out.storage_offset(), a.storage_offset(), b.storage_offset()},
-          [&](std::array<int64_t, 3> o, int64_t n, std::array<int64_t, 3> s) {
+      strided_runs<3>(
+          {&out, &a, &b}, [&](std::array<int64_t, 3> o, int64_t n, std::array<int64_t, 3> s) {
             for (int64_t i = 0; i < n; ++i)
               po[o[0] + i * s[0]] =
                   T(math::lerp_value<A>(at(pa, o[1] + i * s[1]), at(pb, o[2] + i * s[2]), ws));
@@ -303,11 +292,8 @@ void lerp(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& w, 
       return;
     }
     const T* pw = base<T>(w);
-    parallel_strided_runs<4>(
-        out.sizes(),
-        {out.strides().data(), a.strides().data(), b.strides().data(), w.strides().data()},
-        {out.storage_offset(), a.storage_offset(), b.storage_offset(), w.storage_offset()},
-        [&](std::array<int64_t, 4> o, int64_t n, std::array<int64_t, 4> s) {
+    strided_runs<4>(
+        {&out, &a, &b, &w}, [&](std::array<int64_t, 4> o, int64_t n, std::array<int64_t, 4> s) {
           for (int64_t i = 0; i < n; ++i)
             po[o[0] + i * s[0]] = T(math::lerp_value<A>(
                 at(pa, o[1] + i * s[1]), at(pb, o[2] + i * s[2]), at(pw, o[3] + i * s[3])));
@@ -350,11 +336,8 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
     const bool* pc = base<bool>(cond);
     const T* pa = base<T>(a);
     const T* pb = base<T>(b);
-    parallel_strided_runs<4>(
-        out.sizes(),
-        {out.strides().data(), cond.strides().data(), a.strides().data(), b.strides().data()},
-        {out.storage_offset(), cond.storage_offset(), a.storage_offset(), b.storage_offset()},
-        [&](std::array<int64_t, 4> o, int64_t n, std::array<int64_t, 4> s) {
+    strided_runs<4>(
+        {&out, &cond, &a, &b}, [&](std::array<int64_t, 4> o, int64_t n, std::array<int64_t, 4> s) {
           for (int64_t i = 0; i < n; ++i)
             po[o[0] + i * s[0]] = pc[o[1] + i * s[1]] ? pa[o[2] + i * s[2]] : pb[o[3] + i * s[3]];
         });

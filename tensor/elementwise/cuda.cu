@@ -10,6 +10,7 @@
 
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/graph.h"
+#include "tensor/cuda/grid.cuh"
 #include "tensor/cuda/runtime.h"
 #include "tensor/cuda/vectorized.cuh"
 #include "tensor/elementwise/kernels.h"
@@ -18,13 +19,6 @@
 
 namespace tally::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-inline int blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 65535 * 8 ? (b > 0 ? b : 1) : 65535 * 8);
-}
 
 template <int N, typename Op>
 __global__ void elementwise_kernel(int64_t n, Indexer<N> ix, Op op) {
@@ -828,15 +822,9 @@ void binary_widened(ops::BinaryOp op, const Tensor& out, const Tensor& a, const 
 }
 
 void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
-  if (b.dtype() != a.dtype()) {
-    if (!ops::binary_widens(op, a.dtype(), b.dtype()) || out.dtype() != a.dtype())
-      unsupported_dtype(ops::binary_op_name(op), b.dtype());
-    if (b.dtype() == DType::bfloat16)
-      binary_widened<__nv_bfloat16>(op, out, a, b);
-    else
-      binary_widened<__half>(op, out, a, b);
+  if (ops::binary_mixed<__nv_bfloat16, __half>(
+          op, out, a, b, [&](auto b16) { binary_widened<decltype(b16)>(op, out, a, b); }))
     return;
-  }
   TALLY_DISPATCH_ALL(a.dtype(), ops::binary_op_name(op), [&] {
     using T = dev_t<scalar_t>;
     if (!math::is_compare(op) && vec::applies(out, a, &b) && binary_fast<T>(op, out, a, b)) return;

@@ -26,6 +26,22 @@ inline bool binary_widens(BinaryOp op, DType a, DType b) {
   return (op == BinaryOp::add || op == BinaryOp::sub || op == BinaryOp::mul) &&
          a == DType::float32 && (b == DType::float16 || b == DType::bfloat16);
 }
+
+// The binary kernels' mixed-dtype case: false where b has a's dtype; otherwise checks that
+// binary_widens allows the pair and calls widened(Bf16{}) for a bfloat16 b, widened(F16{}) for
+// a float16 one (Bf16, F16: the backend's 16-bit types), and returns true.
+template <typename Bf16, typename F16, typename Widened>
+bool binary_mixed(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
+                  Widened&& widened) {
+  if (b.dtype() == a.dtype()) return false;
+  if (!binary_widens(op, a.dtype(), b.dtype()) || out.dtype() != a.dtype())
+    unsupported_dtype(binary_op_name(op), b.dtype());
+  if (b.dtype() == DType::bfloat16)
+    widened(Bf16{});
+  else
+    widened(F16{});
+  return true;
+}
 }  // namespace ops
 
 struct ElementwiseKernels {

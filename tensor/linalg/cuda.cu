@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tensor/cuda/device_types.cuh"
+#include "tensor/cuda/grid.cuh"
 #include "tensor/cuda/runtime.h"
 #include "tensor/linalg/cuda_matmul.h"
 #include "tensor/linalg/kernels.h"
@@ -13,13 +14,6 @@
 namespace tally::cuda {
 
 namespace {
-
-constexpr int kThreads = 256;
-
-inline int blocks_for(int64_t n, int64_t per_block = kThreads) {
-  const int64_t b = (n + per_block - 1) / per_block;
-  return static_cast<int>(b < 65535 * 8 ? (b > 0 ? b : 1) : 65535 * 8);
-}
 
 template <typename T>
 __global__ void broadcast_rows_kernel(T* __restrict__ out, const T* __restrict__ row,

@@ -65,6 +65,28 @@ blas::Gemm make_gemm(DType dtype, DType out_dtype, const Operand& oa, const Oper
   return g;
 }
 
+// PyTorch's conditions on the dimensions for cuBLASLt's epilogues (addmm), which keep
+// degenerate shapes off them.
+bool epilogue_dims(int64_t M, int64_t N, int64_t K) {
+  constexpr int64_t kMaxDim = 65535LL * 32;
+  return M > 1 && N > 1 && K > 1 && M < kMaxDim && N < kMaxDim && K < kMaxDim;
+}
+
+// out[M, N] = x[M, K] @ b[K, N] (+ bias where defined, by the epilogue) as one cuBLASLt call,
+// the operands named x_name and b_name in errors; the caller sets any other epilogue.
+blas::Gemm epilogue_gemm(const Tensor& out, const Tensor& x, const char* x_name, const Tensor& b,
+                         const char* b_name, const Tensor& bias) {
+  const Operand ox = ops::gemm_operand(x, {}, "matmul kernel (CUDA)", x_name);
+  const Operand ob = ops::gemm_operand(b, {}, "matmul kernel (CUDA)", b_name);
+  const int64_t N = out.size(1);
+  blas::Gemm g = make_gemm(out.dtype(), out.dtype(), ox, ob, out.size(0), N, x.size(1), N, false);
+  g.a = b.data_ptr();
+  g.b = x.data_ptr();
+  g.d = out.data_ptr();
+  g.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  return g;
+}
+
 // The op name of the enclosing DispatchScope ("matmul", "mm", "bmm", "linear").
 const char* current_op_name() {
   const memory::AllocTag tag = memory::current_tag();
@@ -172,19 +194,9 @@ void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& 
                     "output {}",
                     op, dtype_name(x.dtype()), dtype_name(wt.dtype()), dtype_name(bias.dtype()),
                     dtype_name(out.dtype())));
-  // PyTorch's conditions for the cuBLASLt bias epilogue (addmm), which keep degenerate
-  // shapes off it; the bias must be a dense vector.
-  constexpr int64_t kMaxDim = 65535LL * 32;
-  const bool epilogue =
-      M > 1 && N > 1 && K > 1 && M < kMaxDim && N < kMaxDim && K < kMaxDim && bias.stride(0) == 1;
-  if (epilogue) {
-    const Operand ox = ops::gemm_operand(x, {}, "matmul kernel (CUDA)", "x");
-    const Operand ow = ops::gemm_operand(wt, {}, "matmul kernel (CUDA)", "weight^T");
-    blas::Gemm g = make_gemm(out.dtype(), out.dtype(), ox, ow, M, N, K, N, false);
-    g.a = wt.data_ptr();
-    g.b = x.data_ptr();
-    g.d = out.data_ptr();
-    g.bias = bias.data_ptr();
+  // The bias epilogue wants a dense bias vector.
+  if (epilogue_dims(M, N, K) && bias.stride(0) == 1) {
+    const blas::Gemm g = epilogue_gemm(out, x, "x", wt, "weight^T", bias);
     const Storage ws = workspace(device);
     if (blas::gemm(device, g, ws.data(), ws.nbytes(), op) == CUBLAS_STATUS_SUCCESS) {
       ++g_bias_epilogue;
@@ -217,22 +229,15 @@ bool gelu_gemm(const char* kernel, blas::Gemm::Act act, const Tensor& out, const
     throw std::logic_error(fmt::format("{} (CUDA): dtypes differ: {}, {}, {}, output {}", op,
                                        dtype_name(x.dtype()), dtype_name(b.dtype()),
                                        dtype_name(aux.dtype()), dtype_name(out.dtype())));
-  constexpr int64_t kMaxDim = 65535LL * 32;
   const bool sixteen = out.dtype() == DType::float16 || out.dtype() == DType::bfloat16;
-  const bool applies = sixteen && N % 8 == 0 && M > 1 && N > 1 && K > 1 && M < kMaxDim &&
-                       N < kMaxDim && K < kMaxDim && (!bias.defined() || bias.stride(0) == 1) &&
-                       out.is_contiguous() && aux.is_contiguous();
+  const bool applies = sixteen && N % 8 == 0 && epilogue_dims(M, N, K) &&
+                       (!bias.defined() || bias.stride(0) == 1) && out.is_contiguous() &&
+                       aux.is_contiguous();
   if (!applies) {
     ++g_gelu_fallback;
     return false;
   }
-  const Operand ox = ops::gemm_operand(x, {}, "matmul kernel (CUDA)", "a");
-  const Operand ob = ops::gemm_operand(b, {}, "matmul kernel (CUDA)", "b");
-  blas::Gemm g = make_gemm(out.dtype(), out.dtype(), ox, ob, M, N, K, N, false);
-  g.a = b.data_ptr();
-  g.b = x.data_ptr();
-  g.d = out.data_ptr();
-  g.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  blas::Gemm g = epilogue_gemm(out, x, "a", b, "b", bias);
   g.act = act;
   g.aux = aux.data_ptr();
   g.ldaux = N;

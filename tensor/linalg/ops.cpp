@@ -229,44 +229,48 @@ void check_linear(const char* op, const Tensor& x, const Tensor& weight, const T
     check_pair(op, x, bias);
   }
 }
+
+// x as a matrix [rows, in_features] (a view unless x forbids it); `lead` gets x's leading dims.
+Tensor as_rows(const Tensor& x, Shape& lead) {
+  lead.assign(x.sizes().begin(), x.sizes().end() - 1);
+  return x.dim() == 2 ? x : reshape(x, {shape_numel(lead), x.size(-1)});
+}
+
+// out = x2 @ wt (+ bias): the linear kernel with a bias, the plain product without.
+void linear_product(const OpInfo& info, const Tensor& out, const Tensor& x2, const Tensor& wt,
+                    const Tensor& bias) {
+  if (bias.defined())
+    linalg_backends.get(info, out.device(), &LinalgKernels::linear)(out, x2, wt, bias);
+  else
+    linalg_backends.get(info, out.device(), &LinalgKernels::matmul)(out, x2, wt, false);
+}
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   static const OpInfo info("linear");
   check_linear(info.name, x, weight, bias);
-  const int64_t in = weight.size(1), out_f = weight.size(0);
   DispatchScope scope(info, x, weight, bias);
-  Shape shape(x.sizes().begin(), x.sizes().end() - 1);  // leading dims
-  const int64_t rows = shape_numel(shape);
-  const Tensor x2 = x.dim() == 2 ? x : reshape(x, {rows, in});  // a view unless x forbids it
-  Tensor out = alloc_output({rows, out_f}, x.dtype(), x.device());
-  if (bias.defined())
-    linalg_backends.get(info, x.device(), &LinalgKernels::linear)(
-        out, blas_ready(x2), blas_ready(transpose(weight, 0, 1)), bias);
-  else
-    linalg_backends.get(info, x.device(), &LinalgKernels::matmul)(
-        out, blas_ready(x2), blas_ready(transpose(weight, 0, 1)), false);
-  shape.push_back(out_f);
+  Shape shape;
+  const Tensor x2 = as_rows(x, shape);
+  Tensor out = alloc_output({x2.size(0), weight.size(0)}, x.dtype(), x.device());
+  linear_product(info, out, blas_ready(x2), blas_ready(transpose(weight, 0, 1)), bias);
+  shape.push_back(weight.size(0));
   return view(out, shape);
 }
 
 std::pair<Tensor, Tensor> linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   static const OpInfo info("linear_gelu");
   check_linear(info.name, x, weight, bias);
-  const int64_t in = weight.size(1), out_f = weight.size(0);
+  const int64_t out_f = weight.size(0);
   DispatchScope scope(info, x, weight, bias);
-  Shape shape(x.sizes().begin(), x.sizes().end() - 1);  // leading dims
-  const int64_t rows = shape_numel(shape);
-  const Tensor x2 = blas_ready(x.dim() == 2 ? x : reshape(x, {rows, in}));
+  Shape shape;
+  const Tensor x2 = blas_ready(as_rows(x, shape));
   const Tensor wt = blas_ready(transpose(weight, 0, 1));
   // The GELU's input first, then its output: the order linear and gelu allocate them in.
-  Tensor pre = alloc_output({rows, out_f}, x.dtype(), x.device());
-  Tensor out = alloc_output({rows, out_f}, x.dtype(), x.device());
+  Tensor pre = alloc_output({x2.size(0), out_f}, x.dtype(), x.device());
+  Tensor out = alloc_output({x2.size(0), out_f}, x.dtype(), x.device());
   if (!linalg_backends.get(info, x.device(), &LinalgKernels::linear_gelu)(out, pre, x2, wt, bias)) {
-    if (bias.defined())
-      linalg_backends.get(info, x.device(), &LinalgKernels::linear)(pre, x2, wt, bias);
-    else
-      linalg_backends.get(info, x.device(), &LinalgKernels::matmul)(pre, x2, wt, false);
+    linear_product(info, pre, x2, wt, bias);
     elementwise_backends.get(info, x.device(), &ElementwiseKernels::unary)(UnaryOp::gelu_tanh, out,
                                                                            pre);
   }

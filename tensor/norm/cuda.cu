@@ -159,6 +159,36 @@ __device__ __forceinline__ C block_sum(C a, C* red) {
   return a;
 }
 
+// A block's partial sums s1, s2 (block_sum2 over red) into p[0], p[1] by thread 0.
+__device__ __forceinline__ void store_partial(double s1, double s2, double* red, double* p) {
+  block_sum2(s1, s2, red);
+  if (threadIdx.x == 0) {
+    p[0] = s1;
+    p[1] = s2;
+  }
+}
+
+// The finalize kernels' channel loop, one warp a channel (grid-stride): the warp sums channel
+// ch's partials part[ch][0, splits)[2] (lanes strided over the splits, then a butterfly sum),
+// and lane 0 calls body(ch, sum of [0]s, sum of [1]s).
+template <typename Body>
+__device__ __forceinline__ void for_each_channel_sums(const double* __restrict__ part, int64_t c,
+                                                      int splits, Body&& body) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t ch = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; ch < c;
+       ch += warps) {
+    double s1 = 0, s2 = 0;
+    for (int p = lane; p < splits; p += 32) {
+      s1 += part[(ch * splits + p) * 2];
+      s2 += part[(ch * splits + p) * 2 + 1];
+    }
+    s1 = warp_sum(s1);
+    s2 = warp_sum(s2);
+    if (lane == 0) body(ch, s1, s2);
+  }
+}
+
 // V consecutive elements loaded/stored at once (one 16-byte access for 4 floats, 8 bytes for
 // 4 halves); the pointer is aligned to a pack and i counts packs.
 template <typename T, int V>
@@ -492,12 +522,7 @@ __global__ void __launch_bounds__(kBnThreads)
       s2 += d * d;
     }
   }
-  block_sum2(s1, s2, red);
-  if (threadIdx.x == 0) {
-    double* p = part + (static_cast<int64_t>(ch) * splits + split) * 2;
-    p[0] = s1;
-    p[1] = s2;
-  }
+  store_partial(s1, s2, red, part + (static_cast<int64_t>(ch) * splits + split) * 2);
 }
 
 // Channels-last (NHWC) partial sums: x read as [rows, c] (rows = N * H * W), packs of V
@@ -578,6 +603,24 @@ __global__ void __launch_bounds__(kBnThreads)
   nhwc_tile_store<V>(part, s, t, cv, splits, split, red);
 }
 
+// One pack of V elements at off (in packs) of the backward's sums, in both layouts:
+// add(j, dy_j, xhat_j, true) with xhat_j = xhat(j, x_j) where need_xhat, else
+// add(j, dy_j, 0, false) (x not read).
+template <int V, typename A, typename T, typename I, typename Xhat, typename Add>
+__device__ __forceinline__ void add_bwd_pack(const T* __restrict__ dy, const T* __restrict__ x,
+                                             I off, bool need_xhat, Xhat xhat, Add add) {
+  const Pack<T, V> g = load_pack<V>(dy, off);
+  if (need_xhat) {
+    const Pack<T, V> xv = load_pack<V>(x, off);
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      add(j, static_cast<A>(load(g.v[j])), xhat(j, static_cast<A>(load(xv.v[j]))), true);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) add(j, static_cast<A>(load(g.v[j])), A(0), false);
+  }
+}
+
 // The backward's sums in channels_last: sum dy and (need_xhat) sum dy * xhat per channel.
 template <typename T, typename A, typename I, int V>
 __global__ void __launch_bounds__(kBnThreads)
@@ -600,21 +643,12 @@ __global__ void __launch_bounds__(kBnThreads)
       m[j] = need_xhat ? mean[cp * V + j] : A(0);
     }
     for (I row = split * t.rpp + t.ty; row < rows; row += splits * t.rpp) {
-      const I off = row * cv + cp;
-      const Pack<T, V> g = load_pack<V>(dy, off);
-      if (need_xhat) {
-        const Pack<T, V> xv = load_pack<V>(x, off);
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const A gj = static_cast<A>(load(g.v[j]));
-          const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m[j], r[j]);
-          s[j][0] += static_cast<S>(gj);
-          s[j][1] += static_cast<S>(gj) * static_cast<S>(xh);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) s[j][0] += static_cast<S>(static_cast<A>(load(g.v[j])));
-      }
+      add_bwd_pack<V, A>(
+          dy, x, row * cv + cp, need_xhat, [&](int j, A xv) { return math::xhat(xv, m[j], r[j]); },
+          [&](int j, A gj, A xh, bool with_xhat) {
+            s[j][0] += static_cast<S>(gj);
+            if (with_xhat) s[j][1] += static_cast<S>(gj) * static_cast<S>(xh);
+          });
     }
   }
   nhwc_tile_store<V>(part, s, t, cv, splits, split, red);
@@ -632,18 +666,7 @@ __global__ void bn_stats_finalize_kernel(A* __restrict__ mean, A* __restrict__ v
                                          A* __restrict__ running_mean, A* __restrict__ running_var,
                                          double momentum) {
   const int64_t count = n * s;
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t ch = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; ch < c;
-       ch += warps) {
-    double s1 = 0, s2 = 0;
-    for (int p = lane; p < splits; p += 32) {
-      s1 += part[(ch * splits + p) * 2];
-      s2 += part[(ch * splits + p) * 2 + 1];
-    }
-    s1 = warp_sum(s1);
-    s2 = warp_sum(s2);
-    if (lane != 0) continue;
+  for_each_channel_sums(part, c, splits, [&](int64_t ch, double s1, double s2) {
     double mu = 0, v = 0;
     if (count > 0) {
       const double k0 = static_cast<double>(load(x[ch * k_stride]));
@@ -660,7 +683,7 @@ __global__ void bn_stats_finalize_kernel(A* __restrict__ mean, A* __restrict__ v
       running_var[ch] =
           static_cast<A>(math::running_stat(running_var[ch], math::unbiased(v, count), momentum));
     }
-  }
+  });
 }
 
 // out = (x - mean[c]) * scale + shift, scale = invstd[c] * w[c], shift = b[c]. total and s
@@ -745,28 +768,14 @@ __global__ void __launch_bounds__(kBnThreads)
   double s1 = 0, s2 = 0;
   for (I e = split * blockDim.x + threadIdx.x; e < count; e += splits * blockDim.x) {
     const I b = e / sv, k = e - b * sv;
-    const I off = (b * c + ch) * sv + k;
-    const Pack<T, V> g = load_pack<V>(dy, off);
-    if (need_xhat) {
-      const Pack<T, V> xv = load_pack<V>(x, off);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const A gj = static_cast<A>(load(g.v[j]));
-        const A xh = math::xhat(static_cast<A>(load(xv.v[j])), m, r);
-        s1 += static_cast<double>(gj);
-        s2 += static_cast<double>(gj) * static_cast<double>(xh);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) s1 += static_cast<double>(static_cast<A>(load(g.v[j])));
-    }
+    add_bwd_pack<V, A>(
+        dy, x, (b * c + ch) * sv + k, need_xhat, [&](int, A xv) { return math::xhat(xv, m, r); },
+        [&](int, A gj, A xh, bool with_xhat) {
+          s1 += static_cast<double>(gj);
+          if (with_xhat) s2 += static_cast<double>(gj) * static_cast<double>(xh);
+        });
   }
-  block_sum2(s1, s2, red);
-  if (threadIdx.x == 0) {
-    double* p = part + (static_cast<int64_t>(ch) * splits + split) * 2;
-    p[0] = s1;
-    p[1] = s2;
-  }
+  store_partial(s1, s2, red, part + (static_cast<int64_t>(ch) * splits + split) * 2);
 }
 
 // Per channel: dweight = sum dy * xhat, dbias = sum dy, and (coef non-null) the means
@@ -776,25 +785,14 @@ __global__ void bn_bwd_finalize_kernel(A* __restrict__ dw, A* __restrict__ db, A
                                        const double* __restrict__ part, int64_t c, int splits,
                                        int64_t count) {
   const double inv_count = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t ch = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; ch < c;
-       ch += warps) {
-    double sdy = 0, sdyx = 0;
-    for (int p = lane; p < splits; p += 32) {
-      sdy += part[(ch * splits + p) * 2];
-      sdyx += part[(ch * splits + p) * 2 + 1];
-    }
-    sdy = warp_sum(sdy);
-    sdyx = warp_sum(sdyx);
-    if (lane != 0) continue;
+  for_each_channel_sums(part, c, splits, [&](int64_t ch, double sdy, double sdyx) {
     if (dw) dw[ch] = static_cast<A>(sdyx);
     if (db) db[ch] = static_cast<A>(sdy);
     if (coef) {
       coef[2 * ch] = static_cast<A>(sdy * inv_count);
       coef[2 * ch + 1] = static_cast<A>(sdyx * inv_count);
     }
-  }
+  });
 }
 
 // training (coef non-null): dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat));

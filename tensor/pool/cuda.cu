@@ -9,6 +9,7 @@
 
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/fast_div.h"
+#include "tensor/cuda/grid.cuh"
 #include "tensor/cuda/runtime.h"
 #include "tensor/pool/kernels.h"
 #include "tensor/pool/math.h"
@@ -16,13 +17,6 @@
 namespace tally::cuda {
 
 namespace {
-
-constexpr int kThreads = 256;
-
-int blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(b, 1), 65535 * 8));
-}
 
 #define TALLY_GRID_LOOP(i, n)                                                            \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
@@ -32,6 +26,29 @@ using math::adaptive_end;
 using math::adaptive_start;
 using math::avg_window;
 using math::AvgWindow;
+
+// A grid-stride loop in index type I (int32_t where every index fits): this thread's first
+// index and the stride.
+template <typename I>
+__device__ __forceinline__ I grid_start() {
+  return static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+}
+template <typename I>
+__device__ __forceinline__ I grid_step() {
+  return static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x);
+}
+
+// Flat index i of a channels_last [B, Y, X, C] tensor as its coordinates.
+template <typename I>
+struct NhwcAt {
+  I b, y, x, c;
+};
+template <typename I>
+__device__ __forceinline__ NhwcAt<I> nhwc_at(I i, I C, I X, I Y) {
+  const I c = i % C, rest = i / C;
+  const I x = rest % X, rest2 = rest / X;
+  return {rest2 / Y, rest2 % Y, x, c};
+}
 
 // ------------------------------------------------------------------ kernels
 
@@ -133,8 +150,7 @@ __global__ void max_pool_backward_kernel(T* __restrict__ gx, const T* __restrict
   const I kH = static_cast<I>(p.kH), kW = static_cast<I>(p.kW), sH = static_cast<I>(p.sH),
           sW = static_cast<I>(p.sW), pH = static_cast<I>(p.pH), pW = static_cast<I>(p.pW),
           dH = static_cast<I>(p.dH), dW = static_cast<I>(p.dW);
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-       i < n; i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
+  for (I i = grid_start<I>(); i < n; i += grid_step<I>()) {
     const I row = i / W, w = i - row * W, pl = row / H, h = row - pl * H;
     const I base = pl * OH * OW;
     const int64_t self = static_cast<int64_t>(h) * g.W + w;
@@ -160,8 +176,47 @@ struct Cells32 {
 };
 constexpr int kMaxCell = 4;
 
-// S: the cell's side bound at compile time (sH, sW <= S), so a 2 x 2 cell compares 4
-// positions a window, not 16.
+// One cell's gather, in either layout (G: Cells32 or CellsNhwc32): the cell at cell row ch,
+// column cw of its plane sums, per element, the gradients gy[at(oh * OW + ow)] of the windows
+// (oh, ow) whose argmax idx[...] (the position in the plane) is that element, in (oh, ow)
+// order, and stores each through put(position in the plane, value). S: the cell's side bound
+// at compile time (sH, sW <= S), so a 2 x 2 cell compares 4 positions a window, not 16.
+template <typename T, int S, typename G, typename At, typename Put>
+__device__ __forceinline__ void gather_cell(const G& g, uint32_t ch, uint32_t cw,
+                                            const T* __restrict__ gy,
+                                            const int64_t* __restrict__ idx, At at, Put put) {
+  const int32_t h0 = static_cast<int32_t>(ch) * g.sH, w0 = static_cast<int32_t>(cw) * g.sW;
+  const int32_t nh = min(g.sH, g.H - h0), nw = min(g.sW, g.W - w0);
+  // Window oh covers row h when oh * sH <= h + pH and oh * sH >= h + pH - (kH - 1).
+  const int32_t rh = h0 + g.pH - (g.kH - 1), rw = w0 + g.pW - (g.kW - 1);
+  const int32_t oh0 = rh <= 0 ? 0 : (rh + g.sH - 1) / g.sH;
+  const int32_t oh1 = min((h0 + nh - 1 + g.pH) / g.sH, g.OH - 1);
+  const int32_t ow0 = rw <= 0 ? 0 : (rw + g.sW - 1) / g.sW;
+  const int32_t ow1 = min((w0 + nw - 1 + g.pW) / g.sW, g.OW - 1);
+  const int64_t corner = static_cast<int64_t>(h0) * g.W + w0;  // in the plane
+  dacc_t<T> acc[S][S];
+#pragma unroll
+  for (int a = 0; a < S; ++a)
+#pragma unroll
+    for (int b = 0; b < S; ++b) acc[a][b] = 0;
+  for (int32_t oh = oh0; oh <= oh1; ++oh)
+    for (int32_t ow = ow0; ow <= ow1; ++ow) {
+      const uint32_t o = at(static_cast<uint32_t>(oh * g.OW + ow));
+      const int64_t j = idx[o] - corner;
+      const dacc_t<T> v = load(gy[o]);
+#pragma unroll
+      for (int a = 0; a < S; ++a)
+#pragma unroll
+        for (int b = 0; b < S; ++b)
+          if (a < nh && b < nw && j == static_cast<int64_t>(a) * g.W + b) acc[a][b] += v;
+    }
+#pragma unroll
+  for (int a = 0; a < S; ++a)
+#pragma unroll
+    for (int b = 0; b < S; ++b)
+      if (a < nh && b < nw) put(corner + static_cast<int64_t>(a) * g.W + b, store<T>(acc[a][b]));
+}
+
 template <typename T, int S>
 __global__ void max_pool_backward_cells_kernel(T* __restrict__ gx, const T* __restrict__ gy,
                                                const int64_t* __restrict__ idx, Cells32 g,
@@ -170,38 +225,11 @@ __global__ void max_pool_backward_cells_kernel(T* __restrict__ gx, const T* __re
     uint32_t rest, cw, pl, ch;
     g.by_cw.divmod(c, rest, cw);
     g.by_ch.divmod(rest, pl, ch);
-    const int32_t h0 = static_cast<int32_t>(ch) * g.sH, w0 = static_cast<int32_t>(cw) * g.sW;
-    const int32_t nh = min(g.sH, g.H - h0), nw = min(g.sW, g.W - w0);
-    // Window oh covers row h when oh * sH <= h + pH and oh * sH >= h + pH - (kH - 1).
-    const int32_t rh = h0 + g.pH - (g.kH - 1), rw = w0 + g.pW - (g.kW - 1);
-    const int32_t oh0 = rh <= 0 ? 0 : (rh + g.sH - 1) / g.sH;
-    const int32_t oh1 = min((h0 + nh - 1 + g.pH) / g.sH, g.OH - 1);
-    const int32_t ow0 = rw <= 0 ? 0 : (rw + g.sW - 1) / g.sW;
-    const int32_t ow1 = min((w0 + nw - 1 + g.pW) / g.sW, g.OW - 1);
     const uint32_t plane_out = pl * static_cast<uint32_t>(g.OH * g.OW);
-    const int64_t corner = static_cast<int64_t>(h0) * g.W + w0;  // in the plane
-    dacc_t<T> acc[S][S];
-#pragma unroll
-    for (int a = 0; a < S; ++a)
-#pragma unroll
-      for (int b = 0; b < S; ++b) acc[a][b] = 0;
-    for (int32_t oh = oh0; oh <= oh1; ++oh)
-      for (int32_t ow = ow0; ow <= ow1; ++ow) {
-        const uint32_t o = plane_out + static_cast<uint32_t>(oh * g.OW + ow);
-        const int64_t j = idx[o] - corner;
-        const dacc_t<T> v = load(gy[o]);
-#pragma unroll
-        for (int a = 0; a < S; ++a)
-#pragma unroll
-          for (int b = 0; b < S; ++b)
-            if (a < nh && b < nw && j == static_cast<int64_t>(a) * g.W + b) acc[a][b] += v;
-      }
-    T* out = gx + static_cast<size_t>(pl) * static_cast<uint32_t>(g.H * g.W) + corner;
-#pragma unroll
-    for (int a = 0; a < S; ++a)
-#pragma unroll
-      for (int b = 0; b < S; ++b)
-        if (a < nh && b < nw) out[a * g.W + b] = store<T>(acc[a][b]);
+    T* out = gx + static_cast<size_t>(pl) * static_cast<uint32_t>(g.H * g.W);
+    gather_cell<T, S>(
+        g, ch, cw, gy, idx, [&](uint32_t w) { return plane_out + w; },
+        [&](int64_t pos, T v) { out[pos] = v; });
   }
 }
 
@@ -222,38 +250,12 @@ __global__ void max_pool_backward_cells_nhwc_kernel(T* __restrict__ gx, const T*
     g.by_c.divmod(t, r1, c);
     g.by_cw.divmod(r1, r2, cw);
     g.by_ch.divmod(r2, b, ch);
-    const int32_t h0 = static_cast<int32_t>(ch) * g.sH, w0 = static_cast<int32_t>(cw) * g.sW;
-    const int32_t nh = min(g.sH, g.H - h0), nw = min(g.sW, g.W - w0);
-    const int32_t rh = h0 + g.pH - (g.kH - 1), rw = w0 + g.pW - (g.kW - 1);
-    const int32_t oh0 = rh <= 0 ? 0 : (rh + g.sH - 1) / g.sH;
-    const int32_t oh1 = min((h0 + nh - 1 + g.pH) / g.sH, g.OH - 1);
-    const int32_t ow0 = rw <= 0 ? 0 : (rw + g.sW - 1) / g.sW;
-    const int32_t ow1 = min((w0 + nw - 1 + g.pW) / g.sW, g.OW - 1);
     const uint32_t C = static_cast<uint32_t>(g.C);
     const uint32_t sample_out = b * static_cast<uint32_t>(g.OH * g.OW);
-    const int64_t corner = static_cast<int64_t>(h0) * g.W + w0;  // in the plane
-    dacc_t<T> acc[S][S];
-#pragma unroll
-    for (int a = 0; a < S; ++a)
-#pragma unroll
-      for (int e = 0; e < S; ++e) acc[a][e] = 0;
-    for (int32_t oh = oh0; oh <= oh1; ++oh)
-      for (int32_t ow = ow0; ow <= ow1; ++ow) {
-        const uint32_t o = (sample_out + static_cast<uint32_t>(oh * g.OW + ow)) * C + c;
-        const int64_t j = idx[o] - corner;
-        const dacc_t<T> v = load(gy[o]);
-#pragma unroll
-        for (int a = 0; a < S; ++a)
-#pragma unroll
-          for (int e = 0; e < S; ++e)
-            if (a < nh && e < nw && j == static_cast<int64_t>(a) * g.W + e) acc[a][e] += v;
-      }
-    T* out = gx + (static_cast<size_t>(b) * static_cast<uint32_t>(g.H * g.W) + corner) * C + c;
-#pragma unroll
-    for (int a = 0; a < S; ++a)
-#pragma unroll
-      for (int e = 0; e < S; ++e)
-        if (a < nh && e < nw) out[(static_cast<size_t>(a) * g.W + e) * C] = store<T>(acc[a][e]);
+    T* out = gx + static_cast<size_t>(b) * static_cast<uint32_t>(g.H * g.W) * C + c;
+    gather_cell<T, S>(
+        g, ch, cw, gy, idx, [&](uint32_t w) { return (sample_out + w) * C + c; },
+        [&](int64_t pos, T v) { out[static_cast<size_t>(pos) * C] = v; });
   }
 }
 
@@ -374,11 +376,10 @@ template <typename T, typename I>
 __global__ void max_pool_forward_nhwc_kernel(const T* __restrict__ x, T* __restrict__ y,
                                              int64_t* __restrict__ idx, Nhwc<I> g, MaxWindow<I> win,
                                              I n) {
-  for (I o = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-       o < n; o += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I c = o % g.C, rest = o / g.C;
-    const I ow = rest % g.OW, rest2 = rest / g.OW;
-    const I oh = rest2 % g.OH, b = rest2 / g.OH;
+  for (I o = grid_start<I>(); o < n; o += grid_step<I>()) {
+    const NhwcAt<I> at = nhwc_at<I>(o, g.C, g.OW, g.OH);
+    const I c = at.c;
+    const I ow = at.x, oh = at.y, b = at.b;
     max_of_window(x + b * g.H * g.W * g.C + c, oh, ow, win, y[o], idx[o], g.C);
   }
 }
@@ -388,11 +389,10 @@ template <typename T, typename I>
 __global__ void max_pool_backward_nhwc_kernel(T* __restrict__ gx, const T* __restrict__ gy,
                                               const int64_t* __restrict__ idx, Nhwc<I> g,
                                               MaxWindow<I> win, I n) {
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-       i < n; i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I c = i % g.C, rest = i / g.C;
-    const I w = rest % g.W, rest2 = rest / g.W;
-    const I h = rest2 % g.H, b = rest2 / g.H;
+  for (I i = grid_start<I>(); i < n; i += grid_step<I>()) {
+    const NhwcAt<I> at = nhwc_at<I>(i, g.C, g.W, g.H);
+    const I c = at.c;
+    const I w = at.x, h = at.y, b = at.b;
     const I base = b * g.OH * g.OW;
     const int64_t self = static_cast<int64_t>(h) * g.W + w;
     dacc_t<T> s = 0;
@@ -410,11 +410,10 @@ template <typename T, typename I>
 __global__ void adaptive_forward_nhwc_kernel(const T* __restrict__ x, T* __restrict__ y, Nhwc<I> g,
                                              I n) {
   using A = dacc_t<T>;
-  for (I o = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-       o < n; o += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I c = o % g.C, rest = o / g.C;
-    const I ow = rest % g.OW, rest2 = rest / g.OW;
-    const I oh = rest2 % g.OH, b = rest2 / g.OH;
+  for (I o = grid_start<I>(); o < n; o += grid_step<I>()) {
+    const NhwcAt<I> at = nhwc_at<I>(o, g.C, g.OW, g.OH);
+    const I c = at.c;
+    const I ow = at.x, oh = at.y, b = at.b;
     const T* xp = x + b * g.H * g.W * g.C + c;
     const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
     const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
@@ -425,31 +424,40 @@ __global__ void adaptive_forward_nhwc_kernel(const T* __restrict__ x, T* __restr
   }
 }
 
+// adaptive_avg_pool2d's gradient at input element (h, w) of a plane: the sum, in (oh, ow)
+// order, of the gradients grad(oh * OW + ow) (as dacc_t) of the cells whose window holds it,
+// each divided by its window's area.
+template <typename G>
+__device__ __forceinline__ auto adaptive_gather(int64_t h, int64_t w, int64_t H, int64_t W,
+                                                int64_t OH, int64_t OW, G grad) {
+  using A = decltype(grad(int64_t{0}));
+  // Cells whose window [start, end) holds h: start(oh) <= h  <=>  oh < (h + 1) * OH / H,
+  // end(oh) > h  <=>  oh >= floor(h * OH / H). Checked again below.
+  const int64_t oh0 = (h * OH) / H, oh1 = min(((h + 1) * OH + H - 1) / H, OH);
+  const int64_t ow0 = (w * OW) / W, ow1 = min(((w + 1) * OW + W - 1) / W, OW);
+  A s = 0;
+  for (int64_t oh = oh0; oh < oh1; ++oh) {
+    const int64_t h0 = adaptive_start(oh, OH, H), h1 = adaptive_end(oh, OH, H);
+    if (h < h0 || h >= h1) continue;
+    for (int64_t ow = ow0; ow < ow1; ++ow) {
+      const int64_t w0 = adaptive_start(ow, OW, W), w1 = adaptive_end(ow, OW, W);
+      if (w < w0 || w >= w1) continue;
+      s += grad(oh * OW + ow) / static_cast<A>((h1 - h0) * (w1 - w0));
+    }
+  }
+  return s;
+}
+
 template <typename T, typename I>
 __global__ void adaptive_backward_nhwc_kernel(dacc_t<T>* __restrict__ gx, const T* __restrict__ gy,
                                               Nhwc<I> g, I n) {
-  using A = dacc_t<T>;
-  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-       i < n; i += static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x)) {
-    const I c = i % g.C, rest = i / g.C;
-    const int64_t w = rest % g.W, rest2 = rest / g.W;
-    const int64_t h = rest2 % g.H, b = rest2 / g.H;
+  for (I i = grid_start<I>(); i < n; i += grid_step<I>()) {
+    const NhwcAt<I> at = nhwc_at<I>(i, g.C, g.W, g.H);
+    const I c = at.c;
+    const int64_t w = at.x, h = at.y, b = at.b;
     const T* gp = gy + b * g.OH * g.OW * g.C + c;
-    const int64_t oh0 = (h * g.OH) / g.H,
-                  oh1 = min(((h + 1) * g.OH + g.H - 1) / g.H, static_cast<int64_t>(g.OH));
-    const int64_t ow0 = (w * g.OW) / g.W,
-                  ow1 = min(((w + 1) * g.OW + g.W - 1) / g.W, static_cast<int64_t>(g.OW));
-    A s = 0;
-    for (int64_t oh = oh0; oh < oh1; ++oh) {
-      const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
-      if (h < h0 || h >= h1) continue;
-      for (int64_t ow = ow0; ow < ow1; ++ow) {
-        const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
-        if (w < w0 || w >= w1) continue;
-        s += load(gp[(oh * g.OW + ow) * g.C]) / static_cast<A>((h1 - h0) * (w1 - w0));
-      }
-    }
-    gx[i] = s;
+    gx[i] = adaptive_gather(h, w, g.H, g.W, g.OH, g.OW,
+                            [&](int64_t cell) { return load(gp[cell * g.C]); });
   }
 }
 
@@ -472,25 +480,11 @@ __global__ void adaptive_forward_kernel(const T* __restrict__ x, T* __restrict__
 template <typename T>
 __global__ void adaptive_backward_kernel(dacc_t<T>* __restrict__ gx, const T* __restrict__ gy,
                                          Planes g, int64_t n) {
-  using A = dacc_t<T>;
   TALLY_GRID_LOOP(i, n) {
     const int64_t w = i % g.W, h = (i / g.W) % g.H, pl = i / (g.W * g.H);
     const T* gp = gy + pl * g.OH * g.OW;
-    // Cells whose window [start, end) holds h: start(oh) <= h  <=>  oh < (h + 1) * OH / H,
-    // end(oh) > h  <=>  oh >= floor(h * OH / H). Checked again below.
-    const int64_t oh0 = (h * g.OH) / g.H, oh1 = min(((h + 1) * g.OH + g.H - 1) / g.H, g.OH);
-    const int64_t ow0 = (w * g.OW) / g.W, ow1 = min(((w + 1) * g.OW + g.W - 1) / g.W, g.OW);
-    A s = 0;
-    for (int64_t oh = oh0; oh < oh1; ++oh) {
-      const int64_t h0 = adaptive_start(oh, g.OH, g.H), h1 = adaptive_end(oh, g.OH, g.H);
-      if (h < h0 || h >= h1) continue;
-      for (int64_t ow = ow0; ow < ow1; ++ow) {
-        const int64_t w0 = adaptive_start(ow, g.OW, g.W), w1 = adaptive_end(ow, g.OW, g.W);
-        if (w < w0 || w >= w1) continue;
-        s += load(gp[oh * g.OW + ow]) / static_cast<A>((h1 - h0) * (w1 - w0));
-      }
-    }
-    gx[i] = s;
+    gx[i] =
+        adaptive_gather(h, w, g.H, g.W, g.OH, g.OW, [&](int64_t cell) { return load(gp[cell]); });
   }
 }
 

@@ -74,6 +74,16 @@ void select_dim(const Tensor& values, const Tensor& indices, const Tensor& x, in
   });
 }
 
+// out at each kept position = row(the offset of its block's first element in x), in
+// parallel over the kept positions (x reduced over `reduce` as block walks it).
+template <typename T, typename Row>
+void reduce_kept(const Tensor& out, const Tensor& x, const std::vector<bool>& reduce,
+                 const ReducedBlock& block, Row row) {
+  T* po = base<T>(out);
+  parallel_for_each_kept<2>(reduce, {&x, &out}, block.numel(),
+                            [&](std::array<int64_t, 2> o) { po[o[1]] = row(o[0]); });
+}
+
 template <bool IsMax>
 void extreme(const Tensor& out, const Tensor& x, const std::vector<bool>& reduce) {
   const ReducedBlock block(x.sizes(), x.strides(), reduce);
@@ -81,17 +91,16 @@ void extreme(const Tensor& out, const Tensor& x, const std::vector<bool>& reduce
     using T = scalar_t;
     using A = acc_t<T>;
     const T* px = base<T>(x);
-    T* po = base<T>(out);
-    parallel_for_each_kept<2>(reduce, {&x, &out}, block.numel(), [&](std::array<int64_t, 2> o) {
+    reduce_kept<T>(out, x, reduce, block, [&](int64_t xo) {
       bool first = true;
       T best{};
-      block.for_each(o[0], [&](int64_t off) {
+      block.for_each(xo, [&](int64_t off) {
         if (first || better<IsMax>(static_cast<A>(px[off]), static_cast<A>(best))) {
           best = px[off];
           first = false;
         }
       });
-      po[o[1]] = best;
+      return best;
     });
   });
 }
@@ -118,20 +127,19 @@ void var(const Tensor& out, const Tensor& x, const std::vector<bool>& reduce, do
     using T = scalar_t;
     using A = acc_t<T>;
     const T* px = base<T>(x);
-    T* po = base<T>(out);
-    parallel_for_each_kept<2>(reduce, {&x, &out}, block.numel(), [&](std::array<int64_t, 2> o) {
+    reduce_kept<T>(out, x, reduce, block, [&](int64_t xo) {
       // Two passes: the mean, then the squared deviations from it.
       double s = 0.0;
-      block.for_each(o[0], [&](int64_t off) { s += static_cast<double>(static_cast<A>(px[off])); });
+      block.for_each(xo, [&](int64_t off) { s += static_cast<double>(static_cast<A>(px[off])); });
       const double mean = s / n;
       double ss = 0.0;
-      block.for_each(o[0], [&](int64_t off) {
+      block.for_each(xo, [&](int64_t off) {
         const double dv = static_cast<double>(static_cast<A>(px[off])) - mean;
         ss += dv * dv;
       });
       double r = ss / divisor;
       if (take_sqrt) r = std::sqrt(r);
-      po[o[1]] = static_cast<T>(static_cast<A>(r));
+      return static_cast<T>(static_cast<A>(r));
     });
   });
 }
@@ -142,20 +150,19 @@ void logsumexp(const Tensor& out, const Tensor& x, const std::vector<bool>& redu
     using T = scalar_t;
     using A = acc_t<T>;
     const T* px = base<T>(x);
-    T* po = base<T>(out);
-    parallel_for_each_kept<2>(reduce, {&x, &out}, block.numel(), [&](std::array<int64_t, 2> o) {
+    reduce_kept<T>(out, x, reduce, block, [&](int64_t xo) {
       double m = -std::numeric_limits<double>::infinity();
-      block.for_each(o[0], [&](int64_t off) {
+      block.for_each(xo, [&](int64_t off) {
         const auto v = static_cast<double>(static_cast<A>(px[off]));
         if (v > m) m = v;
       });
       // An infinite max (all -inf, or some +inf) shifts by 0: -inf, +inf.
       const double shift = std::isfinite(m) ? m : 0.0;
       double s = 0.0;
-      block.for_each(o[0], [&](int64_t off) {
+      block.for_each(xo, [&](int64_t off) {
         s += std::exp(static_cast<double>(static_cast<A>(px[off])) - shift);
       });
-      po[o[1]] = static_cast<T>(static_cast<A>(std::log(s) + shift));
+      return static_cast<T>(static_cast<A>(std::log(s) + shift));
     });
   });
 }

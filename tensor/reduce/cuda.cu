@@ -62,10 +62,7 @@ __global__ void select_kernel(T* values, int64_t* indices, const T* x, int64_t n
   using V = std::conditional_t<std::is_same_v<A, bool>, int, A>;
   constexpr int G = Walk<M>::kLanes;
   const int lane = Walk<M>::lane();
-  for (RowIter<M> it(nrows); it.more(); it.next()) {
-    int64_t o[3] = {0, 0, 0};
-    if (it.active) kept.get(it.row, o);
-    const int64_t len = it.active ? n : 0;
+  rows::for_each_row<M>(nrows, n, kept, [&](const RowIter<M>& it, const int64_t* o, int64_t len) {
     Pair<V> best{V{}, -1};  // this lane's selection, its elements in increasing order
     for (int64_t i = lane; i < len; i += G) {
       const V v = static_cast<V>(load(x[o[0] + red(i)]));
@@ -76,7 +73,7 @@ __global__ void select_kernel(T* values, int64_t* indices, const T* x, int64_t n
       if (values) values[o[1]] = x[o[0] + red(best.i)];
       if (indices) indices[o[2]] = best.i;
     }
-  }
+  });
 }
 
 template <bool IsMax>
@@ -114,10 +111,7 @@ __global__ void var_kernel(T* out, const T* x, int64_t nrows, int64_t n, RowOffs
   using A = dacc_t<T>;
   constexpr int G = Walk<M>::kLanes;
   const int lane = Walk<M>::lane();
-  for (RowIter<M> it(nrows); it.more(); it.next()) {
-    int64_t o[2] = {0, 0};
-    if (it.active) kept.get(it.row, o);
-    const int64_t len = it.active ? n : 0;
+  rows::for_each_row<M>(nrows, n, kept, [&](const RowIter<M>& it, const int64_t* o, int64_t len) {
     // Two passes, as the CPU: the mean, then the squared deviations from it.
     double s = 0.0;
     for (int64_t i = lane; i < len; i += G) s += static_cast<double>(load(x[o[0] + red(i)]));
@@ -134,7 +128,7 @@ __global__ void var_kernel(T* out, const T* x, int64_t nrows, int64_t n, RowOffs
       if (take_sqrt) v = sqrt(v);
       out[o[1]] = store<T>(static_cast<A>(v));
     }
-  }
+  });
 }
 
 template <typename T, Mode M>
@@ -143,10 +137,7 @@ __global__ void logsumexp_kernel(T* out, const T* x, int64_t nrows, int64_t n, R
   using A = dacc_t<T>;
   constexpr int G = Walk<M>::kLanes;
   const int lane = Walk<M>::lane();
-  for (RowIter<M> it(nrows); it.more(); it.next()) {
-    int64_t o[2] = {0, 0};
-    if (it.active) kept.get(it.row, o);
-    const int64_t len = it.active ? n : 0;
+  rows::for_each_row<M>(nrows, n, kept, [&](const RowIter<M>& it, const int64_t* o, int64_t len) {
     double m = -std::numeric_limits<double>::infinity();
     for (int64_t i = lane; i < len; i += G) {
       const auto v = static_cast<double>(load(x[o[0] + red(i)]));
@@ -160,7 +151,7 @@ __global__ void logsumexp_kernel(T* out, const T* x, int64_t nrows, int64_t n, R
       s += exp(static_cast<double>(load(x[o[0] + red(i)])) - shift);
     s = rows::group_reduce<M>(s, rows::SumOp{});
     if (it.active && lane == 0) out[o[1]] = store<T>(static_cast<A>(log(s) + shift));
-  }
+  });
 }
 
 Indexer<2> kept_indexer(const RowPlan& p, const Tensor& x, const Tensor& out) {

@@ -129,6 +129,18 @@ int64_t count_targets(const Tensor& input, const Tensor& target, int64_t ignore_
   return count;
 }
 
+// The gradient each counted element gets from a sum or mean loss's 0-dim gradient grad
+// (divided by the targets counted in `like`'s rows for mean); 0 for reduction none, whose
+// gradient is per element.
+template <typename A, typename T>
+A reduced_grad(const Tensor& grad, const Tensor& like, const Tensor& target, int64_t ignore_index,
+               ops::LossReduction reduction) {
+  if (reduction == ops::LossReduction::none) return A(0);
+  const int64_t count =
+      reduction == ops::LossReduction::mean ? count_targets(like, target, ignore_index) : 1;
+  return static_cast<A>(base<T>(grad)[grad.storage_offset()]) / static_cast<A>(count);
+}
+
 // Writes the reduced loss: the row sum (sum) or the row sum / counted rows (mean).
 template <typename T>
 void write_total(const Tensor& out, double total, int64_t count, ops::LossReduction reduction) {
@@ -199,8 +211,6 @@ void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const 
                             double label_smoothing, ops::LossReduction reduction) {
   const int64_t C = input.sizes()[1], cs = input.strides()[1], gcs = grad_input.strides()[1];
   const bool none = reduction == ops::LossReduction::none;
-  const int64_t count =
-      reduction == ops::LossReduction::mean ? count_targets(input, target, ignore_index) : 1;
   TALLY_DISPATCH_FLOAT(input.dtype(), "cross_entropy_backward", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
@@ -209,7 +219,7 @@ void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const 
     T* pgi = base<T>(grad_input);
     const A eps = static_cast<A>(label_smoothing);
     const A uniform = C > 0 ? eps / static_cast<A>(C) : A(0);
-    const A g_all = none ? A(0) : static_cast<A>(pg[grad.storage_offset()]) / static_cast<A>(count);
+    const A g_all = reduced_grad<A, T>(grad, input, target, ignore_index, reduction);
     const Shape zero(static_cast<size_t>(input.dim()), 0);
     const int64_t* pt = base<int64_t>(target);
     const A* plse = lse.defined() ? base<A>(lse) : nullptr;
@@ -274,14 +284,12 @@ void nll_loss_backward(const Tensor& grad_input, const Tensor& grad, const Tenso
                        int64_t ignore_index, ops::LossReduction reduction) {
   const int64_t C = grad_input.sizes()[1], gcs = grad_input.strides()[1];
   const bool none = reduction == ops::LossReduction::none;
-  const int64_t count =
-      reduction == ops::LossReduction::mean ? count_targets(grad_input, target, ignore_index) : 1;
   TALLY_DISPATCH_FLOAT(grad_input.dtype(), "nll_loss_backward", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     const T* pg = base<T>(grad);
     T* pgi = base<T>(grad_input);
-    const A g_all = none ? A(0) : static_cast<A>(pg[grad.storage_offset()]) / static_cast<A>(count);
+    const A g_all = reduced_grad<A, T>(grad, grad_input, target, ignore_index, reduction);
     const Shape zero(static_cast<size_t>(grad_input.dim()), 0);
     const int64_t* pt = base<int64_t>(target);
     for_each_kept<3>(

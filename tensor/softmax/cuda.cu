@@ -179,10 +179,7 @@ __global__ void softmax_kernel(T* out, const T* x, int64_t nrows, int64_t n, int
   using A = dacc_t<T>;
   constexpr int G = Walk<M>::kLanes;
   const int lane = Walk<M>::lane();
-  for (RowIter<M> it(nrows); it.more(); it.next()) {
-    int64_t o[2] = {0, 0};
-    if (it.active) kept.get(it.row, o);
-    const int64_t len = it.active ? n : 0;
+  rows::for_each_row<M>(nrows, n, kept, [&](const RowIter<M>& it, const int64_t* o, int64_t len) {
     const T* px = x + o[0];
     T* po = out + o[1];
     A m, s;
@@ -197,7 +194,7 @@ __global__ void softmax_kernel(T* out, const T* x, int64_t nrows, int64_t n, int
       for (int64_t i = lane; i < len; i += G)
         po[i * os] = store<T>(exp_(load(px[i * xs]) - m) * inv);
     }
-  }
+  });
 }
 
 template <typename T, Mode M>
@@ -207,10 +204,7 @@ __global__ void softmax_backward_kernel(T* grad_input, const T* grad, const T* y
   using A = dacc_t<T>;
   constexpr int G = Walk<M>::kLanes;
   const int lane = Walk<M>::lane();
-  for (RowIter<M> it(nrows); it.more(); it.next()) {
-    int64_t o[3] = {0, 0, 0};
-    if (it.active) kept.get(it.row, o);
-    const int64_t len = it.active ? n : 0;
+  rows::for_each_row<M>(nrows, n, kept, [&](const RowIter<M>& it, const int64_t* o, int64_t len) {
     T* pgi = grad_input + o[0];
     const T* pg = grad + o[1];
     const T* py = y + o[2];
@@ -224,7 +218,7 @@ __global__ void softmax_backward_kernel(T* grad_input, const T* grad, const T* y
       const A g = load(pg[i * gs]), yv = load(py[i * ys]);
       pgi[i * gis] = store<T>(take_log ? g - exp_(yv) * acc : yv * (g - acc));
     }
-  }
+  });
 }
 
 // ------------------------------------------------------------------ losses
@@ -653,57 +647,59 @@ Tensor mean_count(ops::LossReduction reduction, const Tensor& target, const Shap
 
 // ------------------------------------------------------------------ entry points
 
-void softmax(const Tensor& out, const Tensor& x, int64_t dim, bool log) {
-  const char* name = log ? "log_softmax" : "softmax";
-  const auto d = static_cast<size_t>(dim);
+// The frame of softmax and its backward over x's rows along dim: nothing for no elements;
+// otherwise, in an NVTX range on x's device, launch(kept, nrows, n, dev) (kept: x's shape with
+// dim of size 1, nrows rows of n), then the launch check.
+template <typename Launch>
+void over_rows(const char* name, const Tensor& x, int64_t dim, Launch&& launch) {
   Shape kept = x.sizes();
-  kept[d] = 1;
-  const int64_t nrows = shape_numel(kept), n = x.sizes()[d];
+  kept[static_cast<size_t>(dim)] = 1;
+  const int64_t nrows = shape_numel(kept), n = x.size(dim);
   if (nrows == 0 || n == 0) return;
   NvtxRange range(name);
   const int dev = x.device().index;
   DeviceGuard guard(dev);
-  const Indexer<2> ix = make_indexer<2>(kept, {&x.strides(), &out.strides()},
-                                        {x.storage_offset(), out.storage_offset()});
-  const int64_t xs = x.strides()[d], os = out.strides()[d];
-  const Mode mode = rows::choose(nrows, n, xs == 1);
-  TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
-    using T = dev_t<scalar_t>;
-    rows::launch_rows(mode, nrows, [&](auto mode_c, unsigned grid) {
-      constexpr Mode M = decltype(mode_c)::value;
-      softmax_kernel<T, M><<<grid, Walk<M>::kThreads, 0, stream(dev)>>>(
-          dptr<scalar_t>(out), dptr<scalar_t>(x), nrows, n, xs, os, ix, log);
+  launch(kept, nrows, n, dev);
+  check_launch(name);
+}
+
+void softmax(const Tensor& out, const Tensor& x, int64_t dim, bool log) {
+  const char* name = log ? "log_softmax" : "softmax";
+  over_rows(name, x, dim, [&](const Shape& kept, int64_t nrows, int64_t n, int dev) {
+    const Indexer<2> ix = make_indexer<2>(kept, {&x.strides(), &out.strides()},
+                                          {x.storage_offset(), out.storage_offset()});
+    const int64_t xs = x.stride(dim), os = out.stride(dim);
+    const Mode mode = rows::choose(nrows, n, xs == 1);
+    TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
+      using T = dev_t<scalar_t>;
+      rows::launch_rows(mode, nrows, [&](auto mode_c, unsigned grid) {
+        constexpr Mode M = decltype(mode_c)::value;
+        softmax_kernel<T, M><<<grid, Walk<M>::kThreads, 0, stream(dev)>>>(
+            dptr<scalar_t>(out), dptr<scalar_t>(x), nrows, n, xs, os, ix, log);
+      });
     });
   });
-  check_launch(name);
 }
 
 void softmax_backward(const Tensor& grad_input, const Tensor& grad, const Tensor& y, int64_t dim,
                       bool log) {
   const char* name = log ? "log_softmax_backward" : "softmax_backward";
-  const auto d = static_cast<size_t>(dim);
-  Shape kept = y.sizes();
-  kept[d] = 1;
-  const int64_t nrows = shape_numel(kept), n = y.sizes()[d];
-  if (nrows == 0 || n == 0) return;
-  NvtxRange range(name);
-  const int dev = y.device().index;
-  DeviceGuard guard(dev);
-  const Indexer<3> ix =
-      make_indexer<3>(kept, {&grad_input.strides(), &grad.strides(), &y.strides()},
-                      {grad_input.storage_offset(), grad.storage_offset(), y.storage_offset()});
-  const int64_t gis = grad_input.strides()[d], gs = grad.strides()[d], ys = y.strides()[d];
-  const Mode mode = rows::choose(nrows, n, ys == 1 && gs == 1);
-  TALLY_DISPATCH_FLOAT(y.dtype(), name, [&] {
-    using T = dev_t<scalar_t>;
-    rows::launch_rows(mode, nrows, [&](auto mode_c, unsigned grid) {
-      constexpr Mode M = decltype(mode_c)::value;
-      softmax_backward_kernel<T, M><<<grid, Walk<M>::kThreads, 0, stream(dev)>>>(
-          dptr<scalar_t>(grad_input), dptr<scalar_t>(grad), dptr<scalar_t>(y), nrows, n, gis, gs,
-          ys, ix, log);
+  over_rows(name, y, dim, [&](const Shape& kept, int64_t nrows, int64_t n, int dev) {
+    const Indexer<3> ix =
+        make_indexer<3>(kept, {&grad_input.strides(), &grad.strides(), &y.strides()},
+                        {grad_input.storage_offset(), grad.storage_offset(), y.storage_offset()});
+    const int64_t gis = grad_input.stride(dim), gs = grad.stride(dim), ys = y.stride(dim);
+    const Mode mode = rows::choose(nrows, n, ys == 1 && gs == 1);
+    TALLY_DISPATCH_FLOAT(y.dtype(), name, [&] {
+      using T = dev_t<scalar_t>;
+      rows::launch_rows(mode, nrows, [&](auto mode_c, unsigned grid) {
+        constexpr Mode M = decltype(mode_c)::value;
+        softmax_backward_kernel<T, M><<<grid, Walk<M>::kThreads, 0, stream(dev)>>>(
+            dptr<scalar_t>(grad_input), dptr<scalar_t>(grad), dptr<scalar_t>(y), nrows, n, gis, gs,
+            ys, ix, log);
+      });
     });
   });
-  check_launch(name);
 }
 
 void cross_entropy(const Tensor& out, const Tensor& lse, const Tensor& input, const Tensor& target,

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "base/enum_table.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_alloc.h"
 #include "tensor/softmax/kernels.h"
@@ -100,7 +101,9 @@ Shape row_shape(const Shape& input_sizes) {
   return s;
 }
 
-void check_label_smoothing(const char* op, double eps) {
+// cross_entropy's logits (floating) and label_smoothing (in [0, 1]).
+void check_cross_entropy_args(const char* op, const Tensor& input, double eps) {
+  check_floating(op, input);
   if (!(eps >= 0.0 && eps <= 1.0))
     throw std::invalid_argument(
         fmt::format("{}: label_smoothing must be between 0.0 and 1.0, got {}", op, eps));
@@ -188,15 +191,8 @@ LossReduction parse_loss_reduction(const std::string& reduction, const char* op)
 }
 
 const char* loss_reduction_name(LossReduction r) {
-  switch (r) {
-    case LossReduction::none:
-      return "none";
-    case LossReduction::mean:
-      return "mean";
-    case LossReduction::sum:
-      return "sum";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"none", "mean", "sum"};
+  return base::enum_table<LossReduction::sum>(r, kNames, "?");
 }
 
 namespace {
@@ -228,8 +224,7 @@ CrossEntropyOutput cross_entropy_impl(const Tensor& input, const Tensor& target,
   static const OpInfo info("cross_entropy");
   check_same_device(info.name, input.device(), target.device());
   DispatchScope scope(info, input, target);
-  check_floating(info.name, input);
-  check_label_smoothing(info.name, label_smoothing);
+  check_cross_entropy_args(info.name, input, label_smoothing);
   const DType out_dtype = loss_out_dtype(info.name, input, loss_dtype);
   const LossLayout l = loss_layout(info.name, input.sizes(), target);
   const Tensor x = batched(input);
@@ -271,8 +266,7 @@ Tensor cross_entropy_backward(const Tensor& grad, const Tensor& input, const Ten
   check_same_device(info.name, input.device(), target.device());
   check_same_device(info.name, input.device(), grad.device());
   DispatchScope scope(info, input, grad, target);
-  check_floating(info.name, input);
-  check_label_smoothing(info.name, label_smoothing);
+  check_cross_entropy_args(info.name, input, label_smoothing);
   const LossLayout l = loss_layout(info.name, input.sizes(), target);
   const Tensor x = batched(input);
   const Tensor g = loss_grad(info.name, grad, l, reduction, input.dtype());
@@ -304,8 +298,7 @@ CrossEntropyAndGrad cross_entropy_and_backward(const Tensor& input, const Tensor
   check_same_device(info.name, input.device(), target.device());
   check_same_device(info.name, input.device(), grad.device());
   DispatchScope scope(info, input, grad, target);
-  check_floating(info.name, input);
-  check_label_smoothing(info.name, label_smoothing);
+  check_cross_entropy_args(info.name, input, label_smoothing);
   const DType out_dtype = loss_out_dtype(info.name, input, loss_dtype);
   const LossLayout l = loss_layout(info.name, input.sizes(), target);
   const Tensor x = batched(input);
