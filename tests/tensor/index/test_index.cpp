@@ -376,6 +376,21 @@ TEST_P(IndexVsCpu, ScatterReduceCumprodMatchTheCpu) {
     EXPECT_TRUE(close_pointwise(ops::cumprod(p.gpu, 0), ops::cumprod(p.cpu, 0), tol)) << what;
     EXPECT_TRUE(close_pointwise(ops::cumprod(p.gpu, 1), ops::cumprod(p.cpu, 1), tol)) << what;
   }
+  // Long rows take cub's radix sort: ties, NaN and -0/+0 must order as the CPU's stable sort.
+  for (DType d : {DType::float32, DType::float16, DType::int64}) {
+    Tensor big = ops::to(ops::randint(-20, 20, {3, 5000}, DType::int64, kCpu), d);
+    if (d != DType::int64) {
+      const Tensor special =
+          from_vector({NAN, -0.0, 0.0, -NAN}, {4}, TensorOptions{}.with_dtype(d));
+      ops::copy_(ops::narrow(ops::select(big, 0, 1), 0, 100, 4), special);
+    }
+    for (int64_t dim : {1, 0})
+      for (bool desc : {false, true}) {
+        const ValuesIndices g = ops::sort(to_gpu(big), dim, desc), c = ops::sort(big, dim, desc);
+        EXPECT_TRUE(close_pointwise(g.values, c.values, 0.0)) << dtype_name(d) << " " << dim;
+        EXPECT_TRUE(close_pointwise(g.indices, c.indices, 0.0)) << dtype_name(d) << " " << dim;
+      }
+  }
   const Tensor u8 = ops::randint(1, 4, {6, 50}, DType::uint8, kCpu);
   const Tensor ic = ops::randint(0, 6, {6, 50}, DType::int64, kCpu);
   EXPECT_TRUE(close_pointwise(ops::scatter(to_gpu(u8), 1, to_gpu(ic), to_gpu(u8), "multiply"),
