@@ -5,34 +5,9 @@ import numpy as np
 import pytest
 
 import tally
+from test_ops_habits import close, gradcheck, t  # the shared value and gradient checks
 
 RNG = np.random.default_rng(1)
-
-
-def t(a, **kw):
-    return tally.tensor(np.asarray(a), **kw)
-
-
-def close(x, expected, tol=1e-6):
-    np.testing.assert_allclose(x.numpy(), np.asarray(expected), rtol=tol, atol=tol)
-
-
-def gradcheck(fn, *arrays, eps=1e-6, tol=1e-5):
-    """d(sum(fn(*inputs) * w))/d(inputs) against central differences, float64."""
-    leaves = [tally.tensor(a.astype(np.float64), requires_grad=True) for a in arrays]
-    out = fn(*leaves)
-    w = RNG.standard_normal(tuple(out.shape))
-    (out * t(w)).sum().backward()
-    for k, a in enumerate(arrays):
-        num = np.zeros(a.shape)
-        for i in np.ndindex(a.shape):
-            hi, lo = a.astype(np.float64).copy(), a.astype(np.float64).copy()
-            hi[i] += eps
-            lo[i] -= eps
-            args_hi = [t(hi) if j == k else t(b.astype(np.float64)) for j, b in enumerate(arrays)]
-            args_lo = [t(lo) if j == k else t(b.astype(np.float64)) for j, b in enumerate(arrays)]
-            num[i] = ((fn(*args_hi).numpy() - fn(*args_lo).numpy()) * w).sum() / (2 * eps)
-        np.testing.assert_allclose(leaves[k].grad.numpy(), num, rtol=tol, atol=tol)
 
 
 X = np.arange(1.0, 7.0).reshape(2, 3)
