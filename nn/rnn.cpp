@@ -13,7 +13,7 @@ namespace tally::nn {
 
 RNNBase::RNNBase(const char* mode, int64_t gates, int64_t input_size_, int64_t hidden_size_,
                  int64_t num_layers_, bool bias_, bool batch_first_, double dropout_,
-                 bool bidirectional_, Generator* gen_)
+                 bool bidirectional_, Generator* gen_, int64_t proj_size_)
     : Module(mode),
       input_size(input_size_),
       hidden_size(hidden_size_),
@@ -23,6 +23,7 @@ RNNBase::RNNBase(const char* mode, int64_t gates, int64_t input_size_, int64_t h
       dropout(dropout_),
       bidirectional(bidirectional_),
       gen(gen_),
+      proj_size(proj_size_),
       mode_(mode),
       gates_(gates) {
   if (input_size < 0 || hidden_size <= 0 || num_layers <= 0)
@@ -35,19 +36,26 @@ RNNBase::RNNBase(const char* mode, int64_t gates, int64_t input_size_, int64_t h
         "{}: dropout should be a number in range [0, 1] representing the probability of an "
         "element being zeroed, got {}",
         mode, dropout));
+  if (proj_size < 0 || proj_size >= hidden_size)
+    throw std::invalid_argument(fmt::format(
+        "{}: proj_size has to be a positive integer smaller than hidden_size (or 0), got "
+        "proj_size={}, hidden_size={}",
+        mode, proj_size, hidden_size));
   const int64_t D = bidirectional ? 2 : 1;
+  const int64_t h_size = real_hidden_size();
   for (int64_t l = 0; l < num_layers; ++l)
     for (int64_t d = 0; d < D; ++d) {
       const std::string sfx = fmt::format("_l{}{}", l, d == 1 ? "_reverse" : "");
-      const int64_t in = l == 0 ? input_size : hidden_size * D;
+      const int64_t in = l == 0 ? input_size : h_size * D;
       Cell c;
       c.w_ih = register_parameter("weight_ih" + sfx, make_parameter({gates * hidden_size, in}));
-      c.w_hh =
-          register_parameter("weight_hh" + sfx, make_parameter({gates * hidden_size, hidden_size}));
+      c.w_hh = register_parameter("weight_hh" + sfx, make_parameter({gates * hidden_size, h_size}));
       if (bias) {
         c.b_ih = register_parameter("bias_ih" + sfx, make_parameter({gates * hidden_size}));
         c.b_hh = register_parameter("bias_hh" + sfx, make_parameter({gates * hidden_size}));
       }
+      if (proj_size > 0)
+        c.w_hr = register_parameter("weight_hr" + sfx, make_parameter({proj_size, hidden_size}));
       cells_.push_back(c);
     }
   if (!SkipInitGuard::active()) reset_parameters(gen);
@@ -65,6 +73,7 @@ std::string RNNBase::extra_repr() const {
   if (batch_first) s += ", batch_first=True";
   if (dropout != 0.0) s += fmt::format(", dropout={}", dropout);
   if (bidirectional) s += ", bidirectional=True";
+  if (proj_size != 0) s += fmt::format(", proj_size={}", proj_size);
   return s;
 }
 
@@ -83,10 +92,11 @@ std::pair<Tensor, TensorList> RNNBase::run(const Tensor& input, const TensorList
   // [T, B, I], contiguous so each step's projection is a contiguous slice.
   Tensor x = batched ? (batch_first ? input.transpose(0, 1) : input) : input.unsqueeze(1);
   x = x.contiguous();
-  const int64_t T = x.size(0), B = x.size(1), H = hidden_size, D = bidirectional ? 2 : 1;
-  const Shape want = batched ? Shape{num_layers * D, B, H} : Shape{num_layers * D, H};
+  const int64_t T = x.size(0), B = x.size(1), D = bidirectional ? 2 : 1;
   TensorList state(state_count);
   for (size_t k = 0; k < state_count; ++k) {
+    const int64_t H = k == 0 ? real_hidden_size() : hidden_size;  // h, then c
+    const Shape want = batched ? Shape{num_layers * D, B, H} : Shape{num_layers * D, H};
     const Tensor s0 = k < state0.size() ? state0[k] : Tensor();
     if (!s0.defined()) {
       state[k] = zeros({num_layers * D, B, H},
@@ -121,6 +131,7 @@ std::pair<Tensor, TensorList> RNNBase::run(const Tensor& input, const TensorList
       for (int64_t i = 0; i < T; ++i) {
         const int64_t t = d == 0 ? i : T - 1 - i;
         s = step(gx_t[static_cast<size_t>(t)].squeeze(0), linear(s[0], c.w_hh, c.b_hh), s);
+        if (c.w_hr.defined()) s[0] = linear(s[0], c.w_hr, Tensor());
         out[static_cast<size_t>(t)] = s[0];
       }
       dir_out.push_back(stack(out, 0));
@@ -145,8 +156,13 @@ std::pair<Tensor, TensorList> RNNBase::run(const Tensor& input, const TensorList
 
 LSTM::LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers, bool bias, bool batch_first,
            double dropout, bool bidirectional, Generator* gen)
+    : LSTM(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, 0, gen) {
+}
+
+LSTM::LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers, bool bias, bool batch_first,
+           double dropout, bool bidirectional, int64_t proj_size, Generator* gen)
     : RNNBase("LSTM", 4, input_size, hidden_size, num_layers, bias, batch_first, dropout,
-              bidirectional, gen) {}
+              bidirectional, gen, proj_size) {}
 
 TensorList LSTM::step(const Tensor& gates_x, const Tensor& gates_h, const TensorList& state) {
   auto [h, c] = lstm_cell_gates(gates_x, gates_h, state[1]);

@@ -5,7 +5,9 @@
 //
 // Each layer and direction projects the whole sequence at once (one linear over [T, B, I]);
 // each step is one linear of the hidden state and one fused gate op (tensor/rnn/autograd.h:
-// lstm_cell_gates, gru_cell_gates). proj_size is not supported.
+// lstm_cell_gates, gru_cell_gates). LSTM's proj_size > 0 adds weight_hr_l{k} [proj_size,
+// hidden_size] per layer and direction: h = weight_hr (o * tanh(c)), so h, h_0/h_n and the
+// output carry proj_size features (c keeps hidden_size), as PyTorch's.
 #pragma once
 
 #include <optional>
@@ -22,7 +24,7 @@ class RNNBase : public Module {
  public:
   RNNBase(const char* mode, int64_t gates, int64_t input_size, int64_t hidden_size,
           int64_t num_layers, bool bias, bool batch_first, double dropout, bool bidirectional,
-          Generator* gen);
+          Generator* gen, int64_t proj_size = 0);
   // Every parameter U(-1/sqrt(hidden_size), 1/sqrt(hidden_size)), in registration order.
   void reset_parameters(Generator* gen = nullptr);
   std::string extra_repr() const override;
@@ -32,18 +34,23 @@ class RNNBase : public Module {
   double dropout;
   bool bidirectional;
   Generator* gen = nullptr;  // dropout's generator (null: the default one)
+  int64_t proj_size = 0;     // LSTM only: 0, or h's size (< hidden_size)
 
  protected:
   struct Cell {
-    Tensor w_ih, w_hh, b_ih, b_hh;
+    Tensor w_ih, w_hh, b_ih, b_hh, w_hr;  // w_hr: LSTM's projection (proj_size > 0)
   };
   // (output [T, B, D * H] or batch-first, the final states per layer and direction): runs
   // every layer; `step` maps (gates_x, gates_h, state) to the new state, whose first tensor
-  // is the output. state0: one list of [L * D, B, H] tensors (h, or h and c).
+  // is the output. state0: one list of [L * D, B, H] tensors (h, or h and c; h has
+  // proj_size features when set).
   std::pair<Tensor, TensorList> run(const Tensor& input, const TensorList& state0,
                                     size_t state_count);
   virtual TensorList step(const Tensor& gates_x, const Tensor& gates_h,
                           const TensorList& state) = 0;
+
+  // h's size: proj_size when set, hidden_size otherwise.
+  int64_t real_hidden_size() const { return proj_size > 0 ? proj_size : hidden_size; }
 
   const char* mode_;
   int64_t gates_;
@@ -58,6 +65,9 @@ class LSTM : public RNNBase {
   LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true,
        bool batch_first = false, double dropout = 0.0, bool bidirectional = false,
        Generator* gen = nullptr);
+  // PyTorch's argument order with proj_size (0: none; else in [1, hidden_size)).
+  LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers, bool bias, bool batch_first,
+       double dropout, bool bidirectional, int64_t proj_size, Generator* gen = nullptr);
   std::pair<Tensor, std::pair<Tensor, Tensor>> forward(
       const Tensor& input, const std::optional<std::pair<Tensor, Tensor>>& hx);
   // The output alone (Module's single-tensor forward, for containers).

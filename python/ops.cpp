@@ -99,6 +99,53 @@ auto masked_in_place(const char* what) {
   };
 }
 
+// scatter's reduce= argument: None, 'add', 'sum' or 'multiply' (ops::scatter checks it).
+std::string reduce_of(const py::object& reduce) {
+  return reduce.is_none() ? std::string() : reduce.cast<std::string>();
+}
+
+// A Python number or a one-element tensor as a double (index_fill's value).
+double number_of(const py::object& v) {
+  return py::isinstance<Tensor>(v) ? v.cast<Tensor>().item() : v.cast<double>();
+}
+
+// x.scatter_, x.index_add_, x.index_fill_: in place, not recorded by autograd (refused on a
+// tensor that requires grad while grad mode is on, as the other in-place writes).
+void bind_index_in_place(py::class_<Tensor>& cls) {
+  cls.def(
+      "scatter_",
+      [](Tensor& x, int64_t dim, T index, py::object src, py::object value,
+         py::object reduce) -> Tensor& {
+        check_in_place(x, "scatter_");
+        const std::string r = reduce_of(reduce);
+        if (!src.is_none() && py::isinstance<Tensor>(src))
+          ops::scatter_(x, dim, index, src.cast<Tensor>(), r);
+        else if (!src.is_none() || !value.is_none())
+          ops::scatter_(x, dim, index, number_of(src.is_none() ? value : src), r);
+        else
+          throw py::type_error("scatter_: give src (a tensor) or value (a number)");
+        return x;
+      },
+      py::arg("dim"), py::arg("index"), py::arg("src") = py::none(), py::kw_only(),
+      py::arg("value") = py::none(), py::arg("reduce") = py::none());
+  cls.def(
+      "index_add_",
+      [](Tensor& x, int64_t dim, T index, T source, double alpha) -> Tensor& {
+        check_in_place(x, "index_add_");
+        ops::index_add_(x, dim, index, source, alpha);
+        return x;
+      },
+      py::arg("dim"), py::arg("index"), py::arg("source"), py::kw_only(), py::arg("alpha") = 1.0);
+  cls.def(
+      "index_fill_",
+      [](Tensor& x, int64_t dim, T index, py::object value) -> Tensor& {
+        check_in_place(x, "index_fill_");
+        ops::index_fill_(x, dim, index, number_of(value));
+        return x;
+      },
+      py::arg("dim"), py::arg("index"), py::arg("value"));
+}
+
 }  // namespace
 
 void bind_ops(py::module_& m, py::module_& F) {
@@ -111,17 +158,21 @@ void bind_ops(py::module_& m, py::module_& F) {
   cls.def(
       "gather", [](T x, int64_t dim, T index) { return gather(x, dim, index); }, py::arg("dim"),
       py::arg("index"));
-  auto scatter_fn = [](T x, int64_t dim, T index, py::object src, py::object value) {
+  auto scatter_fn = [](T x, int64_t dim, T index, py::object src, py::object value,
+                       py::object reduce) {
+    const std::string r = reduce_of(reduce);
     if (!src.is_none() && !py::isinstance<Tensor>(src))
-      return scatter(x, dim, index, src.cast<double>());
-    if (!src.is_none()) return scatter(x, dim, index, src.cast<Tensor>());
+      return scatter(x, dim, index, src.cast<double>(), r);
+    if (!src.is_none()) return scatter(x, dim, index, src.cast<Tensor>(), r);
     if (value.is_none()) throw py::type_error("scatter: give src (a tensor) or value (a number)");
-    return scatter(x, dim, index, value.cast<double>());
+    return scatter(x, dim, index, value.cast<double>(), r);
   };
   m.def("scatter", scatter_fn, py::arg("input"), py::arg("dim"), py::arg("index"),
-        py::arg("src") = py::none(), py::kw_only(), py::arg("value") = py::none());
+        py::arg("src") = py::none(), py::kw_only(), py::arg("value") = py::none(),
+        py::arg("reduce") = py::none());
   cls.def("scatter", scatter_fn, py::arg("dim"), py::arg("index"), py::arg("src") = py::none(),
-          py::kw_only(), py::arg("value") = py::none());
+          py::kw_only(), py::arg("value") = py::none(), py::arg("reduce") = py::none());
+  bind_index_in_place(cls);
   auto scatter_add_fn = [](T x, int64_t dim, T index, T src) {
     return scatter_add(x, dim, index, src);
   };
@@ -150,7 +201,20 @@ void bind_ops(py::module_& m, py::module_& F) {
   cls.def("index_add", index_add_fn, py::arg("dim"), py::arg("index"), py::arg("source"),
           py::kw_only(), py::arg("alpha") = 1.0);
 
+  auto index_fill_fn = [](T x, int64_t dim, T index, py::object value) {
+    return index_fill(x, dim, index, number_of(value));
+  };
+  m.def("index_fill", index_fill_fn, py::arg("input"), py::arg("dim"), py::arg("index"),
+        py::arg("value"));
+  cls.def("index_fill", index_fill_fn, py::arg("dim"), py::arg("index"), py::arg("value"));
+
   // ---- scans and sorting ----
+  auto cumprod_fn = [](T x, int64_t dim, py::object dtype) {
+    return cumprod(dtype.is_none() ? x : x.to(to_dtype(dtype)), dim);
+  };
+  m.def("cumprod", cumprod_fn, py::arg("input"), py::arg("dim"), py::kw_only(),
+        py::arg("dtype") = py::none());
+  cls.def("cumprod", cumprod_fn, py::arg("dim"), py::kw_only(), py::arg("dtype") = py::none());
   auto cumsum_fn = [](T x, int64_t dim, py::object dtype) {
     const Tensor in = dtype.is_none() ? x : x.to(to_dtype(dtype));
     return cumsum(in, dim);

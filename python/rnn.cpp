@@ -12,8 +12,9 @@ namespace {
 
 // PyTorch's constructor, and forward(input, hx=None) as both __call__ and forward.
 template <typename M, typename Forward>
-void bind_rnn_class(py::module_& nn_mod, const char* name, Forward forward) {
-  py::class_<M, nn::RNNBase, std::shared_ptr<M>>(nn_mod, name, py::dynamic_attr())
+py::class_<M, nn::RNNBase, std::shared_ptr<M>> bind_rnn_class(py::module_& nn_mod, const char* name,
+                                                              Forward forward) {
+  return py::class_<M, nn::RNNBase, std::shared_ptr<M>>(nn_mod, name, py::dynamic_attr())
       .def(py::init([](int64_t input_size, int64_t hidden_size, int64_t num_layers, bool bias,
                        bool batch_first, double dropout, bool bidirectional) {
              return std::make_shared<M>(input_size, hidden_size, num_layers, bias, batch_first,
@@ -39,6 +40,7 @@ void bind_rnn(py::module_& nn_mod) {
       .def_readonly("batch_first", &nn::RNNBase::batch_first)
       .def_readonly("dropout", &nn::RNNBase::dropout)
       .def_readonly("bidirectional", &nn::RNNBase::bidirectional)
+      .def_readonly("proj_size", &nn::RNNBase::proj_size)
       .def("reset_parameters", [](nn::RNNBase& m) { m.reset_parameters(); });
 
   auto lstm_forward = [](nn::LSTM& m, const Tensor& input, py::object hx) {
@@ -47,7 +49,15 @@ void bind_rnn(py::module_& nn_mod) {
     if (!hx.is_none()) state = hx.cast<std::pair<Tensor, Tensor>>();
     return m(input, state);
   };
-  bind_rnn_class<nn::LSTM>(nn_mod, "LSTM", lstm_forward);
+  bind_rnn_class<nn::LSTM>(nn_mod, "LSTM", lstm_forward)
+      .def(py::init([](int64_t input_size, int64_t hidden_size, int64_t num_layers, bool bias,
+                       bool batch_first, double dropout, bool bidirectional, int64_t proj_size) {
+             return std::make_shared<nn::LSTM>(input_size, hidden_size, num_layers, bias,
+                                               batch_first, dropout, bidirectional, proj_size);
+           }),
+           py::arg("input_size"), py::arg("hidden_size"), py::arg("num_layers") = 1,
+           py::arg("bias") = true, py::arg("batch_first") = false, py::arg("dropout") = 0.0,
+           py::arg("bidirectional") = false, py::arg("proj_size") = 0);
   bind_rnn_class<nn::GRU>(nn_mod, "GRU",
                           [](nn::GRU& m, const Tensor& input, std::optional<Tensor> hx) {
                             const ForwardPhase phase;

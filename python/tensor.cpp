@@ -5,10 +5,12 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
 
+#include "autograd/node.h"
 #include "common.h"
 #include "memory/cpu_provider.h"
 
@@ -124,10 +126,6 @@ bool is_tensor_index(py::handle h) {
 // through the embedding op (dim moved first, the rest flattened), so it is differentiable
 // (repeated indices accumulate their gradients) on every device.
 Tensor index_with_tensor(const Tensor& t, int64_t dim, const Tensor& idx) {
-  if (idx.dtype() == DType::bool_)
-    throw py::index_error(
-        "tensor[mask]: boolean mask indexing is not supported; index with "
-        "int64 positions instead");
   if (idx.dtype() != DType::int64 && idx.dtype() != DType::int32)
     throw py::index_error("tensor indices must be int64 or int32, got " +
                           std::string(dtype_name(idx.dtype())) + " " + idx.shape_string());
@@ -161,6 +159,26 @@ Tensor index_with_tensor(const Tensor& t, int64_t dim, const Tensor& idx) {
   return out.permute(back);
 }
 
+// The dims an index takes: a boolean mask one per its dims, any other index one.
+int64_t dims_taken(py::handle h) {
+  if (py::isinstance<Tensor>(h) && h.cast<Tensor>().dtype() == DType::bool_)
+    return std::max<int64_t>(h.cast<Tensor>().dim(), 1);
+  if (py::isinstance<py::array>(h) && h.cast<py::array>().dtype().kind() == 'b')
+    return std::max<int64_t>(h.cast<py::array>().ndim(), 1);
+  return 1;
+}
+
+// t[..., mask, ...] at dim (index_mask), its errors as Python's IndexError.
+Tensor index_mask_py(const Tensor& t, int64_t dim, const Tensor& mask) {
+  if (mask.dim() == 0)
+    throw py::index_error("tensor[..., mask]: a 0-d boolean index is not supported");
+  try {
+    return index_mask(t, dim, mask.device() == t.device() ? mask : mask.to(t.device()));
+  } catch (const std::out_of_range& e) {
+    throw py::index_error(e.what());
+  }
+}
+
 Tensor getitem(const Tensor& t, py::handle index) {
   std::vector<py::handle> items;
   if (py::isinstance<py::tuple>(index)) {
@@ -168,9 +186,9 @@ Tensor getitem(const Tensor& t, py::handle index) {
   } else {
     items.push_back(index);
   }
-  int64_t consumed = 0;  // indices that take a dimension
+  int64_t consumed = 0;  // dimensions the indices take
   for (py::handle h : items)
-    if (!h.is_none() && h.ptr() != Py_Ellipsis) ++consumed;
+    if (!h.is_none() && h.ptr() != Py_Ellipsis) consumed += dims_taken(h);
   Tensor r = t;
   int64_t dim = 0;
   int tensor_indices = 0;
@@ -200,6 +218,12 @@ Tensor getitem(const Tensor& t, py::handle index) {
             "indexing with more than one tensor of indices is not supported "
             "(index one dimension at a time)");
       const Tensor idx = py::isinstance<Tensor>(h) ? h.cast<Tensor>() : to_tensor(h);
+      if (idx.dtype() == DType::bool_) {  // a mask over the next idx.dim() dims: one dim left
+        r = index_mask_py(r, dim, idx);
+        ++dim;
+        consumed -= std::max<int64_t>(idx.dim(), 1);
+        continue;
+      }
       r = index_with_tensor(r, dim, idx);
       dim += idx.dim();
       --consumed;
@@ -446,6 +470,42 @@ void check_host_room(const char* op, const Tensor& t, uint64_t bytes_per_element
                               memory::CpuProvider::kOsReserve >> 20)
                       .c_str());
   throw py::error_already_set();
+}
+
+}  // namespace
+
+// Tensor.grad_fn, as PyTorch's: the node that made a non-leaf tensor (None for a leaf), with
+// name() (Tally's node name: 'MulBackward', ...) and next_functions, one (node or None,
+// input_nr) pair per input: AccumulateGrad, with .variable, for a leaf that requires grad.
+namespace {
+
+void bind_grad_fn(py::module_& m, py::class_<Tensor>& cls) {
+  using autograd::Node;
+  py::class_<Node, std::shared_ptr<Node>>(m, "Node", "an autograd graph node (Tensor.grad_fn)")
+      .def("name", &Node::name)
+      .def_property_readonly("next_functions",
+                             [](const Node& n) {
+                               py::tuple out(n.next_edges.size());
+                               for (size_t i = 0; i < n.next_edges.size(); ++i) {
+                                 const autograd::Edge& e = n.next_edges[i];
+                                 out[i] =
+                                     py::make_tuple(e.fn ? py::cast(e.fn) : py::none(), e.input_nr);
+                               }
+                               return out;
+                             })
+      .def_property_readonly("variable",
+                             [](const Node& n) -> py::object {
+                               const auto* acc = dynamic_cast<const autograd::AccumulateGrad*>(&n);
+                               if (!acc)
+                                 throw py::attribute_error(n.name() + " has no attribute variable");
+                               return py::cast(acc->variable());
+                             })
+      .def("__repr__", [](const Node& n) { return "<" + n.name() + " object>"; });
+  cls.def_property_readonly("grad_fn", [](const Tensor& x) -> py::object {
+    const autograd::AutogradMeta* meta = x.autograd_meta();
+    if (!meta || !meta->grad_fn) return py::none();
+    return py::cast(meta->grad_fn);
+  });
 }
 
 }  // namespace
@@ -970,6 +1030,7 @@ void bind_tensor(py::module_& m) {
       },
       py::arg("outputs"), py::arg("inputs"), py::arg("grad_outputs") = py::none(),
       py::arg("retain_graph") = false);
+  bind_grad_fn(m, t);
 }
 
 }  // namespace tally::python

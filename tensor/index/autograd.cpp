@@ -1,8 +1,15 @@
 // Differentiable index family: forward, what is saved, and backward, one function each.
 #include "tensor/index/autograd.h"
 
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include "autograd/node.h"
 #include "memory/context.h"
+#include "tensor/dispatch.h"
 
 namespace tally {
 
@@ -17,17 +24,69 @@ Tensor gather_backward(const Tensor& g, const Shape& sizes, int64_t dim, const T
   return o::scatter_add(o::zeros(sizes, g.dtype(), g.device()), dim, index, g);
 }
 
-// Gradient of a scatter's src: g gathered at index, in zeros of src's shape where src is
-// larger than index (the rest of src was never read).
-Tensor scatter_src_backward(const Tensor& g, int64_t dim, const Tensor& index,
-                            const Shape& src_sizes) {
-  Tensor gs = o::gather(g, dim, index);
+// src's gradient gs (index's shape) in zeros of src's shape where src is larger than index
+// (the rest of src was never read).
+Tensor pad_to(const Tensor& gs, const Shape& src_sizes) {
   if (gs.sizes() == src_sizes) return gs;
   Tensor z = o::zeros(src_sizes, gs.dtype(), gs.device());
   Tensor part = z;
   for (int64_t d = 0; d < gs.dim(); ++d) part = o::narrow(part, d, 0, gs.size(d));
   o::copy_(part, gs);
   return z;
+}
+
+// Gradient of a scatter's src: g gathered at index.
+Tensor scatter_src_backward(const Tensor& g, int64_t dim, const Tensor& index,
+                            const Shape& src_sizes) {
+  return pad_to(o::gather(g, dim, index), src_sizes);
+}
+
+// The product of the sources each place of `like` got in a scatter with reduce='multiply'
+// (1 where none came): d out / d x.
+Tensor scatter_product(const Tensor& like, int64_t dim, const Tensor& index, const Tensor& src) {
+  return o::scatter(o::ones(like.sizes(), src.dtype(), src.device()), dim, index, src, "multiply");
+}
+
+// Gradient of src in out = scatter(x, dim, index, src, reduce='multiply'): place p holds
+// x[p] times its sources' product, so src[j] (sent to p) gets g[p] x[p] times the product
+// of p's other sources. Zero sources are counted rather than divided by: a nonzero src[j]
+// gets g x (product of p's nonzero sources) / src[j] when p got no zero, a zero src[j] gets
+// g x (that product) when it is p's only zero; every other gradient is 0.
+Tensor scatter_mul_src_backward(const Tensor& g, const Tensor& x, int64_t dim, const Tensor& index,
+                                const Tensor& src) {
+  Tensor s = src;
+  for (int64_t d = 0; d < index.dim(); ++d) s = o::narrow(s, d, 0, index.size(d));
+  const Tensor zero = o::binary_scalar(o::BinaryOp::eq, s, 0.0);
+  const Tensor safe = o::masked_fill(s, zero, 1.0);
+  const Tensor at =
+      o::gather(o::mul(o::mul(g, x), scatter_product(x, dim, index, safe)), dim, index);
+  const Tensor zeros_at = o::gather(o::scatter_add(o::zeros(x.sizes(), g.dtype(), g.device()), dim,
+                                                   index, o::to(zero, g.dtype())),
+                                    dim, index);
+  const Tensor none = o::binary_scalar(o::BinaryOp::eq, zeros_at, 0.0);
+  const Tensor one = o::binary_scalar(o::BinaryOp::eq, zeros_at, 1.0);
+  const Tensor zg = o::masked_fill(at, o::binary_scalar(o::BinaryOp::eq, one, 0.0), 0.0);
+  const Tensor ng =
+      o::masked_fill(o::div(at, safe), o::binary_scalar(o::BinaryOp::eq, none, 0.0), 0.0);
+  return pad_to(o::where(zero, zg, ng), src.sizes());
+}
+
+Tensor record_scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
+                          Tensor out) {
+  record("ScatterAddBackward", {x, src}, {out}, {index},
+         [dim, ss = src.sizes()](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           Tensor gs;
+           if (ctx.needs_input_grad(1)) gs = scatter_src_backward(g[0], dim, ctx.saved(0), ss);
+           return {g[0], gs};
+         });
+  return out;
+}
+
+// out depends on x as the identity (a scalar added at some places).
+Tensor record_identity(const char* name, const Tensor& x, Tensor out) {
+  record(name, {x}, {out}, {},
+         [](BackwardContext&, const TensorList& g) -> TensorList { return {g[0]}; });
+  return out;
 }
 
 }  // namespace
@@ -43,9 +102,21 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, CallSite site) 
 }
 
 Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
-               CallSite site) {
+               const std::string& reduce, CallSite site) {
   memory::CallSiteScope call_site(site);
-  Tensor out = o::scatter(x, dim, index, src);
+  Tensor out = o::scatter(x, dim, index, src, reduce);
+  if (reduce == "add" || reduce == "sum") return record_scatter_add(x, dim, index, src, out);
+  if (reduce == "multiply") {
+    record("ScatterBackward", {x, src}, {out}, {index, x, src},
+           [dim](BackwardContext& ctx, const TensorList& g) -> TensorList {
+             const Tensor &i = ctx.saved(0), &xs = ctx.saved(1), &ss = ctx.saved(2);
+             Tensor gx, gs;
+             if (ctx.needs_input_grad(0)) gx = o::mul(g[0], scatter_product(xs, dim, i, ss));
+             if (ctx.needs_input_grad(1)) gs = scatter_mul_src_backward(g[0], xs, dim, i, ss);
+             return {gx, gs};
+           });
+    return out;
+  }
   record("ScatterBackward", {x, src}, {out}, {index},
          [dim, ss = src.sizes()](BackwardContext& ctx, const TensorList& g) -> TensorList {
            const Tensor& i = ctx.saved(0);
@@ -57,9 +128,20 @@ Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& 
   return out;
 }
 
-Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value, CallSite site) {
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value,
+               const std::string& reduce, CallSite site) {
   memory::CallSiteScope call_site(site);
-  Tensor out = o::scatter(x, dim, index, value);
+  Tensor out = o::scatter(x, dim, index, value, reduce);
+  if (reduce == "add" || reduce == "sum") return record_identity("ScatterBackward", x, out);
+  if (reduce == "multiply") {
+    record("ScatterBackward", {x}, {out}, {index},
+           [dim, value](BackwardContext& ctx, const TensorList& g) -> TensorList {
+             const Tensor& i = ctx.saved(0);
+             const Tensor v = o::expand(o::full({}, value, g[0].dtype(), g[0].device()), i.sizes());
+             return {o::mul(g[0], scatter_product(g[0], dim, i, v))};
+           });
+    return out;
+  }
   record("ScatterBackward", {x}, {out}, {index},
          [dim](BackwardContext& ctx, const TensorList& g) -> TensorList {
            return {o::scatter(g[0], dim, ctx.saved(0), 0.0)};
@@ -70,14 +152,7 @@ Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value, 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
                    CallSite site) {
   memory::CallSiteScope call_site(site);
-  Tensor out = o::scatter_add(x, dim, index, src);
-  record("ScatterAddBackward", {x, src}, {out}, {index},
-         [dim, ss = src.sizes()](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           Tensor gs;
-           if (ctx.needs_input_grad(1)) gs = scatter_src_backward(g[0], dim, ctx.saved(0), ss);
-           return {g[0], gs};
-         });
-  return out;
+  return record_scatter_add(x, dim, index, src, o::scatter_add(x, dim, index, src));
 }
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, CallSite site) {
@@ -107,12 +182,83 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   return out;
 }
 
+Tensor index_fill(const Tensor& x, int64_t dim, const Tensor& index, double value, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  Tensor out = o::index_fill(x, dim, index, value);
+  record("IndexFillBackward", {x}, {out}, {index},
+         [dim](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {o::index_fill(g[0], dim, ctx.saved(0), 0.0)};
+         });
+  return out;
+}
+
+Tensor index_mask(const Tensor& x, int64_t dim, const Tensor& mask, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  const int64_t k = mask.dim();
+  if (mask.dtype() != DType::bool_ || k == 0)
+    throw std::invalid_argument(
+        fmt::format("index_mask: the mask must be a bool tensor of 1 or "
+                    "more dims, got {} {}",
+                    dtype_name(mask.dtype()), mask.shape_string()));
+  const int64_t d = o::wrap_dim(dim, x.dim(), "index_mask");
+  bool ok = d + k <= x.dim();
+  for (int64_t j = 0; ok && j < k; ++j) ok = mask.size(j) == x.size(d + j);
+  if (!ok)
+    throw std::out_of_range(
+        fmt::format("index_mask: the mask {} does not match the indexed tensor {} at dims {} to {}",
+                    mask.shape_string(), x.shape_string(), d, d + k - 1));
+  check_same_device("index_mask", x.device(), mask.device());
+  Shape flat(x.sizes().begin(), x.sizes().begin() + d);
+  flat.push_back(mask.numel());
+  flat.insert(flat.end(), x.sizes().begin() + d + k, x.sizes().end());
+  // The true positions, read back to the host: the result's size depends on them.
+  const std::vector<double> m = o::to_vector(mask);
+  std::vector<double> where;
+  for (size_t i = 0; i < m.size(); ++i)
+    if (m[i] != 0.0) where.push_back(static_cast<double>(i));
+  const Tensor positions =
+      o::from_vector(where, {static_cast<int64_t>(where.size())}, DType::int64, x.device());
+  return index_select(x.reshape(flat), d, positions, site);
+}
+
 Tensor cumsum(const Tensor& x, int64_t dim, CallSite site) {
   memory::CallSiteScope call_site(site);
   Tensor out = o::cumsum(x, dim);
   record("CumsumBackward", {x}, {out}, {},
          [dim](BackwardContext&, const TensorList& g) -> TensorList {
            return {o::cumsum(g[0], dim, /*reverse=*/true)};
+         });
+  return out;
+}
+
+namespace {
+
+// Gradient of out = cumprod(x) along dim. Before a row's first zero: the reversed cumulative
+// sum of g * out over x. At the first zero z: the reversed cumulative sum of g times the
+// running product with x[z] taken as 1. After it: 0 (every product there holds x[z]).
+Tensor cumprod_backward(const Tensor& g, const Tensor& x, const Tensor& out, int64_t dim) {
+  const Tensor zero = o::binary_scalar(o::BinaryOp::eq, x, 0.0);
+  const Tensor seen = o::cumsum(zero, dim);  // zeros up to here (int64)
+  const Tensor before = o::binary_scalar(o::BinaryOp::eq, seen, 0.0);
+  const Tensor first =
+      o::binary_scalar(o::BinaryOp::eq, o::mul(o::to(zero, DType::int64), seen), 1.0);
+  const Tensor safe = o::masked_fill(x, zero, 1.0);
+  const Tensor t1 = o::div(o::cumsum(o::mul(g, out), dim, /*reverse=*/true), safe);
+  const Tensor t2 =
+      o::cumsum(o::mul(g, o::cumprod(o::masked_fill(x, first, 1.0), dim)), dim, /*reverse=*/true);
+  return o::where(before, t1,
+                  o::masked_fill(t2, o::binary_scalar(o::BinaryOp::eq, first, 0.0), 0.0));
+}
+
+}  // namespace
+
+Tensor cumprod(const Tensor& x, int64_t dim, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  Tensor out = o::cumprod(x, dim);
+  if (!is_floating(x.dtype())) return out;
+  record("CumprodBackward", {x}, {out}, {x, out},
+         [dim](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {cumprod_backward(g[0], ctx.saved(0), ctx.saved(1), dim)};
          });
   return out;
 }

@@ -15,17 +15,28 @@ namespace tally {
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index,
               CallSite site = CallSite::current());
+// reduce: "" replaces, "add"/"sum" adds, "multiply" multiplies (ops::scatter).
 Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
-               CallSite site = CallSite::current());
+               const std::string& reduce = "", CallSite site = CallSite::current());
 Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value,
-               CallSite site = CallSite::current());
+               const std::string& reduce = "", CallSite site = CallSite::current());
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
                    CallSite site = CallSite::current());
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index,
                     CallSite site = CallSite::current());
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source,
                  double alpha = 1.0, CallSite site = CallSite::current());
+Tensor index_fill(const Tensor& x, int64_t dim, const Tensor& index, double value,
+                  CallSite site = CallSite::current());
+// x[..., mask, ...], PyTorch's boolean mask index at dim: mask (bool, k >= 1 dims) covers x's
+// dims dim .. dim + k - 1 with the same sizes; they become one dim holding the true entries in
+// row-major order. Differentiable (index_select); reads the mask back to the host, as the
+// result's size depends on it. std::out_of_range when the mask does not fit x there.
+Tensor index_mask(const Tensor& x, int64_t dim, const Tensor& mask,
+                  CallSite site = CallSite::current());
 Tensor cumsum(const Tensor& x, int64_t dim, CallSite site = CallSite::current());
+// Its gradient handles zeros in x exactly (no division by them), as PyTorch's.
+Tensor cumprod(const Tensor& x, int64_t dim, CallSite site = CallSite::current());
 // (values, indices): `auto [v, i] = sort(x, 1, true);`.
 ValuesIndices sort(const Tensor& x, int64_t dim = -1, bool descending = false);
 ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true,
@@ -35,8 +46,11 @@ Tensor roll(const Tensor& x, const Shape& shifts, const Shape& dims = {},
             CallSite site = CallSite::current());
 Tensor masked_select(const Tensor& x, const Tensor& mask, CallSite site = CallSite::current());
 // In place, not recorded by autograd (as the Python item assignment): x[mask] = source's
-// elements in order; x[mask] = value.
+// elements in order; x[mask] = value; scatter_, index_add_, index_fill_ (ops::).
+using ops::index_add_;
+using ops::index_fill_;
 using ops::masked_fill_;
 using ops::masked_scatter_;
+using ops::scatter_;
 
 }  // namespace tally

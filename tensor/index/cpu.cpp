@@ -75,12 +75,12 @@ void gather(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim
   });
 }
 
-void scatter(const Tensor& out, const Tensor& src, const Tensor& index, int64_t dim, bool add,
-             double alpha) {
+void scatter(const Tensor& out, const Tensor& src, const Tensor& index, int64_t dim,
+             ScatterReduce reduce, double alpha) {
   const auto d = static_cast<size_t>(dim);
   const int64_t n = out.sizes()[d];
   const int64_t* pi = base<int64_t>(index);
-  const char* name = add ? "scatter_add" : "scatter";
+  const char* name = reduce == ScatterReduce::add ? "scatter_add" : "scatter";
   TALLY_DISPATCH_ALL(out.dtype(), name, [&] {
     using A = acc_t<scalar_t>;
     const scalar_t* ps = base<scalar_t>(src);
@@ -92,20 +92,23 @@ void scatter(const Tensor& out, const Tensor& src, const Tensor& index, int64_t 
       c[d] = i;
       scalar_t& dst = po[offset_of(out, c)];
       c[d] = keep;
-      if (add)
-        dst = static_cast<scalar_t>(static_cast<A>(static_cast<double>(static_cast<A>(dst)) +
-                                                   alpha * static_cast<double>(static_cast<A>(v))));
+      const auto cur = static_cast<double>(static_cast<A>(dst));
+      const auto val = static_cast<double>(static_cast<A>(v));
+      if (reduce == ScatterReduce::add)
+        dst = static_cast<scalar_t>(static_cast<A>(cur + alpha * val));
+      else if (reduce == ScatterReduce::multiply)
+        dst = static_cast<scalar_t>(static_cast<A>(cur * val));
       else
         dst = v;
     });
   });
 }
 
-void cumsum(const Tensor& out, const Tensor& x, int64_t dim, bool reverse) {
+void scan(const Tensor& out, const Tensor& x, int64_t dim, bool reverse, bool prod) {
   const auto d = static_cast<size_t>(dim);
-  Shape rows = x.sizes();
-  const int64_t n = rows[d];
-  rows[d] = 1;
+  const RowsAlong ra = rows_along(x, dim);
+  const Shape& rows = ra.shape;
+  const int64_t n = ra.n;
   const int64_t xs = x.strides()[d], os = out.strides()[d];
   TALLY_DISPATCH_ALL(x.dtype(), "cumsum", [&] {
     using X = scalar_t;
@@ -116,10 +119,11 @@ void cumsum(const Tensor& out, const Tensor& x, int64_t dim, bool reverse) {
       O* po = base<O>(out);
       for_each_coord(rows, [&](const Shape& c) {
         const int64_t xo = offset_of(x, c), oo = offset_of(out, c);
-        S s = 0;
+        S s = prod ? 1 : 0;
         for (int64_t k = 0; k < n; ++k) {
           const int64_t j = reverse ? n - 1 - k : k;
-          s += static_cast<S>(static_cast<acc_t<X>>(px[xo + j * xs]));
+          const auto v = static_cast<S>(static_cast<acc_t<X>>(px[xo + j * xs]));
+          s = prod ? s * v : s + v;
           po[oo + j * os] = static_cast<O>(static_cast<acc_t<O>>(s));
         }
       });
@@ -130,9 +134,9 @@ void cumsum(const Tensor& out, const Tensor& x, int64_t dim, bool reverse) {
 void sort(const Tensor& values, const Tensor& indices, const Tensor& x, int64_t dim,
           bool descending) {
   const auto d = static_cast<size_t>(dim);
-  Shape rows = x.sizes();
-  const int64_t n = rows[d];
-  rows[d] = 1;
+  const RowsAlong ra = rows_along(x, dim);
+  const Shape& rows = ra.shape;
+  const int64_t n = ra.n;
   const int64_t xs = x.strides()[d], vs = values.strides()[d], is = indices.strides()[d];
   std::vector<int64_t> order(static_cast<size_t>(n));
   TALLY_DISPATCH_ALL(x.dtype(), "sort", [&] {
@@ -173,36 +177,40 @@ void remap(const Tensor& out, const Tensor& x, const std::vector<bool>& flip,
   });
 }
 
-void masked_select(const Tensor& out1d, const Tensor& x, const Tensor& mask,
-                   const Tensor& positions) {
+// Over dense's (the mask's) shape in row-major order: select copies dense into
+// flat[positions - 1] where mask is set; otherwise flat[positions - 1] goes into dense.
+template <bool Select>
+void masked(const char* name, const Tensor& dense, const Tensor& flat, const Tensor& mask,
+            const Tensor& positions) {
   const bool* pm = base<bool>(mask);
   const int64_t* pp = base<int64_t>(positions);
-  const int64_t os = out1d.strides()[0];
-  TALLY_DISPATCH_ALL(x.dtype(), "masked_select", [&] {
-    const scalar_t* px = base<scalar_t>(x);
-    scalar_t* po = base<scalar_t>(out1d);
+  const int64_t fs = flat.strides()[0];
+  TALLY_DISPATCH_ALL(dense.dtype(), name, [&] {
+    scalar_t* pd = base<scalar_t>(dense);
+    scalar_t* pf = base<scalar_t>(flat);
     int64_t lin = 0;
-    for_each_coord(x.sizes(), [&](const Shape& c) {
-      if (pm[offset_of(mask, c)]) po[(pp[lin] - 1) * os] = px[offset_of(x, c)];
+    for_each_coord(dense.sizes(), [&](const Shape& c) {
+      if (pm[offset_of(mask, c)]) {
+        scalar_t& f = pf[(pp[lin] - 1) * fs];
+        scalar_t& d = pd[offset_of(dense, c)];
+        if constexpr (Select)
+          f = d;
+        else
+          d = f;
+      }
       ++lin;
     });
   });
 }
 
+void masked_select(const Tensor& out1d, const Tensor& x, const Tensor& mask,
+                   const Tensor& positions) {
+  masked<true>("masked_select", x, out1d, mask, positions);
+}
+
 void masked_scatter(const Tensor& out, const Tensor& src1d, const Tensor& mask,
                     const Tensor& positions) {
-  const bool* pm = base<bool>(mask);
-  const int64_t* pp = base<int64_t>(positions);
-  const int64_t ss = src1d.strides()[0];
-  TALLY_DISPATCH_ALL(out.dtype(), "masked_scatter", [&] {
-    const scalar_t* ps = base<scalar_t>(src1d);
-    scalar_t* po = base<scalar_t>(out);
-    int64_t lin = 0;
-    for_each_coord(out.sizes(), [&](const Shape& c) {
-      if (pm[offset_of(mask, c)]) po[offset_of(out, c)] = ps[(pp[lin] - 1) * ss];
-      ++lin;
-    });
-  });
+  masked<false>("masked_scatter", out, src1d, mask, positions);
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
-// CUDA kernels of the index family: one thread per element (per row for cumsum), a
+// CUDA kernels of the index family: one thread per element (per row for cumsum/cumprod), a
 // grid-stride loop over row-major coordinates, every operand read and written through its
-// strides. scatter_add and index_add add with atomics (the order of duplicate indices'
-// additions is unspecified, as in PyTorch); sort ranks each element against its row (stable,
-// NaN the largest value, O(n^2) work a row: right for rows of up to some thousands).
+// strides. scatter_add, index_add and scatter(reduce='multiply') update with atomics (the order
+// of duplicate indices' updates is unspecified, as in PyTorch). sort is stable with NaN the
+// largest value: a bitonic sort in shared memory, one block a row, for rows of up to 2048
+// elements; cub's segmented radix sort (scratch: keys, positions, cub's temp) beyond.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -11,6 +12,10 @@
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/runtime.h"
 #include "tensor/index/kernels.h"
+#include "tensor/op_alloc.h"
+
+// After cuda_fp16.h / cuda_bf16.h (device_types.cuh): cub then sorts __half and __nv_bfloat16.
+#include <cub/device/device_segmented_sort.cuh>
 
 namespace tally::cuda {
 namespace {
@@ -71,22 +76,36 @@ __device__ __forceinline__ bool is_nan(T v) {
     return (void)v, false;
 }
 
+// *p = f(*p) atomically for an element of 1, 2, 4 or 8 bytes: a compare-and-swap loop on the
+// aligned word that holds it.
+template <typename T, typename F>
+__device__ void atomic_update(T* p, F f) {
+  using W = std::conditional_t<sizeof(T) == 8, unsigned long long, unsigned int>;
+  constexpr unsigned kBits = 8 * sizeof(T);
+  const size_t addr = reinterpret_cast<size_t>(p);
+  W* word = reinterpret_cast<W*>(addr & ~(sizeof(W) - 1));
+  const unsigned shift = sizeof(T) >= sizeof(W) ? 0 : (addr & (sizeof(W) - 1)) * 8;
+  const W low = kBits >= 8 * sizeof(W) ? ~W{0} : ((W{1} << kBits) - 1);
+  W old = *word, assumed;
+  do {
+    assumed = old;
+    const W bits = (assumed >> shift) & low;
+    T cur;
+    memcpy(&cur, &bits, sizeof(T));
+    const T next = f(cur);
+    W nb = 0;
+    memcpy(&nb, &next, sizeof(T));
+    old = atomicCAS(word, assumed, (assumed & ~(low << shift)) | (nb << shift));
+  } while (assumed != old);
+}
+
 template <typename T>
 __device__ __forceinline__ void atomic_add(T* p, T v) {
   if constexpr (std::is_same_v<T, int64_t>)
     atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
-  else if constexpr (sizeof(T) == 1) {  // uint8 (bool never comes: the ops refuse it)
-    auto* word = reinterpret_cast<unsigned int*>(reinterpret_cast<size_t>(p) & ~size_t{3});
-    const unsigned shift = (reinterpret_cast<size_t>(p) & 3) * 8;
-    unsigned int old = *word, assumed;
-    do {
-      assumed = old;
-      const auto cur = static_cast<uint8_t>((assumed >> shift) & 0xffu);
-      const auto sum = static_cast<uint8_t>(cur + static_cast<uint8_t>(v));
-      old = atomicCAS(word, assumed,
-                      (assumed & ~(0xffu << shift)) | (static_cast<unsigned>(sum) << shift));
-    } while (assumed != old);
-  } else
+  else if constexpr (sizeof(T) == 1)  // uint8 (bool never comes: the ops refuse it)
+    atomic_update(p, [v](T cur) { return static_cast<T>(cur + v); });
+  else
     atomicAdd(p, v);
 }
 
@@ -108,7 +127,8 @@ __global__ void gather_kernel(T* out, const int64_t* index, const T* x, int64_t 
 // operands: index, src, out (out's stride at dim zeroed)
 template <typename T>
 __global__ void scatter_kernel(T* out, const T* src, const int64_t* index, int64_t total,
-                               Layout<3> l, int64_t n, int64_t os, bool add, double alpha) {
+                               Layout<3> l, int64_t n, int64_t os, ScatterReduce reduce,
+                               double alpha) {
   TALLY_GRID_STRIDE(k, total) {
     int64_t o[3];
     l.get(k, o);
@@ -117,8 +137,10 @@ __global__ void scatter_kernel(T* out, const T* src, const int64_t* index, int64
     if (i < 0 || i >= n) continue;
     T* dst = out + o[2] + i * os;
     const T v = src[o[1]];
-    if (!add) {
+    if (reduce == ScatterReduce::none) {
       *dst = v;
+    } else if (reduce == ScatterReduce::multiply) {
+      atomic_update(dst, [v](T cur) { return store<T>(load(cur) * load(v)); });
     } else if (alpha == 1.0) {
       atomic_add(dst, v);
     } else {
@@ -148,9 +170,9 @@ void gather(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim
   check_launch("gather");
 }
 
-void scatter(const Tensor& out, const Tensor& src, const Tensor& index, int64_t dim, bool add,
-             double alpha) {
-  const char* name = add ? "scatter_add" : "scatter";
+void scatter(const Tensor& out, const Tensor& src, const Tensor& index, int64_t dim,
+             ScatterReduce reduce, double alpha) {
+  const char* name = reduce == ScatterReduce::add ? "scatter_add" : "scatter";
   const auto d = static_cast<size_t>(dim);
   const int64_t total = index.numel();
   Layout<3> l = layout<3>(name, index.sizes(), {&index, &src, &out});
@@ -161,35 +183,35 @@ void scatter(const Tensor& out, const Tensor& src, const Tensor& index, int64_t 
   TALLY_DISPATCH_ALL(out.dtype(), name, [&] {
     scatter_kernel<dev_t<scalar_t>><<<grid_for(total), kThreads, 0, stream(dev)>>>(
         dptr<scalar_t>(out), dptr<scalar_t>(src), iptr<int64_t>(index), total, l, out.sizes()[d],
-        out.strides()[d], add, alpha);
+        out.strides()[d], reduce, alpha);
   });
   check_launch(name);
 }
 
-// ------------------------------------------------------------------ cumsum
+// ------------------------------------------------------------------ cumsum / cumprod
 
 // One thread a row; operands x, out over the rows (dim's size 1). S: double or int64.
 template <typename X, typename O, typename S>
-__global__ void cumsum_kernel(O* out, const X* x, int64_t rows, Layout<2> l, int64_t n, int64_t xs,
-                              int64_t os, bool reverse) {
+__global__ void scan_kernel(O* out, const X* x, int64_t rows, Layout<2> l, int64_t n, int64_t xs,
+                            int64_t os, bool reverse, bool prod) {
   TALLY_GRID_STRIDE(r, rows) {
     int64_t o[2];
     l.get(r, o);
-    S s = 0;
+    S s = prod ? 1 : 0;
     for (int64_t k = 0; k < n; ++k) {
       const int64_t j = reverse ? n - 1 - k : k;
-      s += static_cast<S>(load(x[o[0] + j * xs]));
+      const auto v = static_cast<S>(load(x[o[0] + j * xs]));
+      s = prod ? s * v : s + v;
       out[o[1] + j * os] = store<O>(s);
     }
   }
 }
 
-void cumsum(const Tensor& out, const Tensor& x, int64_t dim, bool reverse) {
+void scan(const Tensor& out, const Tensor& x, int64_t dim, bool reverse, bool prod) {
   const auto d = static_cast<size_t>(dim);
-  Shape rows_shape = x.sizes();
-  const int64_t n = rows_shape[d];
-  rows_shape[d] = 1;
-  const int64_t rows = shape_numel(rows_shape);
+  const RowsAlong ra = rows_along(x, dim);
+  const Shape& rows_shape = ra.shape;
+  const int64_t n = ra.n, rows = ra.count;
   const Layout<2> l = layout<2>("cumsum", rows_shape, {&x, &out});
   NvtxRange range("cumsum");
   const int dev = x.device().index;
@@ -197,13 +219,13 @@ void cumsum(const Tensor& out, const Tensor& x, int64_t dim, bool reverse) {
   TALLY_DISPATCH_ALL(x.dtype(), "cumsum", [&] {
     using X = dev_t<scalar_t>;
     if constexpr (std::is_floating_point_v<acc_t<scalar_t>>) {
-      cumsum_kernel<X, X, double><<<grid_for(rows), kThreads, 0, stream(dev)>>>(
+      scan_kernel<X, X, double><<<grid_for(rows), kThreads, 0, stream(dev)>>>(
           dptr<scalar_t>(out), dptr<scalar_t>(x), rows, l, n, x.strides()[d], out.strides()[d],
-          reverse);
+          reverse, prod);
     } else {
-      cumsum_kernel<X, int64_t, int64_t><<<grid_for(rows), kThreads, 0, stream(dev)>>>(
+      scan_kernel<X, int64_t, int64_t><<<grid_for(rows), kThreads, 0, stream(dev)>>>(
           dptr<int64_t>(out), dptr<scalar_t>(x), rows, l, n, x.strides()[d], out.strides()[d],
-          reverse);
+          reverse, prod);
     }
   });
   check_launch("cumsum");
@@ -218,45 +240,176 @@ __device__ __forceinline__ bool before(A a, A b, bool descending) {
   return !is_nan(a) && (is_nan(b) || a < b);
 }
 
-// One thread an element: its rank in its row is the count of elements before it (ties: the
-// earlier index first, so the sort is stable). operands over the rows: x, values, indices.
+// Whether (a, ia) sorts before (b, ib): by value, ties by index (so the sort is stable);
+// ia or ib >= n is padding, after everything.
+template <typename A>
+__device__ __forceinline__ bool sorts_before(A a, int ia, A b, int ib, int n, bool descending) {
+  if (ib >= n) return ia < n;
+  if (ia >= n) return false;
+  if (before(a, b, descending)) return true;
+  if (before(b, a, descending)) return false;
+  return ia < ib;
+}
+
+// Rows of up to kBlockSortMax elements: one block a row, a bitonic sort of (value, index)
+// pairs in shared memory, padded to p (a power of two) with elements that sort last.
+// operands over the rows: x, values, indices.
+constexpr int kBlockSortMax = 2048;
+
 template <typename T>
-__global__ void sort_kernel(T* values, int64_t* indices, const T* x, int64_t total, Layout<3> l,
-                            int64_t n, int64_t xs, int64_t vs, int64_t is, bool descending) {
+__global__ void block_sort_kernel(T* values, int64_t* indices, const T* x, int64_t rows,
+                                  Layout<3> l, int n, int p, int64_t xs, int64_t vs, int64_t is,
+                                  bool descending) {
   using A = dacc_t<T>;
+  extern __shared__ unsigned char smem[];
+  A* key = reinterpret_cast<A*>(smem);
+  int* idx = reinterpret_cast<int*>(key + p);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    int64_t o[3];
+    l.get(row, o);
+    for (int i = threadIdx.x; i < p; i += blockDim.x) {
+      idx[i] = i;
+      if (i < n) key[i] = load(x[o[0] + i * xs]);
+    }
+    __syncthreads();
+    for (int k = 2; k <= p; k <<= 1) {
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        for (int i = threadIdx.x; i < p; i += blockDim.x) {
+          const int m = i ^ j;
+          if (m <= i) continue;
+          const bool up = (i & k) == 0;  // this run ascends (in sort order)
+          const bool swap = up ? sorts_before(key[m], idx[m], key[i], idx[i], n, descending)
+                               : sorts_before(key[i], idx[i], key[m], idx[m], n, descending);
+          if (swap) {
+            const A tk = key[i];
+            key[i] = key[m];
+            key[m] = tk;
+            const int ti = idx[i];
+            idx[i] = idx[m];
+            idx[m] = ti;
+          }
+        }
+        __syncthreads();
+      }
+    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      values[o[1] + i * vs] = x[o[0] + idx[i] * xs];
+      indices[o[2] + i * is] = idx[i];
+    }
+    __syncthreads();
+  }
+}
+
+// Longer rows: cub's stable segmented radix sort of contiguous keys. Radix order is the bits'
+// order, so keys are canonical first: every NaN the positive quiet NaN (after +inf, as
+// PyTorch's NaN-largest), -0 as +0 (equal to it, as the comparison sort has it). bool sorts
+// as uint8.
+template <typename T>
+using radix_key_t = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
+
+// k over rows * n: keys[k] = canonical x[row][i], positions[k] = i.
+template <typename T>
+__global__ void radix_keys_kernel(radix_key_t<T>* keys, int64_t* positions, const T* x,
+                                  int64_t total, Layout<3> l, int64_t n, int64_t xs) {
   TALLY_GRID_STRIDE(k, total) {
     const int64_t row = k / n, i = k % n;
     int64_t o[3];
     l.get(row, o);
-    const A a = load(x[o[0] + i * xs]);
-    int64_t rank = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      if (j == i) continue;
-      const A b = load(x[o[0] + j * xs]);
-      if (before(b, a, descending) || (j < i && !before(a, b, descending))) ++rank;
+    const T v = x[o[0] + i * xs];
+    if constexpr (std::is_floating_point_v<dacc_t<T>>) {
+      const auto a = load(v);
+      keys[k] = is_nan(a) ? store<T>(NAN) : a == 0 ? store<T>(0.0f) : v;
+    } else {
+      keys[k] = static_cast<radix_key_t<T>>(v);
     }
-    values[o[1] + rank * vs] = x[o[0] + i * xs];
-    indices[o[2] + rank * is] = i;
+    positions[k] = i;
   }
+}
+
+__global__ void segment_offsets_kernel(int64_t* offsets, int64_t rows, int64_t n) {
+  TALLY_GRID_STRIDE(r, rows + 1) {
+    offsets[r] = r * n;
+  }
+}
+
+// values[row][i] = x[row][order[k]], indices[row][i] = order[k] for k = row * n + i.
+template <typename T>
+__global__ void sorted_out_kernel(T* values, int64_t* indices, const T* x, const int64_t* order,
+                                  int64_t total, Layout<3> l, int64_t n, int64_t xs, int64_t vs,
+                                  int64_t is) {
+  TALLY_GRID_STRIDE(k, total) {
+    const int64_t row = k / n, i = k % n;
+    int64_t o[3];
+    l.get(row, o);
+    const int64_t j = order[k];
+    values[o[1] + i * vs] = x[o[0] + j * xs];
+    indices[o[2] + i * is] = j;
+  }
+}
+
+template <typename T>
+void radix_sort(const Tensor& values, const Tensor& indices, const Tensor& x, int64_t rows,
+                const Layout<3>& l, int64_t n, int64_t dim, bool descending) {
+  using D = dev_t<T>;
+  using K = radix_key_t<D>;
+  const auto d = static_cast<size_t>(dim);
+  const int64_t total = rows * n;
+  const int dev = x.device().index;
+  cudaStream_t st = stream(dev);
+  const Tensor keys =
+      alloc_scratch(2 * total, x.dtype() == DType::bool_ ? DType::uint8 : x.dtype(), x.device());
+  const Tensor pos = alloc_scratch(2 * total, DType::int64, x.device());
+  const Tensor offsets = alloc_scratch(rows + 1, DType::int64, x.device());
+  K* kin = static_cast<K*>(keys.storage().data());
+  int64_t* pin = static_cast<int64_t*>(pos.storage().data());
+  int64_t* off = static_cast<int64_t*>(offsets.storage().data());
+  radix_keys_kernel<D>
+      <<<grid_for(total), kThreads, 0, st>>>(kin, pin, dptr<T>(x), total, l, n, x.strides()[d]);
+  segment_offsets_kernel<<<grid_for(rows + 1), kThreads, 0, st>>>(off, rows, n);
+  check_launch("sort");
+  auto run = [&](void* temp, size_t& bytes) {
+    return descending
+               ? cub::DeviceSegmentedSort::StableSortPairsDescending(
+                     temp, bytes, kin, kin + total, pin, pin + total, total, rows, off, off + 1, st)
+               : cub::DeviceSegmentedSort::StableSortPairs(temp, bytes, kin, kin + total, pin,
+                                                           pin + total, total, rows, off, off + 1,
+                                                           st);
+  };
+  size_t bytes = 0;
+  check(run(nullptr, bytes), "sort (cub temp size)");
+  const Tensor temp = alloc_scratch(static_cast<int64_t>(bytes) + 1, DType::uint8, x.device());
+  check(run(temp.storage().data(), bytes), "sort (cub)");
+  sorted_out_kernel<D><<<grid_for(total), kThreads, 0, st>>>(
+      dptr<T>(values), dptr<int64_t>(indices), dptr<T>(x), pin + total, total, l, n, x.strides()[d],
+      values.strides()[d], indices.strides()[d]);
+  check_launch("sort");
 }
 
 void sort(const Tensor& values, const Tensor& indices, const Tensor& x, int64_t dim,
           bool descending) {
   const auto d = static_cast<size_t>(dim);
-  Shape rows_shape = x.sizes();
-  const int64_t n = rows_shape[d];
-  rows_shape[d] = 1;
-  const int64_t total = shape_numel(rows_shape) * n;
+  const RowsAlong ra = rows_along(x, dim);
+  const Shape& rows_shape = ra.shape;
+  const int64_t n = ra.n, rows = ra.count;
   const Layout<3> l = layout<3>("sort", rows_shape, {&x, &values, &indices});
   NvtxRange range("sort");
   const int dev = x.device().index;
   DeviceGuard guard(dev);
   TALLY_DISPATCH_ALL(x.dtype(), "sort", [&] {
-    sort_kernel<dev_t<scalar_t>><<<grid_for(total), kThreads, 0, stream(dev)>>>(
-        dptr<scalar_t>(values), dptr<int64_t>(indices), dptr<scalar_t>(x), total, l, n,
-        x.strides()[d], values.strides()[d], indices.strides()[d], descending);
+    using D = dev_t<scalar_t>;
+    if (n > kBlockSortMax)
+      return radix_sort<scalar_t>(values, indices, x, rows, l, n, dim, descending);
+    int p = 1;
+    while (p < n) p <<= 1;
+    const int threads = std::clamp(p / 2, 32, 1024);
+    const size_t smem = static_cast<size_t>(p) * (sizeof(dacc_t<D>) + sizeof(int));
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows, kMaxGrid));
+    block_sort_kernel<D><<<blocks, threads, smem, stream(dev)>>>(
+        dptr<scalar_t>(values), dptr<int64_t>(indices), dptr<scalar_t>(x), rows, l,
+        static_cast<int>(n), p, x.strides()[d], values.strides()[d], indices.strides()[d],
+        descending);
+    check_launch("sort");
   });
-  check_launch("sort");
 }
 
 // ------------------------------------------------------------------ flip / roll

@@ -17,17 +17,20 @@
 
 namespace tally {
 
+// How scatter combines src with what out holds: replace it, add alpha * src, multiply.
+enum class ScatterReduce : uint8_t { none, add, multiply };
+
 struct IndexKernels {
   // out[c] = x[c with c[dim] = index[c]]; index (int64) has out's shape (it may be an
   // expanded view); x has out's rank.
   void (*gather)(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim);
   // For every c in index's shape: out[c with c[dim] = index[c]] = src[c] (add: += alpha *
-  // src[c]). out is written in place; src has at least index's sizes.
-  void (*scatter)(const Tensor& out, const Tensor& src, const Tensor& index, int64_t dim, bool add,
-                  double alpha);
-  // out = cumulative sum of x along dim (reverse: from the end), same shape, out's dtype
-  // (x's, or int64 for an integral x), accumulated in double (int64 for integers).
-  void (*cumsum)(const Tensor& out, const Tensor& x, int64_t dim, bool reverse);
+  // src[c]; multiply: *= src[c]). out is written in place; src has at least index's sizes.
+  void (*scatter)(const Tensor& out, const Tensor& src, const Tensor& index, int64_t dim,
+                  ScatterReduce reduce, double alpha);
+  // out = cumulative sum (prod: product) of x along dim (reverse: from the end), same shape,
+  // out's dtype (x's, or int64 for an integral x), accumulated in double (int64 for integers).
+  void (*scan)(const Tensor& out, const Tensor& x, int64_t dim, bool reverse, bool prod);
   // A stable sort of each row along dim: values (x's dtype) and indices (int64), both
   // contiguous with x's shape. NaN counts as the largest value, as in PyTorch.
   void (*sort)(const Tensor& values, const Tensor& indices, const Tensor& x, int64_t dim,
@@ -46,12 +49,25 @@ struct IndexKernels {
                          const Tensor& positions);
 };
 
+// The rows a scan or sort along dim runs over: x's shape with dim's size set to 1 (shape),
+// how many there are (count) and each row's length (n).
+struct RowsAlong {
+  Shape shape;
+  int64_t count = 0, n = 0;
+};
+inline RowsAlong rows_along(const Tensor& x, int64_t dim) {
+  RowsAlong r{x.sizes(), 0, x.sizes()[static_cast<size_t>(dim)]};
+  r.shape[static_cast<size_t>(dim)] = 1;
+  r.count = shape_numel(r.shape);
+  return r;
+}
+
 // cpu::index_kernels (tensor/index/cpu.cpp), cuda::index_kernels (tensor/index/cuda.cu),
 // index_backends (tensor/backends.cpp).
 TALLY_DECLARE_KERNELS(IndexKernels, index_kernels, index_backends);
 
-#define TALLY_INDEX_KERNELS                                                                  \
-  .gather = &gather, .scatter = &scatter, .cumsum = &cumsum, .sort = &sort, .remap = &remap, \
+#define TALLY_INDEX_KERNELS                                                              \
+  .gather = &gather, .scatter = &scatter, .scan = &scan, .sort = &sort, .remap = &remap, \
   .masked_select = &masked_select, .masked_scatter = &masked_scatter
 
 }  // namespace tally

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <stdexcept>
+#include <string>
 
 #include "tensor/dispatch.h"
 #include "tensor/index/kernels.h"
@@ -63,29 +64,105 @@ Tensor index_1d(const Tensor& index, const Tensor& x, const char* op) {
   return as_1d(i);
 }
 
-void scatter_into(const OpInfo& info, const Tensor& out, int64_t dim, const Tensor& index,
-                  const Tensor& src, bool add, double alpha) {
-  if (index.numel() == 0) return;
-  index_backends.get(info, out.device(), &IndexKernels::scatter)(out, src, index, dim, add, alpha);
+// PyTorch's scatter reduce argument: "" (replace), "add" or "sum", "multiply".
+ScatterReduce scatter_reduce_of(const std::string& reduce, const char* op) {
+  if (reduce.empty()) return ScatterReduce::none;
+  if (reduce == "add" || reduce == "sum") return ScatterReduce::add;
+  if (reduce == "multiply") return ScatterReduce::multiply;
+  throw std::invalid_argument(
+      fmt::format("{}: reduce must be 'add', 'sum' or 'multiply', got '{}'", op, reduce));
 }
 
-Tensor scatter_impl(const OpInfo& info, const Tensor& x, int64_t dim, const Tensor& index,
-                    const Tensor& src, bool add) {
-  DispatchScope scope(info, x, index, src);
-  const Tensor x1 = as_1d(x), i1 = as_1d(int64_index(index, x, info.name));
-  const Tensor s1 = as_1d(src);
-  const int64_t d = wrap_dim(dim, x1.dim(), info.name);
+// A scatter's operands once checked: index (int64) and src as gather/scatter take them
+// (0-D as [1]) and dim wrapped.
+struct ScatterArgs {
+  Tensor index, src;
+  int64_t dim = 0;
+};
+
+ScatterArgs check_scatter(const OpInfo& info, const Tensor& x, int64_t dim, const Tensor& index,
+                          const Tensor& src, ScatterReduce reduce) {
+  ScatterArgs a{as_1d(int64_index(index, x, info.name)), as_1d(src), 0};
+  const Tensor x1 = as_1d(x);
+  a.dim = wrap_dim(dim, x1.dim(), info.name);
   check_same_device(info.name, x.device(), src.device());
   if (src.dtype() != x.dtype())
     throw std::invalid_argument(fmt::format("{}: src's dtype {} must be the input's ({})",
                                             info.name, dtype_name(src.dtype()),
                                             dtype_name(x.dtype())));
-  if (add && x.dtype() == DType::bool_)
+  if (reduce == ScatterReduce::add && x.dtype() == DType::bool_)
     throw std::invalid_argument(fmt::format("{}: bool tensors cannot be added", info.name));
-  check_index_shape(info.name, x1, i1, d, &s1);
+  check_index_shape(info.name, x1, a.index, a.dim, &a.src);
+  return a;
+}
+
+// Writes the checked scatter into out (x itself, or its copy).
+void run_scatter(const OpInfo& info, const Tensor& out, const ScatterArgs& a, ScatterReduce reduce,
+                 double alpha) {
+  if (a.index.numel() == 0) return;
+  index_backends.get(info, out.device(), &IndexKernels::scatter)(as_1d(out), a.src, a.index, a.dim,
+                                                                 reduce, alpha);
+}
+
+Tensor scatter_impl(const OpInfo& info, const Tensor& x, int64_t dim, const Tensor& index,
+                    const Tensor& src, ScatterReduce reduce) {
+  DispatchScope scope(info, x, index, src);
+  const ScatterArgs a = check_scatter(info, x, dim, index, src, reduce);
   Tensor out = clone(x);
-  scatter_into(info, as_1d(out), d, i1, s1, add, 1.0);
+  run_scatter(info, out, a, reduce, 1.0);
   return out;
+}
+
+void scatter_in_place(const OpInfo& info, const Tensor& x, int64_t dim, const Tensor& index,
+                      const Tensor& src, ScatterReduce reduce) {
+  DispatchScope scope(info, x, index, src);
+  run_scatter(info, x, check_scatter(info, x, dim, index, src, reduce), reduce, 1.0);
+  x.storage().bump_version();
+}
+
+// A scalar scatter's src: value in x's dtype, expanded to index's shape.
+Tensor value_src(const Tensor& x, const Tensor& index, double value) {
+  return expand(full({}, value, x.dtype(), x.device()), index.sizes());
+}
+
+// index_add / index_fill's operands once checked: the index as gather/scatter take it (a
+// view of the 1-D index with `want`'s shape, varying along dim) and source's wanted shape.
+struct IndexArgs {
+  Tensor index;
+  Shape want;
+  int64_t dim = 0;
+};
+
+IndexArgs check_index_1d(const char* op, const Tensor& x, int64_t dim, const Tensor& index) {
+  const Tensor x1 = as_1d(x), i1 = index_1d(index, x, op);
+  IndexArgs a;
+  a.dim = wrap_dim(dim, x1.dim(), op);
+  a.want = x1.sizes();
+  a.want[static_cast<size_t>(a.dim)] = i1.numel();
+  a.index = index_along(i1, a.want, a.dim);
+  return a;
+}
+
+IndexArgs check_index_add(const char* op, const Tensor& x, int64_t dim, const Tensor& index,
+                          const Tensor& source) {
+  IndexArgs a = check_index_1d(op, x, dim, index);
+  check_same_device(op, x.device(), source.device());
+  if (source.dtype() != x.dtype() || x.dtype() == DType::bool_)
+    throw std::invalid_argument(
+        fmt::format("{}: source's dtype {} must be the input's ({}), not bool", op,
+                    dtype_name(source.dtype()), dtype_name(x.dtype())));
+  if (as_1d(source).sizes() != a.want)
+    throw std::invalid_argument(fmt::format(
+        "{}: source {} must be {} (the input {} with index's {} entries at dim {})", op,
+        source.shape_string(), shape_str(a.want), x.shape_string(), a.index.size(a.dim), a.dim));
+  return a;
+}
+
+void run_index(const OpInfo& info, const Tensor& out, const IndexArgs& a, const Tensor& src,
+               ScatterReduce reduce, double alpha) {
+  if (shape_numel(a.want) == 0) return;
+  index_backends.get(info, out.device(), &IndexKernels::scatter)(as_1d(out), as_1d(src), a.index,
+                                                                 a.dim, reduce, alpha);
 }
 
 // The mask broadcast to `shape` and its inclusive running count (int64, contiguous).
@@ -131,50 +208,49 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   return index.dim() == 0 ? view(out, {}) : out;
 }
 
-Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
+               const std::string& reduce) {
   static const OpInfo info("scatter");
-  return scatter_impl(info, x, dim, index, src, false);
+  return scatter_impl(info, x, dim, index, src, scatter_reduce_of(reduce, info.name));
 }
 
-Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value) {
-  const Tensor v = full({}, value, x.dtype(), x.device());
-  return scatter(x, dim, index, expand(v, index.sizes()));
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value,
+               const std::string& reduce) {
+  return scatter(x, dim, index, value_src(x, index, value), reduce);
+}
+
+void scatter_(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
+              const std::string& reduce) {
+  static const OpInfo info("scatter_");
+  scatter_in_place(info, x, dim, index, src, scatter_reduce_of(reduce, info.name));
+}
+
+void scatter_(const Tensor& x, int64_t dim, const Tensor& index, double value,
+              const std::string& reduce) {
+  scatter_(x, dim, index, value_src(x, index, value), reduce);
 }
 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
   static const OpInfo info("scatter_add");
-  return scatter_impl(info, x, dim, index, src, true);
+  return scatter_impl(info, x, dim, index, src, ScatterReduce::add);
 }
 
 void scatter_add_(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
   static const OpInfo info("scatter_add_");
-  DispatchScope scope(info, x, index, src);
-  const Tensor x1 = as_1d(x), i1 = as_1d(int64_index(index, x, info.name)), s1 = as_1d(src);
-  const int64_t d = wrap_dim(dim, x1.dim(), info.name);
-  check_same_device(info.name, x.device(), src.device());
-  if (src.dtype() != x.dtype() || x.dtype() == DType::bool_)
-    throw std::invalid_argument(
-        fmt::format("scatter_add_: src's dtype {} must be the input's ({}), not bool",
-                    dtype_name(src.dtype()), dtype_name(x.dtype())));
-  check_index_shape(info.name, x1, i1, d, &s1);
-  scatter_into(info, x1, d, i1, s1, true, 1.0);
-  x.storage().bump_version();
+  scatter_in_place(info, x, dim, index, src, ScatterReduce::add);
 }
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   static const OpInfo info("index_select");
   DispatchScope scope(info, x, index);
-  const Tensor x1 = as_1d(x), i1 = index_1d(index, x, info.name);
-  const int64_t d = wrap_dim(dim, x1.dim(), info.name);
-  Shape shape = x1.sizes();
-  shape[static_cast<size_t>(d)] = i1.numel();
-  if (i1.numel() > 0 && x1.sizes()[static_cast<size_t>(d)] == 0)
-    throw std::out_of_range(
-        fmt::format("index_select: index into dim {} of size 0 (input {})", d, x.shape_string()));
-  Tensor out = alloc_output(shape, x.dtype(), x.device());
+  const IndexArgs a = check_index_1d(info.name, x, dim, index);
+  const Tensor x1 = as_1d(x);
+  if (a.index.size(a.dim) > 0 && x1.size(a.dim) == 0)
+    throw std::out_of_range(fmt::format("index_select: index into dim {} of size 0 (input {})",
+                                        a.dim, x.shape_string()));
+  Tensor out = alloc_output(a.want, x.dtype(), x.device());
   if (out.numel() > 0)
-    index_backends.get(info, x.device(), &IndexKernels::gather)(out, x1, index_along(i1, shape, d),
-                                                                d);
+    index_backends.get(info, x.device(), &IndexKernels::gather)(out, x1, a.index, a.dim);
   return x.dim() == 0 ? view(out, {}) : out;
 }
 
@@ -182,36 +258,64 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
                  double alpha) {
   static const OpInfo info("index_add");
   DispatchScope scope(info, x, index, source);
-  const Tensor x1 = as_1d(x), i1 = index_1d(index, x, info.name), s1 = as_1d(source);
-  const int64_t d = wrap_dim(dim, x1.dim(), info.name);
-  check_same_device(info.name, x.device(), source.device());
-  if (source.dtype() != x.dtype() || x.dtype() == DType::bool_)
-    throw std::invalid_argument(
-        fmt::format("index_add: source's dtype {} must be the input's ({}), not bool",
-                    dtype_name(source.dtype()), dtype_name(x.dtype())));
-  Shape want = x1.sizes();
-  want[static_cast<size_t>(d)] = i1.numel();
-  if (s1.sizes() != want)
-    throw std::invalid_argument(fmt::format(
-        "index_add: source {} must be {} (the input {} with index's {} entries at dim {})",
-        source.shape_string(), shape_str(want), x.shape_string(), i1.numel(), d));
+  const IndexArgs a = check_index_add(info.name, x, dim, index, source);
   Tensor out = clone(x);
-  if (s1.numel() > 0)
-    index_backends.get(info, x.device(), &IndexKernels::scatter)(
-        as_1d(out), s1, index_along(i1, want, d), d, true, alpha);
+  run_index(info, out, a, source, ScatterReduce::add, alpha);
   return out;
 }
 
-Tensor cumsum(const Tensor& x, int64_t dim, bool reverse) {
-  static const OpInfo info("cumsum");
+void index_add_(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source,
+                double alpha) {
+  static const OpInfo info("index_add_");
+  DispatchScope scope(info, x, index, source);
+  run_index(info, x, check_index_add(info.name, x, dim, index, source), source, ScatterReduce::add,
+            alpha);
+  x.storage().bump_version();
+}
+
+Tensor index_fill(const Tensor& x, int64_t dim, const Tensor& index, double value) {
+  static const OpInfo info("index_fill");
+  DispatchScope scope(info, x, index);
+  const IndexArgs a = check_index_1d(info.name, x, dim, index);
+  Tensor out = clone(x);
+  run_index(info, out, a, expand(full({}, value, x.dtype(), x.device()), a.want),
+            ScatterReduce::none, 1.0);
+  return out;
+}
+
+void index_fill_(const Tensor& x, int64_t dim, const Tensor& index, double value) {
+  static const OpInfo info("index_fill_");
+  DispatchScope scope(info, x, index);
+  const IndexArgs a = check_index_1d(info.name, x, dim, index);
+  run_index(info, x, a, expand(full({}, value, x.dtype(), x.device()), a.want), ScatterReduce::none,
+            1.0);
+  x.storage().bump_version();
+}
+
+namespace {
+
+// cumsum / cumprod: x's dtype for floating x, int64 otherwise.
+Tensor scan(const OpInfo& info, const Tensor& x, int64_t dim, bool reverse, bool prod) {
   DispatchScope scope(info, x);
   const Tensor x1 = as_1d(x);
   const int64_t d = wrap_dim(dim, x1.dim(), info.name);
   const DType dt = is_floating(x.dtype()) ? x.dtype() : DType::int64;
   Tensor out = alloc_output(x1.sizes(), dt, x.device());
   if (out.numel() > 0)
-    index_backends.get(info, x.device(), &IndexKernels::cumsum)(out, x1, d, reverse);
+    index_backends.get(info, x.device(), &IndexKernels::scan)(out, x1, d, reverse, prod);
   return x.dim() == 0 ? view(out, {}) : out;
+}
+
+}  // namespace
+
+Tensor cumsum(const Tensor& x, int64_t dim, bool reverse) {
+  static const OpInfo info("cumsum");
+  return scan(info, x, dim, reverse, false);
+}
+
+Tensor cumprod(const Tensor& x, int64_t dim) {
+  static const OpInfo info("cumprod");
+  return scan(info, x, dim, false, true);
 }
 
 ValuesIndices sort(const Tensor& x, int64_t dim, bool descending) {

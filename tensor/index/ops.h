@@ -4,6 +4,8 @@
 // converted); negative indices count from the end, as in PyTorch.
 #pragma once
 
+#include <string>
+
 #include "tensor/elementwise/ops.h"
 #include "tensor/reduce/ops.h"
 
@@ -16,10 +18,18 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 // out[...index[i][j]...] = src[i][j] (scatter_add: += src[i][j]). src has at least index's
 // sizes; index.size(d) <= x.size(d) for d != dim. Duplicate indices in scatter: one of the
 // values wins (unspecified which on CUDA, as in PyTorch); scatter_add sums them.
-Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value);
+// reduce (PyTorch's scatter_ argument): "" replaces, "add" (or "sum") adds, "multiply"
+// multiplies what x holds by src.
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
+               const std::string& reduce = "");
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value,
+               const std::string& reduce = "");
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 // In place: x itself is written (bumps its version).
+void scatter_(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
+              const std::string& reduce = "");
+void scatter_(const Tensor& x, int64_t dim, const Tensor& index, double value,
+              const std::string& reduce = "");
 void scatter_add_(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 // torch.index_select: the entries of x at the 1-D `index` along dim.
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
@@ -27,10 +37,18 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 // (source has x's shape but index.numel() at dim).
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source,
                  double alpha = 1.0);
+void index_add_(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source,
+                double alpha = 1.0);
+// torch.index_fill: a copy of x with its slices at the 1-D `index` along dim set to value;
+// index_fill_ writes x itself (bumps its version).
+Tensor index_fill(const Tensor& x, int64_t dim, const Tensor& index, double value);
+void index_fill_(const Tensor& x, int64_t dim, const Tensor& index, double value);
 
 // torch.cumsum along dim: x's dtype for floating x, int64 for integral or bool x.
 // reverse: sums from the end (the backward of cumsum).
 Tensor cumsum(const Tensor& x, int64_t dim, bool reverse = false);
+// torch.cumprod along dim: the running product, dtypes as cumsum.
+Tensor cumprod(const Tensor& x, int64_t dim);
 
 // torch.sort (stable; NaN is the largest value) and torch.topk (the k largest or smallest
 // along dim, sorted). indices are int64.

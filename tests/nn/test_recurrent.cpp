@@ -168,6 +168,44 @@ TEST(Recurrent, ErrorsNameTheModuleAndShapes) {
   EXPECT_THROW(GRU(3, 4, 1, true, false, 1.5), std::invalid_argument);
 }
 
+// proj_size: PyTorch's weight_hr_l{k} names and shapes, h of proj_size features (c keeps
+// hidden_size), the first step against the projected recurrence, and a float64 gradcheck.
+TEST(Recurrent, LstmProjSize) {
+  LSTM lstm(3, 4, 2, true, false, 0.0, true, 2);
+  const auto named = lstm.named_parameters();
+  ASSERT_EQ(named.size(), 20u);
+  EXPECT_EQ(named[4].first, "weight_hr_l0");
+  EXPECT_EQ(named[4].second.sizes(), (Shape{2, 4}));
+  EXPECT_EQ(named[1].second.sizes(), (Shape{16, 2}));   // weight_hh_l0 reads h
+  EXPECT_EQ(named[10].second.sizes(), (Shape{16, 4}));  // weight_ih_l1 reads both h
+  EXPECT_EQ(lstm.extra_repr(), "3, 4, num_layers=2, bidirectional=True, proj_size=2");
+  auto [out, hc] = lstm(randn({5, 1, 3}));
+  EXPECT_EQ(out.sizes(), (Shape{5, 1, 4}));
+  EXPECT_EQ(hc.first.sizes(), (Shape{4, 1, 2}));
+  EXPECT_EQ(hc.second.sizes(), (Shape{4, 1, 4}));
+  EXPECT_THROW(LSTM(3, 4, 1, true, false, 0.0, false, 4), std::invalid_argument);
+
+  LSTM one(3, 4, 1, true, false, 0.0, false, 2);
+  one.to(DType::float64);
+  const Tensor x = rand_input({1, 2, 3}, -1, 1, 6).detach();
+  const auto p = one.named_parameters();
+  const Tensor g = add(linear(x.select(0, 0), p[0].second, p[2].second), p[3].second);
+  auto part = [](const Tensor& t, int k) { return t.narrow(1, k * 4, 4); };
+  const Tensor c = mul(sigmoid(part(g, 0)), tanh(part(g, 2)));
+  const Tensor h = linear(mul(sigmoid(part(g, 3)), tanh(c)), p[4].second, Tensor());
+  EXPECT_TRUE(testing::values_near(one(x).first.select(0, 0), ops::to_vector(h), 1e-12));
+
+  TensorList in = {rand_input({3, 2, 3}, -1, 1, 7), rand_input({1, 2, 2}, -1, 1, 8),
+                   rand_input({1, 2, 4}, -1, 1, 9)};
+  for (const Tensor& q : one.parameters()) in.push_back(q);
+  EXPECT_TRUE(gradcheck(
+      [&](const TensorList& t) {
+        auto [o, s] = one(t[0], std::make_pair(t[1], t[2]));
+        return cat({o.reshape({-1}), s.first.reshape({-1}), s.second.reshape({-1})}, 0);
+      },
+      in));
+}
+
 }  // namespace
 }  // namespace tally::nn
 

@@ -62,6 +62,66 @@ TEST_P(Index, GatherScatterGradients) {
       {rand_input({2, 3}), rand_input({2, 3}, -1, 1, 4)}));
 }
 
+// A float64 leaf with exact values (zeros where a gradient must handle them), requiring grad.
+Tensor exact_leaf(const std::vector<double>& v, const Shape& s) {
+  Tensor t = from_vector(v, s, TensorOptions{}.with_dtype(DType::float64));
+  t.requires_grad_(true);
+  return t;
+}
+
+TEST_P(Index, ScatterReduceIndexFill) {
+  const Tensor x = f({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor dup = i64({0, 0, 2, 2}, {2, 2});
+  const Tensor src = f({10, 20, 30, 40}, {2, 2});
+  EXPECT_TRUE(values_near(scatter(x, 1, dup, src, "multiply"), {200, 2, 3, 4, 5, 7200}));
+  EXPECT_TRUE(values_near(scatter(x, 1, dup, src, "add"), {31, 2, 3, 4, 5, 76}));
+  EXPECT_TRUE(
+      values_near(scatter(x, 1, i64({1, 1}, {2, 1}), 2.0, "multiply"), {1, 4, 3, 4, 10, 6}));
+  EXPECT_TRUE(values_near(index_fill(x, 1, i64({0, 2}, {2}), -1), {-1, 2, -1, -1, 5, -1}));
+  Tensor y = ops::clone(x);
+  index_add_(y, 0, i64({1}, {1}), f({1, 1, 1}, {1, 3}), 2.0);
+  EXPECT_TRUE(values_near(y, {1, 2, 3, 6, 7, 8}));
+  scatter_(y, 0, i64({1, 0, 0}, {1, 3}), 9.0);
+  EXPECT_TRUE(values_near(y, {1, 9, 9, 9, 7, 8}));
+  scatter_(y, 1, dup, src, "sum");
+  EXPECT_TRUE(values_near(y, {31, 9, 9, 9, 7, 78}));
+  index_fill_(y, 0, i64({-1}, {1}), 0.0);
+  EXPECT_TRUE(values_near(y, {31, 9, 9, 0, 0, 0}));
+  EXPECT_THROW(scatter(x, 1, dup, src, "max"), std::invalid_argument);
+  EXPECT_THROW(index_fill(x, 1, i64({0}, {1, 1}), 0.0), std::invalid_argument);
+  // multiply's src gradient with zero sources: one zero at a place, two, and none.
+  const Tensor idx = i64({0, 0, 1, 2, 2, 2, 1, 3, 1}, {3, 3});
+  const Tensor s = exact_leaf({0.5, 0, 2, 0, 0, 1.5, 0.7, -1.3, 0.9}, {3, 3});
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& in) { return scatter(in[0], 1, idx, in[1], "multiply"); },
+      {rand_input({3, 4}), s}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& in) { return scatter(in[0], 1, idx, in[1], "add"); },
+      {rand_input({3, 4}), rand_input({3, 3}, -1, 1, 2)}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& in) { return scatter(in[0], 1, idx, -1.5, "multiply"); },
+      {rand_input({3, 4})}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [&](const TensorList& in) {
+                             return index_fill(in[0], 0, i64({2, 0}, {2}), 3.0);
+                           },
+                           {rand_input_noncontig({3, 2})}));
+}
+
+TEST_P(Index, Cumprod) {
+  EXPECT_TRUE(values_near(cumprod(f({1, 2, 3, 0, 5, 2}, {2, 3}), 1), {1, 2, 6, 0, 0, 0}));
+  EXPECT_TRUE(values_near(cumprod(f({1, 2, 3, 0, 5, 2}, {2, 3}), 0), {1, 2, 3, 0, 10, 6}));
+  const Tensor ints = cumprod(i64({1, 2, 3}, {3}), 0);
+  EXPECT_EQ(ints.dtype(), DType::int64);
+  EXPECT_TRUE(values_near(ints, {1, 2, 6}));
+  // Rows with no zero, one zero and two zeros: the gradient at and after a zero.
+  const Tensor x = exact_leaf({2, 0, 3, 0.5, 1.5, -1, 0, 2, 0.7, 1.2, -0.4, 0.9}, {3, 4});
+  EXPECT_TRUE(gradcheck_on(dev(), [](const TensorList& in) { return cumprod(in[0], 1); }, {x}));
+  EXPECT_TRUE(gradcheck_on(dev(), [](const TensorList& in) { return cumprod(in[0], 0); }, {x}));
+  EXPECT_TRUE(gradcheck_on(dev(), [](const TensorList& in) { return cumprod(in[0], 0); },
+                           {rand_input_noncontig({3, 2})}));
+}
+
 TEST_P(Index, CumsumSortTopk) {
   const Tensor x = f({3, 1, 2, 1, 5, 4}, {2, 3});
   EXPECT_TRUE(values_near(cumsum(x, 1), {3, 4, 6, 1, 6, 10}));
@@ -296,6 +356,45 @@ TEST_P(IndexVsCpu, KernelsMatchTheCpu) {
       EXPECT_TRUE(close_pointwise(yg, yc, 0.0)) << what;
     }
   }
+}
+
+TEST_P(IndexVsCpu, ScatterReduceCumprodMatchTheCpu) {
+  for (DType d : {DType::float32, DType::float64, DType::float16, DType::bfloat16}) {
+    const std::string what = dtype_name(d);
+    const Pair x = both({37, 29}, d, 7, true);
+    const Pair s = both({37, 40}, d, 8, false, 0.5, 1.5);
+    const Tensor ic = ops::randint(0, 29, {37, 40}, DType::int64, kCpu);  // duplicates
+    const double tol = pointwise_tol(d) * 10;
+    EXPECT_TRUE(close_pointwise(ops::scatter(x.gpu, 1, to_gpu(ic), s.gpu, "multiply"),
+                                ops::scatter(x.cpu, 1, ic, s.cpu, "multiply"), tol))
+        << what;
+    const Tensor rc = ops::randint(0, 29, {7}, DType::int64, kCpu);
+    EXPECT_TRUE(close_pointwise(ops::index_fill(x.gpu, 1, to_gpu(rc), 2.5),
+                                ops::index_fill(x.cpu, 1, rc, 2.5), 0.0))
+        << what;
+    const Pair p = both({37, 29}, d, 9, true, 0.5, 1.5);
+    EXPECT_TRUE(close_pointwise(ops::cumprod(p.gpu, 0), ops::cumprod(p.cpu, 0), tol)) << what;
+    EXPECT_TRUE(close_pointwise(ops::cumprod(p.gpu, 1), ops::cumprod(p.cpu, 1), tol)) << what;
+  }
+  // Long rows take cub's radix sort: ties, NaN and -0/+0 must order as the CPU's stable sort.
+  for (DType d : {DType::float32, DType::float16, DType::int64}) {
+    Tensor big = ops::to(ops::randint(-20, 20, {3, 5000}, DType::int64, kCpu), d);
+    if (d != DType::int64) {
+      const Tensor special =
+          from_vector({NAN, -0.0, 0.0, -NAN}, {4}, TensorOptions{}.with_dtype(d));
+      ops::copy_(ops::narrow(ops::select(big, 0, 1), 0, 100, 4), special);
+    }
+    for (int64_t dim : {1, 0})
+      for (bool desc : {false, true}) {
+        const ValuesIndices g = ops::sort(to_gpu(big), dim, desc), c = ops::sort(big, dim, desc);
+        EXPECT_TRUE(close_pointwise(g.values, c.values, 0.0)) << dtype_name(d) << " " << dim;
+        EXPECT_TRUE(close_pointwise(g.indices, c.indices, 0.0)) << dtype_name(d) << " " << dim;
+      }
+  }
+  const Tensor u8 = ops::randint(1, 4, {6, 50}, DType::uint8, kCpu);
+  const Tensor ic = ops::randint(0, 6, {6, 50}, DType::int64, kCpu);
+  EXPECT_TRUE(close_pointwise(ops::scatter(to_gpu(u8), 1, to_gpu(ic), to_gpu(u8), "multiply"),
+                              ops::scatter(u8, 1, ic, u8, "multiply"), 0.0));
 }
 
 }  // namespace

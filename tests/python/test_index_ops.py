@@ -1,0 +1,73 @@
+"""scatter(reduce=...), scatter_, index_add_, index_fill(_) and cumprod as PyTorch users
+write them (issue 50). Values against numpy; gradients against float64 central differences."""
+
+import numpy as np
+import pytest
+
+import tally
+from test_ops_habits import close, gradcheck, t  # the shared value and gradient checks
+
+RNG = np.random.default_rng(1)
+
+
+X = np.arange(1.0, 7.0).reshape(2, 3)
+DUP = np.array([[0, 0], [2, 2]])
+SRC = np.array([[10.0, 20.0], [30.0, 40.0]])
+
+
+def test_scatter_reduce():
+    close(t(X).scatter(1, t(DUP), t(SRC), reduce="multiply"), [[200, 2, 3], [4, 5, 7200]])
+    close(tally.scatter(t(X), 1, t(DUP), t(SRC), reduce="add"), [[31, 2, 3], [4, 5, 76]])
+    close(t(X).scatter(1, t(np.array([[1], [1]])), 2.0, reduce="multiply"), [[1, 4, 3], [4, 10, 6]])
+    with pytest.raises(ValueError, match="reduce"):
+        t(X).scatter(1, t(DUP), t(SRC), reduce="max")
+    src = np.array([[0.5, 0.0, 2.0], [0.7, -1.3, 0.9]])
+    idx = t(np.array([[0, 0, 1], [1, 3, 1]]))
+    gradcheck(lambda x, s: x.scatter(1, idx, s, reduce="multiply"), RNG.standard_normal((2, 4)),
+              src)
+
+
+def test_in_place_index_writes():
+    y = t(X)
+    assert y.index_add_(0, t(np.array([1])), t(np.ones((1, 3))), alpha=2.0) is y
+    close(y, [[1, 2, 3], [6, 7, 8]])
+    y.scatter_(0, t(np.array([[1, 0, 0]])), 9.0)
+    close(y, [[1, 9, 9], [9, 7, 8]])
+    y.scatter_(1, t(DUP), t(SRC), reduce="add")
+    close(y, [[31, 9, 9], [9, 7, 78]])
+    y.index_fill_(0, t(np.array([-1])), 0.0)
+    close(y, [[31, 9, 9], [0, 0, 0]])
+    w = tally.tensor(X, requires_grad=True)
+    with pytest.raises(ValueError, match="index_fill_"):
+        w.index_fill_(0, t(np.array([0])), 1.0)
+
+
+def test_index_fill():
+    out = tally.index_fill(t(X), 1, t(np.array([0, 2])), -1.0)
+    expected = X.copy()
+    expected[:, [0, 2]] = -1
+    close(out, expected)
+    gradcheck(lambda x: x.index_fill(0, t(np.array([1])), 3.0), RNG.standard_normal((3, 2)))
+
+
+def test_cumprod():
+    a = np.array([[1.0, 2, 3], [0, 5, 2]])
+    close(tally.cumprod(t(a), 1), np.cumprod(a, 1))
+    close(t(a).cumprod(0), np.cumprod(a, 0))
+    assert tally.cumprod(t(np.array([1, 2, 3])), 0).dtype == tally.int64
+    zeros = np.array([[2.0, 0, 3, 0.5], [1.5, -1, 0, 2], [0.7, 1.2, -0.4, 0.9]])
+    gradcheck(lambda x: x.cumprod(1), zeros)
+    gradcheck(lambda x: tally.cumprod(x, 0), zeros)
+
+
+def test_mask_on_a_later_dim():
+    a = RNG.standard_normal((2, 3, 4))
+    m = np.array([True, False, True, True])
+    close(t(a)[:, :, t(m)], a[:, :, m])
+    close(t(a)[..., m], a[..., m])
+    m2 = RNG.standard_normal((3, 4)) > 0
+    close(t(a)[:, t(m2)], a[:, m2])
+    close(t(a)[0, t(m2[:, 0].copy())], a[0, m2[:, 0]])
+    with pytest.raises(IndexError):
+        t(a)[:, t(np.array([True, False]))]
+    gradcheck(lambda x: x[:, t(m)], RNG.standard_normal((2, 4)))
