@@ -272,7 +272,9 @@ int main(int argc, char** argv) {
     if (cfg.fused_classifier)
       for (const int64_t mib : {256, 64, 16, 4})
         if ((mib << 20) <= cfg.fused_classifier_chunk_bytes) chunks.push_back(mib << 20);
-    const auto chosen = tr.plan(*build(), dry_steps, a.batch, chunks, !cfg.fused_classifier);
+    const auto chosen = tr.planning()
+                            ? tr.plan(*build(), dry_steps, a.batch, chunks, !cfg.fused_classifier)
+                            : std::nullopt;
     if (chosen && chosen->fused_classifier) cfg.fused_classifier = true;
     if (chosen && chosen->classifier_chunk_bytes > 0)
       cfg.fused_classifier_chunk_bytes = chosen->classifier_chunk_bytes;

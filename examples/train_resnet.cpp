@@ -289,7 +289,7 @@ int main(int argc, char** argv) {
           },
           [&](const std::vector<Tensor>& in) { (void)argmax((*m)(in[0]), 1); });
     };
-    tr.plan(*build(), dry_steps, a.batch);
+    if (tr.planning()) tr.plan(*build(), dry_steps, a.batch);
 
     return tr.run({{tr.checkpoint, tr.amp, tr.offload}, a.batch}, dry_steps, [&] {
       auto model = make_model(a, d.classes, d.channels);

@@ -171,6 +171,9 @@ class Trainer {
 
   bool dry() const { return dry_ != nullptr; }
   int64_t grad_accum() const { return f_.grad_accum; }
+  // --checkpoint auto: plan() will search. Build the meta model plan() takes only then: building
+  // one draws from the default generator, which would change the real model's initialisation.
+  bool planning() const { return auto_plan_.checkpoint_auto; }
   Device device() const { return dev_; }
   // The run's checkpointing, precision and offload: the flags', or the planner's choice.
   nn::CheckpointSpec checkpoint;
