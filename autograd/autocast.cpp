@@ -73,7 +73,12 @@ void record_weight_cast(const Tensor& src, const Tensor& out) {
                                                            const TensorList& grad) -> TensorList {
                          return {ops::to(grad[0], d, t)};
                        });
-  if (node) node->outputs[0].dtype = src.dtype();
+  if (!node) return;
+  node->outputs[0].dtype = src.dtype();
+  // cache_casts records every weight's cast before the forward's first op, so by order of
+  // creation these nodes would run last, each holding its weight's gradient until the end of
+  // backward. The cast only hands the gradient to the leaf: run it as soon as it is ready.
+  node->sequence_nr = autograd::kRunWhenReadySeq;
 }
 
 Tensor cached_cast(const Tensor& t, DType target) {

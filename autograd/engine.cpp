@@ -32,7 +32,7 @@ void accumulate(Tensor& slot, const Tensor& g) {
   }
 }
 
-// A gradient on its way to a leaf's AccumulateGrad (which runs last: sequence_nr 0) that will
+// A gradient on its way to a leaf's AccumulateGrad (which runs as soon as it is ready) that will
 // become the leaf's .grad (it has none yet) is `gradient` from the moment it arrives, not a
 // `temporary`: a block held by this tensor alone is re-tagged, a sum of two contributions is
 // allocated as `gradient`. (One added into an existing .grad stays `temporary`.)

@@ -8,13 +8,12 @@ namespace tally::autograd {
 
 namespace {
 thread_local bool tls_grad_enabled = true;
-// Op nodes count from 1. AccumulateGrad nodes take the highest number (kAccumulateGradSeq), as
+// Op nodes count from 1. AccumulateGrad nodes take the highest number (kRunWhenReadySeq), as
 // PyTorch's do: the engine's ready queue runs the latest op first, so a leaf's gradient lands
 // in .grad (and its post-accumulate-grad hooks run: CpuOffload's copies, step-in-backward, DDP)
 // as soon as it is complete, not at the end of backward with every other gradient held until
 // then. No op node ever ties with them.
 std::atomic<uint64_t> g_sequence{1};
-constexpr uint64_t kAccumulateGradSeq = UINT64_MAX;
 }  // namespace
 
 uint64_t next_sequence_nr() {
@@ -106,7 +105,7 @@ Edge gradient_edge(const Tensor& t) {
   if (!acc) {
     // The accumulator refers to the leaf tensor itself (shares its impl).
     acc = std::make_shared<AccumulateGrad>(t);
-    acc->sequence_nr = kAccumulateGradSeq;
+    acc->sequence_nr = kRunWhenReadySeq;
     acc->outputs.push_back({t.sizes(), t.dtype(), t.device()});
     acc->output_hooks.resize(1);
     meta->grad_accumulator = acc;

@@ -148,6 +148,9 @@ std::vector<SavedTensor> save_inputs(const char* name, const TensorList& inputs,
                                      const TensorList& saved);
 
 uint64_t next_sequence_nr();
+// The priority of a node that only hands a leaf's gradient on (AccumulateGrad, autocast's weight
+// casts): above every op node, so it runs as soon as its gradient is complete.
+inline constexpr uint64_t kRunWhenReadySeq = UINT64_MAX;
 
 // torch.Tensor.register_post_accumulate_grad_hook: on a leaf that requires grad, `hook(leaf)`
 // runs after backward has accumulated into leaf.grad(). Returns a handle for removal.

@@ -240,6 +240,30 @@ TEST(Autocast, CacheCastsFillsTheCacheAsTheOpsWould) {
   EXPECT_EQ(cat_bytes(Category::autocast_cache), 0);
 }
 
+// cache_casts records every weight's cast before the first op, yet each weight's gradient
+// reaches its .grad as soon as its op's backward made it, as with a lazy cast: here w2's before
+// the first linear's backward runs (so before x's), not with every weight at the end.
+TEST(Autocast, PrefilledCastHandsTheGradientOnAsSoonAsReady) {
+  const Tensor x = param({4, 16}, 0.3, 1);
+  const Tensor w1 = param({16, 16}, 0.2, 3), w2 = param({8, 16}, 0.2, 5);
+  std::vector<std::string> order;
+  const std::vector<std::pair<Tensor, std::string>> leaves = {{x, "x"}, {w1, "w1"}, {w2, "w2"}};
+  for (const auto& leaf : leaves) {
+    const std::string n = leaf.second;
+    autograd::register_post_accumulate_grad_hook(
+        leaf.first, [&order, n](const Tensor&) { order.push_back(n); });
+  }
+  Tensor y;
+  {
+    AutocastGuard guard(DeviceType::cpu, DType::bfloat16);
+    autocast::cache_casts({w1, w2});
+    y = linear(tanh(linear(x, w1)), w2);
+  }
+  sum(y).backward();
+  ASSERT_EQ(order.size(), 3u);
+  EXPECT_EQ(order[0], "w2");
+}
+
 // A cached weight cast declares a float32 gradient (autograd::grad_dtype), so linear's GEMM
 // writes the weight's gradient in float32 from the bfloat16 operands: d(w) = g^T x, never
 // rounded to 16 bits (a bfloat16 gradient converted after would be off by up to 2^-9).
