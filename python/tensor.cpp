@@ -108,6 +108,23 @@ bool is_number(py::handle h) {
   return py::isinstance<py::int_>(h) || py::isinstance<py::float_>(h);
 }
 
+// Tensor.__OP__ (a OP b) and __rOP__ (b OP a) for a Python operand b: a number with a floating
+// tensor takes the scalar forms, `number(a, b)` and `reflected(a, b)` (no tensor made for b);
+// anything else becomes a tensor like a (operand) for `tensors`, in the operator's order.
+void def_arithmetic(py::class_<Tensor>& cls, const char* name, const char* rname,
+                    Tensor (*number)(const Tensor&, double),
+                    Tensor (*reflected)(const Tensor&, double),
+                    Tensor (*tensors)(const Tensor&, const Tensor&)) {
+  cls.def(name, [number, tensors](const Tensor& a, py::handle b) {
+    return is_number(b) && is_floating(a.dtype()) ? number(a, b.cast<double>())
+                                                  : tensors(a, operand(b, a));
+  });
+  cls.def(rname, [reflected, tensors](const Tensor& a, py::handle b) {
+    return is_number(b) && is_floating(a.dtype()) ? reflected(a, b.cast<double>())
+                                                  : tensors(operand(b, a), a);
+  });
+}
+
 int64_t wrap_index(int64_t i, int64_t size, const char* what) {
   if (i < -size || i >= size)
     throw py::index_error(std::string(what) + ": index " + std::to_string(i) +
@@ -858,52 +875,28 @@ void bind_tensor(py::module_& m) {
       .def(
           "log_softmax", [](const Tensor& x, int64_t dim) { return tally::log_softmax(x, dim); },
           py::arg("dim"))
-      .def("matmul", [](const Tensor& a, const Tensor& b) { return tally::matmul(a, b); })
-      // operators
-      .def("__add__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? tally::add(a, b.cast<double>())
-                                                           : tally::add(a, operand(b, a));
-           })
-      .def("__radd__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? tally::add(a, b.cast<double>())
-                                                           : tally::add(operand(b, a), a);
-           })
-      .def("__sub__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? tally::add(a, -b.cast<double>())
-                                                           : tally::sub(a, operand(b, a));
-           })
-      .def("__rsub__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? b.cast<double>() - a
-                                                           : tally::sub(operand(b, a), a);
-           })
-      .def("__mul__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? tally::mul(a, b.cast<double>())
-                                                           : tally::mul(a, operand(b, a));
-           })
-      .def("__rmul__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? tally::mul(a, b.cast<double>())
-                                                           : tally::mul(operand(b, a), a);
-           })
-      .def("__truediv__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? tally::div(a, b.cast<double>())
-                                                           : tally::div(a, operand(b, a));
-           })
-      .def("__rtruediv__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? b.cast<double>() / a
-                                                           : tally::div(operand(b, a), a);
-           })
-      .def("__pow__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) ? tally::pow(a, b.cast<double>()) : tally::pow(a, operand(b, a));
-           })
+      .def("matmul", [](const Tensor& a, const Tensor& b) { return tally::matmul(a, b); });
+  // operators
+  def_arithmetic(
+      t, "__add__", "__radd__", [](const Tensor& a, double b) { return tally::add(a, b); },
+      [](const Tensor& a, double b) { return tally::add(a, b); },
+      [](const Tensor& a, const Tensor& b) { return tally::add(a, b); });
+  def_arithmetic(
+      t, "__sub__", "__rsub__", [](const Tensor& a, double b) { return tally::add(a, -b); },
+      [](const Tensor& a, double b) { return b - a; },
+      [](const Tensor& a, const Tensor& b) { return tally::sub(a, b); });
+  def_arithmetic(
+      t, "__mul__", "__rmul__", [](const Tensor& a, double b) { return tally::mul(a, b); },
+      [](const Tensor& a, double b) { return tally::mul(a, b); },
+      [](const Tensor& a, const Tensor& b) { return tally::mul(a, b); });
+  def_arithmetic(
+      t, "__truediv__", "__rtruediv__", [](const Tensor& a, double b) { return tally::div(a, b); },
+      [](const Tensor& a, double b) { return b / a; },
+      [](const Tensor& a, const Tensor& b) { return tally::div(a, b); });
+  t.def("__pow__",
+        [](const Tensor& a, py::handle b) {
+          return is_number(b) ? tally::pow(a, b.cast<double>()) : tally::pow(a, operand(b, a));
+        })
       .def("__matmul__",
            [](const Tensor& a, py::handle b) { return tally::matmul(a, operand(b, a)); })
       .def("__rmatmul__",
