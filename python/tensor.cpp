@@ -108,6 +108,24 @@ bool is_number(py::handle h) {
   return py::isinstance<py::int_>(h) || py::isinstance<py::float_>(h);
 }
 
+// Tensor.size(dim=None) and Tensor.stride(dim=None): the whole tuple, or one dimension's entry
+// (a negative dim counts from the end).
+template <const Shape& (Tensor::*all)() const, int64_t (Tensor::*one)(int64_t) const>
+py::object all_or_one(const Tensor& x, py::object dim) {
+  if (dim.is_none()) return py::tuple(py::cast((x.*all)()));
+  return py::int_((x.*one)(dim.cast<int64_t>()));
+}
+
+// Tensor.max(dim=None, keepdim=False) and Tensor.min: over every element, else (values,
+// indices) along dim.
+template <bool kMax>
+py::object max_or_min(const Tensor& x, py::object dim, bool keepdim) {
+  if (dim.is_none()) return py::cast(kMax ? tally::max(x) : tally::min(x));
+  const int64_t d = dim.cast<int64_t>();
+  const ValuesIndices r = kMax ? tally::max(x, d, keepdim) : tally::min(x, d, keepdim);
+  return py::make_tuple(r.values, r.indices);
+}
+
 // Tensor.__OP__ (a OP b) and __rOP__ (b OP a) for a Python operand b: a number with a floating
 // tensor takes the scalar forms, `number(a, b)` and `reflected(a, b)` (no tensor made for b);
 // anything else becomes a tensor like a (operand) for `tensors`, in the operator's order.
@@ -595,20 +613,8 @@ void bind_tensor(py::module_& m) {
   t.def(py::init([](py::object data) { return to_tensor(data); }), py::arg("data"))
       .def_property_readonly("shape",
                              [](const Tensor& x) { return py::tuple(py::cast(x.sizes())); })
-      .def(
-          "size",
-          [](const Tensor& x, py::object dim) -> py::object {
-            if (dim.is_none()) return py::tuple(py::cast(x.sizes()));
-            return py::int_(x.size(dim.cast<int64_t>()));
-          },
-          py::arg("dim") = py::none())
-      .def(
-          "stride",
-          [](const Tensor& x, py::object dim) -> py::object {
-            if (dim.is_none()) return py::tuple(py::cast(x.strides()));
-            return py::int_(x.stride(dim.cast<int64_t>()));
-          },
-          py::arg("dim") = py::none())
+      .def("size", &all_or_one<&Tensor::sizes, &Tensor::size>, py::arg("dim") = py::none())
+      .def("stride", &all_or_one<&Tensor::strides, &Tensor::stride>, py::arg("dim") = py::none())
       .def("dim", &Tensor::dim)
       .def_property_readonly("ndim", &Tensor::dim)
       .def("numel", &Tensor::numel)
@@ -827,22 +833,8 @@ void bind_tensor(py::module_& m) {
             return tally::std(x, dims_arg(dim), correction, keepdim);
           },
           py::arg("dim") = py::none(), py::arg("correction") = 1.0, py::arg("keepdim") = false)
-      .def(
-          "max",
-          [](const Tensor& x, py::object dim, bool keepdim) -> py::object {
-            if (dim.is_none()) return py::cast(tally::max(x));
-            auto r = tally::max(x, dim.cast<int64_t>(), keepdim);
-            return py::make_tuple(r.values, r.indices);
-          },
-          py::arg("dim") = py::none(), py::arg("keepdim") = false)
-      .def(
-          "min",
-          [](const Tensor& x, py::object dim, bool keepdim) -> py::object {
-            if (dim.is_none()) return py::cast(tally::min(x));
-            auto r = tally::min(x, dim.cast<int64_t>(), keepdim);
-            return py::make_tuple(r.values, r.indices);
-          },
-          py::arg("dim") = py::none(), py::arg("keepdim") = false)
+      .def("max", &max_or_min<true>, py::arg("dim") = py::none(), py::arg("keepdim") = false)
+      .def("min", &max_or_min<false>, py::arg("dim") = py::none(), py::arg("keepdim") = false)
       .def(
           "argmax",
           [](const Tensor& x, int64_t dim, bool keepdim) {
