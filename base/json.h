@@ -1,6 +1,7 @@
-// JSON text helpers for the files Tally writes (profiler traces, snapshot diffs, reports,
-// safetensors headers), through nlohmann-json. In memory/, the lowest layer, so that every
-// layer that writes JSON shares them. Documents are read with nlohmann::json::parse.
+// JSON and HTML text helpers for the files Tally writes (profiler traces, snapshot diffs, reports,
+// memory timelines, safetensors headers), JSON through nlohmann-json. In base/, the lowest
+// layer, so that every layer that writes JSON or HTML shares them. Documents are read with
+// nlohmann::json::parse.
 #pragma once
 
 #include <string>
@@ -20,5 +21,9 @@ std::string json_quote(std::string_view s);
 // only inside strings) as \u escapes, so no "</script>" or "<!--" can form whatever a string
 // holds. The JSON value is unchanged.
 std::string script_safe(std::string_view json);
+
+// Text for an HTML element or a quoted attribute value: `&`, `<`, `>` and `"` as character
+// references (&amp; &lt; &gt; &quot;); every other byte passes unchanged.
+std::string html_escape(std::string_view text);
 
 }  // namespace tally::base

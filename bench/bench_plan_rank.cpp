@@ -19,44 +19,19 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "autograd/ops.h"
 #include "memory/estimate.h"
 #include "memory/memory.h"
-#include "nn/container.h"
-#include "nn/layers.h"
-#include "nn/norm.h"
 #include "optim/plan_training.h"
+#include "testing/residual_mlp.h"  // tests/testing: the planner tests' user model
 
 using namespace tally;
 
 namespace {
-
-class Block : public nn::Module {
- public:
-  explicit Block(int64_t d) : Module("Block") {
-    norm = register_module("norm", std::make_shared<nn::LayerNorm>(d));
-    up = register_module("up", std::make_shared<nn::Linear>(d, 4 * d));
-    down = register_module("down", std::make_shared<nn::Linear>(4 * d, d));
-  }
-  Tensor forward(const Tensor& x) override { return add(x, (*down)(gelu((*up)((*norm)(x))))); }
-  std::shared_ptr<nn::LayerNorm> norm;
-  std::shared_ptr<nn::Linear> up, down;
-};
-
-class Net : public nn::Module {
- public:
-  Net(int64_t in, int64_t d, int64_t blocks, int64_t classes) : Module("Net") {
-    stem = register_module("stem", std::make_shared<nn::Linear>(in, d));
-    body = register_module("body", std::make_shared<nn::Sequential>());
-    for (int64_t i = 0; i < blocks; ++i) body->push_back(std::make_shared<Block>(d));
-    head = register_module("head", std::make_shared<nn::Linear>(d, classes));
-  }
-  Tensor forward(const Tensor& x) override { return (*head)((*body)((*stem)(x))); }
-  std::shared_ptr<nn::Linear> stem, head;
-  std::shared_ptr<nn::Sequential> body;
-};
 
 // Ranks (1-based, ties averaged).
 std::vector<double> ranks(const std::vector<double>& v) {
@@ -96,6 +71,8 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   int64_t rounds = 3, steps = 3, batch = 256, width = 256;
+  const std::pair<std::string_view, int64_t*> flags[] = {
+      {"--rounds", &rounds}, {"--steps", &steps}, {"--batch", &batch}, {"--width", &width}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
@@ -103,23 +80,18 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "bench_plan_rank: {} {}: expected a positive number\n", flag, argv[i + 1]);
       return 2;
     }
-    if (flag == "--rounds")
-      rounds = v;
-    else if (flag == "--steps")
-      steps = v;
-    else if (flag == "--batch")
-      batch = v;
-    else if (flag == "--width")
-      width = v;
-    else {
+    const auto* known = std::find_if(std::begin(flags), std::end(flags),
+                                     [&](const auto& f) { return f.first == flag; });
+    if (known == std::end(flags)) {
       fmt::print(stderr, "bench_plan_rank: unknown flag {}\n", flag);
       return 2;
     }
+    *known->second = v;
   }
   constexpr int64_t kIn = 64, kBlocks = 4, kClasses = 10;
   auto factory = [&](const nn::PlanCandidate&) {
     manual_seed(0);
-    return std::make_shared<Net>(kIn, width, kBlocks, kClasses);
+    return std::make_shared<testing::MyNet>(kIn, width, kBlocks, kClasses);
   };
   const nn::LossFn loss = [](nn::Module& m, const std::vector<Tensor>& b) {
     return cross_entropy(m(b[0]), b[1]);

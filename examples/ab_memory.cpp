@@ -60,6 +60,22 @@ std::vector<std::string> split_list(const std::string& s) {
   return v;
 }
 
+// What both input kinds check: --dataset is one of `datasets` (the model's kind's), and the
+// other kind's size flag (--seq for an image model, --image-size for a token model) is unset.
+void check_input_flags(const Args& a, bool images, const std::vector<std::string>& datasets) {
+  if (std::find(datasets.begin(), datasets.end(), a.dataset) == datasets.end()) {
+    std::string list = datasets.front();  // "a, b or c"
+    for (size_t i = 1; i < datasets.size(); ++i)
+      list += (i + 1 == datasets.size() ? " or " : ", ") + datasets[i];
+    throw std::invalid_argument(
+        fmt::format("--dataset: expected {} for --model {}, got '{}'", list, a.model, a.dataset));
+  }
+  if ((images ? a.seq : a.image_size) > 0)
+    throw std::invalid_argument(fmt::format(
+        "{} applies to {} models (--model {} takes {})", images ? "--seq" : "--image-size",
+        images ? "token" : "image", a.model, images ? "images" : "tokens"));
+}
+
 // The batches of the real datasets (the synthetic ones are the registry entry's, made by
 // ab::run): Fashion-MNIST images for image models, the text corpus for token models; batch s
 // made when ab::run asks for it, in order (it keeps a copy outside the allocators, so no
@@ -181,13 +197,7 @@ int main(int argc, char** argv) {
     mo.preset = a.preset;
     mo.fused_classifier = a.fused_classifier;
     if (images) {
-      if (a.dataset != "synthetic" && a.dataset != "fashion-mnist")
-        throw std::invalid_argument(
-            fmt::format("--dataset: expected synthetic or fashion-mnist for --model {}, got '{}'",
-                        a.model, a.dataset));
-      if (a.seq > 0)
-        throw std::invalid_argument(
-            fmt::format("--seq applies to token models (--model {} takes images)", a.model));
+      check_input_flags(a, images, {"synthetic", "fashion-mnist"});
       if (a.image_size > 0 && a.dataset != "synthetic")
         throw std::invalid_argument("--image-size applies to --dataset synthetic only");
       if (a.fused_classifier)
@@ -199,13 +209,7 @@ int main(int argc, char** argv) {
         mo.image_size = 28;
       }
     } else {
-      if (a.dataset != "synthetic" && a.dataset != "text" && a.dataset != "fortunes")
-        throw std::invalid_argument(
-            fmt::format("--dataset: expected synthetic, text or fortunes for --model {}, got '{}'",
-                        a.model, a.dataset));
-      if (a.image_size > 0)
-        throw std::invalid_argument(
-            fmt::format("--image-size applies to image models (--model {} takes tokens)", a.model));
+      check_input_flags(a, images, {"synthetic", "text", "fortunes"});
       mo.seq = a.seq;
     }
     mo = ex::for_flag(app.count("--arch") > 0 ? "--arch" : "--preset",

@@ -16,6 +16,7 @@
 #include "examples/train_common.h"
 #include "memory/memory.h"
 #include "profiler/profiler.h"
+#include "profiler/training_step.h"
 
 using namespace tally;
 namespace ex = tally::examples;
@@ -64,21 +65,13 @@ struct Net {
     return linear(h.flatten(1), fw, fb);
   }
 
+  // Plain SGD (lr 0.01) in torch.profiler's recipe ranges.
   void step() {
     for (Tensor* p : params()) p->set_grad(Tensor());
-    Tensor loss;
-    {
-      profiler::record_function r("## Forward Pass ##");
-      loss = cross_entropy(forward(), y);
-    }
-    {
-      profiler::record_function r("## Backward Pass ##");
-      loss.backward();
-    }
-    profiler::record_function r("## Optimizer ##");
-    memory::PhaseScope phase("optimizer");
-    NoGradGuard ng;
-    for (Tensor* p : params()) ops::add_(*p, p->grad(), -0.01);
+    profiler::annotated_training_step([&] { return cross_entropy(forward(), y); },
+                                      [&] {
+                                        for (Tensor* p : params()) ops::add_(*p, p->grad(), -0.01);
+                                      });
   }
 };
 

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "base/bytes.h"
+#include "base/check_arg.h"
 
 namespace tally::inspect {
 
@@ -102,12 +103,8 @@ size_t LeakDetector::SiteKeyHash::operator()(const SiteKey& k) const {
 
 LeakDetector::LeakDetector(Device device, LeakDetectorOptions options)
     : device_(device), options_(options), allocator_(get_allocator(device)) {
-  if (options_.warmup_steps < 0)
-    throw std::invalid_argument(
-        fmt::format("LeakDetector: warmup_steps must be >= 0, got {}", options_.warmup_steps));
-  if (options_.window < 1)
-    throw std::invalid_argument(
-        fmt::format("LeakDetector: window must be >= 1, got {}", options_.window));
+  base::check_at_least(options_.warmup_steps, 0, "LeakDetector: warmup_steps");
+  base::check_at_least(options_.window, 1, "LeakDetector: window");
 }
 
 LeakDetector::SiteKey LeakDetector::key_of(const AllocTag& tag) {

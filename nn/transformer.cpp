@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "base/check_arg.h"
 #include "base/checked.h"
 #include "nn/init.h"
 
@@ -339,9 +340,7 @@ bool detect_is_causal_mask(const Tensor& mask, std::optional<bool> is_causal, in
 TransformerEncoder::TransformerEncoder(const TransformerEncoderLayer& encoder_layer, int64_t n,
                                        std::shared_ptr<Module> norm_)
     : Module("TransformerEncoder"), num_layers(n) {
-  if (n < 0)
-    throw std::invalid_argument(
-        fmt::format("TransformerEncoder: num_layers must be >= 0, got {}", n));
+  base::check_at_least(n, 0, "TransformerEncoder: num_layers");
   layers = register_module("layers", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < n; ++i) layers->push_back(encoder_layer.clone());
   if (norm_) norm = register_module("norm", std::move(norm_));

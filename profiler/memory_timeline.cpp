@@ -183,30 +183,6 @@ constexpr const char* kScript = R"JS(
 })();
 )JS";
 
-// Text for an HTML element or attribute.
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 std::string human(size_t b) {
   return base::format_bytes(static_cast<double>(b), 2);
 }
@@ -240,15 +216,17 @@ void write_memory_timeline_html(const MemoryTimeline& t, std::ostream& out) {
   const std::string page_title =
       t.title.empty() ? fmt::format("Tally Memory Timeline ({})", t.device.str())
                       : fmt::format("{}: memory timeline ({})", t.title, t.device.str());
-  out << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\" /><title>" << html_escape(page_title)
+  out << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\" /><title>"
+      << base::html_escape(page_title)
       << "</title>\n<style>body{font-family:sans-serif;margin:16px}"
       << ".item{margin-right:14px;display:inline-block}.sw{display:inline-block;width:12px;"
          "height:12px;margin-right:4px;vertical-align:middle}"
          "svg{max-width:100%;height:auto}.readout{font-size:12px;color:#444;min-height:1.4em}"
          "</style></head>\n<body>\n";
   if (!t.back_link.empty())
-    out << "<p><a href=\"" << html_escape(t.back_link) << "\">&larr; back to the report</a></p>\n";
-  if (!t.title.empty()) out << "<h2>" << html_escape(t.title) << "</h2>\n";
+    out << "<p><a href=\"" << base::html_escape(t.back_link)
+        << "\">&larr; back to the report</a></p>\n";
+  if (!t.title.empty()) out << "<h2>" << base::html_escape(t.title) << "</h2>\n";
   if (t.reserved.empty())
     out << fmt::format("<h3>Max memory allocated: {} ({})</h3>\n", human(max_alloc),
                        t.device.str());

@@ -78,6 +78,20 @@ void bind_loss(py::module_& nn_mod, const char* name, Init&& init, Args&&... arg
       .def(py::init(std::forward<Init>(init)), std::forward<Args>(args)...);
 }
 
+// tally.nn.init.NAME(tensor, ...): `fill` initialises the tensor in place (no graph, the default
+// generator) and the binding returns the tensor, as torch.nn.init's functions do.
+template <typename... A, typename... Extra>
+void def_init(py::module_& init, const char* name, void (*fill)(const Tensor&, A...),
+              const Extra&... extra) {
+  init.def(
+      name,
+      [fill](const Tensor& t, A... a) {
+        fill(t, a...);
+        return t;
+      },
+      py::arg("tensor"), extra...);
+}
+
 }  // namespace
 
 void bind_layers(py::module_& m, py::module_& nn_mod, py::module_& Fm) {
@@ -313,79 +327,44 @@ void bind_layers(py::module_& m, py::module_& nn_mod, py::module_& Fm) {
         return nn::init::calculate_gain(nl, param.value_or(0.01));
       },
       py::arg("nonlinearity"), py::arg("param") = py::none());
-  init.def(
-      "uniform_",
-      [](T t, double a, double b) {
-        nn::init::uniform_(t, a, b);
-        return t;
-      },
-      py::arg("tensor"), py::arg("a") = 0.0, py::arg("b") = 1.0);
-  init.def(
-      "normal_",
-      [](T t, double mean, double std) {
-        nn::init::normal_(t, mean, std);
-        return t;
-      },
-      py::arg("tensor"), py::arg("mean") = 0.0, py::arg("std") = 1.0);
-  init.def(
-      "constant_",
-      [](T t, double v) {
-        nn::init::constant_(t, v);
-        return t;
-      },
-      py::arg("tensor"), py::arg("val"));
-  init.def(
-      "zeros_",
-      [](T t) {
-        nn::init::zeros_(t);
-        return t;
-      },
-      py::arg("tensor"));
-  init.def(
-      "ones_",
-      [](T t) {
-        nn::init::ones_(t);
-        return t;
-      },
-      py::arg("tensor"));
-  init.def(
-      "xavier_uniform_",
-      [](T t, double gain) {
-        nn::init::xavier_uniform_(t, gain);
-        return t;
-      },
-      py::arg("tensor"), py::arg("gain") = 1.0);
-  init.def(
-      "xavier_normal_",
-      [](T t, double gain) {
-        nn::init::xavier_normal_(t, gain);
-        return t;
-      },
-      py::arg("tensor"), py::arg("gain") = 1.0);
-  init.def(
-      "kaiming_uniform_",
-      [](T t, double a, const std::string& mode, const std::string& nl) {
-        nn::init::kaiming_uniform_(t, a, mode, nl);
-        return t;
-      },
-      py::arg("tensor"), py::arg("a") = 0.0, py::arg("mode") = "fan_in",
-      py::arg("nonlinearity") = "leaky_relu");
-  init.def(
-      "kaiming_normal_",
-      [](T t, double a, const std::string& mode, const std::string& nl) {
-        nn::init::kaiming_normal_(t, a, mode, nl);
-        return t;
-      },
-      py::arg("tensor"), py::arg("a") = 0.0, py::arg("mode") = "fan_in",
-      py::arg("nonlinearity") = "leaky_relu");
-  init.def(
-      "trunc_normal_",
-      [](T t, double mean, double std, double a, double b) {
+  def_init(
+      init, "uniform_", +[](T t, double a, double b) { nn::init::uniform_(t, a, b); },
+      py::arg("a") = 0.0, py::arg("b") = 1.0);
+  def_init(
+      init, "normal_", +[](T t, double mean, double std) { nn::init::normal_(t, mean, std); },
+      py::arg("mean") = 0.0, py::arg("std") = 1.0);
+  def_init(
+      init, "constant_", +[](T t, double v) { nn::init::constant_(t, v); }, py::arg("val"));
+  def_init(
+      init, "zeros_", +[](T t) { nn::init::zeros_(t); });
+  def_init(
+      init, "ones_", +[](T t) { nn::init::ones_(t); });
+  // The uniform and normal forms of Xavier's and Kaiming's initialisations take the same
+  // arguments: one binding each.
+  using Xavier = void (*)(T, double);
+  const std::pair<const char*, Xavier> xavier[] = {
+      {"xavier_uniform_", [](T t, double gain) { nn::init::xavier_uniform_(t, gain); }},
+      {"xavier_normal_", [](T t, double gain) { nn::init::xavier_normal_(t, gain); }}};
+  for (const auto& [name, fill] : xavier) def_init(init, name, fill, py::arg("gain") = 1.0);
+  using Kaiming = void (*)(T, double, const std::string& mode, const std::string& nonlinearity);
+  const Kaiming kaiming_uniform = [](T t, double a, const std::string& mode,
+                                     const std::string& nl) {
+    nn::init::kaiming_uniform_(t, a, mode, nl);
+  };
+  const Kaiming kaiming_normal = [](T t, double a, const std::string& mode, const std::string& nl) {
+    nn::init::kaiming_normal_(t, a, mode, nl);
+  };
+  const std::pair<const char*, Kaiming> kaiming[] = {{"kaiming_uniform_", kaiming_uniform},
+                                                     {"kaiming_normal_", kaiming_normal}};
+  for (const auto& [name, fill] : kaiming)
+    def_init(init, name, fill, py::arg("a") = 0.0, py::arg("mode") = "fan_in",
+             py::arg("nonlinearity") = "leaky_relu");
+  def_init(
+      init, "trunc_normal_",
+      +[](T t, double mean, double std, double a, double b) {
         nn::init::trunc_normal_(t, mean, std, a, b);
-        return t;
       },
-      py::arg("tensor"), py::arg("mean") = 0.0, py::arg("std") = 1.0, py::arg("a") = -2.0,
-      py::arg("b") = 2.0);
+      py::arg("mean") = 0.0, py::arg("std") = 1.0, py::arg("a") = -2.0, py::arg("b") = 2.0);
 
   // ---- Module.apply(fn): fn(module) on every submodule, children first, then self ----
   py::object module_cls = nn_mod.attr("Module");

@@ -4,6 +4,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include "base/json.h"
 #include "common.h"
 #include "memory/category.h"
 #include "memory/context.h"
@@ -95,26 +96,6 @@ class PyDryRun {
   std::unique_ptr<memory::DryRun> dry_;
   std::optional<memory::Estimate> estimate_;
 };
-
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 // mem.NAME(device=None) for each memory::NAME(Device) of `fns` (None: the default device).
 template <typename R>
@@ -274,8 +255,9 @@ void bind_memory(py::module_& m, py::module_& mem) {
                     "', peak_allocated=" + std::to_string(e.peak_allocated) +
                     ", peak_reserved=" + std::to_string(e.peak_reserved) + ")";
            })
-      .def("_repr_html_",
-           [](const memory::Estimate& e) { return "<pre>" + html_escape(e.report()) + "</pre>"; });
+      .def("_repr_html_", [](const memory::Estimate& e) {
+        return "<pre>" + base::html_escape(e.report()) + "</pre>";
+      });
   mem.def(
       "estimate",
       [](py::function fn, const std::string& target, py::object capacity, size_t max_history) {

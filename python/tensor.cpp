@@ -108,6 +108,41 @@ bool is_number(py::handle h) {
   return py::isinstance<py::int_>(h) || py::isinstance<py::float_>(h);
 }
 
+// Tensor.size(dim=None) and Tensor.stride(dim=None): the whole tuple, or one dimension's entry
+// (a negative dim counts from the end).
+template <const Shape& (Tensor::*all)() const, int64_t (Tensor::*one)(int64_t) const>
+py::object all_or_one(const Tensor& x, py::object dim) {
+  if (dim.is_none()) return py::tuple(py::cast((x.*all)()));
+  return py::int_((x.*one)(dim.cast<int64_t>()));
+}
+
+// Tensor.max(dim=None, keepdim=False) and Tensor.min: over every element, else (values,
+// indices) along dim.
+template <bool kMax>
+py::object max_or_min(const Tensor& x, py::object dim, bool keepdim) {
+  if (dim.is_none()) return py::cast(kMax ? tally::max(x) : tally::min(x));
+  const int64_t d = dim.cast<int64_t>();
+  const ValuesIndices r = kMax ? tally::max(x, d, keepdim) : tally::min(x, d, keepdim);
+  return py::make_tuple(r.values, r.indices);
+}
+
+// Tensor.__OP__ (a OP b) and __rOP__ (b OP a) for a Python operand b: a number with a floating
+// tensor takes the scalar forms, `number(a, b)` and `reflected(a, b)` (no tensor made for b);
+// anything else becomes a tensor like a (operand) for `tensors`, in the operator's order.
+void def_arithmetic(py::class_<Tensor>& cls, const char* name, const char* rname,
+                    Tensor (*number)(const Tensor&, double),
+                    Tensor (*reflected)(const Tensor&, double),
+                    Tensor (*tensors)(const Tensor&, const Tensor&)) {
+  cls.def(name, [number, tensors](const Tensor& a, py::handle b) {
+    return is_number(b) && is_floating(a.dtype()) ? number(a, b.cast<double>())
+                                                  : tensors(a, operand(b, a));
+  });
+  cls.def(rname, [reflected, tensors](const Tensor& a, py::handle b) {
+    return is_number(b) && is_floating(a.dtype()) ? reflected(a, b.cast<double>())
+                                                  : tensors(operand(b, a), a);
+  });
+}
+
 int64_t wrap_index(int64_t i, int64_t size, const char* what) {
   if (i < -size || i >= size)
     throw py::index_error(std::string(what) + ": index " + std::to_string(i) +
@@ -578,20 +613,8 @@ void bind_tensor(py::module_& m) {
   t.def(py::init([](py::object data) { return to_tensor(data); }), py::arg("data"))
       .def_property_readonly("shape",
                              [](const Tensor& x) { return py::tuple(py::cast(x.sizes())); })
-      .def(
-          "size",
-          [](const Tensor& x, py::object dim) -> py::object {
-            if (dim.is_none()) return py::tuple(py::cast(x.sizes()));
-            return py::int_(x.size(dim.cast<int64_t>()));
-          },
-          py::arg("dim") = py::none())
-      .def(
-          "stride",
-          [](const Tensor& x, py::object dim) -> py::object {
-            if (dim.is_none()) return py::tuple(py::cast(x.strides()));
-            return py::int_(x.stride(dim.cast<int64_t>()));
-          },
-          py::arg("dim") = py::none())
+      .def("size", &all_or_one<&Tensor::sizes, &Tensor::size>, py::arg("dim") = py::none())
+      .def("stride", &all_or_one<&Tensor::strides, &Tensor::stride>, py::arg("dim") = py::none())
       .def("dim", &Tensor::dim)
       .def_property_readonly("ndim", &Tensor::dim)
       .def("numel", &Tensor::numel)
@@ -810,22 +833,8 @@ void bind_tensor(py::module_& m) {
             return tally::std(x, dims_arg(dim), correction, keepdim);
           },
           py::arg("dim") = py::none(), py::arg("correction") = 1.0, py::arg("keepdim") = false)
-      .def(
-          "max",
-          [](const Tensor& x, py::object dim, bool keepdim) -> py::object {
-            if (dim.is_none()) return py::cast(tally::max(x));
-            auto r = tally::max(x, dim.cast<int64_t>(), keepdim);
-            return py::make_tuple(r.values, r.indices);
-          },
-          py::arg("dim") = py::none(), py::arg("keepdim") = false)
-      .def(
-          "min",
-          [](const Tensor& x, py::object dim, bool keepdim) -> py::object {
-            if (dim.is_none()) return py::cast(tally::min(x));
-            auto r = tally::min(x, dim.cast<int64_t>(), keepdim);
-            return py::make_tuple(r.values, r.indices);
-          },
-          py::arg("dim") = py::none(), py::arg("keepdim") = false)
+      .def("max", &max_or_min<true>, py::arg("dim") = py::none(), py::arg("keepdim") = false)
+      .def("min", &max_or_min<false>, py::arg("dim") = py::none(), py::arg("keepdim") = false)
       .def(
           "argmax",
           [](const Tensor& x, int64_t dim, bool keepdim) {
@@ -858,52 +867,28 @@ void bind_tensor(py::module_& m) {
       .def(
           "log_softmax", [](const Tensor& x, int64_t dim) { return tally::log_softmax(x, dim); },
           py::arg("dim"))
-      .def("matmul", [](const Tensor& a, const Tensor& b) { return tally::matmul(a, b); })
-      // operators
-      .def("__add__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? tally::add(a, b.cast<double>())
-                                                           : tally::add(a, operand(b, a));
-           })
-      .def("__radd__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? tally::add(a, b.cast<double>())
-                                                           : tally::add(operand(b, a), a);
-           })
-      .def("__sub__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? tally::add(a, -b.cast<double>())
-                                                           : tally::sub(a, operand(b, a));
-           })
-      .def("__rsub__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? b.cast<double>() - a
-                                                           : tally::sub(operand(b, a), a);
-           })
-      .def("__mul__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? tally::mul(a, b.cast<double>())
-                                                           : tally::mul(a, operand(b, a));
-           })
-      .def("__rmul__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? tally::mul(a, b.cast<double>())
-                                                           : tally::mul(operand(b, a), a);
-           })
-      .def("__truediv__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? tally::div(a, b.cast<double>())
-                                                           : tally::div(a, operand(b, a));
-           })
-      .def("__rtruediv__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) && is_floating(a.dtype()) ? b.cast<double>() / a
-                                                           : tally::div(operand(b, a), a);
-           })
-      .def("__pow__",
-           [](const Tensor& a, py::handle b) {
-             return is_number(b) ? tally::pow(a, b.cast<double>()) : tally::pow(a, operand(b, a));
-           })
+      .def("matmul", [](const Tensor& a, const Tensor& b) { return tally::matmul(a, b); });
+  // operators
+  def_arithmetic(
+      t, "__add__", "__radd__", [](const Tensor& a, double b) { return tally::add(a, b); },
+      [](const Tensor& a, double b) { return tally::add(a, b); },
+      [](const Tensor& a, const Tensor& b) { return tally::add(a, b); });
+  def_arithmetic(
+      t, "__sub__", "__rsub__", [](const Tensor& a, double b) { return tally::add(a, -b); },
+      [](const Tensor& a, double b) { return b - a; },
+      [](const Tensor& a, const Tensor& b) { return tally::sub(a, b); });
+  def_arithmetic(
+      t, "__mul__", "__rmul__", [](const Tensor& a, double b) { return tally::mul(a, b); },
+      [](const Tensor& a, double b) { return tally::mul(a, b); },
+      [](const Tensor& a, const Tensor& b) { return tally::mul(a, b); });
+  def_arithmetic(
+      t, "__truediv__", "__rtruediv__", [](const Tensor& a, double b) { return tally::div(a, b); },
+      [](const Tensor& a, double b) { return b / a; },
+      [](const Tensor& a, const Tensor& b) { return tally::div(a, b); });
+  t.def("__pow__",
+        [](const Tensor& a, py::handle b) {
+          return is_number(b) ? tally::pow(a, b.cast<double>()) : tally::pow(a, operand(b, a));
+        })
       .def("__matmul__",
            [](const Tensor& a, py::handle b) { return tally::matmul(a, operand(b, a)); })
       .def("__rmatmul__",

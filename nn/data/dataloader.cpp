@@ -5,6 +5,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "base/check_arg.h"
 #include "memory/context.h"
 #include "memory/memory.h"
 #include "tensor/pinned.h"
@@ -12,7 +13,7 @@
 namespace tally::data {
 
 std::vector<int64_t> randperm(int64_t n, Generator& gen) {
-  if (n < 0) throw std::invalid_argument(fmt::format("randperm: n must be >= 0, got {}", n));
+  base::check_at_least(n, 0, "randperm: n");
   std::vector<int64_t> p(static_cast<size_t>(n));
   std::iota(p.begin(), p.end(), int64_t{0});
   const PhiloxState s = gen.reserve(static_cast<uint64_t>(n));
@@ -29,12 +30,8 @@ std::vector<int64_t> randperm(int64_t n, Generator& gen) {
 
 DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
     : dataset_(dataset), options_(options) {
-  if (options_.batch_size < 1)
-    throw std::invalid_argument(
-        fmt::format("DataLoader: batch_size must be >= 1, got {}", options_.batch_size));
-  if (options_.prefetch < 1)
-    throw std::invalid_argument(
-        fmt::format("DataLoader: prefetch must be >= 1, got {}", options_.prefetch));
+  base::check_at_least(options_.batch_size, 1, "DataLoader: batch_size");
+  base::check_at_least(options_.prefetch, 1, "DataLoader: prefetch");
   if (options_.sampler && options_.shuffle)
     throw std::invalid_argument(
         "DataLoader: sampler option is mutually exclusive with shuffle (the sampler shuffles)");

@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "base/check_arg.h"
 #include "nn/data/dataloader.h"
 #include "tensor/random.h"
 
@@ -12,9 +13,7 @@ namespace tally::data {
 DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, int rank,
                                        DistributedSamplerOptions options)
     : dataset_size_(dataset_size), num_replicas_(num_replicas), rank_(rank), options_(options) {
-  if (num_replicas < 1)
-    throw std::invalid_argument(
-        fmt::format("DistributedSampler: num_replicas must be >= 1, got {}", num_replicas));
+  base::check_at_least(num_replicas, 1, "DistributedSampler: num_replicas");
   if (rank < 0 || rank >= num_replicas)
     throw std::invalid_argument(
         fmt::format("DistributedSampler: invalid rank {}, rank should be in the interval [0, {}]",

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "base/check_arg.h"
 #include "base/checked.h"
 #include "base/path_kind.h"
 #include "memory/caching_allocator.h"
@@ -18,8 +19,7 @@ namespace tally::data {
 
 TextWindows::TextWindows(Storage bytes, int64_t offset, int64_t count, int64_t seq_len)
     : bytes_(std::move(bytes)), offset_(offset), count_(count), seq_len_(seq_len) {
-  if (seq_len < 1)
-    throw std::invalid_argument(fmt::format("TextWindows: seq_len must be >= 1, got {}", seq_len));
+  base::check_at_least(seq_len, 1, "TextWindows: seq_len");
   windows_ = count > 0 ? (count - 1) / seq_len : 0;
 }
 
@@ -58,9 +58,7 @@ Example TextWindows::get_batch(const std::vector<int64_t>& indices, bool pinned)
 
 SequentialBatches::SequentialBatches(TextWindows windows, int64_t batch)
     : windows_(std::move(windows)), batch_(batch) {
-  if (batch < 1)
-    throw std::invalid_argument(
-        fmt::format("TextCorpus::sequential: batch must be >= 1, got {}", batch));
+  base::check_at_least(batch, 1, "TextCorpus::sequential: batch");
 }
 
 Example SequentialBatches::operator[](int64_t k) const {

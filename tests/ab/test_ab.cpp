@@ -37,6 +37,15 @@ class SmallCNN : public nn::Module {
   std::shared_ptr<nn::Linear> head;
 };
 
+// Causal self-attention of q, k, v [B, T, D] split into `heads` heads: [B, T, D].
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads) {
+  const int64_t b = q.size(0), t = q.size(1), d = q.size(2);
+  auto split = [&](const Tensor& z) { return z.reshape({b, t, heads, d / heads}).transpose(1, 2); };
+  const Tensor y =
+      scaled_dot_product_attention(split(q), split(k), split(v), Tensor(), 0.0, /*is_causal=*/true);
+  return y.transpose(1, 2).reshape({b, t, d});
+}
+
 // One causal self-attention layer and an MLP over token embeddings; forward gives logits.
 class TinyTransformer : public nn::Module {
  public:
@@ -51,14 +60,8 @@ class TinyTransformer : public nn::Module {
     out = register_module("out", std::make_shared<nn::Linear>(4 * kDim, kVocab));
   }
   Tensor forward(const Tensor& idx) override {
-    const int64_t b = idx.size(0), t = idx.size(1);
     const Tensor x = (*ln)((*tok)(idx));
-    auto heads = [&](const Tensor& z) {
-      return z.reshape({b, t, kHeads, kDim / kHeads}).transpose(1, 2);
-    };
-    const Tensor y = scaled_dot_product_attention(heads((*q)(x)), heads((*k)(x)), heads((*v)(x)),
-                                                  Tensor(), 0.0, /*is_causal=*/true);
-    const Tensor h = add(x, y.transpose(1, 2).reshape({b, t, kDim}));
+    const Tensor h = add(x, causal_attention((*q)(x), (*k)(x), (*v)(x), kHeads));
     return (*out)(gelu((*fc)(h)));
   }
   std::shared_ptr<nn::Embedding> tok;
@@ -109,15 +112,9 @@ class AttnBlock : public nn::Module {
     proj = register_module("proj", std::make_shared<nn::Linear>(4 * kDim, kDim));
   }
   Tensor forward(const Tensor& x) override {
-    const int64_t b = x.size(0), t = x.size(1);
     const Tensor z = (*qkv)((*ln)(x));
-    auto heads = [&](const Tensor& z) {
-      return z.reshape({b, t, kHeads, kDim / kHeads}).transpose(1, 2);
-    };
-    const Tensor y = scaled_dot_product_attention(
-        heads(z.narrow(2, 0, kDim)), heads(z.narrow(2, kDim, kDim)),
-        heads(z.narrow(2, 2 * kDim, kDim)), Tensor(), 0.0, /*is_causal=*/true);
-    const Tensor h = add(x, y.transpose(1, 2).reshape({b, t, kDim}));
+    const Tensor h = add(x, causal_attention(z.narrow(2, 0, kDim), z.narrow(2, kDim, kDim),
+                                             z.narrow(2, 2 * kDim, kDim), kHeads));
     return add(h, (*proj)(gelu((*fc)(h))));
   }
   std::shared_ptr<nn::LayerNorm> ln;

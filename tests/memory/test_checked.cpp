@@ -1,6 +1,7 @@
 // base/checked.h: the checked size arithmetic every element count, byte size, allocator
 // rounding and file-header dimension goes through. Exact results up to the edges, and an
-// exception naming the caller's context and the numbers one past them.
+// exception naming the caller's context and the numbers one past them. base/check_arg.h's
+// check_at_least and its message.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "base/check_arg.h"
 #include "base/checked.h"
 
 namespace tally::memory {
@@ -153,6 +155,15 @@ TEST(Checked, NbytesEdges) {
   EXPECT_TRUE(base::try_nbytes(std::vector<int64_t>{(int64_t{1} << 61) - 1}, 4, &b));
   EXPECT_EQ(b, (uint64_t{1} << 63) - 4);
   EXPECT_FALSE(base::try_nbytes(std::vector<int64_t>{int64_t{1} << 61}, 4, &b));  // exactly 2^63
+}
+
+TEST(CheckArg, AtLeastPassesTheMinimumAndNamesTheArgumentBelowIt) {
+  base::check_at_least(1, 1, "DataLoader: batch_size");
+  base::check_at_least(kI64Max, 0, "n");
+  expect_throw<std::invalid_argument>([] { base::check_at_least(0, 1, "DataLoader: batch_size"); },
+                                      {"DataLoader: batch_size must be >= 1, got 0"});
+  expect_throw<std::invalid_argument>([] { base::check_at_least(kI64Min, 0, "randperm: n"); },
+                                      {"randperm: n must be >= 0, got -9223372036854775808"});
 }
 
 }  // namespace

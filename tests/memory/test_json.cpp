@@ -1,11 +1,12 @@
 // base/json.h: json_quote (nlohmann-json's escaping; invalid UTF-8 becomes U+FFFD, never an
-// exception) and script_safe (JSON text inside an HTML <script>).
+// exception), script_safe (JSON text inside an HTML <script>) and html_escape (HTML text).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "base/json.h"
 
+using tally::base::html_escape;
 using tally::base::json_quote;
 using tally::base::script_safe;
 
@@ -35,4 +36,11 @@ TEST(ScriptSafe, EscapesAngleBracketsAndAmpersands) {
   const std::string safe = script_safe(j);
   EXPECT_EQ(safe, R"({"name": "a\u003c/script\u003e\u003c!--\u0026"})");
   EXPECT_EQ(nlohmann::json::parse(safe), nlohmann::json::parse(j));
+}
+
+TEST(HtmlEscape, EscapesTheFourMarkupCharacters) {
+  EXPECT_EQ(html_escape(""), "");
+  EXPECT_EQ(html_escape("a <b> & \"c\" 'd'"), "a &lt;b&gt; &amp; &quot;c&quot; 'd'");
+  EXPECT_EQ(html_escape("&amp;"), "&amp;amp;");  // escaped once more, never decoded
+  EXPECT_EQ(html_escape("caf\xc3\xa9\n"), "caf\xc3\xa9\n");
 }

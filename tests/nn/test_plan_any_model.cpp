@@ -18,35 +18,12 @@
 #include "nn/norm.h"
 #include "nn/offload.h"
 #include "optim/plan_training.h"
+#include "testing/residual_mlp.h"
 
 namespace tally {
 namespace {
 
-// A user's residual MLP block and a model of them: nothing Tally's models declare.
-class MyBlock : public nn::Module {
- public:
-  explicit MyBlock(int64_t d) : Module("MyBlock") {
-    norm = register_module("norm", std::make_shared<nn::LayerNorm>(d));
-    up = register_module("up", std::make_shared<nn::Linear>(d, 4 * d));
-    down = register_module("down", std::make_shared<nn::Linear>(4 * d, d));
-  }
-  Tensor forward(const Tensor& x) override { return add(x, (*down)(gelu((*up)((*norm)(x))))); }
-  std::shared_ptr<nn::LayerNorm> norm;
-  std::shared_ptr<nn::Linear> up, down;
-};
-
-class MyNet : public nn::Module {
- public:
-  MyNet(int64_t in, int64_t d, int64_t n_blocks, int64_t classes) : Module("MyNet") {
-    stem = register_module("stem", std::make_shared<nn::Linear>(in, d));
-    blocks = register_module("blocks", std::make_shared<nn::Sequential>());
-    for (int64_t i = 0; i < n_blocks; ++i) blocks->push_back(std::make_shared<MyBlock>(d));
-    head = register_module("head", std::make_shared<nn::Linear>(d, classes));
-  }
-  Tensor forward(const Tensor& x) override { return (*head)((*blocks)((*stem)(x))); }
-  std::shared_ptr<nn::Linear> stem, head;
-  std::shared_ptr<nn::Sequential> blocks;
-};
+using testing::MyNet;
 
 // |a - b| <= atol + rtol |b| everywhere (same shapes).
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
@@ -245,6 +222,18 @@ std::string adamw_plain() {
   return c.str();
 }
 
+// The peaks reserved of a grid planned at a budget everything fits: the plain AdamW run's and
+// the smallest. Every candidate must have been planned without error.
+std::pair<int64_t, int64_t> plain_and_smallest_peaks(const nn::MemoryPlan& all) {
+  int64_t plain = 0, smallest = INT64_MAX;
+  for (const nn::PlannedCandidate& c : all.candidates) {
+    EXPECT_TRUE(c.error.empty()) << c.candidate.str() << ": " << c.error;
+    smallest = std::min(smallest, c.estimate.peak_reserved);
+    if (c.candidate.str() == adamw_plain()) plain = c.estimate.peak_reserved;
+  }
+  return {plain, smallest};
+}
+
 // The chosen candidate of `factory`'s model trained for real on the CPU with `loss` on
 // `batch`: its peak reserved, from a clean cache.
 int64_t measured_peak_reserved(const nn::PlanCandidate& c, const nn::TrainingPlanOptions& o,
@@ -275,12 +264,7 @@ int64_t measured_peak_reserved(const nn::PlanCandidate& c, const nn::TrainingPla
 TEST(PlanAnyModel, TheChosenRunStaysWithinThreeBudgets) {
   // The grid's peaks at a budget everything fits: the plain run's and the smallest.
   const nn::MemoryPlan all = plan_for(size_t{1} << 30);
-  int64_t plain = 0, smallest = INT64_MAX;
-  for (const nn::PlannedCandidate& c : all.candidates) {
-    ASSERT_TRUE(c.error.empty()) << c.candidate.str() << ": " << c.error;
-    smallest = std::min(smallest, c.estimate.peak_reserved);
-    if (c.candidate.str() == adamw_plain()) plain = c.estimate.peak_reserved;
-  }
+  const auto [plain, smallest] = plain_and_smallest_peaks(all);
   ASSERT_GT(plain, smallest) << all.report();
   for (const int64_t budget : {plain, (plain + smallest) / 2, smallest}) {
     SCOPED_TRACE(budget);
@@ -364,12 +348,7 @@ void check_three_budgets(const std::string& name, const nn::ModelOptions& mo, in
   o.step_in_backward = {false};
   o.steps = 2;
   const nn::MemoryPlan all = nn::plan_memory(factory, loss, batch, o);
-  int64_t plain = 0, smallest = INT64_MAX;
-  for (const nn::PlannedCandidate& c : all.candidates) {
-    ASSERT_TRUE(c.error.empty()) << c.candidate.str() << ": " << c.error;
-    smallest = std::min(smallest, c.estimate.peak_reserved);
-    if (c.candidate.str() == adamw_plain()) plain = c.estimate.peak_reserved;
-  }
+  const auto [plain, smallest] = plain_and_smallest_peaks(all);
   ASSERT_GT(plain, smallest) << all.report();
   const memory::MetaTarget target = memory::meta_target(o.target);
   for (const int64_t budget : {plain, (plain + smallest) / 2, smallest}) {

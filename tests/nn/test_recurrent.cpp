@@ -19,6 +19,20 @@ namespace {
 using testing::gradcheck;
 using testing::rand_input;
 
+// The float64 gradient check of `lstm` from input x and state (h0, c0): x, h0, c0 and every
+// parameter against the output, h_n and c_n.
+::testing::AssertionResult lstm_gradcheck(LSTM& lstm, const Tensor& x, const Tensor& h0,
+                                          const Tensor& c0) {
+  TensorList in = {x, h0, c0};
+  for (const Tensor& p : lstm.parameters()) in.push_back(p);
+  return gradcheck(
+      [&](const TensorList& t) {
+        auto [out, hc] = lstm(t[0], std::make_pair(t[1], t[2]));
+        return cat({out.reshape({-1}), hc.first.reshape({-1}), hc.second.reshape({-1})}, 0);
+      },
+      in);
+}
+
 TEST(Recurrent, ParameterNamesShapesAndInit) {
   LSTM lstm(3, 5, 2, true, false, 0.0, true);
   const std::vector<std::string> want = {
@@ -106,15 +120,8 @@ TEST(Recurrent, ValuesMatchTheUnfusedRecurrence) {
 TEST(Recurrent, LstmGradcheckTwoLayersBidirectionalBatchFirst) {
   LSTM lstm(3, 2, 2, true, true, 0.0, true);
   lstm.to(DType::float64);
-  TensorList in = {rand_input({2, 3, 3}, -1, 1, 1), rand_input({4, 2, 2}, -1, 1, 2),
-                   rand_input({4, 2, 2}, -1, 1, 3)};
-  for (const Tensor& p : lstm.parameters()) in.push_back(p);
-  EXPECT_TRUE(gradcheck(
-      [&](const TensorList& t) {
-        auto [out, hc] = lstm(t[0], std::make_pair(t[1], t[2]));
-        return cat({out.reshape({-1}), hc.first.reshape({-1}), hc.second.reshape({-1})}, 0);
-      },
-      in));
+  EXPECT_TRUE(lstm_gradcheck(lstm, rand_input({2, 3, 3}, -1, 1, 1), rand_input({4, 2, 2}, -1, 1, 2),
+                             rand_input({4, 2, 2}, -1, 1, 3)));
 }
 
 TEST(Recurrent, GruGradcheckTwoLayersBidirectionalBatchFirst) {
@@ -195,15 +202,8 @@ TEST(Recurrent, LstmProjSize) {
   const Tensor h = linear(mul(sigmoid(part(g, 3)), tanh(c)), p[4].second, Tensor());
   EXPECT_TRUE(testing::values_near(one(x).first.select(0, 0), ops::to_vector(h), 1e-12));
 
-  TensorList in = {rand_input({3, 2, 3}, -1, 1, 7), rand_input({1, 2, 2}, -1, 1, 8),
-                   rand_input({1, 2, 4}, -1, 1, 9)};
-  for (const Tensor& q : one.parameters()) in.push_back(q);
-  EXPECT_TRUE(gradcheck(
-      [&](const TensorList& t) {
-        auto [o, s] = one(t[0], std::make_pair(t[1], t[2]));
-        return cat({o.reshape({-1}), s.first.reshape({-1}), s.second.reshape({-1})}, 0);
-      },
-      in));
+  EXPECT_TRUE(lstm_gradcheck(one, rand_input({3, 2, 3}, -1, 1, 7), rand_input({1, 2, 2}, -1, 1, 8),
+                             rand_input({1, 2, 4}, -1, 1, 9)));
 }
 
 }  // namespace

@@ -1,12 +1,14 @@
 // A tiny CNN from raw differentiable ops for the profiler tests: conv1 -> relu -> max_pool
 // -> fc1 -> relu -> fc2 -> cross_entropy, each layer inside a memory::ModuleScope, the
-// passes inside record_function ranges and PhaseScopes, a hand-written SGD update under
-// PhaseScope("optimizer"). Parameters are allocated as `parameter`, the batch as `input`.
+// passes inside torch.profiler's recipe ranges (profiler::annotated_training_step), a
+// hand-written SGD update under PhaseScope("optimizer"). Parameters are allocated as `parameter`,
+// the batch as `input`.
 #pragma once
 
 #include "autograd/ops.h"
 #include "memory/context.h"
 #include "profiler/profiler.h"
+#include "profiler/training_step.h"
 
 namespace tally::testing {
 
@@ -56,21 +58,10 @@ struct TinyCnn {
 
   double train_step() {
     for (Tensor* p : params()) p->set_grad(Tensor());
-    Tensor loss;
-    {
-      profiler::record_function r("## Forward Pass ##");
-      loss = forward();
-    }
-    {
-      profiler::record_function r("## Backward Pass ##");
-      loss.backward();
-    }
-    {
-      profiler::record_function r("## Optimizer ##");
-      memory::PhaseScope phase("optimizer");
-      NoGradGuard ng;
-      for (Tensor* p : params()) ops::add_(*p, p->grad(), -0.1);
-    }
+    profiler::annotated_training_step([&] { return forward(); },
+                                      [&] {
+                                        for (Tensor* p : params()) ops::add_(*p, p->grad(), -0.1);
+                                      });
     return 0;
   }
 };

@@ -117,33 +117,46 @@ std::string layout(const Tensor& t) {
          " suggest=" + (t.suggest_memory_format() == kCL ? "cl" : "rm");
 }
 
+// A view of hand-made sizes and strides over a zero buffer of 4096 floats.
+Tensor strided(const Shape& sizes, const Shape& strides, int64_t offset = 0) {
+  return ops::as_strided(ops::zeros({4096}, DType::float32), sizes, strides, offset);
+}
+
+// The layout() of each named strided(sizes, strides) view.
+struct LayoutCase {
+  const char* what;
+  Shape sizes, strides;
+  const char* layout;
+};
+void expect_layouts(std::initializer_list<LayoutCase> cases) {
+  for (const LayoutCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    EXPECT_EQ(layout(strided(c.sizes, c.strides)), c.layout);
+  }
+}
+
 TEST(ChannelsLast, IsContiguousAndSuggestOnHandMadeStrides) {
-  const Tensor base = ops::zeros({4096}, DType::float32);
-  auto view = [&](const Shape& sizes, const Shape& strides, int64_t offset = 0) {
-    return ops::as_strided(base, sizes, strides, offset);
-  };
   // Canonical channels_last [2, 3, 4, 5]: strides [60, 1, 15, 3].
-  const Tensor a = view({2, 3, 4, 5}, {60, 1, 15, 3});
+  const Tensor a = strided({2, 3, 4, 5}, {60, 1, 15, 3});
   EXPECT_EQ(layout(a), "cl=1 rm=0 suggest=cl");
   EXPECT_FALSE(a.is_contiguous(kRM));
   // With a storage offset it still is.
-  EXPECT_EQ(view({2, 3, 4, 5}, {60, 1, 15, 3}, 17).suggest_memory_format(), kCL);
+  EXPECT_EQ(strided({2, 3, 4, 5}, {60, 1, 15, 3}, 17).suggest_memory_format(), kCL);
   // Row-major [2, 3, 4, 5].
-  const Tensor r = view({2, 3, 4, 5}, {60, 20, 5, 1});
+  const Tensor r = strided({2, 3, 4, 5}, {60, 20, 5, 1});
   EXPECT_EQ(layout(r), "cl=0 rm=1 suggest=rm");
   EXPECT_TRUE(r.is_contiguous(kRM));
   // A permuted NHWC buffer is channels_last.
-  const Tensor nhwc = ops::permute(view({2, 4, 5, 3}, {60, 15, 3, 1}), {0, 3, 1, 2});
+  const Tensor nhwc = ops::permute(strided({2, 4, 5, 3}, {60, 15, 3, 1}), {0, 3, 1, 2});
   EXPECT_EQ(nhwc.strides(), (Shape{60, 1, 15, 3}));
   EXPECT_EQ(nhwc.suggest_memory_format(), kCL);
-  // NCWH (H and W swapped) and NWHC are neither.
-  const Tensor ncwh = view({2, 3, 4, 5}, {60, 20, 1, 4});
-  EXPECT_EQ(layout(ncwh), "cl=0 rm=0 suggest=rm");
-  const Tensor nwhc = view({2, 3, 4, 5}, {60, 1, 3, 12});
-  EXPECT_EQ(layout(nwhc), "cl=0 rm=0 suggest=rm");
-  // Not dense: every other W column of a channels_last [2, 3, 4, 10].
-  const Tensor gaps = view({2, 3, 4, 5}, {120, 1, 30, 6});
-  EXPECT_EQ(layout(gaps), "cl=0 rm=0 suggest=rm");
+  expect_layouts({
+      // NCWH (H and W swapped) and NWHC are neither.
+      {"NCWH", {2, 3, 4, 5}, {60, 20, 1, 4}, "cl=0 rm=0 suggest=rm"},
+      {"NWHC", {2, 3, 4, 5}, {60, 1, 3, 12}, "cl=0 rm=0 suggest=rm"},
+      // Not dense: every other W column of a channels_last [2, 3, 4, 10].
+      {"gaps", {2, 3, 4, 5}, {120, 1, 30, 6}, "cl=0 rm=0 suggest=rm"},
+  });
   // A channel slice of a channels_last tensor is not dense either.
   const Tensor cslice = ops::narrow(cl(ops::zeros({2, 6, 4, 5})), 1, 1, 3);
   EXPECT_EQ(layout(cslice), "cl=0 rm=0 suggest=rm");
@@ -153,38 +166,30 @@ TEST(ChannelsLast, IsContiguousAndSuggestOnHandMadeStrides) {
 }
 
 TEST(ChannelsLast, SizeOneDimsTakeAnyStride) {
-  const Tensor base = ops::zeros({4096}, DType::float32);
-  auto view = [&](const Shape& sizes, const Shape& strides) {
-    return ops::as_strided(base, sizes, strides, 0);
-  };
   // H = 1: its stride is free ([2, 3, 1, 5] channels_last is [15, 1, 15, 3]).
   for (int64_t hs : {15, 999, 0, 1}) {
     SCOPED_TRACE(hs);
-    const Tensor t = view({2, 3, 1, 5}, {15, 1, hs, 3});
+    const Tensor t = strided({2, 3, 1, 5}, {15, 1, hs, 3});
     EXPECT_EQ(layout(t), "cl=1 rm=0 suggest=cl");
   }
   // N = 1: likewise.
-  EXPECT_EQ(view({1, 3, 4, 5}, {7, 1, 15, 3}).suggest_memory_format(), kCL);
-  // C = 1: channels_last strides [H*W, 1, W, 1] are also row-major: contiguous wins.
-  const Tensor c1 = view({2, 1, 4, 5}, {20, 1, 5, 1});
-  EXPECT_EQ(layout(c1), "cl=1 rm=1 suggest=rm");
-  // H = W = 1 ([N, C, 1, 1], a pooled feature map): both layouts again; contiguous.
-  const Tensor hw1 = view({2, 3, 1, 1}, {3, 1, 3, 3});
-  EXPECT_EQ(layout(hw1), "cl=1 rm=1 suggest=rm");
-  // All ones.
-  const Tensor ones4 = view({1, 1, 1, 1}, {5, 7, 9, 11});
-  EXPECT_EQ(layout(ones4), "cl=1 rm=1 suggest=rm");
-  // W = 1 with C > 1 and H > 1: channels_last strides [H*C, 1, C, C] are not row-major.
-  const Tensor w1 = view({2, 3, 4, 1}, {12, 1, 3, 42});
-  EXPECT_EQ(layout(w1), "cl=1 rm=0 suggest=cl");
+  EXPECT_EQ(strided({1, 3, 4, 5}, {7, 1, 15, 3}).suggest_memory_format(), kCL);
+  expect_layouts({
+      // C = 1: channels_last strides [H*W, 1, W, 1] are also row-major: contiguous wins.
+      {"C = 1", {2, 1, 4, 5}, {20, 1, 5, 1}, "cl=1 rm=1 suggest=rm"},
+      // H = W = 1 ([N, C, 1, 1], a pooled feature map): both layouts again; contiguous.
+      {"H = W = 1", {2, 3, 1, 1}, {3, 1, 3, 3}, "cl=1 rm=1 suggest=rm"},
+      {"all ones", {1, 1, 1, 1}, {5, 7, 9, 11}, "cl=1 rm=1 suggest=rm"},
+      // W = 1 with C > 1 and H > 1: channels_last strides [H*C, 1, C, C] are not row-major.
+      {"W = 1", {2, 3, 4, 1}, {12, 1, 3, 42}, "cl=1 rm=0 suggest=cl"},
+  });
   // A size-1 dim does not excuse a wrong stride elsewhere.
-  EXPECT_FALSE(view({2, 3, 1, 5}, {16, 1, 15, 3}).is_contiguous(kCL));
+  EXPECT_FALSE(strided({2, 3, 1, 5}, {16, 1, 15, 3}).is_contiguous(kCL));
 }
 
 TEST(ChannelsLast, NotFourDimensionalIsNeverChannelsLast) {
-  const Tensor base = ops::zeros({4096}, DType::float32);
   // 3-D [C, H, W] with NHWC-like strides (HWC order): not channels_last.
-  const Tensor t3 = ops::as_strided(base, {3, 4, 5}, {1, 15, 3}, 0);
+  const Tensor t3 = strided({3, 4, 5}, {1, 15, 3});
   EXPECT_FALSE(t3.is_contiguous(kCL));
   EXPECT_EQ(t3.suggest_memory_format(), kRM);
   EXPECT_FALSE(ops::zeros({3, 4, 5}).is_contiguous(kCL));
