@@ -11,6 +11,7 @@
 #include "examples/cli_common.h"
 #include "memory/host_memory.h"
 #include "nn/module.h"
+#include "optim/cpu_offload.h"
 
 namespace tally::examples {
 
@@ -112,6 +113,29 @@ void Trainer::check_flags(const CLI::App& app, const std::vector<std::string>& o
   }
 }
 
+namespace {
+// A host optimizer (--optimizer adamw:cpu) under --amp bf16: the float32 masters are made from
+// the float32 weights, then the device keeps bfloat16 weights, and so gets bfloat16 gradients:
+// half the device memory of each, and half the bytes each way between device and host
+// (optim/cpu_offload.h). Buffers (RoPE tables, batch-norm statistics) stay as they are.
+void keep_16bit_weights(nn::Module& model, optim::Optimizer& opt, std::optional<DType> amp) {
+  auto* offload = dynamic_cast<optim::CpuOffload*>(&opt);
+  if (offload == nullptr || amp != DType::bfloat16) return;
+  offload->init_masters();
+  NoGradGuard no_grad;
+  memory::CategoryScope category(memory::Category::parameter);
+  Device device = Device::cpu();
+  for (const Tensor& p : model.parameters())
+    if (p.dtype() == DType::float32) {
+      device = p.device();
+      nn::set_data(p, ops::to(p, DType::bfloat16));
+    }
+  // The float32 weights' segments are free now: given back, or the cache would hold them as
+  // reserved memory that the half-sized gradients split.
+  memory::empty_cache(device);
+}
+}  // namespace
+
 Trainer::Training Trainer::prepare(
     nn::Module& model,
     const std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>& make_opt, int64_t total,
@@ -120,6 +144,7 @@ Trainer::Training Trainer::prepare(
   nn::enable_checkpointing(model, checkpoint);
   t.offloader = nn::offload_activations(model, offload);
   t.opt = make_opt(model);
+  keep_16bit_weights(model, *t.opt, amp);
   // None for a 1-step run.
   const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, total / warmup_div), total - 1);
   t.sched = std::make_unique<optim::WarmupCosineLR>(*t.opt, warmup, total, f_.lr * min_lr_factor);
@@ -207,6 +232,7 @@ void Trainer::dry_train(
     }
     f_.optimizer = given;
   }
+  keep_16bit_weights(m, *o, c.amp);
   Precision p(c.amp, d);
   if (c.step_in_backward || f_.step_in_backward) p.step_in_backward(*o);
   const int64_t accum = c.micro_batches > 1 ? c.micro_batches : f_.grad_accum;

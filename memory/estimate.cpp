@@ -117,6 +117,9 @@ DryRun::DryRun(const EstimateOptions& options)
   // from here (its cache of earlier runs emptied first).
   host_ = behaves_as(device_) == DeviceType::cpu ? device_ : Device::meta(0);
   if (!(host_ == device_)) {
+    // The replay's host has the larger of the two, so that a host peak over host_memory is
+    // measured whole (and refused after, by host_memory_error) rather than cut short.
+    set_meta_host_memory(std::max(host_memory_, host_memory_total()));
     CachingAllocator& h = get_allocator(host_);
     // dump_snapshot(path, device()) writes the host's segments and trace beside the device's.
     if (options.max_history && !h.history_enabled())

@@ -39,6 +39,7 @@ class MetaProvider final : public MemoryProvider {
   }
   void deallocate(void* /*ptr*/, size_t bytes) override { used_ -= std::min(used_, bytes); }
   size_t total_memory() const override { return target_.capacity; }
+  void set_capacity(size_t bytes) { target_.capacity = bytes; }
   size_t free_memory() const override {
     return target_.capacity - std::min(used_, target_.capacity);
   }
@@ -222,6 +223,15 @@ Device new_meta_device(const MetaTarget& target) {
   std::lock_guard lock(d.mu);
   ensure_default_locked(d);
   return Device::meta(add_locked(d, target));
+}
+
+void set_meta_host_memory(size_t bytes) {
+  if (bytes == 0) bytes = HostMemoryProvider::physical_memory();
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  ensure_default_locked(d);
+  d.targets[0].capacity = bytes;
+  static_cast<MetaProvider&>(d.allocators[0]->provider()).set_capacity(bytes);
 }
 
 const MetaTarget& meta_target_of(Device device) {

@@ -45,6 +45,10 @@ MetaTarget meta_target(std::string_view name);
 // settings, the target's capacity), so its peak and history start at zero.
 // std::invalid_argument for a target whose type is not cpu or cuda or whose capacity is 0.
 Device new_meta_device(const MetaTarget& target);
+// The memory of meta:0, the host every GPU target's dry run shares: `bytes`, or this machine's
+// physical memory for 0. A dry run sets it from EstimateOptions::host_memory when that is
+// larger, so that a run planned for a larger host (--host-memory) replays that host.
+void set_meta_host_memory(size_t bytes);
 // The target a meta device replays; std::invalid_argument for any other device or an
 // unknown meta index.
 const MetaTarget& meta_target_of(Device device);

@@ -15,6 +15,40 @@
 
 namespace tally::optim {
 
+namespace {
+
+// One tensor widened to float32, as a one-tensor list for the fused kernels.
+struct Widened {
+  Tensor t;
+  TensorLists list;
+  explicit Widened(const Tensor& g)
+      : t(ops::to(g, DType::float32)), list(g.device(), DType::float32, 1) {
+    list.add({t.data_ptr()}, t.numel());
+  }
+};
+
+// The fused kernels take float32 and float64 lists. 16-bit gradients (a model kept in bfloat16,
+// its float32 masters elsewhere: optim::CpuOffload) are widened one tensor at a time: each
+// tensor's norm, the norm of those norms (a sum for norm_type 0), then each tensor scaled in
+// float32 and stored back. One tensor's float32 copy at a time; no host synchronisation.
+Tensor clip_16bit_(const std::vector<Tensor>& grads, double max_norm, double norm_type) {
+  TensorList norms;
+  for (const Tensor& g : grads) norms.push_back(foreach_norm(Widened(g).list, norm_type));
+  const Tensor each = ops::stack(norms);
+  TensorLists l(each.device(), DType::float32, 1);
+  l.add({each.data_ptr()}, each.numel());
+  const Tensor total = norm_type == 0 ? ops::sum(each) : foreach_norm(l, norm_type);
+  for (const Tensor& g : grads) {
+    Widened w(g);
+    clip_scale_(w.list, total, max_norm);
+    ops::copy_(g, w.t);
+    g.storage().bump_version();
+  }
+  return ops::to(total, grads[0].dtype());
+}
+
+}  // namespace
+
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
   if (std::isnan(norm_type) || norm_type < 0)
     throw std::invalid_argument(fmt::format("clip_grad_norm_: invalid norm_type {}", norm_type));
@@ -36,6 +70,8 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
     grads.push_back(g);
   }
   if (grads.empty()) return ops::zeros({});
+  if (grads[0].dtype() == DType::bfloat16 || grads[0].dtype() == DType::float16)
+    return clip_16bit_(grads, max_norm, norm_type);
   TensorLists lists(grads[0].device(), grads[0].dtype(), 1);
   for (const Tensor& g : grads) lists.add({g.data_ptr()}, g.numel());
   const Tensor total = foreach_norm(lists, norm_type);

@@ -13,7 +13,8 @@ namespace tally::optim {
 // Returns the total norm before clipping as a 0-dim tensor of the gradients' dtype on their
 // device. On CUDA this is two fused multi-tensor launches plus one scaling launch and no
 // host synchronisation (the coefficient is read on the device). norm_type: any p > 0, 0, or
-// infinity. All gradients must share one device and dtype.
+// infinity. All gradients must share one device and dtype. 16-bit gradients are reduced and
+// scaled in float32, one tensor at a time, each stored back rounded.
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
 
 // Clamps every gradient to [-clip_value, clip_value] in place.

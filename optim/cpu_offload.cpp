@@ -244,6 +244,18 @@ void CpuOffload::init_state(const std::vector<size_t>& indices, bool amsgrad) {
     ops::CopyFence::record(Device{static_cast<DeviceType>(type), index}).synchronize();
 }
 
+void CpuOffload::init_masters() {
+  size_t index = 0;
+  for (const ParamGroup& g : param_groups()) {
+    std::vector<size_t> indices;  // a frozen parameter has no state
+    for (const Tensor& p : g.params) {
+      if (p.defined() && p.requires_grad()) indices.push_back(index);
+      ++index;
+    }
+    init_state(indices, g.flag("amsgrad"));
+  }
+}
+
 namespace {
 // A dry run's time for the host's update of `bytes`: the host computes (its clock advances by
 // the bytes over the target's host update bandwidth; on a CPU target, over its bandwidth), and

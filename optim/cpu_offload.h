@@ -73,6 +73,11 @@ class CpuOffload : public Optimizer {
     bool prev_;
   };
   NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+  // Makes every trainable parameter's master weights and moments now, from the parameters as
+  // they are (otherwise the first step does). Call it before converting float32 weights to 16 bits
+  // on the device, so that the masters keep the float32 values:
+  //   opt.init_masters(); model.to(DType::bfloat16);
+  void init_masters();
   // Gradients sent by the hooks, and buckets sent (hooks' and step()'s), since construction.
   int64_t hooked_copies() const { return hooked_copies_; }
   int64_t buckets_sent() const { return buckets_sent_; }

@@ -78,6 +78,27 @@ TEST(ClipGradNorm, ParamsWithoutGradsAndNonFiniteGrads) {
   EXPECT_TRUE(std::isnan(clip_grad_norm_({b}, 1.0).item()));
 }
 
+// 16-bit gradients (a bfloat16 model whose masters live in CpuOffload) are reduced and scaled
+// in float32: the float32 clip's norm and result, to 16-bit rounding, for each norm type.
+TEST(ClipGradNorm, SixteenBitGradients) {
+  for (const DType dt : {DType::bfloat16, DType::float16})
+    for (const double type : {2.0, 1.0, 3.0, 0.0, optim::kInfNorm}) {
+      Two f;
+      Tensor a = ops::to(f.a, dt).requires_grad_(), b = ops::to(f.b, dt).requires_grad_();
+      a.set_grad(ops::to(f.a.grad(), dt));
+      b.set_grad(ops::to(f.b.grad(), dt));
+      const Tensor want = clip_grad_norm_({f.a, f.b}, 2.5, type);
+      const Tensor got = clip_grad_norm_({a, b}, 2.5, type);
+      EXPECT_EQ(got.dtype(), dt);
+      EXPECT_NEAR(got.item(), want.item(), 1e-2 * want.item()) << type;
+      const std::vector<std::pair<Tensor, Tensor>> pairs = {{a, f.a}, {b, f.b}};
+      for (const auto& [low, full] : pairs)  // within the 16-bit rounding of the float32 clip
+        EXPECT_LT(testing::max_abs_diff(ops::to(low.grad(), DType::float32), full.grad()),
+                  1e-2 * 12)
+            << dtype_name(dt) << " " << type;
+    }
+}
+
 TEST(ClipGradNorm, Float64AndErrors) {
   Tensor a = param({0, 0}, DType::float64);
   set_grad(a, {3, 4});
