@@ -597,6 +597,20 @@ Shape loss_rows(const Tensor& input) {
   return kept;
 }
 
+// The indexer over the loss rows `kept` of `operands`; a null operand (one the call does not
+// read: out or grad of a reduced loss, an absent lse) walks with zero strides from offset 0.
+template <int N>
+Indexer<N> loss_indexer(const Shape& kept, std::initializer_list<const Tensor*> operands) {
+  const Shape zero(kept.size(), 0);
+  std::vector<const Shape*> strides;
+  std::vector<int64_t> offsets;
+  for (const Tensor* t : operands) {
+    strides.push_back(t ? &t->strides() : &zero);
+    offsets.push_back(t ? t->storage_offset() : 0);
+  }
+  return make_indexer<N>(kept, strides, offsets);
+}
+
 unsigned grid_for(int64_t n, int threads, int64_t max_blocks = rows::kMaxGrid) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, max_blocks));
 }
@@ -627,7 +641,7 @@ Tensor count_targets(const Tensor& target, const Shape& kept, int64_t nrows, int
                      int dev, const char* name) {
   Tensor count = alloc_scratch(1, DType::int64, target.device());
   check(cudaMemsetAsync(count.data_ptr(), 0, sizeof(int64_t), stream(dev)), name);
-  const Indexer<1> ix = make_indexer<1>(kept, {&target.strides()}, {target.storage_offset()});
+  const Indexer<1> ix = loss_indexer<1>(kept, {&target});
   count_targets_kernel<<<grid_for(nrows, kCountThreads * 16, 1024), kCountThreads, 0,
                          stream(dev)>>>(static_cast<unsigned long long*>(count.data_ptr()),
                                         static_cast<const int64_t*>(target.storage().data()), nrows,
@@ -710,13 +724,8 @@ void cross_entropy(const Tensor& out, const Tensor& lse, const Tensor& input, co
   NvtxRange range("cross_entropy");
   const int dev = input.device().index;
   DeviceGuard guard(dev);
-  const Shape zero(static_cast<size_t>(input.dim()), 0);
-  const Indexer<4> ix =
-      make_indexer<4>(kept,
-                      {&input.strides(), &target.strides(), none ? &out.strides() : &zero,
-                       lse.defined() ? &lse.strides() : &zero},
-                      {input.storage_offset(), target.storage_offset(),
-                       none ? out.storage_offset() : 0, lse.defined() ? lse.storage_offset() : 0});
+  const Indexer<4> ix = loss_indexer<4>(
+      kept, {&input, &target, none ? &out : nullptr, lse.defined() ? &lse : nullptr});
   Tensor partial = none ? Tensor() : alloc_scratch(2 * nrows, DType::float64, input.device());
   double* pp = none ? nullptr : static_cast<double*>(partial.data_ptr());
   const Mode mode = rows::choose(nrows, C, cs == 1);
@@ -765,13 +774,8 @@ void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const 
   const Tensor count = mean_count(reduction, target, kept, nrows, ignore_index, dev,
                                   "cross_entropy_backward (count)");
   const int64_t* pc = count.defined() ? static_cast<const int64_t*>(count.data_ptr()) : nullptr;
-  const Shape zero(static_cast<size_t>(input.dim()), 0);
-  const Indexer<5> ix = make_indexer<5>(
-      kept,
-      {&input.strides(), &target.strides(), none ? &grad.strides() : &zero, &grad_input.strides(),
-       lse.defined() ? &lse.strides() : &zero},
-      {input.storage_offset(), target.storage_offset(), none ? grad.storage_offset() : 0,
-       grad_input.storage_offset(), lse.defined() ? lse.storage_offset() : 0});
+  const Indexer<5> ix = loss_indexer<5>(
+      kept, {&input, &target, none ? &grad : nullptr, &grad_input, lse.defined() ? &lse : nullptr});
   const Mode mode = rows::choose(nrows, C, cs == 1);
   TALLY_DISPATCH_FLOAT(input.dtype(), "cross_entropy_backward", [&] {
     using T = dev_t<scalar_t>;
@@ -895,10 +899,7 @@ void nll_loss(const Tensor& out, const Tensor& input, const Tensor& target, int6
   NvtxRange range("nll_loss");
   const int dev = input.device().index;
   DeviceGuard guard(dev);
-  const Shape zero(static_cast<size_t>(input.dim()), 0);
-  const Indexer<3> ix = make_indexer<3>(
-      kept, {&input.strides(), &target.strides(), none ? &out.strides() : &zero},
-      {input.storage_offset(), target.storage_offset(), none ? out.storage_offset() : 0});
+  const Indexer<3> ix = loss_indexer<3>(kept, {&input, &target, none ? &out : nullptr});
   Tensor partial = none ? Tensor() : alloc_scratch(2 * nrows, DType::float64, input.device());
   double* pp = none ? nullptr : static_cast<double*>(partial.data_ptr());
   TALLY_DISPATCH_FLOAT(input.dtype(), "nll_loss", [&] {
@@ -928,10 +929,7 @@ void nll_loss_backward(const Tensor& grad_input, const Tensor& grad, const Tenso
   const Tensor count =
       mean_count(reduction, target, kept, nrows, ignore_index, dev, "nll_loss_backward (count)");
   const int64_t* pc = count.defined() ? static_cast<const int64_t*>(count.data_ptr()) : nullptr;
-  const Shape zero(static_cast<size_t>(grad_input.dim()), 0);
-  const Indexer<3> ix = make_indexer<3>(
-      kept, {&grad_input.strides(), &target.strides(), none ? &grad.strides() : &zero},
-      {grad_input.storage_offset(), target.storage_offset(), none ? grad.storage_offset() : 0});
+  const Indexer<3> ix = loss_indexer<3>(kept, {&grad_input, &target, none ? &grad : nullptr});
   TALLY_DISPATCH_FLOAT(grad_input.dtype(), "nll_loss_backward", [&] {
     using T = dev_t<scalar_t>;
     nll_loss_backward_kernel<T><<<grid_for(nrows, 256), 256, 0, stream(dev)>>>(
