@@ -117,12 +117,22 @@ struct Run {
   size_t tensor;
   int64_t begin, n;
 };
-std::vector<Run> runs_of(const TensorLists& l) {
+// List k's pointer at run x's first element, as T*.
+template <typename T>
+T* at(const TensorLists& l, const Run& x, int k) {
+  return static_cast<T*>(l.ptrs[x.tensor][static_cast<size_t>(k)]) + x.begin;
+}
+
+// f(run) for every run of l, the runs spread over the CPU threads.
+template <typename F>
+void for_each_run(const TensorLists& l, F&& f) {
   std::vector<Run> runs;
   for (size_t t = 0; t < l.size(); ++t)
     for (int64_t b = 0; b < l.numels[t]; b += kChunkSize)
       runs.push_back({t, b, std::min(kChunkSize, l.numels[t] - b)});
-  return runs;
+  tally::cpu::parallel_for(static_cast<int64_t>(runs.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) f(runs[static_cast<size_t>(r)]);
+  });
 }
 
 void check_cpu(const TensorLists& l, const char* op) {
@@ -144,13 +154,9 @@ void parallel_adam_(const TensorLists& l, const AdamHyper& h) {
   auto run_all = [&](auto zero) {
     using T = decltype(zero);
     const detail::AdamScalars<T> s(h);
-    const std::vector<Run> runs = runs_of(l);
-    tally::cpu::parallel_for(static_cast<int64_t>(runs.size()), 1, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        const Run& x = runs[static_cast<size_t>(r)];
-        auto at = [&](int k) { return static_cast<T*>(l.ptrs[x.tensor][k]) + x.begin; };
-        adam_run<T>(s, at(0), at(1), at(2), at(3), h.amsgrad ? at(4) : nullptr, x.n);
-      }
+    for_each_run(l, [&](const Run& x) {
+      adam_run<T>(s, at<T>(l, x, 0), at<T>(l, x, 1), at<T>(l, x, 2), at<T>(l, x, 3),
+                  h.amsgrad ? at<T>(l, x, 4) : nullptr, x.n);
     });
   };
   if (l.dtype == DType::float32)
@@ -180,15 +186,10 @@ void parallel_adam_16_(const TensorLists& l, const AdamHyper& h, DType grad,
   auto run_all = [&](auto zero) {
     using G = decltype(zero);
     const detail::AdamScalars<float> s(h);
-    const std::vector<Run> runs = runs_of(l);
-    tally::cpu::parallel_for(static_cast<int64_t>(runs.size()), 1, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        const Run& x = runs[static_cast<size_t>(r)];
-        auto at = [&](int k) { return static_cast<float*>(l.ptrs[x.tensor][k]) + x.begin; };
-        G* o = out.empty() ? nullptr : static_cast<G*>(out[x.tensor]) + x.begin;
-        adam_run_16<G>(s, at(0), static_cast<const G*>(l.ptrs[x.tensor][1]) + x.begin, at(2), at(3),
-                       o, x.n);
-      }
+    for_each_run(l, [&](const Run& x) {
+      G* o = out.empty() ? nullptr : static_cast<G*>(out[x.tensor]) + x.begin;
+      adam_run_16<G>(s, at<float>(l, x, 0), at<const G>(l, x, 1), at<float>(l, x, 2),
+                     at<float>(l, x, 3), o, x.n);
     });
   };
   if (grad == DType::bfloat16)
@@ -208,19 +209,15 @@ void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
     throw std::invalid_argument(
         fmt::format("parallel_adamw8bit_: block_size {} is not a power of two from {} to {}",
                     h.block_size, kMin8bitBlock, kMax8bitBlock));
-  const std::vector<Run> runs = runs_of(l);  // each run whole blocks (kChunkSize % block == 0)
-  tally::cpu::parallel_for(static_cast<int64_t>(runs.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const Run& x = runs[static_cast<size_t>(r)];
-      const auto& q = l.ptrs[x.tensor];
-      TensorLists one(l.device, l.dtype, 6);
-      one.add({static_cast<float*>(q[0]) + x.begin, static_cast<float*>(q[1]) + x.begin,
-               static_cast<uint8_t*>(q[2]) + x.begin, static_cast<uint8_t*>(q[3]) + x.begin,
-               static_cast<float*>(q[4]) + x.begin / h.block_size,
-               static_cast<float*>(q[5]) + x.begin / h.block_size},
-              x.n);
-      cpu::multi_tensor_kernels.adamw8bit(one, h);
-    }
+  // Each run is whole blocks (kChunkSize % block == 0).
+  for_each_run(l, [&](const Run& x) {
+    const auto& q = l.ptrs[x.tensor];
+    TensorLists one(l.device, l.dtype, 6);
+    one.add({at<float>(l, x, 0), at<float>(l, x, 1), at<uint8_t>(l, x, 2), at<uint8_t>(l, x, 3),
+             static_cast<float*>(q[4]) + x.begin / h.block_size,
+             static_cast<float*>(q[5]) + x.begin / h.block_size},
+            x.n);
+    cpu::multi_tensor_kernels.adamw8bit(one, h);
   });
 }
 

@@ -439,7 +439,7 @@ void launch_update(const TensorLists& l, const char* range, const char* op, cons
   check_launch(launch_name);
 }
 
-void sgd_(const TensorLists& l, const SGDHyper& h) {
+void sgd(const TensorLists& l, const SGDHyper& h) {
   launch_update(l, "optim::sgd (multi-tensor)", "SGD.step", "SGD.step (multi-tensor)",
                 [&](auto zero, const DeviceTable& t, cudaStream_t s) {
                   using T = decltype(zero);
@@ -449,7 +449,7 @@ void sgd_(const TensorLists& l, const SGDHyper& h) {
                 });
 }
 
-void adam_(const TensorLists& l, const AdamHyper& h) {
+void adam(const TensorLists& l, const AdamHyper& h) {
   launch_update(l, "optim::adam (multi-tensor)", "Adam.step", "Adam.step (multi-tensor)",
                 [&](auto zero, const DeviceTable& t, cudaStream_t s) {
                   using T = decltype(zero);
@@ -465,7 +465,7 @@ void adam_(const TensorLists& l, const AdamHyper& h) {
                 });
 }
 
-void adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
+void adamw8bit(const TensorLists& l, const AdamW8bitHyper& h) {
   NvtxRange range("optim::adamw8bit (multi-tensor)");
   DeviceGuard guard(l.device.index);
   if (l.dtype != DType::float32)
@@ -520,7 +520,7 @@ Tensor total_norm(const TensorLists& l, double norm_type) {
   return out;
 }
 
-void clip_scale_(const TensorLists& l, const Tensor& total_norm, double max_norm) {
+void clip_scale(const TensorLists& l, const Tensor& total_norm, double max_norm) {
   if (total_norm.dtype() != l.dtype || !(total_norm.device() == l.device))
     throw std::invalid_argument(
         "clip_grad_norm_: the total norm must have the gradients' dtype and device");
@@ -532,7 +532,7 @@ void clip_scale_(const TensorLists& l, const Tensor& total_norm, double max_norm
                 });
 }
 
-void unscale_(const TensorLists& l, float inv_scale, const float* scale, const Tensor& found_inf) {
+void unscale(const TensorLists& l, float inv_scale, const float* scale, const Tensor& found_inf) {
   if (found_inf.dtype() != DType::float32 || found_inf.numel() != 1 ||
       !(found_inf.device() == l.device))
     throw std::invalid_argument(
@@ -558,14 +558,6 @@ void update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tenso
 
 }  // namespace
 
-const MultiTensorKernels multi_tensor_kernels{
-    .sgd = &sgd_,
-    .adam = &adam_,
-    .adamw8bit = &adamw8bit_,
-    .total_norm = &total_norm,
-    .clip_scale = &clip_scale_,
-    .unscale = &unscale_,
-    .update_scale = &update_scale,
-};
+const MultiTensorKernels multi_tensor_kernels{TALLY_MULTI_TENSOR_KERNELS};
 
 }  // namespace tally::optim::cuda

@@ -26,15 +26,17 @@ class LRScheduler {
   // Jumps to `epoch` (e.g. after loading a checkpoint) and sets the lrs for it.
   void set_last_epoch(int64_t epoch);
 
+  // The lr of a group with `base_lr` at `epoch`.
+  using LrAt = std::function<double(double base_lr, int64_t epoch)>;
+
  protected:
-  explicit LRScheduler(Optimizer& optimizer);
-  // Derived constructors call this last (PyTorch's _initial_step).
-  void initial_step() { step(); }
-  virtual double lr_at(double base_lr, int64_t epoch) const = 0;
+  // Performs the initial step (epoch 0) with lr_at, as PyTorch's _initial_step.
+  LRScheduler(Optimizer& optimizer, LrAt lr_at);
 
  private:
   void apply();
   Optimizer& opt_;
+  LrAt lr_at_;
   std::vector<double> base_lrs_;
   std::vector<double> last_lr_;
   int64_t last_epoch_ = -1;
@@ -44,38 +46,18 @@ class LRScheduler {
 class StepLR : public LRScheduler {
  public:
   StepLR(Optimizer& optimizer, int64_t step_size, double gamma = 0.1);
-
- protected:
-  double lr_at(double base_lr, int64_t epoch) const override;
-
- private:
-  int64_t step_size_;
-  double gamma_;
 };
 
 // lr = eta_min + (base - eta_min) * (1 + cos(pi * epoch / T_max)) / 2.
 class CosineAnnealingLR : public LRScheduler {
  public:
   CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min = 0.0);
-
- protected:
-  double lr_at(double base_lr, int64_t epoch) const override;
-
- private:
-  int64_t t_max_;
-  double eta_min_;
 };
 
 // lr = base * lambda(epoch).
 class LambdaLR : public LRScheduler {
  public:
   LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> lr_lambda);
-
- protected:
-  double lr_at(double base_lr, int64_t epoch) const override;
-
- private:
-  std::function<double(int64_t)> lambda_;
 };
 
 // nanoGPT's schedule (llm.c's is the same shape): linear warmup
@@ -85,13 +67,6 @@ class WarmupCosineLR : public LRScheduler {
  public:
   WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t total_steps,
                  double min_lr = 0.0);
-
- protected:
-  double lr_at(double base_lr, int64_t epoch) const override;
-
- private:
-  int64_t warmup_, total_;
-  double min_lr_;
 };
 
 }  // namespace tally::optim

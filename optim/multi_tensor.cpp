@@ -100,7 +100,7 @@ void update_each(const TensorLists& l, const char* op, const Hyper& h, F update)
   });
 }
 
-void sgd_(const TensorLists& l, const SGDHyper& h) {
+void sgd(const TensorLists& l, const SGDHyper& h) {
   if (h.found_inf && *h.found_inf != 0) return;  // a capturable GradScaler's skip
   update_each<detail::SGDScalars>(l, "SGD", h, [&](const auto& s0, auto lists, size_t t) {
     auto s = s0;
@@ -113,7 +113,7 @@ void sgd_(const TensorLists& l, const SGDHyper& h) {
   });
 }
 
-void adam_(const TensorLists& l, const AdamHyper& h) {
+void adam(const TensorLists& l, const AdamHyper& h) {
   if (h.found_inf && *h.found_inf != 0) return;  // a capturable GradScaler's skip (no step)
   update_each<detail::AdamScalars>(l, "Adam", h, [&](const auto& s0, auto lists, size_t t) {
     auto* p = lists(t, 0);
@@ -135,7 +135,7 @@ void adam_(const TensorLists& l, const AdamHyper& h) {
 
 // Block by block: dequantize, update (adam8bit_element), then requantize against the block's
 // new absmax. The updated moments wait in m, v between the two passes.
-void adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
+void adamw8bit(const TensorLists& l, const AdamW8bitHyper& h) {
   if (l.dtype != DType::float32)
     throw std::invalid_argument(fmt::format(
         "AdamW8bit: parameters and gradients must be float32, got {}", dtype_name(l.dtype)));
@@ -236,15 +236,7 @@ void update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tenso
 
 }  // namespace
 
-const MultiTensorKernels multi_tensor_kernels{
-    .sgd = &sgd_,
-    .adam = &adam_,
-    .adamw8bit = &adamw8bit_,
-    .total_norm = &total_norm,
-    .clip_scale = &clip_scale,
-    .unscale = &unscale,
-    .update_scale = &update_scale,
-};
+const MultiTensorKernels multi_tensor_kernels{TALLY_MULTI_TENSOR_KERNELS};
 
 }  // namespace cpu
 

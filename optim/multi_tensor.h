@@ -108,6 +108,12 @@ struct MultiTensorKernels {
   void (*update_scale)(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
                        double growth_factor, double backoff_factor, int64_t growth_interval);
 };
+// The table's entries in member order, each the backend's kernel of the member's name: each
+// backend defines `const MultiTensorKernels multi_tensor_kernels{TALLY_MULTI_TENSOR_KERNELS};`,
+// so the list of kernels is written once.
+#define TALLY_MULTI_TENSOR_KERNELS                                                \
+  .sgd = &sgd, .adam = &adam, .adamw8bit = &adamw8bit, .total_norm = &total_norm, \
+  .clip_scale = &clip_scale, .unscale = &unscale, .update_scale = &update_scale
 // The chunk table a fused CUDA launch uploads (optim/cuda_multi_tensor.cu) into a `temporary`
 // block: one entry per tensor, one chunk per kChunkSize elements of each (AdamW8bit's launch
 // walks the same table with one thread block per quantization block of each chunk).

@@ -74,14 +74,6 @@ void update_scale(const Tensor&, const Tensor&, const Tensor&, double, double, i
 
 }  // namespace
 
-const MultiTensorKernels multi_tensor_kernels{
-    .sgd = &sgd,
-    .adam = &adam,
-    .adamw8bit = &adamw8bit,
-    .total_norm = &total_norm,
-    .clip_scale = &clip_scale,
-    .unscale = &unscale,
-    .update_scale = &update_scale,
-};
+const MultiTensorKernels multi_tensor_kernels{TALLY_MULTI_TENSOR_KERNELS};
 
 }  // namespace tally::optim::meta

@@ -117,6 +117,20 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// A double-buffered loop's step: issues load_next() (the next tile's cp.async copies into the
+// other buffer) when has_next, waits for the current tile's copies, then syncs the block.
+template <typename LoadNext>
+__device__ __forceinline__ void next_tile_then_wait(bool has_next, LoadNext&& load_next) {
+  if (has_next) {
+    load_next();
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -291,17 +305,12 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
 
   for (int j = 0; j < ntiles; ++j) {
     const int buf = j & 1;
-    if (j + 1 < ntiles) {
+    next_tile_then_wait(j + 1 < ntiles, [&] {
       cp_tile<T, D, kN, kFwdThreads>(sK + (buf ^ 1) * kN * ld, krows, p.k.st, (j + 1) * kN, p.S,
                                      p.E);
       cp_tile<T, D, kN, kFwdThreads>(sV + (buf ^ 1) * kN * ld, vrows, p.v.st, (j + 1) * kN, p.S,
                                      p.E);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    });
     const int k0 = j * kN;
     if (warp_live && !(p.causal && k0 > wr0 + 15)) {
       const T* kb = sK + buf * kN * ld;
@@ -464,14 +473,7 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
 
   for (int qt = qt0; qt < qtiles; ++qt) {
     const int buf = (qt - qt0) & 1;
-    if (qt + 1 < qtiles) {
-      load_rows(qt + 1, buf ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_tile_then_wait(qt + 1 < qtiles, [&] { load_rows(qt + 1, buf ^ 1); });
     const int q0 = qt * kN;
     const T* qb = sQ + buf * kN * ld;
     const T* dob = sdO + buf * kN * ld;

@@ -250,10 +250,6 @@ int64_t conv_col_scratch_numel(const Shape& input, const Shape& weight, const Sh
   return g.direct() ? 0 : g.K() * g.L();
 }
 
-const ConvKernels conv_kernels{
-    .conv2d_forward = &conv2d_forward,
-    .conv2d_backward_input = &conv2d_backward_input,
-    .conv2d_backward_weight = &conv2d_backward_weight,
-};
+const ConvKernels conv_kernels{TALLY_CONV_KERNELS};
 
 }  // namespace tally::cpu

@@ -175,35 +175,38 @@ std::vector<Ranked> to_ranked(const Perf* perf, int n) {
   return out;
 }
 
+// The ranking of one cuDNN call `what` (a Get*Algorithm_v7 or Find*AlgorithmEx):
+// call(Count, &n, perf) fills up to Count entries of Perf.
+template <typename Perf, int Count, typename Call>
+std::vector<Ranked> ranked(const char* what, const std::string& ctx, Call&& call) {
+  Perf perf[Count];
+  int n = 0;
+  check_cudnn(call(Count, &n, perf), what, ctx);
+  return to_ranked(perf, n);
+}
+
 // cuDNN's heuristic ranking (no device work).
 std::vector<Ranked> rank_by_heuristics(const Problem& pb, cudnnHandle_t h, const Descriptors& d) {
-  int n = 0;
   const std::string ctx = pb.str();
   switch (pb.kind) {
-    case Kind::forward: {
-      cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-      check_cudnn(
-          cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
-                                                 CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf),
-          "cudnnGetConvolutionForwardAlgorithm_v7", ctx);
-      return to_ranked(perf, n);
-    }
-    case Kind::backward_data: {
-      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-      check_cudnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                      h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
-                      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf),
-                  "cudnnGetConvolutionBackwardDataAlgorithm_v7", ctx);
-      return to_ranked(perf, n);
-    }
-    case Kind::backward_filter: {
-      cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-      check_cudnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                      h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
-                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf),
-                  "cudnnGetConvolutionBackwardFilterAlgorithm_v7", ctx);
-      return to_ranked(perf, n);
-    }
+    case Kind::forward:
+      return ranked<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+          "cudnnGetConvolutionForwardAlgorithm_v7", ctx, [&](int count, int* n, auto* perf) {
+            return cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.get(), d.w.get(), d.conv.get(),
+                                                          d.y.get(), count, n, perf);
+          });
+    case Kind::backward_data:
+      return ranked<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
+          "cudnnGetConvolutionBackwardDataAlgorithm_v7", ctx, [&](int count, int* n, auto* perf) {
+            return cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), count, n, perf);
+          });
+    case Kind::backward_filter:
+      return ranked<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
+          "cudnnGetConvolutionBackwardFilterAlgorithm_v7", ctx, [&](int count, int* n, auto* perf) {
+            return cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), count, n, perf);
+          });
   }
   return {};
 }
@@ -246,36 +249,33 @@ std::vector<Ranked> rank_by_timing(const Problem& pb, cudnnHandle_t h, const Des
   (k == Kind::forward ? q.y : k == Kind::backward_data ? q.x : q.w) = scratch.data();
   // cudnnFind* times on the handle's stream (Tally's stream), after the inputs' producers.
   synchronize(pb.device);
-  int n = 0;
   std::vector<Ranked> out;
+  void* const w = ws.data();
   switch (k) {
-    case Kind::forward: {
-      cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-      check_cudnn(cudnnFindConvolutionForwardAlgorithmEx(
-                      h, d.x.get(), q.x, d.w.get(), q.w, d.conv.get(), d.y.get(), q.y,
-                      CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf, ws.data(), want),
-                  "cudnnFindConvolutionForwardAlgorithmEx", ctx);
-      out = to_ranked(perf, n);
+    case Kind::forward:
+      out = ranked<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+          "cudnnFindConvolutionForwardAlgorithmEx", ctx, [&](int count, int* n, auto* perf) {
+            return cudnnFindConvolutionForwardAlgorithmEx(h, d.x.get(), q.x, d.w.get(), q.w,
+                                                          d.conv.get(), d.y.get(), q.y, count, n,
+                                                          perf, w, want);
+          });
       break;
-    }
-    case Kind::backward_data: {
-      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-      check_cudnn(cudnnFindConvolutionBackwardDataAlgorithmEx(
-                      h, d.w.get(), q.w, d.y.get(), q.y, d.conv.get(), d.x.get(), q.x,
-                      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf, ws.data(), want),
-                  "cudnnFindConvolutionBackwardDataAlgorithmEx", ctx);
-      out = to_ranked(perf, n);
+    case Kind::backward_data:
+      out = ranked<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
+          "cudnnFindConvolutionBackwardDataAlgorithmEx", ctx, [&](int count, int* n, auto* perf) {
+            return cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w.get(), q.w, d.y.get(), q.y,
+                                                               d.conv.get(), d.x.get(), q.x, count,
+                                                               n, perf, w, want);
+          });
       break;
-    }
-    case Kind::backward_filter: {
-      cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-      check_cudnn(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                      h, d.x.get(), q.x, d.y.get(), q.y, d.conv.get(), d.w.get(), q.w,
-                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf, ws.data(), want),
-                  "cudnnFindConvolutionBackwardFilterAlgorithmEx", ctx);
-      out = to_ranked(perf, n);
+    case Kind::backward_filter:
+      out = ranked<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
+          "cudnnFindConvolutionBackwardFilterAlgorithmEx", ctx, [&](int count, int* n, auto* perf) {
+            return cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x.get(), q.x, d.y.get(), q.y,
+                                                                 d.conv.get(), d.w.get(), q.w,
+                                                                 count, n, perf, w, want);
+          });
       break;
-    }
   }
   // The scratch blocks go back to the cache only after the timed work has finished.
   synchronize(pb.device);
@@ -669,11 +669,7 @@ void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output
 
 }  // namespace
 
-const ConvKernels conv_kernels{
-    .conv2d_forward = &conv2d_forward,
-    .conv2d_backward_input = &conv2d_backward_input,
-    .conv2d_backward_weight = &conv2d_backward_weight,
-};
+const ConvKernels conv_kernels{TALLY_CONV_KERNELS};
 
 std::vector<ConvWorkspace> conv_planned_workspaces() {
   std::vector<ConvWorkspace> out;

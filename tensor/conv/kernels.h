@@ -32,6 +32,12 @@ struct ConvKernels {
 // conv_backends (tensor/backends.cpp).
 TALLY_DECLARE_KERNELS(ConvKernels, conv_kernels, conv_backends);
 
+// The table's entries in member order, each the backend's kernel of the member's name: each
+// backend (cpu, cuda, meta) defines `const ConvKernels conv_kernels{TALLY_CONV_KERNELS};`.
+#define TALLY_CONV_KERNELS                                                            \
+  .conv2d_forward = &conv2d_forward, .conv2d_backward_input = &conv2d_backward_input, \
+  .conv2d_backward_weight = &conv2d_backward_weight
+
 // The layout a convolution runs in (PyTorch's rule): channels_last when any of its defined 4-D
 // tensors is (Tensor::suggest_memory_format), else contiguous. ops::conv2d, the CUDA kernels
 // (a caller of a kernel directly may mix layouts) and the meta replay of their workspaces.

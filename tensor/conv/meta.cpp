@@ -111,10 +111,6 @@ void conv2d_backward_weight(const Tensor& grad_weight, const Tensor& grad_output
 
 }  // namespace
 
-const ConvKernels conv_kernels{
-    .conv2d_forward = &conv2d_forward,
-    .conv2d_backward_input = &conv2d_backward_input,
-    .conv2d_backward_weight = &conv2d_backward_weight,
-};
+const ConvKernels conv_kernels{TALLY_CONV_KERNELS};
 
 }  // namespace tally::meta

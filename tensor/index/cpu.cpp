@@ -180,19 +180,19 @@ void remap(const Tensor& out, const Tensor& x, const std::vector<bool>& flip,
 // Over dense's (the mask's) shape in row-major order: select copies dense into
 // flat[positions - 1] where mask is set; otherwise flat[positions - 1] goes into dense.
 template <bool Select>
-void masked(const char* name, const Tensor& dense, const Tensor& flat, const Tensor& mask,
-            const Tensor& positions) {
+void masked(const Tensor& a, const Tensor& b, const Tensor& mask, const Tensor& positions) {
+  const MaskedOperands m = masked_operands<Select>(a, b);
   const bool* pm = base<bool>(mask);
   const int64_t* pp = base<int64_t>(positions);
-  const int64_t fs = flat.strides()[0];
-  TALLY_DISPATCH_ALL(dense.dtype(), name, [&] {
-    scalar_t* pd = base<scalar_t>(dense);
-    scalar_t* pf = base<scalar_t>(flat);
+  const int64_t fs = m.flat.strides()[0];
+  TALLY_DISPATCH_ALL(m.dense.dtype(), m.name, [&] {
+    scalar_t* pd = base<scalar_t>(m.dense);
+    scalar_t* pf = base<scalar_t>(m.flat);
     int64_t lin = 0;
-    for_each_coord(dense.sizes(), [&](const Shape& c) {
+    for_each_coord(m.dense.sizes(), [&](const Shape& c) {
       if (pm[offset_of(mask, c)]) {
         scalar_t& f = pf[(pp[lin] - 1) * fs];
-        scalar_t& d = pd[offset_of(dense, c)];
+        scalar_t& d = pd[offset_of(m.dense, c)];
         if constexpr (Select)
           f = d;
         else
@@ -201,16 +201,6 @@ void masked(const char* name, const Tensor& dense, const Tensor& flat, const Ten
       ++lin;
     });
   });
-}
-
-void masked_select(const Tensor& out1d, const Tensor& x, const Tensor& mask,
-                   const Tensor& positions) {
-  masked<true>("masked_select", x, out1d, mask, positions);
-}
-
-void masked_scatter(const Tensor& out, const Tensor& src1d, const Tensor& mask,
-                    const Tensor& positions) {
-  masked<false>("masked_scatter", out, src1d, mask, positions);
 }
 
 }  // namespace

@@ -23,40 +23,22 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxGrid = 65535LL * 16;
 
-// Sizes of an iteration space and the strides of N operands over it (rank <= kMaxDims).
+// The Indexer of N operands over `sizes` (rank <= kMaxDims), dims kept as they are (not merged:
+// the kernels address dims by number).
 template <int N>
-struct Layout {
-  int nd = 0;
-  int64_t size[kMaxDims];
-  int64_t st[N][kMaxDims];
-  int64_t base[N];
-
-  // Offsets of the operands at linear index k; coords written to c when given.
-  __device__ void get(int64_t k, int64_t* off, int64_t* c = nullptr) const {
-    for (int j = 0; j < N; ++j) off[j] = base[j];
-    for (int d = nd - 1; d >= 0; --d) {
-      const int64_t i = k % size[d];
-      k /= size[d];
-      if (c) c[d] = i;
-      for (int j = 0; j < N; ++j) off[j] += i * st[j][d];
-    }
-  }
-};
-
-template <int N>
-Layout<N> layout(const char* op, const Shape& sizes, std::initializer_list<const Tensor*> ts) {
+Indexer<N> layout(const char* op, const Shape& sizes, std::initializer_list<const Tensor*> ts) {
   if (sizes.size() > static_cast<size_t>(kMaxDims))
     throw std::invalid_argument(std::string(op) + ": the CUDA kernel takes at most " +
                                 std::to_string(kMaxDims) + " dims, got " + shape_str(sizes));
-  Layout<N> l;
-  l.nd = static_cast<int>(sizes.size());
+  Indexer<N> l;
+  l.ndim = static_cast<int>(sizes.size());
   int j = 0;
   for (const Tensor* t : ts) {
-    for (size_t d = 0; d < sizes.size(); ++d) l.st[j][d] = t->strides()[d];
+    for (size_t d = 0; d < sizes.size(); ++d) l.strides[j][d] = t->strides()[d];
     l.base[j] = t->storage_offset();
     ++j;
   }
-  for (size_t d = 0; d < sizes.size(); ++d) l.size[d] = sizes[d];
+  for (size_t d = 0; d < sizes.size(); ++d) l.sizes[d] = sizes[d];
   return l;
 }
 
@@ -113,7 +95,7 @@ __device__ __forceinline__ void atomic_add(T* p, T v) {
 
 // operands: out, index, x (x's stride at dim zeroed: the index supplies it)
 template <typename T>
-__global__ void gather_kernel(T* out, const int64_t* index, const T* x, int64_t total, Layout<3> l,
+__global__ void gather_kernel(T* out, const int64_t* index, const T* x, int64_t total, Indexer<3> l,
                               int64_t n, int64_t xs) {
   TALLY_GRID_STRIDE(k, total) {
     int64_t o[3];
@@ -127,7 +109,7 @@ __global__ void gather_kernel(T* out, const int64_t* index, const T* x, int64_t 
 // operands: index, src, out (out's stride at dim zeroed)
 template <typename T>
 __global__ void scatter_kernel(T* out, const T* src, const int64_t* index, int64_t total,
-                               Layout<3> l, int64_t n, int64_t os, ScatterReduce reduce,
+                               Indexer<3> l, int64_t n, int64_t os, ScatterReduce reduce,
                                double alpha) {
   TALLY_GRID_STRIDE(k, total) {
     int64_t o[3];
@@ -157,8 +139,8 @@ const T* iptr(const Tensor& t) {
 void gather(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim) {
   const auto d = static_cast<size_t>(dim);
   const int64_t total = out.numel();
-  Layout<3> l = layout<3>("gather", out.sizes(), {&out, &index, &x});
-  l.st[2][d] = 0;
+  Indexer<3> l = layout<3>("gather", out.sizes(), {&out, &index, &x});
+  l.strides[2][d] = 0;
   NvtxRange range("gather");
   const int dev = x.device().index;
   DeviceGuard guard(dev);
@@ -175,8 +157,8 @@ void scatter(const Tensor& out, const Tensor& src, const Tensor& index, int64_t 
   const char* name = reduce == ScatterReduce::add ? "scatter_add" : "scatter";
   const auto d = static_cast<size_t>(dim);
   const int64_t total = index.numel();
-  Layout<3> l = layout<3>(name, index.sizes(), {&index, &src, &out});
-  l.st[2][d] = 0;
+  Indexer<3> l = layout<3>(name, index.sizes(), {&index, &src, &out});
+  l.strides[2][d] = 0;
   NvtxRange range(name);
   const int dev = out.device().index;
   DeviceGuard guard(dev);
@@ -192,7 +174,7 @@ void scatter(const Tensor& out, const Tensor& src, const Tensor& index, int64_t 
 
 // One thread a row; operands x, out over the rows (dim's size 1). S: double or int64.
 template <typename X, typename O, typename S>
-__global__ void scan_kernel(O* out, const X* x, int64_t rows, Layout<2> l, int64_t n, int64_t xs,
+__global__ void scan_kernel(O* out, const X* x, int64_t rows, Indexer<2> l, int64_t n, int64_t xs,
                             int64_t os, bool reverse, bool prod) {
   TALLY_GRID_STRIDE(r, rows) {
     int64_t o[2];
@@ -212,7 +194,7 @@ void scan(const Tensor& out, const Tensor& x, int64_t dim, bool reverse, bool pr
   const RowsAlong ra = rows_along(x, dim);
   const Shape& rows_shape = ra.shape;
   const int64_t n = ra.n, rows = ra.count;
-  const Layout<2> l = layout<2>("cumsum", rows_shape, {&x, &out});
+  const Indexer<2> l = layout<2>("cumsum", rows_shape, {&x, &out});
   NvtxRange range("cumsum");
   const int dev = x.device().index;
   DeviceGuard guard(dev);
@@ -258,7 +240,7 @@ constexpr int kBlockSortMax = 2048;
 
 template <typename T>
 __global__ void block_sort_kernel(T* values, int64_t* indices, const T* x, int64_t rows,
-                                  Layout<3> l, int n, int p, int64_t xs, int64_t vs, int64_t is,
+                                  Indexer<3> l, int n, int p, int64_t xs, int64_t vs, int64_t is,
                                   bool descending) {
   using A = dacc_t<T>;
   extern __shared__ unsigned char smem[];
@@ -310,7 +292,7 @@ using radix_key_t = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
 // k over rows * n: keys[k] = canonical x[row][i], positions[k] = i.
 template <typename T>
 __global__ void radix_keys_kernel(radix_key_t<T>* keys, int64_t* positions, const T* x,
-                                  int64_t total, Layout<3> l, int64_t n, int64_t xs) {
+                                  int64_t total, Indexer<3> l, int64_t n, int64_t xs) {
   TALLY_GRID_STRIDE(k, total) {
     const int64_t row = k / n, i = k % n;
     int64_t o[3];
@@ -335,7 +317,7 @@ __global__ void segment_offsets_kernel(int64_t* offsets, int64_t rows, int64_t n
 // values[row][i] = x[row][order[k]], indices[row][i] = order[k] for k = row * n + i.
 template <typename T>
 __global__ void sorted_out_kernel(T* values, int64_t* indices, const T* x, const int64_t* order,
-                                  int64_t total, Layout<3> l, int64_t n, int64_t xs, int64_t vs,
+                                  int64_t total, Indexer<3> l, int64_t n, int64_t xs, int64_t vs,
                                   int64_t is) {
   TALLY_GRID_STRIDE(k, total) {
     const int64_t row = k / n, i = k % n;
@@ -349,7 +331,7 @@ __global__ void sorted_out_kernel(T* values, int64_t* indices, const T* x, const
 
 template <typename T>
 void radix_sort(const Tensor& values, const Tensor& indices, const Tensor& x, int64_t rows,
-                const Layout<3>& l, int64_t n, int64_t dim, bool descending) {
+                const Indexer<3>& l, int64_t n, int64_t dim, bool descending) {
   using D = dev_t<T>;
   using K = radix_key_t<D>;
   const auto d = static_cast<size_t>(dim);
@@ -391,7 +373,7 @@ void sort(const Tensor& values, const Tensor& indices, const Tensor& x, int64_t 
   const RowsAlong ra = rows_along(x, dim);
   const Shape& rows_shape = ra.shape;
   const int64_t n = ra.n, rows = ra.count;
-  const Layout<3> l = layout<3>("sort", rows_shape, {&x, &values, &indices});
+  const Indexer<3> l = layout<3>("sort", rows_shape, {&x, &values, &indices});
   NvtxRange range("sort");
   const int dev = x.device().index;
   DeviceGuard guard(dev);
@@ -420,24 +402,24 @@ struct Remap {
 
 // operands over out's shape: out, x (x read at the remapped coordinates).
 template <typename T>
-__global__ void remap_kernel(T* out, const T* x, int64_t total, Layout<2> l, Remap m) {
+__global__ void remap_kernel(T* out, const T* x, int64_t total, Indexer<2> l, Remap m) {
   TALLY_GRID_STRIDE(k, total) {
-    int64_t o[2], c[kMaxDims];
-    l.get(k, o, c);
-    int64_t xo = l.base[1];
-    for (int d = 0; d < l.nd; ++d) {
-      const int64_t n = l.size[d];
-      const int64_t s = m.shift[d] < 0 ? n - 1 - c[d] : (c[d] - m.shift[d] + n) % n;
-      xo += s * l.st[1][d];
+    int64_t oo = l.base[0], xo = l.base[1], rest = k;
+    for (int d = l.ndim - 1; d >= 0; --d) {
+      const int64_t n = l.sizes[d], c = rest % n;
+      rest /= n;
+      const int64_t s = m.shift[d] < 0 ? n - 1 - c : (c - m.shift[d] + n) % n;
+      oo += c * l.strides[0][d];
+      xo += s * l.strides[1][d];
     }
-    out[o[0]] = x[xo];
+    out[oo] = x[xo];
   }
 }
 
 void remap(const Tensor& out, const Tensor& x, const std::vector<bool>& flip,
            const std::vector<int64_t>& shift) {
   const int64_t total = out.numel();
-  const Layout<2> l = layout<2>("flip", out.sizes(), {&out, &x});
+  const Indexer<2> l = layout<2>("flip", out.sizes(), {&out, &x});
   Remap m{};
   for (size_t d = 0; d < flip.size(); ++d) m.shift[d] = flip[d] ? -1 : shift[d];
   NvtxRange range("flip");
@@ -456,7 +438,7 @@ void remap(const Tensor& out, const Tensor& x, const std::vector<bool>& flip,
 // x[...] = src1d[pos - 1].
 template <typename T, bool Select>
 __global__ void masked_kernel(T* dense, T* flat, const bool* mask, const int64_t* positions,
-                              int64_t total, Layout<2> l, int64_t fs) {
+                              int64_t total, Indexer<2> l, int64_t fs) {
   TALLY_GRID_STRIDE(k, total) {
     int64_t o[2];
     l.get(k, o);
@@ -470,30 +452,20 @@ __global__ void masked_kernel(T* dense, T* flat, const bool* mask, const int64_t
 }
 
 template <bool Select>
-void masked(const char* name, const Tensor& dense, const Tensor& flat, const Tensor& mask,
-            const Tensor& positions) {
-  const int64_t total = dense.numel();
-  const Layout<2> l = layout<2>(name, dense.sizes(), {&dense, &mask});
-  NvtxRange range(name);
-  const int dev = dense.device().index;
+void masked(const Tensor& a, const Tensor& b, const Tensor& mask, const Tensor& positions) {
+  const MaskedOperands m = masked_operands<Select>(a, b);
+  const int64_t total = m.dense.numel();
+  const Indexer<2> l = layout<2>(m.name, m.dense.sizes(), {&m.dense, &mask});
+  NvtxRange range(m.name);
+  const int dev = m.dense.device().index;
   DeviceGuard guard(dev);
-  TALLY_DISPATCH_ALL(dense.dtype(), name, [&] {
+  TALLY_DISPATCH_ALL(m.dense.dtype(), m.name, [&] {
     masked_kernel<dev_t<scalar_t>, Select><<<grid_for(total), kThreads, 0, stream(dev)>>>(
-        dptr<scalar_t>(dense), dptr<scalar_t>(flat) + flat.storage_offset(),
+        dptr<scalar_t>(m.dense), dptr<scalar_t>(m.flat) + m.flat.storage_offset(),
         static_cast<const bool*>(mask.storage().data()),
-        iptr<int64_t>(positions) + positions.storage_offset(), total, l, flat.strides()[0]);
+        iptr<int64_t>(positions) + positions.storage_offset(), total, l, m.flat.strides()[0]);
   });
-  check_launch(name);
-}
-
-void masked_select(const Tensor& out1d, const Tensor& x, const Tensor& mask,
-                   const Tensor& positions) {
-  masked<true>("masked_select", x, out1d, mask, positions);
-}
-
-void masked_scatter(const Tensor& out, const Tensor& src1d, const Tensor& mask,
-                    const Tensor& positions) {
-  masked<false>("masked_scatter", out, src1d, mask, positions);
+  check_launch(m.name);
 }
 
 }  // namespace

@@ -62,12 +62,25 @@ inline RowsAlong rows_along(const Tensor& x, int64_t dim) {
   return r;
 }
 
+// masked_select(out1d, x, ...) and masked_scatter(out, src1d, ...) are one kernel
+// masked<Select>(a, b, mask, positions) in each backend: its op name, its dense operand (x or
+// out, of the mask's shape) and its flat one (out1d or src1d).
+struct MaskedOperands {
+  const char* name;
+  const Tensor& dense;
+  const Tensor& flat;
+};
+template <bool Select>
+MaskedOperands masked_operands(const Tensor& a, const Tensor& b) {
+  return Select ? MaskedOperands{"masked_select", b, a} : MaskedOperands{"masked_scatter", a, b};
+}
+
 // cpu::index_kernels (tensor/index/cpu.cpp), cuda::index_kernels (tensor/index/cuda.cu),
 // index_backends (tensor/backends.cpp).
 TALLY_DECLARE_KERNELS(IndexKernels, index_kernels, index_backends);
 
 #define TALLY_INDEX_KERNELS                                                              \
   .gather = &gather, .scatter = &scatter, .scan = &scan, .sort = &sort, .remap = &remap, \
-  .masked_select = &masked_select, .masked_scatter = &masked_scatter
+  .masked_select = &masked<true>, .masked_scatter = &masked<false>
 
 }  // namespace tally

@@ -3,9 +3,8 @@
 // acc_t. A step's gates are a few hundred KiB at most, so one launch per step is memory-bound
 // and the matmuls around it dominate; the fusion saves the launches and the round trips of the
 // separate add, sigmoid/tanh and state updates.
-#include <algorithm>
-
 #include "tensor/cuda/device_types.cuh"
+#include "tensor/cuda/grid.cuh"
 #include "tensor/cuda/runtime.h"
 #include "tensor/rnn/kernels.h"
 #include "tensor/rnn/math.h"
@@ -13,13 +12,6 @@
 namespace tally::cuda {
 
 namespace {
-
-constexpr int kThreads = 256;
-
-int blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(b, 1), 65535 * 8));
-}
 
 template <typename T>
 T* ptr(const Tensor& t) {

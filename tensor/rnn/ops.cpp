@@ -37,6 +37,16 @@ int64_t hidden_of(const char* op, const Tensor& gates, int64_t k) {
   return gates.size(1) / k;
 }
 
+// The hidden size of a cell's forward: gates_x [B, k * H], gates_h [B, k * H] and the previous
+// state `prev` [B, H], all of gates_x's dtype and device.
+int64_t cell_hidden(const char* op, const Tensor& gates_x, const Tensor& gates_h, int64_t k,
+                    const char* prev_name, const Tensor& prev) {
+  const int64_t H = hidden_of(op, gates_x, k), B = gates_x.size(0);
+  check_2d(op, "gates_h", gates_h, B, k * H, gates_x);
+  check_2d(op, prev_name, prev, B, H, gates_x);
+  return H;
+}
+
 // An optional gradient, checked like check_2d and made contiguous (undefined stays so).
 Tensor optional_grad(const char* op, const char* name, const Tensor& g, int64_t rows, int64_t cols,
                      const Tensor& like) {
@@ -51,9 +61,8 @@ std::tuple<Tensor, Tensor, Tensor> lstm_cell_gates(const Tensor& gates_x, const 
                                                    const Tensor& c_prev) {
   static const OpInfo info("lstm_cell_gates");
   DispatchScope scope(info, gates_x, gates_h, c_prev);
-  const int64_t H = hidden_of(info.name, gates_x, 4), B = gates_x.size(0);
-  check_2d(info.name, "gates_h", gates_h, B, 4 * H, gates_x);
-  check_2d(info.name, "c_prev", c_prev, B, H, gates_x);
+  const int64_t H = cell_hidden(info.name, gates_x, gates_h, 4, "c_prev", c_prev);
+  const int64_t B = gates_x.size(0);
   const Tensor gx = contiguous(gates_x), gh = contiguous(gates_h), cp = contiguous(c_prev);
   const Device dev = gates_x.device();
   Tensor h = alloc_output({B, H}, gates_x.dtype(), dev);
@@ -86,9 +95,8 @@ std::pair<Tensor, Tensor> gru_cell_gates(const Tensor& gates_x, const Tensor& ga
                                          const Tensor& h_prev) {
   static const OpInfo info("gru_cell_gates");
   DispatchScope scope(info, gates_x, gates_h, h_prev);
-  const int64_t H = hidden_of(info.name, gates_x, 3), B = gates_x.size(0);
-  check_2d(info.name, "gates_h", gates_h, B, 3 * H, gates_x);
-  check_2d(info.name, "h_prev", h_prev, B, H, gates_x);
+  const int64_t H = cell_hidden(info.name, gates_x, gates_h, 3, "h_prev", h_prev);
+  const int64_t B = gates_x.size(0);
   const Device dev = gates_x.device();
   Tensor h = alloc_output({B, H}, gates_x.dtype(), dev);
   Tensor ws = alloc_output({B, 4 * H}, gates_x.dtype(), dev);

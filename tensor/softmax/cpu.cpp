@@ -107,19 +107,30 @@ void softmax_backward(const Tensor& grad_input, const Tensor& grad, const Tensor
   });
 }
 
-// Walks the rows of a loss: fn(input offset, target value, out offset) per row, the out
-// offset following `out_none` when it is defined (reduction none), 0 otherwise. Rows whose
-// target is ignore_index are visited too.
+// Walks the rows of a loss over `like` [N, C, d...] (the class dim 1 kept at 0): fn(o) with o[k]
+// operands[k]'s element offset; a null operand (one the call does not read: out or grad of a
+// reduced loss, an absent lse) stays at offset 0.
+template <size_t N, typename Fn>
+void for_each_loss_offsets(const Tensor& like, const std::array<const Tensor*, N>& operands,
+                           Fn&& fn) {
+  const Shape zero(static_cast<size_t>(like.dim()), 0);
+  std::array<const int64_t*, N> strides;
+  std::array<int64_t, N> offsets;
+  for (size_t k = 0; k < N; ++k) {
+    strides[k] = operands[k] ? operands[k]->strides().data() : zero.data();
+    offsets[k] = operands[k] ? operands[k]->storage_offset() : 0;
+  }
+  for_each_kept<N>(like.sizes(), only_dim(like.dim(), 1), strides, offsets, std::forward<Fn>(fn));
+}
+
+// The rows of a loss: fn(input offset, target value, out offset) per row, the out offset
+// following `out_none` when it is defined (reduction none), 0 otherwise. Rows whose target is
+// ignore_index are visited too.
 template <typename Fn>
 void for_each_loss_row(const Tensor& input, const Tensor& target, const Tensor& out_none, Fn&& fn) {
-  const Shape zero(static_cast<size_t>(input.dim()), 0);
   const int64_t* pt = base<int64_t>(target);
-  const int64_t* ost = out_none.defined() ? out_none.strides().data() : zero.data();
-  const int64_t ooff = out_none.defined() ? out_none.storage_offset() : 0;
-  for_each_kept<3>(input.sizes(), only_dim(input.dim(), 1),
-                   {input.strides().data(), target.strides().data(), ost},
-                   {input.storage_offset(), target.storage_offset(), ooff},
-                   [&](std::array<int64_t, 3> o) { fn(o[0], pt[o[1]], o[2]); });
+  for_each_loss_offsets<3>(input, {&input, &target, out_none.defined() ? &out_none : nullptr},
+                           [&](std::array<int64_t, 3> o) { fn(o[0], pt[o[1]], o[2]); });
 }
 
 int64_t count_targets(const Tensor& input, const Tensor& target, int64_t ignore_index) {
@@ -166,40 +177,35 @@ void cross_entropy(const Tensor& out, const Tensor& lse, const Tensor& input, co
         base<T>(out)[off] = static_cast<T>(static_cast<A>(v));
     };
     A* plse = lse.defined() ? base<A>(lse) : nullptr;
-    const Shape zero(static_cast<size_t>(input.dim()), 0);
     const A eps = static_cast<A>(label_smoothing);
     const A uniform = C > 0 ? eps / static_cast<A>(C) : A(0);
     double total = 0.0;
     int64_t count = 0;
     const int64_t* pt = base<int64_t>(target);
-    for_each_kept<4>(
-        input.sizes(), only_dim(input.dim(), 1),
-        {input.strides().data(), target.strides().data(), none ? out.strides().data() : zero.data(),
-         plse ? lse.strides().data() : zero.data()},
-        {input.storage_offset(), target.storage_offset(), none ? out.storage_offset() : 0,
-         plse ? lse.storage_offset() : 0},
-        [&](std::array<int64_t, 4> o) {
-          const int64_t xo = o[0], t = pt[o[1]], oo = o[2];
-          A loss = 0, row_lse = 0;
-          if (t != ignore_index) {
-            check_target(t, C);
-            const RowStats<T> st = row_stats(px + xo, C, cs);
-            // -log_softmax_c = (max - x_c) + log(sum): no cancellation against a large max.
-            const A log_sum = std::log(st.sum);
-            row_lse = st.max + log_sum;
-            loss = (st.max - static_cast<A>(px[xo + t * cs])) + log_sum;
-            if (label_smoothing > 0.0) {
-              A smooth = 0;  // sum_c -log_softmax_c, term by term
-              for (int64_t c = 0; c < C; ++c)
-                smooth += (st.max - static_cast<A>(px[xo + c * cs])) + log_sum;
-              loss = (A(1) - eps) * loss + uniform * smooth;
-            }
-            total += static_cast<double>(loss);
-            ++count;
-          }
-          if (plse) plse[o[3]] = row_lse;
-          if (none) put(oo, static_cast<double>(loss));
-        });
+    for_each_loss_offsets<4>(input, {&input, &target, none ? &out : nullptr, plse ? &lse : nullptr},
+                             [&](std::array<int64_t, 4> o) {
+                               const int64_t xo = o[0], t = pt[o[1]], oo = o[2];
+                               A loss = 0, row_lse = 0;
+                               if (t != ignore_index) {
+                                 check_target(t, C);
+                                 const RowStats<T> st = row_stats(px + xo, C, cs);
+                                 // -log_softmax_c = (max - x_c) + log(sum): no cancellation against
+                                 // a large max.
+                                 const A log_sum = std::log(st.sum);
+                                 row_lse = st.max + log_sum;
+                                 loss = (st.max - static_cast<A>(px[xo + t * cs])) + log_sum;
+                                 if (label_smoothing > 0.0) {
+                                   A smooth = 0;  // sum_c -log_softmax_c, term by term
+                                   for (int64_t c = 0; c < C; ++c)
+                                     smooth += (st.max - static_cast<A>(px[xo + c * cs])) + log_sum;
+                                   loss = (A(1) - eps) * loss + uniform * smooth;
+                                 }
+                                 total += static_cast<double>(loss);
+                                 ++count;
+                               }
+                               if (plse) plse[o[3]] = row_lse;
+                               if (none) put(oo, static_cast<double>(loss));
+                             });
     if (!none)
       put(out.storage_offset(),
           reduction == ops::LossReduction::sum ? total : total / static_cast<double>(count));
@@ -220,16 +226,10 @@ void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const 
     const A eps = static_cast<A>(label_smoothing);
     const A uniform = C > 0 ? eps / static_cast<A>(C) : A(0);
     const A g_all = reduced_grad<A, T>(grad, input, target, ignore_index, reduction);
-    const Shape zero(static_cast<size_t>(input.dim()), 0);
     const int64_t* pt = base<int64_t>(target);
     const A* plse = lse.defined() ? base<A>(lse) : nullptr;
-    for_each_kept<5>(
-        input.sizes(), only_dim(input.dim(), 1),
-        {input.strides().data(), target.strides().data(),
-         none ? grad.strides().data() : zero.data(), grad_input.strides().data(),
-         plse ? lse.strides().data() : zero.data()},
-        {input.storage_offset(), target.storage_offset(), none ? grad.storage_offset() : 0,
-         grad_input.storage_offset(), plse ? lse.storage_offset() : 0},
+    for_each_loss_offsets<5>(
+        input, {&input, &target, none ? &grad : nullptr, &grad_input, plse ? &lse : nullptr},
         [&](std::array<int64_t, 5> o) {
           const int64_t t = pt[o[1]];
           if (t == ignore_index) {
@@ -290,20 +290,15 @@ void nll_loss_backward(const Tensor& grad_input, const Tensor& grad, const Tenso
     const T* pg = base<T>(grad);
     T* pgi = base<T>(grad_input);
     const A g_all = reduced_grad<A, T>(grad, grad_input, target, ignore_index, reduction);
-    const Shape zero(static_cast<size_t>(grad_input.dim()), 0);
     const int64_t* pt = base<int64_t>(target);
-    for_each_kept<3>(
-        grad_input.sizes(), only_dim(grad_input.dim(), 1),
-        {grad_input.strides().data(), target.strides().data(),
-         none ? grad.strides().data() : zero.data()},
-        {grad_input.storage_offset(), target.storage_offset(), none ? grad.storage_offset() : 0},
-        [&](std::array<int64_t, 3> o) {
-          const int64_t t = pt[o[1]];
-          if (t == ignore_index) return;
-          check_target(t, C);
-          const A g = none ? static_cast<A>(pg[o[2]]) : g_all;
-          pgi[o[0] + t * gcs] = static_cast<T>(-g);
-        });
+    for_each_loss_offsets<3>(grad_input, {&grad_input, &target, none ? &grad : nullptr},
+                             [&](std::array<int64_t, 3> o) {
+                               const int64_t t = pt[o[1]];
+                               if (t == ignore_index) return;
+                               check_target(t, C);
+                               const A g = none ? static_cast<A>(pg[o[2]]) : g_all;
+                               pgi[o[0] + t * gcs] = static_cast<T>(-g);
+                             });
   });
 }
 

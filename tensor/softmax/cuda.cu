@@ -597,6 +597,46 @@ Shape loss_rows(const Tensor& input) {
   return kept;
 }
 
+// The indexer over the loss rows `kept` of `operands`; a null operand (one the call does not
+// read: out or grad of a reduced loss, an absent lse) walks with zero strides from offset 0.
+template <int N>
+Indexer<N> loss_indexer(const Shape& kept, std::initializer_list<const Tensor*> operands) {
+  const Shape zero(kept.size(), 0);
+  std::vector<const Shape*> strides;
+  std::vector<int64_t> offsets;
+  for (const Tensor* t : operands) {
+    strides.push_back(t ? &t->strides() : &zero);
+    offsets.push_back(t ? t->storage_offset() : 0);
+  }
+  return make_indexer<N>(kept, strides, offsets);
+}
+
+// The frame of a loss's forward over input [N, C, d...] (the classes at dim 1): its rows, an
+// NVTX range and input's device current while it lives, and for a reduced loss the per-row
+// (loss, counted) partials sum_partials adds up (pp null for reduction none).
+struct LossForward {
+  bool none;
+  Shape kept;
+  int64_t nrows, C, cs;
+  NvtxRange range;
+  int dev;
+  DeviceGuard guard;
+  Tensor partial;
+  double* pp;
+
+  LossForward(const char* name, const Tensor& input, ops::LossReduction reduction)
+      : none(reduction == ops::LossReduction::none),
+        kept(loss_rows(input)),
+        nrows(shape_numel(kept)),
+        C(input.sizes()[1]),
+        cs(input.strides()[1]),
+        range(name),
+        dev(input.device().index),
+        guard(dev),
+        partial(none ? Tensor() : alloc_scratch(2 * nrows, DType::float64, input.device())),
+        pp(none ? nullptr : static_cast<double*>(partial.data_ptr())) {}
+};
+
 unsigned grid_for(int64_t n, int threads, int64_t max_blocks = rows::kMaxGrid) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, max_blocks));
 }
@@ -627,7 +667,7 @@ Tensor count_targets(const Tensor& target, const Shape& kept, int64_t nrows, int
                      int dev, const char* name) {
   Tensor count = alloc_scratch(1, DType::int64, target.device());
   check(cudaMemsetAsync(count.data_ptr(), 0, sizeof(int64_t), stream(dev)), name);
-  const Indexer<1> ix = make_indexer<1>(kept, {&target.strides()}, {target.storage_offset()});
+  const Indexer<1> ix = loss_indexer<1>(kept, {&target});
   count_targets_kernel<<<grid_for(nrows, kCountThreads * 16, 1024), kCountThreads, 0,
                          stream(dev)>>>(static_cast<unsigned long long*>(count.data_ptr()),
                                         static_cast<const int64_t*>(target.storage().data()), nrows,
@@ -704,43 +744,31 @@ void softmax_backward(const Tensor& grad_input, const Tensor& grad, const Tensor
 
 void cross_entropy(const Tensor& out, const Tensor& lse, const Tensor& input, const Tensor& target,
                    int64_t ignore_index, double label_smoothing, ops::LossReduction reduction) {
-  const bool none = reduction == ops::LossReduction::none;
-  const Shape kept = loss_rows(input);
-  const int64_t nrows = shape_numel(kept), C = input.sizes()[1], cs = input.strides()[1];
-  NvtxRange range("cross_entropy");
-  const int dev = input.device().index;
-  DeviceGuard guard(dev);
-  const Shape zero(static_cast<size_t>(input.dim()), 0);
-  const Indexer<4> ix =
-      make_indexer<4>(kept,
-                      {&input.strides(), &target.strides(), none ? &out.strides() : &zero,
-                       lse.defined() ? &lse.strides() : &zero},
-                      {input.storage_offset(), target.storage_offset(),
-                       none ? out.storage_offset() : 0, lse.defined() ? lse.storage_offset() : 0});
-  Tensor partial = none ? Tensor() : alloc_scratch(2 * nrows, DType::float64, input.device());
-  double* pp = none ? nullptr : static_cast<double*>(partial.data_ptr());
-  const Mode mode = rows::choose(nrows, C, cs == 1);
+  const LossForward f("cross_entropy", input, reduction);
+  const Indexer<4> ix = loss_indexer<4>(
+      f.kept, {&input, &target, f.none ? &out : nullptr, lse.defined() ? &lse : nullptr});
+  const Mode mode = rows::choose(f.nrows, f.C, f.cs == 1);
   TALLY_DISPATCH_FLOAT(input.dtype(), "cross_entropy", [&] {
     using T = dev_t<scalar_t>;
     using A = acc_t<scalar_t>;
     const A eps = static_cast<A>(label_smoothing);
-    const A uniform = C > 0 ? eps / static_cast<A>(C) : A(0);
+    const A uniform = f.C > 0 ? eps / static_cast<A>(f.C) : A(0);
     A* plse = lse.defined() ? static_cast<A*>(lse.storage().data()) : nullptr;
     // The loss in the input's dtype, or float32 (autocast: float16/bfloat16 logits).
     auto run = [&]<typename OutT>() {
       OutT* po = static_cast<OutT*>(out.storage().data());
-      if (nrows > 0) {
-        rows::launch_rows(mode, nrows, [&](auto mode_c, unsigned grid) {
+      if (f.nrows > 0) {
+        rows::launch_rows(mode, f.nrows, [&](auto mode_c, unsigned grid) {
           constexpr Mode M = decltype(mode_c)::value;
-          cross_entropy_kernel<T, OutT, M><<<grid, Walk<M>::kThreads, 0, stream(dev)>>>(
-              none ? po : nullptr, pp, plse, dptr<scalar_t>(input),
-              static_cast<const int64_t*>(target.storage().data()), nrows, C, cs, ix, ignore_index,
-              eps, uniform, label_smoothing > 0.0);
+          cross_entropy_kernel<T, OutT, M><<<grid, Walk<M>::kThreads, 0, stream(f.dev)>>>(
+              f.none ? po : nullptr, f.pp, plse, dptr<scalar_t>(input),
+              static_cast<const int64_t*>(target.storage().data()), f.nrows, f.C, f.cs, ix,
+              ignore_index, eps, uniform, label_smoothing > 0.0);
         });
         check_launch("cross_entropy");
       }
-      if (!none)
-        sum_partials<OutT>(po + out.storage_offset(), pp, nrows,
+      if (!f.none)
+        sum_partials<OutT>(po + out.storage_offset(), f.pp, f.nrows,
                            reduction == ops::LossReduction::mean, input.device(),
                            "cross_entropy (total)");
     };
@@ -765,13 +793,8 @@ void cross_entropy_backward(const Tensor& grad_input, const Tensor& grad, const 
   const Tensor count = mean_count(reduction, target, kept, nrows, ignore_index, dev,
                                   "cross_entropy_backward (count)");
   const int64_t* pc = count.defined() ? static_cast<const int64_t*>(count.data_ptr()) : nullptr;
-  const Shape zero(static_cast<size_t>(input.dim()), 0);
-  const Indexer<5> ix = make_indexer<5>(
-      kept,
-      {&input.strides(), &target.strides(), none ? &grad.strides() : &zero, &grad_input.strides(),
-       lse.defined() ? &lse.strides() : &zero},
-      {input.storage_offset(), target.storage_offset(), none ? grad.storage_offset() : 0,
-       grad_input.storage_offset(), lse.defined() ? lse.storage_offset() : 0});
+  const Indexer<5> ix = loss_indexer<5>(
+      kept, {&input, &target, none ? &grad : nullptr, &grad_input, lse.defined() ? &lse : nullptr});
   const Mode mode = rows::choose(nrows, C, cs == 1);
   TALLY_DISPATCH_FLOAT(input.dtype(), "cross_entropy_backward", [&] {
     using T = dev_t<scalar_t>;
@@ -889,28 +912,19 @@ void cross_entropy_and_backward(const Tensor& out, const Tensor& lse, const Tens
 
 void nll_loss(const Tensor& out, const Tensor& input, const Tensor& target, int64_t ignore_index,
               ops::LossReduction reduction) {
-  const bool none = reduction == ops::LossReduction::none;
-  const Shape kept = loss_rows(input);
-  const int64_t nrows = shape_numel(kept), C = input.sizes()[1], cs = input.strides()[1];
-  NvtxRange range("nll_loss");
-  const int dev = input.device().index;
-  DeviceGuard guard(dev);
-  const Shape zero(static_cast<size_t>(input.dim()), 0);
-  const Indexer<3> ix = make_indexer<3>(
-      kept, {&input.strides(), &target.strides(), none ? &out.strides() : &zero},
-      {input.storage_offset(), target.storage_offset(), none ? out.storage_offset() : 0});
-  Tensor partial = none ? Tensor() : alloc_scratch(2 * nrows, DType::float64, input.device());
-  double* pp = none ? nullptr : static_cast<double*>(partial.data_ptr());
+  const LossForward f("nll_loss", input, reduction);
+  const Indexer<3> ix = loss_indexer<3>(f.kept, {&input, &target, f.none ? &out : nullptr});
   TALLY_DISPATCH_FLOAT(input.dtype(), "nll_loss", [&] {
     using T = dev_t<scalar_t>;
-    if (nrows > 0) {
-      nll_loss_kernel<T><<<grid_for(nrows, 256), 256, 0, stream(dev)>>>(
-          none ? dptr<scalar_t>(out) : nullptr, pp, dptr<scalar_t>(input),
-          static_cast<const int64_t*>(target.storage().data()), nrows, C, cs, ix, ignore_index);
+    if (f.nrows > 0) {
+      nll_loss_kernel<T><<<grid_for(f.nrows, 256), 256, 0, stream(f.dev)>>>(
+          f.none ? dptr<scalar_t>(out) : nullptr, f.pp, dptr<scalar_t>(input),
+          static_cast<const int64_t*>(target.storage().data()), f.nrows, f.C, f.cs, ix,
+          ignore_index);
       check_launch("nll_loss");
     }
-    if (!none)
-      sum_partials<T>(dptr<scalar_t>(out) + out.storage_offset(), pp, nrows,
+    if (!f.none)
+      sum_partials<T>(dptr<scalar_t>(out) + out.storage_offset(), f.pp, f.nrows,
                       reduction == ops::LossReduction::mean, input.device(), "nll_loss (total)");
   });
 }
@@ -928,10 +942,7 @@ void nll_loss_backward(const Tensor& grad_input, const Tensor& grad, const Tenso
   const Tensor count =
       mean_count(reduction, target, kept, nrows, ignore_index, dev, "nll_loss_backward (count)");
   const int64_t* pc = count.defined() ? static_cast<const int64_t*>(count.data_ptr()) : nullptr;
-  const Shape zero(static_cast<size_t>(grad_input.dim()), 0);
-  const Indexer<3> ix = make_indexer<3>(
-      kept, {&grad_input.strides(), &target.strides(), none ? &grad.strides() : &zero},
-      {grad_input.storage_offset(), target.storage_offset(), none ? grad.storage_offset() : 0});
+  const Indexer<3> ix = loss_indexer<3>(kept, {&grad_input, &target, none ? &grad : nullptr});
   TALLY_DISPATCH_FLOAT(grad_input.dtype(), "nll_loss_backward", [&] {
     using T = dev_t<scalar_t>;
     nll_loss_backward_kernel<T><<<grid_for(nrows, 256), 256, 0, stream(dev)>>>(
