@@ -267,11 +267,13 @@ Tensor Tensor::lerp(const Tensor& end, double weight) const {
 Tensor Tensor::gather(int64_t dim, const Tensor& index) const {
   return tally::gather(*this, dim, index);
 }
-Tensor Tensor::scatter(int64_t dim, const Tensor& index, const Tensor& src) const {
-  return tally::scatter(*this, dim, index, src);
+Tensor Tensor::scatter(int64_t dim, const Tensor& index, const Tensor& src,
+                       const std::string& reduce) const {
+  return tally::scatter(*this, dim, index, src, reduce);
 }
-Tensor Tensor::scatter(int64_t dim, const Tensor& index, double value) const {
-  return tally::scatter(*this, dim, index, value);
+Tensor Tensor::scatter(int64_t dim, const Tensor& index, double value,
+                       const std::string& reduce) const {
+  return tally::scatter(*this, dim, index, value, reduce);
 }
 Tensor Tensor::scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const {
   return tally::scatter_add(*this, dim, index, src);
@@ -283,8 +285,17 @@ Tensor Tensor::index_add(int64_t dim, const Tensor& index, const Tensor& source,
                          double alpha) const {
   return tally::index_add(*this, dim, index, source, alpha);
 }
+Tensor Tensor::index_fill(int64_t dim, const Tensor& index, double value) const {
+  return tally::index_fill(*this, dim, index, value);
+}
+Tensor Tensor::index_fill(int64_t dim, const Tensor& index, const Tensor& value) const {
+  return tally::index_fill(*this, dim, index, value);
+}
 Tensor Tensor::cumsum(int64_t dim) const {
   return tally::cumsum(*this, dim);
+}
+Tensor Tensor::cumprod(int64_t dim) const {
+  return tally::cumprod(*this, dim);
 }
 ValuesIndices Tensor::sort(int64_t dim, bool descending) const {
   return tally::sort(*this, dim, descending);
@@ -326,6 +337,33 @@ Tensor& Tensor::masked_scatter_(const Tensor& mask, const Tensor& source) {
 }
 Tensor& Tensor::scatter_add_(int64_t dim, const Tensor& index, const Tensor& src) {
   ops::scatter_add_(*this, dim, index, src);
+  return *this;
+}
+Tensor& Tensor::scatter_(int64_t dim, const Tensor& index, const Tensor& src,
+                         const std::string& reduce) {
+  ops::scatter_(*this, dim, index, src, reduce);
+  return *this;
+}
+Tensor& Tensor::scatter_(int64_t dim, const Tensor& index, double value,
+                         const std::string& reduce) {
+  ops::scatter_(*this, dim, index, value, reduce);
+  return *this;
+}
+Tensor& Tensor::index_add_(int64_t dim, const Tensor& index, const Tensor& source, double alpha) {
+  ops::index_add_(*this, dim, index, source, alpha);
+  return *this;
+}
+Tensor& Tensor::index_fill_(int64_t dim, const Tensor& index, double value) {
+  ops::index_fill_(*this, dim, index, value);
+  return *this;
+}
+Tensor& Tensor::index_fill_(int64_t dim, const Tensor& index, const Tensor& value) {
+  if (value.dim() != 0)
+    throw std::invalid_argument(
+        fmt::format("index_fill_: only supports a 0-dimensional value tensor, but got tensor "
+                    "with {} dimension(s) {}",
+                    value.dim(), value.shape_string()));
+  ops::index_fill_(*this, dim, index, ops::item(value));
   return *this;
 }
 

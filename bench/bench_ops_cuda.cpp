@@ -380,6 +380,18 @@ int main(int argc, char** argv) {
     cases.push_back({"scatter_add", "[50304,768] dim0 [16384,768]", "float32",
                      8.0 * table.numel() + 16 * m, m,
                      [=] { (void)scatter_add(table, 0, sidx, src); }});
+    // The same scatter multiplying; index_add_ and index_fill_ of whole rows in place (on a
+    // copy of the table), and a running product along the rows.
+    cases.push_back({"scatter_multiply", "[50304,768] dim0 [16384,768]", "float32",
+                     8.0 * table.numel() + 16 * m, m,
+                     [=] { (void)scatter(table, 0, sidx, src, "multiply"); }});
+    const Tensor rows_table = ops::clone(table);
+    cases.push_back({"index_add_", "[50304,768] dim0 [16384]", "float32", 12 * m + 8 * 16384.0, m,
+                     [=] { index_add_(rows_table, 0, rows, src); }});
+    cases.push_back({"index_fill_", "[50304,768] dim0 [16384]", "float32", 4 * m + 8 * 16384.0, 0,
+                     [=] { index_fill_(rows_table, 0, rows, 0.5); }});
+    cases.push_back({"cumprod", "[4096,4096] dim1", "float32", 8.0 * x.numel(),
+                     static_cast<double>(x.numel()), [=] { (void)cumprod(x, 1); }});
   }
   for (const Case& c : cases) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;

@@ -194,7 +194,8 @@ def torch_cases():
         lambda: lstm(xr)[0], (xr, *lstm.parameters()), gr))
     TORCH[("gru_fwd_bwd", "[64,35,650] 2 layers", "float32")] = no_tf32(fwd_bwd(
         lambda: gru(xr)[0], (xr, *gru.parameters()), gr))
-    # Indexing: gather along rows, an embedding's index_select and its backward's scatter_add.
+    # Indexing: gather along rows, an embedding's index_select and its backward's scatter_add;
+    # scatter multiplying, index_add_ / index_fill_ of rows in place, cumprod along rows.
     xg = rnd(4096, 4096)
     ig = torch.randint(0, 4096, (4096, 1024), device=dev)
     TORCH[("gather", "[4096,4096] dim1 [4096,1024]", "float32")] = (
@@ -207,6 +208,14 @@ def torch_cases():
     sidx = torch.randint(0, 50304, (16384, 768), device=dev)
     TORCH[("scatter_add", "[50304,768] dim0 [16384,768]", "float32")] = (
         lambda: torch.scatter_add(table, 0, sidx, src))
+    TORCH[("scatter_multiply", "[50304,768] dim0 [16384,768]", "float32")] = (
+        lambda: torch.scatter(table, 0, sidx, src, reduce="multiply"))
+    rows_table = table.clone()
+    TORCH[("index_add_", "[50304,768] dim0 [16384]", "float32")] = (
+        lambda: rows_table.index_add_(0, rows, src))
+    TORCH[("index_fill_", "[50304,768] dim0 [16384]", "float32")] = (
+        lambda: rows_table.index_fill_(0, rows, 0.5))
+    TORCH[("cumprod", "[4096,4096] dim1", "float32")] = lambda: torch.cumprod(xg, 1)
 
 
 def main():

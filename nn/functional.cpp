@@ -204,13 +204,13 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
 namespace {
 
 // The [out, in] matrix that resamples one axis: row o holds the weights of the inputs output
-// o reads (PyTorch's source index rules for nearest and bilinear).
-std::vector<double> axis_matrix(int64_t in, int64_t out, double scale, bool bilinear,
+// o reads (PyTorch's source index rules for nearest and (bi/tri)linear).
+std::vector<double> axis_matrix(int64_t in, int64_t out, double scale, bool linear,
                                 bool align_corners) {
   std::vector<double> m(static_cast<size_t>(base::checked_mul(in, out, "interpolate")), 0.0);
   for (int64_t o = 0; o < out; ++o) {
     double* row = m.data() + o * in;
-    if (!bilinear) {
+    if (!linear) {
       const int64_t src = std::min(static_cast<int64_t>(std::floor(o * scale)), in - 1);
       row[src] = 1.0;
       continue;
@@ -225,72 +225,128 @@ std::vector<double> axis_matrix(int64_t in, int64_t out, double scale, bool bili
   return m;
 }
 
+// x with the [out, in] matrix m applied along dim d (x.size(d) == in): a matmul with the dims
+// after d flattened into one, m broadcast over the dims before.
+Tensor apply_axis(const Tensor& x, int64_t d, const Tensor& m) {
+  if (d == x.dim() - 1) return matmul(x, m.t());
+  Shape flat(x.sizes().begin(), x.sizes().begin() + d + 1);
+  int64_t rest = 1;
+  for (int64_t k = d + 1; k < x.dim(); ++k) rest *= x.size(k);
+  flat.push_back(rest);
+  Shape out = x.sizes();
+  out[static_cast<size_t>(d)] = m.size(0);
+  return matmul(m, x.reshape(flat)).reshape(out);
+}
+
+// size or scale_factor for `k` spatial dims: one value stands for every dim, as PyTorch's int.
+template <typename V>
+std::vector<V> per_dim(const std::vector<V>& v, int64_t k, const char* what, const Tensor& x) {
+  if (v.size() == 1) return std::vector<V>(static_cast<size_t>(k), v[0]);
+  if (static_cast<int64_t>(v.size()) != k)
+    throw std::invalid_argument(fmt::format(
+        "interpolate: input and {} must have the same number of spatial dimensions, but got "
+        "input with spatial dimensions of {} and {} of {} values (give (o1, ..., o{}) for an "
+        "input (N, C, d1, ..., d{}))",
+        what, shape_str(Shape(x.sizes().begin() + 2, x.sizes().end())), what, v.size(), k, k));
+  return v;
+}
+
 }  // namespace
 
-Tensor interpolate(const Tensor& x, std::optional<std::array<int64_t, 2>> size,
-                   std::optional<std::array<double, 2>> scale_factor, const std::string& mode,
+Tensor interpolate(const Tensor& x, std::optional<std::vector<int64_t>> size,
+                   std::optional<std::vector<double>> scale_factor, const std::string& mode,
                    std::optional<bool> align_corners) {
-  if (mode != "nearest" && mode != "bilinear")
-    throw std::invalid_argument(
-        fmt::format("interpolate: mode '{}' is not supported (nearest or bilinear)", mode));
-  const bool bilinear = mode == "bilinear";
-  if (!bilinear && align_corners.has_value())
+  // PyTorch's modes: nearest for 3-D to 5-D inputs, each linear mode for its own rank.
+  const int64_t want = mode == "linear" ? 3 : mode == "bilinear" ? 4 : mode == "trilinear" ? 5 : 0;
+  if (mode != "nearest" && want == 0)
+    throw std::invalid_argument(fmt::format(
+        "interpolate: mode '{}' is not supported (nearest, linear, bilinear or trilinear)", mode));
+  const bool linear = want != 0;
+  if (!linear && align_corners.has_value())
     throw std::invalid_argument(
         "interpolate: align_corners option can only be set with the interpolating modes: "
         "linear | bilinear | bicubic | trilinear");
-  if (x.dim() != 4)
+  if (linear ? x.dim() != want : x.dim() < 3 || x.dim() > 5)
     throw std::invalid_argument(fmt::format(
-        "interpolate: {} expects a 4-D input [N, C, H, W], got {}", mode, x.shape_string()));
+        "interpolate: got a {}-D input {}, but {} mode needs {}", x.dim(), x.shape_string(), mode,
+        linear ? fmt::format("a {}-D input (N, C, {})", want,
+                             want == 3   ? "L"
+                             : want == 4 ? "H, W"
+                                         : "D, H, W")
+               : std::string("a 3-D, 4-D or 5-D input (N, C, ...)")));
   check_floating("interpolate", x, "input");
   if (size.has_value() == scale_factor.has_value())
     throw std::invalid_argument("interpolate: exactly one of size or scale_factor must be given");
+  const int64_t k = x.dim() - 2;  // spatial dims
+  std::vector<int64_t> sizes;
+  std::vector<double> factors;
+  if (size) sizes = per_dim(*size, k, "output size", x);
+  if (scale_factor) factors = per_dim(*scale_factor, k, "scale_factor", x);
   const bool corners = align_corners.value_or(false);
-  const int64_t in[2] = {x.size(2), x.size(3)};
-  int64_t out[2];
-  double scale[2];  // input per output step, PyTorch's area_pixel_compute_scale
-  for (int k = 0; k < 2; ++k) {
+  std::vector<int64_t> in(static_cast<size_t>(k)), out(static_cast<size_t>(k));
+  std::vector<double> scale(static_cast<size_t>(k));  // input per output step
+  for (size_t j = 0; j < static_cast<size_t>(k); ++j) {
+    in[j] = x.size(2 + static_cast<int64_t>(j));
     if (size) {
-      out[k] = (*size)[k];
+      out[j] = sizes[j];
     } else {
-      const double s = (*scale_factor)[k];
+      const double s = factors[j];
       if (!(s > 0.0) || !std::isfinite(s))
         throw std::invalid_argument(
             fmt::format("interpolate: scale_factor must be positive and finite, got {}", s));
-      const double scaled = std::floor(static_cast<double>(in[k]) * s);
+      const double scaled = std::floor(static_cast<double>(in[j]) * s);
       if (scaled >= 9.2e18)
         throw std::invalid_argument(
             fmt::format("interpolate: scale_factor {} makes the output of input {} too large", s,
                         x.shape_string()));
-      out[k] = static_cast<int64_t>(scaled);
+      out[j] = static_cast<int64_t>(scaled);
     }
-    if (out[k] <= 0 || in[k] <= 0)
+    if (out[j] <= 0 || in[j] <= 0)
       throw std::invalid_argument(
-          fmt::format("interpolate: input {} and output ({}, {}) sizes must be greater than 0",
-                      x.shape_string(), size ? (*size)[0] : out[0], size ? (*size)[1] : out[1]));
-    if (bilinear && corners)
-      scale[k] =
-          out[k] > 1 ? static_cast<double>(in[k] - 1) / static_cast<double>(out[k] - 1) : 0.0;
+          fmt::format("interpolate: input {} and output {} sizes must be greater than 0",
+                      x.shape_string(), shape_str(size ? sizes : out)));
+    // PyTorch's area_pixel_compute_scale: the given scale_factor's inverse when there is one.
+    if (linear && corners)
+      scale[j] =
+          out[j] > 1 ? static_cast<double>(in[j] - 1) / static_cast<double>(out[j] - 1) : 0.0;
     else
-      scale[k] = scale_factor ? 1.0 / (*scale_factor)[k]
-                              : static_cast<double>(in[k]) / static_cast<double>(out[k]);
+      scale[j] = scale_factor ? 1.0 / factors[j]
+                              : static_cast<double>(in[j]) / static_cast<double>(out[j]);
   }
-  const int64_t n = x.size(0), c = x.size(1);
-  // Nearest at whole-number scales: every input pixel repeated, a broadcast copy.
-  if (!bilinear && out[0] % in[0] == 0 && out[1] % in[1] == 0 &&
-      scale[0] == static_cast<double>(in[0]) / static_cast<double>(out[0]) &&
-      scale[1] == static_cast<double>(in[1]) / static_cast<double>(out[1])) {
-    const int64_t rh = out[0] / in[0], rw = out[1] / in[1];
-    return x.unsqueeze(3)
-        .unsqueeze(5)
-        .expand({n, c, in[0], rh, in[1], rw})
-        .reshape({n, c, out[0], out[1]});
+  // Nearest at whole-number scales: every input element repeated, a broadcast copy.
+  bool whole = !linear;
+  for (size_t j = 0; whole && j < in.size(); ++j)
+    whole =
+        out[j] % in[j] == 0 && scale[j] == static_cast<double>(in[j]) / static_cast<double>(out[j]);
+  if (whole) {
+    Tensor r = x;
+    Shape expanded{x.size(0), x.size(1)}, result{x.size(0), x.size(1)};
+    for (int64_t j = k - 1; j >= 0; --j) r = r.unsqueeze(3 + j);  // [N, C, d1, 1, d2, 1, ...]
+    for (size_t j = 0; j < in.size(); ++j) {
+      expanded.insert(expanded.end(), {in[j], out[j] / in[j]});
+      result.push_back(out[j]);
+    }
+    return r.expand(expanded).reshape(result);
   }
   const TensorOptions opts = TensorOptions{}.with_dtype(x.dtype()).with_device(x.device());
-  const Tensor mh =
-      from_vector(axis_matrix(in[0], out[0], scale[0], bilinear, corners), {out[0], in[0]}, opts);
-  const Tensor mw =
-      from_vector(axis_matrix(in[1], out[1], scale[1], bilinear, corners), {out[1], in[1]}, opts);
-  return matmul(matmul(mh, x), mw.t());
+  Tensor r = x;
+  for (size_t j = 0; j < in.size(); ++j) {
+    if (in[j] == out[j] && scale[j] == 1.0) continue;  // the identity
+    const Tensor m =
+        from_vector(axis_matrix(in[j], out[j], scale[j], linear, corners), {out[j], in[j]}, opts);
+    r = apply_axis(r, 2 + static_cast<int64_t>(j), m);
+  }
+  return r.unsafe_impl() == x.unsafe_impl() ? x.clone() : r;
+}
+
+Tensor interpolate(const Tensor& x, std::optional<std::array<int64_t, 2>> size,
+                   std::optional<std::array<double, 2>> scale_factor, const std::string& mode,
+                   std::optional<bool> align_corners) {
+  std::optional<std::vector<int64_t>> s;
+  std::optional<std::vector<double>> f;
+  if (size) s = std::vector<int64_t>(size->begin(), size->end());
+  if (scale_factor) f = std::vector<double>(scale_factor->begin(), scale_factor->end());
+  return interpolate(x, s, f, mode, align_corners);
 }
 
 }  // namespace tally::nn::functional

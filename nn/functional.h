@@ -1,14 +1,15 @@
 // torch.nn.functional's layers that Tally composes from its differentiable ops (autograd/),
 // so each runs on every backend (CPU, CUDA, meta) with the ops' kernels and gradients:
 // leaky_relu, the regression and divergence losses, group_norm, conv1d (conv2d at unit
-// height), interpolate (nearest, bilinear). PyTorch's names, argument orders and defaults;
-// reduction is "mean" | "sum" | "none" (kl_div also "batchmean"). Errors name the function
-// and the shapes before anything runs.
+// height), interpolate (nearest, linear, bilinear, trilinear). PyTorch's names, argument
+// orders and defaults; reduction is "mean" | "sum" | "none" (kl_div also "batchmean"). Errors
+// name the function and the shapes before anything runs.
 #pragma once
 
 #include <array>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "autograd/ops.h"
 
@@ -48,10 +49,17 @@ Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = {}
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
               int64_t stride = 1, int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
 
-// x [N, C, H, W] resampled to `size` or by `scale_factor` (exactly one given; the output is
-// floor(in * scale)). mode "nearest" | "bilinear"; align_corners only for bilinear (nullopt is
-// false). Each axis is one interpolation matrix applied by matmul; nearest at whole-number
-// scales is a broadcast copy.
+// x [N, C, L], [N, C, H, W] or [N, C, D, H, W] resampled to `size` or by `scale_factor`
+// (exactly one given, one value per spatial dim or one for all; the output is
+// floor(in * scale)). mode "nearest" (any of those ranks), "linear" (3-D), "bilinear" (4-D),
+// "trilinear" (5-D); align_corners only for the linear modes (nullopt is false). Each axis is
+// one interpolation matrix applied by matmul, so every backend and autograd come with it;
+// nearest at whole-number scales is a broadcast copy.
+Tensor interpolate(const Tensor& x, std::optional<std::vector<int64_t>> size,
+                   std::optional<std::vector<double>> scale_factor = std::nullopt,
+                   const std::string& mode = "nearest",
+                   std::optional<bool> align_corners = std::nullopt);
+// The 2-D form (nn::Upsample's).
 Tensor interpolate(const Tensor& x, std::optional<std::array<int64_t, 2>> size,
                    std::optional<std::array<double, 2>> scale_factor = std::nullopt,
                    const std::string& mode = "nearest",

@@ -2,6 +2,7 @@
 #include "nn/pooling.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "nn/functional.h"
 
@@ -27,32 +28,46 @@ std::string AvgPool2d::extra_repr() const {
                      padding.str());
 }
 
-Upsample::Upsample(std::optional<std::array<int64_t, 2>> size_,
-                   std::optional<std::array<double, 2>> scale, std::string mode_,
+Upsample::Upsample(std::optional<std::vector<int64_t>> size_,
+                   std::optional<std::vector<double>> scale, std::string mode_,
                    std::optional<bool> corners)
     : Module("Upsample"),
-      size(size_),
-      scale_factor(scale),
+      size(std::move(size_)),
+      scale_factor(std::move(scale)),
       mode(std::move(mode_)),
       align_corners(corners) {
   if (size.has_value() == scale_factor.has_value())
     throw std::invalid_argument("Upsample: exactly one of size or scale_factor must be given");
-  if (mode != "nearest" && mode != "bilinear")
-    throw std::invalid_argument(
-        fmt::format("Upsample: mode '{}' is not supported (nearest or bilinear)", mode));
+  if (mode != "nearest" && mode != "linear" && mode != "bilinear" && mode != "trilinear")
+    throw std::invalid_argument(fmt::format(
+        "Upsample: mode '{}' is not supported (nearest, linear, bilinear or trilinear)", mode));
   if (mode == "nearest" && align_corners.has_value())
     throw std::invalid_argument(
         "Upsample: align_corners option can only be set with the interpolating modes");
 }
+
+namespace {
+
+template <typename V, size_t N>
+std::optional<std::vector<V>> as_vector(const std::optional<std::array<V, N>>& a) {
+  if (!a) return std::nullopt;
+  return std::vector<V>(a->begin(), a->end());
+}
+
+}  // namespace
+
+Upsample::Upsample(std::optional<std::array<int64_t, 2>> size_,
+                   std::optional<std::array<double, 2>> scale, std::string mode_,
+                   std::optional<bool> corners)
+    : Upsample(as_vector(size_), as_vector(scale), std::move(mode_), corners) {}
 
 Tensor Upsample::forward(const Tensor& x) {
   return functional::interpolate(x, size, scale_factor, mode, align_corners);
 }
 
 std::string Upsample::extra_repr() const {
-  std::string s =
-      size ? fmt::format("size=({}, {})", (*size)[0], (*size)[1])
-           : fmt::format("scale_factor=({}, {})", (*scale_factor)[0], (*scale_factor)[1]);
+  std::string s = size ? fmt::format("size=({})", fmt::join(*size, ", "))
+                       : fmt::format("scale_factor=({})", fmt::join(*scale_factor, ", "));
   return s + fmt::format(", mode='{}'", mode);
 }
 

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <optional>
+#include <vector>
 
 #include "nn/module.h"
 
@@ -21,16 +22,21 @@ class AvgPool2d : public Module {
   std::optional<int64_t> divisor_override;
 };
 
-// One of size or scale_factor; mode "nearest" | "bilinear"; align_corners bilinear only.
+// One of size or scale_factor (one value per spatial dim, or one for all); mode "nearest" |
+// "linear" | "bilinear" | "trilinear" (for 3-D, 4-D, 5-D inputs); align_corners for the
+// linear modes only. nn::functional::interpolate underneath.
 class Upsample : public Module {
  public:
+  Upsample(std::optional<std::vector<int64_t>> size,
+           std::optional<std::vector<double>> scale_factor = std::nullopt,
+           std::string mode = "nearest", std::optional<bool> align_corners = std::nullopt);
   Upsample(std::optional<std::array<int64_t, 2>> size,
            std::optional<std::array<double, 2>> scale_factor = std::nullopt,
            std::string mode = "nearest", std::optional<bool> align_corners = std::nullopt);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
-  std::optional<std::array<int64_t, 2>> size;
-  std::optional<std::array<double, 2>> scale_factor;
+  std::optional<std::vector<int64_t>> size;
+  std::optional<std::vector<double>> scale_factor;
   std::string mode;
   std::optional<bool> align_corners;
 };

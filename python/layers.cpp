@@ -31,26 +31,18 @@ Tensor opt(const std::optional<Tensor>& t) {
   return t.value_or(Tensor());
 }
 
-// size / scale_factor of interpolate and Upsample: None, one number, or a pair.
-std::optional<std::array<int64_t, 2>> size_pair(py::handle h) {
+// size / scale_factor of interpolate and Upsample: None, one number (for every spatial dim)
+// or one per spatial dim.
+std::optional<std::vector<int64_t>> sizes_of(py::handle h) {
   if (h.is_none()) return std::nullopt;
-  if (py::isinstance<py::int_>(h)) {
-    const auto v = h.cast<int64_t>();
-    return std::array<int64_t, 2>{v, v};
-  }
-  const auto v = h.cast<std::vector<int64_t>>();
-  if (v.size() != 2) throw py::value_error("size must be an int or a pair of ints");
-  return std::array<int64_t, 2>{v[0], v[1]};
+  if (py::isinstance<py::int_>(h)) return std::vector<int64_t>{h.cast<int64_t>()};
+  return h.cast<std::vector<int64_t>>();
 }
-std::optional<std::array<double, 2>> scale_pair(py::handle h) {
+std::optional<std::vector<double>> scales_of(py::handle h) {
   if (h.is_none()) return std::nullopt;
-  if (py::isinstance<py::int_>(h) || py::isinstance<py::float_>(h)) {
-    const auto v = h.cast<double>();
-    return std::array<double, 2>{v, v};
-  }
-  const auto v = h.cast<std::vector<double>>();
-  if (v.size() != 2) throw py::value_error("scale_factor must be a number or a pair of numbers");
-  return std::array<double, 2>{v[0], v[1]};
+  if (py::isinstance<py::int_>(h) || py::isinstance<py::float_>(h))
+    return std::vector<double>{h.cast<double>()};
+  return h.cast<std::vector<double>>();
 }
 
 int64_t int1(py::handle h, const char* what) {
@@ -286,7 +278,7 @@ void bind_layers(py::module_& m, py::module_& nn_mod, py::module_& Fm) {
                                                                   py::dynamic_attr())
       .def(py::init([](py::object size, py::object scale, const std::string& mode,
                        std::optional<bool> align_corners) {
-             return std::make_shared<nn::Upsample>(size_pair(size), scale_pair(scale), mode,
+             return std::make_shared<nn::Upsample>(sizes_of(size), scales_of(scale), mode,
                                                    align_corners);
            }),
            py::arg("size") = py::none(), py::arg("scale_factor") = py::none(),
@@ -314,7 +306,7 @@ void bind_layers(py::module_& m, py::module_& nn_mod, py::module_& Fm) {
       "interpolate",
       [](T x, py::object size, py::object scale, const std::string& mode,
          std::optional<bool> align_corners) {
-        return F::interpolate(x, size_pair(size), scale_pair(scale), mode, align_corners);
+        return F::interpolate(x, sizes_of(size), scales_of(scale), mode, align_corners);
       },
       py::arg("input"), py::arg("size") = py::none(), py::arg("scale_factor") = py::none(),
       py::arg("mode") = "nearest", py::arg("align_corners") = py::none());

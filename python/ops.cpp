@@ -88,6 +88,121 @@ std::pair<Tensor, Shape> mask_plan(const Tensor& x, const Tensor& mask) {
   return {ops::expand(ops::view(mask, full), x.sizes()), out};
 }
 
+// x[index] = v through a boolean mask: the mask and the dim of x it starts at.
+struct MaskIndex {
+  Tensor mask;
+  int64_t dim = 0;
+};
+
+bool is_full_slice(py::handle h) {
+  return py::isinstance<py::slice>(h) && h.attr("start").is_none() && h.attr("stop").is_none() &&
+         h.attr("step").is_none();
+}
+
+// index as a mask write: one mask, alone or in a tuple among full slices (:) and at most one
+// Ellipsis (x[mask], x[:, mask], x[..., mask, :]); nullopt when index holds no mask. Other
+// companions of a mask raise an IndexError naming what to write instead.
+std::optional<MaskIndex> mask_index(const Tensor& x, py::handle index) {
+  std::vector<py::handle> items;
+  if (py::isinstance<py::tuple>(index)) {
+    for (py::handle h : index) items.push_back(h);
+  } else {
+    items.push_back(index);
+  }
+  size_t at = items.size();
+  for (size_t i = 0; i < items.size(); ++i)
+    if (is_mask(items[i])) {
+      if (at != items.size())
+        throw py::index_error("tensor[...] = v: one boolean mask at most is supported");
+      at = i;
+    }
+  if (at == items.size()) return std::nullopt;
+  int64_t before = 0, after = 0, ellipses = 0;
+  bool ellipsis_before = false;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i == at) continue;
+    if (items[i].ptr() == Py_Ellipsis) {
+      ++ellipses;
+      ellipsis_before = i < at;
+    } else if (is_full_slice(items[i])) {
+      (i < at ? before : after) += 1;
+    } else {
+      throw py::index_error(
+          "tensor[..., mask, ...] = v: the other indices must be full slices (:) or one "
+          "Ellipsis; index the other dims first (y = x[0]; y[mask] = v writes into x)");
+    }
+  }
+  if (ellipses > 1) throw py::index_error("an index can only have a single ellipsis ('...')");
+  MaskIndex r;
+  r.mask = mask_of(items[at], x);
+  if (r.mask.dim() == 0)
+    throw py::index_error("tensor[..., mask] = v: a 0-d boolean index is not supported");
+  const int64_t k = r.mask.dim();
+  r.dim = ellipsis_before ? x.dim() - k - after : before;
+  if (r.dim < 0 || r.dim + k + after > x.dim())
+    throw py::index_error(fmt::format("too many indices for tensor of dimension {}", x.dim()));
+  bool fits = true;
+  for (int64_t j = 0; fits && j < k; ++j) fits = r.mask.size(j) == x.size(r.dim + j);
+  if (!fits)
+    throw py::index_error(fmt::format(
+        "tensor[..., mask, ...] = v: the mask {} does not match the indexed tensor {} at dims "
+        "{} to {}",
+        r.mask.shape_string(), x.shape_string(), r.dim, r.dim + k - 1));
+  if (r.mask.device() != x.device()) r.mask = r.mask.to(x.device());
+  return r;
+}
+
+// x[..., mask, ...] = value (a number or a tensor broadcast to the selected shape), as
+// PyTorch's index_put_. Without autograd, one masked write into x. When x (not a leaf) or the
+// value requires grad, the result is index_mask_put's, copied into x, and x's history becomes
+// that op's: gradients reach the entries not written and the value.
+void mask_put(const Tensor& x, const MaskIndex& at, py::handle value) {
+  Tensor v;
+  if (py::isinstance<Tensor>(value))
+    v = value.cast<Tensor>();
+  else if (py::isinstance<py::int_>(value) || py::isinstance<py::float_>(value))
+    v = ops::full({}, value.cast<double>(), x.dtype(), x.device());
+  else
+    v = to_tensor(value, x.dtype(), x.device());
+  if (v.device() != x.device()) v = v.to(x.device());
+  // Leading size-1 dims beyond the selected shape's rank go, as PyTorch's setitem drops them.
+  const int64_t rank = x.dim() - at.mask.dim() + 1;
+  while (v.dim() > rank && v.size(0) == 1) v = v.squeeze(0);
+  if (GradMode::is_enabled() && (x.requires_grad() || v.requires_grad())) {
+    if (x.requires_grad() && x.is_leaf())
+      throw py::value_error(
+          "item assignment: a leaf tensor that requires grad cannot be written in place outside "
+          "tally.no_grad()");
+    if (x.storage_offset() != 0 || x.nbytes() != x.storage().nbytes() || !x.is_contiguous())
+      throw py::value_error(fmt::format(
+          "item assignment through a mask into a view {} is not differentiable here; write into "
+          "a clone() (y = x.clone(); y[mask] = v)",
+          x.shape_string()));
+    const Tensor y = index_mask_put(x, at.dim, at.mask, v);
+    ops::copy_(x, y);
+    x.storage().bump_version();
+    x.autograd_meta_ptr() = y.autograd_meta_ptr();
+    return;
+  }
+  // The mask over x's dims dim .. dim + k - 1, broadcast over the others.
+  const int64_t k = at.mask.dim();
+  Shape view(static_cast<size_t>(at.dim), 1), selected(x.sizes().begin(), x.sizes().end());
+  view.insert(view.end(), at.mask.sizes().begin(), at.mask.sizes().end());
+  view.resize(static_cast<size_t>(x.dim()), 1);
+  const Tensor full = ops::expand(ops::view(at.mask, view), x.sizes());
+  if (v.dtype() != x.dtype()) v = v.to(x.dtype());
+  if (v.numel() == 1) {
+    ops::masked_fill_(x, full, ops::item(v));
+    return;
+  }
+  // v broadcast to x[..., mask, ...]'s shape, read in order (masked_scatter_'s row-major order
+  // over x is that shape's).
+  selected.erase(selected.begin() + at.dim, selected.begin() + at.dim + k);
+  selected.insert(selected.begin() + at.dim,
+                  static_cast<int64_t>(ops::item(ops::sum(ops::to(at.mask, DType::int64)))));
+  ops::masked_scatter_(x, full, ops::contiguous(ops::expand(v, selected)));
+}
+
 // x.NAME_(mask, arg) for an in-place masked write op(x, mask, arg): refused where
 // check_in_place says, returns x.
 template <typename Arg, void (*op)(const Tensor&, const Tensor&, Arg)>
@@ -201,8 +316,10 @@ void bind_ops(py::module_& m, py::module_& F) {
   cls.def("index_add", index_add_fn, py::arg("dim"), py::arg("index"), py::arg("source"),
           py::kw_only(), py::arg("alpha") = 1.0);
 
+  // value a number or a 0-dim tensor (differentiable: its gradient sums the filled places').
   auto index_fill_fn = [](T x, int64_t dim, T index, py::object value) {
-    return index_fill(x, dim, index, number_of(value));
+    if (py::isinstance<Tensor>(value)) return index_fill(x, dim, index, value.cast<Tensor>());
+    return index_fill(x, dim, index, value.cast<double>());
   };
   m.def("index_fill", index_fill_fn, py::arg("input"), py::arg("dim"), py::arg("index"),
         py::arg("value"));
@@ -391,28 +508,12 @@ void bind_ops(py::module_& m, py::module_& F) {
     return py::cast(masked_select(x, full).reshape(shape));
   });
   cls.def("__setitem__", [setitem](T x, py::object index, py::object value) {
-    if (!is_mask(index)) {
+    const std::optional<MaskIndex> at = mask_index(x, index);
+    if (!at) {
       setitem(x, index, value);
       return;
     }
-    check_in_place(x, "item assignment");
-    const Tensor mask = mask_of(index, x);
-    auto [full, shape] = mask_plan(x, mask);
-    if (!py::isinstance<Tensor>(value)) {
-      ops::masked_fill_(x, full, value.cast<double>());
-      return;
-    }
-    Tensor v = value.cast<Tensor>();
-    if (v.dtype() != x.dtype()) v = v.to(x.dtype());
-    if (v.device() != x.device()) v = v.to(x.device());
-    if (v.numel() == 1) {
-      ops::masked_fill_(x, full, v.item());
-      return;
-    }
-    // v broadcast to x[mask]'s shape [count, rest...], read in order.
-    const int64_t count = static_cast<int64_t>(ops::item(ops::sum(ops::to(mask, DType::int64))));
-    shape[0] = count;
-    ops::masked_scatter_(x, full, ops::contiguous(ops::expand(v, shape)));
+    mask_put(x, *at, value);
   });
 
   // ---- norm, einsum ----

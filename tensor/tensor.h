@@ -177,13 +177,19 @@ class Tensor {
   // The index and mask ops as torch.Tensor's methods, each the free function of
   // tensor/index/autograd.h (tril, triu, repeat: tensor/compose; masked_fill: elementwise).
   Tensor gather(int64_t dim, const Tensor& index) const;
-  Tensor scatter(int64_t dim, const Tensor& index, const Tensor& src) const;
-  Tensor scatter(int64_t dim, const Tensor& index, double value) const;
+  // reduce: "" replaces, "add"/"sum" adds, "multiply" multiplies (PyTorch's reduce=).
+  Tensor scatter(int64_t dim, const Tensor& index, const Tensor& src,
+                 const std::string& reduce = "") const;
+  Tensor scatter(int64_t dim, const Tensor& index, double value,
+                 const std::string& reduce = "") const;
   Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const;
   Tensor index_select(int64_t dim, const Tensor& index) const;
   Tensor index_add(int64_t dim, const Tensor& index, const Tensor& source,
                    double alpha = 1.0) const;
+  Tensor index_fill(int64_t dim, const Tensor& index, double value) const;
+  Tensor index_fill(int64_t dim, const Tensor& index, const Tensor& value) const;  // 0-dim
   Tensor cumsum(int64_t dim) const;
+  Tensor cumprod(int64_t dim) const;
   ValuesIndices sort(int64_t dim = -1, bool descending = false) const;
   Tensor argsort(int64_t dim = -1, bool descending = false) const;  // sort's indices
   ValuesIndices topk(int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true) const;
@@ -194,11 +200,17 @@ class Tensor {
   Tensor tril(int64_t diagonal = 0) const;
   Tensor triu(int64_t diagonal = 0) const;
   Tensor repeat(const Shape& sizes) const;
-  // In place and not recorded by autograd (ops::masked_fill_, masked_scatter_, scatter_add_);
-  // return this tensor, as PyTorch's.
+  // In place and not recorded by autograd (ops::masked_fill_, masked_scatter_, scatter_add_,
+  // scatter_, index_add_, index_fill_); return this tensor, as PyTorch's.
   Tensor& masked_fill_(const Tensor& mask, double value);
   Tensor& masked_scatter_(const Tensor& mask, const Tensor& source);
   Tensor& scatter_add_(int64_t dim, const Tensor& index, const Tensor& src);
+  Tensor& scatter_(int64_t dim, const Tensor& index, const Tensor& src,
+                   const std::string& reduce = "");
+  Tensor& scatter_(int64_t dim, const Tensor& index, double value, const std::string& reduce = "");
+  Tensor& index_add_(int64_t dim, const Tensor& index, const Tensor& source, double alpha = 1.0);
+  Tensor& index_fill_(int64_t dim, const Tensor& index, double value);
+  Tensor& index_fill_(int64_t dim, const Tensor& index, const Tensor& value);  // 0-dim value
 
  private:
   TensorImpl& impl() const;

@@ -192,33 +192,90 @@ Tensor index_fill(const Tensor& x, int64_t dim, const Tensor& index, double valu
   return out;
 }
 
-Tensor index_mask(const Tensor& x, int64_t dim, const Tensor& mask, CallSite site) {
+Tensor index_fill(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& value,
+                  CallSite site) {
   memory::CallSiteScope call_site(site);
+  if (value.dim() != 0)
+    throw std::invalid_argument(fmt::format(
+        "index_fill: only supports a 0-dimensional value tensor, but got tensor with {} "
+        "dimension(s) {}",
+        value.dim(), value.shape_string()));
+  Tensor out = o::index_fill(x, dim, index, o::item(value));
+  record("IndexFillBackward", {x, value}, {out}, {index},
+         [dim, vd = value.dtype()](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor gx = o::index_fill(g[0], dim, ctx.saved(0), 0.0);
+           Tensor gv;
+           // g at the filled places (g - gx is exactly that, zero elsewhere), summed.
+           if (ctx.needs_input_grad(1)) gv = o::to(o::sum(o::sub(g[0], gx)), vd);
+           return {gx, gv};
+         });
+  return out;
+}
+
+namespace {
+
+// Where x[..., mask, ...] reads at dim: x's shape with the mask's dims as one (`flat`), the
+// wrapped dim, and the mask's true positions in that dim (int64 on x's device; read back to
+// the host, as the result's size depends on them). `op` names the caller in the errors.
+struct MaskPlan {
+  Shape flat;
+  int64_t dim = 0;
+  Tensor positions;
+};
+
+MaskPlan mask_plan(const char* op, const Tensor& x, int64_t dim, const Tensor& mask) {
   const int64_t k = mask.dim();
   if (mask.dtype() != DType::bool_ || k == 0)
     throw std::invalid_argument(
-        fmt::format("index_mask: the mask must be a bool tensor of 1 or "
+        fmt::format("{}: the mask must be a bool tensor of 1 or "
                     "more dims, got {} {}",
-                    dtype_name(mask.dtype()), mask.shape_string()));
-  const int64_t d = o::wrap_dim(dim, x.dim(), "index_mask");
+                    op, dtype_name(mask.dtype()), mask.shape_string()));
+  const int64_t d = o::wrap_dim(dim, x.dim(), op);
   bool ok = d + k <= x.dim();
   for (int64_t j = 0; ok && j < k; ++j) ok = mask.size(j) == x.size(d + j);
   if (!ok)
     throw std::out_of_range(
-        fmt::format("index_mask: the mask {} does not match the indexed tensor {} at dims {} to {}",
+        fmt::format("{}: the mask {} does not match the indexed tensor {} at dims {} to {}", op,
                     mask.shape_string(), x.shape_string(), d, d + k - 1));
-  check_same_device("index_mask", x.device(), mask.device());
-  Shape flat(x.sizes().begin(), x.sizes().begin() + d);
-  flat.push_back(mask.numel());
-  flat.insert(flat.end(), x.sizes().begin() + d + k, x.sizes().end());
-  // The true positions, read back to the host: the result's size depends on them.
+  check_same_device(op, x.device(), mask.device());
+  MaskPlan p;
+  p.dim = d;
+  p.flat.assign(x.sizes().begin(), x.sizes().begin() + d);
+  p.flat.push_back(mask.numel());
+  p.flat.insert(p.flat.end(), x.sizes().begin() + d + k, x.sizes().end());
   const std::vector<double> m = o::to_vector(mask);
   std::vector<double> where;
   for (size_t i = 0; i < m.size(); ++i)
     if (m[i] != 0.0) where.push_back(static_cast<double>(i));
-  const Tensor positions =
+  p.positions =
       o::from_vector(where, {static_cast<int64_t>(where.size())}, DType::int64, x.device());
-  return index_select(x.reshape(flat), d, positions, site);
+  return p;
+}
+
+}  // namespace
+
+Tensor index_mask(const Tensor& x, int64_t dim, const Tensor& mask, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  const MaskPlan p = mask_plan("index_mask", x, dim, mask);
+  return index_select(x.reshape(p.flat), p.dim, p.positions, site);
+}
+
+Tensor index_mask_put(const Tensor& x, int64_t dim, const Tensor& mask, const Tensor& values,
+                      CallSite site) {
+  memory::CallSiteScope call_site(site);
+  const MaskPlan p = mask_plan("index_mask_put", x, dim, mask);
+  check_same_device("index_mask_put", x.device(), values.device());
+  Shape selected = p.flat;
+  selected[static_cast<size_t>(p.dim)] = p.positions.numel();
+  // values broadcast to x[..., mask, ...]'s shape (o::broadcast_shapes names both on a misfit).
+  if (o::broadcast_shapes(values.sizes(), selected, "index_mask_put") != selected)
+    throw std::invalid_argument(
+        fmt::format("index_mask_put: values {} do not broadcast to the selected shape {}",
+                    values.shape_string(), shape_str(selected)));
+  const Tensor v = (values.dtype() == x.dtype() ? values : values.to(x.dtype())).expand(selected);
+  // The selected entries zeroed, then the values added there: positions are distinct.
+  const Tensor cleared = index_fill(x.reshape(p.flat), p.dim, p.positions, 0.0, site);
+  return index_add(cleared, p.dim, p.positions, v, 1.0, site).reshape(x.sizes());
 }
 
 Tensor cumsum(const Tensor& x, int64_t dim, CallSite site) {

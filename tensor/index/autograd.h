@@ -28,12 +28,21 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
                  double alpha = 1.0, CallSite site = CallSite::current());
 Tensor index_fill(const Tensor& x, int64_t dim, const Tensor& index, double value,
                   CallSite site = CallSite::current());
+// value a 0-dim tensor (read back to the host, as PyTorch's); its gradient is the sum of the
+// output's gradient at the filled places.
+Tensor index_fill(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& value,
+                  CallSite site = CallSite::current());
 // x[..., mask, ...], PyTorch's boolean mask index at dim: mask (bool, k >= 1 dims) covers x's
 // dims dim .. dim + k - 1 with the same sizes; they become one dim holding the true entries in
 // row-major order. Differentiable (index_select); reads the mask back to the host, as the
 // result's size depends on it. std::out_of_range when the mask does not fit x there.
 Tensor index_mask(const Tensor& x, int64_t dim, const Tensor& mask,
                   CallSite site = CallSite::current());
+// x[..., mask, ...] = values out of place (PyTorch's index_put with a boolean mask at dim):
+// a copy of x with index_mask(x, dim, mask)'s entries replaced by `values` (broadcast to that
+// shape, converted to x's dtype). Differentiable in x (the entries not written) and values.
+Tensor index_mask_put(const Tensor& x, int64_t dim, const Tensor& mask, const Tensor& values,
+                      CallSite site = CallSite::current());
 Tensor cumsum(const Tensor& x, int64_t dim, CallSite site = CallSite::current());
 // Its gradient handles zeros in x exactly (no division by them), as PyTorch's.
 Tensor cumprod(const Tensor& x, int64_t dim, CallSite site = CallSite::current());

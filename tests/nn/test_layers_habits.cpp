@@ -397,6 +397,53 @@ TEST_P(LayersHabits, UpsampleNearestAndBilinear) {
                std::invalid_argument);
 }
 
+// 3-D (linear) and 5-D (trilinear) inputs, nearest at both ranks, and the rank errors.
+TEST_P(LayersHabits, Interpolate3dAnd5d) {
+  using V = std::vector<int64_t>;
+  using S = std::vector<double>;
+  const Tensor line = put(f64({1, 2, 4}, {1, 1, 3}));
+  expect_near(host(F::interpolate(line, V{5}, std::nullopt, "linear")), {1, 1.4, 2, 3.2, 4}, 1e-12,
+              "linear");
+  expect_near(host(F::interpolate(line, V{5}, std::nullopt, "linear", true)), {1, 1.5, 2, 3, 4},
+              1e-12, "linear align_corners");
+  expect_near(host(F::interpolate(line, std::nullopt, S{2.0})), {1, 1, 2, 2, 4, 4}, 0.0,
+              "nearest x2");
+  expect_near(host(F::interpolate(line, V{5})), {1, 1, 2, 2, 4}, 0.0, "nearest 5");
+  nn::Upsample up(V{5}, std::nullopt, "linear", true);
+  expect_near(host(up(line)), {1, 1.5, 2, 3, 4}, 1e-12, "Upsample linear");
+  const Tensor vol = put(f64({1, 2, 3, 4}, {1, 1, 1, 2, 2}));
+  expect_near(host(F::interpolate(vol, std::nullopt, S{1, 1, 2})), {1, 1, 2, 2, 3, 3, 4, 4}, 0.0,
+              "nearest (1, 1, 2)");
+  expect_near(host(F::interpolate(vol, V{2, 2, 3})), {1, 1, 2, 3, 3, 4, 1, 1, 2, 3, 3, 4}, 0.0,
+              "nearest (2, 2, 3)");
+  expect_near(host(F::interpolate(put(f64({1, 3}, {1, 1, 2, 1, 1})), V{3, 1, 1}, std::nullopt,
+                                  "trilinear", true)),
+              {1, 2, 3}, 1e-12, "trilinear along D");
+  // At depth 1 trilinear is bilinear over H, W.
+  const std::vector<double> xs = {1, 2, 3, 4, 5, 6};
+  expect_near(
+      host(F::interpolate(put(f64(xs, {1, 1, 1, 2, 3})), V{1, 5, 4}, std::nullopt, "trilinear")),
+      bilinear_ref(xs, 2, 3, 5, 4, false), 1e-12, "trilinear at depth 1");
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& t) {
+                             return F::interpolate(t[0], std::nullopt, S{1.5}, "linear", true);
+                           },
+                           {rand_input({2, 2, 3})}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& t) {
+                             return F::interpolate(t[0], V{3, 3, 2}, std::nullopt, "trilinear");
+                           },
+                           {rand_input({1, 1, 2, 2, 3})}));
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& t) {
+                             return F::interpolate(t[0], V{3, 1, 3});
+                           },
+                           {rand_input({1, 2, 2, 2, 2})}));
+  EXPECT_THROW(F::interpolate(line, V{5}, std::nullopt, "bilinear"), std::invalid_argument);
+  EXPECT_THROW(F::interpolate(vol, V{2, 2}), std::invalid_argument);
+  EXPECT_THROW(F::interpolate(put(f64({1, 2}, {1, 2})), V{4}), std::invalid_argument);
+}
+
 // ---- embedding, init, apply, frozen parameters ----
 TEST_P(LayersHabits, EmbeddingPaddingIdxRowIsZeroAndGetsNoGradient) {
   nn::Embedding emb(5, 3, 1);
@@ -552,6 +599,12 @@ TEST(LayersHabitsMeta, EveryModuleRunsOnMeta) {
   sum(z).backward();
   EXPECT_TRUE(up.weight.grad().defined());
   EXPECT_EQ(up.weight.grad().device(), meta);
+  nn::Upsample tri(std::vector<int64_t>{3, 4, 5}, std::nullopt, "trilinear", true);
+  Tensor vol = ops::empty({1, 2, 2, 3, 2}, DType::float32, meta);
+  vol.requires_grad_(true);
+  sum(tri(vol)).backward();
+  EXPECT_EQ(tri(vol).sizes(), (Shape{1, 2, 3, 4, 5}));
+  EXPECT_EQ(vol.grad().sizes(), vol.sizes());
 }
 
 TALLY_ON_DEVICES(LayersHabits);

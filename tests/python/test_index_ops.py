@@ -48,6 +48,11 @@ def test_index_fill():
     expected[:, [0, 2]] = -1
     close(out, expected)
     gradcheck(lambda x: x.index_fill(0, t(np.array([1])), 3.0), RNG.standard_normal((3, 2)))
+    # A 0-dim tensor value: its gradient is the output's gradient summed where it was written.
+    gradcheck(lambda x, v: x.index_fill(1, t(np.array([2, 0, 0])), v), RNG.standard_normal((2, 3)),
+              np.array(0.5))
+    with pytest.raises(ValueError, match="0-dimensional"):
+        t(X).index_fill(1, t(np.array([0])), t(np.array([1.0, 2.0])))
 
 
 def test_cumprod():
@@ -71,3 +76,43 @@ def test_mask_on_a_later_dim():
     with pytest.raises(IndexError):
         t(a)[:, t(np.array([True, False]))]
     gradcheck(lambda x: x[:, t(m)], RNG.standard_normal((2, 4)))
+
+
+def test_mask_assignment():
+    a = np.arange(24.0).reshape(2, 3, 4)
+    m = np.array([True, False, True])
+    y, e = t(a), a.copy()
+    y[:, t(m)] = 7.0
+    e[:, m] = 7.0
+    close(y, e)
+    y[:, t(m)] = t(np.array([[[[1.0, 2, 3, 4]]]]))  # broadcast to the selected [2, 2, 4]
+    e[:, m] = np.array([1.0, 2, 3, 4])
+    close(y, e)
+    m2 = a[:, :, 0] > 5
+    y[t(m2)] = t(-np.arange(4.0 * m2.sum()).reshape(-1, 4))
+    e[m2] = -np.arange(4.0 * m2.sum()).reshape(-1, 4)
+    close(y, e)
+    m3 = np.array([False, True, True, False])
+    y[..., m3] = t(np.array([[5.0], [6], [7]]))
+    e[..., m3] = np.array([[5.0], [6], [7]])
+    close(y, e)
+    with pytest.raises(IndexError):
+        y[:, t(np.array([True, False]))] = 0.0
+    with pytest.raises(IndexError, match="full slices"):
+        y[0, t(m)] = 0.0
+    w = tally.tensor(a, requires_grad=True)
+    with pytest.raises(ValueError, match="leaf"):
+        w[:, t(m)] = 0.0
+
+    # Differentiable in x (the entries not written) and in v, as PyTorch's index_put_.
+    def put(x, v):
+        out = x * 1.0
+        out[:, t(m)] = v
+        return out
+    gradcheck(put, RNG.standard_normal((2, 3, 2)), RNG.standard_normal((2, 1)))
+
+    def put_number(x):
+        out = x * 2.0
+        out[t(m2[:, :2].copy())] = 0.5
+        return out
+    gradcheck(put_number, RNG.standard_normal((2, 2, 3)))

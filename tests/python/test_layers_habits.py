@@ -205,6 +205,35 @@ def test_conv1d_conv_transpose2d_avgpool_upsample():
         nn.Upsample(scale_factor=2, align_corners=True)
 
 
+
+def test_interpolate_3d_and_5d():
+    line = t64(np.array([[[1.0, 2, 4]]]))
+    np.testing.assert_allclose(npy(F.interpolate(line, size=5, mode="linear"))[0, 0],
+                               [1, 1.4, 2, 3.2, 4])
+    corners = F.interpolate(line, size=5, mode="linear", align_corners=True)
+    np.testing.assert_allclose(npy(corners)[0, 0], [1, 1.5, 2, 3, 4])
+    np.testing.assert_allclose(npy(F.interpolate(line, scale_factor=2, mode="linear"))[0, 0],
+                               [1, 1.25, 1.75, 2.5, 3.5, 4])
+    np.testing.assert_array_equal(npy(F.interpolate(line, scale_factor=2))[0, 0],
+                                  [1, 1, 2, 2, 4, 4])
+    vol = t64(np.arange(1, 9, dtype=np.float64).reshape(1, 1, 2, 2, 2))
+    near = npy(F.interpolate(vol, scale_factor=(1, 2, 2)))
+    assert near.shape == (1, 1, 2, 4, 4)
+    np.testing.assert_array_equal(near[0, 0, 1],
+                                  np.repeat(np.repeat([[5, 6], [7, 8]], 2, 0), 2, 1))
+    tri = npy(F.interpolate(vol, size=(3, 3, 3), mode="trilinear", align_corners=True))[0, 0]
+    assert tri[1, 1, 1] == pytest.approx(4.5)  # the centre: the mean of the 8 corners
+    np.testing.assert_allclose(tri[[0, 2], [0, 2], [0, 2]], [1, 8])
+    assert nn.Upsample(scale_factor=2, mode="trilinear")(vol).shape == (1, 1, 4, 4, 4)
+    up = nn.Upsample(size=5, mode="linear", align_corners=True)
+    np.testing.assert_allclose(npy(up(line))[0, 0], [1, 1.5, 2, 3, 4])
+    with pytest.raises(ValueError, match="bilinear"):
+        F.interpolate(vol, size=(3, 3, 3), mode="bilinear")
+    with pytest.raises(ValueError, match="spatial dimensions"):
+        F.interpolate(vol, size=(3, 3))
+    check_grad(lambda v: (F.interpolate(v, size=(3, 2, 3), mode="trilinear") ** 2).sum(),
+               np.random.default_rng(3).standard_normal((1, 1, 2, 2, 2)))
+
 def test_embedding_padding_idx():
     emb = nn.Embedding(5, 3, padding_idx=1)
     assert np.all(npy(emb.weight)[1] == 0)

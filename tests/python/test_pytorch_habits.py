@@ -126,6 +126,8 @@ CASES = [
     ("v.argsort().tolist()", [1, 2, 0]),
     ("v.topk(2).values.tolist()", [3, 2]),
     ("x.cumsum(1).tolist()", [[1, 3, 6], [4, 9, 15]]),
+    ("x.cumprod(1).tolist()", [[1, 2, 6], [4, 20, 120]]),
+    ("x.index_fill(1, torch.tensor([0]), torch.tensor(-1.0)).tolist()", [[-1, 2, 3], [-1, 5, 6]]),
     ("torch.nonzero(x > 4).tolist()", [[1, 1], [1, 2]]),
     ("(x > 4).nonzero(as_tuple=True)[1].tolist()", [1, 2]),
     # ---- arithmetic ----
@@ -230,6 +232,9 @@ CASES = [
     ("F.one_hot(torch.tensor([0, 2]), 3).tolist()", [[1, 0, 0], [0, 0, 1]]),
     ("F.pad(torch.ones(1, 2), (1, 1)).tolist()", [[0, 1, 1, 0]]),
     ("F.interpolate(torch.ones(1, 1, 2, 2), scale_factor=2).shape", (1, 1, 4, 4)),
+    ("F.interpolate(torch.ones(1, 1, 3), size=5, mode='linear').shape", (1, 1, 5)),
+    ("F.interpolate(torch.ones(1, 1, 2, 2, 2), scale_factor=2, mode='trilinear').shape",
+     (1, 1, 4, 4, 4)),
     ("lin.train().training", True),
     ("lin.eval().training", False),
     ("lin.zero_grad()", None),

@@ -108,6 +108,40 @@ TEST_P(Index, ScatterReduceIndexFill) {
                            {rand_input_noncontig({3, 2})}));
 }
 
+// The methods under PyTorch's names, index_fill's tensor value and x[..., mask, ...] = v.
+TEST_P(Index, MethodsFillValueMaskPut) {
+  const Tensor x = f({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor dup = i64({0, 0, 2, 2}, {2, 2});
+  const Tensor src = f({10, 20, 30, 40}, {2, 2});
+  EXPECT_TRUE(values_near(x.scatter(1, dup, src, "multiply"), {200, 2, 3, 4, 5, 7200}));
+  EXPECT_TRUE(values_near(x.index_fill(1, i64({1}, {1}), 0.0), {1, 0, 3, 4, 0, 6}));
+  EXPECT_TRUE(values_near(x.cumprod(1), {1, 2, 6, 4, 20, 120}));
+  Tensor y = ops::clone(x);
+  y.index_add_(0, i64({1}, {1}), f({1, 1, 1}, {1, 3}), 2.0)
+      .index_fill_(1, i64({0}, {1}), f({-1}, {}))
+      .scatter_(1, i64({2}, {1, 1}), 9.0);
+  EXPECT_TRUE(values_near(y, {-1, 2, 9, -1, 7, 8}));
+  y.scatter_(0, i64({1, 1}, {1, 2}), src, "add");
+  EXPECT_TRUE(values_near(y, {-1, 2, 9, 9, 27, 8}));
+  EXPECT_THROW(x.index_fill(1, i64({0}, {1}), f({1, 2}, {2})), std::invalid_argument);
+  // The value's gradient: the output's gradient summed where filled (index 0 twice: once).
+  const Tensor idx = i64({2, 0, 0}, {3});
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [&](const TensorList& in) { return index_fill(in[0], 1, idx, in[1]); },
+                           {rand_input({2, 4}), rand_input({}, -1, 1, 2)}));
+  // x[:, mask] = v: v broadcast over the selected [2, count = 2, 2] entries.
+  const Tensor z = f({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {2, 3, 2});
+  const Tensor mask = put(from_vector({1, 0, 1}, {3}, TensorOptions{}.with_dtype(DType::bool_)));
+  EXPECT_TRUE(values_near(index_mask_put(z, 1, mask, f({-1, -2}, {2})),
+                          {-1, -2, 2, 3, -1, -2, -1, -2, 8, 9, -1, -2}));
+  EXPECT_THROW(index_mask_put(z, 1, mask, f({1, 2, 3}, {3})), std::invalid_argument);
+  const Tensor m2 =
+      put(from_vector({0, 1, 1, 0, 0, 1}, {3, 2}, TensorOptions{}.with_dtype(DType::bool_)));
+  EXPECT_TRUE(
+      gradcheck_on(dev(), [&](const TensorList& in) { return index_mask_put(in[0], 1, m2, in[1]); },
+                   {rand_input_noncontig({2, 3, 2}), rand_input({2, 1}, -1, 1, 2)}));
+}
+
 TEST_P(Index, Cumprod) {
   EXPECT_TRUE(values_near(cumprod(f({1, 2, 3, 0, 5, 2}, {2, 3}), 1), {1, 2, 6, 0, 0, 0}));
   EXPECT_TRUE(values_near(cumprod(f({1, 2, 3, 0, 5, 2}, {2, 3}), 0), {1, 2, 3, 0, 10, 6}));
