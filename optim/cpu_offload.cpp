@@ -424,9 +424,12 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
     }
     it = left == 0 ? buckets_.erase(it) : std::next(it);
   }
-  // The next forward reads the weights after their copies (Tally's stream waits, not the host).
+  // The host waits for the weights' copies back: only the last bucket's is still running (the
+  // others overlapped with later buckets' updates). Otherwise the device gradients, which the
+  // copy stream keeps out of reuse, would be freed by zero_grad behind an event recorded after
+  // the write-backs, and the next forward could not reuse them (7B: 12 GiB more reserved).
   for (const auto& [type, index] : devices)
-    ops::CopyFence::record(Device{static_cast<DeviceType>(type), index}).wait();
+    ops::CopyFence::record(Device{static_cast<DeviceType>(type), index}).synchronize();
 }
 
 }  // namespace tally::optim
