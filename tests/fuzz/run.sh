@@ -7,6 +7,11 @@
 #   TALLY_FUZZ_BUILD=build-fuzz (build folder), TALLY_FUZZ_RUNS=N (inputs per target, on top
 #   of the corpus; default per target below), CXX_FUZZ=clang++ (the compiler)
 #
+# The targets are part of any build of the repository configured with
+# -DTALLY_SANITIZE=fuzzer-no-link,address,undefined (clang). A build folder that exists is used
+# as it is (.ci/run passes its ASan + UBSan build, build-asan: the targets only link there);
+# one that does not is configured here with the library alone besides the targets.
+#
 # A failing input is saved as <build>/artifacts/<name>/crash-* (or timeout-, leak-, oom-);
 # reproduce with `<build>/fuzz_<name> <file>`, fix, then add the file to the corpus.
 set -euo pipefail
@@ -37,10 +42,21 @@ if (($#)); then
   targets=("${picked[@]}")
 fi
 
-# -O1 with line tables only, as the other sanitizer builds of .ci/run (half the compile time
+# Configured as .ci/run's sanitizer builds: -O1 with line tables only (half the compile time
 # of the default -O2 -g; reports keep their file:line).
-cmake -S tests/fuzz -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++}" \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG' >/dev/null
+if [ -f "$build/CMakeCache.txt" ] && grep -q '^CMAKE_HOME_DIRECTORY:.*/tests/fuzz$' "$build/CMakeCache.txt"; then
+  echo "run.sh: $build was configured as the old project tests/fuzz; configuring it anew"
+  rm -rf "$build"
+fi
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++}" \
+    -DTALLY_SANITIZE=fuzzer-no-link,address,undefined -DTALLY_CUDA=OFF -DTALLY_BUILD_TESTS=OFF \
+    -DTALLY_BUILD_EXAMPLES=OFF -DTALLY_BUILD_PYTHON=OFF -DTALLY_BUILD_BENCH=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG' >/dev/null
+elif ! grep -q '^TALLY_SANITIZE:STRING=.*fuzzer-no-link' "$build/CMakeCache.txt"; then
+  echo "run.sh: $build is not configured with -DTALLY_SANITIZE=fuzzer-no-link,address,undefined" >&2
+  exit 2
+fi
 cmake --build "$build" --target $(for t in "${targets[@]}"; do echo "fuzz_${t%% *}"; done)
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
