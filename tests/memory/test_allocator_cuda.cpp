@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <initializer_list>
 #include <vector>
 
 #include "memory/invariants.h"
@@ -152,6 +153,28 @@ bool device_bytes_are(void* p, size_t n, unsigned char value) {
     return false;
   return first == value && last == value;
 }
+
+// A block of `n` bytes set to `value` on the device.
+struct Filled {
+  void* p;
+  size_t n;
+  unsigned char value;
+};
+
+// After the device synchronises, every block still holds its value.
+void expect_filled(std::initializer_list<Filled> blocks) {
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  int i = 0;
+  for (const Filled& b : blocks)
+    EXPECT_TRUE(device_bytes_are(b.p, b.n, b.value)) << "block " << i++ << " (" << b.n << " bytes)";
+}
+
+// A test's end: expect_filled(blocks), then testing::expect_consistent_then_release(a, live).
+void expect_filled_then_release(CachingAllocator& a, std::initializer_list<Filled> blocks,
+                                std::initializer_list<void*> live) {
+  expect_filled(blocks);
+  testing::expect_consistent_then_release(a, live);
+}
 #endif
 
 // After REQUIRE_GPU().
@@ -184,10 +207,8 @@ TEST(CudaExpandableSegments, GrowSplitFreeAndEmptyCacheUnmaps) {
   void* big = a->allocate(size_t{1} << 30);  // the 9 MiB rest + 51 more pages
   EXPECT_EQ(a->memory_reserved(), 1060 * kMiB);
   ASSERT_EQ(cudaMemset(big, 0x33, size_t{1} << 30), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_TRUE(device_bytes_are(p, kMiB + 1, 0x11));  // written before the segment grew
-  EXPECT_TRUE(device_bytes_are(q, 30 * kMiB, 0x22));
-  EXPECT_TRUE(device_bytes_are(big, size_t{1} << 30, 0x33));
+  // p was written before the segment grew.
+  expect_filled({{p, kMiB + 1, 0x11}, {q, 30 * kMiB, 0x22}, {big, size_t{1} << 30, 0x33}});
   cudaPointerAttributes attr{};
   ASSERT_EQ(cudaPointerGetAttributes(&attr, big), cudaSuccess);
   EXPECT_EQ(attr.type, cudaMemoryTypeDevice);
@@ -226,10 +247,7 @@ TEST(CudaExpandableSegments, InteriorPagesUnmapAndTheHoleIsRefilled) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(w), base + 30 * kMiB);
   EXPECT_EQ(a->memory_reserved(), 100 * kMiB);
   ASSERT_EQ(cudaMemset(w, 0x55, 25 * kMiB), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_TRUE(device_bytes_are(w, 25 * kMiB, 0x55));
-  EXPECT_TRUE(device_bytes_are(z, 30 * kMiB, 0x44));
-  testing::expect_consistent_then_release(*a, {x, w, z});
+  expect_filled_then_release(*a, {{w, 25 * kMiB, 0x55}, {z, 30 * kMiB, 0x44}}, {x, w, z});
 #endif
 }
 
@@ -258,11 +276,8 @@ TEST(CudaExpandableSegments, ReclaimOnGrowthUnmapsScatteredPages) {
   EXPECT_EQ(a->memory_reserved(), 100 * kMiB);  // 120 - 80 + 60; plain expandable: 180
   EXPECT_EQ(a->max_memory_reserved(), 120 * kMiB);
   ASSERT_EQ(cudaMemset(big, 0x65, 60 * kMiB), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_TRUE(device_bytes_are(y, 20 * kMiB, 0x61));
-  EXPECT_TRUE(device_bytes_are(w, 20 * kMiB, 0x62));
-  EXPECT_TRUE(device_bytes_are(big, 60 * kMiB, 0x65));
-  testing::expect_consistent_then_release(*a, {y, w, big});
+  expect_filled_then_release(
+      *a, {{y, 20 * kMiB, 0x61}, {w, 20 * kMiB, 0x62}, {big, 60 * kMiB, 0x65}}, {y, w, big});
 #endif
 }
 

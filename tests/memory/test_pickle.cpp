@@ -18,6 +18,7 @@
 #include "memory/pickle.h"
 #include "memory/snapshot.h"
 #include "testing/files.h"
+#include "testing/pickle_tuples.h"
 
 #ifndef TALLY_SOURCE_DIR
 #error "define TALLY_SOURCE_DIR as the repository root (tests/memory/*.py live there)"
@@ -375,12 +376,7 @@ TEST_F(PickleTest, Tuples) {
   expect_value(
       [](PickleWriter& w) {
         w.begin_list();
-        w.begin_tuple();
-        w.end_tuple();
-        w.begin_tuple();
-        w.integer(0);
-        w.integer(0);
-        w.end_tuple();
+        testing::write_both_tuple_sizes(w);
         w.begin_tuple();
         w.string("a");
         w.begin_list();

@@ -11,12 +11,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <limits>
 #include <sstream>
 
 #include "inspect/unpickle.h"
 #include "memory/pickle.h"
 #include "testing/files.h"
+#include "testing/pickle_tuples.h"
 
 namespace tally::memory {
 using namespace tally::inspect;
@@ -132,12 +134,7 @@ std::string tally_pickle() {
   w.memo_string("frame");
   w.memo_string("frame");
   w.string("\xc3\xa9t\xc3\xa9");
-  w.begin_tuple();
-  w.end_tuple();
-  w.begin_tuple();
-  w.integer(0);
-  w.integer(0);
-  w.end_tuple();
+  testing::write_both_tuple_sizes(w);
   w.end_list();
   w.key("shared");
   w.begin_list();
@@ -311,40 +308,37 @@ TEST(Unpickle, BadOpcodesAreNamed) {
     const char* says;
   };
   using namespace std::string_literals;
+  // Protocol 2's header, then `ops`: opcodes with their arguments, in pieces where a letter
+  // opcode follows a hex escape.
+  const auto proto2 = [](std::initializer_list<std::string> ops) {
+    std::string out = "\x80\x02";
+    for (const std::string& op : ops) out += op;
+    return out;
+  };
   const Case cases[] = {
       {""s, 0, "empty file"},
       {"\x80\x06K\x01."s, 0, "opcode PROTO (0x80): protocol 6 is newer than 5"},
-      {"\x80\x02\xff"s, 2, "opcode unknown (0xff): not a pickle opcode"},
-      {"\x80\x02"
-       "cos\nsystem\n."s,
-       2, "opcode GLOBAL (0x63): classes, functions"},
+      {proto2({"\xff"s}), 2, "opcode unknown (0xff): not a pickle opcode"},
+      {proto2({"cos\nsystem\n."s}), 2, "opcode GLOBAL (0x63): classes, functions"},
       {"\x80\x04\x8c\x02osR."s, 6, "opcode REDUCE (0x52)"},
-      {"\x80\x02I12\n."s, 2, "opcode INT (0x49): not supported"},
-      {"\x80\x02K\x01K\x02."s, 6, "expects one value on the stack, found 2"},
-      {"\x80\x02K\x01.K"s, 4, "1 bytes follow STOP"},
-      {"\x80\x02h\x05."s, 2, "memo index 5 was never stored"},
-      {"\x80\x02}K\x01K\x02s."s, 7, "a dict key is an int"},
-      {"\x80\x02}(K\x01u."s, 6, "an odd number of values"},
-      {"\x80\x02K\x01"
-       "a."s,
-       4, "opcode APPEND (0x61): needs the list to append to"},
-      {"\x80\x02K\x01K\x02"
-       "a."s,
-       6, "appends to an int"},
-      {"\x80\x02u."s, 2, "no MARK to close"},
-      {"\x80\x02(K\x01."s, 5, "1 MARK(s) left open"},
+      {proto2({"I12\n."s}), 2, "opcode INT (0x49): not supported"},
+      {proto2({"K\x01K\x02."s}), 6, "expects one value on the stack, found 2"},
+      {proto2({"K\x01.K"s}), 4, "1 bytes follow STOP"},
+      {proto2({"h\x05."s}), 2, "memo index 5 was never stored"},
+      {proto2({"}K\x01K\x02s."s}), 7, "a dict key is an int"},
+      {proto2({"}(K\x01u."s}), 6, "an odd number of values"},
+      {proto2({"K\x01"s, "a."s}), 4, "opcode APPEND (0x61): needs the list to append to"},
+      {proto2({"K\x01K\x02"s, "a."s}), 6, "appends to an int"},
+      {proto2({"u."s}), 2, "no MARK to close"},
+      {proto2({"(K\x01."s}), 5, "1 MARK(s) left open"},
       // 2^64 needs 9 bytes: too large for int64.
-      {"\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01."s, 2, "does not fit in 64 bits"},
-      {"\x80\x02\x8b\xff\xff\xff\xff."s, 2, "negative integer length"},
-      {"\x80\x02X\x10\x00\x00\x00"
-       "abc."s,
-       2, "the string needs 16 bytes, 4 left"},
+      {proto2({"\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01."s}), 2, "does not fit in 64 bits"},
+      {proto2({"\x8b\xff\xff\xff\xff."s}), 2, "negative integer length"},
+      {proto2({"X\x10\x00\x00\x00"s, "abc."s}), 2, "the string needs 16 bytes, 4 left"},
       {"\x80\x04\x95\xff\x00\x00\x00\x00\x00\x00\x00K\x01."s, 2,
        "truncated: the frame holds 255 bytes, 3 left"},
       // A list that contains itself: [] memoized, fetched, appended to itself.
-      {"\x80\x02]q\x00h\x00"
-       "a."s,
-       7, "a recursive structure: refused"},
+      {proto2({"]q\x00h\x00"s, "a."s}), 7, "a recursive structure: refused"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(hex(c.bytes));

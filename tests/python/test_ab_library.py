@@ -10,6 +10,7 @@ import pytest
 import tally
 import tally.nn as nn
 import tally.nn.functional as F
+from attention_block import add_attention_block_layers
 
 
 class SmallCNN(nn.Module):
@@ -35,12 +36,7 @@ class TinyTransformer(nn.Module):
         self.vocab, self.heads = vocab, heads
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(tally.zeros(context, dim))
-        self.ln1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.ln2 = nn.LayerNorm(dim)
-        self.fc = nn.Linear(dim, 4 * dim)
-        self.out = nn.Linear(4 * dim, dim)
+        add_attention_block_layers(self, nn, dim)
         self.head = nn.Linear(dim, vocab)
 
     def forward(self, idx):

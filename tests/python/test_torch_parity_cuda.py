@@ -10,6 +10,7 @@ import pytest
 import tally
 import tally.nn as tnn
 import tally.nn.functional as TF
+from attention_block import add_attention_block_layers
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(
@@ -64,12 +65,7 @@ def _models(nn, F, arange):
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.ln1 = nn.LayerNorm(D)
-            self.qkv = nn.Linear(D, 3 * D)
-            self.proj = nn.Linear(D, D)
-            self.ln2 = nn.LayerNorm(D)
-            self.fc = nn.Linear(D, 4 * D)
-            self.out = nn.Linear(4 * D, D)
+            add_attention_block_layers(self, nn, D)
 
         def forward(self, x):
             b = x.shape[0]

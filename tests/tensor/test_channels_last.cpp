@@ -65,6 +65,14 @@ using namespace testing;
   return ::testing::AssertionFailure() << d.str() << " > " << tol;
 }
 
+// close(got[i], ref[i], tol) for each tensor of two runs, named by names[i] on failure.
+void expect_all_close(const std::vector<Tensor>& got, const std::vector<Tensor>& ref,
+                      const std::vector<const char*>& names, double tol) {
+  ASSERT_EQ(got.size(), names.size());
+  ASSERT_EQ(ref.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_TRUE(close(got[i], ref[i], tol)) << names[i];
+}
+
 // A channels_last result against the row-major run's: is_channels_last(got), then
 // close(got, ref) or same_values(got, ref).
 ::testing::AssertionResult cl_close(const Tensor& got, const Tensor& ref) {
@@ -736,6 +744,7 @@ TEST(ChannelsLast, BatchNormTrainingMatchesRowMajor) {
     const Tensor rv0 = rand_tensor({c}, DType::float32, 205, 0.5, 1.5);
     struct Run {
       Tensor out, gx, gw, gb, rm, rv;
+      std::vector<Tensor> all() const { return {out, gx, gw, gb, rm, rv}; }
     };
     auto run = [&](MemoryFormat f) {
       const Tensor x = leaf_as(x0, f), w = leaf_as(w0, kRM), b = leaf_as(b0, kRM);
@@ -750,12 +759,8 @@ TEST(ChannelsLast, BatchNormTrainingMatchesRowMajor) {
     EXPECT_TRUE(is_row_major(ref.out));
     EXPECT_TRUE(is_channels_last(got.out)) << "output";
     EXPECT_TRUE(is_channels_last(got.gx)) << "input gradient";
-    EXPECT_TRUE(close(got.out, ref.out, 1e-6)) << "out";
-    EXPECT_TRUE(close(got.gx, ref.gx, 1e-6)) << "dx";
-    EXPECT_TRUE(close(got.gw, ref.gw, 1e-6)) << "dweight";
-    EXPECT_TRUE(close(got.gb, ref.gb, 1e-6)) << "dbias";
-    EXPECT_TRUE(close(got.rm, ref.rm, 1e-6)) << "running_mean";
-    EXPECT_TRUE(close(got.rv, ref.rv, 1e-6)) << "running_var";
+    expect_all_close(got.all(), ref.all(),
+                     {"out", "dx", "dweight", "dbias", "running_mean", "running_var"}, 1e-6);
     EXPECT_EQ(got.gw.sizes(), (Shape{c}));
   }
 }
@@ -932,6 +937,7 @@ TEST(ChannelsLast, ConvBnReluBlockMatchesRowMajor) {
   const Tensor w20 = rand_tensor({4, 4, 3, 3}, DType::float32, 502, -0.3, 0.3);
   struct Run {
     Tensor out, gx, gw1, gw2, gbw, gbb;
+    std::vector<Tensor> all() const { return {out, gx, gw1, gw2, gbw, gbb}; }
   };
   auto run = [&](MemoryFormat f) {
     const Tensor x = leaf_as(x0, f), w1 = leaf_as(w10, f), w2 = leaf_as(w20, f);
@@ -949,12 +955,7 @@ TEST(ChannelsLast, ConvBnReluBlockMatchesRowMajor) {
   EXPECT_TRUE(is_channels_last(got.gx));
   EXPECT_TRUE(is_channels_last(got.gw1));
   EXPECT_TRUE(is_channels_last(got.gw2));
-  EXPECT_TRUE(close(got.out, ref.out, 1e-5)) << "out";
-  EXPECT_TRUE(close(got.gx, ref.gx, 1e-5)) << "dx";
-  EXPECT_TRUE(close(got.gw1, ref.gw1, 1e-5)) << "dw1";
-  EXPECT_TRUE(close(got.gw2, ref.gw2, 1e-5)) << "dw2";
-  EXPECT_TRUE(close(got.gbw, ref.gbw, 1e-5)) << "bn weight";
-  EXPECT_TRUE(close(got.gbb, ref.gbb, 1e-5)) << "bn bias";
+  expect_all_close(got.all(), ref.all(), {"out", "dx", "dw1", "dw2", "bn weight", "bn bias"}, 1e-5);
 }
 
 // ================================================================ errors

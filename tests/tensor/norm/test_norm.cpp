@@ -796,6 +796,20 @@ void check_row_norm(bool rms, const RowNormCase& c, DType d, uint64_t seed) {
   }
 }
 
+// A [rows, cols] input in dtype d, normalized over its rows, contiguous: affine (layer_norm
+// with a bias) unless plain.
+struct RowsCase {
+  int64_t rows, cols;
+  DType d;
+  bool plain = false;
+};
+
+// check_row_norm on each case, seeded ++seed.
+void check_row_norms(bool rms, std::initializer_list<RowsCase> cases, uint64_t& seed) {
+  for (const RowsCase& c : cases)
+    check_row_norm(rms, {{c.rows, c.cols}, 1, !c.plain, !rms && !c.plain, false}, c.d, ++seed);
+}
+
 TEST_P(NormVsCpu, LayerNormMatchesTheCpu) {
   const RowNormCase cases[] = {
       // GPT-2 rows, odd row lengths, one row, several normalized dims
@@ -816,37 +830,37 @@ TEST_P(NormVsCpu, LayerNormMatchesTheCpu) {
 }
 
 TEST_P(NormVsCpu, LayerNormManyRowsAndLongRows) {
-  const std::pair<RowNormCase, DType> cases[] = {
-      // Many more rows than blocks (each block accumulates dweight/dbias over several rows).
-      {{{4100, 50}, 1, true, true, false}, DType::float32},
-      {{{9001, 3}, 1, true, true, false}, DType::float32},
-      {{{2048, 768}, 1, true, true, false}, DType::float32},
-      {{{2048, 768}, 1, true, true, false}, DType::bfloat16},
-      {{{3000, 129}, 1, true, true, false}, DType::float64},
-      // Rows too long for the shared-memory accumulators (float32 > 4096, float64 > 2048).
-      {{{70, 5000}, 1, true, true, false}, DType::float32},
-      {{{70, 3001}, 1, true, true, false}, DType::float64},
-      {{{33, 4500}, 1, true, true, false}, DType::float16},
-  };
   uint64_t seed = 0;
-  for (const auto& [c, d] : cases) check_row_norm(false, c, d, ++seed);
+  check_row_norms(false,
+                  {// Many more rows than blocks (each block accumulates dweight/dbias over
+                   // several rows).
+                   {4100, 50, DType::float32},
+                   {9001, 3, DType::float32},
+                   {2048, 768, DType::float32},
+                   {2048, 768, DType::bfloat16},
+                   {3000, 129, DType::float64},
+                   // Rows too long for the shared-memory accumulators (float32 > 4096,
+                   // float64 > 2048).
+                   {70, 5000, DType::float32},
+                   {70, 3001, DType::float64},
+                   {33, 4500, DType::float16}},
+                  seed);
 }
 
 // The backward's register kernel takes rows of at most 512 aligned 16-byte packs (2048 float32,
 // 4096 bfloat16 columns); a longer row, a row not of whole packs or a misaligned tensor takes the
 // general kernel. Both sides of each edge, and inputs one element off their allocation's start.
 TEST_P(NormVsCpu, LayerNormBackwardPackedRowsAndTheirEdges) {
-  const std::pair<RowNormCase, DType> cases[] = {
-      {{{300, 2048}, 1, true, true, false}, DType::float32},
-      {{{300, 2052}, 1, true, true, false}, DType::float32},
-      {{{100, 4096}, 1, true, true, false}, DType::bfloat16},
-      {{{100, 4104}, 1, true, true, false}, DType::bfloat16},
-      {{{300, 36}, 1, false, false, false}, DType::float16},
-      {{{300, 1024}, 1, true, true, false}, DType::float64},
-      {{{300, 1026}, 1, true, true, false}, DType::float64},
-  };
   uint64_t seed = 900;
-  for (const auto& [c, d] : cases) check_row_norm(false, c, d, ++seed);
+  check_row_norms(false,
+                  {{300, 2048, DType::float32},
+                   {300, 2052, DType::float32},
+                   {100, 4096, DType::bfloat16},
+                   {100, 4104, DType::bfloat16},
+                   {300, 36, DType::float16, /*plain=*/true},
+                   {300, 1024, DType::float64},
+                   {300, 1026, DType::float64}},
+                  seed);
   const auto shifted = [](const Tensor& flat, int64_t rows, int64_t cols) {
     return ops::view(ops::narrow(flat, 0, 1, rows * cols), {rows, cols});
   };
@@ -878,13 +892,10 @@ TEST_P(NormVsCpu, RmsNormMatchesTheCpu) {
   uint64_t seed = 500;
   for (DType d : kFloatDtypes)
     for (const RowNormCase& c : cases) check_row_norm(true, c, d, seed += 10);
-  const std::pair<RowNormCase, DType> large[] = {
-      {{{4100, 50}, 1, true, false, false}, DType::float32},
-      {{{70, 5000}, 1, true, false, false}, DType::float32},
-      {{{70, 3001}, 1, true, false, false}, DType::float64},
-  };
   seed = 0;
-  for (const auto& [c, d] : large) check_row_norm(true, c, d, ++seed);
+  check_row_norms(
+      true, {{4100, 50, DType::float32}, {70, 5000, DType::float32}, {70, 3001, DType::float64}},
+      seed);
 }
 
 TEST_P(NormVsCpu, LayerNormEmptyInputs) {

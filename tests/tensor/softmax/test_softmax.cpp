@@ -765,10 +765,22 @@ class SoftmaxVsCpu : public VsCpu {
 };
 TALLY_VS_CPU(SoftmaxVsCpu);
 
-// The loss dtype asked of 16-bit logits (float32, as under autocast); none for the others.
-std::optional<DType> autocast_loss_dtype(DType d) {
-  if (d == DType::float16 || d == DType::bfloat16) return DType::float32;
-  return std::nullopt;
+// A logits dtype of kFloatDtypes, the loss dtype asked of it (float32 for 16-bit logits, as
+// under autocast; none for the others) and the dtype the loss then comes out in.
+struct LossDtypes {
+  DType d;
+  std::optional<DType> asked;
+  DType loss;
+};
+
+std::vector<LossDtypes> loss_dtypes() {
+  std::vector<LossDtypes> out;
+  for (DType d : kFloatDtypes) {
+    const bool half = d == DType::float16 || d == DType::bfloat16;
+    out.push_back(
+        {d, half ? std::optional<DType>(DType::float32) : std::nullopt, half ? DType::float32 : d});
+  }
+  return out;
 }
 
 // ------------------------------------------------------------------ softmax
@@ -855,9 +867,7 @@ TEST_P(SoftmaxVsCpu, CrossEntropyForwardAndBackwardMatchTheCpu) {
 // tail); the backward from the lse equals the one that recomputes the statistics.
 TEST_P(SoftmaxVsCpu, SavedLseAndFloat32LossMatchTheCpu) {
   uint64_t seed = 900;
-  for (DType d : kFloatDtypes) {
-    const std::optional<DType> loss_dtype = autocast_loss_dtype(d);
-    const DType ld = loss_dtype.value_or(d);
+  for (const auto& [d, loss_dtype, ld] : loss_dtypes()) {
     for (int64_t C : {int64_t{7}, int64_t{1003}, int64_t{8195}}) {
       const Tensor x = rand_tensor({37, C}, d, ++seed, -6, 6);
       const Tensor t = random_targets({37}, C, ++seed, 0.2);
@@ -899,9 +909,7 @@ TEST_P(SoftmaxVsCpu, SavedLseAndFloat32LossMatchTheCpu) {
 // GPT's vocabularies and a class count that leaves a tail past the last 16-byte pack.
 TEST_P(SoftmaxVsCpu, CrossEntropyAndBackwardMatchTheCpu) {
   uint64_t seed = 950;
-  for (DType d : kFloatDtypes) {
-    const std::optional<DType> loss_dtype = autocast_loss_dtype(d);
-    const DType ld = loss_dtype.value_or(d);
+  for (const auto& [d, loss_dtype, ld] : loss_dtypes()) {
     for (int64_t C : {int64_t{7}, int64_t{8}, int64_t{1003}, int64_t{50257}, int64_t{50304}}) {
       for (LossReduction r : kReductions) {
         for (double eps : {0.0, 0.1}) {
