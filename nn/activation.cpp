@@ -7,17 +7,6 @@
 
 namespace tally::nn {
 
-namespace {
-// torch.nn.functional._get_softmax_dim: the dim a Softmax built without one reads.
-int64_t softmax_dim(std::optional<int64_t> dim, const Tensor& x) {
-  if (dim) return *dim;
-  return (x.dim() == 0 || x.dim() == 1 || x.dim() == 3) ? 0 : 1;
-}
-std::string dim_repr(std::optional<int64_t> dim) {
-  return dim ? fmt::format("dim={}", *dim) : "dim=None";
-}
-}  // namespace
-
 Tensor SiLU::forward(const Tensor& x) {
   return silu(x);
 }
@@ -28,20 +17,20 @@ Tensor Sigmoid::forward(const Tensor& x) {
   return sigmoid(x);
 }
 
-Softmax::Softmax(std::optional<int64_t> d) : Module("Softmax"), dim(d) {}
-Tensor Softmax::forward(const Tensor& x) {
-  return softmax(x, softmax_dim(dim, x));
+// torch.nn.functional._get_softmax_dim: the dim a Softmax built without one reads.
+int64_t SoftmaxOverDim::dim_for(const Tensor& x) const {
+  if (dim) return *dim;
+  return (x.dim() == 0 || x.dim() == 1 || x.dim() == 3) ? 0 : 1;
 }
-std::string Softmax::extra_repr() const {
-  return dim_repr(dim);
+std::string SoftmaxOverDim::extra_repr() const {
+  return dim ? fmt::format("dim={}", *dim) : "dim=None";
 }
 
-LogSoftmax::LogSoftmax(std::optional<int64_t> d) : Module("LogSoftmax"), dim(d) {}
-Tensor LogSoftmax::forward(const Tensor& x) {
-  return log_softmax(x, softmax_dim(dim, x));
+Tensor Softmax::forward(const Tensor& x) {
+  return softmax(x, dim_for(x));
 }
-std::string LogSoftmax::extra_repr() const {
-  return dim_repr(dim);
+Tensor LogSoftmax::forward(const Tensor& x) {
+  return log_softmax(x, dim_for(x));
 }
 
 LeakyReLU::LeakyReLU(double slope) : Module("LeakyReLU"), negative_slope(slope) {}

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "nn/module.h"
 
@@ -28,21 +29,30 @@ class Sigmoid : public Module {
   Tensor forward(const Tensor& x) override;
 };
 
-// dim nullopt: PyTorch's legacy choice (0 for 0-, 1- and 3-D inputs, else 1).
-class Softmax : public Module {
+// Softmax and LogSoftmax: a layer over one dim; dim nullopt: PyTorch's legacy choice (0 for
+// 0-, 1- and 3-D inputs, else 1).
+class SoftmaxOverDim : public Module {
  public:
-  explicit Softmax(std::optional<int64_t> dim = std::nullopt);
-  Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   std::optional<int64_t> dim;
+
+ protected:
+  SoftmaxOverDim(std::string type_name, std::optional<int64_t> dim)
+      : Module(std::move(type_name)), dim(dim) {}
+  int64_t dim_for(const Tensor& x) const;  // dim, or the legacy choice for x
 };
 
-class LogSoftmax : public Module {
+class Softmax : public SoftmaxOverDim {
  public:
-  explicit LogSoftmax(std::optional<int64_t> dim = std::nullopt);
+  explicit Softmax(std::optional<int64_t> dim = std::nullopt) : SoftmaxOverDim("Softmax", dim) {}
   Tensor forward(const Tensor& x) override;
-  std::string extra_repr() const override;
-  std::optional<int64_t> dim;
+};
+
+class LogSoftmax : public SoftmaxOverDim {
+ public:
+  explicit LogSoftmax(std::optional<int64_t> dim = std::nullopt)
+      : SoftmaxOverDim("LogSoftmax", dim) {}
+  Tensor forward(const Tensor& x) override;
 };
 
 class LeakyReLU : public Module {

@@ -20,24 +20,17 @@ float uniform(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b) {
   return (static_cast<float>(bits(seed, stream, a, b) >> 8) + 0.5f) * (1.0f / 16777216.0f);
 }
 
-void check_shape(const char* what, const Shape& shape) {
+}  // namespace
+
+void check_synthetic_shape(const char* what, const Shape& shape) {
   for (int64_t d : shape)
     if (d < 1) throw std::invalid_argument(fmt::format("{}: bad shape {}", what, shape_str(shape)));
 }
 
-Shape batched(int64_t b, const Shape& s) {
-  Shape out{b};
-  out.insert(out.end(), s.begin(), s.end());
-  return out;
-}
-
-}  // namespace
-
 // ---------------------------------------------------------------- SyntheticImages
 
 SyntheticImages::SyntheticImages(int64_t n, Shape shape, int64_t classes, uint64_t seed)
-    : n_(n), shape_(std::move(shape)), classes_(classes), seed_(seed) {
-  check_shape("SyntheticImages", shape_);
+    : Synthetic("SyntheticImages", n, std::move(shape), {}, seed), classes_(classes) {
   if (n < 0 || classes < 1)
     throw std::invalid_argument(fmt::format(
         "SyntheticImages: need n >= 0 and classes >= 1, got n {} classes {}", n, classes));
@@ -74,23 +67,13 @@ void SyntheticImages::fill(const std::vector<int64_t>& indices, float* input,
   });
 }
 
-Example SyntheticImages::get(int64_t index) const {
-  return fill_example(*this, &SyntheticImages::fill, {index}, shape_, {}, false);
-}
-
-Example SyntheticImages::get_batch(const std::vector<int64_t>& indices, bool pinned) const {
-  const auto b = static_cast<int64_t>(indices.size());
-  return fill_example(*this, &SyntheticImages::fill, indices, batched(b, shape_), {b}, pinned);
-}
-
 // ---------------------------------------------------------------- SyntheticTokens
 
 SyntheticTokens::SyntheticTokens(int64_t n, int64_t vocab, Shape shape, uint64_t seed)
-    : n_(n), vocab_(vocab), shape_(std::move(shape)), seed_(seed) {
+    : Synthetic("SyntheticTokens", n, shape, shape, seed), vocab_(vocab) {
   if (shape_.empty())
     throw std::invalid_argument(
         "SyntheticTokens: shape needs at least one dimension (the sequence)");
-  check_shape("SyntheticTokens", shape_);
   if (n < 0 || vocab < 1)
     throw std::invalid_argument(
         fmt::format("SyntheticTokens: need n >= 0 and vocab >= 1, got n {} vocab {}", n, vocab));
@@ -116,16 +99,6 @@ void SyntheticTokens::fill(const std::vector<int64_t>& indices, int64_t* input,
         if (t > 0) y[r * seq + t - 1] = tok;
       }
   }
-}
-
-Example SyntheticTokens::get(int64_t index) const {
-  return fill_example(*this, &SyntheticTokens::fill, {index}, shape_, shape_, false);
-}
-
-Example SyntheticTokens::get_batch(const std::vector<int64_t>& indices, bool pinned) const {
-  const auto b = static_cast<int64_t>(indices.size());
-  return fill_example(*this, &SyntheticTokens::fill, indices, batched(b, shape_),
-                      batched(b, shape_), pinned);
 }
 
 }  // namespace tally::data

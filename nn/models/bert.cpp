@@ -6,25 +6,25 @@
 #include <stdexcept>
 
 #include "nn/init.h"
+#include "nn/models/preset.h"
 #include "tensor/softmax/autograd.h"
 
 namespace tally::nn {
 
 BertConfig BertConfig::preset(const std::string& name) {
-  BertConfig c;
-  if (name == "bert-base") return c;
-  if (name == "bert-large") {
-    c.hidden_size = 1024, c.num_hidden_layers = 24, c.num_attention_heads = 16;
-    c.intermediate_size = 4096;
-    return c;
-  }
-  if (name == "tiny") {
-    c.vocab_size = 256, c.hidden_size = 64, c.num_hidden_layers = 2, c.num_attention_heads = 2;
-    c.intermediate_size = 128, c.max_position_embeddings = 32;
-    return c;
-  }
-  throw std::invalid_argument(
-      fmt::format("BertConfig::preset: unknown preset '{}' (tiny, bert-base, bert-large)", name));
+  return preset_of<BertConfig>("BertConfig::preset", name, "tiny, bert-base, bert-large",
+                               {{"bert-base", [](BertConfig&) {}},
+                                {"bert-large",
+                                 [](BertConfig& c) {
+                                   c.hidden_size = 1024, c.num_hidden_layers = 24,
+                                   c.num_attention_heads = 16;
+                                   c.intermediate_size = 4096;
+                                 }},
+                                {"tiny", [](BertConfig& c) {
+                                   c.vocab_size = 256, c.hidden_size = 64, c.num_hidden_layers = 2,
+                                   c.num_attention_heads = 2;
+                                   c.intermediate_size = 128, c.max_position_embeddings = 32;
+                                 }}});
 }
 
 BertEmbeddings::BertEmbeddings(const BertConfig& cfg) : Module("BertEmbeddings") {

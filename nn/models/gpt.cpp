@@ -11,36 +11,25 @@
 #include "autograd/autocast.h"
 #include "nn/checkpoint.h"
 #include "nn/init.h"
+#include "nn/models/preset.h"
 
 namespace tally::nn {
 
 GPTConfig GPTConfig::preset(const std::string& name) {
-  GPTConfig c;
-  if (name == "gpt2") return c;
-  if (name == "gpt2-medium") {
-    c.n_layer = 24, c.n_head = 16, c.n_embd = 1024;
-    return c;
-  }
-  if (name == "gpt2-large") {  // 774M
-    c.n_layer = 36, c.n_head = 20, c.n_embd = 1280;
-    return c;
-  }
-  if (name == "gpt2-xl") {  // 1.56B
-    c.n_layer = 48, c.n_head = 25, c.n_embd = 1600;
-    return c;
-  }
-  if (name == "tiny") {
-    c.vocab_size = 256, c.block_size = 64, c.n_layer = 2, c.n_head = 2, c.n_embd = 64;
-    return c;
-  }
-  if (name == "small") {
-    c.vocab_size = 256, c.block_size = 128, c.n_layer = 4, c.n_head = 4, c.n_embd = 128;
-    return c;
-  }
-  throw std::invalid_argument(
-      fmt::format("GPTConfig::preset: unknown preset '{}' (gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
-                  "tiny, small)",
-                  name));
+  return preset_of<GPTConfig>(
+      "GPTConfig::preset", name, "gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny, small",
+      {{"gpt2", [](GPTConfig&) {}},
+       {"gpt2-medium", [](GPTConfig& c) { c.n_layer = 24, c.n_head = 16, c.n_embd = 1024; }},
+       {"gpt2-large",
+        [](GPTConfig& c) { c.n_layer = 36, c.n_head = 20, c.n_embd = 1280; }},             // 774M
+       {"gpt2-xl", [](GPTConfig& c) { c.n_layer = 48, c.n_head = 25, c.n_embd = 1600; }},  // 1.56B
+       {"tiny",
+        [](GPTConfig& c) {
+          c.vocab_size = 256, c.block_size = 64, c.n_layer = 2, c.n_head = 2, c.n_embd = 64;
+        }},
+       {"small", [](GPTConfig& c) {
+          c.vocab_size = 256, c.block_size = 128, c.n_layer = 4, c.n_head = 4, c.n_embd = 128;
+        }}});
 }
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg)

@@ -13,40 +13,41 @@
 #include "autograd/autocast.h"
 #include "nn/checkpoint.h"
 #include "nn/init.h"
+#include "nn/models/preset.h"
 #include "nn/models/registry.h"
 
 namespace tally::nn {
 
 LlamaConfig LlamaConfig::preset(const std::string& name) {
-  LlamaConfig c;  // Llama-2-7B
-  if (name == "7b") return c;
-  if (name == "13b") {
-    c.hidden_size = 5120, c.intermediate_size = 13824, c.num_hidden_layers = 40;
-    c.num_attention_heads = c.num_key_value_heads = 40;
-    return c;
-  }
-  if (name == "1b") {  // Llama-3.2-1B's layers, a 32000-token vocabulary, untied
-    c.hidden_size = 2048, c.intermediate_size = 8192, c.num_hidden_layers = 16;
-    c.num_attention_heads = 32, c.num_key_value_heads = 8, c.max_position_embeddings = 2048;
-    return c;
-  }
-  if (name == "3b") {  // Llama-3.2-3B's layers, a 32000-token vocabulary, untied
-    c.hidden_size = 3072, c.intermediate_size = 8192, c.num_hidden_layers = 28;
-    c.num_attention_heads = 24, c.num_key_value_heads = 8, c.max_position_embeddings = 2048;
-    return c;
-  }
-  if (name == "tiny") {
-    c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 176, c.num_hidden_layers = 2;
-    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 64;
-    return c;
-  }
-  if (name == "small") {
-    c.vocab_size = 256, c.hidden_size = 128, c.intermediate_size = 352, c.num_hidden_layers = 4;
-    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 128;
-    return c;
-  }
-  throw std::invalid_argument(
-      fmt::format("LlamaConfig::preset: unknown preset '{}' (tiny, small, 1b, 3b, 7b, 13b)", name));
+  return preset_of<LlamaConfig>(
+      "LlamaConfig::preset", name, "tiny, small, 1b, 3b, 7b, 13b",
+      {{"7b", [](LlamaConfig&) {}},  // the default config is Llama-2-7B
+       {"13b",
+        [](LlamaConfig& c) {
+          c.hidden_size = 5120, c.intermediate_size = 13824, c.num_hidden_layers = 40;
+          c.num_attention_heads = c.num_key_value_heads = 40;
+        }},
+       {"1b",
+        [](LlamaConfig& c) {  // Llama-3.2-1B's layers, a 32000-token vocabulary, untied
+          c.hidden_size = 2048, c.intermediate_size = 8192, c.num_hidden_layers = 16;
+          c.num_attention_heads = 32, c.num_key_value_heads = 8, c.max_position_embeddings = 2048;
+        }},
+       {"3b",
+        [](LlamaConfig& c) {  // Llama-3.2-3B's layers, a 32000-token vocabulary, untied
+          c.hidden_size = 3072, c.intermediate_size = 8192, c.num_hidden_layers = 28;
+          c.num_attention_heads = 24, c.num_key_value_heads = 8, c.max_position_embeddings = 2048;
+        }},
+       {"tiny",
+        [](LlamaConfig& c) {
+          c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 176,
+          c.num_hidden_layers = 2;
+          c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 64;
+        }},
+       {"small", [](LlamaConfig& c) {
+          c.vocab_size = 256, c.hidden_size = 128, c.intermediate_size = 352,
+          c.num_hidden_layers = 4;
+          c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 128;
+        }}});
 }
 
 void LlamaConfig::validate() const {

@@ -42,9 +42,16 @@ void init_resnet(Module& model, bool zero_init_residual, Generator* gen) {
 }
 }  // namespace
 
+Tensor ResidualBlock::add_identity_relu(Tensor out, const Tensor& x) {
+  const Tensor identity = downsample ? (*downsample)(x) : x;
+  // relu(out + identity) in one pass, under the relu module's name, written over bn's dying
+  // output: the sum is never held, and the block ends holding one buffer where it held two.
+  return relu->call([&] { return add_relu(std::move(out), identity); });
+}
+
 BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride,
                        std::shared_ptr<Sequential> ds)
-    : Module("BasicBlock") {
+    : ResidualBlock("BasicBlock") {
   conv1 = register_module("conv1", conv3x3(inplanes, planes, stride));
   bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
   relu = register_module("relu", std::make_shared<ReLU>());
@@ -56,15 +63,12 @@ BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride,
 Tensor BasicBlock::forward(const Tensor& x) {
   Tensor out = (*relu)((*bn1)((*conv1)(x)));
   out = (*bn2)((*conv2)(out));
-  const Tensor identity = downsample ? (*downsample)(x) : x;
-  // relu(out + identity) in one pass, under the relu module's name, written over bn's dying
-  // output: the sum is never held, and the block ends holding one buffer where it held two.
-  return relu->call([&] { return add_relu(std::move(out), identity); });
+  return add_identity_relu(std::move(out), x);
 }
 
 Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride,
                        std::shared_ptr<Sequential> ds)
-    : Module("Bottleneck") {
+    : ResidualBlock("Bottleneck") {
   const int64_t width = planes;  // base_width 64, groups 1
   conv1 = register_module("conv1", conv1x1(inplanes, width));
   bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(width));
@@ -80,10 +84,7 @@ Tensor Bottleneck::forward(const Tensor& x) {
   Tensor out = (*relu)((*bn1)((*conv1)(x)));
   out = (*relu)((*bn2)((*conv2)(out)));
   out = (*bn3)((*conv3)(out));
-  const Tensor identity = downsample ? (*downsample)(x) : x;
-  // relu(out + identity) in one pass, under the relu module's name, written over bn's dying
-  // output: the sum is never held, and the block ends holding one buffer where it held two.
-  return relu->call([&] { return add_relu(std::move(out), identity); });
+  return add_identity_relu(std::move(out), x);
 }
 
 ResNet::ResNet(BlockKind block, const std::vector<int64_t>& layers, ResNetOptions opts)

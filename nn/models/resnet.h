@@ -14,30 +14,37 @@
 
 namespace tally::nn {
 
-class BasicBlock : public Module {
+// What both ResNet blocks share: relu, the optional downsample, and forward's end.
+class ResidualBlock : public Module {
+ public:
+  bool is_checkpoint_block() const override { return true; }
+  std::shared_ptr<ReLU> relu;
+  std::shared_ptr<Sequential> downsample;
+
+ protected:
+  using Module::Module;
+  // relu(out + identity), identity being x or downsample(x).
+  Tensor add_identity_relu(Tensor out, const Tensor& x);
+};
+
+class BasicBlock : public ResidualBlock {
  public:
   static constexpr int64_t expansion = 1;
   BasicBlock(int64_t inplanes, int64_t planes, int64_t stride = 1,
              std::shared_ptr<Sequential> downsample = nullptr);
   Tensor forward(const Tensor& x) override;
-  bool is_checkpoint_block() const override { return true; }
   std::shared_ptr<Conv2d> conv1, conv2;
   std::shared_ptr<BatchNorm2d> bn1, bn2;
-  std::shared_ptr<ReLU> relu;
-  std::shared_ptr<Sequential> downsample;
 };
 
-class Bottleneck : public Module {
+class Bottleneck : public ResidualBlock {
  public:
   static constexpr int64_t expansion = 4;
   Bottleneck(int64_t inplanes, int64_t planes, int64_t stride = 1,
              std::shared_ptr<Sequential> downsample = nullptr);
   Tensor forward(const Tensor& x) override;
-  bool is_checkpoint_block() const override { return true; }
   std::shared_ptr<Conv2d> conv1, conv2, conv3;
   std::shared_ptr<BatchNorm2d> bn1, bn2, bn3;
-  std::shared_ptr<ReLU> relu;
-  std::shared_ptr<Sequential> downsample;
 };
 
 enum class BlockKind { basic, bottleneck };

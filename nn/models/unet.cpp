@@ -7,23 +7,20 @@
 #include <stdexcept>
 
 #include "nn/functional.h"
+#include "nn/models/preset.h"
 #include "nn/models/registry.h"
 
 namespace tally::nn {
 
 UNetConfig UNetConfig::preset(const std::string& name) {
-  UNetConfig c;
-  if (name == "tiny") return c;
-  if (name == "ddpm-cifar") {
-    c.ch = 128;
-    c.ch_mult = {1, 2, 2, 2};
-    c.num_res_blocks = 2;
-    c.attn_resolutions = {16};
-    c.num_groups = 32;
-    return c;
-  }
-  throw std::invalid_argument(
-      fmt::format("UNetConfig: unknown preset '{}' (expected tiny, ddpm-cifar)", name));
+  return preset_of<UNetConfig>("UNetConfig", name, "expected tiny, ddpm-cifar",
+                               {{"tiny", [](UNetConfig&) {}}, {"ddpm-cifar", [](UNetConfig& c) {
+                                                                 c.ch = 128;
+                                                                 c.ch_mult = {1, 2, 2, 2};
+                                                                 c.num_res_blocks = 2;
+                                                                 c.attn_resolutions = {16};
+                                                                 c.num_groups = 32;
+                                                               }}});
 }
 
 Tensor timestep_embedding(const Tensor& t, int64_t dim, DType dtype) {

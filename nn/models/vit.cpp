@@ -7,28 +7,24 @@
 #include <stdexcept>
 
 #include "nn/init.h"
+#include "nn/models/preset.h"
 #include "tensor/softmax/autograd.h"
 
 namespace tally::nn {
 
 ViTConfig ViTConfig::preset(const std::string& name) {
-  ViTConfig c;
-  if (name == "vit_b_16") return c;
-  if (name == "vit_b_32") {
-    c.patch_size = 32;
-    return c;
-  }
-  if (name == "vit_l_16") {
-    c.num_layers = 24, c.num_heads = 16, c.hidden_dim = 1024, c.mlp_dim = 4096;
-    return c;
-  }
-  if (name == "tiny") {
-    c.image_size = 32, c.patch_size = 8, c.num_layers = 2, c.num_heads = 2, c.hidden_dim = 64;
-    c.mlp_dim = 128, c.num_classes = 10;
-    return c;
-  }
-  throw std::invalid_argument(fmt::format(
-      "ViTConfig::preset: unknown preset '{}' (tiny, vit_b_16, vit_b_32, vit_l_16)", name));
+  return preset_of<ViTConfig>(
+      "ViTConfig::preset", name, "tiny, vit_b_16, vit_b_32, vit_l_16",
+      {{"vit_b_16", [](ViTConfig&) {}},
+       {"vit_b_32", [](ViTConfig& c) { c.patch_size = 32; }},
+       {"vit_l_16",
+        [](ViTConfig& c) {
+          c.num_layers = 24, c.num_heads = 16, c.hidden_dim = 1024, c.mlp_dim = 4096;
+        }},
+       {"tiny", [](ViTConfig& c) {
+          c.image_size = 32, c.patch_size = 8, c.num_layers = 2, c.num_heads = 2, c.hidden_dim = 64;
+          c.mlp_dim = 128, c.num_classes = 10;
+        }}});
 }
 
 ViTMLPBlock::ViTMLPBlock(int64_t in_dim, int64_t mlp_dim, double dropout) {

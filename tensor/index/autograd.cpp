@@ -82,6 +82,24 @@ Tensor record_scatter_add(const Tensor& x, int64_t dim, const Tensor& index, con
   return out;
 }
 
+// out is x with the places at index (along dim) set to a constant: x's gradient is g with
+// those places zeroed, by the same op (`zero_at`).
+using ZeroAt = Tensor (*)(const Tensor& g, int64_t dim, const Tensor& index);
+Tensor scatter_zero(const Tensor& g, int64_t dim, const Tensor& index) {
+  return o::scatter(g, dim, index, 0.0);
+}
+Tensor index_fill_zero(const Tensor& g, int64_t dim, const Tensor& index) {
+  return o::index_fill(g, dim, index, 0.0);
+}
+Tensor record_overwrite(const char* name, ZeroAt zero_at, const Tensor& x, int64_t dim,
+                        const Tensor& index, Tensor out) {
+  record(name, {x}, {out}, {index},
+         [zero_at, dim](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           return {zero_at(g[0], dim, ctx.saved(0))};
+         });
+  return out;
+}
+
 // out depends on x as the identity (a scalar added at some places).
 Tensor record_identity(const char* name, const Tensor& x, Tensor out) {
   record(name, {x}, {out}, {},
@@ -121,7 +139,7 @@ Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& 
          [dim, ss = src.sizes()](BackwardContext& ctx, const TensorList& g) -> TensorList {
            const Tensor& i = ctx.saved(0);
            Tensor gx, gs;
-           if (ctx.needs_input_grad(0)) gx = o::scatter(g[0], dim, i, 0.0);
+           if (ctx.needs_input_grad(0)) gx = scatter_zero(g[0], dim, i);
            if (ctx.needs_input_grad(1)) gs = scatter_src_backward(g[0], dim, i, ss);
            return {gx, gs};
          });
@@ -142,11 +160,7 @@ Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, double value,
            });
     return out;
   }
-  record("ScatterBackward", {x}, {out}, {index},
-         [dim](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           return {o::scatter(g[0], dim, ctx.saved(0), 0.0)};
-         });
-  return out;
+  return record_overwrite("ScatterBackward", scatter_zero, x, dim, index, out);
 }
 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
@@ -184,12 +198,8 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
 
 Tensor index_fill(const Tensor& x, int64_t dim, const Tensor& index, double value, CallSite site) {
   memory::CallSiteScope call_site(site);
-  Tensor out = o::index_fill(x, dim, index, value);
-  record("IndexFillBackward", {x}, {out}, {index},
-         [dim](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           return {o::index_fill(g[0], dim, ctx.saved(0), 0.0)};
-         });
-  return out;
+  return record_overwrite("IndexFillBackward", index_fill_zero, x, dim, index,
+                          o::index_fill(x, dim, index, value));
 }
 
 Tensor index_fill(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& value,
@@ -203,7 +213,7 @@ Tensor index_fill(const Tensor& x, int64_t dim, const Tensor& index, const Tenso
   Tensor out = o::index_fill(x, dim, index, o::item(value));
   record("IndexFillBackward", {x, value}, {out}, {index},
          [dim, vd = value.dtype()](BackwardContext& ctx, const TensorList& g) -> TensorList {
-           const Tensor gx = o::index_fill(g[0], dim, ctx.saved(0), 0.0);
+           const Tensor gx = index_fill_zero(g[0], dim, ctx.saved(0));
            Tensor gv;
            // g at the filled places (g - gx is exactly that, zero elsewhere), summed.
            if (ctx.needs_input_grad(1)) gv = o::to(o::sum(o::sub(g[0], gx)), vd);
