@@ -23,6 +23,7 @@
 #include "inspect/leak_detector.h"
 #include "memory/estimate.h"
 #include "memory/memory.h"
+#include "nn/norm.h"
 #include "nn/offload.h"
 #include "nn/plan.h"
 #include "optim/adam.h"
@@ -189,6 +190,19 @@ inline nn::PlanCandidate plan_run(const AutoPlan& ap, std::optional<DType> amp, 
     throw std::invalid_argument(fmt::format("--memory-budget: {}", e.what()));
   }
   std::fputs(plan.report().c_str(), stdout);
+  // Micro-batches change what batch norm computes: its statistics over each micro-batch.
+  const int64_t k = plan.chosen.candidate.micro_batches;
+  if (k > 1 && ap.micro_batches.size() > 1)  // the planner chose them, not --grad-accum
+    for (const auto& [name, m] : model.named_modules())
+      if (dynamic_cast<const nn::BatchNormBase*>(m) != nullptr) {
+        std::printf(
+            "note: the plan runs %lld micro-batches of %lld rows: batch norm (%s, ...) takes its "
+            "statistics over each micro-batch, not the whole batch of %lld (pass --grad-accum 1 "
+            "to keep them)\n",
+            static_cast<long long>(k), static_cast<long long>(batch / k),
+            name.empty() ? "the model" : name.c_str(), static_cast<long long>(batch));
+        break;
+      }
   std::fflush(stdout);
   return plan.chosen.candidate;
 }

@@ -102,9 +102,15 @@ void Trainer::check_flags(const CLI::App& app, const std::vector<std::string>& o
     const bool graphs = f_.cuda_graphs;
     auto given = [&](const char* flag) { return app.count(flag) > 0; };
     auto_plan_.optimizers = {f_.optimizer};
-    if (f_.optimizer == "adamw" && !given("--optimizer") && !graphs &&
-        std::find(optimizers.begin(), optimizers.end(), "adamw8bit") != optimizers.end())
+    auto offered = [&](const char* o) {
+      return std::find(optimizers.begin(), optimizers.end(), o) != optimizers.end();
+    };
+    if (f_.optimizer == "adamw" && !given("--optimizer") && !graphs && offered("adamw8bit"))
       auto_plan_.optimizers.push_back("adamw8bit");
+    // On a GPU, the optimizer's placement too: AdamW with its state in host memory.
+    if (f_.optimizer == "adamw" && !given("--optimizer") && !graphs && offered("adamw:cpu") &&
+        memory::behaves_as(dev_) == DeviceType::cuda)
+      auto_plan_.optimizers.push_back("adamw:cpu");
     auto_plan_.step_in_backward = {f_.step_in_backward};
     if (!given("--step-in-backward") && !clip_given_ && !graphs && !given("--grad-accum"))
       auto_plan_.step_in_backward = {false, true};

@@ -224,9 +224,12 @@ MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
              c.estimate.peak_reserved <= static_cast<int64_t>(budget);
   // An 8-bit optimizer changes what training computes, where every other lever changes only
   // where and when: it is chosen only when no plan with the program's optimizer fits, however
-  // the cost model ranks their times (they are within its error of each other).
+  // the cost model ranks their times (they are within its error of each other). An optimizer in
+  // host memory (":cpu") is chosen only when no plan on the device fits: its update is bound
+  // by the host, which the cost model knows least.
   auto lossy = [](const PlannedCandidate& c) {
-    return c.candidate.optimizer.find("8bit") != std::string::npos;
+    const std::string& o = c.candidate.optimizer;
+    return 2 * (o.find("8bit") != std::string::npos) + (o.ends_with(":cpu") ? 1 : 0);
   };
   const PlannedCandidate* best = nullptr;
   const PlannedCandidate* smallest = nullptr;

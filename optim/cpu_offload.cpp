@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 #include <tuple>
+#include <utility>
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
@@ -393,10 +394,23 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
       const Device d = param_at(i).device();
       late[{static_cast<int>(d.type), d.index}].push_back(i);
     }
+  // In buckets of about bucket_bytes, as the hooks send them: the host updates the first while
+  // the rest are on their way, and an update that widens 16-bit gradients (AdamW8bit) holds
+  // one bucket's float32 copies, not every parameter's.
   for (auto& [d, list] : late) {
-    ++next_bucket_;
-    for (size_t i : list) send(i, next_bucket_ - 1);
-    close_bucket(std::move(list));
+    std::vector<size_t> bucket;
+    int64_t bytes = 0;
+    for (size_t i : list) {
+      if (bucket.empty()) ++next_bucket_;
+      send(i, next_bucket_ - 1);
+      bucket.push_back(i);
+      bytes += static_cast<int64_t>(param_at(i).grad().nbytes());
+      if (bytes >= offload_.bucket_bytes) {
+        close_bucket(std::exchange(bucket, {}));
+        bytes = 0;
+      }
+    }
+    close_bucket(std::move(bucket));
   }
   init_state(indices, group.flag("amsgrad"));
 

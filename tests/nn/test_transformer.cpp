@@ -245,7 +245,7 @@ TEST_P(Transformer, CheckpointedEncoderLayerWithMasks) {
   std::vector<std::vector<double>> grads[2];
   for (const bool on_ckpt : {false, true}) {
     nn::TransformerEncoderLayer& l = on_ckpt ? *ckpt : *plain;
-    const Tensor x = put(rand_input({3, 2, 4}, -1, 1, 13));
+    const Tensor x = leaf(rand_input({3, 2, 4}, -1, 1, 13));
     nn::reset_checkpoint_stats();
     const Tensor y = l(x, mask, kpm);
     EXPECT_EQ(nn::checkpoint_stats().segments, on_ckpt ? 1 : 0);
