@@ -373,6 +373,13 @@ if os.path.exists(os.path.join(ex, BENCH_TRAIN)):
     ok = p.returncode == 0 and "lstm-tiny-B2T16" in p.stdout and "floor ms" in p.stdout
     results.append((ok, f"{'ok' if ok else 'FAIL'} (valid): bench/{' '.join(args)} -> exit "
                         f"{p.returncode}{'' if ok else ': ' + repr(p.stdout[-600:] + p.stderr[-600:])}"))
+# The planner's micro-batches change batch norm's statistics: the program says so.
+args = ["train_resnet", "--dataset", "synthetic", "--batch", "64", "--image-size", "32",
+        "--checkpoint", "auto", "--memory-budget", "31MiB", "--estimate", "cpu"]
+rc, out, err, secs, _ = run(args, {})
+ok = rc == 0 and "micro-batches of 32 rows: batch norm (bn1, ...) takes its statistics" in out
+results.append((ok, f"{'ok' if ok else 'FAIL'} ({secs:.1f} s, valid): {' '.join(args)} "
+                    f"{'says micro-batches change batch norm' if ok else repr(out[-600:] + err[-600:])}"))
 fails = 0
 for ok, msg in results:
     print(msg)
