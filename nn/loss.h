@@ -14,6 +14,7 @@ class CrossEntropyLoss : public Module {
  public:
   explicit CrossEntropyLoss(int64_t ignore_index = -100, std::string reduction = "mean",
                             double label_smoothing = 0.0);
+  using Module::forward;  // the single-tensor one, which throws: a loss takes (input, target)
   Tensor forward(const Tensor& input, const Tensor& target);
   Tensor operator()(const Tensor& input, const Tensor& target,
                     const std::source_location& site = std::source_location::current()) {
@@ -31,6 +32,7 @@ class CrossEntropyLoss : public Module {
 class PairLoss : public Module {
  public:
   PairLoss(std::string type_name, std::string reduction, bool batchmean = false);
+  using Module::forward;  // the single-tensor one, which throws: a loss takes (input, target)
   virtual Tensor forward(const Tensor& input, const Tensor& target) = 0;
   Tensor operator()(const Tensor& input, const Tensor& target,
                     const std::source_location& site = std::source_location::current()) {

@@ -36,13 +36,13 @@ struct Graph::Impl {
 
 namespace {
 
+#ifdef TALLY_WITH_CUDA
 // The open captures by device (their graphs' kept host buffers). The count makes
 // is_capturing() one load when none is open.
 std::mutex g_mu;
 std::map<int, std::vector<void*>*> g_open;
 std::atomic<int> g_open_count{0};
 
-#ifdef TALLY_WITH_CUDA
 // The pinned allocator may query events or call cudaHostAlloc / cudaFreeHost, which a capture
 // in the thread-local mode refuses otherwise. None of it touches the capturing stream.
 using memory::RelaxedCapture;
