@@ -43,6 +43,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "optim/step_in_backward.h"
+#include "profiler/profiler.h"
 #include "tensor/cuda/graph.h"
 #include "tensor/meta/cost.h"
 #include "tensor/pinned.h"
@@ -261,6 +262,7 @@ struct ModelRun {
   int64_t batch = 8;
   std::string amp = "off";  // off | fp16 | bf16
   int warmup = 3;
+  int profile_rows = 0;  // --profile N: one more step profiled, its N costliest ops printed
 };
 
 std::string cfg_of(const ModelRun& m) {
@@ -348,6 +350,17 @@ void model_cfg(const ModelRun& m, Device dev, int steps) {
       floor_ms(counts, m.amp != "off"), dev.str());
   report(m.label, cfg, timed(step, dev, m.warmup, steps), dev, tokens ? m.batch * m.opts.seq : 0,
          extra);
+  if (m.profile_rows > 0) {  // after the timed steps, so the timing never includes the profiler
+    profiler::Profiler prof;
+    {
+      profiler::ProfilerGuard guard(prof);
+      step();
+      memory::synchronize(dev);
+    }
+    fmt::print("{}", prof.key_averages().table(dev.type == DeviceType::cuda ? "self_cuda_time_total"
+                                                                            : "self_cpu_time_total",
+                                               m.profile_rows));
+  }
 }
 
 constexpr const char* kResnetBase[] = {"baseline-fp32", "ckpt4", "amp-fp16", "amp-bf16",
@@ -412,7 +425,7 @@ constexpr const char* kUsage =
     "usage: bench_train [--resnet] [--gpt] [--configs a,b] [--steps N] [--cuda-graphs]\n"
     "       bench_train --model NAME [--preset P] [--batch B] [--seq T] [--image-size S]\n"
     "                   [--amp off|fp16|bf16] [--device cuda|cpu] [--steps N] [--warmup N]\n"
-    "                   [--label L]\n";
+    "                   [--label L] [--profile ROWS]\n";
 
 }  // namespace
 
@@ -451,6 +464,8 @@ int main(int argc, char** argv) {
         mr.warmup = static_cast<int>(int_flag(a, argv[++i], 0, 1000));
       else if (a == "--label" && has_value)
         mr.label = argv[++i];
+      else if (a == "--profile" && has_value)
+        mr.profile_rows = static_cast<int>(int_flag(a, argv[++i], 1, 1000));
       else if (a == "--amp" && has_value) {
         mr.amp = argv[++i];
         if (mr.amp != "off" && mr.amp != "fp16" && mr.amp != "bf16")
@@ -498,11 +513,11 @@ int main(int argc, char** argv) {
             "{}-{}-B{}{}", e.name, mr.opts.preset, mr.batch,
             images ? fmt::format("S{}", mr.opts.image_size) : fmt::format("T{}", mr.opts.seq));
     } else if (device != "cuda" || mr.amp != "off" || mr.batch != 8 || mr.warmup != 3 ||
-               !mr.label.empty() || !mr.opts.preset.empty() || mr.opts.seq > 0 ||
-               mr.opts.image_size > 0) {
+               mr.profile_rows != 0 || !mr.label.empty() || !mr.opts.preset.empty() ||
+               mr.opts.seq > 0 || mr.opts.image_size > 0) {
       throw std::invalid_argument(
-          "--preset, --batch, --seq, --image-size, --amp, --device, --warmup and --label apply "
-          "to --model");
+          "--preset, --batch, --seq, --image-size, --amp, --device, --warmup, --label and "
+          "--profile apply to --model");
     }
   } catch (const std::invalid_argument& e) {
     fmt::print(stderr, "bench_train: {}\n", e.what());

@@ -398,6 +398,28 @@ TEST_P(Reductions, Gradients) {
 // equals the sum of its float32 copy; integral sides cast the input first, as PyTorch; the
 // gradient comes back in the input's dtype; autocast sums a 16-bit input into float32 the
 // same way (fp32_set_opt_dtype) with no float32 copy of the input.
+// Many outputs of a few elements each (an expand's backward, as grouped-query attention's key
+// heads): CUDA's thread-per-output path, against the CPU in float64.
+TEST_P(Reductions, SumManyOutputsFewElements) {
+  const Device d = dev();
+  const Tensor x64 = rand_tensor({2, 8, 4, 64, 64}, DType::float64, 33);
+  for (DType dt : {DType::float32, DType::bfloat16}) {
+    const Tensor x = ops::to(x64, d, dt);
+    const Tensor ref = ops::sum(ops::to(x, Device::cpu(), DType::float64), {2}, true);
+    const Tensor got = ops::sum(x, {2}, true);
+    EXPECT_EQ(got.sizes(), (Shape{2, 8, 1, 64, 64}));
+    EXPECT_LT(max_pointwise_error_lenient(ops::to(got, DType::float64), ref),
+              dt == DType::float32 ? 1e-6 : 1e-2)
+        << dtype_name(dt);
+    // A transposed view: the kept dims strided.
+    const Tensor xt = x.transpose(3, 4);
+    const Tensor ref2 = ops::sum(ops::to(xt, Device::cpu(), DType::float64), {2}, false);
+    EXPECT_LT(max_pointwise_error_lenient(ops::to(ops::sum(xt, {2}), DType::float64), ref2),
+              dt == DType::float32 ? 1e-6 : 1e-2)
+        << dtype_name(dt) << " transposed";
+  }
+}
+
 TEST_P(Reductions, SumDtype) {
   const Device d = dev();
   for (DType in : {DType::bfloat16, DType::float16}) {
