@@ -1,11 +1,14 @@
-// CUDA kernels of the index family: one thread per element (per row for cumsum/cumprod), a
-// grid-stride loop over row-major coordinates, every operand read and written through its
-// strides. scatter_add, index_add and scatter(reduce='multiply') update with atomics (the order
-// of duplicate indices' updates is unspecified, as in PyTorch). sort is stable with NaN the
-// largest value: a bitonic sort in shared memory, one block a row, for rows of up to 2048
-// elements; cub's segmented radix sort (scratch: keys, positions, cub's temp) beyond.
+// CUDA kernels of the index family: one thread per element (per row for strided
+// cumsum/cumprod), a grid-stride loop over row-major coordinates, every operand read and
+// written through its strides; a block a row where rows are contiguous (cumsum/cumprod along
+// the last dim, and index_select / index_add_ / index_fill_ of rows of 64 elements or more).
+// scatter_add, index_add and scatter(reduce='multiply') update with atomics (the order of duplicate
+// indices' updates is unspecified, as in PyTorch). sort is stable with NaN the largest value: a
+// bitonic sort in shared memory, one block a row, for rows of up to 2048 elements; cub's segmented
+// radix sort (scratch: keys, positions, cub's temp) beyond.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -136,6 +139,92 @@ const T* iptr(const Tensor& t) {
   return static_cast<const T*>(t.storage().data());
 }
 
+// ---- rows: the index varies only along dim (index_select, index_add_, index_fill_: the 1-D
+// index viewed over the whole shape) and the dense operands are contiguous, so each selected
+// row of `inner` elements (the dims after dim) is one contiguous run: a block a row, no
+// per-element index arithmetic, 16-byte copies where the rows allow. Rows are (o, r) pairs of
+// the `outer` leading positions and the m index entries.
+struct Rows {
+  int64_t outer = 0, m = 0, inner = 0, n = 0;  // n: the indexed tensor's size at dim
+  int64_t ioff = 0, istride = 0;               // the index's offset and stride along dim
+};
+
+constexpr int64_t kRowMinInner = 64;  // shorter rows keep the element kernels
+
+// The Rows of `shape` (out's for gather, index's for scatter) when the layout allows them.
+std::optional<Rows> rows_of(const Shape& shape, const Tensor& index, int64_t dim,
+                            const Tensor& dense, int64_t n) {
+  const auto d = static_cast<size_t>(dim);
+  if (!dense.is_contiguous() || dense.sizes().size() != shape.size()) return std::nullopt;
+  for (size_t k = 0; k < shape.size(); ++k)
+    if (k != d && (index.strides()[k] != 0 || dense.sizes()[k] != shape[k])) return std::nullopt;
+  Rows r;
+  r.outer = 1;
+  r.inner = 1;
+  for (size_t k = 0; k < d; ++k) r.outer *= shape[k];
+  for (size_t k = d + 1; k < shape.size(); ++k) r.inner *= shape[k];
+  if (r.inner < kRowMinInner) return std::nullopt;
+  r.m = shape[d];
+  r.n = n;
+  r.ioff = index.storage_offset();
+  r.istride = index.strides()[d];
+  return r;
+}
+
+template <typename T>
+__global__ void gather_rows_kernel(T* out, const int64_t* index, const T* x, Rows r, bool vec16) {
+  for (int64_t row = blockIdx.x; row < r.outer * r.m; row += gridDim.x) {
+    const int64_t o = row / r.m, j = row - o * r.m;
+    int64_t i = index[r.ioff + j * r.istride];
+    if (i < 0) i += r.n;
+    T* dst = out + row * r.inner;
+    if (i < 0 || i >= r.n) {  // out of range: 0 (cannot throw), as gather_kernel
+      for (int64_t e = threadIdx.x; e < r.inner; e += blockDim.x) dst[e] = T{};
+      continue;
+    }
+    const T* src = x + (o * r.n + i) * r.inner;
+    if (vec16) {
+      const int64_t words = r.inner * static_cast<int64_t>(sizeof(T)) / 16;
+      for (int64_t e = threadIdx.x; e < words; e += blockDim.x)
+        reinterpret_cast<uint4*>(dst)[e] = reinterpret_cast<const uint4*>(src)[e];
+    } else {
+      for (int64_t e = threadIdx.x; e < r.inner; e += blockDim.x) dst[e] = src[e];
+    }
+  }
+}
+
+// src_scalar: src is one value broadcast (index_fill_), else contiguous like the index's shape.
+template <typename T>
+__global__ void scatter_rows_kernel(T* out, const T* src, bool src_scalar, const int64_t* index,
+                                    Rows r, ScatterReduce reduce, double alpha) {
+  for (int64_t row = blockIdx.x; row < r.outer * r.m; row += gridDim.x) {
+    const int64_t o = row / r.m, j = row - o * r.m;
+    int64_t i = index[r.ioff + j * r.istride];
+    if (i < 0) i += r.n;
+    if (i < 0 || i >= r.n) continue;
+    T* dst = out + (o * r.n + i) * r.inner;
+    const T* s = src_scalar ? src : src + row * r.inner;
+    for (int64_t e = threadIdx.x; e < r.inner; e += blockDim.x) {
+      const T v = s[src_scalar ? 0 : e];
+      if (reduce == ScatterReduce::none)
+        dst[e] = v;
+      else if (alpha == 1.0)
+        atomic_add(dst + e, v);
+      else
+        atomic_add(dst + e, store<T>(static_cast<double>(load(v)) * alpha));
+    }
+  }
+}
+
+unsigned grid_for_rows(int64_t rows) {
+  return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, kMaxGrid));
+}
+
+template <typename T>
+bool aligned16(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
 void gather(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim) {
   const auto d = static_cast<size_t>(dim);
   const int64_t total = out.numel();
@@ -144,6 +233,21 @@ void gather(const Tensor& out, const Tensor& x, const Tensor& index, int64_t dim
   NvtxRange range("gather");
   const int dev = x.device().index;
   DeviceGuard guard(dev);
+  if (out.is_contiguous() && total > 0) {
+    if (const std::optional<Rows> r = rows_of(out.sizes(), index, dim, x, x.sizes()[d])) {
+      TALLY_DISPATCH_ALL(x.dtype(), "gather", [&] {
+        using T = dev_t<scalar_t>;
+        T* o = dptr<scalar_t>(out) + out.storage_offset();
+        const T* src = dptr<scalar_t>(x) + x.storage_offset();
+        const bool vec16 = (r->inner * static_cast<int64_t>(sizeof(T))) % 16 == 0 && aligned16(o) &&
+                           aligned16(src);
+        gather_rows_kernel<T><<<grid_for_rows(r->outer * r->m), kThreads, 0, stream(dev)>>>(
+            o, iptr<int64_t>(index), src, *r, vec16);
+      });
+      check_launch("gather");
+      return;
+    }
+  }
   TALLY_DISPATCH_ALL(x.dtype(), "gather", [&] {
     gather_kernel<dev_t<scalar_t>><<<grid_for(total), kThreads, 0, stream(dev)>>>(
         dptr<scalar_t>(out), iptr<int64_t>(index), dptr<scalar_t>(x), total, l, x.sizes()[d],
@@ -162,6 +266,21 @@ void scatter(const Tensor& out, const Tensor& src, const Tensor& index, int64_t 
   NvtxRange range(name);
   const int dev = out.device().index;
   DeviceGuard guard(dev);
+  const bool src_scalar =
+      std::all_of(src.strides().begin(), src.strides().end(), [](int64_t st) { return st == 0; });
+  if (total > 0 && reduce != ScatterReduce::multiply &&
+      (src_scalar || (src.is_contiguous() && src.sizes() == index.sizes()))) {
+    if (const std::optional<Rows> r = rows_of(index.sizes(), index, dim, out, out.sizes()[d])) {
+      TALLY_DISPATCH_ALL(out.dtype(), name, [&] {
+        using T = dev_t<scalar_t>;
+        scatter_rows_kernel<T><<<grid_for_rows(r->outer * r->m), kThreads, 0, stream(dev)>>>(
+            dptr<scalar_t>(out) + out.storage_offset(), dptr<scalar_t>(src) + src.storage_offset(),
+            src_scalar, iptr<int64_t>(index), *r, reduce, alpha);
+      });
+      check_launch(name);
+      return;
+    }
+  }
   TALLY_DISPATCH_ALL(out.dtype(), name, [&] {
     scatter_kernel<dev_t<scalar_t>><<<grid_for(total), kThreads, 0, stream(dev)>>>(
         dptr<scalar_t>(out), dptr<scalar_t>(src), iptr<int64_t>(index), total, l, out.sizes()[d],
@@ -189,6 +308,56 @@ __global__ void scan_kernel(O* out, const X* x, int64_t rows, Indexer<2> l, int6
   }
 }
 
+// Rows contiguous along the scanned dim: one block a row, tiles of kScanThreads consecutive
+// elements (coalesced), a warp-shuffle scan, then a scan of the warp totals, each tile
+// starting from the total of those before it. The one-thread-a-row kernel above reads a row
+// per thread (a warp's loads hit 32 rows): [4096, 4096] along dim 1 took 1.27 ms on the H100,
+// against PyTorch's 0.18.
+constexpr int kScanThreads = 256, kScanWarps = kScanThreads / 32;
+
+template <typename S>
+__device__ __forceinline__ S combine(S a, S b, bool prod) {
+  return prod ? a * b : a + b;
+}
+
+template <typename X, typename O, typename S>
+__global__ void __launch_bounds__(kScanThreads)
+    scan_rows_kernel(O* out, const X* x, int64_t rows, Indexer<2> l, int64_t n, bool reverse,
+                     bool prod) {
+  __shared__ S warp_total[kScanWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const S identity = prod ? S(1) : S(0);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    int64_t o[2];
+    l.get(row, o);
+    S carry = identity;
+    for (int64_t base = 0; base < n; base += kScanThreads) {
+      const int64_t k = base + threadIdx.x;
+      const int64_t j = reverse ? n - 1 - k : k;
+      S v = k < n ? static_cast<S>(load(x[o[0] + j])) : identity;
+      for (int off = 1; off < 32; off <<= 1) {
+        const S t = __shfl_up_sync(0xffffffffu, v, off);
+        if (lane >= off) v = combine(t, v, prod);
+      }
+      if (lane == 31) warp_total[warp] = v;
+      __syncthreads();
+      if (warp == 0) {
+        S t = lane < kScanWarps ? warp_total[lane] : identity;
+        for (int off = 1; off < kScanWarps; off <<= 1) {
+          const S u = __shfl_up_sync(0xffffffffu, t, off);
+          if (lane >= off) t = combine(u, t, prod);
+        }
+        if (lane < kScanWarps) warp_total[lane] = t;
+      }
+      __syncthreads();
+      const S before = warp > 0 ? combine(carry, warp_total[warp - 1], prod) : carry;
+      if (k < n) out[o[1] + j] = store<O>(combine(before, v, prod));
+      carry = combine(carry, warp_total[kScanWarps - 1], prod);
+      __syncthreads();  // warp_total is written again by the next tile
+    }
+  }
+}
+
 void scan(const Tensor& out, const Tensor& x, int64_t dim, bool reverse, bool prod) {
   const auto d = static_cast<size_t>(dim);
   const RowsAlong ra = rows_along(x, dim);
@@ -198,6 +367,21 @@ void scan(const Tensor& out, const Tensor& x, int64_t dim, bool reverse, bool pr
   NvtxRange range("cumsum");
   const int dev = x.device().index;
   DeviceGuard guard(dev);
+  const bool contiguous_rows = x.strides()[d] == 1 && out.strides()[d] == 1 && n >= 64;
+  if (contiguous_rows) {
+    const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(rows, 1, kMaxGrid));
+    TALLY_DISPATCH_ALL(x.dtype(), "cumsum", [&] {
+      using X = dev_t<scalar_t>;
+      if constexpr (std::is_floating_point_v<acc_t<scalar_t>>)
+        scan_rows_kernel<X, X, double><<<grid, kScanThreads, 0, stream(dev)>>>(
+            dptr<scalar_t>(out), dptr<scalar_t>(x), rows, l, n, reverse, prod);
+      else
+        scan_rows_kernel<X, int64_t, long long><<<grid, kScanThreads, 0, stream(dev)>>>(
+            dptr<int64_t>(out), dptr<scalar_t>(x), rows, l, n, reverse, prod);
+    });
+    check_launch("cumsum");
+    return;
+  }
   TALLY_DISPATCH_ALL(x.dtype(), "cumsum", [&] {
     using X = dev_t<scalar_t>;
     if constexpr (std::is_floating_point_v<acc_t<scalar_t>>) {

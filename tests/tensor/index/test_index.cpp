@@ -392,6 +392,36 @@ TEST_P(IndexVsCpu, KernelsMatchTheCpu) {
   }
 }
 
+// The row kernels: cumsum / cumprod along contiguous rows of 64 or more, and index_select /
+// index_add / index_fill of rows of 64 or more elements (16-byte copies where rows allow).
+TEST_P(IndexVsCpu, RowKernelsMatchTheCpu) {
+  for (DType d : {DType::float32, DType::float64, DType::float16, DType::bfloat16}) {
+    const std::string what = dtype_name(d);
+    const double tol = pointwise_tol(d) * 10;
+    const Pair x = both({6, 300}, d, 11);
+    EXPECT_TRUE(close_pointwise(ops::cumsum(x.gpu, 1), ops::cumsum(x.cpu, 1), 1e-12)) << what;
+    EXPECT_TRUE(close_pointwise(ops::cumsum(x.gpu, 1, true), ops::cumsum(x.cpu, 1, true), 1e-12))
+        << what;
+    const Pair p = both({6, 300}, d, 12, false, 0.9, 1.1);
+    EXPECT_TRUE(close_pointwise(ops::cumprod(p.gpu, 1), ops::cumprod(p.cpu, 1), tol)) << what;
+    for (int64_t inner : {96, 65}) {  // 16-byte copies, then element copies
+      const Pair t = both({3, 20, inner}, d, 13);
+      const Tensor rc = ops::randint(0, 20, {30}, DType::int64, kCpu);  // duplicates
+      const Tensor rg = to_gpu(rc);
+      EXPECT_TRUE(
+          close_pointwise(ops::index_select(t.gpu, 1, rg), ops::index_select(t.cpu, 1, rc), 0.0))
+          << what << " " << inner;
+      const Pair src = both({3, 30, inner}, d, 14);
+      EXPECT_TRUE(close_pointwise(ops::index_add(t.gpu, 1, rg, src.gpu, 0.5),
+                                  ops::index_add(t.cpu, 1, rc, src.cpu, 0.5), tol))
+          << what << " " << inner;
+      EXPECT_TRUE(close_pointwise(ops::index_fill(t.gpu, 1, rg, -1.5),
+                                  ops::index_fill(t.cpu, 1, rc, -1.5), 0.0))
+          << what << " " << inner;
+    }
+  }
+}
+
 TEST_P(IndexVsCpu, ScatterReduceCumprodMatchTheCpu) {
   for (DType d : {DType::float32, DType::float64, DType::float16, DType::bfloat16}) {
     const std::string what = dtype_name(d);
