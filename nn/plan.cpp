@@ -146,7 +146,7 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
       grid.push_back({parse_checkpoint_spec("blocks"), amp, offload, first_chunk});
     }
   plan.candidates = dry_run_grid(run, grid, options.classifier_chunks, target, rates, options.steps,
-                                 options.budget);
+                                 options.budget, options.host_memory);
   plan = choose_plan(std::move(plan.candidates), options.budget, target);
   return plan;
 }
@@ -154,7 +154,8 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
 std::vector<PlannedCandidate> dry_run_grid(
     const std::function<void(Device, const PlanCandidate&)>& run,
     const std::vector<PlanCandidate>& grid, const std::vector<int64_t>& chunks,
-    const memory::MetaTarget& target, const meta::Rates& rates, int64_t steps, size_t budget) {
+    const memory::MetaTarget& target, const meta::Rates& rates, int64_t steps, size_t budget,
+    size_t host_memory) {
   for (size_t i = 0; i < chunks.size(); ++i)
     if (chunks[i] <= 0 || (i > 0 && chunks[i] >= chunks[i - 1]))
       throw std::invalid_argument(
@@ -163,7 +164,7 @@ std::vector<PlannedCandidate> dry_run_grid(
                       chunks[i], i));
   const int64_t first_chunk = chunks.empty() ? 0 : chunks.front();
   auto dry_run = [&](const PlanCandidate& candidate) {
-    return dry_run_candidate(run, candidate, target, rates, steps, budget);
+    return dry_run_candidate(run, candidate, target, rates, steps, budget, host_memory);
   };
   // A smaller chunk lowers the peak by at most twice the difference of the chunk budgets (the
   // chunk's buffers are all it changes; training and the validation after it can each keep a
@@ -191,10 +192,11 @@ std::vector<PlannedCandidate> dry_run_grid(
 
 PlannedCandidate dry_run_candidate(const std::function<void(Device, const PlanCandidate&)>& run,
                                    const PlanCandidate& candidate, const memory::MetaTarget& target,
-                                   const meta::Rates& rates, int64_t steps, size_t budget) {
+                                   const meta::Rates& rates, int64_t steps, size_t budget,
+                                   size_t host_memory) {
   PlannedCandidate pc;
   pc.candidate = candidate;
-  memory::DryRun dry({.spec = target, .max_history = 0});
+  memory::DryRun dry({.spec = target, .max_history = 0, .host_memory = host_memory});
   meta::set_rates(dry.device(), rates);
   try {
     run(dry.device(), pc.candidate);
