@@ -194,7 +194,7 @@ namespace {
 // the peak splits into what no micro-batch count changes (parameters, gradients, optimizer
 // state, inputs) and what grows with the micro-batch's rows (activations, temporaries), which
 // one row cannot bring below its share per row: not when that floor is over the budget (or
-// the host's, over its memory), nor when the peak stopped falling.
+// the host's, over its memory), nor when the peak allocated stopped falling.
 bool more_micro_batches_can_help(const memory::Estimate& e,
                                  const std::optional<memory::Estimate>& below, size_t budget,
                                  int64_t rows) {
@@ -209,9 +209,11 @@ bool more_micro_batches_can_help(const memory::Estimate& e,
   if (floor(e.at_peak) > static_cast<int64_t>(budget)) return false;
   if (!e.host_out_of_memory.empty() && floor(e.host_at_peak) > static_cast<int64_t>(e.host_memory))
     return false;
-  // Peaks compare only between dry runs that completed on the device.
+  // Peaks compare only between dry runs that completed on the device; allocated ones, as the
+  // reserved can stay on a segment's size for a rung and fall at the next.
   if (below && below->out_of_memory.empty() && e.out_of_memory.empty() &&
-      e.peak_reserved >= below->peak_reserved && e.host_peak_reserved >= below->host_peak_reserved)
+      e.peak_allocated >= below->peak_allocated &&
+      e.host_peak_allocated >= below->host_peak_allocated)
     return false;
   return true;
 }

@@ -57,11 +57,12 @@ struct TrainingPlanOptions {
   std::vector<bool> step_in_backward = {false, true};
   // Micro-batches per step (gradient accumulation, the same batch per step). Empty: climb
   // micro_batch_ladder(batch) (1, 2, 4, ... up to the batch) for each candidate, one rung at a
-  // time while it is over the budget and more micro-batches can still lower its peak (its
-  // parameters and optimizer state fit; its peak fell at the last rung). More micro-batches
-  // of the same levers only cost time, so none past the first that fits is dry-run. A list:
-  // each count in it for every candidate (those that do not divide the batch are left out),
-  // so that one search's candidates serve other budgets (choose_plan).
+  // time while it is over the budget and more can still bring it under: what no count changes
+  // (parameters, gradients, optimizer state) plus one row's share of its activations and
+  // temporaries fits, and its peak allocated fell at the last rung. More micro-batches of the
+  // same levers only cost time, so none past the first that fits is dry-run. A list: each
+  // count in it for every candidate (those that do not divide the batch are left out), so
+  // that one search's candidates serve other budgets (choose_plan).
   std::vector<int64_t> micro_batches;
   // {false}: set {false, true} for a factory that builds a fused classifier on request.
   std::vector<bool> fused_classifier = {false};
