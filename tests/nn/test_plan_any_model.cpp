@@ -18,6 +18,7 @@
 #include "nn/norm.h"
 #include "nn/offload.h"
 #include "optim/plan_training.h"
+#include "tensor/pinned.h"
 #include "testing/residual_mlp.h"
 
 namespace tally {
@@ -389,6 +390,32 @@ TEST(PlanAnyModel, ABudgetTooSmallForTheWholeBatchTakesMoreMicroBatches) {
                                      one_candidate(static_cast<size_t>(params + params / 2))),
                std::invalid_argument);
   EXPECT_EQ(builds, 2);
+}
+
+// Every candidate's dry run replays the host memory the options name (a GPU run's host, which
+// a :cpu optimizer's state must fit), not this machine's.
+TEST(PlanAnyModel, TheDryRunsReplayTheHostMemoryAsked) {
+  std::shared_ptr<MyNet> net;
+  {
+    nn::BuildOnDevice on(Device::meta());
+    net = make_net();
+  }
+  // 64 MiB of optimizer state in the host memory of an H200 dry run, a little on the device.
+  const nn::CandidateRun run = [](Device d, const nn::PlanCandidate&) {
+    memory::CategoryScope state(memory::Category::optimizer_state);
+    const Tensor host = ops::empty_host({int64_t{16} << 20}, DType::float32, d);
+    const Tensor device = ops::empty({1024}, DType::float32, d);
+  };
+  nn::TrainingPlanOptions o = one_candidate(size_t{1} << 30);
+  o.target = "h200";
+  o.offloads = {nn::OffloadSpec{}};
+  o.micro_batches = {1};
+  o.host_memory = size_t{1} << 30;
+  const nn::MemoryPlan plan = nn::plan_memory(*net, kBatch, run, o);
+  EXPECT_EQ(plan.chosen.estimate.host_memory, o.host_memory);
+  EXPECT_EQ(plan.chosen.estimate.host_peak_reserved, int64_t{64} << 20) << plan.report();
+  o.host_memory = size_t{32} << 20;  // below the state: no candidate fits
+  EXPECT_THROW((void)nn::plan_memory(*net, kBatch, run, o), std::invalid_argument);
 }
 
 // The registry's GPT and ResNet at their tiny presets under the planner at three budgets
