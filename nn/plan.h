@@ -123,7 +123,8 @@ MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
                        const memory::MetaTarget& target);
 
 // The cost model's rates for `target` (tensor/meta/cost.h): the CPU's measured now by a short
-// timed run (a float32 and a bfloat16 GEMM, a large copy), once per process; a recorded GPU's
+// timed run (a float32 GEMM, whose rate 16-bit products take too, as the CPU runs them in
+// float32; a large copy), once per process; a recorded GPU's
 // as recorded; another GPU takes the H200's (a relative model: ranks plans, not seconds).
 meta::Rates calibrated_rates(const memory::MetaTarget& target);
 
