@@ -128,8 +128,9 @@ struct AutoPlan {
   // the planner's default, nn::TrainingPlanOptions).
   std::vector<std::string> optimizers;
   std::vector<bool> step_in_backward;
-  std::vector<int64_t> micro_batches;
+  std::vector<int64_t> micro_batches;  // empty: 1, 2, 4, ... up to the batch, as needed
   std::vector<bool> fused_classifier;  // a model that builds one on request (train_gpt)
+  size_t host_memory = 0;              // --host-memory: the dry runs' host (0: this machine's)
 };
 inline AutoPlan parse_auto_plan(const std::string& checkpoint, const std::string& amp,
                                 const std::string& budget, const std::string& offload = "none") {
@@ -154,6 +155,29 @@ inline AutoPlan parse_auto_plan(const std::string& checkpoint, const std::string
   return p;
 }
 
+// What one row of a batch is, from the first input's shape (without its batch dimension) and
+// dtype: "sequences of 2048 tokens" (integer ids), "images of 3x32x32", "samples of 16x8".
+inline std::string describe_rows(const Shape& input, DType dtype) {
+  std::string dims;
+  for (size_t i = 1; i < input.size(); ++i) dims += fmt::format("{}{}", i > 1 ? "x" : "", input[i]);
+  if (input.size() == 2 && !is_floating(dtype)) return fmt::format("sequences of {} tokens", dims);
+  if (input.size() == 4) return "images of " + dims;
+  return input.size() > 1 ? "samples of " + dims : "samples";
+}
+
+// What a step of `batch` rows in `micro_batches` keeps: "32 sequences of 2048 tokens per step
+// (65536 tokens) in 8 micro-batches of 4". `rows` as describe_rows says; `tokens_per_row` 0
+// for rows that are not sequences of tokens.
+inline std::string describe_step(int64_t batch, int64_t micro_batches, const std::string& rows,
+                                 int64_t tokens_per_row = 0) {
+  const int64_t k = std::max<int64_t>(1, micro_batches);
+  return fmt::format(
+      "{} {} per step{} in {}", batch, rows,
+      tokens_per_row > 0 ? fmt::format(" ({} tokens)", batch * tokens_per_row) : std::string(),
+      k > 1 ? fmt::format("{} micro-batches of {}", k, batch / k)
+            : std::string("one batch (no micro-batches)"));
+}
+
 // The planner's choice, its grid printed. `device` is the run's (a dry run's meta device for
 // --estimate: its target is planned for); `model` (built on a meta device) gives the
 // checkpointing policies; `batch` the micro-batch counts that divide it. `run` trains `steps`
@@ -165,6 +189,7 @@ inline nn::PlanCandidate plan_run(const AutoPlan& ap, std::optional<DType> amp, 
                                   int64_t steps, std::vector<int64_t> classifier_chunks = {}) {
   nn::TrainingPlanOptions o;
   o.steps = steps;
+  o.host_memory = ap.host_memory;
   o.classifier_chunks = std::move(classifier_chunks);
   o.target = device.is_meta() ? memory::meta_target_of(device).name
                               : (device.type == DeviceType::cuda ? "cuda" : "cpu");
@@ -192,7 +217,7 @@ inline nn::PlanCandidate plan_run(const AutoPlan& ap, std::optional<DType> amp, 
   std::fputs(plan.report().c_str(), stdout);
   // Micro-batches change what batch norm computes: its statistics over each micro-batch.
   const int64_t k = plan.chosen.candidate.micro_batches;
-  if (k > 1 && ap.micro_batches.size() > 1)  // the planner chose them, not --grad-accum
+  if (k > 1 && ap.micro_batches.size() != 1)  // the planner chose them, not --grad-accum
     for (const auto& [name, m] : model.named_modules())
       if (dynamic_cast<const nn::BatchNormBase*>(m) != nullptr) {
         std::printf(

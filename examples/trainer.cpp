@@ -114,8 +114,12 @@ void Trainer::check_flags(const CLI::App& app, const std::vector<std::string>& o
     auto_plan_.step_in_backward = {f_.step_in_backward};
     if (!given("--step-in-backward") && !clip_given_ && !graphs && !given("--grad-accum"))
       auto_plan_.step_in_backward = {false, true};
+    // Without --grad-accum: 1, 2, 4, ... micro-batches up to the batch, as the budget needs.
     auto_plan_.micro_batches = {f_.grad_accum};
-    if (!given("--grad-accum") && !f_.step_in_backward) auto_plan_.micro_batches = {1, 2, 4};
+    if (!given("--grad-accum") && !f_.step_in_backward) auto_plan_.micro_batches.clear();
+    // The dry runs' host: --host-memory's (make_dry_run checked it), else this machine's.
+    if (!f_.host_memory.empty())
+      auto_plan_.host_memory = memory::parse_bytes(f_.host_memory, "--host-memory");
   }
 }
 
@@ -207,6 +211,12 @@ std::optional<nn::PlanCandidate> Trainer::plan(nn::Module& meta_model, const Dry
         dry_steps(d, {c, batch});
       },
       kEstimateSteps, std::move(classifier_chunks));
+  // The step the plan keeps, its rows as the dry runs' inputs had them.
+  const bool tokens = dry_input_shape_.size() == 2 && !is_floating(dry_input_dtype_);
+  fmt::print("Step: {}\n", describe_step(batch, chosen.micro_batches,
+                                         describe_rows(dry_input_shape_, dry_input_dtype_),
+                                         tokens ? dry_input_shape_[1] : 0));
+  std::fflush(stdout);
   checkpoint = chosen.checkpoint;
   amp = chosen.amp;
   offload = chosen.offload;
@@ -247,15 +257,28 @@ void Trainer::dry_train(
     memory::CategoryScope input(memory::Category::input);
     in = make_inputs();
   }
+  if (!in.empty()) {  // what a row is, for the planner's printed step
+    dry_input_shape_ = in.front().sizes();
+    dry_input_dtype_ = in.front().dtype();
+  }
   memory::dry_run_phase(d, "train");
   for (int64_t s = 0; s < kEstimateSteps; ++s) train_step(*o, p, in, forward, 0, accum);
   memory::dry_run_phase(d, "eval");
   // Then the evaluation the program runs after training: its blocks can need segments that
   // training left no room for (GPT-2 B16, 2 segments: about 100 MiB more after validation).
+  // It reads grad_accum(): the candidate's micro-batches, as the run would have them.
   NoGradGuard ng;
   m.eval();
   auto guard = p.autocast();
-  eval(in);
+  const int64_t given = f_.grad_accum;
+  f_.grad_accum = accum;
+  try {
+    eval(in);
+  } catch (...) {
+    f_.grad_accum = given;
+    throw;
+  }
+  f_.grad_accum = given;
 }
 
 int Trainer::run(const RunShape& shape, const DrySteps& dry_steps,

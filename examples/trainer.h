@@ -254,6 +254,9 @@ class Trainer {
   Device dev_ = Device::cpu();
   AutoPlan auto_plan_;
   bool clip_given_ = false;  // --clip on the command line: step-in-backward stays off
+  // The first input of the last dry_train (what a row of the batch is, for plan()'s output).
+  mutable Shape dry_input_shape_;
+  mutable DType dry_input_dtype_ = DType::float32;
   optim::Optimizer* opt_ = nullptr;
   int64_t total_ = 0;
   std::unique_ptr<Precision> prec_;

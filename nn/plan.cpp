@@ -33,7 +33,7 @@ double best_seconds(int reps, F&& f) {
 }
 
 struct CpuRates {
-  double flops_32, flops_16, bandwidth, launch;
+  double flops_32, bandwidth, launch;
 };
 
 CpuRates measure_cpu() {
@@ -42,11 +42,9 @@ CpuRates measure_cpu() {
   memory::PrivateCpuAllocatorScope own_allocator;
   const int64_t n = 384;
   const Tensor a = ops::randn({n, n}), b = ops::randn({n, n});
-  const Tensor a16 = ops::to(a, DType::bfloat16), b16 = ops::to(b, DType::bfloat16);
   const double gemm = 2.0 * static_cast<double>(n * n * n);
   CpuRates r{};
   r.flops_32 = gemm / best_seconds(3, [&] { ops::matmul(a, b); });
-  r.flops_16 = gemm / best_seconds(2, [&] { ops::matmul(a16, b16); });
   const Tensor src = ops::zeros({int64_t{1} << 22}), dst = ops::empty({int64_t{1} << 22});
   r.bandwidth =
       2.0 * static_cast<double>(src.nbytes()) / best_seconds(3, [&] { ops::copy_(dst, src); });
@@ -100,7 +98,12 @@ meta::Rates calibrated_rates(const memory::MetaTarget& t) {
     std::call_once(once, [] { rates = measure_cpu(); });
     r.flops_32bit = r.flops_tf32 = rates.flops_32;
     r.flops_64bit = rates.flops_32 / 2;
-    r.flops_16bit = rates.flops_16;
+    // The CPU multiplies 16-bit operands in float32 (tensor/linalg/cpu.cpp: widen, sgemm, round
+    // back), and the meta kernel charges the widening and rounding as ops of their own
+    // (tensor/linalg/meta.cpp). Timing a whole 16-bit matmul here counted those copies twice, and
+    // on a loaded machine their three parallel regions made a 384 x 384 product take 48 ms
+    // against 1.2 ms in float32: GPT-2's bf16 step priced at 11x its float32 one (issue 51).
+    r.flops_16bit = rates.flops_32;
     r.bandwidth = rates.bandwidth;
     r.launch_seconds = rates.launch;
     return r;
@@ -146,7 +149,7 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
       grid.push_back({parse_checkpoint_spec("blocks"), amp, offload, first_chunk});
     }
   plan.candidates = dry_run_grid(run, grid, options.classifier_chunks, target, rates, options.steps,
-                                 options.budget);
+                                 options.budget, options.host_memory);
   plan = choose_plan(std::move(plan.candidates), options.budget, target);
   return plan;
 }
@@ -154,7 +157,8 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
 std::vector<PlannedCandidate> dry_run_grid(
     const std::function<void(Device, const PlanCandidate&)>& run,
     const std::vector<PlanCandidate>& grid, const std::vector<int64_t>& chunks,
-    const memory::MetaTarget& target, const meta::Rates& rates, int64_t steps, size_t budget) {
+    const memory::MetaTarget& target, const meta::Rates& rates, int64_t steps, size_t budget,
+    size_t host_memory) {
   for (size_t i = 0; i < chunks.size(); ++i)
     if (chunks[i] <= 0 || (i > 0 && chunks[i] >= chunks[i - 1]))
       throw std::invalid_argument(
@@ -163,7 +167,7 @@ std::vector<PlannedCandidate> dry_run_grid(
                       chunks[i], i));
   const int64_t first_chunk = chunks.empty() ? 0 : chunks.front();
   auto dry_run = [&](const PlanCandidate& candidate) {
-    return dry_run_candidate(run, candidate, target, rates, steps, budget);
+    return dry_run_candidate(run, candidate, target, rates, steps, budget, host_memory);
   };
   // A smaller chunk lowers the peak by at most twice the difference of the chunk budgets (the
   // chunk's buffers are all it changes; training and the validation after it can each keep a
@@ -191,10 +195,11 @@ std::vector<PlannedCandidate> dry_run_grid(
 
 PlannedCandidate dry_run_candidate(const std::function<void(Device, const PlanCandidate&)>& run,
                                    const PlanCandidate& candidate, const memory::MetaTarget& target,
-                                   const meta::Rates& rates, int64_t steps, size_t budget) {
+                                   const meta::Rates& rates, int64_t steps, size_t budget,
+                                   size_t host_memory) {
   PlannedCandidate pc;
   pc.candidate = candidate;
-  memory::DryRun dry({.spec = target, .max_history = 0});
+  memory::DryRun dry({.spec = target, .max_history = 0, .host_memory = host_memory});
   meta::set_rates(dry.device(), rates);
   try {
     run(dry.device(), pc.candidate);

@@ -61,6 +61,10 @@ struct PlanOptions {
   // Training steps each candidate's dry run takes (the time per step divides by it): the peak
   // allocated needs 2, the peak reserved can need 3.
   int64_t steps = 3;
+  // The host memory the run will have (a :cpu optimizer's pinned state, offloaded
+  // activations), which each candidate's host peak must fit; 0: this machine's
+  // (memory::EstimateOptions::host_memory).
+  size_t host_memory = 0;
 };
 
 struct PlannedCandidate {
@@ -97,11 +101,13 @@ MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& 
                        int checkpoint_blocks, const PlanOptions& options);
 
 // One candidate's dry run: `run(device, candidate)` on a fresh meta device replaying `target`
-// with `rates`; its predicted time per step (of `steps`) and whether it fits `budget`. A
-// candidate the model rejects (std::invalid_argument) comes back with its error.
+// with `rates` and a host of `host_memory` bytes (0: this machine's); its predicted time per
+// step (of `steps`) and whether it fits `budget` (and the host). A candidate the model rejects
+// (std::invalid_argument) comes back with its error.
 PlannedCandidate dry_run_candidate(const std::function<void(Device, const PlanCandidate&)>& run,
                                    const PlanCandidate& candidate, const memory::MetaTarget& target,
-                                   const meta::Rates& rates, int64_t steps, size_t budget);
+                                   const meta::Rates& rates, int64_t steps, size_t budget,
+                                   size_t host_memory = 0);
 // Every candidate of `grid` dry-run (dry_run_candidate), in order. `classifier_chunks`
 // (PlanOptions::classifier_chunks; the grid's candidates have its first): a candidate over the
 // budget by less than a smaller chunk saves is tried again with the next ones, down to the
@@ -109,14 +115,16 @@ PlannedCandidate dry_run_candidate(const std::function<void(Device, const PlanCa
 std::vector<PlannedCandidate> dry_run_grid(
     const std::function<void(Device, const PlanCandidate&)>& run,
     const std::vector<PlanCandidate>& grid, const std::vector<int64_t>& classifier_chunks,
-    const memory::MetaTarget& target, const meta::Rates& rates, int64_t steps, size_t budget);
+    const memory::MetaTarget& target, const meta::Rates& rates, int64_t steps, size_t budget,
+    size_t host_memory = 0);
 // The fastest of `candidates` that fits `budget` (each one's `fits` set for it) (ties: the smaller
 // peak); the errors of plan_memory when none does.
 MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
                        const memory::MetaTarget& target);
 
 // The cost model's rates for `target` (tensor/meta/cost.h): the CPU's measured now by a short
-// timed run (a float32 and a bfloat16 GEMM, a large copy), once per process; a recorded GPU's
+// timed run (a float32 GEMM, whose rate 16-bit products take too, as the CPU runs them in
+// float32; a large copy), once per process; a recorded GPU's
 // as recorded; another GPU takes the H200's (a relative model: ranks plans, not seconds).
 meta::Rates calibrated_rates(const memory::MetaTarget& target);
 

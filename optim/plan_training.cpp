@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <array>
+#include <optional>
 #include <stdexcept>
 
 #include "autograd/autocast.h"
@@ -26,6 +29,25 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, Module
 }
 
 }  // namespace
+
+std::vector<int64_t> micro_batch_ladder(int64_t batch) {
+  std::vector<int64_t> ladder;
+  if (batch < 1) return ladder;
+  ladder.push_back(1);
+  for (int64_t k = 1; k < batch;) {
+    int64_t next = 0;
+    for (int64_t d = std::min(2 * k, batch); d > k; --d)
+      if (batch % d == 0) {
+        next = d;
+        break;
+      }
+    if (next == 0)
+      for (next = 2 * k + 1; batch % next != 0;) ++next;
+    ladder.push_back(next);
+    k = next;
+  }
+  return ladder;
+}
 
 std::vector<PlanCandidate> training_plan_grid(Module& model, int64_t batch,
                                               const TrainingPlanOptions& options) {
@@ -63,12 +85,15 @@ std::vector<PlanCandidate> training_plan_grid(Module& model, int64_t batch,
       offloads.push_back(parse_offload_spec(blocks > 0 ? std::string("activations")
                                                        : "type:" + repeated.front().first));
   }
+  // Empty: every candidate at 1 micro-batch; plan_memory climbs the ladder from there.
+  const std::vector<int64_t> micro_batches =
+      options.micro_batches.empty() ? std::vector<int64_t>{1} : options.micro_batches;
   std::vector<PlanCandidate> grid;
   for (const bool fused : options.fused_classifier)
     for (const std::optional<DType>& amp : precisions)
       for (const std::string& opt : options.optimizers)
         for (const bool sib : options.step_in_backward)
-          for (const int64_t mb : options.micro_batches) {
+          for (const int64_t mb : micro_batches) {
             if (mb < 1 || batch % mb != 0) continue;
             // Step-in-backward steps inside each backward: not with several backwards a step,
             // nor with fp16's loss scaling (optim/step_in_backward.h).
@@ -164,6 +189,35 @@ Tensor train_candidate(Module& model, const PlanCandidate& c, const LossFn& loss
 
 namespace {
 
+// Whether a candidate over `budget` with estimate `e` at `rows` rows a micro-batch can fit
+// with more micro-batches (`below`: its estimate at the count before, if any). What is live at
+// the peak splits into what no micro-batch count changes (parameters, gradients, optimizer
+// state, inputs) and what grows with the micro-batch's rows (activations, temporaries), which
+// one row cannot bring below its share per row: not when that floor is over the budget (or
+// the host's, over its memory), nor when the peak allocated stopped falling.
+bool more_micro_batches_can_help(const memory::Estimate& e,
+                                 const std::optional<memory::Estimate>& below, size_t budget,
+                                 int64_t rows) {
+  using memory::Category;
+  auto floor = [rows](const std::array<int64_t, memory::kNumCategories>& at) {
+    int64_t kept = 0, scaled = 0;
+    for (const Category c : memory::kAllCategories)
+      (c == Category::activation || c == Category::temporary ? scaled : kept) +=
+          at[static_cast<size_t>(c)];
+    return kept + scaled / std::max<int64_t>(1, rows);
+  };
+  if (floor(e.at_peak) > static_cast<int64_t>(budget)) return false;
+  if (!e.host_out_of_memory.empty() && floor(e.host_at_peak) > static_cast<int64_t>(e.host_memory))
+    return false;
+  // Peaks compare only between dry runs that completed on the device; allocated ones, as the
+  // reserved can stay on a segment's size for a rung and fall at the next.
+  if (below && below->out_of_memory.empty() && e.out_of_memory.empty() &&
+      e.peak_allocated >= below->peak_allocated &&
+      e.host_peak_allocated >= below->host_peak_allocated)
+    return false;
+  return true;
+}
+
 // What both planners check before any dry run: the budget, the steps, the target.
 memory::MetaTarget check_plan_options(const TrainingPlanOptions& options) {
   if (options.budget == 0)
@@ -201,9 +255,37 @@ MemoryPlan plan_memory(Module& model, int64_t batch, const CandidateRun& run,
         "of {}, or a lever's list is empty)",
         fmt::join(options.micro_batches, ", "), batch));
   const meta::Rates rates = calibrated_rates(target);
-  return choose_plan(dry_run_grid(run, grid, options.classifier_chunks, target, rates,
-                                  options.steps, options.budget),
-                     options.budget, target);
+  auto dry_run = [&](const PlanCandidate& c) {
+    return dry_run_grid(run, {c}, options.classifier_chunks, target, rates, options.steps,
+                        options.budget, options.host_memory);
+  };
+  std::vector<PlannedCandidate> tried;
+  if (!options.micro_batches.empty()) {
+    tried = dry_run_grid(run, grid, options.classifier_chunks, target, rates, options.steps,
+                         options.budget, options.host_memory);
+    return choose_plan(std::move(tried), options.budget, target);
+  }
+  // Climb the ladder per candidate: a candidate over the budget at k micro-batches is tried
+  // at the next count, until one fits or more cannot help.
+  const std::vector<int64_t> ladder = micro_batch_ladder(batch);
+  for (const PlanCandidate& first : grid) {
+    PlanCandidate c = first;
+    std::optional<memory::Estimate> below;  // the last rung's estimate
+    for (size_t rung = 0;; ++rung) {
+      std::vector<PlannedCandidate> runs = dry_run(c);
+      const bool fits =
+          std::any_of(runs.begin(), runs.end(), [](const PlannedCandidate& p) { return p.fits; });
+      const bool rejected = !runs.front().error.empty();
+      const memory::Estimate e = runs.front().estimate;
+      for (PlannedCandidate& p : runs) tried.push_back(std::move(p));
+      if (fits || rejected || c.step_in_backward || rung + 1 >= ladder.size() ||
+          !more_micro_batches_can_help(e, below, options.budget, batch / c.micro_batches))
+        break;
+      below = e;
+      c.micro_batches = ladder[rung + 1];
+    }
+  }
+  return choose_plan(std::move(tried), options.budget, target);
 }
 
 MemoryPlan plan_memory(const ModelFactory& model_factory, const LossFn& loss_fn,

@@ -55,8 +55,15 @@ struct TrainingPlanOptions {
   // block for a model with blocks).
   std::vector<OffloadSpec> offloads;
   std::vector<bool> step_in_backward = {false, true};
-  // Micro-batches per step; those that do not divide the batch are left out.
-  std::vector<int64_t> micro_batches = {1, 2, 4};
+  // Micro-batches per step (gradient accumulation, the same batch per step). Empty: climb
+  // micro_batch_ladder(batch) (1, 2, 4, ... up to the batch) for each candidate, one rung at a
+  // time while it is over the budget and more can still bring it under: what no count changes
+  // (parameters, gradients, optimizer state) plus one row's share of its activations and
+  // temporaries fits, and its peak allocated fell at the last rung. More micro-batches of the
+  // same levers only cost time, so none past the first that fits is dry-run. A list: each
+  // count in it for every candidate (those that do not divide the batch are left out), so
+  // that one search's candidates serve other budgets (choose_plan).
+  std::vector<int64_t> micro_batches;
   // {false}: set {false, true} for a factory that builds a fused classifier on request.
   std::vector<bool> fused_classifier = {false};
   // The fused classifier's chunk budgets (nn::PlanOptions::classifier_chunks): the grid runs
@@ -66,9 +73,18 @@ struct TrainingPlanOptions {
   // Training steps per dry run (the time per step divides by it).
   int64_t steps = 3;
   EvalFn eval;  // the evaluation after training, if any
+  // The host memory the run will have, which a candidate's host peak (a :cpu optimizer's
+  // state, offloaded activations) must fit; 0: this machine's (nn::PlanOptions::host_memory).
+  size_t host_memory = 0;
 };
 
-// The candidates plan_memory searches for `model` (built on a meta device by the caller).
+// The micro-batch counts the planner climbs for a batch of `batch` rows: 1, then from k the
+// largest divisor of the batch in (k, 2k], else the smallest above k, up to the batch itself
+// (32: 1, 2, 4, 8, 16, 32; 12: 1, 2, 4, 6, 12).
+std::vector<int64_t> micro_batch_ladder(int64_t batch);
+
+// The candidates plan_memory searches for `model` (built on a meta device by the caller);
+// with options.micro_batches empty, each at 1 micro-batch (plan_memory climbs from there).
 std::vector<PlanCandidate> training_plan_grid(Module& model, int64_t batch,
                                               const TrainingPlanOptions& options);
 

@@ -11,6 +11,7 @@ few seconds. A few boundary values that are valid must still run (the validators
 strict), and --help exits 0.
 """
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -373,13 +374,18 @@ if os.path.exists(os.path.join(ex, BENCH_TRAIN)):
     ok = p.returncode == 0 and "lstm-tiny-B2T16" in p.stdout and "floor ms" in p.stdout
     results.append((ok, f"{'ok' if ok else 'FAIL'} (valid): bench/{' '.join(args)} -> exit "
                         f"{p.returncode}{'' if ok else ': ' + repr(p.stdout[-600:] + p.stderr[-600:])}"))
-# The planner's micro-batches change batch norm's statistics: the program says so.
+# The planner's micro-batches (the whole batch does not fit 31 MiB) change batch norm's
+# statistics: the program says so, and prints the step the plan keeps.
 args = ["train_resnet", "--dataset", "synthetic", "--batch", "64", "--image-size", "32",
         "--checkpoint", "auto", "--memory-budget", "31MiB", "--estimate", "cpu"]
 rc, out, err, secs, _ = run(args, {})
-ok = rc == 0 and "micro-batches of 32 rows: batch norm (bn1, ...) takes its statistics" in out
+note = re.search(r"the plan runs (\d+) micro-batches of (\d+) rows: batch norm \(bn1, \.\.\.\) "
+                 r"takes its statistics", out)
+step = re.search(r"^Step: 64 images of 3x32x32 per step in (\d+) micro-batches of (\d+)$", out, re.M)
+ok = (rc == 0 and note is not None and step is not None and note.groups() == step.groups()
+      and int(step[1]) * int(step[2]) == 64)
 results.append((ok, f"{'ok' if ok else 'FAIL'} ({secs:.1f} s, valid): {' '.join(args)} "
-                    f"{'says micro-batches change batch norm' if ok else repr(out[-600:] + err[-600:])}"))
+                    f"{'says micro-batches change batch norm, and the step' if ok else repr(out[-600:] + err[-600:])}"))
 fails = 0
 for ok, msg in results:
     print(msg)

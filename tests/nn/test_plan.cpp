@@ -232,5 +232,27 @@ TEST(Plan, SegmentsBeyondTheStagesAreRefused) {
   EXPECT_FALSE(four);
 }
 
+// Issue 51: the CPU multiplies 16-bit operands in float32 (widen, sgemm, round back) and the
+// meta kernel charges those copies as ops of their own, so the cost model gives 16-bit products
+// the float32 rate. Timing a whole bf16 matmul for that rate counted the copies twice, and on
+// a loaded machine priced GPT-2's bf16 step at 11x its float32 one.
+TEST(Plan, TheCpuPricesA16BitProductAsFloat32PlusItsCopies) {
+  const memory::MetaTarget cpu = memory::meta_target("cpu");
+  const meta::Rates rates = nn::calibrated_rates(cpu);
+  EXPECT_EQ(rates.flops_16bit, rates.flops_32bit);
+  auto predicted = [&](DType dtype) {
+    memory::DryRun dry({.spec = cpu, .max_history = 0});
+    meta::set_rates(dry.device(), rates);
+    const Tensor a = ops::empty({2048, 2048}, dtype, dry.device());
+    const Tensor b = ops::empty({2048, 2048}, dtype, dry.device());
+    const double before = memory::meta_seconds(dry.device());
+    (void)matmul(a, b);
+    return memory::meta_seconds(dry.device()) - before;
+  };
+  const double f32 = predicted(DType::float32), bf16 = predicted(DType::bfloat16);
+  EXPECT_GT(bf16, f32);      // the widening and rounding copies
+  EXPECT_LT(bf16, 2 * f32);  // a product of 17 GFLOP outweighs 72 MB of copies
+}
+
 }  // namespace
 }  // namespace tally

@@ -18,6 +18,7 @@
 #include "nn/norm.h"
 #include "nn/offload.h"
 #include "optim/plan_training.h"
+#include "tensor/pinned.h"
 #include "testing/residual_mlp.h"
 
 namespace tally {
@@ -304,6 +305,10 @@ TEST(PlanAnyModel, TheGridSearchesEveryLever) {
   }
   nn::TrainingPlanOptions o;
   o.target = "h200";
+  // By default each candidate starts at 1 micro-batch (plan_memory climbs from there).
+  for (const nn::PlanCandidate& c : nn::training_plan_grid(*net, kBatch, o))
+    EXPECT_EQ(c.micro_batches, 1) << c.str();
+  o.micro_batches = {1, 2};
   const auto grid = nn::training_plan_grid(*net, kBatch, o);
   bool ckpt = false, bf16 = false, fp16 = false, eight = false, sib = false, mb = false,
        off = false;
@@ -318,6 +323,99 @@ TEST(PlanAnyModel, TheGridSearchesEveryLever) {
     EXPECT_FALSE(c.step_in_backward && c.micro_batches > 1) << c.str();
   }
   EXPECT_TRUE(ckpt && bf16 && fp16 && eight && sib && mb && off);
+}
+
+TEST(PlanAnyModel, MicroBatchLadderDoublesThroughDivisorsOfTheBatch) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(nn::micro_batch_ladder(32), (V{1, 2, 4, 8, 16, 32}));
+  EXPECT_EQ(nn::micro_batch_ladder(12), (V{1, 2, 4, 6, 12}));
+  EXPECT_EQ(nn::micro_batch_ladder(24), (V{1, 2, 4, 8, 12, 24}));
+  EXPECT_EQ(nn::micro_batch_ladder(7), (V{1, 7}));
+  EXPECT_EQ(nn::micro_batch_ladder(1), (V{1}));
+  EXPECT_TRUE(nn::micro_batch_ladder(0).empty());
+}
+
+// One lever set (no checkpointing, float32, AdamW) so that only the micro-batches vary.
+nn::TrainingPlanOptions one_candidate(size_t budget) {
+  nn::TrainingPlanOptions o;
+  o.budget = budget;
+  o.checkpoints = {nn::CheckpointSpec{}};
+  o.precisions = {std::nullopt};
+  o.optimizers = {"adamw"};
+  o.step_in_backward = {false};
+  o.steps = 2;
+  return o;
+}
+
+// A budget the whole batch does not fit: the planner climbs 1, 2, 4, ... micro-batches and
+// stops at the first count that fits (more would only cost time); a budget below what no
+// count of micro-batches changes stops the climb at once.
+TEST(PlanAnyModel, ABudgetTooSmallForTheWholeBatchTakesMoreMicroBatches) {
+  int builds = 0;
+  const nn::ModelFactory factory = [&](const nn::PlanCandidate&) {
+    ++builds;
+    return make_net();
+  };
+  const std::vector<Tensor> batch = make_batch();
+  const std::vector<int64_t> ladder = nn::micro_batch_ladder(kBatch);
+  // The first counts dry-run: each one's peak reserved.
+  nn::TrainingPlanOptions every = one_candidate(size_t{1} << 30);
+  every.micro_batches = {ladder.begin(), ladder.begin() + 4};
+  const nn::MemoryPlan all = nn::plan_memory(factory, my_loss, batch, every);
+  ASSERT_EQ(all.candidates.size(), 4u) << all.report();
+  // The budget: the smallest of those peaks, first reached at count ladder[k] (8 micro-batches:
+  // 2 MiB reserved, against 8 MiB for the whole batch).
+  size_t k = 0;
+  for (size_t i = 1; i < all.candidates.size(); ++i)
+    if (all.candidates[i].estimate.peak_reserved < all.candidates[k].estimate.peak_reserved) k = i;
+  ASSERT_GE(k, 2u) << all.report();
+  const int64_t budget = all.candidates[k].estimate.peak_reserved;
+
+  builds = 0;
+  const nn::MemoryPlan plan =
+      nn::plan_memory(factory, my_loss, batch, one_candidate(static_cast<size_t>(budget)));
+  EXPECT_EQ(plan.chosen.candidate.micro_batches, ladder[k]) << plan.report();
+  EXPECT_LE(plan.chosen.estimate.peak_reserved, budget);
+  // Climbed rung by rung, none past the one that fits.
+  ASSERT_EQ(plan.candidates.size(), k + 1) << plan.report();
+  for (size_t i = 0; i <= k; ++i) EXPECT_EQ(plan.candidates[i].candidate.micro_batches, ladder[i]);
+  EXPECT_EQ(builds, static_cast<int>(k + 2));  // the probe, then one per dry run
+
+  // Below the parameters and optimizer state (above the parameters, which fail before any dry
+  // run): one dry run, then the error.
+  int64_t params = 0;
+  for (const Tensor& p : make_net()->parameters()) params += static_cast<int64_t>(p.nbytes());
+  builds = 0;
+  EXPECT_THROW((void)nn::plan_memory(factory, my_loss, batch,
+                                     one_candidate(static_cast<size_t>(params + params / 2))),
+               std::invalid_argument);
+  EXPECT_EQ(builds, 2);
+}
+
+// Every candidate's dry run replays the host memory the options name (a GPU run's host, which
+// a :cpu optimizer's state must fit), not this machine's.
+TEST(PlanAnyModel, TheDryRunsReplayTheHostMemoryAsked) {
+  std::shared_ptr<MyNet> net;
+  {
+    nn::BuildOnDevice on(Device::meta());
+    net = make_net();
+  }
+  // 64 MiB of optimizer state in the host memory of an H200 dry run, a little on the device.
+  const nn::CandidateRun run = [](Device d, const nn::PlanCandidate&) {
+    memory::CategoryScope state(memory::Category::optimizer_state);
+    const Tensor host = ops::empty_host({int64_t{16} << 20}, DType::float32, d);
+    const Tensor device = ops::empty({1024}, DType::float32, d);
+  };
+  nn::TrainingPlanOptions o = one_candidate(size_t{1} << 30);
+  o.target = "h200";
+  o.offloads = {nn::OffloadSpec{}};
+  o.micro_batches = {1};
+  o.host_memory = size_t{1} << 30;
+  const nn::MemoryPlan plan = nn::plan_memory(*net, kBatch, run, o);
+  EXPECT_EQ(plan.chosen.estimate.host_memory, o.host_memory);
+  EXPECT_EQ(plan.chosen.estimate.host_peak_reserved, int64_t{64} << 20) << plan.report();
+  o.host_memory = size_t{32} << 20;  // below the state: no candidate fits
+  EXPECT_THROW((void)nn::plan_memory(*net, kBatch, run, o), std::invalid_argument);
 }
 
 // The registry's GPT and ResNet at their tiny presets under the planner at three budgets
