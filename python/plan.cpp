@@ -114,7 +114,7 @@ void bind_plan(py::module_& mem) {
       py::arg("optimizers") = std::vector<std::string>{"adamw", "adamw8bit"},
       py::arg("offloads") = py::none(),
       py::arg("step_in_backward") = std::vector<bool>{false, true},
-      py::arg("micro_batches") = std::vector<int64_t>{1, 2, 4},
+      py::arg("micro_batches") = std::vector<int64_t>{},
       py::arg("fused_classifier") = std::vector<bool>{false}, py::arg("lr") = 1e-3,
       py::arg("steps") = 3,
       "The memory planner for any model: model() builds it (on the dry run's device; with "
@@ -122,7 +122,9 @@ void bind_plan(py::module_& mem) {
       "loss_fn(model, batch) is one (micro-)batch's loss, eval_fn(model, batch) the evaluation "
       "after training. Dry-runs every combination of checkpoint policy, precision, optimizer, "
       "offload, step-in-backward, micro-batches and fused classifier on `target` and returns the "
-      "MemoryPlan whose .chosen is the fastest predicted to fit `budget` (bytes or '40MiB').");
+      "MemoryPlan whose .chosen is the fastest predicted to fit `budget` (bytes or '40MiB'). "
+      "micro_batches=[] (the default) climbs 1, 2, 4, ... up to the batch for each candidate "
+      "while it is over the budget; a list dry-runs each count it names.");
 }
 
 }  // namespace tally::python
