@@ -1,12 +1,14 @@
 // CPU 2-D pooling: one loop nest per op over (plane, output row, output column), each
 // window clipped to the input exactly as PyTorch's CPU kernels clip it. Large inputs run in
 // parallel over the planes (tensor/cpu/parallel.h): each plane's outputs, and in the
-// backward its input gradient, belong to one thread, computed as serially.
+// backward its input gradient, belong to one thread, computed as serially. interpolate runs
+// over rows of outputs (forward) or inputs (its gathering backward) the same way.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "tensor/cpu/parallel.h"
 #include "tensor/pool/kernels.h"
@@ -190,6 +192,72 @@ void adaptive_avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_o
                       [](int64_t oh, int64_t ow, const Planes& g) {
                         return adaptive_window(oh, ow, g.OH, g.OW, g.H, g.W);
                       });
+}
+
+// fn(std::integral_constant<int, K>) for the interpolation's K spatial dims.
+template <typename F>
+void with_dims(int k, F&& fn) {
+  if (k == 1)
+    fn(std::integral_constant<int, 1>{});
+  else if (k == 2)
+    fn(std::integral_constant<int, 2>{});
+  else
+    fn(std::integral_constant<int, 3>{});
+}
+
+// interpolate: in parallel over output rows (plane, od, oh), each row's outputs computed by
+// math::interp_point, as the CUDA kernel computes each.
+void upsample_forward(const Tensor& out, const Tensor& input, const ops::InterpParams& p) {
+  TALLY_DISPATCH_FLOAT(input.dtype(), "upsample", [&] {
+    using A = acc_t<scalar_t>;
+    const auto ax = math::interp_axes<int64_t, A>(p);
+    const scalar_t* x = ptr<scalar_t>(input);
+    scalar_t* y = ptr<scalar_t>(out);
+    const int64_t D = p.in[0], H = p.in[1], W = p.in[2];
+    const int64_t OD = p.out[0], OH = p.out[1], OW = p.out[2];
+    with_dims(p.dims, [&](auto k) {
+      constexpr int K = decltype(k)::value;
+      parallel_for(p.planes * OD * OH, grain_of(OW), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t oh = r % OH, od = (r / OH) % OD, pl = r / (OH * OD);
+          const scalar_t* xp = x + pl * D * H * W;
+          const auto load = [&](int64_t d, int64_t h, int64_t w) {
+            return static_cast<A>(xp[(d * H + h) * W + w]);
+          };
+          for (int64_t ow = 0; ow < OW; ++ow)
+            y[r * OW + ow] = scalar_t(math::interp_point<K>(ax, od, oh, ow, load));
+        }
+      });
+    });
+  });
+}
+
+// Its gradient: each input element gathers from the outputs that read it
+// (math::interp_gather), in parallel over input rows (plane, d, h).
+void upsample_backward(const Tensor& grad_input, const Tensor& grad_output,
+                       const ops::InterpParams& p) {
+  TALLY_DISPATCH_FLOAT(grad_output.dtype(), "upsample_backward", [&] {
+    using A = acc_t<scalar_t>;
+    const auto ax = math::interp_axes<int64_t, A>(p);
+    scalar_t* gx = ptr<scalar_t>(grad_input);
+    const scalar_t* gy = ptr<scalar_t>(grad_output);
+    const int64_t D = p.in[0], H = p.in[1], W = p.in[2];
+    const int64_t OD = p.out[0], OH = p.out[1], OW = p.out[2];
+    with_dims(p.dims, [&](auto k) {
+      constexpr int K = decltype(k)::value;
+      parallel_for(p.planes * D * H, grain_of(W), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t h = r % H, d = (r / H) % D, pl = r / (H * D);
+          const scalar_t* gp = gy + pl * OD * OH * OW;
+          const auto grad = [&](int64_t od, int64_t oh, int64_t ow) {
+            return static_cast<A>(gp[(od * OH + oh) * OW + ow]);
+          };
+          for (int64_t w = 0; w < W; ++w)
+            gx[r * W + w] = scalar_t(math::interp_gather<K>(ax, d, h, w, grad));
+        }
+      });
+    });
+  });
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // stride cell of elements a thread where its windows allow). Window rules, divisors, tie and NaN
 // handling are the CPU kernels' (tensor/pool/cpu.cpp), line for line. max_pool2d and
 // adaptive_avg_pool2d have channels_last (NHWC) twins: the same windows, orders and indices over
-// channels_last tensors, a thread an element in memory order.
+// channels_last tensors, a thread an element in memory order. interpolate: a thread an output
+// element forward, an input element in its gathering backward.
 #include <algorithm>
 
 #include "tensor/cuda/device_types.cuh"
@@ -716,6 +717,83 @@ void adaptive_avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_o
                    adaptive_backward_kernel<T><<<blocks_for(n), kThreads, 0, st>>>(
                        ptr<dacc_t<T>>(grad_input), ptr<const T>(grad_output), g, n);
                  });
+}
+
+// ---- interpolate: a thread an output element (forward) or an input element (the backward's
+// gather), in index type I (int32_t where every flat index fits), the CPU's math
+// (math::interp_point, math::interp_gather) element for element.
+
+template <int K, typename T, typename I>
+__global__ void upsample_forward_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                        math::InterpAxes<I, dacc_t<T>> ax, I n) {
+  const I D = ax.a[0].in, H = ax.a[1].in, W = ax.a[2].in;
+  const I OD = ax.a[0].out, OH = ax.a[1].out, OW = ax.a[2].out;
+  for (I o = grid_start<I>(); o < n; o += grid_step<I>()) {
+    const I ow = o % OW, r = o / OW, oh = r % OH, r2 = r / OH, od = r2 % OD, pl = r2 / OD;
+    const T* xp = x + pl * D * H * W;
+    y[o] = store<T>(math::interp_point<K>(
+        ax, od, oh, ow, [&](I d, I h, I w) { return load(xp[(d * H + h) * W + w]); }));
+  }
+}
+
+template <int K, typename T, typename I>
+__global__ void upsample_backward_kernel(T* __restrict__ gx, const T* __restrict__ gy,
+                                         math::InterpAxes<I, dacc_t<T>> ax, I n) {
+  const I D = ax.a[0].in, H = ax.a[1].in, W = ax.a[2].in;
+  const I OD = ax.a[0].out, OH = ax.a[1].out, OW = ax.a[2].out;
+  for (I i = grid_start<I>(); i < n; i += grid_step<I>()) {
+    const I w = i % W, r = i / W, h = r % H, r2 = r / H, d = r2 % D, pl = r2 / D;
+    const T* gp = gy + pl * OD * OH * OW;
+    gx[i] = store<T>(math::interp_gather<K>(
+        ax, d, h, w, [&](I od, I oh, I ow) { return load(gp[(od * OH + oh) * OW + ow]); }));
+  }
+}
+
+// go.template operator()<K, T, I>() for the interpolation's spatial dims K, the device type T of
+// `dtype_of` and the index type I (int32_t when both tensors' elements, plus a grid's stride,
+// fit in 31 bits).
+template <typename F>
+void with_upsample(const char* name, const char* op, const Tensor& a, const Tensor& b,
+                   const Tensor& dtype_of, const ops::InterpParams& p, F&& go) {
+  Launch l(name, dtype_of);
+  const bool small = std::max(a.numel(), b.numel()) < (int64_t{1} << 30);
+  TALLY_DISPATCH_FLOAT(dtype_of.dtype(), op, [&] {
+    using T = dev_t<scalar_t>;
+    auto run = [&]<int K>() {
+      if (small)
+        go.template operator()<K, T, int32_t>(l.stream_);
+      else
+        go.template operator()<K, T, int64_t>(l.stream_);
+    };
+    if (p.dims == 1)
+      run.template operator()<1>();
+    else if (p.dims == 2)
+      run.template operator()<2>();
+    else
+      run.template operator()<3>();
+  });
+  check_launch(l.name_);
+}
+
+void upsample_forward(const Tensor& out, const Tensor& input, const ops::InterpParams& p) {
+  const int64_t n = out.numel();
+  with_upsample("upsample (CUDA)", "upsample", input, out, input, p,
+                [&]<int K, typename T, typename I>(cudaStream_t st) {
+                  upsample_forward_kernel<K, T, I><<<blocks_for(n), kThreads, 0, st>>>(
+                      ptr<const T>(input), ptr<T>(out), math::interp_axes<I, dacc_t<T>>(p),
+                      static_cast<I>(n));
+                });
+}
+
+void upsample_backward(const Tensor& grad_input, const Tensor& grad_output,
+                       const ops::InterpParams& p) {
+  const int64_t n = grad_input.numel();
+  with_upsample("upsample_backward (CUDA)", "upsample_backward", grad_input, grad_output,
+                grad_output, p, [&]<int K, typename T, typename I>(cudaStream_t st) {
+                  upsample_backward_kernel<K, T, I><<<blocks_for(n), kThreads, 0, st>>>(
+                      ptr<T>(grad_input), ptr<const T>(grad_output),
+                      math::interp_axes<I, dacc_t<T>>(p), static_cast<I>(n));
+                });
 }
 
 }  // namespace
