@@ -225,7 +225,8 @@ void upsample_forward(const Tensor& out, const Tensor& input, const ops::InterpP
             return static_cast<A>(xp[(d * H + h) * W + w]);
           };
           for (int64_t ow = 0; ow < OW; ++ow)
-            y[r * OW + ow] = scalar_t(math::interp_point<K>(ax, od, oh, ow, load));
+            y[r * OW + ow] = scalar_t(
+                math::interp_point<K>(math::interp_taps<K>(ax, od, oh, ow), p.linear, load));
         }
       });
     });
@@ -253,7 +254,8 @@ void upsample_backward(const Tensor& grad_input, const Tensor& grad_output,
             return static_cast<A>(gp[(od * OH + oh) * OW + ow]);
           };
           for (int64_t w = 0; w < W; ++w)
-            gx[r * W + w] = scalar_t(math::interp_gather<K>(ax, d, h, w, grad));
+            gx[r * W + w] =
+                scalar_t(math::interp_gather<K>(ax, math::interp_plan<K>(ax, d, h, w), grad));
         }
       });
     });

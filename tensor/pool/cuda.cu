@@ -4,8 +4,8 @@
 // stride cell of elements a thread where its windows allow). Window rules, divisors, tie and NaN
 // handling are the CPU kernels' (tensor/pool/cpu.cpp), line for line. max_pool2d and
 // adaptive_avg_pool2d have channels_last (NHWC) twins: the same windows, orders and indices over
-// channels_last tensors, a thread an element in memory order. interpolate: a thread an output
-// element forward, an input element in its gathering backward.
+// channels_last tensors, a thread an element in memory order. interpolate: a thread a spatial
+// position of the output (forward) or of the input (its gathering backward), over many planes.
 #include <algorithm>
 
 #include "tensor/cuda/device_types.cuh"
@@ -719,34 +719,51 @@ void adaptive_avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_o
                  });
 }
 
-// ---- interpolate: a thread an output element (forward) or an input element (the backward's
-// gather), in index type I (int32_t where every flat index fits), the CPU's math
-// (math::interp_point, math::interp_gather) element for element.
+// ---- interpolate: a thread a spatial position of the output (forward) or of the input (the
+// backward's gather), its taps or readers computed once, then the planes blockIdx.y,
+// blockIdx.y + gridDim.y, ... (PyTorch's kernels loop over N and C alike); index type I
+// (int32_t where every flat index fits); the CPU's math (math::interp_point,
+// math::interp_gather) element for element.
 
 template <int K, typename T, typename I>
 __global__ void upsample_forward_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                        math::InterpAxes<I, dacc_t<T>> ax, I n) {
-  const I D = ax.a[0].in, H = ax.a[1].in, W = ax.a[2].in;
-  const I OD = ax.a[0].out, OH = ax.a[1].out, OW = ax.a[2].out;
-  for (I o = grid_start<I>(); o < n; o += grid_step<I>()) {
-    const I ow = o % OW, r = o / OW, oh = r % OH, r2 = r / OH, od = r2 % OD, pl = r2 / OD;
-    const T* xp = x + pl * D * H * W;
-    y[o] = store<T>(math::interp_point<K>(
-        ax, od, oh, ow, [&](I d, I h, I w) { return load(xp[(d * H + h) * W + w]); }));
+                                        math::InterpAxes<I, dacc_t<T>> ax, I planes, bool linear) {
+  const I H = ax.a[1].in, W = ax.a[2].in, in_plane = ax.a[0].in * H * W;
+  const I OH = ax.a[1].out, OW = ax.a[2].out, spatial = ax.a[0].out * OH * OW;
+  const I s = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+  if (s >= spatial) return;
+  const I ow = s % OW, r = s / OW;
+  const auto taps = math::interp_taps<K>(ax, r / OH, r % OH, ow);
+  for (I pl = blockIdx.y; pl < planes; pl += gridDim.y) {
+    const T* xp = x + pl * in_plane;
+    y[pl * spatial + s] = store<T>(math::interp_point<K>(
+        taps, linear, [&](I d, I h, I w) { return load(xp[(d * H + h) * W + w]); }));
   }
 }
 
 template <int K, typename T, typename I>
 __global__ void upsample_backward_kernel(T* __restrict__ gx, const T* __restrict__ gy,
-                                         math::InterpAxes<I, dacc_t<T>> ax, I n) {
-  const I D = ax.a[0].in, H = ax.a[1].in, W = ax.a[2].in;
-  const I OD = ax.a[0].out, OH = ax.a[1].out, OW = ax.a[2].out;
-  for (I i = grid_start<I>(); i < n; i += grid_step<I>()) {
-    const I w = i % W, r = i / W, h = r % H, r2 = r / H, d = r2 % D, pl = r2 / D;
-    const T* gp = gy + pl * OD * OH * OW;
-    gx[i] = store<T>(math::interp_gather<K>(
-        ax, d, h, w, [&](I od, I oh, I ow) { return load(gp[(od * OH + oh) * OW + ow]); }));
+                                         math::InterpAxes<I, dacc_t<T>> ax, I planes) {
+  const I H = ax.a[1].in, W = ax.a[2].in, in_plane = ax.a[0].in * H * W;
+  const I OH = ax.a[1].out, OW = ax.a[2].out, out_plane = ax.a[0].out * OH * OW;
+  const I s = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+  if (s >= in_plane) return;
+  const I w = s % W, r = s / W;
+  const auto plan = math::interp_plan<K>(ax, r / H, r % H, w);
+  for (I pl = blockIdx.y; pl < planes; pl += gridDim.y) {
+    const T* gp = gy + pl * out_plane;
+    gx[pl * in_plane + s] = store<T>(math::interp_gather<K>(
+        ax, plan, [&](I od, I oh, I ow) { return load(gp[(od * OH + oh) * OW + ow]); }));
   }
+}
+
+// The grid of an interpolation kernel over `spatial` positions and `planes` planes: enough
+// blocks along y (plane groups) for about 2^21 threads, as many planes a thread as that leaves.
+dim3 upsample_grid(int64_t spatial, int64_t planes) {
+  const int64_t bx = (spatial + kThreads - 1) / kThreads;
+  const int64_t by = std::clamp<int64_t>(((int64_t{1} << 21) + bx * kThreads - 1) / (bx * kThreads),
+                                         1, std::min<int64_t>(planes, 65535));
+  return dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by));
 }
 
 // go.template operator()<K, T, I>() for the interpolation's spatial dims K, the device type T of
@@ -776,23 +793,25 @@ void with_upsample(const char* name, const char* op, const Tensor& a, const Tens
 }
 
 void upsample_forward(const Tensor& out, const Tensor& input, const ops::InterpParams& p) {
-  const int64_t n = out.numel();
+  const int64_t spatial = p.out[0] * p.out[1] * p.out[2];
   with_upsample("upsample (CUDA)", "upsample", input, out, input, p,
                 [&]<int K, typename T, typename I>(cudaStream_t st) {
-                  upsample_forward_kernel<K, T, I><<<blocks_for(n), kThreads, 0, st>>>(
-                      ptr<const T>(input), ptr<T>(out), math::interp_axes<I, dacc_t<T>>(p),
-                      static_cast<I>(n));
+                  upsample_forward_kernel<K, T, I>
+                      <<<upsample_grid(spatial, p.planes), kThreads, 0, st>>>(
+                          ptr<const T>(input), ptr<T>(out), math::interp_axes<I, dacc_t<T>>(p),
+                          static_cast<I>(p.planes), p.linear);
                 });
 }
 
 void upsample_backward(const Tensor& grad_input, const Tensor& grad_output,
                        const ops::InterpParams& p) {
-  const int64_t n = grad_input.numel();
+  const int64_t spatial = p.in[0] * p.in[1] * p.in[2];
   with_upsample("upsample_backward (CUDA)", "upsample_backward", grad_input, grad_output,
                 grad_output, p, [&]<int K, typename T, typename I>(cudaStream_t st) {
-                  upsample_backward_kernel<K, T, I><<<blocks_for(n), kThreads, 0, st>>>(
-                      ptr<T>(grad_input), ptr<const T>(grad_output),
-                      math::interp_axes<I, dacc_t<T>>(p), static_cast<I>(n));
+                  upsample_backward_kernel<K, T, I>
+                      <<<upsample_grid(spatial, p.planes), kThreads, 0, st>>>(
+                          ptr<T>(grad_input), ptr<const T>(grad_output),
+                          math::interp_axes<I, dacc_t<T>>(p), static_cast<I>(p.planes));
                 });
 }
 

@@ -154,55 +154,90 @@ InterpAxes<I, A> interp_axes(const ops::InterpParams& p) {
   return r;
 }
 
-// Output (od, oh, ow) of one plane of a K-D interpolation: load(d, h, w) reads the plane's input
-// in A. The linear modes nest as PyTorch's kernels do: depth of (height of (width)).
-template <int K, typename I, typename A, typename Load>
-TALLY_HOST_DEVICE TALLY_FORCE_INLINE A interp_point(const InterpAxes<I, A>& ax, I od, I oh, I ow,
-                                                    Load&& load) {
-  const Tap<I, A> tw = ax.a[2].tap(ow);
-  const Tap<I, A> th = K >= 2 ? ax.a[1].tap(oh) : Tap<I, A>{0, 0, A(1), A(0)};
-  const Tap<I, A> td = K >= 3 ? ax.a[0].tap(od) : Tap<I, A>{0, 0, A(1), A(0)};
-  if (!ax.a[2].linear) return load(td.i0, th.i0, tw.i0);
-  auto line = [&](I d, I h) { return tw.l0 * load(d, h, tw.i0) + tw.l1 * load(d, h, tw.i1); };
-  if constexpr (K == 1) return line(0, 0);
-  auto plane = [&](I d) { return th.l0 * line(d, th.i0) + th.l1 * line(d, th.i1); };
-  if constexpr (K == 2) return plane(0);
-  return td.l0 * plane(td.i0) + td.l1 * plane(td.i1);
+// Output (od, oh, ow)'s taps along its K axes (unit taps for the axes it lacks): the same in
+// every plane, so the CUDA kernel computes them once for all.
+template <typename I, typename A>
+struct PointTaps {
+  Tap<I, A> d, h, w;
+};
+template <int K, typename I, typename A>
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE PointTaps<I, A> interp_taps(const InterpAxes<I, A>& ax, I od,
+                                                                 I oh, I ow) {
+  const Tap<I, A> unit{0, 0, A(1), A(0)};
+  return {K >= 3 ? ax.a[0].tap(od) : unit, K >= 2 ? ax.a[1].tap(oh) : unit, ax.a[2].tap(ow)};
 }
 
-// Input (id, ih, iw)'s gradient in one plane of a K-D interpolation: the sum over the outputs
-// that read it (depth, then height, then width ascending) of their gradient, g(d, h, w) in A,
-// times the weight each gave it. The width weights are computed once when they are few.
+// The output at taps t of one plane: load(d, h, w) reads the plane's input in A. The linear
+// modes nest as PyTorch's kernels do: depth of (height of (width)).
+template <int K, typename I, typename A, typename Load>
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE A interp_point(const PointTaps<I, A>& t, bool linear,
+                                                    Load&& load) {
+  if (!linear) return load(t.d.i0, t.h.i0, t.w.i0);
+  auto line = [&](I d, I h) { return t.w.l0 * load(d, h, t.w.i0) + t.w.l1 * load(d, h, t.w.i1); };
+  if constexpr (K == 1) return line(0, 0);
+  auto plane = [&](I d) { return t.h.l0 * line(d, t.h.i0) + t.h.l1 * line(d, t.h.i1); };
+  if constexpr (K == 2) return plane(0);
+  return t.d.l0 * plane(t.d.i0) + t.d.l1 * plane(t.d.i1);
+}
+
+// The outputs [lo, hi] along one axis that read input i, and their weights when there are at
+// most kReadersCached of them (else weight() computes each again).
+inline constexpr int kReadersCached = 8;
+template <typename I, typename A>
+struct Readers {
+  I i, lo, hi;
+  bool cached;
+  A w[kReadersCached];
+  TALLY_HOST_DEVICE TALLY_FORCE_INLINE A weight(const InterpAxis<I, A>& ax, I o) const {
+    return cached ? w[o - lo] : ax.weight(o, i);
+  }
+};
+template <typename I, typename A>
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE Readers<I, A> readers_of(const InterpAxis<I, A>& ax, I i) {
+  Readers<I, A> r;
+  r.i = i;
+  ax.readers(i, r.lo, r.hi);
+  r.cached = r.hi - r.lo < kReadersCached;
+  if (r.cached)
+    for (I o = r.lo; o <= r.hi; ++o) r.w[o - r.lo] = ax.weight(o, i);
+  return r;
+}
+
+// Input (id, ih, iw)'s readers along its K axes: the same in every plane.
+template <typename I, typename A>
+struct GatherPlan {
+  Readers<I, A> d, h, w;
+};
+template <int K, typename I, typename A>
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE GatherPlan<I, A> interp_plan(const InterpAxes<I, A>& ax, I id,
+                                                                  I ih, I iw) {
+  GatherPlan<I, A> p;
+  p.w = readers_of(ax.a[2], iw);
+  if constexpr (K >= 2) p.h = readers_of(ax.a[1], ih);
+  if constexpr (K >= 3) p.d = readers_of(ax.a[0], id);
+  return p;
+}
+
+// One plane's gradient at the input of plan p: the sum over the outputs that read it (depth,
+// then height, then width ascending) of their gradient, g(d, h, w) in A, times the weight each
+// gave it.
 template <int K, typename I, typename A, typename Grad>
-TALLY_HOST_DEVICE TALLY_FORCE_INLINE A interp_gather(const InterpAxes<I, A>& ax, I id, I ih, I iw,
-                                                     Grad&& g) {
-  constexpr int kCached = 8;
-  I w0, w1;
-  ax.a[2].readers(iw, w0, w1);
-  if (w1 < w0) return A(0);
-  A ww[kCached];
-  const bool cached = w1 - w0 < kCached;
-  if (cached)
-    for (I ow = w0; ow <= w1; ++ow) ww[ow - w0] = ax.a[2].weight(ow, iw);
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE A interp_gather(const InterpAxes<I, A>& ax,
+                                                     const GatherPlan<I, A>& p, Grad&& g) {
   auto row = [&](I od, I oh) {
     A s = 0;
-    for (I ow = w0; ow <= w1; ++ow)
-      s += (cached ? ww[ow - w0] : ax.a[2].weight(ow, iw)) * g(od, oh, ow);
+    for (I ow = p.w.lo; ow <= p.w.hi; ++ow) s += p.w.weight(ax.a[2], ow) * g(od, oh, ow);
     return s;
   };
   if constexpr (K == 1) return row(0, 0);
-  I h0, h1;
-  ax.a[1].readers(ih, h0, h1);
   auto plane = [&](I od) {
     A s = 0;
-    for (I oh = h0; oh <= h1; ++oh) s += ax.a[1].weight(oh, ih) * row(od, oh);
+    for (I oh = p.h.lo; oh <= p.h.hi; ++oh) s += p.h.weight(ax.a[1], oh) * row(od, oh);
     return s;
   };
   if constexpr (K == 2) return plane(0);
-  I d0, d1;
-  ax.a[0].readers(id, d0, d1);
   A s = 0;
-  for (I od = d0; od <= d1; ++od) s += ax.a[0].weight(od, id) * plane(od);
+  for (I od = p.d.lo; od <= p.d.hi; ++od) s += p.d.weight(ax.a[0], od) * plane(od);
   return s;
 }
 
