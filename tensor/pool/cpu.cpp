@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "tensor/cpu/parallel.h"
 #include "tensor/pool/kernels.h"
@@ -205,8 +206,17 @@ void with_dims(int k, F&& fn) {
     fn(std::integral_constant<int, 3>{});
 }
 
+// Each axis' taps (forward) or readers (backward), made once a call: the loops look them up.
+// Axes the input lacks (in = out = 1) have the unit tap and the one reader of weight 1.
+template <typename T, typename F>
+std::vector<T> per_axis(int64_t n, F&& of) {
+  std::vector<T> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = of(i);
+  return v;
+}
+
 // interpolate: in parallel over output rows (plane, od, oh), each row's outputs computed by
-// math::interp_point, as the CUDA kernel computes each.
+// math::interp_point from the axes' taps, as the CUDA kernel computes each.
 void upsample_forward(const Tensor& out, const Tensor& input, const ops::InterpParams& p) {
   TALLY_DISPATCH_FLOAT(input.dtype(), "upsample", [&] {
     using A = acc_t<scalar_t>;
@@ -217,6 +227,10 @@ void upsample_forward(const Tensor& out, const Tensor& input, const ops::InterpP
     const int64_t OD = p.out[0], OH = p.out[1], OW = p.out[2];
     with_dims(p.dims, [&](auto k) {
       constexpr int K = decltype(k)::value;
+      using Tap = math::Tap<int64_t, A>;
+      const auto td = per_axis<Tap>(OD, [&](int64_t o) { return ax.a[0].tap(o); });
+      const auto th = per_axis<Tap>(OH, [&](int64_t o) { return ax.a[1].tap(o); });
+      const auto tw = per_axis<Tap>(OW, [&](int64_t o) { return ax.a[2].tap(o); });
       parallel_for(p.planes * OD * OH, grain_of(OW), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           const int64_t oh = r % OH, od = (r / OH) % OD, pl = r / (OH * OD);
@@ -224,9 +238,12 @@ void upsample_forward(const Tensor& out, const Tensor& input, const ops::InterpP
           const auto load = [&](int64_t d, int64_t h, int64_t w) {
             return static_cast<A>(xp[(d * H + h) * W + w]);
           };
-          for (int64_t ow = 0; ow < OW; ++ow)
-            y[r * OW + ow] = scalar_t(
-                math::interp_point<K>(math::interp_taps<K>(ax, od, oh, ow), p.linear, load));
+          math::PointTaps<int64_t, A> t{td[static_cast<size_t>(od)], th[static_cast<size_t>(oh)],
+                                        tw[0]};
+          for (int64_t ow = 0; ow < OW; ++ow) {
+            t.w = tw[static_cast<size_t>(ow)];
+            y[r * OW + ow] = scalar_t(math::interp_point<K>(t, p.linear, load));
+          }
         }
       });
     });
@@ -246,6 +263,10 @@ void upsample_backward(const Tensor& grad_input, const Tensor& grad_output,
     const int64_t OD = p.out[0], OH = p.out[1], OW = p.out[2];
     with_dims(p.dims, [&](auto k) {
       constexpr int K = decltype(k)::value;
+      using Readers = math::Readers<int64_t, A>;
+      const auto rd = per_axis<Readers>(D, [&](int64_t i) { return math::readers_of(ax.a[0], i); });
+      const auto rh = per_axis<Readers>(H, [&](int64_t i) { return math::readers_of(ax.a[1], i); });
+      const auto rw = per_axis<Readers>(W, [&](int64_t i) { return math::readers_of(ax.a[2], i); });
       parallel_for(p.planes * D * H, grain_of(W), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           const int64_t h = r % H, d = (r / H) % D, pl = r / (H * D);
@@ -253,9 +274,12 @@ void upsample_backward(const Tensor& grad_input, const Tensor& grad_output,
           const auto grad = [&](int64_t od, int64_t oh, int64_t ow) {
             return static_cast<A>(gp[(od * OH + oh) * OW + ow]);
           };
-          for (int64_t w = 0; w < W; ++w)
-            gx[r * W + w] =
-                scalar_t(math::interp_gather<K>(ax, math::interp_plan<K>(ax, d, h, w), grad));
+          math::GatherPlan<int64_t, A> plan{rd[static_cast<size_t>(d)], rh[static_cast<size_t>(h)],
+                                            rw[0]};
+          for (int64_t w = 0; w < W; ++w) {
+            plan.w = rw[static_cast<size_t>(w)];
+            gx[r * W + w] = scalar_t(math::interp_gather<K>(ax, plan, grad));
+          }
         }
       });
     });
