@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -206,80 +207,77 @@ void with_dims(int k, F&& fn) {
     fn(std::integral_constant<int, 3>{});
 }
 
-// Each axis' taps (forward) or readers (backward), made once a call: the loops look them up.
-// Axes the input lacks (in = out = 1) have the unit tap and the one reader of weight 1.
-template <typename T, typename F>
-std::vector<T> per_axis(int64_t n, F&& of) {
-  std::vector<T> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = of(i);
-  return v;
+// Each axis' taps (forward) or readers (backward), made once a call for the loops to look up:
+// of(axis, i) for i < n[axis].
+template <typename E, typename Ax, typename F>
+std::array<std::vector<E>, 3> per_axis(const Ax& ax, const int64_t* n, F&& of) {
+  std::array<std::vector<E>, 3> t;
+  for (size_t j = 0; j < 3; ++j)
+    for (int64_t i = 0; i < n[j]; ++i) t[j].push_back(of(ax.a[j], i));
+  return t;
 }
 
-// interpolate: in parallel over output rows (plane, od, oh), each row's outputs computed by
-// math::interp_point from the axes' taps, as the CUDA kernel computes each.
+// fn(r, plane, a, b) for every row r = (plane, a, b) of a [planes, na, nb, len] grid, in
+// parallel (each row one thread's).
+template <typename F>
+void for_rows(int64_t planes, int64_t na, int64_t nb, int64_t len, F&& fn) {
+  parallel_for(planes * na * nb, grain_of(len), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) fn(r, r / (na * nb), (r / nb) % na, r % nb);
+  });
+}
+
+// interpolate: over output rows (plane, od, oh), each output computed by math::interp_point
+// from the axes' taps, as the CUDA kernel computes each.
 void upsample_forward(const Tensor& out, const Tensor& input, const ops::InterpParams& p) {
   TALLY_DISPATCH_FLOAT(input.dtype(), "upsample", [&] {
     using A = acc_t<scalar_t>;
     const auto ax = math::interp_axes<int64_t, A>(p);
+    const auto taps = per_axis<math::Tap<int64_t, A>>(
+        ax, p.out, [](const auto& a, int64_t o) { return a.tap(o); });
     const scalar_t* x = ptr<scalar_t>(input);
     scalar_t* y = ptr<scalar_t>(out);
-    const int64_t D = p.in[0], H = p.in[1], W = p.in[2];
-    const int64_t OD = p.out[0], OH = p.out[1], OW = p.out[2];
+    const int64_t H = p.in[1], W = p.in[2], OW = p.out[2];
     with_dims(p.dims, [&](auto k) {
-      constexpr int K = decltype(k)::value;
-      using Tap = math::Tap<int64_t, A>;
-      const auto td = per_axis<Tap>(OD, [&](int64_t o) { return ax.a[0].tap(o); });
-      const auto th = per_axis<Tap>(OH, [&](int64_t o) { return ax.a[1].tap(o); });
-      const auto tw = per_axis<Tap>(OW, [&](int64_t o) { return ax.a[2].tap(o); });
-      parallel_for(p.planes * OD * OH, grain_of(OW), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t oh = r % OH, od = (r / OH) % OD, pl = r / (OH * OD);
-          const scalar_t* xp = x + pl * D * H * W;
-          const auto load = [&](int64_t d, int64_t h, int64_t w) {
-            return static_cast<A>(xp[(d * H + h) * W + w]);
-          };
-          math::PointTaps<int64_t, A> t{td[static_cast<size_t>(od)], th[static_cast<size_t>(oh)],
-                                        tw[0]};
-          for (int64_t ow = 0; ow < OW; ++ow) {
-            t.w = tw[static_cast<size_t>(ow)];
-            y[r * OW + ow] = scalar_t(math::interp_point<K>(t, p.linear, load));
-          }
-        }
-      });
+      for_rows(p.planes, p.out[0], p.out[1], OW,
+               [&](int64_t r, int64_t pl, int64_t od, int64_t oh) {
+                 const scalar_t* xp = x + pl * p.in[0] * H * W;
+                 math::PointTaps<int64_t, A> t{taps[0][static_cast<size_t>(od)],
+                                               taps[1][static_cast<size_t>(oh)], taps[2][0]};
+                 for (int64_t ow = 0; ow < OW; ++ow) {
+                   t.w = taps[2][static_cast<size_t>(ow)];
+                   y[r * OW + ow] = scalar_t(math::interp_point<decltype(k)::value>(
+                       t, p.linear, [&](int64_t d, int64_t h, int64_t w) {
+                         return static_cast<A>(xp[(d * H + h) * W + w]);
+                       }));
+                 }
+               });
     });
   });
 }
 
-// Its gradient: each input element gathers from the outputs that read it
-// (math::interp_gather), in parallel over input rows (plane, d, h).
+// Its gradient: over input rows (plane, d, h), each input element gathering from the outputs
+// that read it (math::interp_gather with the axes' readers).
 void upsample_backward(const Tensor& grad_input, const Tensor& grad_output,
                        const ops::InterpParams& p) {
   TALLY_DISPATCH_FLOAT(grad_output.dtype(), "upsample_backward", [&] {
     using A = acc_t<scalar_t>;
     const auto ax = math::interp_axes<int64_t, A>(p);
+    const auto readers = per_axis<math::Readers<int64_t, A>>(
+        ax, p.in, [](const auto& a, int64_t i) { return math::readers_of(a, i); });
     scalar_t* gx = ptr<scalar_t>(grad_input);
     const scalar_t* gy = ptr<scalar_t>(grad_output);
-    const int64_t D = p.in[0], H = p.in[1], W = p.in[2];
-    const int64_t OD = p.out[0], OH = p.out[1], OW = p.out[2];
+    const int64_t OH = p.out[1], OW = p.out[2], W = p.in[2];
     with_dims(p.dims, [&](auto k) {
-      constexpr int K = decltype(k)::value;
-      using Readers = math::Readers<int64_t, A>;
-      const auto rd = per_axis<Readers>(D, [&](int64_t i) { return math::readers_of(ax.a[0], i); });
-      const auto rh = per_axis<Readers>(H, [&](int64_t i) { return math::readers_of(ax.a[1], i); });
-      const auto rw = per_axis<Readers>(W, [&](int64_t i) { return math::readers_of(ax.a[2], i); });
-      parallel_for(p.planes * D * H, grain_of(W), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t h = r % H, d = (r / H) % D, pl = r / (H * D);
-          const scalar_t* gp = gy + pl * OD * OH * OW;
-          const auto grad = [&](int64_t od, int64_t oh, int64_t ow) {
-            return static_cast<A>(gp[(od * OH + oh) * OW + ow]);
-          };
-          math::GatherPlan<int64_t, A> plan{rd[static_cast<size_t>(d)], rh[static_cast<size_t>(h)],
-                                            rw[0]};
-          for (int64_t w = 0; w < W; ++w) {
-            plan.w = rw[static_cast<size_t>(w)];
-            gx[r * W + w] = scalar_t(math::interp_gather<K>(ax, plan, grad));
-          }
+      for_rows(p.planes, p.in[0], p.in[1], W, [&](int64_t r, int64_t pl, int64_t d, int64_t h) {
+        const scalar_t* gp = gy + pl * p.out[0] * OH * OW;
+        const auto grad = [&](int64_t od, int64_t oh, int64_t ow) {
+          return static_cast<A>(gp[(od * OH + oh) * OW + ow]);
+        };
+        math::GatherPlan<int64_t, A> plan{readers[0][static_cast<size_t>(d)],
+                                          readers[1][static_cast<size_t>(h)], readers[2][0]};
+        for (int64_t w = 0; w < W; ++w) {
+          plan.w = readers[2][static_cast<size_t>(w)];
+          gx[r * W + w] = scalar_t(math::interp_gather<decltype(k)::value>(ax, plan, grad));
         }
       });
     });

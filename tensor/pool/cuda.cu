@@ -725,35 +725,34 @@ void adaptive_avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_o
 // (int32_t where every flat index fits); the CPU's math (math::interp_point,
 // math::interp_gather) element for element.
 
-template <int K, typename T, typename I>
-__global__ void upsample_forward_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                        math::InterpAxes<I, dacc_t<T>> ax, I planes, bool linear) {
-  const I H = ax.a[1].in, W = ax.a[2].in, in_plane = ax.a[0].in * H * W;
-  const I OH = ax.a[1].out, OW = ax.a[2].out, spatial = ax.a[0].out * OH * OW;
-  const I s = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-  if (s >= spatial) return;
-  const I ow = s % OW, r = s / OW;
-  const auto taps = math::interp_taps<K>(ax, r / OH, r % OH, ow);
-  for (I pl = blockIdx.y; pl < planes; pl += gridDim.y) {
-    const T* xp = x + pl * in_plane;
-    y[pl * spatial + s] = store<T>(math::interp_point<K>(
-        taps, linear, [&](I d, I h, I w) { return load(xp[(d * H + h) * W + w]); }));
-  }
-}
-
-template <int K, typename T, typename I>
-__global__ void upsample_backward_kernel(T* __restrict__ gx, const T* __restrict__ gy,
-                                         math::InterpAxes<I, dacc_t<T>> ax, I planes) {
+// kBackward false: dst the output, src the input, a thread an output position computing its
+// taps; true: dst grad_input, src grad_output, a thread an input position computing its readers.
+template <int K, bool kBackward, typename T, typename I>
+__global__ void upsample_kernel(T* __restrict__ dst, const T* __restrict__ src,
+                                math::InterpAxes<I, dacc_t<T>> ax, I planes, bool linear) {
   const I H = ax.a[1].in, W = ax.a[2].in, in_plane = ax.a[0].in * H * W;
   const I OH = ax.a[1].out, OW = ax.a[2].out, out_plane = ax.a[0].out * OH * OW;
+  const I dst_plane = kBackward ? in_plane : out_plane,
+          src_plane = kBackward ? out_plane : in_plane;
+  // Its position (a, b, c) in dst's plane of [?, Y, X].
+  const I X = kBackward ? W : OW, Y = kBackward ? H : OH;
   const I s = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-  if (s >= in_plane) return;
-  const I w = s % W, r = s / W;
-  const auto plan = math::interp_plan<K>(ax, r / H, r % H, w);
-  for (I pl = blockIdx.y; pl < planes; pl += gridDim.y) {
-    const T* gp = gy + pl * out_plane;
-    gx[pl * in_plane + s] = store<T>(math::interp_gather<K>(
-        ax, plan, [&](I od, I oh, I ow) { return load(gp[(od * OH + oh) * OW + ow]); }));
+  if (s >= dst_plane) return;
+  const I c = s % X, b = (s / X) % Y, a = s / X / Y;
+  if constexpr (kBackward) {
+    const auto plan = math::interp_plan<K>(ax, a, b, c);
+    for (I pl = blockIdx.y; pl < planes; pl += gridDim.y) {
+      const T* gp = src + pl * src_plane;
+      dst[pl * dst_plane + s] = store<T>(math::interp_gather<K>(
+          ax, plan, [&](I d, I h, I w) { return load(gp[(d * OH + h) * OW + w]); }));
+    }
+  } else {
+    const auto taps = math::interp_taps<K>(ax, a, b, c);
+    for (I pl = blockIdx.y; pl < planes; pl += gridDim.y) {
+      const T* xp = src + pl * src_plane;
+      dst[pl * dst_plane + s] = store<T>(math::interp_point<K>(
+          taps, linear, [&](I d, I h, I w) { return load(xp[(d * H + h) * W + w]); }));
+    }
   }
 }
 
@@ -792,27 +791,26 @@ void with_upsample(const char* name, const char* op, const Tensor& a, const Tens
   check_launch(l.name_);
 }
 
+// One interpolation kernel's launch: dst from src, a thread a position of dst's planes.
+template <bool kBackward>
+void launch_upsample(const char* name, const char* op, const Tensor& dst, const Tensor& src,
+                     const ops::InterpParams& p) {
+  const int64_t spatial = kBackward ? p.in[0] * p.in[1] * p.in[2] : p.out[0] * p.out[1] * p.out[2];
+  with_upsample(name, op, dst, src, src, p, [&]<int K, typename T, typename I>(cudaStream_t st) {
+    upsample_kernel<K, kBackward, T, I><<<upsample_grid(spatial, p.planes), kThreads, 0, st>>>(
+        ptr<T>(dst), ptr<const T>(src), math::interp_axes<I, dacc_t<T>>(p),
+        static_cast<I>(p.planes), p.linear);
+  });
+}
+
 void upsample_forward(const Tensor& out, const Tensor& input, const ops::InterpParams& p) {
-  const int64_t spatial = p.out[0] * p.out[1] * p.out[2];
-  with_upsample("upsample (CUDA)", "upsample", input, out, input, p,
-                [&]<int K, typename T, typename I>(cudaStream_t st) {
-                  upsample_forward_kernel<K, T, I>
-                      <<<upsample_grid(spatial, p.planes), kThreads, 0, st>>>(
-                          ptr<const T>(input), ptr<T>(out), math::interp_axes<I, dacc_t<T>>(p),
-                          static_cast<I>(p.planes), p.linear);
-                });
+  launch_upsample<false>("upsample (CUDA)", "upsample", out, input, p);
 }
 
 void upsample_backward(const Tensor& grad_input, const Tensor& grad_output,
                        const ops::InterpParams& p) {
-  const int64_t spatial = p.in[0] * p.in[1] * p.in[2];
-  with_upsample("upsample_backward (CUDA)", "upsample_backward", grad_input, grad_output,
-                grad_output, p, [&]<int K, typename T, typename I>(cudaStream_t st) {
-                  upsample_backward_kernel<K, T, I>
-                      <<<upsample_grid(spatial, p.planes), kThreads, 0, st>>>(
-                          ptr<T>(grad_input), ptr<const T>(grad_output),
-                          math::interp_axes<I, dacc_t<T>>(p), static_cast<I>(p.planes));
-                });
+  launch_upsample<true>("upsample_backward (CUDA)", "upsample_backward", grad_input, grad_output,
+                        p);
 }
 
 }  // namespace

@@ -154,17 +154,27 @@ InterpAxes<I, A> interp_axes(const ops::InterpParams& p) {
   return r;
 }
 
-// Output (od, oh, ow)'s taps along its K axes (unit taps for the axes it lacks): the same in
-// every plane, so the CUDA kernel computes them once for all.
-template <typename I, typename A>
-struct PointTaps {
-  Tap<I, A> d, h, w;
+// One E for each axis (depth, height, width), and of(axis, index) for the axes a K-D
+// interpolation has (`none` for the others).
+template <typename E>
+struct PerAxis {
+  E d, h, w;
 };
+template <int K, typename E, typename I, typename A, typename Of>
+TALLY_HOST_DEVICE TALLY_FORCE_INLINE PerAxis<E> for_axes(const InterpAxes<I, A>& ax, I d, I h, I w,
+                                                         const E& none, Of&& of) {
+  return {K >= 3 ? of(ax.a[0], d) : none, K >= 2 ? of(ax.a[1], h) : none, of(ax.a[2], w)};
+}
+
+// Output (od, oh, ow)'s taps (unit taps for the axes it lacks): the same in every plane, so the
+// CUDA kernel computes them once for all.
+template <typename I, typename A>
+using PointTaps = PerAxis<Tap<I, A>>;
 template <int K, typename I, typename A>
 TALLY_HOST_DEVICE TALLY_FORCE_INLINE PointTaps<I, A> interp_taps(const InterpAxes<I, A>& ax, I od,
                                                                  I oh, I ow) {
-  const Tap<I, A> unit{0, 0, A(1), A(0)};
-  return {K >= 3 ? ax.a[0].tap(od) : unit, K >= 2 ? ax.a[1].tap(oh) : unit, ax.a[2].tap(ow)};
+  return for_axes<K>(ax, od, oh, ow, Tap<I, A>{0, 0, A(1), A(0)},
+                     [](const InterpAxis<I, A>& a, I o) { return a.tap(o); });
 }
 
 // The output at taps t of one plane: load(d, h, w) reads the plane's input in A. The linear
@@ -179,6 +189,12 @@ TALLY_HOST_DEVICE TALLY_FORCE_INLINE A interp_point(const PointTaps<I, A>& t, bo
   if constexpr (K == 2) return plane(0);
   return t.d.l0 * plane(t.d.i0) + t.d.l1 * plane(t.d.i1);
 }
+
+#if defined(__CUDA_ARCH__)
+#define TALLY_INTERP_UNROLL _Pragma("unroll")
+#else
+#define TALLY_INTERP_UNROLL
+#endif
 
 // The outputs [lo, hi] along one axis that read input i, and their weights when there are at
 // most kReadersCached of them (else weight() computes each again).
@@ -205,17 +221,12 @@ TALLY_HOST_DEVICE TALLY_FORCE_INLINE Readers<I, A> readers_of(const InterpAxis<I
 
 // Input (id, ih, iw)'s readers along its K axes: the same in every plane.
 template <typename I, typename A>
-struct GatherPlan {
-  Readers<I, A> d, h, w;
-};
+using GatherPlan = PerAxis<Readers<I, A>>;
 template <int K, typename I, typename A>
 TALLY_HOST_DEVICE TALLY_FORCE_INLINE GatherPlan<I, A> interp_plan(const InterpAxes<I, A>& ax, I id,
                                                                   I ih, I iw) {
-  GatherPlan<I, A> p;
-  p.w = readers_of(ax.a[2], iw);
-  if constexpr (K >= 2) p.h = readers_of(ax.a[1], ih);
-  if constexpr (K >= 3) p.d = readers_of(ax.a[0], id);
-  return p;
+  return for_axes<K>(ax, id, ih, iw, Readers<I, A>{},
+                     [](const InterpAxis<I, A>& a, I i) { return readers_of(a, i); });
 }
 
 // One plane's gradient at the input of plan p: the sum over the outputs that read it (depth,
@@ -226,7 +237,15 @@ TALLY_HOST_DEVICE TALLY_FORCE_INLINE A interp_gather(const InterpAxes<I, A>& ax,
                                                      const GatherPlan<I, A>& p, Grad&& g) {
   auto row = [&](I od, I oh) {
     A s = 0;
-    for (I ow = p.w.lo; ow <= p.w.hi; ++ow) s += p.w.weight(ax.a[2], ow) * g(od, oh, ow);
+    if (p.w.cached) {
+      // A fixed trip count, unrolled on the device, keeps the width weights in registers.
+      const I n = p.w.hi - p.w.lo + 1;
+      TALLY_INTERP_UNROLL
+      for (int j = 0; j < kReadersCached; ++j)
+        if (j < n) s += p.w.w[j] * g(od, oh, p.w.lo + j);
+      return s;
+    }
+    for (I ow = p.w.lo; ow <= p.w.hi; ++ow) s += ax.a[2].weight(ow, p.w.i) * g(od, oh, ow);
     return s;
   };
   if constexpr (K == 1) return row(0, 0);
