@@ -13,6 +13,7 @@
 
 #include "autograd/ops.h"
 #include "base/json.h"
+#include "nn/functional.h"
 #include "nn/layers.h"
 #include "nn/rnn.h"
 #ifdef TALLY_WITH_CUDA
@@ -392,6 +393,35 @@ int main(int argc, char** argv) {
                      [=] { index_fill_(rows_table, 0, rows, 0.5); }});
     cases.push_back({"cumprod", "[4096,4096] dim1", "float32", 8.0 * x.numel(),
                      static_cast<double>(x.numel()), [=] { (void)cumprod(x, 1); }});
+  }
+  // --- F.interpolate: trilinear x2 of a 5-D volume (a 3-D U-Net's decoder) and linear x2 of
+  // long 3-D rows, forward and forward + backward (the gathering backward).
+  {
+    namespace F = nn::functional;
+    using V = std::vector<double>;
+    Tensor vol = rnd({8, 32, 32, 64, 64}, DType::float32),
+           seq = rnd({64, 256, 2048}, DType::float32);
+    const double nv = static_cast<double>(vol.numel()), ns = static_cast<double>(seq.numel());
+    cases.push_back({"interpolate_trilinear", "[8,32,32,64,64] x2", "float32", 4 * (nv + 8 * nv),
+                     15 * 8 * nv,
+                     [=] { (void)F::interpolate(vol, std::nullopt, V{2.0}, "trilinear", false); }});
+    cases.push_back({"interpolate_linear", "[64,256,2048] x2", "float32", 4 * (ns + 2 * ns),
+                     3 * 2 * ns,
+                     [=] { (void)F::interpolate(seq, std::nullopt, V{2.0}, "linear", false); }});
+    vol.requires_grad_();
+    seq.requires_grad_();
+    const Tensor gv = rnd({8, 32, 64, 128, 128}, DType::float32),
+                 gs = rnd({64, 256, 4096}, DType::float32);
+    cases.push_back({"interpolate_trilinear_fwd_bwd", "[8,32,32,64,64] x2", "float32",
+                     4 * (nv + 8 * nv) + 4 * (8 * nv + nv), 2 * 15 * 8 * nv, [=] {
+                       vol.set_grad(Tensor());
+                       F::interpolate(vol, std::nullopt, V{2.0}, "trilinear", false).backward(gv);
+                     }});
+    cases.push_back({"interpolate_linear_fwd_bwd", "[64,256,2048] x2", "float32",
+                     4 * (ns + 2 * ns) + 4 * (2 * ns + ns), 2 * 3 * 2 * ns, [=] {
+                       seq.set_grad(Tensor());
+                       F::interpolate(seq, std::nullopt, V{2.0}, "linear", false).backward(gs);
+                     }});
   }
   for (const Case& c : cases) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;

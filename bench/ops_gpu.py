@@ -216,6 +216,21 @@ def torch_cases():
     TORCH[("index_fill_", "[50304,768] dim0 [16384]", "float32")] = (
         lambda: rows_table.index_fill_(0, rows, 0.5))
     TORCH[("cumprod", "[4096,4096] dim1", "float32")] = lambda: torch.cumprod(xg, 1)
+    # F.interpolate: trilinear x2 of a 5-D volume and linear x2 of long 3-D rows, forward and
+    # forward + backward.
+    vol, seq = rnd(8, 32, 32, 64, 64), rnd(64, 256, 2048)
+    TORCH[("interpolate_trilinear", "[8,32,32,64,64] x2", "float32")] = (
+        lambda: F.interpolate(vol, scale_factor=2.0, mode="trilinear", align_corners=False))
+    TORCH[("interpolate_linear", "[64,256,2048] x2", "float32")] = (
+        lambda: F.interpolate(seq, scale_factor=2.0, mode="linear", align_corners=False))
+    volg, seqg = vol.detach().clone().requires_grad_(), seq.detach().clone().requires_grad_()
+    gvol, gseq = rnd(8, 32, 64, 128, 128), rnd(64, 256, 4096)
+    TORCH[("interpolate_trilinear_fwd_bwd", "[8,32,32,64,64] x2", "float32")] = fwd_bwd(
+        lambda: F.interpolate(volg, scale_factor=2.0, mode="trilinear", align_corners=False),
+        (volg,), gvol)
+    TORCH[("interpolate_linear_fwd_bwd", "[64,256,2048] x2", "float32")] = fwd_bwd(
+        lambda: F.interpolate(seqg, scale_factor=2.0, mode="linear", align_corners=False),
+        (seqg,), gseq)
 
 
 def main():

@@ -203,41 +203,6 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
 
 namespace {
 
-// The [out, in] matrix that resamples one axis: row o holds the weights of the inputs output
-// o reads (PyTorch's source index rules for nearest and (bi/tri)linear).
-std::vector<double> axis_matrix(int64_t in, int64_t out, double scale, bool linear,
-                                bool align_corners) {
-  std::vector<double> m(static_cast<size_t>(base::checked_mul(in, out, "interpolate")), 0.0);
-  for (int64_t o = 0; o < out; ++o) {
-    double* row = m.data() + o * in;
-    if (!linear) {
-      const int64_t src = std::min(static_cast<int64_t>(std::floor(o * scale)), in - 1);
-      row[src] = 1.0;
-      continue;
-    }
-    double src = align_corners ? o * scale : std::max((o + 0.5) * scale - 0.5, 0.0);
-    const int64_t i0 = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
-    const int64_t i1 = std::min(i0 + 1, in - 1);
-    const double l1 = src - static_cast<double>(i0), l0 = 1.0 - l1;
-    row[i0] += l0;
-    row[i1] += l1;
-  }
-  return m;
-}
-
-// x with the [out, in] matrix m applied along dim d (x.size(d) == in): a matmul with the dims
-// after d flattened into one, m broadcast over the dims before.
-Tensor apply_axis(const Tensor& x, int64_t d, const Tensor& m) {
-  if (d == x.dim() - 1) return matmul(x, m.t());
-  Shape flat(x.sizes().begin(), x.sizes().begin() + d + 1);
-  int64_t rest = 1;
-  for (int64_t k = d + 1; k < x.dim(); ++k) rest *= x.size(k);
-  flat.push_back(rest);
-  Shape out = x.sizes();
-  out[static_cast<size_t>(d)] = m.size(0);
-  return matmul(m, x.reshape(flat)).reshape(out);
-}
-
 // size or scale_factor for `k` spatial dims: one value stands for every dim, as PyTorch's int.
 template <typename V>
 std::vector<V> per_dim(const std::vector<V>& v, int64_t k, const char* what, const Tensor& x) {
@@ -282,9 +247,7 @@ Tensor interpolate(const Tensor& x, std::optional<std::vector<int64_t>> size,
   std::vector<double> factors;
   if (size) sizes = per_dim(*size, k, "output size", x);
   if (scale_factor) factors = per_dim(*scale_factor, k, "scale_factor", x);
-  const bool corners = align_corners.value_or(false);
   std::vector<int64_t> in(static_cast<size_t>(k)), out(static_cast<size_t>(k));
-  std::vector<double> scale(static_cast<size_t>(k));  // input per output step
   for (size_t j = 0; j < static_cast<size_t>(k); ++j) {
     in[j] = x.size(2 + static_cast<int64_t>(j));
     if (size) {
@@ -305,38 +268,10 @@ Tensor interpolate(const Tensor& x, std::optional<std::vector<int64_t>> size,
       throw std::invalid_argument(
           fmt::format("interpolate: input {} and output {} sizes must be greater than 0",
                       x.shape_string(), shape_str(size ? sizes : out)));
-    // PyTorch's area_pixel_compute_scale: the given scale_factor's inverse when there is one.
-    if (linear && corners)
-      scale[j] =
-          out[j] > 1 ? static_cast<double>(in[j] - 1) / static_cast<double>(out[j] - 1) : 0.0;
-    else
-      scale[j] = scale_factor ? 1.0 / factors[j]
-                              : static_cast<double>(in[j]) / static_cast<double>(out[j]);
   }
-  // Nearest at whole-number scales: every input element repeated, a broadcast copy.
-  bool whole = !linear;
-  for (size_t j = 0; whole && j < in.size(); ++j)
-    whole =
-        out[j] % in[j] == 0 && scale[j] == static_cast<double>(in[j]) / static_cast<double>(out[j]);
-  if (whole) {
-    Tensor r = x;
-    Shape expanded{x.size(0), x.size(1)}, result{x.size(0), x.size(1)};
-    for (int64_t j = k - 1; j >= 0; --j) r = r.unsqueeze(3 + j);  // [N, C, d1, 1, d2, 1, ...]
-    for (size_t j = 0; j < in.size(); ++j) {
-      expanded.insert(expanded.end(), {in[j], out[j] / in[j]});
-      result.push_back(out[j]);
-    }
-    return r.expand(expanded).reshape(result);
-  }
-  const TensorOptions opts = TensorOptions{}.with_dtype(x.dtype()).with_device(x.device());
-  Tensor r = x;
-  for (size_t j = 0; j < in.size(); ++j) {
-    if (in[j] == out[j] && scale[j] == 1.0) continue;  // the identity
-    const Tensor m =
-        from_vector(axis_matrix(in[j], out[j], scale[j], linear, corners), {out[j], in[j]}, opts);
-    r = apply_axis(r, 2 + static_cast<int64_t>(j), m);
-  }
-  return r.unsafe_impl() == x.unsafe_impl() ? x.clone() : r;
+  // PyTorch's upsample ops: a given scale_factor steps the source index by its inverse.
+  return upsample(x, Shape(out.begin(), out.end()), scale_factor ? factors : std::vector<double>{},
+                  linear, align_corners.value_or(false));
 }
 
 Tensor interpolate(const Tensor& x, std::optional<std::array<int64_t, 2>> size,

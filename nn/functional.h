@@ -52,9 +52,9 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 // x [N, C, L], [N, C, H, W] or [N, C, D, H, W] resampled to `size` or by `scale_factor`
 // (exactly one given, one value per spatial dim or one for all; the output is
 // floor(in * scale)). mode "nearest" (any of those ranks), "linear" (3-D), "bilinear" (4-D),
-// "trilinear" (5-D); align_corners only for the linear modes (nullopt is false). Each axis is
-// one interpolation matrix applied by matmul, so every backend and autograd come with it;
-// nearest at whole-number scales is a broadcast copy.
+// "trilinear" (5-D); align_corners only for the linear modes (nullopt is false). A given
+// scale_factor steps the source index by its inverse, as PyTorch's. The kernels are the pool
+// family's upsample (tally::upsample: CPU, CUDA, meta, autograd).
 Tensor interpolate(const Tensor& x, std::optional<std::vector<int64_t>> size,
                    std::optional<std::vector<double>> scale_factor = std::nullopt,
                    const std::string& mode = "nearest",

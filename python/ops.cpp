@@ -88,10 +88,15 @@ std::pair<Tensor, Shape> mask_plan(const Tensor& x, const Tensor& mask) {
   return {ops::expand(ops::view(mask, full), x.sizes()), out};
 }
 
-// x[index] = v through a boolean mask: the mask and the dim of x it starts at.
+// x[index] = v through a boolean mask: the mask and the dim of x it starts at. Integer
+// indices beside the mask (x[0, mask]) are folded into it: `mask` then covers x's dims from
+// the first integer's or the mask's to the last, true only at the integers' positions, and
+// value_shape is PyTorch's selected shape (the integers' dims gone), which v broadcasts to
+// before it is laid out as the folded mask selects.
 struct MaskIndex {
   Tensor mask;
   int64_t dim = 0;
+  Shape value_shape;  // empty: no integer index, the selected shape is the mask's own
 };
 
 bool is_full_slice(py::handle h) {
@@ -99,9 +104,43 @@ bool is_full_slice(py::handle h) {
          h.attr("step").is_none();
 }
 
-// index as a mask write: one mask, alone or in a tuple among full slices (:) and at most one
-// Ellipsis (x[mask], x[:, mask], x[..., mask, :]); nullopt when index holds no mask. Other
-// companions of a mask raise an IndexError naming what to write instead.
+bool is_int_index(py::handle h) {
+  return py::isinstance<py::int_>(h) && !py::isinstance<py::bool_>(h);
+}
+
+// The mask over x's dims lo .. hi - 1 that selects what x[..., i, ..., mask, ...] selects:
+// true where every integer dim (ints: dim -> index) is at its index and the mask holds.
+Tensor fold_integers(const Tensor& x, const Tensor& mask, int64_t mask_dim,
+                     const std::vector<std::pair<int64_t, int64_t>>& ints, int64_t lo, int64_t hi) {
+  const std::vector<double> m = ops::to_vector(mask);
+  const Shape span(x.sizes().begin() + lo, x.sizes().begin() + hi);
+  int64_t n = 1;
+  for (int64_t s : span) n *= s;
+  std::vector<double> folded(static_cast<size_t>(n), 0.0);
+  const int64_t k = mask.dim();
+  std::vector<int64_t> at(span.size(), 0);  // the coordinates of element e in the span
+  for (int64_t e = 0; e < n; ++e) {
+    bool on = true;
+    for (const auto& [d, i] : ints) on = on && at[static_cast<size_t>(d - lo)] == i;
+    if (on) {
+      int64_t flat = 0;
+      for (int64_t j = 0; j < k; ++j)
+        flat = flat * mask.size(j) + at[static_cast<size_t>(mask_dim - lo + j)];
+      on = m[static_cast<size_t>(flat)] != 0.0;
+    }
+    folded[static_cast<size_t>(e)] = on ? 1.0 : 0.0;
+    for (int64_t j = static_cast<int64_t>(span.size()) - 1; j >= 0; --j) {
+      if (++at[static_cast<size_t>(j)] < span[static_cast<size_t>(j)]) break;
+      at[static_cast<size_t>(j)] = 0;
+    }
+  }
+  return ops::from_vector(folded, span, DType::bool_, x.device());
+}
+
+// index as a mask write: one mask, alone or in a tuple among integers, full slices (:) and at
+// most one Ellipsis (x[mask], x[:, mask], x[..., mask, :], x[0, mask], as PyTorch: an integer
+// selects before the mask indexes); nullopt when index holds no mask. Other companions of a
+// mask raise an IndexError naming what to write instead.
 std::optional<MaskIndex> mask_index(const Tensor& x, py::handle index) {
   std::vector<py::handle> items;
   if (py::isinstance<py::tuple>(index)) {
@@ -117,30 +156,49 @@ std::optional<MaskIndex> mask_index(const Tensor& x, py::handle index) {
       at = i;
     }
   if (at == items.size()) return std::nullopt;
-  int64_t before = 0, after = 0, ellipses = 0;
-  bool ellipsis_before = false;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i == at) continue;
-    if (items[i].ptr() == Py_Ellipsis) {
-      ++ellipses;
-      ellipsis_before = i < at;
-    } else if (is_full_slice(items[i])) {
-      (i < at ? before : after) += 1;
-    } else {
-      throw py::index_error(
-          "tensor[..., mask, ...] = v: the other indices must be full slices (:) or one "
-          "Ellipsis; index the other dims first (y = x[0]; y[mask] = v writes into x)");
-    }
-  }
-  if (ellipses > 1) throw py::index_error("an index can only have a single ellipsis ('...')");
   MaskIndex r;
   r.mask = mask_of(items[at], x);
   if (r.mask.dim() == 0)
     throw py::index_error("tensor[..., mask] = v: a 0-d boolean index is not supported");
   const int64_t k = r.mask.dim();
-  r.dim = ellipsis_before ? x.dim() - k - after : before;
-  if (r.dim < 0 || r.dim + k + after > x.dim())
+  // The dims each item takes (the mask k, the Ellipsis what is left, the others one).
+  int64_t taken = 0, ellipses = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i == at) {
+      taken += k;
+    } else if (items[i].ptr() == Py_Ellipsis) {
+      ++ellipses;
+    } else if (is_full_slice(items[i]) || is_int_index(items[i])) {
+      ++taken;
+    } else {
+      throw py::index_error(
+          "tensor[..., mask, ...] = v: the other indices must be integers, full slices (:) or "
+          "one Ellipsis; index the other dims first (y = x[1:3]; y[mask] = v writes into x)");
+    }
+  }
+  if (ellipses > 1) throw py::index_error("an index can only have a single ellipsis ('...')");
+  if (taken > x.dim())
     throw py::index_error(fmt::format("too many indices for tensor of dimension {}", x.dim()));
+  std::vector<std::pair<int64_t, int64_t>> ints;  // (dim, index)
+  int64_t d = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i == at) {
+      r.dim = d;
+      d += k;
+    } else if (items[i].ptr() == Py_Ellipsis) {
+      d += x.dim() - taken;
+    } else {
+      if (is_int_index(items[i])) {
+        const int64_t size = x.size(d);
+        int64_t v = items[i].cast<int64_t>();
+        if (v < -size || v >= size)
+          throw py::index_error(
+              fmt::format("index {} is out of bounds for dimension {} with size {}", v, d, size));
+        ints.emplace_back(d, v < 0 ? v + size : v);
+      }
+      ++d;
+    }
+  }
   bool fits = true;
   for (int64_t j = 0; fits && j < k; ++j) fits = r.mask.size(j) == x.size(r.dim + j);
   if (!fits)
@@ -149,6 +207,19 @@ std::optional<MaskIndex> mask_index(const Tensor& x, py::handle index) {
         "{} to {}",
         r.mask.shape_string(), x.shape_string(), r.dim, r.dim + k - 1));
   if (r.mask.device() != x.device()) r.mask = r.mask.to(x.device());
+  if (ints.empty()) return r;
+  // PyTorch's selected shape: the integers' dims gone, the mask's dims one of its count.
+  const int64_t count = static_cast<int64_t>(ops::item(ops::sum(ops::to(r.mask, DType::int64))));
+  for (int64_t j = 0; j < x.dim(); ++j) {
+    bool integer = false;
+    for (const auto& [dim, i] : ints) integer = integer || dim == j;
+    if (j == r.dim) r.value_shape.push_back(count);
+    if (!integer && (j < r.dim || j >= r.dim + k)) r.value_shape.push_back(x.size(j));
+  }
+  const int64_t lo = std::min(ints.front().first, r.dim);
+  const int64_t hi = std::max(ints.back().first + 1, r.dim + k);
+  r.mask = fold_integers(x, r.mask, r.dim, ints, lo, hi);
+  r.dim = lo;
   return r;
 }
 
@@ -166,8 +237,24 @@ void mask_put(const Tensor& x, const MaskIndex& at, py::handle value) {
     v = to_tensor(value, x.dtype(), x.device());
   if (v.device() != x.device()) v = v.to(x.device());
   // Leading size-1 dims beyond the selected shape's rank go, as PyTorch's setitem drops them.
-  const int64_t rank = x.dim() - at.mask.dim() + 1;
+  const bool folded = !at.value_shape.empty();
+  const int64_t rank =
+      folded ? static_cast<int64_t>(at.value_shape.size()) : x.dim() - at.mask.dim() + 1;
   while (v.dim() > rank && v.size(0) == 1) v = v.squeeze(0);
+  if (folded && v.numel() != 1) {
+    // v as PyTorch's selected shape, then laid out as the folded mask selects (the same
+    // row-major order, the integers' dims gone).
+    const Shape& want = at.value_shape;
+    if (ops::broadcast_shapes(v.sizes(), want, "tensor[..., i, mask, ...] = v") != want)
+      throw py::value_error(fmt::format(
+          "shape mismatch: value tensor of shape {} cannot be broadcast to indexing result of "
+          "shape {}",
+          v.shape_string(), shape_str(want)));
+    Shape laid(x.sizes().begin(), x.sizes().begin() + at.dim);
+    laid.push_back(static_cast<int64_t>(ops::item(ops::sum(ops::to(at.mask, DType::int64)))));
+    laid.insert(laid.end(), x.sizes().begin() + at.dim + at.mask.dim(), x.sizes().end());
+    v = v.expand(want).reshape(laid);
+  }
   if (GradMode::is_enabled() && (x.requires_grad() || v.requires_grad())) {
     if (x.requires_grad() && x.is_leaf())
       throw py::value_error(

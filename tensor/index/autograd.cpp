@@ -283,9 +283,22 @@ Tensor index_mask_put(const Tensor& x, int64_t dim, const Tensor& mask, const Te
         fmt::format("index_mask_put: values {} do not broadcast to the selected shape {}",
                     values.shape_string(), shape_str(selected)));
   const Tensor v = (values.dtype() == x.dtype() ? values : values.to(x.dtype())).expand(selected);
-  // The selected entries zeroed, then the values added there: positions are distinct.
-  const Tensor cleared = index_fill(x.reshape(p.flat), p.dim, p.positions, 0.0, site);
-  return index_add(cleared, p.dim, p.positions, v, 1.0, site).reshape(x.sizes());
+  // The selected entries zeroed, then the values added there: positions are distinct. One node,
+  // named as PyTorch's index_put_ gradient, so the result's grad_fn reads as PyTorch's.
+  const Shape flat = p.flat;
+  const int64_t d = p.dim;
+  const Tensor cleared = o::index_fill(o::reshape(x, flat), d, p.positions, 0.0);
+  Tensor out = o::reshape(o::index_add(cleared, d, p.positions, v, 1.0), x.sizes());
+  record("IndexPutBackward0", {x, v}, {out}, {p.positions},
+         [flat, d, sizes = x.sizes()](BackwardContext& ctx, const TensorList& g) -> TensorList {
+           const Tensor gf = o::reshape(g[0], flat);
+           Tensor gx, gv;
+           if (ctx.needs_input_grad(0))
+             gx = o::reshape(index_fill_zero(gf, d, ctx.saved(0)), sizes);
+           if (ctx.needs_input_grad(1)) gv = o::index_select(gf, d, ctx.saved(0));
+           return {gx, gv};
+         });
+  return out;
 }
 
 Tensor cumsum(const Tensor& x, int64_t dim, CallSite site) {

@@ -51,6 +51,24 @@ Tensor avg_pool2d(const Tensor& x, Int2 kernel_size, Int2 stride, Int2 padding, 
   return out;
 }
 
+Tensor upsample(const Tensor& x, const Shape& output_size, const std::vector<double>& scale_factors,
+                bool linear, bool align_corners, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  Tensor out = o::upsample(x, output_size, scale_factors, linear, align_corners);
+  // PyTorch's node names, by mode and rank (without its trailing 0, as Tally's others).
+  static const char* const kNearest[] = {"UpsampleNearest1DBackward", "UpsampleNearest2DBackward",
+                                         "UpsampleNearest3DBackward"};
+  static const char* const kLinear[] = {"UpsampleLinear1DBackward", "UpsampleBilinear2DBackward",
+                                        "UpsampleTrilinear3DBackward"};
+  const size_t k = static_cast<size_t>(x.dim() - 3);
+  record(linear ? kLinear[k] : kNearest[k], {x}, {out}, {},
+         [in_sizes = x.sizes(), scale_factors, linear, align_corners](
+             BackwardContext&, const TensorList& g) -> TensorList {
+           return {o::upsample_backward(g[0], in_sizes, scale_factors, linear, align_corners)};
+         });
+  return out;
+}
+
 Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size, CallSite site) {
   memory::CallSiteScope call_site(site);
   Tensor out = o::adaptive_avg_pool2d(x, output_size);

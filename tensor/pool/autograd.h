@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "tensor/elementwise/autograd.h"
 #include "tensor/pool/ops.h"
@@ -25,6 +26,12 @@ Tensor avg_pool2d(const Tensor& x, Int2 kernel_size, Int2 stride = {}, Int2 padd
                   bool ceil_mode = false, bool count_include_pad = true,
                   std::optional<int64_t> divisor_override = std::nullopt,
                   CallSite site = CallSite::current());
+// F.interpolate's resampling, PyTorch's upsample_* ops (ops::upsample): x [N, C, d1, ..., dk],
+// k = 1, 2 or 3, to output_size, nearest or linear (align_corners), scale_factors as the caller
+// gave them (or empty). Saves nothing.
+Tensor upsample(const Tensor& x, const Shape& output_size,
+                const std::vector<double>& scale_factors = {}, bool linear = false,
+                bool align_corners = false, CallSite site = CallSite::current());
 // Saves nothing.
 Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size, CallSite site = CallSite::current());
 

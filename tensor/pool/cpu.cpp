@@ -1,12 +1,16 @@
 // CPU 2-D pooling: one loop nest per op over (plane, output row, output column), each
 // window clipped to the input exactly as PyTorch's CPU kernels clip it. Large inputs run in
 // parallel over the planes (tensor/cpu/parallel.h): each plane's outputs, and in the
-// backward its input gradient, belong to one thread, computed as serially.
+// backward its input gradient, belong to one thread, computed as serially. interpolate runs
+// over rows of outputs (forward) or inputs (its gathering backward) the same way.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "tensor/cpu/parallel.h"
 #include "tensor/pool/kernels.h"
@@ -190,6 +194,94 @@ void adaptive_avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_o
                       [](int64_t oh, int64_t ow, const Planes& g) {
                         return adaptive_window(oh, ow, g.OH, g.OW, g.H, g.W);
                       });
+}
+
+// fn(std::integral_constant<int, K>) for the interpolation's K spatial dims.
+template <typename F>
+void with_dims(int k, F&& fn) {
+  if (k == 1)
+    fn(std::integral_constant<int, 1>{});
+  else if (k == 2)
+    fn(std::integral_constant<int, 2>{});
+  else
+    fn(std::integral_constant<int, 3>{});
+}
+
+// Each axis' taps (forward) or readers (backward), made once a call for the loops to look up:
+// of(axis, i) for i < n[axis].
+template <typename E, typename Ax, typename F>
+std::array<std::vector<E>, 3> per_axis(const Ax& ax, const int64_t* n, F&& of) {
+  std::array<std::vector<E>, 3> t;
+  for (size_t j = 0; j < 3; ++j)
+    for (int64_t i = 0; i < n[j]; ++i) t[j].push_back(of(ax.a[j], i));
+  return t;
+}
+
+// fn(r, plane, a, b) for every row r = (plane, a, b) of a [planes, na, nb, len] grid, in
+// parallel (each row one thread's).
+template <typename F>
+void for_rows(int64_t planes, int64_t na, int64_t nb, int64_t len, F&& fn) {
+  parallel_for(planes * na * nb, grain_of(len), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) fn(r, r / (na * nb), (r / nb) % na, r % nb);
+  });
+}
+
+// interpolate: over output rows (plane, od, oh), each output computed by math::interp_point
+// from the axes' taps, as the CUDA kernel computes each.
+void upsample_forward(const Tensor& out, const Tensor& input, const ops::InterpParams& p) {
+  TALLY_DISPATCH_FLOAT(input.dtype(), "upsample", [&] {
+    using A = acc_t<scalar_t>;
+    const auto ax = math::interp_axes<int64_t, A>(p);
+    const auto taps = per_axis<math::Tap<int64_t, A>>(
+        ax, p.out, [](const auto& a, int64_t o) { return a.tap(o); });
+    const scalar_t* x = ptr<scalar_t>(input);
+    scalar_t* y = ptr<scalar_t>(out);
+    const int64_t H = p.in[1], W = p.in[2], OW = p.out[2];
+    with_dims(p.dims, [&](auto k) {
+      for_rows(p.planes, p.out[0], p.out[1], OW,
+               [&](int64_t r, int64_t pl, int64_t od, int64_t oh) {
+                 const scalar_t* xp = x + pl * p.in[0] * H * W;
+                 math::PointTaps<int64_t, A> t{taps[0][static_cast<size_t>(od)],
+                                               taps[1][static_cast<size_t>(oh)], taps[2][0]};
+                 for (int64_t ow = 0; ow < OW; ++ow) {
+                   t.w = taps[2][static_cast<size_t>(ow)];
+                   y[r * OW + ow] = scalar_t(math::interp_point<decltype(k)::value>(
+                       t, p.linear, [&](int64_t d, int64_t h, int64_t w) {
+                         return static_cast<A>(xp[(d * H + h) * W + w]);
+                       }));
+                 }
+               });
+    });
+  });
+}
+
+// Its gradient: over input rows (plane, d, h), each input element gathering from the outputs
+// that read it (math::interp_gather with the axes' readers).
+void upsample_backward(const Tensor& grad_input, const Tensor& grad_output,
+                       const ops::InterpParams& p) {
+  TALLY_DISPATCH_FLOAT(grad_output.dtype(), "upsample_backward", [&] {
+    using A = acc_t<scalar_t>;
+    const auto ax = math::interp_axes<int64_t, A>(p);
+    const auto readers = per_axis<math::Readers<int64_t, A>>(
+        ax, p.in, [](const auto& a, int64_t i) { return math::readers_of(a, i); });
+    scalar_t* gx = ptr<scalar_t>(grad_input);
+    const scalar_t* gy = ptr<scalar_t>(grad_output);
+    const int64_t OH = p.out[1], OW = p.out[2], W = p.in[2];
+    with_dims(p.dims, [&](auto k) {
+      for_rows(p.planes, p.in[0], p.in[1], W, [&](int64_t r, int64_t pl, int64_t d, int64_t h) {
+        const scalar_t* gp = gy + pl * p.out[0] * OH * OW;
+        const auto grad = [&](int64_t od, int64_t oh, int64_t ow) {
+          return static_cast<A>(gp[(od * OH + oh) * OW + ow]);
+        };
+        math::GatherPlan<int64_t, A> plan{readers[0][static_cast<size_t>(d)],
+                                          readers[1][static_cast<size_t>(h)], readers[2][0]};
+        for (int64_t w = 0; w < W; ++w) {
+          plan.w = readers[2][static_cast<size_t>(w)];
+          gx[r * W + w] = scalar_t(math::interp_gather<decltype(k)::value>(ax, plan, grad));
+        }
+      });
+    });
+  });
 }
 
 }  // namespace

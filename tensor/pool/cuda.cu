@@ -4,7 +4,8 @@
 // stride cell of elements a thread where its windows allow). Window rules, divisors, tie and NaN
 // handling are the CPU kernels' (tensor/pool/cpu.cpp), line for line. max_pool2d and
 // adaptive_avg_pool2d have channels_last (NHWC) twins: the same windows, orders and indices over
-// channels_last tensors, a thread an element in memory order.
+// channels_last tensors, a thread an element in memory order. interpolate: a thread a spatial
+// position of the output (forward) or of the input (its gathering backward), over many planes.
 #include <algorithm>
 
 #include "tensor/cuda/device_types.cuh"
@@ -716,6 +717,100 @@ void adaptive_avg_pool2d_backward(const Tensor& grad_input, const Tensor& grad_o
                    adaptive_backward_kernel<T><<<blocks_for(n), kThreads, 0, st>>>(
                        ptr<dacc_t<T>>(grad_input), ptr<const T>(grad_output), g, n);
                  });
+}
+
+// ---- interpolate: a thread a spatial position of the output (forward) or of the input (the
+// backward's gather), its taps or readers computed once, then the planes blockIdx.y,
+// blockIdx.y + gridDim.y, ... (PyTorch's kernels loop over N and C alike); index type I
+// (int32_t where every flat index fits); the CPU's math (math::interp_point,
+// math::interp_gather) element for element.
+
+// kBackward false: dst the output, src the input, a thread an output position computing its
+// taps; true: dst grad_input, src grad_output, a thread an input position computing its readers.
+template <int K, bool kBackward, typename T, typename I>
+__global__ void upsample_kernel(T* __restrict__ dst, const T* __restrict__ src,
+                                math::InterpAxes<I, dacc_t<T>> ax, I planes, bool linear) {
+  const I H = ax.a[1].in, W = ax.a[2].in, in_plane = ax.a[0].in * H * W;
+  const I OH = ax.a[1].out, OW = ax.a[2].out, out_plane = ax.a[0].out * OH * OW;
+  const I dst_plane = kBackward ? in_plane : out_plane,
+          src_plane = kBackward ? out_plane : in_plane;
+  // Its position (a, b, c) in dst's plane of [?, Y, X].
+  const I X = kBackward ? W : OW, Y = kBackward ? H : OH;
+  const I s = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+  if (s >= dst_plane) return;
+  const I c = s % X, b = (s / X) % Y, a = s / X / Y;
+  if constexpr (kBackward) {
+    const auto plan = math::interp_plan<K>(ax, a, b, c);
+    for (I pl = blockIdx.y; pl < planes; pl += gridDim.y) {
+      const T* gp = src + pl * src_plane;
+      dst[pl * dst_plane + s] = store<T>(math::interp_gather<K>(
+          ax, plan, [&](I d, I h, I w) { return load(gp[(d * OH + h) * OW + w]); }));
+    }
+  } else {
+    const auto taps = math::interp_taps<K>(ax, a, b, c);
+    for (I pl = blockIdx.y; pl < planes; pl += gridDim.y) {
+      const T* xp = src + pl * src_plane;
+      dst[pl * dst_plane + s] = store<T>(math::interp_point<K>(
+          taps, linear, [&](I d, I h, I w) { return load(xp[(d * H + h) * W + w]); }));
+    }
+  }
+}
+
+// The grid of an interpolation kernel over `spatial` positions and `planes` planes: enough
+// blocks along y (plane groups) for about 2^21 threads, as many planes a thread as that leaves.
+dim3 upsample_grid(int64_t spatial, int64_t planes) {
+  const int64_t bx = (spatial + kThreads - 1) / kThreads;
+  const int64_t by = std::clamp<int64_t>(((int64_t{1} << 21) + bx * kThreads - 1) / (bx * kThreads),
+                                         1, std::min<int64_t>(planes, 65535));
+  return dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by));
+}
+
+// go.template operator()<K, T, I>() for the interpolation's spatial dims K, the device type T of
+// `dtype_of` and the index type I (int32_t when both tensors' elements, plus a grid's stride,
+// fit in 31 bits).
+template <typename F>
+void with_upsample(const char* name, const char* op, const Tensor& a, const Tensor& b,
+                   const Tensor& dtype_of, const ops::InterpParams& p, F&& go) {
+  Launch l(name, dtype_of);
+  const bool small = std::max(a.numel(), b.numel()) < (int64_t{1} << 30);
+  TALLY_DISPATCH_FLOAT(dtype_of.dtype(), op, [&] {
+    using T = dev_t<scalar_t>;
+    auto run = [&]<int K>() {
+      if (small)
+        go.template operator()<K, T, int32_t>(l.stream_);
+      else
+        go.template operator()<K, T, int64_t>(l.stream_);
+    };
+    if (p.dims == 1)
+      run.template operator()<1>();
+    else if (p.dims == 2)
+      run.template operator()<2>();
+    else
+      run.template operator()<3>();
+  });
+  check_launch(l.name_);
+}
+
+// One interpolation kernel's launch: dst from src, a thread a position of dst's planes.
+template <bool kBackward>
+void launch_upsample(const char* name, const char* op, const Tensor& dst, const Tensor& src,
+                     const ops::InterpParams& p) {
+  const int64_t spatial = kBackward ? p.in[0] * p.in[1] * p.in[2] : p.out[0] * p.out[1] * p.out[2];
+  with_upsample(name, op, dst, src, src, p, [&]<int K, typename T, typename I>(cudaStream_t st) {
+    upsample_kernel<K, kBackward, T, I><<<upsample_grid(spatial, p.planes), kThreads, 0, st>>>(
+        ptr<T>(dst), ptr<const T>(src), math::interp_axes<I, dacc_t<T>>(p),
+        static_cast<I>(p.planes), p.linear);
+  });
+}
+
+void upsample_forward(const Tensor& out, const Tensor& input, const ops::InterpParams& p) {
+  launch_upsample<false>("upsample (CUDA)", "upsample", out, input, p);
+}
+
+void upsample_backward(const Tensor& grad_input, const Tensor& grad_output,
+                       const ops::InterpParams& p) {
+  launch_upsample<true>("upsample_backward (CUDA)", "upsample_backward", grad_input, grad_output,
+                        p);
 }
 
 }  // namespace

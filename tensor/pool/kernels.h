@@ -1,7 +1,7 @@
 // The kernel table of the 2-D pooling family (max, average and adaptive average pooling and
-// their gradients): each kernel's signature, once. The CPU reference (tensor/pool/cpu.cpp)
-// and the CUDA kernels (tensor/pool/cuda.cu) each define one PoolKernels;
-// tensor/backends.cpp registers them.
+// their gradients; interpolate's resampling over 1 to 3 spatial dims): each kernel's signature,
+// once. The CPU reference (tensor/pool/cpu.cpp) and the CUDA kernels (tensor/pool/cuda.cu) each
+// define one PoolKernels; tensor/backends.cpp registers them.
 //
 // Called only by the raw ops (tensor/pool/ops.cpp). Tensors arrive 4-D [N, C, H, W] and
 // contiguous, shapes checked; the CUDA max_pool2d and adaptive_avg_pool2d kernels (forward and
@@ -40,6 +40,12 @@ struct PoolKernels {
                               const ops::Pool2dParams& p);
   void (*adaptive_avg_pool2d_forward)(const Tensor& out, const Tensor& input);
   void (*adaptive_avg_pool2d_backward)(const Tensor& grad_input, const Tensor& grad_output);
+  // interpolate (ops::upsample): out from input, both contiguous in the input's dtype, their
+  // geometry p's. The backward is a gather (math::interp_gather) writing grad_input in
+  // grad_output's dtype, every element whole (no zeroing).
+  void (*upsample_forward)(const Tensor& out, const Tensor& input, const ops::InterpParams& p);
+  void (*upsample_backward)(const Tensor& grad_input, const Tensor& grad_output,
+                            const ops::InterpParams& p);
 };
 
 // cpu::pool_kernels (tensor/pool/cpu.cpp), cuda::pool_kernels (tensor/pool/cuda.cu), pool_backends
@@ -53,6 +59,7 @@ TALLY_DECLARE_KERNELS(PoolKernels, pool_kernels, pool_backends);
   .max_pool2d_forward = &max_pool2d_forward, .max_pool2d_backward = &max_pool2d_backward, \
   .avg_pool2d_forward = &avg_pool2d_forward, .avg_pool2d_backward = &avg_pool2d_backward, \
   .adaptive_avg_pool2d_forward = &adaptive_avg_pool2d_forward,                            \
-  .adaptive_avg_pool2d_backward = &adaptive_avg_pool2d_backward
+  .adaptive_avg_pool2d_backward = &adaptive_avg_pool2d_backward,                          \
+  .upsample_forward = &upsample_forward, .upsample_backward = &upsample_backward
 
 }  // namespace tally

@@ -125,7 +125,88 @@ Shape grad_output_batched(const char* op, const Tensor& grad_output, const Shape
   return gy4;
 }
 
+// An interpolation's geometry (InterpParams) from the input's sizes and the output's spatial
+// sizes, checked; the scales as PyTorch's area_pixel_compute_scale and compute_scales_value.
+InterpParams upsample_params(const char* op, const Shape& in, const Shape& out,
+                             const std::vector<double>& factors, bool linear, bool align_corners) {
+  if (in.size() < 3 || in.size() > 5)
+    throw std::invalid_argument(
+        fmt::format("{}: expected a 3-D, 4-D or 5-D input (N, C, ...), got {}", op, shape_str(in)));
+  const size_t k = in.size() - 2;
+  if (out.size() != k || (!factors.empty() && factors.size() != k))
+    throw std::invalid_argument(
+        fmt::format("{}: input {} has {} spatial dims, got output size {} and {} scale factors", op,
+                    shape_str(in), k, shape_str(out), factors.size()));
+  InterpParams p;
+  p.planes = in[0] * in[1];
+  p.dims = static_cast<int>(k);
+  p.linear = linear;
+  p.align_corners = linear && align_corners;
+  for (size_t j = 0; j < k; ++j) {
+    const size_t a = 3 - k + j;
+    const int64_t i = in[2 + j], o = out[j];
+    if (i <= 0 || o <= 0)
+      throw std::invalid_argument(
+          fmt::format("{}: input and output sizes should be greater than 0, but got input {} "
+                      "and output {}",
+                      op, shape_str(in), shape_str(out)));
+    const double f = factors.empty() ? 0.0 : factors[j];
+    if (!factors.empty() && !(f > 0.0))
+      throw std::invalid_argument(fmt::format("{}: scale factors must be positive, got {}", op, f));
+    p.in[a] = i;
+    p.out[a] = o;
+    p.nearest_scale[a] =
+        f > 0.0 ? static_cast<float>(1.0 / f) : static_cast<float>(i) / static_cast<float>(o);
+    if (o > 1 && p.align_corners) {
+      p.linear_scale_f[a] = static_cast<float>(i - 1) / static_cast<float>(o - 1);
+      p.linear_scale_d[a] = static_cast<double>(i - 1) / static_cast<double>(o - 1);
+    } else if (o > 1) {
+      p.linear_scale_f[a] =
+          f > 0.0 ? static_cast<float>(1.0 / f) : static_cast<float>(i) / static_cast<float>(o);
+      p.linear_scale_d[a] = f > 0.0 ? 1.0 / f : static_cast<double>(i) / static_cast<double>(o);
+    }
+  }
+  return p;
+}
+
 }  // namespace
+
+Tensor upsample(const Tensor& input, const Shape& output_size,
+                const std::vector<double>& scale_factors, bool linear, bool align_corners) {
+  static const OpInfo info("upsample");
+  DispatchScope scope(info, input);
+  check_floating(info.name, input);
+  const InterpParams p =
+      upsample_params(info.name, input.sizes(), output_size, scale_factors, linear, align_corners);
+  Shape out{input.size(0), input.size(1)};
+  out.insert(out.end(), output_size.begin(), output_size.end());
+  const Tensor x = contiguous(input);
+  Tensor y = alloc_output(out, input.dtype(), input.device());
+  if (y.numel() > 0)
+    pool_backends.get(info, input.device(), &PoolKernels::upsample_forward)(y, x, p);
+  return y;
+}
+
+Tensor upsample_backward(const Tensor& grad_output, const Shape& input_sizes,
+                         const std::vector<double>& scale_factors, bool linear,
+                         bool align_corners) {
+  static const OpInfo info("upsample_backward");
+  DispatchScope scope(info, grad_output);
+  check_floating(info.name, grad_output);
+  const Shape& g = grad_output.sizes();
+  if (g.size() != input_sizes.size() || g.size() < 3 || g[0] != input_sizes[0] ||
+      g[1] != input_sizes[1])
+    throw std::invalid_argument(
+        fmt::format("{}: grad_output {} does not match the input {} (N, C and the rank)", info.name,
+                    grad_output.shape_string(), shape_str(input_sizes)));
+  const InterpParams p = upsample_params(info.name, input_sizes, Shape(g.begin() + 2, g.end()),
+                                         scale_factors, linear, align_corners);
+  const Tensor gy = contiguous(grad_output);
+  Tensor gx = alloc_output(input_sizes, grad_output.dtype(), grad_output.device());
+  if (gx.numel() > 0)
+    pool_backends.get(info, grad_output.device(), &PoolKernels::upsample_backward)(gx, gy, p);
+  return gx;
+}
 
 std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, Int2 kernel_size,
                                                   Int2 stride, Int2 padding, Int2 dilation,

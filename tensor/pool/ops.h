@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "tensor/conv/ops.h"  // Int2, conv_output_size
 
@@ -43,6 +44,34 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size);
 // cannot tell).
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Shape& input_sizes,
                                     MemoryFormat input_format = MemoryFormat::contiguous);
+
+// PyTorch's upsample_nearest{1,2,3}d, upsample_linear1d, upsample_bilinear2d and
+// upsample_trilinear3d: input [N, C, d1, ..., dk] (k = 1, 2 or 3) resampled to output_size
+// (k sizes), nearest or linear (linear, bilinear, trilinear by k) with align_corners (linear
+// only). scale_factors: the scale_factor the caller gave, one a dim, or empty; as PyTorch, the
+// source index then steps by 1 / scale_factor rather than in / out. The output keeps the input's
+// dtype (16-bit inputs accumulate in float32).
+Tensor upsample(const Tensor& input, const Shape& output_size,
+                const std::vector<double>& scale_factors, bool linear, bool align_corners);
+// The gradient w.r.t. an input of `input_sizes` in grad_output's dtype: each input element sums
+// the weighted gradients of the outputs that read it (a gather, so no atomics and a float32 sum
+// for 16-bit gradients; the CUDA sums are the CPU's, in the same order).
+Tensor upsample_backward(const Tensor& grad_output, const Shape& input_sizes,
+                         const std::vector<double>& scale_factors, bool linear, bool align_corners);
+
+// An interpolation's geometry as its kernels receive it: the input viewed as [planes, D, H, W]
+// with the spatial dims it lacks as 1 in front (a 3-D input is [N * C, 1, 1, L]), and each
+// axis' source-index scales as PyTorch computes them.
+struct InterpParams {
+  int64_t planes = 0;
+  int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1};
+  int dims = 1;  // the input's spatial dims (the last `dims` axes)
+  bool linear = false, align_corners = false;
+  float nearest_scale[3] = {1, 1, 1};  // compute_scales_value<float>
+  // area_pixel_compute_scale in float (float and 16-bit inputs) and in double (float64).
+  float linear_scale_f[3] = {0, 0, 0};
+  double linear_scale_d[3] = {0, 0, 0};
+};
 
 // The geometry every pooling kernel (CPU, CUDA) receives, fully resolved.
 struct Pool2dParams {

@@ -98,8 +98,20 @@ def test_mask_assignment():
     close(y, e)
     with pytest.raises(IndexError):
         y[:, t(np.array([True, False]))] = 0.0
+    # An integer beside the mask selects first, as PyTorch's x[0, mask] = v.
+    y[0, t(m)] = t(np.array([-1.0, -2, -3, -4]))
+    e[0, m] = np.array([-1.0, -2, -3, -4])
+    close(y, e)
+    y[-1, :, t(m3)] = 0.5
+    e[-1, :, m3] = 0.5
+    close(y, e)
+    y[..., 1, t(m3)] = t(np.array([[8.0, 9]]))
+    e[..., 1, m3] = np.array([[8.0, 9]])
+    close(y, e)
+    with pytest.raises(IndexError, match="out of bounds"):
+        y[2, t(m)] = 0.0
     with pytest.raises(IndexError, match="full slices"):
-        y[0, t(m)] = 0.0
+        y[0:1, t(m)] = 0.0
     w = tally.tensor(a, requires_grad=True)
     with pytest.raises(ValueError, match="leaf"):
         w[:, t(m)] = 0.0
@@ -110,6 +122,15 @@ def test_mask_assignment():
         out[:, t(m)] = v
         return out
     gradcheck(put, RNG.standard_normal((2, 3, 2)), RNG.standard_normal((2, 1)))
+
+    def put_row(x, v):
+        out = x * 1.0
+        out[1, t(m)] = v
+        return out
+    gradcheck(put_row, RNG.standard_normal((2, 3, 2)), RNG.standard_normal((2,)))
+    out = tally.tensor(a, requires_grad=True) * 1.0
+    out[1, t(m)] = 0.0
+    assert out.grad_fn.name() == "IndexPutBackward0"  # PyTorch's name
 
     def put_number(x):
         out = x * 2.0

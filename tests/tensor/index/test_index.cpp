@@ -140,6 +140,9 @@ TEST_P(Index, MethodsFillValueMaskPut) {
   EXPECT_TRUE(
       gradcheck_on(dev(), [&](const TensorList& in) { return index_mask_put(in[0], 1, m2, in[1]); },
                    {rand_input_noncontig({2, 3, 2}), rand_input({2, 1}, -1, 1, 2)}));
+  // One node, PyTorch's name for the gradient of x[mask] = v.
+  const Tensor put_out = index_mask_put(leaf(rand_input({2, 3, 2})), 1, m2, f({1}, {1}));
+  EXPECT_EQ(put_out.autograd_meta()->grad_fn->name(), "IndexPutBackward0");
 }
 
 TEST_P(Index, Cumprod) {

@@ -1,10 +1,10 @@
-// Pooling (max_pool2d, avg_pool2d, adaptive_avg_pool2d), one file for every device
-// (tests/testing/devices.h). On each device (the CPU in test_pool, CUDA in test_pool_cuda):
-// hand-computed values and argmax indices, padding, dilation and ceil_mode windows, NaN, what
-// backward saves, float64 gradient checks (overlapping windows, padding, ceil_mode,
-// non-contiguous and unbatched inputs), 16-bit dtypes and errors naming the op and the shapes.
-// On CUDA only, against the CPU reference: max_pool2d values, indices (ties, NaN, -inf) and its
-// scatter-add backward, avg_pool2d with every divisor rule, adaptive_avg_pool2d (shrinking and
+// Pooling (max_pool2d, avg_pool2d, adaptive_avg_pool2d) and upsample (F.interpolate), one file for
+// every device (tests/testing/devices.h). On each device (the CPU in test_pool, CUDA in
+// test_pool_cuda): hand-computed values and argmax indices, padding, dilation and ceil_mode
+// windows, NaN, what backward saves, float64 gradient checks (overlapping windows, padding,
+// ceil_mode, non-contiguous and unbatched inputs), 16-bit dtypes and errors naming the op and the
+// shapes. On CUDA only, against the CPU reference: max_pool2d values, indices (ties, NaN, -inf) and
+// its scatter-add backward, avg_pool2d with every divisor rule, adaptive_avg_pool2d (shrinking and
 // growing), their backward gathers, over float32, float64, float16 and bfloat16, non-contiguous,
 // unbatched and ResNet shapes; autograd end to end; the 64-bit index kernel past 2^31
 // elements; where the outputs live in the allocator.
@@ -18,6 +18,7 @@
 #include "memory/caching_allocator.h"
 #include "memory/memory.h"
 #include "tensor/pool/autograd.h"
+#include "tensor/pool/math.h"
 #include "tensor/pool/ops.h"
 #include "testing/cuda_testing.h"
 #include "testing/devices.h"
@@ -250,6 +251,85 @@ TEST_P(Pool2d, LowPrecisionDtypes) {
     EXPECT_EQ(xd.grad().dtype(), dt);
     EXPECT_EQ(xd.grad().sizes(), x.sizes());
   }
+}
+
+// ---------------------------------------------------------------- upsample (F.interpolate)
+
+TEST_P(Pool2d, UpsampleValuesAndGradients) {
+  const Tensor line = put(from_vector({1, 2, 4}, {1, 1, 3}, f64));
+  // linear 3 -> 5: src = 0.6 (o + 0.5) - 0.5, clamped at 0; align_corners: src = 0.5 o.
+  EXPECT_TRUE(values_near(upsample(line, {5}, {}, true), {1, 1.4, 2, 3.2, 4}, 1e-12));
+  EXPECT_TRUE(values_near(upsample(line, {5}, {}, true, true), {1, 1.5, 2, 3, 4}, 1e-12));
+  // A given scale_factor steps by its inverse (PyTorch's scales): 1 / 1.7, not 3 / 5.
+  EXPECT_TRUE(values_near(upsample(line, {5}, {1.7}, true),
+                          {1, 1.3823529411764706, 1.9705882352941178, 3.1176470588235294, 4},
+                          1e-12));
+  EXPECT_TRUE(values_near(upsample(line, {5}), {1, 1, 2, 2, 4}, 0.0));
+  EXPECT_TRUE(values_near(upsample(line, {6}, {2.0}), {1, 1, 2, 2, 4, 4}, 0.0));
+  // To one output: PyTorch's scale 0 reads input 0, with or without align_corners.
+  EXPECT_TRUE(values_near(upsample(line, {1}, {}, true), {1}, 0.0));
+  const Tensor vol = put(from_vector({1, 2, 3, 4}, {1, 1, 1, 2, 2}, f64));
+  EXPECT_TRUE(values_near(upsample(vol, {1, 3, 2}, {}, true, true), {1, 2, 2, 3, 3, 4}, 1e-12));
+  const auto name = [](const Tensor& y) { return y.autograd_meta()->grad_fn->name(); };
+  const Tensor lx = leaf(from_vector({1, 2, 3, 4}, {1, 1, 2, 2}, f64));
+  EXPECT_EQ(name(upsample(lx, {3, 3}, {}, true)), "UpsampleBilinear2DBackward");
+  EXPECT_EQ(name(upsample(lx, {3, 3})), "UpsampleNearest2DBackward");
+  using V = std::vector<double>;
+  const Tensor x1 = rand_input({2, 2, 3}, -1, 1, 21), x2 = rand_input({1, 2, 3, 4}, -1, 1, 22);
+  const Tensor x3 = rand_input({1, 1, 2, 3, 2}, -1, 1, 23);
+  const auto up = [](Shape out, V f, bool linear, bool corners) {
+    return [=](const Tensor& t) { return upsample(t, out, f, linear, corners); };
+  };
+  expect_gradients({
+      {up({7}, {}, true, false), x1},
+      {up({2}, {}, true, false), x1},
+      {up({5}, {}, true, true), x1},
+      {up({5}, {1.7}, true, false), x1},
+      {up({7}, {}, false, false), x1},
+      {up({5, 3}, {}, true, false), x2},
+      {up({4, 7}, {}, true, true), x2},
+      {up({5, 3}, {}, false, false), x2},
+      {up({6, 8}, {2, 2}, false, false), x2},
+      {up({3, 4, 3}, {}, true, false), x3},
+      {up({3, 2, 4}, {1.5, 0.7, 2}, true, false), x3},
+      {up({3, 5, 1}, {}, true, true), x3},
+      {up({3, 1, 5}, {}, false, false), x3},
+      {up({5, 4, 3}, {}, true, false), rand_input_noncontig({1, 2, 2, 3, 2}, 24)},
+  });
+}
+
+// Every input's readers (InterpAxis::readers, the backward's gather bounds) against a scan of
+// every output's taps, over small sizes, each mode and scale rule.
+TEST(Upsample, ReadersAreExactlyTheOutputsThatReadEachInput) {
+  for (int64_t in = 1; in <= 9; ++in)
+    for (int64_t out = 1; out <= 23; ++out)
+      for (int rule = 0; rule < 4; ++rule) {
+        const bool linear = rule != 0, corners = rule == 2;
+        const double f = rule == 3 ? static_cast<double>(out) / static_cast<double>(in) + 0.05 : 0;
+        ops::InterpParams p;
+        p.in[2] = in;
+        p.out[2] = out;
+        p.linear = linear;
+        p.align_corners = corners;
+        p.nearest_scale[2] =
+            f > 0 ? static_cast<float>(1.0 / f) : static_cast<float>(in) / static_cast<float>(out);
+        p.linear_scale_d[2] = out <= 1  ? 0.0
+                              : corners ? static_cast<double>(in - 1) / static_cast<double>(out - 1)
+                              : f > 0   ? 1.0 / f
+                                        : static_cast<double>(in) / static_cast<double>(out);
+        const auto ax = math::interp_axes<int64_t, double>(p).a[2];
+        for (int64_t i = 0; i < in; ++i) {
+          int64_t lo = 0, hi = 0;
+          ax.readers(i, lo, hi);
+          for (int64_t o = 0; o < out; ++o) {
+            const auto t = ax.tap(o);
+            const bool reads = t.i0 == i || t.i1 == i;
+            EXPECT_EQ(reads, o >= lo && o <= hi)
+                << "in " << in << " out " << out << " rule " << rule << " input " << i << " output "
+                << o << " readers [" << lo << ", " << hi << "]";
+          }
+        }
+      }
 }
 
 TEST_P(Pool2d, ErrorsNameOpAndShapes) {
@@ -544,6 +624,46 @@ TEST_P(Pool2dVsCpu, NonContiguousUnbatchedAndResNetShapes) {
                            ops::adaptive_avg_pool2d_backward(ghead, head.sizes()))
                 .err,
             0.0);
+}
+
+TEST_P(Pool2dVsCpu, UpsampleEveryModeAndRankMatchesTheCpu) {
+  struct Case {
+    const char* name;
+    Shape x, out;
+    std::vector<double> f;
+    bool linear, corners;
+  };
+  const std::vector<Case> cases = {
+      {"linear x2", {2, 3, 17}, {34}, {}, true, false},
+      {"linear align 7 -> 19", {2, 3, 7}, {19}, {}, true, true},
+      {"linear scale 0.6", {2, 3, 20}, {12}, {0.6}, true, false},
+      {"nearest 5 -> 13", {2, 3, 5}, {13}, {}, false, false},
+      {"bilinear x2", {2, 3, 9, 11}, {18, 22}, {}, true, false},
+      {"bilinear align, shrinking", {2, 3, 9, 11}, {5, 7}, {}, true, true},
+      {"nearest 2-D scale 1.5", {2, 3, 9, 11}, {13, 16}, {1.5, 1.5}, false, false},
+      {"trilinear x2", {2, 2, 5, 6, 7}, {10, 12, 14}, {}, true, false},
+      {"trilinear align", {1, 3, 4, 5, 6}, {7, 3, 11}, {}, true, true},
+      {"nearest 3-D x3", {2, 2, 3, 4, 5}, {9, 12, 15}, {3, 3, 3}, false, false},
+      {"nearest 3-D shrinking", {1, 2, 7, 8, 9}, {3, 5, 4}, {}, false, false},
+  };
+  uint64_t seed = 70;
+  for (const Case& c : cases)
+    for (auto [d, tol] :
+         {std::pair{DType::float32, 1e-6}, {DType::float64, 1e-13}, {DType::bfloat16, 1e-2}}) {
+      const Tensor x = rand_tensor(c.x, d, seed += 3);
+      const Tensor y = ops::upsample(x, c.out, c.f, c.linear, c.corners);
+      const Tensor yg = ops::upsample(put(x), c.out, c.f, c.linear, c.corners);
+      EXPECT_EQ(yg.dtype(), d);
+      // The same taps and order; only the device's fused multiply-adds round differently.
+      Diff e = diff_scaled(yg, y);
+      EXPECT_LE(e.err, tol) << label(c.name, d, "upsample") << ": " << e.str();
+      const Tensor gy = rand_tensor(y.sizes(), d, seed + 1);
+      const Tensor gx = ops::upsample_backward(gy, x.sizes(), c.f, c.linear, c.corners);
+      const Tensor gxg = ops::upsample_backward(put(gy), x.sizes(), c.f, c.linear, c.corners);
+      EXPECT_EQ(gxg.dtype(), d);
+      e = diff_scaled(gxg, gx);
+      EXPECT_LE(e.err, tol) << label(c.name, d, "upsample backward") << ": " << e.str();
+    }
 }
 
 TEST_P(Pool2dVsCpu, AutogradMatchesTheCpu) {
