@@ -333,13 +333,14 @@ void expect_8bit_16_equal() {
         ASSERT_EQ(r.qv, o.qv) << where;
         ASSERT_EQ(r.am, o.am) << where;
         ASSERT_EQ(r.av, o.av) << where;
-        if (t != 1)
+        if (t != 1) {
           for (size_t i = 0; i < r.p.size(); ++i)
             ASSERT_TRUE(same_value(G(r.p[i]), o.g[i])) << where << " weight " << i;
-        else
+        } else {
           ASSERT_TRUE(std::equal(r.g.begin(), r.g.end(), o.g.begin(),
                                  [](G a, G b) { return a.bits == b.bits; }))
               << where << ": a null output leaves the gradient";
+        }
         // The next step's gradient: the reference's 16-bit one again (o.g holds weights).
         for (size_t i = 0; i < r.g.size(); ++i) {
           ref[t].g[i] = G(next());

@@ -130,8 +130,9 @@ void expect_bf16_model_trains(const optim::CpuOffloadOptions& offload) {
   for (size_t i = 0; i < ps.size(); ++i) {
     const Tensor master = opt.state(i).tensors.at("master");
     EXPECT_EQ(master.dtype(), DType::float32);
-    if (offload.adamw8bit && ps[i].numel() >= offload.quant.min_8bit_size)
+    if (offload.adamw8bit && ps[i].numel() >= offload.quant.min_8bit_size) {
       EXPECT_EQ(opt.state(i).tensors.at("exp_avg").dtype(), DType::uint8) << "parameter " << i;
+    }
     EXPECT_EQ(
         ops::to_vector(ops::to(master, Device::cpu(), DType::bfloat16)),
         ops::to_vector(ops::to(ps[i].reshape({ps[i].numel()}), Device::cpu(), DType::bfloat16)))
