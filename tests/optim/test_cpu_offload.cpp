@@ -454,6 +454,26 @@ TEST(CpuOffload, ADryRunForAGpuKeepsTheStateOnTheHost) {
   EXPECT_GE(e.host_peak_allocated, 3 * 4 * 1024 * 1024);
 }
 
+// AdamW8bit over a bfloat16 model, a dry run for an H200: the host update reads the 16-bit
+// gradients as they are, so the host's peak is the state and the gradients' buffer, with no
+// float32 copy of a bucket's gradients (4 MiB more here).
+TEST(CpuOffload, EightBitOverBfloat16HoldsNoFloat32GradientsOnTheHost) {
+  memory::DryRun dry({.target = "h200"});
+  const Tensor w = ops::empty({1024, 1024}, DType::bfloat16, dry.device()).requires_grad_();
+  optim::CpuOffload opt(std::vector<Tensor>{w}, optim::AdamW::default_options(),
+                        {.adamw8bit = true});
+  for (int s = 0; s < 2; ++s) {
+    opt.zero_grad();
+    sum(mul(w, w)).backward();
+    opt.step();
+  }
+  const memory::Estimate e = dry.finish();
+  constexpr int64_t kMiB = 1 << 20;
+  // master 4 MiB, codes 2 MiB, scales 32 KiB, the gradient's buffer 2 MiB
+  EXPECT_GE(e.host_peak_allocated, 8 * kMiB);
+  EXPECT_LT(e.host_peak_allocated, 9 * kMiB);
+}
+
 // Gradient accumulation: under no_sync() the hooks send nothing; the last backward sends the
 // sum, which the step uses (a dry run for a GPU, where the hooks are installed).
 TEST(CpuOffload, NoSyncSendsOnlyTheLastMicroBatchsGradients) {
