@@ -28,9 +28,10 @@ void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h);
 // parallel_adamw8bit_ of float32 masters whose gradients (list 1) are `grad` (bfloat16 or
 // float16), the new weights written rounded to `grad`'s dtype through `out` as parallel_adam_16_
 // writes them. Block by block in the cache: the gradient widened, the moments dequantized,
-// updated, requantized and the weights rounded, each loop vectorised (the code book read by
-// gathers), so one pass over memory. Equal bit for bit to widening the gradient,
-// parallel_adamw8bit_ and a cast. No amsgrad or capturable; found_inf is honoured.
+// updated, requantized (a branch-free search of the code book) and the weights rounded, each
+// loop vectorised (the code book read from registers with AVX-512, by gathers otherwise), so one
+// pass over memory. Equal bit for bit to widening the gradient, parallel_adamw8bit_ and a cast.
+// No amsgrad or capturable; found_inf is honoured.
 void parallel_adamw8bit_16_(const TensorLists& l, const AdamW8bitHyper& h, DType grad,
                             const std::vector<void*>& out);
 
