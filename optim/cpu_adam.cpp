@@ -17,8 +17,6 @@
     !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define TALLY_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #define TALLY_HOST_AVX512 1  // AdamW8bit's code book read from registers (see Avx512Maps)
-// GCC 12's intrinsics start results from _mm512_undefined_*, which -Wmaybe-uninitialized flags.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #else
 #define TALLY_VECTOR_CLONES
@@ -156,6 +154,9 @@ TALLY_ALWAYS_INLINE void quantize8_block(const float* __restrict map, const floa
 }
 
 #if defined(TALLY_HOST_AVX512)
+// GCC 12's intrinsics start results from _mm512_undefined_*, which -Wmaybe-uninitialized flags.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // The code books held in AVX-512 registers and read with vpermi2ps (32 entries an instruction),
 // where GCC's vectorised loops read them with a scalar load per element: 16 elements of a block
 // at a time, the same operations as dequantize8 and quantize8_flat, so the same results.
@@ -241,6 +242,7 @@ __attribute__((target("avx512f"))) void quantize8_avx512(const Avx512Map& map, c
   }
   for (; i < k; ++i) q[i] = quantize8_flat(map.all, x[i], absmax);
 }
+#pragma GCC diagnostic pop
 #endif
 
 // Scratch of one AdamW8bit block (kMax8bitBlock elements at most): the widened gradient and the
