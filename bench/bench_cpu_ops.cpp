@@ -2,9 +2,13 @@
 // buffers, so the difference is what Tally adds (checks, dispatch, output allocation from
 // the caching allocator, autograd bookkeeping). The GFLOP/s counter is 2*M*N*K per
 // iteration over wall time. Run with `--benchmark_filter=/512` for the 512x512x512 case.
+// Also the offloaded optimizer's host update of AdamW8bit (BM_HostAdamW8bit*, parameters a
+// second): `--benchmark_filter=HostAdamW8bit --benchmark_repetitions=5
+// --benchmark_enable_random_interleaving=true` for medians of alternating runs.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include "optim/cpu_adam.h"
 #include "tensor/linalg/autograd.h"
 
 using namespace tally;
@@ -84,8 +88,69 @@ void BM_TallyLinear(benchmark::State& state) {
   tally_loop(state, [&] { return ops::linear(o.a, o.b, bias); });
 }
 
+// CpuOffload(AdamW8bit)'s host update of n parameters with bfloat16 gradients, in place:
+// float32 masters, 8-bit moments (block 256), the new weights rounded into the gradient's
+// buffer. All over every OpenMP thread.
+struct HostState8 {
+  int64_t n;
+  Tensor p, g, wide, qm, qv, am, av;
+  explicit HostState8(int64_t size)
+      : n(size),
+        p(ops::randn({size})),
+        g(ops::to(ops::randn({size}), DType::bfloat16)),
+        wide(ops::empty({size})),
+        qm(ops::zeros({size}, DType::uint8)),
+        qv(ops::zeros({size}, DType::uint8)),
+        am(ops::zeros({(size + 255) / 256})),
+        av(ops::zeros({(size + 255) / 256})) {}
+  optim::TensorLists lists(const Tensor& grad) const {
+    optim::TensorLists l(Device::cpu(), DType::float32, 6);
+    l.add(
+        {p.data_ptr(), grad.data_ptr(), qm.data_ptr(), qv.data_ptr(), am.data_ptr(), av.data_ptr()},
+        n);
+    return l;
+  }
+};
+
+const optim::AdamW8bitHyper kHost8{{.lr = 1e-3, .weight_decay = 0.1, .decoupled = true}, 256};
+
+void host_update_loop(benchmark::State& state, void (*update)(const HostState8&)) {
+  const HostState8 s(state.range(0));
+  for (auto _ : state) {
+    update(s);
+    benchmark::ClobberMemory();
+  }
+  state.counters["params/s"] =
+      benchmark::Counter(static_cast<double>(s.n), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// As CpuOffload did before parallel_adamw8bit_16_: the gradient widened into a float32 buffer,
+// the float32 update (parallel_adamw8bit_), the master rounded into the gradient's buffer.
+void BM_HostAdamW8bitWidened(benchmark::State& state) {
+  host_update_loop(state, [](const HostState8& s) {
+    ops::copy_(s.wide, s.g);
+    optim::parallel_adamw8bit_(s.lists(s.wide), kHost8);
+    ops::copy_(s.g, s.p);
+  });
+}
+
+// In one pass: parallel_adamw8bit_16_ reads the bfloat16 gradient and writes the weights.
+void BM_HostAdamW8bitOnePass(benchmark::State& state) {
+  host_update_loop(state, [](const HostState8& s) {
+    optim::parallel_adamw8bit_16_(s.lists(s.g), kHost8, DType::bfloat16, {s.g.data_ptr()});
+  });
+}
+
 }  // namespace
 
+BENCHMARK(BM_HostAdamW8bitWidened)
+    ->Arg(int64_t{64} << 20)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_HostAdamW8bitOnePass)
+    ->Arg(int64_t{64} << 20)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_CblasSgemm)->Arg(64)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_TallyOpsMatmul)->Arg(64)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_TallyMatmulAutograd)->Arg(64)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();

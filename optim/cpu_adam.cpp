@@ -16,6 +16,8 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define TALLY_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define TALLY_HOST_AVX512 1  // AdamW8bit's code book read from registers (see Avx512Maps)
+#include <immintrin.h>
 #else
 #define TALLY_VECTOR_CLONES
 #endif
@@ -103,6 +105,260 @@ void adam_run_16(const detail::AdamScalars<float>& s, float* p, const G* g, floa
   }
 }
 
+// One step of quantize8_flat's search: map[lo] <= y < map[lo + 2 * step] (or lo + 2 * step =
+// 256) before, the same with `step` after; below, above: the entries at its ends, as read.
+TALLY_ALWAYS_INLINE void halve(const float* __restrict map, float y, int step, int& lo,
+                               float& below, float& above) {
+  const float c = map[lo + step];
+  const bool le = c <= y;
+  lo = le ? lo + step : lo;
+  below = le ? c : below;
+  above = le ? above : c;
+}
+
+// quantize8 (update_math.h) without a branch, so that a block's codes vectorise (the map read
+// by gathers): the same code. Eight halving steps find the largest entry <= y, the entries
+// around y kept as the steps read them (a second read of either would be a masked gather, which
+// GCC does not vectorise); then the nearer of the two, the lower on a tie; 0 for y <= map[0] or
+// NaN, 255 from map[255].
+TALLY_ALWAYS_INLINE uint8_t quantize8_flat(const float* __restrict map, float x, float absmax) {
+  const float y = x / absmax;
+  int lo = 0;
+  float below = map[0], above = map[255];
+  // Written out: GCC vectorises no loop around an inner loop.
+  halve(map, y, 128, lo, below, above);
+  halve(map, y, 64, lo, below, above);
+  halve(map, y, 32, lo, below, above);
+  halve(map, y, 16, lo, below, above);
+  halve(map, y, 8, lo, below, above);
+  halve(map, y, 4, lo, below, above);
+  halve(map, y, 2, lo, below, above);
+  halve(map, y, 1, lo, below, above);
+  int q = y - below <= above - y ? lo : lo + 1;
+  q = y >= map[255] ? 255 : q;
+  q = y > map[0] ? q : 0;
+  return static_cast<uint8_t>(q);
+}
+
+// The codes of a block's k values x of scale absmax. A block of zeros (absmax 0) is one code,
+// quantize8's; apart, so that the loop has no condition (which GCC's clones would not
+// if-convert).
+TALLY_ALWAYS_INLINE void quantize8_block(const float* __restrict map, const float* __restrict x,
+                                         float absmax, uint8_t* __restrict q, int64_t k) {
+  if (!(absmax > 0.f)) {
+    std::fill(q, q + k, detail::quantize8(map, 0.f, absmax));
+    return;
+  }
+  TALLY_SIMD
+  for (int64_t i = 0; i < k; ++i) q[i] = quantize8_flat(map, x[i], absmax);
+}
+
+#if defined(TALLY_HOST_AVX512)
+// GCC 12's intrinsics start results from _mm512_undefined_*, which -Wmaybe-uninitialized flags.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The code books held in AVX-512 registers and read with vpermi2ps (32 entries an instruction),
+// where GCC's vectorised loops read them with a scalar load per element: 16 elements of a block
+// at a time, the same operations as dequantize8 and quantize8_flat, so the same results.
+// levels[k][j] = map[s + 2 s j] (s = 2^k, j < 128 / s): the entries step s of the search may
+// read, indexed by lo / 2s.
+struct Avx512Map {
+  alignas(64) float all[256];
+  alignas(64) float levels[8][128];
+};
+struct Avx512Maps {
+  Avx512Map signed_map, unsigned_map;
+};
+
+const Avx512Maps& avx512_maps() {
+  static const Avx512Maps maps = [] {
+    Avx512Maps m{};
+    const DynamicMaps& d = dynamic_maps();
+    for (auto [src, dst] :
+         {std::pair{d.signed_map, &m.signed_map}, std::pair{d.unsigned_map, &m.unsigned_map}}) {
+      std::copy(src, src + 256, dst->all);
+      for (int k = 0; k < 8; ++k)
+        for (int j = 0; j < (128 >> k); ++j) dst->levels[k][j] = src[(1 << k) + (2 << k) * j];
+    }
+    return m;
+  }();
+  return maps;
+}
+
+bool has_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
+// t[j] for each lane, j < n (n: 16 or a multiple of 32, at most 256).
+__attribute__((target("avx512f"))) inline __m512 lookup512(const float* t, __m512i j, int n) {
+  if (n <= 16) return _mm512_permutexvar_ps(j, _mm512_load_ps(t));
+  __m512 r = _mm512_permutex2var_ps(_mm512_load_ps(t), j, _mm512_load_ps(t + 16));
+  for (int b = 32; b < n; b += 32) {
+    const __m512 rb = _mm512_permutex2var_ps(_mm512_load_ps(t + b), j, _mm512_load_ps(t + b + 16));
+    r = _mm512_mask_mov_ps(r, _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(b)), rb);
+  }
+  return r;
+}
+
+// dequantize8 of k codes: x[i] = map[q[i]] * absmax.
+__attribute__((target("avx512f"))) void dequantize8_avx512(const Avx512Map& map, const uint8_t* q,
+                                                           float absmax, float* x, int64_t k) {
+  const __m512 a = _mm512_set1_ps(absmax);
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m512i j =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
+    _mm512_storeu_ps(x + i, _mm512_mul_ps(lookup512(map.all, j, 256), a));
+  }
+  for (; i < k; ++i) x[i] = detail::dequantize8(map.all, q[i], absmax);
+}
+
+// quantize8_flat of k values (absmax > 0).
+__attribute__((target("avx512f"))) void quantize8_avx512(const Avx512Map& map, const float* x,
+                                                         float absmax, uint8_t* q, int64_t k) {
+  const __m512 a = _mm512_set1_ps(absmax), first = _mm512_set1_ps(map.all[0]),
+               last = _mm512_set1_ps(map.all[255]);
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m512 y = _mm512_div_ps(_mm512_loadu_ps(x + i), a);
+    __m512i lo = _mm512_setzero_si512();
+    __m512 below = first, above = last;
+    for (int lev = 7; lev >= 0; --lev) {  // halve(): step 2^lev
+      const __m512 c = lookup512(map.levels[lev], _mm512_srli_epi32(lo, lev + 1), 128 >> lev);
+      const __mmask16 le = _mm512_cmp_ps_mask(c, y, _CMP_LE_OQ);
+      lo = _mm512_mask_add_epi32(lo, le, lo, _mm512_set1_epi32(1 << lev));
+      below = _mm512_mask_mov_ps(below, le, c);
+      above = _mm512_mask_mov_ps(c, le, above);
+    }
+    const __mmask16 nearer_below =
+        _mm512_cmp_ps_mask(_mm512_sub_ps(y, below), _mm512_sub_ps(above, y), _CMP_LE_OQ);
+    __m512i code =
+        _mm512_mask_mov_epi32(_mm512_add_epi32(lo, _mm512_set1_epi32(1)), nearer_below, lo);
+    code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask(y, last, _CMP_GE_OQ),
+                                 _mm512_set1_epi32(255));
+    code = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(y, first, _CMP_GT_OQ), code);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(code));
+  }
+  for (; i < k; ++i) q[i] = quantize8_flat(map.all, x[i], absmax);
+}
+#pragma GCC diagnostic pop
+#endif
+
+// Scratch of one AdamW8bit block (kMax8bitBlock elements at most): the widened gradient and the
+// moments between their dequantization and requantization.
+struct Block8 {
+  alignas(64) float g[kMax8bitBlock];
+  alignas(64) float m[kMax8bitBlock];
+  alignas(64) float v[kMax8bitBlock];
+};
+
+// One AdamW8bit block of k elements over a 16-bit gradient, as the serial kernel
+// (multi_tensor.cpp: adamw8bit) computes it: the moments dequantized, adam_loop (the operations
+// of adam8bit_element), the block's new absmax (exact in any order: lanes, then across them),
+// the codes, and the new weights rounded into `out` (may be g: it has been read). Each loop
+// branch-free, so each vectorises.
+template <typename G, bool kMaximize>
+TALLY_ALWAYS_INLINE void adam8bit_block_16(const detail::AdamScalars<float>& s,
+                                           const DynamicMaps& maps, float* __restrict p, const G* g,
+                                           uint8_t* __restrict qm, uint8_t* __restrict qv,
+                                           float& am, float& av, G* out, int64_t k, Block8& b) {
+  const float am0 = am, av0 = av;
+#if defined(TALLY_HOST_AVX512)
+  const bool avx512 = has_avx512();
+#else
+  constexpr bool avx512 = false;
+#endif
+  TALLY_SIMD
+  for (int64_t i = 0; i < k; ++i) b.g[i] = static_cast<float>(g[i]);
+  if (avx512) {
+#if defined(TALLY_HOST_AVX512)
+    dequantize8_avx512(avx512_maps().signed_map, qm, am0, b.m, k);
+    dequantize8_avx512(avx512_maps().unsigned_map, qv, av0, b.v, k);
+#endif
+  } else {
+    TALLY_SIMD
+    for (int64_t i = 0; i < k; ++i) {
+      b.m[i] = detail::dequantize8(maps.signed_map, qm[i], am0);
+      b.v[i] = detail::dequantize8(maps.unsigned_map, qv[i], av0);
+    }
+  }
+  adam_loop_d<kMaximize>(s, p, b.g, b.m, b.v, k);
+  constexpr int64_t kLanes = 16;
+  float lm[kLanes] = {}, lv[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= k; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) {
+      lm[j] = detail::absmax_step(lm[j], b.m[i + j]);
+      lv[j] = detail::absmax_step(lv[j], b.v[i + j]);
+    }
+  for (int64_t j = 0; i < k; ++i, ++j) {
+    lm[j] = detail::absmax_step(lm[j], b.m[i]);
+    lv[j] = detail::absmax_step(lv[j], b.v[i]);
+  }
+  float max_m = 0.f, max_v = 0.f;
+  for (int64_t j = 0; j < kLanes; ++j) {
+    max_m = detail::absmax_step(max_m, lm[j]);
+    max_v = detail::absmax_step(max_v, lv[j]);
+  }
+  am = max_m;
+  av = max_v;
+#if defined(TALLY_HOST_AVX512)
+  if (avx512 && max_m > 0.f && max_v > 0.f) {
+    quantize8_avx512(avx512_maps().signed_map, b.m, max_m, qm, k);
+    quantize8_avx512(avx512_maps().unsigned_map, b.v, max_v, qv, k);
+  } else
+#endif
+  {
+    quantize8_block(maps.signed_map, b.m, max_m, qm, k);
+    quantize8_block(maps.unsigned_map, b.v, max_v, qv, k);
+  }
+  if (out) {
+    TALLY_SIMD
+    for (int64_t j = 0; j < k; ++j)
+      out[j].bits = G(p[j]).bits;  // (a struct copy does not vectorise)
+  }
+}
+
+// The blocks of one run (n elements from a block's start) of adam8bit_run_16.
+template <typename G>
+TALLY_ALWAYS_INLINE void adam8bit_run_16_body(const detail::AdamScalars<float>& s, int64_t bs,
+                                              float* p, const G* g, uint8_t* qm, uint8_t* qv,
+                                              float* am, float* av, G* out, int64_t n) {
+  const DynamicMaps& maps = dynamic_maps();
+  Block8 b;
+  for (int64_t begin = 0, k = 0; begin < n; begin += bs, ++k) {
+    const int64_t e = std::min(bs, n - begin);
+    G* o = out ? out + begin : nullptr;
+    if (s.maximize)
+      adam8bit_block_16<G, true>(s, maps, p + begin, g + begin, qm + begin, qv + begin, am[k],
+                                 av[k], o, e, b);
+    else
+      adam8bit_block_16<G, false>(s, maps, p + begin, g + begin, qm + begin, qv + begin, am[k],
+                                  av[k], o, e, b);
+  }
+}
+
+// One clone per ISA and gradient dtype (target_clones takes no templates).
+TALLY_VECTOR_CLONES void adam8bit_run_bf16(const detail::AdamScalars<float>& s, int64_t bs,
+                                           float* p, const BFloat16* g, uint8_t* qm, uint8_t* qv,
+                                           float* am, float* av, BFloat16* out, int64_t n) {
+  adam8bit_run_16_body(s, bs, p, g, qm, qv, am, av, out, n);
+}
+TALLY_VECTOR_CLONES void adam8bit_run_f16(const detail::AdamScalars<float>& s, int64_t bs, float* p,
+                                          const Half* g, uint8_t* qm, uint8_t* qv, float* am,
+                                          float* av, Half* out, int64_t n) {
+  adam8bit_run_16_body(s, bs, p, g, qm, qv, am, av, out, n);
+}
+void adam8bit_run_16(const detail::AdamScalars<float>& s, int64_t bs, float* p, const BFloat16* g,
+                     uint8_t* qm, uint8_t* qv, float* am, float* av, BFloat16* out, int64_t n) {
+  adam8bit_run_bf16(s, bs, p, g, qm, qv, am, av, out, n);
+}
+void adam8bit_run_16(const detail::AdamScalars<float>& s, int64_t bs, float* p, const Half* g,
+                     uint8_t* qm, uint8_t* qv, float* am, float* av, Half* out, int64_t n) {
+  adam8bit_run_f16(s, bs, p, g, qm, qv, am, av, out, n);
+}
+
 template <typename T>
 void adam_run(const detail::AdamScalars<T>& s, T* p, const T* g, T* m, T* v, T* vmax, int64_t n) {
   if constexpr (sizeof(T) == 4) {
@@ -141,6 +397,35 @@ void check_cpu(const TensorLists& l, const char* op) {
         fmt::format("{}: the host update takes CPU tensors, got {}", op, l.device.str()));
 }
 
+// AdamW8bit's lists (float32, depth 6) on the CPU, and its block size.
+void check_8bit(const TensorLists& l, const AdamW8bitHyper& h, const char* op) {
+  check_cpu(l, op);
+  if (l.depth != 6 || l.dtype != DType::float32)
+    throw std::invalid_argument(
+        fmt::format("{}: float32 lists of depth 6 expected, got {} of depth {}", op,
+                    dtype_name(l.dtype), l.depth));
+  if (h.block_size < kMin8bitBlock || h.block_size > kMax8bitBlock ||
+      (h.block_size & (h.block_size - 1)) != 0)
+    throw std::invalid_argument(fmt::format("{}: block_size {} is not a power of two from {} to {}",
+                                            op, h.block_size, kMin8bitBlock, kMax8bitBlock));
+}
+
+// The 16-bit paths' gradient dtype and output pointers.
+void check_16(const TensorLists& l, DType grad, const std::vector<void*>& out, const char* op) {
+  if (grad != DType::bfloat16 && grad != DType::float16)
+    throw std::invalid_argument(
+        fmt::format("{}: gradients must be bfloat16 or float16, got {}", op, dtype_name(grad)));
+  if (!out.empty() && out.size() != l.size())
+    throw std::invalid_argument(
+        fmt::format("{}: {} output pointers for {} tensors", op, out.size(), l.size()));
+}
+
+// Run x's output pointer: none where `out` is empty or its tensor's entry null.
+template <typename G>
+G* out_at(const std::vector<void*>& out, const Run& x) {
+  return out.empty() || !out[x.tensor] ? nullptr : static_cast<G*>(out[x.tensor]) + x.begin;
+}
+
 }  // namespace
 
 void parallel_adam_(const TensorLists& l, const AdamHyper& h) {
@@ -176,20 +461,14 @@ void parallel_adam_16_(const TensorLists& l, const AdamHyper& h, DType grad,
         "parallel_adam_16_: float32 lists of depth 4 without amsgrad or capturable expected, "
         "got {} of depth {} (amsgrad {})",
         dtype_name(l.dtype), l.depth, h.amsgrad));
-  if (grad != DType::bfloat16 && grad != DType::float16)
-    throw std::invalid_argument(fmt::format(
-        "parallel_adam_16_: gradients must be bfloat16 or float16, got {}", dtype_name(grad)));
-  if (!out.empty() && out.size() != l.size())
-    throw std::invalid_argument(
-        fmt::format("parallel_adam_16_: {} output pointers for {} tensors", out.size(), l.size()));
+  check_16(l, grad, out, "parallel_adam_16_");
   if (h.found_inf && *h.found_inf != 0) return;
   auto run_all = [&](auto zero) {
     using G = decltype(zero);
     const detail::AdamScalars<float> s(h);
     for_each_run(l, [&](const Run& x) {
-      G* o = out.empty() ? nullptr : static_cast<G*>(out[x.tensor]) + x.begin;
       adam_run_16<G>(s, at<float>(l, x, 0), at<const G>(l, x, 1), at<float>(l, x, 2),
-                     at<float>(l, x, 3), o, x.n);
+                     at<float>(l, x, 3), out_at<G>(out, x), x.n);
     });
   };
   if (grad == DType::bfloat16)
@@ -199,16 +478,7 @@ void parallel_adam_16_(const TensorLists& l, const AdamHyper& h, DType grad,
 }
 
 void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
-  check_cpu(l, "parallel_adamw8bit_");
-  if (l.depth != 6 || l.dtype != DType::float32)
-    throw std::invalid_argument(
-        fmt::format("parallel_adamw8bit_: float32 lists of depth 6 expected, got {} of depth {}",
-                    dtype_name(l.dtype), l.depth));
-  if (h.block_size < kMin8bitBlock || h.block_size > kMax8bitBlock ||
-      (h.block_size & (h.block_size - 1)) != 0)
-    throw std::invalid_argument(
-        fmt::format("parallel_adamw8bit_: block_size {} is not a power of two from {} to {}",
-                    h.block_size, kMin8bitBlock, kMax8bitBlock));
+  check_8bit(l, h, "parallel_adamw8bit_");
   // Each run is whole blocks (kChunkSize % block == 0).
   for_each_run(l, [&](const Run& x) {
     const auto& q = l.ptrs[x.tensor];
@@ -219,6 +489,33 @@ void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
             x.n);
     cpu::multi_tensor_kernels.adamw8bit(one, h);
   });
+}
+
+void parallel_adamw8bit_16_(const TensorLists& l, const AdamW8bitHyper& h, DType grad,
+                            const std::vector<void*>& out) {
+  check_8bit(l, h, "parallel_adamw8bit_16_");
+  if (h.adam.capturable || h.adam.amsgrad)
+    throw std::invalid_argument(
+        fmt::format("parallel_adamw8bit_16_: amsgrad ({}) and capturable ({}) are not supported",
+                    h.adam.amsgrad, h.adam.capturable));
+  check_16(l, grad, out, "parallel_adamw8bit_16_");
+  if (h.adam.found_inf && *h.adam.found_inf != 0) return;
+  auto run_all = [&](auto zero) {
+    using G = decltype(zero);
+    const detail::AdamScalars<float> s(h.adam);
+    // Each run is whole blocks (kChunkSize % block == 0).
+    for_each_run(l, [&](const Run& x) {
+      const auto& q = l.ptrs[x.tensor];
+      adam8bit_run_16(s, h.block_size, at<float>(l, x, 0), at<const G>(l, x, 1),
+                      at<uint8_t>(l, x, 2), at<uint8_t>(l, x, 3),
+                      static_cast<float*>(q[4]) + x.begin / h.block_size,
+                      static_cast<float*>(q[5]) + x.begin / h.block_size, out_at<G>(out, x), x.n);
+    });
+  };
+  if (grad == DType::bfloat16)
+    run_all(BFloat16{});
+  else
+    run_all(Half{});
 }
 
 }  // namespace tally::optim

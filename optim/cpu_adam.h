@@ -3,9 +3,9 @@
 // update_math.h's, so the result equals the CPU backend's fused_adam_ / fused_adamw8bit_ bit for
 // bit, whatever the thread count: each tensor is cut into runs of kChunkSize elements (whole
 // quantization blocks), each run updated by one thread as the serial kernel updates it.
-// float32 runs are vectorised (AVX-512, AVX2 or SSE2, chosen at load time); the file compiles
-// without FMA contraction and with a sqrt that sets no errno, so the vector code rounds each
-// operation exactly as the scalar one does.
+// float32 runs and 8-bit blocks are vectorised (AVX-512, AVX2 or SSE2, chosen at load time); the
+// file compiles without FMA contraction and with a sqrt that sets no errno, so the vector code
+// rounds each operation exactly as the scalar one does.
 #pragma once
 
 #include <vector>
@@ -19,11 +19,20 @@ namespace tally::optim {
 void parallel_adam_(const TensorLists& l, const AdamHyper& h);
 // parallel_adam_ (no amsgrad) of float32 masters whose gradients (list 1) are `grad` (bfloat16
 // or float16); with `out` (one pointer per tensor, possibly the gradient's own), the updated
-// weights are also written rounded to `grad`'s dtype. Equal bit for bit to widening the
-// gradient, parallel_adam_ and a cast, in one pass over memory.
+// weights are also written rounded to `grad`'s dtype (a null pointer: not that tensor's). Equal
+// bit for bit to widening the gradient, parallel_adam_ and a cast, in one pass over memory.
 void parallel_adam_16_(const TensorLists& l, const AdamHyper& h, DType grad,
                        const std::vector<void*>& out);
 // fused_adamw8bit_'s update of CPU tensors (lists as AdamW8bitHyper's), multi-threaded.
 void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h);
+// parallel_adamw8bit_ of float32 masters whose gradients (list 1) are `grad` (bfloat16 or
+// float16), the new weights written rounded to `grad`'s dtype through `out` as parallel_adam_16_
+// writes them. Block by block in the cache: the gradient widened, the moments dequantized,
+// updated, requantized (a branch-free search of the code book) and the weights rounded, each
+// loop vectorised (the code book read from registers with AVX-512, by gathers otherwise), so one
+// pass over memory. Equal bit for bit to widening the gradient, parallel_adamw8bit_ and a cast.
+// No amsgrad or capturable; found_inf is honoured.
+void parallel_adamw8bit_16_(const TensorLists& l, const AdamW8bitHyper& h, DType grad,
+                            const std::vector<void*>& out);
 
 }  // namespace tally::optim

@@ -289,26 +289,42 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
     const auto [step, q8, dtype] = key;
     const double master = static_cast<double>(dtype_size(static_cast<DType>(dtype)));
     TensorLists lists(Device::cpu(), static_cast<DType>(dtype), q8 ? 6 : 4 + (h.amsgrad ? 1 : 0));
-    // A 16-bit parameter's gradient in this optimizer's buffer: read as it is, and the new
-    // weights rounded into that buffer in the same pass (parallel_adam_16_), for write_back.
+    // A 16-bit gradient is read as it is, and, in this optimizer's buffer, the new weights
+    // rounded into it in the same pass for write_back (parallel_adam_16_,
+    // parallel_adamw8bit_16_): by gradient dtype, lists and output pointers.
     std::map<DType, std::pair<TensorLists, std::vector<void*>>> lists16;
-    std::vector<Tensor> grads32;  // 16-bit gradients widened for the update
+    std::vector<Tensor> grads32;  // 16-bit gradients widened for the update (amsgrad)
     for (size_t i : members) {
       auto& t = state(i).tensors;
       Staged& staged = *staged_[i];
       Tensor g = staged.host_grad;
-      if (!q8 && !h.amsgrad && staged.owned && is_16bit(g.dtype()) &&
-          g.dtype() == param_at(i).dtype() && static_cast<DType>(dtype) == DType::float32) {
+      const int64_t n = param_at(i).numel();
+      const double grad = static_cast<double>(dtype_size(g.dtype()));
+      const double param = static_cast<double>(dtype_size(param_at(i).dtype()));
+      if ((q8 || !h.amsgrad) && is_16bit(g.dtype()) &&
+          static_cast<DType>(dtype) == DType::float32) {
         auto& [l16, out] =
             lists16
-                .try_emplace(g.dtype(), TensorLists(Device::cpu(), DType::float32, 4),
+                .try_emplace(g.dtype(), TensorLists(Device::cpu(), DType::float32, q8 ? 6 : 4),
                              std::vector<void*>{})
                 .first->second;
-        l16.add({t.at("master").data_ptr(), g.data_ptr(), t.at("exp_avg").data_ptr(),
-                 t.at("exp_avg_sq").data_ptr()},
-                param_at(i).numel());
-        out.push_back(g.data_ptr());
-        staged.weights_ready = true;
+        if (q8)
+          l16.add({t.at("master").data_ptr(), g.data_ptr(), t.at("exp_avg").data_ptr(),
+                   t.at("exp_avg_sq").data_ptr(), t.at("exp_avg_absmax").data_ptr(),
+                   t.at("exp_avg_sq_absmax").data_ptr()},
+                  n);
+        else
+          l16.add({t.at("master").data_ptr(), g.data_ptr(), t.at("exp_avg").data_ptr(),
+                   t.at("exp_avg_sq").data_ptr()},
+                  n);
+        // The weights into the buffer where it is ours and has their dtype; else write_back
+        // rounds the master (on the CPU the buffer is the gradient itself).
+        staged.weights_ready = staged.owned && g.dtype() == param_at(i).dtype();
+        out.push_back(staged.weights_ready ? g.data_ptr() : nullptr);
+        // One pass: the master read and written, the gradient read, the moments read and
+        // written (8-bit: a byte each), the rounded weights written.
+        bytes += static_cast<double>(n) * (2 * 4.0 + grad + (q8 ? 4.0 : 16.0) +
+                                           (staged.weights_ready ? param : 4.0 + param));
         continue;
       }
       if (g.dtype() != static_cast<DType>(dtype)) {
@@ -321,11 +337,8 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
       void* p = t.at("master").data_ptr();
       void* m = t.at("exp_avg").data_ptr();
       void* v = t.at("exp_avg_sq").data_ptr();
-      const int64_t n = param_at(i).numel();
       // The master read and written, the gradient read (widened first: read, written, read
       // again), the moments read and written (8-bit: a byte each), the rounded weights written.
-      const double grad = static_cast<double>(dtype_size(staged_[i]->host_grad.dtype()));
-      const double param = static_cast<double>(dtype_size(param_at(i).dtype()));
       bytes += static_cast<double>(n) *
                (2 * master + (grad == master ? grad : grad + 2 * master) + (q8 ? 4.0 : 4 * master) +
                 (h.amsgrad ? 2 * master : 0.0) + (param == master ? 0.0 : master + param));
@@ -340,7 +353,16 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
     }
     if (meta) continue;
     h.step = step;
-    for (const auto& [gdtype, l16] : lists16) parallel_adam_16_(l16.first, h, gdtype, l16.second);
+    for (const auto& [gdtype, l16] : lists16) {
+      if (q8) {
+        AdamHyper a = h;
+        a.amsgrad = false;
+        parallel_adamw8bit_16_(l16.first, AdamW8bitHyper{a, offload_.quant.block_size}, gdtype,
+                               l16.second);
+      } else {
+        parallel_adam_16_(l16.first, h, gdtype, l16.second);
+      }
+    }
     if (lists.empty()) continue;
     if (q8) {
       AdamHyper a = h;
@@ -395,7 +417,7 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
       late[{static_cast<int>(d.type), d.index}].push_back(i);
     }
   // In buckets of about bucket_bytes, as the hooks send them: the host updates the first while
-  // the rest are on their way, and an update that widens 16-bit gradients (AdamW8bit) holds
+  // the rest are on their way, and an update that widens 16-bit gradients (amsgrad) holds
   // one bucket's float32 copies, not every parameter's.
   for (auto& [d, list] : late) {
     std::vector<size_t> bucket;

@@ -3,11 +3,16 @@
 // clipping between backward and step), its host update equals the CPU backend's fused kernels
 // at any thread count, its state is tagged optimizer_state on the host, and a dry run for a GPU
 // keeps that state on the host (meta:0), not on the device.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <string>
 
 #include "autograd/ops.h"
 #include "inspect/unpickle.h"
@@ -228,6 +233,212 @@ TEST(CpuOffload, SixteenBitHostUpdateEqualsWidenUpdateRound) {
                std::invalid_argument);
 }
 
+// AdamW8bit's state of one tensor for the host update's tests: float32 masters, 16-bit
+// gradients, codes and block scales.
+template <typename G>
+struct State8 {
+  std::vector<float> p;
+  std::vector<G> g;
+  std::vector<uint8_t> qm, qv;
+  std::vector<float> am, av;
+};
+
+// Two float32 or 16-bit values equal: the same bits, or both NaN (a vector instruction may pick
+// the other NaN operand of a commutative operation).
+template <typename T>
+bool same_value(T a, T b) {
+  const float x = static_cast<float>(a), y = static_cast<float>(b);
+  return std::memcmp(&a, &b, sizeof(T)) == 0 || (std::isnan(x) && std::isnan(y));
+}
+
+// The one-pass 16-bit AdamW8bit update (parallel_adamw8bit_16_) equals widening the gradient,
+// parallel_adamw8bit_ and a cast, bit for bit: masters, codes, scales and rounded weights, for
+// bfloat16 and float16, tails short of a block and of a vector, a run boundary (66000), a block
+// of zeros (absmax 0: one code), an inf gradient, at 1 and 3 threads.
+template <typename G>
+void expect_8bit_16_equal() {
+  const int64_t sizes[] = {1, 77, 1000, 66000};
+  uint32_t seed = 11;
+  auto next = [&] {  // values in [-1, 1)
+    seed = seed * 1664525u + 1013904223u;
+    return static_cast<float>(seed >> 8) / 8388608.0f - 1.0f;
+  };
+  const int threads_before = tally::cpu::num_threads();
+  struct Case {
+    int threads;
+    int64_t bs;
+    bool maximize;
+  };
+  for (const Case c : {Case{1, 64, false}, Case{3, 256, true}, Case{3, 64, false}}) {
+    const int threads = c.threads;
+    const int64_t bs = c.bs;
+    const bool maximize = c.maximize;
+    tally::cpu::set_num_threads(threads);
+    const double beta1 = maximize ? 0.3 : 0.9;  // lerp's two forms
+    const optim::AdamHyper h{.lr = 1e-2,
+                             .beta1 = beta1,
+                             .weight_decay = 0.01,
+                             .decoupled = !maximize,
+                             .maximize = maximize,
+                             .step = 3};
+    std::vector<State8<G>> ref, one;
+    for (const int64_t n : sizes) {
+      const int64_t blocks = (n + bs - 1) / bs;
+      State8<G> st;
+      for (int64_t i = 0; i < n; ++i) {
+        st.p.push_back(next());
+        st.g.push_back(G(next()));
+        st.qm.push_back(static_cast<uint8_t>(seed >> 13));
+        st.qv.push_back(static_cast<uint8_t>(seed >> 21));
+      }
+      for (int64_t b = 0; b < blocks; ++b) {
+        st.am.push_back(std::abs(next()));
+        st.av.push_back(std::abs(next()) * 1e-3f);
+      }
+      if (n == 1000) {  // the first block all zero; an inf gradient in the last
+        st.am[0] = st.av[0] = 0;
+        std::fill(st.g.begin(), st.g.begin() + bs, G(0.0f));
+        st.g[n - 2] = G(std::numeric_limits<float>::infinity());
+      }
+      ref.push_back(st);
+      one.push_back(st);
+    }
+    for (int step = 0; step < 2; ++step) {
+      optim::TensorLists lr(Device::cpu(), DType::float32, 6), l1 = lr;
+      std::vector<std::vector<float>> wide;
+      std::vector<void*> out;
+      for (size_t t = 0; t < ref.size(); ++t) {
+        State8<G>& r = ref[t];
+        State8<G>& o = one[t];
+        wide.emplace_back(r.g.begin(), r.g.end());
+        const int64_t n = sizes[t];
+        lr.add({r.p.data(), wide.back().data(), r.qm.data(), r.qv.data(), r.am.data(), r.av.data()},
+               n);
+        l1.add({o.p.data(), o.g.data(), o.qm.data(), o.qv.data(), o.am.data(), o.av.data()}, n);
+        out.push_back(t == 1 ? nullptr : o.g.data());  // into the gradient; none for one
+      }
+      optim::AdamHyper hs = h;
+      hs.step = h.step + step;
+      optim::parallel_adamw8bit_(lr, {hs, bs});
+      optim::parallel_adamw8bit_16_(l1, {hs, bs}, dtype_of<G>(), out);
+      for (size_t t = 0; t < ref.size(); ++t) {
+        const std::string where =
+            fmt::format("{} threads {} block {} maximize {} step {} size {}",
+                        dtype_name(dtype_of<G>()), threads, bs, maximize, step, sizes[t]);
+        const State8<G>& r = ref[t];
+        State8<G>& o = one[t];
+        for (size_t i = 0; i < r.p.size(); ++i)
+          ASSERT_TRUE(same_value(r.p[i], o.p[i])) << where << " master " << i;
+        ASSERT_EQ(r.qm, o.qm) << where;
+        ASSERT_EQ(r.qv, o.qv) << where;
+        ASSERT_EQ(r.am, o.am) << where;
+        ASSERT_EQ(r.av, o.av) << where;
+        if (t != 1) {
+          for (size_t i = 0; i < r.p.size(); ++i)
+            ASSERT_TRUE(same_value(G(r.p[i]), o.g[i])) << where << " weight " << i;
+        } else {
+          ASSERT_TRUE(std::equal(r.g.begin(), r.g.end(), o.g.begin(),
+                                 [](G a, G b) { return a.bits == b.bits; }))
+              << where << ": a null output leaves the gradient";
+        }
+        // The next step's gradient: the reference's 16-bit one again (o.g holds weights).
+        for (size_t i = 0; i < r.g.size(); ++i) {
+          ref[t].g[i] = G(next());
+          o.g[i] = ref[t].g[i];
+        }
+      }
+    }
+  }
+  tally::cpu::set_num_threads(threads_before);
+}
+
+TEST(CpuOffload, EightBitSixteenBitHostUpdateEqualsWidenUpdateRound) {
+  expect_8bit_16_equal<BFloat16>();
+  expect_8bit_16_equal<Half>();
+}
+
+// Bad lists, dtypes, block sizes and options are refused before any work, naming the op.
+TEST(CpuOffload, EightBitSixteenBitHostUpdateRefusesBadInput) {
+  float p = 0, am = 0, av = 0;
+  BFloat16 g;
+  uint8_t qm = 0, qv = 0;
+  optim::TensorLists good(Device::cpu(), DType::float32, 6);
+  good.add({&p, &g, &qm, &qv, &am, &av}, 1);
+  optim::TensorLists shallow(Device::cpu(), DType::float32, 4),
+      wide(Device::cpu(), DType::float64, 6);
+  const optim::AdamW8bitHyper h{{}, 256};
+  auto refused = [](auto&& call, const char* what) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("parallel_adamw8bit_16_"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { optim::parallel_adamw8bit_16_(shallow, h, DType::bfloat16, {}); }, "depth 4");
+  refused([&] { optim::parallel_adamw8bit_16_(wide, h, DType::bfloat16, {}); }, "float64");
+  refused([&] { optim::parallel_adamw8bit_16_(good, h, DType::float32, {}); },
+          "gradients must be bfloat16 or float16, got float32");
+  refused(
+      [&] {
+        optim::parallel_adamw8bit_16_(good, {{}, 100}, DType::bfloat16, {});
+      },
+      "block_size 100");
+  refused(
+      [&] {
+        optim::parallel_adamw8bit_16_(good, h, DType::bfloat16, {&g, &g});
+      },
+      "2 output pointers for 1 tensors");
+  refused(
+      [&] {
+        optim::parallel_adamw8bit_16_(good, {{.amsgrad = true}, 256}, DType::bfloat16, {});
+      },
+      "amsgrad");
+  optim::TensorLists meta(Device::meta(), DType::float32, 6);
+  refused([&] { optim::parallel_adamw8bit_16_(meta, h, DType::bfloat16, {}); }, "CPU tensors");
+  EXPECT_EQ(p, 0.0f);  // nothing ran
+}
+
+// CpuOffload(AdamW8bit) of a bfloat16 model on the CPU: the gradients read as they are (no
+// float32 copy), the result that of the widened update, the weights the master's rounding.
+TEST(CpuOffload, EightBitBfloat16WeightsEqualTheWidenedUpdate) {
+  manual_seed(5);
+  const optim::AdamOptions o{.lr = 1e-2, .weight_decay = 0.1};
+  const optim::AdamW8bitOptions q{.block_size = 64, .min_8bit_size = 256};
+  Tensor w = ops::to(ops::randn({40, 30}), Device::cpu(), DType::bfloat16).requires_grad_();
+  optim::CpuOffload opt(std::vector<Tensor>{w}, o, {.adamw8bit = true, .quant = q});
+  opt.init_masters();
+  // The reference: the same masters and 8-bit state, widened gradients, parallel_adamw8bit_.
+  const int64_t n = w.numel(), blocks = (n + 63) / 64;
+  auto floats = [](const Tensor& t) {
+    const std::vector<double> d = ops::to_vector(t);
+    return std::vector<float>(d.begin(), d.end());
+  };
+  std::vector<float> p = floats(w);
+  std::vector<uint8_t> qm(static_cast<size_t>(n)), qv(static_cast<size_t>(n));
+  std::vector<float> am(static_cast<size_t>(blocks)), av(static_cast<size_t>(blocks));
+  for (int s = 1; s <= 2; ++s) {
+    opt.zero_grad();
+    sum(mul(mul(w, w), ops::full({40, 30}, 0.5 * s))).backward();
+    std::vector<float> g = floats(w.grad());
+    optim::TensorLists l(Device::cpu(), DType::float32, 6);
+    l.add({p.data(), g.data(), qm.data(), qv.data(), am.data(), av.data()}, n);
+    optim::parallel_adamw8bit_(
+        l, {{.lr = 1e-2, .weight_decay = 0.1, .decoupled = true, .step = s}, 64});
+    opt.step();
+    const auto& st = opt.state(0).tensors;
+    ASSERT_EQ(floats(st.at("master")), p) << "step " << s;
+    ASSERT_EQ(ops::to_vector(st.at("exp_avg")), std::vector<double>(qm.begin(), qm.end()));
+    ASSERT_EQ(ops::to_vector(st.at("exp_avg_sq")), std::vector<double>(qv.begin(), qv.end()));
+    ASSERT_EQ(floats(st.at("exp_avg_absmax")), am) << "step " << s;
+    ASSERT_EQ(floats(st.at("exp_avg_sq_absmax")), av) << "step " << s;
+    EXPECT_EQ(ops::to_vector(ops::to(st.at("master"), Device::cpu(), DType::bfloat16)),
+              ops::to_vector(w.view({n})));
+  }
+}
+
 // A dry run for an H200: the device holds the weights and gradients, the host the state.
 TEST(CpuOffload, ADryRunForAGpuKeepsTheStateOnTheHost) {
   memory::DryRun dry({.target = "h200"});
@@ -241,6 +452,26 @@ TEST(CpuOffload, ADryRunForAGpuKeepsTheStateOnTheHost) {
   const memory::Estimate e = dry.finish();
   EXPECT_EQ(e.at_peak[static_cast<size_t>(memory::Category::optimizer_state)], 0);
   EXPECT_GE(e.host_peak_allocated, 3 * 4 * 1024 * 1024);
+}
+
+// AdamW8bit over a bfloat16 model, a dry run for an H200: the host update reads the 16-bit
+// gradients as they are, so the host's peak is the state and the gradients' buffer, with no
+// float32 copy of a bucket's gradients (4 MiB more here).
+TEST(CpuOffload, EightBitOverBfloat16HoldsNoFloat32GradientsOnTheHost) {
+  memory::DryRun dry({.target = "h200"});
+  const Tensor w = ops::empty({1024, 1024}, DType::bfloat16, dry.device()).requires_grad_();
+  optim::CpuOffload opt(std::vector<Tensor>{w}, optim::AdamW::default_options(),
+                        {.adamw8bit = true});
+  for (int s = 0; s < 2; ++s) {
+    opt.zero_grad();
+    sum(mul(w, w)).backward();
+    opt.step();
+  }
+  const memory::Estimate e = dry.finish();
+  constexpr int64_t kMiB = 1 << 20;
+  // master 4 MiB, codes 2 MiB, scales 32 KiB, the gradient's buffer 2 MiB
+  EXPECT_GE(e.host_peak_allocated, 8 * kMiB);
+  EXPECT_LT(e.host_peak_allocated, 9 * kMiB);
 }
 
 // Gradient accumulation: under no_sync() the hooks send nothing; the last backward sends the

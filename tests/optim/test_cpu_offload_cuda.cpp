@@ -2,7 +2,7 @@
 // GPT-2 tiny and small with the state offloaded to pinned host memory against the same steps
 // with AdamW on the device, in float32 and under bf16 autocast; the state is pinned and tagged
 // optimizer_state on the host, the gradients went out during backward, and a bfloat16 model
-// trains against its float32 master weights.
+// trains against its float32 master weights (AdamW's moments, or AdamW8bit's).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -107,13 +107,14 @@ TEST(CpuOffloadCuda, SmallBf16AutocastEquals20StepsOfAdamW) {
 }
 
 // A bfloat16 model: the device holds bfloat16 weights and gradients, the host float32 masters;
-// the device's weights are the masters rounded.
-TEST(CpuOffloadCuda, Bfloat16ModelTrainsAgainstFloat32Masters) {
+// the device's weights are the masters rounded (for AdamW8bit, by parallel_adamw8bit_16_ in the
+// same pass as the update).
+void expect_bf16_model_trains(const optim::CpuOffloadOptions& offload) {
   REQUIRE_GPU();
   manual_seed(0);
   nn::GPT gpt(nn::GPTConfig::preset("tiny"));
   gpt.to(kGpu, DType::bfloat16);
-  optim::CpuOffload opt(gpt.parameters(), optim::AdamOptions{.lr = 1e-3});
+  optim::CpuOffload opt(gpt.parameters(), optim::AdamOptions{.lr = 1e-3}, offload);
   double first = 0, last = 0;
   for (int s = 0; s < 20; ++s) {
     manual_seed(7);  // one batch: the loss must fall
@@ -129,11 +130,22 @@ TEST(CpuOffloadCuda, Bfloat16ModelTrainsAgainstFloat32Masters) {
   for (size_t i = 0; i < ps.size(); ++i) {
     const Tensor master = opt.state(i).tensors.at("master");
     EXPECT_EQ(master.dtype(), DType::float32);
+    if (offload.adamw8bit && ps[i].numel() >= offload.quant.min_8bit_size) {
+      EXPECT_EQ(opt.state(i).tensors.at("exp_avg").dtype(), DType::uint8) << "parameter " << i;
+    }
     EXPECT_EQ(
         ops::to_vector(ops::to(master, Device::cpu(), DType::bfloat16)),
         ops::to_vector(ops::to(ps[i].reshape({ps[i].numel()}), Device::cpu(), DType::bfloat16)))
         << "parameter " << i;
   }
+}
+
+TEST(CpuOffloadCuda, Bfloat16ModelTrainsAgainstFloat32Masters) {
+  expect_bf16_model_trains({});
+}
+
+TEST(CpuOffloadCuda, Bfloat16ModelTrainsWithEightBitMomentsOnTheHost) {
+  expect_bf16_model_trains({.adamw8bit = true, .quant = {.block_size = 64, .min_8bit_size = 1024}});
 }
 
 }  // namespace
