@@ -189,7 +189,9 @@ TEST(GradScaler, CapturableDecidesOnTheDeviceLikeTheHost) {
     }
     EXPECT_EQ(stepped, 6);
     EXPECT_TRUE(near_rel(b, ops::to_vector(a), 0)) << "adam " << adam;
-    if (adam) EXPECT_EQ(ops::item(dev->state(0).tensors.at("device_step")), 6.0);
+    if (adam) {
+      EXPECT_EQ(ops::item(dev->state(0).tensors.at("device_step")), 6.0);
+    }
     EXPECT_EQ(ds.state_dict().at("scale"), hs.state_dict().at("scale"));
   }
   // One device only; AdamW8bit cannot skip on the device.
