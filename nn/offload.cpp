@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <tuple>
@@ -75,6 +76,14 @@ std::string LinkOffloadChoice::str() const {
       link_bytes_per_second / 1e9, margin * 100, forward_seconds * 1e3);
 }
 
+namespace {
+// Whether the dotted name `name` is inside the module `outer` (every name is inside "").
+bool inside(const std::string& name, const std::string& outer) {
+  return outer.empty() ||
+         (name.size() > outer.size() && name.starts_with(outer) && name[outer.size()] == '.');
+}
+}  // namespace
+
 LinkOffloadChoice choose_link_offload(const std::vector<LinkCandidate>& candidates,
                                       double link_bytes_per_second, double forward_seconds,
                                       double margin) {
@@ -100,23 +109,21 @@ LinkOffloadChoice choose_link_offload(const std::vector<LinkCandidate>& candidat
   const double capacity = margin * forward_seconds * link_bytes_per_second;
   for (const size_t i : order) {
     const LinkCandidate& k = candidates[i];
-    c.candidate_bytes += k.saved_bytes;
+    bool outermost = true;  // a module inside another candidate is counted there
+    for (const LinkCandidate& o : candidates) outermost = outermost && !inside(k.name, o.name);
+    if (outermost) c.candidate_bytes += k.saved_bytes;
     if (k.saved_bytes <= 0) continue;
     if (static_cast<double>(c.bytes + k.saved_bytes) > capacity) continue;
+    // Not a module inside one taken, nor one around it: its bytes are counted there.
+    bool nested = false;
+    for (const std::string& t : c.modules)
+      nested = nested || inside(k.name, t) || inside(t, k.name);
+    if (nested) continue;
     c.bytes += k.saved_bytes;
     c.modules.push_back(k.name);
   }
   return c;
 }
-
-namespace {
-
-bool inside(const std::string& name, const std::string& outer) {
-  return outer.empty() ||
-         (name.size() > outer.size() && name.starts_with(outer) && name[outer.size()] == '.');
-}
-
-}  // namespace
 
 std::vector<LinkCandidate> link_candidates(Module& model, const std::function<void()>& forward,
                                            double* forward_seconds) {
@@ -138,6 +145,15 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
                               : !repeated.empty() && m->type_name() == repeated.front().first;
     if (block && !name.empty() && !overlaps(name)) out.push_back({name, 0, false});
   }
+  // Then every module inside a block that is not checkpointed: what the link can carry may be
+  // less than a block (GPT-2's blocks each save more than an H200's link moves in the forward).
+  const size_t n_blocks = out.size();
+  for (const auto& [name, m] : modules)
+    for (size_t i = 0; i < n_blocks; ++i)
+      if (!out[i].checkpointed && inside(name, out[i].name)) {
+        out.push_back({name, 0, false});
+        break;
+      }
   if (out.empty())
     throw std::invalid_argument(fmt::format(
         "offload_activations(link): the model ({}) has no checkpointed, block or repeated "
@@ -145,7 +161,8 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
         model.type_name()));
   // Each candidate's saves, counted once per tensor (as the offloader copies them: a view
   // through its whole block when that is at most 4x its size), nothing kept.
-  std::set<std::tuple<const void*, int64_t, size_t>> seen;
+  // Keyed as the offloader does, while the block lives (a freed block's key may come back).
+  std::map<std::tuple<const void*, int64_t, size_t>, std::weak_ptr<const void>> seen;
   const std::string enclosing = memory::interned(memory::current_tag().module);
   SavedTensorHooks hooks;
   hooks.pack = [&](const Tensor& t) -> std::any {
@@ -160,15 +177,15 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
       bytes = s.nbytes();
       offset = -1;
     }
-    if (bytes == 0 || !seen.emplace(s.key(), offset, bytes).second) return {};
+    if (bytes == 0) return {};
+    std::weak_ptr<const void>& block = seen[{s.key(), offset, bytes}];
+    if (!block.expired()) return {};
+    block = s.watch();
     // The module path, relative to the model (the path may carry modules around the model).
     std::string path = memory::interned(memory::current_tag().module);
     if (!enclosing.empty() && inside(path, enclosing)) path = path.substr(enclosing.size() + 1);
-    for (LinkCandidate& c : out)
-      if (path == c.name || inside(path, c.name)) {
-        c.saved_bytes += static_cast<int64_t>(bytes);
-        break;
-      }
+    for (LinkCandidate& c : out)  // the module and every candidate around it
+      if (path == c.name || inside(path, c.name)) c.saved_bytes += static_cast<int64_t>(bytes);
     return {};
   };
   hooks.unpack = [](const std::any&) -> Tensor {

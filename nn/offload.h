@@ -60,13 +60,16 @@ inline constexpr double kLinkOffloadMargin = 0.8;
 // The link policy, a pure function: checkpointed candidates first, then the others, each group
 // largest first (ties: the given order), each taken when the bytes taken so far plus its own
 // copy within margin x forward_seconds at link_bytes_per_second (first fit: one too large is
-// passed over for smaller ones). Candidates that save nothing are left out.
+// passed over for smaller ones), and when no module around it or inside it (dotted names) is
+// taken. Candidates that save nothing are left out.
 LinkOffloadChoice choose_link_offload(const std::vector<LinkCandidate>& candidates,
                                       double link_bytes_per_second, double forward_seconds,
                                       double margin = kLinkOffloadMargin);
 // What the link policy chooses from in `model`: its checkpointed modules (the outermost), then
 // its blocks (Module::is_checkpoint_block; for any other model the modules of its most repeated
-// composite type, nn::repeated_module_types) that neither hold nor sit inside one of those.
+// composite type, nn::repeated_module_types) that neither hold nor sit inside one of those,
+// then every module inside those blocks (a block may save more than the link carries); a
+// candidate's bytes include those of the candidates inside it.
 // Runs `forward` (one forward of the step, under its autocast) once with pack hooks that count
 // what each candidate saves and keep nothing, so it holds no more than a no_grad forward, and
 // returns the forward's time in `forward_seconds`: on a meta device (a dry run) the cost

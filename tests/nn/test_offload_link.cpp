@@ -56,6 +56,13 @@ TEST(OffloadLink, TakesCheckpointsFirstThenTheLargestThatFitTheForward) {
   const std::string s = nn::choose_link_offload(c, 2e9, 1e-6).str();
   EXPECT_NE(s.find("GB/s"), std::string::npos) << s;
   EXPECT_NE(s.find("forward"), std::string::npos) << s;
+  // A module inside one taken, or around it, is not taken again.
+  const std::vector<nn::LinkCandidate> nested = {
+      {"b", 300, false}, {"b.x", 200, false}, {"b.y", 80, false}, {"c", 150, false}};
+  EXPECT_EQ(nn::choose_link_offload(nested, 1000, 0.29, 1.0).modules,
+            (std::vector<std::string>{"b.x", "b.y"}));
+  EXPECT_EQ(nn::choose_link_offload(nested, 1000, 0.5, 1.0).modules,
+            (std::vector<std::string>{"b", "c"}));
   EXPECT_THROW(nn::choose_link_offload(c, 0, 1), std::invalid_argument);
   EXPECT_THROW(nn::choose_link_offload(c, 1, 1, 1.5), std::invalid_argument);
   EXPECT_EQ(nn::parse_offload_spec("link").str(), "link");
@@ -69,15 +76,21 @@ TEST(OffloadLink, CandidatesOfAUserModelAndWhatEachSaves) {
   double forward = -1;
   const auto c = nn::link_candidates(
       *net, [&] { (void)my_loss(*net, batch); }, &forward);
-  ASSERT_EQ(c.size(), 4u);
-  // The checkpointed blocks first, keeping their input; the others save more.
+  // The checkpointed blocks, the other blocks, then the modules inside those (norm, up, down).
+  ASSERT_EQ(c.size(), 10u);
   EXPECT_EQ(c[0].name, "blocks.0");
   EXPECT_TRUE(c[0].checkpointed);
   EXPECT_EQ(c[1].name, "blocks.2");
   EXPECT_EQ(c[2].name, "blocks.1");
   EXPECT_FALSE(c[2].checkpointed);
+  EXPECT_EQ(c[3].name, "blocks.3");
+  EXPECT_EQ(c[4].name, "blocks.1.norm");
+  EXPECT_EQ(c[9].name, "blocks.3.down");
+  // A checkpointed block keeps its input; the others save more, their modules' saves included.
   EXPECT_EQ(c[0].saved_bytes, kBatch * kD * 4);
   EXPECT_GT(c[2].saved_bytes, 5 * c[0].saved_bytes);
+  EXPECT_GE(c[2].saved_bytes, c[4].saved_bytes + c[5].saved_bytes + c[6].saved_bytes);
+  EXPECT_EQ(c[5].saved_bytes, kBatch * kD * 4);  // up: its input
   EXPECT_GE(forward, 0);
   // The measuring forward keeps nothing.
   EXPECT_EQ(memory::get_allocator(Device::cpu())
@@ -111,7 +124,7 @@ TEST(OffloadLink, ATrainingStepEqualsOneWithoutOffload) {
   const auto off = nn::offload_activations(
       *net, link.offload, {}, [&] { (void)my_loss(*net, batch); }, &choice);
   EXPECT_GT(choice.link_bytes_per_second, 0);
-  EXPECT_EQ(choice.candidates, kBlocks);
+  EXPECT_EQ(choice.candidates, 4 * kBlocks);  // each block and its norm, up and down
   int offloading = 0;
   for (auto& [name, m] : net->named_modules()) offloading += m->offloader() != nullptr;
   EXPECT_EQ(offloading, static_cast<int>(choice.modules.size())) << choice.str();
