@@ -101,7 +101,7 @@ def test_offload_policy_by_callable():
 
 
 def test_offload_link_on_a_python_model_keeps_the_loss():
-    x, y = batch()
+    x, y = batch(64)
     tally.manual_seed(0)
     plain = Net()
     want = F.cross_entropy(plain(x), y)
