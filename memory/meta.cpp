@@ -307,6 +307,16 @@ double meta_host_seconds(Device meta_device) {
   return read_clock(&MetaDevices::host, meta_device);
 }
 
+void rewind_meta_clocks(Device meta_device, double seconds, double host_seconds) {
+  MetaDevices& d = devices();
+  std::lock_guard lock(d.mu);
+  double* now = slot(d.seconds, meta_device);
+  double* host = slot(d.host, meta_device);
+  if (!now || !host) return;
+  *now = std::min(*now, seconds);
+  *host = std::min(*host, host_seconds);
+}
+
 double queue_meta_copy(Device meta_device, double seconds) {
   MetaDevices& d = devices();
   std::lock_guard lock(d.mu);

@@ -201,9 +201,13 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
   {
     SavedTensorHooksScope scope(hooks);
     if (device.is_meta()) {
+      // The cost model's time; then the clocks go back: a real run measures once, where a dry
+      // run of a few steps would charge a large share of a forward to each.
       const double t0 = memory::meta_seconds(device);
+      const double h0 = memory::meta_host_seconds(device);
       forward();
       seconds = memory::meta_seconds(device) - t0;
+      memory::rewind_meta_clocks(device, t0, h0);
     } else {
       if (device.type == DeviceType::cuda) {
         forward();  // libraries' first calls, the allocator's first segments

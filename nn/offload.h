@@ -73,9 +73,10 @@ LinkOffloadChoice choose_link_offload(const std::vector<LinkCandidate>& candidat
 // Runs `forward` (one forward of the step, under its autocast) once with pack hooks that count
 // what each candidate saves and keep nothing, so it holds no more than a no_grad forward, and
 // returns the forward's time in `forward_seconds`: on a meta device (a dry run) the cost
-// model's; on the CPU the clock's; on a GPU the clock's over a second forward between two
-// device synchronisations (the first one warms the libraries up): once, before training.
-// Throws std::invalid_argument when the model has no candidate.
+// model's (and the dry run's clocks are set back: not charged to its steps); on the CPU the
+// clock's; on a GPU the clock's over a second forward between two device synchronisations (the
+// first one warms the libraries up): once, before training. Throws std::invalid_argument when the
+// model has no candidate.
 std::vector<LinkCandidate> link_candidates(Module& model, const std::function<void()>& forward,
                                            double* forward_seconds);
 
