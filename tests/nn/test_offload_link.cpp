@@ -20,23 +20,13 @@
 namespace tally {
 namespace {
 
+using testing::my_loss;
 using testing::MyNet;
 constexpr int64_t kIn = 8, kD = 16, kBlocks = 4, kClasses = 5, kBatch = 64;
 
-std::shared_ptr<MyNet> make_net() {
-  manual_seed(0);
-  return std::make_shared<MyNet>(kIn, kD, kBlocks, kClasses);
-}
-
-std::vector<Tensor> make_batch() {
-  manual_seed(1);
-  memory::CategoryScope input(memory::Category::input);
-  return {randn({kBatch, kIn}), randint(0, kClasses, {kBatch})};
-}
-
-Tensor my_loss(nn::Module& m, const std::vector<Tensor>& b) {
-  return cross_entropy(m(b[0]), b[1]);
-}
+// The planner tests' user model (tests/testing/residual_mlp.h), smaller.
+auto make_net = [] { return testing::seeded_my_net(kIn, kD, kBlocks, kClasses); };
+auto make_batch = [] { return testing::my_batch(kBatch, kIn, kClasses); };
 
 TEST(OffloadLink, TakesCheckpointsFirstThenTheLargestThatFitTheForward) {
   const std::vector<nn::LinkCandidate> c = {
