@@ -46,7 +46,7 @@ struct LinkCandidate {
 struct LinkOffloadChoice {
   std::vector<std::string> modules;  // chosen, in the order taken
   int64_t bytes = 0;                 // the bytes they save (copied each step)
-  int64_t candidate_bytes = 0;       // every candidate's
+  int64_t candidate_bytes = 0;       // the outermost candidates' (inner ones are inside them)
   int candidates = 0;
   double link_bytes_per_second = 0;
   double forward_seconds = 0;
@@ -59,9 +59,9 @@ struct LinkOffloadChoice {
 inline constexpr double kLinkOffloadMargin = 0.8;
 // The link policy, a pure function: checkpointed candidates first, then the others, each group
 // largest first (ties: the given order), each taken when the bytes taken so far plus its own
-// copy within margin x forward_seconds at link_bytes_per_second (first fit: one too large is
-// passed over for smaller ones), and when no module around it or inside it (dotted names) is
-// taken. Candidates that save nothing are left out.
+// fit margin x forward_seconds x link_bytes_per_second (first fit: one too large is passed over
+// for smaller ones) and no module around it or inside it (dotted names) is taken. Candidates that
+// save nothing are left out.
 LinkOffloadChoice choose_link_offload(const std::vector<LinkCandidate>& candidates,
                                       double link_bytes_per_second, double forward_seconds,
                                       double margin = kLinkOffloadMargin);
