@@ -254,6 +254,9 @@ std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const Of
     return names.count(name) > 0;
   };
   chosen.modules.label = "link";
+  // Each save is copied at once: the modules chosen may be few (a block's attention and MLP),
+  // and a copy deferred two groups (the default) would never be issued for the last two.
+  if (options.defer_groups < 0) options.defer_groups = 0;
   return offload_activations(model, chosen, options);
 }
 
