@@ -478,11 +478,28 @@ Results run(const Options& o) {
     } release{setup, o.module != nullptr};
     model->train();
     nn::enable_checkpointing(*model, spec);
-    nn::offload_activations(*model, nn::parse_offload_spec(c.offload));
     std::unique_ptr<optim::Optimizer> opt =
         optim::make_optimizer(c.optimizer, model->parameters(), optim::AdamOptions{.lr = o.lr},
                               optim::SGDOptions{.lr = o.lr, .momentum = 0.9});
     optim::Precision prec(amp, on);
+    // `link` measures one forward of the first micro-batch (nn/offload.h).
+    nn::offload_activations(*model, nn::parse_offload_spec(c.offload), {}, [&] {
+      data::Example b;
+      {
+        memory::CategoryScope input(memory::Category::input);
+        const data::Example& first = items.front();
+        b = {ops::to_device_async(first.input, on),
+             first.target.defined() ? ops::to_device_async(first.target, on) : Tensor()};
+      }
+      if (c.grad_accum > 1) {
+        const int64_t len = b.input.size(0) / c.grad_accum;
+        b.input = ops::narrow(b.input, 0, 0, len);
+        if (b.target.defined() && b.target.dim() > 0) b.target = ops::narrow(b.target, 0, 0, len);
+      }
+      memory::PhaseScope phase("forward");
+      auto guard = prec.autocast();
+      (void)loss_fn(*model, b);
+    });
     if (c.step_in_backward) prec.step_in_backward(*opt);
 
     std::vector<double> times;

@@ -125,6 +125,28 @@ std::optional<DType> amp_of(const std::string& cfg) {
   return std::nullopt;
 }
 
+// "offloadlink": `--offload link` (nn/offload.h): one forward of `loss_fn` under the
+// configuration's autocast measures what each block saves and the forward's time, and the
+// blocks whose copies the host link carries within the forward are offloaded ("offload":
+// every block's activations). The choice goes to stderr.
+void offload_cfg(const std::string& cfg, nn::Module& model, Device dev,
+                 const std::function<Tensor()>& loss_fn) {
+  if (has(cfg, "offloadlink")) {
+    const std::optional<DType> amp = amp_of(cfg);
+    nn::LinkOffloadChoice choice;
+    nn::offload_activations(
+        model, nn::parse_offload_spec("link"), {},
+        [&] {
+          AutocastGuard ac(dev.type, amp.value_or(DType::bfloat16), amp.has_value());
+          (void)loss_fn();
+        },
+        &choice);
+    fmt::print(stderr, "{}: {}\n", cfg, choice.str());
+  } else if (has(cfg, "offload")) {
+    nn::offload_activations(model, nn::parse_offload_spec("activations"));
+  }
+}
+
 // "graphs": the step runs eagerly once (its first calls search algorithms and make the
 // optimizer's state), is captured into a CUDA graph at the second call, and every call from
 // then on replays it (tensor/cuda/graph.h). What a replay cannot repeat is refused up front.
@@ -196,13 +218,13 @@ void resnet_cfg(const std::string& cfg, Device dev, int steps) {
   model->train();
   if (cfg.find("ckpt4") != std::string::npos)
     nn::enable_checkpointing(*model, nn::parse_checkpoint_spec("4-segments"));
-  if (has(cfg, "offload")) nn::offload_activations(*model, nn::parse_offload_spec("activations"));
   optim::SGD opt(model->parameters(), {.lr = 1e-3, .momentum = 0.9});
   Tensor x = randn({64, 3, 224, 224}, TensorOptions{}.with_device(dev));
   // channels-last: the weights and images in NHWC memory (PyTorch's
   // model.to(memory_format=channels_last) and x.to(...)), so every activation is too.
   if (has(cfg, "channels-last")) x = x.contiguous(MemoryFormat::channels_last);
   const Tensor y = randint(0, 10, {64}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
+  offload_cfg(cfg, *model, dev, [&] { return cross_entropy((*model)(x), y); });
   const auto step = with_analysis(
       cfg, dev, train_step(cfg, dev, opt, [&] { return cross_entropy((*model)(x), y); }));
   memory::empty_cache(dev);
@@ -225,7 +247,6 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
   model->train();
   if (cfg.find("ckpt") != std::string::npos)
     nn::enable_checkpointing(*model, nn::parse_checkpoint_spec("blocks"));
-  if (has(cfg, "offload")) nn::offload_activations(*model, nn::parse_offload_spec("activations"));
   std::unique_ptr<optim::Optimizer> opt_ptr;
   if (has(cfg, "adamw8bit"))
     opt_ptr =
@@ -241,6 +262,7 @@ void gpt_cfg(const std::string& cfg, Device dev, int steps) {
       randint(0, 50257, {B, T}, TensorOptions{}.with_device(dev).with_dtype(DType::int64));
   // varyseq: step k takes the first T_k tokens, T_k = 128 + 64 ((7k + 3) mod 15): 15 lengths
   // from 128 to 1024 in a scrambled order (bench/levers.py's PyTorch rows use the same).
+  offload_cfg(cfg, *model, dev, [&] { return (*model)(idx, tgt).second; });
   int64_t k = 0;
   const bool vary = has(cfg, "varyseq");
   const auto step = with_analysis(
@@ -379,11 +401,12 @@ bool is_base(const std::string& c, bool resnet, bool gpt) {
 // misspelt configuration never measures nothing (or the wrong thing) in silence.
 void check_config(const std::string& c, bool resnet, bool gpt) {
   static const char* const kTokens[] = {
-      "baseline-fp32", "ckpt4",   "ckpt",       "ckpt-per-block", "amp-fp16",
-      "amp-bf16",      "offload", "sib",        "adamw8bit",      "fusedce",
-      "chunk512",      "nopad",   "unfusedmlp", "unfusedaddnorm", "v50257",
-      "varyseq",       "hist",    "leaks",      "graphs",         "tuned",
-      "channels-last"};
+      "baseline-fp32", "ckpt4",        "ckpt",           "ckpt-per-block",
+      "amp-fp16",      "amp-bf16",     "offload",        "offloadlink",
+      "sib",           "adamw8bit",    "fusedce",        "chunk512",
+      "nopad",         "unfusedmlp",   "unfusedaddnorm", "v50257",
+      "varyseq",       "hist",         "leaks",          "graphs",
+      "tuned",         "channels-last"};
   const size_t colon = c.find(':');
   if (colon == std::string::npos) {
     if (is_base(c, resnet, gpt)) return;

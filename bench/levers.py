@@ -29,6 +29,8 @@ LEVERS = {
         ("amp-bf16", "amp-bf16"),
         ("amp-bf16+offload", "amp-bf16+offload"),
         ("amp-bf16+ckpt+offload", "amp-bf16+ckpt+offload"),
+        ("amp-bf16+offloadlink", None),  # --offload link: what the link hides (nn/offload.h)
+        ("amp-bf16+ckpt+offloadlink", None),
         ("amp-bf16+sib", "amp-bf16+sib"),
         ("amp-bf16+adamw8bit", None),
         ("amp-bf16+fusedce", None),
@@ -41,6 +43,7 @@ LEVERS = {
     "resnet": [
         ("amp-bf16", "amp-bf16"),
         ("amp-bf16+offload", "amp-bf16+offload"),
+        ("amp-bf16+offloadlink", None),
         ("amp-bf16+sib", "amp-bf16+sib"),
     ],
 }

@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   axis("--checkpoint", a.checkpoints, "none | blocks | N-segments | selective");
   axis("--amp", a.amps, "off | fp16 | bf16 | auto (with --checkpoint auto)");
   axis("--offload", a.offloads,
-       "none | activations | N-blocks (activation offload to pinned host memory)");
+       "none | activations | link | N-blocks (activation offload to pinned host memory)");
   app.add_option("--optimizer", a.optimizers,
                  "comma list of sgd | adam | adamw | adamw8bit | adamw:cpu | adamw8bit:cpu (the "
                  "last two keep master weights and moments in pinned host memory; the report "

@@ -269,7 +269,8 @@ inline void add_memory_options(CLI::App& app, std::string& checkpoint, std::stri
                  "bytes)");
   app.add_option("--offload", offload,
                  "none | activations | N-blocks (what autograd saves goes to pinned host memory, "
-                 "prefetched one block ahead in backward) | auto (with --checkpoint auto)")
+                 "prefetched one block ahead in backward) | link (only what the host link "
+                 "carries while the forward computes) | auto (with --checkpoint auto)")
       ->capture_default_str();
   app.add_option("--estimate", estimate,
                  "predict the run's memory on TARGET (cpu | h200 | cuda) with a shapes-only dry "

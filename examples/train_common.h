@@ -202,7 +202,8 @@ inline nn::PlanCandidate plan_run(const AutoPlan& ap, std::optional<DType> amp, 
   else
     o.precisions = {amp};
   o.offloads = ap.offload_auto ? std::vector<nn::OffloadSpec>{nn::OffloadSpec{},
-                                                              nn::parse_offload_spec("activations")}
+                                                              nn::parse_offload_spec("activations"),
+                                                              nn::parse_offload_spec("link")}
                                : std::vector<nn::OffloadSpec>{ap.offload};
   if (!ap.optimizers.empty()) o.optimizers = ap.optimizers;
   if (!ap.step_in_backward.empty()) o.step_in_backward = ap.step_in_backward;

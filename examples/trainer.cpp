@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "examples/cli_common.h"
 #include "memory/host_memory.h"
@@ -124,6 +125,31 @@ void Trainer::check_flags(const CLI::App& app, const std::vector<std::string>& o
 }
 
 namespace {
+// --offload link on `m`: one forward of the first micro-batch of `in` (under `prec`'s
+// autocast) measures what each block saves and the forward's time (nn/offload.h); the choice
+// is printed.
+std::shared_ptr<ActivationOffloader> offload_by_link(nn::Module& m, const nn::OffloadSpec& spec,
+                                                     Precision& prec, const std::vector<Tensor>& in,
+                                                     const Trainer::Forward& forward, int64_t accum,
+                                                     bool print) {
+  std::vector<Tensor> micro = in;
+  const int64_t rows = !in.empty() && in[0].dim() > 0 ? in[0].size(0) : 0;
+  if (accum > 1 && rows % accum == 0)
+    for (Tensor& t : micro)
+      if (t.dim() > 0 && t.size(0) == rows) t = ops::narrow(t, 0, 0, rows / accum);
+  nn::LinkOffloadChoice choice;
+  auto offloader = nn::offload_activations(
+      m, spec, {},
+      [&] {
+        memory::PhaseScope phase("forward");
+        auto guard = prec.autocast();
+        forward(micro);
+      },
+      &choice);
+  if (print) fmt::print("{}\n", choice.str());
+  return offloader;
+}
+
 // A host optimizer (--optimizer adamw:cpu) under --amp bf16: the float32 masters are made from
 // the float32 weights, then the device keeps bfloat16 weights, and so gets bfloat16 gradients:
 // half the device memory of each, and half the bytes each way between device and host
@@ -152,7 +178,9 @@ Trainer::Training Trainer::prepare(
     int64_t warmup_div, double min_lr_factor) {
   Training t;
   nn::enable_checkpointing(model, checkpoint);
-  t.offloader = nn::offload_activations(model, offload);
+  // --offload link measures the forward: at the first step, on its batch.
+  link_model_ = offload.kind == nn::OffloadSpec::Kind::link ? &model : nullptr;
+  if (!link_model_) t.offloader = nn::offload_activations(model, offload);
   t.opt = make_opt(model);
   keep_16bit_weights(model, *t.opt, amp);
   // None for a 1-step run.
@@ -234,7 +262,8 @@ void Trainer::dry_train(
     const std::function<std::vector<Tensor>()>& make_inputs, const Forward& forward,
     const std::function<void(const std::vector<Tensor>&)>& eval) const {
   nn::enable_checkpointing(m, c.checkpoint);
-  nn::offload_activations(m, c.offload);
+  const bool link = c.offload.kind == nn::OffloadSpec::Kind::link;
+  if (!link) nn::offload_activations(m, c.offload);
   // make_opt reads the flags' optimizer: the candidate's while it builds this one.
   std::unique_ptr<optim::Optimizer> o;
   {
@@ -261,6 +290,7 @@ void Trainer::dry_train(
     dry_input_shape_ = in.front().sizes();
     dry_input_dtype_ = in.front().dtype();
   }
+  if (link) offload_by_link(m, c.offload, p, in, forward, accum, false);
   memory::dry_run_phase(d, "train");
   for (int64_t s = 0; s < kEstimateSteps; ++s) train_step(*o, p, in, forward, 0, accum);
   memory::dry_run_phase(d, "eval");
@@ -322,6 +352,8 @@ void Trainer::begin(optim::Optimizer& opt, int64_t total) {
 
 std::vector<Tensor> Trainer::step(const std::vector<Tensor>& in, const Forward& forward,
                                   std::source_location site) {
+  if (nn::Module* m = std::exchange(link_model_, nullptr))
+    link_offloader_ = offload_by_link(*m, offload, *prec_, in, forward, f_.grad_accum, true);
   return (*graphed_)(in, [&](const std::vector<Tensor>& x) {
     if (phase_peaks_) phase_peaks_->clear();  // the last step's
     return train_step(*opt_, *prec_, x, forward, f_.clip, f_.grad_accum, site);
@@ -389,7 +421,7 @@ std::string Trainer::peaks() const {
 
 int Trainer::finish(const std::shared_ptr<ActivationOffloader>& offloader, int64_t steps,
                     const std::function<void()>& extra) {
-  print_offload(offloader, steps);
+  print_offload(offloader ? offloader : link_offloader_, steps);
   leak_check_->report();
   if (phase_peaks_) {
     const std::string peaks = phase_peaks_->str();

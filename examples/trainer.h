@@ -268,6 +268,10 @@ class Trainer {
   Stopwatch clock_;
   Tensor loss_acc_;
   int64_t window_ = 0;
+  // --offload link: the model prepare() left for the first step() to measure (its forward on
+  // the first batch, nn::offload_activations), and the offloader it chose.
+  nn::Module* link_model_ = nullptr;
+  std::shared_ptr<ActivationOffloader> link_offloader_;
 };
 
 // A training program's main: run_cli over `app` (its flags filling `flags`), with a Trainer of

@@ -279,14 +279,24 @@ double* slot(std::deque<double>& list, Device meta_device) {
 }
 }  // namespace
 
-void add_meta_seconds(Device meta_device, double seconds, double launch_seconds) {
+namespace {
+// fn(compute stream's clock, host's clock) of `meta_device`, under the lock; nothing for any
+// other device.
+template <class Fn>
+void update_clocks(Device meta_device, Fn&& fn) {
   MetaDevices& d = devices();
   std::lock_guard lock(d.mu);
   double* now = slot(d.seconds, meta_device);
   double* host = slot(d.host, meta_device);
-  if (!now || !host) return;
-  *now = std::max(*now, *host) + seconds;
-  *host += launch_seconds;
+  if (now && host) fn(*now, *host);
+}
+}  // namespace
+
+void add_meta_seconds(Device meta_device, double seconds, double launch_seconds) {
+  update_clocks(meta_device, [&](double& now, double& host) {
+    now = std::max(now, host) + seconds;
+    host += launch_seconds;
+  });
 }
 
 namespace {
@@ -305,6 +315,13 @@ double meta_seconds(Device meta_device) {
 
 double meta_host_seconds(Device meta_device) {
   return read_clock(&MetaDevices::host, meta_device);
+}
+
+void rewind_meta_clocks(Device meta_device, double seconds, double host_seconds) {
+  update_clocks(meta_device, [&](double& now, double& host) {
+    now = std::min(now, seconds);
+    host = std::min(host, host_seconds);
+  });
 }
 
 double queue_meta_copy(Device meta_device, double seconds) {

@@ -78,6 +78,10 @@ void add_meta_seconds(Device meta_device, double seconds, double launch_seconds)
 double meta_seconds(Device meta_device);
 // The host's clock.
 double meta_host_seconds(Device meta_device);
+// Sets the compute stream's and the host's clocks back to `seconds` and `host_seconds`, read
+// before work a dry run does but does not count (offload link's measuring forward, which a
+// real run does once, not every step); copies must not have been queued since.
+void rewind_meta_clocks(Device meta_device, double seconds, double host_seconds);
 
 // The copy stream of a meta device that replays a GPU: activation offload's copies to and
 // from pinned host memory run there one after another (at the cost model's host bandwidth), each

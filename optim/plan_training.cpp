@@ -84,6 +84,9 @@ std::vector<PlanCandidate> training_plan_grid(Module& model, int64_t batch,
     if (target.type == DeviceType::cuda && (blocks > 0 || !repeated.empty()))
       offloads.push_back(parse_offload_spec(blocks > 0 ? std::string("activations")
                                                        : "type:" + repeated.front().first));
+    // And what the host link can carry while the forward computes (nn/offload.h).
+    if (target.type == DeviceType::cuda && (blocks > 0 || !repeated.empty()))
+      offloads.push_back(parse_offload_spec("link"));
   }
   // Empty: every candidate at 1 micro-batch; plan_memory climbs the ladder from there.
   const std::vector<int64_t> micro_batches =
@@ -134,7 +137,16 @@ Tensor train_candidate(Module& model, const PlanCandidate& c, const LossFn& loss
           "plan_memory: every batch tensor splits along dim 0 into micro-batches; got {} and {}",
           batch.front().shape_string(), t.shape_string()));
   enable_checkpointing(model, c.checkpoint);
-  const auto offloader = offload_activations(model, c.offload);
+  // `link` measures one forward of the first micro-batch (nn/offload.h).
+  std::vector<Tensor> first;
+  for (const Tensor& t : batch)
+    first.push_back(c.micro_batches == 1 ? t : t.narrow(0, 0, n / c.micro_batches));
+  const auto offloader = offload_activations(model, c.offload, {}, [&] {
+    memory::PhaseScope phase("forward");
+    AutocastGuard guard(batch.front().device().type, c.amp.value_or(DType::bfloat16),
+                        c.amp.has_value());
+    loss_fn(model, first);
+  });
   const std::unique_ptr<optim::Optimizer> opt = make_optimizer(c.optimizer, model, options.adam);
   const bool fp16 = c.amp && *c.amp == DType::float16;
   if (c.step_in_backward && (fp16 || c.micro_batches > 1))

@@ -51,8 +51,8 @@ struct TrainingPlanOptions {
   std::vector<std::optional<DType>> precisions;
   std::vector<std::string> optimizers = {"adamw", "adamw8bit"};
   // none, and on a CUDA target `type:T` for the first repeated type (or `activations` for a
-  // model with blocks), with no checkpointing and with the first checkpointing policy (every
-  // block for a model with blocks).
+  // model with blocks) and `link` (nn/offload.h), with no checkpointing and with the first
+  // checkpointing policy (every block for a model with blocks).
   std::vector<OffloadSpec> offloads;
   std::vector<bool> step_in_backward = {false, true};
   // Micro-batches per step (gradient accumulation, the same batch per step). Empty: climb

@@ -707,7 +707,7 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
   nn_mod.def(
       "offload_activations",
       [](Module& model, py::object spec, bool pin_memory, size_t min_bytes, bool prefetch,
-         int every) {
+         int every, py::object forward) {
         OffloadOptions o;
         o.pin_memory = pin_memory;
         o.min_bytes = min_bytes;
@@ -719,14 +719,18 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
           s.kind = nn::OffloadSpec::Kind::modules;
           s.modules = selector_of(spec, every);
         }
-        return nn::offload_activations(model, s, o);
+        std::function<void()> fwd;
+        if (!forward.is_none()) fwd = [forward] { forward(); };
+        return nn::offload_activations(model, s, o, fwd);
       },
       py::arg("model"), py::arg("spec"), py::kw_only(), py::arg("pin_memory") = true,
       py::arg("min_bytes") = 0, py::arg("prefetch") = true, py::arg("every") = 1,
+      py::arg("forward") = py::none(),
       "--offload's plans (none, activations, N-blocks) on a ResNet or GPT, or a module policy on "
       "any model (type:TYPE, name:GLOB, optionally /K, or check_fn(name, module) -> bool): the "
       "modules' saved activations go to host memory, tagged `offloaded`; returns the offloader "
-      "(None for none)");
+      "(None for none). \"link\" offloads what the host link carries within the forward: "
+      "forward() (one forward of the step, no arguments) is run once to measure it");
   // `with tally.autograd.graph.save_on_cpu():` tensors saved inside go to host memory.
   py::module_ graph = m.attr("autograd")
                           .cast<py::module_>()

@@ -54,6 +54,7 @@ TENSOR_LEVELS = {
     "graph.cpp": BACKEND,  # tensor/cuda/graph.h's definitions (built without CUDA too)
     "dispatch.": PLUMBING, "op_alloc.": PLUMBING, "meta/": PLUMBING,
     "pinned.": FAMILY,  # to_device_async and the offload copies: ops of their own
+    "host_link.": FAMILY,  # the host link's measured speed (on pinned's copies)
     "precision.": REGISTRATION,  # the process-wide precision switches of several families
     "backends.cpp": REGISTRATION, "ops.h": REGISTRATION,
 }

@@ -21,9 +21,11 @@ Rates rates_for(const memory::MetaTarget& target) {
   if (target.type == DeviceType::cuda && target.workspace_tables == "h200")
     // What Tally's kernels reach on the H200 (bench/RESULTS.md, ops_gpu.py): bf16 linear
     // 610 TFLOP/s, float32 linear 48, TF32 convolution 100, elementwise 3.9-4.2 TB/s; a
-    // launch and its gap ~4 us; PCIe Gen5 x16 with pinned memory, each way. The host's AdamW
-    // (16 cores): ~38 GB/s in LLaMA-1B's offloaded step (1,307 ms against ~300 on the device,
-    // 28 B a parameter), ~75 GB/s in 7B's (bench/results/scale.md): 50 GB/s between them.
+    // launch and its gap ~4 us; PCIe Gen5 x16 with pinned memory, each way (a pinned
+    // device-to-host copy measures ~50 GB/s: a fair default where the link was not measured,
+    // tensor/host_link.h). The host's AdamW (16 cores): ~38 GB/s in LLaMA-1B's offloaded step
+    // (1,307 ms against ~300 on the device, 28 B a parameter), ~75 GB/s in 7B's
+    // (bench/results/scale.md): 50 GB/s between them.
     return Rates{.flops_16bit = 600e12,
                  .flops_32bit = 48e12,
                  .flops_tf32 = 100e12,

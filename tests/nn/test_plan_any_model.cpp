@@ -38,19 +38,14 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
 
 constexpr int64_t kIn = 16, kD = 32, kBlocks = 4, kClasses = 10, kBatch = 1024;
 
+using testing::my_loss;
+
 std::shared_ptr<MyNet> make_net() {
-  manual_seed(0);
-  return std::make_shared<MyNet>(kIn, kD, kBlocks, kClasses);
+  return testing::seeded_my_net(kIn, kD, kBlocks, kClasses);
 }
 
 std::vector<Tensor> make_batch() {
-  manual_seed(1);
-  memory::CategoryScope input(memory::Category::input);
-  return {randn({kBatch, kIn}), randint(0, kClasses, {kBatch})};
-}
-
-Tensor my_loss(nn::Module& m, const std::vector<Tensor>& b) {
-  return cross_entropy(m(b[0]), b[1]);
+  return testing::my_batch(kBatch, kIn, kClasses);
 }
 
 // One forward and backward; the loss, the gradients and the peak activation bytes of the step.

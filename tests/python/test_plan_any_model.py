@@ -100,6 +100,24 @@ def test_offload_policy_by_callable():
     assert nn.offload_activations(model, "none") is None
 
 
+def test_offload_link_on_a_python_model_keeps_the_loss():
+    x, y = batch(64)
+    tally.manual_seed(0)
+    plain = Net()
+    want = F.cross_entropy(plain(x), y)
+    want.backward()
+    tally.manual_seed(0)
+    model = Net()
+    nn.offload_activations(model, "link", forward=lambda: F.cross_entropy(model(x), y))
+    got = F.cross_entropy(model(x), y)
+    got.backward()
+    assert got.item() == want.item()
+    for p, q in zip(plain.parameters(), model.parameters()):
+        np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="forward"):
+        nn.offload_activations(model, "link")
+
+
 def test_checkpoint_sequential_over_a_sequential():
     tally.manual_seed(0)
     model = Net()

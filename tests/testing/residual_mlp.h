@@ -5,8 +5,10 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "autograd/ops.h"
+#include "memory/context.h"
 #include "nn/container.h"
 #include "nn/layers.h"
 #include "nn/norm.h"
@@ -37,5 +39,21 @@ class MyNet : public nn::Module {
   std::shared_ptr<nn::Linear> stem, head;
   std::shared_ptr<nn::Sequential> blocks;
 };
+
+// MyNet seeded as the planner's tests build it (seed 0), a batch of `rows` for it (seed 1:
+// inputs tagged `input`, class targets) and its loss.
+inline std::shared_ptr<MyNet> seeded_my_net(int64_t in, int64_t d, int64_t n_blocks,
+                                            int64_t classes) {
+  manual_seed(0);
+  return std::make_shared<MyNet>(in, d, n_blocks, classes);
+}
+inline std::vector<Tensor> my_batch(int64_t rows, int64_t in, int64_t classes) {
+  manual_seed(1);
+  memory::CategoryScope input(memory::Category::input);
+  return {randn({rows, in}), randint(0, classes, {rows})};
+}
+inline Tensor my_loss(nn::Module& m, const std::vector<Tensor>& b) {
+  return cross_entropy(m(b[0]), b[1]);
+}
 
 }  // namespace tally::testing
