@@ -192,7 +192,9 @@ Trainer::Training Trainer::prepare(
 
 void PhasePeaks::on_allocation_event(const memory::AllocationEvent& e) {
   if (next_) next_->on_allocation_event(e);
-  if (e.bytes <= 0 || e.retag || e.tag.phase == 0) return;
+  if (e.bytes <= 0 || e.retag || e.tag.phase == 0 || e.device_type != device_.type ||
+      e.device_index != device_.index)
+    return;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [phase, peak] : peaks_)
     if (phase == e.tag.phase) {
@@ -344,7 +346,7 @@ void Trainer::begin(optim::Optimizer& opt, int64_t total) {
   metrics_ = std::make_unique<MetricsLog>(dry_ ? std::string() : f_.metrics);
   leak_check_ = std::make_unique<LeakCheck>(f_.detect_leaks && !dry_, dev_, tty);
   if (dry_) dry_->phase("train");
-  if (f_.grad_accum > 1) phase_peaks_ = std::make_unique<PhasePeaks>();
+  if (f_.grad_accum > 1) phase_peaks_ = std::make_unique<PhasePeaks>(dev_);
   clock_.reset();
   loss_acc_ = zeros({}, TensorOptions{}.with_device(dev_));
   window_ = 0;

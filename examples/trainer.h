@@ -135,10 +135,13 @@ std::vector<Tensor> train_step(optim::Optimizer& opt, Precision& prec,
 }
 
 // The peak allocated bytes reached by each phase's allocations ("forward.0", "backward.0", ...)
-// since the last clear(), through the allocator's observer (chained to the one before it).
+// on `device` since the last clear(), through the allocator's observer (chained to the one
+// before it). Other allocators' events (the pinned host's) are passed on, not counted.
 class PhasePeaks : public memory::AllocationObserver {
  public:
-  PhasePeaks() : next_(memory::allocation_observer()) { memory::set_allocation_observer(this); }
+  explicit PhasePeaks(Device device) : device_(device), next_(memory::allocation_observer()) {
+    memory::set_allocation_observer(this);
+  }
   ~PhasePeaks() override { memory::set_allocation_observer(next_); }
   PhasePeaks(const PhasePeaks&) = delete;
   PhasePeaks& operator=(const PhasePeaks&) = delete;
@@ -148,6 +151,7 @@ class PhasePeaks : public memory::AllocationObserver {
   std::string str() const;
 
  private:
+  Device device_;
   memory::AllocationObserver* next_;
   mutable std::mutex mu_;
   std::vector<std::pair<memory::StrId, size_t>> peaks_;
