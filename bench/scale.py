@@ -21,6 +21,10 @@ Printed: one table row per model and the errors of the predicted peaks (targets:
 2%, host within 5%), and the speed ratio against PyTorch (target >= 1.2x, or PyTorch cannot run
 it). JSON of every row in OUT/scale.json.
 
+--memory-budget SIZE: the planner chooses instead (`--checkpoint auto --memory-budget SIZE`, no
+--optimizer: the optimizer stays on the device when it fits); its `Chosen:` line is printed
+under the row and kept in scale.json.
+
 --grad-accum K: K micro-batches of the row's batch a step (the batch is K times larger, one
 optimizer step; PyTorch accumulates the same way). The host update is paid once a step, so
 its share of the step falls as K grows.
@@ -67,8 +71,17 @@ def grad_accum():
     return int(sys.argv[sys.argv.index("--grad-accum") + 1]) if "--grad-accum" in sys.argv else 1
 
 
+def option(name):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
+
+
 def tally_command(build, row, extra):
-    if "--checkpoint" in sys.argv:  # e.g. blocks: an 80 GB card needs it for the 7B row
+    budget = option("--memory-budget")
+    optimizer = ["--optimizer", "adamw:cpu"]
+    if budget:  # the planner picks checkpointing, precision, micro-batches and the optimizer
+        extra = [*extra, "--checkpoint", "auto", "--memory-budget", budget]
+        optimizer = []
+    elif "--checkpoint" in sys.argv:  # e.g. blocks: an 80 GB card needs it for the 7B row
         extra = [*extra, "--checkpoint", sys.argv[sys.argv.index("--checkpoint") + 1]]
     k = grad_accum()
     if k > 1:
@@ -78,12 +91,11 @@ def tally_command(build, row, extra):
         batch *= k
         return [os.path.join(build, "examples", "train_gpt"), "--preset", preset, "--data",
                 "synthetic", "--batch", str(batch), "--seq", str(seq), "--amp", "bf16",
-                "--optimizer", "adamw:cpu", *extra]
+                *optimizer, *extra]
     preset, _, _, batch, seq = LLAMA_ROWS[row]
     batch *= k
     return [os.path.join(build, "examples", "train_model"), "--model", "llama", "--preset", preset,
-            "--batch", str(batch), "--seq", str(seq), "--amp", "bf16", "--optimizer", "adamw:cpu",
-            *extra]
+            "--batch", str(batch), "--seq", str(seq), "--amp", "bf16", *optimizer, *extra]
 
 
 def parse_estimate(text):
@@ -113,6 +125,7 @@ def run_tally(build, row, steps, out):
         "device_peak": last.get("peak_reserved"), "host_peak": last.get("host_peak_reserved"),
         "ms_per_step": statistics.median(r["ms_per_step"] for r in steps_) if steps_ else None,
         "params": float(banner.group(1)) * 1e6 if banner else None,
+        "plan": next((ln for ln in real.stdout.splitlines() if ln.startswith("Chosen:")), None),
     }
 
 
@@ -243,6 +256,8 @@ def main():
               f"{g(t['predicted_host']):>6}/{g(t['host_peak']):<6} ({e(t['predicted_host'], t['host_peak']):>7}) "
               f"{ms or 0:>8.0f} {tok_s:>8.0f} {100 * mfu:>5.1f}% "
               f"{tr.get('mode', '-'):>18} {torch_ms or 0:>9.0f} {speed:>7}")
+        if t.get("plan"):
+            print(f"{'':<11} {t['plan']}")
     with open(os.path.join(out, "scale.json"), "w") as f:
         json.dump(results, f, indent=1)
 
