@@ -17,6 +17,7 @@
 #include "nn/norm.h"
 #include "nn/offload.h"
 #include "nn/serialize.h"
+#include "tensor/host_link.h"
 
 namespace tally::python {
 
@@ -688,8 +689,24 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
       py::arg("path"));
 
   // ---- activation offload ----
+  // The link policy's choice as a dict (its "summary" is the line train_* prints).
+  const auto choice_dict = [](const nn::LinkOffloadChoice& c) {
+    py::dict d;
+    d["modules"] = c.modules;
+    d["bytes"] = c.bytes;
+    d["candidate_bytes"] = c.candidate_bytes;
+    d["candidates"] = c.candidates;
+    d["link_bytes_per_second"] = c.link_bytes_per_second;
+    d["forward_seconds"] = c.forward_seconds;
+    d["margin"] = c.margin;
+    d["summary"] = c.str();
+    return d;
+  };
   py::class_<ActivationOffloader, std::shared_ptr<ActivationOffloader>>(
-      nn_mod, "ActivationOffloader", "Where offloaded activations go; stats() says what moved")
+      nn_mod, "ActivationOffloader",
+      "Where offloaded activations go; stats() says what moved; link_choice (\"link\" only) "
+      "what the link policy chose and why",
+      py::dynamic_attr())
       .def("stats", [](const ActivationOffloader& o) {
         const OffloadStats s = o.stats();
         py::dict d;
@@ -706,8 +723,8 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
       });
   nn_mod.def(
       "offload_activations",
-      [](Module& model, py::object spec, bool pin_memory, size_t min_bytes, bool prefetch,
-         int every, py::object forward) {
+      [choice_dict](Module& model, py::object spec, bool pin_memory, size_t min_bytes,
+                    bool prefetch, int every, py::object forward) {
         OffloadOptions o;
         o.pin_memory = pin_memory;
         o.min_bytes = min_bytes;
@@ -721,7 +738,12 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
         }
         std::function<void()> fwd;
         if (!forward.is_none()) fwd = [forward] { forward(); };
-        return nn::offload_activations(model, s, o, fwd);
+        nn::LinkOffloadChoice choice;
+        auto off = nn::offload_activations(model, s, o, fwd, &choice);
+        py::object r = py::cast(off);
+        if (off && s.kind == nn::OffloadSpec::Kind::link)
+          r.attr("link_choice") = choice_dict(choice);
+        return r;
       },
       py::arg("model"), py::arg("spec"), py::kw_only(), py::arg("pin_memory") = true,
       py::arg("min_bytes") = 0, py::arg("prefetch") = true, py::arg("every") = 1,
@@ -730,7 +752,30 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
       "any model (type:TYPE, name:GLOB, optionally /K, or check_fn(name, module) -> bool): the "
       "modules' saved activations go to host memory, tagged `offloaded`; returns the offloader "
       "(None for none). \"link\" offloads what the host link carries within the forward: "
-      "forward() (one forward of the step, no arguments) is run once to measure it");
+      "forward() (one forward of the step, no arguments) is run once to measure it; the "
+      "offloader's link_choice says what was chosen (None when nothing fits: "
+      "choose_link_offload says why)");
+  nn_mod.def(
+      "choose_link_offload",
+      [choice_dict](Module& model, py::object forward, std::optional<double> link_bytes_per_second,
+                    double margin) {
+        std::function<void()> fwd = [forward] { forward(); };
+        double forward_seconds = 0;
+        const auto candidates = nn::link_candidates(model, fwd, &forward_seconds);
+        Device device = Device::cpu();
+        for (const Tensor& p : model.parameters()) {
+          device = p.device();
+          break;
+        }
+        return choice_dict(nn::choose_link_offload(
+            candidates, link_bytes_per_second.value_or(ops::host_link_bandwidth(device)),
+            forward_seconds, margin));
+      },
+      py::arg("model"), py::arg("forward"), py::kw_only(),
+      py::arg("link_bytes_per_second") = py::none(), py::arg("margin") = nn::kLinkOffloadMargin,
+      "What offload_activations(model, \"link\", forward=forward) would offload, and why, without "
+      "applying it: forward() is run once (what each module saves, the forward's time); the "
+      "link's speed is the measured one (tensor/host_link.h) unless given");
   // `with tally.autograd.graph.save_on_cpu():` tensors saved inside go to host memory.
   py::module_ graph = m.attr("autograd")
                           .cast<py::module_>()

@@ -108,7 +108,14 @@ def test_offload_link_on_a_python_model_keeps_the_loss():
     want.backward()
     tally.manual_seed(0)
     model = Net()
-    nn.offload_activations(model, "link", forward=lambda: F.cross_entropy(model(x), y))
+    fwd = lambda: F.cross_entropy(model(x), y)
+    # A link as fast as memory takes every block; a link of 1 byte/s takes nothing.
+    wide = nn.choose_link_offload(model, fwd, link_bytes_per_second=1e15)
+    assert wide["modules"] and wide["bytes"] > 0 and "offload link" in wide["summary"], wide
+    assert nn.choose_link_offload(model, fwd, link_bytes_per_second=1.0)["modules"] == []
+    off = nn.offload_activations(model, "link", forward=fwd)
+    if off is not None:  # the CPU's measured "link" (a host copy) is fast: something fits
+        assert off.link_choice["modules"] and off.link_choice["forward_seconds"] > 0
     got = F.cross_entropy(model(x), y)
     got.backward()
     assert got.item() == want.item()
