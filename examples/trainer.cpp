@@ -156,19 +156,7 @@ std::shared_ptr<ActivationOffloader> offload_by_link(nn::Module& m, const nn::Of
 // (optim/cpu_offload.h). Buffers (RoPE tables, batch-norm statistics) stay as they are.
 void keep_16bit_weights(nn::Module& model, optim::Optimizer& opt, std::optional<DType> amp) {
   auto* offload = dynamic_cast<optim::CpuOffload*>(&opt);
-  if (offload == nullptr || amp != DType::bfloat16) return;
-  offload->init_masters();
-  NoGradGuard no_grad;
-  memory::CategoryScope category(memory::Category::parameter);
-  Device device = Device::cpu();
-  for (const Tensor& p : model.parameters())
-    if (p.dtype() == DType::float32) {
-      device = p.device();
-      nn::set_data(p, ops::to(p, DType::bfloat16));
-    }
-  // The float32 weights' segments are free now: given back, or the cache would hold them as
-  // reserved memory that the half-sized gradients split.
-  memory::empty_cache(device);
+  if (offload != nullptr && amp == DType::bfloat16) offload->keep_16bit_weights(model);
 }
 }  // namespace
 

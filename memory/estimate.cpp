@@ -117,6 +117,11 @@ DryRun::DryRun(const EstimateOptions& options)
   // from here (its cache of earlier runs emptied first).
   host_ = behaves_as(device_) == DeviceType::cpu ? device_ : Device::meta(0);
   if (!(host_ == device_)) {
+    {  // the dry runs this one runs inside keep their host peaks before this one resets them
+      std::lock_guard lock(dry_runs_mu);
+      for (auto& [index, outer] : dry_runs())
+        if (outer->host_ == host_ && !(outer->host_ == outer->device_)) outer->keep_host_peak();
+    }
     // The replay's host has the larger of the two, so that a host peak over host_memory is
     // measured whole (and refused after, by host_memory_error) rather than cut short.
     set_meta_host_memory(std::max(host_memory_, host_memory_total()));
@@ -141,6 +146,30 @@ DryRun::DryRun(const EstimateOptions& options)
 DryRun::~DryRun() {
   std::lock_guard lock(dry_runs_mu);
   dry_runs().erase(device_.index);
+  if (host_ == device_) return;
+  // A dry run this one ran inside measures its host's peak from here on (what this one held
+  // is not its own); its peak before this one began was kept (keep_host_peak).
+  for (auto& [index, outer] : dry_runs())
+    if (outer->host_ == host_) {
+      CachingAllocator& h = get_allocator(host_);
+      h.empty_cache();  // this one's cached segments are not the outer run's
+      h.reset_peak_memory_stats();
+      break;
+    }
+}
+
+void DryRun::keep_host_peak() {
+  const DeviceStats h = get_allocator(host_).stats();
+  if (!host_highest_ ||
+      h.allocated_bytes[kAllPools].peak > host_highest_->allocated_bytes[kAllPools].peak) {
+    const int64_t reserved = host_highest_ ? host_highest_->reserved_bytes[kAllPools].peak : 0;
+    host_highest_ = h;
+    host_highest_->reserved_bytes[kAllPools].peak =
+        std::max(reserved, h.reserved_bytes[kAllPools].peak);
+  } else {
+    host_highest_->reserved_bytes[kAllPools].peak =
+        std::max(host_highest_->reserved_bytes[kAllPools].peak, h.reserved_bytes[kAllPools].peak);
+  }
 }
 
 void DryRun::close_phase() {
@@ -203,7 +232,8 @@ Estimate DryRun::finish(const std::string& out_of_memory) {
     e.host_peak_reserved = e.peak_reserved;
     e.host_at_peak = e.at_peak;
   } else {
-    const DeviceStats h = get_allocator(host_).stats();
+    keep_host_peak();
+    const DeviceStats h = *host_highest_;
     e.host_peak_allocated = h.allocated_bytes[kAllPools].peak - host_base_allocated_;
     e.host_peak_reserved = h.reserved_bytes[kAllPools].peak - host_base_reserved_;
     for (size_t c = 0; c < kNumCategories; ++c)

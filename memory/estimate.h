@@ -128,6 +128,10 @@ class DryRun {
   std::vector<PhasePeak> phases_;
   std::optional<DeviceStats> highest_;  // the stats of the phase with the highest peak so far
   void close_phase();
+  // A GPU target's host (meta:0) is shared by every dry run, and a dry run inside this one (a
+  // planner's candidate) resets its peaks: the host's stats at their highest before each reset.
+  std::optional<DeviceStats> host_highest_;
+  void keep_host_peak();
 };
 
 // DryRun::phase for the dry run whose device is `device` (code that has the device, not the

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -12,7 +13,9 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "memory/context.h"
+#include "memory/memory.h"
 #include "memory/meta.h"
+#include "nn/module.h"
 #include "optim/cpu_adam.h"
 #include "tensor/meta/cost.h"
 #include "tensor/ops.h"
@@ -243,6 +246,26 @@ void CpuOffload::init_state(const std::vector<size_t>& indices, bool amsgrad) {
   }
   for (const auto& [type, index] : devices)
     ops::CopyFence::record(Device{static_cast<DeviceType>(type), index}).synchronize();
+}
+
+void CpuOffload::keep_16bit_weights(nn::Module& model, DType dtype) {
+  if (dtype != DType::bfloat16 && dtype != DType::float16)
+    throw std::invalid_argument(
+        fmt::format("CpuOffload::keep_16bit_weights: dtype must be float16 or bfloat16, got {}",
+                    dtype_name(dtype)));
+  init_masters();
+  NoGradGuard no_grad;
+  memory::CategoryScope category(memory::Category::parameter);
+  std::vector<Device> devices;
+  for (const Tensor& p : model.parameters())
+    if (p.dtype() == DType::float32) {
+      if (std::find(devices.begin(), devices.end(), p.device()) == devices.end())
+        devices.push_back(p.device());
+      nn::set_data(p, ops::to(p, dtype));
+    }
+  // The float32 weights' segments are free now: given back, or the cache would hold them as
+  // reserved memory that the half-sized gradients split.
+  for (const Device& d : devices) memory::empty_cache(d);
 }
 
 void CpuOffload::init_masters() {

@@ -31,6 +31,10 @@
 #include "optim/adamw8bit.h"
 #include "tensor/pinned.h"
 
+namespace tally::nn {
+class Module;
+}
+
 namespace tally::optim {
 
 struct CpuOffloadOptions {
@@ -78,6 +82,12 @@ class CpuOffload : public Optimizer {
   // on the device, so that the masters keep the float32 values:
   //   opt.init_masters(); model.to(DType::bfloat16);
   void init_masters();
+  // init_masters(), then every float32 parameter of `model` (trainable or frozen) becomes
+  // `dtype` (float16 or bfloat16) where it lives, in place (nn::set_data: the modules, hooks and
+  // this optimizer keep the same tensors), and the device's cached float32 segments are given
+  // back. The device then holds 16-bit weights and gradients while the float32 masters stay on
+  // the host: train_* --amp bf16 --optimizer adamw:cpu. Parameters of other dtypes are left.
+  void keep_16bit_weights(nn::Module& model, DType dtype = DType::bfloat16);
   // Gradients sent by the hooks, and buckets sent (hooks' and step()'s), since construction.
   int64_t hooked_copies() const { return hooked_copies_; }
   int64_t buckets_sent() const { return buckets_sent_; }

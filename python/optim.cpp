@@ -6,6 +6,7 @@
 
 #include "autograd/autocast.h"
 #include "common.h"
+#include "nn/module.h"
 #include "optim/adam.h"
 #include "optim/adamw8bit.h"
 #include "optim/clip_grad.h"
@@ -279,7 +280,18 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
            py::arg("eps") = 1e-8, py::arg("weight_decay") = 1e-2, py::arg("amsgrad") = false,
            py::arg("maximize") = false, py::arg("adamw8bit") = false, py::arg("block_size") = 256,
            py::arg("min_8bit_size") = 4096, py::arg("overlap_backward") = true,
-           py::arg("bucket_bytes") = int64_t{32} << 20);
+           py::arg("bucket_bytes") = int64_t{32} << 20)
+      .def("init_masters", &optim::CpuOffload::init_masters,
+           "Makes the float32 master weights and moments now, from the parameters as they are")
+      .def(
+          "keep_16bit_weights",
+          [](optim::CpuOffload& o, nn::Module& model, py::object dtype) {
+            o.keep_16bit_weights(model, dtype.is_none() ? DType::bfloat16 : to_dtype(dtype));
+          },
+          py::arg("model"), py::arg("dtype") = py::none(),
+          "init_masters(), then the model's float32 parameters become 16-bit (bfloat16 by "
+          "default) in place: 16-bit weights and gradients on the device, float32 masters on the "
+          "host");
 
   optim_mod.def(
       "clip_grad_norm_",

@@ -18,6 +18,7 @@
 #include "inspect/unpickle.h"
 #include "memory/estimate.h"
 #include "memory/memory.h"
+#include "nn/layers.h"
 #include "nn/models/gpt.h"
 #include "optim/adam.h"
 #include "optim/adamw8bit.h"
@@ -26,6 +27,7 @@
 #include "optim/cpu_offload.h"
 #include "tensor/cpu/threads.h"
 #include "tensor/meta/cost.h"
+#include "tensor/pinned.h"
 #include "testing/mlp.h"
 
 namespace tally {
@@ -454,6 +456,23 @@ TEST(CpuOffload, ADryRunForAGpuKeepsTheStateOnTheHost) {
   EXPECT_GE(e.host_peak_allocated, 3 * 4 * 1024 * 1024);
 }
 
+// A dry run inside another (a planner's candidate inside `--estimate`) shares the host: each
+// counts only its own host peak.
+TEST(CpuOffload, NestedDryRunsEachCountTheirOwnHostPeak) {
+  memory::DryRun outer({.target = "h200"});
+  const Tensor kept = ops::empty_host({int64_t{2} << 20}, DType::float32, outer.device());  // 8 MiB
+  memory::Estimate inner_estimate;
+  {
+    memory::DryRun inner({.target = "h200"});
+    { const Tensor state = ops::empty_host({int64_t{16} << 20}, DType::float32, inner.device()); }
+    inner_estimate = inner.finish();
+  }
+  const memory::Estimate e = outer.finish();
+  EXPECT_EQ(inner_estimate.host_peak_allocated, int64_t{64} << 20);
+  EXPECT_EQ(e.host_peak_allocated, int64_t{8} << 20);  // not 72 MiB
+  EXPECT_LT(e.host_peak_reserved, int64_t{64} << 20);
+}
+
 // AdamW8bit over a bfloat16 model, a dry run for an H200: the host update reads the 16-bit
 // gradients as they are, so the host's peak is the state and the gradients' buffer, with no
 // float32 copy of a bucket's gradients (4 MiB more here).
@@ -563,6 +582,33 @@ TEST(CpuOffload, TheHostCheckRefusesAPlanOverTheHostsMemory) {
   EXPECT_EQ(memory::host_memory_error(100, 200), "");
   EXPECT_NE(memory::host_memory_error(300, 200).find("300 B"), std::string::npos);
   EXPECT_GT(memory::host_memory_total(), size_t{0});
+}
+
+// keep_16bit_weights: the masters keep the float32 values, the module's parameters (the same
+// tensors the optimizer holds, frozen ones included) become bfloat16 in place.
+TEST(CpuOffload, KeepSixteenBitWeightsKeepsFloat32Masters) {
+  manual_seed(6);
+  nn::Linear lin(8, 4);
+  lin.bias.requires_grad_(false);  // frozen: converted, no master
+  const std::vector<double> w0 = ops::to_vector(lin.weight);
+  const std::vector<double> b16 = ops::to_vector(ops::to(lin.bias, DType::bfloat16));
+  optim::CpuOffload opt(std::vector<Tensor>{lin.weight}, optim::AdamOptions{});
+  EXPECT_THROW(
+      {
+        try {
+          opt.keep_16bit_weights(lin, DType::float32);
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("float16 or bfloat16"), std::string::npos);
+          throw;
+        }
+      },
+      std::invalid_argument);
+  opt.keep_16bit_weights(lin);
+  EXPECT_EQ(lin.weight.dtype(), DType::bfloat16);
+  EXPECT_EQ(lin.bias.dtype(), DType::bfloat16);
+  EXPECT_EQ(opt.param_groups()[0].params[0].dtype(), DType::bfloat16);  // the same tensor
+  EXPECT_EQ(ops::to_vector(opt.state(0).tensors.at("master")), w0);
+  EXPECT_EQ(ops::to_vector(lin.bias), b16);
 }
 
 }  // namespace
