@@ -246,16 +246,17 @@ int main(int argc, char** argv) {
 
     // kEstimateSteps steps of a variation of this run and its validation on a dry run's device,
     // the model built without host memory: what the planner and the out-of-memory report predict.
-    auto build = [&](int64_t chunk_bytes = 0, bool fused = false) {
-      nn::BuildOnDevice on(Device::meta());
+    auto build = [&](Device on_device, int64_t chunk_bytes = 0, bool fused = false) {
+      nn::BuildOnDevice on(on_device);
       nn::GPTConfig c = cfg;
       c.fused_classifier = c.fused_classifier || fused;
       if (chunk_bytes > 0) c.fused_classifier_chunk_bytes = chunk_bytes;
       return std::make_shared<nn::GPT>(c);
     };
     const ex::Trainer::DrySteps dry_steps = [&](Device d, const ex::RunShape& shape) {
-      auto m = build(shape.plan.classifier_chunk_bytes, shape.plan.fused_classifier);
-      m->to(d);
+      // As the real run builds it: on the device (a GPU target's host, meta:0, stays the
+      // pinned memory's alone).
+      auto m = build(d, shape.plan.classifier_chunk_bytes, shape.plan.fused_classifier);
       tr.dry_train(
           d, shape.plan, *m, [&](nn::Module& mm) { return ex::make_token_model_optimizer(t, mm); },
           [&] {
@@ -272,9 +273,11 @@ int main(int argc, char** argv) {
     if (cfg.fused_classifier)
       for (const int64_t mib : {256, 64, 16, 4})
         if ((mib << 20) <= cfg.fused_classifier_chunk_bytes) chunks.push_back(mib << 20);
-    const auto chosen = tr.planning()
-                            ? tr.plan(*build(), dry_steps, a.batch, chunks, !cfg.fused_classifier)
-                            : std::nullopt;
+    std::optional<nn::PlanCandidate> chosen;
+    if (tr.planning()) {  // the model's blocks, on a meta device of its own (not a GPU's host)
+      memory::DryRun scratch({.capacity = size_t{1} << 50, .max_history = 0});
+      chosen = tr.plan(*build(scratch.device()), dry_steps, a.batch, chunks, !cfg.fused_classifier);
+    }
     if (chosen && chosen->fused_classifier) cfg.fused_classifier = true;
     if (chosen && chosen->classifier_chunk_bytes > 0)
       cfg.fused_classifier_chunk_bytes = chosen->classifier_chunk_bytes;

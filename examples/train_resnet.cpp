@@ -268,13 +268,12 @@ int main(int argc, char** argv) {
     // kEstimateSteps steps of a variation of this run (this run's optimizer, batches of its
     // image shape) and its evaluation on a dry run's device, the model built without host
     // memory: what the planner and the out-of-memory report predict.
-    auto build = [&] {
-      nn::BuildOnDevice on(Device::meta());
+    auto build = [&](Device on_device) {
+      nn::BuildOnDevice on(on_device);
       return make_model(a, d.classes, d.channels);
     };
     const ex::Trainer::DrySteps dry_steps = [&](Device dd, const ex::RunShape& shape) {
-      auto m = build();
-      m->to(dd);
+      auto m = build(dd);  // on the device: a GPU target's host (meta:0) holds pinned memory only
       if (a.channels_last) m->to(MemoryFormat::channels_last);
       tr.dry_train(
           dd, shape.plan, *m, [&](nn::Module& mm) { return make_optimizer(a, mm); },
@@ -289,7 +288,10 @@ int main(int argc, char** argv) {
           },
           [&](const std::vector<Tensor>& in) { (void)argmax((*m)(in[0]), 1); });
     };
-    if (tr.planning()) tr.plan(*build(), dry_steps, a.batch);
+    if (tr.planning()) {  // the model's blocks, on a meta device of its own (not a GPU's host)
+      memory::DryRun scratch({.capacity = size_t{1} << 50, .max_history = 0});
+      tr.plan(*build(scratch.device()), dry_steps, a.batch);
+    }
 
     return tr.run({{tr.checkpoint, tr.amp, tr.offload}, a.batch}, dry_steps, [&] {
       auto model = make_model(a, d.classes, d.channels);
