@@ -339,6 +339,16 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
       const bool masked = M != kNoMask || k0 + kN > p.S || (p.causal && k0 + kN - 1 > wr0);
 #pragma unroll
       for (int n = 0; n < kN / 8; ++n) {
+        // The mask's terms of columns 2t, 2t + 1 in rows g, g + 8: one load for the pair when
+        // aligned, and rows g + 8 reuse rows g's when the mask does not vary along L (key
+        // padding).
+        float2 bias[2] = {make_float2(0.f, 0.f), make_float2(0.f, 0.f)};
+        if constexpr (M != kNoMask) {
+          const int col = k0 + n * 8 + 2 * t;
+          bias[0] = p.mask.template log2_two<M>(mrow[0], col, p.S, kLog2e);
+          bias[1] =
+              p.mask.sl == 0 ? bias[0] : p.mask.template log2_two<M>(mrow[1], col, p.S, kLog2e);
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float v = s[n][e] * p.scale_log2;
@@ -348,8 +358,7 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
             if (col >= p.S || (p.causal && col > row))
               v = -INFINITY;
             else if constexpr (M != kNoMask)
-              v += p.mask.template log2_at<M>(mrow[e >> 1] + static_cast<int64_t>(col) * p.mask.ss,
-                                              kLog2e);
+              v += (e & 1) ? bias[e >> 1].y : bias[e >> 1].x;
           }
           s[n][e] = v;
         }
@@ -519,9 +528,17 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
     const int bh = bh_of(step);
     const int q0 = qt_of(step) * kN;
     const int64_t row_base = static_cast<int64_t>(bh) * p.L;
-    // The mask's offset of (query q0, key 0) of this slice.
+    // The mask's offset of (query q0, key 0) of this slice. A mask that does not vary along
+    // L (key padding) has one value per key: two loads a lane for the whole tile.
     const int64_t mq0 =
         M != kNoMask ? p.mask.base(bh, p.H) + static_cast<int64_t>(q0) * p.mask.sl : 0;
+    float key_bias[2] = {0.f, 0.f};
+    if constexpr (M != kNoMask) {
+      if (p.mask.sl == 0) {
+        key_bias[0] = p.mask.template log2_at<M>(mq0 + mkey[0], kLog2e);
+        key_bias[1] = p.mask.template log2_at<M>(mq0 + mkey[1], kLog2e);
+      }
+    }
     const T* qb = sQ + buf * kN * ld;
     const T* dob = sdO + buf * kN * ld;
     const float* lse2 = sLse + buf * kN;
@@ -544,8 +561,10 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
           if (key >= p.S || q >= p.L || (p.causal && key > q))
             x = -INFINITY;
           else if constexpr (M != kNoMask)
-            x += p.mask.template log2_at<M>(
-                mq0 + static_cast<int64_t>(qc) * p.mask.sl + mkey[e >> 1], kLog2e);
+            x += p.mask.sl == 0
+                     ? key_bias[e >> 1]
+                     : p.mask.template log2_at<M>(
+                           mq0 + static_cast<int64_t>(qc) * p.mask.sl + mkey[e >> 1], kLog2e);
         }
         s[n][e] = exp2f(x);
       }

@@ -386,6 +386,21 @@ struct BwdArgs {
   bool causal, vec_in, vec_out;
 };
 
+// A backward step's query tile: Q and dO rows q0 .. q0 + QM - 1 of query slice bh into shared
+// memory with their lse (base 2, lse_log2) and D = dO . O (rows past L: zeros).
+template <int D, int QM>
+__device__ __forceinline__ void load_query_tile(float* sQ, float* sdO, float* sLse, float* sDv,
+                                                const BwdArgs& p, int bh, int q0) {
+  const int64_t row_base = static_cast<int64_t>(bh) * p.L;
+  load_tile<D, QM>(sQ, p.q.rows(bh, p.H), p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
+  load_tile<D, QM>(sdO, p.dout.rows(bh, p.H), p.dout.st, p.dout.sd, q0, p.L, p.E, p.vec_in);
+  for (int i = threadIdx.x; i < QM; i += kThreads) {
+    const bool ok = q0 + i < p.L;
+    sLse[i] = ok ? lse_log2(p.lse[row_base + q0 + i]) : 0.f;
+    sDv[i] = ok ? p.dvec[row_base + q0 + i] : 0.f;
+  }
+}
+
 // The backward's query tile: QM rows (64, or 32 to fit three blocks an SM at D = 64).
 template <int D, int QM>
 constexpr size_t bwd_smem_floats() {
@@ -428,20 +443,11 @@ __global__ void __launch_bounds__(kThreads, QM == 32 ? 3 : 0) attention_bwd_fp32
 
   const int qtiles = (p.L + QM - 1) / QM;
   for (int bh = bh0; bh < bh0 + G; ++bh) {  // the key/value head's query heads
-    const float* qrows = p.q.rows(bh, p.H);
-    const float* dorows = p.dout.rows(bh, p.H);
-    const int64_t row_base = static_cast<int64_t>(bh) * p.L;
     const int64_t mbase = p.mask_kind != kNoMask ? p.mask.base(bh, p.H) : 0;
     for (int qt = p.causal ? kt * (kBN / QM) : 0; qt < qtiles; ++qt) {
       const int q0 = qt * QM;
       __syncthreads();  // the previous tile's Q, dO, P^T, dS^T are free
-      load_tile<D, QM>(sQ, qrows, p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
-      load_tile<D, QM>(sdO, dorows, p.dout.st, p.dout.sd, q0, p.L, p.E, p.vec_in);
-      for (int i = threadIdx.x; i < QM; i += kThreads) {
-        const bool ok = q0 + i < p.L;
-        sLse[i] = ok ? lse_log2(p.lse[row_base + q0 + i]) : 0.f;
-        sDv[i] = ok ? p.dvec[row_base + q0 + i] : 0.f;
-      }
+      load_query_tile<D, QM>(sQ, sdO, sLse, sDv, p, bh, q0);
       __syncthreads();
 
       // S^T and dP^T: rows keys ty + 16 i, columns queries tx + 8 j
@@ -739,20 +745,11 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
 
   const int qtiles = (p.L + QM - 1) / QM;
   for (int bh = bh0; bh < bh0 + G; ++bh) {  // the key/value head's query heads
-    const float* qrows = p.q.rows(bh, p.H);
-    const float* dorows = p.dout.rows(bh, p.H);
-    const int64_t row_base = static_cast<int64_t>(bh) * p.L;
     const int64_t mbase = p.mask_kind != kNoMask ? p.mask.base(bh, p.H) : 0;
     for (int qt = p.causal ? kt : 0; qt < qtiles; ++qt) {
       const int q0 = qt * QM;
       __syncthreads();  // the previous tile's Q, dO, dS^T are free
-      load_tile<D, QM>(sQ, qrows, p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
-      load_tile<D, QM>(sdO, dorows, p.dout.st, p.dout.sd, q0, p.L, p.E, p.vec_in);
-      for (int i = threadIdx.x; i < QM; i += kThreads) {
-        const bool ok = q0 + i < p.L;
-        sLse[i] = ok ? lse_log2(p.lse[row_base + q0 + i]) : 0.f;
-        sDv[i] = ok ? p.dvec[row_base + q0 + i] : 0.f;
-      }
+      load_query_tile<D, QM>(sQ, sdO, sLse, sDv, p, bh, q0);
       __syncthreads();
 
       // S^T and dP^T: [j] = queries 8 j .. 8 j + 7 of the tile

@@ -1088,6 +1088,7 @@ TEST_P(AttentionVsCpu, MasksAndGroupedHeadsMatchTheCpu) {
       {1, 2, 2, 100, 70, 64, false, {1, 1, 100, 70}, false},  // [L, S] float bias, L > S
       {2, 2, 2, 90, 150, 64, false, {2, 2, 90, 150}, true},   // [B, H, L, S] with dead rows
       {1, 3, 3, 64, 64, 40, false, {1, 3, 64, 64}, false},    // [B, H, L, S] float, E 40
+      {2, 2, 2, 70, 99, 64, false, {2, 1, 70, 99}, false},    // S odd: one load a column
       {1, 8, 2, 200, 200, 64, true, {}, false},               // GQA G = 4 causal
       {2, 8, 2, 96, 140, 64, false, {}, false},               // GQA G = 4
       {1, 8, 2, 120, 120, 128, true, {}, false},              // GQA G = 4 causal, E 128
