@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -421,6 +422,62 @@ int main(int argc, char** argv) {
                      4 * (ns + 2 * ns) + 4 * (2 * ns + ns), 2 * 3 * 2 * ns, [=] {
                        seq.set_grad(Tensor());
                        F::interpolate(seq, std::nullopt, V{2.0}, "linear", false).backward(gs);
+                     }});
+  }
+  // --- what the attention rows above choose between (issue 50), no PyTorch counterpart:
+  // compare with sdpa_gqa_causal* and sdpa_mask*. Grouped-query attention with the key/value
+  // heads repeated by hand (then cuDNN's route, the path before the native one), and
+  // MultiheadAttention's key padding as it passes it: a bfloat16 float mask (0 / -inf).
+  {
+    const Tensor q = rnd({8, 32, 2048, 64}, DType::bfloat16),
+                 k = rnd({8, 8, 2048, 64}, DType::bfloat16),
+                 v = rnd({8, 8, 2048, 64}, DType::bfloat16);
+    const auto rep = [](const Tensor& t) {
+      return t.unsqueeze(2).expand({8, 8, 4, 2048, 64}).reshape({8, 32, 2048, 64});
+    };
+    const double flops = 4.0 * 8 * 32 * 2048 * 2048 * 64 / 2;
+    const double bytes = 2.0 * (2 * q.numel() + 2 * k.numel());
+    cases.push_back({"sdpa_gqa_causal_repeat", "[8,32|8,2048,64]", "bfloat16", bytes, flops, [=] {
+                       (void)scaled_dot_product_attention(q, rep(k), rep(v), {}, 0.0, true);
+                     }});
+    Tensor qg = ops::clone(q), kg = ops::clone(k), vg = ops::clone(v);
+    qg.requires_grad_();
+    kg.requires_grad_();
+    vg.requires_grad_();
+    const Tensor g = rnd({8, 32, 2048, 64}, DType::bfloat16);
+    cases.push_back(
+        {"sdpa_gqa_causal_repeat_fwd_bwd", "[8,32|8,2048,64]", "bfloat16",
+         2.0 * (5 * q.numel() + 4 * k.numel()), 3.5 * flops, [=] {
+           qg.set_grad(Tensor());
+           kg.set_grad(Tensor());
+           vg.set_grad(Tensor());
+           scaled_dot_product_attention(qg, rep(kg), rep(vg), {}, 0.0, true).backward(g);
+         }});
+  }
+  {
+    const Tensor q = rnd({16, 12, 1024, 64}, DType::bfloat16),
+                 k = rnd({16, 12, 1024, 64}, DType::bfloat16),
+                 v = rnd({16, 12, 1024, 64}, DType::bfloat16);
+    const Tensor keep =
+        ge(rnd({16, 1, 1, 1024}, DType::float32), ops::zeros({}, DType::float32, kGpu));
+    const Tensor mask = ops::masked_fill(ops::zeros({16, 1, 1, 1024}, DType::bfloat16, kGpu),
+                                         ops::binary_scalar(ops::BinaryOp::eq, keep, 0.0),
+                                         -std::numeric_limits<double>::infinity());
+    const double flops = 4.0 * 16 * 12 * 1024 * 1024 * 64;
+    cases.push_back({"sdpa_mask_float", "[16,12,1024,64] bf16[16,1,1,1024]", "bfloat16",
+                     2.0 * 4 * q.numel() + 2.0 * 16 * 1024, flops,
+                     [=] { (void)scaled_dot_product_attention(q, k, v, mask); }});
+    Tensor qg = ops::clone(q), kg = ops::clone(k), vg = ops::clone(v);
+    qg.requires_grad_();
+    kg.requires_grad_();
+    vg.requires_grad_();
+    const Tensor g = rnd({16, 12, 1024, 64}, DType::bfloat16);
+    cases.push_back({"sdpa_mask_float_fwd_bwd", "[16,12,1024,64] bf16[16,1,1,1024]", "bfloat16",
+                     2.0 * 10 * q.numel(), 3.5 * flops, [=] {
+                       qg.set_grad(Tensor());
+                       kg.set_grad(Tensor());
+                       vg.set_grad(Tensor());
+                       scaled_dot_product_attention(qg, kg, vg, mask).backward(g);
                      }});
   }
   for (const Case& c : cases) {
