@@ -1,8 +1,8 @@
 // scaled_dot_product_attention, PyTorch's semantics. This is the plain path: it builds the
 // L x S score matrix and keeps the softmax for backward (that matrix is the attention
-// activation memory). On CUDA, float16/bfloat16 attention without mask or dropout takes the
-// fused, memory-efficient path (flash_attention) that keeps only the output and the
-// log-sum-exp.
+// activation memory). On CUDA, float16/bfloat16/float32 attention without dropout (with or
+// without a mask, grouped-query heads read in place) takes the fused, memory-efficient path
+// (flash_attention) that keeps only the output and the log-sum-exp.
 #pragma once
 
 #include <optional>
