@@ -429,56 +429,46 @@ int main(int argc, char** argv) {
   // heads repeated by hand (then cuDNN's route, the path before the native one), and
   // MultiheadAttention's key padding as it passes it: a bfloat16 float mask (0 / -inf).
   {
+    using Attn = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
+    // The forward row of attn(q, k, v) and its forward + backward row (on leaf copies).
+    const auto rows = [&](const std::string& name, const std::string& shape, const Tensor& q,
+                          const Tensor& k, const Tensor& v, double bytes, double bwd_bytes,
+                          double flops, const Attn& attn) {
+      cases.push_back({name, shape, "bfloat16", bytes, flops, [=] { (void)attn(q, k, v); }});
+      Tensor qg = ops::clone(q), kg = ops::clone(k), vg = ops::clone(v);
+      for (Tensor* t : {&qg, &kg, &vg}) t->requires_grad_();
+      const Tensor g = rnd(q.sizes(), DType::bfloat16);
+      cases.push_back({name + "_fwd_bwd", shape, "bfloat16", bwd_bytes, 3.5 * flops, [=] {
+                         for (const Tensor* t : {&qg, &kg, &vg}) t->set_grad(Tensor());
+                         attn(qg, kg, vg).backward(g);
+                       }});
+    };
     const Tensor q = rnd({8, 32, 2048, 64}, DType::bfloat16),
                  k = rnd({8, 8, 2048, 64}, DType::bfloat16),
                  v = rnd({8, 8, 2048, 64}, DType::bfloat16);
-    const auto rep = [](const Tensor& t) {
-      return t.unsqueeze(2).expand({8, 8, 4, 2048, 64}).reshape({8, 32, 2048, 64});
-    };
-    const double flops = 4.0 * 8 * 32 * 2048 * 2048 * 64 / 2;
-    const double bytes = 2.0 * (2 * q.numel() + 2 * k.numel());
-    cases.push_back({"sdpa_gqa_causal_repeat", "[8,32|8,2048,64]", "bfloat16", bytes, flops, [=] {
-                       (void)scaled_dot_product_attention(q, rep(k), rep(v), {}, 0.0, true);
-                     }});
-    Tensor qg = ops::clone(q), kg = ops::clone(k), vg = ops::clone(v);
-    qg.requires_grad_();
-    kg.requires_grad_();
-    vg.requires_grad_();
-    const Tensor g = rnd({8, 32, 2048, 64}, DType::bfloat16);
-    cases.push_back(
-        {"sdpa_gqa_causal_repeat_fwd_bwd", "[8,32|8,2048,64]", "bfloat16",
-         2.0 * (5 * q.numel() + 4 * k.numel()), 3.5 * flops, [=] {
-           qg.set_grad(Tensor());
-           kg.set_grad(Tensor());
-           vg.set_grad(Tensor());
-           scaled_dot_product_attention(qg, rep(kg), rep(vg), {}, 0.0, true).backward(g);
-         }});
-  }
-  {
-    const Tensor q = rnd({16, 12, 1024, 64}, DType::bfloat16),
-                 k = rnd({16, 12, 1024, 64}, DType::bfloat16),
-                 v = rnd({16, 12, 1024, 64}, DType::bfloat16);
+    rows("sdpa_gqa_causal_repeat", "[8,32|8,2048,64]", q, k, v,
+         2.0 * (2 * q.numel() + 2 * k.numel()), 2.0 * (5 * q.numel() + 4 * k.numel()),
+         4.0 * 8 * 32 * 2048 * 2048 * 64 / 2,
+         [](const Tensor& a, const Tensor& b, const Tensor& c) {
+           const auto rep = [](const Tensor& t) {
+             return t.unsqueeze(2).expand({8, 8, 4, 2048, 64}).reshape({8, 32, 2048, 64});
+           };
+           return scaled_dot_product_attention(a, rep(b), rep(c), {}, 0.0, true);
+         });
+    const Tensor q2 = rnd({16, 12, 1024, 64}, DType::bfloat16),
+                 k2 = rnd({16, 12, 1024, 64}, DType::bfloat16),
+                 v2 = rnd({16, 12, 1024, 64}, DType::bfloat16);
     const Tensor keep =
         ge(rnd({16, 1, 1, 1024}, DType::float32), ops::zeros({}, DType::float32, kGpu));
     const Tensor mask = ops::masked_fill(ops::zeros({16, 1, 1, 1024}, DType::bfloat16, kGpu),
                                          ops::binary_scalar(ops::BinaryOp::eq, keep, 0.0),
                                          -std::numeric_limits<double>::infinity());
-    const double flops = 4.0 * 16 * 12 * 1024 * 1024 * 64;
-    cases.push_back({"sdpa_mask_float", "[16,12,1024,64] bf16[16,1,1,1024]", "bfloat16",
-                     2.0 * 4 * q.numel() + 2.0 * 16 * 1024, flops,
-                     [=] { (void)scaled_dot_product_attention(q, k, v, mask); }});
-    Tensor qg = ops::clone(q), kg = ops::clone(k), vg = ops::clone(v);
-    qg.requires_grad_();
-    kg.requires_grad_();
-    vg.requires_grad_();
-    const Tensor g = rnd({16, 12, 1024, 64}, DType::bfloat16);
-    cases.push_back({"sdpa_mask_float_fwd_bwd", "[16,12,1024,64] bf16[16,1,1,1024]", "bfloat16",
-                     2.0 * 10 * q.numel(), 3.5 * flops, [=] {
-                       qg.set_grad(Tensor());
-                       kg.set_grad(Tensor());
-                       vg.set_grad(Tensor());
-                       scaled_dot_product_attention(qg, kg, vg, mask).backward(g);
-                     }});
+    rows("sdpa_mask_float", "[16,12,1024,64] bf16[16,1,1,1024]", q2, k2, v2,
+         2.0 * 4 * q2.numel() + 2.0 * 16 * 1024, 2.0 * 10 * q2.numel(),
+         4.0 * 16 * 12 * 1024 * 1024 * 64,
+         [mask](const Tensor& a, const Tensor& b, const Tensor& c) {
+           return scaled_dot_product_attention(a, b, c, mask);
+         });
   }
   for (const Case& c : cases) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
