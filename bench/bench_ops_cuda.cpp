@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -422,6 +423,52 @@ int main(int argc, char** argv) {
                        seq.set_grad(Tensor());
                        F::interpolate(seq, std::nullopt, V{2.0}, "linear", false).backward(gs);
                      }});
+  }
+  // --- what the attention rows above choose between (issue 50), no PyTorch counterpart:
+  // compare with sdpa_gqa_causal* and sdpa_mask*. Grouped-query attention with the key/value
+  // heads repeated by hand (then cuDNN's route, the path before the native one), and
+  // MultiheadAttention's key padding as it passes it: a bfloat16 float mask (0 / -inf).
+  {
+    using Attn = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
+    // The forward row of attn(q, k, v) and its forward + backward row (on leaf copies).
+    const auto rows = [&](const std::string& name, const std::string& shape, const Tensor& q,
+                          const Tensor& k, const Tensor& v, double bytes, double bwd_bytes,
+                          double flops, const Attn& attn) {
+      cases.push_back({name, shape, "bfloat16", bytes, flops, [=] { (void)attn(q, k, v); }});
+      Tensor qg = ops::clone(q), kg = ops::clone(k), vg = ops::clone(v);
+      for (Tensor* t : {&qg, &kg, &vg}) t->requires_grad_();
+      const Tensor g = rnd(q.sizes(), DType::bfloat16);
+      cases.push_back({name + "_fwd_bwd", shape, "bfloat16", bwd_bytes, 3.5 * flops, [=] {
+                         for (const Tensor* t : {&qg, &kg, &vg}) t->set_grad(Tensor());
+                         attn(qg, kg, vg).backward(g);
+                       }});
+    };
+    const Tensor q = rnd({8, 32, 2048, 64}, DType::bfloat16),
+                 k = rnd({8, 8, 2048, 64}, DType::bfloat16),
+                 v = rnd({8, 8, 2048, 64}, DType::bfloat16);
+    rows("sdpa_gqa_causal_repeat", "[8,32|8,2048,64]", q, k, v,
+         2.0 * (2 * q.numel() + 2 * k.numel()), 2.0 * (5 * q.numel() + 4 * k.numel()),
+         4.0 * 8 * 32 * 2048 * 2048 * 64 / 2,
+         [](const Tensor& a, const Tensor& b, const Tensor& c) {
+           const auto rep = [](const Tensor& t) {
+             return t.unsqueeze(2).expand({8, 8, 4, 2048, 64}).reshape({8, 32, 2048, 64});
+           };
+           return scaled_dot_product_attention(a, rep(b), rep(c), {}, 0.0, true);
+         });
+    const Tensor q2 = rnd({16, 12, 1024, 64}, DType::bfloat16),
+                 k2 = rnd({16, 12, 1024, 64}, DType::bfloat16),
+                 v2 = rnd({16, 12, 1024, 64}, DType::bfloat16);
+    const Tensor keep =
+        ge(rnd({16, 1, 1, 1024}, DType::float32), ops::zeros({}, DType::float32, kGpu));
+    const Tensor mask = ops::masked_fill(ops::zeros({16, 1, 1, 1024}, DType::bfloat16, kGpu),
+                                         ops::binary_scalar(ops::BinaryOp::eq, keep, 0.0),
+                                         -std::numeric_limits<double>::infinity());
+    rows("sdpa_mask_float", "[16,12,1024,64] bf16[16,1,1,1024]", q2, k2, v2,
+         2.0 * 4 * q2.numel() + 2.0 * 16 * 1024, 2.0 * 10 * q2.numel(),
+         4.0 * 16 * 12 * 1024 * 1024 * 64,
+         [mask](const Tensor& a, const Tensor& b, const Tensor& c) {
+           return scaled_dot_product_attention(a, b, c, mask);
+         });
   }
   for (const Case& c : cases) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "autograd/autocast.h"
+#include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "memory/context.h"
 #include "memory/meta.h"
@@ -52,6 +53,21 @@ void check_mask(const Tensor& mask, const Shape& weights, const Tensor& q, const
         mask.shape_string(), shape_str(weights), q.shape_string(), k.shape_string()));
 }
 
+// Whether the fused kernel (flash_attention) takes this call rather than the composite: on
+// CUDA, without dropout (dropout_p > 0 keeps the composite), float16/bfloat16/float32, a mask
+// that needs no gradient (a float mask that requires grad keeps the composite, whose add
+// differentiates it), and shapes the kernel takes (ops::flash_attention_supported: k and v
+// with q's heads, or fewer dividing them, read in place as grouped-query heads; one key/value
+// head broadcast to all query heads is the same map).
+bool fast_path_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                       double dropout_p) {
+  if (memory::behaves_as(q.device()) != DeviceType::cuda || dropout_p != 0.0) return false;
+  if (q.dtype() != DType::bfloat16 && q.dtype() != DType::float16 && q.dtype() != DType::float32)
+    return false;
+  if (attn_mask.defined() && attn_mask.requires_grad() && GradMode::is_enabled()) return false;
+  return ops::flash_attention_supported(q, k, v, attn_mask);
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -83,22 +99,25 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     throw std::invalid_argument(fmt::format(
         "scaled_dot_product_attention: dropout_p must be in [0, 1], got {}", dropout_p));
   // Grouped-query attention: each key/value head serves q.size(-3) / k.size(-3) query heads.
-  Tensor key = k, value = v;
-  if (enable_gqa && q.dim() >= 3 && k.dim() >= 3 && v.dim() >= 3) {
+  // The fused kernel reads the shared heads in place; the composite repeats them.
+  const bool gqa = enable_gqa && q.dim() >= 3 && k.dim() >= 3 && v.dim() >= 3;
+  if (gqa) {
     const int64_t hq = q.size(-3), hk = k.size(-3), hv = v.size(-3);
     if (hk <= 0 || hv <= 0 || hq % hk != 0 || hq % hv != 0)
       throw std::invalid_argument(fmt::format(
           "scaled_dot_product_attention: enable_gqa needs the query heads ({}) to be a multiple "
           "of the key heads ({}) and the value heads ({}) (dim -3 of q {}, k {}, v {})",
           hq, hk, hv, q.shape_string(), k.shape_string(), v.shape_string()));
-    key = repeat_heads(k, hq / hk);
-    value = repeat_heads(v, hq / hv);
   }
+  const auto repeated = [&](const Tensor& t) {
+    return gqa ? repeat_heads(t, q.size(-3) / t.size(-3)) : t;
+  };
   Shape weights;  // the attention weights' shape: the batch dims broadcast, then [L, S]
   try {
     const auto lead = [](const Tensor& t) { return Shape(t.sizes().begin(), t.sizes().end() - 2); };
-    weights = ops::broadcast_shapes(ops::broadcast_shapes(lead(q), lead(key), "sdpa"), lead(value),
-                                    "sdpa");
+    Shape lk = lead(k), lv = lead(v);
+    if (gqa) lk[lk.size() - 1] = lv[lv.size() - 1] = q.size(-3);
+    weights = ops::broadcast_shapes(ops::broadcast_shapes(lead(q), lk, "sdpa"), lv, "sdpa");
   } catch (const std::invalid_argument&) {
     throw std::invalid_argument(fmt::format(
         "scaled_dot_product_attention: the batch dims of q {}, k {}, v {} do not broadcast{}",
@@ -109,12 +128,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   weights.push_back(S);
   if (attn_mask.defined()) check_mask(attn_mask, weights, q, k);
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
-  if (memory::behaves_as(q.device()) == DeviceType::cuda && !attn_mask.defined() &&
-      dropout_p == 0.0 &&
-      (q.dtype() == DType::bfloat16 || q.dtype() == DType::float16 ||
-       q.dtype() == DType::float32) &&
-      ops::flash_attention_supported(q, key, value))
-    return flash_attention(q, key, value, is_causal, s);
+  if (fast_path_applies(q, k, v, attn_mask, dropout_p))
+    return flash_attention(q, k, v, is_causal, s, attn_mask);
+  const Tensor key = repeated(k), value = repeated(v);  // e.g. key and value head counts differ
+  if (gqa && fast_path_applies(q, key, value, attn_mask, dropout_p))
+    return flash_attention(q, key, value, is_causal, s, attn_mask);
   Tensor scores = mul(matmul(q, key.transpose(-2, -1)), s);
   const double ninf = -std::numeric_limits<double>::infinity();
   if (is_causal) {
@@ -147,16 +165,20 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
-                       std::optional<double> scale, CallSite site) {
+                       std::optional<double> scale, const Tensor& attn_mask, CallSite site) {
   memory::CallSiteScope call_site(site);
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  ops::FlashAttentionOutput r = ops::flash_attention_forward(q, k, v, is_causal, s);
+  ops::FlashAttentionOutput r = ops::flash_attention_forward(q, k, v, is_causal, s, attn_mask);
+  // The mask is saved (no gradient) only when there is one.
+  TensorList saved{q, k, v, r.out, r.lse};
+  const bool masked = attn_mask.defined();
+  if (masked) saved.push_back(attn_mask.detach());
   autograd::record(
-      "FlashAttentionBackward", {q, k, v}, {r.out}, {q, k, v, r.out, r.lse},
-      [is_causal, s](autograd::BackwardContext& ctx, const TensorList& g) -> TensorList {
-        ops::FlashAttentionGrads d =
-            ops::flash_attention_backward(g[0], ctx.saved(0), ctx.saved(1), ctx.saved(2),
-                                          ctx.saved(3), ctx.saved(4), is_causal, s);
+      "FlashAttentionBackward", {q, k, v}, {r.out}, saved,
+      [is_causal, s, masked](autograd::BackwardContext& ctx, const TensorList& g) -> TensorList {
+        ops::FlashAttentionGrads d = ops::flash_attention_backward(
+            g[0], ctx.saved(0), ctx.saved(1), ctx.saved(2), ctx.saved(3), ctx.saved(4), is_causal,
+            s, masked ? ctx.saved(5) : Tensor());
         return {d.dq, d.dk, d.dv};
       });
   return r.out;

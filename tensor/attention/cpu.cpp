@@ -1,7 +1,9 @@
 // CPU reference of the fused attention op: per (batch, head, query row) the scores against
 // every allowed key, the max-shifted softmax with its log-sum-exp, and the weighted sum of
 // values; the backward recomputes the probabilities from the log-sum-exp, as the CUDA
-// kernel does. Everything accumulates in double.
+// kernel does. Everything accumulates in double. An optional mask (bool, or a float bias in
+// lse's dtype, [B, H, L, S] with broadcast strides) joins the scores; grouped-query heads
+// read key/value head h / G, and the backward sums dk, dv over a group's query heads.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -46,10 +48,37 @@ inline int64_t keys_for(int64_t i, int64_t S, bool causal) {
   return causal ? std::min(S, i + 1) : S;
 }
 
+// The mask's term of score (b, h, i, j): 0 without a mask, -inf where a bool mask is false,
+// else the float bias.
+struct Bias {
+  const void* p = nullptr;
+  DType dtype = DType::bool_;
+  int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  explicit Bias(const Tensor& m) {
+    if (!m.defined()) return;
+    p = static_cast<const char*>(m.storage().data()) +
+        m.storage_offset() * static_cast<int64_t>(dtype_size(m.dtype()));
+    dtype = m.dtype();
+    s0 = m.strides()[0];
+    s1 = m.strides()[1];
+    s2 = m.strides()[2];
+    s3 = m.strides()[3];
+  }
+  double at(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (!p) return 0.0;
+    const int64_t o = b * s0 + h * s1 + i * s2 + j * s3;
+    if (dtype == DType::bool_)
+      return static_cast<const bool*>(p)[o] ? 0.0 : -std::numeric_limits<double>::infinity();
+    if (dtype == DType::float64) return static_cast<const double*>(p)[o];
+    return static_cast<const float*>(p)[o];
+  }
+};
+
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, bool causal, double scale) {
+                             const Tensor& v, bool causal, double scale, const Tensor& mask) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3);
-  const int64_t S = k.size(2), Ev = v.size(3);
+  const int64_t S = k.size(2), Ev = v.size(3), G = H / k.size(1);
+  const Bias bias(mask);
   TALLY_DISPATCH_FLOAT(q.dtype(), "flash_attention_forward", [&] {
     using T = scalar_t;
     const View4<const T> Q(q), K(k), V(v);
@@ -58,25 +87,27 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < L; ++i) {
-          const int64_t n = keys_for(i, S, causal);
+          const int64_t n = keys_for(i, S, causal), hk = h / G;
           double m = -std::numeric_limits<double>::infinity();
           for (int64_t j = 0; j < n; ++j) {
             double dot = 0;
-            for (int64_t d = 0; d < E; ++d) dot += rd(Q.at(b, h, i, d)) * rd(K.at(b, h, j, d));
-            s[static_cast<size_t>(j)] = dot * scale;
+            for (int64_t d = 0; d < E; ++d) dot += rd(Q.at(b, h, i, d)) * rd(K.at(b, hk, j, d));
+            s[static_cast<size_t>(j)] = dot * scale + bias.at(b, h, i, j);
             m = std::max(m, s[static_cast<size_t>(j)]);
           }
+          // A row without any allowed key (m == -inf): out 0, lse -inf.
+          const bool live = m > -std::numeric_limits<double>::infinity();
           double l = 0;
           std::fill(acc.begin(), acc.end(), 0.0);
-          for (int64_t j = 0; j < n; ++j) {
+          for (int64_t j = 0; live && j < n; ++j) {
             const double p = std::exp(s[static_cast<size_t>(j)] - m);
             l += p;
             for (int64_t d = 0; d < Ev; ++d)
-              acc[static_cast<size_t>(d)] += p * rd(V.at(b, h, j, d));
+              acc[static_cast<size_t>(d)] += p * rd(V.at(b, hk, j, d));
           }
           for (int64_t d = 0; d < Ev; ++d)
-            O.at(b, h, i, d) = wr<T>(n > 0 ? acc[static_cast<size_t>(d)] / l : 0.0);
-          const double lv = n > 0 ? m + std::log(l) : -std::numeric_limits<double>::infinity();
+            O.at(b, h, i, d) = wr<T>(live ? acc[static_cast<size_t>(d)] / l : 0.0);
+          const double lv = live ? m + std::log(l) : -std::numeric_limits<double>::infinity();
           const int64_t li = (b * H + h) * L + i;
           if (lse.dtype() == DType::float64)
             static_cast<double*>(lse.data_ptr())[li] = lv;
@@ -88,54 +119,60 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 
 void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse, bool causal, double scale) {
+                              const Tensor& out, const Tensor& lse, bool causal, double scale,
+                              const Tensor& mask) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3);
-  const int64_t S = k.size(2), Ev = v.size(3);
+  const int64_t Hk = k.size(1), S = k.size(2), Ev = v.size(3), G = H / Hk;
+  const Bias bias(mask);
   TALLY_DISPATCH_FLOAT(q.dtype(), "flash_attention_backward", [&] {
     using T = scalar_t;
     const View4<const T> Q(q), K(k), V(v), O(out), dO(dout);
     const View4<T> dQ(dq), dK(dk), dV(dv);
-    // Accumulate in double per (b, h), then round once.
+    // Accumulate in double per (b, key/value head) over its G query heads, then round once.
     std::vector<double> gq(static_cast<size_t>(L * E)), gk(static_cast<size_t>(S * E)),
         gv(static_cast<size_t>(S * Ev));
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) {
-        std::fill(gq.begin(), gq.end(), 0.0);
+      for (int64_t hk = 0; hk < Hk; ++hk) {
         std::fill(gk.begin(), gk.end(), 0.0);
         std::fill(gv.begin(), gv.end(), 0.0);
-        for (int64_t i = 0; i < L; ++i) {
-          const int64_t li = (b * H + h) * L + i;
-          const double lv = lse.dtype() == DType::float64
-                                ? static_cast<const double*>(lse.data_ptr())[li]
-                                : static_cast<const float*>(lse.data_ptr())[li];
-          double Di = 0;  // rowsum(dO * O)
-          for (int64_t d = 0; d < Ev; ++d) Di += rd(dO.at(b, h, i, d)) * rd(O.at(b, h, i, d));
-          const int64_t n = keys_for(i, S, causal);
-          for (int64_t j = 0; j < n; ++j) {
-            double dot = 0;
-            for (int64_t d = 0; d < E; ++d) dot += rd(Q.at(b, h, i, d)) * rd(K.at(b, h, j, d));
-            const double p = std::exp(dot * scale - lv);
-            double dp = 0;
-            for (int64_t d = 0; d < Ev; ++d) {
-              const double g = rd(dO.at(b, h, i, d));
-              gv[static_cast<size_t>(j * Ev + d)] += p * g;
-              dp += g * rd(V.at(b, h, j, d));
-            }
-            const double ds = p * (dp - Di) * scale;
-            for (int64_t d = 0; d < E; ++d) {
-              gq[static_cast<size_t>(i * E + d)] += ds * rd(K.at(b, h, j, d));
-              gk[static_cast<size_t>(j * E + d)] += ds * rd(Q.at(b, h, i, d));
+        for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+          std::fill(gq.begin(), gq.end(), 0.0);
+          for (int64_t i = 0; i < L; ++i) {
+            const int64_t li = (b * H + h) * L + i;
+            const double lv = lse.dtype() == DType::float64
+                                  ? static_cast<const double*>(lse.data_ptr())[li]
+                                  : static_cast<const float*>(lse.data_ptr())[li];
+            // A row without any allowed key has no gradient (and exp(s - lse) would be NaN).
+            if (lv == -std::numeric_limits<double>::infinity()) continue;
+            double Di = 0;  // rowsum(dO * O)
+            for (int64_t d = 0; d < Ev; ++d) Di += rd(dO.at(b, h, i, d)) * rd(O.at(b, h, i, d));
+            const int64_t n = keys_for(i, S, causal);
+            for (int64_t j = 0; j < n; ++j) {
+              double dot = 0;
+              for (int64_t d = 0; d < E; ++d) dot += rd(Q.at(b, h, i, d)) * rd(K.at(b, hk, j, d));
+              const double p = std::exp(dot * scale + bias.at(b, h, i, j) - lv);
+              double dp = 0;
+              for (int64_t d = 0; d < Ev; ++d) {
+                const double g = rd(dO.at(b, h, i, d));
+                gv[static_cast<size_t>(j * Ev + d)] += p * g;
+                dp += g * rd(V.at(b, hk, j, d));
+              }
+              const double ds = p * (dp - Di) * scale;
+              for (int64_t d = 0; d < E; ++d) {
+                gq[static_cast<size_t>(i * E + d)] += ds * rd(K.at(b, hk, j, d));
+                gk[static_cast<size_t>(j * E + d)] += ds * rd(Q.at(b, h, i, d));
+              }
             }
           }
+          for (int64_t i = 0; i < L; ++i)
+            for (int64_t d = 0; d < E; ++d)
+              dQ.at(b, h, i, d) = wr<T>(gq[static_cast<size_t>(i * E + d)]);
         }
-        for (int64_t i = 0; i < L; ++i)
-          for (int64_t d = 0; d < E; ++d)
-            dQ.at(b, h, i, d) = wr<T>(gq[static_cast<size_t>(i * E + d)]);
         for (int64_t j = 0; j < S; ++j) {
           for (int64_t d = 0; d < E; ++d)
-            dK.at(b, h, j, d) = wr<T>(gk[static_cast<size_t>(j * E + d)]);
+            dK.at(b, hk, j, d) = wr<T>(gk[static_cast<size_t>(j * E + d)]);
           for (int64_t d = 0; d < Ev; ++d)
-            dV.at(b, h, j, d) = wr<T>(gv[static_cast<size_t>(j * Ev + d)]);
+            dV.at(b, hk, j, d) = wr<T>(gv[static_cast<size_t>(j * Ev + d)]);
         }
       }
   });

@@ -8,6 +8,9 @@
 // float32 buffer, converted at the end. No L x S matrix exists anywhere.
 // Inputs and outputs are [B, H, T, E] with any b/h/t strides (last dim dense): GPT's heads are
 // read from and written to [B, T, H, E] memory in place (see tensor/attention/ops.cpp).
+// Masks (bool or float32 bias, read through their broadcast strides) and grouped-query heads
+// (k, v with H / G heads; the backward's key block loops over the G query heads) run here,
+// never on the cuDNN route.
 // The launchers try cuDNN's route first (tensor/attention/cuda_cudnn.cpp) and hand float32 to
 // tensor/attention/cuda_fp32.cu; the file ends with the family's CUDA table,
 // cuda::attention_kernels (tensor/attention/kernels.h).
@@ -50,23 +53,25 @@ OutOperand<T> out_operand(const Tensor& t) {
 
 template <typename T>
 struct FwdParams {
-  Operand<T> q, k, v;
-  OutOperand<T> o;  // [B, H, L, E]
-  float* lse;       // [B, H, L] contiguous
-  int H, L, S, E;
+  Operand<T> q, k, v;  // k, v [B, Hk, S, E]: query head h reads key/value head h / (H / Hk)
+  OutOperand<T> o;     // [B, H, L, E]
+  float* lse;          // [B, H, L] contiguous
+  MaskRows mask;       // [B, H, L, S] (kernel template M says which kind)
+  int H, Hk, L, S, E;
   float scale_log2;
   bool causal;
 };
 
 template <typename T>
 struct BwdParams {
-  Operand<T> q, k, v, dout;
-  const float* lse;   // [B, H, L]
-  const float* dvec;  // [B, H, L]
-  float* dq_acc;      // [B, H, L, E] float contiguous, zeroed
-  OutOperand<T> dk;   // [B, H, S, E]
+  Operand<T> q, k, v, dout;  // k, v [B, Hk, S, E]
+  const float* lse;          // [B, H, L]
+  const float* dvec;         // [B, H, L]
+  float* dq_acc;             // [B, H, L, E] float contiguous, zeroed
+  OutOperand<T> dk;          // [B, Hk, S, E]
   OutOperand<T> dv;
-  int H, L, S, E;
+  MaskRows mask;  // [B, H, L, S]
+  int H, Hk, L, S, E;
   float scale, scale_log2;
   bool causal;
 };
@@ -269,7 +274,10 @@ __device__ __forceinline__ void mma_rows(float (&acc)[Cols / 8][4], const uint32
   }
 }
 
-template <typename T, int D>
+// M: the mask's kind (kNoMask, kBoolMask, kBiasMask; cuda_rows.cuh): a masked kernel masks
+// every tile, adding the mask's base-2 bias to the scaled scores before the online softmax; a
+// row whose keys are all masked keeps m = -inf and l = 0: out 0, lse -inf.
+template <typename T, int D, int M>
 __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdParams<T> p) {
   constexpr int ld = D + kPad;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -284,8 +292,17 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
   const int q0 = qt * kFwdM;
   const int wr0 = q0 + warp * 16;  // the warp's first query row
   const T* qrows = p.q.rows(bh, p.H);
-  const T* krows = p.k.rows(bh, p.H);
-  const T* vrows = p.v.rows(bh, p.H);
+  const int bkv = kv_slice(bh, p.H, p.Hk);
+  const T* krows = p.k.rows(bkv, p.Hk);
+  const T* vrows = p.v.rows(bkv, p.Hk);
+  // The mask's offsets of this lane's rows g and g + 8 (clamped to L - 1: never read past).
+  int64_t mrow[2] = {0, 0};
+  if constexpr (M != kNoMask) {
+    const int64_t mbase = p.mask.base(bh, p.H);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      mrow[r] = mbase + static_cast<int64_t>(min(wr0 + g + 8 * r, p.L - 1)) * p.mask.sl;
+  }
 
   int ntiles = (p.S + kN - 1) / kN;
   if (p.causal) ntiles = min(ntiles, (min(q0 + kFwdM, p.L) - 1) / kN + 1);
@@ -319,16 +336,29 @@ __global__ void __launch_bounds__(kFwdThreads, D <= 64 ? 2 : 1) fwd_kernel(FwdPa
       // Q fragments re-read from shared memory each k-step: fewer live registers.
       float s[kN / 8][4];
       warp_scores<T, D, false>(s, sQ, kb, warp, lane);
-      const bool masked = k0 + kN > p.S || (p.causal && k0 + kN - 1 > wr0);
+      const bool masked = M != kNoMask || k0 + kN > p.S || (p.causal && k0 + kN - 1 > wr0);
 #pragma unroll
       for (int n = 0; n < kN / 8; ++n) {
+        // The mask's terms of columns 2t, 2t + 1 in rows g, g + 8: one load for the pair when
+        // aligned, and rows g + 8 reuse rows g's when the mask does not vary along L (key
+        // padding).
+        float2 bias[2] = {make_float2(0.f, 0.f), make_float2(0.f, 0.f)};
+        if constexpr (M != kNoMask) {
+          const int col = k0 + n * 8 + 2 * t;
+          bias[0] = p.mask.template log2_two<M>(mrow[0], col, p.S, kLog2e);
+          bias[1] =
+              p.mask.sl == 0 ? bias[0] : p.mask.template log2_two<M>(mrow[1], col, p.S, kLog2e);
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float v = s[n][e] * p.scale_log2;
           if (masked) {
             const int col = k0 + n * 8 + 2 * t + (e & 1);
             const int row = wr0 + g + (e >> 1) * 8;
-            if (col >= p.S || (p.causal && col > row)) v = -INFINITY;
+            if (col >= p.S || (p.causal && col > row))
+              v = -INFINITY;
+            else if constexpr (M != kNoMask)
+              v += (e & 1) ? bias[e >> 1].y : bias[e >> 1].x;
           }
           s[n][e] = v;
         }
@@ -428,7 +458,10 @@ constexpr size_t bwd_smem() {
 // then reports 0 (float16) / 8 (bfloat16) bytes of spill, against 244 registers and 2 blocks
 // uncapped. Head dim 128 (255 registers, 112 KB of shared memory: 2 blocks an SM) spills
 // 16-32 bytes.
-template <typename T, int D>
+// Grouped-query heads: the block of a key/value head's key tile walks the query tiles of each
+// of the head's G query heads in turn (dK, dV summed in registers: deterministic, no atomics).
+// M: the mask's kind, as in the forward; a row without any allowed key (lse -inf) gets P = 0.
+template <typename T, int D, int M>
 __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdParams<T> p) {
   constexpr int ld = D + kPad;
   constexpr int ldS = kN + kPad;
@@ -443,38 +476,69 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, t = lane & 3;
-  const int kt = blockIdx.y, bh = blockIdx.x;  // causal: low key tiles (most work) first
+  const int kt = blockIdx.y, bkv = blockIdx.x;  // causal: low key tiles (most work) first
+  const int G = p.H / p.Hk;
   const int k0 = kt * kBwdN;
   const int wk0 = k0 + warp * 16;  // the warp's first key
-  const T* qrows = p.q.rows(bh, p.H);
-  const T* dorows = p.dout.rows(bh, p.H);
-  const int64_t row_base = static_cast<int64_t>(bh) * p.L;
   const int qtiles = (p.L + kN - 1) / kN;
   const int qt0 = p.causal ? k0 / kN : 0;
+  const int per_head = max(qtiles - qt0, 0);
+  // Step i: query slice bh_of(i) (query head (bkv % Hk) * G + i / per_head of batch bkv / Hk),
+  // query tile qt0 + i % per_head.
+  const int steps = G * per_head;
+  const int bh0 = (bkv / p.Hk) * p.H + (bkv % p.Hk) * G;
+  auto bh_of = [&](int i) { return bh0 + i / per_head; };
+  auto qt_of = [&](int i) { return qt0 + i % per_head; };
 
-  auto load_rows = [&](int qt, int buf) {
-    cp_tile<T, D, kN, kBwdThreads>(sQ + buf * kN * ld, qrows, p.q.st, qt * kN, p.L, p.E);
-    cp_tile<T, D, kN, kBwdThreads>(sdO + buf * kN * ld, dorows, p.dout.st, qt * kN, p.L, p.E);
-    for (int i = threadIdx.x; i < kN; i += kBwdThreads) {
-      const int q = qt * kN + i;
+  auto load_rows = [&](int i, int buf) {
+    const int bh = bh_of(i), qt = qt_of(i);
+    const int64_t rb = static_cast<int64_t>(bh) * p.L;
+    cp_tile<T, D, kN, kBwdThreads>(sQ + buf * kN * ld, p.q.rows(bh, p.H), p.q.st, qt * kN, p.L,
+                                   p.E);
+    cp_tile<T, D, kN, kBwdThreads>(sdO + buf * kN * ld, p.dout.rows(bh, p.H), p.dout.st, qt * kN,
+                                   p.L, p.E);
+    for (int r = threadIdx.x; r < kN; r += kBwdThreads) {
+      const int q = qt * kN + r;
       const bool ok = q < p.L;
-      sLse[buf * kN + i] = ok ? p.lse[row_base + q] * kLog2e : 0.f;
-      sDv[buf * kN + i] = ok ? p.dvec[row_base + q] : 0.f;
+      const float lv = ok ? p.lse[rb + q] : 0.f;
+      // lse -inf (a row without any allowed key): +inf makes every P of the row 0.
+      sLse[buf * kN + r] = lv == -INFINITY ? INFINITY : lv * kLog2e;
+      sDv[buf * kN + r] = ok ? p.dvec[rb + q] : 0.f;
     }
   };
-  cp_tile<T, D, kBwdN, kBwdThreads>(sK, p.k.rows(bh, p.H), p.k.st, k0, p.S, p.E);
-  cp_tile<T, D, kBwdN, kBwdThreads>(sV, p.v.rows(bh, p.H), p.v.st, k0, p.S, p.E);
-  if (qt0 < qtiles) load_rows(qt0, 0);
+  cp_tile<T, D, kBwdN, kBwdThreads>(sK, p.k.rows(bkv, p.Hk), p.k.st, k0, p.S, p.E);
+  cp_tile<T, D, kBwdN, kBwdThreads>(sV, p.v.rows(bkv, p.Hk), p.v.st, k0, p.S, p.E);
+  if (steps > 0) load_rows(0, 0);
   cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];
   zero_tile(dk);
   zero_tile(dv);
+  // The mask's column offsets of this lane's keys g and g + 8 (clamped to S - 1).
+  int64_t mkey[2] = {0, 0};
+  if constexpr (M != kNoMask) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      mkey[r] = static_cast<int64_t>(min(wk0 + g + 8 * r, p.S - 1)) * p.mask.ss;
+  }
 
-  for (int qt = qt0; qt < qtiles; ++qt) {
-    const int buf = (qt - qt0) & 1;
-    next_tile_then_wait(qt + 1 < qtiles, [&] { load_rows(qt + 1, buf ^ 1); });
-    const int q0 = qt * kN;
+  for (int step = 0; step < steps; ++step) {
+    const int buf = step & 1;
+    next_tile_then_wait(step + 1 < steps, [&] { load_rows(step + 1, buf ^ 1); });
+    const int bh = bh_of(step);
+    const int q0 = qt_of(step) * kN;
+    const int64_t row_base = static_cast<int64_t>(bh) * p.L;
+    // The mask's offset of (query q0, key 0) of this slice. A mask that does not vary along
+    // L (key padding) has one value per key: two loads a lane for the whole tile.
+    const int64_t mq0 =
+        M != kNoMask ? p.mask.base(bh, p.H) + static_cast<int64_t>(q0) * p.mask.sl : 0;
+    float key_bias[2] = {0.f, 0.f};
+    if constexpr (M != kNoMask) {
+      if (p.mask.sl == 0) {
+        key_bias[0] = p.mask.template log2_at<M>(mq0 + mkey[0], kLog2e);
+        key_bias[1] = p.mask.template log2_at<M>(mq0 + mkey[1], kLog2e);
+      }
+    }
     const T* qb = sQ + buf * kN * ld;
     const T* dob = sdO + buf * kN * ld;
     const float* lse2 = sLse + buf * kN;
@@ -484,18 +548,25 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
     float s[kN / 8][4];
     warp_scores<T, D, true>(s, sK, qb, warp, lane);
     // P^T, masked on the diagonal tile and at the ends of L and S.
-    const bool masked = q0 + kN > p.L || k0 + kBwdN > p.S || (p.causal && k0 + kBwdN - 1 > q0);
+    const bool masked =
+        M != kNoMask || q0 + kN > p.L || k0 + kBwdN > p.S || (p.causal && k0 + kBwdN - 1 > q0);
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qc = n * 8 + 2 * t + (e & 1);
-        float pr = exp2f(s[n][e] * p.scale_log2 - lse2[qc]);
+        float x = s[n][e] * p.scale_log2 - lse2[qc];
         if (masked) {
           const int key = wk0 + g + (e >> 1) * 8, q = q0 + qc;
-          if (key >= p.S || q >= p.L || (p.causal && key > q)) pr = 0.f;
+          if (key >= p.S || q >= p.L || (p.causal && key > q))
+            x = -INFINITY;
+          else if constexpr (M != kNoMask)
+            x += p.mask.sl == 0
+                     ? key_bias[e >> 1]
+                     : p.mask.template log2_at<M>(
+                           mq0 + static_cast<int64_t>(qc) * p.mask.sl + mkey[e >> 1], kLog2e);
         }
-        s[n][e] = pr;
+        s[n][e] = exp2f(x);
       }
     }
     // dV += P^T dO. P^T stays only in its packed 16-bit form (the A operand), which dS
@@ -572,8 +643,8 @@ __global__ void __launch_bounds__(kBwdThreads, D <= 64 ? 3 : 1) bwd_kernel(BwdPa
   cp_async_wait<0>();  // (no query tile: the K, V copies are still in flight)
 
   // dK, dV of the warp's keys, T, straight from the accumulators (4-byte stores).
-  T* dkrows = p.dk.rows(bh, p.H);
-  T* dvrows = p.dv.rows(bh, p.H);
+  T* dkrows = p.dk.rows(bkv, p.Hk);
+  T* dvrows = p.dv.rows(bkv, p.Hk);
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
     const int col = n * 8 + 2 * t;
@@ -618,32 +689,34 @@ __global__ void dot_kernel(Operand<T> dout, Operand<T> out, float* dvec, int H, 
 
 }  // namespace fa2
 
-template <typename T, int D>
+template <typename T, int D, int M>
 void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                  const Tensor& v, bool causal, double scale) {
+                  const Tensor& v, bool causal, double scale, const Tensor& mask) {
   FwdParams<T> p{operand<T>(q),
                  operand<T>(k),
                  operand<T>(v),
                  out_operand<T>(out),
                  static_cast<float*>(lse.storage().data()) + lse.storage_offset(),
+                 mask_rows(mask),
                  static_cast<int>(q.size(1)),
+                 static_cast<int>(k.size(1)),
                  static_cast<int>(q.size(2)),
                  static_cast<int>(k.size(2)),
                  static_cast<int>(q.size(3)),
                  static_cast<float>(scale) * kLog2e,
                  causal};
   constexpr size_t smem = fa2::fwd_smem<T, D>();
-  set_max_dynamic_smem(fa2::fwd_kernel<T, D>, smem, "flash_attention_forward");
+  set_max_dynamic_smem(fa2::fwd_kernel<T, D, M>, smem, "flash_attention_forward");
   const dim3 grid(static_cast<unsigned>(q.size(0) * q.size(1)),
                   static_cast<unsigned>((p.L + fa2::kFwdM - 1) / fa2::kFwdM));
-  fa2::fwd_kernel<T, D><<<grid, fa2::kFwdThreads, smem, stream(q.device().index)>>>(p);
+  fa2::fwd_kernel<T, D, M><<<grid, fa2::kFwdThreads, smem, stream(q.device().index)>>>(p);
   check_launch("flash_attention_forward");
 }
 
-template <typename T, int D>
+template <typename T, int D, int M>
 void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                   const Tensor& lse, bool causal, double scale) {
+                   const Tensor& lse, bool causal, double scale, const Tensor& mask) {
   const auto [dev, B, H, L, E, S, rows, dvec] = bwd_frame(q, k);
   Tensor dq_acc = alloc_scratch(B * H * L * E, DType::float32, q.device());  // [B, H, L, E]
   check(cudaMemsetAsync(dq_acc.data_ptr(), 0, dq_acc.nbytes(), stream(dev)),
@@ -663,7 +736,9 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
                  static_cast<float*>(dq_acc.data_ptr()),
                  out_operand<T>(dk),
                  out_operand<T>(dv),
+                 mask_rows(mask),
                  static_cast<int>(H),
+                 static_cast<int>(k.size(1)),
                  static_cast<int>(L),
                  static_cast<int>(S),
                  static_cast<int>(E),
@@ -672,10 +747,11 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
                  causal};
   if (S > 0) {
     constexpr size_t smem = fa2::bwd_smem<T, D>();
-    set_max_dynamic_smem(fa2::bwd_kernel<T, D>, smem, "flash_attention_backward");
-    const dim3 grid(static_cast<unsigned>(B * H),
+    set_max_dynamic_smem(fa2::bwd_kernel<T, D, M>, smem, "flash_attention_backward");
+    // One block per key tile of each key/value head (grouped-query: it serves G query heads).
+    const dim3 grid(static_cast<unsigned>(B * k.size(1)),
                     static_cast<unsigned>((S + fa2::kBwdN - 1) / fa2::kBwdN));
-    fa2::bwd_kernel<T, D><<<grid, fa2::kBwdThreads, smem, stream(dev)>>>(p);
+    fa2::bwd_kernel<T, D, M><<<grid, fa2::kBwdThreads, smem, stream(dev)>>>(p);
     check_launch("flash_attention_backward");
   }
   const int64_t n = dq_acc.numel();
@@ -701,47 +777,74 @@ void check_cuda_inputs(const char* op, const Tensor& q, const Tensor& v) {
     throw std::invalid_argument(std::string(op) + ": sequence longer than 65535 * 64 on CUDA");
 }
 
-template <typename F>
-void with_type_and_dim(const Tensor& q, F&& f) {
-  const bool wide = q.size(3) > 64;
-  if (q.dtype() == DType::bfloat16) {
-    if (wide)
-      f.template operator()<__nv_bfloat16, 128>();
-    else
-      f.template operator()<__nv_bfloat16, 64>();
-  } else {
-    if (wide)
-      f.template operator()<__half, 128>();
-    else
-      f.template operator()<__half, 64>();
+// f<T, D, M>() for q's dtype, its head dim (64 or 128 instantiations) and the mask's kind.
+template <typename T, int D, typename F>
+void with_mask_kind(const Tensor& mask, F&& f) {
+  switch (mask_kind(mask)) {
+    case kBoolMask:
+      f.template operator()<T, D, kBoolMask>();
+      break;
+    case kBiasMask:
+      f.template operator()<T, D, kBiasMask>();
+      break;
+    default:
+      f.template operator()<T, D, kNoMask>();
   }
 }
 
+template <typename F>
+void with_type_and_dim(const Tensor& q, const Tensor& mask, F&& f) {
+  const bool wide = q.size(3) > 64;
+  if (q.dtype() == DType::bfloat16) {
+    if (wide)
+      with_mask_kind<__nv_bfloat16, 128>(mask, f);
+    else
+      with_mask_kind<__nv_bfloat16, 64>(mask, f);
+  } else {
+    if (wide)
+      with_mask_kind<__half, 128>(mask, f);
+    else
+      with_mask_kind<__half, 64>(mask, f);
+  }
+}
+
+// The cuDNN route takes the problems without a mask whose k and v have q's heads; masked
+// and grouped-query attention run Tally's kernels.
+bool cudnn_route_applies(const Tensor& q, const Tensor& k, const Tensor& mask) {
+  return !mask.defined() && k.size(1) == q.size(1);
+}
+
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, bool causal, double scale) {
+                             const Tensor& v, bool causal, double scale, const Tensor& mask) {
   if (q.dtype() == DType::float32)
-    return flash_attention_forward_fp32(out, lse, q, k, v, causal, scale);
+    return flash_attention_forward_fp32(out, lse, q, k, v, causal, scale, mask);
   check_cuda_inputs("flash_attention_forward", q, v);
   if (out.numel() == 0) return;
-  if (cudnn_flash_attention_forward(out, lse, q, k, v, causal, scale)) return;
+  if (cudnn_route_applies(q, k, mask) &&
+      cudnn_flash_attention_forward(out, lse, q, k, v, causal, scale, mask))
+    return;
   NvtxRange range("flash_attention_forward");
   DeviceGuard g(q.device().index);
-  with_type_and_dim(
-      q, [&]<typename T, int D>() { forward_impl<T, D>(out, lse, q, k, v, causal, scale); });
+  with_type_and_dim(q, mask, [&]<typename T, int D, int M>() {
+    forward_impl<T, D, M>(out, lse, q, k, v, causal, scale, mask);
+  });
 }
 
 void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse, bool causal, double scale) {
+                              const Tensor& out, const Tensor& lse, bool causal, double scale,
+                              const Tensor& mask) {
   if (q.dtype() == DType::float32)
-    return flash_attention_backward_fp32(dq, dk, dv, dout, q, k, v, out, lse, causal, scale);
+    return flash_attention_backward_fp32(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, mask);
   check_cuda_inputs("flash_attention_backward", q, v);
   if (dq.numel() == 0 && dk.numel() == 0) return;
-  if (cudnn_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, causal, scale)) return;
+  if (cudnn_route_applies(q, k, mask) &&
+      cudnn_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, mask))
+    return;
   NvtxRange range("flash_attention_backward");
   DeviceGuard g(q.device().index);
-  with_type_and_dim(q, [&]<typename T, int D>() {
-    backward_impl<T, D>(dq, dk, dv, dout, q, k, v, out, lse, causal, scale);
+  with_type_and_dim(q, mask, [&]<typename T, int D, int M>() {
+    backward_impl<T, D, M>(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, mask);
   });
 }
 

@@ -286,7 +286,10 @@ bool cudnn_sdp_supported(const Tensor& q, const Tensor& k, const Tensor& v, bool
 }
 
 bool cudnn_flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                   const Tensor& k, const Tensor& v, bool causal, double scale) {
+                                   const Tensor& k, const Tensor& v, bool causal, double scale,
+                                   const Tensor& mask) {
+  // No mask and no grouped-query heads on this route (Tally's kernels take those).
+  if (mask.defined() || k.size(1) != q.size(1)) return false;
   if (!may_take(q, k, v, {&out, &lse, &q, &k, &v})) return false;
   const int device = q.device().index;
   DeviceGuard g(device);
@@ -302,7 +305,8 @@ bool cudnn_flash_attention_forward(const Tensor& out, const Tensor& lse, const T
 bool cudnn_flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                     const Tensor& dout, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const Tensor& out, const Tensor& lse,
-                                    bool causal, double scale) {
+                                    bool causal, double scale, const Tensor& mask) {
+  if (mask.defined() || k.size(1) != q.size(1)) return false;
   if (!may_take(q, k, v, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) return false;
   const int device = q.device().index;
   DeviceGuard g(device);

@@ -172,11 +172,31 @@ __device__ __forceinline__ float lanes_sum(float v) {
 // A forward score of query row `row` and key `col` in log2 units (s * scale log2 e), -inf where
 // masked (need_mask: the tile reaches past S, or the causal diagonal): past S or, causal, a key
 // after the query.
+// The mask's base-2 term of (row, col) (0 without a mask), at slice offset mbase; row < L and
+// col < S.
 template <typename P>
-__device__ __forceinline__ float scaled_score(float s, const P& p, bool need_mask, int row,
-                                              int col) {
+__device__ __forceinline__ float mask_log2(const P& p, int64_t mbase, int row, int col) {
+  if (p.mask_kind == kBoolMask)
+    return p.mask.template log2_bias<kBoolMask>(mbase, row, col, kLog2e);
+  if (p.mask_kind == kBiasMask)
+    return p.mask.template log2_bias<kBiasMask>(mbase, row, col, kLog2e);
+  return 0.f;
+}
+
+// With an attention mask every tile is masked (need_mask) and the mask's term is added.
+template <typename P>
+__device__ __forceinline__ float scaled_score(float s, const P& p, bool need_mask, int row, int col,
+                                              int64_t mbase) {
   if (need_mask && (col >= p.S || (p.causal && col > row))) return -INFINITY;
+  if (need_mask && p.mask_kind != kNoMask && row < p.L)
+    return s * p.scale_log2 + mask_log2(p, mbase, row, col);
   return s * p.scale_log2;
+}
+
+// lse in base 2 as the backward's P = exp2(s - lse) takes it: +inf for a row without any
+// allowed key (lse -inf), so that all its P are 0.
+__device__ __forceinline__ float lse_log2(float lse) {
+  return lse == -INFINITY ? INFINITY : lse * kLog2e;
 }
 
 // The online softmax's step for a row whose new tile has the max mx: the running max m
@@ -196,10 +216,12 @@ __device__ __forceinline__ OnlineStep online_step(float& m, float mx) {
 // ------------------------------------------------------------------ forward
 
 struct FwdArgs {
-  Operand q, k, v;
-  OutOperand o;  // [B, H, L, E]
-  float* lse;    // [B, H, L] contiguous
-  int H, L, S, E;
+  Operand q, k, v;  // k, v [B, Hk, S, E]: query head h reads key/value head h / (H / Hk)
+  OutOperand o;     // [B, H, L, E]
+  float* lse;       // [B, H, L] contiguous
+  MaskRows mask;    // [B, H, L, S], of kind mask_kind (cuda_rows.cuh)
+  int mask_kind;
+  int H, Hk, L, S, E;
   float scale_log2;
   bool causal, vec_in, vec_out;
 };
@@ -238,8 +260,10 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
 
   int ntiles = (p.S + kBN - 1) / kBN;
   if (p.causal) ntiles = min(ntiles, qt + 1);  // keys <= q0 + 63
-  const float* krows = p.k.rows(bh, p.H);
-  const float* vrows = p.v.rows(bh, p.H);
+  const int bkv = kv_slice(bh, p.H, p.Hk);
+  const float* krows = p.k.rows(bkv, p.Hk);
+  const float* vrows = p.v.rows(bkv, p.Hk);
+  const int64_t mbase = p.mask_kind != kNoMask ? p.mask.base(bh, p.H) : 0;
   for (int kt = 0; kt < ntiles; ++kt) {
     const int k0 = kt * kBN;
     __syncthreads();  // everyone is done with the previous P (in sK) and V
@@ -251,14 +275,15 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_fp32_kernel(FwdArgs p)
     zero_tile(s);
     score_tile<D>(s, sQ, sK, ty, tx);
 
-    const bool need_mask = k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
+    const bool need_mask =
+        p.mask_kind != kNoMask || k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int row = q0 + ty + 16 * i;
       float mx = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        s[i][j] = scaled_score(s[i][j], p, need_mask, row, k0 + tx + 8 * j);
+        s[i][j] = scaled_score(s[i][j], p, need_mask, row, k0 + tx + 8 * j, mbase);
         mx = fmaxf(mx, s[i][j]);
       }
       // the row's 8 lanes are lanes 8 g .. 8 g + 7 of the warp
@@ -345,17 +370,36 @@ __global__ void attention_bwd_prep_fp32_vec_kernel(Operand dout, Operand out, fl
   if (row < rows && col == 0) dvec[row] = acc;
 }
 
+// Grouped-query heads: the block of a key/value head's key tile walks the query tiles of each
+// of its H / Hk query heads in turn (dK, dV summed in registers, no atomics).
 struct BwdArgs {
-  Operand q, k, v, dout;
-  const float* lse;   // [B, H, L]
-  const float* dvec;  // [B, H, L]
-  OutOperand dq;      // [B, H, L, E], zeroed by the prep kernel
-  OutOperand dk;      // [B, H, S, E]
+  Operand q, k, v, dout;  // k, v [B, Hk, S, E]
+  const float* lse;       // [B, H, L]
+  const float* dvec;      // [B, H, L]
+  OutOperand dq;          // [B, H, L, E], zeroed by the prep kernel
+  OutOperand dk;          // [B, Hk, S, E]
   OutOperand dv;
-  int H, L, S, E;
+  MaskRows mask;  // [B, H, L, S]
+  int mask_kind;
+  int H, Hk, L, S, E;
   float scale, scale_log2;
   bool causal, vec_in, vec_out;
 };
+
+// A backward step's query tile: Q and dO rows q0 .. q0 + QM - 1 of query slice bh into shared
+// memory with their lse (base 2, lse_log2) and D = dO . O (rows past L: zeros).
+template <int D, int QM>
+__device__ __forceinline__ void load_query_tile(float* sQ, float* sdO, float* sLse, float* sDv,
+                                                const BwdArgs& p, int bh, int q0) {
+  const int64_t row_base = static_cast<int64_t>(bh) * p.L;
+  load_tile<D, QM>(sQ, p.q.rows(bh, p.H), p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
+  load_tile<D, QM>(sdO, p.dout.rows(bh, p.H), p.dout.st, p.dout.sd, q0, p.L, p.E, p.vec_in);
+  for (int i = threadIdx.x; i < QM; i += kThreads) {
+    const bool ok = q0 + i < p.L;
+    sLse[i] = ok ? lse_log2(p.lse[row_base + q0 + i]) : 0.f;
+    sDv[i] = ok ? p.dvec[row_base + q0 + i] : 0.f;
+  }
+}
 
 // The backward's query tile: QM rows (64, or 32 to fit three blocks an SM at D = 64).
 template <int D, int QM>
@@ -385,14 +429,12 @@ __global__ void __launch_bounds__(kThreads, QM == 32 ? 3 : 0) attention_bwd_fp32
   float* sDv = sLse + QM;
 
   const int tx = threadIdx.x % 8, ty = threadIdx.x / 8;
-  const int kt = blockIdx.y, bh = blockIdx.x;  // causal: key tile 0 has the most work
+  const int kt = blockIdx.y, bkv = blockIdx.x;  // causal: key tile 0 has the most work
   const int k0 = kt * kBN;
-  const float* qrows = p.q.rows(bh, p.H);
-  const float* dorows = p.dout.rows(bh, p.H);
-  const int64_t row_base = static_cast<int64_t>(bh) * p.L;
+  const int G = p.H / p.Hk, bh0 = (bkv / p.Hk) * p.H + (bkv % p.Hk) * G;
 
-  load_tile<D>(sK, p.k.rows(bh, p.H), p.k.st, p.k.sd, k0, p.S, p.E, p.vec_in);
-  load_tile<D>(sV, p.v.rows(bh, p.H), p.v.st, p.v.sd, k0, p.S, p.E, p.vec_in);
+  load_tile<D>(sK, p.k.rows(bkv, p.Hk), p.k.st, p.k.sd, k0, p.S, p.E, p.vec_in);
+  load_tile<D>(sV, p.v.rows(bkv, p.Hk), p.v.st, p.v.sd, k0, p.S, p.E, p.vec_in);
 
   // rows: keys k0 + ty + 16 i; columns 4 tx + 32 c + e
   float dk[4][4 * kCols], dv[4][4 * kCols];
@@ -400,88 +442,89 @@ __global__ void __launch_bounds__(kThreads, QM == 32 ? 3 : 0) attention_bwd_fp32
   zero_tile(dv);
 
   const int qtiles = (p.L + QM - 1) / QM;
-  for (int qt = p.causal ? kt * (kBN / QM) : 0; qt < qtiles; ++qt) {
-    const int q0 = qt * QM;
-    __syncthreads();  // the previous tile's Q, dO, P^T, dS^T are free
-    load_tile<D, QM>(sQ, qrows, p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
-    load_tile<D, QM>(sdO, dorows, p.dout.st, p.dout.sd, q0, p.L, p.E, p.vec_in);
-    for (int i = threadIdx.x; i < QM; i += kThreads) {
-      const bool ok = q0 + i < p.L;
-      sLse[i] = ok ? p.lse[row_base + q0 + i] * kLog2e : 0.f;
-      sDv[i] = ok ? p.dvec[row_base + q0 + i] : 0.f;
-    }
-    __syncthreads();
+  for (int bh = bh0; bh < bh0 + G; ++bh) {  // the key/value head's query heads
+    const int64_t mbase = p.mask_kind != kNoMask ? p.mask.base(bh, p.H) : 0;
+    for (int qt = p.causal ? kt * (kBN / QM) : 0; qt < qtiles; ++qt) {
+      const int q0 = qt * QM;
+      __syncthreads();  // the previous tile's Q, dO, P^T, dS^T are free
+      load_query_tile<D, QM>(sQ, sdO, sLse, sDv, p, bh, q0);
+      __syncthreads();
 
-    // S^T and dP^T: rows keys ty + 16 i, columns queries tx + 8 j
-    {
-      float s[4][kNJ], dp[4][kNJ];
-      zero_tile(s);
-      zero_tile(dp);
-      score_tile<D, kNJ>(s, sK, sQ, ty, tx);
-      score_tile<D, kNJ>(dp, sV, sdO, ty, tx);
-      const bool need_mask = q0 + QM > p.L || k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
+      // S^T and dP^T: rows keys ty + 16 i, columns queries tx + 8 j
+      {
+        float s[4][kNJ], dp[4][kNJ];
+        zero_tile(s);
+        zero_tile(dp);
+        score_tile<D, kNJ>(s, sK, sQ, ty, tx);
+        score_tile<D, kNJ>(dp, sV, sdO, ty, tx);
+        const bool need_mask = p.mask_kind != kNoMask || q0 + QM > p.L || k0 + kBN > p.S ||
+                               (p.causal && k0 + kBN - 1 > q0);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = k0 + ty + 16 * i;
+        for (int i = 0; i < 4; ++i) {
+          const int key = k0 + ty + 16 * i;
 #pragma unroll
-        for (int j = 0; j < kNJ; ++j) {
-          const int qi = tx + 8 * j, q = q0 + qi;
-          const bool ok = !need_mask || (key < p.S && q < p.L && (!p.causal || key <= q));
-          const float pr = ok ? exp2f(fmaf(s[i][j], p.scale_log2, -sLse[qi])) : 0.f;
-          sPt[(ty + 16 * i) * kLdT + qi] = pr;
-          sdSt[(ty + 16 * i) * kLdT + qi] = pr * (dp[i][j] - sDv[qi]) * p.scale;
-        }
-      }
-    }
-    __syncthreads();
-    pv_tile<D, QM, kLdT>(dv, sPt, sdO, ty, tx);  // dV += P^T dO
-    pv_tile<D, QM, kLdT>(dk, sdSt, sQ, ty, tx);  // dK += dS^T Q
-    // dQ tile = dS K: rows queries 4 qg + i, columns 4 (tx + 8 cs + 8 kSplit c) + e;
-    // dS[q][k] = dS^T[k][q]
-    {
-      const int qg = kSplit == 1 ? ty : ty % kQG, cs = kSplit == 1 ? 0 : ty / kQG;
-      float acc[4][4 * kColsQ];
-      zero_tile(acc);
-#pragma unroll 4
-      for (int kk = 0; kk < kBN; ++kk) {
-        const float4 a = *reinterpret_cast<const float4*>(sdSt + kk * kLdT + 4 * qg);
-#pragma unroll
-        for (int c = 0; c < kColsQ; ++c) {
-          const float4 b = *reinterpret_cast<const float4*>(sK + kk * C::ld +
-                                                            4 * (tx + 8 * cs + 8 * kSplit * c));
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float av = comp(a, i);
-            acc[i][4 * c + 0] = fmaf(av, b.x, acc[i][4 * c + 0]);
-            acc[i][4 * c + 1] = fmaf(av, b.y, acc[i][4 * c + 1]);
-            acc[i][4 * c + 2] = fmaf(av, b.z, acc[i][4 * c + 2]);
-            acc[i][4 * c + 3] = fmaf(av, b.w, acc[i][4 * c + 3]);
+          for (int j = 0; j < kNJ; ++j) {
+            const int qi = tx + 8 * j, q = q0 + qi;
+            const bool ok = !need_mask || (key < p.S && q < p.L && (!p.causal || key <= q));
+            float x = fmaf(s[i][j], p.scale_log2, -sLse[qi]);
+            if (ok && need_mask) x += mask_log2(p, mbase, q, key);
+            const float pr = ok ? exp2f(x) : 0.f;
+            sPt[(ty + 16 * i) * kLdT + qi] = pr;
+            sdSt[(ty + 16 * i) * kLdT + qi] = pr * (dp[i][j] - sDv[qi]) * p.scale;
           }
         }
       }
+      __syncthreads();
+      pv_tile<D, QM, kLdT>(dv, sPt, sdO, ty, tx);  // dV += P^T dO
+      pv_tile<D, QM, kLdT>(dk, sdSt, sQ, ty, tx);  // dK += dS^T Q
+      // dQ tile = dS K: rows queries 4 qg + i, columns 4 (tx + 8 cs + 8 kSplit c) + e;
+      // dS[q][k] = dS^T[k][q]
+      {
+        const int qg = kSplit == 1 ? ty : ty % kQG, cs = kSplit == 1 ? 0 : ty / kQG;
+        float acc[4][4 * kColsQ];
+        zero_tile(acc);
+#pragma unroll 4
+        for (int kk = 0; kk < kBN; ++kk) {
+          const float4 a = *reinterpret_cast<const float4*>(sdSt + kk * kLdT + 4 * qg);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int q = q0 + 4 * qg + i;
-        if (q >= p.L) continue;
-        float* dst = p.dq.rows(bh, p.H) + static_cast<int64_t>(q) * p.dq.st;
+          for (int c = 0; c < kColsQ; ++c) {
+            const float4 b = *reinterpret_cast<const float4*>(sK + kk * C::ld +
+                                                              4 * (tx + 8 * cs + 8 * kSplit * c));
 #pragma unroll
-        for (int c = 0; c < kColsQ; ++c) {
-          const int col = 4 * (tx + 8 * cs + 8 * kSplit * c);
-          if (col >= p.E) continue;
-          if (p.vec_out) {
-            add4(dst + col, acc[i][4 * c], acc[i][4 * c + 1], acc[i][4 * c + 2], acc[i][4 * c + 3]);
-          } else {
+            for (int i = 0; i < 4; ++i) {
+              const float av = comp(a, i);
+              acc[i][4 * c + 0] = fmaf(av, b.x, acc[i][4 * c + 0]);
+              acc[i][4 * c + 1] = fmaf(av, b.y, acc[i][4 * c + 1]);
+              acc[i][4 * c + 2] = fmaf(av, b.z, acc[i][4 * c + 2]);
+              acc[i][4 * c + 3] = fmaf(av, b.w, acc[i][4 * c + 3]);
+            }
+          }
+        }
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (col + e < p.E) atomicAdd(dst + col + e, acc[i][4 * c + e]);
+        for (int i = 0; i < 4; ++i) {
+          const int q = q0 + 4 * qg + i;
+          if (q >= p.L) continue;
+          float* dst = p.dq.rows(bh, p.H) + static_cast<int64_t>(q) * p.dq.st;
+#pragma unroll
+          for (int c = 0; c < kColsQ; ++c) {
+            const int col = 4 * (tx + 8 * cs + 8 * kSplit * c);
+            if (col >= p.E) continue;
+            if (p.vec_out) {
+              add4(dst + col, acc[i][4 * c], acc[i][4 * c + 1], acc[i][4 * c + 2],
+                   acc[i][4 * c + 3]);
+            } else {
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                if (col + e < p.E) atomicAdd(dst + col + e, acc[i][4 * c + e]);
+            }
           }
         }
       }
     }
   }
   const float one[4] = {1.f, 1.f, 1.f, 1.f};
-  store_rows<D>(p.dv.rows(bh, p.H), p.dv.st, dv, one, k0 + ty, p.S, p.E, tx, p.vec_out);
-  store_rows<D>(p.dk.rows(bh, p.H), p.dk.st, dk, one, k0 + ty, p.S, p.E, tx, p.vec_out);
+  store_rows<D>(p.dv.rows(bkv, p.Hk), p.dv.st, dv, one, k0 + ty, p.S, p.E, tx, p.vec_out);
+  store_rows<D>(p.dk.rows(bkv, p.Hk), p.dk.st, dk, one, k0 + ty, p.S, p.E, tx, p.vec_out);
 }
 
 // ------------------------------------------------------------------ 3xTF32 (D = 64)
@@ -571,8 +614,10 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
 
   int ntiles = (p.S + kBN - 1) / kBN;
   if (p.causal) ntiles = min(ntiles, qt + 1);  // keys <= q0 + 63
-  const float* krows = p.k.rows(bh, p.H);
-  const float* vrows = p.v.rows(bh, p.H);
+  const int bkv = kv_slice(bh, p.H, p.Hk);
+  const float* krows = p.k.rows(bkv, p.Hk);
+  const float* vrows = p.v.rows(bkv, p.Hk);
+  const int64_t mbase = p.mask_kind != kNoMask ? p.mask.base(bh, p.H) : 0;
   for (int kt = 0; kt < ntiles; ++kt) {
     const int k0 = kt * kBN;
     __syncthreads();  // everyone is done with the previous K and V
@@ -596,7 +641,8 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
       }
     }
 
-    const bool need_mask = k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
+    const bool need_mask =
+        p.mask_kind != kNoMask || k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = q0 + qr + 8 * h;
@@ -605,7 +651,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_tf32x3_kernel(FwdArgs 
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[j][e] = scaled_score(s[j][e], p, need_mask, row, k0 + 8 * j + 2 * t + (e & 1));
+          s[j][e] = scaled_score(s[j][e], p, need_mask, row, k0 + 8 * j + 2 * t + (e & 1), mbase);
           mx = fmaxf(mx, s[j][e]);
         }
       }
@@ -684,15 +730,13 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int kt = blockIdx.y, bh = blockIdx.x;
+  const int kt = blockIdx.y, bkv = blockIdx.x;
   const int k0 = kt * kBN;
   const int kr = 16 * warp + g;  // this lane's key rows in the tile: kr, kr + 8
-  const float* qrows = p.q.rows(bh, p.H);
-  const float* dorows = p.dout.rows(bh, p.H);
-  const int64_t row_base = static_cast<int64_t>(bh) * p.L;
+  const int G = p.H / p.Hk, bh0 = (bkv / p.Hk) * p.H + (bkv % p.Hk) * G;
 
-  load_tile<D>(sK, p.k.rows(bh, p.H), p.k.st, p.k.sd, k0, p.S, p.E, p.vec_in);
-  load_tile<D>(sV, p.v.rows(bh, p.H), p.v.st, p.v.sd, k0, p.S, p.E, p.vec_in);
+  load_tile<D>(sK, p.k.rows(bkv, p.Hk), p.k.st, p.k.sd, k0, p.S, p.E, p.vec_in);
+  load_tile<D>(sV, p.v.rows(bkv, p.Hk), p.v.st, p.v.sd, k0, p.S, p.E, p.vec_in);
 
   // dv[n], dk[n]: keys kr (c0, c1) and kr + 8 (c2, c3), columns 8 n + 2 t, + 1
   float dv[kNT][4], dk[kNT][4];
@@ -700,111 +744,111 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
   zero_tile(dk);
 
   const int qtiles = (p.L + QM - 1) / QM;
-  for (int qt = p.causal ? kt : 0; qt < qtiles; ++qt) {
-    const int q0 = qt * QM;
-    __syncthreads();  // the previous tile's Q, dO, dS^T are free
-    load_tile<D, QM>(sQ, qrows, p.q.st, p.q.sd, q0, p.L, p.E, p.vec_in);
-    load_tile<D, QM>(sdO, dorows, p.dout.st, p.dout.sd, q0, p.L, p.E, p.vec_in);
-    for (int i = threadIdx.x; i < QM; i += kThreads) {
-      const bool ok = q0 + i < p.L;
-      sLse[i] = ok ? p.lse[row_base + q0 + i] * kLog2e : 0.f;
-      sDv[i] = ok ? p.dvec[row_base + q0 + i] : 0.f;
-    }
-    __syncthreads();
+  for (int bh = bh0; bh < bh0 + G; ++bh) {  // the key/value head's query heads
+    const int64_t mbase = p.mask_kind != kNoMask ? p.mask.base(bh, p.H) : 0;
+    for (int qt = p.causal ? kt : 0; qt < qtiles; ++qt) {
+      const int q0 = qt * QM;
+      __syncthreads();  // the previous tile's Q, dO, dS^T are free
+      load_query_tile<D, QM>(sQ, sdO, sLse, sDv, p, bh, q0);
+      __syncthreads();
 
-    // S^T and dP^T: [j] = queries 8 j .. 8 j + 7 of the tile
-    float s[8][4], dp[8][4];
-    zero_tile(s);
-    zero_tile(dp);
+      // S^T and dP^T: [j] = queries 8 j .. 8 j + 7 of the tile
+      float s[8][4], dp[8][4];
+      zero_tile(s);
+      zero_tile(dp);
 #pragma unroll 2
-    for (int kk = 0; kk < D; kk += 8) {
-      const float* ka = sK + kr * ld + kk + t;
-      const float* va = sV + kr * ld + kk + t;
-      const Tf32Pair fk[4] = {split_tf32(ka[0]), split_tf32(ka[8 * ld]), split_tf32(ka[4]),
-                              split_tf32(ka[8 * ld + 4])};
-      const Tf32Pair fv[4] = {split_tf32(va[0]), split_tf32(va[8 * ld]), split_tf32(va[4]),
-                              split_tf32(va[8 * ld + 4])};
+      for (int kk = 0; kk < D; kk += 8) {
+        const float* ka = sK + kr * ld + kk + t;
+        const float* va = sV + kr * ld + kk + t;
+        const Tf32Pair fk[4] = {split_tf32(ka[0]), split_tf32(ka[8 * ld]), split_tf32(ka[4]),
+                                split_tf32(ka[8 * ld + 4])};
+        const Tf32Pair fv[4] = {split_tf32(va[0]), split_tf32(va[8 * ld]), split_tf32(va[4]),
+                                split_tf32(va[8 * ld + 4])};
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float* qb = sQ + (8 * j + g) * ld + kk + t;
-        const float* ob = sdO + (8 * j + g) * ld + kk + t;
-        const Tf32Pair fq[2] = {split_tf32(qb[0]), split_tf32(qb[4])};
-        const Tf32Pair fo[2] = {split_tf32(ob[0]), split_tf32(ob[4])};
-        mma_3xtf32(s[j], fk, fq);
-        mma_3xtf32(dp[j], fv, fo);
-      }
-    }
-
-    // P^T into s, dS^T into dp (and shared memory)
-    const bool need_mask = q0 + QM > p.L || k0 + kBN > p.S || (p.causal && k0 + kBN - 1 > q0);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + kr + (e >= 2 ? 8 : 0);
-        const int qi = 8 * j + 2 * t + (e & 1), q = q0 + qi;
-        const bool ok = !need_mask || (key < p.S && q < p.L && (!p.causal || key <= q));
-        const float pr = ok ? exp2f(fmaf(s[j][e], p.scale_log2, -sLse[qi])) : 0.f;
-        s[j][e] = pr;
-        dp[j][e] = pr * (dp[j][e] - sDv[qi]) * p.scale;
-      }
-      *reinterpret_cast<float2*>(sdSt + kr * kLdT + 8 * j + 2 * t) =
-          make_float2(dp[j][0], dp[j][1]);
-      *reinterpret_cast<float2*>(sdSt + (kr + 8) * kLdT + 8 * j + 2 * t) =
-          make_float2(dp[j][2], dp[j][3]);
-    }
-
-    // dV += P^T dO, dK += dS^T Q: k-step j over queries 8 j .. 8 j + 7, in the order
-    // (2t, 2t + 1) for the A operand's columns (t, t + 4)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const Tf32Pair fp[4] = {split_tf32(s[j][0]), split_tf32(s[j][2]), split_tf32(s[j][1]),
-                              split_tf32(s[j][3])};
-      const Tf32Pair fs[4] = {split_tf32(dp[j][0]), split_tf32(dp[j][2]), split_tf32(dp[j][1]),
-                              split_tf32(dp[j][3])};
-      const float* ob = sdO + (8 * j + 2 * t) * ld + g;
-      const float* qb = sQ + (8 * j + 2 * t) * ld + g;
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-        const Tf32Pair fo[2] = {split_tf32(ob[8 * n]), split_tf32(ob[ld + 8 * n])};
-        const Tf32Pair fq[2] = {split_tf32(qb[8 * n]), split_tf32(qb[ld + 8 * n])};
-        mma_3xtf32(dv[n], fp, fo);
-        mma_3xtf32(dk[n], fs, fq);
-      }
-    }
-    __syncthreads();  // dS^T complete
-
-    // dQ = dS K: warp w's queries 16 w + g (c0, c1) and + 8 (c2, c3), columns 8 n + 2 t, + 1
-    {
-      float dq[kNT][4];
-      zero_tile(dq);
-      const int qr = 16 * warp + g;
-#pragma unroll 2
-      for (int kk = 0; kk < kBN; kk += 8) {
-        const float* da = sdSt + (kk + t) * kLdT + qr;
-        const Tf32Pair fa[4] = {split_tf32(da[0]), split_tf32(da[8]), split_tf32(da[4 * kLdT]),
-                                split_tf32(da[4 * kLdT + 8])};
-        const float* kb = sK + (kk + t) * ld + g;
-#pragma unroll
-        for (int n = 0; n < kNT; ++n) {
-          const Tf32Pair fb[2] = {split_tf32(kb[8 * n]), split_tf32(kb[4 * ld + 8 * n])};
-          mma_3xtf32(dq[n], fa, fb);
+        for (int j = 0; j < 8; ++j) {
+          const float* qb = sQ + (8 * j + g) * ld + kk + t;
+          const float* ob = sdO + (8 * j + g) * ld + kk + t;
+          const Tf32Pair fq[2] = {split_tf32(qb[0]), split_tf32(qb[4])};
+          const Tf32Pair fo[2] = {split_tf32(ob[0]), split_tf32(ob[4])};
+          mma_3xtf32(s[j], fk, fq);
+          mma_3xtf32(dp[j], fv, fo);
         }
       }
+
+      // P^T into s, dS^T into dp (and shared memory)
+      const bool need_mask = p.mask_kind != kNoMask || q0 + QM > p.L || k0 + kBN > p.S ||
+                             (p.causal && k0 + kBN - 1 > q0);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int q = q0 + qr + 8 * h;
-        if (q >= p.L) continue;
-        float* dst = p.dq.rows(bh, p.H) + static_cast<int64_t>(q) * p.dq.st;
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + kr + (e >= 2 ? 8 : 0);
+          const int qi = 8 * j + 2 * t + (e & 1), q = q0 + qi;
+          const bool ok = !need_mask || (key < p.S && q < p.L && (!p.causal || key <= q));
+          float x = fmaf(s[j][e], p.scale_log2, -sLse[qi]);
+          if (ok && need_mask) x += mask_log2(p, mbase, q, key);
+          const float pr = ok ? exp2f(x) : 0.f;
+          s[j][e] = pr;
+          dp[j][e] = pr * (dp[j][e] - sDv[qi]) * p.scale;
+        }
+        *reinterpret_cast<float2*>(sdSt + kr * kLdT + 8 * j + 2 * t) =
+            make_float2(dp[j][0], dp[j][1]);
+        *reinterpret_cast<float2*>(sdSt + (kr + 8) * kLdT + 8 * j + 2 * t) =
+            make_float2(dp[j][2], dp[j][3]);
+      }
+
+      // dV += P^T dO, dK += dS^T Q: k-step j over queries 8 j .. 8 j + 7, in the order
+      // (2t, 2t + 1) for the A operand's columns (t, t + 4)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const Tf32Pair fp[4] = {split_tf32(s[j][0]), split_tf32(s[j][2]), split_tf32(s[j][1]),
+                                split_tf32(s[j][3])};
+        const Tf32Pair fs[4] = {split_tf32(dp[j][0]), split_tf32(dp[j][2]), split_tf32(dp[j][1]),
+                                split_tf32(dp[j][3])};
+        const float* ob = sdO + (8 * j + 2 * t) * ld + g;
+        const float* qb = sQ + (8 * j + 2 * t) * ld + g;
 #pragma unroll
         for (int n = 0; n < kNT; ++n) {
-          const int col = 8 * n + 2 * t;
-          if (col >= p.E) continue;
-          if (p.vec_out) {
-            add2(dst + col, dq[n][2 * h], dq[n][2 * h + 1]);
-          } else {
-            atomicAdd(dst + col, dq[n][2 * h]);
-            if (col + 1 < p.E) atomicAdd(dst + col + 1, dq[n][2 * h + 1]);
+          const Tf32Pair fo[2] = {split_tf32(ob[8 * n]), split_tf32(ob[ld + 8 * n])};
+          const Tf32Pair fq[2] = {split_tf32(qb[8 * n]), split_tf32(qb[ld + 8 * n])};
+          mma_3xtf32(dv[n], fp, fo);
+          mma_3xtf32(dk[n], fs, fq);
+        }
+      }
+      __syncthreads();  // dS^T complete
+
+      // dQ = dS K: warp w's queries 16 w + g (c0, c1) and + 8 (c2, c3), columns 8 n + 2 t, + 1
+      {
+        float dq[kNT][4];
+        zero_tile(dq);
+        const int qr = 16 * warp + g;
+#pragma unroll 2
+        for (int kk = 0; kk < kBN; kk += 8) {
+          const float* da = sdSt + (kk + t) * kLdT + qr;
+          const Tf32Pair fa[4] = {split_tf32(da[0]), split_tf32(da[8]), split_tf32(da[4 * kLdT]),
+                                  split_tf32(da[4 * kLdT + 8])};
+          const float* kb = sK + (kk + t) * ld + g;
+#pragma unroll
+          for (int n = 0; n < kNT; ++n) {
+            const Tf32Pair fb[2] = {split_tf32(kb[8 * n]), split_tf32(kb[4 * ld + 8 * n])};
+            mma_3xtf32(dq[n], fa, fb);
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int q = q0 + qr + 8 * h;
+          if (q >= p.L) continue;
+          float* dst = p.dq.rows(bh, p.H) + static_cast<int64_t>(q) * p.dq.st;
+#pragma unroll
+          for (int n = 0; n < kNT; ++n) {
+            const int col = 8 * n + 2 * t;
+            if (col >= p.E) continue;
+            if (p.vec_out) {
+              add2(dst + col, dq[n][2 * h], dq[n][2 * h + 1]);
+            } else {
+              atomicAdd(dst + col, dq[n][2 * h]);
+              if (col + 1 < p.E) atomicAdd(dst + col + 1, dq[n][2 * h + 1]);
+            }
           }
         }
       }
@@ -816,8 +860,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_bwd_tf32x3_kernel(BwdAr
   for (int h = 0; h < 2; ++h) {
     const int key = k0 + kr + 8 * h;
     if (key >= p.S) continue;
-    float* dvr = p.dv.rows(bh, p.H) + static_cast<int64_t>(key) * p.dv.st;
-    float* dkr = p.dk.rows(bh, p.H) + static_cast<int64_t>(key) * p.dk.st;
+    float* dvr = p.dv.rows(bkv, p.Hk) + static_cast<int64_t>(key) * p.dv.st;
+    float* dkr = p.dk.rows(bkv, p.Hk) + static_cast<int64_t>(key) * p.dk.st;
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
       const int col = 8 * n + 2 * t;
@@ -902,14 +946,17 @@ constexpr size_t bwd_smem_bytes() {
 
 template <int D>
 void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                  const Tensor& v, bool causal, double scale) {
+                  const Tensor& v, bool causal, double scale, const Tensor& mask) {
   const bool vec_out = q.size(3) % 4 == 0;
   FwdArgs p{operand(q),
             operand(k),
             operand(v),
             out_operand(out),
             static_cast<float*>(lse.storage().data()) + lse.storage_offset(),
+            mask_rows(mask),
+            mask_kind(mask),
             static_cast<int>(q.size(1)),
+            static_cast<int>(k.size(1)),
             static_cast<int>(q.size(2)),
             static_cast<int>(k.size(2)),
             static_cast<int>(q.size(3)),
@@ -933,7 +980,7 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
 template <int D>
 void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                   const Tensor& lse, bool causal, double scale) {
+                   const Tensor& lse, bool causal, double scale, const Tensor& mask) {
   const auto [dev, B, H, L, E, S, rows, dvec] = bwd_frame(q, k);
   const OutOperand dqp = out_operand(dq);
   if (rows > 0) {
@@ -962,7 +1009,10 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
             dqp,
             out_operand(dk),
             out_operand(dv),
+            mask_rows(mask),
+            mask_kind(mask),
             static_cast<int>(H),
+            static_cast<int>(k.size(1)),
             static_cast<int>(L),
             static_cast<int>(S),
             static_cast<int>(E),
@@ -971,7 +1021,8 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
             causal,
             rows_aligned(q) && rows_aligned(k) && rows_aligned(v) && rows_aligned(dout),
             rows_aligned(dq) && rows_aligned(dk) && rows_aligned(dv)};
-  const dim3 grid(static_cast<unsigned>(B * H), static_cast<unsigned>((S + kBN - 1) / kBN));
+  // One block per key tile of each key/value head (grouped-query: it serves H / Hk query heads).
+  const dim3 grid(static_cast<unsigned>(B * k.size(1)), static_cast<unsigned>((S + kBN - 1) / kBN));
   constexpr size_t smem = bwd_smem_bytes<D>();
   if constexpr (kTf32x3<D>) {
     set_max_dynamic_smem(attention_bwd_tf32x3_kernel, smem, "flash_attention_backward (float32)");
@@ -993,24 +1044,26 @@ bool flash_attention_fp32_fits(int device, int64_t E) {
 }
 
 void flash_attention_forward_fp32(const Tensor& out, const Tensor& lse, const Tensor& q,
-                                  const Tensor& k, const Tensor& v, bool causal, double scale) {
+                                  const Tensor& k, const Tensor& v, bool causal, double scale,
+                                  const Tensor& mask) {
   check_inputs("flash_attention_forward", q, k, v);
   if (out.numel() == 0) return;
   NvtxRange range("flash_attention_forward");
   DeviceGuard g(q.device().index);
-  with_dim(q.size(3), [&]<int D>() { forward_impl<D>(out, lse, q, k, v, causal, scale); });
+  with_dim(q.size(3), [&]<int D>() { forward_impl<D>(out, lse, q, k, v, causal, scale, mask); });
 }
 
 void flash_attention_backward_fp32(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                    const Tensor& dout, const Tensor& q, const Tensor& k,
                                    const Tensor& v, const Tensor& out, const Tensor& lse,
-                                   bool causal, double scale) {
+                                   bool causal, double scale, const Tensor& mask) {
   check_inputs("flash_attention_backward", q, k, v);
   if (dq.numel() == 0 && dk.numel() == 0) return;
   NvtxRange range("flash_attention_backward");
   DeviceGuard g(q.device().index);
-  with_dim(q.size(3),
-           [&]<int D>() { backward_impl<D>(dq, dk, dv, dout, q, k, v, out, lse, causal, scale); });
+  with_dim(q.size(3), [&]<int D>() {
+    backward_impl<D>(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, mask);
+  });
 }
 
 }  // namespace tally::cuda

@@ -16,17 +16,23 @@ namespace tally {
 // The forward's and the backward's signature, with R their return type: the kernels' (void)
 // and that of the CUDA routes a CUDA kernel chooses between (tensor/attention/cuda_fp32.h,
 // cuda_cudnn.h), which declare their functions with these types.
+// mask: undefined (none), or a [B, H, L, S] view (stride 0 on broadcast dims, never
+// materialised) of bool (true = take part; false adds -inf) or of a float bias in lse's
+// dtype, added to scale * q.k before the softmax. A row with no allowed key gives out 0 and
+// lse -inf, and zero gradients. k and v may have Hk = H / G heads (grouped-query attention):
+// query head h reads key/value head h / G, and dk, dv sum over the G query heads of a group.
 template <typename R>
 using AttentionForwardFn = R(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, bool causal, double scale);
+                             const Tensor& v, bool causal, double scale, const Tensor& mask);
 template <typename R>
 using AttentionBackwardFn = R(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse, bool causal, double scale);
+                              const Tensor& out, const Tensor& lse, bool causal, double scale,
+                              const Tensor& mask);
 
 struct AttentionKernels {
-  // q [B, H, L, E], k [B, H, S, E], v [B, H, S, Ev] (any strides); out [B, H, L, Ev] in q's
-  // dtype and lse [B, H, L] (float32, float64 for float64 inputs), both contiguous.
+  // q [B, H, L, E], k [B, Hk, S, E], v [B, Hk, S, Ev] (any strides, H % Hk == 0); out [B, H, L, Ev]
+  // in q's dtype and lse [B, H, L] (float32, float64 for float64 inputs), both contiguous.
   AttentionForwardFn<void>* flash_attention_forward;
 
   // dq, dk, dv (contiguous, the inputs' shapes and dtype) <- the gradients from dout (out's

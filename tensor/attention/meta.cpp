@@ -18,13 +18,15 @@ double attention_flops(const Tensor& q, const Tensor& k, bool causal) {
 }
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, bool causal, double /*scale*/) {
+                             const Tensor& v, bool causal, double /*scale*/,
+                             const Tensor& /*mask: read at its own (broadcast) size*/) {
   cost(q, attention_flops(q, k, causal), tensor_bytes(out, lse, q, k, v));
 }
 
 void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse, bool causal, double /*scale*/) {
+                              const Tensor& out, const Tensor& lse, bool causal, double /*scale*/,
+                              const Tensor& /*mask*/) {
   // The backward recomputes the probabilities: 2.5 times the forward's FLOPs.
   cost(q, 2.5 * attention_flops(q, k, causal), tensor_bytes(dq, dk, dv, dout, q, k, v, out, lse));
   if (!replays_cuda(q)) return;

@@ -39,6 +39,59 @@ Tensor as4d(const Tensor& t) {
   return r;
 }
 
+// Whether k's and v's leading dims agree with q's: the same, or (grouped-query attention) the
+// same but for dim -3, where k's and v's equal head count divides q's.
+bool heads_agree(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const Shape lq = leading(q), lk = leading(k);
+  if (lk != leading(v) || lq.size() != lk.size()) return false;
+  if (lq == lk) return true;
+  const size_t h = lq.size() - 1;
+  for (size_t i = 0; i < h; ++i)
+    if (lq[i] != lk[i]) return false;
+  return lk[h] > 0 && lq[h] % lk[h] == 0;
+}
+
+// The attention weights' shape [..., L, S] (q's leading dims).
+Shape weights_shape(const Tensor& q, const Tensor& k) {
+  Shape w = leading(q);
+  w.push_back(q.size(-2));
+  w.push_back(k.size(-2));
+  return w;
+}
+
+bool mask_fits(const Tensor& mask, const Shape& weights) {
+  if (mask.dtype() != DType::bool_ && !is_floating(mask.dtype())) return false;
+  if (mask.dim() > static_cast<int64_t>(weights.size())) return false;
+  for (int64_t i = 1; i <= mask.dim(); ++i) {
+    const int64_t m = mask.size(-i), w = weights[weights.size() - static_cast<size_t>(i)];
+    if (m != w && m != 1) return false;
+  }
+  return true;
+}
+
+DType lse_dtype(const Tensor& q) {
+  return q.dtype() == DType::float64 ? DType::float64 : DType::float32;
+}
+
+// The mask as the kernels take it: [B, H, L, S] like as4d's q, a broadcast view of the mask
+// (stride 0 on broadcast dims; a copy only when q has more than 4 dims and the view cannot
+// merge them), a float mask in lse's dtype at its own shape. Undefined stays undefined.
+Tensor mask4d(const char* op, const Tensor& mask, const Tensor& q, const Tensor& k) {
+  if (!mask.defined()) return mask;
+  check_same_device(op, q.device(), mask.device());
+  const Shape w = weights_shape(q, k);
+  if (!mask_fits(mask, w))
+    throw std::invalid_argument(fmt::format(
+        "{}: mask must be bool (True = take part) or floating and broadcast to the attention "
+        "weights' shape {}, got {} {}",
+        op, shape_str(w), dtype_name(mask.dtype()), mask.shape_string()));
+  Tensor m = mask.dtype() == DType::bool_ ? mask : to(mask, lse_dtype(q));
+  m = expand(m, w);
+  if (m.dim() == 4) return m;
+  if (m.dim() == 3) return unsqueeze(m, 0);
+  return reshape(m, {1, -1, q.size(-2), k.size(-2)});
+}
+
 void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   check_same_device(op, q.device(), k.device());
   check_same_device(op, q.device(), v.device());
@@ -46,11 +99,10 @@ void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor
     throw std::invalid_argument(fmt::format("{}: q, k, v need the same rank >= 2, got {}, {}, {}",
                                             op, q.shape_string(), k.shape_string(),
                                             v.shape_string()));
-  if (leading(q) != leading(k) || leading(q) != leading(v) || k.size(-1) != q.size(-1) ||
-      v.size(-2) != k.size(-2))
+  if (!heads_agree(q, k, v) || k.size(-1) != q.size(-1) || v.size(-2) != k.size(-2))
     throw std::invalid_argument(fmt::format(
         "{}: shapes q {}, k {}, v {} do not agree (need k [..., S, E] and v [..., S, Ev] for q "
-        "[..., L, E], same leading dims)",
+        "[..., L, E], same leading dims, or k and v with heads (dim -3) dividing q's)",
         op, q.shape_string(), k.shape_string(), v.shape_string()));
   if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || !is_floating(q.dtype()))
     throw std::invalid_argument(fmt::format("{}: q, k, v need one floating dtype, got {}, {}, {}",
@@ -95,12 +147,13 @@ bool packed_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 }  // namespace
 
-bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v) {
+bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& mask) {
   if (q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim()) return false;
   if (q.device() != k.device() || q.device() != v.device()) return false;
   if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || !is_floating(q.dtype())) return false;
-  if (leading(q) != leading(k) || leading(q) != leading(v) || k.size(-1) != q.size(-1) ||
-      v.size(-2) != k.size(-2))
+  if (!heads_agree(q, k, v) || k.size(-1) != q.size(-1) || v.size(-2) != k.size(-2)) return false;
+  if (mask.defined() && (mask.device() != q.device() || !mask_fits(mask, weights_shape(q, k))))
     return false;
   if (memory::behaves_as(q.device()) != DeviceType::cuda) return true;
   const int64_t E = q.size(-1);
@@ -117,19 +170,19 @@ bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v
 }
 
 FlashAttentionOutput flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                             bool causal, double scale) {
+                                             bool causal, double scale, const Tensor& mask) {
   static const OpInfo info("flash_attention_forward");
   DispatchScope scope(info, q.device());
   check_inputs(info.name, q, k, v);
+  const Tensor m4 = mask4d(info.name, mask, q, k);
   const Tensor q4 = as4d(q), k4 = as4d(k), v4 = as4d(v);
   const int64_t B = q4.size(0), H = q4.size(1), L = q4.size(2), Ev = v4.size(3);
   FlashAttentionOutput r;
   r.out = q.dim() == 4 ? alloc_token_major(B, H, L, Ev, q.dtype(), q.device())
                        : alloc_output({B, H, L, Ev}, q.dtype(), q.device());
-  r.lse = alloc_output({B, H, L}, q.dtype() == DType::float64 ? DType::float64 : DType::float32,
-                       q.device());
+  r.lse = alloc_output({B, H, L}, lse_dtype(q), q.device());
   attention_backends.get(info, q.device(), &AttentionKernels::flash_attention_forward)(
-      r.out, r.lse, q4, k4, v4, causal, scale);
+      r.out, r.lse, q4, k4, v4, causal, scale, m4);
   Shape os = leading(q), ls = leading(q);
   os.push_back(L);
   os.push_back(Ev);
@@ -141,7 +194,7 @@ FlashAttentionOutput flash_attention_forward(const Tensor& q, const Tensor& k, c
 
 FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                              const Tensor& v, const Tensor& out, const Tensor& lse,
-                                             bool causal, double scale) {
+                                             bool causal, double scale, const Tensor& mask) {
   static const OpInfo info("flash_attention_backward");
   DispatchScope scope(info, q.device());
   check_inputs(info.name, q, k, v);
@@ -157,10 +210,10 @@ FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q
         fmt::format("{}: dout {}, out {}, lse {} do not match q {}, v {} (need out {} and lse {})",
                     info.name, dout.shape_string(), out.shape_string(), lse.shape_string(),
                     q.shape_string(), v.shape_string(), shape_str(os), shape_str(ls)));
-  const DType lse_dtype = q.dtype() == DType::float64 ? DType::float64 : DType::float32;
+  const Tensor m4 = mask4d(info.name, mask, q, k);
   const Tensor q4 = as4d(q), k4 = as4d(k), v4 = as4d(v);
   const Tensor o4 = as4d(to(out, q.dtype())), do4 = as4d(to(dout, q.dtype()));
-  const Tensor lse3 = contiguous(to(lse, lse_dtype));
+  const Tensor lse3 = contiguous(to(lse, lse_dtype(q)));
   FlashAttentionGrads g;
   if (packed_qkv(q4, k4, v4)) {
     const int64_t B = q4.size(0), H = q4.size(1), T = q4.size(2), D = q4.size(3), C = H * D;
@@ -175,7 +228,7 @@ FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q
     g.dv = alloc_output(v4.sizes(), q.dtype(), q.device());
   }
   attention_backends.get(info, q.device(), &AttentionKernels::flash_attention_backward)(
-      g.dq, g.dk, g.dv, do4, q4, k4, v4, o4, lse3, causal, scale);
+      g.dq, g.dk, g.dv, do4, q4, k4, v4, o4, lse3, causal, scale, m4);
   g.dq = view(g.dq, q.sizes());
   g.dk = view(g.dk, k.sizes());
   g.dv = view(g.dv, v.sizes());

@@ -30,18 +30,28 @@ struct FlashAttentionGrads {
 };
 
 // q [..., L, E], k [..., S, E], v [..., S, Ev], the same leading dims and dtype on one
-// device. causal masks key j > query i (top-left aligned, PyTorch's is_causal). A row with
-// no allowed key (S == 0) gets out 0 and lse -inf.
+// device, except that k and v may have fewer heads (dim -3, the same for both) dividing q's:
+// grouped-query attention, query head h reads key/value head h / (q heads / k heads).
+// causal masks key j > query i (top-left aligned, PyTorch's is_causal). mask (optional):
+// bool (true = take part) or floating (added to scale * q.k), broadcastable to
+// [..., L, S] and read through its broadcast strides (a float mask is converted to lse's
+// dtype at its own shape; nothing of [..., L, S] is allocated). A row with no allowed key
+// gets out 0 and lse -inf (and zero gradients).
 FlashAttentionOutput flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                             bool causal, double scale);
-// The gradients w.r.t. q, k, v from dout (out's shape) and what the forward returned.
+                                             bool causal, double scale,
+                                             const Tensor& mask = Tensor());
+// The gradients w.r.t. q, k, v from dout (out's shape) and what the forward returned (the
+// same mask; none for the mask itself).
 FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                              const Tensor& v, const Tensor& out, const Tensor& lse,
-                                             bool causal, double scale);
+                                             bool causal, double scale,
+                                             const Tensor& mask = Tensor());
 
-// Whether the fused kernel exists for these inputs on their device: CPU always (for
-// floating inputs of matching shapes); CUDA for float16/bfloat16 with E == Ev, E <= 128,
-// E % 8 == 0, and for float32 with E == Ev, E <= 128.
-bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v);
+// Whether the fused kernel exists for these inputs (and mask, if defined) on their device:
+// CPU always (for floating inputs of matching shapes, a bool or floating mask that
+// broadcasts); CUDA for float16/bfloat16 with E == Ev, E <= 128, E % 8 == 0, and for
+// float32 with E == Ev, E <= 128.
+bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& mask = Tensor());
 
 }  // namespace tally::ops

@@ -258,6 +258,29 @@ TEST_P(Transformer, CheckpointedEncoderLayerWithMasks) {
   for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_EQ(grads[0][i], grads[1][i]) << i;
 }
 
+// A float32 encoder layer with a key padding mask gives the float64 layer's output and input
+// gradient: on CUDA the attention takes the fused kernel with the padding as a float bias
+// [N, 1, 1, S] (tensor/attention), on the CPU the composite.
+TEST_P(Transformer, EncoderLayerKeyPaddingFloat32MatchesFloat64) {
+  manual_seed(7);
+  auto l64 = prepared(std::make_shared<nn::TransformerEncoderLayer>(16, 2, 32, 0.0));
+  std::shared_ptr<nn::TransformerEncoderLayer> l32 = l64->clone();
+  l32->to(DType::float32);
+  const Tensor kpm = from_vector({0, 0, 0, 1, 1, 0, 0, 0, 0, 1}, {2, 5},
+                                 on(TensorOptions{}.with_dtype(DType::bool_)));
+  std::vector<double> out[2], grad[2];
+  for (const bool f32 : {false, true}) {
+    const Tensor x0 = rand_input({5, 2, 16}, -1, 1, 17);
+    const Tensor x = leaf(f32 ? ops::to(x0, DType::float32) : x0);
+    const Tensor y = (f32 ? *l32 : *l64)(x, Tensor(), kpm);
+    mul(y, y).sum().backward();
+    out[f32] = host(y);
+    grad[f32] = host(x.grad());
+  }
+  for (size_t i = 0; i < out[0].size(); ++i) EXPECT_NEAR(out[1][i], out[0][i], 1e-4) << i;
+  for (size_t i = 0; i < grad[0].size(); ++i) EXPECT_NEAR(grad[1][i], grad[0][i], 1e-3) << i;
+}
+
 // TransformerEncoder's is_causal, unset, is PyTorch's _detect_is_causal_mask: a float mask
 // equal to generate_square_subsequent_mask, or a bool mask True above the diagonal.
 TEST_P(Transformer, EncoderDetectsTheCausalMask) {

@@ -295,6 +295,111 @@ TEST_P(FlashAttentionReference, Gradients) {
                         {q4, k4, v4}));
 }
 
+// t [B, Hk, S, D] with each head repeated twice ([B, 2 Hk, S, D]): the heads G = 2 gives.
+Tensor repeat2(const Tensor& t) {
+  const int64_t B = t.size(0), H = t.size(1), S = t.size(2), D = t.size(3);
+  return t.unsqueeze(2).expand({B, H, 2, S, D}).reshape({B, 2 * H, S, D});
+}
+
+// A bool mask [2, 4, 5, 6] of a fixed pattern with row (0, 1, 2) left without any key.
+Tensor pattern_mask(const Device& device) {
+  std::vector<double> m(2 * 4 * 5 * 6);
+  for (size_t i = 0; i < m.size(); ++i) m[i] = (i * 7 + i / 6) % 5 != 0;
+  for (size_t j = 0; j < 6; ++j) m[((0 * 4 + 1) * 5 + 2) * 6 + j] = 0;
+  return from_vector(m, {2, 4, 5, 6}, TensorOptions{}.with_dtype(DType::bool_).with_device(device));
+}
+
+// The fused op's mask and grouped-query heads equal the composite (masked_fill / add,
+// _safe_softmax, key/value heads repeated): bool masks [B, 1, 1, S] (key padding), [L, S] and
+// [B, H, L, S] (a row without keys: out 0, lse -inf), a float mask [H, 1, S], with G = 1 and 2.
+TEST_P(FlashAttentionReference, MasksAndGroupedHeadsEqualTheComposite) {
+  const Tensor q = rand_input({2, 4, 5, 3}, -1, 1, 40), k = rand_input({2, 2, 6, 3}, -1, 1, 41),
+               v = rand_input({2, 2, 6, 2}, -1, 1, 42);
+  const TensorOptions b = TensorOptions{}.with_dtype(DType::bool_);
+  std::vector<double> pad(12, 1.0), lower(30);
+  pad[5] = pad[10] = pad[11] = 0;
+  for (int i = 0; i < 5; ++i)
+    for (int j = 0; j < 6; ++j) lower[static_cast<size_t>(i * 6 + j)] = j <= i + 1;
+  const Tensor masks[] = {from_vector(pad, {2, 1, 1, 6}, b), from_vector(lower, {5, 6}, b),
+                          pattern_mask(Device::cpu()), rand_input({4, 1, 6}, -2, 2, 43)};
+  for (size_t mi = 0; mi < std::size(masks); ++mi) {
+    for (const bool gqa : {false, true}) {
+      SCOPED_TRACE(fmt::format("mask {} gqa {}", mi, gqa));
+      const Tensor kk = gqa ? k : repeat2(k), vv = gqa ? v : repeat2(v);
+      const ops::FlashAttentionOutput r =
+          ops::flash_attention_forward(q, kk, vv, false, 0.5, masks[mi]);
+      const Tensor ref =
+          scaled_dot_product_attention(q, k, v, masks[mi], 0.0, false, 0.5, /*enable_gqa=*/true);
+      EXPECT_TRUE(values_near(r.out, ref.tolist(), 1e-12));
+      EXPECT_TRUE(
+          values_near(flash_attention(q, kk, vv, false, 0.5, masks[mi]), ref.tolist(), 1e-12));
+      if (mi == 2) {
+        const std::vector<double> lse = r.lse.tolist(), out = r.out.tolist();
+        EXPECT_EQ(lse[(0 * 4 + 1) * 5 + 2], -std::numeric_limits<double>::infinity());
+        EXPECT_EQ(out[((0 * 4 + 1) * 5 + 2) * 2], 0.0);
+        EXPECT_EQ(out[((0 * 4 + 1) * 5 + 2) * 2 + 1], 0.0);
+      }
+    }
+  }
+  // Masks that do not broadcast, or are not bool/floating, are named before any work.
+  expect_error<std::invalid_argument>(
+      [&] { (void)ops::flash_attention_forward(q, k, v, false, 1.0, masks[1].narrow(1, 0, 5)); },
+      {"flash_attention_forward", "[2, 4, 5, 6]", "[5, 5]"});
+  expect_error<std::invalid_argument>(
+      [&] {
+        (void)ops::flash_attention_forward(q, rand_input({2, 3, 6, 3}), rand_input({2, 3, 6, 2}),
+                                           false, 1.0);
+      },
+      {"flash_attention_forward", "dim -3"});
+}
+
+// float64 gradcheck of q, k, v through a bool mask (with a row without keys: zero gradients),
+// a float mask and grouped-query heads (G = 2: dk, dv sum over the group's query heads).
+TEST_P(FlashAttentionReference, MaskAndGroupedHeadGradients) {
+  const Tensor q = rand_input({2, 4, 5, 3}, -1, 1, 44), k = rand_input({2, 2, 6, 3}, -1, 1, 45),
+               v = rand_input({2, 2, 6, 2}, -1, 1, 46);
+  const Tensor bool_mask = pattern_mask(Device::cpu()), float_mask = rand_input({5, 6}, -2, 2, 47);
+  EXPECT_TRUE(gradcheck(
+      [&](const TensorList& x) { return flash_attention(x[0], x[1], x[2], false, 0.7, bool_mask); },
+      {q, k, v}));
+  EXPECT_TRUE(gradcheck(
+      [&](const TensorList& x) {
+        return flash_attention(x[0], x[1], x[2], false, 0.7, float_mask);
+      },
+      {q, repeat2(k).detach().requires_grad_(true), repeat2(v).detach().requires_grad_(true)}));
+  EXPECT_TRUE(gradcheck(
+      [&](const TensorList& x) { return flash_attention(x[0], x[1], x[2], true); }, {q, k, v}));
+  // The row without keys has zero gradients.
+  Tensor ql = q.detach().clone();
+  ql.requires_grad_(true);
+  flash_attention(ql, k, v, false, 0.7, bool_mask).sum().backward();
+  const std::vector<double> gq = ql.grad().tolist();
+  for (size_t d = 0; d < 3; ++d) EXPECT_EQ(gq[((0 * 4 + 1) * 5 + 2) * 3 + d], 0.0);
+}
+
+// The meta kernels give the CPU's shapes and dtypes for a masked grouped-query problem.
+TEST_P(FlashAttentionReference, MetaMatchesTheCpuForMasksAndGroupedHeads) {
+  const auto run = [](const Device& d) {
+    const Tensor q = ops::to(rand_input({2, 4, 5, 8}), d, DType::bfloat16),
+                 k = ops::to(rand_input({2, 2, 6, 8}), d, DType::bfloat16),
+                 v = ops::to(rand_input({2, 2, 6, 8}), d, DType::bfloat16);
+    const Tensor mask =
+        d.is_meta()
+            ? ops::empty({2, 1, 1, 6}, DType::bool_, d)
+            : ops::to(pattern_mask(Device::cpu()).narrow(1, 0, 1).narrow(2, 0, 1), d, DType::bool_);
+    const ops::FlashAttentionOutput r = ops::flash_attention_forward(q, k, v, false, 0.5, mask);
+    const ops::FlashAttentionGrads g =
+        ops::flash_attention_backward(r.out, q, k, v, r.out, r.lse, false, 0.5, mask);
+    return std::vector<Tensor>{r.out, r.lse, g.dq, g.dk, g.dv};
+  };
+  const std::vector<Tensor> m = run(Device::meta(0)), c = run(Device::cpu());
+  for (size_t i = 0; i < c.size(); ++i) {
+    EXPECT_TRUE(m[i].device().is_meta());
+    EXPECT_EQ(m[i].sizes(), c[i].sizes()) << i;
+    EXPECT_EQ(m[i].dtype(), c[i].dtype()) << i;
+  }
+}
+
 TEST_P(FlashAttentionReference, BackwardOpEqualsTheCompositeGradients) {
   const Tensor q = rand_input({2, 2, 6, 4}, -1, 1, 33), k = rand_input({2, 2, 6, 4}, -1, 1, 34),
                v = rand_input({2, 2, 6, 4}, -1, 1, 35);
@@ -925,8 +1030,8 @@ TEST_P(AttentionVsCpu, Fp32SdpaTakesTheFusedPathWithTheCompositesGradients) {
   }
 }
 
-// Grouped-query attention (the fused path, key/value heads repeated) and masked attention (the
-// composite path) on the device against the CPU in float64: outputs and the three gradients.
+// Grouped-query attention and masked attention (both the fused path, key/value heads read in
+// place) on the device against the CPU in float64: outputs and the three gradients.
 TEST_P(AttentionVsCpu, GqaAndMasksMatchTheCpu) {
   const auto rel = [](const Tensor& a, const Tensor& b) {
     const Tensor d = ops::to(a, Device::cpu(), DType::float64),
@@ -941,7 +1046,7 @@ TEST_P(AttentionVsCpu, GqaAndMasksMatchTheCpu) {
   };
   const Tensor keep = ops::binary_scalar(ops::BinaryOp::gt, ops::rand({45, 45}), 0.3);
   for (const DType d : {DType::float32, DType::bfloat16}) {
-    for (const int mode : {0, 1, 2}) {  // 0: GQA causal, 1: GQA, 2: bool mask + GQA (composite)
+    for (const int mode : {0, 1, 2}) {  // 0: GQA causal, 1: GQA, 2: bool mask + GQA
       SCOPED_TRACE(fmt::format("{} mode {}", dtype_name(d), mode));
       Generator g(900 + mode);
       const Tensor q64 = ops::randn({2, 4, 45, 64}, DType::float64, Device::cpu(), &g),
@@ -962,6 +1067,129 @@ TEST_P(AttentionVsCpu, GqaAndMasksMatchTheCpu) {
       for (size_t i = 0; i < 4; ++i) EXPECT_LT(rel(got[i], want[i]), tol) << "tensor " << i;
     }
   }
+}
+
+// Masks and grouped-query heads in the fused CUDA kernels (bfloat16, float16: Tally's
+// kernels, never cuDNN; float32) against the CPU kernel (float32 reference for 16-bit inputs,
+// float64 for float32): bool and float masks of shapes [B, 1, 1, S], [1, 1, L, S] and
+// [B, H, L, S] (a row without keys: out 0, lse -inf, zero gradients), GQA G = 4 causal and not,
+// and the masked GQA problem; forward, and backward from the device's own out and lse.
+TEST_P(AttentionVsCpu, MasksAndGroupedHeadsMatchTheCpu) {
+  struct MaskCase {
+    int64_t B, H, Hk, L, S, E;
+    bool causal;
+    Shape mask;  // empty: none
+    bool boolean;
+  };
+  const MaskCase cases[] = {
+      {2, 4, 4, 130, 190, 64, false, {2, 1, 1, 190}, true},   // key padding
+      {2, 4, 4, 130, 190, 64, false, {2, 1, 1, 190}, false},  // key padding as a float bias
+      {1, 2, 2, 77, 77, 128, false, {1, 1, 77, 77}, true},    // [L, S], head dim 128
+      {1, 2, 2, 100, 70, 64, false, {1, 1, 100, 70}, false},  // [L, S] float bias, L > S
+      {2, 2, 2, 90, 150, 64, false, {2, 2, 90, 150}, true},   // [B, H, L, S] with dead rows
+      {1, 3, 3, 64, 64, 40, false, {1, 3, 64, 64}, false},    // [B, H, L, S] float, E 40
+      {2, 2, 2, 70, 99, 64, false, {2, 1, 70, 99}, false},    // S odd: one load a column
+      {1, 8, 2, 200, 200, 64, true, {}, false},               // GQA G = 4 causal
+      {2, 8, 2, 96, 140, 64, false, {}, false},               // GQA G = 4
+      {1, 8, 2, 120, 120, 128, true, {}, false},              // GQA G = 4 causal, E 128
+      {2, 8, 2, 100, 130, 64, false, {2, 1, 1, 130}, true},   // GQA G = 4 with key padding
+  };
+  // lse with -inf where a row has no key: the -inf positions must agree, the rest be close.
+  const auto lse_close = [](const Tensor& got, const Tensor& ref, double tol) {
+    const std::vector<double> a = ops::to_vector(got), b = ops::to_vector(ref);
+    double worst = 0, most = 1;
+    for (size_t i = 0; i < b.size(); ++i) {
+      if (std::isinf(b[i]) || std::isinf(a[i])) {
+        if (a[i] != b[i])
+          return ::testing::AssertionFailure() << "lse " << a[i] << " vs " << b[i] << " at " << i;
+        continue;
+      }
+      most = std::max(most, std::abs(b[i]));
+      worst = std::max(worst, std::abs(a[i] - b[i]));
+    }
+    if (worst / most <= tol) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "lse relative error " << worst / most;
+  };
+  uint64_t seed = 5000;
+  for (const MaskCase& c : cases) {
+    for (const DType d : {DType::bfloat16, DType::float16, DType::float32}) {
+      seed += 10;
+      const std::string what = fmt::format("[{}, {}|{}, {}/{}, {}] causal {} mask {} {} {}", c.B,
+                                           c.H, c.Hk, c.L, c.S, c.E, c.causal, shape_str(c.mask),
+                                           c.boolean ? "bool" : "float", dtype_name(d));
+      SCOPED_TRACE(what);
+      const DType ref = d == DType::float32 ? DType::float64 : DType::float32;
+      const Tensor q = rand_tensor({c.B, c.H, c.L, c.E}, d, seed);
+      const Tensor k = rand_tensor({c.B, c.Hk, c.S, c.E}, d, seed + 1);
+      const Tensor v = rand_tensor({c.B, c.Hk, c.S, c.E}, d, seed + 2);
+      const Tensor dout = rand_tensor({c.B, c.H, c.L, c.E}, d, seed + 3, -1, 1);
+      Tensor mask;
+      if (!c.mask.empty()) {
+        const Tensor u = rand_tensor(c.mask, DType::float64, seed + 4, 0, 1);
+        if (c.boolean) {
+          mask = ops::binary_scalar(ops::BinaryOp::gt, u, 0.25);
+          if (c.mask[2] > 1) {  // rows 3 and 40 of the first (b, h) slice see no key
+            std::vector<double> m = ops::to_vector(ops::to(mask, DType::float64));
+            for (int64_t j = 0; j < c.S; ++j) m[static_cast<size_t>(3 * c.S + j)] = 0;
+            for (int64_t j = 0; j < c.S; ++j) m[static_cast<size_t>(40 * c.S + j)] = 0;
+            mask = ops::to(from_vector(m, c.mask), DType::bool_);
+          }
+        } else {
+          mask = ops::affine(u, 4.0, -2.0);  // a bias in [-2, 2]
+        }
+      }
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.E));
+      const Tensor md = mask.defined() ? put(mask) : Tensor();
+      const Tensor mr = mask.defined() && !c.boolean ? ops::to(mask, ref) : mask;
+      const ops::FlashAttentionOutput g =
+          ops::flash_attention_forward(put(q), put(k), put(v), c.causal, scale, md);
+      const ops::FlashAttentionOutput r = ops::flash_attention_forward(
+          ops::to(q, ref), ops::to(k, ref), ops::to(v, ref), c.causal, scale, mr);
+      const double tol = d == DType::float32 ? 1e-4 : 1e-2;
+      EXPECT_TRUE(close_scaled(ops::to(g.out, kCpu, ref), r.out, tol)) << "out";
+      EXPECT_TRUE(lse_close(g.lse, r.lse, d == DType::float32 ? 1e-5 : 1e-3));
+      const ops::FlashAttentionGrads gg = ops::flash_attention_backward(
+          put(dout), put(q), put(k), put(v), g.out, g.lse, c.causal, scale, md);
+      const ops::FlashAttentionGrads rr = ops::flash_attention_backward(
+          ops::to(dout, ref), ops::to(q, ref), ops::to(k, ref), ops::to(v, ref),
+          ops::to(g.out, kCpu, ref), ops::to(g.lse, kCpu, r.lse.dtype()), c.causal, scale, mr);
+      const double gtol = d == DType::float32 ? 1e-4 : 2e-2;
+      EXPECT_TRUE(close_scaled(ops::to(gg.dq, kCpu, ref), rr.dq, gtol)) << "dq";
+      EXPECT_TRUE(close_scaled(ops::to(gg.dk, kCpu, ref), rr.dk, gtol)) << "dk";
+      EXPECT_TRUE(close_scaled(ops::to(gg.dv, kCpu, ref), rr.dv, gtol)) << "dv";
+      if (c.boolean && c.mask.size() == 4 && c.mask[2] > 1) {  // the dead rows: 0 out, 0 dq
+        const std::vector<double> o = ops::to_vector(g.out), dq = ops::to_vector(gg.dq);
+        for (int64_t e = 0; e < c.E; ++e) {
+          EXPECT_EQ(o[static_cast<size_t>(3 * c.E + e)], 0.0);
+          EXPECT_EQ(dq[static_cast<size_t>(40 * c.E + e)], 0.0);
+        }
+      }
+    }
+  }
+}
+
+// scaled_dot_product_attention on CUDA takes the fused kernel for a bool key-padding mask and
+// for enable_gqa (no [B, H, L, S] tensor, no repeated heads) and gives the composite's values.
+TEST_P(AttentionVsCpu, SdpaMaskAndGqaTakeTheFusedKernel) {
+  const Tensor q = rand_tensor({2, 8, 64, 64}, DType::bfloat16, 7100),
+               k = rand_tensor({2, 2, 96, 64}, DType::bfloat16, 7101),
+               v = rand_tensor({2, 2, 96, 64}, DType::bfloat16, 7102);
+  const Tensor pad = ops::binary_scalar(
+      ops::BinaryOp::gt, rand_tensor({2, 1, 1, 96}, DType::float64, 7103, 0, 1), 0.2);
+  EXPECT_TRUE(ops::flash_attention_supported(put(q), put(k), put(v), put(pad)));
+  const Tensor qg = put(q).requires_grad_(true);
+  const Tensor got =
+      scaled_dot_product_attention(qg, put(k), put(v), put(pad), 0.0, false, std::nullopt, true);
+  // The fused op saved q, k and v (k, v with their 2 heads, not repeated), out, lse and the
+  // mask at its own shape.
+  const std::vector<Tensor> saved = saved_by(got);
+  ASSERT_EQ(saved.size(), 6u) << "should take the fused path";
+  EXPECT_EQ(saved[1].sizes(), (Shape{2, 2, 96, 64}));
+  EXPECT_EQ(saved[5].sizes(), (Shape{2, 1, 1, 96}));
+  const Tensor want =
+      scaled_dot_product_attention(ops::to(q, DType::float64), ops::to(k, DType::float64),
+                                   ops::to(v, DType::float64), pad, 0.0, false, std::nullopt, true);
+  EXPECT_TRUE(close_scaled(ops::to(got, kCpu, DType::float64), want, 1e-2));
 }
 
 #endif  // TALLY_WITH_CUDA
