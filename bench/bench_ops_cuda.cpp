@@ -8,16 +8,20 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "base/json.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "nn/rnn.h"
 #ifdef TALLY_WITH_CUDA
+#include "tensor/cuda/cudnn.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/rnn/cuda.h"
 #endif
 
 using namespace tally;
@@ -48,6 +52,16 @@ double time_ms(const std::function<void()>& fn) {
   std::sort(ts.begin(), ts.end());
   return ts[ts.size() / 2];
 }
+
+// float32 convolutions and RNNs on cuDNN without TF32 while it lives (PyTorch's
+// torch.backends.cudnn.allow_tf32 = False), restoring the setting after.
+struct NoCudnnTf32 {
+  bool saved = cuda::cudnn_allow_tf32();
+  NoCudnnTf32() { cuda::set_cudnn_allow_tf32(false); }
+  ~NoCudnnTf32() { cuda::set_cudnn_allow_tf32(saved); }
+  NoCudnnTf32(const NoCudnnTf32&) = delete;
+  NoCudnnTf32& operator=(const NoCudnnTf32&) = delete;
+};
 
 Tensor rnd(const Shape& s, DType d) {
   return ops::to(ops::randn(s, DType::float32, kGpu), d);
@@ -349,14 +363,18 @@ int main(int argc, char** argv) {
     const Tensor g = rnd({B, T, H}, DType::float32);
     const double params = 2.0 * 4 * H * (2 * H + 2);       // per gate row: w_ih, w_hh, two biases
     const double products = 2.0 * 3 * B * T * params / 2;  // 2 FLOPs a weight; fwd + 2x bwd
+    // float32 exactly on both sides (ops_gpu.py runs PyTorch's rows with cuDNN's TF32 off):
+    // the layers run on cuDNN's RNN (tensor/rnn/cuda.h).
     cases.push_back({"lstm_fwd_bwd", "[64,35,650] 2 layers", "float32",
                      4.0 * (3 * params + 2 * 12.0 * B * T * H), products, [=] {
+                       const NoCudnnTf32 exact;
                        lstm->zero_grad();
                        x.set_grad(Tensor());
                        (*lstm)(x).first.backward(g);
                      }});
     cases.push_back({"gru_fwd_bwd", "[64,35,650] 2 layers", "float32",
                      4.0 * (3 * params * 0.75 + 2 * 10.0 * B * T * H), 0.75 * products, [=] {
+                       const NoCudnnTf32 exact;
                        gru->zero_grad();
                        x.set_grad(Tensor());
                        (*gru)(x).first.backward(g);
@@ -422,6 +440,62 @@ int main(int argc, char** argv) {
                        seq.set_grad(Tensor());
                        F::interpolate(seq, std::nullopt, V{2.0}, "linear", false).backward(gs);
                      }});
+  }
+  {
+    // The same LSTM / GRU layers on the per-timestep path (the cuDNN route switched off: one
+    // product and one fused gate kernel per step), and the forward alone on each path under
+    // no_grad (cuDNN's inference mode). No PyTorch row: the ratio to compare is against
+    // lstm_fwd_bwd / gru_fwd_bwd above.
+    const int64_t B = 64, T = 35, H = 650;
+    nn::BuildOnDevice on(kGpu);
+    auto lstm = std::make_shared<nn::LSTM>(H, H, 2, true, true);
+    auto gru = std::make_shared<nn::GRU>(H, H, 2, true, true);
+    Tensor x = rnd({B, T, H}, DType::float32);
+    x.requires_grad_();
+    const Tensor xi = rnd({B, T, H}, DType::float32);
+    const Tensor g = rnd({B, T, H}, DType::float32);
+    const double params = 2.0 * 4 * H * (2 * H + 2);
+    const double products = 2.0 * B * T * params / 2;  // forward only
+    struct PerStep {
+      bool saved = cuda::cudnn_rnn_enabled();
+      PerStep() { cuda::set_cudnn_rnn_enabled(false); }
+      ~PerStep() { cuda::set_cudnn_rnn_enabled(saved); }
+    };
+    cases.push_back({"lstm_fwd_bwd_per_step", "[64,35,650] 2 layers", "float32",
+                     4.0 * (3 * params + 2 * 12.0 * B * T * H), 3 * products, [=] {
+                       const NoCudnnTf32 exact;
+                       const PerStep per_step;
+                       lstm->zero_grad();
+                       x.set_grad(Tensor());
+                       (*lstm)(x).first.backward(g);
+                     }});
+    cases.push_back({"gru_fwd_bwd_per_step", "[64,35,650] 2 layers", "float32",
+                     4.0 * (3 * params * 0.75 + 2 * 10.0 * B * T * H), 2.25 * products, [=] {
+                       const NoCudnnTf32 exact;
+                       const PerStep per_step;
+                       gru->zero_grad();
+                       x.set_grad(Tensor());
+                       (*gru)(x).first.backward(g);
+                     }});
+    for (bool cudnn : {true, false}) {
+      const std::string sfx = cudnn ? "" : "_per_step";
+      cases.push_back({"lstm_fwd" + sfx, "[64,35,650] 2 layers", "float32",
+                       4.0 * (params + 6.0 * B * T * H), products, [=] {
+                         const NoCudnnTf32 exact;
+                         std::optional<PerStep> per_step;
+                         if (!cudnn) per_step.emplace();
+                         const NoGradGuard no_grad;
+                         (void)(*lstm)(xi);
+                       }});
+      cases.push_back({"gru_fwd" + sfx, "[64,35,650] 2 layers", "float32",
+                       4.0 * (0.75 * params + 5.0 * B * T * H), 0.75 * products, [=] {
+                         const NoCudnnTf32 exact;
+                         std::optional<PerStep> per_step;
+                         if (!cudnn) per_step.emplace();
+                         const NoGradGuard no_grad;
+                         (void)(*gru)(xi);
+                       }});
+    }
   }
   for (const Case& c : cases) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;

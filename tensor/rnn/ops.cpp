@@ -124,4 +124,33 @@ std::tuple<Tensor, Tensor, Tensor> gru_cell_gates_backward(const Tensor& grad_h,
   return {gx, ghh, gh_prev};
 }
 
+bool cudnn_rnn(const CudnnRnnSpec& spec, const Tensor& x, const Tensor& h0, const Tensor& c0,
+               const TensorList& weights, CudnnRnnOutputs* out) {
+  static const OpInfo info("cudnn_rnn");
+  *out = {};
+  const Device dev = x.device();
+  const RnnKernels* table = dev.type == DeviceType::cuda ? rnn_backends.cuda : nullptr;
+  if (!table || !table->cudnn_rnn_forward) return false;
+  DispatchScope scope(info, x, h0, c0);
+  auto dense = [](const Tensor& t) { return t.defined() ? contiguous(t) : t; };
+  TensorList w;
+  for (const Tensor& t : weights) w.push_back(dense(t));
+  table->cudnn_rnn_forward(spec, dense(x), dense(h0), spec.lstm ? dense(c0) : Tensor(), w, out);
+  return out->taken;
+}
+
+CudnnRnnGrads cudnn_rnn_backward(const CudnnRnnSpec& spec, const Tensor& x, const Tensor& h0,
+                                 const Tensor& c0, const TensorList& weights, const Tensor& output,
+                                 const Tensor& reserve, const Tensor& grad_output,
+                                 const Tensor& grad_h_n, const Tensor& grad_c_n) {
+  static const OpInfo info("cudnn_rnn_backward");
+  DispatchScope scope(info, x, grad_output, grad_h_n, grad_c_n);
+  auto dense = [](const Tensor& t) { return t.defined() ? contiguous(t) : t; };
+  CudnnRnnGrads grads;
+  rnn_backends.get(info, x.device(), &RnnKernels::cudnn_rnn_backward)(
+      spec, x, h0, c0, weights, output, reserve, dense(grad_output), dense(grad_h_n),
+      spec.lstm ? dense(grad_c_n) : Tensor(), &grads);
+  return grads;
+}
+
 }  // namespace tally::ops

@@ -2,7 +2,9 @@
 // (tests/testing/devices.h). On each device (the CPU in test_rnn, CUDA in test_rnn_cuda): the
 // fused step against the same step composed from sigmoid, tanh, add and mul, float64 gradient
 // checks of every input, and errors naming the op and the shapes. On CUDA only, against the
-// CPU kernels: forward and backward over float32, float64, float16 and bfloat16.
+// CPU kernels: forward and backward over float32, float64, float16 and bfloat16. The
+// whole-layer cuDNN route takes nothing off CUDA (tests/nn/test_recurrent_cudnn_cuda.cpp
+// tests it on CUDA).
 #include "autograd/node.h"
 #include "tensor/rnn/autograd.h"
 #include "tensor/rnn/ops.h"
@@ -145,6 +147,19 @@ TEST_P(RnnCellVsCpu, ForwardAndBackwardMatchTheCpu) {
 }
 
 TALLY_VS_CPU(RnnCellVsCpu);
+
+// The whole-layer route (cudnn_rnn) exists on CUDA only: on the CPU and the meta device it
+// takes nothing and computes nothing, so nn::LSTM / nn::GRU run their per-timestep path.
+TEST(CudnnRnnRoute, TakesNothingOffCuda) {
+  CudnnRnnSpec spec;
+  spec.input_size = 2;
+  spec.hidden_size = 3;
+  for (Device d : {Device::cpu(), Device::meta()}) {
+    const TensorOptions o = TensorOptions{}.with_device(d);
+    const TensorList w = {zeros({12, 2}, o), zeros({12, 3}, o), zeros({12}, o), zeros({12}, o)};
+    EXPECT_FALSE(cudnn_rnn(spec, zeros({4, 1, 2}, o), Tensor(), Tensor(), w).has_value());
+  }
+}
 
 }  // namespace
 }  // namespace tally
