@@ -33,18 +33,13 @@ namespace tally::cuda {
 
 namespace {
 
-// -1 until first read: then TALLY_CUDNN_RNN (0 starts the process with the route off) or the
-// setter.
+// The setter's choice (1 on, 0 off), or -1: TALLY_CUDNN_RNN's (read once, at the first call).
 std::atomic<int> g_enabled{-1};
 
 bool enabled() {
-  int v = g_enabled.load();
-  if (v < 0) {
-    const int from_env = env_switch("TALLY_CUDNN_RNN", true) ? 1 : 0;
-    g_enabled.compare_exchange_strong(v, from_env);
-    v = g_enabled.load();
-  }
-  return v == 1;
+  static const bool from_env = env_switch("TALLY_CUDNN_RNN", true);
+  const int v = g_enabled.load();
+  return v < 0 ? from_env : v == 1;
 }
 std::atomic<int64_t> g_forward{0}, g_backward{0}, g_fallback{0};
 
