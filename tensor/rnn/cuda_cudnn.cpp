@@ -87,8 +87,9 @@ using Key = std::tuple<int, cudnnHandle_t, int, bool, int64_t, int64_t, int64_t,
                        bool, int64_t, int64_t, int>;
 
 // The math type PyTorch's cuDNN RNN picks: tensor cores for 16-bit data, and for float32 only
-// where cuDNN may use TF32 (torch.backends.cudnn.allow_tf32).
+// where cuDNN may use TF32 (torch.backends.cudnn.allow_tf32); float64 has only one.
 cudnnMathType_t math_type(DType dtype) {
+  if (dtype == DType::float64) return CUDNN_DEFAULT_MATH;
   if (dtype != DType::float32) return CUDNN_TENSOR_OP_MATH;
   return cudnn_allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }

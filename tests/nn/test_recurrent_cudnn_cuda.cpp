@@ -4,7 +4,8 @@
 // bidirectional, with and without (h_0, c_0), and unbatched input; float32 at 1e-5 (the suite
 // runs with cuDNN's TF32 off, tests/exact_float32.cpp), float16 and bfloat16 loosely. Each
 // case checks through the counters that cuDNN ran the forward and the backward; the cases it
-// must not take (route off, proj_size, dropout while training, CUDA autocast) leave them.
+// must not take (route off, proj_size, dropout while training, CUDA autocast) leave them. The
+// op itself (cudnn_rnn) passes a float64 finite-difference gradient check on cuDNN.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -16,8 +17,10 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "nn/rnn.h"
+#include "tensor/rnn/autograd.h"
 #include "tensor/rnn/cuda.h"
 #include "testing/cuda_testing.h"
+#include "testing/devices.h"
 
 namespace tally::nn {
 namespace {
@@ -180,6 +183,47 @@ TEST_F(CudnnRnn, SixteenBitMatchesTheCpuLoosely) {
       c.with_state = true;
       check_case(c, dt, dt == DType::bfloat16 ? 6e-2 : 1e-2);
     }
+}
+
+// The op itself (tensor/rnn/autograd.h: cudnn_rnn) in float64 on cuDNN: a finite-difference
+// gradient check of x, h_0, c_0 and every weight (2 layers, bidirectional, batch-first).
+TEST_F(CudnnRnn, Float64GradcheckOfTheOp) {
+  for (bool lstm : {true, false}) {
+    SCOPED_TRACE(lstm ? "LSTM" : "GRU");
+    CudnnRnnSpec spec;
+    spec.lstm = lstm;
+    spec.input_size = 2;
+    spec.hidden_size = 3;
+    spec.num_layers = 2;
+    spec.bidirectional = true;
+    spec.batch_first = true;
+    const int64_t G = lstm ? 4 : 3, H = 3, D = 2, B = 2, T = 3;
+    TensorList in = {testing::rand_input({B, T, 2}, -1, 1, 1),
+                     testing::rand_input({4, B, H}, -1, 1, 2)};
+    if (lstm) in.push_back(testing::rand_input({4, B, H}, -1, 1, 3));
+    const size_t first_weight = in.size();
+    uint64_t seed = 10;
+    for (int64_t cell = 0; cell < 4; ++cell) {
+      const int64_t cols = cell < D ? 2 : D * H;
+      in.push_back(testing::rand_input({G * H, cols}, -0.5, 0.5, seed++));
+      in.push_back(testing::rand_input({G * H, H}, -0.5, 0.5, seed++));
+      in.push_back(testing::rand_input({G * H}, -0.5, 0.5, seed++));
+      in.push_back(testing::rand_input({G * H}, -0.5, 0.5, seed++));
+    }
+    const cuda::CudnnRnnCounts before = cuda::cudnn_rnn_counts();
+    EXPECT_TRUE(testing::gradcheck_on(
+        testing::kGpu,
+        [&](const TensorList& t) {
+          const TensorList w(t.begin() + static_cast<std::ptrdiff_t>(first_weight), t.end());
+          auto r = cudnn_rnn(spec, t[0], t[1], lstm ? t[2] : Tensor(), w);
+          if (!r) throw std::runtime_error("cuDNN did not take the float64 problem");
+          TensorList parts = {std::get<0>(*r).reshape({-1}), std::get<1>(*r).reshape({-1})};
+          if (lstm) parts.push_back(std::get<2>(*r).reshape({-1}));
+          return cat(parts, 0);
+        },
+        in));
+    EXPECT_GT(cuda::cudnn_rnn_counts().backward, before.backward);
+  }
 }
 
 // Inference (no gradient needed) runs cuDNN's inference mode: a forward, no reserve space.

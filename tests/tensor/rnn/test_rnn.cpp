@@ -161,5 +161,32 @@ TEST(CudnnRnnRoute, TakesNothingOffCuda) {
   }
 }
 
+// Bad arguments are errors naming the op and the shapes, on every device, before any work.
+TEST(CudnnRnnRoute, ErrorsNameTheOpAndShapes) {
+  CudnnRnnSpec spec;
+  spec.input_size = 2;
+  spec.hidden_size = 3;
+  const TensorList w = {zeros({12, 2}), zeros({12, 3}), zeros({12}), zeros({12})};
+  auto message = [&](const Tensor& x, const Tensor& h0, const TensorList& ws) {
+    try {
+      (void)cudnn_rnn(spec, x, h0, Tensor(), ws);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(zeros({4, 1, 5}), Tensor(), w)
+                .find("cudnn_rnn: x must be [T, B, input_size=2], got [4, 1, 5]"),
+            std::string::npos);
+  EXPECT_NE(message(zeros({4, 1, 2}), zeros({1, 2, 3}), w)
+                .find("cudnn_rnn: h0 must be [1, 1, 3], got [1, 2, 3]"),
+            std::string::npos);
+  EXPECT_NE(message(zeros({4, 1, 2}), Tensor(), {w[0], w[1]}).find("cudnn_rnn: expected 4 weights"),
+            std::string::npos);
+  EXPECT_NE(message(zeros({4, 1, 2}), Tensor(), {w[1], w[1], w[2], w[3]})
+                .find("w_ih of cell 0 must be [12, 2]"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tally
