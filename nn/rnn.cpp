@@ -7,6 +7,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
+#include "memory/meta.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "tensor/rnn/autograd.h"
@@ -195,7 +196,8 @@ std::pair<Tensor, TensorList> RNNBase::run(const Tensor& input, const TensorList
 }
 
 bool RNNBase::fast_path_applies(const Tensor& x, const TensorList& state0) const {
-  if (x.device().type != DeviceType::cuda || proj_size > 0) return false;
+  // CUDA, or a meta device replaying it (a dry run takes the path the run takes).
+  if (memory::behaves_as(x.device()) != DeviceType::cuda || proj_size > 0) return false;
   const DType dt = x.dtype();
   if (dt != DType::float32 && dt != DType::float16 && dt != DType::bfloat16) return false;
   if (dropout > 0 && is_training() && num_layers > 1) return false;  // no cuDNN dropout here

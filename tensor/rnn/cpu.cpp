@@ -124,6 +124,6 @@ void gru_cell_backward(const Tensor& grad_gates_x, const Tensor& grad_gates_h,
 
 // No whole-layer kernel: nn::LSTM / nn::GRU run their per-timestep path on the CPU.
 const RnnKernels rnn_kernels{TALLY_RNN_KERNELS, .cudnn_rnn_forward = nullptr,
-                             .cudnn_rnn_backward = nullptr};
+                             .cudnn_rnn_backward = nullptr, .cudnn_rnn_sizes = nullptr};
 
 }  // namespace tally::cpu

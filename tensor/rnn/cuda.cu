@@ -162,7 +162,8 @@ __global__ void fill_int32_kernel(int32_t* __restrict__ dst, int32_t value, int6
 }  // namespace
 
 const RnnKernels rnn_kernels{TALLY_RNN_KERNELS, .cudnn_rnn_forward = &cudnn_rnn_forward,
-                             .cudnn_rnn_backward = &cudnn_rnn_backward};
+                             .cudnn_rnn_backward = &cudnn_rnn_backward,
+                             .cudnn_rnn_sizes = &cudnn_rnn_sizes};
 
 void fill_int32(int32_t* dst, int64_t n, int32_t value, int device) {
   if (n <= 0) return;

@@ -298,6 +298,16 @@ CudnnRnnCounts cudnn_rnn_counts() {
   return {g_forward.load(), g_backward.load(), g_fallback.load()};
 }
 
+void cudnn_rnn_sizes(const CudnnRnnSpec& spec, DType dtype, int64_t T, int64_t B,
+                     CudnnRnnSizes* sizes) {
+  *sizes = {};
+  if (!enabled()) return;
+  DeviceGuard guard(0);
+  const auto e = cache().get(cudnn_handle(0), spec, dtype, T, B, 0);
+  if (!e->plan) return;
+  *sizes = {e->plan->weight_bytes, e->plan->work_bytes, e->plan->reserve_bytes, true};
+}
+
 void cudnn_rnn_forward(const CudnnRnnSpec& spec, const Tensor& x, const Tensor& h0,
                        const Tensor& c0, const TensorList& weights, CudnnRnnOutputs* out) {
   out->taken = false;

@@ -23,6 +23,12 @@ void cudnn_rnn_backward(const CudnnRnnSpec& spec, const Tensor& x, const Tensor&
                         const Tensor& reserve, const Tensor& grad_output, const Tensor& grad_h_n,
                         const Tensor& grad_c_n, CudnnRnnGrads* grads);
 
+// cuDNN's sizes for the problem on cuda:0 (building and caching its plan), ok false where the
+// route would not take it (off, or cuDNN declines it); counts nothing. The meta device's
+// whole-layer entries (tensor/rnn/meta.cpp) allocate these bytes when they replay this GPU.
+void cudnn_rnn_sizes(const CudnnRnnSpec& spec, DType dtype, int64_t T, int64_t B,
+                     CudnnRnnSizes* sizes);
+
 // Fills n int32 values at `dst` (device memory) with `value` on the device's Tally stream
 // (tensor/rnn/cuda.cu): cuDNN's device copy of the sequence lengths.
 void fill_int32(int32_t* dst, int64_t n, int32_t value, int device);

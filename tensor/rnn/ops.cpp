@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "memory/meta.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_alloc.h"
 #include "tensor/rnn/kernels.h"
@@ -176,14 +177,14 @@ bool cudnn_rnn(const CudnnRnnSpec& spec, const Tensor& x, const Tensor& h0, cons
   static const OpInfo info("cudnn_rnn");
   *out = {};
   check_cudnn_rnn(info.name, spec, x, h0, c0, weights);
-  const Device dev = x.device();
-  const RnnKernels* table = dev.type == DeviceType::cuda ? rnn_backends.cuda : nullptr;
-  if (!table || !table->cudnn_rnn_forward) return false;
+  // CUDA, or a meta device replaying it (tensor/rnn/meta.cpp); the CPU has no such kernel.
+  if (memory::behaves_as(x.device()) != DeviceType::cuda) return false;
   DispatchScope scope(info, x, h0, c0);
   auto dense = [](const Tensor& t) { return t.defined() ? contiguous(t) : t; };
   TensorList w;
   for (const Tensor& t : weights) w.push_back(dense(t));
-  table->cudnn_rnn_forward(spec, dense(x), dense(h0), spec.lstm ? dense(c0) : Tensor(), w, out);
+  rnn_backends.get(info, x.device(), &RnnKernels::cudnn_rnn_forward)(
+      spec, dense(x), dense(h0), spec.lstm ? dense(c0) : Tensor(), w, out);
   return out->taken;
 }
 

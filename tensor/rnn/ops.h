@@ -34,6 +34,13 @@ struct CudnnRnnOutputs {
   bool taken = false;
 };
 
+// cuDNN's byte counts for a problem (its flat weight space, workspace and, training, reserve
+// space); ok false when the route would not take it.
+struct CudnnRnnSizes {
+  size_t weight = 0, work = 0, reserve = 0;
+  bool ok = false;
+};
+
 // The gradients of the forward's inputs: dx, dh_0 and dc_0 (undefined when h_0, c_0 were), and
 // one per weight (the weight list's order).
 struct CudnnRnnGrads {

@@ -5,17 +5,22 @@
 // runs with cuDNN's TF32 off, tests/exact_float32.cpp), float16 and bfloat16 loosely. Each
 // case checks through the counters that cuDNN ran the forward and the backward; the cases it
 // must not take (route off, proj_size, dropout while training, CUDA autocast) leave them. The
-// op itself (cudnn_rnn) passes a float64 finite-difference gradient check on cuDNN.
+// op itself (cudnn_rnn) passes a float64 finite-difference gradient check on cuDNN, and a dry
+// run replaying this GPU allocates what the run does.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "memory/caching_allocator.h"
+#include "memory/meta.h"
+#include "nn/layers.h"
 #include "nn/rnn.h"
 #include "tensor/rnn/autograd.h"
 #include "tensor/rnn/cuda.h"
@@ -224,6 +229,39 @@ TEST_F(CudnnRnn, Float64GradcheckOfTheOp) {
         in));
     EXPECT_GT(cuda::cudnn_rnn_counts().backward, before.backward);
   }
+}
+
+// A dry run on a meta device replaying this GPU (target "cuda") takes the cuDNN route too,
+// with cuDNN's sizes: its activation (the reserve space), workspace and temporary peaks over
+// one LSTM step equal the CUDA run's.
+TEST_F(CudnnRnn, ADryRunForThisGpuAllocatesWhatTheRunDoes) {
+  auto step_peaks = [](Device d) {
+    BuildOnDevice on(d);
+    LSTM lstm(5, 8, 2, true, true);
+    Tensor x = zeros({4, 6, 5}, TensorOptions{}.with_device(d));
+    x.requires_grad_(true);
+    for (int i = 0; i < 2; ++i) {  // the first builds (and caches) cuDNN's plan
+      lstm.zero_grad();
+      x.set_grad(Tensor());
+      memory::synchronize(d);
+      memory::reset_peak_memory_stats(d);
+      sum(lstm(x).first).backward();
+    }
+    const memory::DeviceStats st = memory::get_allocator(d).stats();
+    return std::make_tuple(st.cat_bytes(memory::Category::activation).peak,
+                           st.cat_bytes(memory::Category::workspace).peak,
+                           st.cat_bytes(memory::Category::temporary).peak);
+  };
+  const cuda::CudnnRnnCounts before = cuda::cudnn_rnn_counts();
+  const auto real = step_peaks(testing::kGpu);
+  EXPECT_EQ(cuda::cudnn_rnn_counts().backward - before.backward, 2);
+  const Device meta = memory::new_meta_device(memory::meta_target("cuda"));
+  const auto dry = step_peaks(meta);
+  EXPECT_TRUE(memory::unreplayed(meta).empty());
+  EXPECT_EQ(std::get<0>(dry), std::get<0>(real)) << "activation peak";
+  EXPECT_EQ(std::get<1>(dry), std::get<1>(real)) << "workspace peak";
+  EXPECT_EQ(std::get<2>(dry), std::get<2>(real)) << "temporary peak";
+  EXPECT_GT(std::get<0>(real), 0);
 }
 
 // Inference (no gradient needed) runs cuDNN's inference mode: a forward, no reserve space.
