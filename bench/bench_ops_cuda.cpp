@@ -9,16 +9,21 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "base/json.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "nn/rnn.h"
 #ifdef TALLY_WITH_CUDA
+#include "tensor/cuda/cudnn.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/rnn/cuda.h"
 #endif
 
 using namespace tally;
@@ -49,6 +54,16 @@ double time_ms(const std::function<void()>& fn) {
   std::sort(ts.begin(), ts.end());
   return ts[ts.size() / 2];
 }
+
+// float32 convolutions and RNNs on cuDNN without TF32 while it lives (PyTorch's
+// torch.backends.cudnn.allow_tf32 = False), restoring the setting after.
+struct NoCudnnTf32 {
+  bool saved = cuda::cudnn_allow_tf32();
+  NoCudnnTf32() { cuda::set_cudnn_allow_tf32(false); }
+  ~NoCudnnTf32() { cuda::set_cudnn_allow_tf32(saved); }
+  NoCudnnTf32(const NoCudnnTf32&) = delete;
+  NoCudnnTf32& operator=(const NoCudnnTf32&) = delete;
+};
 
 Tensor rnd(const Shape& s, DType d) {
   return ops::to(ops::randn(s, DType::float32, kGpu), d);
@@ -340,28 +355,54 @@ int main(int argc, char** argv) {
   }
   {
     // The LSTM LM's recurrent layers (bench/train.py's lstm row): 2 layers of 650, batch 64,
-    // 35 steps, batch_first; forward and backward, the input's gradient included.
+    // 35 steps, batch_first; forward and backward, the input's gradient included. float32
+    // exactly on both sides (ops_gpu.py runs PyTorch's rows with cuDNN's TF32 off). The
+    // layers run on cuDNN's RNN (tensor/rnn/cuda.h); the *_per_step rows switch that route off
+    // (one product and one fused gate kernel per step), and lstm_fwd / gru_fwd time the
+    // forward alone under no_grad (cuDNN's inference mode). Only the fwd_bwd rows on cuDNN
+    // have a PyTorch row.
     const int64_t B = 64, T = 35, H = 650;
     nn::BuildOnDevice on(kGpu);
     auto lstm = std::make_shared<nn::LSTM>(H, H, 2, true, true);
     auto gru = std::make_shared<nn::GRU>(H, H, 2, true, true);
     Tensor x = rnd({B, T, H}, DType::float32);
     x.requires_grad_();
+    const Tensor xi = rnd({B, T, H}, DType::float32);
     const Tensor g = rnd({B, T, H}, DType::float32);
     const double params = 2.0 * 4 * H * (2 * H + 2);       // per gate row: w_ih, w_hh, two biases
     const double products = 2.0 * 3 * B * T * params / 2;  // 2 FLOPs a weight; fwd + 2x bwd
-    cases.push_back({"lstm_fwd_bwd", "[64,35,650] 2 layers", "float32",
-                     4.0 * (3 * params + 2 * 12.0 * B * T * H), products, [=] {
-                       lstm->zero_grad();
-                       x.set_grad(Tensor());
-                       (*lstm)(x).first.backward(g);
-                     }});
-    cases.push_back({"gru_fwd_bwd", "[64,35,650] 2 layers", "float32",
-                     4.0 * (3 * params * 0.75 + 2 * 10.0 * B * T * H), 0.75 * products, [=] {
-                       gru->zero_grad();
-                       x.set_grad(Tensor());
-                       (*gru)(x).first.backward(g);
-                     }});
+    // The route as a row asks for it, restored after.
+    struct Route {
+      bool saved = cuda::cudnn_rnn_enabled();
+      explicit Route(bool on) { cuda::set_cudnn_rnn_enabled(on); }
+      ~Route() { cuda::set_cudnn_rnn_enabled(saved); }
+    };
+    for (bool cudnn : {true, false}) {
+      const std::string sfx = cudnn ? "" : "_per_step";
+      // (name, module, bytes and FLOPs relative to the LSTM's)
+      for (const auto& [name, m, scale, elems] :
+           {std::make_tuple(std::string("lstm"), std::static_pointer_cast<nn::Module>(lstm), 1.0,
+                            12.0),
+            std::make_tuple(std::string("gru"), std::static_pointer_cast<nn::Module>(gru), 0.75,
+                            10.0)}) {
+        const std::shared_ptr<nn::Module> mod = m;
+        cases.push_back({name + "_fwd_bwd" + sfx, "[64,35,650] 2 layers", "float32",
+                         4.0 * (3 * params * scale + 2 * elems * B * T * H), scale * products, [=] {
+                           const NoCudnnTf32 exact;
+                           const Route route(cudnn);
+                           mod->zero_grad();
+                           x.set_grad(Tensor());
+                           (*mod)(x).backward(g);
+                         }});
+        cases.push_back({name + "_fwd" + sfx, "[64,35,650] 2 layers", "float32",
+                         4.0 * (params * scale + elems / 2 * B * T * H), scale * products / 3, [=] {
+                           const NoCudnnTf32 exact;
+                           const Route route(cudnn);
+                           const NoGradGuard no_grad;
+                           (void)(*mod)(xi);
+                         }});
+      }
+    }
   }
   // --- indexing: gather along rows, an embedding's index_select, and its backward's
   // scatter_add (random rows, atomics where they collide)

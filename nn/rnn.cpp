@@ -5,9 +5,12 @@
 
 #include <cmath>
 
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
+#include "memory/meta.h"
 #include "nn/init.h"
 #include "nn/layers.h"
+#include "tensor/rnn/autograd.h"
 
 namespace tally::nn {
 
@@ -89,29 +92,67 @@ std::pair<Tensor, TensorList> RNNBase::run(const Tensor& input, const TensorList
         "{}: input.size(-1) must be equal to input_size. Expected {}, got {} (input {})", mode_,
         input_size, input.size(-1), input.shape_string()));
   const bool batched = input.dim() == 3;
-  // [T, B, I], contiguous so each step's projection is a contiguous slice.
-  Tensor x = batched ? (batch_first ? input.transpose(0, 1) : input) : input.unsqueeze(1);
-  x = x.contiguous();
-  const int64_t T = x.size(0), B = x.size(1), D = bidirectional ? 2 : 1;
-  TensorList state(state_count);
+  // [T, B, I] (batch-first: [B, T, I]), the unbatched input as a batch of one.
+  const Tensor in3 = batched ? input : input.unsqueeze(1);
+  const bool bf = batched && batch_first;
+  const int64_t T = in3.size(bf ? 1 : 0), B = in3.size(bf ? 0 : 1), D = bidirectional ? 2 : 1;
+  TensorList given(state_count);  // the initial states as [L * D, B, H]; undefined: zeros
   for (size_t k = 0; k < state_count; ++k) {
     const int64_t H = k == 0 ? real_hidden_size() : hidden_size;  // h, then c
     const Shape want = batched ? Shape{num_layers * D, B, H} : Shape{num_layers * D, H};
     const Tensor s0 = k < state0.size() ? state0[k] : Tensor();
-    if (!s0.defined()) {
-      state[k] = zeros({num_layers * D, B, H},
-                       TensorOptions{}.with_dtype(x.dtype()).with_device(x.device()));
-      continue;
-    }
+    if (!s0.defined()) continue;
     if (s0.sizes() != want)
       throw std::invalid_argument(fmt::format("{}: Expected hidden{} size {}, got {}", mode_,
                                               state_count > 1 ? (k == 0 ? "[0]" : "[1]") : "",
                                               shape_str(want), s0.shape_string()));
-    state[k] = batched ? s0 : s0.unsqueeze(1);
+    given[k] = batched ? s0 : s0.unsqueeze(1);
   }
   if (T == 0)
     throw std::invalid_argument(
         fmt::format("{}: the input has no timesteps (input {})", mode_, input.shape_string()));
+
+  // Every layer at once through cuDNN where it applies (and cuDNN takes the problem).
+  if (fast_path_applies(in3, given)) {
+    CudnnRnnSpec spec;
+    spec.lstm = state_count == 2;
+    spec.input_size = input_size;
+    spec.hidden_size = hidden_size;
+    spec.num_layers = num_layers;
+    spec.bias = bias;
+    spec.bidirectional = bidirectional;
+    spec.batch_first = bf;
+    TensorList weights;
+    for (const Cell& c : cells_) {
+      weights.push_back(c.w_ih);
+      weights.push_back(c.w_hh);
+      if (bias) {
+        weights.push_back(c.b_ih);
+        weights.push_back(c.b_hh);
+      }
+    }
+    if (auto r = cudnn_rnn(spec, in3, given[0], state_count > 1 ? given[1] : Tensor(), weights)) {
+      Tensor output = std::get<0>(*r);
+      TensorList finals_out = {std::get<1>(*r)};
+      if (spec.lstm) finals_out.push_back(std::get<2>(*r));
+      if (!batched) {
+        output = output.squeeze(1);
+        for (Tensor& f : finals_out) f = f.squeeze(1);
+      }
+      return {output, finals_out};
+    }
+  }
+
+  // [T, B, I], contiguous so each step's projection is a contiguous slice.
+  const Tensor x = (bf ? in3.transpose(0, 1) : in3).contiguous();
+  TensorList state(state_count);
+  for (size_t k = 0; k < state_count; ++k) {
+    const int64_t H = k == 0 ? real_hidden_size() : hidden_size;
+    state[k] = given[k].defined()
+                   ? given[k]
+                   : zeros({num_layers * D, B, H},
+                           TensorOptions{}.with_dtype(x.dtype()).with_device(x.device()));
+  }
 
   TensorList finals[2];
   Tensor layer_in = x;
@@ -152,6 +193,21 @@ std::pair<Tensor, TensorList> RNNBase::run(const Tensor& input, const TensorList
   else if (batch_first)
     output = output.transpose(0, 1);
   return {output, finals_out};
+}
+
+bool RNNBase::fast_path_applies(const Tensor& x, const TensorList& state0) const {
+  // CUDA, or a meta device replaying it (a dry run takes the path the run takes).
+  if (memory::behaves_as(x.device()) != DeviceType::cuda || proj_size > 0) return false;
+  const DType dt = x.dtype();
+  if (dt != DType::float32 && dt != DType::float16 && dt != DType::bfloat16) return false;
+  if (dropout > 0 && is_training() && num_layers > 1) return false;  // no cuDNN dropout here
+  if (is_autocast_enabled(DeviceType::cuda)) return false;
+  for (const Tensor& s : state0)
+    if (s.defined() && (s.dtype() != dt || s.device() != x.device())) return false;
+  for (const Cell& c : cells_)
+    for (const Tensor* p : {&c.w_ih, &c.w_hh, &c.b_ih, &c.b_hh})
+      if (p->defined() && (p->dtype() != dt || p->device() != x.device())) return false;
+  return true;
 }
 
 LSTM::LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers, bool bias, bool batch_first,

@@ -3,11 +3,14 @@
 // `_reverse` twins of a bidirectional layer), gate order (LSTM i, f, g, o; GRU r, z, n) and
 // initialisation (every parameter U(-1/sqrt(hidden_size), 1/sqrt(hidden_size))).
 //
-// Each layer and direction projects the whole sequence at once (one linear over [T, B, I]);
-// each step is one linear of the hidden state and one fused gate op (tensor/rnn/autograd.h:
-// lstm_cell_gates, gru_cell_gates). LSTM's proj_size > 0 adds weight_hr_l{k} [proj_size,
-// hidden_size] per layer and direction: h = weight_hr (o * tanh(c)), so h, h_0/h_n and the
-// output carry proj_size features (c keeps hidden_size), as PyTorch's.
+// On CUDA (float32, float16, bfloat16; no proj_size; no dropout while training) every layer
+// runs through cuDNN's RNN in one autograd node, CudnnRnnBackward0, as PyTorch's does
+// (tensor/rnn/autograd.h: cudnn_rnn; docs/cudnn_rnn.md says how a dry run replays it).
+// Elsewhere, and where cuDNN declines a problem, each layer and direction projects the whole
+// sequence at once (one linear over [T, B, I]); each step is one linear of the hidden state and one
+// fused gate op (tensor/rnn/autograd.h: lstm_cell_gates, gru_cell_gates). LSTM's proj_size > 0 adds
+// weight_hr_l{k} [proj_size, hidden_size] per layer and direction: h = weight_hr (o * tanh(c)), so
+// h, h_0/h_n and the output carry proj_size features (c keeps hidden_size), as PyTorch's.
 #pragma once
 
 #include <optional>
@@ -48,6 +51,12 @@ class RNNBase : public Module {
                                     size_t state_count);
   virtual TensorList step(const Tensor& gates_x, const Tensor& gates_h,
                           const TensorList& state) = 0;
+  // Whether the whole-layer cuDNN route (tensor/rnn/autograd.h: cudnn_rnn) applies to x
+  // ([T, B, I] or batch-first, checked) with the given initial states (undefined: zeros): a
+  // float32/float16/bfloat16 input on CUDA (or a meta device replaying it), states and parameters
+  // all of its dtype, no proj_size, no dropout while training, no CUDA autocast. cuDNN may still
+  // decline the problem (or the route be switched off): then run() takes the per-timestep path.
+  bool fast_path_applies(const Tensor& x, const TensorList& state0) const;
 
   // h's size: proj_size when set, hidden_size otherwise.
   int64_t real_hidden_size() const { return proj_size > 0 ? proj_size : hidden_size; }

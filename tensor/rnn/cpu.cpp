@@ -122,6 +122,8 @@ void gru_cell_backward(const Tensor& grad_gates_x, const Tensor& grad_gates_h,
 
 }  // namespace
 
-const RnnKernels rnn_kernels{TALLY_RNN_KERNELS};
+// No whole-layer kernel: nn::LSTM / nn::GRU run their per-timestep path on the CPU.
+const RnnKernels rnn_kernels{TALLY_RNN_KERNELS, .cudnn_rnn_forward = nullptr,
+                             .cudnn_rnn_backward = nullptr, .cudnn_rnn_sizes = nullptr};
 
 }  // namespace tally::cpu

@@ -6,6 +6,7 @@
 #include "tensor/cuda/device_types.cuh"
 #include "tensor/cuda/grid.cuh"
 #include "tensor/cuda/runtime.h"
+#include "tensor/rnn/cuda_cudnn.h"
 #include "tensor/rnn/kernels.h"
 #include "tensor/rnn/math.h"
 
@@ -154,8 +155,21 @@ void gru_cell_backward(const Tensor& grad_gates_x, const Tensor& grad_gates_h,
          });
 }
 
+__global__ void fill_int32_kernel(int32_t* __restrict__ dst, int32_t value, int64_t n) {
+  TALLY_RNN_LOOP(e, n) dst[e] = value;
+}
+
 }  // namespace
 
-const RnnKernels rnn_kernels{TALLY_RNN_KERNELS};
+const RnnKernels rnn_kernels{TALLY_RNN_KERNELS, .cudnn_rnn_forward = &cudnn_rnn_forward,
+                             .cudnn_rnn_backward = &cudnn_rnn_backward,
+                             .cudnn_rnn_sizes = &cudnn_rnn_sizes};
+
+void fill_int32(int32_t* dst, int64_t n, int32_t value, int device) {
+  if (n <= 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1024));
+  fill_int32_kernel<<<blocks, kThreads, 0, stream(device)>>>(dst, value, n);
+  check_launch("fill_int32 (cuDNN RNN sequence lengths)");
+}
 
 }  // namespace tally::cuda

@@ -26,6 +26,19 @@ struct RnnKernels {
   void (*gru_cell_backward)(const Tensor& grad_gates_x, const Tensor& grad_gates_h,
                             const Tensor& grad_h_prev, const Tensor& grad_h, const Tensor& h_prev,
                             const Tensor& workspace);
+  // Whole layers (cuDNN's RNN; CUDA, and the meta device replaying it; null on the CPU):
+  // ops::cudnn_rnn's contract, x, h0, c0 and the weights contiguous. The forward leaves
+  // out->taken false, with nothing enqueued, when it does not take the problem.
+  void (*cudnn_rnn_forward)(const CudnnRnnSpec& spec, const Tensor& x, const Tensor& h0,
+                            const Tensor& c0, const TensorList& weights, CudnnRnnOutputs* out);
+  void (*cudnn_rnn_backward)(const CudnnRnnSpec& spec, const Tensor& x, const Tensor& h0,
+                             const Tensor& c0, const TensorList& weights, const Tensor& output,
+                             const Tensor& reserve, const Tensor& grad_output,
+                             const Tensor& grad_h_n, const Tensor& grad_c_n, CudnnRnnGrads* grads);
+  // cuDNN's sizes for a problem on this machine's cuda:0 (CUDA only): what the meta device's
+  // whole-layer entries allocate when they replay this GPU.
+  void (*cudnn_rnn_sizes)(const CudnnRnnSpec& spec, DType dtype, int64_t T, int64_t B,
+                          CudnnRnnSizes* sizes);
 };
 
 // cpu::rnn_kernels (tensor/rnn/cpu.cpp), cuda::rnn_kernels (tensor/rnn/cuda.cu), rnn_backends

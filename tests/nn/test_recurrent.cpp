@@ -2,12 +2,14 @@
 // output and state shapes (batch_first, bidirectional, unbatched), the values against the
 // recurrence written out with unfused ops, float64 gradient checks of a 2-layer
 // bidirectional batch-first LSTM and GRU (input, initial state and every parameter), and
-// the errors; a dry run on the meta device; on an accelerator, both modules against the CPU.
+// the errors; a dry run on the meta device (and for a recorded GPU target, which notes that it
+// replays the per-timestep path, not cuDNN's); on an accelerator, both modules against the CPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "autograd/ops.h"
+#include "memory/meta.h"
 #include "nn/layers.h"
 #include "nn/rnn.h"
 #include "testing/devices.h"
@@ -158,6 +160,21 @@ TEST(Recurrent, RunsOnTheMetaDevice) {
   sum(o2).backward();
   EXPECT_EQ(lstm.parameters()[0].grad().device(), meta);
   EXPECT_EQ(lstm.parameters()[0].grad().sizes(), (Shape{16, 3}));
+}
+
+// A dry run for a GPU that is not this machine's (a recorded target) cannot ask cuDNN for its
+// RNN's sizes: it replays the per-timestep path and notes so (docs/cudnn_rnn.md).
+TEST(Recurrent, ARecordedGpuTargetNotesTheCudnnRoute) {
+  const Device d = memory::new_meta_device(memory::meta_target("h200"));
+  BuildOnDevice on(d);
+  LSTM lstm(3, 4, 2, true, true);
+  auto [out, hc] = lstm(ops::empty({2, 5, 3}, DType::float32, d));
+  EXPECT_EQ(out.sizes(), (Shape{2, 5, 4}));
+  sum(out).backward();
+  EXPECT_EQ(lstm.parameters()[0].grad().sizes(), (Shape{16, 3}));
+  const auto notes = memory::unreplayed(d);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].first.find("cudnn_rnn"), std::string::npos);
 }
 
 TEST(Recurrent, ErrorsNameTheModuleAndShapes) {

@@ -2,7 +2,9 @@
 // (tests/testing/devices.h). On each device (the CPU in test_rnn, CUDA in test_rnn_cuda): the
 // fused step against the same step composed from sigmoid, tanh, add and mul, float64 gradient
 // checks of every input, and errors naming the op and the shapes. On CUDA only, against the
-// CPU kernels: forward and backward over float32, float64, float16 and bfloat16.
+// CPU kernels: forward and backward over float32, float64, float16 and bfloat16. The
+// whole-layer cuDNN route takes nothing off CUDA (tests/nn/test_recurrent_cudnn_cuda.cpp
+// tests it on CUDA).
 #include "autograd/node.h"
 #include "tensor/rnn/autograd.h"
 #include "tensor/rnn/ops.h"
@@ -145,6 +147,46 @@ TEST_P(RnnCellVsCpu, ForwardAndBackwardMatchTheCpu) {
 }
 
 TALLY_VS_CPU(RnnCellVsCpu);
+
+// The whole-layer route (cudnn_rnn) exists on CUDA only: on the CPU and the meta device it
+// takes nothing and computes nothing, so nn::LSTM / nn::GRU run their per-timestep path.
+TEST(CudnnRnnRoute, TakesNothingOffCuda) {
+  CudnnRnnSpec spec;
+  spec.input_size = 2;
+  spec.hidden_size = 3;
+  for (Device d : {Device::cpu(), Device::meta()}) {
+    const TensorOptions o = TensorOptions{}.with_device(d);
+    const TensorList w = {zeros({12, 2}, o), zeros({12, 3}, o), zeros({12}, o), zeros({12}, o)};
+    EXPECT_FALSE(cudnn_rnn(spec, zeros({4, 1, 2}, o), Tensor(), Tensor(), w).has_value());
+  }
+}
+
+// Bad arguments are errors naming the op and the shapes, on every device, before any work.
+TEST(CudnnRnnRoute, ErrorsNameTheOpAndShapes) {
+  CudnnRnnSpec spec;
+  spec.input_size = 2;
+  spec.hidden_size = 3;
+  const TensorList w = {zeros({12, 2}), zeros({12, 3}), zeros({12}), zeros({12})};
+  auto message = [&](const Tensor& x, const Tensor& h0, const TensorList& ws) {
+    try {
+      (void)cudnn_rnn(spec, x, h0, Tensor(), ws);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(zeros({4, 1, 5}), Tensor(), w)
+                .find("cudnn_rnn: x must be [T, B, input_size=2], got [4, 1, 5]"),
+            std::string::npos);
+  EXPECT_NE(message(zeros({4, 1, 2}), zeros({1, 2, 3}), w)
+                .find("cudnn_rnn: h0 must be [1, 1, 3], got [1, 2, 3]"),
+            std::string::npos);
+  EXPECT_NE(message(zeros({4, 1, 2}), Tensor(), {w[0], w[1]}).find("cudnn_rnn: expected 4 weights"),
+            std::string::npos);
+  EXPECT_NE(message(zeros({4, 1, 2}), Tensor(), {w[1], w[1], w[2], w[3]})
+                .find("w_ih of cell 0 must be [12, 2]"),
+            std::string::npos);
+}
 
 }  // namespace
 }  // namespace tally
