@@ -336,14 +336,17 @@ StepCounts count_step(const nn::ModelEntry& e, const ModelRun& m, const data::Ex
 // The floor of a step on the H200: its FLOPs at 790 TFLOP/s (bf16 tensor cores, measured) under
 // 16-bit autocast, at 67 TFLOP/s (float32 without TF32, nominal) in float32, or its bytes at
 // 4.3 TB/s (measured copy bandwidth), whichever is longer. All of an autocast step's FLOPs count
-// at the 16-bit rate: the cost model files a product under its output's dtype, and a weight
-// gradient's float32 output comes from 16-bit operands (a third of ViT-B/16's FLOPs).
+// at the 16-bit rate (the cost model files a product under its operands' dtype; the float32
+// products left in an autocast step are few).
 double floor_ms(const StepCounts& c, bool autocast) {
   const double flops = c.flops16 + c.flops32;
   return 1e3 * std::max(flops / (autocast ? 790e12 : 67e12), c.bytes / 4.3e12);
 }
 
 void model_cfg(const ModelRun& m, Device dev, int steps) {
+  // bench/train.py's PyTorch rows run float32 exactly: no TF32 in matmuls or cuDNN (the LSTM's
+  // cuDNN RNN included).
+  set_cudnn_allow_tf32(false);
   const nn::ModelEntry& e = nn::model_entry(m.model);
   const data::Example batch = e.synthetic_batch(m.opts, m.batch, 0, 0);
   const StepCounts counts = count_step(e, m, batch);

@@ -14,7 +14,10 @@ namespace tally::meta {
 namespace {
 
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate) {
-  cost(out, 2.0 * static_cast<double>(out.numel()) * static_cast<double>(a.size(-1)),
+  // The operands' dtype sets the rate: 16-bit operands with a float32 output (a weight's
+  // gradient accumulated in float32) still run on the tensor cores.
+  cost(out.device(), a.dtype(),
+       2.0 * static_cast<double>(out.numel()) * static_cast<double>(a.size(-1)),
        tensor_bytes(out, a, b));
   if (replays_cuda(out)) {
     if (out.numel() > 0 && a.size(-1) > 0) matmul_workspace(out);
@@ -30,7 +33,8 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate
 
 void linear(const Tensor& out, const Tensor& x, const Tensor& wt, const Tensor& bias) {
   if (replays_cuda(out)) {
-    cost(out, 2.0 * static_cast<double>(out.numel()) * static_cast<double>(x.size(1)),
+    cost(out.device(), x.dtype(),
+         2.0 * static_cast<double>(out.numel()) * static_cast<double>(x.size(1)),
          tensor_bytes(out, x, wt, bias));
     if (out.numel() > 0) matmul_workspace(out);
     return;
@@ -50,7 +54,7 @@ bool gelu_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor
   if (!replays_cuda(out) || !sixteen || N % 8 != 0 || M <= 1 || N <= 1 || K <= 1 || M >= kMaxDim ||
       N >= kMaxDim || K >= kMaxDim)
     return false;
-  cost(out, 2.0 * static_cast<double>(out.numel()) * static_cast<double>(K),
+  cost(out.device(), a.dtype(), 2.0 * static_cast<double>(out.numel()) * static_cast<double>(K),
        tensor_bytes(out, a, b, c, d));
   matmul_workspace(out);
   return true;
