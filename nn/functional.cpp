@@ -176,6 +176,10 @@ Tensor group_norm(const Tensor& x_, int64_t num_groups, const Tensor& weight_, c
       throw std::invalid_argument(
           fmt::format("group_norm: weight and bias must be [{}] for input {}, got {}", c,
                       x.shape_string(), p->shape_string()));
+  // The fused op (one kernel each way, NativeGroupNormBackward0) where it takes the operands'
+  // dtypes; otherwise the composite: layer_norm over the groups, then the affine, promoted.
+  if (ops::group_norm_fast_path_applies(x, weight, bias))
+    return tally::group_norm(x, num_groups, weight, bias, eps);
   const int64_t per_group = x.numel() / std::max<int64_t>(n * num_groups, 1);
   Tensor y = layer_norm(x.reshape({n, num_groups, per_group}), {per_group}, {}, {}, eps)
                  .reshape(x.sizes());

@@ -1,4 +1,4 @@
-// The kernel table of the normalization family (layer_norm, rms_norm, batch_norm): each
+// The kernel table of the normalization family (layer_norm, rms_norm, batch_norm, group_norm): each
 // kernel's signature, once. The CPU reference (tensor/norm/cpu.cpp) and the CUDA kernels
 // (tensor/norm/cuda.cu) each define one NormKernels; tensor/backends.cpp registers them.
 //
@@ -80,6 +80,17 @@ struct NormKernels {
   void (*batch_norm_backward)(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                               const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& invstd, const Tensor& weight, bool training);
+
+  // group_norm of x [N, C, *] (contiguous) over `groups` groups of C / groups channels: writes
+  // out (x's dtype and shape), mean and rstd ([N, groups]); weight, bias: [C] or undefined.
+  void (*group_norm)(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                     const Tensor& weight, const Tensor& bias, int64_t groups, double eps);
+
+  // Gradients of group_norm: whichever of dx (x's dtype and shape), dweight, dbias ([C],
+  // overwritten) is defined. dy in x's dtype, contiguous; weight only scales dx.
+  void (*group_norm_backward)(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                              const Tensor& dy, const Tensor& x, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& weight, int64_t groups);
 };
 
 // Runs f.template operator()<T, O>() with T the C++ type of x_dtype and O that of other_dtype,
@@ -108,6 +119,7 @@ TALLY_DECLARE_KERNELS(NormKernels, norm_kernels, norm_backends);
 #define TALLY_NORM_KERNELS                                                      \
   .layer_norm = &layer_norm, .layer_norm_backward = &layer_norm_backward,       \
   .batch_norm_stats = &batch_norm_stats, .batch_norm_elemt = &batch_norm_elemt, \
-  .batch_norm_backward = &batch_norm_backward
+  .batch_norm_backward = &batch_norm_backward, .group_norm = &group_norm,       \
+  .group_norm_backward = &group_norm_backward
 
 }  // namespace tally

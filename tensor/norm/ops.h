@@ -1,5 +1,6 @@
-// Raw normalization ops (namespace tally::ops, no autograd): layer_norm, rms_norm and
-// batch_norm, forward and backward, as PyTorch's native_layer_norm / native_batch_norm.
+// Raw normalization ops (namespace tally::ops, no autograd): layer_norm, rms_norm, batch_norm
+// and group_norm, forward and backward, as PyTorch's native_layer_norm / native_batch_norm /
+// native_group_norm.
 // The forwards also return the per-row (per-channel) statistics the backwards take, so the
 // differentiable ops save x and these small vectors, never the normalized output.
 //
@@ -109,6 +110,28 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& run
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, const Tensor& x,
                                                        const Tensor& mean, const Tensor& invstd,
                                                        const Tensor& weight, bool training,
+                                                       std::array<bool, 3> output_mask);
+
+// ---- group_norm: per (sample, group of C / groups channels) of x [N, C, *] ----
+// Whether the fused kernels take these operands (group_norm_forward / _backward): x floating,
+// weight and bias undefined or of x's dtype or its statistics dtype (float32 beside a 16-bit x,
+// PyTorch's mixed type). Any other pair (a float64 weight beside a float32 x) keeps the
+// composite (layer_norm over the groups, then the per-channel affine, with type promotion).
+bool group_norm_fast_path_applies(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+// Returns {out (x's dtype and shape, contiguous), mean, rstd}: mean and rstd [N, groups] in the
+// statistics dtype, rstd = 1 / sqrt(biased var + eps). weight, bias: [C] or undefined, of a
+// dtype group_norm_fast_path_applies takes.
+std::tuple<Tensor, Tensor, Tensor> group_norm_forward(const Tensor& x, const Tensor& weight,
+                                                      const Tensor& bias, int64_t groups,
+                                                      double eps = 1e-5);
+
+// Gradients of group_norm w.r.t. {x, weight, bias} as output_mask asks (PyTorch's
+// native_group_norm_backward): dx in x's dtype, dweight and dbias [C] in the statistics dtype.
+// grad_out (x's shape, any floating dtype) is read as to(grad_out, x.dtype()).
+std::tuple<Tensor, Tensor, Tensor> group_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                                       const Tensor& mean, const Tensor& rstd,
+                                                       const Tensor& weight, int64_t groups,
                                                        std::array<bool, 3> output_mask);
 
 }  // namespace tally::ops
