@@ -166,8 +166,16 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 Tensor group_norm(const Tensor& x_, int64_t num_groups, const Tensor& weight_, const Tensor& bias_,
                   double eps, CallSite site) {
   memory::CallSiteScope call_site(site);
-  const auto [x, weight, bias] = autocast::fp32("group_norm", x_, weight_, bias_);
-  auto [out, mean, rstd] = o::group_norm_forward(x, weight, bias, num_groups, eps);
+  // Autocast's float32 policy for a 16-bit input is fused: the kernel reads it and writes a
+  // float32 output (the same values as group_norm(to(x, float32))), and its gradient comes
+  // back in the input's dtype, rounded once, without a float32 copy either way.
+  const bool widen = x_.defined() && autocast::is_active(x_.device()) &&
+                     (x_.dtype() == DType::bfloat16 || x_.dtype() == DType::float16);
+  const auto [weight, bias] = autocast::fp32("group_norm", weight_, bias_);
+  const Tensor x = widen ? x_ : autocast::fp32("group_norm", x_)[0];
+  auto [out, mean, rstd] =
+      o::group_norm_forward(x, weight, bias, num_groups, eps,
+                            widen ? std::optional<DType>(DType::float32) : std::nullopt);
   const bool need_dx = x.requires_grad();
   const bool need_dw = weight.defined() && weight.requires_grad();
   // dbias = sum(dy) over all but the channels needs nothing saved.

@@ -50,7 +50,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 // x [N, C, *] normalized per sample over each of num_groups groups of C / num_groups
 // channels (biased variance), then weight and bias ([C], may be undefined) per channel, in one
 // kernel (ops::group_norm_forward); backward is NativeGroupNormBackward0 (one kernel for dx,
-// one for dweight/dbias). In float32 under autocast (PyTorch's policy); otherwise the output
+// one for dweight/dbias). In float32 under autocast (PyTorch's policy; a 16-bit input is read
+// as it is, the cast fused, and its gradient comes back in its dtype); otherwise the output
 // has x's dtype, float32 parameters beside a 16-bit input included (PyTorch's mixed type).
 // weight and bias must be of a dtype ops::group_norm_fast_path_applies takes
 // (nn::functional::group_norm falls back to the composite for the others).

@@ -290,14 +290,14 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
 }
 
 // group_norm: a (sample, group) is a contiguous row of d = C / groups channels of s elements
-// each; one thread a row.
+// each; one thread a row. out (forward) and dy (backward) in x's dtype T or float beside a
+// 16-bit T (dispatch_widened_pair).
 void group_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                 const Tensor& weight, const Tensor& bias, int64_t groups, double eps) {
-  TALLY_DISPATCH_FLOAT(x.dtype(), "group_norm", [&] {
-    using T = scalar_t;
+  dispatch_widened_pair(x.dtype(), out.dtype(), "group_norm", [&]<typename T, typename O>() {
     using A = acc_t<T>;
     const T* px = ptr<const T>(x);
-    T* po = ptr<T>(out);
+    O* po = ptr<O>(out);
     A* pm = ptr<A>(mean);
     A* pr = ptr<A>(rstd);
     const A* pw = ptr<const A>(weight);
@@ -323,9 +323,9 @@ void group_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
         const int64_t c0 = (row % groups) * d;
         for (int64_t k = 0; k < d; ++k) {
           const T* xc = xr + k * s;
-          T* oc = po + row * cols + k * s;
+          O* oc = po + row * cols + k * s;
           for (int64_t e = 0; e < s; ++e)
-            oc[e] = T(math::scale_shift(math::xhat(static_cast<A>(xc[e]), m, r), pw, pb, c0 + k));
+            oc[e] = O(math::scale_shift(math::xhat(static_cast<A>(xc[e]), m, r), pw, pb, c0 + k));
         }
       }
     });
@@ -339,62 +339,63 @@ void group_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
 void group_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                          const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                          const Tensor& weight, int64_t groups) {
-  TALLY_DISPATCH_FLOAT(x.dtype(), "group_norm_backward", [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    const BackwardPtrs<T> p = backward_ptrs<T>(dx, dweight, dbias, dy, x, mean, rstd, weight);
-    const NCS dims = ncs(x);  // not a structured binding: clang 14 cannot capture one
-    const int64_t n = dims.n, c = dims.c, s = dims.s, d = c / groups, cols = d * s;
-    if (p.dweight || p.dbias) {
-      parallel_for(c, grain_of(n * s), [&](int64_t ch0, int64_t ch1) {
-        for (int64_t ch = ch0; ch < ch1; ++ch) {
-          double sw = 0.0, sb = 0.0;
-          for (int64_t b = 0; b < n; ++b) {
-            const int64_t row = b * groups + ch / d;
-            const int64_t base = (b * c + ch) * s;
-            for (int64_t e = 0; e < s; ++e) {
-              const A g = static_cast<A>(p.dy[base + e]);
-              if (p.dweight)
-                sw += static_cast<double>(g) *
-                      static_cast<double>(
-                          math::xhat(static_cast<A>(p.x[base + e]), p.mean[row], p.rstd[row]));
-              sb += static_cast<double>(g);
+  dispatch_widened_pair(
+      x.dtype(), dy.dtype(), "group_norm_backward", [&]<typename T, typename G>() {
+        using A = acc_t<T>;
+        const BackwardPtrs<T, G> p =
+            backward_ptrs<T, G>(dx, dweight, dbias, dy, x, mean, rstd, weight);
+        const NCS dims = ncs(x);  // not a structured binding: clang 14 cannot capture one
+        const int64_t n = dims.n, c = dims.c, s = dims.s, d = c / groups, cols = d * s;
+        if (p.dweight || p.dbias) {
+          parallel_for(c, grain_of(n * s), [&](int64_t ch0, int64_t ch1) {
+            for (int64_t ch = ch0; ch < ch1; ++ch) {
+              double sw = 0.0, sb = 0.0;
+              for (int64_t b = 0; b < n; ++b) {
+                const int64_t row = b * groups + ch / d;
+                const int64_t base = (b * c + ch) * s;
+                for (int64_t e = 0; e < s; ++e) {
+                  const A g = static_cast<A>(p.dy[base + e]);
+                  if (p.dweight)
+                    sw += static_cast<double>(g) *
+                          static_cast<double>(
+                              math::xhat(static_cast<A>(p.x[base + e]), p.mean[row], p.rstd[row]));
+                  sb += static_cast<double>(g);
+                }
+              }
+              if (p.dweight) p.dweight[ch] = static_cast<A>(sw);
+              if (p.dbias) p.dbias[ch] = static_cast<A>(sb);
+            }
+          });
+        }
+        if (!p.dx) return;
+        const double inv_n = cols > 0 ? 1.0 / static_cast<double>(cols) : 0.0;
+        parallel_for(n * groups, grain_of(cols), [&](int64_t row0, int64_t row1) {
+          for (int64_t row = row0; row < row1; ++row) {
+            const int64_t c0 = (row % groups) * d, base = row * cols;
+            const A m = p.mean[row], r = p.rstd[row];
+            double sg = 0.0, sgx = 0.0;
+            for (int64_t k = 0; k < d; ++k) {
+              const A w = p.weight ? p.weight[c0 + k] : A(1);
+              for (int64_t e = 0; e < s; ++e) {
+                const int64_t i = base + k * s + e;
+                const A g = static_cast<A>(p.dy[i]) * w;
+                sg += static_cast<double>(g);
+                sgx += static_cast<double>(g) *
+                       static_cast<double>(math::xhat(static_cast<A>(p.x[i]), m, r));
+              }
+            }
+            const A mg = static_cast<A>(sg * inv_n), mgx = static_cast<A>(sgx * inv_n);
+            for (int64_t k = 0; k < d; ++k) {
+              const A w = p.weight ? p.weight[c0 + k] : A(1);
+              for (int64_t e = 0; e < s; ++e) {
+                const int64_t i = base + k * s + e;
+                p.dx[i] = T(math::norm_input_grad(r, static_cast<A>(p.dy[i]) * w, mg,
+                                                  math::xhat(static_cast<A>(p.x[i]), m, r), mgx));
+              }
             }
           }
-          if (p.dweight) p.dweight[ch] = static_cast<A>(sw);
-          if (p.dbias) p.dbias[ch] = static_cast<A>(sb);
-        }
+        });
       });
-    }
-    if (!p.dx) return;
-    const double inv_n = cols > 0 ? 1.0 / static_cast<double>(cols) : 0.0;
-    parallel_for(n * groups, grain_of(cols), [&](int64_t row0, int64_t row1) {
-      for (int64_t row = row0; row < row1; ++row) {
-        const int64_t c0 = (row % groups) * d, base = row * cols;
-        const A m = p.mean[row], r = p.rstd[row];
-        double sg = 0.0, sgx = 0.0;
-        for (int64_t k = 0; k < d; ++k) {
-          const A w = p.weight ? p.weight[c0 + k] : A(1);
-          for (int64_t e = 0; e < s; ++e) {
-            const int64_t i = base + k * s + e;
-            const A g = static_cast<A>(p.dy[i]) * w;
-            sg += static_cast<double>(g);
-            sgx += static_cast<double>(g) *
-                   static_cast<double>(math::xhat(static_cast<A>(p.x[i]), m, r));
-          }
-        }
-        const A mg = static_cast<A>(sg * inv_n), mgx = static_cast<A>(sgx * inv_n);
-        for (int64_t k = 0; k < d; ++k) {
-          const A w = p.weight ? p.weight[c0 + k] : A(1);
-          for (int64_t e = 0; e < s; ++e) {
-            const int64_t i = base + k * s + e;
-            p.dx[i] = T(math::norm_input_grad(r, static_cast<A>(p.dy[i]) * w, mg,
-                                              math::xhat(static_cast<A>(p.x[i]), m, r), mgx));
-          }
-        }
-      }
-    });
-  });
 }
 
 }  // namespace

@@ -963,16 +963,16 @@ __global__ void add_rows_kernel(T* __restrict__ sum, const T* __restrict__ x,
 
 // Forward: the row's mean, then its biased variance around it (the second and third reads of
 // the row come from L2), then out = xhat * w[c] + b[c]: one kernel, x read once from memory.
-template <typename T, typename A, int V>
+template <typename T, typename O, typename A, int V>
 __global__ void __launch_bounds__(kRowMaxThreads)
-    group_norm_fwd_kernel(T* __restrict__ out, A* __restrict__ mean, A* __restrict__ rstd,
+    group_norm_fwd_kernel(O* __restrict__ out, A* __restrict__ mean, A* __restrict__ rstd,
                           const T* __restrict__ x, const A* __restrict__ w, const A* __restrict__ b,
                           int64_t rows, int64_t groups, int64_t d, int64_t s, A eps) {
   __shared__ A red[64];
   const int64_t cols = d * s, packs = cols / V, sp = s / V;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * cols;
-    T* orow = out + row * cols;
+    O* orow = out + row * cols;
     A sum = 0;
     for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
       const Pack<T, V> pk = load_pack<V>(xr, i);
@@ -1000,11 +1000,11 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
       const int64_t ch = c0 + i / sp;
       const Pack<T, V> pk = load_pack<V>(xr, i);
-      Pack<T, V> po;
+      Pack<O, V> po;
 #pragma unroll
       for (int j = 0; j < V; ++j)
         po.v[j] =
-            store<T>(math::scale_shift(math::xhat(static_cast<A>(load(pk.v[j])), mu, r), w, b, ch));
+            store<O>(math::scale_shift(math::xhat(static_cast<A>(load(pk.v[j])), mu, r), w, b, ch));
       store_pack<V>(orow, i, po);
     }
   }
@@ -1016,9 +1016,9 @@ __global__ void __launch_bounds__(kRowMaxThreads)
 // when part is non-null (dweight/dbias, summed over the samples by group_norm_params_kernel).
 // Then, with g = dy * w[c]: mean(g) = sum_c w[c] sdy_c / (d s), mean(g xhat) likewise from
 // sdx, and dx = rstd * (g - mean(g) - xhat * mean(g xhat)) when dx is non-null.
-template <typename T, typename A, int V>
+template <typename T, typename G, typename A, int V>
 __global__ void __launch_bounds__(kRowMaxThreads)
-    group_norm_bwd_kernel(T* __restrict__ dx, A* __restrict__ part, const T* __restrict__ dy,
+    group_norm_bwd_kernel(T* __restrict__ dx, A* __restrict__ part, const G* __restrict__ dy,
                           const T* __restrict__ x, const A* __restrict__ mean,
                           const A* __restrict__ rstd, const A* __restrict__ w, int64_t rows,
                           int64_t groups, int64_t d, int64_t s) {
@@ -1034,11 +1034,11 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     A tg = 0, tgx = 0;  // k == 1: this warp's channels' sum of w * sdy and w * sdx
     for (int64_t q = warp; q < d * k; q += nw) {
       const int64_t ch = q / k, p = q - ch * k;
-      const T* dyc = dy + base + ch * s;
+      const G* dyc = dy + base + ch * s;
       const T* xc = x + base + ch * s;
       A sdx = 0, sdy = 0;
       for (int64_t i = p * 32 + lane; i < sp; i += k * 32) {
-        const Pack<T, V> pg = load_pack<V>(dyc, i);
+        const Pack<G, V> pg = load_pack<V>(dyc, i);
         const Pack<T, V> px = load_pack<V>(xc, i);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
@@ -1097,7 +1097,7 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
       const int64_t ch = c0 + i / sp;
       const A wc = w ? w[ch] : A(1);
-      const Pack<T, V> pg = load_pack<V>(dy + base, i);
+      const Pack<G, V> pg = load_pack<V>(dy + base, i);
       const Pack<T, V> px = load_pack<V>(x + base, i);
       Pack<T, V> po;
 #pragma unroll
@@ -1481,22 +1481,25 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   });
 }
 
-// The group_norm kernels' fast path: packs of 16 bytes (V = 16 / sizeof(T) elements) when the
-// plane size s is a multiple of V (no pack straddles two channels) and every streamed tensor is
-// 16-byte aligned; otherwise one element at a time (odd planes such as 7x7 or 5x5).
-bool group_norm_packed_applies(int64_t s, size_t elem, std::initializer_list<const void*> ptrs) {
-  if (s % static_cast<int64_t>(16 / elem) != 0) return false;
-  for (const void* p : ptrs)
-    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+// The group_norm kernels' fast path: packs of V = 16 / (the widest streamed element) elements
+// when the plane size s is a multiple of V (no pack straddles two channels) and every streamed
+// tensor (pointer, element size) is aligned to its pack; otherwise one element at a time (odd
+// planes such as 7x7 or 5x5, views off their allocation's start).
+bool group_norm_packed_applies(int64_t s, int v,
+                               std::initializer_list<std::pair<const void*, size_t>> ts) {
+  if (s % v != 0) return false;
+  for (const auto& [p, elem] : ts)
+    if (p && reinterpret_cast<uintptr_t>(p) % (elem * static_cast<size_t>(v)) != 0) return false;
   return true;
 }
 
-// go(std::integral_constant<int, V>{}) with V = 16 / sizeof(T) where group_norm_packed_applies,
-// else 1.
-template <typename T, typename F>
-void with_gn_width(int64_t s, std::initializer_list<const void*> ptrs, F&& go) {
-  if (group_norm_packed_applies(s, sizeof(T), ptrs))
-    go(std::integral_constant<int, static_cast<int>(16 / sizeof(T))>{});
+// go(std::integral_constant<int, V>{}) with V = 16 / max(sizeof(T), sizeof(O)) where
+// group_norm_packed_applies, else 1.
+template <typename T, typename O, typename F>
+void with_gn_width(int64_t s, std::initializer_list<std::pair<const void*, size_t>> ts, F&& go) {
+  constexpr int kV = static_cast<int>(16 / std::max(sizeof(T), sizeof(O)));
+  if (group_norm_packed_applies(s, kV, ts))
+    go(std::integral_constant<int, kV>{});
   else
     go(std::integral_constant<int, 1>{});
 }
@@ -1509,19 +1512,21 @@ void group_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
   if (rows <= 0) return;
   NvtxRange range(name);
   const int dev = x.device().index;
-  expect_forward(name, dev, x.dtype(), out, x, mean, {&rstd, "rstd"}, weight, bias);
+  expect_forward(name, dev, out.dtype(), out, x, mean, {&rstd, "rstd"}, weight, bias);
   DeviceGuard guard(dev);
   const int threads = row_threads(per * d.s);
   const auto grid = static_cast<unsigned>(std::min(rows, kMaxGrid));
-  TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
-    using T = dev_t<scalar_t>;
-    using A = acc_t<scalar_t>;
-    with_gn_width<T>(d.s, {x.data_ptr(), out.data_ptr()}, [&](auto width) {
-      constexpr int V = decltype(width)::value;
-      group_norm_fwd_kernel<T, A, V><<<grid, threads, 0, stream(dev)>>>(
-          ptr<T>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
-          ptr<const A>(bias), rows, groups, per, d.s, static_cast<A>(eps));
-    });
+  dispatch_widened_pair(x.dtype(), out.dtype(), name, [&]<typename HT, typename HO>() {
+    using T = dev_t<HT>;
+    using O = dev_t<HO>;
+    using A = acc_t<HT>;
+    with_gn_width<T, O>(
+        d.s, {{x.data_ptr(), sizeof(T)}, {out.data_ptr(), sizeof(O)}}, [&](auto width) {
+          constexpr int V = decltype(width)::value;
+          group_norm_fwd_kernel<T, O, A, V><<<grid, threads, 0, stream(dev)>>>(
+              ptr<O>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
+              ptr<const A>(bias), rows, groups, per, d.s, static_cast<A>(eps));
+        });
     check_launch(name);
   });
 }
@@ -1536,13 +1541,14 @@ void group_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
   if (d.c == 0 || (!dx.defined() && !params)) return;
   NvtxRange range(name);
   const int dev = x.device().index;
-  expect_backward(name, dev, x.dtype(), x.dtype(), dx, dweight, dbias, dy, x, mean, {&rstd, "rstd"},
-                  weight);
+  expect_backward(name, dev, x.dtype(), dy.dtype(), dx, dweight, dbias, dy, x, mean,
+                  {&rstd, "rstd"}, weight);
   DeviceGuard guard(dev);
   const cudaStream_t st = stream(dev);
-  TALLY_DISPATCH_FLOAT(x.dtype(), name, [&] {
-    using T = dev_t<scalar_t>;
-    using A = acc_t<scalar_t>;
+  dispatch_widened_pair(x.dtype(), dy.dtype(), name, [&]<typename HT, typename HG>() {
+    using T = dev_t<HT>;
+    using G = dev_t<HG>;
+    using A = acc_t<HT>;
     Tensor part;
     if (params && rows > 0)
       part = alloc_scratch(norm_launch::group_norm_backward_partials(d.n, d.c),
@@ -1550,14 +1556,17 @@ void group_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
     if (rows > 0) {
       const int threads = row_threads(per * d.s);
       const auto grid = static_cast<unsigned>(std::min(rows, kMaxGrid));
-      with_gn_width<T>(d.s, {dx.defined() ? dx.data_ptr() : nullptr, dy.data_ptr(), x.data_ptr()},
-                       [&](auto width) {
-                         constexpr int V = decltype(width)::value;
-                         group_norm_bwd_kernel<T, A, V><<<grid, threads, 0, st>>>(
-                             ptr<T>(dx), ptr<A>(part), ptr<const T>(dy), ptr<const T>(x),
-                             ptr<const A>(mean), ptr<const A>(rstd), ptr<const A>(weight), rows,
-                             groups, per, d.s);
-                       });
+      with_gn_width<T, G>(d.s,
+                          {{dx.defined() ? dx.data_ptr() : nullptr, sizeof(T)},
+                           {dy.data_ptr(), sizeof(G)},
+                           {x.data_ptr(), sizeof(T)}},
+                          [&](auto width) {
+                            constexpr int V = decltype(width)::value;
+                            group_norm_bwd_kernel<T, G, A, V><<<grid, threads, 0, st>>>(
+                                ptr<T>(dx), ptr<A>(part), ptr<const G>(dy), ptr<const T>(x),
+                                ptr<const A>(mean), ptr<const A>(rstd), ptr<const A>(weight), rows,
+                                groups, per, d.s);
+                          });
       check_launch(name);
     }
     if (params) {

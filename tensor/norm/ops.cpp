@@ -144,6 +144,10 @@ bool norm_writes_dtype(DType x, DType other) {
          (x == DType::float32 && (other == DType::float16 || other == DType::bfloat16));
 }
 
+bool norm_widens_dtype(DType x, DType other) {
+  return other == x || (other == DType::float32 && (x == DType::float16 || x == DType::bfloat16));
+}
+
 // ---------------------------------------------------------------- layer_norm
 
 namespace {
@@ -462,7 +466,7 @@ bool group_norm_fast_path_applies(const Tensor& x, const Tensor& weight, const T
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_forward(const Tensor& x, const Tensor& weight,
                                                       const Tensor& bias, int64_t groups,
-                                                      double eps) {
+                                                      double eps, std::optional<DType> out_dtype) {
   static const OpInfo info("group_norm");
   DispatchScope scope(info, x);
   check_group_norm(info.name, x, weight, bias, groups);
@@ -472,13 +476,19 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_forward(const Tensor& x, const Ten
         weight.defined() ? dtype_name(weight.dtype()) : "none",
         bias.defined() ? dtype_name(bias.dtype()) : "none", dtype_name(x.dtype()),
         dtype_name(x.dtype()), dtype_name(norm_stat_dtype(x.dtype()))));
+  const DType out_dt = out_dtype.value_or(x.dtype());
+  if (!is_floating(out_dt))
+    throw std::invalid_argument(fmt::format(
+        "{}: out_dtype must be a floating dtype, got {} (input of shape {} and dtype {})",
+        info.name, dtype_name(out_dt), x.shape_string(), dtype_name(x.dtype())));
+  const bool fused = norm_widens_dtype(x.dtype(), out_dt);
   const DType stat = norm_stat_dtype(x.dtype());
-  Tensor out = alloc_output(x.sizes(), x.dtype(), x.device());
+  Tensor out = alloc_output(x.sizes(), fused ? out_dt : x.dtype(), x.device());
   Tensor mean = alloc_output({x.sizes()[0], groups}, stat, x.device());
   Tensor rstd = alloc_output({x.sizes()[0], groups}, stat, x.device());
   norm_backends.get(info, x.device(), &NormKernels::group_norm)(
       out, mean, rstd, contiguous(x), as_stat(weight, stat), as_stat(bias, stat), groups, eps);
-  return {out, mean, rstd};
+  return {fused ? out : to(out, out_dt), mean, rstd};
 }
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_backward(const Tensor& grad_out, const Tensor& x,
@@ -498,8 +508,11 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_backward(const Tensor& grad_out, c
   Tensor db = output_mask[2] ? alloc_output({c}, stat, x.device()) : Tensor();
   if (dx.defined() || dw.defined() || db.defined())
     norm_backends.get(info, x.device(), &NormKernels::group_norm_backward)(
-        dx, dw, db, contiguous(to(grad_out, x.dtype())), contiguous(x), contiguous(mean),
-        contiguous(rstd), dx.defined() ? as_stat(weight, stat) : Tensor(), groups);
+        dx, dw, db,
+        contiguous(norm_widens_dtype(x.dtype(), grad_out.dtype()) ? grad_out
+                                                                  : to(grad_out, x.dtype())),
+        contiguous(x), contiguous(mean), contiguous(rstd),
+        dx.defined() ? as_stat(weight, stat) : Tensor(), groups);
   return {dx, dw, db};
 }
 

@@ -31,6 +31,11 @@ DType norm_stat_dtype(DType dtype);
 // autocast, and the 16-bit gradient that comes back for it).
 bool norm_writes_dtype(DType x, DType other);
 
+// Whether the group_norm kernels read and write `other` alongside an input of dtype x: x's own
+// dtype, or float32 beside a 16-bit x (autocast's float32 output, and the float32 gradient
+// that comes back for it).
+bool norm_widens_dtype(DType x, DType other);
+
 // ---- layer_norm: normalizes over the trailing dims given by normalized_shape ----
 // x [*, normalized_shape...]; weight, bias: normalized_shape or undefined.
 // Returns {out (x's shape), mean, rstd}, mean and rstd of shape [*, 1, ..., 1] (x's
@@ -119,16 +124,21 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, c
 // composite (layer_norm over the groups, then the per-channel affine, with type promotion).
 bool group_norm_fast_path_applies(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
-// Returns {out (x's dtype and shape, contiguous), mean, rstd}: mean and rstd [N, groups] in the
+// Returns {out (x's shape, contiguous), mean, rstd}: mean and rstd [N, groups] in the
 // statistics dtype, rstd = 1 / sqrt(biased var + eps). weight, bias: [C] or undefined, of a
-// dtype group_norm_fast_path_applies takes.
-std::tuple<Tensor, Tensor, Tensor> group_norm_forward(const Tensor& x, const Tensor& weight,
-                                                      const Tensor& bias, int64_t groups,
-                                                      double eps = 1e-5);
+// dtype group_norm_fast_path_applies takes. out_dtype (nullopt: x's) gives out's dtype,
+// exactly group_norm(to(x, out_dtype)) for float32 beside a 16-bit x (autocast's cast,
+// fused: the kernel reads the 16-bit input, no float32 copy is made); any other pair computes
+// in x's dtype, then converts.
+std::tuple<Tensor, Tensor, Tensor> group_norm_forward(
+    const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t groups, double eps = 1e-5,
+    std::optional<DType> out_dtype = std::nullopt);
 
 // Gradients of group_norm w.r.t. {x, weight, bias} as output_mask asks (PyTorch's
 // native_group_norm_backward): dx in x's dtype, dweight and dbias [C] in the statistics dtype.
-// grad_out (x's shape, any floating dtype) is read as to(grad_out, x.dtype()).
+// grad_out (x's shape, any floating dtype) is read as to(grad_out, x.dtype()); a float32
+// grad_out beside a 16-bit x is read as is (the gradient of the fused cast's float32 output:
+// dx is to(the float32 gradient, x's dtype), rounded once).
 std::tuple<Tensor, Tensor, Tensor> group_norm_backward(const Tensor& grad_out, const Tensor& x,
                                                        const Tensor& mean, const Tensor& rstd,
                                                        const Tensor& weight, int64_t groups,

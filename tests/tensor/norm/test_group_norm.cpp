@@ -2,14 +2,16 @@
 // NativeGroupNormBackward0), one file for every device (tests/testing/devices.h). On each
 // device: values against the composite (layer_norm over the groups, then the affine) in
 // float64, float64 gradient checks (affine or not, 3-D and 4-D), what backward saves, the
-// output dtype beside float32 parameters and under autocast, the composite kept for other
-// parameter dtypes, and errors naming op and shapes.
+// output dtype beside float32 parameters and under autocast (the cast fused, bit for bit the
+// two ops), the composite kept for other parameter dtypes, and errors naming op and shapes.
 //
 // On CUDA only, against the CPU kernels: forward (out, mean, rstd) and backward for every
-// output mask on float32, float64 and float16/bfloat16 inputs with float32 parameters; odd
-// planes (7, 5x5: one element at a time), packed planes, one channel a group and many,
-// misaligned and non-contiguous inputs, and the U-Net's [128, 128, 32, 32] in bfloat16.
+// output mask on float32, float64 and float16/bfloat16 inputs with float32 parameters, and
+// 16-bit inputs with a float32 output and gradient (autocast's cast fused); odd planes (7,
+// 5x5: one element at a time), packed planes, one channel a group and many, misaligned and
+// non-contiguous inputs, and the U-Net's [128, 128, 32, 32] in bfloat16.
 #include <array>
+#include <optional>
 #include <string>
 
 #include "autograd/autocast.h"
@@ -129,6 +131,37 @@ TEST_P(GroupNormOp, DtypesAndAutocast) {
   EXPECT_EQ(nn::functional::group_norm(x32, 4, w64, b).dtype(), DType::float64);
 }
 
+// Under autocast a 16-bit input is read as it is (the float32 cast fused): the output is
+// group_norm of its float32 copy bit for bit, the input's gradient that copy's gradient rounded
+// once, and what backward saves is the 16-bit input itself.
+TEST_P(GroupNormOp, AutocastCastIsFused) {
+  for (DType d : {DType::bfloat16, DType::float16}) {
+    SCOPED_TRACE(dtype_name(d));
+    const Tensor x = leaf(ops::to(rand_tensor({2, 8, 3, 5}, DType::float32, 1), d));
+    const Tensor w = leaf(rand_tensor({8}, DType::float32, 2, 0.5, 1.5));
+    const Tensor b = leaf(rand_tensor({8}, DType::float32, 3));
+    const Tensor dy = put(rand_tensor({2, 8, 3, 5}, DType::float32, 4));
+    Tensor out;
+    {
+      AutocastGuard autocast(dev().type, d);
+      out = nn::functional::group_norm(x, 4, w, b);
+    }
+    ASSERT_EQ(out.dtype(), DType::float32);
+    EXPECT_EQ(out.autograd_meta()->grad_fn->name(), "NativeGroupNormBackward0");
+    EXPECT_TRUE(saved_by(out)[0].storage().is_same(x.storage()));
+    out.backward(dy);
+    const Tensor x32 = leaf(ops::to(x.detach(), DType::float32));
+    const Tensor w2 = leaf(w.detach()), b2 = leaf(b.detach());
+    const Tensor ref = nn::functional::group_norm(x32, 4, w2, b2);
+    ref.backward(dy);
+    EXPECT_EQ(ops::to_vector(out), ops::to_vector(ref));
+    ASSERT_EQ(x.grad().dtype(), d);
+    EXPECT_EQ(ops::to_vector(x.grad()), ops::to_vector(ops::to(x32.grad(), d)));
+    EXPECT_EQ(ops::to_vector(w.grad()), ops::to_vector(w2.grad()));
+    EXPECT_EQ(ops::to_vector(b.grad()), ops::to_vector(b2.grad()));
+  }
+}
+
 TEST_P(GroupNormOp, Errors) {
   const Tensor x = put(rand_tensor({2, 6, 4}, DType::float32, 1));
   const Tensor w = put(rand_tensor({6}, DType::float32, 2));
@@ -167,17 +200,21 @@ TALLY_VS_CPU(GroupNormVsCpu);
 const std::array<bool, 3> kGroupNormMasks[] = {
     {true, true, true}, {true, false, false}, {false, true, false}, {false, false, true}};
 
-// Forward and backward of x (both devices' copies) in groups, affine unless plain.
-void check_group_norm(const Pair& x, const Pair& dy, int64_t groups, bool plain, uint64_t seed) {
+// Forward and backward of x (both devices' copies) in groups, affine unless plain. out_dtype:
+// float32 beside a 16-bit x (the autocast cast fused; dy float32 then).
+void check_group_norm(const Pair& x, const Pair& dy, int64_t groups, bool plain, uint64_t seed,
+                      std::optional<DType> out_dtype = std::nullopt) {
   const DType d = x.cpu.dtype(), pd = ops::norm_stat_dtype(d);
   SCOPED_TRACE(case_label("group_norm", x.cpu.sizes(), d,
-                          (" groups " + std::to_string(groups) + (plain ? " plain" : "")).c_str()));
+                          (" groups " + std::to_string(groups) + (plain ? " plain" : "") +
+                           (out_dtype ? " out float32" : ""))
+                              .c_str()));
   const NormTol tol = norm_tol(d);
   const int64_t c = x.cpu.sizes()[1];
   const Pair w = plain ? Pair{} : both({c}, pd, seed, false, 0.5, 1.5);
   const Pair b = plain ? Pair{} : both({c}, pd, seed + 1);
-  auto [oc, mc, rc] = ops::group_norm_forward(x.cpu, w.cpu, b.cpu, groups, 1e-5);
-  auto [og, mg, rg] = ops::group_norm_forward(x.gpu, w.gpu, b.gpu, groups, 1e-5);
+  auto [oc, mc, rc] = ops::group_norm_forward(x.cpu, w.cpu, b.cpu, groups, 1e-5, out_dtype);
+  auto [og, mg, rg] = ops::group_norm_forward(x.gpu, w.gpu, b.gpu, groups, 1e-5, out_dtype);
   EXPECT_TRUE(close_to_cpu(og, oc, tol.elem, "out"));
   EXPECT_TRUE(close_to_cpu(mg, mc, tol.elem, "mean"));
   EXPECT_TRUE(close_to_cpu(rg, rc, tol.elem, "rstd"));
@@ -243,6 +280,28 @@ TEST_P(GroupNormVsCpu, UNetShapes) {
     const Pair x = both(xs, d, ++seed), dy = both(xs, d, ++seed);
     check_group_norm(x, dy, 32, false, ++seed);
   }
+}
+
+// A 16-bit input with a float32 output and gradient (autocast's cast, fused): odd and packed
+// planes, misaligned, and the U-Net's [128, 128, 32, 32] in bfloat16 as bench_train runs it.
+TEST_P(GroupNormVsCpu, FloatOutputBesideA16BitInput) {
+  uint64_t seed = 700;
+  for (DType d : {DType::bfloat16, DType::float16})
+    for (const GroupCase& c : {GroupCase{{2, 6, 7}, 3}, GroupCase{{4, 32, 8, 8}, 8},
+                               GroupCase{{2, 16, 4, 4}, 16, true}}) {
+      const Pair x = both(c.xs, d, seed += 10);
+      const Pair dy = both(c.xs, DType::float32, seed + 1);
+      check_group_norm(x, dy, c.groups, c.plain, seed + 2, DType::float32);
+    }
+  const Shape xs{4, 16, 8, 8};
+  const int64_t numel = shape_numel(xs);
+  const Pair xf = both({numel + 1}, DType::bfloat16, ++seed);
+  const Pair x{ops::view(ops::narrow(xf.cpu, 0, 1, numel), xs),
+               ops::view(ops::narrow(xf.gpu, 0, 1, numel), xs)};
+  check_group_norm(x, both(xs, DType::float32, ++seed), 4, false, ++seed, DType::float32);
+  const Shape unet{128, 128, 32, 32};
+  check_group_norm(both(unet, DType::bfloat16, ++seed), both(unet, DType::float32, ++seed), 32,
+                   false, ++seed, DType::float32);
 }
 
 // Through nn::functional::group_norm and autograd, under autocast, against the CPU.
