@@ -31,6 +31,14 @@ DType dtype_or(const Tensor& t, DType fallback) {
   return t.defined() ? t.dtype() : fallback;
 }
 
+// A per-channel bias's gradient: g [N, C, *] (of an input of xdim dims) summed over all but
+// dim 1, in dtype.
+Tensor channel_sum(const Tensor& g, int64_t xdim, DType dtype) {
+  Shape dims{0};
+  for (int64_t d = 2; d < xdim; ++d) dims.push_back(d);
+  return o::to(o::sum(g, dims), dtype);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- layer_norm
@@ -149,11 +157,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
        bdt = dtype_or(bias, x.dtype())](BackwardContext& ctx, const TensorList& g) -> TensorList {
         const bool mx = ctx.needs_input_grad(0), mw = ctx.needs_input_grad(1),
                    mb = ctx.needs_input_grad(2);
-        if (!mx && !mw) {
-          Shape dims{0};
-          for (int64_t d = 2; d < xdim; ++d) dims.push_back(d);
-          return {Tensor(), Tensor(), o::to(o::sum(g[0], dims), bdt)};
-        }
+        if (!mx && !mw) return {Tensor(), Tensor(), channel_sum(g[0], xdim, bdt)};
         auto [dx, dw, db] = o::batch_norm_backward(g[0], ctx.saved(0), ctx.saved(1), ctx.saved(2),
                                                    ctx.saved(3), training, {mx, mw, mb});
         return {as_param_grad(dx, xdt), as_param_grad(dw, wdt), as_param_grad(db, bdt)};
@@ -188,11 +192,7 @@ Tensor group_norm(const Tensor& x_, int64_t num_groups, const Tensor& weight_, c
        bdt = dtype_or(bias, x.dtype())](BackwardContext& ctx, const TensorList& g) -> TensorList {
         const bool mx = ctx.needs_input_grad(0), mw = ctx.needs_input_grad(1),
                    mb = ctx.needs_input_grad(2);
-        if (!mx && !mw) {
-          Shape dims{0};
-          for (int64_t d = 2; d < xdim; ++d) dims.push_back(d);
-          return {Tensor(), Tensor(), o::to(o::sum(g[0], dims), bdt)};
-        }
+        if (!mx && !mw) return {Tensor(), Tensor(), channel_sum(g[0], xdim, bdt)};
         auto [dx, dw, db] = o::group_norm_backward(g[0], ctx.saved(0), ctx.saved(1), ctx.saved(2),
                                                    ctx.saved(3), num_groups, {mx, mw, mb});
         return {as_param_grad(dx, xdt), as_param_grad(dw, wdt), as_param_grad(db, bdt)};

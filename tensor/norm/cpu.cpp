@@ -47,6 +47,30 @@ BackwardPtrs<T, G> backward_ptrs(const Tensor& dx, const Tensor& dweight, const 
           ptr<A>(dbias),   ptr<const A>(mean), ptr<const A>(rstd), ptr<const A>(weight)};
 }
 
+// The mean (0 unless center) and rstd = 1 / sqrt(biased var + eps) of a row of cols values,
+// summed in double (two passes: the variance around the mean), rounded to A once. An empty
+// row gives mean 0 and var 0.
+template <typename A>
+struct RowStats {
+  A mean, rstd;
+};
+template <typename A, typename T>
+RowStats<A> row_stats(const T* xr, int64_t cols, bool center, double eps) {
+  double mu = 0.0;
+  if (center) {
+    double s = 0.0;
+    for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(static_cast<A>(xr[j]));
+    mu = cols > 0 ? s / static_cast<double>(cols) : 0.0;
+  }
+  double ss = 0.0;
+  for (int64_t j = 0; j < cols; ++j) {
+    const double d = static_cast<double>(static_cast<A>(xr[j])) - mu;
+    ss += d * d;
+  }
+  const double var = cols > 0 ? ss / static_cast<double>(cols) : 0.0;
+  return {static_cast<A>(mu), static_cast<A>(1.0 / std::sqrt(var + eps))};
+}
+
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                 const Tensor& weight, const Tensor& bias, int64_t rows, int64_t cols, double eps,
                 const Tensor& residual, const Tensor& sum) {
@@ -74,20 +98,8 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
       for (int64_t i = row0; i < row1; ++i) {
         const T* xr = px + i * cols;
         O* orow = po + i * cols;
-        double mu = 0.0;
-        if (center) {
-          double s = 0.0;
-          for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(static_cast<A>(xr[j]));
-          mu = cols > 0 ? s / static_cast<double>(cols) : 0.0;
-        }
-        double ss = 0.0;
-        for (int64_t j = 0; j < cols; ++j) {
-          const double d = static_cast<double>(static_cast<A>(xr[j])) - mu;
-          ss += d * d;
-        }
-        const double var = cols > 0 ? ss / static_cast<double>(cols) : 0.0;
-        const A m = static_cast<A>(mu);
-        const A r = static_cast<A>(1.0 / std::sqrt(var + eps));
+        const RowStats<A> st = row_stats<A>(xr, cols, center, eps);
+        const A m = st.mean, r = st.rstd;
         if (center) pm[i] = m;
         pr[i] = r;
         for (int64_t j = 0; j < cols; ++j) {
@@ -307,17 +319,8 @@ void group_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
     parallel_for(dims.n * groups, grain_of(cols), [&](int64_t row0, int64_t row1) {
       for (int64_t row = row0; row < row1; ++row) {
         const T* xr = px + row * cols;
-        double sum = 0.0;
-        for (int64_t j = 0; j < cols; ++j) sum += static_cast<double>(static_cast<A>(xr[j]));
-        const double mu = cols > 0 ? sum / static_cast<double>(cols) : 0.0;
-        double ss = 0.0;
-        for (int64_t j = 0; j < cols; ++j) {
-          const double v = static_cast<double>(static_cast<A>(xr[j])) - mu;
-          ss += v * v;
-        }
-        const double var = cols > 0 ? ss / static_cast<double>(cols) : 0.0;
-        const A m = static_cast<A>(mu);
-        const A r = static_cast<A>(1.0 / std::sqrt(var + eps));
+        const RowStats<A> st = row_stats<A>(xr, cols, true, eps);
+        const A m = st.mean, r = st.rstd;
         pm[row] = m;
         pr[row] = r;
         const int64_t c0 = (row % groups) * d;

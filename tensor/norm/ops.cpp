@@ -35,6 +35,16 @@ Tensor as_stat(const Tensor& p, DType stat) {
   return p.defined() ? contiguous(to(p, stat)) : Tensor();
 }
 
+// out_dtype (nullopt: x's), which must be floating.
+DType checked_out_dtype(const char* op, const Tensor& x, std::optional<DType> out_dtype) {
+  const DType out_dt = out_dtype.value_or(x.dtype());
+  if (!is_floating(out_dt))
+    throw std::invalid_argument(fmt::format(
+        "{}: out_dtype must be a floating dtype, got {} (input of shape {} and dtype {})", op,
+        dtype_name(out_dt), x.shape_string(), dtype_name(x.dtype())));
+  return out_dt;
+}
+
 // ---- layer_norm / rms_norm shared checks ----
 
 struct RowShape {
@@ -163,11 +173,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> row_layer_norm(
   const RowShape rs = row_shape(info.name, x, normalized_shape);
   check_affine(info.name, "weight", weight, x, normalized_shape);
   check_affine(info.name, "bias", bias, x, normalized_shape);
-  const DType out_dt = out_dtype.value_or(x.dtype());
-  if (!is_floating(out_dt))
-    throw std::invalid_argument(fmt::format(
-        "{}: out_dtype must be a floating dtype, got {} (input of shape {} and dtype {})",
-        info.name, dtype_name(out_dt), x.shape_string(), dtype_name(x.dtype())));
+  const DType out_dt = checked_out_dtype(info.name, x, out_dtype);
   const bool fused = norm_writes_dtype(x.dtype(), out_dt);
   const DType o_dt = fused ? out_dt : x.dtype();
   const DType stat = norm_stat_dtype(x.dtype());
@@ -476,11 +482,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_forward(const Tensor& x, const Ten
         weight.defined() ? dtype_name(weight.dtype()) : "none",
         bias.defined() ? dtype_name(bias.dtype()) : "none", dtype_name(x.dtype()),
         dtype_name(x.dtype()), dtype_name(norm_stat_dtype(x.dtype()))));
-  const DType out_dt = out_dtype.value_or(x.dtype());
-  if (!is_floating(out_dt))
-    throw std::invalid_argument(fmt::format(
-        "{}: out_dtype must be a floating dtype, got {} (input of shape {} and dtype {})",
-        info.name, dtype_name(out_dt), x.shape_string(), dtype_name(x.dtype())));
+  const DType out_dt = checked_out_dtype(info.name, x, out_dtype);
   const bool fused = norm_widens_dtype(x.dtype(), out_dt);
   const DType stat = norm_stat_dtype(x.dtype());
   Tensor out = alloc_output(x.sizes(), fused ? out_dt : x.dtype(), x.device());
