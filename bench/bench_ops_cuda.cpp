@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "base/json.h"
@@ -510,6 +511,54 @@ int main(int argc, char** argv) {
          [mask](const Tensor& a, const Tensor& b, const Tensor& c) {
            return scaled_dot_product_attention(a, b, c, mask);
          });
+  }
+  // --- group_norm (issue 50), groups 32: float16 [128,256,32,32] and the DDPM U-Net's
+  // [128,128,32,32] (float32, bfloat16, and bfloat16 under autocast as bench_train runs it:
+  // the input cast to float32, float32 parameters), forward and forward + backward. The
+  // parameters have the input's dtype (autocast: float32).
+  {
+    namespace F = nn::functional;
+    const Shape big{128, 256, 32, 32}, unet{128, 128, 32, 32};
+    const std::pair<Shape, DType> rows[] = {
+        {big, DType::float16}, {unet, DType::float32}, {unet, DType::bfloat16}};
+    for (const auto& row : rows) {
+      const Shape& s = row.first;
+      const DType d = row.second;
+      const std::string shape = fmt::format("[{},{},{},{}] g32", s[0], s[1], s[2], s[3]);
+      Tensor x = rnd(s, d), w = rnd({s[1]}, d), b = rnd({s[1]}, d);
+      const Tensor dy = rnd(s, d);
+      const double n = static_cast<double>(x.numel()), e = static_cast<double>(dtype_size(d));
+      cases.push_back({"group_norm", shape, dtype_name(d), 2 * e * n, 8 * n,
+                       [=] { (void)F::group_norm(x, 32, w, b); }});
+      x.requires_grad_();
+      w.requires_grad_();
+      b.requires_grad_();
+      cases.push_back({"group_norm_fwd_bwd", shape, dtype_name(d), 5 * e * n, 26 * n, [=] {
+                         x.set_grad(Tensor());
+                         w.set_grad(Tensor());
+                         b.set_grad(Tensor());
+                         F::group_norm(x, 32, w, b).backward(dy);
+                       }});
+    }
+    Tensor x = rnd(unet, DType::bfloat16), w = rnd({128}, DType::float32),
+           b = rnd({128}, DType::float32);
+    const Tensor dy = rnd(unet, DType::float32);
+    x.requires_grad_();
+    w.requires_grad_();
+    b.requires_grad_();
+    const double n = static_cast<double>(x.numel());
+    cases.push_back(
+        {"group_norm_autocast_fwd_bwd", "[128,128,32,32] g32", "bfloat16", 18 * n, 26 * n, [=] {
+           x.set_grad(Tensor());
+           w.set_grad(Tensor());
+           b.set_grad(Tensor());
+           Tensor y;
+           {
+             AutocastGuard autocast(DeviceType::cuda, DType::bfloat16);
+             y = F::group_norm(x, 32, w, b);
+           }
+           y.backward(dy);
+         }});
   }
   for (const Case& c : cases) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;

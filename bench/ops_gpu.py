@@ -232,6 +232,27 @@ def torch_cases():
         lambda: F.interpolate(seqg, scale_factor=2.0, mode="linear", align_corners=False),
         (seqg,), gseq)
 
+    # group_norm (issue 50), groups 32: float16 [128,256,32,32] and the DDPM U-Net's
+    # [128,128,32,32] (float32, bfloat16, and bfloat16 under autocast with float32 parameters,
+    # as bench_train runs it); parameters in the input's dtype otherwise.
+    for shape, dt in (((128, 256, 32, 32), torch.float16), ((128, 128, 32, 32), torch.float32),
+                      ((128, 128, 32, 32), bf)):
+        key, name = "[" + ",".join(map(str, shape)) + "] g32", str(dt).replace("torch.", "")
+        xg, wg, bg = rnd(*shape, dtype=dt), rnd(shape[1], dtype=dt), rnd(shape[1], dtype=dt)
+        TORCH[("group_norm", key, name)] = (lambda x, w, b: lambda: F.group_norm(x, 32, w, b))(xg, wg, bg)
+        xr, wr, br = (t.detach().clone().requires_grad_() for t in (xg, wg, bg))
+        TORCH[("group_norm_fwd_bwd", key, name)] = fwd_bwd(
+            (lambda x, w, b: lambda: F.group_norm(x, 32, w, b))(xr, wr, br), (xr, wr, br), rnd(*shape, dtype=dt))
+    xa = rnd(128, 128, 32, 32, dtype=bf).requires_grad_()
+    wa, ba = rnd(128).requires_grad_(), rnd(128).requires_grad_()
+    dya = rnd(128, 128, 32, 32)
+
+    def group_norm_autocast():
+        with torch.autocast("cuda", dtype=bf):
+            return F.group_norm(xa, 32, wa, ba)
+    TORCH[("group_norm_autocast_fwd_bwd", "[128,128,32,32] g32", "bfloat16")] = fwd_bwd(
+        group_norm_autocast, (xa, wa, ba), dya)
+
 
 def main():
     build = sys.argv[1] if len(sys.argv) > 1 else "build"

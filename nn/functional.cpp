@@ -162,20 +162,27 @@ Tensor kl_div(const Tensor& input_, const Tensor& target_, const std::string& re
 
 Tensor group_norm(const Tensor& x_, int64_t num_groups, const Tensor& weight_, const Tensor& bias_,
                   double eps) {
-  const auto [x, weight, bias] = autocast::fp32("group_norm", x_, weight_, bias_);
-  if (x.dim() < 2)
+  if (x_.dim() < 2)
     throw std::invalid_argument(fmt::format(
-        "group_norm: expected an input of at least 2 dims [N, C, *], got {}", x.shape_string()));
-  const int64_t n = x.size(0), c = x.size(1);
+        "group_norm: expected an input of at least 2 dims [N, C, *], got {}", x_.shape_string()));
+  const int64_t n = x_.size(0), c = x_.size(1);
   if (num_groups <= 0 || c % num_groups != 0)
     throw std::invalid_argument(
         fmt::format("group_norm: num_channels {} of input {} must be divisible by num_groups {}", c,
-                    x.shape_string(), num_groups));
-  for (const Tensor* p : {&weight, &bias})
+                    x_.shape_string(), num_groups));
+  for (const Tensor* p : {&weight_, &bias_})
     if (p->defined() && (p->dim() != 1 || p->size(0) != c))
       throw std::invalid_argument(
           fmt::format("group_norm: weight and bias must be [{}] for input {}, got {}", c,
-                      x.shape_string(), p->shape_string()));
+                      x_.shape_string(), p->shape_string()));
+  const auto [weight, bias] = autocast::fp32("group_norm", weight_, bias_);
+  // The fused op (one kernel each way, NativeGroupNormBackward0; it applies autocast to the
+  // input itself) where it takes the parameters' dtypes (autocast's float32 ones beside a
+  // 16-bit input are such); otherwise the composite: layer_norm over the groups, then the
+  // affine, promoted.
+  if (ops::group_norm_fast_path_applies(x_, weight, bias))
+    return tally::group_norm(x_, num_groups, weight, bias, eps);
+  const Tensor x = autocast::fp32("group_norm", x_)[0];
   const int64_t per_group = x.numel() / std::max<int64_t>(n * num_groups, 1);
   Tensor y = layer_norm(x.reshape({n, num_groups, per_group}), {per_group}, {}, {}, eps)
                  .reshape(x.sizes());

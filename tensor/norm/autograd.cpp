@@ -1,4 +1,4 @@
-// Differentiable normalization ops: layer_norm, rms_norm, batch_norm. Forward, what is
+// Differentiable normalization ops: layer_norm, rms_norm, batch_norm, group_norm. Forward, what is
 // saved and backward, one function each. What is saved is exactly what the wanted
 // gradients need: the input and the per-row / per-channel statistics (and the weight
 // for dx), never the normalized output.
@@ -29,6 +29,14 @@ Tensor as_param_grad(const Tensor& g, DType dtype) {
 
 DType dtype_or(const Tensor& t, DType fallback) {
   return t.defined() ? t.dtype() : fallback;
+}
+
+// A per-channel bias's gradient: g [N, C, *] (of an input of xdim dims) summed over all but
+// dim 1, in dtype.
+Tensor channel_sum(const Tensor& g, int64_t xdim, DType dtype) {
+  Shape dims{0};
+  for (int64_t d = 2; d < xdim; ++d) dims.push_back(d);
+  return o::to(o::sum(g, dims), dtype);
 }
 
 }  // namespace
@@ -149,13 +157,44 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
        bdt = dtype_or(bias, x.dtype())](BackwardContext& ctx, const TensorList& g) -> TensorList {
         const bool mx = ctx.needs_input_grad(0), mw = ctx.needs_input_grad(1),
                    mb = ctx.needs_input_grad(2);
-        if (!mx && !mw) {
-          Shape dims{0};
-          for (int64_t d = 2; d < xdim; ++d) dims.push_back(d);
-          return {Tensor(), Tensor(), o::to(o::sum(g[0], dims), bdt)};
-        }
+        if (!mx && !mw) return {Tensor(), Tensor(), channel_sum(g[0], xdim, bdt)};
         auto [dx, dw, db] = o::batch_norm_backward(g[0], ctx.saved(0), ctx.saved(1), ctx.saved(2),
                                                    ctx.saved(3), training, {mx, mw, mb});
+        return {as_param_grad(dx, xdt), as_param_grad(dw, wdt), as_param_grad(db, bdt)};
+      });
+  return out;
+}
+
+// ---------------------------------------------------------------- group_norm
+
+Tensor group_norm(const Tensor& x_, int64_t num_groups, const Tensor& weight_, const Tensor& bias_,
+                  double eps, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  // Autocast's float32 policy for a 16-bit input is fused: the kernel reads it and writes a
+  // float32 output (the same values as group_norm(to(x, float32))), and its gradient comes
+  // back in the input's dtype, rounded once, without a float32 copy either way.
+  const bool widen = x_.defined() && autocast::is_active(x_.device()) &&
+                     (x_.dtype() == DType::bfloat16 || x_.dtype() == DType::float16);
+  const auto [weight, bias] = autocast::fp32("group_norm", weight_, bias_);
+  const Tensor x = widen ? x_ : autocast::fp32("group_norm", x_)[0];
+  auto [out, mean, rstd] =
+      o::group_norm_forward(x, weight, bias, num_groups, eps,
+                            widen ? std::optional<DType>(DType::float32) : std::nullopt);
+  const bool need_dx = x.requires_grad();
+  const bool need_dw = weight.defined() && weight.requires_grad();
+  // dbias = sum(dy) over all but the channels needs nothing saved.
+  const bool save_stats = need_dx || need_dw;
+  record(
+      "NativeGroupNormBackward0", {x, weight, bias}, {out},
+      {defined_if(save_stats, x), defined_if(save_stats, mean), defined_if(save_stats, rstd),
+       defined_if(need_dx, weight)},
+      [num_groups, xdim = x.dim(), xdt = x.dtype(), wdt = dtype_or(weight, x.dtype()),
+       bdt = dtype_or(bias, x.dtype())](BackwardContext& ctx, const TensorList& g) -> TensorList {
+        const bool mx = ctx.needs_input_grad(0), mw = ctx.needs_input_grad(1),
+                   mb = ctx.needs_input_grad(2);
+        if (!mx && !mw) return {Tensor(), Tensor(), channel_sum(g[0], xdim, bdt)};
+        auto [dx, dw, db] = o::group_norm_backward(g[0], ctx.saved(0), ctx.saved(1), ctx.saved(2),
+                                                   ctx.saved(3), num_groups, {mx, mw, mb});
         return {as_param_grad(dx, xdt), as_param_grad(dw, wdt), as_param_grad(db, bdt)};
       });
   return out;

@@ -1,7 +1,7 @@
 // Differentiable normalization ops (namespace tally), PyTorch's names and argument orders:
-// layer_norm, rms_norm (torch.nn.functional.layer_norm / rms_norm) and batch_norm
-// (torch.nn.functional.batch_norm). Each saves the input and its small per-row or
-// per-channel statistics for backward, never the normalized output.
+// layer_norm, rms_norm (torch.nn.functional.layer_norm / rms_norm), batch_norm
+// (torch.nn.functional.batch_norm) and group_norm (torch.native_group_norm's node). Each saves the
+// input and its small per-row or per-channel statistics for backward, never the normalized output.
 #pragma once
 
 #include <optional>
@@ -46,5 +46,16 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight = {}, const Tensor& bias = {}, bool training = false,
                   double momentum = 0.1, double eps = 1e-5, CallSite site = CallSite::current());
+
+// x [N, C, *] normalized per sample over each of num_groups groups of C / num_groups
+// channels (biased variance), then weight and bias ([C], may be undefined) per channel, in one
+// kernel (ops::group_norm_forward); backward is NativeGroupNormBackward0 (one kernel for dx,
+// one for dweight/dbias). In float32 under autocast (PyTorch's policy; a 16-bit input is read
+// as it is, the cast fused, and its gradient comes back in its dtype); otherwise the output
+// has x's dtype, float32 parameters beside a 16-bit input included (PyTorch's mixed type).
+// weight and bias must be of a dtype ops::group_norm_fast_path_applies takes
+// (nn::functional::group_norm falls back to the composite for the others).
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5, CallSite site = CallSite::current());
 
 }  // namespace tally

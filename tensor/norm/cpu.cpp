@@ -1,4 +1,5 @@
-// CPU normalization kernels: layer_norm / rms_norm over rows, batch_norm over channels.
+// CPU normalization kernels: layer_norm / rms_norm over rows, batch_norm over channels,
+// group_norm over (sample, group) rows.
 // Sums over a row or a channel run in double; elementwise arithmetic in acc_t (float for
 // the 16-bit types, double for float64), as the statistics are stored.
 //
@@ -46,6 +47,30 @@ BackwardPtrs<T, G> backward_ptrs(const Tensor& dx, const Tensor& dweight, const 
           ptr<A>(dbias),   ptr<const A>(mean), ptr<const A>(rstd), ptr<const A>(weight)};
 }
 
+// The mean (0 unless center) and rstd = 1 / sqrt(biased var + eps) of a row of cols values,
+// summed in double (two passes: the variance around the mean), rounded to A once. An empty
+// row gives mean 0 and var 0.
+template <typename A>
+struct RowStats {
+  A mean, rstd;
+};
+template <typename A, typename T>
+RowStats<A> row_stats(const T* xr, int64_t cols, bool center, double eps) {
+  double mu = 0.0;
+  if (center) {
+    double s = 0.0;
+    for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(static_cast<A>(xr[j]));
+    mu = cols > 0 ? s / static_cast<double>(cols) : 0.0;
+  }
+  double ss = 0.0;
+  for (int64_t j = 0; j < cols; ++j) {
+    const double d = static_cast<double>(static_cast<A>(xr[j])) - mu;
+    ss += d * d;
+  }
+  const double var = cols > 0 ? ss / static_cast<double>(cols) : 0.0;
+  return {static_cast<A>(mu), static_cast<A>(1.0 / std::sqrt(var + eps))};
+}
+
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                 const Tensor& weight, const Tensor& bias, int64_t rows, int64_t cols, double eps,
                 const Tensor& residual, const Tensor& sum) {
@@ -73,20 +98,8 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
       for (int64_t i = row0; i < row1; ++i) {
         const T* xr = px + i * cols;
         O* orow = po + i * cols;
-        double mu = 0.0;
-        if (center) {
-          double s = 0.0;
-          for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(static_cast<A>(xr[j]));
-          mu = cols > 0 ? s / static_cast<double>(cols) : 0.0;
-        }
-        double ss = 0.0;
-        for (int64_t j = 0; j < cols; ++j) {
-          const double d = static_cast<double>(static_cast<A>(xr[j])) - mu;
-          ss += d * d;
-        }
-        const double var = cols > 0 ? ss / static_cast<double>(cols) : 0.0;
-        const A m = static_cast<A>(mu);
-        const A r = static_cast<A>(1.0 / std::sqrt(var + eps));
+        const RowStats<A> st = row_stats<A>(xr, cols, center, eps);
+        const A m = st.mean, r = st.rstd;
         if (center) pm[i] = m;
         pr[i] = r;
         for (int64_t j = 0; j < cols; ++j) {
@@ -286,6 +299,106 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
       }
     });
   });
+}
+
+// group_norm: a (sample, group) is a contiguous row of d = C / groups channels of s elements
+// each; one thread a row. out (forward) and dy (backward) in x's dtype T or float beside a
+// 16-bit T (dispatch_widened_pair).
+void group_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                const Tensor& weight, const Tensor& bias, int64_t groups, double eps) {
+  dispatch_widened_pair(x.dtype(), out.dtype(), "group_norm", [&]<typename T, typename O>() {
+    using A = acc_t<T>;
+    const T* px = ptr<const T>(x);
+    O* po = ptr<O>(out);
+    A* pm = ptr<A>(mean);
+    A* pr = ptr<A>(rstd);
+    const A* pw = ptr<const A>(weight);
+    const A* pb = ptr<const A>(bias);
+    const NCS dims = ncs(x);  // not a structured binding: clang 14 cannot capture one
+    const int64_t c = dims.c, s = dims.s, d = c / groups, cols = d * s;
+    parallel_for(dims.n * groups, grain_of(cols), [&](int64_t row0, int64_t row1) {
+      for (int64_t row = row0; row < row1; ++row) {
+        const T* xr = px + row * cols;
+        const RowStats<A> st = row_stats<A>(xr, cols, true, eps);
+        const A m = st.mean, r = st.rstd;
+        pm[row] = m;
+        pr[row] = r;
+        const int64_t c0 = (row % groups) * d;
+        for (int64_t k = 0; k < d; ++k) {
+          const T* xc = xr + k * s;
+          O* oc = po + row * cols + k * s;
+          for (int64_t e = 0; e < s; ++e)
+            oc[e] = O(math::scale_shift(math::xhat(static_cast<A>(xc[e]), m, r), pw, pb, c0 + k));
+        }
+      }
+    });
+  });
+}
+
+// dx per (sample, group) row: with g = dy * weight[c] and xhat = (x - mean) * rstd,
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) over the row's d * s elements;
+// dweight[c] = sum over samples and the plane of dy * xhat, dbias[c] = sum of dy, per channel
+// (the samples in order).
+void group_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                         const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& weight, int64_t groups) {
+  dispatch_widened_pair(
+      x.dtype(), dy.dtype(), "group_norm_backward", [&]<typename T, typename G>() {
+        using A = acc_t<T>;
+        const BackwardPtrs<T, G> p =
+            backward_ptrs<T, G>(dx, dweight, dbias, dy, x, mean, rstd, weight);
+        const NCS dims = ncs(x);  // not a structured binding: clang 14 cannot capture one
+        const int64_t n = dims.n, c = dims.c, s = dims.s, d = c / groups, cols = d * s;
+        if (p.dweight || p.dbias) {
+          parallel_for(c, grain_of(n * s), [&](int64_t ch0, int64_t ch1) {
+            for (int64_t ch = ch0; ch < ch1; ++ch) {
+              double sw = 0.0, sb = 0.0;
+              for (int64_t b = 0; b < n; ++b) {
+                const int64_t row = b * groups + ch / d;
+                const int64_t base = (b * c + ch) * s;
+                for (int64_t e = 0; e < s; ++e) {
+                  const A g = static_cast<A>(p.dy[base + e]);
+                  if (p.dweight)
+                    sw += static_cast<double>(g) *
+                          static_cast<double>(
+                              math::xhat(static_cast<A>(p.x[base + e]), p.mean[row], p.rstd[row]));
+                  sb += static_cast<double>(g);
+                }
+              }
+              if (p.dweight) p.dweight[ch] = static_cast<A>(sw);
+              if (p.dbias) p.dbias[ch] = static_cast<A>(sb);
+            }
+          });
+        }
+        if (!p.dx) return;
+        const double inv_n = cols > 0 ? 1.0 / static_cast<double>(cols) : 0.0;
+        parallel_for(n * groups, grain_of(cols), [&](int64_t row0, int64_t row1) {
+          for (int64_t row = row0; row < row1; ++row) {
+            const int64_t c0 = (row % groups) * d, base = row * cols;
+            const A m = p.mean[row], r = p.rstd[row];
+            double sg = 0.0, sgx = 0.0;
+            for (int64_t k = 0; k < d; ++k) {
+              const A w = p.weight ? p.weight[c0 + k] : A(1);
+              for (int64_t e = 0; e < s; ++e) {
+                const int64_t i = base + k * s + e;
+                const A g = static_cast<A>(p.dy[i]) * w;
+                sg += static_cast<double>(g);
+                sgx += static_cast<double>(g) *
+                       static_cast<double>(math::xhat(static_cast<A>(p.x[i]), m, r));
+              }
+            }
+            const A mg = static_cast<A>(sg * inv_n), mgx = static_cast<A>(sgx * inv_n);
+            for (int64_t k = 0; k < d; ++k) {
+              const A w = p.weight ? p.weight[c0 + k] : A(1);
+              for (int64_t e = 0; e < s; ++e) {
+                const int64_t i = base + k * s + e;
+                p.dx[i] = T(math::norm_input_grad(r, static_cast<A>(p.dy[i]) * w, mg,
+                                                  math::xhat(static_cast<A>(p.x[i]), m, r), mgx));
+              }
+            }
+          }
+        });
+      });
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // CUDA normalization kernels: layer_norm / rms_norm over rows, batch_norm over channels,
-// forward and backward. Twins of tensor/norm/cpu.cpp (same formulas, same order of the
-// elementwise arithmetic in the statistics dtype A: float for float32 and the 16-bit types,
-// double for float64).
+// group_norm over (sample, group) rows, forward and backward. Twins of tensor/norm/cpu.cpp
+// (same formulas, same order of the elementwise arithmetic in the statistics dtype A: float
+// for float32 and the 16-bit types, double for float64).
 //
 // Rows (layer_norm, rms_norm): one block per row, 32..512 threads by row length, block-wide
 // reductions in A. The backward accumulates dweight/dbias per block in shared memory (or,
@@ -955,6 +955,177 @@ __global__ void add_rows_kernel(T* __restrict__ sum, const T* __restrict__ x,
     sum[i] = store<T>(static_cast<A>(load(x[i])) + static_cast<A>(load(res[i])));
 }
 
+// ------------------------------------------------------------------ group_norm
+//
+// A (sample, group) of x [N, C, *] is a contiguous row of d = C / groups channels of s
+// elements. One block a row (grid-stride over the rows), packs of V elements (V > 1 only where
+// group_norm_packed_applies: a pack then never straddles two channels).
+
+// Forward: the row's mean, then its biased variance around it (the second and third reads of
+// the row come from L2), then out = xhat * w[c] + b[c]: one kernel, x read once from memory.
+template <typename T, typename O, typename A, int V>
+__global__ void __launch_bounds__(kRowMaxThreads)
+    group_norm_fwd_kernel(O* __restrict__ out, A* __restrict__ mean, A* __restrict__ rstd,
+                          const T* __restrict__ x, const A* __restrict__ w, const A* __restrict__ b,
+                          int64_t rows, int64_t groups, int64_t d, int64_t s, A eps) {
+  __shared__ A red[64];
+  const int64_t cols = d * s, packs = cols / V, sp = s / V;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * cols;
+    O* orow = out + row * cols;
+    A sum = 0;
+    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      const Pack<T, V> pk = load_pack<V>(xr, i);
+#pragma unroll
+      for (int j = 0; j < V; ++j) sum += static_cast<A>(load(pk.v[j]));
+    }
+    sum = block_sum(sum, red);
+    const A mu = cols > 0 ? sum / static_cast<A>(cols) : A(0);
+    A ss = 0;
+    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      const Pack<T, V> pk = load_pack<V>(xr, i);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A v = static_cast<A>(load(pk.v[j])) - mu;
+        ss += v * v;
+      }
+    }
+    ss = block_sum(ss, red);
+    const A r = A(1) / sqrt((cols > 0 ? ss / static_cast<A>(cols) : A(0)) + eps);
+    if (threadIdx.x == 0) {
+      mean[row] = mu;
+      rstd[row] = r;
+    }
+    const int64_t c0 = (row % groups) * d;
+    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      const int64_t ch = c0 + i / sp;
+      const Pack<T, V> pk = load_pack<V>(xr, i);
+      Pack<O, V> po;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        po.v[j] =
+            store<O>(math::scale_shift(math::xhat(static_cast<A>(load(pk.v[j])), mu, r), w, b, ch));
+      store_pack<V>(orow, i, po);
+    }
+  }
+}
+
+// Backward, one block a row: per channel of the row, sdx = sum dy * xhat and sdy = sum dy over
+// its s elements (a warp a channel, or k = warps / d warps a channel when the row has fewer
+// channels than the block has warps, their partials added in order); part[n][c] = {sdx, sdy}
+// when part is non-null (dweight/dbias, summed over the samples by group_norm_params_kernel).
+// Then, with g = dy * w[c]: mean(g) = sum_c w[c] sdy_c / (d s), mean(g xhat) likewise from
+// sdx, and dx = rstd * (g - mean(g) - xhat * mean(g xhat)) when dx is non-null.
+template <typename T, typename G, typename A, int V>
+__global__ void __launch_bounds__(kRowMaxThreads)
+    group_norm_bwd_kernel(T* __restrict__ dx, A* __restrict__ part, const G* __restrict__ dy,
+                          const T* __restrict__ x, const A* __restrict__ mean,
+                          const A* __restrict__ rstd, const A* __restrict__ w, int64_t rows,
+                          int64_t groups, int64_t d, int64_t s) {
+  __shared__ A seg[2][32];
+  const int nw = static_cast<int>(blockDim.x >> 5);
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int64_t cols = d * s, packs = cols / V, sp = s / V;
+  const int64_t k = d >= nw ? 1 : nw / d;  // warps a channel
+  const int64_t c = d * groups;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t base = row * cols, c0 = (row % groups) * d, n = row / groups;
+    const A m = mean[row], r = rstd[row];
+    A tg = 0, tgx = 0;  // k == 1: this warp's channels' sum of w * sdy and w * sdx
+    for (int64_t q = warp; q < d * k; q += nw) {
+      const int64_t ch = q / k, p = q - ch * k;
+      const G* dyc = dy + base + ch * s;
+      const T* xc = x + base + ch * s;
+      A sdx = 0, sdy = 0;
+      for (int64_t i = p * 32 + lane; i < sp; i += k * 32) {
+        const Pack<G, V> pg = load_pack<V>(dyc, i);
+        const Pack<T, V> px = load_pack<V>(xc, i);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const A g = static_cast<A>(load(pg.v[j]));
+          sdy += g;
+          sdx += g * math::xhat(static_cast<A>(load(px.v[j])), m, r);
+        }
+      }
+      sdx = warp_sum(sdx);
+      sdy = warp_sum(sdy);
+      if (k == 1) {
+        if (part && lane == 0) {
+          part[(n * c + c0 + ch) * 2] = sdx;
+          part[(n * c + c0 + ch) * 2 + 1] = sdy;
+        }
+        const A wc = w ? w[c0 + ch] : A(1);
+        tg += wc * sdy;
+        tgx += wc * sdx;
+      } else if (lane == 0) {
+        seg[0][q] = sdx;
+        seg[1][q] = sdy;
+      }
+    }
+    if (k == 1 && lane == 0) {
+      seg[0][warp] = tgx;
+      seg[1][warp] = tg;
+    }
+    __syncthreads();
+    // Every thread adds the same values in the same order: the row's sum of g and g * xhat.
+    A sg = 0, sgx = 0;
+    if (k == 1) {
+      for (int i = 0; i < nw; ++i) {
+        sgx += seg[0][i];
+        sg += seg[1][i];
+      }
+    } else {
+      for (int64_t ch = 0; ch < d; ++ch) {
+        A sdx = 0, sdy = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          sdx += seg[0][ch * k + p];
+          sdy += seg[1][ch * k + p];
+        }
+        if (part && threadIdx.x == ch) {
+          part[(n * c + c0 + ch) * 2] = sdx;
+          part[(n * c + c0 + ch) * 2 + 1] = sdy;
+        }
+        const A wc = w ? w[c0 + ch] : A(1);
+        sg += wc * sdy;
+        sgx += wc * sdx;
+      }
+    }
+    __syncthreads();  // seg is free for the next row
+    if (!dx) continue;
+    const A inv = cols > 0 ? A(1) / static_cast<A>(cols) : A(0);
+    const A mg = sg * inv, mgx = sgx * inv;
+    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      const int64_t ch = c0 + i / sp;
+      const A wc = w ? w[ch] : A(1);
+      const Pack<G, V> pg = load_pack<V>(dy + base, i);
+      const Pack<T, V> px = load_pack<V>(x + base, i);
+      Pack<T, V> po;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        po.v[j] =
+            store<T>(math::norm_input_grad(r, static_cast<A>(load(pg.v[j])) * wc, mg,
+                                           math::xhat(static_cast<A>(load(px.v[j])), m, r), mgx));
+      store_pack<V>(dx + base, i, po);
+    }
+  }
+}
+
+// dweight[c] = sum over the samples of part[n][c][0], dbias[c] of part[n][c][1], in order.
+template <typename A>
+__global__ void group_norm_params_kernel(A* __restrict__ dw, A* __restrict__ db,
+                                         const A* __restrict__ part, int64_t n, int64_t c) {
+  for (int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; ch < c;
+       ch += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    A sw = 0, sb = 0;
+    for (int64_t b = 0; b < n; ++b) {
+      sw += part[(b * c + ch) * 2];
+      sb += part[(b * c + ch) * 2 + 1];
+    }
+    if (dw) dw[ch] = sw;
+    if (db) db[ch] = sb;
+  }
+}
+
 // ------------------------------------------------------------------ launchers
 
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
@@ -1305,6 +1476,102 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
         with_bn_width_last(c, sizeof(T), streamed, go_last);
       else
         with_bn_width(s, sizeof(T), streamed, go);
+      check_launch(name);
+    }
+  });
+}
+
+// The group_norm kernels' fast path: packs of V = 16 / (the widest streamed element) elements
+// when the plane size s is a multiple of V (no pack straddles two channels) and every streamed
+// tensor (pointer, element size) is aligned to its pack; otherwise one element at a time (odd
+// planes such as 7x7 or 5x5, views off their allocation's start).
+bool group_norm_packed_applies(int64_t s, int v,
+                               std::initializer_list<std::pair<const void*, size_t>> ts) {
+  if (s % v != 0) return false;
+  for (const auto& [p, elem] : ts)
+    if (p && reinterpret_cast<uintptr_t>(p) % (elem * static_cast<size_t>(v)) != 0) return false;
+  return true;
+}
+
+// go(std::integral_constant<int, V>{}) with V = 16 / max(sizeof(T), sizeof(O)) where
+// group_norm_packed_applies, else 1.
+template <typename T, typename O, typename F>
+void with_gn_width(int64_t s, std::initializer_list<std::pair<const void*, size_t>> ts, F&& go) {
+  constexpr int kV = static_cast<int>(16 / std::max(sizeof(T), sizeof(O)));
+  if (group_norm_packed_applies(s, kV, ts))
+    go(std::integral_constant<int, kV>{});
+  else
+    go(std::integral_constant<int, 1>{});
+}
+
+void group_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                const Tensor& weight, const Tensor& bias, int64_t groups, double eps) {
+  constexpr const char* name = "group_norm";
+  const NCS d = ncs(x);
+  const int64_t rows = d.n * groups, per = d.c / groups;
+  if (rows <= 0) return;
+  NvtxRange range(name);
+  const int dev = x.device().index;
+  expect_forward(name, dev, out.dtype(), out, x, mean, {&rstd, "rstd"}, weight, bias);
+  DeviceGuard guard(dev);
+  const int threads = row_threads(per * d.s);
+  const auto grid = static_cast<unsigned>(std::min(rows, kMaxGrid));
+  dispatch_widened_pair(x.dtype(), out.dtype(), name, [&]<typename HT, typename HO>() {
+    using T = dev_t<HT>;
+    using O = dev_t<HO>;
+    using A = acc_t<HT>;
+    with_gn_width<T, O>(
+        d.s, {{x.data_ptr(), sizeof(T)}, {out.data_ptr(), sizeof(O)}}, [&](auto width) {
+          constexpr int V = decltype(width)::value;
+          group_norm_fwd_kernel<T, O, A, V><<<grid, threads, 0, stream(dev)>>>(
+              ptr<O>(out), ptr<A>(mean), ptr<A>(rstd), ptr<const T>(x), ptr<const A>(weight),
+              ptr<const A>(bias), rows, groups, per, d.s, static_cast<A>(eps));
+        });
+    check_launch(name);
+  });
+}
+
+void group_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                         const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& weight, int64_t groups) {
+  constexpr const char* name = "group_norm_backward";
+  const NCS d = ncs(x);
+  const int64_t rows = d.n * groups, per = d.c / groups;
+  const bool params = dweight.defined() || dbias.defined();
+  if (d.c == 0 || (!dx.defined() && !params)) return;
+  NvtxRange range(name);
+  const int dev = x.device().index;
+  expect_backward(name, dev, x.dtype(), dy.dtype(), dx, dweight, dbias, dy, x, mean,
+                  {&rstd, "rstd"}, weight);
+  DeviceGuard guard(dev);
+  const cudaStream_t st = stream(dev);
+  dispatch_widened_pair(x.dtype(), dy.dtype(), name, [&]<typename HT, typename HG>() {
+    using T = dev_t<HT>;
+    using G = dev_t<HG>;
+    using A = acc_t<HT>;
+    Tensor part;
+    if (params && rows > 0)
+      part = alloc_scratch(norm_launch::group_norm_backward_partials(d.n, d.c),
+                           stat_dtype(x.dtype()), x.device());
+    if (rows > 0) {
+      const int threads = row_threads(per * d.s);
+      const auto grid = static_cast<unsigned>(std::min(rows, kMaxGrid));
+      with_gn_width<T, G>(d.s,
+                          {{dx.defined() ? dx.data_ptr() : nullptr, sizeof(T)},
+                           {dy.data_ptr(), sizeof(G)},
+                           {x.data_ptr(), sizeof(T)}},
+                          [&](auto width) {
+                            constexpr int V = decltype(width)::value;
+                            group_norm_bwd_kernel<T, G, A, V><<<grid, threads, 0, st>>>(
+                                ptr<T>(dx), ptr<A>(part), ptr<const G>(dy), ptr<const T>(x),
+                                ptr<const A>(mean), ptr<const A>(rstd), ptr<const A>(weight), rows,
+                                groups, per, d.s);
+                          });
+      check_launch(name);
+    }
+    if (params) {
+      group_norm_params_kernel<A><<<elt_blocks(d.c), kEltThreads, 0, st>>>(
+          ptr<A>(dweight), ptr<A>(dbias), ptr<const A>(part), d.n, d.c);
       check_launch(name);
     }
   });

@@ -1,4 +1,4 @@
-// The kernel table of the normalization family (layer_norm, rms_norm, batch_norm): each
+// The kernel table of the normalization family (layer_norm, rms_norm, batch_norm, group_norm): each
 // kernel's signature, once. The CPU reference (tensor/norm/cpu.cpp) and the CUDA kernels
 // (tensor/norm/cuda.cu) each define one NormKernels; tensor/backends.cpp registers them.
 //
@@ -80,6 +80,19 @@ struct NormKernels {
   void (*batch_norm_backward)(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                               const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& invstd, const Tensor& weight, bool training);
+
+  // group_norm of x [N, C, *] (contiguous) over `groups` groups of C / groups channels: writes
+  // out (x's shape; x's dtype, or float32 beside a 16-bit x: ops::norm_widens_dtype), mean and
+  // rstd ([N, groups]); weight, bias: [C] or undefined.
+  void (*group_norm)(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                     const Tensor& weight, const Tensor& bias, int64_t groups, double eps);
+
+  // Gradients of group_norm: whichever of dx (x's dtype and shape), dweight, dbias ([C],
+  // overwritten) is defined. dy contiguous, in x's dtype or float32 beside a 16-bit x
+  // (ops::norm_widens_dtype); weight only scales dx.
+  void (*group_norm_backward)(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                              const Tensor& dy, const Tensor& x, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& weight, int64_t groups);
 };
 
 // Runs f.template operator()<T, O>() with T the C++ type of x_dtype and O that of other_dtype,
@@ -98,6 +111,23 @@ void dispatch_row_pair(DType x_dtype, DType other_dtype, const char* op, F&& f) 
   }
 }
 
+// Runs f.template operator()<T, O>() with T the C++ type of x_dtype and O that of other_dtype,
+// for the pairs the group_norm kernels take (ops::norm_widens_dtype): O = T, or float beside a
+// 16-bit T (autocast's float32 cast of the input, fused). Any other pair is
+// unsupported_dtype(op, other_dtype).
+template <typename F>
+void dispatch_widened_pair(DType x_dtype, DType other_dtype, const char* op, F&& f) {
+  if (x_dtype == other_dtype) {
+    TALLY_DISPATCH_FLOAT(x_dtype, op, [&] { f.template operator()<scalar_t, scalar_t>(); });
+  } else if (x_dtype == DType::bfloat16 && other_dtype == DType::float32) {
+    f.template operator()<BFloat16, float>();
+  } else if (x_dtype == DType::float16 && other_dtype == DType::float32) {
+    f.template operator()<Half, float>();
+  } else {
+    unsupported_dtype(op, other_dtype);
+  }
+}
+
 // cpu::norm_kernels (tensor/norm/cpu.cpp), cuda::norm_kernels (tensor/norm/cuda.cu), norm_backends
 // (tensor/backends.cpp).
 TALLY_DECLARE_KERNELS(NormKernels, norm_kernels, norm_backends);
@@ -108,6 +138,7 @@ TALLY_DECLARE_KERNELS(NormKernels, norm_kernels, norm_backends);
 #define TALLY_NORM_KERNELS                                                      \
   .layer_norm = &layer_norm, .layer_norm_backward = &layer_norm_backward,       \
   .batch_norm_stats = &batch_norm_stats, .batch_norm_elemt = &batch_norm_elemt, \
-  .batch_norm_backward = &batch_norm_backward
+  .batch_norm_backward = &batch_norm_backward, .group_norm = &group_norm,       \
+  .group_norm_backward = &group_norm_backward
 
 }  // namespace tally

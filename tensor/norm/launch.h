@@ -49,4 +49,11 @@ inline int bn_splits_nhwc(int64_t c, int64_t rows, int sm_count) {
   return static_cast<int>(std::clamp<int64_t>(splits, 1, 65535));
 }
 
+// group_norm_backward's per-(sample, channel) partial sums of dy * x and dy, when it computes
+// dweight or dbias: [n][c][2] statistics-dtype elements (summed over the samples by a second
+// kernel).
+inline int64_t group_norm_backward_partials(int64_t n, int64_t c) {
+  return n * c * 2;
+}
+
 }  // namespace tally::norm_launch

@@ -1,7 +1,7 @@
 // Meta kernels of the norm family (tensor/meta/target.h). The CPU kernels allocate nothing;
 // the CUDA kernels' partial sums are sized by tensor/norm/launch.h, which the CUDA launchers
 // use too: layer_norm_backward's dweight/dbias partials, batch_norm's per-channel split sums
-// and the training backward's coefficients.
+// and the training backward's coefficients, group_norm_backward's per-(sample, channel) sums.
 #include "tensor/meta/target.h"
 #include "tensor/norm/kernels.h"
 #include "tensor/norm/launch.h"
@@ -53,12 +53,26 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
     alloc_scratch(d.c * 2, ops::norm_stat_dtype(dy.dtype()), dy.device());
 }
 
+void group_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                         const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& weight, int64_t /*groups*/) {
+  // The sums read dy and x, the dx pass reads them again (a row at a time, from the cache).
+  cost(x, 0, tensor_bytes(dx, dweight, dbias, dy, x, mean, rstd, weight));
+  if (!replays_cuda(x) || (!dweight.defined() && !dbias.defined())) return;
+  const NCS d = ncs(x);
+  if (d.n * d.c == 0) return;
+  alloc_scratch(norm_launch::group_norm_backward_partials(d.n, d.c),
+                ops::norm_stat_dtype(x.dtype()), x.device());
+}
+
 }  // namespace
 
 const NormKernels norm_kernels{.layer_norm = nothing,
                                .layer_norm_backward = &layer_norm_backward,
                                .batch_norm_stats = &batch_norm_stats,
                                .batch_norm_elemt = nothing,
-                               .batch_norm_backward = &batch_norm_backward};
+                               .batch_norm_backward = &batch_norm_backward,
+                               .group_norm = nothing,
+                               .group_norm_backward = &group_norm_backward};
 
 }  // namespace tally::meta

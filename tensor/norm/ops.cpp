@@ -35,6 +35,16 @@ Tensor as_stat(const Tensor& p, DType stat) {
   return p.defined() ? contiguous(to(p, stat)) : Tensor();
 }
 
+// out_dtype (nullopt: x's), which must be floating.
+DType checked_out_dtype(const char* op, const Tensor& x, std::optional<DType> out_dtype) {
+  const DType out_dt = out_dtype.value_or(x.dtype());
+  if (!is_floating(out_dt))
+    throw std::invalid_argument(fmt::format(
+        "{}: out_dtype must be a floating dtype, got {} (input of shape {} and dtype {})", op,
+        dtype_name(out_dt), x.shape_string(), dtype_name(x.dtype())));
+  return out_dt;
+}
+
 // ---- layer_norm / rms_norm shared checks ----
 
 struct RowShape {
@@ -144,6 +154,10 @@ bool norm_writes_dtype(DType x, DType other) {
          (x == DType::float32 && (other == DType::float16 || other == DType::bfloat16));
 }
 
+bool norm_widens_dtype(DType x, DType other) {
+  return other == x || (other == DType::float32 && (x == DType::float16 || x == DType::bfloat16));
+}
+
 // ---------------------------------------------------------------- layer_norm
 
 namespace {
@@ -159,11 +173,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> row_layer_norm(
   const RowShape rs = row_shape(info.name, x, normalized_shape);
   check_affine(info.name, "weight", weight, x, normalized_shape);
   check_affine(info.name, "bias", bias, x, normalized_shape);
-  const DType out_dt = out_dtype.value_or(x.dtype());
-  if (!is_floating(out_dt))
-    throw std::invalid_argument(fmt::format(
-        "{}: out_dtype must be a floating dtype, got {} (input of shape {} and dtype {})",
-        info.name, dtype_name(out_dt), x.shape_string(), dtype_name(x.dtype())));
+  const DType out_dt = checked_out_dtype(info.name, x, out_dtype);
   const bool fused = norm_writes_dtype(x.dtype(), out_dt);
   const DType o_dt = fused ? out_dt : x.dtype();
   const DType stat = norm_stat_dtype(x.dtype());
@@ -427,6 +437,85 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, c
         dx, dw, db, dy, need_x ? contiguous(x, kf) : Tensor(), need_x ? contiguous(mean) : Tensor(),
         contiguous(invstd), as_stat(weight, stat), training);
   return {dx.defined() ? contiguous(dx, f) : dx, dw, db};
+}
+
+// ---------------------------------------------------------------- group_norm
+
+namespace {
+
+// [N, C, *] with C divisible by groups > 0; weight and bias [C] when defined.
+void check_group_norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                      int64_t groups) {
+  check_floating(op, "input", x);
+  if (x.dim() < 2)
+    throw std::invalid_argument(
+        fmt::format("{}: expected an input of at least 2 dims [N, C, *], got input of shape {}", op,
+                    x.shape_string()));
+  const int64_t c = x.sizes()[1];
+  if (groups <= 0 || c % groups != 0)
+    throw std::invalid_argument(
+        fmt::format("{}: num_channels {} of input of shape {} must be divisible by num_groups {}",
+                    op, c, x.shape_string(), groups));
+  check_channels(op, "weight", weight, x);
+  check_channels(op, "bias", bias, x);
+}
+
+bool fast_param(const Tensor& p, DType x) {
+  return !p.defined() || p.dtype() == x || p.dtype() == norm_stat_dtype(x);
+}
+
+}  // namespace
+
+bool group_norm_fast_path_applies(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return is_floating(x.dtype()) && fast_param(weight, x.dtype()) && fast_param(bias, x.dtype());
+}
+
+std::tuple<Tensor, Tensor, Tensor> group_norm_forward(const Tensor& x, const Tensor& weight,
+                                                      const Tensor& bias, int64_t groups,
+                                                      double eps, std::optional<DType> out_dtype) {
+  static const OpInfo info("group_norm");
+  DispatchScope scope(info, x);
+  check_group_norm(info.name, x, weight, bias, groups);
+  if (!group_norm_fast_path_applies(x, weight, bias))
+    throw std::invalid_argument(fmt::format(
+        "{}: weight/bias of dtype {}/{} beside an input of dtype {} (expected {} or {})", info.name,
+        weight.defined() ? dtype_name(weight.dtype()) : "none",
+        bias.defined() ? dtype_name(bias.dtype()) : "none", dtype_name(x.dtype()),
+        dtype_name(x.dtype()), dtype_name(norm_stat_dtype(x.dtype()))));
+  const DType out_dt = checked_out_dtype(info.name, x, out_dtype);
+  const bool fused = norm_widens_dtype(x.dtype(), out_dt);
+  const DType stat = norm_stat_dtype(x.dtype());
+  Tensor out = alloc_output(x.sizes(), fused ? out_dt : x.dtype(), x.device());
+  Tensor mean = alloc_output({x.sizes()[0], groups}, stat, x.device());
+  Tensor rstd = alloc_output({x.sizes()[0], groups}, stat, x.device());
+  norm_backends.get(info, x.device(), &NormKernels::group_norm)(
+      out, mean, rstd, contiguous(x), as_stat(weight, stat), as_stat(bias, stat), groups, eps);
+  return {fused ? out : to(out, out_dt), mean, rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor> group_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                                       const Tensor& mean, const Tensor& rstd,
+                                                       const Tensor& weight, int64_t groups,
+                                                       std::array<bool, 3> output_mask) {
+  static const OpInfo info("group_norm_backward");
+  DispatchScope scope(info, x);
+  check_group_norm(info.name, x, weight, Tensor(), groups);
+  check_grad_out(info.name, grad_out, x);
+  check_stat(info.name, "mean", mean, x.sizes()[0] * groups, x);
+  check_stat(info.name, "rstd", rstd, x.sizes()[0] * groups, x);
+  const DType stat = norm_stat_dtype(x.dtype());
+  const int64_t c = x.sizes()[1];
+  Tensor dx = output_mask[0] ? alloc_output(x.sizes(), x.dtype(), x.device()) : Tensor();
+  Tensor dw = output_mask[1] ? alloc_output({c}, stat, x.device()) : Tensor();
+  Tensor db = output_mask[2] ? alloc_output({c}, stat, x.device()) : Tensor();
+  if (dx.defined() || dw.defined() || db.defined())
+    norm_backends.get(info, x.device(), &NormKernels::group_norm_backward)(
+        dx, dw, db,
+        contiguous(norm_widens_dtype(x.dtype(), grad_out.dtype()) ? grad_out
+                                                                  : to(grad_out, x.dtype())),
+        contiguous(x), contiguous(mean), contiguous(rstd),
+        dx.defined() ? as_stat(weight, stat) : Tensor(), groups);
+  return {dx, dw, db};
 }
 
 }  // namespace tally::ops

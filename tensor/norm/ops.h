@@ -1,5 +1,6 @@
-// Raw normalization ops (namespace tally::ops, no autograd): layer_norm, rms_norm and
-// batch_norm, forward and backward, as PyTorch's native_layer_norm / native_batch_norm.
+// Raw normalization ops (namespace tally::ops, no autograd): layer_norm, rms_norm, batch_norm
+// and group_norm, forward and backward, as PyTorch's native_layer_norm / native_batch_norm /
+// native_group_norm.
 // The forwards also return the per-row (per-channel) statistics the backwards take, so the
 // differentiable ops save x and these small vectors, never the normalized output.
 //
@@ -29,6 +30,11 @@ DType norm_stat_dtype(DType dtype);
 // dtype x: x's own dtype, or a 16-bit dtype beside a float32 input (layer_norm's out under
 // autocast, and the 16-bit gradient that comes back for it).
 bool norm_writes_dtype(DType x, DType other);
+
+// Whether the group_norm kernels read and write `other` alongside an input of dtype x: x's own
+// dtype, or float32 beside a 16-bit x (autocast's float32 output, and the float32 gradient
+// that comes back for it).
+bool norm_widens_dtype(DType x, DType other);
 
 // ---- layer_norm: normalizes over the trailing dims given by normalized_shape ----
 // x [*, normalized_shape...]; weight, bias: normalized_shape or undefined.
@@ -109,6 +115,33 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& run
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, const Tensor& x,
                                                        const Tensor& mean, const Tensor& invstd,
                                                        const Tensor& weight, bool training,
+                                                       std::array<bool, 3> output_mask);
+
+// ---- group_norm: per (sample, group of C / groups channels) of x [N, C, *] ----
+// Whether the fused kernels take these operands (group_norm_forward / _backward): x floating,
+// weight and bias undefined or of x's dtype or its statistics dtype (float32 beside a 16-bit x,
+// PyTorch's mixed type). Any other pair (a float64 weight beside a float32 x) keeps the
+// composite (layer_norm over the groups, then the per-channel affine, with type promotion).
+bool group_norm_fast_path_applies(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+// Returns {out (x's shape, contiguous), mean, rstd}: mean and rstd [N, groups] in the
+// statistics dtype, rstd = 1 / sqrt(biased var + eps). weight, bias: [C] or undefined, of a
+// dtype group_norm_fast_path_applies takes. out_dtype (nullopt: x's) gives out's dtype,
+// exactly group_norm(to(x, out_dtype)) for float32 beside a 16-bit x (autocast's cast,
+// fused: the kernel reads the 16-bit input, no float32 copy is made); any other pair computes
+// in x's dtype, then converts.
+std::tuple<Tensor, Tensor, Tensor> group_norm_forward(
+    const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t groups, double eps = 1e-5,
+    std::optional<DType> out_dtype = std::nullopt);
+
+// Gradients of group_norm w.r.t. {x, weight, bias} as output_mask asks (PyTorch's
+// native_group_norm_backward): dx in x's dtype, dweight and dbias [C] in the statistics dtype.
+// grad_out (x's shape, any floating dtype) is read as to(grad_out, x.dtype()); a float32
+// grad_out beside a 16-bit x is read as is (the gradient of the fused cast's float32 output:
+// dx is to(the float32 gradient, x's dtype), rounded once).
+std::tuple<Tensor, Tensor, Tensor> group_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                                       const Tensor& mean, const Tensor& rstd,
+                                                       const Tensor& weight, int64_t groups,
                                                        std::array<bool, 3> output_mask);
 
 }  // namespace tally::ops

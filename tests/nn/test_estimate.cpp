@@ -15,6 +15,7 @@
 #include "nn/layers.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
+#include "nn/norm.h"
 #include "optim/adam.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
@@ -41,8 +42,25 @@ std::vector<Event> events_of(Device d) {
   return out;
 }
 
+// A convolution, a GroupNorm (the U-Net's normalization: NativeGroupNormBackward0 and, on a
+// CUDA target, its per-(sample, channel) partial sums) and a classifier over the pooled
+// channels.
+struct GroupNormNet : nn::Module {
+  std::shared_ptr<nn::Conv2d> conv;
+  std::shared_ptr<nn::GroupNorm> norm;
+  std::shared_ptr<nn::Linear> fc;
+  GroupNormNet() : Module("GroupNormNet") {
+    conv = register_module("conv", std::make_shared<nn::Conv2d>(3, 8, 3, 1, 1, true));
+    norm = register_module("norm", std::make_shared<nn::GroupNorm>(4, 8));
+    fc = register_module("fc", std::make_shared<nn::Linear>(8, 10));
+  }
+  Tensor forward(const Tensor& x) override {
+    return (*fc)(mean(silu((*norm)((*conv)(x))), {2, 3}));
+  }
+};
+
 struct Config {
-  std::string model;  // "resnet" or "gpt"
+  std::string model;  // "resnet", "gpt" or "groupnorm"
   std::string checkpoint = "none";
   bool amp = false;  // bf16 autocast (+ a GradScaler, to run its meta path)
   bool sgd = false;
@@ -58,6 +76,8 @@ void train_two_steps(Device d, const Config& c) {
     nn::BuildOnDevice on(d);
     if (c.model == "resnet") {
       model = nn::resnet_tiny({.num_classes = 10});
+    } else if (c.model == "groupnorm") {
+      model = std::make_shared<GroupNormNet>();
     } else {
       gpt = std::make_shared<nn::GPT>(nn::GPTConfig::preset("tiny"));
       model = gpt;
@@ -70,7 +90,8 @@ void train_two_steps(Device d, const Config& c) {
       x = ops::randint(0, 256, {2, 64}, DType::int64, d);
       y = ops::randint(0, 256, {2, 64}, DType::int64, d);
     } else {
-      x = ops::randn({4, 3, 32, 32}, DType::float32, d);
+      x = ops::randn({4, 3, c.model == "groupnorm" ? 8 : 32, c.model == "groupnorm" ? 8 : 32},
+                     DType::float32, d);
       y = ops::randint(0, 10, {4}, DType::int64, d);
     }
   }
@@ -162,7 +183,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Config{.model = "resnet", .checkpoint = "blocks"}, Config{.model = "gpt"},
                       Config{.model = "gpt", .checkpoint = "blocks"},
                       Config{.model = "gpt", .amp = true},
-                      Config{.model = "gpt", .checkpoint = "selective", .amp = true}),
+                      Config{.model = "gpt", .checkpoint = "selective", .amp = true},
+                      Config{.model = "groupnorm"}, Config{.model = "groupnorm", .amp = true}),
     [](const auto& info) {
       const Config& c = info.param;
       return c.model + "_" + c.checkpoint + (c.amp ? "_bf16" : "") + (c.sgd ? "_sgd" : "");
@@ -203,6 +225,26 @@ TEST(Estimate, CudaTargetRunsWithoutAGpuAndCountsLibraryWorkspaces) {
   // Flash attention saves log-sum-exps instead of the [T, T] probabilities of the CPU path.
   EXPECT_LT(h200.at_peak[static_cast<size_t>(Category::activation)],
             cpu.at_peak[static_cast<size_t>(Category::activation)]);
+}
+
+TEST(Estimate, GroupNormBackwardPartialsOnACudaTargetOnly) {
+  // The CUDA group_norm_backward sums dweight/dbias through [N][C][2] float partials (scratch,
+  // tagged workspace under the op): 4 * 8 * 2 floats a step; the CPU kernel allocates none.
+  const Config c{.model = "groupnorm"};
+  for (const char* target : {"h200", "cpu"}) {
+    SCOPED_TRACE(target);
+    const memory::Estimate e =
+        memory::estimate([&](Device d) { train_two_steps(d, c); }, {.target = target});
+    ASSERT_TRUE(e.fits()) << e.out_of_memory;
+    int partials = 0;
+    for (const Event& ev : events_of(e.device))
+      if (std::get<0>(ev) == TraceAction::alloc && std::get<4>(ev) == "group_norm_backward" &&
+          std::get<2>(ev) == Category::workspace) {
+        ++partials;
+        EXPECT_EQ(std::get<1>(ev), 4u * 8 * 2 * sizeof(float));
+      }
+    EXPECT_EQ(partials, std::string(target) == "h200" ? 2 : 0);  // one a step
+  }
 }
 
 TEST(Estimate, CudaConvolutionWorkspacesComeFromTheTargetsRecordedTable) {
