@@ -158,18 +158,19 @@ DryRun::~DryRun() {
     }
 }
 
+namespace {
+// `highest` becomes `st` where st's allocated peak is higher; its reserved peak is the higher
+// of the two either way (the phases' or the host's highest so far).
+void keep_highest(std::optional<DeviceStats>& highest, const DeviceStats& st) {
+  const int64_t reserved = highest ? highest->reserved_bytes[kAllPools].peak : 0;
+  if (!highest || st.allocated_bytes[kAllPools].peak > highest->allocated_bytes[kAllPools].peak)
+    highest = st;
+  highest->reserved_bytes[kAllPools].peak = std::max(reserved, st.reserved_bytes[kAllPools].peak);
+}
+}  // namespace
+
 void DryRun::keep_host_peak() {
-  const DeviceStats h = get_allocator(host_).stats();
-  if (!host_highest_ ||
-      h.allocated_bytes[kAllPools].peak > host_highest_->allocated_bytes[kAllPools].peak) {
-    const int64_t reserved = host_highest_ ? host_highest_->reserved_bytes[kAllPools].peak : 0;
-    host_highest_ = h;
-    host_highest_->reserved_bytes[kAllPools].peak =
-        std::max(reserved, h.reserved_bytes[kAllPools].peak);
-  } else {
-    host_highest_->reserved_bytes[kAllPools].peak =
-        std::max(host_highest_->reserved_bytes[kAllPools].peak, h.reserved_bytes[kAllPools].peak);
-  }
+  keep_highest(host_highest_, get_allocator(host_).stats());
 }
 
 void DryRun::close_phase() {
@@ -177,15 +178,7 @@ void DryRun::close_phase() {
   const DeviceStats st = a.stats();
   phases_.push_back(
       {phase_, st.allocated_bytes[kAllPools].peak, st.reserved_bytes[kAllPools].peak});
-  if (!highest_ || st.allocated_bytes[kAllPools].peak > highest_->allocated_bytes[kAllPools].peak) {
-    const int64_t reserved = highest_ ? highest_->reserved_bytes[kAllPools].peak : 0;
-    highest_ = st;
-    highest_->reserved_bytes[kAllPools].peak =
-        std::max(reserved, st.reserved_bytes[kAllPools].peak);
-  } else {
-    highest_->reserved_bytes[kAllPools].peak =
-        std::max(highest_->reserved_bytes[kAllPools].peak, st.reserved_bytes[kAllPools].peak);
-  }
+  keep_highest(highest_, st);
   a.reset_peak_memory_stats();
 }
 
