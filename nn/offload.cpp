@@ -225,6 +225,21 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
   return out;
 }
 
+LinkOffloadChoice link_offload_choice(Module& model, const std::function<void()>& forward,
+                                      double link_bytes_per_second, double margin) {
+  double forward_seconds = 0;
+  const std::vector<LinkCandidate> candidates = link_candidates(model, forward, &forward_seconds);
+  if (link_bytes_per_second <= 0) {
+    Device device = Device::cpu();
+    for (const Tensor& p : model.parameters()) {
+      device = p.device();
+      break;
+    }
+    link_bytes_per_second = ops::host_link_bandwidth(device);
+  }
+  return choose_link_offload(candidates, link_bytes_per_second, forward_seconds, margin);
+}
+
 std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const OffloadSpec& spec,
                                                          OffloadOptions options,
                                                          const std::function<void()>& forward,
@@ -236,15 +251,7 @@ std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const Of
         "offload_activations(link): the model ({}) needs its forward to measure what each "
         "block saves (nn::offload_activations(model, spec, options, forward))",
         model.type_name()));
-  double forward_seconds = 0;
-  const std::vector<LinkCandidate> candidates = link_candidates(model, forward, &forward_seconds);
-  Device device = Device::cpu();
-  for (const Tensor& p : model.parameters()) {
-    device = p.device();
-    break;
-  }
-  const LinkOffloadChoice c =
-      choose_link_offload(candidates, ops::host_link_bandwidth(device), forward_seconds);
+  const LinkOffloadChoice c = link_offload_choice(model, forward);
   if (choice) *choice = c;
   if (c.modules.empty()) return nullptr;
   OffloadSpec chosen;

@@ -79,6 +79,12 @@ LinkOffloadChoice choose_link_offload(const std::vector<LinkCandidate>& candidat
 // model has no candidate.
 std::vector<LinkCandidate> link_candidates(Module& model, const std::function<void()>& forward,
                                            double* forward_seconds);
+// link_candidates, then choose_link_offload at `link_bytes_per_second` (0: the measured speed of
+// the link of the model's device, ops::host_link_bandwidth): what offload_activations(model,
+// "link", ...) would offload, without applying it.
+LinkOffloadChoice link_offload_choice(Module& model, const std::function<void()>& forward,
+                                      double link_bytes_per_second = 0,
+                                      double margin = kLinkOffloadMargin);
 
 // Applies `spec` to a ResNet, ResNetTiny or GPT (any model whose blocks declare
 // Module::is_checkpoint_block) or the modules a module policy selects in any model, replacing

@@ -759,17 +759,12 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
       "choose_link_offload",
       [choice_dict](Module& model, py::object forward, std::optional<double> link_bytes_per_second,
                     double margin) {
-        std::function<void()> fwd = [forward] { forward(); };
-        double forward_seconds = 0;
-        const auto candidates = nn::link_candidates(model, fwd, &forward_seconds);
-        Device device = Device::cpu();
-        for (const Tensor& p : model.parameters()) {
-          device = p.device();
-          break;
-        }
-        return choice_dict(nn::choose_link_offload(
-            candidates, link_bytes_per_second.value_or(ops::host_link_bandwidth(device)),
-            forward_seconds, margin));
+        if (link_bytes_per_second && !(*link_bytes_per_second > 0))
+          throw py::value_error(
+              fmt::format("choose_link_offload: link_bytes_per_second must be positive, got {}",
+                          *link_bytes_per_second));
+        return choice_dict(nn::link_offload_choice(
+            model, [forward] { forward(); }, link_bytes_per_second.value_or(0), margin));
       },
       py::arg("model"), py::arg("forward"), py::kw_only(),
       py::arg("link_bytes_per_second") = py::none(), py::arg("margin") = nn::kLinkOffloadMargin,
