@@ -7,7 +7,6 @@
 //
 // The unrolled matrix is library workspace: it comes from alloc_scratch, tagged
 // `workspace` under the op's scope, so it shows up in memory reports like cuDNN's would.
-#include <cblas.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,33 +15,12 @@
 #include <stdexcept>
 
 #include "tensor/conv/kernels.h"
+#include "tensor/cpu/blas.h"
 #include "tensor/op_alloc.h"
 
 namespace tally::cpu {
 
 namespace {
-
-// Row-major C[M, N] = alpha * op(A) op(B) + beta * C through OpenBLAS.
-template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
-  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
-  const auto i = [](int64_t v) { return static_cast<blasint>(std::max<int64_t>(v, 1)); };
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // an empty sum: C = beta * C
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t col = 0; col < n; ++col)
-        c[r * ldc + col] = beta == T(0) ? T(0) : beta * c[r * ldc + col];
-    return;
-  }
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c,
-                i(ldc));
-  else
-    cblas_dgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c,
-                i(ldc));
-}
 
 // Sizes of one convolution, read off the (checked) tensors.
 struct Geom {

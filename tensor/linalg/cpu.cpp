@@ -1,32 +1,22 @@
 // CPU linear-algebra kernels: batched GEMM through OpenBLAS's cblas (strides passed to
 // BLAS as leading dimensions and transpose flags, never copied here), embedding gather
 // and scatter-add.
-#include <cblas.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <functional>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
+#include "tensor/cpu/blas.h"
+#include "tensor/cpu/parallel.h"
 #include "tensor/linalg/kernels.h"
 #include "tensor/linalg/ops.h"
 
 namespace tally::cpu {
 
 namespace {
-
-// c = a @ b (+ c when beta is 1) for one batch entry, row-major, with the operands'
-// transpose flags (ops::blas_layout).
-template <typename T>
-void gemm(bool trans_a, bool trans_b, int m, int n, int k, const T* a, int lda, const T* b, int ldb,
-          T beta, T* c, int ldc) {
-  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
-  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
-  } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
-  }
-}
 
 template <typename T>
 void matmul_blas(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate) {
@@ -49,13 +39,24 @@ void matmul_blas(const Tensor& out, const Tensor& a, const Tensor& b, bool accum
   const T beta = accumulate ? T(1) : T(0);
   // Odometer over the batch entries: offsets of a and b move by their batch strides.
   std::vector<int64_t> idx(batch.size(), 0);
+  std::vector<std::pair<int64_t, int64_t>> offsets(static_cast<size_t>(count));
   int64_t off_a = 0, off_b = 0;
   for (int64_t e = 0; e < count; ++e) {
-    gemm<T>(oa.trans, ob.trans, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
-            pa + off_a, static_cast<int>(oa.ld), pb + off_b, static_cast<int>(ob.ld), beta,
-            c + e * M * ldc, static_cast<int>(ldc));
+    offsets[static_cast<size_t>(e)] = {off_a, off_b};
     ops::advance_batch(idx, batch, batch.size(), oa, ob, off_a, off_b);
   }
+  // Entries over the threads (each product then stays in its thread); one entry's product is
+  // split by cpu::gemm itself.
+  const double flops =
+      2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(4e6 / flops) + 1);
+  parallel_for(count, grain, [&](int64_t e0, int64_t e1) {
+    for (int64_t e = e0; e < e1; ++e) {
+      const auto [oa_e, ob_e] = offsets[static_cast<size_t>(e)];
+      gemm<T>(oa.trans, ob.trans, M, N, K, T(1), pa + oa_e, oa.ld, pb + ob_e, ob.ld, beta,
+              c + e * M * ldc, ldc);
+    }
+  });
 }
 
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool accumulate) {
