@@ -19,15 +19,19 @@ std::string mib(int64_t bytes) {
   return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0);
 }
 
-// The best of `reps` timings of f(), in seconds.
+// The best timing of f(), in seconds, over at least `reps` calls and `seconds` of calls: on a
+// 2-core machine the first products after start-up ran 3-14x slower (pages faulted in,
+// OpenBLAS's idle threads still spinning), for up to about 100 ms.
 template <typename F>
-double best_seconds(int reps, F&& f) {
+double best_seconds(int reps, double seconds, F&& f) {
   double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < reps; ++i) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0;; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+    if (i + 1 >= reps && std::chrono::duration<double>(t1 - start).count() >= seconds) break;
   }
   return std::max(best, 1e-9);
 }
@@ -44,12 +48,12 @@ CpuRates measure_cpu() {
   const Tensor a = ops::randn({n, n}), b = ops::randn({n, n});
   const double gemm = 2.0 * static_cast<double>(n * n * n);
   CpuRates r{};
-  r.flops_32 = gemm / best_seconds(3, [&] { ops::matmul(a, b); });
+  r.flops_32 = gemm / best_seconds(5, 0.15, [&] { ops::matmul(a, b); });
   const Tensor src = ops::zeros({int64_t{1} << 22}), dst = ops::empty({int64_t{1} << 22});
-  r.bandwidth =
-      2.0 * static_cast<double>(src.nbytes()) / best_seconds(3, [&] { ops::copy_(dst, src); });
+  r.bandwidth = 2.0 * static_cast<double>(src.nbytes()) /
+                best_seconds(3, 0.02, [&] { ops::copy_(dst, src); });
   const Tensor one = ops::zeros({1});
-  r.launch = best_seconds(3,
+  r.launch = best_seconds(3, 0,
                           [&] {
                             for (int i = 0; i < 100; ++i) ops::binary(ops::BinaryOp::add, one, one);
                           }) /

@@ -487,7 +487,7 @@ void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
              static_cast<float*>(q[4]) + x.begin / h.block_size,
              static_cast<float*>(q[5]) + x.begin / h.block_size},
             x.n);
-    cpu::multi_tensor_kernels.adamw8bit(one, h);
+    cpu::serial_multi_tensor_kernels.adamw8bit(one, h);
   });
 }
 

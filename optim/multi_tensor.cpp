@@ -10,6 +10,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "optim/cpu_adam.h"
 #include "optim/update_math.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops.h"
@@ -234,9 +235,33 @@ void update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tenso
                        growth_interval);
 }
 
+// Adam(W) and AdamW8bit over every core (optim/cpu_adam.cpp), where the update is one they take.
+void threaded_adam(const TensorLists& l, const AdamHyper& h) {
+  if (!h.capturable && !h.lr_device && (l.dtype == DType::float32 || l.dtype == DType::float64))
+    parallel_adam_(l, h);
+  else
+    adam(l, h);
+}
+
+void threaded_adamw8bit(const TensorLists& l, const AdamW8bitHyper& h) {
+  const int64_t bs = h.block_size;
+  if (l.dtype == DType::float32 && l.depth == 6 && bs >= kMin8bitBlock && bs <= kMax8bitBlock &&
+      (bs & (bs - 1)) == 0)
+    parallel_adamw8bit_(l, h);
+  else
+    adamw8bit(l, h);
+}
+
 }  // namespace
 
-const MultiTensorKernels multi_tensor_kernels{TALLY_MULTI_TENSOR_KERNELS};
+const MultiTensorKernels serial_multi_tensor_kernels{TALLY_MULTI_TENSOR_KERNELS};
+const MultiTensorKernels multi_tensor_kernels{.sgd = &sgd,
+                                              .adam = &threaded_adam,
+                                              .adamw8bit = &threaded_adamw8bit,
+                                              .total_norm = &total_norm,
+                                              .clip_scale = &clip_scale,
+                                              .unscale = &unscale,
+                                              .update_scale = &update_scale};
 
 }  // namespace cpu
 

@@ -132,8 +132,12 @@ int64_t chunk_count(const TensorLists& l);
 size_t chunk_table_bytes(const TensorLists& l);
 
 namespace cpu {
+// The registered CPU kernels: Adam(W) and AdamW8bit over every core where the update allows
+// (optim/cpu_adam.h: not capturable, no device lr; bit-identical to the serial loops).
 extern const MultiTensorKernels multi_tensor_kernels;  // optim/multi_tensor.cpp
-}
+// The serial loops, one element after another: the reference the threaded kernels equal.
+extern const MultiTensorKernels serial_multi_tensor_kernels;
+}  // namespace cpu
 namespace meta {
 extern const MultiTensorKernels multi_tensor_kernels;  // optim/multi_tensor_meta.cpp
 }

@@ -4,6 +4,7 @@
 // kernels allocate only the total norm's 0-dim result.
 #include "memory/context.h"
 #include "optim/multi_tensor.h"
+#include "tensor/meta/cost.h"
 #include "tensor/meta/target.h"
 #include "tensor/ops.h"
 
@@ -22,11 +23,12 @@ double elements_of(const TensorLists& l) {
 }
 
 // The chunk table's block, held for the launch; and the launch's predicted time, moving
-// `bytes` (by default every list read and, but the gradient, written once).
-Storage upload(const TensorLists& l, double bytes_moved = -1) {
+// `bytes` (by default every list read and, but the gradient, written once), and at least
+// `element_seconds` per element (the target's calibrated update time, tensor/meta/cost.h).
+Storage upload(const TensorLists& l, double bytes_moved = -1, double element_seconds = 0) {
   if (bytes_moved < 0)
     bytes_moved = elements_of(l) * static_cast<double>(dtype_size(l.dtype)) * (2.0 * l.depth - 1);
-  tally::meta::cost(l.device, l.dtype, 0, bytes_moved);
+  tally::meta::cost(l.device, l.dtype, 0, bytes_moved, false, elements_of(l) * element_seconds);
   const size_t bytes = chunk_table_bytes(l);
   if (!replays_cuda(l) || bytes == 0) return {};
   memory::CategoryScope category(memory::Category::temporary);
@@ -38,7 +40,7 @@ void sgd(const TensorLists& l, const SGDHyper& /*h*/) {
 }
 
 void adam(const TensorLists& l, const AdamHyper& /*h*/) {
-  upload(l);
+  upload(l, -1, tally::meta::rates_of(l.device).adam_element_seconds);
 }
 
 // The same chunk table as Adam's (the CUDA launch walks it by quantization block). Per
@@ -48,7 +50,8 @@ void adamw8bit(const TensorLists& l, const AdamW8bitHyper& h) {
   double blocks = 0;
   for (const int64_t n : l.numels)
     blocks += static_cast<double>((n + h.block_size - 1) / h.block_size);
-  upload(l, elements_of(l) * (3 * 4 + 2 * 2) + blocks * 2 * 2 * 4);
+  upload(l, elements_of(l) * (3 * 4 + 2 * 2) + blocks * 2 * 2 * 4,
+         tally::meta::rates_of(l.device).adamw8bit_element_seconds);
 }
 
 Tensor total_norm(const TensorLists& l, double /*norm_type*/) {

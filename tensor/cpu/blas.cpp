@@ -3,7 +3,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <mutex>
 #include <type_traits>
 
 #include "tensor/cpu/parallel.h"
@@ -11,6 +10,11 @@
 namespace tally::cpu {
 
 namespace {
+
+#if defined(_OPENMP)
+// At load: OpenBLAS's own threads spin a while after their last product before they sleep.
+const bool openblas_single_threaded = (openblas_set_num_threads(1), true);
+#endif
 
 // FLOPs below which a panel is not worth a thread (about 0.1 ms of one core's products).
 constexpr double kPanelFlops = 4e6;
@@ -41,10 +45,6 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
         c[r * ldc + col] = beta == T(0) ? T(0) : beta * c[r * ldc + col];
     return;
   }
-#if defined(_OPENMP)
-  static std::once_flag single;
-  std::call_once(single, [] { openblas_set_num_threads(1); });
-#endif
   // Panels of the longer side, each at least kPanelFlops (parallel_for keeps a small product in
   // this thread).
   const double per_row = 2.0 * static_cast<double>(std::min(m, n)) * static_cast<double>(k);

@@ -1,6 +1,6 @@
 // Row-major matrix products through OpenBLAS, split over Tally's OpenMP threads.
 //
-// OpenBLAS runs single-threaded inside Tally (openblas_set_num_threads(1) at the first product
+// OpenBLAS runs single-threaded inside Tally (openblas_set_num_threads(1) when the library loads
 // where tally_tensor has OpenMP): Debian's default OpenBLAS keeps pthreads of its own, and on a
 // machine with as many cores as threads they and OpenMP's spinning threads took the cores from
 // each other, a tiny MLP's training step measuring 57 ms at one thread and 88-320 ms at two.

@@ -61,14 +61,15 @@ void set_rates(Device device, const Rates& rates) {
   r.set[i] = true;
 }
 
-void cost(Device device, DType d, double flops, double bytes, bool tf32) {
+void cost(Device device, DType d, double flops, double bytes, bool tf32, double min_seconds) {
   const Rates t = rates_of(device);
   if (t.bandwidth <= 0) return;
   const double rate = d == DType::float16 || d == DType::bfloat16 ? t.flops_16bit
                       : d == DType::float64                       ? t.flops_64bit
                       : tf32                                      ? t.flops_tf32
                                                                   : t.flops_32bit;
-  const double s = std::max(rate > 0 ? flops / rate : 0.0, bytes / t.bandwidth) + t.launch_seconds;
+  const double s = std::max({rate > 0 ? flops / rate : 0.0, bytes / t.bandwidth, min_seconds}) +
+                   t.launch_seconds;
   memory::add_meta_seconds(device, s, t.launch_seconds);
 }
 

@@ -24,6 +24,10 @@ struct Rates {
   // (optim/cpu_offload.h's AdamW on the host: master weights, gradients and moments read and
   // written); 0: a dry run charges the host no time for it.
   double host_update_bandwidth = 0;
+  // Seconds per element of the fused optimizer updates where more than their bytes (a
+  // calibrated CPU's: AdamW8bit's code-book search and scaling, optim/plan_training.cpp); 0:
+  // their bytes only.
+  double adam_element_seconds = 0, adamw8bit_element_seconds = 0;
 };
 
 // The recorded rates of `target` (its workspace_tables names the GPU: "h200"); all 0 for
@@ -35,9 +39,10 @@ Rates rates_of(Device device);
 void set_rates(Device device, const Rates& rates);
 
 // The predicted time of one kernel on the target: max(flops / the rate of its dtype's
-// products, bytes / bandwidth) + the launch overhead. `tf32`: a float32 product on TF32
-// tensor cores (cuDNN's convolutions). Nothing when the target has no rates.
-void cost(Device device, DType d, double flops, double bytes, bool tf32 = false);
+// products, bytes / bandwidth, min_seconds) + the launch overhead. `tf32`: a float32 product
+// on TF32 tensor cores (cuDNN's convolutions). Nothing when the target has no rates.
+void cost(Device device, DType d, double flops, double bytes, bool tf32 = false,
+          double min_seconds = 0);
 inline void cost(const Tensor& like, double flops, double bytes, bool tf32 = false) {
   cost(like.device(), like.dtype(), flops, bytes, tf32);
 }

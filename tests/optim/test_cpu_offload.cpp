@@ -176,7 +176,7 @@ TEST(CpuOffload, ParallelHostUpdateEqualsTheCpuKernels) {
           }
           return l;
         };
-        optim::cpu::multi_tensor_kernels.adam(lists(ref), h);
+        optim::cpu::serial_multi_tensor_kernels.adam(lists(ref), h);
         optim::parallel_adam_(lists(par), h);
         for (size_t i = 0; i < ref.size(); ++i)
           ASSERT_EQ(std::memcmp(ref[i].data(), par[i].data(), ref[i].size() * 4), 0)
