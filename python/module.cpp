@@ -14,6 +14,7 @@ using namespace tally::python;
 // tally.nn.LSTM, tally.nn.GRU (python/rnn.cpp) and tally.nn.lora (python/lora.cpp).
 namespace tally::python {
 void bind_rnn(py::module_& nn);
+void bind_models(py::module_& nn);
 void bind_lora(py::module_& nn);
 }  // namespace tally::python
 
@@ -79,6 +80,7 @@ PYBIND11_MODULE(_C, m) {
   bind_call_sites(m);
   bind_attention(m, nn);
   bind_rnn(nn);
+  bind_models(nn);
   bind_lora(nn);
   bind_ab(m);
 }
