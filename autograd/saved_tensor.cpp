@@ -9,6 +9,14 @@ namespace {
 thread_local std::vector<std::shared_ptr<SavedTensorHooks>> tls_hooks;
 }
 
+Tensor product_output(const std::function<Tensor()>& compute) {
+  if (!tls_hooks.empty() && tls_hooks.back()->product) {
+    const std::shared_ptr<SavedTensorHooks> hooks = tls_hooks.back();  // compute may push more
+    return hooks->product(compute);
+  }
+  return compute();
+}
+
 SavedTensorHooksScope::SavedTensorHooksScope(SavedTensorHooks hooks) {
   tls_hooks.push_back(std::make_shared<SavedTensorHooks>(std::move(hooks)));
 }

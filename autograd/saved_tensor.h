@@ -20,7 +20,15 @@ namespace tally {
 struct SavedTensorHooks {
   std::function<std::any(const Tensor&)> pack;
   std::function<Tensor(const std::any&)> unpack;
+  // Optional: the output of each product (linear, matmul, mm, bmm, conv2d) inside the scope
+  // comes from product(compute), compute() making it. Selective checkpointing
+  // (nn/checkpoint.cpp) notes the outputs in forward and hands the kept ones back in its
+  // recompute instead of multiplying again (PyTorch's selective checkpoint replays them too).
+  std::function<Tensor(const std::function<Tensor()>& compute)> product;
 };
+
+// A product's output: through the innermost hooks' `product` where it has one, else compute().
+Tensor product_output(const std::function<Tensor()>& compute);
 
 // RAII: hooks for every tensor saved inside the scope on this thread.
 class SavedTensorHooksScope : base::ScopeGuard<void> {

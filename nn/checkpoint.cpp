@@ -21,6 +21,8 @@ namespace {
 
 thread_local CheckpointStats tls_stats;
 
+struct Holder;
+
 // One checkpointed segment: what is needed to run it again, and what the recompute found.
 struct Frame {
   std::function<Tensor(const TensorList&)> fn;
@@ -42,6 +44,19 @@ struct Frame {
     std::unique_ptr<SavedTensor> recomputed;
   };
   std::vector<Slot> slots;
+  // With a policy: the products run in forward, in order (SavedTensorHooks::product), with
+  // their output's identity (storage data, offset, shape, strides, version: compared, never
+  // dereferenced) and the holder of the kept tensor that is that output, if the policy kept it
+  // unchanged. The recompute's n-th product hands that tensor back instead of multiplying.
+  struct Product {
+    const void* data = nullptr;
+    int64_t offset = 0;
+    Shape sizes, strides;
+    uint64_t version = 0;
+    bool requires_grad = false;
+    std::weak_ptr<Holder> kept;
+  };
+  std::vector<Product> products;
   bool recomputed = false;
   bool recomputing = false;
 
@@ -154,6 +169,25 @@ void Frame::recompute() {
   hooks.unpack = [](const std::any&) -> Tensor {
     throw std::logic_error("checkpoint: a tensor saved during a recompute was unpacked");
   };
+  size_t next_product = 0;
+  if (!products.empty())
+    hooks.product = [this, &next_product](const std::function<Tensor()>& compute) -> Tensor {
+      const size_t c = next_product++;
+      if (c < products.size()) {
+        const Product& p = products[c];
+        const std::shared_ptr<Holder> h = p.kept.lock();
+        if (h && h->kept) {
+          const Tensor kept = h->kept->unpack();  // checks that nothing modified it
+          if (kept.sizes() == p.sizes && kept.strides() == p.strides) {
+            Tensor out = kept.detach();
+            if (p.requires_grad) out.requires_grad_(true);
+            ++tls_stats.products_replayed;
+            return out;
+          }
+        }
+      }
+      return compute();
+    };
   try {
     SavedTensorHooksScope scope(std::move(hooks));
     fn(args);
@@ -233,6 +267,14 @@ Tensor checkpoint(std::function<Tensor(const TensorList&)> fn, const TensorList&
       if (f->policy(info)) {
         holder->kept = std::make_unique<SavedTensor>(t, "checkpoint (kept)", false);
         ++tls_stats.tensors_kept;
+        // The product this tensor is the output of, unchanged since (the latest first: an
+        // address freed and reused names the live tensor).
+        for (auto p = f->products.rbegin(); p != f->products.rend(); ++p)
+          if (p->data == t.storage().data() && p->offset == t.storage_offset() &&
+              p->sizes == t.sizes() && p->strides == t.strides()) {
+            if (p->version == t.storage().version() && p->kept.expired()) p->kept = holder;
+            break;
+          }
         f->slots.push_back(std::move(slot));
         return holder;  // no frame: a kept tensor never triggers a recompute
       }
@@ -244,6 +286,19 @@ Tensor checkpoint(std::function<Tensor(const TensorList&)> fn, const TensorList&
     return holder;
   };
   hooks.unpack = unpack_holder;
+  if (frame->policy)
+    hooks.product = [weak](const std::function<Tensor()>& compute) -> Tensor {
+      Tensor out = compute();
+      if (std::shared_ptr<Frame> f = weak.lock(); f && out.defined())
+        f->products.push_back({out.storage().data(),
+                               out.storage_offset(),
+                               out.sizes(),
+                               out.strides(),
+                               out.storage().version(),
+                               out.requires_grad(),
+                               {}});
+      return out;
+    };
   SavedTensorHooksScope scope(std::move(hooks));
   return fn(inputs);
 }

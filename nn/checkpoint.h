@@ -56,6 +56,7 @@ struct CheckpointStats {
   int64_t tensors_kept = 0;        // saved tensors a policy kept
   int64_t tensors_recomputed = 0;  // dropped tensors restored by a recompute
   int64_t early_stops = 0;         // recomputes that stopped before the segment's end
+  int64_t products_replayed = 0;   // products a recompute took from kept outputs
 };
 CheckpointStats checkpoint_stats();
 void reset_checkpoint_stats();

@@ -76,7 +76,7 @@ Tensor record_product(const char* name, const Tensor& a, const Tensor& b, Comput
   const bool need_a = a.requires_grad(), need_b = b.requires_grad();
   std::vector<SavedTensor> saved =
       autograd::save_inputs(name, {a, b}, {need_b ? a : Tensor(), need_a ? b : Tensor()});
-  Tensor out = product(a, b);
+  Tensor out = product_output([&] { return product(a, b); });
   autograd::record_saved(
       name, {a, b}, {out}, std::move(saved),
       [sa = a.sizes(), sb = b.sizes()](BackwardContext& ctx, const TensorList& g) -> TensorList {
@@ -114,7 +114,7 @@ Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, Call
   // Saved before the product (record_product's comment).
   std::vector<SavedTensor> saved = autograd::save_inputs(
       "LinearBackward", {x, weight, bias}, {need_w ? x : Tensor(), need_x ? weight : Tensor()});
-  Tensor out = o::linear(x, weight, bias);
+  Tensor out = product_output([&] { return o::linear(x, weight, bias); });
   // The weight's gradient in the dtype backward delivers it in (float32 for autocast's cast of
   // a float32 parameter: written so by the GEMM).
   const DType gw_dtype = autograd::grad_dtype(weight);

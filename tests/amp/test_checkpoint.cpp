@@ -214,6 +214,9 @@ TEST(Checkpoint, SelectivePolicyKeepsMatmulOutputs) {
   EXPECT_EQ(st.tensors_dropped, static_cast<int64_t>(seen.size()) - 2);
   EXPECT_EQ(st.recomputations, 1);
   EXPECT_EQ(st.tensors_recomputed, st.tensors_dropped);
+  // The recompute took the two kept linear outputs instead of multiplying again (the third
+  // linear is not reached: early stop), and the gradients above are the plain run's bits.
+  EXPECT_EQ(st.products_replayed, 2);
 
   // A policy that keeps everything never recomputes.
   CheckpointOptions all;
