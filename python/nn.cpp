@@ -846,6 +846,7 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
     d["tensors_kept"] = s.tensors_kept;
     d["tensors_recomputed"] = s.tensors_recomputed;
     d["early_stops"] = s.early_stops;
+    d["products_replayed"] = s.products_replayed;
     return d;
   });
   ckpt.def("reset_checkpoint_stats", &nn::reset_checkpoint_stats);
