@@ -19,23 +19,6 @@ std::string mib(int64_t bytes) {
   return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0);
 }
 
-// The best timing of f(), in seconds, over at least `reps` calls and `seconds` of calls: on a
-// 2-core machine the first products after start-up ran 3-14x slower (pages faulted in,
-// OpenBLAS's idle threads still spinning), for up to about 100 ms.
-template <typename F>
-double best_seconds(int reps, double seconds, F&& f) {
-  double best = std::numeric_limits<double>::infinity();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0;; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    const auto t1 = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
-    if (i + 1 >= reps && std::chrono::duration<double>(t1 - start).count() >= seconds) break;
-  }
-  return std::max(best, 1e-9);
-}
-
 struct CpuRates {
   double flops_32, bandwidth, launch;
 };

@@ -13,7 +13,10 @@
 //   fmt::print("{}", plan.report());   // then train with plan.chosen.candidate
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -121,6 +124,23 @@ std::vector<PlannedCandidate> dry_run_grid(
 // peak); the errors of plan_memory when none does.
 MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
                        const memory::MetaTarget& target);
+
+// The best timing of f(), in seconds, over at least `reps` calls and `seconds` of calls: on a
+// 2-core machine the first products after start-up ran 3-14x slower (pages faulted in,
+// OpenBLAS's idle threads still spinning), for up to about 100 ms.
+template <typename F>
+double best_seconds(int reps, double seconds, F&& f) {
+  double best = std::numeric_limits<double>::infinity();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0;; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+    if (i + 1 >= reps && std::chrono::duration<double>(t1 - start).count() >= seconds) break;
+  }
+  return std::max(best, 1e-9);
+}
 
 // The cost model's rates for `target` (tensor/meta/cost.h): the CPU's measured now by a short
 // timed run (a float32 GEMM, whose rate 16-bit products take too, as the CPU runs them in

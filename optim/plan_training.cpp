@@ -207,21 +207,6 @@ Tensor train_candidate(Module& model, const PlanCandidate& c, const LossFn& loss
 
 namespace {
 
-// The best time of f() over at least 3 calls and 20 ms, in seconds.
-template <typename F>
-double best_of(F&& f) {
-  double best = std::numeric_limits<double>::infinity();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0;; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    const auto t1 = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
-    if (i >= 2 && std::chrono::duration<double>(t1 - start).count() >= 0.02) break;
-  }
-  return best;
-}
-
 // `rates` with the CPU's measured time per element of the fused AdamW and AdamW8bit updates
 // (once per process, over 1M float32 elements in buffers of its own). The meta kernels charge
 // an update the larger of it and its bytes: AdamW8bit's code-book search made its CPU step cost
@@ -239,10 +224,11 @@ meta::Rates with_cpu_update_rates(meta::Rates rates, const memory::MetaTarget& t
     std::vector<uint8_t> qm(n, 0), qv(n, 0);
     optim::TensorLists l(Device::cpu(), DType::float32, 4);
     l.add({p.data(), g.data(), m.data(), v.data()}, n);
-    adam = best_of([&] { optim::fused_adam_(l, h8.adam); }) / static_cast<double>(n);
+    adam = best_seconds(3, 0.02, [&] { optim::fused_adam_(l, h8.adam); }) / static_cast<double>(n);
     optim::TensorLists l8(Device::cpu(), DType::float32, 6);
     l8.add({p.data(), g.data(), qm.data(), qv.data(), am.data(), av.data()}, n);
-    adam8 = best_of([&] { optim::fused_adamw8bit_(l8, h8); }) / static_cast<double>(n);
+    adam8 =
+        best_seconds(3, 0.02, [&] { optim::fused_adamw8bit_(l8, h8); }) / static_cast<double>(n);
   });
   rates.adam_element_seconds = adam;
   rates.adamw8bit_element_seconds = adam8;

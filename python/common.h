@@ -54,6 +54,19 @@ Int2 int2(py::handle h);
 // "None" for an undefined tensor.
 py::object tensor_or_none(const Tensor& t);
 
+// Sets the fields of config `c` (a bound class: GPTConfig, LlamaConfig, ...) named by `kw`
+// through its Python attributes; an unknown name is a TypeError naming the class `cls`.
+template <typename C>
+void set_fields(C& c, const py::kwargs& kw, const char* cls) {
+  py::object self = py::cast(&c, py::return_value_policy::reference);
+  for (auto item : kw) {
+    const std::string k = py::str(item.first);
+    if (!py::hasattr(self, k.c_str()) || k.starts_with("_") || k == "preset")
+      throw py::type_error(std::string(cls) + " has no field '" + k + "'");
+    self.attr(k.c_str()) = item.second;
+  }
+}
+
 // In-place writes are not recorded by autograd: refused (ValueError naming `what`) on a tensor
 // that needs a gradient while grad mode is on (wrap them in tally.no_grad()), as PyTorch
 // refuses a leaf's.

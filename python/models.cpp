@@ -3,7 +3,6 @@
 // config class (LlamaConfig, ...: the C++ fields, a preset by name, fields overridden by
 // keywords) or a preset's name, and called as the PyTorch reference is
 // (bench/models/NAME.py).
-#include <fmt/format.h>
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -20,19 +19,6 @@
 namespace tally::python {
 
 namespace {
-
-// Sets the config's fields named by `kw` through its Python attributes; an unknown name is a
-// TypeError naming the class.
-template <typename C>
-void set_fields(C& c, const py::kwargs& kw, const char* cls) {
-  py::object self = py::cast(&c, py::return_value_policy::reference);
-  for (auto item : kw) {
-    const std::string k = py::str(item.first);
-    if (!py::hasattr(self, k.c_str()) || k.starts_with("_") || k == "preset")
-      throw py::type_error(fmt::format("{} has no field '{}'", cls, k));
-    self.attr(k.c_str()) = item.second;
-  }
-}
 
 // A config class: keyword construction, preset(name, **overrides), the fields (added by the
 // caller) and a repr listing them.

@@ -102,16 +102,6 @@ nn::ResNetOptions resnet_options(int64_t num_classes, int64_t in_channels, bool 
   return o;
 }
 
-void set_config(nn::GPTConfig& c, const py::kwargs& kw) {
-  py::object self = py::cast(&c, py::return_value_policy::reference);
-  for (auto item : kw) {
-    const std::string k = py::str(item.first);
-    if (!py::hasattr(self, k.c_str()) || k.starts_with("_") || k == "preset")
-      throw py::type_error("GPTConfig has no field '" + k + "'");
-    self.attr(k.c_str()) = item.second;
-  }
-}
-
 std::function<Tensor(const Tensor&)> stage_of(py::handle f) {
   if (py::isinstance<Module>(f)) {
     ModulePtr m = f.cast<ModulePtr>();
@@ -596,14 +586,14 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
   py::class_<nn::GPTConfig>(nn_mod, "GPTConfig", "nanoGPT's GPTConfig")
       .def(py::init([](py::kwargs kw) {
         nn::GPTConfig c;
-        set_config(c, kw);
+        set_fields(c, kw, "GPTConfig");
         return c;
       }))
       .def_static(
           "preset",
           [](const std::string& name, py::kwargs kw) {
             nn::GPTConfig c = nn::GPTConfig::preset(name);
-            set_config(c, kw);
+            set_fields(c, kw, "GPTConfig");
             return c;
           },
           py::arg("name"),
