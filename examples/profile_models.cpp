@@ -1,5 +1,6 @@
 // profile_models: what the profiler costs and whether its GPU times add up, on ResNet-50
-// (batch 64, 224x224, SGD with momentum) and GPT-2 124M (B x 1024 tokens, AdamW). For each
+// (batch 64, 224x224, SGD with momentum), GPT-2 124M (B x 1024 tokens, AdamW) and the
+// registry's other models by name (--models llama --preset 1b --batch 8: AdamW). For each
 // model: the median step time without the profiler, the median with it (by default the CPU
 // and, on a CUDA device, CUDA activities, profile_memory, record_shapes and with_stack;
 // --activities and --options pick) and the overhead in %, and per step the sum of the GPU
@@ -28,6 +29,7 @@
 #include "examples/train_common.h"
 #include "memory/meta.h"
 #include "nn/models/gpt.h"
+#include "nn/models/registry.h"
 #include "nn/models/resnet.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
@@ -50,6 +52,11 @@ struct Args {
   int warmup = 3;                 // untimed steps first
   int64_t resnet_batch = 64;
   int64_t gpt_batch = 8;
+  // The registry's other models (--models llama,vit,...: nn/models/registry.h): preset, batch
+  // and, for token models, sequence length (0: the preset's context).
+  std::string preset;
+  int64_t batch = 8;
+  int64_t seq = 0;
   std::string amp = "off";                      // off | fp16 | bf16: the forward under autocast
   int rounds = 1;                               // alternating plain / profiled measurements
   std::string activities = "cpu,cuda";          // ProfilerOptions::activities
@@ -143,6 +150,7 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
   manual_seed(0);
   std::shared_ptr<nn::Module> model;
   std::shared_ptr<nn::GPT> gpt;
+  const nn::ModelEntry* entry = nullptr;
   std::unique_ptr<optim::Optimizer> opt;
   Tensor x, y;
   if (which == "resnet") {
@@ -170,12 +178,23 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
     x = randint(0, c.vocab_size, {b, t}).to(dev);
     y = randint(0, c.vocab_size, {b, t}).to(dev);
   } else {
-    throw std::invalid_argument(fmt::format("--models: expected resnet or gpt, got '{}'", which));
+    // A registry model (main checked the name): its preset, a synthetic batch, its loss.
+    entry = &nn::model_entry(which);
+    nn::ModelOptions o;
+    o.preset = a.preset;
+    o.seq = a.seq;
+    o = nn::resolve_options(*entry, o);
+    model = entry->build(o);
+    const data::Example batch = entry->synthetic_batch(o, a.batch, 0, 0);
+    r.desc = fmt::format("{} {} batch {}", which, o.preset, a.batch);
+    memory::CategoryScope in(memory::Category::input);
+    x = batch.input.to(dev);
+    y = batch.target.to(dev);
   }
   model->to(dev);
   if (a.channels_last && !gpt) model->to(MemoryFormat::channels_last);
   model->train();
-  if (gpt)
+  if (gpt || entry)
     opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamOptions{.lr = 1e-4});
   else
     opt = std::make_unique<optim::SGD>(model->parameters(),
@@ -189,7 +208,9 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
       memory::PhaseScope phase("forward");
       const std::optional<DType> amp = ex::parse_amp(a.amp);
       AutocastGuard autocast(dev.type, amp.value_or(DType::float16), amp.has_value());
-      loss = gpt ? (*gpt)(x, y).second : cross_entropy((*model)(x), y);
+      loss = gpt     ? (*gpt)(x, y).second
+             : entry ? entry->loss(*model, {x, y})
+                     : cross_entropy((*model)(x), y);
     }
     {
       profiler::record_function rf("## Backward Pass ##");
@@ -304,11 +325,22 @@ Result profile_model(const Args& a, const std::string& which, Device dev) {
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{"Profiler overhead and GPU time accounting on ResNet-50 and GPT-2."};
+  CLI::App app{
+      "Profiler overhead and GPU time accounting on ResNet-50, GPT-2 and the registry's models."};
   app.add_option("--device", a.device,
                  "cpu | cuda | meta:TARGET (host time only; TARGET: cpu, h200, cuda)")
       ->capture_default_str();
-  app.add_option("--models", a.models, "comma list of resnet, gpt")->capture_default_str();
+  app.add_option("--models", a.models,
+                 "comma list of resnet (ResNet-50), gpt (GPT-2 124M) and the registry's other "
+                 "models by name (llama, vit, bert, unet, lstm: --preset, --batch, --seq)")
+      ->capture_default_str();
+  app.add_option("--preset", a.preset,
+                 "the registry models' preset (default: each one's first, the tiny one)");
+  ex::add_checked_option(app, "--batch", a.batch, "the registry models' batch",
+                         ex::int_range(1, 1 << 16));
+  ex::add_checked_option(app, "--seq", a.seq,
+                         "the registry's token models' sequence length (0: the preset's context)",
+                         ex::int_range(0, 1 << 20));
   app.add_option("--out", a.out, "output folder")->capture_default_str();
   app.add_flag(
       "--small", a.small,
@@ -370,9 +402,15 @@ int main(int argc, char** argv) {
     std::stringstream list(a.models);
     for (std::string m; std::getline(list, m, ',');) {
       if (m.empty()) continue;
-      if (m != "resnet" && m != "gpt")
-        throw std::invalid_argument(
-            fmt::format("--models: expected a comma list of resnet, gpt, got '{}'", m));
+      if (m != "resnet" && m != "gpt") {
+        try {
+          nn::ModelOptions o;
+          o.preset = a.preset;
+          nn::resolve_options(nn::model_entry(m), o);  // the name and the preset, before any run
+        } catch (const std::invalid_argument& e) {
+          throw std::invalid_argument(fmt::format("--models {}: {}", m, e.what()));
+        }
+      }
       models.push_back(m);
     }
     if (models.empty()) throw std::invalid_argument("--models: empty list");
