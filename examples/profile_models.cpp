@@ -414,6 +414,14 @@ int main(int argc, char** argv) {
       models.push_back(m);
     }
     if (models.empty()) throw std::invalid_argument("--models: empty list");
+    const bool registry_model = std::any_of(models.begin(), models.end(), [](const std::string& m) {
+      return m != "resnet" && m != "gpt";
+    });
+    for (const char* flag : {"--preset", "--batch", "--seq"})
+      if (app.count(flag) > 0 && !registry_model)
+        throw std::invalid_argument(
+            fmt::format("{} applies to the registry's models ({}): add one to --models", flag,
+                        nn::model_names()));
     if (a.fused_classifier && std::find(models.begin(), models.end(), "gpt") == models.end())
       throw std::invalid_argument("--fused-classifier applies to GPT: add gpt to --models");
     if (a.unfused_mlp && std::find(models.begin(), models.end(), "gpt") == models.end())

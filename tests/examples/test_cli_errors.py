@@ -205,7 +205,8 @@ cases = [
     # ---- profile_models
     *bad_values("profile_models", {
         "--steps": ["0"], "--warmup": ["-1"], "--resnet-batch": ["0"], "--gpt-batch": ["abc"],
-        "--models": ["resnet,vit", ","], "--out": ["/proc/tally_prof"], "--rounds": ["0", "101"],
+        "--models": ["resnet,vitx", ","], "--preset": ["huge"], "--batch": ["0"], "--seq": ["-1"],
+        "--out": ["/proc/tally_prof"], "--rounds": ["0", "101"],
         "--activities": ["gpu", ","], "--options": ["heap", "none,memory", ""],
     }, base=CPU),
     (["profile_models", *CPU, "--options", "memory,heap"],
@@ -213,6 +214,7 @@ cases = [
     (["profile_models", *CPU, "--activities", "cuda"],
      "--activities: the profiler always records the CPU's ops (cpu or cpu,cuda), got 'cuda'", {}),
     (["profile_models", *CPU, "--small", "--resnet-batch", "8"], "--resnet-batch", {}),
+    (["profile_models", *CPU, "--models", "vit", "--preset", "huge"], "--models vit: ", {}),
     (["profile_models", *CPU, "--amp", "fp8"], "--amp: expected off, fp16 or bf16, got 'fp8'", {}),
     (["profile_models", "--device", "meta:tpu"], "--device meta:tpu: unknown target device 'tpu'", {}),
     (["profile_models", *CPU, "--models", "resnet", "--fused-classifier"],
