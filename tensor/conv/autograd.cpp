@@ -16,8 +16,10 @@ Tensor conv2d(const Tensor& input_, const Tensor& weight_, const Tensor& bias_, 
               Int2 padding, Int2 dilation, int64_t groups, CallSite site) {
   memory::CallSiteScope call_site(site);
   const auto [input, weight, bias] = autocast::lower("conv2d", input_, weight_, bias_);
-  Tensor out = product_output(
-      [&] { return o::conv2d(input, weight, bias, stride, padding, dilation, groups); });
+  // Named references: clang 14 does not capture structured bindings in a lambda.
+  const Tensor &in = input, &w = weight, &b = bias;
+  Tensor out =
+      product_output([&] { return o::conv2d(in, w, b, stride, padding, dilation, groups); });
   // d/d(input) needs the weight; d/d(weight) needs the input; d/d(bias) needs neither.
   const bool input_grad = input.requires_grad(), weight_grad = weight.requires_grad();
   record(

@@ -114,7 +114,9 @@ Tensor linear(const Tensor& x_, const Tensor& weight_, const Tensor& bias_, Call
   // Saved before the product (record_product's comment).
   std::vector<SavedTensor> saved = autograd::save_inputs(
       "LinearBackward", {x, weight, bias}, {need_w ? x : Tensor(), need_x ? weight : Tensor()});
-  Tensor out = product_output([&] { return o::linear(x, weight, bias); });
+  // Named references: clang 14 does not capture structured bindings in a lambda.
+  const Tensor &in = x, &w = weight, &b = bias;
+  Tensor out = product_output([&] { return o::linear(in, w, b); });
   // The weight's gradient in the dtype backward delivers it in (float32 for autocast's cast of
   // a float32 parameter: written so by the GEMM).
   const DType gw_dtype = autograd::grad_dtype(weight);
