@@ -243,10 +243,10 @@ void threaded_adam(const TensorLists& l, const AdamHyper& h) {
     adam(l, h);
 }
 
+// fused_adamw8bit_ has checked the block size and the depth; another dtype goes to the serial
+// kernel, whose error names AdamW8bit.
 void threaded_adamw8bit(const TensorLists& l, const AdamW8bitHyper& h) {
-  const int64_t bs = h.block_size;
-  if (l.dtype == DType::float32 && l.depth == 6 && bs >= kMin8bitBlock && bs <= kMax8bitBlock &&
-      (bs & (bs - 1)) == 0)
+  if (l.dtype == DType::float32)
     parallel_adamw8bit_(l, h);
   else
     adamw8bit(l, h);

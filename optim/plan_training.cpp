@@ -5,8 +5,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
-#include <limits>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -21,6 +19,7 @@
 #include "optim/multi_tensor.h"
 #include "optim/step_in_backward.h"
 #include "tensor/meta/cost.h"
+#include "tensor/ops.h"
 
 namespace tally::nn {
 namespace {
@@ -208,7 +207,8 @@ Tensor train_candidate(Module& model, const PlanCandidate& c, const LossFn& loss
 namespace {
 
 // `rates` with the CPU's measured time per element of the fused AdamW and AdamW8bit updates
-// (once per process, over 1M float32 elements in buffers of its own). The meta kernels charge
+// (once per process, over 1M float32 elements on an allocator of its own, as
+// nn::calibrated_rates measures: nothing stays cached in the CPU's). The meta kernels charge
 // an update the larger of it and its bytes: AdamW8bit's code-book search made its CPU step cost
 // 2.6x AdamW's while its bytes are fewer, and the planner ranked it 2% cheaper (issue 51).
 meta::Rates with_cpu_update_rates(meta::Rates rates, const memory::MetaTarget& target) {
@@ -219,14 +219,17 @@ meta::Rates with_cpu_update_rates(meta::Rates rates, const memory::MetaTarget& t
     constexpr int64_t n = int64_t{1} << 20;
     const optim::AdamW8bitHyper h8{
         .adam = {.lr = 1e-3, .weight_decay = 0.01, .decoupled = true, .step = 1}};
-    std::vector<float> p(n, 0.5f), g(n, 1e-3f), m(n, 0.f), v(n, 0.f);
-    std::vector<float> am(static_cast<size_t>(n / h8.block_size), 0.f), av(am);
-    std::vector<uint8_t> qm(n, 0), qv(n, 0);
+    memory::PrivateCpuAllocatorScope own_allocator;
+    const int64_t blocks = n / h8.block_size;
+    const Tensor p = ops::full({n}, 0.5), g = ops::full({n}, 1e-3), m = ops::zeros({n}),
+                 v = ops::zeros({n}), am = ops::zeros({blocks}), av = ops::zeros({blocks});
+    const Tensor qm = ops::zeros({n}, DType::uint8), qv = ops::zeros({n}, DType::uint8);
+    auto ptr = [](const Tensor& t) { return t.storage().data(); };
     optim::TensorLists l(Device::cpu(), DType::float32, 4);
-    l.add({p.data(), g.data(), m.data(), v.data()}, n);
+    l.add({ptr(p), ptr(g), ptr(m), ptr(v)}, n);
     adam = best_seconds(3, 0.02, [&] { optim::fused_adam_(l, h8.adam); }) / static_cast<double>(n);
     optim::TensorLists l8(Device::cpu(), DType::float32, 6);
-    l8.add({p.data(), g.data(), qm.data(), qv.data(), am.data(), av.data()}, n);
+    l8.add({ptr(p), ptr(g), ptr(qm), ptr(qv), ptr(am), ptr(av)}, n);
     adam8 =
         best_seconds(3, 0.02, [&] { optim::fused_adamw8bit_(l8, h8); }) / static_cast<double>(n);
   });
