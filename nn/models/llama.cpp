@@ -116,7 +116,7 @@ Tensor rotate_half(const Tensor& x) {
 }
 
 Tensor apply_rotary_pos_emb(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-  return add(mul(x, cos), mul(rotate_half(x), sin));
+  return rotary_embedding(x, cos, sin);  // one pass forward and backward
 }
 
 Tensor repeat_kv(const Tensor& x, int64_t n_rep) {
@@ -175,7 +175,8 @@ LlamaMLP::LlamaMLP(const LlamaConfig& cfg) : Module("LlamaMLP") {
 }
 
 Tensor LlamaMLP::forward(const Tensor& x) {
-  return (*down_proj)(mul(silu((*gate_proj)(x)), (*up_proj)(x)));
+  // silu(gate) * up in one pass: silu(gate) is neither written nor kept for the backward.
+  return (*down_proj)(silu_mul((*gate_proj)(x), (*up_proj)(x)));
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& cfg, const LlamaRotaryEmbedding* rope)

@@ -15,6 +15,7 @@
 #include "tensor/attention/ops.h"
 #include "tensor/linalg/autograd.h"
 #include "tensor/reduce/ops.h"
+#include "tensor/shape/autograd.h"
 #include "tensor/softmax/autograd.h"
 
 namespace tally {
@@ -182,6 +183,28 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool i
         return {d.dq, d.dk, d.dv};
       });
   return r.out;
+}
+
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  if (!x.defined() || !cos.defined() || !sin.defined())
+    throw std::invalid_argument("rotary_embedding: x, cos and sin must be defined");
+  const bool fused = is_floating(x.dtype()) && cos.dtype() == x.dtype() &&
+                     sin.dtype() == x.dtype() && !cos.requires_grad() && !sin.requires_grad();
+  if (!fused) {
+    if (x.dim() == 0 || x.size(-1) % 2 != 0)
+      throw std::invalid_argument(fmt::format(
+          "rotary_embedding: x {} needs a last dim of even size", x.shape_string()));
+    const int64_t h = x.size(-1) / 2;
+    const Tensor rotated = cat({neg(x.narrow(-1, h, h)), x.narrow(-1, 0, h)}, -1);
+    return add(mul(x, cos), mul(rotated, sin));
+  }
+  Tensor out = ops::rotary_embedding(x, cos, sin);
+  autograd::record("RotaryEmbeddingBackward", {x}, {out}, {cos, sin},
+                   [](autograd::BackwardContext& ctx, const TensorList& g) -> TensorList {
+                     return {ops::rotary_embedding_backward(g[0], ctx.saved(0), ctx.saved(1))};
+                   });
+  return out;
 }
 
 }  // namespace tally

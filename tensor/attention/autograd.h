@@ -38,4 +38,11 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool i
                        std::optional<double> scale = std::nullopt,
                        const Tensor& attn_mask = Tensor(), CallSite site = CallSite::current());
 
+// HF's apply_rotary_pos_emb for one tensor in one pass: x * cos + rotate_half(x) * sin along
+// x's last dim (ops::rotary_embedding). It saves only the tables and its backward is one pass
+// too. Tables of another dtype than x's, or that require grad, take the composite of neg, cat,
+// mul and add (PyTorch's type promotion and the tables' gradients).
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                        CallSite site = CallSite::current());
+
 }  // namespace tally

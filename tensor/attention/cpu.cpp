@@ -5,11 +5,13 @@
 // lse's dtype, [B, H, L, S] with broadcast strides) joins the scores; grouped-query heads
 // read key/value head h / G, and the backward sums dk, dv over a group's query heads.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "tensor/attention/kernels.h"
+#include "tensor/cpu/parallel.h"
 
 namespace tally::cpu {
 namespace {
@@ -178,12 +180,52 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
   });
 }
 
+void rotary_embedding(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                      bool backward) {
+  const int64_t D = out.dim() == 0 ? 0 : out.size(-1), h = D / 2;
+  if (out.numel() == 0) return;
+  const int64_t rows = out.numel() / D, lead = out.dim() - 1;
+  TALLY_DISPATCH_FLOAT(out.dtype(), "rotary_embedding", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    T* o = static_cast<T*>(out.storage().data()) + out.storage_offset();
+    const std::array<const Tensor*, 3> in{&x, &cos, &sin};
+    parallel_for(rows, grain_of(D), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        // The row's offset in each input, from its index over the leading dims.
+        std::array<const T*, 3> p;
+        std::array<int64_t, 3> st;
+        for (size_t k = 0; k < 3; ++k) {
+          const Tensor& t = *in[k];
+          int64_t off = t.storage_offset(), rem = r;
+          for (int64_t d = lead - 1; d >= 0; --d) {
+            const auto du = static_cast<size_t>(d);
+            off += (rem % t.sizes()[du]) * t.strides()[du];
+            rem /= t.sizes()[du];
+          }
+          p[k] = static_cast<const T*>(t.storage().data()) + off;
+          st[k] = t.strides()[static_cast<size_t>(lead)];
+        }
+        T* orow = o + r * D;
+        for (int64_t i = 0; i < h; ++i) {
+          const A x1 = static_cast<A>(p[0][i * st[0]]), x2 = static_cast<A>(p[0][(i + h) * st[0]]);
+          const A c1 = static_cast<A>(p[1][i * st[1]]), c2 = static_cast<A>(p[1][(i + h) * st[1]]);
+          const A s1 = static_cast<A>(p[2][i * st[2]]), s2 = static_cast<A>(p[2][(i + h) * st[2]]);
+          orow[i] = T(backward ? x1 * c1 + x2 * s2 : x1 * c1 - x2 * s1);
+          orow[i + h] = T(backward ? x2 * c2 - x1 * s1 : x2 * c2 + x1 * s2);
+        }
+      }
+    });
+  });
+}
+
 }  // namespace
 
 const AttentionKernels attention_kernels{
     .flash_attention_forward = &flash_attention_forward,
     .flash_attention_backward = &flash_attention_backward,
     .flash_attention_fp32_fits = nullptr,
+    .rotary_embedding = &rotary_embedding,
 };
 
 }  // namespace tally::cpu

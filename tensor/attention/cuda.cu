@@ -15,6 +15,7 @@
 // tensor/attention/cuda_fp32.cu; the file ends with the family's CUDA table,
 // cuda::attention_kernels (tensor/attention/kernels.h).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -24,6 +25,7 @@
 #include "tensor/attention/cuda_rows.cuh"
 #include "tensor/attention/kernels.h"
 #include "tensor/cuda/device_types.cuh"
+#include "tensor/cuda/grid.cuh"
 #include "tensor/cuda/runtime.h"
 #include "tensor/op_alloc.h"
 
@@ -848,12 +850,74 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
   });
 }
 
+// ------------------------------------------------------------ rotary position embedding
+
+// The step from element i to element i + h of a row, in each of out, x, cos, sin.
+struct PartnerSteps {
+  int64_t v[4];
+};
+
+// One thread a pair (i, i + h) of a row: offsets from the indexer over [lead..., h] for out,
+// x, cos, sin; the partner element `half.v[k]` further on in each.
+template <typename T>
+__global__ void rotary_kernel(T* out, const T* x, const T* c, const T* s, int64_t pairs,
+                              Indexer<4> ix, PartnerSteps half, bool backward) {
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t o[4];
+    ix.get(p, o);
+    using A = dacc_t<T>;
+    const A x1 = load(x[o[1]]), x2 = load(x[o[1] + half.v[1]]);
+    const A c1 = load(c[o[2]]), c2 = load(c[o[2] + half.v[2]]);
+    const A s1 = load(s[o[3]]), s2 = load(s[o[3] + half.v[3]]);
+    out[o[0]] = store<T>(backward ? x1 * c1 + x2 * s2 : x1 * c1 - x2 * s1);
+    out[o[0] + half.v[0]] = store<T>(backward ? x2 * c2 - x1 * s1 : x2 * c2 + x1 * s2);
+  }
+}
+
+void rotary_embedding(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                      bool backward) {
+  if (out.numel() == 0) return;
+  NvtxRange range(backward ? "rotary_embedding_backward" : "rotary_embedding");
+  DeviceGuard g(out.device().index);
+  const size_t last = static_cast<size_t>(out.dim() - 1);
+  const int64_t h = out.sizes()[last] / 2, pairs = out.numel() / 2;
+  Shape sizes = out.sizes();
+  sizes[last] = h;
+  const std::array<const Tensor*, 4> ts{&out, &x, &cos, &sin};
+  std::vector<const Shape*> strides;
+  std::vector<int64_t> offsets;
+  PartnerSteps half;
+  for (size_t k = 0; k < 4; ++k) {
+    strides.push_back(&ts[k]->strides());
+    offsets.push_back(ts[k]->storage_offset());
+    half.v[k] = h * ts[k]->strides()[last];
+  }
+  const Indexer<4> ix = make_indexer<4>(sizes, strides, offsets);
+  const cudaStream_t st = stream(out.device().index);
+  auto run = [&]<typename T>() {
+    rotary_kernel<T><<<blocks_for(pairs), kThreads, 0, st>>>(
+        static_cast<T*>(out.storage().data()), static_cast<const T*>(x.storage().data()),
+        static_cast<const T*>(cos.storage().data()), static_cast<const T*>(sin.storage().data()),
+        pairs, ix, half, backward);
+  };
+  switch (out.dtype()) {
+    case DType::float32: run.template operator()<float>(); break;
+    case DType::float16: run.template operator()<__half>(); break;
+    case DType::bfloat16: run.template operator()<__nv_bfloat16>(); break;
+    case DType::float64: run.template operator()<double>(); break;
+    default: unsupported_dtype("rotary_embedding", out.dtype());
+  }
+  check_launch("rotary_embedding");
+}
+
 }  // namespace
 
 const AttentionKernels attention_kernels{
     .flash_attention_forward = &flash_attention_forward,
     .flash_attention_backward = &flash_attention_backward,
     .flash_attention_fp32_fits = &flash_attention_fp32_fits,
+    .rotary_embedding = &rotary_embedding,
 };
 
 }  // namespace tally::cuda

@@ -47,6 +47,15 @@ struct AttentionKernels {
   // memory for head dim E fits a block on `device` (E > 64 needs 169 KB in the backward:
   // Hopper yes, A100's 163 KB no). ops::flash_attention_supported asks it.
   bool (*flash_attention_fp32_fits)(int device, int64_t E);
+
+  // Rotary position embedding in the rotate-half layout (HF's apply_rotary_pos_emb) along the
+  // last dim (D even, h = D / 2), with c = cos and s = sin. For each i < h:
+  //   forward:  out[i] = x[i] c[i] - x[i+h] s[i],    out[i+h] = x[i+h] c[i+h] + x[i] s[i+h]
+  //   backward: out[i] = x[i] c[i] + x[i+h] s[i+h],  out[i+h] = x[i+h] c[i+h] - x[i] s[i]
+  // (the forward's transpose, x then holding the incoming gradient). out is contiguous; x, cos
+  // and sin have out's shape (any strides, 0 where broadcast) and its dtype.
+  void (*rotary_embedding)(const Tensor& out, const Tensor& x, const Tensor& cos,
+                           const Tensor& sin, bool backward);
 };
 
 // cpu::attention_kernels (tensor/attention/cpu.cpp), cuda::attention_kernels

@@ -40,6 +40,12 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
   alloc_scratch(rows * q.size(3), DType::float32, q.device());
 }
 
+// One read of x and one write of out (the tables are small beside them: broadcast views).
+void rotary_embedding(const Tensor& out, const Tensor& x, const Tensor& /*cos*/,
+                      const Tensor& /*sin*/, bool /*backward*/) {
+  cost(out, 3.0 * static_cast<double>(out.numel()), tensor_bytes(out, x));
+}
+
 }  // namespace
 
 const AttentionKernels attention_kernels{
@@ -48,6 +54,7 @@ const AttentionKernels attention_kernels{
     // Every head dim up to 128 fits a block on the CUDA targets (Hopper: 227 KB of shared
     // memory a block; the float32 backward needs 169 KB at E = 128).
     .flash_attention_fp32_fits = [](int, int64_t E) { return E > 0 && E <= 128; },
+    .rotary_embedding = &rotary_embedding,
 };
 
 }  // namespace tally::meta

@@ -54,4 +54,13 @@ FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q
 bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& mask = Tensor());
 
+// Rotary position embedding in the rotate-half layout, one pass (HF's apply_rotary_pos_emb for
+// one tensor): x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[..., h:], x[..., :h]),
+// h = D / 2 along x's last dim D (even). cos and sin broadcast to x's shape (not beyond it) and
+// share its floating dtype and device; std::invalid_argument naming rotary_embedding otherwise.
+// The result is contiguous. The backward is the gradient w.r.t. x from grad (x's shape), the
+// same tables (the rotation's transpose), with the same checks.
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
+Tensor rotary_embedding_backward(const Tensor& grad, const Tensor& cos, const Tensor& sin);
+
 }  // namespace tally::ops

@@ -487,18 +487,35 @@ Tensor silu(const Tensor& x, CallSite site) {
   memory::CallSiteScope call_site(site);
   return unary_op(o::UnaryOp::silu, "SiluBackward", Saves::input, x,
                   [](const Tensor& g, const Tensor& x_) -> Tensor {
-                    const Tensor s = o::unary(o::UnaryOp::sigmoid, x_);
-                    // s * (1 + x * (1 - s))
-                    const Tensor d = o::mul(s, o::add(o::mul(x_, o::affine(s, -1.0, 1.0)), 1.0));
-                    return o::mul(g, d);
+                    return o::binary(o::BinaryOp::silu_backward, g, x_);  // one pass
                   });
+}
+
+Tensor silu_mul(const Tensor& a, const Tensor& b, CallSite site) {
+  memory::CallSiteScope call_site(site);
+  Tensor out = o::binary(o::BinaryOp::silu_mul, a, b);
+  // Saves the two inputs (silu(a) is neither written nor kept); the backward is
+  //   d/da = g * b * silu'(a),  d/db = silu(a) * g.
+  record("SiluMulBackward", {a, b}, {out}, {a, b},
+         [sa = a.sizes(), sb = b.sizes(), da = a.dtype(), db = b.dtype()](
+             BackwardContext& ctx, const TensorList& g) -> TensorList {
+           Tensor ga, gb;
+           if (ctx.needs_input_grad(0))
+             ga = reduce_like(
+                 o::binary(o::BinaryOp::silu_backward, o::mul(g[0], ctx.saved(1)), ctx.saved(0)),
+                 sa, da);
+           if (ctx.needs_input_grad(1))
+             gb = reduce_like(o::binary(o::BinaryOp::silu_mul, ctx.saved(0), g[0]), sb, db);
+           return {ga, gb};
+         });
+  return out;
 }
 
 Tensor sigmoid(const Tensor& x, CallSite site) {
   memory::CallSiteScope call_site(site);
   return unary_op(o::UnaryOp::sigmoid, "SigmoidBackward", Saves::output, x,
                   [](const Tensor& g, const Tensor& s) -> Tensor {
-                    return o::mul(g, o::mul(s, o::affine(s, -1.0, 1.0)));
+                    return o::binary(o::BinaryOp::sigmoid_backward, g, s);
                   });
 }
 
@@ -506,7 +523,7 @@ Tensor tanh(const Tensor& x, CallSite site) {
   memory::CallSiteScope call_site(site);
   return unary_op(o::UnaryOp::tanh, "TanhBackward", Saves::output, x,
                   [](const Tensor& g, const Tensor& t) -> Tensor {
-                    return o::mul(g, o::affine(o::unary(o::UnaryOp::square, t), -1.0, 1.0));
+                    return o::binary(o::BinaryOp::tanh_backward, g, t);
                   });
 }
 

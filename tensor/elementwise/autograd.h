@@ -100,6 +100,9 @@ Tensor add_relu(Tensor&& a, const Tensor& b, CallSite site = CallSite::current()
 Tensor gelu(const Tensor& x, const std::string& approximate = "none",
             CallSite site = CallSite::current());  // "none" | "tanh"
 Tensor silu(const Tensor& x, CallSite site = CallSite::current());
+// silu(a) * b in one pass (broadcasting): a SwiGLU's gate and up projection. Saves a and b
+// only, where silu then mul would also keep silu(a); the backward is three passes.
+Tensor silu_mul(const Tensor& a, const Tensor& b, CallSite site = CallSite::current());
 Tensor sigmoid(const Tensor& x, CallSite site = CallSite::current());
 Tensor tanh(const Tensor& x, CallSite site = CallSite::current());
 // Inverted dropout: zero with probability p, scale the rest by 1/(1-p); identity if !train.

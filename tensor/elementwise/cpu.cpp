@@ -217,7 +217,8 @@ void binary(ops::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& 
       using ops::BinaryOp;
       // The ops of a training step.
       if (binary_fixed_of<T, BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div,
-                          BinaryOp::relu_backward, BinaryOp::add_relu>(op, out, a, b))
+                          BinaryOp::relu_backward, BinaryOp::add_relu, BinaryOp::silu_backward,
+                          BinaryOp::silu_mul>(op, out, a, b))
         return;
     }
     binary_map<T, T>(out, a, b, [op](const T& x, const T& y) {

@@ -651,7 +651,8 @@ struct AffineF {
 // clang-format off
 #define TALLY_ARITH_OPS(X) \
   X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum) X(relu_backward) X(gelu_backward) \
-  X(gelu_tanh_backward) X(add_relu)
+  X(gelu_tanh_backward) X(add_relu) X(silu_backward) X(sigmoid_backward) X(tanh_backward) \
+  X(silu_mul)
 // clang-format on
 
 // f(std::integral_constant<ops::BinaryOp, OP>{}) for the arithmetic op `op`, which the fast

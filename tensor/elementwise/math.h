@@ -183,6 +183,23 @@ TALLY_HOST_DEVICE TALLY_FORCE_INLINE A binary_value(ops::BinaryOp op, A x, A y) 
         } else {
           return A{};
         }
+      case BinaryOp::silu_backward:
+        if constexpr (std::is_floating_point_v<A>) {
+          const A sig = A(1) / (A(1) + exp(-y));
+          return x * (sig * (A(1) + y * (A(1) - sig)));
+        } else {
+          return A{};
+        }
+      case BinaryOp::sigmoid_backward:
+        return x * (A(1) - y) * y;
+      case BinaryOp::tanh_backward:
+        return x * (A(1) - y * y);
+      case BinaryOp::silu_mul:
+        if constexpr (std::is_floating_point_v<A>) {
+          return x / (A(1) + exp(-x)) * y;
+        } else {
+          return A{};
+        }
       default:
         return A{};
     }

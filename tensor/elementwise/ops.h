@@ -86,8 +86,11 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 // The *_backward ops are activation gradients fused into one pass, a = the incoming
 // gradient, b = what the forward saved: relu_backward(g, y) = y > 0 ? g : 0 (PyTorch's
 // threshold_backward on the output), gelu_backward(g, x) = g * gelu'(x) (erf form),
-// gelu_tanh_backward(g, x) = g * gelu'(x) (tanh approximation). add_relu(a, b) = relu(a + b)
-// in one pass (PyTorch's aten::_add_relu: a residual block's sum and activation).
+// gelu_tanh_backward(g, x) = g * gelu'(x) (tanh approximation), silu_backward(g, x) =
+// g * silu'(x), sigmoid_backward(g, y) = g * y * (1 - y) and tanh_backward(g, y) = g * (1 - y^2)
+// (both on the output, as PyTorch's). add_relu(a, b) = relu(a + b) in one pass (PyTorch's
+// aten::_add_relu: a residual block's sum and activation); silu_mul(a, b) = silu(a) * b (a
+// SwiGLU's gate times its up projection, no silu(a) written or kept).
 enum class BinaryOp : uint8_t {
   add,
   sub,
@@ -100,6 +103,10 @@ enum class BinaryOp : uint8_t {
   gelu_backward,
   gelu_tanh_backward,
   add_relu,
+  silu_backward,
+  sigmoid_backward,
+  tanh_backward,
+  silu_mul,
   eq,
   ne,
   lt,

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "autograd/node.h"
 #include "tensor/attention/autograd.h"
 #include "tensor/attention/ops.h"
 #include "tensor/linalg/ops.h"
@@ -217,6 +218,58 @@ TEST_P(Attention, BadMasksAndHeadsNameTheShapes) {
   const Tensor k3 = put(rand_input({2, 3, 5, 4}, -1, 1, 37));
   expect_error([&] { scaled_dot_product_attention(q, k3, k3, {}, 0.0, false, std::nullopt, true); },
                "query heads (4) to be a multiple of the key heads (3)");
+}
+
+// The fused rotary embedding (HF's apply_rotary_pos_emb) against its composite, on every device
+// in float64 (CUDA's kernel against the CPU's composite), with LLaMA's [B, T, H, D] layout and
+// its [T, 1, D] tables, a strided x, and in bfloat16 against the CPU kernel.
+TEST_P(Attention, RotaryEmbeddingEqualsTheComposite) {
+  const auto composite = [](const Tensor& x, const Tensor& c, const Tensor& s) {
+    const int64_t h = x.size(-1) / 2;
+    return add(mul(x, c), mul(cat({neg(x.narrow(-1, h, h)), x.narrow(-1, 0, h)}, -1), s));
+  };
+  const Tensor x = put(rand_input({2, 5, 3, 8}, -1, 1, 41)).detach();
+  // Tables whose halves differ (HF's repeat their halves; the kernel must not rely on it).
+  const Tensor c = put(rand_input({5, 1, 8}, -1, 1, 42)).detach(),
+               s = put(rand_input({5, 1, 8}, -1, 1, 43)).detach();
+  EXPECT_TRUE(values_near(rotary_embedding(x, c, s), composite(x, c, s).tolist(), 1e-14));
+  const Tensor xg = put(rand_input({2, 5, 3, 8}, -1, 1, 41)).detach().requires_grad_(true);
+  EXPECT_EQ(rotary_embedding(xg, c, s).autograd_meta()->grad_fn->name(), "RotaryEmbeddingBackward");
+  const Tensor xt = x.transpose(1, 2);  // [2, 3, 5, 8], strided
+  const Tensor ct = c.transpose(0, 1), st = s.transpose(0, 1);
+  EXPECT_TRUE(values_near(rotary_embedding(xt, ct, st), composite(xt, ct, st).tolist(), 1e-14));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& v) { return rotary_embedding(v[0], c, s); },
+      {rand_input({2, 5, 3, 8}, -1, 1, 44)}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [&](const TensorList& v) { return rotary_embedding(v[0].transpose(1, 2), ct, st); },
+      {rand_input({2, 5, 3, 8}, -1, 1, 45)}));
+  // Tables that require grad take the composite, whose gradients reach them too.
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [](const TensorList& v) { return rotary_embedding(v[0], v[1], v[2]); },
+      {rand_input({4, 6}, -1, 1, 46), rand_input({6}, -1, 1, 47), rand_input({4, 6}, -1, 1, 48)}));
+  // bfloat16 on this device against the CPU's kernel in bfloat16.
+  const auto bf = [](const Tensor& t) { return ops::to(t, DType::bfloat16); };
+  const auto cpu_bf = [](const Tensor& t) { return ops::to(t, Device::cpu(), DType::bfloat16); };
+  EXPECT_TRUE(values_near(rotary_embedding(bf(x), bf(c), bf(s)),
+                          ops::rotary_embedding(cpu_bf(x), cpu_bf(c), cpu_bf(s)).tolist(), 1e-2));
+  EXPECT_TRUE(
+      values_near(ops::rotary_embedding_backward(bf(x), bf(c), bf(s)),
+                  ops::rotary_embedding_backward(cpu_bf(x), cpu_bf(c), cpu_bf(s)).tolist(), 1e-2));
+  // Errors name the op and what is wrong.
+  const auto expect_error = [](const auto& fn, const std::string& part) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected one naming " << part;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  const Tensor odd = put(rand_input({3, 5}, -1, 1, 49));
+  expect_error([&] { rotary_embedding(odd, odd, odd); }, "needs a last dim of even size");
+  expect_error([&] { ops::rotary_embedding(x, put(rand_input({3, 2, 5, 1, 8}, -1, 1, 50)), s); },
+               "does not broadcast to x [2, 5, 3, 8]");
+  expect_error([&] { ops::rotary_embedding(x, bf(c), s); }, "must share one floating dtype");
 }
 
 // The fused op's CPU reference kernel, in float64: a CPU internal (the CUDA kernels take float32

@@ -36,7 +36,9 @@ TEST(CudaVectorized, MapsMatchTheCpuAcrossSizesAndAlignments) {
         for (const ops::BinaryOp op :
              {ops::BinaryOp::add, ops::BinaryOp::sub, ops::BinaryOp::mul, ops::BinaryOp::div,
               ops::BinaryOp::maximum, ops::BinaryOp::relu_backward, ops::BinaryOp::gelu_backward,
-              ops::BinaryOp::gelu_tanh_backward, ops::BinaryOp::add_relu}) {
+              ops::BinaryOp::gelu_tanh_backward, ops::BinaryOp::add_relu,
+              ops::BinaryOp::silu_backward, ops::BinaryOp::sigmoid_backward,
+              ops::BinaryOp::tanh_backward, ops::BinaryOp::silu_mul}) {
           EXPECT_LE(max_pointwise_error_lenient(ops::binary(op, ag, bg), ops::binary(op, a, b)),
                     tol)
               << ops::binary_op_name(op) << " " << what;

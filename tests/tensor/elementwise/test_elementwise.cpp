@@ -360,6 +360,11 @@ TEST_P(Activations, Gradients) {
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return silu(x[0]); }, {c}));
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return sigmoid(x[0]); }, {a}));
   EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return tanh(x[0]); }, {c}));
+  // silu_mul (SwiGLU's gate times up) in one pass: its value is silu then mul's, and its
+  // gradients reach both operands, broadcast or strided.
+  EXPECT_TRUE(values_near(silu_mul(a, c), ops::to_vector(mul(silu(a), c)), 1e-12));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return silu_mul(x[0], x[1]); }, {a, c}));
+  EXPECT_TRUE(gradcheck_on(d, [](const TensorList& x) { return silu_mul(x[0], x[1]); }, {c, r}));
 }
 
 TEST_P(Activations, DropoutMasksAndScales) {
@@ -716,7 +721,9 @@ TEST_P(ElementwiseVsCpu, BinaryUnaryMatchTheCpu) {
     };
     for (auto op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum,
                     BinaryOp::minimum, BinaryOp::relu_backward, BinaryOp::gelu_backward,
-                    BinaryOp::gelu_tanh_backward, BinaryOp::add_relu, BinaryOp::lt, BinaryOp::eq})
+                    BinaryOp::gelu_tanh_backward, BinaryOp::add_relu, BinaryOp::silu_backward,
+                    BinaryOp::sigmoid_backward, BinaryOp::tanh_backward, BinaryOp::silu_mul,
+                    BinaryOp::lt, BinaryOp::eq})
       check(ops::binary(op, ga, gb), ops::binary(op, a, b), ops::binary_op_name(op));
     check(ops::binary(BinaryOp::pow, gb, ga), ops::binary(BinaryOp::pow, b, a), "pow", 10);
     for (auto op :
