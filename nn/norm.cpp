@@ -179,7 +179,17 @@ void RMSNorm::reset_parameters() {
 }
 
 Tensor RMSNorm::forward(const Tensor& x) {
-  return rms_norm(x, normalized_shape, weight, eps);
+  return rms_norm(x, normalized_shape, weight, eps, layer_norm_out_dtype(autocast_output, x));
+}
+
+std::pair<Tensor, Tensor> RMSNorm::forward_with_residual(const Tensor& x, const Tensor& residual,
+                                                         const std::source_location& site) {
+  return call(
+      [&] {
+        return add_rms_norm(x, residual, normalized_shape, weight, eps,
+                            layer_norm_out_dtype(autocast_output, x));
+      },
+      site);
 }
 
 std::string RMSNorm::extra_repr() const {

@@ -105,12 +105,19 @@ class RMSNorm : public Module {
                    bool elementwise_affine = true)
       : RMSNorm(Shape{normalized_size}, eps, elementwise_affine) {}
   Tensor forward(const Tensor& x) override;
+  // {x + residual, this(x + residual)} as one node (tally::add_rms_norm), as LayerNorm's.
+  std::pair<Tensor, Tensor> forward_with_residual(
+      const Tensor& x, const Tensor& residual,
+      const std::source_location& site = std::source_location::current());
   void reset_parameters();
   std::string extra_repr() const override;
 
   Shape normalized_shape;
   std::optional<double> eps;
   Tensor weight;
+  // As LayerNorm's: under autocast, the output in the autocast dtype (the next Linear's cast
+  // fused into the norm). Off by default (PyTorch's RMSNorm returns float32 under autocast).
+  bool autocast_output = false;
 };
 
 }  // namespace tally::nn

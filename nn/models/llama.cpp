@@ -187,10 +187,22 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& cfg, const LlamaRotaryEm
                                     std::make_shared<RMSNorm>(cfg.hidden_size, cfg.rms_norm_eps));
   post_attention_layernorm = register_module(
       "post_attention_layernorm", std::make_shared<RMSNorm>(cfg.hidden_size, cfg.rms_norm_eps));
+  // Each feeds only Linears (q/k/v_proj, gate/up_proj), which autocast would give the 16-bit
+  // copy: the norms write it themselves. The Linears' 16-bit gradients then meet in the
+  // autocast dtype rather than in float32 after three casts.
+  input_layernorm->autocast_output = true;
+  post_attention_layernorm->autocast_output = true;
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& x) {
-  const Tensor h = add(x, (*self_attn)((*input_layernorm)(x)));
+  const Tensor a = (*self_attn)((*input_layernorm)(x));
+  const RMSNorm& ln = *post_attention_layernorm;
+  if (!ln.is_checkpointed() && !ln.offloader()) {
+    // h = x + a and its norm in one node (the residual add fused into the norm).
+    auto [h, n] = post_attention_layernorm->forward_with_residual(x, a);
+    return add(h, (*mlp)(n));
+  }
+  const Tensor h = add(x, a);
   return add(h, (*mlp)((*post_attention_layernorm)(h)));
 }
 
@@ -204,6 +216,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg) : StagedModule("LlamaModel"), con
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
     layers->push_back(std::make_shared<LlamaDecoderLayer>(cfg, rope.get()));
   norm = register_module("norm", std::make_shared<RMSNorm>(cfg.hidden_size, cfg.rms_norm_eps));
+  norm->autocast_output = true;  // it feeds only lm_head
   rotary_emb = register_module("rotary_emb", rope);
 }
 

@@ -115,10 +115,10 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual
 // ---------------------------------------------------------------- rms_norm
 
 Tensor rms_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor& weight_,
-                std::optional<double> eps, CallSite site) {
+                std::optional<double> eps, std::optional<DType> out_dtype, CallSite site) {
   memory::CallSiteScope call_site(site);
   const auto [x, weight] = autocast::fp32("rms_norm", x_, weight_);
-  auto [out, rstd] = o::rms_norm(x, normalized_shape, weight, eps);
+  auto [out, rstd] = o::rms_norm(x, normalized_shape, weight, eps, out_dtype);
   const bool need_dx = x.requires_grad();
   record("RmsNormBackward", {x, weight}, {out}, {x, rstd, defined_if(need_dx, weight)},
          [normalized_shape, xdt = x.dtype(), wdt = dtype_or(weight, x.dtype())](
@@ -129,6 +129,45 @@ Tensor rms_norm(const Tensor& x_, const Shape& normalized_shape, const Tensor& w
            return {as_param_grad(dx, xdt), as_param_grad(dw, wdt)};
          });
   return out;
+}
+
+std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual,
+                                       const Shape& normalized_shape, const Tensor& weight_,
+                                       std::optional<double> eps, std::optional<DType> out_dtype,
+                                       CallSite site) {
+  memory::CallSiteScope call_site(site);
+  const bool sixteen_sum = x.defined() && residual.defined() && is_floating(x.dtype()) &&
+                           is_floating(residual.dtype()) &&
+                           (promote_types(x.dtype(), residual.dtype()) == DType::float16 ||
+                            promote_types(x.dtype(), residual.dtype()) == DType::bfloat16);
+  if (sixteen_sum && autocast::is_active(x.device())) {  // the two ops, as autocast runs them
+    Tensor s = add(x, residual);
+    return {s, rms_norm(s, normalized_shape, weight_, eps, out_dtype)};
+  }
+  const Tensor weight = autocast::fp32("rms_norm", weight_)[0];
+  auto [sum, out, rstd] = o::add_rms_norm(x, residual, normalized_shape, weight, eps, out_dtype);
+  const bool need_d = x.requires_grad() || residual.requires_grad();
+  const bool need_dw = weight.defined() && weight.requires_grad();
+  const bool save_stats = need_d || need_dw;
+  record("AddRmsNormBackward", {x, residual, weight}, {sum, out},
+         {defined_if(save_stats, sum), defined_if(save_stats, rstd), defined_if(need_d, weight)},
+         [normalized_shape, xdt = x.dtype(), rdt = residual.dtype(),
+          wdt = dtype_or(weight, x.dtype())](BackwardContext& ctx,
+                                             const TensorList& g) -> TensorList {
+           const bool mx = ctx.needs_input_grad(0), mr = ctx.needs_input_grad(1),
+                      mw = ctx.needs_input_grad(2);
+           Tensor dx, dr, dw;
+           if (!g[1].defined()) {  // only the sum's gradient: it reaches both inputs as is
+             if (mx) dx = g[0];
+             if (mr) dr = g[0];
+           } else {
+             std::tie(dx, dr, dw) = o::add_rms_norm_backward(
+                 g[0], g[1], ctx.saved(0), normalized_shape, ctx.saved(1), ctx.saved(2), rdt,
+                 {mx, mr, mw});
+           }
+           return {as_param_grad(dx, xdt), as_param_grad(dr, rdt), as_param_grad(dw, wdt)};
+         });
+  return {sum, out};
 }
 
 // ---------------------------------------------------------------- batch_norm

@@ -35,9 +35,18 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual
                                          CallSite site = CallSite::current());
 
 // x / sqrt(mean(x^2) + eps) * weight over the trailing dims; eps defaults to the machine
-// epsilon of x's dtype (PyTorch's eps=None).
+// epsilon of x's dtype (PyTorch's eps=None). out_dtype as layer_norm's.
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
-                std::optional<double> eps = std::nullopt, CallSite site = CallSite::current());
+                std::optional<double> eps = std::nullopt,
+                std::optional<DType> out_dtype = std::nullopt, CallSite site = CallSite::current());
+
+// {x + residual, rms_norm(x + residual, ...)} as one node, as add_layer_norm (ops::add_rms_norm):
+// a LLaMA block's residual add and the norm after it.
+std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual,
+                                       const Shape& normalized_shape, const Tensor& weight = {},
+                                       std::optional<double> eps = std::nullopt,
+                                       std::optional<DType> out_dtype = std::nullopt,
+                                       CallSite site = CallSite::current());
 
 // Per-channel normalization of x [N, C] or [N, C, *]. training: batch statistics (biased
 // variance), and running_mean / running_var (when defined) are updated in place with

@@ -163,11 +163,13 @@ bool norm_widens_dtype(DType x, DType other) {
 namespace {
 
 // layer_norm, and add_layer_norm with a defined residual (x's shape, floating, add's dtype
-// x's): the checks, the outputs and the kernel. Returns {sum (undefined without a residual),
-// out, mean, rstd}.
+// x's); rms_norm and add_rms_norm when not `centered` (no mean, no bias): the checks, the
+// outputs and the kernel. Returns {sum (undefined without a residual), out, mean (undefined
+// for rms_norm), rstd}.
 std::tuple<Tensor, Tensor, Tensor, Tensor> row_layer_norm(
     const OpInfo& info, const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
-    const Tensor& weight, const Tensor& bias, double eps, std::optional<DType> out_dtype) {
+    const Tensor& weight, const Tensor& bias, double eps, std::optional<DType> out_dtype,
+    bool centered = true) {
   DispatchScope scope(info, x, residual);
   check_floating(info.name, "input", x);
   const RowShape rs = row_shape(info.name, x, normalized_shape);
@@ -186,7 +188,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> row_layer_norm(
     sum = alloc_output(x.sizes(), x.dtype(), x.device());
   }
   Tensor out = alloc_output(x.sizes(), o_dt, x.device());
-  Tensor mean = alloc_output(rs.stat_shape, stat, x.device());
+  Tensor mean = centered ? alloc_output(rs.stat_shape, stat, x.device()) : Tensor();
   Tensor rstd = alloc_output(rs.stat_shape, stat, x.device());
   norm_backends.get(info, x.device(), &NormKernels::layer_norm)(
       out, mean, rstd, contiguous(x), as_stat(weight, stat), as_stat(bias, stat), rs.rows, rs.cols,
@@ -205,12 +207,11 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Shape& norm
   return {out, mean, rstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual,
-                                                          const Shape& normalized_shape,
-                                                          const Tensor& weight, const Tensor& bias,
-                                                          double eps,
-                                                          std::optional<DType> out_dtype) {
-  static const OpInfo info("add_layer_norm");
+namespace {
+
+// add_layer_norm's and add_rms_norm's checks of the residual; whether the kernel can add it
+// (add's dtype is x's), or the two ops must run.
+bool residual_fuses(const OpInfo& info, const Tensor& x, const Tensor& residual) {
   check_floating(info.name, "input", x);
   check_floating(info.name, "residual", residual);
   check_same_device(info.name, x.device(), residual.device());
@@ -220,7 +221,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm(const Tensor& x, const
                     info.name, residual.shape_string(), x.shape_string()));
   // The sum has add's dtype (type promotion); the kernel adds into x's dtype, so a wider
   // residual takes the two ops.
-  if (promote_types(x.dtype(), residual.dtype()) != x.dtype()) {
+  return promote_types(x.dtype(), residual.dtype()) == x.dtype();
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual,
+                                                          const Shape& normalized_shape,
+                                                          const Tensor& weight, const Tensor& bias,
+                                                          double eps,
+                                                          std::optional<DType> out_dtype) {
+  static const OpInfo info("add_layer_norm");
+  if (!residual_fuses(info, x, residual)) {
     const Tensor s = add(x, residual);
     auto [out, mean, rstd] = layer_norm(s, normalized_shape, weight, bias, eps, out_dtype);
     return {s, out, mean, rstd};
@@ -309,20 +321,30 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(
 // ---------------------------------------------------------------- rms_norm
 
 std::tuple<Tensor, Tensor> rms_norm(const Tensor& x, const Shape& normalized_shape,
-                                    const Tensor& weight, std::optional<double> eps) {
+                                    const Tensor& weight, std::optional<double> eps,
+                                    std::optional<DType> out_dtype) {
   static const OpInfo info("rms_norm");
-  DispatchScope scope(info, x);
   check_floating(info.name, "input", x);
-  const RowShape rs = row_shape(info.name, x, normalized_shape);
-  check_affine(info.name, "weight", weight, x, normalized_shape);
-  const DType stat = norm_stat_dtype(x.dtype());
-  const Tensor xc = contiguous(x);
-  Tensor out = alloc_output(x.sizes(), x.dtype(), x.device());
-  Tensor rstd = alloc_output(rs.stat_shape, stat, x.device());
-  norm_backends.get(info, x.device(), &NormKernels::layer_norm)(
-      out, Tensor(), rstd, xc, as_stat(weight, stat), Tensor(), rs.rows, rs.cols,
-      eps ? *eps : default_eps(x.dtype()), Tensor(), Tensor());
+  auto [sum, out, mean, rstd] =
+      row_layer_norm(info, x, Tensor(), normalized_shape, weight, Tensor(),
+                     eps ? *eps : default_eps(x.dtype()), out_dtype, /*centered=*/false);
   return {out, rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual,
+                                                const Shape& normalized_shape,
+                                                const Tensor& weight, std::optional<double> eps,
+                                                std::optional<DType> out_dtype) {
+  static const OpInfo info("add_rms_norm");
+  if (!residual_fuses(info, x, residual)) {
+    const Tensor s = add(x, residual);
+    auto [out, rstd] = rms_norm(s, normalized_shape, weight, eps, out_dtype);
+    return {s, out, rstd};
+  }
+  auto [sum, out, mean, rstd] =
+      row_layer_norm(info, x, residual, normalized_shape, weight, Tensor(),
+                     eps ? *eps : default_eps(x.dtype()), out_dtype, /*centered=*/false);
+  return {sum, out, rstd};
 }
 
 std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tensor& x,
@@ -333,6 +355,24 @@ std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tenso
   const auto grads = row_norm_backward(info, false, grad_out, x, normalized_shape, Tensor(), rstd,
                                        weight, {output_mask[0], output_mask[1], false}, Tensor());
   return {std::get<0>(grads), std::get<2>(grads)};
+}
+
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm_backward(
+    const Tensor& grad_sum, const Tensor& grad_out, const Tensor& sum,
+    const Shape& normalized_shape, const Tensor& rstd, const Tensor& weight, DType residual_dtype,
+    std::array<bool, 3> output_mask) {
+  static const OpInfo info("add_rms_norm_backward");
+  if (!is_floating(residual_dtype))
+    throw std::invalid_argument(fmt::format("{}: residual dtype {} is not a floating dtype",
+                                            info.name, dtype_name(residual_dtype)));
+  const bool md = output_mask[0] || output_mask[1];
+  auto [d, d_low, dw, db] = row_norm_backward(
+      info, false, grad_out, sum, normalized_shape, Tensor(), rstd, weight,
+      {md, output_mask[2], false}, grad_sum,
+      output_mask[1] && residual_dtype != sum.dtype() ? std::optional<DType>(residual_dtype)
+                                                      : std::nullopt);
+  Tensor d_residual = output_mask[1] ? (d_low.defined() ? d_low : d) : Tensor();
+  return {output_mask[0] ? d : Tensor(), d_residual, dw};
 }
 
 // ---------------------------------------------------------------- batch_norm

@@ -86,15 +86,32 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(
 
 // ---- rms_norm: x * rsqrt(mean(x^2) + eps) * weight over the trailing dims ----
 // eps defaults (nullopt) to the machine epsilon of x's dtype, as PyTorch.
-// Returns {out, rstd}; rstd of shape [*, 1, ..., 1] as in layer_norm.
+// Returns {out, rstd}; rstd of shape [*, 1, ..., 1] as in layer_norm. out_dtype as
+// layer_norm's (a 16-bit out beside a float32 x written by the kernel).
 std::tuple<Tensor, Tensor> rms_norm(const Tensor& x, const Shape& normalized_shape,
                                     const Tensor& weight = {},
-                                    std::optional<double> eps = std::nullopt);
+                                    std::optional<double> eps = std::nullopt,
+                                    std::optional<DType> out_dtype = std::nullopt);
+
+// A pre-norm block's residual add and the rms_norm after it, in one pass, as add_layer_norm:
+// returns {sum, out, rstd}.
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual,
+                                                const Shape& normalized_shape,
+                                                const Tensor& weight = {},
+                                                std::optional<double> eps = std::nullopt,
+                                                std::optional<DType> out_dtype = std::nullopt);
 
 // Gradients of rms_norm w.r.t. {x, weight}.
 std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tensor& x,
                                              const Shape& normalized_shape, const Tensor& rstd,
                                              const Tensor& weight, std::array<bool, 2> output_mask);
+
+// add_rms_norm's backward: {d_x, d_residual, d_weight} for the mask {x, residual, weight}, as
+// add_layer_norm_backward's (rstd: add_rms_norm's; sum: its first output).
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm_backward(
+    const Tensor& grad_sum, const Tensor& grad_out, const Tensor& sum,
+    const Shape& normalized_shape, const Tensor& rstd, const Tensor& weight, DType residual_dtype,
+    std::array<bool, 3> output_mask);
 
 // ---- batch_norm: per channel (dim 1) of x [N, C] or [N, C, *] ----
 // training: normalizes with the batch's mean and biased variance, and, when running_mean

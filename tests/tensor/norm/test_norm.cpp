@@ -605,6 +605,55 @@ Pair undefined_both() {
   return {Tensor(), Tensor()};
 }
 
+// add_rms_norm and rms_norm's out_dtype: add_layer_norm's contract without centering (LLaMA's
+// post-attention norm), the gradients float64 finite differences'.
+TEST_P(Norm, AddRmsNormIsTheTwoOps) {
+  const Tensor x = rand_input({3, 5, 8}, -1, 1, 31), r = rand_input({3, 5, 8}, -1, 1, 32);
+  const Tensor w = rand_input({8}, 0.5, 1.5, 33);
+  {
+    NoGradGuard ng;
+    auto [s, h] = add_rms_norm(x, r, {8}, w, 1e-6);
+    EXPECT_EQ(max_abs_diff(s, ops::add(x, r)), 0.0);
+    EXPECT_LT(max_abs_diff(h, rms_norm(ops::add(x, r), {8}, w, 1e-6)), 1e-12);
+  }
+  EXPECT_TRUE(gradcheck_on(dev(),
+                           [](const TensorList& t) {
+                             auto [s, h] = add_rms_norm(t[0], t[1], {8}, t[2]);
+                             return add(mul(s, 0.5), h);  // both outputs' gradients meet in d(sum)
+                           },
+                           {x, r, w}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [](const TensorList& t) { return add_rms_norm(t[0], t[1], {8}).second; }, {x, r}));
+  EXPECT_TRUE(gradcheck_on(
+      dev(), [](const TensorList& t) { return add_rms_norm(t[0], t[1], {8}).first; }, {x, r}));
+  // float32 x, bfloat16 residual and out (LLaMA's layers under autocast): the sum float32, the
+  // out the bits of rms_norm(sum) converted; rms_norm's own out_dtype likewise.
+  const Tensor x32 = ops::to(x, DType::float32), r16 = ops::to(r, DType::bfloat16);
+  const Tensor w32 = ops::to(w, DType::float32);
+  auto [s32, o16, rs32] = ops::add_rms_norm(x32, r16, {8}, w32, 1e-5, DType::bfloat16);
+  EXPECT_EQ(s32.dtype(), DType::float32);
+  EXPECT_EQ(o16.dtype(), DType::bfloat16);
+  EXPECT_EQ(max_abs_diff(s32, ops::add(x32, r16)), 0.0);
+  const Tensor full = std::get<0>(ops::rms_norm(ops::add(x32, r16), {8}, w32, 1e-5));
+  EXPECT_EQ(max_abs_diff(o16, ops::to(full, DType::bfloat16)), 0.0);
+  EXPECT_EQ(max_abs_diff(std::get<0>(ops::rms_norm(s32, {8}, w32, 1e-5, DType::bfloat16)), o16),
+            0.0);
+  // Its backward: d(sum) equals rms_norm_backward's plus the sum's own gradient; the bfloat16
+  // residual's copy is to(d_x)'s bits.
+  const Tensor g16 = ops::to(rand_input({3, 5, 8}, -1, 1, 34), DType::bfloat16);
+  const Tensor gs = ops::to(rand_input({3, 5, 8}, -1, 1, 35), DType::float32);
+  auto [d_x, d_r, d_w] = ops::add_rms_norm_backward(gs, g16, s32, {8}, rs32, w32, DType::bfloat16,
+                                                    {true, true, true});
+  auto [ref_dx, ref_dw] =
+      ops::rms_norm_backward(ops::to(g16, DType::float32), s32, {8}, rs32, w32, {true, true});
+  EXPECT_LT(max_abs_diff(d_x, ops::add(ref_dx, gs)), 1e-5);
+  EXPECT_EQ(max_abs_diff(d_r, ops::to(d_x, DType::bfloat16)), 0.0);
+  EXPECT_LT(max_abs_diff(d_w, ref_dw), 1e-5);
+  testing::expect_error<std::invalid_argument>(
+      [&] { ops::add_rms_norm(x, ops::narrow(r, 2, 0, 4), {8}); },
+      {"add_rms_norm", "residual of shape [3, 5, 4]", "[3, 5, 8]"});
+}
+
 // add_layer_norm: the same values as add, then layer_norm (the sum bit for bit), and its
 // gradients float64 finite differences'; a float32 input with a 16-bit residual and output
 // (GPT's blocks under autocast) and a wider residual (the composite) keep add's dtypes.
