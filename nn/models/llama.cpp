@@ -206,6 +206,24 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x) {
   return add(h, (*mlp)((*post_attention_layernorm)(h)));
 }
 
+bool LlamaDecoderLayer::can_defer() const {
+  const auto alone = [](const Module& m) { return m.is_checkpointed() || m.offloader(); };
+  return !alone(*this) && !alone(*input_layernorm) && !alone(*post_attention_layernorm);
+}
+
+std::pair<Tensor, Tensor> LlamaDecoderLayer::forward_deferred(const Tensor& x_in,
+                                                              const Tensor& delta) {
+  return call([&] {
+    Tensor x = x_in, n1;
+    if (delta.defined())
+      std::tie(x, n1) = input_layernorm->forward_with_residual(x_in, delta);
+    else
+      n1 = (*input_layernorm)(x_in);
+    auto [h, n2] = post_attention_layernorm->forward_with_residual(x, (*self_attn)(n1));
+    return std::pair<Tensor, Tensor>{h, (*mlp)(n2)};
+  });
+}
+
 LlamaModel::LlamaModel(const LlamaConfig& cfg) : StagedModule("LlamaModel"), config(cfg) {
   cfg.validate();
   embed_tokens =
@@ -232,7 +250,21 @@ Tensor LlamaModel::forward(const Tensor& idx) {
   if (checkpoint_segments > 0) {
     x = checkpoint_sequential(*layers, checkpoint_segments, x);
   } else {
-    // Under layers' scope, so the layers' allocations carry "model.layers.0...".
+    std::vector<LlamaDecoderLayer*> ls;
+    bool defer = !norm->is_checkpointed() && !norm->offloader();
+    for (const auto& m : *layers) {
+      auto* l = dynamic_cast<LlamaDecoderLayer*>(m.get());
+      defer = defer && l && l->can_defer();
+      ls.push_back(l);
+    }
+    if (defer && !ls.empty()) {
+      // Each layer's last residual add rides in the next norm (input_layernorm, then norm).
+      // Under layers' scope, so the layers' allocations carry "model.layers.0...".
+      Tensor delta;
+      for (LlamaDecoderLayer* l : ls)
+        std::tie(x, delta) = layers->call([&] { return l->forward_deferred(x, delta); });
+      return norm->forward_with_residual(x, delta).second;
+    }
     for (const auto& layer : *layers) x = layers->call([&] { return (*layer)(x); });
   }
   return (*norm)(x);

@@ -86,6 +86,13 @@ class LlamaDecoderLayer : public Module {
   LlamaDecoderLayer(const LlamaConfig& cfg, const LlamaRotaryEmbedding* rope);
   Tensor forward(const Tensor& x) override;
   bool is_checkpoint_block() const override { return true; }
+  // The layer with its last residual add left to the next norm (GPT's Block::forward_deferred):
+  // x_in + delta (the previous layer's MLP output; undefined: none) is this layer's input,
+  // summed inside input_layernorm; returns {h, mlp output}, whose sum is the layer's output.
+  std::pair<Tensor, Tensor> forward_deferred(const Tensor& x_in, const Tensor& delta);
+  // Whether forward_deferred may stand in for operator(): neither the layer nor its norms are
+  // checkpointed or offloaded on their own.
+  bool can_defer() const;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
