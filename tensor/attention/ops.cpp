@@ -6,6 +6,9 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+
+#include "base/env.h"
 #include "memory/meta.h"
 #include "tensor/attention/kernels.h"
 #include "tensor/dispatch.h"
@@ -233,6 +236,23 @@ FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q
   g.dk = view(g.dk, k.sizes());
   g.dv = view(g.dv, v.sizes());
   return g;
+}
+
+namespace {
+std::atomic<int> g_gqa_repeat{-1};  // -1 until the first read: then TALLY_GQA_REPEAT or the setter
+}  // namespace
+
+void set_gqa_repeat(bool repeat) {
+  g_gqa_repeat.store(repeat ? 1 : 0);
+}
+
+bool gqa_repeat() {
+  int v = g_gqa_repeat.load();
+  if (v < 0) {
+    g_gqa_repeat.compare_exchange_strong(v, base::env_switch("TALLY_GQA_REPEAT", false) ? 1 : 0);
+    v = g_gqa_repeat.load();
+  }
+  return v == 1;
 }
 
 namespace {

@@ -54,6 +54,13 @@ FlashAttentionGrads flash_attention_backward(const Tensor& dout, const Tensor& q
 bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& mask = Tensor());
 
+// Grouped-query attention's route where the fused kernels run (CUDA): false (the default)
+// reads the shared key/value heads in place in Tally's kernels; true repeats them first, so
+// the call takes the route of equal head counts (cuDNN's, for 16-bit inputs).
+// TALLY_GQA_REPEAT=1 starts the process with it on (read at the first call).
+void set_gqa_repeat(bool repeat);
+bool gqa_repeat();
+
 // Rotary position embedding in the rotate-half layout, one pass (HF's apply_rotary_pos_emb for
 // one tensor): x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[..., h:], x[..., :h]),
 // h = D / 2 along x's last dim D (even). cos and sin broadcast to x's shape (not beyond it) and

@@ -91,15 +91,6 @@ int cached_attribute(cudaDeviceAttr attr, int device, const char* what) {
 
 }  // namespace
 
-bool env_switch(const char* name, bool fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  if (std::strcmp(v, "0") == 0) return false;
-  if (std::strcmp(v, "1") == 0) return true;
-  throw std::invalid_argument(
-      fmt::format("environment variable {}='{}': expected 0 or 1 (or unset)", name, v));
-}
-
 int sm_count(int device) {
   return std::max(1, cached_attribute(cudaDevAttrMultiProcessorCount, device,
                                       "cudaDeviceGetAttribute(multiProcessorCount)"));

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "base/env.h"
 #include "memory/provider.h"
 
 namespace tally::cuda {
@@ -67,9 +68,8 @@ int sm_count(int device);
 // The shared memory one block may opt into (cudaFuncSetAttribute's ceiling), looked up once
 // per device.
 size_t max_block_smem_optin(int device);
-// A 0/1 switch from the environment (TALLY_CUDNN_SDP, TALLY_CUDNN_CONV_LEGACY): `fallback` when
-// unset or empty; throws std::invalid_argument naming the variable and its value otherwise.
-bool env_switch(const char* name, bool fallback);
+// base::env_switch (base/env.h), as the CUDA switches (TALLY_CUDNN_SDP, ...) call it.
+using base::env_switch;
 // The compute capability as major * 10 + minor (90 on an H200), looked up once per device.
 int compute_capability(int device);
 // Lets `kernel` take `bytes` of dynamic shared memory (above the 48 KB default).

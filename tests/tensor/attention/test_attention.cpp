@@ -1245,6 +1245,36 @@ TEST_P(AttentionVsCpu, SdpaMaskAndGqaTakeTheFusedKernel) {
   EXPECT_TRUE(close_scaled(ops::to(got, kCpu, DType::float64), want, 1e-2));
 }
 
+// The repeat route for grouped-query heads (ops::set_gqa_repeat): the heads are repeated, the
+// fused op saves k and v with q's head count, and 16-bit causal attention goes to cuDNN; the
+// values and gradients still match the float64 CPU composite.
+TEST_P(AttentionVsCpu, GqaRepeatRouteTakesEqualHeads) {
+  struct Restore {
+    bool was = ops::gqa_repeat();
+    ~Restore() { ops::set_gqa_repeat(was); }
+  } restore;
+  ops::set_gqa_repeat(true);
+  const Tensor q = rand_tensor({2, 8, 64, 64}, DType::bfloat16, 7200),
+               k = rand_tensor({2, 2, 64, 64}, DType::bfloat16, 7201),
+               v = rand_tensor({2, 2, 64, 64}, DType::bfloat16, 7202);
+  const Tensor qg = put(q).requires_grad_(true), kg = put(k).requires_grad_(true);
+  const int64_t before = cuda::cudnn_sdp_counts().forward;
+  const Tensor got =
+      scaled_dot_product_attention(qg, kg, put(v), {}, 0.0, true, std::nullopt, true);
+  const std::vector<Tensor> saved = saved_by(got);
+  ASSERT_GE(saved.size(), 5u) << "should take the fused path";
+  EXPECT_EQ(saved[1].sizes(), (Shape{2, 8, 64, 64}));  // k repeated to q's heads
+  if (cuda::cudnn_sdp_enabled()) EXPECT_GT(cuda::cudnn_sdp_counts().forward, before);
+  const Tensor q64 = ops::to(q, DType::float64).requires_grad_(true),
+               k64 = ops::to(k, DType::float64).requires_grad_(true);
+  const Tensor want = scaled_dot_product_attention(q64, k64, ops::to(v, DType::float64), {}, 0.0,
+                                                   true, std::nullopt, true);
+  EXPECT_TRUE(close_scaled(ops::to(got, kCpu, DType::float64), want, 1e-2));
+  sum(mul(got, got)).backward();
+  sum(mul(want, want)).backward();
+  EXPECT_TRUE(close_scaled(ops::to(kg.grad(), kCpu, DType::float64), k64.grad(), 2e-2));
+}
+
 #endif  // TALLY_WITH_CUDA
 
 }  // namespace
