@@ -14,6 +14,7 @@
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "nn/models/gpt.h"
+#include "nn/models/llama.h"
 #include "nn/models/resnet.h"
 #include "nn/norm.h"
 #include "optim/adam.h"
@@ -60,7 +61,7 @@ struct GroupNormNet : nn::Module {
 };
 
 struct Config {
-  std::string model;  // "resnet", "gpt" or "groupnorm"
+  std::string model;  // "resnet", "gpt", "llama" or "groupnorm"
   std::string checkpoint = "none";
   bool amp = false;  // bf16 autocast (+ a GradScaler, to run its meta path)
   bool sgd = false;
@@ -70,7 +71,7 @@ struct Config {
 void train_two_steps(Device d, const Config& c) {
   manual_seed(0);
   std::shared_ptr<nn::Module> model;
-  std::shared_ptr<nn::GPT> gpt;
+  std::shared_ptr<nn::CausalLM> gpt;  // GPT or LLaMA
   Tensor x, y;
   {
     nn::BuildOnDevice on(d);
@@ -78,6 +79,9 @@ void train_two_steps(Device d, const Config& c) {
       model = nn::resnet_tiny({.num_classes = 10});
     } else if (c.model == "groupnorm") {
       model = std::make_shared<GroupNormNet>();
+    } else if (c.model == "llama") {  // rotary, SwiGLU and the fused RMSNorm adds
+      gpt = std::make_shared<nn::LlamaForCausalLM>(nn::LlamaConfig::preset("tiny"));
+      model = gpt;
     } else {
       gpt = std::make_shared<nn::GPT>(nn::GPTConfig::preset("tiny"));
       model = gpt;
@@ -184,6 +188,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Config{.model = "gpt", .checkpoint = "blocks"},
                       Config{.model = "gpt", .amp = true},
                       Config{.model = "gpt", .checkpoint = "selective", .amp = true},
+                      Config{.model = "llama"}, Config{.model = "llama", .amp = true},
                       Config{.model = "groupnorm"}, Config{.model = "groupnorm", .amp = true}),
     [](const auto& info) {
       const Config& c = info.param;
