@@ -58,7 +58,8 @@ class LlamaRotaryEmbedding : public Module {
 
 // HF's rotate_half: cat(-x[..., d/2:], x[..., :d/2]) over the last dimension.
 Tensor rotate_half(const Tensor& x);
-// HF's apply_rotary_pos_emb for one tensor: x * cos + rotate_half(x) * sin, with cos and sin
+// HF's apply_rotary_pos_emb for one tensor, in one pass (tally::rotary_embedding; docs/notes.md
+// §31): x * cos + rotate_half(x) * sin, with cos and sin
 // [T, head_dim] broadcast against x [..., T, head_dim] (pass cos.unsqueeze(1) for [B, T, H, D]).
 Tensor apply_rotary_pos_emb(const Tensor& x, const Tensor& cos, const Tensor& sin);
 // HF's repeat_kv on [B, T, n_kv, D] (heads in dim 2): each kv head repeated n_rep times in
