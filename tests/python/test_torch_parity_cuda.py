@@ -180,3 +180,64 @@ def test_transformer_matches_pytorch_under_bf16_autocast():
     idx = rng.integers(0, VOCAB, (8, T)).astype(np.int64)
     targets = np.roll(idx, -1, axis=1).reshape(-1)
     _run((TallyTransformer, TorchTransformer), idx, targets)
+
+
+# ---- a registry model's Python class against its PyTorch definition (bench/models/) ----
+
+def _bench_model(name):
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "models",
+                        name + ".py")
+    spec = importlib.util.spec_from_file_location("bench_" + name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("amp", ["fp32", "bf16"])
+def test_llama_class_matches_pytorch(amp):
+    """tally.nn.LlamaForCausalLM (rotary, SwiGLU and the RMSNorm adds fused) against
+    bench/models/llama.py with the same weights: the first step's loss and every gradient, in
+    float32 (TF32 off) and under bf16 autocast, then 10 AdamW steps' losses under bf16."""
+    ref = _bench_model("llama")
+    torch.manual_seed(0)
+    pmodel = ref.build("tiny").cuda()
+    tmodel = tnn.LlamaForCausalLM(tnn.LlamaConfig.preset("tiny"))
+    tmodel.to("cuda")
+    _copy_weights(tmodel, pmodel)
+    rng = np.random.default_rng(1)
+    idx = rng.integers(0, 256, (4, 64)).astype(np.int64)
+    tgt = rng.integers(0, 256, (4, 64)).astype(np.int64)
+    x_p, y_p = torch.from_numpy(idx).cuda(), torch.from_numpy(tgt).cuda()
+    x_t, y_t = tally.tensor(idx).to("cuda"), tally.tensor(tgt).to("cuda")
+    low = amp == "bf16"
+    loss_rtol, grad_rtol = (LOSS_RTOL, GRAD_RTOL) if low else (1e-5, 1e-4)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    p_opt = torch.optim.AdamW(pmodel.parameters(), lr=LR, weight_decay=0.01)
+    t_opt = tally.optim.AdamW(tmodel.parameters(), lr=LR, weight_decay=0.01)
+    tparams = dict(tmodel.named_parameters())
+    losses = []
+    try:
+        for step in range(STEPS + 1 if low else 1):
+            p_opt.zero_grad()
+            t_opt.zero_grad()
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=low):
+                p_loss = ref.loss(pmodel, x_p, y_p)
+            with tally.autocast("cuda", dtype=tally.bfloat16, enabled=low):
+                t_loss = tmodel(x_t, y_t)[1]
+            p_loss.backward()
+            t_loss.backward()
+            losses.append((t_loss.item(), p_loss.item()))
+            if step == 0:
+                assert abs(losses[0][0] - losses[0][1]) <= loss_rtol * abs(losses[0][1]), losses
+                for name, p in pmodel.named_parameters():
+                    err = _rel(tparams[name].grad.numpy(), p.grad.float().cpu().numpy())
+                    assert err < grad_rtol, f"{amp}: gradient of {name}: relative error {err:.3g}"
+            p_opt.step()
+            t_opt.step()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    for t_l, p_l in losses:
+        assert abs(t_l - p_l) <= loss_rtol * abs(p_l), losses
