@@ -21,6 +21,7 @@
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "nn/rnn.h"
+#include "tensor/attention/autograd.h"
 #ifdef TALLY_WITH_CUDA
 #include "tensor/cuda/cudnn.h"
 #include "tensor/cuda/runtime.h"
@@ -559,6 +560,35 @@ int main(int argc, char** argv) {
            }
            y.backward(dy);
          }});
+  }
+  // --- LLaMA-1B's fused ops (B8 T2048, bfloat16): SwiGLU's silu(gate) * up over [16384, 8192]
+  // and the rotary embedding of q [8, 2048, 32, 64] with [2048, 1, 64] tables; PyTorch runs
+  // HF's composites (F.silu(g) * u; q * cos + rotate_half(q) * sin).
+  {
+    Tensor g = rnd({16384, 8192}, DType::bfloat16), u = rnd({16384, 8192}, DType::bfloat16);
+    const Tensor dy = rnd({16384, 8192}, DType::bfloat16);
+    const double n = static_cast<double>(g.numel());
+    cases.push_back({"swiglu", "[16384,8192]", "bfloat16", 6 * n, 5 * n,
+                     [=] { (void)silu_mul(g, u); }});
+    g.requires_grad_();
+    u.requires_grad_();
+    cases.push_back({"swiglu_fwd_bwd", "[16384,8192]", "bfloat16", 16 * n, 15 * n, [=] {
+                       g.set_grad(Tensor());
+                       u.set_grad(Tensor());
+                       silu_mul(g, u).backward(dy);
+                     }});
+    Tensor q = rnd({8, 2048, 32, 64}, DType::bfloat16);
+    const Tensor c = rnd({2048, 1, 64}, DType::bfloat16), sn = rnd({2048, 1, 64}, DType::bfloat16);
+    const Tensor dq = rnd({8, 2048, 32, 64}, DType::bfloat16);
+    const double m = static_cast<double>(q.numel());
+    cases.push_back({"rotary", "[8,2048,32,64] [2048,1,64]", "bfloat16", 4 * m, 3 * m,
+                     [=] { (void)rotary_embedding(q, c, sn); }});
+    q.requires_grad_();
+    cases.push_back({"rotary_fwd_bwd", "[8,2048,32,64] [2048,1,64]", "bfloat16", 8 * m, 6 * m,
+                     [=] {
+                       q.set_grad(Tensor());
+                       rotary_embedding(q, c, sn).backward(dq);
+                     }});
   }
   for (const Case& c : cases) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;

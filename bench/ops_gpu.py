@@ -254,6 +254,23 @@ def torch_cases():
         group_norm_autocast, (xa, wa, ba), dya)
 
 
+    # LLaMA-1B's fused ops against HF's composites (bench_ops_cuda's rows of the same names).
+    g, u, dy = rnd(16384, 8192, dtype=bf), rnd(16384, 8192, dtype=bf), rnd(16384, 8192, dtype=bf)
+    TORCH[("swiglu", "[16384,8192]", "bfloat16")] = lambda: F.silu(g) * u
+    gr, ur = g.detach().clone().requires_grad_(), u.detach().clone().requires_grad_()
+    TORCH[("swiglu_fwd_bwd", "[16384,8192]", "bfloat16")] = fwd_bwd(
+        lambda: F.silu(gr) * ur, (gr, ur), dy)
+    q, cos, sin = rnd(8, 2048, 32, 64, dtype=bf), rnd(2048, 1, 64, dtype=bf), rnd(2048, 1, 64, dtype=bf)
+    dq = rnd(8, 2048, 32, 64, dtype=bf)
+
+    def rotary(x):
+        return x * cos + torch.cat((-x[..., 32:], x[..., :32]), dim=-1) * sin
+    TORCH[("rotary", "[8,2048,32,64] [2048,1,64]", "bfloat16")] = lambda: rotary(q)
+    qr = q.detach().clone().requires_grad_()
+    TORCH[("rotary_fwd_bwd", "[8,2048,32,64] [2048,1,64]", "bfloat16")] = fwd_bwd(
+        lambda: rotary(qr), (qr,), dq)
+
+
 def main():
     build = sys.argv[1] if len(sys.argv) > 1 else "build"
     filt = sys.argv[2] if len(sys.argv) > 2 else ""
