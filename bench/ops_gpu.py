@@ -188,12 +188,22 @@ def torch_cases():
 
     lstm = torch.nn.LSTM(650, 650, 2, batch_first=True, device=dev)
     gru = torch.nn.GRU(650, 650, 2, batch_first=True, device=dev)
-    xr = rnd(64, 35, 650).requires_grad_()
-    gr = rnd(64, 35, 650)
+    # Names of their own: the lambdas read them when the rows run, after every case is built.
+    rnn_x = rnd(64, 35, 650).requires_grad_()
+    rnn_g = rnd(64, 35, 650)
+    rnn_x0 = rnn_x.detach()
     TORCH[("lstm_fwd_bwd", "[64,35,650] 2 layers", "float32")] = no_tf32(fwd_bwd(
-        lambda: lstm(xr)[0], (xr, *lstm.parameters()), gr))
+        lambda: lstm(rnn_x)[0], (rnn_x, *lstm.parameters()), rnn_g))
     TORCH[("gru_fwd_bwd", "[64,35,650] 2 layers", "float32")] = no_tf32(fwd_bwd(
-        lambda: gru(xr)[0], (xr, *gru.parameters()), gr))
+        lambda: gru(rnn_x)[0], (rnn_x, *gru.parameters()), rnn_g))
+
+    def rnn_forward(layer):
+        def run():
+            with torch.no_grad():
+                layer(rnn_x0)
+        return no_tf32(run)
+    TORCH[("lstm_fwd", "[64,35,650] 2 layers", "float32")] = rnn_forward(lstm)
+    TORCH[("gru_fwd", "[64,35,650] 2 layers", "float32")] = rnn_forward(gru)
     # Indexing: gather along rows, an embedding's index_select and its backward's scatter_add;
     # scatter multiplying, index_add_ / index_fill_ of rows in place, cumprod along rows.
     xg = rnd(4096, 4096)
@@ -255,20 +265,22 @@ def torch_cases():
 
 
     # LLaMA-1B's fused ops against HF's composites (bench_ops_cuda's rows of the same names).
-    g, u, dy = rnd(16384, 8192, dtype=bf), rnd(16384, 8192, dtype=bf), rnd(16384, 8192, dtype=bf)
-    TORCH[("swiglu", "[16384,8192]", "bfloat16")] = lambda: F.silu(g) * u
-    gr, ur = g.detach().clone().requires_grad_(), u.detach().clone().requires_grad_()
+    sw_g, sw_u = rnd(16384, 8192, dtype=bf), rnd(16384, 8192, dtype=bf)
+    sw_dy = rnd(16384, 8192, dtype=bf)
+    TORCH[("swiglu", "[16384,8192]", "bfloat16")] = lambda: F.silu(sw_g) * sw_u
+    sw_gr, sw_ur = sw_g.detach().clone().requires_grad_(), sw_u.detach().clone().requires_grad_()
     TORCH[("swiglu_fwd_bwd", "[16384,8192]", "bfloat16")] = fwd_bwd(
-        lambda: F.silu(gr) * ur, (gr, ur), dy)
-    q, cos, sin = rnd(8, 2048, 32, 64, dtype=bf), rnd(2048, 1, 64, dtype=bf), rnd(2048, 1, 64, dtype=bf)
-    dq = rnd(8, 2048, 32, 64, dtype=bf)
+        lambda: F.silu(sw_gr) * sw_ur, (sw_gr, sw_ur), sw_dy)
+    rq, rcos, rsin = (rnd(8, 2048, 32, 64, dtype=bf), rnd(2048, 1, 64, dtype=bf),
+                      rnd(2048, 1, 64, dtype=bf))
+    rdq = rnd(8, 2048, 32, 64, dtype=bf)
 
     def rotary(x):
-        return x * cos + torch.cat((-x[..., 32:], x[..., :32]), dim=-1) * sin
-    TORCH[("rotary", "[8,2048,32,64] [2048,1,64]", "bfloat16")] = lambda: rotary(q)
-    qr = q.detach().clone().requires_grad_()
+        return x * rcos + torch.cat((-x[..., 32:], x[..., :32]), dim=-1) * rsin
+    TORCH[("rotary", "[8,2048,32,64] [2048,1,64]", "bfloat16")] = lambda: rotary(rq)
+    rqg = rq.detach().clone().requires_grad_()
     TORCH[("rotary_fwd_bwd", "[8,2048,32,64] [2048,1,64]", "bfloat16")] = fwd_bwd(
-        lambda: rotary(qr), (qr,), dq)
+        lambda: rotary(rqg), (rqg,), rdq)
 
 
 def main():

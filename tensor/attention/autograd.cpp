@@ -129,10 +129,12 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   weights.push_back(S);
   if (attn_mask.defined()) check_mask(attn_mask, weights, q, k);
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
-  // Shared key/value heads are read in place unless the repeat route is chosen
-  // (ops::gqa_repeat: equal head counts may take cuDNN's kernels).
+  // Shared key/value heads are read in place, except where the repeat route takes them
+  // (ops::gqa_repeat: unmasked 16-bit calls, whose equal heads go to cuDNN's kernels).
   const bool shared_heads = gqa && (k.size(-3) != q.size(-3) || v.size(-3) != q.size(-3));
-  if ((!shared_heads || !ops::gqa_repeat()) && fast_path_applies(q, k, v, attn_mask, dropout_p))
+  const bool repeat = shared_heads && ops::gqa_repeat() && !attn_mask.defined() &&
+                      (q.dtype() == DType::bfloat16 || q.dtype() == DType::float16);
+  if (!repeat && fast_path_applies(q, k, v, attn_mask, dropout_p))
     return flash_attention(q, k, v, is_causal, s, attn_mask);
   const Tensor key = repeated(k), value = repeated(v);  // e.g. key and value head counts differ
   if (gqa && fast_path_applies(q, key, value, attn_mask, dropout_p))
