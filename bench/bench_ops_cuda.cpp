@@ -568,8 +568,8 @@ int main(int argc, char** argv) {
     Tensor g = rnd({16384, 8192}, DType::bfloat16), u = rnd({16384, 8192}, DType::bfloat16);
     const Tensor dy = rnd({16384, 8192}, DType::bfloat16);
     const double n = static_cast<double>(g.numel());
-    cases.push_back({"swiglu", "[16384,8192]", "bfloat16", 6 * n, 5 * n,
-                     [=] { (void)silu_mul(g, u); }});
+    cases.push_back(
+        {"swiglu", "[16384,8192]", "bfloat16", 6 * n, 5 * n, [=] { (void)silu_mul(g, u); }});
     g.requires_grad_();
     u.requires_grad_();
     cases.push_back({"swiglu_fwd_bwd", "[16384,8192]", "bfloat16", 16 * n, 15 * n, [=] {
@@ -584,8 +584,7 @@ int main(int argc, char** argv) {
     cases.push_back({"rotary", "[8,2048,32,64] [2048,1,64]", "bfloat16", 4 * m, 3 * m,
                      [=] { (void)rotary_embedding(q, c, sn); }});
     q.requires_grad_();
-    cases.push_back({"rotary_fwd_bwd", "[8,2048,32,64] [2048,1,64]", "bfloat16", 8 * m, 6 * m,
-                     [=] {
+    cases.push_back({"rotary_fwd_bwd", "[8,2048,32,64] [2048,1,64]", "bfloat16", 8 * m, 6 * m, [=] {
                        q.set_grad(Tensor());
                        rotary_embedding(q, c, sn).backward(dq);
                      }});

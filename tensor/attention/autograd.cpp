@@ -198,8 +198,8 @@ Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, C
                      sin.dtype() == x.dtype() && !cos.requires_grad() && !sin.requires_grad();
   if (!fused) {
     if (x.dim() == 0 || x.size(-1) % 2 != 0)
-      throw std::invalid_argument(fmt::format(
-          "rotary_embedding: x {} needs a last dim of even size", x.shape_string()));
+      throw std::invalid_argument(
+          fmt::format("rotary_embedding: x {} needs a last dim of even size", x.shape_string()));
     const int64_t h = x.size(-1) / 2;
     const Tensor rotated = cat({neg(x.narrow(-1, h, h)), x.narrow(-1, 0, h)}, -1);
     return add(mul(x, cos), mul(rotated, sin));

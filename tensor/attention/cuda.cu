@@ -902,11 +902,20 @@ void rotary_embedding(const Tensor& out, const Tensor& x, const Tensor& cos, con
         pairs, ix, half, backward);
   };
   switch (out.dtype()) {
-    case DType::float32: run.template operator()<float>(); break;
-    case DType::float16: run.template operator()<__half>(); break;
-    case DType::bfloat16: run.template operator()<__nv_bfloat16>(); break;
-    case DType::float64: run.template operator()<double>(); break;
-    default: unsupported_dtype("rotary_embedding", out.dtype());
+    case DType::float32:
+      run.template operator()<float>();
+      break;
+    case DType::float16:
+      run.template operator()<__half>();
+      break;
+    case DType::bfloat16:
+      run.template operator()<__nv_bfloat16>();
+      break;
+    case DType::float64:
+      run.template operator()<double>();
+      break;
+    default:
+      unsupported_dtype("rotary_embedding", out.dtype());
   }
   check_launch("rotary_embedding");
 }

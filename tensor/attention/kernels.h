@@ -54,8 +54,8 @@ struct AttentionKernels {
   //   backward: out[i] = x[i] c[i] + x[i+h] s[i+h],  out[i+h] = x[i+h] c[i+h] - x[i] s[i]
   // (the forward's transpose, x then holding the incoming gradient). out is contiguous; x, cos
   // and sin have out's shape (any strides, 0 where broadcast) and its dtype.
-  void (*rotary_embedding)(const Tensor& out, const Tensor& x, const Tensor& cos,
-                           const Tensor& sin, bool backward);
+  void (*rotary_embedding)(const Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                           bool backward);
 };
 
 // cpu::attention_kernels (tensor/attention/cpu.cpp), cuda::attention_kernels

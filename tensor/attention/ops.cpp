@@ -267,13 +267,13 @@ Tensor rotary_impl(const OpInfo& info, const Tensor& x, const Tensor& cos, const
         fmt::format("{}: x, cos and sin must share one floating dtype, got {}, {}, {}", info.name,
                     dtype_name(x.dtype()), dtype_name(cos.dtype()), dtype_name(sin.dtype())));
   if (x.dim() == 0 || x.size(-1) % 2 != 0)
-    throw std::invalid_argument(fmt::format(
-        "{}: x {} needs a last dim of even size (rotate_half pairs its two halves)", info.name,
-        x.shape_string()));
+    throw std::invalid_argument(
+        fmt::format("{}: x {} needs a last dim of even size (rotate_half pairs its two halves)",
+                    info.name, x.shape_string()));
   for (const Tensor* t : {&cos, &sin})
     if (broadcast_shapes(t->sizes(), x.sizes(), info.name) != x.sizes())
-      throw std::invalid_argument(fmt::format("{}: table {} does not broadcast to x {}",
-                                              info.name, t->shape_string(), x.shape_string()));
+      throw std::invalid_argument(fmt::format("{}: table {} does not broadcast to x {}", info.name,
+                                              t->shape_string(), x.shape_string()));
   Tensor out = alloc_output(x.sizes(), x.dtype(), x.device());
   attention_backends.get(info, x.device(), &AttentionKernels::rotary_embedding)(
       out, x, expand(cos, x.sizes()), expand(sin, x.sizes()), backward);

@@ -149,24 +149,24 @@ std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual,
   const bool need_d = x.requires_grad() || residual.requires_grad();
   const bool need_dw = weight.defined() && weight.requires_grad();
   const bool save_stats = need_d || need_dw;
-  record("AddRmsNormBackward", {x, residual, weight}, {sum, out},
-         {defined_if(save_stats, sum), defined_if(save_stats, rstd), defined_if(need_d, weight)},
-         [normalized_shape, xdt = x.dtype(), rdt = residual.dtype(),
-          wdt = dtype_or(weight, x.dtype())](BackwardContext& ctx,
-                                             const TensorList& g) -> TensorList {
-           const bool mx = ctx.needs_input_grad(0), mr = ctx.needs_input_grad(1),
-                      mw = ctx.needs_input_grad(2);
-           Tensor dx, dr, dw;
-           if (!g[1].defined()) {  // only the sum's gradient: it reaches both inputs as is
-             if (mx) dx = g[0];
-             if (mr) dr = g[0];
-           } else {
-             std::tie(dx, dr, dw) = o::add_rms_norm_backward(
-                 g[0], g[1], ctx.saved(0), normalized_shape, ctx.saved(1), ctx.saved(2), rdt,
-                 {mx, mr, mw});
-           }
-           return {as_param_grad(dx, xdt), as_param_grad(dr, rdt), as_param_grad(dw, wdt)};
-         });
+  record(
+      "AddRmsNormBackward", {x, residual, weight}, {sum, out},
+      {defined_if(save_stats, sum), defined_if(save_stats, rstd), defined_if(need_d, weight)},
+      [normalized_shape, xdt = x.dtype(), rdt = residual.dtype(),
+       wdt = dtype_or(weight, x.dtype())](BackwardContext& ctx, const TensorList& g) -> TensorList {
+        const bool mx = ctx.needs_input_grad(0), mr = ctx.needs_input_grad(1),
+                   mw = ctx.needs_input_grad(2);
+        Tensor dx, dr, dw;
+        if (!g[1].defined()) {  // only the sum's gradient: it reaches both inputs as is
+          if (mx) dx = g[0];
+          if (mr) dr = g[0];
+        } else {
+          std::tie(dx, dr, dw) =
+              o::add_rms_norm_backward(g[0], g[1], ctx.saved(0), normalized_shape, ctx.saved(1),
+                                       ctx.saved(2), rdt, {mx, mr, mw});
+        }
+        return {as_param_grad(dx, xdt), as_param_grad(dr, rdt), as_param_grad(dw, wdt)};
+      });
   return {sum, out};
 }
 

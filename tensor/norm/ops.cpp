@@ -332,8 +332,8 @@ std::tuple<Tensor, Tensor> rms_norm(const Tensor& x, const Shape& normalized_sha
 }
 
 std::tuple<Tensor, Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual,
-                                                const Shape& normalized_shape,
-                                                const Tensor& weight, std::optional<double> eps,
+                                                const Shape& normalized_shape, const Tensor& weight,
+                                                std::optional<double> eps,
                                                 std::optional<DType> out_dtype) {
   static const OpInfo info("add_rms_norm");
   if (!residual_fuses(info, x, residual)) {
@@ -357,10 +357,12 @@ std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tenso
   return {std::get<0>(grads), std::get<2>(grads)};
 }
 
-std::tuple<Tensor, Tensor, Tensor> add_rms_norm_backward(
-    const Tensor& grad_sum, const Tensor& grad_out, const Tensor& sum,
-    const Shape& normalized_shape, const Tensor& rstd, const Tensor& weight, DType residual_dtype,
-    std::array<bool, 3> output_mask) {
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm_backward(const Tensor& grad_sum,
+                                                         const Tensor& grad_out, const Tensor& sum,
+                                                         const Shape& normalized_shape,
+                                                         const Tensor& rstd, const Tensor& weight,
+                                                         DType residual_dtype,
+                                                         std::array<bool, 3> output_mask) {
   static const OpInfo info("add_rms_norm_backward");
   if (!is_floating(residual_dtype))
     throw std::invalid_argument(fmt::format("{}: residual dtype {} is not a floating dtype",

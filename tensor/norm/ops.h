@@ -108,10 +108,12 @@ std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad_out, const Tenso
 
 // add_rms_norm's backward: {d_x, d_residual, d_weight} for the mask {x, residual, weight}, as
 // add_layer_norm_backward's (rstd: add_rms_norm's; sum: its first output).
-std::tuple<Tensor, Tensor, Tensor> add_rms_norm_backward(
-    const Tensor& grad_sum, const Tensor& grad_out, const Tensor& sum,
-    const Shape& normalized_shape, const Tensor& rstd, const Tensor& weight, DType residual_dtype,
-    std::array<bool, 3> output_mask);
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm_backward(const Tensor& grad_sum,
+                                                         const Tensor& grad_out, const Tensor& sum,
+                                                         const Shape& normalized_shape,
+                                                         const Tensor& rstd, const Tensor& weight,
+                                                         DType residual_dtype,
+                                                         std::array<bool, 3> output_mask);
 
 // ---- batch_norm: per channel (dim 1) of x [N, C] or [N, C, *] ----
 // training: normalizes with the batch's mean and biased variance, and, when running_mean

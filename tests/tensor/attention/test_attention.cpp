@@ -238,9 +238,8 @@ TEST_P(Attention, RotaryEmbeddingEqualsTheComposite) {
   const Tensor xt = x.transpose(1, 2);  // [2, 3, 5, 8], strided
   const Tensor ct = c.transpose(0, 1), st = s.transpose(0, 1);
   EXPECT_TRUE(values_near(rotary_embedding(xt, ct, st), composite(xt, ct, st).tolist(), 1e-14));
-  EXPECT_TRUE(gradcheck_on(
-      dev(), [&](const TensorList& v) { return rotary_embedding(v[0], c, s); },
-      {rand_input({2, 5, 3, 8}, -1, 1, 44)}));
+  EXPECT_TRUE(gradcheck_on(dev(), [&](const TensorList& v) { return rotary_embedding(v[0], c, s); },
+                           {rand_input({2, 5, 3, 8}, -1, 1, 44)}));
   EXPECT_TRUE(gradcheck_on(
       dev(), [&](const TensorList& v) { return rotary_embedding(v[0].transpose(1, 2), ct, st); },
       {rand_input({2, 5, 3, 8}, -1, 1, 45)}));
@@ -253,9 +252,9 @@ TEST_P(Attention, RotaryEmbeddingEqualsTheComposite) {
   const auto cpu_bf = [](const Tensor& t) { return ops::to(t, Device::cpu(), DType::bfloat16); };
   EXPECT_TRUE(values_near(rotary_embedding(bf(x), bf(c), bf(s)),
                           ops::rotary_embedding(cpu_bf(x), cpu_bf(c), cpu_bf(s)).tolist(), 1e-2));
-  EXPECT_TRUE(
-      values_near(ops::rotary_embedding_backward(bf(x), bf(c), bf(s)),
-                  ops::rotary_embedding_backward(cpu_bf(x), cpu_bf(c), cpu_bf(s)).tolist(), 1e-2));
+  EXPECT_TRUE(values_near(ops::rotary_embedding_backward(bf(x), bf(c), bf(s)),
+                          ops::rotary_embedding_backward(cpu_bf(x), cpu_bf(c), cpu_bf(s)).tolist(),
+                          1e-2));
   // Errors name the op and what is wrong.
   const auto expect_error = [](const auto& fn, const std::string& part) {
     try {
@@ -267,8 +266,11 @@ TEST_P(Attention, RotaryEmbeddingEqualsTheComposite) {
   };
   const Tensor odd = put(rand_input({3, 5}, -1, 1, 49));
   expect_error([&] { rotary_embedding(odd, odd, odd); }, "needs a last dim of even size");
-  expect_error([&] { ops::rotary_embedding(x, put(rand_input({3, 2, 5, 1, 8}, -1, 1, 50)), s); },
-               "does not broadcast to x [2, 5, 3, 8]");
+  expect_error(
+      [&] {
+        ops::rotary_embedding(x, put(rand_input({3, 2, 5, 1, 8}, -1, 1, 50)), s);
+      },
+      "does not broadcast to x [2, 5, 3, 8]");
   expect_error([&] { ops::rotary_embedding(x, bf(c), s); }, "must share one floating dtype");
 }
 

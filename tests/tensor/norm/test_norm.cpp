@@ -642,8 +642,8 @@ TEST_P(Norm, AddRmsNormIsTheTwoOps) {
   // residual's copy is to(d_x)'s bits.
   const Tensor g16 = ops::to(rand_input({3, 5, 8}, -1, 1, 34), DType::bfloat16);
   const Tensor gs = ops::to(rand_input({3, 5, 8}, -1, 1, 35), DType::float32);
-  auto [d_x, d_r, d_w] = ops::add_rms_norm_backward(gs, g16, s32, {8}, rs32, w32, DType::bfloat16,
-                                                    {true, true, true});
+  auto [d_x, d_r, d_w] =
+      ops::add_rms_norm_backward(gs, g16, s32, {8}, rs32, w32, DType::bfloat16, {true, true, true});
   auto [ref_dx, ref_dw] =
       ops::rms_norm_backward(ops::to(g16, DType::float32), s32, {8}, rs32, w32, {true, true});
   EXPECT_LT(max_abs_diff(d_x, ops::add(ref_dx, gs)), 1e-5);
