@@ -7,9 +7,11 @@
 #include <memory>
 #include <source_location>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "nn/container.h"
 #include "nn/layers.h"
 #include "nn/models/registry.h"
 
@@ -39,6 +41,29 @@ class CausalLM : public Module {
   std::pair<Tensor, Tensor> classify(const Tensor& x, const Tensor& targets, bool fused,
                                      int64_t chunk_bytes);
 };
+
+// A pre-norm stack whose residual adds ride in the norms: each Block of `blocks` (can_defer(),
+// forward_deferred(x, delta) -> {h, delta'}, GPT's Block and LLaMA's decoder layer) leaves its
+// last add to the next block's first norm, and the last one to `final_norm`
+// (forward_with_residual). Returns final_norm's output, or an undefined tensor when a block or
+// final_norm may not defer (checkpointed or offloaded on its own): the caller runs the plain
+// stack then. Each block runs under blocks' scope, so its allocations carry "h.0..." or
+// "layers.0...", as in the plain loop.
+template <class Block, class Norm>
+Tensor forward_deferred_stack(ModuleList& blocks, Norm& final_norm, Tensor x) {
+  if (final_norm.is_checkpointed() || final_norm.offloader()) return Tensor();
+  std::vector<Block*> list;
+  for (const auto& m : blocks) {
+    auto* b = dynamic_cast<Block*>(m.get());
+    if (!b || !b->can_defer()) return Tensor();
+    list.push_back(b);
+  }
+  if (list.empty()) return Tensor();
+  Tensor delta;
+  for (Block* b : list)
+    std::tie(x, delta) = blocks.call([&] { return b->forward_deferred(x, delta); });
+  return final_norm.forward_with_residual(x, delta).second;
+}
 
 // The registry entry of a causal language model: `Model` built from Config::preset(name) (its
 // fused_classifier from --fused-classifier), synthetic tokens below the preset's vocab_size,

@@ -139,22 +139,11 @@ Tensor GPTTransformer::forward(const Tensor& idx) {
   if (checkpoint_segments > 0) {
     x = checkpoint_sequential(*h, checkpoint_segments, x);
   } else {
+    // Each block's last residual add rides in the next normalization (ln_1, then ln_f).
+    Tensor out = forward_deferred_stack<Block>(*h, *ln_f, x);
+    if (out.defined()) return out;
     // Under h's scope, so the blocks' allocations carry "transformer.h.0...", their names
     // in named_modules(), as in the checkpointed path above.
-    std::vector<Block*> blocks;
-    bool defer = !ln_f->is_checkpointed() && !ln_f->offloader();
-    for (const auto& m : *h) {
-      auto* b = dynamic_cast<Block*>(m.get());
-      defer = defer && b && b->can_defer();
-      blocks.push_back(b);
-    }
-    if (defer && !blocks.empty()) {
-      // Each block's last residual add rides in the next normalization (ln_1, then ln_f).
-      Tensor delta;
-      for (Block* b : blocks)
-        std::tie(x, delta) = h->call([&] { return b->forward_deferred(x, delta); });
-      return ln_f->forward_with_residual(x, delta).second;
-    }
     for (const auto& block : *h) x = h->call([&] { return (*block)(x); });
   }
   return (*ln_f)(x);

@@ -250,21 +250,9 @@ Tensor LlamaModel::forward(const Tensor& idx) {
   if (checkpoint_segments > 0) {
     x = checkpoint_sequential(*layers, checkpoint_segments, x);
   } else {
-    std::vector<LlamaDecoderLayer*> ls;
-    bool defer = !norm->is_checkpointed() && !norm->offloader();
-    for (const auto& m : *layers) {
-      auto* l = dynamic_cast<LlamaDecoderLayer*>(m.get());
-      defer = defer && l && l->can_defer();
-      ls.push_back(l);
-    }
-    if (defer && !ls.empty()) {
-      // Each layer's last residual add rides in the next norm (input_layernorm, then norm).
-      // Under layers' scope, so the layers' allocations carry "model.layers.0...".
-      Tensor delta;
-      for (LlamaDecoderLayer* l : ls)
-        std::tie(x, delta) = layers->call([&] { return l->forward_deferred(x, delta); });
-      return norm->forward_with_residual(x, delta).second;
-    }
+    // Each layer's last residual add rides in the next norm (input_layernorm, then norm).
+    Tensor out = forward_deferred_stack<LlamaDecoderLayer>(*layers, *norm, x);
+    if (out.defined()) return out;
     for (const auto& layer : *layers) x = layers->call([&] { return (*layer)(x); });
   }
   return (*norm)(x);

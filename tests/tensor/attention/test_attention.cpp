@@ -256,22 +256,15 @@ TEST_P(Attention, RotaryEmbeddingEqualsTheComposite) {
                           ops::rotary_embedding_backward(cpu_bf(x), cpu_bf(c), cpu_bf(s)).tolist(),
                           1e-2));
   // Errors name the op and what is wrong.
-  const auto expect_error = [](const auto& fn, const std::string& part) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error; expected one naming " << part;
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-    }
-  };
+  using testing::expect_error;
   const Tensor odd = put(rand_input({3, 5}, -1, 1, 49));
-  expect_error([&] { rotary_embedding(odd, odd, odd); }, "needs a last dim of even size");
-  expect_error(
-      [&] {
-        ops::rotary_embedding(x, put(rand_input({3, 2, 5, 1, 8}, -1, 1, 50)), s);
-      },
-      "does not broadcast to x [2, 5, 3, 8]");
-  expect_error([&] { ops::rotary_embedding(x, bf(c), s); }, "must share one floating dtype");
+  expect_error<std::invalid_argument>([&] { rotary_embedding(odd, odd, odd); },
+                                      {"rotary_embedding", "needs a last dim of even size"});
+  const Tensor wide = put(rand_input({3, 2, 5, 1, 8}, -1, 1, 50));
+  expect_error<std::invalid_argument>([&] { ops::rotary_embedding(x, wide, s); },
+                                      {"rotary_embedding", "does not broadcast to x [2, 5, 3, 8]"});
+  expect_error<std::invalid_argument>([&] { ops::rotary_embedding(x, bf(c), s); },
+                                      {"rotary_embedding", "must share one floating dtype"});
 }
 
 // The fused op's CPU reference kernel, in float64: a CPU internal (the CUDA kernels take float32
