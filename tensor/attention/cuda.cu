@@ -810,10 +810,10 @@ void with_type_and_dim(const Tensor& q, const Tensor& mask, F&& f) {
   }
 }
 
-// The cuDNN route takes the problems without a mask whose k and v have q's heads; masked
-// and grouped-query attention run Tally's kernels.
-bool cudnn_route_applies(const Tensor& q, const Tensor& k, const Tensor& mask) {
-  return !mask.defined() && k.size(1) == q.size(1);
+// The cuDNN route takes the problems without a mask (grouped-query heads included); masked
+// attention runs Tally's kernels.
+bool cudnn_route_applies(const Tensor& mask) {
+  return !mask.defined();
 }
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
@@ -822,7 +822,7 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
     return flash_attention_forward_fp32(out, lse, q, k, v, causal, scale, mask);
   check_cuda_inputs("flash_attention_forward", q, v);
   if (out.numel() == 0) return;
-  if (cudnn_route_applies(q, k, mask) &&
+  if (cudnn_route_applies(mask) &&
       cudnn_flash_attention_forward(out, lse, q, k, v, causal, scale, mask))
     return;
   NvtxRange range("flash_attention_forward");
@@ -840,7 +840,7 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
     return flash_attention_backward_fp32(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, mask);
   check_cuda_inputs("flash_attention_backward", q, v);
   if (dq.numel() == 0 && dk.numel() == 0) return;
-  if (cudnn_route_applies(q, k, mask) &&
+  if (cudnn_route_applies(mask) &&
       cudnn_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, mask))
     return;
   NvtxRange range("flash_attention_backward");

@@ -60,7 +60,7 @@ cudnn_sdpa::Strides strides_of(const Tensor& t) {
 }
 
 // Everything a plan depends on, as one ordered key; the last field: the plan was tuned.
-using Key = std::tuple<int, cudnnHandle_t, bool, int, std::array<int64_t, 5>, bool, uint32_t,
+using Key = std::tuple<int, cudnnHandle_t, bool, int, std::array<int64_t, 6>, bool, uint32_t,
                        std::array<cudnn_sdpa::Strides, 8>, bool>;
 
 Key key_of(bool backward, int device, cudnnHandle_t h, const cudnn_sdpa::Problem& p) {
@@ -70,7 +70,7 @@ Key key_of(bool backward, int device, cudnnHandle_t h, const cudnn_sdpa::Problem
           h,
           backward,
           static_cast<int>(p.dtype),
-          {p.b, p.h, p.s_q, p.s_kv, p.d},
+          {p.b, p.h, p.h_kv, p.s_q, p.s_kv, p.d},
           p.causal,
           scale_bits,
           {p.q, p.k, p.v, p.o, p.dout, p.dq, p.dk, p.dv},
@@ -182,13 +182,14 @@ Cache<cudnn_sdpa::Backward>& backward_cache() {
   return c;
 }
 
-// Problems this route takes at all (cuDNN may still decline one when building its plan).
+// Problems this route takes at all (cuDNN may still decline one when building its plan):
+// k and v with q's heads, or the same fewer heads dividing them (grouped-query attention).
 bool eligible(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (!enabled() || q.dim() != 4) return false;
   if (q.dtype() != DType::bfloat16 && q.dtype() != DType::float16) return false;
-  const int64_t d = q.size(3);
-  return v.size(3) == d && k.size(3) == d && d % 8 == 0 && d <= 128 &&
-         compute_capability(q.device().index) >= 80;
+  const int64_t d = q.size(3), hkv = k.size(1);
+  return v.size(3) == d && k.size(3) == d && d % 8 == 0 && d <= 128 && v.size(1) == hkv &&
+         hkv > 0 && q.size(1) % hkv == 0 && compute_capability(q.device().index) >= 80;
 }
 
 // The problem of q, k, v with the output's strides `o`.
@@ -198,6 +199,7 @@ cudnn_sdpa::Problem problem(const Tensor& q, const Tensor& k, const Tensor& v, b
   p.dtype = cudnn_data_type(q.dtype());
   p.b = q.size(0);
   p.h = q.size(1);
+  p.h_kv = k.size(1);
   p.s_q = q.size(2);
   p.s_kv = k.size(2);
   p.d = q.size(3);
@@ -288,8 +290,8 @@ bool cudnn_sdp_supported(const Tensor& q, const Tensor& k, const Tensor& v, bool
 bool cudnn_flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
                                    const Tensor& k, const Tensor& v, bool causal, double scale,
                                    const Tensor& mask) {
-  // No mask and no grouped-query heads on this route (Tally's kernels take those).
-  if (mask.defined() || k.size(1) != q.size(1)) return false;
+  // No mask on this route (Tally's kernels take those).
+  if (mask.defined()) return false;
   if (!may_take(q, k, v, {&out, &lse, &q, &k, &v})) return false;
   const int device = q.device().index;
   DeviceGuard g(device);
@@ -306,7 +308,7 @@ bool cudnn_flash_attention_backward(const Tensor& dq, const Tensor& dk, const Te
                                     const Tensor& dout, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const Tensor& out, const Tensor& lse,
                                     bool causal, double scale, const Tensor& mask) {
-  if (mask.defined() || k.size(1) != q.size(1)) return false;
+  if (mask.defined()) return false;
   if (!may_take(q, k, v, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) return false;
   const int device = q.device().index;
   DeviceGuard g(device);

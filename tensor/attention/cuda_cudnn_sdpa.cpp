@@ -8,6 +8,7 @@ namespace tally::cuda::cudnn_sdpa {
 namespace {
 
 using Dims = std::vector<int64_t>;
+using cudnn_graph::Graph;
 
 Dims vec(const Strides& s) {
   return Dims(s.begin(), s.end());
@@ -18,7 +19,7 @@ Dims swapped(const Strides& s) {
 }
 
 // Scores where row (query) < col (key) become -inf: PyTorch's is_causal, top-left aligned.
-int64_t causal_mask(cudnn_graph::Graph& g, int64_t scores, const Dims& dims) {
+int64_t causal_mask(Graph& g, int64_t scores, const Dims& dims) {
   const int64_t row = g.virt(CUDNN_DATA_INT32, dims);
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scores, 0, 0, row, CUDNN_DATA_FLOAT, 2);
   const int64_t col = g.virt(CUDNN_DATA_INT32, dims);
@@ -31,15 +32,32 @@ int64_t causal_mask(cudnn_graph::Graph& g, int64_t scores, const Dims& dims) {
   return out;
 }
 
+int64_t kv_heads(const Problem& p) {
+  return p.h_kv > 0 ? p.h_kv : p.h;
+}
+
+// out [b, h_kv, s_kv, d] = the product a b [b, h, s_kv, d] summed over each group of h / h_kv
+// query heads: straight into out for equal heads, else through a virtual full-head tensor
+// and a reduction.
+void grouped_matmul(Graph& g, const Problem& p, int64_t a, int64_t b, int64_t out) {
+  if (kv_heads(p) == p.h) {
+    g.matmul(a, b, out);
+    return;
+  }
+  const int64_t full = g.virt(p.dtype, {p.b, p.h, p.s_kv, p.d});
+  g.matmul(a, b, full);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
+}
+
 }  // namespace
 
 Forward::Forward(cudnnHandle_t handle, const Problem& p, int config) {
-  cudnn_graph::Graph& g = graph_;
-  const int64_t b = p.b, h = p.h, sq = p.s_q, skv = p.s_kv, d = p.d;
+  Graph& g = graph_;
+  const int64_t b = p.b, h = p.h, hkv = kv_heads(p), sq = p.s_q, skv = p.s_kv, d = p.d;
   const Dims scores{b, h, sq, skv}, rows{b, h, sq, 1};
   q_ = g.tensor(p.dtype, {b, h, sq, d}, vec(p.q), false);
-  k_ = g.tensor(p.dtype, {b, h, d, skv}, swapped(p.k), false);  // K^T
-  v_ = g.tensor(p.dtype, {b, h, skv, d}, vec(p.v), false);
+  k_ = g.tensor(p.dtype, {b, hkv, d, skv}, swapped(p.k), false);  // K^T
+  v_ = g.tensor(p.dtype, {b, hkv, skv, d}, vec(p.v), false);
   o_ = g.tensor(p.dtype, {b, h, sq, d}, vec(p.o), false);
   stats_ = g.tensor(CUDNN_DATA_FLOAT, rows, {h * sq, sq, 1, 1}, false);
 
@@ -78,19 +96,19 @@ void Forward::run(cudnnHandle_t handle, const void* q, const void* k, const void
 }
 
 Backward::Backward(cudnnHandle_t handle, const Problem& p, int config) {
-  cudnn_graph::Graph& g = graph_;
-  const int64_t b = p.b, h = p.h, sq = p.s_q, skv = p.s_kv, d = p.d;
+  Graph& g = graph_;
+  const int64_t b = p.b, h = p.h, hkv = kv_heads(p), sq = p.s_q, skv = p.s_kv, d = p.d;
   const Dims scores{b, h, sq, skv}, rows{b, h, sq, 1};
   const Dims scores_t_strides{h * sq * skv, sq * skv, 1, skv};  // [b, h, skv, sq] view of scores
   q_ = g.tensor(p.dtype, {b, h, sq, d}, vec(p.q), false);
-  k_ = g.tensor(p.dtype, {b, h, d, skv}, swapped(p.k), false);  // K^T
-  v_ = g.tensor(p.dtype, {b, h, d, skv}, swapped(p.v), false);  // V^T
+  k_ = g.tensor(p.dtype, {b, hkv, d, skv}, swapped(p.k), false);  // K^T
+  v_ = g.tensor(p.dtype, {b, hkv, d, skv}, swapped(p.v), false);  // V^T
   o_ = g.tensor(p.dtype, {b, h, sq, d}, vec(p.o), false);
   dout_ = g.tensor(p.dtype, {b, h, sq, d}, vec(p.dout), false);
   stats_ = g.tensor(CUDNN_DATA_FLOAT, rows, {h * sq, sq, 1, 1}, false);
   dq_ = g.tensor(p.dtype, {b, h, sq, d}, vec(p.dq), false);
-  dk_ = g.tensor(p.dtype, {b, h, skv, d}, vec(p.dk), false);
-  dv_ = g.tensor(p.dtype, {b, h, skv, d}, vec(p.dv), false);
+  dk_ = g.tensor(p.dtype, {b, hkv, skv, d}, vec(p.dk), false);
+  dv_ = g.tensor(p.dtype, {b, hkv, skv, d}, vec(p.dv), false);
   const int64_t scale = g.scalar(p.scale);
 
   // rowsum(dO * O), kept in the workspace.
@@ -113,10 +131,10 @@ Backward::Backward(cudnnHandle_t handle, const Problem& p, int config) {
   const int64_t prob = g.virt(CUDNN_DATA_FLOAT, scores);
   g.pointwise(CUDNN_POINTWISE_EXP, last, 0, 0, prob);
 
-  // dV = P^T dO.
+  // dV = P^T dO (summed over each group of query heads).
   const int64_t prob_t = g.tensor(p.dtype, {b, h, skv, sq}, scores_t_strides, true);
   g.reshape(prob, prob_t);
-  g.matmul(prob_t, dout_, dv_);
+  grouped_matmul(g, p, prob_t, dout_, dv_);
 
   // dS = P * (dO V^T - rowsum(dO * O)) * scale.
   const int64_t dp = g.virt(CUDNN_DATA_FLOAT, scores);
@@ -128,13 +146,13 @@ Backward::Backward(cudnnHandle_t handle, const Problem& p, int config) {
   const int64_t ds1 = g.virt(CUDNN_DATA_FLOAT, scores);
   g.pointwise(CUDNN_POINTWISE_MUL, ds, scale, 0, ds1);
 
-  // dK = dS^T Q.
+  // dK = dS^T Q (summed over each group of query heads).
   const int64_t ds_t = g.tensor(p.dtype, {b, h, skv, sq}, scores_t_strides, true);
   g.reshape(ds1, ds_t);
-  g.matmul(ds_t, q_, dk_);
+  grouped_matmul(g, p, ds_t, q_, dk_);
 
   // dQ = dS K, accumulated in float32 in the workspace, then converted.
-  const int64_t k_rows = g.tensor(p.dtype, {b, h, skv, d}, vec(p.k), true);
+  const int64_t k_rows = g.tensor(p.dtype, {b, hkv, skv, d}, vec(p.k), true);
   g.reshape(k_, k_rows);
   accum_ = g.tensor(CUDNN_DATA_FLOAT, {b, h, sq, d}, {h * sq * d, sq * d, d, 1}, false);
   g.matmul(ds1, k_rows, accum_);

@@ -6,6 +6,11 @@
 // its frontend builds for scaled_dot_product_flash_attention; no dropout, no bias, causal
 // mask top-left aligned like PyTorch's is_causal).
 //
+// Grouped-query attention is native: K and V (and dK, dV) have h_kv heads dividing Q's h, query
+// head i reading key/value head i / (h / h_kv) (the batched matmuls broadcast the group); the
+// backward's dK and dV are computed per query head in a virtual [b, h, s_kv, d] tensor and
+// summed over each group by a reduction in the same graph (the frontend's pattern for GQA).
+//
 // Layouts are [b, h, s, d] with arbitrary strides in elements (the last dim dense,
 // 16-byte aligned): GPT's split-head views of a [B, T, 3C] projection are read in place.
 // Stats is float32 [b, h, s_q] contiguous, the natural-log log-sum-exp of the scaled scores:
@@ -25,6 +30,7 @@ using Strides = std::array<int64_t, 4>;  // of a [b, h, s, d] view, in elements
 struct Problem {
   cudnnDataType_t dtype = CUDNN_DATA_BFLOAT16;  // HALF or BFLOAT16
   int64_t b = 0, h = 0, s_q = 0, s_kv = 0, d = 0;
+  int64_t h_kv = 0;  // K's and V's heads, dividing h (0: h)
   bool causal = false;
   float scale = 1.f;
   Strides q{}, k{}, v{}, o{};

@@ -821,6 +821,44 @@ TEST_P(AttentionVsCpu, CudnnRunsGptAttentionAndMatchesTallysKernels) {
   }
 }
 
+// Grouped-query heads run natively on cuDNN's fused kernels (K and V with 2 heads for 8 query
+// heads, read in place; dK and dV summed over each group inside cuDNN's graph), causal and not,
+// and agree with Tally's kernels, which read the shared heads in place too. The counters prove
+// which route ran.
+TEST_P(AttentionVsCpu, CudnnRunsGroupedQueryHeadsNatively) {
+  const int64_t B = 2, H = 8, Hk = 2, T = 256, D = 64;
+  const double scale = 1.0 / 8;
+  for (const bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    const Tensor q = put(rand_tensor({B, H, T, D}, DType::bfloat16, 720, -2, 2));
+    const Tensor k = put(rand_tensor({B, Hk, T, D}, DType::bfloat16, 721, -2, 2));
+    const Tensor v = put(rand_tensor({B, Hk, T, D}, DType::bfloat16, 722, -2, 2));
+    const Tensor dout = put(rand_tensor({B, H, T, D}, DType::bfloat16, 723, -1, 1));
+    std::string why;
+    ASSERT_TRUE(cuda::cudnn_sdp_supported(q, k, v, causal, scale, &why)) << why;
+    ops::FlashAttentionOutput f[2];
+    ops::FlashAttentionGrads g[2];
+    for (const bool cudnn : {true, false}) {
+      const Route route(cudnn);
+      const cuda::CudnnSdpCounts before = cuda::cudnn_sdp_counts();
+      f[cudnn] = ops::flash_attention_forward(q, k, v, causal, scale);
+      g[cudnn] =
+          ops::flash_attention_backward(dout, q, k, v, f[cudnn].out, f[cudnn].lse, causal, scale);
+      const cuda::CudnnSdpCounts after = cuda::cudnn_sdp_counts();
+      EXPECT_EQ(after.forward - before.forward, cudnn ? 1 : 0);
+      EXPECT_EQ(after.backward - before.backward, cudnn ? 1 : 0);
+      EXPECT_EQ(after.fallbacks, before.fallbacks);
+      EXPECT_EQ(g[cudnn].dk.sizes(), k.sizes());
+      EXPECT_EQ(g[cudnn].dv.sizes(), v.sizes());
+    }
+    EXPECT_TRUE(close_scaled(f32_cpu(f[1].out), f32_cpu(f[0].out), 1e-2));
+    EXPECT_TRUE(close_scaled(f32_cpu(f[1].lse), f32_cpu(f[0].lse), 1e-4));
+    EXPECT_TRUE(close_scaled(f32_cpu(g[1].dq), f32_cpu(g[0].dq), 2e-2));
+    EXPECT_TRUE(close_scaled(f32_cpu(g[1].dk), f32_cpu(g[0].dk), 2e-2));
+    EXPECT_TRUE(close_scaled(f32_cpu(g[1].dv), f32_cpu(g[0].dv), 2e-2));
+  }
+}
+
 // The 0/1 environment switches (TALLY_CUDNN_SDP, TALLY_CUDNN_CONV_LEGACY) read through
 // cuda::env_switch: unset or empty gives the default, anything but 0 or 1 is an error naming the
 // variable and its value. Host-only: runs without a GPU too.
@@ -1117,11 +1155,12 @@ TEST_P(AttentionVsCpu, GqaAndMasksMatchTheCpu) {
   }
 }
 
-// Masks and grouped-query heads in the fused CUDA kernels (bfloat16, float16: Tally's
-// kernels, never cuDNN; float32) against the CPU kernel (float32 reference for 16-bit inputs,
-// float64 for float32): bool and float masks of shapes [B, 1, 1, S], [1, 1, L, S] and
-// [B, H, L, S] (a row without keys: out 0, lse -inf, zero gradients), GQA G = 4 causal and not,
-// and the masked GQA problem; forward, and backward from the device's own out and lse.
+// Masks and grouped-query heads in the fused CUDA kernels (bfloat16, float16: Tally's kernels
+// with a mask, cuDNN's where it takes unmasked grouped heads; float32) against the CPU kernel
+// (float32 reference for 16-bit inputs, float64 for float32): bool and float masks of shapes [B, 1,
+// 1, S], [1, 1, L, S] and [B, H, L, S] (a row without keys: out 0, lse -inf, zero gradients), GQA G
+// = 4 causal and not, and the masked GQA problem; forward, and backward from the device's own out
+// and lse.
 TEST_P(AttentionVsCpu, MasksAndGroupedHeadsMatchTheCpu) {
   struct MaskCase {
     int64_t B, H, Hk, L, S, E;
