@@ -9,8 +9,8 @@
 // Inputs and outputs are [B, H, T, E] with any b/h/t strides (last dim dense): GPT's heads are
 // read from and written to [B, T, H, E] memory in place (see tensor/attention/ops.cpp).
 // Masks (bool or float32 bias, read through their broadcast strides) and grouped-query heads
-// (k, v with H / G heads; the backward's key block loops over the G query heads) run here,
-// never on the cuDNN route.
+// (k, v with H / G heads; the backward's key block loops over the G query heads) run here
+// where cuDNN's route declines them (it takes both: tensor/attention/cuda_cudnn.cpp).
 // The launchers try cuDNN's route first (tensor/attention/cuda_cudnn.cpp) and hand float32 to
 // tensor/attention/cuda_fp32.cu; the file ends with the family's CUDA table,
 // cuda::attention_kernels (tensor/attention/kernels.h).
@@ -810,21 +810,13 @@ void with_type_and_dim(const Tensor& q, const Tensor& mask, F&& f) {
   }
 }
 
-// The cuDNN route takes the problems without a mask (grouped-query heads included); masked
-// attention runs Tally's kernels.
-bool cudnn_route_applies(const Tensor& mask) {
-  return !mask.defined();
-}
-
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                              const Tensor& v, bool causal, double scale, const Tensor& mask) {
   if (q.dtype() == DType::float32)
     return flash_attention_forward_fp32(out, lse, q, k, v, causal, scale, mask);
   check_cuda_inputs("flash_attention_forward", q, v);
   if (out.numel() == 0) return;
-  if (cudnn_route_applies(mask) &&
-      cudnn_flash_attention_forward(out, lse, q, k, v, causal, scale, mask))
-    return;
+  if (cudnn_flash_attention_forward(out, lse, q, k, v, causal, scale, mask)) return;
   NvtxRange range("flash_attention_forward");
   DeviceGuard g(q.device().index);
   with_type_and_dim(q, mask, [&]<typename T, int D, int M>() {
@@ -840,14 +832,67 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
     return flash_attention_backward_fp32(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, mask);
   check_cuda_inputs("flash_attention_backward", q, v);
   if (dq.numel() == 0 && dk.numel() == 0) return;
-  if (cudnn_route_applies(mask) &&
-      cudnn_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, mask))
+  if (cudnn_flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, mask))
     return;
   NvtxRange range("flash_attention_backward");
   DeviceGuard g(q.device().index);
   with_type_and_dim(q, mask, [&]<typename T, int D, int M>() {
     backward_impl<T, D, M>(dq, dk, dv, dout, q, k, v, out, lse, causal, scale, mask);
   });
+}
+
+// ------------------------------------------------------------ the cuDNN route's masks
+
+// The four sizes and element strides of a mask view.
+struct View4 {
+  int64_t size[4], stride[4];
+};
+
+// bias[i] (contiguous over the view's sizes) = the mask element i as an additive bias: a bool
+// true 0 and false `lowest`; a float32 value clamped below at `lowest` (-inf included).
+template <typename T, bool kBool>
+__global__ void mask_to_bias_kernel(T* bias, const void* mask, View4 v, int64_t n, float lowest) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rest = i, o = 0;
+    for (int d = 3; d >= 0; --d) {
+      o += rest % v.size[d] * v.stride[d];
+      rest /= v.size[d];
+    }
+    float x;
+    if constexpr (kBool)
+      x = static_cast<const unsigned char*>(mask)[o] ? 0.f : lowest;
+    else
+      x = fmaxf(static_cast<const float*>(mask)[o], lowest);
+    bias[i] = store<T>(x);
+  }
+}
+
+// Rows whose log-sum-exp is below `below` (every score carried the lowest bias: no key took
+// part) get out 0 and lse -inf; one warp a row.
+template <typename T>
+__global__ void clear_dead_rows_kernel(OutOperand<T> o, float* lse, int H, int L, int E,
+                                       int64_t rows, float below) {
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; r < rows;
+       r += warps) {
+    if (!(lse[r] < below)) continue;
+    const int bh = static_cast<int>(r / L), t = static_cast<int>(r % L);
+    T* row = o.rows(bh, H) + static_cast<int64_t>(t) * o.st;
+    for (int e = static_cast<int>(threadIdx.x % 32); e < E; e += 32) row[e] = store<T>(0.f);
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) lse[r] = -INFINITY;
+  }
+}
+
+// dst = lse with -inf as +inf: cuDNN's backward recomputes P = exp(s - stats), 0 on a row
+// without keys.
+__global__ void backward_stats_kernel(float* dst, const float* lse, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float x = lse[i];
+    dst[i] = x == -INFINITY ? INFINITY : x;
+  }
 }
 
 // ------------------------------------------------------------ rotary position embedding
@@ -921,6 +966,67 @@ void rotary_embedding(const Tensor& out, const Tensor& x, const Tensor& cos, con
 }
 
 }  // namespace
+
+float cudnn_mask_lowest(DType dtype) {
+  return dtype == DType::float16 ? -65504.f : -1e30f;
+}
+
+void cudnn_mask_to_bias(const Tensor& bias, const Tensor& mask) {
+  const int64_t n = bias.numel();
+  if (n == 0) return;
+  DeviceGuard g(bias.device().index);
+  View4 v{};  // the mask's own part: size 1 along its broadcast (stride 0) dims
+  for (int d = 0; d < 4; ++d) {
+    v.stride[d] = mask.strides()[static_cast<size_t>(d)];
+    v.size[d] = v.stride[d] == 0 ? 1 : mask.size(d);
+  }
+  const char* m = static_cast<const char*>(mask.storage().data()) +
+                  mask.storage_offset() * static_cast<int64_t>(mask.element_size());
+  const float lowest = cudnn_mask_lowest(bias.dtype());
+  const cudaStream_t st = stream(bias.device().index);
+  auto run = [&]<typename T>() {
+    T* out = static_cast<T*>(bias.storage().data()) + bias.storage_offset();
+    if (mask.dtype() == DType::bool_)
+      mask_to_bias_kernel<T, true><<<blocks_for(n), kThreads, 0, st>>>(out, m, v, n, lowest);
+    else
+      mask_to_bias_kernel<T, false><<<blocks_for(n), kThreads, 0, st>>>(out, m, v, n, lowest);
+  };
+  if (bias.dtype() == DType::bfloat16)
+    run.template operator()<__nv_bfloat16>();
+  else
+    run.template operator()<__half>();
+  check_launch("flash_attention_forward (cuDNN mask as bias)");
+}
+
+void cudnn_clear_dead_rows(const Tensor& out, const Tensor& lse) {
+  const int64_t rows = lse.numel();
+  if (rows == 0) return;
+  DeviceGuard g(out.device().index);
+  const float below = cudnn_mask_lowest(out.dtype()) / 2;
+  const int64_t blocks =
+      std::min<int64_t>((rows + 7) / 8, int64_t{16} * sm_count(out.device().index));
+  auto run = [&]<typename T>() {
+    clear_dead_rows_kernel<T>
+        <<<static_cast<unsigned>(blocks), 256, 0, stream(out.device().index)>>>(
+            out_operand<T>(out), static_cast<float*>(lse.storage().data()) + lse.storage_offset(),
+            static_cast<int>(out.size(1)), static_cast<int>(out.size(2)),
+            static_cast<int>(out.size(3)), rows, below);
+  };
+  if (out.dtype() == DType::bfloat16)
+    run.template operator()<__nv_bfloat16>();
+  else
+    run.template operator()<__half>();
+  check_launch("flash_attention_forward (cuDNN rows without keys)");
+}
+
+void cudnn_backward_stats(float* dst, const Tensor& lse) {
+  const int64_t n = lse.numel();
+  if (n == 0) return;
+  DeviceGuard g(lse.device().index);
+  backward_stats_kernel<<<blocks_for(n), kThreads, 0, stream(lse.device().index)>>>(
+      dst, static_cast<const float*>(lse.storage().data()) + lse.storage_offset(), n);
+  check_launch("flash_attention_backward (cuDNN statistics)");
+}
 
 const AttentionKernels attention_kernels{
     .flash_attention_forward = &flash_attention_forward,

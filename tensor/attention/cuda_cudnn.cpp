@@ -60,8 +60,8 @@ cudnn_sdpa::Strides strides_of(const Tensor& t) {
 }
 
 // Everything a plan depends on, as one ordered key; the last field: the plan was tuned.
-using Key = std::tuple<int, cudnnHandle_t, bool, int, std::array<int64_t, 6>, bool, uint32_t,
-                       std::array<cudnn_sdpa::Strides, 8>, bool>;
+using Key = std::tuple<int, cudnnHandle_t, bool, int, std::array<int64_t, 8>, bool, uint32_t,
+                       std::array<cudnn_sdpa::Strides, 9>, bool>;
 
 Key key_of(bool backward, int device, cudnnHandle_t h, const cudnn_sdpa::Problem& p) {
   uint32_t scale_bits = 0;
@@ -70,10 +70,10 @@ Key key_of(bool backward, int device, cudnnHandle_t h, const cudnn_sdpa::Problem
           h,
           backward,
           static_cast<int>(p.dtype),
-          {p.b, p.h, p.h_kv, p.s_q, p.s_kv, p.d},
+          {p.b, p.h, p.h_kv, p.s_q, p.s_kv, p.d, p.bias_b, p.bias_h},
           p.causal,
           scale_bits,
-          {p.q, p.k, p.v, p.o, p.dout, p.dq, p.dk, p.dv},
+          {p.q, p.k, p.v, p.o, p.dout, p.dq, p.dk, p.dv, p.bias},
           false};
 }
 
@@ -212,6 +212,21 @@ cudnn_sdpa::Problem problem(const Tensor& q, const Tensor& k, const Tensor& v, b
   return p;
 }
 
+// The mask's own part of its [B, H, L, S] view (size 1 along stride-0 dims) as p's bias
+// (cuda_cudnn_sdpa.h): contiguous over those sizes, stride 0 along broadcast rows or columns;
+// its element count. Nothing for an undefined mask (0).
+int64_t set_bias(cudnn_sdpa::Problem& p, const Tensor& mask) {
+  if (!mask.defined()) return 0;
+  int64_t own[4];
+  for (int d = 0; d < 4; ++d)
+    own[d] = mask.strides()[static_cast<size_t>(d)] == 0 ? 1 : mask.size(d);
+  p.bias_b = own[0];
+  p.bias_h = own[1];
+  p.bias = {own[1] * own[2] * own[3], own[2] * own[3], own[2] == 1 ? 0 : own[3],
+            own[3] == 1 ? 0 : 1};
+  return own[0] * own[1] * own[2] * own[3];
+}
+
 template <typename T = void>
 T* ptr(const Tensor& t) {
   return reinterpret_cast<T*>(static_cast<char*>(t.storage().data()) +
@@ -290,25 +305,35 @@ bool cudnn_sdp_supported(const Tensor& q, const Tensor& k, const Tensor& v, bool
 bool cudnn_flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
                                    const Tensor& k, const Tensor& v, bool causal, double scale,
                                    const Tensor& mask) {
-  // No mask on this route (Tally's kernels take those).
-  if (mask.defined()) return false;
   if (!may_take(q, k, v, {&out, &lse, &q, &k, &v})) return false;
   const int device = q.device().index;
   DeviceGuard g(device);
   cudnnHandle_t h = cudnn_handle(device);
-  const cudnn_sdpa::Problem p = problem(q, k, v, causal, scale, strides_of(out));
+  cudnn_sdpa::Problem p = problem(q, k, v, causal, scale, strides_of(out));
+  const int64_t bias_numel = set_bias(p, mask);
+  // A mask goes in as a bias in q's dtype, made only once cuDNN has a plan for the problem.
+  Tensor bias;
+  if (mask.defined()) {
+    if (!forward_cache().get(key_of(false, device, h, p), device, h, p, {})->plan)
+      return fall_back();
+    bias = alloc_scratch(bias_numel, q.dtype(), q.device());
+    cudnn_mask_to_bias(bias, mask);
+  }
+  const void* b = bias.defined() ? ptr(bias) : nullptr;
   const auto run = [&](const cudnn_sdpa::Forward& plan, void* ws) {
-    plan.run(h, ptr(q), ptr(k), ptr(v), ptr(out), ptr<float>(lse), ws);
+    plan.run(h, ptr(q), ptr(k), ptr(v), b, ptr(out), ptr<float>(lse), ws);
   };
-  return run_cached(forward_cache(), false, device, h, p, run, "flash_attention_forward (cuDNN)",
-                    g_forward);
+  if (!run_cached(forward_cache(), false, device, h, p, run, "flash_attention_forward (cuDNN)",
+                  g_forward))
+    return false;
+  if (mask.defined()) cudnn_clear_dead_rows(out, lse);
+  return true;
 }
 
 bool cudnn_flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                     const Tensor& dout, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const Tensor& out, const Tensor& lse,
                                     bool causal, double scale, const Tensor& mask) {
-  if (mask.defined()) return false;
   if (!may_take(q, k, v, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) return false;
   const int device = q.device().index;
   DeviceGuard g(device);
@@ -318,9 +343,21 @@ bool cudnn_flash_attention_backward(const Tensor& dq, const Tensor& dk, const Te
   p.dq = strides_of(dq);
   p.dk = strides_of(dk);
   p.dv = strides_of(dv);
+  const int64_t bias_numel = set_bias(p, mask);
+  // With a mask: its bias, and the statistics with a row without keys at +inf.
+  Tensor bias, stats;
+  if (mask.defined()) {
+    if (!backward_cache().get(key_of(true, device, h, p), device, h, p, {})->plan)
+      return fall_back();
+    bias = alloc_scratch(bias_numel, q.dtype(), q.device());
+    cudnn_mask_to_bias(bias, mask);
+    stats = alloc_scratch(lse.numel(), DType::float32, q.device());
+    cudnn_backward_stats(ptr<float>(stats), lse);
+  }
+  const void* b = bias.defined() ? ptr(bias) : nullptr;
+  const float* st = stats.defined() ? ptr<float>(stats) : ptr<float>(lse);
   const auto run = [&](const cudnn_sdpa::Backward& plan, void* ws) {
-    plan.run(h, ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr<float>(lse), ptr(dq), ptr(dk),
-             ptr(dv), ws);
+    plan.run(h, ptr(q), ptr(k), ptr(v), b, ptr(out), ptr(dout), st, ptr(dq), ptr(dk), ptr(dv), ws);
   };
   return run_cached(backward_cache(), true, device, h, p, run, "flash_attention_backward (cuDNN)",
                     g_backward);

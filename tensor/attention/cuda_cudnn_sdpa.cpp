@@ -49,6 +49,22 @@ void grouped_matmul(Graph& g, const Problem& p, int64_t a, int64_t b, int64_t ou
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
 }
 
+// scores + the problem's bias (when it has one).
+int64_t add_bias(Graph& g, const Problem& p, int64_t scores, const Dims& dims, int64_t& bias) {
+  if (p.bias_b == 0) return scores;
+  bias = g.tensor(p.dtype, {p.bias_b, p.bias_h, p.s_q, p.s_kv}, vec(p.bias), false);
+  const int64_t out = g.virt(CUDNN_DATA_FLOAT, dims);
+  g.pointwise(CUDNN_POINTWISE_ADD, scores, bias, 0, out);
+  return out;
+}
+
+// The execute call's pointers, with the bias's where the plan has one.
+std::vector<std::pair<int64_t, void*>> with_bias(std::vector<std::pair<int64_t, void*>> ptrs,
+                                                 int64_t uid, const void* bias) {
+  if (uid != 0) ptrs.emplace_back(uid, const_cast<void*>(bias));
+  return ptrs;
+}
+
 }  // namespace
 
 Forward::Forward(cudnnHandle_t handle, const Problem& p, int config) {
@@ -65,6 +81,7 @@ Forward::Forward(cudnnHandle_t handle, const Problem& p, int config) {
   g.matmul(q_, k_, s);
   int64_t last = g.virt(CUDNN_DATA_FLOAT, scores);
   g.pointwise(CUDNN_POINTWISE_MUL, s, g.scalar(p.scale), 0, last);
+  last = add_bias(g, p, last, scores, bias_);
   if (p.causal) last = causal_mask(g, last, scores);
   // Softmax with its statistics.
   const int64_t mx = g.virt(CUDNN_DATA_FLOAT, rows);
@@ -84,14 +101,15 @@ Forward::Forward(cudnnHandle_t handle, const Problem& p, int config) {
   g.build(handle, {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}, {}, config);
 }
 
-void Forward::run(cudnnHandle_t handle, const void* q, const void* k, const void* v, void* o,
-                  float* stats, void* workspace) const {
+void Forward::run(cudnnHandle_t handle, const void* q, const void* k, const void* v,
+                  const void* bias, void* o, float* stats, void* workspace) const {
   graph_.execute(handle,
-                 {{q_, const_cast<void*>(q)},
-                  {k_, const_cast<void*>(k)},
-                  {v_, const_cast<void*>(v)},
-                  {o_, o},
-                  {stats_, stats}},
+                 with_bias({{q_, const_cast<void*>(q)},
+                            {k_, const_cast<void*>(k)},
+                            {v_, const_cast<void*>(v)},
+                            {o_, o},
+                            {stats_, stats}},
+                           bias_, bias),
                  workspace);
 }
 
@@ -125,8 +143,9 @@ Backward::Backward(cudnnHandle_t handle, const Problem& p, int config) {
   g.matmul(q_, k_, s);
   const int64_t s1 = g.virt(CUDNN_DATA_FLOAT, scores);
   g.pointwise(CUDNN_POINTWISE_MUL, s, scale, 0, s1);
+  const int64_t s2 = add_bias(g, p, s1, scores, bias_);
   int64_t last = g.virt(CUDNN_DATA_FLOAT, scores);
-  g.pointwise(CUDNN_POINTWISE_SUB, s1, stats_, 0, last);
+  g.pointwise(CUDNN_POINTWISE_SUB, s2, stats_, 0, last);
   if (p.causal) last = causal_mask(g, last, scores);
   const int64_t prob = g.virt(CUDNN_DATA_FLOAT, scores);
   g.pointwise(CUDNN_POINTWISE_EXP, last, 0, 0, prob);
@@ -164,22 +183,23 @@ Backward::Backward(cudnnHandle_t handle, const Problem& p, int config) {
   sum_bytes_ = b * h * sq * static_cast<int64_t>(sizeof(float));
 }
 
-void Backward::run(cudnnHandle_t handle, const void* q, const void* k, const void* v, const void* o,
-                   const void* dout, const float* stats, void* dq, void* dk, void* dv,
-                   void* workspace) const {
+void Backward::run(cudnnHandle_t handle, const void* q, const void* k, const void* v,
+                   const void* bias, const void* o, const void* dout, const float* stats, void* dq,
+                   void* dk, void* dv, void* workspace) const {
   char* ws = static_cast<char*>(workspace);
   graph_.execute(handle,
-                 {{q_, const_cast<void*>(q)},
-                  {k_, const_cast<void*>(k)},
-                  {v_, const_cast<void*>(v)},
-                  {o_, const_cast<void*>(o)},
-                  {dout_, const_cast<void*>(dout)},
-                  {stats_, const_cast<float*>(stats)},
-                  {dq_, dq},
-                  {dk_, dk},
-                  {dv_, dv},
-                  {accum_, ws + accum_offset_},
-                  {sum_, ws + accum_offset_ + accum_bytes_}},
+                 with_bias({{q_, const_cast<void*>(q)},
+                            {k_, const_cast<void*>(k)},
+                            {v_, const_cast<void*>(v)},
+                            {o_, const_cast<void*>(o)},
+                            {dout_, const_cast<void*>(dout)},
+                            {stats_, const_cast<float*>(stats)},
+                            {dq_, dq},
+                            {dk_, dk},
+                            {dv_, dv},
+                            {accum_, ws + accum_offset_},
+                            {sum_, ws + accum_offset_ + accum_bytes_}},
+                           bias_, bias),
                  ws);
 }
 

@@ -2,7 +2,9 @@
 // nothing. On CUDA the 16-bit backward takes a float32 accumulator the size of q plus one
 // float a row (dO . O), in Tally's kernels (tensor/attention/cuda.cu) and in the same amount
 // in cuDNN's workspace; the float32 backward (tensor/attention/cuda_fp32.cu) takes the row
-// vector only.
+// vector only. A masked 16-bit call takes cuDNN's route with the mask as a bias in q's dtype
+// (forward and backward), and the backward a float a row more (where cuDNN declines the
+// problem, Tally's kernels allocate neither: the estimate is that much high).
 #include "tensor/attention/kernels.h"
 #include "tensor/meta/target.h"
 
@@ -17,16 +19,26 @@ double attention_flops(const Tensor& q, const Tensor& k, bool causal) {
   return causal ? f / 2 : f;
 }
 
+// The 16-bit cuDNN route's bias: the mask's own part (size 1 along its stride-0 dims) in q's
+// dtype (tensor/attention/cuda_cudnn.cpp); nothing without a mask or off CUDA.
+Tensor cudnn_bias(const Tensor& q, const Tensor& mask) {
+  if (!mask.defined() || !replays_cuda(q) || q.dtype() == DType::float32) return Tensor();
+  int64_t n = 1;
+  for (int d = 0; d < 4; ++d)
+    n *= mask.strides()[static_cast<size_t>(d)] == 0 ? 1 : mask.size(d);
+  return alloc_scratch(n, q.dtype(), q.device());
+}
+
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, bool causal, double /*scale*/,
-                             const Tensor& /*mask: read at its own (broadcast) size*/) {
+                             const Tensor& v, bool causal, double /*scale*/, const Tensor& mask) {
   cost(q, attention_flops(q, k, causal), tensor_bytes(out, lse, q, k, v));
+  const Tensor bias = cudnn_bias(q, mask);
 }
 
 void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, bool causal, double /*scale*/,
-                              const Tensor& /*mask*/) {
+                              const Tensor& mask) {
   // The backward recomputes the probabilities: 2.5 times the forward's FLOPs.
   cost(q, 2.5 * attention_flops(q, k, causal), tensor_bytes(dq, dk, dv, dout, q, k, v, out, lse));
   if (!replays_cuda(q)) return;
@@ -36,6 +48,9 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
     return;
   }
   if (dq.numel() == 0 && dk.numel() == 0) return;
+  // A masked call: the bias and the statistics cuDNN reads (one float a row).
+  const Tensor bias = cudnn_bias(q, mask);
+  const Tensor stats = bias.defined() ? alloc_scratch(rows, DType::float32, q.device()) : Tensor();
   const Tensor dvec = alloc_scratch(rows, DType::float32, q.device());
   alloc_scratch(rows * q.size(3), DType::float32, q.device());
 }

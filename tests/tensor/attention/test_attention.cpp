@@ -859,6 +859,69 @@ TEST_P(AttentionVsCpu, CudnnRunsGroupedQueryHeadsNatively) {
   }
 }
 
+// Masks run on cuDNN's fused kernels as an additive bias in q's dtype, read through its
+// broadcast strides: a bool key-padding mask [B, 1, 1, S] with grouped-query heads, and a float
+// [1, 1, L, S] bias with -inf entries; rows 5 and 70 see no key (out 0, lse -inf, zero
+// gradients, as in Tally's kernels). Both routes agree; the counters prove which ran.
+TEST_P(AttentionVsCpu, CudnnTakesMasksAsABias) {
+  const int64_t B = 2, H = 4, T = 192, D = 64;
+  for (const bool boolean : {true, false}) {
+    for (const DType d : {DType::bfloat16, DType::float16}) {
+      SCOPED_TRACE(fmt::format("{} mask, {}", boolean ? "bool" : "float", dtype_name(d)));
+      const int64_t Hk = boolean ? 2 : H;
+      const Tensor q = put(rand_tensor({B, H, T, D}, d, 730, -2, 2));
+      const Tensor k = put(rand_tensor({B, Hk, T, D}, d, 731, -2, 2));
+      const Tensor v = put(rand_tensor({B, Hk, T, D}, d, 732, -2, 2));
+      const Tensor dout = put(rand_tensor({B, H, T, D}, d, 733, -1, 1));
+      const Shape own = boolean ? Shape{B, 1, 1, T} : Shape{1, 1, T, T};
+      std::vector<double> m = ops::to_vector(rand_tensor(own, DType::float64, 734, 0, 1));
+      for (double& x : m) x = boolean ? (x > 0.3 ? 1 : 0) : (x > 0.3 ? 4 * x - 2 : -INFINITY);
+      if (!boolean)  // rows 5 and 70 without keys
+        for (int64_t j = 0; j < T; ++j)
+          m[static_cast<size_t>(5 * T + j)] = m[static_cast<size_t>(70 * T + j)] = -INFINITY;
+      const Tensor mask =
+          put(ops::to(from_vector(m, own), boolean ? DType::bool_ : DType::float32));
+      const double scale = 1.0 / 8;
+      ops::FlashAttentionOutput f[2];
+      ops::FlashAttentionGrads g[2];
+      for (const bool cudnn : {true, false}) {
+        const Route route(cudnn);
+        const cuda::CudnnSdpCounts before = cuda::cudnn_sdp_counts();
+        f[cudnn] = ops::flash_attention_forward(q, k, v, false, scale, mask);
+        g[cudnn] = ops::flash_attention_backward(dout, q, k, v, f[cudnn].out, f[cudnn].lse, false,
+                                                 scale, mask);
+        const cuda::CudnnSdpCounts after = cuda::cudnn_sdp_counts();
+        EXPECT_EQ(after.forward - before.forward, cudnn ? 1 : 0);
+        EXPECT_EQ(after.backward - before.backward, cudnn ? 1 : 0);
+        EXPECT_EQ(after.fallbacks, before.fallbacks);
+      }
+      EXPECT_TRUE(close_scaled(f32_cpu(f[1].out), f32_cpu(f[0].out), 1e-2));
+      EXPECT_TRUE(close_scaled(f32_cpu(g[1].dq), f32_cpu(g[0].dq), 2e-2));
+      EXPECT_TRUE(close_scaled(f32_cpu(g[1].dk), f32_cpu(g[0].dk), 2e-2));
+      EXPECT_TRUE(close_scaled(f32_cpu(g[1].dv), f32_cpu(g[0].dv), 2e-2));
+      const std::vector<double> lse1 = ops::to_vector(f32_cpu(f[1].lse)),
+                                lse0 = ops::to_vector(f32_cpu(f[0].lse));
+      for (size_t i = 0; i < lse0.size(); ++i) {
+        if (std::isinf(lse0[i]) || std::isinf(lse1[i])) {
+          EXPECT_EQ(lse1[i], lse0[i]) << "row " << i;
+        } else {
+          EXPECT_NEAR(lse1[i], lse0[i], 1e-2 * std::max(1.0, std::abs(lse0[i]))) << "row " << i;
+        }
+      }
+      if (!boolean) {  // the rows without keys: out 0, dq 0 (every head, every batch)
+        const std::vector<double> o = ops::to_vector(f32_cpu(f[1].out)),
+                                  dq = ops::to_vector(f32_cpu(g[1].dq));
+        for (const int64_t row : {int64_t{5}, int64_t{70}})
+          for (int64_t e = 0; e < D; ++e) {
+            EXPECT_EQ(o[static_cast<size_t>(row * D + e)], 0.0);
+            EXPECT_EQ(dq[static_cast<size_t>(row * D + e)], 0.0);
+          }
+        EXPECT_EQ(lse1[5], -INFINITY);
+      }
+    }
+  }
+}
+
 // The 0/1 environment switches (TALLY_CUDNN_SDP, TALLY_CUDNN_CONV_LEGACY) read through
 // cuda::env_switch: unset or empty gives the default, anything but 0 or 1 is an error naming the
 // variable and its value. Host-only: runs without a GPU too.
