@@ -940,28 +940,13 @@ void rotary_embedding(const Tensor& out, const Tensor& x, const Tensor& cos, con
   }
   const Indexer<4> ix = make_indexer<4>(sizes, strides, offsets);
   const cudaStream_t st = stream(out.device().index);
-  auto run = [&]<typename T>() {
+  TALLY_DISPATCH_FLOAT(out.dtype(), "rotary_embedding", [&] {
+    using T = dev_t<scalar_t>;
     rotary_kernel<T><<<blocks_for(pairs), kThreads, 0, st>>>(
         static_cast<T*>(out.storage().data()), static_cast<const T*>(x.storage().data()),
         static_cast<const T*>(cos.storage().data()), static_cast<const T*>(sin.storage().data()),
         pairs, ix, half, backward);
-  };
-  switch (out.dtype()) {
-    case DType::float32:
-      run.template operator()<float>();
-      break;
-    case DType::float16:
-      run.template operator()<__half>();
-      break;
-    case DType::bfloat16:
-      run.template operator()<__nv_bfloat16>();
-      break;
-    case DType::float64:
-      run.template operator()<double>();
-      break;
-    default:
-      unsupported_dtype("rotary_embedding", out.dtype());
-  }
+  });
   check_launch("rotary_embedding");
 }
 

@@ -31,8 +31,9 @@ struct CudnnSdpCounts {
 };
 CudnnSdpCounts cudnn_sdp_counts();
 // Whether cuDNN runs the forward of this [B, H, T, D] problem (building and caching its plan
-// for a contiguous output); `why` gets cuDNN's reason when not.
+// for a contiguous output); `why` gets cuDNN's reason when not. mask (optional): as the
+// kernels take it, a [B, H, L, S] view with stride 0 along broadcast dims.
 bool cudnn_sdp_supported(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                         double scale, std::string* why = nullptr);
+                         double scale, std::string* why = nullptr, const Tensor& mask = Tensor());
 
 }  // namespace tally::cuda

@@ -283,20 +283,21 @@ CudnnSdpCounts cudnn_sdp_counts() {
 }
 
 bool cudnn_sdp_supported(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                         double scale, std::string* why) {
+                         double scale, std::string* why, const Tensor& mask) {
   if (!eligible(q, k, v)) {
     if (why)
       *why =
           "not a float16/bfloat16 [B, H, T, D] problem with D % 8 == 0 and D <= 128 on "
-          "sm_80+, or the cuDNN route is off";
+          "sm_80+ (k and v with heads dividing q's), or the cuDNN route is off";
     return false;
   }
   const int device = q.device().index;
   DeviceGuard g(device);
   cudnnHandle_t h = cudnn_handle(device);
-  const cudnn_sdpa::Problem p =
+  cudnn_sdpa::Problem p =
       problem(q, k, v, causal, scale,
               {q.size(1) * q.size(2) * v.size(3), q.size(2) * v.size(3), v.size(3), 1});
+  set_bias(p, mask);
   const auto e = forward_cache().get(key_of(false, device, h, p), device, h, p, {});
   if (why) *why = e->why;
   return e->plan != nullptr;

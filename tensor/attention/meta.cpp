@@ -24,8 +24,7 @@ double attention_flops(const Tensor& q, const Tensor& k, bool causal) {
 Tensor cudnn_bias(const Tensor& q, const Tensor& mask) {
   if (!mask.defined() || !replays_cuda(q) || q.dtype() == DType::float32) return Tensor();
   int64_t n = 1;
-  for (int d = 0; d < 4; ++d)
-    n *= mask.strides()[static_cast<size_t>(d)] == 0 ? 1 : mask.size(d);
+  for (int d = 0; d < 4; ++d) n *= mask.strides()[static_cast<size_t>(d)] == 0 ? 1 : mask.size(d);
   return alloc_scratch(n, q.dtype(), q.device());
 }
 

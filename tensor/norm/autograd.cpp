@@ -39,6 +39,16 @@ Tensor channel_sum(const Tensor& g, int64_t xdim, DType dtype) {
   return o::to(o::sum(g, dims), dtype);
 }
 
+// Whether a fused residual add + norm runs as its two ops: under autocast with a 16-bit sum,
+// where autocast casts the sum to float32 for the norm and the fused kernel would not.
+bool autocast_splits_the_sum(const Tensor& x, const Tensor& residual) {
+  if (!x.defined() || !residual.defined() || !is_floating(x.dtype()) ||
+      !is_floating(residual.dtype()))
+    return false;
+  const DType sum = promote_types(x.dtype(), residual.dtype());
+  return (sum == DType::float16 || sum == DType::bfloat16) && autocast::is_active(x.device());
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- layer_norm
@@ -74,11 +84,7 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual
                                          const Tensor& bias_, double eps,
                                          std::optional<DType> out_dtype, CallSite site) {
   memory::CallSiteScope call_site(site);
-  const bool sixteen_sum = x.defined() && residual.defined() && is_floating(x.dtype()) &&
-                           is_floating(residual.dtype()) &&
-                           (promote_types(x.dtype(), residual.dtype()) == DType::float16 ||
-                            promote_types(x.dtype(), residual.dtype()) == DType::bfloat16);
-  if (sixteen_sum && autocast::is_active(x.device())) {  // the two ops, as autocast runs them
+  if (autocast_splits_the_sum(x, residual)) {  // the two ops, as autocast runs them
     Tensor s = add(x, residual);
     return {s, layer_norm(s, normalized_shape, weight_, bias_, eps, out_dtype)};
   }
@@ -136,11 +142,7 @@ std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual,
                                        std::optional<double> eps, std::optional<DType> out_dtype,
                                        CallSite site) {
   memory::CallSiteScope call_site(site);
-  const bool sixteen_sum = x.defined() && residual.defined() && is_floating(x.dtype()) &&
-                           is_floating(residual.dtype()) &&
-                           (promote_types(x.dtype(), residual.dtype()) == DType::float16 ||
-                            promote_types(x.dtype(), residual.dtype()) == DType::bfloat16);
-  if (sixteen_sum && autocast::is_active(x.device())) {  // the two ops, as autocast runs them
+  if (autocast_splits_the_sum(x, residual)) {  // the two ops, as autocast runs them
     Tensor s = add(x, residual);
     return {s, rms_norm(s, normalized_shape, weight_, eps, out_dtype)};
   }
