@@ -129,8 +129,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   weights.push_back(S);
   if (attn_mask.defined()) check_mask(attn_mask, weights, q, k);
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
-  // Shared key/value heads are read in place, except where the repeat route takes them
-  // (ops::gqa_repeat: unmasked 16-bit calls, whose equal heads go to cuDNN's kernels).
+  // Shared key/value heads are read in place, except where the repeat route is on
+  // (ops::gqa_repeat, off by default: unmasked 16-bit calls repeat them first).
   const bool shared_heads = gqa && (k.size(-3) != q.size(-3) || v.size(-3) != q.size(-3));
   const bool repeat = shared_heads && ops::gqa_repeat() && !attn_mask.defined() &&
                       (q.dtype() == DType::bfloat16 || q.dtype() == DType::float16);

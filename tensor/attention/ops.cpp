@@ -249,7 +249,7 @@ void set_gqa_repeat(bool repeat) {
 bool gqa_repeat() {
   int v = g_gqa_repeat.load();
   if (v < 0) {
-    g_gqa_repeat.compare_exchange_strong(v, base::env_switch("TALLY_GQA_REPEAT", true) ? 1 : 0);
+    g_gqa_repeat.compare_exchange_strong(v, base::env_switch("TALLY_GQA_REPEAT", false) ? 1 : 0);
     v = g_gqa_repeat.load();
   }
   return v == 1;
