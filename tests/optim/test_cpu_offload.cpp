@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "autograd/ops.h"
 #include "inspect/unpickle.h"
@@ -254,8 +256,8 @@ bool same_value(T a, T b) {
 }
 
 // The one-pass 16-bit AdamW8bit update (parallel_adamw8bit_16_) equals widening the gradient,
-// parallel_adamw8bit_ and a cast, bit for bit: masters, codes, scales and rounded weights, for
-// bfloat16 and float16, tails short of a block and of a vector, a run boundary (66000), a block
+// the serial float32 kernel and a cast, bit for bit: masters, codes, scales and rounded weights,
+// for bfloat16 and float16, tails short of a block and of a vector, a run boundary (66000), a block
 // of zeros (absmax 0: one code), an inf gradient, at 1 and 3 threads.
 template <typename G>
 void expect_8bit_16_equal() {
@@ -321,7 +323,7 @@ void expect_8bit_16_equal() {
       }
       optim::AdamHyper hs = h;
       hs.step = h.step + step;
-      optim::parallel_adamw8bit_(lr, {hs, bs});
+      optim::cpu::serial_multi_tensor_kernels.adamw8bit(lr, {hs, bs});
       optim::parallel_adamw8bit_16_(l1, {hs, bs}, dtype_of<G>(), out);
       for (size_t t = 0; t < ref.size(); ++t) {
         const std::string where =
@@ -348,6 +350,87 @@ void expect_8bit_16_equal() {
           ref[t].g[i] = G(next());
           o.g[i] = ref[t].g[i];
         }
+      }
+    }
+  }
+  tally::cpu::set_num_threads(threads_before);
+}
+
+// The threaded float32 AdamW8bit update (parallel_adamw8bit_: the vectorised blocks, the code
+// book searched without a branch) equals the serial kernel bit for bit over two steps: masters,
+// codes and scales, with tails short of a block and of a vector, a run boundary (66000), a
+// block of zeros, an inf gradient, at 1 and 3 threads; amsgrad takes the serial kernel itself.
+TEST(CpuOffload, ParallelEightBitUpdateEqualsTheSerialKernel) {
+  const int64_t sizes[] = {1, 77, 1000, 66000};
+  uint32_t seed = 29;
+  auto next = [&] {  // values in [-1, 1)
+    seed = seed * 1664525u + 1013904223u;
+    return static_cast<float>(seed >> 8) / 8388608.0f - 1.0f;
+  };
+  struct State {
+    std::vector<float> p, g, am, av;
+    std::vector<uint8_t> qm, qv;
+  };
+  const int threads_before = tally::cpu::num_threads();
+  for (const auto& [threads, bs, maximize, amsgrad] :
+       {std::tuple{1, int64_t{64}, false, false}, std::tuple{3, int64_t{256}, true, false},
+        std::tuple{3, int64_t{64}, false, true}}) {
+    tally::cpu::set_num_threads(threads);
+    const optim::AdamHyper h{.lr = 1e-2,
+                             .beta1 = maximize ? 0.3 : 0.9,
+                             .weight_decay = 0.01,
+                             .decoupled = !maximize,
+                             .amsgrad = amsgrad,
+                             .maximize = maximize,
+                             .step = 3};
+    std::vector<State> ref, par;
+    for (const int64_t n : sizes) {
+      State st;
+      for (int64_t i = 0; i < n; ++i) {
+        st.p.push_back(next());
+        st.g.push_back(next() * 1e-2f);
+        st.qm.push_back(static_cast<uint8_t>(seed >> 13));
+        st.qv.push_back(static_cast<uint8_t>(seed >> 21));
+      }
+      for (int64_t b = 0; b < (n + bs - 1) / bs; ++b) {
+        st.am.push_back(std::abs(next()) * 1e-2f);
+        st.av.push_back(std::abs(next()) * 1e-4f);
+      }
+      if (n == 1000) {  // the first block all zero; an inf gradient in the last
+        st.am[0] = st.av[0] = 0;
+        std::fill(st.g.begin(), st.g.begin() + bs, 0.0f);
+        st.g[static_cast<size_t>(n - 2)] = std::numeric_limits<float>::infinity();
+      }
+      ref.push_back(st);
+      par.push_back(st);
+    }
+    for (int step = 0; step < 2; ++step) {
+      optim::TensorLists lr(Device::cpu(), DType::float32, 6), lp = lr;
+      for (size_t t = 0; t < ref.size(); ++t) {
+        State& r = ref[t];
+        State& q = par[t];
+        lr.add({r.p.data(), r.g.data(), r.qm.data(), r.qv.data(), r.am.data(), r.av.data()},
+               sizes[t]);
+        lp.add({q.p.data(), q.g.data(), q.qm.data(), q.qv.data(), q.am.data(), q.av.data()},
+               sizes[t]);
+      }
+      optim::AdamHyper hs = h;
+      hs.step = h.step + step;
+      optim::cpu::serial_multi_tensor_kernels.adamw8bit(lr, {hs, bs});
+      optim::parallel_adamw8bit_(lp, {hs, bs});
+      for (size_t t = 0; t < ref.size(); ++t) {
+        const std::string where =
+            fmt::format("threads {} block {} maximize {} amsgrad {} step {} size {}", threads, bs,
+                        maximize, amsgrad, step, sizes[t]);
+        ASSERT_EQ(std::memcmp(ref[t].p.data(), par[t].p.data(), ref[t].p.size() * 4), 0) << where;
+        ASSERT_EQ(ref[t].qm, par[t].qm) << where;
+        ASSERT_EQ(ref[t].qv, par[t].qv) << where;
+        ASSERT_EQ(std::memcmp(ref[t].am.data(), par[t].am.data(), ref[t].am.size() * 4), 0)
+            << where;
+        ASSERT_EQ(std::memcmp(ref[t].av.data(), par[t].av.data(), ref[t].av.size() * 4), 0)
+            << where;
+        for (size_t i = 0; i < ref[t].g.size(); ++i)  // the next step's gradient
+          ref[t].g[i] = par[t].g[i] = next() * 1e-2f;
       }
     }
   }
