@@ -250,7 +250,7 @@ TEST(Plan, TheCpuPricesA16BitProductAsFloat32PlusItsCopies) {
     return memory::meta_seconds(dry.device()) - before;
   };
   const double f32 = predicted(DType::float32), bf16 = predicted(DType::bfloat16);
-  EXPECT_GT(bf16, f32);      // the widening and rounding copies
+  EXPECT_GT(bf16, f32);  // the widening and rounding copies
   // A product of 137 GFLOP outweighs 300 MB of copies (at 2048 the two were close under ASan,
   // whose instrumented copy loops measure a slow bandwidth beside OpenBLAS's uninstrumented
   // sgemm: 0.349 against 2 x 0.174 s).
