@@ -10,6 +10,7 @@
 
 #include "memory/caching_allocator.h"
 #include "tensor/ops.h"
+#include "tensor/random.h"
 
 namespace tally::nn {
 
@@ -20,7 +21,7 @@ std::string mib(int64_t bytes) {
 }
 
 struct CpuRates {
-  double flops_32, bandwidth, launch;
+  double flops_32, bandwidth, launch, byte_scale_bf16, byte_scale_fp16;
 };
 
 CpuRates measure_cpu() {
@@ -28,13 +29,26 @@ CpuRates measure_cpu() {
   // the peaks of, the CPU's allocator, whose budget the planner is choosing for.
   memory::PrivateCpuAllocatorScope own_allocator;
   const int64_t n = 384;
-  const Tensor a = ops::randn({n, n}), b = ops::randn({n, n});
+  Generator gen(51);  // its own: a plan leaves the user's random stream where it was
+  const Tensor a = ops::randn({n, n}, DType::float32, Device::cpu(), &gen),
+               b = ops::randn({n, n}, DType::float32, Device::cpu(), &gen);
   const double gemm = 2.0 * static_cast<double>(n * n * n);
   CpuRates r{};
   r.flops_32 = gemm / best_seconds(5, 0.15, [&] { ops::matmul(a, b); });
   const Tensor src = ops::zeros({int64_t{1} << 22}), dst = ops::empty({int64_t{1} << 22});
   r.bandwidth = 2.0 * static_cast<double>(src.nbytes()) /
                 best_seconds(3, 0.02, [&] { ops::copy_(dst, src); });
+  // A 16-bit map's time over its bytes' time at `bandwidth`: the CPU's kernels widen every
+  // element to float32 (bfloat16 by a shift, float16 by a conversion), so a bfloat16 add takes
+  // about a float32 add's time for half the bytes, and a float16 one several times that.
+  const double add_32 = best_seconds(3, 0.02, [&] { ops::binary(ops::BinaryOp::add, src, src); });
+  auto scale = [&](DType d) {
+    const Tensor h = ops::zeros({int64_t{1} << 22}, d);
+    const double t = best_seconds(3, 0.02, [&] { ops::binary(ops::BinaryOp::add, h, h); });
+    return std::max(1.0, 2.0 * t / add_32);  // float32's bytes are twice the 16-bit ones
+  };
+  r.byte_scale_bf16 = scale(DType::bfloat16);
+  r.byte_scale_fp16 = scale(DType::float16);
   const Tensor one = ops::zeros({1});
   r.launch = best_seconds(3, 0,
                           [&] {
@@ -93,6 +107,8 @@ meta::Rates calibrated_rates(const memory::MetaTarget& t) {
     r.flops_16bit = rates.flops_32;
     r.bandwidth = rates.bandwidth;
     r.launch_seconds = rates.launch;
+    r.byte_scale_bf16 = rates.byte_scale_bf16;
+    r.byte_scale_fp16 = rates.byte_scale_fp16;
     return r;
   }
   // A GPU without recorded rates: the H200's, as a relative model (ranks plans, not seconds).

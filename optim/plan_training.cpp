@@ -20,6 +20,7 @@
 #include "optim/step_in_backward.h"
 #include "tensor/meta/cost.h"
 #include "tensor/ops.h"
+#include "tensor/random.h"
 
 namespace tally::nn {
 namespace {
@@ -221,7 +222,12 @@ meta::Rates with_cpu_update_rates(meta::Rates rates, const memory::MetaTarget& t
         .adam = {.lr = 1e-3, .weight_decay = 0.01, .decoupled = true, .step = 1}};
     memory::PrivateCpuAllocatorScope own_allocator;
     const int64_t blocks = n / h8.block_size;
-    const Tensor p = ops::full({n}, 0.5), g = ops::full({n}, 1e-3), m = ops::zeros({n}),
+    // Random values (from a generator of its own: the user's stream is untouched), so that the
+    // update's code-book search costs what it does on real moments.
+    Generator gen(51);
+    const Device cpu = Device::cpu();
+    const Tensor p = ops::randn({n}, DType::float32, cpu, &gen),
+                 g = ops::randn({n}, DType::float32, cpu, &gen), m = ops::zeros({n}),
                  v = ops::zeros({n}), am = ops::zeros({blocks}), av = ops::zeros({blocks});
     const Tensor qm = ops::zeros({n}, DType::uint8), qv = ops::zeros({n}, DType::uint8);
     auto ptr = [](const Tensor& t) { return t.storage().data(); };

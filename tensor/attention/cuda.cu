@@ -960,10 +960,11 @@ void cudnn_mask_to_bias(const Tensor& bias, const Tensor& mask) {
   const int64_t n = bias.numel();
   if (n == 0) return;
   DeviceGuard g(bias.device().index);
-  View4 v{};  // the mask's own part: size 1 along its broadcast (stride 0) dims
-  for (int d = 0; d < 4; ++d) {
-    v.stride[d] = mask.strides()[static_cast<size_t>(d)];
-    v.size[d] = v.stride[d] == 0 ? 1 : mask.size(d);
+  const std::array<int64_t, 4> own = mask_own_sizes(mask);
+  View4 v{};
+  for (size_t d = 0; d < 4; ++d) {
+    v.size[d] = own[d];
+    v.stride[d] = mask.strides()[d];
   }
   const char* m = static_cast<const char*>(mask.storage().data()) +
                   mask.storage_offset() * static_cast<int64_t>(mask.element_size());

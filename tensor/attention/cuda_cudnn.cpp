@@ -212,14 +212,12 @@ cudnn_sdpa::Problem problem(const Tensor& q, const Tensor& k, const Tensor& v, b
   return p;
 }
 
-// The mask's own part of its [B, H, L, S] view (size 1 along stride-0 dims) as p's bias
-// (cuda_cudnn_sdpa.h): contiguous over those sizes, stride 0 along broadcast rows or columns;
-// its element count. Nothing for an undefined mask (0).
+// The mask's own part (mask_own_sizes) as p's bias (cuda_cudnn_sdpa.h): contiguous over those
+// sizes, stride 0 along broadcast rows or columns; its element count. Nothing for an undefined
+// mask (0).
 int64_t set_bias(cudnn_sdpa::Problem& p, const Tensor& mask) {
   if (!mask.defined()) return 0;
-  int64_t own[4];
-  for (int d = 0; d < 4; ++d)
-    own[d] = mask.strides()[static_cast<size_t>(d)] == 0 ? 1 : mask.size(d);
+  const std::array<int64_t, 4> own = mask_own_sizes(mask);
   p.bias_b = own[0];
   p.bias_h = own[1];
   p.bias = {own[1] * own[2] * own[3], own[2] * own[3], own[2] == 1 ? 0 : own[3],
@@ -269,6 +267,20 @@ bool run_cached(Cache<Plan>& cache, bool backward, int device, cudnnHandle_t h,
   return true;
 }
 
+// A masked call's bias in q's dtype (cudnn_mask_to_bias), made only once `cache` has a plan
+// for p (set_bias has given p its shape): true with `bias` set; false where cuDNN has no plan.
+// Without a mask: true, `bias` undefined.
+template <typename Plan>
+bool prepare_bias(Cache<Plan>& cache, bool backward, int device, cudnnHandle_t h,
+                  cudnn_sdpa::Problem& p, const Tensor& q, const Tensor& mask, Tensor& bias) {
+  const int64_t numel = set_bias(p, mask);
+  if (!mask.defined()) return true;
+  if (!cache.get(key_of(backward, device, h, p), device, h, p, {})->plan) return false;
+  bias = alloc_scratch(numel, q.dtype(), q.device());
+  cudnn_mask_to_bias(bias, mask);
+  return true;
+}
+
 }  // namespace
 
 void set_cudnn_sdp_enabled(bool on) {
@@ -311,15 +323,8 @@ bool cudnn_flash_attention_forward(const Tensor& out, const Tensor& lse, const T
   DeviceGuard g(device);
   cudnnHandle_t h = cudnn_handle(device);
   cudnn_sdpa::Problem p = problem(q, k, v, causal, scale, strides_of(out));
-  const int64_t bias_numel = set_bias(p, mask);
-  // A mask goes in as a bias in q's dtype, made only once cuDNN has a plan for the problem.
   Tensor bias;
-  if (mask.defined()) {
-    if (!forward_cache().get(key_of(false, device, h, p), device, h, p, {})->plan)
-      return fall_back();
-    bias = alloc_scratch(bias_numel, q.dtype(), q.device());
-    cudnn_mask_to_bias(bias, mask);
-  }
+  if (!prepare_bias(forward_cache(), false, device, h, p, q, mask, bias)) return fall_back();
   const void* b = bias.defined() ? ptr(bias) : nullptr;
   const auto run = [&](const cudnn_sdpa::Forward& plan, void* ws) {
     plan.run(h, ptr(q), ptr(k), ptr(v), b, ptr(out), ptr<float>(lse), ws);
@@ -344,14 +349,10 @@ bool cudnn_flash_attention_backward(const Tensor& dq, const Tensor& dk, const Te
   p.dq = strides_of(dq);
   p.dk = strides_of(dk);
   p.dv = strides_of(dv);
-  const int64_t bias_numel = set_bias(p, mask);
   // With a mask: its bias, and the statistics with a row without keys at +inf.
   Tensor bias, stats;
+  if (!prepare_bias(backward_cache(), true, device, h, p, q, mask, bias)) return fall_back();
   if (mask.defined()) {
-    if (!backward_cache().get(key_of(true, device, h, p), device, h, p, {})->plan)
-      return fall_back();
-    bias = alloc_scratch(bias_numel, q.dtype(), q.device());
-    cudnn_mask_to_bias(bias, mask);
     stats = alloc_scratch(lse.numel(), DType::float32, q.device());
     cudnn_backward_stats(ptr<float>(stats), lse);
   }

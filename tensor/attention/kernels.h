@@ -6,6 +6,7 @@
 // Routes (cuDNN, FlashAttention-2, float32) and what CUDA inputs must be: docs/notes.md §26.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "tensor/dispatch.h"
@@ -29,6 +30,16 @@ using AttentionBackwardFn = R(const Tensor& dq, const Tensor& dk, const Tensor& 
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, bool causal, double scale,
                               const Tensor& mask);
+
+// A [B, H, L, S] mask view's own part: its sizes with 1 along the broadcast (stride 0) dims.
+// The cuDNN route's bias holds this much of it (tensor/attention/cuda_cudnn.cpp, cuda.cu), and
+// the meta kernels charge it (tensor/attention/meta.cpp).
+inline std::array<int64_t, 4> mask_own_sizes(const Tensor& mask) {
+  std::array<int64_t, 4> own{};
+  for (size_t d = 0; d < 4; ++d)
+    own[d] = mask.strides()[d] == 0 ? 1 : mask.size(static_cast<int64_t>(d));
+  return own;
+}
 
 struct AttentionKernels {
   // q [B, H, L, E], k [B, Hk, S, E], v [B, Hk, S, Ev] (any strides, H % Hk == 0); out [B, H, L, Ev]

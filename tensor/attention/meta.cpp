@@ -23,9 +23,8 @@ double attention_flops(const Tensor& q, const Tensor& k, bool causal) {
 // dtype (tensor/attention/cuda_cudnn.cpp); nothing without a mask or off CUDA.
 Tensor cudnn_bias(const Tensor& q, const Tensor& mask) {
   if (!mask.defined() || !replays_cuda(q) || q.dtype() == DType::float32) return Tensor();
-  int64_t n = 1;
-  for (int d = 0; d < 4; ++d) n *= mask.strides()[static_cast<size_t>(d)] == 0 ? 1 : mask.size(d);
-  return alloc_scratch(n, q.dtype(), q.device());
+  const std::array<int64_t, 4> own = mask_own_sizes(mask);
+  return alloc_scratch(own[0] * own[1] * own[2] * own[3], q.dtype(), q.device());
 }
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,

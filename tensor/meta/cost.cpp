@@ -68,8 +68,12 @@ void cost(Device device, DType d, double flops, double bytes, bool tf32, double 
                       : d == DType::float64                       ? t.flops_64bit
                       : tf32                                      ? t.flops_tf32
                                                                   : t.flops_32bit;
-  const double s = std::max({rate > 0 ? flops / rate : 0.0, bytes / t.bandwidth, min_seconds}) +
-                   t.launch_seconds;
+  const double scale = d == DType::bfloat16  ? t.byte_scale_bf16
+                       : d == DType::float16 ? t.byte_scale_fp16
+                                             : 1.0;
+  const double s =
+      std::max({rate > 0 ? flops / rate : 0.0, bytes * scale / t.bandwidth, min_seconds}) +
+      t.launch_seconds;
   memory::add_meta_seconds(device, s, t.launch_seconds);
 }
 

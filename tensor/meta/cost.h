@@ -28,6 +28,10 @@ struct Rates {
   // calibrated CPU's: AdamW8bit's code-book search and scaling, optim/plan_training.cpp); 0:
   // their bytes only.
   double adam_element_seconds = 0, adamw8bit_element_seconds = 0;
+  // How many times its bytes a kernel over 16-bit tensors costs at `bandwidth` (a calibrated
+  // CPU's: its kernels widen every bfloat16 or float16 element to float32 and back, and take a
+  // float32 element's time or more, nn::calibrated_rates); 1: its bytes.
+  double byte_scale_bf16 = 1, byte_scale_fp16 = 1;
 };
 
 // The recorded rates of `target` (its workspace_tables names the GPU: "h200"); all 0 for
@@ -39,8 +43,9 @@ Rates rates_of(Device device);
 void set_rates(Device device, const Rates& rates);
 
 // The predicted time of one kernel on the target: max(flops / the rate of its dtype's
-// products, bytes / bandwidth, min_seconds) + the launch overhead. `tf32`: a float32 product
-// on TF32 tensor cores (cuDNN's convolutions). Nothing when the target has no rates.
+// products, bytes (scaled for 16-bit dtypes) / bandwidth, min_seconds) + the launch overhead.
+// `tf32`: a float32 product on TF32 tensor cores (cuDNN's convolutions). Nothing when the target
+// has no rates.
 void cost(Device device, DType d, double flops, double bytes, bool tf32 = false,
           double min_seconds = 0);
 inline void cost(const Tensor& like, double flops, double bytes, bool tf32 = false) {

@@ -19,6 +19,8 @@
 #include "testing/devices.h"
 
 #if defined(TALLY_WITH_CUDA)
+#include "memory/caching_allocator.h"
+#include "memory/meta.h"
 #include "tensor/attention/cuda.h"
 #include "tensor/cuda/graph.h"
 #include "tensor/cuda/runtime.h"
@@ -923,6 +925,50 @@ TEST_P(AttentionVsCpu, CudnnTakesMasksAsABias) {
         EXPECT_EQ(lse1[5], -INFINITY);
       }
     }
+  }
+}
+
+// A dry run replaying this GPU (target "cuda") charges the masked cuDNN route what the run
+// allocates (tensor/attention/meta.cpp): the bias, the mask's own part in q's dtype, in forward
+// and backward, and the backward's statistics. A masked 16-bit forward + backward has the same
+// workspace and temporary peaks on both, for a key-padding mask with grouped heads and for a
+// float [1, 1, L, S] bias.
+TEST_P(AttentionVsCpu, ADryRunChargesTheMaskedCudnnRoute) {
+  if (!cuda::cudnn_sdp_enabled()) GTEST_SKIP() << "the cuDNN route is off (TALLY_CUDNN_SDP=0)";
+  const int64_t B = 2, H = 4, T = 192, D = 64;
+  for (const bool boolean : {true, false}) {
+    SCOPED_TRACE(boolean ? "bool key-padding mask" : "float bias");
+    const int64_t Hk = boolean ? 2 : H;
+    const Shape own = boolean ? Shape{B, 1, 1, T} : Shape{1, 1, T, T};
+    const DType md = boolean ? DType::bool_ : DType::float32;
+    auto peaks = [&](Device d) {
+      const DType bf = DType::bfloat16;
+      const Tensor q = ops::zeros({B, H, T, D}, bf, d), k = ops::zeros({B, Hk, T, D}, bf, d),
+                   v = ops::zeros({B, Hk, T, D}, bf, d), dout = ops::zeros({B, H, T, D}, bf, d);
+      const Tensor mask = ops::ones(own, md, d);
+      for (int i = 0; i < 2; ++i) {  // the first builds (and tunes) cuDNN's plans
+        memory::synchronize(d);
+        memory::reset_peak_memory_stats(d);
+        const ops::FlashAttentionOutput f =
+            ops::flash_attention_forward(q, k, v, false, 0.125, mask);
+        (void)ops::flash_attention_backward(dout, q, k, v, f.out, f.lse, false, 0.125, mask);
+      }
+      memory::synchronize(d);
+      const memory::DeviceStats st = memory::get_allocator(d).stats();
+      return std::make_pair(st.cat_bytes(memory::Category::workspace).peak,
+                            st.cat_bytes(memory::Category::temporary).peak);
+    };
+    const cuda::CudnnSdpCounts before = cuda::cudnn_sdp_counts();
+    const auto real = peaks(dev());
+    const cuda::CudnnSdpCounts after = cuda::cudnn_sdp_counts();
+    EXPECT_EQ(after.forward - before.forward, 2);
+    EXPECT_EQ(after.backward - before.backward, 2);
+    const Device meta = memory::new_meta_device(memory::meta_target("cuda"));
+    const auto dry = peaks(meta);
+    EXPECT_TRUE(memory::unreplayed(meta).empty());
+    EXPECT_EQ(dry.first, real.first) << "workspace peak";
+    EXPECT_EQ(dry.second, real.second) << "temporary peak";
+    EXPECT_GT(real.first, 0);
   }
 }
 
