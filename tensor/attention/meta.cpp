@@ -2,9 +2,10 @@
 // nothing. On CUDA the 16-bit backward takes a float32 accumulator the size of q plus one
 // float a row (dO . O), in Tally's kernels (tensor/attention/cuda.cu) and in the same amount
 // in cuDNN's workspace; the float32 backward (tensor/attention/cuda_fp32.cu) takes the row
-// vector only. A masked 16-bit call takes cuDNN's route with the mask as a bias in q's dtype
-// (forward and backward), and the backward a float a row more (where cuDNN declines the
-// problem, Tally's kernels allocate neither: the estimate is that much high).
+// vector only. A 16-bit call cuDNN's route takes is charged what that route allocates more:
+// a mask as a bias in q's dtype (forward and backward) and, in the backward, a float a row,
+// and grouped heads' full-head dK and dV (where cuDNN declines the problem, Tally's kernels
+// allocate none of these: the estimate is that much high).
 #include "tensor/attention/kernels.h"
 #include "tensor/meta/target.h"
 
@@ -19,10 +20,18 @@ double attention_flops(const Tensor& q, const Tensor& k, bool causal) {
   return causal ? f / 2 : f;
 }
 
-// The 16-bit cuDNN route's bias: the mask's own part (size 1 along its stride-0 dims) in q's
-// dtype (tensor/attention/cuda_cudnn.cpp); nothing without a mask or off CUDA.
-Tensor cudnn_bias(const Tensor& q, const Tensor& mask) {
-  if (!mask.defined() || !replays_cuda(q) || q.dtype() == DType::float32) return Tensor();
+// Whether a CUDA call takes cuDNN's route (tensor/attention/cuda_cudnn.cpp's `eligible`; the
+// dry run takes cuDNN to have a plan for it): 16-bit, one head dim, a multiple of 8 up to 128.
+bool cudnn_route(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t d = q.size(3);
+  return replays_cuda(q) && (q.dtype() == DType::bfloat16 || q.dtype() == DType::float16) &&
+         k.size(3) == d && v.size(3) == d && d % 8 == 0 && d <= 128;
+}
+
+// The cuDNN route's bias: the mask's own part (mask_own_sizes) in q's dtype
+// (tensor/attention/cuda_cudnn.cpp); nothing without a mask or off that route.
+Tensor cudnn_bias(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+  if (!mask.defined() || !cudnn_route(q, k, v)) return Tensor();
   const std::array<int64_t, 4> own = mask_own_sizes(mask);
   return alloc_scratch(own[0] * own[1] * own[2] * own[3], q.dtype(), q.device());
 }
@@ -30,7 +39,7 @@ Tensor cudnn_bias(const Tensor& q, const Tensor& mask) {
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                              const Tensor& v, bool causal, double /*scale*/, const Tensor& mask) {
   cost(q, attention_flops(q, k, causal), tensor_bytes(out, lse, q, k, v));
-  const Tensor bias = cudnn_bias(q, mask);
+  const Tensor bias = cudnn_bias(q, k, v, mask);
 }
 
 void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
@@ -47,10 +56,19 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
   }
   if (dq.numel() == 0 && dk.numel() == 0) return;
   // A masked call: the bias and the statistics cuDNN reads (one float a row).
-  const Tensor bias = cudnn_bias(q, mask);
+  const Tensor bias = cudnn_bias(q, k, v, mask);
   const Tensor stats = bias.defined() ? alloc_scratch(rows, DType::float32, q.device()) : Tensor();
   const Tensor dvec = alloc_scratch(rows, DType::float32, q.device());
-  alloc_scratch(rows * q.size(3), DType::float32, q.device());
+  const Tensor acc = alloc_scratch(rows * q.size(3), DType::float32, q.device());
+  if (!cudnn_route(q, k, v)) return;
+  // cuDNN's workspace beside those: grouped heads' full-head dK and dV in q's dtype, which its
+  // graph sums over each group (cuda_cudnn_sdpa.cpp, grouped_matmul), and with a bias a few
+  // bytes more (512 with the allocator's rounding; both measured on an H100, cuDNN 9).
+  const Tensor full =
+      k.size(1) < q.size(1)
+          ? alloc_scratch(2 * q.size(0) * q.size(1) * k.size(2) * q.size(3), q.dtype(), q.device())
+          : Tensor();
+  if (bias.defined()) alloc_scratch_bytes(512, q.device());
 }
 
 // One read of x and one write of out (the tables are small beside them: broadcast views).
