@@ -20,11 +20,8 @@ std::string mib(int64_t bytes) {
   return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0);
 }
 
-struct CpuRates {
-  double flops_32, bandwidth, launch, byte_scale_bf16, byte_scale_fp16;
-};
-
-CpuRates measure_cpu() {
+// The CPU's rates, measured.
+meta::Rates measure_cpu() {
   // On an allocator of its own: its buffers (32 MiB of them) must not stay cached in, or raise
   // the peaks of, the CPU's allocator, whose budget the planner is choosing for.
   memory::PrivateCpuAllocatorScope own_allocator;
@@ -33,8 +30,15 @@ CpuRates measure_cpu() {
   const Tensor a = ops::randn({n, n}, DType::float32, Device::cpu(), &gen),
                b = ops::randn({n, n}, DType::float32, Device::cpu(), &gen);
   const double gemm = 2.0 * static_cast<double>(n * n * n);
-  CpuRates r{};
-  r.flops_32 = gemm / best_seconds(5, 0.15, [&] { ops::matmul(a, b); });
+  meta::Rates r;
+  r.flops_32bit = r.flops_tf32 = gemm / best_seconds(5, 0.15, [&] { ops::matmul(a, b); });
+  r.flops_64bit = r.flops_32bit / 2;
+  // The CPU multiplies 16-bit operands in float32 (tensor/linalg/cpu.cpp: widen, sgemm, round
+  // back), and the meta kernel charges the widening and rounding as ops of their own
+  // (tensor/linalg/meta.cpp). Timing a whole 16-bit matmul here counted those copies twice, and
+  // on a loaded machine their three parallel regions made a 384 x 384 product take 48 ms
+  // against 1.2 ms in float32: GPT-2's bf16 step priced at 11x its float32 one (issue 51).
+  r.flops_16bit = r.flops_32bit;
   const Tensor src = ops::zeros({int64_t{1} << 22}), dst = ops::empty({int64_t{1} << 22});
   r.bandwidth = 2.0 * static_cast<double>(src.nbytes()) /
                 best_seconds(3, 0.02, [&] { ops::copy_(dst, src); });
@@ -50,11 +54,12 @@ CpuRates measure_cpu() {
   r.byte_scale_bf16 = scale(DType::bfloat16);
   r.byte_scale_fp16 = scale(DType::float16);
   const Tensor one = ops::zeros({1});
-  r.launch = best_seconds(3, 0,
-                          [&] {
-                            for (int i = 0; i < 100; ++i) ops::binary(ops::BinaryOp::add, one, one);
-                          }) /
-             100.0;
+  r.launch_seconds = best_seconds(3, 0,
+                                  [&] {
+                                    for (int i = 0; i < 100; ++i)
+                                      ops::binary(ops::BinaryOp::add, one, one);
+                                  }) /
+                     100.0;
   return r;
 }
 
@@ -95,21 +100,9 @@ meta::Rates calibrated_rates(const memory::MetaTarget& t) {
   if (r.bandwidth > 0) return r;
   if (t.type == DeviceType::cpu) {
     static std::once_flag once;
-    static CpuRates rates{};
-    std::call_once(once, [] { rates = measure_cpu(); });
-    r.flops_32bit = r.flops_tf32 = rates.flops_32;
-    r.flops_64bit = rates.flops_32 / 2;
-    // The CPU multiplies 16-bit operands in float32 (tensor/linalg/cpu.cpp: widen, sgemm, round
-    // back), and the meta kernel charges the widening and rounding as ops of their own
-    // (tensor/linalg/meta.cpp). Timing a whole 16-bit matmul here counted those copies twice, and
-    // on a loaded machine their three parallel regions made a 384 x 384 product take 48 ms
-    // against 1.2 ms in float32: GPT-2's bf16 step priced at 11x its float32 one (issue 51).
-    r.flops_16bit = rates.flops_32;
-    r.bandwidth = rates.bandwidth;
-    r.launch_seconds = rates.launch;
-    r.byte_scale_bf16 = rates.byte_scale_bf16;
-    r.byte_scale_fp16 = rates.byte_scale_fp16;
-    return r;
+    static meta::Rates cpu;
+    std::call_once(once, [] { cpu = measure_cpu(); });
+    return cpu;
   }
   // A GPU without recorded rates: the H200's, as a relative model (ranks plans, not seconds).
   const meta::Rates h = meta::rates_for(memory::meta_target("h200"));
