@@ -417,10 +417,9 @@ __device__ __forceinline__ bool sorts_before(A a, int ia, A b, int ib, int n, bo
   return ia < ib;
 }
 
-// Rows of up to kBlockSortMax elements: one block a row, a bitonic sort of (value, index)
+// Rows of up to kCudaBlockSortMax elements: one block a row, a bitonic sort of (value, index)
 // pairs in shared memory, padded to p (a power of two) with elements that sort last.
 // operands over the rows: x, values, indices.
-constexpr int kBlockSortMax = 2048;
 
 template <typename T>
 __global__ void block_sort_kernel(T* values, int64_t* indices, const T* x, int64_t rows,
@@ -563,7 +562,7 @@ void sort(const Tensor& values, const Tensor& indices, const Tensor& x, int64_t 
   DeviceGuard guard(dev);
   TALLY_DISPATCH_ALL(x.dtype(), "sort", [&] {
     using D = dev_t<scalar_t>;
-    if (n > kBlockSortMax)
+    if (n > kCudaBlockSortMax)
       return radix_sort<scalar_t>(values, indices, x, rows, l, n, dim, descending);
     int p = 1;
     while (p < n) p <<= 1;

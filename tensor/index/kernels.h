@@ -2,7 +2,7 @@
 // masks): each kernel's signature, once. The CPU reference (tensor/index/cpu.cpp) and the
 // CUDA kernels (tensor/index/cuda.cu) each define one IndexKernels; tensor/backends.cpp
 // registers them. Called only by the raw ops (tensor/index/ops.cpp), which check every
-// argument first. No kernel allocates: the meta table is all `nothing`.
+// argument first. Only CUDA's sort of long rows allocates (kCudaBlockSortMax).
 //
 // Indices out of range: the CPU kernels throw std::out_of_range naming the op; the CUDA
 // kernels cannot throw without reading the indices back, so they skip such an entry (as
@@ -48,6 +48,11 @@ struct IndexKernels {
   void (*masked_scatter)(const Tensor& out, const Tensor& src1d, const Tensor& mask,
                          const Tensor& positions);
 };
+
+// CUDA sorts a row of up to this many elements in one block (shared memory, no scratch); a
+// longer row takes a segmented radix sort through scratch: keys and positions twice over, the
+// row offsets and cub's temporary storage (tensor/index/cuda.cu), which the meta kernel charges.
+inline constexpr int64_t kCudaBlockSortMax = 2048;
 
 // The rows a scan or sort along dim runs over: x's shape with dim's size set to 1 (shape),
 // how many there are (count) and each row's length (n).

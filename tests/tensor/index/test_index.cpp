@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "memory/caching_allocator.h"
+#include "memory/estimate.h"
+#include "memory/meta.h"
+#include "tensor/index/kernels.h"
 #include "testing/cuda_testing.h"
 #include "testing/devices.h"
 
@@ -462,6 +466,37 @@ TEST_P(IndexVsCpu, ScatterReduceCumprodMatchTheCpu) {
   const Tensor ic = ops::randint(0, 6, {6, 50}, DType::int64, kCpu);
   EXPECT_TRUE(close_pointwise(ops::scatter(to_gpu(u8), 1, to_gpu(ic), to_gpu(u8), "multiply"),
                               ops::scatter(u8, 1, ic, u8, "multiply"), 0.0));
+}
+
+// A dry run replaying a GPU charges CUDA's radix sort of long rows its scratch (keys and
+// positions twice over, the row offsets: tensor/index/meta.cpp) and notes cub's temporary
+// storage, which it cannot size; rows of one block, and the CPU, take none.
+TEST(IndexMeta, CudaSortOfLongRowsIsChargedItsScratch) {
+  struct Seen {
+    int64_t scratch_peak;
+    size_t notes;
+  };
+  auto dry_sort = [](const std::string& target, int64_t n) {
+    memory::DryRun dry({.target = target, .max_history = 0});
+    const Device d = dry.device();
+    const Tensor x = ops::empty({3, n}, DType::bfloat16, d);
+    memory::reset_peak_memory_stats(d);
+    (void)ops::sort(x, 1, false);
+    return Seen{memory::get_allocator(d).stats().cat_bytes(memory::Category::workspace).peak,
+                memory::unreplayed(d).size()};
+  };
+  const int64_t n = kCudaBlockSortMax + 1, total = 3 * n;
+  const Seen long_rows = dry_sort("h200", n);
+  const int64_t raw = 2 * total * 2 + 2 * total * 8 + 4 * 8;  // bf16 keys, int64 positions
+  EXPECT_GE(long_rows.scratch_peak, raw);
+  EXPECT_LT(long_rows.scratch_peak, raw + 3 * 512);  // each rounded up to the allocator's 512 B
+  EXPECT_EQ(long_rows.notes, 1u);
+  const Seen short_rows = dry_sort("h200", kCudaBlockSortMax);
+  EXPECT_EQ(short_rows.scratch_peak, 0);
+  EXPECT_EQ(short_rows.notes, 0u);
+  const Seen cpu = dry_sort("cpu", n);
+  EXPECT_EQ(cpu.scratch_peak, 0);
+  EXPECT_EQ(cpu.notes, 0u);
 }
 
 }  // namespace
