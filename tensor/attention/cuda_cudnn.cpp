@@ -185,11 +185,7 @@ Cache<cudnn_sdpa::Backward>& backward_cache() {
 // Problems this route takes at all (cuDNN may still decline one when building its plan):
 // k and v with q's heads, or the same fewer heads dividing them (grouped-query attention).
 bool eligible(const Tensor& q, const Tensor& k, const Tensor& v) {
-  if (!enabled() || q.dim() != 4) return false;
-  if (q.dtype() != DType::bfloat16 && q.dtype() != DType::float16) return false;
-  const int64_t d = q.size(3), hkv = k.size(1);
-  return v.size(3) == d && k.size(3) == d && d % 8 == 0 && d <= 128 && v.size(1) == hkv &&
-         hkv > 0 && q.size(1) % hkv == 0 && compute_capability(q.device().index) >= 80;
+  return enabled() && cudnn_sdp_shapes(q, k, v) && compute_capability(q.device().index) >= 80;
 }
 
 // The problem of q, k, v with the output's strides `o`.

@@ -41,6 +41,17 @@ inline std::array<int64_t, 4> mask_own_sizes(const Tensor& mask) {
   return own;
 }
 
+// The shapes and dtypes cuDNN's fused route takes (tensor/attention/cuda_cudnn.cpp, which also
+// asks for sm_80+ and the route switched on; the meta kernels charge what it allocates):
+// float16 / bfloat16 [B, H, T, D], one head dim D, a multiple of 8 up to 128, and k and v
+// with heads dividing q's.
+inline bool cudnn_sdp_shapes(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.dim() != 4 || (q.dtype() != DType::bfloat16 && q.dtype() != DType::float16)) return false;
+  const int64_t d = q.size(3), hkv = k.size(1);
+  return v.size(3) == d && k.size(3) == d && d % 8 == 0 && d <= 128 && v.size(1) == hkv &&
+         hkv > 0 && q.size(1) % hkv == 0;
+}
+
 struct AttentionKernels {
   // q [B, H, L, E], k [B, Hk, S, E], v [B, Hk, S, Ev] (any strides, H % Hk == 0); out [B, H, L, Ev]
   // in q's dtype and lse [B, H, L] (float32, float64 for float64 inputs), both contiguous.

@@ -20,12 +20,9 @@ double attention_flops(const Tensor& q, const Tensor& k, bool causal) {
   return causal ? f / 2 : f;
 }
 
-// Whether a CUDA call takes cuDNN's route (tensor/attention/cuda_cudnn.cpp's `eligible`; the
-// dry run takes cuDNN to have a plan for it): 16-bit, one head dim, a multiple of 8 up to 128.
+// Whether a CUDA call takes cuDNN's route (the dry run takes cuDNN to have a plan for it).
 bool cudnn_route(const Tensor& q, const Tensor& k, const Tensor& v) {
-  const int64_t d = q.size(3);
-  return replays_cuda(q) && (q.dtype() == DType::bfloat16 || q.dtype() == DType::float16) &&
-         k.size(3) == d && v.size(3) == d && d % 8 == 0 && d <= 128;
+  return replays_cuda(q) && cudnn_sdp_shapes(q, k, v);
 }
 
 // The cuDNN route's bias: the mask's own part (mask_own_sizes) in q's dtype
