@@ -9,11 +9,17 @@
 #include <tuple>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "memory/context.h"
 #include "tensor/ops.h"
 #include "tensor/pinned.h"
 
 namespace tally {
+namespace {
+bool offloadable_category(memory::Category c) {
+  return c == memory::Category::temporary || c == memory::Category::activation;
+}
+}  // namespace
 
 // One offloaded tensor: its host copy and, once backward has asked for it (or its group was
 // prefetched), the device copy. Shared by every save of the tensor.
@@ -50,6 +56,16 @@ struct ActivationOffloader::State {
   // and meta's copies are done when they return), and their bytes.
   std::deque<std::pair<ops::CopyFence, size_t>> inflight;
   size_t inflight_bytes = 0;
+  // Prefetch ahead (options.prefetch_lead > 0): each group's saved bytes (kept and offloaded,
+  // each block once) and offloaded bytes; this step's first group; the last group its forward
+  // opened (set when backward starts: groups past it are a recompute's); the group backward
+  // reached last.
+  std::vector<int64_t> saved_bytes, offloaded_bytes;  // index: group
+  std::map<std::tuple<const void*, int64_t, size_t>, std::weak_ptr<const void>> counted;
+  int64_t step_first_group = 0;
+  int64_t forward_last_group = -1;
+  int64_t last_reached = -1;
+  bool in_backward = false;
 
   void issue_copy(Entry& e) {
     const Tensor& t = e.pending->held();
@@ -91,41 +107,109 @@ struct ActivationOffloader::State {
     if (groups.size() <= static_cast<size_t>(g)) {
       groups.resize(static_cast<size_t>(g) + 1);
       prefetched.resize(static_cast<size_t>(g) + 1, false);
+      saved_bytes.resize(static_cast<size_t>(g) + 1, 0);
+      offloaded_bytes.resize(static_cast<size_t>(g) + 1, 0);
     }
     return groups[static_cast<size_t>(g)];
   }
 
-  // Backward reached group g: restore the nearest earlier group that still holds tensors,
-  // on the copy stream, behind one fence.
+  // Restores group k's copied saves on the copy stream, behind one fence; false when it held
+  // none.
+  bool restore(int64_t k) {
+    prefetched[static_cast<size_t>(k)] = true;
+    std::vector<std::shared_ptr<Entry>> todo;
+    for (const std::weak_ptr<Entry>& w : groups[static_cast<size_t>(k)])
+      if (std::shared_ptr<Entry> e = w.lock(); e && !e->restored.defined() && !e->pending)
+        todo.push_back(std::move(e));
+    if (todo.empty()) return false;
+    // A micro-batch's backward ("backward.0", gradient accumulation) keeps its phase.
+    const std::string& outer = memory::interned(memory::current_tag().phase);
+    memory::PhaseScope phase(outer.starts_with("backward.") ? std::string_view(outer) : "backward");
+    for (const std::shared_ptr<Entry>& e : todo) {
+      e->restored = ops::to_device_on_copy_stream(e->host, e->device, memory::Category::activation);
+      ++stats.tensors_prefetched;
+    }
+    const ops::CopyFence fence = ops::CopyFence::record(todo.front()->device);
+    for (const std::shared_ptr<Entry>& e : todo) e->fence = fence;
+    return true;
+  }
+
+  // Backward reached group g: restore the nearest earlier group that still holds tensors.
   void prefetch_before(int64_t g) {
     for (int64_t k = g - 1; k >= 0; --k) {
       if (prefetched[static_cast<size_t>(k)]) return;
-      std::vector<std::shared_ptr<Entry>> todo;
-      for (const std::weak_ptr<Entry>& w : groups[static_cast<size_t>(k)])
-        if (std::shared_ptr<Entry> e = w.lock(); e && !e->restored.defined() && !e->pending)
-          todo.push_back(std::move(e));
-      prefetched[static_cast<size_t>(k)] = true;
-      if (todo.empty()) continue;
-      // A micro-batch's backward ("backward.0", gradient accumulation) keeps its phase.
-      const std::string& outer = memory::interned(memory::current_tag().phase);
-      memory::PhaseScope phase(outer.starts_with("backward.") ? std::string_view(outer)
-                                                              : "backward");
-      for (const std::shared_ptr<Entry>& e : todo) {
-        e->restored =
-            ops::to_device_on_copy_stream(e->host, e->device, memory::Category::activation);
-        ++stats.tensors_prefetched;
+      if (restore(k)) return;
+    }
+  }
+
+  // The first unpack after a forward: backward started. Groups opened from now on are
+  // recomputes'; the next forward starts once this backward has finished.
+  void note_backward(const std::shared_ptr<State>& self) {
+    if (in_backward) return;
+    in_backward = true;
+    forward_last_group = group;
+    last_reached = -1;
+    try {
+      autograd::queue_callback([self] {
+        std::lock_guard lock(self->mu);
+        self->in_backward = false;
+        self->step_first_group = self->group + 1;
+      });
+    } catch (const std::logic_error&) {
+      // Unpacked outside a backward pass (a hook called by hand): no step to close.
+    }
+  }
+
+  // Counts a save's bytes into group g (prefetch_lead only), each block once while it lives.
+  void count_save(const Tensor& t, int64_t g) {
+    const Storage& s = t.storage();
+    if (!s.owned() || !offloadable_category(s.category())) return;
+    size_t bytes = t.nbytes();
+    int64_t offset = t.storage_offset();
+    if (!t.is_contiguous()) {
+      bytes = s.nbytes();
+      offset = -1;
+    }
+    std::weak_ptr<const void>& block = counted[{s.key(), offset, bytes}];
+    if (!block.expired()) return;
+    block = s.watch();
+    group_of(g);
+    saved_bytes[static_cast<size_t>(g)] += static_cast<int64_t>(bytes);
+  }
+
+  // Backward reached group g (prefetch_lead > 0): restore each earlier group of this step
+  // whose restore is due, latest first: the bytes saved between it and g are at most
+  // prefetch_lead x the bytes restored from g down to it. One not yet due stops the walk
+  // (the copy stream restores in backward's order).
+  void reached(int64_t g) {
+    if (g == last_reached || g < step_first_group || g > forward_last_group) return;
+    last_reached = g;
+    group_of(g);
+    int64_t between = saved_bytes[static_cast<size_t>(g)];
+    int64_t ahead = 0;
+    for (int64_t k = g - 1; k >= step_first_group; --k) {
+      const int64_t off = offloaded_bytes[static_cast<size_t>(k)];
+      if (off > 0) {
+        if (!prefetched[static_cast<size_t>(k)]) {
+          if (static_cast<double>(between) >
+              options.prefetch_lead * static_cast<double>(ahead + off))
+            return;
+          restore(k);
+        }
+        ahead += off;
       }
-      const ops::CopyFence fence = ops::CopyFence::record(todo.front()->device);
-      for (const std::shared_ptr<Entry>& e : todo) e->fence = fence;
-      return;
+      between += saved_bytes[static_cast<size_t>(k)];
     }
   }
 };
 
 namespace {
 // A save the offloader keeps on the device: held as a plain saved tensor, so that it is
-// accounted as `activation` like any saved tensor.
-using Kept = std::shared_ptr<SavedTensor>;
+// accounted as `activation` like any saved tensor; and its group (backward's progress).
+struct Kept {
+  std::shared_ptr<SavedTensor> saved;
+  int64_t group = 0;
+};
 using Offloaded = std::shared_ptr<ActivationOffloader::Entry>;
 // A view offloaded through its whole block: the entry holds the block (flat, from element 0)
 // and the view's layout over it.
@@ -134,10 +218,6 @@ struct OffloadedView {
   Shape sizes, strides;
   int64_t offset = 0;
 };
-
-bool offloadable_category(memory::Category c) {
-  return c == memory::Category::temporary || c == memory::Category::activation;
-}
 
 // The whole block under the view `t` as a flat tensor from element 0, when the block holds
 // whole elements of t's dtype and is at most 4x t's bytes (q, k and v of one qkv buffer are
@@ -179,21 +259,23 @@ OffloadStats ActivationOffloader::stats() const {
   return s;
 }
 
-SavedTensorHooks ActivationOffloader::hooks() {
+SavedTensorHooks ActivationOffloader::hooks(bool copy) {
   // The hooks hold the state, not the offloader: saved tensors outlive a scope's offloader.
   std::shared_ptr<State> st = state_;
   SavedTensorHooks h;
-  h.pack = [st](const Tensor& t) -> std::any {
+  const bool lead = st->options.prefetch_lead > 0;
+  h.pack = [st, copy, lead](const Tensor& t) -> std::any {
     const Storage& s = t.storage();
     // What is copied: t itself, or for a view the whole block under it.
     Tensor span;
-    if (s.owned() && offloadable_category(s.category()) && t.nbytes() >= st->options.min_bytes &&
-        t.nbytes() > 0)
+    if (copy && s.owned() && offloadable_category(s.category()) &&
+        t.nbytes() >= st->options.min_bytes && t.nbytes() > 0)
       span = t.is_contiguous() ? t : whole_block(t);
     if (!span.defined()) {
       std::lock_guard lock(st->mu);
       ++st->stats.tensors_kept;
-      return Kept(std::make_shared<SavedTensor>(t, "save_on_cpu", false));
+      if (lead) st->count_save(t, st->group);
+      return Kept{std::make_shared<SavedTensor>(t, "save_on_cpu", false), st->group};
     }
     const bool view = !span.is_same(t);
     if (t.is_cuda() && st->options.pin_memory && !memory::pinned_memory_available())
@@ -216,17 +298,26 @@ SavedTensorHooks ActivationOffloader::hooks() {
       e->device = t.device();
       e->group = st->group;
       st->group_of(st->group).push_back(e);
+      st->offloaded_bytes[static_cast<size_t>(st->group)] += static_cast<int64_t>(span.nbytes());
       st->seen[key] = State::Seen{s.watch(), e};
       if (st->options.defer_groups > 0)
         st->deferred.push_back(e);
       else
         st->issue_copy(*e);
     }
+    if (lead) st->count_save(span, e->group);
     if (view) return OffloadedView{e, t.sizes(), t.strides(), t.storage_offset()};
     return e;
   };
-  h.unpack = [st](const std::any& packed) -> Tensor {
-    if (const Kept* k = std::any_cast<Kept>(&packed)) return (*k)->unpack();
+  h.unpack = [st, lead](const std::any& packed) -> Tensor {
+    if (const Kept* k = std::any_cast<Kept>(&packed)) {
+      if (lead) {
+        std::lock_guard lock(st->mu);
+        st->note_backward(st);
+        st->reached(k->group);
+      }
+      return k->saved->unpack();
+    }
     const OffloadedView* v = std::any_cast<OffloadedView>(&packed);
     const Offloaded& e = v ? v->entry : std::any_cast<const Offloaded&>(packed);
     Tensor data;
@@ -239,13 +330,19 @@ SavedTensorHooks ActivationOffloader::hooks() {
         ++st->stats.tensors_in_place;
         data = e->pending->unpack();
       } else {
-        if (st->options.prefetch) {
-          // The host waits for this group's restore before it prefetches the next. Running
-          // ahead of the streams, it would otherwise restore (and free) every group before the
-          // copy stream got there, and a block freed in backward is reused only once the copy
-          // stream has passed the copies queued before its free: backward would hold them all.
+        if (lead || st->options.prefetch) {
+          // The host waits for this group's restore (issued ahead, so done by now unless the
+          // link is behind). Running ahead of the streams, it would otherwise restore (and
+          // free) every group before the copy stream got there, and a block freed in backward
+          // is reused only once the copy stream has passed the copies queued before its free:
+          // backward would hold them all.
           if (!e->waited && !e->fence.empty()) e->fence.synchronize();
-          st->prefetch_before(e->group);
+          if (lead) {
+            st->note_backward(st);
+            st->reached(e->group);
+          } else {
+            st->prefetch_before(e->group);
+          }
         }
         if (!e->restored.defined()) {
           // Not prefetched: fetch it now (the copy stream, then Tally's stream waits for it).
@@ -268,10 +365,10 @@ SaveOnCpu::SaveOnCpu(bool pin_memory)
     : SaveOnCpu(ActivationOffloader::create(
           OffloadOptions{.pin_memory = pin_memory, .defer_groups = 0})) {}
 
-SaveOnCpu::SaveOnCpu(std::shared_ptr<ActivationOffloader> offloader)
+SaveOnCpu::SaveOnCpu(std::shared_ptr<ActivationOffloader> offloader, bool copy)
     : offloader_(offloader ? std::move(offloader)
                            : throw std::invalid_argument("SaveOnCpu: null offloader")),
-      scope_(offloader_->hooks()) {
+      scope_(offloader_->hooks(copy)) {
   offloader_->next_group();
 }
 

@@ -27,6 +27,13 @@ struct OffloadOptions {
   // stream has passed them, and a forward that outruns the host link would otherwise take new
   // memory for every block it frees (reserved far above allocated). 0: no bound.
   size_t max_inflight_bytes = size_t{1} << 30;
+  // 0: backward restores the group before the one it reached. > 0: backward restores each
+  // offloaded group once the bytes saved between it and where backward is (the work left
+  // before backward needs it) are at most prefetch_lead x the bytes restored from there on,
+  // so the copy runs while that work computes. Backward's progress is seen through the
+  // modules that only report to the offloader (SaveOnCpu with copy false). The link policy
+  // sets it from the forward's saved bytes a second over the link's bytes a second.
+  double prefetch_lead = 0;
 };
 
 // What an offloader did (tests, reports).
@@ -34,7 +41,8 @@ struct OffloadStats {
   int64_t tensors_offloaded = 0;     // distinct tensors copied to the host
   int64_t bytes_offloaded = 0;       // their bytes
   int64_t tensors_kept = 0;          // saves kept on the device (parameters, small, views
-                                     // of a block more than 4x their size)
+                                     // of a block more than 4x their size, and every save of
+                                     // a scope that only reports progress)
   int64_t tensors_in_place = 0;      // deferred saves backward used before they were copied
   int64_t copy_waits = 0;            // times the forward waited for copies in flight
   int64_t tensors_deduplicated = 0;  // saves of a tensor already offloaded
@@ -50,8 +58,9 @@ class ActivationOffloader : public std::enable_shared_from_this<ActivationOffloa
   ActivationOffloader(const ActivationOffloader&) = delete;
   ActivationOffloader& operator=(const ActivationOffloader&) = delete;
 
-  // The pack/unpack hooks that offload into this offloader.
-  SavedTensorHooks hooks();
+  // The pack/unpack hooks that offload into this offloader; with `copy` false they keep every
+  // save on the device and only tell the offloader where forward and backward are.
+  SavedTensorHooks hooks(bool copy = true);
   // Starts a new group of saves (SaveOnCpu calls it when it opens and closes).
   void next_group();
   const OffloadOptions& options() const { return options_; }
@@ -67,11 +76,13 @@ class ActivationOffloader : public std::enable_shared_from_this<ActivationOffloa
 };
 
 // RAII: tensors saved inside (on this thread) go to host memory. The first form makes an
-// offloader of its own; the second shares one across scopes (its groups, its prefetch).
+// offloader of its own; the second shares one across scopes (its groups, its prefetch), and
+// with `copy` false the scope's saves stay on the device: it is a group whose backward tells
+// the offloader how far backward has come (OffloadOptions::prefetch_lead).
 class SaveOnCpu {
  public:
   explicit SaveOnCpu(bool pin_memory = true);
-  explicit SaveOnCpu(std::shared_ptr<ActivationOffloader> offloader);
+  explicit SaveOnCpu(std::shared_ptr<ActivationOffloader> offloader, bool copy = true);
   ~SaveOnCpu();
   SaveOnCpu(const SaveOnCpu&) = delete;
   SaveOnCpu& operator=(const SaveOnCpu&) = delete;

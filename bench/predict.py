@@ -12,7 +12,7 @@ resnet34); the planner runs when the grids it draws on (gpt2, gpt2-levers, resne
    224x224 over the same 8 plans x {float32, bf16, fp16}. Printed per configuration: measured and
    predicted peak allocated and reserved, their errors, the category furthest off, and whether
    the issue's bars hold (allocated within 1%, reserved within 3%, every category within 2% or
-   16 MiB).
+   16 MiB); then each grid's Spearman rho of the predicted step times against the measured.
    GPT-2 again with the levers of issue 18 (`gpt2-levers`: the fused classifier, each plan with
    and without activation offload). Two models no other test runs: GPT-2-medium (350M) B8 T1024
    bf16 over 4 plans, and ResNet-34 bs64 224x224 over 4 plans x {float32, bf16, fp16}.
@@ -85,6 +85,46 @@ for name, (args, _) in GRIDS.items():
 print(f"{bad} of {sum(len(g) for g in grids.values())} configurations miss a bar "
       "(a: allocated within 1%, r: reserved within 3%, c: categories within 2% or 16 MiB)\n")
 
+
+
+def ranks(xs):
+    """Average ranks (ties share the mean of their positions), for Spearman's rho."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2
+        i = j + 1
+    return r
+
+
+def spearman(xs, ys):
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx = sum((a - mx) ** 2 for a in rx) ** 0.5
+    vy = sum((b - my) ** 2 for b in ry) ** 0.5
+    return cov / (vx * vy) if vx > 0 and vy > 0 else float("nan")
+
+
+# The cost model's ranking (issue 51): each grid's predicted step times (the dry run's clock)
+# against the measured medians, Spearman's rho over the grid's configurations.
+print(f"{'grid':11} {'configs':>7} {'rho':>6}  predicted / measured ms, slowest and fastest")
+for name, rows in grids.items():
+    rows = [r for r in rows if r.get("predicted_ms") and r.get("median_ms")]
+    if len(rows) < 3:
+        continue
+    rho = spearman([r["predicted_ms"] for r in rows], [r["median_ms"] for r in rows])
+    lo = min(rows, key=lambda r: r["median_ms"])
+    hi = max(rows, key=lambda r: r["median_ms"])
+    print(f"{name:11} {len(rows):7} {rho:6.3f}  {hi['name']} {hi['predicted_ms']:.1f} / "
+          f"{hi['median_ms']:.1f}; {lo['name']} {lo['predicted_ms']:.1f} / {lo['median_ms']:.1f}")
+print()
+
 if not all(g in grids for g in ("gpt2", "gpt2-levers", "resnet50")):
     sys.exit(0)
 print(f"{'model':11} {'budget':>10} {'chosen':34} {'measured resv':>13} {'chosen ms':>9} {'best fitting':34} {'ms':>6}")
@@ -121,4 +161,6 @@ for name in ("gpt2", "resnet50"):
         row = next((r for r in rows if r["name"] == chosen), None)
         print(f"{name:11} {budget / MIB:8.0f}Mi  {chosen:34} {resv.group(1) + ' ' + resv.group(2) if resv else '?':>13} "
               f"{row['median_ms'] if row else float('nan'):9.1f} {best['name'] if best else '-':34} "
-              f"{best['median_ms'] if best else float('nan'):6.1f}")
+              f"{best['median_ms'] if best else float('nan'):6.1f}"
+              + (f"  {100 * (row['median_ms'] - best['median_ms']) / best['median_ms']:+.1f}%"
+                 if row and best else ""))

@@ -96,6 +96,13 @@ class Module {
     offload_ = std::move(offloader);
   }
   const std::shared_ptr<ActivationOffloader>& offloader() const { return offload_; }
+  // Report this module's forward and backward to `offloader` without offloading its saves
+  // (SaveOnCpu with copy false; null: stop): the link policy's prefetch sees how far backward
+  // has come through the blocks it does not offload. A module that offloads ignores it.
+  void set_offload_progress(std::shared_ptr<ActivationOffloader> offloader) {
+    offload_progress_ = std::move(offloader);
+  }
+  const std::shared_ptr<ActivationOffloader>& offload_progress() const { return offload_progress_; }
   // Runs `fn` under this module's ModuleScope, error context and the caller's line
   // (memory::CallSiteScope: a site in Tally's own sources keeps the enclosing one), and
   // under SaveOnCpu when the module offloads.
@@ -107,6 +114,10 @@ class Module {
     try {
       if (offload_) {
         SaveOnCpu offload(offload_);
+        return fn();
+      }
+      if (offload_progress_) {
+        SaveOnCpu progress(offload_progress_, /*copy=*/false);
         return fn();
       }
       return fn();
@@ -212,6 +223,7 @@ class Module {
 
   std::shared_ptr<std::function<bool(const SavedTensorInfo&)>> checkpoint_;
   std::shared_ptr<ActivationOffloader> offload_;
+  std::shared_ptr<ActivationOffloader> offload_progress_;
   std::string type_name_;
   std::string name_;
   bool training_ = true;

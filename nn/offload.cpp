@@ -105,20 +105,43 @@ LinkOffloadChoice choose_link_offload(const std::vector<LinkCandidate>& candidat
     if (x.checkpointed != y.checkpointed) return x.checkpointed;
     return x.saved_bytes > y.saved_bytes;
   });
-  // The bytes the link carries within the share of the forward.
-  const double capacity = margin * forward_seconds * link_bytes_per_second;
-  for (const size_t i : order) {
-    const LinkCandidate& k = candidates[i];
+  // Whether the copies of `taken` fit: in forward order, each starts at its module's end or
+  // when the one before it ends, and all end within the share of the forward.
+  const double window = margin * forward_seconds;
+  auto fits = [&](const std::vector<size_t>& taken) {
+    std::vector<size_t> by_end = taken;
+    std::stable_sort(by_end.begin(), by_end.end(),
+                     [&](size_t a, size_t b) { return candidates[a].after > candidates[b].after; });
+    double t = 0;
+    for (const size_t i : by_end) {
+      const LinkCandidate& k = candidates[i];
+      const double end = (1.0 - std::clamp(k.after, 0.0, 1.0)) * forward_seconds;
+      t = std::max(t, end) + static_cast<double>(k.saved_bytes) / link_bytes_per_second;
+      if (t > window * (1 + 1e-12)) return false;
+    }
+    return true;
+  };
+  for (const LinkCandidate& k : candidates) {
     bool outermost = true;  // a module inside another candidate is counted there
     for (const LinkCandidate& o : candidates) outermost = outermost && !inside(k.name, o.name);
-    if (outermost) c.candidate_bytes += k.saved_bytes;
+    if (!outermost) continue;
+    c.candidate_bytes += k.saved_bytes;
+    c.blocks.push_back(k.name);
+  }
+  std::vector<size_t> taken;
+  for (const size_t i : order) {
+    const LinkCandidate& k = candidates[i];
     if (k.saved_bytes <= 0) continue;
-    if (static_cast<double>(c.bytes + k.saved_bytes) > capacity) continue;
     // Not a module inside one taken, nor one around it: its bytes are counted there.
     bool nested = false;
     for (const std::string& t : c.modules)
       nested = nested || inside(k.name, t) || inside(t, k.name);
     if (nested) continue;
+    taken.push_back(i);
+    if (!fits(taken)) {
+      taken.pop_back();
+      continue;
+    }
     c.bytes += k.saved_bytes;
     c.modules.push_back(k.name);
   }
@@ -126,7 +149,7 @@ LinkOffloadChoice choose_link_offload(const std::vector<LinkCandidate>& candidat
 }
 
 std::vector<LinkCandidate> link_candidates(Module& model, const std::function<void()>& forward,
-                                           double* forward_seconds) {
+                                           double* forward_seconds, int64_t* forward_saved_bytes) {
   if (!forward) throw std::invalid_argument("offload link: no forward to measure");
   const auto modules = model.named_modules();
   std::vector<LinkCandidate> out;
@@ -163,6 +186,9 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
   // through its whole block when that is at most 4x its size), nothing kept.
   // Keyed as the offloader does, while the block lives (a freed block's key may come back).
   std::map<std::tuple<const void*, int64_t, size_t>, std::weak_ptr<const void>> seen;
+  // The forward's saved bytes so far, and each candidate's count at its last save.
+  int64_t total = 0;
+  std::vector<int64_t> end(out.size(), 0);
   const std::string enclosing = memory::interned(memory::current_tag().module);
   SavedTensorHooks hooks;
   hooks.pack = [&](const Tensor& t) -> std::any {
@@ -184,8 +210,12 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
     // The module path, relative to the model (the path may carry modules around the model).
     std::string path = memory::interned(memory::current_tag().module);
     if (!enclosing.empty() && inside(path, enclosing)) path = path.substr(enclosing.size() + 1);
-    for (LinkCandidate& c : out)  // the module and every candidate around it
-      if (path == c.name || inside(path, c.name)) c.saved_bytes += static_cast<int64_t>(bytes);
+    total += static_cast<int64_t>(bytes);
+    for (size_t i = 0; i < out.size(); ++i)  // the module and every candidate around it
+      if (path == out[i].name || inside(path, out[i].name)) {
+        out[i].saved_bytes += static_cast<int64_t>(bytes);
+        end[i] = total;
+      }
     return {};
   };
   hooks.unpack = [](const std::any&) -> Tensor {
@@ -213,6 +243,7 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
         forward();  // libraries' first calls, the allocator's first segments
         seen.clear();
         for (LinkCandidate& c : out) c.saved_bytes = 0;
+        total = 0;
         memory::synchronize(device);
       }
       const auto t0 = Clock::now();
@@ -222,13 +253,19 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
     }
   }
   if (forward_seconds) *forward_seconds = seconds;
+  if (forward_saved_bytes) *forward_saved_bytes = total;
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i].after =
+        total > 0 ? static_cast<double>(total - end[i]) / static_cast<double>(total) : 1.0;
   return out;
 }
 
 LinkOffloadChoice link_offload_choice(Module& model, const std::function<void()>& forward,
                                       double link_bytes_per_second, double margin) {
   double forward_seconds = 0;
-  const std::vector<LinkCandidate> candidates = link_candidates(model, forward, &forward_seconds);
+  int64_t saved = 0;
+  const std::vector<LinkCandidate> candidates =
+      link_candidates(model, forward, &forward_seconds, &saved);
   if (link_bytes_per_second <= 0) {
     Device device = Device::cpu();
     for (const Tensor& p : model.parameters()) {
@@ -237,7 +274,15 @@ LinkOffloadChoice link_offload_choice(Module& model, const std::function<void()>
     }
     link_bytes_per_second = ops::host_link_bandwidth(device);
   }
-  return choose_link_offload(candidates, link_bytes_per_second, forward_seconds, margin);
+  LinkOffloadChoice c =
+      choose_link_offload(candidates, link_bytes_per_second, forward_seconds, margin);
+  c.forward_saved_bytes = saved;
+  // Backward takes at least the forward's time for the same saves; 1.5x more lead than that
+  // covers the host's wait for the fence and a block whose saves are few for its time.
+  if (forward_seconds > 0)
+    c.prefetch_lead = kLinkPrefetchSafety * static_cast<double>(saved) /
+                      (forward_seconds * link_bytes_per_second);
+  return c;
 }
 
 std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const OffloadSpec& spec,
@@ -245,7 +290,10 @@ std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const Of
                                                          const std::function<void()>& forward,
                                                          LinkOffloadChoice* choice) {
   if (spec.kind != OffloadSpec::Kind::link) return offload_activations(model, spec, options);
-  for (auto& [name, m] : model.named_modules()) m->set_offload(nullptr);
+  for (auto& [name, m] : model.named_modules()) {
+    m->set_offload(nullptr);
+    m->set_offload_progress(nullptr);
+  }
   if (!forward)
     throw std::invalid_argument(fmt::format(
         "offload_activations(link): the model ({}) needs its forward to measure what each "
@@ -254,6 +302,7 @@ std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const Of
   const LinkOffloadChoice c = link_offload_choice(model, forward);
   if (choice) *choice = c;
   if (c.modules.empty()) return nullptr;
+  if (options.prefetch && options.prefetch_lead <= 0) options.prefetch_lead = c.prefetch_lead;
   OffloadSpec chosen;
   chosen.kind = OffloadSpec::Kind::modules;
   const std::set<std::string> names(c.modules.begin(), c.modules.end());
@@ -264,13 +313,23 @@ std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const Of
   // Each save is copied at once: the modules chosen may be few (a block's attention and MLP),
   // and a copy deferred two groups (the default) would never be issued for the last two.
   if (options.defer_groups < 0) options.defer_groups = 0;
-  return offload_activations(model, chosen, options);
+  std::shared_ptr<ActivationOffloader> offloader = offload_activations(model, chosen, options);
+  if (options.prefetch_lead > 0) {
+    // The blocks (the outermost candidates) not offloaded report backward's progress.
+    const std::set<std::string> blocks(c.blocks.begin(), c.blocks.end());
+    for (auto& [name, m] : model.named_modules())
+      if (!m->offloader() && blocks.count(name)) m->set_offload_progress(offloader);
+  }
+  return offloader;
 }
 
 std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const OffloadSpec& spec,
                                                          OffloadOptions options) {
   const auto modules = model.named_modules();
-  for (auto& [name, m] : modules) m->set_offload(nullptr);
+  for (auto& [name, m] : modules) {
+    m->set_offload(nullptr);
+    m->set_offload_progress(nullptr);
+  }
   if (!spec.enabled()) return nullptr;
   if (spec.kind == OffloadSpec::Kind::link)
     return offload_activations(model, spec, options, nullptr);

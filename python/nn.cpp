@@ -689,6 +689,8 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
     d["link_bytes_per_second"] = c.link_bytes_per_second;
     d["forward_seconds"] = c.forward_seconds;
     d["margin"] = c.margin;
+    d["forward_saved_bytes"] = c.forward_saved_bytes;
+    d["prefetch_lead"] = c.prefetch_lead;
     d["summary"] = c.str();
     return d;
   };

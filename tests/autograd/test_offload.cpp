@@ -161,6 +161,65 @@ TEST_P(OffloadModels, SameGradientsAndBlocksPrefetchEachOther) {
   EXPECT_EQ(s.tensors_prefetched + s.tensors_fetched, s.tensors_offloaded);
 }
 
+// With a prefetch lead, backward restores the offloaded group once the bytes saved between it
+// and where backward is are within lead x its bytes. Backward's progress comes from the scopes
+// that only report (SaveOnCpu with copy false), whose saves stay on the device.
+TEST(SaveOnCpu, APrefetchLeadRestoresAGroupThatFarAhead) {
+  constexpr int kMarkers = 6;
+  struct Run {
+    Tensor grad;
+    OffloadStats stats;
+    std::vector<int64_t> prefetched_at;  // index: marker; tensors restored when its grad came
+  };
+  const auto run = [](double lead) {
+    manual_seed(5);
+    Tensor w;
+    {
+      memory::CategoryScope params(Category::parameter);
+      w = ops::randn({64, 64}).requires_grad_();
+    }
+    const Tensor x = ops::randn({32, 64});
+    OffloadOptions o;
+    o.prefetch_lead = lead;
+    auto off = ActivationOffloader::create(o);
+    Run r;
+    r.prefetched_at.assign(kMarkers, -1);
+    Tensor h;
+    {
+      SaveOnCpu copy(off);
+      h = relu(linear(x, w));  // copied: x and relu's output, 8 KiB each
+    }
+    for (int k = 0; k < kMarkers; ++k) {
+      SaveOnCpu mark(off, /*copy=*/false);
+      h = relu(linear(h, w));  // kept: relu's output (8 KiB; its input is the group before's)
+      h.register_hook([&r, off, k](const Tensor& g) {
+        r.prefetched_at[static_cast<size_t>(k)] = off->stats().tensors_prefetched;
+        return g;
+      });
+    }
+    h.sum().backward();
+    r.grad = w.grad().clone();
+    r.stats = off->stats();
+    return r;
+  };
+  const Run plain = run(0);
+  EXPECT_EQ(plain.stats.bytes_offloaded, 2 * 32 * 64 * 4);
+  EXPECT_EQ(plain.stats.tensors_fetched, 2);  // no earlier group: fetched when needed
+  EXPECT_EQ(plain.stats.tensors_prefetched, 0);
+  // Lead 1: due once 16 KiB or less lie between, when backward reaches marker 1 (markers 1
+  // and 0 lie between): the hook of marker 1's output has run by then, marker 0's has not.
+  const Run one = run(1.0);
+  EXPECT_TRUE(same(one.grad, plain.grad));
+  EXPECT_EQ(one.stats.tensors_prefetched, 2);
+  EXPECT_EQ(one.stats.tensors_fetched, 0);
+  EXPECT_GE(one.stats.tensors_kept, kMarkers * 2);  // each marker's saves (and w)
+  EXPECT_EQ(one.prefetched_at, (std::vector<int64_t>{2, 0, 0, 0, 0, 0}));
+  // Lead 2: 32 KiB, two markers earlier.
+  const Run two = run(2.0);
+  EXPECT_TRUE(same(two.grad, plain.grad));
+  EXPECT_EQ(two.prefetched_at, (std::vector<int64_t>{2, 2, 2, 0, 0, 0}));
+}
+
 // Views of one activation block (attention's q, k and v of one qkv buffer) are offloaded by
 // copying the block once; a view of a block more than 4x its size stays on the device.
 TEST(SaveOnCpu, ViewsGoOutThroughTheirWholeBlockOnce) {

@@ -53,6 +53,15 @@ TEST(OffloadLink, TakesCheckpointsFirstThenTheLargestThatFitTheForward) {
             (std::vector<std::string>{"b.x", "b.y"}));
   EXPECT_EQ(nn::choose_link_offload(nested, 1000, 0.5, 1.0).modules,
             (std::vector<std::string>{"b", "c"}));
+  // Where a module sits counts: its copies start at its end, one after another on the link.
+  // 1000 B/s, 400 ms of the 500 ms forward: "late" ends at 450 ms, past the window.
+  const std::vector<nn::LinkCandidate> placed = {
+      {"early", 300, false, 1.0}, {"late", 50, false, 0.1}, {"mid", 150, false, 0.5}};
+  x = nn::choose_link_offload(placed, 1000, 0.5);
+  EXPECT_EQ(x.modules, (std::vector<std::string>{"early"}));  // mid: 300 ms busy, then 450
+  EXPECT_EQ(x.blocks, (std::vector<std::string>{"early", "late", "mid"}));
+  EXPECT_EQ(nn::choose_link_offload({placed[2]}, 1000, 0.5).modules,
+            (std::vector<std::string>{"mid"}));  // alone: 250 + 150 ms
   EXPECT_THROW(nn::choose_link_offload(c, 0, 1), std::invalid_argument);
   EXPECT_THROW(nn::choose_link_offload(c, 1, 1, 1.5), std::invalid_argument);
   EXPECT_EQ(nn::parse_offload_spec("link").str(), "link");
@@ -82,6 +91,12 @@ TEST(OffloadLink, CandidatesOfAUserModelAndWhatEachSaves) {
   EXPECT_GE(c[2].saved_bytes, c[4].saved_bytes + c[5].saved_bytes + c[6].saved_bytes);
   EXPECT_EQ(c[5].saved_bytes, kBatch * kD * 4);  // up: its input
   EXPECT_GE(forward, 0);
+  // Where each sits: the share of the forward's saves after its last one.
+  EXPECT_GT(c[0].after, c[2].after);  // blocks.0, then blocks.1
+  EXPECT_GT(c[2].after, c[3].after);  // blocks.3
+  EXPECT_GT(c[3].after, 0);           // the head saves after it
+  EXPECT_LE(c[0].after, 1);
+  EXPECT_GT(c[4].after, c[5].after);  // blocks.1.norm, then blocks.1.up
   // The measuring forward keeps nothing.
   EXPECT_EQ(memory::get_allocator(Device::cpu())
                 .stats()
@@ -119,6 +134,17 @@ TEST(OffloadLink, ATrainingStepEqualsOneWithoutOffload) {
   for (auto& [name, m] : net->named_modules()) offloading += m->offloader() != nullptr;
   EXPECT_EQ(offloading, static_cast<int>(choice.modules.size())) << choice.str();
   EXPECT_EQ(off != nullptr, !choice.modules.empty());
+  // The blocks not offloaded report backward's progress to the restores' lead.
+  EXPECT_GT(choice.forward_saved_bytes, 0);
+  EXPECT_GT(choice.prefetch_lead, 0);
+  ASSERT_EQ(choice.blocks.size(), static_cast<size_t>(kBlocks));
+  for (const std::string& b : choice.blocks) {
+    const nn::Module* m = nullptr;
+    for (auto& [name, mod] : net->named_modules())
+      if (name == b) m = mod;
+    ASSERT_NE(m, nullptr) << b;
+    EXPECT_EQ(m->offloader() != nullptr || m->offload_progress() != nullptr, off != nullptr) << b;
+  }
 }
 
 TEST(OffloadLink, TheDryRunTakesTheTargetsLinkAndThePlannerSearchesIt) {

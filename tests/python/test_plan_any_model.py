@@ -116,6 +116,7 @@ def test_offload_link_on_a_python_model_keeps_the_loss():
     off = nn.offload_activations(model, "link", forward=fwd)
     if off is not None:  # the CPU's measured "link" (a host copy) is fast: something fits
         assert off.link_choice["modules"] and off.link_choice["forward_seconds"] > 0
+        assert off.link_choice["prefetch_lead"] > 0 and off.link_choice["forward_saved_bytes"] > 0
     got = F.cross_entropy(model(x), y)
     got.backward()
     assert got.item() == want.item()
