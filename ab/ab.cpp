@@ -29,9 +29,11 @@
 #include "nn/layers.h"
 #include "nn/offload.h"
 #include "nn/parameter_split.h"
+#include "nn/plan.h"
 #include "optim/plan_training.h"
 #include "optim/precision.h"
 #include "profiler/memory_timeline.h"
+#include "tensor/meta/cost.h"
 #include "tensor/pinned.h"
 
 namespace tally::ab {
@@ -588,6 +590,10 @@ Results run(const Options& o) {
                      ConfigResult& r, int64_t& last_step_us) {
     memory::DryRun dry(
         {.target = target, .max_history = kHistoryEntries, .host_memory = o.host_memory});
+    // A GPU without recorded rates (an H100) times its steps with the planner's relative model,
+    // so that its predicted step times rank as the planner's do.
+    if (const memory::MetaTarget t = memory::meta_target(target); t.type == DeviceType::cuda)
+      meta::set_rates(dry.device(), nn::calibrated_rates(t));
     AllocConfScope conf(memory::get_allocator(dry.device()), c.alloc_conf);
     std::string oom;
     try {

@@ -86,9 +86,12 @@ void expect_equal_runs(const std::string& preset, bool bf16) {
   // Adam turns a flipped rounding of a near-zero gradient into a step of about lr (after 20
   // steps of GPT small the offloaded run differed from a plain one by 1.4e-5 in fp32 and
   // 8.5e-3 under bf16 on an H100). So the offloaded run may differ from a plain one by as much
-  // as a second plain run does, with room.
-  const Run plain2 = train(preset, false, bf16);
-  const double noise = max_abs_diff(plain, plain2);
+  // as plain runs differ among themselves, with room. The spread is of a few flipped roundings,
+  // so one pair of plain runs can show little of it (at 5080290 on an H100: 1.8e-3 between two
+  // plain runs, 8.7e-3 to the offloaded one): the widest of three pairs.
+  const Run plain2 = train(preset, false, bf16), plain3 = train(preset, false, bf16);
+  const double noise = std::max(
+      {max_abs_diff(plain, plain2), max_abs_diff(plain, plain3), max_abs_diff(plain2, plain3)});
   const double tol = std::max(bf16 ? 1e-3 : 1e-5, 4 * noise);
   EXPECT_LE(max_abs_diff(plain, offloaded), tol)
       << preset << (bf16 ? " bf16" : " fp32") << "; two plain runs differ by " << noise;
