@@ -897,6 +897,8 @@ Results run(const Options& o) {
         e["estimated_at_peak"] = by_category(r.estimate.at_peak);
         e["estimated_host_peak_allocated"] = r.estimate.host_peak_allocated;
         e["estimated_host_peak_reserved"] = r.estimate.host_peak_reserved;
+        // The dry run's step time (null where the target has no rates: the CPU's unplanned).
+        e["predicted_ms"] = number(r.predicted_step_ms, 3);
       }
       e["measured"] = r.measured;
       e["snapshot"] = staged.shown(r.snapshot_path);

@@ -121,7 +121,9 @@ def test_a_registry_model_by_name(tmp_path):
                        out=tmp_path / "gpt")
     none, blocks = rep.results
     assert blocks["at_peak"]["activation"] < none["at_peak"]["activation"]
-    assert json.load(open(tmp_path / "gpt" / "results.json"))[1]["name"] == "ckpt=blocks amp=off"
+    rows = json.load(open(tmp_path / "gpt" / "results.json"))
+    assert rows[1]["name"] == "ckpt=blocks amp=off"
+    assert all("predicted_ms" in r for r in rows), rows[0].keys()
 
 
 def test_checkpoint_auto_plans_a_python_model_within_its_budget(tmp_path):
