@@ -183,9 +183,17 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
         "module to offload",
         model.type_name()));
   // Each candidate's saves, counted once per tensor (as the offloader copies them: a view
-  // through its whole block when that is at most 4x its size), nothing kept.
+  // through its whole block when that is at most 4x its size), nothing kept, and only where
+  // every save of the tensor is inside the candidate: one that a module outside it saves too
+  // (a ReLU's output the next convolution keeps) stays on the device when the candidate goes.
   // Keyed as the offloader does, while the block lives (a freed block's key may come back).
-  std::map<std::tuple<const void*, int64_t, size_t>, std::weak_ptr<const void>> seen;
+  struct Saved {
+    int64_t bytes = 0;
+    std::vector<size_t> within;  // the candidates around every save so far
+    std::weak_ptr<const void> block;
+  };
+  std::vector<Saved> saves;
+  std::map<std::tuple<const void*, int64_t, size_t>, size_t> seen;  // index into saves
   // The forward's saved bytes so far, and each candidate's count at its last save.
   int64_t total = 0;
   std::vector<int64_t> end(out.size(), 0);
@@ -204,16 +212,24 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
       offset = -1;
     }
     if (bytes == 0) return {};
-    std::weak_ptr<const void>& block = seen[{s.key(), offset, bytes}];
-    if (!block.expired()) return {};
-    block = s.watch();
     // The module path, relative to the model (the path may carry modules around the model).
     std::string path = memory::interned(memory::current_tag().module);
     if (!enclosing.empty() && inside(path, enclosing)) path = path.substr(enclosing.size() + 1);
-    total += static_cast<int64_t>(bytes);
+    auto around = [&](size_t i) { return path == out[i].name || inside(path, out[i].name); };
+    const auto key = std::make_tuple(s.key(), offset, bytes);
+    if (auto it = seen.find(key); it != seen.end() && !saves[it->second].block.expired()) {
+      std::vector<size_t>& within = saves[it->second].within;
+      std::erase_if(within, [&](size_t i) { return !around(i); });
+      return {};
+    }
+    seen[key] = saves.size();
+    Saved& sv = saves.emplace_back();
+    sv.bytes = static_cast<int64_t>(bytes);
+    sv.block = s.watch();
+    total += sv.bytes;
     for (size_t i = 0; i < out.size(); ++i)  // the module and every candidate around it
-      if (path == out[i].name || inside(path, out[i].name)) {
-        out[i].saved_bytes += static_cast<int64_t>(bytes);
+      if (around(i)) {
+        sv.within.push_back(i);
         end[i] = total;
       }
     return {};
@@ -242,7 +258,7 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
       if (device.type == DeviceType::cuda) {
         forward();  // libraries' first calls, the allocator's first segments
         seen.clear();
-        for (LinkCandidate& c : out) c.saved_bytes = 0;
+        saves.clear();
         total = 0;
         memory::synchronize(device);
       }
@@ -252,6 +268,8 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
       seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     }
   }
+  for (const Saved& sv : saves)
+    for (const size_t i : sv.within) out[i].saved_bytes += sv.bytes;
   if (forward_seconds) *forward_seconds = seconds;
   if (forward_saved_bytes) *forward_saved_bytes = total;
   for (size_t i = 0; i < out.size(); ++i)

@@ -7,11 +7,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "autograd/ops.h"
 #include "memory/estimate.h"
 #include "nn/checkpoint.h"
+#include "nn/layers.h"
 #include "nn/offload.h"
 #include "optim/plan_training.h"
 #include "tensor/host_link.h"
@@ -110,6 +112,55 @@ TEST(OffloadLink, CandidatesOfAUserModelAndWhatEachSaves) {
   EXPECT_THROW(nn::link_candidates(
                    lin, [] {}, nullptr),
                std::invalid_argument);
+}
+
+// blocks b0..b2, each a Linear then a ReLU, and a head: each ReLU's output is saved by the ReLU
+// and by the next block's Linear (or the head).
+class LinRelu : public nn::Module {
+ public:
+  LinRelu() : Module("LinRelu") {
+    lin = register_module("lin", std::make_shared<nn::Linear>(8, 8));
+    act = register_module("act", std::make_shared<nn::ReLU>());
+  }
+  Tensor forward(const Tensor& x) override { return (*act)((*lin)(x)); }
+  std::shared_ptr<nn::Linear> lin;
+  std::shared_ptr<nn::ReLU> act;
+};
+class Chain : public nn::Module {
+ public:
+  Chain() : Module("Chain") {
+    for (int i = 0; i < 3; ++i)
+      blocks.push_back(register_module("b" + std::to_string(i), std::make_shared<LinRelu>()));
+    head = register_module("head", std::make_shared<nn::Linear>(8, 2));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x;
+    for (const auto& b : blocks) h = (*b)(h);
+    return (*head)(h);
+  }
+  std::vector<std::shared_ptr<LinRelu>> blocks;
+  std::shared_ptr<nn::Linear> head;
+};
+
+TEST(OffloadLink, ASaveAModuleOutsideAlsoSavesIsNotCounted) {
+  manual_seed(0);
+  Chain net;
+  const Tensor x = ops::randn({16, 8});
+  int64_t total = 0;
+  const auto c = nn::link_candidates(
+      net, [&] { (void)net(x).sum(); }, nullptr, &total);
+  std::map<std::string, int64_t> saved;
+  for (const nn::LinkCandidate& k : c) saved[k.name] = k.saved_bytes;
+  ASSERT_EQ(saved.size(), 9u) << "b0..b2 and their lin and act";
+  // Offloading b0 frees x (its Linear's input) alone: its ReLU's output stays with b1's Linear.
+  const int64_t row = 16 * 8 * 4;
+  EXPECT_EQ(saved["b0"], row);
+  EXPECT_EQ(saved["b0.lin"], row);
+  EXPECT_EQ(saved["b0.act"], 0);
+  EXPECT_EQ(saved["b1"], 0);
+  EXPECT_EQ(saved["b2.act"], 0);  // the head keeps it
+  // Every tensor counts once in the forward's total: x and the three ReLU outputs.
+  EXPECT_EQ(total, 4 * row);
 }
 
 TEST(OffloadLink, ATrainingStepEqualsOneWithoutOffload) {
