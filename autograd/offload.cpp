@@ -39,8 +39,18 @@ struct ActivationOffloader::State {
   std::mutex mu;
   OffloadOptions options;
   int64_t group = 0;
-  std::vector<std::vector<std::weak_ptr<Entry>>> groups;  // index: group
-  std::vector<bool> prefetched;                           // index: group
+  // One group's entries; whether backward restored it; its saved bytes (kept and offloaded,
+  // each block once: prefetch_lead only) and offloaded bytes.
+  struct Group {
+    std::vector<std::weak_ptr<Entry>> entries;
+    bool prefetched = false;
+    int64_t saved_bytes = 0, offloaded_bytes = 0;
+  };
+  // Groups first_group, first_group + 1, ...: the steps before this one are dropped when their
+  // backward finishes (a retained graph's later backward fetches what it needs on demand).
+  std::deque<Group> groups;
+  int64_t first_group = 0;
+  int64_t groups_with_saves = 0;  // OffloadStats::groups
   // Deduplication: the saves of one tensor (same block, offset, shape, dtype) share an entry
   // while the block lives.
   using Key = std::tuple<const void*, int64_t, Shape, DType>;
@@ -56,11 +66,8 @@ struct ActivationOffloader::State {
   // and meta's copies are done when they return), and their bytes.
   std::deque<std::pair<ops::CopyFence, size_t>> inflight;
   size_t inflight_bytes = 0;
-  // Prefetch ahead (options.prefetch_lead > 0): each group's saved bytes (kept and offloaded,
-  // each block once) and offloaded bytes; this step's first group; the last group its forward
-  // opened (set when backward starts: groups past it are a recompute's); the group backward
-  // reached last.
-  std::vector<int64_t> saved_bytes, offloaded_bytes;  // index: group
+  // This step's first group; the last group its forward opened (set when backward starts:
+  // groups past it are a recompute's); the group backward reached last (prefetch_lead).
   std::map<std::tuple<const void*, int64_t, size_t>, std::weak_ptr<const void>> counted;
   int64_t step_first_group = 0;
   int64_t forward_last_group = -1;
@@ -103,22 +110,22 @@ struct ActivationOffloader::State {
     deferred = std::move(later);
   }
 
-  std::vector<std::weak_ptr<Entry>>& group_of(int64_t g) {
-    if (groups.size() <= static_cast<size_t>(g)) {
-      groups.resize(static_cast<size_t>(g) + 1);
-      prefetched.resize(static_cast<size_t>(g) + 1, false);
-      saved_bytes.resize(static_cast<size_t>(g) + 1, 0);
-      offloaded_bytes.resize(static_cast<size_t>(g) + 1, 0);
-    }
-    return groups[static_cast<size_t>(g)];
+  // Group g (made if new); null for one dropped with its step.
+  Group* group_at(int64_t g) {
+    if (g < first_group) return nullptr;
+    const auto i = static_cast<size_t>(g - first_group);
+    if (groups.size() <= i) groups.resize(i + 1);
+    return &groups[i];
   }
 
   // Restores group k's copied saves on the copy stream, behind one fence; false when it held
   // none.
   bool restore(int64_t k) {
-    prefetched[static_cast<size_t>(k)] = true;
+    Group* gr = group_at(k);
+    if (!gr) return false;
+    gr->prefetched = true;
     std::vector<std::shared_ptr<Entry>> todo;
-    for (const std::weak_ptr<Entry>& w : groups[static_cast<size_t>(k)])
+    for (const std::weak_ptr<Entry>& w : gr->entries)
       if (std::shared_ptr<Entry> e = w.lock(); e && !e->restored.defined() && !e->pending)
         todo.push_back(std::move(e));
     if (todo.empty()) return false;
@@ -136,8 +143,8 @@ struct ActivationOffloader::State {
 
   // Backward reached group g: restore the nearest earlier group that still holds tensors.
   void prefetch_before(int64_t g) {
-    for (int64_t k = g - 1; k >= 0; --k) {
-      if (prefetched[static_cast<size_t>(k)]) return;
+    for (int64_t k = g - 1; k >= first_group; --k) {
+      if (group_at(k)->prefetched) return;
       if (restore(k)) return;
     }
   }
@@ -154,10 +161,26 @@ struct ActivationOffloader::State {
         std::lock_guard lock(self->mu);
         self->in_backward = false;
         self->step_first_group = self->group + 1;
+        self->drop_finished_steps();
       });
     } catch (const std::logic_error&) {
       // Unpacked outside a backward pass (a hook called by hand): no step to close.
     }
+  }
+
+  // A backward finished: its step's groups, and the keys of blocks freed since, go (a long run
+  // would otherwise keep a few of each per step).
+  void drop_finished_steps() {
+    // The current group stays: a scope open across backward (SaveOnCpu around a whole step)
+    // saves into it again.
+    const int64_t keep = std::min(step_first_group, group);
+    while (!groups.empty() && first_group < keep) {
+      groups.pop_front();
+      ++first_group;
+    }
+    if (groups.empty()) first_group = std::max(first_group, keep);
+    std::erase_if(seen, [](const auto& kv) { return kv.second.block.expired(); });
+    std::erase_if(counted, [](const auto& kv) { return kv.second.expired(); });
   }
 
   // Counts a save's bytes into group g (prefetch_lead only), each block once while it lives.
@@ -173,8 +196,7 @@ struct ActivationOffloader::State {
     std::weak_ptr<const void>& block = counted[{s.key(), offset, bytes}];
     if (!block.expired()) return;
     block = s.watch();
-    group_of(g);
-    saved_bytes[static_cast<size_t>(g)] += static_cast<int64_t>(bytes);
+    if (Group* gr = group_at(g)) gr->saved_bytes += static_cast<int64_t>(bytes);
   }
 
   // Backward reached group g (prefetch_lead > 0): restore each earlier group of this step
@@ -184,13 +206,14 @@ struct ActivationOffloader::State {
   void reached(int64_t g) {
     if (g == last_reached || g < step_first_group || g > forward_last_group) return;
     last_reached = g;
-    group_of(g);
-    int64_t between = saved_bytes[static_cast<size_t>(g)];
+    if (g < first_group) return;
+    int64_t between = group_at(g)->saved_bytes;
     int64_t ahead = 0;
-    for (int64_t k = g - 1; k >= step_first_group; --k) {
-      const int64_t off = offloaded_bytes[static_cast<size_t>(k)];
+    for (int64_t k = g - 1; k >= std::max(step_first_group, first_group); --k) {
+      const Group& gk = *group_at(k);
+      const int64_t off = gk.offloaded_bytes;
       if (off > 0) {
-        if (!prefetched[static_cast<size_t>(k)]) {
+        if (!gk.prefetched) {
           if (static_cast<double>(between) >
               options.prefetch_lead * static_cast<double>(ahead + off))
             return;
@@ -198,7 +221,7 @@ struct ActivationOffloader::State {
         }
         ahead += off;
       }
-      between += saved_bytes[static_cast<size_t>(k)];
+      between += gk.saved_bytes;
     }
   }
 };
@@ -253,9 +276,8 @@ void ActivationOffloader::next_group() {
 OffloadStats ActivationOffloader::stats() const {
   std::lock_guard lock(state_->mu);
   OffloadStats s = state_->stats;
-  s.groups = 0;
-  for (const auto& g : state_->groups)
-    if (!g.empty()) ++s.groups;
+  s.groups = state_->groups_with_saves;
+  s.groups_held = static_cast<int64_t>(state_->groups.size());
   return s;
 }
 
@@ -297,8 +319,10 @@ SavedTensorHooks ActivationOffloader::hooks(bool copy) {
       e->pending = std::make_shared<SavedTensor>(span, "save_on_cpu", false);
       e->device = t.device();
       e->group = st->group;
-      st->group_of(st->group).push_back(e);
-      st->offloaded_bytes[static_cast<size_t>(st->group)] += static_cast<int64_t>(span.nbytes());
+      State::Group& gr = *st->group_at(st->group);  // the current group: never dropped
+      if (gr.entries.empty()) ++st->groups_with_saves;
+      gr.entries.push_back(e);
+      gr.offloaded_bytes += static_cast<int64_t>(span.nbytes());
       st->seen[key] = State::Seen{s.watch(), e};
       if (st->options.defer_groups > 0)
         st->deferred.push_back(e);
@@ -323,6 +347,7 @@ SavedTensorHooks ActivationOffloader::hooks(bool copy) {
     Tensor data;
     {
       std::lock_guard lock(st->mu);
+      st->note_backward(st);
       if (e->pending) {
         // Deferred and not copied yet: backward uses it where it is. No prefetch from here:
         // this is the head's backward, the step's peak (the logits and their gradient), and
@@ -338,7 +363,6 @@ SavedTensorHooks ActivationOffloader::hooks(bool copy) {
           // backward would hold them all.
           if (!e->waited && !e->fence.empty()) e->fence.synchronize();
           if (lead) {
-            st->note_backward(st);
             st->reached(e->group);
           } else {
             st->prefetch_before(e->group);

@@ -49,6 +49,8 @@ struct OffloadStats {
   int64_t tensors_prefetched = 0;    // restored ahead of use by a group prefetch
   int64_t tensors_fetched = 0;       // restored on demand at unpack
   int64_t groups = 0;                // groups that saved something
+  int64_t groups_held = 0;           // groups still tracked: a finished backward drops its
+                                     // step's (the current group stays)
 };
 
 class ActivationOffloader : public std::enable_shared_from_this<ActivationOffloader> {

@@ -711,6 +711,7 @@ void bind_nn(py::module_& m, py::module_& nn_mod) {
         d["tensors_prefetched"] = s.tensors_prefetched;
         d["tensors_fetched"] = s.tensors_fetched;
         d["groups"] = s.groups;
+        d["groups_held"] = s.groups_held;
         return d;
       });
   nn_mod.def(

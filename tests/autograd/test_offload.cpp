@@ -220,6 +220,30 @@ TEST(SaveOnCpu, APrefetchLeadRestoresAGroupThatFarAhead) {
   EXPECT_EQ(two.prefetched_at, (std::vector<int64_t>{2, 2, 2, 0, 0, 0}));
 }
 
+// A long run keeps no per-step bookkeeping: each finished backward drops its step's groups.
+TEST(SaveOnCpu, AFinishedBackwardDropsItsStepsGroups) {
+  Mlp m;
+  OffloadOptions o;
+  o.prefetch_lead = 1.0;
+  auto off = ActivationOffloader::create(o);
+  std::vector<int64_t> during, after;
+  for (int step = 0; step < 4; ++step) {
+    Tensor loss;
+    for (int k = 0; k < 3; ++k) {  // three scopes a step, as three blocks
+      SaveOnCpu scope(off, /*copy=*/k == 0);
+      loss = k == 0 ? m.forward() : loss * loss;
+    }
+    during.push_back(off->stats().groups_held);
+    loss.backward();
+    after.push_back(off->stats().groups_held);
+  }
+  EXPECT_GE(during[0], 3);  // the first scope's group up to the last's
+  EXPECT_EQ(during, std::vector<int64_t>(4, during[0]));
+  EXPECT_EQ(after, std::vector<int64_t>(4, after[0]));
+  EXPECT_LE(after[0], 1);             // the current group
+  EXPECT_EQ(off->stats().groups, 4);  // one group saved something each step
+}
+
 // Views of one activation block (attention's q, k and v of one qkv buffer) are offloaded by
 // copying the block once; a view of a block more than 4x its size stays on the device.
 TEST(SaveOnCpu, ViewsGoOutThroughTheirWholeBlockOnce) {
