@@ -23,7 +23,8 @@
 #   kernels     GPT-2 B16 fp32 and bf16 steps profiled in both frameworks, kernel time per
 #               class side by side (bench/kernel_compare.py)
 #   workspaces  bench/record_workspaces: the dry runs' cuDNN workspace table (NCHW and
-#               channels_last) recorded again, as $OUT/workspaces_h200.inc
+#               channels_last) recorded on this card, as $OUT/workspaces_h200.inc on an H200
+#               ($OUT/workspaces_h100.inc on an H100: no table for it is compiled in yet)
 #   predict     dry runs against the GPU: predicted vs measured memory over GPT-2 and ResNet-50
 #               checkpointing x precision grids, and the memory planner's choices (bench/predict.py)
 #   levers      bench/levers.py: the memory levers (offload, step-in-backward, AdamW8bit, the
@@ -219,10 +220,11 @@ if has kernels; then
 fi
 
 if has workspaces; then
-  # The dry runs' cuDNN workspace table, recorded again on this GPU (both layouts): the new
-  # file comes back in $OUT; copy it over tensor/conv/workspaces_h200.inc and commit it.
+  # The dry runs' cuDNN workspace table, recorded on this GPU (both layouts): the new file
+  # comes back in $OUT; copy it over tensor/conv/workspaces_<card>.inc and commit it.
+  card=h200; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 && card=h100
   t0=$(date +%s)
-  $B/bench/record_workspaces "$OUT/workspaces_h200.inc" h200 > "$OUT/workspaces.log" 2>&1
+  $B/bench/record_workspaces "$OUT/workspaces_$card.inc" $card > "$OUT/workspaces.log" 2>&1
   log "record_workspaces ($(( $(date +%s) - t0 )) s): exit $? ($(tail -1 "$OUT/workspaces.log"))"
 fi
 
