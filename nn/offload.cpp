@@ -77,6 +77,14 @@ std::string LinkOffloadChoice::str() const {
 }
 
 namespace {
+// Undoes an earlier offload_activations: no module offloads or reports progress.
+void clear_offload(Module& model) {
+  for (auto& [name, m] : model.named_modules()) {
+    m->set_offload(nullptr);
+    m->set_offload_progress(nullptr);
+  }
+}
+
 // Whether the dotted name `name` is inside the module `outer` (every name is inside "").
 bool inside(const std::string& name, const std::string& outer) {
   return outer.empty() ||
@@ -260,6 +268,7 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
         seen.clear();
         saves.clear();
         total = 0;
+        std::fill(end.begin(), end.end(), 0);
         memory::synchronize(device);
       }
       const auto t0 = Clock::now();
@@ -308,10 +317,7 @@ std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const Of
                                                          const std::function<void()>& forward,
                                                          LinkOffloadChoice* choice) {
   if (spec.kind != OffloadSpec::Kind::link) return offload_activations(model, spec, options);
-  for (auto& [name, m] : model.named_modules()) {
-    m->set_offload(nullptr);
-    m->set_offload_progress(nullptr);
-  }
+  clear_offload(model);
   if (!forward)
     throw std::invalid_argument(fmt::format(
         "offload_activations(link): the model ({}) needs its forward to measure what each "
@@ -344,10 +350,7 @@ std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const Of
 std::shared_ptr<ActivationOffloader> offload_activations(Module& model, const OffloadSpec& spec,
                                                          OffloadOptions options) {
   const auto modules = model.named_modules();
-  for (auto& [name, m] : modules) {
-    m->set_offload(nullptr);
-    m->set_offload_progress(nullptr);
-  }
+  clear_offload(model);
   if (!spec.enabled()) return nullptr;
   if (spec.kind == OffloadSpec::Kind::link)
     return offload_activations(model, spec, options, nullptr);
