@@ -332,7 +332,7 @@ Results run(const Options& o) {
   const bool estimate_only = !o.estimate.empty();
   if (estimate_only && o.device.type != DeviceType::cpu)
     throw std::invalid_argument(
-        "--estimate: it predicts a run on its target device (cpu, h200, cuda): leave out "
+        "--estimate: it predicts a run on its target device (cpu, h100, h200, cuda): leave out "
         "--device");
   const Device dev = estimate_only ? Device::cpu() : o.device;
   const std::string target =

@@ -103,7 +103,7 @@ struct Options {
 
   // ---- where and what ----
   Device device = Device::cpu();
-  // A dry run's target (cpu | h200 | cuda): predict every configuration, run none.
+  // A dry run's target (cpu | h100 | h200 | cuda): predict every configuration, run none.
   std::string estimate;
   // The host memory the dry runs check a GPU target's host peak against (0: this machine's).
   size_t host_memory = 0;

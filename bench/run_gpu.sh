@@ -24,7 +24,7 @@
 #               class side by side (bench/kernel_compare.py)
 #   workspaces  bench/record_workspaces: the dry runs' cuDNN workspace table (NCHW and
 #               channels_last) recorded on this card, as $OUT/workspaces_h200.inc on an H200
-#               ($OUT/workspaces_h100.inc on an H100: no table for it is compiled in yet)
+#               ($OUT/workspaces_h100.inc on an H100)
 #   predict     dry runs against the GPU: predicted vs measured memory over GPT-2 and ResNet-50
 #               checkpointing x precision grids, and the memory planner's choices (bench/predict.py)
 #   levers      bench/levers.py: the memory levers (offload, step-in-backward, AdamW8bit, the

@@ -27,7 +27,8 @@ under the row and kept in scale.json.
 
 --grad-accum K: K micro-batches of the row's batch a step (the batch is K times larger, one
 optimizer step; PyTorch accumulates the same way). The host update is paid once a step, so
-its share of the step falls as K grows.
+its share of the step falls as K grows. With --memory-budget, Tally gets the K-times-larger
+batch and its planner picks the micro-batches; PyTorch still runs K of the row's batch.
 
 The LLaMA rows (1B, 3B, 7B, 13B) run `train_model --model llama --preset P` (its --optimizer
 list must include adamw:cpu) and, for PyTorch, bench/models/llama.py's build(preset) and loss.
@@ -84,7 +85,7 @@ def tally_command(build, row, extra):
     elif "--checkpoint" in sys.argv:  # e.g. blocks: an 80 GB card needs it for the 7B row
         extra = [*extra, "--checkpoint", sys.argv[sys.argv.index("--checkpoint") + 1]]
     k = grad_accum()
-    if k > 1:
+    if k > 1 and not budget:  # with a budget the planner splits the K-times-larger batch itself
         extra = [*extra, "--grad-accum", str(k)]
     if row in GPT_ROWS:
         preset, *_, batch, seq = GPT_ROWS[row]

@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
   app.add_option("--out", a.out, "output folder (snapshots, timelines, report.html)")
       ->capture_default_str();
   app.add_option("--estimate", a.estimate,
-                 "predict every configuration on TARGET (cpu | h200 | cuda) with shapes-only dry "
+                 "predict every configuration on TARGET (cpu | h100 | h200 | cuda) with shapes-only dry "
                  "runs and run none (no GPU needed); without it each run is shown next to its "
                  "prediction");
   app.add_option("--host-memory", a.host_memory,
@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
     const bool estimate_only = !a.estimate.empty();
     if (estimate_only && app.count("--device") > 0)
       throw std::invalid_argument(
-          "--estimate: it predicts a run on its target device (cpu, h200, cuda): leave out "
+          "--estimate: it predicts a run on its target device (cpu, h100, h200, cuda): leave out "
           "--device");
     const Device dev = estimate_only ? Device::cpu() : ex::parse_device(a.device);
     const std::string target =

@@ -273,7 +273,7 @@ inline void add_memory_options(CLI::App& app, std::string& checkpoint, std::stri
                  "carries while the forward computes) | auto (with --checkpoint auto)")
       ->capture_default_str();
   app.add_option("--estimate", estimate,
-                 "predict the run's memory on TARGET (cpu | h200 | cuda) with a shapes-only dry "
+                 "predict the run's memory on TARGET (cpu | h100 | h200 | cuda) with a shapes-only dry "
                  "run of a few steps, print it and stop; no GPU needed");
 }
 

@@ -328,7 +328,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "Profiler overhead and GPU time accounting on ResNet-50, GPT-2 and the registry's models."};
   app.add_option("--device", a.device,
-                 "cpu | cuda | meta:TARGET (host time only; TARGET: cpu, h200, cuda)")
+                 "cpu | cuda | meta:TARGET (host time only; TARGET: cpu, h100, h200, cuda)")
       ->capture_default_str();
   app.add_option("--models", a.models,
                  "comma list of resnet (ResNet-50), gpt (GPT-2 124M) and the registry's other "

@@ -78,7 +78,7 @@ inline std::unique_ptr<memory::DryRun> make_dry_run(const std::string& target, b
   }
   if (device_given)
     throw std::invalid_argument(
-        "--estimate: it predicts a run on its target device (cpu, h200, cuda): leave out "
+        "--estimate: it predicts a run on its target device (cpu, h100, h200, cuda): leave out "
         "--device");
   const size_t host = host_memory.empty() ? 0 : memory::parse_bytes(host_memory, "--host-memory");
   if (!host_memory.empty() && host == 0)

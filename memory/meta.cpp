@@ -166,7 +166,7 @@ size_t cublaslt_workspace_bytes_from_env() {
 }
 
 std::vector<std::string> meta_target_names() {
-  std::vector<std::string> names{"cpu", "h200"};
+  std::vector<std::string> names{"cpu", "h100", "h200"};
   if (cuda_available()) names.emplace_back("cuda");
   return names;
 }
@@ -188,14 +188,26 @@ MetaTarget meta_target(std::string_view name) {
                       .sm_count = 132,
                       .matmul_workspace = cublaslt_workspace_bytes_from_env(),
                       .workspace_tables = "h200"};
+  if (n == "h100")
+    // An H100 80GB HBM3 as cuda:0 reports it: cudaMemGetInfo's total and its multiprocessors.
+    // Its convolution workspaces are recorded; its rates are not (the planner ranks its plans
+    // with the H200's, nn/plan.cpp).
+    return MetaTarget{.name = "h100",
+                      .description = "NVIDIA H100 80GB HBM3 (81,079 MiB, 132 SMs)",
+                      .type = DeviceType::cuda,
+                      .capacity = size_t{81079} * kMiB,
+                      .sm_count = 132,
+                      .matmul_workspace = cublaslt_workspace_bytes_from_env(),
+                      .workspace_tables = "h100"};
 #ifdef TALLY_WITH_CUDA
   if (n == "cuda" && cuda_available()) {
-    // This machine's GPU: its capacity and multiprocessors; an H200 also takes the h200
+    // This machine's GPU: its capacity and multiprocessors; an H200 or an H100 also takes that
     // target's recorded tables (workspaces and, tensor/meta/cost.h, rates).
     CachingAllocator& a = get_allocator(Device::cuda(0));
     const std::string product = CudaProvider::product_name(0);
-    MetaTarget t = product.find("H200") != std::string::npos
-                       ? meta_target("h200")
+    MetaTarget t = product.find("H200") != std::string::npos ? meta_target("h200")
+                   : product.find("H100") != std::string::npos
+                       ? meta_target("h100")
                        : MetaTarget{.type = DeviceType::cuda,
                                     .matmul_workspace = cublaslt_workspace_bytes_from_env()};
     t.name = "cuda";

@@ -2,16 +2,17 @@
 // matrix of one plane (cpu::conv_col_scratch_numel), in the dtype the CPU kernel computes in.
 // CUDA: the workspace of the call's cuDNN execution plan, which depends on the engine cuDNN's
 // heuristics pick on the device: looked up in the target's table, recorded on that GPU
-// (tensor/conv/workspaces_h200.inc, written by bench/record_workspaces). A call the table
-// has no row for counts no workspace and is noted (memory::note_unreplayed), so the report
-// says what the prediction could not replay; a channels_last call without a channels_last row
-// counts the NCHW call's workspace, noted too.
+// (tensor/conv/workspaces_h200.inc and workspaces_h100.inc, written by bench/record_workspaces). A
+// call the table has no row for counts no workspace and is noted (memory::note_unreplayed), so the
+// report says what the prediction could not replay; a channels_last call without a channels_last
+// row counts the NCHW call's workspace, noted too.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <span>
 
 #include "tensor/conv/kernels.h"
+#include "tensor/conv/workspaces_h100.inc"
 #include "tensor/conv/workspaces_h200.inc"
 #include "tensor/meta/target.h"
 
@@ -23,6 +24,7 @@ enum Kind : int { kForward = 0, kBackwardData = 1, kBackwardFilter = 2 };
 
 std::span<const ConvWorkspace> table_of(const memory::MetaTarget& t) {
   if (t.workspace_tables == "h200") return kConvWorkspacesH200;
+  if (t.workspace_tables == "h100") return kConvWorkspacesH100;
   return {};
 }
 

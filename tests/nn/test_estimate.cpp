@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <span>
 #include <tuple>
 
 #include "autograd/autocast.h"
@@ -21,6 +22,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "tensor/conv/ops.h"
+#include "tensor/conv/workspaces_h100.inc"
 #include "tensor/conv/workspaces_h200.inc"
 #include "tensor/norm/kernels.h"
 
@@ -252,13 +254,14 @@ TEST(Estimate, GroupNormBackwardPartialsOnACudaTargetOnly) {
   }
 }
 
-TEST(Estimate, CudaConvolutionWorkspacesComeFromTheTargetsRecordedTable) {
-  // A forward row of the H200's table (ResNet-50's stem at batch 32, float32): the dry run
-  // asks for exactly the workspace cuDNN's plan took on the GPU.
-  const auto row = std::find_if(meta::kConvWorkspacesH200.begin(), meta::kConvWorkspacesH200.end(),
+// A forward row of a GPU's table (ResNet-50's stem at batch 32, float32): the dry run for that
+// target asks for exactly the workspace cuDNN's plan took on the GPU.
+void expect_forward_row_replayed(std::span<const ConvWorkspace> table, const char* target) {
+  SCOPED_TRACE(target);
+  const auto row = std::find_if(table.begin(), table.end(),
                                 [](const ConvWorkspace& r) { return r.kind == 0 && r.bytes > 0; });
-  ASSERT_NE(row, meta::kConvWorkspacesH200.end());
-  const Device d = memory::new_meta_device(memory::meta_target("h200"));
+  ASSERT_NE(row, table.end());
+  const Device d = memory::new_meta_device(memory::meta_target(target));
   const DType dt = static_cast<DType>(row->dtype);
   const Tensor x = ops::empty({row->x[0], row->x[1], row->x[2], row->x[3]}, dt, d);
   const Tensor w = ops::empty({row->w[0], row->w[1], row->w[2], row->w[3]}, dt, d);
@@ -278,6 +281,18 @@ TEST(Estimate, CudaConvolutionWorkspacesComeFromTheTargetsRecordedTable) {
   const auto notes = memory::unreplayed(d);
   ASSERT_EQ(notes.size(), 1u);
   EXPECT_NE(notes[0].first.find("cuDNN convolution workspace"), std::string::npos);
+}
+
+TEST(Estimate, CudaConvolutionWorkspacesComeFromTheTargetsRecordedTable) {
+  expect_forward_row_replayed(meta::kConvWorkspacesH200, "h200");
+  expect_forward_row_replayed(meta::kConvWorkspacesH100, "h100");
+  // The two cards' cuDNN plans differ: the H100's table is its own, not the H200's again.
+  size_t differing = 0;
+  ASSERT_EQ(meta::kConvWorkspacesH100.size(), meta::kConvWorkspacesH200.size());
+  for (size_t i = 0; i < meta::kConvWorkspacesH100.size(); ++i)
+    differing += meta::kConvWorkspacesH100[i].bytes != meta::kConvWorkspacesH200[i].bytes;
+  EXPECT_GT(differing, 0u);
+  EXPECT_EQ(memory::meta_target("h100").capacity, size_t{81079} << 20);
 }
 
 TEST(Estimate, ChannelsLastConvolutionsTakeTheirOwnRowsOrTheNchwCallsNoted) {
