@@ -25,6 +25,9 @@ it). JSON of every row in OUT/scale.json.
 --optimizer: the optimizer stays on the device when it fits); its `Chosen:` line is printed
 under the row and kept in scale.json.
 
+--torch-timeout SECONDS: PyTorch's run stops there and its row reports the steps it finished
+(each step prints its own line); without it the run has no limit.
+
 --grad-accum K: K micro-batches of the row's batch a step (the batch is K times larger, one
 optimizer step; PyTorch accumulates the same way). The host update is paid once a step, so
 its share of the step falls as K grows. With --memory-budget, Tally gets the K-times-larger
@@ -70,6 +73,11 @@ def flops_per_token(n_params, L, d, T):
 
 def grad_accum():
     return int(sys.argv[sys.argv.index("--grad-accum") + 1]) if "--grad-accum" in sys.argv else 1
+
+
+def torch_timeout():
+    """--torch-timeout SECONDS: stop PyTorch's run there and report the steps it made."""
+    return float(option("--torch-timeout")) if option("--torch-timeout") else None
 
 
 def option(name):
@@ -184,9 +192,11 @@ try:
             loss.backward()
         opt.step(); opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize(); times.append(time.perf_counter() - t0)
-    t = sorted(times[2:] or times)
-    print(json.dumps({"mode": mode, "device_peak": torch.cuda.max_memory_reserved(),
-                      "host_peak": host_peak(), "ms_per_step": 1000 * t[len(t) // 2]}))
+        # A line a step: a run cut short by a time limit still reports the steps it made.
+        t = sorted(times[2:] or times)
+        print(json.dumps({"mode": mode, "device_peak": torch.cuda.max_memory_reserved(),
+                          "host_peak": host_peak(), "ms_per_step": 1000 * t[len(t) // 2],
+                          "steps": len(times), "last_ms": 1000 * times[-1]}), flush=True)
 except torch.cuda.OutOfMemoryError as e:
     print(json.dumps({"mode": mode, "oom": str(e)[:300]}))
 """
@@ -201,9 +211,14 @@ def run_torch(row, steps):
         kind, shape = "llama", preset
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for mode in ("plain", "fsdp2-cpu-offload"):
-        p = subprocess.run([sys.executable, "-c", TORCH_WORKER, here,
-                            json.dumps([kind, shape, B, T, mode, steps, grad_accum()])],
-                           capture_output=True, text=True)
+        try:
+            p = subprocess.run([sys.executable, "-c", TORCH_WORKER, here,
+                                json.dumps([kind, shape, B, T, mode, steps, grad_accum()])],
+                               capture_output=True, text=True, timeout=torch_timeout())
+        except subprocess.TimeoutExpired as e:  # the steps it finished, if any
+            out = e.stdout or b""
+            p = subprocess.CompletedProcess(e.cmd, -1, out.decode() if isinstance(out, bytes) else out,
+                                            f"timed out after {e.timeout:.0f} s")
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
         if not lines:
             return {"mode": mode, "error": p.stderr[-2000:]}
@@ -259,6 +274,8 @@ def main():
               f"{tr.get('mode', '-'):>18} {torch_ms or 0:>9.0f} {speed:>7}")
         if t.get("plan"):
             print(f"{'':<11} {t['plan']}")
+        if tr.get("steps") is not None and tr["steps"] < steps:
+            print(f"{'':<11} PyTorch: {tr['steps']} of {steps} steps before --torch-timeout")
     with open(os.path.join(out, "scale.json"), "w") as f:
         json.dump(results, f, indent=1)
 

@@ -165,10 +165,11 @@ int main(int argc, char** argv) {
   ex::add_checked_option(app, "--lr", a.lr, "learning rate", ex::positive_real());
   app.add_option("--out", a.out, "output folder (snapshots, timelines, report.html)")
       ->capture_default_str();
-  app.add_option("--estimate", a.estimate,
-                 "predict every configuration on TARGET (cpu | h100 | h200 | cuda) with shapes-only dry "
-                 "runs and run none (no GPU needed); without it each run is shown next to its "
-                 "prediction");
+  app.add_option(
+      "--estimate", a.estimate,
+      "predict every configuration on TARGET (cpu | h100 | h200 | cuda) with shapes-only dry "
+      "runs and run none (no GPU needed); without it each run is shown next to its "
+      "prediction");
   app.add_option("--host-memory", a.host_memory,
                  "the host memory the dry runs check a GPU target's host peak against (pinned "
                  "optimizer state, offloaded activations): 128GiB, 64GB or bytes (default: this "

@@ -272,9 +272,10 @@ inline void add_memory_options(CLI::App& app, std::string& checkpoint, std::stri
                  "prefetched one block ahead in backward) | link (only what the host link "
                  "carries while the forward computes) | auto (with --checkpoint auto)")
       ->capture_default_str();
-  app.add_option("--estimate", estimate,
-                 "predict the run's memory on TARGET (cpu | h100 | h200 | cuda) with a shapes-only dry "
-                 "run of a few steps, print it and stop; no GPU needed");
+  app.add_option(
+      "--estimate", estimate,
+      "predict the run's memory on TARGET (cpu | h100 | h200 | cuda) with a shapes-only dry "
+      "run of a few steps, print it and stop; no GPU needed");
 }
 
 }  // namespace tally::examples

@@ -266,7 +266,8 @@ void bind_memory(py::module_& m, py::module_& mem) {
       },
       py::arg("fn"), py::arg("target") = "cpu", py::arg("capacity") = py::none(),
       py::arg("max_history") = 1000000,
-      "Runs fn(device) on a fresh meta device replaying `target` (cpu, h100, h200, cuda): shapes and "
+      "Runs fn(device) on a fresh meta device replaying `target` (cpu, h100, h200, cuda): shapes "
+      "and "
       "allocations, no data. Returns the predicted peaks and categories.");
   mem.def("meta_targets", &memory::meta_target_names);
   py::class_<PyDryRun>(mem, "DryRun",
