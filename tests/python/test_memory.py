@@ -137,6 +137,12 @@ def test_estimate_predicts_a_cpu_run():
         step(dry.device)
     assert dry.estimate.target == "h200"
     assert dry.estimate.peak_allocated > 0
+    # The recorded GPUs are named targets, predictable from any machine.
+    assert {"cpu", "h100", "h200"} <= set(tally.memory.meta_targets())
+    h100 = tally.memory.estimate(step, target="h100")
+    assert h100.target == "h100" and h100.peak_allocated == dry.estimate.peak_allocated
+    with pytest.raises(Exception, match="h100"):
+        tally.memory.estimate(step, target="h300")
 
 
 def test_meta_tensor_has_no_values():
