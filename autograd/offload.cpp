@@ -21,6 +21,12 @@ bool offloadable_category(memory::Category c) {
 }
 }  // namespace
 
+SaveKey save_key(const Tensor& t) {
+  const Storage& s = t.storage();
+  if (!t.is_contiguous()) return {s.key(), -1, s.nbytes()};
+  return {s.key(), t.storage_offset(), t.nbytes()};
+}
+
 // One offloaded tensor: its host copy and, once backward has asked for it (or its group was
 // prefetched), the device copy. Shared by every save of the tensor.
 struct ActivationOffloader::Entry {
@@ -68,7 +74,7 @@ struct ActivationOffloader::State {
   size_t inflight_bytes = 0;
   // This step's first group; the last group its forward opened (set when backward starts:
   // groups past it are a recompute's); the group backward reached last (prefetch_lead).
-  std::map<std::tuple<const void*, int64_t, size_t>, std::weak_ptr<const void>> counted;
+  std::map<SaveKey, std::weak_ptr<const void>> counted;
   int64_t step_first_group = 0;
   int64_t forward_last_group = -1;
   int64_t last_reached = -1;
@@ -187,16 +193,11 @@ struct ActivationOffloader::State {
   void count_save(const Tensor& t, int64_t g) {
     const Storage& s = t.storage();
     if (!s.owned() || !offloadable_category(s.category())) return;
-    size_t bytes = t.nbytes();
-    int64_t offset = t.storage_offset();
-    if (!t.is_contiguous()) {
-      bytes = s.nbytes();
-      offset = -1;
-    }
-    std::weak_ptr<const void>& block = counted[{s.key(), offset, bytes}];
+    const SaveKey key = save_key(t);
+    std::weak_ptr<const void>& block = counted[key];
     if (!block.expired()) return;
     block = s.watch();
-    if (Group* gr = group_at(g)) gr->saved_bytes += static_cast<int64_t>(bytes);
+    if (Group* gr = group_at(g)) gr->saved_bytes += static_cast<int64_t>(key.bytes);
   }
 
   // Backward reached group g (prefetch_lead > 0): restore each earlier group of this step

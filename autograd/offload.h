@@ -53,6 +53,18 @@ struct OffloadStats {
                                      // step's (the current group stays)
 };
 
+// How a save's bytes are counted, once per tensor while its block lives: the block, the offset
+// and the bytes; a non-contiguous view as its whole block (offset -1), which its copy takes.
+// The offloader's progress counts (prefetch_lead) and the link policy's candidates
+// (nn/offload.cpp) both key saves this way.
+struct SaveKey {
+  const void* block = nullptr;
+  int64_t offset = 0;
+  size_t bytes = 0;
+  auto operator<=>(const SaveKey&) const = default;
+};
+SaveKey save_key(const Tensor& t);
+
 class ActivationOffloader : public std::enable_shared_from_this<ActivationOffloader> {
  public:
   static std::shared_ptr<ActivationOffloader> create(OffloadOptions options = {});

@@ -178,27 +178,22 @@ MetaTarget meta_target(std::string_view name) {
                       .description = "this machine's CPU backend",
                       .type = DeviceType::cpu,
                       .capacity = HostMemoryProvider::physical_memory()};
-  if (n == "h200")
-    // The numbers cuda:0 reports on the H200 the benchmarks run on (bench/RESULTS.md):
-    // cudaMemGetInfo's total and the multiprocessor count.
-    return MetaTarget{.name = "h200",
-                      .description = "NVIDIA H200 (143,771 MiB, 132 SMs)",
+  // The GPUs whose tables are recorded, as cuda:0 reports them on the machines the benchmarks
+  // run on (bench/RESULTS.md): cudaMemGetInfo's total and the multiprocessor count. The H100's
+  // convolution workspaces are recorded, its rates are not (the planner ranks its plans with
+  // the H200's, nn/plan.cpp).
+  const auto recorded_gpu = [](const char* gpu, const char* description, size_t mib) {
+    return MetaTarget{.name = gpu,
+                      .description = description,
                       .type = DeviceType::cuda,
-                      .capacity = size_t{143771} * kMiB,
+                      .capacity = mib * kMiB,
                       .sm_count = 132,
                       .matmul_workspace = cublaslt_workspace_bytes_from_env(),
-                      .workspace_tables = "h200"};
+                      .workspace_tables = gpu};
+  };
+  if (n == "h200") return recorded_gpu("h200", "NVIDIA H200 (143,771 MiB, 132 SMs)", 143771);
   if (n == "h100")
-    // An H100 80GB HBM3 as cuda:0 reports it: cudaMemGetInfo's total and its multiprocessors.
-    // Its convolution workspaces are recorded; its rates are not (the planner ranks its plans
-    // with the H200's, nn/plan.cpp).
-    return MetaTarget{.name = "h100",
-                      .description = "NVIDIA H100 80GB HBM3 (81,079 MiB, 132 SMs)",
-                      .type = DeviceType::cuda,
-                      .capacity = size_t{81079} * kMiB,
-                      .sm_count = 132,
-                      .matmul_workspace = cublaslt_workspace_bytes_from_env(),
-                      .workspace_tables = "h100"};
+    return recorded_gpu("h100", "NVIDIA H100 80GB HBM3 (81,079 MiB, 132 SMs)", 81079);
 #ifdef TALLY_WITH_CUDA
   if (n == "cuda" && cuda_available()) {
     // This machine's GPU: its capacity and multiprocessors; an H200 or an H100 also takes that

@@ -23,7 +23,7 @@
 namespace tally::memory {
 
 struct MetaTarget {
-  std::string name{};                 // "cpu", "h200", "cuda"
+  std::string name{};                 // "cpu", "h100", "h200", "cuda"
   std::string description{};          // "NVIDIA H200 (143,771 MiB, 132 SMs)"
   DeviceType type = DeviceType::cpu;  // the backend replayed: cpu or cuda
   size_t capacity = 0;                // the device's total memory in bytes
@@ -35,7 +35,7 @@ struct MetaTarget {
   std::string workspace_tables{};
 };
 
-// The names meta_target() accepts: "cpu", "h200", and "cuda" where a GPU is present.
+// The names meta_target() accepts: "cpu", "h100", "h200", and "cuda" where a GPU is present.
 std::vector<std::string> meta_target_names();
 // The target called `name` (case-insensitive). "cuda" reads this machine's cuda:0.
 // std::invalid_argument naming the known targets for any other name.

@@ -201,7 +201,7 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
     std::weak_ptr<const void> block;
   };
   std::vector<Saved> saves;
-  std::map<std::tuple<const void*, int64_t, size_t>, size_t> seen;  // index into saves
+  std::map<SaveKey, size_t> seen;  // index into saves
   // The forward's saved bytes so far, and each candidate's count at its last save.
   int64_t total = 0;
   std::vector<int64_t> end(out.size(), 0);
@@ -212,19 +212,13 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
     const memory::Category cat = s.category();
     if (!s.owned() || (cat != memory::Category::temporary && cat != memory::Category::activation))
       return {};
-    size_t bytes = t.nbytes();
-    int64_t offset = t.storage_offset();
-    if (!t.is_contiguous()) {
-      if (s.nbytes() / 4 > t.nbytes()) return {};
-      bytes = s.nbytes();
-      offset = -1;
-    }
-    if (bytes == 0) return {};
+    const SaveKey key = save_key(t);
+    if (key.offset < 0 && key.bytes / 4 > t.nbytes()) return {};  // the offloader keeps it
+    if (key.bytes == 0) return {};
     // The module path, relative to the model (the path may carry modules around the model).
     std::string path = memory::interned(memory::current_tag().module);
     if (!enclosing.empty() && inside(path, enclosing)) path = path.substr(enclosing.size() + 1);
     auto around = [&](size_t i) { return path == out[i].name || inside(path, out[i].name); };
-    const auto key = std::make_tuple(s.key(), offset, bytes);
     if (auto it = seen.find(key); it != seen.end() && !saves[it->second].block.expired()) {
       std::vector<size_t>& within = saves[it->second].within;
       std::erase_if(within, [&](size_t i) { return !around(i); });
@@ -232,7 +226,7 @@ std::vector<LinkCandidate> link_candidates(Module& model, const std::function<vo
     }
     seen[key] = saves.size();
     Saved& sv = saves.emplace_back();
-    sv.bytes = static_cast<int64_t>(bytes);
+    sv.bytes = static_cast<int64_t>(key.bytes);
     sv.block = s.watch();
     total += sv.bytes;
     for (size_t i = 0; i < out.size(); ++i)  // the module and every candidate around it
