@@ -25,6 +25,10 @@ it). JSON of every row in OUT/scale.json.
 --optimizer: the optimizer stays on the device when it fits); its `Chosen:` line is printed
 under the row and kept in scale.json.
 
+--torch-host-memory GIB: the host memory PyTorch's FSDP2 row may take (default 128); a model
+whose float32 weights, gradients and AdamW moments (16 bytes a parameter) exceed it, or the
+device's memory for plain AdamW, is reported as one PyTorch cannot run, and not started.
+
 --torch-timeout SECONDS: PyTorch's run stops there and its row reports the steps it finished
 (each step prints its own line); without it the run has no limit.
 
@@ -76,7 +80,11 @@ def grad_accum():
 
 
 def torch_timeout():
-    """--torch-timeout SECONDS: stop PyTorch's run there and report the steps it made."""
+    """--torch-host-memory GIB: the host memory PyTorch's FSDP2 row may take (default 128); a model
+whose float32 weights, gradients and AdamW moments (16 bytes a parameter) exceed it, or the
+device's memory for plain AdamW, is reported as one PyTorch cannot run, and not started.
+
+--torch-timeout SECONDS: stop PyTorch's run there and report the steps it made."""
     return float(option("--torch-timeout")) if option("--torch-timeout") else None
 
 
@@ -202,7 +210,34 @@ except torch.cuda.OutOfMemoryError as e:
 """
 
 
-def run_torch(row, steps):
+def device_mib():
+    """The GPU's memory (nvidia-smi), None where it cannot be read."""
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True)
+        return int(q.stdout.split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cannot_run(mode, params):
+    """Why PyTorch's `mode` cannot hold `params` parameters' float32 weights, gradients and AdamW
+    moments (16 bytes each, before any activation), or None. Plain AdamW keeps them on the
+    device; FSDP2's CPUOffloadPolicy in host memory (--torch-host-memory GIB, default 128: the
+    GPU machine's; its MemTotal can read low while memory is still being granted)."""
+    need = 16 * params
+    if mode == "plain":
+        mib = device_mib()
+        have, where = (mib << 20 if mib else None), "the device"
+    else:
+        have, where = float(option("--torch-host-memory") or 128) * GIB, "the host"
+    if have and need > have:
+        return (f"{mode} needs {need / 1e9:.0f} GB on {where} for float32 weights, gradients and "
+                f"AdamW moments alone; {where} has {have / 1e9:.0f} GB")
+    return None
+
+
+def run_torch(row, steps, params=None):
     if row in GPT_ROWS:
         _, L, h, d, V, B, T = GPT_ROWS[row]
         kind, shape = "gpt", [L, h, d, V]
@@ -211,6 +246,10 @@ def run_torch(row, steps):
         kind, shape = "llama", preset
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for mode in ("plain", "fsdp2-cpu-offload"):
+        why = cannot_run(mode, params) if params else None
+        if why:  # not started: a host that runs out of memory can take the machine down
+            r = {"mode": mode, "cannot": why}
+            continue
         try:
             p = subprocess.run([sys.executable, "-c", TORCH_WORKER, here,
                                 json.dumps([kind, shape, B, T, mode, steps, grad_accum()])],
@@ -225,7 +264,7 @@ def run_torch(row, steps):
         r = json.loads(lines[-1])
         if "oom" not in r:
             return r
-    return r
+    return r  # the last mode's out-of-memory, or why it could not start
 
 
 def pct(pred, meas):
@@ -254,19 +293,20 @@ def main():
             sys.exit(f"scale.py: --only: unknown row '{row}' (expected {', '.join(GPT_ROWS)}, "
                      f"{', '.join(LLAMA_ROWS)})")
         t = run_tally(build, row, steps, out)
-        tr = run_torch(row, steps) if "--no-torch" not in sys.argv else {}
+        n = t.get("params") or (gpt_params(L, d, V, T) if row in GPT_ROWS else 0)
+        tr = run_torch(row, steps, n) if "--no-torch" not in sys.argv else {}
         results[row] = {"tally": t, "torch": tr}
         if "error" in t:
             print(f"{row:<11} Tally failed: {t['error'][-300:]}")
             continue
         ms = t["ms_per_step"]
         tok_s = B * grad_accum() * T / (ms / 1000) if ms else 0
-        n = t.get("params") or (gpt_params(L, d, V, T) if row in GPT_ROWS else 0)
         mfu = flops_per_token(n, L, d, T) * tok_s / PEAK_FLOPS
         g = lambda b: f"{b / GIB:.1f}" if b else "-"
         e = lambda p, m: f"{pct(p, m):+.1f}%" if pct(p, m) is not None else "-"
         torch_ms = tr.get("ms_per_step")
-        speed = f"{torch_ms / ms:.2f}x" if torch_ms and ms else ("torch OOM" if "oom" in tr else "-")
+        speed = (f"{torch_ms / ms:.2f}x" if torch_ms and ms else "torch OOM" if "oom" in tr
+                 else "cannot" if "cannot" in tr else "-")
         print(f"{row:<11} {n / 1e9:>6.2f}B "
               f"{g(t['predicted_device']):>6}/{g(t['device_peak']):<6} ({e(t['predicted_device'], t['device_peak']):>7}) "
               f"{g(t['predicted_host']):>6}/{g(t['host_peak']):<6} ({e(t['predicted_host'], t['host_peak']):>7}) "
@@ -274,6 +314,8 @@ def main():
               f"{tr.get('mode', '-'):>18} {torch_ms or 0:>9.0f} {speed:>7}")
         if t.get("plan"):
             print(f"{'':<11} {t['plan']}")
+        if "cannot" in tr:
+            print(f"{'':<11} PyTorch: {tr['cannot']}")
         if tr.get("steps") is not None and tr["steps"] < steps:
             print(f"{'':<11} PyTorch: {tr['steps']} of {steps} steps before --torch-timeout")
     with open(os.path.join(out, "scale.json"), "w") as f:
