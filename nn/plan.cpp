@@ -236,10 +236,15 @@ MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
     return 2 * (o.find("8bit") != std::string::npos) + (o.ends_with(":cpu") ? 1 : 0);
   };
   const PlannedCandidate* best = nullptr;
+  // The smallest peak of the plans whose dry run went to the end on the device and its host;
+  // else, of those that ran out of either, the one that stopped with the least on the device
+  // (a stopped run's peak is where it stopped, not a figure to compare with the budget).
   const PlannedCandidate* smallest = nullptr;
+  const PlannedCandidate* stopped = nullptr;
   for (const PlannedCandidate& c : plan.candidates) {
     if (!c.error.empty()) continue;
-    if (!smallest || c.estimate.peak_reserved < smallest->estimate.peak_reserved) smallest = &c;
+    const PlannedCandidate*& least = c.estimate.fits() ? smallest : stopped;
+    if (!least || c.estimate.peak_reserved < least->estimate.peak_reserved) least = &c;
     if (!c.fits) continue;
     if (!best || lossy(c) < lossy(*best) ||
         (lossy(c) == lossy(*best) && (c.step_seconds < best->step_seconds ||
@@ -247,9 +252,17 @@ MemoryPlan choose_plan(std::vector<PlannedCandidate> candidates, size_t budget,
                                        c.estimate.peak_reserved < best->estimate.peak_reserved))))
       best = &c;
   }
-  if (!smallest)
+  if (!smallest && !stopped)
     throw std::invalid_argument(fmt::format("plan_memory: the model took none of the plans: {}",
                                             plan.candidates.front().error));
+  if (!smallest) {
+    const memory::Estimate& e = stopped->estimate;
+    throw std::invalid_argument(fmt::format(
+        "memory budget {}: no plan fits on {} or its host: every plan's dry run ran out of "
+        "memory. With {}: {}",
+        mib(static_cast<int64_t>(budget)), target.name, stopped->candidate.str(),
+        e.out_of_memory.empty() ? e.host_out_of_memory : e.out_of_memory));
+  }
   if (!best) {
     const auto& at = smallest->estimate.at_peak;
     const int64_t floor = at[static_cast<size_t>(memory::Category::parameter)] +

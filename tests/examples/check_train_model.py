@@ -1,6 +1,6 @@
 """train_model (examples/train_model.cpp) end to end, in a few seconds of CPU: three steps of the
-LLaMA-style decoder with a finite validation loss, a dry run (--estimate) of its 7B preset, and
-bad invocations exiting 2 with a message that names the flag, before any work.
+LLaMA-style decoder with a finite validation loss, a dry run (--estimate) of its 7B preset, the
+planner's choice for its 13B preset on an 80 GB card, and bad invocations exiting 2 with a message that names the flag, before any work.
 
     check_train_model.py PATH/TO/train_model
 """
@@ -35,6 +35,20 @@ def main(prog):
     expect(rc == 0 and m and 75 < float(m.group(1)) < 140, f"llama 7b --estimate h200: rc {rc}",
            out + err)
     expect("6738.42 M parameters" in out, "llama 7b: parameter count", out)
+
+    # The planner for a 13B on an 80 GB card and a 125 GiB host: AdamW's float32 moments
+    # outgrow the host, so it takes AdamW8bit's state there (the one plan that fits).
+    rc, out, err = run(prog, "--model", "llama", "--preset", "13b", "--batch", "2", "--amp", "bf16",
+                       "--checkpoint", "auto", "--memory-budget", "75GiB", "--estimate", "h100",
+                       "--host-memory", "125GiB", "--steps", "3")
+    expect(rc == 0 and re.search(r"Chosen: checkpoint \S+, amp bfloat16, adamw8bit:cpu", out),
+           f"llama 13b --checkpoint auto --memory-budget 75GiB --estimate h100: rc {rc}", out + err)
+    # With AdamW on the host named, every plan's dry run runs out of the host: the error says so.
+    rc, out, err = run(prog, "--model", "llama", "--preset", "13b", "--batch", "2", "--amp", "bf16",
+                       "--checkpoint", "auto", "--memory-budget", "75GiB", "--estimate", "h100",
+                       "--host-memory", "125GiB", "--optimizer", "adamw:cpu", "--steps", "3")
+    expect(rc == 2 and "every plan's dry run ran out of memory" in err and "optimizer_state" in err,
+           f"llama 13b --optimizer adamw:cpu --memory-budget 75GiB: rc {rc}", out + err)
 
     bad = [
         (["--model", "mycnn"], "'mycnn'"),

@@ -14,6 +14,7 @@
 #include "nn/models/gpt.h"
 #include "nn/plan.h"
 #include "optim/adam.h"
+#include "tensor/ops.h"
 #include "testing/gradcheck.h"
 
 namespace tally {
@@ -199,6 +200,23 @@ TEST(Plan, BudgetsNothingMeetsAreErrorsNamingWhy) {
   EXPECT_THROW(nn::plan_memory(count, 4, {.target = "h200", .budget = size_t{1} << 50}),
                std::invalid_argument);
   EXPECT_EQ(runs, 0);
+}
+
+TEST(Plan, EveryPlanRunningOutOfMemoryNamesWhy) {
+  // A run that asks for more than the target has, whatever the plan: a stopped dry run has no
+  // peak to compare with the budget, so the error carries the dry run's out-of-memory message.
+  auto run = [](Device d, const nn::PlanCandidate&) {
+    (void)ops::empty({int64_t{40} << 30}, DType::float32, d);  // 160 GiB
+  };
+  try {
+    nn::plan_memory(run, 4, {.target = "h200", .budget = size_t{100} << 30});
+    FAIL() << "160 GiB on a 140 GiB target";
+  } catch (const std::invalid_argument& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("no plan fits on h200 or its host"), std::string::npos) << w;
+    EXPECT_NE(w.find("every plan's dry run ran out of memory"), std::string::npos) << w;
+    EXPECT_NE(w.find("160.00 GiB"), std::string::npos) << w;
+  }
 }
 
 TEST(Plan, PartialBlockPlansParseAndApply) {
