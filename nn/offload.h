@@ -36,9 +36,9 @@ OffloadSpec parse_offload_spec(const std::string& s);
 // ---- `--offload link`: offload that the host link hides ----
 // One module the link policy may offload: its dotted name, the bytes its forward saves for
 // backward that no module outside it saves too (what offloading it frees), whether it is
-// checkpointed (then those bytes are the
-// input its checkpoint keeps), and the share of the forward's saved bytes saved after its last
-// save: where it sits in the forward (1: first, or not known).
+// checkpointed (then those bytes are the input its checkpoint keeps), and the share of the
+// forward's saved bytes saved after its last save: where it sits in the forward (1: first, or
+// not known).
 struct LinkCandidate {
   std::string name;
   int64_t saved_bytes = 0;

@@ -98,8 +98,9 @@ std::vector<CheckpointSpec> checkpoint_plans(int blocks);
 // does), applies the candidate and trains options.steps steps; a candidate the model rejects
 // (std::invalid_argument) is skipped. Errors (std::invalid_argument), naming what was asked: a
 // budget of 0, an unknown target (both before any dry run); nothing fits: the smallest peak any
-// candidate reaches and what it is made of, or, when the budget is below the parameters plus
-// optimizer state that every plan keeps, that floor.
+// candidate's completed dry run reaches and what it is made of, or, when the budget is below the
+// parameters plus optimizer state that every plan keeps, that floor; when no dry run completes
+// (each ran out of the target's memory or its host's), one's out-of-memory message.
 MemoryPlan plan_memory(const std::function<void(Device, const PlanCandidate&)>& run,
                        int checkpoint_blocks, const PlanOptions& options);
 
