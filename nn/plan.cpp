@@ -111,6 +111,7 @@ meta::Rates calibrated_rates(const memory::MetaTarget& t) {
   // The host link and the host's update too: without them an offloaded activation's copies
   // cost nothing, and the planner chose offloading every block (215 ms a step against 37).
   r.host_bandwidth = h.host_bandwidth, r.host_update_bandwidth = h.host_update_bandwidth;
+  r.host_update_8bit_bandwidth = h.host_update_8bit_bandwidth;
   return r;
 }
 

@@ -281,17 +281,18 @@ void CpuOffload::init_masters() {
 }
 
 namespace {
-// A dry run's time for the host's update of `bytes`: the host computes (its clock advances by
-// the bytes over the target's host update bandwidth; on a CPU target, over its bandwidth), and
-// the weights' copies back, queued after it, start no earlier than it ends (the device stream
-// waits for them before the next forward in any case).
-void charge_host_update(Device device, double bytes) {
+// A dry run's time for the host's update of `bytes` (AdamW) and `bytes8` (AdamW8bit): the host
+// computes (its clock advances by the bytes over the target's host update bandwidths; on a CPU
+// target, over its bandwidth), and the weights' copies back, queued after it, start no earlier
+// than it ends (the device stream waits for them before the next forward in any case).
+void charge_host_update(Device device, double bytes, double bytes8) {
   const tally::meta::Rates r = tally::meta::rates_of(device);
   const double rate = r.host_update_bandwidth > 0                     ? r.host_update_bandwidth
                       : memory::behaves_as(device) == DeviceType::cpu ? r.bandwidth
                                                                       : 0.0;
-  if (rate <= 0 || bytes <= 0) return;
-  const double end = memory::meta_host_seconds(device) + bytes / rate;
+  if (rate <= 0 || bytes + bytes8 <= 0) return;
+  const double rate8 = r.host_update_8bit_bandwidth > 0 ? r.host_update_8bit_bandwidth : rate;
+  const double end = memory::meta_host_seconds(device) + bytes / rate + bytes8 / rate8;
   memory::sync_meta_host(device, end);
   memory::wait_meta_clock(device, end);
 }
@@ -307,7 +308,8 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
     ++state(i).step;
     lists_of[{state(i).step, is_8bit(i), static_cast<int>(master_dtype(i))}].push_back(i);
   }
-  double bytes = 0;  // what the update moves through host memory (a dry run's time for it)
+  // What the update moves through host memory, AdamW's and AdamW8bit's (a dry run's time for it).
+  double bytes = 0, bytes8 = 0;
   for (const auto& [key, members] : lists_of) {
     const auto [step, q8, dtype] = key;
     const double master = static_cast<double>(dtype_size(static_cast<DType>(dtype)));
@@ -346,8 +348,9 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
         out.push_back(staged.weights_ready ? g.data_ptr() : nullptr);
         // One pass: the master read and written, the gradient read, the moments read and
         // written (8-bit: a byte each), the rounded weights written.
-        bytes += static_cast<double>(n) * (2 * 4.0 + grad + (q8 ? 4.0 : 16.0) +
-                                           (staged.weights_ready ? param : 4.0 + param));
+        (q8 ? bytes8 : bytes) +=
+            static_cast<double>(n) *
+            (2 * 4.0 + grad + (q8 ? 4.0 : 16.0) + (staged.weights_ready ? param : 4.0 + param));
         continue;
       }
       if (g.dtype() != static_cast<DType>(dtype)) {
@@ -362,9 +365,10 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
       void* v = t.at("exp_avg_sq").data_ptr();
       // The master read and written, the gradient read (widened first: read, written, read
       // again), the moments read and written (8-bit: a byte each), the rounded weights written.
-      bytes += static_cast<double>(n) *
-               (2 * master + (grad == master ? grad : grad + 2 * master) + (q8 ? 4.0 : 4 * master) +
-                (h.amsgrad ? 2 * master : 0.0) + (param == master ? 0.0 : master + param));
+      (q8 ? bytes8 : bytes) +=
+          static_cast<double>(n) *
+          (2 * master + (grad == master ? grad : grad + 2 * master) + (q8 ? 4.0 : 4 * master) +
+           (h.amsgrad ? 2 * master : 0.0) + (param == master ? 0.0 : master + param));
       if (q8)
         lists.add({p, g.data_ptr(), m, v, t.at("exp_avg_absmax").data_ptr(),
                    t.at("exp_avg_sq_absmax").data_ptr()},
@@ -395,7 +399,7 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
       parallel_adam_(lists, h);
     }
   }
-  if (meta) charge_host_update(device, bytes);
+  if (meta) charge_host_update(device, bytes, bytes8);
 }
 
 void CpuOffload::write_back(size_t i) {

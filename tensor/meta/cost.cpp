@@ -25,7 +25,8 @@ Rates rates_for(const memory::MetaTarget& target) {
     // device-to-host copy measures ~50 GB/s: a fair default where the link was not measured,
     // tensor/host_link.h). The host's AdamW (16 cores): ~38 GB/s in LLaMA-1B's offloaded step
     // (1,307 ms against ~300 on the device, 28 B a parameter), ~75 GB/s in 7B's
-    // (bench/results/scale.md): 50 GB/s between them.
+    // (bench/results/scale.md): 50 GB/s between them. Its AdamW8bit, 16 B a parameter: 24.5 GB/s
+    // in 13B's (9,151 ms a step, 27eeb06, of which ~0.7 s on the device).
     return Rates{.flops_16bit = 600e12,
                  .flops_32bit = 48e12,
                  .flops_tf32 = 100e12,
@@ -33,7 +34,8 @@ Rates rates_for(const memory::MetaTarget& target) {
                  .bandwidth = 3.9e12,
                  .launch_seconds = 4e-6,
                  .host_bandwidth = 50e9,
-                 .host_update_bandwidth = 50e9};
+                 .host_update_bandwidth = 50e9,
+                 .host_update_8bit_bandwidth = 25e9};
   return {};
 }
 

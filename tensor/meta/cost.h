@@ -24,6 +24,9 @@ struct Rates {
   // (optim/cpu_offload.h's AdamW on the host: master weights, gradients and moments read and
   // written); 0: a dry run charges the host no time for it.
   double host_update_bandwidth = 0;
+  // The same for AdamW8bit's update on the host (its block-wise quantising is bound by the cores,
+  // not by memory); 0: host_update_bandwidth.
+  double host_update_8bit_bandwidth = 0;
   // Seconds per element of the fused optimizer updates where more than their bytes (a
   // calibrated CPU's: AdamW8bit's code-book search and scaling, optim/plan_training.cpp); 0:
   // their bytes only.

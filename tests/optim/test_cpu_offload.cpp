@@ -625,26 +625,38 @@ TEST(CpuOffload, SnapshotsAndTheSummaryShowTheHostSide) {
   EXPECT_NE(memory::memory_summary(dry.device()).find("Host memory of"), std::string::npos);
 }
 
-// A dry run charges the host's update time: a 1M-parameter step takes at least its 28 bytes a
-// parameter (master, gradient, two moments) over the host update bandwidth longer than with that
-// charge off.
-double predicted_offloaded_step(bool charge_host) {
+// A dry run charges the host's update time: a 1M-parameter step takes at least its bytes a
+// parameter over the host update bandwidth longer than with that charge off (and the copies
+// back, which wait for the update). AdamW moves 28 (the
+// master read and written, the float32 gradient, two float32 moments read and written); AdamW8bit
+// 16 (its moments a byte each), over its own, lower bandwidth.
+double predicted_offloaded_step(bool charge_host, bool adamw8bit) {
   memory::DryRun dry({.target = "h200"});
   meta::Rates rates = meta::rates_for(memory::meta_target("h200"));
-  if (!charge_host) rates.host_update_bandwidth = 0;
+  if (!charge_host) rates.host_update_bandwidth = rates.host_update_8bit_bandwidth = 0;
   meta::set_rates(dry.device(), rates);
   const Tensor w = ops::empty({1024, 1024}, DType::float32, dry.device()).requires_grad_();
-  optim::CpuOffload opt(std::vector<Tensor>{w});
+  optim::CpuOffload opt(std::vector<Tensor>{w}, optim::AdamW::default_options(),
+                        optim::CpuOffloadOptions{.adamw8bit = adamw8bit});
   sum(mul(w, w)).backward();
   opt.step();
   return dry.finish().predicted_seconds;
 }
 
 TEST(CpuOffload, ADryRunChargesTheHostUpdate) {
-  const double bw = meta::rates_for(memory::meta_target("h200")).host_update_bandwidth;
-  ASSERT_GT(bw, 0);
-  EXPECT_GE(predicted_offloaded_step(true) - predicted_offloaded_step(false),
-            0.999 * 28.0 * 1024 * 1024 / bw);
+  const meta::Rates r = meta::rates_for(memory::meta_target("h200"));
+  ASSERT_GT(r.host_update_bandwidth, 0);
+  ASSERT_GT(r.host_update_8bit_bandwidth, 0);
+  const double adamw =
+      predicted_offloaded_step(true, false) - predicted_offloaded_step(false, false);
+  const double q8 = predicted_offloaded_step(true, true) - predicted_offloaded_step(false, true);
+  const double n = 1024.0 * 1024;
+  EXPECT_GE(adamw, 0.999 * 28.0 * n / r.host_update_bandwidth);
+  EXPECT_GE(q8, 0.999 * 16.0 * n / r.host_update_8bit_bandwidth);
+  // Beyond the update, each also waits for the same copies: the difference is the updates'.
+  EXPECT_NEAR(q8 - adamw,
+              16.0 * n / r.host_update_8bit_bandwidth - 28.0 * n / r.host_update_bandwidth,
+              0.01 * 16.0 * n / r.host_update_8bit_bandwidth);
 }
 
 // The host check: a plan whose host peak exceeds the host's memory does not fit, and says so
