@@ -30,6 +30,7 @@
 #include "nn/offload.h"
 #include "nn/parameter_split.h"
 #include "nn/plan.h"
+#include "optim/cpu_offload.h"
 #include "optim/plan_training.h"
 #include "optim/precision.h"
 #include "profiler/memory_timeline.h"
@@ -407,7 +408,7 @@ Results run(const Options& o) {
   const std::string& out = staged.path();
 
   // The model of every configuration on `on`, from the same initial values: built on
-  // `build_on` (the CPU, as a real run does; meta for the planner's dry runs) and moved, or
+  // `build_on` (the CPU, as a real run does; meta for the dry runs) and moved, or
   // the caller's module given its values at the call.
   auto make_model = [&](Device on, Device build_on) -> std::shared_ptr<nn::Module> {
     if (o.module) {
@@ -483,6 +484,10 @@ Results run(const Options& o) {
     std::unique_ptr<optim::Optimizer> opt =
         optim::make_optimizer(c.optimizer, model->parameters(), optim::AdamOptions{.lr = o.lr},
                               optim::SGDOptions{.lr = o.lr, .momentum = 0.9});
+    // A host optimizer under bf16 keeps bfloat16 weights on the device, float32 masters on the
+    // host, as the training programs do (train_model --optimizer adamw:cpu --amp bf16).
+    if (auto* host = dynamic_cast<optim::CpuOffload*>(opt.get()); host && amp == DType::bfloat16)
+      host->keep_16bit_weights(*model);
     optim::Precision prec(amp, on);
     // `link` measures one forward of the first micro-batch (nn/offload.h).
     nn::offload_activations(*model, nn::parse_offload_spec(c.offload), {}, [&] {
@@ -597,7 +602,10 @@ Results run(const Options& o) {
     AllocConfScope conf(memory::get_allocator(dry.device()), c.alloc_conf);
     std::string oom;
     try {
-      last_step_us = run_config(dry.device(), resident_batches(dry.device()), spec, amp, c, &r);
+      // Built on the dry run's device: a model larger than this machine's memory is predicted
+      // too (a 13B LLaMA's float32 weights are 52 GB).
+      last_step_us = run_config(dry.device(), resident_batches(dry.device()), spec, amp, c, &r,
+                                nullptr, dry.device());
     } catch (const memory::OutOfMemoryError& e) {
       oom = e.what();
     }

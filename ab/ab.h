@@ -46,7 +46,8 @@ using BatchFn = std::function<data::Example(int64_t step)>;
 struct Config {
   std::string checkpoint = "none";  // nn::parse_checkpoint_spec's spellings, or "auto"
   std::string precision = "off";    // off | fp16 | bf16 (auto: with checkpoint auto)
-  // sgd | adam | adamw | adamw8bit | adamw:cpu | adamw8bit:cpu (state in pinned host memory)
+  // sgd | adam | adamw | adamw8bit | adamw:cpu | adamw8bit:cpu (state in pinned host memory;
+  // under bf16 the device then keeps bfloat16 weights, CpuOffload::keep_16bit_weights)
   std::string optimizer = "adamw";
   std::string offload = "none";  // nn::parse_offload_spec's spellings
   bool step_in_backward = false;

@@ -324,12 +324,30 @@ TEST(AbRun, OffloadedOptimizerShowsTheHostPeak) {
   ASSERT_EQ(r.configs.size(), 2u);
   EXPECT_GT(r.configs[1].host_peak_allocated, r.configs[0].host_peak_allocated);
   EXPECT_EQ(r.configs[1].estimate.host_memory, size_t{64} << 10);
-  EXPECT_TRUE(r.configs[0].estimate.host_out_of_memory.empty());
+  EXPECT_TRUE(r.configs[0].estimate.host_out_of_memory.empty())
+      << r.configs[0].estimate.host_out_of_memory;
   EXPECT_FALSE(r.configs[1].estimate.host_out_of_memory.empty());
   EXPECT_NE(r.table.find("host peak"), std::string::npos) << r.table;
   std::ifstream f(o.out + "/results.json");
   const nlohmann::json j = nlohmann::json::parse(f);
   EXPECT_GT(j[1]["host_peak_allocated"].get<int64_t>(), 0);
+  fs::remove_all(o.out);
+}
+
+// Under bf16 a host optimizer's row keeps bfloat16 weights on the device, as train_model does:
+// half the parameter bytes of the row with AdamW on the device.
+TEST(AbRun, HostOptimizerUnderBf16KeepsBf16WeightsOnTheDevice) {
+  ab::Options o = registry_gpt(16, 2, "host16");
+  o.optimizer = {"adamw", "adamw:cpu"};
+  o.precision = {"bf16"};
+  o.estimate = "h200";
+  const ab::Results r = ab::run(o);
+  ASSERT_EQ(r.configs.size(), 2u);
+  const auto parameter = static_cast<size_t>(memory::Category::parameter);
+  const int64_t device = r.configs[0].estimate.at_peak[parameter];
+  const int64_t host = r.configs[1].estimate.at_peak[parameter];
+  EXPECT_GT(device, 0);
+  EXPECT_NEAR(static_cast<double>(host), device / 2.0, device * 0.02);
   fs::remove_all(o.out);
 }
 
