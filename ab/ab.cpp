@@ -408,7 +408,7 @@ Results run(const Options& o) {
   const std::string& out = staged.path();
 
   // The model of every configuration on `on`, from the same initial values: built on
-  // `build_on` (the CPU, as a real run does; meta for the dry runs) and moved, or
+  // `build_on` (the CPU, as a real run does; a meta device for the dry runs) and moved, or
   // the caller's module given its values at the call.
   auto make_model = [&](Device on, Device build_on) -> std::shared_ptr<nn::Module> {
     if (o.module) {
