@@ -80,11 +80,7 @@ def grad_accum():
 
 
 def torch_timeout():
-    """--torch-host-memory GIB: the host memory PyTorch's FSDP2 row may take (default 128); a model
-whose float32 weights, gradients and AdamW moments (16 bytes a parameter) exceed it, or the
-device's memory for plain AdamW, is reported as one PyTorch cannot run, and not started.
-
---torch-timeout SECONDS: stop PyTorch's run there and report the steps it made."""
+    """--torch-timeout SECONDS: stop PyTorch's run there and report the steps it made."""
     return float(option("--torch-timeout")) if option("--torch-timeout") else None
 
 

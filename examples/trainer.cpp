@@ -110,10 +110,10 @@ void Trainer::check_flags(const CLI::App& app, const std::vector<std::string>& o
       auto_plan_.optimizers.push_back("adamw8bit");
     // On a GPU, the optimizer's placement too: AdamW with its state in host memory, and its
     // 8-bit form there (a 13B model's float32 moments outgrow a 128 GiB host; 8-bit ones fit).
-    for (const char* host : {"adamw:cpu", "adamw8bit:cpu"})
-      if (f_.optimizer == "adamw" && !given("--optimizer") && !graphs && offered(host) &&
-          memory::behaves_as(dev_) == DeviceType::cuda)
-        auto_plan_.optimizers.push_back(host);
+    if (f_.optimizer == "adamw" && !given("--optimizer") && !graphs &&
+        memory::behaves_as(dev_) == DeviceType::cuda)
+      for (const char* host : {"adamw:cpu", "adamw8bit:cpu"})
+        if (offered(host)) auto_plan_.optimizers.push_back(host);
     auto_plan_.step_in_backward = {f_.step_in_backward};
     if (!given("--step-in-backward") && !clip_given_ && !graphs && !given("--grad-accum"))
       auto_plan_.step_in_backward = {false, true};
