@@ -191,15 +191,22 @@ bool has_avx512() {
   return yes;
 }
 
-// t[j] for each lane, j < n (n: 16 or a multiple of 32, at most 256).
-__attribute__((target("avx512f"))) inline __m512 lookup512(const float* t, __m512i j, int n) {
-  if (n <= 16) return _mm512_permutexvar_ps(j, _mm512_load_ps(t));
-  __m512 r = _mm512_permutex2var_ps(_mm512_load_ps(t), j, _mm512_load_ps(t + 16));
-  for (int b = 32; b < n; b += 32) {
-    const __m512 rb = _mm512_permutex2var_ps(_mm512_load_ps(t + b), j, _mm512_load_ps(t + b + 16));
-    r = _mm512_mask_mov_ps(r, _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(b)), rb);
+// t[j] for each lane, j < N (16 or fewer, or a multiple of 32 up to 256). N is a constant, so
+// the loop unrolls into N / 32 vpermi2ps with no branch.
+template <int N>
+__attribute__((target("avx512f"))) TALLY_ALWAYS_INLINE __m512 lookup512(const float* t, __m512i j) {
+  if constexpr (N <= 16) {
+    return _mm512_permutexvar_ps(j, _mm512_load_ps(t));
+  } else {
+    __m512 r = _mm512_permutex2var_ps(_mm512_load_ps(t), j, _mm512_load_ps(t + 16));
+#pragma GCC unroll 8
+    for (int b = 32; b < N; b += 32) {
+      const __m512 rb =
+          _mm512_permutex2var_ps(_mm512_load_ps(t + b), j, _mm512_load_ps(t + b + 16));
+      r = _mm512_mask_mov_ps(r, _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(b)), rb);
+    }
+    return r;
   }
-  return r;
 }
 
 // dequantize8 of k codes: x[i] = map[q[i]] * absmax.
@@ -210,9 +217,21 @@ __attribute__((target("avx512f"))) void dequantize8_avx512(const Avx512Map& map,
   for (; i + 16 <= k; i += 16) {
     const __m512i j =
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
-    _mm512_storeu_ps(x + i, _mm512_mul_ps(lookup512(map.all, j, 256), a));
+    _mm512_storeu_ps(x + i, _mm512_mul_ps(lookup512<256>(map.all, j), a));
   }
   for (; i < k; ++i) x[i] = detail::dequantize8(map.all, q[i], absmax);
+}
+
+// halve() of 16 lanes, step 2^kLev: its entries are levels[kLev][lo / 2^(kLev + 1)].
+template <int kLev>
+__attribute__((target("avx512f"))) TALLY_ALWAYS_INLINE void halve512(const Avx512Map& map, __m512 y,
+                                                                     __m512i& lo, __m512& below,
+                                                                     __m512& above) {
+  const __m512 c = lookup512<(128 >> kLev)>(map.levels[kLev], _mm512_srli_epi32(lo, kLev + 1));
+  const __mmask16 le = _mm512_cmp_ps_mask(c, y, _CMP_LE_OQ);
+  lo = _mm512_mask_add_epi32(lo, le, lo, _mm512_set1_epi32(1 << kLev));
+  below = _mm512_mask_mov_ps(below, le, c);
+  above = _mm512_mask_mov_ps(c, le, above);
 }
 
 // quantize8_flat of k values (absmax > 0).
@@ -225,13 +244,14 @@ __attribute__((target("avx512f"))) void quantize8_avx512(const Avx512Map& map, c
     const __m512 y = _mm512_div_ps(_mm512_loadu_ps(x + i), a);
     __m512i lo = _mm512_setzero_si512();
     __m512 below = first, above = last;
-    for (int lev = 7; lev >= 0; --lev) {  // halve(): step 2^lev
-      const __m512 c = lookup512(map.levels[lev], _mm512_srli_epi32(lo, lev + 1), 128 >> lev);
-      const __mmask16 le = _mm512_cmp_ps_mask(c, y, _CMP_LE_OQ);
-      lo = _mm512_mask_add_epi32(lo, le, lo, _mm512_set1_epi32(1 << lev));
-      below = _mm512_mask_mov_ps(below, le, c);
-      above = _mm512_mask_mov_ps(c, le, above);
-    }
+    halve512<7>(map, y, lo, below, above);
+    halve512<6>(map, y, lo, below, above);
+    halve512<5>(map, y, lo, below, above);
+    halve512<4>(map, y, lo, below, above);
+    halve512<3>(map, y, lo, below, above);
+    halve512<2>(map, y, lo, below, above);
+    halve512<1>(map, y, lo, below, above);
+    halve512<0>(map, y, lo, below, above);
     const __mmask16 nearer_below =
         _mm512_cmp_ps_mask(_mm512_sub_ps(y, below), _mm512_sub_ps(above, y), _CMP_LE_OQ);
     __m512i code =
