@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -17,7 +18,7 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define TALLY_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#define TALLY_HOST_AVX512 1  // AdamW8bit's code book read from registers (see Avx512Maps)
+#define TALLY_HOST_SIMD 1  // AdamW8bit's code books in AVX-512 / AVX2 loops (see CodeBook)
 #include <immintrin.h>
 #else
 #define TALLY_VECTOR_CLONES
@@ -154,26 +155,27 @@ TALLY_ALWAYS_INLINE void quantize8_block(const float* __restrict map, const floa
   for (int64_t i = 0; i < k; ++i) q[i] = quantize8_flat(map, x[i], absmax);
 }
 
-#if defined(TALLY_HOST_AVX512)
+#if defined(TALLY_HOST_SIMD)
 // GCC 12's intrinsics start results from _mm512_undefined_*, which -Wmaybe-uninitialized flags.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// The code books held in AVX-512 registers and read with vpermi2ps (32 entries an instruction),
-// where GCC's vectorised loops read them with a scalar load per element: 16 elements of a block
-// at a time, the same operations as dequantize8 and quantize8_flat, so the same results.
-// levels[k][j] = map[s + 2 s j] (s = 2^k, j < 128 / s): the entries step s of the search may
-// read, indexed by lo / 2s.
-struct Avx512Map {
+// The code books for the hand-written loops below, where GCC's vectorised loops read them with a
+// scalar load per element. With AVX-512 they are held in registers and read with vpermi2ps (32
+// entries an instruction), 16 elements of a block at a time; with AVX2, 8 at a time, by vpermps
+// (8 entries) for the search's first levels and by gathers beyond. The same operations as
+// dequantize8 and quantize8_flat, so the same results. levels[k][j] = map[s + 2 s j] (s = 2^k,
+// j < 128 / s): the entries step s of the search may read, indexed by lo / 2s.
+struct CodeBook {
   alignas(64) float all[256];
   alignas(64) float levels[8][128];
 };
-struct Avx512Maps {
-  Avx512Map signed_map, unsigned_map;
+struct CodeBooks {
+  CodeBook signed_map, unsigned_map;
 };
 
-const Avx512Maps& avx512_maps() {
-  static const Avx512Maps maps = [] {
-    Avx512Maps m{};
+const CodeBooks& code_books() {
+  static const CodeBooks maps = [] {
+    CodeBooks m{};
     const DynamicMaps& d = dynamic_maps();
     for (auto [src, dst] :
          {std::pair{d.signed_map, &m.signed_map}, std::pair{d.unsigned_map, &m.unsigned_map}}) {
@@ -186,9 +188,11 @@ const Avx512Maps& avx512_maps() {
   return maps;
 }
 
-bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
+int cpu_simd() {
+  static const int level = __builtin_cpu_supports("avx512f") ? 2
+                           : __builtin_cpu_supports("avx2")  ? 1
+                                                             : 0;
+  return level;
 }
 
 // t[j] for each lane, j < N (16 or fewer, or a multiple of 32 up to 256). N is a constant, so
@@ -210,7 +214,7 @@ __attribute__((target("avx512f"))) TALLY_ALWAYS_INLINE __m512 lookup512(const fl
 }
 
 // dequantize8 of k codes: x[i] = map[q[i]] * absmax.
-__attribute__((target("avx512f"))) void dequantize8_avx512(const Avx512Map& map, const uint8_t* q,
+__attribute__((target("avx512f"))) void dequantize8_avx512(const CodeBook& map, const uint8_t* q,
                                                            float absmax, float* x, int64_t k) {
   const __m512 a = _mm512_set1_ps(absmax);
   int64_t i = 0;
@@ -224,7 +228,7 @@ __attribute__((target("avx512f"))) void dequantize8_avx512(const Avx512Map& map,
 
 // halve() of 16 lanes, step 2^kLev: its entries are levels[kLev][lo / 2^(kLev + 1)].
 template <int kLev>
-__attribute__((target("avx512f"))) TALLY_ALWAYS_INLINE void halve512(const Avx512Map& map, __m512 y,
+__attribute__((target("avx512f"))) TALLY_ALWAYS_INLINE void halve512(const CodeBook& map, __m512 y,
                                                                      __m512i& lo, __m512& below,
                                                                      __m512& above) {
   const __m512 c = lookup512<(128 >> kLev)>(map.levels[kLev], _mm512_srli_epi32(lo, kLev + 1));
@@ -235,7 +239,7 @@ __attribute__((target("avx512f"))) TALLY_ALWAYS_INLINE void halve512(const Avx51
 }
 
 // quantize8_flat of k values (absmax > 0).
-__attribute__((target("avx512f"))) void quantize8_avx512(const Avx512Map& map, const float* x,
+__attribute__((target("avx512f"))) void quantize8_avx512(const CodeBook& map, const float* x,
                                                          float absmax, uint8_t* q, int64_t k) {
   const __m512 a = _mm512_set1_ps(absmax), first = _mm512_set1_ps(map.all[0]),
                last = _mm512_set1_ps(map.all[255]);
@@ -263,8 +267,93 @@ __attribute__((target("avx512f"))) void quantize8_avx512(const Avx512Map& map, c
   }
   for (; i < k; ++i) q[i] = quantize8_flat(map.all, x[i], absmax);
 }
+
+// t[j] for each of 8 lanes, j < N: vpermps from one register (N <= 8) or two and a blend (16),
+// a gather beyond (AVX2 has no two-register permute).
+template <int N>
+__attribute__((target("avx2"))) TALLY_ALWAYS_INLINE __m256 lookup256(const float* t, __m256i j) {
+  if constexpr (N <= 8) {
+    return _mm256_permutevar8x32_ps(_mm256_load_ps(t), j);
+  } else if constexpr (N == 16) {
+    const __m256 low = _mm256_permutevar8x32_ps(_mm256_load_ps(t), j);
+    const __m256 high = _mm256_permutevar8x32_ps(_mm256_load_ps(t + 8), j);
+    return _mm256_blendv_ps(low, high,
+                            _mm256_castsi256_ps(_mm256_cmpgt_epi32(j, _mm256_set1_epi32(7))));
+  } else {
+    return _mm256_i32gather_ps(t, j, 4);
+  }
+}
+
+// dequantize8 of k codes, 8 at a time: x[i] = map[q[i]] * absmax.
+__attribute__((target("avx2"))) void dequantize8_avx2(const CodeBook& map, const uint8_t* q,
+                                                      float absmax, float* x, int64_t k) {
+  const __m256 a = _mm256_set1_ps(absmax);
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256i j =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i)));
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_i32gather_ps(map.all, j, 4), a));
+  }
+  for (; i < k; ++i) x[i] = detail::dequantize8(map.all, q[i], absmax);
+}
+
+// halve512's step for 8 lanes (a comparison's mask is all ones or zeros in each lane).
+template <int kLev>
+__attribute__((target("avx2"))) TALLY_ALWAYS_INLINE void halve256(const CodeBook& map, __m256 y,
+                                                                  __m256i& lo, __m256& below,
+                                                                  __m256& above) {
+  const __m256 c = lookup256<(128 >> kLev)>(map.levels[kLev], _mm256_srli_epi32(lo, kLev + 1));
+  const __m256 le = _mm256_cmp_ps(c, y, _CMP_LE_OQ);
+  lo =
+      _mm256_add_epi32(lo, _mm256_and_si256(_mm256_castps_si256(le), _mm256_set1_epi32(1 << kLev)));
+  below = _mm256_blendv_ps(below, c, le);
+  above = _mm256_blendv_ps(c, above, le);
+}
+
+// quantize8_flat of k values (absmax > 0), 8 at a time.
+__attribute__((target("avx2"))) void quantize8_avx2(const CodeBook& map, const float* x,
+                                                    float absmax, uint8_t* q, int64_t k) {
+  const __m256 a = _mm256_set1_ps(absmax), first = _mm256_set1_ps(map.all[0]),
+               last = _mm256_set1_ps(map.all[255]);
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256 y = _mm256_div_ps(_mm256_loadu_ps(x + i), a);
+    __m256i lo = _mm256_setzero_si256();
+    __m256 below = first, above = last;
+    halve256<7>(map, y, lo, below, above);
+    halve256<6>(map, y, lo, below, above);
+    halve256<5>(map, y, lo, below, above);
+    halve256<4>(map, y, lo, below, above);
+    halve256<3>(map, y, lo, below, above);
+    halve256<2>(map, y, lo, below, above);
+    halve256<1>(map, y, lo, below, above);
+    halve256<0>(map, y, lo, below, above);
+    const __m256 nearer_below =
+        _mm256_cmp_ps(_mm256_sub_ps(y, below), _mm256_sub_ps(above, y), _CMP_LE_OQ);
+    __m256i code = _mm256_blendv_epi8(_mm256_add_epi32(lo, _mm256_set1_epi32(1)), lo,
+                                      _mm256_castps_si256(nearer_below));
+    code = _mm256_blendv_epi8(code, _mm256_set1_epi32(255),
+                              _mm256_castps_si256(_mm256_cmp_ps(y, last, _CMP_GE_OQ)));
+    code = _mm256_and_si256(code, _mm256_castps_si256(_mm256_cmp_ps(y, first, _CMP_GT_OQ)));
+    const __m128i words =
+        _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), _mm_packus_epi16(words, words));
+  }
+  for (; i < k; ++i) q[i] = quantize8_flat(map.all, x[i], absmax);
+}
 #pragma GCC diagnostic pop
 #endif
+
+std::atomic<int> simd_cap{2};  // detail::set_host_simd_cap's
+
+// The hand-written loops AdamW8bit's blocks use: 2 AVX-512, 1 AVX2, 0 GCC's vectorised ones.
+int host_simd() {
+#if defined(TALLY_HOST_SIMD)
+  return std::min(cpu_simd(), simd_cap.load(std::memory_order_relaxed));
+#else
+  return 0;
+#endif
+}
 
 // Scratch of one AdamW8bit block (kMax8bitBlock elements at most): the widened gradient and the
 // moments between their dequantization and requantization.
@@ -285,19 +374,19 @@ TALLY_ALWAYS_INLINE void adam8bit_block(const detail::AdamScalars<float>& s,
                                         uint8_t* __restrict qm, uint8_t* __restrict qv, float& am,
                                         float& av, G* out, int64_t k, Block8& b) {
   const float am0 = am, av0 = av;
-#if defined(TALLY_HOST_AVX512)
-  const bool avx512 = has_avx512();
-#else
-  constexpr bool avx512 = false;
-#endif
+  const int simd = host_simd();
   TALLY_SIMD
   for (int64_t i = 0; i < k; ++i) b.g[i] = static_cast<float>(g[i]);
-  if (avx512) {
-#if defined(TALLY_HOST_AVX512)
-    dequantize8_avx512(avx512_maps().signed_map, qm, am0, b.m, k);
-    dequantize8_avx512(avx512_maps().unsigned_map, qv, av0, b.v, k);
+#if defined(TALLY_HOST_SIMD)
+  if (simd == 2) {
+    dequantize8_avx512(code_books().signed_map, qm, am0, b.m, k);
+    dequantize8_avx512(code_books().unsigned_map, qv, av0, b.v, k);
+  } else if (simd == 1) {
+    dequantize8_avx2(code_books().signed_map, qm, am0, b.m, k);
+    dequantize8_avx2(code_books().unsigned_map, qv, av0, b.v, k);
+  } else
 #endif
-  } else {
+  {
     TALLY_SIMD
     for (int64_t i = 0; i < k; ++i) {
       b.m[i] = detail::dequantize8(maps.signed_map, qm[i], am0);
@@ -324,10 +413,13 @@ TALLY_ALWAYS_INLINE void adam8bit_block(const detail::AdamScalars<float>& s,
   }
   am = max_m;
   av = max_v;
-#if defined(TALLY_HOST_AVX512)
-  if (avx512 && max_m > 0.f && max_v > 0.f) {
-    quantize8_avx512(avx512_maps().signed_map, b.m, max_m, qm, k);
-    quantize8_avx512(avx512_maps().unsigned_map, b.v, max_v, qv, k);
+#if defined(TALLY_HOST_SIMD)
+  if (simd == 2 && max_m > 0.f && max_v > 0.f) {
+    quantize8_avx512(code_books().signed_map, b.m, max_m, qm, k);
+    quantize8_avx512(code_books().unsigned_map, b.v, max_v, qv, k);
+  } else if (simd == 1 && max_m > 0.f && max_v > 0.f) {
+    quantize8_avx2(code_books().signed_map, b.m, max_m, qm, k);
+    quantize8_avx2(code_books().unsigned_map, b.v, max_v, qv, k);
   } else
 #endif
   {
@@ -558,5 +650,14 @@ void parallel_adamw8bit_16_(const TensorLists& l, const AdamW8bitHyper& h, DType
   else
     run_all(Half{});
 }
+
+namespace detail {
+int set_host_simd_cap(int cap) {
+  if (cap < 0 || cap > 2)
+    throw std::invalid_argument(fmt::format(
+        "set_host_simd_cap: cap must be 0 (none), 1 (AVX2) or 2 (AVX-512), got {}", cap));
+  return simd_cap.exchange(cap);
+}
+}  // namespace detail
 
 }  // namespace tally::optim

@@ -29,10 +29,18 @@ void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h);
 // float16), the new weights written rounded to `grad`'s dtype through `out` as parallel_adam_16_
 // writes them. Block by block in the cache: the gradient widened, the moments dequantized,
 // updated, requantized (a branch-free search of the code book) and the weights rounded, each
-// loop vectorised (the code book read from registers with AVX-512, by gathers otherwise), so one
-// pass over memory. Equal bit for bit to widening the gradient, parallel_adamw8bit_ and a cast.
-// No amsgrad or capturable; found_inf is honoured.
+// loop vectorised (the code book read from registers with AVX-512, by permutes and gathers with
+// AVX2, by GCC's vectorised loops otherwise), so one pass over memory. Equal bit for bit to
+// widening the gradient, parallel_adamw8bit_ and a cast. No amsgrad or capturable; found_inf is
+// honoured.
 void parallel_adamw8bit_16_(const TensorLists& l, const AdamW8bitHyper& h, DType grad,
                             const std::vector<void*>& out);
+
+namespace detail {
+// Tests: caps the hand-written code-book loops of AdamW8bit's host update (2: AVX-512, 1: AVX2,
+// 0: none, GCC's vectorised loops) below what the CPU has, so that an AVX-512 machine runs the
+// AVX2 ones too. Returns the previous cap; std::invalid_argument outside [0, 2].
+int set_host_simd_cap(int cap);
+}  // namespace detail
 
 }  // namespace tally::optim

@@ -255,12 +255,28 @@ bool same_value(T a, T b) {
   return std::memcmp(&a, &b, sizeof(T)) == 0 || (std::isnan(x) && std::isnan(y));
 }
 
+// The code-book loops a test runs (set_host_simd_cap): AVX-512's, AVX2's and GCC's, each where
+// the CPU has it; the cap goes back when the scope ends.
+class SimdCap {
+ public:
+  explicit SimdCap(int cap) : before_(optim::detail::set_host_simd_cap(cap)) {}
+  ~SimdCap() { optim::detail::set_host_simd_cap(before_); }
+  SimdCap(const SimdCap&) = delete;
+  SimdCap& operator=(const SimdCap&) = delete;
+
+ private:
+  int before_;
+};
+constexpr int kSimdCaps[] = {2, 1, 0};
+
 // The one-pass 16-bit AdamW8bit update (parallel_adamw8bit_16_) equals widening the gradient,
 // the serial float32 kernel and a cast, bit for bit: masters, codes, scales and rounded weights,
 // for bfloat16 and float16, tails short of a block and of a vector, a run boundary (66000), a block
-// of zeros (absmax 0: one code), an inf gradient, at 1 and 3 threads.
+// of zeros (absmax 0: one code), an inf gradient, at 1 and 3 threads, with each set of code-book
+// loops (`cap`).
 template <typename G>
-void expect_8bit_16_equal() {
+void expect_8bit_16_equal(int cap) {
+  const SimdCap simd(cap);
   const int64_t sizes[] = {1, 77, 1000, 66000};
   uint32_t seed = 11;
   auto next = [&] {  // values in [-1, 1)
@@ -327,8 +343,8 @@ void expect_8bit_16_equal() {
       optim::parallel_adamw8bit_16_(l1, {hs, bs}, dtype_of<G>(), out);
       for (size_t t = 0; t < ref.size(); ++t) {
         const std::string where =
-            fmt::format("{} threads {} block {} maximize {} step {} size {}",
-                        dtype_name(dtype_of<G>()), threads, bs, maximize, step, sizes[t]);
+            fmt::format("{} cap {} threads {} block {} maximize {} step {} size {}",
+                        dtype_name(dtype_of<G>()), cap, threads, bs, maximize, step, sizes[t]);
         const State8<G>& r = ref[t];
         State8<G>& o = one[t];
         for (size_t i = 0; i < r.p.size(); ++i)
@@ -359,8 +375,10 @@ void expect_8bit_16_equal() {
 // The threaded float32 AdamW8bit update (parallel_adamw8bit_: the vectorised blocks, the code
 // book searched without a branch) equals the serial kernel bit for bit over two steps: masters,
 // codes and scales, with tails short of a block and of a vector, a run boundary (66000), a
-// block of zeros, an inf gradient, at 1 and 3 threads; amsgrad takes the serial kernel itself.
-TEST(CpuOffload, ParallelEightBitUpdateEqualsTheSerialKernel) {
+// block of zeros, an inf gradient, at 1 and 3 threads, with each set of code-book loops (`cap`);
+// amsgrad takes the serial kernel itself.
+void expect_parallel_8bit_equal(int cap) {
+  const SimdCap simd(cap);
   const int64_t sizes[] = {1, 77, 1000, 66000};
   uint32_t seed = 29;
   auto next = [&] {  // values in [-1, 1)
@@ -420,8 +438,8 @@ TEST(CpuOffload, ParallelEightBitUpdateEqualsTheSerialKernel) {
       optim::parallel_adamw8bit_(lp, {hs, bs});
       for (size_t t = 0; t < ref.size(); ++t) {
         const std::string where =
-            fmt::format("threads {} block {} maximize {} amsgrad {} step {} size {}", threads, bs,
-                        maximize, amsgrad, step, sizes[t]);
+            fmt::format("cap {} threads {} block {} maximize {} amsgrad {} step {} size {}", cap,
+                        threads, bs, maximize, amsgrad, step, sizes[t]);
         ASSERT_EQ(std::memcmp(ref[t].p.data(), par[t].p.data(), ref[t].p.size() * 4), 0) << where;
         ASSERT_EQ(ref[t].qm, par[t].qm) << where;
         ASSERT_EQ(ref[t].qv, par[t].qv) << where;
@@ -437,9 +455,16 @@ TEST(CpuOffload, ParallelEightBitUpdateEqualsTheSerialKernel) {
   tally::cpu::set_num_threads(threads_before);
 }
 
+TEST(CpuOffload, ParallelEightBitUpdateEqualsTheSerialKernel) {
+  for (const int cap : kSimdCaps) expect_parallel_8bit_equal(cap);
+}
+
 TEST(CpuOffload, EightBitSixteenBitHostUpdateEqualsWidenUpdateRound) {
-  expect_8bit_16_equal<BFloat16>();
-  expect_8bit_16_equal<Half>();
+  for (const int cap : kSimdCaps) {
+    expect_8bit_16_equal<BFloat16>(cap);
+    expect_8bit_16_equal<Half>(cap);
+  }
+  EXPECT_THROW(optim::detail::set_host_simd_cap(3), std::invalid_argument);
 }
 
 // Bad lists, dtypes, block sizes and options are refused before any work, naming the op.
