@@ -138,14 +138,20 @@ TEST(CpuOffload, Bfloat16WeightsKeepAFloat32Master) {
                std::invalid_argument);
 }
 
+// A cheap generator of values in [-1, 1), the same sequence for the same seed; its state also
+// makes the tests' 8-bit codes.
+struct Lcg {
+  uint32_t state;
+  float operator()() {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / 8388608.0f - 1.0f;
+  }
+};
+
 // The host update over several threads equals the CPU backend's serial kernels bit for bit.
 TEST(CpuOffload, ParallelHostUpdateEqualsTheCpuKernels) {
   const int64_t sizes[] = {1, 17, 66000};  // 66000 crosses a 64K-element run
-  uint32_t state = 1;
-  auto next = [&] {  // a cheap generator: values in [-1, 1)
-    state = state * 1664525u + 1013904223u;
-    return static_cast<float>(state >> 8) / 8388608.0f - 1.0f;
-  };
+  Lcg next{1};
   const int threads_before = tally::cpu::num_threads();
   tally::cpu::set_num_threads(2);
   for (const bool amsgrad : {false, true})
@@ -191,11 +197,7 @@ TEST(CpuOffload, ParallelHostUpdateEqualsTheCpuKernels) {
 // the gradient's buffer) equals widening, the float32 kernel and a cast, bit for bit.
 TEST(CpuOffload, SixteenBitHostUpdateEqualsWidenUpdateRound) {
   const int64_t sizes[] = {1, 2049, 66000};  // across the 2048-element blocks and a 64K run
-  uint32_t state = 7;
-  auto next = [&] {
-    state = state * 1664525u + 1013904223u;
-    return static_cast<float>(state >> 8) / 8388608.0f - 1.0f;
-  };
+  Lcg next{7};
   for (const DType g16 : {DType::bfloat16, DType::float16}) {
     const optim::AdamHyper h{.lr = 1e-2, .weight_decay = 0.01, .decoupled = true, .step = 2};
     std::vector<Tensor> ref, fused;  // per tensor: p, g (16-bit), m, v
@@ -278,11 +280,7 @@ template <typename G>
 void expect_8bit_16_equal(int cap) {
   const SimdCap simd(cap);
   const int64_t sizes[] = {1, 77, 1000, 66000};
-  uint32_t seed = 11;
-  auto next = [&] {  // values in [-1, 1)
-    seed = seed * 1664525u + 1013904223u;
-    return static_cast<float>(seed >> 8) / 8388608.0f - 1.0f;
-  };
+  Lcg next{11};
   const int threads_before = tally::cpu::num_threads();
   struct Case {
     int threads;
@@ -308,8 +306,8 @@ void expect_8bit_16_equal(int cap) {
       for (int64_t i = 0; i < n; ++i) {
         st.p.push_back(next());
         st.g.push_back(G(next()));
-        st.qm.push_back(static_cast<uint8_t>(seed >> 13));
-        st.qv.push_back(static_cast<uint8_t>(seed >> 21));
+        st.qm.push_back(static_cast<uint8_t>(next.state >> 13));
+        st.qv.push_back(static_cast<uint8_t>(next.state >> 21));
       }
       for (int64_t b = 0; b < blocks; ++b) {
         st.am.push_back(std::abs(next()));
@@ -380,11 +378,7 @@ void expect_8bit_16_equal(int cap) {
 void expect_parallel_8bit_equal(int cap) {
   const SimdCap simd(cap);
   const int64_t sizes[] = {1, 77, 1000, 66000};
-  uint32_t seed = 29;
-  auto next = [&] {  // values in [-1, 1)
-    seed = seed * 1664525u + 1013904223u;
-    return static_cast<float>(seed >> 8) / 8388608.0f - 1.0f;
-  };
+  Lcg next{29};
   struct State {
     std::vector<float> p, g, am, av;
     std::vector<uint8_t> qm, qv;
@@ -407,8 +401,8 @@ void expect_parallel_8bit_equal(int cap) {
       for (int64_t i = 0; i < n; ++i) {
         st.p.push_back(next());
         st.g.push_back(next() * 1e-2f);
-        st.qm.push_back(static_cast<uint8_t>(seed >> 13));
-        st.qv.push_back(static_cast<uint8_t>(seed >> 21));
+        st.qm.push_back(static_cast<uint8_t>(next.state >> 13));
+        st.qv.push_back(static_cast<uint8_t>(next.state >> 21));
       }
       for (int64_t b = 0; b < (n + bs - 1) / bs; ++b) {
         st.am.push_back(std::abs(next()) * 1e-2f);
