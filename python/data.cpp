@@ -91,11 +91,13 @@ void bind_data(py::module_& m) {
       [](int64_t n, Generator* generator, py::object dtype, py::object device) {
         if (n < 0)
           throw py::value_error("randperm: n must be non-negative, got " + std::to_string(n));
+        // The tensor first: an n past the allocator's limit is its out-of-memory error, before
+        // the permutation is built in host memory the allocator does not see.
+        Tensor t = ops::empty({n}, DType::int64);
         const std::vector<int64_t> perm =
             data::randperm(n, generator ? *generator : default_generator());
-        const Tensor t = from_vector(
-            std::vector<double>(perm.begin(), perm.end()), {n},
-            TensorOptions{}.with_dtype(dtype.is_none() ? DType::int64 : to_dtype(dtype)));
+        std::copy(perm.begin(), perm.end(), t.data<int64_t>());
+        if (!dtype.is_none()) t = ops::to(t, to_dtype(dtype));
         return device.is_none() ? t : t.to(to_device(device));
       },
       py::arg("n"), py::kw_only(), py::arg("generator") = nullptr, py::arg("dtype") = py::none(),
