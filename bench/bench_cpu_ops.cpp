@@ -141,6 +141,14 @@ void BM_HostAdamW8bitOnePass(benchmark::State& state) {
   });
 }
 
+// The same with clip_grad_norm_'s coefficient folded in (CpuOffload::clip_grad_norm_): each
+// gradient scaled and rounded to bfloat16 as it is widened.
+void BM_HostAdamW8bitOnePassClipped(benchmark::State& state) {
+  host_update_loop(state, [](const HostState8& s) {
+    optim::parallel_adamw8bit_16_(s.lists(s.g), kHost8, DType::bfloat16, {s.g.data_ptr()}, 0.75f);
+  });
+}
+
 // The same with the AVX2 code-book loops (on an AVX-512 CPU, what an AVX2-only host runs; the
 // rest of the block stays in the AVX-512 clone).
 void BM_HostAdamW8bitOnePassAvx2(benchmark::State& state) {
@@ -158,6 +166,10 @@ BENCHMARK(BM_HostAdamW8bitWidened)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_HostAdamW8bitOnePass)
+    ->Arg(int64_t{64} << 20)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_HostAdamW8bitOnePassClipped)
     ->Arg(int64_t{64} << 20)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

@@ -3,6 +3,7 @@
 
     python3 bench/scale.py BUILD_DIR [--out DIR] [--only gpt2-large,gpt2-xl] [--steps N]
                                      [--no-torch] [--checkpoint SPEC] [--grad-accum K]
+                                     [--overlap-update]
 
 For each row, Tally's `train_gpt --optimizer adamw:cpu` (fp32 master weights and moments in
 pinned host memory, optim/cpu_offload.h) under bf16 autocast:
@@ -36,6 +37,9 @@ device's memory for plain AdamW, is reported as one PyTorch cannot run, and not 
 optimizer step; PyTorch accumulates the same way). The host update is paid once a step, so
 its share of the step falls as K grows. With --memory-budget, Tally gets the K-times-larger
 batch and its planner picks the micro-batches; PyTorch still runs K of the row's batch.
+
+--overlap-update: Tally's host optimizer leaves the updates not done when the last gradient
+reaches the host to the next forward (CpuOffload::overlap_with_forward).
 
 The LLaMA rows (1B, 3B, 7B, 13B) run `train_model --model llama --preset P` (its --optimizer
 list must include adamw:cpu) and, for PyTorch, bench/models/llama.py's build(preset) and loss.
@@ -96,6 +100,8 @@ def tally_command(build, row, extra):
         optimizer = []
     elif "--checkpoint" in sys.argv:  # e.g. blocks: an 80 GB card needs it for the 7B row
         extra = [*extra, "--checkpoint", sys.argv[sys.argv.index("--checkpoint") + 1]]
+    if "--overlap-update" in sys.argv:
+        extra = [*extra, "--overlap-update"]
     k = grad_accum()
     if k > 1 and not budget:  # with a budget the planner splits the K-times-larger batch itself
         extra = [*extra, "--grad-accum", str(k)]

@@ -30,6 +30,11 @@ void add_output_flags(CLI::App& app, TrainFlags& f, const std::string& metrics_h
                  "with --estimate: the host memory the target will have, which the host's peak "
                  "(pinned optimizer state, offloaded activations) must fit (128GiB, ...; default: "
                  "this machine's)");
+  app.add_flag("--overlap-update", f.overlap_update,
+               "with a host optimizer (adamw:cpu, adamw8bit:cpu): the updates not done when the "
+               "last gradient reaches the host wait for the next forward, each layer's run as "
+               "the forward reaches it, overlapped with the forward of the layers before it; "
+               "--clip's coefficient is folded into them (no gradient sent twice)");
   add_checked_option(app, "--grad-accum", f.grad_accum,
                      "micro-batches per optimizer step: the batch split into N, N forwards and "
                      "backwards (losses scaled by 1/N), one optimizer step",
@@ -88,6 +93,12 @@ void Trainer::check_flags(const CLI::App& app, const std::vector<std::string>& o
   checkpoint =
       auto_plan_.checkpoint_auto ? nn::CheckpointSpec{} : nn::parse_checkpoint_spec(f_.checkpoint);
   check_optimizer(f_.optimizer, optimizers);
+  // The planner may pick a host optimizer; a given one must be one.
+  if (f_.overlap_update && !auto_plan_.checkpoint_auto && !f_.optimizer.ends_with(":cpu"))
+    throw std::invalid_argument(fmt::format(
+        "--overlap-update defers a host optimizer's updates: it needs --optimizer adamw:cpu or "
+        "adamw8bit:cpu, got {}",
+        f_.optimizer));
   const CLI::Option* clip = app.get_option_no_throw("--clip");
   clip_given_ = clip != nullptr && clip->count() > 0;
   if (f_.step_in_backward && !clip_given_) f_.clip = 0;  // clipping needs every gradient
@@ -156,9 +167,13 @@ std::shared_ptr<ActivationOffloader> offload_by_link(nn::Module& m, const nn::Of
 // the float32 weights, then the device keeps bfloat16 weights, and so gets bfloat16 gradients:
 // half the device memory of each, and half the bytes each way between device and host
 // (optim/cpu_offload.h). Buffers (RoPE tables, batch-norm statistics) stay as they are.
-void keep_16bit_weights(nn::Module& model, optim::Optimizer& opt, std::optional<DType> amp) {
+// With --overlap-update, its updates wait for the next forward (overlap_with_forward).
+void setup_host_optimizer(nn::Module& model, optim::Optimizer& opt, std::optional<DType> amp,
+                          bool overlap_update) {
   auto* offload = dynamic_cast<optim::CpuOffload*>(&opt);
-  if (offload != nullptr && amp == DType::bfloat16) offload->keep_16bit_weights(model);
+  if (offload == nullptr) return;
+  if (amp == DType::bfloat16) offload->keep_16bit_weights(model);
+  if (overlap_update) offload->overlap_with_forward(model);
 }
 }  // namespace
 
@@ -172,7 +187,7 @@ Trainer::Training Trainer::prepare(
   link_model_ = offload.kind == nn::OffloadSpec::Kind::link ? &model : nullptr;
   if (!link_model_) t.offloader = nn::offload_activations(model, offload);
   t.opt = make_opt(model);
-  keep_16bit_weights(model, *t.opt, amp);
+  setup_host_optimizer(model, *t.opt, amp, f_.overlap_update);
   // None for a 1-step run.
   const int64_t warmup = std::min<int64_t>(std::max<int64_t>(1, total / warmup_div), total - 1);
   t.sched = std::make_unique<optim::WarmupCosineLR>(*t.opt, warmup, total, f_.lr * min_lr_factor);
@@ -269,7 +284,7 @@ void Trainer::dry_train(
     }
     f_.optimizer = given;
   }
-  keep_16bit_weights(m, *o, c.amp);
+  setup_host_optimizer(m, *o, c.amp, f_.overlap_update);
   Precision p(c.amp, d);
   if (c.step_in_backward || f_.step_in_backward) p.step_in_backward(*o);
   const int64_t accum = c.micro_batches > 1 ? c.micro_batches : f_.grad_accum;

@@ -41,7 +41,8 @@ struct TrainFlags {
   std::string offload = "none";
   std::string optimizer;
   bool step_in_backward = false;
-  int64_t grad_accum = 1;  // --grad-accum: micro-batches per optimizer step
+  bool overlap_update = false;  // --overlap-update: CpuOffload::overlap_with_forward
+  int64_t grad_accum = 1;       // --grad-accum: micro-batches per optimizer step
   bool cuda_graphs = false;
   bool detect_leaks = false;
   double lr = 0;

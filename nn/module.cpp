@@ -135,6 +135,24 @@ Tensor Module::checkpointed_call(const std::function<Tensor(const TensorList&)>&
   return checkpoint(fn, inputs, o);
 }
 
+uint64_t Module::register_forward_pre_hook(std::function<void(Module&)> hook) {
+  if (!hook)
+    throw std::invalid_argument(
+        fmt::format("{}.register_forward_pre_hook: the hook is empty", type_name_));
+  forward_pre_hooks_.emplace_back(next_hook_, std::move(hook));
+  return next_hook_++;
+}
+
+void Module::remove_forward_pre_hook(uint64_t handle) {
+  std::erase_if(forward_pre_hooks_, [&](const auto& h) { return h.first == handle; });
+}
+
+void Module::run_forward_pre_hooks() {
+  // A copy: a hook may remove itself or register another.
+  const auto hooks = forward_pre_hooks_;
+  for (const auto& [handle, hook] : hooks) hook(*this);
+}
+
 Tensor Module::forward(const Tensor&) {
   throw std::logic_error(fmt::format("{} has no single-tensor forward", type_name_));
 }

@@ -112,6 +112,7 @@ class Module {
     memory::CallSiteScope call_site(site);
     memory::ModuleScope scope(memory::ModuleScope::AbsolutePath{}, scope_path());
     try {
+      if (!forward_pre_hooks_.empty()) run_forward_pre_hooks();
       if (offload_) {
         SaveOnCpu offload(offload_);
         return fn();
@@ -125,6 +126,14 @@ class Module {
       rethrow_with_context();
     }
   }
+
+  // torch.nn.Module.register_forward_pre_hook, without the inputs: hook(*this) runs at each
+  // call of this module, before its forward (inside call(), so a throw carries the module's
+  // path), in registration order. Returns the handle remove_forward_pre_hook takes (a handle
+  // already removed is ignored). CpuOffload::overlap_with_forward finishes a layer's deferred
+  // update this way.
+  uint64_t register_forward_pre_hook(std::function<void(Module&)> hook);
+  void remove_forward_pre_hook(uint64_t handle);
 
   // ---- registration ----
   // A parameter leaf (requires_grad set unless `requires_grad` is false). Registering
@@ -220,8 +229,11 @@ class Module {
   void apply_to_tensors(const std::function<Tensor(const Tensor&)>& convert);
 
   Tensor checkpointed_forward(const Tensor& x);
+  void run_forward_pre_hooks();
 
   std::shared_ptr<std::function<bool(const SavedTensorInfo&)>> checkpoint_;
+  std::vector<std::pair<uint64_t, std::function<void(Module&)>>> forward_pre_hooks_;
+  uint64_t next_hook_ = 0;
   std::shared_ptr<ActivationOffloader> offload_;
   std::shared_ptr<ActivationOffloader> offload_progress_;
   std::string type_name_;

@@ -27,54 +27,70 @@ struct Widened {
   }
 };
 
+bool is_16bit(DType t) {
+  return t == DType::bfloat16 || t == DType::float16;
+}
+
 // The fused kernels take float32 and float64 lists. 16-bit gradients (a model kept in bfloat16,
 // its float32 masters elsewhere: optim::CpuOffload) are widened one tensor at a time: each
-// tensor's norm, the norm of those norms (a sum for norm_type 0), then each tensor scaled in
-// float32 and stored back. One tensor's float32 copy at a time; no host synchronisation.
-Tensor clip_16bit_(const std::vector<Tensor>& grads, double max_norm, double norm_type) {
+// tensor's norm, then the norm of those norms (a sum for norm_type 0), in float32. One
+// tensor's float32 copy at a time; no host synchronisation.
+Tensor total_norm_16bit(const std::vector<Tensor>& grads, double norm_type) {
   TensorList norms;
   for (const Tensor& g : grads) norms.push_back(foreach_norm(Widened(g).list, norm_type));
   const Tensor each = ops::stack(norms);
   TensorLists l(each.device(), DType::float32, 1);
   l.add({each.data_ptr()}, each.numel());
-  const Tensor total = norm_type == 0 ? ops::sum(each) : foreach_norm(l, norm_type);
-  for (const Tensor& g : grads) {
-    Widened w(g);
-    clip_scale_(w.list, total, max_norm);
-    ops::copy_(g, w.t);
-    g.storage().bump_version();
-  }
-  return ops::to(total, grads[0].dtype());
+  return norm_type == 0 ? ops::sum(each) : foreach_norm(l, norm_type);
 }
 
 }  // namespace
 
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+namespace detail {
+std::pair<std::vector<Tensor>, Tensor> total_grad_norm(const std::vector<Tensor>& params,
+                                                       double norm_type, const char* op) {
   if (std::isnan(norm_type) || norm_type < 0)
-    throw std::invalid_argument(fmt::format("clip_grad_norm_: invalid norm_type {}", norm_type));
-  NoGradGuard no_grad;
-  memory::CategoryScope category(memory::Category::temporary);
+    throw std::invalid_argument(fmt::format("{}: invalid norm_type {}", op, norm_type));
   std::vector<Tensor> grads;
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].defined()) continue;
     const Tensor g = params[i].grad();
     if (!g.defined()) continue;
-    check_grad(params[i], g, i, "clip_grad_norm_");
+    check_grad(params[i], g, i, op);
     if (!grads.empty() && (!(g.device() == grads[0].device()) || g.dtype() != grads[0].dtype()))
       throw std::invalid_argument(
-          fmt::format("clip_grad_norm_: gradient of parameter {} (shape {}) is {} on {}, the first "
+          fmt::format("{}: gradient of parameter {} (shape {}) is {} on {}, the first "
                       "gradient {} on {}; "
                       "one device and dtype expected",
-                      i, g.shape_string(), dtype_name(g.dtype()), g.device().str(),
+                      op, i, g.shape_string(), dtype_name(g.dtype()), g.device().str(),
                       dtype_name(grads[0].dtype()), grads[0].device().str()));
     grads.push_back(g);
   }
-  if (grads.empty()) return ops::zeros({});
-  if (grads[0].dtype() == DType::bfloat16 || grads[0].dtype() == DType::float16)
-    return clip_16bit_(grads, max_norm, norm_type);
+  if (grads.empty()) return {grads, Tensor()};
+  if (is_16bit(grads[0].dtype())) return {grads, total_norm_16bit(grads, norm_type)};
   TensorLists lists(grads[0].device(), grads[0].dtype(), 1);
   for (const Tensor& g : grads) lists.add({g.data_ptr()}, g.numel());
-  const Tensor total = foreach_norm(lists, norm_type);
+  return {grads, foreach_norm(lists, norm_type)};
+}
+}  // namespace detail
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+  NoGradGuard no_grad;
+  memory::CategoryScope category(memory::Category::temporary);
+  const auto [grads, total] = detail::total_grad_norm(params, norm_type, "clip_grad_norm_");
+  if (grads.empty()) return ops::zeros({});
+  if (is_16bit(grads[0].dtype())) {
+    // Each tensor scaled in float32 and stored back rounded.
+    for (const Tensor& g : grads) {
+      Widened w(g);
+      clip_scale_(w.list, total, max_norm);
+      ops::copy_(g, w.t);
+      g.storage().bump_version();
+    }
+    return ops::to(total, grads[0].dtype());
+  }
+  TensorLists lists(grads[0].device(), grads[0].dtype(), 1);
+  for (const Tensor& g : grads) lists.add({g.data_ptr()}, g.numel());
   clip_scale_(lists, total, max_norm);
   for (const Tensor& g : grads) g.storage().bump_version();
   return total;

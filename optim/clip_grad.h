@@ -2,6 +2,7 @@
 #pragma once
 
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -16,6 +17,15 @@ namespace tally::optim {
 // infinity. All gradients must share one device and dtype. 16-bit gradients are reduced and
 // scaled in float32, one tensor at a time, each stored back rounded.
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
+
+namespace detail {
+// clip_grad_norm_'s first half (`op` names the caller in errors): the gradients of `params` that
+// exist, checked (one device and dtype), and their total norm as clip_grad_norm_ scales by it,
+// in float32 for 16-bit gradients (else their dtype); undefined when there is none.
+// optim::CpuOffload::clip_grad_norm_ folds the same coefficient into its host update.
+std::pair<std::vector<Tensor>, Tensor> total_grad_norm(const std::vector<Tensor>& params,
+                                                       double norm_type, const char* op);
+}  // namespace detail
 
 // Clamps every gradient to [-clip_value, clip_value] in place.
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value);

@@ -88,19 +88,38 @@ TALLY_VECTOR_CLONES void adam_run_f32(const detail::AdamScalars<float>& s, float
     adam_loop_d<false>(s, p, g, m, v, n);
 }
 
+// g[0..k) widened to float32 into `out`; with `scale` other than 1, times `scale` rounded to G
+// first: the gradient clip_grad_norm_ would have left (optim/clip_grad.h: scaled in float32,
+// stored back rounded), which CpuOffload::clip_grad_norm_ folds into the update.
+template <typename G>
+TALLY_ALWAYS_INLINE void widen(const G* __restrict g, float scale, float* __restrict out,
+                               int64_t k) {
+  if (scale == 1.0f) {
+    TALLY_SIMD
+    for (int64_t i = 0; i < k; ++i) out[i] = static_cast<float>(g[i]);
+  } else if constexpr (std::is_same_v<G, float>) {
+    TALLY_SIMD
+    for (int64_t i = 0; i < k; ++i) out[i] = g[i] * scale;
+  } else {
+    TALLY_SIMD
+    for (int64_t i = 0; i < k; ++i)
+      out[i] = static_cast<float>(G(static_cast<float>(g[i]) * scale));
+  }
+}
+
 // adam_run_f32 over float32 masters whose gradients are 16-bit (G: BFloat16 or Half), in blocks
 // that stay in the L1 cache: each block's gradient widened into a buffer, updated, and the new
 // weights rounded into `out` (which may be the gradient's own memory: the block was read
 // first). Widening is exact and the rounding is G's own, so the result equals a cast, the
 // float32 update and a cast back, with two fewer passes over memory.
 template <typename G>
-void adam_run_16(const detail::AdamScalars<float>& s, float* p, const G* g, float* m, float* v,
-                 G* out, int64_t n) {
+void adam_run_16(const detail::AdamScalars<float>& s, float* p, const G* g, float scale, float* m,
+                 float* v, G* out, int64_t n) {
   constexpr int64_t kBlock = 2048;
   float buf[kBlock];
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t k = std::min(kBlock, n - b);
-    for (int64_t i = 0; i < k; ++i) buf[i] = static_cast<float>(g[b + i]);
+    widen(g + b, scale, buf, k);
     adam_run_f32(s, p + b, buf, m + b, v + b, k);
     if (out)
       for (int64_t i = 0; i < k; ++i) out[b + i] = G(p[b + i]);
@@ -371,12 +390,11 @@ struct Block8 {
 template <typename G, bool kMaximize>
 TALLY_ALWAYS_INLINE void adam8bit_block(const detail::AdamScalars<float>& s,
                                         const DynamicMaps& maps, float* __restrict p, const G* g,
-                                        uint8_t* __restrict qm, uint8_t* __restrict qv, float& am,
-                                        float& av, G* out, int64_t k, Block8& b) {
+                                        float scale, uint8_t* __restrict qm, uint8_t* __restrict qv,
+                                        float& am, float& av, G* out, int64_t k, Block8& b) {
   const float am0 = am, av0 = av;
   const int simd = host_simd();
-  TALLY_SIMD
-  for (int64_t i = 0; i < k; ++i) b.g[i] = static_cast<float>(g[i]);
+  widen(g, scale, b.g, k);
 #if defined(TALLY_HOST_SIMD)
   if (simd == 2) {
     dequantize8_avx512(code_books().signed_map, qm, am0, b.m, k);
@@ -438,45 +456,48 @@ TALLY_ALWAYS_INLINE void adam8bit_block(const detail::AdamScalars<float>& s,
 // The blocks of one run (n elements from a block's start) of adam8bit_run_16.
 template <typename G>
 TALLY_ALWAYS_INLINE void adam8bit_run_body(const detail::AdamScalars<float>& s, int64_t bs,
-                                           float* p, const G* g, uint8_t* qm, uint8_t* qv,
-                                           float* am, float* av, G* out, int64_t n) {
+                                           float* p, const G* g, float scale, uint8_t* qm,
+                                           uint8_t* qv, float* am, float* av, G* out, int64_t n) {
   const DynamicMaps& maps = dynamic_maps();
   Block8 b;
   for (int64_t begin = 0, k = 0; begin < n; begin += bs, ++k) {
     const int64_t e = std::min(bs, n - begin);
     G* o = out ? out + begin : nullptr;
     if (s.maximize)
-      adam8bit_block<G, true>(s, maps, p + begin, g + begin, qm + begin, qv + begin, am[k], av[k],
-                              o, e, b);
+      adam8bit_block<G, true>(s, maps, p + begin, g + begin, scale, qm + begin, qv + begin, am[k],
+                              av[k], o, e, b);
     else
-      adam8bit_block<G, false>(s, maps, p + begin, g + begin, qm + begin, qv + begin, am[k], av[k],
-                               o, e, b);
+      adam8bit_block<G, false>(s, maps, p + begin, g + begin, scale, qm + begin, qv + begin, am[k],
+                               av[k], o, e, b);
   }
 }
 
 // One clone per ISA and gradient dtype (target_clones takes no templates).
 TALLY_VECTOR_CLONES void adam8bit_run_bf16(const detail::AdamScalars<float>& s, int64_t bs,
-                                           float* p, const BFloat16* g, uint8_t* qm, uint8_t* qv,
-                                           float* am, float* av, BFloat16* out, int64_t n) {
-  adam8bit_run_body(s, bs, p, g, qm, qv, am, av, out, n);
+                                           float* p, const BFloat16* g, float scale, uint8_t* qm,
+                                           uint8_t* qv, float* am, float* av, BFloat16* out,
+                                           int64_t n) {
+  adam8bit_run_body(s, bs, p, g, scale, qm, qv, am, av, out, n);
 }
 TALLY_VECTOR_CLONES void adam8bit_run_f16(const detail::AdamScalars<float>& s, int64_t bs, float* p,
-                                          const Half* g, uint8_t* qm, uint8_t* qv, float* am,
-                                          float* av, Half* out, int64_t n) {
-  adam8bit_run_body(s, bs, p, g, qm, qv, am, av, out, n);
+                                          const Half* g, float scale, uint8_t* qm, uint8_t* qv,
+                                          float* am, float* av, Half* out, int64_t n) {
+  adam8bit_run_body(s, bs, p, g, scale, qm, qv, am, av, out, n);
 }
 TALLY_VECTOR_CLONES void adam8bit_run_f32(const detail::AdamScalars<float>& s, int64_t bs, float* p,
                                           const float* g, uint8_t* qm, uint8_t* qv, float* am,
                                           float* av, int64_t n) {
-  adam8bit_run_body<float>(s, bs, p, g, qm, qv, am, av, nullptr, n);
+  adam8bit_run_body<float>(s, bs, p, g, 1.0f, qm, qv, am, av, nullptr, n);
 }
 void adam8bit_run_16(const detail::AdamScalars<float>& s, int64_t bs, float* p, const BFloat16* g,
-                     uint8_t* qm, uint8_t* qv, float* am, float* av, BFloat16* out, int64_t n) {
-  adam8bit_run_bf16(s, bs, p, g, qm, qv, am, av, out, n);
+                     float scale, uint8_t* qm, uint8_t* qv, float* am, float* av, BFloat16* out,
+                     int64_t n) {
+  adam8bit_run_bf16(s, bs, p, g, scale, qm, qv, am, av, out, n);
 }
 void adam8bit_run_16(const detail::AdamScalars<float>& s, int64_t bs, float* p, const Half* g,
-                     uint8_t* qm, uint8_t* qv, float* am, float* av, Half* out, int64_t n) {
-  adam8bit_run_f16(s, bs, p, g, qm, qv, am, av, out, n);
+                     float scale, uint8_t* qm, uint8_t* qv, float* am, float* av, Half* out,
+                     int64_t n) {
+  adam8bit_run_f16(s, bs, p, g, scale, qm, qv, am, av, out, n);
 }
 
 template <typename T>
@@ -574,7 +595,7 @@ void parallel_adam_(const TensorLists& l, const AdamHyper& h) {
 }
 
 void parallel_adam_16_(const TensorLists& l, const AdamHyper& h, DType grad,
-                       const std::vector<void*>& out) {
+                       const std::vector<void*>& out, float grad_scale) {
   check_cpu(l, "parallel_adam_16_");
   if (h.capturable || h.amsgrad || l.depth != 4 || l.dtype != DType::float32)
     throw std::invalid_argument(fmt::format(
@@ -587,7 +608,7 @@ void parallel_adam_16_(const TensorLists& l, const AdamHyper& h, DType grad,
     using G = decltype(zero);
     const detail::AdamScalars<float> s(h);
     for_each_run(l, [&](const Run& x) {
-      adam_run_16<G>(s, at<float>(l, x, 0), at<const G>(l, x, 1), at<float>(l, x, 2),
+      adam_run_16<G>(s, at<float>(l, x, 0), at<const G>(l, x, 1), grad_scale, at<float>(l, x, 2),
                      at<float>(l, x, 3), out_at<G>(out, x), x.n);
     });
   };
@@ -625,7 +646,7 @@ void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h) {
 }
 
 void parallel_adamw8bit_16_(const TensorLists& l, const AdamW8bitHyper& h, DType grad,
-                            const std::vector<void*>& out) {
+                            const std::vector<void*>& out, float grad_scale) {
   check_8bit(l, h, "parallel_adamw8bit_16_");
   if (h.adam.capturable || h.adam.amsgrad)
     throw std::invalid_argument(
@@ -639,7 +660,7 @@ void parallel_adamw8bit_16_(const TensorLists& l, const AdamW8bitHyper& h, DType
     // Each run is whole blocks (kChunkSize % block == 0).
     for_each_run(l, [&](const Run& x) {
       const auto& q = l.ptrs[x.tensor];
-      adam8bit_run_16(s, h.block_size, at<float>(l, x, 0), at<const G>(l, x, 1),
+      adam8bit_run_16(s, h.block_size, at<float>(l, x, 0), at<const G>(l, x, 1), grad_scale,
                       at<uint8_t>(l, x, 2), at<uint8_t>(l, x, 3),
                       static_cast<float*>(q[4]) + x.begin / h.block_size,
                       static_cast<float*>(q[5]) + x.begin / h.block_size, out_at<G>(out, x), x.n);

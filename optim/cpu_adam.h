@@ -20,9 +20,11 @@ void parallel_adam_(const TensorLists& l, const AdamHyper& h);
 // parallel_adam_ (no amsgrad) of float32 masters whose gradients (list 1) are `grad` (bfloat16
 // or float16); with `out` (one pointer per tensor, possibly the gradient's own), the updated
 // weights are also written rounded to `grad`'s dtype (a null pointer: not that tensor's). Equal
-// bit for bit to widening the gradient, parallel_adam_ and a cast, in one pass over memory.
+// bit for bit to widening the gradient, parallel_adam_ and a cast, in one pass over memory. A
+// `grad_scale` other than 1 updates with each gradient times it, rounded to `grad`'s dtype, as
+// clip_grad_norm_ leaves it (CpuOffload::clip_grad_norm_ folds its coefficient in so).
 void parallel_adam_16_(const TensorLists& l, const AdamHyper& h, DType grad,
-                       const std::vector<void*>& out);
+                       const std::vector<void*>& out, float grad_scale = 1.0f);
 // fused_adamw8bit_'s update of CPU tensors (lists as AdamW8bitHyper's), multi-threaded.
 void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h);
 // parallel_adamw8bit_ of float32 masters whose gradients (list 1) are `grad` (bfloat16 or
@@ -32,9 +34,9 @@ void parallel_adamw8bit_(const TensorLists& l, const AdamW8bitHyper& h);
 // loop vectorised (the code book read from registers with AVX-512, by permutes and gathers with
 // AVX2, by GCC's vectorised loops otherwise), so one pass over memory. Equal bit for bit to
 // widening the gradient, parallel_adamw8bit_ and a cast. No amsgrad or capturable; found_inf is
-// honoured.
+// honoured. `grad_scale` as parallel_adam_16_'s.
 void parallel_adamw8bit_16_(const TensorLists& l, const AdamW8bitHyper& h, DType grad,
-                            const std::vector<void*>& out);
+                            const std::vector<void*>& out, float grad_scale = 1.0f);
 
 namespace detail {
 // Tests: caps the hand-written code-book loops of AdamW8bit's host update (2: AVX-512, 1: AVX2,

@@ -16,7 +16,9 @@
 #include "memory/memory.h"
 #include "memory/meta.h"
 #include "nn/module.h"
+#include "optim/clip_grad.h"
 #include "optim/cpu_adam.h"
+#include "optim/update_math.h"
 #include "tensor/meta/cost.h"
 #include "tensor/ops.h"
 
@@ -47,6 +49,52 @@ Tensor host_state(const Shape& sizes, DType dtype, Device device) {
   return t;
 }
 
+// The flat host gradient `g` as `dtype` (its master's), times clip_grad_norm_'s coefficient
+// as clip_grad_norm_ would have left it: multiplied in the gradient's arithmetic type (float32
+// for 16-bit gradients, then rounded back to 16 bits), then widened.
+template <typename O>
+void fill_clipped(const Tensor& g, double coef, O* out) {
+  const int64_t n = g.numel();
+  const float c = static_cast<float>(coef);
+  switch (g.dtype()) {
+    case DType::float32: {
+      const float* x = g.data<float>();
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<O>(x[i] * c);
+      return;
+    }
+    case DType::float64: {
+      const double* x = g.data<double>();
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<O>(x[i] * coef);
+      return;
+    }
+    case DType::bfloat16: {
+      const BFloat16* x = g.data<BFloat16>();
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = static_cast<O>(static_cast<float>(BFloat16(static_cast<float>(x[i]) * c)));
+      return;
+    }
+    case DType::float16: {
+      const Half* x = g.data<Half>();
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = static_cast<O>(static_cast<float>(Half(static_cast<float>(x[i]) * c)));
+      return;
+    }
+    default:
+      throw std::invalid_argument(
+          fmt::format("CpuOffload: a {} gradient cannot be clipped", dtype_name(g.dtype())));
+  }
+}
+
+Tensor clipped_copy(const Tensor& g, double coef, DType dtype, Device device) {
+  memory::CategoryScope category(memory::Category::temporary);
+  Tensor w = ops::empty_host(g.sizes(), dtype, device);
+  if (dtype == DType::float64)
+    fill_clipped(g, coef, w.data<double>());
+  else
+    fill_clipped(g, coef, w.data<float>());
+  return w;
+}
+
 }  // namespace
 
 CpuOffload::CpuOffload(std::vector<Tensor> params, AdamOptions options, CpuOffloadOptions offload)
@@ -64,11 +112,26 @@ CpuOffload::CpuOffload(std::vector<ParamGroup> groups, AdamOptions defaults,
         fmt::format("CpuOffload(AdamW8bit): block_size {} is not a power of two from {} to {}", bs,
                     kMin8bitBlock, kMax8bitBlock));
   for (ParamGroup& g : groups) add_param_group(std::move(g));
-  staged_.resize(num_params());
+  fit_param_count();
   if (offload_.overlap_backward) install_hooks();
 }
 
+void CpuOffload::fit_param_count() {
+  staged_.resize(num_params());
+  deferred_at_.resize(num_params());
+  clipped_.resize(num_params());
+  scale_at_.resize(num_params(), 1.0);
+}
+
 CpuOffload::~CpuOffload() {
+  alive_.reset();  // the forward pre-hooks do nothing from now on
+  // The steps taken are owed to the parameters: a pending update runs now.
+  try {
+    finish_deferred_updates();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}: a deferred update failed as the optimizer was destroyed: {}\n", name(),
+               e.what());
+  }
   for (auto& [p, h] : hooks_) autograd::remove_post_accumulate_grad_hook(p, h);
 }
 
@@ -160,7 +223,8 @@ void CpuOffload::send(size_t i, uint64_t bucket) {
   const Tensor g = p.grad();
   const Tensor src = flat(g);
   std::optional<Staged>& s = staged_[i];
-  if (p.device() == Device::cpu()) {
+  // A deferred update reads a copy: the CPU gradient itself could be zeroed in place first.
+  if (p.device() == Device::cpu() && !defer_) {
     s = Staged{src, false, g.storage().key(), g.storage().version(), bucket, false};
     return;
   }
@@ -181,8 +245,19 @@ void CpuOffload::close_bucket(std::vector<size_t> indices) {
   ++buckets_sent_;
 }
 
+void CpuOffload::check_not_pending(size_t i) const {
+  if (deferred_at_[i] != 0)
+    throw std::logic_error(fmt::format(
+        "{}: parameter {} (shape {}) has a new gradient while its deferred update is pending: "
+        "a forward read it without calling a module that holds it (overlap_with_forward updates "
+        "a parameter just before the forward of its module, or of the block around it "
+        "(is_checkpoint_block)); call finish_updates() before reading parameters elsewhere",
+        name(), i, param_at(i).shape_string()));
+}
+
 void CpuOffload::on_grad_ready(size_t i) {
   const Tensor g = param_at(i).grad();
+  check_not_pending(i);
   if (!g.defined() || !sync_) return;
   NoGradGuard no_grad;
   // A bucket holds one device's gradients (its fence is that device's).
@@ -298,20 +373,21 @@ void charge_host_update(Device device, double bytes, double bytes8) {
 }
 }  // namespace
 
-void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_t>& indices) {
-  AdamHyper h = adam_hyper(group, /*decoupled=*/true);
+void CpuOffload::update_on_host(AdamHyper h, const std::vector<size_t>& indices) {
   const Device device = param_at(indices.front()).device();
   const bool meta = ops::host_of(device).is_meta();  // a dry run: nothing to compute
   // Lists by (step count, 8-bit or not, master dtype): the bias corrections are per step.
-  std::map<std::tuple<int64_t, bool, int>, std::vector<size_t>> lists_of;
+  // And by clip_grad_norm_'s scale, which the kernels take per call.
+  std::map<std::tuple<int64_t, bool, int, double>, std::vector<size_t>> lists_of;
   for (size_t i : indices) {
     ++state(i).step;
-    lists_of[{state(i).step, is_8bit(i), static_cast<int>(master_dtype(i))}].push_back(i);
+    lists_of[{state(i).step, is_8bit(i), static_cast<int>(master_dtype(i)), scale_at_[i]}]
+        .push_back(i);
   }
   // What the update moves through host memory, AdamW's and AdamW8bit's (a dry run's time for it).
   double bytes = 0, bytes8 = 0;
   for (const auto& [key, members] : lists_of) {
-    const auto [step, q8, dtype] = key;
+    const auto [step, q8, dtype, scale] = key;
     const double master = static_cast<double>(dtype_size(static_cast<DType>(dtype)));
     TensorLists lists(Device::cpu(), static_cast<DType>(dtype), q8 ? 6 : 4 + (h.amsgrad ? 1 : 0));
     // A 16-bit gradient is read as it is, and, in this optimizer's buffer, the new weights
@@ -353,7 +429,11 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
             (2 * 4.0 + grad + (q8 ? 4.0 : 16.0) + (staged.weights_ready ? param : 4.0 + param));
         continue;
       }
-      if (g.dtype() != static_cast<DType>(dtype)) {
+      if (scale != 1.0 && !meta) {
+        const Tensor w = clipped_copy(g, scale, static_cast<DType>(dtype), device);
+        grads32.push_back(w);
+        g = w;
+      } else if (g.dtype() != static_cast<DType>(dtype)) {
         memory::CategoryScope category(memory::Category::temporary);
         Tensor w = ops::empty_host(g.sizes(), static_cast<DType>(dtype), device);
         ops::copy_(w, g);
@@ -385,9 +465,9 @@ void CpuOffload::update_on_host(const ParamGroup& group, const std::vector<size_
         AdamHyper a = h;
         a.amsgrad = false;
         parallel_adamw8bit_16_(l16.first, AdamW8bitHyper{a, offload_.quant.block_size}, gdtype,
-                               l16.second);
+                               l16.second, static_cast<float>(scale));
       } else {
-        parallel_adam_16_(l16.first, h, gdtype, l16.second);
+        parallel_adam_16_(l16.first, h, gdtype, l16.second, static_cast<float>(scale));
       }
     }
     if (lists.empty()) continue;
@@ -434,7 +514,10 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
           "{}: a capturable GradScaler's skip on the device is not supported; use a GradScaler "
           "without capturable",
           name()));
+  fit_param_count();
   flush_pending();
+  // clip_grad_norm_'s coefficient for each gradient it measured (checked unchanged).
+  for (size_t i : indices) scale_at_[i] = grad_scale(i);
   // What the hooks did not send, or what changed since (clip_grad_norm_, GradScaler::unscale_):
   // one bucket per device.
   std::map<std::pair<int, int>, std::vector<size_t>> late;
@@ -452,6 +535,7 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
     for (size_t i : list) {
       if (bucket.empty()) ++next_bucket_;
       send(i, next_bucket_ - 1);
+      ++step_copies_;
       bucket.push_back(i);
       bytes += static_cast<int64_t>(param_at(i).grad().nbytes());
       if (bytes >= offload_.bucket_bytes) {
@@ -463,8 +547,15 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
   }
   init_state(indices, group.flag("amsgrad"));
 
+  const AdamHyper hyper = adam_hyper(group, /*decoupled=*/true);
   const std::set<size_t> wanted(indices.begin(), indices.end());
   std::set<std::pair<int, int>> devices;
+  // overlap_with_forward: while gradients are still on their way (the device still runs
+  // backward, or the copies of clipped gradients stream in), the host updates what has come, as
+  // without it; once the last copy is done, the rest waits for the next forward.
+  const ops::CopyFence newest =
+      buckets_.empty() ? ops::CopyFence() : buckets_.rbegin()->second.fence;
+  bool deferring = false;
   for (auto it = buckets_.begin(); it != buckets_.end();) {
     std::vector<size_t> mine;
     size_t left = 0;
@@ -475,9 +566,18 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
       else
         ++left;
     }
-    if (!mine.empty()) {
+    deferring = deferring || (defer_ && !mine.empty() && newest.query());
+    if (!mine.empty() && deferring) {
+      // Its gradients on the host (so the device's may be freed or zeroed at once), its update
+      // left to the forward pre-hooks.
+      it->second.fence.synchronize();
+      const uint64_t id = next_deferred_++;
+      for (size_t i : mine) deferred_at_[i] = id + 1;
+      deferred_.emplace(
+          id, Deferred{hyper, std::move(mine), param_at(it->second.indices.front()).device()});
+    } else if (!mine.empty()) {
       it->second.fence.synchronize();  // its gradients are on the host
-      update_on_host(group, mine);
+      update_on_host(hyper, mine);
       for (size_t i : mine) {
         write_back(i);
         const Device d = param_at(i).device();
@@ -493,6 +593,132 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
   // the write-backs, and the next forward could not reuse them (7B: 12 GiB more reserved).
   for (const auto& [type, index] : devices)
     ops::CopyFence::record(Device{static_cast<DeviceType>(type), index}).synchronize();
+}
+
+void CpuOffload::overlap_with_forward(nn::Module& model) {
+  fit_param_count();
+  // Every trainable parameter's modules, checked before anything changes.
+  std::vector<std::pair<nn::Module*, std::vector<size_t>>> holders;
+  std::vector<bool> held(num_params(), false);
+  for (const auto& [path, m] : model.named_modules()) {
+    std::vector<size_t> mine;
+    // A block's forward may read its children's weights without calling them (GPT's MLP fuses
+    // c_fc's product and GELU): its hook updates its whole subtree.
+    for (const Tensor& q : m->parameters(/*recurse=*/m->is_checkpoint_block()))
+      for (size_t i = 0; i < num_params(); ++i)
+        if (param_at(i).is_same(q) && q.requires_grad()) {
+          mine.push_back(i);
+          held[i] = true;
+        }
+    if (!mine.empty()) holders.emplace_back(m, std::move(mine));
+  }
+  for (size_t i = 0; i < num_params(); ++i) {
+    const Tensor& p = param_at(i);
+    if (p.defined() && p.requires_grad() && !held[i])
+      throw std::invalid_argument(fmt::format(
+          "{}.overlap_with_forward: parameter {} (shape {}) is not a parameter of any module of "
+          "the model ({}): its deferred update would have no forward to run before",
+          name(), i, p.shape_string(), model.type_name()));
+    if (staged_[i])
+      throw std::invalid_argument(fmt::format(
+          "{}.overlap_with_forward: parameter {}'s gradient is already sent; call it before the "
+          "first backward or right after a step",
+          name(), i));
+  }
+  // A gradient for a parameter whose update is pending means a forward read stale weights: the
+  // sending hooks check it, and a hook that only checks goes on every other parameter.
+  for (size_t i = 0; i < num_params(); ++i) {
+    const Tensor& p = param_at(i);
+    if (!p.defined() || !p.requires_grad() ||
+        std::any_of(hooks_.begin(), hooks_.end(),
+                    [&](const auto& h) { return h.first.is_same(p); }))
+      continue;
+    const uint64_t h = autograd::register_post_accumulate_grad_hook(
+        p, [this, i](const Tensor&) { check_not_pending(i); });
+    hooks_.emplace_back(p, h);
+  }
+  if (!alive_) alive_ = std::make_shared<CpuOffload*>(this);
+  for (auto& [m, indices] : holders)
+    m->register_forward_pre_hook(
+        [alive = std::weak_ptr<CpuOffload*>(alive_), list = std::move(indices)](nn::Module&) {
+          if (const auto self = alive.lock()) (*self)->before_forward(list);
+        });
+  defer_ = true;
+}
+
+void CpuOffload::before_forward(const std::vector<size_t>& indices) {
+  for (size_t i : indices)
+    if (deferred_at_[i] != 0) {
+      run_deferred(deferred_at_[i] - 1);
+      ++updates_in_forward_;
+    }
+}
+
+void CpuOffload::run_deferred(uint64_t id) {
+  const auto it = deferred_.find(id);
+  if (it == deferred_.end()) return;
+  const Deferred d = std::move(it->second);
+  deferred_.erase(it);
+  for (size_t i : d.indices) deferred_at_[i] = 0;
+  // The optimizer's work, wherever it runs (a forward pre-hook runs it inside a forward).
+  NoGradGuard no_grad;
+  memory::PhaseScope phase("optimizer");
+  memory::CategoryScope category(memory::Category::temporary);
+  update_on_host(d.hyper, d.indices);
+  for (size_t i : d.indices) {
+    write_back(i);
+    staged_[i].reset();
+  }
+  // Tally's stream waits for these weights before the forward reads them; the host does not.
+  ops::CopyFence::record(d.device).wait();
+}
+
+void CpuOffload::finish_deferred_updates() {
+  while (!deferred_.empty()) run_deferred(deferred_.begin()->first);
+}
+
+Tensor CpuOffload::clip_grad_norm_(double max_norm, double norm_type) {
+  fit_param_count();
+  NoGradGuard no_grad;
+  memory::CategoryScope category(memory::Category::temporary);
+  std::vector<Tensor> params;
+  for (size_t i = 0; i < num_params(); ++i) params.push_back(param_at(i));
+  const std::string op = fmt::format("{}.clip_grad_norm_", name());
+  const auto [grads, total] = detail::total_grad_norm(params, norm_type, op.c_str());
+  for (auto& c : clipped_) c.reset();
+  if (grads.empty()) return ops::zeros({});
+  const Device d = total.device();
+  if (d.is_meta()) {
+    memory::sync_meta_host(d, memory::meta_seconds(d));  // the read's wait
+    clip_coef_ = 1;
+  } else if (total.dtype() == DType::float64) {
+    clip_coef_ = detail::clip_coef(ops::item(total), max_norm);
+  } else {  // float32 arithmetic, as clip_grad_norm_'s kernels
+    clip_coef_ =
+        detail::clip_coef(static_cast<float>(ops::item(total)), static_cast<float>(max_norm));
+  }
+  for (size_t i = 0; i < num_params(); ++i) {
+    const Tensor g = param_at(i).defined() ? param_at(i).grad() : Tensor();
+    if (g.defined()) clipped_[i] = std::make_pair(g.storage().key(), g.storage().version());
+  }
+  return is_16bit(grads[0].dtype()) ? ops::to(total, grads[0].dtype()) : total;
+}
+
+double CpuOffload::grad_scale(size_t i) {
+  if (!clipped_[i]) return 1.0;
+  const auto [key, version] = *clipped_[i];
+  clipped_[i].reset();
+  const Tensor g = param_at(i).grad();
+  if (!g.defined() || g.storage().key() != key || g.storage().version() != version)
+    throw std::invalid_argument(fmt::format(
+        "{}: parameter {} (shape {}): its gradient changed after clip_grad_norm_ measured it; "
+        "clip after the last change (unscaling, another backward), right before step()",
+        name(), i, param_at(i).shape_string()));
+  return clip_coef_;
+}
+
+void CpuOffload::on_skipped_step() {
+  for (auto& c : clipped_) c.reset();
 }
 
 }  // namespace tally::optim

@@ -169,7 +169,10 @@ bool GradScaler::step(Optimizer& optimizer, std::source_location site) {
     return true;
   }
   const bool skip = read_found_inf(st);
-  if (!skip) optimizer.step();
+  if (skip)
+    optimizer.on_skipped_step();
+  else
+    optimizer.step();
   st.stepped = true;
   return !skip;
 }

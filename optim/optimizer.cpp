@@ -64,6 +64,7 @@ void Optimizer::check_parameter(const Tensor& p, size_t index) const {
 }
 
 void Optimizer::add_param_group(ParamGroup group) {
+  finish_deferred_updates();
   for (const auto& [k, v] : defaults_) group.options.try_emplace(k, v);
   for (const auto& [k, v] : group.options)
     if (!defaults_.count(k))
@@ -190,6 +191,7 @@ void Optimizer::step(std::source_location site) {
   NoGradGuard no_grad;
   memory::PhaseScope phase("optimizer");
   memory::CategoryScope category(memory::Category::temporary);
+  finish_deferred_updates();
   size_t base = 0;
   for (const ParamGroup& group : groups_) {
     std::vector<size_t> with_grad;
@@ -213,6 +215,7 @@ void Optimizer::step_param(size_t param_index) {
   NoGradGuard no_grad;
   memory::PhaseScope phase("optimizer");
   memory::CategoryScope category(memory::Category::temporary);
+  finish_deferred_updates();
   Tensor& p = param_at(param_index);
   const Tensor g = p.grad();
   if (!g.defined()) return;
@@ -235,6 +238,9 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 OptimizerStateDict Optimizer::state_dict() const {
+  // A pending update belongs to the state asked for: it runs first (the state changes as a
+  // step would change it, which is why this const method may).
+  const_cast<Optimizer*>(this)->finish_deferred_updates();
   OptimizerStateDict sd;
   for (size_t i = 0; i < state_.size(); ++i) {
     const ParamState& s = state_[i];
@@ -256,6 +262,7 @@ OptimizerStateDict Optimizer::state_dict() const {
 }
 
 void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
+  finish_deferred_updates();
   // Check everything before changing anything.
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto it = sd.scalars.find(fmt::format("param_groups.{}.num_params", g));

@@ -96,6 +96,7 @@ class Optimizer {
   virtual const char* name() const = 0;
 
  protected:
+  friend class GradScaler;
   explicit Optimizer(GroupOptions defaults) : defaults_(std::move(defaults)) {}
   // Called once per step per group with the global indices of its parameters that have a
   // gradient (checked); the state is still as the previous step left it.
@@ -129,6 +130,12 @@ class Optimizer {
   // load_state_dict's last check of one parameter's restored state, before anything changes
   // (throws std::invalid_argument): AdamW8bit's four tensors come together or not at all.
   virtual void check_loaded_state(size_t /*index*/, const ParamState& /*s*/) const {}
+  // Runs what an optimizer deferred past step() (CpuOffload::overlap_with_forward's updates):
+  // step(), step_param(), add_param_group(), state_dict() and load_state_dict() call it first,
+  // so no step starts and no state is read or replaced while an update is pending.
+  virtual void finish_deferred_updates() {}
+  // GradScaler::step calls it when it skips this optimizer's step (inf or NaN gradients).
+  virtual void on_skipped_step() {}
 
   Tensor& param_at(size_t global_index);
   const Tensor& param_at(size_t global_index) const;

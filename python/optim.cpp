@@ -291,7 +291,21 @@ void bind_optim(py::module_& m, py::module_& optim_mod, py::module_& amp) {
           py::arg("model"), py::arg("dtype") = py::none(),
           "init_masters(), then the model's float32 parameters become 16-bit (bfloat16 by "
           "default) in place: 16-bit weights and gradients on the device, float32 masters on the "
-          "host");
+          "host")
+      .def("overlap_with_forward", &optim::CpuOffload::overlap_with_forward, py::arg("model"),
+           "From now on the updates not done when a step's last gradient reaches the host run as "
+           "the next forward calls the modules (or blocks) holding their parameters, overlapped "
+           "with the forward of the layers before; call finish_updates() before reading weights "
+           "outside the model's forward")
+      .def("clip_grad_norm_", &optim::CpuOffload::clip_grad_norm_, py::arg("max_norm"),
+           py::arg("norm_type") = 2.0,
+           "FSDP's clip_grad_norm_: the total norm of the gradients, its coefficient folded into "
+           "the next step()'s host update (the device's gradients are not rewritten, so not sent "
+           "again); the steps equal clip_grad_norm_ and step() bit for bit")
+      .def("finish_updates", &optim::CpuOffload::finish_updates,
+           "Runs every deferred update and copy back now")
+      .def_property_readonly("deferred_updates", &optim::CpuOffload::deferred_updates)
+      .def_property_readonly("updates_in_forward", &optim::CpuOffload::updates_in_forward);
 
   optim_mod.def(
       "clip_grad_norm_",

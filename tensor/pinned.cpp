@@ -195,6 +195,14 @@ void CopyFence::synchronize() const {
 #endif
 }
 
+bool CopyFence::query() const {
+  if (meta_seconds_ >= 0) return meta_seconds_ <= memory::meta_host_seconds(Device::meta(device_));
+#ifdef TALLY_WITH_CUDA
+  if (event_) return cuda::query_copy_event(device_, event_);
+#endif
+  return true;
+}
+
 void CopyFence::wait() const {
   if (meta_seconds_ >= 0) memory::wait_meta_clock(Device::meta(device_), meta_seconds_);
 #ifdef TALLY_WITH_CUDA

@@ -74,6 +74,9 @@ class CopyFence {
   // The calling thread waits until the copies issued before the fence have finished (the
   // offloader's bound on copies in flight); nothing for an empty fence.
   void synchronize() const;
+  // Whether those copies have finished, without waiting (torch.cuda.Event.query): always for an
+  // empty fence; on a meta device, whether they end by the host's clock.
+  bool query() const;
   bool empty() const { return event_ == nullptr && meta_seconds_ < 0; }
 
  private:

@@ -78,6 +78,17 @@ void synchronize_copy_event(int device, const std::shared_ptr<void>& event) {
         "cudaEventSynchronize (copy fence)");
 }
 
+bool query_copy_event(int device, const std::shared_ptr<void>& event) {
+  DeviceGuard g(device);
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event.get()));
+  if (e == cudaErrorNotReady) {
+    cudaGetLastError();  // not an error: clear it
+    return false;
+  }
+  check(e, "cudaEventQuery (copy fence)");
+  return true;
+}
+
 void stream_wait_copy_event(int device, const std::shared_ptr<void>& event) {
   DeviceGuard g(device);
   check(cudaStreamWaitEvent(stream(device), static_cast<cudaEvent_t>(event.get()), 0),

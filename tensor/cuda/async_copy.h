@@ -30,5 +30,7 @@ std::shared_ptr<void> record_copy_event(int device);
 void stream_wait_copy_event(int device, const std::shared_ptr<void>& event);
 // The calling thread waits until `event` has completed (cudaEventSynchronize).
 void synchronize_copy_event(int device, const std::shared_ptr<void>& event);
+// Whether `event` has completed, without waiting (cudaEventQuery).
+bool query_copy_event(int device, const std::shared_ptr<void>& event);
 
 }  // namespace tally::cuda

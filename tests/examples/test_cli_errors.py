@@ -76,6 +76,9 @@ cases = [
     (["train_gpt", "--step-in-backward", "--clip", "1"], "--clip", {}),
     (["train_gpt", "--step-in-backward", "--amp", "fp16"], "--amp fp16", {}),
     (["train_gpt", "--step-in-backward", "--grad-accum", "2"], "--grad-accum 2 with --step-in-backward", {}),
+    (["train_gpt", "--overlap-update"], "--overlap-update defers a host optimizer's updates", {}),
+    (["train_resnet", "--overlap-update", "--optimizer", "adam"],
+     "it needs --optimizer adamw:cpu or adamw8bit:cpu, got adam", {}),
     (["train_resnet", "--grad-accum", "0"], "--grad-accum", {}),
     (["train_gpt", "--offload", "activations,blocks"], "--offload", {}),
     # --cuda-graphs: what a replayed step cannot do is refused before any work.

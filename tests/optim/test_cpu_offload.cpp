@@ -20,6 +20,8 @@
 #include "inspect/unpickle.h"
 #include "memory/estimate.h"
 #include "memory/memory.h"
+#include "memory/meta.h"
+#include "nn/container.h"
 #include "nn/layers.h"
 #include "nn/models/gpt.h"
 #include "optim/adam.h"
@@ -723,6 +725,229 @@ TEST(CpuOffload, KeepSixteenBitWeightsKeepsFloat32Masters) {
   EXPECT_EQ(opt.param_groups()[0].params[0].dtype(), DType::bfloat16);  // the same tensor
   EXPECT_EQ(ops::to_vector(opt.state(0).tensors.at("master")), w0);
   EXPECT_EQ(ops::to_vector(lin.bias), b16);
+}
+
+// A tiny GPT's four steps (losses, then weights) with clipping at 0.5 and the learning rate
+// halved after each step (a deferred update uses its step's): AdamW on the CPU, or CpuOffload
+// with small buckets, its weights bfloat16 (keep_16bit_weights) or not, its moments 8-bit or
+// not, overlapped with the next forward or not, clipped by optim::clip_grad_norm_ or by its own
+// clip_grad_norm_ (folded into the update).
+struct TinyGptRun {
+  bool offload = true, overlap = false, bf16 = false, q8 = false, fold = false;
+};
+std::pair<std::vector<double>, std::vector<double>> tiny_gpt_run(TinyGptRun r) {
+  manual_seed(0);
+  nn::GPT gpt(nn::GPTConfig::preset("tiny"));
+  const optim::AdamOptions o{.lr = 1e-3, .weight_decay = 0.1};
+  std::unique_ptr<optim::Optimizer> opt;
+  optim::CpuOffload* host = nullptr;
+  if (r.offload) {
+    auto c = std::make_unique<optim::CpuOffload>(
+        gpt.parameters(), o,
+        optim::CpuOffloadOptions{.adamw8bit = r.q8,
+                                 .quant = {.block_size = 64, .min_8bit_size = 1024},
+                                 .bucket_bytes = 16 << 10});
+    if (r.bf16) c->keep_16bit_weights(gpt);
+    if (r.overlap) c->overlap_with_forward(gpt);
+    host = c.get();
+    opt = std::move(c);
+  } else {
+    opt = std::make_unique<optim::AdamW>(gpt.parameters(), o);
+  }
+  std::vector<double> losses;
+  for (int s = 0; s < 4; ++s) {
+    const Tensor x = ops::randint(0, 256, {2, 16}, DType::int64);
+    opt->zero_grad();
+    const Tensor loss = gpt(x, x).second;
+    losses.push_back(ops::item(loss));
+    if (r.overlap) {
+      EXPECT_EQ(host->deferred_updates(), 0u) << "step " << s;  // the forward ran them all
+      EXPECT_EQ(host->updates_in_forward() > 0, s > 0) << "step " << s;
+    }
+    loss.backward();
+    const Tensor norm =
+        r.fold ? host->clip_grad_norm_(0.5) : optim::clip_grad_norm_(gpt.parameters(), 0.5);
+    EXPECT_GT(ops::item(norm), 0.5) << "step " << s;  // the clipping scales
+    opt->step();
+    if (r.overlap) {
+      EXPECT_GT(host->deferred_updates(), 1u) << "step " << s;
+    }
+    opt->set_lr(opt->get_lr() * 0.5);
+  }
+  if (host) host->finish_updates();
+  std::vector<double> weights;
+  for (const Tensor& p : gpt.parameters())
+    for (double v : ops::to_vector(p)) weights.push_back(v);
+  return {losses, weights};
+}
+
+// overlap_with_forward: each step defers its buckets' updates until the next forward calls a
+// module holding their parameters; losses and weights equal AdamW's bit for bit, and in
+// bfloat16 those of the same optimizer without deferring.
+TEST(CpuOffload, OverlapWithForwardEqualsAdamW) {
+  const auto plain = tiny_gpt_run({.offload = false});
+  const auto overlapped = tiny_gpt_run({.overlap = true});
+  EXPECT_EQ(overlapped.first, plain.first);
+  EXPECT_EQ(overlapped.second, plain.second);
+}
+
+TEST(CpuOffload, OverlapWithForwardEqualsTheUndeferredStepsInBfloat16) {
+  const auto undeferred = tiny_gpt_run({.bf16 = true});
+  const auto overlapped = tiny_gpt_run({.overlap = true, .bf16 = true});
+  EXPECT_EQ(overlapped.first, undeferred.first);
+  EXPECT_EQ(overlapped.second, undeferred.second);
+}
+
+// CpuOffload::clip_grad_norm_ folds the coefficient into the host update: the steps equal
+// optim::clip_grad_norm_ then step() bit for bit, float32 against AdamW, and with bfloat16
+// gradients (the product rounded to bfloat16 first, as clip_grad_norm_ stores it) against the
+// same optimizer clipped by optim::clip_grad_norm_, with float32 and 8-bit moments, deferred or
+// not. The AVX-512, AVX2 and GCC loops all take the scale (the caps loop).
+TEST(CpuOffload, ClipGradNormFoldedIntoTheUpdateEqualsClippingTheGradients) {
+  EXPECT_EQ(tiny_gpt_run({.fold = true}), tiny_gpt_run({.offload = false}));
+  for (int cap : {2, 1, 0}) {
+    SimdCap c(cap);
+    for (bool q8 : {false, true}) {
+      const auto clipped = tiny_gpt_run({.bf16 = true, .q8 = q8});
+      EXPECT_EQ(tiny_gpt_run({.bf16 = true, .q8 = q8, .fold = true}), clipped)
+          << "cap " << cap << ", 8-bit " << q8;
+      EXPECT_EQ(tiny_gpt_run({.overlap = true, .bf16 = true, .q8 = q8, .fold = true}), clipped)
+          << "cap " << cap << ", 8-bit " << q8 << ", overlapped";
+    }
+  }
+}
+
+// The fold leaves the device's gradients as they are (none is sent again at step()); a
+// gradient changed between clip_grad_norm_ and step() is an error naming the parameter.
+TEST(CpuOffload, ClipGradNormFoldedRefusesAGradientChangedSince) {
+  std::vector<Tensor> p = mlp_params(kHidden);
+  optim::CpuOffload opt(p);
+  mlp_loss(p, 0, kBatch).backward();
+  const std::vector<double> g0 = ops::to_vector(p[0].grad());
+  EXPECT_GT(ops::item(opt.clip_grad_norm_(1e-3)), 1e-3);
+  EXPECT_EQ(ops::to_vector(p[0].grad()), g0);
+  {
+    NoGradGuard ng;
+    ops::mul_(p[1].grad(), 2.0);
+  }
+  try {
+    opt.step();
+    FAIL() << "a gradient changed after clip_grad_norm_ passed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 1 (shape"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("changed after clip_grad_norm_"), std::string::npos)
+        << e.what();
+  }
+}
+
+// A module whose forward reads a child's weight without calling the child reads it before its
+// deferred update: the gradient that follows is an error naming the parameter, not a silent
+// stale step. A parameter outside the model, or a gradient already sent, is refused up front.
+struct ReadsPastItsChild : nn::Module {
+  std::shared_ptr<nn::Linear> inner;
+  ReadsPastItsChild() : Module("ReadsPastItsChild") {
+    inner = register_module("inner", std::make_shared<nn::Linear>(4, 4, /*bias=*/false));
+  }
+  Tensor forward(const Tensor& x) override { return matmul(x, inner->weight.t()); }
+};
+
+TEST(CpuOffload, OverlapWithForwardRefusesAWeightReadPastItsModule) {
+  manual_seed(3);
+  ReadsPastItsChild m;
+  optim::CpuOffload opt(m.parameters());
+  opt.overlap_with_forward(m);
+  const Tensor x = ops::randn({2, 4});
+  sum(m(x)).backward();
+  opt.step();
+  EXPECT_EQ(opt.deferred_updates(), 1u);
+  opt.zero_grad();
+  try {
+    sum(m(x)).backward();
+    FAIL() << "a stale read passed";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 0 (shape [4, 4]) has a new gradient while its "
+                                         "deferred update is pending"),
+              std::string::npos)
+        << e.what();
+  }
+
+  nn::Linear other(4, 4);
+  optim::CpuOffload outside(std::vector<Tensor>{other.weight, m.inner->weight});
+  try {
+    outside.overlap_with_forward(m);
+    FAIL() << "a parameter outside the model passed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 0 (shape [4, 4]) is not a parameter of any "
+                                         "module of the model (ReadsPastItsChild)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A dry run for a GPU replays the overlap: the host updates layer k while the device runs the
+// forward of the layers before it. Eight 2048-wide layers on 8192 rows, whose host update (2.3 ms
+// a layer) outlasts their forward (1.4 ms): each of the three forwards that follow a step hides
+// more than half of its time behind the updates, never more than all of it (the last layer
+// waits for its update; a bucket straddling two layers holds back the first), and the device's
+// peak is the same.
+struct DeferredStep {
+  double seconds;  // three steps and a forward
+  double forward;  // one forward alone
+  int64_t peak;
+};
+DeferredStep predicted_deferred_step(bool overlap, bool fold = false) {
+  memory::DryRun dry({.target = "h200"});
+  nn::Sequential seq;
+  {
+    nn::BuildOnDevice on(dry.device());
+    for (int k = 0; k < 8; ++k) seq.push_back(std::make_shared<nn::Linear>(2048, 2048));
+  }
+  optim::CpuOffload opt(seq.parameters(), optim::AdamW::default_options(),
+                        optim::CpuOffloadOptions{.bucket_bytes = 8 << 20});
+  if (overlap) opt.overlap_with_forward(seq);
+  const Tensor x = ops::empty({8192, 2048}, DType::float32, dry.device());
+  const double t0 = memory::meta_seconds(dry.device());
+  {
+    NoGradGuard ng;
+    seq(x);
+  }
+  const double forward = memory::meta_seconds(dry.device()) - t0;
+  for (int s = 0; s < 3; ++s) {
+    opt.zero_grad();
+    sum(seq(x)).backward();
+    if (fold)
+      opt.clip_grad_norm_(1.0);
+    else
+      optim::clip_grad_norm_(seq.parameters(), 1.0);
+    opt.step();
+  }
+  {
+    NoGradGuard ng;
+    seq(x);  // the last step's updates
+  }
+  const memory::Estimate e = dry.finish();
+  return {e.predicted_seconds - forward, forward, e.peak_allocated};
+}
+
+TEST(CpuOffload, ADryRunOverlapsDeferredUpdatesWithTheForward) {
+  const DeferredStep plain = predicted_deferred_step(false);
+  const DeferredStep overlapped = predicted_deferred_step(true);
+  const double saved = plain.seconds - overlapped.seconds;
+  EXPECT_GT(saved, 3 * 0.5 * plain.forward) << plain.seconds << " s against " << overlapped.seconds;
+  EXPECT_LT(saved, 3 * plain.forward);
+  EXPECT_EQ(overlapped.peak, plain.peak);
+}
+
+// The folded clipping sends no gradient twice: the hooks' copies overlap with backward and
+// step() sends nothing, so its steps are predicted faster than clip_grad_norm_'s (which
+// rewrites every gradient, so step() sends them all again), deferred or not.
+TEST(CpuOffload, ADryRunOfTheFoldedClippingSendsEachGradientOnce) {
+  const DeferredStep resent = predicted_deferred_step(false);
+  const DeferredStep folded = predicted_deferred_step(false, true);
+  const DeferredStep both = predicted_deferred_step(true, true);
+  EXPECT_LT(folded.seconds, 0.99 * resent.seconds)
+      << resent.seconds << " s against " << folded.seconds;
+  EXPECT_LE(both.seconds, folded.seconds);
 }
 
 }  // namespace

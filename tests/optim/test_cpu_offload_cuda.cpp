@@ -3,7 +3,8 @@
 // with AdamW on the device, in float32 (two runs) and under bf16 autocast (one backward feeding
 // both optimizers); the state is pinned and tagged optimizer_state on the host, the gradients
 // went out during backward, and a bfloat16 model trains against its float32 master weights
-// (AdamW's moments, or AdamW8bit's).
+// (AdamW's moments, or AdamW8bit's); with overlap_with_forward, each forward reads the weights
+// its pre-hooks copied back.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "memory/memory.h"
 #include "nn/models/gpt.h"
 #include "optim/adam.h"
+#include "optim/clip_grad.h"
 #include "optim/cpu_offload.h"
 #include "tensor/pinned.h"
 #include "testing/cuda_testing.h"
@@ -106,8 +108,11 @@ TEST(CpuOffloadCuda, SmallFloat32Equals20StepsOfAdamW) {
 // model's backward (offloaded: its hooks send the gradients as backward makes them) feeds both
 // optimizers, AdamW on the device reading a copy of the same gradients for a second model of the
 // same initial weights. The weights then differ only by the update's rounding, host against
-// device, and the plain model's loss (forward only) follows the offloaded one's.
-void expect_equal_updates(const std::string& preset, bool bf16, int steps = 20) {
+// device, and the plain model's loss (forward only) follows the offloaded one's. With `clip`,
+// the offloaded optimizer clips by its own clip_grad_norm_ (the coefficient folded into the host
+// update), AdamW by optim::clip_grad_norm_ on the device: the same norm (up to the reduction's
+// order), the same steps, and no gradient sent twice.
+void expect_equal_updates(const std::string& preset, bool bf16, int steps = 20, double clip = 0) {
   REQUIRE_GPU();
   const auto make = [&] {
     manual_seed(0);
@@ -121,6 +126,7 @@ void expect_equal_updates(const std::string& preset, bool bf16, int steps = 20) 
   const optim::AdamOptions o{.lr = 1e-3, .beta2 = 0.95, .weight_decay = 0.1};
   optim::CpuOffload off(ps, o);
   optim::AdamW adamw(qs, o);
+  int clipped = 0;
   for (int s = 0; s < steps; ++s) {
     manual_seed(1000 + s);
     const Tensor x = ops::randint(0, 256, {4, 64}, DType::int64, kGpu);
@@ -139,11 +145,21 @@ void expect_equal_updates(const std::string& preset, bool bf16, int steps = 20) 
       for (size_t i = 0; i < ps.size(); ++i)
         if (ps[i].grad().defined()) qs[i].set_grad(ps[i].grad().clone());
     }
+    if (clip > 0) {
+      const double host = ops::item(off.clip_grad_norm_(clip));
+      const double device = ops::item(optim::clip_grad_norm_(qs, clip));
+      EXPECT_NEAR(host, device, 1e-6 * device) << "step " << s;
+      clipped += host > clip;
+    }
     adamw.step();
     off.step();
     EXPECT_NEAR(ops::item(loss), ops::item(plain_loss), bf16 ? 1e-2 : 1e-4) << "step " << s;
   }
   EXPECT_GT(off.hooked_copies(), 0) << "gradients sent from the post-accumulate-grad hooks";
+  if (clip > 0) {
+    EXPECT_GT(clipped, 0) << "the clipping scaled no step";
+    EXPECT_EQ(off.step_copies(), 0) << "gradients sent again at step()";
+  }
   double worst = 0;
   size_t where = 0;
   for (size_t i = 0; i < ps.size(); ++i) {
@@ -162,6 +178,10 @@ void expect_equal_updates(const std::string& preset, bool bf16, int steps = 20) 
 
 TEST(CpuOffloadCuda, SmallBf16AutocastEquals20StepsOfAdamW) {
   expect_equal_updates("small", true);
+}
+
+TEST(CpuOffloadCuda, SmallBf16ClippedOnTheHostEquals20StepsOfClippedAdamW) {
+  expect_equal_updates("small", true, 20, 0.1);
 }
 
 // A bfloat16 model: the device holds bfloat16 weights and gradients, the host float32 masters;
@@ -204,6 +224,45 @@ TEST(CpuOffloadCuda, Bfloat16ModelTrainsAgainstFloat32Masters) {
 
 TEST(CpuOffloadCuda, Bfloat16ModelTrainsWithEightBitMomentsOnTheHost) {
   expect_bf16_model_trains({.adamw8bit = true, .quant = {.block_size = 64, .min_8bit_size = 1024}});
+}
+
+// overlap_with_forward: the forward after a step runs the deferred updates in its pre-hooks, and
+// Tally's stream waits for each bucket's copies back before the layer reads them. So its loss
+// equals, bit for bit, a second forward over the same batch made once every copy is done (a
+// missing wait would let the first read the old weights). A bfloat16 GPT-2 small with clipping,
+// whose step resends every gradient, so most updates wait for the forward; the loss falls.
+TEST(CpuOffloadCuda, OverlapWithForwardReadsTheUpdatedWeights) {
+  REQUIRE_GPU();
+  manual_seed(0);
+  nn::GPT gpt(nn::GPTConfig::preset("small"));
+  gpt.to(kGpu);
+  optim::CpuOffload opt(gpt.parameters(), optim::AdamOptions{.lr = 1e-4});
+  opt.keep_16bit_weights(gpt);
+  opt.overlap_with_forward(gpt);
+  manual_seed(7);  // one batch: the loss must fall
+  const Tensor x = ops::randint(0, 50257, {4, 128}, DType::int64, kGpu);
+  double first = 0, last = 0;
+  for (int s = 0; s < 10; ++s) {
+    opt.zero_grad();
+    const Tensor loss = gpt(x, x).second;
+    const double read = ops::item(loss);
+    EXPECT_EQ(opt.deferred_updates(), 0u) << "step " << s;
+    const double again = ops::item(gpt(x, x).second);
+    EXPECT_EQ(read, again) << "step " << s;
+    loss.backward();
+    optim::clip_grad_norm_(gpt.parameters(), 1.0);
+    opt.step();
+    (s == 0 ? first : last) = read;
+  }
+  EXPECT_GT(opt.updates_in_forward(), 0);
+  EXPECT_LT(last, first);
+  opt.finish_updates();
+  const std::vector<Tensor> ps = gpt.parameters();
+  for (size_t i = 0; i < ps.size(); ++i)
+    EXPECT_EQ(
+        ops::to_vector(ops::to(opt.state(i).tensors.at("master"), Device::cpu(), DType::bfloat16)),
+        ops::to_vector(ops::to(ps[i].reshape({ps[i].numel()}), Device::cpu(), DType::bfloat16)))
+        << "parameter " << i;
 }
 
 }  // namespace

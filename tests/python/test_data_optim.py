@@ -198,6 +198,57 @@ def test_cpu_offload_equals_adamw_step_for_step():
         np.testing.assert_array_equal(p.numpy(), q.numpy())  # bit for bit
 
 
+class _TwoLayers(nn.Module):
+    """A model written in Python: its forward calls its children."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+def test_cpu_offload_overlap_with_forward_equals_adamw():
+    tally.manual_seed(0)
+    x, y = tally.randn(8, 6), tally.randint(0, 4, (8,))
+    plain, off = _TwoLayers(), _TwoLayers()
+    off.load_state_dict(plain.state_dict())
+    opt = tally.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_o = tally.optim.CpuOffload(off.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_o.overlap_with_forward(off)
+    for step in range(3):
+        for model, o in ((plain, opt), (off, opt_o)):
+            o.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            o.step()
+        assert opt_o.deferred_updates > 0  # left to the next forward
+    assert opt_o.updates_in_forward > 0
+    opt_o.finish_updates()
+    assert opt_o.deferred_updates == 0
+    for p, q in zip(plain.parameters(), off.parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())  # bit for bit
+
+
+def test_cpu_offload_clip_grad_norm_equals_clipping_then_adamw():
+    x, y, plain, off = _twin_mlps()
+    opt = tally.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_o = tally.optim.CpuOffload(off.parameters(), lr=1e-2, weight_decay=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        _grads(plain, x, y)
+        norm = tally.optim.clip_grad_norm_(plain.parameters(), 0.05)
+        opt.step()
+        opt_o.zero_grad()
+        _grads(off, x, y)
+        assert opt_o.clip_grad_norm_(0.05).item() == norm.item() > 0.05
+        opt_o.step()
+    for p, q in zip(plain.parameters(), off.parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())  # bit for bit
+
+
 def test_save_on_cpu_and_offload_activations_keep_gradients():
     tally.manual_seed(0)
     model = nn.resnet_tiny(num_classes=10, in_channels=1)
