@@ -188,6 +188,31 @@ TEST(Module, ErrorNamesModulePathOnce) {
   EXPECT_THROW(lin(ops::zeros({3, 5})), std::exception);
 }
 
+// register_forward_pre_hook: hooks run at each call, before the forward, in registration order,
+// inside the module's scope (a throw carries its path); a removed hook no longer runs, and an
+// empty one is refused.
+TEST(Module, ForwardPreHooksRunBeforeTheForwardInOrder) {
+  auto fc = std::make_shared<Linear>(4, 2);
+  Sequential seq{std::make_shared<Identity>(), fc};
+  std::vector<std::string> calls;
+  const uint64_t a = fc->register_forward_pre_hook([&](Module& m) {
+    calls.push_back("a " + m.type_name() + " " + memory::interned(memory::current_tag().module));
+  });
+  fc->register_forward_pre_hook([&](Module&) { calls.push_back("b"); });
+  seq(ops::zeros({3, 4}));
+  EXPECT_EQ(calls, (std::vector<std::string>{"a Linear 1", "b"}));
+  fc->remove_forward_pre_hook(a);
+  fc->remove_forward_pre_hook(a);  // already gone: ignored
+  seq(ops::zeros({3, 4}));
+  EXPECT_EQ(calls, (std::vector<std::string>{"a Linear 1", "b", "b"}));
+  fc->register_forward_pre_hook([](Module&) { throw std::runtime_error("not ready"); });
+  const std::string msg = tally::testing::error_of<std::exception>([&] {
+    seq(ops::zeros({3, 4}));
+  });
+  EXPECT_TRUE(msg.rfind("1 (Linear): not ready", 0) == 0) << msg;
+  EXPECT_THROW(fc->register_forward_pre_hook({}), std::invalid_argument);
+}
+
 TEST(Module, LoadStateDictErrors) {
   Net a, b;
   b.load_state_dict(a.state_dict());
