@@ -556,6 +556,7 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
   const ops::CopyFence newest =
       buckets_.empty() ? ops::CopyFence() : buckets_.rbegin()->second.fence;
   bool deferring = false;
+  std::optional<uint64_t> record;  // this call's Deferred
   for (auto it = buckets_.begin(); it != buckets_.end();) {
     std::vector<size_t> mine;
     size_t left = 0;
@@ -571,10 +572,17 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
       // Its gradients on the host (so the device's may be freed or zeroed at once), its update
       // left to the forward pre-hooks.
       it->second.fence.synchronize();
-      const uint64_t id = next_deferred_++;
-      for (size_t i : mine) deferred_at_[i] = id + 1;
-      deferred_.emplace(
-          id, Deferred{hyper, std::move(mine), param_at(it->second.indices.front()).device()});
+      if (!record) {
+        record = next_deferred_++;
+        deferred_.emplace(*record, Deferred{hyper, {}, 0});
+      }
+      Deferred& d = deferred_.at(*record);
+      for (size_t i : mine) {
+        deferred_at_[i] = *record + 1;
+        d.indices.push_back(i);
+      }
+      d.pending += mine.size();
+      deferred_count_ += mine.size();
     } else if (!mine.empty()) {
       it->second.fence.synchronize();  // its gradients are on the host
       update_on_host(hyper, mine);
@@ -647,34 +655,51 @@ void CpuOffload::overlap_with_forward(nn::Module& model) {
 }
 
 void CpuOffload::before_forward(const std::vector<size_t>& indices) {
-  for (size_t i : indices)
-    if (deferred_at_[i] != 0) {
-      run_deferred(deferred_at_[i] - 1);
-      ++updates_in_forward_;
-    }
+  updates_in_forward_ += static_cast<int64_t>(run_deferred(indices));
 }
 
-void CpuOffload::run_deferred(uint64_t id) {
-  const auto it = deferred_.find(id);
-  if (it == deferred_.end()) return;
-  const Deferred d = std::move(it->second);
-  deferred_.erase(it);
-  for (size_t i : d.indices) deferred_at_[i] = 0;
+size_t CpuOffload::run_deferred(const std::vector<size_t>& indices) {
+  // Parameter by parameter, not by bucket: a bucket may straddle two layers, and the forward
+  // needs only this one's weights.
+  std::map<uint64_t, std::vector<size_t>> by_record;
+  for (size_t i : indices)
+    if (deferred_at_[i] != 0) {
+      by_record[deferred_at_[i] - 1].push_back(i);
+      deferred_at_[i] = 0;
+    }
+  if (by_record.empty()) return 0;
   // The optimizer's work, wherever it runs (a forward pre-hook runs it inside a forward).
   NoGradGuard no_grad;
   memory::PhaseScope phase("optimizer");
   memory::CategoryScope category(memory::Category::temporary);
-  update_on_host(d.hyper, d.indices);
-  for (size_t i : d.indices) {
-    write_back(i);
-    staged_[i].reset();
+  std::vector<Device> devices;
+  size_t ran = 0;
+  for (const auto& [id, list] : by_record) {
+    Deferred& d = deferred_.at(id);
+    d.pending -= list.size();
+    deferred_count_ -= list.size();
+    ran += list.size();
+    const AdamHyper hyper = d.hyper;
+    if (d.pending == 0) deferred_.erase(id);
+    update_on_host(hyper, list);
+    for (size_t i : list) {
+      write_back(i);
+      staged_[i].reset();
+      const Device dev = param_at(i).device();
+      if (std::find(devices.begin(), devices.end(), dev) == devices.end()) devices.push_back(dev);
+    }
   }
   // Tally's stream waits for these weights before the forward reads them; the host does not.
-  ops::CopyFence::record(d.device).wait();
+  for (const Device& dev : devices) ops::CopyFence::record(dev).wait();
+  return ran;
 }
 
 void CpuOffload::finish_deferred_updates() {
-  while (!deferred_.empty()) run_deferred(deferred_.begin()->first);
+  std::vector<size_t> all;
+  for (const auto& [id, d] : deferred_)
+    for (size_t i : d.indices)
+      if (deferred_at_[i] == id + 1) all.push_back(i);
+  run_deferred(all);
 }
 
 Tensor CpuOffload::clip_grad_norm_(double max_norm, double norm_type) {

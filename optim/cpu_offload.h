@@ -17,13 +17,13 @@
 //      them (an event, no host wait) before the next forward reads them.
 // With overlap_with_forward(model), step() updates buckets as above only while gradients are
 // still on their way (the device still runs backward, or clipped gradients stream back); once
-// the last one is on the host it returns, and steps 2 and 3 of each remaining bucket run when
-// the next forward first calls a module holding one of its parameters (a forward pre-hook), in
-// the forward's order: the host updates layer k while the device runs the forward of the layers
-// before it. The gain is bounded by the first micro-batch's forward (docs/architecture.md).
-// On the CPU the copies are plain copies and the steps equal AdamW's (or AdamW8bit's) bit for
-// bit; on a meta device (dry runs) the state is allocated on the host of the target (meta:0
-// for a GPU target) and the copies are timed on its copy stream.
+// the last one is on the host it returns, and steps 2 and 3 of each remaining parameter run
+// when the next forward first calls its module (a forward pre-hook), in the forward's order: the
+// host updates layer k while the device runs the forward of the layers before it. The gain is
+// bounded by the first micro-batch's forward (docs/architecture.md). On the CPU the copies are
+// plain copies and the steps equal AdamW's (or AdamW8bit's) bit for bit; on a meta device (dry
+// runs) the state is allocated on the host of the target (meta:0 for a GPU target) and the copies
+// are timed on its copy stream.
 //
 //   optim::CpuOffload opt(model->parameters());            // AdamW's defaults
 //   for (...) { loss.backward(); opt.step(); opt.zero_grad(); }
@@ -102,9 +102,9 @@ class CpuOffload : public Optimizer {
   // Gradients step() sent: those the hooks did not, or changed since (clip_grad_norm_ and
   // unscale_ rewrite them; CpuOffload::clip_grad_norm_ does not).
   int64_t step_copies() const { return step_copies_; }
-  // From now on, once a step's gradients are all on the host, the buckets it has not updated
-  // yet wait for the next forward to call a module of `model` that holds one of their
-  // parameters, or the block around it (Module::is_checkpoint_block: a block's forward may read
+  // From now on, once a step's gradients are all on the host, the parameters it has not updated
+  // yet wait for the next forward to call a module of `model` that holds them, or the block
+  // around it (Module::is_checkpoint_block: a block's forward may read
   // its children's weights directly): a forward pre-hook on each such module (nn::Module's
   // hooks; each does nothing once this optimizer is gone). Every trainable parameter of this
   // optimizer must be a parameter of a module of `model`, and no gradient may be sent yet (call
@@ -130,8 +130,8 @@ class CpuOffload : public Optimizer {
   bool overlaps_forward() const { return defer_; }
   // Runs every deferred update and copy back now.
   void finish_updates() { finish_deferred_updates(); }
-  // Deferred updates waiting, and those run by forward pre-hooks since construction.
-  size_t deferred_updates() const { return deferred_.size(); }
+  // Parameters whose update waits, and those updated by forward pre-hooks since construction.
+  size_t deferred_updates() const { return deferred_count_; }
   int64_t updates_in_forward() const { return updates_in_forward_; }
 
  protected:
@@ -155,12 +155,12 @@ class CpuOffload : public Optimizer {
     std::vector<size_t> indices;
     ops::CopyFence fence;
   };
-  // One bucket's update and copies back, deferred by step() (its gradients are on the host):
-  // its group's options as they were at step().
+  // The updates one update_group() deferred (their gradients are on the host): its group's
+  // options as they were at step(), the parameters, and how many of them still wait.
   struct Deferred {
     AdamHyper hyper;
     std::vector<size_t> indices;
-    Device device;
+    size_t pending;
   };
   void fit_param_count();  // per-parameter vectors sized as num_params() (add_param_group)
   void install_hooks();
@@ -177,7 +177,9 @@ class CpuOffload : public Optimizer {
   void update_on_host(AdamHyper h, const std::vector<size_t>& indices);
   double grad_scale(size_t index);  // clip_grad_norm_'s coefficient for its update, consumed
   void write_back(size_t index);    // step 3 for one parameter
-  void run_deferred(uint64_t id);   // steps 2 and 3 for one deferred bucket
+  // Steps 2 and 3 for those of `indices` whose update waits, by group; Tally's stream waits for
+  // their copies back. Returns how many ran.
+  size_t run_deferred(const std::vector<size_t>& indices);
   void before_forward(const std::vector<size_t>& indices);
 
   CpuOffloadOptions offload_;
@@ -198,6 +200,7 @@ class CpuOffload : public Optimizer {
   std::map<uint64_t, Deferred> deferred_;  // by id, in the order step() deferred them
   std::vector<uint64_t> deferred_at_;      // by global parameter index: id + 1, or 0
   uint64_t next_deferred_ = 0;
+  size_t deferred_count_ = 0;
   int64_t updates_in_forward_ = 0;
   std::shared_ptr<CpuOffload*> alive_;  // the forward pre-hooks' way to see this optimizer
 };
