@@ -516,8 +516,12 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
           name()));
   fit_param_count();
   flush_pending();
-  // clip_grad_norm_'s coefficient for each gradient it measured (checked unchanged).
-  for (size_t i : indices) scale_at_[i] = grad_scale(i);
+  // clip_grad_norm_'s coefficient for each gradient it measured, all checked unchanged first.
+  for (size_t i : indices) check_clipped(i);
+  for (size_t i : indices) {
+    scale_at_[i] = clipped_[i] ? clip_coef_ : 1.0;
+    clipped_[i].reset();
+  }
   // What the hooks did not send, or what changed since (clip_grad_norm_, GradScaler::unscale_):
   // one bucket per device.
   std::map<std::pair<int, int>, std::vector<size_t>> late;
@@ -729,17 +733,15 @@ Tensor CpuOffload::clip_grad_norm_(double max_norm, double norm_type) {
   return is_16bit(grads[0].dtype()) ? ops::to(total, grads[0].dtype()) : total;
 }
 
-double CpuOffload::grad_scale(size_t i) {
-  if (!clipped_[i]) return 1.0;
+void CpuOffload::check_clipped(size_t i) const {
+  if (!clipped_[i]) return;
   const auto [key, version] = *clipped_[i];
-  clipped_[i].reset();
   const Tensor g = param_at(i).grad();
   if (!g.defined() || g.storage().key() != key || g.storage().version() != version)
     throw std::invalid_argument(fmt::format(
         "{}: parameter {} (shape {}): its gradient changed after clip_grad_norm_ measured it; "
         "clip after the last change (unscaling, another backward), right before step()",
         name(), i, param_at(i).shape_string()));
-  return clip_coef_;
 }
 
 void CpuOffload::on_skipped_step() {

@@ -175,8 +175,8 @@ class CpuOffload : public Optimizer {
   void init_state(const std::vector<size_t>& indices,
                   bool amsgrad);  // master copies and zero moments
   void update_on_host(AdamHyper h, const std::vector<size_t>& indices);
-  double grad_scale(size_t index);  // clip_grad_norm_'s coefficient for its update, consumed
-  void write_back(size_t index);    // step 3 for one parameter
+  void check_clipped(size_t index) const;  // throws if changed since clip_grad_norm_
+  void write_back(size_t index);           // step 3 for one parameter
   // Steps 2 and 3 for those of `indices` whose update waits, by group; Tally's stream waits for
   // their copies back. Returns how many ran.
   size_t run_deferred(const std::vector<size_t>& indices);
