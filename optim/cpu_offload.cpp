@@ -560,7 +560,7 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
   const ops::CopyFence newest =
       buckets_.empty() ? ops::CopyFence() : buckets_.rbegin()->second.fence;
   bool deferring = false;
-  std::optional<uint64_t> record;  // this call's Deferred
+  std::optional<uint64_t> record;  // this call's id in deferred_
   for (auto it = buckets_.begin(); it != buckets_.end();) {
     std::vector<size_t> mine;
     size_t left = 0;
@@ -578,15 +578,9 @@ void CpuOffload::update_group(const ParamGroup& group, const std::vector<size_t>
       it->second.fence.synchronize();
       if (!record) {
         record = next_deferred_++;
-        deferred_.emplace(*record, Deferred{hyper, {}, 0});
+        deferred_.emplace(*record, hyper);
       }
-      Deferred& d = deferred_.at(*record);
-      for (size_t i : mine) {
-        deferred_at_[i] = *record + 1;
-        d.indices.push_back(i);
-      }
-      d.pending += mine.size();
-      deferred_count_ += mine.size();
+      for (size_t i : mine) deferred_at_[i] = *record + 1;
     } else if (!mine.empty()) {
       it->second.fence.synchronize();  // its gradients are on the host
       update_on_host(hyper, mine);
@@ -679,13 +673,8 @@ size_t CpuOffload::run_deferred(const std::vector<size_t>& indices) {
   std::vector<Device> devices;
   size_t ran = 0;
   for (const auto& [id, list] : by_record) {
-    Deferred& d = deferred_.at(id);
-    d.pending -= list.size();
-    deferred_count_ -= list.size();
     ran += list.size();
-    const AdamHyper hyper = d.hyper;
-    if (d.pending == 0) deferred_.erase(id);
-    update_on_host(hyper, list);
+    update_on_host(deferred_.at(id), list);
     for (size_t i : list) {
       write_back(i);
       staged_[i].reset();
@@ -700,10 +689,10 @@ size_t CpuOffload::run_deferred(const std::vector<size_t>& indices) {
 
 void CpuOffload::finish_deferred_updates() {
   std::vector<size_t> all;
-  for (const auto& [id, d] : deferred_)
-    for (size_t i : d.indices)
-      if (deferred_at_[i] == id + 1) all.push_back(i);
+  for (size_t i = 0; i < deferred_at_.size(); ++i)
+    if (deferred_at_[i] != 0) all.push_back(i);
   run_deferred(all);
+  deferred_.clear();
 }
 
 Tensor CpuOffload::clip_grad_norm_(double max_norm, double norm_type) {

@@ -29,6 +29,7 @@
 //   for (...) { loss.backward(); opt.step(); opt.zero_grad(); }
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -131,7 +132,10 @@ class CpuOffload : public Optimizer {
   // Runs every deferred update and copy back now.
   void finish_updates() { finish_deferred_updates(); }
   // Parameters whose update waits, and those updated by forward pre-hooks since construction.
-  size_t deferred_updates() const { return deferred_count_; }
+  size_t deferred_updates() const {
+    return static_cast<size_t>(
+        std::count_if(deferred_at_.begin(), deferred_at_.end(), [](uint64_t d) { return d != 0; }));
+  }
   int64_t updates_in_forward() const { return updates_in_forward_; }
 
  protected:
@@ -154,13 +158,6 @@ class CpuOffload : public Optimizer {
   struct Bucket {
     std::vector<size_t> indices;
     ops::CopyFence fence;
-  };
-  // The updates one update_group() deferred (their gradients are on the host): its group's
-  // options as they were at step(), the parameters, and how many of them still wait.
-  struct Deferred {
-    AdamHyper hyper;
-    std::vector<size_t> indices;
-    size_t pending;
   };
   void fit_param_count();  // per-parameter vectors sized as num_params() (add_param_group)
   void install_hooks();
@@ -196,11 +193,12 @@ class CpuOffload : public Optimizer {
   std::vector<std::optional<std::pair<const void*, uint64_t>>> clipped_;
   double clip_coef_ = 1;
   std::vector<double> scale_at_;
-  bool defer_ = false;                     // overlap_with_forward
-  std::map<uint64_t, Deferred> deferred_;  // by id, in the order step() deferred them
-  std::vector<uint64_t> deferred_at_;      // by global parameter index: id + 1, or 0
+  bool defer_ = false;  // overlap_with_forward
+  // The options of each update_group() that deferred updates (its group's as they were at
+  // step()), by id; cleared once no update waits.
+  std::map<uint64_t, AdamHyper> deferred_;
+  std::vector<uint64_t> deferred_at_;  // by global parameter index: id + 1, or 0
   uint64_t next_deferred_ = 0;
-  size_t deferred_count_ = 0;
   int64_t updates_in_forward_ = 0;
   std::shared_ptr<CpuOffload*> alive_;  // the forward pre-hooks' way to see this optimizer
 };
