@@ -365,7 +365,8 @@ Tensor remap(const OpInfo& info, const Tensor& x, const std::vector<bool>& flip,
 Tensor flip(const Tensor& x, const Shape& dims) {
   static const OpInfo info("flip");
   DispatchScope scope(info, x);
-  std::vector<bool> f(static_cast<size_t>(x.dim()), false);
+  // A 0-D tensor takes dim 0 / -1 (itself, as wrap_dim allows): checked, then nothing flips.
+  std::vector<bool> f(static_cast<size_t>(std::max<int64_t>(x.dim(), 1)), false);
   for (int64_t d : dims) {
     const auto w = static_cast<size_t>(wrap_dim(d, x.dim(), info.name));
     if (f[w])
@@ -373,6 +374,7 @@ Tensor flip(const Tensor& x, const Shape& dims) {
           fmt::format("flip: dim {} appears multiple times in dims {}", w, shape_str(dims)));
     f[w] = true;
   }
+  f.resize(static_cast<size_t>(x.dim()));
   return remap(info, x, f, std::vector<int64_t>(f.size(), 0));
 }
 
@@ -392,6 +394,7 @@ Tensor roll(const Tensor& x, const Shape& shifts, const Shape& dims) {
   std::vector<int64_t> s(static_cast<size_t>(x.dim()), 0);
   for (size_t i = 0; i < dims.size(); ++i) {
     const auto w = static_cast<size_t>(wrap_dim(dims[i], x.dim(), info.name));
+    if (x.dim() == 0) continue;  // dim 0 / -1 of a 0-D tensor: itself, nothing to roll
     const int64_t n = x.sizes()[w];
     if (n > 0) s[w] = (((s[w] + shifts[i]) % n) + n) % n;
   }

@@ -199,6 +199,15 @@ TEST_P(Index, FlipRollMasks) {
   EXPECT_TRUE(values_near(roll(x, {1}, {1}), {3, 1, 2, 6, 4, 5}));
   EXPECT_TRUE(values_near(roll(x, {-1, 1}, {0, 1}), {6, 4, 5, 3, 1, 2}));
   EXPECT_TRUE(values_near(roll(x, {2}), {5, 6, 1, 2, 3, 4}));
+  // A 0-D tensor takes dim 0 / -1 as itself (PyTorch's wrap); others are out of range.
+  const Tensor s = f({7}, {});
+  EXPECT_TRUE(values_near(flip(s, {0}), {7}));
+  EXPECT_TRUE(values_near(flip(s, {-1}), {7}));
+  EXPECT_TRUE(values_near(roll(s, {3}, {0}), {7}));
+  EXPECT_EQ(flip(s, {0}).dim(), 0);
+  EXPECT_THROW(flip(s, {0, -1}), std::invalid_argument);
+  EXPECT_THROW(flip(s, {1}), std::out_of_range);
+  EXPECT_THROW(roll(s, {1}, {-2}), std::out_of_range);
   const Tensor mask = ops::binary_scalar(ops::BinaryOp::gt, x, 2.5);
   EXPECT_TRUE(values_near(masked_select(x, mask), {3, 4, 5, 6}));
   const Tensor row = put(from_vector({1, 0, 1}, {3}, TensorOptions{}.with_dtype(DType::bool_)));
