@@ -47,6 +47,9 @@ Tensor from_numpy(py::array array);
 // bfloat16 is copied to float32; other devices are copied to the CPU first.
 py::array to_numpy(const Tensor& t);
 
+// A size given as ints or one sequence: zeros(2, 3), zeros((2, 3)) and zeros([2, 3]).
+Shape shape_from_args(const py::args& args);
+
 // A kernel size, stride or padding: an int (both sides), a pair of ints, or None (Int2's
 // default). ValueError for anything else.
 Int2 int2(py::handle h);

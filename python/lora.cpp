@@ -22,7 +22,7 @@ void bind_lora(py::module_& nn_mod) {
           t = targets.cast<std::vector<std::string>>();
         return nn::lora::inject(*model, t, r, alpha, dropout);
       },
-      py::arg("model"), py::arg("targets"), py::arg("r") = 8, py::arg("alpha") = 8.0,
+      py::arg("model").none(false), py::arg("targets"), py::arg("r") = 8, py::arg("alpha") = 8.0,
       py::arg("dropout") = 0.0,
       "Adds a LoRA adapter to every Linear a target names (a dotted path, its last components, "
       "or a pattern with *), freezes every other parameter; returns the adapted paths.");
@@ -30,7 +30,7 @@ void bind_lora(py::module_& nn_mod) {
   lora.def(
       "trainable_summary",
       [](const std::shared_ptr<nn::Module>& model) { return nn::lora::trainable_summary(*model); },
-      py::arg("model"));
+      py::arg("model").none(false));
 }
 
 }  // namespace tally::python

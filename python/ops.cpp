@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include <limits>
+
 #include "common.h"
 
 namespace tally::python {
@@ -661,6 +663,71 @@ void bind_ops(py::module_& m, py::module_& F) {
   cls.def(
       "where", [](T x, T cond, py::object o) { return where(cond, x, other_of(o, x)); },
       py::arg("condition"), py::arg("other"));
+
+  // ---- everyday methods, composed from the ops above ----
+  // argmin as argmax; amin, logsumexp and bmm as methods too (tally.amin & co. exist).
+  auto argmin_fn = [](T x, py::object dim, bool keepdim) {
+    if (dim.is_none()) return min(x.reshape({-1}), 0, false).indices;
+    return min(x, dim.cast<int64_t>(), keepdim).indices;
+  };
+  cls.def("argmin", argmin_fn, py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  m.def("argmin", argmin_fn, py::arg("input"), py::arg("dim") = py::none(),
+        py::arg("keepdim") = false);
+  cls.def(
+      "amin", [](T x, py::object dim, bool keepdim) { return amin(x, dims_list(dim), keepdim); },
+      py::arg("dim") = py::none(), py::arg("keepdim") = false);
+  cls.def(
+      "logsumexp",
+      [](T x, py::object dim, bool keepdim) { return logsumexp(x, dims_list(dim), keepdim); },
+      py::arg("dim"), py::arg("keepdim") = false);
+  cls.def(
+      "bmm", [](T a, T b) { return bmm(a, b); }, py::arg("mat2"));
+  // Another tensor's shape or dtype.
+  cls.def(
+      "expand_as", [](T x, T o) { return x.expand(o.sizes()); }, py::arg("other"));
+  cls.def(
+      "view_as", [](T x, T o) { return x.view(o.sizes()); }, py::arg("other"));
+  cls.def(
+      "reshape_as", [](T x, T o) { return x.reshape(o.sizes()); }, py::arg("other"));
+  cls.def(
+      "type_as", [](T x, T o) { return x.to(o.dtype()); }, py::arg("other"));
+  // unbind: the slices along dim, as a tuple (differentiable, as select is).
+  auto unbind_fn = [](T x, int64_t dim) {
+    if (x.dim() == 0) throw py::index_error("unbind: cannot be applied to a 0-D tensor");
+    const int64_t n = x.size(dim);
+    py::tuple out(n);
+    for (int64_t i = 0; i < n; ++i) out[i] = x.select(dim, i);
+    return out;
+  };
+  cls.def("unbind", unbind_fn, py::arg("dim") = 0);
+  m.def("unbind", unbind_fn, py::arg("input"), py::arg("dim") = 0);
+  // isnan / isinf / isfinite: bool tensors (x != x is NaN alone; x - x is 0 for finite x and NaN
+  // for infinities and NaN). An integer or bool tensor has neither.
+  auto isnan_fn = [](T x) {
+    return is_floating(x.dtype()) ? ne(x, x) : ops::zeros(x.sizes(), DType::bool_, x.device());
+  };
+  auto isfinite_fn = [](T x) {
+    if (!is_floating(x.dtype())) return ops::full(x.sizes(), 1.0, DType::bool_, x.device());
+    NoGradGuard no_grad;
+    return eq(sub(x, x), ops::full({}, 0.0, x.dtype(), x.device()));
+  };
+  auto isinf_fn = [](T x) {
+    if (!is_floating(x.dtype())) return ops::zeros(x.sizes(), DType::bool_, x.device());
+    NoGradGuard no_grad;
+    return eq(abs(x),
+              ops::full({}, std::numeric_limits<double>::infinity(), x.dtype(), x.device()));
+  };
+  for (auto [name, fn] : {std::pair<const char*, Tensor (*)(T)>{"isnan", +isnan_fn},
+                          {"isinf", +isinf_fn},
+                          {"isfinite", +isfinite_fn}}) {
+    cls.def(name, fn);
+    m.def(name, fn, py::arg("input"));
+  }
+  // clamp with one bound.
+  cls.def(
+      "clamp_min", [](T x, double lo) { return clamp(x, lo, std::nullopt); }, py::arg("min"));
+  cls.def(
+      "clamp_max", [](T x, double hi) { return clamp(x, std::nullopt, hi); }, py::arg("max"));
 }
 
 }  // namespace tally::python

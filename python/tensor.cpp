@@ -65,14 +65,6 @@ Shape shape_from(py::handle h) {
   return s;
 }
 
-// The sizes of zeros(2, 3), zeros((2, 3)) and zeros([2, 3]).
-Shape shape_from_args(const py::args& args) {
-  if (args.size() == 1 && !py::isinstance<py::int_>(args[0])) return shape_from(args[0]);
-  Shape s;
-  for (py::handle d : args) s.push_back(d.cast<int64_t>());
-  return s;
-}
-
 TensorOptions options_from(const py::kwargs& kw, DType default_dtype = DType::float32) {
   TensorOptions o;
   o.dtype = default_dtype;
@@ -545,6 +537,13 @@ void bind_grad_fn(py::module_& m, py::class_<Tensor>& cls) {
 
 }  // namespace
 
+Shape shape_from_args(const py::args& args) {
+  if (args.size() == 1 && !py::isinstance<py::int_>(args[0])) return shape_from(args[0]);
+  Shape s;
+  for (py::handle d : args) s.push_back(d.cast<int64_t>());
+  return s;
+}
+
 void bind_tensor(py::module_& m) {
   py::enum_<DType>(m, "dtype", "Element types (tally.float32, tally.bfloat16, ...)")
       .value("float32", DType::float32)
@@ -985,6 +984,26 @@ void bind_tensor(py::module_& m) {
                            : arange(number(a, "start"), number(b, "end"), st, o);
       },
       py::arg("start"), py::arg("end") = py::none(), py::arg("step") = 1);
+  // x.new_zeros(2, 3) & co.: x's dtype and device unless given (PyTorch's Tensor.new_*).
+  auto like_x = [](const Tensor& x, const py::kwargs& kw) {
+    TensorOptions o = options_from(kw, x.dtype());
+    if (!kw.contains("device") || kw["device"].is_none()) o.device = x.device();
+    return o;
+  };
+  t.def("new_zeros", [like_x](const Tensor& x, py::args s,
+                              py::kwargs kw) { return zeros(shape_from_args(s), like_x(x, kw)); })
+      .def("new_ones", [like_x](const Tensor& x, py::args s,
+                                py::kwargs kw) { return ones(shape_from_args(s), like_x(x, kw)); })
+      .def("new_empty",
+           [like_x](const Tensor& x, py::args s, py::kwargs kw) {
+             return empty(shape_from_args(s), like_x(x, kw));
+           })
+      .def(
+          "new_full",
+          [like_x](const Tensor& x, py::object size, double value, py::kwargs kw) {
+            return full(shape_from(size), value, like_x(x, kw));
+          },
+          py::arg("size"), py::arg("fill_value"));
   m.def("zeros_like", [](const Tensor& x) { return zeros_like(x); });
   m.def("ones_like", [](const Tensor& x) { return ones_like(x); });
   m.def("manual_seed", &manual_seed, py::arg("seed"), "Seeds the default generator");

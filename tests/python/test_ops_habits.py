@@ -224,3 +224,47 @@ def test_arithmetic_methods():
     close(x.where(x > 3, 0.0), np.where(X > 3, X, 0))
     gradcheck(lambda a, b: a.add(b, alpha=2).mul(b).div(2).pow(2).neg(),
               RNG.standard_normal((2, 3)), RNG.standard_normal((2, 3)))
+
+
+def test_everyday_methods_composed_from_ops():
+    y = np.float32([[3, 1, 2], [0, 5, -1], [0, 7, -1]])
+    x = t(y)
+    assert x.argmin().item() == np.argmin(y)
+    np.testing.assert_array_equal(x.argmin(1).numpy(), np.argmin(y, 1))
+    np.testing.assert_array_equal(tally.argmin(x, 0, keepdim=True).numpy(), [np.argmin(y, 0)])
+    close(x.amin(1), y.min(1))
+    close(x.logsumexp(1), np.log(np.exp(y.astype(np.float64)).sum(1)), tol=1e-5)
+    assert [u.numpy().tolist() for u in x.unbind(1)] == y.T.tolist()
+    assert len(tally.unbind(x)) == 3 and x.unbind(-1)[2].numpy().tolist() == [2, -1, -1]
+    with pytest.raises(IndexError, match="0-D"):
+        tally.tensor(1.0).unbind()
+    close(x.clamp_min(1), np.maximum(y, 1))
+    close(x.clamp_max(1), np.minimum(y, 1))
+    close(t(np.float32([[1], [2], [3]])).expand_as(x), np.repeat([[1], [2], [3]], 3, 1))
+    assert x.view_as(tally.zeros(9)).shape == (9,)
+    assert x.reshape_as(tally.zeros(1, 9)).shape == (1, 9)
+    assert tally.tensor([1, 2]).type_as(x).dtype == tally.float32
+    # new_*: the size as ints or one sequence; x's dtype and device unless given.
+    z = x.new_zeros(2, 3)
+    assert z.shape == (2, 3) and z.dtype == x.dtype and z.device == x.device and not z.numpy().any()
+    assert x.new_ones((4,)).numpy().tolist() == [1, 1, 1, 1]
+    assert x.new_full([2], 7).numpy().tolist() == [7, 7]
+    assert x.new_empty(3, dtype=tally.int64).dtype == tally.int64
+    assert x.new_zeros(2, requires_grad=True).requires_grad
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        x.new_zeros(2, colour="red")
+    # NaN and infinities: bool tensors, none in an integer tensor.
+    v = np.float32([1, np.nan, np.inf, -np.inf, -0.0, 3e38])
+    for dtype in (tally.float32, tally.float16, tally.bfloat16, tally.float64):
+        w = t(v).to(dtype)
+        with np.errstate(over="ignore"):
+            ref = w.to(tally.float32).numpy()
+        np.testing.assert_array_equal(w.isnan().numpy(), np.isnan(ref))
+        np.testing.assert_array_equal(tally.isinf(w).numpy(), np.isinf(ref))
+        np.testing.assert_array_equal(w.isfinite().numpy(), np.isfinite(ref))
+    k = t(np.int64([1, -2]))
+    assert k.isfinite().numpy().all()
+    assert not k.isnan().numpy().any() and not k.isinf().numpy().any()
+    gradcheck(lambda a, b: a.bmm(b), RNG.standard_normal((2, 3, 4)), RNG.standard_normal((2, 4, 2)))
+    gradcheck(lambda a: a.unbind(1)[1] * a.unbind(1)[0], RNG.standard_normal((3, 2)))
+    gradcheck(lambda a: a.logsumexp(0), RNG.standard_normal((3, 2)))

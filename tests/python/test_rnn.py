@@ -105,3 +105,7 @@ def test_lora_inject_trains_only_the_adapters():
     assert "trainable params: 50 || all params: 133" in lora.trainable_summary(model)
     with pytest.raises(ValueError, match="not found"):
         lora.inject(model, targets=["q_proj"])
+    with pytest.raises(TypeError):  # None is no model (it was a null dereference)
+        lora.inject(None, targets=["0"])
+    with pytest.raises(TypeError):
+        lora.trainable_summary(None)
