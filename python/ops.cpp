@@ -728,6 +728,112 @@ void bind_ops(py::module_& m, py::module_& F) {
       "clamp_min", [](T x, double lo) { return clamp(x, lo, std::nullopt); }, py::arg("min"));
   cls.def(
       "clamp_max", [](T x, double hi) { return clamp(x, std::nullopt, hi); }, py::arg("max"));
+  // F.normalize: x over its p-norm along dim, the norm at least eps (PyTorch's formula).
+  F.def(
+      "normalize",
+      [](T x, double p, int64_t dim, double eps) {
+        const Tensor n = clamp(norm(x, p, {dim}, /*keepdim=*/true), eps, std::nullopt);
+        return div(x, n.expand(x.sizes()));
+      },
+      py::arg("input"), py::arg("p") = 2.0, py::arg("dim") = 1, py::arg("eps") = 1e-12);
+  // outer (ger): out[i, j] = a[i] * b[j] for 1-D a and b.
+  auto outer_fn = [](T a, T b) {
+    if (a.dim() != 1 || b.dim() != 1)
+      throw py::value_error(fmt::format("outer: expected two 1-D tensors, got {} and {}",
+                                        a.shape_string(), b.shape_string()));
+    return mul(a.unsqueeze(1), b.unsqueeze(0));
+  };
+  m.def("outer", outer_fn, py::arg("input"), py::arg("vec2"));
+  m.def("ger", outer_fn, py::arg("input"), py::arg("vec2"));
+  cls.def("outer", outer_fn, py::arg("vec2"));
+  // movedim: the source dims to the destination places, the others in their order.
+  auto movedim_fn = [](T x, py::object source, py::object destination) {
+    const Shape src = ints_of(source), dst = ints_of(destination);
+    const int64_t rank = x.dim();
+    if (src.size() != dst.size())
+      throw py::value_error(
+          fmt::format("movedim: source {} and destination {} must have as many dims",
+                      shape_str(src), shape_str(dst)));
+    Shape order(static_cast<size_t>(rank), -1);
+    std::vector<bool> used(static_cast<size_t>(rank), false);
+    for (size_t i = 0; i < src.size(); ++i) {
+      const int64_t s = ops::wrap_dim(src[i], rank, "movedim");
+      const int64_t d = ops::wrap_dim(dst[i], rank, "movedim");
+      if (rank == 0) continue;  // dim 0 / -1 of a 0-D tensor: itself
+      if (used[static_cast<size_t>(s)] || order[static_cast<size_t>(d)] >= 0)
+        throw py::value_error(fmt::format("movedim: repeated dim in source {} or destination {}",
+                                          shape_str(src), shape_str(dst)));
+      used[static_cast<size_t>(s)] = true;
+      order[static_cast<size_t>(d)] = s;
+    }
+    int64_t next = 0;
+    for (int64_t& o : order)
+      if (o < 0) {
+        while (used[static_cast<size_t>(next)]) ++next;
+        o = next++;
+      }
+    return x.permute(order);
+  };
+  m.def("movedim", movedim_fn, py::arg("input"), py::arg("source"), py::arg("destination"));
+  cls.def("movedim", movedim_fn, py::arg("source"), py::arg("destination"));
+  // unflatten: dim viewed as `sizes` (one of them may be -1).
+  cls.def(
+      "unflatten",
+      [](T x, int64_t dim, py::object sizes) {
+        const auto d = static_cast<size_t>(ops::wrap_dim(dim, x.dim(), "unflatten"));
+        if (x.dim() == 0) throw py::index_error("unflatten: cannot be applied to a 0-D tensor");
+        Shape shape(x.sizes().begin(), x.sizes().begin() + static_cast<int64_t>(d));
+        for (int64_t k : ints_of(sizes)) shape.push_back(k);
+        shape.insert(shape.end(), x.sizes().begin() + static_cast<int64_t>(d) + 1, x.sizes().end());
+        return x.view(shape);
+      },
+      py::arg("dim"), py::arg("sizes"));
+  // addcmul / addcdiv: input + value * t1 * t2 (t1 / t2).
+  cls.def(
+      "addcmul", [](T x, T a, T b, double v) { return add(x, mul(mul(a, b), v)); },
+      py::arg("tensor1"), py::arg("tensor2"), py::kw_only(), py::arg("value") = 1.0);
+  cls.def(
+      "addcdiv", [](T x, T a, T b, double v) { return add(x, mul(div(a, b), v)); },
+      py::arg("tensor1"), py::arg("tensor2"), py::kw_only(), py::arg("value") = 1.0);
+  // logical_not and count_nonzero: a zero is false, anything else (NaN too) true.
+  auto zero_of = [](T x) { return ops::full({}, 0.0, x.dtype(), x.device()); };
+  cls.def("logical_not", [zero_of](T x) { return eq(x, zero_of(x)); });
+  m.def(
+      "logical_not", [zero_of](T x) { return eq(x, zero_of(x)); }, py::arg("input"));
+  auto count_nonzero_fn = [zero_of](T x, py::object dim) {
+    NoGradGuard no_grad;
+    return sum(ne(x, zero_of(x)).to(DType::int64), dims_list(dim));
+  };
+  cls.def("count_nonzero", count_nonzero_fn, py::arg("dim") = py::none());
+  m.def("count_nonzero", count_nonzero_fn, py::arg("input"), py::arg("dim") = py::none());
+  // isclose's test over every element (PyTorch's: equal, or a finite difference within
+  // atol + rtol * |other|; NaNs equal with equal_nan), and equal: one shape, every element eq.
+  auto allclose_fn = [zero_of](T a, T b, double rtol, double atol, bool equal_nan) {
+    if (a.dtype() != b.dtype())
+      throw py::type_error(fmt::format("allclose: the inputs' dtypes differ ({} and {})",
+                                       dtype_name(a.dtype()), dtype_name(b.dtype())));
+    NoGradGuard no_grad;
+    const Tensor x = a.to(DType::float64), y = b.to(DType::float64);
+    const Tensor diff = abs(sub(x, y));
+    const Tensor bound = add(mul(abs(y), rtol), atol);
+    Tensor close = maximum(eq(x, y).to(DType::float64),
+                           mul(eq(sub(diff, diff), zero_of(diff)).to(DType::float64),
+                               le(diff, bound).to(DType::float64)));
+    if (equal_nan)
+      close = maximum(close, mul(ne(x, x).to(DType::float64), ne(y, y).to(DType::float64)));
+    return close.numel() == 0 || ops::item(amin(close)) == 1.0;
+  };
+  m.def("allclose", allclose_fn, py::arg("input"), py::arg("other"), py::arg("rtol") = 1e-5,
+        py::arg("atol") = 1e-8, py::arg("equal_nan") = false);
+  cls.def("allclose", allclose_fn, py::arg("other"), py::arg("rtol") = 1e-5, py::arg("atol") = 1e-8,
+          py::arg("equal_nan") = false);
+  auto equal_fn = [](T a, T b) {
+    if (a.sizes() != b.sizes()) return false;
+    NoGradGuard no_grad;
+    return a.numel() == 0 || ops::item(amin(eq(a, b).to(DType::float32))) == 1.0;
+  };
+  m.def("equal", equal_fn, py::arg("input"), py::arg("other"));
+  cls.def("equal", equal_fn, py::arg("other"));
 }
 
 }  // namespace tally::python

@@ -268,3 +268,53 @@ def test_everyday_methods_composed_from_ops():
     gradcheck(lambda a, b: a.bmm(b), RNG.standard_normal((2, 3, 4)), RNG.standard_normal((2, 4, 2)))
     gradcheck(lambda a: a.unbind(1)[1] * a.unbind(1)[0], RNG.standard_normal((3, 2)))
     gradcheck(lambda a: a.logsumexp(0), RNG.standard_normal((3, 2)))
+
+
+def test_normalize_outer_movedim_unflatten_addc_and_comparisons():
+    a = RNG.standard_normal((3, 4)).astype(np.float32)
+    x = t(a)
+    n = np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+    close(F.normalize(x), a / n, tol=1e-6)
+    close(F.normalize(x, p=1.0, dim=0), a / np.abs(a).sum(0, keepdims=True), tol=1e-6)
+    close(F.normalize(tally.zeros(2, 3)), np.zeros((2, 3)))  # eps keeps 0 / 0 away
+    gradcheck(lambda v: F.normalize(v, dim=-1), RNG.standard_normal((2, 3)))
+    u, v = np.float32([1, 2, 3]), np.float32([4, 5])
+    close(tally.outer(t(u), t(v)), np.outer(u, v))
+    close(t(u).outer(t(v)), np.outer(u, v))
+    with pytest.raises(ValueError, match="outer: expected two 1-D"):
+        tally.outer(x, t(v))
+    gradcheck(lambda p, q: tally.outer(p, q), RNG.standard_normal(3), RNG.standard_normal(2))
+    b = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    y = t(b)
+    close(y.movedim(0, -1), np.moveaxis(b, 0, -1))
+    close(tally.movedim(y, [0, 2], [2, 0]), np.moveaxis(b, [0, 2], [2, 0]))
+    close(y.movedim((1,), (0,)), np.moveaxis(b, 1, 0))
+    with pytest.raises(ValueError, match="repeated"):
+        y.movedim([0, 0], [1, 2])
+    with pytest.raises(IndexError):
+        y.movedim(3, 0)
+    assert y.unflatten(2, (2, 2)).shape == (2, 3, 2, 2)
+    close(y.unflatten(-1, [-1, 2]), b.reshape(2, 3, 2, 2))
+    c, d = RNG.standard_normal((3, 4)), RNG.standard_normal((3, 4)) + 3
+    close(x.addcmul(t(c.astype(np.float32)), t(d.astype(np.float32)), value=0.5),
+          a + 0.5 * c * d, tol=1e-5)
+    close(x.addcdiv(t(c.astype(np.float32)), t(d.astype(np.float32)), value=-2),
+          a - 2 * c / d, tol=1e-5)
+    gradcheck(lambda p, q, r: p.addcdiv(q, r, value=0.5), c, c, d)
+    # zero is false, NaN is true
+    z = t(np.float32([0, 1, np.nan, -0.0, 2]))
+    assert z.logical_not().numpy().tolist() == [True, False, False, True, False]
+    assert tally.count_nonzero(z).item() == 3
+    assert t(np.int64([[0, 1], [2, 0]])).count_nonzero(0).numpy().tolist() == [1, 1]
+    # allclose / equal, against numpy's isclose rule
+    p = np.float32([1.0, np.inf, np.nan, 1e-9])
+    for q in (np.float32([1.0 + 1e-6, np.inf, np.nan, 0.0]), np.float32([1.1, -np.inf, 1, 0]),
+              np.float32([1.0, 1.0, np.nan, 1e-9])):
+        for equal_nan in (False, True):
+            assert tally.allclose(t(p), t(q), equal_nan=equal_nan) == np.allclose(
+                p, q, equal_nan=equal_nan), (q, equal_nan)
+    assert t(p[:1]).allclose(t(np.float32([1.5])), rtol=0.5)
+    with pytest.raises(TypeError, match="dtypes differ"):
+        tally.allclose(t(p), t(p).to(tally.float64))
+    assert tally.equal(x, t(a.copy())) and x.equal(x)
+    assert not tally.equal(x, x + 1) and not tally.equal(x, x.reshape(4, 3))
