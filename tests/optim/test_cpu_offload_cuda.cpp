@@ -229,18 +229,20 @@ TEST(CpuOffloadCuda, Bfloat16ModelTrainsWithEightBitMomentsOnTheHost) {
 // overlap_with_forward: the forward after a step runs the deferred updates in its pre-hooks, and
 // Tally's stream waits for each bucket's copies back before the layer reads them. So its loss
 // equals, bit for bit, a second forward over the same batch made once every copy is done (a
-// missing wait would let the first read the old weights). A bfloat16 GPT-2 small with clipping,
+// missing wait would let the first read the old weights). A bfloat16 "small" GPT with clipping,
 // whose step resends every gradient, so most updates wait for the forward; the loss falls.
 TEST(CpuOffloadCuda, OverlapWithForwardReadsTheUpdatedWeights) {
   REQUIRE_GPU();
   manual_seed(0);
-  nn::GPT gpt(nn::GPTConfig::preset("small"));
+  const nn::GPTConfig cfg = nn::GPTConfig::preset("small");
+  nn::GPT gpt(cfg);
   gpt.to(kGpu);
   optim::CpuOffload opt(gpt.parameters(), optim::AdamOptions{.lr = 1e-4});
   opt.keep_16bit_weights(gpt);
   opt.overlap_with_forward(gpt);
   manual_seed(7);  // one batch: the loss must fall
-  const Tensor x = ops::randint(0, 50257, {4, 128}, DType::int64, kGpu);
+  // Tokens of the preset's vocabulary (an index past it is a NaN row on CUDA, not an error).
+  const Tensor x = ops::randint(0, cfg.vocab_size, {4, cfg.block_size}, DType::int64, kGpu);
   double first = 0, last = 0;
   for (int s = 0; s < 10; ++s) {
     opt.zero_grad();
