@@ -471,14 +471,19 @@ void bind_ops(py::module_& m, py::module_& F) {
   m.def("argmax", argmax_fn, py::arg("input"), py::arg("dim") = py::none(),
         py::arg("keepdim") = false);
   // all / any: whether every (some) element is nonzero, over dim or everything; bool results.
-  auto nonzero_f32 = [](T x) {
-    return ne(x, ops::full({}, 0.0, x.dtype(), x.device())).to(DType::float32);
+  // Counted, so that an empty reduction gives the identity (all: true, any: false).
+  auto count_where = [](T x, bool zero, py::object dim, bool keepdim) {
+    NoGradGuard no_grad;
+    const Tensor z = ops::full({}, 0.0, x.dtype(), x.device());
+    return sum((zero ? eq(x, z) : ne(x, z)).to(DType::int64), dims_list(dim), keepdim);
   };
-  auto all_fn = [nonzero_f32](T x, py::object dim, bool keepdim) {
-    return amin(nonzero_f32(x), dims_list(dim), keepdim).to(DType::bool_);
+  auto all_fn = [count_where](T x, py::object dim, bool keepdim) {
+    const Tensor n = count_where(x, true, dim, keepdim);
+    return eq(n, ops::full({}, 0.0, n.dtype(), n.device()));
   };
-  auto any_fn = [nonzero_f32](T x, py::object dim, bool keepdim) {
-    return amax(nonzero_f32(x), dims_list(dim), keepdim).to(DType::bool_);
+  auto any_fn = [count_where](T x, py::object dim, bool keepdim) {
+    const Tensor n = count_where(x, false, dim, keepdim);
+    return ne(n, ops::full({}, 0.0, n.dtype(), n.device()));
   };
   m.def("all", all_fn, py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
   m.def("any", any_fn, py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
