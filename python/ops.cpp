@@ -16,6 +16,11 @@ namespace {
 
 using T = const Tensor&;
 
+// A 0-D zero of x's dtype on x's device: the other side of x's comparisons with zero.
+Tensor zero_of(const Tensor& x) {
+  return ops::full({}, 0.0, x.dtype(), x.device());
+}
+
 Shape dims_list(const py::object& d) {
   if (d.is_none()) return {};
   if (py::isinstance<py::int_>(d)) return {d.cast<int64_t>()};
@@ -474,16 +479,16 @@ void bind_ops(py::module_& m, py::module_& F) {
   // Counted, so that an empty reduction gives the identity (all: true, any: false).
   auto count_where = [](T x, bool zero, py::object dim, bool keepdim) {
     NoGradGuard no_grad;
-    const Tensor z = ops::full({}, 0.0, x.dtype(), x.device());
-    return sum((zero ? eq(x, z) : ne(x, z)).to(DType::int64), dims_list(dim), keepdim);
+    return sum((zero ? eq(x, zero_of(x)) : ne(x, zero_of(x))).to(DType::int64), dims_list(dim),
+               keepdim);
   };
   auto all_fn = [count_where](T x, py::object dim, bool keepdim) {
     const Tensor n = count_where(x, true, dim, keepdim);
-    return eq(n, ops::full({}, 0.0, n.dtype(), n.device()));
+    return eq(n, zero_of(n));
   };
   auto any_fn = [count_where](T x, py::object dim, bool keepdim) {
     const Tensor n = count_where(x, false, dim, keepdim);
-    return ne(n, ops::full({}, 0.0, n.dtype(), n.device()));
+    return ne(n, zero_of(n));
   };
   m.def("all", all_fn, py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
   m.def("any", any_fn, py::arg("input"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
@@ -493,7 +498,7 @@ void bind_ops(py::module_& m, py::module_& F) {
   // per dim), row-major; each dim's coordinates read under the mask.
   auto nonzero_fn = [](T x, bool as_tuple) -> py::object {
     if (x.dim() == 0) throw py::value_error("nonzero: a 0-d input is not supported; reshape(1) it");
-    const Tensor mask = ne(x, ops::full({}, 0.0, x.dtype(), x.device()));
+    const Tensor mask = ne(x, zero_of(x));
     std::vector<Tensor> coords;
     for (int64_t d = 0; d < x.dim(); ++d) {
       Shape shape(static_cast<size_t>(x.dim()), 1);
@@ -714,7 +719,7 @@ void bind_ops(py::module_& m, py::module_& F) {
   auto isfinite_fn = [](T x) {
     if (!is_floating(x.dtype())) return ops::full(x.sizes(), 1.0, DType::bool_, x.device());
     NoGradGuard no_grad;
-    return eq(sub(x, x), ops::full({}, 0.0, x.dtype(), x.device()));
+    return eq(sub(x, x), zero_of(x));
   };
   auto isinf_fn = [](T x) {
     if (!is_floating(x.dtype())) return ops::zeros(x.sizes(), DType::bool_, x.device());
@@ -801,19 +806,17 @@ void bind_ops(py::module_& m, py::module_& F) {
       "addcdiv", [](T x, T a, T b, double v) { return add(x, mul(div(a, b), v)); },
       py::arg("tensor1"), py::arg("tensor2"), py::kw_only(), py::arg("value") = 1.0);
   // logical_not and count_nonzero: a zero is false, anything else (NaN too) true.
-  auto zero_of = [](T x) { return ops::full({}, 0.0, x.dtype(), x.device()); };
-  cls.def("logical_not", [zero_of](T x) { return eq(x, zero_of(x)); });
-  m.def(
-      "logical_not", [zero_of](T x) { return eq(x, zero_of(x)); }, py::arg("input"));
-  auto count_nonzero_fn = [zero_of](T x, py::object dim) {
-    NoGradGuard no_grad;
-    return sum(ne(x, zero_of(x)).to(DType::int64), dims_list(dim));
+  auto logical_not_fn = [](T x) { return eq(x, zero_of(x)); };
+  cls.def("logical_not", logical_not_fn);
+  m.def("logical_not", logical_not_fn, py::arg("input"));
+  auto count_nonzero_fn = [count_where](T x, py::object dim) {
+    return count_where(x, false, dim, false);
   };
   cls.def("count_nonzero", count_nonzero_fn, py::arg("dim") = py::none());
   m.def("count_nonzero", count_nonzero_fn, py::arg("input"), py::arg("dim") = py::none());
   // isclose's test over every element (PyTorch's: equal, or a finite difference within
   // atol + rtol * |other|; NaNs equal with equal_nan), and equal: one shape, every element eq.
-  auto allclose_fn = [zero_of](T a, T b, double rtol, double atol, bool equal_nan) {
+  auto allclose_fn = [](T a, T b, double rtol, double atol, bool equal_nan) {
     if (a.dtype() != b.dtype())
       throw py::type_error(fmt::format("allclose: the inputs' dtypes differ ({} and {})",
                                        dtype_name(a.dtype()), dtype_name(b.dtype())));
